@@ -287,7 +287,16 @@ def _positive(arch: Architecture, name: str, required: bool = True) -> None:
         raise ConfigError(f"model.{name}", value, "a positive integer")
 
 
+BOOL_FIELDS = ("tie_embeddings", "gated_mlp", "linear_bias", "qkv_bias", "qk_norm", "qk_norm_full_width",
+               "attention_sinks", "router_bias", "shared_expert_gate")
+
+
 def _check_architecture(arch: Architecture) -> None:
+    for name in BOOL_FIELDS:
+        if not isinstance(getattr(arch, name), bool):
+            raise ConfigError(f"model.{name}", getattr(arch, name), "true or false")
+    if not isinstance(arch.name, str):
+        raise ConfigError("model.name", arch.name, "a string")
     for name in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size"):
         _positive(arch, name)
     for name in ("num_kv_heads", "head_dim", "max_position_embeddings"):

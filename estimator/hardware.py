@@ -47,15 +47,143 @@ class Hardware:
 
 # CUDA context on Hopper with lazy module loading (CUDA >= 11.7 default) plus cuBLAS/cuDNN handles:
 # stas00, ml-engineering "training/performance" measures 0.5-2 GiB; we use the low end for a
-# single training process with lazy loading.
+# single training process with lazy loading. No separate figure was found for the ROCm/HIP runtime,
+# so the AMD parts use the same value.
 _CONTEXT = 512 * 1024**2
+MiB = 1024**2
+# A node with one 100 Gb/s uplink shared by its 8 GPUs: 100e9 bits/s / 8 bits per byte / 8 GPUs.
+_100G_SHARED_BY_8 = 100e9 / 8 / 8
+
+# Conventions for the catalog (read before editing a row):
+# - capacity_bytes: the "Total" nvidia-smi / rocm-smi prints (MiB), where a public capture of it was
+#   found; otherwise the vendor's nominal capacity, and the source says which.
+# - bf16_flops / fp8_flops: peak DENSE tensor throughput. Vendor datasheets headline 2:4-sparsity
+#   figures (marked "*"); those are halved here. GeForce cards run bf16/fp8 with FP32 accumulate at
+#   half the FP16-accumulate rate; training accumulates in FP32, so the FP32-accumulate figure is used.
+# - intra_node_bandwidth: one direction, per GPU: NVLink/NVSwitch (half the bidirectional figure
+#   vendors quote), Infinity Fabric (links x per-link bidirectional / 2), or the PCIe x16 link where
+#   GPUs talk over PCIe (Gen4 x16 = 64 GB/s bidirectional -> 32e9, Gen5 x16 = 128 GB/s -> 64e9).
+# - inter_node_bandwidth: one direction, per GPU, for the usual deployment: one 400 Gb/s NIC per GPU
+#   (50e9) on DGX/HGX H100/H200/B200-class nodes (NVIDIA DGX BasePOD RA: 8x single-port ConnectX-7,
+#   up to 400 Gb/s), 800 Gb/s (100e9) on HGX/DGX B300 (ConnectX-8), 200 Gb/s (25e9) on DGX A100
+#   (8x ConnectX-6 HDR).
+# - gpus_per_node: 8 for SXM/OAM baseboards. PCIe cards are modelled as the 8-card PCIe server
+#   (AWS g5/g6/g6e.48xlarge, NVIDIA's PCIe-optimized Enterprise RA, 8-card GeForce rental boxes);
+#   their intra-node bandwidth is the PCIe link, and their inter-node figure is an assumption stated
+#   in the row. GH200 is modelled as the one-superchip node (cloud GH200 instances, MGX servers).
 
 GPUS: dict[str, GPU] = {
     gpu.id: gpu
     for gpu in (
-        GPU("h100-80", "NVIDIA H100 SXM 80GB", 81_559 * 1024**2, 989e12, 1979e12, 3.35e12,
+        # ---------------------------------------------------------------- NVIDIA Ampere
+        GPU("a100-40", "NVIDIA A100 SXM4 40GB", 40_960 * MiB, 312e12, None, 1.555e12,
+            300e9, 25e9, 8, _CONTEXT,
+            "NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS dense (624 sparse), HBM2 "
+            "1,555 GB/s, NVLink 600 GB/s; no FP8. DGX A100 user guide: 8x ConnectX-6 200 Gb/s. "
+            "nvidia-smi reports 40960 MiB (modal-labs/modal-client PR #2797)"),
+        GPU("a100-80", "NVIDIA A100 SXM4 80GB", 81_920 * MiB, 312e12, None, 2.039e12,
+            300e9, 25e9, 8, _CONTEXT,
+            "NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS dense (624 sparse), HBM2e "
+            "2,039 GB/s (SXM), NVLink 600 GB/s; no FP8. DGX A100: 8x ConnectX-6 200 Gb/s. "
+            "nvidia-smi reports 81920 MiB (modal-labs/modal-client PR #2797)"),
+        # ---------------------------------------------------------------- NVIDIA Hopper
+        GPU("h100-80", "NVIDIA H100 SXM 80GB", 81_559 * MiB, 989e12, 1979e12, 3.35e12,
             450e9, 50e9, 8, _CONTEXT,
-            "NVIDIA H100 Tensor Core GPU datasheet (dense figures); nvidia-smi reports 81559 MiB"),
+            "NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16 1,979 / FP8 3,958 TFLOPS sparse -> "
+            "989 / 1,979 dense, HBM3 3.35 TB/s, NVLink 900 GB/s; DGX H100: 8x ConnectX-7 400 Gb/s. "
+            "nvidia-smi reports 81559 MiB (NVIDIA/nccl issue #1264)"),
+        GPU("h100-nvl", "NVIDIA H100 NVL 94GB", 95_830 * MiB, 835.5e12, 1670.5e12, 3.9e12,
+            64e9, 25e9, 8, _CONTEXT,
+            "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL, per GPU): BF16 1,671 / FP8 3,341 "
+            "TFLOPS sparse -> 835.5 / 1,670.5 dense, 94 GB HBM3 3.9 TB/s, NVLink bridge 600 GB/s "
+            "between a pair only, PCIe Gen5 128 GB/s. In an 8-card server the group spans PCIe Gen5 "
+            "x16 (64e9 one way). Inter-node: NVIDIA PCIe-optimized Enterprise RA (2-8-5-200, 200 Gb/s "
+            "per GPU). nvidia-smi reports 95830 MiB (NVIDIA/gpu-admin-tools issue #4)"),
+        GPU("h100-pcie", "NVIDIA H100 PCIe 80GB", 81_559 * MiB, 756e12, 1513e12, 2.0e12,
+            64e9, 25e9, 8, _CONTEXT,
+            "NVIDIA H100 Tensor Core GPU datasheet (PCIe): BF16 1,513 / FP8 3,026 TFLOPS sparse -> "
+            "756 / 1,513 dense, HBM2e 2 TB/s, PCIe Gen5 128 GB/s (64e9 one way; optional NVLink "
+            "bridge pairs ignored). Inter-node: NVIDIA PCIe-optimized Enterprise RA (200 Gb/s per "
+            "GPU). nvidia-smi reports 81559 MiB (public nvidia-smi captures of 'NVIDIA H100 PCIe')"),
+        GPU("h200", "NVIDIA H200 SXM 141GB", 143_771 * MiB, 989e12, 1979e12, 4.8e12,
+            450e9, 50e9, 8, _CONTEXT,
+            "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 / FP8 3,958 TFLOPS sparse -> "
+            "989 / 1,979 dense, 141 GB HBM3e 4.8 TB/s, NVLink 900 GB/s; DGX H200: 8x ConnectX-7 "
+            "400 Gb/s. nvidia-smi reports 143771 MiB (NVIDIA/cuda-samples issue #311)"),
+        GPU("gh200", "NVIDIA GH200 Grace Hopper 96GB HBM3 (GH200 480GB)", 97_871 * MiB, 989e12,
+            1979e12, 4.0e12, 450e9, 50e9, 1, _CONTEXT,
+            "NVIDIA GH200 Grace Hopper Superchip datasheet, 96 GB HBM3 variant (not the 144 GB HBM3e "
+            "one): Hopper GPU BF16 1,979 / FP8 3,958 TFLOPS sparse -> 989 / 1,979 dense, HBM3 4 TB/s, "
+            "NVLink 900 GB/s (only reachable in NVLink-switch systems such as DGX GH200). Node = one "
+            "superchip with one 400 Gb/s ConnectX-7. nvidia-smi reports 97871 MiB for 'NVIDIA GH200 "
+            "480GB' (public captures on Lambda GH200 instances)"),
+        # ---------------------------------------------------------------- NVIDIA Blackwell
+        GPU("b200", "NVIDIA B200 SXM 180GB", 183_359 * MiB, 2.25e15, 4.5e15, 7.7e12,
+            900e9, 50e9, 8, _CONTEXT,
+            "NVIDIA HGX B200 datasheet (per GPU): FP16/BF16 4.5 / FP8 9 PFLOPS sparse -> 2.25 / 4.5 "
+            "dense, 180 GB HBM3e 7.7 TB/s, NVLink 5 1.8 TB/s. DGX B200 (NVIDIA DGX BasePOD RA): 8x "
+            "single-port ConnectX-7 up to 400 Gb/s. nvidia-smi reports 183359 MiB "
+            "(NVIDIA/TensorRT-LLM issue #10278)"),
+        GPU("b300", "NVIDIA B300 SXM (Blackwell Ultra) 288GB", 275_040 * MiB, 2.25e15, 4.5e15,
+            8.0e12, 900e9, 100e9, 8, _CONTEXT,
+            "NVIDIA HGX B300 datasheet: FP16/BF16 36 / FP8 72 PFLOPS sparse per 8 GPUs -> 2.25 / 4.5 "
+            "PFLOPS dense per GPU, 288 GB HBM3e 8 TB/s, NVLink 5 1.8 TB/s, networking 1.6 TB/s per "
+            "node = 8x ConnectX-8 800 Gb/s. nvidia-smi reports 275040 MiB for 'NVIDIA B300 SXM6 AC' "
+            "(public nvidia-smi captures)"),
+        # ---------------------------------------------------------------- AMD Instinct
+        GPU("mi300x", "AMD Instinct MI300X 192GB", 196_592 * MiB, 1307.4e12, 2614.9e12, 5.3e12,
+            7 * 128e9 / 2, 50e9, 8, _CONTEXT,
+            "AMD Instinct MI300X datasheet: FP16/BF16 1,307.4 / FP8 2,614.9 TFLOPS dense (2x with "
+            "sparsity), 192 GB HBM3 5.3 TB/s, 7 Infinity Fabric links x 128 GB/s (896 GB/s "
+            "bidirectional). Inter-node: one 400 Gb/s NIC per GPU (assumed, usual 8x MI300X "
+            "training build). rocm-smi reports 206141652992 B = 196592 MiB "
+            "(ROCm/legacy-rocm-build issue #4750)"),
+        GPU("mi325x", "AMD Instinct MI325X 256GB", 256 * GiB, 1307.4e12, 2614.9e12, 6.0e12,
+            7 * 128e9 / 2, 50e9, 8, _CONTEXT,
+            "AMD Instinct MI325X datasheet: same CDNA 3 compute as MI300X (FP16/BF16 1,307.4 / FP8 "
+            "2,614.9 TFLOPS dense), 256 GB HBM3E 6 TB/s, 7 Infinity Fabric links x 128 GB/s. "
+            "Capacity: nominal 256 GiB (no rocm-smi capture found; the MI300X's reported 192 GiB - "
+            "16 MiB shows AMD's 'GB' is binary here, so this may overstate by ~16 MiB). Inter-node: "
+            "one 400 Gb/s NIC per GPU (assumed)"),
+        GPU("mi355x", "AMD Instinct MI355X 288GB", 288 * GiB, 2.5e15, 5.0e15, 8.0e12,
+            7 * 153.6e9 / 2, 50e9, 8, _CONTEXT,
+            "AMD Instinct MI355X datasheet: FP16/BF16 2.5 / FP8 5.0 PFLOPS dense (2x with "
+            "sparsity), 288 GB HBM3E 8 TB/s, 7 Infinity Fabric links x 153.6 GB/s (1,075.2 GB/s "
+            "bidirectional). Capacity: nominal 288 GiB (no rocm-smi capture found; see MI325X). "
+            "Inter-node: one 400 Gb/s NIC (AMD Pollara 400) per GPU (assumed)"),
+        # ---------------------------------------------------------------- NVIDIA Ada / PCIe
+        GPU("l40s", "NVIDIA L40S 48GB", 46_068 * MiB, 362.05e12, 733e12, 864e9,
+            32e9, 25e9, 8, _CONTEXT,
+            "NVIDIA L40S datasheet: BF16 362.05 / FP8 733 TFLOPS dense (733 / 1,466 sparse), 48 GB "
+            "GDDR6 864 GB/s, PCIe Gen4 x16 64 GB/s bidirectional, no NVLink. Inter-node: NVIDIA "
+            "PCIe-optimized Enterprise RA (200 Gb/s per GPU). nvidia-smi reports 46068 MiB with ECC "
+            "on (modal-labs/modal-client PR #2797)"),
+        GPU("l4", "NVIDIA L4 24GB", 23_034 * MiB, 121e12, 242.5e12, 300e9,
+            32e9, _100G_SHARED_BY_8, 8, _CONTEXT,
+            "NVIDIA L4 datasheet: BF16 242 / FP8 485 TFLOPS sparse -> 121 / 242.5 dense, 24 GB GDDR6 "
+            "300 GB/s, PCIe Gen4 x16 64 GB/s bidirectional. Node = 8-card cloud instance (AWS "
+            "g6.48xlarge) with 100 Gb/s shared by 8 (assumed). nvidia-smi reports 23034 MiB "
+            "(modal-labs/modal-client PR #2797)"),
+        GPU("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 24_564 * MiB, 165.2e12, 330.3e12, 1.008e12,
+            32e9, _100G_SHARED_BY_8, 8, _CONTEXT,
+            "NVIDIA Ada Lovelace architecture whitepaper (RTX 4090): BF16 165.2 / FP8 330.3 TFLOPS "
+            "dense with FP32 accumulate (half the FP16-accumulate rate), GDDR6X 1,008 GB/s, PCIe "
+            "Gen4 x16, no NVLink. Node = 8-card rental box with 100 Gb/s shared (assumed). "
+            "nvidia-smi reports 24564 MiB (public nvidia-smi captures)"),
+        GPU("rtx-5090", "NVIDIA GeForce RTX 5090 32GB", 32_607 * MiB, 209.5e12, 419e12, 1.792e12,
+            64e9, _100G_SHARED_BY_8, 8, _CONTEXT,
+            "NVIDIA RTX Blackwell GPU architecture whitepaper (RTX 5090): BF16 209.5 / FP8 419 "
+            "TFLOPS dense with FP32 accumulate (FP16 accumulate: 419 / 838), GDDR7 1,792 GB/s, PCIe "
+            "Gen5 x16, no NVLink. Node = 8-card rental box with 100 Gb/s shared (assumed). "
+            "nvidia-smi reports 32607 MiB (noonghunna/club-3090 issue #617)"),
+        # ---------------------------------------------------------------- NVIDIA Ampere / PCIe
+        GPU("a10g", "NVIDIA A10G (AWS G5)", 23_028 * MiB, 70e12, None, 600e9,
+            32e9, _100G_SHARED_BY_8, 8, _CONTEXT,
+            "No NVIDIA datasheet for the AWS-only A10G. BF16 ~70 TFLOPS dense (FP32 accumulate) per "
+            "Baseten 'NVIDIA A10 vs A10G' (the A10's 125 TFLOPS does not apply; 80 SMs x 512 "
+            "FLOP/clk x 1.71 GHz = 70e12, unconfirmed by NVIDIA); GDDR6 600 GB/s; no "
+            "FP8; PCIe Gen4 x16. Node = AWS g5.48xlarge (8 GPUs, 100 Gb/s per instance, shared by "
+            "8). nvidia-smi reports 23028 MiB (NVIDIA/DCGM issue #232)"),
     )
 }
 

@@ -1,0 +1,278 @@
+"""Activations: what autograd keeps per layer and per micro-batch, tensor by tensor.
+
+The ledger follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", arXiv 2205.05198, section 4): every tensor a layer saves for its backward
+pass is one entry, with its size in bytes and whether tensor parallelism divides it. With their
+GPT layer (LayerNorm, 4h GELU MLP, dropout, attention that materialises the scores) the entries
+add up to their Table 2, s*b*h*(34 + 5*a*s/h). Modern layers change the entries, not the method:
+flash attention keeps no s^2 scores, only a log-sum-exp of 4 bytes per query and head (Dao et
+al. 2022); GQA keeps K and V at g/a of the query width; a gated MLP keeps two fc1 outputs.
+
+Notation: s = tokens of the sequence on this GPU (seq_len / CP), b = micro-batch, h = hidden,
+a = query heads, g = KV heads, f = MLP width, t = TP, B = bytes of the compute dtype. An entry
+marked "sp" is divided by t only with sequence parallelism (Korthikanti section 4.2.2); "tp" is
+divided by t always; "none" by neither. The framework decides which kernels run:
+
+- megatron: fused kernels (TransformerEngine/Apex norms save their input; the fused SwiGLU
+  ``bias_swiglu_impl`` saves only fc1's output and recomputes the product; softmax in the
+  compute dtype).
+- hf / fsdp2 / deepspeed: the model's own PyTorch modules (transformers, torchtitan): norms
+  upcast to fp32 and keep the fp32 copy; the gated MLP keeps gate, up, act(gate) and their
+  product.
+
+Per-token norm statistics (8 bytes per token per norm) are left out, as Korthikanti do; they are
+below 0.01% of a layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .architecture import Architecture
+from .dtypes import bytes_per_element
+from .parallel import Parallel
+from .training import Training
+
+KORTHIKANTI = "Korthikanti et al. 2022, arXiv 2205.05198, section 4 and Table 2"
+FLASH = "Dao et al. 2022 (FlashAttention): saves q, k, v, output and a fp32 log-sum-exp"
+MOE_SOURCE = ("Megatron-Core MoE token dispatcher; xtuner llm_calculator per-tensor MoE ledger; "
+              "EP exchanges tokens, it does not remove them (Megatron-LM PR #6782)")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One saved tensor (or a group of like tensors) of a layer, per micro-batch."""
+
+    name: str
+    elements: float  # before any parallel division
+    bytes_per_element: float
+    divided_by: str  # "sp", "tp" or "none"
+    formula: str
+    core_attention: bool = False  # dropped by selective (core-attention) recompute
+
+    def bytes(self, par: Parallel) -> float:
+        if self.divided_by == "tp" or (self.divided_by == "sp" and par.sequence_parallel):
+            return self.elements * self.bytes_per_element / par.tp
+        return self.elements * self.bytes_per_element
+
+
+def fused_kernels(training: Training) -> bool:
+    return training.framework == "megatron"
+
+
+def tokens_per_gpu(training: Training, par: Parallel) -> float:
+    """s*b on one GPU before TP: context parallelism splits every activation along the sequence
+    (Megatron-Core context parallel docs)."""
+    return training.seq_len / par.cp * training.micro_batch_size
+
+
+def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[Entry]:
+    """A norm's saved input. Fused norms (Apex/TE) keep their input; PyTorch modules
+    (transformers' LlamaRMSNorm) upcast to fp32, keep the fp32 copy and the normalised result
+    they cast back before scaling."""
+    B = bytes_per_element(training.compute_dtype)
+    h = arch.hidden_size
+    if fused_kernels(training) or training.compute_dtype == "fp32":
+        return [Entry(name, T * h, B, "sp", "B*s*b*h")]
+    return [Entry(f"{name} (fp32 upcast)", T * h, 4, "sp", "4*s*b*h"),
+            Entry(f"{name} (normalised, before the scale)", T * h, B, "sp", "B*s*b*h")]
+
+
+def attention_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    b, s = training.micro_batch_size, training.seq_len / par.cp
+    h, a = arch.hidden_size, arch.num_attention_heads
+    qw = arch.q_width
+    out = _norm("attention norm input", T, arch, training)
+    out.append(Entry("QKV projection input", T * h, B, "sp", "B*s*b*h"))
+    if arch.uses_mla:
+        # DeepSeek-V2 MLA (arXiv 2405.04434 section 2.1): the compressed latents feed the
+        # up-projections (replicated over TP); the core sees q, k (the shared rope key
+        # broadcast to every head) and v per head.
+        if arch.q_lora_rank:
+            out.append(Entry("compressed q (q up-projection input)", T * arch.q_lora_rank, B, "none", "B*s*b*q_lora_rank"))
+        out.append(Entry("compressed kv (kv up-projection input)", T * arch.kv_lora_rank, B, "none",
+                         "B*s*b*kv_lora_rank"))
+        k_width, v_width = qw, a * arch.v_head_dim
+        v_formula = "B*s*b*a*(d_nope + d_rope)*2 + B*s*b*a*d_v"
+    else:
+        k_width = v_width = arch.kv_width
+        v_formula = "B*s*b*(a + 2*g)*d_head"
+        if arch.qk_norm:
+            out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head/t"))
+    if training.attention == "flash":
+        out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula + "/t"))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a/t", core_attention=True))
+    else:
+        # Unfused attention expands K and V to every query head before the matmuls (repeat_kv).
+        scores = b * a * s * training.seq_len
+        head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
+        out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head/t"))
+        out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b/t", core_attention=True))
+        if training.dropout > 0:
+            out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b/t", core_attention=True))
+            out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b/t", core_attention=True))
+        out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head/t"))
+    out.append(Entry("attention output (output projection input)", T * arch.attention_output_width, B, "tp",
+                     "B*s*b*a*d_v/t"))
+    if training.dropout > 0:
+        out.append(Entry("attention residual dropout mask", T * h, 1, "sp", "s*b*h"))
+    return out
+
+
+def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Training, divided_by: str,
+         width_formula: str) -> list[Entry]:
+    """An MLP's saved tensors beyond its input. A plain MLP keeps fc1's output (the activation's
+    input) and the activation's output (fc2's input): 8sbh + 8sbh in Korthikanti's 4h GELU MLP."""
+    B = bytes_per_element(training.compute_dtype)
+    f = width_formula
+    if not arch.gated_mlp:
+        return [Entry(f"{prefix}fc1 output (activation input)", T * width, B, divided_by, f"B*s*b*{f}"),
+                Entry(f"{prefix}fc2 input (activation output)", T * width, B, divided_by, f"B*s*b*{f}")]
+    if fused_kernels(training):
+        # Megatron-Core fused_bias_swiglu: saves fc1's output (gate and up) and recomputes the rest
+        return [Entry(f"{prefix}fc1 output (gate and up, kept by fused SwiGLU)", 2 * T * width, B, divided_by,
+                      f"2*B*s*b*{f}"),
+                Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}")]
+    # transformers' LlamaMLP: down(act(gate(x)) * up(x)) keeps gate, up, act(gate) and the product
+    return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}"),
+            Entry(f"{prefix}activation output", T * width, B, divided_by, f"B*s*b*{f}"),
+            Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}")]
+
+
+def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    h = arch.hidden_size
+    out = _norm("MLP norm input", T, arch, training)
+    if kind == "dense":
+        out.append(Entry("fc1 input", T * h, B, "sp", "B*s*b*h"))
+        out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f/t")
+    else:
+        e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
+        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h"))
+        out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E"))
+        # Tokens are exchanged across EP, not removed; ETP gathers them while it splits the expert
+        # width, so per GPU the routed tokens are k*phi*s*b/t for every expert-width tensor.
+        routed = T * k * phi
+        out.append(Entry("dispatched tokens (expert fc1 input)", routed * h * par.etp, B, "sp",
+                         "B*phi*k*s*b*h*etp/t"))
+        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e/t")
+        out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
+                         "B*phi*k*s*b*h*etp/t"))
+        if arch.num_shared_experts:
+            width = arch.shared_expert_intermediate_size * arch.num_shared_experts
+            out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared/t")
+    if training.dropout > 0:
+        out.append(Entry("MLP residual dropout mask", T * h, 1, "sp", "s*b*h"))
+    return out
+
+
+def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
+    return attention_entries(arch, training, par) + mlp_entries(arch, training, par, kind)
+
+
+def layer_bytes(arch: Architecture, training: Training, par: Parallel, kind: str, selective: bool = False) -> float:
+    return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind)
+               if not (selective and e.core_attention))
+
+
+def layer_input_bytes(arch: Architecture, training: Training, par: Parallel) -> float:
+    """What full recompute keeps per layer: its input, 2sbh (divided by t with sequence
+    parallelism), Korthikanti section 5."""
+    return Entry("layer input", tokens_per_gpu(training, par) * arch.hidden_size,
+                 bytes_per_element(training.compute_dtype), "sp", "B*s*b*h").bytes(par)
+
+
+# --- first and last stage ------------------------------------------------------------------------
+
+def embedding_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """First stage, per micro-batch: the int64 token ids the embedding keeps for its backward, and
+    the embedding dropout mask (Korthikanti section 4.3: 8sbp + sbhp over p micro-batches)."""
+    T = tokens_per_gpu(training, par)
+    out = [Entry("token ids (int64)", T, 8, "none", "8*s*b")]
+    if training.dropout > 0:
+        out.append(Entry("embedding dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
+    return out
+
+
+@dataclass(frozen=True)
+class LossMemory:
+    saved: list[Entry]  # kept from the forward pass to the backward pass
+    transient: list[Entry]  # alive only around the loss (the peak inside forward or backward)
+    source: str
+
+
+def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """Final norm, LM head and cross-entropy on the last stage, per loss implementation.
+
+    standard: Megatron's vocab-parallel cross-entropy upcasts the logits to fp32 and keeps the
+    softmax for backward, 4sbV/t (Korthikanti section 4.3: 4sbh(1 + V/h)/t with the two h-sized
+    inputs); the compute-dtype logits exist next to it while it is made, and the gradient of
+    the logits in the compute dtype appears next to it in backward (stas00: "practically 6
+    bytes per logit"). transformers' ``ForCausalLMLoss`` also upcasts, keeps the fp32
+    log-softmax, and the model returns the compute-dtype logits, which the training loop holds
+    until backward.
+    fused: a fused cross-entropy kernel (Megatron --cross-entropy-loss-fusion, Apex/TE) works
+    on the compute-dtype logits in place: B*s*b*V/t.
+    chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut
+    Cross-Entropy): logits never exist beyond one chunk; Liger computes the gradients of the
+    head's input and weight during forward and keeps them for backward.
+    """
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    h = arch.hidden_size
+    saved = _norm("final norm input", T, arch, training)
+    saved.append(Entry("LM head input", T * h, B, "sp", "B*s*b*h"))
+    transient: list[Entry] = []
+    if training.loss == "standard":
+        saved.append(Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V/t"))
+        if not fused_kernels(training):
+            saved.append(Entry("logits in the compute dtype (held by the model output)", T * vocab, B, "tp", "B*s*b*V/t"))
+            transient.append(Entry("fp32 upcast of the logits (input of the log-softmax)", T * vocab, 4, "tp",
+                                   "4*s*b*V/t"))
+        else:
+            transient.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp",
+                                   "B*s*b*V/t"))
+        source = "Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each)"
+    elif training.loss == "fused":
+        saved.append(Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V/t"))
+        source = "Megatron-Core cross_entropy_loss_fusion; Apex/TE fused cross-entropy"
+    else:
+        chunk = max(1.0, T * h / vocab)  # Liger: chunk = BT / ceil(V/h) tokens
+        saved.append(Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h"))
+        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, 4, "tp", "4*V*h/t"))
+        transient.append(Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp",
+                               "(B + 4)*(s*b*h/V)*V/t"))
+        source = "Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))"
+    return LossMemory(saved=saved, transient=transient, source=source)
+
+
+# --- pipeline schedule -----------------------------------------------------------------------------
+
+def microbatches(training: Training, par: Parallel) -> int:
+    """m = global batch / (micro-batch x DP); the global batch defaults to one micro-batch per
+    data-parallel rank."""
+    gbs = training.global_batch_size or training.micro_batch_size * par.dp
+    return gbs // (training.micro_batch_size * par.dp)
+
+
+def in_flight_chunks(rank: int, par: Parallel, m: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak, in units of the rank's
+    whole layer stack.
+
+    1F1B (PipeDream-Flush, Narayanan et al. 2021): rank r runs p - r forwards before its first
+    backward, so it holds min(p - r, m) micro-batches.
+    Interleaved 1F1B with v chunks (Megatron-Core ``schedules.py``): rank r warms up
+    2(p - r - 1) + (v - 1)p chunk-forwards and holds one more, each a 1/v of its layers, capped
+    at all m*v chunks; for r = 0 that is p(1 + (p - 1)/(p v)) stacks, Korthikanti's factor.
+    """
+    p, v = par.pp, par.vpp
+    if v == 1:
+        return float(min(p - rank, m))
+    total = m * v
+    if m == p:  # Megatron runs every forward first when m equals p
+        return float(m)
+    warmup = 2 * (p - rank - 1) + (v - 1) * p
+    return min(warmup + 1, total) / v

@@ -1,0 +1,129 @@
+"""The JSON configuration of ``../shared/CONTRACT.md``: parse it, check it, write it back.
+
+``model`` is a bundled preset id, a Hugging Face model id (``org/name[@revision]``, fetched with
+`estimator.hub`), a Hugging Face ``config.json`` object (it has ``model_type``) or the canonical
+architecture object (it has ``hidden_size`` and ``num_layers``). The other sections map one to
+one onto `Training`, `Parallel` and `Hardware`; an unknown key is an error so that typos
+surface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, fields
+
+from .architecture import ARCHITECTURE_FIELDS, Architecture
+from .errors import ConfigError
+from .hardware import Hardware
+from .parallel import Parallel
+from .training import Training
+
+SECTIONS = {"training": Training, "parallel": Parallel, "hardware": Hardware}
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(@[\w.\-/]+)?$")
+
+
+@dataclass(frozen=True)
+class Config:
+    architecture: Architecture
+    training: Training
+    parallel: Parallel
+    hardware: Hardware
+    model: str | dict  # what the user gave: a preset id, a hub id, or an architecture object
+
+    def to_dict(self) -> dict:
+        """The contract's JSON, with only the fields that differ from their defaults."""
+        out: dict = {"model": self.model if isinstance(self.model, str) else architecture_to_dict(self.architecture)}
+        for name, cls in SECTIONS.items():
+            given = getattr(self, name)
+            section = {f.name: getattr(given, f.name) for f in fields(cls)
+                       if getattr(given, f.name) != getattr(cls(), f.name)}
+            if name == "parallel":  # derived defaults are not worth writing back
+                if given.sequence_parallel == (given.tp > 1):
+                    section.pop("sequence_parallel", None)
+                if given.etp == given.tp:
+                    section.pop("etp", None)
+            if section:
+                out[name] = section
+        return out
+
+
+def architecture_to_dict(arch: Architecture) -> dict:
+    default = {f.name: f.default for f in fields(Architecture) if f.default is not dataclasses.MISSING}
+    out = {}
+    for name in ARCHITECTURE_FIELDS:
+        value = getattr(arch, name)
+        if name in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size") or value != default.get(name):
+            out[name] = value
+    # head_dim and num_kv_heads are resolved on creation; drop them when they equal their defaults
+    if arch.num_kv_heads == arch.num_attention_heads:
+        out.pop("num_kv_heads", None)
+    if arch.head_dim == arch.hidden_size // arch.num_attention_heads:
+        out.pop("head_dim", None)
+    if arch.is_moe and arch.shared_expert_intermediate_size == arch.moe_intermediate_size:
+        out.pop("shared_expert_intermediate_size", None)
+    return out
+
+
+def build_section(name: str, values: object):
+    cls = SECTIONS[name]
+    if values is None:
+        return cls()
+    if not isinstance(values, dict):
+        raise ConfigError(name, values, "an object of fields")
+    known = {f.name for f in fields(cls)}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{name}.{key}", values[key], f"known fields of {name}: {', '.join(sorted(known))}",
+                              "unknown field")
+    return cls(**values)
+
+
+def architecture_from_model(model: object) -> Architecture:
+    if isinstance(model, str):
+        if model == "":
+            raise ConfigError("model", model, "a preset id, a Hugging Face id (org/name) or an architecture object")
+        if "/" in model:
+            if not HUB_ID.match(model):
+                raise ConfigError("model", model, "a Hugging Face id like 'meta-llama/Llama-3.1-8B[@revision]'",
+                                  "not a valid repository id")
+            from .hub import fetch_architecture  # the only path that touches the network
+            return fetch_architecture(model)
+        from .presets import get_architecture
+        return get_architecture(model)
+    if isinstance(model, dict):
+        if "model_type" in model or "text_config" in model:
+            from .hf_config import architecture_from_hf_config
+            return architecture_from_hf_config(model)[0]
+        if "hidden_size" in model and "num_layers" in model:
+            for key in model:
+                if key not in ARCHITECTURE_FIELDS:
+                    raise ConfigError(f"model.{key}", model[key], "fields of the canonical architecture (see CONTRACT.md)",
+                                      "unknown field")
+            return Architecture(**model)
+        raise ConfigError("model", "{...}", "a Hugging Face config.json (with model_type) or a canonical architecture "
+                          "(with hidden_size and num_layers)")
+    raise ConfigError("model", model, "a preset id, a Hugging Face id or an object")
+
+
+def load_config(data: object) -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError("config", type(data).__name__, "a JSON object with model, training, parallel, hardware")
+    for key in data:
+        if key not in ("model", *SECTIONS):
+            raise ConfigError(key, data[key], "model, training, parallel, hardware", "unknown section")
+    if "model" not in data:
+        raise ConfigError("model", None, "a preset id, a Hugging Face id or an architecture object", "required")
+    try:
+        arch = architecture_from_model(data["model"])
+        sections = {name: build_section(name, data.get(name)) for name in SECTIONS}
+    except TypeError as exc:  # a dataclass given a wrongly shaped value
+        raise ConfigError("config", str(exc), "fields of the contract") from None
+    return Config(architecture=arch, model=data["model"], **sections)
+
+
+def estimate_config(data: object):
+    """Parse a contract config and estimate it: the CLI's and the app's one entry point."""
+    from .memory import estimate
+    cfg = load_config(data)
+    return estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)

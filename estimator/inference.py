@@ -1,0 +1,90 @@
+"""Inference: weights, the KV cache and the working set of one forward pass.
+
+Serving keeps no gradients, optimizer states or saved activations. It holds the weights (in
+their storage format, block scales included), the KV cache of every sequence in the batch, and
+the largest layer's temporaries while a prefill of ``seq_len`` tokens runs, plus the logits of
+the tokens it samples from.
+
+KV cache per token and layer: 2 (K and V) x g x d_head elements (GQA/MQA share KV heads,
+Ainslie et al. 2023); with MLA, DeepSeek-V2 caches the compressed latent and the rope key,
+kv_lora_rank + d_rope elements, shared by all heads (arXiv 2405.04434 section 2.1.3). TP splits
+KV heads; MLA's latent is replicated on every TP rank. Layers with a sliding window keep at most
+the window (Beltagy et al. 2020; Mistral's rolling cache).
+"""
+
+from __future__ import annotations
+
+from .activations import tokens_per_gpu
+from .architecture import Architecture
+from .dtypes import bytes_per_element
+from .hardware import Hardware
+from .parallel import Parallel
+from .sharding import StageParameters
+from .training import Training
+
+KV_SOURCE = "KV cache = 2 x g x d_head per token and layer (GQA: Ainslie et al. 2023; MLA: DeepSeek-V2 section 2.1.3)"
+
+
+def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel, layer_indices: tuple[int, ...]) -> tuple[float, str]:
+    tokens = training.kv_cache_tokens or training.seq_len
+    dtype = training.kv_cache_dtype or (training.param_dtype if training.param_dtype in ("fp32", "bf16", "fp16", "fp8")
+                                        else "bf16")
+    B = bytes_per_element(dtype)
+    b = training.micro_batch_size
+    total = 0.0
+    for i in layer_indices:
+        kept = tokens
+        if arch.sliding_window and (arch.sliding_window_pattern == 0 or (i + 1) % arch.sliding_window_pattern):
+            kept = min(tokens, arch.sliding_window)
+        if arch.uses_mla:
+            total += (arch.kv_lora_rank + arch.qk_rope_head_dim) * kept * b * B
+        else:
+            # vLLM replicates KV heads when TP exceeds them: each rank keeps at least one
+            total += 2 * max(arch.num_kv_heads / par.tp, 1) * arch.head_dim * kept * b * B
+    formula = (f"(kv_lora_rank + d_rope) x tokens x batch x layers x {B:g} B" if arch.uses_mla
+               else f"2 x max(g/t, 1) x d_head x tokens x batch x layers x {B:g} B")
+    return total, formula
+
+
+def inference_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware,
+                    sp: StageParameters, vocab: int):
+    from .memory import StageEstimate, _communication, _component, _fragmentation, _phase
+    P = bytes_per_element(training.param_dtype)
+    C = bytes_per_element(training.compute_dtype)
+    weights = _component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
+                         "dtype sizes in estimator/dtypes.py (block scales included)")
+    kv, kv_formula = kv_cache_bytes(arch, training, par, sp.layer_indices)
+    kv_cache = _component("kv_cache", "KV cache", kv, kv_formula, KV_SOURCE)
+    T = tokens_per_gpu(training, par)
+    h, t = arch.hidden_size, par.tp
+    kinds = {arch.layer_kinds()[i] for i in sp.layer_indices}
+    # The widest temporaries of one layer during a prefill: q, k, v and the attention output, or
+    # the MLP's fc1 output and the gated product (routed tokens x top-k for MoE).
+    attn = T * (arch.q_width + 2 * arch.kv_width + arch.attention_output_width) * C / t
+    mlp = 0.0
+    if "dense" in kinds:
+        mlp = T * arch.intermediate_size * (3 if arch.gated_mlp else 2) * C / t
+    if "moe" in kinds:
+        mlp = max(mlp, T * arch.num_experts_per_token * training.moe_capacity_factor
+                  * arch.moe_intermediate_size * (3 if arch.gated_mlp else 2) * C / t)
+    working = max(attn, mlp) + 2 * T * h * C  # plus the residual stream in and out
+    activations = _component("activations", "Working activations (one layer, prefill)", working,
+                             "max(q,k,v,out ; MLP fc1 + product) + residual in/out, for s*b tokens",
+                             "one layer's forward temporaries; nothing is kept for backward")
+    kept = [weights, _component("gradients", "Gradients", 0, "none in inference", ""),
+            _component("optimizer_states", "Optimizer states", 0, "none in inference", ""),
+            kv_cache, activations]
+    if sp.stage == par.pp - 1:
+        # Logits of the last position of each sequence, upcast to fp32 for sampling.
+        kept.append(_component("logits", "Logits of the sampled positions (fp32)",
+                               training.micro_batch_size * vocab * 4 / t, "4 x b x V / t", "vLLM/HF generate: last position only"))
+    phase = _phase("forward", kept, [])
+    comm = _communication(training, par, 0)
+    runtime = _component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
+                         "per-process constant of the GPU catalog", hardware.device.source)
+    frag = _fragmentation(phase.allocated_bytes, hardware)
+    return StageEstimate(
+        stage=sp.stage, layers=len(sp.layer_indices), parameters_per_gpu=int(round(sp.local)),
+        in_flight_microbatches=1.0, phases=(phase,), peak_phase="forward",
+        components=phase.components + (comm, runtime, frag), allocated_peak_bytes=phase.allocated_bytes,
+        device_total_bytes=phase.allocated_bytes + comm.bytes + runtime.bytes + frag.bytes)

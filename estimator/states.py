@@ -1,0 +1,153 @@
+"""Model states: parameters, gradients, master weights and optimizer states on one GPU.
+
+Bytes per parameter come from the recipe's dtypes; ZeRO decides what is divided by the
+data-parallel shard group (Rajbhandari et al. 2020, "ZeRO", section 5): stage 1 shards the
+optimizer states (and master weights), stage 2 also the gradients, stage 3 also the
+parameters. The shard group of non-expert parameters is DP x CP (Megatron's distributed
+optimizer shards over the data-parallel-with-context group, Megatron-Bridge
+``dense_optimizer_shard_size = DP*CP``); routed experts shard over their own data-parallel
+group, (TP x CP x DP) / (EP x expert-TP) (Megatron-Core ``expert_data_parallel``).
+
+With Megatron, bf16 and Adam this gives 2 + 4 + 4 + 8 = 18 bytes per parameter, and 6 + 12/d with
+the distributed optimizer (Megatron-LM docs, distributed optimizer).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, ROW, VOCAB, ParameterTensor
+from .dtypes import bytes_per_element
+from .errors import ConfigError
+from .parallel import Parallel
+from .sharding import StageParameters, local_numel
+from .training import Recipe, Training
+
+ZERO_SOURCE = "Rajbhandari et al. 2020 (ZeRO), section 5; Megatron-LM distributed optimizer docs"
+
+OPTIMIZER_SOURCES = {
+    "adamw": "Loshchilov & Hutter 2019: two moments per parameter",
+    "adam8bit": "Dettmers et al. 2022 (8-bit optimizers): 1 byte per state plus one fp32 absmax per "
+                "256-element block; tensors under 4096 elements stay 32-bit (bitsandbytes min_8bit_size)",
+    "sgd": "torch.optim.SGD without momentum keeps no state",
+    "sgd_momentum": "torch.optim.SGD: one momentum buffer per parameter",
+    "adafactor": "Shazeer & Stern 2018: factored second moment (row and column sums) for matrices, "
+                 "no first moment (transformers' Adafactor default beta1=None)",
+    "lion": "Chen et al. 2023 (Lion): one momentum buffer",
+    "muon": "Jordan et al. 2024 (Muon): one momentum buffer on 2-D hidden matrices; AdamW on embeddings, "
+            "head, norms and biases",
+}
+
+
+def resolve_zero_stage(training: Training, par: Parallel) -> int:
+    """The ZeRO stage the framework runs; fully_shard's default is full sharding (stage 3)."""
+    fw = training.framework
+    stage = par.zero_stage if par.zero_stage is not None else (3 if fw == "fsdp2" else 0)
+    if fw == "hf" and stage != 0:
+        raise ConfigError("parallel.zero_stage", stage, "0 with framework 'hf' (DDP)",
+                          "use framework 'deepspeed' or 'fsdp2' to shard")
+    if fw == "fsdp2" and stage == 1:
+        raise ConfigError("parallel.zero_stage", stage,
+                          "0 (no shard), 2 (reshard_after_forward=False) or 3 (full shard) with framework 'fsdp2'",
+                          "FSDP2 has no optimizer-only sharding")
+    return stage
+
+
+def _factored_elements(t: ParameterTensor, par: Parallel) -> float:
+    """Adafactor's state for one tensor on a GPU: rows + columns for a matrix, all of a vector."""
+    if len(t.shape) != 2:
+        return local_numel(t, par)
+    rows, cols = t.shape
+    if t.split in (COLUMN, VOCAB):
+        rows /= par.tp
+    elif t.split == ROW:
+        cols /= par.tp
+    elif t.split == EXPERT_COLUMN:
+        rows /= par.etp
+    elif t.split == EXPERT_ROW:
+        cols /= par.etp
+    copies = t.copies / par.ep if t.split in (EXPERT_COLUMN, EXPERT_ROW) else t.copies
+    return (rows + cols) * copies
+
+
+def optimizer_state_bytes(tensors: tuple[ParameterTensor, ...], optimizer: str, dtype: str, par: Parallel,
+                          experts: bool) -> float:
+    """Optimizer state of the given tensors on one GPU, before ZeRO sharding."""
+    s = bytes_per_element(dtype)
+    total = 0.0
+    for t in tensors:
+        if t.is_expert != experts:
+            continue
+        n = local_numel(t, par)
+        if optimizer == "adamw":
+            total += 2 * s * n
+        elif optimizer == "adam8bit":
+            per_tensor = math.prod(t.shape)
+            total += 2 * 4 * n if per_tensor < 4096 else 2 * (1 + 4 / 256) * n
+        elif optimizer in ("sgd_momentum", "lion"):
+            total += s * n
+        elif optimizer == "muon":
+            total += s * n if t.role == "hidden_matrix" else 2 * s * n
+        elif optimizer == "adafactor":
+            total += s * _factored_elements(t, par)
+    return total
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Persistent model-state bytes on one GPU of a stage, with the formulas that made them."""
+
+    parameters: float
+    gradients: float
+    master_weights: float
+    optimizer_states: float
+    formulas: dict[str, str]
+    zero_stage: int
+    dense_shards: int
+    expert_shards: int
+
+
+def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel) -> ModelStates:
+    zero = resolve_zero_stage(training, par)
+    fw = training.framework
+    d_dense = par.dp * par.cp
+    d_expert = max(1, par.expert_data_parallel)
+
+    def sharded(bytes_dense: float, bytes_expert: float, from_stage: int) -> float:
+        if zero >= from_stage:
+            return bytes_dense / d_dense + bytes_expert / d_expert
+        return bytes_dense + bytes_expert
+
+    nd, ne = stage.dense_local, stage.expert_local
+    P = bytes_per_element(recipe.param_dtype)
+    G = bytes_per_element(recipe.grad_dtype)
+    master = recipe.master_weights
+    if fw == "fsdp2" and master:
+        # FSDP2 keeps the sharded parameters in fp32: they are the master copy; the bf16 copies are
+        # gathered per unit while it runs (see transients).
+        P_stored, M = 4.0, 0.0
+    else:
+        P_stored, M = P, (4.0 if master else 0.0)
+    params = sharded(P_stored * nd, P_stored * ne, 3)
+    grads = sharded(G * nd, G * ne, 2)
+    masters = sharded(M * nd, M * ne, 1)
+    opt_dense = optimizer_state_bytes(stage.tensors, training.optimizer, recipe.optimizer_dtype, par, experts=False)
+    opt_expert = optimizer_state_bytes(stage.tensors, training.optimizer, recipe.optimizer_dtype, par, experts=True)
+    opt = sharded(opt_dense, opt_expert, 1)
+    d = f"d = DP*CP = {d_dense}"
+    de = f", d_e = expert DP = {d_expert}" if ne else ""
+
+    def formula(per_param: str, from_stage: int) -> str:
+        return f"{per_param} x params / d ({d}{de})" if zero >= from_stage else f"{per_param} x params"
+
+    return ModelStates(
+        parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt,
+        formulas={
+            "parameters": formula(f"{P_stored:g} B ({'fp32 shard' if P_stored == 4 and P != 4 else recipe.param_dtype})", 3),
+            "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2),
+            "master_weights": formula("4 B (fp32)", 1),
+            "optimizer_states": formula(f"{training.optimizer} states in {recipe.optimizer_dtype}", 1),
+        },
+        zero_stage=zero, dense_shards=d_dense, expert_shards=d_expert,
+    )

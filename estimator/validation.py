@@ -1,0 +1,89 @@
+"""Rules that tie the architecture, the training setup and the layout together.
+
+Each rule names the field at fault, its value and what is allowed; the single-input checks live
+with their dataclasses. The rules are those the frameworks themselves enforce (Megatron-Core's
+``divide()`` asserts, its context-parallel and MoE argument checks).
+"""
+
+from __future__ import annotations
+
+from .architecture import Architecture
+from .errors import ConfigError
+from .parallel import Parallel
+from .sharding import layers_per_stage
+from .states import resolve_zero_stage
+from .training import Training
+
+
+def _divisors(n: int) -> str:
+    ds = [d for d in range(1, n + 1) if n % d == 0]
+    return ", ".join(map(str, ds)) if len(ds) <= 12 else f"a divisor of {n}"
+
+
+def validate(arch: Architecture, training: Training, par: Parallel) -> int:
+    """Raise `ConfigError` on the first inconsistency; return the ZeRO stage in force."""
+    tp = par.tp
+    if arch.num_attention_heads % tp:
+        raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),
+                          f"num_attention_heads ({arch.num_attention_heads}) must be divisible by tp")
+    if not arch.uses_mla and arch.num_kv_heads % tp and training.mode == "training":
+        raise ConfigError("parallel.tp", tp, _divisors(arch.num_kv_heads),
+                          f"num_kv_heads ({arch.num_kv_heads}) must be divisible by tp")
+    if arch.intermediate_size and any(k == "dense" for k in arch.layer_kinds()) and arch.intermediate_size % tp:
+        raise ConfigError("parallel.tp", tp, _divisors(arch.intermediate_size),
+                          f"intermediate_size ({arch.intermediate_size}) must be divisible by tp")
+    if arch.is_moe:
+        if arch.num_experts % par.ep:
+            raise ConfigError("parallel.ep", par.ep, _divisors(arch.num_experts),
+                              f"num_experts ({arch.num_experts}) must be divisible by ep")
+        if arch.moe_intermediate_size % par.etp:
+            raise ConfigError("parallel.etp", par.etp, _divisors(arch.moe_intermediate_size),
+                              f"moe_intermediate_size ({arch.moe_intermediate_size}) must be divisible by etp")
+        if par.gpus_per_stage % (par.ep * par.etp):
+            raise ConfigError("parallel.ep", par.ep,
+                              f"ep x etp dividing tp x cp x dp = {par.gpus_per_stage}",
+                              f"ep x etp = {par.ep * par.etp} does not fit in the {par.gpus_per_stage} GPUs of a stage")
+        if tp > 1 and not par.sequence_parallel:
+            raise ConfigError("parallel.sequence_parallel", False, "true when tp > 1 with MoE layers",
+                              "Megatron-Core requires sequence parallelism for MoE with tensor parallelism")
+    elif par.ep > 1:
+        raise ConfigError("parallel.ep", par.ep, "1 for a dense model", "the model has no experts")
+    if par.etp != tp and not arch.is_moe:
+        raise ConfigError("parallel.etp", par.etp, f"{tp} (= tp) for a dense model", "the model has no experts")
+    if par.sequence_parallel and tp == 1:
+        raise ConfigError("parallel.sequence_parallel", True, "false when tp is 1",
+                          "sequence parallelism splits over the TP group")
+    layers_per_stage(arch, par)  # raises on a split that does not divide
+    if training.recompute_layers is not None:
+        most = max(layers_per_stage(arch, par))
+        if training.recompute_layers > most:
+            raise ConfigError("training.recompute_layers", training.recompute_layers,
+                              f"at most the layers of a stage ({most})")
+    if par.cp > 1:
+        if training.seq_len % (2 * par.cp):
+            raise ConfigError("training.seq_len", training.seq_len, f"a multiple of 2 x cp = {2 * par.cp}",
+                              "causal context parallelism splits the sequence into 2 x cp chunks (Megatron-Core)")
+        if training.attention != "flash":
+            raise ConfigError("training.attention", training.attention, "'flash' when cp > 1",
+                              "context parallelism runs ring attention over flash kernels")
+    if par.sequence_parallel and (training.seq_len // par.cp) % tp:
+        raise ConfigError("training.seq_len", training.seq_len, f"a multiple of cp x tp = {par.cp * tp}",
+                          "sequence parallelism splits each sequence over TP")
+    gbs = training.global_batch_size
+    if gbs is not None:
+        per_step = training.micro_batch_size * par.dp
+        if gbs % per_step:
+            raise ConfigError("training.global_batch_size", gbs,
+                              f"a multiple of micro_batch_size x dp = {per_step}")
+    if training.mode == "training" and training.fp8:
+        raise ConfigError("training.fp8", True, "false", "the FP8 training recipe is not modelled yet")
+    if training.mode == "training" and training.param_dtype in ("fp8", "fp4"):
+        raise ConfigError("training.param_dtype", training.param_dtype, "'fp32', 'bf16' or 'fp16' for training",
+                          "fp8/fp4 parameters are not modelled yet; they need the FP8 recipe")
+    if training.mode == "training" and training.compute_dtype == "fp32" and training.param_dtype != "fp32":
+        raise ConfigError("training.compute_dtype", "fp32", f"'bf16' or 'fp16' with param_dtype {training.param_dtype!r}",
+                          "computing in a wider dtype than the parameters is not a recipe any framework runs")
+    if training.mode == "training" and training.optimizer == "adam8bit" and training.framework == "megatron":
+        raise ConfigError("training.optimizer", "adam8bit", "'adamw', 'sgd', 'sgd_momentum', 'adafactor', 'lion' or "
+                          "'muon' with framework 'megatron'", "Megatron-Core has no 8-bit Adam")
+    return resolve_zero_stage(training, par)
