@@ -106,8 +106,8 @@ def render_text(result) -> str:
     return "\n".join(lines)
 
 
-def _cmd_estimate(args: argparse.Namespace) -> int:
-    from .config import estimate_config
+def _load(args: argparse.Namespace):
+    from .config import load_config
     try:
         with open(args.config, encoding="utf-8") as fh:
             text = fh.read()
@@ -119,11 +119,21 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         raise ConfigError("--config", args.config, "valid JSON",
                           f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     data = _apply_overrides(data, args) if isinstance(data, dict) else data
-    result = estimate_config(data)
-    if args.json:
-        print(json.dumps(result.to_json()))
-    else:
-        print(render_text(result))
+    return load_config(data)
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from .memory import estimate
+    cfg = _load(args)
+    result = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
+    print(json.dumps(result.to_json()) if args.json else render_text(result))
+    return 0
+
+
+def _cmd_roofline(args: argparse.Namespace) -> int:
+    from .roofline import render_roofline_text, roofline_config
+    result = roofline_config(_load(args))
+    print(json.dumps(result.to_json()) if args.json else render_roofline_text(result))
     return 0
 
 
@@ -138,11 +148,6 @@ def _cmd_gpus(args: argparse.Namespace) -> int:
     for gpu in GPUS.values():
         print(f"{gpu.id:<12} {gpu.capacity_bytes / GiB:7.1f} GiB  {gpu.name}")
     return 0
-
-
-def _cmd_roofline(args: argparse.Namespace) -> int:
-    from .roofline import main as roofline_main
-    return roofline_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
