@@ -103,6 +103,9 @@ class Architecture:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_experts and self.shared_expert_intermediate_size is None:
             object.__setattr__(self, "shared_expert_intermediate_size", self.moe_intermediate_size)
+        # the layer pattern is read for every stage of every estimate: compute it once
+        object.__setattr__(self, "_layer_kinds",
+                           tuple("moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers)))
 
     # --- layer pattern -------------------------------------------------------------------------
     @property
@@ -121,7 +124,7 @@ class Architecture:
         return (index - self.first_dense_layers) % self.moe_layer_frequency == 0
 
     def layer_kinds(self) -> tuple[str, ...]:
-        return tuple("moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers))
+        return self._layer_kinds
 
     @property
     def num_moe_layers(self) -> int:

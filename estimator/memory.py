@@ -27,7 +27,7 @@ from .architecture import Architecture, parameter_counts
 from .dtypes import bytes_per_element
 from .hardware import GPU, GPUS, Hardware
 from .parallel import Parallel
-from .sharding import StageParameters, local_numel, padded_vocab_size, stage_parameters
+from .sharding import StageParameters, padded_vocab_size, stage_parameters
 from .states import OPTIMIZER_SOURCES, ZERO_SOURCE, model_states
 from .training import Recipe, Training, resolve_recipe
 
@@ -107,6 +107,7 @@ class Estimate:
     allocated_peak_bytes: int
     device_total_bytes: int
     fit: Fit
+    activation_ledger: tuple[LedgerLine, ...] = ()  # one layer, one micro-batch, one GPU, by layer kind
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def fits(self) -> list[Fit]:
@@ -160,55 +161,87 @@ def _entries_component(key: str, label: str, entries: list[act.Entry], par: Para
     return Component(key, label, sum(p.bytes for p in parts), formula, source, parts)
 
 
+@dataclass(frozen=True)
+class LedgerLine:
+    """One saved tensor of one layer for one micro-batch on one GPU (the activation ledger)."""
+
+    kind: str
+    name: str
+    bytes: int
+    formula: str
+    dropped_by_recompute: bool
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every stage of one estimate reuses: the per-layer ledger, the loss, the overheads."""
+
+    per_layer: dict[str, float]  # bytes one layer keeps per micro-batch, by layer kind, as recomputed
+    full_layer: dict[str, float]  # ... without any recompute (the working set re-materialised)
+    kept_input: float
+    embedding: list[act.Entry]
+    loss: act.LossMemory | None
+    communication: Component
+    runtime: Component
+    ledger: tuple[LedgerLine, ...]
+
+
+def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, zero: int,
+            vocab: int) -> _Shared:
+    kinds = sorted(set(arch.layer_kinds()))
+    entries = {k: act.layer_entries(arch, training, par, k) for k in kinds}
+    selective = training.recompute == "selective"
+    full = {k: sum(e.bytes(par) for e in es) for k, es in entries.items()}
+    per_layer = {k: sum(e.bytes(par) for e in es if not (selective and e.core_attention)) for k, es in entries.items()}
+    ledger = tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.formula, selective and e.core_attention)
+                   for k in kinds for e in entries[k])
+    return _Shared(
+        per_layer=per_layer, full_layer=full, kept_input=act.layer_input_bytes(arch, training, par),
+        embedding=act.embedding_entries(arch, training, par),
+        loss=act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None,
+        communication=_communication(training, par, zero),
+        runtime=_component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
+                           "per-process constant of the GPU catalog", hardware.device.source),
+        ledger=ledger)
+
+
 def _stage_activations(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
-                       inflight: float) -> tuple[Component, float]:
-    """Saved activations of the stage's layers for every micro-batch in flight, and the working
-    set of one recomputed layer (full recompute re-runs one layer's forward at a time in
-    backward, Korthikanti section 5)."""
-    kinds = arch.layer_kinds()
-    layers = [kinds[i] for i in stage.layer_indices]
-    full = {k: act.layer_bytes(arch, training, par, k) for k in set(layers)}
-    kept_input = act.layer_input_bytes(arch, training, par)
-    mode = training.recompute
-    if mode == "full":
-        n = len(layers) if training.recompute_layers is None else min(training.recompute_layers, len(layers))
-        per_stack = sum(kept_input if i < n else full[k] for i, k in enumerate(layers))
-        formula = f"{n} recomputed layers x 2*s*b*h(/t with SP) + {len(layers) - n} layers x full ledger"
-        working = max(full.values(), default=0.0) if n else 0.0
-    elif mode == "selective":
-        per_stack = sum(act.layer_bytes(arch, training, par, k, selective=True) for k in layers)
-        formula = "layers x ledger without the core-attention tensors (selective recompute)"
-        working = 0.0
-    else:
-        per_stack = sum(full[k] for k in layers)
-        formula = "layers x per-layer ledger"
-        working = 0.0
-    n_kept_input = (len(layers) if training.recompute_layers is None else min(training.recompute_layers, len(layers))) \
-        if mode == "full" else 0
+                       inflight: float, shared: _Shared) -> Component:
+    """Saved activations of the stage's layers for every micro-batch in flight. Full recompute of n layers recomputes the first n of the
+    stage (Megatron's "block" method) and keeps only their inputs."""
+    n_layers = len(stage.layer_indices)
+    recomputed = 0
+    if training.recompute == "full":
+        recomputed = n_layers if training.recompute_layers is None else min(training.recompute_layers, n_layers)
     parts = []
-    if n_kept_input:
-        parts.append(_component("activations", f"layer inputs kept by full recompute ({n_kept_input} layers)",
-                                kept_input * n_kept_input * inflight, "B*s*b*h(/t with SP) x layers x in flight",
-                                act.KORTHIKANTI))
-    for kind in sorted(set(layers)):
-        count = sum(1 for i, k in enumerate(layers) if k == kind and i >= n_kept_input)
-        if not count:
-            continue
-        entries = [e for e in act.layer_entries(arch, training, par, kind)
-                   if not (mode == "selective" and e.core_attention)]
-        parts.append(_entries_component("activations", f"{count} {kind} layers x {inflight:g} micro-batches",
-                                        entries, par, count * inflight, act.KORTHIKANTI))
-    total = per_stack * inflight
-    formula = f"({formula}) x {inflight:g} micro-batches in flight"
+    if recomputed:
+        parts.append(_component("activations", f"{recomputed} recomputed layers keep their input",
+                                shared.kept_input * recomputed * inflight,
+                                f"B*s*b*h(/t with SP) x {recomputed} layers x {inflight:g} in flight", act.KORTHIKANTI))
+    if recomputed == 0:
+        stored_counts = stage.kind_counts
+    else:
+        kinds = arch.layer_kinds()
+        stored = [kinds[i] for i in stage.layer_indices[recomputed:]]
+        stored_counts = tuple((k, stored.count(k)) for k in sorted(set(stored)))
+    n_stored = n_layers - recomputed
+    for kind, n in stored_counts:
+        parts.append(_component("activations", f"{n} {kind} layers x {inflight:g} micro-batches",
+                                shared.per_layer[kind] * n * inflight,
+                                f"per-layer ledger ({kind}) x {n} layers x {inflight:g} in flight", act.KORTHIKANTI))
+    formula = "layers x per-layer ledger x micro-batches in flight"
+    if training.recompute == "selective":
+        formula += " (core attention recomputed)"
+    elif recomputed:
+        formula = f"{recomputed} x layer input + {n_stored} x per-layer ledger, x micro-batches in flight"
     if stage.stage == 0:
-        emb = act.embedding_entries(arch, training, par)
-        emb_bytes = sum(e.bytes(par) for e in emb) * max(1.0, inflight)
-        total += emb_bytes
-        parts.append(_entries_component("activations", "embedding inputs", emb, par, max(1.0, inflight),
-                                        act.KORTHIKANTI))
-        formula += " + token ids (8*s*b per micro-batch)"
+        emb = shared.embedding
+        parts.append(_component("activations", "token ids" + (" and embedding dropout mask" if len(emb) > 1 else ""),
+                                sum(e.bytes(par) for e in emb) * max(1.0, inflight),
+                                " + ".join(e.formula for e in emb) + " per micro-batch in flight", act.KORTHIKANTI))
+        formula += " + token ids"
     total = sum(p.bytes for p in parts)
-    return Component("activations", "Activations", int(round(total)), formula, act.KORTHIKANTI, tuple(parts)), working
+    return Component("activations", "Activations", total, formula, act.KORTHIKANTI, tuple(parts))
 
 
 @dataclass(frozen=True)
@@ -263,8 +296,7 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
             "buckets", "DDP gradient buckets", stage.local * G, f"{G:g} B x params (gradient_as_bucket_view=False)",
             "PyTorch DistributedDataParallel docs: gradient_as_bucket_view saves memory equal to the gradients"))
     if recipe.autocast_weight_copies:
-        matrices = sum(local_numel(t, par) for t in stage.tensors if t.role in ("hidden_matrix", "embedding", "head")
-                       and t.name != "embedding")
+        matrices = stage.total.matrices
         cb = bytes_per_element(recipe.compute_dtype)
         src = "PyTorch autocast: casts of leaf weights are cached until the autocast region exits and kept for backward"
         fwd.append(_component("transient", "Autocast copies of the weights", matrices * cb,
@@ -286,7 +318,7 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
                               f"{states_dtype:g} B x parameters on this GPU",
                               "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"))
     elif training.optimizer in ("adafactor", "lion", "muon"):
-        largest = max((local_numel(t, par) / t.copies for t in stage.tensors), default=0.0)
+        largest = stage.total.largest_tensor
         opt.append(_component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
                               2 * 4 * largest, "2 x 4 B x largest tensor", OPTIMIZER_SOURCES[training.optimizer]))
     return _Transients(fwd, bwd, opt, persistent)
@@ -340,45 +372,66 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
     m = act.microbatches(training, par)
     vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
     stages_params = stage_parameters(arch, par, training.framework)
+    shared = _shared(arch, training, par, hardware, zero, vocab)
+    statics: dict[tuple, _StaticStage] = {}
     stages = []
     for sp in stages_params:
         if training.mode == "inference":
             from .inference import inference_stage
             stages.append(inference_stage(arch, training, par, hardware, sp, vocab))
-        else:
-            stages.append(_training_stage(arch, training, recipe, par, hardware, sp, zero, m, vocab))
+            continue
+        # stages with the same layers and no embedding or head share their static part
+        signature = (sp.stage if sp.stage in (0, par.pp - 1) else -1, sp.total)
+        if signature not in statics:
+            statics[signature] = _static_stage(arch, training, recipe, par, sp, zero, m, shared)
+        stages.append(_training_stage(arch, training, par, hardware, sp, statics[signature], m, shared))
     peak = max(stages, key=lambda s: s.device_total_bytes)
     return Estimate(
         architecture=arch, training=training, parallel=par, hardware=hardware, recipe=recipe, zero_stage=zero,
         microbatches=m, parameters_total=counts.total, parameters_active=counts.active, stages=tuple(stages),
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
-        device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, gpu))
+        device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, gpu),
+        activation_ledger=shared.ledger)
 
 
-def _training_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, hardware: Hardware,
-                    sp: StageParameters, zero: int, m: int, vocab: int) -> StageEstimate:
+@dataclass(frozen=True)
+class _StaticStage:
+    """The part of a stage that does not depend on its micro-batches in flight: every middle
+    stage of a pipeline shares one (its components are immutable, so they are shared too)."""
+
+    base: tuple[Component, ...]  # parameters, master weights, optimizer states
+    grads_forward: Component
+    grads_backward: Component
+    grads_full: Component
+    loss_saved: tuple[Component, ...]
+    transients: "_Transients"
+    folded: dict  # phase name -> the folded transient component
+    working_layer: float
+
+
+def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  zero: int, m: int, shared: _Shared) -> _StaticStage:
     ms = model_states(sp, training, recipe, par)
-    inflight = act.in_flight_chunks(sp.stage, par, m)
-    activations, working = _stage_activations(arch, training, par, sp, inflight)
     last = sp.stage == par.pp - 1
-    loss_saved: Component | None = None
+    loss_saved: tuple[Component, ...] = ()
     loss_transient: list[Component] = []
     if last:
-        loss = act.loss_memory(arch, training, par, vocab)
-        loss_saved = _entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1, loss.source)
+        loss = shared.loss
+        loss_saved = (_entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1,
+                                         loss.source),)
         if loss.transient:
-            t = _entries_component("transient", "Loss working copies", loss.transient, par, 1, loss.source)
-            loss_transient = [t]
+            loss_transient = [_entries_component("transient", "Loss working copies", loss.transient, par, 1,
+                                                 loss.source)]
+    recomputes = training.recompute == "full"
+    working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) if recomputes else 0.0
     tr = _transients(arch, training, recipe, par, sp, zero, working)
-    zero_src = ZERO_SOURCE
-    params = _component("parameters", "Parameters", ms.parameters, ms.formulas["parameters"], zero_src)
+    params = _component("parameters", "Parameters", ms.parameters, ms.formulas["parameters"], ZERO_SOURCE)
     master = _component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formulas["master_weights"],
-                        zero_src)
+                        ZERO_SOURCE)
     optim = _component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formulas["optimizer_states"],
                        OPTIMIZER_SOURCES[training.optimizer])
-    grads_full = _component("gradients", "Gradients", ms.gradients, ms.formulas["gradients"], zero_src)
-    persistent_grads = training.framework == "megatron" or m > 1 or par.pp > 1
-    if persistent_grads:
+    grads_full = _component("gradients", "Gradients", ms.gradients, ms.formulas["gradients"], ZERO_SOURCE)
+    if training.framework == "megatron" or m > 1 or par.pp > 1:
         grads_fwd = grads_bwd = grads_full
     else:
         grads_fwd = _component("gradients", "Gradients", 0, "none yet: set to None after the last step",
@@ -388,36 +441,49 @@ def _training_stage(arch: Architecture, training: Training, recipe: Recipe, par:
         grads_bwd = _component("gradients", "Gradients", ms.gradients * share,
                                "gradients of the first unit reached in backward (head or last layer)",
                                "autograd produces gradients as backward reaches each parameter")
-    base = [params, master, optim]
-    saved = [activations] + ([loss_saved] if loss_saved else [])
+    folded = {"forward": _fold(loss_transient + tr.forward), "backward": _fold(loss_transient + tr.backward),
+              "optimizer": _fold(tr.optimizer)}
+    return _StaticStage(base=(params, master, optim), grads_forward=grads_fwd, grads_backward=grads_bwd,
+                        grads_full=grads_full, loss_saved=loss_saved, transients=tr, folded=folded,
+                        working_layer=working)
+
+
+_NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)
+
+
+def _training_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, sp: StageParameters,
+                    static: _StaticStage, m: int, shared: _Shared) -> StageEstimate:
+    inflight = act.in_flight_chunks(sp.stage, par, m)
+    activations = _stage_activations(arch, training, par, sp, inflight, shared)
+    saved = (activations,) + static.loss_saved
+    kept = static.base + tuple(static.transients.persistent)
     phases = (
-        _phase("forward", base + [grads_fwd] + saved + tr.persistent, loss_transient + tr.forward),
-        _phase("backward", base + [grads_bwd] + saved + tr.persistent, loss_transient + tr.backward),
-        _phase("optimizer", base + [grads_full, _component("activations", "Activations", 0,
-                                                            "none: freed by the end of backward", act.KORTHIKANTI)]
-               + tr.persistent, tr.optimizer),
+        _phase("forward", kept + (static.grads_forward,) + saved, static.folded["forward"]),
+        _phase("backward", kept + (static.grads_backward,) + saved, static.folded["backward"]),
+        _phase("optimizer", kept + (static.grads_full, _NO_ACTIVATIONS), static.folded["optimizer"]),
     )
     peak = max(phases, key=lambda p: p.allocated_bytes)
-    comm = _communication(training, par, zero)
-    runtime = _component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
-                         "per-process constant of the GPU catalog", hardware.device.source)
+    comm, runtime = shared.communication, shared.runtime
     frag = _fragmentation(peak.allocated_bytes, hardware)
-    components = peak.components + (comm, runtime, frag)
     return StageEstimate(
         stage=sp.stage, layers=len(sp.layer_indices), parameters_per_gpu=int(round(sp.local)),
-        in_flight_microbatches=inflight, phases=phases, peak_phase=peak.name, components=components,
-        allocated_peak_bytes=peak.allocated_bytes,
+        in_flight_microbatches=inflight, phases=phases, peak_phase=peak.name,
+        components=peak.components + (comm, runtime, frag), allocated_peak_bytes=peak.allocated_bytes,
         device_total_bytes=peak.allocated_bytes + comm.bytes + runtime.bytes + frag.bytes)
 
 
-def _phase(name: str, kept: list[Component], transients: list[Component]) -> Phase:
-    """Components of one phase; transients of the phase fold into one ``transient`` component."""
-    out = [c for c in kept if c.bytes or c.key in ("parameters", "gradients", "optimizer_states", "activations")]
-    if transients:
-        parts = tuple(p for t in transients for p in (t.parts or (t,)))
-        total = sum(p.bytes for p in parts)
-        formula = " + ".join(t.label for t in transients)
-        out.append(Component("transient", "Transient buffers", total, formula, "see each part", parts))
-    else:
-        out.append(Component("transient", "Transient buffers", 0, "none in this phase", ""))
-    return Phase(name, sum(c.bytes for c in out), tuple(out))
+def _fold(transients: list[Component]) -> Component:
+    """A phase's transients fold into one ``transient`` component whose parts are the pieces."""
+    if not transients:
+        return Component("transient", "Transient buffers", 0, "none in this phase", "")
+    parts = tuple(p for t in transients for p in (t.parts or (t,)))
+    return Component("transient", "Transient buffers", sum(p.bytes for p in parts),
+                     " + ".join(t.label for t in transients), "see each part", parts)
+
+
+def _phase(name: str, kept: tuple[Component, ...], transient: Component) -> Phase:
+    out = tuple(c for c in kept if c.bytes or c.key in _ALWAYS) + (transient,)
+    return Phase(name, sum(c.bytes for c in out), out)
+
+
+_ALWAYS = ("parameters", "gradients", "optimizer_states", "activations")

@@ -12,6 +12,7 @@ both copies and all-reduces their gradients, Shoeybi et al. 2019).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from .architecture import (COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB,
@@ -30,7 +31,12 @@ def padded_vocab_size(vocab_size: int, tp: int, framework: str) -> int:
 
 
 def layers_per_stage(arch: Architecture, par: Parallel) -> list[int]:
-    """Transformer layers on each pipeline rank, first to last (all of its virtual chunks)."""
+    """Transformer layers on each pipeline rank, first to last (all of its virtual chunks).
+
+    An uneven split gives the first and last ranks their own counts and the middle ranks an
+    even share of the rest. Llama 3 trains its 126 layers on 16 stages with one layer fewer on
+    the first and last (Grattafiori et al. 2024, section 3.3.2), as Megatron's
+    ``--decoder-first/last-pipeline-num-layers`` do."""
     p, v, total = par.pp, par.vpp, arch.num_layers
     first, last = par.pp_first_stage_layers, par.pp_last_stage_layers
     if first is None and last is None:
@@ -50,11 +56,33 @@ def layers_per_stage(arch: Architecture, par: Parallel) -> list[int]:
         counts[0] = first
     if last is not None:
         counts[-1] = last
-    if v > 1 and any(c % v for c in counts):
-        raise ConfigError("parallel.vpp", v, f"a divisor of every stage's layer count {counts}")
-    if any(c == 0 for c in counts[1:-1]):
-        raise ConfigError("parallel.pp", p, "at most one stage per layer", "a middle stage would hold no layer")
+    if any(c == 0 for c in counts[1:-1]) or any(c < 1 for c in counts):
+        raise ConfigError("parallel.pp", p, "at most one stage per layer", f"a stage would hold no layer: {counts}")
+    if v > 1:
+        if any(c % v for c in counts[1:-1]) or counts[0] < v or counts[-1] < v:
+            raise ConfigError("parallel.vpp", v, f"a divisor of every middle stage's layer count and at most the "
+                              f"first and last stage's ({counts})")
     return counts
+
+
+def chunk_sizes(counts: list[int], v: int) -> list[list[int]]:
+    """Layers of each virtual chunk per rank. A first or last rank with fewer layers than
+    ceil/v chunks gives up layers from its first (resp. last) chunk, where the embedding (resp.
+    the loss) already sits (Megatron's ``--account-for-embedding/loss-in-pipeline-split``)."""
+    out = []
+    for rank, c in enumerate(counts):
+        size = -(-c // v)
+        chunks = [size] * v
+        deficit = size * v - c
+        order = range(v) if rank == 0 else range(v - 1, -1, -1)
+        for i in order:
+            if deficit == 0:
+                break
+            take = min(deficit, chunks[i] - 1 if v > 1 else deficit)
+            chunks[i] -= take
+            deficit -= take
+        out.append(chunks)
+    return out
 
 
 def stage_layer_indices(arch: Architecture, par: Parallel) -> list[list[int]]:
@@ -62,12 +90,12 @@ def stage_layer_indices(arch: Architecture, par: Parallel) -> list[list[int]]:
     rank r holds chunks r, r + p, r + 2p, ... (Narayanan et al. 2021, interleaved schedule)."""
     counts = layers_per_stage(arch, par)
     p, v = par.pp, par.vpp
-    chunk_sizes = [[c // v] * v for c in counts]
+    sizes = chunk_sizes(counts, v)
     indices: list[list[int]] = [[] for _ in range(p)]
     start = 0
     for chunk in range(v):
         for rank in range(p):
-            size = chunk_sizes[rank][chunk]
+            size = sizes[rank][chunk]
             indices[rank].extend(range(start, start + size))
             start += size
     return indices
@@ -84,50 +112,133 @@ def local_numel(t: ParameterTensor, par: Parallel) -> float:
 
 
 @dataclass(frozen=True)
+class Bucket:
+    """Totals over a group of tensors on one GPU, split into non-expert (dense) and routed-expert
+    parts because ZeRO shards them over different groups. Everything the optimizer-state and
+    transient formulas need is here, so a stage never walks its tensors again."""
+
+    dense: float = 0.0
+    expert: float = 0.0
+    dense_hidden_matrices: float = 0.0  # 2-D hidden weights (Muon's momentum-only set)
+    expert_hidden_matrices: float = 0.0
+    dense_small: float = 0.0  # tensors under 4096 elements (bitsandbytes keeps them in 32-bit)
+    expert_small: float = 0.0
+    dense_factored: float = 0.0  # Adafactor: rows + columns of matrices, all of vectors
+    expert_factored: float = 0.0
+    matrices: float = 0.0  # weights a matmul reads (autocast casts them), embedding lookups excluded
+    largest_tensor: float = 0.0
+
+    def scaled(self, n: int) -> "Bucket":
+        values = astuple_fast(self)
+        return Bucket(*(v * n for v in values[:-1]), values[-1])
+
+    def __add__(self, other: "Bucket") -> "Bucket":
+        a, b = astuple_fast(self), astuple_fast(other)
+        return Bucket(*(x + y for x, y in zip(a[:-1], b[:-1])), max(a[-1], b[-1]))
+
+
+def astuple_fast(b: Bucket) -> tuple[float, ...]:
+    """The bucket's fields in declaration order (dataclasses.astuple deep-copies, too slow here)."""
+    d = b.__dict__
+    return tuple(d[f] for f in _FIELDS)
+
+
+_SUMMED = ("dense", "expert", "dense_hidden_matrices", "expert_hidden_matrices", "dense_small", "expert_small",
+           "dense_factored", "expert_factored", "matrices")
+_FIELDS = _SUMMED + ("largest_tensor",)
+
+
+def factored_elements(t: ParameterTensor, par: Parallel) -> float:
+    """Adafactor's state for one tensor on a GPU: rows + columns for a matrix, all of a vector
+    (Shazeer & Stern 2018, section 3)."""
+    if len(t.shape) != 2:
+        return local_numel(t, par)
+    rows, cols = t.shape
+    if t.split in (COLUMN, VOCAB):
+        rows /= par.tp
+    elif t.split == ROW:
+        cols /= par.tp
+    elif t.split == EXPERT_COLUMN:
+        rows /= par.etp
+    elif t.split == EXPERT_ROW:
+        cols /= par.etp
+    copies = t.copies / par.ep if t.split in (EXPERT_COLUMN, EXPERT_ROW) else t.copies
+    return (rows + cols) * copies
+
+
+def bucket(tensors: list[ParameterTensor], par: Parallel) -> Bucket:
+    sums = dict.fromkeys(_SUMMED, 0.0)
+    largest = 0.0
+    for t in tensors:
+        n = local_numel(t, par)
+        side = "expert" if t.is_expert else "dense"
+        sums[side] += n
+        if t.role == "hidden_matrix":
+            sums[f"{side}_hidden_matrices"] += n
+        if math.prod(t.shape) < 4096:
+            sums[f"{side}_small"] += n
+        sums[f"{side}_factored"] += factored_elements(t, par)
+        if t.role in ("hidden_matrix", "head"):
+            sums["matrices"] += n
+        largest = max(largest, n / t.copies)
+    return Bucket(**sums, largest_tensor=largest)
+
+
+@dataclass(frozen=True)
 class StageParameters:
-    """Parameters of one pipeline stage, split into the groups that shard differently."""
+    """Parameters of one pipeline stage on one GPU, as buckets."""
 
     stage: int
     layer_indices: tuple[int, ...]
-    tensors: tuple[ParameterTensor, ...]  # one entry per distinct tensor, `copies` folded in
-    dense_local: float  # elements on one GPU, non-expert (sharded over DP x CP by ZeRO)
-    expert_local: float  # elements on one GPU, routed experts (sharded over expert-DP by ZeRO)
-    embedding_local: float  # the embedding/head part of dense_local
+    kind_counts: tuple[tuple[str, int], ...]  # layers of each kind on the stage
+    total: Bucket  # everything on the stage
     largest_layer_local: float  # one layer's elements on a GPU (the FSDP/ZeRO-3 unit)
     root_local: float  # embedding + final norm + head on a GPU (the FSDP root unit)
 
     @property
+    def dense_local(self) -> float:
+        return self.total.dense
+
+    @property
+    def expert_local(self) -> float:
+        return self.total.expert
+
+    @property
     def local(self) -> float:
-        return self.dense_local + self.expert_local
+        return self.total.dense + self.total.expert
 
 
 def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[StageParameters]:
     vocab = padded_vocab_size(arch.vocab_size, par.tp, framework)
     kinds = arch.layer_kinds()
-    per_kind = {k: arch.layer_tensors(k) for k in set(kinds)}
-    per_kind_local = {k: sum(local_numel(t, par) for t in ts) for k, ts in per_kind.items()}
+    per_kind = {k: bucket(arch.layer_tensors(k), par) for k in set(kinds)}
+    first_root = bucket(arch.embedding_tensors(vocab), par)
+    last_tensors = arch.head_tensors(vocab)
+    if arch.tie_embeddings and par.pp > 1:  # the last stage keeps its own copy as the head
+        last_tensors.append(ParameterTensor("lm_head (tied copy)", (vocab, arch.hidden_size), VOCAB, "head"))
+    last_root = bucket(last_tensors, par)
+    if arch.tie_embeddings and par.pp == 1:  # the head multiplies by the embedding matrix itself
+        last_root = last_root + Bucket(matrices=vocab * arch.hidden_size / par.tp)
+    mtp = bucket(arch.mtp_tensors(), par).scaled(arch.mtp_layers) if arch.mtp_layers else Bucket()
     stages = []
+    single_kind = len(per_kind) == 1
+    cache: dict[tuple, tuple[Bucket, float, float]] = {}
     for rank, layers in enumerate(stage_layer_indices(arch, par)):
-        tensors: list[ParameterTensor] = []
-        for kind in set(kinds[i] for i in layers):
-            n = sum(1 for i in layers if kinds[i] == kind)
-            tensors += [ParameterTensor(t.name, t.shape, t.split, t.role, t.copies * n) for t in per_kind[kind]]
-        root: list[ParameterTensor] = []
-        if rank == 0:
-            root += arch.embedding_tensors(vocab)
-        if rank == par.pp - 1:
-            root += arch.head_tensors(vocab)
-            if arch.tie_embeddings and par.pp > 1:
-                root.append(ParameterTensor("lm_head (tied copy)", (vocab, arch.hidden_size), VOCAB, "head"))
-            for _ in range(arch.mtp_layers):  # MTP modules sit after the last layer (Megatron)
-                tensors += arch.mtp_tensors()
-        tensors += root
-        dense = sum(local_numel(t, par) for t in tensors if not t.is_expert)
-        expert = sum(local_numel(t, par) for t in tensors if t.is_expert)
-        embedding = sum(local_numel(t, par) for t in root if t.role in ("embedding", "head"))
-        largest = max((per_kind_local[kinds[i]] for i in layers), default=0.0)
-        stages.append(StageParameters(
-            stage=rank, layer_indices=tuple(layers), tensors=tuple(tensors), dense_local=dense,
-            expert_local=expert, embedding_local=embedding, largest_layer_local=largest,
-            root_local=sum(local_numel(t, par) for t in root)))
+        counts = {kinds[0]: len(layers)} if single_kind else Counter(kinds[i] for i in layers)
+        ends = (rank == 0, rank == par.pp - 1)
+        key = (ends, tuple(sorted(counts.items())))
+        if key not in cache:
+            total = Bucket()
+            for kind, n in sorted(counts.items()):
+                total = total + per_kind[kind].scaled(n)
+            root = Bucket()
+            if ends[0]:
+                root = root + first_root
+            if ends[1]:
+                root = root + last_root + mtp  # MTP modules sit after the last layer (Megatron)
+            largest = max((per_kind[k].dense + per_kind[k].expert for k in counts), default=0.0)
+            cache[key] = (total + root, largest, root.dense)
+        total, largest, root_dense = cache[key]
+        stages.append(StageParameters(stage=rank, layer_indices=tuple(layers), kind_counts=key[1], total=total,
+                                      largest_layer_local=largest, root_local=root_dense))
     return stages

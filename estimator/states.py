@@ -14,14 +14,12 @@ the distributed optimizer (Megatron-LM docs, distributed optimizer).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, ROW, VOCAB, ParameterTensor
 from .dtypes import bytes_per_element
 from .errors import ConfigError
 from .parallel import Parallel
-from .sharding import StageParameters, local_numel
+from .sharding import Bucket, StageParameters
 from .training import Recipe, Training
 
 ZERO_SOURCE = "Rajbhandari et al. 2020 (ZeRO), section 5; Megatron-LM distributed optimizer docs"
@@ -54,44 +52,24 @@ def resolve_zero_stage(training: Training, par: Parallel) -> int:
     return stage
 
 
-def _factored_elements(t: ParameterTensor, par: Parallel) -> float:
-    """Adafactor's state for one tensor on a GPU: rows + columns for a matrix, all of a vector."""
-    if len(t.shape) != 2:
-        return local_numel(t, par)
-    rows, cols = t.shape
-    if t.split in (COLUMN, VOCAB):
-        rows /= par.tp
-    elif t.split == ROW:
-        cols /= par.tp
-    elif t.split == EXPERT_COLUMN:
-        rows /= par.etp
-    elif t.split == EXPERT_ROW:
-        cols /= par.etp
-    copies = t.copies / par.ep if t.split in (EXPERT_COLUMN, EXPERT_ROW) else t.copies
-    return (rows + cols) * copies
-
-
-def optimizer_state_bytes(tensors: tuple[ParameterTensor, ...], optimizer: str, dtype: str, par: Parallel,
-                          experts: bool) -> float:
-    """Optimizer state of the given tensors on one GPU, before ZeRO sharding."""
+def optimizer_state_bytes(b: Bucket, optimizer: str, dtype: str, experts: bool) -> float:
+    """Optimizer state of a bucket's dense or expert part on one GPU, before ZeRO sharding."""
     s = bytes_per_element(dtype)
-    total = 0.0
-    for t in tensors:
-        if t.is_expert != experts:
-            continue
-        n = local_numel(t, par)
-        if optimizer == "adamw":
-            total += 2 * s * n
-        elif optimizer == "adam8bit":
-            per_tensor = math.prod(t.shape)
-            total += 2 * 4 * n if per_tensor < 4096 else 2 * (1 + 4 / 256) * n
-        elif optimizer in ("sgd_momentum", "lion"):
-            total += s * n
-        elif optimizer == "muon":
-            total += s * n if t.role == "hidden_matrix" else 2 * s * n
-        elif optimizer == "adafactor":
-            total += s * _factored_elements(t, par)
-    return total
+    side = "expert" if experts else "dense"
+    n = getattr(b, side)
+    if optimizer == "adamw":
+        return 2 * s * n
+    if optimizer == "adam8bit":
+        small = getattr(b, f"{side}_small")
+        return 2 * 4 * small + 2 * (1 + 4 / 256) * (n - small)
+    if optimizer in ("sgd_momentum", "lion"):
+        return s * n
+    if optimizer == "muon":
+        hidden = getattr(b, f"{side}_hidden_matrices")
+        return s * hidden + 2 * s * (n - hidden)
+    if optimizer == "adafactor":
+        return s * getattr(b, f"{side}_factored")
+    return 0.0  # sgd
 
 
 @dataclass(frozen=True)
@@ -132,8 +110,8 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     params = sharded(P_stored * nd, P_stored * ne, 3)
     grads = sharded(G * nd, G * ne, 2)
     masters = sharded(M * nd, M * ne, 1)
-    opt_dense = optimizer_state_bytes(stage.tensors, training.optimizer, recipe.optimizer_dtype, par, experts=False)
-    opt_expert = optimizer_state_bytes(stage.tensors, training.optimizer, recipe.optimizer_dtype, par, experts=True)
+    opt_dense = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=False)
+    opt_expert = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=True)
     opt = sharded(opt_dense, opt_expert, 1)
     d = f"d = DP*CP = {d_dense}"
     de = f", d_e = expert DP = {d_expert}" if ne else ""
