@@ -242,7 +242,8 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     else:
         chunk = max(1.0, T * h / vocab)  # Liger: chunk = BT / ceil(V/h) tokens
         saved.append(Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h"))
-        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, 4, "tp", "4*V*h/t"))
+        P = bytes_per_element(training.param_dtype)  # Liger allocates it like the weight
+        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h/t"))
         transient.append(Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp",
                                "(B + 4)*(s*b*h/V)*V/t"))
         source = "Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))"

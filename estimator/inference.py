@@ -47,8 +47,8 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel, layer_
 
 
 def inference_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware,
-                    sp: StageParameters, vocab: int):
-    from .memory import StageEstimate, _communication, _component, _fragmentation, _phase
+                    sp: StageParameters, vocab: int, shared):
+    from .memory import StageEstimate, _component, _fold, _fragmentation, _phase
     P = bytes_per_element(training.param_dtype)
     C = bytes_per_element(training.compute_dtype)
     weights = _component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
@@ -78,10 +78,8 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
         # Logits of the last position of each sequence, upcast to fp32 for sampling.
         kept.append(_component("logits", "Logits of the sampled positions (fp32)",
                                training.micro_batch_size * vocab * 4 / t, "4 x b x V / t", "vLLM/HF generate: last position only"))
-    phase = _phase("forward", kept, [])
-    comm = _communication(training, par, 0)
-    runtime = _component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
-                         "per-process constant of the GPU catalog", hardware.device.source)
+    phase = _phase("forward", tuple(kept), _fold([]))
+    comm, runtime = shared.communication, shared.runtime
     frag = _fragmentation(phase.allocated_bytes, hardware)
     return StageEstimate(
         stage=sp.stage, layers=len(sp.layer_indices), parameters_per_gpu=int(round(sp.local)),

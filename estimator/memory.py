@@ -378,7 +378,7 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
     for sp in stages_params:
         if training.mode == "inference":
             from .inference import inference_stage
-            stages.append(inference_stage(arch, training, par, hardware, sp, vocab))
+            stages.append(inference_stage(arch, training, par, hardware, sp, vocab, shared))
             continue
         # stages with the same layers and no embedding or head share their static part
         signature = (sp.stage if sp.stage in (0, par.pp - 1) else -1, sp.total)

@@ -1,0 +1,101 @@
+"""The command line of ../shared/CONTRACT.md."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from estimator import GPUS
+
+LLAMA = {"name": "llama-3.1-8b", "hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32, "num_kv_heads": 8,
+         "intermediate_size": 14336, "vocab_size": 128256}
+SEVEN = ("parameters", "gradients", "optimizer_states", "activations", "communication", "runtime", "fragmentation")
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "estimator", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    def write(config):
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        return str(path)
+    return write
+
+
+def test_json_output_has_every_contract_key(config_file):
+    run = cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"tp": 2, "pp": 4, "dp": 2},
+                                                   "training": {"global_batch_size": 16}}), "--json")
+    assert run.returncode == 0 and run.stderr == ""
+    out = json.loads(run.stdout)  # exactly one JSON object
+    assert out["parameters"] == {"total": 8_030_261_248, "active": 8_030_261_248}
+    assert [s["stage"] for s in out["stages"]] == [0, 1, 2, 3]
+    for stage in out["stages"]:
+        assert stage["layers"] == 8
+        assert all(key in stage["components"] for key in SEVEN)
+        tensors = sum(v for k, v in stage["components"].items() if k not in ("communication", "runtime", "fragmentation"))
+        assert tensors == stage["allocated_peak_bytes"]
+        assert sum(stage["components"].values()) == stage["device_total_bytes"]
+        assert all(isinstance(v, int) for v in stage["components"].values())
+    peak = max(out["stages"], key=lambda s: s["device_total_bytes"])
+    assert out["peak_stage"] == peak["stage"]
+    assert out["device_total_bytes"] == peak["device_total_bytes"]
+    assert out["allocated_peak_bytes"] == peak["allocated_peak_bytes"]
+    fit = out["fit"]
+    assert fit["gpu"] == "h100-80" and fit["capacity_bytes"] == GPUS["h100-80"].capacity_bytes
+    assert fit["utilization"] == pytest.approx(out["device_total_bytes"] / fit["capacity_bytes"], rel=1e-5)
+    assert fit["verdict"] == ("oom" if fit["utilization"] > 1 else "tight" if fit["utilization"] > 0.8 else "fits")
+
+
+def test_flags_override_fields(config_file):
+    path = config_file({"model": LLAMA, "parallel": {"tp": 1}})
+    base = json.loads(cli("estimate", "--config", path, "--json").stdout)
+    tp4 = json.loads(cli("estimate", "--config", path, "--json", "--tp", "4", "--seq-len", "8192",
+                         "--gpu", "a100-80", "--sequence-parallel", "true").stdout)
+    assert tp4["fit"]["gpu"] == "a100-80"
+    assert tp4["stages"][0]["components"]["parameters"] < base["stages"][0]["components"]["parameters"]
+
+
+def test_text_output_shows_every_stage_and_the_verdict(config_file):
+    run = cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"pp": 2}}))
+    assert run.returncode == 0
+    assert "Stage 0:" in run.stdout and "Stage 1:" in run.stdout
+    assert "Fit on h100-80" in run.stdout and "device total" in run.stdout
+
+
+def test_inference_has_kv_cache_and_no_training_state(config_file):
+    # Llama-3.1-8B, bf16 cache, 131,072 cached tokens, batch 1: 2 x 32 x 8 x 128 x 131072 x 2 bytes
+    run = cli("estimate", "--config", config_file({"model": LLAMA, "training": {
+        "mode": "inference", "seq_len": 4096, "kv_cache_tokens": 131072}}), "--json")
+    stage = json.loads(run.stdout)["stages"][0]["components"]
+    assert stage["kv_cache"] == 2 * 32 * 8 * 128 * 131072 * 2 == 17_179_869_184
+    assert stage["gradients"] == 0 and stage["optimizer_states"] == 0
+    assert stage["parameters"] == 2 * 8_030_261_248
+
+
+@pytest.mark.parametrize("content, words", [
+    ("{not json", "invalid JSON at line 1"),
+    ("[1, 2]", "a JSON object"),
+])
+def test_malformed_files_exit_2(tmp_path, content, words):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    run = cli("estimate", "--config", str(path))
+    assert run.returncode == 2 and run.stdout == "" and words in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_missing_file_and_bad_flag_exit_2(config_file):
+    assert cli("estimate", "--config", "/nonexistent.json").returncode == 2
+    run = cli("estimate", "--config", config_file({"model": LLAMA}), "--tp", "four")
+    assert run.returncode == 2 and "parallel.tp = 'four'" in run.stderr
+    assert cli("estimate").returncode == 2
+
+
+def test_gpus_lists_the_catalog():
+    run = cli("gpus")
+    assert run.returncode == 0
+    assert [line.split()[0] for line in run.stdout.splitlines()] == list(GPUS)

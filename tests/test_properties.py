@@ -1,0 +1,123 @@
+"""Properties over random valid configurations (hypothesis)."""
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from estimator import Architecture, Parallel, Training, estimate
+from estimator.errors import ConfigError
+from estimator.memory import NON_ALLOCATOR
+
+TENSOR_KEYS = ("parameters", "gradients", "master_weights", "optimizer_states")
+
+
+@st.composite
+def configs(draw):
+    heads = draw(st.sampled_from([8, 16, 32]))
+    kv = draw(st.sampled_from([h for h in (1, 2, 4, 8, 16, 32) if heads % h == 0]))
+    head_dim = draw(st.sampled_from([64, 128]))
+    layers = draw(st.sampled_from([4, 8, 12, 16]))
+    moe = draw(st.booleans())
+    arch = Architecture(
+        hidden_size=heads * head_dim, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv,
+        intermediate_size=draw(st.sampled_from([1024, 2048, 4096])), vocab_size=draw(st.sampled_from([32000, 50257])),
+        gated_mlp=draw(st.booleans()), norm=draw(st.sampled_from(["rmsnorm", "layernorm"])),
+        tie_embeddings=draw(st.booleans()), qk_norm=draw(st.booleans()),
+        num_experts=8 if moe else 0, num_experts_per_token=2 if moe else None,
+        moe_intermediate_size=512 if moe else None)
+    framework = draw(st.sampled_from(["megatron", "fsdp2", "deepspeed", "hf"]))
+    training = Training(
+        framework=framework, seq_len=draw(st.sampled_from([512, 1024, 2048])),
+        micro_batch_size=draw(st.sampled_from([1, 2])),
+        param_dtype=draw(st.sampled_from(["bf16", "fp32"])),
+        optimizer=draw(st.sampled_from(["adamw", "sgd_momentum", "adafactor", "lion", "muon"])),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        attention=draw(st.sampled_from(["flash", "eager"])), loss=draw(st.sampled_from(["standard", "fused", "chunked"])))
+    tp = draw(st.sampled_from([t for t in (1, 2, 4) if kv % t == 0]))
+    pp = draw(st.sampled_from([p for p in (1, 2, 4) if layers % p == 0]))
+    zero = {"hf": 0, "fsdp2": draw(st.sampled_from([0, 2, 3]))}.get(framework, draw(st.integers(0, 3)))
+    par = Parallel(tp=tp, pp=pp, dp=draw(st.sampled_from([1, 2, 4])), zero_stage=zero,
+                   sequence_parallel=tp > 1 and (moe or draw(st.booleans())))
+    return arch, training, par
+
+
+def grow(training: Training, **changes) -> Training:
+    fields = {k: getattr(training, k) for k in training.__dataclass_fields__}
+    fields.update(changes)
+    return Training(**fields)
+
+
+def run(arch, training, par):
+    try:
+        return estimate(arch, training, par)
+    except ConfigError:
+        assume(False)
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(configs())
+def test_never_negative_and_components_add_up(config):
+    result = run(*config)
+    for stage in result.stages:
+        tensors = sum(c.bytes for c in stage.components if c.key not in NON_ALLOCATOR)
+        assert tensors == stage.allocated_peak_bytes
+        assert sum(c.bytes for c in stage.components) == stage.device_total_bytes
+        assert all(c.bytes >= 0 for c in stage.components)
+        for part_owner in stage.components:
+            if part_owner.parts:
+                assert sum(p.bytes for p in part_owner.parts) == part_owner.bytes
+        assert stage.allocated_peak_bytes == max(p.allocated_bytes for p in stage.phases)
+    assert result.device_total_bytes == max(s.device_total_bytes for s in result.stages)
+    json = result.to_json()
+    for key in ("parameters", "gradients", "optimizer_states", "activations", "communication", "runtime",
+                "fragmentation"):
+        assert all(key in s["components"] for s in json["stages"])
+
+
+@SETTINGS
+@given(configs(), st.sampled_from(["seq_len", "micro_batch_size"]))
+def test_more_tokens_never_lower_the_peak(config, field):
+    arch, training, par = config
+    base = run(arch, training, par)
+    bigger = run(arch, grow(training, **{field: getattr(training, field) * 2}), par)
+    assert bigger.allocated_peak_bytes >= base.allocated_peak_bytes
+
+
+@SETTINGS
+@given(configs())
+def test_more_layers_never_lower_the_peak(config):
+    arch, training, par = config
+    base = run(arch, training, par)
+    fields = {k: getattr(arch, k) for k in arch.__dataclass_fields__}
+    fields["num_layers"] = arch.num_layers * 2
+    deeper = run(Architecture(**fields), training, par)
+    assert deeper.allocated_peak_bytes >= base.allocated_peak_bytes
+
+
+def state_bytes(result):
+    # per-GPU parameter, gradient and optimizer memory of the most loaded stage, as at the step
+    return max(sum(c.bytes for c in s.phases[-1].components if c.key in TENSOR_KEYS) for s in result.stages)
+
+
+def with_parallel(par: Parallel, **changes) -> Parallel:
+    fields = {k: getattr(par, k) for k in ("tp", "pp", "dp", "cp", "ep", "zero_stage", "sequence_parallel")}
+    fields.update(changes)
+    fields["sequence_parallel"] = fields["tp"] > 1  # SP moves activations only, never model states
+    return Parallel(**fields)
+
+
+@SETTINGS
+@given(configs(), st.sampled_from(["tp", "pp", "zero_stage"]))
+def test_more_sharding_never_raises_model_states(config, knob):
+    arch, training, par = config
+    base = run(arch, training, par)
+    if knob == "zero_stage":
+        assume(par.zero_stage < 3)
+        assume(not (training.framework == "fsdp2" and par.zero_stage == 0))  # 0 -> 1 is not an FSDP2 mode
+        changed = with_parallel(par, zero_stage=par.zero_stage + 1)
+    else:
+        changed = with_parallel(par, **{knob: getattr(par, knob) * 2})
+    more = run(arch, training, changed)
+    assert state_bytes(more) <= state_bytes(base)
