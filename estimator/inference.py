@@ -48,7 +48,7 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel, layer_
 
 def inference_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware,
                     sp: StageParameters, vocab: int, shared):
-    from .memory import StageEstimate, _component, _fold, _fragmentation, _phase
+    from .memory import StageEstimate, _BuiltDetail, _component, _fold, _fragmentation, _phase
     P = bytes_per_element(training.param_dtype)
     C = bytes_per_element(training.compute_dtype)
     weights = _component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
@@ -83,6 +83,6 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
     frag = _fragmentation(phase.allocated_bytes, hardware)
     return StageEstimate(
         stage=sp.stage, layers=len(sp.layer_indices), parameters_per_gpu=int(round(sp.local)),
-        in_flight_microbatches=1.0, phases=(phase,), peak_phase="forward",
-        components=phase.components + (comm, runtime, frag), allocated_peak_bytes=phase.allocated_bytes,
-        device_total_bytes=phase.allocated_bytes + comm.bytes + runtime.bytes + frag.bytes)
+        in_flight_microbatches=1.0, peak_phase="forward", allocated_peak_bytes=phase.allocated_bytes,
+        device_total_bytes=phase.allocated_bytes + comm.bytes + runtime.bytes + frag.bytes,
+        phase_totals=(("forward", phase.allocated_bytes),), _detail=_BuiltDetail((phase,), (comm, runtime, frag)))

@@ -21,6 +21,7 @@ allocator's fragmentation; they make ``device_total_bytes``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from . import activations as act
 from .architecture import Architecture, parameter_counts
@@ -63,15 +64,29 @@ class Phase:
 
 @dataclass(frozen=True)
 class StageEstimate:
+    """One pipeline stage. The totals are computed with the estimate; the components and phases
+    (with their formulas and sources) are built on first access, so a search over many layouts
+    pays only for the numbers."""
+
     stage: int
     layers: int
     parameters_per_gpu: int  # this stage's parameters on one GPU before ZeRO sharding
     in_flight_microbatches: float
-    phases: tuple[Phase, ...]
     peak_phase: str
-    components: tuple[Component, ...]  # at the peak, non-allocator components included
     allocated_peak_bytes: int
     device_total_bytes: int
+    phase_totals: tuple[tuple[str, int], ...]  # (phase, allocated bytes) through one step
+    _detail: "_StageDetail" = field(repr=False, compare=False)
+
+    @cached_property
+    def phases(self) -> tuple[Phase, ...]:
+        return self._detail.phases()
+
+    @cached_property
+    def components(self) -> tuple[Component, ...]:
+        """At the peak, the non-allocator components (communication, runtime, fragmentation) last."""
+        peak = next(p for p in self.phases if p.name == self.peak_phase)
+        return peak.components + self._detail.outside_allocator()
 
     def component(self, key: str) -> Component | None:
         return next((c for c in self.components if c.key == key), None)
@@ -184,6 +199,9 @@ class _Shared:
     communication: Component
     runtime: Component
     ledger: tuple[LedgerLine, ...]
+    parallel: Parallel
+    hardware: Hardware
+    embedding_bytes: float  # first-stage inputs per micro-batch
 
 
 def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, zero: int,
@@ -202,46 +220,52 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
         communication=_communication(training, par, zero),
         runtime=_component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
                            "per-process constant of the GPU catalog", hardware.device.source),
-        ledger=ledger)
+        ledger=ledger, parallel=par, hardware=hardware,
+        embedding_bytes=sum(e.bytes(par) for e in act.embedding_entries(arch, training, par)))
 
 
-def _stage_activations(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
-                       inflight: float, shared: _Shared) -> Component:
-    """Saved activations of the stage's layers for every micro-batch in flight. Full recompute of n layers recomputes the first n of the
-    stage (Megatron's "block" method) and keeps only their inputs."""
+def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple]:
+    """(layers recomputed, (kind, layers stored) pairs) of a stage. Full recompute of n layers
+    recomputes the first n of the stage (Megatron's "block" method) and keeps their inputs."""
+    if training.recompute != "full":
+        return 0, stage.kind_counts
     n_layers = len(stage.layer_indices)
-    recomputed = 0
-    if training.recompute == "full":
-        recomputed = n_layers if training.recompute_layers is None else min(training.recompute_layers, n_layers)
+    recomputed = n_layers if training.recompute_layers is None else min(training.recompute_layers, n_layers)
+    kinds = arch.layer_kinds()
+    stored = [kinds[i] for i in stage.layer_indices[recomputed:]]
+    return recomputed, tuple((k, stored.count(k)) for k in sorted(set(stored)))
+
+
+def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int, tuple], shared: _Shared,
+                      labelled: bool = True) -> tuple[tuple[str, int, str], ...]:
+    """Saved activations of the stage's layers for every micro-batch in flight, as (label, bytes,
+    formula); with ``labelled=False`` only the bytes are filled in (the estimate's fast path)."""
+    recomputed, stored_counts = counts
     parts = []
     if recomputed:
-        parts.append(_component("activations", f"{recomputed} recomputed layers keep their input",
-                                shared.kept_input * recomputed * inflight,
-                                f"B*s*b*h(/t with SP) x {recomputed} layers x {inflight:g} in flight", act.KORTHIKANTI))
-    if recomputed == 0:
-        stored_counts = stage.kind_counts
-    else:
-        kinds = arch.layer_kinds()
-        stored = [kinds[i] for i in stage.layer_indices[recomputed:]]
-        stored_counts = tuple((k, stored.count(k)) for k in sorted(set(stored)))
-    n_stored = n_layers - recomputed
+        parts.append((labelled and f"{recomputed} recomputed layers keep their input",
+                      int(round(shared.kept_input * recomputed * inflight)),
+                      labelled and f"B*s*b*h(/t with SP) x {recomputed} layers x {inflight:g} in flight"))
     for kind, n in stored_counts:
-        parts.append(_component("activations", f"{n} {kind} layers x {inflight:g} micro-batches",
-                                shared.per_layer[kind] * n * inflight,
-                                f"per-layer ledger ({kind}) x {n} layers x {inflight:g} in flight", act.KORTHIKANTI))
+        if n:
+            parts.append((labelled and f"{n} {kind} layers x {inflight:g} micro-batches",
+                          int(round(shared.per_layer[kind] * n * inflight)),
+                          labelled and f"per-layer ledger ({kind}) x {n} layers x {inflight:g} in flight"))
+    if stage.stage == 0:
+        parts.append((labelled and ("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else "")),
+                      int(round(shared.embedding_bytes * max(1.0, inflight))),
+                      labelled and " + ".join(e.formula for e in shared.embedding) + " per micro-batch in flight"))
+    return tuple(parts)
+
+
+def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Training) -> Component:
     formula = "layers x per-layer ledger x micro-batches in flight"
     if training.recompute == "selective":
         formula += " (core attention recomputed)"
-    elif recomputed:
-        formula = f"{recomputed} x layer input + {n_stored} x per-layer ledger, x micro-batches in flight"
-    if stage.stage == 0:
-        emb = shared.embedding
-        parts.append(_component("activations", "token ids" + (" and embedding dropout mask" if len(emb) > 1 else ""),
-                                sum(e.bytes(par) for e in emb) * max(1.0, inflight),
-                                " + ".join(e.formula for e in emb) + " per micro-batch in flight", act.KORTHIKANTI))
-        formula += " + token ids"
-    total = sum(p.bytes for p in parts)
-    return Component("activations", "Activations", total, formula, act.KORTHIKANTI, tuple(parts))
+    elif training.recompute == "full":
+        formula = "recomputed layers x layer input + other layers x per-layer ledger, x micro-batches in flight"
+    pieces = tuple(Component("activations", label, b, f, act.KORTHIKANTI) for label, b, f in parts)
+    return Component("activations", "Activations", sum(p.bytes for p in pieces), formula, act.KORTHIKANTI, pieces)
 
 
 @dataclass(frozen=True)
@@ -347,8 +371,15 @@ def _communication(training: Training, par: Parallel, zero: int) -> Component:
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
 
 
+def fragmentation_fraction(hardware: Hardware) -> float:
+    """Reserved minus allocated at the peak, as a share of the allocated peak: 2-10% observed
+    (compressed-tensors PR #587, torchtune #1185, AWS auto-configurator bands x1.10-1.25);
+    ``expandable_segments`` roughly halves it."""
+    return 0.05 if hardware.expandable_segments else 0.10
+
+
 def _fragmentation(allocated: int, hardware: Hardware) -> Component:
-    fraction = 0.05 if hardware.expandable_segments else 0.10
+    fraction = fragmentation_fraction(hardware)
     return _component(
         "fragmentation", "Allocator fragmentation and cache", allocated * fraction,
         f"{fraction:.0%} of the allocated peak ({'expandable_segments' if hardware.expandable_segments else 'default segments'})",
@@ -381,10 +412,10 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
             stages.append(inference_stage(arch, training, par, hardware, sp, vocab, shared))
             continue
         # stages with the same layers and no embedding or head share their static part
-        signature = (sp.stage if sp.stage in (0, par.pp - 1) else -1, sp.total)
+        signature = (sp.stage if sp.stage in (0, par.pp - 1) else -1, sp.kind_counts)
         if signature not in statics:
             statics[signature] = _static_stage(arch, training, recipe, par, sp, zero, m, shared)
-        stages.append(_training_stage(arch, training, par, hardware, sp, statics[signature], m, shared))
+        stages.append(_training_stage(arch, training, sp, statics[signature], m, shared))
     peak = max(stages, key=lambda s: s.device_total_bytes)
     return Estimate(
         architecture=arch, training=training, parallel=par, hardware=hardware, recipe=recipe, zero_stage=zero,
@@ -407,6 +438,19 @@ class _StaticStage:
     transients: "_Transients"
     folded: dict  # phase name -> the folded transient component
     working_layer: float
+
+    @cached_property
+    def kept(self) -> tuple[Component, ...]:
+        return self.base + tuple(self.transients.persistent)
+
+    @cached_property
+    def totals(self) -> tuple[int, int, int]:
+        """Allocated bytes of forward, backward and step, activations excluded."""
+        kept = sum(c.bytes for c in self.kept)
+        saved = sum(c.bytes for c in self.loss_saved)
+        return (kept + self.grads_forward.bytes + saved + self.folded["forward"].bytes,
+                kept + self.grads_backward.bytes + saved + self.folded["backward"].bytes,
+                kept + self.grads_full.bytes + self.folded["optimizer"].bytes)
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -451,25 +495,63 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)
 
 
-def _training_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, sp: StageParameters,
-                    static: _StaticStage, m: int, shared: _Shared) -> StageEstimate:
-    inflight = act.in_flight_chunks(sp.stage, par, m)
-    activations = _stage_activations(arch, training, par, sp, inflight, shared)
-    saved = (activations,) + static.loss_saved
-    kept = static.base + tuple(static.transients.persistent)
-    phases = (
-        _phase("forward", kept + (static.grads_forward,) + saved, static.folded["forward"]),
-        _phase("backward", kept + (static.grads_backward,) + saved, static.folded["backward"]),
-        _phase("optimizer", kept + (static.grads_full, _NO_ACTIVATIONS), static.folded["optimizer"]),
-    )
-    peak = max(phases, key=lambda p: p.allocated_bytes)
-    comm, runtime = shared.communication, shared.runtime
-    frag = _fragmentation(peak.allocated_bytes, hardware)
+def _training_stage(arch: Architecture, training: Training, sp: StageParameters, static: _StaticStage, m: int,
+                    shared: _Shared) -> StageEstimate:
+    inflight = act.in_flight_chunks(sp.stage, shared.parallel, m)
+    counts = _activation_counts(training, sp, arch)
+    activations = sum(b for _, b, _ in _activation_parts(sp, inflight, counts, shared, labelled=False))
+    forward, backward, step = static.totals
+    totals = (("forward", forward + activations), ("backward", backward + activations), ("optimizer", step))
+    peak_phase, allocated = totals[0]
+    for name, value in totals[1:]:
+        if value > allocated:
+            peak_phase, allocated = name, value
+    fragmentation = int(round(allocated * fragmentation_fraction(shared.hardware)))
+    device = allocated + shared.communication.bytes + shared.runtime.bytes + fragmentation
     return StageEstimate(
         stage=sp.stage, layers=len(sp.layer_indices), parameters_per_gpu=int(round(sp.local)),
-        in_flight_microbatches=inflight, phases=phases, peak_phase=peak.name,
-        components=peak.components + (comm, runtime, frag), allocated_peak_bytes=peak.allocated_bytes,
-        device_total_bytes=peak.allocated_bytes + comm.bytes + runtime.bytes + frag.bytes)
+        in_flight_microbatches=inflight, peak_phase=peak_phase, allocated_peak_bytes=allocated,
+        device_total_bytes=device, phase_totals=totals,
+        _detail=_StageDetail(static, sp, inflight, counts, allocated, training, shared))
+
+
+@dataclass(frozen=True)
+class _StageDetail:
+    """Builds a stage's components and phases when they are first asked for."""
+
+    static: _StaticStage
+    stage: StageParameters
+    inflight: float
+    counts: tuple
+    allocated_peak: int
+    training: Training
+    shared: _Shared
+
+    def phases(self) -> tuple[Phase, ...]:
+        st = self.static
+        parts = _activation_parts(self.stage, self.inflight, self.counts, self.shared)
+        saved = (_activations_component(parts, self.training),) + st.loss_saved
+        return (_phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
+                _phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"]),
+                _phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
+
+    def outside_allocator(self) -> tuple[Component, ...]:
+        return (self.shared.communication, self.shared.runtime,
+                _fragmentation(self.allocated_peak, self.shared.hardware))
+
+
+@dataclass(frozen=True)
+class _BuiltDetail:
+    """A stage whose phases were built eagerly (inference: one forward phase)."""
+
+    built: tuple[Phase, ...]
+    outside: tuple[Component, ...]
+
+    def phases(self) -> tuple[Phase, ...]:
+        return self.built
+
+    def outside_allocator(self) -> tuple[Component, ...]:
+        return self.outside
 
 
 def _fold(transients: list[Component]) -> Component:

@@ -1,0 +1,50 @@
+"""Speed of the estimator: one estimate of Llama-3.1-405B on PP=16 x VPP=4, and `import estimator`.
+
+Run: python bench/bench_estimate.py
+Targets (issue 2): an estimate under 200 microseconds, the import under 50 ms.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from estimator import Architecture, Parallel, Training, estimate  # noqa: E402
+
+LLAMA_405B = Architecture(name="llama-3.1-405b", hidden_size=16384, num_layers=126, num_attention_heads=128,
+                          num_kv_heads=8, intermediate_size=53248, vocab_size=128256)
+# Llama 3's layout (Grattafiori et al. 2024, section 3.3.2): TP 8, PP 16 with 7 layers on the end stages
+TRAINING = Training(seq_len=8192, global_batch_size=1024, recompute="selective")
+PARALLEL = Parallel(tp=8, pp=16, vpp=4, dp=8, pp_first_stage_layers=7, pp_last_stage_layers=7)
+
+
+def best_of(fn, repeat: int = 7, number: int = 200) -> float:
+    """Median of `repeat` runs, each the mean of `number` calls, in seconds."""
+    return statistics.median(t / number for t in timeit.repeat(fn, repeat=repeat, number=number))
+
+
+def import_time_ms(runs: int = 15) -> float:
+    """`import estimator` in a fresh interpreter, minus the interpreter's own start-up."""
+    def run(code: str) -> float:
+        out = subprocess.run([sys.executable, "-c", f"import time; t = time.perf_counter(); {code}; "
+                              "print(time.perf_counter() - t)"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1], check=True)
+        return float(out.stdout)
+    return statistics.median(run("import estimator") for _ in range(runs)) * 1e3
+
+
+def main() -> None:
+    estimate_s = best_of(lambda: estimate(LLAMA_405B, TRAINING, PARALLEL))
+    with_json_s = best_of(lambda: estimate(LLAMA_405B, TRAINING, PARALLEL).to_json())
+    print(f"estimate, Llama-3.1-405B, PP=16 x VPP=4: {estimate_s * 1e6:8.1f} us   (target < 200 us)")
+    print(f"estimate + to_json():                    {with_json_s * 1e6:8.1f} us")
+    print(f"import estimator:                        {import_time_ms():8.1f} ms   (target < 50 ms)")
+
+
+if __name__ == "__main__":
+    main()
