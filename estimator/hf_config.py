@@ -1,0 +1,566 @@
+"""A Hugging Face ``config.json`` (as a dict) to the canonical `Architecture`.
+
+Each supported ``model_type`` follows its transformers configuration class: a field missing from
+the file takes that class's default (not `PretrainedConfig`'s), and details that decide the exact
+parameter count (biases, extra norms, shared-expert gates, router biases, attention sinks, MTP
+modules) are carried into the canonical fields. The defaults below are those of the transformers
+``configuration_<model>.py`` classes (transformers 4.5x); each family's builder names what its
+modelling code stores per layer.
+
+Pure function, no I/O: `architecture_from_hf_config(config)` returns the architecture and the
+list of fields the file has that this mapping does not know (shown to the user as "ignored").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .architecture import Architecture
+from .errors import ConfigError
+
+# Fields of every PretrainedConfig, and generation/runtime settings that do not change the
+# stored parameters. They are understood (not reported as ignored).
+_COMMON_KEYS = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "use_cache", "initializer_range", "initializer_factor", "hidden_act", "activation_function",
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "rope_theta",
+    "rope_scaling", "rope_parameters", "attention_dropout", "hidden_dropout", "dropout",
+    "resid_pdrop", "embd_pdrop", "attn_pdrop", "max_position_embeddings", "tie_word_embeddings",
+    "pretraining_tp", "quantization_config", "auto_map", "is_decoder", "return_dict",
+    "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "id2label",
+    "label2id", "task_specific_params", "problem_type", "tokenizer_class", "prefix",
+    "chunk_size_feed_forward", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder",
+    "cross_attention_hidden_size", "finetuning_task", "max_length", "min_length", "do_sample",
+    "early_stopping", "num_beams", "temperature", "top_k", "top_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "typical_p", "diversity_penalty", "num_beam_groups",
+    "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens", "pruned_heads", "tf_legacy_loss", "use_return_dict",
+    "attn_implementation", "_attn_implementation", "_attn_implementation_autoset",
+    "num_labels", "model_name", "layer_types", "use_sliding_window", "sliding_window",
+    "max_window_layers", "original_max_position_embeddings", "partial_rotary_factor",
+    "head_dim", "num_key_value_heads", "vocab_size", "hidden_size", "intermediate_size",
+    "num_hidden_layers", "num_attention_heads", "attention_bias", "mlp_bias", "unsloth_fixed",
+    "use_flash_attn", "_from_model_config", "output_router_logits", "router_aux_loss_coef",
+    "router_jitter_noise", "router_z_loss_coef", "norm_topk_prob", "bias", "keys_to_ignore_at_inference",
+})
+
+# Per family: its defaults (transformers config class) and the family-specific keys it
+# understands beyond `_COMMON_KEYS`.
+_LLAMA = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+              num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+              max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False,
+              mlp_bias=False)
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    # LlamaConfig
+    "llama": _LLAMA,
+    # MistralConfig
+    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=None,
+                    max_position_embeddings=4096 * 32, tie_word_embeddings=False, sliding_window=4096),
+    # MixtralConfig
+    "mixtral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=None,
+                    max_position_embeddings=4096 * 32, tie_word_embeddings=False, sliding_window=None,
+                    num_experts_per_tok=2, num_local_experts=8),
+    # Qwen2Config
+    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=None,
+                  max_position_embeddings=32768, tie_word_embeddings=False, use_sliding_window=False,
+                  sliding_window=4096),
+    # Qwen2MoeConfig
+    "qwen2_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                      num_attention_heads=16, num_key_value_heads=16, head_dim=None,
+                      max_position_embeddings=32768, tie_word_embeddings=False, use_sliding_window=False,
+                      sliding_window=4096, decoder_sparse_step=1, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, num_experts_per_tok=4, num_experts=60,
+                      mlp_only_layers=None, qkv_bias=True),
+    # Qwen3Config
+    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=128,
+                  max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=False,
+                  use_sliding_window=False, sliding_window=4096),
+    # Qwen3MoeConfig
+    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+                      num_attention_heads=32, num_key_value_heads=4, head_dim=None,
+                      max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=False,
+                      use_sliding_window=False, sliding_window=4096, decoder_sparse_step=1,
+                      moe_intermediate_size=768, num_experts_per_tok=8, num_experts=128,
+                      mlp_only_layers=None),
+    # DeepseekV2Config
+    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008,
+                        moe_intermediate_size=1407, num_hidden_layers=30, num_attention_heads=32,
+                        num_key_value_heads=32, n_shared_experts=None, n_routed_experts=None,
+                        first_k_dense_replace=0, moe_layer_freq=1, kv_lora_rank=512, q_lora_rank=1536,
+                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+                        num_experts_per_tok=None, topk_method="greedy", max_position_embeddings=2048,
+                        tie_word_embeddings=False, num_nextn_predict_layers=0),
+    # DeepseekV3Config
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+                        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
+                        first_k_dense_replace=3, moe_layer_freq=1, kv_lora_rank=512, q_lora_rank=1536,
+                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+                        num_experts_per_tok=8, topk_method="noaux_tc", max_position_embeddings=4096,
+                        tie_word_embeddings=False, num_nextn_predict_layers=0),
+    # GemmaConfig
+    "gemma": dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=16, head_dim=256,
+                  max_position_embeddings=8192, tie_word_embeddings=True),
+    # Gemma2Config
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                   max_position_embeddings=8192, tie_word_embeddings=True, sliding_window=4096),
+    # Gemma3TextConfig
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                        max_position_embeddings=131072, tie_word_embeddings=True, sliding_window=4096,
+                        sliding_window_pattern=6),
+    # Phi3Config
+    "phi3": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+                 max_position_embeddings=4096, tie_word_embeddings=False, sliding_window=None),
+    # GptOssConfig
+    "gpt_oss": dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
+                    num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                    max_position_embeddings=131072, tie_word_embeddings=False, sliding_window=128,
+                    num_local_experts=128, num_experts_per_tok=4, attention_bias=True),
+    # Olmo2Config
+    "olmo2": dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+                  max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False),
+    # GraniteConfig
+    "granite": dict(_LLAMA),
+    # GPTNeoXConfig
+    "gpt_neox": dict(vocab_size=50432, hidden_size=6144, num_hidden_layers=44, num_attention_heads=64,
+                     intermediate_size=24576, max_position_embeddings=2048, tie_word_embeddings=False,
+                     attention_bias=True),
+    # GPT2Config (attribute_map: hidden_size=n_embd, num_hidden_layers=n_layer, ...)
+    "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
+                 tie_word_embeddings=True),
+    # Starcoder2Config
+    "starcoder2": dict(vocab_size=49152, hidden_size=3072, intermediate_size=12288, num_hidden_layers=30,
+                       num_attention_heads=24, num_key_value_heads=2, max_position_embeddings=4096,
+                       tie_word_embeddings=True, use_bias=True, sliding_window=None),
+    # FalconConfig
+    "falcon": dict(vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
+                   num_kv_heads=None, multi_query=True, new_decoder_architecture=False,
+                   parallel_attn=True, bias=False, alibi=False, ffn_hidden_size=None,
+                   num_ln_in_parallel_attn=None, max_position_embeddings=2048,
+                   tie_word_embeddings=True),
+}
+_DEFAULTS["gemma3"] = _DEFAULTS["gemma3_text"]  # a gemma3 config without text_config (rare)
+
+_FAMILY_KEYS: dict[str, frozenset[str]] = {
+    "llama": frozenset(),
+    "mistral": frozenset(),
+    "mixtral": frozenset({"num_experts_per_tok", "num_local_experts"}),
+    "qwen2": frozenset({"use_mrope"}),
+    "qwen2_moe": frozenset({"decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
+                            "num_experts_per_tok", "num_experts", "mlp_only_layers", "qkv_bias",
+                            "layer_types"}),
+    "qwen3": frozenset(),
+    "qwen3_moe": frozenset({"decoder_sparse_step", "moe_intermediate_size", "num_experts_per_tok",
+                            "num_experts", "mlp_only_layers"}),
+    "deepseek_v2": frozenset({"moe_intermediate_size", "n_shared_experts", "n_routed_experts",
+                              "first_k_dense_replace", "moe_layer_freq", "kv_lora_rank", "q_lora_rank",
+                              "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "num_experts_per_tok",
+                              "topk_method", "n_group", "topk_group", "routed_scaling_factor",
+                              "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size",
+                              "num_nextn_predict_layers", "rope_interleave"}),
+    "gemma": frozenset({"hidden_activation"}),
+    "gemma2": frozenset({"hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping",
+                         "attn_logit_softcapping", "cache_implementation"}),
+    "gemma3_text": frozenset({"hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping",
+                              "attn_logit_softcapping", "cache_implementation", "sliding_window_pattern",
+                              "rope_local_base_freq", "use_bidirectional_attention"}),
+    "phi3": frozenset({"rope_position_scaling", "lm_head_bias"}),
+    "gpt_oss": frozenset({"num_local_experts", "num_experts_per_tok", "experts_per_token",
+                          "swiglu_limit", "rope_scaling", "router_aux_loss_coef",
+                          "initial_context_length"}),
+    "olmo2": frozenset({"clip_qkv"}),
+    "granite": frozenset({"embedding_multiplier", "logits_scaling", "residual_multiplier",
+                          "attention_multiplier"}),
+    "gpt_neox": frozenset({"rotary_pct", "rotary_emb_base", "use_parallel_residual",
+                           "classifier_dropout"}),
+    "gpt2": frozenset({"n_positions", "n_embd", "n_layer", "n_head", "n_inner", "n_ctx",
+                       "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+                       "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+                       "summary_first_dropout", "add_cross_attention"}),
+    "starcoder2": frozenset({"use_bias", "residual_dropout", "embedding_dropout"}),
+    "falcon": frozenset({"num_kv_heads", "multi_query", "new_decoder_architecture", "parallel_attn",
+                         "alibi", "ffn_hidden_size", "num_ln_in_parallel_attn", "n_embed", "n_head",
+                         "n_layer", "n_head_kv", "rope_theta", "activation"}),
+}
+_FAMILY_KEYS["deepseek_v3"] = _FAMILY_KEYS["deepseek_v2"]
+_FAMILY_KEYS["gemma3"] = _FAMILY_KEYS["gemma3_text"]
+
+# Multimodal wrappers whose text model has no `model_type` of its own in `text_config`.
+_TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_DEFAULTS))
+
+
+def _supported_text() -> str:
+    return ", ".join(SUPPORTED_MODEL_TYPES)
+
+
+class _Reader:
+    """A config dict over its family's defaults; remembers which keys were read."""
+
+    def __init__(self, config: dict, model_type: str):
+        self.config = config
+        self.model_type = model_type
+        self.defaults = _DEFAULTS[model_type]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.config and self.config[key] is not None:
+            return self.config[key]
+        if key in self.defaults:
+            value = self.defaults[key]
+            return default if value is None else value
+        return default
+
+    def first(self, *keys: str, default: Any = None) -> Any:
+        """The first of several spellings that is present (e.g. ``n_embd`` then ``hidden_size``)."""
+        for key in keys:
+            if self.config.get(key) is not None:
+                return self.config[key]
+        for key in keys:
+            if self.defaults.get(key) is not None:
+                return self.defaults[key]
+        return default
+
+    def int(self, key: str, *aliases: str, required: bool = True) -> int | None:
+        value = self.first(key, *aliases)
+        if value is None:
+            if required:
+                raise ConfigError(f"model.{key}", None, "a positive integer",
+                                  f"{self.model_type} config has no {key}")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"model.{key}", value, "a positive integer")
+        return value
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"model.{key}", value, "true or false")
+        return value
+
+
+# --- sliding-window layouts -------------------------------------------------------------------
+
+def _pattern_from_layer_types(layer_types: Any, num_layers: int) -> tuple[int | None, list[str]]:
+    """``layer_types`` (transformers >= 4.53) as the canonical pattern: 0 when every layer slides,
+    N when every N-th layer is global; None when no layer slides."""
+    if not isinstance(layer_types, list) or not layer_types:
+        return None, []
+    sliding = [str(t) == "sliding_attention" for t in layer_types]
+    if not any(sliding):
+        return None, []
+    if all(sliding):
+        return 0, []
+    full = [i for i, s in enumerate(sliding) if not s]
+    period = full[0] + 1
+    if all(((i + 1) % period == 0) == (not s) for i, s in enumerate(sliding)):
+        return period, []
+    # Irregular: keep the same number of global layers, approximately placed.
+    return max(1, round(len(layer_types) / len(full))), ["layer_types (irregular pattern, approximated)"]
+
+
+def _sliding(r: _Reader, num_layers: int) -> tuple[int | None, int, list[str]]:
+    """(sliding_window, sliding_window_pattern, notes) for the family."""
+    mt = r.model_type
+    window = r.get("sliding_window")
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if not r.get("use_sliding_window", False):
+            return None, 0, []
+    if window is None or window is False:
+        return None, 0, []
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ConfigError("model.sliding_window", window, "a positive integer or null")
+    if "layer_types" in r.config:
+        pattern, notes = _pattern_from_layer_types(r.config["layer_types"], num_layers)
+        if pattern is None:
+            return None, 0, notes
+        return window, pattern, notes
+    if mt in ("gemma2", "gpt_oss"):
+        return window, 2, []  # alternating local and global layers
+    if mt in ("gemma3", "gemma3_text"):
+        return window, int(r.get("sliding_window_pattern", 6)), []
+    return window, 0, []
+
+
+# --- builders ---------------------------------------------------------------------------------
+
+def _attention_common(r: _Reader, hidden_key: str = "hidden_size", heads_key: str = "num_attention_heads"
+                      ) -> dict[str, Any]:
+    hidden = r.int(hidden_key)
+    heads = r.int(heads_key)
+    kv = r.int("num_key_value_heads", required=False) or heads
+    head_dim = r.int("head_dim", required=False)
+    return dict(hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv, head_dim=head_dim)
+
+
+def _llama_like(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    """Llama, Mistral, Qwen2/3, Phi-3, Granite, Gemma: pre-norm decoder, RMSNorm, SwiGLU/GeGLU."""
+    mt = r.model_type
+    notes: list[str] = []
+    fields = _attention_common(r)
+    fields.update(
+        num_layers=r.int("num_hidden_layers"),
+        intermediate_size=r.int("intermediate_size"),
+        vocab_size=r.int("vocab_size"),
+        tie_embeddings=r.bool("tie_word_embeddings"),
+    )
+    if mt not in ("qwen2", "qwen2_moe"):
+        attention_bias = r.bool("attention_bias")
+        mlp_bias = r.bool("mlp_bias")
+        if attention_bias and mlp_bias:
+            fields["linear_bias"] = True
+        elif attention_bias:
+            fields["qkv_bias"] = True
+            notes.append("attention_bias (the output projection's bias is not counted)")
+        elif mlp_bias:
+            notes.append("mlp_bias (MLP biases without attention biases are not counted)")
+    if mt in ("qwen2", "qwen2_moe"):
+        fields["qkv_bias"] = r.bool("qkv_bias", True) if mt == "qwen2_moe" else True
+    if mt in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
+        fields["qk_norm"] = True
+    if mt == "olmo2":
+        fields.update(qk_norm=True, qk_norm_full_width=True)
+    if mt in ("gemma2", "gemma3", "gemma3_text"):
+        fields["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
+    if mt == "phi3" and r.config.get("lm_head_bias"):
+        notes.append("lm_head_bias (not counted)")
+    window, pattern, more = _sliding(r, fields["num_layers"])
+    fields.update(sliding_window=window, sliding_window_pattern=pattern)
+    return fields, notes + more
+
+
+def _moe_pattern_qwen(r: _Reader, num_layers: int) -> dict[str, Any]:
+    """Qwen2/3-MoE: layer i is sparse when i is not in mlp_only_layers and (i + 1) % step == 0."""
+    step = r.int("decoder_sparse_step")
+    only = r.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
+        raise ConfigError("model.mlp_only_layers", only, "a list of layer indices")
+    if step <= 0:
+        raise ConfigError("model.decoder_sparse_step", step, "a positive integer")
+    moe = [i for i in range(num_layers) if i not in only and (i + 1) % step == 0]
+    if not moe:
+        return dict(num_experts=0)
+    first, freq = moe[0], step
+    expected = [i for i in range(num_layers) if i >= first and (i - first) % freq == 0]
+    if moe != expected:
+        raise ConfigError("model.mlp_only_layers", only, "a leading run of layers (0, 1, ..., k-1)",
+                          "this placement of dense layers cannot be represented")
+    return dict(first_dense_layers=first, moe_layer_frequency=freq)
+
+
+def _mixtral(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    fields, notes = _llama_like(r)
+    fields.update(num_experts=r.int("num_local_experts"), num_experts_per_token=r.int("num_experts_per_tok"),
+                  moe_intermediate_size=fields.pop("intermediate_size"))
+    return fields, notes
+
+
+def _qwen_moe(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    fields, notes = _llama_like(r)
+    experts = r.int("num_experts")
+    pattern = _moe_pattern_qwen(r, fields["num_layers"]) if experts else dict(num_experts=0)
+    if pattern.get("num_experts") == 0:
+        return fields, notes
+    fields.update(pattern)
+    fields.update(num_experts=experts, num_experts_per_token=r.int("num_experts_per_tok"),
+                  moe_intermediate_size=r.int("moe_intermediate_size"))
+    if r.model_type == "qwen2_moe":
+        shared = r.int("shared_expert_intermediate_size", required=False)
+        if shared:
+            fields.update(num_shared_experts=1, shared_expert_intermediate_size=shared, shared_expert_gate=True)
+    if fields.get("first_dense_layers", 0) == 0 and fields.get("moe_layer_frequency", 1) == 1:
+        # every layer is MoE: intermediate_size is unused by the checkpoint
+        fields["intermediate_size"] = None
+    return fields, notes
+
+
+def _deepseek(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    notes: list[str] = []
+    heads = r.int("num_attention_heads")
+    fields: dict[str, Any] = dict(
+        hidden_size=r.int("hidden_size"), num_layers=r.int("num_hidden_layers"), num_attention_heads=heads,
+        num_kv_heads=heads,  # MLA: every head has its own key and value after up-projection
+        vocab_size=r.int("vocab_size"), intermediate_size=r.int("intermediate_size"),
+        tie_embeddings=r.bool("tie_word_embeddings"),
+        kv_lora_rank=r.int("kv_lora_rank"),
+        # an explicit null means no query compression (DeepSeek-V2-Lite), not "the default rank"
+        q_lora_rank=None if ("q_lora_rank" in r.config and r.config["q_lora_rank"] is None)
+        else r.int("q_lora_rank", required=False),
+        qk_nope_head_dim=r.int("qk_nope_head_dim"), qk_rope_head_dim=r.int("qk_rope_head_dim"),
+        v_head_dim=r.int("v_head_dim"),
+    )
+    experts = r.int("n_routed_experts", required=False)
+    if experts:
+        freq = r.int("moe_layer_freq")
+        first = r.int("first_k_dense_replace")
+        if freq > 1 and first % freq:
+            # transformers: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
+            notes.append("moe_layer_freq (MoE layers placed approximately)")
+        fields.update(num_experts=experts, num_experts_per_token=r.int("num_experts_per_tok"),
+                      moe_intermediate_size=r.int("moe_intermediate_size"),
+                      num_shared_experts=r.int("n_shared_experts", required=False) or 0,
+                      first_dense_layers=first, moe_layer_frequency=freq,
+                      # DeepSeek-V3's aux-loss-free balancing stores e_score_correction_bias per router
+                      router_bias=r.get("topk_method") == "noaux_tc")
+    fields["mtp_layers"] = r.int("num_nextn_predict_layers", required=False) or 0
+    return fields, notes
+
+
+def _gpt_oss(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    fields, notes = _llama_like_no_bias(r)
+    experts = r.int("num_local_experts")
+    fields.update(
+        num_experts=experts,
+        num_experts_per_token=r.int("num_experts_per_tok", "experts_per_token"),
+        moe_intermediate_size=fields.pop("intermediate_size"),
+        # q, k, v, o biases; expert biases (gate_up_proj_bias, down_proj_bias); router bias
+        linear_bias=r.bool("attention_bias", True),
+        router_bias=True,
+        attention_sinks=True,
+    )
+    return fields, notes
+
+
+def _llama_like_no_bias(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    fields = _attention_common(r)
+    fields.update(num_layers=r.int("num_hidden_layers"), intermediate_size=r.int("intermediate_size"),
+                  vocab_size=r.int("vocab_size"), tie_embeddings=r.bool("tie_word_embeddings"))
+    window, pattern, notes = _sliding(r, fields["num_layers"])
+    fields.update(sliding_window=window, sliding_window_pattern=pattern)
+    return fields, notes
+
+
+def _gpt2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    hidden = r.int("n_embd", "hidden_size")
+    inner = r.int("n_inner", required=False) or 4 * hidden
+    return dict(
+        hidden_size=hidden, num_layers=r.int("n_layer", "num_hidden_layers"),
+        num_attention_heads=r.int("n_head", "num_attention_heads"), vocab_size=r.int("vocab_size"),
+        intermediate_size=inner, tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False,
+        norm="layernorm", linear_bias=True, position_embedding="learned",
+        max_position_embeddings=r.int("n_positions", "max_position_embeddings"),
+    ), []
+
+
+def _gpt_neox(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    bias = r.bool("attention_bias", True)
+    notes = [] if bias else ["attention_bias (MLP biases are still counted)"]
+    return dict(
+        hidden_size=r.int("hidden_size"), num_layers=r.int("num_hidden_layers"),
+        num_attention_heads=r.int("num_attention_heads"), vocab_size=r.int("vocab_size"),
+        intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings"),
+        gated_mlp=False, norm="layernorm", linear_bias=True,
+    ), notes
+
+
+def _starcoder2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    fields = _attention_common(r)
+    window, pattern, notes = _sliding(r, r.int("num_hidden_layers"))
+    fields.update(
+        num_layers=r.int("num_hidden_layers"), vocab_size=r.int("vocab_size"),
+        intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings", True),
+        gated_mlp=False, norm="layernorm", linear_bias=r.bool("use_bias", True),
+        sliding_window=window, sliding_window_pattern=pattern,
+    )
+    return fields, notes
+
+
+def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    notes: list[str] = []
+    hidden = r.int("hidden_size", "n_embed")
+    heads = r.int("num_attention_heads", "n_head")
+    new_arch = r.bool("new_decoder_architecture")
+    if new_arch:
+        kv = r.int("num_kv_heads", "n_head_kv", required=False) or heads
+        ln = r.get("num_ln_in_parallel_attn") or 2
+        norms = int(ln)
+    else:
+        kv = 1 if r.bool("multi_query", True) else heads
+        norms = 1 if r.bool("parallel_attn", True) else 2
+    if r.bool("alibi"):
+        notes.append("alibi (no parameters)")
+    return dict(
+        hidden_size=hidden, num_layers=r.int("num_hidden_layers", "n_layer"), num_attention_heads=heads,
+        num_kv_heads=kv, vocab_size=r.int("vocab_size"),
+        intermediate_size=r.int("ffn_hidden_size", required=False) or 4 * hidden,
+        tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
+        linear_bias=r.bool("bias"), norms_per_layer=norms,
+    ), notes
+
+
+_BUILDERS: dict[str, Callable[[_Reader], tuple[dict[str, Any], list[str]]]] = {
+    "llama": _llama_like, "mistral": _llama_like, "qwen2": _llama_like, "qwen3": _llama_like,
+    "gemma": _llama_like, "gemma2": _llama_like, "gemma3": _llama_like, "gemma3_text": _llama_like,
+    "phi3": _llama_like, "olmo2": _llama_like, "granite": _llama_like,
+    "mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "gpt_oss": _gpt_oss,
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "falcon": _falcon,
+}
+assert set(_BUILDERS) == set(_DEFAULTS)
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+def _text_model_config(config: dict) -> dict:
+    """A multimodal config's language model (``text_config``), else the config itself."""
+    model_type = config.get("model_type")
+    text = config.get("text_config")
+    if (model_type in _DEFAULTS and model_type != "gemma3") or not isinstance(text, dict):
+        return config
+    merged = dict(text)
+    if not merged.get("model_type"):
+        inferred = _TEXT_MODEL_TYPES.get(str(model_type))
+        if inferred is None:
+            raise ConfigError("model.text_config.model_type", None, _supported_text(),
+                              f"the text model of a {model_type!r} config does not name its model_type")
+        merged["model_type"] = inferred
+    if "tie_word_embeddings" not in merged and "tie_word_embeddings" in config:
+        merged["tie_word_embeddings"] = config["tie_word_embeddings"]
+    return merged
+
+
+def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[Architecture, list[str]]:
+    """Build the canonical architecture from a Hugging Face ``config.json`` dict.
+
+    Returns ``(architecture, ignored)`` where `ignored` lists the fields of the file that this
+    mapping does not use for a supported model type (empty for a standard file). Raises
+    `ConfigError` on an unsupported ``model_type`` or a bad value.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError("model", type(config).__name__, "a config.json object")
+    top_type = config.get("model_type")
+    config = _text_model_config(config)
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise ConfigError("model.model_type", None, _supported_text(),
+                          "a Hugging Face config.json must name its model_type")
+    if model_type not in _DEFAULTS:
+        raise ConfigError("model.model_type", model_type, _supported_text(),
+                          f"model type {model_type!r} is not a supported decoder-only transformer")
+    reader = _Reader(config, model_type)
+    fields, notes = _BUILDERS[model_type](reader)
+    known = _COMMON_KEYS | _FAMILY_KEYS[model_type] | {"text_config", "vision_config"}
+    ignored = sorted(k for k in config if k not in known)
+    if top_type != model_type:
+        ignored = [f"text_config.{k}" for k in ignored]
+    fields["name"] = name or str(config.get("_name_or_path") or model_type)
+    try:
+        arch = Architecture(**{k: v for k, v in fields.items() if v is not None or k == "intermediate_size"})
+    except TypeError as error:  # pragma: no cover - a builder bug, not user input
+        raise ConfigError("model", model_type, "a supported config", str(error)) from None
+    return arch, ignored + notes

@@ -1,0 +1,210 @@
+"""Hugging Face config.json -> canonical Architecture (estimator.hf_config)."""
+
+from __future__ import annotations
+
+import pytest
+
+from estimator.architecture import parameter_counts
+from estimator.errors import ConfigError
+from estimator.hf_config import SUPPORTED_MODEL_TYPES, architecture_from_hf_config
+
+
+def build(config: dict):
+    arch, ignored = architecture_from_hf_config(config)
+    return arch, ignored
+
+
+LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+            "tie_word_embeddings": False, "rope_theta": 500000.0, "rms_norm_eps": 1e-5}
+
+
+def test_llama_3_1_8b_exact():
+    arch, ignored = build(LLAMA_8B)
+    # Hub safetensors total of meta-llama/Llama-3.1-8B (the project's reference count)
+    assert parameter_counts(arch).total == 8_030_261_248
+    assert ignored == [] and arch.head_dim == 128 and arch.num_kv_heads == 8
+
+
+def test_gpt2_small_names_and_learned_positions():
+    arch, _ = build({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+                     "n_positions": 1024, "activation_function": "gelu_new"})
+    assert (arch.hidden_size, arch.num_layers, arch.num_attention_heads) == (768, 12, 12)
+    assert arch.position_embedding == "learned" and arch.max_position_embeddings == 1024
+    assert arch.norm == "layernorm" and arch.linear_bias and not arch.gated_mlp and arch.tie_embeddings
+    h, v, p, L = 768, 50257, 1024, 12
+    block = (h * 3 * h + 3 * h) + (h * h + h) + (h * 4 * h + 4 * h) + (4 * h * h + h) + 2 * 2 * h
+    assert parameter_counts(arch).total == v * h + p * h + L * block + 2 * h == 124_439_808  # GPT-2 "124M"
+
+
+def test_falcon_7b_multi_query_parallel_attention():
+    arch, _ = build({"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
+                     "num_hidden_layers": 32, "vocab_size": 65024, "multi_query": True, "parallel_attn": True,
+                     "bias": False, "new_decoder_architecture": False})
+    assert arch.num_kv_heads == 1 and arch.norms_per_layer == 1 and arch.intermediate_size == 4 * 4544
+    h, d = 4544, 64
+    layer = (h + 2 * d) * h + h * h + 2 * 4 * h * h + 2 * h  # fused qkv (MQA), dense, 4h MLP, one LayerNorm
+    assert parameter_counts(arch).total == 32 * layer + 65024 * h + 2 * h  # tied head
+
+
+def test_falcon_new_decoder_architecture_has_two_norms():
+    arch, _ = build({"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128,
+                     "num_kv_heads": 8, "num_hidden_layers": 60, "vocab_size": 65024,
+                     "new_decoder_architecture": True, "parallel_attn": True})
+    assert arch.num_kv_heads == 8 and arch.norms_per_layer == 2
+
+
+def test_falcon_old_names():
+    arch, _ = build({"model_type": "falcon", "n_embed": 4544, "n_head": 71, "n_layer": 32, "vocab_size": 65024})
+    assert (arch.hidden_size, arch.num_attention_heads, arch.num_layers) == (4544, 71, 32)
+
+
+def test_family_defaults():
+    # tie_word_embeddings follows each config class: Gemma ties, Llama does not, GPT-2 ties
+    gemma, _ = build({"model_type": "gemma"})
+    assert gemma.tie_embeddings and gemma.head_dim == 256 and gemma.vocab_size == 256000
+    llama, _ = build({**{k: v for k, v in LLAMA_8B.items() if k != "tie_word_embeddings"}})
+    assert not llama.tie_embeddings
+    star, _ = build({"model_type": "starcoder2"})
+    assert star.tie_embeddings and star.linear_bias and star.norm == "layernorm" and not star.gated_mlp
+    assert star.num_kv_heads == 2
+    phi, _ = build({"model_type": "phi3"})
+    assert phi.num_kv_heads == phi.num_attention_heads == 32
+    neox, _ = build({"model_type": "gpt_neox"})
+    assert neox.linear_bias and neox.norm == "layernorm" and not neox.tie_embeddings
+    # head_dim = hidden / heads unless given
+    mistral, _ = build({"model_type": "mistral", "hidden_size": 5120, "num_attention_heads": 32})
+    assert mistral.head_dim == 160
+    nemo, _ = build({"model_type": "mistral", "hidden_size": 5120, "num_attention_heads": 32, "head_dim": 128})
+    assert nemo.head_dim == 128
+
+
+def test_null_values_take_the_default():
+    arch, _ = build({**LLAMA_8B, "num_key_value_heads": None, "head_dim": None})
+    assert arch.num_kv_heads == 32 and arch.head_dim == 128
+
+
+def test_qwen2_qkv_bias_and_sliding_window_off():
+    arch, _ = build({"model_type": "qwen2", "use_sliding_window": False, "sliding_window": 131072})
+    assert arch.qkv_bias and not arch.linear_bias and arch.sliding_window is None
+
+
+def test_qwen3_and_gemma3_qk_norm_olmo2_full_width():
+    assert build({"model_type": "qwen3"})[0].qk_norm
+    olmo, _ = build({"model_type": "olmo2"})
+    assert olmo.qk_norm and olmo.qk_norm_full_width
+
+
+def test_gemma2_and_gemma3_norms_and_windows():
+    g2, _ = build({"model_type": "gemma2"})
+    assert g2.norms_per_layer == 4 and g2.sliding_window == 4096 and g2.sliding_window_pattern == 2
+    g3, _ = build({"model_type": "gemma3_text", "sliding_window": 1024})
+    assert g3.norms_per_layer == 4 and g3.qk_norm and g3.sliding_window_pattern == 6
+
+
+def test_multimodal_config_uses_its_text_model():
+    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+              "boi_token_index": 255999,
+              "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62,
+                              "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+                              "intermediate_size": 21504, "sliding_window": 1024},
+              "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}
+    arch, ignored = build(config)
+    assert arch.hidden_size == 5376 and arch.vocab_size == 262208 and arch.tie_embeddings
+    assert ignored == []
+
+
+def test_layer_types_give_the_sliding_pattern():
+    types = ["sliding_attention"] * 5 + ["full_attention"]
+    arch, _ = build({"model_type": "gemma3_text", "num_hidden_layers": 12, "layer_types": types * 2})
+    assert arch.sliding_window_pattern == 6
+    arch, _ = build({"model_type": "mistral", "layer_types": ["full_attention"] * 32})
+    assert arch.sliding_window is None
+
+
+def test_mixtral_moe():
+    arch, _ = build({"model_type": "mixtral"})
+    assert arch.num_experts == 8 and arch.num_experts_per_token == 2 and arch.moe_intermediate_size == 14336
+    assert arch.intermediate_size is None and arch.sliding_window is None
+
+
+def test_qwen2_moe_shared_expert_gate_and_sparse_step():
+    arch, _ = build({"model_type": "qwen2_moe"})
+    assert arch.num_experts == 60 and arch.num_shared_experts == 1 and arch.shared_expert_gate
+    assert arch.shared_expert_intermediate_size == 5632 and arch.qkv_bias
+    arch, _ = build({"model_type": "qwen2_moe", "num_hidden_layers": 8, "decoder_sparse_step": 2})
+    # transformers: layer i is sparse when (i + 1) % step == 0 -> layers 1, 3, 5, 7
+    assert arch.layer_kinds() == ("dense", "moe") * 4
+    arch, _ = build({"model_type": "qwen3_moe", "num_hidden_layers": 6, "mlp_only_layers": [0, 1]})
+    assert arch.layer_kinds() == ("dense", "dense", "moe", "moe", "moe", "moe")
+    with pytest.raises(ConfigError) as caught:
+        build({"model_type": "qwen3_moe", "num_hidden_layers": 6, "mlp_only_layers": [3]})
+    assert caught.value.field == "model.mlp_only_layers"
+
+
+def test_deepseek_v3_details():
+    arch, _ = build({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1})
+    assert arch.uses_mla and arch.q_lora_rank == 1536 and arch.kv_lora_rank == 512
+    assert arch.router_bias and arch.mtp_layers == 1 and arch.first_dense_layers == 3
+    assert arch.num_shared_experts == 1 and arch.num_experts == 256
+    counts = parameter_counts(arch, include_mtp=False)
+    # the project's reference counts (CONTRACT/brief): 671,026,419,200 total, 37,552,297,472 active
+    assert (counts.total, counts.active) == (671_026_419_200, 37_552_297_472)
+    assert parameter_counts(arch).total == 684_489_845_504
+
+
+def test_deepseek_v2_lite_without_q_lora_and_without_router_bias():
+    arch, _ = build({"model_type": "deepseek_v2", "q_lora_rank": None, "n_routed_experts": 64,
+                     "num_experts_per_tok": 6, "n_shared_experts": 2, "first_k_dense_replace": 1,
+                     "num_hidden_layers": 27, "hidden_size": 2048, "num_attention_heads": 16,
+                     "intermediate_size": 10944, "moe_intermediate_size": 1408, "topk_method": "greedy"})
+    assert arch.q_lora_rank is None and not arch.router_bias and arch.num_shared_experts == 2
+
+
+def test_gpt_oss_biases_sinks_and_alternating_window():
+    types = ["sliding_attention", "full_attention"] * 12
+    arch, _ = build({"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32,
+                     "layer_types": types, "sliding_window": 128})
+    assert arch.linear_bias and arch.router_bias and arch.attention_sinks
+    assert arch.sliding_window == 128 and arch.sliding_window_pattern == 2
+    assert arch.num_experts == 32 and arch.num_experts_per_token == 4 and arch.head_dim == 64
+
+
+def test_unknown_fields_are_reported():
+    _, ignored = build({**LLAMA_8B, "my_new_field": 1, "architectures": ["LlamaForCausalLM"]})
+    assert ignored == ["my_new_field"]
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "rwkv", "bert", "t5", "llama4", "unet"])
+def test_unsupported_model_type_is_named(model_type):
+    with pytest.raises(ConfigError) as caught:
+        build({"model_type": model_type, "hidden_size": 64})
+    error = caught.value
+    assert error.field == "model.model_type" and error.value == model_type
+    assert "llama" in error.allowed and "deepseek_v3" in error.allowed
+    assert model_type in str(error) and "\n" not in str(error)
+
+
+def test_a_diffusion_config_without_model_type():
+    with pytest.raises(ConfigError) as caught:
+        build({"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.6.0"})
+    assert caught.value.field == "model.model_type" and caught.value.value is None
+
+
+def test_bad_values_name_the_field():
+    with pytest.raises(ConfigError) as caught:
+        build({**LLAMA_8B, "hidden_size": "big"})
+    assert caught.value.field == "model.hidden_size"
+    with pytest.raises(ConfigError) as caught:
+        build({**LLAMA_8B, "tie_word_embeddings": "yes"})
+    assert caught.value.field == "model.tie_word_embeddings"
+    with pytest.raises(ConfigError):
+        build(["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+def test_supported_types_listed():
+    for name in ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
+                 "deepseek_v3", "gemma", "gemma2", "gemma3", "gemma3_text", "phi3", "gpt_oss", "olmo2",
+                 "granite", "gpt_neox", "gpt2", "starcoder2", "falcon"):
+        assert name in SUPPORTED_MODEL_TYPES
+        build({"model_type": name})  # the defaults alone make a valid architecture
