@@ -28,6 +28,10 @@ class Parallel:
     etp: int | None = None
     zero_stage: int | None = None
     world_size: int | None = None  # optional check: must equal tp x pp x cp x dp
+    # Share of data-parallel (DP/FSDP gradient and parameter) and pipeline communication hidden
+    # behind compute (roofline.py); 1.0 = Megatron --overlap-grad-reduce/--overlap-param-gather,
+    # FSDP2 prefetching and DDP bucketing, 0.0 = none overlapped.
+    comm_overlap: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "dp", "cp", "ep"):
@@ -35,6 +39,9 @@ class Parallel:
         for name in ("pp_first_stage_layers", "pp_last_stage_layers", "etp", "world_size"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
+        if (isinstance(self.comm_overlap, bool) or not isinstance(self.comm_overlap, (int, float))
+                or not 0 <= self.comm_overlap <= 1):
+            raise ConfigError("parallel.comm_overlap", self.comm_overlap, "a number from 0.0 to 1.0")
         if self.sequence_parallel is not None and not isinstance(self.sequence_parallel, bool):
             raise ConfigError("parallel.sequence_parallel", self.sequence_parallel, "true or false")
         if self.zero_stage is not None and (isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3)):
