@@ -26,12 +26,20 @@ below 0.01% of a layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .parallel import Parallel
 from .training import Training
+
+# Selective recompute modules (Megatron-Core ``--recompute-modules``): a tensor is dropped from the
+# ledger when a module that produces it is recomputed in backward.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+CORE = ("core_attn",)
+NORM = ("layernorm",)  # the norms' outputs, which the next linear layer would keep
+UP_PROJ = ("mla_up_proj",)  # MLA's up-projected q, k, v (with rope), recomputed from the latents
+MOE = ("moe",)
 
 KORTHIKANTI = "Korthikanti et al. 2022, arXiv 2205.05198, section 4 and Table 2"
 FLASH = "Dao et al. 2022 (FlashAttention): saves q, k, v, output and a fp32 log-sum-exp"
@@ -48,7 +56,8 @@ class Entry:
     bytes_per_element: float
     divided_by: str  # "sp", "tp" or "none"
     formula: str
-    core_attention: bool = False  # dropped by selective (core-attention) recompute
+    recompute: tuple[str, ...] = ()  # selective-recompute modules whose recomputation drops this tensor
+    gemm_input: bool = False  # saved as the quantized FP8 copy under the FP8 recipe
 
     def bytes(self, par: Parallel) -> float:
         if self.divided_by == "tp" or (self.divided_by == "sp" and par.sequence_parallel):
@@ -85,15 +94,16 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     h, a = arch.hidden_size, arch.num_attention_heads
     qw = arch.q_width
     out = _norm("attention norm input", T, arch, training)
-    out.append(Entry("QKV projection input", T * h, B, "sp", "B*s*b*h"))
+    out.append(Entry("QKV projection input", T * h, B, "sp", "B*s*b*h", gemm_input=True, recompute=NORM))
     if arch.uses_mla:
         # DeepSeek-V2 MLA (arXiv 2405.04434 section 2.1): the compressed latents feed the
         # up-projections (replicated over TP); the core sees q, k (the shared rope key
         # broadcast to every head) and v per head.
         if arch.q_lora_rank:
-            out.append(Entry("compressed q (q up-projection input)", T * arch.q_lora_rank, B, "none", "B*s*b*q_lora_rank"))
+            out.append(Entry("compressed q (q up-projection input)", T * arch.q_lora_rank, B, "none", "B*s*b*q_lora_rank",
+                             gemm_input=True))
         out.append(Entry("compressed kv (kv up-projection input)", T * arch.kv_lora_rank, B, "none",
-                         "B*s*b*kv_lora_rank"))
+                         "B*s*b*kv_lora_rank", gemm_input=True))
         k_width, v_width = qw, a * arch.v_head_dim
         v_formula = "B*s*b*a*(d_nope + d_rope)*2 + B*s*b*a*d_v"
     else:
@@ -102,43 +112,51 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         if arch.qk_norm:
             out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head/t"))
     if training.attention == "flash":
-        out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula + "/t"))
-        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a/t", core_attention=True))
+        out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula + "/t",
+                         recompute=UP_PROJ))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a/t", recompute=CORE))
     else:
         # Unfused attention expands K and V to every query head before the matmuls (repeat_kv).
         scores = b * a * s * training.seq_len
         head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
-        out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head/t"))
-        out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b/t", core_attention=True))
+        out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head/t",
+                         recompute=UP_PROJ))
+        out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
         if training.dropout > 0:
-            out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b/t", core_attention=True))
-            out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b/t", core_attention=True))
-        out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head/t"))
+            out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b/t", recompute=CORE))
+            out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
+        out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head/t",
+                         recompute=UP_PROJ))
     out.append(Entry("attention output (output projection input)", T * arch.attention_output_width, B, "tp",
-                     "B*s*b*a*d_v/t"))
+                     "B*s*b*a*d_v/t", gemm_input=True))
     if training.dropout > 0:
         out.append(Entry("attention residual dropout mask", T * h, 1, "sp", "s*b*h"))
     return out
 
 
 def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Training, divided_by: str,
-         width_formula: str) -> list[Entry]:
+         width_formula: str, tags: tuple[str, ...]) -> list[Entry]:
     """An MLP's saved tensors beyond its input. A plain MLP keeps fc1's output (the activation's
-    input) and the activation's output (fc2's input): 8sbh + 8sbh in Korthikanti's 4h GELU MLP."""
+    input) and the activation's output (fc2's input): 8sbh + 8sbh in Korthikanti's 4h GELU MLP.
+    Recomputing the activation function (Megatron's ``moe_act``) drops its output."""
     B = bytes_per_element(training.compute_dtype)
     f = width_formula
+    act_tags = tags + (("moe_act",) if "moe" in tags else ())
     if not arch.gated_mlp:
-        return [Entry(f"{prefix}fc1 output (activation input)", T * width, B, divided_by, f"B*s*b*{f}"),
-                Entry(f"{prefix}fc2 input (activation output)", T * width, B, divided_by, f"B*s*b*{f}")]
+        return [Entry(f"{prefix}fc1 output (activation input)", T * width, B, divided_by, f"B*s*b*{f}", recompute=tags),
+                Entry(f"{prefix}fc2 input (activation output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                      recompute=act_tags)]
     if fused_kernels(training):
         # Megatron-Core fused_bias_swiglu: saves fc1's output (gate and up) and recomputes the rest
         return [Entry(f"{prefix}fc1 output (gate and up, kept by fused SwiGLU)", 2 * T * width, B, divided_by,
-                      f"2*B*s*b*{f}"),
-                Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}")]
+                      f"2*B*s*b*{f}", recompute=tags),
+                Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                      recompute=act_tags)]
     # transformers' LlamaMLP: down(act(gate(x)) * up(x)) keeps gate, up, act(gate) and the product
-    return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}"),
-            Entry(f"{prefix}activation output", T * width, B, divided_by, f"B*s*b*{f}"),
-            Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}")]
+    return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags),
+            Entry(f"{prefix}activation output", T * width, B, divided_by, f"B*s*b*{f}", recompute=act_tags),
+            Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                  recompute=act_tags)]
 
 
 def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
@@ -147,35 +165,56 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     h = arch.hidden_size
     out = _norm("MLP norm input", T, arch, training)
     if kind == "dense":
-        out.append(Entry("fc1 input", T * h, B, "sp", "B*s*b*h"))
-        out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f/t")
+        out.append(Entry("fc1 input", T * h, B, "sp", "B*s*b*h", gemm_input=True, recompute=NORM))
+        out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f/t", ("mlp",))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
-        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h"))
-        out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E"))
+        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM))
+        out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
         # Tokens are exchanged across EP, not removed; ETP gathers them while it splits the expert
         # width, so per GPU the routed tokens are k*phi*s*b/t for every expert-width tensor.
         routed = T * k * phi
         out.append(Entry("dispatched tokens (expert fc1 input)", routed * h * par.etp, B, "sp",
-                         "B*phi*k*s*b*h*etp/t"))
-        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e/t")
+                         "B*phi*k*s*b*h*etp/t", gemm_input=True, recompute=MOE))
+        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e/t", MOE)
         out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
-                         "B*phi*k*s*b*h*etp/t"))
+                         "B*phi*k*s*b*h*etp/t", recompute=MOE))
         if arch.num_shared_experts:
             width = arch.shared_expert_intermediate_size * arch.num_shared_experts
-            out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared/t")
+            out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared/t", ("shared_experts", "moe"))
     if training.dropout > 0:
         out.append(Entry("MLP residual dropout mask", T * h, 1, "sp", "s*b*h"))
     return out
 
 
+def fp8_activation_bytes(training: Training) -> float:
+    """A quantized GEMM input: 1 byte plus its scales (MXFP8: one per 32; blockwise: one fp32 per
+    1x128 tile, DeepSeek-V3 section 3.3.1)."""
+    return {"mxfp8": 1 + 1 / 32, "blockwise": 1 + 4 / 128}.get(training.fp8_recipe, 1.0)
+
+
 def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
-    return attention_entries(arch, training, par) + mlp_entries(arch, training, par, kind)
+    entries = attention_entries(arch, training, par) + mlp_entries(arch, training, par, kind)
+    if training.fp8:
+        # TransformerEngine saves each FP8 GEMM's quantized input for backward
+        q = fp8_activation_bytes(training)
+        entries = [replace(e, bytes_per_element=q, formula=e.formula.replace("B*", "B_fp8*", 1)) if e.gemm_input else e
+                   for e in entries]
+    return entries
+
+
+def recomputed_modules(training: Training) -> frozenset[str]:
+    """Modules whose outputs are recomputed instead of kept: selective recompute's list, or none."""
+    return frozenset(training.recompute_modules) if training.recompute == "selective" else frozenset()
+
+
+def dropped(entry: Entry, modules: frozenset[str]) -> bool:
+    return any(tag in modules for tag in entry.recompute)
 
 
 def layer_bytes(arch: Architecture, training: Training, par: Parallel, kind: str, selective: bool = False) -> float:
-    return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind)
-               if not (selective and e.core_attention))
+    modules = frozenset(training.recompute_modules) if selective else frozenset()
+    return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind) if not dropped(e, modules))
 
 
 def layer_input_bytes(arch: Architecture, training: Training, par: Parallel) -> float:

@@ -275,6 +275,8 @@ def parameter_counts(arch: Architecture, include_mtp: bool = True) -> ParameterC
     if include_mtp and arch.mtp_layers:
         mtp = count(arch.mtp_tensors()) + arch.vocab_size * arch.hidden_size * 2
         total += arch.mtp_layers * mtp
+        if arch.is_moe_layer(arch.num_layers - 1):  # an MTP module's layer routes to top-k experts too
+            inactive += arch.mtp_layers * per_expert * (arch.num_experts - arch.num_experts_per_token)
     return ParameterCounts(total=total, active=total - inactive, embedding=embedding, per_layer=per_kind)
 
 

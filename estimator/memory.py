@@ -29,7 +29,7 @@ from .dtypes import bytes_per_element
 from .hardware import GPU, GPUS, Hardware
 from .parallel import Parallel
 from .sharding import StageParameters, padded_vocab_size, stage_parameters
-from .states import OPTIMIZER_SOURCES, ZERO_SOURCE, model_states
+from .states import FP8_SOURCE, OPTIMIZER_SOURCES, ZERO_SOURCE, model_states
 from .training import Recipe, Training, resolve_recipe
 
 GiB = 1024**3
@@ -208,10 +208,10 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
             vocab: int) -> _Shared:
     kinds = sorted(set(arch.layer_kinds()))
     entries = {k: act.layer_entries(arch, training, par, k) for k in kinds}
-    selective = training.recompute == "selective"
+    modules = act.recomputed_modules(training)
     full = {k: sum(e.bytes(par) for e in es) for k, es in entries.items()}
-    per_layer = {k: sum(e.bytes(par) for e in es if not (selective and e.core_attention)) for k, es in entries.items()}
-    ledger = tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.formula, selective and e.core_attention)
+    per_layer = {k: sum(e.bytes(par) for e in es if not act.dropped(e, modules)) for k, es in entries.items()}
+    ledger = tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.formula, act.dropped(e, modules))
                    for k in kinds for e in entries[k])
     return _Shared(
         per_layer=per_layer, full_layer=full, kept_input=act.layer_input_bytes(arch, training, par),
@@ -261,7 +261,7 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
 def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Training) -> Component:
     formula = "layers x per-layer ledger x micro-batches in flight"
     if training.recompute == "selective":
-        formula += " (core attention recomputed)"
+        formula += f" (recomputed: {', '.join(training.recompute_modules)})"
     elif training.recompute == "full":
         formula = "recomputed layers x layer input + other layers x per-layer ledger, x micro-batches in flight"
     pieces = tuple(Component("activations", label, b, f, act.KORTHIKANTI) for label, b, f in parts)
@@ -474,6 +474,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                         ZERO_SOURCE)
     optim = _component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formulas["optimizer_states"],
                        OPTIMIZER_SOURCES[training.optimizer])
+    base = (params, master, optim)
+    if ms.fp8_weight_copies:
+        base += (_component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
+                            ms.formulas["fp8_weight_copies"], FP8_SOURCE),)
     grads_full = _component("gradients", "Gradients", ms.gradients, ms.formulas["gradients"], ZERO_SOURCE)
     if training.framework == "megatron" or m > 1 or par.pp > 1:
         grads_fwd = grads_bwd = grads_full
@@ -487,7 +491,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                                "autograd produces gradients as backward reaches each parameter")
     folded = {"forward": _fold(loss_transient + tr.forward), "backward": _fold(loss_transient + tr.backward),
               "optimizer": _fold(tr.optimizer)}
-    return _StaticStage(base=(params, master, optim), grads_forward=grads_fwd, grads_backward=grads_bwd,
+    return _StaticStage(base=base, grads_forward=grads_fwd, grads_backward=grads_bwd,
                         grads_full=grads_full, loss_saved=loss_saved, transients=tr, folded=folded,
                         working_layer=working)
 

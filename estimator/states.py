@@ -72,6 +72,23 @@ def optimizer_state_bytes(b: Bucket, optimizer: str, dtype: str, experts: bool) 
     return 0.0  # sgd
 
 
+FP8_SOURCE = ("TransformerEngine: FP8 training keeps the high-precision weights and adds FP8 copies (and their "
+              "transposes on Hopper) unless fp8_model_init / Megatron --fp8-param-gather stores the weights in FP8; "
+              "MXFP8 keeps row- and column-wise copies with one E8M0 scale per 32 (TE issues #1261, #1429, #1764)")
+
+
+def fp8_bytes_per_weight(training: Training) -> tuple[float, float]:
+    """(bytes of the stored linear weight, bytes of its extra FP8 copies) per parameter.
+
+    Per-tensor and blockwise recipes: an FP8 copy and its transpose (1 + 1 byte); with FP8
+    parameters the weight itself is the FP8 copy and only the transpose is extra. MXFP8: row- and
+    column-wise copies, each 1 + 1/32 bytes; with FP8 parameters both live in the parameter."""
+    mx = 1 + 1 / 32
+    if training.fp8_recipe == "mxfp8":
+        return (2 * mx, 0.0) if training.param_dtype == "fp8" else (2.0, 2 * mx)
+    return (1.0, 1.0) if training.param_dtype == "fp8" else (2.0, 2.0)
+
+
 @dataclass(frozen=True)
 class ModelStates:
     """Persistent model-state bytes on one GPU of a stage, with the formulas that made them."""
@@ -80,6 +97,7 @@ class ModelStates:
     gradients: float
     master_weights: float
     optimizer_states: float
+    fp8_weight_copies: float
     formulas: dict[str, str]
     zero_stage: int
     dense_shards: int
@@ -108,6 +126,16 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     else:
         P_stored, M = P, (4.0 if master else 0.0)
     params = sharded(P_stored * nd, P_stored * ne, 3)
+    copies = 0.0
+    param_formula = f"{P_stored:g} B ({'fp32 shard' if P_stored == 4 and P != 4 else recipe.param_dtype})"
+    if training.fp8:
+        # linear weights (the hidden matrices) run in FP8; norms, embedding and head stay bf16
+        stored, extra = fp8_bytes_per_weight(training)
+        hd, he = stage.total.dense_hidden_matrices, stage.total.expert_hidden_matrices
+        P_rest = 2.0 if P < 2 else P
+        params = sharded(stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), 3)
+        copies = extra * (hd + he)
+        param_formula = f"({stored:g} B x linear weights + {P_rest:g} B x norms, embedding, head)"
     grads = sharded(G * nd, G * ne, 2)
     masters = sharded(M * nd, M * ne, 1)
     opt_dense = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=False)
@@ -117,12 +145,15 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     de = f", d_e = expert DP = {d_expert}" if ne else ""
 
     def formula(per_param: str, from_stage: int) -> str:
-        return f"{per_param} x params / d ({d}{de})" if zero >= from_stage else f"{per_param} x params"
+        times = "" if per_param.startswith("(") else " x params"
+        return f"{per_param}{times} / d ({d}{de})" if zero >= from_stage else f"{per_param}{times}"
 
     return ModelStates(
-        parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt,
+        parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
         formulas={
-            "parameters": formula(f"{P_stored:g} B ({'fp32 shard' if P_stored == 4 and P != 4 else recipe.param_dtype})", 3),
+            "parameters": formula(param_formula, 3),
+            "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x linear weights "
+                                  f"({training.fp8_recipe} recipe)") if training.fp8 else "",
             "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2),
             "master_weights": formula("4 B (fp32)", 1),
             "optimizer_states": formula(f"{training.optimizer} states in {recipe.optimizer_dtype}", 1),

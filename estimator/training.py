@@ -30,6 +30,10 @@ OPTIMIZERS = ("adamw", "adam8bit", "sgd", "sgd_momentum", "adafactor", "lion", "
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 LOSSES = ("standard", "fused", "chunked")
+# FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
+# MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks)
+FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 
 
@@ -48,10 +52,12 @@ class Training:
     optimizer: str = "adamw"
     recompute: str = "none"
     recompute_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # with "selective": Megatron's --recompute-modules
     attention: str = "flash"
     dropout: float = 0.0
     loss: str = "standard"
     fp8: bool = False
+    fp8_recipe: str = "tensorwise"
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
     moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
@@ -138,6 +144,16 @@ def _check_training(t: Training) -> None:
     _one_of("optimizer", t.optimizer, OPTIMIZERS)
     _one_of("recompute", t.recompute, RECOMPUTE)
     _positive_int("recompute_layers", t.recompute_layers, required=False)
+    modules = t.recompute_modules
+    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules or \
+            any(m not in RECOMPUTE_MODULES for m in modules):
+        raise ConfigError("training.recompute_modules", modules,
+                          "a non-empty list of " + ", ".join(repr(m) for m in RECOMPUTE_MODULES))
+    if isinstance(modules, list):  # JSON gives a list; keep the dataclass hashable
+        object.__setattr__(t, "recompute_modules", tuple(modules))
+    if t.recompute_modules != ("core_attn",) and t.recompute != "selective":
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules), "only with recompute 'selective'",
+                          f"recompute is {t.recompute!r}")
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
                           f"recompute is {t.recompute!r}")
@@ -147,6 +163,7 @@ def _check_training(t: Training) -> None:
     _one_of("loss", t.loss, LOSSES)
     if not isinstance(t.fp8, bool):
         raise ConfigError("training.fp8", t.fp8, "true or false")
+    _one_of("fp8_recipe", t.fp8_recipe, FP8_RECIPES)
     _positive_int("kv_cache_tokens", t.kv_cache_tokens, required=False)
     if t.kv_cache_dtype is not None:
         _one_of("kv_cache_dtype", t.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -75,11 +75,8 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         if gbs % per_step:
             raise ConfigError("training.global_batch_size", gbs,
                               f"a multiple of micro_batch_size x dp = {per_step}")
-    if training.mode == "training" and training.fp8:
-        raise ConfigError("training.fp8", True, "false", "the FP8 training recipe is not modelled yet")
-    if training.mode == "training" and training.param_dtype in ("fp8", "fp4"):
-        raise ConfigError("training.param_dtype", training.param_dtype, "'fp32', 'bf16' or 'fp16' for training",
-                          "fp8/fp4 parameters are not modelled yet; they need the FP8 recipe")
+    if training.mode == "training":
+        _check_low_precision(training, par)
     if training.mode == "training" and training.compute_dtype == "fp32" and training.param_dtype != "fp32":
         raise ConfigError("training.compute_dtype", "fp32", f"'bf16' or 'fp16' with param_dtype {training.param_dtype!r}",
                           "computing in a wider dtype than the parameters is not a recipe any framework runs")
@@ -87,3 +84,19 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         raise ConfigError("training.optimizer", "adam8bit", "'adamw', 'sgd', 'sgd_momentum', 'adafactor', 'lion' or "
                           "'muon' with framework 'megatron'", "Megatron-Core has no 8-bit Adam")
     return resolve_zero_stage(training, par)
+
+
+def _check_low_precision(training: Training, par: Parallel) -> None:
+    if training.param_dtype == "fp4":
+        raise ConfigError("training.param_dtype", "fp4", "'fp32', 'bf16', 'fp16' or 'fp8' for training",
+                          "FP4 training recipes are not modelled; fp4 weights are for inference")
+    if training.param_dtype == "fp8" and not training.fp8:
+        raise ConfigError("training.param_dtype", "fp8", "'bf16' unless fp8 is true",
+                          "fp8 parameters (fp8_model_init / --fp8-param-gather) belong to the FP8 recipe")
+    if training.fp8:
+        if training.framework != "megatron":
+            raise ConfigError("training.fp8", True, "false unless framework is 'megatron'",
+                              "FP8 is modelled for Megatron-Core with TransformerEngine")
+        if par.zero_stage == 3:
+            raise ConfigError("parallel.zero_stage", 3, "0, 1 or 2 with fp8",
+                              "FP8 weights under Megatron-FSDP full sharding are not modelled")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import subprocess
 import sys
 from pathlib import Path
@@ -181,6 +183,17 @@ CONTRACT_FIELDS = {
                  "cp", "ep", "etp", "zero_stage"},
     "hardware": {"gpu"},
 }
+# Optional fields this project added to the contract (README, "Fields beyond the contract")
+EXTENSIONS = {
+    "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor"},
+    "parallel": {"world_size", "comm_overlap"},
+    "hardware": {"expandable_segments"},
+}
+
+
+def test_the_estimator_accepts_exactly_the_contract_and_its_extensions():
+    for section, cls in (("training", Training), ("parallel", Parallel), ("hardware", Hardware)):
+        assert {f.name for f in dataclasses.fields(cls)} == CONTRACT_FIELDS[section] | EXTENSIONS[section]
 # GPUs each recipe describes: its name / the cited source
 WORLD = {"llama-3.1-70b-pretrain-64xh100": 64, "deepseek-v3-as-reported": 2048, "qwen3-8b-sft-8xh100": 8,
          "llama-3.1-8b-full-ft-8xa100": 8}
@@ -199,7 +212,7 @@ def test_recipe_config_has_only_contract_fields(recipe):
     assert set(config) <= {"model", "training", "parallel", "hardware"}
     assert config["model"] in preset_ids()
     for section, allowed in CONTRACT_FIELDS.items():
-        assert set(config.get(section, {})) <= allowed, section
+        assert set(config.get(section, {})) <= allowed | EXTENSIONS[section], section
     training = Training(**config["training"])
     parallel = Parallel(**config["parallel"])
     Hardware(**config["hardware"])

@@ -59,7 +59,12 @@ CASES = [
     ({"model": {**LLAMA, "num_kv_heads": 5}}, "model.num_kv_heads", "a divisor of num_attention_heads (32)"),
     ({"model": {**LLAMA, "q_lora_rank": 0, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                 "qk_rope_head_dim": 64, "v_head_dim": 128}}, "model.q_lora_rank", "a positive integer"),
-    ({"model": LLAMA, "training": {"fp8": True}}, "training.fp8", "not modelled yet"),
+    ({"model": LLAMA, "training": {"fp8": True, "framework": "hf"}}, "training.fp8",
+     "modelled for Megatron-Core with TransformerEngine"),
+    ({"model": LLAMA, "training": {"param_dtype": "fp8"}}, "training.param_dtype", "belong to the FP8 recipe"),
+    ({"model": LLAMA, "training": {"param_dtype": "fp4"}}, "training.param_dtype", "fp4 weights are for inference"),
+    ({"model": LLAMA, "training": {"fp8": True, "fp8_recipe": "e4m3"}}, "training.fp8_recipe", "'mxfp8'"),
+    ({"model": LLAMA, "training": {"moe_capacity_factor": 0.5}}, "training.moe_capacity_factor", ">= 1.0"),
     ({"training": {}}, "model", "required"),
     ({"model": "not a/valid id!"}, "model", "not a valid repository id"),
 ]

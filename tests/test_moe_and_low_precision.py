@@ -1,0 +1,158 @@
+"""Mixture-of-experts, latent attention, FP8 and inference, checked by hand."""
+
+import pytest
+
+from canonical import LLAMA_31_8B, LLAMA_31_70B, MIXTRAL_8X7B
+from estimator import Parallel, Training, estimate, estimate_config, parameter_counts
+from estimator.activations import layer_bytes
+from estimator.presets import get_architecture, get_recipe
+from estimator.sharding import stage_parameters
+
+GiB = 2**30
+
+
+def phase(result, stage, name):
+    return {c.key: c.bytes for c in next(p for p in result.stages[stage].phases if p.name == name).components}
+
+
+def test_mixtral_ep8_breakdown_by_hand():
+    # Megatron, bf16 + fp32 main grads + distributed optimizer, DP 8 = EP 8 (one expert per GPU per layer),
+    # s = 4096, b = 1, flash attention, standard loss, no recompute.
+    h, f, a, g, d, v, E, k, L = 4096, 14336, 32, 8, 128, 32000, 8, 2, 32
+    s = 4096
+    attention = h * a * d + 2 * h * g * d + a * d * h
+    dense = L * (attention + 2 * h + E * h) + 2 * v * h + h  # attention, norms, router; embedding, head, final norm
+    expert = L * 3 * h * f  # one expert per layer on this GPU
+    result = estimate(MIXTRAL_8X7B, Training(seq_len=s), Parallel(dp=8, ep=8, zero_stage=1))
+    fwd = phase(result, 0, "forward")
+    assert fwd["parameters"] == 2 * (dense + expert)
+    assert fwd["gradients"] == 4 * (dense + expert)
+    assert fwd["master_weights"] == pytest.approx(4 * dense / 8 + 4 * expert, abs=2)  # expert-DP = 64 / 64 = 1
+    assert fwd["optimizer_states"] == pytest.approx(8 * dense / 8 + 8 * expert, abs=2)
+    # one layer: norms 2 x 2sh, QKV and router inputs 2 x 2sh, q 2sh, k v 2 x 2s*g*d, LSE 4sa, attention
+    # output 2sh, router logits + probabilities 2 x 4sE, dispatched tokens and combine 2 x 2skh, expert
+    # fc1 output 2 x 2skf (fused SwiGLU) and fc2 input 2skf. EP does not divide any of it.
+    per_layer = s * (2 * h * 4 + 2 * h + 2 * 2 * g * d + 4 * a + 2 * h + 2 * 4 * E + 2 * 2 * k * h + 3 * 2 * k * f)
+    assert layer_bytes(MIXTRAL_8X7B, Training(seq_len=s), Parallel(dp=8, ep=8), "moe") == per_layer
+    token_ids = 8 * s
+    assert fwd["activations"] == L * per_layer + token_ids
+    logits = 2 * s * h + 2 * s * h + 4 * s * v  # final norm input, head input, fp32 softmax
+    assert fwd["logits"] == logits
+    assert fwd["transient"] == 2 * s * v  # bf16 logits beside their fp32 copy
+    assert result.stages[0].allocated_peak_bytes == sum(fwd.values())
+
+
+def test_deepseek_v3_as_reported_middle_stage_by_hand():
+    # arXiv 2412.19437: PP 16, EP 64, ZeRO-1 over DP 128 (2048 GPUs), no TP; fp32 master weights and
+    # gradients, bf16 AdamW moments, FP8 GEMMs. A middle stage holds 4 MoE layers.
+    h, q_lora, kv_lora, nope, rope, vd, a = 7168, 1536, 512, 128, 64, 128, 128
+    E, fe, ep, dp = 256, 2048, 64, 128
+    mla = (q_lora * h + q_lora + a * (nope + rope) * q_lora + (kv_lora + rope) * h + kv_lora
+           + a * (nope + vd) * kv_lora + h * a * vd)
+    dense_layer = mla + 2 * h + E * h + E + 3 * h * fe  # + norms, router (+ bias), one shared expert
+    expert_layer = (E // ep) * 3 * h * fe  # 4 experts per GPU
+    matrices = 4 * (dense_layer - (q_lora + kv_lora + 2 * h + E) + expert_layer)  # linear weights
+    expert_dp = dp // ep  # 2
+    config = get_recipe("deepseek-v3-as-reported").config
+    result = estimate_config(config)
+    stage = phase(result, 5, "optimizer")
+    nd, ne = 4 * dense_layer, 4 * expert_layer
+    assert result.stages[5].layers == 4
+    assert stage["parameters"] == 2 * (nd + ne)  # bf16 weights
+    assert stage["gradients"] == 4 * (nd + ne)  # fp32 gradients, not sharded by ZeRO-1
+    assert stage["master_weights"] == pytest.approx(4 * nd / dp + 4 * ne / expert_dp, abs=2)
+    assert stage["optimizer_states"] == pytest.approx(2 * 2 * nd / dp + 2 * 2 * ne / expert_dp, abs=2)
+    assert stage["fp8_weight_copies"] == 2 * matrices  # an FP8 copy and its transpose
+
+
+def test_deepseek_v3_counts():
+    arch = get_architecture("deepseek-v3")
+    assert parameter_counts(arch, include_mtp=False).total == 671_026_419_200
+    assert parameter_counts(arch, include_mtp=False).active == 37_552_297_472
+    assert parameter_counts(arch).total == 684_489_845_504
+
+
+def test_expert_parallel_never_raises_model_states_and_top_k_never_lowers_activations():
+    base = None
+    for ep in (1, 2, 4, 8):
+        r = estimate(MIXTRAL_8X7B, Training(seq_len=2048), Parallel(dp=8, ep=ep, zero_stage=1))
+        states = sum(v for k, v in phase(r, 0, "optimizer").items() if k != "transient")
+        assert base is None or states <= base
+        base = states
+    last = 0
+    for k in (1, 2, 4, 8):
+        arch = get_architecture("mixtral-8x7b")
+        fields = {f: getattr(arch, f) for f in arch.__dataclass_fields__}
+        fields["num_experts_per_token"] = k
+        from estimator import Architecture
+        acts = layer_bytes(Architecture(**fields), Training(seq_len=2048), Parallel(), "moe")
+        assert acts > last
+        last = acts
+
+
+def test_capacity_factor_scales_routed_tensors_only():
+    s, h, f, k = 2048, 4096, 14336, 2
+    one = layer_bytes(MIXTRAL_8X7B, Training(seq_len=s), Parallel(), "moe")
+    more = layer_bytes(MIXTRAL_8X7B, Training(seq_len=s, moe_capacity_factor=1.25), Parallel(), "moe")
+    routed = s * (2 * 2 * k * h + 3 * 2 * k * f)  # dispatched, combine, expert fc1 output, fc2 input
+    assert more - one == pytest.approx(0.25 * routed)
+
+
+def test_selective_recompute_modules_drop_their_tensors():
+    s, h = 4096, 4096
+    none = layer_bytes(LLAMA_31_8B, Training(seq_len=s), Parallel(), "dense")
+    norms = layer_bytes(LLAMA_31_8B, Training(seq_len=s, recompute="selective", recompute_modules=("layernorm",)),
+                        Parallel(), "dense", selective=True)
+    assert none - norms == 2 * (2 * s * h)  # QKV input and fc1 input
+
+
+def test_fp8_adds_weight_copies_and_halves_gemm_inputs():
+    s, h, f, t = 8192, 8192, 28672, 8
+    par = Parallel(tp=t, pp=4, dp=2, zero_stage=1)
+    bf16 = estimate(LLAMA_31_70B, Training(seq_len=s), par)
+    fp8 = estimate(LLAMA_31_70B, Training(seq_len=s, fp8=True), par)
+    stage = stage_parameters(LLAMA_31_70B, par, "megatron")[1]
+    matrices = stage.total.dense_hidden_matrices
+    assert phase(fp8, 1, "forward")["fp8_weight_copies"] == 2 * matrices  # TE: FP8 copy + transpose
+    # GEMM inputs (QKV, output projection, fc1, fc2) go from 2 bytes to 1, per layer over t with SP
+    saved = s * (h + h + h + f) / t
+    per_layer_saving = layer_bytes(LLAMA_31_70B, Training(seq_len=s), par, "dense") - \
+        layer_bytes(LLAMA_31_70B, Training(seq_len=s, fp8=True), par, "dense")
+    assert per_layer_saving == saved
+    # by default FP8 costs more than bf16 on a stage (TE issue #1261: FP8 copies beside bf16 weights)
+    assert sum(phase(fp8, 1, "optimizer").values()) > sum(phase(bf16, 1, "optimizer").values())
+    params = estimate(LLAMA_31_70B, Training(seq_len=s, fp8=True, param_dtype="fp8"), par)
+    assert phase(params, 1, "forward")["fp8_weight_copies"] == matrices  # only the transpose
+    assert phase(params, 1, "forward")["parameters"] == pytest.approx(
+        1 * matrices + 2 * (stage.local - matrices), abs=2)
+
+
+def test_mxfp8_keeps_row_and_column_copies_with_scales():
+    par = Parallel(tp=8, pp=4, dp=2)
+    r = estimate(LLAMA_31_70B, Training(fp8=True, fp8_recipe="mxfp8"), par)
+    matrices = stage_parameters(LLAMA_31_70B, par, "megatron")[1].total.dense_hidden_matrices
+    assert phase(r, 1, "forward")["fp8_weight_copies"] == pytest.approx(2 * (1 + 1 / 32) * matrices, abs=2)
+
+
+def test_mla_kv_cache_is_the_latent():
+    # DeepSeek-V2 section 2.1.3: cache kv_lora_rank + d_rope per token and layer, shared by heads
+    r = estimate(get_architecture("deepseek-v3"), Training(mode="inference", param_dtype="fp8", seq_len=1024,
+                                                          kv_cache_tokens=32768, micro_batch_size=4),
+                 Parallel(tp=8))
+    assert phase(r, 0, "forward")["kv_cache"] == (512 + 64) * 32768 * 4 * 61 * 1  # fp8 cache from fp8 weights
+
+
+def test_inference_under_tp_and_pp_splits_weights_and_cache():
+    one = estimate(LLAMA_31_70B, Training(mode="inference", seq_len=2048, kv_cache_tokens=8192))
+    split = estimate(LLAMA_31_70B, Training(mode="inference", seq_len=2048, kv_cache_tokens=8192),
+                     Parallel(tp=4, pp=2))
+    kv = 2 * 80 * 8 * 128 * 8192 * 2
+    assert phase(one, 0, "forward")["kv_cache"] == kv
+    assert phase(split, 0, "forward")["kv_cache"] == kv / 4 / 2
+    assert phase(split, 1, "forward")["kv_cache"] == kv / 4 / 2
+
+
+def test_int4_weights_with_group_scales():
+    r = estimate(LLAMA_31_8B, Training(mode="inference", param_dtype="int4"))
+    # 4 bits plus one fp16 scale per 128-element group
+    assert phase(r, 0, "forward")["parameters"] == pytest.approx(8_030_261_248 * (0.5 + 2 / 128), abs=1)
