@@ -1,0 +1,55 @@
+"""python -m validation {list | measure --case ID | measure --all | report | explain --case ID}"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m validation", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the cases")
+    measure = sub.add_parser("measure", help="measure cases and write tests/data/measured/<id>.json")
+    which = measure.add_mutually_exclusive_group(required=True)
+    which.add_argument("--case", action="append", help="a case id (repeatable)")
+    which.add_argument("--all", action="store_true")
+    sub.add_parser("report", help="estimator accuracy against the records")
+    explain = sub.add_parser("explain", help="what is alive at each phase's peak")
+    explain.add_argument("--case", required=True)
+    args = parser.parse_args(argv)
+
+    from .cases import CASES
+
+    if args.command == "list":
+        for case, run in CASES.items():
+            print(case)
+        return 0
+    if args.command == "report":
+        from .report import report
+
+        return report()
+    if args.command == "explain":
+        args.case = [args.case]
+    cases = list(CASES) if getattr(args, "all", False) else args.case
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        print(f"unknown case(s): {', '.join(unknown)}; see `python -m validation list`", file=sys.stderr)
+        return 2
+    if args.command == "explain":
+        from .explain import explain
+
+        print(explain(CASES[args.case[0]]))
+        return 0
+    from .record import write
+
+    for case in cases:
+        start = time.perf_counter()
+        path = write(case)
+        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The measured cases, and each one's configuration in the contract's JSON format."""
+
+from __future__ import annotations
+
+from .models import MODELS
+from .step import Run
+
+
+def case_id(run: Run) -> str:
+    return (f"{run.model}-{run.recipe}-{run.optimizer.replace('_momentum', '')}-"
+            f"{'recompute' if run.recompute == 'full' else 'norecompute'}-{run.attention}-"
+            f"s{run.seq_len}-b{run.micro_batch_size}")
+
+
+def _runs() -> list[Run]:
+    R = Run
+    return [
+        # Llama-3.1-8B: the full matrix of recipe x optimizer x recompute x attention
+        R("llama-3.1-8b", 4096), R("llama-3.1-8b", 4096, recompute="full"),
+        R("llama-3.1-8b", 2048, 2), R("llama-3.1-8b", 8192, recompute="full"),
+        R("llama-3.1-8b", 8192), R("llama-3.1-8b", 4096, 2, recompute="full"),
+        R("llama-3.1-8b", 2048, attention="eager"),
+        R("llama-3.1-8b", 2048, recompute="full", attention="eager"),
+        R("llama-3.1-8b", 4096, recipe="amp"), R("llama-3.1-8b", 4096, recipe="amp", recompute="full"),
+        R("llama-3.1-8b", 2048, recipe="amp", attention="eager"),
+        R("llama-3.1-8b", 4096, optimizer="sgd_momentum"),
+        R("llama-3.1-8b", 4096, 2, recipe="amp", optimizer="sgd_momentum", recompute="full"),
+        # Qwen3-8B (q/k norms)
+        R("qwen3-8b", 4096), R("qwen3-8b", 8192, recompute="full"),
+        R("qwen3-8b", 2048, recipe="amp"), R("qwen3-8b", 2048, attention="eager"),
+        R("qwen3-8b", 4096, 2, optimizer="sgd_momentum", recompute="full"),
+        # Qwen2.5-7B (qkv biases)
+        R("qwen2.5-7b", 4096), R("qwen2.5-7b", 8192, 2, recompute="full"),
+        R("qwen2.5-7b", 4096, recipe="amp", recompute="full"),
+        R("qwen2.5-7b", 2048, 2, attention="eager"),
+        # Gemma-2-9B: eager only (attention soft-capping), tied 256k vocabulary, 4 norms a layer
+        R("gemma-2-9b", 2048, attention="eager"),
+        R("gemma-2-9b", 4096, recompute="full", attention="eager"),
+        R("gemma-2-9b", 2048, recipe="amp", recompute="full", attention="eager"),
+        # Mixture of experts. Pure bf16 only: transformers runs the experts with
+        # torch grouped_mm, whose kernel takes bf16 only, so fp32 expert weights (AMP) fail.
+        R("mixtral-8x7b", 4096), R("mixtral-8x7b", 4096, recompute="full"),
+        R("mixtral-8x7b", 8192, optimizer="sgd_momentum", recompute="full"),
+        R("mixtral-8x7b", 2048, recompute="full", attention="eager"),
+        R("qwen3-30b-a3b", 4096), R("qwen3-30b-a3b", 8192, recompute="full"),
+        R("qwen3-30b-a3b", 2048, 2, recompute="full"),
+        R("qwen3-30b-a3b", 2048, optimizer="sgd_momentum", attention="eager"),
+    ]
+
+
+CASES: dict[str, Run] = {case_id(r): r for r in _runs()}
+
+
+def contract_config(run: Run) -> dict:
+    dtype = "bf16" if run.recipe == "bf16" else "fp32"
+    return {
+        "model": MODELS[run.model].architecture(),
+        "training": {
+            "mode": "training", "framework": "hf", "seq_len": run.seq_len,
+            "micro_batch_size": run.micro_batch_size, "param_dtype": dtype,
+            # torch keeps gradients and optimizer states in the parameter's dtype; no master copy
+            "grad_dtype": dtype, "master_weights": False, "optimizer_dtype": dtype,
+            "compute_dtype": "bf16", "optimizer": run.optimizer, "recompute": run.recompute,
+            "attention": "flash" if run.attention == "sdpa" else "eager",
+            "dropout": 0.0, "loss": "standard",
+        },
+        "parallel": {"tp": 1, "pp": 1, "dp": 1},
+        "hardware": {"gpu": "h100-80"},
+    }
+
+
+def describe(run: Run) -> str:
+    recipe = "pure bf16 (bf16 parameters, grads, optimizer states)" if run.recipe == "bf16" \
+        else "bf16 autocast over fp32 parameters"
+    opt = "AdamW" if run.optimizer == "adamw" else "SGD with momentum"
+    recompute = "full recompute (non-reentrant checkpoint per layer)" if run.recompute == "full" \
+        else "no recompute"
+    attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
+    return (f"{run.model}, HF transformers training step: {recipe}, {opt} (foreach), {recompute}, "
+            f"{attention}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")

@@ -1,0 +1,124 @@
+"""Make a CPU run (fake or real) allocate what a CUDA run of the same step allocates.
+
+Three differences between the CPU build and an H100 run matter for memory, and are patched
+here for the duration of a measurement:
+
+1. `F.scaled_dot_product_attention`: on CUDA with bf16 inputs, no mask and `enable_gqa`, SDPA
+   dispatches to FlashAttention-2, which handles GQA natively and keeps only q, k, v, the
+   output and its log-sum-exp. The CPU kernels keep other things. `FlashAttention` below makes
+   exactly the allocations of PyTorch's flash path (`_scaled_dot_product_flash_attention` ->
+   `_flash_attention_forward/backward` -> FlashAttention-2's `mha_fwd`/`mha_bwd`); the values
+   of a real run come from the CPU math kernel, computed where the tracker does not look.
+2. transformers' `find_packed_sequence_indices` reads the position ids to detect packed
+   sequences; for a fake tensor (which has no values) it gives up and returns a packing mask,
+   which makes `create_causal_mask` build a full 4-D mask and sends SDPA down the masked,
+   KV-repeating path. A GPU run reads the values: our position ids are one `arange` per row,
+   never packed, so the function returns None there, and so does the patch.
+3. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
+   foreach AdamW/SGD is requested explicitly (`foreach=True`) where the optimizer is built.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+_ORIGINAL_SDPA = F.scaled_dot_product_attention
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class FlashAttention(torch.autograd.Function):
+    """FlashAttention-2 as PyTorch's CUDA SDPA runs it; inputs (b, heads, s, d) like SDPA's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, is_causal, hidden):
+        # _scaled_dot_product_flash_attention_cuda hands the kernel (b, s, h, d) views.
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))
+        b, s, h, _ = q_t.shape
+        out = torch.empty_like(q_t)  # mha_fwd: at::empty_like(q), so q's physical layout
+        lse = q.new_empty((b, h, s), dtype=torch.float32)  # softmax_lse
+        if not isinstance(q, FakeTensor):
+            with hidden(), torch.no_grad():
+                ref = _ORIGINAL_SDPA(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+                out.copy_(ref.transpose(1, 2))
+        out = out.transpose(1, 2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.is_causal, ctx.hidden = scale, is_causal, hidden
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))
+        # _flash_attention_backward: "CUDA code assumes that dout is contiguous"
+        dout = grad_out.transpose(1, 2).contiguous()
+        out_c = out.transpose(1, 2).contiguous()
+        b, s, h, d = q_t.shape
+        kv_heads = k_t.shape[2]
+        # mha_bwd, in allocation order
+        dq, dk, dv = torch.empty_like(q_t), torch.empty_like(k_t), torch.empty_like(v_t)
+        s_rounded = _round_up(s, 128)
+        softmax_d = q.new_empty((b, h, s_rounded), dtype=torch.float32)
+        d_rounded = _round_up(d, 32) if d <= 192 else 256
+        dq_accum = q.new_empty((b, s_rounded, h, d_rounded), dtype=torch.float32)
+        if kv_heads != h:  # GQA: per-query-head dK, dV, summed over each group at the end
+            dk_expanded, dv_expanded = q.new_empty((b, s, h, d)), q.new_empty((b, s, h, d))
+        if not isinstance(q, FakeTensor):
+            with ctx.hidden(), torch.enable_grad():
+                leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                ref = _ORIGINAL_SDPA(*leaves, is_causal=ctx.is_causal, scale=ctx.scale, enable_gqa=True)
+                grads = torch.autograd.grad(ref, leaves, dout.transpose(1, 2))
+                for buf, g in zip((dq, dk, dv), grads):
+                    buf.copy_(g.transpose(1, 2))
+        del dout, out_c, softmax_d, dq_accum
+        if kv_heads != h:
+            del dk_expanded, dv_expanded
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None
+
+
+def _flash_sdpa(hidden):
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None or dropout_p:
+            raise NotImplementedError("only the flash path (no mask, no dropout) is emulated")
+        device = query.device.type
+        if torch.is_autocast_enabled(device):
+            # CUDA autocast lists scaled_dot_product_attention as lower-precision: cast inputs.
+            dtype = torch.get_autocast_dtype(device)
+            query, key, value = (x.to(dtype) for x in (query, key, value))
+        if query.dtype not in (torch.bfloat16, torch.float16) or query.shape[-1] > 256:
+            raise NotImplementedError("FlashAttention-2 takes fp16/bf16 with head_dim <= 256")
+        if key.shape[1] != query.shape[1] and not enable_gqa:
+            raise ValueError("grouped key/value heads need enable_gqa=True")
+        with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
+            return FlashAttention.apply(query, key, value, scale, is_causal, hidden)
+
+    return sdpa
+
+
+def _unpacked_sequences(original):
+    def find_packed_sequence_indices(position_ids):
+        if isinstance(position_ids, FakeTensor):
+            return None  # what the real function returns for our arange position ids
+        return original(position_ids)
+
+    return find_packed_sequence_indices
+
+
+@contextmanager
+def cuda_emulation(tracker):
+    """Patch torch/transformers for the duration of a measured run (see module docstring)."""
+    import transformers.masking_utils as masking
+
+    saved = (F.scaled_dot_product_attention, masking.find_packed_sequence_indices)
+    F.scaled_dot_product_attention = _flash_sdpa(tracker.hidden)
+    masking.find_packed_sequence_indices = _unpacked_sequences(saved[1])
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved

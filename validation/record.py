@@ -1,0 +1,63 @@
+"""A measured case as the JSON record under tests/data/measured/."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from .cases import CASES, contract_config, describe
+from .step import measure
+
+RECORDS = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
+
+METHOD = (
+    "fake-tensor CPU emulation of CUDA: the real transformers model code runs one HF-Trainer "
+    "training step under torch FakeTensorMode on CPU (no memory is allocated); a "
+    "TorchDispatchMode registers every tensor storage when an op creates it and a weakref "
+    "finalizer when it is freed, each rounded up to 512 bytes as the CUDA caching allocator "
+    "does. CUDA behaviour is emulated: SDPA makes FlashAttention-2's allocations (native GQA; "
+    "saves q, k, v, output and its fp32 log-sum-exp b x heads x s; backward dq/dk/dv, "
+    "dq_accum, softmax_d and, for GQA, expanded dK/dV), foreach AdamW/SGD, host-resident "
+    "scalars (AdamW step counters, torch.tensor constants) not counted, transformers' "
+    "packed-sequence check answered as for real arange position ids. Step 2 is measured "
+    "(optimizer states exist; grads set to None by zero_grad). The model outputs (logits) are "
+    "dropped before backward, as Trainer.compute_loss returns the loss alone. Categories: "
+    "parameters, gradients (param.grad), optimizer_states (optimizer.state tensors), "
+    "activations (everything else alive: saved tensors, temporaries, autocast weight copies, "
+    "the input batch and model buffers). Validated byte for byte against real CPU runs of "
+    "tiny models (tests/test_harness.py)."
+)
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def record(case: str) -> dict:
+    run = CASES[case]
+    return {
+        "id": case,
+        "description": describe(run),
+        "config": contract_config(run),
+        "measured": measure(run),
+        "step_measured": 2,
+        "method": METHOD,
+        "versions": versions(),
+        "command": f"python -m validation measure --case {case}",
+    }
+
+
+def write(case: str, directory: Path = RECORDS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{case}.json"
+    path.write_text(json.dumps(record(case), indent=2) + "\n")
+    return path
+
+
+def load_all(directory: Path = RECORDS) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
