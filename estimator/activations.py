@@ -75,16 +75,37 @@ def tokens_per_gpu(training: Training, par: Parallel) -> float:
     return training.seq_len / par.cp * training.micro_batch_size
 
 
+def autocast(training: Training) -> bool:
+    """fp32 parameters run under a 16-bit autocast: the residual stream stays fp32."""
+    return training.param_dtype == "fp32" and training.compute_dtype != "fp32"
+
+
 def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[Entry]:
-    """A norm's saved input. Fused norms (Apex/TE) keep their input; PyTorch modules
-    (transformers' LlamaRMSNorm) upcast to fp32, keep the fp32 copy and the normalised result
-    they cast back before scaling."""
+    """A norm's saved tensors. Fused norms (Apex/TE) keep their input (and per-token statistics,
+    left out as Korthikanti do). transformers' RMSNorm runs in PyTorch ops: ``x.float()`` (kept by
+    ``pow`` and ``mul``), the per-token ``rsqrt`` (fp32), and the normalised ``x * rsqrt`` cast
+    back to the input's dtype before the scale (kept by the scale's ``mul``). Under autocast the
+    residual stream is already fp32, so the upcast is the residual itself."""
     B = bytes_per_element(training.compute_dtype)
     h = arch.hidden_size
     if fused_kernels(training) or training.compute_dtype == "fp32":
         return [Entry(name, T * h, B, "sp", "B*s*b*h")]
+    kept = 4 if autocast(training) else B
     return [Entry(f"{name} (fp32 upcast)", T * h, 4, "sp", "4*s*b*h"),
-            Entry(f"{name} (normalised, before the scale)", T * h, B, "sp", "B*s*b*h")]
+            Entry(f"{name} (rsqrt per token, fp32)", T, 4, "sp", "4*s*b"),
+            Entry(f"{name} (normalised, before the scale)", T * h, kept, "sp", f"{kept:g}*s*b*h")]
+
+
+def _norm_output(name: str, T: float, arch: Architecture, training: Training, readers: int,
+                 recompute: tuple[str, ...], gemm: bool = True) -> list[Entry]:
+    """The norm's output as the next linear layers keep it: one shared tensor, except under
+    autocast, where every linear keeps its own 16-bit cast of the fp32 input (q, k and v: 3;
+    gate and up: 2)."""
+    B = bytes_per_element(training.compute_dtype)
+    copies = readers if autocast(training) and not fused_kernels(training) else 1
+    label = name if copies == 1 else f"{name} ({copies} autocast casts, one per linear)"
+    formula = "B*s*b*h" if copies == 1 else f"{copies}*B*s*b*h"
+    return [Entry(label, copies * T * arch.hidden_size, B, "sp", formula, gemm_input=gemm, recompute=recompute)]
 
 
 def attention_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
@@ -94,7 +115,7 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     h, a = arch.hidden_size, arch.num_attention_heads
     qw = arch.q_width
     out = _norm("attention norm input", T, arch, training)
-    out.append(Entry("QKV projection input", T * h, B, "sp", "B*s*b*h", gemm_input=True, recompute=NORM))
+    out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM)
     if arch.uses_mla:
         # DeepSeek-V2 MLA (arXiv 2405.04434 section 2.1): the compressed latents feed the
         # up-projections (replicated over TP); the core sees q, k (the shared rope key
@@ -109,8 +130,14 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     else:
         k_width = v_width = arch.kv_width
         v_formula = "B*s*b*(a + 2*g)*d_head"
-        if arch.qk_norm:
+        if arch.qk_norm and fused_kernels(training):
             out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head/t"))
+        elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
+            heads = a + arch.num_kv_heads
+            out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head/t"))
+            out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)/t"))
+            out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), B, "tp",
+                             "B*s*b*(a + g)*d_head/t"))
     if training.attention == "flash":
         out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula + "/t",
                          recompute=UP_PROJ))
@@ -121,7 +148,11 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
         out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head/t",
                          recompute=UP_PROJ))
-        out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
+        if fused_kernels(training):
+            out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
+        else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
+            out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b/t", recompute=CORE))
+            out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
         if training.dropout > 0:
             out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b/t", recompute=CORE))
             out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
@@ -165,7 +196,8 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     h = arch.hidden_size
     out = _norm("MLP norm input", T, arch, training)
     if kind == "dense":
-        out.append(Entry("fc1 input", T * h, B, "sp", "B*s*b*h", gemm_input=True, recompute=NORM))
+        out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
+                            NORM)
         out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f/t", ("mlp",))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
@@ -239,20 +271,24 @@ def embedding_entries(arch: Architecture, training: Training, par: Parallel) -> 
 @dataclass(frozen=True)
 class LossMemory:
     saved: list[Entry]  # kept from the forward pass to the backward pass
-    transient: list[Entry]  # alive only around the loss (the peak inside forward or backward)
+    forward: list[Entry]  # alive only while the loss is computed (the forward pass's last moment)
+    backward: list[Entry]  # alive only while the loss is differentiated (the backward pass's first)
     source: str
 
 
 def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
     """Final norm, LM head and cross-entropy on the last stage, per loss implementation.
 
-    standard: Megatron's vocab-parallel cross-entropy upcasts the logits to fp32 and keeps the
-    softmax for backward, 4sbV/t (Korthikanti section 4.3: 4sbh(1 + V/h)/t with the two h-sized
-    inputs); the compute-dtype logits exist next to it while it is made, and the gradient of
-    the logits in the compute dtype appears next to it in backward (stas00: "practically 6
-    bytes per logit"). transformers' ``ForCausalLMLoss`` also upcasts, keeps the fp32
-    log-softmax, and the model returns the compute-dtype logits, which the training loop holds
-    until backward.
+    standard, fused kernels (Megatron's vocab-parallel cross-entropy): the logits are upcast to
+    fp32 and the softmax is kept for backward, 4sbV/t (Korthikanti section 4.3: 4sbh(1 + V/h)/t
+    with the two h-sized inputs); the compute-dtype logits sit beside it while it is made, and
+    the compute-dtype gradient of the logits beside it in backward (stas00: "practically 6 bytes
+    per logit").
+    standard, PyTorch modules (transformers' ``ForCausalLMLoss``, the Trainer's compute_loss):
+    forward holds the compute-dtype logits, their fp32 upcast and the fp32 log-softmax (kept for
+    backward) at once; the Trainer returns only the loss, so the logits are gone before
+    backward, whose first step holds the log-softmax and two fp32 gradients (nll_loss and
+    log_softmax backward), as measured (tests/data/measured).
     fused: a fused cross-entropy kernel (Megatron --cross-entropy-loss-fusion, Apex/TE) works
     on the compute-dtype logits in place: B*s*b*V/t.
     chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut
@@ -263,18 +299,21 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     T = tokens_per_gpu(training, par)
     h = arch.hidden_size
     saved = _norm("final norm input", T, arch, training)
-    saved.append(Entry("LM head input", T * h, B, "sp", "B*s*b*h"))
-    transient: list[Entry] = []
-    if training.loss == "standard":
+    saved += _norm_output("LM head input", T, arch, training, 1, (), gemm=False)
+    forward: list[Entry] = []
+    backward: list[Entry] = []
+    if training.loss == "standard" and fused_kernels(training):
         saved.append(Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V/t"))
-        if not fused_kernels(training):
-            saved.append(Entry("logits in the compute dtype (held by the model output)", T * vocab, B, "tp", "B*s*b*V/t"))
-            transient.append(Entry("fp32 upcast of the logits (input of the log-softmax)", T * vocab, 4, "tp",
-                                   "4*s*b*V/t"))
-        else:
-            transient.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp",
-                                   "B*s*b*V/t"))
+        forward.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp", "B*s*b*V/t"))
+        backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V/t"))
         source = "Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each)"
+    elif training.loss == "standard":
+        saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V/t"))
+        forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V/t"))
+        forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V/t"))
+        backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
+                              "2*4*s*b*V/t"))
+        source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
     elif training.loss == "fused":
         saved.append(Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V/t"))
         source = "Megatron-Core cross_entropy_loss_fusion; Apex/TE fused cross-entropy"
@@ -283,10 +322,10 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         saved.append(Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h"))
         P = bytes_per_element(training.param_dtype)  # Liger allocates it like the weight
         saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h/t"))
-        transient.append(Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp",
-                               "(B + 4)*(s*b*h/V)*V/t"))
+        forward.append(Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp",
+                             "(B + 4)*(s*b*h/V)*V/t"))
         source = "Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))"
-    return LossMemory(saved=saved, transient=transient, source=source)
+    return LossMemory(saved=saved, forward=forward, backward=backward, source=source)
 
 
 # --- pipeline schedule -----------------------------------------------------------------------------

@@ -277,7 +277,7 @@ class _Transients:
 
 
 def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, stage: StageParameters,
-                zero: int, working_layer: float) -> _Transients:
+                zero: int) -> _Transients:
     fw, P = training.framework, bytes_per_element(recipe.param_dtype)
     G = bytes_per_element(recipe.grad_dtype)
     fwd: list[Component] = []
@@ -329,9 +329,6 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
         bwd.append(_component("transient", "Autocast copies of the weights", in_bwd,
                               f"{cb:g} B x matrix parameters" if training.recompute != "full" else
                               f"{cb:g} B x one recomputed layer", src))
-    if working_layer:
-        bwd.append(_component("transient", "One recomputed layer's activations", working_layer,
-                              "per-layer ledger of one layer", act.KORTHIKANTI))
     # Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises
     # sqrt(v) for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam);
     # fused kernels (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place.
@@ -458,17 +455,19 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     ms = model_states(sp, training, recipe, par)
     last = sp.stage == par.pp - 1
     loss_saved: tuple[Component, ...] = ()
-    loss_transient: list[Component] = []
+    loss_forward: list[Component] = []
+    loss_backward: list[Component] = []
     if last:
         loss = shared.loss
         loss_saved = (_entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1,
                                          loss.source),)
-        if loss.transient:
-            loss_transient = [_entries_component("transient", "Loss working copies", loss.transient, par, 1,
-                                                 loss.source)]
+        if loss.forward:
+            loss_forward = [_entries_component("transient", "Loss working copies", loss.forward, par, 1, loss.source)]
+        if loss.backward:
+            loss_backward = [_entries_component("transient", "Loss gradients", loss.backward, par, 1, loss.source)]
     recomputes = training.recompute == "full"
     working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) if recomputes else 0.0
-    tr = _transients(arch, training, recipe, par, sp, zero, working)
+    tr = _transients(arch, training, recipe, par, sp, zero)
     params = _component("parameters", "Parameters", ms.parameters, ms.formulas["parameters"], ZERO_SOURCE)
     master = _component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formulas["master_weights"],
                         ZERO_SOURCE)
@@ -482,14 +481,17 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if training.framework == "megatron" or m > 1 or par.pp > 1:
         grads_fwd = grads_bwd = grads_full
     else:
-        grads_fwd = _component("gradients", "Gradients", 0, "none yet: set to None after the last step",
-                               "torch.optim.Optimizer.zero_grad(set_to_none=True)")
-        first_unit = sp.root_local if last and not arch.tie_embeddings else sp.largest_layer_local
-        share = min(1.0, first_unit / sp.local) if sp.local else 0.0
-        grads_bwd = _component("gradients", "Gradients", ms.gradients * share,
-                               "gradients of the first unit reached in backward (head or last layer)",
-                               "autograd produces gradients as backward reaches each parameter")
-    folded = {"forward": _fold(loss_transient + tr.forward), "backward": _fold(loss_transient + tr.backward),
+        # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first
+        # moment (the loss's gradients beside every activation), before any gradient exists, and its
+        # end (every gradient, activations gone) is the optimizer phase without its temporaries.
+        grads_fwd = grads_bwd = _component("gradients", "Gradients", 0, "none yet: set to None after the last step",
+                                           "torch.optim.Optimizer.zero_grad(set_to_none=True)")
+    # Backward starts with the loss's gradients; layers are recomputed only after that, one at a
+    # time, so the two never coexist: the larger of them is backward's moment.
+    recomputed = [_component("transient", "One recomputed layer's activations", working,
+                             "per-layer ledger of one layer", act.KORTHIKANTI)] if working else []
+    first_in_backward = max((loss_backward, recomputed), key=lambda c: sum(x.bytes for x in c))
+    folded = {"forward": _fold(loss_forward + tr.forward), "backward": _fold(first_in_backward + tr.backward),
               "optimizer": _fold(tr.optimizer)}
     return _StaticStage(base=base, grads_forward=grads_fwd, grads_backward=grads_bwd,
                         grads_full=grads_full, loss_saved=loss_saved, transients=tr, folded=folded,

@@ -61,12 +61,13 @@ def test_llama_flash_layer_by_hand_megatron():
 
 
 def test_llama_eager_modules_keep_more_than_fused_kernels():
-    # transformers' RMSNorm keeps an fp32 upcast (4sbh) and the normalised bf16 (2sbh) for each of 2 norms;
-    # its SwiGLU keeps gate, up, act(gate) and the product (4 x 2sbf) instead of 3 x 2sbf
+    # transformers' RMSNorm keeps an fp32 upcast (4sbh), an fp32 rsqrt per token (4sb) and the normalised
+    # bf16 (2sbh) for each of 2 norms; its SwiGLU keeps gate, up, act(gate) and the product (4 x 2sbf)
+    # instead of 3 x 2sbf (as measured: tests/data/measured, validation/explain)
     s, h, f = 4096, 4096, 14336
     fused = layer_bytes(LLAMA_31_8B, Training(seq_len=s), Parallel(), "dense")
     eager = layer_bytes(LLAMA_31_8B, Training(seq_len=s, framework="hf"), Parallel(), "dense")
-    assert eager - fused == 2 * (4 * s * h) + 2 * s * f
+    assert eager - fused == 2 * (4 * s * h + 4 * s) + 2 * s * f
 
 
 def test_context_parallel_divides_the_sequence():
@@ -109,8 +110,8 @@ def test_chunked_loss_never_holds_the_full_logits():
     s, v = 8192, 128256
     standard = loss_memory(LLAMA_31_8B, Training(seq_len=s), Parallel(), v)
     chunked = loss_memory(LLAMA_31_8B, Training(seq_len=s, loss="chunked"), Parallel(), v)
-    full = sum(e.bytes(Parallel()) for e in standard.saved + standard.transient)
-    small = sum(e.bytes(Parallel()) for e in chunked.saved + chunked.transient)
+    full = sum(e.bytes(Parallel()) for e in standard.saved + standard.forward)
+    small = sum(e.bytes(Parallel()) for e in chunked.saved + chunked.forward)
     assert small < full / 3
 
 
