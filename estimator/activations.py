@@ -90,7 +90,8 @@ def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[E
     h = arch.hidden_size
     if fused_kernels(training) or training.compute_dtype == "fp32":
         return [Entry(name, T * h, B, "sp", "B*s*b*h")]
-    kept = 4 if autocast(training) else B
+    # Gemma scales by (1 + w) in fp32, so the normalised tensor it keeps is fp32 too
+    kept = 4 if autocast(training) or arch.norm_unit_offset else B
     return [Entry(f"{name} (fp32 upcast)", T * h, 4, "sp", "4*s*b*h"),
             Entry(f"{name} (rsqrt per token, fp32)", T, 4, "sp", "4*s*b"),
             Entry(f"{name} (normalised, before the scale)", T * h, kept, "sp", f"{kept:g}*s*b*h")]
@@ -151,6 +152,8 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         if fused_kernels(training):
             out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
         else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
+            if arch.attention_logit_softcapping:  # tanh keeps its output for backward
+                out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
             out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b/t", recompute=CORE))
             out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
         if training.dropout > 0:
@@ -160,6 +163,8 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
                          recompute=UP_PROJ))
     out.append(Entry("attention output (output projection input)", T * arch.attention_output_width, B, "tp",
                      "B*s*b*a*d_v/t", gemm_input=True))
+    if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
+        out += _norm("post-attention norm input", T, arch, training)
     if training.dropout > 0:
         out.append(Entry("attention residual dropout mask", T * h, 1, "sp", "s*b*h"))
     return out
@@ -214,6 +219,8 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         if arch.num_shared_experts:
             width = arch.shared_expert_intermediate_size * arch.num_shared_experts
             out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared/t", ("shared_experts", "moe"))
+    if arch.norms_per_layer > 2:
+        out += _norm("post-MLP norm input", T, arch, training)
     if training.dropout > 0:
         out.append(Entry("MLP residual dropout mask", T * h, 1, "sp", "s*b*h"))
     return out
@@ -309,6 +316,8 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         source = "Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each)"
     elif training.loss == "standard":
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V/t"))
+        if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
+            saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V/t"))
         forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V/t"))
         forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V/t"))
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",

@@ -94,6 +94,9 @@ class Architecture:
     shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate on the shared expert
     sliding_window: int | None = None  # local attention window, in tokens
     sliding_window_pattern: int = 0  # 0: every layer uses the window; N: every N-th layer is global
+    attention_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(scores / cap)
+    final_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(logits / cap)
+    norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32
 
     def __post_init__(self) -> None:
         _check_architecture(self)
@@ -293,7 +296,7 @@ def _positive(arch: Architecture, name: str, required: bool = True) -> None:
 
 
 BOOL_FIELDS = ("tie_embeddings", "gated_mlp", "linear_bias", "qkv_bias", "qk_norm", "qk_norm_full_width",
-               "attention_sinks", "router_bias", "shared_expert_gate")
+               "attention_sinks", "router_bias", "shared_expert_gate", "norm_unit_offset")
 
 
 def _check_architecture(arch: Architecture) -> None:
@@ -329,6 +332,10 @@ def _check_architecture(arch: Architecture) -> None:
     if not isinstance(arch.norms_per_layer, int) or arch.norms_per_layer < 0:
         raise ConfigError("model.norms_per_layer", arch.norms_per_layer, "an integer >= 0")
     _positive(arch, "moe_layer_frequency")
+    for name in ("attention_logit_softcapping", "final_logit_softcapping"):
+        value = getattr(arch, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ConfigError(f"model.{name}", value, "a positive number or null")
     _positive(arch, "sliding_window", required=False)
     all_moe = arch.num_experts > 0 and arch.first_dense_layers == 0 and arch.moe_layer_frequency == 1
     if not all_moe:

@@ -337,6 +337,14 @@ def _llama_like(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         fields.update(qk_norm=True, qk_norm_full_width=True)
     if mt in ("gemma2", "gemma3", "gemma3_text"):
         fields["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
+    if mt in ("gemma", "gemma2", "gemma3", "gemma3_text"):
+        fields["norm_unit_offset"] = True  # GemmaRMSNorm: x * (1 + w), computed in fp32
+        for key, field in (("attn_logit_softcapping", "attention_logit_softcapping"),
+                           ("final_logit_softcapping", "final_logit_softcapping")):
+            value = r.config.get(key, 50.0 if (mt == "gemma2" and key == "attn_logit_softcapping") else
+                                 30.0 if (mt == "gemma2" and key == "final_logit_softcapping") else None)
+            if value is not None:
+                fields[field] = float(value)
     if mt == "phi3" and r.config.get("lm_head_bias"):
         notes.append("lm_head_bias (not counted)")
     window, pattern, more = _sliding(r, fields["num_layers"])

@@ -69,7 +69,8 @@ MODELS = {m.id: m for m in [
         query_pre_attn_scalar=256, sliding_window=4096, final_logit_softcapping=30.0,
         attn_logit_softcapping=50.0, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
         _dense(3584, 42, 16, 8, 256, 14336, 256000, tie_embeddings=True, norms_per_layer=4,
-               sliding_window=4096, sliding_window_pattern=2)),
+               sliding_window=4096, sliding_window_pattern=2, attention_logit_softcapping=50.0,
+               final_logit_softcapping=30.0, norm_unit_offset=True)),
     Model("mixtral-8x7b", "MixtralConfig", dict(
         hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=32000, max_position_embeddings=32768,
@@ -101,5 +102,6 @@ MODELS = {m.id: m for m in [
         head_dim=16, intermediate_size=160, vocab_size=1000, max_position_embeddings=512,
         query_pre_attn_scalar=16, sliding_window=32, tie_word_embeddings=True),
         _dense(64, 2, 4, 2, 16, 160, 1000, tie_embeddings=True, norms_per_layer=4,
-               sliding_window=32, sliding_window_pattern=2)),
+               sliding_window=32, sliding_window_pattern=2, attention_logit_softcapping=50.0,
+               final_logit_softcapping=30.0, norm_unit_offset=True)),
 ]}
