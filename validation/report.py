@@ -5,18 +5,6 @@ from __future__ import annotations
 from .record import load_all
 
 GiB = 2**30
-# Tensor components of the estimator that are not parameters, gradients or optimizer states:
-# everything the measurement files under "activations".
-NOT_TENSORS = {"communication", "runtime", "fragmentation"}
-OWN = {"parameters": ("parameters",), "gradients": ("gradients",),
-       "optimizer_states": ("optimizer_states", "master_weights")}
-
-
-def estimated_categories(components: dict) -> dict:
-    out = {c: sum(components.get(k, 0) for k in keys) for c, keys in OWN.items()}
-    owned = {k for keys in OWN.values() for k in keys}
-    out["activations"] = sum(v for k, v in components.items() if k not in owned | NOT_TENSORS)
-    return out
 
 
 def _error(estimated: int, measured: int) -> str:
@@ -26,32 +14,32 @@ def _error(estimated: int, measured: int) -> str:
 
 
 def report() -> int:
+    """The README's accuracy table: the same measures tests/test_accuracy.py bounds (the allocated
+    peak; parameters, all gradients and optimizer states at the optimizer step)."""
     try:
         from estimator import estimate_config
     except ImportError as e:
         print(f"cannot compare: `from estimator import estimate_config` failed ({e}).")
-        print("The estimator must provide estimate_config(config_dict) -> result with .to_json().")
         return 1
     records = load_all()
-    head = f"{'case':62s} {'measured':>9s} {'estimated':>9s} {'error':>8s}  " \
-           f"{'params':>8s} {'grads':>8s} {'optim':>8s} {'activ':>8s}"
-    print(head + "\n" + "-" * len(head))
+    print("| case | peak phase | measured GiB | estimated GiB | peak error | params | grads | optimizer |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     worst = 0.0
     for r in records:
         m = r["measured"]
         try:
-            est = estimate_config(r["config"]).to_json()
+            result = estimate_config(r["config"])
         except Exception as e:  # one bad case must not hide the others
-            print(f"{r['id']:62s} {m['peak_bytes'] / GiB:8.2f}G  estimator failed: {e}")
+            print(f"| {r['id']} | | {m['peak_bytes'] / GiB:.2f} | estimator failed: {e} | | | | |")
             continue
-        stage = est["stages"][est.get("peak_stage", 0)]
-        cats = estimated_categories(stage["components"])
-        peak = est["allocated_peak_bytes"]
+        stage = result.stages[result.peak_stage]
+        step = {c.key: c.bytes for c in next(p for p in stage.phases if p.name == "optimizer").components}
+        ms = m["phases"]["optimizer"]
+        peak = result.allocated_peak_bytes
         worst = max(worst, abs(peak - m["peak_bytes"]) / m["peak_bytes"])
-        print(f"{r['id']:62s} {m['peak_bytes'] / GiB:8.2f}G {peak / GiB:8.2f}G "
-              f"{_error(peak, m['peak_bytes'])}  "
-              + " ".join(_error(cats[c], m[c]) for c in ("parameters", "gradients",
-                                                         "optimizer_states", "activations")))
-    print(f"\n{len(records)} cases; worst peak error {100 * worst:.1f}%. Per-category errors compare "
-          "the measured categories at the measured peak with the estimate's components.")
+        cells = [_error(step["parameters"], ms["parameters"]), _error(step["gradients"], ms["gradients"]),
+                 _error(step["optimizer_states"] + step.get("master_weights", 0), ms["optimizer_states"])]
+        print(f"| {r['id']} | {m['peak_phase']} | {m['peak_bytes'] / GiB:.2f} | {peak / GiB:.2f} | "
+              f"{_error(peak, m['peak_bytes']).strip()} | " + " | ".join(c.strip() for c in cells) + " |")
+    print(f"\n{len(records)} cases; worst peak error {100 * worst:.2f}%.")
     return 0
