@@ -486,16 +486,36 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         # end (every gradient, activations gone) is the optimizer phase without its temporaries.
         grads_fwd = grads_bwd = _component("gradients", "Gradients", 0, "none yet: set to None after the last step",
                                            "torch.optim.Optimizer.zero_grad(set_to_none=True)")
-    # Backward starts with the loss's gradients; layers are recomputed only after that, one at a
-    # time, so the two never coexist: the larger of them is backward's moment.
+    # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
+    # (after the loss's backward, one at a time) and an MoE layer's all-to-all exchange (inside a
+    # layer). Each phase takes the largest of its moments.
     recomputed = [_component("transient", "One recomputed layer's activations", working,
                              "per-layer ledger of one layer", act.KORTHIKANTI)] if working else []
-    first_in_backward = max((loss_backward, recomputed), key=lambda c: sum(x.bytes for x in c))
-    folded = {"forward": _fold(loss_forward + tr.forward), "backward": _fold(first_in_backward + tr.backward),
+    exchange = _dispatch_buffer(arch, training, par, sp)
+
+    def largest(*moments: list[Component]) -> list[Component]:
+        return max(moments, key=lambda c: sum(x.bytes for x in c))
+
+    folded = {"forward": _fold(largest(loss_forward, exchange) + tr.forward),
+              "backward": _fold(largest(loss_backward, recomputed, exchange) + tr.backward),
               "optimizer": _fold(tr.optimizer)}
     return _StaticStage(base=base, grads_forward=grads_fwd, grads_backward=grads_bwd,
                         grads_full=grads_full, loss_saved=loss_saved, transients=tr, folded=folded,
                         working_layer=working)
+
+
+def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: StageParameters) -> list[Component]:
+    """Expert parallelism exchanges the permuted tokens with an all-to-all: the send buffer
+    (k x phi x s x b x h, gathered over expert-TP) lives beside the received copy the experts keep
+    (Megatron-Core MoEAlltoAllTokenDispatcher). DeepEP's fixed NVLink/RDMA buffers are not modelled."""
+    if par.ep == 1 or not any(k == "moe" for k, _ in sp.kind_counts):
+        return []
+    T = act.tokens_per_gpu(training, par)
+    B = act.fp8_activation_bytes(training) if training.fp8 else bytes_per_element(training.compute_dtype)
+    tokens = T * arch.num_experts_per_token * training.moe_capacity_factor * par.etp
+    size = tokens * arch.hidden_size * B / (par.tp if par.sequence_parallel else 1)
+    return [_component("transient", "All-to-all send buffer (permuted tokens)", size, "B*phi*k*s*b*h*etp/t",
+                       "Megatron-Core MoEAlltoAllTokenDispatcher (permute, then all_to_all)")]
 
 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)

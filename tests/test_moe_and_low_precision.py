@@ -156,3 +156,13 @@ def test_int4_weights_with_group_scales():
     r = estimate(LLAMA_31_8B, Training(mode="inference", param_dtype="int4"))
     # 4 bits plus one fp16 scale per 128-element group
     assert phase(r, 0, "forward")["parameters"] == pytest.approx(8_030_261_248 * (0.5 + 2 / 128), abs=1)
+
+
+def test_all_to_all_send_buffer_on_a_stage_without_the_loss():
+    # stage 0 of 2 has no loss: its forward transient is the permuted tokens sent by the all-to-all,
+    # k x s x b x h in bf16 (Megatron-Core MoEAlltoAllTokenDispatcher)
+    s, h, k = 4096, 4096, 2
+    r = estimate(MIXTRAL_8X7B, Training(seq_len=s, global_batch_size=16), Parallel(pp=2, dp=8, ep=8, zero_stage=1))
+    assert phase(r, 0, "forward")["transient"] == k * s * h * 2
+    no_ep = estimate(MIXTRAL_8X7B, Training(seq_len=s, global_batch_size=16), Parallel(pp=2, dp=8, zero_stage=1))
+    assert phase(no_ep, 0, "forward")["transient"] == 0
