@@ -87,8 +87,8 @@ def architecture_from_model(model: object) -> Architecture:
             if not HUB_ID.match(model):
                 raise ConfigError("model", model, "a Hugging Face id like 'meta-llama/Llama-3.1-8B[@revision]'",
                                   "not a valid repository id")
-            from .hub import fetch_architecture  # the only path that touches the network
-            return fetch_architecture(model)
+            from .hub import fetch_model  # the only path that touches the network
+            return fetch_model(model, count=False).architecture
         from .presets import get_architecture
         return get_architecture(model)
     if isinstance(model, dict):

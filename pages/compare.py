@@ -1,3 +1,163 @@
+"""Compare: up to six named scenarios side by side (kept in this browser session)."""
+
+import json
+
+import pandas as pd
 import streamlit as st
 
-st.title("Compare")
+from estimator import ConfigError
+from ui import charts, compute, exports, scenarios, state
+from ui.fields import config_key, friendly_message
+
+cur = state.current()
+ss = st.session_state
+entries: list[dict] = ss.setdefault("_scenarios", [])
+
+st.title("Compare scenarios")
+st.caption(f"Up to {scenarios.MAX_SCENARIOS} scenarios, kept in this browser session. Add the configuration from "
+           "the sidebar, change it, add it again; load one back to edit it.")
+
+
+def _add() -> None:
+    name = (ss.get("scn_new_name") or "").strip() or f"Scenario {len(ss['_scenarios']) + 1}"
+    if len(ss["_scenarios"]) >= scenarios.MAX_SCENARIOS:
+        ss["_compare_msg"] = ("error", f"At most {scenarios.MAX_SCENARIOS} scenarios: remove one first.")
+        return
+    ss["_scenarios"].append(scenarios.new_entry(name, ss["_current"].config))
+    ss["scn_new_name"] = ""
+
+
+def _remove(entry_id: str) -> None:
+    ss["_scenarios"] = [e for e in ss["_scenarios"] if e["id"] != entry_id]
+
+
+def _rename(entry_id: str) -> None:
+    for e in ss["_scenarios"]:
+        if e["id"] == entry_id:
+            e["name"] = (ss.get(f"scn_name_{entry_id}") or "").strip() or e["name"]
+
+
+def _import() -> None:
+    upload = ss.get("scn_import")
+    if upload is None:
+        return
+    try:
+        new = scenarios.parse(upload.getvalue().decode("utf-8", errors="replace"), "scenarios")
+    except ConfigError as exc:
+        ss["_compare_msg"] = ("error", f"Could not import {upload.name}: {friendly_message(exc)}")
+        return
+    room = scenarios.MAX_SCENARIOS - len(ss["_scenarios"])
+    ss["_scenarios"].extend(new[:room])
+    dropped = len(new) - min(len(new), room)
+    ss["_compare_msg"] = ("success", f"Imported {min(len(new), room)} scenario(s) from {upload.name}"
+                          + (f"; {dropped} left out (at most {scenarios.MAX_SCENARIOS})." if dropped else "."))
+
+
+cols = st.columns([3, 2, 1], vertical_alignment="bottom")
+cols[0].text_input("Name of the new scenario", key="scn_new_name", placeholder=f"Scenario {len(entries) + 1}")
+cols[1].button("Add current configuration", key="scn_add", on_click=_add, icon=":material/add:",
+               disabled=len(entries) >= scenarios.MAX_SCENARIOS, width="stretch",
+               help="Adds the configuration in the sidebar as it is now.")
+with cols[2].popover("Import", icon=":material/upload:", width="stretch"):
+    st.file_uploader("Scenarios (JSON)", type=["json"], key="scn_import", on_change=_import,
+                     help="A file exported from this page, or one configuration in the CLI's format.")
+msg = ss.pop("_compare_msg", None)
+if msg:
+    (st.success if msg[0] == "success" else st.error)(msg[1])
+
+if not entries:
+    st.info("No scenarios yet. Set up a configuration in the sidebar and press **Add current configuration**.",
+            icon=":material/info:")
+    st.stop()
+
+# the scenario list: rename, load, remove
+results = []
+for e in list(entries):
+    res = compute.estimate(config_key(e["config"]))
+    results.append((e, res))
+    with st.container(border=True):
+        c = st.columns([3, 3, 1, 1], vertical_alignment="center")
+        c[0].text_input("Name", value=e["name"], key=f"scn_name_{e['id']}", on_change=_rename, args=(e["id"],),
+                        label_visibility="collapsed")
+        if res.ok:
+            est = res.value
+            c[1].markdown(f"{est.device_total_bytes / charts.GiB:,.2f} GiB on {est.fit.gpu} · "
+                          f"**{est.fit.verdict.upper()}** ({est.fit.utilization:.0%})")
+        else:
+            c[1].error(friendly_message(res.error) if res.error else "not available")
+        c[2].button("Load", key=f"scn_load_{e['id']}", icon=":material/edit:", width="stretch",
+                    on_click=state.load_and_open, args=(e["config"], f"scenario '{e['name']}'", None),
+                    help="Load this scenario into the sidebar to edit it.")
+        c[3].button("Remove", key=f"scn_rm_{e['id']}", on_click=_remove, args=(e["id"],), icon=":material/delete:",
+                    width="stretch")
+
+named = [(e["name"], res.value) for e, res in results if res.ok]
+if not named:
+    st.stop()
+
+st.subheader("Peak-stage memory")
+st.altair_chart(charts.compare_chart(named), width="stretch", key="compare_chart")
+
+st.subheader("Totals and fit")
+st.dataframe(scenarios.totals_frame(named), hide_index=True, width="stretch", column_config={
+    "Device total (GiB)": st.column_config.NumberColumn(format="%.2f"),
+    "Allocated peak (GiB)": st.column_config.NumberColumn(format="%.2f"),
+    "Capacity (GiB)": st.column_config.NumberColumn(format="%.1f"),
+    "Use": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.5),
+    "Parameters": st.column_config.NumberColumn(format="localized"),
+    "Active": st.column_config.NumberColumn(format="localized"),
+})
+
+st.subheader("Settings that differ")
+diff = scenarios.settings_diff([e for e, _ in results])
+if diff.empty:
+    st.caption("The scenarios have the same settings.")
+else:
+    st.dataframe(diff, width="stretch")
+
+st.subheader("Speed (roofline)")
+rows = []
+for e, res in results:
+    if not res.ok:
+        continue
+    rf = compute.roofline(config_key(e["config"]))
+    if rf.unavailable:
+        st.caption(rf.unavailable)
+        break
+    if rf.ok:
+        step = rf.value.to_json()["step"]
+        rows.append({"Scenario": e["name"], "Step time (s)": step.get("time_s"),
+                     "Tokens/s per GPU": step.get("tokens_per_s_per_gpu"), "MFU": step.get("mfu"),
+                     "Bubble (of ideal time)": step.get("bubble_fraction"), "Exposed comm. (s)": step.get("exposed_comm_s")})
+    else:
+        rows.append({"Scenario": e["name"], "Step time (s)": None})
+if rows:
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", column_config={
+        "Step time (s)": st.column_config.NumberColumn(format="%.3f"),
+        "Tokens/s per GPU": st.column_config.NumberColumn(format="%.0f"),
+        "MFU": st.column_config.NumberColumn(format="percent"),
+        "Bubble (of ideal time)": st.column_config.NumberColumn(format="percent"),
+        "Exposed comm. (s)": st.column_config.NumberColumn(format="%.3f"),
+    })
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def _compare_pdf(payload: str) -> bytes:
+    items = json.loads(payload)
+    triples = [(i["name"], i["config"], compute._estimate(config_key(i["config"]))) for i in items]
+    png = exports.chart_png(charts.compare_chart([(n, est) for n, _, est in triples]))
+    return exports.compare_pdf(triples, chart=png)
+
+
+st.subheader("Export")
+ok_entries = [e for e, res in results if res.ok]
+payload = json.dumps([{"name": e["name"], "config": e["config"]} for e in ok_entries], sort_keys=True)
+c = st.columns(3)
+c[0].download_button("Breakdown (CSV)", exports.compare_csv(named), file_name="scenarios-memory.csv",
+                     mime="text/csv", on_click="ignore", icon=":material/table:", key="scn_csv", width="stretch")
+c[1].download_button("Scenarios (JSON)", scenarios.dump(entries, "scenarios"), file_name="scenarios.json",
+                     mime="application/json", on_click="ignore", icon=":material/data_object:", key="scn_json",
+                     width="stretch", help="Import it here again, in another session or browser.")
+c[2].download_button("Report (PDF)", lambda: _compare_pdf(payload), file_name="scenarios-report.pdf",
+                     mime="application/pdf", on_click="ignore", icon=":material/picture_as_pdf:", key="scn_pdf",
+                     width="stretch")

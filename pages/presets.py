@@ -1,3 +1,141 @@
+"""Presets: the bundled models and training recipes, and your own saved configurations."""
+
+import pandas as pd
 import streamlit as st
 
+from estimator import ConfigError
+from ui import compute, scenarios, state
+from ui.fields import config_key, friendly_message
+
+cur = state.current()
+ss = st.session_state
 st.title("Presets")
+
+
+@st.cache_data(show_spinner=False)
+def _models() -> pd.DataFrame:
+    from estimator.architecture import parameter_counts
+    from estimator.presets import get_architecture, get_hf_config, list_presets
+
+    rows = []
+    for p in list_presets():
+        arch = get_architecture(p.id)
+        counts = parameter_counts(arch)
+        hf = get_hf_config(p.id)
+        context = hf.get("max_position_embeddings") or (hf.get("text_config") or {}).get("max_position_embeddings")
+        rows.append({"id": p.id, "Name": p.name, "Parameters (B)": counts.total / 1e9,
+                     "Active (B)": counts.active / 1e9, "Layers": arch.num_layers, "Hidden": arch.hidden_size,
+                     "Heads": arch.num_attention_heads, "KV heads": arch.num_kv_heads, "Experts": arch.num_experts,
+                     "Context": context, "Hub id": p.hub_id, "Published total": p.published_total})
+    return pd.DataFrame(rows)
+
+
+try:
+    models = _models()
+except Exception as exc:  # the presets package is still being written
+    models = None
+    st.info(f"The bundled presets are not available in this build ({type(exc).__name__}).")
+
+tab_models, tab_recipes, tab_mine = st.tabs(["Models", "Training recipes", "My presets"])
+
+with tab_models:
+    if models is not None and not models.empty:
+        st.caption("Click a column header to sort. Parameters and active parameters are the estimator's exact "
+                   "counts from each model's published config; 'Published total' is the publisher's figure.")
+        event = st.dataframe(models, hide_index=True, width="stretch", on_select="rerun",
+                             height=36 * (len(models) + 1) + 4,
+                             selection_mode="single-row", key="preset_table", column_config={
+                                 "Parameters (B)": st.column_config.NumberColumn(format="%.2f"),
+                                 "Active (B)": st.column_config.NumberColumn(format="%.2f"),
+                                 "Context": st.column_config.NumberColumn(format="localized"),
+                                 "Published total": st.column_config.NumberColumn(format="localized"),
+                             })
+        ids = list(models["id"])
+        selected = event.selection.rows if event and event.selection else []
+        default = ids.index(models.iloc[selected[0]]["id"]) if selected else (
+            ids.index(cur.model.preset) if cur.model.source == "preset" and cur.model.preset in ids else 0)
+        c = st.columns([3, 1], vertical_alignment="bottom")
+        chosen = c[0].selectbox("Model", ids, index=default, key="preset_pick",
+                                format_func=lambda i: f"{i} ({models.set_index('id').loc[i, 'Name']})")
+
+        def _use_model() -> None:
+            pick = ss["preset_pick"]
+            state.load_and_open({**ss["_current"].config, "model": pick}, f"model {pick}")
+
+        c[1].button("Use this model", key="preset_use", icon=":material/play_arrow:", type="primary",
+                    width="stretch", on_click=_use_model,
+                    help="Keeps the training, parallel and GPU settings; opens the Memory page.")
+
+with tab_recipes:
+    try:
+        from estimator.presets import list_recipes
+        recipes = list_recipes()
+    except Exception as exc:
+        recipes = []
+        st.info(f"The bundled recipes are not available in this build ({type(exc).__name__}).")
+    for r in recipes:
+        with st.container(border=True):
+            st.markdown(f"**{r.name}**")
+            st.write(r.description)
+            st.caption(f"Source: {r.source}")
+            res = compute.estimate(config_key(r.config))
+            if res.ok:
+                est = res.value
+                st.markdown(f"{est.device_total_bytes / 1024**3:,.2f} GiB per GPU on {est.fit.gpu} · "
+                            f"**{est.fit.verdict.upper()}** ({est.fit.utilization:.0%}) · {est.parallel.gpus} GPUs")
+            elif res.error:
+                st.warning(friendly_message(res.error))
+            c = st.columns([1, 4])
+            c[0].button("Use this recipe", key=f"recipe_{r.id}", icon=":material/play_arrow:",
+                        on_click=state.load_and_open, args=(r.config, f"recipe '{r.name}'"))
+            with c[1].expander("Configuration"):
+                st.json(r.config)
+
+with tab_mine:
+    mine: list[dict] = ss.setdefault("_user_presets", [])
+
+    def _save() -> None:
+        name = (ss.get("my_preset_name") or "").strip() or f"My preset {len(ss['_user_presets']) + 1}"
+        ss["_user_presets"].append(scenarios.new_entry(name, ss["_current"].config))
+        ss["my_preset_name"] = ""
+        ss["_presets_msg"] = ("success", f"Saved '{name}'.")
+
+    def _remove(entry_id: str) -> None:
+        ss["_user_presets"] = [e for e in ss["_user_presets"] if e["id"] != entry_id]
+
+    def _import() -> None:
+        upload = ss.get("my_preset_import")
+        if upload is None:
+            return
+        try:
+            new = scenarios.parse(upload.getvalue().decode("utf-8", errors="replace"), "presets")
+        except ConfigError as exc:
+            ss["_presets_msg"] = ("error", f"Could not import {upload.name}: {friendly_message(exc)}")
+            return
+        ss["_user_presets"].extend(new)
+        ss["_presets_msg"] = ("success", f"Imported {len(new)} preset(s) from {upload.name}.")
+
+    st.caption("Save the sidebar's configuration under a name; presets live in this browser session, so export "
+               "them to keep them.")
+    c = st.columns([3, 1], vertical_alignment="bottom")
+    c[0].text_input("Name", key="my_preset_name", placeholder=f"My preset {len(mine) + 1}")
+    c[1].button("Save current configuration", key="my_preset_save", on_click=_save, icon=":material/save:",
+                width="stretch")
+    msg = ss.pop("_presets_msg", None)
+    if msg:
+        (st.success if msg[0] == "success" else st.error)(msg[1])
+    for e in mine:
+        with st.container(border=True):
+            c = st.columns([4, 1, 1], vertical_alignment="center")
+            model = e["config"].get("model")
+            c[0].markdown(f"**{e['name']}** · {model if isinstance(model, str) else 'custom architecture'}")
+            c[1].button("Use", key=f"my_use_{e['id']}", icon=":material/play_arrow:", width="stretch",
+                        on_click=state.load_and_open, args=(e["config"], f"preset '{e['name']}'"))
+            c[2].button("Remove", key=f"my_rm_{e['id']}", on_click=_remove, args=(e["id"],),
+                        icon=":material/delete:", width="stretch")
+    c = st.columns(2)
+    c[0].download_button("Export my presets (JSON)", scenarios.dump(mine, "presets"), file_name="my-presets.json",
+                         mime="application/json", on_click="ignore", icon=":material/download:", key="my_export",
+                         disabled=not mine, width="stretch")
+    with c[1].popover("Import presets (JSON)", icon=":material/upload:", width="stretch"):
+        st.file_uploader("Presets file", type=["json"], key="my_preset_import", on_change=_import)

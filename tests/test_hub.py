@@ -351,3 +351,29 @@ def test_tiny_fixture_matches_the_config():
     """The fake checkpoint is the architecture's own tensor list, counted independently."""
     assert json.loads(json.dumps(TINY)) == TINY
     assert numel(tiny_tensors(range(1))) == 4 * 64 * 64 + 3 * 128 * 64 + 2 * 64
+
+
+def _cli(tmp_path, model, env_extra=None):
+    import json as _json
+    import os
+    path = tmp_path / "config.json"
+    path.write_text(_json.dumps({"model": model, "parallel": {"tp": 1}}))
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", str(path), "--json"],
+                          capture_output=True, text=True, env=env)
+
+
+def test_cli_estimates_a_hub_model(tmp_path, fake):
+    import json as _json
+    run = _cli(tmp_path, "org/tiny")
+    assert run.returncode == 0, run.stderr
+    assert _json.loads(run.stdout)["stages"][0]["layers"] == TINY["num_hidden_layers"]
+    pinned = _cli(tmp_path, "org/tiny@v1")  # the revision's config has one layer
+    assert _json.loads(pinned.stdout)["stages"][0]["layers"] == 1
+
+
+def test_cli_gated_model_is_one_line_and_exit_2(tmp_path, fake):
+    run = _cli(tmp_path, "meta/gated")
+    assert run.returncode == 2 and run.stdout == ""
+    assert len(run.stderr.strip().splitlines()) == 1 and "licence" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -1,0 +1,7 @@
+"""Streamlit glue for the app: the shared configuration and its URL binding, cached estimator
+calls, Altair charts and the export builders. Pages import from here; numbers come from
+`estimator`, never from this package.
+
+`ui.fields`, `ui.charts` and `ui.exports` do not import Streamlit, so they can be tested (and used
+by scripts) as plain functions; `ui.state`, `ui.compute` and `ui.widgets` are the Streamlit side.
+"""

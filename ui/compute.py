@@ -1,0 +1,81 @@
+"""Cached calls into the estimator, keyed on the configuration's JSON text.
+
+The estimator is pure, so an estimate is a function of the config alone: `st.cache_data` keeps
+the results across reruns and sessions. Errors are returned, not raised, so that a bad config
+is a message next to the inputs and never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import streamlit as st
+
+from estimator import ConfigError, estimate_config, load_config
+
+
+@dataclass(frozen=True)
+class Result:
+    value: Any = None
+    error: ConfigError | None = None
+    unavailable: str = ""  # the estimator module this needs is not there (yet)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.unavailable and self.value is not None
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def _estimate(config_json: str):
+    return estimate_config(json.loads(config_json))
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def _roofline(config_json: str):
+    from estimator.roofline import roofline_config
+    return roofline_config(load_config(json.loads(config_json)))
+
+
+def estimate(config_json: str) -> Result:
+    try:
+        return Result(value=_estimate(config_json))
+    except ConfigError as exc:
+        return Result(error=exc)
+    except Exception as exc:  # a bug in the estimator: one line, never a traceback
+        return Result(error=ConfigError("config", type(exc).__name__, "a configuration the estimator can handle",
+                                        f"internal error: {exc}"))
+
+
+def roofline(config_json: str) -> Result:
+    try:
+        import estimator.roofline  # noqa: F401
+    except ImportError:
+        return Result(unavailable="The roofline model (estimator.roofline) is not part of this build yet.")
+    try:
+        return Result(value=_roofline(config_json))
+    except ConfigError as exc:
+        return Result(error=exc)
+    except Exception as exc:
+        return Result(error=ConfigError("config", type(exc).__name__, "a configuration the roofline model can handle",
+                                        f"internal error: {exc}"))
+
+
+@st.cache_data(ttl=3600, max_entries=64, show_spinner=False)
+def fetch_hub_model(hub_id: str) -> dict:
+    """A Hub model's canonical architecture and counts (a dict, so it caches); raises ConfigError."""
+    from estimator.config import architecture_to_dict
+    from estimator.hub import fetch_model
+
+    model = fetch_model(hub_id)
+    return {
+        "repo_id": model.repo_id,
+        "arch": architecture_to_dict(model.architecture),
+        "stored_count": model.stored_count,
+        "computed_total": model.computed_total,
+        "computed_active": model.computed_active,
+        "mismatch": model.mismatch,
+        "count_note": model.count_note,
+        "ignored": list(model.ignored),
+    }

@@ -1,0 +1,148 @@
+"""Pieces several pages draw: totals, fit cards, breakdown tables, export buttons."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import streamlit as st
+
+from estimator.hardware import GPUS
+
+from . import charts, compute, exports
+from .state import Current
+
+GiB = 1024**3
+VERDICT_ICON = {"fits": ":material/check_circle:", "tight": ":material/warning:", "oom": ":material/block:"}
+VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "oom": "Out of memory"}
+VERDICT_MD = {"fits": ":green-badge[Fits]", "tight": ":orange-badge[Tight]", "oom": ":red-badge[OOM]"}
+
+
+def gib(n: int | float) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def params_text(n: int) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= div:
+            return f"{n / div:,.2f} {unit}"
+    return f"{n:,}"
+
+
+def totals(est) -> None:
+    """Device total and allocated peak of the peak stage, capacity, verdict, parameter counts."""
+    fit = est.fit
+    peak = est.stages[est.peak_stage]
+    gpu = GPUS[fit.gpu]
+    cols = st.columns(4)
+    cols[0].metric("Device total per GPU", gib(est.device_total_bytes),
+                   help="What the busiest pipeline stage's GPU must hold: the allocated peak plus the CUDA "
+                        "context, NCCL buffers and allocator fragmentation. This decides the fit.")
+    cols[1].metric("Allocated peak", gib(est.allocated_peak_bytes),
+                   help="Peak of live tensors during the step (what torch.cuda.max_memory_allocated reports) on "
+                        f"stage {est.peak_stage}, reached in {peak.peak_phase}.")
+    cols[2].metric(f"Capacity ({fit.gpu})", gib(fit.capacity_bytes), help=gpu.name)
+    cols[3].metric("Verdict", f"{VERDICT_TEXT[fit.verdict]} · {fit.utilization:.0%}",
+                   help="fits: below 80% of capacity; tight: 80-100%; out of memory: above capacity.")
+    cols = st.columns(4)
+    cols[0].metric("Parameters (total)", params_text(est.parameters_total), help=f"{est.parameters_total:,}")
+    cols[1].metric("Parameters (active per token)", params_text(est.parameters_active),
+                   help=f"{est.parameters_active:,}")
+    cols[2].metric("Parameters per GPU (peak stage)", params_text(peak.parameters_per_gpu),
+                   help=f"{peak.parameters_per_gpu:,} before ZeRO sharding")
+    cols[3].metric("GPUs", f"{est.parallel.gpus:,}",
+                   help=f"TP {est.parallel.tp} × PP {est.parallel.pp} × CP {est.parallel.cp} × DP {est.parallel.dp}; "
+                        f"{est.microbatches} micro-batches per step; ZeRO {est.zero_stage}")
+
+
+def verdict_banner(est) -> None:
+    fit = est.fit
+    text = (f"**{VERDICT_TEXT[fit.verdict]}** on {GPUS[fit.gpu].name}: the peak stage needs "
+            f"{gib(est.device_total_bytes)} of {gib(fit.capacity_bytes)} ({fit.utilization:.0%}).")
+    {"fits": st.success, "tight": st.warning, "oom": st.error}[fit.verdict](text, icon=VERDICT_ICON[fit.verdict])
+
+
+def breakdown_table(stage) -> None:
+    rows = []
+    for c in stage.components:
+        rows.append({"Component": charts.component_name(c.key, c.label), "GiB": c.bytes / GiB, "Bytes": c.bytes,
+                     "Share": c.bytes / stage.device_total_bytes if stage.device_total_bytes else 0.0,
+                     "Formula": c.formula, "Source": c.source})
+    df = pd.DataFrame(rows)
+    st.dataframe(df, hide_index=True, width="stretch", column_config={
+        "GiB": st.column_config.NumberColumn(format="%.2f"),
+        "Bytes": st.column_config.NumberColumn(format="localized"),
+        "Share": st.column_config.ProgressColumn(format="percent", min_value=0.0, max_value=1.0),
+        "Formula": st.column_config.TextColumn(width="large"),
+        "Source": st.column_config.TextColumn(width="large"),
+    })
+    details = [(c, p) for c in stage.components for p in c.parts]
+    if details:
+        with st.expander("Parts of the components"):
+            st.dataframe(pd.DataFrame([{"Component": charts.component_name(c.key, c.label), "Part": p.label,
+                                        "GiB": p.bytes / GiB, "Formula": p.formula, "Source": p.source}
+                                       for c, p in details]),
+                         hide_index=True, width="stretch",
+                         column_config={"GiB": st.column_config.NumberColumn(format="%.3f")})
+
+
+def fit_cards(est, per_row: int = 6) -> None:
+    fits = est.fits()
+    for start in range(0, len(fits), per_row):
+        cols = st.columns(per_row)
+        for col, fit in zip(cols, fits[start:start + per_row]):
+            with col.container(border=True):
+                st.markdown(f"**{fit.gpu}** {VERDICT_MD[fit.verdict]}")
+                st.caption(f"{GPUS[fit.gpu].name}")
+                st.progress(min(fit.utilization, 1.0), text=f"{fit.utilization:.0%} of {gib(fit.capacity_bytes)}")
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _chart_spec(kind: str, config_json: str) -> dict:
+    """A chart's Vega-Lite spec, cached per configuration (Altair's validation dominates a rerun)."""
+    if kind == "roofline":
+        rf = compute._roofline(config_json).to_json()
+        ops = rf["operations"]
+        peaks = sorted({op["peak_flops"] for op in ops if op.get("peak_flops")})
+        bandwidth = next(op["bandwidth"] for op in ops if op.get("bandwidth"))
+        return charts.roofline_chart(ops, peaks, bandwidth).to_dict()
+    est = compute._estimate(config_json)
+    if kind == "stages":
+        return charts.stage_chart(est, est.fit.capacity_bytes).to_dict()
+    return charts.phase_chart(est.stages[est.peak_stage]).to_dict()
+
+
+def chart(kind: str, config_json: str) -> None:
+    """Draw the stacked bar per stage ("stages"), the step's phases ("phases") or the roofline."""
+    st.vega_lite_chart(_chart_spec(kind, config_json), width="stretch", key=f"chart_{kind}")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "config"
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _report_pdf(config_json: str, title: str) -> bytes:
+    est = compute._estimate(config_json)
+    png = exports.chart_png(charts.stage_chart(est, est.fit.capacity_bytes))
+    return exports.report_pdf(est, json.loads(config_json), title=title, chart=png)
+
+
+def export_buttons(cur: Current, est) -> None:
+    name = _slug(cur.model_label)
+    cols = st.columns(3)
+    cols[0].download_button("Breakdown (CSV)", exports.breakdown_csv(est), file_name=f"{name}-memory.csv",
+                            mime="text/csv", on_click="ignore", icon=":material/table:", key="dl_csv",
+                            width="stretch", help="One row per pipeline stage and component, bytes and GiB.")
+    cols[1].download_button("Configuration (JSON)", exports.config_json(cur.config), file_name=f"{name}-config.json",
+                            mime="application/json", on_click="ignore", icon=":material/data_object:",
+                            key="dl_json", width="stretch",
+                            help="Load it with the sidebar's Import, or run "
+                                 "`python -m estimator estimate --config FILE`.")
+    config_json = cur.config_json
+    title = f"GPU memory estimate: {cur.model_label}"
+    cols[2].download_button("Report (PDF)", lambda: _report_pdf(config_json, title), file_name=f"{name}-report.pdf",
+                            mime="application/pdf", on_click="ignore", icon=":material/picture_as_pdf:",
+                            key="dl_pdf", width="stretch",
+                            help="Inputs, totals, the chart, the breakdown, fit verdicts, formulas and sources.")
