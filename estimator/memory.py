@@ -245,12 +245,14 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
     if recomputed:
         parts.append((labelled and f"{recomputed} recomputed layers keep their input",
                       int(round(shared.kept_input * recomputed * inflight)),
-                      labelled and f"B*s*b*h(/t with SP) x {recomputed} layers x {inflight:g} in flight"))
+                      labelled and f"{shared.kept_input / 2**20:,.1f} MiB layer input (B*s*b*h, /t with SP) x "
+                                   f"{recomputed} layers x {inflight:g} in flight"))
     for kind, n in stored_counts:
         if n:
             parts.append((labelled and f"{n} {kind} layers x {inflight:g} micro-batches",
                           int(round(shared.per_layer[kind] * n * inflight)),
-                          labelled and f"per-layer ledger ({kind}) x {n} layers x {inflight:g} in flight"))
+                          labelled and f"{shared.per_layer[kind] / 2**20:,.1f} MiB per {kind} layer x {n} layers "
+                                       f"x {inflight:g} in flight"))
     if stage.stage == 0:
         parts.append((labelled and ("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else "")),
                       int(round(shared.embedding_bytes * max(1.0, inflight))),
@@ -259,11 +261,9 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
 
 
 def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Training) -> Component:
-    formula = "layers x per-layer ledger x micro-batches in flight"
+    formula = " + ".join(f for _, _, f in parts)
     if training.recompute == "selective":
         formula += f" (recomputed: {', '.join(training.recompute_modules)})"
-    elif training.recompute == "full":
-        formula = "recomputed layers x layer input + other layers x per-layer ledger, x micro-batches in flight"
     pieces = tuple(Component("activations", label, b, f, act.KORTHIKANTI) for label, b, f in parts)
     return Component("activations", "Activations", sum(p.bytes for p in pieces), formula, act.KORTHIKANTI, pieces)
 

@@ -158,9 +158,15 @@ class Step:
     mfu_peak_flops: float
     communication: tuple[Communication, ...]
 
+    @property
+    def bubble_share_of_step(self) -> float:
+        """The share of the step the GPU idles in the pipeline bubble (bubble_s / time_s)."""
+        return self.bubble_s / self.time_s if self.time_s else 0.0
+
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in (
-            "time_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "exposed_comm_s", "compute_s",
+            "time_s", "tokens_per_s_per_gpu", "mfu", "bubble_fraction", "bubble_share_of_step", "exposed_comm_s",
+            "compute_s",
             "recompute_s", "bubble_s", "optimizer_s", "microbatches", "tokens_per_step",
             "model_flops_per_token", "mfu_peak_flops")}
         out["communication"] = [c.to_json() for c in self.communication]

@@ -135,7 +135,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         P_rest = 2.0 if P < 2 else P
         params = sharded(stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), 3)
         copies = extra * (hd + he)
-        param_formula = f"({stored:g} B x linear weights + {P_rest:g} B x norms, embedding, head)"
+        param_formula = f"({stored:g} B x {hd + he:,.0f} linear weights + {P_rest:g} B x {nd + ne - hd - he:,.0f} others)"
     grads = sharded(G * nd, G * ne, 2)
     masters = sharded(M * nd, M * ne, 1)
     opt_dense = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=False)
@@ -144,19 +144,25 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     d = f"d = DP*CP = {d_dense}"
     de = f", d_e = expert DP = {d_expert}" if ne else ""
 
+    count = f"{nd:,.0f} params" if not ne else f"({nd:,.0f} dense + {ne:,.0f} expert params)"
+
     def formula(per_param: str, from_stage: int) -> str:
-        times = "" if per_param.startswith("(") else " x params"
+        times = "" if per_param.startswith("(") else f" x {count}"
         return f"{per_param}{times} / d ({d}{de})" if zero >= from_stage else f"{per_param}{times}"
+
+    per_param_states = (opt_dense + opt_expert) / (nd + ne) if nd + ne else 0.0
 
     return ModelStates(
         parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
         formulas={
             "parameters": formula(param_formula, 3),
-            "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x linear weights "
-                                  f"({training.fp8_recipe} recipe)") if training.fp8 else "",
+            "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x "
+                                  f"{stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices:,.0f} "
+                                  f"linear weights ({training.fp8_recipe} recipe)") if training.fp8 else "",
             "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2),
             "master_weights": formula("4 B (fp32)", 1),
-            "optimizer_states": formula(f"{training.optimizer} states in {recipe.optimizer_dtype}", 1),
+            "optimizer_states": formula(f"{per_param_states:.4g} B ({training.optimizer} states in "
+                                        f"{recipe.optimizer_dtype})", 1),
         },
         zero_stage=zero, dense_shards=d_dense, expert_shards=d_expert,
     )

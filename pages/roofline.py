@@ -39,9 +39,10 @@ cols = st.columns(5)
 cols[0].metric("Step time", f"{step.get('time_s', 0):,.3f} s", help="One optimizer step, all micro-batches.")
 cols[1].metric("Tokens/s per GPU", f"{step.get('tokens_per_s_per_gpu', 0):,.0f}")
 cols[2].metric("MFU", f"{step.get('mfu', 0):.1%}", help="Model FLOPs utilisation: useful FLOPs / (time × peak).")
-cols[3].metric("Pipeline bubble", f"{step.get('bubble_fraction', 0):.1%}",
-               help="Idle pipeline time relative to the ideal (bubble-free) compute time: (PP - 1) / (VPP × "
-                    "micro-batches) (Narayanan et al. 2021). Above 100% the GPUs wait longer than they compute.")
+cols[3].metric("Pipeline bubble", f"{step.get('bubble_share_of_step', 0):.1%} of the step",
+               help="Share of the step each GPU idles in the pipeline bubble. The bubble is (PP - 1) / (VPP × "
+                    "micro-batches) of the ideal compute time (Narayanan et al. 2021): "
+                    f"{step.get('bubble_fraction', 0):.3g} here.")
 cols[4].metric("Exposed communication", f"{step.get('exposed_comm_s', 0):,.3f} s")
 
 st.subheader(f"Roofline of {gpu.name}")
