@@ -128,7 +128,7 @@ for e, res in results:
         step = rf.value.to_json()["step"]
         rows.append({"Scenario": e["name"], "Step time (s)": step.get("time_s"),
                      "Tokens/s per GPU": step.get("tokens_per_s_per_gpu"), "MFU": step.get("mfu"),
-                     "Bubble (of ideal time)": step.get("bubble_fraction"), "Exposed comm. (s)": step.get("exposed_comm_s")})
+                     "Bubble (share of step)": step.get("bubble_share_of_step"), "Exposed comm. (s)": step.get("exposed_comm_s")})
     else:
         rows.append({"Scenario": e["name"], "Step time (s)": None})
 if rows:
@@ -136,7 +136,7 @@ if rows:
         "Step time (s)": st.column_config.NumberColumn(format="%.3f"),
         "Tokens/s per GPU": st.column_config.NumberColumn(format="%.0f"),
         "MFU": st.column_config.NumberColumn(format="percent"),
-        "Bubble (of ideal time)": st.column_config.NumberColumn(format="percent"),
+        "Bubble (share of step)": st.column_config.NumberColumn(format="percent"),
         "Exposed comm. (s)": st.column_config.NumberColumn(format="%.3f"),
     })
 
