@@ -678,7 +678,6 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
     # the parameters before each micro-batch's forward and again for its backward (Rajbhandari et
     # al. 2020, section 7: 1.5x the all-reduce volume), FSDP2 shard-grad-op once per micro-batch.
     sp = stage_parameters(arch, par, training.framework)[slowest]
-    dp_comm_s = 0.0
     if is_training:
         G, P = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.param_dtype)
         if training.framework == "fsdp2":

@@ -121,9 +121,6 @@ for e, res in results:
     if not res.ok:
         continue
     rf = compute.roofline(config_key(e["config"]))
-    if rf.unavailable:
-        st.caption(rf.unavailable)
-        break
     if rf.ok:
         step = rf.value.to_json()["step"]
         rows.append({"Scenario": e["name"], "Step time (s)": step.get("time_s"),

@@ -16,9 +16,6 @@ if error is not None:
     state.show_error(error)
     st.stop()
 res = compute.roofline(cur.config_json)
-if res.unavailable:
-    st.info(res.unavailable, icon=":material/construction:")
-    st.stop()
 if res.error is not None:
     state.show_error(res.error)
     st.stop()

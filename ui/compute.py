@@ -20,11 +20,10 @@ from estimator import ConfigError, estimate_config, load_config
 class Result:
     value: Any = None
     error: ConfigError | None = None
-    unavailable: str = ""  # the estimator module this needs is not there (yet)
 
     @property
     def ok(self) -> bool:
-        return self.error is None and not self.unavailable and self.value is not None
+        return self.error is None and self.value is not None
 
 
 @st.cache_data(max_entries=512, show_spinner=False)
@@ -38,28 +37,23 @@ def _roofline(config_json: str):
     return roofline_config(load_config(json.loads(config_json)))
 
 
-def estimate(config_json: str) -> Result:
+def _guarded(compute, config_json: str, what: str) -> Result:
+    """The estimator's answer, or its ConfigError; a bug becomes one line, never a traceback."""
     try:
-        return Result(value=_estimate(config_json))
-    except ConfigError as exc:
-        return Result(error=exc)
-    except Exception as exc:  # a bug in the estimator: one line, never a traceback
-        return Result(error=ConfigError("config", type(exc).__name__, "a configuration the estimator can handle",
-                                        f"internal error: {exc}"))
-
-
-def roofline(config_json: str) -> Result:
-    try:
-        import estimator.roofline  # noqa: F401
-    except ImportError:
-        return Result(unavailable="The roofline model (estimator.roofline) is not part of this build yet.")
-    try:
-        return Result(value=_roofline(config_json))
+        return Result(value=compute(config_json))
     except ConfigError as exc:
         return Result(error=exc)
     except Exception as exc:
-        return Result(error=ConfigError("config", type(exc).__name__, "a configuration the roofline model can handle",
+        return Result(error=ConfigError("config", type(exc).__name__, f"a configuration {what} can handle",
                                         f"internal error: {exc}"))
+
+
+def estimate(config_json: str) -> Result:
+    return _guarded(_estimate, config_json, "the estimator")
+
+
+def roofline(config_json: str) -> Result:
+    return _guarded(_roofline, config_json, "the roofline model")
 
 
 @st.cache_data(ttl=3600, max_entries=64, show_spinner=False)

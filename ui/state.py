@@ -24,7 +24,7 @@ from estimator import ConfigError
 from estimator.hardware import GPUS
 
 from . import compute
-from .fields import (ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS, AUTO, DEFAULT_MODEL, GROUPS, ModelChoice,
+from .fields import (ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS, DEFAULT_MODEL, GROUPS, ModelChoice,
                      arch_editor_values, canonical_arch, config_dict, config_key, error_group, friendly_message,
                      parse_url, ui_values_from_config, url_params)
 

@@ -68,7 +68,8 @@ class FlashAttention(torch.autograd.Function):
         d_rounded = _round_up(d, 32) if d <= 192 else 256
         dq_accum = q.new_empty((b, s_rounded, h, d_rounded), dtype=torch.float32)
         if kv_heads != h:  # GQA: per-query-head dK, dV, summed over each group at the end
-            dk_expanded, dv_expanded = q.new_empty((b, s, h, d)), q.new_empty((b, s, h, d))
+            # allocated only to be alive, as the kernel's buffers are, until the gradients return
+            dk_expanded, dv_expanded = q.new_empty((b, s, h, d)), q.new_empty((b, s, h, d))  # noqa: F841
         if not isinstance(q, FakeTensor):
             with ctx.hidden(), torch.enable_grad():
                 leaves = [x.detach().requires_grad_() for x in (q, k, v)]
