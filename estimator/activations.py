@@ -26,7 +26,8 @@ below 0.01% of a layer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from .architecture import Architecture
 from .dtypes import bytes_per_element
@@ -47,9 +48,9 @@ MOE_SOURCE = ("Megatron-Core MoE token dispatcher; xtuner llm_calculator per-ten
               "EP exchanges tokens, it does not remove them (Megatron-LM PR #6782)")
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One saved tensor (or a group of like tensors) of a layer, per micro-batch."""
+class Entry(NamedTuple):
+    """One saved tensor (or a group of like tensors) of a layer, per micro-batch. (A NamedTuple:
+    every estimate builds the ledger anew.)"""
 
     name: str
     elements: float  # before any parallel division
@@ -237,7 +238,7 @@ def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: s
     if training.fp8:
         # TransformerEngine saves each FP8 GEMM's quantized input for backward
         q = fp8_activation_bytes(training)
-        entries = [replace(e, bytes_per_element=q, formula=e.formula.replace("B*", "B_fp8*", 1)) if e.gemm_input else e
+        entries = [e._replace(bytes_per_element=q, formula=e.formula.replace("B*", "B_fp8*", 1)) if e.gemm_input else e
                    for e in entries]
     return entries
 

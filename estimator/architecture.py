@@ -129,6 +129,15 @@ class Architecture:
     def layer_kinds(self) -> tuple[str, ...]:
         return self._layer_kinds
 
+    def cached(self, key: tuple, compute):
+        """Remember a value derived from this architecture alone (and the sharding named in `key`):
+        a search over layouts, or an app rerun, asks for the same per-layer buckets again and again.
+        The architecture is immutable, so the memo can never go stale."""
+        memo = self.__dict__.setdefault("_memo", {})
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
     @property
     def num_moe_layers(self) -> int:
         return sum(1 for k in self.layer_kinds() if k == "moe")
@@ -264,6 +273,11 @@ class ParameterCounts:
 
 
 def parameter_counts(arch: Architecture, include_mtp: bool = True) -> ParameterCounts:
+    """Exact counts, computed once per architecture object."""
+    return arch.cached(("parameter counts", include_mtp), lambda: _parameter_counts(arch, include_mtp))
+
+
+def _parameter_counts(arch: Architecture, include_mtp: bool) -> ParameterCounts:
     """Exact counts. The MTP modules are counted as the checkpoint stores them: DeepSeek-V3's
     checkpoint gives each its own copy of the embedding and head."""
     per_kind = {kind: count(arch.layer_tensors(kind)) for kind in set(arch.layer_kinds())}

@@ -82,7 +82,7 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
     comm, runtime = shared.communication, shared.runtime
     frag = _fragmentation(phase.allocated_bytes, hardware)
     return StageEstimate(
-        stage=sp.stage, layers=len(sp.layer_indices), parameters_per_gpu=int(round(sp.local)),
+        stage=sp.stage, layers=sp.num_layers, parameters_per_gpu=int(round(sp.local)),
         in_flight_microbatches=1.0, peak_phase="forward", allocated_peak_bytes=phase.allocated_bytes,
         device_total_bytes=phase.allocated_bytes + comm.bytes + runtime.bytes + frag.bytes,
-        phase_totals=(("forward", phase.allocated_bytes),), _detail=_BuiltDetail((phase,), (comm, runtime, frag)))
+        phase_totals=(("forward", phase.allocated_bytes),), detail=_BuiltDetail((phase,), (comm, runtime, frag)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 from . import activations as act
 from .architecture import Architecture, parameter_counts
@@ -31,6 +32,7 @@ from .parallel import Parallel
 from .sharding import StageParameters, padded_vocab_size, stage_parameters
 from .states import FP8_SOURCE, OPTIMIZER_SOURCES, ZERO_SOURCE, model_states
 from .training import Recipe, Training, resolve_recipe
+from .validation import validate
 
 GiB = 1024**3
 TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% in 454 runs
@@ -39,9 +41,10 @@ TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% i
 NON_ALLOCATOR = ("communication", "runtime", "fragmentation")
 
 
-@dataclass(frozen=True)
-class Component:
-    """One slice of a stage's memory: its bytes, the formula that gave them and its source."""
+class Component(NamedTuple):
+    """One slice of a stage's memory: its bytes, the formula that gave them and its source.
+    (An immutable record like the dataclasses around it; a NamedTuple because every estimate
+    makes dozens and it costs a third of a frozen dataclass.)"""
 
     key: str
     label: str
@@ -62,11 +65,11 @@ class Phase:
     components: tuple[Component, ...]
 
 
-@dataclass(frozen=True)
-class StageEstimate:
+class StageEstimate(NamedTuple):
     """One pipeline stage. The totals are computed with the estimate; the components and phases
     (with their formulas and sources) are built on first access, so a search over many layouts
-    pays only for the numbers."""
+    pays only for the numbers. (An immutable record; a NamedTuple because an estimate makes one
+    per stage.)"""
 
     stage: int
     layers: int
@@ -76,17 +79,16 @@ class StageEstimate:
     allocated_peak_bytes: int
     device_total_bytes: int
     phase_totals: tuple[tuple[str, int], ...]  # (phase, allocated bytes) through one step
-    _detail: "_StageDetail" = field(repr=False, compare=False)
+    detail: "_StageDetail | _BuiltDetail"  # builds the phases and components once, when asked
 
-    @cached_property
+    @property
     def phases(self) -> tuple[Phase, ...]:
-        return self._detail.phases()
+        return self.detail.built_phases()
 
-    @cached_property
+    @property
     def components(self) -> tuple[Component, ...]:
         """At the peak, the non-allocator components (communication, runtime, fragmentation) last."""
-        peak = next(p for p in self.phases if p.name == self.peak_phase)
-        return peak.components + self._detail.outside_allocator()
+        return self.detail.built_components(self.peak_phase)
 
     def component(self, key: str) -> Component | None:
         return next((c for c in self.components if c.key == key), None)
@@ -122,8 +124,13 @@ class Estimate:
     allocated_peak_bytes: int
     device_total_bytes: int
     fit: Fit
-    activation_ledger: tuple[LedgerLine, ...] = ()  # one layer, one micro-batch, one GPU, by layer kind
     notes: tuple[str, ...] = field(default_factory=tuple)
+    _shared: "_Shared | None" = field(default=None, repr=False, compare=False)
+
+    @cached_property
+    def activation_ledger(self) -> tuple[LedgerLine, ...]:
+        """What one layer keeps for one micro-batch on one GPU, tensor by tensor, by layer kind."""
+        return self._shared.ledger() if self._shared else ()
 
     def fits(self) -> list[Fit]:
         """The verdict on every GPU of the catalog (the estimate does not depend on the GPU, but
@@ -176,8 +183,7 @@ def _entries_component(key: str, label: str, entries: list[act.Entry], par: Para
     return Component(key, label, sum(p.bytes for p in parts), formula, source, parts)
 
 
-@dataclass(frozen=True)
-class LedgerLine:
+class LedgerLine(NamedTuple):
     """One saved tensor of one layer for one micro-batch on one GPU (the activation ledger)."""
 
     kind: str
@@ -187,8 +193,7 @@ class LedgerLine:
     dropped_by_recompute: bool
 
 
-@dataclass(frozen=True)
-class _Shared:
+class _Shared(NamedTuple):
     """What every stage of one estimate reuses: the per-layer ledger, the loss, the overheads."""
 
     per_layer: dict[str, float]  # bytes one layer keeps per micro-batch, by layer kind, as recomputed
@@ -198,30 +203,43 @@ class _Shared:
     loss: act.LossMemory | None
     communication: Component
     runtime: Component
-    ledger: tuple[LedgerLine, ...]
+    entries: dict[str, list[act.Entry]]
+    recomputed: frozenset[str]
     parallel: Parallel
     hardware: Hardware
     embedding_bytes: float  # first-stage inputs per micro-batch
+    fragmentation: float  # share of the allocated peak
+    outside_allocator: int  # NCCL buffers + CUDA context, the same on every stage
+
+    def ledger(self) -> tuple[LedgerLine, ...]:
+        par = self.parallel
+        return tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.formula, act.dropped(e, self.recomputed))
+                     for k in sorted(self.entries) for e in self.entries[k])
 
 
 def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, zero: int,
             vocab: int) -> _Shared:
+    communication = _communication(training, par, zero)
     kinds = sorted(set(arch.layer_kinds()))
     entries = {k: act.layer_entries(arch, training, par, k) for k in kinds}
     modules = act.recomputed_modules(training)
-    full = {k: sum(e.bytes(par) for e in es) for k, es in entries.items()}
-    per_layer = {k: sum(e.bytes(par) for e in es if not act.dropped(e, modules)) for k, es in entries.items()}
-    ledger = tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.formula, act.dropped(e, modules))
-                   for k in kinds for e in entries[k])
+    full, per_layer = {}, {}
+    for kind, es in entries.items():
+        sizes = [(e.bytes(par), act.dropped(e, modules)) for e in es]
+        full[kind] = sum(b for b, _ in sizes)
+        per_layer[kind] = sum(b for b, dropped in sizes if not dropped)
+    embedding = act.embedding_entries(arch, training, par)
     return _Shared(
         per_layer=per_layer, full_layer=full, kept_input=act.layer_input_bytes(arch, training, par),
-        embedding=act.embedding_entries(arch, training, par),
+        embedding=embedding,
         loss=act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None,
-        communication=_communication(training, par, zero),
+        communication=communication,
         runtime=_component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
                            "per-process constant of the GPU catalog", hardware.device.source),
-        ledger=ledger, parallel=par, hardware=hardware,
-        embedding_bytes=sum(e.bytes(par) for e in act.embedding_entries(arch, training, par)))
+        entries=entries, recomputed=modules, parallel=par, hardware=hardware,
+        embedding_bytes=sum(e.bytes(par) for e in embedding),
+        fragmentation=fragmentation_fraction(hardware),
+        outside_allocator=communication.bytes + hardware.device.cuda_context_bytes)
 
 
 def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple]:
@@ -229,34 +247,46 @@ def _activation_counts(training: Training, stage: StageParameters, arch: Archite
     recomputes the first n of the stage (Megatron's "block" method) and keeps their inputs."""
     if training.recompute != "full":
         return 0, stage.kind_counts
-    n_layers = len(stage.layer_indices)
+    n_layers = stage.num_layers
     recomputed = n_layers if training.recompute_layers is None else min(training.recompute_layers, n_layers)
     kinds = arch.layer_kinds()
     stored = [kinds[i] for i in stage.layer_indices[recomputed:]]
     return recomputed, tuple((k, stored.count(k)) for k in sorted(set(stored)))
 
 
-def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int, tuple], shared: _Shared,
-                      labelled: bool = True) -> tuple[tuple[str, int, str], ...]:
+def _activation_bytes(stage: StageParameters, inflight: float, counts: tuple[int, tuple], shared: _Shared) -> int:
+    """The sum of `_activation_parts`, each part rounded as there, without building the parts."""
+    recomputed, stored_counts = counts
+    total = int(round(shared.kept_input * recomputed * inflight)) if recomputed else 0
+    for kind, n in stored_counts:
+        if n:
+            total += int(round(shared.per_layer[kind] * n * inflight))
+    if stage.stage == 0:
+        total += int(round(shared.embedding_bytes * max(1.0, inflight)))
+    return total
+
+
+def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int, tuple],
+                      shared: _Shared) -> tuple[tuple[str, int, str], ...]:
     """Saved activations of the stage's layers for every micro-batch in flight, as (label, bytes,
-    formula); with ``labelled=False`` only the bytes are filled in (the estimate's fast path)."""
+    formula)."""
     recomputed, stored_counts = counts
     parts = []
     if recomputed:
-        parts.append((labelled and f"{recomputed} recomputed layers keep their input",
+        parts.append((f"{recomputed} recomputed layers keep their input",
                       int(round(shared.kept_input * recomputed * inflight)),
-                      labelled and f"{shared.kept_input / 2**20:,.1f} MiB layer input (B*s*b*h, /t with SP) x "
-                                   f"{recomputed} layers x {inflight:g} in flight"))
+                      f"{shared.kept_input / 2**20:,.1f} MiB layer input (B*s*b*h, /t with SP) x "
+                      f"{recomputed} layers x {inflight:g} in flight"))
     for kind, n in stored_counts:
         if n:
-            parts.append((labelled and f"{n} {kind} layers x {inflight:g} micro-batches",
+            parts.append((f"{n} {kind} layers x {inflight:g} micro-batches",
                           int(round(shared.per_layer[kind] * n * inflight)),
-                          labelled and f"{shared.per_layer[kind] / 2**20:,.1f} MiB per {kind} layer x {n} layers "
-                                       f"x {inflight:g} in flight"))
+                          f"{shared.per_layer[kind] / 2**20:,.1f} MiB per {kind} layer x {n} layers "
+                          f"x {inflight:g} in flight"))
     if stage.stage == 0:
-        parts.append((labelled and ("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else "")),
+        parts.append(("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else ""),
                       int(round(shared.embedding_bytes * max(1.0, inflight))),
-                      labelled and " + ".join(e.formula for e in shared.embedding) + " per micro-batch in flight"))
+                      " + ".join(e.formula for e in shared.embedding) + " per micro-batch in flight"))
     return tuple(parts)
 
 
@@ -268,8 +298,7 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     return Component("activations", "Activations", sum(p.bytes for p in pieces), formula, act.KORTHIKANTI, pieces)
 
 
-@dataclass(frozen=True)
-class _Transients:
+class _Transients(NamedTuple):
     forward: list[Component]
     backward: list[Component]
     optimizer: list[Component]
@@ -388,8 +417,6 @@ def _fragmentation(allocated: int, hardware: Hardware) -> Component:
 
 def estimate(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
              hardware: Hardware | None = None) -> Estimate:
-    from .validation import validate
-
     training = training or Training()
     par = par or Parallel()
     hardware = hardware or Hardware()
@@ -401,53 +428,40 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
     vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
     stages_params = stage_parameters(arch, par, training.framework)
     shared = _shared(arch, training, par, hardware, zero, vocab)
-    statics: dict[tuple, _StaticStage] = {}
-    stages = []
-    for sp in stages_params:
-        if training.mode == "inference":
-            from .inference import inference_stage
-            stages.append(inference_stage(arch, training, par, hardware, sp, vocab, shared))
-            continue
-        # stages with the same layers and no embedding or head share their static part
-        signature = (sp.stage if sp.stage in (0, par.pp - 1) else -1, sp.kind_counts)
-        if signature not in statics:
-            statics[signature] = _static_stage(arch, training, recipe, par, sp, zero, m, shared)
-        stages.append(_training_stage(arch, training, sp, statics[signature], m, shared))
+    if training.mode == "inference":
+        from .inference import inference_stage
+        stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in stages_params]
+    else:
+        statics: dict[tuple, _StaticStage] = {}
+        stages = []
+        ends = (0, par.pp - 1)
+        for sp in stages_params:
+            # stages with the same layers and no embedding or head share their static part
+            signature = (sp.stage if sp.stage in ends else -1, sp.kind_counts)
+            static = statics.get(signature)
+            if static is None:
+                static = statics[signature] = _static_stage(arch, training, recipe, par, sp, zero, m, shared)
+            stages.append(_training_stage(arch, training, sp, static, m, shared))
     peak = max(stages, key=lambda s: s.device_total_bytes)
     return Estimate(
         architecture=arch, training=training, parallel=par, hardware=hardware, recipe=recipe, zero_stage=zero,
         microbatches=m, parameters_total=counts.total, parameters_active=counts.active, stages=tuple(stages),
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
         device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, gpu),
-        activation_ledger=shared.ledger)
+        _shared=shared)
 
 
-@dataclass(frozen=True)
-class _StaticStage:
+class _StaticStage(NamedTuple):
     """The part of a stage that does not depend on its micro-batches in flight: every middle
     stage of a pipeline shares one (its components are immutable, so they are shared too)."""
 
-    base: tuple[Component, ...]  # parameters, master weights, optimizer states
+    kept: tuple[Component, ...]  # parameters, master weights, optimizer states, persistent buffers
     grads_forward: Component
     grads_backward: Component
     grads_full: Component
     loss_saved: tuple[Component, ...]
-    transients: "_Transients"
     folded: dict  # phase name -> the folded transient component
-    working_layer: float
-
-    @cached_property
-    def kept(self) -> tuple[Component, ...]:
-        return self.base + tuple(self.transients.persistent)
-
-    @cached_property
-    def totals(self) -> tuple[int, int, int]:
-        """Allocated bytes of forward, backward and step, activations excluded."""
-        kept = sum(c.bytes for c in self.kept)
-        saved = sum(c.bytes for c in self.loss_saved)
-        return (kept + self.grads_forward.bytes + saved + self.folded["forward"].bytes,
-                kept + self.grads_backward.bytes + saved + self.folded["backward"].bytes,
-                kept + self.grads_full.bytes + self.folded["optimizer"].bytes)
+    totals: tuple[int, int, int]  # forward, backward, step bytes without the activations
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -499,9 +513,13 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     folded = {"forward": _fold(largest(loss_forward, exchange) + tr.forward),
               "backward": _fold(largest(loss_backward, recomputed, exchange) + tr.backward),
               "optimizer": _fold(tr.optimizer)}
-    return _StaticStage(base=base, grads_forward=grads_fwd, grads_backward=grads_bwd,
-                        grads_full=grads_full, loss_saved=loss_saved, transients=tr, folded=folded,
-                        working_layer=working)
+    kept = base + tuple(tr.persistent)
+    kept_bytes = sum(c.bytes for c in kept)
+    saved = sum(c.bytes for c in loss_saved)
+    totals = (kept_bytes + grads_fwd.bytes + saved + folded["forward"].bytes,
+              kept_bytes + grads_bwd.bytes + saved + folded["backward"].bytes,
+              kept_bytes + grads_full.bytes + folded["optimizer"].bytes)
+    return _StaticStage(kept, grads_fwd, grads_bwd, grads_full, loss_saved, folded, totals)
 
 
 def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: StageParameters) -> list[Component]:
@@ -525,25 +543,23 @@ def _training_stage(arch: Architecture, training: Training, sp: StageParameters,
                     shared: _Shared) -> StageEstimate:
     inflight = act.in_flight_chunks(sp.stage, shared.parallel, m)
     counts = _activation_counts(training, sp, arch)
-    activations = sum(b for _, b, _ in _activation_parts(sp, inflight, counts, shared, labelled=False))
+    activations = _activation_bytes(sp, inflight, counts, shared)
     forward, backward, step = static.totals
     totals = (("forward", forward + activations), ("backward", backward + activations), ("optimizer", step))
     peak_phase, allocated = totals[0]
     for name, value in totals[1:]:
         if value > allocated:
             peak_phase, allocated = name, value
-    fragmentation = int(round(allocated * fragmentation_fraction(shared.hardware)))
-    device = allocated + shared.communication.bytes + shared.runtime.bytes + fragmentation
+    device = allocated + shared.outside_allocator + int(round(allocated * shared.fragmentation))
     return StageEstimate(
-        stage=sp.stage, layers=len(sp.layer_indices), parameters_per_gpu=int(round(sp.local)),
+        stage=sp.stage, layers=sp.num_layers, parameters_per_gpu=int(round(sp.local)),
         in_flight_microbatches=inflight, peak_phase=peak_phase, allocated_peak_bytes=allocated,
         device_total_bytes=device, phase_totals=totals,
-        _detail=_StageDetail(static, sp, inflight, counts, allocated, training, shared))
+        detail=_StageDetail(static, sp, inflight, counts, allocated, training, shared, {}))
 
 
-@dataclass(frozen=True)
-class _StageDetail:
-    """Builds a stage's components and phases when they are first asked for."""
+class _StageDetail(NamedTuple):
+    """Builds a stage's components and phases when they are first asked for, and keeps them."""
 
     static: _StaticStage
     stage: StageParameters
@@ -552,6 +568,18 @@ class _StageDetail:
     allocated_peak: int
     training: Training
     shared: _Shared
+    memo: dict
+
+    def built_phases(self) -> tuple[Phase, ...]:
+        if "phases" not in self.memo:
+            self.memo["phases"] = self.phases()
+        return self.memo["phases"]
+
+    def built_components(self, peak_phase: str) -> tuple[Component, ...]:
+        if "components" not in self.memo:
+            peak = next(p for p in self.built_phases() if p.name == peak_phase)
+            self.memo["components"] = peak.components + self.outside_allocator()
+        return self.memo["components"]
 
     def phases(self) -> tuple[Phase, ...]:
         st = self.static
@@ -566,18 +594,17 @@ class _StageDetail:
                 _fragmentation(self.allocated_peak, self.shared.hardware))
 
 
-@dataclass(frozen=True)
-class _BuiltDetail:
+class _BuiltDetail(NamedTuple):
     """A stage whose phases were built eagerly (inference: one forward phase)."""
 
     built: tuple[Phase, ...]
     outside: tuple[Component, ...]
 
-    def phases(self) -> tuple[Phase, ...]:
+    def built_phases(self) -> tuple[Phase, ...]:
         return self.built
 
-    def outside_allocator(self) -> tuple[Component, ...]:
-        return self.outside
+    def built_components(self, peak_phase: str) -> tuple[Component, ...]:
+        return next(p for p in self.built if p.name == peak_phase).components + self.outside
 
 
 def _fold(transients: list[Component]) -> Component:

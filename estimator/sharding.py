@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from operator import add
+from typing import NamedTuple
 
 from .architecture import (COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB,
                            Architecture, ParameterTensor)
@@ -85,20 +86,26 @@ def chunk_sizes(counts: list[int], v: int) -> list[list[int]]:
     return out
 
 
-def stage_layer_indices(arch: Architecture, par: Parallel) -> list[list[int]]:
-    """Global layer indices on each rank. With VPP the layers are dealt out chunk by chunk:
-    rank r holds chunks r, r + p, r + 2p, ... (Narayanan et al. 2021, interleaved schedule)."""
+def stage_layer_chunks(arch: Architecture, par: Parallel) -> list[tuple[range, ...]]:
+    """Global layer ranges on each rank, one per virtual chunk. With VPP the layers are dealt out
+    chunk by chunk: rank r holds chunks r, r + p, r + 2p, ... (Narayanan et al. 2021, interleaved
+    schedule)."""
     counts = layers_per_stage(arch, par)
     p, v = par.pp, par.vpp
     sizes = chunk_sizes(counts, v)
-    indices: list[list[int]] = [[] for _ in range(p)]
+    chunks: list[list[range]] = [[] for _ in range(p)]
     start = 0
     for chunk in range(v):
         for rank in range(p):
             size = sizes[rank][chunk]
-            indices[rank].extend(range(start, start + size))
+            chunks[rank].append(range(start, start + size))
             start += size
-    return indices
+    return [tuple(c) for c in chunks]
+
+
+def stage_layer_indices(arch: Architecture, par: Parallel) -> list[list[int]]:
+    """Global layer indices on each rank, in the order the rank runs its chunks."""
+    return [[i for r in chunks for i in r] for chunks in stage_layer_chunks(arch, par)]
 
 
 def local_numel(t: ParameterTensor, par: Parallel) -> float:
@@ -111,11 +118,11 @@ def local_numel(t: ParameterTensor, par: Parallel) -> float:
     return t.numel
 
 
-@dataclass(frozen=True)
-class Bucket:
+class Bucket(NamedTuple):
     """Totals over a group of tensors on one GPU, split into non-expert (dense) and routed-expert
     parts because ZeRO shards them over different groups. Everything the optimizer-state and
-    transient formulas need is here, so a stage never walks its tensors again."""
+    transient formulas need is here, so a stage never walks its tensors again. (A NamedTuple:
+    stages add and scale buckets on every estimate.)"""
 
     dense: float = 0.0
     expert: float = 0.0
@@ -126,26 +133,16 @@ class Bucket:
     dense_factored: float = 0.0  # Adafactor: rows + columns of matrices, all of vectors
     expert_factored: float = 0.0
     matrices: float = 0.0  # weights a matmul reads (autocast casts them), embedding lookups excluded
-    largest_tensor: float = 0.0
+    largest_tensor: float = 0.0  # the one field that is a maximum, not a sum
 
-    def scaled(self, n: int) -> "Bucket":
-        values = astuple_fast(self)
-        return Bucket(*(v * n for v in values[:-1]), values[-1])
+    def times(self, n: int) -> "Bucket":
+        return Bucket(*[v * n for v in self[:-1]], self[-1])
 
-    def __add__(self, other: "Bucket") -> "Bucket":
-        a, b = astuple_fast(self), astuple_fast(other)
-        return Bucket(*(x + y for x, y in zip(a[:-1], b[:-1])), max(a[-1], b[-1]))
+    def plus(self, other: "Bucket") -> "Bucket":
+        return Bucket(*map(add, self[:-1], other[:-1]), max(self[-1], other[-1]))
 
 
-def astuple_fast(b: Bucket) -> tuple[float, ...]:
-    """The bucket's fields in declaration order (dataclasses.astuple deep-copies, too slow here)."""
-    d = b.__dict__
-    return tuple(d[f] for f in _FIELDS)
-
-
-_SUMMED = ("dense", "expert", "dense_hidden_matrices", "expert_hidden_matrices", "dense_small", "expert_small",
-           "dense_factored", "expert_factored", "matrices")
-_FIELDS = _SUMMED + ("largest_tensor",)
+_SUMMED = Bucket._fields[:-1]
 
 
 def factored_elements(t: ParameterTensor, par: Parallel) -> float:
@@ -184,16 +181,30 @@ def bucket(tensors: list[ParameterTensor], par: Parallel) -> Bucket:
     return Bucket(**sums, largest_tensor=largest)
 
 
-@dataclass(frozen=True)
-class StageParameters:
-    """Parameters of one pipeline stage on one GPU, as buckets."""
+class StageParameters(NamedTuple):
+    """Parameters of one pipeline stage on one GPU, as buckets. (An immutable record built for
+    every stage of every estimate: a NamedTuple costs a third of a frozen dataclass.)"""
 
     stage: int
-    layer_indices: tuple[int, ...]
     kind_counts: tuple[tuple[str, int], ...]  # layers of each kind on the stage
     total: Bucket  # everything on the stage
     largest_layer_local: float  # one layer's elements on a GPU (the FSDP/ZeRO-3 unit)
     root_local: float  # embedding + final norm + head on a GPU (the FSDP root unit)
+    layout: tuple = ()  # (arch, par), to build the layer ranges on demand
+
+    @property
+    def num_layers(self) -> int:
+        return sum(n for _, n in self.kind_counts)
+
+    @property
+    def chunks(self) -> tuple[range, ...]:
+        """The rank's layers, one range per virtual chunk (built on demand)."""
+        arch, par = self.layout
+        return stage_layer_chunks(arch, par)[self.stage]
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        return tuple(i for r in self.chunks for i in r)
 
     @property
     def dense_local(self) -> float:
@@ -211,34 +222,49 @@ class StageParameters:
 def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[StageParameters]:
     vocab = padded_vocab_size(arch.vocab_size, par.tp, framework)
     kinds = arch.layer_kinds()
-    per_kind = {k: bucket(arch.layer_tensors(k), par) for k in set(kinds)}
-    first_root = bucket(arch.embedding_tensors(vocab), par)
-    last_tensors = arch.head_tensors(vocab)
-    if arch.tie_embeddings and par.pp > 1:  # the last stage keeps its own copy as the head
-        last_tensors.append(ParameterTensor("lm_head (tied copy)", (vocab, arch.hidden_size), VOCAB, "head"))
-    last_root = bucket(last_tensors, par)
-    if arch.tie_embeddings and par.pp == 1:  # the head multiplies by the embedding matrix itself
-        last_root = last_root + Bucket(matrices=vocab * arch.hidden_size / par.tp)
-    mtp = bucket(arch.mtp_tensors(), par).scaled(arch.mtp_layers) if arch.mtp_layers else Bucket()
+    per_kind = {k: arch.cached((k, par.tp, par.ep, par.etp), lambda k=k: bucket(arch.layer_tensors(k), par))
+                for k in set(kinds)}
+    if len(per_kind) == 1:  # one kind of layer: a stage is its layer count
+        kind = kinds[0]
+        counts_per_rank = [((kind, n),) for n in layers_per_stage(arch, par)]
+    else:
+        counts_per_rank = [tuple(sorted(Counter(kinds[i] for r in chunks for i in r).items()))
+                           for chunks in stage_layer_chunks(arch, par)]
     stages = []
-    single_kind = len(per_kind) == 1
     cache: dict[tuple, tuple[Bucket, float, float]] = {}
-    for rank, layers in enumerate(stage_layer_indices(arch, par)):
-        counts = {kinds[0]: len(layers)} if single_kind else Counter(kinds[i] for i in layers)
-        ends = (rank == 0, rank == par.pp - 1)
-        key = (ends, tuple(sorted(counts.items())))
+    last = par.pp - 1
+    for rank, counts in enumerate(counts_per_rank):
+        key = (rank == 0, rank == last, counts)
         if key not in cache:
             total = Bucket()
-            for kind, n in sorted(counts.items()):
-                total = total + per_kind[kind].scaled(n)
+            for kind, count in counts:
+                total = total.plus(per_kind[kind].times(count))
             root = Bucket()
-            if ends[0]:
-                root = root + first_root
-            if ends[1]:
-                root = root + last_root + mtp  # MTP modules sit after the last layer (Megatron)
-            largest = max((per_kind[k].dense + per_kind[k].expert for k in counts), default=0.0)
-            cache[key] = (total + root, largest, root.dense)
+            if key[0]:
+                root = root.plus(arch.cached(("first root", par.tp, vocab), lambda: _first_root(arch, par, vocab)))
+            if key[1]:
+                root = root.plus(arch.cached(("last root", par.tp, par.ep, par.etp, vocab, par.pp > 1),
+                                             lambda: _last_root(arch, par, vocab)))
+            largest = max((per_kind[k].dense + per_kind[k].expert for k, _ in counts), default=0.0)
+            cache[key] = (total.plus(root), largest, root.dense)
         total, largest, root_dense = cache[key]
-        stages.append(StageParameters(stage=rank, layer_indices=tuple(layers), kind_counts=key[1], total=total,
-                                      largest_layer_local=largest, root_local=root_dense))
+        stages.append(StageParameters(rank, counts, total, largest, root_dense, (arch, par)))
     return stages
+
+
+def _first_root(arch: Architecture, par: Parallel, vocab: int) -> Bucket:
+    return bucket(arch.embedding_tensors(vocab), par)
+
+
+def _last_root(arch: Architecture, par: Parallel, vocab: int) -> Bucket:
+    """Final norm and head; with tied embeddings under PP the last stage keeps its own copy of the
+    embedding as the head; MTP modules sit after the last layer (Megatron)."""
+    tensors = arch.head_tensors(vocab)
+    if arch.tie_embeddings and par.pp > 1:
+        tensors.append(ParameterTensor("lm_head (tied copy)", (vocab, arch.hidden_size), VOCAB, "head"))
+    root = bucket(tensors, par)
+    if arch.tie_embeddings and par.pp == 1:  # the head multiplies by the embedding matrix itself
+        root = root.plus(Bucket(matrices=vocab * arch.hidden_size / par.tp))
+    if arch.mtp_layers:
+        root = root.plus(bucket(arch.mtp_tensors(), par).times(arch.mtp_layers))
+    return root

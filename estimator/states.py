@@ -14,7 +14,7 @@ the distributed optimizer (Megatron-LM docs, distributed optimizer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .dtypes import bytes_per_element
 from .errors import ConfigError
@@ -89,8 +89,7 @@ def fp8_bytes_per_weight(training: Training) -> tuple[float, float]:
     return (1.0, 1.0) if training.param_dtype == "fp8" else (2.0, 2.0)
 
 
-@dataclass(frozen=True)
-class ModelStates:
+class ModelStates(NamedTuple):
     """Persistent model-state bytes on one GPU of a stage, with the formulas that made them."""
 
     parameters: float
