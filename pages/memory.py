@@ -28,6 +28,7 @@ if len(est.stages) > 1:
     with st.expander("Other stages"):
         which = st.selectbox("Stage", others, key="memory_stage", persist_state="session")
         view.breakdown_table(est.stages[which])
+view.activation_ledger(est)
 
 st.subheader("Fit on every GPU")
 view.fit_cards(est)

@@ -306,3 +306,13 @@ def test_bench_script_runs():
     # the bench is a script, not a timed test: it must at least import
     source = (ROOT / "bench" / "bench_app.py").read_text()
     assert "AppTest" in source
+
+
+def test_memory_page_shows_the_estimators_activation_ledger():
+    at = _app(SHARED)
+    _no_exception(at)
+    assert any("What one layer keeps" in e.label for e in at.expander)
+    ledger = estimate_config(SHARED_CONFIG).activation_ledger
+    table = next(df.value for df in at.dataframe if "Tensor" in df.value.columns)
+    assert list(table["Tensor"]) == [line.name for line in ledger]
+    assert table["MiB"].sum() * 2**20 == pytest.approx(sum(line.bytes for line in ledger))

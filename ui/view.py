@@ -87,6 +87,22 @@ def breakdown_table(stage) -> None:
                          column_config={"GiB": st.column_config.NumberColumn(format="%.3f")})
 
 
+def activation_ledger(est) -> None:
+    """What one transformer layer keeps for backward, tensor by tensor (the estimator's ledger)."""
+    lines = est.activation_ledger
+    if not lines:
+        return
+    with st.expander("What one layer keeps for backward (one micro-batch, one GPU)"):
+        st.caption("Every tensor autograd saves in one layer, after TP/SP/CP division; the stage's activations are "
+                   "these, times its layers and micro-batches in flight. Rows marked recomputed are rebuilt in backward instead of kept.")
+        st.dataframe(pd.DataFrame([{"Layer": line.kind, "Tensor": line.name, "MiB": line.bytes / 2**20,
+                                    "Formula": line.formula, "Recomputed": line.dropped_by_recompute}
+                                   for line in lines]),
+                     hide_index=True, width="stretch",
+                     column_config={"MiB": st.column_config.NumberColumn(format="%.2f"),
+                                    "Recomputed": st.column_config.CheckboxColumn()})
+
+
 def fit_cards(est, per_row: int = 6) -> None:
     fits = est.fits()
     for start in range(0, len(fits), per_row):
