@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from estimator import estimate_config  # noqa: E402
+from estimator import estimate_config, parameter_counts  # noqa: E402
 from ui import fields  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,39 +230,58 @@ def test_importing_a_configuration_file():
     assert at.session_state["_current"].config == SHARED_CONFIG  # unchanged
 
 
-def test_fetch_a_model_from_the_hub():
-    from estimator.hub import HubError, HubModel
-    from estimator.presets import get_architecture, get_hf_config
+@pytest.fixture
+def loopback_hub(tmp_path, monkeypatch):
+    """The real huggingface_hub client against tests/hub_server.py on 127.0.0.1, never the internet."""
+    import sys
 
-    arch = get_architecture("qwen3-8b")
-    fake = HubModel(repo_id="example-org/tiny-test-model", revision=None, config=get_hf_config("qwen3-8b"),
-                    architecture=arch, ignored=[], stored_count=123, computed_total=1, computed_active=1,
-                    mismatch=True)
+    import huggingface_hub.constants as constants
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hub_server import FakeHub, safetensors_bytes
 
-    def fetch(model, **kw):
-        if model == "example-org/tiny-test-model":
-            return fake
-        raise HubError("not_found", model, f"no model {model} on the test hub")
+    server = FakeHub().start()
+    tiny = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100, "tie_word_embeddings": False}
+    # stores only the embedding (6,400 parameters): a mismatch the app must flag
+    server.add("example-org/tiny-test-model", {"config.json": tiny,
+               "model.safetensors": safetensors_bytes({"model.embed_tokens.weight": ("BF16", [100, 64])})})
+    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    yield tiny
+    server.stop()
 
-    with mock.patch("estimator.hub.fetch_model", side_effect=fetch):
-        at = _app()
-        at.session_state["_src"] = "HF Hub"
-        at.run()
-        at.text_input(key="_hub_text").set_value("example-org/missing-model").run()
-        at.button(key="_hub_fetch").click().run()
-        assert any("missing-model" in e.value for e in at.sidebar.error)
-        at.text_input(key="_hub_text").set_value("example-org/tiny-test-model").run()
-        at.button(key="_hub_fetch").click().run()
-        _no_exception(at)
-        cur = at.session_state["_current"]
-        assert cur.model.source == "hub" and cur.params["model"] == "example-org/tiny-test-model"
-        est = estimate_config({"model": "qwen3-8b"})
-        assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
-        # and a link naming a Hub model fetches it
-        at2 = _app({"model": "example-org/tiny-test-model"})
-        assert at2.session_state["_current"].model.source == "hub"
-        at3 = _app({"model": "example-org/missing-model"})
-        assert any("could not be loaded" in w.value for w in at3.warning)
+
+def test_fetch_a_model_from_the_hub(loopback_hub):
+    from estimator.hf_config import architecture_from_hf_config
+
+    arch, _ = architecture_from_hf_config(loopback_hub)
+    computed = parameter_counts(arch).total
+    at = _app()
+    at.session_state["_src"] = "HF Hub"
+    at.run()
+    at.text_input(key="_hub_text").set_value("example-org/missing-model").run()
+    at.button(key="_hub_fetch").click().run()
+    assert any("missing-model" in e.value for e in at.sidebar.error)
+    at.text_input(key="_hub_text").set_value("example-org/tiny-test-model").run()
+    at.button(key="_hub_fetch").click().run()
+    _no_exception(at)
+    cur = at.session_state["_current"]
+    assert cur.model.source == "hub" and cur.params["model"] == "example-org/tiny-test-model"
+    # the computed count beside the stored one, and the mismatch flagged
+    assert any(f"{computed:,} parameters computed" in c.value and "6,400 stored" in c.value
+               for c in at.sidebar.caption)
+    assert any("The checkpoint stores 6,400 parameters" in w.value for w in at.sidebar.warning)
+    config = {"model": {"name": "example-org/tiny-test-model", "hidden_size": 64, "num_layers": 2,
+                        "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}}
+    assert _metric(at, "Device total per GPU") == _gib(estimate_config(config).device_total_bytes)
+    # and a link naming a Hub model fetches it; a missing one warns
+    at2 = _app({"model": "example-org/tiny-test-model"})
+    assert at2.session_state["_current"].model.source == "hub"
+    at3 = _app({"model": "example-org/missing-model"})
+    assert any("could not be loaded" in w.value for w in at3.warning)
 
 
 # --- the URL contract, as plain functions ---------------------------------------------------------

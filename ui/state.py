@@ -120,6 +120,24 @@ def _preset_ids() -> list[str]:
     return ids or [DEFAULT_MODEL]
 
 
+def hub_count_note(hub_info: dict) -> str:
+    """The computed parameter count beside the one the checkpoint stores."""
+    note = f"Using **{hub_info['repo_id']}**: {hub_info['computed_total']:,} parameters computed"
+    if hub_info.get("stored_count"):
+        note += f", {hub_info['stored_count']:,} stored in its safetensors"
+    elif hub_info.get("count_note"):
+        note += f" (stored count unknown: {hub_info['count_note']})"
+    return note
+
+
+def hub_mismatch_warning(hub_info: dict) -> str:
+    stored, computed = hub_info["stored_count"], hub_info["computed_total"]
+    text = (f"The checkpoint stores {stored:,} parameters, the architecture gives {computed:,} "
+            f"({(computed - stored) / stored:+.2%}).")
+    return text + (f" {hub_info['count_note']}." if hub_info.get("count_note") else
+                   " The memory estimate uses the architecture's count.")
+
+
 def _set_model(choice: ModelChoice, hub_info: dict | None = None) -> None:
     ss = st.session_state
     ss["_src"] = _SOURCE_OF[choice.source]
@@ -334,10 +352,11 @@ def _model_section(error_slot) -> tuple[ModelChoice, ConfigError | None, dict | 
         hub_info = ss.get("_hub_model")
         if hub_info:
             model = ModelChoice(source="hub", hub_id=hub_info["repo_id"], arch=hub_info["arch"])
-            note = f"Using **{hub_info['repo_id']}**"
-            if hub_info.get("stored_count"):
-                note += f"; checkpoint stores {hub_info['stored_count']:,} parameters"
-            st.caption(note)
+            st.caption(hub_count_note(hub_info))
+            if hub_info.get("mismatch"):
+                st.warning(hub_mismatch_warning(hub_info), icon=":material/error:")
+            if hub_info.get("ignored"):
+                st.caption("Not modelled from its config: " + ", ".join(hub_info["ignored"]))
         else:
             error = ConfigError("model", ss.get("_hub_text") or "", "a fetched Hugging Face model",
                                 "no model fetched yet: enter an id and press Fetch")
