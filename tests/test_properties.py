@@ -121,3 +121,50 @@ def test_more_sharding_never_raises_model_states(config, knob):
         changed = with_parallel(par, **{knob: getattr(par, knob) * 2})
     more = run(arch, training, changed)
     assert state_bytes(more) <= state_bytes(base)
+
+
+@st.composite
+def moe_configs(draw):
+    """Random valid MoE layouts: EP and ETP inside the TP x CP x DP GPUs of a stage."""
+    experts = draw(st.sampled_from([8, 16]))
+    arch = Architecture(
+        hidden_size=1024, num_layers=draw(st.sampled_from([4, 8])), num_attention_heads=16,
+        num_kv_heads=draw(st.sampled_from([4, 8, 16])), vocab_size=32000, num_experts=experts,
+        num_experts_per_token=draw(st.sampled_from([1, 2, 4])), moe_intermediate_size=512,
+        num_shared_experts=draw(st.sampled_from([0, 1])), first_dense_layers=draw(st.sampled_from([0, 1])),
+        intermediate_size=2048)
+    training = Training(framework=draw(st.sampled_from(["megatron", "deepspeed"])),
+                        seq_len=draw(st.sampled_from([1024, 2048])), micro_batch_size=draw(st.sampled_from([1, 2])),
+                        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                        moe_capacity_factor=draw(st.sampled_from([1.0, 1.25])))
+    tp = draw(st.sampled_from([1, 2]))
+    par = Parallel(tp=tp, dp=draw(st.sampled_from([4, 8])), pp=draw(st.sampled_from([1, 2])),
+                   zero_stage=draw(st.sampled_from([0, 1, 2])), sequence_parallel=tp > 1)
+    return arch, training, par
+
+
+def with_ep(par: Parallel, ep: int) -> Parallel:
+    return Parallel(tp=par.tp, dp=par.dp, pp=par.pp, zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel,
+                    ep=ep)
+
+
+@SETTINGS
+@given(moe_configs())
+def test_more_expert_parallelism_never_raises_model_states(config):
+    arch, training, par = config
+    base = run(arch, training, par)
+    more = run(arch, training, with_ep(par, par.ep * 2))
+    assert state_bytes(more) <= state_bytes(base)
+
+
+@SETTINGS
+@given(moe_configs())
+def test_more_experts_per_token_never_lower_the_peak(config):
+    arch, training, par = config
+    assume(arch.num_experts_per_token * 2 <= arch.num_experts)
+    fields = {k: getattr(arch, k) for k in arch.__dataclass_fields__}
+    fields["num_experts_per_token"] = arch.num_experts_per_token * 2
+    base = run(arch, training, par)
+    more = run(Architecture(**fields), training, par)
+    assert more.allocated_peak_bytes >= base.allocated_peak_bytes
+    assert state_bytes(more) == state_bytes(base)  # top-k moves activations, never parameters
