@@ -5,7 +5,6 @@ import json
 import pandas as pd
 import streamlit as st
 
-from estimator import ConfigError
 from ui import charts, compute, exports, scenarios, state
 from ui.fields import config_key, friendly_message
 
@@ -41,10 +40,9 @@ def _import() -> None:
     upload = ss.get("scn_import")
     if upload is None:
         return
-    try:
-        new = scenarios.parse(upload.getvalue().decode("utf-8", errors="replace"), "scenarios")
-    except ConfigError as exc:
-        ss["_compare_msg"] = ("error", f"Could not import {upload.name}: {friendly_message(exc)}")
+    new, problem = scenarios.read_upload(upload, "scenarios")
+    if problem:
+        ss["_compare_msg"] = ("error", problem)
         return
     room = scenarios.MAX_SCENARIOS - len(ss["_scenarios"])
     ss["_scenarios"].extend(new[:room])

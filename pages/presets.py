@@ -3,7 +3,6 @@
 import pandas as pd
 import streamlit as st
 
-from estimator import ConfigError
 from ui import compute, scenarios, state
 from ui.fields import config_key, friendly_message
 
@@ -107,10 +106,9 @@ with tab_mine:
         upload = ss.get("my_preset_import")
         if upload is None:
             return
-        try:
-            new = scenarios.parse(upload.getvalue().decode("utf-8", errors="replace"), "presets")
-        except ConfigError as exc:
-            ss["_presets_msg"] = ("error", f"Could not import {upload.name}: {friendly_message(exc)}")
+        new, problem = scenarios.read_upload(upload, "presets")
+        if problem:
+            ss["_presets_msg"] = ("error", problem)
             return
         ss["_user_presets"].extend(new)
         ss["_presets_msg"] = ("success", f"Imported {len(new)} preset(s) from {upload.name}.")

@@ -72,26 +72,36 @@ def stage_frame(estimate) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def stage_chart(estimate, capacity_bytes: int | None = None, height: int = 360) -> alt.Chart:
-    """A stacked bar per pipeline stage, the peak stage marked, the GPU's capacity as a rule."""
-    df = stage_frame(estimate)
+def _stacked_bars(df: pd.DataFrame, x: str, order: list[str], x_title: str, y_title: str,
+                  tooltip: list) -> alt.Chart:
+    """Components stacked in their fixed colours and order, one bar per `x` category."""
     names, scale = _scale(df["key"], dict(zip(df["key"], df["component"])))
-    order = [f"Stage {s.stage}" for s in estimate.stages]
-    bars = alt.Chart(df).mark_bar().encode(
-        x=alt.X("stage:N", sort=order, title="Pipeline stage", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("sum(GiB):Q", title="GiB per GPU", stack="zero"),
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X(f"{x}:N", sort=order, title=x_title, axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("sum(GiB):Q", title=y_title, stack="zero"),
         color=alt.Color("component:N", scale=scale, sort=names, title="Component",
                         legend=alt.Legend(orient="bottom", columns=4)),
         order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("stage:N"), alt.Tooltip("component:N"),
-                 alt.Tooltip("GiB:Q", format=".2f"), alt.Tooltip("bytes:Q", format=",")],
+        tooltip=tooltip,
     )
+
+
+def _peak_label(x: str, category: str, gib: float, text: str, order: list[str]) -> alt.Chart:
+    marker = pd.DataFrame([{x: category, "GiB": gib, "text": text}])
+    return alt.Chart(marker).mark_text(dy=-8, fontWeight="bold", color="#D64545").encode(
+        x=alt.X(f"{x}:N", sort=order), y="GiB:Q", text="text:N")
+
+
+def stage_chart(estimate, capacity_bytes: int | None = None, height: int = 360) -> alt.Chart:
+    """A stacked bar per pipeline stage, the peak stage marked, the GPU's capacity as a rule."""
+    df = stage_frame(estimate)
+    order = [f"Stage {s.stage}" for s in estimate.stages]
+    bars = _stacked_bars(df, "stage", order, "Pipeline stage", "GiB per GPU",
+                         [alt.Tooltip("stage:N"), alt.Tooltip("component:N"),
+                          alt.Tooltip("GiB:Q", format=".2f"), alt.Tooltip("bytes:Q", format=",")])
     peak = estimate.stages[estimate.peak_stage]
-    marker = pd.DataFrame([{"stage": f"Stage {peak.stage}", "GiB": peak.device_total_bytes / GiB,
-                            "text": f"peak ({peak.peak_phase})"}])
-    label = alt.Chart(marker).mark_text(dy=-8, fontWeight="bold", color="#D64545").encode(
-        x=alt.X("stage:N", sort=order), y="GiB:Q", text="text:N")
-    layers = [bars, label]
+    layers = [bars, _peak_label("stage", f"Stage {peak.stage}", peak.device_total_bytes / GiB,
+                                f"peak ({peak.peak_phase})", order)]
     if capacity_bytes:
         cap = pd.DataFrame([{"GiB": capacity_bytes / GiB, "text": f"GPU capacity {capacity_bytes / GiB:.1f} GiB"}])
         layers.append(alt.Chart(cap).mark_rule(strokeDash=[6, 4], color="#D64545").encode(y="GiB:Q"))
@@ -119,20 +129,11 @@ def phase_frame(stage) -> pd.DataFrame:
 def phase_chart(stage, height: int = 300) -> alt.Chart:
     """Live tensors through one step of a stage: forward, backward, optimizer step."""
     df = phase_frame(stage)
-    names, scale = _scale(df["key"], dict(zip(df["key"], df["component"])))
     order = [p.name for p in stage.phases]
-    bars = alt.Chart(df).mark_bar().encode(
-        x=alt.X("phase:N", sort=order, title="Phase of the step", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("sum(GiB):Q", title="Allocated GiB", stack="zero"),
-        color=alt.Color("component:N", scale=scale, sort=names, title="Component",
-                        legend=alt.Legend(orient="bottom", columns=4)),
-        order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("phase:N"), alt.Tooltip("component:N"), alt.Tooltip("GiB:Q", format=".2f")],
-    )
+    bars = _stacked_bars(df, "phase", order, "Phase of the step", "Allocated GiB",
+                         [alt.Tooltip("phase:N"), alt.Tooltip("component:N"), alt.Tooltip("GiB:Q", format=".2f")])
     peak = next(p for p in stage.phases if p.name == stage.peak_phase)
-    marker = pd.DataFrame([{"phase": peak.name, "GiB": peak.allocated_bytes / GiB, "text": "peak"}])
-    label = alt.Chart(marker).mark_text(dy=-8, fontWeight="bold", color="#D64545").encode(
-        x=alt.X("phase:N", sort=order), y="GiB:Q", text="text:N")
+    label = _peak_label("phase", peak.name, peak.allocated_bytes / GiB, "peak", order)
     return alt.layer(bars, label).properties(height=height)
 
 
@@ -150,17 +151,10 @@ def compare_frame(named_estimates: list[tuple[str, object]]) -> pd.DataFrame:
 def compare_chart(named_estimates: list[tuple[str, object]], height: int = 380) -> alt.Chart:
     """One stacked bar per scenario: the components of its peak stage."""
     df = compare_frame(named_estimates)
-    names, scale = _scale(df["key"], dict(zip(df["key"], df["component"])))
     order = [n for n, _ in named_estimates]
-    return alt.Chart(df).mark_bar().encode(
-        x=alt.X("scenario:N", sort=order, title="Scenario (peak stage)", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("sum(GiB):Q", title="GiB per GPU", stack="zero"),
-        color=alt.Color("component:N", scale=scale, sort=names, title="Component",
-                        legend=alt.Legend(orient="bottom", columns=4)),
-        order=alt.Order("order:Q"),
-        tooltip=[alt.Tooltip("scenario:N"), alt.Tooltip("stage:N"), alt.Tooltip("component:N"),
-                 alt.Tooltip("GiB:Q", format=".2f")],
-    ).properties(height=height)
+    return _stacked_bars(df, "scenario", order, "Scenario (peak stage)", "GiB per GPU",
+                         [alt.Tooltip("scenario:N"), alt.Tooltip("stage:N"), alt.Tooltip("component:N"),
+                          alt.Tooltip("GiB:Q", format=".2f")]).properties(height=height)
 
 
 def roofline_chart(operations: list[dict], peaks: list[float], bandwidth: float, height: int = 420) -> alt.Chart:

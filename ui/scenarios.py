@@ -95,3 +95,13 @@ def totals_frame(named: list[tuple[str, object]]) -> pd.DataFrame:
             "Active": est.parameters_active,
         })
     return pd.DataFrame(rows)
+
+
+def read_upload(upload, kind: str) -> tuple[list[dict], str]:
+    """The entries of an uploaded JSON file of `kind` ("scenarios" or "presets"), or [] and the
+    message that says why it could not be read."""
+    from .fields import friendly_message
+    try:
+        return parse(upload.getvalue().decode("utf-8", errors="replace"), kind), ""
+    except ConfigError as exc:
+        return [], f"Could not import {upload.name}: {friendly_message(exc)}"
