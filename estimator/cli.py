@@ -103,6 +103,7 @@ def render_text(result) -> str:
                  f"device total {result.device_total_bytes / GiB:.2f} GiB")
     lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {fit.verdict.upper()} "
                  f"({fit.utilization:.0%} of capacity)")
+    lines += [f"Note: {note}" for note in result.notes]
     return "\n".join(lines)
 
 

@@ -11,8 +11,9 @@ A step has three phases, and each stage's peak is the largest of them (the contr
 
 Gradients exist during forward when the framework keeps a persistent gradient buffer
 (Megatron's main_grad buffer), when gradients accumulate over several micro-batches, or in a
-pipeline's steady state; otherwise (``zero_grad(set_to_none=True)``, PyTorch's default) they
-appear during backward, first for the head.
+pipeline's steady state; otherwise (``zero_grad(set_to_none=True)``, PyTorch's default) backward's
+peak comes at its first moment, the loss's gradients beside every activation, before any
+parameter gradient exists (as measured, tests/data/measured).
 
 Outside PyTorch's allocator the device also holds the CUDA context, NCCL's buffers and the
 allocator's fragmentation; they make ``device_total_bytes``.
@@ -443,12 +444,34 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
                 static = statics[signature] = _static_stage(arch, training, recipe, par, sp, zero, m, shared)
             stages.append(_training_stage(arch, training, sp, static, m, shared))
     peak = max(stages, key=lambda s: s.device_total_bytes)
+    notes = _notes(arch, training, par, zero, m, vocab)
     return Estimate(
         architecture=arch, training=training, parallel=par, hardware=hardware, recipe=recipe, zero_stage=zero,
         microbatches=m, parameters_total=counts.total, parameters_active=counts.active, stages=tuple(stages),
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
         device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, gpu),
-        _shared=shared)
+        notes=notes, _shared=shared)
+
+
+def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: int, vocab: int) -> tuple[str, ...]:
+    """What a user should know about how this configuration was read."""
+    notes = []
+    if par.zero_stage is None and zero:
+        notes.append(f"zero_stage {zero}: the default of framework {training.framework!r} (fully_shard shards "
+                     "parameters, gradients and optimizer states)")
+    if vocab != arch.vocab_size:
+        notes.append(f"vocabulary padded from {arch.vocab_size:,} to {vocab:,} rows (Megatron: a multiple of "
+                     f"128 x TP = {128 * par.tp})")
+    if training.mode == "training" and par.pp > 1 and m < par.pp:
+        notes.append(f"{m} micro-batch(es) per step on {par.pp} pipeline stages: most of the step is pipeline "
+                     f"bubble; set global_batch_size to at least {par.pp * training.micro_batch_size * par.dp} "
+                     "(micro_batch_size x dp x pp)")
+    if training.mode == "training" and par.pp > 1 and arch.tie_embeddings:
+        notes.append("tied embeddings under PP: the last stage keeps its own copy of the embedding as the head")
+    if arch.is_moe and par.ep > 1 and training.mode == "training":
+        notes.append("routed activations are not divided by EP: expert parallelism exchanges tokens, it does not "
+                     "remove them")
+    return tuple(notes)
 
 
 class _StaticStage(NamedTuple):

@@ -99,3 +99,14 @@ def test_gpus_lists_the_catalog():
     run = cli("gpus")
     assert run.returncode == 0
     assert [line.split()[0] for line in run.stdout.splitlines()] == list(GPUS)
+
+
+def test_notes_say_how_the_configuration_was_read(config_file):
+    # 2 pipeline stages with 1 micro-batch per step: the advice names the global batch that fills them
+    run = cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"pp": 2, "tp": 8}}), "--json")
+    notes = json.loads(run.stdout)["notes"]
+    assert any("set global_batch_size to at least 2" in n for n in notes)
+    # Megatron pads 128,256 to a multiple of 128 x 8 = 1,024: 126 x 1,024 = 129,024
+    assert any("padded from 128,256 to 129,024" in n for n in notes)
+    text = cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"pp": 2, "tp": 8}})).stdout
+    assert "Note: 1 micro-batch(es) per step on 2 pipeline stages" in text
