@@ -24,12 +24,8 @@ from estimator.dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from estimator.errors import ConfigError
 from estimator.hardware import GPUS, Hardware
 from estimator.parallel import Parallel
-from estimator import training as _training
-from estimator.training import (ATTENTION, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, OPTIMIZERS, RECOMPUTE,
-                                Training)
-
-FP8_RECIPES = getattr(_training, "FP8_RECIPES", ("tensorwise",))
-RECOMPUTE_MODULES = getattr(_training, "RECOMPUTE_MODULES", ("core_attn",))
+from estimator.training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, OPTIMIZERS,
+                                RECOMPUTE, RECOMPUTE_MODULES, Training)
 
 AUTO = "auto"
 TRISTATE = (AUTO, "true", "false")
