@@ -124,10 +124,26 @@ def _load(args: argparse.Namespace):
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
+    from .advice import plan_to_fit
     from .memory import estimate
     cfg = _load(args)
     result = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
-    print(json.dumps(result.to_json()) if args.json else render_text(result))
+    plan = plan_to_fit(cfg) if result.fit.verdict != "fits" else []
+    if args.json:
+        out = result.to_json()
+        if plan:  # an optional key: what to change, step by step, when the run does not fit comfortably
+            out["plan_to_fit"] = [{"change": s.description, "config": s.config.to_dict(),
+                                   "device_total_bytes": s.device_total_bytes, "verdict": s.verdict,
+                                   "gpus": s.gpus} for s in plan]
+        print(json.dumps(out))
+    else:
+        text = render_text(result)
+        if plan:
+            text += "\nWhat to change (each step a full estimate, applied one after another):"
+            for i, s in enumerate(plan, 1):
+                text += (f"\n  {i}. {s.description}: {s.device_total_bytes / GiB:.2f} GiB, {s.verdict}"
+                         + (f" on {s.gpus} GPUs" if s.gpus != cfg.parallel.gpus else ""))
+        print(text)
     return 0
 
 

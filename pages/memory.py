@@ -16,6 +16,7 @@ est = compute.estimate(cur.config_json).value
 
 view.verdict_banner(est)
 view.totals(est)
+view.what_to_change(cur, est)
 
 st.subheader("Memory per pipeline stage")
 view.chart("stages", cur.config_json)

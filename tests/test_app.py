@@ -334,3 +334,20 @@ def test_memory_page_shows_the_estimators_activation_ledger():
     table = next(df.value for df in at.dataframe if "Tensor" in df.value.columns)
     assert list(table["Tensor"]) == [line.name for line in ledger]
     assert table["MiB"].sum() * 2**20 == pytest.approx(sum(line.bytes for line in ledger))
+
+
+def test_a_run_that_does_not_fit_gets_a_plan_and_apply_loads_it():
+    from estimator.advice import plan_to_fit
+    from estimator import load_config
+    query = {"model": "llama-3.1-8b", "seq_len": "32768", "global_batch_size": "8", "dp": "8", "zero_stage": "1"}
+    config = {"model": "llama-3.1-8b", "training": {"seq_len": 32768, "global_batch_size": 8},
+              "parallel": {"dp": 8, "zero_stage": 1}}
+    at = _app(query)
+    _no_exception(at)
+    assert any(h.value == "What to change" for h in at.subheader)
+    steps = plan_to_fit(load_config(config))
+    at.button(key=f"plan_{len(steps)}").click().run()
+    _no_exception(at)
+    final = steps[-1]
+    assert _metric(at, "Device total per GPU") == _gib(final.device_total_bytes)
+    assert at.session_state["_current"].config == final.config.to_dict()

@@ -110,3 +110,18 @@ def test_notes_say_how_the_configuration_was_read(config_file):
     assert any("padded from 128,256 to 129,024" in n for n in notes)
     text = cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"pp": 2, "tp": 8}})).stdout
     assert "Note: 1 micro-batch(es) per step on 2 pipeline stages" in text
+
+
+def test_a_run_that_does_not_fit_prints_what_to_change(config_file, tmp_path):
+    path = config_file({"model": "llama-3.1-8b", "training": {"seq_len": 32768, "global_batch_size": 8},
+                        "parallel": {"dp": 8, "zero_stage": 1}})
+    out = json.loads(cli("estimate", "--config", path, "--json").stdout)
+    assert out["fit"]["verdict"] == "oom"
+    plan = out["plan_to_fit"]
+    assert plan[-1]["verdict"] == "fits"
+    # the last step's configuration, run through the CLI again, gives the same device total
+    final = tmp_path / "final.json"
+    final.write_text(json.dumps(plan[-1]["config"]))
+    again = json.loads(cli("estimate", "--config", str(final), "--json").stdout)
+    assert again["device_total_bytes"] == plan[-1]["device_total_bytes"] and "plan_to_fit" not in again
+    assert "What to change" in cli("estimate", "--config", path).stdout

@@ -37,6 +37,21 @@ def _roofline(config_json: str):
     return roofline_config(load_config(json.loads(config_json)))
 
 
+@st.cache_data(max_entries=128, show_spinner=False)
+def _advice(config_json: str) -> tuple[list, list]:
+    """(the plan to fit, the single changes) as (description, config dict, GiB, verdict, GPUs)."""
+    from estimator.advice import plan_to_fit, suggestions
+    cfg = load_config(json.loads(config_json))
+
+    def rows(found):
+        return [(s.description, s.config.to_dict(), s.device_total_bytes, s.verdict, s.gpus) for s in found]
+    return rows(plan_to_fit(cfg)), rows(suggestions(cfg))
+
+
+def advice(config_json: str) -> Result:
+    return _guarded(_advice, config_json, "the advisor")
+
+
 def _guarded(compute, config_json: str, what: str) -> Result:
     """The estimator's answer, or its ConfigError; a bug becomes one line, never a traceback."""
     try:

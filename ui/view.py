@@ -10,7 +10,7 @@ import streamlit as st
 
 from estimator.hardware import GPUS
 
-from . import charts, compute, exports
+from . import charts, compute, exports, state
 from .state import Current
 
 GiB = 1024**3
@@ -85,6 +85,37 @@ def breakdown_table(stage) -> None:
                                        for c, p in details]),
                          hide_index=True, width="stretch",
                          column_config={"GiB": st.column_config.NumberColumn(format="%.3f")})
+
+
+def what_to_change(cur: Current, est) -> None:
+    """When the run does not fit comfortably: a plan that gets it to fit, and single changes,
+    each estimated in full, each one click away."""
+    if est.fit.verdict == "fits":
+        return
+    res = compute.advice(cur.config_json)
+    if not res.ok:
+        return
+    plan, singles = res.value
+    st.subheader("What to change")
+    if plan and plan[-1][3] == "fits":
+        st.caption("Changes applied one after another until the run fits, each step a full estimate:")
+    elif plan:
+        st.caption("No plan of up to five changes makes this run fit on this GPU; the closest one:")
+    for i, (description, config, total, verdict, gpus) in enumerate(plan, 1):
+        cols = st.columns([6, 2, 1], vertical_alignment="center")
+        cols[0].markdown(f"{i}. {description}")
+        cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}" + (f" · {gpus} GPUs" if gpus != est.parallel.gpus
+                                                                    else ""))
+        cols[2].button("Apply", key=f"plan_{i}", on_click=state.load_and_open,
+                       args=(config, f"step {i} of the plan", None), width="stretch")
+    if singles:
+        with st.expander("Each change on its own"):
+            for j, (description, config, total, verdict, gpus) in enumerate(singles):
+                cols = st.columns([6, 2, 1], vertical_alignment="center")
+                cols[0].markdown(description)
+                cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}")
+                cols[2].button("Apply", key=f"single_{j}", on_click=state.load_and_open,
+                               args=(config, description, None), width="stretch")
 
 
 def activation_ledger(est) -> None:

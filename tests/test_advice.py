@@ -1,0 +1,67 @@
+"""What to change: every suggestion is one change, estimated in full, lower than the original."""
+
+from estimator import estimate, load_config
+from estimator.advice import suggestions
+
+# Llama-3.1-70B on 8 H100s with plain data parallelism and no recompute: far over 80 GiB
+OOM = {"model": "llama-3.1-70b", "training": {"seq_len": 8192, "micro_batch_size": 2, "global_batch_size": 64},
+       "parallel": {"dp": 8, "zero_stage": 1}}
+
+
+def test_suggestions_lower_the_total_and_are_real_estimates():
+    cfg = load_config(OOM)
+    base = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
+    assert base.fit.verdict == "oom"
+    found = suggestions(cfg)
+    assert found
+    for s in found:
+        again = estimate(s.config.architecture, s.config.training, s.config.parallel, s.config.hardware)
+        assert again.device_total_bytes == s.device_total_bytes < base.device_total_bytes
+        assert again.fit.verdict == s.verdict
+        # one change at a time, on the same number of GPUs here (DP 8 can be halved)
+        assert s.config.parallel.gpus == cfg.parallel.gpus
+        # the same samples per optimizer step
+        t = s.config.training
+        assert (t.global_batch_size or t.micro_batch_size * s.config.parallel.dp) == 64
+    verdicts = [s.verdict for s in found]
+    assert verdicts == sorted(verdicts, key=["fits", "tight", "oom"].index)
+    descriptions = " | ".join(s.description for s in found)
+    assert "tensor parallel 2 (DP 4: same GPUs, same global batch)" in descriptions
+
+
+def test_a_run_that_fits_can_still_be_made_smaller_but_never_larger():
+    cfg = load_config({"model": "llama-3.1-8b", "parallel": {"tp": 8}})
+    base = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
+    assert all(s.device_total_bytes < base.device_total_bytes for s in suggestions(cfg))
+
+
+def test_invalid_variants_are_skipped():
+    # Llama-3.1-8B's 8 KV heads cannot be split over TP 16: that variant must simply not appear
+    cfg = load_config({"model": "llama-3.1-8b", "parallel": {"tp": 8, "dp": 1}})
+    assert not any("tensor parallel 16" in s.description for s in suggestions(cfg, limit=50))
+
+
+def test_a_plan_reaches_a_fit_step_by_step():
+    from estimator.advice import plan_to_fit
+    # Llama-3.1-8B at 32k tokens on 8 GPUs without recompute: over 80 GiB, yet it can fit on them
+    cfg = load_config({"model": "llama-3.1-8b", "training": {"seq_len": 32768, "global_batch_size": 8},
+                       "parallel": {"dp": 8, "zero_stage": 1}})
+    base = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
+    assert base.fit.verdict == "oom"
+    steps = plan_to_fit(cfg)
+    assert steps and steps[-1].verdict == "fits"
+    totals = [s.device_total_bytes for s in steps]
+    assert totals == sorted(totals, reverse=True)  # every step lowers the total
+    final = steps[-1].config
+    result = estimate(final.architecture, final.training, final.parallel, final.hardware)
+    assert result.fit.verdict == "fits" and result.device_total_bytes == totals[-1]
+    assert final.parallel.gpus == 8
+
+
+def test_seventy_billion_on_eight_gpus_needs_more_gpus():
+    # 70.6e9 parameters x 18 bytes (Megatron bf16 + Adam) = 1.27 TB, more than 8 x 80 GB: no change
+    # on 8 GPUs fits, so the plan's last steps must ask for more of them
+    from estimator.advice import plan_to_fit
+    assert 70_553_706_496 * 18 > 8 * 80e9
+    steps = plan_to_fit(load_config(OOM))
+    assert all(s.verdict != "fits" for s in steps if s.gpus == 8)
