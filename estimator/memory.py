@@ -202,7 +202,8 @@ class _Shared(NamedTuple):
     kept_input: float
     embedding: list[act.Entry]
     loss: act.LossMemory | None
-    communication: Component
+    communication: Component  # NCCL buffers: every stage
+    moe_communication: Component  # ... and DeepEP's buffers, on stages with MoE layers, when chosen
     runtime: Component
     entries: dict[str, list[act.Entry]]
     recomputed: frozenset[str]
@@ -210,7 +211,6 @@ class _Shared(NamedTuple):
     hardware: Hardware
     embedding_bytes: float  # first-stage inputs per micro-batch
     fragmentation: float  # share of the allocated peak
-    outside_allocator: int  # NCCL buffers + CUDA context, the same on every stage
 
     def ledger(self) -> tuple[LedgerLine, ...]:
         par = self.parallel
@@ -221,6 +221,8 @@ class _Shared(NamedTuple):
 def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, zero: int,
             vocab: int) -> _Shared:
     communication = _communication(training, par, zero)
+    moe_communication = (_communication(training, par, zero, arch, hardware) if training.moe_dispatcher == "deepep"
+                         else communication)
     kinds = sorted(set(arch.layer_kinds()))
     entries = {k: act.layer_entries(arch, training, par, k) for k in kinds}
     modules = act.recomputed_modules(training)
@@ -234,13 +236,12 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
         per_layer=per_layer, full_layer=full, kept_input=act.layer_input_bytes(arch, training, par),
         embedding=embedding,
         loss=act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None,
-        communication=communication,
+        communication=communication, moe_communication=moe_communication,
         runtime=_component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
                            "per-process constant of the GPU catalog", hardware.device.source),
         entries=entries, recomputed=modules, parallel=par, hardware=hardware,
         embedding_bytes=sum(e.bytes(par) for e in embedding),
-        fragmentation=fragmentation_fraction(hardware),
-        outside_allocator=communication.bytes + hardware.device.cuda_context_bytes)
+        fragmentation=fragmentation_fraction(hardware))
 
 
 def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple]:
@@ -375,10 +376,12 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
     return _Transients(fwd, bwd, opt, persistent)
 
 
-def _communication(training: Training, par: Parallel, zero: int) -> Component:
+def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
+                   hardware: Hardware | None = None) -> Component:
     """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator: 0.5 GiB for each
     process group of size > 1 (Fujii et al.'s estimator; NCCL issues #864/#986: memory grows
-    with communicators and channels)."""
+    with communicators and channels). With ``moe_dispatcher = "deepep"`` the MoE stages also hold
+    DeepEP's fixed NVLink/RDMA buffers and workspace (cudaMalloc/NVSHMEM, sized in deepep.py)."""
     groups = []
     if par.tp > 1:
         groups.append("TP")
@@ -394,8 +397,30 @@ def _communication(training: Training, par: Parallel, zero: int) -> Component:
         groups.append("expert DP")
     per_group = 0.5 * GiB
     formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
-    return _component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
+    nccl = _component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
+    if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or "moe" not in arch.layer_kinds():
+        return nccl
+    # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core
+    # fused_a2a.get_buffer): only stages with MoE layers hold it (see _static_stage).
+    from .deepep import SOURCE, deepep_buffers
+    gpu = (hardware or Hardware()).device
+    buf = deepep_buffers(arch.hidden_size, bytes_per_element(training.compute_dtype), par.ep * par.etp,
+                         gpu.gpus_per_node)
+    src = SOURCE
+    parts = [nccl, _component("communication", "DeepEP NVLink buffer (cudaMalloc, IPC-shared)", buf.nvl_allocation,
+                              f"max(dispatch, combine) get_nvl_buffer_size_hint(hidden_bytes {buf.hidden_bytes:,}, "
+                              f"{buf.group_size} ranks; {buf.nvl_ranks} NVLink peers) + peer pointers", src)]
+    if buf.num_rdma_bytes:
+        parts.append(_component("communication", "DeepEP RDMA buffer (NVSHMEM symmetric heap)", buf.num_rdma_bytes,
+                                f"max(dispatch, combine) get_rdma_buffer_size_hint(hidden_bytes {buf.hidden_bytes:,}, "
+                                f"{buf.rdma_ranks} nodes)", src))
+    parts.append(_component("communication", "DeepEP workspace (cudaMalloc)", buf.workspace, "NUM_WORKSPACE_BYTES",
+                            src))
+    formula += (f" + DeepEP NVL buffer {buf.nvl_allocation / GiB:.3f} GiB + RDMA buffer {buf.num_rdma_bytes / GiB:.3f}"
+                f" GiB + workspace {buf.workspace / GiB:.3f} GiB")
+    return Component("communication", "NCCL communicator buffers and DeepEP buffers", sum(p.bytes for p in parts),
+                     formula, nccl.source + "; " + src, tuple(parts))
 
 
 def fragmentation_fraction(hardware: Hardware) -> float:
@@ -485,6 +510,8 @@ class _StaticStage(NamedTuple):
     loss_saved: tuple[Component, ...]
     folded: dict  # phase name -> the folded transient component
     totals: tuple[int, int, int]  # forward, backward, step bytes without the activations
+    communication: Component  # outside the allocator: NCCL (and DeepEP on MoE stages)
+    outside_allocator: int  # communication + CUDA context
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -542,14 +569,18 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     totals = (kept_bytes + grads_fwd.bytes + saved + folded["forward"].bytes,
               kept_bytes + grads_bwd.bytes + saved + folded["backward"].bytes,
               kept_bytes + grads_full.bytes + folded["optimizer"].bytes)
-    return _StaticStage(kept, grads_fwd, grads_bwd, grads_full, loss_saved, folded, totals)
+    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
+    communication = shared.moe_communication if moe_stage else shared.communication
+    return _StaticStage(kept, grads_fwd, grads_bwd, grads_full, loss_saved, folded, totals, communication,
+                        communication.bytes + shared.runtime.bytes)
 
 
 def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: StageParameters) -> list[Component]:
     """Expert parallelism exchanges the permuted tokens with an all-to-all: the send buffer
     (k x phi x s x b x h, gathered over expert-TP) lives beside the received copy the experts keep
-    (Megatron-Core MoEAlltoAllTokenDispatcher). DeepEP's fixed NVLink/RDMA buffers are not modelled."""
-    if par.ep == 1 or not any(k == "moe" for k, _ in sp.kind_counts):
+    (Megatron-Core MoEAlltoAllTokenDispatcher). DeepEP sends from its own fixed buffers instead
+    (counted as communication, deepep.py), so there is no such tensor with it."""
+    if par.ep == 1 or training.moe_dispatcher == "deepep" or not any(k == "moe" for k, _ in sp.kind_counts):
         return []
     T = act.tokens_per_gpu(training, par)
     B = act.fp8_activation_bytes(training) if training.fp8 else bytes_per_element(training.compute_dtype)
@@ -573,7 +604,7 @@ def _training_stage(arch: Architecture, training: Training, sp: StageParameters,
     for name, value in totals[1:]:
         if value > allocated:
             peak_phase, allocated = name, value
-    device = allocated + shared.outside_allocator + int(round(allocated * shared.fragmentation))
+    device = allocated + static.outside_allocator + int(round(allocated * shared.fragmentation))
     return StageEstimate(
         stage=sp.stage, layers=sp.num_layers, parameters_per_gpu=int(round(sp.local)),
         in_flight_microbatches=inflight, peak_phase=peak_phase, allocated_peak_bytes=allocated,
@@ -613,7 +644,7 @@ class _StageDetail(NamedTuple):
                 _phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
 
     def outside_allocator(self) -> tuple[Component, ...]:
-        return (self.shared.communication, self.shared.runtime,
+        return (self.static.communication, self.shared.runtime,
                 _fragmentation(self.allocated_peak, self.shared.hardware))
 
 

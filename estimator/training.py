@@ -35,6 +35,9 @@ LOSSES = ("standard", "fused", "chunked")
 FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise")
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
+# MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, or its flex dispatcher on DeepEP
+# (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/deepep.py sizes
+MOE_DISPATCHERS = ("alltoall", "deepep")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class Training:
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
     moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
+    moe_dispatcher: str = "alltoall"  # "deepep": Megatron-Core's flex dispatcher with DeepEP buffers
 
     def __post_init__(self) -> None:
         _check_training(self)
@@ -170,6 +174,7 @@ def _check_training(t: Training) -> None:
     if (isinstance(t.moe_capacity_factor, bool) or not isinstance(t.moe_capacity_factor, (int, float))
             or t.moe_capacity_factor < 1):
         raise ConfigError("training.moe_capacity_factor", t.moe_capacity_factor, "a number >= 1.0")
+    _one_of("moe_dispatcher", t.moe_dispatcher, MOE_DISPATCHERS)
     if t.mode == "training" and t.param_dtype in ("fp8", "fp4") and t.framework == "hf":
         raise ConfigError("training.param_dtype", t.param_dtype, "'fp32', 'bf16' or 'fp16' with framework 'hf'",
                           "the HF Trainer does not train in fp8/fp4 parameters")

@@ -80,6 +80,26 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if training.mode == "training" and training.compute_dtype == "fp32" and training.param_dtype != "fp32":
         raise ConfigError("training.compute_dtype", "fp32", f"'bf16' or 'fp16' with param_dtype {training.param_dtype!r}",
                           "computing in a wider dtype than the parameters is not a recipe any framework runs")
+    if training.moe_dispatcher == "deepep":
+        # Megatron-Core: MoEFlexTokenDispatcher asserts TPxEP > 1 and moe_enable_deepep; DeepEP's
+        # Buffer.get_dispatch_config asserts a tuned group size (estimator/deepep.py)
+        from .deepep import GROUP_SIZES
+        why = "DeepEP is Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex --moe-enable-deepep)"
+        if not arch.is_moe:
+            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' for a dense model",
+                              "DeepEP dispatches tokens to experts and the model has none")
+        if par.ep == 1:
+            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' when ep is 1",
+                              "DeepEP exchanges tokens between expert-parallel ranks; it needs ep > 1")
+        if training.framework != "megatron":
+            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' unless framework is 'megatron'", why)
+        if training.mode != "training":
+            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' in inference mode",
+                              "DeepEP's low-latency inference buffers are not modelled")
+        if par.ep * par.etp not in GROUP_SIZES:
+            raise ConfigError("parallel.ep", par.ep, "ep x etp in " + ", ".join(map(str, GROUP_SIZES)),
+                              f"with moe_dispatcher 'deepep' the group is ep x etp = {par.ep * par.etp}, and "
+                              "DeepEP's Buffer.get_dispatch_config has configs only for these sizes")
     if training.mode == "training" and training.optimizer == "adam8bit" and training.framework == "megatron":
         raise ConfigError("training.optimizer", "adam8bit", "'adamw', 'sgd', 'sgd_momentum', 'adafactor', 'lion' or "
                           "'muon' with framework 'megatron'", "Megatron-Core has no 8-bit Adam")

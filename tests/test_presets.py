@@ -185,7 +185,7 @@ CONTRACT_FIELDS = {
 }
 # Optional fields this project added to the contract (README, "Fields beyond the contract")
 EXTENSIONS = {
-    "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor"},
+    "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher"},
     "parallel": {"world_size", "comm_overlap"},
     "hardware": {"expandable_segments"},
 }

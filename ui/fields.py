@@ -24,8 +24,8 @@ from estimator.dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from estimator.errors import ConfigError
 from estimator.hardware import GPUS, Hardware
 from estimator.parallel import Parallel
-from estimator.training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, OPTIMIZERS,
-                                RECOMPUTE, RECOMPUTE_MODULES, Training)
+from estimator.training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES,
+                                MOE_DISPATCHERS, OPTIMIZERS, RECOMPUTE, RECOMPUTE_MODULES, Training)
 
 AUTO = "auto"
 TRISTATE = (AUTO, "true", "false")
@@ -127,6 +127,9 @@ FIELDS: tuple[Field, ...] = (
     _f("moe_capacity_factor", "training", "float", "MoE capacity factor", "Routed tokens per expert relative to a "
        "perfect balance (1.0). Larger values reserve room for imbalance.", "Optimizer and memory savers",
        min=1.0, step=0.25),
+    _f("moe_dispatcher", "training", "select", "MoE token dispatcher", "alltoall = Megatron-Core's all-to-all "
+       "dispatcher (a send buffer per MoE layer); deepep = the flex dispatcher with DeepEP, whose fixed NVLink/RDMA "
+       "buffers count as communication memory.", "Optimizer and memory savers", options=MOE_DISPATCHERS),
     # ---- inference
     _f("kv_cache_tokens", "training", "int", "KV cache tokens", "Inference: cached context per sequence. "
        "Empty = the sequence length.", "Inference", min=1, step=1024, optional=True),
