@@ -195,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     except _ArgumentError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader (`| head`) closed the pipe: not an error of ours
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # never a traceback for the user; a bug is still reported as one line
         print(f"error: internal error ({type(exc).__name__}: {exc}); please report it", file=sys.stderr)
         return 1
