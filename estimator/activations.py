@@ -44,9 +44,6 @@ UP_PROJ = ("mla_up_proj",)  # MLA's up-projected q, k, v (with rope), recomputed
 MOE = ("moe",)
 
 KORTHIKANTI = "Korthikanti et al. 2022, arXiv 2205.05198, section 4 and Table 2"
-FLASH = "Dao et al. 2022 (FlashAttention): saves q, k, v, output and a fp32 log-sum-exp"
-MOE_SOURCE = ("Megatron-Core MoE token dispatcher; xtuner llm_calculator per-tensor MoE ledger; "
-              "EP exchanges tokens, it does not remove them (Megatron-LM PR #6782)")
 
 
 class Entry(NamedTuple):

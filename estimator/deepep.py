@@ -124,7 +124,7 @@ def nvl_buffer_size_hint(config: Config, hidden_bytes: int, num_ranks: int) -> i
     num_bytes += slots * K_NUM_MAX_TOPK * TOPK_IDX_BYTES
     num_bytes += slots * K_NUM_MAX_TOPK * 4  # float top-k weights
     num_bytes += slots * K_NUM_MAX_SCALES * 4  # float scales
-    return _align_up(num_bytes, 128)
+    return _align_up(num_bytes, NUM_BUFFER_ALIGNMENT_BYTES)
 
 
 def rdma_buffer_size_hint(config: Config, hidden_bytes: int, num_ranks: int) -> int:
@@ -141,7 +141,7 @@ def rdma_buffer_size_hint(config: Config, hidden_bytes: int, num_ranks: int) -> 
     num_bytes += slots * K_NUM_MAX_TOPK * 4 * 2
     num_bytes += slots * K_NUM_MAX_SCALES * 4 * 2
     num_bytes += slots * INT4_BYTES * 2
-    return _align_up(num_bytes, 128)
+    return _align_up(num_bytes, NUM_BUFFER_ALIGNMENT_BYTES)
 
 
 class DeepEPBuffers(NamedTuple):

@@ -54,10 +54,6 @@ class Component(NamedTuple):
     source: str
     parts: tuple["Component", ...] = ()
 
-    @property
-    def allocator(self) -> bool:
-        return self.key not in NON_ALLOCATOR
-
 
 @dataclass(frozen=True)
 class Phase:
@@ -151,7 +147,7 @@ class Estimate:
                     "peak_phase": s.peak_phase,
                     "parameters_per_gpu": s.parameters_per_gpu,
                     "in_flight_microbatches": s.in_flight_microbatches,
-                    "phases": {p.name: p.allocated_bytes for p in s.phases},
+                    "phases": dict(s.phase_totals),
                     "formulas": {c.key: c.formula for c in s.components},
                     "sources": {c.key: c.source for c in s.components},
                 }

@@ -9,7 +9,7 @@ optim_grads / optim_grads_params); fsdp2 3 = ``fully_shard``, 2 = ``reshard_afte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from .errors import ConfigError
 
@@ -77,5 +77,3 @@ def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"parallel.{name}", value, "a positive integer")
 
-
-PARALLEL_FIELDS = tuple(f.name for f in fields(Parallel))

@@ -69,7 +69,6 @@ ROPE_FLOPS = 3  # x*cos + rotate(x)*sin per element
 # the update reads and writes each once.
 OPTIMIZER_STATES = {"adamw": 2, "adam8bit": 2, "sgd": 0, "sgd_momentum": 1, "adafactor": 0, "lion": 1, "muon": 1}
 
-PHASES = ("forward", "backward")
 SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING)
 
 

@@ -99,8 +99,6 @@ class ModelStates(NamedTuple):
     fp8_weight_copies: float
     formulas: dict[str, str]
     zero_stage: int
-    dense_shards: int
-    expert_shards: int
 
 
 def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel) -> ModelStates:
@@ -163,5 +161,5 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
             "optimizer_states": formula(f"{per_param_states:.4g} B ({training.optimizer} states in "
                                         f"{recipe.optimizer_dtype})", 1),
         },
-        zero_stage=zero, dense_shards=d_dense, expert_shards=d_expert,
+        zero_stage=zero,
     )

@@ -19,7 +19,7 @@ uses. The defaults follow each stack's documentation:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
@@ -179,5 +179,3 @@ def _check_training(t: Training) -> None:
         raise ConfigError("training.param_dtype", t.param_dtype, "'fp32', 'bf16' or 'fp16' with framework 'hf'",
                           "the HF Trainer does not train in fp8/fp4 parameters")
 
-
-TRAINING_FIELDS = tuple(f.name for f in fields(Training))

@@ -69,6 +69,7 @@ def test_never_negative_and_components_add_up(config):
             if part_owner.parts:
                 assert sum(p.bytes for p in part_owner.parts) == part_owner.bytes
         assert stage.allocated_peak_bytes == max(p.allocated_bytes for p in stage.phases)
+        assert dict(stage.phase_totals) == {p.name: p.allocated_bytes for p in stage.phases}
     assert result.device_total_bytes == max(s.device_total_bytes for s in result.stages)
     json = result.to_json()
     for key in ("parameters", "gradients", "optimizer_states", "activations", "communication", "runtime",
