@@ -8,10 +8,13 @@ add up to their Table 2, s*b*h*(34 + 5*a*s/h). Modern layers change the entries,
 flash attention keeps no s^2 scores, only a log-sum-exp of 4 bytes per query and head (Dao et
 al. 2022); GQA keeps K and V at g/a of the query width; a gated MLP keeps two fc1 outputs.
 
-Notation: s = tokens of the sequence on this GPU (seq_len / CP), b = micro-batch, h = hidden,
-a = query heads, g = KV heads, f = MLP width, t = TP, B = bytes of the compute dtype. An entry
-marked "sp" is divided by t only with sequence parallelism (Korthikanti section 4.2.2); "tp" is
-divided by t always; "none" by neither. The framework decides which kernels run:
+Notation: s = sequence length, b = micro-batch, h = hidden, a = query heads, g = KV heads, f =
+MLP width, t = TP, cp = CP, B = bytes of the compute dtype. An entry marked "sp" is divided by t
+only with sequence parallelism (Korthikanti section 4.2.2); "tp" is divided by t always; "none" by
+neither. Context parallelism splits every tensor that holds tokens along the sequence (Megatron-Core
+context parallel docs). A formula is written before these divisions and shown with them, "/cp" and
+"/t", exactly where this layout applies them (`Entry.shown_formula`). The framework decides which
+kernels run:
 
 - megatron: fused kernels (TransformerEngine/Apex norms save their input; the fused SwiGLU
   ``bias_swiglu_impl`` saves only fc1's output and recomputes the product; softmax in the
@@ -54,14 +57,27 @@ class Entry(NamedTuple):
     elements: float  # before any parallel division
     bytes_per_element: float
     divided_by: str  # "sp", "tp" or "none"
-    formula: str
+    formula: str  # a product, before the parallel divisions
     recompute: tuple[str, ...] = ()  # selective-recompute modules whose recomputation drops this tensor
     gemm_input: bool = False  # saved as the quantized FP8 copy under the FP8 recipe
+    split_by_cp: bool = True  # it holds tokens (`elements` counts those of this GPU's share of s)
+
+    def divided_by_tp(self, par: Parallel) -> bool:
+        return self.divided_by == "tp" or (self.divided_by == "sp" and par.sequence_parallel)
 
     def bytes(self, par: Parallel) -> float:
-        if self.divided_by == "tp" or (self.divided_by == "sp" and par.sequence_parallel):
+        if self.divided_by_tp(par):
             return self.elements * self.bytes_per_element / par.tp
         return self.elements * self.bytes_per_element
+
+    def shown_formula(self, par: Parallel) -> str:
+        """The formula with the divisions the layout applies to its bytes (none of size 1)."""
+        formula = self.formula
+        if self.split_by_cp and par.cp > 1:
+            formula += "/cp"
+        if self.divided_by_tp(par) and par.tp > 1:
+            formula += "/t"
+        return formula
 
 
 def fused_kernels(training: Training) -> bool:
@@ -69,8 +85,8 @@ def fused_kernels(training: Training) -> bool:
 
 
 def tokens_per_gpu(training: Training, par: Parallel) -> float:
-    """s*b on one GPU before TP: context parallelism splits every activation along the sequence
-    (Megatron-Core context parallel docs)."""
+    """s*b/cp, the tokens on one GPU before TP: context parallelism splits every activation along
+    the sequence (Megatron-Core context parallel docs)."""
     return training.seq_len / par.cp * training.micro_batch_size
 
 
@@ -126,42 +142,42 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         out.append(Entry("compressed kv (kv up-projection input)", T * arch.kv_lora_rank, B, "none",
                          "B*s*b*kv_lora_rank", gemm_input=True))
         k_width, v_width = qw, a * arch.v_head_dim
-        v_formula = "B*s*b*a*(d_nope + d_rope)*2 + B*s*b*a*d_v"
+        v_formula = "B*s*b*a*(2*(d_nope + d_rope) + d_v)"
     else:
         k_width = v_width = arch.kv_width
         v_formula = "B*s*b*(a + 2*g)*d_head"
         if arch.qk_norm and fused_kernels(training):
-            out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head/t"))
+            out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
         elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
             heads = a + arch.num_kv_heads
-            out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head/t"))
-            out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)/t"))
+            out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head"))
+            out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)"))
             out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), B, "tp",
-                             "B*s*b*(a + g)*d_head/t"))
+                             "B*s*b*(a + g)*d_head"))
     if training.attention == "flash":
-        out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula + "/t",
+        out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula,
                          recompute=UP_PROJ))
-        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a/t", recompute=CORE))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
     else:
         # Unfused attention expands K and V to every query head before the matmuls (repeat_kv).
         scores = b * a * s * training.seq_len
         head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
-        out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head/t",
+        out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head",
                          recompute=UP_PROJ))
         if fused_kernels(training):
-            out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
+            out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
         else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
             if arch.attention_logit_softcapping:  # tanh keeps its output for backward
-                out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
-            out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b/t", recompute=CORE))
-            out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
+                out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+            out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+            out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
         if training.dropout > 0:
-            out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b/t", recompute=CORE))
-            out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b/t", recompute=CORE))
-        out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head/t",
+            out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b", recompute=CORE))
+            out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
                          recompute=UP_PROJ))
     out.append(Entry("attention output (output projection input)", T * arch.attention_output_width, B, "tp",
-                     "B*s*b*a*d_v/t", gemm_input=True))
+                     "B*s*b*a*d_v", gemm_input=True))
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
     if training.dropout > 0:
@@ -202,7 +218,7 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     if kind == "dense":
         out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
                             NORM)
-        out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f/t", ("mlp",))
+        out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
         out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM))
@@ -211,13 +227,13 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         # width, so per GPU the routed tokens are k*phi*s*b/t for every expert-width tensor.
         routed = T * k * phi
         out.append(Entry("dispatched tokens (expert fc1 input)", routed * h * par.etp, B, "sp",
-                         "B*phi*k*s*b*h*etp/t", gemm_input=True, recompute=MOE))
-        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e/t", MOE)
+                         "B*phi*k*s*b*h*etp", gemm_input=True, recompute=MOE))
+        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e", MOE)
         out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
-                         "B*phi*k*s*b*h*etp/t", recompute=MOE))
+                         "B*phi*k*s*b*h*etp", recompute=MOE))
         if arch.num_shared_experts:
             width = arch.shared_expert_intermediate_size * arch.num_shared_experts
-            out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared/t", ("shared_experts", "moe"))
+            out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared", ("shared_experts", "moe"))
     if arch.norms_per_layer > 2:
         out += _norm("post-MLP norm input", T, arch, training)
     if training.dropout > 0:
@@ -255,11 +271,15 @@ def layer_bytes(arch: Architecture, training: Training, par: Parallel, kind: str
     return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind) if not dropped(e, modules))
 
 
-def layer_input_bytes(arch: Architecture, training: Training, par: Parallel) -> float:
+def layer_input_entry(arch: Architecture, training: Training, par: Parallel) -> Entry:
     """What full recompute keeps per layer: its input, 2sbh (divided by t with sequence
     parallelism), Korthikanti section 5."""
     return Entry("layer input", tokens_per_gpu(training, par) * arch.hidden_size,
-                 bytes_per_element(training.compute_dtype), "sp", "B*s*b*h").bytes(par)
+                 bytes_per_element(training.compute_dtype), "sp", "B*s*b*h")
+
+
+def layer_input_bytes(arch: Architecture, training: Training, par: Parallel) -> float:
+    return layer_input_entry(arch, training, par).bytes(par)
 
 
 # --- first and last stage ------------------------------------------------------------------------
@@ -309,40 +329,58 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     forward: list[Entry] = []
     backward: list[Entry] = []
     if training.loss == "standard" and fused_kernels(training):
-        saved.append(Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V/t"))
-        forward.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp", "B*s*b*V/t"))
-        backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V/t"))
+        saved.append(Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
+        forward.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp", "B*s*b*V"))
+        backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         source = "Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each)"
     elif training.loss == "standard":
-        saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V/t"))
+        saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
-            saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V/t"))
-        forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V/t"))
-        forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V/t"))
+            saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
+        forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
+        forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
-                              "2*4*s*b*V/t"))
+                              "2*4*s*b*V"))
         source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
     elif training.loss == "fused":
-        saved.append(Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V/t"))
+        saved.append(Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V"))
         source = "Megatron-Core cross_entropy_loss_fusion; Apex/TE fused cross-entropy"
     else:
         chunk = max(1.0, T * h / vocab)  # Liger: chunk = BT / ceil(V/h) tokens
         saved.append(Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h"))
         P = bytes_per_element(training.param_dtype)  # Liger allocates it like the weight
-        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h/t"))
+        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h", split_by_cp=False))
         forward.append(Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp",
-                             "(B + 4)*(s*b*h/V)*V/t"))
+                             "(B + 4)*(s*b*h/V)*V"))
         source = "Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))"
     return LossMemory(saved=saved, forward=forward, backward=backward, source=source)
 
 
 # --- pipeline schedule -----------------------------------------------------------------------------
 
+def pipeline_filling_microbatches(par: Parallel) -> int:
+    """The fewest micro-batches per step at which every pipeline rank holds as many in flight as
+    any larger global batch would (see `in_flight_chunks`): p for 1F1B, where rank r holds
+    min(p - r, m); 2p interleaved, the first multiple of p (Megatron-Core requires one) with
+    m v >= 2(p - 1) + (v - 1)p + 1. Without a pipeline, one."""
+    if par.pp == 1:
+        return 1
+    return par.pp if par.vpp == 1 else 2 * par.pp
+
+
+def global_batch_size(training: Training, par: Parallel) -> int:
+    """The global batch the estimate assumes: the one given, else micro-batch x DP x the micro-batches
+    that fill the pipeline, so that the default is what a real run on this layout holds rather than
+    one micro-batch in flight."""
+    if training.global_batch_size:
+        return training.global_batch_size
+    fill = pipeline_filling_microbatches(par) if training.mode == "training" else 1
+    return training.micro_batch_size * par.dp * fill
+
+
 def microbatches(training: Training, par: Parallel) -> int:
-    """m = global batch / (micro-batch x DP); the global batch defaults to one micro-batch per
-    data-parallel rank."""
-    gbs = training.global_batch_size or training.micro_batch_size * par.dp
-    return gbs // (training.micro_batch_size * par.dp)
+    """m = global batch / (micro-batch x DP)."""
+    return global_batch_size(training, par) // (training.micro_batch_size * par.dp)
 
 
 def in_flight_chunks(rank: int, par: Parallel, m: int) -> float:

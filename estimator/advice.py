@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .activations import global_batch_size
 from .architecture import Architecture
 from .config import Config
 from .errors import ConfigError
@@ -37,7 +38,7 @@ def _replace(obj, **changes):
 
 def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
     """(description, training, parallel, hardware) for each single change worth trying."""
-    gbs = tr.global_batch_size or tr.micro_batch_size * par.dp
+    gbs = global_batch_size(tr, par)
     same_batch = _replace(tr, global_batch_size=gbs)
     if tr.mode == "training":
         if tr.recompute != "full":

@@ -106,9 +106,6 @@ class Architecture:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_experts and self.shared_expert_intermediate_size is None:
             object.__setattr__(self, "shared_expert_intermediate_size", self.moe_intermediate_size)
-        # the layer pattern is read for every stage of every estimate: compute it once
-        object.__setattr__(self, "_layer_kinds",
-                           tuple("moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers)))
 
     # --- layer pattern -------------------------------------------------------------------------
     @property
@@ -126,8 +123,63 @@ class Architecture:
             return False
         return (index - self.first_dense_layers) % self.moe_layer_frequency == 0
 
+    # The pattern is periodic, so how many layers of a kind a range [start, stop) holds is a count
+    # of residues, in closed form: an estimate never walks the layers one by one, and its cost does
+    # not grow with num_layers (a stage is a few ranges, sharding.stage_layer_chunks).
+
+    def moe_layers_in(self, start: int, stop: int) -> int:
+        """MoE layers among layers start .. stop - 1: those >= first_dense_layers and congruent to
+        it modulo moe_layer_frequency."""
+        if not self.is_moe:
+            return 0
+        return congruent_in(max(start, self.first_dense_layers), stop,
+                            self.first_dense_layers, self.moe_layer_frequency)
+
+    def kind_counts(self, start: int = 0, stop: int | None = None) -> tuple[tuple[str, int], ...]:
+        """(kind, layers) of layers start .. stop - 1 (all of them by default), kinds in sorted order,
+        each kind with at least one layer."""
+        stop = self.num_layers if stop is None else stop
+        moe = self.moe_layers_in(start, stop)
+        return tuple((kind, n) for kind, n in (("dense", stop - start - moe), ("moe", moe)) if n > 0)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The layer kinds the model has, sorted."""
+        return tuple(kind for kind, _ in self.kind_counts())
+
+    def global_attention_layers_in(self, start: int, stop: int) -> int:
+        """Layers among start .. stop - 1 that attend to the whole sequence: all of them without a
+        sliding window, none with pattern 0, else every pattern-th (layer i when (i + 1) % pattern
+        == 0, Gemma's ``sliding_window_pattern``)."""
+        if not self.sliding_window:
+            return max(stop - start, 0)
+        if self.sliding_window_pattern == 0:
+            return 0
+        pattern = self.sliding_window_pattern
+        return congruent_in(start, stop, pattern - 1, pattern)
+
+    def variant_counts(self, start: int = 0, stop: int | None = None) -> dict[tuple[str, bool], int]:
+        """Layers start .. stop - 1 by (kind, windowed), the variants with at least one layer. The
+        MoE layers that are global are those in both residue classes (Chinese remainder theorem),
+        the other three variants follow by subtraction."""
+        stop = self.num_layers if stop is None else stop
+        moe = self.moe_layers_in(start, stop)
+        full = self.global_attention_layers_in(start, stop)
+        if not self.is_moe or not self.sliding_window or self.sliding_window_pattern == 0:
+            moe_full = moe if full == stop - start else 0
+        else:
+            moe_full = congruent_in_both(max(start, self.first_dense_layers), stop,
+                                         (self.first_dense_layers, self.moe_layer_frequency),
+                                         (self.sliding_window_pattern - 1, self.sliding_window_pattern))
+        counts = {("dense", False): full - moe_full, ("dense", True): stop - start - moe - (full - moe_full),
+                  ("moe", False): moe_full, ("moe", True): moe - moe_full}
+        return {variant: n for variant, n in counts.items() if n > 0}
+
     def layer_kinds(self) -> tuple[str, ...]:
-        return self._layer_kinds
+        """The kind of every layer, first to last. One entry per layer, so for display and tests:
+        estimates count kinds with `kind_counts`."""
+        return self.cached(("layer kinds",), lambda: tuple(
+            "moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers)))
 
     def cached(self, key: tuple, compute):
         """Remember a value derived from this architecture alone (and the sharding named in `key`):
@@ -140,7 +192,11 @@ class Architecture:
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(1 for k in self.layer_kinds() if k == "moe")
+        return self.moe_layers_in(0, self.num_layers)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
 
     # --- widths ------------------------------------------------------------------------------
     @property
@@ -260,6 +316,27 @@ class Architecture:
                 + self.layer_tensors(kind))
 
 
+def congruent_in(start: int, stop: int, residue: int, modulus: int) -> int:
+    """How many i in start .. stop - 1 have i % modulus == residue % modulus: the multiples of
+    the modulus in [start - residue, stop - residue), each bound counted by a floor division."""
+    if stop <= start:
+        return 0
+    return (stop - 1 - residue) // modulus - (start - 1 - residue) // modulus
+
+
+def congruent_in_both(start: int, stop: int, first: tuple[int, int], second: tuple[int, int]) -> int:
+    """How many i in start .. stop - 1 are in both residue classes (residue, modulus). By the
+    Chinese remainder theorem they form one class modulo lcm(m1, m2), or none when the residues
+    differ modulo gcd(m1, m2)."""
+    (r1, m1), (r2, m2) = first, second
+    g = math.gcd(m1, m2)
+    if (r2 - r1) % g:
+        return 0
+    # i = r1 + m1 * k with m1 * k = r2 - r1 (mod m2): k = (r2 - r1)/g * (m1/g)^-1 (mod m2/g)
+    k = (r2 - r1) // g * pow(m1 // g, -1, m2 // g) % (m2 // g)
+    return congruent_in(start, stop, r1 + m1 * k, m1 // g * m2)
+
+
 def count(tensors: list[ParameterTensor], experts_only: bool | None = None) -> int:
     return sum(t.numel for t in tensors if experts_only is None or t.is_expert == experts_only)
 
@@ -280,8 +357,8 @@ def parameter_counts(arch: Architecture, include_mtp: bool = True) -> ParameterC
 def _parameter_counts(arch: Architecture, include_mtp: bool) -> ParameterCounts:
     """Exact counts. The MTP modules are counted as the checkpoint stores them: DeepSeek-V3's
     checkpoint gives each its own copy of the embedding and head."""
-    per_kind = {kind: count(arch.layer_tensors(kind)) for kind in set(arch.layer_kinds())}
-    layers = sum(per_kind[k] for k in arch.layer_kinds())
+    per_kind = {kind: count(arch.layer_tensors(kind)) for kind in arch.kinds}
+    layers = sum(per_kind[kind] * n for kind, n in arch.kind_counts())
     embedding = count(arch.embedding_tensors())
     head = count(arch.head_tensors())
     total = layers + embedding + head
@@ -299,80 +376,44 @@ def _parameter_counts(arch: Architecture, include_mtp: bool) -> ParameterCounts:
 
 # --- validation ----------------------------------------------------------------------------------
 
-def _positive(arch: Architecture, name: str, required: bool = True) -> None:
-    value = getattr(arch, name)
-    if value is None:
-        if required:
-            raise ConfigError(f"model.{name}", None, "a positive integer", "required")
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"model.{name}", value, "a positive integer")
-
-
-BOOL_FIELDS = ("tie_embeddings", "gated_mlp", "linear_bias", "qkv_bias", "qk_norm", "qk_norm_full_width",
-               "attention_sinks", "router_bias", "shared_expert_gate", "norm_unit_offset")
+def _require(arch: Architecture, name: str, why: str) -> None:
+    if getattr(arch, name) is None:
+        raise ConfigError(f"model.{name}", None, "a positive integer", why)
 
 
 def _check_architecture(arch: Architecture) -> None:
-    for name in BOOL_FIELDS:
-        if not isinstance(getattr(arch, name), bool):
-            raise ConfigError(f"model.{name}", getattr(arch, name), "true or false")
-    if not isinstance(arch.name, str):
-        raise ConfigError("model.name", arch.name, "a string")
-    for name in ("hidden_size", "num_layers", "num_attention_heads", "vocab_size"):
-        _positive(arch, name)
-    for name in ("num_kv_heads", "head_dim", "max_position_embeddings"):
-        _positive(arch, name, required=False)
-    if arch.norm not in NORMS:
-        raise ConfigError("model.norm", arch.norm, " or ".join(repr(n) for n in NORMS))
-    if arch.position_embedding not in POSITION_EMBEDDINGS:
-        raise ConfigError("model.position_embedding", arch.position_embedding,
-                          " or ".join(repr(n) for n in POSITION_EMBEDDINGS))
-    if arch.position_embedding == "learned" and arch.max_position_embeddings is None:
-        raise ConfigError("model.max_position_embeddings", None, "a positive integer",
-                          "required with learned position embeddings")
+    """Each field's type and range (estimator/fields.py), then the rules between fields."""
+    from .fields import check_section  # the registry reads this module's option lists
+    check_section("model", arch)
+    if arch.position_embedding == "learned":
+        _require(arch, "max_position_embeddings", "required with learned position embeddings")
     kv = arch.num_kv_heads or arch.num_attention_heads
     if arch.num_attention_heads % kv:
-        raise ConfigError("model.num_kv_heads", kv,
-                          f"a divisor of num_attention_heads ({arch.num_attention_heads})")
+        raise ConfigError("model.num_kv_heads", kv, f"a divisor of num_attention_heads ({arch.num_attention_heads})",
+                          related=("model.num_attention_heads",))
     if arch.head_dim is None and arch.hidden_size % arch.num_attention_heads:
         raise ConfigError("model.head_dim", None, "a positive integer",
                           f"hidden_size ({arch.hidden_size}) is not divisible by num_attention_heads "
-                          f"({arch.num_attention_heads}), so head_dim must be given")
-    for name in ("num_experts", "num_shared_experts", "first_dense_layers", "mtp_layers", "sliding_window_pattern"):
-        value = getattr(arch, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"model.{name}", value, "an integer >= 0")
-    if not isinstance(arch.norms_per_layer, int) or arch.norms_per_layer < 0:
-        raise ConfigError("model.norms_per_layer", arch.norms_per_layer, "an integer >= 0")
-    _positive(arch, "moe_layer_frequency")
-    for name in ("attention_logit_softcapping", "final_logit_softcapping"):
-        value = getattr(arch, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise ConfigError(f"model.{name}", value, "a positive number or null")
-    _positive(arch, "sliding_window", required=False)
+                          f"({arch.num_attention_heads}), so head_dim must be given",
+                          related=("model.hidden_size", "model.num_attention_heads"))
     all_moe = arch.num_experts > 0 and arch.first_dense_layers == 0 and arch.moe_layer_frequency == 1
     if not all_moe:
-        _positive(arch, "intermediate_size")
-    elif arch.intermediate_size is not None:
-        _positive(arch, "intermediate_size")
+        _require(arch, "intermediate_size", "required unless every layer is MoE")
     if arch.num_experts:
-        _positive(arch, "num_experts_per_token")
-        _positive(arch, "moe_intermediate_size")
-        _positive(arch, "shared_expert_intermediate_size", required=False)
+        _require(arch, "num_experts_per_token", "required with experts")
+        _require(arch, "moe_intermediate_size", "required with experts")
         if arch.num_experts_per_token > arch.num_experts:
             raise ConfigError("model.num_experts_per_token", arch.num_experts_per_token,
-                              f"at most num_experts ({arch.num_experts})")
+                              f"at most num_experts ({arch.num_experts})", related=("model.num_experts",))
     elif arch.num_shared_experts:
-        raise ConfigError("model.num_shared_experts", arch.num_shared_experts, "0 when num_experts is 0")
+        raise ConfigError("model.num_shared_experts", arch.num_shared_experts, "0 when num_experts is 0",
+                          related=("model.num_experts",))
     if arch.first_dense_layers > arch.num_layers:
         raise ConfigError("model.first_dense_layers", arch.first_dense_layers,
-                          f"at most num_layers ({arch.num_layers})")
-    mla = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+                          f"at most num_layers ({arch.num_layers})", related=("model.num_layers",))
     if arch.kv_lora_rank is not None or arch.q_lora_rank is not None:
-        for name in mla:
-            _positive(arch, name)
-        _positive(arch, "q_lora_rank", required=False)
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _require(arch, name, "required with multi-head latent attention")
 
 
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))

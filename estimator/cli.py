@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from dataclasses import fields
 
-from .errors import ConfigError
+from .errors import REDACTED, ConfigError, looks_secret, redact
+from .fields import SETTINGS, parse_text
 from .hardware import GPUS
-from .parallel import Parallel
-from .training import Training
-from .hardware import Hardware
 
 GiB = 1024**3
-SECTION_CLASSES = (("training", Training), ("parallel", Parallel), ("hardware", Hardware))
 
 
 class _ArgumentError(Exception):
@@ -30,47 +27,25 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgumentError(message)
 
 
-def _parse_value(text: str, annotation: str, flag: str):
-    kind = annotation.replace(" ", "")
-    if kind.startswith("bool"):
-        if text.lower() in ("true", "1", "yes"):
-            return True
-        if text.lower() in ("false", "0", "no"):
-            return False
-        raise ConfigError(flag, text, "true or false")
-    if kind.startswith("int"):
-        try:
-            return int(text)
-        except ValueError:
-            raise ConfigError(flag, text, "an integer") from None
-    if kind.startswith("float"):
-        try:
-            return float(text)
-        except ValueError:
-            raise ConfigError(flag, text, "a number") from None
-    return text
-
-
 def _override_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("field overrides (any field of training, parallel, hardware)")
-    for section, cls in SECTION_CLASSES:
-        for f in fields(cls):
-            group.add_argument("--" + f.name.replace("_", "-"), dest=f"{section}.{f.name}", metavar="VALUE",
-                               default=None, help=f"{section}.{f.name}")
+    group = parser.add_argument_group("field overrides (any field of training, parallel, hardware; "
+                                      "docs/config.md lists them)")
+    for f in SETTINGS:
+        group.add_argument(f.flag, dest=f.path, metavar="VALUE", default=None, help=f"{f.label}: {f.allowed()}")
 
 
 def _apply_overrides(config: dict, args: argparse.Namespace) -> dict:
+    """Each given flag's text parsed as its field's type (estimator/fields.py) into its section."""
     config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config.items()}
-    for section, cls in SECTION_CLASSES:
-        for f in fields(cls):
-            text = getattr(args, f"{section}.{f.name}")
-            if text is None:
-                continue
-            value = _parse_value(text, str(f.type), f"{section}.{f.name}")
-            config.setdefault(section, {})
-            if not isinstance(config[section], dict):
-                raise ConfigError(section, config[section], "an object of fields")
-            config[section][f.name] = value
+    for f in SETTINGS:
+        text = getattr(args, f.path)
+        if text is None:
+            continue
+        value = parse_text(f, text)
+        section = config.setdefault(f.section, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f.section, section, "an object of fields")
+        section[f.name] = value
     return config
 
 
@@ -107,20 +82,47 @@ def render_text(result) -> str:
     return "\n".join(lines)
 
 
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config is a few KB; a larger file is not one (and is not read)
+
+
+def _read_config(path: str) -> str:
+    """The config file's text; bad input (unreadable, too large, not UTF-8) as a ConfigError."""
+    try:
+        with open(path, "rb") as fh:
+            too_large = os.fstat(fh.fileno()).st_size > MAX_CONFIG_BYTES  # then refused unread
+            raw = b"" if too_large else fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a pipe or device has size 0
+    except OSError as exc:
+        raise ConfigError("--config", path, "a readable JSON file", exc.strerror or "cannot read") from None
+    if too_large or len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("--config", path, f"a JSON file of at most {MAX_CONFIG_BYTES // 2**20} MiB", "too large")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", path, "a UTF-8 encoded JSON file",
+                          f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+
+
+def _parse_json(text: str, path: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("--config", path, "valid JSON",
+                          f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except ValueError:  # json parses integers with int(), which refuses more than 4300 digits
+        raise ConfigError("--config", path, "valid JSON with integers of at most "
+                          f"{sys.get_int_max_str_digits()} digits", "an integer too long to read") from None
+
+
 def _load(args: argparse.Namespace):
     from .config import load_config
+    text = _read_config(args.config)
     try:
-        with open(args.config, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError("--config", args.config, "a readable JSON file", exc.strerror or "cannot read") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("--config", args.config, "valid JSON",
-                          f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    data = _apply_overrides(data, args) if isinstance(data, dict) else data
-    return load_config(data)
+        data = _parse_json(text, args.config)
+        data = _apply_overrides(data, args) if isinstance(data, dict) else data
+        return load_config(data)
+    except RecursionError:  # json.loads or a later walk of the data: nesting deeper than the stack
+        raise ConfigError("--config", args.config, "JSON nested a few hundred levels deep at most",
+                          "nested too deeply") from None
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
@@ -155,15 +157,34 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from .presets import list_presets
-    for p in list_presets():
-        print(p.id)
+    from .presets import get_hf_config, list_presets
+    rows = [(p.id, p.name, _billions(p.published_total, p.published_active),
+             get_hf_config(p.id).get("model_type", "")) for p in list_presets()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
     return 0
+
+
+def _billions(total: int, active: int | None) -> str:
+    """The published parameter count, "8.03B"; a mixture of experts also shows its active count."""
+    text = f"{total / 1e9:.2f}B"
+    return f"{text} ({active / 1e9:.2f}B active)" if active else text
 
 
 def _cmd_gpus(args: argparse.Namespace) -> int:
     for gpu in GPUS.values():
         print(f"{gpu.id:<12} {gpu.capacity_bytes / GiB:7.1f} GiB  {gpu.name}")
+    return 0
+
+
+def _cmd_fields(args: argparse.Namespace) -> int:
+    from .fields import ALL, reference_markdown
+    if args.markdown:
+        print(reference_markdown())
+        return 0
+    for f in ALL:
+        print(f"{f.path:<42} {f.label:<34} {f.allowed()}")
     return 0
 
 
@@ -182,25 +203,41 @@ def build_parser() -> argparse.ArgumentParser:
     roof.set_defaults(handler=_cmd_roofline)
     sub.add_parser("presets", help="list the bundled model ids").set_defaults(handler=_cmd_presets)
     sub.add_parser("gpus", help="list the GPU catalog").set_defaults(handler=_cmd_gpus)
+    ref = sub.add_parser("fields", help="every configuration field with its label and allowed values")
+    ref.add_argument("--markdown", action="store_true", help="print docs/config.md")
+    ref.set_defaults(handler=_cmd_fields)
     return parser
 
 
+def _say(message: str, argv: list[str], field: str = "") -> None:
+    """One line on stderr that never shows a credential: an argument that looks like one is
+    replaced wherever a message quotes it, and a line that still looks like one is withheld."""
+    for token in argv:
+        if looks_secret(token):
+            message = message.replace(token, REDACTED)
+    line = " ".join(message.split())
+    if looks_secret(line):  # the field name itself may be a key the user typed
+        line = f"{field}: {REDACTED}" if field and not looks_secret(field) else REDACTED
+    print(f"error: {line}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(str(exc), argv, exc.field)
         return 2
     except _ArgumentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say(str(exc), argv)
         return 2
     except BrokenPipeError:  # the reader (`| head`) closed the pipe: not an error of ours
-        import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # never a traceback for the user; a bug is still reported as one line
-        print(f"error: internal error ({type(exc).__name__}: {exc}); please report it", file=sys.stderr)
+        detail = redact(" ".join(str(exc).split()))[:300]  # it may carry a whole input, or a token
+        _say(f"internal error ({type(exc).__name__}: {detail}); please report it", argv)
         return 1
 
 

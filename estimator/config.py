@@ -10,7 +10,6 @@ surface.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, fields
 
 from .architecture import ARCHITECTURE_FIELDS, Architecture
@@ -20,7 +19,6 @@ from .parallel import Parallel
 from .training import Training
 
 SECTIONS = {"training": Training, "parallel": Parallel, "hardware": Hardware}
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(@[\w.\-/]+)?$")
 
 
 @dataclass(frozen=True)
@@ -84,11 +82,9 @@ def architecture_from_model(model: object) -> Architecture:
         if model == "":
             raise ConfigError("model", model, "a preset id, a Hugging Face id (org/name) or an architecture object")
         if "/" in model:
-            if not HUB_ID.match(model):
-                raise ConfigError("model", model, "a Hugging Face id like 'meta-llama/Llama-3.1-8B[@revision]'",
-                                  "not a valid repository id")
-            from .hub import fetch_model  # the only path that touches the network
-            return fetch_model(model, count=False).architecture
+            from .hub import fetch_model, parse_hub_id  # the only path that touches the network
+            repo_id, revision = parse_hub_id(model)  # refused before any request or cache write
+            return fetch_model(repo_id, revision=revision, count=False).architecture
         from .presets import get_architecture
         return get_architecture(model)
     if isinstance(model, dict):

@@ -35,10 +35,8 @@ class Hardware:
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
     def __post_init__(self) -> None:
-        if self.gpu not in GPUS:
-            raise ConfigError("hardware.gpu", self.gpu, ", ".join(GPUS))
-        if not isinstance(self.expandable_segments, bool):
-            raise ConfigError("hardware.expandable_segments", self.expandable_segments, "true or false")
+        from .fields import check_section  # the registry reads this module's catalog
+        check_section("hardware", self)
 
     @property
     def device(self) -> GPU:
@@ -50,6 +48,11 @@ class Hardware:
 # single training process with lazy loading. No separate figure was found for the ROCm/HIP runtime,
 # so the AMD parts use the same value.
 _CONTEXT = 512 * 1024**2
+# The figure's own source, cited by the runtime component (a row's `source` cites its datasheet).
+CUDA_CONTEXT_SOURCE = (
+    "Stas Bekman, Machine Learning Engineering (stas00/ml-engineering), training/performance, \"Preloaded "
+    "CUDA kernels memory usage\": 0.5-2 GB once PyTorch first uses CUDA, 0.47 GB with lazy module loading "
+    "(PyTorch 2.1.1, CUDA 12.1); the low end, 512 MiB, for every GPU of the catalog (no ROCm/HIP figure found)")
 MiB = 1024**2
 # A node with one 100 Gb/s uplink shared by its 8 GPUs: 100e9 bits/s / 8 bits per byte / 8 GPUs.
 _100G_SHARED_BY_8 = 100e9 / 8 / 8

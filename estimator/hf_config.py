@@ -13,6 +13,7 @@ list of fields the file has that this mapping does not know (shown to the user a
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from .architecture import Architecture
@@ -209,59 +210,90 @@ def _supported_text() -> str:
 
 
 class _Reader:
-    """A config dict over its family's defaults; remembers which keys were read."""
+    """A config dict over its family's defaults, read only through typed getters: every value the
+    mapping uses is checked on the way in, so a hostile file ends in a `ConfigError` that names the
+    field, never in a TypeError or ValueError further down. An explicit null counts as absent."""
 
-    def __init__(self, config: dict, model_type: str):
+    def __init__(self, config: dict, model_type: str, prefix: str = "model."):
         self.config = config
         self.model_type = model_type
         self.defaults = _DEFAULTS[model_type]
+        self.prefix = prefix  # "model.text_config." for a multimodal file's language model
 
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in self.config and self.config[key] is not None:
-            return self.config[key]
-        if key in self.defaults:
-            value = self.defaults[key]
-            return default if value is None else value
-        return default
+    def _find(self, keys: tuple[str, ...]) -> tuple[str, Any]:
+        """(key, value) of the first spelling the file has (``n_embd``, then ``hidden_size``), else
+        of the first the family's defaults have; (first key, None) when neither has one."""
+        for source in (self.config, self.defaults):
+            for key in keys:
+                if source.get(key) is not None:
+                    return key, source[key]
+        return keys[0], None
 
-    def first(self, *keys: str, default: Any = None) -> Any:
-        """The first of several spellings that is present (e.g. ``n_embd`` then ``hidden_size``)."""
-        for key in keys:
-            if self.config.get(key) is not None:
-                return self.config[key]
-        for key in keys:
-            if self.defaults.get(key) is not None:
-                return self.defaults[key]
-        return default
+    def _error(self, key: str, value: Any, allowed: str, reason: str = "") -> ConfigError:
+        return ConfigError(self.prefix + key, value, allowed, reason)
 
-    def int(self, key: str, *aliases: str, required: bool = True) -> int | None:
-        value = self.first(key, *aliases)
+    def int(self, key: str, *aliases: str, required: bool = True, minimum: int = 1) -> int | None:
+        """An integer >= `minimum` (an integral float such as 4096.0 is read as the integer)."""
+        key, value = self._find((key, *aliases))
+        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         if value is None:
             if required:
-                raise ConfigError(f"model.{key}", None, "a positive integer",
-                                  f"{self.model_type} config has no {key}")
+                raise self._error(key, None, allowed, f"{self.model_type} config has no {key}")
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"model.{key}", value, "a positive integer")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self._error(key, value, allowed)
         return value
 
     def bool(self, key: str, default: bool = False) -> bool:
-        value = self.get(key, default)
+        _, value = self._find((key,))
+        value = default if value is None else value
         if not isinstance(value, bool):
-            raise ConfigError(f"model.{key}", value, "true or false")
+            raise self._error(key, value, "true or false")
+        return value
+
+    def number(self, key: str, default: float | None = None) -> float | None:
+        """A positive finite number; an explicit null is none (`default` only when the key is absent:
+        Gemma-2 switches a soft-cap off with null)."""
+        value = self.config[key] if key in self.config else default
+        if value is None:
+            return None
+        allowed = "a positive finite number or null"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._error(key, value, allowed)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond the float range
+            raise self._error(key, value, allowed) from None
+        if not math.isfinite(value) or value <= 0:
+            raise self._error(key, value, allowed)
+        return value
+
+    def text(self, key: str) -> str | None:
+        _, value = self._find((key,))
+        if value is not None and not isinstance(value, str):
+            raise self._error(key, value, "a string")
+        return value
+
+    def list_of(self, key: str, kind: type, allowed: str) -> list | None:
+        """A list whose items are all of `kind` (bools are not integers here)."""
+        value = self.config.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+            raise self._error(key, value, allowed)
         return value
 
 
 # --- sliding-window layouts -------------------------------------------------------------------
 
-def _pattern_from_layer_types(layer_types: Any, num_layers: int) -> tuple[int | None, list[str]]:
+def _pattern_from_layer_types(layer_types: list[str], num_layers: int) -> tuple[int | None, list[str]]:
     """``layer_types`` (transformers >= 4.53) as the canonical pattern: 0 when every layer slides,
     N when every N-th layer is global; None when no layer slides."""
-    if not isinstance(layer_types, list) or not layer_types:
+    if not layer_types:
         return None, []
-    sliding = [str(t) == "sliding_attention" for t in layer_types]
+    sliding = [t == "sliding_attention" for t in layer_types]
     if not any(sliding):
         return None, []
     if all(sliding):
@@ -277,23 +309,23 @@ def _pattern_from_layer_types(layer_types: Any, num_layers: int) -> tuple[int | 
 def _sliding(r: _Reader, num_layers: int) -> tuple[int | None, int, list[str]]:
     """(sliding_window, sliding_window_pattern, notes) for the family."""
     mt = r.model_type
-    window = r.get("sliding_window")
-    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        if not r.get("use_sliding_window", False):
-            return None, 0, []
-    if window is None or window is False:
+    if mt in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and not r.bool("use_sliding_window"):
         return None, 0, []
-    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-        raise ConfigError("model.sliding_window", window, "a positive integer or null")
+    if r.config.get("sliding_window") is False:  # some exporters write false for "no window"
+        return None, 0, []
+    window = r.int("sliding_window", required=False)
+    if window is None:
+        return None, 0, []
     if "layer_types" in r.config:
-        pattern, notes = _pattern_from_layer_types(r.config["layer_types"], num_layers)
+        types = r.list_of("layer_types", str, "a list of attention kinds ('sliding_attention', 'full_attention')")
+        pattern, notes = _pattern_from_layer_types(types or [], num_layers)
         if pattern is None:
             return None, 0, notes
         return window, pattern, notes
     if mt in ("gemma2", "gpt_oss"):
         return window, 2, []  # alternating local and global layers
     if mt in ("gemma3", "gemma3_text"):
-        return window, int(r.get("sliding_window_pattern", 6)), []
+        return window, r.int("sliding_window_pattern"), []
     return window, 0, []
 
 
@@ -339,13 +371,13 @@ def _llama_like(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         fields["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
     if mt in ("gemma", "gemma2", "gemma3", "gemma3_text"):
         fields["norm_unit_offset"] = True  # GemmaRMSNorm: x * (1 + w), computed in fp32
-        for key, field in (("attn_logit_softcapping", "attention_logit_softcapping"),
-                           ("final_logit_softcapping", "final_logit_softcapping")):
-            value = r.config.get(key, 50.0 if (mt == "gemma2" and key == "attn_logit_softcapping") else
-                                 30.0 if (mt == "gemma2" and key == "final_logit_softcapping") else None)
+        # Gemma2Config defaults: attention scores capped at 50, final logits at 30
+        for key, field, gemma2_default in (("attn_logit_softcapping", "attention_logit_softcapping", 50.0),
+                                           ("final_logit_softcapping", "final_logit_softcapping", 30.0)):
+            value = r.number(key, gemma2_default if mt == "gemma2" else None)
             if value is not None:
-                fields[field] = float(value)
-    if mt == "phi3" and r.config.get("lm_head_bias"):
+                fields[field] = value
+    if mt == "phi3" and r.bool("lm_head_bias"):
         notes.append("lm_head_bias (not counted)")
     window, pattern, more = _sliding(r, fields["num_layers"])
     fields.update(sliding_window=window, sliding_window_pattern=pattern)
@@ -353,22 +385,20 @@ def _llama_like(r: _Reader) -> tuple[dict[str, Any], list[str]]:
 
 
 def _moe_pattern_qwen(r: _Reader, num_layers: int) -> dict[str, Any]:
-    """Qwen2/3-MoE: layer i is sparse when i is not in mlp_only_layers and (i + 1) % step == 0."""
+    """Qwen2/3-MoE: layer i is sparse when i is not in mlp_only_layers and (i + 1) % step == 0.
+    The sparse candidates are step - 1, 2 step - 1, ...; the canonical pattern (a dense prefix, then
+    every step-th layer) holds when mlp_only_layers removes the first k of them and no other. Read
+    from the list, not by walking the layers, so the cost does not grow with num_hidden_layers."""
+    only = r.list_of("mlp_only_layers", int, "a list of layer indices") or []
     step = r.int("decoder_sparse_step")
-    only = r.get("mlp_only_layers") or []
-    if not isinstance(only, list) or not all(isinstance(i, int) for i in only):
-        raise ConfigError("model.mlp_only_layers", only, "a list of layer indices")
-    if step <= 0:
-        raise ConfigError("model.decoder_sparse_step", step, "a positive integer")
-    moe = [i for i in range(num_layers) if i not in only and (i + 1) % step == 0]
-    if not moe:
+    removed = sorted({i for i in only if 0 <= i < num_layers and (i + 1) % step == 0})
+    if removed != [(k + 1) * step - 1 for k in range(len(removed))]:
+        raise r._error("mlp_only_layers", only, "a leading run of layers (0, 1, ..., k-1)",
+                       "this placement of dense layers cannot be represented")
+    first = (len(removed) + 1) * step - 1
+    if first >= num_layers:
         return dict(num_experts=0)
-    first, freq = moe[0], step
-    expected = [i for i in range(num_layers) if i >= first and (i - first) % freq == 0]
-    if moe != expected:
-        raise ConfigError("model.mlp_only_layers", only, "a leading run of layers (0, 1, ..., k-1)",
-                          "this placement of dense layers cannot be represented")
-    return dict(first_dense_layers=first, moe_layer_frequency=freq)
+    return dict(first_dense_layers=first, moe_layer_frequency=step)
 
 
 def _mixtral(r: _Reader) -> tuple[dict[str, Any], list[str]]:
@@ -380,7 +410,7 @@ def _mixtral(r: _Reader) -> tuple[dict[str, Any], list[str]]:
 
 def _qwen_moe(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     fields, notes = _llama_like(r)
-    experts = r.int("num_experts")
+    experts = r.int("num_experts", minimum=0)
     pattern = _moe_pattern_qwen(r, fields["num_layers"]) if experts else dict(num_experts=0)
     if pattern.get("num_experts") == 0:
         return fields, notes
@@ -388,7 +418,7 @@ def _qwen_moe(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     fields.update(num_experts=experts, num_experts_per_token=r.int("num_experts_per_tok"),
                   moe_intermediate_size=r.int("moe_intermediate_size"))
     if r.model_type == "qwen2_moe":
-        shared = r.int("shared_expert_intermediate_size", required=False)
+        shared = r.int("shared_expert_intermediate_size", required=False, minimum=0)
         if shared:
             fields.update(num_shared_experts=1, shared_expert_intermediate_size=shared, shared_expert_gate=True)
     if fields.get("first_dense_layers", 0) == 0 and fields.get("moe_layer_frequency", 1) == 1:
@@ -412,20 +442,20 @@ def _deepseek(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         qk_nope_head_dim=r.int("qk_nope_head_dim"), qk_rope_head_dim=r.int("qk_rope_head_dim"),
         v_head_dim=r.int("v_head_dim"),
     )
-    experts = r.int("n_routed_experts", required=False)
+    experts = r.int("n_routed_experts", required=False, minimum=0)
     if experts:
         freq = r.int("moe_layer_freq")
-        first = r.int("first_k_dense_replace")
+        first = r.int("first_k_dense_replace", minimum=0)
         if freq > 1 and first % freq:
             # transformers: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0
             notes.append("moe_layer_freq (MoE layers placed approximately)")
         fields.update(num_experts=experts, num_experts_per_token=r.int("num_experts_per_tok"),
                       moe_intermediate_size=r.int("moe_intermediate_size"),
-                      num_shared_experts=r.int("n_shared_experts", required=False) or 0,
+                      num_shared_experts=r.int("n_shared_experts", required=False, minimum=0) or 0,
                       first_dense_layers=first, moe_layer_frequency=freq,
                       # DeepSeek-V3's aux-loss-free balancing stores e_score_correction_bias per router
-                      router_bias=r.get("topk_method") == "noaux_tc")
-    fields["mtp_layers"] = r.int("num_nextn_predict_layers", required=False) or 0
+                      router_bias=r.text("topk_method") == "noaux_tc")
+    fields["mtp_layers"] = r.int("num_nextn_predict_layers", required=False, minimum=0) or 0
     return fields, notes
 
 
@@ -495,8 +525,7 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     new_arch = r.bool("new_decoder_architecture")
     if new_arch:
         kv = r.int("num_kv_heads", "n_head_kv", required=False) or heads
-        ln = r.get("num_ln_in_parallel_attn") or 2
-        norms = int(ln)
+        norms = r.int("num_ln_in_parallel_attn", required=False) or 2
     else:
         kv = 1 if r.bool("multi_query", True) else heads
         norms = 1 if r.bool("parallel_attn", True) else 2
@@ -524,22 +553,35 @@ assert set(_BUILDERS) == set(_DEFAULTS)
 
 # --- entry point ------------------------------------------------------------------------------
 
-def _text_model_config(config: dict) -> dict:
-    """A multimodal config's language model (``text_config``), else the config itself."""
-    model_type = config.get("model_type")
+def _model_type(config: dict, field: str) -> str | None:
+    value = config.get("model_type")
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(field, value, _supported_text())
+    return value
+
+
+def _text_model_config(config: dict) -> tuple[dict, str]:
+    """A multimodal config's language model (``text_config``) and the prefix that names its
+    fields, else the config itself."""
+    model_type = _model_type(config, "model.model_type")
     text = config.get("text_config")
-    if (model_type in _DEFAULTS and model_type != "gemma3") or not isinstance(text, dict):
-        return config
+    if text is not None and not isinstance(text, dict):
+        raise ConfigError("model.text_config", text, "an object (the language model's config)")
+    if (model_type in _DEFAULTS and model_type != "gemma3") or text is None:
+        return config, "model."
     merged = dict(text)
-    if not merged.get("model_type"):
+    if not _model_type(merged, "model.text_config.model_type"):
         inferred = _TEXT_MODEL_TYPES.get(str(model_type))
         if inferred is None:
             raise ConfigError("model.text_config.model_type", None, _supported_text(),
                               f"the text model of a {model_type!r} config does not name its model_type")
         merged["model_type"] = inferred
     if "tie_word_embeddings" not in merged and "tie_word_embeddings" in config:
-        merged["tie_word_embeddings"] = config["tie_word_embeddings"]
-    return merged
+        tie = config["tie_word_embeddings"]
+        if tie is not None and not isinstance(tie, bool):
+            raise ConfigError("model.tie_word_embeddings", tie, "true or false")
+        merged["tie_word_embeddings"] = tie
+    return merged, "model.text_config."
 
 
 def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[Architecture, list[str]]:
@@ -551,8 +593,7 @@ def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[
     """
     if not isinstance(config, dict):
         raise ConfigError("model", type(config).__name__, "a config.json object")
-    top_type = config.get("model_type")
-    config = _text_model_config(config)
+    config, prefix = _text_model_config(config)
     model_type = config.get("model_type")
     if model_type is None:
         raise ConfigError("model.model_type", None, _supported_text(),
@@ -560,13 +601,13 @@ def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[
     if model_type not in _DEFAULTS:
         raise ConfigError("model.model_type", model_type, _supported_text(),
                           f"model type {model_type!r} is not a supported decoder-only transformer")
-    reader = _Reader(config, model_type)
+    reader = _Reader(config, model_type, prefix)
     fields, notes = _BUILDERS[model_type](reader)
     known = _COMMON_KEYS | _FAMILY_KEYS[model_type] | {"text_config", "vision_config"}
-    ignored = sorted(k for k in config if k not in known)
-    if top_type != model_type:
+    ignored = sorted(str(k) for k in config if k not in known)
+    if prefix != "model.":
         ignored = [f"text_config.{k}" for k in ignored]
-    fields["name"] = name or str(config.get("_name_or_path") or model_type)
+    fields["name"] = name or reader.text("_name_or_path") or model_type
     try:
         arch = Architecture(**{k: v for k, v in fields.items() if v is not None or k == "intermediate_size"})
     except TypeError as error:  # pragma: no cover - a builder bug, not user input

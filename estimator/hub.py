@@ -30,9 +30,10 @@ import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
+from urllib.parse import unquote
 
 from .architecture import Architecture, parameter_counts
-from .errors import ConfigError
+from .errors import ConfigError, looks_secret, redact
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 MAX_CONFIG_BYTES = 2 * 1024 * 1024  # a config.json is a few KB; anything this large is not one
@@ -55,36 +56,75 @@ class HubError(ConfigError):
 
 # --- the model string ---------------------------------------------------------------------------
 
-_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
-_REPO_ID = re.compile(rf"^{_NAME}/{_NAME}$")
-_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,255}$")
+# The Hub's rules for a repository id (huggingface_hub.utils.validate_repo_id): org and name of
+# letters, digits, "-", "_", "."; neither starts nor ends with "-" or "."; at most 96 characters.
+_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"{_NAME}/{_NAME}")
+_ALLOWED_REPO = ("org/name: letters, digits, '-', '_' and '.', at most 96 characters each, neither "
+                 "starting nor ending with '-' or '.', no '--' or '..'")
+# A revision is a git ref name (git check-ref-format), which also covers a 40-hex commit and the
+# Hub's refs/pr/N. huggingface_hub joins it to a cache path (refs/<revision>), so anything that
+# could climb out of that folder (a leading "/", "..", a backslash) must be refused here.
+_REF_FORBIDDEN = re.compile(r"[\s~^:?*\[\\]|\.\.|//|@\{")
+MAX_REVISION_CHARS = 256
+_ALLOWED_REVISION = ("a branch or tag name (git ref-name rules: no leading or trailing '/', no '//', '..', "
+                     "'@{', backslash, space or any of ~^:?*[), a 40-hex commit, or refs/pr/N")
 _HUB_URL = re.compile(r"^https?://(?:www\.)?(?:huggingface\.co|hf\.co)/")
-_SECRET = re.compile(r"hf_[A-Za-z0-9]{8,}|://[^/@\s]*@|[?&](?:token|access_token)=", re.IGNORECASE)
 
 
-def _redacted(text: str) -> str:
-    return "<redacted: the model string looks like it contains a credential>" if _SECRET.search(text) else text
+def _revision_problem(revision: str) -> str | None:
+    """Why `revision` is not a git ref name, or None when it is one."""
+    if not revision:
+        return "empty revision"
+    if len(revision) > MAX_REVISION_CHARS:
+        return f"a revision longer than {MAX_REVISION_CHARS} characters"
+    if revision == "@" or _REF_FORBIDDEN.search(revision) or not revision.isprintable():
+        return "a revision with a character or sequence git refuses in a ref name"
+    if revision.startswith("/") or revision.endswith(("/", ".")):
+        return "a revision that starts with '/' or ends with '/' or '.'"
+    if any(part.startswith(".") or part.endswith(".lock") for part in revision.split("/")):
+        return "a revision with a part that starts with '.' or ends with '.lock'"
+    return None
 
 
-def parse_model_id(model: str) -> tuple[str, str | None]:
-    """``"org/name@revision"`` (or a huggingface.co URL of the model) -> (repo id, revision)."""
+def _check_revision(model: str, revision: str) -> str:
+    if looks_secret(revision):  # later messages quote the revision
+        raise HubError("invalid_id", redact(revision), "a token must not be part of the revision")
+    problem = _revision_problem(revision)
+    if problem:
+        raise HubError("invalid_id", model, problem, _ALLOWED_REVISION)
+    return revision
+
+
+def parse_hub_id(model: str) -> tuple[str, str | None]:
+    """``"org/name@revision"`` (or a huggingface.co URL of the model) -> (repo id, revision).
+
+    The one check of a model string before anything touches the network or the disk. Raises
+    `HubError` (field ``model``, kind ``invalid_id``) naming what is allowed."""
     if not isinstance(model, str) or not model.strip():
         raise HubError("invalid_id", model, "empty or not a string")
     text = model.strip()
-    if _SECRET.search(text):
-        raise HubError("invalid_id", _redacted(text),
+    if looks_secret(text):  # the placeholder, not the token, is what the error keeps and shows
+        raise HubError("invalid_id", redact(text),
                        "a token must not be part of the model string; set HF_TOKEN or pass it separately")
-    text = _HUB_URL.sub("", text).rstrip("/")
-    revision = None
-    if "@" in text:
-        text, revision = text.split("@", 1)
-        if not revision or not _REVISION.match(revision) or ".." in revision:
-            raise HubError("invalid_id", model, f"bad revision {revision!r}")
-    if "/tree/" in text:  # a pasted URL such as .../org/name/tree/main
-        text, revision = text.split("/tree/", 1)[0], revision or text.split("/tree/", 1)[1]
-    if not _REPO_ID.match(text) or "--" in text or ".." in text:
-        raise HubError("invalid_id", model, "not a valid repository id")
-    return text, revision
+    text, revision = _split_revision(model, text)
+    if not _REPO_ID.fullmatch(text) or "--" in text or ".." in text or text.endswith(".git"):
+        raise HubError("invalid_id", model, "not a valid repository id", _ALLOWED_REPO)
+    return text, None if revision is None else _check_revision(model, revision)
+
+
+def _split_revision(model: str, text: str) -> tuple[str, str | None]:
+    """The repo part and the revision (unchecked) of ``org/name@rev``, or of a pasted Hub URL."""
+    from_url = bool(_HUB_URL.match(text))
+    if from_url:
+        text = _HUB_URL.sub("", text).rstrip("/")
+    text, at, revision = text.partition("@")
+    if "/tree/" not in text:
+        return text, revision if at else None
+    if at:
+        raise HubError("invalid_id", model, "two revisions given: /tree/ and @", _ALLOWED_REVISION)
+    text, tree = text.split("/tree/", 1)
+    return text, unquote(tree) if from_url else tree  # the Hub's URLs encode refs/pr/N as refs%2Fpr%2FN
 
 
 # --- settings read at call time -------------------------------------------------------------------
@@ -193,7 +233,9 @@ def _bounded(call: Callable[[], T], timeout: float, on_timeout: Callable[[], Hub
 # --- fetching -------------------------------------------------------------------------------------
 
 def _split(repo_id: str, revision: str | None) -> tuple[str, str | None]:
-    parsed, rev = parse_model_id(repo_id)
+    parsed, rev = parse_hub_id(repo_id)
+    if revision is not None:  # an explicit revision reaches the cache path as much as one in the id
+        _check_revision(repo_id, revision)
     if revision is not None and rev is not None and revision != rev:
         raise HubError("invalid_id", repo_id, f"two revisions given: {rev!r} in the id and {revision!r}")
     return parsed, revision or rev

@@ -25,22 +25,27 @@ from .training import Training
 KV_SOURCE = "KV cache = 2 x g x d_head per token and layer (GQA: Ainslie et al. 2023; MLA: DeepSeek-V2 section 2.1.3)"
 
 
-def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel, layer_indices: tuple[int, ...]) -> tuple[float, str]:
+def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
+                   chunks: tuple[range, ...]) -> tuple[float, str]:
+    """The KV cache of the layers in `chunks` (a stage's layer ranges): full-attention layers keep
+    every token, sliding-window layers at most the window."""
     tokens = training.kv_cache_tokens or training.seq_len
     dtype = training.kv_cache_dtype or (training.param_dtype if training.param_dtype in ("fp32", "bf16", "fp16", "fp8")
                                         else "bf16")
     B = bytes_per_element(dtype)
     b = training.micro_batch_size
-    total = 0.0
-    for i in layer_indices:
-        kept = tokens
-        if arch.sliding_window and (arch.sliding_window_pattern == 0 or (i + 1) % arch.sliding_window_pattern):
-            kept = min(tokens, arch.sliding_window)
+
+    def per_layer(kept: int) -> float:
         if arch.uses_mla:
-            total += (arch.kv_lora_rank + arch.qk_rope_head_dim) * kept * b * B
-        else:
-            # vLLM replicates KV heads when TP exceeds them: each rank keeps at least one
-            total += 2 * max(arch.num_kv_heads / par.tp, 1) * arch.head_dim * kept * b * B
+            return (arch.kv_lora_rank + arch.qk_rope_head_dim) * kept * b * B
+        # vLLM replicates KV heads when TP exceeds them: each rank keeps at least one
+        return 2 * max(arch.num_kv_heads / par.tp, 1) * arch.head_dim * kept * b * B
+
+    full = sum(arch.global_attention_layers_in(r.start, r.stop) for r in chunks)
+    windowed = sum(len(r) for r in chunks) - full
+    total = per_layer(tokens) * full
+    if windowed:
+        total += per_layer(min(tokens, arch.sliding_window)) * windowed
     formula = (f"(kv_lora_rank + d_rope) x tokens x batch x layers x {B:g} B" if arch.uses_mla
                else f"2 x max(g/t, 1) x d_head x tokens x batch x layers x {B:g} B")
     return total, formula
@@ -53,11 +58,11 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
     C = bytes_per_element(training.compute_dtype)
     weights = _component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
                          "dtype sizes in estimator/dtypes.py (block scales included)")
-    kv, kv_formula = kv_cache_bytes(arch, training, par, sp.layer_indices)
+    kv, kv_formula = kv_cache_bytes(arch, training, par, sp.chunks)
     kv_cache = _component("kv_cache", "KV cache", kv, kv_formula, KV_SOURCE)
     T = tokens_per_gpu(training, par)
     h, t = arch.hidden_size, par.tp
-    kinds = {arch.layer_kinds()[i] for i in sp.layer_indices}
+    kinds = {kind for kind, _ in sp.kind_counts}
     # The widest temporaries of one layer during a prefill: q, k, v and the attention output, or
     # the MLP's fc1 output and the gated product (routed tokens x top-k for MoE).
     attn = T * (arch.q_width + 2 * arch.kv_width + arch.attention_output_width) * C / t
@@ -68,8 +73,10 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
         mlp = max(mlp, T * arch.num_experts_per_token * training.moe_capacity_factor
                   * arch.moe_intermediate_size * (3 if arch.gated_mlp else 2) * C / t)
     working = max(attn, mlp) + 2 * T * h * C  # plus the residual stream in and out
+    by_t, by_cp = ("/t" if t > 1 else ""), ("/cp" if par.cp > 1 else "")
     activations = _component("activations", "Working activations (one layer, prefill)", working,
-                             "max(q,k,v,out ; MLP fc1 + product) + residual in/out, for s*b tokens",
+                             f"max(q, k, v, attention output{by_t} ; MLP fc1 output and product{by_t}) + residual "
+                             f"in and out, for s*b{by_cp} tokens",
                              "one layer's forward temporaries; nothing is kept for backward")
     kept = [weights, _component("gradients", "Gradients", 0, "none in inference", ""),
             _component("optimizer_states", "Optimizer states", 0, "none in inference", ""),
@@ -77,7 +84,7 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
     if sp.stage == par.pp - 1:
         # Logits of the last position of each sequence, upcast to fp32 for sampling.
         kept.append(_component("logits", "Logits of the sampled positions (fp32)",
-                               training.micro_batch_size * vocab * 4 / t, "4 x b x V / t", "vLLM/HF generate: last position only"))
+                               training.micro_batch_size * vocab * 4 / t, f"4 x b x V{by_t}", "vLLM/HF generate: last position only"))
     phase = _phase("forward", tuple(kept), _fold([]))
     comm, runtime = shared.communication, shared.runtime
     frag = _fragmentation(phase.allocated_bytes, hardware)

@@ -28,9 +28,9 @@ from typing import NamedTuple
 from . import activations as act
 from .architecture import Architecture, parameter_counts
 from .dtypes import bytes_per_element
-from .hardware import GPU, GPUS, Hardware
+from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
-from .sharding import StageParameters, padded_vocab_size, stage_parameters
+from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size, stage_parameters
 from .states import FP8_SOURCE, OPTIMIZER_SOURCES, ZERO_SOURCE, model_states
 from .training import Recipe, Training, resolve_recipe
 from .validation import validate
@@ -173,8 +173,8 @@ def _component(key: str, label: str, value: float, formula: str, source: str,
 
 def _entries_component(key: str, label: str, entries: list[act.Entry], par: Parallel, times: float,
                        source: str) -> Component:
-    parts = tuple(_component(key, e.name, e.bytes(par) * times, e.formula, source) for e in entries)
-    formula = " + ".join(e.formula for e in entries) if entries else "0"
+    parts = tuple(_component(key, e.name, e.bytes(par) * times, e.shown_formula(par), source) for e in entries)
+    formula = " + ".join(p.formula for p in parts) if entries else "0"
     if times != 1:
         formula = f"({formula}) x {times:g}"
     return Component(key, label, sum(p.bytes for p in parts), formula, source, parts)
@@ -195,7 +195,8 @@ class _Shared(NamedTuple):
 
     per_layer: dict[str, float]  # bytes one layer keeps per micro-batch, by layer kind, as recomputed
     full_layer: dict[str, float]  # ... without any recompute (the working set re-materialised)
-    kept_input: float
+    kept_input: float  # what full recompute keeps of a layer: its input
+    kept_input_formula: str
     embedding: list[act.Entry]
     loss: act.LossMemory | None
     communication: Component  # NCCL buffers: every stage
@@ -210,7 +211,8 @@ class _Shared(NamedTuple):
 
     def ledger(self) -> tuple[LedgerLine, ...]:
         par = self.parallel
-        return tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.formula, act.dropped(e, self.recomputed))
+        return tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.shown_formula(par),
+                                act.dropped(e, self.recomputed))
                      for k in sorted(self.entries) for e in self.entries[k])
 
 
@@ -219,8 +221,7 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     communication = _communication(training, par, zero)
     moe_communication = (_communication(training, par, zero, arch, hardware) if training.moe_dispatcher == "deepep"
                          else communication)
-    kinds = sorted(set(arch.layer_kinds()))
-    entries = {k: act.layer_entries(arch, training, par, k) for k in kinds}
+    entries = {k: act.layer_entries(arch, training, par, k) for k in arch.kinds}
     modules = act.recomputed_modules(training)
     full, per_layer = {}, {}
     for kind, es in entries.items():
@@ -228,13 +229,14 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
         full[kind] = sum(b for b, _ in sizes)
         per_layer[kind] = sum(b for b, dropped in sizes if not dropped)
     embedding = act.embedding_entries(arch, training, par)
+    kept_input = act.layer_input_entry(arch, training, par)
     return _Shared(
-        per_layer=per_layer, full_layer=full, kept_input=act.layer_input_bytes(arch, training, par),
-        embedding=embedding,
+        per_layer=per_layer, full_layer=full, kept_input=kept_input.bytes(par),
+        kept_input_formula=kept_input.shown_formula(par), embedding=embedding,
         loss=act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None,
         communication=communication, moe_communication=moe_communication,
         runtime=_component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
-                           "per-process constant of the GPU catalog", hardware.device.source),
+                           "per-process constant of the GPU catalog", CUDA_CONTEXT_SOURCE),
         entries=entries, recomputed=modules, parallel=par, hardware=hardware,
         embedding_bytes=sum(e.bytes(par) for e in embedding),
         fragmentation=fragmentation_fraction(hardware))
@@ -247,9 +249,7 @@ def _activation_counts(training: Training, stage: StageParameters, arch: Archite
         return 0, stage.kind_counts
     n_layers = stage.num_layers
     recomputed = n_layers if training.recompute_layers is None else min(training.recompute_layers, n_layers)
-    kinds = arch.layer_kinds()
-    stored = [kinds[i] for i in stage.layer_indices[recomputed:]]
-    return recomputed, tuple((k, stored.count(k)) for k in sorted(set(stored)))
+    return recomputed, chunk_kind_counts(arch, stage.chunks, skip=recomputed)
 
 
 def _activation_bytes(stage: StageParameters, inflight: float, counts: tuple[int, tuple], shared: _Shared) -> int:
@@ -273,7 +273,7 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
     if recomputed:
         parts.append((f"{recomputed} recomputed layers keep their input",
                       int(round(shared.kept_input * recomputed * inflight)),
-                      f"{shared.kept_input / 2**20:,.1f} MiB layer input (B*s*b*h, /t with SP) x "
+                      f"{shared.kept_input / 2**20:,.1f} MiB layer input ({shared.kept_input_formula}) x "
                       f"{recomputed} layers x {inflight:g} in flight"))
     for kind, n in stored_counts:
         if n:
@@ -284,7 +284,8 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
     if stage.stage == 0:
         parts.append(("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else ""),
                       int(round(shared.embedding_bytes * max(1.0, inflight))),
-                      " + ".join(e.formula for e in shared.embedding) + " per micro-batch in flight"))
+                      " + ".join(e.shown_formula(shared.parallel) for e in shared.embedding)
+                      + " per micro-batch in flight"))
     return tuple(parts)
 
 
@@ -395,7 +396,7 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
     formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
     nccl = _component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
-    if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or "moe" not in arch.layer_kinds():
+    if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
         return nccl
     # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core
     # fused_a2a.get_buffer): only stages with MoE layers hold it (see _static_stage).
@@ -483,6 +484,9 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
     if vocab != arch.vocab_size:
         notes.append(f"vocabulary padded from {arch.vocab_size:,} to {vocab:,} rows (Megatron: a multiple of "
                      f"128 x TP = {128 * par.tp})")
+    if training.mode == "training" and par.pp > 1 and training.global_batch_size is None:
+        notes.append(f"global batch {act.global_batch_size(training, par):,} (auto): {m} micro-batches per step, "
+                     "the fewest that fill the pipeline; any larger global batch holds the same activations")
     if training.mode == "training" and par.pp > 1 and m < par.pp:
         notes.append(f"{m} micro-batch(es) per step on {par.pp} pipeline stages: most of the step is pipeline "
                      f"bubble; set global_batch_size to at least {par.pp * training.micro_batch_size * par.dp} "
@@ -581,8 +585,9 @@ def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: 
     T = act.tokens_per_gpu(training, par)
     B = act.fp8_activation_bytes(training) if training.fp8 else bytes_per_element(training.compute_dtype)
     tokens = T * arch.num_experts_per_token * training.moe_capacity_factor * par.etp
-    size = tokens * arch.hidden_size * B / (par.tp if par.sequence_parallel else 1)
-    return [_component("transient", "All-to-all send buffer (permuted tokens)", size, "B*phi*k*s*b*h*etp/t",
+    send = act.Entry("All-to-all send buffer (permuted tokens)", tokens * arch.hidden_size, B, "sp",
+                     "B*phi*k*s*b*h*etp")
+    return [_component("transient", send.name, send.bytes(par), send.shown_formula(par),
                        "Megatron-Core MoEAlltoAllTokenDispatcher (permute, then all_to_all)")]
 
 

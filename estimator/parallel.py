@@ -34,30 +34,22 @@ class Parallel:
     comm_overlap: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "vpp", "dp", "cp", "ep"):
-            _positive(name, getattr(self, name))
-        for name in ("pp_first_stage_layers", "pp_last_stage_layers", "etp", "world_size"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if (isinstance(self.comm_overlap, bool) or not isinstance(self.comm_overlap, (int, float))
-                or not 0 <= self.comm_overlap <= 1):
-            raise ConfigError("parallel.comm_overlap", self.comm_overlap, "a number from 0.0 to 1.0")
-        if self.sequence_parallel is not None and not isinstance(self.sequence_parallel, bool):
-            raise ConfigError("parallel.sequence_parallel", self.sequence_parallel, "true or false")
-        if self.zero_stage is not None and (isinstance(self.zero_stage, bool) or self.zero_stage not in (0, 1, 2, 3)):
-            raise ConfigError("parallel.zero_stage", self.zero_stage, "0, 1, 2 or 3")
+        from .fields import check_section  # each field's type and range; the registry reads this module
+        check_section("parallel", self)
         if self.sequence_parallel is None:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
         if self.etp is None:
             object.__setattr__(self, "etp", self.tp)
         if self.world_size is not None and self.world_size != self.gpus:
             raise ConfigError("parallel.world_size", self.world_size,
-                              f"tp x pp x cp x dp = {self.tp} x {self.pp} x {self.cp} x {self.dp} = {self.gpus}")
+                              f"tp x pp x cp x dp = {self.tp} x {self.pp} x {self.cp} x {self.dp} = {self.gpus}",
+                              related=("parallel.tp", "parallel.pp", "parallel.cp", "parallel.dp"))
         if self.vpp > 1 and self.pp == 1:
-            raise ConfigError("parallel.vpp", self.vpp, "1 when pp is 1", "interleaving needs pipeline stages")
+            raise ConfigError("parallel.vpp", self.vpp, "1 when pp is 1", "interleaving needs pipeline stages",
+                              related=("parallel.pp",))
         if (self.pp_first_stage_layers or self.pp_last_stage_layers) and self.pp == 1:
             raise ConfigError("parallel.pp_first_stage_layers", self.pp_first_stage_layers or self.pp_last_stage_layers,
-                              "unset when pp is 1")
+                              "unset when pp is 1", related=("parallel.pp",))
 
     @property
     def gpus(self) -> int:
@@ -71,9 +63,4 @@ class Parallel:
     def expert_data_parallel(self) -> int:
         """Replicas of each expert shard in a stage: (TP x CP x DP) / (EP x ETP)."""
         return self.gpus_per_stage // (self.ep * self.etp)
-
-
-def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"parallel.{name}", value, "a positive integer")
 

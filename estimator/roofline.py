@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .activations import microbatches
+from .activations import global_batch_size, microbatches
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
@@ -729,7 +729,7 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
         optimizer_s = (dense + expert) * per_param / gpu.memory_bandwidth
 
     time_s = ideal + bubble_s + exposed_comm_s + optimizer_s
-    tokens_per_step = (training.global_batch_size or training.micro_batch_size * par.dp) * training.seq_len
+    tokens_per_step = global_batch_size(training, par) * training.seq_len
     tokens_per_s_per_gpu = tokens_per_step / time_s / par.gpus
     flops_per_token = model_flops_per_token(arch, training.seq_len, is_training)
     mfu = tokens_per_s_per_gpu * flops_per_token / ctx.peak

@@ -12,7 +12,6 @@ both copies and all-reduces their gradients, Shoeybi et al. 2019).
 from __future__ import annotations
 
 import math
-from collections import Counter
 from operator import add
 from typing import NamedTuple
 
@@ -104,8 +103,23 @@ def stage_layer_chunks(arch: Architecture, par: Parallel) -> list[tuple[range, .
 
 
 def stage_layer_indices(arch: Architecture, par: Parallel) -> list[list[int]]:
-    """Global layer indices on each rank, in the order the rank runs its chunks."""
+    """Global layer indices on each rank, in the order the rank runs its chunks. One entry per
+    layer, so for display and tests: estimates read the ranges of `stage_layer_chunks`."""
     return [[i for r in chunks for i in r] for chunks in stage_layer_chunks(arch, par)]
+
+
+def chunk_kind_counts(arch: Architecture, chunks: tuple[range, ...], skip: int = 0) -> tuple[tuple[str, int], ...]:
+    """(kind, layers) over a rank's chunks, in the order it runs them, leaving out its first `skip`
+    layers (those full recompute does not store); kinds sorted, each with at least one layer.
+    Each chunk is counted in closed form (`Architecture.kind_counts`), so the cost is one step per
+    chunk, whatever the number of layers."""
+    totals = {"dense": 0, "moe": 0}
+    for r in chunks:
+        start = r.start + min(skip, len(r))
+        skip -= start - r.start
+        for kind, n in arch.kind_counts(start, r.stop):
+            totals[kind] += n
+    return tuple((kind, n) for kind, n in totals.items() if n > 0)
 
 
 def local_numel(t: ParameterTensor, par: Parallel) -> float:
@@ -190,20 +204,15 @@ class StageParameters(NamedTuple):
     total: Bucket  # everything on the stage
     largest_layer_local: float  # one layer's elements on a GPU (the FSDP/ZeRO-3 unit)
     root_local: float  # embedding + final norm + head on a GPU (the FSDP root unit)
-    layout: tuple = ()  # (arch, par), to build the layer ranges on demand
+    chunks: tuple[range, ...] = ()  # the rank's layers, one range per virtual chunk, in running order
 
     @property
     def num_layers(self) -> int:
         return sum(n for _, n in self.kind_counts)
 
     @property
-    def chunks(self) -> tuple[range, ...]:
-        """The rank's layers, one range per virtual chunk (built on demand)."""
-        arch, par = self.layout
-        return stage_layer_chunks(arch, par)[self.stage]
-
-    @property
     def layer_indices(self) -> tuple[int, ...]:
+        """One entry per layer, for display and tests; estimates read `chunks`."""
         return tuple(i for r in self.chunks for i in r)
 
     @property
@@ -221,19 +230,14 @@ class StageParameters(NamedTuple):
 
 def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[StageParameters]:
     vocab = padded_vocab_size(arch.vocab_size, par.tp, framework)
-    kinds = arch.layer_kinds()
     per_kind = {k: arch.cached((k, par.tp, par.ep, par.etp), lambda k=k: bucket(arch.layer_tensors(k), par))
-                for k in set(kinds)}
-    if len(per_kind) == 1:  # one kind of layer: a stage is its layer count
-        kind = kinds[0]
-        counts_per_rank = [((kind, n),) for n in layers_per_stage(arch, par)]
-    else:
-        counts_per_rank = [tuple(sorted(Counter(kinds[i] for r in chunks for i in r).items()))
-                           for chunks in stage_layer_chunks(arch, par)]
+                for k in arch.kinds}
+    chunks_per_rank = stage_layer_chunks(arch, par)
     stages = []
     cache: dict[tuple, tuple[Bucket, float, float]] = {}
     last = par.pp - 1
-    for rank, counts in enumerate(counts_per_rank):
+    for rank, chunks in enumerate(chunks_per_rank):
+        counts = chunk_kind_counts(arch, chunks)
         key = (rank == 0, rank == last, counts)
         if key not in cache:
             total = Bucket()
@@ -248,7 +252,7 @@ def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[
             largest = max((per_kind[k].dense + per_kind[k].expert for k, _ in counts), default=0.0)
             cache[key] = (total.plus(root), largest, root.dense)
         total, largest, root_dense = cache[key]
-        stages.append(StageParameters(rank, counts, total, largest, root_dense, (arch, par)))
+        stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks))
     return stages
 
 

@@ -118,64 +118,22 @@ def resolve_recipe(training: Training) -> Recipe:
 
 # --- validation ----------------------------------------------------------------------------------
 
-def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"training.{name}", value, ", ".join(repr(a) for a in allowed))
-
-
-def _positive_int(name: str, value: object, required: bool = True) -> None:
-    if value is None and not required:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"training.{name}", value, "a positive integer")
-
-
 def _check_training(t: Training) -> None:
-    _one_of("mode", t.mode, MODES)
-    _one_of("framework", t.framework, FRAMEWORKS)
-    _positive_int("seq_len", t.seq_len)
-    _positive_int("micro_batch_size", t.micro_batch_size)
-    _positive_int("global_batch_size", t.global_batch_size, required=False)
+    """Each field's type and range (estimator/fields.py), then the rules between fields."""
+    from .fields import check_section  # the registry reads this module's option lists
+    check_section("training", t)
+    if isinstance(t.recompute_modules, list):  # JSON gives a list; keep the dataclass hashable
+        object.__setattr__(t, "recompute_modules", tuple(t.recompute_modules))
     weight_dtypes = INFERENCE_WEIGHT_DTYPES if t.mode == "inference" else TRAINING_DTYPES
-    _one_of("param_dtype", t.param_dtype, weight_dtypes)
-    if t.grad_dtype is not None:
-        _one_of("grad_dtype", t.grad_dtype, ("fp32", "bf16", "fp16"))
-    if t.optimizer_dtype is not None:
-        _one_of("optimizer_dtype", t.optimizer_dtype, ("fp32", "bf16", "fp16"))
-    if t.master_weights is not None and not isinstance(t.master_weights, bool):
-        raise ConfigError("training.master_weights", t.master_weights, "true or false")
-    _one_of("compute_dtype", t.compute_dtype, ("fp32", "bf16", "fp16"))
-    _one_of("optimizer", t.optimizer, OPTIMIZERS)
-    _one_of("recompute", t.recompute, RECOMPUTE)
-    _positive_int("recompute_layers", t.recompute_layers, required=False)
-    modules = t.recompute_modules
-    if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules or \
-            any(m not in RECOMPUTE_MODULES for m in modules):
-        raise ConfigError("training.recompute_modules", modules,
-                          "a non-empty list of " + ", ".join(repr(m) for m in RECOMPUTE_MODULES))
-    if isinstance(modules, list):  # JSON gives a list; keep the dataclass hashable
-        object.__setattr__(t, "recompute_modules", tuple(modules))
+    if t.param_dtype not in weight_dtypes:
+        raise ConfigError("training.param_dtype", t.param_dtype, ", ".join(repr(a) for a in weight_dtypes),
+                          f"not a weights dtype for {t.mode}")
     if t.recompute_modules != ("core_attn",) and t.recompute != "selective":
         raise ConfigError("training.recompute_modules", list(t.recompute_modules), "only with recompute 'selective'",
-                          f"recompute is {t.recompute!r}")
+                          f"recompute is {t.recompute!r}", related=("training.recompute",))
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
-                          f"recompute is {t.recompute!r}")
-    _one_of("attention", t.attention, ATTENTION)
-    if isinstance(t.dropout, bool) or not isinstance(t.dropout, (int, float)) or not 0 <= t.dropout < 1:
-        raise ConfigError("training.dropout", t.dropout, "a probability in [0, 1)")
-    _one_of("loss", t.loss, LOSSES)
-    if not isinstance(t.fp8, bool):
-        raise ConfigError("training.fp8", t.fp8, "true or false")
-    _one_of("fp8_recipe", t.fp8_recipe, FP8_RECIPES)
-    _positive_int("kv_cache_tokens", t.kv_cache_tokens, required=False)
-    if t.kv_cache_dtype is not None:
-        _one_of("kv_cache_dtype", t.kv_cache_dtype, KV_CACHE_DTYPES)
-    if (isinstance(t.moe_capacity_factor, bool) or not isinstance(t.moe_capacity_factor, (int, float))
-            or t.moe_capacity_factor < 1):
-        raise ConfigError("training.moe_capacity_factor", t.moe_capacity_factor, "a number >= 1.0")
-    _one_of("moe_dispatcher", t.moe_dispatcher, MOE_DISPATCHERS)
+                          f"recompute is {t.recompute!r}", related=("training.recompute",))
     if t.mode == "training" and t.param_dtype in ("fp8", "fp4") and t.framework == "hf":
         raise ConfigError("training.param_dtype", t.param_dtype, "'fp32', 'bf16' or 'fp16' with framework 'hf'",
-                          "the HF Trainer does not train in fp8/fp4 parameters")
-
+                          "the HF Trainer does not train in fp8/fp4 parameters", related=("training.framework",))

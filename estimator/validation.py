@@ -7,17 +7,30 @@ with their dataclasses. The rules are those the frameworks themselves enforce (M
 
 from __future__ import annotations
 
+import math
+
 from .architecture import Architecture
-from .errors import ConfigError
+from .errors import ConfigError, shown_value
 from .parallel import Parallel
 from .sharding import layers_per_stage
 from .states import resolve_zero_stage
 from .training import Training
 
 
+# Divisors are listed only for sizes below this: trial division up to sqrt(n) is then at most a
+# thousand steps, however large a head count, width or expert count a configuration names.
+_LISTED_BELOW = 10**6
+_LISTED_AT_MOST = 12
+
+
 def _divisors(n: int) -> str:
-    ds = [d for d in range(1, n + 1) if n % d == 0]
-    return ", ".join(map(str, ds)) if len(ds) <= 12 else f"a divisor of {n}"
+    """What divides `n`, in words: the divisors themselves when there are a few, else the rule."""
+    if n < _LISTED_BELOW:
+        small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+        ds = small + [n // d for d in reversed(small) if d * d != n]
+        if len(ds) <= _LISTED_AT_MOST:
+            return ", ".join(map(str, ds))
+    return f"a divisor of {shown_value(n)}"
 
 
 def validate(arch: Architecture, training: Training, par: Parallel) -> int:

@@ -91,7 +91,7 @@ def test_malformed_files_exit_2(tmp_path, content, words):
 def test_missing_file_and_bad_flag_exit_2(config_file):
     assert cli("estimate", "--config", "/nonexistent.json").returncode == 2
     run = cli("estimate", "--config", config_file({"model": LLAMA}), "--tp", "four")
-    assert run.returncode == 2 and "parallel.tp = 'four'" in run.stderr
+    assert run.returncode == 2 and "[parallel.tp] = 'four'" in run.stderr
     assert cli("estimate").returncode == 2
 
 
@@ -103,13 +103,32 @@ def test_gpus_lists_the_catalog():
 
 def test_notes_say_how_the_configuration_was_read(config_file):
     # 2 pipeline stages with 1 micro-batch per step: the advice names the global batch that fills them
-    run = cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"pp": 2, "tp": 8}}), "--json")
+    one = {"model": LLAMA, "parallel": {"pp": 2, "tp": 8}, "training": {"global_batch_size": 1}}
+    run = cli("estimate", "--config", config_file(one), "--json")
     notes = json.loads(run.stdout)["notes"]
     assert any("set global_batch_size to at least 2" in n for n in notes)
     # Megatron pads 128,256 to a multiple of 128 x 8 = 1,024: 126 x 1,024 = 129,024
     assert any("padded from 128,256 to 129,024" in n for n in notes)
-    text = cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"pp": 2, "tp": 8}})).stdout
+    text = cli("estimate", "--config", config_file(one)).stdout
     assert "Note: 1 micro-batch(es) per step on 2 pipeline stages" in text
+
+
+def test_default_global_batch_fills_the_pipeline(config_file):
+    # auto under 1F1B: m = pp = 2 micro-batches, so stage 0 holds 2 in flight (min(p - 0, m))
+    auto = json.loads(cli("estimate", "--config", config_file({"model": LLAMA, "parallel": {"pp": 2, "tp": 8}}),
+                          "--json").stdout)
+    assert auto["microbatches"] == 2 and auto["stages"][0]["in_flight_microbatches"] == 2
+    assert any("global batch 2 (auto): 2 micro-batches per step" in n for n in auto["notes"])
+    # interleaved: 2 x pp = 8 micro-batches; a larger global batch holds exactly the same memory
+    layout = {"pp": 4, "vpp": 2, "tp": 8}
+    auto = json.loads(cli("estimate", "--config", config_file({"model": LLAMA, "parallel": layout}), "--json").stdout)
+    big = json.loads(cli("estimate", "--config", config_file({"model": LLAMA, "parallel": layout,
+                                                              "training": {"global_batch_size": 512}}),
+                         "--json").stdout)
+    assert auto["microbatches"] == 8
+    # rank 0 holds 2(p - 1) + (v - 1)p + 1 = 6 + 4 + 1 = 11 chunks of 1/v = 5.5 stacks
+    assert auto["stages"][0]["in_flight_microbatches"] == 5.5
+    assert auto["allocated_peak_bytes"] == big["allocated_peak_bytes"]
 
 
 def test_a_run_that_does_not_fit_prints_what_to_change(config_file, tmp_path):

@@ -25,6 +25,8 @@ import sys
 
 import pytest
 
+from tests.test_validation import named
+
 from estimator import estimate_config
 from estimator.deepep import deepep_buffers
 
@@ -135,7 +137,7 @@ def test_validation_messages(config, field, words):
     with pytest.raises(Exception) as info:
         estimate_config(config)
     message = str(info.value)
-    assert message.startswith(field + " = "), message
+    assert message.startswith(named(field) + " = "), message
     assert words in message and "allowed:" in message, message
 
 

@@ -152,9 +152,9 @@ def test_config_goes_to_the_hf_home_cache(tmp_path):
 
 
 def test_huggingface_url_is_accepted():
-    assert hub.parse_model_id("https://huggingface.co/org/tiny") == ("org/tiny", None)
-    assert hub.parse_model_id("org/tiny@refs/pr/1") == ("org/tiny", "refs/pr/1")
-    assert hub.parse_model_id("https://huggingface.co/org/tiny/tree/v1") == ("org/tiny", "v1")
+    assert hub.parse_hub_id("https://huggingface.co/org/tiny") == ("org/tiny", None)
+    assert hub.parse_hub_id("org/tiny@refs/pr/1") == ("org/tiny", "refs/pr/1")
+    assert hub.parse_hub_id("https://huggingface.co/org/tiny/tree/v1") == ("org/tiny", "v1")
 
 
 # --- failures -----------------------------------------------------------------------------------
@@ -285,6 +285,97 @@ def test_a_token_in_the_model_string_is_refused_and_not_echoed(model, fake):
     assert caught.value.kind == "invalid_id"
     assert_one_line(caught.value, GOOD_TOKEN)
     assert fake.requests == []
+
+
+# --- revisions: git ref names only, never a path ------------------------------------------------
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def files_under(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_revision_naming_a_path_writes_nothing_there(tmp_path, fake, monkeypatch):
+    """huggingface_hub caches a revision under refs/<revision>; an absolute one would land outside."""
+    target = tmp_path / "outside" / "x"
+    fake.add("org/escape", {"config.json": TINY}, revisions={str(target): {"config.json": TINY}})
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    with pytest.raises(hub.HubError) as caught:
+        hub.fetch_model(f"org/escape@{target}")
+    assert caught.value.kind == "invalid_id" and caught.value.field == "model"
+    assert "refs/pr/N" in caught.value.allowed
+    assert not target.exists() and files_under(tmp_path) == []
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("revision", ["/some/dir/x", "a/", "a//b", ".hidden", "a/.x", "x.lock", "x.",
+                                      "a/../../b", "..", "@", "a@{1}", "a\\b", "a b", "a\tb", "a~1", "a^",
+                                      "a:b", "a?", "a*", "a[", "a\x7f", "v" * 257])
+def test_revisions_git_refuses_are_refused_before_any_request(revision, tmp_path, fake, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(hub.HubError) as caught:
+        hub.fetch_model(f"org/tiny@{revision}")
+    assert caught.value.kind == "invalid_id"
+    with pytest.raises(hub.HubError):  # the same rule for a revision passed on its own
+        hub.fetch_config("org/tiny", revision=revision)
+    assert fake.requests == [] and files_under(tmp_path) == []
+
+
+def test_a_path_in_a_pasted_tree_url_is_refused(fake):
+    with pytest.raises(hub.HubError) as caught:
+        hub.fetch_config("https://huggingface.co/org/tiny/tree/%2Fetc%2Fx")
+    assert caught.value.kind == "invalid_id" and fake.requests == []
+
+
+def test_branch_tag_commit_and_pr_revisions_are_fetched(fake):
+    layers = {"main": 2, "v1.0": 3, SHA: 4, "refs/pr/3": 5, "feature/x-1_y": 6}
+    fake.add("org/revs", {"config.json": TINY},
+             revisions={rev: {"config.json": {**TINY, "num_hidden_layers": n}} for rev, n in layers.items()})
+    for rev, n in layers.items():
+        assert hub.parse_hub_id(f"org/revs@{rev}") == ("org/revs", rev)
+        assert hub.fetch_config(f"org/revs@{rev}")["num_hidden_layers"] == n
+    assert hub.parse_hub_id("https://huggingface.co/org/revs/tree/refs%2Fpr%2F3") == ("org/revs", "refs/pr/3")
+
+
+@pytest.mark.parametrize("model", ["_org/name_", "Org-1.x/Model_2.5-b"])
+def test_repo_ids_the_hub_allows(model):
+    assert hub.parse_hub_id(model) == (model, None)
+
+
+@pytest.mark.parametrize("model", [f"org/{'a' * 97}", f"{'a' * 97}/name", "org/name.git", "org/.name",
+                                   "org/name-", "-org/name", "org/a..b", "org/na+me", "org/name/extra"])
+def test_repo_ids_the_hub_refuses(model, fake):
+    with pytest.raises(hub.HubError) as caught:
+        hub.fetch_config(model)
+    assert caught.value.kind == "invalid_id" and "96" in caught.value.allowed
+    assert fake.requests == []
+
+
+def test_a_revision_naming_a_path_is_refused_by_the_config_path(tmp_path, fake):
+    from estimator.config import load_config
+
+    target = tmp_path / "outside" / "y"
+    fake.add("org/escape2", {"config.json": TINY}, revisions={str(target): {"config.json": TINY}})
+    with pytest.raises(hub.HubError):
+        load_config({"model": f"org/escape2@{target}"})
+    run = _cli(tmp_path, f"org/escape2@{target}")
+    assert run.returncode == 2 and "revision" in run.stderr and len(run.stderr.splitlines()) == 1
+    assert not target.exists() and fake.requests == []
+
+
+def test_hub_module_has_no_redaction_of_its_own():
+    """One redaction for every message: estimator.errors'."""
+    from estimator import errors
+
+    assert not hasattr(hub, "_SECRET") and not hasattr(hub, "_redacted")
+    with pytest.raises(hub.HubError) as caught:
+        hub.parse_hub_id(f"org/tiny?access_token={GOOD_TOKEN}")
+    assert caught.value.value == errors.REDACTED and GOOD_TOKEN not in str(caught.value)
+    with pytest.raises(hub.HubError) as caught:  # a revision passed on its own is checked alike
+        hub.fetch_config("org/tiny", revision=GOOD_TOKEN)
+    assert caught.value.value == errors.REDACTED and GOOD_TOKEN not in str(caught.value)
 
 
 # --- stored parameter counts --------------------------------------------------------------------

@@ -8,6 +8,12 @@ import sys
 import pytest
 
 from estimator import estimate_config
+from estimator.fields import label
+
+
+def named(path: str) -> str:
+    """How a message names a field: its label, then its place in the JSON config."""
+    return path if label(path) == path else f"{label(path)} [{path}]"
 
 LLAMA = {"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32, "num_kv_heads": 8,
          "intermediate_size": 14336, "vocab_size": 128256}
@@ -28,10 +34,10 @@ CASES = [
     ({"model": LLAMA, "parallel": {"cp": 2}, "training": {"attention": "eager"}}, "training.attention", "'flash'"),
     ({"model": LLAMA, "parallel": {"dp": 4}, "training": {"micro_batch_size": 2, "global_batch_size": 12}},
      "training.global_batch_size", "micro_batch_size x dp = 8"),
-    ({"model": LLAMA, "training": {"seq_len": 0}}, "training.seq_len", "a positive integer"),
-    ({"model": LLAMA, "training": {"micro_batch_size": -1}}, "training.micro_batch_size", "a positive integer"),
-    ({"model": LLAMA, "parallel": {"dp": 0}}, "parallel.dp", "a positive integer"),
-    ({"model": {**LLAMA, "hidden_size": -4096}}, "model.hidden_size", "a positive integer"),
+    ({"model": LLAMA, "training": {"seq_len": 0}}, "training.seq_len", "an integer from 1 to 16,777,216"),
+    ({"model": LLAMA, "training": {"micro_batch_size": -1}}, "training.micro_batch_size", "an integer from 1 to 65,536"),
+    ({"model": LLAMA, "parallel": {"dp": 0}}, "parallel.dp", "an integer from 1 to 1,048,576"),
+    ({"model": {**LLAMA, "hidden_size": -4096}}, "model.hidden_size", "an integer from 1 to 1,048,576"),
     ({"model": LLAMA, "training": {"param_dtype": "fp12"}}, "training.param_dtype", "'bf16'"),
     ({"model": LLAMA, "training": {"optimizer": "adamax"}}, "training.optimizer", "'adamw'"),
     ({"model": LLAMA, "training": {"recompute": "some"}}, "training.recompute", "'selective'"),
@@ -53,18 +59,18 @@ CASES = [
      "parallel.zero_stage", "0 with framework 'hf'"),
     ({"model": LLAMA, "training": {"framework": "fsdp2"}, "parallel": {"zero_stage": 1, "dp": 2}},
      "parallel.zero_stage", "FSDP2 has no optimizer-only sharding"),
-    ({"model": LLAMA, "training": {"dropout": 1.5}}, "training.dropout", "[0, 1)"),
-    ({"model": LLAMA, "parallel": {"tp": "4"}}, "parallel.tp", "a positive integer"),
+    ({"model": LLAMA, "training": {"dropout": 1.5}}, "training.dropout", "a number >= 0 and below 1"),
+    ({"model": LLAMA, "parallel": {"tp": "4"}}, "parallel.tp", "an integer from 1 to 65,536"),
     ({"model": {**LLAMA, "tie_embeddings": "yes"}}, "model.tie_embeddings", "true or false"),
     ({"model": {**LLAMA, "num_kv_heads": 5}}, "model.num_kv_heads", "a divisor of num_attention_heads (32)"),
     ({"model": {**LLAMA, "q_lora_rank": 0, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-                "qk_rope_head_dim": 64, "v_head_dim": 128}}, "model.q_lora_rank", "a positive integer"),
+                "qk_rope_head_dim": 64, "v_head_dim": 128}}, "model.q_lora_rank", "an integer from 1 to 1,048,576"),
     ({"model": LLAMA, "training": {"fp8": True, "framework": "hf"}}, "training.fp8",
      "modelled for Megatron-Core with TransformerEngine"),
     ({"model": LLAMA, "training": {"param_dtype": "fp8"}}, "training.param_dtype", "belong to the FP8 recipe"),
     ({"model": LLAMA, "training": {"param_dtype": "fp4"}}, "training.param_dtype", "fp4 weights are for inference"),
     ({"model": LLAMA, "training": {"fp8": True, "fp8_recipe": "e4m3"}}, "training.fp8_recipe", "'mxfp8'"),
-    ({"model": LLAMA, "training": {"moe_capacity_factor": 0.5}}, "training.moe_capacity_factor", ">= 1.0"),
+    ({"model": LLAMA, "training": {"moe_capacity_factor": 0.5}}, "training.moe_capacity_factor", "a number from 1 to 256"),
     ({"training": {}}, "model", "required"),
     ({"model": "not a/valid id!"}, "model", "not a valid repository id"),
 ]
@@ -75,7 +81,7 @@ def test_rule_message(config, field, words):
     with pytest.raises(Exception) as info:
         estimate_config(config)
     message = str(info.value)
-    assert message.startswith(field + " = "), message
+    assert message.startswith(named(field) + " = "), message
     assert words in message
     assert "allowed:" in message
 

@@ -19,17 +19,17 @@ def main(argv=None) -> int:
     explain = sub.add_parser("explain", help="what is alive at each phase's peak")
     explain.add_argument("--case", required=True)
     args = parser.parse_args(argv)
+    if args.command == "report":  # reads the recorded JSON only: no torch, no transformers
+        from .report import report
 
-    from .cases import CASES
+        return report()
+
+    from .cases import CASES  # the cases name torch models (validation/step.py)
 
     if args.command == "list":
         for case, run in CASES.items():
             print(case)
         return 0
-    if args.command == "report":
-        from .report import report
-
-        return report()
     if args.command == "explain":
         args.case = [args.case]
     cases = list(CASES) if getattr(args, "all", False) else args.case

@@ -6,9 +6,6 @@ import json
 import platform
 from pathlib import Path
 
-from .cases import CASES, contract_config, describe
-from .step import measure
-
 RECORDS = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
 
 METHOD = (
@@ -39,6 +36,10 @@ def versions() -> dict:
 
 
 def record(case: str) -> dict:
+    # imported here: `load_all` (the report) must work without torch or transformers installed
+    from .cases import CASES, contract_config, describe
+    from .step import measure
+
     run = CASES[case]
     return {
         "id": case,

@@ -1,0 +1,466 @@
+"""Every input field, once: its name, type, range, label, help and default.
+
+The CLI's override flags, the app's widgets, the shareable URL, the validation messages and the
+reference `docs/config.md` all read this table, so a field is described in one place. Defaults
+are not restated: they are the dataclasses' own (`Training`, `Parallel`, `Hardware`,
+`Architecture`); a field whose default is ``None`` is decided by the framework or derived from
+other fields, and `Field.auto` says how.
+
+Every number has an upper bound where no real run goes, with the bound in the message: an estimate
+then answers in bounded time and every figure stays finite, whatever a config file or a shared
+link says. The bounds are generous: about ten times the largest published run or model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .architecture import NORMS, POSITION_EMBEDDINGS, Architecture
+from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
+from .errors import ConfigError
+from .hardware import GPUS, Hardware
+from .parallel import Parallel
+from .training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
+                       OPTIMIZERS, RECOMPUTE, RECOMPUTE_MODULES, Training)
+
+# Upper bounds (why each is safe): the longest offered context is 10M tokens (Llama 4 Scout); the
+# largest reported clusters have ~100k GPUs; the widest published models have h = 18,432 (PaLM)
+# and the deepest ~130 layers; the largest vocabularies ~262k (Gemma 3).
+MAX_TOKENS = 2**24  # 16,777,216 tokens per sequence
+MAX_GPUS = 2**20  # 1,048,576 GPUs in one dimension of the layout
+MAX_WIDTH = 2**20  # hidden, MLP, expert and latent widths
+MAX_HEADS = 2**16
+MAX_LAYERS = 2**14  # 16,384 layers
+MAX_PIPELINE = 1024  # pipeline stages; interleaving chunks per rank up to MAX_CHUNKS
+MAX_CHUNKS = 128
+MAX_EXPERTS = 2**16
+MAX_VOCAB = 2**24
+MAX_SAMPLES = 2**30  # samples in a global batch
+MAX_NAME = 200  # characters of a name
+
+SECTION_CLASSES = {"training": Training, "parallel": Parallel, "hardware": Hardware, "model": Architecture}
+_DTYPES = tuple(dict.fromkeys(TRAINING_DTYPES + INFERENCE_WEIGHT_DTYPES))
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One input field. `kind` is int, float, bool, choice (one of `options`), choices (a
+    non-empty list of `options`) or text. `optional`: ``None`` is allowed and means `auto`."""
+
+    name: str
+    section: str  # training, parallel, hardware, model
+    kind: str
+    label: str
+    help: str
+    group: str  # where the app shows it
+    options: tuple = ()
+    min: float | None = None
+    max: float | None = None
+    below_max: bool = False  # the range is [min, max) rather than [min, max]
+    optional: bool = False
+    auto: str = ""  # what None means, in words
+    step: float | None = None  # the widget's increment
+    widget: bool = True  # False: a check or a detail the app does not offer as a widget
+
+    @property
+    def path(self) -> str:
+        """The field's place in the JSON config (``parallel.tp``)."""
+        return f"{self.section}.{self.name}"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def default(self) -> Any:
+        """The dataclass's default (None for a required architecture field)."""
+        f = _DATACLASS_FIELDS[self.section][self.name]
+        return None if f.default is dataclasses.MISSING else f.default
+
+    def allowed(self) -> str:
+        """What the field accepts, in words (the end of every message about it)."""
+        if self.kind == "bool":
+            text = "true or false"
+        elif self.kind == "choice":
+            text = "one of " + ", ".join(_quoted(o) for o in self.options)
+        elif self.kind == "choices":
+            text = "a non-empty list of " + ", ".join(_quoted(o) for o in self.options)
+        elif self.kind == "text":
+            text = f"text of at most {MAX_NAME} characters without control characters"
+        else:
+            noun = "an integer" if self.kind == "int" else "a number"
+            high = f"below {_num(self.max)}" if self.below_max else f"at most {_num(self.max)}"
+            text = f"{noun} from {_num(self.min)} to {_num(self.max)}" if not self.below_max \
+                else f"{noun} >= {_num(self.min)} and {high}"
+        if self.optional:
+            text += f", or empty/null for auto ({self.auto})" if self.auto else ", or empty/null"
+        return text
+
+
+def _quoted(option: Any) -> str:
+    return repr(option) if isinstance(option, str) else str(option)
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "any"
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+_DATACLASS_FIELDS = {s: {f.name: f for f in dataclasses.fields(cls)} for s, cls in SECTION_CLASSES.items()}
+
+
+def _int(name, section, label, help, group, lo=1, hi=None, **kw) -> Field:
+    return Field(name, section, "int", label, help, group, min=lo, max=hi, step=kw.pop("step", 1), **kw)
+
+
+def _choice(name, section, label, help, group, options, **kw) -> Field:
+    return Field(name, section, "choice", label, help, group, options=tuple(options), **kw)
+
+
+def _bool(name, section, label, help, group, **kw) -> Field:
+    return Field(name, section, "bool", label, help, group, **kw)
+
+
+_T, _P, _H, _M = "training", "parallel", "hardware", "model"
+_SAVERS = "Optimizer and memory savers"
+_LAYOUT = "Parallel layout"
+
+TRAINING_FIELDS: tuple[Field, ...] = (
+    _choice("mode", _T, "Mode", "Training keeps gradients and optimizer states; inference keeps the weights and a "
+            "KV cache only.", "Run", MODES),
+    _choice("framework", _T, "Framework", "The training stack. It sets the default precision recipe (which copies "
+            "of the weights exist, in which dtype) and what ZeRO stage means: megatron = Megatron-LM/NeMo, fsdp2 = "
+            "PyTorch FSDP2 (torchtitan), deepspeed = DeepSpeed ZeRO, hf = Hugging Face Trainer with torch.optim.",
+            "Run", FRAMEWORKS),
+    _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
+         "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
+    _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "
+         "rank. Activations scale with it.", "Run", hi=2**16),
+    _int("global_batch_size", _T, "Global batch size", "Samples per optimizer step over all data-parallel ranks; "
+         "with the micro-batch size and DP it sets the micro-batches per step. Under pipeline parallelism the "
+         "stages hold up to PP micro-batches in flight, so the global batch decides the first stage's activations.",
+         "Run", hi=MAX_SAMPLES, optional=True,
+         auto="micro-batch size x DP; under PP, enough micro-batches to fill the pipeline (PP for 1F1B, 2 x PP "
+              "interleaved): more does not add memory"),
+    _choice("param_dtype", _T, "Weights dtype", "The dtype the parameters are stored and used in. Inference also "
+            "accepts int8/int4/fp4 weights.", "Precision", _DTYPES),
+    _choice("grad_dtype", _T, "Gradients dtype", "The dtype gradients are accumulated and reduced in.", "Precision",
+            ("fp32", "bf16", "fp16"), optional=True, auto="the framework's default: fp32 for Megatron and FSDP2, "
+            "the weights dtype for DeepSpeed and the HF Trainer"),
+    _bool("master_weights", _T, "fp32 master weights", "Keep an fp32 master copy of weights stored in a lower "
+          "precision (4 bytes per parameter).", "Precision", optional=True,
+          auto="the framework's default: on for 16-bit weights except under the HF Trainer"),
+    _choice("optimizer_dtype", _T, "Optimizer states dtype", "The dtype of the optimizer's moments.", "Precision",
+            ("fp32", "bf16", "fp16"), optional=True,
+            auto="fp32 with master weights (and always under Megatron), else the weights dtype"),
+    _choice("compute_dtype", _T, "Compute dtype", "The dtype of activations and matrix multiplies. bf16 over fp32 "
+            "weights is autocast (mixed precision).", "Precision", ("fp32", "bf16", "fp16")),
+    _bool("fp8", _T, "FP8 training", "FP8 matmuls (Transformer Engine recipe) on top of the weights dtype: adds "
+          "FP8 weight copies and scales.", "Precision"),
+    _choice("fp8_recipe", _T, "FP8 scaling recipe", "With FP8 training: tensorwise (per-tensor scales, Hopper), "
+            "mxfp8 (1x32 blocks, Blackwell) or blockwise (DeepSeek-V3's 128x128 weight blocks).", "Precision",
+            FP8_RECIPES),
+    _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
+            "lion and muon one; adafactor factored second moments.", _SAVERS, OPTIMIZERS),
+    _choice("recompute", _T, "Activation recomputation", "none keeps every activation; selective recomputes the "
+            "modules listed below (Korthikanti et al. 2022); full keeps only each layer's input and recomputes the "
+            "layer in backward.", _SAVERS, RECOMPUTE),
+    Field("recompute_modules", _T, "choices", "Recomputed modules (selective)", "With selective recomputation: "
+          "which parts of each layer are recomputed in backward instead of kept (Megatron's --recompute-modules). "
+          "core_attn = the attention core; mlp, moe, moe_act, layernorm, mla_up_proj, shared_experts as named.",
+          _SAVERS, options=RECOMPUTE_MODULES),
+    _int("recompute_layers", _T, "Recomputed layers per stage", "With full recomputation: how many layers of each "
+         "stage are recomputed.", _SAVERS, hi=MAX_LAYERS, optional=True, auto="all the layers of the stage"),
+    _choice("attention", _T, "Attention kernel", "flash keeps no s x s score matrix; eager materialises the scores "
+            "(memory grows with the square of the sequence length).", _SAVERS, ATTENTION),
+    _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
+            "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
+    Field("dropout", _T, "float", "Dropout", "Dropout probability; above 0 the masks are kept for backward.",
+          _SAVERS, min=0.0, max=1.0, below_max=True, step=0.05),
+    Field("moe_capacity_factor", _T, "float", "MoE capacity factor", "Routed tokens per expert relative to a "
+          "perfect balance (1.0). Larger values reserve room for imbalance.", _SAVERS, min=1.0, max=256.0,
+          step=0.25),
+    _choice("moe_dispatcher", _T, "MoE token dispatcher", "alltoall = Megatron-Core's all-to-all dispatcher (a "
+            "send buffer per MoE layer); deepep = the flex dispatcher with DeepEP, whose fixed NVLink/RDMA buffers "
+            "count as communication memory.", _SAVERS, MOE_DISPATCHERS),
+    _int("kv_cache_tokens", _T, "KV cache tokens", "Inference: cached context per sequence.", "Inference",
+         hi=MAX_TOKENS, optional=True, auto="the sequence length", step=1024),
+    _choice("kv_cache_dtype", _T, "KV cache dtype", "Inference: the dtype of the cached keys and values.",
+            "Inference", KV_CACHE_DTYPES, optional=True, auto="the weights dtype"),
+)
+
+PARALLEL_FIELDS: tuple[Field, ...] = (
+    _int("tp", _P, "Tensor parallel (TP)", "GPUs that split every layer's matrices (Megatron tensor parallelism). "
+         "Usually within a node.", _LAYOUT, hi=MAX_HEADS),
+    _int("pp", _P, "Pipeline stages (PP)", "GPUs that split the layers into consecutive stages. Each stage has its "
+         "own memory; the busiest one decides the fit.", _LAYOUT, hi=MAX_PIPELINE),
+    _int("vpp", _P, "Virtual stages per rank (VPP)", "Interleaved 1F1B: model chunks per pipeline rank (> 1 needs "
+         "PP > 1). Cuts the bubble, adds in-flight activations.", _LAYOUT, hi=MAX_CHUNKS),
+    _int("dp", _P, "Data parallel (DP)", "Replicas of the model; ZeRO/FSDP shards states over them.", _LAYOUT,
+         hi=MAX_GPUS),
+    _int("cp", _P, "Context parallel (CP)", "GPUs that split each sequence (ring attention); divides activations "
+         "by CP.", _LAYOUT, hi=MAX_GPUS),
+    _int("ep", _P, "Expert parallel (EP)", "MoE: GPUs that split the routed experts. Carved out of DP x CP x TP, so "
+         "it does not add GPUs.", _LAYOUT, hi=MAX_EXPERTS),
+    _int("etp", _P, "Expert tensor parallel (ETP)", "MoE: tensor parallelism inside each expert.", _LAYOUT,
+         hi=MAX_HEADS, optional=True, auto="= TP"),
+    _choice("zero_stage", _P, "ZeRO / sharding stage", "0 = no sharding; 1 = optimizer states sharded over DP "
+            "(Megatron's distributed optimizer); 2 = + gradients; 3 = + parameters (FSDP full shard).", _LAYOUT,
+            (0, 1, 2, 3), optional=True, auto="the framework's default: 3 under fsdp2, else 0"),
+    Field("comm_overlap", _P, "float", "Communication overlap", "Roofline: the fraction of data-parallel (DP/FSDP) "
+          "and pipeline communication hidden behind compute (1.0 = all of it).", _LAYOUT, min=0.0, max=1.0,
+          step=0.1),
+    _bool("sequence_parallel", _P, "Sequence parallelism", "Shard norm and dropout activations over TP.", _LAYOUT,
+          optional=True, auto="on when TP > 1"),
+    _int("pp_first_stage_layers", _P, "Layers on the first stage", "Uneven pipeline: layers on stage 0 (it also "
+         "holds the embedding).", _LAYOUT, hi=MAX_LAYERS, optional=True, auto="an even split"),
+    _int("pp_last_stage_layers", _P, "Layers on the last stage", "Uneven pipeline: layers on the last stage (it "
+         "also holds the LM head and the loss).", _LAYOUT, hi=MAX_LAYERS, optional=True, auto="an even split"),
+    _int("world_size", _P, "World size", "A check: must equal TP x PP x CP x DP.", _LAYOUT, hi=MAX_GPUS * 64,
+         optional=True, auto="not checked", widget=False),
+)
+
+HARDWARE_FIELDS: tuple[Field, ...] = (
+    _choice("gpu", _H, "GPU", "The GPU the run is checked against (its capacity as CUDA reports it).", "GPU",
+            tuple(GPUS)),
+    _bool("expandable_segments", _H, "Expandable segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: "
+          "less allocator fragmentation.", "GPU"),
+)
+
+
+def _w(name, label, help, group="Shape", lo=1, hi=MAX_WIDTH, **kw) -> Field:
+    return _int(name, _M, label, help, group, lo=lo, hi=hi, **kw)
+
+
+_MOE, _MLA, _MORE = "Mixture of experts", "Latent attention (MLA)", "More"
+
+ARCHITECTURE_FIELDS: tuple[Field, ...] = (
+    _w("hidden_size", "Hidden size (h)", "Width of the residual stream.", step=128),
+    _w("num_layers", "Layers", "Transformer layers.", hi=MAX_LAYERS),
+    _w("num_attention_heads", "Attention heads", "Query heads.", hi=MAX_HEADS),
+    _w("num_kv_heads", "KV heads", "Key/value heads (GQA/MQA).", hi=MAX_HEADS, optional=True,
+       auto="= attention heads"),
+    _w("head_dim", "Head dim", "Per-head width.", optional=True, auto="hidden size / attention heads"),
+    _w("intermediate_size", "MLP width", "Dense MLP intermediate size.", optional=True, step=256,
+       auto="none: required unless every layer is MoE"),
+    _w("vocab_size", "Vocabulary", "Vocabulary size before padding.", hi=MAX_VOCAB),
+    _bool("tie_embeddings", _M, "Tied embeddings", "The LM head shares the embedding matrix.", "Details"),
+    _bool("gated_mlp", _M, "Gated MLP (SwiGLU)", "Three MLP matrices instead of two.", "Details"),
+    _choice("norm", _M, "Norm", "RMSNorm or LayerNorm (LayerNorm has a bias).", "Details", NORMS),
+    _bool("linear_bias", _M, "Biases on linear layers", "GPT-2 / Megatron default.", "Details"),
+    _bool("qkv_bias", _M, "QKV bias", "Biases on q, k, v only (Qwen2).", "Details"),
+    _bool("qk_norm", _M, "QK norm", "Per-head norm on q and k (Qwen3).", "Details"),
+    _choice("position_embedding", _M, "Positions", "RoPE or a learned position table.", "Details",
+            POSITION_EMBEDDINGS),
+    _w("max_position_embeddings", "Position table rows", "Rows of a learned position table.", "Details",
+       hi=MAX_TOKENS, optional=True, auto="none: required with learned positions", step=1024),
+    _w("num_experts", "Routed experts", "Experts per MoE layer; 0 = dense.", _MOE, lo=0, hi=MAX_EXPERTS),
+    _w("num_experts_per_token", "Experts per token (top-k)", "Routed experts each token goes to.", _MOE,
+       hi=MAX_EXPERTS, optional=True, auto="none: required with experts"),
+    _w("moe_intermediate_size", "Expert width", "Intermediate size of one routed expert.", _MOE, optional=True,
+       auto="none: required with experts", step=128),
+    _w("num_shared_experts", "Shared experts", "Always-on experts per MoE layer.", _MOE, lo=0, hi=1024),
+    _w("shared_expert_intermediate_size", "Shared expert width", "Intermediate size of one shared expert.", _MOE,
+       optional=True, auto="= expert width", step=128),
+    _w("first_dense_layers", "Leading dense layers", "Layers before the first MoE layer (DeepSeek "
+       "first_k_dense_replace).", _MOE, lo=0, hi=MAX_LAYERS),
+    _w("moe_layer_frequency", "MoE every N layers", "Every N-th layer is MoE.", _MOE, hi=MAX_LAYERS),
+    _w("q_lora_rank", "q LoRA rank", "Latent rank of the queries (DeepSeek-V2/V3).", _MLA, optional=True,
+       auto="none: queries are projected directly", step=64),
+    _w("kv_lora_rank", "kv LoRA rank", "Latent rank of keys and values; set to use MLA.", _MLA, optional=True,
+       auto="none: ordinary attention", step=64),
+    _w("qk_nope_head_dim", "qk no-RoPE head dim", "MLA: per-head width of q and k without RoPE.", _MLA,
+       optional=True, auto="none: required with MLA"),
+    _w("qk_rope_head_dim", "qk RoPE head dim", "MLA: per-head width of q and k with RoPE.", _MLA, optional=True,
+       auto="none: required with MLA"),
+    _w("v_head_dim", "v head dim", "MLA: per-head width of the values.", _MLA, optional=True,
+       auto="none: required with MLA"),
+    _w("mtp_layers", "MTP modules", "Multi-token-prediction modules (DeepSeek-V3).", _MORE, lo=0, hi=64),
+    Field("name", _M, "text", "Name", "A name for this architecture.", _MORE),
+    _w("norms_per_layer", "Norms per layer", "Gemma-2/3 and OLMo-2 differ from the usual 2.", _MORE, lo=0, hi=16),
+    _bool("qk_norm_full_width", _M, "Full-width QK norm", "OLMo-2: one norm over all of q and of k.", _MORE),
+    _bool("attention_sinks", _M, "Attention sinks", "gpt-oss: one learned sink logit per head.", _MORE),
+    _bool("router_bias", _M, "Router bias", "DeepSeek-V3 e_score_correction_bias.", _MORE),
+    _bool("shared_expert_gate", _M, "Shared expert gate", "Qwen2-MoE: a sigmoid gate on the shared expert.", _MORE),
+    _w("sliding_window", "Sliding window", "Local attention window in tokens.", _MORE, hi=MAX_TOKENS, optional=True,
+       auto="none: global attention", step=1024),
+    _w("sliding_window_pattern", "Global layer every N", "0 = every layer uses the window; N = every N-th layer is "
+       "global.", _MORE, lo=0, hi=MAX_LAYERS),
+    Field("attention_logit_softcapping", _M, "float", "Attention logit soft-cap", "Gemma-2: cap x tanh(scores / "
+          "cap).", _MORE, min=0.0, max=1e6, optional=True, auto="none", widget=False),
+    Field("final_logit_softcapping", _M, "float", "Final logit soft-cap", "Gemma-2: cap x tanh(logits / cap).",
+          _MORE, min=0.0, max=1e6, optional=True, auto="none", widget=False),
+    _bool("norm_unit_offset", _M, "Norm scales by 1 + w", "Gemma: RMSNorm multiplies by (1 + w), in fp32.", _MORE,
+          widget=False),
+)
+
+SETTINGS: tuple[Field, ...] = TRAINING_FIELDS + PARALLEL_FIELDS + HARDWARE_FIELDS
+ALL: tuple[Field, ...] = SETTINGS + ARCHITECTURE_FIELDS
+BY_PATH: dict[str, Field] = {f.path: f for f in ALL}
+SETTING_BY_NAME: dict[str, Field] = {f.name: f for f in SETTINGS}  # names are unique across the sections
+ARCHITECTURE_BY_NAME: dict[str, Field] = {f.name: f for f in ARCHITECTURE_FIELDS}
+
+
+def section_fields(section: str) -> tuple[Field, ...]:
+    return tuple(f for f in ALL if f.section == section)
+
+
+def label(path: str) -> str:
+    """A field's label from its path (``parallel.vpp`` or a bare name); the name if it has none."""
+    f = BY_PATH.get(path) or SETTING_BY_NAME.get(path) or ARCHITECTURE_BY_NAME.get(path.split(".")[-1])
+    return f.label if f else path
+
+
+# --- checking a value ---------------------------------------------------------------------------
+
+def check(f: Field, value: Any) -> None:
+    """Raise `ConfigError` unless `value` is of the field's type and in its range. Ints must be
+    ints (not 1.0, not true); floats must be finite."""
+    if value is None:
+        if f.optional:
+            return
+        raise ConfigError(f.path, None, f.allowed(), "required")
+    if f.kind == "bool":
+        ok = isinstance(value, bool)
+    elif f.kind == "choice":
+        ok = not isinstance(value, bool) and isinstance(value, (str, int)) and value in f.options
+    elif f.kind == "choices":
+        ok = (isinstance(value, (list, tuple)) and len(value) > 0
+              and all(isinstance(v, str) and v in f.options for v in value))
+    elif f.kind == "text":
+        ok = isinstance(value, str) and len(value) <= MAX_NAME and not _CONTROL.search(value)
+    else:
+        ok = _in_range(f, value)
+    if not ok:
+        raise ConfigError(f.path, value, f.allowed())
+
+
+def _in_range(f: Field, value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if f.kind == "int":
+        if not isinstance(value, int):
+            return False
+    elif not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
+        return False
+    if f.min is not None and value < f.min:
+        return False
+    if f.max is not None and (value >= f.max if f.below_max else value > f.max):
+        return False
+    return True
+
+
+def check_section(section: str, obj: object) -> None:
+    """Check every field of a dataclass instance (called from its ``__post_init__``)."""
+    for f in _SECTION_FIELDS[section]:
+        check(f, getattr(obj, f.name))
+
+
+_SECTION_FIELDS = {s: section_fields(s) for s in SECTION_CLASSES}
+
+
+# --- reading a value from text (a CLI flag, a URL parameter) -------------------------------------
+
+_INT_TEXT = re.compile(r"[+-]?\d{1,19}")
+_AUTO_TEXT = ("", "auto", "null", "none")
+
+
+def parse_text(f: Field, text: str | list[str]) -> Any:
+    """The field's value from its text form; raises `ConfigError` naming the field. Lists come
+    comma-separated or as repeated parameters; "auto" (or empty) is None for an optional field."""
+    if isinstance(text, list):
+        text = ",".join(text) if f.kind == "choices" else (text[-1] if text else "")
+    raw = text
+    text = text.strip()
+    if len(text) > 4 * MAX_NAME:  # no valid value is this long: refuse before parsing it
+        raise ConfigError(f.path, raw, f.allowed())
+    if f.optional and text.lower() in _AUTO_TEXT:
+        return None
+    value = _from_text(f, text)
+    if value is _BAD:
+        raise ConfigError(f.path, raw, f.allowed())
+    check(f, value)
+    return value
+
+
+_BAD = object()
+
+
+def _from_text(f: Field, text: str) -> Any:
+    if f.kind == "bool":
+        return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower(), _BAD)
+    if f.kind == "int":
+        return int(text) if _INT_TEXT.fullmatch(text) else _BAD
+    if f.kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            return _BAD
+    if f.kind == "choice":
+        return next((o for o in f.options if str(o) == text), _BAD)
+    if f.kind == "choices":
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        return items or _BAD
+    return text
+
+
+def to_text(value: Any) -> str | list[str]:
+    """A value's text form, the inverse of `parse_text` (a list is a repeated URL parameter)."""
+    if isinstance(value, (list, tuple)):
+        return [to_text(v) for v in value]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "auto" if value is None else str(value)
+
+
+# --- the reference ------------------------------------------------------------------------------
+
+_SECTION_TITLES = {"model": "Canonical architecture (`model` as an object)", "training": "`training`",
+                   "parallel": "`parallel`", "hardware": "`hardware`"}
+
+
+def _type_text(f: Field) -> str:
+    if f.kind in ("int", "float"):
+        lo, hi = _num(f.min), _num(f.max)
+        return f"{'integer' if f.kind == 'int' else 'number'} {lo} to {hi}" + (" (exclusive)" if f.below_max else "")
+    if f.kind == "bool":
+        return "true / false"
+    if f.kind == "choice":
+        return " / ".join(f"`{o}`" for o in f.options)
+    if f.kind == "choices":
+        return "list of " + ", ".join(f"`{o}`" for o in f.options)
+    return f"text, at most {MAX_NAME} characters"
+
+
+def _default_text(f: Field) -> str:
+    if f.default is None:
+        return f.auto or "required"
+    value = f.default
+    if isinstance(value, tuple):
+        value = list(value)
+    return "`" + (to_text(value) if not isinstance(value, list) else ", ".join(value)) + "`"
+
+
+def reference_markdown() -> str:
+    """`docs/config.md`: every field with its label, values, default and meaning."""
+    out = ["# Configuration reference", "",
+           "Generated from `estimator/fields.py` by `python -m estimator fields --markdown`; "
+           "`tests/test_fields.py` keeps it in step with the code.", "",
+           "A configuration is a JSON object: `model` (a preset id, a Hugging Face id `org/name[@revision]`, a "
+           "`config.json` object, or the canonical architecture below) and the optional sections `training`, "
+           "`parallel` and `hardware`. Every field below is also a CLI flag (`--seq-len 8192`) and a parameter "
+           "of the app's shareable URL (`?seq_len=8192`); lists are comma-separated there. Empty, `auto` or "
+           "`null` leaves an optional field to its default. An unknown field is an error.", ""]
+    for section in ("training", "parallel", "hardware", "model"):
+        out += [f"## {_SECTION_TITLES[section]}", "", "| field | label | values | default | meaning |",
+                "|---|---|---|---|---|"]
+        for f in section_fields(section):
+            out.append(f"| `{f.name}` | {f.label} | {_type_text(f)} | {_default_text(f)} | {f.help} |")
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,27 @@
+"""`python -m validation report` reads the recorded measurements only: it must run without torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from validation.record import RECORDS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_report_runs_where_torch_and_transformers_cannot_be_imported(tmp_path):
+    for name in ("torch", "transformers"):  # shadow the installed packages with ones that fail
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-m", "validation", "report"], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("| case | peak phase | measured GiB |")
+    records = sorted(p.stem for p in RECORDS.glob("*.json"))
+    assert records and [line.split("|")[1].strip() for line in lines[2:2 + len(records)]] == records
+    assert f"{len(records)} cases; worst peak error" in run.stdout
