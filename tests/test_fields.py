@@ -1,0 +1,156 @@
+"""The field registry: one definition of every field, read by the dataclasses' checks, the CLI, the
+app and docs/config.md; and the hostile configurations it turns away."""
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate_config
+from estimator import fields
+from estimator.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA = {"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32, "num_kv_heads": 8,
+         "intermediate_size": 14336, "vocab_size": 128256}
+
+
+def test_every_dataclass_field_is_in_the_registry_and_no_other():
+    for section, cls in fields.SECTION_CLASSES.items():
+        declared = sorted(f.name for f in dataclasses.fields(cls))
+        assert sorted(f.name for f in fields.section_fields(section)) == declared, section
+
+
+def test_docs_config_md_is_generated_from_the_registry():
+    assert (ROOT / "docs" / "config.md").read_text() == fields.reference_markdown() + "\n"
+
+
+def test_docs_list_every_field_with_label_and_default():
+    text = (ROOT / "docs" / "config.md").read_text()
+    for f in fields.ALL:
+        assert f"| `{f.name}` | {f.label} |" in text
+    assert "| `seq_len` | Sequence length (tokens) | integer 1 to 16,777,216 | `4096` |" in text
+    assert "| `zero_stage` | ZeRO / sharding stage | `0` / `1` / `2` / `3` | the framework's default" in text
+
+
+def test_readme_links_the_reference():
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/config.md" in readme and "../shared/CONTRACT.md" not in readme
+
+
+@pytest.mark.parametrize("make, value, words", [
+    (lambda v: Parallel(zero_stage=v), 1.0, "one of 0, 1, 2, 3"),  # ints must be ints
+    (lambda v: Parallel(tp=v), True, "an integer from 1 to 65,536"),
+    (lambda v: Architecture(**{**LLAMA, "norms_per_layer": v}), True, "an integer from 0 to 16"),
+    (lambda v: Training(moe_capacity_factor=v), math.nan, "a number from 1 to 256"),
+    (lambda v: Training(moe_capacity_factor=v), math.inf, "a number from 1 to 256"),
+    (lambda v: Training(moe_capacity_factor=v), 1e308, "a number from 1 to 256"),
+    (lambda v: Architecture(**{**LLAMA, "attention_logit_softcapping": v}), math.nan, "a number from 0 to 1,000,000"),
+    (lambda v: Architecture(**{**LLAMA, "num_layers": v}), 100_000_000, "an integer from 1 to 16,384"),
+    (lambda v: Training(seq_len=v), 10**30, "an integer from 1 to 16,777,216"),
+    (lambda v: Training(dropout=v), 1.0, "a number >= 0 and below 1"),
+    (lambda v: Training(recompute="selective", recompute_modules=v), ["core_attn", "flash"], "a non-empty list of"),
+    (lambda v: Training(recompute="selective", recompute_modules=v), "core_attn", "a non-empty list of"),
+    (lambda v: Architecture(**{**LLAMA, "name": v}), "x" * 10_000, "text of at most 200 characters"),
+    (lambda v: Architecture(**{**LLAMA, "name": v}), "a\x1b[31mb", "without control characters"),
+    (lambda v: Hardware(gpu=v), "<script>", "one of 'a100-40'"),
+])
+def test_type_and_range_are_checked_by_name(make, value, words):
+    with pytest.raises(ConfigError) as info:
+        make(value)
+    message = str(info.value)
+    assert words in message
+    assert len(message) < 1000  # the offending value is cut, never repeated whole
+
+
+def test_messages_name_the_label_and_the_path():
+    with pytest.raises(ConfigError) as info:
+        Parallel(vpp=0)
+    assert str(info.value) == ("Virtual stages per rank (VPP) [parallel.vpp] = 0: allowed: an integer from 1 to 128")
+
+
+@pytest.mark.parametrize("path, text, value", [
+    ("parallel.tp", "8", 8),
+    ("parallel.zero_stage", "1", 1),
+    ("parallel.etp", "auto", None),
+    ("parallel.sequence_parallel", "false", False),
+    ("training.dropout", "0.1", 0.1),
+    ("training.recompute_modules", "core_attn, mlp", ["core_attn", "mlp"]),
+    ("training.recompute_modules", ["core_attn", "moe"], ["core_attn", "moe"]),
+    ("hardware.gpu", "b200", "b200"),
+])
+def test_text_is_parsed_by_the_fields_type(path, text, value):
+    assert fields.parse_text(fields.BY_PATH[path], text) == value
+
+
+@pytest.mark.parametrize("path, text", [
+    ("parallel.tp", "9" * 100_000), ("parallel.tp", "1e3"), ("parallel.tp", "four"), ("training.seq_len", "1e30"),
+    ("training.dropout", "nan"), ("training.moe_capacity_factor", "inf"), ("parallel.zero_stage", "7"),
+    ("parallel.zero_stage", "auto "), ("training.recompute_modules", ""), ("hardware.gpu", "../../etc/passwd"),
+])
+def test_bad_text_is_refused_quickly_and_by_name(path, text):
+    f = fields.BY_PATH[path]
+    if f.optional and text.strip() == "auto":
+        assert fields.parse_text(f, text) is None
+        return
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        fields.parse_text(f, text)
+    assert time.perf_counter() - start < 0.1
+    assert info.value.field == path and f.label in str(info.value)
+
+
+def test_cli_flag_for_a_list_field(tmp_path, capsys):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": "llama-3.1-8b", "training": {"recompute": "selective"}}))
+    assert main(["estimate", "--config", str(path), "--json", "--recompute-modules", "core_attn,mlp"]) == 0
+    with_mlp = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--config", str(path), "--json"]) == 0
+    attn_only = json.loads(capsys.readouterr().out)
+    # recomputing the MLP too drops its saved tensors: less activation memory on the same layout
+    assert with_mlp["stages"][0]["components"]["activations"] < attn_only["stages"][0]["components"]["activations"]
+
+
+HOSTILE = [
+    {"model": {**LLAMA, "num_layers": 100_000_000}},
+    {"model": {**LLAMA, "num_attention_heads": 65_521, "num_kv_heads": 65_521, "head_dim": 64},
+     "parallel": {"tp": 7}},
+    {"model": {**LLAMA, "hidden_size": 2**40}},
+    {"model": {**LLAMA, "vocab_size": 10**12}},
+    {"model": {**LLAMA, "name": "=" * 2_000_000}},
+    {"model": "llama-3.1-8b", "training": {"moe_capacity_factor": math.nan}},
+    {"model": "llama-3.1-8b", "training": {"seq_len": 1e30}},
+    {"model": "llama-3.1-8b", "training": {"global_batch_size": 2**62}},
+    {"model": "llama-3.1-8b", "parallel": {"zero_stage": 1.0}},
+    {"model": "llama-3.1-8b", "parallel": {"dp": 2**62}},
+    {"model": "llama-3.1-8b", "parallel": {"pp": 1000, "vpp": 1000}},
+    {"model": {**LLAMA, "norms_per_layer": True}},
+    {"model": "org/model@/tmp/escape"},
+    {"model": {"model_type": "gemma2", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 16, "vocab_size": 32, "attn_logit_softcapping": "abc"}},
+]
+
+
+@pytest.mark.parametrize("config", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_configs_exit_2_within_a_second(tmp_path, capsys, config):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    start = time.perf_counter()
+    status = main(["estimate", "--config", str(path), "--json"])
+    elapsed = time.perf_counter() - start
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert len(err) < 1000 and "Traceback" not in err
+    assert elapsed < 1.0
+
+
+def test_every_preset_and_default_passes_its_own_checks():
+    from estimator.presets import list_presets
+    for p in list_presets():
+        estimate_config({"model": p.id})
+    for f in fields.SETTINGS:
+        if f.default is not None:
+            fields.check(f, f.default)
