@@ -48,6 +48,8 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
         total += per_layer(min(tokens, arch.sliding_window)) * windowed
     formula = (f"(kv_lora_rank + d_rope) x tokens x batch x layers x {B:g} B" if arch.uses_mla
                else f"2 x max(g/t, 1) x d_head x tokens x batch x layers x {B:g} B")
+    if windowed:
+        formula += f" ({windowed:,} sliding-window layers keep at most {arch.sliding_window:,} tokens)"
     return total, formula
 
 

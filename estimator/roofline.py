@@ -455,8 +455,7 @@ def matmul_parameters(arch: Architecture) -> float:
     embedding lookup, norms and biases are not matmuls and are left out. Layer index i's kind
     decides its weights; MTP modules are left out."""
     total = 0.0
-    for kind in set(arch.layer_kinds()):
-        n_layers = sum(1 for k in arch.layer_kinds() if k == kind)
+    for kind, n_layers in arch.kind_counts():
         per_layer = 0.0
         for tensor in arch.layer_tensors(kind):
             if tensor.role != "hidden_matrix":

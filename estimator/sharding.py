@@ -40,16 +40,22 @@ def layers_per_stage(arch: Architecture, par: Parallel) -> list[int]:
     p, v, total = par.pp, par.vpp, arch.num_layers
     first, last = par.pp_first_stage_layers, par.pp_last_stage_layers
     if first is None and last is None:
+        if total % p == 0 and (total // p) % v:  # the stages divide; their chunks do not
+            raise ConfigError("parallel.vpp", v, f"a divisor of the {total // p} layers of each stage",
+                              f"pp x vpp = {p * v} does not divide num_layers ({total})",
+                              related=("parallel.pp", "model.num_layers"))
         if total % (p * v):
             raise ConfigError("parallel.pp", p, f"a pp x vpp that divides num_layers ({total})",
-                              f"pp x vpp = {p * v}; set pp_first_stage_layers/pp_last_stage_layers for an uneven split")
+                              f"pp x vpp = {p * v}; set pp_first_stage_layers/pp_last_stage_layers for an uneven split",
+                              related=("parallel.vpp", "model.num_layers", "parallel.pp_first_stage_layers"))
         return [total // p] * p
     middle_stages = p - (first is not None) - (last is not None)
     rest = total - (first or 0) - (last or 0)
     if rest < 0 or (middle_stages == 0 and rest != 0) or (middle_stages and rest % middle_stages):
         raise ConfigError("parallel.pp_first_stage_layers", first,
                           f"first and last stage layers that leave a multiple of the {middle_stages} "
-                          f"middle stages out of num_layers ({total})", f"pp_last_stage_layers = {last}")
+                          f"middle stages out of num_layers ({total})", f"pp_last_stage_layers = {last}",
+                          related=("parallel.pp_last_stage_layers", "parallel.pp", "model.num_layers"))
     even = rest // middle_stages if middle_stages else 0
     counts = [even] * p
     if first is not None:
@@ -57,11 +63,13 @@ def layers_per_stage(arch: Architecture, par: Parallel) -> list[int]:
     if last is not None:
         counts[-1] = last
     if any(c == 0 for c in counts[1:-1]) or any(c < 1 for c in counts):
-        raise ConfigError("parallel.pp", p, "at most one stage per layer", f"a stage would hold no layer: {counts}")
+        raise ConfigError("parallel.pp", p, "at most one stage per layer", f"a stage would hold no layer: {counts}",
+                          related=("model.num_layers", "parallel.pp_first_stage_layers",
+                                   "parallel.pp_last_stage_layers"))
     if v > 1:
         if any(c % v for c in counts[1:-1]) or counts[0] < v or counts[-1] < v:
             raise ConfigError("parallel.vpp", v, f"a divisor of every middle stage's layer count and at most the "
-                              f"first and last stage's ({counts})")
+                              f"first and last stage's ({counts})", related=("parallel.pp",))
     return counts
 
 

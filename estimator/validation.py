@@ -42,7 +42,7 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if not arch.uses_mla and arch.num_kv_heads % tp and training.mode == "training":
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_kv_heads),
                           f"num_kv_heads ({arch.num_kv_heads}) must be divisible by tp")
-    if arch.intermediate_size and any(k == "dense" for k in arch.layer_kinds()) and arch.intermediate_size % tp:
+    if arch.intermediate_size and arch.num_dense_layers and arch.intermediate_size % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.intermediate_size),
                           f"intermediate_size ({arch.intermediate_size}) must be divisible by tp")
     if arch.is_moe:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
+import signal
+from contextlib import contextmanager
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from estimator.architecture import parameter_counts
 from estimator.errors import ConfigError
-from estimator.hf_config import SUPPORTED_MODEL_TYPES, architecture_from_hf_config
+from estimator.hf_config import (_COMMON_KEYS, _DEFAULTS, _FAMILY_KEYS, SUPPORTED_MODEL_TYPES, _moe_pattern_qwen,
+                                 _Reader, architecture_from_hf_config)
 
 
 def build(config: dict):
@@ -208,3 +215,163 @@ def test_supported_types_listed():
                  "granite", "gpt_neox", "gpt2", "starcoder2", "falcon"):
         assert name in SUPPORTED_MODEL_TYPES
         build({"model_type": name})  # the defaults alone make a valid architecture
+
+
+# --- hostile values -----------------------------------------------------------------------------------
+# Every value the mapping reads goes through one of a few typed getters; a wrong type ends in a
+# ConfigError naming the field as the file spells it, never in a bare ValueError or TypeError.
+
+def field_of(config: dict) -> str:
+    with pytest.raises(ConfigError) as caught:
+        build(config)
+    return caught.value.field
+
+
+def test_an_integer_field_takes_integers_only():
+    for value in ("32", 32.5, True, -32, 0, [32], {"n": 32}, math.inf, math.nan):
+        assert field_of({**LLAMA_8B, "num_hidden_layers": value}) == "model.num_hidden_layers", value
+    assert build({**LLAMA_8B, "num_hidden_layers": None})[0].num_layers == 32  # null: LlamaConfig's default
+    assert build({**LLAMA_8B, "num_hidden_layers": 32.0})[0].num_layers == 32  # an integral float is the int
+    # an alias is named as the file spells it
+    assert field_of({"model_type": "gpt2", "n_layer": -12}) == "model.n_layer"
+    assert field_of({"model_type": "falcon", "n_head": 7.5}) == "model.n_head"
+
+
+def test_zero_is_allowed_only_where_it_means_none():
+    arch, _ = build({"model_type": "deepseek_v3", "n_shared_experts": 0, "num_nextn_predict_layers": 0})
+    assert arch.num_shared_experts == 0 and arch.mtp_layers == 0
+    assert field_of({"model_type": "deepseek_v3", "first_k_dense_replace": -1}) == "model.first_k_dense_replace"
+    assert field_of({"model_type": "deepseek_v3", "num_nextn_predict_layers": -1}) == "model.num_nextn_predict_layers"
+
+
+def test_a_flag_takes_true_or_false_only():
+    for value in ("yes", 1, 0.0, [True]):
+        assert field_of({**LLAMA_8B, "attention_bias": value}) == "model.attention_bias"
+        assert field_of({"model_type": "qwen2", "use_sliding_window": value}) == "model.use_sliding_window"
+        assert field_of({"model_type": "phi3", "lm_head_bias": value}) == "model.lm_head_bias"
+
+
+def test_a_gemma2_softcap_takes_a_positive_finite_number_or_null():
+    for value in ("abc", "50", True, math.nan, math.inf, -math.inf, 0, -30.0, 10**400, [50.0], {"cap": 50}):
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            assert field_of({"model_type": "gemma2", key: value}) == f"model.{key}", value
+    arch, _ = build({"model_type": "gemma2", "attn_logit_softcapping": 20, "final_logit_softcapping": 12.5})
+    assert arch.attention_logit_softcapping == 20.0 and arch.final_logit_softcapping == 12.5
+    # Gemma2Config: 50 and 30 by default; null switches the cap off
+    arch, _ = build({"model_type": "gemma2", "attn_logit_softcapping": None})
+    assert arch.attention_logit_softcapping is None and arch.final_logit_softcapping == 30.0
+    assert build({"model_type": "gemma2"})[0].attention_logit_softcapping == 50.0
+
+
+def test_a_text_field_takes_a_string():
+    assert field_of({"model_type": "deepseek_v3", "topk_method": 3}) == "model.topk_method"
+    assert field_of({**LLAMA_8B, "_name_or_path": 7}) == "model._name_or_path"
+    assert field_of({"model_type": ["llama"]}) == "model.model_type"
+    assert field_of({"model_type": {"llama": 1}}) == "model.model_type"
+
+
+def test_a_list_field_takes_a_list_of_its_items():
+    for value in ("sliding_attention", [0, 1], [["sliding_attention"]], [None], {"0": "full_attention"}):
+        assert field_of({"model_type": "gemma3_text", "layer_types": value}) == "model.layer_types", value
+    for value in ("0,1", [False], [0.0], ["0"], {"0": 1}):
+        assert field_of({"model_type": "qwen3_moe", "mlp_only_layers": value}) == "model.mlp_only_layers", value
+
+
+def test_family_fields_are_typed_too():
+    assert field_of({"model_type": "gemma3_text", "sliding_window_pattern": "abc"}) == "model.sliding_window_pattern"
+    assert field_of({"model_type": "gemma3_text", "sliding_window_pattern": 0}) == "model.sliding_window_pattern"
+    assert field_of({"model_type": "falcon", "new_decoder_architecture": True,
+                     "num_ln_in_parallel_attn": 2.5}) == "model.num_ln_in_parallel_attn"
+    assert field_of({"model_type": "mistral", "sliding_window": "4096"}) == "model.sliding_window"
+
+
+def test_a_text_config_must_be_an_object():
+    for text in ([], "gemma3_text", 5, True):
+        assert field_of({"model_type": "gemma3", "text_config": text}) == "model.text_config", text
+
+
+def test_a_text_config_field_is_named_inside_it():
+    config = {"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "hidden_size": "5376"}}
+    assert field_of(config) == "model.text_config.hidden_size"
+    config = {"model_type": "gemma3", "text_config": {"model_type": ["gemma3_text"]}}
+    assert field_of(config) == "model.text_config.model_type"
+    config = {"model_type": "gemma3", "tie_word_embeddings": "yes", "text_config": {"model_type": "gemma3_text"}}
+    assert field_of(config) == "model.tie_word_embeddings"
+
+
+def qwen_sparse_layers_one_by_one(num_layers: int, step: int, only: list[int]) -> dict:
+    """transformers' Qwen2/3-MoE rule, walked layer by layer, as the canonical fields."""
+    moe = [i for i in range(num_layers) if i not in only and (i + 1) % step == 0]
+    if not moe:
+        return dict(num_experts=0)
+    expected = [i for i in range(num_layers) if i >= moe[0] and (i - moe[0]) % step == 0]
+    return dict(first_dense_layers=moe[0], moe_layer_frequency=step) if moe == expected else {}
+
+
+@given(num_layers=st.integers(1, 60), step=st.integers(1, 8), only=st.lists(st.integers(-3, 70), max_size=8))
+def test_the_qwen_moe_pattern_in_closed_form_equals_walking_the_layers(num_layers, step, only):
+    reader = _Reader({"decoder_sparse_step": step, "mlp_only_layers": only}, "qwen3_moe")
+    expected = qwen_sparse_layers_one_by_one(num_layers, step, only)
+    if expected:
+        assert _moe_pattern_qwen(reader, num_layers) == expected
+    else:
+        with pytest.raises(ConfigError) as caught:
+            _moe_pattern_qwen(reader, num_layers)
+        assert caught.value.field == "model.mlp_only_layers"
+
+
+@contextmanager
+def deadline(seconds: float):
+    """Fail, instead of hanging, when the block runs past `seconds` (SIGALRM: the main thread)."""
+    def expire(*_):
+        raise TimeoutError(f"ran past {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_billion_qwen_layers_are_read_without_walking_them():
+    with deadline(5), pytest.raises(ConfigError):  # the layer count's own bound answers
+        build({"model_type": "qwen3_moe", "num_hidden_layers": 10**12, "mlp_only_layers": [0, 1]})
+    with deadline(5):
+        pattern = _moe_pattern_qwen(_Reader({"decoder_sparse_step": 2, "mlp_only_layers": [1, 3]}, "qwen3_moe"),
+                                    10**12)
+    # sparse candidates 1, 3, 5, ...: the first two made dense, so every 2nd layer from 5 on
+    assert pattern == dict(first_dense_layers=5, moe_layer_frequency=2)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.sampled_from([0, -1, 2**63]) | st.integers(300, 5000).map(lambda digits: 10**digits)
+    | st.floats() | st.sampled_from([math.nan, math.inf, -math.inf, 1e308, -0.0, 4096.5, 4096.0]) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=8)
+
+
+def known_fields(model_type: str) -> list[str]:
+    return sorted(_COMMON_KEYS | _FAMILY_KEYS[model_type] | set(_DEFAULTS[model_type]) | {"text_config"})
+
+
+@st.composite
+def hostile_configs(draw) -> dict:
+    model_type = draw(st.sampled_from(SUPPORTED_MODEL_TYPES))
+    keys = draw(st.lists(st.sampled_from(known_fields(model_type)), min_size=1, max_size=4, unique=True))
+    config = {"model_type": model_type, **{key: draw(JSON) for key in keys}}
+    if draw(st.booleans()):  # or a multimodal wrapper around the same text model
+        config = {"model_type": "gemma3", "text_config": config} if model_type == "gemma3_text" else config
+    return config
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_configs())
+def test_any_json_value_in_any_known_field_ends_in_a_config_error_or_an_architecture(config):
+    with deadline(5):
+        try:
+            arch, _ = architecture_from_hf_config(config)
+        except ConfigError as error:
+            assert error.field.startswith("model") and str(error)
+        else:
+            assert arch.num_layers >= 1 and arch.hidden_size >= 1

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from estimator import estimate_config
+from estimator import ConfigError, estimate_config
 from estimator.fields import label
 
 
@@ -25,7 +25,8 @@ CASES = [
     ({"model": LLAMA, "parallel": {"tp": 3}}, "parallel.tp", "num_attention_heads (32) must be divisible by tp"),
     ({"model": LLAMA, "parallel": {"tp": 16}}, "parallel.tp", "num_kv_heads (8) must be divisible by tp"),
     ({"model": LLAMA, "parallel": {"pp": 3}}, "parallel.pp", "divides num_layers (32)"),
-    ({"model": LLAMA, "parallel": {"pp": 4, "vpp": 3}}, "parallel.pp", "pp x vpp = 12"),
+    ({"model": LLAMA, "parallel": {"pp": 4, "vpp": 3}}, "parallel.vpp", "pp x vpp = 12 does not divide"),
+    ({"model": LLAMA, "parallel": {"pp": 5, "vpp": 2}}, "parallel.pp", "pp x vpp = 10"),
     ({"model": LLAMA, "parallel": {"pp": 4, "pp_first_stage_layers": 7, "pp_last_stage_layers": 6}},
      "parallel.pp_first_stage_layers", "middle stages"),
     ({"model": LLAMA, "parallel": {"tp": 2, "pp": 2, "dp": 2, "world_size": 16}}, "parallel.world_size",
@@ -97,3 +98,12 @@ def test_cli_exits_2_with_one_line(tmp_path, config, field, words):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and words in lines[0]
     assert "Traceback" not in run.stderr
+
+
+def test_a_broken_rule_names_the_other_fields_it_ties():
+    # 32 layers on PP 4: the stages divide (8 layers each) but VPP 3 chunks do not; the UI blames
+    # the field the user changed among the field and its related ones
+    with pytest.raises(ConfigError) as info:
+        estimate_config({"model": LLAMA, "parallel": {"pp": 4, "vpp": 3}})
+    assert info.value.field == "parallel.vpp" and "parallel.pp" in info.value.related
+    assert "a divisor of the 8 layers of each stage" in str(info.value)

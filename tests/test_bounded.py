@@ -1,0 +1,196 @@
+"""Work that does not grow with the sizes a configuration names.
+
+An estimate reads the layer pattern as counts per kind over each pipeline chunk, in closed form,
+never one entry per layer: a `num_layers` of 10**9 costs what 32 layers cost. The counts must equal
+counting the layers one by one, which the property tests below do. The huge cases run in a
+subprocess with a time limit, so a regression fails instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from estimator import Architecture, Parallel
+from estimator.architecture import congruent_in, congruent_in_both
+from estimator.sharding import chunk_kind_counts, stage_layer_chunks, stage_layer_indices, stage_parameters
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT_S = 20
+
+# h 64, 4 heads of 16, 2 KV heads, SwiGLU 128 wide; 4 experts (top-2) 32 wide, no bias, RMSNorm
+BASE = Architecture(name="pattern", hidden_size=64, num_layers=8, num_attention_heads=4, num_kv_heads=2,
+                    intermediate_size=128, vocab_size=1000, num_experts=4, num_experts_per_token=2,
+                    moe_intermediate_size=32)
+
+
+def is_moe(i: int, first: int, freq: int) -> bool:
+    """The pattern as DeepSeek and Megatron state it: dense below first_k_dense_replace, then every
+    freq-th layer."""
+    return i >= first and (i - first) % freq == 0
+
+
+def is_windowed(i: int, pattern: int) -> bool:
+    """Gemma's sliding_window_pattern: every pattern-th layer is global, 0 = all slide."""
+    return pattern == 0 or (i + 1) % pattern != 0
+
+
+def run_bounded(code: str) -> dict:
+    """Run `code` in a fresh interpreter within LIMIT_S seconds; it prints one JSON object."""
+    try:
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"did not return within {LIMIT_S} s: the work grows with a size it should not")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+# --- closed form = counting --------------------------------------------------------------------------
+
+@given(start=st.integers(-50, 200), length=st.integers(-5, 200), residue=st.integers(-30, 30),
+       modulus=st.integers(1, 25))
+def test_congruent_in_counts_the_residue_class(start, length, residue, modulus):
+    stop = start + length
+    assert congruent_in(start, stop, residue, modulus) == sum(
+        1 for i in range(start, stop) if i % modulus == residue % modulus)
+
+
+@given(start=st.integers(0, 150), length=st.integers(0, 150), r1=st.integers(0, 30), m1=st.integers(1, 12),
+       r2=st.integers(0, 30), m2=st.integers(1, 12))
+def test_congruent_in_both_counts_the_intersection(start, length, r1, m1, r2, m2):
+    stop = start + length
+    assert congruent_in_both(start, stop, (r1, m1), (r2, m2)) == sum(
+        1 for i in range(start, stop) if i % m1 == r1 % m1 and i % m2 == r2 % m2)
+
+
+@given(first=st.integers(0, 40), freq=st.integers(1, 12), start=st.integers(0, 120), length=st.integers(0, 120))
+def test_moe_layers_of_a_range_equal_counting_them(first, freq, start, length):
+    stop = start + length
+    arch = replace(BASE, num_layers=max(first, stop, 1), first_dense_layers=first, moe_layer_frequency=freq)
+    moe = sum(1 for i in range(start, stop) if is_moe(i, first, freq))
+    assert arch.moe_layers_in(start, stop) == moe
+    expected = tuple((kind, n) for kind, n in (("dense", length - moe), ("moe", moe)) if n)
+    assert arch.kind_counts(start, stop) == expected
+    assert arch.num_moe_layers == sum(1 for i in range(arch.num_layers) if is_moe(i, first, freq))
+
+
+@given(first=st.integers(0, 30), freq=st.integers(1, 8), window=st.sampled_from([None, 4]),
+       pattern=st.integers(0, 9), start=st.integers(0, 100), length=st.integers(0, 100))
+def test_layer_variants_of_a_range_equal_counting_them(first, freq, window, pattern, start, length):
+    stop = start + length
+    arch = replace(BASE, num_layers=max(first, stop, 1), first_dense_layers=first, moe_layer_frequency=freq,
+                   sliding_window=window, sliding_window_pattern=pattern)
+    variants = Counter(("moe" if is_moe(i, first, freq) else "dense", bool(window) and is_windowed(i, pattern))
+                       for i in range(start, stop))
+    assert arch.variant_counts(start, stop) == dict(variants)
+    assert arch.global_attention_layers_in(start, stop) == sum(n for (_, windowed), n in variants.items()
+                                                               if not windowed)
+
+
+@settings(max_examples=200)
+@given(pp=st.integers(1, 4), vpp=st.integers(1, 3), per_chunk=st.integers(1, 5), first=st.integers(0, 30),
+       freq=st.integers(1, 6), skip=st.integers(0, 40))
+def test_stage_kind_counts_equal_counting_the_stage_layers(pp, vpp, per_chunk, first, freq, skip):
+    vpp = 1 if pp == 1 else vpp
+    layers = pp * vpp * per_chunk
+    arch = replace(BASE, num_layers=layers, first_dense_layers=min(first, layers), moe_layer_frequency=freq)
+    par = Parallel(pp=pp, vpp=vpp)
+    stages = stage_parameters(arch, par, "megatron")
+    for stage, chunks, indices in zip(stages, stage_layer_chunks(arch, par), stage_layer_indices(arch, par)):
+        # full recompute stores the layers after the first `skip` the rank runs
+        kinds = ["moe" if is_moe(i, arch.first_dense_layers, freq) else "dense" for i in indices[skip:]]
+        expected = tuple((kind, kinds.count(kind)) for kind in ("dense", "moe") if kinds.count(kind))
+        assert chunk_kind_counts(arch, chunks, skip) == expected
+        assert stage.chunks == chunks and chunk_kind_counts(arch, chunks) == stage.kind_counts
+
+
+# --- a billion layers ---------------------------------------------------------------------------------
+
+def test_a_billion_layers_are_sharded_instantly():
+    # first_dense_layers 3, moe_layer_frequency 2: the MoE layers are the odd ones from 3 on.
+    # pp 4 x vpp 5 = 20 chunks of 5 x 10**7 layers; rank r runs chunks r, r + 4, ..., r + 16.
+    out = run_bounded("""
+        import json
+        from dataclasses import replace
+        from estimator import Architecture, Parallel, parameter_counts
+        from estimator.sharding import chunk_kind_counts, stage_parameters
+        small = Architecture(name="pattern", hidden_size=64, num_layers=8, num_attention_heads=4, num_kv_heads=2,
+                             intermediate_size=128, vocab_size=1000, num_experts=4, num_experts_per_token=2,
+                             moe_intermediate_size=32, first_dense_layers=3, moe_layer_frequency=2)
+        arch = replace(small)
+        object.__setattr__(arch, "num_layers", 10**9)  # past any bound the field checks put on it
+        stages = stage_parameters(arch, Parallel(pp=4, vpp=5), "megatron")
+        counts = parameter_counts(arch)
+        print(json.dumps({
+            "kinds": [dict(s.kind_counts) for s in stages],
+            "stage_1_local": stages[1].local,
+            "after_3": dict(chunk_kind_counts(arch, stages[0].chunks, skip=3)),
+            "after_chunk_0": dict(chunk_kind_counts(arch, stages[0].chunks, skip=5 * 10**7 + 1)),
+            "total": counts.total, "active": counts.active,
+        }))
+    """)
+    # chunk [0, 5e7) holds the odd layers but layer 1: 25,000,000 - 1 MoE; any other chunk starts
+    # on an even layer and holds 25,000,000 odd ones.
+    assert out["kinds"][0] == {"dense": 125_000_001, "moe": 124_999_999}
+    assert out["kinds"][1:] == [{"dense": 125_000_000, "moe": 125_000_000}] * 3
+    # layers 0, 1, 2 are dense
+    assert out["after_3"] == {"dense": 124_999_998, "moe": 124_999_999}
+    # all of chunk 0, then layer 2 x 10**8 (even, dense), of the rank's chunks 0, 4, 8, 12, 16
+    assert out["after_chunk_0"] == {"dense": 99_999_999, "moe": 100_000_000}
+    # One layer by hand: q 64x64, k and v 32x64, o 64x64 = 12,288; two RMSNorms 128.
+    # Dense: SwiGLU 3 x 64 x 128 = 24,576 -> 36,992. MoE: router 4 x 64 = 256, experts 4 x 3 x 64 x 32
+    # = 24,576 -> 37,248.
+    dense, moe = 12_288 + 128 + 24_576, 12_288 + 128 + 256 + 24_576
+    assert (dense, moe) == (36_992, 37_248)
+    assert out["stage_1_local"] == 125_000_000 * (dense + moe)
+    # 10**9 layers: 499,999,999 odd ones from 3 on are MoE; embedding 1000 x 64, final norm 64, head
+    assert out["total"] == 64_000 + 64 + 64_000 + 500_000_001 * dense + 499_999_999 * moe
+    # each MoE layer leaves 2 of its 4 experts (3 x 64 x 32 each) idle per token
+    assert out["active"] == out["total"] - 499_999_999 * 2 * 3 * 64 * 32
+
+
+def test_a_billion_layer_kv_cache_is_counted_instantly():
+    out = run_bounded("""
+        import json
+        from dataclasses import replace
+        from estimator import Architecture, Parallel, Training
+        from estimator.inference import kv_cache_bytes
+        from estimator.sharding import stage_layer_chunks
+        arch = Architecture(name="windows", hidden_size=64, num_layers=12, num_attention_heads=4, num_kv_heads=2,
+                            intermediate_size=128, vocab_size=1000, sliding_window=4, sliding_window_pattern=6)
+        object.__setattr__(arch, "num_layers", 10**9)
+        par = Parallel(pp=2)
+        chunks = stage_layer_chunks(arch, par)[0]
+        kv, _ = kv_cache_bytes(arch, Training(mode="inference", seq_len=1024), par, chunks)
+        print(json.dumps({"chunks": [[r.start, r.stop] for r in chunks], "kv": kv}))
+    """)
+    assert out["chunks"] == [[0, 500_000_000]]
+    # layers i with (i + 1) % 6 == 0 attend to all 1024 tokens: 5e8 // 6 = 83,333,333 of them; the
+    # other 416,666,667 keep a window of 4. Per layer: 2 (K, V) x 2 KV heads x 16 x tokens x 2 B.
+    assert out["kv"] == 83_333_333 * (2 * 2 * 16 * 1024 * 2) + 416_666_667 * (2 * 2 * 16 * 4 * 2)
+
+
+# --- divisors in an error message -------------------------------------------------------------------
+
+def test_divisors_of_a_huge_size_are_named_not_listed():
+    out = run_bounded("""
+        import json
+        from estimator.validation import _divisors
+        print(json.dumps({"huge": _divisors(10**12 + 39), "64": _divisors(64), "36": _divisors(36),
+                          "720720": _divisors(720720), "prime": _divisors(999_983)}))
+    """)
+    assert out["huge"] == "a divisor of 1000000000039"
+    assert out["64"] == "1, 2, 4, 8, 16, 32, 64"
+    assert out["36"] == "1, 2, 3, 4, 6, 9, 12, 18, 36"
+    assert out["720720"] == "a divisor of 720720"  # 240 divisors: more than a message lists
+    assert out["prime"] == "1, 999983"

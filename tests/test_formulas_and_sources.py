@@ -1,0 +1,81 @@
+"""What an estimate says about its numbers: each formula shows the divisions its bytes went
+through, and each component cites the source of its own figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from canonical import LLAMA_31_8B
+from estimator import Hardware, Parallel, Training, estimate
+from estimator.architecture import Architecture
+from estimator.hardware import GPUS
+
+MIB = 2**20
+
+# A small MoE layer with a shared expert, so the ledger has every kind of entry
+MOE = Architecture(name="moe", hidden_size=1024, num_layers=4, num_attention_heads=16, num_kv_heads=4,
+                   intermediate_size=2048, vocab_size=32000, num_experts=8, num_experts_per_token=2,
+                   moe_intermediate_size=512, num_shared_experts=1, first_dense_layers=1, qk_norm=True)
+
+
+def ledger(arch, training, par) -> dict:
+    return {(line.kind, line.name): line for line in estimate(arch, training, par).activation_ledger}
+
+
+CASES = [
+    # (model, training, sequence parallelism): Megatron's fused kernels; transformers' eager PyTorch
+    # modules with dropout (scores, masks, fp32 norms)
+    (LLAMA_31_8B, Training(), True),
+    (LLAMA_31_8B, Training(), False),
+    (LLAMA_31_8B, Training(framework="hf", attention="eager", dropout=0.1, seq_len=1024), True),
+    (LLAMA_31_8B, Training(framework="hf", attention="eager", dropout=0.1, seq_len=1024), False),
+    (MOE, Training(), True),
+    (MOE, Training(framework="hf", seq_len=1024), True),
+]
+
+
+@pytest.mark.parametrize("arch, training, sp", CASES)
+def test_a_ledger_line_shows_t_exactly_where_tp_divides_its_bytes(arch, training, sp):
+    # etp 1 keeps the routed tokens' gather out of the comparison: only t changes between the two.
+    etp = 1 if arch.is_moe else None
+    one = ledger(arch, training, Parallel(tp=1, etp=etp))
+    four = ledger(arch, training, Parallel(tp=4, etp=etp, sequence_parallel=sp))
+    assert one.keys() == four.keys()
+    divided = 0
+    for key, line in four.items():
+        if line.bytes == one[key].bytes:
+            assert "/t" not in line.formula, (key, line.formula)
+        else:
+            assert line.bytes * 4 == pytest.approx(one[key].bytes, abs=4), key  # divided by t = 4
+            assert line.formula.endswith("/t"), (key, line.formula)
+            divided += 1
+        assert "/t" not in one[key].formula  # t = 1 divides nothing
+    # Korthikanti et al. 2022 section 4.2.2: with sequence parallelism every tensor of the layer is
+    # split over t; without it the norms' and dropout's inputs are replicated
+    assert (divided == len(four)) == sp
+
+
+def test_a_ledger_line_shows_cp_where_context_parallelism_splits_it():
+    one = ledger(LLAMA_31_8B, Training(), Parallel(tp=2))
+    two = ledger(LLAMA_31_8B, Training(), Parallel(tp=2, cp=2))
+    for key, line in two.items():
+        assert line.bytes * 2 == one[key].bytes  # every saved tensor holds tokens: cp halves it
+        assert line.formula == one[key].formula.replace("/t", "/cp/t")
+
+
+def test_the_kept_layer_input_of_full_recompute_shows_its_division():
+    # Korthikanti section 5: full recompute keeps each layer's input, 2sbh, /t with SP only
+    training = Training(recompute="full")
+    for sp, formula in ((True, "B*s*b*h/t"), (False, "B*s*b*h")):
+        est = estimate(LLAMA_31_8B, training, Parallel(tp=4, sequence_parallel=sp))
+        kept = next(p for p in est.stages[0].component("activations").parts if "keep their input" in p.label)
+        assert f"({formula})" in kept.formula
+        assert kept.bytes == 32 * 2 * 4096 * 4096 // (4 if sp else 1)  # 32 layers x B*s*b*h (/t)
+
+
+@pytest.mark.parametrize("gpu", ["h100-80", "a100-80", "h200", "b200"])
+def test_the_cuda_context_cites_its_measurement_not_the_gpu_datasheet(gpu):
+    runtime = estimate(LLAMA_31_8B, hardware=Hardware(gpu=gpu)).stages[0].component("runtime")
+    assert runtime.bytes == 512 * MIB  # hardware.py: the low end of the 0.5-2 GB measured
+    assert "ml-engineering" in runtime.source and "Preloaded CUDA kernels memory usage" in runtime.source
+    assert "datasheet" not in runtime.source and runtime.source != GPUS[gpu].source
