@@ -30,10 +30,10 @@ from .architecture import Architecture, parameter_counts
 from .dtypes import bytes_per_element
 from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
-from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size, stage_parameters
+from .resolved import Resolved, resolve
+from .sharding import StageParameters, chunk_kind_counts
 from .states import FP8_SOURCE, OPTIMIZER_SOURCES, ZERO_SOURCE, model_states
-from .training import Recipe, Training, resolve_recipe
-from .validation import validate
+from .training import Recipe, Training
 
 GiB = 1024**3
 TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% in 454 runs
@@ -440,25 +440,23 @@ def _fragmentation(allocated: int, hardware: Hardware) -> Component:
 
 def estimate(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
              hardware: Hardware | None = None) -> Estimate:
-    training = training or Training()
-    par = par or Parallel()
-    hardware = hardware or Hardware()
-    zero = validate(arch, training, par)
-    recipe = resolve_recipe(training)
+    return estimate_resolved(resolve(arch, training, par, hardware))
+
+
+def estimate_resolved(cfg: Resolved) -> Estimate:
+    """The estimate of a configuration resolved once (`resolved.resolve`)."""
+    arch, training, par, hardware = cfg.architecture, cfg.training, cfg.parallel, cfg.hardware
+    zero, recipe, m, vocab = cfg.zero_stage, cfg.recipe, cfg.microbatches, cfg.padded_vocab
     counts = parameter_counts(arch)
-    gpu = hardware.device
-    m = act.microbatches(training, par)
-    vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
-    stages_params = stage_parameters(arch, par, training.framework)
     shared = _shared(arch, training, par, hardware, zero, vocab)
     if training.mode == "inference":
         from .inference import inference_stage
-        stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in stages_params]
+        stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
     else:
         statics: dict[tuple, _StaticStage] = {}
         stages = []
         ends = (0, par.pp - 1)
-        for sp in stages_params:
+        for sp in cfg.stages:
             # stages with the same layers and no embedding or head share their static part
             signature = (sp.stage if sp.stage in ends else -1, sp.kind_counts)
             static = statics.get(signature)
@@ -471,7 +469,7 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
         architecture=arch, training=training, parallel=par, hardware=hardware, recipe=recipe, zero_stage=zero,
         microbatches=m, parameters_total=counts.total, parameters_active=counts.active, stages=tuple(stages),
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
-        device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, gpu),
+        device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, hardware.device),
         notes=notes, _shared=shared)
 
 
@@ -516,7 +514,7 @@ class _StaticStage(NamedTuple):
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared) -> _StaticStage:
-    ms = model_states(sp, training, recipe, par)
+    ms = model_states(sp, training, recipe, par, zero)
     last = sp.stage == par.pp - 1
     loss_saved: tuple[Component, ...] = ()
     loss_forward: list[Component] = []

@@ -40,13 +40,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .activations import global_batch_size, microbatches
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
 from .parallel import Parallel
-from .sharding import padded_vocab_size, stage_layer_indices, stage_parameters
-from .training import Recipe, Training, resolve_recipe
+from .sharding import stage_layer_indices
+from .training import Recipe, Training
 
 ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
 PALM = "Chowdhery et al. 2022, PaLM (arXiv 2204.02311), appendix B"
@@ -552,22 +551,22 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
                                          of their time, hidden behind at most the compute
               + optimizer update         memory-bound: read and write states, master, gradient
     """
-    from .states import resolve_zero_stage
-    from .validation import validate
+    from .resolved import resolve
 
     training = training or Training()
     par = par or Parallel()
     hardware = hardware or Hardware()
-    # the memory model's rules; the FP8 recipe is modelled here, so its memory-side refusal is skipped
-    validate(arch, dataclasses.replace(training, fp8=False), par)
-    zero = resolve_zero_stage(training, par) if training.mode == "training" else 0
-    gpu = hardware.device
-    recipe = resolve_recipe(training)
+    # the memory model's rules and resolution; the FP8 recipe is modelled here, so its memory-side
+    # refusal is skipped (the recipe and the ZeRO stage do not depend on it)
+    cfg = resolve(arch, dataclasses.replace(training, fp8=False), par, hardware)
     is_training = training.mode == "training"
+    zero = cfg.zero_stage if is_training else 0
+    gpu = hardware.device
+    recipe = cfg.recipe
     ctx, notes = _context(arch, training, recipe, par, gpu)
-    m = microbatches(training, par)
+    m = cfg.microbatches
     p, v, t = par.pp, par.vpp, par.tp
-    vocab = padded_vocab_size(arch.vocab_size, t, training.framework)
+    vocab = cfg.padded_vocab
     h, B = arch.hidden_size, ctx.B
 
     # --- operations of every layer variant, once (each with count 1 for now)
@@ -675,7 +674,7 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
     # ZeRO-1/2 reduce-scatter them and all-gather the updated parameters, ZeRO-3/FSDP all-gather
     # the parameters before each micro-batch's forward and again for its backward (Rajbhandari et
     # al. 2020, section 7: 1.5x the all-reduce volume), FSDP2 shard-grad-op once per micro-batch.
-    sp = stage_parameters(arch, par, training.framework)[slowest]
+    sp = cfg.stages[slowest]
     if is_training:
         G, P = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.param_dtype)
         if training.framework == "fsdp2":
@@ -728,7 +727,7 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
         optimizer_s = (dense + expert) * per_param / gpu.memory_bandwidth
 
     time_s = ideal + bubble_s + exposed_comm_s + optimizer_s
-    tokens_per_step = global_batch_size(training, par) * training.seq_len
+    tokens_per_step = cfg.global_batch_size * training.seq_len
     tokens_per_s_per_gpu = tokens_per_step / time_s / par.gpus
     flops_per_token = model_flops_per_token(arch, training.seq_len, is_training)
     mfu = tokens_per_s_per_gpu * flops_per_token / ctx.peak

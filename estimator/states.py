@@ -101,8 +101,9 @@ class ModelStates(NamedTuple):
     zero_stage: int
 
 
-def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel) -> ModelStates:
-    zero = resolve_zero_stage(training, par)
+def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel,
+                 zero: int) -> ModelStates:
+    """`zero`: the stage the framework runs (`resolve_zero_stage`, resolved once per configuration)."""
     fw = training.framework
     d_dense = par.dp * par.cp
     d_expert = max(1, par.expert_data_parallel)

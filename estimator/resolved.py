@@ -1,0 +1,63 @@
+"""A configuration resolved once: every default decided, every derived size computed.
+
+The memory model, the roofline, the advice and the planner read a `Resolved` rather than
+re-deriving its values, so each rule has one owner: the ZeRO stage a framework runs
+(`states.resolve_zero_stage`, through `validation.validate`), the precision recipe
+(`training.resolve_recipe`), Megatron's padded vocabulary (`sharding.padded_vocab_size`), the
+global batch and micro-batches (`activations.global_batch_size`), and each pipeline stage's layers
+and parameter buckets (`sharding.stage_parameters`). The layout's own derived defaults (sequence
+parallelism with TP, ETP = TP) are resolved by `Parallel` itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .activations import global_batch_size
+from .architecture import Architecture
+from .hardware import GPU, Hardware
+from .parallel import Parallel
+from .sharding import StageParameters, padded_vocab_size, stage_parameters
+from .training import Recipe, Training, resolve_recipe
+from .validation import validate
+
+
+@dataclass(frozen=True)
+class Resolved:
+    architecture: Architecture
+    training: Training
+    parallel: Parallel
+    hardware: Hardware
+    recipe: Recipe
+    zero_stage: int
+    padded_vocab: int
+    global_batch_size: int
+    microbatches: int
+    stages: tuple[StageParameters, ...]
+
+    @property
+    def gpu(self) -> GPU:
+        return self.hardware.device
+
+    @property
+    def is_training(self) -> bool:
+        return self.training.mode == "training"
+
+
+def resolve(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
+            hardware: Hardware | None = None) -> Resolved:
+    """Check the configuration (`ConfigError` naming the field) and decide everything it leaves open."""
+    training = training or Training()
+    par = par or Parallel()
+    hardware = hardware or Hardware()
+    zero = validate(arch, training, par)
+    vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
+    gbs = global_batch_size(training, par)
+    # the stages depend on the architecture and the layout's split only: a layout search and an
+    # app rerun ask for the same ones again (the architecture is immutable, so the memo stays valid)
+    key = ("stages", par.tp, par.ep, par.etp, par.pp, par.vpp, par.pp_first_stage_layers,
+           par.pp_last_stage_layers, vocab)
+    stages = arch.cached(key, lambda: tuple(stage_parameters(arch, par, training.framework)))
+    return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
+                    recipe=resolve_recipe(training), zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,
+                    microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages)
