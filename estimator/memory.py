@@ -221,6 +221,17 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     communication = _communication(training, par, zero)
     moe_communication = (_communication(training, par, zero, arch, hardware) if training.moe_dispatcher == "deepep"
                          else communication)
+    # the ledger depends on the training setup and on TP, SP, CP and ETP only: every layout of a
+    # search (and every rerun of the app) that shares them reads it from the architecture's memo
+    key = ("ledger", training, par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
+    ledger = arch.cached(key, lambda: _ledger(arch, training, par, vocab))
+    return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
+                   runtime=_runtime(hardware), parallel=par, hardware=hardware,
+                   fragmentation=fragmentation_fraction(hardware))
+
+
+def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:
+    """The per-layer ledger and the loss, with their bytes on one GPU of this TP/SP/CP split."""
     entries = {k: act.layer_entries(arch, training, par, k) for k in arch.kinds}
     modules = act.recomputed_modules(training)
     full, per_layer = {}, {}
@@ -230,16 +241,15 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
         per_layer[kind] = sum(b for b, dropped in sizes if not dropped)
     embedding = act.embedding_entries(arch, training, par)
     kept_input = act.layer_input_entry(arch, training, par)
-    return _Shared(
-        per_layer=per_layer, full_layer=full, kept_input=kept_input.bytes(par),
-        kept_input_formula=kept_input.shown_formula(par), embedding=embedding,
-        loss=act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None,
-        communication=communication, moe_communication=moe_communication,
-        runtime=_component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
-                           "per-process constant of the GPU catalog", CUDA_CONTEXT_SOURCE),
-        entries=entries, recomputed=modules, parallel=par, hardware=hardware,
-        embedding_bytes=sum(e.bytes(par) for e in embedding),
-        fragmentation=fragmentation_fraction(hardware))
+    return dict(per_layer=per_layer, full_layer=full, kept_input=kept_input.bytes(par),
+                kept_input_formula=kept_input.shown_formula(par), embedding=embedding,
+                loss=act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None,
+                entries=entries, recomputed=modules, embedding_bytes=sum(e.bytes(par) for e in embedding))
+
+
+def _runtime(hardware: Hardware) -> Component:
+    return _component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
+                      "per-process constant of the GPU catalog", CUDA_CONTEXT_SOURCE)
 
 
 def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple]:
