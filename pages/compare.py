@@ -6,11 +6,12 @@ import pandas as pd
 import streamlit as st
 
 from ui import charts, compute, exports, scenarios, state
+from ui import keys as K
 from ui.fields import config_key, friendly_message
 
 cur = state.current()
 ss = st.session_state
-entries: list[dict] = ss.setdefault("_scenarios", [])
+entries: list[dict] = ss.setdefault(K.SCENARIOS, [])
 
 st.title("Compare scenarios")
 st.caption(f"Up to {scenarios.MAX_SCENARIOS} scenarios, kept in this browser session. Add the configuration from "
@@ -18,48 +19,49 @@ st.caption(f"Up to {scenarios.MAX_SCENARIOS} scenarios, kept in this browser ses
 
 
 def _add() -> None:
-    name = (ss.get("scn_new_name") or "").strip() or f"Scenario {len(ss['_scenarios']) + 1}"
-    if len(ss["_scenarios"]) >= scenarios.MAX_SCENARIOS:
-        ss["_compare_msg"] = ("error", f"At most {scenarios.MAX_SCENARIOS} scenarios: remove one first.")
+    name = (ss.get(K.SCN_NEW_NAME) or "").strip() or f"Scenario {len(ss[K.SCENARIOS]) + 1}"
+    if len(ss[K.SCENARIOS]) >= scenarios.MAX_SCENARIOS:
+        ss[K.COMPARE_MSG] = ("error", f"At most {scenarios.MAX_SCENARIOS} scenarios: remove one first.")
         return
-    ss["_scenarios"].append(scenarios.new_entry(name, ss["_current"].config))
-    ss["scn_new_name"] = ""
+    ss[K.SCENARIOS].append(scenarios.new_entry(name, ss[K.CURRENT].config))
+    ss[K.SCN_NEW_NAME] = ""
 
 
 def _remove(entry_id: str) -> None:
-    ss["_scenarios"] = [e for e in ss["_scenarios"] if e["id"] != entry_id]
+    ss[K.SCENARIOS] = [e for e in ss[K.SCENARIOS] if e["id"] != entry_id]
 
 
 def _rename(entry_id: str) -> None:
-    for e in ss["_scenarios"]:
+    for e in ss[K.SCENARIOS]:
         if e["id"] == entry_id:
-            e["name"] = (ss.get(f"scn_name_{entry_id}") or "").strip() or e["name"]
+            e["name"] = (ss.get(K.scn_name(entry_id)) or "").strip() or e["name"]
 
 
 def _import() -> None:
-    upload = ss.get("scn_import")
+    upload = ss.get(K.SCN_IMPORT)
     if upload is None:
         return
     new, problem = scenarios.read_upload(upload, "scenarios")
     if problem:
-        ss["_compare_msg"] = ("error", problem)
+        ss[K.COMPARE_MSG] = ("error", problem)
         return
-    room = scenarios.MAX_SCENARIOS - len(ss["_scenarios"])
-    ss["_scenarios"].extend(new[:room])
+    room = scenarios.MAX_SCENARIOS - len(ss[K.SCENARIOS])
+    ss[K.SCENARIOS].extend(new[:room])
     dropped = len(new) - min(len(new), room)
-    ss["_compare_msg"] = ("success", f"Imported {min(len(new), room)} scenario(s) from {upload.name}"
+    ss[K.COMPARE_MSG] = ("success", f"Imported {min(len(new), room)} scenario(s) from {upload.name}"
                           + (f"; {dropped} left out (at most {scenarios.MAX_SCENARIOS})." if dropped else "."))
 
 
 cols = st.columns([3, 2, 1], vertical_alignment="bottom")
-cols[0].text_input("Name of the new scenario", key="scn_new_name", placeholder=f"Scenario {len(entries) + 1}")
-cols[1].button("Add current configuration", key="scn_add", on_click=_add, icon=":material/add:",
-               disabled=len(entries) >= scenarios.MAX_SCENARIOS, width="stretch",
-               help="Adds the configuration in the sidebar as it is now.")
+cols[0].text_input("Name of the new scenario", key=K.SCN_NEW_NAME, placeholder=f"Scenario {len(entries) + 1}")
+cols[1].button("Add current configuration", key=K.SCN_ADD, on_click=_add, icon=":material/add:",
+               disabled=len(entries) >= scenarios.MAX_SCENARIOS or bool(cur.waiting), width="stretch",
+               help="Adds the configuration in the sidebar as it is now." if not cur.waiting else
+               "Choose a model first: " + cur.waiting)
 with cols[2].popover("Import", icon=":material/upload:", width="stretch"):
-    st.file_uploader("Scenarios (JSON)", type=["json"], key="scn_import", on_change=_import,
+    st.file_uploader("Scenarios (JSON)", type=["json"], key=K.SCN_IMPORT, on_change=_import,
                      help="A file exported from this page, or one configuration in the CLI's format.")
-msg = ss.pop("_compare_msg", None)
+msg = ss.pop(K.COMPARE_MSG, None)
 if msg:
     (st.success if msg[0] == "success" else st.error)(msg[1])
 
@@ -75,18 +77,18 @@ for e in list(entries):
     results.append((e, res))
     with st.container(border=True):
         c = st.columns([3, 3, 1, 1], vertical_alignment="center")
-        c[0].text_input("Name", value=e["name"], key=f"scn_name_{e['id']}", on_change=_rename, args=(e["id"],),
+        c[0].text_input("Name", value=e["name"], key=K.scn_name(e['id']), on_change=_rename, args=(e["id"],),
                         label_visibility="collapsed")
         if res.ok:
             est = res.value
             c[1].markdown(f"{est.device_total_bytes / charts.GiB:,.2f} GiB on {est.fit.gpu} · "
                           f"**{est.fit.verdict.upper()}** ({est.fit.utilization:.0%})")
         else:
-            c[1].error(friendly_message(res.error) if res.error else "not available")
-        c[2].button("Load", key=f"scn_load_{e['id']}", icon=":material/edit:", width="stretch",
+            c[1].error(state.plain(friendly_message(res.error)) if res.error else "not available")
+        c[2].button("Load", key=K.scn_load(e['id']), icon=":material/edit:", width="stretch",
                     on_click=state.load_and_open, args=(e["config"], f"scenario '{e['name']}'", None),
                     help="Load this scenario into the sidebar to edit it.")
-        c[3].button("Remove", key=f"scn_rm_{e['id']}", on_click=_remove, args=(e["id"],), icon=":material/delete:",
+        c[3].button("Remove", key=K.scn_remove(e['id']), on_click=_remove, args=(e["id"],), icon=":material/delete:",
                     width="stretch")
 
 named = [(e["name"], res.value) for e, res in results if res.ok]
@@ -94,7 +96,7 @@ if not named:
     st.stop()
 
 st.subheader("Peak-stage memory")
-st.altair_chart(charts.compare_chart(named), width="stretch", key="compare_chart")
+st.altair_chart(charts.compare_chart(named), width="stretch", key=K.COMPARE_CHART)
 
 st.subheader("Totals and fit")
 st.dataframe(scenarios.totals_frame(named), hide_index=True, width="stretch", column_config={
@@ -149,10 +151,10 @@ ok_entries = [e for e, res in results if res.ok]
 payload = json.dumps([{"name": e["name"], "config": e["config"]} for e in ok_entries], sort_keys=True)
 c = st.columns(3)
 c[0].download_button("Breakdown (CSV)", exports.compare_csv(named), file_name="scenarios-memory.csv",
-                     mime="text/csv", on_click="ignore", icon=":material/table:", key="scn_csv", width="stretch")
+                     mime="text/csv", on_click="ignore", icon=":material/table:", key=K.SCN_CSV, width="stretch")
 c[1].download_button("Scenarios (JSON)", scenarios.dump(entries, "scenarios"), file_name="scenarios.json",
-                     mime="application/json", on_click="ignore", icon=":material/data_object:", key="scn_json",
+                     mime="application/json", on_click="ignore", icon=":material/data_object:", key=K.SCN_JSON,
                      width="stretch", help="Import it here again, in another session or browser.")
 c[2].download_button("Report (PDF)", lambda: _compare_pdf(payload), file_name="scenarios-report.pdf",
-                     mime="application/pdf", on_click="ignore", icon=":material/picture_as_pdf:", key="scn_pdf",
+                     mime="application/pdf", on_click="ignore", icon=":material/picture_as_pdf:", key=K.SCN_PDF,
                      width="stretch")

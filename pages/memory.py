@@ -2,19 +2,16 @@
 
 import streamlit as st
 
-from ui import compute, state, view
+from ui import keys, state, view
 
 cur = state.current()
 st.title("Will it fit?")
-st.caption(f"Model **{cur.model_label}** · estimates per GPU, per pipeline stage")
+st.caption(f"Model **{state.plain(cur.model_label)}** · estimates per GPU, per pipeline stage")
 
-error = cur.model_error or compute.estimate(cur.config_json).error
-if error is not None:
-    state.show_error(error)
-    st.stop()
-est = compute.estimate(cur.config_json).value
+est = state.estimate_or_stop(cur)
 
 view.verdict_banner(est)
+view.batch_assumption(est)
 view.totals(est)
 view.what_to_change(cur, est)
 
@@ -27,7 +24,7 @@ view.breakdown_table(peak)
 if len(est.stages) > 1:
     others = [s.stage for s in est.stages if s.stage != est.peak_stage]
     with st.expander("Other stages"):
-        which = st.selectbox("Stage", others, key="memory_stage", persist_state="session")
+        which = st.selectbox("Stage", others, key=keys.MEMORY_STAGE, persist_state="session")
         view.breakdown_table(est.stages[which])
 view.activation_ledger(est)
 

@@ -4,6 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from ui import compute, scenarios, state
+from ui import keys as K
 from ui.fields import config_key, friendly_message
 
 cur = state.current()
@@ -43,7 +44,7 @@ with tab_models:
                    "counts from each model's published config; 'Published total' is the publisher's figure.")
         event = st.dataframe(models, hide_index=True, width="stretch", on_select="rerun",
                              height=36 * (len(models) + 1) + 4,
-                             selection_mode="single-row", key="preset_table", column_config={
+                             selection_mode="single-row", key=K.PRESET_TABLE, column_config={
                                  "Parameters (B)": st.column_config.NumberColumn(format="%.2f"),
                                  "Active (B)": st.column_config.NumberColumn(format="%.2f"),
                                  "Context": st.column_config.NumberColumn(format="localized"),
@@ -54,14 +55,14 @@ with tab_models:
         default = ids.index(models.iloc[selected[0]]["id"]) if selected else (
             ids.index(cur.model.preset) if cur.model.source == "preset" and cur.model.preset in ids else 0)
         c = st.columns([3, 1], vertical_alignment="bottom")
-        chosen = c[0].selectbox("Model", ids, index=default, key="preset_pick",
+        chosen = c[0].selectbox("Model", ids, index=default, key=K.PRESET_PICK,
                                 format_func=lambda i: f"{i} ({models.set_index('id').loc[i, 'Name']})")
 
         def _use_model() -> None:
-            pick = ss["preset_pick"]
-            state.load_and_open({**ss["_current"].config, "model": pick}, f"model {pick}")
+            pick = ss[K.PRESET_PICK]
+            state.load_and_open({**ss[K.CURRENT].config, "model": pick}, f"model {pick}")
 
-        c[1].button("Use this model", key="preset_use", icon=":material/play_arrow:", type="primary",
+        c[1].button("Use this model", key=K.PRESET_USE, icon=":material/play_arrow:", type="primary",
                     width="stretch", on_click=_use_model,
                     help="Keeps the training, parallel and GPU settings; opens the Memory page.")
 
@@ -83,57 +84,59 @@ with tab_recipes:
                 st.markdown(f"{est.device_total_bytes / 1024**3:,.2f} GiB per GPU on {est.fit.gpu} · "
                             f"**{est.fit.verdict.upper()}** ({est.fit.utilization:.0%}) · {est.parallel.gpus} GPUs")
             elif res.error:
-                st.warning(friendly_message(res.error))
+                st.warning(state.plain(friendly_message(res.error)))
             c = st.columns([1, 4])
-            c[0].button("Use this recipe", key=f"recipe_{r.id}", icon=":material/play_arrow:",
+            c[0].button("Use this recipe", key=K.recipe(r.id), icon=":material/play_arrow:",
                         on_click=state.load_and_open, args=(r.config, f"recipe '{r.name}'"))
             with c[1].expander("Configuration"):
                 st.json(r.config)
 
 with tab_mine:
-    mine: list[dict] = ss.setdefault("_user_presets", [])
+    mine: list[dict] = ss.setdefault(K.USER_PRESETS, [])
 
     def _save() -> None:
-        name = (ss.get("my_preset_name") or "").strip() or f"My preset {len(ss['_user_presets']) + 1}"
-        ss["_user_presets"].append(scenarios.new_entry(name, ss["_current"].config))
-        ss["my_preset_name"] = ""
-        ss["_presets_msg"] = ("success", f"Saved '{name}'.")
+        name = (ss.get(K.MY_PRESET_NAME) or "").strip() or f"My preset {len(ss[K.USER_PRESETS]) + 1}"
+        ss[K.USER_PRESETS].append(scenarios.new_entry(name, ss[K.CURRENT].config))
+        ss[K.MY_PRESET_NAME] = ""
+        ss[K.PRESETS_MSG] = ("success", f"Saved '{name}'.")
 
     def _remove(entry_id: str) -> None:
-        ss["_user_presets"] = [e for e in ss["_user_presets"] if e["id"] != entry_id]
+        ss[K.USER_PRESETS] = [e for e in ss[K.USER_PRESETS] if e["id"] != entry_id]
 
     def _import() -> None:
-        upload = ss.get("my_preset_import")
+        upload = ss.get(K.MY_PRESET_IMPORT)
         if upload is None:
             return
         new, problem = scenarios.read_upload(upload, "presets")
         if problem:
-            ss["_presets_msg"] = ("error", problem)
+            ss[K.PRESETS_MSG] = ("error", problem)
             return
-        ss["_user_presets"].extend(new)
-        ss["_presets_msg"] = ("success", f"Imported {len(new)} preset(s) from {upload.name}.")
+        ss[K.USER_PRESETS].extend(new)
+        ss[K.PRESETS_MSG] = ("success", f"Imported {len(new)} preset(s) from {upload.name}.")
 
     st.caption("Save the sidebar's configuration under a name; presets live in this browser session, so export "
                "them to keep them.")
     c = st.columns([3, 1], vertical_alignment="bottom")
-    c[0].text_input("Name", key="my_preset_name", placeholder=f"My preset {len(mine) + 1}")
-    c[1].button("Save current configuration", key="my_preset_save", on_click=_save, icon=":material/save:",
-                width="stretch")
-    msg = ss.pop("_presets_msg", None)
+    c[0].text_input("Name", key=K.MY_PRESET_NAME, placeholder=f"My preset {len(mine) + 1}")
+    c[1].button("Save current configuration", key=K.MY_PRESET_SAVE, on_click=_save, icon=":material/save:",
+                width="stretch", disabled=bool(cur.waiting),
+                help=("Choose a model first: " + cur.waiting) if cur.waiting else None)
+    msg = ss.pop(K.PRESETS_MSG, None)
     if msg:
         (st.success if msg[0] == "success" else st.error)(msg[1])
     for e in mine:
         with st.container(border=True):
             c = st.columns([4, 1, 1], vertical_alignment="center")
             model = e["config"].get("model")
-            c[0].markdown(f"**{e['name']}** · {model if isinstance(model, str) else 'custom architecture'}")
-            c[1].button("Use", key=f"my_use_{e['id']}", icon=":material/play_arrow:", width="stretch",
+            shown = model if isinstance(model, str) else "custom architecture"
+            c[0].markdown(f"**{state.plain(e['name'])}** · {state.plain(shown)}")
+            c[1].button("Use", key=K.my_use(e['id']), icon=":material/play_arrow:", width="stretch",
                         on_click=state.load_and_open, args=(e["config"], f"preset '{e['name']}'"))
-            c[2].button("Remove", key=f"my_rm_{e['id']}", on_click=_remove, args=(e["id"],),
+            c[2].button("Remove", key=K.my_remove(e['id']), on_click=_remove, args=(e["id"],),
                         icon=":material/delete:", width="stretch")
     c = st.columns(2)
     c[0].download_button("Export my presets (JSON)", scenarios.dump(mine, "presets"), file_name="my-presets.json",
-                         mime="application/json", on_click="ignore", icon=":material/download:", key="my_export",
+                         mime="application/json", on_click="ignore", icon=":material/download:", key=K.MY_PRESET_EXPORT,
                          disabled=not mine, width="stretch")
     with c[1].popover("Import presets (JSON)", icon=":material/upload:", width="stretch"):
-        st.file_uploader("Presets file", type=["json"], key="my_preset_import", on_change=_import)
+        st.file_uploader("Presets file", type=["json"], key=K.MY_PRESET_IMPORT, on_change=_import)

@@ -9,12 +9,9 @@ from ui import compute, state, view
 
 cur = state.current()
 st.title("Roofline")
-st.caption(f"Model **{cur.model_label}** · one training step on one GPU of the peak stage's layout")
+st.caption(f"Model **{state.plain(cur.model_label)}** · one training step on one GPU of the peak stage's layout")
 
-error = cur.model_error or compute.estimate(cur.config_json).error
-if error is not None:
-    state.show_error(error)
-    st.stop()
+state.estimate_or_stop(cur)
 res = compute.roofline(cur.config_json)
 if res.error is not None:
     state.show_error(res.error)
@@ -36,8 +33,8 @@ cols = st.columns(5)
 cols[0].metric("Step time", f"{step.get('time_s', 0):,.3f} s", help="One optimizer step, all micro-batches.")
 cols[1].metric("Tokens/s per GPU", f"{step.get('tokens_per_s_per_gpu', 0):,.0f}")
 cols[2].metric("MFU", f"{step.get('mfu', 0):.1%}", help="Model FLOPs utilisation: useful FLOPs / (time × peak).")
-cols[3].metric("Pipeline bubble", f"{step.get('bubble_share_of_step', 0):.1%} of the step",
-               help="Share of the step each GPU idles in the pipeline bubble. The bubble is (PP - 1) / (VPP × "
+cols[3].metric("Pipeline bubble", f"{step.get('bubble_share_of_step', 0):.1%}",
+               help="Share of the step each GPU idles in the pipeline bubble, as a percentage of the step. The bubble is (PP - 1) / (VPP × "
                     "micro-batches) of the ideal compute time (Narayanan et al. 2021): "
                     f"{step.get('bubble_fraction', 0):.3g} here.")
 cols[4].metric("Exposed communication", f"{step.get('exposed_comm_s', 0):,.3f} s")

@@ -11,10 +11,11 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from estimator import estimate_config, parameter_counts  # noqa: E402
 from ui import fields  # noqa: E402
+from ui import keys as K  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
-PAGES = ["pages/memory.py", "pages/roofline.py", "pages/compare.py", "pages/presets.py"]
+PAGES = ["pages/memory.py", "pages/roofline.py", "pages/compare.py", "pages/presets.py", "pages/guide.py"]
 GiB = 1024**3
 SHARED = {"model": "llama-3.1-70b", "tp": "8", "pp": "4", "vpp": "5", "dp": "2", "seq_len": "8192",
           "recompute": "selective", "gpu": "h100-80"}
@@ -54,7 +55,7 @@ def test_every_page_renders(query):
         _no_exception(at)
         titles.append(at.title[0].value)
         assert not [e for e in at.error if "cannot be estimated" in e.value], [e.value for e in at.error]
-    assert titles == ["Will it fit?", "Roofline", "Compare scenarios", "Presets"]
+    assert titles == ["Will it fit?", "Roofline", "Compare scenarios", "Presets", "How to read this"]
 
 
 def test_totals_come_from_the_estimator():
@@ -94,7 +95,7 @@ def test_the_configuration_survives_page_switches():
 def test_query_parameters_prefill_every_page():
     at = _app(SHARED)
     _no_exception(at)
-    assert not at.warning, [w.value for w in at.warning]
+    assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]  # no link warnings
     est = estimate_config(SHARED_CONFIG)
     assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
     for page in PAGES:
@@ -104,8 +105,8 @@ def test_query_parameters_prefill_every_page():
         assert at.number_input(key="vpp").value == 5
         assert at.number_input(key="seq_len").value == 8192
         assert at.selectbox(key="recompute").value == "selective"
-        assert at.selectbox(key="_preset").value == "llama-3.1-70b"
-        assert at.session_state["_current"].config == SHARED_CONFIG
+        assert at.selectbox(key=K.PRESET).value == "llama-3.1-70b"
+        assert at.session_state[K.CURRENT].config == SHARED_CONFIG
     at.switch_page("pages/memory.py").run()
     assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
 
@@ -124,7 +125,7 @@ def test_an_unknown_model_in_the_link_warns():
     at = _app({"model": "no-such-model"})
     _no_exception(at)
     assert any("no-such-model" in w.value for w in at.warning)
-    assert at.selectbox(key="_preset").value == fields.DEFAULT_MODEL
+    assert at.selectbox(key=K.PRESET).value == fields.DEFAULT_MODEL
 
 
 def test_a_custom_architecture_in_the_link():
@@ -132,7 +133,7 @@ def test_a_custom_architecture_in_the_link():
             "intermediate_size": "4096"}
     at = _app({"model": "custom", **arch})
     _no_exception(at)
-    assert at.session_state["_current"].model.source == "custom"
+    assert at.session_state[K.CURRENT].model.source == "custom"
     expected = estimate_config({"model": {k: int(v) for k, v in arch.items()}})
     assert _metric(at, "Device total per GPU") == _gib(expected.device_total_bytes)
 
@@ -153,7 +154,7 @@ def test_use_a_model_preset_opens_memory():
     at.button(key="preset_use").click().run()
     _no_exception(at)
     assert at.title[0].value == "Will it fit?"
-    assert at.selectbox(key="_preset").value == "mixtral-8x7b"
+    assert at.selectbox(key=K.PRESET).value == "mixtral-8x7b"
     est = estimate_config({"model": "mixtral-8x7b"})
     assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
 
@@ -176,7 +177,7 @@ def test_save_and_use_my_preset():
     at.switch_page("pages/presets.py").run()
     at.text_input(key="my_preset_name").set_value("mine").run()
     at.button(key="my_preset_save").click().run()
-    saved = at.session_state["_user_presets"]
+    saved = at.session_state[K.USER_PRESETS]
     assert [e["name"] for e in saved] == ["mine"]
     assert saved[0]["config"] == {"model": "qwen3-8b", "parallel": {"tp": 2}}
     at.number_input(key="tp").set_value(1).run()
@@ -193,19 +194,19 @@ def test_compare_scenarios():
     at.number_input(key="tp").set_value(2).run()
     at.button(key="scn_add").click().run()
     _no_exception(at)
-    entries = at.session_state["_scenarios"]
+    entries = at.session_state[K.SCENARIOS]
     assert [e["name"] for e in entries] == ["baseline", "Scenario 2"]
     assert entries[1]["config"]["parallel"] == {"tp": 2}
     # rename, then load the first one back into the sidebar
     at.text_input(key=f"scn_name_{entries[1]['id']}").set_value("TP2").run()
-    assert at.session_state["_scenarios"][1]["name"] == "TP2"
+    assert at.session_state[K.SCENARIOS][1]["name"] == "TP2"
     at.button(key=f"scn_load_{entries[0]['id']}").click().run()
     _no_exception(at)
     assert at.number_input(key="tp").value == 1
     tables = " ".join(str(df.value.to_dict()) for df in at.dataframe)
     assert "Tensor parallel (TP)" in tables  # the settings that differ
     at.button(key=f"scn_rm_{entries[0]['id']}").click().run()
-    assert [e["name"] for e in at.session_state["_scenarios"]] == ["TP2"]
+    assert [e["name"] for e in at.session_state[K.SCENARIOS]] == ["TP2"]
 
 
 def test_compare_holds_at_most_six():
@@ -213,21 +214,21 @@ def test_compare_holds_at_most_six():
     at.switch_page("pages/compare.py").run()
     for _ in range(6):
         at.button(key="scn_add").click().run()
-    assert len(at.session_state["_scenarios"]) == 6
+    assert len(at.session_state[K.SCENARIOS]) == 6
     assert at.button(key="scn_add").disabled
 
 
 def test_importing_a_configuration_file():
     at = _app()
-    at.session_state["_pending"] = (SHARED_CONFIG, "a file")
+    at.session_state[K.PENDING] = (SHARED_CONFIG, "a file")
     at.run()
     _no_exception(at)
-    assert at.session_state["_current"].config == SHARED_CONFIG
+    assert at.session_state[K.CURRENT].config == SHARED_CONFIG
     assert any("Loaded a file" in s.value for s in at.sidebar.success)
-    at.session_state["_pending"] = ({"model": "llama-3.1-8b", "parallel": {"tpp": 2}}, "a bad file")
+    at.session_state[K.PENDING] = ({"model": "llama-3.1-8b", "parallel": {"tpp": 2}}, "a bad file")
     at.run()
     assert any("Could not load a bad file" in e.value for e in at.sidebar.error)
-    assert at.session_state["_current"].config == SHARED_CONFIG  # unchanged
+    assert at.session_state[K.CURRENT].config == SHARED_CONFIG  # unchanged
 
 
 @pytest.fixture
@@ -260,15 +261,15 @@ def test_fetch_a_model_from_the_hub(loopback_hub):
     arch, _ = architecture_from_hf_config(loopback_hub)
     computed = parameter_counts(arch).total
     at = _app()
-    at.session_state["_src"] = "HF Hub"
+    at.session_state[K.SOURCE] = "HF Hub"
     at.run()
-    at.text_input(key="_hub_text").set_value("example-org/missing-model").run()
-    at.button(key="_hub_fetch").click().run()
+    at.text_input(key=K.HUB_TEXT).set_value("example-org/missing-model").run()
+    at.button(key=K.HUB_FETCH).click().run()
     assert any("missing-model" in e.value for e in at.sidebar.error)
-    at.text_input(key="_hub_text").set_value("example-org/tiny-test-model").run()
-    at.button(key="_hub_fetch").click().run()
+    at.text_input(key=K.HUB_TEXT).set_value("example-org/tiny-test-model").run()
+    at.button(key=K.HUB_FETCH).click().run()
     _no_exception(at)
-    cur = at.session_state["_current"]
+    cur = at.session_state[K.CURRENT]
     assert cur.model.source == "hub" and cur.params["model"] == "example-org/tiny-test-model"
     # the computed count beside the stored one, and the mismatch flagged
     assert any(f"{computed:,} parameters computed" in c.value and "6,400 stored" in c.value
@@ -279,7 +280,7 @@ def test_fetch_a_model_from_the_hub(loopback_hub):
     assert _metric(at, "Device total per GPU") == _gib(estimate_config(config).device_total_bytes)
     # and a link naming a Hub model fetches it; a missing one warns
     at2 = _app({"model": "example-org/tiny-test-model"})
-    assert at2.session_state["_current"].model.source == "hub"
+    assert at2.session_state[K.CURRENT].model.source == "hub"
     at3 = _app({"model": "example-org/missing-model"})
     assert any("could not be loaded" in w.value for w in at3.warning)
 
@@ -350,4 +351,240 @@ def test_a_run_that_does_not_fit_gets_a_plan_and_apply_loads_it():
     _no_exception(at)
     final = steps[-1]
     assert _metric(at, "Device total per GPU") == _gib(final.device_total_bytes)
-    assert at.session_state["_current"].config == final.config.to_dict()
+    assert at.session_state[K.CURRENT].config == final.config.to_dict()
+
+
+# --- hostile links ----------------------------------------------------------------------------------
+
+def _plain(text: str) -> str:
+    """A message as the page shows it (markdown escapes removed)."""
+    return text.replace("\\", "")
+
+
+HOSTILE = [
+    ("tp", "1" * 100_000, "Tensor parallel (TP)"),
+    ("seq_len", "1e30", "Sequence length (tokens)"),
+    ("seq_len", "-5", "Sequence length (tokens)"),
+    ("tp", "abc", "Tensor parallel (TP)"),
+    ("dropout", "nan", "Dropout"),
+    ("moe_capacity_factor", "inf", "MoE capacity factor"),
+    ("zero_stage", "7", "ZeRO / sharding stage"),
+    ("gpu", "<script>", "GPU"),
+    ("model", "../../etc/passwd", "Model"),
+    ("model", "org/name@/tmp/x", "Model"),
+    ("recompute_modules", "bogus", "Recomputed modules (selective)"),
+]
+
+
+@pytest.mark.parametrize("name,text,label", HOSTILE, ids=[f"{n}={t[:12]}" for n, t, _ in HOSTILE])
+def test_a_hostile_link_value_is_reported_and_left_at_its_default(name, text, label, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    at = _app({"model": "llama-3.1-8b", name: text, "dp": "2"})
+    _no_exception(at)
+    warnings = [_plain(w.value) for w in at.sidebar.warning]
+    assert len(warnings) == 1 and label in warnings[0], warnings
+    assert len(warnings[0]) < 600  # the value is shown cut, never 100,000 characters
+    # the bad parameter is gone from the URL before any widget read it; the good one is kept
+    assert at.query_params.get("dp") == "2" and at.number_input(key="dp").value == 2
+    if name == "model":
+        assert at.query_params.get("model") == fields.DEFAULT_MODEL
+        assert at.selectbox(key=K.PRESET).value == fields.DEFAULT_MODEL
+    else:
+        assert name not in at.query_params
+        f = fields.BY_NAME[name]
+        widget = {"int": at.number_input, "float": at.number_input, "select": at.selectbox, "choice": at.selectbox,
+                  "multi": at.multiselect, "choices": at.multiselect}[f.kind](key=name)
+        assert widget.value == f.default
+    est = estimate_config({"model": "llama-3.1-8b", "parallel": {"dp": 2}})
+    assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
+
+
+def test_an_endless_unknown_parameter_name_is_reported_in_one_short_line():
+    at = _app({"x" * 10_000: "1", "tp": "2"})
+    _no_exception(at)
+    warnings = [w.value for w in at.sidebar.warning]
+    assert warnings == ["An unknown link parameter (a name of 10,000 characters) was ignored."]
+    assert list(at.query_params) == ["tp", "model"] or set(at.query_params) == {"tp", "model"}
+    assert at.number_input(key="tp").value == 2
+
+
+def test_a_link_value_reaches_the_widget_in_its_canonical_form():
+    at = _app({"dropout": "0.10", "tp": "02"})
+    _no_exception(at)
+    assert not at.warning
+    assert at.query_params["dropout"] == "0.1" and at.query_params["tp"] == "2"
+    assert at.number_input(key="dropout").value == 0.1 and at.number_input(key="tp").value == 2
+
+
+def test_link_values_cannot_inject_markdown():
+    at = _app({"model": "[click](https://example.com/x)"})
+    _no_exception(at)
+    (warning,) = [w.value for w in at.sidebar.warning]
+    # escaped brackets (no markdown link) and no bare URL for GFM to autolink: shown literally
+    assert "\\[click\\]" in warning and "https" in warning and "://" not in warning
+
+
+def test_an_imported_config_is_checked_like_a_link():
+    at = _app()
+    at.session_state[K.PENDING] = ({"model": "llama-3.1-8b", "training": {"seq_len": 10**30}}, "a file")
+    at.run()
+    _no_exception(at)
+    assert any("Could not load a file" in e.value for e in at.sidebar.error)
+    assert at.number_input(key="seq_len").value == fields.BY_NAME["seq_len"].default
+
+
+# --- the Hugging Face source ----------------------------------------------------------------------
+
+def test_hf_hub_before_a_fetch_is_a_calm_hint_on_every_page():
+    at = _app({"model": "qwen3-8b"})
+    at.segmented_control(key=K.SOURCE).set_value("HF Hub").run()
+    for page in PAGES:
+        at.switch_page(page).run()
+        _no_exception(at)
+        assert not at.error, [e.value for e in at.error]
+        assert "model" not in at.query_params  # the URL no longer claims the preset
+        assert at.session_state[K.CURRENT].model_label == "no model yet"
+    at.switch_page("pages/memory.py").run()
+    assert any("press **Fetch**" in i.value for i in at.main.info)
+    assert any("press **Fetch**" in c.value for c in at.sidebar.caption)
+    assert "qwen3-8b" not in at.main.caption[0].value and not at.metric
+    # back to the preset: the preset is used again
+    at.segmented_control(key=K.SOURCE).set_value("Preset").run()
+    assert at.query_params["model"] == "qwen3-8b" and at.metric
+
+
+def test_a_failed_fetch_is_one_message(loopback_hub):
+    at = _app()
+    at.segmented_control(key=K.SOURCE).set_value("HF Hub").run()
+    at.button(key=K.HUB_FETCH).click().run()  # nothing typed: still the hint, no error
+    assert not at.error
+    at.text_input(key=K.HUB_TEXT).set_value("example-org/missing-model").run()
+    at.button(key=K.HUB_FETCH).click().run()
+    _no_exception(at)
+    errors = [_plain(e.value) for e in at.error]
+    assert len(errors) == 1 and "example-org/missing-model" in errors[0], errors
+    assert not at.warning
+    # then a good one: its id in the heading and the URL, the message gone
+    at.text_input(key=K.HUB_TEXT).set_value("example-org/tiny-test-model").run()
+    at.button(key=K.HUB_FETCH).click().run()
+    _no_exception(at)
+    assert not at.error
+    assert "example-org/tiny-test-model" in at.main.caption[0].value
+    assert at.query_params["model"] == "example-org/tiny-test-model"
+    # a failure now keeps the fetched model and says so, once
+    at.text_input(key=K.HUB_TEXT).set_value("example-org/missing-model").run()
+    at.button(key=K.HUB_FETCH).click().run()
+    errors = [_plain(e.value) for e in at.error]
+    assert len(errors) == 1 and "Still using example-org/tiny-test-model" in errors[0]
+    assert at.query_params["model"] == "example-org/tiny-test-model" and at.metric
+
+
+# --- errors name the field the user changed ------------------------------------------------------
+
+def test_an_error_names_the_field_just_changed_in_its_group():
+    at = _app({"model": "llama-3.1-70b", "pp": "4"})  # 80 layers: PP 4 alone is fine
+    assert not at.error or not any("not possible" in e.value for e in at.error)
+    at.number_input(key="vpp").set_value(3).run()  # 4 x 3 = 12 does not divide 80
+    _no_exception(at)
+    (message,) = [_plain(e.value) for e in at.sidebar.error]
+    assert message.startswith("Virtual stages per rank (VPP) = 3 is not possible"), message
+    group = next(x for x in at.sidebar.expander if x.label == "Parallel layout")
+    assert [_plain(e.value) for e in group.error] == [message]
+    assert any("Virtual stages per rank (VPP) = 3" in _plain(e.value) for e in at.main.error)
+    at.switch_page("pages/roofline.py").run()  # the blame stays with the configuration
+    assert [_plain(e.value) for e in at.sidebar.error] == [message]
+
+
+def test_an_error_about_another_field_of_the_rule_names_the_changed_one():
+    at = _app({"model": "llama-3.1-70b", "pp": "4", "vpp": "4"})  # 80 layers: 20 per stage, 5 per chunk
+    _no_exception(at)
+    assert not at.sidebar.error
+    at.number_input(key="pp").set_value(8).run()  # 10 layers per stage do not split into 4 chunks
+    _no_exception(at)
+    (message,) = [_plain(e.value) for e in at.sidebar.error]
+    assert message.startswith("Pipeline stages (PP) = 8 is not possible with Virtual stages per rank (VPP) = 4"), \
+        message
+
+
+def test_an_error_from_the_link_names_its_own_field():
+    at = _app({"model": "llama-3.1-8b", "tp": "3"})
+    (message,) = [_plain(e.value) for e in at.sidebar.error]
+    assert message.startswith("Tensor parallel (TP)")
+
+
+# --- the Memory page -------------------------------------------------------------------------------
+
+def test_the_batch_assumption_is_next_to_the_totals():
+    at = _app({"model": "llama-3.1-70b", "tp": "8", "pp": "4", "dp": "2"})
+    _no_exception(at)
+    est = estimate_config({"model": "llama-3.1-70b", "parallel": {"tp": 8, "pp": 4, "dp": 2}})
+    m = est.microbatches
+    gbs = m * est.training.micro_batch_size * 2
+    text = f"{m:,} micro-batch{'es' if m != 1 else ''} per step (global batch {gbs:,} = auto)"
+    main = [x.value for x in at.main.markdown]
+    assert any(text in x for x in main), main
+    # above the first metric: part of the headline, not in an expander
+    assert not any(text in x.value for e in at.expander for x in e.markdown)
+
+
+def test_inference_hides_the_activation_ledger():
+    at = _app({"model": "llama-3.1-8b", "mode": "inference"})
+    _no_exception(at)
+    assert not any("What one layer keeps" in e.label for e in at.expander)
+
+
+def test_the_verdict_metric_is_short():
+    at = _app({"model": "llama-3.1-70b"})  # out of memory on one H100
+    verdict = next(m for m in at.metric if m.label == "Verdict")
+    assert verdict.value == "OOM" and "of capacity" in verdict.delta
+
+
+# --- the guide ---------------------------------------------------------------------------------------
+
+def test_the_guide_explains_the_parts_and_its_serving_table_is_the_estimators():
+    from ui import compute
+
+    at = _app({"mode": "inference", "gpu": "h200"})
+    at.switch_page("pages/guide.py").run()
+    _no_exception(at)
+    text = " ".join(m.value for m in at.markdown)
+    for words in ("nvidia-smi", "max_memory_allocated", "454", "80%", "first stage holds"):
+        assert words in text
+    table = next(df.value for df in at.dataframe if "KV cache dtype" in df.value.columns)
+    assert len(table) == len(compute.SERVING_MODELS) * 3 * 3 * 2
+    for model, context, batch, kv in [("llama-3.1-8b", 131072, 8, "fp8"), ("llama-3.1-70b", 32768, 32, "bf16")]:
+        row = table[(table["Model"] == model) & (table["Context (tokens)"] == context) & (table["Batch"] == batch)
+                    & (table["KV cache dtype"] == kv)].iloc[0]
+        est = estimate_config({"model": model, "training": {"mode": "inference", "seq_len": context,
+                                                            "micro_batch_size": batch, "kv_cache_dtype": kv},
+                               "hardware": {"gpu": "h200"}})
+        assert row["Total per GPU (GiB)"] == est.device_total_bytes / GiB
+        assert row["KV cache (GiB)"] == est.stages[0].component("kv_cache").bytes / GiB
+        assert row["Verdict"] == est.fit.verdict
+
+
+# --- state keys live in ui/keys.py -------------------------------------------------------------------
+
+def test_session_state_keys_are_named_in_one_place():
+    import re
+
+    # a string literal as a session-state key or a widget key; a configuration field's name (the
+    # URL parameter, from ui.fields) is allowed
+    literal = re.compile(r"""(?:session_state|\bss)(?:\[|\.get\(|\.pop\(|\.setdefault\()\s*f?["']([^"']*)["']""")
+    keyword = re.compile(r"""\bkey=f?["']([^"']*)["']""")
+    offenders = []
+    for path in [*ROOT.glob("ui/*.py"), *ROOT.glob("pages/*.py"), ROOT / "app.py"]:
+        if path.name == "exports.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            found = literal.findall(line) + keyword.findall(line)
+            # dl_*: export_buttons' download buttons (another module's)
+            if [k for k in found if k not in fields.BY_NAME and not k.startswith("dl_")]:
+                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not offenders, offenders
+
+
+def test_no_private_streamlit_flag_is_patched():
+    source = (ROOT / "ui" / "state.py").read_text()
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+    assert "PagesManager.uses_pages_directory =" not in code

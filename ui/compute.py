@@ -88,3 +88,47 @@ def fetch_hub_model(hub_id: str) -> dict:
         "count_note": model.count_note,
         "ignored": list(model.ignored),
     }
+
+
+# --- ready answers: common serving setups (the Guide page) -------------------------------------------
+
+SERVING_MODELS = ("llama-3.1-8b", "qwen3-32b", "llama-3.1-70b")
+SERVING_CONTEXTS = (4096, 32768, 131072)
+SERVING_BATCHES = (1, 8, 32)
+SERVING_KV_DTYPES = ("bf16", "fp8")
+
+
+def serving_config(model: str, context: int, batch: int, kv_dtype: str, gpu: str) -> dict:
+    """The contract's config of one serving scenario: one GPU (TP 1), bf16 weights, `batch`
+    sequences whose prompt fills `context` tokens, the KV cache in `kv_dtype`."""
+    return {"model": model,
+            "training": {"mode": "inference", "seq_len": context, "micro_batch_size": batch,
+                         "kv_cache_dtype": kv_dtype},
+            "hardware": {"gpu": gpu}}
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def serving_scenarios(models: tuple[str, ...], gpu: str) -> list[dict]:
+    """One row per model x context x batch x KV-cache dtype, every number from `estimate_config`
+    (a scenario the estimator rejects is a row that says why)."""
+    rows = []
+    for model in models:
+        for context in SERVING_CONTEXTS:
+            for batch in SERVING_BATCHES:
+                for kv_dtype in SERVING_KV_DTYPES:
+                    row = {"Model": model, "Context (tokens)": context, "Batch": batch, "KV cache dtype": kv_dtype}
+                    try:
+                        est = estimate_config(serving_config(model, context, batch, kv_dtype, gpu))
+                    except Exception as exc:  # ConfigError or a bug: one row, never a traceback
+                        row.update({"Verdict": f"not estimated: {getattr(exc, 'reason', '') or exc}"})
+                        rows.append(row)
+                        continue
+                    stage = est.stages[est.peak_stage]
+                    part = {c.key: c.bytes for c in stage.components}
+                    row.update({"Weights (GiB)": part.get("parameters", 0) / 1024**3,
+                                "KV cache (GiB)": part.get("kv_cache", 0) / 1024**3,
+                                "Total per GPU (GiB)": est.device_total_bytes / 1024**3,
+                                "Use": est.fit.utilization,
+                                "Verdict": est.fit.verdict})
+                    rows.append(row)
+    return rows

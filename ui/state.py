@@ -9,11 +9,27 @@ every run.
 Pages read `current()` and never touch widget keys. To load a whole configuration (a preset, a
 recipe, a scenario, an imported file) a page calls `request_config(config)` and reruns; the next
 run applies it before any widget exists, which is the only moment Streamlit allows it.
+
+Session-state keys are named in `ui.keys`.
+
+The link a session starts from is read once (`_init_session`). Streamlit parses a bound
+widget's URL parameter itself, when the widget is first created: ``SessionState.
+_handle_query_param_binding`` takes the text from ``QueryParams._initial_query_params`` (set from
+the run's query string, not from ``st.query_params``), and ``_seed_widget_from_url`` parses it
+with the widget's deserializer, which raises on some inputs (``tp=`` followed by 100,000 digits:
+``float()`` gives ``inf`` and ``int(inf)`` raises ``OverflowError``, which it does not catch). On
+a session's first load the URL's value wins over a value put in ``st.session_state``. So a bad
+parameter must be out of the query string the widget is seeded from: every parameter is checked
+here first, a rejected one is deleted from ``st.query_params`` (allowed: no widget is bound yet)
+and an accepted one rewritten in its canonical text, and if anything changed the run restarts
+with ``st.rerun()``, whose query string is the cleaned one, before any widget exists.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -24,13 +40,49 @@ from estimator import ConfigError
 from estimator.hardware import GPUS
 
 from . import compute
+from . import keys as K
 from .fields import (ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS, DEFAULT_MODEL, GROUPS, ModelChoice,
-                     arch_editor_values, canonical_arch, config_dict, config_key, error_group, friendly_message,
-                     parse_url, ui_values_from_config, url_params)
+                     arch_editor_values, canonical_arch, config_dict, config_key, error_group, field_label,
+                     friendly_message, parse_url, to_contract, ui_values_from_config, url_params, url_text)
+
+try:
+    from estimator.errors import shown_value
+except ImportError:  # an older estimator
+    def shown_value(value: object) -> str:
+        text = repr(value) if isinstance(value, str) else str(value)
+        return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
 
 SOURCES = ("Preset", "HF Hub", "Custom")
 _SOURCE_OF = {"preset": "Preset", "hub": "HF Hub", "custom": "Custom"}
 GiB = 1024**3
+
+# The pages, in the order of the navigation. `app.py` builds `st.navigation` from them.
+PAGES = (
+    ("pages/memory.py", "Memory", ":material/memory:",
+     "Will it fit? Totals, memory per pipeline stage, breakdown, fit on every GPU"),
+    ("pages/roofline.py", "Roofline", ":material/speed:", "Per-operation roofline and step time"),
+    ("pages/compare.py", "Compare", ":material/compare_arrows:", "Up to six scenarios side by side"),
+    ("pages/presets.py", "Presets", ":material/list:", "Bundled models, training recipes and your own presets"),
+    ("pages/guide.py", "How to read this", ":material/menu_book:",
+     "What each number means, and ready answers for common serving setups"),
+)
+
+HUB_HINT = "Enter a model id such as meta-llama/Llama-3.1-8B and press **Fetch**."
+HUB_WAITING = ("No Hugging Face model loaded yet: enter a model id in the sidebar (for example "
+               "Qwen/Qwen3-8B) and press **Fetch**, or choose a bundled preset.")
+
+# What a link may carry at most: longer names and values are reported and dropped unread.
+MAX_PARAM_NAME = 64
+MAX_PARAM_VALUE = 256
+MAX_PARAM_ITEMS = 32
+# The widest integer a number input can hold (JavaScript's Number.MAX_SAFE_INTEGER).
+MAX_WIDGET_INT = 2**53 - 1
+# the field registry's kinds: ui.fields says select/multi, estimator.fields choice/choices
+_KINDS = {"choice": "select", "choices": "multi"}
+
+
+def _kind(f) -> str:
+    return _KINDS.get(f.kind, f.kind)
 
 
 @dataclass
@@ -45,37 +97,55 @@ class Current:
     model_error: ConfigError | None = None
     hub_info: dict | None = None
     messages: list[str] = field(default_factory=list)
+    waiting: str = ""  # no model yet (HF Hub before a fetch): what to do, in words
+    error: ConfigError | None = None  # why this configuration cannot be estimated
+    error_text: str = ""  # that, in users' words, naming the field the user changed where it applies
+    error_group: str = ""  # the sidebar group the message is shown in
 
     @property
     def model_label(self) -> str:
+        if self.waiting:
+            return "no model yet"
         if self.model.source == "preset":
             return self.model.preset
         if self.model.source == "hub":
             return self.model.hub_id
         return "custom architecture"
 
+    @property
+    def mode(self) -> str:
+        return self.values.get("mode") or "training"
+
+
+def app_pages() -> list:
+    return [st.Page(path, title=title, icon=icon, help=help, default=i == 0)
+            for i, (path, title, icon, help) in enumerate(PAGES)]
+
 
 def current() -> Current:
     """This run's configuration; every page starts with it.
 
-    A page can run without `app.py` around it: Streamlit (1.67) treats an app with a ``pages/``
-    folder as a v1 multipage app until the first ``st.navigation`` call of the process sets
-    ``PagesManager.uses_pages_directory = False``, so the first request of a fresh server for a
-    deep link (``/roofline``), and every AppTest rerun (AppTest resets that flag), run the page
-    script directly. Then this switches the process to ``st.navigation`` and reruns, which runs
-    `app.py` and lands on the same page; if that is not possible the configuration is drawn here.
+    A page script can run without `app.py` around it. Streamlit (1.67) treats an app with a
+    ``pages/`` folder next to its entry point as a legacy multipage app until some session calls
+    ``st.navigation`` ("As soon as any session of your app executes the st.navigation command,
+    your app will ignore the pages/ directory (across all sessions)": the st.navigation docs).
+    Until then a deep link (``/roofline``, the first request of a fresh server) runs the page
+    script directly, and so does every AppTest rerun (AppTest forgets that any session called
+    it). No configuration option changes this: ``client.showSidebarNavigation`` only hides the
+    legacy menu, and nothing else turns the ``pages/`` folder off. So a page that finds the
+    configuration undrawn calls ``st.navigation`` with the app's pages, that documented switch,
+    and reruns; the rerun runs `app.py` and lands on the same page (a page's identity is its URL
+    path, the same in both). Should the rerun not get there, the configuration is drawn here.
     """
     ss = st.session_state
     if not _drawn_this_run():
-        try:
-            from streamlit.runtime.pages_manager import PagesManager
-            if PagesManager.uses_pages_directory:
-                PagesManager.uses_pages_directory = False
-                st.rerun()
-        except ImportError:
-            pass
+        if not ss.get(K.NAV_RERUN):
+            ss[K.NAV_RERUN] = True
+            st.navigation(app_pages(), position="hidden")
+            st.rerun()
         render_config()
-    return ss["_current"]
+        ss[K.NAV_RERUN] = True  # drawn here: do not ask again until app.py has drawn it
+    return ss[K.CURRENT]
 
 
 def _run_token():
@@ -87,12 +157,12 @@ def _run_token():
 
 def _drawn_this_run() -> bool:
     token = _run_token()
-    return token is not None and st.session_state.get("_drawn_token") is token
+    return token is not None and st.session_state.get(K.DRAWN_TOKEN) is token
 
 
 def request_config(config: dict, source: str = "") -> None:
     """Load `config` (the contract's JSON) into the shared configuration on the next run."""
-    st.session_state["_pending"] = (config, source)
+    st.session_state[K.PENDING] = (config, source)
 
 
 def load_and_open(config: dict, source: str, page: str | None = "pages/memory.py") -> None:
@@ -102,7 +172,30 @@ def load_and_open(config: dict, source: str, page: str | None = "pages/memory.py
     and then switches page."""
     request_config(config, source)
     if page:
-        st.session_state["_goto"] = page
+        st.session_state[K.GOTO] = page
+
+
+# --- messages -------------------------------------------------------------------------------------
+
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>$:~|#])")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+_AUTOLINK = re.compile(r"(://|www\.|@)", re.IGNORECASE)
+_JOINER = "\u2060"  # WORD JOINER: invisible, and no autolink pattern matches across it
+
+
+def plain(text: str) -> str:
+    """`text` shown literally by a markdown element (a warning, a caption): a link's values are
+    user input and must not become links, images, colours or formulas. Markdown syntax is
+    backslash-escaped; GFM's bare-URL and e-mail autolinks are found in the parsed text, after
+    escapes are resolved, so an invisible word joiner breaks their patterns instead."""
+    text = _AUTOLINK.sub(lambda m: m.group(0)[:1] + _JOINER + m.group(0)[1:], _CONTROL.sub(" ", text))
+    return _MARKDOWN.sub(r"\\\1", text)
+
+
+def _shown_default(f) -> str:
+    return "empty" if f.default is None else str(f.default)
 
 
 # --- session start: the link ----------------------------------------------------------------------
@@ -118,6 +211,11 @@ def _presets() -> list:
 def _preset_ids() -> list[str]:
     ids = [p.id for p in _presets()]
     return ids or [DEFAULT_MODEL]
+
+
+def _default_model() -> str:
+    ids = _preset_ids()
+    return DEFAULT_MODEL if DEFAULT_MODEL in ids else ids[0]
 
 
 def hub_count_note(hub_info: dict) -> str:
@@ -140,12 +238,13 @@ def hub_mismatch_warning(hub_info: dict) -> str:
 
 def _set_model(choice: ModelChoice, hub_info: dict | None = None) -> None:
     ss = st.session_state
-    ss["_src"] = _SOURCE_OF[choice.source]
+    ss[K.SOURCE] = _SOURCE_OF[choice.source]
     if choice.source == "preset":
-        ss["_preset"] = choice.preset
+        ss[K.PRESET] = choice.preset
     elif choice.source == "hub":
-        ss["_hub_text"] = choice.hub_id
-        ss["_hub_model"] = hub_info
+        ss[K.HUB_TEXT] = choice.hub_id
+        ss[K.HUB_MODEL] = hub_info
+        ss.pop(K.HUB_STATUS, None)
     arch = choice.arch if choice.source == "custom" else None
     if arch is not None:
         _set_arch_editor(arch)
@@ -153,58 +252,186 @@ def _set_model(choice: ModelChoice, hub_info: dict | None = None) -> None:
 
 def _set_arch_editor(arch: dict) -> None:
     for name, value in arch_editor_values(arch).items():
-        st.session_state[f"arch_{name}"] = value
-    st.session_state["_arch_ready"] = True
+        st.session_state[K.arch(name)] = value
+    st.session_state[K.ARCH_READY] = True
 
 
 def _fetch(hub_id: str) -> tuple[dict | None, str]:
     try:
         info = compute.fetch_hub_model(hub_id)
     except ImportError:
-        return None, "Fetching from the Hugging Face Hub is not available in this build (estimator.hub is missing)."
+        return None, "fetching from the Hugging Face Hub is not available in this build (estimator.hub is missing)"
     except ConfigError as exc:
         return None, str(exc.reason or exc)
     except Exception as exc:  # never a traceback
-        return None, f"could not fetch {hub_id} ({type(exc).__name__})"
+        return None, f"the Hub could not be read ({type(exc).__name__})"
     return info, ""
+
+
+def value_problem(f, value: Any) -> str | None:
+    """What is wrong with widget value `value` for field `f`, as "expected ..." words, or None.
+
+    The app's own last check before a value reaches a widget or the estimator, whatever the
+    field registry's parser let through: numbers finite and within the field's range and what a
+    number input can hold, choices among the options, text of a sane length."""
+    if value is None:
+        return None if f.optional or _kind(f) in ("select", "text") else "a value"
+    if _kind(f) in ("int", "float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "a number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "a finite number"
+        if _kind(f) == "int" and not float(value).is_integer():
+            return "a whole number"
+        if abs(value) > MAX_WIDGET_INT:
+            return f"a number of at most {MAX_WIDGET_INT:,}"
+        if f.min is not None and value < f.min:
+            return f"a number >= {f.min:g}"
+        if f.max is not None and (value >= f.max if getattr(f, "below_max", False) else value > f.max):
+            return f"a number {'below' if getattr(f, 'below_max', False) else '<='} {f.max:g}"
+        return None
+    if _kind(f) == "select":
+        return None if value in f.options else f"one of {', '.join(map(str, f.options))}"
+    if _kind(f) == "multi":
+        if not isinstance(value, (list, tuple)) or any(v not in f.options for v in value):
+            return f"one or more of {', '.join(map(str, f.options))}"
+        return None
+    if _kind(f) == "bool":
+        return None if isinstance(value, bool) else "true or false"
+    if not isinstance(value, str) or len(value) > MAX_PARAM_VALUE:
+        return f"a text of at most {MAX_PARAM_VALUE} characters"
+    return None
+
+
+def _canonical_text(f, value: Any) -> str | list[str]:
+    """The URL text a widget value has in a link this app writes."""
+    if _kind(f) == "float" and isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if _kind(f) == "float":
+        return repr(float(value))
+    if _kind(f) == "select":
+        return str(value)
+    return url_text(to_contract(f, value))
+
+
+def _raw_params() -> dict[str, str | list[str]]:
+    qp = st.query_params
+    out: dict[str, str | list[str]] = {}
+    for name in qp:
+        f = BY_NAME.get(name)
+        values = qp.get_all(name)
+        out[name] = values if f is not None and _kind(f) == "multi" else (values[-1] if values else "")
+    return out
+
+
+def _screen(raw: dict) -> tuple[dict, list[str], list[str]]:
+    """Drop names and values too long to be anything but garbage, before anything parses them."""
+    kept, warnings, bad = {}, [], []
+    for name, text in raw.items():
+        items = text if isinstance(text, list) else [text]
+        if len(name) > MAX_PARAM_NAME:
+            warnings.append(f"An unknown link parameter (a name of {len(name):,} characters) was ignored.")
+            bad.append(name)
+            continue
+        longest = max((len(t) for t in items), default=0)
+        if longest > MAX_PARAM_VALUE or len(items) > MAX_PARAM_ITEMS:
+            label = field_label(name) if (name in BY_NAME or name in ARCH_BY_NAME or name == "model") else None
+            size = f"{longest:,} characters" if longest > MAX_PARAM_VALUE else f"{len(items)} values"
+            if label:
+                what = (f"showing the default model, {_default_model()}" if name == "model"
+                        else f"using the default, {_shown_default(BY_NAME[name])}" if name in BY_NAME else "ignored")
+                warnings.append(f"Link parameter {name} is too long for {label} ({size}); {what}.")
+            else:
+                warnings.append(f"Unknown link parameter {shown_value(name)} was ignored.")
+            bad.append(name)
+            continue
+        kept[name] = text
+    return kept, warnings, bad
+
+
+def _guard(values: dict) -> tuple[dict, list[str], list[str]]:
+    kept, warnings, bad = {}, [], []
+    for name, value in values.items():
+        f = BY_NAME.get(name)
+        problem = value_problem(f, value) if f is not None else "a field of the app"
+        if problem:
+            warnings.append(f"Link parameter {name}={shown_value(value)} is not valid for {field_label(name)} "
+                            f"(expected {problem}); using the default, {_shown_default(f) if f else 'none'}.")
+            bad.append(name)
+        else:
+            kept[name] = value
+    return kept, warnings, bad
+
+
+def _clean_link(raw: dict, values: dict, bad: list[str]) -> bool:
+    """Make the query string hold only what was accepted, in canonical text; True if it changed.
+
+    Called on the session's first run, before any widget is bound (setting or deleting a bound
+    parameter raises)."""
+    changed = False
+    qp = st.query_params
+    for name in raw:
+        try:
+            if name in bad:
+                if name in qp:
+                    del qp[name]
+                    changed = True
+            elif name in values:
+                text = _canonical_text(BY_NAME[name], values[name])
+                if (qp.get_all(name) if isinstance(text, list) else qp.get(name)) != text:
+                    qp[name] = text
+                    changed = True
+        except Exception:  # a bound parameter (never on a first run): its widget checks it
+            continue
+    return changed
 
 
 def _init_session() -> None:
     ss = st.session_state
-    ss["_init"] = True
-    ss.setdefault("_scenarios", [])
-    ss.setdefault("_user_presets", [])
-    params = {k: (st.query_params.get_all(k) if k in BY_NAME and BY_NAME[k].kind == "multi" else st.query_params.get(k))
-              for k in st.query_params}
-    parsed = parse_url(params)
-    warnings = list(parsed.warnings)
-    model = parsed.model
-    if parsed.hub_id:
-        info, error = _fetch(parsed.hub_id)
-        if info:
-            model = ModelChoice(source="hub", hub_id=parsed.hub_id, arch=info["arch"])
-            _set_model(model, info)
-        else:
-            warnings.append(f"The model '{parsed.hub_id}' in the link could not be loaded: {error}. "
-                            f"Showing the default model, {DEFAULT_MODEL}.")
-            parsed.bad.append("model")
-            model = None
+    ss[K.INIT] = True
+    ss.setdefault(K.SCENARIOS, [])
+    ss.setdefault(K.USER_PRESETS, [])
+    raw = _raw_params()
+    params, warnings, bad = _screen(raw)
+    try:
+        parsed = parse_url(params)
+    except Exception as exc:  # the parser is the field registry's: a bug there is one warning, never a traceback
+        parsed = None
+        warnings.append(f"The link could not be read ({type(exc).__name__}); showing the defaults.")
+        bad += list(params)
+    model, values = None, {}
+    if parsed is not None:
+        warnings += parsed.warnings
+        bad += parsed.bad
+        values, more, more_bad = _guard(parsed.values)
+        warnings += more
+        bad += more_bad
+        model = parsed.model
+        if parsed.hub_id:
+            with st.spinner(f"Fetching {plain(shown_value(parsed.hub_id))} from the Hugging Face Hub..."):
+                info, error = _fetch(parsed.hub_id)
+            if info:
+                model = ModelChoice(source="hub", hub_id=parsed.hub_id, arch=info["arch"])
+                _set_model(model, info)
+            else:
+                warnings.append(f"Link parameter model={shown_value(parsed.hub_id)} (Model): the Hugging Face model "
+                                f"could not be loaded: {error}. Showing the default model, {_default_model()}.")
+                bad.append("model")
+                model = None
     if model is None:
-        model = ModelChoice(source="preset", preset=DEFAULT_MODEL if DEFAULT_MODEL in _preset_ids()
-                            else _preset_ids()[0])
+        model = ModelChoice(source="preset", preset=_default_model())
     if model.source != "hub":
         _set_model(model)
-    for name in set(parsed.bad):
-        if name in st.query_params:
-            del st.query_params[name]
-    for name, value in parsed.values.items():
+    for name, value in values.items():
         ss[name] = value
-    ss["_url_warnings"] = warnings
+    ss[K.URL_WARNINGS] = warnings
+    if _clean_link(raw, values, bad):
+        st.rerun()  # restart with the cleaned query string, before any widget reads it
 
 
 def _apply_pending() -> None:
     ss = st.session_state
-    pending = ss.pop("_pending", None)
+    pending = ss.pop(K.PENDING, None)
     if not pending:
         return
     config, source = pending
@@ -212,14 +439,22 @@ def _apply_pending() -> None:
         if not isinstance(config, dict) or "model" not in config:
             raise ConfigError("config", type(config).__name__, "a JSON object with a model", "no model given")
         values = ui_values_from_config(config)
+        for name, value in values.items():
+            problem = value_problem(BY_NAME[name], value)
+            if problem:
+                raise ConfigError(f"{BY_NAME[name].section}.{name}", value, problem)
         model, info = _model_from_config(config["model"])
     except ConfigError as exc:
-        ss["_flash"] = ("error", f"Could not load {source or 'the configuration'}: {friendly_message(exc)}")
+        ss[K.FLASH] = ("error", f"Could not load {source or 'the configuration'}: {friendly_message(exc)}")
+        return
+    except Exception as exc:  # never a traceback
+        ss[K.FLASH] = ("error", f"Could not load {source or 'the configuration'} ({type(exc).__name__}).")
         return
     _set_model(model, info)
     for name, value in values.items():
         ss[name] = value
-    ss["_flash"] = ("success", f"Loaded {source or 'the configuration'}.")
+    ss.pop(K.LAST_CHANGED, None)
+    ss[K.FLASH] = ("success", f"Loaded {source or 'the configuration'}.")
 
 
 def _model_from_config(model: object) -> tuple[ModelChoice, dict | None]:
@@ -245,77 +480,81 @@ def _model_from_config(model: object) -> tuple[ModelChoice, dict | None]:
 
 # --- widgets ----------------------------------------------------------------------------------------
 
+def _mark_changed(key: str) -> None:
+    """on_change of every configuration widget: remember which one the user changed last."""
+    st.session_state[K.LAST_CHANGED] = key
+
+
 def _widget(f, key: str, bind: bool) -> None:
-    kw: dict[str, Any] = {"key": key, "help": f.help}
+    kw: dict[str, Any] = {"key": key, "help": f.help, "on_change": _mark_changed, "args": (key,)}
     if bind:
         kw["bind"] = "query-params"
     else:
         kw["persist_state"] = "session"
-    if f.kind == "select":
+    if _kind(f) == "select":
         st.selectbox(f.label, f.options, index=f.options.index(f.default) if f.default in f.options else 0, **kw)
-    elif f.kind == "multi":
+    elif _kind(f) == "multi":
         st.multiselect(f.label, f.options, default=f.default, **kw)
-    elif f.kind == "bool":
+    elif _kind(f) == "bool":
         st.toggle(f.label, value=bool(f.default), **kw)
-    elif f.kind == "int":
+    elif _kind(f) == "int":
         st.number_input(f.label, min_value=None if f.min is None else int(f.min),
                         max_value=None if f.max is None else int(f.max), value=f.default,
                         step=int(f.step or 1), placeholder="auto" if f.optional else None, **kw)
-    elif f.kind == "float":
+    elif _kind(f) == "float":
         st.number_input(f.label, min_value=f.min, max_value=f.max, value=f.default, step=f.step or 0.1,
                         placeholder="auto" if f.optional else None, **kw)
     else:
-        st.text_input(f.label, value=f.default or "", **kw)
+        st.text_input(f.label, value=f.default or "", max_chars=MAX_PARAM_VALUE, **kw)
 
 
 def _on_source_change() -> None:
     ss = st.session_state
-    if ss.get("_src") != "Custom":
+    if ss.get(K.SOURCE) != "Custom":
         return
     # start the editor from the model chosen before
-    prev = ss.get("_prev_src", "Preset")
+    prev = ss.get(K.PREV_SOURCE, "Preset")
     try:
-        if prev == "HF Hub" and ss.get("_hub_model"):
-            arch = ss["_hub_model"]["arch"]
+        if prev == "HF Hub" and ss.get(K.HUB_MODEL):
+            arch = ss[K.HUB_MODEL]["arch"]
         else:
             from estimator.config import architecture_to_dict
             from estimator.presets import get_architecture
-            arch = architecture_to_dict(get_architecture(ss.get("_preset", DEFAULT_MODEL)))
+            arch = architecture_to_dict(get_architecture(ss.get(K.PRESET, DEFAULT_MODEL)))
         _set_arch_editor(arch)
     except Exception:
         pass
 
 
 def _on_fetch() -> None:
+    """The Fetch button: fetch the typed id in this run's body (where the spinner shows)."""
     ss = st.session_state
-    hub_id = (ss.get("_hub_text") or "").strip()
-    if not hub_id:
-        ss["_hub_status"] = ("error", "Enter a model id such as meta-llama/Llama-3.1-8B.")
-        return
-    info, error = _fetch(hub_id)
-    if info:
-        ss["_hub_model"] = info
-        ss["_hub_status"] = ("success", f"Fetched {info['repo_id']}.")
+    hub_id = (ss.get(K.HUB_TEXT) or "").strip()
+    if hub_id:
+        ss[K.HUB_REQUEST] = hub_id
     else:
-        ss["_hub_status"] = ("error", error)
+        ss.pop(K.HUB_STATUS, None)  # nothing typed: back to the hint
 
 
 def _on_import() -> None:
     ss = st.session_state
-    upload = ss.get("_import_file")
+    upload = ss.get(K.IMPORT_FILE)
     if upload is None:
         return
     try:
         data = json.loads(upload.getvalue().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        ss["_flash"] = ("error", f"{upload.name} is not valid JSON ({exc}).")
+        ss[K.FLASH] = ("error", f"{upload.name} is not valid JSON ({exc}).")
         return
     request_config(data, upload.name)
 
 
 def _on_reset() -> None:
-    request_config({"model": DEFAULT_MODEL if DEFAULT_MODEL in _preset_ids() else _preset_ids()[0]},
-                   "the defaults")
+    request_config({"model": _default_model()}, "the defaults")
+
+
+def _on_dismiss() -> None:
+    st.session_state[K.URL_WARNINGS] = []
 
 
 def _preset_label(pid: str) -> str:
@@ -323,54 +562,72 @@ def _preset_label(pid: str) -> str:
     return names.get(pid, pid)
 
 
-def _model_section(error_slot) -> tuple[ModelChoice, ConfigError | None, dict | None]:
+def _hub_section() -> tuple[ModelChoice | None, dict | None]:
+    """The HF Hub source, one state at a time: nothing fetched yet (a hint), fetching (a spinner),
+    fetched (the model), or why the last fetch failed (one message)."""
     ss = st.session_state
-    ss["_prev_src"] = ss.get("_src", "Preset")
-    st.segmented_control("Model source", SOURCES, key="_src", persist_state="session", on_change=_on_source_change,
+    # the id gets the sidebar's whole width (ids are long); the button its label's width, below it
+    st.text_input("Hugging Face model id", key=K.HUB_TEXT, placeholder="org/name[@revision]",
+                  persist_state="session", max_chars=MAX_PARAM_VALUE,
+                  help="Fetches the model's config.json from the Hub (gated models need HF_TOKEN on the "
+                       "server).")
+    st.button("Fetch", key=K.HUB_FETCH, on_click=_on_fetch, width="content", icon=":material/download:",
+              help="Read the model's config.json (and its parameter count) from the Hugging Face Hub.")
+    request = ss.pop(K.HUB_REQUEST, None)
+    if request:
+        with st.spinner(f"Fetching {plain(shown_value(request))} from the Hugging Face Hub..."):
+            info, why = _fetch(request)
+        if info:
+            ss[K.HUB_MODEL] = info
+            ss.pop(K.HUB_STATUS, None)
+        else:
+            ss[K.HUB_STATUS] = f"Could not fetch {shown_value(request)}: {why}."
+    hub_info = ss.get(K.HUB_MODEL)
+    status = ss.get(K.HUB_STATUS)
+    if status:
+        still = f" Still using {hub_info['repo_id']}." if hub_info else ""
+        st.error(plain(status) + still, icon=":material/cloud_off:")
+    if not hub_info:
+        if not status:
+            st.caption(HUB_HINT)
+        return None, None
+    st.caption(hub_count_note(hub_info))
+    if hub_info.get("mismatch"):
+        st.warning(hub_mismatch_warning(hub_info), icon=":material/error:")
+    if hub_info.get("ignored"):
+        st.caption("Not modelled from its config: " + ", ".join(hub_info["ignored"]))
+    return ModelChoice(source="hub", hub_id=hub_info["repo_id"], arch=hub_info["arch"]), hub_info
+
+
+def _model_section() -> tuple[ModelChoice | None, ConfigError | None, dict | None]:
+    """The model's widgets; the model is None while none is chosen yet (HF Hub before a fetch)."""
+    ss = st.session_state
+    ss[K.PREV_SOURCE] = ss.get(K.SOURCE, "Preset")
+    st.segmented_control("Model source", SOURCES, key=K.SOURCE, persist_state="session", on_change=_on_source_change,
                          help="A bundled preset, any model on the Hugging Face Hub (its config.json is fetched), "
                               "or your own architecture.")
-    src = ss.get("_src") or "Preset"
+    src = ss.get(K.SOURCE) or "Preset"
     error: ConfigError | None = None
     hub_info = None
     if src == "Preset":
         ids = _preset_ids()
-        if ss.get("_preset") not in ids:
-            ss["_preset"] = ids[0]
-        st.selectbox("Model", ids, key="_preset", format_func=_preset_label, persist_state="session",
+        if ss.get(K.PRESET) not in ids:
+            ss[K.PRESET] = ids[0]
+        st.selectbox("Model", ids, key=K.PRESET, format_func=_preset_label, persist_state="session",
                      help="Bundled models with their published configs; see the Presets page for details.")
-        model = ModelChoice(source="preset", preset=ss["_preset"])
+        model = ModelChoice(source="preset", preset=ss[K.PRESET])
     elif src == "HF Hub":
-        cols = st.columns([3, 1], vertical_alignment="bottom")
-        cols[0].text_input("Hugging Face model id", key="_hub_text", placeholder="org/name[@revision]",
-                           persist_state="session",
-                           help="Fetches the model's config.json from the Hub (gated models need HF_TOKEN on the "
-                                "server).")
-        cols[1].button("Fetch", key="_hub_fetch", on_click=_on_fetch, width="stretch")
-        status = ss.get("_hub_status")
-        if status:
-            (st.success if status[0] == "success" else st.error)(status[1])
-        hub_info = ss.get("_hub_model")
-        if hub_info:
-            model = ModelChoice(source="hub", hub_id=hub_info["repo_id"], arch=hub_info["arch"])
-            st.caption(hub_count_note(hub_info))
-            if hub_info.get("mismatch"):
-                st.warning(hub_mismatch_warning(hub_info), icon=":material/error:")
-            if hub_info.get("ignored"):
-                st.caption("Not modelled from its config: " + ", ".join(hub_info["ignored"]))
-        else:
-            error = ConfigError("model", ss.get("_hub_text") or "", "a fetched Hugging Face model",
-                                "no model fetched yet: enter an id and press Fetch")
-            model = ModelChoice(source="preset", preset=ss.get("_preset") or DEFAULT_MODEL)
+        model, hub_info = _hub_section()
     else:
-        if not ss.get("_arch_ready"):
+        if not ss.get(K.ARCH_READY):
             _on_source_change()
         with st.expander("Architecture", expanded=True):
             for group in ARCH_GROUPS:
                 st.markdown(f"**{group}**")
                 for f in ARCH_FIELDS:
                     if f.group == group:
-                        _widget(f, f"arch_{f.name}", bind=False)
-        values = {f.name: ss.get(f"arch_{f.name}") for f in ARCH_FIELDS}
+                        _widget(f, K.arch(f.name), bind=False)
+        values = {f.name: ss.get(K.arch(f.name)) for f in ARCH_FIELDS}
         values = {k: v for k, v in values.items() if v is not None and v != ""}
         try:
             arch = canonical_arch(values)
@@ -380,11 +637,12 @@ def _model_section(error_slot) -> tuple[ModelChoice, ConfigError | None, dict | 
     return model, error, hub_info
 
 
-def _sync_model_url(model: ModelChoice) -> None:
-    """Write the model's parameters to the URL (they are not a bound widget)."""
-    wanted = model.url_params()
+def _sync_model_url(model: ModelChoice | None) -> None:
+    """Write the model's parameters to the URL (they are not a bound widget); no model, no
+    ``model`` parameter."""
+    wanted = model.url_params() if model is not None else {}
     for name in list(st.query_params):
-        if (name in ARCH_BY_NAME) and name not in wanted:
+        if (name in ARCH_BY_NAME or name == "model") and name not in wanted:
             del st.query_params[name]
     for name, text in wanted.items():
         if st.query_params.get(name) != text:
@@ -399,13 +657,59 @@ def share_url(params: dict[str, str]) -> str:
     return f"{base}?{urlencode(params, doseq=True)}"
 
 
+# --- which field an error is about ----------------------------------------------------------------
+
+def _name_of(key: str | None) -> tuple[str, Any] | None:
+    """(field name, field) of a configuration widget key."""
+    if not key:
+        return None
+    if key.startswith(K.ARCH_PREFIX) and key[len(K.ARCH_PREFIX):] in ARCH_BY_NAME:
+        name = key[len(K.ARCH_PREFIX):]
+        return name, ARCH_BY_NAME[name]
+    if key in BY_NAME:
+        return key, BY_NAME[key]
+    return None
+
+
+def _blamed(error: ConfigError, config_json: str) -> tuple[str, str]:
+    """The message for `error` and the sidebar group it goes to.
+
+    A rule that ties several fields together (layers divisible by PP x VPP) is reported by the
+    estimator against one of them; the user should read it against the one they just changed.
+    That is the widget changed last, when the error's field or one of its `related` fields is
+    that widget, or when the configuration could be estimated before that change. The blame is
+    remembered with the configuration, so a page switch does not move the message."""
+    ss = st.session_state
+    field_name = (error.field or "").split(".")[-1]
+    tied = {field_name} | {r.split(".")[-1] for r in (getattr(error, "related", ()) or ())}
+    key = ss.get(K.LAST_CHANGED)
+    changed = _name_of(key)
+    if changed and changed[0] != field_name and (changed[0] in tied or ss.get(K.LAST_VALID)):
+        ss[K.BLAME] = (config_json, key)
+    remembered = ss.get(K.BLAME)
+    if remembered and remembered[0] == config_json and _name_of(remembered[1]):
+        key = remembered[1]
+    else:
+        key = key if changed and changed[0] in tied else None
+    chosen = _name_of(key)
+    if chosen is None or chosen[0] == field_name:
+        return friendly_message(error), error_group(error)
+    name, f = chosen
+    value = ss.get(key)
+    with_what = f"{field_label(error.field or '')} = {shown_value(error.value)}"
+    reason = (error.reason or "").strip().rstrip(".")
+    text = (f"{f.label} = {'empty' if value is None else shown_value(value)} is not possible with {with_what}"
+            f"{': ' + reason if reason else ''}. Allowed: {error.allowed}.")
+    return text, "Model" if f.section == "model" else f.group
+
+
 def render_config(sidebar: bool = True) -> Current:
     """Draw the shared configuration's widgets and compute this run's `Current`."""
     ss = st.session_state
-    if not ss.get("_init"):
+    if not ss.get(K.INIT):
         _init_session()
     _apply_pending()
-    goto = ss.pop("_goto", None)
+    goto = ss.pop(K.GOTO, None)
     if goto:
         # bound parameters follow their widgets; the others (the model) are passed on here
         keep = {k: st.query_params.get(k) for k in st.query_params if k not in BY_NAME}
@@ -415,17 +719,16 @@ def render_config(sidebar: bool = True) -> Current:
     with container:
         st.markdown("### Configuration")
         share_slot = st.empty()
-        for text in ss.get("_url_warnings", []):
-            st.warning(text, icon=":material/link_off:")
-        if ss.get("_url_warnings"):
-            st.button("Dismiss link warnings", key="_dismiss_warnings",
-                      on_click=lambda: ss.__setitem__("_url_warnings", []))
-        flash = ss.pop("_flash", None)
+        for text in ss.get(K.URL_WARNINGS, []):
+            st.warning(plain(text), icon=":material/link_off:")
+        if ss.get(K.URL_WARNINGS):
+            st.button("Dismiss link warnings", key=K.DISMISS_WARNINGS, on_click=_on_dismiss)
+        flash = ss.pop(K.FLASH, None)
         if flash:
-            (st.success if flash[0] == "success" else st.error)(flash[1])
+            (st.success if flash[0] == "success" else st.error)(plain(flash[1]))
         st.markdown("#### Model")
         slots["Model"] = st.empty()
-        model, model_error, hub_info = _model_section(slots["Model"])
+        model, model_error, hub_info = _model_section()
         for group in GROUPS:
             with st.expander(group, expanded=group in ("Run", "Parallel layout", "GPU")):
                 slots[group] = st.empty()
@@ -437,29 +740,39 @@ def render_config(sidebar: bool = True) -> Current:
                     if gpu:
                         st.caption(f"{gpu.name}: {gpu.capacity_bytes / GiB:.1f} GiB")
         with st.popover("Import / reset", width="stretch"):
-            st.file_uploader("Import a configuration (JSON)", type=["json"], key="_import_file",
+            st.file_uploader("Import a configuration (JSON)", type=["json"], key=K.IMPORT_FILE,
                              on_change=_on_import,
                              help="A file exported from this app or written for `python -m estimator estimate "
                                   "--config`.")
-            st.button("Reset to defaults", key="_reset", on_click=_on_reset)
+            st.button("Reset to defaults", key=K.RESET, on_click=_on_reset)
 
     values = {f.name: ss.get(f.name, f.default) for f in ALL_FIELDS}
-    config = config_dict(model, values)
-    cur = Current(model=model, values=values, config=config, config_json=config_key(config),
-                  params=url_params(model, values), model_error=model_error, hub_info=hub_info)
-    ss["_current"] = cur
-    ss["_drawn_token"] = _run_token()
+    waiting = HUB_WAITING if model is None else ""
+    shown_model = model or ModelChoice(source="preset", preset=ss.get(K.PRESET) or _default_model())
+    config = config_dict(shown_model, values)
+    params = url_params(shown_model, values)
+    if waiting:
+        params.pop("model", None)
+    cur = Current(model=shown_model, values=values, config=config, config_json=config_key(config),
+                  params=params, model_error=model_error, hub_info=hub_info, waiting=waiting)
+    ss[K.CURRENT] = cur
+    ss[K.DRAWN_TOKEN] = _run_token()
+    ss[K.NAV_RERUN] = False
     _sync_model_url(model)
 
     # the estimator's verdict on the inputs, next to the group it concerns
-    error = model_error
-    if error is None:
-        result = compute.estimate(cur.config_json)
-        error = result.error
+    error = None
+    if not waiting:
+        error = model_error
+        if error is None:
+            error = compute.estimate(cur.config_json).error
     if error is not None:
-        group = error_group(error)
-        slot = slots.get(group) or slots["Model"]
-        slot.error(friendly_message(error), icon=":material/error:")
+        cur.error = error
+        cur.error_text, cur.error_group = _blamed(error, cur.config_json)
+        slot = slots.get(cur.error_group) or slots["Model"]
+        slot.error(plain(cur.error_text), icon=":material/error:")
+    if not waiting:
+        ss[K.LAST_VALID] = error is None
     with share_slot.container():
         with st.popover("Share this configuration", icon=":material/share:", width="stretch"):
             st.caption("This link opens the same configuration on any page:")
@@ -469,5 +782,23 @@ def render_config(sidebar: bool = True) -> Current:
 
 def show_error(error: ConfigError) -> None:
     """The message a page shows instead of its results when the configuration is not usable."""
-    st.error(f"**This configuration cannot be estimated.** {friendly_message(error)}  \n"
+    cur = st.session_state.get(K.CURRENT)
+    text = cur.error_text if cur is not None and cur.error is error and cur.error_text else friendly_message(error)
+    st.error(f"**This configuration cannot be estimated.** {plain(text)}  \n"
              "Change the setting in the sidebar (the message is also shown next to it).", icon=":material/error:")
+
+
+def estimate_or_stop(cur: Current):
+    """This run's estimate, for a page to draw; otherwise the page shows why not and stops: a calm
+    hint while there is no model yet, or the one message saying what is wrong."""
+    if cur.waiting:
+        st.info(cur.waiting, icon=":material/info:")
+        st.stop()
+    if cur.error is not None:
+        show_error(cur.error)
+        st.stop()
+    res = compute.estimate(cur.config_json)
+    if not res.ok:
+        show_error(res.error or ConfigError("config", "", "a configuration the estimator can handle"))
+        st.stop()
+    return res.value

@@ -7,6 +7,7 @@ Screenshots go to test-artifacts/e2e/ (git-ignored).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -40,14 +41,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def app_url():
+@contextlib.contextmanager
+def _serve(log_name: str):
+    """`streamlit run app.py` on a free loopback port, offline; yields its URL."""
     reason = _missing()
     if reason:
         pytest.skip(f"browser tests skipped: {reason}")
     port = _free_port()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    log = open(ARTIFACTS / "streamlit.log", "w")
+    log = open(ARTIFACTS / log_name, "w")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
@@ -73,6 +75,19 @@ def app_url():
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    with _serve("streamlit.log") as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_app_url():
+    """A server no browser has visited yet (its first request decides how Streamlit runs pages)."""
+    with _serve("streamlit-fresh.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
