@@ -28,7 +28,6 @@ with ``st.rerun()``, whose query string is the cleaned one, before any widget ex
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +44,8 @@ from .fields import (ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS
                      arch_editor_values, canonical_arch, config_dict, config_key, error_group, field_label,
                      friendly_message, parse_url, to_contract, ui_values_from_config, url_params, url_text)
 
-try:
-    from estimator.errors import shown_value
-except ImportError:  # an older estimator
-    def shown_value(value: object) -> str:
-        text = repr(value) if isinstance(value, str) else str(value)
-        return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
+from estimator import fields as registry
+from estimator.errors import shown_value
 
 SOURCES = ("Preset", "HF Hub", "Custom")
 _SOURCE_OF = {"preset": "Preset", "hub": "HF Hub", "custom": "Custom"}
@@ -75,14 +70,6 @@ HUB_WAITING = ("No Hugging Face model loaded yet: enter a model id in the sideba
 MAX_PARAM_NAME = 64
 MAX_PARAM_VALUE = 256
 MAX_PARAM_ITEMS = 32
-# The widest integer a number input can hold (JavaScript's Number.MAX_SAFE_INTEGER).
-MAX_WIDGET_INT = 2**53 - 1
-# the field registry's kinds: ui.fields says select/multi, estimator.fields choice/choices
-_KINDS = {"choice": "select", "choices": "multi"}
-
-
-def _kind(f) -> str:
-    return _KINDS.get(f.kind, f.kind)
 
 
 @dataclass
@@ -269,47 +256,27 @@ def _fetch(hub_id: str) -> tuple[dict | None, str]:
 
 
 def value_problem(f, value: Any) -> str | None:
-    """What is wrong with widget value `value` for field `f`, as "expected ..." words, or None.
-
-    The app's own last check before a value reaches a widget or the estimator, whatever the
-    field registry's parser let through: numbers finite and within the field's range and what a
-    number input can hold, choices among the options, text of a sane length."""
+    """What is wrong with widget value `value` for field `f`, as "expected ..." words, or None:
+    the field registry's own check (estimator/fields.py: type, finite, range, options) on the
+    value the estimator would receive, before the value reaches a widget or the estimator."""
     if value is None:
-        return None if f.optional or _kind(f) in ("select", "text") else "a value"
-    if _kind(f) in ("int", "float"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return "a number"
-        if isinstance(value, float) and not math.isfinite(value):
-            return "a finite number"
-        if _kind(f) == "int" and not float(value).is_integer():
-            return "a whole number"
-        if abs(value) > MAX_WIDGET_INT:
-            return f"a number of at most {MAX_WIDGET_INT:,}"
-        if f.min is not None and value < f.min:
-            return f"a number >= {f.min:g}"
-        if f.max is not None and (value >= f.max if getattr(f, "below_max", False) else value > f.max):
-            return f"a number {'below' if getattr(f, 'below_max', False) else '<='} {f.max:g}"
-        return None
-    if _kind(f) == "select":
-        return None if value in f.options else f"one of {', '.join(map(str, f.options))}"
-    if _kind(f) == "multi":
-        if not isinstance(value, (list, tuple)) or any(v not in f.options for v in value):
-            return f"one or more of {', '.join(map(str, f.options))}"
-        return None
-    if _kind(f) == "bool":
-        return None if isinstance(value, bool) else "true or false"
-    if not isinstance(value, str) or len(value) > MAX_PARAM_VALUE:
-        return f"a text of at most {MAX_PARAM_VALUE} characters"
+        return None if f.optional or f.kind in ("select", "text") else "a value"
+    try:
+        registry.check(f.spec, to_contract(f, value))
+    except ConfigError as exc:
+        return exc.allowed
+    except (TypeError, ValueError, OverflowError):  # not even of the widget's type
+        return f.spec.allowed()
     return None
 
 
 def _canonical_text(f, value: Any) -> str | list[str]:
     """The URL text a widget value has in a link this app writes."""
-    if _kind(f) == "float" and isinstance(value, float) and value.is_integer():
+    if f.kind == "float" and isinstance(value, float) and value.is_integer():
         return str(int(value))
-    if _kind(f) == "float":
+    if f.kind == "float":
         return repr(float(value))
-    if _kind(f) == "select":
+    if f.kind == "select":
         return str(value)
     return url_text(to_contract(f, value))
 
@@ -320,7 +287,7 @@ def _raw_params() -> dict[str, str | list[str]]:
     for name in qp:
         f = BY_NAME.get(name)
         values = qp.get_all(name)
-        out[name] = values if f is not None and _kind(f) == "multi" else (values[-1] if values else "")
+        out[name] = values if f is not None and f.kind == "multi" else (values[-1] if values else "")
     return out
 
 
@@ -491,17 +458,17 @@ def _widget(f, key: str, bind: bool) -> None:
         kw["bind"] = "query-params"
     else:
         kw["persist_state"] = "session"
-    if _kind(f) == "select":
+    if f.kind == "select":
         st.selectbox(f.label, f.options, index=f.options.index(f.default) if f.default in f.options else 0, **kw)
-    elif _kind(f) == "multi":
+    elif f.kind == "multi":
         st.multiselect(f.label, f.options, default=f.default, **kw)
-    elif _kind(f) == "bool":
+    elif f.kind == "bool":
         st.toggle(f.label, value=bool(f.default), **kw)
-    elif _kind(f) == "int":
+    elif f.kind == "int":
         st.number_input(f.label, min_value=None if f.min is None else int(f.min),
                         max_value=None if f.max is None else int(f.max), value=f.default,
                         step=int(f.step or 1), placeholder="auto" if f.optional else None, **kw)
-    elif _kind(f) == "float":
+    elif f.kind == "float":
         st.number_input(f.label, min_value=f.min, max_value=f.max, value=f.default, step=f.step or 0.1,
                         placeholder="auto" if f.optional else None, **kw)
     else:
