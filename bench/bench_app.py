@@ -17,7 +17,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
-PAGES = ["pages/memory.py", "pages/roofline.py", "pages/compare.py", "pages/presets.py"]
+PAGES = ["pages/memory.py", "pages/roofline.py", "pages/compare.py", "pages/presets.py", "pages/guide.py"]
 QUERY = {"model": "llama-3.1-70b", "tp": "8", "pp": "4", "vpp": "5", "dp": "2", "seq_len": "8192",
          "recompute": "selective"}
 
