@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from . import activations as act
 from .architecture import Architecture, parameter_counts
@@ -50,9 +50,14 @@ class Component(NamedTuple):
     key: str
     label: str
     bytes: int
-    formula: str
+    formula_text: str | Callable[[], str]  # the text, or a function that writes it when first read
     source: str
     parts: tuple["Component", ...] = ()
+
+    @property
+    def formula(self) -> str:
+        """Numbers are what a layout search needs; a formula is written only when someone reads it."""
+        return self.formula_text() if callable(self.formula_text) else self.formula_text
 
 
 @dataclass(frozen=True)
@@ -199,6 +204,7 @@ class _Shared(NamedTuple):
     kept_input_formula: str
     embedding: list[act.Entry]
     loss: act.LossMemory | None
+    loss_components: tuple  # (saved, forward working copies, backward gradients) on the last stage
     communication: Component  # NCCL buffers: every stage
     moe_communication: Component  # ... and DeepEP's buffers, on stages with MoE layers, when chosen
     runtime: Component
@@ -241,10 +247,24 @@ def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -
         per_layer[kind] = sum(b for b, dropped in sizes if not dropped)
     embedding = act.embedding_entries(arch, training, par)
     kept_input = act.layer_input_entry(arch, training, par)
+    loss = act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None
     return dict(per_layer=per_layer, full_layer=full, kept_input=kept_input.bytes(par),
-                kept_input_formula=kept_input.shown_formula(par), embedding=embedding,
-                loss=act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None,
-                entries=entries, recomputed=modules, embedding_bytes=sum(e.bytes(par) for e in embedding))
+                kept_input_formula=kept_input.shown_formula(par), embedding=embedding, loss=loss,
+                loss_components=_loss_components(loss, par), entries=entries, recomputed=modules,
+                embedding_bytes=sum(e.bytes(par) for e in embedding))
+
+
+def _loss_components(loss: act.LossMemory | None, par: Parallel) -> tuple[tuple[Component, ...], list, list]:
+    """The last stage's loss: what it keeps for backward, its forward working copies and its
+    gradients at backward's start."""
+    if loss is None:
+        return (), [], []
+    saved = (_entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1, loss.source),)
+    forward = [_entries_component("transient", "Loss working copies", loss.forward, par, 1, loss.source)] \
+        if loss.forward else []
+    backward = [_entries_component("transient", "Loss gradients", loss.backward, par, 1, loss.source)] \
+        if loss.backward else []
+    return saved, forward, backward
 
 
 def _runtime(hardware: Hardware) -> Component:
@@ -262,13 +282,18 @@ def _activation_counts(training: Training, stage: StageParameters, arch: Archite
     return recomputed, chunk_kind_counts(arch, stage.chunks, skip=recomputed)
 
 
-def _activation_bytes(stage: StageParameters, inflight: float, counts: tuple[int, tuple], shared: _Shared) -> int:
-    """The sum of `_activation_parts`, each part rounded as there, without building the parts."""
+def _activation_units(counts: tuple[int, tuple], shared: _Shared) -> tuple[float, ...]:
+    """Bytes per micro-batch in flight of each layer part `_activation_parts` lists, in its order."""
     recomputed, stored_counts = counts
-    total = int(round(shared.kept_input * recomputed * inflight)) if recomputed else 0
-    for kind, n in stored_counts:
-        if n:
-            total += int(round(shared.per_layer[kind] * n * inflight))
+    units = [shared.kept_input * recomputed] if recomputed else []
+    return tuple(units + [shared.per_layer[kind] * n for kind, n in stored_counts if n])
+
+
+def _activation_bytes(stage: StageParameters, inflight: float, units: tuple[float, ...], shared: _Shared) -> int:
+    """The sum of `_activation_parts`, each part rounded as there, without building the parts."""
+    total = 0
+    for unit in units:
+        total += int(round(unit * inflight))
     if stage.stage == 0:
         total += int(round(shared.embedding_bytes * max(1.0, inflight)))
     return total
@@ -464,15 +489,22 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
         stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
     else:
         statics: dict[tuple, _StaticStage] = {}
+        ledgers: dict[tuple, tuple] = {}
         stages = []
         ends = (0, par.pp - 1)
+        full = training.recompute == "full"
         for sp in cfg.stages:
-            # stages with the same layers and no embedding or head share their static part
+            # stages with the same layers and no embedding or head share their static part, and
+            # (unless full recompute skips a stage's first layers) their activation parts
             signature = (sp.stage if sp.stage in ends else -1, sp.kind_counts)
             static = statics.get(signature)
             if static is None:
                 static = statics[signature] = _static_stage(arch, training, recipe, par, sp, zero, m, shared)
-            stages.append(_training_stage(arch, training, sp, static, m, shared))
+            layers = ledgers.get(sp.chunks if full else signature)
+            if layers is None:
+                kept = _activation_counts(training, sp, arch)
+                layers = ledgers[sp.chunks if full else signature] = (kept, _activation_units(kept, shared))
+            stages.append(_training_stage(sp, static, layers[0], layers[1], m, training, shared))
     peak = max(stages, key=lambda s: s.device_total_bytes)
     notes = _notes(arch, training, par, zero, m, vocab)
     return Estimate(
@@ -520,6 +552,8 @@ class _StaticStage(NamedTuple):
     totals: tuple[int, int, int]  # forward, backward, step bytes without the activations
     communication: Component  # outside the allocator: NCCL (and DeepEP on MoE stages)
     outside_allocator: int  # communication + CUDA context
+    layers: int
+    parameters_per_gpu: int  # before ZeRO sharding
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -530,26 +564,20 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     loss_forward: list[Component] = []
     loss_backward: list[Component] = []
     if last:
-        loss = shared.loss
-        loss_saved = (_entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1,
-                                         loss.source),)
-        if loss.forward:
-            loss_forward = [_entries_component("transient", "Loss working copies", loss.forward, par, 1, loss.source)]
-        if loss.backward:
-            loss_backward = [_entries_component("transient", "Loss gradients", loss.backward, par, 1, loss.source)]
+        loss_saved, loss_forward, loss_backward = shared.loss_components
     recomputes = training.recompute == "full"
     working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) if recomputes else 0.0
     tr = _transients(arch, training, recipe, par, sp, zero)
-    params = _component("parameters", "Parameters", ms.parameters, ms.formulas["parameters"], ZERO_SOURCE)
-    master = _component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formulas["master_weights"],
+    params = _component("parameters", "Parameters", ms.parameters, ms.formula("parameters"), ZERO_SOURCE)
+    master = _component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formula("master_weights"),
                         ZERO_SOURCE)
-    optim = _component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formulas["optimizer_states"],
+    optim = _component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formula("optimizer_states"),
                        OPTIMIZER_SOURCES[training.optimizer])
     base = (params, master, optim)
     if ms.fp8_weight_copies:
         base += (_component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
-                            ms.formulas["fp8_weight_copies"], FP8_SOURCE),)
-    grads_full = _component("gradients", "Gradients", ms.gradients, ms.formulas["gradients"], ZERO_SOURCE)
+                            ms.formula("fp8_weight_copies"), FP8_SOURCE),)
+    grads_full = _component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
     if training.framework == "megatron" or m > 1 or par.pp > 1:
         grads_fwd = grads_bwd = grads_full
     else:
@@ -580,7 +608,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
     return _StaticStage(kept, grads_fwd, grads_bwd, grads_full, loss_saved, folded, totals, communication,
-                        communication.bytes + shared.runtime.bytes)
+                        communication.bytes + shared.runtime.bytes, sp.num_layers, int(round(sp.local)))
 
 
 def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: StageParameters) -> list[Component]:
@@ -602,23 +630,24 @@ def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)
 
 
-def _training_stage(arch: Architecture, training: Training, sp: StageParameters, static: _StaticStage, m: int,
-                    shared: _Shared) -> StageEstimate:
+def _training_stage(sp: StageParameters, static: _StaticStage, counts: tuple[int, tuple], units: tuple[float, ...],
+                    m: int, training: Training, shared: _Shared) -> StageEstimate:
     inflight = act.in_flight_chunks(sp.stage, shared.parallel, m)
-    counts = _activation_counts(training, sp, arch)
-    activations = _activation_bytes(sp, inflight, counts, shared)
+    activations = _activation_bytes(sp, inflight, units, shared)
     forward, backward, step = static.totals
-    totals = (("forward", forward + activations), ("backward", backward + activations), ("optimizer", step))
-    peak_phase, allocated = totals[0]
-    for name, value in totals[1:]:
-        if value > allocated:
-            peak_phase, allocated = name, value
+    forward += activations
+    backward += activations
+    if forward >= backward and forward >= step:
+        peak_phase, allocated = "forward", forward
+    elif backward >= step:
+        peak_phase, allocated = "backward", backward
+    else:
+        peak_phase, allocated = "optimizer", step
     device = allocated + static.outside_allocator + int(round(allocated * shared.fragmentation))
     return StageEstimate(
-        stage=sp.stage, layers=sp.num_layers, parameters_per_gpu=int(round(sp.local)),
-        in_flight_microbatches=inflight, peak_phase=peak_phase, allocated_peak_bytes=allocated,
-        device_total_bytes=device, phase_totals=totals,
-        detail=_StageDetail(static, sp, inflight, counts, allocated, training, shared, {}))
+        sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
+        (("forward", forward), ("backward", backward), ("optimizer", step)),
+        _StageDetail(static, sp, inflight, counts, allocated, training, shared, {}))
 
 
 class _StageDetail(NamedTuple):

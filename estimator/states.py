@@ -14,7 +14,7 @@ the distributed optimizer (Megatron-LM docs, distributed optimizer).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from .dtypes import bytes_per_element
 from .errors import ConfigError
@@ -97,8 +97,23 @@ class ModelStates(NamedTuple):
     master_weights: float
     optimizer_states: float
     fp8_weight_copies: float
-    formulas: dict[str, str]
+    formulas: Callable[[], dict[str, str]]  # written on first call (a layout search reads only the bytes)
     zero_stage: int
+
+    def formula(self, name: str) -> Callable[[], str]:
+        """The formula of one state, as a function that writes it when a component is shown."""
+        return lambda: self.formulas()[name]
+
+
+def _once(build: Callable[[], dict[str, str]]) -> Callable[[], dict[str, str]]:
+    """`build`, called at most once: the formulas of a stage are written when first shown."""
+    memo: list[dict[str, str]] = []
+
+    def get() -> dict[str, str]:
+        if not memo:
+            memo.append(build())
+        return memo[0]
+    return get
 
 
 def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel,
@@ -125,7 +140,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         P_stored, M = P, (4.0 if master else 0.0)
     params = sharded(P_stored * nd, P_stored * ne, 3)
     copies = 0.0
-    param_formula = f"{P_stored:g} B ({'fp32 shard' if P_stored == 4 and P != 4 else recipe.param_dtype})"
+    fp8_split = None  # (bytes of an FP8 weight, linear weights, bytes of the others, other weights)
     if training.fp8:
         # linear weights (the hidden matrices) run in FP8; norms, embedding and head stay bf16
         stored, extra = fp8_bytes_per_weight(training)
@@ -133,34 +148,40 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         P_rest = 2.0 if P < 2 else P
         params = sharded(stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), 3)
         copies = extra * (hd + he)
-        param_formula = f"({stored:g} B x {hd + he:,.0f} linear weights + {P_rest:g} B x {nd + ne - hd - he:,.0f} others)"
+        fp8_split = (stored, hd + he, P_rest, nd + ne - hd - he)
     grads = sharded(G * nd, G * ne, 2)
     masters = sharded(M * nd, M * ne, 1)
     opt_dense = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=False)
     opt_expert = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=True)
     opt = sharded(opt_dense, opt_expert, 1)
-    d = f"d = DP*CP = {d_dense}"
-    de = f", d_e = expert DP = {d_expert}" if ne else ""
 
-    count = f"{nd:,.0f} params" if not ne else f"({nd:,.0f} dense + {ne:,.0f} expert params)"
+    def write() -> dict[str, str]:
+        if fp8_split:
+            param_text = "({:g} B x {:,.0f} linear weights + {:g} B x {:,.0f} others)".format(*fp8_split)
+        else:
+            param_text = f"{P_stored:g} B ({'fp32 shard' if P_stored == 4 and P != 4 else recipe.param_dtype})"
+        d = f"d = DP*CP = {d_dense}"
+        de = f", d_e = expert DP = {d_expert}" if ne else ""
+        count = f"{nd:,.0f} params" if not ne else f"({nd:,.0f} dense + {ne:,.0f} expert params)"
 
-    def formula(per_param: str, from_stage: int) -> str:
-        times = "" if per_param.startswith("(") else f" x {count}"
-        return f"{per_param}{times} / d ({d}{de})" if zero >= from_stage else f"{per_param}{times}"
+        def formula(per_param: str, from_stage: int) -> str:
+            times = "" if per_param.startswith("(") else f" x {count}"
+            return f"{per_param}{times} / d ({d}{de})" if zero >= from_stage else f"{per_param}{times}"
 
-    per_param_states = (opt_dense + opt_expert) / (nd + ne) if nd + ne else 0.0
-
-    return ModelStates(
-        parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
-        formulas={
-            "parameters": formula(param_formula, 3),
-            "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x "
-                                  f"{stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices:,.0f} "
-                                  f"linear weights ({training.fp8_recipe} recipe)") if training.fp8 else "",
+        per_param_states = (opt_dense + opt_expert) / (nd + ne) if nd + ne else 0.0
+        hidden = stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices
+        return {
+            "parameters": formula(param_text, 3),
+            "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x {hidden:,.0f} linear weights "
+                                  f"({training.fp8_recipe} recipe)") if training.fp8 else "",
             "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2),
             "master_weights": formula("4 B (fp32)", 1),
             "optimizer_states": formula(f"{per_param_states:.4g} B ({training.optimizer} states in "
                                         f"{recipe.optimizer_dtype})", 1),
-        },
+        }
+
+    return ModelStates(
+        parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
+        formulas=_once(write),
         zero_stage=zero,
     )
