@@ -121,13 +121,14 @@ def chunk_kind_counts(arch: Architecture, chunks: tuple[range, ...], skip: int =
     layers (those full recompute does not store); kinds sorted, each with at least one layer.
     Each chunk is counted in closed form (`Architecture.kind_counts`), so the cost is one step per
     chunk, whatever the number of layers."""
-    totals = {"dense": 0, "moe": 0}
+    dense = moe = 0
     for r in chunks:
         start = r.start + min(skip, len(r))
         skip -= start - r.start
-        for kind, n in arch.kind_counts(start, r.stop):
-            totals[kind] += n
-    return tuple((kind, n) for kind, n in totals.items() if n > 0)
+        in_chunk = arch.moe_layers_in(start, r.stop)
+        moe += in_chunk
+        dense += r.stop - start - in_chunk
+    return tuple((kind, n) for kind, n in (("dense", dense), ("moe", moe)) if n > 0)
 
 
 def local_numel(t: ParameterTensor, par: Parallel) -> float:

@@ -4,10 +4,20 @@ Every memory component has one fixed colour and one name, shared by all pages an
 `.streamlit/config.toml` lists the same colours, in the same order, as the chart palette of both
 themes. Numbers are taken from the estimator's objects as they are; charts only convert bytes to
 GiB for the axis.
+
+Each chart the pages redraw exists twice over the same rows: an Altair builder (`stage_chart`,
+`phase_chart`, `roofline_chart`: validated against the Vega-Lite schema, used by the PDF) and a
+`*_spec` builder that writes the same Vega-Lite dict directly. Building the Altair objects and
+validating them took two thirds of a Memory page rerun; the dicts take about a millisecond.
+tests/test_charts.py holds each `*_spec` equal to its Altair twin's validated `to_dict()`.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import math
 from typing import Iterable
 
 import altair as alt
@@ -39,8 +49,8 @@ def component_name(key: str, label: str = "") -> str:
     return COMPONENTS[key][0] if key in COMPONENTS else (label or key.replace("_", " ").capitalize())
 
 
-def _scale(keys: Iterable[str], labels: dict[str, str] | None = None) -> tuple[list[str], alt.Scale]:
-    """The colour scale for the components present, in the fixed order."""
+def _scale_lists(keys: Iterable[str], labels: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """The names and colours of the components present, in the fixed order."""
     present = list(dict.fromkeys(keys))
     ordered = [k for k in COMPONENTS if k in present] + [k for k in present if k not in COMPONENTS]
     names, colours = [], []
@@ -52,6 +62,12 @@ def _scale(keys: Iterable[str], labels: dict[str, str] | None = None) -> tuple[l
         else:
             colours.append(_EXTRA_COLOURS[extra % len(_EXTRA_COLOURS)])
             extra += 1
+    return names, colours
+
+
+def _scale(keys: Iterable[str], labels: dict[str, str] | None = None) -> tuple[list[str], alt.Scale]:
+    """The colour scale for the components present, in the fixed order."""
+    names, colours = _scale_lists(keys, labels)
     return names, alt.Scale(domain=names, range=colours)
 
 
@@ -60,7 +76,7 @@ def _order(key: str) -> int:
     return keys.index(key) if key in keys else len(keys)
 
 
-def stage_frame(estimate) -> pd.DataFrame:
+def stage_rows(estimate) -> list[dict]:
     rows = []
     for s in estimate.stages:
         stage = f"Stage {s.stage}"
@@ -69,7 +85,11 @@ def stage_frame(estimate) -> pd.DataFrame:
                          "component": component_name(c.key, c.label), "bytes": c.bytes, "GiB": c.bytes / GiB,
                          "order": _order(c.key), "peak": s.stage == estimate.peak_stage,
                          "peak_phase": s.peak_phase})
-    return pd.DataFrame(rows)
+    return rows
+
+
+def stage_frame(estimate) -> pd.DataFrame:
+    return pd.DataFrame(stage_rows(estimate))
 
 
 def _stacked_bars(df: pd.DataFrame, x: str, order: list[str], x_title: str, y_title: str,
@@ -110,7 +130,7 @@ def stage_chart(estimate, capacity_bytes: int | None = None, height: int = 360) 
     return alt.layer(*layers).properties(height=height)
 
 
-def phase_frame(stage) -> pd.DataFrame:
+def phase_rows(stage) -> list[dict]:
     rows = []
     for i, phase in enumerate(stage.phases):
         totals: dict[str, int] = {}
@@ -123,7 +143,11 @@ def phase_frame(stage) -> pd.DataFrame:
                          "component": component_name(key, labels[key]), "bytes": value, "GiB": value / GiB,
                          "order": _order(key), "allocated_GiB": phase.allocated_bytes / GiB,
                          "peak": phase.name == stage.peak_phase})
-    return pd.DataFrame(rows)
+    return rows
+
+
+def phase_frame(stage) -> pd.DataFrame:
+    return pd.DataFrame(phase_rows(stage))
 
 
 def phase_chart(stage, height: int = 300) -> alt.Chart:
@@ -157,9 +181,8 @@ def compare_chart(named_estimates: list[tuple[str, object]], height: int = 380) 
                           alt.Tooltip("GiB:Q", format=".2f")]).properties(height=height)
 
 
-def roofline_chart(operations: list[dict], peaks: list[float], bandwidth: float, height: int = 420) -> alt.Chart:
-    """Log-log roofline: the GPU's compute roof(s) and its bandwidth roof, one point per operation
-    at its attained FLOP/s (colour: what bounds it; shape: forward or backward)."""
+def _roofs(operations: list[dict], peaks: list[float], bandwidth: float) -> tuple[list[dict], list[dict]]:
+    """The roof lines (80 log-spaced steps spanning the ridges and the operations) and their labels."""
     peaks = sorted({p for p in peaks if p}) or [1.0]
     ais = [op["arithmetic_intensity"] for op in operations
            if op.get("arithmetic_intensity") and 0 < op["arithmetic_intensity"] < float("inf")]
@@ -175,6 +198,20 @@ def roofline_chart(operations: list[dict], peaks: list[float], bandwidth: float,
     ridge = ridges[-1]
     text_rows.append({"arithmetic_intensity": ridge, "TFLOP/s": bandwidth * ridge / 1e12 / 4,
                       "text": f"ridge {ridge:,.0f} FLOP/B"})
+    return roof_rows, text_rows
+
+
+_ROOFLINE_TOOLTIP = [("name", "N", {}), ("phase", "N", {}), ("bound", "N", {}),
+                     ("arithmetic_intensity", "Q", {"format": ",.1f", "title": "FLOP/byte"}),
+                     ("TFLOP/s", "Q", {"format": ",.1f"}), ("time_s", "Q", {"format": ".3e", "title": "time (s)"})]
+_PHASE_SHAPES = {"domain": ["forward", "backward"], "range": ["circle", "triangle-down"]}
+_PHASE_LEGEND = {"symbolFillColor": "#888888", "symbolStrokeColor": "#888888"}
+
+
+def roofline_chart(operations: list[dict], peaks: list[float], bandwidth: float, height: int = 420) -> alt.Chart:
+    """Log-log roofline: the GPU's compute roof(s) and its bandwidth roof, one point per operation
+    at its attained FLOP/s (colour: what bounds it; shape: forward or backward)."""
+    roof_rows, text_rows = _roofs(operations, peaks, bandwidth)
     x = alt.X("arithmetic_intensity:Q", scale=alt.Scale(type="log"), title="Arithmetic intensity (FLOP/byte)")
     y = alt.Y("TFLOP/s:Q", scale=alt.Scale(type="log"), title="Attainable TFLOP/s")
     line = alt.Chart(pd.DataFrame(roof_rows)).mark_line(color="#888888", strokeWidth=2).encode(
@@ -189,14 +226,140 @@ def roofline_chart(operations: list[dict], peaks: list[float], bandwidth: float,
         ops["TFLOP/s"] = ops["flops"] / ops["time_s"] / 1e12
         bounds = sorted(ops["bound"].unique())
         colours = [BOUND_COLOURS.get(b, "#17BECF") for b in bounds]
-        tooltip = [alt.Tooltip("name:N"), alt.Tooltip("phase:N"), alt.Tooltip("bound:N"),
-                   alt.Tooltip("arithmetic_intensity:Q", format=",.1f", title="FLOP/byte"),
-                   alt.Tooltip("TFLOP/s:Q", format=",.1f"), alt.Tooltip("time_s:Q", format=".3e", title="time (s)")]
+        tooltip = [alt.Tooltip(f"{field}:{t}", **extra) for field, t, extra in _ROOFLINE_TOOLTIP]
         layers.append(alt.Chart(ops).mark_point(size=90, filled=True, opacity=0.85).encode(
             x=x, y=y,
             color=alt.Color("bound:N", scale=alt.Scale(domain=bounds, range=colours), title="Bound by"),
-            shape=alt.Shape("phase:N", title="Phase", scale=alt.Scale(domain=["forward", "backward"],
-                                                                       range=["circle", "triangle-down"]),
-                            legend=alt.Legend(symbolFillColor="#888888", symbolStrokeColor="#888888")),
+            shape=alt.Shape("phase:N", title="Phase", scale=alt.Scale(**_PHASE_SHAPES),
+                            legend=alt.Legend(**_PHASE_LEGEND)),
             tooltip=tooltip))
     return alt.layer(*layers).properties(height=height)
+
+
+# --- the same charts as Vega-Lite dicts, without Altair ---------------------------------------------
+# Each `*_spec` returns exactly what its Altair twin's `to_dict()` returns (tests/test_charts.py):
+# the same inline datasets under the same names, the same encodings, Altair's theme config and
+# schema URL, so the pages draw the same chart without paying for Altair's objects and validation.
+
+def _records(rows: list[dict]) -> list[dict]:
+    """`rows` as Altair inlines a DataFrame made of them (pandas, then Altair's sanitizer): a column
+    of numbers holding a float or a gap is float, NaN and infinities become null, a gap is null."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    floats = []
+    for col in columns:
+        values = [row.get(col) for row in rows]
+        numbers = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values)
+        if numbers and any(v is None or isinstance(v, float) for v in values):
+            floats.append(col)
+    if not floats and all(len(row) == len(columns) for row in rows):
+        return [dict(row) for row in rows]
+    out = []
+    for row in rows:
+        rec = {col: row.get(col) for col in columns}
+        for col in floats:
+            v = rec[col]
+            rec[col] = float(v) if v is not None and math.isfinite(v) else None
+        out.append(rec)
+    return out
+
+
+def _dataset_name(values: list[dict]) -> str:
+    """The name Altair gives an inline dataset (altair.vegalite.v6.api._dataset_name)."""
+    if values == [{}]:
+        return "empty"
+    return "data-" + hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _layered(layers: list[tuple[list[dict], dict]], height: int) -> dict:
+    """A layered spec as Altair writes it: each layer's rows become a named top-level dataset."""
+    datasets: dict[str, list[dict]] = {}
+    specs = []
+    for rows, layer in layers:
+        values = _records(rows)
+        name = _dataset_name(values)
+        datasets.setdefault(name, values)
+        specs.append({"data": {"name": name}, **layer})
+    return {**copy.deepcopy(alt.theme.get()()), "layer": specs, "height": height, "$schema": alt.SCHEMA_URL,
+            "datasets": datasets}
+
+
+def _field(name: str, kind: str, **extra) -> dict:
+    return {"field": name, "type": {"N": "nominal", "Q": "quantitative"}[kind], **extra}
+
+
+def _stacked_bars_layer(rows: list[dict], x: str, order: list[str], x_title: str, y_title: str,
+                        tooltip: list[dict]) -> dict:
+    names, colours = _scale_lists([r["key"] for r in rows], {r["key"]: r["component"] for r in rows})
+    return {"mark": {"type": "bar"}, "encoding": {
+        "color": _field("component", "N", legend={"columns": 4, "orient": "bottom"},
+                        scale={"domain": names, "range": colours}, sort=names, title="Component"),
+        "order": _field("order", "Q"),
+        "tooltip": tooltip,
+        "x": _field(x, "N", axis={"labelAngle": 0}, sort=order, title=x_title),
+        "y": _field("GiB", "Q", aggregate="sum", stack="zero", title=y_title)}}
+
+
+def _peak_label_layer(x: str, category: str, gib: float, text: str, order: list[str]) -> tuple[list[dict], dict]:
+    return ([{x: category, "GiB": gib, "text": text}],
+            {"mark": {"type": "text", "color": "#D64545", "dy": -8, "fontWeight": "bold"},
+             "encoding": {"text": _field("text", "N"), "x": _field(x, "N", sort=order), "y": _field("GiB", "Q")}})
+
+
+def stage_spec(estimate, capacity_bytes: int | None = None, height: int = 360) -> dict:
+    """`stage_chart(...).to_dict()`, written directly."""
+    rows = stage_rows(estimate)
+    order = [f"Stage {s.stage}" for s in estimate.stages]
+    tooltip = [_field("stage", "N"), _field("component", "N"), _field("GiB", "Q", format=".2f"),
+               _field("bytes", "Q", format=",")]
+    peak = estimate.stages[estimate.peak_stage]
+    layers = [(rows, _stacked_bars_layer(rows, "stage", order, "Pipeline stage", "GiB per GPU", tooltip)),
+              _peak_label_layer("stage", f"Stage {peak.stage}", peak.device_total_bytes / GiB,
+                                f"peak ({peak.peak_phase})", order)]
+    if capacity_bytes:
+        cap = [{"GiB": capacity_bytes / GiB, "text": f"GPU capacity {capacity_bytes / GiB:.1f} GiB"}]
+        layers.append((cap, {"mark": {"type": "rule", "color": "#D64545", "strokeDash": [6, 4]},
+                             "encoding": {"y": _field("GiB", "Q")}}))
+        layers.append((cap, {"mark": {"type": "text", "align": "left", "color": "#D64545", "dy": -6, "x": 4},
+                             "encoding": {"text": _field("text", "N"), "y": _field("GiB", "Q")}}))
+    return _layered(layers, height)
+
+
+def phase_spec(stage, height: int = 300) -> dict:
+    """`phase_chart(...).to_dict()`, written directly."""
+    rows = phase_rows(stage)
+    order = [p.name for p in stage.phases]
+    tooltip = [_field("phase", "N"), _field("component", "N"), _field("GiB", "Q", format=".2f")]
+    peak = next(p for p in stage.phases if p.name == stage.peak_phase)
+    return _layered([(rows, _stacked_bars_layer(rows, "phase", order, "Phase of the step", "Allocated GiB", tooltip)),
+                     _peak_label_layer("phase", peak.name, peak.allocated_bytes / GiB, "peak", order)], height)
+
+
+def roofline_spec(operations: list[dict], peaks: list[float], bandwidth: float, height: int = 420) -> dict:
+    """`roofline_chart(...).to_dict()`, written directly."""
+    roof_rows, text_rows = _roofs(operations, peaks, bandwidth)
+
+    def x() -> dict:  # a fresh dict per layer: no layer's encoding aliases another's
+        return _field("arithmetic_intensity", "Q", scale={"type": "log"}, title="Arithmetic intensity (FLOP/byte)")
+
+    def y() -> dict:
+        return _field("TFLOP/s", "Q", scale={"type": "log"}, title="Attainable TFLOP/s")
+    layers = [(roof_rows, {"mark": {"type": "line", "color": "#888888", "strokeWidth": 2},
+                           "encoding": {"detail": _field("roof", "N"), "x": x(), "y": y()}}),
+              (text_rows, {"mark": {"type": "text", "align": "right", "color": "#888888", "dy": -8},
+                           "encoding": {"text": _field("text", "N"), "x": _field("arithmetic_intensity", "Q"),
+                                        "y": _field("TFLOP/s", "Q")}})]
+    # the rows the Altair twin keeps (NaN compares false there, as it does here)
+    ops = [dict(op) for op in _records(operations)
+           if all(op.get(k) is not None and op[k] > 0 for k in ("flops", "bytes", "time_s"))]
+    if ops:
+        for op in ops:
+            op["TFLOP/s"] = op["flops"] / op["time_s"] / 1e12
+        bounds = sorted({op["bound"] for op in ops})
+        colours = [BOUND_COLOURS.get(b, "#17BECF") for b in bounds]
+        layers.append((ops, {"mark": {"type": "point", "filled": True, "opacity": 0.85, "size": 90}, "encoding": {
+            "color": _field("bound", "N", scale={"domain": bounds, "range": colours}, title="Bound by"),
+            "shape": _field("phase", "N", legend=dict(_PHASE_LEGEND), scale={k: list(v) for k, v in _PHASE_SHAPES.items()},
+                            title="Phase"),
+            "tooltip": [_field(f, t, **extra) for f, t, extra in _ROOFLINE_TOOLTIP],
+            "x": x(), "y": y()}}))
+    return _layered(layers, height)

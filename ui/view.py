@@ -180,17 +180,21 @@ def fit_cards(est, per_row: int = 6) -> None:
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def _chart_spec(kind: str, config_json: str) -> dict:
-    """A chart's Vega-Lite spec, cached per configuration (Altair's validation dominates a rerun)."""
+    """A chart's Vega-Lite spec, a function of the configuration alone, so cached on its JSON.
+
+    Written directly by `charts.*_spec` (the same dict as the Altair builders' validated
+    `to_dict()`, tests/test_charts.py): a new configuration is drawn without Altair's objects
+    and schema validation, which took two thirds of a Memory page rerun."""
     if kind == "roofline":
         rf = compute._roofline(config_json).to_json()
         ops = rf["operations"]
         peaks = sorted({op["peak_flops"] for op in ops if op.get("peak_flops")})
         bandwidth = next(op["bandwidth"] for op in ops if op.get("bandwidth"))
-        return charts.roofline_chart(ops, peaks, bandwidth).to_dict()
+        return charts.roofline_spec(ops, peaks, bandwidth)
     est = compute._estimate(config_json)
     if kind == "stages":
-        return charts.stage_chart(est, est.fit.capacity_bytes).to_dict()
-    return charts.phase_chart(est.stages[est.peak_stage]).to_dict()
+        return charts.stage_spec(est, est.fit.capacity_bytes)
+    return charts.phase_spec(est.stages[est.peak_stage])
 
 
 def chart(kind: str, config_json: str) -> None:
