@@ -15,6 +15,7 @@ the window (Beltagy et al. 2020; Mistral's rolling cache).
 from __future__ import annotations
 
 from .activations import tokens_per_gpu
+from .components import built_stage, component, fold, fragmentation, phase
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .hardware import Hardware
@@ -55,13 +56,12 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
 
 def inference_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware,
                     sp: StageParameters, vocab: int, shared):
-    from .memory import StageEstimate, _BuiltDetail, _component, _fold, _fragmentation, _phase
     P = bytes_per_element(training.param_dtype)
     C = bytes_per_element(training.compute_dtype)
-    weights = _component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
+    weights = component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
                          "dtype sizes in estimator/dtypes.py (block scales included)")
     kv, kv_formula = kv_cache_bytes(arch, training, par, sp.chunks)
-    kv_cache = _component("kv_cache", "KV cache", kv, kv_formula, KV_SOURCE)
+    kv_cache = component("kv_cache", "KV cache", kv, kv_formula, KV_SOURCE)
     T = tokens_per_gpu(training, par)
     h, t = arch.hidden_size, par.tp
     kinds = {kind for kind, _ in sp.kind_counts}
@@ -76,22 +76,17 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
                   * arch.moe_intermediate_size * (3 if arch.gated_mlp else 2) * C / t)
     working = max(attn, mlp) + 2 * T * h * C  # plus the residual stream in and out
     by_t, by_cp = ("/t" if t > 1 else ""), ("/cp" if par.cp > 1 else "")
-    activations = _component("activations", "Working activations (one layer, prefill)", working,
+    activations = component("activations", "Working activations (one layer, prefill)", working,
                              f"max(q, k, v, attention output{by_t} ; MLP fc1 output and product{by_t}) + residual "
                              f"in and out, for s*b{by_cp} tokens",
                              "one layer's forward temporaries; nothing is kept for backward")
-    kept = [weights, _component("gradients", "Gradients", 0, "none in inference", ""),
-            _component("optimizer_states", "Optimizer states", 0, "none in inference", ""),
+    kept = [weights, component("gradients", "Gradients", 0, "none in inference", ""),
+            component("optimizer_states", "Optimizer states", 0, "none in inference", ""),
             kv_cache, activations]
     if sp.stage == par.pp - 1:
         # Logits of the last position of each sequence, upcast to fp32 for sampling.
-        kept.append(_component("logits", "Logits of the sampled positions (fp32)",
+        kept.append(component("logits", "Logits of the sampled positions (fp32)",
                                training.micro_batch_size * vocab * 4 / t, f"4 x b x V{by_t}", "vLLM/HF generate: last position only"))
-    phase = _phase("forward", tuple(kept), _fold([]))
-    comm, runtime = shared.communication, shared.runtime
-    frag = _fragmentation(phase.allocated_bytes, hardware)
-    return StageEstimate(
-        stage=sp.stage, layers=sp.num_layers, parameters_per_gpu=int(round(sp.local)),
-        in_flight_microbatches=1.0, peak_phase="forward", allocated_peak_bytes=phase.allocated_bytes,
-        device_total_bytes=phase.allocated_bytes + comm.bytes + runtime.bytes + frag.bytes,
-        phase_totals=(("forward", phase.allocated_bytes),), detail=_BuiltDetail((phase,), (comm, runtime, frag)))
+    forward = phase("forward", tuple(kept), fold([]))
+    outside = (shared.communication, shared.runtime, fragmentation(forward.allocated_bytes, hardware))
+    return built_stage(sp.stage, sp.num_layers, int(round(sp.local)), (forward,), outside)

@@ -22,11 +22,13 @@ allocator's fragmentation; they make ``device_total_bytes``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Callable, NamedTuple
+from functools import cached_property, partial
+from typing import NamedTuple
 
 from . import activations as act
 from .architecture import Architecture, parameter_counts
+from .components import (NON_ALLOCATOR, Component, Phase, StageDetail, StageEstimate, component,  # noqa: F401
+                         entries_component, fold, fragmentation, fragmentation_fraction, phase)
 from .dtypes import bytes_per_element
 from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
@@ -38,62 +40,6 @@ from .training import Recipe, Training
 GiB = 1024**3
 TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% in 454 runs
 
-# Components that are not tensors in PyTorch's allocator
-NON_ALLOCATOR = ("communication", "runtime", "fragmentation")
-
-
-class Component(NamedTuple):
-    """One slice of a stage's memory: its bytes, the formula that gave them and its source.
-    (An immutable record like the dataclasses around it; a NamedTuple because every estimate
-    makes dozens and it costs a third of a frozen dataclass.)"""
-
-    key: str
-    label: str
-    bytes: int
-    formula_text: str | Callable[[], str]  # the text, or a function that writes it when first read
-    source: str
-    parts: tuple["Component", ...] = ()
-
-    @property
-    def formula(self) -> str:
-        """Numbers are what a layout search needs; a formula is written only when someone reads it."""
-        return self.formula_text() if callable(self.formula_text) else self.formula_text
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str  # "forward", "backward", "optimizer"
-    allocated_bytes: int
-    components: tuple[Component, ...]
-
-
-class StageEstimate(NamedTuple):
-    """One pipeline stage. The totals are computed with the estimate; the components and phases
-    (with their formulas and sources) are built on first access, so a search over many layouts
-    pays only for the numbers. (An immutable record; a NamedTuple because an estimate makes one
-    per stage.)"""
-
-    stage: int
-    layers: int
-    parameters_per_gpu: int  # this stage's parameters on one GPU before ZeRO sharding
-    in_flight_microbatches: float
-    peak_phase: str
-    allocated_peak_bytes: int
-    device_total_bytes: int
-    phase_totals: tuple[tuple[str, int], ...]  # (phase, allocated bytes) through one step
-    detail: "_StageDetail | _BuiltDetail"  # builds the phases and components once, when asked
-
-    @property
-    def phases(self) -> tuple[Phase, ...]:
-        return self.detail.built_phases()
-
-    @property
-    def components(self) -> tuple[Component, ...]:
-        """At the peak, the non-allocator components (communication, runtime, fragmentation) last."""
-        return self.detail.built_components(self.peak_phase)
-
-    def component(self, key: str) -> Component | None:
-        return next((c for c in self.components if c.key == key), None)
 
 
 @dataclass(frozen=True)
@@ -171,20 +117,6 @@ class Estimate:
 
 # --- pieces of a stage ----------------------------------------------------------------------------
 
-def _component(key: str, label: str, value: float, formula: str, source: str,
-               parts: tuple[Component, ...] = ()) -> Component:
-    return Component(key, label, int(round(value)), formula, source, parts)
-
-
-def _entries_component(key: str, label: str, entries: list[act.Entry], par: Parallel, times: float,
-                       source: str) -> Component:
-    parts = tuple(_component(key, e.name, e.bytes(par) * times, e.shown_formula(par), source) for e in entries)
-    formula = " + ".join(p.formula for p in parts) if entries else "0"
-    if times != 1:
-        formula = f"({formula}) x {times:g}"
-    return Component(key, label, sum(p.bytes for p in parts), formula, source, parts)
-
-
 class LedgerLine(NamedTuple):
     """One saved tensor of one layer for one micro-batch on one GPU (the activation ledger)."""
 
@@ -259,16 +191,16 @@ def _loss_components(loss: act.LossMemory | None, par: Parallel) -> tuple[tuple[
     gradients at backward's start."""
     if loss is None:
         return (), [], []
-    saved = (_entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1, loss.source),)
-    forward = [_entries_component("transient", "Loss working copies", loss.forward, par, 1, loss.source)] \
+    saved = (entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1, loss.source),)
+    forward = [entries_component("transient", "Loss working copies", loss.forward, par, 1, loss.source)] \
         if loss.forward else []
-    backward = [_entries_component("transient", "Loss gradients", loss.backward, par, 1, loss.source)] \
+    backward = [entries_component("transient", "Loss gradients", loss.backward, par, 1, loss.source)] \
         if loss.backward else []
     return saved, forward, backward
 
 
 def _runtime(hardware: Hardware) -> Component:
-    return _component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
+    return component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
                       "per-process constant of the GPU catalog", CUDA_CONTEXT_SOURCE)
 
 
@@ -357,39 +289,39 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
         else:  # reshard_after_forward=False: every unit stays gathered from forward to backward
             gathered = P * stage.dense_local
             formula = f"{P:g} B x all of the stage's parameters, gathered after forward"
-        fwd.append(_component("transient", "Unsharded parameters in flight", gathered, formula, src))
-        bwd.append(_component("transient", "Unsharded parameters in flight", gathered, formula, src))
-        bwd.append(_component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
+        fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+        bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+        bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
                               layer * (P + G), f"({P:g} + {G:g}) B x one layer's parameters", src))
     if fw == "deepspeed":
         src = "DeepSpeed ZeRO config docs: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, sub_group_size 1e9"
         bucket = min(5e8, stage.local) * G
         for phase in (bwd,):
-            phase.append(_component("transient", "Gradient reduction bucket", bucket,
+            phase.append(component("transient", "Gradient reduction bucket", bucket,
                                     f"min(5e8, params) x {G:g} B", src))
         if zero == 3:
             live = P * (layer + min(5e7, stage.local))
-            fwd.append(_component("transient", "Gathered parameters (current layer + prefetch bucket)", live,
+            fwd.append(component("transient", "Gathered parameters (current layer + prefetch bucket)", live,
                                   f"{P:g} B x (one layer + 5e7 prefetch)", src))
-            bwd.append(_component("transient", "Gathered parameters (current layer + prefetch bucket)", live,
+            bwd.append(component("transient", "Gathered parameters (current layer + prefetch bucket)", live,
                                   f"{P:g} B x (one layer + 5e7 prefetch)", src))
         if zero >= 1 and recipe.master_weights:
             shard = stage.local / (d_dense if zero >= 1 else 1)
             sub_group = min(1e9, shard) if zero == 3 else shard
-            opt.append(_component("transient", "fp32 copy of the gradient partition for the step", 4 * sub_group,
+            opt.append(component("transient", "fp32 copy of the gradient partition for the step", 4 * sub_group,
                                   "4 B x gradient partition (sub-group under ZeRO-3)", src))
     if fw == "hf" and d_dense > 1:
-        persistent.append(_component(
+        persistent.append(component(
             "buckets", "DDP gradient buckets", stage.local * G, f"{G:g} B x params (gradient_as_bucket_view=False)",
             "PyTorch DistributedDataParallel docs: gradient_as_bucket_view saves memory equal to the gradients"))
     if recipe.autocast_weight_copies:
         matrices = stage.total.matrices
         cb = bytes_per_element(recipe.compute_dtype)
         src = "PyTorch autocast: casts of leaf weights are cached until the autocast region exits and kept for backward"
-        fwd.append(_component("transient", "Autocast copies of the weights", matrices * cb,
+        fwd.append(component("transient", "Autocast copies of the weights", matrices * cb,
                               f"{cb:g} B x matrix parameters", src))
         in_bwd = matrices * cb if training.recompute != "full" else layer * cb
-        bwd.append(_component("transient", "Autocast copies of the weights", in_bwd,
+        bwd.append(component("transient", "Autocast copies of the weights", in_bwd,
                               f"{cb:g} B x matrix parameters" if training.recompute != "full" else
                               f"{cb:g} B x one recomputed layer", src))
     # Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises
@@ -398,12 +330,12 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = stage.local / (d_dense if zero >= 1 and d_dense > 1 else 1)
     if fw in ("hf", "fsdp2") and training.optimizer == "adamw":
-        opt.append(_component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
+        opt.append(component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
                               f"{states_dtype:g} B x parameters on this GPU",
                               "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"))
     elif training.optimizer in ("adafactor", "lion", "muon"):
         largest = stage.total.largest_tensor
-        opt.append(_component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
+        opt.append(component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
                               2 * 4 * largest, "2 x 4 B x largest tensor", OPTIMIZER_SOURCES[training.optimizer]))
     return _Transients(fwd, bwd, opt, persistent)
 
@@ -429,7 +361,7 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
         groups.append("expert DP")
     per_group = 0.5 * GiB
     formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
-    nccl = _component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
+    nccl = component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
     if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
         return nccl
@@ -440,35 +372,19 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
     buf = deepep_buffers(arch.hidden_size, bytes_per_element(training.compute_dtype), par.ep * par.etp,
                          gpu.gpus_per_node)
     src = SOURCE
-    parts = [nccl, _component("communication", "DeepEP NVLink buffer (cudaMalloc, IPC-shared)", buf.nvl_allocation,
+    parts = [nccl, component("communication", "DeepEP NVLink buffer (cudaMalloc, IPC-shared)", buf.nvl_allocation,
                               f"max(dispatch, combine) get_nvl_buffer_size_hint(hidden_bytes {buf.hidden_bytes:,}, "
                               f"{buf.group_size} ranks; {buf.nvl_ranks} NVLink peers) + peer pointers", src)]
     if buf.num_rdma_bytes:
-        parts.append(_component("communication", "DeepEP RDMA buffer (NVSHMEM symmetric heap)", buf.num_rdma_bytes,
+        parts.append(component("communication", "DeepEP RDMA buffer (NVSHMEM symmetric heap)", buf.num_rdma_bytes,
                                 f"max(dispatch, combine) get_rdma_buffer_size_hint(hidden_bytes {buf.hidden_bytes:,}, "
                                 f"{buf.rdma_ranks} nodes)", src))
-    parts.append(_component("communication", "DeepEP workspace (cudaMalloc)", buf.workspace, "NUM_WORKSPACE_BYTES",
+    parts.append(component("communication", "DeepEP workspace (cudaMalloc)", buf.workspace, "NUM_WORKSPACE_BYTES",
                             src))
     formula += (f" + DeepEP NVL buffer {buf.nvl_allocation / GiB:.3f} GiB + RDMA buffer {buf.num_rdma_bytes / GiB:.3f}"
                 f" GiB + workspace {buf.workspace / GiB:.3f} GiB")
     return Component("communication", "NCCL communicator buffers and DeepEP buffers", sum(p.bytes for p in parts),
                      formula, nccl.source + "; " + src, tuple(parts))
-
-
-def fragmentation_fraction(hardware: Hardware) -> float:
-    """Reserved minus allocated at the peak, as a share of the allocated peak: 2-10% observed
-    (compressed-tensors PR #587, torchtune #1185, AWS auto-configurator bands x1.10-1.25);
-    ``expandable_segments`` roughly halves it."""
-    return 0.05 if hardware.expandable_segments else 0.10
-
-
-def _fragmentation(allocated: int, hardware: Hardware) -> Component:
-    fraction = fragmentation_fraction(hardware)
-    return _component(
-        "fragmentation", "Allocator fragmentation and cache", allocated * fraction,
-        f"{fraction:.0%} of the allocated peak ({'expandable_segments' if hardware.expandable_segments else 'default segments'})",
-        "reserved minus allocated at peak: 2-10% observed (compressed-tensors PR #587, torchtune #1185, AWS "
-        "auto-configurator bands x1.10-1.25); expandable_segments halves it")
 
 
 # --- the estimate -----------------------------------------------------------------------------------
@@ -568,37 +484,37 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     recomputes = training.recompute == "full"
     working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) if recomputes else 0.0
     tr = _transients(arch, training, recipe, par, sp, zero)
-    params = _component("parameters", "Parameters", ms.parameters, ms.formula("parameters"), ZERO_SOURCE)
-    master = _component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formula("master_weights"),
+    params = component("parameters", "Parameters", ms.parameters, ms.formula("parameters"), ZERO_SOURCE)
+    master = component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formula("master_weights"),
                         ZERO_SOURCE)
-    optim = _component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formula("optimizer_states"),
+    optim = component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formula("optimizer_states"),
                        OPTIMIZER_SOURCES[training.optimizer])
     base = (params, master, optim)
     if ms.fp8_weight_copies:
-        base += (_component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
+        base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
                             ms.formula("fp8_weight_copies"), FP8_SOURCE),)
-    grads_full = _component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
+    grads_full = component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
     if training.framework == "megatron" or m > 1 or par.pp > 1:
         grads_fwd = grads_bwd = grads_full
     else:
         # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first
         # moment (the loss's gradients beside every activation), before any gradient exists, and its
         # end (every gradient, activations gone) is the optimizer phase without its temporaries.
-        grads_fwd = grads_bwd = _component("gradients", "Gradients", 0, "none yet: set to None after the last step",
+        grads_fwd = grads_bwd = component("gradients", "Gradients", 0, "none yet: set to None after the last step",
                                            "torch.optim.Optimizer.zero_grad(set_to_none=True)")
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time) and an MoE layer's all-to-all exchange (inside a
     # layer). Each phase takes the largest of its moments.
-    recomputed = [_component("transient", "One recomputed layer's activations", working,
+    recomputed = [component("transient", "One recomputed layer's activations", working,
                              "per-layer ledger of one layer", act.KORTHIKANTI)] if working else []
     exchange = _dispatch_buffer(arch, training, par, sp)
 
     def largest(*moments: list[Component]) -> list[Component]:
         return max(moments, key=lambda c: sum(x.bytes for x in c))
 
-    folded = {"forward": _fold(largest(loss_forward, exchange) + tr.forward),
-              "backward": _fold(largest(loss_backward, recomputed, exchange) + tr.backward),
-              "optimizer": _fold(tr.optimizer)}
+    folded = {"forward": fold(largest(loss_forward, exchange) + tr.forward),
+              "backward": fold(largest(loss_backward, recomputed, exchange) + tr.backward),
+              "optimizer": fold(tr.optimizer)}
     kept = base + tuple(tr.persistent)
     kept_bytes = sum(c.bytes for c in kept)
     saved = sum(c.bytes for c in loss_saved)
@@ -623,7 +539,7 @@ def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: 
     tokens = T * arch.num_experts_per_token * training.moe_capacity_factor * par.etp
     send = act.Entry("All-to-all send buffer (permuted tokens)", tokens * arch.hidden_size, B, "sp",
                      "B*phi*k*s*b*h*etp")
-    return [_component("transient", send.name, send.bytes(par), send.shown_formula(par),
+    return [component("transient", send.name, send.bytes(par), send.shown_formula(par),
                        "Megatron-Core MoEAlltoAllTokenDispatcher (permute, then all_to_all)")]
 
 
@@ -647,70 +563,17 @@ def _training_stage(sp: StageParameters, static: _StaticStage, counts: tuple[int
     return StageEstimate(
         sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
         (("forward", forward), ("backward", backward), ("optimizer", step)),
-        _StageDetail(static, sp, inflight, counts, allocated, training, shared, {}))
+        StageDetail(partial(_training_detail, static, sp, inflight, counts, allocated, training, shared), {}))
 
 
-class _StageDetail(NamedTuple):
-    """Builds a stage's components and phases when they are first asked for, and keeps them."""
-
-    static: _StaticStage
-    stage: StageParameters
-    inflight: float
-    counts: tuple
-    allocated_peak: int
-    training: Training
-    shared: _Shared
-    memo: dict
-
-    def built_phases(self) -> tuple[Phase, ...]:
-        if "phases" not in self.memo:
-            self.memo["phases"] = self.phases()
-        return self.memo["phases"]
-
-    def built_components(self, peak_phase: str) -> tuple[Component, ...]:
-        if "components" not in self.memo:
-            peak = next(p for p in self.built_phases() if p.name == peak_phase)
-            self.memo["components"] = peak.components + self.outside_allocator()
-        return self.memo["components"]
-
-    def phases(self) -> tuple[Phase, ...]:
-        st = self.static
-        parts = _activation_parts(self.stage, self.inflight, self.counts, self.shared)
-        saved = (_activations_component(parts, self.training),) + st.loss_saved
-        return (_phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
-                _phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"]),
-                _phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
-
-    def outside_allocator(self) -> tuple[Component, ...]:
-        return (self.static.communication, self.shared.runtime,
-                _fragmentation(self.allocated_peak, self.shared.hardware))
+def _training_detail(st: _StaticStage, sp: StageParameters, inflight: float, counts: tuple, allocated: int,
+                     training: Training, shared: _Shared) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+    """A training stage's three phases, and what it holds outside the allocator at its peak."""
+    parts = _activation_parts(sp, inflight, counts, shared)
+    saved = (_activations_component(parts, training),) + st.loss_saved
+    phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
+              phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"]),
+              phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
+    return phases, (st.communication, shared.runtime, fragmentation(allocated, shared.hardware))
 
 
-class _BuiltDetail(NamedTuple):
-    """A stage whose phases were built eagerly (inference: one forward phase)."""
-
-    built: tuple[Phase, ...]
-    outside: tuple[Component, ...]
-
-    def built_phases(self) -> tuple[Phase, ...]:
-        return self.built
-
-    def built_components(self, peak_phase: str) -> tuple[Component, ...]:
-        return next(p for p in self.built if p.name == peak_phase).components + self.outside
-
-
-def _fold(transients: list[Component]) -> Component:
-    """A phase's transients fold into one ``transient`` component whose parts are the pieces."""
-    if not transients:
-        return Component("transient", "Transient buffers", 0, "none in this phase", "")
-    parts = tuple(p for t in transients for p in (t.parts or (t,)))
-    return Component("transient", "Transient buffers", sum(p.bytes for p in parts),
-                     " + ".join(t.label for t in transients), "see each part", parts)
-
-
-def _phase(name: str, kept: tuple[Component, ...], transient: Component) -> Phase:
-    out = tuple(c for c in kept if c.bytes or c.key in _ALWAYS) + (transient,)
-    return Phase(name, sum(c.bytes for c in out), out)
-
-
-_ALWAYS = ("parameters", "gradients", "optimizer_states", "activations")

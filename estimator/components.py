@@ -1,0 +1,149 @@
+"""The records an estimate is made of, and their public constructors.
+
+A stage's memory is a list of `Component`s (bytes, formula, source) per `Phase` of the step; a
+`StageEstimate` holds the stage's totals, computed with the estimate, and builds its phases and
+components only when someone reads them (a layout search needs the numbers alone). Training
+stages (memory.py) and inference stages (inference.py) are both made here, with one
+representation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+from .activations import Entry
+from .hardware import Hardware
+from .parallel import Parallel
+
+# Components that are not tensors in PyTorch's allocator
+NON_ALLOCATOR = ("communication", "runtime", "fragmentation")
+# Components a phase lists even at zero bytes (the contract's keys)
+ALWAYS = ("parameters", "gradients", "optimizer_states", "activations")
+
+
+class Component(NamedTuple):
+    """One slice of a stage's memory: its bytes, the formula that gave them and its source.
+    (An immutable record like the dataclasses around it; a NamedTuple because every estimate
+    makes dozens and it costs a third of a frozen dataclass.)"""
+
+    key: str
+    label: str
+    bytes: int
+    formula_text: str | Callable[[], str]  # the text, or a function that writes it when first read
+    source: str
+    parts: tuple["Component", ...] = ()
+
+    @property
+    def formula(self) -> str:
+        """Numbers are what a layout search needs; a formula is written only when someone reads it."""
+        return self.formula_text() if callable(self.formula_text) else self.formula_text
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str  # "forward", "backward", "optimizer"
+    allocated_bytes: int
+    components: tuple[Component, ...]
+
+
+class StageDetail(NamedTuple):
+    """A stage's phases and its components outside the allocator, built by `build` when first
+    asked for and kept."""
+
+    build: Callable[[], tuple[tuple[Phase, ...], tuple[Component, ...]]]
+    memo: dict
+
+    def built(self) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+        if "built" not in self.memo:
+            self.memo["built"] = self.build()
+        return self.memo["built"]
+
+
+class StageEstimate(NamedTuple):
+    """One pipeline stage. The totals are computed with the estimate; the components and phases
+    (with their formulas and sources) are built on first access, so a search over many layouts
+    pays only for the numbers. (An immutable record; a NamedTuple because an estimate makes one
+    per stage.)"""
+
+    stage: int
+    layers: int
+    parameters_per_gpu: int  # this stage's parameters on one GPU before ZeRO sharding
+    in_flight_microbatches: float
+    peak_phase: str
+    allocated_peak_bytes: int
+    device_total_bytes: int
+    phase_totals: tuple[tuple[str, int], ...]  # (phase, allocated bytes) through one step
+    detail: StageDetail
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return self.detail.built()[0]
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        """At the peak, the non-allocator components (communication, runtime, fragmentation) last."""
+        phases, outside = self.detail.built()
+        return next(p for p in phases if p.name == self.peak_phase).components + outside
+
+    def component(self, key: str) -> Component | None:
+        return next((c for c in self.components if c.key == key), None)
+
+
+def built_stage(stage: int, layers: int, parameters_per_gpu: int, phases: tuple[Phase, ...],
+                outside: tuple[Component, ...]) -> StageEstimate:
+    """A stage whose phases are built already (inference): its peak is its largest phase, and the
+    device holds that plus the components outside the allocator."""
+    peak = max(phases, key=lambda p: p.allocated_bytes)
+    return StageEstimate(
+        stage=stage, layers=layers, parameters_per_gpu=parameters_per_gpu, in_flight_microbatches=1.0,
+        peak_phase=peak.name, allocated_peak_bytes=peak.allocated_bytes,
+        device_total_bytes=peak.allocated_bytes + sum(c.bytes for c in outside),
+        phase_totals=tuple((p.name, p.allocated_bytes) for p in phases),
+        detail=StageDetail(lambda: (phases, outside), {}))
+
+
+def component(key: str, label: str, value: float, formula: str | Callable[[], str], source: str,
+              parts: tuple[Component, ...] = ()) -> Component:
+    return Component(key, label, int(round(value)), formula, source, parts)
+
+
+def entries_component(key: str, label: str, entries: list[Entry], par: Parallel, times: float,
+                      source: str) -> Component:
+    """Ledger entries (activations, loss tensors) as one component with a part per entry."""
+    parts = tuple(component(key, e.name, e.bytes(par) * times, e.shown_formula(par), source) for e in entries)
+    formula = " + ".join(p.formula for p in parts) if entries else "0"
+    if times != 1:
+        formula = f"({formula}) x {times:g}"
+    return Component(key, label, sum(p.bytes for p in parts), formula, source, parts)
+
+
+def fold(transients: list[Component]) -> Component:
+    """A phase's transients fold into one ``transient`` component whose parts are the pieces."""
+    if not transients:
+        return Component("transient", "Transient buffers", 0, "none in this phase", "")
+    parts = tuple(p for t in transients for p in (t.parts or (t,)))
+    return Component("transient", "Transient buffers", sum(p.bytes for p in parts),
+                     " + ".join(t.label for t in transients), "see each part", parts)
+
+
+def phase(name: str, kept: tuple[Component, ...], transient: Component) -> Phase:
+    out = tuple(c for c in kept if c.bytes or c.key in ALWAYS) + (transient,)
+    return Phase(name, sum(c.bytes for c in out), out)
+
+
+def fragmentation_fraction(hardware: Hardware) -> float:
+    """Reserved minus allocated at the peak, as a share of the allocated peak: 2-10% observed
+    (compressed-tensors PR #587, torchtune #1185, AWS auto-configurator bands x1.10-1.25);
+    ``expandable_segments`` roughly halves it."""
+    return 0.05 if hardware.expandable_segments else 0.10
+
+
+def fragmentation(allocated: int, hardware: Hardware) -> Component:
+    fraction = fragmentation_fraction(hardware)
+    segments = "expandable_segments" if hardware.expandable_segments else "default segments"
+    return component(
+        "fragmentation", "Allocator fragmentation and cache", allocated * fraction,
+        f"{fraction:.0%} of the allocated peak ({segments})",
+        "reserved minus allocated at peak: 2-10% observed (compressed-tensors PR #587, torchtune #1185, AWS "
+        "auto-configurator bands x1.10-1.25); expandable_segments halves it")
