@@ -156,6 +156,17 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .planner import no_fit_text, plan, render_plan_text
+    cfg = _load(args)
+    result = plan(cfg.architecture, cfg.training, cfg.hardware, args.gpus, args.gpus_per_node, args.margin,
+                  comm_overlap=cfg.parallel.comm_overlap, limit=args.limit)
+    print(json.dumps(result.to_json()) if args.json else render_plan_text(result))
+    if not result.layouts:  # an answer, not an error: exit 0, the way out on stderr
+        print(no_fit_text(result), file=sys.stderr)
+    return 0
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     from .presets import get_hf_config, list_presets
     rows = [(p.id, p.name, _billions(p.published_total, p.published_active),
@@ -201,6 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
     roof.add_argument("--json", action="store_true")
     _override_flags(roof)
     roof.set_defaults(handler=_cmd_roofline)
+    pl = sub.add_parser("plan", help="every parallel layout on N GPUs: those that fit, fastest first")
+    pl.add_argument("--config", required=True, help="a JSON config: the model and its training setup")
+    pl.add_argument("--gpus", required=True, type=int, help="number of GPUs")
+    pl.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node; TP stays within one (default 8)")
+    pl.add_argument("--margin", type=float, default=0.8,
+                    help="largest share of the GPU's memory a layout may use (default 0.8: the 'fits' verdict)")
+    pl.add_argument("--limit", type=int, default=50, help="fastest fitting layouts listed, besides the Pareto front")
+    pl.add_argument("--json", action="store_true", help="print one JSON object")
+    _override_flags(pl)
+    pl.set_defaults(handler=_cmd_plan)
     sub.add_parser("presets", help="list the bundled model ids").set_defaults(handler=_cmd_presets)
     sub.add_parser("gpus", help="list the GPU catalog").set_defaults(handler=_cmd_gpus)
     ref = sub.add_parser("fields", help="every configuration field with its label and allowed values")

@@ -24,8 +24,9 @@ from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .parallel import Parallel
+from .optimizers import OPTIMIZERS
 from .training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
-                       OPTIMIZERS, RECOMPUTE, RECOMPUTE_MODULES, Training)
+                       RECOMPUTE, RECOMPUTE_MODULES, Training)
 
 # Upper bounds (why each is safe): the longest offered context is 10M tokens (Llama 4 Scout); the
 # largest reported clusters have ~100k GPUs; the widest published models have h = 18,432 (PaLM)
@@ -167,7 +168,7 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "mxfp8 (1x32 blocks, Blackwell) or blockwise (DeepSeek-V3's 128x128 weight blocks).", "Precision",
             FP8_RECIPES),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
-            "lion and muon one; adafactor factored second moments.", _SAVERS, OPTIMIZERS),
+            "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
     _choice("recompute", _T, "Activation recomputation", "none keeps every activation; selective recomputes the "
             "modules listed below (Korthikanti et al. 2022); full keeps only each layer's input and recomputes the "
             "layer in backward.", _SAVERS, RECOMPUTE),

@@ -34,7 +34,8 @@ from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve
 from .sharding import StageParameters, chunk_kind_counts
-from .states import FP8_SOURCE, OPTIMIZER_SOURCES, ZERO_SOURCE, model_states
+from .optimizers import FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
+from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import Recipe, Training
 
 GiB = 1024**3
@@ -329,14 +330,15 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
     # fused kernels (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place.
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = stage.local / (d_dense if zero >= 1 and d_dense > 1 else 1)
-    if fw in ("hf", "fsdp2") and training.optimizer == "adamw":
+    optimizer = OPTIMIZERS[training.optimizer]
+    if fw in ("hf", "fsdp2") and optimizer.temporaries == FOREACH_SQRT:
         opt.append(component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
-                              f"{states_dtype:g} B x parameters on this GPU",
-                              "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"))
-    elif training.optimizer in ("adafactor", "lion", "muon"):
+                             f"{states_dtype:g} B x parameters on this GPU",
+                             "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"))
+    elif optimizer.temporaries == LARGEST_TENSOR:
         largest = stage.total.largest_tensor
         opt.append(component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
-                              2 * 4 * largest, "2 x 4 B x largest tensor", OPTIMIZER_SOURCES[training.optimizer]))
+                             2 * 4 * largest, "2 x 4 B x largest tensor", optimizer.source))
     return _Transients(fwd, bwd, opt, persistent)
 
 
@@ -488,7 +490,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     master = component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formula("master_weights"),
                         ZERO_SOURCE)
     optim = component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formula("optimizer_states"),
-                       OPTIMIZER_SOURCES[training.optimizer])
+                       OPTIMIZERS[training.optimizer].source)
     base = (params, master, optim)
     if ms.fp8_weight_copies:
         base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,

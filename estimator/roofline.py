@@ -45,6 +45,7 @@ from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
 from .parallel import Parallel
 from .sharding import stage_layer_indices
+from .states import optimizer_state_bytes
 from .training import Recipe, Training
 
 ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
@@ -64,9 +65,6 @@ GELU_FLOPS = 8
 SOFTMAX_FLOPS = 5
 ROPE_FLOPS = 3  # x*cos + rotate(x)*sin per element
 
-# Optimizer states per parameter (Loshchilov & Hutter 2019 for AdamW; the others as in states.py);
-# the update reads and writes each once.
-OPTIMIZER_STATES = {"adamw": 2, "adam8bit": 2, "sgd": 0, "sgd_momentum": 1, "adafactor": 0, "lion": 1, "muon": 1}
 
 SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING)
 
@@ -717,14 +715,16 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
     # --- optimizer update: memory-bound, over the parameters this GPU updates (ZeRO >= 1 shards them)
     optimizer_s = 0.0
     if is_training:
-        states = OPTIMIZER_STATES[training.optimizer]
-        S = bytes_per_element(recipe.optimizer_dtype) if training.optimizer != "adam8bit" else 1.0
+        # the update reads and writes the gradient once, the master copy and the parameter, and every
+        # optimizer state (states.optimizer_state_bytes, from the optimizer's record)
         per_param = (bytes_per_element(recipe.grad_dtype) + (8 if recipe.master_weights else 0)
-                     + 2 * states * S + 2 * bytes_per_element(recipe.param_dtype))
-        dense, expert = sp.dense_local, sp.expert_local
+                     + 2 * bytes_per_element(recipe.param_dtype))
+        traffic = [n * per_param + 2 * optimizer_state_bytes(sp.total, training.optimizer, recipe.optimizer_dtype,
+                                                             experts) for n, experts in
+                   ((sp.dense_local, False), (sp.expert_local, True))]
         if zero >= 1:
-            dense, expert = dense / (par.dp * par.cp), expert / max(1, par.expert_data_parallel)
-        optimizer_s = (dense + expert) * per_param / gpu.memory_bandwidth
+            traffic = [traffic[0] / (par.dp * par.cp), traffic[1] / max(1, par.expert_data_parallel)]
+        optimizer_s = sum(traffic) / gpu.memory_bandwidth
 
     time_s = ideal + bubble_s + exposed_comm_s + optimizer_s
     tokens_per_step = cfg.global_batch_size * training.seq_len

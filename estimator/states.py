@@ -18,25 +18,12 @@ from typing import Callable, NamedTuple
 
 from .dtypes import bytes_per_element
 from .errors import ConfigError
+from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import Bucket, StageParameters
 from .training import Recipe, Training
 
 ZERO_SOURCE = "Rajbhandari et al. 2020 (ZeRO), section 5; Megatron-LM distributed optimizer docs"
-
-OPTIMIZER_SOURCES = {
-    "adamw": "Loshchilov & Hutter 2019: two moments per parameter",
-    "adam8bit": "Dettmers et al. 2022 (8-bit optimizers): 1 byte per state plus one fp32 absmax per "
-                "256-element block; tensors under 4096 elements stay 32-bit (bitsandbytes min_8bit_size)",
-    "sgd": "torch.optim.SGD without momentum keeps no state",
-    "sgd_momentum": "torch.optim.SGD: one momentum buffer per parameter",
-    "adafactor": "Shazeer & Stern 2018: factored second moment (row and column sums) for matrices, "
-                 "no first moment (transformers' Adafactor default beta1=None)",
-    "lion": "Chen et al. 2023 (Lion): one momentum buffer",
-    "muon": "Jordan et al. 2024 (Muon): one momentum buffer on 2-D hidden matrices; AdamW on embeddings, "
-            "head, norms and biases",
-}
-
 
 def resolve_zero_stage(training: Training, par: Parallel) -> int:
     """The ZeRO stage the framework runs; fully_shard's default is full sharding (stage 3)."""
@@ -54,22 +41,10 @@ def resolve_zero_stage(training: Training, par: Parallel) -> int:
 
 def optimizer_state_bytes(b: Bucket, optimizer: str, dtype: str, experts: bool) -> float:
     """Optimizer state of a bucket's dense or expert part on one GPU, before ZeRO sharding."""
-    s = bytes_per_element(dtype)
     side = "expert" if experts else "dense"
-    n = getattr(b, side)
-    if optimizer == "adamw":
-        return 2 * s * n
-    if optimizer == "adam8bit":
-        small = getattr(b, f"{side}_small")
-        return 2 * 4 * small + 2 * (1 + 4 / 256) * (n - small)
-    if optimizer in ("sgd_momentum", "lion"):
-        return s * n
-    if optimizer == "muon":
-        hidden = getattr(b, f"{side}_hidden_matrices")
-        return s * hidden + 2 * s * (n - hidden)
-    if optimizer == "adafactor":
-        return s * getattr(b, f"{side}_factored")
-    return 0.0  # sgd
+    return OPTIMIZERS[optimizer].state_bytes(getattr(b, side), getattr(b, f"{side}_small"),
+                                             getattr(b, f"{side}_hidden_matrices"), getattr(b, f"{side}_factored"),
+                                             bytes_per_element(dtype))
 
 
 FP8_SOURCE = ("TransformerEngine: FP8 training keeps the high-precision weights and adds FP8 copies (and their "

@@ -26,7 +26,6 @@ from .errors import ConfigError
 
 MODES = ("training", "inference")
 FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf")
-OPTIMIZERS = ("adamw", "adam8bit", "sgd", "sgd_momentum", "adafactor", "lion", "muon")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 LOSSES = ("standard", "fused", "chunked")

@@ -11,6 +11,7 @@ import math
 
 from .architecture import Architecture
 from .errors import ConfigError, shown_value
+from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import layers_per_stage
 from .states import resolve_zero_stage
@@ -113,9 +114,11 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
             raise ConfigError("parallel.ep", par.ep, "ep x etp in " + ", ".join(map(str, GROUP_SIZES)),
                               f"with moe_dispatcher 'deepep' the group is ep x etp = {par.ep * par.etp}, and "
                               "DeepEP's Buffer.get_dispatch_config has configs only for these sizes")
-    if training.mode == "training" and training.optimizer == "adam8bit" and training.framework == "megatron":
-        raise ConfigError("training.optimizer", "adam8bit", "'adamw', 'sgd', 'sgd_momentum', 'adafactor', 'lion' or "
-                          "'muon' with framework 'megatron'", "Megatron-Core has no 8-bit Adam")
+    offered = [name for name, o in OPTIMIZERS.items() if training.framework not in o.not_in]
+    if training.mode == "training" and training.optimizer not in offered:
+        raise ConfigError("training.optimizer", training.optimizer,
+                          f"one of {', '.join(map(repr, offered))} with framework {training.framework!r}",
+                          f"{training.framework} does not offer {training.optimizer}", related=("training.framework",))
     return resolve_zero_stage(training, par)
 
 

@@ -154,3 +154,21 @@ def test_every_preset_and_default_passes_its_own_checks():
     for f in fields.SETTINGS:
         if f.default is not None:
             fields.check(f, f.default)
+
+
+def test_an_optimizer_is_one_record():
+    from estimator.optimizers import OPTIMIZERS
+    from estimator.states import optimizer_state_bytes
+    from estimator.sharding import Bucket
+    assert fields.BY_PATH["training.optimizer"].options == tuple(OPTIMIZERS)
+    # AdamW: 2 states x 4 B over 1,000 parameters; 8-bit Adam: 100 small parameters at 2 x 4 B and
+    # 900 at 2 x (1 + 4/256) B = 800 + 1,828.125
+    b = Bucket(dense=1000.0, dense_small=100.0, dense_hidden_matrices=600.0, dense_factored=50.0)
+    assert optimizer_state_bytes(b, "adamw", "fp32", experts=False) == 8000.0
+    assert optimizer_state_bytes(b, "adam8bit", "fp32", experts=False) == 800 + 2 * (1 + 4 / 256) * 900
+    assert optimizer_state_bytes(b, "muon", "fp32", experts=False) == 4 * 600 + 8 * 400
+    assert optimizer_state_bytes(b, "adafactor", "fp32", experts=False) == 4 * 50
+    with pytest.raises(ConfigError) as info:
+        estimate_config({"model": "llama-3.1-8b", "training": {"optimizer": "adam8bit"}})
+    assert info.value.field == "training.optimizer" and "megatron does not offer adam8bit" in str(info.value)
+    assert "training.framework" in info.value.related

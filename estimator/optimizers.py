@@ -1,0 +1,55 @@
+"""Optimizers: one record each, read by the state bytes, the step's temporaries, the roofline's
+update traffic, the validation and the field registry. Adding an optimizer adds one record here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+# What an optimizer allocates while it steps, beside its states:
+NO_TEMPORARIES = "none"  # fused kernels (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place
+FOREACH_SQRT = "foreach sqrt"  # torch's foreach AdamW materialises sqrt(v) for a whole group (hf, fsdp2)
+LARGEST_TENSOR = "largest tensor"  # per-tensor updates: two fp32 temporaries of the largest tensor
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """`state_bytes(n, small, hidden, factored, s)`: state bytes of `n` parameters of which `small`
+    sit in tensors under 4096 elements, `hidden` in 2-D hidden matrices and `factored` is the
+    Adafactor row + column size, with states of `s` bytes each."""
+
+    name: str
+    state_bytes: Callable[[float, float, float, float, float], float]
+    source: str
+    temporaries: str = NO_TEMPORARIES
+    not_in: tuple[str, ...] = ()  # frameworks that do not offer it
+
+
+def _adam8bit(n: float, small: float, hidden: float, factored: float, s: float) -> float:
+    # 1 byte per state and one fp32 absmax per 256-element block; small tensors stay 32-bit
+    return 2 * 4 * small + 2 * (1 + 4 / 256) * (n - small)
+
+
+def _muon(n: float, small: float, hidden: float, factored: float, s: float) -> float:
+    # one momentum buffer on the hidden matrices; AdamW's two moments on everything else
+    return s * hidden + 2 * s * (n - hidden)
+
+
+OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
+    Optimizer("adamw", lambda n, small, hidden, factored, s: 2 * s * n,
+              "Loshchilov & Hutter 2019: two moments per parameter", FOREACH_SQRT),
+    Optimizer("adam8bit", _adam8bit,
+              "Dettmers et al. 2022 (8-bit optimizers): 1 byte per state plus one fp32 absmax per 256-element "
+              "block; tensors under 4096 elements stay 32-bit (bitsandbytes min_8bit_size)", not_in=("megatron",)),
+    Optimizer("sgd", lambda n, small, hidden, factored, s: 0.0, "torch.optim.SGD without momentum keeps no state"),
+    Optimizer("sgd_momentum", lambda n, small, hidden, factored, s: s * n,
+              "torch.optim.SGD: one momentum buffer per parameter"),
+    Optimizer("adafactor", lambda n, small, hidden, factored, s: s * factored,
+              "Shazeer & Stern 2018: factored second moment (row and column sums) for matrices, no first moment "
+              "(transformers' Adafactor default beta1=None)", LARGEST_TENSOR),
+    Optimizer("lion", lambda n, small, hidden, factored, s: s * n, "Chen et al. 2023 (Lion): one momentum buffer",
+              LARGEST_TENSOR),
+    Optimizer("muon", _muon, "Jordan et al. 2024 (Muon): one momentum buffer on 2-D hidden matrices; AdamW on "
+              "embeddings, head, norms and biases", LARGEST_TENSOR),
+)}

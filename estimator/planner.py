@@ -1,0 +1,811 @@
+"""The planner: every valid parallel layout of a model on N GPUs, which of them fit, which are fastest.
+
+Given a model, a training setup (sequence, global batch, precision, optimizer, framework), a GPU
+and a number of GPUs, `plan` enumerates the layouts and the memory knobs around them:
+
+- TP within a node (divisors of the GPUs per node that divide the heads, KV heads and MLP width),
+  always with sequence parallelism;
+- PP, with VPP (interleaving), and uneven first/last stages when the layer count needs them: the
+  middle stages take ceil(L / PP) layers and the two end stages share the rest (Llama 3 405B's
+  126 layers on PP 16 are 7 + 8 x 14 + 7, Grattafiori et al. 2024, section 3.3.2);
+- CP (ring attention over flash kernels, at least 1,024 tokens per GPU), and DP = N / (TP PP CP);
+- EP and expert TP (a divisor of TP) for MoE models;
+- the ZeRO stage each framework runs (`parallel.py`; `states.resolve_zero_stage`): Megatron and
+  DeepSpeed 0-3, FSDP2 0/2/3, the HF Trainer 0; a stage above 0 only where there is a group to
+  shard over;
+- recompute: none, selective, or full on n = 1 ... (the most layers of a stage) layers per stage;
+- micro-batch: powers of two dividing the global batch per DP rank, at most 64k tokens a micro-batch;
+- loss: standard, fused, chunked.
+
+It returns the fastest layouts that fit (utilization at most `margin`, the estimator's "fits"
+verdict by default) and the memory-versus-throughput Pareto front of all fitting layouts, each
+with its numbers from a full `estimate()` and `roofline()`; when none fits, the smallest power of
+two of these GPUs, and of every catalog GPU, at which some layout fits.
+
+Speed: a full estimate costs about a millisecond and a roofline more, so the search judges most
+layouts without either, by exact rules (each a test in tests/test_planner.py, checked against
+brute force on random small cases):
+
+1. states floor: a stage's peak is at least its optimizer-step phase (model states, gradients,
+   optimizer temporaries), which no recompute, micro-batch or loss changes; when it is over the
+   budget no variant of the layout fits. It depends on the layout's split only, so it is cached
+   by (TP, PP, VPP, split, EP, ETP, ZeRO, CP > 1): DP x CP is N / (TP PP) for all of them.
+2. dominance: ZeRO 0 under Megatron or DeepSpeed with DP x CP > 1 is beaten by ZeRO 1 (less
+   memory, less traffic, a smaller update); the standard loss by the fused one (it keeps less and
+   moves fewer bytes); fused and chunked losses run at the same speed, so the one that needs more
+   memory is beaten by the other.
+3. monotone recompute: with full recompute, more recomputed layers never need more memory nor run
+   faster; so the fitting n form an interval, found by bisection.
+4. bounds: a throughput ceiling per layout family (no recompute, fused loss, the most efficient
+   micro-batch, the smallest pipeline bubble, TP/EP traffic of the lightest stage), from one
+   roofline; a family whose ceiling is below the current top list and whose (floor, ceiling)
+   corner is dominated by a layout already found can hold no answer, and is skipped whole.
+
+Every layout enumerated is judged, by a full estimate or by one of these rules; `Plan.searched`
+counts them, `Plan.estimates` and `Plan.rooflines` count the full evaluations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from collections import Counter
+from typing import Iterator, NamedTuple
+
+from .architecture import Architecture
+from .errors import ConfigError
+from .hardware import GPUS, Hardware
+from .memory import TIGHT_FRACTION, Estimate, estimate, fragmentation_fraction
+from .parallel import Parallel
+from .roofline import Roofline, roofline
+from .training import Training
+
+LOSSES = ("standard", "fused", "chunked")
+MIN_CP_TOKENS = 1024  # below this per GPU the ring exchange has nothing to hide behind
+MAX_MICROBATCH_TOKENS = 65536  # micro-batches of more tokens than this are not what runs use
+LLAMA3 = "Grattafiori et al. 2024, The Llama 3 Herd of Models (arXiv 2407.21783), section 3.3.2"
+
+
+# --- inputs and results ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    """What to plan: a model and its training setup on `gpus` GPUs of type `hardware.gpu`."""
+
+    architecture: Architecture
+    training: Training
+    hardware: Hardware
+    gpus: int
+    gpus_per_node: int = 8
+    margin: float = TIGHT_FRACTION  # largest share of the GPU's memory a layout may use
+    comm_overlap: float = 1.0  # parallel.comm_overlap of every layout (roofline)
+    limit: int = 50  # fastest fitting layouts returned (plus the Pareto front)
+    max_gpus: int = 16384  # how far the no-fit answer looks
+
+    def within(self, device_bytes: float) -> bool:
+        """The estimator's verdict rule (memory.fit_on) with this margin: utilization <= margin."""
+        return device_bytes / self.hardware.device.capacity_bytes <= self.margin
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One fitting layout with its numbers, each from a full `estimate()` and `roofline()`."""
+
+    parallel: Parallel
+    training: Training
+    device_total_bytes: int  # the peak stage's
+    peak_stage: int
+    utilization: float
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    pareto: bool = False
+
+    def changes(self) -> dict:
+        """The fields the planner chose: applied to the input config they give this layout."""
+        par, tr = self.parallel, self.training
+        parallel = {k: getattr(par, k) for k in ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "zero_stage")}
+        parallel["sequence_parallel"] = par.sequence_parallel
+        for k in ("pp_first_stage_layers", "pp_last_stage_layers"):
+            if getattr(par, k) is not None:
+                parallel[k] = getattr(par, k)
+        training = {"micro_batch_size": tr.micro_batch_size, "recompute": tr.recompute, "loss": tr.loss}
+        if tr.recompute == "full":
+            training["recompute_layers"] = tr.recompute_layers
+        if tr.recompute == "selective":
+            training["recompute_modules"] = list(tr.recompute_modules)
+        return {"parallel": parallel, "training": training}
+
+    def to_json(self) -> dict:
+        return {**self.changes(), "device_total_bytes": self.device_total_bytes, "peak_stage": self.peak_stage,
+                "utilization": round(self.utilization, 6), "step_time_s": self.step_time_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu, "pareto": self.pareto}
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: Request
+    layouts: tuple[Layout, ...]  # fitting: the `limit` fastest and the Pareto front, fastest first
+    searched: int  # valid layouts judged, by a full estimate or an exact rule
+    estimates: int  # full estimates run
+    rooflines: int  # full rooflines run
+    seconds: float
+    pruned: dict = field(default_factory=dict)  # layouts judged by each rule, without their own estimate
+    smallest_fit: dict | None = None  # no layout fits: GPU id -> the fewest GPUs that fit (None: not within max_gpus)
+
+    @property
+    def pareto(self) -> tuple[Layout, ...]:
+        return tuple(x for x in self.layouts if x.pareto)
+
+    def to_json(self) -> dict:
+        out = {"layouts": [x.to_json() for x in self.layouts], "searched": self.searched,
+               "seconds": self.seconds, "estimates": self.estimates, "rooflines": self.rooflines,
+               "pruned": dict(self.pruned)}
+        if self.smallest_fit is not None:
+            out["smallest_fit"] = self.smallest_fit
+        return out
+
+
+# --- the space -------------------------------------------------------------------------------------
+
+class Shape(NamedTuple):
+    """A layout's split of the model over the GPUs (the parallel fields the planner sets)."""
+
+    tp: int
+    pp: int
+    vpp: int
+    first: int | None  # pp_first_stage_layers
+    last: int | None  # pp_last_stage_layers
+    cp: int
+    dp: int
+    ep: int
+    etp: int
+    zero: int
+
+
+class Variant(NamedTuple):
+    """The training knobs on top of a shape."""
+
+    micro_batch: int
+    recompute: str  # "none", "selective", "full"
+    layers: int | None  # full recompute: layers per stage; None = all of them
+    loss: str
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def _tp_ok(arch: Architecture, tp: int) -> bool:
+    """Megatron-Core's divide() asserts (validation.py): heads, KV heads, MLP width."""
+    if arch.num_attention_heads % tp or (not arch.uses_mla and arch.num_kv_heads % tp):
+        return False
+    return not (arch.intermediate_size and arch.num_dense_layers and arch.intermediate_size % tp)
+
+
+def pipeline_splits(layers: int, pp: int) -> list[tuple[int, int | None, int | None]]:
+    """(vpp, first, last) for PP stages: an even split with every VPP dividing a stage's layers;
+    else (the count needs it) middle stages of ceil(L / PP) layers and first + last sharing the
+    rest, each at least VPP and at most a middle stage (Megatron's --decoder-first/last-pipeline-
+    num-layers; VPP must divide the middle stages)."""
+    if pp == 1:
+        return [(1, None, None)]
+    if layers % pp == 0:
+        return [(v, None, None) for v in divisors(layers // pp)]
+    if pp == 2:
+        a = -(-layers // 2)
+        return [(1, x, layers - x) for x in (a, layers - a)]
+    mid = -(-layers // pp)
+    rest = layers - mid * (pp - 2)
+    out = []
+    for v in divisors(mid):
+        out += [(v, a, rest - a) for a in range(v, mid + 1) if v <= rest - a <= mid]
+    return out
+
+
+def _cp_ok(training: Training, tp: int, cp: int) -> bool:
+    seq = training.seq_len
+    if cp > 1 and (seq % (2 * cp) or training.attention != "flash" or seq // cp < MIN_CP_TOKENS):
+        return False
+    return tp == 1 or (seq // cp) % tp == 0  # sequence parallelism splits each CP chunk over TP
+
+
+def _expert_splits(arch: Architecture, tp: int, per_stage: int) -> list[tuple[int, int]]:
+    if not arch.is_moe:
+        return [(1, tp)]
+    return [(ep, etp) for etp in divisors(tp) if arch.moe_intermediate_size % etp == 0
+            for ep in divisors(arch.num_experts) if per_stage % (ep * etp) == 0]
+
+
+def _zero_stages(framework: str, shards: bool) -> tuple[int, ...]:
+    """The ZeRO stages each framework runs (parallel.py); above 0 only with a group to shard over."""
+    stages = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (0, 2, 3), "hf": (0,)}[framework]
+    return stages if shards else (0,)
+
+
+def shapes(req: Request) -> Iterator[Shape]:
+    arch, tr, n = req.architecture, req.training, req.gpus
+    gbs = tr.global_batch_size
+    for tp in (t for t in divisors(req.gpus_per_node) if n % t == 0 and _tp_ok(arch, t)):
+        for pp in (p for p in divisors(n // tp) if p <= arch.num_layers):
+            for v, first, last in pipeline_splits(arch.num_layers, pp):
+                for cp in (c for c in divisors(n // (tp * pp)) if _cp_ok(tr, tp, c)):
+                    dp = n // (tp * pp * cp)
+                    if gbs is not None and gbs % dp:
+                        continue
+                    for ep, etp in _expert_splits(arch, tp, tp * cp * dp):
+                        shards = dp * cp > 1 or tp * cp * dp // (ep * etp) > 1
+                        for zero in _zero_stages(tr.framework, shards):
+                            yield Shape(tp, pp, v, first, last, cp, dp, ep, etp, zero)
+
+
+def micro_batches(training: Training, dp: int) -> tuple[int, ...]:
+    """Powers of two up to 64k tokens a micro-batch that divide the global batch per DP rank."""
+    per_rank = training.global_batch_size // dp if training.global_batch_size else None
+    out, b = [], 1
+    while b == 1 or b * training.seq_len <= MAX_MICROBATCH_TOKENS:
+        if per_rank is None or per_rank % b == 0:
+            out.append(b)
+        b *= 2
+        if per_rank is not None and b > per_rank:
+            break
+    return tuple(out)
+
+
+def most_stage_layers(arch: Architecture, s: Shape) -> int:
+    return max(stage_layer_counts(arch, s))
+
+
+def stage_layer_counts(arch: Architecture, s: Shape) -> tuple[int, ...]:
+    """Layers on each pipeline rank (sharding.layers_per_stage): an even split, or the first and
+    last given and the middle ranks sharing the rest."""
+    if s.first is None:
+        return (arch.num_layers // s.pp,) * s.pp
+    middle = (arch.num_layers - s.first - s.last) // (s.pp - 2) if s.pp > 2 else 0
+    return (s.first,) + (middle,) * (s.pp - 2) + (s.last,)
+
+
+def variants_per_micro_batch(arch: Architecture, s: Shape) -> int:
+    """3 losses x (none, selective and full on 1 ... most layers of a stage)."""
+    return len(LOSSES) * (2 + most_stage_layers(arch, s))
+
+
+# --- evaluation: full estimates and rooflines, remembered by what each depends on -----------------
+
+class Point(NamedTuple):
+    memory: int
+    throughput: float
+
+
+class _Evaluator:
+    """Runs `estimate()` and `roofline()` for the search, each at most once per distinct input."""
+
+    def __init__(self, req: Request):
+        self.req = req
+        self.fragmentation = fragmentation_fraction(req.hardware)
+        self.memory: dict[tuple, Estimate | None] = {}
+        self.speed: dict[tuple, Roofline] = {}
+        self.floors: dict[tuple, int | None] = {}
+        self.ceilings: dict[tuple, float] = {}
+        self.estimates = 0
+        self.rooflines = 0
+        self.judged: Counter = Counter()  # valid layouts estimated, by shape and by (shape, micro-batch)
+        self.stage_params: dict[tuple, tuple[int, ...]] = {}  # parameters on one GPU of each stage
+        self._parallels: dict[Shape, Parallel] = {}
+        self._trainings: dict[Variant, Training] = {}
+
+    def parallel(self, s: Shape) -> Parallel:
+        # built once per shape: the dataclass checks every field on creation
+        if s not in self._parallels:
+            self._parallels[s] = Parallel(tp=s.tp, pp=s.pp, vpp=s.vpp, pp_first_stage_layers=s.first,
+                                          pp_last_stage_layers=s.last, cp=s.cp, dp=s.dp, ep=s.ep, etp=s.etp,
+                                          zero_stage=s.zero, comm_overlap=self.req.comm_overlap)
+        return self._parallels[s]
+
+    def training(self, v: Variant) -> Training:
+        if v not in self._trainings:
+            tr = self.req.training
+            selective = v.recompute == "selective" and tr.recompute == "selective"
+            self._trainings[v] = dataclasses.replace(
+                tr, micro_batch_size=v.micro_batch, recompute=v.recompute, recompute_layers=v.layers, loss=v.loss,
+                recompute_modules=tr.recompute_modules if selective else ("core_attn",))
+        return self._trainings[v]
+
+    def estimate(self, s: Shape, v: Variant) -> Estimate | None:
+        """The full estimate; None when the estimator refuses the layout."""
+        key = (s, v)
+        if key not in self.memory:
+            try:
+                self.memory[key] = estimate(self.req.architecture, self.training(v), self.parallel(s),
+                                            self.req.hardware)
+                self.judged[s] += 1
+                self.judged[s, v.micro_batch] += 1
+            except ConfigError:
+                self.memory[key] = None
+            self.estimates += 1
+        return self.memory[key]
+
+    def roofline(self, s: Shape, v: Variant) -> Roofline:
+        # the roofline runs the fused and the chunked loss alike (roofline.head_operations), never
+        # reads the recompute modules, and under Megatron and DeepSpeed ZeRO 2 gathers the
+        # parameters once a step as ZeRO 1 does: one roofline serves both
+        if s.zero == 2 and self.req.training.framework in ("megatron", "deepspeed"):
+            s = s._replace(zero=1)
+        key = (s, v._replace(loss="fused" if v.loss == "chunked" else v.loss))
+        if key not in self.speed:
+            self.speed[key] = roofline(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
+            self.rooflines += 1
+        return self.speed[key]
+
+    @staticmethod
+    def _floor_key(s: Shape) -> tuple:
+        # DP x CP is N / (TP PP) for every shape of a key, and expert DP N / (PP EP ETP)
+        return (s.tp, s.pp, s.vpp, s.first, s.last, s.ep, s.etp, s.zero, s.cp > 1)
+
+    def floor(self, s: Shape) -> int | None:
+        """The states floor of every variant of the shape (rule 1); None when the shape is invalid."""
+        key = self._floor_key(s)
+        if key not in self.floors:
+            e = self.estimate(s, Variant(1, "full", None, "fused"))
+            self.floors[key] = None if e is None else max(self._stage_floor(st) for st in e.stages)
+            if e is not None:
+                self.stage_params[key] = tuple(st.parameters_per_gpu for st in e.stages)
+        return self.floors[key]
+
+    def _stage_floor(self, stage) -> int:
+        """What the stage's device would hold were its peak the optimizer step: the step's allocated
+        bytes plus what is outside the allocator (NCCL, CUDA context) and fragmentation, which
+        memory.estimate adds as device = allocated + outside + round(allocated x fraction)."""
+        allocated = stage.allocated_peak_bytes
+        outside = stage.device_total_bytes - allocated - int(round(allocated * self.fragmentation))
+        step = dict(stage.phase_totals)["optimizer"]
+        return step + outside + int(round(step * self.fragmentation))
+
+    def ceiling(self, s: Shape) -> float:
+        """Tokens/s per GPU no variant of the shape reaches (rule 4): the ceiling without recompute
+        at the largest micro-batch (no GEMM is slower per token with a larger one; everything else
+        per token is the same or falls with it) with the bubble of the most micro-batches."""
+        micro = micro_batches(self.req.training, s.dp)
+        speed = self.speeds(s, max(micro))
+        most = self.microbatches(s, min(micro))
+        return speed._replace(bubble=(s.pp - 1) / (s.vpp * most)).ceiling("none")
+
+    def speeds(self, s: Shape, b: int) -> Speeds:
+        return speeds(self.req, self.roofline(s, Variant(b, "none", None, "fused")), self.stage_layers(s),
+                      self.stage_params[self._floor_key(s)])
+
+    def microbatches(self, s: Shape, b: int) -> int:
+        tr = self.req.training
+        if tr.global_batch_size is None:  # the estimator's default fills the pipeline
+            return 1 if s.pp == 1 else (s.pp if s.vpp == 1 else 2 * s.pp)
+        return tr.global_batch_size // (b * s.dp)
+
+    def stage_layers(self, s: Shape) -> tuple[int, ...]:
+        return stage_layer_counts(self.req.architecture, s)
+
+
+class Speeds(NamedTuple):
+    """Ceilings on tokens/s per GPU of one shape and micro-batch, by recompute setting, from its
+    roofline without recompute (rule 4).
+
+    The roofline's step (roofline.py) is I (1 + bubble) + (hideable traffic H - min(overlap H, I))
+    + exposed TP, EP, CP traffic + optimizer, where I = m max over stages (operations + recompute),
+    H is the DP and PP traffic, and full recompute of n layers re-runs min(n, L_r) / L_r of stage
+    r's layer forwards (and repeats their TP collectives), selective recompute their attention
+    core. The step grows with I, H and each term, so taking for each a value no stage goes below
+    gives a time no variant goes below: I from the roofline's own stage (the max is at least any
+    stage), traffic and optimizer scaled to the stage with the fewest layers (TP, CP: per layer;
+    EP: per MoE layer) or parameters (DP and the optimizer, dense models)."""
+
+    tokens_per_step: int
+    gpus: int
+    compute_s: float  # the operations of every micro-batch, no recompute, on the roofline's stage
+    forward_s: float  # its layers' forward operations (what full recompute repeats)
+    attention_s: float  # their attention core (what selective recompute repeats)
+    layers: int  # on the roofline's stage
+    fewest_layers: int  # on any stage
+    bubble: float  # (p - 1) / (v m)
+    overlap: float  # parallel.comm_overlap
+    tp_per_layer_pass_s: float  # one TP pass of one layer for every micro-batch
+    fixed_s: float  # EP and CP traffic and the optimizer no stage goes below
+    hideable_s: float  # DP and PP traffic no stage goes below
+
+    def ceiling(self, recompute: str, n: int | None = None) -> float:
+        again, tp_passes = 0.0, 2.0 * self.fewest_layers  # forward and backward, per layer
+        if recompute == "selective":
+            again = self.attention_s
+        elif recompute == "full":
+            again = self.forward_s * min(n or self.layers, self.layers) / self.layers
+            tp_passes += min(n or self.fewest_layers, self.fewest_layers)
+        ideal = self.compute_s + again
+        time_s = (ideal * (1 + self.bubble) + self.hideable_s - min(self.overlap * self.hideable_s, ideal)
+                  + tp_passes * self.tp_per_layer_pass_s + self.fixed_s)
+        return self.tokens_per_step / time_s / self.gpus
+
+
+def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_params: tuple[int, ...]) -> Speeds:
+    step, arch = r.step, req.architecture
+    layer_forward = [op for op in r.operations if op.phase == "forward" and op.scope.startswith("layer")]
+    core = [op for op in layer_forward if op.kind == "attention" or op.name.startswith("attention softmax")]
+    here, fewest = stage_layers[r.stage], min(stage_layers)
+    per_layer = {"CP": 0.0 if arch.sliding_window else fewest / here,  # windows make attention uneven
+                 "EP": max(0, fewest - (arch.num_layers - arch.num_moe_layers)) / here}
+    # DP traffic and the update scale with the stage's parameters (for MoE dense and expert parts
+    # scale apart, and only their sum is known: counted as 0)
+    per_param = 0.0 if arch.is_moe else min(stage_params) / stage_params[r.stage] * (1 - 1e-9)
+    traffic: dict[str, float] = {}
+    for c in step.communication:
+        traffic[c.group] = traffic.get(c.group, 0.0) + (c.time_s if c.group in ("DP", "expert DP", "PP")
+                                                          else c.exposed_s)
+    tp = traffic.get("TP", 0.0) / (2 * here)
+    fixed = (traffic.get("CP", 0.0) * per_layer["CP"] + traffic.get("EP", 0.0) * per_layer["EP"]
+             + step.optimizer_s * per_param)
+    hideable = traffic.get("PP", 0.0) + (traffic.get("DP", 0.0) + traffic.get("expert DP", 0.0)) * per_param
+    return Speeds(step.tokens_per_step, req.gpus, step.compute_s, sum(op.total_time_s for op in layer_forward),
+                  sum(op.total_time_s for op in core), here, fewest, step.bubble_fraction, req.comm_overlap, tp,
+                  fixed, hideable)
+
+
+# --- the answer so far: the fastest fitting layouts and the Pareto front --------------------------
+
+class _Answer:
+    """Fitting layouts found so far: a top-`limit` by throughput and the memory/throughput front."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        # min-heap of (throughput, -memory, order found, key): the order breaks ties, never the key
+        self.top: list[tuple[float, int, int, tuple]] = []
+        self.front: list[tuple[int, float, tuple]] = []  # (memory, throughput, key), memory ascending
+        self.points: dict[tuple, Point] = {}
+
+    def add(self, key: tuple, point: Point) -> None:
+        if key in self.points:
+            return
+        self.points[key] = point
+        entry = (point.throughput, -point.memory, -len(self.points), key)
+        if len(self.top) < self.limit:
+            heapq.heappush(self.top, entry)
+        elif entry[:3] > self.top[0][:3]:
+            heapq.heapreplace(self.top, entry)
+        self._add_to_front(key, point)
+
+    def _add_to_front(self, key: tuple, p: Point) -> None:
+        if self.dominated(p.memory, p.throughput):
+            return
+        self.front = [f for f in self.front if not (f[0] >= p.memory and f[1] <= p.throughput)]
+        self.front.append((p.memory, p.throughput, key))
+        self.front.sort(key=lambda f: f[0])
+
+    def dominated(self, memory: float, throughput: float) -> bool:
+        """Some layout found has no more memory and at least this throughput (an equal one counts:
+        layouts with identical numbers are listed once)."""
+        best = -1.0
+        for m, t, _ in self.front:
+            if m > memory:
+                break
+            best = max(best, t)
+        return best >= throughput
+
+    def threshold(self) -> float:
+        return self.top[0][0] if len(self.top) >= self.limit else -1.0
+
+    def hopeless(self, floor: float, ceiling: float) -> bool:
+        """No layout with at least `floor` memory and at most `ceiling` throughput can be in the
+        answer: it is below the top list and dominated."""
+        return ceiling < self.threshold() and self.dominated(floor, ceiling)
+
+    def keys(self) -> tuple[set, set]:
+        return {e[-1] for e in self.top}, {f[-1] for f in self.front}
+
+
+# --- the search ------------------------------------------------------------------------------------
+
+class _Search:
+    """Branch and bound over shapes, micro-batches, recompute settings and losses (module docstring)."""
+
+    def __init__(self, req: Request):
+        self.req = req
+        self.ev = _Evaluator(req)
+        self.answer = _Answer(req.limit)
+        self.searched = 0
+        self.pruned = {"states floor": 0, "least memory": 0, "dominated": 0, "bound": 0, "monotone recompute": 0}
+
+    def run(self) -> None:
+        alive = []
+        for s in shapes(self.req):
+            count = self._count(s)
+            if self._dominated_zero(s):
+                if self.ev.floor(s._replace(zero=1)) is not None:  # the ZeRO 1 twin is a valid layout
+                    self._judge(count, "dominated")
+                continue
+            floor = self.ev.floor(s)
+            if floor is None:
+                continue  # the estimator refuses the layout: not a layout
+            if not self.req.within(floor):
+                self._judge(count - self.ev.judged[s], "states floor")
+                continue
+            alive.append((s, floor, count))
+        ceilings = {s: self.ev.ceiling(s) for s, _, _ in alive}
+        for s, floor, count in sorted(alive, key=lambda x: -ceilings[x[0]]):
+            self._shape(s, floor, ceilings[s], count)
+        self.searched += sum(n for key, n in self.ev.judged.items() if isinstance(key, Shape))
+
+    def _micro(self, s: Shape) -> tuple[int, ...]:
+        return micro_batches(self.req.training, s.dp)
+
+    def _count(self, s: Shape) -> int:
+        return len(self._micro(s)) * variants_per_micro_batch(self.req.architecture, s)
+
+    def _judge(self, count: int, rule: str | None = None) -> None:
+        self.searched += count
+        if rule:
+            self.pruned[rule] += count
+
+    def _dominated_zero(self, s: Shape) -> bool:
+        """Rule 2: ZeRO 0 loses to ZeRO 1 on both counts where there is a DP x CP group."""
+        return s.zero == 0 and self.req.training.framework in ("megatron", "deepspeed") and s.dp * s.cp > 1
+
+    def _shape(self, s: Shape, floor: int, ceiling: float, count: int) -> None:
+        if self.answer.hopeless(floor, ceiling):
+            self._judge(count - self.ev.judged[s], "bound")
+            return
+        least = self._least(s)
+        if not self.req.within(least) or self.answer.hopeless(least, ceiling):
+            self._judge(count - self.ev.judged[s], "least memory" if not self.req.within(least) else "bound")
+            return
+        below: dict[str, float] = {}  # memory of each setting at the last micro-batch (rule 5)
+        for b in self._micro(s):
+            if not self._gradients_alive(s, b) and self._gradients_alive(s, 1):
+                below = {}  # one micro-batch, no pipeline: gradients are not yet alive, memory may fall
+            self._micro_batch(s, b, least, below)
+
+    def _gradients_alive(self, s: Shape, b: int) -> bool:
+        """Whether gradients exist during forward and backward (memory.py): Megatron's buffer,
+        accumulation over micro-batches, or a pipeline."""
+        return (self.req.training.framework == "megatron" or s.pp > 1
+                or self.ev.microbatches(s, b) > 1)
+
+    def _least(self, s: Shape) -> float:
+        """The least memory of any variant of the shape: at micro-batch 1 (or where gradients
+        vanish), selective or full recompute of every layer, fused or chunked loss (rules 2, 3, 5)."""
+        sizes = [1] + [b for b in self._micro(s) if not self._gradients_alive(s, b) and self._gradients_alive(s, 1)][:1]
+        most = most_stage_layers(self.req.architecture, s)
+        return min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes for mode in ("selective", "full")
+                   if mode == "selective" or most)
+
+    def _micro_batch(self, s: Shape, b: int, least: float, below: dict) -> None:
+        per_b = variants_per_micro_batch(self.req.architecture, s)
+        speed = self.ev.speeds(s, b)
+        fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
+        ceiling = max(fastest, speed.ceiling("selective"), speed.ceiling("full", 1))
+        if self.answer.hopeless(max(least, min(below.values(), default=0)), ceiling):
+            self._judge(per_b - self.ev.judged[s, b], "bound")
+            return
+        self._judge(per_b // len(LOSSES), "dominated")  # the standard loss (rule 2)
+        lower = max(least, below.get("selective", 0))
+        selective = self._candidate(s, Variant(b, "selective", None, "fused"), lower, speed.ceiling("selective"))
+        below["selective"] = lower if selective is None else selective
+        lower = max(least, below["selective"], below.get("none", 0))  # none keeps all selective keeps
+        none = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest, exact=True)
+        below["none"] = lower if none is None else none
+        below["full"] = self._full_family(s, b, max(least, below.get("full", 0)), speed)
+
+    def _pair(self, s: Shape, v: Variant) -> tuple[float, Variant]:
+        """Rule 2's pair: the fused and the chunked loss run alike; the one that needs less memory
+        stands for both. (memory, variant); memory is inf when the estimator refuses both."""
+        best = (math.inf, v)
+        for loss in ("fused", "chunked"):
+            key = (s, v._replace(loss=loss))
+            e = self.ev.estimate(*key)
+            if e is not None and e.device_total_bytes < best[0]:
+                best = (e.device_total_bytes, key[1])
+        return best
+
+    def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False) -> float | None:
+        """Judges one recompute setting's pair: skipped when (a memory it cannot go below, a speed it
+        cannot exceed) is hopeless, else estimated; a fitting one gets its roofline and joins the
+        answer unless hopeless on its own memory. `exact`: `upper` is its speed. Its memory, None
+        when skipped."""
+        if self.answer.hopeless(lower, upper):
+            self._judge(2 - sum(1 for loss in ("fused", "chunked") if (s, v._replace(loss=loss)) in self.ev.memory),
+                        "bound")
+            return None
+        memory, variant = self._pair(s, v)
+        if self.req.within(memory) and not self.answer.hopeless(memory, upper):
+            speed = upper if exact else self.ev.roofline(s, variant).step.tokens_per_s_per_gpu
+            self.answer.add((s, variant), Point(memory, speed))
+        return memory
+
+    def _full_family(self, s: Shape, b: int, lower: float, speed: Speeds) -> float:
+        """Full recompute of n = 1 ... most layers per stage (rule 3: memory and speed fall as n
+        grows). Returns a lower bound on the memory of n = most (its memory when estimated)."""
+        most = most_stage_layers(self.req.architecture, s)
+        if self.answer.hopeless(lower, speed.ceiling("full", 1)):
+            self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
+            return lower
+        top = self._candidate(s, self._full(b, most, most), lower, speed.ceiling("full", most))
+        if top is not None and not self.req.within(top):
+            self._judge(2 * (most - 1) - self._estimated_full(s, b, range(1, most), most), "monotone recompute")
+        else:
+            self._interval(s, b, 1, most, lower if top is None else top, speed)
+        return lower if top is None else top
+
+    def _full(self, b: int, n: int, most: int) -> Variant:
+        return Variant(b, "full", None if n == most else n, "fused")
+
+    def _estimated_full(self, s: Shape, b: int, ns, most: int) -> int:
+        return sum(1 for n in ns for loss in ("fused", "chunked")
+                   if (s, self._full(b, n, most)._replace(loss=loss)) in self.ev.memory)
+
+    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: Speeds) -> None:
+        """n in [lo, hi - 1], none of them judged, all needing at least `lower` (the memory of n = hi
+        or a bound on it): skipped when (lower, the speed ceiling at lo) is hopeless, else split at
+        a middle n, estimated."""
+        if lo >= hi:
+            return
+        most = most_stage_layers(self.req.architecture, s)
+        if self.answer.hopeless(lower, speed.ceiling("full", lo)):
+            self._judge(2 * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
+            return
+        mid = (lo + hi - 1) // 2
+        memory = self._candidate(s, self._full(b, mid, most), lower, speed.ceiling("full", mid))
+        if memory is not None and not self.req.within(memory):  # nor does any n below it
+            self._judge(2 * (mid - lo) - self._estimated_full(s, b, range(lo, mid), most), "monotone recompute")
+        else:
+            self._interval(s, b, lo, mid, lower if memory is None else memory, speed)
+        self._interval(s, b, mid + 1, hi, lower, speed)
+
+    def layouts(self) -> tuple[Layout, ...]:
+        top, front = self.answer.keys()
+        out = [self._layout(key, key in front) for key in top | front]
+        return tuple(sorted(out, key=lambda x: (-x.tokens_per_s_per_gpu, x.device_total_bytes)))
+
+    def _layout(self, key: tuple, pareto: bool) -> Layout:
+        s, v = key
+        e, r = self.ev.estimate(s, v), self.ev.roofline(s, v)
+        return Layout(parallel=e.parallel, training=e.training, device_total_bytes=e.device_total_bytes,
+                      peak_stage=e.peak_stage, utilization=e.fit.utilization, step_time_s=r.step.time_s,
+                      tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
+
+
+# --- entry points --------------------------------------------------------------------------------------
+
+def plan(arch: Architecture, training: Training, gpu: str | Hardware, gpus: int, gpus_per_node: int = 8,
+         margin: float = TIGHT_FRACTION, *, comm_overlap: float = 1.0, limit: int = 50,
+         max_gpus: int = 16384) -> Plan:
+    """The layouts of `arch` trained as `training` on `gpus` GPUs that fit under `margin` of the
+    GPU's memory: the `limit` fastest and the memory/throughput Pareto front, fastest first."""
+    hardware = gpu if isinstance(gpu, Hardware) else Hardware(gpu=gpu)
+    req = _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, max_gpus)
+    return search(req)
+
+
+def _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, max_gpus) -> Request:
+    checks = (("gpus", gpus, gpus >= 1), ("gpus_per_node", gpus_per_node, gpus_per_node >= 1),
+              ("margin", margin, 0 < margin <= 1), ("limit", limit, limit >= 1))
+    for name, value, ok in checks:
+        if not ok:
+            raise ConfigError(f"plan.{name}", value, "a positive integer" if name != "margin" else "0 < margin <= 1")
+    if training.mode != "training":
+        raise ConfigError("training.mode", training.mode, "'training'", "the planner lays out training runs")
+    return Request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, max_gpus)
+
+
+def search(req: Request) -> Plan:
+    start = time.perf_counter()
+    run = _Search(req)
+    run.run()
+    layouts = run.layouts()
+    seconds = time.perf_counter() - start
+    smallest = None if layouts else smallest_fit(req)
+    return Plan(request=req, layouts=layouts, searched=run.searched, estimates=run.ev.estimates,
+                rooflines=run.ev.rooflines, seconds=seconds, pruned=dict(run.pruned), smallest_fit=smallest)
+
+
+# --- when nothing fits: how many GPUs would -----------------------------------------------------------
+
+def least_memory(req: Request) -> int | None:
+    """The smallest device total of any layout on `req.gpus` GPUs (None: no valid layout). Each
+    shape's least is at micro-batch 1 with full recompute of every layer or selective recompute,
+    fused or chunked loss (rules 2 and 3, and memory never falls with the micro-batch but where
+    the last micro-batch size leaves one micro-batch and no pipeline, so that one is tried too);
+    shapes whose states floor is above the least found are skipped (rule 1)."""
+    ev, best = _Evaluator(req), None
+    floors = [(ev.floor(s), s) for s in shapes(req)]
+    for floor, s in sorted((x for x in floors if x[0] is not None), key=lambda x: x[0]):
+        if best is not None and floor >= best:
+            break
+        for v in _frugal_variants(req, s):
+            e = ev.estimate(s, v)
+            if e is not None and (best is None or e.device_total_bytes < best):
+                best = e.device_total_bytes
+    return best
+
+
+def _frugal_variants(req: Request, s: Shape) -> list[Variant]:
+    micro = micro_batches(req.training, s.dp)
+    sizes = {1}
+    if req.training.framework != "megatron" and s.pp == 1:
+        sizes.add(max(micro))  # one micro-batch per step: no gradients alive in forward
+    return [Variant(b, mode, None, loss) for b in sorted(sizes) for mode in ("full", "selective")
+            for loss in ("fused", "chunked")]
+
+
+def smallest_fit(req: Request) -> dict:
+    """For the request's GPU and every catalog GPU: the fewest GPUs, a power of two up to
+    `req.max_gpus`, on which some layout fits under the margin (None if none does). The memory of a
+    layout does not depend on which catalog GPU runs it (memory.Estimate.fits), so one search per
+    GPU count answers every GPU."""
+    answer: dict[str, int | None] = {g: None for g in GPUS}
+    n = 1
+    while n <= req.max_gpus and any(v is None for v in answer.values()):
+        least = least_memory(dataclasses.replace(req, gpus=n))
+        for g, gpu in GPUS.items():
+            if answer[g] is None and least is not None and least / gpu.capacity_bytes <= req.margin:  # within()
+                answer[g] = n
+        n *= 2
+    ordered = {req.hardware.gpu: answer.pop(req.hardware.gpu)}
+    ordered.update(answer)
+    return ordered
+
+
+# --- text ------------------------------------------------------------------------------------------------
+
+GiB = 1024**3
+
+
+def _pipeline(par: Parallel) -> str:
+    text = str(par.pp)
+    if par.pp_first_stage_layers is not None:
+        text += f" ({par.pp_first_stage_layers}|..|{par.pp_last_stage_layers})"
+    return text + (f" x{par.vpp}" if par.vpp > 1 else "")
+
+
+def _recompute(tr: Training) -> str:
+    if tr.recompute == "full":
+        return f"full {tr.recompute_layers}" if tr.recompute_layers else "full all"
+    return tr.recompute
+
+
+def _row(rank: int, x: Layout) -> str:
+    p, t = x.parallel, x.training
+    expert = f"{p.ep}/{p.etp}" if p.ep > 1 or p.etp != p.tp else "-"
+    return (f"{rank:>4} {'*' if x.pareto else ' '} {p.tp:>3} {_pipeline(p):>14} {p.cp:>3} {p.dp:>5} {expert:>7} "
+            f"{p.zero_stage:>4} {t.micro_batch_size:>4} {_recompute(t):>10} {t.loss:>8} "
+            f"{x.device_total_bytes / GiB:8.2f} {x.utilization:6.1%} {x.tokens_per_s_per_gpu:10,.0f} {x.mfu:6.1%} "
+            f"{x.step_time_s:8.3f}")
+
+
+def render_plan_text(result: Plan) -> str:
+    req = result.request
+    lines = [f"Plan for {req.architecture.name} on {req.gpus} x {req.hardware.gpu} ({req.gpus_per_node} per node): "
+             f"layouts using at most {req.margin:.0%} of {req.hardware.device.capacity_bytes / GiB:.1f} GiB",
+             f"Searched {result.searched:,} layouts in {result.seconds:.2f} s ({result.estimates:,} full estimates, "
+             f"{result.rooflines:,} rooflines; the rest judged by exact rules: "
+             + ", ".join(f"{k} {v:,}" for k, v in result.pruned.items()) + ")"]
+    if not result.layouts:
+        return "\n".join(lines + ["No layout fits."])
+    front = sum(x.pareto for x in result.layouts)
+    lines += [f"Listed: the {min(req.limit, len(result.layouts))} fastest fitting layouts and the Pareto front "
+              f"({front} layouts, marked *) of memory against throughput; {len(result.layouts)} in all.", "",
+              f"{'rank':>4}   {'TP':>3} {'PP':>14} {'CP':>3} {'DP':>5} {'EP/ETP':>7} {'ZeRO':>4} {'mbs':>4} "
+              f"{'recompute':>10} {'loss':>8} {'GiB':>8} {'util':>6} {'tok/s/GPU':>10} {'MFU':>6} {'step s':>8}"]
+    lines += [_row(i, x) for i, x in enumerate(result.layouts, 1)]
+    lines += ["", "PP a|..|b: uneven first and last stages; xV: interleaved virtual stages. Numbers are the "
+              "estimator's (estimate, roofline) for each layout; the roofline is an upper bound on speed."]
+    return "\n".join(lines)
+
+
+def no_fit_text(result: Plan) -> str:
+    """One line: where no layout fits, the fewest GPUs that would fit, of this GPU and the others."""
+    req, found = result.request, result.smallest_fit or {}
+    head = f"no layout fits on {req.gpus} x {req.hardware.gpu} under {req.margin:.0%}"
+    own = found.get(req.hardware.gpu)
+    head += (f"; the fewest that fit: {own} x {req.hardware.gpu}" if own
+             else f"; none fits on up to {req.max_gpus:,} x {req.hardware.gpu}")
+    others = [f"{n} x {g}" for g, n in found.items() if g != req.hardware.gpu and n]
+    return head + ("; other GPUs: " + ", ".join(others) if others else "") + " (powers of two)"
