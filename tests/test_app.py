@@ -588,3 +588,13 @@ def test_no_private_streamlit_flag_is_patched():
     source = (ROOT / "ui" / "state.py").read_text()
     code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
     assert "PagesManager.uses_pages_directory =" not in code
+
+
+def test_the_memory_page_writes_its_downloads_only_when_clicked():
+    # a rerun shows the three buttons without building a CSV, JSON or PDF: each button holds a
+    # deferred file (its bytes are made on click; tests/e2e downloads and checks all three)
+    at = _app(SHARED)
+    _no_exception(at)
+    buttons = at.get("download_button")
+    assert [b.proto.label for b in buttons] == ["Breakdown (CSV)", "Configuration (JSON)", "Report (PDF)"]
+    assert all(b.proto.HasField("deferred_file_id") and not b.proto.url for b in buttons)

@@ -358,8 +358,8 @@ def roofline_spec(operations: list[dict], peaks: list[float], bandwidth: float, 
         colours = [BOUND_COLOURS.get(b, "#17BECF") for b in bounds]
         layers.append((ops, {"mark": {"type": "point", "filled": True, "opacity": 0.85, "size": 90}, "encoding": {
             "color": _field("bound", "N", scale={"domain": bounds, "range": colours}, title="Bound by"),
-            "shape": _field("phase", "N", legend=dict(_PHASE_LEGEND), scale={k: list(v) for k, v in _PHASE_SHAPES.items()},
-                            title="Phase"),
+            "shape": _field("phase", "N", legend=dict(_PHASE_LEGEND),
+                            scale={k: list(v) for k, v in _PHASE_SHAPES.items()}, title="Phase"),
             "tooltip": [_field(f, t, **extra) for f, t, extra in _ROOFLINE_TOOLTIP],
             "x": x(), "y": y()}}))
     return _layered(layers, height)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 
-import pandas as pd
 import streamlit as st
 
 from estimator.hardware import GPUS
@@ -108,13 +107,21 @@ def breakdown_table(stage) -> None:
     rows = [{"Component": charts.component_name(c.key, c.label), "GiB": f"{c.bytes / GiB:,.2f}",
              "Bytes": f"{c.bytes:,.0f}", "Share": _share(c.bytes, stage.device_total_bytes),
              "Formula": c.formula, "Source": c.source} for c in stage.components]
-    st.table(pd.DataFrame(rows), hide_index=True)
+    st.table(_table(rows), hide_index=True)
     details = [(c, p) for c in stage.components for p in c.parts]
     if details:
         with st.expander("Parts of the components"):
-            st.table(pd.DataFrame([{"Component": charts.component_name(c.key, c.label), "Part": p.label,
-                                    "GiB": f"{p.bytes / GiB:,.3f}", "Formula": p.formula, "Source": p.source}
-                                   for c, p in details]), hide_index=True)
+            st.table(_table([{"Component": charts.component_name(c.key, c.label), "Part": p.label,
+                              "GiB": f"{p.bytes / GiB:,.3f}", "Formula": p.formula, "Source": p.source}
+                             for c, p in details]), hide_index=True)
+
+
+def _table(rows: list[dict]):
+    """Rows as an Arrow table: Streamlit sends one as it is, where it converts a DataFrame through
+    pandas on every rerun (a few milliseconds a table, and these are redrawn every run)."""
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows)
 
 
 def what_to_change(cur: Current, est) -> None:
@@ -159,9 +166,9 @@ def activation_ledger(est) -> None:
     with st.expander("What one layer keeps for backward (one micro-batch, one GPU)"):
         st.caption("Every tensor autograd saves in one layer, after TP/SP/CP division; the stage's activations are "
                    "these, times its layers and micro-batches in flight. Rows marked recomputed are rebuilt in backward instead of kept.")
-        st.dataframe(pd.DataFrame([{"Layer": line.kind, "Tensor": line.name, "MiB": line.bytes / 2**20,
-                                    "Formula": line.formula, "Recomputed": line.dropped_by_recompute}
-                                   for line in lines]),
+        st.dataframe(_table([{"Layer": line.kind, "Tensor": line.name, "MiB": line.bytes / 2**20,
+                              "Formula": line.formula, "Recomputed": line.dropped_by_recompute}
+                             for line in lines]),
                      hide_index=True, width="stretch",
                      column_config={"MiB": st.column_config.NumberColumn(format="%.2f"),
                                     "Recomputed": st.column_config.CheckboxColumn()})
@@ -178,13 +185,12 @@ def fit_cards(est, per_row: int = 6) -> None:
                 st.progress(min(fit.utilization, 1.0), text=f"{fit.utilization:.0%} of {gib(fit.capacity_bytes)}")
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
-def _chart_spec(kind: str, config_json: str) -> dict:
-    """A chart's Vega-Lite spec, a function of the configuration alone, so cached on its JSON.
+def chart_spec(kind: str, config_json: str) -> dict:
+    """A chart's Vega-Lite spec: a function of the configuration alone.
 
-    Written directly by `charts.*_spec` (the same dict as the Altair builders' validated
-    `to_dict()`, tests/test_charts.py): a new configuration is drawn without Altair's objects
-    and schema validation, which took two thirds of a Memory page rerun."""
+    Written directly by `charts.*_spec`, the same dict as the Altair builders' validated
+    `to_dict()` (tests/test_charts.py): Altair's objects and schema validation took two thirds of
+    a Memory page rerun."""
     if kind == "roofline":
         rf = compute._roofline(config_json).to_json()
         ops = rf["operations"]
@@ -197,11 +203,36 @@ def _chart_spec(kind: str, config_json: str) -> dict:
     return charts.phase_spec(est.stages[est.peak_stage])
 
 
+def _arrow_bytes(rows: list[dict]) -> bytes:
+    """`rows` as an Arrow IPC stream, the form a chart's dataset travels in to the browser."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist(rows)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _chart_wire(kind: str, config_json: str) -> dict:
+    """The chart as `st.vega_lite_chart` takes it, cached per configuration: its datasets already
+    Arrow bytes, which Streamlit passes on as they are (its own `altair_chart` hands them over so;
+    tests/test_charts.py draws them through AppTest, so a Streamlit that stops taking them fails
+    a test, not the page).
+
+    Given rows, Streamlit converts each dataset through pandas on every call: about 7 ms a chart,
+    on every rerun; pyarrow reads the rows in a tenth of that, once per configuration. The bytes
+    hold the same columns and values (tests/test_charts.py reads them back)."""
+    spec = chart_spec(kind, config_json)
+    return {**spec, "datasets": {name: _arrow_bytes(rows) for name, rows in spec.get("datasets", {}).items()}}
+
+
 def chart(kind: str, config_json: str) -> None:
     """Draw the stacked bar per stage ("stages"), the step's phases ("phases") or the roofline.
     A chart that cannot be built is one line of text, never a traceback."""
     try:
-        spec = _chart_spec(kind, config_json)
+        spec = _chart_wire(kind, config_json)
     except Exception as exc:
         st.caption(f":material/info: The chart is not available for this configuration ({type(exc).__name__}).")
         return
@@ -220,18 +251,21 @@ def _report_pdf(config_json: str, title: str) -> bytes:
 
 
 def export_buttons(cur: Current, est) -> None:
+    """Three downloads, each file written when its button is clicked (a callable `data`): a rerun
+    that only shows the buttons builds no CSV, JSON or PDF."""
     name = _slug(cur.model_label)
+    config, config_json = cur.config, cur.config_json
+    title = f"GPU memory estimate: {cur.model_label}"
     cols = st.columns(3)
-    cols[0].download_button("Breakdown (CSV)", exports.breakdown_csv(est), file_name=f"{name}-memory.csv",
+    cols[0].download_button("Breakdown (CSV)", lambda: exports.breakdown_csv(est), file_name=f"{name}-memory.csv",
                             mime="text/csv", on_click="ignore", icon=":material/table:", key="dl_csv",
                             width="stretch", help="One row per pipeline stage and component, bytes and GiB.")
-    cols[1].download_button("Configuration (JSON)", exports.config_json(cur.config, est), file_name=f"{name}-config.json",
+    cols[1].download_button("Configuration (JSON)", lambda: exports.config_json(config, est),
+                            file_name=f"{name}-config.json",
                             mime="application/json", on_click="ignore", icon=":material/data_object:",
                             key="dl_json", width="stretch",
                             help="Load it with the sidebar's Import, or run "
                                  "`python -m estimator estimate --config FILE`.")
-    config_json = cur.config_json
-    title = f"GPU memory estimate: {cur.model_label}"
     cols[2].download_button("Report (PDF)", lambda: _report_pdf(config_json, title), file_name=f"{name}-report.pdf",
                             mime="application/pdf", on_click="ignore", icon=":material/picture_as_pdf:",
                             key="dl_pdf", width="stretch",
