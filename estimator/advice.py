@@ -1,10 +1,17 @@
-"""What to change when a run does not fit: single changes, each estimated, best first.
+"""What to change when a run does not fit: single changes, each estimated, best first; and, when
+no short chain of them fits, the nearest layout the planner finds.
 
 Every suggestion is one knob turned from the user's configuration — a memory saver (recompute,
 a chunked loss, a smaller micro-batch, a higher ZeRO stage, expandable segments, 8-bit Adam) or a
 wider split of the model (TP, PP, CP), which keeps the number of GPUs by halving DP where it can
 and keeps the samples per optimizer step by raising the number of micro-batches. Each one is a
 full estimate, so the numbers are the estimator's, not a rule of thumb.
+
+Single changes only ever double one setting, so they miss layouts that move several at once
+(Llama-3.1-70B at 8k tokens on 8 GPUs needs 32 GPUs with PP 4). `plan_to_fit` then asks the
+planner (planner.py) for every fitting layout on the user's GPUs, or on the fewest GPUs that
+fit, and takes the cheapest: the fewest and smallest moves from the user's layout, and then the
+least step time.
 """
 
 from __future__ import annotations
@@ -94,10 +101,20 @@ def suggestions(cfg: Config, limit: int = 6) -> list[Suggestion]:
     return found[:limit]
 
 
-def plan_to_fit(cfg: Config, max_steps: int = 5) -> list[Suggestion]:
-    """Changes applied one after another, each the best single change from where the last left
-    off, until the run fits on its GPU (or nothing lowers the total any more). Greedy, so a
-    short plan rather than the shortest; every step is a full estimate."""
+def plan_to_fit(cfg: Config, max_steps: int = 5, use_planner: bool = True) -> list[Suggestion]:
+    """A plan that fits: single changes applied one after another while each is the best from
+    where the last left off (greedy: a short plan, each step a full estimate); when that ends
+    without fitting, the planner's nearest fitting layout instead, on the user's GPUs or, if none
+    fits there, on the fewest that do ("use more GPUs: at least N"). The planner's search takes
+    seconds: an interactive caller may leave it out (`use_planner=False`) and offer it apart."""
+    steps = _greedy(cfg, max_steps)
+    if (steps and steps[-1].verdict == "fits") or not use_planner:
+        return steps
+    nearest = nearest_fitting_layout(cfg)
+    return [nearest] if nearest else steps
+
+
+def _greedy(cfg: Config, max_steps: int) -> list[Suggestion]:
     steps: list[Suggestion] = []
     current = cfg
     for _ in range(max_steps):
@@ -109,3 +126,61 @@ def plan_to_fit(cfg: Config, max_steps: int = 5) -> list[Suggestion]:
         if options[0].verdict == "fits":
             break
     return steps
+
+
+# How far a layout moves from the user's: each size (TP, PP, ...) costs log2 of its ratio (a
+# doubling is one move), each other setting changed one; a layout slower than the fastest fitting
+# one costs its relative slowdown in moves, so speed breaks ties between equally near layouts.
+_SIZES = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp")
+
+
+def _distance(cfg: Config, layout, fastest_s: float) -> float:
+    from math import log2
+    changes = layout.changes()
+    moves = 0.0
+    for section, given in (("parallel", cfg.parallel), ("training", cfg.training)):
+        for name, value in changes[section].items():
+            before = getattr(given, name)
+            if name in _SIZES or name == "micro_batch_size":
+                moves += abs(log2(value / before))
+            elif value != before and not (name == "zero_stage" and before is None):
+                moves += 1
+    return moves + (layout.step_time_s / fastest_s - 1)
+
+
+def nearest_fitting_layout(cfg: Config) -> Suggestion | None:
+    """The fitting layout nearest the user's (`_distance`), on their GPUs or on the fewest that fit."""
+    from .planner import plan
+    gpus = cfg.parallel.gpus
+    found = plan(cfg.architecture, cfg.training, cfg.hardware, gpus, pareto=False, limit=200)
+    if not found.layouts:
+        fewest = (found.smallest_fit or {}).get(cfg.hardware.gpu)
+        if not fewest:
+            return None
+        gpus = fewest
+        found = plan(cfg.architecture, cfg.training, cfg.hardware, gpus, pareto=False, limit=200)
+        if not found.layouts:
+            return None
+    fastest = min(x.step_time_s for x in found.layouts)
+    best = min(found.layouts, key=lambda x: _distance(cfg, x, fastest))
+    changed = dataclasses.replace(cfg, training=best.training, parallel=best.parallel)
+    what = _describe(cfg, best)
+    if gpus != cfg.parallel.gpus:
+        what = f"use more GPUs: at least {gpus} (no layout fits on {cfg.parallel.gpus}); {what}"
+    return Suggestion(what, changed, best.device_total_bytes, best.utilization, "fits", gpus)
+
+
+def _describe(cfg: Config, layout) -> str:
+    """The planner's layout as the moves from the user's: "TP 1 -> 8, PP 1 -> 4, recompute none -> full"."""
+    changes = layout.changes()
+    derived = {"etp": layout.parallel.tp, "sequence_parallel": layout.parallel.tp > 1}  # follow TP by default
+    moves = []
+    for section, given in (("parallel", cfg.parallel), ("training", cfg.training)):
+        for name, value in changes[section].items():
+            before = getattr(given, name)
+            if value == before or derived.get(name, object()) == value:
+                continue
+            shown = ", ".join(value) if isinstance(value, list) else value
+            moves.append(f"{name} {'auto' if before is None else before} -> {shown}")
+    return "the planner's nearest fitting layout: " + ", ".join(moves) + \
+        f" ({layout.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at the roofline)"

@@ -65,3 +65,23 @@ def test_seventy_billion_on_eight_gpus_needs_more_gpus():
     assert 70_553_706_496 * 18 > 8 * 80e9
     steps = plan_to_fit(load_config(OOM))
     assert all(s.verdict != "fits" for s in steps if s.gpus == 8)
+
+
+def test_the_advice_finds_layouts_that_move_several_settings():
+    """Llama-3.1-70B at 8k tokens on DP 8: doubling one setting at a time never fits on these 8
+    GPUs, and no layout of 8 H100s does: Megatron's model states alone are 70.6e9 parameters x 18 B
+    (bf16 weights, fp32 gradients, master weights and two Adam moments) / 8 GPUs = 159 GB even fully
+    sharded, over the 79.6 GiB of an H100. So the plan is the planner's nearest layout on the fewest
+    GPUs that fit (a power of two), estimated in full."""
+    from estimator import estimate
+    from estimator.advice import plan_to_fit
+    from estimator.config import load_config
+    cfg = load_config({"model": "llama-3.1-70b", "training": {"seq_len": 8192}, "parallel": {"dp": 8}})
+    greedy = plan_to_fit(cfg, use_planner=False)
+    assert greedy and greedy[-1].verdict != "fits"
+    [step] = plan_to_fit(cfg)
+    assert step.description.startswith("use more GPUs: at least 32 (no layout fits on 8)")
+    assert step.gpus == 32 and step.verdict == "fits"
+    again = estimate(step.config.architecture, step.config.training, step.config.parallel, step.config.hardware)
+    assert again.device_total_bytes == step.device_total_bytes and again.fit.verdict == "fits"
+    assert step.config.training.seq_len == 8192 and step.config.parallel.gpus == 32

@@ -51,7 +51,8 @@ def _advice(config_json: str) -> tuple[list, list]:
 
     def rows(found):
         return [(s.description, s.config.to_dict(), s.device_total_bytes, s.verdict, s.gpus) for s in found]
-    return rows(plan_to_fit(cfg)), rows(suggestions(cfg))
+    # the planner's search takes seconds: the Memory page links to the Planner page instead
+    return rows(plan_to_fit(cfg, use_planner=False)), rows(suggestions(cfg))
 
 
 def advice(config_json: str) -> Result:
