@@ -28,7 +28,8 @@ from streamlit.testing.v1 import AppTest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the app's `ui` package, the same modules the AppTest runs import
 APP = str(ROOT / "app.py")
-PAGES = ["pages/memory.py", "pages/roofline.py", "pages/compare.py", "pages/presets.py", "pages/guide.py"]
+PAGES = ["pages/memory.py", "pages/roofline.py", "pages/planner.py", "pages/compare.py", "pages/presets.py",
+         "pages/guide.py"]
 QUERY = {"model": "llama-3.1-70b", "tp": "8", "pp": "4", "vpp": "5", "dp": "2", "seq_len": "8192",
          "recompute": "selective"}
 

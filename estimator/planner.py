@@ -9,50 +9,57 @@ and a number of GPUs, `plan` enumerates the layouts and the memory knobs around 
   middle stages take ceil(L / PP) layers and the two end stages share the rest (Llama 3 405B's
   126 layers on PP 16 are 7 + 8 x 14 + 7, Grattafiori et al. 2024, section 3.3.2);
 - CP (ring attention over flash kernels, at least 1,024 tokens per GPU), and DP = N / (TP PP CP);
-- EP and expert TP (a divisor of TP) for MoE models;
+- EP (dividing the experts) and expert TP (1 or TP) for MoE models;
 - the ZeRO stage each framework runs (`parallel.py`; `states.resolve_zero_stage`): Megatron and
-  DeepSpeed 0-3, FSDP2 0/2/3, the HF Trainer 0; a stage above 0 only where there is a group to
-  shard over;
+  DeepSpeed 0-3, FSDP2 0/2/3, the HF Trainer 0; above 0 only where there is a group to shard over;
 - recompute: none, selective, or full on n = 1 ... (the most layers of a stage) layers per stage;
-- micro-batch: powers of two dividing the global batch per DP rank, at most 64k tokens a micro-batch;
+- micro-batch: powers of two dividing the global batch per DP rank, at most 128k tokens each;
 - loss: standard, fused, chunked.
 
-It returns the fastest layouts that fit (utilization at most `margin`, the estimator's "fits"
-verdict by default) and the memory-versus-throughput Pareto front of all fitting layouts, each
-with its numbers from a full `estimate()` and `roofline()`; when none fits, the smallest power of
-two of these GPUs, and of every catalog GPU, at which some layout fits.
+It returns the `limit` fastest layouts that fit (utilization at most `margin`, the estimator's
+"fits" verdict by default) and the memory-versus-throughput Pareto front of all fitting layouts,
+each with its numbers from a full `estimate()` and `roofline()`; when none fits, the smallest power
+of two of these GPUs, and of every catalog GPU, at which some layout fits.
 
 Speed: a full estimate costs about a millisecond and a roofline more, so the search judges most
-layouts without either, by exact rules (each a test in tests/test_planner.py, checked against
-brute force on random small cases):
+layouts without either, by exact rules, each checked against brute force on random small cases
+(tests/test_planner.py). Memory, from the estimator's phases (memory.py):
 
 1. states floor: a stage's peak is at least its optimizer-step phase (model states, gradients,
-   optimizer temporaries), which no recompute, micro-batch or loss changes; when it is over the
-   budget no variant of the layout fits. It depends on the layout's split only, so it is cached
-   by (TP, PP, VPP, split, EP, ETP, ZeRO, CP > 1): DP x CP is N / (TP PP) for all of them.
-2. dominance: ZeRO 0 under Megatron or DeepSpeed with DP x CP > 1 is beaten by ZeRO 1 (less
-   memory, less traffic, a smaller update); the standard loss by the fused one (it keeps less and
-   moves fewer bytes); fused and chunked losses run at the same speed, so the one that needs more
-   memory is beaten by the other.
-3. monotone recompute: with full recompute, more recomputed layers never need more memory nor run
-   faster; so the fitting n form an interval, found by bisection.
-4. bounds: a throughput ceiling per layout family (no recompute, fused loss, the most efficient
-   micro-batch, the smallest pipeline bubble, TP/EP traffic of the lightest stage), from one
-   roofline; a family whose ceiling is below the current top list and whose (floor, ceiling)
-   corner is dominated by a layout already found can hold no answer, and is skipped whole.
+   optimizer temporaries), which no recompute, micro-batch or loss changes, so when it is over
+   the budget no variant of the shape fits. It depends on the split only: cached by (TP, PP, VPP,
+   split, EP, ETP, ZeRO, CP > 1) (DP x CP is N / (TP PP) for all of them); it falls with the ZeRO
+   stage, and with EP from 2 up (experts spread wider, their sharded states over the same GPUs).
+2. recompute: selective keeps a subset of what none keeps; full recompute of more layers keeps
+   less; so the least memory of a mode is its most frugal setting.
+3. micro-batch: no setting needs less memory with a larger micro-batch, but where one micro-batch
+   and no pipeline leave gradients unallocated in forward (non-Megatron frameworks); that one is
+   treated apart.
 
-Every layout enumerated is judged, by a full estimate or by one of these rules; `Plan.searched`
-counts them, `Plan.estimates` and `Plan.rooflines` count the full evaluations.
+Speed, from the roofline's step (roofline.py):
+
+4. ceilings: one roofline without recompute bounds every recompute setting of its shape and
+   micro-batch from above (`Speeds`), and with the smallest bubble every micro-batch.
+5. dominance: ZeRO 0 under Megatron or DeepSpeed with DP x CP > 1 loses to ZeRO 1 on both counts;
+   the standard loss to the fused one (it keeps more and moves more bytes); fused and chunked
+   losses run at the same speed, so the one that needs more memory loses; full recompute of more
+   layers is never faster.
+
+A set of layouts is skipped whole when its ceiling is below the current top list and a layout
+already found needs no more memory than its floor at no less speed: nothing in it can enter the
+answer. Every layout enumerated is judged, by its own estimate or by these rules; `Plan.searched`
+counts them, `Plan.estimates` and `Plan.rooflines` the full evaluations, `Plan.pruned` the rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
+import json
 import math
 import time
-from dataclasses import dataclass, field
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
 from .architecture import Architecture
@@ -65,8 +72,7 @@ from .training import Training
 
 LOSSES = ("standard", "fused", "chunked")
 MIN_CP_TOKENS = 1024  # below this per GPU the ring exchange has nothing to hide behind
-MAX_MICROBATCH_TOKENS = 65536  # micro-batches of more tokens than this are not what runs use
-LLAMA3 = "Grattafiori et al. 2024, The Llama 3 Herd of Models (arXiv 2407.21783), section 3.3.2"
+MAX_MICROBATCH_TOKENS = 131072  # more tokens a micro-batch than torchtitan's 16 x 8,192 are not what runs use
 
 
 # --- inputs and results ----------------------------------------------------------------------------
@@ -83,6 +89,8 @@ class Request:
     margin: float = TIGHT_FRACTION  # largest share of the GPU's memory a layout may use
     comm_overlap: float = 1.0  # parallel.comm_overlap of every layout (roofline)
     limit: int = 50  # fastest fitting layouts returned (plus the Pareto front)
+    pareto: bool = True  # also find the memory/throughput front (False: the fastest `limit` only, much sooner)
+    fixed: tuple[tuple[str, int | None], ...] = ()  # parallel fields held at a value, e.g. (("tp", 8),)
     max_gpus: int = 16384  # how far the no-fit answer looks
 
     def within(self, device_bytes: float) -> bool:
@@ -215,9 +223,11 @@ def _cp_ok(training: Training, tp: int, cp: int) -> bool:
 
 
 def _expert_splits(arch: Architecture, tp: int, per_stage: int) -> list[tuple[int, int]]:
+    """EP dividing the experts and, with expert TP, the GPUs of a stage; expert TP = TP (Megatron-
+    Core's default) or 1 (the usual choice for fine-grained experts, as DeepSeek-V3 runs)."""
     if not arch.is_moe:
         return [(1, tp)]
-    return [(ep, etp) for etp in divisors(tp) if arch.moe_intermediate_size % etp == 0
+    return [(ep, etp) for etp in sorted({1, tp}) if arch.moe_intermediate_size % etp == 0
             for ep in divisors(arch.num_experts) if per_stage % (ep * etp) == 0]
 
 
@@ -227,7 +237,18 @@ def _zero_stages(framework: str, shards: bool) -> tuple[int, ...]:
     return stages if shards else (0,)
 
 
+# Shape fields by the name of the parallel field they set
+FIXABLE = {"tp": "tp", "pp": "pp", "vpp": "vpp", "pp_first_stage_layers": "first", "pp_last_stage_layers": "last",
+           "cp": "cp", "dp": "dp", "ep": "ep", "etp": "etp", "zero_stage": "zero"}
+
+
 def shapes(req: Request) -> Iterator[Shape]:
+    """Every valid shape, those with the request's fixed fields only."""
+    fixed = [(FIXABLE[name], value) for name, value in req.fixed]
+    return (s for s in _all_shapes(req) if all(getattr(s, f) == value for f, value in fixed))
+
+
+def _all_shapes(req: Request) -> Iterator[Shape]:
     arch, tr, n = req.architecture, req.training, req.gpus
     gbs = tr.global_batch_size
     for tp in (t for t in divisors(req.gpus_per_node) if n % t == 0 and _tp_ok(arch, t)):
@@ -244,7 +265,8 @@ def shapes(req: Request) -> Iterator[Shape]:
 
 
 def micro_batches(training: Training, dp: int) -> tuple[int, ...]:
-    """Powers of two up to 64k tokens a micro-batch that divide the global batch per DP rank."""
+    """Powers of two up to 128k tokens a micro-batch (torchtitan runs 16 x 8,192) that divide the
+    global batch per DP rank."""
     per_rank = training.global_batch_size // dp if training.global_batch_size else None
     out, b = [], 1
     while b == 1 or b * training.seq_len <= MAX_MICROBATCH_TOKENS:
@@ -290,7 +312,6 @@ class _Evaluator:
         self.memory: dict[tuple, Estimate | None] = {}
         self.speed: dict[tuple, Roofline] = {}
         self.floors: dict[tuple, int | None] = {}
-        self.ceilings: dict[tuple, float] = {}
         self.estimates = 0
         self.rooflines = 0
         self.judged: Counter = Counter()  # valid layouts estimated, by shape and by (shape, micro-batch)
@@ -342,13 +363,13 @@ class _Evaluator:
         return self.speed[key]
 
     @staticmethod
-    def _floor_key(s: Shape) -> tuple:
+    def floor_key(s: Shape) -> tuple:
         # DP x CP is N / (TP PP) for every shape of a key, and expert DP N / (PP EP ETP)
         return (s.tp, s.pp, s.vpp, s.first, s.last, s.ep, s.etp, s.zero, s.cp > 1)
 
     def floor(self, s: Shape) -> int | None:
         """The states floor of every variant of the shape (rule 1); None when the shape is invalid."""
-        key = self._floor_key(s)
+        key = self.floor_key(s)
         if key not in self.floors:
             e = self.estimate(s, Variant(1, "full", None, "fused"))
             self.floors[key] = None if e is None else max(self._stage_floor(st) for st in e.stages)
@@ -365,18 +386,18 @@ class _Evaluator:
         step = dict(stage.phase_totals)["optimizer"]
         return step + outside + int(round(step * self.fragmentation))
 
-    def ceiling(self, s: Shape) -> float:
-        """Tokens/s per GPU no variant of the shape reaches (rule 4): the ceiling without recompute
-        at the largest micro-batch (no GEMM is slower per token with a larger one; everything else
-        per token is the same or falls with it) with the bubble of the most micro-batches."""
+    def shape_speeds(self, s: Shape) -> Speeds:
+        """Ceilings over every micro-batch of the shape (rule 4): those of the largest micro-batch
+        (no GEMM is slower per token with a larger one; everything else per token is the same or
+        falls with it) with the bubble of the most micro-batches."""
         micro = micro_batches(self.req.training, s.dp)
         speed = self.speeds(s, max(micro))
         most = self.microbatches(s, min(micro))
-        return speed._replace(bubble=(s.pp - 1) / (s.vpp * most)).ceiling("none")
+        return speed._replace(bubble=(s.pp - 1) / (s.vpp * most))
 
     def speeds(self, s: Shape, b: int) -> Speeds:
         return speeds(self.req, self.roofline(s, Variant(b, "none", None, "fused")), self.stage_layers(s),
-                      self.stage_params[self._floor_key(s)])
+                      self.stage_params[self.floor_key(s)])
 
     def microbatches(self, s: Shape, b: int) -> int:
         tr = self.req.training
@@ -455,8 +476,9 @@ def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_param
 class _Answer:
     """Fitting layouts found so far: a top-`limit` by throughput and the memory/throughput front."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, pareto: bool = True):
         self.limit = limit
+        self.pareto = pareto
         # min-heap of (throughput, -memory, order found, key): the order breaks ties, never the key
         self.top: list[tuple[float, int, int, tuple]] = []
         self.front: list[tuple[int, float, tuple]] = []  # (memory, throughput, key), memory ascending
@@ -474,7 +496,7 @@ class _Answer:
         self._add_to_front(key, point)
 
     def _add_to_front(self, key: tuple, p: Point) -> None:
-        if self.dominated(p.memory, p.throughput):
+        if not self.pareto or self.dominated(p.memory, p.throughput):
             return
         self.front = [f for f in self.front if not (f[0] >= p.memory and f[1] <= p.throughput)]
         self.front.append((p.memory, p.throughput, key))
@@ -482,7 +504,9 @@ class _Answer:
 
     def dominated(self, memory: float, throughput: float) -> bool:
         """Some layout found has no more memory and at least this throughput (an equal one counts:
-        layouts with identical numbers are listed once)."""
+        layouts with identical numbers are listed once). Without a front, everything counts as such."""
+        if not self.pareto:
+            return True
         best = -1.0
         for m, t, _ in self.front:
             if m > memory:
@@ -510,29 +534,42 @@ class _Search:
     def __init__(self, req: Request):
         self.req = req
         self.ev = _Evaluator(req)
-        self.answer = _Answer(req.limit)
+        self.answer = _Answer(req.limit, req.pareto)
         self.searched = 0
         self.pruned = {"states floor": 0, "least memory": 0, "dominated": 0, "bound": 0, "monotone recompute": 0}
 
     def run(self) -> None:
-        alive = []
-        for s in shapes(self.req):
+        alive, over = [], {}
+        # larger EP and ZeRO stages first: a states floor over the budget is over it for every
+        # smaller EP (>= 2) and ZeRO stage of the same split too (rule 1)
+        for s in sorted(shapes(self.req), key=lambda s: (s._replace(ep=0, zero=0), -s.ep, -s.zero)):
             count = self._count(s)
-            if self._dominated_zero(s):
-                if self.ev.floor(s._replace(zero=1)) is not None:  # the ZeRO 1 twin is a valid layout
-                    self._judge(count, "dominated")
+            if self._dominated_zero(s):  # its ZeRO 1 twin came first: judged unless the estimator refused it
+                if self.ev.floors.get(self.ev.floor_key(s._replace(zero=1)), 0) is not None:
+                    self._judge(count - self.ev.judged[s], "dominated")
+                continue
+            group = over.setdefault(s._replace(ep=0, zero=0), [])
+            if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2) for e, z in group) and self._floors_fall(s):
+                self._judge(count - self.ev.judged[s], "states floor")
                 continue
             floor = self.ev.floor(s)
             if floor is None:
                 continue  # the estimator refuses the layout: not a layout
             if not self.req.within(floor):
+                group.append((s.ep, s.zero))
                 self._judge(count - self.ev.judged[s], "states floor")
                 continue
             alive.append((s, floor, count))
-        ceilings = {s: self.ev.ceiling(s) for s, _, _ in alive}
-        for s, floor, count in sorted(alive, key=lambda x: -ceilings[x[0]]):
-            self._shape(s, floor, ceilings[s], count)
+        tops = {s: self.ev.shape_speeds(s) for s, _, _ in alive}
+        for s, floor, count in sorted(alive, key=lambda x: -tops[x[0]].ceiling("none")):
+            self._shape(s, floor, tops[s], count)
         self.searched += sum(n for key, n in self.ev.judged.items() if isinstance(key, Shape))
+
+    def _floors_fall(self, s: Shape) -> bool:
+        """The states floor falls (or stays) with the ZeRO stage, and with EP from 2 up: experts
+        split over more GPUs while their sharded states spread over the same TP x CP x DP. Not with
+        DeepEP, whose buffers depend on EP."""
+        return self.req.training.moe_dispatcher != "deepep"
 
     def _micro(self, s: Shape) -> tuple[int, ...]:
         return micro_batches(self.req.training, s.dp)
@@ -546,22 +583,26 @@ class _Search:
             self.pruned[rule] += count
 
     def _dominated_zero(self, s: Shape) -> bool:
-        """Rule 2: ZeRO 0 loses to ZeRO 1 on both counts where there is a DP x CP group."""
+        """Rule 5: ZeRO 0 loses to ZeRO 1 on both counts where there is a DP x CP group."""
         return s.zero == 0 and self.req.training.framework in ("megatron", "deepspeed") and s.dp * s.cp > 1
 
-    def _shape(self, s: Shape, floor: int, ceiling: float, count: int) -> None:
-        if self.answer.hopeless(floor, ceiling):
+    def _shape(self, s: Shape, floor: int, top: Speeds, count: int) -> None:
+        if self.answer.hopeless(floor, top.ceiling("none")):
             self._judge(count - self.ev.judged[s], "bound")
             return
         least = self._least(s)
-        if not self.req.within(least) or self.answer.hopeless(least, ceiling):
-            self._judge(count - self.ev.judged[s], "least memory" if not self.req.within(least) else "bound")
+        # none keeps all that selective keeps (rule 2), and no mode needs less with a larger micro-batch
+        modes = {"none": least["selective"], "selective": least["selective"], "full": least["full"]}
+        open_ = {m: self.req.within(lb) and not self.answer.hopeless(lb, top.ceiling(m, 1)) for m, lb in modes.items()}
+        if not any(open_.values()):
+            fits = any(self.req.within(lb) for lb in modes.values())
+            self._judge(count - self.ev.judged[s], "bound" if fits else "least memory")
             return
-        below: dict[str, float] = {}  # memory of each setting at the last micro-batch (rule 5)
+        below = dict(modes)  # the least memory of each mode at this micro-batch and above (rule 3)
         for b in self._micro(s):
             if not self._gradients_alive(s, b) and self._gradients_alive(s, 1):
-                below = {}  # one micro-batch, no pipeline: gradients are not yet alive, memory may fall
-            self._micro_batch(s, b, least, below)
+                below = dict(modes)  # one micro-batch, no pipeline: gradients not yet alive, memory may fall
+            self._micro_batch(s, b, below, open_)
 
     def _gradients_alive(self, s: Shape, b: int) -> bool:
         """Whether gradients exist during forward and backward (memory.py): Megatron's buffer,
@@ -569,33 +610,44 @@ class _Search:
         return (self.req.training.framework == "megatron" or s.pp > 1
                 or self.ev.microbatches(s, b) > 1)
 
-    def _least(self, s: Shape) -> float:
-        """The least memory of any variant of the shape: at micro-batch 1 (or where gradients
-        vanish), selective or full recompute of every layer, fused or chunked loss (rules 2, 3, 5)."""
+    def _least(self, s: Shape) -> dict[str, float]:
+        """The least memory of selective and of full recompute over the shape's micro-batches and
+        recompute layers: at micro-batch 1 (and where gradients vanish), recomputing every layer,
+        the smaller of fused and chunked loss (rules 2, 3, 5)."""
         sizes = [1] + [b for b in self._micro(s) if not self._gradients_alive(s, b) and self._gradients_alive(s, 1)][:1]
-        most = most_stage_layers(self.req.architecture, s)
-        return min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes for mode in ("selective", "full")
-                   if mode == "selective" or most)
+        return {mode: min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes)
+                for mode in ("selective", "full")}
 
-    def _micro_batch(self, s: Shape, b: int, least: float, below: dict) -> None:
-        per_b = variants_per_micro_batch(self.req.architecture, s)
+    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict) -> None:
+        most = most_stage_layers(self.req.architecture, s)
+        per_mode = {"none": 2, "selective": 2, "full": 2 * most}  # fused and chunked (standard: rule 5)
         speed = self.ev.speeds(s, b)
         fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
-        ceiling = max(fastest, speed.ceiling("selective"), speed.ceiling("full", 1))
-        if self.answer.hopeless(max(least, min(below.values(), default=0)), ceiling):
-            self._judge(per_b - self.ev.judged[s, b], "bound")
-            return
-        self._judge(per_b // len(LOSSES), "dominated")  # the standard loss (rule 2)
-        lower = max(least, below.get("selective", 0))
-        selective = self._candidate(s, Variant(b, "selective", None, "fused"), lower, speed.ceiling("selective"))
-        below["selective"] = lower if selective is None else selective
-        lower = max(least, below["selective"], below.get("none", 0))  # none keeps all selective keeps
-        none = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest, exact=True)
-        below["none"] = lower if none is None else none
-        below["full"] = self._full_family(s, b, max(least, below.get("full", 0)), speed)
+        ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
+        alive = [m for m in open_ if open_[m]]
+        self._judge(sum(per_mode.values()) // 2, "dominated")  # the standard loss (rule 5)
+        if self.answer.hopeless(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
+            alive = []
+        for mode in [m for m in per_mode if m not in alive]:
+            self._judge(per_mode[mode] - self._estimated_mode(s, b, mode, most), "bound")
+        if "selective" in alive:
+            memory = self._candidate(s, Variant(b, "selective", None, "fused"), below["selective"],
+                                     ceilings["selective"])
+            below["selective"] = max(below["selective"], memory or 0)
+        if "none" in alive:
+            lower = max(below["none"], below["selective"])
+            memory = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest, exact=True)
+            below["none"] = max(lower, memory or 0)
+        if "full" in alive:
+            below["full"] = max(below["full"], self._full_family(s, b, below["full"], speed))
+
+    def _estimated_mode(self, s: Shape, b: int, mode: str, most: int) -> int:
+        if mode == "full":
+            return self._estimated_full(s, b, range(1, most + 1), most)
+        return sum(1 for loss in ("fused", "chunked") if (s, Variant(b, mode, None, loss)) in self.ev.memory)
 
     def _pair(self, s: Shape, v: Variant) -> tuple[float, Variant]:
-        """Rule 2's pair: the fused and the chunked loss run alike; the one that needs less memory
+        """Rule 5's pair: the fused and the chunked loss run alike; the one that needs less memory
         stands for both. (memory, variant); memory is inf when the estimator refuses both."""
         best = (math.inf, v)
         for loss in ("fused", "chunked"):
@@ -621,8 +673,8 @@ class _Search:
         return memory
 
     def _full_family(self, s: Shape, b: int, lower: float, speed: Speeds) -> float:
-        """Full recompute of n = 1 ... most layers per stage (rule 3: memory and speed fall as n
-        grows). Returns a lower bound on the memory of n = most (its memory when estimated)."""
+        """Full recompute of n = 1 ... most layers per stage (rules 2 and 5: memory and speed fall as
+        n grows). Returns a lower bound on the memory of n = most (its memory when estimated)."""
         most = most_stage_layers(self.req.architecture, s)
         if self.answer.hopeless(lower, speed.ceiling("full", 1)):
             self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
@@ -662,7 +714,10 @@ class _Search:
     def layouts(self) -> tuple[Layout, ...]:
         top, front = self.answer.keys()
         out = [self._layout(key, key in front) for key in top | front]
-        return tuple(sorted(out, key=lambda x: (-x.tokens_per_s_per_gpu, x.device_total_bytes)))
+        # ties on speed and memory in the layout's own fields, so the order never depends on the
+        # iteration order of a set (the CLI and the app rank alike)
+        return tuple(sorted(out, key=lambda x: (-x.tokens_per_s_per_gpu, x.device_total_bytes,
+                                                json.dumps(x.changes(), sort_keys=True))))
 
     def _layout(self, key: tuple, pareto: bool) -> Layout:
         s, v = key
@@ -675,16 +730,23 @@ class _Search:
 # --- entry points --------------------------------------------------------------------------------------
 
 def plan(arch: Architecture, training: Training, gpu: str | Hardware, gpus: int, gpus_per_node: int = 8,
-         margin: float = TIGHT_FRACTION, *, comm_overlap: float = 1.0, limit: int = 50,
-         max_gpus: int = 16384) -> Plan:
+         margin: float = TIGHT_FRACTION, *, comm_overlap: float = 1.0, limit: int = 50, pareto: bool = True,
+         fixed: dict[str, int | None] | None = None, max_gpus: int = 16384) -> Plan:
     """The layouts of `arch` trained as `training` on `gpus` GPUs that fit under `margin` of the
-    GPU's memory: the `limit` fastest and the memory/throughput Pareto front, fastest first."""
+    GPU's memory: the `limit` fastest and (with `pareto`) the memory/throughput Pareto front,
+    fastest first. `fixed` holds parallel fields (tp, pp, vpp, pp_first_stage_layers,
+    pp_last_stage_layers, cp, dp, ep, etp, zero_stage) at the given values."""
     hardware = gpu if isinstance(gpu, Hardware) else Hardware(gpu=gpu)
-    req = _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, max_gpus)
+    req = _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, pareto,
+                   tuple(sorted((fixed or {}).items())), max_gpus)
     return search(req)
 
 
-def _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, max_gpus) -> Request:
+def _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, pareto, fixed,
+             max_gpus) -> Request:
+    for name, value in fixed:
+        if name not in FIXABLE:
+            raise ConfigError(f"plan.fixed.{name}", value, "one of " + ", ".join(FIXABLE))
     checks = (("gpus", gpus, gpus >= 1), ("gpus_per_node", gpus_per_node, gpus_per_node >= 1),
               ("margin", margin, 0 < margin <= 1), ("limit", limit, limit >= 1))
     for name, value, ok in checks:
@@ -692,7 +754,8 @@ def _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap
             raise ConfigError(f"plan.{name}", value, "a positive integer" if name != "margin" else "0 < margin <= 1")
     if training.mode != "training":
         raise ConfigError("training.mode", training.mode, "'training'", "the planner lays out training runs")
-    return Request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, max_gpus)
+    return Request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, pareto, fixed,
+                   max_gpus)
 
 
 def search(req: Request) -> Plan:
@@ -700,7 +763,7 @@ def search(req: Request) -> Plan:
     run = _Search(req)
     run.run()
     layouts = run.layouts()
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start  # the layout search; the no-fit answer below is a search of its own
     smallest = None if layouts else smallest_fit(req)
     return Plan(request=req, layouts=layouts, searched=run.searched, estimates=run.ev.estimates,
                 rooflines=run.ev.rooflines, seconds=seconds, pruned=dict(run.pruned), smallest_fit=smallest)
@@ -736,21 +799,21 @@ def _frugal_variants(req: Request, s: Shape) -> list[Variant]:
 
 
 def smallest_fit(req: Request) -> dict:
-    """For the request's GPU and every catalog GPU: the fewest GPUs, a power of two up to
-    `req.max_gpus`, on which some layout fits under the margin (None if none does). The memory of a
-    layout does not depend on which catalog GPU runs it (memory.Estimate.fits), so one search per
-    GPU count answers every GPU."""
-    answer: dict[str, int | None] = {g: None for g in GPUS}
+    """For the request's GPU and every catalog GPU: the fewest GPUs, a power of two, on which some
+    layout fits under the margin; None where none does up to `req.max_gpus`, or (other GPUs) up to
+    4 x the request's GPU's answer, where the search stops. The memory of a layout does not depend
+    on which catalog GPU runs it (memory.Estimate.fits; DeepEP's buffers aside, sized here for the
+    request's GPU), so one search per GPU count answers every GPU."""
+    own = req.hardware.gpu
+    answer: dict[str, int | None] = {own: None, **{g: None for g in GPUS if g != own}}
     n = 1
-    while n <= req.max_gpus and any(v is None for v in answer.values()):
+    while n <= req.max_gpus and None in answer.values() and (answer[own] is None or n <= 4 * answer[own]):
         least = least_memory(dataclasses.replace(req, gpus=n))
-        for g, gpu in GPUS.items():
-            if answer[g] is None and least is not None and least / gpu.capacity_bytes <= req.margin:  # within()
-                answer[g] = n
+        for g in answer:
+            if answer[g] is None and least is not None and least / GPUS[g].capacity_bytes <= req.margin:
+                answer[g] = n  # the verdict rule of Request.within, on GPU g
         n *= 2
-    ordered = {req.hardware.gpu: answer.pop(req.hardware.gpu)}
-    ordered.update(answer)
-    return ordered
+    return answer
 
 
 # --- text ------------------------------------------------------------------------------------------------

@@ -598,3 +598,122 @@ def test_the_memory_page_writes_its_downloads_only_when_clicked():
     buttons = at.get("download_button")
     assert [b.proto.label for b in buttons] == ["Breakdown (CSV)", "Configuration (JSON)", "Report (PDF)"]
     assert all(b.proto.HasField("deferred_file_id") and not b.proto.url for b in buttons)
+
+
+# --- the Planner page ---------------------------------------------------------------------------------
+# Its keys are named in pages/planner.py (a page script cannot be imported here: importing it runs it).
+
+def _planner(query: dict | None = None, gpus: int | None = None) -> AppTest:
+    """The app opened on the Planner page, with `gpus` typed in, after pressing Plan."""
+    at = _app(query)
+    at.switch_page("pages/planner.py").run()
+    _no_exception(at)
+    if gpus is not None:
+        at.number_input(key="planner_gpus").set_value(gpus).run()
+    at.button(key="planner_run").click().run()
+    _no_exception(at)
+    return at
+
+
+def _direct_plan(config: dict, gpus: int):
+    from estimator import load_config
+    from estimator.planner import plan
+    cfg = load_config(config)
+    return plan(cfg.architecture, cfg.training, cfg.hardware, gpus, comm_overlap=cfg.parallel.comm_overlap)
+
+
+def test_planner_page_renders_for_the_default_model():
+    at = _app()
+    at.switch_page("pages/planner.py").run()
+    _no_exception(at)
+    assert at.title[0].value == "Planner"
+    assert not at.error, [e.value for e in at.error]
+    # the GPU count starts at the sidebar's layout (TP x PP x CP x DP = 1 for the defaults), margin at 80%
+    assert at.number_input(key="planner_gpus").value == 1
+    assert at.number_input(key="planner_per_node").value == 8
+    assert at.slider(key="planner_margin").value == 80
+    assert any("Press **Plan**" in i.value for i in at.info)
+
+
+def test_planner_table_is_the_planners_and_use_this_layout_loads_it():
+    # DP 8 in the sidebar: the GPU count follows the layout, 8
+    at = _planner({"model": "llama-3.1-8b", "dp": "8"})
+    assert at.number_input(key="planner_gpus").value == 8
+    direct = _direct_plan({"model": "llama-3.1-8b"}, 8)
+    table = next(df.value for df in at.dataframe if "Tokens/s per GPU" in df.value.columns)
+    assert len(table) == len(direct.layouts)
+    first = direct.layouts[0]
+    assert table["Tokens/s per GPU"][0] == first.tokens_per_s_per_gpu
+    assert table["GiB per GPU"][0] == first.device_total_bytes / GiB
+    # every row is one of the planner's layouts (compared as sets: layouts tied on speed and memory
+    # may come in either order)
+    shown = sorted(zip(table["Tokens/s per GPU"], table["GiB per GPU"], table["MFU"], table["Pareto"], table["TP"],
+                       table["PP"], table["CP"], table["DP"], table["ZeRO"], table["Micro-batch"], table["Loss"]))
+    assert shown == sorted((x.tokens_per_s_per_gpu, x.device_total_bytes / GiB, x.mfu, x.pareto, x.parallel.tp,
+                            x.parallel.pp, x.parallel.cp, x.parallel.dp, x.parallel.zero_stage,
+                            x.training.micro_batch_size, x.training.loss) for x in direct.layouts)
+    searched = next(c.value for c in at.caption if c.value.startswith("Searched"))
+    assert f"**{direct.searched:,}** layouts" in searched
+    assert at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart"), "the Pareto chart is drawn"
+    # the second row's layout, loaded into the shared configuration, is what the Memory page shows
+    row = table.iloc[1]
+    at.selectbox(key="planner_pick").set_value(2).run()
+    at.button(key="planner_use").click().run()
+    _no_exception(at)
+    assert at.title[0].value == "Will it fit?"
+    est = estimate_config(at.session_state[K.CURRENT].config)
+    assert est.device_total_bytes / GiB == row["GiB per GPU"]
+    assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
+    assert (est.parallel.tp, est.parallel.pp, est.parallel.cp, est.parallel.dp, est.parallel.zero_stage,
+            est.training.micro_batch_size, est.training.loss) == \
+        (row["TP"], row["PP"], row["CP"], row["DP"], row["ZeRO"], row["Micro-batch"], row["Loss"])
+
+
+def test_planner_says_how_many_gpus_would_fit_when_none_does():
+    query = {"model": "llama-3.1-405b", "dp": "8"}
+    at = _app(query)
+    # the Memory page's advice finds no plan that fits: it links to the Planner
+    links = [p.proto for p in at.get("page_link")]
+    assert any("Planner" in p.label and p.page.endswith("planner") for p in links), [p.label for p in links]
+    at = _planner(query)
+    direct = _direct_plan({"model": "llama-3.1-405b"}, 8)
+    assert not direct.layouts
+    fewest = direct.smallest_fit["h100-80"]
+    assert fewest
+    warning = _plain(" ".join(w.value for w in at.warning))
+    assert f"the fewest that fit: {fewest} x h100-80" in warning
+    assert not at.dataframe or all("Tokens/s per GPU" not in df.value.columns for df in at.dataframe)
+    # one click plans again on that many GPUs
+    at.button(key="planner_replan").click().run()
+    _no_exception(at)
+    assert at.number_input(key="planner_gpus").value == fewest
+    assert any("Tokens/s per GPU" in df.value.columns for df in at.dataframe)
+
+
+def test_planner_lays_out_training_only_and_ignores_a_bad_sidebar_layout():
+    at = _app({"model": "llama-3.1-8b", "mode": "inference"})
+    at.switch_page("pages/planner.py").run()
+    _no_exception(at)
+    assert any("training runs" in i.value for i in at.info)
+    # TP 3 does not divide 32 heads: the Memory page cannot estimate it, the planner sets its own TP
+    at = _app({"model": "llama-3.1-8b", "tp": "3"})
+    at.switch_page("pages/planner.py").run()
+    _no_exception(at)
+    assert not [e for e in at.main.error if "cannot" in e.value], [e.value for e in at.main.error]
+    assert at.number_input(key="planner_gpus").value == 3
+
+
+def test_planner_chart_spec_is_valid_vega_lite():
+    import altair as alt
+    from ui import charts
+
+    rows = [{"rank": i, "GiB": g, "tokens_per_s": t, "mfu": 0.5, "step_s": 1.0, "layout": f"layout {i}",
+             "set": "Pareto front" if front else "Other layouts"}
+            for i, (g, t, front) in enumerate([(40.0, 900.0, True), (50.0, 1000.0, True), (55.0, 950.0, False)], 1)]
+    spec = charts.planner_spec(rows, limit_gib=63.7)
+    alt.LayerChart.from_dict(spec)  # raises on anything the Vega-Lite schema does not allow
+    data = spec["datasets"]
+    line, points = spec["layer"][0], spec["layer"][1]
+    assert line["mark"]["type"] == "line" and [r["rank"] for r in data[line["data"]["name"]]] == [1, 2]
+    assert len(data[points["data"]["name"]]) == 3
+    assert [t["field"] for t in points["encoding"]["tooltip"]][:2] == ["rank", "layout"]

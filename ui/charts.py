@@ -363,3 +363,45 @@ def roofline_spec(operations: list[dict], peaks: list[float], bandwidth: float, 
             "tooltip": [_field(f, t, **extra) for f, t, extra in _ROOFLINE_TOOLTIP],
             "x": x(), "y": y()}}))
     return _layered(layers, height)
+
+
+# --- the Planner page ----------------------------------------------------------------------------------
+# Written directly as a Vega-Lite dict like the `*_spec` builders above (no Altair twin: the PDF
+# report does not draw it); tests/test_app.py validates it against Altair's Vega-Lite schema.
+
+PLANNER_SETS = {"Pareto front": "#D64545", "Other layouts": "#4C78A8"}
+
+
+def planner_spec(rows: list[dict], limit_gib: float | None = None, height: int = 380) -> dict:
+    """Memory against speed of the planner's layouts: one point per layout (`rows`: rank, GiB,
+    tokens_per_s, mfu, step_s, layout text, set = "Pareto front" or "Other layouts"), the front's
+    points joined by a line in order of memory, and the memory limit (`limit_gib`) as a rule."""
+    names = [s for s in PLANNER_SETS if any(r["set"] == s for r in rows)]
+
+    def x() -> dict:  # a fresh dict per layer: no layer's encoding aliases another's
+        return _field("GiB", "Q", scale={"zero": False}, title="GiB per GPU (peak stage)")
+
+    def y() -> dict:
+        return _field("tokens_per_s", "Q", scale={"zero": False}, title="Tokens/s per GPU")
+    front = sorted((r for r in rows if r["set"] == "Pareto front"), key=lambda r: (r["GiB"], -r["tokens_per_s"]))
+    layers: list[tuple[list[dict], dict]] = []
+    if len(front) > 1:
+        layers.append((front, {"mark": {"type": "line", "color": PLANNER_SETS["Pareto front"], "strokeWidth": 2},
+                               "encoding": {"order": _field("GiB", "Q"), "x": x(), "y": y()}}))
+    if rows:
+        layers.append((rows, {"mark": {"type": "point", "filled": True, "opacity": 0.85, "size": 80}, "encoding": {
+            "color": _field("set", "N", scale={"domain": names, "range": [PLANNER_SETS[s] for s in names]},
+                            title="Layouts", legend={"orient": "bottom"}),
+            "tooltip": [_field("rank", "Q", title="rank"), _field("layout", "N"),
+                        _field("GiB", "Q", format=",.2f", title="GiB per GPU"),
+                        _field("tokens_per_s", "Q", format=",.0f", title="tokens/s per GPU"),
+                        _field("mfu", "Q", format=".1%", title="MFU"),
+                        _field("step_s", "Q", format=",.3f", title="step time (s)")],
+            "x": x(), "y": y()}}))
+    if limit_gib:
+        limit = [{"GiB": limit_gib, "text": f"limit {limit_gib:,.1f} GiB"}]
+        layers.append((limit, {"mark": {"type": "rule", "color": "#888888", "strokeDash": [6, 4]},
+                               "encoding": {"x": _field("GiB", "Q")}}))
+        layers.append((limit, {"mark": {"type": "text", "align": "right", "color": "#888888", "dx": -4, "y": 8},
+                               "encoding": {"text": _field("text", "N"), "x": _field("GiB", "Q")}}))
+    return _layered(layers, height)

@@ -118,3 +118,18 @@ def my_remove(entry_id: str) -> str:
 
 # --- Guide page ---------------------------------------------------------------------------------
 SERVING_TABLE = "guide_serving_table"
+
+
+# --- Planner page -------------------------------------------------------------------------------
+PLANNER_GPUS = "planner_gpus"
+PLANNER_GPUS_SET = "_planner_gpus_set"  # the user typed a GPU count: stop following the sidebar's layout
+PLANNER_PER_NODE = "planner_per_node"
+PLANNER_MARGIN = "planner_margin"
+PLANNER_RUN = "planner_run"
+PLANNER_ASK = "_planner_ask"  # Plan was pressed: search with the inputs of the run that follows
+PLANNER_ASKED = "_planner_asked"  # the inputs of the last search: {config, plan_json, gpus, per_node, margin}
+PLANNER_TABLE = "planner_table"
+PLANNER_PICK = "planner_pick"
+PLANNER_USE = "planner_use"
+PLANNER_REPLAN = "planner_replan"
+PLANNER_CHART = "planner_chart"

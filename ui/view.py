@@ -138,6 +138,9 @@ def what_to_change(cur: Current, est) -> None:
         st.caption("Changes applied one after another until the run fits, each step a full estimate:")
     elif plan:
         st.caption("No plan of up to five changes makes this run fit on this GPU; the closest one:")
+    if not plan or plan[-1][3] != "fits":  # the quick plan gave up: the planner searches every layout
+        st.page_link("pages/planner.py", label="Search every parallel layout on the Planner page",
+                     icon=":material/account_tree:")
     for i, (description, config, total, verdict, gpus) in enumerate(plan, 1):
         cols = st.columns([6, 2, 1], vertical_alignment="center")
         cols[0].markdown(f"{i}. {description}")

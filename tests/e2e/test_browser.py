@@ -243,3 +243,35 @@ def test_a_deep_link_is_the_first_request_of_a_fresh_server(browser, fresh_app_u
         expect(_tp(page)).to_have_value("8", timeout=30_000)
     finally:
         context.close()
+
+
+def test_the_planner_lists_the_clis_layouts_and_loads_one(browser, app_url, tmp_path):
+    from playwright.sync_api import expect
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model": "llama-3.1-8b"}))
+    out = subprocess.run([sys.executable, "-m", "estimator", "plan", "--config", str(path), "--gpus", "8", "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300, check=True)
+    first = json.loads(out.stdout)["layouts"][0]
+    # tall enough for the screenshot to hold the chart, the table and the button
+    context = browser.new_context(viewport={"width": 1400, "height": 2400})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        page.goto(f"{app_url}/planner?model=llama-3.1-8b&dp=8")
+        wait_for_app(page)
+        expect(page.get_by_role("heading", name="Planner", exact=True)).to_be_visible()
+        page.get_by_role("button", name="Plan", exact=True).click()
+        expect(page.get_by_text("Fitting layouts, fastest first")).to_be_visible(timeout=120_000)
+        wait_for_app(page, settle_ms=800)
+        assert page.get_by_test_id("stException").count() == 0
+        assert page.get_by_test_id("stDataFrame").count() >= 1 and page.get_by_test_id("stVegaLiteChart").count() >= 1
+        page.screenshot(path=str(ARTIFACTS / "planner.png"), full_page=True)
+        # layout 1 (the selectbox's default) on the Memory page: the CLI's numbers
+        page.get_by_role("button", name="Use this layout").click()
+        expect(page.get_by_role("heading", name="Will it fit?", exact=True)).to_be_visible(timeout=60_000)
+        wait_for_app(page)
+        assert _metric(page, "Device total per GPU") == f"{first['device_total_bytes'] / GiB:,.2f} GiB"
+        assert "zero_stage=" in page.url  # the layout is in the link too
+    finally:
+        context.close()

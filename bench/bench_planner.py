@@ -1,0 +1,78 @@
+"""Speed of the planner: layouts searched and seconds, on one core (one Python process).
+
+    python bench/bench_planner.py            # all three cases (DeepSeek-V3's full plan takes minutes)
+    python bench/bench_planner.py 70b 405b   # some of them
+
+Cases (the issue "A fast core and a planner"):
+- Llama-3.1-70B on 64 H100s: NeMo's pre-training recipe's batch (estimator/presets/recipes.json
+  "llama-3.1-70b-pretrain-64xh100": 8,192-token sequences, global batch 512);
+- Llama-3.1-405B on 2,048 H100s: Llama 3's batch, 16M tokens of 8,192-token sequences
+  (Grattafiori et al. 2024, section 3.3.2);
+- DeepSeek-V3 on 2,048 H800s: the recipe "deepseek-v3-as-reported" (FP8, 4k sequences, batch
+  15,360; h100-80 stands in for the H800, the same 80 GB).
+
+For each: the full answer (the 50 fastest fitting layouts and the Pareto front) and the fastest
+layout alone (`pareto=False, limit=1`), with the layouts judged, the full estimates and rooflines
+run, and layouts per second. Target: at least 100,000 layouts in at most 2 s.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from estimator import Training, load_config  # noqa: E402
+from estimator.planner import plan  # noqa: E402
+from estimator.presets import get_architecture, get_recipe  # noqa: E402
+
+
+def cases() -> dict:
+    dsv3 = load_config(get_recipe("deepseek-v3-as-reported").config)
+    return {
+        "70b": ("Llama-3.1-70B on 64 H100", get_architecture("llama-3.1-70b"),
+                Training(seq_len=8192, global_batch_size=512), "h100-80", 64, None),
+        "405b": ("Llama-3.1-405B on 2048 H100", get_architecture("llama-3.1-405b"),
+                 Training(seq_len=8192, global_batch_size=2048), "h100-80", 2048, None),
+        "dsv3": ("DeepSeek-V3 on 2048 H800 (h100-80)", dsv3.architecture, dsv3.training, "h100-80", 2048,
+                 dict(tp=1, pp=16, cp=1, dp=128, ep=64, pp_first_stage_layers=4, pp_last_stage_layers=1)),
+    }
+
+
+def line(label: str, result) -> str:
+    rate = result.searched / result.seconds
+    return (f"  {label:<28} {result.searched:>10,} layouts in {result.seconds:7.2f} s = {rate:>9,.0f} /s   "
+            f"({result.estimates:,} estimates, {result.rooflines:,} rooflines, {len(result.layouts)} listed)")
+
+
+def run(name: str) -> None:
+    title, arch, tr, gpu, n, published = cases()[name]
+    print(title)
+    full = plan(arch, tr, gpu, n)
+    print(line("top 50 + Pareto front", full))
+    fastest = plan(arch, tr, gpu, n, limit=1, pareto=False)
+    print(line("fastest only", fastest))
+    best = fastest.layouts[0]
+    print(f"  fastest: {best.changes()} {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+          f"{best.device_total_bytes / 2**30:.1f} GiB")
+    if published:
+        mine = plan(arch, tr, gpu, n, limit=1, pareto=False, fixed=published).layouts
+        if mine:
+            print(f"  published layout {published}: best variant {mine[0].changes()['training']} "
+                  f"{mine[0].tokens_per_s_per_gpu:,.0f} tokens/s/GPU = "
+                  f"{mine[0].tokens_per_s_per_gpu / best.tokens_per_s_per_gpu:.0%} of the fastest")
+    print(flush=True)
+
+
+def main() -> None:
+    chosen = sys.argv[1:] or list(cases())
+    start = time.perf_counter()
+    for name in chosen:
+        run(name)
+    print(f"total {time.perf_counter() - start:.0f} s; target: >= 100,000 layouts in <= 2 s on one core")
+
+
+if __name__ == "__main__":
+    main()
