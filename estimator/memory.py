@@ -59,13 +59,7 @@ def fit_on(device_total_bytes: int, gpu: GPU) -> Fit:
 
 @dataclass(frozen=True)
 class Estimate:
-    architecture: Architecture
-    training: Training
-    parallel: Parallel
-    hardware: Hardware
-    recipe: Recipe
-    zero_stage: int
-    microbatches: int
+    config: Resolved  # what was estimated, every default decided
     parameters_total: int
     parameters_active: int
     stages: tuple[StageEstimate, ...]
@@ -75,6 +69,15 @@ class Estimate:
     fit: Fit
     notes: tuple[str, ...] = field(default_factory=tuple)
     _shared: "_Shared | None" = field(default=None, repr=False, compare=False)
+
+    # the resolved configuration's values, read where an estimate is shown
+    architecture = property(lambda self: self.config.architecture)
+    training = property(lambda self: self.config.training)
+    parallel = property(lambda self: self.config.parallel)
+    hardware = property(lambda self: self.config.hardware)
+    recipe = property(lambda self: self.config.recipe)
+    zero_stage = property(lambda self: self.config.zero_stage)
+    microbatches = property(lambda self: self.config.microbatches)
 
     @cached_property
     def activation_ledger(self) -> tuple[LedgerLine, ...]:
@@ -426,8 +429,7 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
     peak = max(stages, key=lambda s: s.device_total_bytes)
     notes = _notes(arch, training, par, zero, m, vocab)
     return Estimate(
-        architecture=arch, training=training, parallel=par, hardware=hardware, recipe=recipe, zero_stage=zero,
-        microbatches=m, parameters_total=counts.total, parameters_active=counts.active, stages=tuple(stages),
+        config=cfg, parameters_total=counts.total, parameters_active=counts.active, stages=tuple(stages),
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
         device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, hardware.device),
         notes=notes, _shared=shared)
