@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from math import log2
 
 from .activations import global_batch_size
 from .architecture import Architecture
@@ -135,7 +136,6 @@ _SIZES = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp")
 
 
 def _distance(cfg: Config, layout, fastest_s: float) -> float:
-    from math import log2
     changes = layout.changes()
     moves = 0.0
     for section, given in (("parallel", cfg.parallel), ("training", cfg.training)):

@@ -133,14 +133,19 @@ def test_csv_keeps_a_negative_number_a_number():
     assert exports._neutralise("-3") == "'-3"
 
 
+def _cli_estimate(path) -> dict:
+    """`python -m estimator estimate --config PATH --json`, which must succeed."""
+    out = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", str(path), "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_config_json_round_trip_through_the_cli(case, tmp_path):
     config, est = case
     path = tmp_path / "config.json"
     path.write_text(exports.config_json(config, est))
-    out = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", str(path), "--json"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    cli = json.loads(out.stdout)
+    cli = _cli_estimate(path)
     assert cli["device_total_bytes"] == est.device_total_bytes
     assert cli["allocated_peak_bytes"] == est.allocated_peak_bytes
     assert cli["fit"]["verdict"] == est.fit.verdict
@@ -212,10 +217,7 @@ def test_resolved_config_json_runs_in_the_cli(tmp_path):
     est = estimate_config(config)
     path = tmp_path / "config.json"
     path.write_text(exports.config_json(config, est))
-    out = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", str(path), "--json"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 0, out.stderr
-    cli = json.loads(out.stdout)
+    cli = _cli_estimate(path)
     assert [(s["allocated_peak_bytes"], s["device_total_bytes"]) for s in cli["stages"]] == _stage_totals(est)
 
 

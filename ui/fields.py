@@ -72,7 +72,6 @@ def _widget_field(spec: registry.Field) -> Field:
 _GROUPS = ("Run", "Precision", "Optimizer and memory savers", "Inference", "Parallel layout", "GPU")
 
 ALL_FIELDS: tuple[Field, ...] = tuple(_widget_field(f) for f in registry.SETTINGS if f.widget)
-FIELDS = ALL_FIELDS
 # Fields of the dataclasses the app does not offer as widgets (checks, not settings).
 NOT_WIDGETS = {f.name for f in registry.SETTINGS if not f.widget}
 BY_NAME: dict[str, Field] = {f.name: f for f in ALL_FIELDS}
