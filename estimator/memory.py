@@ -409,23 +409,7 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
         from .inference import inference_stage
         stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
     else:
-        statics: dict[tuple, _StaticStage] = {}
-        ledgers: dict[tuple, tuple] = {}
-        stages = []
-        ends = (0, par.pp - 1)
-        full = training.recompute == "full"
-        for sp in cfg.stages:
-            # stages with the same layers and no embedding or head share their static part, and
-            # (unless full recompute skips a stage's first layers) their activation parts
-            signature = (sp.stage if sp.stage in ends else -1, sp.kind_counts)
-            static = statics.get(signature)
-            if static is None:
-                static = statics[signature] = _static_stage(arch, training, recipe, par, sp, zero, m, shared)
-            layers = ledgers.get(sp.chunks if full else signature)
-            if layers is None:
-                kept = _activation_counts(training, sp, arch)
-                layers = ledgers[sp.chunks if full else signature] = (kept, _activation_units(kept, shared))
-            stages.append(_training_stage(sp, static, layers[0], layers[1], m, training, shared))
+        stages = _training_stages(cfg, shared)
     peak = max(stages, key=lambda s: s.device_total_bytes)
     notes = _notes(arch, training, par, zero, m, vocab)
     return Estimate(
@@ -459,9 +443,8 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
     return tuple(notes)
 
 
-class _StaticStage(NamedTuple):
-    """The part of a stage that does not depend on its micro-batches in flight: every middle
-    stage of a pipeline shares one (its components are immutable, so they are shared too)."""
+class _StaticParts(NamedTuple):
+    """A stage's components that do not depend on its micro-batches in flight."""
 
     kept: tuple[Component, ...]  # parameters, master weights, optimizer states, persistent buffers
     grads_forward: Component
@@ -469,66 +452,87 @@ class _StaticStage(NamedTuple):
     grads_full: Component
     loss_saved: tuple[Component, ...]
     folded: dict  # phase name -> the folded transient component
+
+
+class _StaticStage(NamedTuple):
+    """The part of a stage that does not depend on its micro-batches in flight: every middle
+    stage of a pipeline shares one. The totals are computed at once; the components (formulas,
+    sources) are built by `parts` on first read, from the same pieces."""
+
     totals: tuple[int, int, int]  # forward, backward, step bytes without the activations
     communication: Component  # outside the allocator: NCCL (and DeepEP on MoE stages)
     outside_allocator: int  # communication + CUDA context
     layers: int
     parameters_per_gpu: int  # before ZeRO sharding
+    parts: StageDetail  # builds the `_StaticParts`
+
+
+def _rounded_sum(components) -> int:
+    return sum(c.bytes for c in components)
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared) -> _StaticStage:
     ms = model_states(sp, training, recipe, par, zero)
     last = sp.stage == par.pp - 1
-    loss_saved: tuple[Component, ...] = ()
-    loss_forward: list[Component] = []
-    loss_backward: list[Component] = []
-    if last:
-        loss_saved, loss_forward, loss_backward = shared.loss_components
-    recomputes = training.recompute == "full"
-    working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) if recomputes else 0.0
+    loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
+    working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) \
+        if training.recompute == "full" else 0.0
     tr = _transients(arch, training, recipe, par, sp, zero)
-    params = component("parameters", "Parameters", ms.parameters, ms.formula("parameters"), ZERO_SOURCE)
-    master = component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formula("master_weights"),
-                        ZERO_SOURCE)
-    optim = component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formula("optimizer_states"),
-                       OPTIMIZERS[training.optimizer].source)
-    base = (params, master, optim)
-    if ms.fp8_weight_copies:
-        base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
-                            ms.formula("fp8_weight_copies"), FP8_SOURCE),)
-    grads_full = component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
-    if training.framework == "megatron" or m > 1 or par.pp > 1:
-        grads_fwd = grads_bwd = grads_full
-    else:
-        # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first
-        # moment (the loss's gradients beside every activation), before any gradient exists, and its
-        # end (every gradient, activations gone) is the optimizer phase without its temporaries.
-        grads_fwd = grads_bwd = component("gradients", "Gradients", 0, "none yet: set to None after the last step",
-                                           "torch.optim.Optimizer.zero_grad(set_to_none=True)")
+    exchange = _dispatch_buffer(arch, training, par, sp)
+    # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
+    # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
+    grads_live = training.framework == "megatron" or m > 1 or par.pp > 1
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time) and an MoE layer's all-to-all exchange (inside a
     # layer). Each phase takes the largest of its moments.
-    recomputed = [component("transient", "One recomputed layer's activations", working,
-                             "per-layer ledger of one layer", act.KORTHIKANTI)] if working else []
-    exchange = _dispatch_buffer(arch, training, par, sp)
+    recomputed_bytes = int(round(working))
+    forward_moment = max(_rounded_sum(loss_forward), _rounded_sum(exchange))
+    backward_moment = max(_rounded_sum(loss_backward), recomputed_bytes, _rounded_sum(exchange))
+    states = (int(round(ms.parameters)) + int(round(ms.master_weights)) + int(round(ms.optimizer_states))
+              + int(round(ms.fp8_weight_copies)) + _rounded_sum(tr.persistent))
+    grads = int(round(ms.gradients))
+    grads_early = grads if grads_live else 0
+    saved = _rounded_sum(loss_saved)
+    totals = (states + grads_early + saved + forward_moment + _rounded_sum(tr.forward),
+              states + grads_early + saved + backward_moment + _rounded_sum(tr.backward),
+              states + grads + _rounded_sum(tr.optimizer))
+    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
+    communication = shared.moe_communication if moe_stage else shared.communication
+    parts = StageDetail(partial(_static_parts, ms, tr, exchange, loss_saved, loss_forward, loss_backward, working,
+                                grads_live, training), {})
+    return _StaticStage(totals, communication, communication.bytes + shared.runtime.bytes, sp.num_layers,
+                        int(round(sp.local)), parts)
 
-    def largest(*moments: list[Component]) -> list[Component]:
-        return max(moments, key=lambda c: sum(x.bytes for x in c))
+
+def _static_parts(ms, tr: _Transients, exchange: list[Component], loss_saved: tuple, loss_forward: list,
+                  loss_backward: list, working: float, grads_live: bool, training: Training) -> _StaticParts:
+    """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources)."""
+    base = (component("parameters", "Parameters", ms.parameters, ms.formula("parameters"), ZERO_SOURCE),
+            component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formula("master_weights"),
+                      ZERO_SOURCE),
+            component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formula("optimizer_states"),
+                      OPTIMIZERS[training.optimizer].source))
+    if ms.fp8_weight_copies:
+        base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
+                           ms.formula("fp8_weight_copies"), FP8_SOURCE),)
+    grads_full = component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
+    # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first moment
+    # (the loss's gradients beside every activation), before any gradient exists, and its end (every
+    # gradient, activations gone) is the optimizer phase without its temporaries.
+    grads_early = grads_full if grads_live else component(
+        "gradients", "Gradients", 0, "none yet: set to None after the last step",
+        "torch.optim.Optimizer.zero_grad(set_to_none=True)")
+    recomputed = [component("transient", "One recomputed layer's activations", working,
+                            "per-layer ledger of one layer", act.KORTHIKANTI)] if working else []
+
+    def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
+        return max(moments, key=_rounded_sum)
 
     folded = {"forward": fold(largest(loss_forward, exchange) + tr.forward),
               "backward": fold(largest(loss_backward, recomputed, exchange) + tr.backward),
               "optimizer": fold(tr.optimizer)}
-    kept = base + tuple(tr.persistent)
-    kept_bytes = sum(c.bytes for c in kept)
-    saved = sum(c.bytes for c in loss_saved)
-    totals = (kept_bytes + grads_fwd.bytes + saved + folded["forward"].bytes,
-              kept_bytes + grads_bwd.bytes + saved + folded["backward"].bytes,
-              kept_bytes + grads_full.bytes + folded["optimizer"].bytes)
-    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
-    communication = shared.moe_communication if moe_stage else shared.communication
-    return _StaticStage(kept, grads_fwd, grads_bwd, grads_full, loss_saved, folded, totals, communication,
-                        communication.bytes + shared.runtime.bytes, sp.num_layers, int(round(sp.local)))
+    return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded)
 
 
 def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: StageParameters) -> list[Component]:
@@ -550,34 +554,52 @@ def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)
 
 
-def _training_stage(sp: StageParameters, static: _StaticStage, counts: tuple[int, tuple], units: tuple[float, ...],
-                    m: int, training: Training, shared: _Shared) -> StageEstimate:
-    inflight = act.in_flight_chunks(sp.stage, shared.parallel, m)
-    activations = _activation_bytes(sp, inflight, units, shared)
-    forward, backward, step = static.totals
-    forward += activations
-    backward += activations
-    if forward >= backward and forward >= step:
-        peak_phase, allocated = "forward", forward
-    elif backward >= step:
-        peak_phase, allocated = "backward", backward
-    else:
-        peak_phase, allocated = "optimizer", step
-    device = allocated + static.outside_allocator + int(round(allocated * shared.fragmentation))
-    return StageEstimate(
-        sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
-        (("forward", forward), ("backward", backward), ("optimizer", step)),
-        StageDetail(partial(_training_detail, static, sp, inflight, counts, allocated, training, shared), {}))
+def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
+    """Every stage of a training step. Stages with the same layers and no embedding or head share
+    their static part and (unless full recompute skips a stage's first layers) their activation
+    parts; what differs between them is the micro-batches in flight."""
+    arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
+    statics: dict[tuple, _StaticStage] = {}
+    ledgers: dict[tuple, tuple] = {}
+    ends = (0, par.pp - 1)
+    full = training.recompute == "full"
+    fragmentation_share = shared.fragmentation
+    stages = []
+    for sp in cfg.stages:
+        signature = (sp.stage if sp.stage in ends else -1, sp.kind_counts)
+        static = statics.get(signature)
+        if static is None:
+            static = statics[signature] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
+        layers = ledgers.get(sp.chunks if full else signature)
+        if layers is None:
+            kept = _activation_counts(training, sp, arch)
+            layers = ledgers[sp.chunks if full else signature] = (kept, _activation_units(kept, shared))
+        inflight = act.in_flight_chunks(sp.stage, par, m)
+        activations = _activation_bytes(sp, inflight, layers[1], shared)
+        forward, backward, step = static.totals
+        forward += activations
+        backward += activations
+        if forward >= backward and forward >= step:
+            peak_phase, allocated = "forward", forward
+        elif backward >= step:
+            peak_phase, allocated = "backward", backward
+        else:
+            peak_phase, allocated = "optimizer", step
+        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
+        stages.append(StageEstimate(
+            sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
+            (("forward", forward), ("backward", backward), ("optimizer", step)),
+            StageDetail(partial(_training_detail, static, sp, inflight, layers[0], allocated, training, shared), {})))
+    return stages
 
 
-def _training_detail(st: _StaticStage, sp: StageParameters, inflight: float, counts: tuple, allocated: int,
+def _training_detail(static: _StaticStage, sp: StageParameters, inflight: float, counts: tuple, allocated: int,
                      training: Training, shared: _Shared) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
     """A training stage's three phases, and what it holds outside the allocator at its peak."""
+    st = static.parts.built()
     parts = _activation_parts(sp, inflight, counts, shared)
     saved = (_activations_component(parts, training),) + st.loss_saved
     phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
               phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"]),
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
-    return phases, (st.communication, shared.runtime, fragmentation(allocated, shared.hardware))
-
-
+    return phases, (static.communication, shared.runtime, fragmentation(allocated, shared.hardware))
