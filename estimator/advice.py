@@ -26,6 +26,8 @@ from .config import Config
 from .errors import ConfigError
 from .hardware import Hardware
 from .memory import estimate
+from .parallel import tp_following_defaults
+from .states import resolve_zero_stage
 from .parallel import Parallel
 from .training import Training
 
@@ -70,10 +72,9 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
         yield "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", tr, par, _replace(hw, expandable_segments=True)
     for knob, label in (("tp", "tensor parallel"), ("pp", "pipeline stages"), ("cp", "context parallel")):
         wider = {knob: getattr(par, knob) * 2}
-        if knob == "tp":
-            wider["sequence_parallel"] = True
-            if par.etp == par.tp:
-                wider["etp"] = par.tp * 2
+        if knob == "tp":  # what followed TP keeps following it
+            following = tp_following_defaults(wider["tp"])
+            wider.update({name: following[name] for name in following if par.follows_tp(name)})
         if par.dp % 2 == 0:
             yield (f"{label} {wider[knob]} (DP {par.dp // 2}: same GPUs, same global batch)", same_batch,
                    _replace(par, dp=par.dp // 2, world_size=None, **wider), hw)
@@ -132,20 +133,32 @@ def _greedy(cfg: Config, max_steps: int) -> list[Suggestion]:
 # How far a layout moves from the user's: each size (TP, PP, ...) costs log2 of its ratio (a
 # doubling is one move), each other setting changed one; a layout slower than the fastest fitting
 # one costs its relative slowdown in moves, so speed breaks ties between equally near layouts.
-_SIZES = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp")
+_SIZES = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "micro_batch_size")
 
 
-def _distance(cfg: Config, layout, fastest_s: float) -> float:
+def _moves(cfg: Config, layout) -> list[tuple[str, object, object, float]]:
+    """The planner's layout as moves from the user's: (field, before, after, cost). A field that
+    follows TP (`parallel.tp_following_defaults`) and still does is no move of its own, and a
+    default the user left open is no move when the layout keeps it."""
     changes = layout.changes()
-    moves = 0.0
+    moves = []
     for section, given in (("parallel", cfg.parallel), ("training", cfg.training)):
         for name, value in changes[section].items():
             before = getattr(given, name)
-            if name in _SIZES or name == "micro_batch_size":
-                moves += abs(log2(value / before))
-            elif value != before and not (name == "zero_stage" and before is None):
-                moves += 1
-    return moves + (layout.step_time_s / fastest_s - 1)
+            if isinstance(value, list):
+                value = tuple(value)  # the JSON form of recompute_modules
+            if value == before or (section == "parallel" and name in tp_following_defaults(1)
+                                   and layout.parallel.follows_tp(name) and given.follows_tp(name)):
+                continue
+            if name == "zero_stage" and before is None and value == resolve_zero_stage(cfg.training, cfg.parallel):
+                continue  # the framework's default, now written out
+            cost = abs(log2(value / before)) if name in _SIZES else 1.0
+            moves.append((name, before, value, cost))
+    return moves
+
+
+def _distance(cfg: Config, layout, fastest_s: float) -> float:
+    return sum(cost for *_, cost in _moves(cfg, layout)) + (layout.step_time_s / fastest_s - 1)
 
 
 def nearest_fitting_layout(cfg: Config) -> Suggestion | None:
@@ -172,15 +185,7 @@ def nearest_fitting_layout(cfg: Config) -> Suggestion | None:
 
 def _describe(cfg: Config, layout) -> str:
     """The planner's layout as the moves from the user's: "TP 1 -> 8, PP 1 -> 4, recompute none -> full"."""
-    changes = layout.changes()
-    derived = {"etp": layout.parallel.tp, "sequence_parallel": layout.parallel.tp > 1}  # follow TP by default
-    moves = []
-    for section, given in (("parallel", cfg.parallel), ("training", cfg.training)):
-        for name, value in changes[section].items():
-            before = getattr(given, name)
-            if value == before or derived.get(name, object()) == value:
-                continue
-            shown = ", ".join(value) if isinstance(value, list) else value
-            moves.append(f"{name} {'auto' if before is None else before} -> {shown}")
+    moves = [f"{name} {'auto' if before is None else before} -> {', '.join(value) if isinstance(value, tuple) else value}"
+             for name, before, value, _ in _moves(cfg, layout)]
     return "the planner's nearest fitting layout: " + ", ".join(moves) + \
         f" ({layout.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at the roofline)"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from .architecture import ARCHITECTURE_FIELDS, Architecture
 from .errors import ConfigError
 from .hardware import Hardware
-from .parallel import Parallel
+from .parallel import Parallel, tp_following_defaults
 from .training import Training
 
 SECTIONS = {"training": Training, "parallel": Parallel, "hardware": Hardware}
@@ -36,11 +36,10 @@ class Config:
             given = getattr(self, name)
             section = {f.name: getattr(given, f.name) for f in fields(cls)
                        if getattr(given, f.name) != getattr(cls(), f.name)}
-            if name == "parallel":  # derived defaults are not worth writing back
-                if given.sequence_parallel == (given.tp > 1):
-                    section.pop("sequence_parallel", None)
-                if given.etp == given.tp:
-                    section.pop("etp", None)
+            if name == "parallel":  # values that follow TP are not worth writing back
+                for derived in tp_following_defaults(given.tp):
+                    if given.follows_tp(derived):
+                        section.pop(derived, None)
             if section:
                 out[name] = section
         return out

@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 
+def tp_following_defaults(tp: int) -> dict[str, object]:
+    """The layout fields that follow TP unless given (their one owner): sequence parallelism on
+    whenever TP > 1 (Korthikanti et al. 2022; Megatron-Core requires it for MoE with TP), and
+    expert TP equal to TP (Megatron-Core's ``--expert-tensor-parallel-size`` default)."""
+    return {"sequence_parallel": tp > 1, "etp": tp}
+
+
 @dataclass(frozen=True)
 class Parallel:
     tp: int = 1
@@ -36,10 +43,9 @@ class Parallel:
     def __post_init__(self) -> None:
         from .fields import check_section  # each field's type and range; the registry reads this module
         check_section("parallel", self)
-        if self.sequence_parallel is None:
-            object.__setattr__(self, "sequence_parallel", self.tp > 1)
-        if self.etp is None:
-            object.__setattr__(self, "etp", self.tp)
+        for name, value in tp_following_defaults(self.tp).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         if self.world_size is not None and self.world_size != self.gpus:
             raise ConfigError("parallel.world_size", self.world_size,
                               f"tp x pp x cp x dp = {self.tp} x {self.pp} x {self.cp} x {self.dp} = {self.gpus}",
@@ -50,6 +56,10 @@ class Parallel:
         if (self.pp_first_stage_layers or self.pp_last_stage_layers) and self.pp == 1:
             raise ConfigError("parallel.pp_first_stage_layers", self.pp_first_stage_layers or self.pp_last_stage_layers,
                               "unset when pp is 1", related=("parallel.pp",))
+
+    def follows_tp(self, name: str) -> bool:
+        """Whether a TP-following field holds the value TP gives it (not worth writing back)."""
+        return getattr(self, name) == tp_following_defaults(self.tp)[name]
 
     @property
     def gpus(self) -> int:

@@ -85,3 +85,24 @@ def test_the_advice_finds_layouts_that_move_several_settings():
     again = estimate(step.config.architecture, step.config.training, step.config.parallel, step.config.hardware)
     assert again.device_total_bytes == step.device_total_bytes and again.fit.verdict == "fits"
     assert step.config.training.seq_len == 8192 and step.config.parallel.gpus == 32
+
+
+def test_fields_that_follow_tp_are_no_moves_of_their_own():
+    """One owner for "etp = tp, sequence parallel with tp > 1" (parallel.tp_following_defaults):
+    a layout that moves TP 1 -> 8 carries etp 8 and sequence parallelism with it, and the
+    distance counts exactly the moves the description shows: log2(8) = 3 for TP, 2 for PP 1 -> 4,
+    5 for DP 32 -> 1 and 1 for the recompute setting."""
+    from estimator import Parallel, Training
+    from estimator.advice import _describe, _distance, _moves
+    from estimator.planner import Layout
+
+    cfg = load_config({"model": "llama-3.1-8b", "parallel": {"dp": 32}})
+    moved = Layout(parallel=Parallel(tp=8, pp=4, dp=1), training=Training(recompute="full"),
+                   device_total_bytes=1, peak_stage=0, utilization=0.5, step_time_s=1.5, tokens_per_s_per_gpu=1.0,
+                   mfu=0.4)
+    assert [(name, before, after) for name, before, after, _ in _moves(cfg, moved)] == [
+        ("tp", 1, 8), ("pp", 1, 4), ("dp", 32, 1), ("recompute", "none", "full")]
+    # the moves, and 1.5 / 1.0 - 1 of slowdown against the fastest fitting layout
+    assert _distance(cfg, moved, fastest_s=1.0) == 3 + 2 + 5 + 1 + 0.5
+    assert _describe(cfg, moved).startswith(
+        "the planner's nearest fitting layout: tp 1 -> 8, pp 1 -> 4, dp 32 -> 1, recompute none -> full (")
