@@ -3,9 +3,9 @@
 Each supported ``model_type`` follows its transformers configuration class: a field missing from
 the file takes that class's default (not `PretrainedConfig`'s), and details that decide the exact
 parameter count (biases, extra norms, shared-expert gates, router biases, attention sinks, MTP
-modules) are carried into the canonical fields. The defaults below are those of the transformers
-``configuration_<model>.py`` classes (transformers 4.5x); each family's builder names what its
-modelling code stores per layer.
+modules) are carried into the canonical fields. Each family is one `Family` record in `FAMILIES`:
+its reader, the defaults of its transformers ``configuration_<model>.py`` class (transformers
+4.5x) and the keys it understands; each reader names what its modelling code stores per layer.
 
 Pure function, no I/O: `architecture_from_hf_config(config)` returns the architecture and the
 list of fields the file has that this mapping does not know (shown to the user as "ignored").
@@ -14,7 +14,7 @@ list of fields the file has that this mapping does not know (shown to the user a
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .architecture import Architecture
 from .errors import ConfigError
@@ -48,162 +48,24 @@ _COMMON_KEYS = frozenset({
     "router_jitter_noise", "router_z_loss_coef", "norm_topk_prob", "bias", "keys_to_ignore_at_inference",
 })
 
-# Per family: its defaults (transformers config class) and the family-specific keys it
-# understands beyond `_COMMON_KEYS`.
+class Family(NamedTuple):
+    """Everything one transformers ``model_type`` needs, in one record: adding a family adds one
+    entry to `FAMILIES` (and, when no existing reader fits, its reader function)."""
+
+    build: Callable[["_Reader"], tuple[dict[str, Any], list[str]]]  # reads the canonical fields
+    defaults: dict[str, Any]  # its transformers configuration class's defaults
+    keys: frozenset[str] = frozenset()  # family-specific keys it understands beyond _COMMON_KEYS
+
+
+# LlamaConfig's defaults, shared by the families whose configuration classes copy them
 _LLAMA = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
               num_attention_heads=32, num_key_value_heads=None, head_dim=None,
               max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False,
               mlp_bias=False)
 
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    # LlamaConfig
-    "llama": _LLAMA,
-    # MistralConfig
-    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=None,
-                    max_position_embeddings=4096 * 32, tie_word_embeddings=False, sliding_window=4096),
-    # MixtralConfig
-    "mixtral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8, head_dim=None,
-                    max_position_embeddings=4096 * 32, tie_word_embeddings=False, sliding_window=None,
-                    num_experts_per_tok=2, num_local_experts=8),
-    # Qwen2Config
-    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32, head_dim=None,
-                  max_position_embeddings=32768, tie_word_embeddings=False, use_sliding_window=False,
-                  sliding_window=4096),
-    # Qwen2MoeConfig
-    "qwen2_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
-                      num_attention_heads=16, num_key_value_heads=16, head_dim=None,
-                      max_position_embeddings=32768, tie_word_embeddings=False, use_sliding_window=False,
-                      sliding_window=4096, decoder_sparse_step=1, moe_intermediate_size=1408,
-                      shared_expert_intermediate_size=5632, num_experts_per_tok=4, num_experts=60,
-                      mlp_only_layers=None, qkv_bias=True),
-    # Qwen3Config
-    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32, head_dim=128,
-                  max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=False,
-                  use_sliding_window=False, sliding_window=4096),
-    # Qwen3MoeConfig
-    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
-                      num_attention_heads=32, num_key_value_heads=4, head_dim=None,
-                      max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=False,
-                      use_sliding_window=False, sliding_window=4096, decoder_sparse_step=1,
-                      moe_intermediate_size=768, num_experts_per_tok=8, num_experts=128,
-                      mlp_only_layers=None),
-    # DeepseekV2Config
-    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008,
-                        moe_intermediate_size=1407, num_hidden_layers=30, num_attention_heads=32,
-                        num_key_value_heads=32, n_shared_experts=None, n_routed_experts=None,
-                        first_k_dense_replace=0, moe_layer_freq=1, kv_lora_rank=512, q_lora_rank=1536,
-                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
-                        num_experts_per_tok=None, topk_method="greedy", max_position_embeddings=2048,
-                        tie_word_embeddings=False, num_nextn_predict_layers=0),
-    # DeepseekV3Config
-    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
-                        moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
-                        num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
-                        first_k_dense_replace=3, moe_layer_freq=1, kv_lora_rank=512, q_lora_rank=1536,
-                        qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
-                        num_experts_per_tok=8, topk_method="noaux_tc", max_position_embeddings=4096,
-                        tie_word_embeddings=False, num_nextn_predict_layers=0),
-    # GemmaConfig
-    "gemma": dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
-                  num_attention_heads=16, num_key_value_heads=16, head_dim=256,
-                  max_position_embeddings=8192, tie_word_embeddings=True),
-    # Gemma2Config
-    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                   num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-                   max_position_embeddings=8192, tie_word_embeddings=True, sliding_window=4096),
-    # Gemma3TextConfig
-    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                        num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-                        max_position_embeddings=131072, tie_word_embeddings=True, sliding_window=4096,
-                        sliding_window_pattern=6),
-    # Phi3Config
-    "phi3": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=None, head_dim=None,
-                 max_position_embeddings=4096, tie_word_embeddings=False, sliding_window=None),
-    # GptOssConfig
-    "gpt_oss": dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
-                    num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-                    max_position_embeddings=131072, tie_word_embeddings=False, sliding_window=128,
-                    num_local_experts=128, num_experts_per_tok=4, attention_bias=True),
-    # Olmo2Config
-    "olmo2": dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=None, head_dim=None,
-                  max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False),
-    # GraniteConfig
-    "granite": dict(_LLAMA),
-    # GPTNeoXConfig
-    "gpt_neox": dict(vocab_size=50432, hidden_size=6144, num_hidden_layers=44, num_attention_heads=64,
-                     intermediate_size=24576, max_position_embeddings=2048, tie_word_embeddings=False,
-                     attention_bias=True),
-    # GPT2Config (attribute_map: hidden_size=n_embd, num_hidden_layers=n_layer, ...)
-    "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
-                 tie_word_embeddings=True),
-    # Starcoder2Config
-    "starcoder2": dict(vocab_size=49152, hidden_size=3072, intermediate_size=12288, num_hidden_layers=30,
-                       num_attention_heads=24, num_key_value_heads=2, max_position_embeddings=4096,
-                       tie_word_embeddings=True, use_bias=True, sliding_window=None),
-    # FalconConfig
-    "falcon": dict(vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
-                   num_kv_heads=None, multi_query=True, new_decoder_architecture=False,
-                   parallel_attn=True, bias=False, alibi=False, ffn_hidden_size=None,
-                   num_ln_in_parallel_attn=None, max_position_embeddings=2048,
-                   tie_word_embeddings=True),
-}
-_DEFAULTS["gemma3"] = _DEFAULTS["gemma3_text"]  # a gemma3 config without text_config (rare)
-
-_FAMILY_KEYS: dict[str, frozenset[str]] = {
-    "llama": frozenset(),
-    "mistral": frozenset(),
-    "mixtral": frozenset({"num_experts_per_tok", "num_local_experts"}),
-    "qwen2": frozenset({"use_mrope"}),
-    "qwen2_moe": frozenset({"decoder_sparse_step", "moe_intermediate_size", "shared_expert_intermediate_size",
-                            "num_experts_per_tok", "num_experts", "mlp_only_layers", "qkv_bias",
-                            "layer_types"}),
-    "qwen3": frozenset(),
-    "qwen3_moe": frozenset({"decoder_sparse_step", "moe_intermediate_size", "num_experts_per_tok",
-                            "num_experts", "mlp_only_layers"}),
-    "deepseek_v2": frozenset({"moe_intermediate_size", "n_shared_experts", "n_routed_experts",
-                              "first_k_dense_replace", "moe_layer_freq", "kv_lora_rank", "q_lora_rank",
-                              "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim", "num_experts_per_tok",
-                              "topk_method", "n_group", "topk_group", "routed_scaling_factor",
-                              "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size",
-                              "num_nextn_predict_layers", "rope_interleave"}),
-    "gemma": frozenset({"hidden_activation"}),
-    "gemma2": frozenset({"hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping",
-                         "attn_logit_softcapping", "cache_implementation"}),
-    "gemma3_text": frozenset({"hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping",
-                              "attn_logit_softcapping", "cache_implementation", "sliding_window_pattern",
-                              "rope_local_base_freq", "use_bidirectional_attention"}),
-    "phi3": frozenset({"rope_position_scaling", "lm_head_bias"}),
-    "gpt_oss": frozenset({"num_local_experts", "num_experts_per_tok", "experts_per_token",
-                          "swiglu_limit", "rope_scaling", "router_aux_loss_coef",
-                          "initial_context_length"}),
-    "olmo2": frozenset({"clip_qkv"}),
-    "granite": frozenset({"embedding_multiplier", "logits_scaling", "residual_multiplier",
-                          "attention_multiplier"}),
-    "gpt_neox": frozenset({"rotary_pct", "rotary_emb_base", "use_parallel_residual",
-                           "classifier_dropout"}),
-    "gpt2": frozenset({"n_positions", "n_embd", "n_layer", "n_head", "n_inner", "n_ctx",
-                       "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
-                       "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-                       "summary_first_dropout", "add_cross_attention"}),
-    "starcoder2": frozenset({"use_bias", "residual_dropout", "embedding_dropout"}),
-    "falcon": frozenset({"num_kv_heads", "multi_query", "new_decoder_architecture", "parallel_attn",
-                         "alibi", "ffn_hidden_size", "num_ln_in_parallel_attn", "n_embed", "n_head",
-                         "n_layer", "n_head_kv", "rope_theta", "activation"}),
-}
-_FAMILY_KEYS["deepseek_v3"] = _FAMILY_KEYS["deepseek_v2"]
-_FAMILY_KEYS["gemma3"] = _FAMILY_KEYS["gemma3_text"]
 
 # Multimodal wrappers whose text model has no `model_type` of its own in `text_config`.
 _TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
-
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_DEFAULTS))
-
 
 def _supported_text() -> str:
     return ", ".join(SUPPORTED_MODEL_TYPES)
@@ -217,7 +79,7 @@ class _Reader:
     def __init__(self, config: dict, model_type: str, prefix: str = "model."):
         self.config = config
         self.model_type = model_type
-        self.defaults = _DEFAULTS[model_type]
+        self.defaults = FAMILIES[model_type].defaults
         self.prefix = prefix  # "model.text_config." for a multimodal file's language model
 
     def _find(self, keys: tuple[str, ...]) -> tuple[str, Any]:
@@ -540,15 +402,168 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     ), notes
 
 
-_BUILDERS: dict[str, Callable[[_Reader], tuple[dict[str, Any], list[str]]]] = {
-    "llama": _llama_like, "mistral": _llama_like, "qwen2": _llama_like, "qwen3": _llama_like,
-    "gemma": _llama_like, "gemma2": _llama_like, "gemma3": _llama_like, "gemma3_text": _llama_like,
-    "phi3": _llama_like, "olmo2": _llama_like, "granite": _llama_like,
-    "mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
-    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "gpt_oss": _gpt_oss,
-    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "starcoder2": _starcoder2, "falcon": _falcon,
+# --- the families ------------------------------------------------------------------------------
+
+_DEEPSEEK_KEYS = frozenset({'aux_loss_alpha', 'ep_size', 'first_k_dense_replace', 'kv_lora_rank',
+                            'moe_intermediate_size', 'moe_layer_freq', 'n_group', 'n_routed_experts',
+                            'n_shared_experts', 'num_experts_per_tok', 'num_nextn_predict_layers',
+                            'q_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim', 'rope_interleave',
+                            'routed_scaling_factor', 'scoring_func', 'seq_aux', 'topk_group', 'topk_method',
+                            'v_head_dim'})
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(  # LlamaConfig
+        build=_llama_like,
+        defaults=_LLAMA),
+    "mistral": Family(  # MistralConfig
+        build=_llama_like,
+        defaults=dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=None,
+                      max_position_embeddings=131072, tie_word_embeddings=False, sliding_window=4096)),
+    "mixtral": Family(  # MixtralConfig
+        build=_mixtral,
+        defaults=dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=None,
+                      max_position_embeddings=131072, tie_word_embeddings=False, sliding_window=None,
+                      num_experts_per_tok=2, num_local_experts=8),
+        keys=frozenset({'num_experts_per_tok', 'num_local_experts'})),
+    "qwen2": Family(  # Qwen2Config
+        build=_llama_like,
+        defaults=dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, head_dim=None,
+                      max_position_embeddings=32768, tie_word_embeddings=False, use_sliding_window=False,
+                      sliding_window=4096),
+        keys=frozenset({'use_mrope'})),
+    "qwen2_moe": Family(  # Qwen2MoeConfig
+        build=_qwen_moe,
+        defaults=dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                      num_attention_heads=16, num_key_value_heads=16, head_dim=None,
+                      max_position_embeddings=32768, tie_word_embeddings=False, use_sliding_window=False,
+                      sliding_window=4096, decoder_sparse_step=1, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, num_experts_per_tok=4, num_experts=60,
+                      mlp_only_layers=None, qkv_bias=True),
+        keys=frozenset({'decoder_sparse_step', 'layer_types', 'mlp_only_layers', 'moe_intermediate_size',
+                        'num_experts', 'num_experts_per_tok', 'qkv_bias', 'shared_expert_intermediate_size'})),
+    "qwen3": Family(  # Qwen3Config
+        build=_llama_like,
+        defaults=dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, head_dim=128,
+                      max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=False,
+                      use_sliding_window=False, sliding_window=4096)),
+    "qwen3_moe": Family(  # Qwen3MoeConfig
+        build=_qwen_moe,
+        defaults=dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+                      num_attention_heads=32, num_key_value_heads=4, head_dim=None,
+                      max_position_embeddings=32768, tie_word_embeddings=False, attention_bias=False,
+                      use_sliding_window=False, sliding_window=4096, decoder_sparse_step=1,
+                      moe_intermediate_size=768, num_experts_per_tok=8, num_experts=128,
+                      mlp_only_layers=None),
+        keys=frozenset({'decoder_sparse_step', 'mlp_only_layers', 'moe_intermediate_size', 'num_experts',
+                        'num_experts_per_tok'})),
+    "deepseek_v2": Family(  # DeepseekV2Config
+        build=_deepseek,
+        defaults=dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008,
+                      moe_intermediate_size=1407, num_hidden_layers=30, num_attention_heads=32,
+                      num_key_value_heads=32, n_shared_experts=None, n_routed_experts=None,
+                      first_k_dense_replace=0, moe_layer_freq=1, kv_lora_rank=512, q_lora_rank=1536,
+                      qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, num_experts_per_tok=None,
+                      topk_method='greedy', max_position_embeddings=2048, tie_word_embeddings=False,
+                      num_nextn_predict_layers=0),
+        keys=frozenset({'aux_loss_alpha', 'ep_size', 'first_k_dense_replace', 'kv_lora_rank',
+                        'moe_intermediate_size', 'moe_layer_freq', 'n_group', 'n_routed_experts',
+                        'n_shared_experts', 'num_experts_per_tok', 'num_nextn_predict_layers', 'q_lora_rank',
+                        'qk_nope_head_dim', 'qk_rope_head_dim', 'rope_interleave', 'routed_scaling_factor',
+                        'scoring_func', 'seq_aux', 'topk_group', 'topk_method', 'v_head_dim'})),
+    "deepseek_v3": Family(  # DeepseekV3Config
+        build=_deepseek,
+        defaults=dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                      moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
+                      num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
+                      first_k_dense_replace=3, moe_layer_freq=1, kv_lora_rank=512, q_lora_rank=1536,
+                      qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, num_experts_per_tok=8,
+                      topk_method='noaux_tc', max_position_embeddings=4096, tie_word_embeddings=False,
+                      num_nextn_predict_layers=0),
+        keys=_DEEPSEEK_KEYS),
+    "gemma": Family(  # GemmaConfig
+        build=_llama_like,
+        defaults=dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+                      num_attention_heads=16, num_key_value_heads=16, head_dim=256,
+                      max_position_embeddings=8192, tie_word_embeddings=True),
+        keys=frozenset({'hidden_activation'})),
+    "gemma2": Family(  # Gemma2Config
+        build=_llama_like,
+        defaults=dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                      max_position_embeddings=8192, tie_word_embeddings=True, sliding_window=4096),
+        keys=frozenset({'attn_logit_softcapping', 'cache_implementation', 'final_logit_softcapping',
+                        'hidden_activation', 'query_pre_attn_scalar'})),
+    "gemma3_text": Family(  # Gemma3TextConfig
+        build=_llama_like,
+        defaults=dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                      max_position_embeddings=131072, tie_word_embeddings=True, sliding_window=4096,
+                      sliding_window_pattern=6),
+        keys=frozenset({'attn_logit_softcapping', 'cache_implementation', 'final_logit_softcapping',
+                        'hidden_activation', 'query_pre_attn_scalar', 'rope_local_base_freq',
+                        'sliding_window_pattern', 'use_bidirectional_attention'})),
+    "phi3": Family(  # Phi3Config
+        build=_llama_like,
+        defaults=dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+                      max_position_embeddings=4096, tie_word_embeddings=False, sliding_window=None),
+        keys=frozenset({'lm_head_bias', 'rope_position_scaling'})),
+    "gpt_oss": Family(  # GptOssConfig
+        build=_gpt_oss,
+        defaults=dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
+                      num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                      max_position_embeddings=131072, tie_word_embeddings=False, sliding_window=128,
+                      num_local_experts=128, num_experts_per_tok=4, attention_bias=True),
+        keys=frozenset({'experts_per_token', 'initial_context_length', 'num_experts_per_tok',
+                        'num_local_experts', 'rope_scaling', 'router_aux_loss_coef', 'swiglu_limit'})),
+    "olmo2": Family(  # Olmo2Config
+        build=_llama_like,
+        defaults=dict(vocab_size=50304, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+                      max_position_embeddings=2048, tie_word_embeddings=False, attention_bias=False),
+        keys=frozenset({'clip_qkv'})),
+    "granite": Family(  # GraniteConfig
+        build=_llama_like,
+        defaults=_LLAMA,
+        keys=frozenset({'attention_multiplier', 'embedding_multiplier', 'logits_scaling',
+                        'residual_multiplier'})),
+    "gpt_neox": Family(  # GPTNeoXConfig
+        build=_gpt_neox,
+        defaults=dict(vocab_size=50432, hidden_size=6144, num_hidden_layers=44, num_attention_heads=64,
+                      intermediate_size=24576, max_position_embeddings=2048, tie_word_embeddings=False,
+                      attention_bias=True),
+        keys=frozenset({'classifier_dropout', 'rotary_emb_base', 'rotary_pct', 'use_parallel_residual'})),
+    "gpt2": Family(  # GPT2Config (attribute_map: hidden_size=n_embd, num_hidden_layers=n_layer, ...)
+        build=_gpt2,
+        defaults=dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
+                      tie_word_embeddings=True),
+        keys=frozenset({'add_cross_attention', 'n_ctx', 'n_embd', 'n_head', 'n_inner', 'n_layer',
+                        'n_positions', 'reorder_and_upcast_attn', 'scale_attn_by_inverse_layer_idx',
+                        'scale_attn_weights', 'summary_activation', 'summary_first_dropout',
+                        'summary_proj_to_labels', 'summary_type', 'summary_use_proj'})),
+    "starcoder2": Family(  # Starcoder2Config
+        build=_starcoder2,
+        defaults=dict(vocab_size=49152, hidden_size=3072, intermediate_size=12288, num_hidden_layers=30,
+                      num_attention_heads=24, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=True, use_bias=True, sliding_window=None),
+        keys=frozenset({'embedding_dropout', 'residual_dropout', 'use_bias'})),
+    "falcon": Family(  # FalconConfig
+        build=_falcon,
+        defaults=dict(vocab_size=65024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
+                      num_kv_heads=None, multi_query=True, new_decoder_architecture=False, parallel_attn=True,
+                      bias=False, alibi=False, ffn_hidden_size=None, num_ln_in_parallel_attn=None,
+                      max_position_embeddings=2048, tie_word_embeddings=True),
+        keys=frozenset({'activation', 'alibi', 'ffn_hidden_size', 'multi_query', 'n_embed', 'n_head',
+                        'n_head_kv', 'n_layer', 'new_decoder_architecture', 'num_kv_heads',
+                        'num_ln_in_parallel_attn', 'parallel_attn', 'rope_theta'})),
 }
-assert set(_BUILDERS) == set(_DEFAULTS)
+FAMILIES["gemma3"] = FAMILIES["gemma3_text"]  # a gemma3 config without text_config (rare)
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
 
 
 # --- entry point ------------------------------------------------------------------------------
@@ -567,7 +582,7 @@ def _text_model_config(config: dict) -> tuple[dict, str]:
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise ConfigError("model.text_config", text, "an object (the language model's config)")
-    if (model_type in _DEFAULTS and model_type != "gemma3") or text is None:
+    if (model_type in FAMILIES and model_type != "gemma3") or text is None:
         return config, "model."
     merged = dict(text)
     if not _model_type(merged, "model.text_config.model_type"):
@@ -598,12 +613,13 @@ def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[
     if model_type is None:
         raise ConfigError("model.model_type", None, _supported_text(),
                           "a Hugging Face config.json must name its model_type")
-    if model_type not in _DEFAULTS:
+    if model_type not in FAMILIES:
         raise ConfigError("model.model_type", model_type, _supported_text(),
                           f"model type {model_type!r} is not a supported decoder-only transformer")
     reader = _Reader(config, model_type, prefix)
-    fields, notes = _BUILDERS[model_type](reader)
-    known = _COMMON_KEYS | _FAMILY_KEYS[model_type] | {"text_config", "vision_config"}
+    family = FAMILIES[model_type]
+    fields, notes = family.build(reader)
+    known = _COMMON_KEYS | family.keys | {"text_config", "vision_config"}
     ignored = sorted(str(k) for k in config if k not in known)
     if prefix != "model.":
         ignored = [f"text_config.{k}" for k in ignored]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from estimator.architecture import parameter_counts
 from estimator.errors import ConfigError
-from estimator.hf_config import (_COMMON_KEYS, _DEFAULTS, _FAMILY_KEYS, SUPPORTED_MODEL_TYPES, _moe_pattern_qwen,
+from estimator.hf_config import (_COMMON_KEYS, FAMILIES, SUPPORTED_MODEL_TYPES, _moe_pattern_qwen,
                                  _Reader, architecture_from_hf_config)
 
 
@@ -352,7 +352,7 @@ JSON = st.recursive(
 
 
 def known_fields(model_type: str) -> list[str]:
-    return sorted(_COMMON_KEYS | _FAMILY_KEYS[model_type] | set(_DEFAULTS[model_type]) | {"text_config"})
+    return sorted(_COMMON_KEYS | FAMILIES[model_type].keys | set(FAMILIES[model_type].defaults) | {"text_config"})
 
 
 @st.composite
