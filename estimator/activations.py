@@ -257,6 +257,22 @@ def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: s
     return entries
 
 
+LAYER_AC_SOURCE = ("torchtitan v0.2.2 distributed/activation_checkpoint.py _apply_layer_sac (layer i is wrapped "
+                   "when its 1-based count is a multiple of N); torchtune training.apply_selective_activation_"
+                   "checkpointing (ac_option=N)")
+
+
+def recomputed_layer_count(training: Training, layers: int) -> int:
+    """Layers of a stage that full recompute checkpoints (keeping only their input): the first
+    `recompute_layers` (Megatron's block method), or every `recompute_every`-th, floor(layers / N)
+    (torchtitan's and torchtune's layer-level AC), or all of them."""
+    if training.recompute != "full":
+        return 0
+    if training.recompute_every > 1:
+        return layers // training.recompute_every
+    return layers if training.recompute_layers is None else min(training.recompute_layers, layers)
+
+
 def recomputed_modules(training: Training) -> frozenset[str]:
     """Modules whose outputs are recomputed instead of kept: selective recompute's list, or none."""
     return frozenset(training.recompute_modules) if training.recompute == "selective" else frozenset()

@@ -178,6 +178,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           _SAVERS, options=RECOMPUTE_MODULES),
     _int("recompute_layers", _T, "Recomputed layers per stage", "With full recomputation: how many layers of each "
          "stage are recomputed.", _SAVERS, hi=MAX_LAYERS, optional=True, auto="all the layers of the stage"),
+    _int("recompute_every", _T, "Checkpoint every N-th layer", "With full recomputation under fsdp2: checkpoint "
+         "only every N-th layer (torchtitan's and torchtune's layer-level activation checkpointing); the others "
+         "keep all their activations. 1 = every layer.", _SAVERS, hi=MAX_LAYERS),
     _choice("attention", _T, "Attention kernel", "flash keeps no s x s score matrix; eager materialises the scores "
             "(memory grows with the square of the sequence length).", _SAVERS, ATTENTION),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "

@@ -33,7 +33,7 @@ from .dtypes import bytes_per_element
 from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve
-from .sharding import StageParameters, chunk_kind_counts
+from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .optimizers import FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import Recipe, Training
@@ -210,11 +210,13 @@ def _runtime(hardware: Hardware) -> Component:
 
 def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple]:
     """(layers recomputed, (kind, layers stored) pairs) of a stage. Full recompute of n layers
-    recomputes the first n of the stage (Megatron's "block" method) and keeps their inputs."""
-    if training.recompute != "full":
+    recomputes the first n of the stage (Megatron's "block" method) or every N-th
+    (`recompute_every`) and keeps their inputs (`activations.recomputed_layer_count`)."""
+    recomputed = act.recomputed_layer_count(training, stage.num_layers)
+    if not recomputed:
         return 0, stage.kind_counts
-    n_layers = stage.num_layers
-    recomputed = n_layers if training.recompute_layers is None else min(training.recompute_layers, n_layers)
+    if training.recompute_every > 1:
+        return recomputed, stored_kind_counts(arch, stage.chunks, training.recompute_every)
     return recomputed, chunk_kind_counts(arch, stage.chunks, skip=recomputed)
 
 
@@ -477,7 +479,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     last = sp.stage == par.pp - 1
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) \
-        if training.recompute == "full" else 0.0
+        if act.recomputed_layer_count(training, sp.num_layers) else 0.0
     tr = _transients(arch, training, recipe, par, sp, zero)
     exchange = _dispatch_buffer(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;

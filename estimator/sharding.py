@@ -131,6 +131,25 @@ def chunk_kind_counts(arch: Architecture, chunks: tuple[range, ...], skip: int =
     return tuple((kind, n) for kind, n in (("dense", dense), ("moe", moe)) if n > 0)
 
 
+def stored_kind_counts(arch: Architecture, chunks: tuple[range, ...], every: int) -> tuple[tuple[str, int], ...]:
+    """(kind, layers) over a rank's chunks that checkpointing every `every`-th layer leaves stored:
+    the rank's layers in running order, counted from 1, are checkpointed at multiples of `every`
+    (torchtitan's `_apply_layer_sac` counts the blocks it wraps). Only the checkpointed layers are
+    walked (at most layers / every steps); the rest is `chunk_kind_counts`."""
+    counts = dict(chunk_kind_counts(arch, chunks))
+    dense, moe = counts.get("dense", 0), counts.get("moe", 0)
+    position = 0  # layers of the rank before this chunk
+    for r in chunks:
+        first = r.start + (every - 1 - position % every)  # the chunk's first layer whose count is a multiple
+        for index in range(first, r.stop, every):
+            if arch.is_moe_layer(index):
+                moe -= 1
+            else:
+                dense -= 1
+        position += len(r)
+    return tuple((kind, n) for kind, n in (("dense", dense), ("moe", moe)) if n > 0)
+
+
 def local_numel(t: ParameterTensor, par: Parallel) -> float:
     """Elements of tensor `t` one GPU holds under TP (and EP x expert-TP for routed experts)."""
     if t.split in (COLUMN, ROW, VOCAB):

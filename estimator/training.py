@@ -54,6 +54,7 @@ class Training:
     optimizer: str = "adamw"
     recompute: str = "none"
     recompute_layers: int | None = None
+    recompute_every: int = 1  # with "full": checkpoint every N-th layer only (torchtitan/torchtune layer-level AC)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with "selective": Megatron's --recompute-modules
     attention: str = "flash"
     dropout: float = 0.0
@@ -130,9 +131,28 @@ def _check_training(t: Training) -> None:
     if t.recompute_modules != ("core_attn",) and t.recompute != "selective":
         raise ConfigError("training.recompute_modules", list(t.recompute_modules), "only with recompute 'selective'",
                           f"recompute is {t.recompute!r}", related=("training.recompute",))
+    if t.recompute_every != 1:
+        _check_recompute_every(t)
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
                           f"recompute is {t.recompute!r}", related=("training.recompute",))
     if t.mode == "training" and t.param_dtype in ("fp8", "fp4") and t.framework == "hf":
         raise ConfigError("training.param_dtype", t.param_dtype, "'fp32', 'bf16' or 'fp16' with framework 'hf'",
                           "the HF Trainer does not train in fp8/fp4 parameters", related=("training.framework",))
+
+
+def _check_recompute_every(t: Training) -> None:
+    """Layer-level checkpointing of every N-th layer is a PyTorch-native option: torchtitan's
+    ``selective_ac_option = N`` (v0.1-v0.2) and torchtune's ``ac_mode="selective", ac_option=N``."""
+    if t.recompute != "full":
+        raise ConfigError("training.recompute_every", t.recompute_every, "1 unless recompute is 'full'",
+                          f"recompute is {t.recompute!r}; every N-th layer is checkpointed in full",
+                          related=("training.recompute",))
+    if t.framework != "fsdp2":
+        raise ConfigError("training.recompute_every", t.recompute_every, "1 unless framework is 'fsdp2'",
+                          "checkpointing every N-th layer is torchtitan's and torchtune's layer-level AC; use "
+                          "recompute_layers for Megatron's block method", related=("training.framework",))
+    if t.recompute_layers is not None:
+        raise ConfigError("training.recompute_every", t.recompute_every, "1 when recompute_layers is set",
+                          "choose the first n layers of a stage (recompute_layers) or every N-th (recompute_every)",
+                          related=("training.recompute_layers",))

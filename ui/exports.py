@@ -347,7 +347,8 @@ def _inputs_rows(config: dict, estimate) -> list[list[str]]:
     rows.append(["Precision", f"weights {r.param_dtype}, gradients {r.grad_dtype}, optimizer {tr.optimizer} in "
                               f"{r.optimizer_dtype}, master weights {'yes' if r.master_weights else 'no'}, "
                               f"compute {r.compute_dtype}{', fp8' if tr.fp8 else ''}"])
-    rows.append(["Memory savers", f"recompute {tr.recompute}, {tr.attention} attention, loss {tr.loss}"])
+    every = f" of every {tr.recompute_every}-th layer" if tr.recompute_every > 1 else ""
+    rows.append(["Memory savers", f"recompute {tr.recompute}{every}, {tr.attention} attention, loss {tr.loss}"])
     rows.append(["GPU", f"{estimate.hardware.device.name} ({_gib(estimate.hardware.device.capacity_bytes)})"])
     return rows + _settings_rows(config)
 

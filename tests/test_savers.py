@@ -1,0 +1,55 @@
+"""The memory savers PyTorch-native stacks offer (issue: the PyTorch-native stack), each by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from estimator import Architecture, ConfigError, Parallel, Training, estimate
+from estimator.presets import get_architecture
+from estimator.sharding import stored_kind_counts
+
+LLAMA_8B = get_architecture("llama-3.1-8b")
+FSDP = dict(framework="fsdp2", seq_len=8192, micro_batch_size=2)
+
+
+def activations(training: Training, par: Parallel = Parallel(dp=8), arch: Architecture = LLAMA_8B) -> int:
+    return estimate(arch, training, par).stages[0].component("activations").bytes
+
+
+def test_checkpointing_every_second_layer_keeps_half_the_layers_whole():
+    """torchtitan's layer-level AC with N = 2 on Llama-3.1-8B (32 layers): 16 layers keep their
+    input, B*s*b*h = 2 * 8192 * 2 * 4096 bytes, and 16 keep everything they keep without recompute."""
+    token_ids = 8 * 8192 * 2  # int64 ids of the first stage
+    layer_input = 2 * 8192 * 2 * 4096
+    whole_layer = (activations(Training(**FSDP)) - token_ids) / 32
+    every2 = activations(Training(**FSDP, recompute="full", recompute_every=2))
+    assert every2 == 16 * layer_input + round(16 * whole_layer) + token_ids
+    every3 = activations(Training(**FSDP, recompute="full", recompute_every=3))  # layers 3, 6, ..., 30
+    assert every3 == 10 * layer_input + round(22 * whole_layer) + token_ids
+    # N larger than the stage: nothing is checkpointed, as without recompute
+    assert activations(Training(**FSDP, recompute="full", recompute_every=64)) == activations(Training(**FSDP))
+
+
+def test_every_nth_layer_counts_the_ranks_layers_in_running_order():
+    """Six layers, the first dense and the rest MoE. Every 2nd of layers 0..5 is 1, 3, 5 (all MoE):
+    stored are layer 0 (dense) and 2, 4 (MoE). A rank running chunks 0-1 then 4-5 with N = 3
+    checkpoints its 3rd layer, layer 4."""
+    arch = Architecture(hidden_size=256, num_layers=6, num_attention_heads=4, intermediate_size=512,
+                        vocab_size=1000, num_experts=4, num_experts_per_token=2, moe_intermediate_size=128,
+                        first_dense_layers=1)
+    assert stored_kind_counts(arch, (range(0, 6),), 2) == (("dense", 1), ("moe", 2))
+    assert stored_kind_counts(arch, (range(0, 2), range(4, 6)), 3) == (("dense", 1), ("moe", 2))
+    assert stored_kind_counts(arch, (range(0, 2), range(4, 6)), 2) == (("dense", 1), ("moe", 1))
+
+
+@pytest.mark.parametrize("training, field, words", [
+    (dict(recompute="selective", recompute_every=2, framework="fsdp2"), "training.recompute_every", "'full'"),
+    (dict(recompute="full", recompute_every=2, framework="megatron"), "training.recompute_every", "'fsdp2'"),
+    (dict(recompute="full", recompute_every=2, recompute_layers=4, framework="fsdp2"), "training.recompute_every",
+     "recompute_layers"),
+    (dict(recompute_every=0), "training.recompute_every", "an integer from 1 to 16,384"),
+])
+def test_layer_level_checkpointing_is_refused_where_no_framework_offers_it(training, field, words):
+    with pytest.raises(ConfigError) as error:
+        Training(**training)
+    assert error.value.field == field and words in str(error.value)
