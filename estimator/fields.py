@@ -169,6 +169,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             FP8_RECIPES),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
             "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
+    _bool("optimizer_in_backward", _T, "Optimizer step in backward", "Under fsdp2 (torchtune's optimizer_in_bwd): "
+          "each parameter is stepped as soon as its gradient is ready and the gradient freed, so no full set of "
+          "gradients is ever alive. Needs one micro-batch per step (no gradient accumulation).", _SAVERS),
     _choice("recompute", _T, "Activation recomputation", "none keeps every activation; selective recomputes the "
             "modules listed below (Korthikanti et al. 2022); full keeps only each layer's input and recomputes the "
             "layer in backward.", _SAVERS, RECOMPUTE),

@@ -275,6 +275,7 @@ class _Transients(NamedTuple):
     backward: list[Component]
     optimizer: list[Component]
     persistent: list[Component]  # allocated once and kept (DDP buckets)
+    step_in_backward: list[Component]  # a moment of backward when the optimizer steps there
 
 
 def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, stage: StageParameters,
@@ -330,21 +331,50 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
         bwd.append(component("transient", "Autocast copies of the weights", in_bwd,
                               f"{cb:g} B x matrix parameters" if training.recompute != "full" else
                               f"{cb:g} B x one recomputed layer", src))
-    # Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises
-    # sqrt(v) for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam);
-    # fused kernels (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place.
+    if training.optimizer_in_backward:
+        return _Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)])
+    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense))
+    return _Transients(fwd, bwd, opt, persistent, [])
+
+
+def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
+                      d_dense: int) -> list[Component]:
+    """Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises sqrt(v)
+    for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam); fused kernels
+    (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place."""
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = stage.local / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
-    if fw in ("hf", "fsdp2") and optimizer.temporaries == FOREACH_SQRT:
-        opt.append(component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
-                             f"{states_dtype:g} B x parameters on this GPU",
-                             "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"))
-    elif optimizer.temporaries == LARGEST_TENSOR:
-        largest = stage.total.largest_tensor
-        opt.append(component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
-                             2 * 4 * largest, "2 x 4 B x largest tensor", optimizer.source))
-    return _Transients(fwd, bwd, opt, persistent)
+    if training.framework in ("hf", "fsdp2") and optimizer.temporaries == FOREACH_SQRT:
+        return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
+                          f"{states_dtype:g} B x parameters on this GPU",
+                          "torch.optim.AdamW foreach implementation (_multi_tensor_adam)")]
+    if optimizer.temporaries == LARGEST_TENSOR:
+        return [component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
+                          2 * 4 * stage.total.largest_tensor, "2 x 4 B x largest tensor", optimizer.source)]
+    return []
+
+
+OPTIMIZER_IN_BACKWARD_SOURCE = ("torchtune training.register_optim_in_bwd_hooks: one optimizer per parameter, "
+                                "stepped and zeroed by its post-accumulate-grad hook; PyTorch tutorial 'How to save "
+                                "memory by fusing the optimizer step into the backward pass'")
+
+
+def _step_in_backward(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
+                      d_dense: int) -> Component:
+    """With the optimizer in backward, a parameter is stepped as soon as its gradient is ready and
+    the gradient freed: no full gradient set ever exists. At the worst moment one parameter's
+    gradient (its shard under ZeRO 2/3) is alive with its own step temporary (a one-tensor
+    foreach AdamW: sqrt(v) of that tensor)."""
+    shard = d_dense if zero >= 2 and d_dense > 1 else 1
+    G, S = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.optimizer_dtype)
+    optimizer = OPTIMIZERS[training.optimizer]
+    temporary = S if optimizer.temporaries == FOREACH_SQRT else 2 * 4 if optimizer.temporaries == LARGEST_TENSOR else 0
+    largest = stage.total.largest_tensor / shard
+    return component("transient", "One parameter's gradient and its step (optimizer in backward)",
+                     largest * (G + temporary),
+                     f"({G:g} B gradient + {temporary:g} B step temporary) x largest tensor"
+                     + (f" / d ({shard})" if shard > 1 else ""), OPTIMIZER_IN_BACKWARD_SOURCE)
 
 
 def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
@@ -486,14 +516,16 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
     grads_live = training.framework == "megatron" or m > 1 or par.pp > 1
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
-    # (after the loss's backward, one at a time) and an MoE layer's all-to-all exchange (inside a
-    # layer). Each phase takes the largest of its moments.
+    # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
+    # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
+    # largest of its moments.
     recomputed_bytes = int(round(working))
     forward_moment = max(_rounded_sum(loss_forward), _rounded_sum(exchange))
-    backward_moment = max(_rounded_sum(loss_backward), recomputed_bytes, _rounded_sum(exchange))
+    backward_moment = max(_rounded_sum(loss_backward), recomputed_bytes, _rounded_sum(exchange),
+                          _rounded_sum(tr.step_in_backward))
     states = (int(round(ms.parameters)) + int(round(ms.master_weights)) + int(round(ms.optimizer_states))
               + int(round(ms.fp8_weight_copies)) + _rounded_sum(tr.persistent))
-    grads = int(round(ms.gradients))
+    grads = 0 if training.optimizer_in_backward else int(round(ms.gradients))
     grads_early = grads if grads_live else 0
     saved = _rounded_sum(loss_saved)
     totals = (states + grads_early + saved + forward_moment + _rounded_sum(tr.forward),
@@ -518,7 +550,9 @@ def _static_parts(ms, tr: _Transients, exchange: list[Component], loss_saved: tu
     if ms.fp8_weight_copies:
         base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
                            ms.formula("fp8_weight_copies"), FP8_SOURCE),)
-    grads_full = component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
+    grads_full = component("gradients", "Gradients", 0, "none kept: each is stepped and freed in backward",
+                           OPTIMIZER_IN_BACKWARD_SOURCE) if training.optimizer_in_backward else \
+        component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
     # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first moment
     # (the loss's gradients beside every activation), before any gradient exists, and its end (every
     # gradient, activations gone) is the optimizer phase without its temporaries.
@@ -532,7 +566,7 @@ def _static_parts(ms, tr: _Transients, exchange: list[Component], loss_saved: tu
         return max(moments, key=_rounded_sum)
 
     folded = {"forward": fold(largest(loss_forward, exchange) + tr.forward),
-              "backward": fold(largest(loss_backward, recomputed, exchange) + tr.backward),
+              "backward": fold(largest(loss_backward, recomputed, exchange, tr.step_in_backward) + tr.backward),
               "optimizer": fold(tr.optimizer)}
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded)
 

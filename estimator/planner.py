@@ -66,6 +66,7 @@ from .architecture import Architecture
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .memory import TIGHT_FRACTION, Estimate, estimate, fragmentation_fraction
+from .activations import recomputed_modules
 from .parallel import Parallel
 from .roofline import Roofline, roofline
 from .training import Training
@@ -413,9 +414,10 @@ class Speeds(NamedTuple):
     """Ceilings on tokens/s per GPU of one shape and micro-batch, by recompute setting, from its
     roofline without recompute (rule 4).
 
-    The roofline's step (roofline.py) is I (1 + bubble) + (hideable traffic H - min(overlap H, I))
-    + exposed TP, EP, CP traffic + optimizer, where I = m max over stages (operations + recompute),
-    H is the DP and PP traffic, and full recompute of n layers re-runs min(n, L_r) / L_r of stage
+    The roofline's expected step (roofline.py) is I (1 + bubble) + exposed DP and PP traffic (at
+    least H - min(overlap H, I): each framework's overlap rule hides a unit's traffic behind no more
+    than the compute there is) + exposed TP, EP, CP traffic + optimizer, where I = m max over stages
+    (operations + recompute, expected times), H is the DP and PP traffic, and full recompute of n layers re-runs min(n, L_r) / L_r of stage
     r's layer forwards (and repeats their TP collectives), selective recompute their attention
     core. The step grows with I, H and each term, so taking for each a value no stage goes below
     gives a time no variant goes below: I from the roofline's own stage (the max is at least any
@@ -451,7 +453,12 @@ class Speeds(NamedTuple):
 def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_params: tuple[int, ...]) -> Speeds:
     step, arch = r.step, req.architecture
     layer_forward = [op for op in r.operations if op.phase == "forward" and op.scope.startswith("layer")]
-    core = [op for op in layer_forward if op.kind == "attention" or op.name.startswith("attention softmax")]
+    # what selective recompute re-runs in the variants the search builds (_Evaluator.training): the
+    # operations of the recomputed modules (roofline.recompute_time)
+    selective = dataclasses.replace(req.training, recompute="selective") if req.training.recompute == "selective" \
+        else dataclasses.replace(req.training, recompute="selective", recompute_modules=("core_attn",))
+    modules = recomputed_modules(selective)
+    core = [op for op in layer_forward if modules.intersection(op.modules)]
     here, fewest = stage_layers[r.stage], min(stage_layers)
     per_layer = {"CP": 0.0 if arch.sliding_window else fewest / here,  # windows make attention uneven
                  "EP": max(0, fewest - (arch.num_layers - arch.num_moe_layers)) / here}
@@ -466,8 +473,8 @@ def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_param
     fixed = (traffic.get("CP", 0.0) * per_layer["CP"] + traffic.get("EP", 0.0) * per_layer["EP"]
              + step.optimizer_s * per_param)
     hideable = traffic.get("PP", 0.0) + (traffic.get("DP", 0.0) + traffic.get("expert DP", 0.0)) * per_param
-    return Speeds(step.tokens_per_step, req.gpus, step.compute_s, sum(op.total_time_s for op in layer_forward),
-                  sum(op.total_time_s for op in core), here, fewest, step.bubble_fraction, req.comm_overlap, tp,
+    return Speeds(step.tokens_per_step, req.gpus, step.compute_s, sum(op.total_expected_s for op in layer_forward),
+                  sum(op.total_expected_s for op in core), here, fewest, step.bubble_fraction, req.comm_overlap, tp,
                   fixed, hideable)
 
 

@@ -1,15 +1,26 @@
-"""Speed: a roofline per operation, and the time of one step built from them.
+"""Speed: a roofline per operation, the time each is expected to take, and one step built from them.
 
 The roofline model (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual
 performance model", CACM 52(4)) bounds the time of an operation by whichever the GPU runs out of
 first, arithmetic or memory traffic:
 
-    time = max(flops / peak_flops, bytes / memory_bandwidth)
+    roof time = max(flops / peak_flops, bytes / memory_bandwidth)
 
 An operation's arithmetic intensity is flops / bytes; where it exceeds the GPU's ridge point,
-peak_flops / memory_bandwidth, the operation is compute-bound, otherwise memory-bound. Real
-kernels reach 60-85% of either roof, so every time here is a lower bound and every throughput an
-upper bound on what a run can achieve.
+peak_flops / memory_bandwidth, the operation is compute-bound, otherwise memory-bound.
+
+Real kernels reach only part of either roof, so each operation also carries what it is expected
+to achieve (`kernels.py`: GEMMs at the measured maximum achievable matmul FLOPS less what small
+dimensions lose, flash attention at its measured TFLOP/s by sequence length and head width,
+memory-bound kernels at achieved bandwidth with the extra passes of unfused eager kernels, and a
+launch floor per kernel):
+
+    expected time = max(flops / (peak x compute efficiency), bytes x passes / (bandwidth x 0.9),
+                        kernels x launch gap)
+
+The step's `time_s`, `tokens_per_s_per_gpu` and `mfu` are the expected figures; `upper_bound`
+holds the same three with every operation at its roof, every link at its line rate and all
+overlappable traffic hidden.
 
 What is counted, per GPU after TP/CP/EP sharding, for one micro-batch:
 
@@ -32,7 +43,8 @@ kernel approaches).
 
 The step (`Step`) adds, on the slowest pipeline stage: the operations of every micro-batch,
 recomputation, the pipeline bubble, the optimizer update and the communication that compute does
-not hide. See `roofline` for each term and its source.
+not hide (`collectives.py`: NCCL bus bandwidths as nccl-tests measures them, and what each
+framework overlaps). See `roofline` for each term and its source.
 """
 
 from __future__ import annotations
@@ -40,13 +52,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from . import collectives, kernels
+from .activations import fused_kernels, recomputed_modules, tokens_per_gpu
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
 from .parallel import Parallel
-from .sharding import stage_layer_indices
+from .resolved import Resolved, resolve
 from .states import optimizer_state_bytes
-from .training import Recipe, Training
+from .training import Training
 
 ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
 PALM = "Chowdhery et al. 2022, PaLM (arXiv 2204.02311), appendix B"
@@ -65,8 +79,16 @@ GELU_FLOPS = 8
 SOFTMAX_FLOPS = 5
 ROPE_FLOPS = 3  # x*cos + rotate(x)*sin per element
 
+# The selective-recompute modules an operation belongs to (Megatron-Core --recompute-modules, the
+# names the memory model's ledger uses in activations.py): recomputing a module re-runs its forward.
+CORE_ATTN = ("core_attn",)
+NORM_MODULE = ("layernorm",)
+UP_PROJ_MODULE = ("mla_up_proj",)
+MOE_MODULE = ("moe",)
 
-SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING)
+
+SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING, collectives.NCCL_TESTS, *collectives.OVERLAP_SOURCES,
+           *kernels.SOURCES)
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -86,6 +108,11 @@ class Operation:
     bandwidth: float  # bytes/s of device memory
     count: int
     formula: str
+    modules: tuple[str, ...] = ()  # the selective-recompute modules (training.RECOMPUTE_MODULES) it belongs to
+    compute_efficiency: float = 1.0  # fraction of peak_flops the kernel reaches (kernels.py)
+    memory_efficiency: float = 1.0  # fraction of bandwidth it reaches
+    passes: float = 1.0  # its traffic over `bytes` (unfused eager kernels re-read and re-write)
+    kernels: int = 1  # kernel launches (each at least kernels.LAUNCH_GAP_S)
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -109,13 +136,31 @@ class Operation:
     def total_time_s(self) -> float:
         return self.time_s * self.count
 
+    @property
+    def expected_time_s(self) -> float:
+        """Time at what the kernel achieves: each roof scaled by its efficiency, the traffic by the
+        passes an unfused kernel makes, and at least one launch gap per kernel."""
+        return max(self.flops / (self.peak_flops * self.compute_efficiency),
+                   self.bytes * self.passes / (self.bandwidth * self.memory_efficiency),
+                   self.kernels * kernels.LAUNCH_GAP_S)
+
+    @property
+    def total_expected_s(self) -> float:
+        return self.expected_time_s * self.count
+
+    @property
+    def achieved_fraction(self) -> float:
+        """Share of its roof the operation reaches: roof time / expected time."""
+        return self.time_s / self.expected_time_s
+
     def to_json(self) -> dict:
         return {
             "name": self.name, "phase": self.phase, "flops": self.flops, "bytes": self.bytes,
-            "arithmetic_intensity": self.arithmetic_intensity, "bound": self.bound, "time_s": self.time_s,
-            "scope": self.scope, "kind": self.kind, "count": self.count, "total_time_s": self.total_time_s,
-            "ridge_point": self.ridge_point, "peak_flops": self.peak_flops, "bandwidth": self.bandwidth,
-            "formula": self.formula,
+            "arithmetic_intensity": self.arithmetic_intensity, "bound": self.bound, "time_s": self.expected_time_s,
+            "roof_time_s": self.time_s, "achieved_fraction": self.achieved_fraction,
+            "scope": self.scope, "kind": self.kind, "count": self.count, "total_time_s": self.total_expected_s,
+            "roof_total_time_s": self.total_time_s, "ridge_point": self.ridge_point, "peak_flops": self.peak_flops,
+            "bandwidth": self.bandwidth, "formula": self.formula, "modules": list(self.modules),
         }
 
 
@@ -127,11 +172,26 @@ class Communication:
     group: str  # "TP", "CP", "EP", "DP", "expert DP", "PP"
     size: int  # ranks in the group
     link: str  # "intra-node" or "inter-node"
-    bandwidth: float  # bytes/s, one direction, per GPU
+    bandwidth: float  # bytes/s, one direction, per GPU: the bus bandwidth NCCL reaches (collectives.py)
     bytes: float  # bytes one GPU sends per step (ring factors applied)
     time_s: float
     exposed_s: float
     formula: str
+    line_bandwidth: float = 0.0  # the link's one-way line rate per GPU (the catalog's)
+    calls: float = 0.0  # collective calls per step (each costs a latency)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The step at the roofs: every operation at its roof, every link at its line rate, all
+    overlappable traffic hidden behind compute: what no run of this layout can beat."""
+
+    time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -153,11 +213,19 @@ class Step:
     model_flops_per_token: float
     mfu_peak_flops: float
     communication: tuple[Communication, ...]
+    upper_bound: Bound | None = None
 
     @property
     def bubble_share_of_step(self) -> float:
         """The share of the step the GPU idles in the pipeline bubble (bubble_s / time_s)."""
         return self.bubble_s / self.time_s if self.time_s else 0.0
+
+    def exposed_by_group(self) -> dict[str, float]:
+        """Exposed communication seconds by group (TP, CP, EP, DP, expert DP, PP)."""
+        out: dict[str, float] = {}
+        for c in self.communication:
+            out[c.group] = out.get(c.group, 0.0) + c.exposed_s
+        return out
 
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in (
@@ -166,6 +234,9 @@ class Step:
             "recompute_s", "bubble_s", "optimizer_s", "microbatches", "tokens_per_step",
             "model_flops_per_token", "mfu_peak_flops")}
         out["communication"] = [c.to_json() for c in self.communication]
+        out["exposed_comm_by_group_s"] = self.exposed_by_group()
+        if self.upper_bound is not None:
+            out["upper_bound"] = self.upper_bound.to_json()
         return out
 
 
@@ -174,7 +245,7 @@ class Roofline:
     mode: str  # "training" or "inference" (a prefill of seq_len tokens)
     gpu: str
     stage: int  # the pipeline stage shown: the slowest one, which sets the step time
-    stage_times_s: tuple[float, ...]  # ideal compute + recompute per step, every stage
+    stage_times_s: tuple[float, ...]  # expected compute + recompute per step, every stage
     operations: tuple[Operation, ...]
     step: Step
     notes: tuple[str, ...]
@@ -205,46 +276,58 @@ class _Context:
     T: float  # tokens per micro-batch on this GPU: s*b with s = seq_len / CP
     T_sp: float  # tokens a norm or residual add sees: T / t with sequence parallelism
     t: int
+    gpu: GPU
+    framework: str
+    fused: bool  # fused norm/rotary/activation kernels (Megatron's TransformerEngine) rather than eager ops
 
 
 def _gemm(ctx: _Context, scope: str, name: str, M: float, K: float, N: float, count: int,
-          weights: float = 1, formula: str = "") -> list[Operation]:
+          weights: float = 1, formula: str = "", modules: tuple[str, ...] = ()) -> list[Operation]:
     """Forward, input-gradient and weight-gradient matmuls of y (M x N) = x (M x K) @ W (K x N).
-    `weights` > 1 is a grouped GEMM over that many expert matrices with M tokens in total."""
+    `weights` > 1 is a grouped GEMM over that many expert matrices with M tokens in total (each
+    expert's GEMM sees M / weights rows). Each runs at `kernels.gemm_efficiency` of its shape: the
+    input gradient is (M x N) @ (N x K), the weight gradient (K x M) @ (M x N)."""
     W = K * N * weights
     flops = 2 * M * K * N
-    fwd = Operation(name, "forward", scope, "matmul", flops,
-                    M * K * ctx.mm_in + W * ctx.weight + M * N * ctx.B,
-                    ctx.mm_peak, ctx.bandwidth, count, formula or f"2*M*K*N, M={M:g} K={K:g} N={N:g}")
+    rows = M / weights
+
+    def op(label, phase, moved, shape, text):
+        return Operation(label, phase, scope, "matmul", flops, moved, ctx.mm_peak, ctx.bandwidth, count, text,
+                         modules, kernels.gemm_efficiency(ctx.gpu, *shape), kernels.BANDWIDTH_EFFICIENCY)
+
+    fwd = op(name, "forward", M * K * ctx.mm_in + W * ctx.weight + M * N * ctx.B, (rows, K, N),
+             formula or f"2*M*K*N, M={M:g} K={K:g} N={N:g}")
     if not ctx.training:
         return [fwd]
-    dgrad = Operation(f"{name} (input gradient)", "backward", scope, "matmul", flops,
-                      M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
-                      ctx.mm_peak, ctx.bandwidth, count, "dX = dY W^T: 2*M*K*N")
-    wgrad = Operation(f"{name} (weight gradient)", "backward", scope, "matmul", flops,
-                      M * K * ctx.mm_in + M * N * ctx.mm_in + W * ctx.grad,
-                      ctx.mm_peak, ctx.bandwidth, count, "dW = X^T dY: 2*M*K*N")
+    dgrad = op(f"{name} (input gradient)", "backward", M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
+               (rows, N, K), "dX = dY W^T: 2*M*K*N")
+    wgrad = op(f"{name} (weight gradient)", "backward", M * K * ctx.mm_in + M * N * ctx.mm_in + W * ctx.grad,
+               (K, rows, N), "dW = X^T dY: 2*M*K*N")
     return [fwd, dgrad, wgrad]
 
 
 def _elementwise(ctx: _Context, scope: str, name: str, elements_in: float, elements_out: float,
-                 flops_per_element: float, count: int, formula: str) -> list[Operation]:
+                 flops_per_element: float, count: int, formula: str, modules: tuple[str, ...] = (),
+                 group: str = "") -> list[Operation]:
     """A memory-bound kernel. Its backward reads the output gradient and the saved input and
-    writes the input gradient: (out + 2*in) elements."""
-    fwd = Operation(name, "forward", scope, "elementwise", flops_per_element * elements_in,
-                    (elements_in + elements_out) * ctx.B, ctx.peak, ctx.bandwidth, count, formula)
+    writes the input gradient: (out + 2*in) elements. `group` ("norm", "rope", "activation")
+    names the eager op sequence it runs as without fused kernels (kernels.EAGER_TRAFFIC)."""
+    passes, launches = kernels.eager_traffic(group, ctx.fused)
+
+    def op(label, phase, flops, moved):
+        return Operation(label, phase, scope, "elementwise", flops, moved, ctx.peak, ctx.bandwidth, count, formula,
+                         modules, 1.0, kernels.BANDWIDTH_EFFICIENCY, passes, launches)
+
+    fwd = op(name, "forward", flops_per_element * elements_in, (elements_in + elements_out) * ctx.B)
     if not ctx.training:
         return [fwd]
-    bwd = Operation(f"{name} (backward)", "backward", scope, "elementwise", 2 * flops_per_element * elements_in,
-                    (elements_out + 2 * elements_in) * ctx.B, ctx.peak, ctx.bandwidth, count, formula)
-    return [fwd, bwd]
+    return [fwd, op(f"{name} (backward)", "backward", 2 * flops_per_element * elements_in,
+                    (elements_out + 2 * elements_in) * ctx.B)]
 
 
-def _windowed(arch: Architecture, index: int) -> bool:
-    """Sliding-window layers (as in inference.py): all of them with pattern 0, else every
-    pattern-th layer is global."""
-    return bool(arch.sliding_window) and (
-        arch.sliding_window_pattern == 0 or (index + 1) % arch.sliding_window_pattern != 0)
+def _tagged(ops: list[Operation], *modules: str) -> list[Operation]:
+    """The operations marked as part of these selective-recompute modules."""
+    return [dataclasses.replace(op, modules=modules) for op in ops]
 
 
 def attended_keys(seq_len: int, window: int | None, causal: bool = True) -> float:
@@ -280,15 +363,23 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
     if training.attention == "flash":
         keys = attended_keys(seq, window)
         flops = 2 * b * a_t * s_q * keys * (d_qk + d_v)
+        # the kernel sees blocks of s/cp queries (ring attention runs one block per step), at most the window
+        span = min(window or s_q, s_q)
+
+        def efficiency(direction):
+            return kernels.attention_efficiency(ctx.gpu, ctx.framework, direction, span, d_qk)
+
         fwd = Operation("attention core (flash)", "forward", scope, "attention", flops,
                         io + ctx.T * a_t * 4, ctx.peak, ctx.bandwidth, count,
-                        "2*b*(a/t)*(s/cp)*keys*(d_qk + d_v), keys = causal average")
+                        "2*b*(a/t)*(s/cp)*keys*(d_qk + d_v), keys = causal average", CORE_ATTN,
+                        efficiency("forward"), kernels.BANDWIDTH_EFFICIENCY)
         if not ctx.training:
             return [fwd]
         # backward reads q, k, v, o, dO, lse and writes dq, dk, dv
         bwd = Operation("attention core (flash) (backward)", "backward", scope, "attention", 2.5 * flops,
                         2 * io + ctx.T * a_t * (d_v * ctx.B + 4), ctx.peak, ctx.bandwidth, count,
-                        "2.5 x forward (FlashAttention-2: 5 matmuls against 2, the scores recomputed)")
+                        "2.5 x forward (FlashAttention-2: 5 matmuls against 2, the scores recomputed)", CORE_ATTN,
+                        efficiency("backward"), kernels.BANDWIDTH_EFFICIENCY)
         return [fwd, bwd]
     keys = float(min(window or seq, seq))  # eager: the mask is applied after the full matmul
     scores = b * a_t * s_q * keys
@@ -301,7 +392,7 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
                    scores * ctx.B + ctx.T * kv_heads / par.tp * d_v * ctx.B + ctx.T * a_t * d_v * ctx.B,
                    ctx.peak, ctx.bandwidth, count, "2*b*(a/t)*s*s*d_v, probabilities read")
     ops = [qk, sm, av]
-    if ctx.training:
+    if ctx.training:  # eager attention: unfused batched GEMMs of head width d, at the GEMM rate of that shape
         ops += [
             Operation("attention probabilities x V (eager) (backward)", "backward", scope, "attention",
                       2 * av.flops, av.bytes + scores * ctx.B, ctx.peak, ctx.bandwidth, count,
@@ -312,19 +403,23 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
                       2 * qk.flops, qk.bytes + scores * ctx.B, ctx.peak, ctx.bandwidth, count,
                       "dQ = dS K, dK = dS^T Q"),
         ]
-    return ops
+    gemm = kernels.gemm_efficiency(ctx.gpu, s_q, d_qk, keys)
+    return [dataclasses.replace(op, modules=CORE_ATTN, compute_efficiency=gemm if op.kind == "attention" else 1.0,
+                                memory_efficiency=kernels.BANDWIDTH_EFFICIENCY) for op in ops]
 
 
 def _mlp(ctx: _Context, arch: Architecture, scope: str, prefix: str, M: float, width: float,
-         count: int, weights: float = 1) -> list[Operation]:
+         count: int, weights: float = 1, modules: tuple[str, ...] = ("mlp",),
+         act_modules: tuple[str, ...] = ("mlp",)) -> list[Operation]:
     """fc1 (gate and up fused for a gated MLP), the activation, fc2; width is already per GPU."""
     h = arch.hidden_size
     fc1 = 2 * width if arch.gated_mlp else width
     act = ("SwiGLU", SWIGLU_FLOPS, 2 * M * width) if arch.gated_mlp else ("GELU", GELU_FLOPS, M * width)
-    return (_gemm(ctx, scope, f"{prefix}fc1{' (gate and up)' if arch.gated_mlp else ''}", M, h, fc1, count, weights)
+    return (_gemm(ctx, scope, f"{prefix}fc1{' (gate and up)' if arch.gated_mlp else ''}", M, h, fc1, count, weights,
+                  modules=modules)
             + _elementwise(ctx, scope, f"{prefix}{act[0]} activation", act[2], M * width, act[1], count,
-                           f"read {'2*' if arch.gated_mlp else ''}M*f, write M*f")
-            + _gemm(ctx, scope, f"{prefix}fc2", M, width, h, count, weights))
+                           f"read {'2*' if arch.gated_mlp else ''}M*f, write M*f", act_modules, "activation")
+            + _gemm(ctx, scope, f"{prefix}fc2", M, width, h, count, weights, modules=modules))
 
 
 def layer_operations(ctx: _Context, arch: Architecture, training: Training, par: Parallel, kind: str,
@@ -335,7 +430,8 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
     norm_flops = NORM_FLOPS[arch.norm]
     norm_formula = f"read and write {'s*b*h/t' if par.sequence_parallel else 's*b*h'} (sequence parallel: /t)"
     groups: list[list[Operation]] = []
-    groups.append(_elementwise(ctx, scope, "attention norm", T_sp * h, T_sp * h, norm_flops, count, norm_formula))
+    groups.append(_elementwise(ctx, scope, "attention norm", T_sp * h, T_sp * h, norm_flops, count, norm_formula,
+                               NORM_MODULE, "norm"))
     # --- attention projections (column-parallel: output width / t)
     if arch.uses_mla:
         a = arch.num_attention_heads
@@ -344,7 +440,8 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
             groups.append(_gemm(ctx, scope, "q down-projection (MLA, replicated)", T, h, arch.q_lora_rank, count))
             groups.append(_elementwise(ctx, scope, "q latent norm", T * arch.q_lora_rank, T * arch.q_lora_rank,
                                        norm_flops, count, "read and write s*b*q_lora_rank"))
-            groups.append(_gemm(ctx, scope, "q up-projection (MLA)", T, arch.q_lora_rank, a * qk_head / t, count))
+            groups.append(_gemm(ctx, scope, "q up-projection (MLA)", T, arch.q_lora_rank, a * qk_head / t, count,
+                                modules=UP_PROJ_MODULE))
         else:
             groups.append(_gemm(ctx, scope, "q projection (MLA)", T, h, a * qk_head / t, count))
         groups.append(_gemm(ctx, scope, "kv down-projection (MLA, replicated)", T, h,
@@ -352,7 +449,7 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
         groups.append(_elementwise(ctx, scope, "kv latent norm", T * arch.kv_lora_rank, T * arch.kv_lora_rank,
                                    norm_flops, count, "read and write s*b*kv_lora_rank"))
         groups.append(_gemm(ctx, scope, "kv up-projection (MLA)", T, arch.kv_lora_rank,
-                            a * (arch.qk_nope_head_dim + arch.v_head_dim) / t, count))
+                            a * (arch.qk_nope_head_dim + arch.v_head_dim) / t, count, modules=UP_PROJ_MODULE))
         rope_elements = T * (a / t + 1) * arch.qk_rope_head_dim
     else:
         qkv = arch.q_width + 2 * arch.kv_width
@@ -361,37 +458,41 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
         if arch.qk_norm:
             qk = T * (arch.q_width + arch.kv_width) / t
             groups.append(_elementwise(ctx, scope, "q and k norms", qk, qk, norm_flops, count,
-                                       "read and write s*b*(a + g)*d/t"))
+                                       "read and write s*b*(a + g)*d/t", group="norm"))
         rope_elements = T * (arch.q_width + arch.kv_width) / t
     if arch.position_embedding == "rope":
         groups.append(_elementwise(ctx, scope, "rotary embedding", rope_elements, rope_elements, ROPE_FLOPS, count,
-                                   "read and write q and k (rope part)"))
+                                   "read and write q and k (rope part)", UP_PROJ_MODULE if arch.uses_mla else (),
+                                   "rope"))
     groups.append(_attention_core(ctx, arch, training, par, scope, window, count))
     groups.append(_gemm(ctx, scope, "output projection", T, arch.attention_output_width / t, h, count))
     groups.append(_elementwise(ctx, scope, "residual add (attention)", 2 * T_sp * h, T_sp * h, 0.5, count,
                                "read 2*s*b*h, write s*b*h (/t with sequence parallelism)"))
-    groups.append(_elementwise(ctx, scope, "MLP norm", T_sp * h, T_sp * h, norm_flops, count, norm_formula))
+    groups.append(_elementwise(ctx, scope, "MLP norm", T_sp * h, T_sp * h, norm_flops, count, norm_formula,
+                               NORM_MODULE, "norm"))
     # --- MLP
     if kind == "dense":
         groups.append(_mlp(ctx, arch, scope, "", T, arch.intermediate_size / t, count))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
         # the router sees the sequence-parallel shard of the tokens (Megatron-Core TopKRouter)
-        groups.append(_gemm(ctx, scope, "router", T_sp, h, e, count))
+        groups.append(_gemm(ctx, scope, "router", T_sp, h, e, count, modules=MOE_MODULE))
         groups.append(_elementwise(ctx, scope, "router softmax and top-k", T_sp * e, T_sp * e, SOFTMAX_FLOPS, count,
-                                   "read and write s*b*E/t"))
+                                   "read and write s*b*E/t", MOE_MODULE))
         # Per GPU the routed tokens are k*phi*T/t in expert-TP groups of etp (activations.py):
         # M = k*phi*T*etp/t tokens through the e/ep local experts at width f_e/etp.
         routed = k * phi * T * par.etp / t
         groups.append(_elementwise(ctx, scope, "token permute (dispatch)", routed * h, routed * h, 0, count,
-                                   "read and write k*phi*s*b*h*etp/t"))
+                                   "read and write k*phi*s*b*h*etp/t", MOE_MODULE))
         groups.append(_mlp(ctx, arch, scope, "experts: ", routed, arch.moe_intermediate_size / par.etp, count,
-                           weights=e / par.ep))
+                           weights=e / par.ep, modules=MOE_MODULE, act_modules=MOE_MODULE + ("moe_act",)))
         groups.append(_elementwise(ctx, scope, "token unpermute and weighted combine", routed * h, T_sp * h, 2, count,
-                                   "read k*phi*s*b*h*etp/t, write s*b*h/t"))
+                                   "read k*phi*s*b*h*etp/t, write s*b*h/t", MOE_MODULE))
         if arch.num_shared_experts:
             width = arch.shared_expert_intermediate_size * arch.num_shared_experts
-            groups.append(_mlp(ctx, arch, scope, "shared experts: ", T, width / t, count))
+            shared = MOE_MODULE + ("shared_experts",)
+            groups.append(_mlp(ctx, arch, scope, "shared experts: ", T, width / t, count, modules=shared,
+                               act_modules=shared))
     groups.append(_elementwise(ctx, scope, "residual add (MLP)", 2 * T_sp * h, T_sp * h, 0.5, count,
                                "read 2*s*b*h, write s*b*h (/t with sequence parallelism)"))
     forward = [op for g in groups for op in g if op.phase == "forward"]
@@ -409,7 +510,7 @@ def embedding_operations(ctx: _Context, arch: Architecture, count: int) -> list[
         ops.append(Operation("embedding lookup (backward)", "backward", "embedding", "elementwise", T * h,
                              T * h * ctx.B + 2 * T * h * ctx.grad, ctx.peak, ctx.bandwidth, count,
                              "scatter-add s*b*h gradient rows"))
-    return ops
+    return [dataclasses.replace(op, memory_efficiency=kernels.BANDWIDTH_EFFICIENCY) for op in ops]
 
 
 def head_operations(ctx: _Context, arch: Architecture, training: Training, par: Parallel, vocab: int,
@@ -418,7 +519,7 @@ def head_operations(ctx: _Context, arch: Architecture, training: Training, par: 
     (prefill) computes the logits of the last token of each sequence only, as servers do."""
     h, t = arch.hidden_size, par.tp
     groups = [_elementwise(ctx, "head", "final norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
-                           "read and write s*b*h (/t with sequence parallelism)")]
+                           "read and write s*b*h (/t with sequence parallelism)", group="norm")]
     rows = ctx.T if ctx.training else training.micro_batch_size
     groups.append(_gemm(ctx, "head", "LM head", rows, h, vocab / t, count,
                         formula=f"2*T*h*V/t, M={rows:g} K={h} N={vocab / t:g}"))
@@ -432,12 +533,12 @@ def head_operations(ctx: _Context, arch: Architecture, training: Training, par: 
             bwd_bytes = logits * (4 + B)
         else:  # fused in place, or chunked (Liger's chunks still pass through memory)
             fwd_bytes, bwd_bytes = 2 * logits * B, 2 * logits * B
-        groups.append([
+        groups.append([dataclasses.replace(op, memory_efficiency=kernels.BANDWIDTH_EFFICIENCY) for op in [
             Operation("cross-entropy loss", "forward", "head", "elementwise", SOFTMAX_FLOPS * logits, fwd_bytes,
                       ctx.peak, ctx.bandwidth, count, f"softmax over s*b*V/t logits ({training.loss})"),
             Operation("cross-entropy loss (backward)", "backward", "head", "elementwise", 2 * logits, bwd_bytes,
                       ctx.peak, ctx.bandwidth, count, "softmax - one-hot, in the compute dtype"),
-        ])
+        ]])
     forward = [op for g in groups for op in g if op.phase == "forward"]
     backward = [op for g in reversed(groups) for op in reversed(g) if op.phase == "backward"]
     return forward, backward
@@ -474,9 +575,9 @@ def model_flops_per_token(arch: Architecture, seq_len: int, training: bool = Tru
     prefill): 2N + the forward third of the attention term, the LM head counted for one token of
     each sequence (2*V*h / seq_len per token)."""
     d_qk, d_v, _ = _attention_widths(arch)
-    attention = sum(2 * arch.num_attention_heads * (d_qk + d_v)
-                    * attended_keys(seq_len, arch.sliding_window if _windowed(arch, i) else None)
-                    for i in range(arch.num_layers))
+    attention = sum(n * 2 * arch.num_attention_heads * (d_qk + d_v)
+                    * attended_keys(seq_len, arch.sliding_window if windowed else None)
+                    for (_, windowed), n in arch.variant_counts().items())
     n = matmul_parameters(arch)
     if training:
         return 6 * n + 3 * attention
@@ -484,26 +585,10 @@ def model_flops_per_token(arch: Architecture, seq_len: int, training: bool = Tru
     return 2 * (n - head) + attention + 2 * head / seq_len
 
 
-# --- communication -----------------------------------------------------------------------------------
+# --- the configuration's shared context ------------------------------------------------------------
 
-def _link(gpu: GPU, size: int, stride: int) -> tuple[str, float]:
-    """A group of `size` ranks `stride` apart stays in one node when size*stride <= gpus_per_node
-    (ranks are laid out TP innermost, then CP, then DP, PP outermost, as Megatron-Core orders
-    them; the expert grid is expert-TP, EP, expert-DP)."""
-    if size * stride <= gpu.gpus_per_node:
-        return "intra-node", gpu.intra_node_bandwidth
-    return "inter-node", gpu.inter_node_bandwidth
-
-
-def _ring(n: int, all_reduce: bool = False) -> float:
-    """Share of a buffer each GPU sends in a ring collective: (n-1)/n for an all-gather or a
-    reduce-scatter, 2(n-1)/n for an all-reduce."""
-    return (2 if all_reduce else 1) * (n - 1) / n
-
-
-# --- the step ----------------------------------------------------------------------------------------
-
-def _context(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, gpu: GPU) -> tuple[_Context, list[str]]:
+def _context(cfg: Resolved) -> tuple[_Context, list[str]]:
+    training, par, gpu = cfg.training, cfg.parallel, cfg.gpu
     notes = []
     compute = training.compute_dtype
     peak = gpu.bf16_flops / 2 if compute == "fp32" else gpu.bf16_flops
@@ -518,241 +603,467 @@ def _context(arch: Architecture, training: Training, recipe: Recipe, par: Parall
             mm_peak, mm_in = gpu.fp8_flops, 1.0
             notes.append("fp8: every linear layer's GEMMs (forward and backward) at the fp8 peak with 1-byte "
                          "inputs and weights (TransformerEngine recipe); attention, norms and the loss in bf16")
-    if training.mode == "inference":
-        weight = bytes_per_element(training.param_dtype) if not fp8 else 1.0
-    else:
-        weight = mm_in
-    T = training.seq_len / par.cp * training.micro_batch_size
+    weight = (bytes_per_element(training.param_dtype) if not fp8 else 1.0) if training.mode == "inference" else mm_in
+    T = tokens_per_gpu(training, par)
     ctx = _Context(
-        B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(recipe.grad_dtype),
-        mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=training.mode == "training",
-        T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp)
+        B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(cfg.recipe.grad_dtype),
+        mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=cfg.is_training,
+        T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp, gpu=gpu, framework=training.framework,
+        fused=fused_kernels(training))
     return ctx, notes
 
+
+# --- the work of each pipeline stage -----------------------------------------------------------------
+
+Variant = tuple[str, bool]  # (layer kind, sliding window), as Architecture.variant_counts names them
+
+
+def _time(ops, roof: bool) -> float:
+    """Seconds of these operations (once each): at the roof, or as expected."""
+    return sum(op.time_s if roof else op.expected_time_s for op in ops)
+
+
+def variant_operations(ctx: _Context, cfg: Resolved) -> dict[Variant, tuple[list[Operation], list[Operation]]]:
+    """(forward, backward) operations of one layer of each variant the model has, count 1."""
+    arch = cfg.architecture
+    return {v: layer_operations(ctx, arch, cfg.training, cfg.parallel, v[0], arch.sliding_window if v[1] else None, 1)
+            for v in arch.variant_counts()}
+
+
+def stage_variants(cfg: Resolved, rank: int) -> dict[Variant, int]:
+    """Layers of each variant on a pipeline rank (over its virtual chunks)."""
+    counts: dict[Variant, int] = {}
+    for chunk in cfg.stages[rank].chunks:
+        for v, n in cfg.architecture.variant_counts(chunk.start, chunk.stop).items():
+            counts[v] = counts.get(v, 0) + n
+    return counts
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One micro-batch on one pipeline rank: its operations' seconds, at the roof or as expected."""
+
+    rank: int
+    counts: dict[Variant, int]
+    forward_s: float  # layer forwards, plus the embedding (first rank) and the head's forward (last rank)
+    backward_s: float
+    recompute_s: float
+    recompute_fraction: float  # share of the rank's layers full recompute re-runs (their TP collectives too)
+
+    @property
+    def layers(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def per_microbatch_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def recompute_time(cfg: Resolved, counts: dict[Variant, int], variants, roof: bool) -> tuple[float, float]:
+    """(seconds per micro-batch, share of layers fully recomputed). Full recompute re-runs the
+    forward of each recomputed layer (Korthikanti et al. 2022, section 5); selective re-runs the
+    forward operations of the modules the memory model drops (activations.recomputed_modules:
+    the core attention by default, Korthikanti section 6)."""
+    tr = cfg.training
+    if not cfg.is_training or tr.recompute == "none" or not counts:
+        return 0.0, 0.0
+    if tr.recompute == "full":
+        layers = sum(counts.values())
+        fraction = min(tr.recompute_layers or layers, layers) / layers
+        return fraction * sum(n * _time(variants[v][0], roof) for v, n in counts.items()), fraction
+    modules = recomputed_modules(tr)
+    return sum(n * _time([op for op in variants[v][0] if modules.intersection(op.modules)], roof)
+               for v, n in counts.items()), 0.0
+
+
+def stage_work(cfg: Resolved, rank: int, variants, ends, roof: bool) -> StageWork:
+    embed, head_fwd, head_bwd = ends
+    counts = stage_variants(cfg, rank)
+    forward = sum(n * _time(variants[v][0], roof) for v, n in counts.items())
+    backward = sum(n * _time(variants[v][1], roof) for v, n in counts.items())
+    if rank == 0:
+        forward += _time([op for op in embed if op.phase == "forward"], roof)
+        backward += _time([op for op in embed if op.phase == "backward"], roof)
+    if rank == cfg.parallel.pp - 1:
+        forward += _time(head_fwd, roof)
+        backward += _time(head_bwd, roof)
+    recompute, fraction = recompute_time(cfg, counts, variants, roof)
+    return StageWork(rank, counts, forward, backward, recompute, fraction)
+
+
+def stage_operations(cfg: Resolved, work: StageWork, variants, ends) -> list[Operation]:
+    """The operations of a rank with their counts per step, in running order."""
+    m, last = cfg.microbatches, cfg.parallel.pp - 1
+    embed, head_fwd, head_bwd = ends
+    order = sorted(work.counts, key=lambda v: (v[0], v[1]))
+    ops: list[Operation] = []
+    if work.rank == 0:
+        ops += [dataclasses.replace(op, count=m) for op in embed if op.phase == "forward"]
+    for v in order:
+        ops += [dataclasses.replace(op, count=work.counts[v] * m) for op in variants[v][0]]
+    if work.rank == last:
+        ops += [dataclasses.replace(op, count=m) for op in head_fwd + head_bwd]
+    for v in reversed(order):
+        ops += [dataclasses.replace(op, count=work.counts[v] * m) for op in variants[v][1]]
+    if work.rank == 0:
+        ops += [dataclasses.replace(op, count=m) for op in embed if op.phase == "backward"]
+    return ops
+
+
+# --- communication -----------------------------------------------------------------------------------
+
+def _link(gpu: GPU, size: int, stride: int) -> tuple[str, float]:
+    return collectives.link_of(gpu, size, stride)
+
+
+def _ring(n: int, all_reduce: bool = False) -> float:
+    return collectives.ring_factor(n, all_reduce)
+
+
+def _collective(gpu: GPU, roof: bool, name: str, group: str, size: int, stride: int, wire_bytes: float,
+                calls: float, formula: str, all_reduce: bool = False) -> Communication | None:
+    """A collective of the step, exposed in full until an overlap rule says otherwise. At the roof
+    it runs at the link's line rate with no latency; as expected, at nccl-tests' bus bandwidth
+    plus a latency per call (collectives.py)."""
+    if size <= 1 or wire_bytes <= 0:
+        return None
+    link, line = _link(gpu, size, stride)
+    bandwidth = line if roof else collectives.bus_bandwidth(gpu, link, all_reduce)
+    time = wire_bytes / bandwidth + (0.0 if roof else calls * collectives.LATENCY_S[link])
+    return Communication(name, group, size, link, bandwidth, wire_bytes, time, time, formula, line, calls)
+
+
+def _passes(cfg: Resolved, work: StageWork) -> float:
+    """Passes over a layer per micro-batch whose collectives run: forward, backward (training) and
+    the recomputed forward."""
+    return (2.0 if cfg.is_training else 1.0) + work.recompute_fraction
+
+
+def tensor_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
+    """TP: 2 all-reduces per layer forward and 2 backward (Shoeybi et al. 2019, section 3), or with
+    sequence parallelism 2 all-gathers + 2 reduce-scatters moving the same bytes (Korthikanti
+    section 4.2.2); each of s*b*h*B bytes with the ring factor 2(t-1)/t. Full recompute repeats
+    the forward's. Exposed: the next GEMM needs the result (TP comm overlap / async TP not modelled)."""
+    par, m, h = cfg.parallel, cfg.microbatches, cfg.architecture.hidden_size
+    passes = _passes(cfg, work)
+    wire = 2 * passes * _ring(par.tp, all_reduce=True) * ctx.T * h * ctx.B * work.layers * m
+    c = _collective(ctx.gpu, roof, "tensor-parallel all-reduce (or all-gather + reduce-scatter)", "TP", par.tp, 1,
+                    wire, 2 * passes * work.layers * m, "2 per layer per direction x 2(t-1)/t x s*b*h*B x layers x m",
+                    all_reduce=not par.sequence_parallel)
+    return [c] if c else []
+
+
+def context_parallel(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bool) -> list[Communication]:
+    """CP: ring attention passes each rank's K/V chunk around the ring, cp - 1 hops; backward passes
+    K/V and their gradients. Overlapped with the attention core of the chunk in hand
+    (Megatron-Core context parallelism docs), so only the excess over that compute is exposed."""
+    par, m = cfg.parallel, cfg.microbatches
+    if par.cp <= 1:
+        return []
+    d_qk, d_v, kv_heads = _attention_widths(cfg.architecture)
+    directions = 2 if cfg.is_training else 1
+    kv = ctx.T * kv_heads / par.tp * (d_qk + d_v) * ctx.B
+    per_layer = (par.cp - 1) * kv * (1 + 2 * (directions - 1))
+    attention = sum(n * _time([op for op in variants[v][0] + variants[v][1] if op.kind == "attention"], roof)
+                    for v, n in work.counts.items()) * m
+    c = _collective(ctx.gpu, roof, "context-parallel ring exchange of K and V", "CP", par.cp, par.tp,
+                    per_layer * work.layers * m, (par.cp - 1) * directions * work.layers * m,
+                    "(cp-1) x s*b*g*(d_k + d_v)/t*B per layer forward, x2 more in backward (K/V and their gradients)")
+    return [dataclasses.replace(c, exposed_s=max(0.0, c.time_s - attention))] if c else []
+
+
+def expert_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
+    """EP: an all-to-all dispatches the k routed copies of each token and another combines them,
+    forward and backward (Megatron-Core alltoall token dispatcher); (ep-1)/ep of them leave the
+    GPU. Exposed: the experts wait for their tokens (no overlap modelled)."""
+    arch, par, m = cfg.architecture, cfg.parallel, cfg.microbatches
+    moe_layers = sum(n for (kind, _), n in work.counts.items() if kind == "moe")
+    if not moe_layers or par.ep <= 1:
+        return []
+    passes = _passes(cfg, work)
+    k, phi = arch.num_experts_per_token, cfg.training.moe_capacity_factor
+    per_layer = 2 * passes * (par.ep - 1) / par.ep * k * phi * ctx.T_sp * arch.hidden_size * ctx.B
+    c = _collective(ctx.gpu, roof, "expert-parallel all-to-all (dispatch and combine)", "EP", par.ep, par.etp,
+                    per_layer * moe_layers * m, 2 * passes * moe_layers * m,
+                    "2 per MoE layer per direction x (ep-1)/ep x k*phi*s*b*h/t*B")
+    return [c] if c else []
+
+
+def pipeline_parallel(cfg: Resolved, ctx: _Context, roof: bool) -> list[Communication]:
+    """PP: each micro-batch sends its activations (s*b*h*B, /t with Megatron's scatter-gather over
+    TP) to the next stage and its gradient back, once per virtual chunk."""
+    par, m = cfg.parallel, cfg.microbatches
+    if par.pp <= 1:
+        return []
+    directions = 2 if cfg.is_training else 1
+    hop = ctx.T * cfg.architecture.hidden_size * ctx.B / (par.tp if par.sequence_parallel else 1)
+    c = _collective(ctx.gpu, roof, "pipeline send/receive of activations", "PP", par.pp, par.gpus_per_stage,
+                    directions * par.vpp * hop * m, directions * par.vpp * m,
+                    "directions x v x s*b*h*B (/t with sequence parallelism) x m")
+    return [c] if c else []
+
+
+# Gradient buckets, in parameters: Megatron-Core DDP max(40M, 1M x DP) (distributed_data_parallel_config
+# bucket_size); DeepSpeed reduce_bucket_size 5e8 elements (ZeRO config default); PyTorch DDP 25 MiB
+# (bucket_cap_mb) of gradient bytes.
+def _bucket_params(framework: str, n: int, grad_bytes: float) -> float:
+    if framework == "megatron":
+        return max(40e6, 1e6 * n)
+    if framework == "deepspeed":
+        return 5e8
+    return 25 * 2**20 / grad_bytes
+
+
+def _sharded_per_unit(cfg: Resolved, zero: int) -> bool:
+    """Gathers and reduce-scatters run unit by unit (one layer) in every micro-batch: FSDP2 with
+    sharded gradients, and ZeRO-3 in any framework."""
+    return zero == 3 or (zero == 2 and cfg.training.framework == "fsdp2")
+
+
+def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
+    """DP / ZeRO / FSDP traffic of the stage (training only), exposed as each framework overlaps it.
+
+    Gradients are reduced once per step (accumulated over micro-batches: DDP's no_sync, Megatron,
+    DeepSpeed ZeRO-1/2) by an all-reduce (ZeRO 0) or a reduce-scatter; ZeRO-1/2 all-gather the
+    updated parameters once; ZeRO-3 and FSDP2 gather each layer before its forward and again before
+    its backward and reduce-scatter its gradient, in every micro-batch (Rajbhandari et al. 2020,
+    section 7: 1.5x the all-reduce volume per micro-batch); FSDP2 shard-grad-op gathers for the
+    forward only. Overlap (`collectives.OVERLAP_SOURCES`):
+
+    - bucketed gradient reduction hides behind the last micro-batch's backward but its last bucket;
+    - Megatron's parameter all-gather hides behind the next forward but its first bucket; DeepSpeed
+      ZeRO-1/2 gathers after the step, exposed;
+    - per-unit gathers (FSDP2, ZeRO-3) prefetch one unit: the first waits (FSDP2's root unit,
+      embedding and head, gathered at the start of forward), then each shows only where it is
+      longer than the unit before's compute; in backward the gather and the reduce-scatter share
+      the link, and the last reduce-scatter waits.
+
+    `parallel.comm_overlap` scales what these rules hide (1: all of it, 0: none)."""
+    if not cfg.is_training:
+        return []
+    tr, par, gpu, m, zero = cfg.training, cfg.parallel, ctx.gpu, cfg.microbatches, cfg.zero_stage
+    sp = cfg.stages[work.rank]
+    G, P = bytes_per_element(cfg.recipe.grad_dtype), bytes_per_element(cfg.recipe.param_dtype)
+    if tr.framework == "fsdp2":
+        P = ctx.B  # fully_shard gathers the bf16 compute copy (MixedPrecisionPolicy)
+    per_unit = _sharded_per_unit(cfg, zero)
+    layers = max(1, work.layers)
+    out: list[Communication] = []
+    for label, group, n, stride, params in (
+            ("", "DP", par.dp * par.cp, par.tp, sp.dense_local),
+            ("expert ", "expert DP", max(1, par.expert_data_parallel), par.ep * par.etp, sp.expert_local)):
+        if n <= 1 or not params:
+            continue
+        buckets = params / _bucket_params(tr.framework, n, G)
+        if zero == 0:
+            grad = _collective(gpu, roof, f"{label}gradient all-reduce", group, n, stride, _ring(n, True) * params * G,
+                               buckets, "2(n-1)/n x params x grad bytes, once per step", all_reduce=True)
+            out.append(_bucketed(grad, work.backward_s + work.recompute_s, buckets, par, roof))
+            continue
+        reductions = m if per_unit else 1
+        grad = _collective(gpu, roof, f"{label}gradient reduce-scatter", group, n, stride,
+                           reductions * _ring(n) * params * G, reductions * (layers if per_unit else buckets),
+                           "(n-1)/n x params x grad bytes" + (", every micro-batch" if per_unit else ", once per step"))
+        gathers = (2 * m if zero == 3 else m) if per_unit else 1
+        gather = _collective(gpu, roof, f"{label}parameter all-gather", group, n, stride,
+                             gathers * _ring(n) * params * P, gathers * (layers if per_unit else buckets),
+                             f"{gathers} x (n-1)/n x params x param bytes" + (
+                                 " (forward and backward, every micro-batch)" if zero == 3 else ""))
+        if per_unit:
+            root = sp.root_local * P * _ring(n) if tr.framework == "fsdp2" and label == "" else 0.0
+            out += _per_unit(grad, gather, work, zero == 3, root, par, roof)
+        else:
+            out.append(_bucketed(grad, work.backward_s + work.recompute_s, buckets, par, roof))
+            exposed_gather = tr.framework == "deepspeed"  # all_gather_dp_groups after the step
+            out.append(gather if exposed_gather else _bucketed(gather, work.forward_s, buckets, par, roof))
+    return out
+
+
+def _overlapped(c: Communication, raw_exposed: float, par: Parallel) -> Communication:
+    """`parallel.comm_overlap` of what the overlap rule hides stays hidden."""
+    hidden = (c.time_s - raw_exposed) * par.comm_overlap
+    return dataclasses.replace(c, exposed_s=c.time_s - hidden)
+
+
+def _bucketed(c: Communication, compute: float, buckets: float, par: Parallel, roof: bool) -> Communication:
+    if roof:
+        return c  # the roof hides traffic behind whatever compute is left (hide_behind_compute)
+    return _overlapped(c, collectives.bucketed_exposure(c.time_s, compute, buckets), par)
+
+
+def _per_unit(grad: Communication, gather: Communication, work: StageWork, zero3: bool, root_bytes: float,
+              par: Parallel, roof: bool) -> list[Communication]:
+    """Exposure of FSDP2 / ZeRO-3 traffic, unit (layer) by unit, in each micro-batch (see
+    `data_parallel`); split between the gather and the reduce-scatter in proportion to their time."""
+    if roof:
+        return [grad, gather]
+    layers = max(1, work.layers)
+    gather_passes = 2 if zero3 else 1
+    m_gathers = max(1.0, gather.calls / layers / gather_passes)  # micro-batches
+    ag_unit = (gather.time_s / m_gathers / gather_passes) / layers
+    rs_unit = grad.time_s / m_gathers / layers
+    root = root_bytes / gather.bandwidth if root_bytes else 0.0
+    forward = collectives.pipelined_exposure(ag_unit, work.forward_s / layers, layers, first=root + ag_unit)
+    backward_comm = rs_unit + (ag_unit if zero3 else 0.0)
+    backward = collectives.pipelined_exposure(backward_comm, (work.backward_s + work.recompute_s) / layers, layers)
+    backward += rs_unit  # the first layer's reduce-scatter has no compute after it
+    total = m_gathers * (forward + backward)
+    share = gather.time_s / (gather.time_s + grad.time_s)
+    return [_overlapped(gather, min(gather.time_s, total * share), par),
+            _overlapped(grad, min(grad.time_s, total * (1 - share)), par)]
+
+
+def hide_behind_compute(comms: list[Communication], groups: tuple[str, ...], budget: float,
+                        overlap: float) -> list[Communication]:
+    """`overlap` of the time of these groups' traffic hides behind compute, never more than the
+    compute there is (the roof's overlap rule; the expected step's for pipeline sends)."""
+    out = []
+    for c in comms:
+        if c.group in groups:
+            hidden = min(overlap * c.exposed_s, budget)
+            budget -= hidden
+            c = dataclasses.replace(c, exposed_s=c.exposed_s - hidden)
+        out.append(c)
+    return out
+
+
+def communication(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bool) -> list[Communication]:
+    """Every collective of the stage per step, with the part compute does not hide."""
+    comms = (tensor_parallel(cfg, ctx, work, roof) + context_parallel(cfg, ctx, work, variants, roof)
+             + expert_parallel(cfg, ctx, work, roof) + data_parallel(cfg, ctx, work, roof)
+             + pipeline_parallel(cfg, ctx, roof))
+    ideal = cfg.microbatches * (work.per_microbatch_s)
+    hidden_groups = ("DP", "expert DP", "PP") if roof else ("PP",)
+    if not roof:  # the DP rules above already used the compute they hide behind
+        ideal -= sum(c.time_s - c.exposed_s for c in comms if c.group in ("DP", "expert DP"))
+    return hide_behind_compute(comms, hidden_groups, max(0.0, ideal), cfg.parallel.comm_overlap)
+
+
+# --- the optimizer update ------------------------------------------------------------------------------
+
+def optimizer_time(cfg: Resolved, rank: int, roof: bool) -> float:
+    """Memory-bound, over the parameters this GPU updates (ZeRO >= 1 shards them): the update
+    reads and writes the gradient once, the master copy and the parameter, and every optimizer
+    state (states.optimizer_state_bytes, from the optimizer's record); as expected, at achieved
+    bandwidth (kernels.BANDWIDTH_EFFICIENCY)."""
+    if not cfg.is_training:
+        return 0.0
+    recipe, par, sp = cfg.recipe, cfg.parallel, cfg.stages[rank]
+    per_param = (bytes_per_element(recipe.grad_dtype) + (8 if recipe.master_weights else 0)
+                 + 2 * bytes_per_element(recipe.param_dtype))
+    traffic = [n * per_param + 2 * optimizer_state_bytes(sp.total, cfg.training.optimizer, recipe.optimizer_dtype,
+                                                         experts) for n, experts in
+               ((sp.dense_local, False), (sp.expert_local, True))]
+    if cfg.zero_stage >= 1:
+        traffic = [traffic[0] / (par.dp * par.cp), traffic[1] / max(1, par.expert_data_parallel)]
+    bandwidth = cfg.gpu.memory_bandwidth * (1.0 if roof else kernels.BANDWIDTH_EFFICIENCY)
+    return sum(traffic) / bandwidth
+
+
+# --- the step ----------------------------------------------------------------------------------------
 
 def roofline_config(cfg) -> Roofline:
     """The roofline of a loaded `config.Config`."""
     return roofline(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
 
 
+@dataclass(frozen=True)
+class _StepTimes:
+    compute_s: float
+    recompute_s: float
+    bubble_s: float
+    optimizer_s: float
+    communication: tuple[Communication, ...]
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return sum(c.exposed_s for c in self.communication)
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.recompute_s + self.bubble_s + self.exposed_comm_s + self.optimizer_s
+
+
+def step_times(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bool) -> _StepTimes:
+    """step time = compute                 the operations' times x micro-batches
+                 + recompute               full: each recomputed layer's forward again; selective: the
+                                           recomputed modules' forward (Korthikanti et al. 2022)
+                 + bubble                  (p - 1) / (v m) x (compute + recompute) (Narayanan 2021)
+                 + exposed communication   TP and EP in full; CP beyond the attention core; DP/FSDP as
+                                           each framework overlaps it; PP behind the compute left
+                 + optimizer update        memory-bound: read and write states, master, gradient"""
+    par, m = cfg.parallel, cfg.microbatches
+    compute = m * (work.forward_s + work.backward_s)
+    recompute = m * work.recompute_s
+    bubble = (par.pp - 1) / (par.vpp * m) * (compute + recompute)
+    comms = communication(cfg, ctx, work, variants, roof)
+    return _StepTimes(compute, recompute, bubble, optimizer_time(cfg, work.rank, roof), tuple(comms))
+
+
 def roofline(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
              hardware: Hardware | None = None) -> Roofline:
     """Operations of the slowest pipeline stage and the time of one step (training: forward,
-    backward and optimizer over every micro-batch; inference: one forward prefill of the batch).
-
-    step time = compute                  the operations' roof times x micro-batches
-              + recompute                full: each recomputed layer's forward again; selective:
-                                         the attention core again (Korthikanti et al. 2022)
-              + bubble                   (p - 1) / (v m) x (compute + recompute) (Narayanan 2021)
-              + exposed communication    TP and EP in full; CP beyond the attention core it
-                                         overlaps; DP/FSDP and PP less `parallel.comm_overlap`
-                                         of their time, hidden behind at most the compute
-              + optimizer update         memory-bound: read and write states, master, gradient
-    """
-    from .resolved import resolve
-
+    backward and optimizer over every micro-batch; inference: one forward prefill of the batch),
+    as expected (`step`) and at the roofs (`step.upper_bound`); see `step_times` for the terms."""
     training = training or Training()
     par = par or Parallel()
     hardware = hardware or Hardware()
     # the memory model's rules and resolution; the FP8 recipe is modelled here, so its memory-side
     # refusal is skipped (the recipe and the ZeRO stage do not depend on it)
     cfg = resolve(arch, dataclasses.replace(training, fp8=False), par, hardware)
-    is_training = training.mode == "training"
-    zero = cfg.zero_stage if is_training else 0
-    gpu = hardware.device
-    recipe = cfg.recipe
-    ctx, notes = _context(arch, training, recipe, par, gpu)
+    cfg = dataclasses.replace(cfg, training=training, zero_stage=cfg.zero_stage if cfg.is_training else 0)
+    ctx, notes = _context(cfg)
+    variants = variant_operations(ctx, cfg)
+    ends = (embedding_operations(ctx, arch, 1), *head_operations(ctx, arch, training, par, cfg.padded_vocab, 1))
+    expected = [stage_work(cfg, r, variants, ends, roof=False) for r in range(par.pp)]
+    slowest = max(range(par.pp), key=lambda r: expected[r].per_microbatch_s)
+    times = step_times(cfg, ctx, expected[slowest], variants, roof=False)
+    roofs = [stage_work(cfg, r, variants, ends, roof=True) for r in range(par.pp)]
+    at_roof = step_times(cfg, ctx, max(roofs, key=lambda w: w.per_microbatch_s), variants, roof=True)
+
     m = cfg.microbatches
-    p, v, t = par.pp, par.vpp, par.tp
-    vocab = cfg.padded_vocab
-    h, B = arch.hidden_size, ctx.B
-
-    # --- operations of every layer variant, once (each with count 1 for now)
-    kinds = arch.layer_kinds()
-    variants = {(kinds[i], arch.sliding_window if _windowed(arch, i) else None) for i in range(arch.num_layers)}
-    per_variant = {var: layer_operations(ctx, arch, training, par, var[0], var[1], 1) for var in variants}
-    embed = embedding_operations(ctx, arch, 1)
-    head_fwd, head_bwd = head_operations(ctx, arch, training, par, vocab, 1)
-
-    def time_of(ops: list[Operation]) -> float:
-        return sum(op.time_s for op in ops)
-
-    stages = stage_layer_indices(arch, par)
-    stage_info = []
-    for rank, layers in enumerate(stages):
-        counts: dict[tuple, int] = {}
-        for i in layers:
-            var = (kinds[i], arch.sliding_window if _windowed(arch, i) else None)
-            counts[var] = counts.get(var, 0) + 1
-        per_mb = sum(n * (time_of(per_variant[var][0]) + time_of(per_variant[var][1])) for var, n in counts.items())
-        # recomputation: full re-runs each recomputed layer's forward; selective re-runs the core
-        # attention (Korthikanti et al. 2022, sections 5 and 6)
-        recompute, recompute_fraction = 0.0, 0.0
-        if is_training and training.recompute == "full" and layers:
-            recomputed = min(training.recompute_layers or len(layers), len(layers))
-            recompute_fraction = recomputed / len(layers)
-            recompute = recompute_fraction * sum(n * time_of(per_variant[var][0]) for var, n in counts.items())
-        elif is_training and training.recompute == "selective":
-            recompute = sum(n * time_of([op for op in per_variant[var][0] if op.kind == "attention"
-                                         or op.name.startswith("attention softmax")])
-                            for var, n in counts.items())
-        if rank == 0:
-            per_mb += time_of(embed)
-        if rank == p - 1:
-            per_mb += time_of(head_fwd) + time_of(head_bwd)
-        stage_info.append((per_mb, recompute, counts, recompute_fraction))
-    slowest = max(range(p), key=lambda r: stage_info[r][0] + stage_info[r][1])
-    per_mb, recompute_mb, counts, recompute_fraction = stage_info[slowest]
-    stage_layers = sum(counts.values())
-
-    # --- the operations of the slowest stage with their counts per step
-    operations: list[Operation] = []
-    if slowest == 0:
-        operations += [dataclasses.replace(op, count=m) for op in embed if op.phase == "forward"]
-    for var in sorted(counts, key=lambda var: (var[0], var[1] or 0)):
-        operations += [dataclasses.replace(op, count=counts[var] * m) for op in per_variant[var][0]]
-    if slowest == p - 1:
-        operations += [dataclasses.replace(op, count=m) for op in head_fwd + head_bwd]
-    for var in sorted(counts, key=lambda var: (var[0], var[1] or 0), reverse=True):
-        operations += [dataclasses.replace(op, count=counts[var] * m) for op in per_variant[var][1]]
-    if slowest == 0:
-        operations += [dataclasses.replace(op, count=m) for op in embed if op.phase == "backward"]
-
-    compute_s = m * per_mb
-    recompute_s = m * recompute_mb
-    ideal = compute_s + recompute_s
-    # pipeline bubble: (p - 1) / (v m) of the ideal time (Narayanan et al. 2021, section 2.2)
-    bubble_fraction = (p - 1) / (v * m)
-    bubble_s = bubble_fraction * ideal
-
-    # --- communication of the slowest stage, per step
-    comms: list[Communication] = []
-    directions = 2 if is_training else 1
-
-    def add(name, group, size, stride, bytes_, formula, exposed_fraction=1.0, hide_behind=0.0):
-        if size <= 1 or bytes_ <= 0:
-            return
-        link, bw = _link(gpu, size, stride)
-        time = bytes_ / bw
-        exposed = exposed_fraction * time if not hide_behind else max(0.0, time - hide_behind)
-        comms.append(Communication(name, group, size, link, bw, bytes_, time, exposed, formula))
-
-    T = ctx.T
-    recompute_passes = recompute_fraction  # full recompute re-runs the forward's collectives
-    # TP: 2 all-reduces per layer forward and 2 backward (Shoeybi et al. 2019, section 3), or with
-    # sequence parallelism 2 all-gathers + 2 reduce-scatters moving the same bytes (Korthikanti
-    # section 4.2.2); each of s*b*h*B bytes with the ring factor 2(t-1)/t. Full recompute repeats
-    # the forward's. Exposed: the next GEMM needs the result (--tp-comm-overlap / async TP not modelled).
-    tp_bytes = (2 * (directions + recompute_passes) * _ring(t, all_reduce=True) * T * h * B
-                * stage_layers * m)
-    add("tensor-parallel all-reduce (or all-gather + reduce-scatter)", "TP", t, 1, tp_bytes,
-        "2 per layer per direction x 2(t-1)/t x s*b*h*B x layers x m")
-    # CP: ring attention passes each rank's K/V chunk around the ring, cp - 1 hops; backward passes
-    # K/V and their gradients. Overlapped with the attention core of the chunk in hand
-    # (Megatron-Core context parallelism docs), so only the excess over that compute is exposed.
-    if par.cp > 1:
-        d_qk, d_v, kv_heads = _attention_widths(arch)
-        kv = T * kv_heads / t * (d_qk + d_v) * B
-        per_layer = (par.cp - 1) * kv * (1 + 2 * (directions - 1))
-        attn_time = sum(n * time_of([op for op in per_variant[var][0] + per_variant[var][1] if op.kind == "attention"])
-                        for var, n in counts.items())
-        add("context-parallel ring exchange of K and V", "CP", par.cp, t, per_layer * stage_layers * m,
-            "(cp-1) x s*b*g*(d_k + d_v)/t*B per layer forward, x2 more in backward (K/V and their gradients)",
-            hide_behind=attn_time * m)
-    # EP: an all-to-all dispatches the k routed copies of each token and another combines them,
-    # forward and backward (Megatron-Core alltoall token dispatcher); (ep-1)/ep of them leave the GPU.
-    moe_layers = sum(n for var, n in counts.items() if var[0] == "moe")
-    if moe_layers and par.ep > 1:
-        k, phi = arch.num_experts_per_token, training.moe_capacity_factor
-        per_layer = 2 * (directions + recompute_passes) * (par.ep - 1) / par.ep * k * phi * ctx.T_sp * h * B
-        add("expert-parallel all-to-all (dispatch and combine)", "EP", par.ep, par.etp, per_layer * moe_layers * m,
-            "2 per MoE layer per direction x (ep-1)/ep x k*phi*s*b*h/t*B")
-
-    # DP / FSDP (training only): gradients reduced once per step (accumulated over micro-batches);
-    # ZeRO-1/2 reduce-scatter them and all-gather the updated parameters, ZeRO-3/FSDP all-gather
-    # the parameters before each micro-batch's forward and again for its backward (Rajbhandari et
-    # al. 2020, section 7: 1.5x the all-reduce volume), FSDP2 shard-grad-op once per micro-batch.
-    sp = cfg.stages[slowest]
-    if is_training:
-        G, P = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.param_dtype)
-        if training.framework == "fsdp2":
-            P = B  # fully_shard gathers the bf16 compute copy (MixedPrecisionPolicy)
-        for label, group, n, stride, params in (
-                ("", "DP", par.dp * par.cp, t, sp.dense_local),
-                ("expert ", "expert DP", max(1, par.expert_data_parallel), par.ep * par.etp, sp.expert_local)):
-            if n <= 1 or not params:
-                continue
-            if zero == 0:
-                add(f"{label}gradient all-reduce", group, n, stride, _ring(n, True) * params * G,
-                    "2(n-1)/n x params x grad bytes, once per step")
-            else:
-                add(f"{label}gradient reduce-scatter", group, n, stride, _ring(n) * params * G,
-                    "(n-1)/n x params x grad bytes, once per step")
-                gathers = {1: 1, 2: (m if training.framework == "fsdp2" else 1), 3: 2 * m}[zero]
-                add(f"{label}parameter all-gather", group, n, stride, gathers * _ring(n) * params * P,
-                    f"{gathers} x (n-1)/n x params x param bytes" + (" (forward and backward, every micro-batch)"
-                                                                     if zero == 3 else ""))
-    # PP: each micro-batch sends its activations (s*b*h*B, /t with Megatron's scatter-gather over
-    # TP) to the next stage and its gradient back, once per virtual chunk.
-    if p > 1:
-        hop = T * h * B / (t if par.sequence_parallel else 1)
-        add("pipeline send/receive of activations", "PP", p, par.gpus_per_stage, directions * v * hop * m,
-            "directions x v x s*b*h*B (/t with sequence parallelism) x m")
-    # Overlap: `parallel.comm_overlap` of the DP/FSDP and PP communication hides behind compute
-    # (never more than the compute there is); TP and EP stay exposed, CP as computed above.
-    hideable = [c for c in comms if c.group in ("DP", "expert DP", "PP")]
-    budget = ideal  # compute time there is to hide behind
-    rest = []
-    for c in comms:
-        if any(c is x for x in hideable):
-            hidden = min(par.comm_overlap * c.time_s, budget)
-            budget -= hidden
-            c = dataclasses.replace(c, exposed_s=c.time_s - hidden)
-        rest.append(c)
-    comms = rest
-    exposed_comm_s = sum(c.exposed_s for c in comms)
-
-    # --- optimizer update: memory-bound, over the parameters this GPU updates (ZeRO >= 1 shards them)
-    optimizer_s = 0.0
-    if is_training:
-        # the update reads and writes the gradient once, the master copy and the parameter, and every
-        # optimizer state (states.optimizer_state_bytes, from the optimizer's record)
-        per_param = (bytes_per_element(recipe.grad_dtype) + (8 if recipe.master_weights else 0)
-                     + 2 * bytes_per_element(recipe.param_dtype))
-        traffic = [n * per_param + 2 * optimizer_state_bytes(sp.total, training.optimizer, recipe.optimizer_dtype,
-                                                             experts) for n, experts in
-                   ((sp.dense_local, False), (sp.expert_local, True))]
-        if zero >= 1:
-            traffic = [traffic[0] / (par.dp * par.cp), traffic[1] / max(1, par.expert_data_parallel)]
-        optimizer_s = sum(traffic) / gpu.memory_bandwidth
-
-    time_s = ideal + bubble_s + exposed_comm_s + optimizer_s
     tokens_per_step = cfg.global_batch_size * training.seq_len
-    tokens_per_s_per_gpu = tokens_per_step / time_s / par.gpus
-    flops_per_token = model_flops_per_token(arch, training.seq_len, is_training)
-    mfu = tokens_per_s_per_gpu * flops_per_token / ctx.peak
+    flops_per_token = model_flops_per_token(arch, training.seq_len, cfg.is_training)
 
-    notes += [
+    def throughput(time_s: float) -> tuple[float, float]:
+        tokens = tokens_per_step / time_s / par.gpus
+        return tokens, tokens * flops_per_token / ctx.peak
+
+    tokens, mfu = throughput(times.time_s)
+    bound = Bound(at_roof.time_s, *throughput(at_roof.time_s))
+    step = Step(
+        time_s=times.time_s, tokens_per_s_per_gpu=tokens, mfu=mfu, bubble_fraction=(par.pp - 1) / (par.vpp * m),
+        exposed_comm_s=times.exposed_comm_s, compute_s=times.compute_s, recompute_s=times.recompute_s,
+        bubble_s=times.bubble_s, optimizer_s=times.optimizer_s, microbatches=m, tokens_per_step=tokens_per_step,
+        model_flops_per_token=flops_per_token, mfu_peak_flops=ctx.peak, communication=times.communication,
+        upper_bound=bound)
+    return Roofline(mode=training.mode, gpu=ctx.gpu.id, stage=slowest,
+                    stage_times_s=tuple(m * w.per_microbatch_s for w in expected),
+                    operations=tuple(stage_operations(cfg, expected[slowest], variants, ends)), step=step,
+                    notes=tuple(notes + _notes(cfg, slowest)))
+
+
+def _notes(cfg: Resolved, slowest: int) -> list[str]:
+    notes = [
         f"stage {slowest} shown: the slowest pipeline stage, which sets the step time",
-        "times are at the roof, max(flops/peak, bytes/bandwidth): a lower bound on time, an upper bound on speed",
+        "expected times: GEMMs at the measured maximum achievable matmul FLOPS less small-shape losses, flash "
+        f"attention at its measured TFLOP/s ({kernels.attention_kernel(cfg.gpu, cfg.training.framework)} kernel), "
+        "memory-bound kernels at 90% of bandwidth"
+        + ("" if fused_kernels(cfg.training) else " with the extra passes of eager (unfused) norms, rotary and "
+                                                  "activations") + "; the roof time of each is its upper bound",
         "MFU: PaLM appendix B's 6N + 12*L*H*Q*T per token with the attention term halved for the causal mask, "
         "N = matmul weights a token passes through (top-k experts) including the LM head, without the "
         "embedding; against the compute dtype's peak (bf16 also under fp8)",
-        f"communication overlap {par.comm_overlap:g} applies to DP/FSDP and PP traffic; TP and EP collectives "
-        "are exposed (on the critical path between dependent GEMMs); CP hides behind the attention core",
-        "left out: biases, dropout, MTP modules, kernel launch gaps, the embedding's TP all-reduce",
+        f"communication at nccl-tests bus bandwidths; overlap {cfg.parallel.comm_overlap:g} of what each framework "
+        "hides (DP/FSDP: buckets and one-unit prefetch; PP behind the compute left); TP and EP collectives are "
+        "exposed (on the critical path between dependent GEMMs); CP hides behind the attention core",
+        "left out: biases, dropout, MTP modules, the embedding's TP all-reduce, compute slowed by concurrent "
+        "communication kernels",
     ]
-    if not is_training:
+    if not cfg.is_training:
         notes.append("inference: one prefill of seq_len tokens per sequence, forward only, no optimizer; "
                      "the LM head runs on the last token of each sequence; time_s covers the global batch")
-    step = Step(
-        time_s=time_s, tokens_per_s_per_gpu=tokens_per_s_per_gpu, mfu=mfu, bubble_fraction=bubble_fraction,
-        exposed_comm_s=exposed_comm_s, compute_s=compute_s, recompute_s=recompute_s, bubble_s=bubble_s,
-        optimizer_s=optimizer_s, microbatches=m, tokens_per_step=tokens_per_step,
-        model_flops_per_token=flops_per_token, mfu_peak_flops=ctx.peak, communication=tuple(comms))
-    return Roofline(mode=training.mode, gpu=gpu.id, stage=slowest,
-                    stage_times_s=tuple(m * (a + r) for a, r, _, _ in stage_info),
-                    operations=tuple(operations), step=step, notes=tuple(notes))
+    return notes
 
 
 # --- text ----------------------------------------------------------------------------------------------

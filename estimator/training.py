@@ -56,6 +56,7 @@ class Training:
     recompute_layers: int | None = None
     recompute_every: int = 1  # with "full": checkpoint every N-th layer only (torchtitan/torchtune layer-level AC)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with "selective": Megatron's --recompute-modules
+    optimizer_in_backward: bool = False  # step each parameter in backward (torchtune optimizer_in_bwd)
     attention: str = "flash"
     dropout: float = 0.0
     loss: str = "standard"
@@ -133,6 +134,10 @@ def _check_training(t: Training) -> None:
                           f"recompute is {t.recompute!r}", related=("training.recompute",))
     if t.recompute_every != 1:
         _check_recompute_every(t)
+    if t.optimizer_in_backward and t.framework != "fsdp2":
+        raise ConfigError("training.optimizer_in_backward", True, "false unless framework is 'fsdp2'",
+                          "stepping the optimizer inside backward is torchtune's optimizer_in_bwd (on FSDP2)",
+                          related=("training.framework",))
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
                           f"recompute is {t.recompute!r}", related=("training.recompute",))

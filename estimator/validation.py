@@ -89,6 +89,8 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         if gbs % per_step:
             raise ConfigError("training.global_batch_size", gbs,
                               f"a multiple of micro_batch_size x dp = {per_step}")
+    if training.optimizer_in_backward:
+        _check_optimizer_in_backward(training, par)
     if training.mode == "training":
         _check_low_precision(training, par)
     if training.mode == "training" and training.compute_dtype == "fp32" and training.param_dtype != "fp32":
@@ -120,6 +122,21 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                           f"one of {', '.join(map(repr, offered))} with framework {training.framework!r}",
                           f"{training.framework} does not offer {training.optimizer}", related=("training.framework",))
     return resolve_zero_stage(training, par)
+
+
+def _check_optimizer_in_backward(training: Training, par: Parallel) -> None:
+    """torchtune refuses optimizer_in_bwd with gradient accumulation (the step would run on a
+    partial gradient) and has no pipeline schedule to run it in."""
+    per_step = training.micro_batch_size * par.dp
+    if training.global_batch_size not in (None, per_step):
+        raise ConfigError("training.optimizer_in_backward", True,
+                          f"false when global_batch_size ({training.global_batch_size}) is more than "
+                          f"micro_batch_size x dp = {per_step}",
+                          "the step runs inside each backward, so there is no gradient accumulation",
+                          related=("training.global_batch_size",))
+    if par.pp > 1:
+        raise ConfigError("training.optimizer_in_backward", True, "false when pp > 1",
+                          "torchtune's optimizer_in_bwd runs without pipeline parallelism", related=("parallel.pp",))
 
 
 def _check_low_precision(training: Training, par: Parallel) -> None:

@@ -53,3 +53,42 @@ def test_layer_level_checkpointing_is_refused_where_no_framework_offers_it(train
     with pytest.raises(ConfigError) as error:
         Training(**training)
     assert error.value.field == field and words in str(error.value)
+
+
+LLAMA_1B = get_architecture("llama-3.2-1b")  # 1,235,814,400 parameters, tied 128,256 x 2,048 embedding
+
+
+def phases(training: Training, par: Parallel = Parallel()) -> dict[str, int]:
+    return dict(estimate(LLAMA_1B, training, par).stages[0].phase_totals)
+
+
+def test_optimizer_in_backward_never_holds_a_full_gradient_set():
+    """fsdp2 on one GPU, fp32 parameters (bf16 compute), AdamW: the step phase holds 4 B of
+    gradients and 4 B of foreach sqrt(v) per parameter; stepped in backward, neither exists."""
+    n = 1_235_814_400
+    base = dict(framework="fsdp2", seq_len=2048)
+    plain, fused = phases(Training(**base)), phases(Training(**base, optimizer_in_backward=True))
+    assert plain["optimizer"] - fused["optimizer"] == 4 * n + 4 * n
+    assert fused["forward"] == plain["forward"]
+    # at backward's start the loss's fp32 gradients (2 x 4 x s x V) outweigh one tensor's step
+    assert fused["backward"] == plain["backward"]
+
+
+def test_a_short_sequence_peaks_when_the_embedding_is_stepped():
+    """seq 128: the loss's gradients, 2 x 4 B x 128 x 128,256, are smaller than the tied
+    embedding's gradient and its step temporary, (4 + 4) B x 128,256 x 2,048: that moment decides
+    the backward phase."""
+    base = dict(framework="fsdp2", seq_len=128)
+    plain, fused = phases(Training(**base)), phases(Training(**base, optimizer_in_backward=True))
+    assert fused["backward"] - plain["backward"] == 8 * 128_256 * 2_048 - 2 * 4 * 128 * 128_256
+
+
+@pytest.mark.parametrize("training, par, words", [
+    (dict(framework="megatron"), Parallel(), "'fsdp2'"),
+    (dict(framework="fsdp2", global_batch_size=16), Parallel(dp=4), "micro_batch_size x dp = 4"),
+    (dict(framework="fsdp2"), Parallel(pp=2), "pp > 1"),
+])
+def test_optimizer_in_backward_is_refused_where_torchtune_refuses_it(training, par, words):
+    with pytest.raises(ConfigError) as error:
+        estimate(LLAMA_1B, Training(**training, optimizer_in_backward=True), par)
+    assert error.value.field == "training.optimizer_in_backward" and words in str(error.value)
