@@ -78,8 +78,21 @@ def render_text(result) -> str:
                  f"device total {result.device_total_bytes / GiB:.2f} GiB")
     lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {fit.verdict.upper()} "
                  f"({fit.utilization:.0%} of capacity)")
+    lines += _host_lines(result)
     lines += [f"Note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def _host_lines(result) -> list[str]:
+    """Offloaded states: the host memory (and NVMe) each GPU's process needs."""
+    stage = result.host_stage
+    if not stage.host and not stage.nvme:
+        return []
+    lines = [f"Host memory per GPU process (stage {stage.stage}): {stage.host_bytes / GiB:.2f} GiB"
+             + (f"; NVMe {stage.nvme_bytes / GiB:.2f} GiB" if stage.nvme else "")]
+    for where, parts in (("host", stage.host), ("nvme", stage.nvme)):
+        lines += [f"  {where:<5}{_gib(c.bytes)}  {c.label}: {c.formula}" for c in parts]
+    return lines
 
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config is a few KB; a larger file is not one (and is not read)

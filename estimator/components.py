@@ -75,6 +75,16 @@ class StageEstimate(NamedTuple):
     device_total_bytes: int
     phase_totals: tuple[tuple[str, int], ...]  # (phase, allocated bytes) through one step
     detail: StageDetail
+    host: tuple[Component, ...] = ()  # what this GPU's process keeps in host memory (offload)
+    nvme: tuple[Component, ...] = ()  # ... and on NVMe
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(c.bytes for c in self.host)
+
+    @property
+    def nvme_bytes(self) -> int:
+        return sum(c.bytes for c in self.nvme)
 
     @property
     def phases(self) -> tuple[Phase, ...]:

@@ -25,7 +25,7 @@ from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .parallel import Parallel
 from .optimizers import OPTIMIZERS
-from .training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, MOE_DISPATCHERS,
+from .training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, MOE_DISPATCHERS, OFFLOAD_DEVICES,
                        RECOMPUTE, RECOMPUTE_MODULES, Training)
 
 # Upper bounds (why each is safe): the longest offered context is 10M tokens (Llama 4 Scout); the
@@ -172,6 +172,14 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("optimizer_in_backward", _T, "Optimizer step in backward", "Under fsdp2 (torchtune's optimizer_in_bwd): "
           "each parameter is stepped as soon as its gradient is ready and the gradient freed, so no full set of "
           "gradients is ever alive. Needs one micro-batch per step (no gradient accumulation).", _SAVERS),
+    _choice("offload_optimizer", _T, "Offload optimizer states", "Keep the fp32 master weights and optimizer "
+            "states (and the step) in host memory or on NVMe: DeepSpeed ZeRO-Offload (cpu, stages 1-3) and "
+            "ZeRO-Infinity (nvme, stage 3), FSDP2's CPUOffloadPolicy (cpu, with the parameters), Megatron's "
+            "--optimizer-cpu-offload (cpu, distributed optimizer). The host memory it needs is shown too.", _SAVERS,
+            OFFLOAD_DEVICES),
+    _choice("offload_parameters", _T, "Offload parameters", "Keep the sharded parameters in host memory or on "
+            "NVMe and gather them to the GPU layer by layer: DeepSpeed ZeRO-3 offload_param (cpu or nvme), FSDP2's "
+            "CPUOffloadPolicy (cpu, with the optimizer states).", _SAVERS, OFFLOAD_DEVICES),
     _choice("recompute", _T, "Activation recomputation", "none keeps every activation; selective recomputes the "
             "modules listed below (Korthikanti et al. 2022); full keeps only each layer's input and recomputes the "
             "layer in backward.", _SAVERS, RECOMPUTE),

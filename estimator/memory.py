@@ -34,6 +34,7 @@ from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
+from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import Recipe, Training
@@ -84,6 +85,16 @@ class Estimate:
         """What one layer keeps for one micro-batch on one GPU, tensor by tensor, by layer kind."""
         return self._shared.ledger() if self._shared else ()
 
+    @property
+    def host_stage(self) -> StageEstimate:
+        """The stage whose process needs the most host memory (offload)."""
+        return max(self.stages, key=lambda s: (s.host_bytes + s.nvme_bytes, -s.stage))
+
+    def host_memory_json(self) -> dict:
+        s = self.host_stage
+        return {"stage": s.stage, "cpu_bytes_per_gpu": s.host_bytes, "nvme_bytes_per_gpu": s.nvme_bytes,
+                "cpu": {c.label: c.bytes for c in s.host}, "nvme": {c.label: c.bytes for c in s.nvme}}
+
     def fits(self) -> list[Fit]:
         """The verdict on every GPU of the catalog (the estimate does not depend on the GPU, but
         for its CUDA context, which is the same for all catalogued GPUs)."""
@@ -115,6 +126,7 @@ class Estimate:
                     "utilization": round(self.fit.utilization, 6), "verdict": self.fit.verdict},
             "zero_stage": self.zero_stage,
             "microbatches": self.microbatches,
+            "host_memory": self.host_memory_json(),
             "notes": list(self.notes),
         }
 
@@ -497,6 +509,8 @@ class _StaticStage(NamedTuple):
     layers: int
     parameters_per_gpu: int  # before ZeRO sharding
     parts: StageDetail  # builds the `_StaticParts`
+    host: tuple[Component, ...]  # offloaded to host memory (offload.py)
+    nvme: tuple[Component, ...]  # offloaded to NVMe
 
 
 def _rounded_sum(components) -> int:
@@ -523,9 +537,15 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     forward_moment = max(_rounded_sum(loss_forward), _rounded_sum(exchange))
     backward_moment = max(_rounded_sum(loss_backward), recomputed_bytes, _rounded_sum(exchange),
                           _rounded_sum(tr.step_in_backward))
-    states = (int(round(ms.parameters)) + int(round(ms.master_weights)) + int(round(ms.optimizer_states))
-              + int(round(ms.fp8_weight_copies)) + _rounded_sum(tr.persistent))
-    grads = 0 if training.optimizer_in_backward else int(round(ms.gradients))
+    place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
+                                         "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
+                      _optimizer_partition(sp, par, zero), zero)
+    on_gpu = place.gpu
+    if place.step_on_host:
+        tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
+    states = (int(round(on_gpu["parameters"])) + int(round(on_gpu["master_weights"]))
+              + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + _rounded_sum(tr.persistent))
+    grads = 0 if training.optimizer_in_backward else int(round(on_gpu["gradients"]))
     grads_early = grads if grads_live else 0
     saved = _rounded_sum(loss_saved)
     totals = (states + grads_early + saved + forward_moment + _rounded_sum(tr.forward),
@@ -533,26 +553,41 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
               states + grads + _rounded_sum(tr.optimizer))
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
-    parts = StageDetail(partial(_static_parts, ms, tr, exchange, loss_saved, loss_forward, loss_backward, working,
-                                grads_live, training), {})
+    parts = StageDetail(partial(_static_parts, ms, place, tr, exchange, loss_saved, loss_forward, loss_backward,
+                                working, grads_live, training), {})
     return _StaticStage(totals, communication, communication.bytes + shared.runtime.bytes, sp.num_layers,
-                        int(round(sp.local)), parts)
+                        int(round(sp.local)), parts, place.host, place.nvme)
 
 
-def _static_parts(ms, tr: _Transients, exchange: list[Component], loss_saved: tuple, loss_forward: list,
-                  loss_backward: list, working: float, grads_live: bool, training: Training) -> _StaticParts:
+def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int) -> float:
+    """The parameters whose optimizer state one GPU keeps: its stage's, divided by the shard group
+    from ZeRO 1 (states.py)."""
+    if zero < 1:
+        return sp.local
+    return sp.dense_local / (par.dp * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
+
+
+def _static_parts(ms, place: Placement, tr: _Transients, exchange: list[Component], loss_saved: tuple,
+                  loss_forward: list, loss_backward: list, working: float, grads_live: bool,
+                  training: Training) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources)."""
-    base = (component("parameters", "Parameters", ms.parameters, ms.formula("parameters"), ZERO_SOURCE),
-            component("master_weights", "Master weights (fp32)", ms.master_weights, ms.formula("master_weights"),
-                      ZERO_SOURCE),
-            component("optimizer_states", "Optimizer states", ms.optimizer_states, ms.formula("optimizer_states"),
-                      OPTIMIZERS[training.optimizer].source))
+
+    def state(key: str, label: str, source: str) -> Component:
+        if key in place.moved:
+            field = "offload_parameters" if key == "parameters" else "offload_optimizer"
+            return component(key, label, 0, f"0: on the {'host' if place.moved[key] == 'cpu' else 'NVMe'} "
+                             f"({field} {place.moved[key]})", OFFLOAD_SOURCES[training.framework])
+        return component(key, label, getattr(ms, key), ms.formula(key), source)
+
+    base = (state("parameters", "Parameters", ZERO_SOURCE),
+            state("master_weights", "Master weights (fp32)", ZERO_SOURCE),
+            state("optimizer_states", "Optimizer states", OPTIMIZERS[training.optimizer].source))
     if ms.fp8_weight_copies:
         base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
                            ms.formula("fp8_weight_copies"), FP8_SOURCE),)
     grads_full = component("gradients", "Gradients", 0, "none kept: each is stepped and freed in backward",
                            OPTIMIZER_IN_BACKWARD_SOURCE) if training.optimizer_in_backward else \
-        component("gradients", "Gradients", ms.gradients, ms.formula("gradients"), ZERO_SOURCE)
+        state("gradients", "Gradients", ZERO_SOURCE)
     # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first moment
     # (the loss's gradients beside every activation), before any gradient exists, and its end (every
     # gradient, activations gone) is the optimizer phase without its temporaries.
@@ -625,7 +660,8 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
         stages.append(StageEstimate(
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
             (("forward", forward), ("backward", backward), ("optimizer", step)),
-            StageDetail(partial(_training_detail, static, sp, inflight, layers[0], allocated, training, shared), {})))
+            StageDetail(partial(_training_detail, static, sp, inflight, layers[0], allocated, training, shared), {}),
+            static.host, static.nvme))
     return stages
 
 

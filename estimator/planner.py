@@ -436,6 +436,7 @@ class Speeds(NamedTuple):
     tp_per_layer_pass_s: float  # one TP pass of one layer for every micro-batch
     fixed_s: float  # EP and CP traffic and the optimizer no stage goes below
     hideable_s: float  # DP and PP traffic no stage goes below
+    unhideable_s: float = 0.0  # DP traffic no compute hides (last buckets, first prefetch units), no stage below
 
     def ceiling(self, recompute: str, n: int | None = None) -> float:
         again, tp_passes = 0.0, 2.0 * self.fewest_layers  # forward and backward, per layer
@@ -445,8 +446,8 @@ class Speeds(NamedTuple):
             again = self.forward_s * min(n or self.layers, self.layers) / self.layers
             tp_passes += min(n or self.fewest_layers, self.fewest_layers)
         ideal = self.compute_s + again
-        time_s = (ideal * (1 + self.bubble) + self.hideable_s - min(self.overlap * self.hideable_s, ideal)
-                  + tp_passes * self.tp_per_layer_pass_s + self.fixed_s)
+        exposed = max(self.hideable_s - min(self.overlap * self.hideable_s, ideal), self.unhideable_s)
+        time_s = ideal * (1 + self.bubble) + exposed + tp_passes * self.tp_per_layer_pass_s + self.fixed_s
         return self.tokens_per_step / time_s / self.gpus
 
 
@@ -473,9 +474,10 @@ def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_param
     fixed = (traffic.get("CP", 0.0) * per_layer["CP"] + traffic.get("EP", 0.0) * per_layer["EP"]
              + step.optimizer_s * per_param)
     hideable = traffic.get("PP", 0.0) + (traffic.get("DP", 0.0) + traffic.get("expert DP", 0.0)) * per_param
+    unhideable = sum(c.unhideable_s for c in step.communication if c.group in ("DP", "expert DP")) * per_param
     return Speeds(step.tokens_per_step, req.gpus, step.compute_s, sum(op.total_expected_s for op in layer_forward),
                   sum(op.total_expected_s for op in core), here, fewest, step.bubble_fraction, req.comm_overlap, tp,
-                  fixed, hideable)
+                  fixed, hideable, unhideable)
 
 
 # --- the answer so far: the fastest fitting layouts and the Pareto front --------------------------

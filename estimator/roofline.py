@@ -53,7 +53,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from . import collectives, kernels
-from .activations import fused_kernels, recomputed_modules, tokens_per_gpu
+from .activations import fused_kernels, recomputed_layer_count, recomputed_modules, tokens_per_gpu
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
@@ -179,6 +179,7 @@ class Communication:
     formula: str
     line_bandwidth: float = 0.0  # the link's one-way line rate per GPU (the catalog's)
     calls: float = 0.0  # collective calls per step (each costs a latency)
+    unhideable_s: float = 0.0  # exposed whatever the compute: a last bucket, a first prefetch unit
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -669,7 +670,7 @@ def recompute_time(cfg: Resolved, counts: dict[Variant, int], variants, roof: bo
         return 0.0, 0.0
     if tr.recompute == "full":
         layers = sum(counts.values())
-        fraction = min(tr.recompute_layers or layers, layers) / layers
+        fraction = recomputed_layer_count(tr, layers) / layers  # the memory model's rule (activations.py)
         return fraction * sum(n * _time(variants[v][0], roof) for v, n in counts.items()), fraction
     modules = recomputed_modules(tr)
     return sum(n * _time([op for op in variants[v][0] if modules.intersection(op.modules)], roof)
@@ -888,7 +889,8 @@ def _overlapped(c: Communication, raw_exposed: float, par: Parallel) -> Communic
 def _bucketed(c: Communication, compute: float, buckets: float, par: Parallel, roof: bool) -> Communication:
     if roof:
         return c  # the roof hides traffic behind whatever compute is left (hide_behind_compute)
-    return _overlapped(c, collectives.bucketed_exposure(c.time_s, compute, buckets), par)
+    c = _overlapped(c, collectives.bucketed_exposure(c.time_s, compute, buckets), par)
+    return dataclasses.replace(c, unhideable_s=min(c.exposed_s, c.time_s / max(1.0, buckets)))
 
 
 def _per_unit(grad: Communication, gather: Communication, work: StageWork, zero3: bool, root_bytes: float,
@@ -908,9 +910,13 @@ def _per_unit(grad: Communication, gather: Communication, work: StageWork, zero3
     backward = collectives.pipelined_exposure(backward_comm, (work.backward_s + work.recompute_s) / layers, layers)
     backward += rs_unit  # the first layer's reduce-scatter has no compute after it
     total = m_gathers * (forward + backward)
+    floor = m_gathers * (root + ag_unit + (ag_unit if zero3 else 0.0) + 2 * rs_unit)  # whatever the compute
     share = gather.time_s / (gather.time_s + grad.time_s)
-    return [_overlapped(gather, min(gather.time_s, total * share), par),
-            _overlapped(grad, min(grad.time_s, total * (1 - share)), par)]
+    out = []
+    for c, part in ((gather, share), (grad, 1 - share)):
+        c = _overlapped(c, min(c.time_s, total * part), par)
+        out.append(dataclasses.replace(c, unhideable_s=min(c.exposed_s, floor * part)))
+    return out
 
 
 def hide_behind_compute(comms: list[Communication], groups: tuple[str, ...], budget: float,

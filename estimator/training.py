@@ -37,6 +37,7 @@ KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 # MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, or its flex dispatcher on DeepEP
 # (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/deepep.py sizes
 MOE_DISPATCHERS = ("alltoall", "deepep")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class Training:
     recompute_every: int = 1  # with "full": checkpoint every N-th layer only (torchtitan/torchtune layer-level AC)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with "selective": Megatron's --recompute-modules
     optimizer_in_backward: bool = False  # step each parameter in backward (torchtune optimizer_in_bwd)
+    offload_optimizer: str = "none"  # "cpu" / "nvme": master weights and optimizer states off the GPU
+    offload_parameters: str = "none"  # "cpu" / "nvme": the sharded parameters off the GPU
     attention: str = "flash"
     dropout: float = 0.0
     loss: str = "standard"

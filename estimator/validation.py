@@ -91,6 +91,8 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                               f"a multiple of micro_batch_size x dp = {per_step}")
     if training.optimizer_in_backward:
         _check_optimizer_in_backward(training, par)
+    if training.offload_optimizer != "none" or training.offload_parameters != "none":
+        _check_offload(training, par)
     if training.mode == "training":
         _check_low_precision(training, par)
     if training.mode == "training" and training.compute_dtype == "fp32" and training.param_dtype != "fp32":
@@ -137,6 +139,44 @@ def _check_optimizer_in_backward(training: Training, par: Parallel) -> None:
     if par.pp > 1:
         raise ConfigError("training.optimizer_in_backward", True, "false when pp > 1",
                           "torchtune's optimizer_in_bwd runs without pipeline parallelism", related=("parallel.pp",))
+
+
+def _check_offload(training: Training, par: Parallel) -> None:
+    """Offload as each framework offers it (estimator/offload.py names the sources)."""
+    fw, opt, params = training.framework, training.offload_optimizer, training.offload_parameters
+    zero = resolve_zero_stage(training, par)
+    field, value = ("training.offload_optimizer", opt) if opt != "none" else ("training.offload_parameters", params)
+    if training.mode != "training":
+        raise ConfigError(field, value, "'none' in inference mode", "offload moves training states")
+    if fw == "hf":
+        raise ConfigError(field, value, "'none' with framework 'hf'",
+                          "the HF Trainer offloads through DeepSpeed: use framework 'deepspeed'",
+                          related=("training.framework",))
+    if fw == "fsdp2":
+        if opt != params or "nvme" in (opt, params):
+            raise ConfigError(field, value, "offload_optimizer and offload_parameters both 'cpu' (or both 'none') "
+                              "with framework 'fsdp2'", "FSDP2's CPUOffloadPolicy moves the sharded parameters, "
+                              "their gradients and the optimizer step to the host together",
+                              related=("training.offload_optimizer", "training.offload_parameters"))
+        if zero < 2:
+            raise ConfigError(field, value, "'none' unless zero_stage is 2 or 3 with framework 'fsdp2'",
+                              "CPUOffloadPolicy offloads fully_shard's shards", related=("parallel.zero_stage",))
+    if fw == "megatron":
+        if params != "none" or opt == "nvme":
+            raise ConfigError(field, value, "offload_optimizer 'cpu' only with framework 'megatron'",
+                              "Megatron-Core offloads the optimizer to the CPU (--optimizer-cpu-offload)")
+        if zero != 1 or training.optimizer != "adamw":
+            raise ConfigError(field, value, "'none' unless zero_stage is 1 and optimizer 'adamw' with framework "
+                              "'megatron'", "--optimizer-cpu-offload runs in the distributed optimizer with Adam",
+                              related=("parallel.zero_stage", "training.optimizer"))
+    if fw == "deepspeed":
+        if opt != "none" and zero < 1:
+            raise ConfigError("training.offload_optimizer", opt, "'none' unless zero_stage is 1, 2 or 3",
+                              "ZeRO-Offload offloads the optimizer's partition", related=("parallel.zero_stage",))
+        if (opt == "nvme" or params != "none") and zero != 3:
+            raise ConfigError(field, value, "nvme and parameter offload only with zero_stage 3",
+                              "ZeRO-Infinity (DeepSpeed offload_param, NVMe) runs on ZeRO stage 3",
+                              related=("parallel.zero_stage",))
 
 
 def _check_low_precision(training: Training, par: Parallel) -> None:

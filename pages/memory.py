@@ -27,6 +27,7 @@ if len(est.stages) > 1:
         which = st.selectbox("Stage", others, key=keys.MEMORY_STAGE, persist_state="session")
         view.breakdown_table(est.stages[which])
 view.activation_ledger(est)
+view.host_memory(est)
 
 st.subheader("Fit on every GPU")
 view.fit_cards(est)

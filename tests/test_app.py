@@ -717,3 +717,18 @@ def test_planner_chart_spec_is_valid_vega_lite():
     assert line["mark"]["type"] == "line" and [r["rank"] for r in data[line["data"]["name"]]] == [1, 2]
     assert len(data[points["data"]["name"]]) == 3
     assert [t["field"] for t in points["encoding"]["tooltip"]][:2] == ["rank", "layout"]
+
+
+def test_offload_shows_the_host_memory_it_needs():
+    """DeepSpeed ZeRO-2 with the optimizer on the CPU, Llama-3.1-8B on 8 GPUs: each process keeps
+    its partition's fp32 master weights (4 B), Adam states (8 B) and fp32 gradients (4 B) in host
+    memory, 16 B x 8,030,261,248 / 8 parameters."""
+    at = _app({"model": "llama-3.1-8b", "framework": "deepspeed", "offload_optimizer": "cpu", "dp": "8",
+               "zero_stage": "2"})
+    assert not at.exception
+    host = 16 * 8_030_261_248 / 8
+    assert _metric(at, "Host RAM per GPU process") == _gib(host)
+    assert _metric(at, "Host RAM per node of 8 GPUs") == _gib(8 * host)
+    assert "Host memory (offload)" in [s.value for s in at.subheader]
+    plain = _app({"model": "llama-3.1-8b", "framework": "deepspeed", "dp": "8", "zero_stage": "2"})
+    assert "Host memory (offload)" not in [s.value for s in plain.subheader]

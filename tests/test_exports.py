@@ -346,3 +346,30 @@ def test_pdf_inputs_show_labelled_settings_by_section():
     order = [inputs.index(t) for t in ("Training", "Activation recomputation", "Parallel layout",
                                         "Tensor parallel (TP): 8", "Hardware", "Expandable segments")]
     assert order == sorted(order)
+
+
+def test_offloaded_states_are_exported_as_host_and_nvme_rows():
+    """ZeRO-3 with the optimizer on the host and the parameters on NVMe: the CSV lists each offloaded
+    state with its bytes beside the GPU's components, and the PDF has a host-memory table."""
+    import csv as _csv
+    import io as _io
+
+    from pypdf import PdfReader
+
+    from estimator import load_config, estimate as _estimate
+    from ui.exports import breakdown_csv, report_pdf
+
+    config = {"model": "llama-3.2-1b", "training": {"framework": "deepspeed", "offload_optimizer": "cpu",
+                                                    "offload_parameters": "nvme"},
+              "parallel": {"dp": 8, "zero_stage": 3}}
+    cfg = load_config(config)
+    est = _estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
+    rows = list(_csv.DictReader(_io.StringIO(breakdown_csv(est))))
+    host = {r["label"]: int(r["bytes"]) for r in rows if r["kind"] == "host"}
+    nvme = {r["label"]: int(r["bytes"]) for r in rows if r["kind"] == "nvme"}
+    n = 1_235_814_400 / 8
+    assert host == {"fp32 master weights": round(4 * n), "Optimizer states": round(8 * n),
+                    "fp32 gradient partition": round(4 * n), "Pinned NVMe swap buffers (parameters)": 5 * 10**8 * 2}
+    assert nvme == {"Parameters": round(2 * n)}
+    text = "".join(page.extract_text() for page in PdfReader(_io.BytesIO(report_pdf(est, config))).pages)
+    assert "Host memory and NVMe per GPU process" in text

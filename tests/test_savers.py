@@ -92,3 +92,71 @@ def test_optimizer_in_backward_is_refused_where_torchtune_refuses_it(training, p
     with pytest.raises(ConfigError) as error:
         estimate(LLAMA_1B, Training(**training, optimizer_in_backward=True), par)
     assert error.value.field == "training.optimizer_in_backward" and words in str(error.value)
+
+
+N_1B = 1_235_814_400  # Llama-3.2-1B's parameters (one stage)
+
+
+def offloaded(framework: str, zero: int, optimizer: str = "cpu", parameters: str = "none"):
+    training = Training(framework=framework, seq_len=2048, offload_optimizer=optimizer, offload_parameters=parameters)
+    return estimate(LLAMA_1B, training, Parallel(dp=8, zero_stage=zero)).stages[0]
+
+
+def test_zero_offload_moves_the_optimizer_partition_to_the_host():
+    """DeepSpeed ZeRO-2 with offload_optimizer cpu (ZeRO-Offload): the host keeps the partition's
+    fp32 master (4 B), Adam states (8 B) and fp32 gradients (4 B); the GPU's step phase keeps only
+    the bf16 parameters, 2 B x N (no gradient partition, no fp32 step copy)."""
+    stage = offloaded("deepspeed", 2)
+    assert stage.host_bytes == round(4 * N_1B / 8) + round(8 * N_1B / 8) + round(4 * N_1B / 8)
+    assert dict(stage.phase_totals)["optimizer"] == 2 * N_1B
+    assert stage.nvme_bytes == 0
+
+
+def test_zero_infinity_keeps_states_on_nvme_and_swap_buffers_on_the_host():
+    """ZeRO-3 with both offloaded to NVMe: NVMe holds master, states, fp32 gradients and the bf16
+    parameter partition (4 + 8 + 4 + 2 B per parameter of the partition); the host pins 4 fp32
+    optimizer swap buffers of the partition (below sub_group_size 1e9) and 5 parameter buffers of
+    1e8 bf16 elements."""
+    stage = offloaded("deepspeed", 3, "nvme", "nvme")
+    n = N_1B / 8
+    assert stage.nvme_bytes == round(4 * n) + round(8 * n) + round(4 * n) + round(2 * n)
+    assert stage.host_bytes == round(4 * n * 4) + 5 * 10**8 * 2
+
+
+def test_fsdp2_cpu_offload_moves_shards_gradients_and_the_step():
+    """FSDP2 CPUOffloadPolicy: the host keeps the fp32 parameter shard (4 B), its fp32 gradient (4 B),
+    AdamW's states (8 B) and the step's foreach sqrt(v) (4 B); the GPU keeps no model state."""
+    stage = offloaded("fsdp2", 3, "cpu", "cpu")
+    n = N_1B / 8
+    assert stage.host_bytes == round(8 * n) + round(4 * n) + round(4 * n) + round(4 * n)
+    assert {c.key: c.bytes for c in stage.phases[2].components if c.key in ("parameters", "optimizer_states",
+                                                                                "gradients")} == \
+        {"parameters": 0, "optimizer_states": 0, "gradients": 0}
+
+
+def test_megatron_cpu_offload_keeps_the_main_gradients_on_the_gpu():
+    """--optimizer-cpu-offload with the distributed optimizer: master weights and Adam states of
+    the partition go to the host with fp32 gradient copies; the fp32 main-grad buffer, 4 B x N,
+    stays on the GPU."""
+    stage = offloaded("megatron", 1)
+    assert stage.host_bytes == round(4 * N_1B / 8) + round(8 * N_1B / 8) + round(4 * N_1B / 8)
+    assert stage.component("gradients").bytes == 4 * N_1B
+    assert stage.component("optimizer_states").bytes == 0
+
+
+@pytest.mark.parametrize("framework, zero, optimizer, parameters, field, words", [
+    ("hf", 0, "cpu", "none", "training.offload_optimizer", "'deepspeed'"),
+    ("fsdp2", 3, "cpu", "none", "training.offload_optimizer", "both 'cpu'"),
+    ("fsdp2", 3, "nvme", "nvme", "training.offload_optimizer", "both 'cpu'"),
+    ("fsdp2", 0, "cpu", "cpu", "training.offload_optimizer", "zero_stage is 2 or 3"),
+    ("megatron", 1, "none", "cpu", "training.offload_parameters", "'cpu' only"),
+    ("megatron", 0, "cpu", "none", "training.offload_optimizer", "zero_stage is 1"),
+    ("deepspeed", 0, "cpu", "none", "training.offload_optimizer", "zero_stage is 1, 2 or 3"),
+    ("deepspeed", 2, "nvme", "none", "training.offload_optimizer", "zero_stage 3"),
+    ("deepspeed", 2, "none", "cpu", "training.offload_parameters", "zero_stage 3"),
+])
+def test_offload_is_refused_where_the_framework_does_not_offer_it(framework, zero, optimizer, parameters, field,
+                                                                   words):
+    with pytest.raises(ConfigError) as error:
+        offloaded(framework, zero, optimizer, parameters)
+    assert error.value.field == field and words in str(error.value)

@@ -173,6 +173,10 @@ def _stage_rows(estimate, s) -> list[dict]:
     where = _where(estimate, s)
     rows = [{"kind": "component", **where, "component": c.key, "label": c.label, **_amount(c.bytes, s),
              "formula": c.formula, "source": c.source} for c in s.components]
+    # offloaded states: host memory and NVMe of this stage's processes (not part of the device total)
+    rows += [{"kind": kind, **where, "component": c.key, "label": c.label, "bytes": c.bytes,
+              "GiB": round(c.bytes / GiB, 6), "formula": c.formula, "source": c.source}
+             for kind, parts in (("host", s.host), ("nvme", s.nvme)) for c in parts]
     return rows + _totals("stage_total", where, s)
 
 
@@ -404,6 +408,11 @@ def report_pdf(estimate, config: dict, title: str = "GPU memory estimate", chart
     if len(estimate.stages) > 1:
         _heading(pdf, "Every pipeline stage")
         _table(pdf, _stages_rows(estimate), (30, 20, 35, 47, 48))
+    host = estimate.host_stage
+    if host.host or host.nvme:
+        _heading(pdf, f"Host memory and NVMe per GPU process (offload, stage {host.stage})")
+        _table(pdf, [["Host" if c in host.host else "NVMe", c.label, _gib(c.bytes), c.formula]
+                     for c in host.host + host.nvme], (15, 50, 25, 90), font_size=7.5)
     _heading(pdf, "Fit on every GPU of the catalog")
     _table(pdf, _fits_rows(estimate), (22, 68, 30, 20, 40), font_size=7.5)
     _heading(pdf, "Formulas and sources (peak stage)")

@@ -116,6 +116,23 @@ def breakdown_table(stage) -> None:
                              for c, p in details]), hide_index=True)
 
 
+def host_memory(est) -> None:
+    """Offloaded states: the host memory (and NVMe) each GPU's process needs, with formulas, and what
+    a node of 8 GPUs needs (users run out of CPU RAM before they run out of GPU memory)."""
+    stage = est.host_stage
+    if not stage.host and not stage.nvme:
+        return
+    st.subheader("Host memory (offload)")
+    cols = st.columns(3)
+    cols[0].metric("Host RAM per GPU process", gib(stage.host_bytes), help=f"stage {stage.stage}")
+    cols[1].metric("Host RAM per node of 8 GPUs", gib(8 * stage.host_bytes),
+                   help="8 processes of the largest stage; pinned memory cannot be swapped out")
+    cols[2].metric("NVMe per GPU process", gib(stage.nvme_bytes))
+    st.table(_table([{"Where": where, "What": c.label, "GiB": f"{c.bytes / GiB:,.2f}", "Formula": c.formula,
+                      "Source": c.source} for where, parts in (("host", stage.host), ("NVMe", stage.nvme))
+                     for c in parts]), hide_index=True)
+
+
 def _table(rows: list[dict]):
     """Rows as an Arrow table: Streamlit sends one as it is, where it converts a DataFrame through
     pandas on every rerun (a few milliseconds a table, and these are redrawn every run)."""
