@@ -188,4 +188,4 @@ def _describe(cfg: Config, layout) -> str:
     moves = [f"{name} {'auto' if before is None else before} -> {', '.join(value) if isinstance(value, tuple) else value}"
              for name, before, value, _ in _moves(cfg, layout)]
     return "the planner's nearest fitting layout: " + ", ".join(moves) + \
-        f" ({layout.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at the roofline)"
+        f" ({layout.tokens_per_s_per_gpu:,.0f} tokens/s per GPU expected)"

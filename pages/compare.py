@@ -115,7 +115,7 @@ if diff.empty:
 else:
     st.dataframe(diff, width="stretch")
 
-st.subheader("Speed (roofline)")
+st.subheader("Speed (expected step time; roofline upper bound beside it)")
 rows = []
 for e, res in results:
     if not res.ok:
@@ -125,7 +125,8 @@ for e, res in results:
         step = rf.value.to_json()["step"]
         rows.append({"Scenario": e["name"], "Step time (s)": step.get("time_s"),
                      "Tokens/s per GPU": step.get("tokens_per_s_per_gpu"), "MFU": step.get("mfu"),
-                     "Bubble (share of step)": step.get("bubble_share_of_step"), "Exposed comm. (s)": step.get("exposed_comm_s")})
+                     "Bubble (share of step)": step.get("bubble_share_of_step"), "Exposed comm. (s)": step.get("exposed_comm_s"),
+                     "Upper bound tokens/s per GPU": step.get("upper_bound", {}).get("tokens_per_s_per_gpu")})
     else:
         rows.append({"Scenario": e["name"], "Step time (s)": None})
 if rows:
@@ -135,6 +136,7 @@ if rows:
         "MFU": st.column_config.NumberColumn(format="percent"),
         "Bubble (share of step)": st.column_config.NumberColumn(format="percent"),
         "Exposed comm. (s)": st.column_config.NumberColumn(format="%.3f"),
+        "Upper bound tokens/s per GPU": st.column_config.NumberColumn(format="%.0f"),
     })
 
 

@@ -131,7 +131,8 @@ if not layouts:
 front = sum(x["pareto"] for x in layouts)
 st.caption(found + f". Listed: the fastest fitting layouts and the Pareto front of memory against throughput "
            f"({front} layouts), {len(layouts)} in all, each within {asked['margin']:.0%} of "
-           f"{data['capacity_bytes'] / GiB:,.1f} GiB. Speeds are the roofline's: upper bounds.")
+           f"{data['capacity_bytes'] / GiB:,.1f} GiB. Speeds are the step-time model's expected figures "
+           "(achieved kernel efficiency, measured NCCL bandwidth, each framework's overlap).")
 
 
 def _recompute(t: dict) -> str:

@@ -5,7 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from estimator.hardware import GPUS
-from ui import compute, state, view
+from ui import compute, roofline_charts, state, view
 
 cur = state.current()
 st.title("Roofline")
@@ -29,15 +29,34 @@ ops = data.get("operations", [])
 peaks = sorted({op["peak_flops"] for op in ops if op.get("peak_flops")}) or [gpu.bf16_flops]
 bandwidth = next((op["bandwidth"] for op in ops if op.get("bandwidth")), gpu.memory_bandwidth)
 
+bound = step.get("upper_bound", {})
 cols = st.columns(5)
-cols[0].metric("Step time", f"{step.get('time_s', 0):,.3f} s", help="One optimizer step, all micro-batches.")
-cols[1].metric("Tokens/s per GPU", f"{step.get('tokens_per_s_per_gpu', 0):,.0f}")
-cols[2].metric("MFU", f"{step.get('mfu', 0):.1%}", help="Model FLOPs utilisation: useful FLOPs / (time × peak).")
+cols[0].metric("Step time (expected)", f"{step.get('time_s', 0):,.3f} s",
+               help=f"One optimizer step, all micro-batches. At the roofs: {bound.get('time_s', 0):,.3f} s.")
+cols[1].metric("Tokens/s per GPU", f"{step.get('tokens_per_s_per_gpu', 0):,.0f}",
+               help=f"Roofline (upper bound): {bound.get('tokens_per_s_per_gpu', 0):,.0f}.")
+cols[2].metric("MFU", f"{step.get('mfu', 0):.1%}",
+               help=f"Model FLOPs utilisation: useful FLOPs / (time x peak). Upper bound {bound.get('mfu', 0):.1%}.")
 cols[3].metric("Pipeline bubble", f"{step.get('bubble_share_of_step', 0):.1%}",
-               help="Share of the step each GPU idles in the pipeline bubble, as a percentage of the step. The bubble is (PP - 1) / (VPP × "
-                    "micro-batches) of the ideal compute time (Narayanan et al. 2021): "
+               help="Share of the step each GPU idles in the pipeline bubble. The bubble is (PP - 1) / (VPP x "
+                    "micro-batches) of the compute time (Narayanan et al. 2021): "
                     f"{step.get('bubble_fraction', 0):.3g} here.")
-cols[4].metric("Exposed communication", f"{step.get('exposed_comm_s', 0):,.3f} s")
+cols[4].metric("Exposed communication", f"{step.get('exposed_comm_s', 0) * 1e3:,.1f} ms")
+st.caption(f"Roofline (upper bound): {bound.get('tokens_per_s_per_gpu', 0):,.0f} tokens/s per GPU, "
+           f"MFU {bound.get('mfu', 0):.1%}, with every kernel at its roof and every link at its line rate.")
+
+left, right = st.columns([3, 1])
+with left:
+    st.markdown("**Where the step's time goes**")
+    st.vega_lite_chart(roofline_charts.step_time_spec(step), width="stretch")
+with right:
+    est = state.estimate_or_stop(cur)
+    st.markdown("**Memory**")
+    try:
+        st.metric("Device total (peak stage)", f"{est.device_total_bytes / 2**30:,.1f} GiB")
+        st.caption(f"{est.fit.verdict}, {est.fit.utilization:.0%} of {gpu.name}")
+    except AttributeError:
+        st.caption("See the Memory page.")
 
 st.subheader(f"Roofline of {gpu.name}")
 roofs = ", ".join(f"{p / 1e12:,.0f}" for p in peaks)
@@ -50,24 +69,33 @@ if ops:
 
 st.subheader("Operations")
 if ops:
-    df = pd.DataFrame(ops)
-    keep = [c for c in ("name", "phase", "scope", "kind", "bound", "flops", "bytes", "arithmetic_intensity", "time_s",
-                        "count", "total_time_s", "formula") if c in df.columns]
-    df = df[keep + [c for c in df.columns if c not in keep and c not in ("peak_flops", "bandwidth", "ridge_point")]]
+    df = pd.DataFrame({
+        "operation": [op["name"] for op in ops], "phase": [op["phase"] for op in ops],
+        "scope": [op["scope"] for op in ops], "bound": [op["bound"] for op in ops],
+        "GFLOP": [op["flops"] / 1e9 for op in ops], "MB": [op["bytes"] / 1e6 for op in ops],
+        "FLOP/byte": [op["arithmetic_intensity"] for op in ops],
+        "roof (µs)": [op["roof_time_s"] * 1e6 for op in ops], "expected (µs)": [op["time_s"] * 1e6 for op in ops],
+        "achieved": [op["achieved_fraction"] for op in ops], "count": [op["count"] for op in ops],
+        "total (ms)": [op["total_time_s"] * 1e3 for op in ops], "formula": [op["formula"] for op in ops]})
     st.dataframe(df, hide_index=True, width="stretch", column_config={
-        "total_time_s": st.column_config.NumberColumn("Time × count (s)", format="%.3e"),
-        "flops": st.column_config.NumberColumn("FLOPs", format="%.3e"),
-        "bytes": st.column_config.NumberColumn("Bytes", format="%.3e"),
-        "arithmetic_intensity": st.column_config.NumberColumn("FLOP/byte", format="%.1f"),
-        "time_s": st.column_config.NumberColumn("Time (s)", format="%.3e"),
+        "GFLOP": st.column_config.NumberColumn(format="%.2f"), "MB": st.column_config.NumberColumn(format="%.1f"),
+        "FLOP/byte": st.column_config.NumberColumn(format="%.1f"),
+        "roof (µs)": st.column_config.NumberColumn(format="%.1f"),
+        "expected (µs)": st.column_config.NumberColumn(format="%.1f"),
+        "achieved": st.column_config.NumberColumn("achieved of roof", format="percent"),
+        "total (ms)": st.column_config.NumberColumn(format="%.2f"),
     })
 else:
     st.info("The roofline model returned no operations for this configuration.")
-st.subheader("Step summary")
-summary = {k: v for k, v in step.items() if not isinstance(v, (list, dict))}
-st.dataframe(pd.DataFrame({"value": summary}), width="stretch")
 if step.get("communication"):
-    st.markdown("**Communication**")
-    st.dataframe(pd.DataFrame(step["communication"]), hide_index=True, width="stretch")
+    st.markdown("**Communication per step**")
+    comm = step["communication"]
+    st.dataframe(pd.DataFrame({
+        "collective": [c["name"] for c in comm], "group": [c["group"] for c in comm], "ranks": [c["size"] for c in comm],
+        "link": [c["link"] for c in comm], "GB sent": [c["bytes"] / 1e9 for c in comm],
+        "bus GB/s": [c["bandwidth"] / 1e9 for c in comm], "line GB/s": [c["line_bandwidth"] / 1e9 for c in comm],
+        "time (ms)": [c["time_s"] * 1e3 for c in comm], "exposed (ms)": [c["exposed_s"] * 1e3 for c in comm]}),
+        hide_index=True, width="stretch", column_config={
+            k: st.column_config.NumberColumn(format="%.2f") for k in ("GB sent", "time (ms)", "exposed (ms)")})
 for note in data.get("notes", []):
     st.caption(f"Note: {note}")

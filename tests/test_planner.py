@@ -399,16 +399,17 @@ def test_llama3_405b_on_16k_h100():
     assert Shape(8, 16, 1, 7, 7, 1, 128, 1, 8, 1) in set(shapes(req))  # found
     mine = best(arch, tr, "h100-80", n, **published)  # fits: its best variant recomputes 4 of 8 layers
     assert mine.training.recompute == "full" and mine.utilization <= 0.8
-    # an upper bound on speed at or above the paper's: 41% MFU, 400 TFLOP/s of model FLOPs
-    assert mine.mfu >= 0.41 and mine.tokens_per_s_per_gpu >= 400e12 / model_flops_per_token(arch, seq)
-    # Near the top among layouts without CP (the paper uses CP for its 128k-token stage only)...
-    assert mine.tokens_per_s_per_gpu >= NEAR * best(arch, tr, "h100-80", n, cp=1).tokens_per_s_per_gpu
-    # ...not among all: the roofline hides CP's ring exchange behind attention and charges every
-    # TP collective in full (no TP/compute overlap is modelled), and with 16 micro-batches per
-    # replica the bubble is (p - 1)/(v m) = 15/64 of the compute; TP 4 x CP 8 with DP 32 has 64
-    # micro-batches and less TP traffic. Both costs are what the estimator can say.
+    # the expected MFU is within 15% of the paper's 41% (35%: half of each stage's layers are
+    # recomputed to fit 80 GiB with 16 sequences per replica), and the roofs' bound is above it
+    assert mine.mfu == pytest.approx(0.41, rel=0.15)
+    bound = roofline(arch, mine.training, mine.parallel, H100).step.upper_bound
+    assert bound.mfu >= 0.41 and bound.tokens_per_s_per_gpu >= 400e12 / model_flops_per_token(arch, seq)
+    # Among the faster layouts, not the fastest: the model rates TP 8 x PP 2 x VPP 63 with ZeRO-3
+    # over DP 1,024 higher, its per-layer all-gathers prefetched behind compute, where Meta's layout
+    # pays a bubble of (p - 1)/(v m) = 15/64 with 16 micro-batches and every TP collective exposed
+    # (no TP/compute overlap is modelled). Both costs are what the estimator can say.
     ratio = mine.tokens_per_s_per_gpu / best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
-    assert 0.6 < ratio < NEAR
+    assert 0.75 < ratio < NEAR
     step = roofline(arch, mine.training, mine.parallel, H100).step
     tp = sum(c.exposed_s for c in step.communication if c.group == "TP") / step.time_s
     assert tp > 0.1 and step.bubble_fraction == pytest.approx(15 / (4 * 16)) and mine.parallel.vpp == 4
@@ -444,7 +445,9 @@ def test_torchtitan_llama31_405b_on_512_h100():
     theirs = Parallel(tp=8, pp=8, vpp=2, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15, zero_stage=3)
     assert estimate(arch, dataclasses.replace(tr, recompute="full"), theirs, H100).fit.verdict == "fits"
     mine = best(arch, tr, "h100-80", n, tp=8, pp=8, cp=1, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15)
-    assert mine.tokens_per_s_per_gpu >= NEAR * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
+    # within 20% of the fastest: torchtitan runs this layout with AsyncTP, which overlaps the TP
+    # collectives with the matmuls; the model charges them in full, which costs TP 8 most
+    assert mine.tokens_per_s_per_gpu >= 0.8 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
 
 
 def gpt3_175b() -> Architecture:
@@ -498,15 +501,19 @@ def test_deepseek_v3_on_2048_h800():
 
 
 def test_ceiling_without_recompute_is_the_roofline_within_what_it_drops():
-    """Megatron's GPT-3 layout above, no recompute: the ceiling drops only the DP traffic and the
-    update that the embedding and head add to the end stages over the lightest stage."""
+    """Megatron's GPT-3 layout above, no recompute: the ceiling drops only the DP traffic the step
+    leaves exposed (the gradient reduction hides behind the last micro-batch's backward only) and
+    the update that the embedding and head add to the end stages over the lightest stage."""
     arch, tr, hw = gpt3_175b(), Training(seq_len=2048, global_batch_size=1536), Hardware(gpu="a100-80")
     s = Shape(8, 16, 1, None, None, 1, 8, 1, 8, 1)
     r = roofline(arch, training_of(tr, Variant(1, "none", None, "fused")), parallel_of(s), hw)
     e = estimate(arch, training_of(tr, Variant(1, "full", None, "fused")), parallel_of(s), hw)
     ceiling = speeds(Request(arch, tr, hw, 1024), r, (6,) * 16,
                      tuple(st.parameters_per_gpu for st in e.stages)).ceiling("none")
-    assert r.step.tokens_per_s_per_gpu <= ceiling <= 1.0001 * r.step.tokens_per_s_per_gpu
+    step = r.step
+    exposed_dp = sum(c.exposed_s for c in step.communication if c.group == "DP")
+    assert step.tokens_per_s_per_gpu <= ceiling <= 1.0001 * step.tokens_per_s_per_gpu * step.time_s / (
+        step.time_s - exposed_dp)
 
 
 def test_the_order_does_not_depend_on_the_hash_seed(tmp_path):
