@@ -1087,10 +1087,11 @@ def _ms(seconds: float) -> str:
 
 def render_roofline_text(result: Roofline) -> str:
     step = result.step
-    lines = [f"Roofline on {result.gpu} ({result.mode}), pipeline stage {result.stage} "
-             f"(the slowest); one execution = one layer, one micro-batch, one GPU"]
+    lines = [f"Step time on {result.gpu} ({result.mode}), pipeline stage {result.stage} "
+             f"(the slowest); one execution = one layer, one micro-batch, one GPU; 'roof ms' at the hardware's "
+             f"roofs, 'ms each' as the kernels achieve it (estimator/kernels.py)"]
     header = (f"  {'operation':<52}{'phase':<10}{'FLOPs':>12}{'bytes':>12}{'FLOP/B':>9}{'ridge':>7}"
-              f"  {'bound':<8}{'ms each':>9}{'count':>7}{'ms total':>10}")
+              f"  {'bound':<8}{'roof ms':>9}{'ms each':>9}{'achieved':>9}{'count':>7}{'ms total':>10}")
     scope = None
     for op in result.operations:
         if op.scope != scope:
@@ -1098,7 +1099,8 @@ def render_roofline_text(result: Roofline) -> str:
             lines += ["", f"{scope}:", header]
         lines.append(f"  {op.name[:51]:<52}{op.phase:<10}{_si(op.flops):>12}{_si(op.bytes, 'B'):>12}"
                      f"{op.arithmetic_intensity:>9.1f}{op.ridge_point:>7.0f}  {op.bound:<8}{_ms(op.time_s):>9}"
-                     f"{op.count:>7}{_ms(op.total_time_s):>10}")
+                     f"{_ms(op.expected_time_s):>9}{op.achieved_fraction:>9.0%}{op.count:>7}"
+                     f"{_ms(op.total_expected_s):>10}")
     lines += ["", "Communication per step:"]
     if not step.communication:
         lines.append("  none")
@@ -1112,6 +1114,8 @@ def render_roofline_text(result: Roofline) -> str:
         f" + exposed communication {step.exposed_comm_s:.4f} + optimizer {step.optimizer_s:.4f}",
         f"Throughput: {step.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; MFU {step.mfu:.1%} "
         f"({_si(step.model_flops_per_token)}FLOP per token against {_si(step.mfu_peak_flops)}FLOP/s)",
+        f"Upper bound (every operation at its roof): {step.upper_bound.time_s:.4f} s, "
+        f"{step.upper_bound.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {step.upper_bound.mfu:.1%}",
         "",
     ]
     lines += [f"Note: {n}" for n in result.notes]
