@@ -181,8 +181,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "NVMe and gather them to the GPU layer by layer: DeepSpeed ZeRO-3 offload_param (cpu or nvme), FSDP2's "
             "CPUOffloadPolicy (cpu, with the optimizer states).", _SAVERS, OFFLOAD_DEVICES),
     _choice("recompute", _T, "Activation recomputation", "none keeps every activation; selective recomputes the "
-            "modules listed below (Korthikanti et al. 2022); full keeps only each layer's input and recomputes the "
-            "layer in backward.", _SAVERS, RECOMPUTE),
+            "modules listed below (Megatron, Korthikanti et al. 2022) or, under fsdp2, follows torchtitan's "
+            "operator-level policy (keeps matmul and attention outputs, recomputes every second matmul and all "
+            "elementwise work); full keeps only each layer's input and recomputes the layer in backward.", _SAVERS,
+            RECOMPUTE),
     Field("recompute_modules", _T, "choices", "Recomputed modules (selective)", "With selective recomputation: "
           "which parts of each layer are recomputed in backward instead of kept (Megatron's --recompute-modules). "
           "core_attn = the attention core; mlp, moe, moe_act, layernorm, mla_up_proj, shared_experts as named.",

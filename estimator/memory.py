@@ -522,8 +522,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     ms = model_states(sp, training, recipe, par, zero)
     last = sp.stage == par.pp - 1
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
-    working = max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) \
-        if act.recomputed_layer_count(training, sp.num_layers) else 0.0
+    working = _recompute_working_set(training, sp, shared)
     tr = _transients(arch, training, recipe, par, sp, zero)
     exchange = _dispatch_buffer(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
@@ -557,6 +556,17 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                                 working, grads_live, training), {})
     return _StaticStage(totals, communication, communication.bytes + shared.runtime.bytes, sp.num_layers,
                         int(round(sp.local)), parts, place.host, place.nvme)
+
+
+def _recompute_working_set(training: Training, sp: StageParameters, shared: _Shared) -> float:
+    """What one layer rematerialises in backward, one layer at a time: all it keeps without
+    recompute under full recompute, the tensors the policy recomputes under torchtitan's
+    operator-level checkpointing; nothing else."""
+    if act.recomputed_layer_count(training, sp.num_layers):
+        return max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0)
+    if act.op_level(training):
+        return max((shared.full_layer[k] - shared.per_layer[k] for k, _ in sp.kind_counts), default=0.0)
+    return 0.0
 
 
 def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int) -> float:

@@ -30,8 +30,9 @@ layouts without either, by exact rules, each checked against brute force on rand
    the budget no variant of the shape fits. It depends on the split only: cached by (TP, PP, VPP,
    split, EP, ETP, ZeRO, CP > 1) (DP x CP is N / (TP PP) for all of them); it falls with the ZeRO
    stage, and with EP from 2 up (experts spread wider, their sharded states over the same GPUs).
-2. recompute: selective keeps a subset of what none keeps; full recompute of more layers keeps
-   less; so the least memory of a mode is its most frugal setting.
+2. recompute: selective keeps a subset of what none keeps (Megatron's modules; not torchtitan's
+   operator-level policy under fsdp2, whose none is bounded on its own); full recompute of more
+   layers keeps less; so the least memory of a mode is its most frugal setting.
 3. micro-batch: no setting needs less memory with a larger micro-batch, but where one micro-batch
    and no pipeline leave gradients unallocated in forward (non-Megatron frameworks); that one is
    treated apart.
@@ -66,7 +67,7 @@ from .architecture import Architecture
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .memory import TIGHT_FRACTION, Estimate, estimate, fragmentation_fraction
-from .activations import recomputed_modules
+from .activations import op_level, op_level_recomputed_matmul_share, recomputed_modules
 from .parallel import Parallel
 from .roofline import Roofline, roofline
 from .training import Training
@@ -428,7 +429,7 @@ class Speeds(NamedTuple):
     gpus: int
     compute_s: float  # the operations of every micro-batch, no recompute, on the roofline's stage
     forward_s: float  # its layers' forward operations (what full recompute repeats)
-    attention_s: float  # their attention core (what selective recompute repeats)
+    attention_s: float  # what selective recompute repeats (the attention core; torchtitan's policy: more)
     layers: int  # on the roofline's stage
     fewest_layers: int  # on any stage
     bubble: float  # (p - 1) / (v m)
@@ -458,8 +459,13 @@ def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_param
     # operations of the recomputed modules (roofline.recompute_time)
     selective = dataclasses.replace(req.training, recompute="selective") if req.training.recompute == "selective" \
         else dataclasses.replace(req.training, recompute="selective", recompute_modules=("core_attn",))
-    modules = recomputed_modules(selective)
-    core = [op for op in layer_forward if modules.intersection(op.modules)]
+    if op_level(selective):  # torchtitan's operator-level policy (roofline.recompute_time)
+        share = op_level_recomputed_matmul_share(arch)
+        again_s = sum(op.total_expected_s * (1.0 if op.kind == "elementwise" else share)
+                      for op in layer_forward if op.kind in ("elementwise", "matmul"))
+    else:
+        modules = recomputed_modules(selective)
+        again_s = sum(op.total_expected_s for op in layer_forward if modules.intersection(op.modules))
     here, fewest = stage_layers[r.stage], min(stage_layers)
     per_layer = {"CP": 0.0 if arch.sliding_window else fewest / here,  # windows make attention uneven
                  "EP": max(0, fewest - (arch.num_layers - arch.num_moe_layers)) / here}
@@ -476,7 +482,7 @@ def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_param
     hideable = traffic.get("PP", 0.0) + (traffic.get("DP", 0.0) + traffic.get("expert DP", 0.0)) * per_param
     unhideable = sum(c.unhideable_s for c in step.communication if c.group in ("DP", "expert DP")) * per_param
     return Speeds(step.tokens_per_step, req.gpus, step.compute_s, sum(op.total_expected_s for op in layer_forward),
-                  sum(op.total_expected_s for op in core), here, fewest, step.bubble_fraction, req.comm_overlap, tp,
+                  again_s, here, fewest, step.bubble_fraction, req.comm_overlap, tp,
                   fixed, hideable, unhideable)
 
 
@@ -600,8 +606,9 @@ class _Search:
             self._judge(count - self.ev.judged[s], "bound")
             return
         least = self._least(s)
-        # none keeps all that selective keeps (rule 2), and no mode needs less with a larger micro-batch
-        modes = {"none": least["selective"], "selective": least["selective"], "full": least["full"]}
+        # none keeps all that selective keeps (rule 2, not for torchtitan's operator-level policy),
+        # and no mode needs less with a larger micro-batch
+        modes = {"none": least.get("none", least["selective"]), "selective": least["selective"], "full": least["full"]}
         open_ = {m: self.req.within(lb) and not self.answer.hopeless(lb, top.ceiling(m, 1)) for m, lb in modes.items()}
         if not any(open_.values()):
             fits = any(self.req.within(lb) for lb in modes.values())
@@ -624,8 +631,14 @@ class _Search:
         recompute layers: at micro-batch 1 (and where gradients vanish), recomputing every layer,
         the smaller of fused and chunked loss (rules 2, 3, 5)."""
         sizes = [1] + [b for b in self._micro(s) if not self._gradients_alive(s, b) and self._gradients_alive(s, 1)][:1]
-        return {mode: min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes)
-                for mode in ("selective", "full")}
+        modes = ("selective", "full") if self._selective_within_none() else ("none", "selective", "full")
+        return {mode: min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes) for mode in modes}
+
+    def _selective_within_none(self) -> bool:
+        """Rule 2's first half: Megatron's selective recompute drops tensors from what none keeps;
+        torchtitan's operator-level policy (fsdp2) saves tensors of its own (a row-parallel matmul's
+        whole output under TP), which can exceed what none keeps."""
+        return not op_level(dataclasses.replace(self.req.training, recompute="selective"))
 
     def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict) -> None:
         most = most_stage_layers(self.req.architecture, s)
@@ -644,7 +657,7 @@ class _Search:
                                      ceilings["selective"])
             below["selective"] = max(below["selective"], memory or 0)
         if "none" in alive:
-            lower = max(below["none"], below["selective"])
+            lower = max(below["none"], below["selective"]) if self._selective_within_none() else below["none"]
             memory = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest, exact=True)
             below["none"] = max(lower, memory or 0)
         if "full" in alive:

@@ -53,7 +53,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from . import collectives, kernels
-from .activations import fused_kernels, recomputed_layer_count, recomputed_modules, tokens_per_gpu
+from .activations import (fused_kernels, op_level, op_level_recomputed_matmul_share, recomputed_layer_count,
+                          recomputed_modules, tokens_per_gpu)
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
@@ -672,6 +673,13 @@ def recompute_time(cfg: Resolved, counts: dict[Variant, int], variants, roof: bo
         layers = sum(counts.values())
         fraction = recomputed_layer_count(tr, layers) / layers  # the memory model's rule (activations.py)
         return fraction * sum(n * _time(variants[v][0], roof) for v, n in counts.items()), fraction
+    if op_level(tr):
+        # torchtitan's operator-level policy re-runs every elementwise operation and its even
+        # matmuls (activations.op_level_gemms), not the attention kernel
+        share = op_level_recomputed_matmul_share(cfg.architecture)
+        return sum(n * (_time([op for op in variants[v][0] if op.kind == "elementwise"], roof)
+                        + share * _time([op for op in variants[v][0] if op.kind == "matmul"], roof))
+                   for v, n in counts.items()), 0.0
     modules = recomputed_modules(tr)
     return sum(n * _time([op for op in variants[v][0] if modules.intersection(op.modules)], roof)
                for v, n in counts.items()), 0.0

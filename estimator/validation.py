@@ -91,6 +91,8 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                               f"a multiple of micro_batch_size x dp = {per_step}")
     if training.optimizer_in_backward:
         _check_optimizer_in_backward(training, par)
+    if training.recompute == "selective" and training.framework == "fsdp2":
+        _check_op_level(arch, training)
     if training.offload_optimizer != "none" or training.offload_parameters != "none":
         _check_offload(training, par)
     if training.mode == "training":
@@ -124,6 +126,23 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                           f"one of {', '.join(map(repr, offered))} with framework {training.framework!r}",
                           f"{training.framework} does not offer {training.optimizer}", related=("training.framework",))
     return resolve_zero_stage(training, par)
+
+
+def _check_op_level(arch: Architecture, training: Training) -> None:
+    """Under fsdp2, "selective" is torchtitan's operator-level policy (activations.op_level), which
+    has no module list and is modelled for dense attention blocks with flash attention."""
+    why = "with framework 'fsdp2', selective recompute is torchtitan's operator-level policy"
+    if training.recompute_modules != ("core_attn",):
+        raise ConfigError("training.recompute_modules", list(training.recompute_modules),
+                          "unset with framework 'fsdp2'", why + ", which takes no module list",
+                          related=("training.framework", "training.recompute"))
+    if arch.is_moe or arch.uses_mla:
+        raise ConfigError("training.recompute", "selective", "'none' or 'full' for MoE or MLA models under 'fsdp2'",
+                          why + "; what it saves of MoE and MLA layers is not modelled yet",
+                          related=("training.framework",))
+    if training.attention != "flash":
+        raise ConfigError("training.attention", training.attention, "'flash' with selective recompute under fsdp2",
+                          why + ", measured with SDPA/flash kernels", related=("training.recompute",))
 
 
 def _check_optimizer_in_backward(training: Training, par: Parallel) -> None:

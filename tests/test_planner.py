@@ -180,8 +180,8 @@ def test_memory_rules(seed):
         most = most_stage_layers(c.req.architecture, s)
         if v.recompute == "full" and v.layers is not None:  # more recomputed layers never need more
             assert m >= mem[s, v._replace(layers=None if v.layers + 1 == most else v.layers + 1)]
-        if v.recompute == "none":  # selective keeps a subset of what none keeps
-            assert m >= mem[s, v._replace(recompute="selective")]
+        if v.recompute == "none" and c.req.training.framework != "fsdp2":  # selective keeps a subset of none's
+            assert m >= mem[s, v._replace(recompute="selective")]  # (not torchtitan's operator-level policy)
         if v.loss == "standard":
             assert m >= mem[s, v._replace(loss="fused")]
         bigger = (s, v._replace(micro_batch=2 * v.micro_batch))

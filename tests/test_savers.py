@@ -160,3 +160,40 @@ def test_offload_is_refused_where_the_framework_does_not_offer_it(framework, zer
     with pytest.raises(ConfigError) as error:
         offloaded(framework, zero, optimizer, parameters)
     assert error.value.field == field and words in str(error.value)
+
+
+def test_torchtitans_operator_level_checkpointing_keeps_what_its_policy_saves():
+    """recompute "selective" under fsdp2 is torchtitan's SelectiveAC: per Llama-3.1-8B layer the
+    block input, the outputs of the odd matmuls wq (a*d = 4096), wv (g*d = 1024), w1 (f = 14336) and
+    w2 (h = 4096), flash attention's output (4096) and its fp32 log-sum-exp (a = 32 heads), for
+    T = 8192 x 2 tokens in bf16."""
+    T = 8192 * 2
+    per_layer = T * (2 * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32)
+    assert per_layer == 1_042_284_544
+    training = Training(**FSDP, recompute="selective")
+    assert activations(training) == 32 * per_layer + 8 * T  # and the first stage's token ids
+    # TP 2 with sequence parallelism: column-parallel outputs and the block input halve; w2's local
+    # output is whole (partial sums) until its reduce-scatter, whose output is saved, as is wo's
+    tp2 = T * (2 * (4096 + 4096 + 1024 + 14336 + 4096) / 2 + 4 * 32 / 2 + 2 * 4096 + 2 * 2 * 4096 / 2)
+    assert activations(training, Parallel(tp=2, dp=4)) == round(32 * tp2) + 8 * T
+
+
+def test_the_ledger_shows_the_eager_tensors_recomputed_and_the_policys_saves_kept():
+    est = estimate(LLAMA_8B, Training(**FSDP, recompute="selective"), Parallel(dp=8))
+    kept = [line.name for line in est.activation_ledger if not line.dropped_by_recompute]
+    assert kept == ["block input (kept by the checkpoint)", "q projection output (saved matmul)",
+                    "v projection output (saved matmul)", "w1 (gate) output (saved matmul)",
+                    "w2 (down) output (saved matmul)", "flash attention output (saved)",
+                    "flash log-sum-exp (saved, fp32)"]
+    assert any(line.dropped_by_recompute for line in est.activation_ledger)
+
+
+@pytest.mark.parametrize("model, training, field", [
+    ("qwen3-30b-a3b", dict(), "training.recompute"),
+    ("llama-3.1-8b", dict(recompute_modules=["mlp"]), "training.recompute_modules"),
+    ("llama-3.1-8b", dict(attention="eager"), "training.attention"),
+])
+def test_operator_level_checkpointing_is_refused_where_it_is_not_modelled(model, training, field):
+    with pytest.raises(ConfigError) as error:
+        estimate(get_architecture(model), Training(framework="fsdp2", recompute="selective", **training))
+    assert error.value.field == field and "operator-level" in str(error.value)
