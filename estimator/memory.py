@@ -35,7 +35,7 @@ from .parallel import Parallel
 from .resolved import Resolved, resolve
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .offload import OFFLOAD_SOURCES, Placement, placement
-from .optimizers import FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
+from .optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import Recipe, Training
 
@@ -357,7 +357,7 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = stage.local / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
-    if training.framework in ("hf", "fsdp2") and optimizer.temporaries == FOREACH_SQRT:
+    if training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT:
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
                           f"{states_dtype:g} B x parameters on this GPU",
                           "torch.optim.AdamW foreach implementation (_multi_tensor_adam)")]
@@ -376,12 +376,13 @@ def _step_in_backward(training: Training, recipe: Recipe, stage: StageParameters
                       d_dense: int) -> Component:
     """With the optimizer in backward, a parameter is stepped as soon as its gradient is ready and
     the gradient freed: no full gradient set ever exists. At the worst moment one parameter's
-    gradient (its shard under ZeRO 2/3) is alive with its own step temporary (a one-tensor
-    foreach AdamW: sqrt(v) of that tensor)."""
+    gradient (its shard under ZeRO 2/3) is alive with its own step temporary (none for the fused
+    AdamW torchtune builds)."""
     shard = d_dense if zero >= 2 and d_dense > 1 else 1
     G, S = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.optimizer_dtype)
     optimizer = OPTIMIZERS[training.optimizer]
-    temporary = S if optimizer.temporaries == FOREACH_SQRT else 2 * 4 if optimizer.temporaries == LARGEST_TENSOR else 0
+    foreach = training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT
+    temporary = S if foreach else 2 * 4 if optimizer.temporaries == LARGEST_TENSOR else 0
     largest = stage.total.largest_tensor / shard
     return component("transient", "One parameter's gradient and its step (optimizer in backward)",
                      largest * (G + temporary),

@@ -26,7 +26,6 @@ from typing import NamedTuple
 
 from .components import Component, component
 from .dtypes import bytes_per_element
-from .optimizers import FOREACH_SQRT, OPTIMIZERS
 from .training import Recipe, Training
 
 OFFLOAD_SOURCES = {
@@ -91,10 +90,6 @@ def placement(training: Training, recipe: Recipe, states: dict[str, float], para
             buffers = SWAP_BUFFERS_OPTIMIZER * min(SUB_GROUP, n) * 4
             host.append(component("swap_buffers", "Pinned NVMe swap buffers (optimizer)", buffers,
                                   f"{SWAP_BUFFERS_OPTIMIZER} x 4 B x min(sub_group_size 1e9, partition)", src))
-        if fw == "fsdp2" and OPTIMIZERS[training.optimizer].temporaries == FOREACH_SQRT:
-            S = bytes_per_element(recipe.optimizer_dtype)
-            host.append(component("step_temporaries", "foreach AdamW temporary on the CPU", S * n,
-                                  f"{S:g} B x {n:,.0f} parameters", src))
     if where_par != "none":
         move("parameters", "Parameters", gpu["parameters"], "the GPU's parameter partition", where_par)
         gpu["parameters"], moved["parameters"] = 0.0, where_par

@@ -9,7 +9,11 @@ from typing import Callable
 
 # What an optimizer allocates while it steps, beside its states:
 NO_TEMPORARIES = "none"  # fused kernels (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place
-FOREACH_SQRT = "foreach sqrt"  # torch's foreach AdamW materialises sqrt(v) for a whole group (hf, fsdp2)
+FOREACH_SQRT = "foreach sqrt"  # torch's foreach AdamW materialises sqrt(v) for a whole group (hf)
+# Frameworks whose torch AdamW runs the foreach implementation: the HF Trainer's adamw_torch. torchtitan
+# builds AdamW with implementation "fused" (components/optimizer/optimizer.py, the default) and
+# torchtune's recipes pass fused=True; Megatron and DeepSpeed use their own fused kernels.
+FOREACH_FRAMEWORKS = ("hf",)
 LARGEST_TENSOR = "largest tensor"  # per-tensor updates: two fp32 temporaries of the largest tensor
 
 

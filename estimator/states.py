@@ -113,7 +113,10 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         P_stored, M = 4.0, 0.0
     else:
         P_stored, M = P, (4.0 if master else 0.0)
-    params = sharded(P_stored * nd, P_stored * ne, 3)
+    # FSDP2 keeps its parameters sharded under reshard_after_forward=False too (zero_stage 2): only the
+    # gathered compute copies stay between forward and backward (memory.py transients)
+    param_stage = 2 if fw == "fsdp2" else 3
+    params = sharded(P_stored * nd, P_stored * ne, param_stage)
     copies = 0.0
     fp8_split = None  # (bytes of an FP8 weight, linear weights, bytes of the others, other weights)
     if training.fp8:
@@ -121,7 +124,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         stored, extra = fp8_bytes_per_weight(training)
         hd, he = stage.total.dense_hidden_matrices, stage.total.expert_hidden_matrices
         P_rest = 2.0 if P < 2 else P
-        params = sharded(stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), 3)
+        params = sharded(stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), param_stage)
         copies = extra * (hd + he)
         fp8_split = (stored, hd + he, P_rest, nd + ne - hd - he)
     grads = sharded(G * nd, G * ne, 2)
@@ -146,7 +149,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         per_param_states = (opt_dense + opt_expert) / (nd + ne) if nd + ne else 0.0
         hidden = stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices
         return {
-            "parameters": formula(param_text, 3),
+            "parameters": formula(param_text, param_stage),
             "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x {hidden:,.0f} linear weights "
                                   f"({training.fp8_recipe} recipe)") if training.fp8 else "",
             "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2),

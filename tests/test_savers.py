@@ -63,12 +63,12 @@ def phases(training: Training, par: Parallel = Parallel()) -> dict[str, int]:
 
 
 def test_optimizer_in_backward_never_holds_a_full_gradient_set():
-    """fsdp2 on one GPU, fp32 parameters (bf16 compute), AdamW: the step phase holds 4 B of
-    gradients and 4 B of foreach sqrt(v) per parameter; stepped in backward, neither exists."""
+    """fsdp2 on one GPU, bf16 compute over fp32 shards, fused AdamW (torchtune's fused=True): the
+    step phase holds 4 B of fp32 gradients per parameter; stepped in backward, they never exist."""
     n = 1_235_814_400
     base = dict(framework="fsdp2", seq_len=2048)
     plain, fused = phases(Training(**base)), phases(Training(**base, optimizer_in_backward=True))
-    assert plain["optimizer"] - fused["optimizer"] == 4 * n + 4 * n
+    assert plain["optimizer"] - fused["optimizer"] == 4 * n
     assert fused["forward"] == plain["forward"]
     # at backward's start the loss's fp32 gradients (2 x 4 x s x V) outweigh one tensor's step
     assert fused["backward"] == plain["backward"]
@@ -76,11 +76,10 @@ def test_optimizer_in_backward_never_holds_a_full_gradient_set():
 
 def test_a_short_sequence_peaks_when_the_embedding_is_stepped():
     """seq 128: the loss's gradients, 2 x 4 B x 128 x 128,256, are smaller than the tied
-    embedding's gradient and its step temporary, (4 + 4) B x 128,256 x 2,048: that moment decides
-    the backward phase."""
+    embedding's fp32 gradient, 4 B x 128,256 x 2,048: that moment decides the backward phase."""
     base = dict(framework="fsdp2", seq_len=128)
     plain, fused = phases(Training(**base)), phases(Training(**base, optimizer_in_backward=True))
-    assert fused["backward"] - plain["backward"] == 8 * 128_256 * 2_048 - 2 * 4 * 128 * 128_256
+    assert fused["backward"] - plain["backward"] == 4 * 128_256 * 2_048 - 2 * 4 * 128 * 128_256
 
 
 @pytest.mark.parametrize("training, par, words", [
@@ -124,11 +123,11 @@ def test_zero_infinity_keeps_states_on_nvme_and_swap_buffers_on_the_host():
 
 
 def test_fsdp2_cpu_offload_moves_shards_gradients_and_the_step():
-    """FSDP2 CPUOffloadPolicy: the host keeps the fp32 parameter shard (4 B), its fp32 gradient (4 B),
-    AdamW's states (8 B) and the step's foreach sqrt(v) (4 B); the GPU keeps no model state."""
+    """FSDP2 CPUOffloadPolicy: the host keeps the fp32 parameter shard (4 B), its fp32 gradient (4 B)
+    and AdamW's states (8 B; fused AdamW, no temporary); the GPU keeps no model state."""
     stage = offloaded("fsdp2", 3, "cpu", "cpu")
     n = N_1B / 8
-    assert stage.host_bytes == round(8 * n) + round(4 * n) + round(4 * n) + round(4 * n)
+    assert stage.host_bytes == round(8 * n) + round(4 * n) + round(4 * n)
     assert {c.key: c.bytes for c in stage.phases[2].components if c.key in ("parameters", "optimizer_states",
                                                                                 "gradients")} == \
         {"parameters": 0, "optimizer_states": 0, "gradients": 0}

@@ -1,0 +1,77 @@
+"""A measured torchtitan case as the JSON record under tests/data/measured/torchtitan/."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from ..record import RECORDS as HF_RECORDS
+
+RECORDS = HF_RECORDS / "torchtitan"
+
+METHOD = (
+    "fake-tensor CPU emulation of CUDA, rank 0 of a fake process group (FakeStore, backend "
+    "'fake'): torchtitan 0.3.0's own model definition, parallelize function (FSDP2 fully_shard "
+    "with MixedPrecisionPolicy(bf16 params, fp32 reduce), TP/SP, activation checkpointing, "
+    "torchao float8 via Float8LinearConverter), ChunkedLossWrapper and fused AdamW container "
+    "run a Trainer.train_step under torch FakeTensorMode on CPU. A TorchDispatchMode registers "
+    "every storage of a plain (local) tensor when an op creates it and a weakref finalizer when "
+    "it is freed, rounded up to 512 bytes as the CUDA caching allocator does; DTensor and "
+    "float8 wrapper tensors are looked through to their local tensors; FSDP2's storage "
+    "resize_ (free/alloc of unsharded parameters) is reported to the tracker. CUDA behaviour "
+    "emulated: torch.compile'd flex attention makes Inductor's flex kernel allocations (forward: "
+    "out, fp32 logsumexp and max_scores; saves q, k, v, out, logsumexp; backward: fp32 delta, "
+    "dq, dk, dv with no GQA expansion) and counts as one must-save op for SelectiveAC, as the "
+    "compiled region does; fused AdamW's step counters are on the device (counted as optimizer "
+    "state). Eager run (disable_cuda_graphs=True, grads set to None at zero_grad). Step 2 is "
+    "measured. Phases: forward = model forward plus the chunked loss (lm_head forward and "
+    "backward per chunk), backward = decoder backward, optimizer = clip_grad_norm_ + step. "
+    "Categories: parameters (the sharded fp32 parameters), gradients (sharded param.grad), "
+    "optimizer_states (AdamW exp_avg, exp_avg_sq, step), activations (everything else: "
+    "unsharded bf16 parameters and gradients in flight, saved tensors, temporaries, buffers, "
+    "the batch). Validated byte for byte against real CPU runs of tiny models "
+    "(tests/test_harness_torchtitan.py)."
+)
+
+
+def versions() -> dict:
+    from importlib.metadata import version
+
+    import torch
+
+    found = {"torch": torch.__version__, "torchtitan": version("torchtitan"),
+             "python": platform.python_version()}
+    try:
+        found["torchao"] = version("torchao")
+    except Exception:
+        found["torchao"] = None
+    return found
+
+
+def record(case: str) -> dict:
+    from .cases import CASES, contract_config, describe
+    from .step import measure
+
+    c = CASES[case]
+    return {
+        "id": case,
+        "description": describe(c),
+        "config": contract_config(c),
+        "measured": measure(c.run()),
+        "step_measured": 2,
+        "method": METHOD,
+        "versions": versions(),
+        "command": f"python -m validation.torchtitan measure {case}",
+    }
+
+
+def write(case: str, directory: Path = RECORDS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{case}.json"
+    path.write_text(json.dumps(record(case), indent=2) + "\n")
+    return path
+
+
+def load_all(directory: Path = RECORDS) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]

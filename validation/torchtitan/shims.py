@@ -1,0 +1,163 @@
+"""What it takes to run torchtitan 0.3.0 on a CPU-only machine with a CUDA run's allocations.
+
+Each patch is local, applied for the duration of a measurement by `cpu_emulation(tracker)`, and
+undone afterwards (except the device type, which torchtitan reads once at import):
+
+1. Device: `torchtitan.tools.utils.device_type` is computed at import ("cuda" on a CPU build);
+   the meshes, the trainer and `ParallelDims` must see "cpu". `use_cpu_device()` runs before
+   any other torchtitan import.
+2. FlexAttention: torchtitan's `FlexAttention` runs `torch.compile(flex_attention)`
+   (models/common/attention.py); Inductor's Triton template is CUDA-only and the eager CPU
+   fallback materialises the scores. `FlexKernel` makes the compiled CUDA kernel's
+   allocations instead, from torch/_inductor/kernel/flex/flex_attention.py (torch 2.13):
+   forward: `out` laid out like the query, fp32 `logsumexp` (B, Hq, L) and fp32 `max_scores`
+   (B, Hq, L, returned by the kernel but not saved, so freed at once); saved for backward (by
+   `FlexAttentionAutogradOp.forward`): q, k, v, out, logsumexp and the block mask's tensors.
+   backward: fp32 `delta` = sum(out * grad_out, -1) (B, Hq, L) (mul and sum fuse into one
+   reduction), `grad_query` like q, `broadcasted_grad_value` and `broadcasted_grad_key` shaped
+   like v and k (B, Hkv, L, D): GQA is reduced inside the kernel, so nothing is expanded.
+   The values of a real CPU run come from the math SDPA, where the tracker does not look.
+3. The block mask: `create_attention_mask` is `torch.compile(create_block_mask)`; the eager
+   function builds the same BlockMask (same tensors) and runs on CPU.
+4. float8: torchtitan's Float8LinearConverter refuses to convert below SM 8.9; the check
+   answers as an H100 (SM 9.0) would.
+5. FSDP2 frees and re-allocates the unsharded parameters with `storage.resize_`
+   (`free_storage` / `alloc_storage` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py),
+   which no dispatch mode sees; on a GPU each is a caching-allocator free / allocation. The
+   patched versions tell the tracker the storage's new size.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+
+def use_cpu_device() -> None:
+    import torchtitan.tools.utils as utils
+
+    utils.device_type, utils.device_module = "cpu", torch.cpu
+
+
+# The compiled flex region reaches torchtitan's SelectiveAC policy as one op (the
+# `inductor_compiled_code` HOP, in its must-save list), so its outputs (out and the logsumexp it
+# saves) are kept, not recomputed. A custom op stands for it here and joins that list.
+@torch.library.custom_op("titan_emulation::flex_forward", mutates_args=())
+def flex_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real CPU values (the math SDPA, unseen by the tracker: a dispatch mode does not see
+    inside the op it is handling); the allocations are `_flex_outputs`."""
+    out, lse = _flex_outputs(q, v)
+    with torch.no_grad():
+        out.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True))
+    return out, lse
+
+
+@flex_forward.register_fake
+def _(q, k, v, scale):
+    return _flex_outputs(q, v)
+
+
+def _flex_outputs(q, v):
+    """out: (B, Hq, L, Dv) in the query's dimension order; logsumexp: fp32 (B, Hq, L)."""
+    b, hq, s, _ = q.shape
+    return _dense_like(q, (b, hq, s, v.shape[-1])), q.new_empty((b, hq, s), dtype=torch.float32)
+
+
+def _flex_setup(ctx, inputs, output):
+    q, k, v, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.scale = scale
+
+
+def _flex_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    b, hq, s, _ = q.shape
+    delta = q.new_empty((b, hq, s), dtype=torch.float32)
+    grad_q, grad_k, grad_v = _dense_like(q), _dense_like(k), _dense_like(v)
+    if not isinstance(q, FakeTensor):
+        with _hidden[-1](), torch.enable_grad():
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            ref = F.scaled_dot_product_attention(*leaves, is_causal=True, scale=ctx.scale,
+                                                 enable_gqa=True)
+            for buf, g in zip((grad_q, grad_k, grad_v), torch.autograd.grad(ref, leaves, grad_out)):
+                buf.copy_(g)
+    del delta
+    return grad_q, grad_k, grad_v, None
+
+
+flex_forward.register_autograd(_flex_backward, setup_context=_flex_setup)
+_hidden = []  # the tracker's `hidden` context of the measurement in progress
+
+
+def _dense_like(t: torch.Tensor, shape=None) -> torch.Tensor:
+    """`infer_dense_strides(shape, t.stride())`: a dense tensor (of t's shape unless given)
+    with t's dimension order."""
+    shape = tuple(t.shape) if shape is None else shape
+    order = sorted(range(t.dim()), key=lambda d: t.stride(d), reverse=True)
+    physical = t.new_empty([shape[d] for d in order])
+    return physical.permute([order.index(d) for d in range(t.dim())])
+
+
+def _flex_forward():
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, score_mod=None, scale=None,
+                enable_gqa=False, out_transform=None, **kwargs):
+        if score_mod is not None or out_transform is not None:
+            raise NotImplementedError("only the plain masked flex attention is emulated")
+        out, lse = flex_forward(q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2),
+                                v_BLNH.transpose(1, 2), scale)
+        # max_scores: a kernel output nothing reads, freed by Inductor at once
+        del lse
+        max_scores = q_BLNH.new_empty(q_BLNH.shape[:3], dtype=torch.float32)
+        del max_scores
+        return out.transpose(1, 2)
+
+    return forward
+
+
+def _eager_block_mask(*args, **kwargs):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(*args, **kwargs)
+
+
+def _tracked_resize(tracker, original):
+    def resize(tensor):
+        original(tensor)
+        tracker.adopt(tensor)
+
+    return resize
+
+
+@contextmanager
+def cpu_emulation(tracker):
+    """Patch torchtitan / torch for a measured run (see the module docstring)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
+    import torchtitan.components.quantization.float8 as float8
+    import torchtitan.distributed.activation_checkpoint as ac
+    import torchtitan.models.common.attention as attention
+    import torchtitan.models.common.decoder as decoder
+
+    saved = [(attention.FlexAttention, "forward"), (decoder, "create_attention_mask"),
+             (attention, "create_attention_mask"), (fsdp_param, "alloc_storage"),
+             (fsdp_param, "free_storage"), (fsdp_group, "alloc_storage"),
+             (ac, "_get_default_save_ops"), (float8, "has_cuda_capability")]
+    originals = [getattr(obj, name) for obj, name in saved]
+    attention.FlexAttention.forward = _flex_forward()
+    float8.has_cuda_capability = lambda major, minor: (major, minor) <= (9, 0)  # an H100
+    ac._get_default_save_ops = lambda: originals[6]() | {torch.ops.titan_emulation.flex_forward.default}
+    decoder.create_attention_mask = attention.create_attention_mask = _eager_block_mask
+    fsdp_param.alloc_storage = fsdp_group.alloc_storage = _tracked_resize(tracker, originals[3])
+    fsdp_param.free_storage = _tracked_resize(tracker, originals[4])
+    _hidden.append(tracker.hidden)
+    try:
+        yield
+    finally:
+        _hidden.pop()
+        for (obj, name), value in zip(saved, originals):
+            setattr(obj, name, value)
