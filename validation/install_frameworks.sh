@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The framework harnesses' pinned packages (validation/<framework>/), installed so that torch stays
+# the 2.13.0 CPU build. Run after `pip install -e ".[test,validate]"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pin=$(mktemp)
+echo "torch==2.13.0" > "$pin"
+# torchtitan 0.3.0 (validation/torchtitan): it imports triton unconditionally; its `datasets`
+# dependency asks for huggingface_hub < 2, which the app needs at >= 2.4 (datasets runs with it)
+python3 -m pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" "torchao==0.18.0" -c "$pin"
+python3 -m pip install --quiet "huggingface_hub>=2.4,<3" -c "$pin"
+python3 -c "import torch, torchtitan, huggingface_hub; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+rm -f "$pin"
