@@ -17,7 +17,7 @@ import pytest
 from estimator import estimate_config
 
 MEASURED = Path(__file__).parent / "data" / "measured"
-RECORDS = sorted(p for framework in ("torchtitan",) for p in (MEASURED / framework).glob("*.json"))
+RECORDS = sorted(p for framework in ("torchtitan", "megatron") for p in (MEASURED / framework).glob("*.json"))
 
 # case id -> why the estimate misses it (the next modelling steps)
 KNOWN_GAPS = {
@@ -32,36 +32,80 @@ KNOWN_GAPS = {
     "titan-llama-3.1-70b-w64-tp8-fullac-s8192-b1":
         "the peak is near the end of backward, with nearly every sharded gradient and the last units' unsharded "
         "gradients alive; the model's backward peak is its first moment",
+    "titan-llama-3.1-8b-w512-fullac-s8192-b1":
+        "over by 14% on FSDP 512, where the shards are small and the units gathered in flight decide the peak: "
+        "what FSDP2 holds gathered at the end of forward (the chunked loss's lm_head) is not itemised yet",
+    "titan-qwen3-8b-w64-noac-s2048-b4":
+        "under by 12% without recompute: as for Llama without recompute, torchtitan's own modules keep more per "
+        "layer than the ledger written from transformers' modules",
+    "titan-qwen3-8b-w8-tp2-ac-every2-s4096-b1":
+        "under by 8% with TP 2 and every second layer checkpointed: the stored layers' ledger under torchtitan's "
+        "tensor parallel plan is not itemised yet",
+    "gpt3-175b-tp8-pp8-first-s2048-b1-unfused":
+        "Megatron's unfused softmax with attention_softmax_in_fp32 (the default, transformer_config.py) keeps an "
+        "fp32 softmax output for its backward and a bf16 copy for scores x V, 6 B per score (fused_softmax.py); "
+        "the ledger keeps the 2 B of the fused upper-triangular softmax kernel, which this CPU build lacks",
+    "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-router-fp32":
+        "not expressible: --moe-router-dtype fp32 (+0.28 GiB of fp32 router temporaries at the peak)",
+    "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-sel-layernorm+moe":
+        "recomputing the MoE block in backward re-creates its dispatcher's permutation buffers; the model has "
+        "no such backward moment",
+    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1":
+        "parameters 2.4% low and optimizer states 18.3% low: Megatron's split of this MLA + shared-expert model "
+        "into dense and expert parameters (expert states shard over expert DP = 1) differs from the estimator's",
+    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-mla_up_proj+layernorm":
+        "as deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1",
 }
+# case id -> why its model states miss the 1% bound
+KNOWN_STATE_GAPS = {case: KNOWN_GAPS["deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1"] for case in (
+    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1", "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-mla_up_proj+layernorm",
+    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-cf1.25")}
 
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def phase(result, name: str) -> dict[str, int]:
-    stage = result.stages[result.peak_stage]
-    return {c.key: c.bytes for c in next(p for p in stage.phases if p.name == name).components}
+def measured_stage(result, record: dict):
+    """The stage the harness measured: the record names it (Megatron builds one rank's stage), else
+    the estimate's peak stage."""
+    return result.stages[record.get("stage", result.peak_stage)]
+
+
+def step_states(result, record: dict) -> dict[str, int]:
+    stage = measured_stage(result, record)
+    return {c.key: c.bytes for c in next(p for p in stage.phases if p.name == "optimizer").components}
+
+
+def measured_states(record: dict) -> dict[str, int]:
+    """Model states at the optimizer step, or, where the step was not measured (Megatron: the
+    persistent states of the whole step), as the record states them."""
+    measured = record["measured"]
+    return measured["phases"].get("optimizer", measured)
 
 
 def test_the_recorded_cases_are_there():
-    assert len(RECORDS) >= 7
-    assert set(KNOWN_GAPS) <= {p.stem for p in RECORDS}
+    assert len(RECORDS) >= 30
+    assert set(KNOWN_GAPS) | set(KNOWN_STATE_GAPS) <= {p.stem for p in RECORDS}
 
 
-@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def expected_failures(known: dict[str, str]) -> list:
+    return [pytest.param(p, marks=pytest.mark.xfail(reason=known[p.stem], strict=True)) if p.stem in known else p
+            for p in RECORDS]
+
+
+@pytest.mark.parametrize("path", expected_failures(KNOWN_STATE_GAPS), ids=lambda p: p.stem)
 def test_model_states_within_one_percent(path):
     record = load(path)
-    step, measured = phase(estimate_config(record["config"]), "optimizer"), record["measured"]["phases"]["optimizer"]
+    step, measured = step_states(estimate_config(record["config"]), record), measured_states(record)
     assert step["parameters"] == pytest.approx(measured["parameters"], rel=0.01)
     assert step["optimizer_states"] + step.get("master_weights", 0) == \
         pytest.approx(measured["optimizer_states"], rel=0.01)
     assert step["gradients"] == pytest.approx(measured["gradients"], rel=0.01)
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_GAPS[p.stem], strict=True))
-                                  if p.stem in KNOWN_GAPS else p for p in RECORDS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", expected_failures(KNOWN_GAPS), ids=lambda p: p.stem)
 def test_peak_within_five_percent(path):
     record = load(path)
-    peak = estimate_config(record["config"]).allocated_peak_bytes
+    peak = measured_stage(estimate_config(record["config"]), record).allocated_peak_bytes
     assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.05)

@@ -9,5 +9,7 @@ echo "torch==2.13.0" > "$pin"
 # dependency asks for huggingface_hub < 2, which the app needs at >= 2.4 (datasets runs with it)
 python3 -m pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" "torchao==0.18.0" -c "$pin"
 python3 -m pip install --quiet "huggingface_hub>=2.4,<3" -c "$pin"
-python3 -c "import torch, torchtitan, huggingface_hub; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+# Megatron-Core 0.16.1 (validation/megatron), the last release for Python 3.11: numpy and packaging only
+python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
+python3 -c "import torch, torchtitan, megatron.core, huggingface_hub; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 rm -f "$pin"

@@ -1,0 +1,97 @@
+"""The Megatron-Core measuring harness (validation/megatron/): a rank measured under fake tensors
+equals the same rank run on real CPU tensors byte for byte, and every record holds what the
+estimator is compared on. Needs megatron-core 0.16.1 (the [megatron] extra) for the first part."""
+
+import importlib.util
+import json
+import warnings
+
+import pytest
+
+from validation.megatron.record import RECORDS, load_all
+
+HAVE_MEGATRON = importlib.util.find_spec("megatron") is not None and \
+    importlib.util.find_spec("megatron.core") is not None
+needs_megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed "
+                                    "(pip install -e .[megatron]); the fake-vs-real check needs it")
+
+
+def _variants():
+    from validation.megatron.harness import Arch, Setup
+
+    # 4 layers (2 per stage), hidden 64, 4 query heads over 2 KV groups, vocab 1000
+    dense = Arch(hidden_size=64, num_layers=4, num_attention_heads=4, num_query_groups=2,
+                 kv_channels=16, ffn_hidden_size=160, vocab_size=1000)
+    moe = Arch(hidden_size=64, num_layers=4, num_attention_heads=4, num_query_groups=2,
+               kv_channels=16, ffn_hidden_size=160, vocab_size=1000, num_experts=4,
+               moe_router_topk=2, moe_ffn_hidden_size=96)
+    base = dict(seq_len=64, micro_batch_size=2, tp=2, pp=2, dp=2)
+    return {
+        "dense-first": Setup(dense, **base),
+        "dense-last-lossfusion": Setup(dense, stage="last", loss_fusion=True, **base),
+        "dense-last-full-recompute": Setup(dense, stage="last", recompute="full", **base),
+        "dense-first-selective-mlp-layernorm": Setup(dense, recompute="selective",
+                                                     recompute_modules=("mlp", "layernorm"), **base),
+        "moe-alltoall-ep2": Setup(moe, ep=2, **base),
+    }
+
+
+VARIANTS = ["dense-first", "dense-last-lossfusion", "dense-last-full-recompute",
+            "dense-first-selective-mlp-layernorm", "moe-alltoall-ep2"]
+
+
+@needs_megatron
+@pytest.mark.parametrize("name", VARIANTS)
+def test_fake_rank_equals_real_cpu_rank(name):
+    from validation.megatron.harness import measure
+
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
+    setup = _variants()[name]
+    fake, real = measure(setup, fake=True), measure(setup, fake=False)
+    assert fake == real
+    assert fake["peak_bytes"] == sum(fake[c] for c in ("parameters", "gradients", "optimizer_states", "activations"))
+
+
+@needs_megatron
+def test_states_by_hand():
+    """The tiny dense first stage on TP2 DP2 with the distributed optimizer: bf16 parameters,
+    fp32 main grads (twice the parameters), fp32 main params + two Adam moments sharded over
+    DP 2 (three times the parameters' bytes, up to DDP's bucket padding)."""
+    from validation.megatron.harness import measure
+
+    m = measure(_variants()["dense-first"])
+    # per TP rank: embedding 500 x 64; per layer qkv (4+2+2)*16/2 x 64, proj 64 x 32,
+    # fc1 2*80 x 64, fc2 64 x 80, two norms 64; 2 layers
+    numel = 500 * 64 + 2 * (64 * 64 + 64 * 32 + 160 * 64 + 64 * 80 + 2 * 64)
+    assert m["parameters"] == pytest.approx(2 * numel, rel=0.01)
+    assert m["gradients"] == pytest.approx(2 * m["parameters"], rel=0.01)
+    assert m["optimizer_states"] == pytest.approx(3 * m["parameters"], rel=0.02)
+
+
+REQUIRED = ("parameters", "gradients", "optimizer_states", "activations", "peak_bytes", "peak_phase",
+            "phases", "activations_at_start", "activations_kept_by_forward", "layer_kept_bytes")
+
+
+def test_records_are_complete():
+    records = load_all()
+    assert len(records) >= 20
+    for r in records:
+        m = r["measured"]
+        assert all(k in m for k in REQUIRED), r["id"]
+        assert m["peak_bytes"] == sum(m[c] for c in ("parameters", "gradients", "optimizer_states", "activations"))
+        assert m["phases"][m["peak_phase"]]["total"] == m["peak_bytes"]
+        assert len(m["layer_kept_bytes"]) == r["layers_built"]
+        assert r["versions"]["megatron-core"] == "0.16.1" and r["versions"]["torch"]
+        config = r["config"]
+        assert config["training"]["framework"] == "megatron"
+        assert {"tp", "pp", "dp"} <= set(config["parallel"])
+        assert r["command"] == f"python -m validation.megatron measure {r['id']}"
+        assert (RECORDS / f"{r['id']}.json").exists()
+
+
+@needs_megatron
+def test_records_match_their_cases():
+    from validation.megatron.cases import CASES, contract_config
+
+    for r in load_all():
+        assert r["config"] == json.loads(json.dumps(contract_config(CASES[r["id"]])))

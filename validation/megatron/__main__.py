@@ -1,0 +1,46 @@
+"""python -m validation.megatron {list | measure CASE... | measure --all | report}"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m validation.megatron", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list the cases")
+    measure = sub.add_parser("measure", help="measure cases into tests/data/measured/megatron/")
+    measure.add_argument("cases", nargs="*")
+    measure.add_argument("--all", action="store_true")
+    sub.add_parser("report", help="measured versus today's estimate, per case")
+    args = parser.parse_args(argv)
+    if args.command == "report":  # reads the records only: no megatron-core needed
+        from .report import report
+
+        return report()
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
+    from .cases import CASES
+
+    if args.command == "list":
+        print("\n".join(CASES))
+        return 0
+    cases = list(CASES) if args.all else args.cases
+    unknown = [c for c in cases if c not in CASES]
+    if unknown or not cases:
+        print(f"unknown or no case(s): {', '.join(unknown)}; see `python -m validation.megatron list`",
+              file=sys.stderr)
+        return 2
+    from .record import write
+
+    for case in cases:
+        start = time.perf_counter()
+        path = write(case)
+        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

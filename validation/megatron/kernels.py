@@ -1,0 +1,153 @@
+"""TransformerEngine kernels' memory, emulated on the CPU with Megatron-Core's local layer spec.
+
+TE cannot run here (no CUDA), so the local spec is used and the two places where the local
+modules keep something different from TE's fused kernels are replaced by stand-ins that make
+exactly the allocations the TE kernels make; on a real CPU run their values come from reference
+maths computed where the storage tracker does not look (`tracker.hidden()`):
+
+- Core attention: the local `DotProductAttention` materialises the s x s scores and keeps the
+  softmax probabilities. `FusedCoreAttention` stands in for TE's `DotProductAttention` with the
+  cuDNN fused backend (the default for bf16 on Hopper): TE 2.x
+  `transformer_engine/pytorch/attention/dot_product_attention/backends.py`, `FusedAttnFunc`,
+  saves q, k, v, the output and `aux_ctx_tensors` (softmax statistics fp32 [b, np, sq, 1] and a
+  small rng state) and, for the `sbhd` layout Megatron uses, returns the output in [s, b, np*hn]
+  without a copy. Its backward allocates dq, dk, dv like q, k, v.
+- Norms: `WrappedTorchNorm` refuses sequence parallelism and torch's CPU RMSNorm keeps other
+  intermediates. `FusedNorm` stands in for TE's `RMSNorm`/`LayerNorm`
+  (`transformer_engine/pytorch/ops/basic/rmsnorm.py`, `layer_norm.py`: the forward saves the
+  input and the fp32 inverse standard deviation per token, plus the fp32 means for LayerNorm;
+  the output is a new tensor like the input; backward returns dx like x and dgamma (dbeta) like
+  the weight).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+# The running tracker's `hidden` context (set by the harness for the duration of a measurement):
+# reference maths inside it are not counted.
+HIDDEN = {"context": contextlib.nullcontext}
+
+
+def _hidden():
+    return HIDDEN["context"]()
+
+
+def _is_real(t: torch.Tensor) -> bool:
+    return not isinstance(t, FakeTensor)
+
+
+class _FusedNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, rms):
+        out = torch.empty_like(x)
+        rstd = x.new_empty(x.shape[:-1], dtype=torch.float32)  # rsigma / rstdevs, fp32 per token
+        mean = None if rms else x.new_empty(x.shape[:-1], dtype=torch.float32)
+        if _is_real(x):
+            with _hidden(), torch.no_grad():
+                out.copy_(_reference_norm(x, weight, bias, eps, rms))
+        ctx.save_for_backward(x, weight, bias, rstd, mean)
+        ctx.eps, ctx.rms = eps, rms
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, bias, rstd, mean = ctx.saved_tensors
+        dx, dw = torch.empty_like(x), torch.empty_like(weight)
+        db = None if bias is None else torch.empty_like(bias)
+        if _is_real(x):
+            with _hidden(), torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in (x, weight)]
+                b = None if bias is None else bias.detach().requires_grad_()
+                ref = _reference_norm(*leaves, b, ctx.eps, ctx.rms)
+                grads = torch.autograd.grad(ref, leaves + ([b] if b is not None else []), grad_out)
+                for buf, g in zip((dx, dw, db), grads):
+                    buf.copy_(g)
+        return dx, dw, db, None, None
+
+
+def _reference_norm(x, weight, bias, eps, rms):
+    if rms:
+        return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
+    return F.layer_norm(x.float(), weight.shape, weight.float(), bias.float(), eps).to(x.dtype)
+
+
+class FusedNorm(torch.nn.Module):
+    """TE's RMSNorm / LayerNorm as Megatron builds them (`TENorm`): same signature as
+    `WrappedTorchNorm`; the weight is marked `sequence_parallel` as TE marks it so Megatron's DDP
+    all-reduces its gradient over the TP group."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+                 zero_centered_gamma: bool = False, normalization: str = "LayerNorm"):
+        super().__init__()
+        self.rms = config.normalization == "RMSNorm"
+        self.eps = eps
+        dtype, device = config.params_dtype, torch.cuda.current_device()
+        self.weight = torch.nn.Parameter(torch.empty(hidden_size, dtype=dtype, device=device))
+        self.bias = None if self.rms else torch.nn.Parameter(
+            torch.empty(hidden_size, dtype=dtype, device=device))
+        for p in self.parameters():
+            p.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x):
+        return _FusedNormFunction.apply(x, self.weight, self.bias, self.eps, self.rms)
+
+
+class _FusedAttentionFunction(torch.autograd.Function):
+    """q [sq, b, np, hn], k, v [sk, b, ng, hn(v)] -> out [sq, b, np, hn(v)] (causal, GQA native)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        s, b, heads, _ = q.shape
+        out = q.new_empty((s, b, heads, v.shape[-1]))  # sbhd output, contiguous (MLA: v's width)
+        stats = q.new_empty((b, heads, s, 1), dtype=torch.float32)  # softmax statistics
+        if _is_real(q):
+            with _hidden(), torch.no_grad():
+                out.copy_(_reference_attention(q, k, v, scale))
+        ctx.save_for_backward(q, k, v, out, stats)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, stats = ctx.saved_tensors
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if _is_real(q):
+            with _hidden(), torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                ref = _reference_attention(*leaves, ctx.scale)
+                for buf, g in zip((dq, dk, dv), torch.autograd.grad(ref, leaves, grad_out)):
+                    buf.copy_(g)
+        return dq, dk, dv, None
+
+
+def _reference_attention(q, k, v, scale):
+    bhsd = [t.permute(1, 2, 0, 3) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*bhsd, is_causal=True, scale=scale, enable_gqa=True)
+    return out.permute(2, 0, 1, 3)
+
+
+def fused_core_attention_class():
+    """A subclass of Megatron's local `DotProductAttention` whose forward is TE's fused
+    attention (built lazily: Megatron must be imported under the shims)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class FusedCoreAttention(DotProductAttention):
+        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+            # MLA passes its q/k and v head widths (TE's DotProductAttention takes them); the
+            # fused kernel reads them from the tensors' shapes
+            super().__init__(*args, **kwargs)
+
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None,
+                    attention_bias=None, packed_seq_params=None):
+            assert attention_bias is None and packed_seq_params is None
+            scale = self.softmax_scale if self.softmax_scale else 1 / math.sqrt(query.shape[-1])
+            out = _FusedAttentionFunction.apply(query, key, value, scale)
+            return out.view(out.shape[0], out.shape[1], -1)
+
+    return FusedCoreAttention
