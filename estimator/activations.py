@@ -154,7 +154,17 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
             out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)"))
             out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), B, "tp",
                              "B*s*b*(a + g)*d_head"))
-    if training.attention == "flash":
+    if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
+            and arch.position_embedding == "rope":
+        # Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the
+        # rotary embedding returns new q and k, so the whole QKV output stays alive through v
+        # (transformer/attention.py, measured in tests/data/measured/megatron)
+        out.append(Entry("QKV projection output (v is a view of it)", T * (qw + 2 * arch.kv_width), B, "tp",
+                         "B*s*b*(a + 2*g)*d_head"))
+        out.append(Entry("q and k after the rotary embedding", T * (qw + arch.kv_width), B, "tp",
+                         "B*s*b*(a + g)*d_head"))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+    elif training.attention == "flash":
         out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula,
                          recompute=UP_PROJ))
         out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
@@ -399,8 +409,11 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     backward) at once; the Trainer returns only the loss, so the logits are gone before
     backward, whose first step holds the log-softmax and two fp32 gradients (nll_loss and
     log_softmax backward), as measured (tests/data/measured).
-    fused: a fused cross-entropy kernel (Megatron --cross-entropy-loss-fusion, Apex/TE) works
-    on the compute-dtype logits in place: B*s*b*V/t.
+    fused: a fused cross-entropy kernel (Apex/TE, Liger's cross-entropy) works on the
+    compute-dtype logits in place: B*s*b*V/t. Megatron's --cross-entropy-loss-fusion runs its
+    default native implementation (fusions/fused_cross_entropy.py), which upcasts the logits and
+    keeps the fp32 softmax as the unfused one does: the same memory as standard (measured,
+    tests/data/measured/megatron).
     chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut
     Cross-Entropy): logits never exist beyond one chunk; Liger computes the gradients of the
     head's input and weight during forward and keeps them for backward.
@@ -412,11 +425,12 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     saved += _norm_output("LM head input", T, arch, training, 1, (), gemm=False)
     forward: list[Entry] = []
     backward: list[Entry] = []
-    if training.loss == "standard" and fused_kernels(training):
+    if training.loss in ("standard", "fused") and fused_kernels(training):
         saved.append(Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         forward.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp", "B*s*b*V"))
         backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
-        source = "Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each)"
+        source = ("Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each); Megatron-Core "
+                  "fusions/fused_cross_entropy.py (native fusion: the same fp32 softmax)")
     elif training.loss == "standard":
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output

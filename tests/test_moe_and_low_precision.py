@@ -29,10 +29,12 @@ def test_mixtral_ep8_breakdown_by_hand():
     assert fwd["gradients"] == 4 * (dense + expert)
     assert fwd["master_weights"] == pytest.approx(4 * dense / 8 + 4 * expert, abs=2)  # expert-DP = 64 / 64 = 1
     assert fwd["optimizer_states"] == pytest.approx(8 * dense / 8 + 8 * expert, abs=2)
-    # one layer: norms 2 x 2sh, QKV and router inputs 2 x 2sh, q 2sh, k v 2 x 2s*g*d, LSE 4sa, attention
-    # output 2sh, router logits + probabilities 2 x 4sE, dispatched tokens and combine 2 x 2skh, expert
-    # fc1 output 2 x 2skf (fused SwiGLU) and fc2 input 2skf. EP does not divide any of it.
-    per_layer = s * (2 * h * 4 + 2 * h + 2 * 2 * g * d + 4 * a + 2 * h + 2 * 4 * E + 2 * 2 * k * h + 3 * 2 * k * f)
+    # one layer: norms 2 x 2sh, QKV and router inputs 2 x 2sh, the fused QKV output 2s(h + 2gd) (v is a
+    # view of it) and the rotated q and k 2s(h + gd), LSE 4sa, attention output 2sh, router logits +
+    # probabilities 2 x 4sE, dispatched tokens and combine 2 x 2skh, expert fc1 output 2 x 2skf (fused
+    # SwiGLU) and fc2 input 2skf. EP does not divide any of it.
+    per_layer = s * (2 * h * 4 + 2 * (h + 2 * g * d) + 2 * (h + g * d) + 4 * a + 2 * h + 2 * 4 * E + 2 * 2 * k * h
+                     + 3 * 2 * k * f)
     assert layer_bytes(MIXTRAL_8X7B, Training(seq_len=s), Parallel(dp=8, ep=8), "moe") == per_layer
     token_ids = 8 * s
     assert fwd["activations"] == L * per_layer + token_ids
