@@ -416,7 +416,8 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     tests/data/measured/megatron).
     chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut
     Cross-Entropy): logits never exist beyond one chunk; Liger computes the gradients of the
-    head's input and weight during forward and keeps them for backward.
+    head's input and weight during forward and keeps them for backward. Under fsdp2 it is
+    torchtitan's ChunkedLossWrapper (`_torchtitan_chunked_loss`).
     """
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
@@ -440,6 +441,8 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
                               "2*4*s*b*V"))
         source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
+    elif training.loss == "chunked" and training.framework == "fsdp2":
+        return _torchtitan_chunked_loss(arch, training, par, vocab)
     elif training.loss == "fused":
         saved.append(Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V"))
         source = "Megatron-Core cross_entropy_loss_fusion; Apex/TE fused cross-entropy"
@@ -452,6 +455,33 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
                              "(B + 4)*(s*b*h/V)*V"))
         source = "Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))"
     return LossMemory(saved=saved, forward=forward, backward=backward, source=source)
+
+
+TORCHTITAN_LOSS_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks
+
+
+def _torchtitan_chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """torchtitan's ChunkedLossWrapper (components/loss.py, the default of its recipes) runs the LM
+    head's forward and backward chunk by chunk inside the loss call, during the forward pass: the
+    head stays gathered (FSDP transients), its unsharded gradient accumulates in fp32 (FSDP2's
+    reduce dtype) over the 8 chunks and is reduce-scattered after the last, the hidden-state
+    gradient accumulates in an fp32 buffer, and one chunk's logits, fp32 log-softmax and two fp32
+    gradients exist at a time. What backward keeps is the hidden-state gradient in the compute
+    dtype (and the LM head's sharded gradient)."""
+    B = bytes_per_element(training.compute_dtype)
+    T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTITAN_LOSS_CHUNKS
+    d = par.dp * par.cp
+    saved = _norm("final norm input", T, arch, training)
+    saved.append(Entry("hidden-state gradient from the chunked loss", T * h, B, "sp", "B*s*b*h"))
+    saved.append(Entry("LM head's sharded gradient (fp32, reduced inside the loss)", vocab * h / d, 4, "tp",
+                       "4*V*h/d", split_by_cp=False))
+    forward = [Entry("fp32 hidden-state gradient accumulator", T * h, 4, "sp", "4*s*b*h"),
+               Entry("LM head's unsharded fp32 gradient, accumulated over the chunks", vocab * h, 4, "tp", "4*V*h",
+                     split_by_cp=False),
+               Entry("one chunk: logits, fp32 log-softmax and its two fp32 gradients", T / n * vocab, B + 12, "tp",
+                     f"(B + 12)*s*b*V/{n}")]
+    return LossMemory(saved=saved, forward=forward, backward=[],
+                      source="torchtitan v0.3.0 components/loss.py ChunkedLossWrapper (8 chunks), GradAccumulator")
 
 
 # --- pipeline schedule -----------------------------------------------------------------------------

@@ -302,14 +302,26 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
     d_dense = par.dp * par.cp
     if fw in ("fsdp2", "megatron") and zero >= 2 and d_dense > 1:
         src = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
-        if zero == 3:
+        if zero == 3 and fw == "fsdp2":
+            # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
+            # with the head, which is not resharded after forward: forward ends with the head and a
+            # block gathered, backward starts with a block and the one prefetched
+            head = arch.hidden_size * arch.vocab_size / par.tp if stage.stage == par.pp - 1 else 0.0
+            fwd.append(component("transient", "Unsharded parameters in flight", P * (layer + max(layer, head)),
+                                 f"{P:g} B x (a block + {'the head unit' if head else 'the next block'}) unsharded",
+                                 src + " (distributed/fsdp.py units)"))
+            bwd.append(component("transient", "Unsharded parameters in flight", P * 2 * layer,
+                                 f"{P:g} B x (a block + the prefetched block) unsharded", src))
+        elif zero == 3:
             gathered = P * (2 * layer + stage.root_local)
             formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
+            fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+            bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
         else:  # reshard_after_forward=False: every unit stays gathered from forward to backward
             gathered = P * stage.dense_local
             formula = f"{P:g} B x all of the stage's parameters, gathered after forward"
-        fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-        bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+            fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+            bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
         bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
                               layer * (P + G), f"({P:g} + {G:g}) B x one layer's parameters", src))
     if fw == "deepspeed":

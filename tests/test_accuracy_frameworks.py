@@ -26,19 +26,17 @@ KNOWN_GAPS = {
         "(4 B x s x b x h per norm) beyond the ledger's transformers-style norm (per-tensor breakdown of a 2-layer "
         "run); on CUDA, F.rms_norm may dispatch to aten._fused_rms_norm, which keeps only the input and rstd: the "
         "harness must emulate that kernel (as it emulates flash attention) before the ledger is changed",
-    "titan-llama-3.1-8b-w8-fullac-s8192-b2":
-        "the peak is inside ChunkedLossWrapper at the end of forward (components/loss.py): the lm_head gathered "
-        "in bf16, its fp32 unsharded gradient across the chunks and the fp32 hidden-state gradient buffer; the "
-        "chunked-loss model keeps a chunk of logits instead",
     "titan-llama-3.1-70b-w64-tp8-fullac-s8192-b1":
         "the peak is near the end of backward, with nearly every sharded gradient and the last units' unsharded "
         "gradients alive; the model's backward peak is its first moment",
-    "titan-llama-3.1-8b-w512-fullac-s8192-b1":
-        "over by 14% on FSDP 512, where the shards are small and the units gathered in flight decide the peak: "
-        "what FSDP2 holds gathered at the end of forward (the chunked loss's lm_head) is not itemised yet",
     "titan-qwen3-8b-w64-noac-s2048-b4":
         "under by 12% without recompute: as titan-llama-3.1-8b-w8-noac-s8192-b1 (torch.nn.RMSNorm's CPU "
         "decomposition in the harness, here also on the q and k norms)",
+    "titan-llama-3.1-8b-w8-ac-every2-s8192-b1":
+        "under by 5.2%: the 16 layers kept whole carry the harness's fp32 RMSNorm copies (see "
+        "titan-llama-3.1-8b-w8-noac-s8192-b1)",
+    "titan-qwen3-32b-w64-tp4-fullac-s8192-b1":
+        "as titan-llama-3.1-70b-w64-tp8-fullac-s8192-b1: the peak is near the end of backward",
     "titan-qwen3-8b-w8-tp2-ac-every2-s4096-b1":
         "under by 8% with TP 2 and every second layer checkpointed: the stored layers' ledger under torchtitan's "
         "tensor parallel plan is not itemised yet",

@@ -62,13 +62,21 @@ def test_fsdp2_shards_fp32_parameters_gradients_and_states():
     assert "master_weights" not in comps  # the fp32 shard is the master
 
 
-def test_fsdp2_gathers_two_layers_and_the_root_in_bf16():
+def test_fsdp2_gathers_torchtitans_units_in_bf16():
+    """torchtitan's FSDP units (distributed/fsdp.py): forward ends inside the loss with the head unit
+    (not resharded after forward) and a block gathered; backward starts with a block and the one
+    prefetched. Megatron-FSDP's full sharding keeps the generic 2 layers + the root unit."""
     d = 8
     result = estimate(LLAMA_31_8B, Training(framework="fsdp2"), Parallel(dp=d))
-    fwd = {c.key: c for c in result.stages[0].phases[0].components}
+    forward, backward = ({p.label: p.bytes for p in {c.key: c for c in phase.components}["transient"].parts}
+                         for phase in result.stages[0].phases[:2])
     layer = 218_112_000  # one Llama-3.1-8B layer (see test_parameters)
-    root = 2 * 128256 * 4096 + 4096  # embedding, LM head, final norm
-    parts = {p.label: p.bytes for p in fwd["transient"].parts}
+    head = 128256 * 4096
+    assert forward["Unsharded parameters in flight"] == 2 * (layer + head)
+    assert backward["Unsharded parameters in flight"] == 2 * 2 * layer
+    megatron = estimate(LLAMA_31_8B, Training(), Parallel(dp=d, zero_stage=3)).stages[0].phases[0]
+    root = 2 * 128256 * 4096 + 4096  # embedding, LM head, final norm (128,256 needs no padding at TP 1)
+    parts = {p.label: p.bytes for p in {c.key: c for c in megatron.components}["transient"].parts}
     assert parts["Unsharded parameters in flight"] == 2 * (2 * layer + root)
 
 
