@@ -1,0 +1,121 @@
+"""The PEFT measuring harness (validation/peft/): fake-tensor measurements of LoRA and NF4 QLoRA
+steps equal real CPU runs byte for byte, and the states agree with hand computation.
+Needs torch, transformers, peft and torchao (skips, saying which is missing)."""
+
+import json
+
+import pytest
+
+pytest.importorskip("torch", reason="the PEFT harness needs torch (the [validate] extra)")
+pytest.importorskip("transformers", reason="the PEFT harness needs transformers (the [validate] extra)")
+pytest.importorskip("peft", reason="the PEFT harness needs peft (pip install peft)")
+pytest.importorskip("torchao", reason="the QLoRA harness needs torchao's NF4 tensor (pip install torchao)")
+
+from validation.peft.build import ALL_SEVEN, LoraRun  # noqa: E402
+from validation.peft.cases import CASES, contract_config  # noqa: E402
+from validation.peft.record import RECORDS  # noqa: E402
+from validation.peft.step import measure  # noqa: E402
+from validation.tracker import cuda_block_bytes as block  # noqa: E402
+
+SEQ, BATCH = 64, 2
+
+VARIANTS = [
+    LoraRun("tiny-llama", SEQ, BATCH, rank=8, alpha=16),
+    LoraRun("tiny-llama", SEQ, BATCH, rank=8, alpha=16, targets="all-linear", dropout=0.05, recompute="full"),
+    LoraRun("tiny-llama", SEQ, BATCH, rank=4, alpha=8, targets=("q", "v"), save=("lm_head", "embed_tokens")),
+    LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=ALL_SEVEN, base="nf4"),
+    LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=("q", "v"), dropout=0.05,
+            recompute="full", base="nf4"),
+    LoraRun("tiny-mixtral", SEQ, BATCH, rank=8, alpha=16, targets="all-linear", recompute="full"),
+]
+
+
+@pytest.fixture(scope="module")
+def fake():
+    return {run: measure(run) for run in VARIANTS}
+
+
+@pytest.mark.parametrize("run", VARIANTS, ids=lambda r: f"{r.model}-{r.base}-{r.targets}-{r.recompute}-{r.dropout}-{r.save}")
+def test_fake_measurement_equals_real_cpu_run(run, fake):
+    assert fake[run] == measure(run, fake=False)
+
+
+# tiny-llama (validation/models.py): hidden 64, q and o 64 -> 64, k and v 64 -> 32, 2 layers
+def test_trainable_count_and_state_bytes_by_hand(fake):
+    m = fake[VARIANTS[0]]
+    # rank 8 on q (64 in, 64 out) and v (64 in, 32 out): r x (in + out) each, 2 layers
+    assert m["parameter_counts"]["trainable"] == 2 * 8 * ((64 + 64) + (64 + 32)) == 3584
+    # peft keeps the adapters of a bf16 base in fp32; one storage per A and per B
+    adapters = 2 * (block(8 * 64 * 4) + block(64 * 8 * 4) + block(8 * 64 * 4) + block(32 * 8 * 4))
+    assert m["parameter_bytes"]["trainable"] == adapters
+    # frozen weights: no gradient, no optimizer state
+    assert m["phases"]["optimizer"]["gradients"] == adapters
+    # fused AdamW: exp_avg, exp_avg_sq in fp32 and an fp32 step counter per adapter on the GPU
+    assert m["optimizer_states"] == 2 * adapters + 512 * 8
+
+
+def test_issue_count_for_llama_8b_rank_16_all_seven():
+    """Issue 14's figure: 16 x (sum of in + out features of the seven projections) x 32 layers."""
+    record = json.loads((RECORDS / "llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1.json").read_text())
+    in_plus_out = (4096 + 4096) + (4096 + 1024) + (4096 + 1024) + (4096 + 4096) \
+        + (4096 + 14336) + (4096 + 14336) + (14336 + 4096)
+    assert record["measured"]["parameter_counts"]["trainable"] == 16 * in_plus_out * 32 == 41_943_040
+
+
+def test_modules_to_save_keeps_a_trainable_copy(fake):
+    """peft's ModulesToSaveWrapper keeps the frozen original and trains a copy (bf16, like the
+    base): the embedding and the LM head are held twice."""
+    m, lora = fake[VARIANTS[2]], fake[VARIANTS[0]]
+    copies = 2 * block(1000 * 64 * 2)
+    adapters = 2 * (block(4 * 64 * 4) + block(64 * 4 * 4) + block(4 * 64 * 4) + block(32 * 4 * 4))
+    assert m["parameter_bytes"] == {"frozen": lora["parameter_bytes"]["frozen"], "trainable": copies + adapters}
+    assert m["parameter_counts"]["trainable"] == 2 * 1000 * 64 + 2 * 4 * (128 + 96)
+
+
+def nf4_bytes(n: int) -> int:
+    """torchao NF4 of n weights: codes two per byte, an int8 scale per 64, a bf16 factor per 256
+    scales, a bf16 mean, the 16-entry bf16 code book; one allocation each."""
+    return block(n // 2) + block(n // 64) + block(n // 64 // 256 * 2) + block(2) + block(16 * 2)
+
+
+def test_nf4_storage_by_hand(fake):
+    h, kv, ffn, vocab = 256, 128, 512, 1000
+    linears = [h * h, kv * h, kv * h, h * h, ffn * h, ffn * h, h * ffn]
+    norms = 2 * block(h * 2)
+    frozen = 2 * (sum(nf4_bytes(n) for n in linears) + norms) + 2 * block(vocab * h * 2) + block(h * 2)
+    assert fake[VARIANTS[3]]["parameter_bytes"]["frozen"] == frozen
+
+
+def test_records_are_complete():
+    records = [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
+    assert len(records) >= 15 and {r["id"] for r in records} == set(CASES)
+    for r in records:
+        assert r["config"] == contract_config(CASES[r["id"]])
+        m = r["measured"]
+        assert m["peak_bytes"] == sum(m[c] for c in ("parameters", "gradients", "optimizer_states", "activations"))
+        assert m["phases"][m["peak_phase"]]["total"] == m["peak_bytes"]
+        assert sum(m["parameter_bytes"].values()) == m["parameters"]
+        assert r["command"] == f"python -m validation.peft measure {r['id']}"
+
+
+def test_lora_dropout_keeps_a_bool_mask(fake):
+    """On CUDA dropout is the fused native_dropout, which keeps a bool mask of its input's shape
+    (what the adapter's A saves, the dropped input instead of the input, is the same size). The
+    mask is kept only where the input requires grad: without gradient checkpointing the Trainer
+    leaves the embedding output without grad, so layer 0's q and v keep none; layer 1's do."""
+    with_dropout = measure(LoraRun("tiny-llama", SEQ, BATCH, rank=8, alpha=16, dropout=0.05))
+    base = fake[VARIANTS[0]]
+    masks = 2 * block(BATCH * SEQ * 64)
+    for phase in ("forward", "backward"):
+        assert with_dropout["phases"][phase]["total"] - base["phases"][phase]["total"] == masks
+
+
+def test_a_record_reproduces():
+    from validation.peft.record import versions
+
+    case = "qwen3-8b-lora-r8-qv-norecompute-drop00-s2048-b1"
+    stored = json.loads((RECORDS / f"{case}.json").read_text())
+    keys = ("torch", "transformers", "peft", "torchao")
+    if {k: stored["versions"][k] for k in keys} != {k: versions()[k] for k in keys}:
+        pytest.skip(f"records were measured with {stored['versions']}, this is {versions()}")
+    assert measure(CASES[case]) == stored["measured"]

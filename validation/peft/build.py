@@ -1,0 +1,131 @@
+"""Build a transformers model with PEFT adapters the way a LoRA / QLoRA fine-tune sets it up,
+without ever allocating the base weights for real.
+
+The model is constructed with its parameters on the meta device (buffers such as RoPE's inverse
+frequencies are computed for real: they are tiny and their values matter to a real run), peft's
+`get_peft_model` wraps it there, and `materialize` then gives every parameter a CPU storage:
+fake under FakeTensorMode, real otherwise, through the same code path.
+
+QLoRA: bitsandbytes' `Params4bit` cannot wrap a fake tensor, so the frozen base linears are
+quantized with torchao's NF4 tensor instead (the tensor torchtune's QLoRA uses). Its layout:
+4-bit codes packed two per byte, one int8 scale per 64 weights, double-quantized with one bf16
+factor per 256 scales and one mean per tensor; `F.linear` on it runs torchao's `LinearNF4`
+autograd function, which dequantizes the whole weight to the input dtype in the forward and again
+in the backward and saves only the NF4 weight (no activation) for the backward.
+bitsandbytes (`Linear4bit`, `MatMul4Bit`) saves the same nothing but dequantizes with one fused
+kernel; its storage (blocks of 64, uint8 double-quantized absmax, fp32 second-level absmax per
+256 blocks) is accounted from its documentation, not measured here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..models import MODELS
+
+# peft's target names for the contract's short names (transformers' Llama/Qwen/Mixtral modules)
+TARGET_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
+                  "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+ALL_SEVEN = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class LoraRun:
+    model: str  # a key of validation.models.MODELS (or TINY below)
+    seq_len: int
+    micro_batch_size: int = 1
+    rank: int = 16
+    alpha: int = 32
+    targets: tuple[str, ...] | str = ("q", "v")  # contract short names, or "all-linear"
+    dropout: float = 0.0
+    recompute: str = "none"  # "none" or "full" (Trainer gradient_checkpointing=True)
+    base: str = "bf16"  # frozen base weights: "bf16" (LoRA) or "nf4" (QLoRA)
+    save: tuple[str, ...] = ()  # peft modules_to_save: "embed_tokens", "lm_head"
+
+
+def model_config(run: LoraRun):
+    from .tiny import TINY
+
+    spec = TINY.get(run.model) or MODELS[run.model]
+    return spec.hf_config("sdpa")
+
+
+def lora_config(run: LoraRun):
+    from peft import LoraConfig
+
+    targets = run.targets if run.targets == "all-linear" else [TARGET_MODULES[t] for t in run.targets]
+    return LoraConfig(r=run.rank, lora_alpha=run.alpha, lora_dropout=run.dropout,
+                      target_modules=targets, modules_to_save=list(run.save) or None,
+                      task_type="CAUSAL_LM")
+
+
+def meta_peft_model(run: LoraRun):
+    """The PEFT-wrapped model, parameters on meta, buffers real."""
+    from accelerate import init_empty_weights
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        base = AutoModelForCausalLM.from_config(model_config(run), dtype=torch.bfloat16)
+    # low_cpu_mem_usage: adapters are created on meta too. autocast_adapter_dtype stays at its
+    # default (True): peft keeps the adapters of a bf16 base in fp32.
+    return get_peft_model(base, lora_config(run), low_cpu_mem_usage=True)
+
+
+def materialize(model: nn.Module) -> None:
+    """Replace every meta parameter by a CPU one (fake under FakeTensorMode), N(0, 0.02)
+    initialised so a real run computes finite values; shared parameters stay shared."""
+    done: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            if id(p) not in done:
+                with torch.no_grad():
+                    data = torch.empty_like(p, device="cpu").normal_(std=0.02)
+                done[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
+            module._parameters[name] = done[id(p)]
+
+
+def quantize_base_linears(model: nn.Module) -> int:
+    """QLoRA: every frozen nn.Linear inside the decoder layers becomes NF4 (bitsandbytes'
+    `load_in_4bit` converts every nn.Linear but the LM head); returns how many."""
+    from .nf4 import to_nf4
+
+    count = 0
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and ".layers." in name and not module.weight.requires_grad:
+            with torch.no_grad():
+                module.weight = nn.Parameter(to_nf4(module.weight.detach()), requires_grad=False)
+            count += 1
+    return count
+
+
+def enable_recompute(model) -> None:
+    """What the Trainer does for gradient_checkpointing=True (transformers 5.x
+    `Trainer._inner_training_loop` -> `activation_checkpointing_enable`): non-reentrant
+    checkpoint per decoder layer, and input embeddings made to require grad."""
+    model.activation_checkpointing_enable()
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def build(model, run: LoraRun):
+    """Storage for the meta model of `meta_peft_model` (built outside FakeTensorMode: modules
+    moved between devices under it cannot swap their fake parameters) and the optimizer, as a
+    Trainer run sets them up. Under FakeTensorMode to measure, without it for a real CPU run."""
+    materialize(model)
+    if run.base == "nf4":
+        quantize_base_linears(model)
+    model.train()
+    if run.recompute == "full":
+        enable_recompute(model)
+    # transformers 5.x TrainingArguments.optim defaults to "adamw_torch_fused" for torch >= 2.8;
+    # the Trainer builds it over the parameters that require grad only.
+    opt = torch.optim.AdamW(trainable_parameters(model), lr=2e-4, weight_decay=0.0, fused=True)
+    return model, opt

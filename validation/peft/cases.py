@@ -1,0 +1,98 @@
+"""The measured LoRA / QLoRA cases, and each one's configuration in the contract's JSON format
+(/work/shared/CONTRACT.md, with the `training.adapter` object of its Additions)."""
+
+from __future__ import annotations
+
+from ..models import MODELS
+from .build import ALL_SEVEN, LoraRun
+
+QV = ("q", "v")
+QKVO = ("q", "k", "v", "o")
+
+
+def targets_label(targets) -> str:
+    if targets == "all-linear":
+        return "alllinear"
+    return "all7" if tuple(targets) == ALL_SEVEN else "".join(targets)
+
+
+def case_id(run: LoraRun) -> str:
+    method = "qlora" if run.base == "nf4" else "lora"
+    recompute = "recompute" if run.recompute == "full" else "norecompute"
+    save = "-save-embed-head" if run.save else ""
+    return (f"{run.model}-{method}-r{run.rank}-{targets_label(run.targets)}-{recompute}-"
+            f"drop{round(run.dropout * 100):02d}-s{run.seq_len}-b{run.micro_batch_size}{save}")
+
+
+def _runs() -> list[LoraRun]:
+    R = LoraRun
+    return [
+        # Llama-3.1-8B: rank, targets, recompute, dropout, NF4 base, trainable embeddings / head
+        R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=QV),
+        R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full"),
+        R("llama-3.1-8b", 2048, rank=16, alpha=32, targets=ALL_SEVEN),
+        R("llama-3.1-8b", 8192, rank=64, alpha=128, targets="all-linear", dropout=0.05, recompute="full"),
+        R("llama-3.1-8b", 2048, 2, rank=8, alpha=16, targets=QV, dropout=0.05),
+        R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", base="nf4"),
+        R("llama-3.1-8b", 2048, rank=64, alpha=16, targets="all-linear", base="nf4"),
+        R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=QV, recompute="full", save=("lm_head", "embed_tokens")),
+        # Qwen3-8B (q/k norms)
+        R("qwen3-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full"),
+        R("qwen3-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, dropout=0.05, recompute="full", base="nf4"),
+        R("qwen3-8b", 2048, rank=8, alpha=16, targets=QV),
+        # Qwen2.5-7B (qkv biases)
+        R("qwen2.5-7b", 8192, rank=16, alpha=32, targets="all-linear", recompute="full"),
+        R("qwen2.5-7b", 4096, 2, rank=64, alpha=128, targets=ALL_SEVEN, recompute="full", base="nf4"),
+        R("qwen2.5-7b", 4096, rank=16, alpha=32, targets=QV, dropout=0.05),
+        # Mixture of experts (bf16 base: bitsandbytes quantizes nn.Linear only, and transformers 5
+        # fuses the experts into 3-D parameters). On transformers 5, peft's "all-linear" adds
+        # the router and the fused experts (peft/utils/transformers_weight_conversion.py,
+        # `_resolve_string_target_modules`), the experts' gate_up with rank 2r.
+        R("mixtral-8x7b", 4096, rank=16, alpha=32, targets=QKVO, recompute="full"),
+        R("qwen3-30b-a3b", 4096, rank=16, alpha=32, targets="all-linear", recompute="full"),
+        R("qwen3-30b-a3b", 2048, rank=8, alpha=16, targets=QV),
+    ]
+
+
+CASES: dict[str, LoraRun] = {case_id(r): r for r in _runs()}
+
+
+def adapter(run: LoraRun) -> dict:
+    return {
+        "method": "qlora" if run.base == "nf4" else "lora", "rank": run.rank, "alpha": run.alpha,
+        "target_modules": run.targets if run.targets == "all-linear" else list(run.targets),
+        "dropout": run.dropout, "trainable_embeddings": bool(run.save), "base_dtype": run.base,
+    }
+
+
+def contract_config(run: LoraRun) -> dict:
+    return {
+        "model": MODELS[run.model].architecture(),
+        "training": {
+            "mode": "training", "framework": "hf", "seq_len": run.seq_len,
+            "micro_batch_size": run.micro_batch_size,
+            # the frozen base's dtype; peft keeps the adapters of a bf16 base in fp32
+            # (get_peft_model's autocast_adapter_dtype=True), so their gradients and AdamW
+            # states are fp32 too (torch keeps both in the parameter's dtype); no master copy.
+            # Trainable copies of the embeddings / LM head (modules_to_save) stay bf16.
+            "param_dtype": "bf16", "grad_dtype": "fp32", "master_weights": False,
+            "optimizer_dtype": "fp32", "compute_dtype": "bf16", "optimizer": "adamw",
+            "recompute": run.recompute, "attention": "flash", "dropout": 0.0, "loss": "standard",
+            "adapter": adapter(run),
+        },
+        "parallel": {"tp": 1, "pp": 1, "dp": 1},
+        "hardware": {"gpu": "h100-80"},
+    }
+
+
+def describe(run: LoraRun) -> str:
+    method = ("QLoRA (frozen base linears in torchao NF4, double-quantized scales)" if run.base == "nf4"
+              else "LoRA (frozen bf16 base)")
+    targets = "all linear layers (peft 'all-linear')" if run.targets == "all-linear" else ", ".join(run.targets)
+    recompute = "gradient checkpointing (non-reentrant, every layer)" if run.recompute == "full" \
+        else "no gradient checkpointing"
+    save = "; embeddings and LM head trainable (modules_to_save)" if run.save else ""
+    return (f"{run.model}, peft {method}, rank {run.rank}, alpha {run.alpha}, targets {targets}, "
+            f"dropout {run.dropout}, {recompute}, fp32 adapters, fused AdamW on trainable parameters, "
+            f"grad-norm clipping, SDPA (FlashAttention-2), seq {run.seq_len}, micro-batch "
+            f"{run.micro_batch_size}{save}")

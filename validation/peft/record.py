@@ -1,0 +1,72 @@
+"""A measured LoRA / QLoRA case as the JSON record under tests/data/measured/peft/."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from ..record import RECORDS as HF_RECORDS
+
+RECORDS = HF_RECORDS / "peft"
+
+METHOD = (
+    "fake-tensor CPU emulation of CUDA, as for the HF records (validation/record.py): the real "
+    "transformers model code wrapped by the real peft LoRA layers runs one HF-Trainer training "
+    "step under torch FakeTensorMode on CPU; every tensor storage is logged when an op creates it "
+    "and when it is freed, rounded up to 512 bytes as the CUDA caching allocator does. The model "
+    "is built on the meta device, wrapped by get_peft_model there (adapters in fp32, peft's "
+    "default for a bf16 base), then given fake CPU storage. QLoRA: every nn.Linear inside the "
+    "decoder layers is a torchao NF4 tensor (blocks of 64, int8 scales double-quantized per "
+    "256, one bf16 factor per scale block); LinearNF4 dequantizes the weight in the forward and "
+    "again in the backward, torchao's eager dequantization temporaries included. bitsandbytes' "
+    "Params4bit cannot wrap fake tensors: its layout is not measured. CUDA behaviour emulated: "
+    "FlashAttention-2 allocations for SDPA, dropout as the fused native_dropout (bool mask), "
+    "fused AdamW (the Trainer's default) over the trainable parameters with its step counters on "
+    "the device, grad-norm clipping to 1.0, host scalars not counted. Gradient checkpointing as "
+    "the Trainer turns it on (non-reentrant per layer; input embeddings require grad). Step 2 is "
+    "measured; the logits are dropped before backward. Categories: parameters (frozen and "
+    "trainable, NF4 inner tensors included; split in parameter_bytes), gradients, "
+    "optimizer_states (exp_avg, exp_avg_sq, step), activations (everything else). "
+    "parameter_counts.trainable is peft's get_nb_trainable_parameters(). Validated byte for "
+    "byte against real CPU runs of tiny models (tests/test_harness_peft.py)."
+)
+
+
+def versions() -> dict:
+    import peft
+    import torch
+    import torchao
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "peft": peft.__version__, "torchao": torchao.__version__,
+            "python": platform.python_version()}
+
+
+def record(case: str) -> dict:
+    from .cases import CASES, contract_config, describe
+    from .step import measure
+
+    run = CASES[case]
+    return {
+        "id": case,
+        "description": describe(run),
+        "config": contract_config(run),
+        "measured": measure(run),
+        "step_measured": 2,
+        "method": METHOD,
+        "versions": versions(),
+        "command": f"python -m validation.peft measure {case}",
+    }
+
+
+def write(case: str, directory: Path = RECORDS) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{case}.json"
+    path.write_text(json.dumps(record(case), indent=2) + "\n")
+    return path
+
+
+def load_all(directory: Path = RECORDS) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]

@@ -1,0 +1,166 @@
+"""One measured LoRA / QLoRA training step, the way the HF Trainer (transformers 5.x) runs it over
+a peft model:
+
+    loss = model(**inputs).loss; loss.backward()                  # Trainer.training_step
+    clip_grad_norm_(trainable parameters, max_norm=1.0)           # TrainingArguments.max_grad_norm
+    optimizer.step(); model.zero_grad()                           # fused AdamW, grads set to None
+
+Step 1 creates the optimizer states; step 2 is measured. Besides validation/emulation.py's CUDA
+emulation (FlashAttention-2, packed-sequence check, 512-byte rounding), two CUDA behaviours matter
+here and are emulated:
+- dropout (LoRA dropout): on CUDA `at::dropout` runs the fused `native_dropout`, which keeps a
+  bool mask for the backward; the CPU build instead multiplies by a noise tensor of the input's
+  dtype (aten/src/ATen/native/Dropout.cpp, `is_fused_kernel_acceptable` needs a CUDA tensor).
+  `F.dropout` is routed to `native_dropout` for the measurement.
+- fused AdamW keeps its `step` counters on the parameter's device (torch/optim/adam.py: "host
+  step on CPU if both capturable and fused are off"): 0-dim fp32 tensors, one 512-byte block each
+  on the GPU, counted with the optimizer states.
+`clip_grad_norm_` on CPU takes the per-tensor path (the foreach kernels are listed for CUDA only);
+it allocates what the CUDA foreach path does: one 0-dim norm per gradient, their stack, the total
+norm and the clip coefficient.
+"""
+
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+from ..emulation import cuda_emulation
+from ..tracker import CATEGORIES, HOST_OPS, StorageTracker
+from .build import LoraRun, build, meta_peft_model, trainable_parameters
+
+
+def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors that own storage: a wrapper subclass (torchao's NF4) owns none itself."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [leaf for name in names for leaf in plain_tensors(getattr(t, name))]
+
+
+class Tracker(StorageTracker):
+    """validation/tracker.py's StorageTracker, looking through tensor subclasses to the plain
+    tensors that hold their storage."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self._hidden:
+            return out
+        for t in (leaf for x in tree_leaves(out) if isinstance(x, torch.Tensor) for leaf in plain_tensors(x)):
+            if func in HOST_OPS and t.dim() == 0 and id(t.untyped_storage()) not in self._keys:
+                self.ignore(t)
+            if id(t.untyped_storage()) not in self._host:
+                key = self.adopt(t)
+                self.labels.setdefault(key, f"{func.__name__} {str(t.dtype)[6:]} {tuple(t.shape)}")
+        return out
+
+    def adopt_all(self, t: torch.Tensor) -> set[int]:
+        """Register the storages of a tensor alive when the log starts, host-resident ones
+        (a CPU step counter created by torch.tensor) excepted."""
+        return {self.adopt(leaf) for leaf in plain_tensors(t) if id(leaf.untyped_storage()) not in self._host}
+
+
+_ORIGINAL_DROPOUT = F.dropout
+
+
+def _cuda_dropout(input, p=0.5, training=True, inplace=False):
+    if not training or p == 0 or p == 1 or inplace or input.numel() == 0:
+        return _ORIGINAL_DROPOUT(input, p, training, inplace)
+    return torch.native_dropout(input, p, training)[0]
+
+
+@contextmanager
+def cuda_dropout():
+    F.dropout = _cuda_dropout
+    try:
+        yield
+    finally:
+        F.dropout = _ORIGINAL_DROPOUT
+
+
+def train_step(model, opt, input_ids, phase=lambda name: nullcontext()):
+    with phase("forward"):
+        loss = model(input_ids=input_ids, labels=input_ids).loss
+    with phase("backward"):
+        loss.backward()
+        del loss
+    with phase("optimizer"):
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(model), max_norm=1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def traced_step(run: LoraRun, fake: bool = True, seed: int = 0):
+    """Two training steps, the second logged; returns the tracker, the category of each storage
+    key, the model (for its counts) and the keys of the trainable parameters."""
+    tracker = Tracker()
+    tracker.recording = False
+    torch.manual_seed(seed)
+    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
+    model = meta_peft_model(run)
+    with mode, cuda_emulation(tracker), cuda_dropout():
+        model, opt = build(model, run)
+        input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
+        with tracker:
+            train_step(model, opt, input_ids)  # step 1: creates the optimizer states
+            gc.collect()
+            tracker.start()
+            params, trainable = set(), set()
+            for p in model.parameters():
+                keys = tracker.adopt_all(p)
+                params |= keys
+                if p.requires_grad:
+                    trainable |= keys
+            for b in model.buffers():
+                tracker.adopt_all(b)
+            tracker.adopt(input_ids)
+            states = {tracker.adopt(t) for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
+            grads = set()
+
+            def phase(name):
+                if name == "optimizer":  # the backward is over: gradients have their owners
+                    grads.update(tracker.key(p.grad) for p in model.parameters() if p.grad is not None)
+                return tracker.phase(name)
+
+            train_step(model, opt, input_ids, phase)
+            tracker.stop()
+
+    def category(key):
+        if key in params:
+            return "parameters"
+        if key in grads:
+            return "gradients"
+        if key in states:
+            return "optimizer_states"
+        return "activations"
+
+    return tracker, category, model, trainable
+
+
+def parameter_counts(model) -> dict:
+    """Element counts: peft's own count of trainable parameters, and all parameters (an NF4
+    weight counted by its logical shape)."""
+    trainable, _ = model.get_nb_trainable_parameters()
+    return {"trainable": trainable, "total": sum(p.numel() for p in model.parameters())}
+
+
+def measure(run: LoraRun, fake: bool = True, seed: int = 0) -> dict:
+    """Bytes per category at each phase's peak of the second training step, the frozen and
+    trainable parameter bytes, and the parameter counts."""
+    tracker, category, model, trainable = traced_step(run, fake, seed)
+    phases = {name: {c: p[c] for c in CATEGORIES} | {"total": p["total"]}
+              for name, p in tracker.peaks(category).items()}
+    peak_phase = max(phases, key=lambda name: phases[name]["total"])
+    peak = phases[peak_phase]
+    sizes = dict(tracker.live_at(tracker.marks[0][0]))
+    trainable_bytes = sum(sizes.get(k, 0) for k in trainable)
+    return {**{c: peak[c] for c in CATEGORIES}, "peak_bytes": peak["total"],
+            "peak_phase": peak_phase, "phases": phases,
+            "parameter_bytes": {"frozen": peak["parameters"] - trainable_bytes, "trainable": trainable_bytes},
+            "parameter_counts": parameter_counts(model)}

@@ -1,0 +1,37 @@
+"""Tiny torchtune runs measured fake and real, printed as JSON for tests/test_harness_torchtune.py
+(which runs this in the torchtune environment: `python -m validation.torchtune selftest`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from .build import TuneRun
+
+SEQ, BATCH = 64, 2
+
+VARIANTS = {
+    "plain": TuneRun("tiny-llama3_1", SEQ, BATCH),
+    "ac-chunked": TuneRun("tiny-llama3_1", SEQ, BATCH, activation_checkpointing=True, loss="chunked"),
+    "offload": TuneRun("tiny-llama3_1", SEQ, BATCH, activation_offloading=True),
+    "ac-offload-inbwd": TuneRun("tiny-llama3_1", SEQ, BATCH, activation_checkpointing=True,
+                                activation_offloading=True, loss="chunked", optimizer_in_bwd=True),
+    "inbwd": TuneRun("tiny-llama3_1", SEQ, BATCH, optimizer_in_bwd=True),
+    "adamw8bit": TuneRun("tiny-llama3_1", SEQ, BATCH, optimizer="adamw8bit"),
+    "qwen2": TuneRun("tiny-qwen2", SEQ, BATCH, activation_checkpointing=True),
+    "llama3_2-tied-offload": TuneRun("tiny-llama3_2", SEQ, BATCH, activation_offloading=True, loss="chunked"),
+    "lora": TuneRun("tiny-llama3_1", SEQ, BATCH, activation_checkpointing=True, loss="chunked", method="lora"),
+    "qlora-offload": TuneRun("tiny-llama3_1-256", SEQ, BATCH, activation_offloading=True, loss="chunked",
+                             method="qlora"),
+}
+
+
+def main(names=None) -> int:
+    from .step import measure
+
+    out = {}
+    for name in names or VARIANTS:
+        run = VARIANTS[name]
+        out[name] = {"run": asdict(run), "fake": measure(run, fake=True), "real": measure(run, fake=False)}
+    print(json.dumps(out))
+    return 0
