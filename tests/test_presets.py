@@ -183,9 +183,11 @@ CONTRACT_FIELDS = {
                  "cp", "ep", "etp", "zero_stage"},
     "hardware": {"gpu"},
 }
-# Optional fields this project added to the contract (README, "Fields beyond the contract")
+# The contract's "Additions" (../shared/CONTRACT.md) implemented so far
+CONTRACT_ADDITIONS = {"recompute_every", "optimizer_in_backward", "offload_optimizer", "offload_parameters"}
+# Optional fields this project added to the contract (README, "Fields beyond the contract"), and the additions
 EXTENSIONS = {
-    "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher"},
+    "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher"} | CONTRACT_ADDITIONS,
     "parallel": {"world_size", "comm_overlap"},
     "hardware": {"expandable_segments"},
 }
