@@ -54,16 +54,9 @@ KNOWN_GAPS = {
     "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-sel-layernorm+moe":
         "recomputing the MoE block in backward re-creates its dispatcher's permutation buffers; the model has "
         "no such backward moment",
-    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1":
-        "parameters 2.4% low and optimizer states 18.3% low: Megatron's split of this MLA + shared-expert model "
-        "into dense and expert parameters (expert states shard over expert DP = 1) differs from the estimator's",
-    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-mla_up_proj+layernorm":
-        "as deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1",
 }
 # case id -> why its model states miss the 1% bound
-KNOWN_STATE_GAPS = {case: KNOWN_GAPS["deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1"] for case in (
-    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1", "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-mla_up_proj+layernorm",
-    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-cf1.25")}
+KNOWN_STATE_GAPS: dict[str, str] = {}
 
 
 def load(path: Path) -> dict:

@@ -19,11 +19,14 @@ LLAMA31_8B = Arch(hidden_size=4096, num_layers=32, num_attention_heads=32, num_q
 MIXTRAL_8X7B = Arch(hidden_size=4096, num_layers=32, num_attention_heads=32, num_query_groups=8,
                     kv_channels=128, ffn_hidden_size=14336, vocab_size=32000, num_experts=8,
                     moe_router_topk=2, moe_ffn_hidden_size=14336)
-# DeepSeek-V2-Lite-like: MLA (no q LoRA), 64 routed experts top-6, 2 shared experts, 1 dense layer
+# DeepSeek-V2-Lite-like: MLA (no q LoRA), 64 routed experts top-6, 2 shared experts. Every layer is
+# MoE: the local layer spec (get_gpt_layer_local_spec with num_experts) builds one MoE layer spec for
+# all layers, whatever moe_layer_freq says (a dense first layer needs the decoder block spec), and the
+# record must describe the model that was built (its parameters match the estimator's exactly so)
 DEEPSEEK_V2_LITE = Arch(hidden_size=2048, num_layers=27, num_attention_heads=16, num_query_groups=16,
                         kv_channels=128, ffn_hidden_size=10944, vocab_size=102400, num_experts=64,
                         moe_router_topk=6, moe_ffn_hidden_size=1408,
-                        moe_shared_expert_intermediate_size=2816, first_dense_layers=1,
+                        moe_shared_expert_intermediate_size=2816, first_dense_layers=0,
                         mla=(None, 512, 128, 64, 128))
 
 ARCHS = {"gpt3-175b": GPT3_175B, "llama-3.1-70b": LLAMA31_70B, "llama-3.1-8b": LLAMA31_8B,
