@@ -524,6 +524,7 @@ class _StaticStage(NamedTuple):
     parts: StageDetail  # builds the `_StaticParts`
     host: tuple[Component, ...]  # offloaded to host memory (offload.py)
     nvme: tuple[Component, ...]  # offloaded to NVMe
+    backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
 
 
 def _rounded_sum(components) -> int:
@@ -563,12 +564,17 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     totals = (states + grads_early + saved + forward_moment + _rounded_sum(tr.forward),
               states + grads_early + saved + backward_moment + _rounded_sum(tr.backward),
               states + grads + _rounded_sum(tr.optimizer))
+    # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
+    # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
+    # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
+    late = training.framework == "fsdp2" and not grads_live and not training.optimizer_in_backward
+    backward_end = states + grads + recomputed_bytes + _rounded_sum(tr.backward) if late else 0
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
     parts = StageDetail(partial(_static_parts, ms, place, tr, exchange, loss_saved, loss_forward, loss_backward,
                                 working, grads_live, training), {})
     return _StaticStage(totals, communication, communication.bytes + shared.runtime.bytes, sp.num_layers,
-                        int(round(sp.local)), parts, place.host, place.nvme)
+                        int(round(sp.local)), parts, place.host, place.nvme, backward_end)
 
 
 def _recompute_working_set(training: Training, sp: StageParameters, shared: _Shared) -> float:
@@ -625,6 +631,7 @@ def _static_parts(ms, place: Placement, tr: _Transients, exchange: list[Componen
 
     folded = {"forward": fold(largest(loss_forward, exchange) + tr.forward),
               "backward": fold(largest(loss_backward, recomputed, exchange, tr.step_in_backward) + tr.backward),
+              "backward_end": fold(recomputed + tr.backward),
               "optimizer": fold(tr.optimizer)}
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded)
 
@@ -646,6 +653,9 @@ def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: 
 
 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)
+_ACTIVATIONS_GONE = Component("activations", "Activations", 0,
+                              "none left: backward's last moments, every layer's activations freed",
+                              "measured, tests/data/measured/torchtitan (FSDP2 creates its gradients in backward)")
 
 
 def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
@@ -673,6 +683,8 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
         forward, backward, step = static.totals
         forward += activations
         backward += activations
+        backward_ends = static.backward_end > backward
+        backward = max(backward, static.backward_end)
         if forward >= backward and forward >= step:
             peak_phase, allocated = "forward", forward
         elif backward >= step:
@@ -683,18 +695,23 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
         stages.append(StageEstimate(
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
             (("forward", forward), ("backward", backward), ("optimizer", step)),
-            StageDetail(partial(_training_detail, static, sp, inflight, layers[0], allocated, training, shared), {}),
+            StageDetail(partial(_training_detail, static, sp, inflight, layers[0], allocated, training, shared,
+                                backward_ends), {}),
             static.host, static.nvme))
     return stages
 
 
 def _training_detail(static: _StaticStage, sp: StageParameters, inflight: float, counts: tuple, allocated: int,
-                     training: Training, shared: _Shared) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
-    """A training stage's three phases, and what it holds outside the allocator at its peak."""
+                     training: Training, shared: _Shared,
+                     backward_ends: bool) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+    """A training stage's three phases, and what it holds outside the allocator at its peak. The
+    backward phase shows its largest moment: its start, or (`backward_ends`) its last moments."""
     st = static.parts.built()
     parts = _activation_parts(sp, inflight, counts, shared)
     saved = (_activations_component(parts, training),) + st.loss_saved
+    backward = phase("backward", st.kept + (st.grads_full, _ACTIVATIONS_GONE), st.folded["backward_end"]) \
+        if backward_ends else phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"])
     phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
-              phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"]),
+              backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     return phases, (static.communication, shared.runtime, fragmentation(allocated, shared.hardware))

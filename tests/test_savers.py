@@ -74,12 +74,22 @@ def test_optimizer_in_backward_never_holds_a_full_gradient_set():
     assert fused["backward"] == plain["backward"]
 
 
-def test_a_short_sequence_peaks_when_the_embedding_is_stepped():
-    """seq 128: the loss's gradients, 2 x 4 B x 128 x 128,256, are smaller than the tied
-    embedding's fp32 gradient, 4 B x 128,256 x 2,048: that moment decides the backward phase."""
+def test_a_short_sequence_peaks_at_backwards_end_unless_the_optimizer_steps_there():
+    """seq 128 on one GPU. Plain fsdp2: backward's last moments hold every fp32 gradient beside the
+    fp32 shards and AdamW's states, 4 + 8 + 4 B per parameter, the activations gone. Stepped in
+    backward, no gradient set ever exists: backward peaks at its start, where the tied embedding's
+    fp32 gradient, 4 B x 128,256 x 2,048, is the largest moment (over the loss's 2 x 4 B x 128 x
+    128,256)."""
+    n = 1_235_814_400
     base = dict(framework="fsdp2", seq_len=128)
-    plain, fused = phases(Training(**base)), phases(Training(**base, optimizer_in_backward=True))
-    assert fused["backward"] - plain["backward"] == 4 * 128_256 * 2_048 - 2 * 4 * 128 * 128_256
+    plain = estimate(LLAMA_1B, Training(**base)).stages[0]
+    fused = estimate(LLAMA_1B, Training(**base, optimizer_in_backward=True)).stages[0]
+    assert dict(plain.phase_totals)["backward"] == 4 * n + 8 * n + 4 * n
+    backward = {c.key: c for c in fused.phases[1].components}
+    assert backward["gradients"].bytes == 0
+    step = next(p for p in backward["transient"].parts if p.label.startswith("One parameter's gradient"))
+    assert step.bytes == 4 * 128_256 * 2_048 > 2 * 4 * 128 * 128_256
+    assert dict(fused.phase_totals)["backward"] < dict(plain.phase_totals)["backward"]
 
 
 @pytest.mark.parametrize("training, par, words", [
