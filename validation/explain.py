@@ -1,17 +1,19 @@
 """What is alive at a phase's peak, storage by storage: the evidence behind an estimator ledger.
 
 `python -m validation explain --case ID` groups the activations alive at each phase's peak by
-the op that allocated them (with dtype and shape), largest first."""
+the op that allocated them (with dtype and shape), largest first. Every harness's `explain` prints
+its trace with `explain_trace`."""
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from .step import Run, traced_step
+if TYPE_CHECKING:
+    from .step import Run
 
 
-def explain(run: Run, fake: bool = True, top: int = 40) -> str:
-    tracker, category = traced_step(run, fake)
+def explain_trace(tracker, category, top: int = 40) -> str:
     lines = []
     for name, peak in tracker.peaks(category).items():
         lines.append(f"== {name}: peak {peak['total'] / 2**30:.3f} GiB")
@@ -27,3 +29,10 @@ def explain(run: Run, fake: bool = True, top: int = 40) -> str:
         for label, size in groups.most_common(top):
             lines.append(f"   {size / 2**20:12.2f} MiB  x{counts[label]:<4d} {label}")
     return "\n".join(lines)
+
+
+def explain(run: Run, fake: bool = True, top: int = 40) -> str:
+    from .step import traced_step  # torch only when a trace is asked for
+
+    tracker, category = traced_step(run, fake)
+    return explain_trace(tracker, category, top)

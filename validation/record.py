@@ -27,12 +27,30 @@ METHOD = (
 )
 
 
-def versions() -> dict:
-    import torch
-    import transformers
+def package_versions(*distributions: str, optional: tuple[str, ...] = ()) -> dict:
+    """The installed version of each distribution (None for an optional one that is absent), and
+    Python's: what every harness records beside its measurements."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
+    found = {name: version(name) for name in distributions}
+    for name in optional:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return {**found, "python": platform.python_version()}
+
+
+def versions() -> dict:
+    return package_versions("torch", "transformers")
+
+
+def write_record(record: dict, directory: Path) -> Path:
+    """A record as tests/data/measured/.../<id>.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{record['id']}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path
 
 
 def record(case: str) -> dict:
@@ -54,10 +72,7 @@ def record(case: str) -> dict:
 
 
 def write(case: str, directory: Path = RECORDS) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{case}.json"
-    path.write_text(json.dumps(record(case), indent=2) + "\n")
-    return path
+    return write_record(record(case), directory)
 
 
 def load_all(directory: Path = RECORDS) -> list[dict]:

@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .emulation import cuda_emulation
 from .models import MODELS
-from .tracker import CATEGORIES, StorageTracker
+from .tracker import StorageTracker, categories, phase_summary
 
 
 @dataclass(frozen=True)
@@ -101,14 +101,7 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
             train_step(model, opt, input_ids, run, phase)
             tracker.stop()
 
-    def category(key):
-        if key in params:
-            return "parameters"
-        if key in grads:
-            return "gradients"
-        if key in states:
-            return "optimizer_states"
-        return "activations"
+    category = categories(params, grads, states)
 
     return tracker, category
 
@@ -116,9 +109,4 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
 def measure(run: Run, fake: bool = True, seed: int = 0) -> dict:
     """Bytes per category at each phase's peak of the second training step."""
     tracker, category = traced_step(run, fake, seed)
-    phases = {name: {c: p[c] for c in CATEGORIES} | {"total": p["total"]}
-              for name, p in tracker.peaks(category).items()}
-    peak_phase = max(phases, key=lambda name: phases[name]["total"])
-    peak = phases[peak_phase]
-    return {**{c: peak[c] for c in CATEGORIES}, "peak_bytes": peak["total"],
-            "peak_phase": peak_phase, "phases": phases}
+    return phase_summary(tracker, category)

@@ -26,6 +26,33 @@ CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations")
 BLOCK = 512
 
 
+def category_of(key: int, params: set, grads: set, states: set) -> str:
+    """The category of a storage: its owner's, else an activation (everything else alive)."""
+    if key in params:
+        return "parameters"
+    if key in grads:
+        return "gradients"
+    if key in states:
+        return "optimizer_states"
+    return "activations"
+
+
+def categories(params: set, grads: set, states: set):
+    """`category_of` over these sets as they are when asked (gradients join them during the step)."""
+    return lambda key: category_of(key, params, grads, states)
+
+
+def phase_summary(tracker: "StorageTracker", category) -> dict:
+    """The record's `measured` core: bytes per category at each phase's peak, the overall peak and
+    its phase, and the categories at that peak."""
+    phases = {name: {c: p[c] for c in CATEGORIES} | {"total": p["total"]}
+              for name, p in tracker.peaks(category).items()}
+    peak_phase = max(phases, key=lambda name: phases[name]["total"])
+    peak = phases[peak_phase]
+    return {**{c: peak[c] for c in CATEGORIES}, "peak_bytes": peak["total"], "peak_phase": peak_phase,
+            "phases": phases}
+
+
 def cuda_block_bytes(nbytes: int) -> int:
     return -(-nbytes // BLOCK) * BLOCK
 

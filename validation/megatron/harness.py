@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..tracker import CATEGORIES, StorageTracker
+from ..tracker import CATEGORIES, StorageTracker, category_of
 from . import kernels
 from .shims import STORAGE_RESIZED, gloo_as_fake, megatron_shims
 
@@ -339,13 +339,7 @@ class Trace:
     layer_marks: list  # (event index at a layer's forward start, at its end)
 
     def category(self, key):
-        if key in self.params:
-            return "parameters"
-        if key in self.grads:
-            return "gradients"
-        if key in self.states:
-            return "optimizer_states"
-        return "activations"
+        return category_of(key, self.params, self.grads, self.states)
 
 
 def _layer_hooks(model, marks, tracker, armed):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import platform
 from pathlib import Path
 
-RECORDS = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured" / "megatron"
+from ..record import RECORDS as HF_RECORDS
+from ..record import load_all as load_records
+from ..record import package_versions, write_record
+
+RECORDS = HF_RECORDS / "megatron"
 
 METHOD = (
     "fake-tensor CPU emulation of one rank: Megatron-Core's GPTModel (local layer spec; TE's fused "
@@ -26,12 +28,7 @@ METHOD = (
 
 
 def versions() -> dict:
-    from importlib.metadata import version
-
-    import torch
-
-    return {"megatron-core": version("megatron-core"), "torch": torch.__version__,
-            "python": platform.python_version()}
+    return package_versions("megatron-core", "torch")
 
 
 def record(case: str) -> dict:
@@ -58,11 +55,8 @@ def record(case: str) -> dict:
 
 
 def write(case: str, directory: Path = RECORDS) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{case}.json"
-    path.write_text(json.dumps(record(case), indent=2) + "\n")
-    return path
+    return write_record(record(case), directory)
 
 
 def load_all(directory: Path = RECORDS) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+    return load_records(directory)

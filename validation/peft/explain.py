@@ -1,31 +1,13 @@
-"""What is alive at each phase's peak of a traced step, activations grouped by the op, dtype and
-shape that allocated them, largest first (as validation/explain.py does for the HF cases)."""
+"""What is alive at each phase's peak of a traced LoRA step, activations grouped by the op, dtype and
+shape that allocated them, largest first (validation/explain.py's `explain_trace`)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
-
-def explain_trace(tracker, category, top: int = 30) -> str:
-    lines = []
-    for name, peak in tracker.peaks(category).items():
-        lines.append(f"== {name}: peak {peak['total'] / 2**30:.3f} GiB")
-        for c in ("parameters", "gradients", "optimizer_states", "activations"):
-            lines.append(f"   {c:17s}{peak[c] / 2**30:10.3f} GiB")
-        groups: Counter = Counter()
-        counts: Counter = Counter()
-        for key, size in tracker.live_at(peak["at"]).items():
-            if category(key) == "activations":
-                label = tracker.labels.get(key, "(alive before the step)")
-                groups[label] += size
-                counts[label] += 1
-        for label, size in groups.most_common(top):
-            lines.append(f"   {size / 2**20:12.2f} MiB  x{counts[label]:<4d} {label}")
-    return "\n".join(lines)
+from ..explain import explain_trace
 
 
 def explain(run) -> str:
     from .step import traced_step
 
     tracker, category, _, _ = traced_step(run)
-    return explain_trace(tracker, category)
+    return explain_trace(tracker, category, top=30)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import platform
 from pathlib import Path
 
 from ..record import RECORDS as HF_RECORDS
+from ..record import load_all as load_records
+from ..record import package_versions, write_record
 
 RECORDS = HF_RECORDS / "peft"
 
@@ -34,14 +34,7 @@ METHOD = (
 
 
 def versions() -> dict:
-    import peft
-    import torch
-    import torchao
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "torchao": torchao.__version__,
-            "python": platform.python_version()}
+    return package_versions("torch", "transformers", "peft", "torchao")
 
 
 def record(case: str) -> dict:
@@ -62,11 +55,8 @@ def record(case: str) -> dict:
 
 
 def write(case: str, directory: Path = RECORDS) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{case}.json"
-    path.write_text(json.dumps(record(case), indent=2) + "\n")
-    return path
+    return write_record(record(case), directory)
 
 
 def load_all(directory: Path = RECORDS) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+    return load_records(directory)

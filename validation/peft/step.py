@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from ..emulation import cuda_emulation
-from ..tracker import CATEGORIES, HOST_OPS, StorageTracker
+from ..tracker import HOST_OPS, StorageTracker, categories, phase_summary
 from .build import LoraRun, build, meta_peft_model, trainable_parameters
 
 
@@ -131,14 +131,7 @@ def traced_step(run: LoraRun, fake: bool = True, seed: int = 0):
             train_step(model, opt, input_ids, phase)
             tracker.stop()
 
-    def category(key):
-        if key in params:
-            return "parameters"
-        if key in grads:
-            return "gradients"
-        if key in states:
-            return "optimizer_states"
-        return "activations"
+    category = categories(params, grads, states)
 
     return tracker, category, model, trainable
 
@@ -154,13 +147,9 @@ def measure(run: LoraRun, fake: bool = True, seed: int = 0) -> dict:
     """Bytes per category at each phase's peak of the second training step, the frozen and
     trainable parameter bytes, and the parameter counts."""
     tracker, category, model, trainable = traced_step(run, fake, seed)
-    phases = {name: {c: p[c] for c in CATEGORIES} | {"total": p["total"]}
-              for name, p in tracker.peaks(category).items()}
-    peak_phase = max(phases, key=lambda name: phases[name]["total"])
-    peak = phases[peak_phase]
+    summary = phase_summary(tracker, category)
     sizes = dict(tracker.live_at(tracker.marks[0][0]))
     trainable_bytes = sum(sizes.get(k, 0) for k in trainable)
-    return {**{c: peak[c] for c in CATEGORIES}, "peak_bytes": peak["total"],
-            "peak_phase": peak_phase, "phases": phases,
-            "parameter_bytes": {"frozen": peak["parameters"] - trainable_bytes, "trainable": trainable_bytes},
+    return {**summary,
+            "parameter_bytes": {"frozen": summary["parameters"] - trainable_bytes, "trainable": trainable_bytes},
             "parameter_counts": parameter_counts(model)}

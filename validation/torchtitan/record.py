@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import platform
 from pathlib import Path
 
 from ..record import RECORDS as HF_RECORDS
+from ..record import load_all as load_records
+from ..record import package_versions, write_record
 
 RECORDS = HF_RECORDS / "torchtitan"
 
@@ -36,17 +36,7 @@ METHOD = (
 
 
 def versions() -> dict:
-    from importlib.metadata import version
-
-    import torch
-
-    found = {"torch": torch.__version__, "torchtitan": version("torchtitan"),
-             "python": platform.python_version()}
-    try:
-        found["torchao"] = version("torchao")
-    except Exception:
-        found["torchao"] = None
-    return found
+    return package_versions("torch", "torchtitan", optional=("torchao",))
 
 
 def record(case: str) -> dict:
@@ -67,11 +57,8 @@ def record(case: str) -> dict:
 
 
 def write(case: str, directory: Path = RECORDS) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{case}.json"
-    path.write_text(json.dumps(record(case), indent=2) + "\n")
-    return path
+    return write_record(record(case), directory)
 
 
 def load_all(directory: Path = RECORDS) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+    return load_records(directory)

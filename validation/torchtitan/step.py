@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..tracker import CATEGORIES
+from ..tracker import categories, phase_summary
 from .shims import cpu_emulation, use_cpu_device
 from .tracker import SubclassAwareTracker
 
@@ -231,14 +231,7 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
                 train_step(model, loss_fn, optimizers, schedulers, config, dims, batch, phase)
                 tracker.stop()
 
-    def category(key):
-        if key in params:
-            return "parameters"
-        if key in grads:
-            return "gradients"
-        if key in states:
-            return "optimizer_states"
-        return "activations"
+    category = categories(params, grads, states)
 
     return tracker, category
 
@@ -246,9 +239,4 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
 def measure(run: Run, fake: bool = True, seed: int = 0) -> dict:
     """Bytes per category at each phase's peak of the second training step."""
     tracker, category = traced_step(run, fake, seed)
-    phases = {name: {c: p[c] for c in CATEGORIES} | {"total": p["total"]}
-              for name, p in tracker.peaks(category).items()}
-    peak_phase = max(phases, key=lambda name: phases[name]["total"])
-    peak = phases[peak_phase]
-    return {**{c: peak[c] for c in CATEGORIES}, "peak_bytes": peak["total"],
-            "peak_phase": peak_phase, "phases": phases}
+    return phase_summary(tracker, category)

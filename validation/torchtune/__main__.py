@@ -65,11 +65,11 @@ def main(argv=None) -> int:
         print("\n".join(CASES))
         return 0
     if args.command == "explain" and args.case in CASES:
-        from ..peft.explain import explain_trace
+        from ..explain import explain_trace
         from .step import traced_step
 
         tracker, category, _, _ = traced_step(CASES[args.case])
-        print(explain_trace(tracker, category))
+        print(explain_trace(tracker, category, top=30))
         return 0
     cases = [args.case] if args.command == "explain" else list(CASES) if args.all else args.cases
     unknown = [c for c in cases if c not in CASES]

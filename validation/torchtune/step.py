@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..emulation import cuda_emulation
 from ..peft.step import Tracker
-from ..tracker import CATEGORIES
+from ..tracker import categories, phase_summary
 from .build import TuneRun, meta_model, setup
 from .emulation import eager_compiled_steps, offload_emulation
 
@@ -89,14 +89,7 @@ def traced_step(run: TuneRun, fake: bool = True, seed: int = 0):
             train_step(*args, phase=phase)
             tracker.stop()
 
-    def category(key):
-        if key in params:
-            return "parameters"
-        if key in grads:
-            return "gradients"
-        if key in states:
-            return "optimizer_states"
-        return "activations"
+    category = categories(params, grads, states)
 
     return tracker, category, model, buffers
 
@@ -105,12 +98,7 @@ def measure(run: TuneRun, fake: bool = True, seed: int = 0) -> dict:
     """Bytes per category at each phase's peak of the second step, the buffers' bytes (RoPE
     caches, counted with the activations) and the parameter count."""
     tracker, category, model, buffers = traced_step(run, fake, seed)
-    phases = {name: {c: p[c] for c in CATEGORIES} | {"total": p["total"]}
-              for name, p in tracker.peaks(category).items()}
-    peak_phase = max(phases, key=lambda name: phases[name]["total"])
-    peak = phases[peak_phase]
     sizes = tracker.live_at(tracker.marks[0][0])
-    return {**{c: peak[c] for c in CATEGORIES}, "peak_bytes": peak["total"],
-            "peak_phase": peak_phase, "phases": phases,
+    return {**phase_summary(tracker, category),
             "buffer_bytes": sum(sizes.get(k, 0) for k in buffers),
             "parameter_count": sum(p.numel() for p in model.parameters())}
