@@ -147,7 +147,7 @@ def _moves(cfg: Config, layout) -> list[tuple[str, object, object, float]]:
             before = getattr(given, name)
             if isinstance(value, list):
                 value = tuple(value)  # the JSON form of recompute_modules
-            if value == before or (section == "parallel" and name in tp_following_defaults(1)
+            if value == before or (section == "parallel" and name in tp_following_defaults(given.tp)
                                    and layout.parallel.follows_tp(name) and given.follows_tp(name)):
                 continue
             if name == "zero_stage" and before is None and value == resolve_zero_stage(cfg.training, cfg.parallel):

@@ -63,13 +63,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
+from .activations import op_level
 from .architecture import Architecture
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .memory import TIGHT_FRACTION, Estimate, estimate, fragmentation_fraction
-from .activations import op_level, op_level_recomputed_matmul_share, recomputed_modules
 from .parallel import Parallel
-from .roofline import Roofline, roofline
+from .roofline import Roofline, roofline, selective_recompute_s
 from .training import Training
 
 LOSSES = ("standard", "fused", "chunked")
@@ -455,17 +455,11 @@ class Speeds(NamedTuple):
 def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_params: tuple[int, ...]) -> Speeds:
     step, arch = r.step, req.architecture
     layer_forward = [op for op in r.operations if op.phase == "forward" and op.scope.startswith("layer")]
-    # what selective recompute re-runs in the variants the search builds (_Evaluator.training): the
-    # operations of the recomputed modules (roofline.recompute_time)
+    # what selective recompute re-runs in the variants the search builds (_Evaluator.training), by
+    # the roofline's own rule
     selective = dataclasses.replace(req.training, recompute="selective") if req.training.recompute == "selective" \
         else dataclasses.replace(req.training, recompute="selective", recompute_modules=("core_attn",))
-    if op_level(selective):  # torchtitan's operator-level policy (roofline.recompute_time)
-        share = op_level_recomputed_matmul_share(arch)
-        again_s = sum(op.total_expected_s * (1.0 if op.kind == "elementwise" else share)
-                      for op in layer_forward if op.kind in ("elementwise", "matmul"))
-    else:
-        modules = recomputed_modules(selective)
-        again_s = sum(op.total_expected_s for op in layer_forward if modules.intersection(op.modules))
+    again_s = selective_recompute_s(selective, arch, layer_forward, lambda op: op.total_expected_s)
     here, fewest = stage_layers[r.stage], min(stage_layers)
     per_layer = {"CP": 0.0 if arch.sliding_window else fewest / here,  # windows make attention uneven
                  "EP": max(0, fewest - (arch.num_layers - arch.num_moe_layers)) / here}

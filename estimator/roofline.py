@@ -673,16 +673,22 @@ def recompute_time(cfg: Resolved, counts: dict[Variant, int], variants, roof: bo
         layers = sum(counts.values())
         fraction = recomputed_layer_count(tr, layers) / layers  # the memory model's rule (activations.py)
         return fraction * sum(n * _time(variants[v][0], roof) for v, n in counts.items()), fraction
-    if op_level(tr):
-        # torchtitan's operator-level policy re-runs every elementwise operation and its even
-        # matmuls (activations.op_level_gemms), not the attention kernel
-        share = op_level_recomputed_matmul_share(cfg.architecture)
-        return sum(n * (_time([op for op in variants[v][0] if op.kind == "elementwise"], roof)
-                        + share * _time([op for op in variants[v][0] if op.kind == "matmul"], roof))
-                   for v, n in counts.items()), 0.0
-    modules = recomputed_modules(tr)
-    return sum(n * _time([op for op in variants[v][0] if modules.intersection(op.modules)], roof)
+    return sum(n * selective_recompute_s(tr, cfg.architecture, variants[v][0],
+                                         lambda op: op.time_s if roof else op.expected_time_s)
                for v, n in counts.items()), 0.0
+
+
+def selective_recompute_s(tr: Training, arch: Architecture, forward_ops, seconds) -> float:
+    """Seconds selective recompute adds to these forward operations (`seconds(op)` each): those of
+    the modules the memory model drops (activations.recomputed_modules), or, under torchtitan's
+    operator-level policy, every elementwise operation and its even matmuls' share of the matmuls
+    (activations.op_level_gemms), never the attention kernel."""
+    if op_level(tr):
+        share = op_level_recomputed_matmul_share(arch)
+        return sum(seconds(op) * (1.0 if op.kind == "elementwise" else share)
+                   for op in forward_ops if op.kind in ("elementwise", "matmul"))
+    modules = recomputed_modules(tr)
+    return sum(seconds(op) for op in forward_ops if modules.intersection(op.modules))
 
 
 def stage_work(cfg: Resolved, rank: int, variants, ends, roof: bool) -> StageWork:
