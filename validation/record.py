@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
+import time
 from pathlib import Path
 
 RECORDS = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
@@ -43,6 +45,20 @@ def package_versions(*distributions: str, optional: tuple[str, ...] = ()) -> dic
 
 def versions() -> dict:
     return package_versions("torch", "transformers")
+
+
+def measure_cases(cases: list[str], known, write, package: str) -> int:
+    """Measure and write each case (`write(case)`), timed; exit status 2 naming the unknown ones, or
+    when none is asked for."""
+    unknown = [c for c in cases if c not in known]
+    if unknown or not cases:
+        print(f"unknown or no case(s): {', '.join(unknown)}; see `python -m {package} list`", file=sys.stderr)
+        return 2
+    for case in cases:
+        start = time.perf_counter()
+        path = write(case)
+        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
+    return 0
 
 
 def write_record(record: dict, directory: Path) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 
 
@@ -28,18 +27,10 @@ def main(argv=None) -> int:
         print("\n".join(CASES))
         return 0
     cases = list(CASES) if args.all else args.cases
-    unknown = [c for c in cases if c not in CASES]
-    if unknown or not cases:
-        print(f"unknown or no case(s): {', '.join(unknown)}; see `python -m validation.megatron list`",
-              file=sys.stderr)
-        return 2
+    from ..record import measure_cases
     from .record import write
 
-    for case in cases:
-        start = time.perf_counter()
-        path = write(case)
-        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
-    return 0
+    return measure_cases(cases, CASES, write, "validation.megatron")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 
 def main(argv=None) -> int:
@@ -35,17 +34,10 @@ def main(argv=None) -> int:
         print(explain(CASES[args.case]))
         return 0
     cases = [args.case] if args.command == "explain" else list(CASES) if args.all else args.cases
-    unknown = [c for c in cases if c not in CASES]
-    if unknown or not cases:
-        print(f"unknown or no case(s): {', '.join(unknown)}; see `python -m validation.peft list`", file=sys.stderr)
-        return 2
+    from ..record import measure_cases
     from .record import write
 
-    for case in cases:
-        start = time.perf_counter()
-        path = write(case)
-        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
-    return 0
+    return measure_cases(cases, CASES, write, "validation.peft")
 
 
 if __name__ == "__main__":

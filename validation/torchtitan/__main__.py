@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 
 def main(argv=None) -> int:
@@ -31,16 +30,9 @@ def main(argv=None) -> int:
     cases = list(CASES) if args.all or args.missing else args.cases
     if args.missing:
         cases = [c for c in cases if not (RECORDS / f"{c}.json").exists()]
-    unknown = [c for c in cases if c not in CASES]
-    if unknown or not cases:
-        print(f"unknown or no case(s): {', '.join(unknown)}; see `python -m validation.torchtitan list`",
-              file=sys.stderr)
-        return 2
-    for case in cases:
-        start = time.perf_counter()
-        path = write(case)
-        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
-    return 0
+    from ..record import measure_cases
+
+    return measure_cases(cases, CASES, write, "validation.torchtitan")
 
 
 if __name__ == "__main__":

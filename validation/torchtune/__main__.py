@@ -10,7 +10,6 @@ import argparse
 import importlib.util
 import os
 import sys
-import time
 from pathlib import Path
 
 VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv" / "torchtune" / "bin" / "python"
@@ -72,17 +71,10 @@ def main(argv=None) -> int:
         print(explain_trace(tracker, category, top=30))
         return 0
     cases = [args.case] if args.command == "explain" else list(CASES) if args.all else args.cases
-    unknown = [c for c in cases if c not in CASES]
-    if unknown or not cases:
-        print(f"unknown or no case(s): {', '.join(unknown)}; see `python -m validation.torchtune list`", file=sys.stderr)
-        return 2
+    from ..record import measure_cases
     from .record import write
 
-    for case in cases:
-        start = time.perf_counter()
-        path = write(case)
-        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
-    return 0
+    return measure_cases(cases, CASES, write, "validation.torchtune")
 
 
 if __name__ == "__main__":
