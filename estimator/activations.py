@@ -36,7 +36,7 @@ from typing import NamedTuple
 from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .parallel import Parallel
-from .training import Training
+from .training import FSDP_FRAMEWORKS, Training
 
 # Selective recompute modules (Megatron-Core ``--recompute-modules``): a tensor is dropped from the
 # ledger when a module that produces it is recomputed in backward.
@@ -61,6 +61,10 @@ class Entry(NamedTuple):
     recompute: tuple[str, ...] = ()  # selective-recompute modules whose recomputation drops this tensor
     gemm_input: bool = False  # saved as the quantized FP8 copy under the FP8 recipe
     split_by_cp: bool = True  # it holds tokens (`elements` counts those of this GPU's share of s)
+    # kept only for the gradients of these weights (a linear's input, a norm's normalised output before
+    # its scale): with those weights frozen it is not kept (autograd saves what the gradients it must
+    # compute read: ``should_compute_output`` in the generated backward nodes); `adapters`
+    for_weights: tuple[str, ...] = ()
 
     def divided_by_tp(self, par: Parallel) -> bool:
         return self.divided_by == "tp" or (self.divided_by == "sp" and par.sequence_parallel)
@@ -95,6 +99,17 @@ def autocast(training: Training) -> bool:
     return training.param_dtype == "fp32" and training.compute_dtype != "fp32"
 
 
+def torch_fused_rms_norm(arch: Architecture, training: Training) -> bool:
+    """fsdp2 (torchtitan) runs torch.nn.RMSNorm: on CUDA ``F.rms_norm`` -> ``aten::rms_norm`` calls
+    ``at::_fused_rms_norm`` (aten/src/ATen/native/layer_norm.cpp ``rms_norm_symint``), one kernel that
+    keeps only its input and a per-row fp32 rstd (torch 2.13; measured, tests/data/measured/torchtitan).
+    Gemma's (1 + w) norm is the model's own code, not nn.RMSNorm."""
+    # torchtune's RMSNorm calls F.rms_norm on x.float() with a bf16 scale: the dtype mismatch sends
+    # it down the composite path on CUDA too (layer_norm.cpp: "Mismatch dtype between input and
+    # weight ... Cannot dispatch to fused implementation")
+    return training.framework == "fsdp2" and arch.norm == "rmsnorm" and not arch.norm_unit_offset
+
+
 def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[Entry]:
     """A norm's saved tensors. Fused norms (Apex/TE) keep their input (and per-token statistics,
     left out as Korthikanti do). transformers' RMSNorm runs in PyTorch ops: ``x.float()`` (kept by
@@ -105,23 +120,37 @@ def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[E
     h = arch.hidden_size
     if fused_kernels(training) or training.compute_dtype == "fp32":
         return [Entry(name, T * h, B, "sp", "B*s*b*h")]
-    # Gemma scales by (1 + w) in fp32, so the normalised tensor it keeps is fp32 too
-    kept = 4 if autocast(training) or arch.norm_unit_offset else B
+    if torch_fused_rms_norm(arch, training):
+        # torch's CUDA kernel: autograd saves the input and the fp32 rstd of each row
+        # (derivatives.yaml `_fused_rms_norm`; layer_norm_kernel.cu `_fused_rms_norm_cuda`)
+        kept = 4 if autocast(training) else B  # under autocast the residual it normalises is fp32
+        return [Entry(f"{name} (fused RMSNorm input)", T * h, kept, "sp", f"{kept:g}*s*b*h"),
+                Entry(f"{name} (fused RMSNorm rstd per token, fp32)", T, 4, "sp", "4*s*b")]
+    # Gemma scales by (1 + w) in fp32, so the normalised tensor it keeps is fp32 too; so does torchtune's
+    # RMSNorm, which normalises x.float() with F.rms_norm's composite ops (torchtune/modules/rms_norm.py)
+    kept = 4 if autocast(training) or arch.norm_unit_offset or training.framework == "torchtune" else B
     return [Entry(f"{name} (fp32 upcast)", T * h, 4, "sp", "4*s*b*h"),
             Entry(f"{name} (rsqrt per token, fp32)", T, 4, "sp", "4*s*b"),
-            Entry(f"{name} (normalised, before the scale)", T * h, kept, "sp", f"{kept:g}*s*b*h")]
+            Entry(f"{name} (normalised, before the scale)", T * h, kept, "sp", f"{kept:g}*s*b*h",
+                  for_weights=("norm",))]
 
 
 def _norm_output(name: str, T: float, arch: Architecture, training: Training, readers: int,
-                 recompute: tuple[str, ...], gemm: bool = True) -> list[Entry]:
+                 recompute: tuple[str, ...], gemm: bool = True, weights: tuple[str, ...] = ()) -> list[Entry]:
     """The norm's output as the next linear layers keep it: one shared tensor, except under
     autocast, where every linear keeps its own 16-bit cast of the fp32 input (q, k and v: 3;
-    gate and up: 2)."""
+    gate and up: 2). Under fsdp2 with TP the block gathers the sequence-parallel norm output
+    to Replicate at its boundary and the column-parallel linears keep that gathered tensor, so it
+    is not divided by t (torchtitan v0.3.0 models/common/decoder_sharding.py: in_dst_shardings
+    x_BLD Replicate; measured, tests/data/measured/torchtitan); Megatron keeps the SP shard and
+    gathers it again in backward (Korthikanti section 4.2.2)."""
     B = bytes_per_element(training.compute_dtype)
     copies = readers if autocast(training) and not fused_kernels(training) else 1
     label = name if copies == 1 else f"{name} ({copies} autocast casts, one per linear)"
     formula = "B*s*b*h" if copies == 1 else f"{copies}*B*s*b*h"
-    return [Entry(label, copies * T * arch.hidden_size, B, "sp", formula, gemm_input=gemm, recompute=recompute)]
+    divided = "none" if training.framework == "fsdp2" else "sp"
+    return [Entry(label, copies * T * arch.hidden_size, B, divided, formula, gemm_input=gemm, recompute=recompute,
+                  for_weights=weights)]
 
 
 def attention_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
@@ -131,7 +160,8 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     h, a = arch.hidden_size, arch.num_attention_heads
     qw = arch.q_width
     out = _norm("attention norm input", T, arch, training)
-    out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM)
+    out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM,
+                        weights=("q", "k", "v"))
     if arch.uses_mla:
         # DeepSeek-V2 MLA (arXiv 2405.04434 section 2.1): the compressed latents feed the
         # up-projections (replicated over TP); the core sees q, k (the shared rope key
@@ -148,12 +178,18 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         v_formula = "B*s*b*(a + 2*g)*d_head"
         if arch.qk_norm and fused_kernels(training):
             out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
+        elif arch.qk_norm and torch_fused_rms_norm(arch, training):
+            # torch's fused kernel over each head (see torch_fused_rms_norm): the input and an fp32 rstd per head
+            out.append(Entry("q and k norm inputs (fused RMSNorm)", T * (qw + arch.kv_width), B, "tp",
+                             "B*s*b*(a + g)*d_head"))
+            out.append(Entry("q and k norms (fused RMSNorm rstd per head, fp32)", T * (a + arch.num_kv_heads), 4, "tp",
+                             "4*s*b*(a + g)"))
         elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
             heads = a + arch.num_kv_heads
             out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head"))
             out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)"))
             out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), B, "tp",
-                             "B*s*b*(a + g)*d_head"))
+                             "B*s*b*(a + g)*d_head", for_weights=("norm",)))
     if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
             and arch.position_embedding == "rope":
         # Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the
@@ -163,6 +199,12 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
                          "B*s*b*(a + 2*g)*d_head"))
         out.append(Entry("q and k after the rotary embedding", T * (qw + arch.kv_width), B, "tp",
                          "B*s*b*(a + g)*d_head"))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+    elif training.attention == "flash" and training.framework == "torchtune" and not arch.uses_mla:
+        # torchtune's MultiHeadAttention expands k and v to every query head before SDPA
+        # (modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2)), so flash keeps them at a heads
+        out.append(Entry("q, and k, v expanded to all heads, kept by flash attention", T * 3 * qw, B, "tp",
+                         "3*B*s*b*a*d_head", recompute=UP_PROJ))
         out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
     elif training.attention == "flash":
         out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula,
@@ -174,8 +216,18 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
         out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head",
                          recompute=UP_PROJ))
-        if fused_kernels(training):
+        if fused_kernels(training) and megatron_fused_softmax(arch, training, par):
             out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        elif fused_kernels(training):
+            # Megatron-Core FusedScaleMaskSoftmax.forward_torch_softmax (fusions/fused_softmax.py) with
+            # attention_softmax_in_fp32: softmax keeps its fp32 output, scores x V its 16-bit copy, and
+            # masked_fill_ the causal mask that transformer/utils.py get_default_causal_mask makes per layer
+            out.append(Entry("softmax output (fp32, unfused softmax)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+            if B < 4:
+                out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
+                                 recompute=CORE))
+            out.append(Entry("causal mask (bool, made per layer)", s * training.seq_len, 1, "none", "s^2",
+                             recompute=CORE))
         else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
             if arch.attention_logit_softcapping:  # tanh keeps its output for backward
                 out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
@@ -187,7 +239,7 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
                          recompute=UP_PROJ))
     out.append(Entry("attention output (output projection input)", T * arch.attention_output_width, B, "tp",
-                     "B*s*b*a*d_v", gemm_input=True))
+                     "B*s*b*a*d_v", gemm_input=True, for_weights=() if training.attention == "flash" else ("o",)))
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
     if training.dropout > 0:
@@ -195,8 +247,18 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     return out
 
 
+def megatron_fused_softmax(arch: Architecture, training: Training, par: Parallel) -> bool:
+    """Megatron-Core runs the fused upper-triangular softmax kernel (one 16-bit output kept) when
+    attention_softmax_fusion is on and FusedScaleMaskSoftmax.is_kernel_available holds: 16-bit scores,
+    16 < s <= 4096, s % 4 == 0 and b x heads/t a multiple of the kernel's batches per block, 4 (8 for
+    s <= 128: get_batch_per_block in csrc scaled_masked_softmax.h); else its torch softmax."""
+    s, heads = training.seq_len, training.micro_batch_size * arch.num_attention_heads // par.tp
+    return (training.attention_softmax_fusion and training.compute_dtype in ("bf16", "fp16") and 16 < s <= 4096
+            and s % 4 == 0 and heads % (8 if s <= 128 else 4) == 0)
+
+
 def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Training, divided_by: str,
-         width_formula: str, tags: tuple[str, ...]) -> list[Entry]:
+         width_formula: str, tags: tuple[str, ...], down: str = "down") -> list[Entry]:
     """An MLP's saved tensors beyond its input. A plain MLP keeps fc1's output (the activation's
     input) and the activation's output (fc2's input): 8sbh + 8sbh in Korthikanti's 4h GELU MLP.
     Recomputing the activation function (Megatron's ``moe_act``) drops its output."""
@@ -206,7 +268,7 @@ def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Trai
     if not arch.gated_mlp:
         return [Entry(f"{prefix}fc1 output (activation input)", T * width, B, divided_by, f"B*s*b*{f}", recompute=tags),
                 Entry(f"{prefix}fc2 input (activation output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
-                      recompute=act_tags)]
+                      recompute=act_tags, for_weights=(down,))]
     if fused_kernels(training):
         # Megatron-Core fused_bias_swiglu: saves fc1's output (gate and up) and recomputes the rest
         return [Entry(f"{prefix}fc1 output (gate and up, kept by fused SwiGLU)", 2 * T * width, B, divided_by,
@@ -217,7 +279,7 @@ def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Trai
     return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags),
             Entry(f"{prefix}activation output", T * width, B, divided_by, f"B*s*b*{f}", recompute=act_tags),
             Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
-                  recompute=act_tags)]
+                  recompute=act_tags, for_weights=(down,))]
 
 
 def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
@@ -227,18 +289,19 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     out = _norm("MLP norm input", T, arch, training)
     if kind == "dense":
         out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
-                            NORM)
+                            NORM, weights=("gate", "up"))
         out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
-        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM))
+        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
         out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
         # Tokens are exchanged across EP, not removed; ETP gathers them while it splits the expert
         # width, so per GPU the routed tokens are k*phi*s*b/t for every expert-width tensor.
         routed = T * k * phi
         out.append(Entry("dispatched tokens (expert fc1 input)", routed * h * par.etp, B, "sp",
-                         "B*phi*k*s*b*h*etp", gemm_input=True, recompute=MOE))
-        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e", MOE)
+                         "B*phi*k*s*b*h*etp", gemm_input=True, recompute=MOE, for_weights=("experts",)))
+        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e", MOE,
+                    down="experts")
         out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
                          "B*phi*k*s*b*h*etp", recompute=MOE))
         if arch.num_shared_experts:
@@ -253,13 +316,27 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
 
 def fp8_activation_bytes(training: Training) -> float:
     """A quantized GEMM input: 1 byte plus its scales (MXFP8: one per 32; blockwise: one fp32 per
-    1x128 tile, DeepSeek-V3 section 3.3.1)."""
+    1x128 tile, DeepSeek-V3 section 3.3.1). Under fsdp2, torchao's Float8Linear saves the
+    high-precision input and casts it again in backward (torchao/float8/float8_linear.py,
+    matmul_with_hp_or_float8_args.forward: ``ctx.save_for_backward(input_hp, weight_hp_t)``)."""
+    if torchao_float8(training):
+        return bytes_per_element(training.compute_dtype)
     return {"mxfp8": 1 + 1 / 32, "blockwise": 1 + 4 / 128}.get(training.fp8_recipe, 1.0)
 
 
-def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
+def torchao_float8(training: Training) -> bool:
+    """fp8 under fsdp2 is torchao's Float8Linear (torchtitan's Float8LinearConverter)."""
+    return training.fp8 and training.framework == "fsdp2"
+
+
+def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str, first: bool = False) -> list[Entry]:
+    """One layer's saved tensors; `first`: the first layer of an adapter run whose input needs no
+    gradient (`adapters.first_layer_input_frozen`)."""
     entries = attention_entries(arch, training, par) + mlp_entries(arch, training, par, kind)
-    if training.fp8:
+    if training.adapter:
+        from .adapters import adapted_layer_entries
+        entries = adapted_layer_entries(entries, arch, training, par, kind, first)
+    if training.fp8 and not torchao_float8(training):
         # TransformerEngine saves each FP8 GEMM's quantized input for backward
         q = fp8_activation_bytes(training)
         entries = [e._replace(bytes_per_element=q, formula=e.formula.replace("B*", "B_fp8*", 1)) if e.gemm_input else e
@@ -382,10 +459,11 @@ def embedding_entries(arch: Architecture, training: Training, par: Parallel) -> 
     """First stage, per micro-batch: the int64 token ids the embedding keeps for its backward, and
     the embedding dropout mask (Korthikanti section 4.3: 8sbp + sbhp over p micro-batches)."""
     T = tokens_per_gpu(training, par)
-    out = [Entry("token ids (int64)", T, 8, "none", "8*s*b")]
+    out = [Entry("token ids (int64)", T, 8, "none", "8*s*b", for_weights=("embedding",))]
     if training.dropout > 0:
         out.append(Entry("embedding dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
-    return out
+    from .adapters import kept  # a frozen embedding keeps no token ids
+    return kept(out, training, arch)
 
 
 @dataclass(frozen=True)
@@ -423,10 +501,24 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     T = tokens_per_gpu(training, par)
     h = arch.hidden_size
     saved = _norm("final norm input", T, arch, training)
-    saved += _norm_output("LM head input", T, arch, training, 1, (), gemm=False)
+    saved += _norm_output("LM head input", T, arch, training, 1, (), gemm=False, weights=("head",))
     forward: list[Entry] = []
     backward: list[Entry] = []
-    if training.loss in ("standard", "fused") and fused_kernels(training):
+    if training.loss == "fused" and fused_kernels(training) and training.cross_entropy_impl == "te":
+        # TE's CrossEntropyFunction (TE 2.x pytorch/cross_entropy.py, pytorch/triton/cross_entropy.py): the
+        # forward writes the loss's gradient into the 16-bit logits and saves only them; it allocates an fp32
+        # loss and an fp32 (max, sum, label logit) triple per token, gathered over TP; the backward scales
+        # the logits in place (element_mul_kernel) and returns them
+        gathered = 12 * par.tp if par.tp > 1 else 0
+        saved.append(Entry("logits, holding their gradient (TE cross-entropy, in place)", T * vocab, B, "tp",
+                           "B*s*b*V"))
+        forward.append(Entry("TE cross-entropy fp32 loss and (max, sum, label logit) per token"
+                             + (", gathered over TP" if gathered else ""), T * (16 + gathered), 1, "none",
+                             "(4 + 12 + 12*t)*s*b" if gathered else "(4 + 12)*s*b"))
+        source = ("TransformerEngine 2.x pytorch/cross_entropy.py CrossEntropyFunction and pytorch/triton/"
+                  "cross_entropy.py cross_entropy_forward/backward; Megatron-Core language_module.py "
+                  "(--cross-entropy-fusion-impl te)")
+    elif training.loss in ("standard", "fused") and fused_kernels(training):
         saved.append(Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         forward.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp", "B*s*b*V"))
         backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
@@ -443,6 +535,8 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
     elif training.loss == "chunked" and training.framework == "fsdp2":
         return _torchtitan_chunked_loss(arch, training, par, vocab)
+    elif training.loss == "chunked" and training.framework == "torchtune":
+        return _torchtune_chunked_loss(arch, training, par, vocab)
     elif training.loss == "fused":
         saved.append(Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V"))
         source = "Megatron-Core cross_entropy_loss_fusion; Apex/TE fused cross-entropy"
@@ -450,11 +544,39 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         chunk = max(1.0, T * h / vocab)  # Liger: chunk = BT / ceil(V/h) tokens
         saved.append(Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h"))
         P = bytes_per_element(training.param_dtype)  # Liger allocates it like the weight
-        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h", split_by_cp=False))
+        # Liger allocates it only when the head's weight requires grad (not under a frozen-head adapter)
+        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h",
+                           split_by_cp=False, for_weights=("head",)))
         forward.append(Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp",
                              "(B + 4)*(s*b*h/V)*V"))
         source = "Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))"
-    return LossMemory(saved=saved, forward=forward, backward=backward, source=source)
+    from .adapters import kept  # a frozen head keeps no input for its weight's gradient
+    return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward, source=source)
+
+
+TORCHTUNE_LOSS_CHUNKS = 8  # CEWithChunkedOutputLoss.num_output_chunks
+
+
+def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """torchtune's CEWithChunkedOutputLoss (modules/loss/ce_chunked_output_loss.py): the decoder
+    projects the final hidden states chunk by chunk (8 chunks, each chunk's input copied for the head
+    matmul) and hands the loss the list of bf16 logits; the loss upcasts one chunk at a time and keeps
+    every chunk's fp32 log-softmax for backward. So forward ends with every chunk's bf16 logits and one
+    fp32 upcast; backward starts with one chunk's two fp32 gradients (measured,
+    tests/data/measured/torchtune)."""
+    B = bytes_per_element(training.compute_dtype)
+    T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTUNE_LOSS_CHUNKS
+    saved = _norm("final norm input", T, arch, training)
+    saved.append(Entry("LM head input (a copy per chunk)", T * h, B, "sp", "B*s*b*h", for_weights=("head",)))
+    saved.append(Entry("fp32 log-softmax of every chunk", T * vocab, 4, "tp", "4*s*b*V"))
+    forward = [Entry("bf16 logits of every chunk", T * vocab, B, "tp", "B*s*b*V"),
+               Entry("one chunk's fp32 upcast", T / n * vocab, 4, "tp", f"4*s*b*V/{n}")]
+    backward = [Entry("one chunk's fp32 gradients of the log-softmax output and input", 2 * T / n * vocab, 4, "tp",
+                      f"2*4*s*b*V/{n}")]
+    from .adapters import kept  # a frozen head keeps no input
+    return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward,
+                      source="torchtune v0.6.1 modules/loss/ce_chunked_output_loss.py (8 chunks); "
+                             "modules/transformer.py chunked_output")
 
 
 TORCHTITAN_LOSS_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks
@@ -490,10 +612,11 @@ def pipeline_filling_microbatches(par: Parallel) -> int:
     """The fewest micro-batches per step at which every pipeline rank holds as many in flight as
     any larger global batch would (see `in_flight_chunks`): p for 1F1B, where rank r holds
     min(p - r, m); 2p interleaved, the first multiple of p (Megatron-Core requires one) with
-    m v >= 2(p - 1) + (v - 1)p + 1. Without a pipeline, one."""
+    m v >= 2(p - 1) + (v - 1)p + 1; 2p under DualPipe(V), the fewest it runs. Without a pipeline, one."""
     if par.pp == 1:
         return 1
-    return par.pp if par.vpp == 1 else 2 * par.pp
+    # DualPipe and DualPipeV assert num_chunks >= 2 x num_ranks (deepseek-ai/DualPipe); ZB-H1 fills as 1F1B
+    return 2 * par.pp if par.schedule in ("interleaved", "dualpipe", "dualpipev") else par.pp
 
 
 def global_batch_size(training: Training, par: Parallel) -> int:
@@ -511,17 +634,30 @@ def microbatches(training: Training, par: Parallel) -> int:
     return global_batch_size(training, par) // (training.micro_batch_size * par.dp)
 
 
-def in_flight_chunks(rank: int, par: Parallel, m: int) -> float:
+# Qi et al. 2023 (Zero Bubble Pipeline Parallelism), Table 1: a layer's F pass keeps M_B = 34sbh
+# (+ 5as^2b without flash attention); its B pass frees all but M_W = 32sbh, the inputs of its linear
+# layers and their output gradients, which the deferred W pass reads (sail-sg zero-bubble
+# WeightGradStore.put(total_input, grad_output, ...)). The share of a micro-batch's activations a
+# deferred W holds is therefore 32/34.
+ZB_W_SHARE = 32 / 34
+
+
+def in_flight_chunks(rank: int, par: Parallel, m: int, chunks: tuple[range, ...] = ()) -> float:
     """Micro-batches whose activations a pipeline rank holds at its peak, in units of the rank's
-    whole layer stack.
+    whole layer stack (`chunks`, its layer ranges, weigh DualPipe's two chunks by their layers).
 
     1F1B (PipeDream-Flush, Narayanan et al. 2021): rank r runs p - r forwards before its first
     backward, so it holds min(p - r, m) micro-batches.
     Interleaved 1F1B with v chunks (Megatron-Core ``schedules.py``): rank r warms up
     2(p - r - 1) + (v - 1)p chunk-forwards and holds one more, each a 1/v of its layers, capped
     at all m*v chunks; for r = 0 that is p(1 + (p - 1)/(p v)) stacks, Korthikanti's factor.
+    ZB-H1 and DualPipe(V): `zero_bubble_in_flight`, `dualpipe_in_flight`.
     """
     p, v = par.pp, par.vpp
+    if par.schedule == "zero_bubble":
+        return zero_bubble_in_flight(rank, p, m)
+    if par.schedule in ("dualpipe", "dualpipev"):
+        return dualpipe_in_flight(rank, par, chunks)
     if v == 1:
         return float(min(p - rank, m))
     total = m * v
@@ -529,3 +665,40 @@ def in_flight_chunks(rank: int, par: Parallel, m: int) -> float:
         return float(m)
     warmup = 2 * (p - rank - 1) + (v - 1) * p
     return min(warmup + 1, total) / v
+
+
+def in_flight_rule(par: Parallel) -> tuple[str, str]:
+    """(text appended to the activations' formula, its source) for the schedules beyond 1F1B."""
+    schedule = par.schedule
+    if schedule == "zero_bubble":
+        return ("; ZB-H1 in flight: min(p - r, m) + 32/34 x min(r, m - p + r) deferred W inputs",
+                "Qi et al. 2023 (ZB-H1, Table 1); sail-sg zb-h1-quick-start schedules.py")
+    if schedule in ("dualpipe", "dualpipev"):
+        return (f"; {'DualPipe' if schedule == 'dualpipe' else 'DualPipeV'} in flight: (2n - k) x chunk 0 + "
+                "(k + 1) x chunk 1 by layer share, 2n + 1 = PP + 1 stages in all",
+                "deepseek-ai/DualPipe README and dualpipe.py/dualpipev.py step(); DeepSeek-V3 report 3.2.1")
+    return "", ""
+
+
+def zero_bubble_in_flight(rank: int, p: int, m: int) -> float:
+    """ZB-H1 (Qi et al. 2023, section 2.1; sail-sg zb-h1-quick-start ``schedules.py``): rank r keeps
+    1F1B's min(p - r, m) micro-batches and defers the W pass of its first r steady-state backwards,
+    holding ZB_W_SHARE of a micro-batch for each: min(p - r, m) + 32/34 x min(r, m - (p - r)). Rank 0
+    defers nothing, so the peak over ranks is 1F1B's (the paper's "same peak memory as 1F1B")."""
+    return min(p - rank, m) + ZB_W_SHARE * min(rank, max(0, m - (p - rank)))
+
+
+def dualpipe_in_flight(rank: int, par: Parallel, chunks: tuple[range, ...] = ()) -> float:
+    """DualPipe and DualPipeV (deepseek-ai/DualPipe ``dualpipe.py``/``dualpipev.py`` step()): with
+    n = p/2 and k = min(r, p - 1 - r) under DualPipe (n = p, k = r under DualPipeV), a rank runs
+    2(n - k - 1) + (k + 1) forwards of its chunk in code phase 0 and k + 1 of phase 1, then one more
+    phase-0 forward opens the main F&B loop, whose pairs keep the level: the peak holds 2n - k chunks
+    of phase 0 and k + 1 of phase 1, 2n + 1 chunks in all: the README's "PP + 1" activations. Each
+    chunk counts by its share of the rank's layers (DualPipe's second-half ranks run phase 0 on their
+    second chunk). The deferred W passes (enable_zb) come after backwards, below this peak."""
+    p = par.pp
+    n, k = (p // 2, min(rank, p - 1 - rank)) if par.pp_schedule == "dualpipe" else (p, rank)
+    sizes = [len(c) for c in chunks] if len(chunks) == 2 and any(chunks) else [1, 1]
+    share = [size / sum(sizes) for size in sizes]
+    swap = par.pp_schedule == "dualpipe" and rank >= p // 2  # dualpipe.py: phase ^= is_in_second_half
+    return (2 * n - k) * share[swap] + (k + 1) * share[1 - swap]

@@ -64,9 +64,9 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
         zero = par.zero_stage
         if tr.framework in ("megatron", "deepspeed") and (zero or 0) < 3:
             yield f"ZeRO stage {(zero or 0) + 1}", tr, _replace(par, zero_stage=(zero or 0) + 1), hw
-        if tr.framework == "fsdp2" and zero == 2:
+        if tr.framework in ("fsdp2", "torchtune") and zero == 2:
             yield "FSDP2 full sharding (reshard after forward)", tr, _replace(par, zero_stage=3), hw
-        if tr.optimizer == "adamw" and tr.framework in ("hf", "fsdp2", "deepspeed"):
+        if tr.optimizer == "adamw" and tr.framework in ("hf", "fsdp2", "deepspeed", "torchtune"):
             yield "8-bit Adam (bitsandbytes)", _replace(tr, optimizer="adam8bit"), par, hw
     if not hw.expandable_segments:
         yield "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", tr, par, _replace(hw, expandable_segments=True)

@@ -12,7 +12,8 @@ import os
 import sys
 
 from .errors import REDACTED, ConfigError, looks_secret, redact
-from .fields import SETTINGS, parse_text
+from .adapters import base_dtype as adapter_base_dtype
+from .fields import SETTINGS, parse_text, set_in
 from .hardware import GPUS
 
 GiB = 1024**3
@@ -41,11 +42,7 @@ def _apply_overrides(config: dict, args: argparse.Namespace) -> dict:
         text = getattr(args, f.path)
         if text is None:
             continue
-        value = parse_text(f, text)
-        section = config.setdefault(f.section, {})
-        if not isinstance(section, dict):
-            raise ConfigError(f.section, section, "an object of fields")
-        section[f.name] = value
+        set_in(config, f, parse_text(f, text))
     return config
 
 
@@ -56,7 +53,16 @@ def _gib(n: int) -> str:
 def render_text(result) -> str:
     lines = []
     arch = result.architecture
-    lines.append(f"Model: {arch.name}  parameters {result.parameters_total:,} (active {result.parameters_active:,})")
+    trainable = (f", trainable {result.parameters_trainable:,}"
+                 if result.parameters_trainable not in (0, result.parameters_total) else "")
+    lines.append(f"Model: {arch.name}  parameters {result.parameters_total:,} (active {result.parameters_active:,}"
+                 f"{trainable})")
+    tr = result.training
+    if tr.adapter:
+        a = tr.adapter
+        lines.append(f"Adapter: {a.method}, rank {a.rank}, targets {', '.join(a.target_modules)}, base "
+                     f"{adapter_base_dtype(a, tr.param_dtype)}, dropout {a.dropout:g}"
+                     + (", embeddings and LM head trained" if a.trainable_embeddings else ""))
     par, tr = result.parallel, result.training
     lines.append(f"Layout: TP {par.tp}{' +SP' if par.sequence_parallel else ''}, PP {par.pp}"
                  f"{f' x VPP {par.vpp}' if par.vpp > 1 else ''}, DP {par.dp}, CP {par.cp}, EP {par.ep}, "
@@ -74,6 +80,7 @@ def render_text(result) -> str:
         lines.append(f"  {'device total':<22}{_gib(stage.device_total_bytes)}")
     fit = result.fit
     lines.append("")
+    lines += _rl_lines(result)
     lines.append(f"Peak stage {result.peak_stage}: allocated {result.allocated_peak_bytes / GiB:.2f} GiB, "
                  f"device total {result.device_total_bytes / GiB:.2f} GiB")
     lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {fit.verdict.upper()} "
@@ -81,6 +88,15 @@ def render_text(result) -> str:
     lines += _host_lines(result)
     lines += [f"Note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def _rl_lines(result) -> list[str]:
+    """RL: each phase of the step on the busiest GPU, its components and its device total."""
+    lines = []
+    for phase in result.rl_phases:
+        lines += ["", f"RL phase {phase.name}: device total {phase.device_total_bytes / GiB:.2f} GiB"]
+        lines += [f"  {c.key:<22}{_gib(c.bytes)}  {c.formula}" for c in phase.components]
+    return lines + ([""] if lines else [])
 
 
 def _host_lines(result) -> list[str]:

@@ -36,6 +36,9 @@ class Config:
             given = getattr(self, name)
             section = {f.name: getattr(given, f.name) for f in fields(cls)
                        if getattr(given, f.name) != getattr(cls(), f.name)}
+            for nested in ("adapter", "rl"):  # objects of their own in the JSON
+                if section.get(nested) is not None:
+                    section[nested] = section[nested].to_dict()
             if name == "parallel":  # values that follow TP are not worth writing back
                 for derived in tp_following_defaults(given.tp):
                     if given.follows_tp(derived):

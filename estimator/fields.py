@@ -19,14 +19,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .adapters import BASE_DTYPES, METHODS, TARGETS, ALL_LINEAR, Adapter
+from .rl import ALGORITHMS, ENGINES, Rl
 from .architecture import NORMS, POSITION_EMBEDDINGS, Architecture
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
-from .parallel import Parallel
+from .parallel import PP_SCHEDULES, Parallel
 from .optimizers import OPTIMIZERS
-from .training import (ATTENTION, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES, MOE_DISPATCHERS, OFFLOAD_DEVICES,
-                       RECOMPUTE, RECOMPUTE_MODULES, Training)
+from .training import (ATTENTION, CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES,
+                       MOE_DISPATCHERS, MOE_ROUTER_DTYPES, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, Training)
 
 # Upper bounds (why each is safe): the longest offered context is 10M tokens (Llama 4 Scout); the
 # largest reported clusters have ~100k GPUs; the widest published models have h = 18,432 (PaLM)
@@ -43,7 +45,11 @@ MAX_VOCAB = 2**24
 MAX_SAMPLES = 2**30  # samples in a global batch
 MAX_NAME = 200  # characters of a name
 
-SECTION_CLASSES = {"training": Training, "parallel": Parallel, "hardware": Hardware, "model": Architecture}
+SECTION_CLASSES = {"training": Training, "parallel": Parallel, "hardware": Hardware, "model": Architecture,
+                   "adapter": Adapter, "rl": Rl}
+# sections that are objects inside another section of the JSON config (``training.adapter``): their
+# fields' flags and URL parameters carry the object's name (``--adapter-rank``, ``adapter_rank=``)
+NESTED = {"adapter": "training", "rl": "training"}
 _DTYPES = tuple(dict.fromkeys(TRAINING_DTYPES + INFERENCE_WEIGHT_DTYPES))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -70,12 +76,18 @@ class Field:
 
     @property
     def path(self) -> str:
-        """The field's place in the JSON config (``parallel.tp``)."""
-        return f"{self.section}.{self.name}"
+        """The field's place in the JSON config (``parallel.tp``, ``training.adapter.rank``)."""
+        outer = NESTED.get(self.section)
+        return f"{outer}.{self.section}.{self.name}" if outer else f"{self.section}.{self.name}"
+
+    @property
+    def key(self) -> str:
+        """The field's flat name: its CLI flag, URL parameter and widget key (unique over sections)."""
+        return f"{self.section}_{self.name}" if self.section in NESTED else self.name
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + self.key.replace("_", "-")
 
     @property
     def default(self) -> Any:
@@ -162,11 +174,15 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             auto="fp32 with master weights (and always under Megatron), else the weights dtype"),
     _choice("compute_dtype", _T, "Compute dtype", "The dtype of activations and matrix multiplies. bf16 over fp32 "
             "weights is autocast (mixed precision).", "Precision", ("fp32", "bf16", "fp16")),
-    _bool("fp8", _T, "FP8 training", "FP8 matmuls (Transformer Engine recipe) on top of the weights dtype: adds "
-          "FP8 weight copies and scales.", "Precision"),
+    _bool("fp8", _T, "FP8 training", "FP8 matmuls on top of the weights dtype. megatron: Transformer Engine, "
+          "adds FP8 weight copies and scales; fsdp2: torchao float8 linears (torchtitan), which keep the weights "
+          "and the saved inputs in their dtype and cast per matmul.", "Precision"),
     _choice("fp8_recipe", _T, "FP8 scaling recipe", "With FP8 training: tensorwise (per-tensor scales, Hopper), "
-            "mxfp8 (1x32 blocks, Blackwell) or blockwise (DeepSeek-V3's 128x128 weight blocks).", "Precision",
-            FP8_RECIPES),
+            "mxfp8 (1x32 blocks, Blackwell) or blockwise (DeepSeek-V3's 128x128 weight blocks) under megatron; "
+            "tensorwise or rowwise (torchao, one scale per row) under fsdp2.", "Precision", FP8_RECIPES),
+    _bool("fp8_all_gather", _T, "FP8 all-gather", "fsdp2 with fp8 and the tensorwise recipe: FSDP2 gathers the "
+          "float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather), 1 byte per weight instead "
+          "of the bf16 copy.", "Precision"),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
             "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
     _bool("optimizer_in_backward", _T, "Optimizer step in backward", "Under fsdp2 (torchtune's optimizer_in_bwd): "
@@ -180,6 +196,18 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("offload_parameters", _T, "Offload parameters", "Keep the sharded parameters in host memory or on "
             "NVMe and gather them to the GPU layer by layer: DeepSpeed ZeRO-3 offload_param (cpu or nvme), FSDP2's "
             "CPUOffloadPolicy (cpu, with the optimizer states).", _SAVERS, OFFLOAD_DEVICES),
+    _int("reduce_bucket_size", _T, "DeepSpeed reduce bucket (elements)", "DeepSpeed ZeRO's reduce_bucket_size: "
+         "gradients are reduced through a bucket of this many elements. The HF Trainer's 'auto' sets h x h.", _SAVERS,
+         hi=2**40, optional=True, auto="DeepSpeed's default, 500,000,000", step=1_000_000),
+    _int("stage3_prefetch_bucket_size", _T, "DeepSpeed ZeRO-3 prefetch bucket (elements)", "Parameters ZeRO-3 "
+         "gathers ahead of the layer that runs. The HF Trainer's 'auto' sets 0.9 x h x h.", _SAVERS, hi=2**40,
+         optional=True, auto="DeepSpeed's default, 50,000,000", step=1_000_000),
+    _int("stage3_max_live_parameters", _T, "DeepSpeed ZeRO-3 max live parameters", "The most gathered parameters "
+         "ZeRO-3 keeps on a GPU before releasing them (a layer larger than this is still gathered whole).", _SAVERS,
+         hi=2**40, optional=True, auto="DeepSpeed's default, 1,000,000,000", step=1_000_000),
+    _bool("offload_activations", _T, "Offload activations", "Under torchtune (enable_activation_offloading): every "
+          "tensor the layers save for backward moves to host memory during forward and comes back layer by layer in "
+          "backward; the loss's tensors stay on the GPU. The host memory it needs is shown too.", _SAVERS),
     _choice("recompute", _T, "Activation recomputation", "none keeps every activation; selective recomputes the "
             "modules listed below (Megatron, Korthikanti et al. 2022) or, under fsdp2, follows torchtitan's "
             "operator-level policy (keeps matmul and attention outputs, recomputes every second matmul and all "
@@ -206,6 +234,18 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("moe_dispatcher", _T, "MoE token dispatcher", "alltoall = Megatron-Core's all-to-all dispatcher (a "
             "send buffer per MoE layer); deepep = the flex dispatcher with DeepEP, whose fixed NVLink/RDMA buffers "
             "count as communication memory.", _SAVERS, MOE_DISPATCHERS),
+    _choice("moe_router_dtype", _T, "MoE router dtype", "megatron: --moe-router-dtype. fp32/fp64 run the router's "
+            "logits and probabilities in that dtype; the expert outputs are then cast to it before the expert-TP "
+            "reduce-scatter of the combine (and their gradients in backward).", _SAVERS, MOE_ROUTER_DTYPES,
+            optional=True, auto="the compute dtype (Megatron's default, no --moe-router-dtype)"),
+    _bool("attention_softmax_fusion", _T, "Fused masked softmax", "megatron with eager attention: the fused "
+          "upper-triangular softmax kernel keeps one 16-bit probability per score where its shapes allow (16 < s <= "
+          "4096, s and b x heads/TP multiples of 4); off (--no-masked-softmax-fusion) or outside those shapes, the "
+          "fp32 softmax and its 16-bit copy are kept, 6 bytes per score.", _SAVERS),
+    _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
+            "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss; te "
+            "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "
+            "only them.", _SAVERS, CROSS_ENTROPY_IMPLS),
     _int("kv_cache_tokens", _T, "KV cache tokens", "Inference: cached context per sequence.", "Inference",
          hi=MAX_TOKENS, optional=True, auto="the sequence length", step=1024),
     _choice("kv_cache_dtype", _T, "KV cache dtype", "Inference: the dtype of the cached keys and values.",
@@ -239,6 +279,23 @@ PARALLEL_FIELDS: tuple[Field, ...] = (
          "holds the embedding).", _LAYOUT, hi=MAX_LAYERS, optional=True, auto="an even split"),
     _int("pp_last_stage_layers", _P, "Layers on the last stage", "Uneven pipeline: layers on the last stage (it "
          "also holds the LM head and the loss).", _LAYOUT, hi=MAX_LAYERS, optional=True, auto="an even split"),
+    _choice("pp_schedule", _P, "Pipeline schedule", "1f1b = PipeDream-Flush (rank r holds PP - r micro-batches); "
+            "interleaved = Megatron's interleaved 1F1B (what VPP > 1 runs); zero_bubble = ZB-H1 (Qi et al. 2023: "
+            "1F1B's peak, a third of its bubble, deferred weight-gradient inputs on the later ranks); dualpipe = "
+            "DeepSeek-V3's bidirectional schedule (each rank holds stages r and PP-1-r: twice the parameters, "
+            "PP+1 stage micro-batches in flight); dualpipev = its V-shaped 'cut-in-half' variant (2 x PP stages, "
+            "ranks hold r and 2PP-1-r: 1x parameters).", _LAYOUT, PP_SCHEDULES),
+    _bool("pp_account_for_embedding", _P, "Embedding counts as a layer", "Megatron's "
+          "account_for_embedding_in_pipeline_split: the split counts the embedding as one layer, so the first "
+          "virtual stage holds one layer fewer; num_layers + 1 (+ 1 with the loss flag) must divide by PP x VPP.",
+          _LAYOUT),
+    _bool("pp_account_for_loss", _P, "Loss counts as a layer", "Megatron's account_for_loss_in_pipeline_split: "
+          "the last virtual stage holds one layer fewer.", _LAYOUT),
+    Field("pp_layout", _P, "text", "Pipeline layout", "Megatron's pipeline_model_parallel_layout: one group per "
+          "virtual stage in layer order, separated by a vertical bar, of E (embedding), t (a transformer layer), m "
+          "(MTP) and L (loss); (...)*n and x*n repeat, commas are ignored. DeepSeek-V3 on PP 16 (Megatron-Bridge): "
+          "Et*4, then 14 groups t*4, then tmL. Its group count is PP x VPP (2 x PP under dualpipev).", _LAYOUT,
+          optional=True, auto="the split the other fields give"),
     _int("world_size", _P, "World size", "A check: must equal TP x PP x CP x DP.", _LAYOUT, hi=MAX_GPUS * 64,
          optional=True, auto="not checked", widget=False),
 )
@@ -317,10 +374,57 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
           widget=False),
 )
 
-SETTINGS: tuple[Field, ...] = TRAINING_FIELDS + PARALLEL_FIELDS + HARDWARE_FIELDS
+_A, _FT = "adapter", "Fine-tuning (adapters)"
+
+ADAPTER_FIELDS: tuple[Field, ...] = (
+    _choice("method", _A, "Adapter method", "With an adapter (training.adapter) the base weights are frozen: lora "
+            "trains r x (in + out) parameters beside each adapted linear layer; qlora also stores the frozen base "
+            "in NF4; dora adds a learned magnitude per output feature.", _FT, METHODS),
+    _int("rank", _A, "Adapter rank (r)", "The LoRA rank: adapter parameters grow linearly with it.", _FT, hi=MAX_WIDTH,
+         step=8),
+    Field("alpha", _A, "float", "Adapter alpha", "LoRA's scaling numerator (alpha / r); no effect on memory.", _FT,
+          min=0.0, max=1e6, step=8.0),
+    Field("target_modules", _A, "choices", "Adapted modules", "Which linear layers get adapters: q, k, v, o, gate, "
+          "up, down, the MoE router, the routed experts, or all-linear (every linear layer but the LM head, as "
+          "PEFT's all-linear).", _FT, options=TARGETS + (ALL_LINEAR,)),
+    Field("dropout", _A, "float", "Adapter dropout", "lora_dropout: above 0 each adapted module keeps a dropout "
+          "output and a 1-byte mask.", _FT, min=0.0, max=1.0, below_max=True, step=0.05),
+    _bool("trainable_embeddings", _A, "Train embeddings and LM head", "PEFT's modules_to_save: trainable copies of "
+          "the embedding and the LM head beside the frozen originals.", _FT),
+    _choice("base_dtype", _A, "Frozen base dtype", "How the frozen base weights are stored: 16-bit, int8 "
+            "(LLM.int8), nf4 (QLoRA, double quantized) or int4 (GPTQ).", _FT, BASE_DTYPES, optional=True,
+            auto="nf4 for qlora, else the weights dtype"),
+)
+
+_R, _RL = "rl", "RL (colocated rollout engine)"
+
+RL_FIELDS: tuple[Field, ...] = (
+    _choice("algorithm", _R, "RL algorithm", "With training.rl the step has phases: grpo and ppo generate rollouts "
+            "with an inference engine on the same GPUs, score them, then train (ppo also trains a critic); dpo "
+            "trains on chosen and rejected sequences against a frozen reference.", _RL, ALGORITHMS),
+    _int("rollout_batch_size", _R, "Rollout prompts per step", "Prompts generated from per step, over all GPUs.",
+         _RL, hi=MAX_SAMPLES),
+    _int("samples_per_prompt", _R, "Samples per prompt", "Responses per prompt (GRPO's group size).", _RL, hi=2**16),
+    _int("max_prompt_len", _R, "Max prompt tokens", "Longest prompt; the trained sequence is prompt + response.",
+         _RL, hi=MAX_TOKENS, step=512),
+    _int("max_response_len", _R, "Max response tokens", "Longest generated response.", _RL, hi=MAX_TOKENS, step=1024),
+    _choice("engine", _R, "Rollout engine", "The inference engine colocated with the trainer.", _RL, ENGINES),
+    Field("engine_memory_fraction", _R, "float", "Engine memory fraction", "vLLM gpu_memory_utilization / SGLang "
+          "mem_fraction_static: the share of the GPU the engine takes for weights, activations and KV cache. Empty: "
+          "size the KV cache by the whole rollout batch.", _RL, min=0.0, max=1.0, below_max=False, step=0.05,
+          optional=True, auto="the KV cache of every rollout sequence at once"),
+    _bool("reference_model", _R, "Reference model", "A frozen copy of the policy for the KL penalty (and DPO).", _RL),
+    _bool("critic_model", _R, "Critic model", "PPO's value model, trained beside the policy.", _RL),
+    _bool("offload_during_rollout", _R, "Offload trainer during rollout", "Move the trainer's states to host memory "
+          "while the engine generates (verl param/optimizer offload).", _RL),
+    _int("rollout_tp", _R, "Rollout tensor parallel", "The engine's tensor parallelism (an extension of the "
+         "contract).", _RL, hi=MAX_HEADS, optional=True, auto="= TP"),
+)
+
+SETTINGS: tuple[Field, ...] = TRAINING_FIELDS + PARALLEL_FIELDS + HARDWARE_FIELDS + ADAPTER_FIELDS + RL_FIELDS
 ALL: tuple[Field, ...] = SETTINGS + ARCHITECTURE_FIELDS
 BY_PATH: dict[str, Field] = {f.path: f for f in ALL}
-SETTING_BY_NAME: dict[str, Field] = {f.name: f for f in SETTINGS}  # names are unique across the sections
+SETTING_BY_NAME: dict[str, Field] = {f.key: f for f in SETTINGS}  # flat names are unique across the sections
 ARCHITECTURE_BY_NAME: dict[str, Field] = {f.name: f for f in ARCHITECTURE_FIELDS}
 
 
@@ -382,6 +486,28 @@ def check_section(section: str, obj: object) -> None:
 _SECTION_FIELDS = {s: section_fields(s) for s in SECTION_CLASSES}
 
 
+def get_in(config: dict, f: Field, default: Any = None) -> Any:
+    """A field's value at its place in a JSON config (`default` where it is absent)."""
+    node: Any = config
+    for part in f.path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_in(config: dict, f: Field, value: Any) -> None:
+    """Put a field's value at its place in a JSON config, creating the objects on its path."""
+    *outer, name = f.path.split(".")
+    node = config
+    for i, part in enumerate(outer):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(outer[:i + 1]), child, "an object of fields")
+        node = child
+    node[name] = value
+
+
 # --- reading a value from text (a CLI flag, a URL parameter) -------------------------------------
 
 _INT_TEXT = re.compile(r"[+-]?\d{1,19}")
@@ -439,6 +565,9 @@ def to_text(value: Any) -> str | list[str]:
 # --- the reference ------------------------------------------------------------------------------
 
 _SECTION_TITLES = {"model": "Canonical architecture (`model` as an object)", "training": "`training`",
+                   "adapter": "`training.adapter` (an object; absent = full fine-tuning; flags and URL parameters "
+                              "`adapter_<field>`)",
+                   "rl": "`training.rl` (an object; absent = no RL; flags and URL parameters `rl_<field>`)",
                    "parallel": "`parallel`", "hardware": "`hardware`"}
 
 
@@ -474,7 +603,7 @@ def reference_markdown() -> str:
            "`parallel` and `hardware`. Every field below is also a CLI flag (`--seq-len 8192`) and a parameter "
            "of the app's shareable URL (`?seq_len=8192`); lists are comma-separated there. Empty, `auto` or "
            "`null` leaves an optional field to its default. An unknown field is an error.", ""]
-    for section in ("training", "parallel", "hardware", "model"):
+    for section in ("training", "adapter", "rl", "parallel", "hardware", "model"):
         out += [f"## {_SECTION_TITLES[section]}", "", "| field | label | values | default | meaning |",
                 "|---|---|---|---|---|"]
         for f in section_fields(section):

@@ -36,8 +36,9 @@ from .resolved import Resolved, resolve
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
-from .states import FP8_SOURCE, ZERO_SOURCE, model_states
-from .training import Recipe, Training
+from .adapters import adapter_states, first_layer_input_frozen, inventory, trainable_count
+from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
+from .training import FSDP_FRAMEWORKS, Recipe, Training
 
 GiB = 1024**3
 TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% in 454 runs
@@ -63,6 +64,7 @@ class Estimate:
     config: Resolved  # what was estimated, every default decided
     parameters_total: int
     parameters_active: int
+    parameters_trainable: int  # what gets gradients: all in training, an adapter run's adapters, none in inference
     stages: tuple[StageEstimate, ...]
     peak_stage: int
     allocated_peak_bytes: int
@@ -70,6 +72,7 @@ class Estimate:
     fit: Fit
     notes: tuple[str, ...] = field(default_factory=tuple)
     _shared: "_Shared | None" = field(default=None, repr=False, compare=False)
+    rl_phases: tuple = ()  # RL with a colocated engine (rl.py): rollout, scoring, training; the totals are the largest
 
     # the resolved configuration's values, read where an estimate is shown
     architecture = property(lambda self: self.config.architecture)
@@ -102,7 +105,8 @@ class Estimate:
 
     def to_json(self) -> dict:
         return {
-            "parameters": {"total": self.parameters_total, "active": self.parameters_active},
+            "parameters": {"total": self.parameters_total, "active": self.parameters_active,
+                           "trainable": self.parameters_trainable},
             "stages": [
                 {
                     "stage": s.stage,
@@ -128,7 +132,17 @@ class Estimate:
             "microbatches": self.microbatches,
             "host_memory": self.host_memory_json(),
             "notes": list(self.notes),
+            **({"rl_phases": [_rl_phase_json(p) for p in self.rl_phases]} if self.rl_phases else {}),
         }
+
+
+def _rl_phase_json(phase) -> dict:
+    components: dict[str, int] = {}
+    for c in phase.components:
+        components[c.key] = components.get(c.key, 0) + c.bytes
+    return {"phase": phase.name, "allocated_bytes": phase.allocated_bytes,
+            "device_total_bytes": phase.device_total_bytes, "components": components,
+            "formulas": {c.key: c.formula for c in phase.components}}
 
 
 # --- pieces of a stage ----------------------------------------------------------------------------
@@ -187,6 +201,8 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
 def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:
     """The per-layer ledger and the loss, with their bytes on one GPU of this TP/SP/CP split."""
     entries = {k: act.layer_entries(arch, training, par, k) for k in arch.kinds}
+    if first_layer_input_frozen(training):  # an adapter run's first layer keeps less (adapters.py)
+        entries[_first_kind(arch)] = act.layer_entries(arch, training, par, arch.layer_kinds()[0], first=True)
     modules = act.recomputed_modules(training)
     full, per_layer = {}, {}
     for kind, es in entries.items():
@@ -220,11 +236,20 @@ def _runtime(hardware: Hardware) -> Component:
                       "per-process constant of the GPU catalog", CUDA_CONTEXT_SOURCE)
 
 
+def _first_kind(arch: Architecture) -> str:
+    return f"first {arch.layer_kinds()[0]}"
+
+
 def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple]:
     """(layers recomputed, (kind, layers stored) pairs) of a stage. Full recompute of n layers
     recomputes the first n of the stage (Megatron's "block" method) or every N-th
-    (`recompute_every`) and keeps their inputs (`activations.recomputed_layer_count`)."""
+    (`recompute_every`) and keeps their inputs (`activations.recomputed_layer_count`). An adapter
+    run's first layer, whose input needs no gradient, is a kind of its own."""
     recomputed = act.recomputed_layer_count(training, stage.num_layers)
+    if not recomputed and first_layer_input_frozen(training) and stage.stage == 0:
+        kind = arch.layer_kinds()[0]
+        rest = tuple((k, n - 1 if k == kind else n) for k, n in stage.kind_counts)
+        return 0, ((_first_kind(arch), 1),) + rest
     if not recomputed:
         return 0, stage.kind_counts
     if training.recompute_every > 1:
@@ -244,7 +269,7 @@ def _activation_bytes(stage: StageParameters, inflight: float, units: tuple[floa
     total = 0
     for unit in units:
         total += int(round(unit * inflight))
-    if stage.stage == 0:
+    if stage.first:
         total += int(round(shared.embedding_bytes * max(1.0, inflight)))
     return total
 
@@ -266,7 +291,7 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
                           int(round(shared.per_layer[kind] * n * inflight)),
                           f"{shared.per_layer[kind] / 2**20:,.1f} MiB per {kind} layer x {n} layers "
                           f"x {inflight:g} in flight"))
-    if stage.stage == 0:
+    if stage.first and shared.embedding:
         parts.append(("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else ""),
                       int(round(shared.embedding_bytes * max(1.0, inflight))),
                       " + ".join(e.shown_formula(shared.parallel) for e in shared.embedding)
@@ -274,12 +299,15 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
     return tuple(parts)
 
 
-def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Training) -> Component:
+def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Training,
+                           par: Parallel | None = None) -> Component:
     formula = " + ".join(f for _, _, f in parts)
     if training.recompute == "selective":
         formula += f" (recomputed: {', '.join(training.recompute_modules)})"
-    pieces = tuple(Component("activations", label, b, f, act.KORTHIKANTI) for label, b, f in parts)
-    return Component("activations", "Activations", sum(p.bytes for p in pieces), formula, act.KORTHIKANTI, pieces)
+    rule, rule_source = act.in_flight_rule(par) if par else ("", "")
+    source = act.KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
+    pieces = tuple(Component("activations", label, b, f, source) for label, b, f in parts)
+    return Component("activations", "Activations", sum(p.bytes for p in pieces), formula + rule, source, pieces)
 
 
 class _Transients(NamedTuple):
@@ -300,50 +328,65 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
     persistent: list[Component] = []
     layer = stage.largest_layer_local
     d_dense = par.dp * par.cp
-    if fw in ("fsdp2", "megatron") and zero >= 2 and d_dense > 1:
+    # what has gradients, buckets and optimizer steps: every parameter, or an adapter run's trainable ones
+    inv = inventory(arch, training, recipe, stage) if training.adapter else None
+    trainable = inv.trainable if inv else stage.local
+    largest = inv.largest if inv else stage.total.largest_tensor
+    layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
+    if fw in ("megatron",) + FSDP_FRAMEWORKS and zero >= 2 and d_dense > 1:
         src = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
-        if zero == 3 and fw == "fsdp2":
+        if zero == 3 and fw in FSDP_FRAMEWORKS:
             # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
             # with the head, which is not resharded after forward: forward ends with the head and a
             # block gathered, backward starts with a block and the one prefetched
-            head = arch.hidden_size * arch.vocab_size / par.tp if stage.stage == par.pp - 1 else 0.0
-            fwd.append(component("transient", "Unsharded parameters in flight", P * (layer + max(layer, head)),
-                                 f"{P:g} B x (a block + {'the head unit' if head else 'the next block'}) unsharded",
-                                 src + " (distributed/fsdp.py units)"))
-            bwd.append(component("transient", "Unsharded parameters in flight", P * 2 * layer,
-                                 f"{P:g} B x (a block + the prefetched block) unsharded", src))
+            head = arch.hidden_size * arch.vocab_size / par.tp if stage.last else 0.0
+            Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
+            fwd.append(component("transient", "Unsharded parameters in flight", Pb * layer + max(Pb * layer, P * head),
+                                 f"{pb} x a block + " + (f"{P:g} B x the head unit" if head else f"{pb} x the next block")
+                                 + " unsharded", src + " (distributed/fsdp.py units)"))
+            bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
+                                 f"{pb} x (a block + the prefetched block) unsharded", src))
         elif zero == 3:
             gathered = P * (2 * layer + stage.root_local)
             formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
             fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
             bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
         else:  # reshard_after_forward=False: every unit stays gathered from forward to backward
-            gathered = P * stage.dense_local
-            formula = f"{P:g} B x all of the stage's parameters, gathered after forward"
+            Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
+            gathered = Pb * (stage.dense_local - stage.root_local) + P * stage.root_local
+            formula = (f"{P:g} B x all of the stage's parameters, gathered after forward" if Pb == P else
+                       f"{pb} x the blocks' + {P:g} B x the root unit's parameters, gathered after forward")
             fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
             bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
         bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
-                              layer * (P + G), f"({P:g} + {G:g}) B x one layer's parameters", src))
+                              layer * P + layer_trainable * G,
+                              f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
+                              f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
     if fw == "deepspeed":
-        src = "DeepSpeed ZeRO config docs: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, sub_group_size 1e9"
-        bucket = min(5e8, stage.local) * G
-        for phase in (bwd,):
-            phase.append(component("transient", "Gradient reduction bucket", bucket,
-                                    f"min(5e8, params) x {G:g} B", src))
+        src = ("DeepSpeed ZeRO config docs: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
+               "stage3_max_live_parameters 1e9, sub_group_size 1e9 (defaults)")
+        reduce = training.reduce_bucket_size or 5e8
+        bucket = min(reduce, trainable) * G
+        bwd.append(component("transient", "Gradient reduction bucket", bucket,
+                             f"min(reduce_bucket_size {reduce:,.0f}, trainable params) x {G:g} B", src))
         if zero == 3:
-            live = P * (layer + min(5e7, stage.local))
-            fwd.append(component("transient", "Gathered parameters (current layer + prefetch bucket)", live,
-                                  f"{P:g} B x (one layer + 5e7 prefetch)", src))
-            bwd.append(component("transient", "Gathered parameters (current layer + prefetch bucket)", live,
-                                  f"{P:g} B x (one layer + 5e7 prefetch)", src))
+            prefetch = training.stage3_prefetch_bucket_size or 5e7
+            max_live = training.stage3_max_live_parameters or 1e9
+            # the layer that runs and the prefetch bucket, capped at max_live (a larger layer is gathered whole)
+            gathered = max(layer, min(max_live, layer + min(prefetch, stage.local)))
+            text = f"{P:g} B x max(one layer, min(max_live {max_live:,.0f}, one layer + prefetch {prefetch:,.0f}))"
+            label = "Gathered parameters (current layer + prefetch bucket)"
+            fwd.append(component("transient", label, P * gathered, text, src))
+            bwd.append(component("transient", label, P * gathered, text, src))
         if zero >= 1 and recipe.master_weights:
-            shard = stage.local / (d_dense if zero >= 1 else 1)
+            shard = trainable / (d_dense if zero >= 1 else 1)
             sub_group = min(1e9, shard) if zero == 3 else shard
             opt.append(component("transient", "fp32 copy of the gradient partition for the step", 4 * sub_group,
                                   "4 B x gradient partition (sub-group under ZeRO-3)", src))
     if fw == "hf" and d_dense > 1:
         persistent.append(component(
-            "buckets", "DDP gradient buckets", stage.local * G, f"{G:g} B x params (gradient_as_bucket_view=False)",
+            "buckets", "DDP gradient buckets", trainable * G,
+            f"{G:g} B x {'trainable ' if training.adapter else ''}params (gradient_as_bucket_view=False)",
             "PyTorch DistributedDataParallel docs: gradient_as_bucket_view saves memory equal to the gradients"))
     if recipe.autocast_weight_copies:
         matrices = stage.total.matrices
@@ -357,17 +400,17 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
                               f"{cb:g} B x one recomputed layer", src))
     if training.optimizer_in_backward:
         return _Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)])
-    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense))
+    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest))
     return _Transients(fwd, bwd, opt, persistent, [])
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
-                      d_dense: int) -> list[Component]:
+                      d_dense: int, trainable: float, largest: float) -> list[Component]:
     """Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises sqrt(v)
     for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam); fused kernels
     (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place."""
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
-    shard = stage.local / (d_dense if zero >= 1 and d_dense > 1 else 1)
+    shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
     if training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT:
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
@@ -375,7 +418,7 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
                           "torch.optim.AdamW foreach implementation (_multi_tensor_adam)")]
     if optimizer.temporaries == LARGEST_TENSOR:
         return [component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
-                          2 * 4 * stage.total.largest_tensor, "2 x 4 B x largest tensor", optimizer.source)]
+                          2 * 4 * largest, "2 x 4 B x largest trainable tensor", optimizer.source)]
     return []
 
 
@@ -459,6 +502,8 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
 def estimate_resolved(cfg: Resolved) -> Estimate:
     """The estimate of a configuration resolved once (`resolved.resolve`)."""
     arch, training, par, hardware = cfg.architecture, cfg.training, cfg.parallel, cfg.hardware
+    if training.rl:
+        return _rl_estimate(cfg)
     zero, recipe, m, vocab = cfg.zero_stage, cfg.recipe, cfg.microbatches, cfg.padded_vocab
     counts = parameter_counts(arch)
     shared = _shared(arch, training, par, hardware, zero, vocab)
@@ -470,10 +515,29 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
     peak = max(stages, key=lambda s: s.device_total_bytes)
     notes = _notes(arch, training, par, zero, m, vocab)
     return Estimate(
-        config=cfg, parameters_total=counts.total, parameters_active=counts.active, stages=tuple(stages),
+        config=cfg, parameters_total=counts.total, parameters_active=counts.active,
+        parameters_trainable=(0 if training.mode == "inference" else trainable_count(arch, training) if training.adapter
+                              else counts.total), stages=tuple(stages),
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
         device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, hardware.device),
         notes=notes, _shared=shared)
+
+
+def _rl_estimate(cfg: Resolved) -> Estimate:
+    """RL: the trainer's step on prompt + response sequences, then every phase of the step on its
+    busiest GPU (rl.py); the totals and the verdict are the largest phase's."""
+    from dataclasses import replace
+    from .rl import rl_phases, trainer_training
+    rl = cfg.training.rl
+    train = estimate_resolved(resolve(cfg.architecture, trainer_training(cfg.training), cfg.parallel, cfg.hardware))
+    phases = rl_phases(train, rl)
+    peak = max(phases, key=lambda p: p.device_total_bytes)
+    shown = replace(cfg, training=replace(cfg.training, seq_len=rl.sequence_len))
+    note = (f"RL ({rl.algorithm}): the {peak.name} phase decides the fit; the stages show the training phase's "
+            f"step on {rl.sequence_len:,}-token sequences")
+    return replace(train, config=shown, rl_phases=phases, allocated_peak_bytes=peak.allocated_bytes,
+                   device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, cfg.gpu),
+                   notes=train.notes + (note,))
 
 
 def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: int, vocab: int) -> tuple[str, ...]:
@@ -533,8 +597,9 @@ def _rounded_sum(components) -> int:
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared) -> _StaticStage:
-    ms = model_states(sp, training, recipe, par, zero)
-    last = sp.stage == par.pp - 1
+    ms = (adapter_states(sp, arch, training, recipe, par, zero) if training.adapter
+          else model_states(sp, training, recipe, par, zero))
+    last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     working = _recompute_working_set(training, sp, shared)
     tr = _transients(arch, training, recipe, par, sp, zero)
@@ -552,7 +617,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                           _rounded_sum(tr.step_in_backward))
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
-                      _optimizer_partition(sp, par, zero), zero)
+                      _optimizer_partition(sp, par, zero, inventory(arch, training, recipe, sp).trainable
+                                           if training.adapter else None), zero)
     on_gpu = place.gpu
     if place.step_on_host:
         tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
@@ -567,7 +633,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
     # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
     # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
-    late = training.framework == "fsdp2" and not grads_live and not training.optimizer_in_backward
+    late = training.framework in FSDP_FRAMEWORKS and not grads_live and not training.optimizer_in_backward
     backward_end = states + grads + recomputed_bytes + _rounded_sum(tr.backward) if late else 0
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
@@ -582,15 +648,21 @@ def _recompute_working_set(training: Training, sp: StageParameters, shared: _Sha
     recompute under full recompute, the tensors the policy recomputes under torchtitan's
     operator-level checkpointing; nothing else."""
     if act.recomputed_layer_count(training, sp.num_layers):
+        # with offloaded activations the layer's input comes back from the host beside it
+        reload = shared.kept_input if training.offload_activations else 0.0
+        return max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) + reload
+    if training.offload_activations:  # one layer's saved tensors copied back for its backward
         return max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0)
     if act.op_level(training):
         return max((shared.full_layer[k] - shared.per_layer[k] for k, _ in sp.kind_counts), default=0.0)
     return 0.0
 
 
-def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int) -> float:
-    """The parameters whose optimizer state one GPU keeps: its stage's, divided by the shard group
-    from ZeRO 1 (states.py)."""
+def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None) -> float:
+    """The parameters whose optimizer state one GPU keeps: its stage's (an adapter run's `trainable`
+    ones, expert parallelism excluded), divided by the shard group from ZeRO 1 (states.py)."""
+    if trainable is not None:
+        return trainable / (par.dp if zero >= 1 else 1)
     if zero < 1:
         return sp.local
     return sp.dense_local / (par.dp * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
@@ -623,8 +695,10 @@ def _static_parts(ms, place: Placement, tr: _Transients, exchange: list[Componen
     grads_early = grads_full if grads_live else component(
         "gradients", "Gradients", 0, "none yet: set to None after the last step",
         "torch.optim.Optimizer.zero_grad(set_to_none=True)")
-    recomputed = [component("transient", "One recomputed layer's activations", working,
-                            "per-layer ledger of one layer", act.KORTHIKANTI)] if working else []
+    label = ("One layer's activations copied back from the host" if training.offload_activations
+             and training.recompute == "none" else "One recomputed layer's activations")
+    recomputed = [component("transient", label, working, "per-layer ledger of one layer", act.KORTHIKANTI)] \
+        if working else []
 
     def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
         return max(moments, key=_rounded_sum)
@@ -641,15 +715,27 @@ def _dispatch_buffer(arch: Architecture, training: Training, par: Parallel, sp: 
     (k x phi x s x b x h, gathered over expert-TP) lives beside the received copy the experts keep
     (Megatron-Core MoEAlltoAllTokenDispatcher). DeepEP sends from its own fixed buffers instead
     (counted as communication, deepep.py), so there is no such tensor with it."""
-    if par.ep == 1 or training.moe_dispatcher == "deepep" or not any(k == "moe" for k, _ in sp.kind_counts):
+    if training.moe_dispatcher == "deepep" or not any(k == "moe" for k, _ in sp.kind_counts):
         return []
     T = act.tokens_per_gpu(training, par)
     B = act.fp8_activation_bytes(training) if training.fp8 else bytes_per_element(training.compute_dtype)
     tokens = T * arch.num_experts_per_token * training.moe_capacity_factor * par.etp
-    send = act.Entry("All-to-all send buffer (permuted tokens)", tokens * arch.hidden_size, B, "sp",
-                     "B*phi*k*s*b*h*etp")
-    return [component("transient", send.name, send.bytes(par), send.shown_formula(par),
-                       "Megatron-Core MoEAlltoAllTokenDispatcher (permute, then all_to_all)")]
+    moments = []
+    if par.ep > 1:
+        moments.append((act.Entry("All-to-all send buffer (permuted tokens)", tokens * arch.hidden_size, B, "sp",
+                                  "B*phi*k*s*b*h*etp"), "Megatron-Core MoEAlltoAllTokenDispatcher (permute, then all_to_all)"))
+    if training.moe_router_dtype and par.etp > 1:
+        # token_dispatcher.py combine_preprocess: hidden_states.to(probs.dtype) before the expert-TP
+        # reduce-scatter (and its output); in backward the gathered gradients in that dtype
+        R = 8 if training.moe_router_dtype == "fp64" else bytes_per_element(training.moe_router_dtype)
+        moments.append((act.Entry(f"Expert outputs in the router dtype ({training.moe_router_dtype}) around the "
+                                  "expert-TP reduce-scatter", tokens * arch.hidden_size * (1 + 1 / par.etp), R, "sp",
+                                  "R*phi*k*s*b*h*etp*(1 + 1/etp)"),
+                        "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)"))
+    if not moments:
+        return []
+    entry, source = max(moments, key=lambda m: m[0].bytes(par))
+    return [component("transient", entry.name, entry.bytes(par), entry.shown_formula(par), source)]
 
 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)
@@ -665,12 +751,11 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
     statics: dict[tuple, _StaticStage] = {}
     ledgers: dict[tuple, tuple] = {}
-    ends = (0, par.pp - 1)
     full = training.recompute == "full"
     fragmentation_share = shared.fragmentation
     stages = []
     for sp in cfg.stages:
-        signature = (sp.stage if sp.stage in ends else -1, sp.kind_counts)
+        signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
         static = statics.get(signature)
         if static is None:
             static = statics[signature] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
@@ -678,8 +763,11 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
         if layers is None:
             kept = _activation_counts(training, sp, arch)
             layers = ledgers[sp.chunks if full else signature] = (kept, _activation_units(kept, shared))
-        inflight = act.in_flight_chunks(sp.stage, par, m)
+        inflight = act.in_flight_chunks(sp.stage, par, m, sp.chunks)
         activations = _activation_bytes(sp, inflight, layers[1], shared)
+        host = static.host
+        if training.offload_activations:
+            activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
         forward += activations
         backward += activations
@@ -697,8 +785,25 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
             (("forward", forward), ("backward", backward), ("optimizer", step)),
             StageDetail(partial(_training_detail, static, sp, inflight, layers[0], allocated, training, shared,
                                 backward_ends), {}),
-            static.host, static.nvme))
+            host, static.nvme))
     return stages
+
+
+OFFLOAD_ACTIVATIONS_SOURCE = ("torchtune training/_activation_offloading.py OffloadActivations (saved tensors over 1 KiB "
+                              "copied to pinned host memory in forward and back in backward; the loss outside it); "
+                              "measured, tests/data/measured/torchtune")
+
+
+def _offloaded_activations(activations: int, sp: StageParameters, inflight: float, shared: _Shared,
+                           host: tuple) -> tuple[int, tuple]:
+    """torchtune's OffloadActivations: the layers' saved tensors live on the host between forward
+    and backward; only the first stage's token ids stay (and the loss, counted apart). Returns the
+    activations left on the GPU and the host components with the offloaded ones."""
+    stay = int(round(shared.embedding_bytes * max(1.0, inflight))) if sp.first and shared.embedding else 0
+    moved = component("activations", "Offloaded activations (pinned host memory)", activations - stay,
+                      "every layer's saved tensors (the activation ledger) x micro-batches in flight",
+                      OFFLOAD_ACTIVATIONS_SOURCE)
+    return stay, host + (moved,)
 
 
 def _training_detail(static: _StaticStage, sp: StageParameters, inflight: float, counts: tuple, allocated: int,
@@ -708,7 +813,11 @@ def _training_detail(static: _StaticStage, sp: StageParameters, inflight: float,
     backward phase shows its largest moment: its start, or (`backward_ends`) its last moments."""
     st = static.parts.built()
     parts = _activation_parts(sp, inflight, counts, shared)
-    saved = (_activations_component(parts, training),) + st.loss_saved
+    if training.offload_activations:  # the layers' parts are on the host (`_offloaded_activations`)
+        parts = tuple(p if p[0].startswith("token ids") else
+                      (p[0] + ", on the host", 0, f"0 on the GPU: {p[1] / 2**30:,.2f} GiB offloaded ({p[2]})")
+                      for p in parts)
+    saved = (_activations_component(parts, training, shared.parallel),) + st.loss_saved
     backward = phase("backward", st.kept + (st.grads_full, _ACTIVATIONS_GONE), st.folded["backward_end"]) \
         if backward_ends else phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"])
     phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),

@@ -35,6 +35,8 @@ OFFLOAD_SOURCES = {
                   "parameter offload, times a 1.5 safety factor)"),
     "fsdp2": "PyTorch fully_shard CPUOffloadPolicy(pin_memory=True): sharded parameters and gradients on the host, "
              "the optimizer steps on the CPU",
+    "torchtune": "torchtune fsdp_cpu_offload: PyTorch fully_shard CPUOffloadPolicy (sharded parameters and gradients on "
+                 "the host, the optimizer steps on the CPU)",
     "megatron": "Megatron-Core OptimizerConfig.optimizer_cpu_offload / optimizer_offload_fraction "
                 "(cpu_offloading/hybrid_optimizer.py HybridDeviceOptimizer)",
 }
@@ -81,7 +83,7 @@ def placement(training: Training, recipe: Recipe, states: dict[str, float], para
                 move(key, label, gpu[key], f"{gpu[key] / max(n, 1):.4g} B x {n:,.0f} parameters of this GPU's "
                      "partition", where_opt)
                 gpu[key], moved[key] = 0.0, where_opt
-        if fw == "deepspeed" and zero >= 2 or fw in ("fsdp2", "megatron"):
+        if fw == "deepspeed" and zero >= 2 or fw in ("fsdp2", "torchtune", "megatron"):
             # the step reads fp32 gradients on the host: a host copy of the reduced partition
             move("gradients", "fp32 gradient partition", 4 * n, f"4 B x {n:,.0f} parameters", where_opt)
             if fw != "megatron":  # Megatron keeps its main-gradient buffer on the GPU

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
+# Pipeline schedules (parallel.pp_schedule): 1F1B (Narayanan et al. 2021), Megatron's interleaved
+# 1F1B (implied by vpp > 1), ZB-H1 (Qi et al. 2023), DualPipe and DualPipeV (DeepSeek-AI 2024,
+# section 3.2.1; deepseek-ai/DualPipe).
+PP_SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe", "dualpipev")
+TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipev")  # two model chunks per rank, no vpp
+
 
 def tp_following_defaults(tp: int) -> dict[str, object]:
     """The layout fields that follow TP unless given (their one owner): sequence parallelism on
@@ -39,6 +45,13 @@ class Parallel:
     # behind compute (roofline.py); 1.0 = Megatron --overlap-grad-reduce/--overlap-param-gather,
     # FSDP2 prefetching and DDP bucketing, 0.0 = none overlapped.
     comm_overlap: float = 1.0
+    pp_schedule: str = "1f1b"
+    # Megatron-Core's --account-for-embedding/loss-in-pipeline-split: the embedding (the loss)
+    # counts as one layer of the split, so the first (last) virtual stage holds one layer fewer
+    pp_account_for_embedding: bool = False
+    pp_account_for_loss: bool = False
+    # Megatron-Core's --pipeline-model-parallel-layout, e.g. "Et*4|(t*4|)*14tmL" (sharding.parse_layout)
+    pp_layout: str | None = None
 
     def __post_init__(self) -> None:
         from .fields import check_section  # each field's type and range; the registry reads this module
@@ -56,6 +69,52 @@ class Parallel:
         if (self.pp_first_stage_layers or self.pp_last_stage_layers) and self.pp == 1:
             raise ConfigError("parallel.pp_first_stage_layers", self.pp_first_stage_layers or self.pp_last_stage_layers,
                               "unset when pp is 1", related=("parallel.pp",))
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        """The schedule and the split options together (each as Megatron-Core's TransformerConfig or
+        the DualPipe repository asserts it)."""
+        s, split = self.pp_schedule, ("parallel.pp_first_stage_layers", "parallel.pp_last_stage_layers")
+        if s != "1f1b" and self.pp == 1:
+            raise ConfigError("parallel.pp_schedule", s, "'1f1b' when pp is 1", "a schedule needs pipeline stages",
+                              related=("parallel.pp",))
+        if s == "interleaved" and self.vpp == 1:
+            raise ConfigError("parallel.pp_schedule", s, "'1f1b' when vpp is 1, or vpp > 1",
+                              "interleaving runs vpp model chunks per rank", related=("parallel.vpp",))
+        if s in ("zero_bubble",) + TWO_CHUNK_SCHEDULES and self.vpp > 1:
+            raise ConfigError("parallel.pp_schedule", s, "'interleaved' when vpp > 1, or vpp = 1",
+                              "ZB-H1 runs one chunk per rank and DualPipe(V) its own two", related=("parallel.vpp",))
+        if s == "dualpipe" and self.pp % 2:
+            raise ConfigError("parallel.pp", self.pp, "an even number with pp_schedule 'dualpipe'",
+                              "DualPipe pairs rank r with rank pp - 1 - r (deepseek-ai/DualPipe asserts it)",
+                              related=("parallel.pp_schedule",))
+        uneven = self.pp_first_stage_layers is not None or self.pp_last_stage_layers is not None
+        accounted = self.pp_account_for_embedding or self.pp_account_for_loss
+        name = "parallel.pp_account_for_embedding" if self.pp_account_for_embedding else "parallel.pp_account_for_loss"
+        if accounted and (self.pp == 1 or uneven or self.pp_layout is not None):
+            raise ConfigError(name, True, "false when pp is 1, with pp_first/last_stage_layers or with pp_layout",
+                              "Megatron-Core takes one way of splitting the layers",
+                              related=("parallel.pp", "parallel.pp_layout") + split)
+        if self.pp_layout is not None and (self.pp == 1 or uneven):
+            raise ConfigError("parallel.pp_layout", self.pp_layout, "unset when pp is 1 or with "
+                              "pp_first/last_stage_layers", "Megatron-Core takes one way of splitting the layers",
+                              related=("parallel.pp",) + split)
+        if s == "dualpipev" and uneven:
+            raise ConfigError(split[0] if self.pp_first_stage_layers is not None else split[1],
+                              self.pp_first_stage_layers or self.pp_last_stage_layers,
+                              "unset with pp_schedule 'dualpipev' (use pp_layout or the account flags)",
+                              "DualPipeV's first and last stages are both on rank 0", related=("parallel.pp_schedule",))
+
+    @property
+    def schedule(self) -> str:
+        """The schedule that runs: 'interleaved' whenever vpp > 1 (Megatron-Core), else pp_schedule."""
+        return "interleaved" if self.vpp > 1 else self.pp_schedule
+
+    @property
+    def virtual_stages(self) -> int:
+        """Model chunks the layers are split into: pp x vpp; 2 pp under DualPipeV (its 'cut-in-half'),
+        pp under DualPipe, whose ranks each hold two of the pp stages."""
+        return 2 * self.pp if self.pp_schedule == "dualpipev" else self.pp * self.vpp
 
     def follows_tp(self, name: str) -> bool:
         """Whether a TP-following field holds the value TP gives it (not worth writing back)."""

@@ -35,7 +35,8 @@ layouts without either, by exact rules, each checked against brute force on rand
    layers keeps less; so the least memory of a mode is its most frugal setting.
 3. micro-batch: no setting needs less memory with a larger micro-batch, but where one micro-batch
    and no pipeline leave gradients unallocated in forward (non-Megatron frameworks); that one is
-   treated apart.
+   treated apart. With rule 2: full recompute of n layers over the budget at one micro-batch is
+   over it, for every n' <= n, at every larger one (judged without an estimate).
 
 Speed, from the roofline's step (roofline.py):
 
@@ -54,6 +55,7 @@ counts them, `Plan.estimates` and `Plan.rooflines` the full evaluations, `Plan.p
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import json
@@ -235,7 +237,7 @@ def _expert_splits(arch: Architecture, tp: int, per_stage: int) -> list[tuple[in
 
 def _zero_stages(framework: str, shards: bool) -> tuple[int, ...]:
     """The ZeRO stages each framework runs (parallel.py); above 0 only with a group to shard over."""
-    stages = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (0, 2, 3), "hf": (0,)}[framework]
+    stages = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (0, 2, 3), "hf": (0,), "torchtune": (0, 2, 3)}[framework]
     return stages if shards else (0,)
 
 
@@ -317,6 +319,9 @@ class _Evaluator:
         self.estimates = 0
         self.rooflines = 0
         self.judged: Counter = Counter()  # valid layouts estimated, by shape and by (shape, micro-batch)
+        # (shape, micro-batch) -> the recompute_layers of each full recompute pair member estimated
+        # (None: every layer), so the search counts what a pruned range already judged at once
+        self.full_layers: dict[tuple[Shape, int], list[int | None]] = {}
         self.stage_params: dict[tuple, tuple[int, ...]] = {}  # parameters on one GPU of each stage
         self._parallels: dict[Shape, Parallel] = {}
         self._trainings: dict[Variant, Training] = {}
@@ -350,6 +355,8 @@ class _Evaluator:
             except ConfigError:
                 self.memory[key] = None
             self.estimates += 1
+            if v.recompute == "full" and v.loss in ("fused", "chunked"):
+                self.full_layers.setdefault((s, v.micro_batch), []).append(v.layers)
         return self.memory[key]
 
     def roofline(self, s: Shape, v: Variant) -> Roofline:
@@ -516,12 +523,10 @@ class _Answer:
         layouts with identical numbers are listed once). Without a front, everything counts as such."""
         if not self.pareto:
             return True
-        best = -1.0
-        for m, t, _ in self.front:
-            if m > memory:
-                break
-            best = max(best, t)
-        return best >= throughput
+        # the front rises: memory ascending, throughput strictly so (a point matched or beaten on
+        # both counts leaves it), so the best within `memory` is the last point within it
+        within = bisect.bisect_right(self.front, memory, key=lambda f: f[0])
+        return within > 0 and self.front[within - 1][1] >= throughput
 
     def threshold(self) -> float:
         return self.top[0][0] if len(self.top) >= self.limit else -1.0
@@ -586,6 +591,11 @@ class _Search:
     def _count(self, s: Shape) -> int:
         return len(self._micro(s)) * variants_per_micro_batch(self.req.architecture, s)
 
+    def _out(self, floor: float, ceiling: float) -> bool:
+        """No layout with at least `floor` memory and at most `ceiling` throughput can be in the
+        answer: none fits, or each is hopeless (`_Answer.hopeless`)."""
+        return not self.req.within(floor) or self.answer.hopeless(floor, ceiling)
+
     def _judge(self, count: int, rule: str | None = None) -> None:
         self.searched += count
         if rule:
@@ -609,10 +619,12 @@ class _Search:
             self._judge(count - self.ev.judged[s], "bound" if fits else "least memory")
             return
         below = dict(modes)  # the least memory of each mode at this micro-batch and above (rule 3)
+        full_below: dict[int, float] = {}  # ... of full recompute of n layers, by n, where estimated
         for b in self._micro(s):
             if not self._gradients_alive(s, b) and self._gradients_alive(s, 1):
                 below = dict(modes)  # one micro-batch, no pipeline: gradients not yet alive, memory may fall
-            self._micro_batch(s, b, below, open_)
+                full_below = {}
+            self._micro_batch(s, b, below, open_, full_below, top)
 
     def _gradients_alive(self, s: Shape, b: int) -> bool:
         """Whether gradients exist during forward and backward (memory.py): Megatron's buffer,
@@ -634,16 +646,21 @@ class _Search:
         whole output under TP), which can exceed what none keeps."""
         return not op_level(dataclasses.replace(self.req.training, recompute="selective"))
 
-    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict) -> None:
+    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float],
+                     top: Speeds) -> None:
         most = most_stage_layers(self.req.architecture, s)
         per_mode = {"none": 2, "selective": 2, "full": 2 * most}  # fused and chunked (standard: rule 5)
-        speed = self.ev.speeds(s, b)
-        fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
-        ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
         alive = [m for m in open_ if open_[m]]
         self._judge(sum(per_mode.values()) // 2, "dominated")  # the standard loss (rule 5)
-        if self.answer.hopeless(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
+        # the shape's ceilings hold at every micro-batch (rule 4): no roofline of this one is needed
+        if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
             alive = []
+        if alive:
+            speed = self.ev.speeds(s, b)
+            fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
+            ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
+            if self._out(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
+                alive = []
         for mode in [m for m in per_mode if m not in alive]:
             self._judge(per_mode[mode] - self._estimated_mode(s, b, mode, most), "bound")
         if "selective" in alive:
@@ -655,7 +672,7 @@ class _Search:
             memory = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest, exact=True)
             below["none"] = max(lower, memory or 0)
         if "full" in alive:
-            below["full"] = max(below["full"], self._full_family(s, b, below["full"], speed))
+            below["full"] = max(below["full"], self._full_family(s, b, below["full"], speed, full_below))
 
     def _estimated_mode(self, s: Shape, b: int, mode: str, most: int) -> int:
         if mode == "full":
@@ -674,11 +691,11 @@ class _Search:
         return best
 
     def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False) -> float | None:
-        """Judges one recompute setting's pair: skipped when (a memory it cannot go below, a speed it
-        cannot exceed) is hopeless, else estimated; a fitting one gets its roofline and joins the
-        answer unless hopeless on its own memory. `exact`: `upper` is its speed. Its memory, None
-        when skipped."""
-        if self.answer.hopeless(lower, upper):
+        """Judges one recompute setting's pair: skipped when a memory it cannot go below is over the
+        budget or (that memory, a speed it cannot exceed) is hopeless, else estimated; a fitting one
+        gets its roofline and joins the answer unless hopeless on its own memory. `exact`: `upper`
+        is its speed. Its memory, None when skipped."""
+        if self._out(lower, upper):
             self._judge(2 - sum(1 for loss in ("fused", "chunked") if (s, v._replace(loss=loss)) in self.ev.memory),
                         "bound")
             return None
@@ -688,44 +705,62 @@ class _Search:
             self.answer.add((s, variant), Point(memory, speed))
         return memory
 
-    def _full_family(self, s: Shape, b: int, lower: float, speed: Speeds) -> float:
+    def _full_family(self, s: Shape, b: int, lower: float, speed: Speeds, known: dict[int, float]) -> float:
         """Full recompute of n = 1 ... most layers per stage (rules 2 and 5: memory and speed fall as
-        n grows). Returns a lower bound on the memory of n = most (its memory when estimated)."""
+        n grows). `known`: n -> its memory at a smaller micro-batch (rule 3: a lower bound here),
+        to which what is estimated here is added. Returns a lower bound on the memory of n = most (its
+        memory when estimated)."""
         most = most_stage_layers(self.req.architecture, s)
-        if self.answer.hopeless(lower, speed.ceiling("full", 1)):
+        if self._out(lower, speed.ceiling("full", 1)):
             self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
             return lower
         top = self._candidate(s, self._full(b, most, most), lower, speed.ceiling("full", most))
+        if top is not None:
+            known[most] = top
         if top is not None and not self.req.within(top):
             self._judge(2 * (most - 1) - self._estimated_full(s, b, range(1, most), most), "monotone recompute")
         else:
-            self._interval(s, b, 1, most, lower if top is None else top, speed)
+            self._interval(s, b, 1, most, lower if top is None else top, speed, known)
         return lower if top is None else top
 
     def _full(self, b: int, n: int, most: int) -> Variant:
         return Variant(b, "full", None if n == most else n, "fused")
 
-    def _estimated_full(self, s: Shape, b: int, ns, most: int) -> int:
-        return sum(1 for n in ns for loss in ("fused", "chunked")
-                   if (s, self._full(b, n, most)._replace(loss=loss)) in self.ev.memory)
+    def _estimated_full(self, s: Shape, b: int, ns: range, most: int) -> int:
+        """Fused and chunked full recompute settings with n in `ns` already estimated (or refused)."""
+        return sum(1 for n in self.ev.full_layers.get((s, b), ()) if (most if n is None else n) in ns)
 
-    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: Speeds) -> None:
+    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: Speeds,
+                  known: dict[int, float]) -> None:
         """n in [lo, hi - 1], none of them judged, all needing at least `lower` (the memory of n = hi
-        or a bound on it): skipped when (lower, the speed ceiling at lo) is hopeless, else split at
-        a middle n, estimated."""
+        or a bound on it) and, at each n, what any n' >= n needed at this or a smaller micro-batch
+        (`known`; rules 2 and 3): those up to the largest n' over the budget are over it; the rest
+        skipped when (their least bound, the speed ceiling at lo) is hopeless, else split at a
+        middle n, estimated."""
         if lo >= hi:
             return
         most = most_stage_layers(self.req.architecture, s)
-        if self.answer.hopeless(lower, speed.ceiling("full", lo)):
+        over = max((n for n, memory in known.items() if n >= lo and not self.req.within(memory)), default=0)
+        if over >= lo:
+            last_over = min(over, hi - 1)
+            self._judge(2 * (last_over + 1 - lo) - self._estimated_full(s, b, range(lo, last_over + 1), most),
+                        "monotone recompute")
+            lo = last_over + 1
+            if lo >= hi:
+                return
+        if self._out(max(lower, _at_least(known, hi - 1)), speed.ceiling("full", lo)):
             self._judge(2 * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
             return
         mid = (lo + hi - 1) // 2
-        memory = self._candidate(s, self._full(b, mid, most), lower, speed.ceiling("full", mid))
+        memory = self._candidate(s, self._full(b, mid, most), max(lower, _at_least(known, mid)),
+                                 speed.ceiling("full", mid))
+        if memory is not None:
+            known[mid] = memory
         if memory is not None and not self.req.within(memory):  # nor does any n below it
             self._judge(2 * (mid - lo) - self._estimated_full(s, b, range(lo, mid), most), "monotone recompute")
         else:
-            self._interval(s, b, lo, mid, lower if memory is None else memory, speed)
-        self._interval(s, b, mid + 1, hi, lower, speed)
+            self._interval(s, b, lo, mid, lower if memory is None else memory, speed, known)
+        self._interval(s, b, mid + 1, hi, lower, speed, known)
 
     def layouts(self) -> tuple[Layout, ...]:
         top, front = self.answer.keys()
@@ -741,6 +776,13 @@ class _Search:
         return Layout(parallel=e.parallel, training=e.training, device_total_bytes=e.device_total_bytes,
                       peak_stage=e.peak_stage, utilization=e.fit.utilization, step_time_s=r.step.time_s,
                       tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
+
+
+def _at_least(known: dict[int, float], n: int) -> float:
+    """A lower bound on the memory of full recompute of n layers from `known` (n' -> memory at this
+    or a smaller micro-batch): recomputing fewer layers never needs less (rule 2), nor does a larger
+    micro-batch (rule 3)."""
+    return max((memory for k, memory in known.items() if k >= n), default=0.0)
 
 
 # --- entry points --------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .activations import global_batch_size
+from .adapters import check_adapter
+from .rl import check_rl
 from .architecture import Architecture
 from .hardware import GPU, Hardware
 from .parallel import Parallel
@@ -51,12 +53,17 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     par = par or Parallel()
     hardware = hardware or Hardware()
     zero = validate(arch, training, par)
+    if training.adapter:
+        check_adapter(training.adapter, arch, training, par)
+    if training.rl:
+        check_rl(training.rl, training, par)
     vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
     gbs = global_batch_size(training, par)
     # the stages depend on the architecture and the layout's split only: a layout search and an
     # app rerun ask for the same ones again (the architecture is immutable, so the memo stays valid)
     key = ("stages", par.tp, par.ep, par.etp, par.pp, par.vpp, par.pp_first_stage_layers,
-           par.pp_last_stage_layers, vocab)
+           par.pp_last_stage_layers, par.pp_schedule, par.pp_account_for_embedding, par.pp_account_for_loss,
+           par.pp_layout, vocab)
     stages = arch.cached(key, lambda: tuple(stage_parameters(arch, par, training.framework)))
     return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
                     recipe=resolve_recipe(training), zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,

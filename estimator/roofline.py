@@ -61,7 +61,7 @@ from .hardware import GPU, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve
 from .states import optimizer_state_bytes
-from .training import Training
+from .training import FSDP_FRAMEWORKS, Training
 
 ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
 PALM = "Chowdhery et al. 2022, PaLM (arXiv 2204.02311), appendix B"
@@ -204,7 +204,7 @@ class Step:
     time_s: float
     tokens_per_s_per_gpu: float
     mfu: float
-    bubble_fraction: float  # (p - 1) / (v m): the bubble relative to the ideal time (Narayanan 2021)
+    bubble_fraction: float  # bubble / (compute + recompute); 1F1B: (p - 1) / (v m) (Narayanan 2021)
     exposed_comm_s: float
     compute_s: float  # the operations of all micro-batches
     recompute_s: float
@@ -281,6 +281,7 @@ class _Context:
     gpu: GPU
     framework: str
     fused: bool  # fused norm/rotary/activation kernels (Megatron's TransformerEngine) rather than eager ops
+    frozen: frozenset = frozenset()  # scopes whose weights are frozen (an adapter run): no weight gradient
 
 
 def _gemm(ctx: _Context, scope: str, name: str, M: float, K: float, N: float, count: int,
@@ -301,6 +302,10 @@ def _gemm(ctx: _Context, scope: str, name: str, M: float, K: float, N: float, co
              formula or f"2*M*K*N, M={M:g} K={K:g} N={N:g}")
     if not ctx.training:
         return [fwd]
+    if scope in ctx.frozen or ("layer" in scope and "layer" in ctx.frozen):
+        # a frozen weight gets no gradient: dW is not computed (adapters.py)
+        return [fwd, op(f"{name} (input gradient)", "backward", M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
+                        (rows, N, K), "dX = dY W^T: 2*M*K*N (frozen weight: no dW)")]
     dgrad = op(f"{name} (input gradient)", "backward", M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
                (rows, N, K), "dX = dY W^T: 2*M*K*N")
     wgrad = op(f"{name} (weight gradient)", "backward", M * K * ctx.mm_in + M * N * ctx.mm_in + W * ctx.grad,
@@ -497,9 +502,29 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
                                act_modules=shared))
     groups.append(_elementwise(ctx, scope, "residual add (MLP)", 2 * T_sp * h, T_sp * h, 0.5, count,
                                "read 2*s*b*h, write s*b*h (/t with sequence parallelism)"))
+    if training.adapter:
+        groups += _adapter_operations(ctx, arch, training, scope, kind, count)
     forward = [op for g in groups for op in g if op.phase == "forward"]
     backward = [op for g in reversed(groups) for op in reversed(g) if op.phase == "backward"]
     return forward, backward
+
+
+def _adapter_operations(ctx: _Context, arch: Architecture, training: Training, scope: str, kind: str,
+                        count: int) -> list[list[Operation]]:
+    """Each adapted module's LoRA branch (adapters.py): the input cast to the adapters' dtype, then
+    lora_A (T x in -> r) and lora_B (T x r -> out), trained (their weight gradients computed)."""
+    from .adapters import adapted_modules
+    trained = dataclasses.replace(ctx, frozen=frozenset())
+    T, r = ctx.T, training.adapter.rank
+    groups = []
+    for m in adapted_modules(training.adapter, arch, kind):
+        rank = r * m.rank_factor
+        label = f"{m.name} adapter"
+        groups.append(_elementwise(ctx, scope, f"{label}: input cast", T * m.in_features * m.copies,
+                                   T * m.in_features * m.copies, 0, count, "read s*b*in, write s*b*in"))
+        groups.append(_gemm(trained, scope, f"{label}: lora_A", T, m.in_features, rank * m.copies, count))
+        groups.append(_gemm(trained, scope, f"{label}: lora_B", T, rank, m.out_features * m.copies, count))
+    return groups
 
 
 def embedding_operations(ctx: _Context, arch: Architecture, count: int) -> list[Operation]:
@@ -611,8 +636,15 @@ def _context(cfg: Resolved) -> tuple[_Context, list[str]]:
         B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(cfg.recipe.grad_dtype),
         mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=cfg.is_training,
         T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp, gpu=gpu, framework=training.framework,
-        fused=fused_kernels(training))
+        fused=fused_kernels(training), frozen=_frozen_scopes(training))
     return ctx, notes
+
+
+def _frozen_scopes(training: Training) -> frozenset:
+    """An adapter run freezes every layer's weights, and the head unless it is trained."""
+    if training.adapter is None:
+        return frozenset()
+    return frozenset({"layer"} | (set() if training.adapter.trainable_embeddings else {"head"}))
 
 
 # --- the work of each pipeline stage -----------------------------------------------------------------
@@ -696,10 +728,10 @@ def stage_work(cfg: Resolved, rank: int, variants, ends, roof: bool) -> StageWor
     counts = stage_variants(cfg, rank)
     forward = sum(n * _time(variants[v][0], roof) for v, n in counts.items())
     backward = sum(n * _time(variants[v][1], roof) for v, n in counts.items())
-    if rank == 0:
+    if cfg.stages[rank].first:  # rank 0; under DualPipe also rank p - 1 (sharding.rank_virtual_stages)
         forward += _time([op for op in embed if op.phase == "forward"], roof)
         backward += _time([op for op in embed if op.phase == "backward"], roof)
-    if rank == cfg.parallel.pp - 1:
+    if cfg.stages[rank].last:  # rank p - 1; DualPipe also rank 0, DualPipeV rank 0 only
         forward += _time(head_fwd, roof)
         backward += _time(head_bwd, roof)
     recompute, fraction = recompute_time(cfg, counts, variants, roof)
@@ -708,19 +740,20 @@ def stage_work(cfg: Resolved, rank: int, variants, ends, roof: bool) -> StageWor
 
 def stage_operations(cfg: Resolved, work: StageWork, variants, ends) -> list[Operation]:
     """The operations of a rank with their counts per step, in running order."""
-    m, last = cfg.microbatches, cfg.parallel.pp - 1
+    m = cfg.microbatches
     embed, head_fwd, head_bwd = ends
     order = sorted(work.counts, key=lambda v: (v[0], v[1]))
     ops: list[Operation] = []
-    if work.rank == 0:
+    first, last = cfg.stages[work.rank].first, cfg.stages[work.rank].last
+    if first:
         ops += [dataclasses.replace(op, count=m) for op in embed if op.phase == "forward"]
     for v in order:
         ops += [dataclasses.replace(op, count=work.counts[v] * m) for op in variants[v][0]]
-    if work.rank == last:
+    if last:
         ops += [dataclasses.replace(op, count=m) for op in head_fwd + head_bwd]
     for v in reversed(order):
         ops += [dataclasses.replace(op, count=work.counts[v] * m) for op in variants[v][1]]
-    if work.rank == 0:
+    if first:
         ops += [dataclasses.replace(op, count=m) for op in embed if op.phase == "backward"]
     return ops
 
@@ -832,7 +865,7 @@ def _bucket_params(framework: str, n: int, grad_bytes: float) -> float:
 def _sharded_per_unit(cfg: Resolved, zero: int) -> bool:
     """Gathers and reduce-scatters run unit by unit (one layer) in every micro-batch: FSDP2 with
     sharded gradients, and ZeRO-3 in any framework."""
-    return zero == 3 or (zero == 2 and cfg.training.framework == "fsdp2")
+    return zero == 3 or (zero == 2 and cfg.training.framework in FSDP_FRAMEWORKS)
 
 
 def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
@@ -859,7 +892,7 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
     tr, par, gpu, m, zero = cfg.training, cfg.parallel, ctx.gpu, cfg.microbatches, cfg.zero_stage
     sp = cfg.stages[work.rank]
     G, P = bytes_per_element(cfg.recipe.grad_dtype), bytes_per_element(cfg.recipe.param_dtype)
-    if tr.framework == "fsdp2":
+    if tr.framework in FSDP_FRAMEWORKS:
         P = ctx.B  # fully_shard gathers the bf16 compute copy (MixedPrecisionPolicy)
     per_unit = _sharded_per_unit(cfg, zero)
     layers = max(1, work.layers)
@@ -885,7 +918,7 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
                              f"{gathers} x (n-1)/n x params x param bytes" + (
                                  " (forward and backward, every micro-batch)" if zero == 3 else ""))
         if per_unit:
-            root = sp.root_local * P * _ring(n) if tr.framework == "fsdp2" and label == "" else 0.0
+            root = sp.root_local * P * _ring(n) if tr.framework in FSDP_FRAMEWORKS and label == "" else 0.0
             out += _per_unit(grad, gather, work, zero == 3, root, par, roof)
         else:
             out.append(_bucketed(grad, work.backward_s + work.recompute_s, buckets, par, roof))
@@ -1008,16 +1041,45 @@ def step_times(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bo
     """step time = compute                 the operations' times x micro-batches
                  + recompute               full: each recomputed layer's forward again; selective: the
                                            recomputed modules' forward (Korthikanti et al. 2022)
-                 + bubble                  (p - 1) / (v m) x (compute + recompute) (Narayanan 2021)
+                 + bubble                  per schedule, `pipeline_bubble_s` (1F1B: (p - 1) / (v m) x
+                                           (compute + recompute), Narayanan 2021)
                  + exposed communication   TP and EP in full; CP beyond the attention core; DP/FSDP as
                                            each framework overlaps it; PP behind the compute left
                  + optimizer update        memory-bound: read and write states, master, gradient"""
     par, m = cfg.parallel, cfg.microbatches
     compute = m * (work.forward_s + work.backward_s)
     recompute = m * work.recompute_s
-    bubble = (par.pp - 1) / (par.vpp * m) * (compute + recompute)
+    bubble = pipeline_bubble_s(par, work)
     comms = communication(cfg, ctx, work, variants, roof)
     return _StepTimes(compute, recompute, bubble, optimizer_time(cfg, work.rank, roof), tuple(comms))
+
+
+def per_chunk_config(cfg: Resolved) -> Resolved:
+    """The configuration a rank's work is timed with: under DualPipe each rank runs each of its two
+    stages on half the micro-batches (one direction's; deepseek-ai/DualPipe step() scatters the
+    batch into num_chunks / 2 per direction), so its chunks' work counts m / 2 times."""
+    if cfg.parallel.schedule != "dualpipe":
+        return cfg
+    return dataclasses.replace(cfg, microbatches=cfg.microbatches // 2)
+
+
+def pipeline_bubble_s(par: Parallel, work: StageWork) -> float:
+    """The pipeline bubble per step, from one micro-batch's forward F, backward B and recompute R on
+    the rank (R runs inside the backward). The weight-gradient pass W is half of B (its GEMMs are
+    half the backward's, Narayanan et al. 2021). deepseek-ai/DualPipe README, per chunk:
+    1F1B (p - 1)(F + B), interleaved / v (Narayanan 2021); ZB-H1 (p - 1)(F + B - 2W) = (p - 1)(F + R)
+    (Qi et al. 2023: a third of 1F1B's when F = B/2 = W); DualPipe and DualPipeV (PP/2 - 1)(F&B + B - 3W),
+    F&B = F + B (two chunks overlap communication, not compute), over PP stages of half a rank's
+    layers: PP = p under DualPipe, 2p under DualPipeV."""
+    f, b, r, p = work.forward_s, work.backward_s, work.recompute_s, par.pp
+    schedule = par.schedule
+    if schedule == "zero_bubble":
+        return (p - 1) * (f + r)
+    if schedule in ("dualpipe", "dualpipev"):
+        stages = p if schedule == "dualpipe" else 2 * p
+        f, b, r = f / 2, b / 2, r / 2  # one chunk of the rank's two
+        return max(0, stages // 2 - 1) * ((f + b + r) + (b + r) - 3 * b / 2)
+    return (p - 1) / par.vpp * (f + b + r)
 
 
 def roofline(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
@@ -1035,15 +1097,22 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
     ctx, notes = _context(cfg)
     variants = variant_operations(ctx, cfg)
     ends = (embedding_operations(ctx, arch, 1), *head_operations(ctx, arch, training, par, cfg.padded_vocab, 1))
+    m, cfg = cfg.microbatches, per_chunk_config(cfg)
     expected = [stage_work(cfg, r, variants, ends, roof=False) for r in range(par.pp)]
     slowest = max(range(par.pp), key=lambda r: expected[r].per_microbatch_s)
     times = step_times(cfg, ctx, expected[slowest], variants, roof=False)
     roofs = [stage_work(cfg, r, variants, ends, roof=True) for r in range(par.pp)]
     at_roof = step_times(cfg, ctx, max(roofs, key=lambda w: w.per_microbatch_s), variants, roof=True)
 
-    m = cfg.microbatches
     tokens_per_step = cfg.global_batch_size * training.seq_len
     flops_per_token = model_flops_per_token(arch, training.seq_len, cfg.is_training)
+    if training.adapter and cfg.is_training:
+        # frozen weights skip dW: the matmuls' 6N becomes 4N (+ the adapters' own 6 r (in + out)),
+        # so MFU counts the work the step does (adapters.py)
+        from .adapters import layer_parameters
+        head = arch.vocab_size * arch.hidden_size if training.adapter.trainable_embeddings else 0
+        adapters = sum(n * layer_parameters(training.adapter, arch, kind) for kind, n in arch.kind_counts())
+        flops_per_token -= 2 * (matmul_parameters(arch) - head) - 6 * adapters
 
     def throughput(time_s: float) -> tuple[float, float]:
         tokens = tokens_per_step / time_s / par.gpus
@@ -1052,13 +1121,14 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
     tokens, mfu = throughput(times.time_s)
     bound = Bound(at_roof.time_s, *throughput(at_roof.time_s))
     step = Step(
-        time_s=times.time_s, tokens_per_s_per_gpu=tokens, mfu=mfu, bubble_fraction=(par.pp - 1) / (par.vpp * m),
+        time_s=times.time_s, tokens_per_s_per_gpu=tokens, mfu=mfu,
+        bubble_fraction=times.bubble_s / (times.compute_s + times.recompute_s) if times.compute_s else 0.0,
         exposed_comm_s=times.exposed_comm_s, compute_s=times.compute_s, recompute_s=times.recompute_s,
         bubble_s=times.bubble_s, optimizer_s=times.optimizer_s, microbatches=m, tokens_per_step=tokens_per_step,
         model_flops_per_token=flops_per_token, mfu_peak_flops=ctx.peak, communication=times.communication,
         upper_bound=bound)
     return Roofline(mode=training.mode, gpu=ctx.gpu.id, stage=slowest,
-                    stage_times_s=tuple(m * w.per_microbatch_s for w in expected),
+                    stage_times_s=tuple(cfg.microbatches * w.per_microbatch_s for w in expected),
                     operations=tuple(stage_operations(cfg, expected[slowest], variants, ends)), step=step,
                     notes=tuple(notes + _notes(cfg, slowest)))
 

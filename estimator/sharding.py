@@ -12,6 +12,7 @@ both copies and all-reduces their gradients, Shoeybi et al. 2019).
 from __future__ import annotations
 
 import math
+import re
 from operator import add
 from typing import NamedTuple
 
@@ -30,8 +31,62 @@ def padded_vocab_size(vocab_size: int, tp: int, framework: str) -> int:
     return math.ceil(vocab_size / multiple) * multiple
 
 
+_LAYOUT_ALLOWED = ("groups of E (embedding), t (layer), m (MTP) and L (loss) separated by |, with (...)*n and "
+                   "x*n repeats")
+_LAYOUT_MAX = 4 * 2**14  # symbols after unrolling: every layer, MTP module and separator of the longest model
+
+
+def parse_layout(text: str) -> list[str]:
+    """A layout string's virtual stages, as Megatron-Core's
+    ``PipelineParallelLayerLayout.parse_str_to_list`` reads it: commas are cosmetic, ``(...)*n``
+    then ``x*n`` are unrolled, ``|`` separates stages. Unrolling is bounded, so a short string
+    cannot expand without limit."""
+    def unroll(match: re.Match) -> str:
+        if len(match.group(1)) * int(match.group(2)) > _LAYOUT_MAX:
+            raise ConfigError("parallel.pp_layout", text, _LAYOUT_ALLOWED, f"it unrolls past {_LAYOUT_MAX} symbols")
+        return match.group(1) * int(match.group(2))
+    flat = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d{1,6})", r"(.)\*(\d{1,6})"):
+        flat = re.sub(pattern, unroll, flat)
+        if len(flat) > _LAYOUT_MAX:
+            raise ConfigError("parallel.pp_layout", text, _LAYOUT_ALLOWED, f"it unrolls past {_LAYOUT_MAX} symbols")
+    bad = sorted(set(flat) - set("EtmL|"))
+    if bad:
+        raise ConfigError("parallel.pp_layout", text, _LAYOUT_ALLOWED, f"unknown symbol {bad[0]!r}")
+    return flat.split("|")
+
+
+def layout_stage_layers(arch: Architecture, par: Parallel) -> list[int]:
+    """Transformer layers of each virtual stage of `par.pp_layout`, checked as Megatron-Core's
+    ``validate_layer_layout`` does (E first, L last, once each; t = num_layers; m = the MTP modules,
+    after every layer). MTP is modelled beside the loss, so it must sit in the loss's stage."""
+    text, stages = par.pp_layout, parse_layout(par.pp_layout)
+    flat = "".join(stages)
+    n = par.virtual_stages
+    rules = ((len(stages) == n, f"{n} groups (pp x vpp{', 2 x pp under dualpipev' if n == 2 * par.pp else ''})",
+              f"it has {len(stages)}"),
+             (flat[:1] == "E" and flat[-1:] == "L" and flat.count("E") == flat.count("L") == 1,
+              "E once, first, and L once, last", "Megatron-Core validate_layer_layout"),
+             (flat.count("t") == arch.num_layers, f"{arch.num_layers} t (num_layers)", f"it has {flat.count('t')}"),
+             (flat.count("m") == arch.mtp_layers, f"{arch.mtp_layers} m (mtp_layers)", f"it has {flat.count('m')}"),
+             ("m" not in flat or ("t" not in flat[flat.index("m"):] and stages[-1].count("m") == arch.mtp_layers),
+              "the m after every t, in the group of L", "MTP is modelled beside the loss"))
+    for ok, allowed, why in rules:
+        if not ok:
+            raise ConfigError("parallel.pp_layout", text, allowed, why,
+                              related=("parallel.pp", "parallel.vpp", "model.num_layers"))
+    return [stage.count("t") for stage in stages]
+
+
 def layers_per_stage(arch: Architecture, par: Parallel) -> list[int]:
-    """Transformer layers on each pipeline rank, first to last (all of its virtual chunks).
+    """Transformer layers on each pipeline rank, first to last (all of its chunks: under DualPipe
+    the two stages it holds)."""
+    sizes = virtual_stage_sizes(arch, par)
+    return [sum(sizes[k] for k in ks) for ks in rank_virtual_stages(par)]
+
+
+def _rank_split(arch: Architecture, par: Parallel) -> list[int]:
+    """Layers of each rank from pp, vpp and pp_first/last_stage_layers.
 
     An uneven split gives the first and last ranks their own counts and the middle ranks an
     even share of the rest. Llama 3 trains its 126 layers on 16 stages with one layer fewer on
@@ -93,21 +148,54 @@ def chunk_sizes(counts: list[int], v: int) -> list[list[int]]:
     return out
 
 
+def rank_virtual_stages(par: Parallel) -> list[list[int]]:
+    """The virtual stages (model chunks, numbered in layer order) each rank runs, in its order.
+    Interleaved: rank r holds r, r + p, r + 2p, ... (Narayanan et al. 2021). DualPipe: stages r and
+    p - 1 - r, every stage on two ranks (DeepSeek-V3 report section 3.2.1; deepseek-ai/DualPipe
+    examples/example_dualpipe.py). DualPipeV: r and 2p - 1 - r of 2p (example_dualpipev.py)."""
+    p = par.pp
+    if par.pp_schedule == "dualpipe":
+        return [[r, p - 1 - r] for r in range(p)]
+    if par.pp_schedule == "dualpipev":
+        return [[r, 2 * p - 1 - r] for r in range(p)]
+    return [[j * p + r for j in range(par.vpp)] for r in range(p)]
+
+
+def virtual_stage_sizes(arch: Architecture, par: Parallel) -> list[int]:
+    """Transformer layers of each virtual stage, in layer order: from pp_layout, from Megatron's
+    account-for-embedding/loss split, or from pp, vpp and the first/last stage layers."""
+    n, total = par.virtual_stages, arch.num_layers
+    if par.pp_layout is not None:
+        return layout_stage_layers(arch, par)
+    e, l = int(par.pp_account_for_embedding), int(par.pp_account_for_loss)
+    if e or l:  # Megatron-Core get_transformer_layer_offset: (num_layers + e + l) / (pp x vpp) per stage
+        if (total + e + l) % n:
+            raise ConfigError("parallel.pp_account_for_embedding" if e else "parallel.pp_account_for_loss", True,
+                              f"false unless num_layers + {e + l} = {total + e + l} divides by the {n} virtual "
+                              "stages", "Megatron-Core counts the embedding/loss as a layer of the split",
+                              related=("parallel.pp", "parallel.vpp", "model.num_layers"))
+        sizes = [(total + e + l) // n] * n
+        sizes[0] -= e
+        sizes[-1] -= l
+        return sizes
+    if par.pp_schedule == "dualpipev":
+        if total % n:
+            raise ConfigError("parallel.pp", par.pp, f"a pp whose 2 x pp divides num_layers ({total}) with "
+                              "pp_schedule 'dualpipev'", "DualPipeV cuts the model into 2 x pp stages",
+                              related=("parallel.pp_schedule", "model.num_layers", "parallel.pp_layout"))
+        return [total // n] * n
+    per_rank = chunk_sizes(_rank_split(arch, par), par.vpp)
+    return [per_rank[k % par.pp][k // par.pp] for k in range(n)]
+
+
 def stage_layer_chunks(arch: Architecture, par: Parallel) -> list[tuple[range, ...]]:
-    """Global layer ranges on each rank, one per virtual chunk. With VPP the layers are dealt out
-    chunk by chunk: rank r holds chunks r, r + p, r + 2p, ... (Narayanan et al. 2021, interleaved
-    schedule)."""
-    counts = layers_per_stage(arch, par)
-    p, v = par.pp, par.vpp
-    sizes = chunk_sizes(counts, v)
-    chunks: list[list[range]] = [[] for _ in range(p)]
-    start = 0
-    for chunk in range(v):
-        for rank in range(p):
-            size = sizes[rank][chunk]
-            chunks[rank].append(range(start, start + size))
-            start += size
-    return [tuple(c) for c in chunks]
+    """Global layer ranges on each rank, one per chunk, in the order the rank runs them."""
+    sizes = virtual_stage_sizes(arch, par)
+    ranges, start = [], 0
+    for size in sizes:
+        ranges.append(range(start, start + size))
+        start += size
+    return [tuple(ranges[k] for k in ks) for ks in rank_virtual_stages(par)]
 
 
 def stage_layer_indices(arch: Architecture, par: Parallel) -> list[list[int]]:
@@ -233,6 +321,8 @@ class StageParameters(NamedTuple):
     largest_layer_local: float  # one layer's elements on a GPU (the FSDP/ZeRO-3 unit)
     root_local: float  # embedding + final norm + head on a GPU (the FSDP root unit)
     chunks: tuple[range, ...] = ()  # the rank's layers, one range per virtual chunk, in running order
+    first: bool = False  # runs the first virtual stage: the embedding (rank 0; under DualPipe also rank p - 1)
+    last: bool = False  # runs the last one: final norm, head, MTP and loss (DualPipe: ranks p - 1 and 0; V: rank 0)
 
     @property
     def num_layers(self) -> int:
@@ -261,26 +351,28 @@ def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[
     per_kind = {k: arch.cached((k, par.tp, par.ep, par.etp), lambda k=k: bucket(arch.layer_tensors(k), par))
                 for k in arch.kinds}
     chunks_per_rank = stage_layer_chunks(arch, par)
+    held = rank_virtual_stages(par)
     stages = []
     cache: dict[tuple, tuple[Bucket, float, float]] = {}
-    last = par.pp - 1
+    last = par.virtual_stages - 1
     for rank, chunks in enumerate(chunks_per_rank):
         counts = chunk_kind_counts(arch, chunks)
-        key = (rank == 0, rank == last, counts)
+        key = (0 in held[rank], last in held[rank], counts)
         if key not in cache:
             total = Bucket()
-            for kind, count in counts:
+            for kind, count in counts:  # DualPipe: both stages' layers, its "2x" parameters (DualPipe README)
                 total = total.plus(per_kind[kind].times(count))
             root = Bucket()
             if key[0]:
                 root = root.plus(arch.cached(("first root", par.tp, vocab), lambda: _first_root(arch, par, vocab)))
             if key[1]:
-                root = root.plus(arch.cached(("last root", par.tp, par.ep, par.etp, vocab, par.pp > 1),
-                                             lambda: _last_root(arch, par, vocab)))
+                copy = arch.tie_embeddings and par.pp > 1 and not key[0]  # a head rank without the embedding
+                root = root.plus(arch.cached(("last root", par.tp, par.ep, par.etp, vocab, copy, par.pp > 1),
+                                             lambda: _last_root(arch, par, vocab, copy)))
             largest = max((per_kind[k].dense + per_kind[k].expert for k, _ in counts), default=0.0)
             cache[key] = (total.plus(root), largest, root.dense)
         total, largest, root_dense = cache[key]
-        stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks))
+        stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks, key[0], key[1]))
     return stages
 
 
@@ -288,14 +380,15 @@ def _first_root(arch: Architecture, par: Parallel, vocab: int) -> Bucket:
     return bucket(arch.embedding_tensors(vocab), par)
 
 
-def _last_root(arch: Architecture, par: Parallel, vocab: int) -> Bucket:
-    """Final norm and head; with tied embeddings under PP the last stage keeps its own copy of the
-    embedding as the head; MTP modules sit after the last layer (Megatron)."""
+def _last_root(arch: Architecture, par: Parallel, vocab: int, copy: bool) -> Bucket:
+    """Final norm and head; with tied embeddings under PP a last stage without the embedding keeps
+    its own copy of it as the head (`copy`); MTP modules sit after the last layer (Megatron). A rank
+    holding both ends (DualPipe, DualPipeV) shares the matrix (DeepSeek-V3 report section 3.2.3)."""
     tensors = arch.head_tensors(vocab)
-    if arch.tie_embeddings and par.pp > 1:
+    if copy:
         tensors.append(ParameterTensor("lm_head (tied copy)", (vocab, arch.hidden_size), VOCAB, "head"))
     root = bucket(tensors, par)
-    if arch.tie_embeddings and par.pp == 1:  # the head multiplies by the embedding matrix itself
+    if arch.tie_embeddings and not copy:  # the head multiplies by the embedding matrix itself
         root = root.plus(Bucket(matrices=vocab * arch.hidden_size / par.tp))
     if arch.mtp_layers:
         root = root.plus(bucket(arch.mtp_tensors(), par).times(arch.mtp_layers))

@@ -21,20 +21,20 @@ from .errors import ConfigError
 from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import Bucket, StageParameters
-from .training import Recipe, Training
+from .training import FSDP_FRAMEWORKS, Recipe, Training
 
 ZERO_SOURCE = "Rajbhandari et al. 2020 (ZeRO), section 5; Megatron-LM distributed optimizer docs"
 
 def resolve_zero_stage(training: Training, par: Parallel) -> int:
     """The ZeRO stage the framework runs; fully_shard's default is full sharding (stage 3)."""
     fw = training.framework
-    stage = par.zero_stage if par.zero_stage is not None else (3 if fw == "fsdp2" else 0)
+    stage = par.zero_stage if par.zero_stage is not None else (3 if fw in FSDP_FRAMEWORKS else 0)
     if fw == "hf" and stage != 0:
         raise ConfigError("parallel.zero_stage", stage, "0 with framework 'hf' (DDP)",
                           "use framework 'deepspeed' or 'fsdp2' to shard")
-    if fw == "fsdp2" and stage == 1:
+    if fw in FSDP_FRAMEWORKS and stage == 1:
         raise ConfigError("parallel.zero_stage", stage,
-                          "0 (no shard), 2 (reshard_after_forward=False) or 3 (full shard) with framework 'fsdp2'",
+                          f"0 (no shard), 2 (reshard_after_forward=False) or 3 (full shard) with framework {fw!r}",
                           "FSDP2 has no optimizer-only sharding")
     return stage
 
@@ -62,6 +62,20 @@ def fp8_bytes_per_weight(training: Training) -> tuple[float, float]:
     if training.fp8_recipe == "mxfp8":
         return (2 * mx, 0.0) if training.param_dtype == "fp8" else (2.0, 2 * mx)
     return (1.0, 1.0) if training.param_dtype == "fp8" else (2.0, 2.0)
+
+
+def fsdp2_gathered_block_bytes(training: Training, P: float, stage) -> tuple[float, str]:
+    """(bytes per parameter of a block FSDP2 gathers, the formula's text). With fp8_all_gather, torchao's
+    WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather casts each float8 linear's weight shard to float8
+    and FSDP2 gathers 1 byte per weight (torchao/float8/fsdp_utils.py); the rest of the block (norms)
+    stays at P. The one fp32 scale per weight (tensorwise) is left out (4 B per matrix). The linear share
+    is the stage's dense hidden matrices over its block parameters (MoE experts are not float8 linears)."""
+    if not training.fp8_all_gather:
+        return P, f"{P:g} B"
+    blocks = stage.local - stage.root_local
+    share = stage.total.dense_hidden_matrices / blocks if blocks > 0 else 0.0
+    return P - (P - 1.0) * share, (f"(1 B x the float8 linear weights, {100 * share:.3f}% of a block, + {P:g} B x "
+                                   "the rest; torchao float8 all-gather)")
 
 
 class ModelStates(NamedTuple):
@@ -107,7 +121,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     P = bytes_per_element(recipe.param_dtype)
     G = bytes_per_element(recipe.grad_dtype)
     master = recipe.master_weights
-    if fw == "fsdp2" and master:
+    if fw in FSDP_FRAMEWORKS and master:
         # FSDP2 keeps the sharded parameters in fp32: they are the master copy; the bf16 copies are
         # gathered per unit while it runs (see transients).
         P_stored, M = 4.0, 0.0
@@ -115,11 +129,14 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         P_stored, M = P, (4.0 if master else 0.0)
     # FSDP2 keeps its parameters sharded under reshard_after_forward=False too (zero_stage 2): only the
     # gathered compute copies stay between forward and backward (memory.py transients)
-    param_stage = 2 if fw == "fsdp2" else 3
+    param_stage = 2 if fw in FSDP_FRAMEWORKS else 3
     params = sharded(P_stored * nd, P_stored * ne, param_stage)
     copies = 0.0
     fp8_split = None  # (bytes of an FP8 weight, linear weights, bytes of the others, other weights)
-    if training.fp8:
+    # fsdp2: torchao's Float8Linear keeps its weight as it is (the fp32 shard; FSDP2 gathers a bf16 copy, or with
+    # fp8_all_gather a float8 one: memory.py transients) and casts it in every matmul; nothing FP8 persists
+    # (torchao/float8/float8_linear.py matmul_with_hp_or_float8_args)
+    if training.fp8 and fw != "fsdp2":
         # linear weights (the hidden matrices) run in FP8; norms, embedding and head stay bf16
         stored, extra = fp8_bytes_per_weight(training)
         hd, he = stage.total.dense_hidden_matrices, stage.total.expert_hidden_matrices
@@ -151,7 +168,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         return {
             "parameters": formula(param_text, param_stage),
             "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x {hidden:,.0f} linear weights "
-                                  f"({training.fp8_recipe} recipe)") if training.fp8 else "",
+                                  f"({training.fp8_recipe} recipe)") if training.fp8 and fw != "fsdp2" else "",
             "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2),
             "master_weights": formula("4 B (fp32)", 1),
             "optimizer_states": formula(f"{per_param_states:.4g} B ({training.optimizer} states in "

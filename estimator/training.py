@@ -21,22 +21,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .adapters import Adapter, adapter_from
+from .rl import Rl, rl_from
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
 
 MODES = ("training", "inference")
-FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf")
+FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf", "torchtune")
+# the stacks that shard with PyTorch FSDP2's fully_shard: torchtitan (fsdp2) and torchtune
+FSDP_FRAMEWORKS = ("fsdp2", "torchtune")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 LOSSES = ("standard", "fused", "chunked")
 # FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
-# MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks)
-FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise")
+# MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks);
+# under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName)
+FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise", "rowwise")
+FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise")}
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 # MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, or its flex dispatcher on DeepEP
 # (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/deepep.py sizes
 MOE_DISPATCHERS = ("alltoall", "deepep")
+# Megatron-Core --moe-router-dtype (transformer_config.py moe_router_dtype: None, 'fp32', 'fp64'); None =
+# the router runs in the compute dtype
+MOE_ROUTER_DTYPES = ("fp32", "fp64")
+# Megatron-Core --cross-entropy-fusion-impl with --cross-entropy-loss-fusion (model_parallel_config.py)
+CROSS_ENTROPY_IMPLS = ("native", "te")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
@@ -60,15 +71,27 @@ class Training:
     optimizer_in_backward: bool = False  # step each parameter in backward (torchtune optimizer_in_bwd)
     offload_optimizer: str = "none"  # "cpu" / "nvme": master weights and optimizer states off the GPU
     offload_parameters: str = "none"  # "cpu" / "nvme": the sharded parameters off the GPU
+    offload_activations: bool = False  # saved activations on the host between forward and backward (torchtune)
     attention: str = "flash"
     dropout: float = 0.0
     loss: str = "standard"
     fp8: bool = False
     fp8_recipe: str = "tensorwise"
+    fp8_all_gather: bool = False  # fsdp2: FSDP2 all-gathers torchao float8 weights (enable_fsdp_float8_all_gather)
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
     moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
     moe_dispatcher: str = "alltoall"  # "deepep": Megatron-Core's flex dispatcher with DeepEP buffers
+    moe_router_dtype: str | None = None  # megatron: --moe-router-dtype fp32/fp64; None = the compute dtype
+    attention_softmax_fusion: bool = True  # megatron, eager attention: the fused softmax kernel (--no-masked-softmax-fusion = False)
+    cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
+    # DeepSpeed ZeRO buffers (elements; None = DeepSpeed's defaults 5e8, 5e7, 1e9; the HF Trainer's "auto"
+    # fills h^2 and 0.9 h^2 for the first two)
+    reduce_bucket_size: int | None = None
+    stage3_prefetch_bucket_size: int | None = None
+    stage3_max_live_parameters: int | None = None
+    adapter: Adapter | None = None  # LoRA / QLoRA / DoRA fine-tuning (adapters.py); None = every weight trains
+    rl: Rl | None = None  # RL with a colocated rollout engine (rl.py)
 
     def __post_init__(self) -> None:
         _check_training(self)
@@ -93,6 +116,8 @@ FRAMEWORK_SOURCES = {
     "fsdp2": "PyTorch fully_shard / MixedPrecisionPolicy docs; torchtitan default policy",
     "deepspeed": "Rajbhandari et al. 2020 (ZeRO), section 3; DeepSpeed bf16 optimizer",
     "hf": "PyTorch torch.optim (state follows the parameter's dtype); HF Trainer docs",
+    "torchtune": "torchtune recipes (full_finetune_*, lora_finetune_*): the model, its gradients and AdamW states in "
+                 "one dtype (dtype: bf16), fused AdamW; FSDP2 fully_shard when distributed",
 }
 
 
@@ -106,9 +131,15 @@ def resolve_recipe(training: Training) -> Recipe:
         master = p != "fp32" if training.master_weights is None else training.master_weights
         grad = training.grad_dtype or (p if p != "fp8" else "bf16")
         opt = training.optimizer_dtype or "fp32"
-    else:  # hf: torch.optim, no master copy unless asked for
+    elif fw == "torchtune":  # pure bf16: gradients and optimizer states in the weights dtype
         master = bool(training.master_weights)
         grad = training.grad_dtype or (p if p in ("fp32", "bf16", "fp16") else "bf16")
+        opt = training.optimizer_dtype or ("fp32" if master else grad)
+    else:  # hf: torch.optim, no master copy unless asked for
+        master = bool(training.master_weights)
+        # PEFT's adapters are fp32 (autocast_adapter_dtype), so are their gradients and states
+        trains = "fp32" if training.adapter else p
+        grad = training.grad_dtype or (trains if trains in ("fp32", "bf16", "fp16") else "bf16")
         opt = training.optimizer_dtype or ("fp32" if master else grad)
     if p == "fp32" or master is False:
         master = False if p == "fp32" else master
@@ -128,6 +159,14 @@ def _check_training(t: Training) -> None:
     check_section("training", t)
     if isinstance(t.recompute_modules, list):  # JSON gives a list; keep the dataclass hashable
         object.__setattr__(t, "recompute_modules", tuple(t.recompute_modules))
+    object.__setattr__(t, "adapter", adapter_from(t.adapter))  # JSON gives an object
+    object.__setattr__(t, "rl", rl_from(t.rl))
+    if t.adapter and t.framework == "hf":
+        for field in ("grad_dtype", "optimizer_dtype"):
+            if getattr(t, field) not in (None, "fp32"):
+                raise ConfigError(f"training.{field}", getattr(t, field), "'fp32' (or auto) with an adapter under "
+                                  "framework 'hf'", "PEFT keeps the adapters in fp32 and torch keeps their gradients "
+                                  "and optimizer states in their dtype", related=("training.adapter",))
     weight_dtypes = INFERENCE_WEIGHT_DTYPES if t.mode == "inference" else TRAINING_DTYPES
     if t.param_dtype not in weight_dtypes:
         raise ConfigError("training.param_dtype", t.param_dtype, ", ".join(repr(a) for a in weight_dtypes),
@@ -137,10 +176,19 @@ def _check_training(t: Training) -> None:
                           f"recompute is {t.recompute!r}", related=("training.recompute",))
     if t.recompute_every != 1:
         _check_recompute_every(t)
-    if t.optimizer_in_backward and t.framework != "fsdp2":
-        raise ConfigError("training.optimizer_in_backward", True, "false unless framework is 'fsdp2'",
+    if t.optimizer_in_backward and t.framework not in FSDP_FRAMEWORKS:
+        raise ConfigError("training.optimizer_in_backward", True, "false unless framework is 'fsdp2' or 'torchtune'",
                           "stepping the optimizer inside backward is torchtune's optimizer_in_bwd (on FSDP2)",
                           related=("training.framework",))
+    for field in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
+        if getattr(t, field) is not None and t.framework != "deepspeed":
+            raise ConfigError(f"training.{field}", getattr(t, field), "empty (auto) unless framework is 'deepspeed'",
+                              "a DeepSpeed ZeRO setting", related=("training.framework",))
+    _check_megatron_flags(t)
+    if t.offload_activations and (t.framework != "torchtune" or t.mode != "training"):
+        raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
+                          "activation offloading is modelled as torchtune's OffloadActivations "
+                          "(enable_activation_offloading)", related=("training.framework",))
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
                           f"recompute is {t.recompute!r}", related=("training.recompute",))
@@ -156,11 +204,30 @@ def _check_recompute_every(t: Training) -> None:
         raise ConfigError("training.recompute_every", t.recompute_every, "1 unless recompute is 'full'",
                           f"recompute is {t.recompute!r}; every N-th layer is checkpointed in full",
                           related=("training.recompute",))
-    if t.framework != "fsdp2":
-        raise ConfigError("training.recompute_every", t.recompute_every, "1 unless framework is 'fsdp2'",
+    if t.framework not in FSDP_FRAMEWORKS:
+        raise ConfigError("training.recompute_every", t.recompute_every, "1 unless framework is 'fsdp2' or 'torchtune'",
                           "checkpointing every N-th layer is torchtitan's and torchtune's layer-level AC; use "
                           "recompute_layers for Megatron's block method", related=("training.framework",))
     if t.recompute_layers is not None:
         raise ConfigError("training.recompute_every", t.recompute_every, "1 when recompute_layers is set",
                           "choose the first n layers of a stage (recompute_layers) or every N-th (recompute_every)",
                           related=("training.recompute_layers",))
+
+
+def _check_megatron_flags(t: Training) -> None:
+    """Megatron-Core's own switches are refused under the other frameworks, which do not offer them."""
+    if t.moe_router_dtype is not None and t.framework != "megatron":
+        raise ConfigError("training.moe_router_dtype", t.moe_router_dtype, "empty/null unless framework is 'megatron'",
+                          "the router dtype is Megatron-Core's --moe-router-dtype", related=("training.framework",))
+    if not t.attention_softmax_fusion and t.framework != "megatron":
+        raise ConfigError("training.attention_softmax_fusion", False, "true unless framework is 'megatron'",
+                          "turning off the fused masked softmax is Megatron's --no-masked-softmax-fusion; the other "
+                          "frameworks' eager attention is modelled as they run it", related=("training.framework",))
+    if t.cross_entropy_impl != "native":
+        if t.framework != "megatron":
+            raise ConfigError("training.cross_entropy_impl", t.cross_entropy_impl, "'native' unless framework is "
+                              "'megatron'", "it is Megatron's --cross-entropy-fusion-impl", related=("training.framework",))
+        if t.loss != "fused":
+            raise ConfigError("training.cross_entropy_impl", t.cross_entropy_impl, "'native' unless loss is 'fused'",
+                              "Megatron reads --cross-entropy-fusion-impl only with --cross-entropy-loss-fusion "
+                              "(loss 'fused')", related=("training.loss",))

@@ -15,7 +15,7 @@ from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import layers_per_stage
 from .states import resolve_zero_stage
-from .training import Training
+from .training import FSDP_FRAMEWORKS, Training
 
 
 # Divisors are listed only for sizes below this: trial division up to sqrt(n) is then at most a
@@ -89,10 +89,14 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         if gbs % per_step:
             raise ConfigError("training.global_batch_size", gbs,
                               f"a multiple of micro_batch_size x dp = {per_step}")
+        if par.pp_schedule in ("dualpipe", "dualpipev") and training.mode == "training":
+            _check_dualpipe_microbatches(gbs, per_step, par)
     if training.optimizer_in_backward:
         _check_optimizer_in_backward(training, par)
     if training.recompute == "selective" and training.framework == "fsdp2":
         _check_op_level(arch, training)
+    if training.framework == "torchtune":
+        _check_torchtune(training, par)
     if training.offload_optimizer != "none" or training.offload_parameters != "none":
         _check_offload(training, par)
     if training.mode == "training":
@@ -120,12 +124,29 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
             raise ConfigError("parallel.ep", par.ep, "ep x etp in " + ", ".join(map(str, GROUP_SIZES)),
                               f"with moe_dispatcher 'deepep' the group is ep x etp = {par.ep * par.etp}, and "
                               "DeepEP's Buffer.get_dispatch_config has configs only for these sizes")
+    if training.moe_router_dtype is not None and not arch.is_moe:
+        raise ConfigError("training.moe_router_dtype", training.moe_router_dtype, "empty/null for a dense model",
+                          "--moe-router-dtype sets the dtype of an MoE router and the model has no experts")
     offered = [name for name, o in OPTIMIZERS.items() if training.framework not in o.not_in]
     if training.mode == "training" and training.optimizer not in offered:
         raise ConfigError("training.optimizer", training.optimizer,
                           f"one of {', '.join(map(repr, offered))} with framework {training.framework!r}",
                           f"{training.framework} does not offer {training.optimizer}", related=("training.framework",))
-    return resolve_zero_stage(training, par)
+    zero = resolve_zero_stage(training, par)
+    if training.fp8_all_gather:
+        check_fp8_all_gather(training, zero)
+    return zero
+
+
+def _check_dualpipe_microbatches(gbs: int, per_step: int, par: Parallel) -> None:
+    """deepseek-ai/DualPipe step(): DualPipe asserts num_chunks % 2 == 0 and num_chunks >= 2 x
+    num_ranks (half go each way); DualPipeV num_chunks >= 2 x num_ranks."""
+    m, two_way = gbs // per_step, par.pp_schedule == "dualpipe"
+    if m < 2 * par.pp or (two_way and m % 2):
+        raise ConfigError("training.global_batch_size", gbs,
+                          f"{'an even multiple' if two_way else 'a multiple'} of micro_batch_size x dp = {per_step} "
+                          f"with at least 2 x pp = {2 * par.pp} micro-batches",
+                          f"{par.pp_schedule} runs {m} micro-batches here", related=("parallel.pp_schedule",))
 
 
 def _check_op_level(arch: Architecture, training: Training) -> None:
@@ -171,14 +192,14 @@ def _check_offload(training: Training, par: Parallel) -> None:
         raise ConfigError(field, value, "'none' with framework 'hf'",
                           "the HF Trainer offloads through DeepSpeed: use framework 'deepspeed'",
                           related=("training.framework",))
-    if fw == "fsdp2":
+    if fw in FSDP_FRAMEWORKS:
         if opt != params or "nvme" in (opt, params):
             raise ConfigError(field, value, "offload_optimizer and offload_parameters both 'cpu' (or both 'none') "
-                              "with framework 'fsdp2'", "FSDP2's CPUOffloadPolicy moves the sharded parameters, "
+                              f"with framework {fw!r}", "FSDP2's CPUOffloadPolicy moves the sharded parameters, "
                               "their gradients and the optimizer step to the host together",
                               related=("training.offload_optimizer", "training.offload_parameters"))
         if zero < 2:
-            raise ConfigError(field, value, "'none' unless zero_stage is 2 or 3 with framework 'fsdp2'",
+            raise ConfigError(field, value, f"'none' unless zero_stage is 2 or 3 with framework {fw!r}",
                               "CPUOffloadPolicy offloads fully_shard's shards", related=("parallel.zero_stage",))
     if fw == "megatron":
         if params != "none" or opt == "nvme":
@@ -206,9 +227,66 @@ def _check_low_precision(training: Training, par: Parallel) -> None:
         raise ConfigError("training.param_dtype", "fp8", "'bf16' unless fp8 is true",
                           "fp8 parameters (fp8_model_init / --fp8-param-gather) belong to the FP8 recipe")
     if training.fp8:
-        if training.framework != "megatron":
-            raise ConfigError("training.fp8", True, "false unless framework is 'megatron'",
-                              "FP8 is modelled for Megatron-Core with TransformerEngine")
-        if par.zero_stage == 3:
-            raise ConfigError("parallel.zero_stage", 3, "0, 1 or 2 with fp8",
-                              "FP8 weights under Megatron-FSDP full sharding are not modelled")
+        _check_fp8(training, par)
+
+
+def _check_fp8(training: Training, par: Parallel) -> None:
+    """FP8 recipes as each stack offers them: Megatron-Core with TransformerEngine (tensorwise, mxfp8,
+    blockwise); FSDP2 with torchao's Float8Linear (torchtitan's Float8LinearConverter): tensorwise or rowwise
+    (torchao/float8/config.py Float8LinearRecipeName), the weights kept in their own dtype."""
+    from .training import FP8_RECIPES_BY_FRAMEWORK
+
+    fw = training.framework
+    if fw not in FP8_RECIPES_BY_FRAMEWORK:
+        raise ConfigError("training.fp8", True, "false unless framework is 'megatron' or 'fsdp2'",
+                          "FP8 is modelled for Megatron-Core with TransformerEngine and for FSDP2 with torchao "
+                          "float8 linears", related=("training.framework",))
+    recipes = FP8_RECIPES_BY_FRAMEWORK[fw]
+    if training.fp8_recipe not in recipes:
+        stack = "TransformerEngine" if fw == "megatron" else "torchao's Float8Linear"
+        raise ConfigError("training.fp8_recipe", training.fp8_recipe,
+                          f"{' or '.join(map(repr, recipes))} with framework {fw!r}",
+                          f"{stack} has no {training.fp8_recipe} recipe", related=("training.framework",))
+    if fw == "megatron" and par.zero_stage == 3:
+        raise ConfigError("parallel.zero_stage", 3, "0, 1 or 2 with fp8",
+                          "FP8 weights under Megatron-FSDP full sharding are not modelled")
+    if fw == "fsdp2" and training.param_dtype == "fp8":
+        raise ConfigError("training.param_dtype", "fp8", "'bf16' (or 'fp32') with fp8 under framework 'fsdp2'",
+                          "torchao's Float8Linear keeps its weights in their dtype and casts them per matmul",
+                          related=("training.framework",))
+
+
+def check_fp8_all_gather(training: Training, zero: int) -> None:
+    """torchao's enable_fsdp_float8_all_gather: FSDP2 gathers float8 weights. torchao/float8/config.py
+    (Float8LinearConfig.__post_init__) asserts it only with tensorwise scaling of the weight."""
+    field = "training.fp8_all_gather"
+    if training.framework != "fsdp2":
+        raise ConfigError(field, True, "false unless framework is 'fsdp2'",
+                          "float8 all-gather is torchao's FSDP2 extension (enable_fsdp_float8_all_gather)",
+                          related=("training.framework",))
+    if not training.fp8:
+        raise ConfigError(field, True, "false unless fp8 is true", "only float8 linears' weights are gathered "
+                          "in float8", related=("training.fp8",))
+    if training.fp8_recipe != "tensorwise":
+        raise ConfigError(field, True, "false unless fp8_recipe is 'tensorwise'",
+                          "torchao: enable_fsdp_float8_all_gather only supports tensorwise scaling granularity "
+                          f"(fp8_recipe is {training.fp8_recipe!r})", related=("training.fp8_recipe",))
+    if zero < 2:
+        raise ConfigError(field, True, "false unless zero_stage is 2 or 3",
+                          f"with zero_stage {zero} FSDP2 does not shard the parameters, so nothing is gathered",
+                          related=("parallel.zero_stage",))
+
+
+def _check_torchtune(training: Training, par: Parallel) -> None:
+    """torchtune's recipes as modelled: FSDP2 data parallelism (its tensor-parallel plans are not
+    modelled), and its activation checkpointing: every layer, or every N-th (``ac_mode="selective",
+    ac_option=N`` is recompute 'full' with recompute_every N)."""
+    for field, value in (("tp", par.tp), ("pp", par.pp), ("cp", par.cp), ("ep", par.ep)):
+        if value != 1:
+            raise ConfigError(f"parallel.{field}", value, "1 with framework 'torchtune'",
+                              "torchtune's recipes are modelled on FSDP2 data parallelism",
+                              related=("training.framework",))
+    if training.recompute == "selective":
+        raise ConfigError("training.recompute", "selective", "'none' or 'full' with framework 'torchtune'",
+                          "torchtune's selective AC checkpoints every N-th layer: recompute 'full' with "
+                          "recompute_every N", related=("training.framework",))

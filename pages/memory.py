@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ui import keys, state, view
+from ui import keys, rl_view, state, view
 
 cur = state.current()
 st.title("Will it fit?")
@@ -14,6 +14,7 @@ view.verdict_banner(est)
 view.batch_assumption(est)
 view.totals(est)
 view.what_to_change(cur, est)
+rl_view.show(est)
 
 st.subheader("Memory per pipeline stage")
 view.chart("stages", cur.config_json)

@@ -302,8 +302,11 @@ def test_every_contract_field_has_a_widget():
     from estimator.config import SECTIONS
     import dataclasses
 
-    names = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)} - fields.NOT_WIDGETS
+    from estimator.fields import NESTED, SETTINGS
+    names = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)} - fields.NOT_WIDGETS - set(NESTED)
     assert names <= set(fields.BY_NAME)
+    # an object's fields (training.adapter) by their flat names
+    assert {f.key for f in SETTINGS if f.section in NESTED} <= set(fields.BY_NAME)
 
 
 def test_config_round_trip_through_widget_values():
@@ -732,3 +735,30 @@ def test_offload_shows_the_host_memory_it_needs():
     assert "Host memory (offload)" in [s.value for s in at.subheader]
     plain = _app({"model": "llama-3.1-8b", "framework": "deepspeed", "dp": "8", "zero_stage": "2"})
     assert "Host memory (offload)" not in [s.value for s in plain.subheader]
+
+
+def test_an_adapter_fine_tune_from_the_link():
+    query = {"model": "llama-3.1-70b", "framework": "hf", "seq_len": "2048", "recompute": "full",
+             "adapter_method": "qlora", "adapter_rank": "64", "adapter_target_modules": "all-linear"}
+    at = _app(query)
+    _no_exception(at)
+    est = estimate_config({"model": "llama-3.1-70b", "training": {
+        "framework": "hf", "seq_len": 2048, "recompute": "full",
+        "adapter": {"method": "qlora", "rank": 64, "target_modules": "all-linear"}}})
+    assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
+    assert _metric(at, "Parameters (trainable)") == "828.38 M"  # 80 layers x 64 x 161,792 (tests/test_adapters.py)
+    assert at.selectbox(key="adapter_method").value == "qlora"
+
+
+def test_an_rl_run_shows_its_phases():
+    query = {"model": "qwen2.5-7b", "framework": "fsdp2", "recompute": "full", "dp": "8",
+             "rl_algorithm": "grpo", "rl_rollout_tp": "4"}
+    at = _app(query)
+    _no_exception(at)
+    est = estimate_config({"model": "qwen2.5-7b", "training": {"framework": "fsdp2", "recompute": "full",
+                                                                "rl": {"algorithm": "grpo", "rollout_tp": 4}},
+                           "parallel": {"dp": 8}})
+    assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
+    assert any(h.value.startswith("RL phases (grpo") for h in at.subheader)
+    assert [e.label for e in at.expander if e.label.split(":")[0] in ("rollout", "scoring", "training")] == \
+        [f"{p.name}: {p.device_total_bytes / GiB:,.2f} GiB" for p in est.rl_phases]

@@ -31,7 +31,8 @@ def test_json_output_has_every_contract_key(config_file):
                                                    "training": {"global_batch_size": 16}}), "--json")
     assert run.returncode == 0 and run.stderr == ""
     out = json.loads(run.stdout)  # exactly one JSON object
-    assert out["parameters"] == {"total": 8_030_261_248, "active": 8_030_261_248}
+    # full fine-tuning: every parameter trains (an adapter run counts its adapters, tests/test_adapters.py)
+    assert out["parameters"] == {"total": 8_030_261_248, "active": 8_030_261_248, "trainable": 8_030_261_248}
     assert [s["stage"] for s in out["stages"]] == [0, 1, 2, 3]
     for stage in out["stages"]:
         assert stage["layers"] == 8

@@ -20,7 +20,8 @@ LLAMA = {"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32, "num_
 
 def test_every_dataclass_field_is_in_the_registry_and_no_other():
     for section, cls in fields.SECTION_CLASSES.items():
-        declared = sorted(f.name for f in dataclasses.fields(cls))
+        # an object inside a section (training.adapter) is a section of its own
+        declared = sorted(f.name for f in dataclasses.fields(cls) if f.name not in fields.NESTED)
         assert sorted(f.name for f in fields.section_fields(section)) == declared, section
 
 

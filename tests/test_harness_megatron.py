@@ -29,6 +29,8 @@ def _variants():
     return {
         "dense-first": Setup(dense, **base),
         "dense-last-lossfusion": Setup(dense, stage="last", loss_fusion=True, **base),
+        "dense-last-lossfusion-te": Setup(dense, stage="last", loss_fusion=True, ce_impl="te", **base),
+        "moe-alltoall-ep2-router-fp32": Setup(moe, ep=2, router_dtype="fp32", **base),
         "dense-last-full-recompute": Setup(dense, stage="last", recompute="full", **base),
         "dense-first-selective-mlp-layernorm": Setup(dense, recompute="selective",
                                                      recompute_modules=("mlp", "layernorm"), **base),
@@ -36,8 +38,8 @@ def _variants():
     }
 
 
-VARIANTS = ["dense-first", "dense-last-lossfusion", "dense-last-full-recompute",
-            "dense-first-selective-mlp-layernorm", "moe-alltoall-ep2"]
+VARIANTS = ["dense-first", "dense-last-lossfusion", "dense-last-lossfusion-te", "dense-last-full-recompute",
+            "dense-first-selective-mlp-layernorm", "moe-alltoall-ep2", "moe-alltoall-ep2-router-fp32"]
 
 
 @needs_megatron

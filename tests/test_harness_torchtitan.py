@@ -54,6 +54,7 @@ TINY = [
     dict(family="llama3", ac="layer", ac_every=2, layers=4),
     dict(family="llama3", ac="op", tp=2),
     dict(family="llama3", ac="none", float8="rowwise"),
+    dict(family="llama3", ac="none", float8="tensorwise", fp8_all_gather=True),
     dict(family="qwen3", ac="op"),
     dict(family="deepseek_v3", ac="op"),
 ]

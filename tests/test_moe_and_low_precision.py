@@ -46,20 +46,21 @@ def test_mixtral_ep8_breakdown_by_hand():
 
 def test_deepseek_v3_as_reported_middle_stage_by_hand():
     # arXiv 2412.19437: PP 16, EP 64, ZeRO-1 over DP 128 (2048 GPUs), no TP; fp32 master weights and
-    # gradients, bf16 AdamW moments, FP8 GEMMs. A middle stage holds 4 MoE layers.
+    # gradients, bf16 AdamW moments, FP8 GEMMs. DualPipe: a middle rank holds two stages of 4 MoE
+    # layers (r and 15 - r, section 3.2.1), 8 layers.
     h, q_lora, kv_lora, nope, rope, vd, a = 7168, 1536, 512, 128, 64, 128, 128
     E, fe, ep, dp = 256, 2048, 64, 128
     mla = (q_lora * h + q_lora + a * (nope + rope) * q_lora + (kv_lora + rope) * h + kv_lora
            + a * (nope + vd) * kv_lora + h * a * vd)
     dense_layer = mla + 2 * h + E * h + E + 3 * h * fe  # + norms, router (+ bias), one shared expert
     expert_layer = (E // ep) * 3 * h * fe  # 4 experts per GPU
-    matrices = 4 * (dense_layer - (q_lora + kv_lora + 2 * h + E) + expert_layer)  # linear weights
+    matrices = 8 * (dense_layer - (q_lora + kv_lora + 2 * h + E) + expert_layer)  # linear weights
     expert_dp = dp // ep  # 2
     config = get_recipe("deepseek-v3-as-reported").config
     result = estimate_config(config)
     stage = phase(result, 5, "optimizer")
-    nd, ne = 4 * dense_layer, 4 * expert_layer
-    assert result.stages[5].layers == 4
+    nd, ne = 8 * dense_layer, 8 * expert_layer
+    assert result.stages[5].layers == 8
     assert stage["parameters"] == 2 * (nd + ne)  # bf16 weights
     assert stage["gradients"] == 4 * (nd + ne)  # fp32 gradients, not sharded by ZeRO-1
     assert stage["master_weights"] == pytest.approx(4 * nd / dp + 4 * ne / expert_dp, abs=2)

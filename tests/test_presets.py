@@ -184,11 +184,15 @@ CONTRACT_FIELDS = {
     "hardware": {"gpu"},
 }
 # The contract's "Additions" (../shared/CONTRACT.md) implemented so far
-CONTRACT_ADDITIONS = {"recompute_every", "optimizer_in_backward", "offload_optimizer", "offload_parameters"}
+CONTRACT_ADDITIONS = {"recompute_every", "optimizer_in_backward", "offload_optimizer", "offload_parameters", "adapter", "rl",
+                      "fp8_all_gather", "offload_activations"}
 # Optional fields this project added to the contract (README, "Fields beyond the contract"), and the additions
 EXTENSIONS = {
-    "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher"} | CONTRACT_ADDITIONS,
-    "parallel": {"world_size", "comm_overlap"},
+    "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher", "moe_router_dtype",
+                 "attention_softmax_fusion", "cross_entropy_impl", "reduce_bucket_size",
+                 "stage3_prefetch_bucket_size", "stage3_max_live_parameters"} | CONTRACT_ADDITIONS,
+    "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
+                 "pp_layout"},
     "hardware": {"expandable_segments"},
 }
 
@@ -198,7 +202,8 @@ def test_the_estimator_accepts_exactly_the_contract_and_its_extensions():
         assert {f.name for f in dataclasses.fields(cls)} == CONTRACT_FIELDS[section] | EXTENSIONS[section]
 # GPUs each recipe describes: its name / the cited source
 WORLD = {"llama-3.1-70b-pretrain-64xh100": 64, "deepseek-v3-as-reported": 2048, "qwen3-8b-sft-8xh100": 8,
-         "llama-3.1-8b-full-ft-8xa100": 8}
+         "llama-3.1-8b-full-ft-8xa100": 8, "llama-3.1-70b-qlora-1xh100": 1, "llama-3.1-8b-lora-24gb": 1,
+         "qwen2-7b-grpo-8xh100": 8}
 
 
 def test_recipes_are_listed():

@@ -43,14 +43,18 @@ def _roofline(config_json: str):
     return roofline_config(load_config(json.loads(config_json)))
 
 
-@st.cache_data(max_entries=128, show_spinner=False)
-def _advice(config_json: str) -> tuple[list, list]:
-    """(the plan to fit, the single changes) as (description, config dict, GiB, verdict, GPUs)."""
+@st.cache_resource(max_entries=128, show_spinner=False)
+def _advice(config_json: str) -> tuple[tuple, tuple]:
+    """(the plan to fit, the single changes) as (description, Config, bytes, verdict, GPUs).
+
+    The `Config` itself, shared rather than pickled (it is frozen): its dict for the Apply button
+    (`Config.to_dict`, about a millisecond each, a third of the advice) is written when the button
+    is clicked, not on every rerun after a change."""
     from estimator.advice import plan_to_fit, suggestions
     cfg = load_config(json.loads(config_json))
 
     def rows(found):
-        return [(s.description, s.config.to_dict(), s.device_total_bytes, s.verdict, s.gpus) for s in found]
+        return tuple((s.description, s.config, s.device_total_bytes, s.verdict, s.gpus) for s in found)
     # the planner's search takes seconds: the Memory page links to the Planner page instead
     return rows(plan_to_fit(cfg, use_planner=False)), rows(suggestions(cfg))
 

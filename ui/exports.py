@@ -67,6 +67,8 @@ def _fields(obj) -> dict:
 
 
 def _plain(value):
+    if dataclasses.is_dataclass(value):  # training.adapter, training.rl: objects of their own
+        return _fields(value)
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -107,6 +109,7 @@ def breakdown_rows(estimate, scenario: str | None = None) -> list[dict]:
     rows = _setting_rows(estimate) + _estimate_rows(estimate)
     for s in estimate.stages:
         rows += _stage_rows(estimate, s)
+    rows += _rl_rows(estimate)
     return rows if scenario is None else [{"scenario": scenario, **r} for r in rows]
 
 
@@ -178,6 +181,19 @@ def _stage_rows(estimate, s) -> list[dict]:
               "GiB": round(c.bytes / GiB, 6), "formula": c.formula, "source": c.source}
              for kind, parts in (("host", s.host), ("nvme", s.nvme)) for c in parts]
     return rows + _totals("stage_total", where, s)
+
+
+def _rl_rows(estimate) -> list[dict]:
+    """RL: each phase's components and device total on the busiest GPU (kind rl_phase; the phase
+    in the peak_phase column)."""
+    rows = []
+    for p in estimate.rl_phases:
+        where = {"peak_phase": p.name}
+        rows += [{"kind": "rl_phase", **where, "component": c.key, "label": c.label, "bytes": c.bytes,
+                  "GiB": round(c.bytes / GiB, 6), "formula": c.formula, "source": c.source} for c in p.components]
+        rows.append({"kind": "rl_phase", **where, "component": "device_total", "label": f"{p.name}: device total",
+                     "bytes": p.device_total_bytes, "GiB": round(p.device_total_bytes / GiB, 6)})
+    return rows
 
 
 def _estimate_rows(estimate) -> list[dict]:
@@ -388,7 +404,8 @@ def _totals_rows(estimate) -> list[list[str]]:
         ["Peak stage / phase", f"stage {estimate.peak_stage} of {len(estimate.stages)}, {peak.peak_phase}"],
         ["GPU capacity", f"{_gib(fit.capacity_bytes)} ({fit.gpu})"],
         ["Verdict", f"{VERDICT_WORDS.get(fit.verdict, fit.verdict)}: {_pct(fit.utilization)} of capacity"],
-        ["Parameters (total / active)", f"{estimate.parameters_total:,} / {estimate.parameters_active:,}"],
+        ["Parameters (total / active / trainable)",
+         f"{estimate.parameters_total:,} / {estimate.parameters_active:,} / {estimate.parameters_trainable:,}"],
         ["Parameters per GPU (peak stage)", f"{peak.parameters_per_gpu:,}"],
     ]
 
@@ -408,6 +425,9 @@ def report_pdf(estimate, config: dict, title: str = "GPU memory estimate", chart
     if len(estimate.stages) > 1:
         _heading(pdf, "Every pipeline stage")
         _table(pdf, _stages_rows(estimate), (30, 20, 35, 47, 48))
+    for phase in estimate.rl_phases:
+        _heading(pdf, f"RL phase {phase.name}: device total {_gib(phase.device_total_bytes)}")
+        _table(pdf, [[c.label, _gib(c.bytes), c.formula] for c in phase.components], (60, 25, 95), font_size=7.5)
     host = estimate.host_stage
     if host.host or host.nvme:
         _heading(pdf, f"Host memory and NVMe per GPU process (offload, stage {host.stage})")

@@ -23,6 +23,12 @@ from estimator.config import SECTIONS, architecture_to_dict, build_section
 from estimator.errors import ConfigError, shown_value
 
 AUTO = "auto"
+# training.adapter and training.rl are objects: each exists when its first field (the switch) is
+# chosen; the switch's extra option leaves it out
+NO_ADAPTER = "none (full fine-tuning)"
+NO_RL = "none (no RL)"
+SWITCHES = {"adapter_method": ("adapter", NO_ADAPTER), "rl_algorithm": ("rl", NO_RL)}
+OFF = {off for _, off in SWITCHES.values()}
 TRISTATE = (AUTO, "true", "false")
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -46,11 +52,15 @@ class Field:
 
     @property
     def spec(self) -> registry.Field:
-        return registry.BY_PATH[f"{self.section}.{self.name}"]
+        if self.section == "model":
+            return registry.BY_PATH[f"model.{self.name}"]
+        return registry.SETTING_BY_NAME[self.name]  # settings by their flat name (adapter_rank)
 
     @property
     def default(self) -> Any:
         """The widget's default: the dataclass default in the widget's terms."""
+        if self.name in SWITCHES:
+            return SWITCHES[self.name][1]
         return from_contract(self, self.spec.default)
 
 
@@ -65,11 +75,14 @@ def _widget_field(spec: registry.Field) -> Field:
     high = spec.max
     if high is not None and spec.below_max:  # a number input has no open bound: stop one step short
         high = round(high - (spec.step or 0.01), 6)
-    return Field(spec.name, spec.section, kind, spec.label, spec.help, spec.group, options=options,
+    if spec.key in SWITCHES:
+        options = (SWITCHES[spec.key][1],) + options
+    return Field(spec.key, spec.section, kind, spec.label, spec.help, spec.group, options=options,
                  min=spec.min, max=high, step=spec.step, optional=spec.optional and kind in ("int", "float"))
 
 
-_GROUPS = ("Run", "Precision", "Optimizer and memory savers", "Inference", "Parallel layout", "GPU")
+_GROUPS = ("Run", "Precision", "Optimizer and memory savers", "Fine-tuning (adapters)", "RL (colocated rollout engine)",
+           "Inference", "Parallel layout", "GPU")
 
 ALL_FIELDS: tuple[Field, ...] = tuple(_widget_field(f) for f in registry.SETTINGS if f.widget)
 # Fields of the dataclasses the app does not offer as widgets (checks, not settings).
@@ -97,7 +110,7 @@ def to_contract(f: Field, ui: Any) -> Any:
     if f.kind == "multi":
         return list(ui)
     if f.kind == "select":
-        if ui == AUTO:
+        if ui == AUTO or ui in OFF:
             return None
         if f.options == TRISTATE:
             return ui == "true"
@@ -108,12 +121,16 @@ def to_contract(f: Field, ui: Any) -> Any:
         return float(ui)
     if f.kind == "bool":
         return bool(ui)
+    if f.kind == "text" and f.spec.optional and not str(ui).strip():  # an empty optional text box: auto
+        return None
     return ui
 
 
 def from_contract(f: Field, value: Any) -> Any:
     """The widget value for a contract value (None: the widget's 'auto' or empty)."""
     if value is None:
+        if f.name in SWITCHES:
+            return SWITCHES[f.name][1]
         return AUTO if f.kind == "select" and AUTO in f.options else None
     if f.kind == "multi":
         return list(value)
@@ -206,25 +223,31 @@ def ui_values_from_config(config: dict) -> dict[str, Any]:
         given = config.get(section) or {}
         build_section(section, given)  # unknown keys and bad values raise here
         for name in given:
-            if name not in BY_NAME and name not in NOT_WIDGETS:
+            if name not in BY_NAME and name not in NOT_WIDGETS and name not in registry.NESTED:
                 raise ConfigError(f"{section}.{name}", given[name], "a field the app can show")
     for f in ALL_FIELDS:
-        given = config.get(f.section) or {}
-        values[f.name] = from_contract(f, given.get(f.name)) if f.name in given else f.default
+        given = registry.get_in(config, f.spec, _ABSENT)
+        values[f.name] = f.default if given is _ABSENT else from_contract(f, given)
     return values
+
+
+_ABSENT = object()
 
 
 def sections_from_ui(values: dict[str, Any]) -> dict[str, dict]:
     """The contract's sections from widget values: only fields that differ from their defaults."""
     out: dict[str, dict] = {}
+    chosen = {section for key, (section, off) in SWITCHES.items() if values.get(key, off) != off}
     for f in ALL_FIELDS:
+        if f.section in registry.NESTED and f.section not in chosen:
+            continue  # no adapter (no RL): its other fields are not part of the configuration
         ui = values.get(f.name, f.default)
         if ui == f.default:
             continue
         value = to_contract(f, ui)
         if value is None:
             continue
-        out.setdefault(f.section, {})[f.name] = value
+        registry.set_in(out, f.spec, value)
     return {s: out[s] for s in SECTIONS if s in out}
 
 
@@ -236,9 +259,11 @@ def config_dict(model: ModelChoice, values: dict[str, Any]) -> dict:
 def url_params(model: ModelChoice, values: dict[str, Any]) -> dict[str, str | list[str]]:
     """The shareable URL's parameters: model first, then every field that differs from its default."""
     params = model.url_params()
-    for section, fields_ in sections_from_ui(values).items():
-        for name, value in fields_.items():
-            params[name] = url_text(value)
+    sections = sections_from_ui(values)
+    for f in ALL_FIELDS:
+        value = registry.get_in(sections, f.spec, _ABSENT)
+        if value is not _ABSENT:
+            params[f.name] = url_text(value)
     return params
 
 
@@ -310,14 +335,20 @@ def parse_url(params: dict[str, str | list[str]]) -> UrlState:
     # the estimator's own checks, section by section; drop the named field and try again
     for section in SECTIONS:
         while True:
-            given = {f.name: to_contract(f, values[f.name]) for f in ALL_FIELDS
+            given = {f.spec.name: to_contract(f, values[f.name]) for f in ALL_FIELDS
                      if f.section == section and f.name in values}
             given = {k: v for k, v in given.items() if v is not None}
+            for key, (nested, _) in SWITCHES.items():
+                inner = {f.spec.name: to_contract(f, values[f.name]) for f in ALL_FIELDS
+                         if f.section == nested and f.name in values}
+                if section == "training" and inner.get(key.split("_", 1)[1]):
+                    given[nested] = {k: v for k, v in inner.items() if v is not None}
             try:
                 build_section(section, given)
                 break
             except ConfigError as exc:
-                name = exc.field.split(".")[-1]
+                spec = registry.BY_PATH.get(exc.field)
+                name = spec.key if spec else exc.field.split(".")[-1]
                 if name not in values:  # an error not about one of the given fields
                     break
                 f = BY_NAME[name]

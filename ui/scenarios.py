@@ -93,6 +93,7 @@ def totals_frame(named: list[tuple[str, object]]) -> pd.DataFrame:
             "GPUs": est.parallel.gpus,
             "Parameters": est.parameters_total,
             "Active": est.parameters_active,
+            "Trainable": est.parameters_trainable,
         })
     return pd.DataFrame(rows)
 

@@ -40,7 +40,7 @@ from estimator.hardware import GPUS
 
 from . import compute
 from . import keys as K
-from .fields import (ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS, DEFAULT_MODEL, GROUPS, ModelChoice,
+from .fields import (SWITCHES, ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS, DEFAULT_MODEL, GROUPS, ModelChoice,
                      arch_editor_values, canonical_arch, config_dict, config_key, error_group, field_label,
                      friendly_message, parse_url, to_contract, ui_values_from_config, url_params, url_text)
 
@@ -264,7 +264,10 @@ def value_problem(f, value: Any) -> str | None:
     if value is None:
         return None if f.optional or f.kind in ("select", "text") else "a value"
     try:
-        registry.check(f.spec, to_contract(f, value))
+        contract = to_contract(f, value)
+        if contract is None and f.name in SWITCHES:  # "none": no adapter (no RL) object at all
+            return None
+        registry.check(f.spec, contract)
     except ConfigError as exc:
         return exc.allowed
     except (TypeError, ValueError, OverflowError):  # not even of the widget's type
@@ -411,7 +414,7 @@ def _apply_pending() -> None:
         for name, value in values.items():
             problem = value_problem(BY_NAME[name], value)
             if problem:
-                raise ConfigError(f"{BY_NAME[name].section}.{name}", value, problem)
+                raise ConfigError(BY_NAME[name].spec.path, value, problem)
         model, info = _model_from_config(config["model"])
     except ConfigError as exc:
         ss[K.FLASH] = ("error", f"Could not load {source or 'the configuration'}: {friendly_message(exc)}")

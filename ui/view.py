@@ -56,8 +56,13 @@ def totals(est) -> None:
                         "(Fujii et al. 2024).")
     cols = st.columns(4)
     cols[0].metric("Parameters (total)", params_text(est.parameters_total), help=f"{est.parameters_total:,}")
-    cols[1].metric("Parameters (active per token)", params_text(est.parameters_active),
-                   help=f"{est.parameters_active:,}")
+    if est.training.adapter:  # an adapter run: what trains is the question
+        cols[1].metric("Parameters (trainable)", params_text(est.parameters_trainable),
+                       help=f"{est.parameters_trainable:,} trainable ({est.parameters_trainable / est.parameters_total:.2%}"
+                            f" of all); {est.parameters_active:,} active per token")
+    else:
+        cols[1].metric("Parameters (active per token)", params_text(est.parameters_active),
+                       help=f"{est.parameters_active:,}")
     cols[2].metric("Parameters per GPU (peak stage)", params_text(peak.parameters_per_gpu),
                    help=f"{peak.parameters_per_gpu:,} before ZeRO sharding")
     cols[3].metric("GPUs", f"{est.parallel.gpus:,}",
@@ -163,16 +168,21 @@ def what_to_change(cur: Current, est) -> None:
         cols[0].markdown(f"{i}. {description}")
         cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}" + (f" · {gpus} GPUs" if gpus != est.parallel.gpus
                                                                     else ""))
-        cols[2].button("Apply", key=keys.plan_step(i), on_click=state.load_and_open,
-                       args=(config, f"step {i} of the plan", None), width="stretch")
+        cols[2].button("Apply", key=keys.plan_step(i), on_click=_apply,
+                       args=(config, f"step {i} of the plan"), width="stretch")
     if singles:
         with st.expander("Each change on its own"):
             for j, (description, config, total, verdict, gpus) in enumerate(singles):
                 cols = st.columns([6, 2, 1], vertical_alignment="center")
                 cols[0].markdown(description)
                 cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}")
-                cols[2].button("Apply", key=keys.single_change(j), on_click=state.load_and_open,
-                               args=(config, description, None), width="stretch")
+                cols[2].button("Apply", key=keys.single_change(j), on_click=_apply,
+                               args=(config, description), width="stretch")
+
+
+def _apply(config, source: str) -> None:
+    """An Apply button's callback: the advice's `Config` loaded as its dict, written only now."""
+    state.load_and_open(config.to_dict(), source, None)
 
 
 def activation_ledger(est) -> None:

@@ -123,3 +123,25 @@ def cuda_emulation(tracker):
         yield
     finally:
         F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
+
+
+# torch 2.13's `aten::rms_norm` calls `at::_fused_rms_norm` (aten/src/ATen/native/layer_norm.cpp,
+# `rms_norm_symint`); the CPU build has no kernel for it, so its composite path runs op by op and
+# autograd keeps fp32 copies a GPU never makes. On CUDA autograd saves the input, the weight and the
+# rstd (derivatives.yaml `_fused_rms_norm`); the kernels allocate Y and an fp32 rstd per row, dX and
+# dgamma in backward (layer_norm_kernel.cu). Registering CPU kernels (torch's own decompositions,
+# which fake tensors run too) for the measurement makes the CPU run take the CUDA path, in real and
+# fake runs alike (validation/torchtitan/shims.py, item 6, has the details).
+@contextmanager
+def fused_rms_norm():
+    """CPU kernels for `aten::_fused_rms_norm` and its backward (see above)."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    lib = torch.library.Library("aten", "IMPL")
+    for op in (aten._fused_rms_norm.default, aten._fused_rms_norm_backward.default):
+        lib.impl(op.__name__.split(".")[0], decomposition_table[op], "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()

@@ -46,7 +46,7 @@ def case_id(s: Setup) -> str:
     if s.attention == "unfused":
         parts.append("unfused")
     if s.loss_fusion:
-        parts.append("lossfusion")
+        parts.append("lossfusion" + ("-te" if s.ce_impl == "te" else ""))
     if s.arch.num_experts and s.dispatcher != "alltoall":
         parts.append(s.dispatcher)
     if s.router_dtype:
@@ -87,6 +87,9 @@ def _setups() -> list[Setup]:
         # MoE: Mixtral-like (TP2 PP4 EP4, 2 layers built per stage), alltoall dispatcher
         mx, replace(mx, stage="last"), replace(mx, recompute="full"),
         replace(mx, router_dtype="fp32"), replace(mx, recompute="selective", recompute_modules=("layernorm", "moe")),
+        # --cross-entropy-fusion-impl te (TE's in-place cross-entropy, emulated)
+        replace(l70, stage="last", loss_fusion=True, ce_impl="te"), replace(l8, loss_fusion=True, ce_impl="te"),
+        replace(mx, router_dtype="fp64"),
         # DeepSeek-V2-Lite-like: MLA, shared experts, top-6, EP8, 4 layers (1 dense, 3 MoE)
         ds, replace(ds, recompute="selective", recompute_modules=("mla_up_proj", "layernorm")),
         replace(ds, capacity_factor=1.25),
@@ -146,9 +149,15 @@ def contract_config(s: Setup) -> dict:
             else min(s.recompute_num_layers, s.stage_layers)
     if s.recompute == "selective":
         training["recompute_modules"] = list(s.recompute_modules)
+    if s.attention == "unfused":
+        training["attention_softmax_fusion"] = s.softmax_fusion
+    if s.loss_fusion:
+        training["cross_entropy_impl"] = s.ce_impl
     if s.arch.num_experts:
         training["moe_capacity_factor"] = s.capacity_factor
-        training["moe_dispatcher"] = "alltoall"
+        training["moe_dispatcher"] = s.dispatcher
+        if s.router_dtype:
+            training["moe_router_dtype"] = s.router_dtype
     parallel = {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "sequence_parallel": s.sp,
                 "zero_stage": 1 if s.distributed_optimizer else 0}
     if s.arch.num_experts:
@@ -159,10 +168,6 @@ def contract_config(s: Setup) -> dict:
 def not_expressible(s: Setup) -> list[str]:
     """Settings of the run that the estimator's config has no field for."""
     notes = []
-    if s.arch.num_experts and s.dispatcher != "alltoall":
-        notes.append(f"moe_dispatcher {s.dispatcher}")
-    if s.router_dtype:
-        notes.append(f"moe_router_dtype {s.router_dtype}")
     if s.recompute == "full" and s.recompute_method == "uniform" and s.recompute_num_layers > 1:
         notes.append("recompute_method uniform with chunks > 1")
     if s.overlap_grad_reduce or s.overlap_param_gather:

@@ -89,7 +89,9 @@ class Setup:
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
-    loss_fusion: bool = False  # --cross-entropy-loss-fusion (native implementation)
+    loss_fusion: bool = False  # --cross-entropy-loss-fusion
+    ce_impl: str = "native"  # with loss_fusion: --cross-entropy-fusion-impl native or te (TE's kernel emulated)
+    softmax_fusion: bool = False  # with attention "unfused": masked_softmax_fusion (needs the CUDA kernel)
     extra: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
@@ -158,10 +160,10 @@ def transformer_config(setup: Setup):
         # the fused activations are autograd Functions that keep only their input
         bias_activation_fusion=True, add_bias_linear=a.add_bias_linear,
         add_qkv_bias=a.add_qkv_bias, qk_layernorm=a.qk_layernorm,
-        hidden_dropout=0.0, attention_dropout=0.0, masked_softmax_fusion=False,
+        hidden_dropout=0.0, attention_dropout=0.0, masked_softmax_fusion=setup.softmax_fusion,
         # fused into the GEMM by apex/TE in production; needs their CUDA extension here
         gradient_accumulation_fusion=False, apply_rope_fusion=False,
-        cross_entropy_loss_fusion=setup.loss_fusion, cross_entropy_fusion_impl="native",
+        cross_entropy_loss_fusion=setup.loss_fusion, cross_entropy_fusion_impl=setup.ce_impl,
         deallocate_pipeline_outputs=True, variable_seq_lengths=False,
     )
     if setup.recompute == "full":

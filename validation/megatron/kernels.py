@@ -151,3 +151,49 @@ def fused_core_attention_class():
             return out.view(out.shape[0], out.shape[1], -1)
 
     return FusedCoreAttention
+
+
+class _TECrossEntropyFunction(torch.autograd.Function):
+    """TE's `parallel_cross_entropy` (TE 2.x `transformer_engine/pytorch/cross_entropy.py`
+    `CrossEntropyFunction`, `pytorch/triton/cross_entropy.py` `cross_entropy_forward`): the forward
+    allocates the fp32 per-token loss and this rank's fp32 (max, sum, logit of the label) triple per
+    token, gathered over the TP group into a tp-times larger fp32 buffer when tp > 1; its kernel
+    writes the gradient of the loss into the logits in place, and only the logits are saved. The
+    backward scales them in place by the incoming gradient (`element_mul_kernel`) and returns them:
+    no allocation."""
+
+    @staticmethod
+    def forward(ctx, logits, target, tp_group):
+        import torch.distributed as dist
+
+        rows = logits.shape[0] * logits.shape[1]
+        loss_1d = torch.zeros(rows, dtype=torch.float32, device=logits.device)
+        m_d_x_y = torch.zeros(rows * 3, dtype=torch.float32, device=logits.device)
+        world = 1 if tp_group is None else dist.get_world_size(tp_group)
+        if world > 1:
+            gathered = torch.zeros(rows * 3 * world, dtype=torch.float32, device=logits.device)
+            dist.all_gather_into_tensor(gathered, m_d_x_y, group=tp_group)
+        if _is_real(logits):
+            with _hidden(), torch.no_grad():
+                # this rank's vocabulary shard stands for the whole vocabulary (values do not matter)
+                flat = logits.float().view(rows, -1)
+                labels = target.reshape(-1) % flat.shape[1]
+                lse = torch.logsumexp(flat, dim=-1)
+                loss_1d.copy_(lse - flat.gather(1, labels[:, None]).squeeze(1))
+                grad = torch.softmax(flat, dim=-1)
+                grad[torch.arange(rows), labels] -= 1
+                logits.copy_(grad.view_as(logits))
+        ctx.save_for_backward(logits.detach())
+        return loss_1d.view(logits.shape[:2])
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (logits,) = ctx.saved_tensors
+        logits.mul_(grad_output.unsqueeze(-1))
+        return logits, None, None
+
+
+def te_parallel_cross_entropy(logits, labels, tp_group, is_cg_capturable=False):
+    """megatron/core/extensions/transformer_engine.py `te_parallel_cross_entropy` on the emulated
+    TE kernel (label smoothing 0, ignore index -100, loss not reduced)."""
+    return _TECrossEntropyFunction.apply(logits, labels, tp_group)

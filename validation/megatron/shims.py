@@ -231,6 +231,12 @@ def megatron_shims():
 
     _patch(FakeTensor, "tolist", tolist, saved)
     _patch(fused_softmax, "get_default_causal_mask", _cpu_causal_mask, saved)
+    # --cross-entropy-fusion-impl te: TE's cross-entropy kernel, emulated (kernels.py)
+    import megatron.core.models.common.language_module.language_module as language_module
+
+    from .kernels import te_parallel_cross_entropy
+
+    _patch(language_module, "te_parallel_cross_entropy", te_parallel_cross_entropy, saved)
     try:
         with CudaToCpu():
             yield

@@ -44,6 +44,7 @@ class LoraRun:
     recompute: str = "none"  # "none" or "full" (Trainer gradient_checkpointing=True)
     base: str = "bf16"  # frozen base weights: "bf16" (LoRA) or "nf4" (QLoRA)
     save: tuple[str, ...] = ()  # peft modules_to_save: "embed_tokens", "lm_head"
+    dora: bool = False  # peft use_dora (Liu et al. 2024): a learned magnitude per output feature
 
 
 def model_config(run: LoraRun):
@@ -58,7 +59,7 @@ def lora_config(run: LoraRun):
 
     targets = run.targets if run.targets == "all-linear" else [TARGET_MODULES[t] for t in run.targets]
     return LoraConfig(r=run.rank, lora_alpha=run.alpha, lora_dropout=run.dropout,
-                      target_modules=targets, modules_to_save=list(run.save) or None,
+                      target_modules=targets, modules_to_save=list(run.save) or None, use_dora=run.dora,
                       task_type="CAUSAL_LM")
 
 

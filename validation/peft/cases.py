@@ -16,8 +16,12 @@ def targets_label(targets) -> str:
     return "all7" if tuple(targets) == ALL_SEVEN else "".join(targets)
 
 
+def method_of(run: LoraRun) -> str:
+    return "dora" if run.dora else "qlora" if run.base == "nf4" else "lora"
+
+
 def case_id(run: LoraRun) -> str:
-    method = "qlora" if run.base == "nf4" else "lora"
+    method = method_of(run)
     recompute = "recompute" if run.recompute == "full" else "norecompute"
     save = "-save-embed-head" if run.save else ""
     return (f"{run.model}-{method}-r{run.rank}-{targets_label(run.targets)}-{recompute}-"
@@ -51,6 +55,10 @@ def _runs() -> list[LoraRun]:
         R("mixtral-8x7b", 4096, rank=16, alpha=32, targets=QKVO, recompute="full"),
         R("qwen3-30b-a3b", 4096, rank=16, alpha=32, targets="all-linear", recompute="full"),
         R("qwen3-30b-a3b", 2048, rank=8, alpha=16, targets=QV),
+        # DoRA (peft use_dora): the weight norm of W + BA in the forward, a magnitude per output
+        R("llama-3.1-8b", 2048, rank=16, alpha=32, targets=QV, dora=True),
+        R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", dora=True),
+        R("qwen3-8b", 2048, rank=8, alpha=16, targets=QV, dropout=0.05, dora=True),
     ]
 
 
@@ -59,7 +67,7 @@ CASES: dict[str, LoraRun] = {case_id(r): r for r in _runs()}
 
 def adapter(run: LoraRun) -> dict:
     return {
-        "method": "qlora" if run.base == "nf4" else "lora", "rank": run.rank, "alpha": run.alpha,
+        "method": method_of(run), "rank": run.rank, "alpha": run.alpha,
         "target_modules": run.targets if run.targets == "all-linear" else list(run.targets),
         "dropout": run.dropout, "trainable_embeddings": bool(run.save), "base_dtype": run.base,
     }

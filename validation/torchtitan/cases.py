@@ -37,13 +37,14 @@ class Case:
     ac_every: int = 1
     float8: str = "none"
     reshard: str = "default"
+    fp8_all_gather: bool = False
 
     def run(self):
         from .step import Run
 
         return Run(self.family, self.flavor, self.world, self.seq_len, self.local_batch,
                    tp=self.tp, cp=self.cp, ac=self.ac, ac_every=self.ac_every,
-                   float8=self.float8, reshard=self.reshard)
+                   float8=self.float8, reshard=self.reshard, fp8_all_gather=self.fp8_all_gather)
 
     @property
     def fsdp(self) -> int:
@@ -59,6 +60,7 @@ def case_id(c: Case) -> str:
     parts += [f"cp{c.cp}"] if c.cp > 1 else []
     parts += [ac]
     parts += [f"fp8-{c.float8}"] if c.float8 != "none" else []
+    parts += ["allgather"] if c.fp8_all_gather else []
     parts += [f"reshard-{c.reshard}"] if c.reshard != "default" else []
     return "-".join(parts + [f"s{c.seq_len}", f"b{c.local_batch}"])
 
@@ -77,6 +79,9 @@ def _cases() -> list[Case]:
         C("llama3", "8B", 8, 8192, 2, tp=2, ac="op"),
         C("llama3", "8B", 8, 8192, 1, ac="op", float8="rowwise"),
         C("llama3", "8B", 64, 2048, 4, float8="rowwise"),
+        # torchao's tensorwise recipe, with and without FSDP2 float8 all-gather (step._float8_all_gather)
+        C("llama3", "8B", 8, 8192, 2, ac="full", float8="tensorwise"),
+        C("llama3", "8B", 8, 8192, 2, ac="full", float8="tensorwise", fp8_all_gather=True),
         # Llama-3.1-70B: torchtitan's llama3_70b recipe (TP 8, full AC) and variants
         C("llama3", "70B", 64, 8192, 1, tp=8, ac="full"),
         C("llama3", "70B", 64, 8192, 1, tp=8, ac="op"),
@@ -119,7 +124,7 @@ def contract_config(c: Case) -> dict:
     if c.ac == "layer":
         training["recompute_every"] = c.ac_every
     if c.float8 != "none":
-        training.update(fp8=True, fp8_recipe=c.float8, fp8_all_gather=False)
+        training.update(fp8=True, fp8_recipe=c.float8, fp8_all_gather=c.fp8_all_gather)
     parallel = {"tp": c.tp, "pp": 1, "dp": c.fsdp, "cp": c.cp,
                 "zero_stage": 2 if c.reshard == "never" else 3}
     return {"model": model, "training": training, "parallel": parallel,
@@ -135,6 +140,13 @@ def describe(c: Case) -> str:
     par = f"FSDP2 {c.fsdp}" + (f" x TP {c.tp} (sequence parallel)" if c.tp > 1 else "") \
         + (f" x CP {c.cp}" if c.cp > 1 else "")
     fp8 = f", torchao float8 linears ({c.float8} scaling)" if c.float8 != "none" else ""
+    if c.float8 == "tensorwise":
+        fp8 += (" (recipe name passed to Float8LinearConverter, whose config type lists the rowwise recipes; "
+                "torchao's Float8LinearConfig.from_recipe_name builds it)")
+    if c.fp8_all_gather:
+        fp8 += (", FSDP2 float8 all-gather (torchao enable_fsdp_float8_all_gather: weights wrapped in "
+                "WeightWithDynamicFloat8CastTensor as Float8Linear.from_float does; torchtitan 0.3.0 no longer "
+                "does it)")
     reshard = {"default": "reshard after forward (default)", "always": "reshard after forward",
                "never": "no reshard after forward"}[c.reshard]
     return (f"{name}, torchtitan 0.3.0 {c.family} `{c.flavor}` on rank 0 of {c.world}: {par}, "

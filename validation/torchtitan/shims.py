@@ -25,6 +25,24 @@ undone afterwards (except the device type, which torchtitan reads once at import
    (`free_storage` / `alloc_storage` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py),
    which no dispatch mode sees; on a GPU each is a caching-allocator free / allocation. The
    patched versions tell the tracker the storage's new size.
+6. RMSNorm: `nn.RMSNorm` -> `F.rms_norm` -> `aten::rms_norm` (CompositeImplicitAutograd) calls
+   `at::_fused_rms_norm` (aten/src/ATen/native/layer_norm.cpp, `rms_norm_symint`). The CPU
+   build registers no CPU kernel for it, so its CompositeImplicitAutograd kernel
+   (`rms_norm_composite`) runs op by op and autograd keeps an fp32 upcast, the fp32 normalised
+   copy and the rstd. On CUDA the op has a kernel, so autograd takes derivatives.yaml's formula
+   for `_fused_rms_norm`: it saves `input`, `weight` and `result1` (the rstd) and calls
+   `_fused_rms_norm_backward`. `_fused_rms_norm_cuda` (aten/src/ATen/native/cuda/
+   layer_norm_kernel.cu) allocates Y = empty_like(input) and rstd = empty({M}, fp32) (M rows,
+   viewed (..., 1)); `_fused_rms_norm_backward_cuda` allocates dX = empty_like(input) and
+   dgamma = empty_like(gamma). `fused_rms_norm()` registers CPU kernels for both ops for the
+   duration of a measurement, so the CPU run takes the CUDA dispatch path; they return those
+   tensors, with values from torch's own decompositions (torch/_decomp/decompositions.py
+   `_fused_rms_norm`, `_fused_rms_norm_backward`), which fake tensors run as well, unseen by
+   the tracker. Left out: `LaunchGammaBetaBackwardCUDAKernel`'s partial dgamma buffer, made
+   only when M > 65536 and N / 32 < SMs / 2 (the q/k norms): blocks.y x N in the weight's
+   dtype with blocks.y <= 32768 / (N / 32), so at most 32768 x 32 elements (2 MiB), freed at once. With
+   the optional nvidia-cutlass-dsl, torch 2.13 on SM 9.x/10.x runs quack's kernels instead
+   (torch/_native/ops/norm/norms.py): the same outputs and saved tensors.
 """
 
 from __future__ import annotations
@@ -34,6 +52,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
+
+from ..emulation import fused_rms_norm  # noqa: F401 (item 6 above; shared with the torchtune harness)
 
 
 def use_cpu_device() -> None:
@@ -156,7 +176,8 @@ def cpu_emulation(tracker):
     fsdp_param.free_storage = _tracked_resize(tracker, originals[4])
     _hidden.append(tracker.hidden)
     try:
-        yield
+        with fused_rms_norm():
+            yield
     finally:
         _hidden.pop()
         for (obj, name), value in zip(saved, originals):

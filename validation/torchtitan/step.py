@@ -49,7 +49,8 @@ class Run:
     cp: int = 1
     ac: str = "none"  # "none", "full", "op" (SelectiveAC), "layer" (full AC on every N-th block)
     ac_every: int = 1  # with "layer"
-    float8: str = "none"  # "none", "rowwise"
+    float8: str = "none"  # "none", "rowwise", "tensorwise" (torchao recipe names)
+    fp8_all_gather: bool = False  # with "tensorwise": FSDP2 gathers float8 weights (`_float8_all_gather`)
     reshard: str = "default"  # fsdp_reshard_after_forward: "default", "always", "never"
     layers: int | None = None  # keep only the first N blocks (tiny self-test models)
     shrink: dict | None = None  # tiny self-test models: model config fields to override
@@ -123,6 +124,28 @@ def _every_nth_block(model, every: int) -> None:
             model.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=True))
 
 
+def _float8_all_gather(model) -> None:
+    """torchao's FSDP2 float8 all-gather, which torchtitan 0.3.0 no longer wires up (its
+    Float8LinearConverter offers the rowwise recipes only and builds Float8Linear through __init__,
+    never `Float8Linear.from_float`): set `enable_fsdp_float8_all_gather` in each float8 linear's
+    config and wrap its weight in `WeightWithDynamicFloat8CastTensor`, exactly as `from_float` does
+    (torchao/float8/float8_linear.py), before `fully_shard`. FSDP2 then calls the subclass's
+    `fsdp_pre_all_gather` (cast the shard to float8 with a tensorwise scale from an all-reduced amax)
+    and gathers the float8 data (torchao/float8/fsdp_utils.py)."""
+    import dataclasses
+
+    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    for m in model.modules():
+        if isinstance(m, Float8Linear):
+            m.config = dataclasses.replace(m.config, enable_fsdp_float8_all_gather=True)
+            m.weight = torch.nn.Parameter(
+                WeightWithDynamicFloat8CastTensor(m.weight, m.linear_mm_config,
+                                                  m.config.cast_config_weight.target_dtype),
+                requires_grad=m.weight.requires_grad)
+
+
 def build(run: Run, fake: bool):
     """Model (parallelized, on CPU), loss, optimizers, lr schedulers, parallel dims."""
     from torchtitan.distributed import ParallelDims
@@ -143,6 +166,8 @@ def build(run: Run, fake: bool):
         model = spec.model.build()
     if run.ac == "layer":
         _every_nth_block(model, run.ac_every)
+    if run.fp8_all_gather:
+        _float8_all_gather(model)
     # parallelize on meta, outside fake mode (DeviceMesh slicing is data dependent)
     model = spec.parallelize_fn(
         model, parallel_dims=dims, training=config.training, parallelism=config.parallelism,
@@ -188,7 +213,14 @@ def train_step(model, loss_fn, optimizers, schedulers, config, dims, batch,
 
 
 def _local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
+    """The plain tensor that holds the data: a DTensor's local tensor, and inside torchao's
+    WeightWithDynamicFloat8CastTensor (float8 all-gather) the wrapped fp32 shard, `_tensor`."""
+    t = t.to_local() if hasattr(t, "to_local") else t
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    while is_traceable_wrapper_subclass(t) and type(t).__name__ == "WeightWithDynamicFloat8CastTensor":
+        t = t._tensor
+    return t
 
 
 def traced_step(run: Run, fake: bool = True, seed: int = 0):

@@ -56,10 +56,9 @@ CASES: dict[str, TuneRun] = {case_id(r): r for r in _runs()}
 
 def contract_config(run: TuneRun) -> dict:
     training = {
-        # torchtune's single-device recipe is plain PyTorch in pure bf16 (dtype: bf16): the "hf"
-        # framework's recipe (gradients and optimizer states in the parameters' dtype, no master
-        # copy). The Additions fields appear only when on.
-        "mode": "training", "framework": "hf", "seq_len": run.seq_len,
+        # torchtune's single-device recipe in pure bf16 (dtype: bf16): gradients and optimizer
+        # states in the parameters' dtype, no master copy. The Additions fields appear only when on.
+        "mode": "training", "framework": "torchtune", "seq_len": run.seq_len,
         "micro_batch_size": run.batch_size, "param_dtype": "bf16", "grad_dtype": "bf16",
         "master_weights": False, "optimizer_dtype": "bf16", "compute_dtype": "bf16",
         "optimizer": "adam8bit" if run.optimizer == "adamw8bit" else "adamw",

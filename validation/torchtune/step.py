@@ -7,7 +7,9 @@
 
 (clip_grad_norm is null in the recipes' configs.) Step 1 creates the optimizer states; step 2 is
 measured. CUDA is emulated as for the HF records (validation/emulation.py: FlashAttention-2 for
-SDPA, 512-byte blocks, host scalars not counted) and for activation offloading
+SDPA, 512-byte blocks, host scalars not counted; F.rms_norm dispatched as on CUDA, validation/emulation.py
+fused_rms_norm: torchtune's RMSNorm passes an fp32 input with a bf16 scale, which layer_norm.cpp
+refuses to fuse, so its composite ops run there as here) and for activation offloading
 (validation/torchtune/emulation.py); fused AdamW keeps its step counters on the GPU; torchao's
 AdamW8bit steps run eagerly, uncounted (validation/torchtune/emulation.py, eager_compiled_steps).
 """
@@ -20,7 +22,7 @@ from contextlib import nullcontext
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..emulation import cuda_emulation
+from ..emulation import cuda_emulation, fused_rms_norm
 from ..peft.step import Tracker
 from ..tracker import categories, phase_summary
 from .build import TuneRun, meta_model, setup
@@ -63,7 +65,7 @@ def traced_step(run: TuneRun, fake: bool = True, seed: int = 0):
     grads: set[int] = set()
     model = meta_model(run)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
-    with mode, cuda_emulation(tracker), offload_emulation(tracker), eager_compiled_steps(tracker):
+    with mode, cuda_emulation(tracker), offload_emulation(tracker), eager_compiled_steps(tracker), fused_rms_norm():
         optimizer, states_of, loss_fn, offload = setup(
             model, run, on_grad=lambda p: grads.add(tracker.key(p.grad)) if tracker.recording else None)
         vocab = model.tok_embeddings.num_embeddings

@@ -1,0 +1,275 @@
+"""Adapters (LoRA, QLoRA, DoRA), computed by hand. The measured PEFT steps are held in
+tests/test_accuracy_frameworks.py; here each rule is checked on its own numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from estimator import estimate_config
+from estimator.config import load_config
+from estimator.errors import ConfigError
+
+GiB = 2**30
+ALL_SEVEN = ["q", "k", "v", "o", "gate", "up", "down"]
+LLAMA_8B_PARAMETERS = 8_030_261_248
+
+
+def config(adapter: dict, model: str = "llama-3.1-8b", **training) -> dict:
+    return {"model": model, "training": {"framework": "hf", "seq_len": 4096, **training, "adapter": adapter}}
+
+
+def step_components(result) -> dict[str, int]:
+    stage = result.stages[0]
+    return {c.key: c.bytes for c in next(p for p in stage.phases if p.name == "optimizer").components}
+
+
+def test_llama_8b_rank_16_all_seven_trains_41_943_040_parameters():
+    # in + out features of the seven projections of one Llama-3.1-8B layer (h 4096, 8 KV heads of
+    # 128, MLP 14336): q 4096+4096, k 4096+1024, v 4096+1024, o 4096+4096, gate, up, down 4096+14336
+    per_layer = 8192 + 5120 + 5120 + 8192 + 18432 + 18432 + 18432
+    assert per_layer == 81_920
+    expected = 16 * per_layer * 32
+    assert expected == 41_943_040
+    result = estimate_config(config({"rank": 16, "target_modules": ALL_SEVEN}))
+    assert result.parameters_trainable == expected
+    assert result.to_json()["parameters"] == {"total": LLAMA_8B_PARAMETERS, "active": LLAMA_8B_PARAMETERS,
+                                              "trainable": expected}
+
+
+def test_all_linear_on_a_dense_model_is_the_seven_projections():
+    seven = estimate_config(config({"target_modules": ALL_SEVEN})).parameters_trainable
+    assert estimate_config(config({"target_modules": "all-linear"})).parameters_trainable == seven
+
+
+def test_moe_all_linear_adds_the_router_and_peft_fused_expert_wrappers():
+    # Qwen3-30B-A3B (h 2048, 32 q heads and 4 KV heads of 128, 128 experts of width 768, 48 layers),
+    # rank 16: attention q 2048+4096, k and v 2048+512, o 4096+2048; router 2048+128; PEFT's
+    # ParamWrapper on the fused experts: gate_up lora_A (2 r E x h), lora_B (2f x 2 r E), down
+    # lora_A (r E x f), lora_B (h x r E)
+    r, e, h, f = 16, 128, 2048, 768
+    attention = r * ((2048 + 4096) + 2 * (2048 + 512) + (4096 + 2048))
+    router = r * (2048 + 128)
+    experts = 2 * r * e * (h + 2 * f) + r * e * (f + h)
+    assert 48 * (attention + router + experts) == 996_507_648  # peft's own count (the measured record)
+    result = estimate_config(config({"target_modules": "all-linear"}, model="qwen3-30b-a3b", recompute="full"))
+    assert result.parameters_trainable == 996_507_648
+
+
+def test_the_frozen_base_gets_no_gradient_and_no_optimizer_state_under_the_hf_trainer():
+    a = 41_943_040
+    step = step_components(estimate_config(config({"target_modules": ALL_SEVEN})))
+    assert step["parameters"] == 2 * LLAMA_8B_PARAMETERS + 4 * a  # bf16 base, fp32 adapters (PEFT)
+    assert step["gradients"] == 4 * a
+    assert step["optimizer_states"] == 8 * a  # AdamW's two fp32 moments
+    assert step.get("master_weights", 0) == 0
+
+
+@pytest.mark.parametrize("framework, zero, parameters, gradients, masters, states", [
+    # DeepSpeed ZeRO-2 casts the module (adapters too) to bf16; the frozen base is replicated, the
+    # trainable gradients (bf16), fp32 master and states are partitioned over DP 8
+    ("deepspeed", 2, 2 * LLAMA_8B_PARAMETERS + 2 * 41_943_040, 2 * 41_943_040 / 8, 4 * 41_943_040 / 8,
+     8 * 41_943_040 / 8),
+    # ZeRO-3 partitions every parameter, the frozen ones included
+    ("deepspeed", 3, (2 * LLAMA_8B_PARAMETERS + 2 * 41_943_040) / 8, 2 * 41_943_040 / 8, 4 * 41_943_040 / 8,
+     8 * 41_943_040 / 8),
+    # FSDP2 shards frozen and trainable parameters; the adapters' shards are the fp32 masters
+    ("fsdp2", 3, (2 * LLAMA_8B_PARAMETERS + 4 * 41_943_040) / 8, 4 * 41_943_040 / 8, 0, 8 * 41_943_040 / 8),
+])
+def test_sharding_of_frozen_and_trainable_parameters(framework, zero, parameters, gradients, masters, states):
+    cfg = config({"target_modules": ALL_SEVEN}, framework=framework)
+    cfg["parallel"] = {"dp": 8, "zero_stage": zero}
+    step = step_components(estimate_config(cfg))
+    assert step["parameters"] == round(parameters)
+    assert step["gradients"] == round(gradients)
+    assert step.get("master_weights", 0) == round(masters)
+    assert step["optimizer_states"] == round(states)
+
+
+def test_ddp_buckets_hold_the_trainable_gradients_only():
+    cfg = config({"target_modules": ALL_SEVEN})
+    cfg["parallel"] = {"dp": 4}
+    stage = estimate_config(cfg).stages[0]
+    buckets = next(c for c in stage.components if c.key == "buckets")
+    assert buckets.bytes == 4 * 41_943_040  # fp32 adapter gradients, not 2 x 8B frozen weights
+
+
+def test_qlora_nf4_storage_of_a_70b_base_by_hand():
+    # Llama-3.1-70B: 80 layers, h 8192, 8 KV heads of 128 (kv 1024), MLP 28672, vocabulary 128256
+    h, kv, f, layers, vocab = 8192, 1024, 28672, 80, 128256
+    linears = 2 * h * h + 2 * h * kv + 3 * h * f  # q, o; k, v; gate, up, down
+    n = layers * linears
+    assert n == 68_451_041_280
+    # bitsandbytes NF4 with double quantization: 4-bit codes, a uint8 absmax per 64 weights, an fp32
+    # absmax per 256 blocks, and per tensor the nested 256-entry fp32 code and offset (2 KiB)
+    nf4 = n * (0.5 + 1 / 64 + 4 / 16384) + 2048 * 7 * layers
+    others = 2 * vocab * h + (2 * layers + 1) * h  # embedding, head, norms: bf16
+    adapters = layers * 16 * ((h + h) + (h + kv))  # rank 16 on q and v (PEFT's default)
+    assert adapters == 32_768_000
+    expected = nf4 + 2 * others + 4 * adapters
+    result = estimate_config(config({"method": "qlora"}, model="llama-3.1-70b", recompute="full"))
+    assert step_components(result)["parameters"] == round(expected)
+    assert expected / GiB == pytest.approx(36.93, abs=0.01)
+
+
+def test_one_lora_layer_keeps_by_hand():
+    # Llama-3.1-8B, LoRA rank 16 on q and v, bf16, SDPA, s 4096, b 1, no recompute (HF Trainer):
+    # the frozen linears keep no inputs and the frozen norm scales no normalised copies
+    s, h, f, r = 4096, 4096, 14336, 16
+    norm = 4 * s * h + 4 * s  # fp32 upcast and the per-token rsqrt
+    attention = 2 * s * (4096 + 1024 + 1024) + 4 * s * 32 + 2 * s * 4096  # q, k, v, log-sum-exp, output
+    mlp = 2 * 2 * s * f + 2 * s * f  # gate and up outputs, silu output (the gated product is down's input)
+    adapters = 2 * (4 * s * h + 4 * s * r)  # q and v: fp32 input copy, lora_A output
+    per_layer = 2 * norm + attention + mlp + adapters
+    result = estimate_config(config({"rank": r}))
+    ledger = result.activation_ledger
+    assert sum(line.bytes for line in ledger if line.kind == "dense") == per_layer
+    # the first layer's input needs no gradient (frozen embeddings): its attention norm keeps nothing
+    assert sum(line.bytes for line in ledger if line.kind == "first dense") == per_layer - norm
+
+
+def test_adapter_dropout_keeps_its_fp32_output_and_a_mask_beyond_the_first_layer():
+    s, h = 4096, 4096
+    plain = estimate_config(config({"rank": 16})).activation_ledger
+    dropped = estimate_config(config({"rank": 16, "dropout": 0.1})).activation_ledger
+
+    def total(ledger, kind):
+        return sum(line.bytes for line in ledger if line.kind == kind)
+    # q and v: the dropout output replaces the fp32 cast (same size) and adds a 1-byte mask each
+    assert total(dropped, "dense") - total(plain, "dense") == 2 * s * h
+    assert total(dropped, "first dense") == total(plain, "first dense")
+
+
+def test_dora_keeps_both_outputs_for_the_magnitude():
+    s = 4096
+    lora = estimate_config(config({"rank": 16})).activation_ledger
+    dora = estimate_config(config({"method": "dora", "rank": 16})).activation_ledger
+    extra = sum(line.bytes for line in dora if line.kind == "dense") - \
+        sum(line.bytes for line in lora if line.kind == "dense")
+    # per adapted module: the bf16 base output and the fp32 adapter output (out wide), three fp32
+    # vectors of out (norm, scale, scale - 1); q has out 4096, v 1024
+    assert extra == sum((2 + 4) * s * out + 3 * 4 * out for out in (4096, 1024))
+    # and a magnitude per output feature is trained
+    trainable = estimate_config(config({"method": "dora", "rank": 16})).parameters_trainable
+    assert trainable == 32 * (16 * ((4096 + 4096) + (4096 + 1024)) + 4096 + 1024)
+
+
+def test_trainable_embeddings_add_trainable_copies_beside_the_frozen_originals():
+    vocab, h = 128256, 4096
+    result = estimate_config(config({"rank": 16, "trainable_embeddings": True}, recompute="full"))
+    adapters = 32 * 16 * ((h + h) + (h + 1024))
+    assert result.parameters_trainable == adapters + 2 * vocab * h
+    step = step_components(result)
+    # the copies stay bf16 (PEFT copies the module): 2 B weights, gradients and AdamW moments each
+    assert step["parameters"] == 2 * LLAMA_8B_PARAMETERS + 4 * adapters + 2 * 2 * vocab * h
+    assert step["gradients"] == 4 * adapters + 2 * 2 * vocab * h
+    assert step["optimizer_states"] == 8 * adapters + 4 * 2 * vocab * h
+
+
+@pytest.mark.parametrize("cfg, field", [
+    (config({"rank": 16}, framework="megatron"), "training.adapter"),
+    ({**config({"rank": 16}), "parallel": {"tp": 2}}, "parallel.tp"),
+    (config({"target_modules": ["router"]}), "training.adapter.target_modules"),
+    (config({"target_modules": ["all-linear", "q"]}), "training.adapter.target_modules"),
+    (config({"method": "qlora", "base_dtype": "int8"}), "training.adapter.base_dtype"),
+    (config({"rank": 0}), "training.adapter.rank"),
+    (config({"rnk": 8}), "training.adapter.rnk"),
+    (config({"rank": 16}, mode="inference"), "training.adapter"),
+    (config({"rank": 16}, grad_dtype="bf16"), "training.grad_dtype"),
+    (config({"target_modules": "all-linear", "dropout": 0.1}, model="qwen3-30b-a3b"), "training.adapter.dropout"),
+])
+def test_combinations_no_framework_offers_are_refused_naming_the_field(cfg, field):
+    with pytest.raises(ConfigError) as err:
+        estimate_config(cfg)
+    assert err.value.field == field
+
+
+def test_the_config_writes_the_adapter_back_as_an_object():
+    cfg = load_config(config({"method": "qlora", "rank": 64, "target_modules": "all-linear"}))
+    assert cfg.to_dict()["training"]["adapter"] == {"method": "qlora", "rank": 64, "target_modules": "all-linear"}
+
+
+def test_cli_flags_set_the_adapter(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": "llama-3.1-8b", "training": {"framework": "hf"}}))
+    run = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", str(path), "--json",
+                          "--adapter-method", "lora", "--adapter-rank", "16", "--adapter-target-modules",
+                          ",".join(ALL_SEVEN)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["parameters"]["trainable"] == 41_943_040
+    bad = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", str(path),
+                          "--adapter-rank", "-3"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "training.adapter.rank" in bad.stderr
+
+
+def test_the_url_carries_the_adapter():
+    from ui.fields import ModelChoice, config_dict, parse_url, ui_values_from_config, url_params
+    given = config({"method": "qlora", "rank": 64, "target_modules": ALL_SEVEN, "dropout": 0.05})
+    values = ui_values_from_config(given)
+    params = url_params(ModelChoice(source="preset", preset="llama-3.1-8b"), values)
+    assert params["adapter_method"] == "qlora" and params["adapter_rank"] == "64"
+    assert params["adapter_target_modules"] == ALL_SEVEN
+    back = parse_url(params)
+    assert back.warnings == []
+    assert config_dict(back.model, {**values, **back.values})["training"]["adapter"] == \
+        {"method": "qlora", "rank": 64, "target_modules": ALL_SEVEN, "dropout": 0.05}
+    # without an adapter no adapter parameter is written
+    plain = url_params(ModelChoice(source="preset", preset="llama-3.1-8b"),
+                       ui_values_from_config({"model": "llama-3.1-8b"}))
+    assert not any(k.startswith("adapter_") for k in plain)
+
+
+@pytest.mark.parametrize("recipe_id, gpu", [("llama-3.1-70b-qlora-1xh100", "h100-80"),
+                                             ("llama-3.1-8b-lora-24gb", "rtx-4090")])
+def test_the_fine_tuning_recipes_fit_their_one_gpu(recipe_id, gpu):
+    from estimator.presets import get_recipe
+    result = estimate_config(get_recipe(recipe_id).config)
+    assert result.fit.gpu == gpu and result.fit.verdict == "fits"
+    # the 70B QLoRA's states by hand: the NF4 base (test_qlora_nf4_storage_of_a_70b_base_by_hand, with
+    # rank 64 on all seven projections) and 16 B per fp32 adapter parameter (weight, gradient, 2 moments)
+    if recipe_id.startswith("llama-3.1-70b"):
+        per_layer = 64 * ((8192 + 8192) + 2 * (8192 + 1024) + (8192 + 8192) + 3 * (8192 + 28672))
+        assert result.parameters_trainable == 80 * per_layer == 828_375_040
+
+
+def test_the_exports_write_the_adapter_and_round_trip():
+    from ui import exports
+    cfg = config({"method": "qlora", "rank": 64, "target_modules": "all-linear"}, recompute="full")
+    result = estimate_config(cfg)
+    written = json.loads(exports.config_json(cfg, result))
+    assert written["training"]["adapter"]["method"] == "qlora"
+    assert estimate_config(written).device_total_bytes == result.device_total_bytes
+    rows = {r["component"]: r["value"] for r in exports.breakdown_rows(result) if r["kind"] == "setting"}
+    assert json.loads(rows["training.adapter"])["rank"] == 64
+
+
+def test_deepspeed_buffers_follow_their_settings():
+    # Llama-3.1-8B LoRA (bf16 under DeepSpeed) on ZeRO-3 over 8 GPUs, the HF Trainer's "auto" values:
+    # reduce_bucket_size h^2 = 16,777,216 and stage3_prefetch_bucket_size 0.9 h^2 = 15,099,494
+    h = 4096
+    cfg = config({"target_modules": ALL_SEVEN}, framework="deepspeed", reduce_bucket_size=h * h,
+                 stage3_prefetch_bucket_size=int(0.9 * h * h))
+    cfg["parallel"] = {"dp": 8, "zero_stage": 3}
+    stage = estimate_config(cfg).stages[0]
+    transients = {c.label: c.bytes for p in stage.phases for c in p.components if c.key == "transient"
+                  for c in (c.parts or (c,))}
+    # the reduction bucket: min(h^2, 41,943,040 trainable) bf16 gradients
+    assert transients["Gradient reduction bucket"] == 2 * h * h
+    # gathered: one layer (218,112,000 + 2 norms of 4096) and the prefetch bucket, in bf16
+    layer = 4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
+    assert transients["Gathered parameters (current layer + prefetch bucket)"] == 2 * (layer + int(0.9 * h * h))
+    capped = dict(cfg, training=dict(cfg["training"], stage3_max_live_parameters=100_000_000))
+    stage = estimate_config(capped).stages[0]
+    gathered = [c.bytes for p in stage.phases for c in p.components if c.key == "transient"
+                for c in (c.parts or (c,)) if c.label.startswith("Gathered")]
+    assert gathered[0] == 2 * layer  # a layer above max_live is still gathered whole, nothing prefetched
+
+
+def test_deepspeed_settings_are_refused_elsewhere():
+    with pytest.raises(ConfigError) as err:
+        estimate_config({"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "reduce_bucket_size": 10}})
+    assert err.value.field == "training.reduce_bucket_size"

@@ -1,0 +1,124 @@
+"""Megatron flags that change memory (GitHub issue #13): --moe-router-dtype, --no-masked-softmax-fusion
+and --cross-entropy-fusion-impl, each checked against numbers computed by hand from the sources the
+estimator cites (and, for the records in tests/data/measured/megatron, by the harness)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator import estimate_config
+from estimator.errors import ConfigError
+
+MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"
+MiB = 2**20
+
+
+def _record_config(case: str) -> dict:
+    return json.loads((MEASURED / f"{case}.json").read_text())["config"]
+
+
+def _ledger(config: dict) -> dict[str, int]:
+    return {line.name: line.bytes for line in estimate_config(config).activation_ledger}
+
+
+def _transients(config: dict, stage: int) -> dict[str, int]:
+    st = estimate_config(config).stages[stage]
+    return {p.name: next(c.bytes for c in p.components if c.key == "transient") for p in st.phases}
+
+
+GPT3_EAGER = {"model": {"hidden_size": 12288, "num_layers": 96, "num_attention_heads": 96, "intermediate_size": 49152,
+                        "vocab_size": 51200, "gated_mlp": False, "norm": "layernorm", "linear_bias": True,
+                        "position_embedding": "learned", "max_position_embeddings": 2048},
+              "training": {"seq_len": 2048, "attention": "eager"}, "parallel": {"tp": 8, "pp": 8}}
+
+
+def _gpt3(**training) -> dict:
+    return {**GPT3_EAGER, "training": {**GPT3_EAGER["training"], **training}}
+
+
+def test_fused_softmax_keeps_two_bytes_per_score():
+    # scaled_upper_triang_masked_softmax keeps its bf16 output: 2 B x a/t x s^2 = 2 x 12 x 2048^2
+    ledger = _ledger(_gpt3())
+    assert ledger["softmax output (scores)"] == 2 * 12 * 2048 * 2048 == 100_663_296
+    assert "causal mask (bool, made per layer)" not in ledger
+
+
+def test_unfused_softmax_keeps_fp32_probabilities_their_copy_and_the_mask():
+    # forward_torch_softmax: fp32 softmax 4 B, bf16 copy 2 B per score; the s x s bool mask per layer
+    ledger = _ledger(_gpt3(attention_softmax_fusion=False))
+    assert ledger["softmax output (fp32, unfused softmax)"] == 4 * 12 * 2048 * 2048 == 201_326_592
+    assert ledger["softmax output cast to the compute dtype"] == 100_663_296
+    assert ledger["causal mask (bool, made per layer)"] == 2048 * 2048 == 4_194_304
+
+
+def test_the_fused_kernel_falls_back_outside_its_shapes():
+    # is_kernel_available: sk <= 4096 ...
+    assert "softmax output (fp32, unfused softmax)" in _ledger(_gpt3(seq_len=8192))
+    # ... and b x heads/t a multiple of 4: 96 heads over TP 16 leave 6 per GPU
+    six_heads = {**_gpt3(), "parallel": {"tp": 16, "pp": 8}}
+    assert "softmax output (fp32, unfused softmax)" in _ledger(six_heads)
+    assert "softmax output (scores)" in _ledger({**six_heads, "training": {**six_heads["training"],
+                                                                            "micro_batch_size": 2}})
+
+
+def test_the_unfused_record_per_layer():
+    # measured per layer: 388.0 MiB (layer_kept_bytes); the ledger: 96 MiB of the other tensors + 288 MiB of
+    # softmax (6 B x 12 x 2048^2) + 4 MiB of mask
+    record = json.loads((MEASURED / "gpt3-175b-tp8-pp8-first-s2048-b1-unfused.json").read_text())
+    assert record["config"]["training"]["attention_softmax_fusion"] is False
+    per_layer = sum(_ledger(record["config"]).values())
+    assert per_layer == 96 * MiB + 6 * 12 * 2048 * 2048 + 2048 * 2048 == 406_847_488
+    # the harness's layer keeps 4 KiB more (its small per-layer buffers, 512-byte rounded)
+    assert record["measured"]["layer_kept_bytes"][-1] - per_layer == 4096
+
+
+LLAMA8B_TE = {"model": "llama-3.1-8b", "training": {"seq_len": 4096, "loss": "fused", "cross_entropy_impl": "te"},
+              "parallel": {"tp": 2}}
+
+
+def test_te_cross_entropy_keeps_only_the_logits():
+    st = estimate_config(LLAMA8B_TE).stages[0]
+    logits = {p.name: next(c.bytes for c in p.components if c.key == "logits") for p in st.phases if p.name != "optimizer"}
+    # final-norm input and LM-head input 2 x 2 x 4096 x 4096 / 2, bf16 logits 2 x 4096 x 128256 / 2
+    assert logits == {"forward": 33_554_432 + 525_336_576, "backward": 33_554_432 + 525_336_576}
+    # forward: fp32 loss (4 B) and (max, sum, label logit) (12 B) per token, gathered over TP 2 (24 B)
+    # backward: the gradient is the saved logits, scaled in place
+    assert _transients(LLAMA8B_TE, 0) == {"forward": 4096 * (4 + 12 + 24), "backward": 0, "optimizer": 0}
+
+
+def test_native_fused_cross_entropy_keeps_the_fp32_softmax():
+    native = {**LLAMA8B_TE, "training": {**LLAMA8B_TE["training"], "cross_entropy_impl": "native"}}
+    st = estimate_config(native).stages[0]
+    logits = next(c.bytes for c in st.phases[0].components if c.key == "logits")
+    assert logits == 33_554_432 + 4 * 4096 * 128256 // 2
+
+
+MIXTRAL = "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1"
+
+
+@pytest.mark.parametrize("dtype, bytes_", [(None, 67_108_864), ("fp32", 201_326_592), ("fp64", 402_653_184)])
+def test_router_dtype_casts_the_combine(dtype, bytes_):
+    # tokens per GPU before /t: s x b x k x phi x etp = 4096 x 2 x 1 x 2; bf16: the all-to-all send buffer
+    # 2 B x 16384 x 4096 / 2; fp32/fp64: expert outputs cast before the ETP reduce-scatter and its output,
+    # R B x 16384 x 4096 x (1 + 1/2) / 2 (measured in backward: 128 + 64 MiB of fp32)
+    config = _record_config(MIXTRAL)
+    if dtype:
+        config["training"]["moe_router_dtype"] = dtype
+    assert _transients(config, 0)["backward"] == bytes_
+
+
+@pytest.mark.parametrize("training, model, field", [
+    ({"framework": "fsdp2", "moe_router_dtype": "fp32"}, "mixtral-8x7b", "training.moe_router_dtype"),
+    ({"moe_router_dtype": "fp32"}, "llama-3.1-8b", "training.moe_router_dtype"),
+    ({"framework": "hf", "attention_softmax_fusion": False}, "llama-3.1-8b", "training.attention_softmax_fusion"),
+    ({"cross_entropy_impl": "te"}, "llama-3.1-8b", "training.cross_entropy_impl"),
+    ({"framework": "fsdp2", "loss": "fused", "cross_entropy_impl": "te"}, "llama-3.1-8b", "training.cross_entropy_impl"),
+    ({"moe_router_dtype": "bf16"}, "mixtral-8x7b", "training.moe_router_dtype"),
+])
+def test_flags_megatron_does_not_offer_here_are_refused(training, model, field):
+    with pytest.raises(ConfigError) as e:
+        estimate_config({"model": model, "training": training})
+    assert e.value.field == field

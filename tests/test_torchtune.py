@@ -1,0 +1,92 @@
+"""framework "torchtune": torchtune's recipes as the estimator models them, by hand. The measured
+steps of torchtune's own code are held in tests/test_accuracy_frameworks.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from estimator import estimate_config
+from estimator.errors import ConfigError
+
+LLAMA_3B = 3_212_749_824  # Llama-3.2-3B (tied embeddings), the preset's count
+H, LAYERS, HEADS, HEAD_DIM, VOCAB = 3072, 28, 24, 128, 128256
+
+
+def tune(**training) -> dict:
+    return {"model": "llama-3.2-3b", "training": {"framework": "torchtune", "seq_len": 4096, **training}}
+
+
+def components(result, phase: str) -> dict[str, int]:
+    stage = result.stages[0]
+    out: dict[str, int] = {}
+    for c in next(p for p in stage.phases if p.name == phase).components:
+        out[c.key] = out.get(c.key, 0) + c.bytes
+    return out
+
+
+def ledger(result, kind: str = "dense") -> dict[str, int]:
+    return {line.name: line.bytes for line in result.activation_ledger if line.kind == kind}
+
+
+def test_pure_bf16_states_and_a_fused_adamw_without_temporaries():
+    result = estimate_config(tune())
+    step = components(result, "optimizer")
+    assert step["parameters"] == 2 * LLAMA_3B
+    assert step["gradients"] == 2 * LLAMA_3B
+    assert step["optimizer_states"] == 4 * LLAMA_3B  # two bf16 moments
+    assert step.get("transient", 0) == 0  # fused AdamW: no foreach sqrt(v) copy
+    assert result.stages[0].phase_totals[2][1] == 8 * LLAMA_3B
+
+
+def test_a_layer_keeps_the_norms_fp32_copies_and_expanded_keys_and_values():
+    T = 4096
+    lines = ledger(estimate_config(tune()))
+    # torchtune's RMSNorm runs F.rms_norm on x.float() with a bf16 scale, which CUDA does not fuse
+    # (a dtype mismatch): the composite ops keep the fp32 input, the rsqrt and the fp32 normalised x
+    assert lines["attention norm input (fp32 upcast)"] == 4 * T * H
+    assert lines["attention norm input (rsqrt per token, fp32)"] == 4 * T
+    assert lines["attention norm input (normalised, before the scale)"] == 4 * T * H
+    # k and v expanded from 8 KV heads to all 24 before SDPA: flash keeps q, k, v at 24 heads each
+    assert lines["q, and k, v expanded to all heads, kept by flash attention"] == 2 * T * 3 * HEADS * HEAD_DIM
+
+
+def test_chunked_cross_entropy_keeps_every_chunks_log_softmax():
+    T = 4096
+    result = estimate_config(tune(loss="chunked"))
+    loss = {c.label: c.bytes for c in result.stages[0].components if c.key == "logits" for c in (c.parts or (c,))}
+    forward = components(result, "forward")
+    # saved: the final norm (fp32 input, rsqrt, fp32 normalised), the head's input copies, every
+    # chunk's fp32 log-softmax
+    assert sum(loss.values()) == 4 * T * H + 4 * T + 4 * T * H + 2 * T * H + 4 * T * VOCAB
+    # forward ends with every chunk's bf16 logits and one chunk's fp32 upcast beside them (one GPU: no
+    # other transient); backward starts with one chunk's two fp32 gradients
+    assert forward["transient"] == 2 * T * VOCAB + 4 * T * VOCAB // 8
+    assert components(result, "backward")["transient"] == 2 * 4 * T * VOCAB // 8
+
+
+def test_offloaded_activations_leave_one_layer_on_the_gpu_in_backward():
+    plain = estimate_config(tune(micro_batch_size=2))
+    offloaded = estimate_config(tune(micro_batch_size=2, offload_activations=True))
+    layer = sum(ledger(plain).values())
+    stage = offloaded.stages[0]
+    assert stage.host_bytes == LAYERS * layer  # every layer's saved tensors, in pinned host memory
+    # on the GPU only the int64 token ids the (trained) embedding keeps
+    assert components(offloaded, "forward")["activations"] == 8 * 4096 * 2
+    # backward brings one layer back at a time: its last moments hold every bf16 gradient beside the
+    # parameters, the AdamW moments and the last layer copied back (measured: tests/data/measured/torchtune)
+    start = sum(components(offloaded, "backward").values())
+    end = 2 * LLAMA_3B + 4 * LLAMA_3B + 2 * LLAMA_3B + layer
+    assert dict(stage.phase_totals)["backward"] == max(start, end)
+
+
+@pytest.mark.parametrize("cfg, field", [
+    ({**tune(), "parallel": {"tp": 2, "dp": 1}}, "parallel.tp"),
+    (tune(recompute="selective"), "training.recompute"),
+    ({"model": "llama-3.2-3b", "training": {"framework": "fsdp2", "offload_activations": True}},
+     "training.offload_activations"),
+    (tune(fp8=True), "training.fp8"),
+])
+def test_what_torchtune_does_not_offer_is_refused(cfg, field):
+    with pytest.raises(ConfigError) as err:
+        estimate_config(cfg)
+    assert err.value.field == field
