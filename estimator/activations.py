@@ -110,6 +110,30 @@ def torch_fused_rms_norm(arch: Architecture, training: Training) -> bool:
     return training.framework == "fsdp2" and arch.norm == "rmsnorm" and not arch.norm_unit_offset
 
 
+# torch.compile (training.compile): Inductor partitions each compiled layer's joint forward-backward graph
+# with AOTAutograd's min-cut partitioner (torch 2.13 torch/_functorch/partitioners.py
+# min_cut_rematerialization_partition, called by torch/_inductor/compile_fx.py). Its rules
+# (get_default_op_list, should_ban_recomputation; _functorch/config.py ban_recompute_* all True,
+# activation_memory_budget 1.0): pointwise and view ops (casts, pow, rsqrt, mul, silu, exp, div, neg, cat)
+# may be recomputed in backward; mm/bmm and the attention kernels may not, nor reductions (mean, amax, sum:
+# ban_recompute_reductions), nor a tensor a non-fusible backward op reads (ban_recompute_materialized_
+# backward: a matmul's input, the attention kernel's q, k, v, output and log-sum-exp); the cut between
+# forward and backward is then the smallest set of bytes. For a pre-norm layer that keeps: the norms'
+# inputs (the layer input; the residual after attention, as the output projection's result) and their fp32
+# rsqrt per token; every matmul's input and the SiLU gate's inputs (gate and up outputs); flash attention's
+# q, k, v, output and log-sum-exp. Recomputed: the norms' fp32 upcasts and normalised tensors, the SiLU
+# output, and with eager attention the fp32 softmax (from the kept QK^T scores and the softmax's per-row
+# max and sum). Measured: validation/compile_saved.py (tiny transformers Llama and Qwen3 layers, SDPA and
+# eager attention, bf16, the same saved set with backend="inductor" on CPU; tests/data/measured/compile).
+COMPILE_SOURCE = ("torch 2.13 torch/_functorch/partitioners.py min_cut_rematerialization_partition (Inductor's "
+                  "partitioner); measured with validation/compile_saved.py, tests/data/measured/compile")
+
+
+def compiled(training: Training) -> bool:
+    """The layers run under torch.compile (Inductor): training.compile, refused under megatron and deepspeed."""
+    return training.compile and not fused_kernels(training)
+
+
 def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[Entry]:
     """A norm's saved tensors. Fused norms (Apex/TE) keep their input (and per-token statistics,
     left out as Korthikanti do). transformers' RMSNorm runs in PyTorch ops: ``x.float()`` (kept by
@@ -126,6 +150,13 @@ def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[E
         kept = 4 if autocast(training) else B  # under autocast the residual it normalises is fp32
         return [Entry(f"{name} (fused RMSNorm input)", T * h, kept, "sp", f"{kept:g}*s*b*h"),
                 Entry(f"{name} (fused RMSNorm rstd per token, fp32)", T, 4, "sp", "4*s*b")]
+    if compiled(training):
+        # Inductor's partitioner (COMPILE_SOURCE): the upcast and the normalised tensor are pointwise and
+        # recomputed in backward from the norm's input (the residual stream, fp32 under autocast) and the
+        # rsqrt, a reduction's result that is kept; measured (tests/data/measured/compile)
+        kept = 4 if autocast(training) else B
+        return [Entry(f"{name} (kept by the compiled layer)", T * h, kept, "sp", f"{kept:g}*s*b*h"),
+                Entry(f"{name} (rsqrt per token, fp32, kept by the compiled layer)", T, 4, "sp", "4*s*b")]
     # Gemma scales by (1 + w) in fp32, so the normalised tensor it keeps is fp32 too; so does torchtune's
     # RMSNorm, which normalises x.float() with F.rms_norm's composite ops (torchtune/modules/rms_norm.py)
     kept = 4 if autocast(training) or arch.norm_unit_offset or training.framework == "torchtune" else B
@@ -184,6 +215,13 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
                              "B*s*b*(a + g)*d_head"))
             out.append(Entry("q and k norms (fused RMSNorm rstd per head, fp32)", T * (a + arch.num_kv_heads), 4, "tp",
                              "4*s*b*(a + g)"))
+        elif arch.qk_norm and compiled(training):
+            # Inductor's partitioner (COMPILE_SOURCE): the q and k projections' outputs and the rsqrt per
+            # head are kept, the upcast and normalised tensors recomputed; measured (Qwen3 layer)
+            out.append(Entry("q and k norm inputs (q and k projection outputs, kept by the compiled layer)",
+                             T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
+            out.append(Entry("q and k norms (rsqrt per head, fp32, kept by the compiled layer)",
+                             T * (a + arch.num_kv_heads), 4, "tp", "4*s*b*(a + g)"))
         elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
             heads = a + arch.num_kv_heads
             out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head"))
@@ -228,6 +266,15 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
                                  recompute=CORE))
             out.append(Entry("causal mask (bool, made per layer)", s * training.seq_len, 1, "none", "s^2",
                              recompute=CORE))
+        elif compiled(training):
+            # Inductor's partitioner (COMPILE_SOURCE): the QK^T scores (a bmm output) and the softmax's per-row
+            # max and sum (reductions) are kept and the fp32 softmax recomputed from them; the compute-dtype
+            # probabilities are kept for scores x V's backward (measured, Llama layer with eager attention).
+            # A soft-capping tanh is pointwise and recomputed (derived, not measured).
+            out.append(Entry("QK^T scores (kept by the compiled layer)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+            out.append(Entry("softmax max and sum per row (fp32, kept by the compiled layer)", 2 * T * a, 4, "tp",
+                             "2*4*s*b*a", recompute=CORE))
+            out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
         else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
             if arch.attention_logit_softcapping:  # tanh keeps its output for backward
                 out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
@@ -275,6 +322,12 @@ def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Trai
                       f"2*B*s*b*{f}", recompute=tags),
                 Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
                       recompute=act_tags)]
+    if compiled(training):
+        # Inductor's partitioner (COMPILE_SOURCE): act(gate) is pointwise and recomputed from the kept gate
+        # output; gate, up and their product (the down projection's input) stay (measured)
+        return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags),
+                Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                      recompute=act_tags, for_weights=(down,))]
     # transformers' LlamaMLP: down(act(gate(x)) * up(x)) keeps gate, up, act(gate) and the product
     return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags),
             Entry(f"{prefix}activation output", T * width, B, divided_by, f"B*s*b*{f}", recompute=act_tags),

@@ -183,6 +183,15 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("fp8_all_gather", _T, "FP8 all-gather", "fsdp2 with fp8 and the tensorwise recipe: FSDP2 gathers the "
           "float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather), 1 byte per weight instead "
           "of the bf16 copy.", "Precision"),
+    _bool("compile", _T, "torch.compile", "fsdp2 (torchtitan --compile.enable, per block), torchtune (compile: "
+          "True, per layer) or hf (the Trainer's torch_compile=True): each layer saves what Inductor's min-cut "
+          "partitioner keeps (torch 2.13 torch/_functorch/partitioners.py min_cut_rematerialization_partition) "
+          "instead of the eager tensors: matmul and attention inputs and outputs, the norms' inputs and fp32 rsqrt; "
+          "pointwise results (fp32 norm upcasts, normalised tensors, SiLU/softmax outputs) are recomputed in "
+          "backward. Measured on CPU for tiny transformers Llama and Qwen3 layers (flash/SDPA and eager "
+          "attention); the torchtitan and torchtune layers follow the same partitioner rules (derived, not "
+          "measured). The loss keeps its eager ledger (compiled losses not modelled). Not under megatron, whose "
+          "own fused kernels this would replace, nor deepspeed.", _SAVERS),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
             "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
     _bool("optimizer_in_backward", _T, "Optimizer step in backward", "Under fsdp2 (torchtune's optimizer_in_bwd): "

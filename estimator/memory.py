@@ -306,6 +306,9 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
         formula += f" (recomputed: {', '.join(training.recompute_modules)})"
     rule, rule_source = act.in_flight_rule(par) if par else ("", "")
     source = act.KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
+    if act.compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
+        formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
+        source += f"; {act.COMPILE_SOURCE}"
     pieces = tuple(Component("activations", label, b, f, source) for label, b, f in parts)
     return Component("activations", "Activations", sum(p.bytes for p in pieces), formula + rule, source, pieces)
 
@@ -751,7 +754,7 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
     statics: dict[tuple, _StaticStage] = {}
     ledgers: dict[tuple, tuple] = {}
-    full = training.recompute == "full"
+    full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
     stages = []
     for sp in cfg.stages:
@@ -759,20 +762,22 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
         static = statics.get(signature)
         if static is None:
             static = statics[signature] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
-        layers = ledgers.get(sp.chunks if full else signature)
+        ledger_key = sp.chunks if full else signature
+        layers = ledgers.get(ledger_key)
         if layers is None:
             kept = _activation_counts(training, sp, arch)
-            layers = ledgers[sp.chunks if full else signature] = (kept, _activation_units(kept, shared))
+            layers = ledgers[ledger_key] = (kept, _activation_units(kept, shared))
         inflight = act.in_flight_chunks(sp.stage, par, m, sp.chunks)
         activations = _activation_bytes(sp, inflight, layers[1], shared)
         host = static.host
-        if training.offload_activations:
+        if offloaded:
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
         forward += activations
         backward += activations
         backward_ends = static.backward_end > backward
-        backward = max(backward, static.backward_end)
+        if backward_ends:
+            backward = static.backward_end
         if forward >= backward and forward >= step:
             peak_phase, allocated = "forward", forward
         elif backward >= step:

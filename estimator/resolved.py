@@ -12,6 +12,7 @@ parallelism with TP, ETP = TP) are resolved by `Parallel` itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from .activations import global_batch_size
 from .adapters import check_adapter
@@ -19,7 +20,7 @@ from .rl import check_rl
 from .architecture import Architecture
 from .hardware import GPU, Hardware
 from .parallel import Parallel
-from .sharding import StageParameters, padded_vocab_size, stage_parameters
+from .sharding import StageParameters, padded_vocab_size, split_key, stage_parameters
 from .training import Recipe, Training, resolve_recipe
 from .validation import validate
 
@@ -46,12 +47,18 @@ class Resolved:
         return self.training.mode == "training"
 
 
+@cache
+def _default(section: type):
+    """A section left out: its defaults, checked once (the dataclasses are frozen, so one is shared)."""
+    return section()
+
+
 def resolve(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
             hardware: Hardware | None = None) -> Resolved:
     """Check the configuration (`ConfigError` naming the field) and decide everything it leaves open."""
-    training = training or Training()
-    par = par or Parallel()
-    hardware = hardware or Hardware()
+    training = training or _default(Training)
+    par = par or _default(Parallel)
+    hardware = hardware or _default(Hardware)
     zero = validate(arch, training, par)
     if training.adapter:
         check_adapter(training.adapter, arch, training, par)
@@ -61,9 +68,7 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     gbs = global_batch_size(training, par)
     # the stages depend on the architecture and the layout's split only: a layout search and an
     # app rerun ask for the same ones again (the architecture is immutable, so the memo stays valid)
-    key = ("stages", par.tp, par.ep, par.etp, par.pp, par.vpp, par.pp_first_stage_layers,
-           par.pp_last_stage_layers, par.pp_schedule, par.pp_account_for_embedding, par.pp_account_for_loss,
-           par.pp_layout, vocab)
+    key = ("stages", par.tp, par.ep, par.etp, vocab) + split_key(par)
     stages = arch.cached(key, lambda: tuple(stage_parameters(arch, par, training.framework)))
     return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
                     recipe=resolve_recipe(training), zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,

@@ -1090,6 +1090,14 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
     training = training or Training()
     par = par or Parallel()
     hardware = hardware or Hardware()
+    if training.rl:  # the trainer's update on prompt + response sequences (rl.py); generation is not timed
+        from .rl import trainer_training
+        resolve(arch, training, par, hardware)  # the RL fields' own checks
+        rl_notes = (f"RL ({training.rl.algorithm}): the time of the trainer's update step on "
+                    f"{training.rl.sequence_len:,}-token sequences; the rollout's generation and the scoring "
+                    "passes are not timed",)
+        result = roofline(arch, trainer_training(training), par, hardware)
+        return dataclasses.replace(result, notes=tuple(result.notes) + rl_notes)
     # the memory model's rules and resolution; the FP8 recipe is modelled here, so its memory-side
     # refusal is skipped (the recipe and the ZeRO stage do not depend on it)
     cfg = resolve(arch, dataclasses.replace(training, fp8=False), par, hardware)

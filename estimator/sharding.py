@@ -78,11 +78,22 @@ def layout_stage_layers(arch: Architecture, par: Parallel) -> list[int]:
     return [stage.count("t") for stage in stages]
 
 
+def split_key(par: Parallel) -> tuple:
+    """The layout fields that decide how the layers split over the pipeline: the memo key of what
+    `layers_per_stage` and `stage_parameters` derive from them (an architecture is immutable, so a
+    layout search and an app rerun read them back instead of splitting again)."""
+    return (par.pp, par.vpp, par.pp_first_stage_layers, par.pp_last_stage_layers, par.pp_schedule,
+            par.pp_account_for_embedding, par.pp_account_for_loss, par.pp_layout)
+
+
 def layers_per_stage(arch: Architecture, par: Parallel) -> list[int]:
     """Transformer layers on each pipeline rank, first to last (all of its chunks: under DualPipe
-    the two stages it holds)."""
-    sizes = virtual_stage_sizes(arch, par)
-    return [sum(sizes[k] for k in ks) for ks in rank_virtual_stages(par)]
+    the two stages it holds). Remembered on the architecture; a split that does not divide raises
+    every time (nothing is remembered then)."""
+    def split() -> tuple[int, ...]:
+        sizes = virtual_stage_sizes(arch, par)
+        return tuple(sum(sizes[k] for k in ks) for ks in rank_virtual_stages(par))
+    return list(arch.cached(("layers per stage",) + split_key(par), split))
 
 
 def _rank_split(arch: Architecture, par: Parallel) -> list[int]:

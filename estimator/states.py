@@ -41,10 +41,10 @@ def resolve_zero_stage(training: Training, par: Parallel) -> int:
 
 def optimizer_state_bytes(b: Bucket, optimizer: str, dtype: str, experts: bool) -> float:
     """Optimizer state of a bucket's dense or expert part on one GPU, before ZeRO sharding."""
-    side = "expert" if experts else "dense"
-    return OPTIMIZERS[optimizer].state_bytes(getattr(b, side), getattr(b, f"{side}_small"),
-                                             getattr(b, f"{side}_hidden_matrices"), getattr(b, f"{side}_factored"),
-                                             bytes_per_element(dtype))
+    state_bytes, B = OPTIMIZERS[optimizer].state_bytes, bytes_per_element(dtype)
+    if experts:
+        return state_bytes(b.expert, b.expert_small, b.expert_hidden_matrices, b.expert_factored, B)
+    return state_bytes(b.dense, b.dense_small, b.dense_hidden_matrices, b.dense_factored, B)
 
 
 FP8_SOURCE = ("TransformerEngine: FP8 training keeps the high-precision weights and adds FP8 copies (and their "

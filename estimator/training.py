@@ -49,6 +49,9 @@ MOE_ROUTER_DTYPES = ("fp32", "fp64")
 # Megatron-Core --cross-entropy-fusion-impl with --cross-entropy-loss-fusion (model_parallel_config.py)
 CROSS_ENTROPY_IMPLS = ("native", "te")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# the stacks whose torch.compile switch is modelled (training.compile): torchtitan's --compile.enable, torchtune's
+# compile: True, the HF Trainer's torch_compile=True
+COMPILE_FRAMEWORKS = ("fsdp2", "torchtune", "hf")
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Training:
     fp8: bool = False
     fp8_recipe: str = "tensorwise"
     fp8_all_gather: bool = False  # fsdp2: FSDP2 all-gathers torchao float8 weights (enable_fsdp_float8_all_gather)
+    compile: bool = False  # torch.compile of the layers: Inductor's partitioner decides what they save (activations.py)
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
     moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
@@ -185,6 +189,14 @@ def _check_training(t: Training) -> None:
             raise ConfigError(f"training.{field}", getattr(t, field), "empty (auto) unless framework is 'deepspeed'",
                               "a DeepSpeed ZeRO setting", related=("training.framework",))
     _check_megatron_flags(t)
+    if t.compile and t.framework not in COMPILE_FRAMEWORKS:
+        raise ConfigError("training.compile", True, "false unless framework is 'fsdp2', 'torchtune' or 'hf'",
+                          "torch.compile is torchtitan's --compile.enable, torchtune's compile: True and the HF "
+                          "Trainer's torch_compile=True; Megatron runs its own fused kernels (TransformerEngine, "
+                          "Apex) and the DeepSpeed engine is modelled eager", related=("training.framework",))
+    if t.compile and t.mode != "training":
+        raise ConfigError("training.compile", True, "false unless mode is 'training'",
+                          "it changes what the layers save for backward", related=("training.mode",))
     if t.offload_activations and (t.framework != "torchtune" or t.mode != "training"):
         raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
                           "activation offloading is modelled as torchtune's OffloadActivations "

@@ -119,5 +119,17 @@ st.markdown(FIRST_STAGE)
 st.subheader("The 80% rule")
 st.markdown(EIGHTY)
 
+st.subheader("Fine-tuning with adapters, and RL")
+st.markdown(
+    "With an **adapter** (LoRA, QLoRA, DoRA; the *Fine-tuning* group) the base weights are frozen: they keep no "
+    "gradient and no optimizer state, and the layers do not save what only their weights' gradients would read. "
+    "What trains is the adapters (the *trainable* parameter count), which the HF Trainer keeps in fp32 with PEFT. "
+    "QLoRA stores the frozen base in 4-bit NF4, about half a byte per weight. Calculators that count the frozen "
+    "weights as trainable over-estimate such runs several times over.\n\n"
+    "With **RL** (the *RL* group) the trainer and an inference engine (vLLM, SGLang) take turns on the same GPUs: "
+    "each step generates rollouts, scores them, then trains. Each phase holds different things: the engine's "
+    "weights and KV cache during the rollout, the models' forward passes while scoring, the training step last. "
+    "The largest phase decides the fit, and the Memory page shows all three.")
+
 if cur.mode != "inference":
     _serving()

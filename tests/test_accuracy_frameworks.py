@@ -35,7 +35,8 @@ KNOWN_GAPS = {
         "before .to(float8) (torchao/float8/float8_training_tensor.py, float8_utils.py), so the cast of the "
         "all-gathered 8192 x 8192 operand keeps two fp32 copies (0.5 GiB) and float8 copies beside the recomputed "
         "layer (per-tensor breakdown of a 4-layer Llama-3.1-8B TP 8 run: +0.21 GiB at the backward peak against "
-        "the same run in bf16; torch.compile fuses these casts, and `compile` is not a field yet); the rest is "
+        "the same run in bf16; torch.compile fuses these casts; the `compile` field models the layers' partitioner, not torchao's casts, "
+        "and the record is an eager run); the rest is "
         "the backward shortfall titan-llama-3.1-70b-w64-tp8-fullac-s8192-b1 shows (0.47 GiB, -2.6% there), a "
         "large share of a 5.3 GiB peak at 512 ranks",
     "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-router-fp64":

@@ -180,3 +180,13 @@ def test_the_exports_carry_the_rl_phases_and_round_trip():
     back = estimate_config(json.loads(exports.config_json(cfg, result)))
     assert back.device_total_bytes == result.device_total_bytes
     assert exports.report_pdf(result, cfg).startswith(b"%PDF")
+
+
+def test_the_step_time_is_the_trainers_update_and_says_generation_is_not_timed():
+    from estimator.config import load_config
+    from estimator.roofline import roofline_config
+    rl = roofline_config(load_config(grpo()))
+    plain = roofline_config(load_config({"model": "qwen2.5-7b", "training": {
+        "framework": "fsdp2", "recompute": "full", "seq_len": 9216}, "parallel": {"dp": 8}}))
+    assert rl.step.time_s == plain.step.time_s
+    assert any("generation" in note and "not timed" in note for note in rl.notes)

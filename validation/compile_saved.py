@@ -1,0 +1,89 @@
+"""What a torch.compile'd decoder layer saves for backward (training.compile, GitHub issue #12).
+
+Compiles one tiny transformers decoder layer with AOTAutograd and Inductor's own partitioner
+(torch._functorch.partitioners.min_cut_rematerialization_partition, with Inductor's decomposition
+table, as torch._inductor.compile_fx runs it) but without Inductor's code generation, on CPU, and
+lists the tensors the compiled forward hands to the backward graph: the backward graph's inputs that
+are not gradients. Parameters and the rotary tables (inputs shared by every layer) are left out.
+A run with backend="inductor" on CPU (torch 2.13) saved the same tensors (the attention output once).
+
+    python -m validation.compile_saved            # prints the saved set as JSON
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def saved_tensors(model: str = "llama", attention: str = "sdpa", dtype: str = "bf16", b: int = 2,
+                  s: int = 8) -> list[dict]:
+    import torch
+    import torch._functorch.partitioners as partitioners
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    if model == "qwen3":
+        from transformers import Qwen3Config as Config
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer as Layer, \
+            Qwen3RotaryEmbedding as Rope
+    else:
+        from transformers import LlamaConfig as Config
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer as Layer, \
+            LlamaRotaryEmbedding as Rope
+    cfg = Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                 num_hidden_layers=1, vocab_size=32, head_dim=16)
+    cfg._attn_implementation = attention
+    torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    layer = Layer(cfg, 0).to(torch_dtype)
+    x = torch.randn(b, s, cfg.hidden_size, dtype=torch_dtype, requires_grad=True)
+    pos = torch.arange(s).unsqueeze(0)
+    cos, sin = Rope(cfg)(x, pos)
+    mask = None
+    if attention == "eager":
+        mask = torch.full((s, s), float("-inf"), dtype=torch_dtype).triu(1)[None, None]
+
+    found: list[dict] = []
+
+    aten = torch.ops.aten
+    views = {aten.alias, aten.view, aten._unsafe_view, aten.permute, aten.t, aten.transpose, aten.expand}
+
+    def base(node):  # a view shares its base's storage: count the storage once
+        while node.op == "call_function" and getattr(node.target, "overloadpacket", None) in views:
+            node = node.args[0]
+        return node.name
+
+    def partition(joint, joint_inputs, **kwargs):
+        fw, bw = partitioners.min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+        fw_nodes = {n.name: n for n in fw.graph.nodes}
+        for node in bw.graph.nodes:
+            if node.op == "placeholder" and not node.name.startswith("tangents"):
+                val = node.meta.get("val")
+                if isinstance(val, torch.Tensor):
+                    found.append({"name": node.name, "shape": list(val.shape), "bytes_per_element": val.element_size(),
+                                  "base": base(fw_nodes[node.name]) if node.name in fw_nodes else node.name})
+        return fw, bw
+
+    def forward(x):
+        return layer(x, attention_mask=mask, position_embeddings=(cos, sin), position_ids=pos)
+
+    compiled = torch.compile(forward, backend=aot_autograd(
+        fw_compiler=lambda gm, _: make_boxed_func(gm), bw_compiler=lambda gm, _: make_boxed_func(gm),
+        partition_fn=partition, decompositions=select_decomp_table()))
+    out = compiled(x)
+    (out[0] if isinstance(out, tuple) else out).float().sum().backward()
+    # parameters and the rope tables are graph inputs ("primals") too: keep only the layer input among
+    # them; a view of a tensor already listed (flash attention's output and its reshape) is left out
+    out, bases = [], set()
+    for t in found:
+        if (t["name"].startswith("primals_") and t["name"] != "primals_1") or t["base"] in bases:
+            continue
+        bases.add(t["base"])
+        out.append(dict(name=t["name"], shape=t["shape"], bytes_per_element=t["bytes_per_element"]))
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(saved_tensors(), indent=1))
