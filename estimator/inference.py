@@ -57,28 +57,15 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
 def inference_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware,
                     sp: StageParameters, vocab: int, shared):
     P = bytes_per_element(training.param_dtype)
-    C = bytes_per_element(training.compute_dtype)
     weights = component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
                          "dtype sizes in estimator/dtypes.py (block scales included)")
     kv, kv_formula = kv_cache_bytes(arch, training, par, sp.chunks)
     kv_cache = component("kv_cache", "KV cache", kv, kv_formula, KV_SOURCE)
-    T = tokens_per_gpu(training, par)
-    h, t = arch.hidden_size, par.tp
-    kinds = {kind for kind, _ in sp.kind_counts}
-    # The widest temporaries of one layer during a prefill: q, k, v and the attention output, or
-    # the MLP's fc1 output and the gated product (routed tokens x top-k for MoE).
-    attn = T * (arch.q_width + 2 * arch.kv_width + arch.attention_output_width) * C / t
-    mlp = 0.0
-    if "dense" in kinds:
-        mlp = T * arch.intermediate_size * (3 if arch.gated_mlp else 2) * C / t
-    if "moe" in kinds:
-        mlp = max(mlp, T * arch.num_experts_per_token * training.moe_capacity_factor
-                  * arch.moe_intermediate_size * (3 if arch.gated_mlp else 2) * C / t)
-    working = max(attn, mlp) + 2 * T * h * C  # plus the residual stream in and out
-    by_t, by_cp = ("/t" if t > 1 else ""), ("/cp" if par.cp > 1 else "")
-    activations = component("activations", "Working activations (one layer, prefill)", working,
-                             f"max(q, k, v, attention output{by_t} ; MLP fc1 output and product{by_t}) + residual "
-                             f"in and out, for s*b{by_cp} tokens",
+    working, working_formula = forward_working_set(arch, training, par, {kind for kind, _ in sp.kind_counts},
+                                                   tokens_per_gpu(training, par))
+    t = par.tp
+    by_t = "/t" if t > 1 else ""
+    activations = component("activations", "Working activations (one layer, prefill)", working, working_formula,
                              "one layer's forward temporaries; nothing is kept for backward")
     kept = [weights, component("gradients", "Gradients", 0, "none in inference", ""),
             component("optimizer_states", "Optimizer states", 0, "none in inference", ""),
@@ -90,3 +77,23 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
     forward = phase("forward", tuple(kept), fold([]))
     outside = (shared.communication, shared.runtime, fragmentation(forward.allocated_bytes, hardware))
     return built_stage(sp.stage, sp.num_layers, int(round(sp.local)), (forward,), outside)
+
+
+def forward_working_set(arch: Architecture, training: Training, par: Parallel, kinds: set[str],
+                        T: float) -> tuple[float, str]:
+    """The widest temporaries of one layer's forward over `T` tokens when nothing is kept for
+    backward (a prefill, a scoring pass): q, k, v and the attention output, or the MLP's fc1 output
+    and the gated product (routed tokens x top-k for MoE), plus the residual stream in and out."""
+    C = bytes_per_element(training.compute_dtype)
+    h, t = arch.hidden_size, par.tp
+    attn = T * (arch.q_width + 2 * arch.kv_width + arch.attention_output_width) * C / t
+    mlp = 0.0
+    if "dense" in kinds:
+        mlp = T * arch.intermediate_size * (3 if arch.gated_mlp else 2) * C / t
+    if "moe" in kinds:
+        mlp = max(mlp, T * arch.num_experts_per_token * training.moe_capacity_factor
+                  * arch.moe_intermediate_size * (3 if arch.gated_mlp else 2) * C / t)
+    working = max(attn, mlp) + 2 * T * h * C
+    by_t, by_cp = ("/t" if t > 1 else ""), ("/cp" if par.cp > 1 else "")
+    return working, (f"max(q, k, v, attention output{by_t} ; MLP fc1 output and product{by_t}) + residual in and "
+                     f"out, for s*b{by_cp} tokens")

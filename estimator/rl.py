@@ -37,6 +37,9 @@ ALGORITHMS = ("grpo", "ppo", "dpo")
 ENGINES = ("vllm", "sglang")
 # vLLM's scheduler budget per step with chunked prefill (verl rollout config max_num_batched_tokens)
 PREFILL_CHUNK_TOKENS = 8192
+# the rollout's own settings (DPO has none)
+ROLLOUT_FIELDS = ("rollout_batch_size", "samples_per_prompt", "engine", "engine_memory_fraction",
+                  "offload_during_rollout", "rollout_tp")
 SOURCE = ("verl hybrid engine (ActorRolloutRefWorker: rollout, compute_log_prob, compute_ref_log_prob, "
           "update_actor; free_cache_engine); vLLM gpu_memory_utilization / SGLang mem_fraction_static; "
           "Shao et al. 2024 (GRPO), Ouyang et al. 2022 (PPO with a value model), Rafailov et al. 2023 (DPO)")
@@ -72,6 +75,12 @@ class Rl:
         if self.algorithm == "dpo" and not self.reference_model:
             raise ConfigError("training.rl.reference_model", False, "true with algorithm 'dpo'",
                               "DPO's loss compares the policy with the frozen reference")
+        if self.algorithm == "dpo":  # no rollout: its settings would be silently unused
+            for name in ROLLOUT_FIELDS:
+                if getattr(self, name) != Rl.__dataclass_fields__[name].default:
+                    raise ConfigError(f"training.rl.{name}", getattr(self, name),
+                                      "its default with algorithm 'dpo'", "DPO trains on given pairs: no rollout",
+                                      related=("training.rl.algorithm",))
 
     @property
     def sequence_len(self) -> int:
@@ -244,18 +253,16 @@ def _scoring(train, rl: Rl, held: tuple[Component, ...], outside: tuple[Componen
     tokens, its logits in the compute dtype and their fp32 log-softmax, beside the models' states;
     nothing is kept for a backward pass."""
     from .dtypes import bytes_per_element
+    from .inference import forward_working_set
     cfg = train.config
     training, arch, par = cfg.training, cfg.architecture, cfg.parallel
     tokens = training.micro_batch_size * rl.sequence_len  # the trainer's micro-batch (chosen + rejected for DPO)
     C = bytes_per_element(training.compute_dtype)
     V = cfg.padded_vocab / par.tp
     by_t = "/t" if par.tp > 1 else ""
-    width = max(arch.q_width + 2 * arch.kv_width, (3 if arch.gated_mlp else 2) * (arch.intermediate_size or 0),
-                (3 if arch.gated_mlp else 2) * (arch.moe_intermediate_size or 0) * (arch.num_experts_per_token or 0))
-    working = tokens * (width / par.tp + 2 * arch.hidden_size) * C
+    working, formula = forward_working_set(arch, training, par, set(arch.kinds), tokens)
     logits = tokens * V * (C + 4)
-    forward = (component("activations", "One layer's forward temporaries (no backward)", working,
-                         f"{C:g} B x tokens x (widest layer output{by_t} + 2h)", SOURCE),
+    forward = (component("activations", "One layer's forward temporaries (no backward)", working, formula, SOURCE),
                component("logits", "Logits and their fp32 log-softmax", logits, f"({C:g} + 4) B x tokens x V{by_t}",
                          SOURCE))
     return _phase("scoring", held + forward, outside, cfg.hardware)

@@ -762,3 +762,11 @@ def test_an_rl_run_shows_its_phases():
     assert any(h.value.startswith("RL phases (grpo") for h in at.subheader)
     assert [e.label for e in at.expander if e.label.split(":")[0] in ("rollout", "scoring", "training")] == \
         [f"{p.name}: {p.device_total_bytes / GiB:,.2f} GiB" for p in est.rl_phases]
+
+
+def test_adapter_and_rl_fields_are_greyed_out_until_switched_on():
+    at = _app()
+    assert at.number_input(key="adapter_rank").disabled and at.number_input(key="rl_max_response_len").disabled
+    assert not at.selectbox(key="adapter_method").disabled
+    at = _app({"adapter_method": "lora"})
+    assert not at.number_input(key="adapter_rank").disabled

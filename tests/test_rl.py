@@ -148,6 +148,7 @@ def test_json_output_has_the_rl_phases(tmp_path):
     ({"engine_memory_fraction": 1.5}, {}, "training.rl.engine_memory_fraction"),
     ({"engine": "tgi"}, {}, "training.rl.engine"),
     ({"rollouts": 3}, {}, "training.rl.rollouts"),
+    ({"algorithm": "dpo"}, {}, "training.rl.rollout_tp"),  # grpo() sets the rollout's TP, unused by DPO
 ])
 def test_bad_rl_settings_name_the_field(rl, training, field):
     cfg = grpo(**rl)

@@ -457,8 +457,16 @@ def _mark_changed(key: str) -> None:
     st.session_state[K.LAST_CHANGED] = key
 
 
-def _widget(f, key: str, bind: bool) -> None:
-    kw: dict[str, Any] = {"key": key, "help": f.help, "on_change": _mark_changed, "args": (key,)}
+def _switched_off(f) -> bool:
+    """An adapter's (an RL run's) fields while its switch says none: shown, greyed out, not used."""
+    switch = next((key for key, (section, _) in SWITCHES.items() if section == f.section), None)
+    return switch is not None and switch != f.name and \
+        st.session_state.get(switch, SWITCHES[switch][1]) == SWITCHES[switch][1]
+
+
+def _widget(f, key: str, bind: bool, disabled: bool = False) -> None:
+    kw: dict[str, Any] = {"key": key, "help": f.help, "on_change": _mark_changed, "args": (key,),
+                          "disabled": disabled}
     if bind:
         kw["bind"] = "query-params"
     else:
@@ -706,7 +714,7 @@ def render_config(sidebar: bool = True) -> Current:
                 slots[group] = st.empty()
                 for f in ALL_FIELDS:
                     if f.group == group:
-                        _widget(f, f.name, bind=True)
+                        _widget(f, f.name, bind=True, disabled=_switched_off(f))
                 if group == "GPU":
                     gpu = GPUS.get(ss.get("gpu"))
                     if gpu:
