@@ -46,6 +46,22 @@ def _replace(obj, **changes):
     return dataclasses.replace(obj, **changes)
 
 
+def _fine_tuning_candidates(tr: Training, par: Parallel, hw: Hardware):
+    """An adapter run: a 4-bit base (QLoRA); an RL run: the trainer offloaded while the engine
+    generates, and a smaller engine memory fraction (adapters.py, rl.py)."""
+    adapter, rl = tr.adapter, tr.rl
+    if adapter and adapter.method == "lora" and adapter.base_dtype in (None, "bf16", "fp16", "fp32"):
+        yield ("QLoRA: the frozen base in NF4 (4-bit, double quantized)",
+               _replace(tr, adapter=_replace(adapter, method="qlora", base_dtype=None)), par, hw)
+    if rl and rl.algorithm != "dpo" and not rl.offload_during_rollout:
+        yield ("offload the trainer's states to the host during the rollout",
+               _replace(tr, rl=_replace(rl, offload_during_rollout=True)), par, hw)
+    if rl and rl.algorithm != "dpo" and rl.engine_memory_fraction and rl.engine_memory_fraction > 0.3:
+        fraction = round(rl.engine_memory_fraction - 0.2, 2)
+        yield (f"engine memory fraction {fraction:g} (a smaller KV cache: fewer rollouts generated at once)",
+               _replace(tr, rl=_replace(rl, engine_memory_fraction=fraction)), par, hw)
+
+
 def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
     """(description, training, parallel, hardware) for each single change worth trying."""
     gbs = global_batch_size(tr, par)
@@ -66,8 +82,9 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
             yield f"ZeRO stage {(zero or 0) + 1}", tr, _replace(par, zero_stage=(zero or 0) + 1), hw
         if tr.framework in ("fsdp2", "torchtune") and zero == 2:
             yield "FSDP2 full sharding (reshard after forward)", tr, _replace(par, zero_stage=3), hw
-        if tr.optimizer == "adamw" and tr.framework in ("hf", "fsdp2", "deepspeed", "torchtune"):
+        if tr.optimizer == "adamw" and tr.framework in ("hf", "fsdp2", "deepspeed", "torchtune") and not tr.adapter:
             yield "8-bit Adam (bitsandbytes)", _replace(tr, optimizer="adam8bit"), par, hw
+        yield from _fine_tuning_candidates(tr, par, hw)
     if not hw.expandable_segments:
         yield "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", tr, par, _replace(hw, expandable_segments=True)
     for knob, label in (("tp", "tensor parallel"), ("pp", "pipeline stages"), ("cp", "context parallel")):

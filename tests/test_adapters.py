@@ -273,3 +273,15 @@ def test_deepspeed_settings_are_refused_elsewhere():
     with pytest.raises(ConfigError) as err:
         estimate_config({"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "reduce_bucket_size": 10}})
     assert err.value.field == "training.reduce_bucket_size"
+
+
+def test_the_advice_offers_a_4_bit_base_to_a_lora_run_that_does_not_fit():
+    from estimator.advice import plan_to_fit
+    cfg = load_config(config({"rank": 16}, model="llama-3.1-70b", seq_len=2048, recompute="full"))
+    plan = plan_to_fit(cfg, use_planner=False)
+    assert plan[0].description.startswith("QLoRA") and plan[0].verdict == "fits"
+    assert plan[0].config.training.adapter.method == "qlora"
+    # the same as estimating the QLoRA run directly
+    qlora = estimate_config(config({"method": "qlora", "rank": 16}, model="llama-3.1-70b", seq_len=2048,
+                                   recompute="full"))
+    assert plan[0].device_total_bytes == qlora.device_total_bytes

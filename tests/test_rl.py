@@ -191,3 +191,14 @@ def test_the_step_time_is_the_trainers_update_and_says_generation_is_not_timed()
         "framework": "fsdp2", "recompute": "full", "seq_len": 9216}, "parallel": {"dp": 8}}))
     assert rl.step.time_s == plain.step.time_s
     assert any("generation" in note and "not timed" in note for note in rl.notes)
+
+
+def test_the_advice_offloads_the_trainer_during_the_rollout():
+    from estimator.advice import suggestions
+    from estimator.config import load_config
+    from estimator.presets import get_recipe
+    cfg = get_recipe("qwen2-7b-grpo-8xh100").config  # its rollout phase decides the fit
+    found = {s.description: s for s in suggestions(load_config(cfg), limit=20)}
+    offload = found["offload the trainer's states to the host during the rollout"]
+    cfg["training"]["rl"]["offload_during_rollout"] = True
+    assert offload.device_total_bytes == estimate_config(cfg).device_total_bytes
