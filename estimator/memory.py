@@ -530,10 +530,12 @@ def _rl_estimate(cfg: Resolved) -> Estimate:
     """RL: the trainer's step on prompt + response sequences, then every phase of the step on its
     busiest GPU (rl.py); the totals and the verdict are the largest phase's."""
     from dataclasses import replace
-    from .rl import rl_phases, trainer_training
+    from .rl import rl_phases, rollout_host, trainer_training
     rl = cfg.training.rl
     train = estimate_resolved(resolve(cfg.architecture, trainer_training(cfg.training), cfg.parallel, cfg.hardware))
     phases = rl_phases(train, rl)
+    host = rollout_host(phases)  # the trainer's states parked on the host while the engine runs
+    train = replace(train, stages=tuple(s._replace(host=s.host + host) for s in train.stages))
     peak = max(phases, key=lambda p: p.device_total_bytes)
     shown = replace(cfg, training=replace(cfg.training, seq_len=rl.sequence_len))
     note = (f"RL ({rl.algorithm}): the {peak.name} phase decides the fit; the stages show the training phase's "

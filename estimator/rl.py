@@ -195,12 +195,22 @@ def _critic_states(states: tuple[Component, ...]) -> tuple[Component, ...]:
 
 
 def _offloaded(held: tuple[Component, ...], rl: Rl) -> tuple[Component, ...]:
+    """The trainer's states during the rollout: on the GPU, or (offload_during_rollout) a zero on the
+    GPU whose parts are the states parked in host memory (read by `rollout_host`)."""
+    from .components import Component as Part  # components import the activations, which import training
     if not rl.offload_during_rollout:
         return held
     moved = sum(c.bytes for c in held)
-    return (component("offloaded", "Trainer states (offloaded to the host during rollout)", 0,
+    return (Part("offloaded", "Trainer states (offloaded to the host during rollout)", 0,
                       f"0: {moved / 2**30:,.2f} GiB of trainer states in host memory while the engine runs",
-                      SOURCE),)
+                      SOURCE, held),)
+
+
+def rollout_host(phases: tuple[RlPhase, ...]) -> tuple[Component, ...]:
+    """Host memory the rollout needs per GPU process: the trainer's states it offloaded."""
+    return tuple(component("offloaded", f"{c.label} (offloaded during the rollout)", c.bytes, c.formula, SOURCE)
+                 for p in phases if p.name == "rollout" for o in p.components if o.key == "offloaded"
+                 for c in o.parts)
 
 
 def _rollout(train, rl: Rl, held: tuple[Component, ...], outside: tuple[Component, ...]) -> RlPhase:

@@ -202,3 +202,12 @@ def test_the_advice_offloads_the_trainer_during_the_rollout():
     offload = found["offload the trainer's states to the host during the rollout"]
     cfg["training"]["rl"]["offload_during_rollout"] = True
     assert offload.device_total_bytes == estimate_config(cfg).device_total_bytes
+
+
+def test_the_trainer_offloaded_during_the_rollout_needs_host_memory():
+    result = estimate_config(grpo())  # offload_during_rollout is on by default
+    host = result.host_memory_json()
+    # the policy's fp32 shards and AdamW moments and the reference's bf16 shard, per GPU process
+    assert host["cpu_bytes_per_gpu"] == round(4 * QWEN_7B / 8) + round(8 * QWEN_7B / 8) + round(2 * QWEN_7B / 8)
+    kept = estimate_config(grpo(offload_during_rollout=False)).host_memory_json()
+    assert kept["cpu_bytes_per_gpu"] == 0
