@@ -764,9 +764,10 @@ def test_an_rl_run_shows_its_phases():
         [f"{p.name}: {p.device_total_bytes / GiB:,.2f} GiB" for p in est.rl_phases]
 
 
-def test_adapter_and_rl_fields_are_greyed_out_until_switched_on():
+def test_adapter_and_rl_fields_appear_once_switched_on():
     at = _app()
-    assert at.number_input(key="adapter_rank").disabled and at.number_input(key="rl_max_response_len").disabled
-    assert not at.selectbox(key="adapter_method").disabled
-    at = _app({"adapter_method": "lora"})
-    assert not at.number_input(key="adapter_rank").disabled
+    keys = {w.key for w in at.number_input} | {w.key for w in at.selectbox}
+    assert "adapter_method" in keys and "rl_algorithm" in keys
+    assert "adapter_rank" not in keys and "rl_max_response_len" not in keys
+    at = _app({"adapter_method": "lora", "adapter_rank": "32"})
+    assert at.number_input(key="adapter_rank").value == 32

@@ -458,15 +458,14 @@ def _mark_changed(key: str) -> None:
 
 
 def _switched_off(f) -> bool:
-    """An adapter's (an RL run's) fields while its switch says none: shown, greyed out, not used."""
+    """An adapter's (an RL run's) fields while its switch says none: not part of the configuration."""
     switch = next((key for key, (section, _) in SWITCHES.items() if section == f.section), None)
     return switch is not None and switch != f.name and \
         st.session_state.get(switch, SWITCHES[switch][1]) == SWITCHES[switch][1]
 
 
-def _widget(f, key: str, bind: bool, disabled: bool = False) -> None:
-    kw: dict[str, Any] = {"key": key, "help": f.help, "on_change": _mark_changed, "args": (key,),
-                          "disabled": disabled}
+def _widget(f, key: str, bind: bool) -> None:
+    kw: dict[str, Any] = {"key": key, "help": f.help, "on_change": _mark_changed, "args": (key,)}
     if bind:
         kw["bind"] = "query-params"
     else:
@@ -713,8 +712,10 @@ def render_config(sidebar: bool = True) -> Current:
             with st.expander(group, expanded=group in ("Run", "Parallel layout", "GPU")):
                 slots[group] = st.empty()
                 for f in ALL_FIELDS:
-                    if f.group == group:
-                        _widget(f, f.name, bind=True, disabled=_switched_off(f))
+                    # an adapter's (an RL run's) fields appear once its switch is on: fewer widgets per
+                    # rerun, and nothing shown that the configuration would not use
+                    if f.group == group and not _switched_off(f):
+                        _widget(f, f.name, bind=True)
                 if group == "GPU":
                     gpu = GPUS.get(ss.get("gpu"))
                     if gpu:
