@@ -771,3 +771,9 @@ def test_adapter_and_rl_fields_appear_once_switched_on():
     assert "adapter_rank" not in keys and "rl_max_response_len" not in keys
     at = _app({"adapter_method": "lora", "adapter_rank": "32"})
     assert at.number_input(key="adapter_rank").value == 32
+
+
+def test_the_sequence_length_gives_way_to_prompt_plus_response_under_rl():
+    at = _app({"model": "qwen2.5-7b", "framework": "fsdp2", "dp": "8", "rl_algorithm": "grpo"})
+    _no_exception(at)
+    assert "seq_len" not in {w.key for w in at.number_input}

@@ -211,3 +211,14 @@ def test_the_trainer_offloaded_during_the_rollout_needs_host_memory():
     assert host["cpu_bytes_per_gpu"] == round(4 * QWEN_7B / 8) + round(8 * QWEN_7B / 8) + round(2 * QWEN_7B / 8)
     kept = estimate_config(grpo(offload_during_rollout=False)).host_memory_json()
     assert kept["cpu_bytes_per_gpu"] == 0
+
+
+def test_the_phase_chart_draws_the_estimators_components():
+    from ui.rl_view import phase_rows, phases_spec
+    result = estimate_config(grpo())
+    rows = phase_rows(result)
+    for p in result.rl_phases:
+        drawn = sum(r["GiB"] for r in rows if r["phase"] == p.name)
+        assert drawn * GiB == pytest.approx(p.device_total_bytes, abs=1)
+    spec = phases_spec(result)
+    assert spec["layer"][1]["data"]["values"] == [{"capacity": result.fit.capacity_bytes / GiB}]

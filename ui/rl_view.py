@@ -22,12 +22,14 @@ def phases_spec(est) -> dict:
     capacity = est.fit.capacity_bytes / GiB
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-        "height": 40 * max(1, len(est.rl_phases)),
+        "height": {"step": 40},
         "layer": [
             {"data": {"values": phase_rows(est)}, "mark": {"type": "bar"},
-             "encoding": {"y": {"field": "phase", "type": "nominal", "sort": {"field": "order"}, "title": None},
+             "encoding": {"y": {"field": "phase", "type": "nominal", "sort": {"field": "order"}, "title": None,
+                                "axis": {"labelOverlap": False}},
                           "x": {"field": "GiB", "type": "quantitative", "stack": "zero", "title": "GiB per GPU"},
-                          "color": {"field": "component", "type": "nominal", "title": None},
+                          "color": {"field": "component", "type": "nominal", "title": None,
+                                    "scale": {"scheme": "tableau20"}, "legend": {"labelLimit": 320}},
                           "tooltip": [{"field": "phase", "type": "nominal"}, {"field": "component", "type": "nominal"},
                                       {"field": "GiB", "type": "quantitative", "format": ".2f"}]}},
             {"data": {"values": [{"capacity": capacity}]}, "mark": {"type": "rule", "color": "red"},

@@ -458,10 +458,14 @@ def _mark_changed(key: str) -> None:
 
 
 def _switched_off(f) -> bool:
-    """An adapter's (an RL run's) fields while its switch says none: not part of the configuration."""
+    """An adapter's (an RL run's) fields while its switch says none, and the sequence length while an
+    RL run trains on prompt + response: not part of the configuration, so not drawn."""
+    def on(switch: str) -> bool:
+        return st.session_state.get(switch, SWITCHES[switch][1]) != SWITCHES[switch][1]
+    if f.name == "seq_len":
+        return on("rl_algorithm")
     switch = next((key for key, (section, _) in SWITCHES.items() if section == f.section), None)
-    return switch is not None and switch != f.name and \
-        st.session_state.get(switch, SWITCHES[switch][1]) == SWITCHES[switch][1]
+    return switch is not None and switch != f.name and not on(switch)
 
 
 def _widget(f, key: str, bind: bool) -> None:
