@@ -198,11 +198,11 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
     if training.fp8:
         raise ConfigError("training.fp8", True, "false with an adapter", "FP8 adapters are not modelled",
                           related=("training.adapter",))
-    if adapter.method == "dora" and any(m.name == "experts" for k in arch.kinds
-                                        for m in adapted_modules(adapter, arch, k)):
+    experts = any(m.name == "experts" for k in arch.kinds for m in adapted_modules(adapter, arch, k))
+    if adapter.method == "dora" and experts:
         raise ConfigError("training.adapter.method", "dora", "'lora' or 'qlora' when the routed experts are adapted",
                           "PEFT's ParamWrapper does not support DoRA", related=("training.adapter.target_modules",))
-    if adapter.dropout and any(m.name == "experts" for k in arch.kinds for m in adapted_modules(adapter, arch, k)):
+    if adapter.dropout and experts:
         raise ConfigError("training.adapter.dropout", adapter.dropout, "0 when the routed experts are adapted",
                           "PEFT's ParamWrapper refuses lora_dropout", related=("training.adapter.target_modules",))
     names = {m.name for k in arch.kinds for m in layer_modules(arch, k)}
@@ -230,7 +230,8 @@ def adapter_dtype(training, recipe) -> str:
 def quantized_bytes(dtype: str, m: Module, framework: str) -> float:
     """Storage of one frozen base linear of `m`'s shape in a quantized dtype, with its scales."""
     n = m.in_features * m.out_features
-    if dtype == "nf4" and framework in ("fsdp2", "torchtune"):  # torchao NF4Tensor (torchtune's QLoRA)
+    from .training import FSDP_FRAMEWORKS
+    if dtype == "nf4" and framework in FSDP_FRAMEWORKS:  # torchao NF4Tensor (torchtune's QLoRA)
         # 4-bit codes, int8 scale per 64, bf16 factor per 256 scales; its mean and 16-entry code table
         # are allocations of their own (512 B each, the caching allocator's smallest block)
         return m.copies * (n / 2 + n / 64 + 2 * n / 16384 + 1024)
@@ -301,19 +302,19 @@ def inventory(arch, training, recipe, sp) -> Inventory:
     return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest)
 
 
-def adapter_states(sp, arch, training, recipe, par, zero: int):
+def adapter_states(inv: Inventory, training, recipe, par, zero: int):
     """Model states of an adapter fine-tune on one GPU. The frozen base is sharded like any
     parameter where the framework shards parameters (FSDP2's fully_shard and DeepSpeed ZeRO-3
     partition frozen parameters too), else replicated; gradients, master weights and optimizer
     states exist for the trainable tensors only (the optimizer is built over them) and shard from
-    ZeRO 2 and 1 as in `states.model_states`."""
+    ZeRO 2 and 1 as in `states.model_states`; `inv` is the stage's `inventory`."""
     from .dtypes import bytes_per_element
     from .optimizers import OPTIMIZERS
     from .states import ModelStates, _once
+    from .training import FSDP_FRAMEWORKS
 
-    inv = inventory(arch, training, recipe, sp)
     d = par.dp
-    param_stage = 2 if training.framework in ("fsdp2", "torchtune") else 3  # FSDP2 (states.py)
+    param_stage = 2 if training.framework in FSDP_FRAMEWORKS else 3  # FSDP2 keeps shards at 2 too (states.py)
 
     def sharded(value: float, from_stage: int) -> float:
         return value / d if zero >= from_stage else value
@@ -479,10 +480,15 @@ def adapted_layer_entries(entries: list, arch, training, par, kind: str, first: 
     return out
 
 
+def adapter_count(adapter: Adapter, arch) -> int:
+    """The adapters' parameters over the whole model."""
+    return sum(n * layer_parameters(adapter, arch, kind) for kind, n in arch.kind_counts())
+
+
 def trainable_count(arch, training) -> int:
     """Trainable parameters of the whole model (the output's ``parameters.trainable``)."""
     adapter = training.adapter
-    layers = sum(n * layer_parameters(adapter, arch, kind) for kind, n in arch.kind_counts())
+    layers = adapter_count(adapter, arch)
     saved = 0
     if adapter.trainable_embeddings:
         saved = sum(t.numel for t in arch.embedding_tensors() + arch.head_tensors() if t.role in ("embedding", "head"))

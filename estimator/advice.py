@@ -29,7 +29,7 @@ from .memory import estimate
 from .parallel import tp_following_defaults
 from .states import resolve_zero_stage
 from .parallel import Parallel
-from .training import Training
+from .training import FSDP_FRAMEWORKS, Training
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
         zero = par.zero_stage
         if tr.framework in ("megatron", "deepspeed") and (zero or 0) < 3:
             yield f"ZeRO stage {(zero or 0) + 1}", tr, _replace(par, zero_stage=(zero or 0) + 1), hw
-        if tr.framework in ("fsdp2", "torchtune") and zero == 2:
+        if tr.framework in FSDP_FRAMEWORKS and zero == 2:
             yield "FSDP2 full sharding (reshard after forward)", tr, _replace(par, zero_stage=3), hw
         if tr.optimizer == "adamw" and tr.framework in ("hf", "fsdp2", "deepspeed", "torchtune") and not tr.adapter:
             yield "8-bit Adam (bitsandbytes)", _replace(tr, optimizer="adam8bit"), par, hw

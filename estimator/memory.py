@@ -36,7 +36,7 @@ from .resolved import Resolved, resolve
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
-from .adapters import adapter_states, first_layer_input_frozen, inventory, trainable_count
+from .adapters import Inventory, adapter_states, first_layer_input_frozen, inventory, trainable_count
 from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
 from .training import FSDP_FRAMEWORKS, Recipe, Training
 
@@ -322,7 +322,8 @@ class _Transients(NamedTuple):
 
 
 def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, stage: StageParameters,
-                zero: int) -> _Transients:
+                zero: int, inv: Inventory | None) -> _Transients:
+    """`inv`: an adapter run's parameter inventory of the stage (adapters.inventory), else None."""
     fw, P = training.framework, bytes_per_element(recipe.param_dtype)
     G = bytes_per_element(recipe.grad_dtype)
     fwd: list[Component] = []
@@ -332,11 +333,10 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
     layer = stage.largest_layer_local
     d_dense = par.dp * par.cp
     # what has gradients, buckets and optimizer steps: every parameter, or an adapter run's trainable ones
-    inv = inventory(arch, training, recipe, stage) if training.adapter else None
     trainable = inv.trainable if inv else stage.local
     largest = inv.largest if inv else stage.total.largest_tensor
     layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
-    if fw in ("megatron",) + FSDP_FRAMEWORKS and zero >= 2 and d_dense > 1:
+    if fw in ("megatron", *FSDP_FRAMEWORKS) and zero >= 2 and d_dense > 1:
         src = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
         if zero == 3 and fw in FSDP_FRAMEWORKS:
             # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
@@ -602,12 +602,12 @@ def _rounded_sum(components) -> int:
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared) -> _StaticStage:
-    ms = (adapter_states(sp, arch, training, recipe, par, zero) if training.adapter
-          else model_states(sp, training, recipe, par, zero))
+    inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
+    ms = adapter_states(inv, training, recipe, par, zero) if inv else model_states(sp, training, recipe, par, zero)
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     working = _recompute_working_set(training, sp, shared)
-    tr = _transients(arch, training, recipe, par, sp, zero)
+    tr = _transients(arch, training, recipe, par, sp, zero, inv)
     exchange = _dispatch_buffer(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
@@ -622,8 +622,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                           _rounded_sum(tr.step_in_backward))
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
-                      _optimizer_partition(sp, par, zero, inventory(arch, training, recipe, sp).trainable
-                                           if training.adapter else None), zero)
+                      _optimizer_partition(sp, par, zero, inv.trainable if inv else None), zero)
     on_gpu = place.gpu
     if place.step_on_host:
         tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from .components import Component, component
 from .dtypes import bytes_per_element
-from .training import Recipe, Training
+from .training import FSDP_FRAMEWORKS, Recipe, Training
 
 OFFLOAD_SOURCES = {
     "deepspeed": ("Ren et al. 2021 (ZeRO-Offload), section 4; Rajbhandari et al. 2021 (ZeRO-Infinity); DeepSpeed "
@@ -83,7 +83,7 @@ def placement(training: Training, recipe: Recipe, states: dict[str, float], para
                 move(key, label, gpu[key], f"{gpu[key] / max(n, 1):.4g} B x {n:,.0f} parameters of this GPU's "
                      "partition", where_opt)
                 gpu[key], moved[key] = 0.0, where_opt
-        if fw == "deepspeed" and zero >= 2 or fw in ("fsdp2", "torchtune", "megatron"):
+        if fw == "deepspeed" and zero >= 2 or fw in ("megatron", *FSDP_FRAMEWORKS):
             # the step reads fp32 gradients on the host: a host copy of the reduced partition
             move("gradients", "fp32 gradient partition", 4 * n, f"4 B x {n:,.0f} parameters", where_opt)
             if fw != "megatron":  # Megatron keeps its main-gradient buffer on the GPU

@@ -109,7 +109,8 @@ def rl_from(value: object) -> Rl | None:
 
 def check_rl(rl: Rl, training, par) -> None:
     """The trained sequence is the prompt and the response: `training.seq_len` follows it."""
-    if training.seq_len not in (rl.sequence_len, 4096):  # 4096: the field's default, left alone
+    left_alone = type(training).__dataclass_fields__["seq_len"].default  # the field's default
+    if training.seq_len not in (rl.sequence_len, left_alone):
         raise ConfigError("training.seq_len", training.seq_len,
                           f"{rl.sequence_len} (max_prompt_len + max_response_len) or left at its default",
                           "the trainer learns from prompt + response sequences", related=("training.rl",))

@@ -1117,9 +1117,9 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
     if training.adapter and cfg.is_training:
         # frozen weights skip dW: the matmuls' 6N becomes 4N (+ the adapters' own 6 r (in + out)),
         # so MFU counts the work the step does (adapters.py)
-        from .adapters import layer_parameters
+        from .adapters import adapter_count
         head = arch.vocab_size * arch.hidden_size if training.adapter.trainable_embeddings else 0
-        adapters = sum(n * layer_parameters(training.adapter, arch, kind) for kind, n in arch.kind_counts())
+        adapters = adapter_count(training.adapter, arch)
         flops_per_token -= 2 * (matmul_parameters(arch) - head) - 6 * adapters
 
     def throughput(time_s: float) -> tuple[float, float]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 
 def main(argv=None) -> int:
@@ -31,24 +30,16 @@ def main(argv=None) -> int:
             print(case)
         return 0
     if args.command == "explain":
-        args.case = [args.case]
-    cases = list(CASES) if getattr(args, "all", False) else args.case
-    unknown = [c for c in cases if c not in CASES]
-    if unknown:
-        print(f"unknown case(s): {', '.join(unknown)}; see `python -m validation list`", file=sys.stderr)
-        return 2
-    if args.command == "explain":
+        if args.case not in CASES:
+            print(f"unknown case: {args.case}; see `python -m validation list`", file=sys.stderr)
+            return 2
         from .explain import explain
 
-        print(explain(CASES[args.case[0]]))
+        print(explain(CASES[args.case]))
         return 0
-    from .record import write
+    from .record import measure_cases, write
 
-    for case in cases:
-        start = time.perf_counter()
-        path = write(case)
-        print(f"{case}: {time.perf_counter() - start:.1f}s -> {path}", flush=True)
-    return 0
+    return measure_cases(list(CASES) if args.all else args.case, CASES, write, "validation")
 
 
 if __name__ == "__main__":
