@@ -20,8 +20,9 @@ from estimator.errors import ConfigError
 from estimator.parallel import Parallel
 from estimator.training import Training
 
-MEASURED = json.loads((Path(__file__).parent / "data/measured/compile/transformers-tiny-layers-bf16-b2-s8.json")
-                      .read_text())
+RECORD = json.loads((Path(__file__).parent / "data/measured/compile/transformers-tiny-layers-bf16-b2-s8.json")
+                    .read_text())
+MEASURED = RECORD["cases"]
 PAR = Parallel()
 
 
@@ -114,3 +115,7 @@ def test_live_measurement_matches_the_record():
     pytest.importorskip("transformers", reason="measuring needs transformers")
     from validation.compile_saved import saved_tensors
     assert saved_tensors() == MEASURED["llama-sdpa"]
+
+
+def test_the_record_names_the_versions_it_ran_on():
+    assert RECORD["versions"]["torch"] == "2.13.0+cpu" and RECORD["versions"]["transformers"]

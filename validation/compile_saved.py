@@ -7,12 +7,16 @@ lists the tensors the compiled forward hands to the backward graph: the backward
 are not gradients. Parameters and the rotary tables (inputs shared by every layer) are left out.
 A run with backend="inductor" on CPU (torch 2.13) saved the same tensors (the attention output once).
 
-    python -m validation.compile_saved            # prints the saved set as JSON
+    python -m validation.compile_saved            # writes tests/data/measured/compile/<id>.json
 """
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
+
+RECORDS = Path(__file__).resolve().parents[1] / "tests" / "data" / "measured" / "compile"
+RECORD_ID = "transformers-tiny-layers-bf16-b2-s8"
+CASES = {"llama-sdpa": ("llama", "sdpa"), "llama-eager": ("llama", "eager"), "qwen3-sdpa": ("qwen3", "sdpa")}
 
 
 def saved_tensors(model: str = "llama", attention: str = "sdpa", dtype: str = "bf16", b: int = 2,
@@ -85,5 +89,15 @@ def saved_tensors(model: str = "llama", attention: str = "sdpa", dtype: str = "b
     return out
 
 
+def record() -> dict:
+    """Every case's saved set, with the versions it ran on (the measured records' shape)."""
+    from .record import package_versions
+
+    return {"id": RECORD_ID, "cases": {case: saved_tensors(*args) for case, args in CASES.items()},
+            "versions": package_versions("torch", "transformers"), "command": "python -m validation.compile_saved"}
+
+
 if __name__ == "__main__":
-    print(json.dumps(saved_tensors(), indent=1))
+    from .record import write_record
+
+    print(write_record(record(), RECORDS))
