@@ -391,6 +391,8 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
             "buckets", "DDP gradient buckets", trainable * G,
             f"{G:g} B x {'trainable ' if training.adapter else ''}params (gradient_as_bucket_view=False)",
             "PyTorch DistributedDataParallel docs: gradient_as_bucket_view saves memory equal to the gradients"))
+    if fw == "torchtune" and arch.position_embedding == "rope" and not arch.uses_mla:
+        persistent.append(_torchtune_rope_cache(arch, training, stage))
     if recipe.autocast_weight_copies:
         matrices = stage.total.matrices
         cb = bytes_per_element(recipe.compute_dtype)
@@ -405,6 +407,37 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
         return _Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)])
     opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest))
     return _Transients(fwd, bwd, opt, persistent, [])
+
+
+# the max_seq_len torchtune v0.6.1's llama3_1, llama3_2 and qwen2_5 (7B and up) model builders pass
+TORCHTUNE_ROPE_POSITIONS = 131_072
+TORCHTUNE_ROPE_SOURCE = (
+    "torchtune v0.6.1: Llama3ScaledRoPE (models/llama3_1/_position_embeddings.py) and RotaryPositionalEmbeddings "
+    "(modules/position_embeddings.py) keep cache [max_seq_len, head_dim/2, 2] fp32 (cos, sin); "
+    "Qwen2RotaryPositionalEmbeddings (models/qwen2/_positional_embeddings.py) cache [max_seq_len, 2 x head_dim] fp32 "
+    "(cos, sin of the duplicated frequencies); each with theta [head_dim/2] fp32, non-persistent buffers on the GPU. "
+    "One module shared by every layer (the component builders), one per layer in lora_qwen2 "
+    "(models/qwen2/_component_builders.py lora_qwen2_self_attention); measured: buffer_bytes of "
+    "tests/data/measured/torchtune")
+
+
+def _torchtune_rope_cache(arch: Architecture, training: Training, stage: StageParameters) -> Component:
+    """torchtune's RoPE modules build their cos/sin cache for the model's max_seq_len once, on the
+    GPU, and keep it through the run; a forward slices it (a view). Qwen2's module (the contract's
+    qkv_bias marks Qwen2) caches twice Llama's floats per position, and torchtune's LoRA Qwen2
+    builder gives every layer its own module."""
+    positions = arch.max_position_embeddings or TORCHTUNE_ROPE_POSITIONS
+    half = arch.head_dim // 2
+    qwen2 = arch.qkv_bias
+    width = 4 * half if qwen2 else 2 * half  # fp32 values per position
+    copies = stage.num_layers if qwen2 and training.adapter else 1
+    nbytes = copies * 4 * (positions * width + half)
+    where = f"{copies} modules (one per layer, lora_qwen2) x" if copies > 1 else "one module shared by every layer:"
+    values = f"cos, sin of the {half} frequencies" + (" twice (Qwen2)" if qwen2 else "")
+    return component("buffers", "RoPE cos/sin cache (torchtune)", nbytes,
+                     f"{where} 4 B x ({positions:,} positions x {width} ({values}) + theta {half}); positions: "
+                     f"max_position_embeddings if given, else {TORCHTUNE_ROPE_POSITIONS:,} (torchtune's Llama 3.1/3.2 "
+                     "and Qwen2.5 7B+ builders' max_seq_len)", TORCHTUNE_ROPE_SOURCE)
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,

@@ -171,7 +171,7 @@ def _phase(name: str, held: tuple[Component, ...], outside: tuple[Component, ...
 
 
 def _trainer_states(step: dict) -> tuple[Component, ...]:
-    keys = ("parameters", "master_weights", "optimizer_states", "fp8_weight_copies", "buckets")
+    keys = ("parameters", "master_weights", "optimizer_states", "fp8_weight_copies", "buckets", "buffers")
     return tuple(step[k] for k in keys if k in step and step[k].bytes)
 
 

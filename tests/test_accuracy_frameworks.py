@@ -21,12 +21,6 @@ RECORDS = sorted(p for framework in ("torchtitan", "megatron", "peft", "torchtun
 
 # case id -> why the estimate misses it (the next modelling steps)
 KNOWN_GAPS = {
-    "qwen2.5-7b-lora-ac-chunkedce-adamw-s8192-b1":
-        "under by 13%: the record holds 28 storages of 128 MiB made by `slice` of the Qwen2 RoPE cache "
-        "(131,072 positions x 2 x head_dim, fp32), one per layer, where torchtune's qwen2 builder shares one "
-        "RoPE module (models/qwen2/_component_builders.py) whose slices are views of one buffer on a GPU: most "
-        "likely the harness converting a real buffer anew under FakeTensorMode (validation/torchtune/build.py "
-        "own_buffers), to be verified before the estimator lists torchtune's RoPE cache (one of 64-128 MiB)",
     "titan-qwen3-32b-w64-tp4-fullac-s8192-b1":
         "under by 6.3% at backward's last moments: beside the gradients, a unit's unsharded fp32 gradients and "
         "the recomputed layer, the harness holds the embedding unit gathered for its backward and 64 small "

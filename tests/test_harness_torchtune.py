@@ -46,7 +46,7 @@ BF16_WEIGHTS = sum(block(2 * n) for n in TINY_NUMELS)
 
 @needs_venv
 def test_fake_measurement_equals_real_cpu_run(selftest):
-    assert len(selftest) == 10
+    assert len(selftest) == 11
     for name, result in selftest.items():
         assert result["fake"] == result["real"], name
 
@@ -68,6 +68,9 @@ def test_rope_cache_stays_on_the_gpu(selftest):
     assert selftest["plain"]["fake"]["buffer_bytes"] == block(8 * 4) + block(512 * 8 * 2 * 4)
     # Qwen2's cache is max_seq_len x 2 head_dim: cos and sin of the duplicated frequencies
     assert selftest["qwen2"]["fake"]["buffer_bytes"] == block(8 * 4) + block(512 * 32 * 4)
+    # torchtune's lora_qwen2 builds one RoPE module per layer (lora_qwen2_self_attention): two caches
+    # in the 2-layer model, in the real CPU run as in the fake one
+    assert selftest["qwen2-lora"]["real"]["buffer_bytes"] == 2 * (block(8 * 4) + block(512 * 32 * 4))
 
 
 @needs_venv

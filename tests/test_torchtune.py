@@ -3,6 +3,9 @@ steps of torchtune's own code are held in tests/test_accuracy_frameworks.py."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from estimator import estimate_config
@@ -10,6 +13,10 @@ from estimator.errors import ConfigError
 
 LLAMA_3B = 3_212_749_824  # Llama-3.2-3B (tied embeddings), the preset's count
 H, LAYERS, HEADS, HEAD_DIM, VOCAB = 3072, 28, 24, 128, 128256
+# torchtune's llama3_2 builder: one Llama3ScaledRoPE for every layer, max_seq_len 131,072: its cache
+# [131072, head_dim/2, 2] fp32 and theta [head_dim/2] fp32, on the GPU through the run
+ROPE = 4 * (131072 * 64 * 2 + 64)
+RECORDS = Path(__file__).parent / "data" / "measured" / "torchtune"
 
 
 def tune(**training) -> dict:
@@ -35,7 +42,8 @@ def test_pure_bf16_states_and_a_fused_adamw_without_temporaries():
     assert step["gradients"] == 2 * LLAMA_3B
     assert step["optimizer_states"] == 4 * LLAMA_3B  # two bf16 moments
     assert step.get("transient", 0) == 0  # fused AdamW: no foreach sqrt(v) copy
-    assert result.stages[0].phase_totals[2][1] == 8 * LLAMA_3B
+    assert step["buffers"] == ROPE
+    assert result.stages[0].phase_totals[2][1] == 8 * LLAMA_3B + ROPE
 
 
 def test_a_layer_keeps_the_norms_fp32_copies_and_expanded_keys_and_values():
@@ -75,8 +83,43 @@ def test_offloaded_activations_leave_one_layer_on_the_gpu_in_backward():
     # backward brings one layer back at a time: its last moments hold every bf16 gradient beside the
     # parameters, the AdamW moments and the last layer copied back (measured: tests/data/measured/torchtune)
     start = sum(components(offloaded, "backward").values())
-    end = 2 * LLAMA_3B + 4 * LLAMA_3B + 2 * LLAMA_3B + layer
+    end = 2 * LLAMA_3B + 4 * LLAMA_3B + 2 * LLAMA_3B + ROPE + layer
     assert dict(stage.phase_totals)["backward"] == max(start, end)
+
+
+QWEN_7B = {"hidden_size": 3584, "num_layers": 28, "num_attention_heads": 28, "num_kv_heads": 4,
+           "intermediate_size": 18944, "vocab_size": 152064, "qkv_bias": True}  # Qwen2.5-7B, head_dim 128
+
+
+@pytest.mark.parametrize("model, adapter, expected", [
+    # Llama 3.2 3B: cos, sin of 64 frequencies per position (32 MiB each), theta
+    ("llama-3.2-3b", None, 4 * (131072 * 64 * 2 + 64)),
+    # Qwen2RotaryPositionalEmbeddings: cos, sin of the 64 frequencies twice, [131072, 256] fp32
+    (QWEN_7B, None, 4 * (131072 * 256 + 64)),
+    # lora_qwen2 builds one module per layer (lora_qwen2_self_attention): 28 caches of 128 MiB
+    (QWEN_7B, {"method": "lora", "rank": 8}, 28 * 4 * (131072 * 256 + 64)),
+    # a shorter builder max_seq_len given as max_position_embeddings (qwen2_5_3b passes 32,768)
+    ({**QWEN_7B, "max_position_embeddings": 32768}, None, 4 * (32768 * 256 + 64)),
+])
+def test_rope_cache_kept_on_the_gpu_by_hand(model, adapter, expected):
+    training = {"framework": "torchtune", "seq_len": 4096, **({"adapter": adapter} if adapter else {})}
+    result = estimate_config({"model": model, "training": training})
+    assert all(components(result, p)["buffers"] == expected for p in ("forward", "backward", "optimizer"))
+
+
+@pytest.mark.parametrize("path", sorted(RECORDS.glob("*.json")), ids=lambda p: p.stem)
+def test_rope_cache_as_measured(path):
+    """The harness counts the buffers alive when the step starts (buffer_bytes): the estimate's
+    cache and theta per module, each of theta's 256 bytes rounded up to the allocator's 512-byte block."""
+    record = json.loads(path.read_text())
+    estimate = components(estimate_config(record["config"]), "optimizer")["buffers"]
+    modules = record["config"]["model"]["num_layers"] if "qwen" in path.stem and "lora" in path.stem else 1
+    assert estimate + modules * (512 - 256) == record["measured"]["buffer_bytes"]
+
+
+def test_only_torchtune_lists_a_rope_cache():
+    result = estimate_config({"model": "llama-3.2-3b", "training": {"framework": "fsdp2", "seq_len": 4096}})
+    assert "buffers" not in components(result, "optimizer")
 
 
 @pytest.mark.parametrize("cfg, field", [

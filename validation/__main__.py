@@ -1,4 +1,4 @@
-"""python -m validation {list | measure --case ID | measure --all | report | explain --case ID}"""
+"""python -m validation {list | measure --case ID | measure --all | report | summary | explain --case ID}"""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def main(argv=None) -> int:
     which.add_argument("--case", action="append", help="a case id (repeatable)")
     which.add_argument("--all", action="store_true")
     sub.add_parser("report", help="estimator accuracy against the records")
+    sub.add_parser("summary", help="the README's accuracy table: each framework's cases within 5%")
     explain = sub.add_parser("explain", help="what is alive at each phase's peak")
     explain.add_argument("--case", required=True)
     args = parser.parse_args(argv)
@@ -22,6 +23,10 @@ def main(argv=None) -> int:
         from .report import report
 
         return report()
+    if args.command == "summary":  # every framework's records, JSON only
+        from .summary import summary
+
+        return summary()
 
     from .cases import CASES  # the cases name torch models (validation/step.py)
 

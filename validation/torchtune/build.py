@@ -4,7 +4,8 @@ weights for real.
 
 The recipe instantiates the model on the GPU under `training.set_default_dtype(bf16)`. Here it is
 instantiated on the meta device; RoPE's buffers (`theta` and the cos/sin `cache` of
-max_seq_len x head_dim/2 x 2 fp32, which the recipe keeps on the GPU) are then computed for real
+max_seq_len x head_dim/2 x 2 fp32, Qwen2's max_seq_len x 2 head_dim, which the recipe keeps on the
+GPU; one module shared by every layer, but one per layer in lora_qwen2) are then computed for real
 on the CPU: Llama 3.1's scaled RoPE reads the frequencies' values, which fake tensors do not have.
 `validation.peft.build.materialize` then gives the parameters (fake or real) CPU storage.
 """

@@ -51,7 +51,7 @@ TUNE_MODELS = {m.id: m for m in [
               tuple(dict(_tiny("llama3_1"), embed_dim=256, intermediate_dim=512).items()),
               canonical=_dense(256, 2, 4, 2, 64, 512, 1000), lora_builder="llama3_1:lora_llama3_1"),
     TuneModel("tiny-qwen2", "qwen2:qwen2", _tiny("qwen2", tie_word_embeddings=False),
-              canonical=_dense(64, 2, 4, 2, 16, 160, 1000, qkv_bias=True)),
+              canonical=_dense(64, 2, 4, 2, 16, 160, 1000, qkv_bias=True), lora_builder="qwen2:lora_qwen2"),
     TuneModel("tiny-llama3_2", "llama3_2:llama3_2", _tiny("llama3_2", tie_word_embeddings=True),
               canonical=_dense(64, 2, 4, 2, 16, 160, 1000, tie_embeddings=True)),
 ]}

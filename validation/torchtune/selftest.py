@@ -19,6 +19,8 @@ VARIANTS = {
     "inbwd": TuneRun("tiny-llama3_1", SEQ, BATCH, optimizer_in_bwd=True),
     "adamw8bit": TuneRun("tiny-llama3_1", SEQ, BATCH, optimizer="adamw8bit"),
     "qwen2": TuneRun("tiny-qwen2", SEQ, BATCH, activation_checkpointing=True),
+    # lora_qwen2 builds a RoPE module in every layer's attention (lora_qwen2_self_attention)
+    "qwen2-lora": TuneRun("tiny-qwen2", SEQ, BATCH, activation_checkpointing=True, loss="chunked", method="lora"),
     "llama3_2-tied-offload": TuneRun("tiny-llama3_2", SEQ, BATCH, activation_offloading=True, loss="chunked"),
     "lora": TuneRun("tiny-llama3_1", SEQ, BATCH, activation_checkpointing=True, loss="chunked", method="lora"),
     "qlora-offload": TuneRun("tiny-llama3_1-256", SEQ, BATCH, activation_offloading=True, loss="chunked",
