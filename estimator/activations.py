@@ -308,16 +308,27 @@ def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Trai
          width_formula: str, tags: tuple[str, ...], down: str = "down") -> list[Entry]:
     """An MLP's saved tensors beyond its input. A plain MLP keeps fc1's output (the activation's
     input) and the activation's output (fc2's input): 8sbh + 8sbh in Korthikanti's 4h GELU MLP.
-    Recomputing the activation function (Megatron's ``moe_act``) drops its output."""
+    Recomputing the activation function (Megatron's ``moe_act``) drops its output: the routed experts' only
+    (transformer/moe/experts.py GroupedMLP/TEGroupedMLP activation_recompute; SharedExpertMLP has none)."""
     B = bytes_per_element(training.compute_dtype)
     f = width_formula
-    act_tags = tags + (("moe_act",) if "moe" in tags else ())
+    act_tags = tags + (("moe_act",) if tags == MOE else ())
     if not arch.gated_mlp:
         return [Entry(f"{prefix}fc1 output (activation input)", T * width, B, divided_by, f"B*s*b*{f}", recompute=tags),
                 Entry(f"{prefix}fc2 input (activation output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
                       recompute=act_tags, for_weights=(down,))]
     if fused_kernels(training):
-        # Megatron-Core fused_bias_swiglu: saves fc1's output (gate and up) and recomputes the rest
+        # Megatron-Core fused_bias_swiglu: saves fc1's output (gate and up) and recomputes the rest;
+        # --activation-func-fp8-input-store saves it as float8_e4m3fn (SwiGLUFunction / WeightedSwiGLUFunction:
+        # `input.to(torch.float8_e4m3fn)`), except where moe_act's CheckpointWithoutOutput holds the experts'
+        # activation input as it is (experts.py: the activation runs inside the checkpoint, without autograd)
+        checkpointed = "moe_act" in act_tags and training.recompute == "selective" \
+            and "moe_act" in training.recompute_modules
+        if training.activation_func_fp8_input_store and not checkpointed:
+            return [Entry(f"{prefix}fc1 output (gate and up, kept in FP8 by fused SwiGLU)", 2 * T * width, 1,
+                          divided_by, f"2*1*s*b*{f}", recompute=tags),
+                    Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}",
+                          gemm_input=True, recompute=act_tags)]
         return [Entry(f"{prefix}fc1 output (gate and up, kept by fused SwiGLU)", 2 * T * width, B, divided_by,
                       f"2*B*s*b*{f}", recompute=tags),
                 Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
@@ -355,8 +366,16 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
                          "B*phi*k*s*b*h*etp", gemm_input=True, recompute=MOE, for_weights=("experts",)))
         out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e", MOE,
                     down="experts")
-        out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
-                         "B*phi*k*s*b*h*etp", recompute=MOE))
+        if training.framework == "fsdp2":
+            # torchtitan's combine (models/common/token_dispatcher.py): (routed_output.to(float32) * scores)
+            # .to(bf16) before the scatter_add, so the product's backward keeps the fp32 copy (measured)
+            out.append(Entry("expert outputs kept for the weighted combine (fp32 copy)", routed * h * par.etp, 4,
+                             "sp", "4*phi*k*s*b*h*etp", recompute=MOE))
+        elif fused_kernels(training):
+            out += _megatron_routing_weights(routed, arch, training, par)
+        else:
+            out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
+                             "B*phi*k*s*b*h*etp", recompute=MOE))
         if arch.num_shared_experts:
             width = arch.shared_expert_intermediate_size * arch.num_shared_experts
             out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared", ("shared_experts", "moe"))
@@ -365,6 +384,127 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     if training.dropout > 0:
         out.append(Entry("MLP residual dropout mask", T * h, 1, "sp", "s*b*h"))
     return out
+
+
+MEGATRON_WEIGHTED_ACTIVATION = (
+    "Megatron-Core 0.16.1 transformer/moe/experts.py SequentialMLP.forward passes the permuted routing weights "
+    "to each expert as per_token_scale; transformer/mlp.py MLP.forward applies them in the activation "
+    "(weighted_bias_swiglu_impl, fusions/fused_bias_swiglu.py WeightedSwiGLUFunction: saves fc1's output and the "
+    "weights); token_dispatcher.py combine_postprocess unpermutes without probs, so no expert output is kept "
+    "(measured, tests/data/measured/megatron)")
+
+
+def _megatron_routing_weights(routed: float, arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """Megatron applies the routing weights inside the experts, not at the combine
+    (MEGATRON_WEIGHTED_ACTIVATION): the weighted SwiGLU keeps one weight per dispatched token, in the
+    router's dtype (the probabilities' dtype: moe_utils.py topk_routing_with_score_function ends in
+    `type_as(logits)`). Without a gated MLP the product act(fc1) * weights (mlp.py, the unfused path)
+    also keeps the activation's output for the weights' gradient."""
+    R = 8 if training.moe_router_dtype == "fp64" else bytes_per_element(training.moe_router_dtype or
+                                                                        training.compute_dtype)
+    out = [Entry("routing weights per dispatched token (kept by the weighted activation)", routed * par.etp, R,
+                 "sp", "R*phi*k*s*b*etp", recompute=MOE)]
+    if not arch.gated_mlp:
+        B = bytes_per_element(training.compute_dtype)
+        out.append(Entry("experts: activation output (kept by the routing-weight product)",
+                         routed * arch.moe_intermediate_size, B, "sp", "B*s*b*phi*k*f_e", recompute=MOE + ("moe_act",)))
+    return out
+
+
+# --- Megatron's all-to-all dispatcher: the moments inside an MoE layer ---------------------------------
+
+MEGATRON_ALLTOALL = (
+    "Megatron-Core 0.16.1 transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher (drop-and-pad): "
+    "dispatch_preprocess permutes the tokens (moe_utils.permute), token_dispatch sends them (all_to_all), "
+    "dispatch_postprocess gathers them over expert-TP and sorts them by local expert (a contiguous copy); "
+    "combine_preprocess unsorts the experts' outputs (a copy) and reduce-scatters them over expert-TP in the "
+    "probabilities' dtype, token_combine sends them back; moe_layer.py MoELayer.forward holds the permuted tokens "
+    "until it returns; experts.py SequentialMLP runs its local experts one after another and concatenates their "
+    "outputs; measured, tests/data/measured/megatron")
+
+
+def _routed(arch: Architecture, training: Training, par: Parallel) -> tuple[float, int]:
+    """k*phi*s*b/cp, the routed tokens of this rank's tokens before the sequence-parallel division, and the
+    local experts per rank."""
+    return (tokens_per_gpu(training, par) * arch.num_experts_per_token * training.moe_capacity_factor,
+            max(1, arch.num_experts // par.ep))
+
+
+def _router_dtype_bytes(training: Training) -> float:
+    return 8 if training.moe_router_dtype == "fp64" else bytes_per_element(training.moe_router_dtype)
+
+
+def moe_combine_moment(arch: Architecture, training: Training, par: Parallel, send_bytes: float) -> list[Entry]:
+    """The last moment of an MoE layer's forward (MEGATRON_ALLTOALL), beside the tensors the layer keeps: the
+    permuted tokens it sent (`send_bytes` per element), the experts' concatenated outputs and their copy
+    unsorted by local expert, while the expert-TP reduce-scatter and the returning all-to-all allocate their
+    outputs. With --moe-router-dtype the outputs are cast to that dtype before the reduce-scatter, whose output is
+    in it too (the largest moment then: the bf16 copy and the all-to-all come after both are freed)."""
+    B = bytes_per_element(training.compute_dtype)
+    n, local = _routed(arch, training, par)
+    h = arch.hidden_size
+    out = []
+    if par.ep > 1:
+        out.append(Entry("permuted tokens sent by the all-to-all (held by MoELayer.forward)", n * h, send_bytes, "sp",
+                         f"{send_bytes:g}*phi*k*s*b*h"))
+    out.append(Entry("experts' outputs, concatenated", n * h * par.etp, B, "sp", "B*phi*k*s*b*h*etp"))
+    if local > 1 and par.ep * par.etp > 1:  # [etp*ep, E_local, ...].transpose(0, 1).contiguous(): no copy for 1
+        out.append(Entry("experts' outputs unsorted by local expert (a copy)", n * h * par.etp, B, "sp",
+                         "B*phi*k*s*b*h*etp"))
+    if par.etp > 1 and training.moe_router_dtype:
+        R, dt = _router_dtype_bytes(training), training.moe_router_dtype
+        out.append(Entry(f"experts' outputs cast to the router dtype ({dt}) for the expert-TP reduce-scatter",
+                         n * h * par.etp, R, "sp", "R*phi*k*s*b*h*etp"))
+        out.append(Entry(f"expert-TP reduce-scatter output ({dt})", n * h, R, "sp", "R*phi*k*s*b*h"))
+        return out
+    if par.etp > 1:
+        out.append(Entry("expert-TP reduce-scatter output", n * h, B, "sp", "B*phi*k*s*b*h"))
+    if par.ep > 1:
+        out.append(Entry("all-to-all output (the tokens back on their rank)", n * h, B, "sp", "B*phi*k*s*b*h"))
+    return out
+
+
+def moe_expert_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """The largest moment of an MoE layer's backward in its experts (MEGATRON_ALLTOALL), beside the kept tensors:
+    the gradient of the experts' outputs sorted by local expert (the backward of combine_preprocess's unsort
+    copy, or the gradient arriving in its place), and for the expert being differentiated (SequentialMLP: one at
+    a time, each with 1/E_local of the tokens) the gradient of its fc2 input and the weighted SwiGLU's backward
+    output, its fc1 output's gradient (twice the width; without a gated MLP the activation's gradient, as wide).
+    GroupedMLP (--moe-grouped-gemm) differentiates all local experts at once; it is not modelled."""
+    B = bytes_per_element(training.compute_dtype)
+    n, local = _routed(arch, training, par)
+    f = arch.moe_intermediate_size
+    one = n * f / local  # one expert's n*etp/E_local tokens x its f_e/etp columns on this rank
+    return [Entry("gradient of the experts' outputs (sorted by local expert)", n * arch.hidden_size * par.etp, B,
+                  "sp", "B*phi*k*s*b*h*etp"),
+            Entry("one expert's gradient of its fc2 input", one, B, "sp", "B*phi*k*s*b*f_e/E_local"),
+            Entry("one expert's gradient of its fc1 output" + (" (gate and up)" if arch.gated_mlp else ""),
+                  one * (2 if arch.gated_mlp else 1), B, "sp",
+                  ("2*" if arch.gated_mlp else "") + "B*phi*k*s*b*f_e/E_local")]
+
+
+def moe_router_dtype_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """--moe-router-dtype under expert-TP: in backward the gradient of the reduce-scatter's output is cast to the
+    router dtype and all-gathered in it (the backward of combine_preprocess's cast and reduce-scatter)."""
+    if not (training.moe_router_dtype and par.etp > 1):
+        return []
+    n, _ = _routed(arch, training, par)
+    R, dt, h = _router_dtype_bytes(training), training.moe_router_dtype, arch.hidden_size
+    return [Entry(f"gradient cast to the router dtype ({dt}) before the expert-TP all-gather", n * h, R, "sp",
+                  "R*phi*k*s*b*h"),
+            Entry(f"expert-TP all-gather of that gradient ({dt})", n * h * par.etp, R, "sp", "R*phi*k*s*b*h*etp")]
+
+
+def moe_recomputed_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """Selective recompute of "moe" (Megatron's MoELayer.forward under tensor_parallel.checkpoint,
+    moe_layer.py): in backward the block's forward runs again, so every tensor of the MoE block that the
+    recompute dropped (the router's, the dispatched tokens, the experts', the shared experts') exists again,
+    with the norm's output it starts from when "layernorm" is recomputed too, beside the block's own moments."""
+    if training.recompute != "selective" or "moe" not in training.recompute_modules:
+        return []
+    modules = frozenset(training.recompute_modules)
+    block = {e.name for e in mlp_entries(arch, training, par, "moe")}
+    return [e for e in layer_entries(arch, training, par, "moe") if e.name in block and dropped(e, modules)]
 
 
 def fp8_activation_bytes(training: Training) -> float:
@@ -635,28 +775,69 @@ def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Paralle
 TORCHTITAN_LOSS_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks
 
 
+def torchtitan_loss_moments(arch: Architecture, training: Training, par: Parallel, vocab: int) -> list[list[Entry]]:
+    """The chunked loss's moments beside its two accumulators (`_torchtitan_chunked_loss`): a chunk's
+    cross-entropy, a chunk's head-weight gradient, and under FSDP the last chunk's reduce-scatter."""
+    B, P = bytes_per_element(training.compute_dtype), bytes_per_element(training.param_dtype)
+    T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTITAN_LOSS_CHUNKS
+    d = par.dp * par.cp
+    if compiled(training) and par.tp == 1:
+        # torch.compile'd loss (torchtitan CompileConfig.components ["model", "loss"]): Inductor fuses the fp32
+        # upcast, log-softmax and NLL into row reductions; the forward allocates a fp32 max and log-sum-exp per
+        # row and keeps them with the bf16 logits; the backward allocates one fp32 value per row and the bf16
+        # gradient of the logits (measured, TORCHTITAN_COMPILED_LOSS_SOURCE). Under TP the loss-parallel
+        # autograd.Function (vocab-sharded logits, collectives in its forward) is not measured: eager ledger.
+        chunk = [Entry("one chunk: logits and their gradient (compiled cross-entropy)", 2 * T / n * vocab, B, "tp",
+                       f"2*B*s*b*V/{n}"),
+                 Entry("one chunk's fp32 max and log-sum-exp per token, and the backward's row buffer", 3 * T / n, 4,
+                       "none", f"3*4*s*b/{n}")]
+    else:
+        chunk = [Entry("one chunk: logits, fp32 log-softmax and its two fp32 gradients", T / n * vocab, B + 12, "tp",
+                       f"(B + 12)*s*b*V/{n}")]
+    moments = [chunk,
+               [Entry("one chunk's LM head weight gradient (parameter dtype)", vocab * h, P, "tp", "P*V*h",
+                      split_by_cp=False),
+                Entry("one chunk's logits and their gradient", 2 * T / n * vocab, B, "tp", f"2*B*s*b*V/{n}")]]
+    if d > 1:
+        moments.append([Entry("LM head's reduce-scatter input (fp32), after the last chunk", vocab * h, 4, "tp",
+                              "4*V*h", split_by_cp=False),
+                        Entry("the last chunk's logits", T / n * vocab, B, "tp", f"B*s*b*V/{n}")])
+    return moments
+
+
 def _torchtitan_chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
     """torchtitan's ChunkedLossWrapper (components/loss.py, the default of its recipes) runs the LM
     head's forward and backward chunk by chunk inside the loss call, during the forward pass: the
     head stays gathered (FSDP transients), its unsharded gradient accumulates in fp32 (FSDP2's
-    reduce dtype) over the 8 chunks and is reduce-scattered after the last, the hidden-state
-    gradient accumulates in an fp32 buffer, and one chunk's logits, fp32 log-softmax and two fp32
-    gradients exist at a time. What backward keeps is the hidden-state gradient in the compute
-    dtype (and the LM head's sharded gradient)."""
+    reduce dtype) over the 8 chunks and is reduce-scattered after the last, and the hidden-state
+    gradient accumulates in an fp32 buffer. Beside those two accumulators the loss's largest moment
+    is one of: a chunk's cross-entropy (its logits, fp32 log-softmax and two fp32 gradients); a
+    chunk's head-weight gradient (the parameter dtype, before FSDP2 adds it to the fp32 one) beside
+    the chunk's logits and their gradient; under FSDP (d > 1) the last chunk's reduce-scatter, whose
+    fp32 input (torch 2.13 FSDP2 foreach_reduce) sits beside the accumulated gradient and the last
+    chunk's logits (measured, tests/data/measured/torchtitan, per-tensor breakdown). What backward
+    keeps is the hidden-state gradient in the compute dtype (and the LM head's sharded gradient)."""
     B = bytes_per_element(training.compute_dtype)
-    T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTITAN_LOSS_CHUNKS
-    d = par.dp * par.cp
+    T, h, d = tokens_per_gpu(training, par), arch.hidden_size, par.dp * par.cp
     saved = _norm("final norm input", T, arch, training)
     saved.append(Entry("hidden-state gradient from the chunked loss", T * h, B, "sp", "B*s*b*h"))
     saved.append(Entry("LM head's sharded gradient (fp32, reduced inside the loss)", vocab * h / d, 4, "tp",
                        "4*V*h/d", split_by_cp=False))
-    forward = [Entry("fp32 hidden-state gradient accumulator", T * h, 4, "sp", "4*s*b*h"),
-               Entry("LM head's unsharded fp32 gradient, accumulated over the chunks", vocab * h, 4, "tp", "4*V*h",
-                     split_by_cp=False),
-               Entry("one chunk: logits, fp32 log-softmax and its two fp32 gradients", T / n * vocab, B + 12, "tp",
-                     f"(B + 12)*s*b*V/{n}")]
+    accumulators = [Entry("fp32 hidden-state gradient accumulator", T * h, 4, "sp", "4*s*b*h"),
+                    Entry("LM head's unsharded fp32 gradient, accumulated over the chunks", vocab * h, 4, "tp",
+                          "4*V*h", split_by_cp=False)]
+    moments = torchtitan_loss_moments(arch, training, par, vocab)
+    forward = accumulators + max(moments, key=lambda m: sum(e.bytes(par) for e in m))
     return LossMemory(saved=saved, forward=forward, backward=[],
-                      source="torchtitan v0.3.0 components/loss.py ChunkedLossWrapper (8 chunks), GradAccumulator")
+                      source="torchtitan v0.3.0 components/loss.py ChunkedLossWrapper (8 chunks), GradAccumulator; "
+                             "torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce"
+                             + (f"; {TORCHTITAN_COMPILED_LOSS_SOURCE}" if compiled(training) and par.tp == 1 else ""))
+
+
+TORCHTITAN_COMPILED_LOSS_SOURCE = (
+    "torchtitan v0.3.0 components/loss.py CrossEntropyLoss._maybe_compile (torch.compile of cross_entropy_loss, "
+    "components default ['model', 'loss']); measured with validation/compile_saved.py loss_buffers (Inductor on CPU, "
+    "torch 2.13): tests/data/measured/compile/torchtitan-cross-entropy-bf16-n64-v4096.json")
 
 
 # --- pipeline schedule -----------------------------------------------------------------------------

@@ -251,6 +251,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "upper-triangular softmax kernel keeps one 16-bit probability per score where its shapes allow (16 < s <= "
           "4096, s and b x heads/TP multiples of 4); off (--no-masked-softmax-fusion) or outside those shapes, the "
           "fp32 softmax and its 16-bit copy are kept, 6 bytes per score.", _SAVERS),
+    _bool("activation_func_fp8_input_store", _T, "FP8 SwiGLU input store", "megatron: "
+          "--activation-func-fp8-input-store. The fused SwiGLU (dense MLPs, routed and shared experts) keeps its "
+          "input, fc1's output, as float8_e4m3fn (1 byte, no scale) for backward instead of the compute dtype; not "
+          "where moe_act recomputation checkpoints the experts' activation (the checkpoint keeps that input as it "
+          "is).", _SAVERS),
     _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
             "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss; te "
             "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "

@@ -89,6 +89,8 @@ class Training:
     moe_router_dtype: str | None = None  # megatron: --moe-router-dtype fp32/fp64; None = the compute dtype
     attention_softmax_fusion: bool = True  # megatron, eager attention: the fused softmax kernel (--no-masked-softmax-fusion = False)
     cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
+    # megatron: --activation-func-fp8-input-store, the fused SwiGLU keeps its input in float8_e4m3fn (activations.py)
+    activation_func_fp8_input_store: bool = False
     # DeepSpeed ZeRO buffers (elements; None = DeepSpeed's defaults 5e8, 5e7, 1e9; the HF Trainer's "auto"
     # fills h^2 and 0.9 h^2 for the first two)
     reduce_bucket_size: int | None = None
@@ -231,6 +233,10 @@ def _check_megatron_flags(t: Training) -> None:
     if t.moe_router_dtype is not None and t.framework != "megatron":
         raise ConfigError("training.moe_router_dtype", t.moe_router_dtype, "empty/null unless framework is 'megatron'",
                           "the router dtype is Megatron-Core's --moe-router-dtype", related=("training.framework",))
+    if t.activation_func_fp8_input_store and t.framework != "megatron":
+        raise ConfigError("training.activation_func_fp8_input_store", True, "false unless framework is 'megatron'",
+                          "it is Megatron-Core's --activation-func-fp8-input-store (its fused SwiGLU)",
+                          related=("training.framework",))
     if not t.attention_softmax_fusion and t.framework != "megatron":
         raise ConfigError("training.attention_softmax_fusion", False, "true unless framework is 'megatron'",
                           "turning off the fused masked softmax is Megatron's --no-masked-softmax-fusion; the other "

@@ -21,29 +21,6 @@ RECORDS = sorted(p for framework in ("torchtitan", "megatron", "peft", "torchtun
 
 # case id -> why the estimate misses it (the next modelling steps)
 KNOWN_GAPS = {
-    "titan-qwen3-32b-w64-tp4-fullac-s8192-b1":
-        "under by 6.3% at backward's last moments: beside the gradients, a unit's unsharded fp32 gradients and "
-        "the recomputed layer, the harness holds the embedding unit gathered for its backward and 64 small "
-        "buffers allocated before the step (per-tensor breakdown), which the model does not list yet",
-    "titan-llama-3.1-70b-w512-tp8-fullac-fp8-rowwise-s8192-b1":
-        "under by 17% at the backward peak (0.92 of 5.28 GiB): torchao's eager float8 casts are not modelled: "
-        "_ToFloat8ConstrFunc.forward computes tensor.to(float32) * scale and to_fp8_saturated clamps it in fp32 "
-        "before .to(float8) (torchao/float8/float8_training_tensor.py, float8_utils.py), so the cast of the "
-        "all-gathered 8192 x 8192 operand keeps two fp32 copies (0.5 GiB) and float8 copies beside the recomputed "
-        "layer (per-tensor breakdown of a 4-layer Llama-3.1-8B TP 8 run: +0.21 GiB at the backward peak against "
-        "the same run in bf16; torch.compile fuses these casts; the `compile` field models the layers' partitioner, not torchao's casts, "
-        "and the record is an eager run); the rest is "
-        "the backward shortfall titan-llama-3.1-70b-w64-tp8-fullac-s8192-b1 shows (0.47 GiB, -2.6% there), a "
-        "large share of a 5.3 GiB peak at 512 ranks",
-    "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-router-fp64":
-        "under by 7.9% at the backward peak: the harness runs Megatron's jit_fuser functions (torch.compile in "
-        "production, megatron/core/jit.py) eagerly, so weighted_swiglu_back's fp64 temporaries (three 4096 x 7168 "
-        "products and the 4096 x 14336 concatenation, 1.1 GiB, per-tensor breakdown) are measured; a compiled "
-        "kernel writes only its bf16 output. The model keeps the fp64 combine cast (384 MiB); the harness must "
-        "emulate the fused expressions (outputs only) before this case can be judged",
-    "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-sel-layernorm+moe":
-        "recomputing the MoE block in backward re-creates its dispatcher's permutation buffers; the model has "
-        "no such backward moment",
 }
 # case id -> why its model states miss the 1% bound
 KNOWN_STATE_GAPS: dict[str, str] = {}

@@ -5,6 +5,9 @@ Ground truth: validation/compile_saved.py compiled tiny transformers layers (h 6
 d_head 16, f 96; b 2, s 8, bf16) with AOTAutograd, Inductor's decompositions and its partitioner on CPU
 (torch 2.13, transformers 5.23) and listed the backward graph's saved inputs
 (tests/data/measured/compile/transformers-tiny-layers-bf16-b2-s8.json); backend="inductor" saved the same.
+torchtitan's compiled loss: validation/compile_saved.py loss_buffers compiled its cross_entropy_loss with
+backend="inductor" on CPU and listed the generated code's allocations
+(tests/data/measured/compile/torchtitan-cross-entropy-bf16-n64-v4096.json).
 """
 
 import json
@@ -119,3 +122,64 @@ def test_live_measurement_matches_the_record():
 
 def test_the_record_names_the_versions_it_ran_on():
     assert RECORD["versions"]["torch"] == "2.13.0+cpu" and RECORD["versions"]["transformers"]
+
+
+# --- torchtitan's compiled loss (CompileConfig.components = ["model", "loss"]) --------------------------------
+
+LOSS_RECORD = json.loads((Path(__file__).parent / "data/measured/compile/torchtitan-cross-entropy-bf16-n64-v4096.json")
+                         .read_text())
+
+
+def test_compiled_cross_entropy_by_hand():
+    """Inductor fuses cross_entropy_loss's fp32 upcast, log-softmax and NLL (64 x 4096 bf16 logits): the forward
+    allocates two fp32 values per row (max, log-sum-exp) and the fp32 loss, and hands the backward the logits,
+    the labels and those two per-row values; the backward allocates one fp32 value per row and the bf16 gradient
+    of the logits. No (64, 4096) fp32 tensor exists: eager makes the upcast, the log-softmax and two gradients."""
+    def total(buffers):
+        return sum(math.prod(b["shape"]) * b["bytes_per_element"] for b in buffers)
+
+    n, v = 64, 4096
+    assert total(LOSS_RECORD["forward_buffers"]) == 2 * 4 * n + 4
+    assert LOSS_RECORD["saved"] == ["primals_1", "primals_2", "buf0", "buf2"]  # logits, labels, max, log-sum-exp
+    assert total(LOSS_RECORD["backward_buffers"]) == 4 * n + 2 * n * v
+    assert LOSS_RECORD["versions"]["torch"] == "2.13.0+cpu" and LOSS_RECORD["versions"]["torchtitan"] == "0.3.0"
+
+
+def _chunk(compile: bool, seq: int, dp: int = 8) -> dict[str, float]:
+    tr = Training(framework="fsdp2", compile=compile, seq_len=seq, micro_batch_size=1, loss="chunked")
+    par = Parallel(dp=dp)
+    return {e.name: e.bytes(par) for e in act.loss_memory(LLAMA_8B, tr, par, LLAMA_8B.vocab_size).forward}
+
+
+def test_compiled_loss_chunk_per_token_is_the_measured_one():
+    # per token of a chunk: the bf16 logits (2V, the lm_head's output) + what the record's compiled functions add
+    # per token (2V + 4 in backward, 8 kept from forward) = 4V + 12 bytes
+    measured = 2 * 4096 + LOSS_RECORD["backward_buffers"][1]["shape"][1] * 2 + 4 + 8
+    assert measured == 4 * 4096 + 12
+    tr = Training(framework="fsdp2", compile=True, seq_len=8192, micro_batch_size=1, loss="chunked")
+    chunk = act.torchtitan_loss_moments(LLAMA_8B, tr, PAR, LLAMA_8B.vocab_size)[0]
+    assert sum(e.bytes(PAR) for e in chunk) == 8192 / 8 * (4 * LLAMA_8B.vocab_size + 12) == 525_348_864
+    eager = act.torchtitan_loss_moments(LLAMA_8B, Training(framework="fsdp2", seq_len=8192, micro_batch_size=1,
+                                                           loss="chunked"), PAR, LLAMA_8B.vocab_size)[0]
+    assert sum(e.bytes(PAR) for e in eager) == 8192 / 8 * 14 * LLAMA_8B.vocab_size
+
+
+def test_compiled_loss_moves_the_largest_moment():
+    """Llama-3.1-8B at 64k tokens on one GPU, 8 chunks of 8192 tokens: eager, a chunk's cross-entropy is the
+    loss's largest moment, (2 + 12) B x 8192 x 128,256 = 14.7 GB; compiled it is 4 B x 8192 x 128,256 + 12 B x
+    8192, and the chunk's head-weight gradient (2 B x 128,256 x 4096) with the chunk's logits and their
+    gradient (2 x 2 B x 8192 x 128,256) is larger: 5.25 GB. Both beside the accumulators (4 B x 65,536 x 4096
+    and 4 B x 128,256 x 4096)."""
+    V, h, c = 128_256, 4096, 8192
+    eager, compiled = _chunk(False, 65536, dp=1), _chunk(True, 65536, dp=1)
+    accumulators = 4 * 65536 * h + 4 * V * h
+    assert sum(eager.values()) == accumulators + 14 * c * V == 17_884_512_256
+    assert sum(compiled.values()) == accumulators + 2 * V * h + 4 * c * V == 8_428_453_888
+    assert "one chunk's LM head weight gradient (parameter dtype)" in compiled
+
+
+def test_live_loss_measurement_matches_the_record():
+    pytest.importorskip("torch", reason="measuring needs torch")
+    pytest.importorskip("torchtitan", reason="measuring needs torchtitan")
+    from validation.compile_saved import loss_buffers
+    assert loss_buffers() == {k: LOSS_RECORD[k] for k in ("forward_buffers", "saved", "backward_buffers")}

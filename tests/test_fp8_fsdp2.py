@@ -107,3 +107,50 @@ def test_what_torchao_and_transformer_engine_refuse_is_refused(training, zero, f
     with pytest.raises(ConfigError) as error:
         estimate_config(cfg)
     assert error.value.field == field and words in str(error.value)
+
+
+EXTRAS = ("the block's output gradient (sequence-parallel shard)", "its all-gather over TP", "float8 weight",
+          "grad_input", "float8 grad_output for grad_input, and the one being made",
+          "two fp32 copies of grad_output (to(float32) * scale, clamp)",
+          "both float8 grad_outputs and the input's float8 copy", "two fp32 copies of the input",
+          "output projection's output (full sequence)", "reduce-scatter's cat of it", "reduce-scatter output",
+          "MLP norm output (sequence-parallel shard)")
+
+
+def _block_backward(**training) -> dict[str, int]:
+    """Llama-3.1-70B, TP 8 (sequence parallel), FSDP over 64, full AC, seq 8192: the backward phase's
+    transient parts that a block's backward holds beyond its saved tensors, and their total."""
+    result = estimate_config({"model": "llama-3.1-70b", "parallel": {"tp": 8, "dp": 64, "zero_stage": 3},
+                              "training": {"framework": "fsdp2", "seq_len": 8192, "recompute": "full",
+                                           "loss": "chunked", **training}})
+    backward = next(p for p in result.stages[0].phases if p.name == "backward")
+    parts = {q.label: q.bytes for c in backward.components if c.key == "transient" for q in c.parts}
+    assert "One recomputed layer's activations" in parts  # the moment is a block's recomputation
+    found = {label: b for label, b in parts.items() if label in EXTRAS}
+    return found | {"total": sum(found.values())}
+
+
+def test_eager_float8_casts_in_a_blocks_backward_by_hand():
+    """torchao casts the down projection's grad_output (the all-gathered 8192 x 8192 bf16 gradient) to float8
+    for grad_input: to(float32) * scale and the fp32 clamp exist together (2 x 4 B x 8192 x 8192 = 512 MiB)
+    beside the float8 weight (8192 x 3584 / TP), grad_input
+    (2 B x 8192 x 3584) and, for grad_weight, the first float8 grad_output while the second is made (2 x 1 B x
+    8192 x 8192). With the gradient from the block above (its shard and its all-gather) that is 868 MiB; the
+    per-tensor breakdown of the rowwise record's 2-layer run holds exactly these storages at that moment."""
+    n_g, n_x = 8192 * 8192, 8192 * 28672 // 8
+    grads = 2 * n_g // 8 + 2 * n_g
+    parts = _block_backward(fp8=True, fp8_recipe="rowwise")
+    assert parts["two fp32 copies of grad_output (to(float32) * scale, clamp)"] == 8 * n_g == 536_870_912
+    assert parts["float8 grad_output for grad_input, and the one being made"] == 2 * n_g
+    assert parts["float8 weight"] == n_x and parts["grad_input"] == 2 * n_x
+    assert parts["total"] == grads + 10 * n_g + 3 * n_x == 910_163_968  # 868 MiB
+    # the saved input's cast (8 B x 8192 x 3584 of fp32 copies) is smaller here; without float8 the end of the
+    # recomputation is the largest moment: the down projection's output (full sequence), its cat for the
+    # reduce-scatter, the reduce-scatter's output and the MLP norm's (sequence-parallel shards)
+    assert _block_backward()["total"] == grads + 2 * 2 * n_g + 2 * 2 * n_g // 8 == 452_984_832
+
+
+def test_compiled_blocks_fuse_the_casts():
+    """torch.compile fuses torchao's casts into Inductor kernels (no fp32 copies), and the compiled blocks'
+    buffers are Inductor's: no such component is listed."""
+    assert _block_backward(fp8=True, fp8_recipe="rowwise", compile=True) == {"total": 0}

@@ -2,6 +2,7 @@
 equals the same rank run on real CPU tensors byte for byte, and every record holds what the
 estimator is compared on. Needs megatron-core 0.16.1 (the [megatron] extra) for the first part."""
 
+import contextlib
 import importlib.util
 import json
 import warnings
@@ -97,3 +98,46 @@ def test_records_match_their_cases():
 
     for r in load_all():
         assert r["config"] == json.loads(json.dumps(contract_config(CASES[r["id"]])))
+
+
+@needs_megatron
+def test_fused_expressions_allocate_only_their_outputs():
+    """A `@jit_fuser` function is one compiled kernel in production (megatron/core/jit.py:
+    torch.compile): under the harness's stand-in (validation/megatron/fused.py) it allocates its
+    outputs and nothing else, with the eager values. weighted_swiglu_back with fp64 routing weights
+    (--moe-router-dtype fp64) returns the bf16 input gradient [n, 2f] and the fp64 weight gradient
+    [n, 1]; run eagerly it also makes fp64 [n, f] products and their concatenation."""
+    import torch
+
+    from validation.megatron import kernels
+    from validation.megatron.shims import megatron_shims
+    from validation.tracker import StorageTracker
+
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
+    n, f = 64, 96
+    torch.manual_seed(0)
+    g = torch.randn(n, f, dtype=torch.bfloat16)
+    y = torch.randn(n, 2 * f, dtype=torch.bfloat16)
+    w = torch.rand(n, 1, dtype=torch.float64)
+
+    def allocated(run):
+        tracker = StorageTracker()
+        kernels.HIDDEN["context"] = tracker.hidden
+        try:
+            with tracker:
+                out = run()
+        finally:
+            kernels.HIDDEN["context"] = contextlib.nullcontext
+        return sum(d for _, d in tracker.events if d > 0), out
+
+    with megatron_shims():
+        from megatron.core.fusions import fused_bias_swiglu as swiglu
+
+        fused_bytes, (dx, dw) = allocated(lambda: swiglu.weighted_swiglu_back(g, y, w))
+        forward_bytes, out = allocated(lambda: swiglu.weighted_swiglu(y, w))  # calls swiglu inside
+        eager_dx, eager_dw = swiglu.weighted_swiglu_back.fn(g, y, w)
+        eager_bytes, _ = allocated(lambda: swiglu.weighted_swiglu_back.fn(g, y, w))
+    assert fused_bytes == n * 2 * f * 2 + 512  # bf16 [64, 192] + fp64 [64, 1] in one 512-byte block
+    assert forward_bytes == n * f * 2  # bf16 [64, 96]
+    assert torch.equal(dx, eager_dx) and torch.equal(dw, eager_dw) and out.shape == (n, f)
+    assert eager_bytes > fused_bytes + 3 * n * f * 8  # the eager fp64 [64, 96] temporaries

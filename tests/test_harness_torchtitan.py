@@ -99,3 +99,80 @@ def test_model_states_by_hand():
     # zero_grad(set_to_none) freed them; in the forward phase only lm_head's exists: the chunked
     # loss runs its backward and reduce-scatters it (alone: the norm has no gradient yet)
     assert m["phases"]["forward"]["gradients"] == block_bytes(shard_numel((vocab, dim)))
+
+
+# --- what the estimator lists for torchtitan, by hand; each size is a storage of a record's breakdown --------
+
+def _titan(model: str, seq: int, tp: int, dp: int, recompute: str = "full", batch: int = 1, **training):
+    from estimator import estimate_config
+
+    return estimate_config({"model": model, "parallel": {"tp": tp, "dp": dp, "zero_stage": 3},
+                            "training": {"framework": "fsdp2", "seq_len": seq, "micro_batch_size": batch,
+                                         "recompute": recompute, "loss": "chunked", "attention": "flash",
+                                         **training}})
+
+
+def _parts(result, phase: str) -> dict[str, int]:
+    components = next(p for p in result.stages[0].phases if p.name == phase).components
+    return {q.label: q.bytes for c in components for q in (c.parts or (c,))}
+
+
+@pytest.mark.parametrize("model, seq, layers, per_position", [
+    ("qwen3-32b", 8192, 64, 2 * 128 * 4),  # CosSinRoPE: (s, 2 x head_dim) fp32, 8 MiB a layer (measured: 64 of them)
+    ("llama-3.1-70b", 8192, 80, 64 * 8),  # ComplexRoPE: (s, head_dim / 2) complex64, 4 MiB (measured: index of it)
+])
+def test_one_rope_cache_per_layer(model, seq, layers, per_position):
+    caches = _parts(_titan(model, seq, 8, 8), "forward")["RoPE caches (torchtitan, one per layer)"]
+    assert caches == layers * seq * per_position == {"qwen3-32b": 536_870_912, "llama-3.1-70b": 335_544_320}[model]
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "deepseek_v3"])
+def test_rope_caches_are_the_models_buffers(family):
+    """The harness's own model (torchtitan's debug models, 2 blocks, seq 256): its rope buffers are the
+    formula's: 2 layers x 256 positions x (4 B x dim (ComplexRoPE) or 8 B x dim (CosSinRoPE))."""
+    step = _torchtitan()
+    run = _tiny(step, dict(family=family))
+    _, _, model, _ = step.build(run, fake=True)
+    caches = {n: b.numel() * b.element_size() for n, b in model.named_buffers() if n.endswith("rope.cache")}
+    assert len(caches) == 2
+    cfg = model.config.layers[0].attention.rope
+    assert cfg.max_seq_len == 256
+    per_position = 8 * cfg.dim if family == "qwen3" else 4 * cfg.dim
+    assert sum(caches.values()) == 2 * 256 * per_position
+
+
+def test_qwen3_32b_tp4_backward_end_by_hand():
+    """The record's backward peak (titan-qwen3-32b-w64-tp4-fullac-s8192-b1), storage by storage: a block is
+    121,907,456 parameters on a GPU (TP 4), the embedding 151,936 x 5120 / 4 = 194,478,080; the first block
+    gathered (bf16, 232.5 MiB) and the embedding unit prefetched for its backward (370.9 MiB); the second
+    block's reduce-scatter input (fp32, 465.0 MiB); the first block's input (2 B x 8192 x 5120 / 4); its
+    output gradient and its all-gather over TP; the recomputation's end: the down projection's output
+    (2 B x 8192 x 5120), its cat for the reduce-scatter, the reduce-scatter output and the MLP norm's output
+    (sequence-parallel shards). Gradients: every unit's but the first block's and the embedding's."""
+    block, emb = 121_907_456, 151_936 * 5120 // 4
+    parts = _parts(_titan("qwen3-32b", 8192, 4, 16), "backward")
+    assert parts["The first block and the embedding unit gathered"] == 2 * (block + emb) == 632_771_072
+    assert parts["Reduce-scatter input of the block differentiated before"] == 4 * block == 487_629_824
+    shard, full = 2 * 8192 * 5120 // 4, 2 * 8192 * 5120
+    assert parts["Input of the block not yet differentiated (kept by the checkpoints)"] == shard == 20_971_520
+    assert [parts["the block's output gradient (sequence-parallel shard)"], parts["its all-gather over TP"],
+            parts["output projection's output (full sequence)"], parts["reduce-scatter's cat of it"],
+            parts["reduce-scatter output"], parts["MLP norm output (sequence-parallel shard)"]] == \
+        [shard, full, full, full, shard, shard]
+    grads = next(c for c in next(p for p in _titan("qwen3-32b", 8192, 4, 16).stages[0].phases
+                                 if p.name == "backward").components if c.key == "gradients")
+    everything = 4 * 8_191_038_464 / 16  # 4 B x the 8,191,038,464 parameters of a TP rank / d
+    assert grads.bytes == round(everything - 4 * (block + emb) / 16)
+
+
+def test_chunked_loss_ends_with_the_heads_reduce_scatter():
+    """Llama-3.1-70B, no TP, FSDP over 64, seq 4096 (titan-llama-3.1-70b-w64-fullac-s4096-b1, forward peak):
+    after the 8th chunk FSDP2 allocates the head's fp32 reduce-scatter input (4 B x 128,256 x 8192) beside the
+    fp32 gradient accumulated over the chunks (the same size), the last chunk's bf16 logits (512 x 128,256)
+    and the head unit gathered (bf16); every block is resharded by then."""
+    parts = _parts(_titan("llama-3.1-70b", 4096, 1, 64), "forward")
+    head = 128_256 * 8192
+    assert parts["LM head's unsharded fp32 gradient, accumulated over the chunks"] == 4 * head == 4_202_692_608
+    assert parts["LM head's reduce-scatter input (fp32), after the last chunk"] == 4 * head
+    assert parts["the last chunk's logits"] == 2 * 512 * 128_256
+    assert parts["Unsharded parameters in flight"] == 2 * head

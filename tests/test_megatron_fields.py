@@ -99,15 +99,44 @@ def test_native_fused_cross_entropy_keeps_the_fp32_softmax():
 MIXTRAL = "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1"
 
 
-@pytest.mark.parametrize("dtype, bytes_", [(None, 67_108_864), ("fp32", 201_326_592), ("fp64", 402_653_184)])
-def test_router_dtype_casts_the_combine(dtype, bytes_):
-    # tokens per GPU before /t: s x b x k x phi x etp = 4096 x 2 x 1 x 2; bf16: the all-to-all send buffer
-    # 2 B x 16384 x 4096 / 2; fp32/fp64: expert outputs cast before the ETP reduce-scatter and its output,
-    # R B x 16384 x 4096 x (1 + 1/2) / 2 (measured in backward: 128 + 64 MiB of fp32)
+# Mixtral record (TP2 SP, EP4, ETP2, 2 local experts, s 4096): routed tokens before /t n = s x b x k x phi =
+# 4096 x 2 = 8192; per rank the experts hold n x etp / t = 8192 tokens; one expert 4096 tokens x 14336 / 2 columns
+SEND = 2 * 8192 * 4096 // 2  # the permuted tokens sent by the all-to-all, bf16 (32 MiB)
+OUTPUTS = 2 * 8192 * 2 * 4096 // 2  # the experts' outputs (concatenated, and their unsorted copy), bf16 (64 MiB)
+
+
+@pytest.mark.parametrize("dtype, forward, backward", [
+    # combine: sent tokens + outputs + unsorted copy + reduce-scatter output and all-to-all output (bf16, 32 MiB
+    # each); backward: the outputs' gradient + one expert's fc2-input gradient (4096 x 7168) and fc1-output
+    # gradient (4096 x 14336), bf16
+    (None, SEND + 2 * OUTPUTS + 2 * SEND, OUTPUTS + 2 * 4096 * 7168 * 3),
+    # fp32 / fp64: the outputs cast to R bytes (R x 8192 x 4096 x 2 / 2) and the reduce-scatter output in R bytes
+    # (R x 8192 x 4096 / 2); backward: the gradient cast to R bytes and its all-gather, R x 8192 x 4096 x (1 + 2) / 2,
+    # unless the experts' backward is larger (fp32: 192 < 232 MiB)
+    ("fp32", SEND + 2 * OUTPUTS + 4 * 8192 * 4096 + 2 * 8192 * 4096, OUTPUTS + 2 * 4096 * 7168 * 3),
+    ("fp64", SEND + 2 * OUTPUTS + 8 * 8192 * 4096 + 4 * 8192 * 4096, 8 * 8192 * 4096 * 3 // 2),
+])
+def test_router_dtype_casts_the_combine(dtype, forward, backward):
+    """Measured on the records (per-tensor breakdown of the forward peak of ...-router-fp64: 256 MiB fp64 cast,
+    128 MiB fp64 reduce-scatter output, 64 + 64 MiB outputs and copy, 32 MiB sent tokens)."""
     config = _record_config(MIXTRAL)
     if dtype:
         config["training"]["moe_router_dtype"] = dtype
-    assert _transients(config, 0)["backward"] == bytes_
+    t = _transients(config, 0)
+    assert (t["forward"], t["backward"]) == (forward, backward)
+    assert forward / MiB == {None: 224, "fp32": 352, "fp64": 544}[dtype]
+
+
+def test_moe_block_recomputed_in_backward():
+    """Selective recompute of "moe" and "layernorm" (record ...-sel-layernorm+moe): in backward the MoE block's
+    forward runs again, so its tensors (the norm output the router reads 16 MiB, router logits and probabilities,
+    dispatched tokens 64, experts' fc1 outputs 224 and SwiGLU outputs 112 MiB) exist again beside the larger of
+    its moments: the experts' backward (64 + 56 + 112 = 232 MiB) over its combine (224 MiB, the measured peak of
+    the record, 7.69 GiB against 7.62 estimated)."""
+    config = _record_config("mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-sel-layernorm+moe")
+    router = 2 * 4 * 4096 * 8 // 2 + 2 * 8192 * 2 // 2  # fp32 logits and probabilities; bf16 routing weights
+    recomputed = 2 * 4096 * 4096 // 2 + router + OUTPUTS + 3 * (2 * 8192 * 14336 // 2)
+    assert _transients(config, 0)["backward"] == recomputed + OUTPUTS + 2 * 4096 * 7168 * 3
 
 
 @pytest.mark.parametrize("training, model, field", [

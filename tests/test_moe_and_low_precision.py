@@ -31,17 +31,24 @@ def test_mixtral_ep8_breakdown_by_hand():
     assert fwd["optimizer_states"] == pytest.approx(8 * dense / 8 + 8 * expert, abs=2)
     # one layer: norms 2 x 2sh, QKV and router inputs 2 x 2sh, the fused QKV output 2s(h + 2gd) (v is a
     # view of it) and the rotated q and k 2s(h + gd), LSE 4sa, attention output 2sh, router logits +
-    # probabilities 2 x 4sE, dispatched tokens and combine 2 x 2skh, expert fc1 output 2 x 2skf (fused
-    # SwiGLU) and fc2 input 2skf. EP does not divide any of it.
-    per_layer = s * (2 * h * 4 + 2 * (h + 2 * g * d) + 2 * (h + g * d) + 4 * a + 2 * h + 2 * 4 * E + 2 * 2 * k * h
-                     + 3 * 2 * k * f)
+    # probabilities 2 x 4sE, dispatched tokens 2skh, expert fc1 output 2 x 2skf (fused SwiGLU) and fc2 input
+    # 2skf, and the routing weights the weighted SwiGLU keeps, 2sk (bf16: the router runs in the compute dtype);
+    # Megatron applies them in the experts, so the combine keeps no expert output. EP does not divide any of it.
+    per_layer = s * (2 * h * 4 + 2 * (h + 2 * g * d) + 2 * (h + g * d) + 4 * a + 2 * h + 2 * 4 * E + 2 * k * h
+                     + 3 * 2 * k * f + 2 * k)
     assert layer_bytes(MIXTRAL_8X7B, Training(seq_len=s), Parallel(dp=8, ep=8), "moe") == per_layer
     token_ids = 8 * s
     assert fwd["activations"] == L * per_layer + token_ids
     logits = 2 * s * h + 2 * s * h + 4 * s * v  # final norm input, head input, fp32 softmax
     assert fwd["logits"] == logits
     assert fwd["transient"] == 2 * s * v  # bf16 logits beside their fp32 copy
-    assert result.stages[0].allocated_peak_bytes == sum(fwd.values())
+    # backward's largest moment is the expert's backward (activations.MEGATRON_ALLTOALL), larger than the loss's:
+    # the gradient of its outputs 2skh, its fc2-input gradient 2skf and the weighted SwiGLU's backward output
+    # 2 x 2skf (one local expert: all s x k routed tokens)
+    bwd = phase(result, 0, "backward")
+    assert bwd["transient"] == 2 * s * k * h + 3 * 2 * s * k * f
+    assert {key: bwd[key] for key in fwd if key != "transient"} == {key: fwd[key] for key in fwd if key != "transient"}
+    assert result.stages[0].allocated_peak_bytes == sum(bwd.values())
 
 
 def test_deepseek_v3_as_reported_middle_stage_by_hand():
@@ -61,11 +68,41 @@ def test_deepseek_v3_as_reported_middle_stage_by_hand():
     stage = phase(result, 5, "optimizer")
     nd, ne = 8 * dense_layer, 8 * expert_layer
     assert result.stages[5].layers == 8
-    assert stage["parameters"] == 2 * (nd + ne)  # bf16 weights
+    # the linear weights in FP8 (section 3.3.1 Figure 6; Megatron --fp8-param-gather), norms and router bias in bf16
+    assert stage["parameters"] == matrices + 2 * (nd + ne - matrices)
     assert stage["gradients"] == 4 * (nd + ne)  # fp32 gradients, not sharded by ZeRO-1
     assert stage["master_weights"] == pytest.approx(4 * nd / dp + 4 * ne / expert_dp, abs=2)
     assert stage["optimizer_states"] == pytest.approx(2 * 2 * nd / dp + 2 * 2 * ne / expert_dp, abs=2)
-    assert stage["fp8_weight_copies"] == 2 * matrices  # an FP8 copy and its transpose
+    assert stage["fp8_weight_copies"] == matrices  # the FP8 weight's transpose (Hopper)
+
+
+def test_deepseek_v3_as_reported_fits_on_80_gb():
+    """GitHub issue #13: DeepSeek-V3's recipe fits on 80 GB GPUs with DualPipe, as DeepSeek trained it on H800s.
+    A middle rank (two stages of 4 MoE layers), per micro-batch and MoE layer (s 4096, no TP, FP8 blockwise
+    inputs at 1 + 4/128 B): residual-stream norm inputs 2 x 2sh; compressed q and kv (FP8); flash LSE 4sa;
+    attention output (FP8); router logits and probabilities 2 x 4sE; dispatched tokens (FP8) s k h; the experts'
+    SwiGLU inputs cached in FP8, 1 B x 2 s k f_e (--activation-func-fp8-input-store) and their outputs (FP8) s k
+    f_e; the routing weights 2sk; the shared expert's SwiGLU input 1 B x 2 s f and output (FP8). Recomputed: the
+    norms' outputs and the MLA up-projections (q, k, v)."""
+    s, h, a, dv, q_lora, kv_lora, E, k, fe = 4096, 7168, 128, 128, 1536, 512, 256, 8, 2048
+    q = 1 + 4 / 128
+    per_layer = (2 * 2 * s * h + q * s * (q_lora + kv_lora) + 4 * s * a + q * s * a * dv + 2 * 4 * s * E
+                 + q * s * k * h + 2 * s * k * fe + q * s * k * fe + 2 * s * k + 2 * s * fe + q * s * fe)
+    assert per_layer / 2**20 == pytest.approx(645.5625)
+    result = estimate_config(get_recipe("deepseek-v3-as-reported").config)
+    middle = result.stages[5]
+    bwd = phase(result, 5, "backward")
+    assert middle.layers == 8 and middle.in_flight_microbatches == 8.5  # PP + 1 = 17 stages of 4 layers
+    assert bwd["activations"] == pytest.approx(8 * 8.5 * per_layer, abs=68)
+    # backward's largest moment: the experts' backward (one of 4 local experts), the gradient of the experts'
+    # outputs 2 s k h, one expert's fc2-input gradient 2 s k f_e / 4 and its fc1-output gradient twice that
+    assert bwd["transient"] == 2 * s * k * h + 3 * 2 * s * k * fe // 4
+    assert middle.peak_phase == "backward" and middle.allocated_peak_bytes == sum(bwd.values())
+    assert middle.allocated_peak_bytes / GiB == pytest.approx(67.05, abs=0.01)
+    assert middle.device_total_bytes / GiB == pytest.approx(76.98, abs=0.01)
+    for stage in result.stages:  # every rank, the first and last (embedding, head, MTP) included
+        assert stage.device_total_bytes < result.fit.capacity_bytes
+    assert result.fit.verdict == "tight" and result.fit.utilization == pytest.approx(0.967, abs=0.001)
 
 
 def test_deepseek_v3_counts():
@@ -97,7 +134,8 @@ def test_capacity_factor_scales_routed_tensors_only():
     s, h, f, k = 2048, 4096, 14336, 2
     one = layer_bytes(MIXTRAL_8X7B, Training(seq_len=s), Parallel(), "moe")
     more = layer_bytes(MIXTRAL_8X7B, Training(seq_len=s, moe_capacity_factor=1.25), Parallel(), "moe")
-    routed = s * (2 * 2 * k * h + 3 * 2 * k * f)  # dispatched, combine, expert fc1 output, fc2 input
+    # dispatched tokens, expert fc1 output, fc2 input, routing weights kept by the weighted SwiGLU (bf16)
+    routed = s * (2 * k * h + 3 * 2 * k * f + 2 * k)
     assert more - one == pytest.approx(0.25 * routed)
 
 
@@ -162,10 +200,13 @@ def test_int4_weights_with_group_scales():
 
 
 def test_all_to_all_send_buffer_on_a_stage_without_the_loss():
-    # stage 0 of 2 has no loss: its forward transient is the permuted tokens sent by the all-to-all,
-    # k x s x b x h in bf16 (Megatron-Core MoEAlltoAllTokenDispatcher)
+    # stage 0 of 2 has no loss: its forward transient is the end of an MoE layer's forward
+    # (activations.MEGATRON_ALLTOALL): the permuted tokens sent by the all-to-all, the expert's output and the
+    # all-to-all's output, each k x s x b x h in bf16 (EP 8: one local expert, so no sorting copy)
     s, h, k = 4096, 4096, 2
     r = estimate(MIXTRAL_8X7B, Training(seq_len=s, global_batch_size=16), Parallel(pp=2, dp=8, ep=8, zero_stage=1))
-    assert phase(r, 0, "forward")["transient"] == k * s * h * 2
+    assert phase(r, 0, "forward")["transient"] == 3 * k * s * h * 2
+    # without EP nothing is sent and the 8 experts' outputs are unsorted without a copy (a transpose of a size-1
+    # dimension is contiguous): only their concatenation
     no_ep = estimate(MIXTRAL_8X7B, Training(seq_len=s, global_batch_size=16), Parallel(pp=2, dp=8, zero_stage=1))
-    assert phase(no_ep, 0, "forward")["transient"] == 0
+    assert phase(no_ep, 0, "forward")["transient"] == k * s * h * 2

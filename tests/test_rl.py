@@ -91,12 +91,14 @@ def test_the_training_phase_is_the_trainers_step_on_prompt_plus_response_beside_
 def test_ppo_keeps_the_critics_states_in_every_phase_but_the_offloaded_rollout():
     grpo_result = estimate_config(grpo())
     ppo = estimate_config(grpo(algorithm="ppo", critic_model=True, offload_during_rollout=False))
-    states = round(4 * QWEN_7B / 8) + round(8 * QWEN_7B / 8)  # the policy's fp32 shards and moments
+    # the policy's fp32 shards and moments, and fsdp2's (torchtitan's) RoPE caches: 28 layers x 9216 positions
+    # x 64 complex64 (the critic has the policy's architecture)
+    states = round(4 * QWEN_7B / 8) + round(8 * QWEN_7B / 8) + 28 * 9216 * 64 * 8
     assert parts(phases(ppo)["training"])["critic"] == states
     assert phases(ppo)["scoring"].allocated_bytes == phases(grpo_result)["scoring"].allocated_bytes + states
     # not offloaded: the rollout holds the trainer's states (policy, reference, critic) beside the engine
     held = parts(phases(ppo)["rollout"])
-    assert held["parameters"] + held["optimizer_states"] + held["reference"] + held["critic"] == \
+    assert held["parameters"] + held["optimizer_states"] + held["buffers"] + held["reference"] + held["critic"] == \
         2 * states + round(2 * QWEN_7B / 8)
 
 
@@ -207,8 +209,10 @@ def test_the_advice_offloads_the_trainer_during_the_rollout():
 def test_the_trainer_offloaded_during_the_rollout_needs_host_memory():
     result = estimate_config(grpo())  # offload_during_rollout is on by default
     host = result.host_memory_json()
-    # the policy's fp32 shards and AdamW moments and the reference's bf16 shard, per GPU process
-    assert host["cpu_bytes_per_gpu"] == round(4 * QWEN_7B / 8) + round(8 * QWEN_7B / 8) + round(2 * QWEN_7B / 8)
+    # the policy's fp32 shards and AdamW moments, its RoPE caches (28 layers x 9216 positions x 64 complex64) and
+    # the reference's bf16 shard, per GPU process
+    assert host["cpu_bytes_per_gpu"] == round(4 * QWEN_7B / 8) + round(8 * QWEN_7B / 8) + 28 * 9216 * 64 * 8 + \
+        round(2 * QWEN_7B / 8)
     kept = estimate_config(grpo(offload_during_rollout=False)).host_memory_json()
     assert kept["cpu_bytes_per_gpu"] == 0
 

@@ -8,6 +8,12 @@ are not gradients. Parameters and the rotary tables (inputs shared by every laye
 A run with backend="inductor" on CPU (torch 2.13) saved the same tensors (the attention output once).
 
     python -m validation.compile_saved            # writes tests/data/measured/compile/<id>.json
+
+`loss_buffers` does the same for torchtitan's loss (torchtitan 0.3.0 compiles it by default,
+CompileConfig.components = ["model", "loss"]): it compiles components/loss.py's cross_entropy_loss
+with backend="inductor" on CPU, as CrossEntropyLoss._maybe_compile does, on one chunk of bf16 logits
+without a TP mesh, and lists the buffers Inductor's generated forward and backward allocate
+(empty_strided calls; reinterpret_tensor reuses none) and what the forward hands to the backward.
 """
 
 from __future__ import annotations
@@ -89,6 +95,50 @@ def saved_tensors(model: str = "llama", attention: str = "sdpa", dtype: str = "b
     return out
 
 
+LOSS_RECORD_ID = "torchtitan-cross-entropy-bf16-n64-v4096"
+
+
+def loss_buffers(n: int = 64, v: int = 4096) -> dict:
+    """The compiled torchtitan cross-entropy on (1, n, v) bf16 logits: each generated function's
+    allocations (shape, bytes per element) and the forward's outputs beyond the loss (the tensors it
+    saves for the backward, named as in the generated code)."""
+    import re
+
+    import torch
+    from torch._inductor.utils import run_and_get_code
+    from torchtitan.components.loss import cross_entropy_loss
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    logits = torch.randn(1, n, v, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, v, (1, n))
+    fn = torch.compile(cross_entropy_loss, backend="inductor")
+
+    def step():
+        fn(logits, labels).backward()
+
+    _, codes = run_and_get_code(step)
+    allocation = re.compile(r"(buf\d+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)")
+    sizes = {"float32": 4, "bfloat16": 2, "int64": 8, "bool": 1}
+    graphs = []
+    for code in codes:
+        body = code[code.index("def call(self, args):"):]
+        buffers = [{"name": name, "shape": [int(x) for x in shape.split(",") if x.strip()],
+                    "bytes_per_element": sizes[dtype]} for name, shape, dtype in allocation.findall(body)]
+        returned = re.search(r"return \((.*)\)", body).group(1)
+        graphs.append({"buffers": buffers, "returns": [r.strip() for r in returned.split(",") if r.strip()]})
+    forward, backward = graphs
+    return {"forward_buffers": forward["buffers"], "saved": forward["returns"][1:],
+            "backward_buffers": backward["buffers"]}
+
+
+def loss_record() -> dict:
+    from .record import package_versions
+
+    return {"id": LOSS_RECORD_ID, "logits": {"shape": [1, 64, 4096], "dtype": "bfloat16"}, **loss_buffers(),
+            "versions": package_versions("torch", "torchtitan"), "command": "python -m validation.compile_saved"}
+
+
 def record() -> dict:
     """Every case's saved set, with the versions it ran on (the measured records' shape)."""
     from .record import package_versions
@@ -101,3 +151,4 @@ if __name__ == "__main__":
     from .record import write_record
 
     print(write_record(record(), RECORDS))
+    print(write_record(loss_record(), RECORDS))

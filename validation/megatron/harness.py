@@ -29,10 +29,12 @@ import gc
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ..tracker import CATEGORIES, StorageTracker, category_of
-from . import kernels
+from . import fused, kernels
 from .shims import STORAGE_RESIZED, gloo_as_fake, megatron_shims
 
 
@@ -134,8 +136,15 @@ def fake_world(setup: Setup):
         import megatron.core.transformer.moe.moe_utils as moe_utils
 
         moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER = {}
+        # so is the aux loss's backward scale (a class attribute made by the first backward that
+        # needs it, MoEAuxLossAutoScaler.backward): one made under fake tensors would turn the next
+        # run's aux-loss gradient, and the backward behind it, fake
+        moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale = None
         yield
     finally:
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+
+        moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale = None
         ps.destroy_model_parallel()
         dist.destroy_process_group()
 
@@ -332,6 +341,17 @@ def optimizer_step(ddp, optimizer):
     optimizer.zero_grad()
 
 
+class RealOnly(TorchDispatchMode):
+    """A real run's check: no op returns a fake tensor (a fake one left by an earlier fake run in
+    a process-wide cache would turn the real run's backward fake from there on, unnoticed)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, FakeTensor) for t in tree_leaves(out)):
+            raise RuntimeError(f"{func} returned a fake tensor in a real run")
+        return out
+
+
 @dataclass
 class Trace:
     tracker: StorageTracker
@@ -383,12 +403,13 @@ def _state_keys(tracker, ddp, optimizer):
 def traced_step(setup: Setup, fake: bool = True, seed: int = 0) -> Trace:
     tracker = StorageTracker()
     tracker.recording = False
+    fused.EAGER_CALLS.clear()
     torch.manual_seed(seed)
     kernels.HIDDEN["context"] = tracker.hidden
     STORAGE_RESIZED["adopt"] = tracker.adopt
     marks: list = []
     armed = [False]
-    mode = contextlib.nullcontext()
+    mode = RealOnly()
     if fake:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         # the fake dispatch cache keeps the storages named in its keys alive (e.g. `aten.set_`
@@ -421,6 +442,10 @@ def traced_step(setup: Setup, fake: bool = True, seed: int = 0) -> Trace:
     finally:
         kernels.HIDDEN["context"] = contextlib.nullcontext
         STORAGE_RESIZED["adopt"] = None
+    if fused.EAGER_CALLS:  # a compiled function building an autograd graph: what it saves is not emulated
+        calls = dict(fused.EAGER_CALLS)
+        fused.EAGER_CALLS.clear()
+        raise RuntimeError(f"jit_fuser functions ran eagerly under autograd (not emulated): {calls}")
     return Trace(tracker, params, grads, states, marks)
 
 

@@ -13,10 +13,10 @@ shared/research/framework-harness-feasibility.md for how each was found):
 - `moe_utils.te_general_gemm` exists without TE in 0.16.1 only as None when TE import fails;
   kept None so the router uses torch's matmul in `router_dtype`.
 - `gloo` process groups (the distributed optimizer asserts they exist) -> the fake backend.
-- `megatron.core.jit.jit_fuser` is `torch.compile`; compiling under FakeTensorMode with a
-  dispatch mode is not possible, so it is replaced by the identity before Megatron's modules are
-  imported (the compiled functions sit inside autograd Functions that choose what is saved;
-  only transient intermediates inside one fused expression differ, see README of the package).
+- `megatron.core.jit.jit_fuser` is `torch.compile` (importing megatron.core already decorates
+  most fused functions with it); Dynamo does not compile under a dispatch mode and would run their
+  bodies op by op, so every compiled function is replaced by a stand-in allocating only its outputs,
+  as the compiled kernel does (fused.py).
 """
 
 from __future__ import annotations
@@ -27,14 +27,6 @@ import types
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
-
-
-def _disable_jit_fuser() -> None:
-    # must run before any megatron.core module that decorates with jit_fuser is imported
-    import megatron.core.jit as jit
-
-    jit.disable_jit_fuser()
-    jit.jit_fuser = jit.noop_decorator
 
 
 class _InertStream:
@@ -165,9 +157,10 @@ def _cpu_causal_mask(sq, skv=None):
 @contextlib.contextmanager
 def megatron_shims():
     """Patch torch.cuda and Megatron-Core for a CPU process; restore everything on exit."""
-    _disable_jit_fuser()
+    from . import fused
+
     register_coalesced_collectives()
-    saved: list = []
+    saved: list = [(owner, name, value, True) for owner, name, value in fused.install()]
     cuda = torch.cuda
     _patch(cuda, "current_device", lambda: torch.device("cpu"), saved)
     _patch(cuda, "Stream", _InertStream, saved)

@@ -1,0 +1,148 @@
+"""Megatron-Core's `jit_fuser` functions as the compiled kernels they are in production.
+
+`megatron/core/jit.py` (0.16.1) sets `jit_fuser = torch.compile` when megatron.core is imported,
+and every `@jit_fuser` function (the SwiGLU/GeLU activations and their backward,
+`fusions/fused_bias_swiglu.py` / `fused_bias_gelu.py`, the fused cross-entropy pieces
+`fusions/fused_cross_entropy.py`, ...) is one Inductor kernel (or a few) on a GPU: it writes its
+outputs and allocates nothing else. Under the harness's dispatch mode Dynamo refuses to compile
+(torch/_dynamo/convert_frame.py: "non-infra torch dispatch mode present") and runs the Python body
+eagerly, one aten op at a time, so every intermediate of the expression would be measured, e.g.
+`weighted_swiglu_back`'s fp64 products under `--moe-router-dtype fp64` (three [tokens, f] fp64
+products and the [tokens, 2f] concatenation), none of which a compiled kernel allocates.
+
+`FusedExpression` stands in for each compiled function: the body runs where the storage tracker
+does not look (`tracker.hidden()`, the reference maths of kernels.py) and only its outputs are
+allocated where it does: a new storage per output, shaped, strided and typed as the eager output;
+an output that is an input (or a view of one, as in-place work on an input that the compiled
+function writes back into it) is returned as it is, as the compiled function returns it.
+
+Every call the measured records make is one with autograd off or with no input needing a gradient:
+inside an autograd Function's forward or backward (which chooses what is saved, the same compiled
+or not) or `TopKRouter._apply_expert_bias` (no tensor output). A call that would build an autograd
+graph (an input requiring a gradient, grad mode on) runs eagerly: what the compiled function saves
+for its backward there is AOTAutograd's partitioner's choice, not emulated: `EAGER_CALLS` counts
+them and the harness refuses such a run (harness.traced_step).
+
+The stand-ins replace the compiled functions in every loaded megatron.core module and class, and
+`jit_fuser` itself for functions decorated later (modules imported during the run, GroupedMLP's
+closures), before the model is built; `install()` returns what to restore.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import sys
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import kernels
+
+EAGER_CALLS: collections.Counter = collections.Counter()  # name -> calls run eagerly (autograd)
+_DEPTH = [0]  # > 0 inside a stand-in's hidden body (nested jit functions are one kernel)
+
+
+def _measuring() -> bool:
+    return kernels.HIDDEN["context"] is not contextlib.nullcontext
+
+
+def _storages(values) -> set[int]:
+    leaves, _ = tree_flatten(values)
+    return {t.untyped_storage()._cdata for t in leaves if isinstance(t, torch.Tensor)}
+
+
+def _needs_graph(args, kwargs) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    leaves, _ = tree_flatten((args, kwargs))
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
+
+
+def _as_output(t, inputs: set[int]):
+    """A compiled kernel's output: the input itself where the body returned (a view of) one, else a
+    new storage like the eager result, its values copied on a real run."""
+    if not isinstance(t, torch.Tensor) or t.untyped_storage()._cdata in inputs:
+        return t
+    out = torch.empty_like(t)  # same strides where dense, else contiguous
+    with kernels._hidden(), torch.no_grad():
+        out.copy_(t)
+    return out
+
+
+class FusedExpression:
+    """A `@jit_fuser` function as one compiled kernel (see the module's docstring)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = getattr(fn, "__qualname__", repr(fn))
+        functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, objtype=None):  # methods (TopKRouter._apply_expert_bias)
+        return self if obj is None else functools.partial(self, obj)
+
+    def __call__(self, *args, **kwargs):
+        if _DEPTH[0] or not _measuring():
+            return self.fn(*args, **kwargs)
+        if _needs_graph(args, kwargs):
+            EAGER_CALLS[self.name] += 1
+            return self.fn(*args, **kwargs)
+        inputs = _storages((args, kwargs))
+        _DEPTH[0] += 1
+        try:
+            with kernels._hidden():
+                result = self.fn(*args, **kwargs)
+        finally:
+            _DEPTH[0] -= 1
+        leaves, spec = tree_flatten(result)
+        return tree_unflatten([_as_output(t, inputs) for t in leaves], spec)
+
+
+def fused(fn) -> FusedExpression:
+    """The stand-in for `jit_fuser` (a decorator, as torch.compile is)."""
+    return FusedExpression(fn)
+
+
+def _original(value):
+    """The Python function behind a torch.compile wrapper, else None."""
+    return getattr(value, "_torchdynamo_orig_callable", None)
+
+
+def install() -> list:
+    """Replace every compiled function of the loaded megatron.core modules (module globals and class
+    attributes) and `jit_fuser` itself by stand-ins; return (owner, name, old value) to restore.
+    One stand-in per compiled function, wherever it is bound."""
+    import megatron.core.jit as jit
+
+    saved: list = []
+    stand_ins: dict[int, FusedExpression] = {}
+
+    def replace(owner, name, value):
+        fn = _original(value)
+        if fn is None:
+            return
+        saved.append((owner, name, value))
+        setattr(owner, name, stand_ins.setdefault(id(value), FusedExpression(fn)))
+
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("megatron.core"):
+            continue
+        for name, value in list(vars(module).items()):
+            if name == "jit_fuser":
+                saved.append((module, name, value))
+                setattr(module, name, fused)
+            elif isinstance(value, type) and value.__module__ == module_name:
+                for attr, member in list(vars(value).items()):
+                    replace(value, attr, member)
+            else:
+                replace(module, name, value)
+    if jit.jit_fuser is not fused:
+        saved.append((jit, "jit_fuser", jit.jit_fuser))
+        jit.jit_fuser = fused
+    return saved
+
+
+def uninstall(saved: list) -> None:
+    for owner, name, value in reversed(saved):
+        setattr(owner, name, value)
