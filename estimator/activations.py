@@ -285,7 +285,7 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
             out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
         out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
                          recompute=UP_PROJ))
-    out.append(Entry("attention output (output projection input)", T * arch.attention_output_width, B, "tp",
+    out.append(Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
                      "B*s*b*a*d_v", gemm_input=True, for_weights=() if training.attention == "flash" else ("o",)))
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
@@ -517,6 +517,38 @@ def fp8_activation_bytes(training: Training) -> float:
     return {"mxfp8": 1 + 1 / 32, "blockwise": 1 + 4 / 128}.get(training.fp8_recipe, 1.0)
 
 
+TE_FLASH_OUTPUT_SOURCE = ("TransformerEngine 2.x pytorch/attention/dot_product_attention/backends.py FusedAttnFunc."
+                          "forward: without FP8 attention (fp8_dpa) it saves (q, k, v, out) in the compute dtype for its "
+                          "backward, while the output projection (an FP8 linear) saves its own quantized copy of `out`")
+
+
+ATTENTION_OUTPUT = "attention output (output projection input)"
+MLA_ORIGINAL_INPUT_SOURCE = ("Megatron-Core 0.16.1 transformer/multi_latent_attention.py MLASelfAttention.__init__: "
+                             "with FP8 (a recipe other than delayed, TE >= 2.6) set_save_original_input(linear_proj), "
+                             "so the output projection saves the attention output the fused attention already keeps")
+
+
+def _proj_saves_original_input(arch: Architecture, training: Training) -> bool:
+    """Megatron's MLA output projection keeps the attention output itself under FP8 (every recipe the
+    estimator offers under megatron is a current-scaling one, not delayed), not a quantized copy."""
+    return arch.uses_mla and training.framework == "megatron" and training.attention == "flash"
+
+
+def _flash_output_beside_fp8_copy(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """Under TransformerEngine's FP8 recipe the attention kernel still runs in the compute dtype and
+    keeps its output for its own backward; the output projection keeps a quantized copy beside it
+    (the FP8 ledger's "attention output" entry), so the compute-dtype output is a second tensor,
+    except where the projection saves its original input (MLA under Megatron: one tensor, kept in
+    the compute dtype). Recomputing the core attention (selective core_attn) drops it with the
+    kernel's other tensors."""
+    if training.attention != "flash" or training.mode != "training" or _proj_saves_original_input(arch, training):
+        return []
+    T = tokens_per_gpu(training, par)
+    return [Entry("attention output kept by flash attention (compute dtype, beside the FP8 copy)",
+                  T * arch.attention_output_width,
+                  bytes_per_element(training.compute_dtype), "tp", "B*s*b*a*d_v", recompute=CORE)]
+
+
 def torchao_float8(training: Training) -> bool:
     """fp8 under fsdp2 is torchao's Float8Linear (torchtitan's Float8LinearConverter)."""
     return training.fp8 and training.framework == "fsdp2"
@@ -532,8 +564,10 @@ def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: s
     if training.fp8 and not torchao_float8(training):
         # TransformerEngine saves each FP8 GEMM's quantized input for backward
         q = fp8_activation_bytes(training)
-        entries = [e._replace(bytes_per_element=q, formula=e.formula.replace("B*", "B_fp8*", 1)) if e.gemm_input else e
-                   for e in entries]
+        original = ATTENTION_OUTPUT if _proj_saves_original_input(arch, training) else None
+        entries = [e._replace(bytes_per_element=q, formula=e.formula.replace("B*", "B_fp8*", 1))
+                   if e.gemm_input and e.name != original else e
+                   for e in entries] + _flash_output_beside_fp8_copy(arch, training, par)
     if op_level(training):
         # every tensor the eager layer keeps is recomputed; the policy's saves are entries of their own
         entries = [e._replace(recompute=e.recompute + OP_LEVEL) for e in entries] + op_level_saved_entries(

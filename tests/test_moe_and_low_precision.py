@@ -80,15 +80,16 @@ def test_deepseek_v3_as_reported_fits_on_80_gb():
     """GitHub issue #13: DeepSeek-V3's recipe fits on 80 GB GPUs with DualPipe, as DeepSeek trained it on H800s.
     A middle rank (two stages of 4 MoE layers), per micro-batch and MoE layer (s 4096, no TP, FP8 blockwise
     inputs at 1 + 4/128 B): residual-stream norm inputs 2 x 2sh; compressed q and kv (FP8); flash LSE 4sa;
-    attention output (FP8); router logits and probabilities 2 x 4sE; dispatched tokens (FP8) s k h; the experts'
+    attention output in bf16, kept once by the attention kernel and the output projection (Megatron's MLA saves
+    the projection's original input under FP8); router logits and probabilities 2 x 4sE; dispatched tokens (FP8) s k h; the experts'
     SwiGLU inputs cached in FP8, 1 B x 2 s k f_e (--activation-func-fp8-input-store) and their outputs (FP8) s k
     f_e; the routing weights 2sk; the shared expert's SwiGLU input 1 B x 2 s f and output (FP8). Recomputed: the
     norms' outputs and the MLA up-projections (q, k, v)."""
     s, h, a, dv, q_lora, kv_lora, E, k, fe = 4096, 7168, 128, 128, 1536, 512, 256, 8, 2048
     q = 1 + 4 / 128
-    per_layer = (2 * 2 * s * h + q * s * (q_lora + kv_lora) + 4 * s * a + q * s * a * dv + 2 * 4 * s * E
+    per_layer = (2 * 2 * s * h + q * s * (q_lora + kv_lora) + 4 * s * a + 2 * s * a * dv + 2 * 4 * s * E
                  + q * s * k * h + 2 * s * k * fe + q * s * k * fe + 2 * s * k + 2 * s * fe + q * s * fe)
-    assert per_layer / 2**20 == pytest.approx(645.5625)
+    assert per_layer / 2**20 == pytest.approx(707.5625)
     result = estimate_config(get_recipe("deepseek-v3-as-reported").config)
     middle = result.stages[5]
     bwd = phase(result, 5, "backward")
@@ -98,11 +99,12 @@ def test_deepseek_v3_as_reported_fits_on_80_gb():
     # outputs 2 s k h, one expert's fc2-input gradient 2 s k f_e / 4 and its fc1-output gradient twice that
     assert bwd["transient"] == 2 * s * k * h + 3 * 2 * s * k * fe // 4
     assert middle.peak_phase == "backward" and middle.allocated_peak_bytes == sum(bwd.values())
-    assert middle.allocated_peak_bytes / GiB == pytest.approx(67.05, abs=0.01)
-    assert middle.device_total_bytes / GiB == pytest.approx(76.98, abs=0.01)
+    assert middle.allocated_peak_bytes / GiB == pytest.approx(71.17, abs=0.01)
+    # outside the allocator: NCCL and DeepEP 2.725 GiB, CUDA context 0.5 GiB, expandable segments' 5% of the peak
+    assert middle.device_total_bytes / GiB == pytest.approx(71.17 * 1.05 + 2.725 + 0.5, abs=0.01)
     for stage in result.stages:  # every rank, the first and last (embedding, head, MTP) included
         assert stage.device_total_bytes < result.fit.capacity_bytes
-    assert result.fit.verdict == "tight" and result.fit.utilization == pytest.approx(0.967, abs=0.001)
+    assert result.fit.verdict == "tight" and result.fit.utilization == pytest.approx(0.979, abs=0.001)
 
 
 def test_deepseek_v3_counts():
@@ -155,8 +157,10 @@ def test_fp8_adds_weight_copies_and_halves_gemm_inputs():
     stage = stage_parameters(LLAMA_31_70B, par, "megatron")[1]
     matrices = stage.total.dense_hidden_matrices
     assert phase(fp8, 1, "forward")["fp8_weight_copies"] == 2 * matrices  # TE: FP8 copy + transpose
-    # GEMM inputs (QKV, output projection, fc1, fc2) go from 2 bytes to 1, per layer over t with SP
-    saved = s * (h + h + h + f) / t
+    # GEMM inputs (QKV, fc1, fc2) go from 2 bytes to 1, per layer over t with SP; the output projection's
+    # FP8 copy (1 byte) joins the bf16 attention output that flash attention keeps for its own backward
+    # (TransformerEngine FusedAttnFunc saves q, k, v, out unless the attention itself runs in FP8)
+    saved = s * (h + h + f) / t - s * h / t
     per_layer_saving = layer_bytes(LLAMA_31_70B, Training(seq_len=s), par, "dense") - \
         layer_bytes(LLAMA_31_70B, Training(seq_len=s, fp8=True), par, "dense")
     assert per_layer_saving == saved
