@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from validation.record import RECORDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,3 +27,26 @@ def test_report_runs_where_torch_and_transformers_cannot_be_imported(tmp_path):
     records = sorted(p.stem for p in RECORDS.glob("*.json"))
     assert records and [line.split("|")[1].strip() for line in lines[2:2 + len(records)]] == records
     assert f"{len(records)} cases; worst peak error" in run.stdout
+
+
+def test_summary_counts_every_record_and_its_bound():
+    """`python -m validation summary` (the README's per-framework table): one row per framework, its case
+    count the number of record files, and a case within 5% exactly when its peak error, computed here
+    independently from the record and the estimate, is within 5%."""
+    import json
+
+    from estimator import estimate_config
+    from validation.summary import FRAMEWORKS, records, summarize
+
+    for framework in FRAMEWORKS:
+        paths = records(framework)
+        row = summarize(framework)
+        errors = []
+        for p in paths:
+            record = json.loads(p.read_text())
+            result = estimate_config(record["config"])
+            stage = result.stages[record.get("stage", result.peak_stage)]
+            errors.append(stage.allocated_peak_bytes / record["measured"]["peak_bytes"] - 1)
+        assert row.cases == len(paths) > 0
+        assert row.within == sum(abs(e) <= 0.05 for e in errors)
+        assert abs(row.worst) == pytest.approx(max(abs(e) for e in errors), rel=1e-12)
