@@ -1,8 +1,8 @@
 """Streamlit entry point: page config, navigation over the pages, the shared configuration.
 
 The configuration's widgets are created here, after ``st.navigation`` and before ``pg.run()``,
-so that they keep their values and their URL parameters across page switches (Streamlit 1.67).
-The pages are listed in `ui.state.PAGES`.
+so that they are the same widgets on every page (Streamlit 1.67); `ui.state` keeps the settings
+and writes the URL. The pages are listed in `ui.state.PAGES`.
 """
 
 import streamlit as st

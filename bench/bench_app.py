@@ -16,7 +16,8 @@ misses: estimate, plan, chart specs). Each is timed twice over:
 Minimum and median are printed; the machine is shared, so the minimum is the number to compare,
 the median the one the issue's target is read against. For the Memory page it also prints the
 time spent in `ui.view.chart` (the two charts: spec built on a cache miss, then handed to
-`st.vega_lite_chart`) and in `ui.state.render_config` (the sidebar's configuration widgets),
+`st.vega_lite_chart`) and in `ui.state.render_config` (the sidebar: the model and the widgets of
+the open groups, as a session starts: Run, Parallel layout and GPU; a closed group draws none),
 and their shares of the server-side rerun.
 
 A run that shows "cannot be estimated" or raises stops the benchmark: a page that fails early

@@ -30,6 +30,13 @@ def _app(query: dict | None = None) -> AppTest:
     return at.run()
 
 
+def _open(at: AppTest, *groups: str) -> AppTest:
+    """Open sidebar groups, as a click on each does: a closed group draws no widgets."""
+    for group in groups:
+        at.session_state[K.group(group)] = True
+    return at.run()
+
+
 def _metric(at: AppTest, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
 
@@ -80,7 +87,7 @@ def test_a_widget_change_changes_the_totals():
 
 
 def test_the_configuration_survives_page_switches():
-    at = _app()
+    at = _open(_app(), "Optimizer and memory savers")
     at.number_input(key="tp").set_value(4).run()
     at.selectbox(key="recompute").set_value("full").run()
     total = _metric(at, "Device total per GPU")
@@ -93,7 +100,7 @@ def test_the_configuration_survives_page_switches():
 
 
 def test_query_parameters_prefill_every_page():
-    at = _app(SHARED)
+    at = _open(_app(SHARED), "Optimizer and memory savers")
     _no_exception(at)
     assert not at.sidebar.warning, [w.value for w in at.sidebar.warning]  # no link warnings
     est = estimate_config(SHARED_CONFIG)
@@ -112,7 +119,8 @@ def test_query_parameters_prefill_every_page():
 
 
 def test_a_bad_query_parameter_warns_and_falls_back():
-    at = _app({"model": "llama-3.1-8b", "tp": "abc", "recompute": "sometimes", "bogus": "1", "dp": "2"})
+    at = _open(_app({"model": "llama-3.1-8b", "tp": "abc", "recompute": "sometimes", "bogus": "1", "dp": "2"}),
+               "Optimizer and memory savers")
     _no_exception(at)
     warnings = " ".join(w.value for w in at.warning)
     assert "tp='abc'" in warnings and "recompute='sometimes'" in warnings and "'bogus'" in warnings
@@ -387,7 +395,7 @@ def test_a_hostile_link_value_is_reported_and_left_at_its_default(name, text, la
     warnings = [_plain(w.value) for w in at.sidebar.warning]
     assert len(warnings) == 1 and label in warnings[0], warnings
     assert len(warnings[0]) < 600  # the value is shown cut, never 100,000 characters
-    # the bad parameter is gone from the URL before any widget read it; the good one is kept
+    # the bad parameter is left out of the URL, the good one is kept
     assert at.query_params.get("dp") == "2" and at.number_input(key="dp").value == 2
     if name == "model":
         assert at.query_params.get("model") == fields.DEFAULT_MODEL
@@ -395,6 +403,7 @@ def test_a_hostile_link_value_is_reported_and_left_at_its_default(name, text, la
     else:
         assert name not in at.query_params
         f = fields.BY_NAME[name]
+        _open(at, f.group)
         widget = {"int": at.number_input, "float": at.number_input, "select": at.selectbox, "choice": at.selectbox,
                   "multi": at.multiselect, "choices": at.multiselect}[f.kind](key=name)
         assert widget.value == f.default
@@ -412,7 +421,7 @@ def test_an_endless_unknown_parameter_name_is_reported_in_one_short_line():
 
 
 def test_a_link_value_reaches_the_widget_in_its_canonical_form():
-    at = _app({"dropout": "0.10", "tp": "02"})
+    at = _open(_app({"dropout": "0.10", "tp": "02"}), "Optimizer and memory savers")
     _no_exception(at)
     assert not at.warning
     assert at.query_params["dropout"] == "0.1" and at.query_params["tp"] == "2"
@@ -747,6 +756,7 @@ def test_an_adapter_fine_tune_from_the_link():
         "adapter": {"method": "qlora", "rank": 64, "target_modules": "all-linear"}}})
     assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
     assert _metric(at, "Parameters (trainable)") == "828.38 M"  # 80 layers x 64 x 161,792 (tests/test_adapters.py)
+    _open(at, "Fine-tuning (adapters)")
     assert at.selectbox(key="adapter_method").value == "qlora"
 
 
@@ -765,11 +775,12 @@ def test_an_rl_run_shows_its_phases():
 
 
 def test_adapter_and_rl_fields_appear_once_switched_on():
-    at = _app()
+    groups = ("Fine-tuning (adapters)", "RL (colocated rollout engine)")
+    at = _open(_app(), *groups)
     keys = {w.key for w in at.number_input} | {w.key for w in at.selectbox}
     assert "adapter_method" in keys and "rl_algorithm" in keys
     assert "adapter_rank" not in keys and "rl_max_response_len" not in keys
-    at = _app({"adapter_method": "lora", "adapter_rank": "32"})
+    at = _open(_app({"adapter_method": "lora", "adapter_rank": "32"}), *groups)
     assert at.number_input(key="adapter_rank").value == 32
 
 
@@ -777,3 +788,136 @@ def test_the_sequence_length_gives_way_to_prompt_plus_response_under_rl():
     at = _app({"model": "qwen2.5-7b", "framework": "fsdp2", "dp": "8", "rl_algorithm": "grpo"})
     _no_exception(at)
     assert "seq_len" not in {w.key for w in at.number_input}
+
+
+# --- the sidebar's groups: a closed one draws no widgets, its settings stay -----------------------------
+
+OPEN_AT_START = ("Run", "Parallel layout", "GPU")
+OPTIMIZER = "Optimizer and memory savers"
+
+
+def _drawn_settings(at: AppTest) -> set[str]:
+    """The configuration's widgets the sidebar holds in this run."""
+    sb = at.sidebar
+    widgets = [*sb.number_input, *sb.selectbox, *sb.multiselect, *sb.toggle, *sb.text_input]
+    return {w.key for w in widgets if w.key in fields.BY_NAME}
+
+
+def _share_link(at: AppTest) -> str:
+    (code,) = at.sidebar.code
+    return code.value
+
+
+def test_only_the_open_groups_draw_their_widgets():
+    """Every number input and select box walks the whole session state (Streamlit's
+    SessionState.filtered_state): widgets of closed groups are the Memory page's biggest cost."""
+    at = _app()
+    assert [e.label for e in at.sidebar.expander] == list(fields.GROUPS)  # every group is listed
+    shown = {f.name for f in fields.ALL_FIELDS if f.group in OPEN_AT_START}
+    assert _drawn_settings(at) == shown
+    _open(at, OPTIMIZER)
+    assert _drawn_settings(at) == shown | {f.name for f in fields.ALL_FIELDS if f.group == OPTIMIZER}
+    at.session_state[K.group(OPTIMIZER)] = False  # closed again, as a click does
+    at.run()
+    assert _drawn_settings(at) == shown
+
+
+def test_a_setting_in_a_closed_group_stays_in_the_configuration_and_the_link():
+    at = _open(_app({"model": "llama-3.1-8b", "tp": "2"}), OPTIMIZER)
+    at.selectbox(key="recompute").set_value("full").run()
+    at.number_input(key="dropout").set_value(0.1).run()
+    expected = {"model": "llama-3.1-8b", "training": {"recompute": "full", "dropout": 0.1}, "parallel": {"tp": 2}}
+    link = {"model": "llama-3.1-8b", "recompute": "full", "dropout": "0.1", "tp": "2"}
+    assert at.session_state[K.CURRENT].config == expected and at.query_params == link
+    at.session_state[K.group(OPTIMIZER)] = False
+    at.run()
+    assert "recompute" not in _drawn_settings(at)
+    for page in [*PAGES[1:], "pages/planner.py", "pages/memory.py"]:  # reruns and page switches
+        at.switch_page(page).run()
+        _no_exception(at)
+        assert at.session_state[K.CURRENT].config == expected
+        assert at.query_params == link
+        assert _share_link(at) == "?model=llama-3.1-8b&recompute=full&dropout=0.1&tp=2"
+        assert "recompute" not in _drawn_settings(at)  # the group stays closed
+    at.number_input(key="tp").set_value(4).run()  # another setting changes: the closed ones stay
+    assert at.session_state[K.CURRENT].config == {**expected, "parallel": {"tp": 4}}
+    assert at.query_params == {**link, "tp": "4"}
+    _open(at, OPTIMIZER)  # and their widgets come back with their values
+    assert at.selectbox(key="recompute").value == "full" and at.number_input(key="dropout").value == 0.1
+
+
+def test_a_shared_link_with_closed_group_settings_reproduces_the_configuration():
+    link = {"model": "llama-3.1-70b", "framework": "hf", "seq_len": "2048", "compute_dtype": "fp16",
+            "recompute": "full", "dropout": "0.1", "moe_capacity_factor": "2", "adapter_method": "qlora", "adapter_rank": "64",
+            "kv_cache_dtype": "fp8", "dp": "8"}
+    config = {"model": "llama-3.1-70b",
+              "training": {"framework": "hf", "seq_len": 2048, "compute_dtype": "fp16", "recompute": "full",
+                           "dropout": 0.1, "moe_capacity_factor": 2.0, "kv_cache_dtype": "fp8",
+                           "adapter": {"method": "qlora", "rank": 64}},
+              "parallel": {"dp": 8}}
+    at = _app(link)
+    _no_exception(at)
+    assert not at.sidebar.warning and not at.sidebar.error
+    assert {f.group for f in map(fields.BY_NAME.get, link) if f} - set(OPEN_AT_START)  # most are in closed groups
+    assert at.session_state[K.CURRENT].config == config
+    assert _metric(at, "Device total per GPU") == _gib(estimate_config(config).device_total_bytes)
+    # the address bar keeps every parameter (a whole float as a widget bound to the URL wrote it);
+    # the share link is the one the app always wrote for this configuration
+    assert at.query_params == link
+    share = _share_link(at)
+    assert share == ("?model=llama-3.1-70b&framework=hf&seq_len=2048&compute_dtype=fp16&recompute=full&dropout=0.1"
+                     "&moe_capacity_factor=2.0&kv_cache_dtype=fp8&dp=8&adapter_method=qlora&adapter_rank=64")
+    from urllib.parse import parse_qsl
+    again = _app(dict(parse_qsl(share[1:])))  # the share link, opened in a new session
+    assert again.session_state[K.CURRENT].config == config and _share_link(again) == share
+
+
+def test_a_loaded_configuration_reaches_open_and_closed_groups():
+    at = _open(_app(), OPTIMIZER, "Precision")
+    at.selectbox(key="recompute").set_value("selective").run()
+    at.selectbox(key="grad_dtype").set_value("bf16").run()
+    at.session_state[K.group("Precision")] = False
+    at.run()
+    at.switch_page("pages/presets.py").run()
+    from estimator.presets import list_recipes
+    recipe = next(r for r in list_recipes() if r.id == "llama-3.1-70b-pretrain-64xh100")
+    at.button(key=K.recipe(recipe.id)).click().run()  # loads it and opens the Memory page
+    _no_exception(at)
+    assert at.title[0].value == "Will it fit?"
+    assert at.session_state[K.CURRENT].config == fields.config_dict(
+        fields.ModelChoice(preset="llama-3.1-70b"), fields.ui_values_from_config(recipe.config))
+    # the drawn widgets show the recipe's values (recompute none, TP 4), so does a group opened later
+    assert at.selectbox(key="recompute").value == "none" and at.number_input(key="tp").value == 4
+    _open(at, "Precision")
+    assert at.selectbox(key="grad_dtype").value == "fp32"
+    at.run()  # and keep them
+    assert at.selectbox(key="recompute").value == "none" and at.selectbox(key="grad_dtype").value == "fp32"
+
+
+def test_loading_a_configuration_sets_no_widget_default_and_session_state_both(monkeypatch):
+    """Streamlit warns about a widget created with a default value that was also set through Session
+    State: a drawn widget whose setting a load changes gets no default."""
+    from streamlit.elements.lib import policies
+    from streamlit.testing.v1.util import patch_config_options
+
+    warned = []
+    monkeypatch.setattr(policies, "_shown_default_value_warning", False)
+    monkeypatch.setattr(policies._LOGGER, "warning", lambda message, *args, **kw: warned.append(message % args))
+    with patch_config_options({"global.disableWidgetStateDuplicationWarning": False}):
+        at = _open(_app({"tp": "2", "recompute": "full"}), OPTIMIZER)
+        at.session_state[K.PENDING] = (SHARED_CONFIG, "a file")
+        at.run()
+        _open(at, "Precision")
+    _no_exception(at)
+    assert at.number_input(key="tp").value == 8 and at.selectbox(key="recompute").value == "selective"
+    assert not warned
+
+
+def test_an_error_about_a_closed_groups_setting_is_shown_in_that_group():
+    at = _app({"model": "llama-3.1-8b", "offload_optimizer": "cpu"})  # Megatron's CPU offload only
+    _no_exception(at)
+    group = next(x for x in at.sidebar.expander if x.label == OPTIMIZER)
+    assert [_plain(e.value) for e in group.error] == [_plain(e.value) for e in at.sidebar.error]
+    assert len(group.error) == 1 and "Offload optimizer states" in _plain(group.error[0].value)
+    assert any("cannot be estimated" in e.value for e in at.main.error)
+    assert at.query_params["offload_optimizer"] == "cpu"

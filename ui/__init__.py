@@ -1,4 +1,4 @@
-"""Streamlit glue for the app: the shared configuration and its URL binding, cached estimator
+"""Streamlit glue for the app: the shared configuration and its URL, cached estimator
 calls, Altair charts and the export builders. Pages import from here; numbers come from
 `estimator`, never from this package.
 

@@ -4,8 +4,9 @@ Two kinds of keys live in ``st.session_state``:
 
 - The configuration's widgets are keyed by their field's name (``tp``, ``seq_len``...; see
   `ui.fields`): that name is also the URL parameter, so it is part of the published link format
-  and is not repeated here. The custom architecture editor's widgets are ``arch_<field>``
-  (`arch`).
+  and is not repeated here. A widget exists only while its sidebar group is open; the values
+  themselves live in one dict (`VALUES`). The custom architecture editor's widgets are
+  ``arch_<field>`` (`arch`).
 - Everything else is named below. Keys starting with ``_`` are the app's own bookkeeping (and
   its sidebar widgets, which must not look like URL fields); the others are page widgets.
 
@@ -27,6 +28,9 @@ URL_WARNINGS = "_url_warnings"  # what was wrong with the link the session start
 LAST_CHANGED = "_last_changed"  # the configuration widget the user changed last (blame for errors)
 LAST_VALID = "_last_valid"  # whether the previous run's configuration could be estimated
 BLAME = "_blame"  # (config JSON, widget key): the change that made that configuration impossible
+VALUES = "_values"  # {field name: widget value}: the configuration's settings, drawn or not
+LOADED = "_loaded"  # settings a loaded configuration set, for their widgets in the run after a page switch
+OPEN_GROUPS = "_open_groups"  # the sidebar groups the user has open (an expander forgets it on a page switch)
 
 # --- the model ----------------------------------------------------------------------------------
 SOURCE = "_src"  # segmented control: Preset / HF Hub / Custom
@@ -47,6 +51,14 @@ def arch(name: str) -> str:
 
 
 # --- sidebar widgets ----------------------------------------------------------------------------
+GROUP_PREFIX = "_group_"
+
+
+def group(name: str) -> str:
+    """The sidebar expander of settings group `name` ("Run", "Parallel layout"...): True while open."""
+    return GROUP_PREFIX + name
+
+
 DISMISS_WARNINGS = "_dismiss_warnings"
 IMPORT_FILE = "_import_file"
 RESET = "_reset"

@@ -1,10 +1,7 @@
 """The one configuration every page shares: its widgets (in the sidebar), its URL and its state.
 
 `app.py` calls `render_config()` after ``st.navigation(...)`` and before ``pg.run()``: widgets
-created there keep their values across page switches, and their ``bind="query-params"`` keeps
-the URL in step (Streamlit 1.67; see shared/research). The model is not one widget, so its URL
-parameters (``model``, and the architecture's fields with ``model=custom``) are written here on
-every run.
+created there keep their identity across page switches (Streamlit 1.67; see shared/research).
 
 Pages read `current()` and never touch widget keys. To load a whole configuration (a preset, a
 recipe, a scenario, an imported file) a page calls `request_config(config)` and reruns; the next
@@ -12,17 +9,21 @@ run applies it before any widget exists, which is the only moment Streamlit allo
 
 Session-state keys are named in `ui.keys`.
 
-The link a session starts from is read once (`_init_session`). Streamlit parses a bound
-widget's URL parameter itself, when the widget is first created: ``SessionState.
-_handle_query_param_binding`` takes the text from ``QueryParams._initial_query_params`` (set from
-the run's query string, not from ``st.query_params``), and ``_seed_widget_from_url`` parses it
-with the widget's deserializer, which raises on some inputs (``tp=`` followed by 100,000 digits:
-``float()`` gives ``inf`` and ``int(inf)`` raises ``OverflowError``, which it does not catch). On
-a session's first load the URL's value wins over a value put in ``st.session_state``. So a bad
-parameter must be out of the query string the widget is seeded from: every parameter is checked
-here first, a rejected one is deleted from ``st.query_params`` (allowed: no widget is bound yet)
-and an accepted one rewritten in its canonical text, and if anything changed the run restarts
-with ``st.rerun()``, whose query string is the cleaned one, before any widget exists.
+The settings live in one dict in the session (`K.VALUES`), not in their widgets. The sidebar's
+groups are expanders that draw their widgets only while open (``on_change="rerun"`` and
+``.open``): every keyed widget makes each number input and select box of the run walk the whole
+session state (``SessionState.filtered_state``), so the collapsed groups' 30-odd widgets cost a
+Memory page rerun about 30% of its time (bench/bench_app.py). A widget that is drawn starts from
+the dict's value (as its default, so no Session State write is needed) and writes its value back;
+a collapsed group's settings stay in the dict, in the configuration and in the URL.
+
+The URL is written here, from the configuration, on every run (`_sync_url`: the model, then every
+setting that differs from its default, the share link's parameters in the share link's order);
+no widget is bound to it (``bind="query-params"``: a bound widget that is not drawn in a run
+loses its parameter and its value). So the link a session starts from is read once, here
+(`_init_session`): every parameter is checked (`_screen`, `ui.fields.parse_url`, `_guard`), a
+rejected one reported and left out, and the first run's `_sync_url` writes back only what was
+accepted, in its canonical text. No widget ever parses the URL.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from estimator.errors import shown_value
 SOURCES = ("Preset", "HF Hub", "Custom")
 _SOURCE_OF = {"preset": "Preset", "hub": "HF Hub", "custom": "Custom"}
 GiB = 1024**3
+OPEN_AT_START = ("Run", "Parallel layout", "GPU")  # the sidebar groups open when a session starts
 
 # The pages, in the order of the navigation. `app.py` builds `st.navigation` from them.
 PAGES = (
@@ -276,7 +278,8 @@ def value_problem(f, value: Any) -> str | None:
 
 
 def _canonical_text(f, value: Any) -> str | list[str]:
-    """The URL text a widget value has in a link this app writes."""
+    """The URL text of a widget value in the address bar: what a widget bound to the URL wrote
+    there (a float with an integer value without its ``.0``)."""
     if f.kind == "float" and isinstance(value, float) and value.is_integer():
         return str(int(value))
     if f.kind == "float":
@@ -335,49 +338,24 @@ def _guard(values: dict) -> tuple[dict, list[str], list[str]]:
     return kept, warnings, bad
 
 
-def _clean_link(raw: dict, values: dict, bad: list[str]) -> bool:
-    """Make the query string hold only what was accepted, in canonical text; True if it changed.
-
-    Called on the session's first run, before any widget is bound (setting or deleting a bound
-    parameter raises)."""
-    changed = False
-    qp = st.query_params
-    for name in raw:
-        try:
-            if name in bad:
-                if name in qp:
-                    del qp[name]
-                    changed = True
-            elif name in values:
-                text = _canonical_text(BY_NAME[name], values[name])
-                if (qp.get_all(name) if isinstance(text, list) else qp.get(name)) != text:
-                    qp[name] = text
-                    changed = True
-        except Exception:  # a bound parameter (never on a first run): its widget checks it
-            continue
-    return changed
-
-
 def _init_session() -> None:
+    """Read the link the session starts from into the settings; what was wrong with it becomes
+    warnings, and a rejected parameter stays out of the URL (`_sync_url` writes what was kept)."""
     ss = st.session_state
     ss[K.INIT] = True
     ss.setdefault(K.SCENARIOS, [])
     ss.setdefault(K.USER_PRESETS, [])
-    raw = _raw_params()
-    params, warnings, bad = _screen(raw)
+    params, warnings, _ = _screen(_raw_params())
     try:
         parsed = parse_url(params)
     except Exception as exc:  # the parser is the field registry's: a bug there is one warning, never a traceback
         parsed = None
         warnings.append(f"The link could not be read ({type(exc).__name__}); showing the defaults.")
-        bad += list(params)
     model, values = None, {}
     if parsed is not None:
         warnings += parsed.warnings
-        bad += parsed.bad
-        values, more, more_bad = _guard(parsed.values)
+        values, more, _ = _guard(parsed.values)
         warnings += more
-        bad += more_bad
         model = parsed.model
         if parsed.hub_id:
             with st.spinner(f"Fetching {plain(shown_value(parsed.hub_id))} from the Hugging Face Hub..."):
@@ -388,24 +366,21 @@ def _init_session() -> None:
             else:
                 warnings.append(f"Link parameter model={shown_value(parsed.hub_id)} (Model): the Hugging Face model "
                                 f"could not be loaded: {error}. Showing the default model, {_default_model()}.")
-                bad.append("model")
                 model = None
     if model is None:
         model = ModelChoice(source="preset", preset=_default_model())
     if model.source != "hub":
         _set_model(model)
-    for name, value in values.items():
-        ss[name] = value
+    _settings().update(values)
     ss[K.URL_WARNINGS] = warnings
-    if _clean_link(raw, values, bad):
-        st.rerun()  # restart with the cleaned query string, before any widget reads it
 
 
-def _apply_pending() -> None:
+def _apply_pending() -> set[str]:
+    """Load the configuration a page asked for; the names of the settings it changed."""
     ss = st.session_state
     pending = ss.pop(K.PENDING, None)
     if not pending:
-        return
+        return set()
     config, source = pending
     try:
         if not isinstance(config, dict) or "model" not in config:
@@ -418,15 +393,15 @@ def _apply_pending() -> None:
         model, info = _model_from_config(config["model"])
     except ConfigError as exc:
         ss[K.FLASH] = ("error", f"Could not load {source or 'the configuration'}: {friendly_message(exc)}")
-        return
+        return set()
     except Exception as exc:  # never a traceback
         ss[K.FLASH] = ("error", f"Could not load {source or 'the configuration'} ({type(exc).__name__}).")
-        return
+        return set()
     _set_model(model, info)
-    for name, value in values.items():
-        ss[name] = value
+    _settings().update(values)
     ss.pop(K.LAST_CHANGED, None)
     ss[K.FLASH] = ("success", f"Loaded {source or 'the configuration'}.")
+    return set(values)  # every field (a widget the user just edited must take the loaded value too)
 
 
 def _model_from_config(model: object) -> tuple[ModelChoice, dict | None]:
@@ -457,38 +432,78 @@ def _mark_changed(key: str) -> None:
     st.session_state[K.LAST_CHANGED] = key
 
 
-def _switched_off(f) -> bool:
+def _settings() -> dict[str, Any]:
+    """The configuration's settings, {field name: widget value} for every field, drawn or not: the
+    session's record, which the drawn widgets write back to on every run."""
+    ss = st.session_state
+    settings = ss.get(K.VALUES)
+    if settings is None:
+        settings = ss[K.VALUES] = {f.name: f.default for f in ALL_FIELDS}
+    return settings
+
+
+def _switched_off(f, settings: dict[str, Any], loaded: set[str]) -> bool:
     """An adapter's (an RL run's) fields while its switch says none, and the sequence length while an
     RL run trains on prompt + response: not part of the configuration, so not drawn."""
     def on(switch: str) -> bool:
-        return st.session_state.get(switch, SWITCHES[switch][1]) != SWITCHES[switch][1]
+        # the switch's widget, where it is drawn, may hold a change of this run; a load overrides it
+        value = None if switch in loaded else st.session_state.get(switch)
+        if value is None:
+            value = settings.get(switch, SWITCHES[switch][1])
+        return value != SWITCHES[switch][1]
     if f.name == "seq_len":
         return on("rl_algorithm")
     switch = next((key for key, (section, _) in SWITCHES.items() if section == f.section), None)
     return switch is not None and switch != f.name and not on(switch)
 
 
-def _widget(f, key: str, bind: bool) -> None:
+def _widget(f, key: str, value: Any = None, *, arch: bool = False, loaded: bool = False) -> Any:
+    """Draw field `f`'s widget; its value.
+
+    A setting's widget starts from `value` (the settings' record), given as its default: a widget
+    drawn again after its group was closed shows the setting without a Session State write.
+    `loaded`: a loaded configuration has just set the value through Session State, so the widget is
+    given no default (Streamlit warns about a widget given both). The architecture editor's widgets
+    (`arch`) keep their own values (``persist_state``) and start from the field's default."""
     kw: dict[str, Any] = {"key": key, "help": f.help, "on_change": _mark_changed, "args": (key,)}
-    if bind:
-        kw["bind"] = "query-params"
-    else:
+    if arch:
         kw["persist_state"] = "session"
+        value = f.default
     if f.kind == "select":
-        st.selectbox(f.label, f.options, index=f.options.index(f.default) if f.default in f.options else 0, **kw)
-    elif f.kind == "multi":
-        st.multiselect(f.label, f.options, default=f.default, **kw)
-    elif f.kind == "bool":
-        st.toggle(f.label, value=bool(f.default), **kw)
-    elif f.kind == "int":
-        st.number_input(f.label, min_value=None if f.min is None else int(f.min),
-                        max_value=None if f.max is None else int(f.max), value=f.default,
-                        step=int(f.step or 1), placeholder="auto" if f.optional else None, **kw)
-    elif f.kind == "float":
-        st.number_input(f.label, min_value=f.min, max_value=f.max, value=f.default, step=f.step or 0.1,
-                        placeholder="auto" if f.optional else None, **kw)
-    else:
-        st.text_input(f.label, value=f.default or "", max_chars=MAX_PARAM_VALUE, **kw)
+        index = 0 if loaded or value not in f.options else f.options.index(value)
+        return st.selectbox(f.label, f.options, index=index, **kw)
+    if f.kind == "multi":
+        return st.multiselect(f.label, f.options, default=None if loaded else value, **kw)
+    if f.kind == "bool":
+        return st.toggle(f.label, value=False if loaded else bool(value), **kw)
+    if f.kind == "int":
+        return st.number_input(f.label, min_value=None if f.min is None else int(f.min),
+                               max_value=None if f.max is None else int(f.max), value="min" if loaded else value,
+                               step=int(f.step or 1), placeholder="auto" if f.optional else None, **kw)
+    if f.kind == "float":
+        return st.number_input(f.label, min_value=f.min, max_value=f.max, value="min" if loaded else value,
+                               step=f.step or 0.1, placeholder="auto" if f.optional else None, **kw)
+    return st.text_input(f.label, value="" if loaded else value or "", max_chars=MAX_PARAM_VALUE, **kw)
+
+
+def _group(group: str, settings: dict[str, Any], loaded: set[str]) -> None:
+    """The widgets of one sidebar group, in its open expander; each writes its value to `settings`.
+    A setting a configuration loaded in this run (`loaded`) is set through Session State: its widget
+    may exist in the browser already, showing the value before, and that is the only way to change
+    it."""
+    ss = st.session_state
+    for f in ALL_FIELDS:
+        # an adapter's (an RL run's) fields appear once its switch is on: fewer widgets per
+        # rerun, and nothing shown that the configuration would not use
+        if f.group != group or _switched_off(f, settings, loaded):
+            continue
+        if f.name in loaded:
+            ss[f.name] = settings[f.name]  # the widget may exist already, showing the value before
+        settings[f.name] = _widget(f, f.name, settings[f.name], loaded=f.name in loaded)
+    if group == "GPU":
+        gpu = GPUS.get(settings.get("gpu"))
+        if gpu:
+            st.caption(f"{gpu.name}: {gpu.capacity_bytes / GiB:.1f} GiB")
 
 
 def _on_source_change() -> None:
@@ -540,11 +555,6 @@ def _on_dismiss() -> None:
     st.session_state[K.URL_WARNINGS] = []
 
 
-def _preset_label(pid: str) -> str:
-    names = {p.id: p.name for p in _presets()}
-    return names.get(pid, pid)
-
-
 def _hub_section() -> tuple[ModelChoice | None, dict | None]:
     """The HF Hub source, one state at a time: nothing fetched yet (a hint), fetching (a spinner),
     fetched (the model), or why the last fetch failed (one message)."""
@@ -593,10 +603,11 @@ def _model_section() -> tuple[ModelChoice | None, ConfigError | None, dict | Non
     error: ConfigError | None = None
     hub_info = None
     if src == "Preset":
-        ids = _preset_ids()
+        names = {p.id: p.name for p in _presets()}  # once a run, not once an option
+        ids = list(names) or [DEFAULT_MODEL]
         if ss.get(K.PRESET) not in ids:
             ss[K.PRESET] = ids[0]
-        st.selectbox("Model", ids, key=K.PRESET, format_func=_preset_label, persist_state="session",
+        st.selectbox("Model", ids, key=K.PRESET, format_func=lambda pid: names.get(pid, pid), persist_state="session",
                      help="Bundled models with their published configs; see the Presets page for details.")
         model = ModelChoice(source="preset", preset=ss[K.PRESET])
     elif src == "HF Hub":
@@ -609,7 +620,7 @@ def _model_section() -> tuple[ModelChoice | None, ConfigError | None, dict | Non
                 st.markdown(f"**{group}**")
                 for f in ARCH_FIELDS:
                     if f.group == group:
-                        _widget(f, K.arch(f.name), bind=False)
+                        _widget(f, K.arch(f.name), arch=True)
         values = {f.name: ss.get(K.arch(f.name)) for f in ARCH_FIELDS}
         values = {k: v for k, v in values.items() if v is not None and v != ""}
         try:
@@ -620,16 +631,22 @@ def _model_section() -> tuple[ModelChoice | None, ConfigError | None, dict | Non
     return model, error, hub_info
 
 
-def _sync_model_url(model: ModelChoice | None) -> None:
-    """Write the model's parameters to the URL (they are not a bound widget); no model, no
-    ``model`` parameter."""
-    wanted = model.url_params() if model is not None else {}
-    for name in list(st.query_params):
-        if (name in ARCH_BY_NAME or name == "model") and name not in wanted:
-            del st.query_params[name]
-    for name, text in wanted.items():
-        if st.query_params.get(name) != text:
-            st.query_params[name] = text
+def _sync_url(params: dict[str, str | list[str]], values: dict[str, Any]) -> None:
+    """Write the configuration's link parameters (`Current.params`: the model, then every setting
+    that differs from its default, with no model while none is chosen) to the address bar, in the
+    share link's order. A float setting is written as a widget bound to the URL wrote it, ``2`` for
+    2.0 (its `_canonical_text`). One message, and only when the address bar differs."""
+    query: dict[str, list[str]] = {}
+    for name, text in params.items():
+        f = BY_NAME.get(name)
+        if f is not None and f.kind == "float":
+            text = _canonical_text(f, values[name])
+        texts = text if isinstance(text, list) else [text]
+        if texts:  # an empty list is no parameter (as in the share link)
+            query[name] = texts
+    qp = st.query_params
+    if [(name, qp.get_all(name)) for name in qp] != list(query.items()):
+        qp.from_dict(query)
 
 
 def share_url(params: dict[str, str]) -> str:
@@ -678,7 +695,7 @@ def _blamed(error: ConfigError, config_json: str) -> tuple[str, str]:
     if chosen is None or chosen[0] == field_name:
         return friendly_message(error), error_group(error)
     name, f = chosen
-    value = ss.get(key)
+    value = _settings().get(key) if key in BY_NAME else ss.get(key)
     with_what = f"{field_label(error.field or '')} = {shown_value(error.value)}"
     reason = (error.reason or "").strip().rstrip(".")
     text = (f"{f.label} = {'empty' if value is None else shown_value(value)} is not possible with {with_what}"
@@ -691,12 +708,12 @@ def render_config(sidebar: bool = True) -> Current:
     ss = st.session_state
     if not ss.get(K.INIT):
         _init_session()
-    _apply_pending()
+    loaded = _apply_pending() | ss.pop(K.LOADED, set())
     goto = ss.pop(K.GOTO, None)
     if goto:
-        # bound parameters follow their widgets; the others (the model) are passed on here
-        keep = {k: st.query_params.get(k) for k in st.query_params if k not in BY_NAME}
-        st.switch_page(goto, query_params=keep)
+        ss[K.LOADED] = loaded  # set on the page the run switches to, where the widgets are drawn
+        # the link goes along; the next run writes the loaded configuration's
+        st.switch_page(goto, query_params={k: st.query_params.get_all(k) for k in st.query_params})
     container = st.sidebar if sidebar else st.container()
     slots: dict[str, Any] = {}
     with container:
@@ -712,18 +729,20 @@ def render_config(sidebar: bool = True) -> Current:
         st.markdown("#### Model")
         slots["Model"] = st.empty()
         model, model_error, hub_info = _model_section()
+        settings = _settings()
+        open_groups = ss.setdefault(K.OPEN_GROUPS, set(OPEN_AT_START))
         for group in GROUPS:
-            with st.expander(group, expanded=group in ("Run", "Parallel layout", "GPU")):
-                slots[group] = st.empty()
-                for f in ALL_FIELDS:
-                    # an adapter's (an RL run's) fields appear once its switch is on: fewer widgets per
-                    # rerun, and nothing shown that the configuration would not use
-                    if f.group == group and not _switched_off(f):
-                        _widget(f, f.name, bind=True)
-                if group == "GPU":
-                    gpu = GPUS.get(ss.get("gpu"))
-                    if gpu:
-                        st.caption(f"{gpu.name}: {gpu.capacity_bytes / GiB:.1f} GiB")
+            # a closed group draws no widgets (opening or closing it reruns): its settings stay in
+            # `settings`, so in the configuration and the URL
+            key = K.group(group)
+            if key not in ss and (group in open_groups) != (group in OPEN_AT_START):
+                ss[key] = group in open_groups  # a page switch forgot the expander's state: as the user left it
+            group_box = st.expander(group, expanded=group in OPEN_AT_START, key=key, on_change="rerun")
+            (open_groups.add if group_box.open else open_groups.discard)(group)
+            with group_box:
+                slots[group] = st.empty()  # the group's error message, open or not
+                if group_box.open:
+                    _group(group, settings, loaded)
         with st.popover("Import / reset", width="stretch"):
             st.file_uploader("Import a configuration (JSON)", type=["json"], key=K.IMPORT_FILE,
                              on_change=_on_import,
@@ -731,7 +750,7 @@ def render_config(sidebar: bool = True) -> Current:
                                   "--config`.")
             st.button("Reset to defaults", key=K.RESET, on_click=_on_reset)
 
-    values = {f.name: ss.get(f.name, f.default) for f in ALL_FIELDS}
+    values = {f.name: settings.get(f.name, f.default) for f in ALL_FIELDS}
     waiting = HUB_WAITING if model is None else ""
     shown_model = model or ModelChoice(source="preset", preset=ss.get(K.PRESET) or _default_model())
     config = config_dict(shown_model, values)
@@ -743,7 +762,7 @@ def render_config(sidebar: bool = True) -> Current:
     ss[K.CURRENT] = cur
     ss[K.DRAWN_TOKEN] = _run_token()
     ss[K.NAV_RERUN] = False
-    _sync_model_url(model)
+    _sync_url(cur.params, values)
 
     # the estimator's verdict on the inputs, next to the group it concerns
     error = None

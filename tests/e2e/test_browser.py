@@ -77,6 +77,47 @@ def test_changing_tp_updates_the_url_and_survives_a_reload(page, app_url):
     assert _metric(page, "Device total per GPU") == after
 
 
+def test_a_closed_groups_setting_stays_in_the_link_and_the_estimate(page, app_url, tmp_path):
+    """A sidebar group draws its widgets only while open: a setting made in a group that is closed
+    again stays in the URL and the estimate on every page and after a reload, and its widget shows
+    it when the group opens again. A group stays as the user left it across page switches."""
+    from playwright.sync_api import expect
+
+    group = "Optimizer and memory savers"
+    expected = _cli_device_total({"model": "llama-3.1-8b", "training": {"recompute": "full"},
+                                  "parallel": {"tp": 2}}, tmp_path)
+    page.goto(f"{app_url}/?model=llama-3.1-8b&tp=2")
+    wait_for_app(page)
+    sidebar = page.get_by_test_id("stSidebar")
+    recompute = sidebar.get_by_role("combobox", name="Activation recomputation", exact=True)
+    assert recompute.count() == 0  # closed at first: no widget
+    sidebar.get_by_text(group, exact=True).click()
+    wait_for_app(page)
+    recompute.click()
+    recompute.fill("full")
+    recompute.press("Enter")
+    page.wait_for_function("() => window.location.search.includes('recompute=full')")
+    wait_for_app(page)
+    page.get_by_role("link", name="Roofline").first.click()
+    wait_for_app(page)
+    expect(recompute).to_have_value("full")  # still open, on another page
+    sidebar.get_by_text(group, exact=True).click()  # closed
+    wait_for_app(page)
+    expect(recompute).to_have_count(0)
+    page.get_by_role("link", name="Memory").first.click()
+    wait_for_app(page)
+    expect(recompute).to_have_count(0)  # still closed
+    assert "recompute=full" in page.url and "tp=2" in page.url
+    assert _metric(page, "Device total per GPU") == f"{expected / GiB:,.2f} GiB"
+    page.reload()  # a new session from the link
+    wait_for_app(page)
+    assert "recompute=full" in page.url
+    assert _metric(page, "Device total per GPU") == f"{expected / GiB:,.2f} GiB"
+    sidebar.get_by_text(group, exact=True).click()
+    wait_for_app(page)
+    expect(recompute).to_have_value("full")
+
+
 def test_a_bad_link_parameter_warns(page, app_url):
     page.goto(f"{app_url}/?model=llama-3.1-8b&tp=banana")
     wait_for_app(page)
