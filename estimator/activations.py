@@ -701,6 +701,35 @@ class LossMemory:
     source: str
 
 
+DEFER_WGRAD_SOURCE = (
+    "Megatron-Core 0.16.1 tensor_parallel/layers.py ColumnParallelLinear.forward appends the output layer's "
+    "input_parallel to embedding_activation_buffer and LinearWithGradAccumulationAndAsyncCommunication.backward "
+    "appends its grad_output to grad_output_buffer instead of running the weight-gradient GEMM, while fewer than "
+    "wgrad_deferral_limit (0: no limit) are held; pipeline_parallel/schedules.py finish_embedding_wgrad_compute "
+    "drains both (utils.py drain_embedding_wgrad_compute) after the last micro-batch's backward")
+
+
+def deferred_wgrad_entries(arch: Architecture, training: Training, par: Parallel, vocab: int) -> list[Entry]:
+    """One micro-batch's pair held by --defer-embedding-wgrad-compute on the last stage (DEFER_WGRAD_SOURCE):
+    the output layer's input, [s/cp, b, h] in the compute dtype (sequence-parallel: this rank's s/t share, the
+    tensor that was gathered), and the gradient of its output, the logits' gradient [s/cp, b, V/t]."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    return [Entry("output layer input (embedding_activation_buffer)", T * arch.hidden_size, B, "sp", "B*s*b*h"),
+            Entry("output layer output gradient (grad_output_buffer)", T * vocab, B, "tp", "B*s*b*V")]
+
+
+def deferred_wgrad_microbatches(training: Training, microbatches: int) -> int:
+    """Micro-batches whose deferred pair is held at the last micro-batch's forward and backward on the last
+    stage: those before it whose backward ran (1F1B's last stage runs each micro-batch's backward right after its
+    forward), at most wgrad_deferral_limit (the buffer stops growing there; later ones compute at once). The
+    current micro-batch's own pair is its saved head input and its loss gradient, counted with the loss."""
+    if not training.defer_embedding_wgrad_compute:
+        return 0
+    earlier = microbatches - 1
+    return min(earlier, training.wgrad_deferral_limit) if training.wgrad_deferral_limit else earlier
+
+
 def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
     """Final norm, LM head and cross-entropy on the last stage, per loss implementation.
 

@@ -260,6 +260,14 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss; te "
             "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "
             "only them.", _SAVERS, CROSS_ENTROPY_IMPLS),
+    _bool("defer_embedding_wgrad_compute", _T, "Defer output-layer wgrad", "megatron with PP > 1: "
+          "--defer-embedding-wgrad-compute (needs gradient accumulation fusion). The last stage defers the output "
+          "layer's weight-gradient GEMMs to the pipeline flush, so it keeps that layer's input and its output "
+          "gradient (the logits' gradient, B x s x b x V/TP) of every micro-batch until then, up to "
+          "wgrad_deferral_limit.", _SAVERS),
+    _int("wgrad_deferral_limit", _T, "Wgrad deferral limit", "megatron with defer_embedding_wgrad_compute: "
+         "--wgrad-deferral-limit, the micro-batches whose output-layer weight gradients are deferred (later ones "
+         "are computed at once); 0 defers every micro-batch.", _SAVERS, lo=0),
     _int("kv_cache_tokens", _T, "KV cache tokens", "Inference: cached context per sequence.", "Inference",
          hi=MAX_TOKENS, optional=True, auto="the sequence length", step=1024),
     _choice("kv_cache_dtype", _T, "KV cache dtype", "Inference: the dtype of the cached keys and values.",

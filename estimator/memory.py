@@ -175,6 +175,7 @@ class _Shared(NamedTuple):
     parallel: Parallel
     hardware: Hardware
     embedding_bytes: float  # first-stage inputs per micro-batch
+    deferred_wgrad: list  # the last stage's pair per deferred micro-batch (--defer-embedding-wgrad-compute)
     fragmentation: float  # share of the allocated peak
 
     def ledger(self) -> tuple[LedgerLine, ...]:
@@ -215,7 +216,8 @@ def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -
     return dict(per_layer=per_layer, full_layer=full, kept_input=kept_input.bytes(par),
                 kept_input_formula=kept_input.shown_formula(par), embedding=embedding, loss=loss,
                 loss_components=_loss_components(loss, par), entries=entries, recomputed=modules,
-                embedding_bytes=sum(e.bytes(par) for e in embedding))
+                embedding_bytes=sum(e.bytes(par) for e in embedding),
+                deferred_wgrad=act.deferred_wgrad_entries(arch, training, par, vocab))
 
 
 def _loss_components(loss: act.LossMemory | None, par: Parallel) -> tuple[tuple[Component, ...], list, list]:
@@ -682,6 +684,11 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     ms = adapter_states(inv, training, recipe, par, zero) if inv else model_states(sp, training, recipe, par, zero)
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
+    deferred = act.deferred_wgrad_microbatches(training, m) if last else 0
+    if deferred:  # held through the last micro-batch's forward and backward, drained before the step
+        loss_saved = loss_saved + (entries_component(
+            "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
+            deferred, act.DEFER_WGRAD_SOURCE),)
     working = _recompute_working_set(training, sp, shared)
     tr = _transients(arch, training, recipe, par, sp, zero, inv)
     exchange, exchange_backward, in_moe_layer = _moe_moments(arch, training, par, sp)

@@ -91,6 +91,10 @@ class Training:
     cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
     # megatron: --activation-func-fp8-input-store, the fused SwiGLU keeps its input in float8_e4m3fn (activations.py)
     activation_func_fp8_input_store: bool = False
+    # megatron: --defer-embedding-wgrad-compute, the last stage keeps the output layer's input and output
+    # gradient of every micro-batch (up to --wgrad-deferral-limit, 0 = all) until the pipeline flush (memory.py)
+    defer_embedding_wgrad_compute: bool = False
+    wgrad_deferral_limit: int = 0
     # DeepSpeed ZeRO buffers (elements; None = DeepSpeed's defaults 5e8, 5e7, 1e9; the HF Trainer's "auto"
     # fills h^2 and 0.9 h^2 for the first two)
     reduce_bucket_size: int | None = None
@@ -237,6 +241,15 @@ def _check_megatron_flags(t: Training) -> None:
         raise ConfigError("training.activation_func_fp8_input_store", True, "false unless framework is 'megatron'",
                           "it is Megatron-Core's --activation-func-fp8-input-store (its fused SwiGLU)",
                           related=("training.framework",))
+    if t.defer_embedding_wgrad_compute and t.framework != "megatron":
+        raise ConfigError("training.defer_embedding_wgrad_compute", True, "false unless framework is 'megatron'",
+                          "it is Megatron-Core's --defer-embedding-wgrad-compute (the output layer's deferred "
+                          "weight-gradient GEMMs)", related=("training.framework",))
+    if t.wgrad_deferral_limit != 0 and not t.defer_embedding_wgrad_compute:
+        raise ConfigError("training.wgrad_deferral_limit", t.wgrad_deferral_limit,
+                          "0 unless defer_embedding_wgrad_compute is true",
+                          "it is Megatron-Core's --wgrad-deferral-limit, read only when the output layer's weight "
+                          "gradients are deferred", related=("training.defer_embedding_wgrad_compute",))
     if not t.attention_softmax_fusion and t.framework != "megatron":
         raise ConfigError("training.attention_softmax_fusion", False, "true unless framework is 'megatron'",
                           "turning off the fused masked softmax is Megatron's --no-masked-softmax-fusion; the other "

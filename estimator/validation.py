@@ -64,6 +64,11 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         raise ConfigError("parallel.ep", par.ep, "1 for a dense model", "the model has no experts")
     if par.etp != tp and not arch.is_moe:
         raise ConfigError("parallel.etp", par.etp, f"{tp} (= tp) for a dense model", "the model has no experts")
+    if training.defer_embedding_wgrad_compute and par.pp == 1:
+        # Megatron-Core 0.16.1 model_parallel_config.py __post_init__ raises the same
+        raise ConfigError("training.defer_embedding_wgrad_compute", True, "false when pp = 1",
+                          "Megatron-Core cannot defer the embedding's weight gradients without pipeline parallelism",
+                          related=("parallel.pp",))
     if par.sequence_parallel and tp == 1:
         raise ConfigError("parallel.sequence_parallel", True, "false when tp is 1",
                           "sequence parallelism splits over the TP group")

@@ -26,6 +26,9 @@ def _variants():
     moe = Arch(hidden_size=64, num_layers=4, num_attention_heads=4, num_query_groups=2,
                kv_channels=16, ffn_hidden_size=160, vocab_size=1000, num_experts=4,
                moe_router_topk=2, moe_ffn_hidden_size=96)
+    shared = Arch(hidden_size=64, num_layers=4, num_attention_heads=4, num_query_groups=2,
+                  kv_channels=16, ffn_hidden_size=160, vocab_size=1000, num_experts=4,
+                  moe_router_topk=2, moe_ffn_hidden_size=96, moe_shared_expert_intermediate_size=64)
     base = dict(seq_len=64, micro_batch_size=2, tp=2, pp=2, dp=2)
     return {
         "dense-first": Setup(dense, **base),
@@ -36,11 +39,18 @@ def _variants():
         "dense-first-selective-mlp-layernorm": Setup(dense, recompute="selective",
                                                      recompute_modules=("mlp", "layernorm"), **base),
         "moe-alltoall-ep2": Setup(moe, ep=2, **base),
+        # the legacy GroupedMLP (grouped_gemm emulated, kernels.gmm) with moe_act recomputed (the
+        # activation's backward through fused._PointwiseGraph)
+        "moe-gg-ep2-selective-moe_act": Setup(moe, ep=2, grouped_gemm=True, recompute="selective",
+                                              recompute_modules=("moe_act",), **base),
+        "moe-shared-ep2-selective-shared_experts": Setup(shared, ep=2, recompute="selective",
+                                                         recompute_modules=("shared_experts",), **base),
     }
 
 
 VARIANTS = ["dense-first", "dense-last-lossfusion", "dense-last-lossfusion-te", "dense-last-full-recompute",
-            "dense-first-selective-mlp-layernorm", "moe-alltoall-ep2", "moe-alltoall-ep2-router-fp32"]
+            "dense-first-selective-mlp-layernorm", "moe-alltoall-ep2", "moe-alltoall-ep2-router-fp32",
+            "moe-gg-ep2-selective-moe_act", "moe-shared-ep2-selective-shared_experts"]
 
 
 @needs_megatron

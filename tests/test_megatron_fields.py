@@ -151,3 +151,57 @@ def test_flags_megatron_does_not_offer_here_are_refused(training, model, field):
     with pytest.raises(ConfigError) as e:
         estimate_config({"model": model, "training": training})
     assert e.value.field == field
+
+
+# --defer-embedding-wgrad-compute on the Llama-3.1-70B last stage (TP8 SP, PP8, s 4096, b 1; vocab 128256
+# padded to a multiple of 128 x 8 = 129024): each deferred micro-batch holds the output layer's input,
+# bf16 [4096/8, 1, 8192], and its output gradient, bf16 [4096, 1, 129024/8] (layers.py buffers)
+DEFERRED_PAIR = 2 * 4096 * 8192 // 8 + 2 * 4096 * 129024 // 8  # 8 MiB + 126 MiB
+
+
+def _last_stage_totals(**training) -> dict[str, int]:
+    config = _record_config("llama-3.1-70b-tp8-pp8-last-s4096-b1")
+    config = {**config, "training": {**config["training"], "global_batch_size": 16, **training}}  # 8 micro-batches
+    return dict(estimate_config(config).stages[7].phase_totals)
+
+
+@pytest.mark.parametrize("limit, held", [(0, 7), (3, 3), (7, 7), (20, 7)])
+def test_deferred_embedding_wgrad_keeps_earlier_micro_batches_pairs(limit, held):
+    """At the last micro-batch the 7 earlier ones' pairs are held (at most the deferral limit); the step
+    runs after the drain."""
+    base = _last_stage_totals()
+    deferred = _last_stage_totals(defer_embedding_wgrad_compute=True, wgrad_deferral_limit=limit)
+    assert deferred["forward"] - base["forward"] == held * DEFERRED_PAIR
+    assert deferred["backward"] - base["backward"] == held * DEFERRED_PAIR
+    assert deferred["optimizer"] == base["optimizer"]
+
+
+def test_deferred_embedding_wgrad_only_on_the_last_stage_and_with_several_micro_batches():
+    config = _record_config("llama-3.1-70b-tp8-pp8-first-s4096-b1")
+    on = {**config, "training": {**config["training"], "global_batch_size": 16, "defer_embedding_wgrad_compute": True}}
+    off = {**config, "training": {**config["training"], "global_batch_size": 16}}
+    assert estimate_config(on).stages[0].phase_totals == estimate_config(off).stages[0].phase_totals
+    # one micro-batch per step: its own pair is its head input and its loss gradient, already counted
+    assert _last_stage_totals(global_batch_size=2, defer_embedding_wgrad_compute=True) == \
+        _last_stage_totals(global_batch_size=2)
+
+
+@pytest.mark.parametrize("training, field", [
+    ({"framework": "fsdp2", "defer_embedding_wgrad_compute": True}, "training.defer_embedding_wgrad_compute"),
+    ({"wgrad_deferral_limit": 4}, "training.wgrad_deferral_limit"),
+    ({"defer_embedding_wgrad_compute": True, "wgrad_deferral_limit": -1}, "training.wgrad_deferral_limit"),
+])
+def test_deferred_embedding_wgrad_refused_where_megatron_does_not_run_it(training, field):
+    with pytest.raises(ConfigError) as e:
+        estimate_config({"model": "llama-3.1-8b", "training": training, "parallel": {"pp": 2}})
+    assert e.value.field == field
+
+
+def test_deferring_the_embedding_wgrad_needs_a_pipeline():
+    """Megatron-Core 0.16.1 model_parallel_config.py: "Cannot defer embedding wgrad compute when pipeline
+    model parallel is not used"."""
+    config = {"model": "llama-3.1-8b", "training": {"framework": "megatron", "defer_embedding_wgrad_compute": True},
+              "parallel": {"tp": 2}}
+    with pytest.raises(ConfigError) as err:
+        estimate_config(config)
+    assert err.value.field == "training.defer_embedding_wgrad_compute" and "pp = 1" in str(err.value)

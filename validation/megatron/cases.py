@@ -47,6 +47,8 @@ def case_id(s: Setup) -> str:
         parts.append("unfused")
     if s.loss_fusion:
         parts.append("lossfusion" + ("-te" if s.ce_impl == "te" else ""))
+    if s.grouped_gemm:
+        parts.append("gg")
     if s.arch.num_experts and s.dispatcher != "alltoall":
         parts.append(s.dispatcher)
     if s.router_dtype:
@@ -93,6 +95,12 @@ def _setups() -> list[Setup]:
         # DeepSeek-V2-Lite-like: MLA, shared experts, top-6, EP8, 4 layers (1 dense, 3 MoE)
         ds, replace(ds, recompute="selective", recompute_modules=("mla_up_proj", "layernorm")),
         replace(ds, capacity_factor=1.25),
+        # the two MoE --recompute-modules entries: the experts' activation function (moe_act,
+        # CheckpointWithoutOutput in experts.py) and the shared expert (shared_experts.py)
+        # (moe_act needs --moe-grouped-gemm: the legacy GroupedMLP on the local spec, its grouped_gemm
+        # kernels emulated, kernels.gmm)
+        replace(ds, recompute="selective", recompute_modules=("moe_act",), grouped_gemm=True),
+        replace(ds, recompute="selective", recompute_modules=("shared_experts",)),
     ]
 
 
@@ -182,4 +190,6 @@ def describe(s: Setup) -> str:
             f"{s.micro_batch_size}, recompute {s.recompute}"
             + (f" ({s.recompute_method}, {s.recompute_num_layers})" if s.recompute == "full" else "")
             + (f" ({', '.join(s.recompute_modules)})" if s.recompute == "selective" else "")
+            + (", legacy GroupedMLP (--moe-grouped-gemm; grouped_gemm's gmm emulated, kernels.gmm)"
+               if s.grouped_gemm else "")
             + f", {'distributed optimizer' if s.distributed_optimizer else 'Float16 optimizer'}")

@@ -21,7 +21,13 @@ inside an autograd Function's forward or backward (which chooses what is saved, 
 or not) or `TopKRouter._apply_expert_bias` (no tensor output). A call that would build an autograd
 graph (an input requiring a gradient, grad mode on) runs eagerly: what the compiled function saves
 for its backward there is AOTAutograd's partitioner's choice, not emulated: `EAGER_CALLS` counts
-them and the harness refuses such a run (harness.traced_step).
+them and the harness refuses such a run (harness.traced_step). One exception, `POINTWISE_GRAPHS`:
+the legacy GroupedMLP's `activation_func_with_probs` (experts.py: act(x) * probs, elementwise), which
+moe_act's recompute (CheckpointWithoutOutput._recompute) runs under autograd. For an elementwise
+graph AOTAutograd's min-cut partitioner keeps the graph's inputs (the cheapest cut: anything else
+costs a new tensor at least as large, and every intermediate is recomputable from them) and its
+backward kernel writes the input gradients only; `_PointwiseGraph` allocates exactly that (an
+assumption about the partitioner, not a measurement of it).
 
 The stand-ins replace the compiled functions in every loaded megatron.core module and class, and
 `jit_fuser` itself for functions decorated later (modules imported during the run, GroupedMLP's
@@ -86,6 +92,8 @@ class FusedExpression:
         if _DEPTH[0] or not _measuring():
             return self.fn(*args, **kwargs)
         if _needs_graph(args, kwargs):
+            if self.name in POINTWISE_GRAPHS and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+                return _PointwiseGraph.apply(self.fn, *args)
             EAGER_CALLS[self.name] += 1
             return self.fn(*args, **kwargs)
         inputs = _storages((args, kwargs))
@@ -97,6 +105,44 @@ class FusedExpression:
             _DEPTH[0] -= 1
         leaves, spec = tree_flatten(result)
         return tree_unflatten([_as_output(t, inputs) for t in leaves], spec)
+
+
+# elementwise compiled functions run under autograd somewhere in the measured cases (see the docstring)
+POINTWISE_GRAPHS = {"GroupedMLP.__init__.<locals>.activation_func_with_probs"}
+
+
+class _PointwiseGraph(torch.autograd.Function):
+    """An elementwise compiled function under autograd: saves its tensor inputs, returns one new
+    output; the backward recomputes where the tracker does not look and allocates the input gradients."""
+
+    @staticmethod
+    def forward(ctx, fn, *inputs):
+        ctx.fn = fn
+        ctx.save_for_backward(*inputs)
+        _DEPTH[0] += 1
+        try:
+            with kernels._hidden(), torch.no_grad():
+                result = fn(*inputs)
+        finally:
+            _DEPTH[0] -= 1
+        return _as_output(result, _storages(inputs))
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs = ctx.saved_tensors
+        wanted = [i for i, t in enumerate(inputs) if ctx.needs_input_grad[i + 1]]
+        _DEPTH[0] += 1
+        try:
+            with kernels._hidden(), torch.enable_grad():
+                leaves = [t.detach().requires_grad_(i in wanted) for i, t in enumerate(inputs)]
+                out = ctx.fn(*leaves)
+                grads = torch.autograd.grad(out, [leaves[i] for i in wanted], grad)
+        finally:
+            _DEPTH[0] -= 1
+        result = [None] * len(inputs)
+        for i, g in zip(wanted, grads):
+            result[i] = _as_output(g, set())
+        return (None, *result)
 
 
 def fused(fn) -> FusedExpression:

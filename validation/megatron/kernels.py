@@ -197,3 +197,52 @@ def te_parallel_cross_entropy(logits, labels, tp_group, is_cg_capturable=False):
     """megatron/core/extensions/transformer_engine.py `te_parallel_cross_entropy` on the emulated
     TE kernel (label smoothing 0, ignore index -100, loss not reduced)."""
     return _TECrossEntropyFunction.apply(logits, labels, tp_group)
+
+
+# --- the grouped_gemm package (legacy GroupedMLP, --moe-grouped-gemm on the local spec) -------------
+# transformer/moe/experts.py GroupedMLP calls `grouped_gemm_util.ops.gmm` (github.com/fanshiqing/
+# grouped_gemm, a CUDA extension). Its ops.py: `GroupedGemm.forward` saves (a, b, batch_sizes) and
+# returns backend.gmm(a, b, batch_sizes, trans_b) (one new [tokens, n] output); `backward` makes the
+# gradient contiguous, then agrad = gmm(grad, b, trans_b=not trans_b) ([tokens, k]) and bgrad =
+# gmm(a, grad, trans_a=True) ([experts, k, n], b's shape). The stand-in allocates exactly those
+# outputs; on a real run it fills them with the per-expert matmuls.
+def _reference_gmm(a, b, batch_sizes, trans_a=False, trans_b=False):
+    sizes = [int(n) for n in batch_sizes.tolist()]
+    if trans_a:  # a: [tokens, k], b: [tokens, n] -> [experts, k, n]
+        return torch.stack([x.t() @ y for x, y in zip(a.split(sizes), b.split(sizes))])
+    parts = [x @ (w.t() if trans_b else w) for x, w in zip(a.split(sizes), b)]
+    return torch.cat(parts)
+
+
+def _gmm_output(a, b, batch_sizes, trans_a=False, trans_b=False):
+    if trans_a:
+        out = a.new_empty(batch_sizes.shape[0], a.shape[1], b.shape[1])
+    else:
+        out = a.new_empty(a.shape[0], b.shape[1] if trans_b else b.shape[2])
+    if _is_real(a):
+        with _hidden(), torch.no_grad():
+            out.copy_(_reference_gmm(a, b, batch_sizes, trans_a, trans_b))
+    return out
+
+
+class _GroupedGemm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, batch_sizes, trans_b):
+        ctx.save_for_backward(a, b, batch_sizes)
+        ctx.trans_b = trans_b
+        return _gmm_output(a, b, batch_sizes, trans_b=trans_b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        a, b, batch_sizes = ctx.saved_tensors
+        agrad = _gmm_output(grad, b, batch_sizes, trans_b=not ctx.trans_b) if ctx.needs_input_grad[0] else None
+        bgrad = None
+        if ctx.needs_input_grad[1]:
+            lhs, rhs = (grad, a) if ctx.trans_b else (a, grad)
+            bgrad = _gmm_output(lhs, rhs, batch_sizes, trans_a=True)
+        return agrad, bgrad, None, None
+
+
+def gmm(a, b, batch_sizes, trans_b=False):
+    return _GroupedGemm.apply(a, b, batch_sizes, trans_b)

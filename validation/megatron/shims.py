@@ -209,6 +209,14 @@ def megatron_shims():
     import megatron.core.transformer.moe.moe_utils as moe_utils
 
     _patch(moe_utils, "te_general_gemm", None, saved)
+    # --moe-grouped-gemm on the local spec: the legacy GroupedMLP's grouped_gemm package (a CUDA
+    # extension), emulated (kernels.gmm)
+    import megatron.core.transformer.moe.grouped_gemm_util as gg
+
+    from .kernels import gmm
+
+    _patch(gg, "grouped_gemm", types.SimpleNamespace(ops=types.SimpleNamespace(gmm=gmm)), saved)
+    _patch(gg, "ops", types.SimpleNamespace(gmm=gmm), saved)
     # multi_latent_attention.py sets HAVE_TE when megatron's TE extension module imports, even
     # with TELinear None, then calls isinstance(x, None)
     import megatron.core.transformer.multi_latent_attention as mla
