@@ -21,7 +21,9 @@ It returns the `limit` fastest layouts that fit (utilization at most `margin`, t
 each with its numbers from a full `estimate()` and `roofline()`; when none fits, the smallest power
 of two of these GPUs, and of every catalog GPU, at which some layout fits.
 
-Speed: a full estimate costs about a millisecond and a roofline more, so the search judges most
+Speed: a full estimate costs about a millisecond and the roofline's step a quarter of one
+(`roofline.expected_step`: the roofline's numbers without its operation list, over operation tables
+shared by every layout with the same TP, CP, EP and micro-batch), so the search judges most
 layouts without either, by exact rules, each checked against brute force on random small cases
 (tests/test_planner.py). Memory, from the estimator's phases (memory.py):
 
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import heapq
 import json
 import math
@@ -71,7 +74,7 @@ from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .memory import TIGHT_FRACTION, Estimate, estimate, fragmentation_fraction
 from .parallel import Parallel
-from .roofline import Roofline, roofline, selective_recompute_s
+from .roofline import Timing, expected_step, selective_recompute_s
 from .training import Training
 
 LOSSES = ("standard", "fused", "chunked")
@@ -99,7 +102,11 @@ class Request:
 
     def within(self, device_bytes: float) -> bool:
         """The estimator's verdict rule (memory.fit_on) with this margin: utilization <= margin."""
-        return device_bytes / self.hardware.device.capacity_bytes <= self.margin
+        return device_bytes / self._capacity <= self.margin
+
+    @functools.cached_property
+    def _capacity(self) -> int:
+        return self.hardware.device.capacity_bytes
 
 
 @dataclass(frozen=True)
@@ -308,13 +315,14 @@ class Point(NamedTuple):
 
 
 class _Evaluator:
-    """Runs `estimate()` and `roofline()` for the search, each at most once per distinct input."""
+    """Runs `estimate()` and the roofline's step (`expected_step`) for the search, each at most once
+    per distinct input."""
 
     def __init__(self, req: Request):
         self.req = req
         self.fragmentation = fragmentation_fraction(req.hardware)
         self.memory: dict[tuple, Estimate | None] = {}
-        self.speed: dict[tuple, Roofline] = {}
+        self.speed: dict[tuple, Timing] = {}
         self.floors: dict[tuple, int | None] = {}
         self.estimates = 0
         self.rooflines = 0
@@ -359,15 +367,17 @@ class _Evaluator:
                 self.full_layers.setdefault((s, v.micro_batch), []).append(v.layers)
         return self.memory[key]
 
-    def roofline(self, s: Shape, v: Variant) -> Roofline:
+    def roofline(self, s: Shape, v: Variant) -> Timing:
+        """The roofline's expected step (roofline.expected_step: its numbers without the operation list)."""
         # the roofline runs the fused and the chunked loss alike (roofline.head_operations), never
         # reads the recompute modules, and under Megatron and DeepSpeed ZeRO 2 gathers the
         # parameters once a step as ZeRO 1 does: one roofline serves both
         if s.zero == 2 and self.req.training.framework in ("megatron", "deepspeed"):
             s = s._replace(zero=1)
-        key = (s, v._replace(loss="fused" if v.loss == "chunked" else v.loss))
+        key = (s, v._replace(loss="fused") if v.loss == "chunked" else v)
         if key not in self.speed:
-            self.speed[key] = roofline(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
+            self.speed[key] = expected_step(self.req.architecture, self.training(v), self.parallel(s),
+                                            self.req.hardware)
             self.rooflines += 1
         return self.speed[key]
 
@@ -459,14 +469,13 @@ class Speeds(NamedTuple):
         return self.tokens_per_step / time_s / self.gpus
 
 
-def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_params: tuple[int, ...]) -> Speeds:
+def speeds(req: Request, r: Timing, stage_layers: tuple[int, ...], stage_params: tuple[int, ...]) -> Speeds:
     step, arch = r.step, req.architecture
-    layer_forward = [op for op in r.operations if op.phase == "forward" and op.scope.startswith("layer")]
+    # each layer forward operation's seconds per step (Operation.total_expected_s)
+    layer_forward = [(op, op.expected_time_s * count) for op, count in r.layer_forward]
     # what selective recompute re-runs in the variants the search builds (_Evaluator.training), by
     # the roofline's own rule
-    selective = dataclasses.replace(req.training, recompute="selective") if req.training.recompute == "selective" \
-        else dataclasses.replace(req.training, recompute="selective", recompute_modules=("core_attn",))
-    again_s = selective_recompute_s(selective, arch, layer_forward, lambda op: op.total_expected_s)
+    again_s = selective_recompute_s(_selective(req.training), arch, layer_forward)
     here, fewest = stage_layers[r.stage], min(stage_layers)
     per_layer = {"CP": 0.0 if arch.sliding_window else fewest / here,  # windows make attention uneven
                  "EP": max(0, fewest - (arch.num_layers - arch.num_moe_layers)) / here}
@@ -482,9 +491,19 @@ def speeds(req: Request, r: Roofline, stage_layers: tuple[int, ...], stage_param
              + step.optimizer_s * per_param)
     hideable = traffic.get("PP", 0.0) + (traffic.get("DP", 0.0) + traffic.get("expert DP", 0.0)) * per_param
     unhideable = sum(c.unhideable_s for c in step.communication if c.group in ("DP", "expert DP")) * per_param
-    return Speeds(step.tokens_per_step, req.gpus, step.compute_s, sum(op.total_expected_s for op in layer_forward),
+    return Speeds(step.tokens_per_step, req.gpus, step.compute_s, sum(seconds for _, seconds in layer_forward),
                   again_s, here, fewest, step.bubble_fraction, req.comm_overlap, tp,
                   fixed, hideable, unhideable)
+
+
+@functools.lru_cache(maxsize=64)
+def _selective(training: Training) -> Training:
+    """The search's selective recompute setting of a request (_Evaluator.training): the user's
+    modules where the user asked for selective recompute, else the core attention (built once per
+    request: a Training checks every field on creation)."""
+    if training.recompute == "selective":
+        return training
+    return dataclasses.replace(training, recompute="selective", recompute_modules=("core_attn",))
 
 
 # --- the answer so far: the fastest fitting layouts and the Pareto front --------------------------
@@ -644,7 +663,7 @@ class _Search:
         """Rule 2's first half: Megatron's selective recompute drops tensors from what none keeps;
         torchtitan's operator-level policy (fsdp2) saves tensors of its own (a row-parallel matmul's
         whole output under TP), which can exceed what none keeps."""
-        return not op_level(dataclasses.replace(self.req.training, recompute="selective"))
+        return not op_level(_selective(self.req.training))
 
     def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float],
                      top: Speeds) -> None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import collectives, kernels
 from .activations import (fused_kernels, op_level, op_level_recomputed_matmul_share, recomputed_layer_count,
@@ -60,6 +61,7 @@ from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve
+from .sharding import split_key
 from .states import optimizer_state_bytes
 from .training import FSDP_FRAMEWORKS, Training
 
@@ -165,9 +167,10 @@ class Operation:
         }
 
 
-@dataclass(frozen=True)
-class Communication:
-    """One collective of the step on one GPU: its total time and the part compute does not hide."""
+class Communication(NamedTuple):
+    """One collective of the step on one GPU: its total time and the part compute does not hide.
+    (An immutable record built and revised several times in every step: a NamedTuple's `_replace`
+    costs a fraction of `dataclasses.replace`.)"""
 
     name: str
     group: str  # "TP", "CP", "EP", "DP", "expert DP", "PP"
@@ -183,7 +186,7 @@ class Communication:
     unhideable_s: float = 0.0  # exposed whatever the compute: a last bucket, a first prefetch unit
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return self._asdict()
 
 
 @dataclass(frozen=True)
@@ -664,6 +667,79 @@ def variant_operations(ctx: _Context, cfg: Resolved) -> dict[Variant, tuple[list
             for v in arch.variant_counts()}
 
 
+@dataclass(frozen=True)
+class OperationTable:
+    """What one micro-batch runs, whatever the pipeline split, DP, ZeRO stage or recompute: the
+    shared context, one layer of each variant, the embedding and the head (count 1), the seconds
+    of each list at the roof and as expected, and the model FLOPs per token (for MFU). Built once
+    per `_table_key` and remembered on the architecture, so a layout search and an app rerun
+    read it back."""
+
+    ctx: _Context
+    notes: tuple[str, ...]
+    variants: dict[Variant, tuple[list[Operation], list[Operation]]]
+    ends: tuple[list[Operation], list[Operation], list[Operation]]  # embedding, head forward, head backward
+    seconds: dict[tuple, float]  # (variant, "embedding" or "head"; "forward", "backward" or "attention"; roof)
+    timed: dict[tuple, tuple[tuple[Operation, float], ...]]  # (variant, roof): its forward operations and seconds
+    flops_per_token: float
+
+
+# Fields that only the step reads (recompute, the batch, the pipeline split, DP, ZeRO, overlap): the
+# operations of a micro-batch are the same whatever their values. Every other field is in the key.
+_STEP_TRAINING_FIELDS = {"recompute", "recompute_layers", "recompute_every", "recompute_modules", "global_batch_size"}
+_STEP_PARALLEL_FIELDS = {"pp", "vpp", "pp_first_stage_layers", "pp_last_stage_layers", "dp", "zero_stage",
+                         "world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
+                         "pp_layout"}
+_TABLE_FIELDS = tuple((section, tuple(f.name for f in dataclasses.fields(section) if f.name not in step))
+                      for section, step in ((Training, _STEP_TRAINING_FIELDS), (Parallel, _STEP_PARALLEL_FIELDS)))
+
+
+def _table_key(cfg: Resolved) -> tuple:
+    (_, training), (_, parallel) = _TABLE_FIELDS
+    return ("roofline operations", cfg.hardware, tuple(map(vars(cfg.training).get, training)),
+            tuple(map(vars(cfg.parallel).get, parallel)))
+
+
+def operation_table(cfg: Resolved) -> OperationTable:
+    """The configuration's `OperationTable` (remembered on its architecture)."""
+    return cfg.architecture.cached(_table_key(cfg), lambda: _operation_table(cfg))
+
+
+def _operation_table(cfg: Resolved) -> OperationTable:
+    arch, training, par = cfg.architecture, cfg.training, cfg.parallel
+    ctx, notes = _context(cfg)
+    variants = variant_operations(ctx, cfg)
+    embed = embedding_operations(ctx, arch, 1)
+    head_forward, head_backward = head_operations(ctx, arch, training, par, cfg.padded_vocab, 1)
+    seconds: dict[tuple, float] = {}
+    timed = {(v, roof): tuple((op, op.time_s if roof else op.expected_time_s) for op in variants[v][0])
+             for v in variants for roof in (False, True)}
+    for roof in (False, True):
+        for v, (forward, backward) in variants.items():
+            seconds[v, "forward", roof] = _time(forward, roof)
+            seconds[v, "backward", roof] = _time(backward, roof)
+            seconds[v, "attention", roof] = _time([op for op in forward + backward if op.kind == "attention"], roof)
+        for phase in ("forward", "backward"):
+            seconds["embedding", phase, roof] = _time([op for op in embed if op.phase == phase], roof)
+        seconds["head", "forward", roof] = _time(head_forward, roof)
+        seconds["head", "backward", roof] = _time(head_backward, roof)
+    return OperationTable(ctx, tuple(notes), variants, (embed, head_forward, head_backward), seconds, timed,
+                          _flops_per_token(cfg))
+
+
+def _flops_per_token(cfg: Resolved) -> float:
+    """`model_flops_per_token`; an adapter run skips dW of the frozen weights: the matmuls' 6N becomes
+    4N (+ the adapters' own 6 r (in + out)), so MFU counts the work the step does (adapters.py)."""
+    arch, training = cfg.architecture, cfg.training
+    flops_per_token = model_flops_per_token(arch, training.seq_len, cfg.is_training)
+    if training.adapter and cfg.is_training:
+        from .adapters import adapter_count
+        head = arch.vocab_size * arch.hidden_size if training.adapter.trainable_embeddings else 0
+        adapters = adapter_count(training.adapter, arch)
+        flops_per_token -= 2 * (matmul_parameters(arch) - head) - 6 * adapters
+    return flops_per_token
+
+
 def stage_variants(cfg: Resolved, rank: int) -> dict[Variant, int]:
     """Layers of each variant on a pipeline rank (over its virtual chunks)."""
     counts: dict[Variant, int] = {}
@@ -671,6 +747,13 @@ def stage_variants(cfg: Resolved, rank: int) -> dict[Variant, int]:
         for v, n in cfg.architecture.variant_counts(chunk.start, chunk.stop).items():
             counts[v] = counts.get(v, 0) + n
     return counts
+
+
+def rank_variants(cfg: Resolved) -> tuple[dict[Variant, int], ...]:
+    """`stage_variants` of every rank. They depend on the pipeline split alone, so they are
+    remembered on the architecture by `sharding.split_key`, as the split itself is."""
+    return cfg.architecture.cached(("rank variants",) + split_key(cfg.parallel),
+                                   lambda: tuple(stage_variants(cfg, r) for r in range(cfg.parallel.pp)))
 
 
 @dataclass(frozen=True)
@@ -693,7 +776,8 @@ class StageWork:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-def recompute_time(cfg: Resolved, counts: dict[Variant, int], variants, roof: bool) -> tuple[float, float]:
+def recompute_time(cfg: Resolved, counts: dict[Variant, int], table: OperationTable,
+                   roof: bool) -> tuple[float, float]:
     """(seconds per micro-batch, share of layers fully recomputed). Full recompute re-runs the
     forward of each recomputed layer (Korthikanti et al. 2022, section 5); selective re-runs the
     forward operations of the modules the memory model drops (activations.recomputed_modules:
@@ -704,55 +788,75 @@ def recompute_time(cfg: Resolved, counts: dict[Variant, int], variants, roof: bo
     if tr.recompute == "full":
         layers = sum(counts.values())
         fraction = recomputed_layer_count(tr, layers) / layers  # the memory model's rule (activations.py)
-        return fraction * sum(n * _time(variants[v][0], roof) for v, n in counts.items()), fraction
-    return sum(n * selective_recompute_s(tr, cfg.architecture, variants[v][0],
-                                         lambda op: op.time_s if roof else op.expected_time_s)
-               for v, n in counts.items()), 0.0
+        return fraction * sum(n * table.seconds[v, "forward", roof] for v, n in counts.items()), fraction
+    return sum(n * selective_recompute_s(tr, cfg.architecture, table.timed[v, roof]) for v, n in counts.items()), 0.0
 
 
-def selective_recompute_s(tr: Training, arch: Architecture, forward_ops, seconds) -> float:
-    """Seconds selective recompute adds to these forward operations (`seconds(op)` each): those of
-    the modules the memory model drops (activations.recomputed_modules), or, under torchtitan's
-    operator-level policy, every elementwise operation and its even matmuls' share of the matmuls
-    (activations.op_level_gemms), never the attention kernel."""
+def selective_recompute_s(tr: Training, arch: Architecture, timed) -> float:
+    """Seconds selective recompute adds to these forward operations, given as (operation, its
+    seconds) pairs: those of the modules the memory model drops (activations.recomputed_modules),
+    or, under torchtitan's operator-level policy, every elementwise operation and its even
+    matmuls' share of the matmuls (activations.op_level_gemms), never the attention kernel."""
     if op_level(tr):
         share = op_level_recomputed_matmul_share(arch)
-        return sum(seconds(op) * (1.0 if op.kind == "elementwise" else share)
-                   for op in forward_ops if op.kind in ("elementwise", "matmul"))
+        return sum(seconds * (1.0 if op.kind == "elementwise" else share)
+                   for op, seconds in timed if op.kind in ("elementwise", "matmul"))
     modules = recomputed_modules(tr)
-    return sum(seconds(op) for op in forward_ops if modules.intersection(op.modules))
+    return sum(seconds for op, seconds in timed if modules.intersection(op.modules))
 
 
-def stage_work(cfg: Resolved, rank: int, variants, ends, roof: bool) -> StageWork:
-    embed, head_fwd, head_bwd = ends
-    counts = stage_variants(cfg, rank)
-    forward = sum(n * _time(variants[v][0], roof) for v, n in counts.items())
-    backward = sum(n * _time(variants[v][1], roof) for v, n in counts.items())
-    if cfg.stages[rank].first:  # rank 0; under DualPipe also rank p - 1 (sharding.rank_virtual_stages)
-        forward += _time([op for op in embed if op.phase == "forward"], roof)
-        backward += _time([op for op in embed if op.phase == "backward"], roof)
-    if cfg.stages[rank].last:  # rank p - 1; DualPipe also rank 0, DualPipeV rank 0 only
-        forward += _time(head_fwd, roof)
-        backward += _time(head_bwd, roof)
-    recompute, fraction = recompute_time(cfg, counts, variants, roof)
+def stage_work(cfg: Resolved, rank: int, table: OperationTable, roof: bool) -> StageWork:
+    counts, sp, seconds = rank_variants(cfg)[rank], cfg.stages[rank], table.seconds
+    forward = sum(n * seconds[v, "forward", roof] for v, n in counts.items())
+    backward = sum(n * seconds[v, "backward", roof] for v, n in counts.items())
+    if sp.first:  # rank 0; under DualPipe also rank p - 1 (sharding.rank_virtual_stages)
+        forward += seconds["embedding", "forward", roof]
+        backward += seconds["embedding", "backward", roof]
+    if sp.last:  # rank p - 1; DualPipe also rank 0, DualPipeV rank 0 only
+        forward += seconds["head", "forward", roof]
+        backward += seconds["head", "backward", roof]
+    recompute, fraction = recompute_time(cfg, counts, table, roof)
     return StageWork(rank, counts, forward, backward, recompute, fraction)
 
 
-def stage_operations(cfg: Resolved, work: StageWork, variants, ends) -> list[Operation]:
+def rank_twins(cfg: Resolved) -> tuple[int, ...]:
+    """For each rank, the first rank with the same layers of each variant and the same ends (the
+    middle ranks of a pipeline are alike): its work is the same. By split, on the architecture."""
+    def twins() -> tuple[int, ...]:
+        first: dict[tuple, int] = {}
+        return tuple(first.setdefault((tuple(counts.items()), sp.first, sp.last), rank)
+                     for rank, (counts, sp) in enumerate(zip(rank_variants(cfg), cfg.stages)))
+    return cfg.architecture.cached(("rank twins",) + split_key(cfg.parallel), twins)
+
+
+def stage_works(cfg: Resolved, table: OperationTable, roof: bool) -> list[StageWork]:
+    """The work of every rank, computed once for each set of twins (`rank_twins`): a rank's entry is
+    its first twin's, so the first rank of the slowest is where `max` finds it."""
+    twins = rank_twins(cfg)
+    done = {rank: stage_work(cfg, rank, table, roof) for rank in dict.fromkeys(twins)}
+    return [done[twin] for twin in twins]
+
+
+def layer_forward(cfg: Resolved, work: StageWork, table: OperationTable) -> tuple[tuple[Operation, int], ...]:
+    """The rank's layer forward operations in running order, each with its count per step."""
+    m = cfg.microbatches
+    return tuple((op, work.counts[v] * m) for v in sorted(work.counts) for op in table.variants[v][0])
+
+
+def stage_operations(cfg: Resolved, work: StageWork, table: OperationTable) -> list[Operation]:
     """The operations of a rank with their counts per step, in running order."""
     m = cfg.microbatches
-    embed, head_fwd, head_bwd = ends
-    order = sorted(work.counts, key=lambda v: (v[0], v[1]))
+    embed, head_fwd, head_bwd = table.ends
+    order = sorted(work.counts)
     ops: list[Operation] = []
     first, last = cfg.stages[work.rank].first, cfg.stages[work.rank].last
     if first:
         ops += [dataclasses.replace(op, count=m) for op in embed if op.phase == "forward"]
-    for v in order:
-        ops += [dataclasses.replace(op, count=work.counts[v] * m) for op in variants[v][0]]
+    ops += [dataclasses.replace(op, count=n) for op, n in layer_forward(cfg, work, table)]
     if last:
         ops += [dataclasses.replace(op, count=m) for op in head_fwd + head_bwd]
     for v in reversed(order):
-        ops += [dataclasses.replace(op, count=work.counts[v] * m) for op in variants[v][1]]
+        ops += [dataclasses.replace(op, count=work.counts[v] * m) for op in table.variants[v][1]]
     if first:
         ops += [dataclasses.replace(op, count=m) for op in embed if op.phase == "backward"]
     return ops
@@ -801,7 +905,8 @@ def tensor_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -
     return [c] if c else []
 
 
-def context_parallel(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bool) -> list[Communication]:
+def context_parallel(cfg: Resolved, ctx: _Context, work: StageWork, table: OperationTable,
+                     roof: bool) -> list[Communication]:
     """CP: ring attention passes each rank's K/V chunk around the ring, cp - 1 hops; backward passes
     K/V and their gradients. Overlapped with the attention core of the chunk in hand
     (Megatron-Core context parallelism docs), so only the excess over that compute is exposed."""
@@ -812,12 +917,11 @@ def context_parallel(cfg: Resolved, ctx: _Context, work: StageWork, variants, ro
     directions = 2 if cfg.is_training else 1
     kv = ctx.T * kv_heads / par.tp * (d_qk + d_v) * ctx.B
     per_layer = (par.cp - 1) * kv * (1 + 2 * (directions - 1))
-    attention = sum(n * _time([op for op in variants[v][0] + variants[v][1] if op.kind == "attention"], roof)
-                    for v, n in work.counts.items()) * m
+    attention = sum(n * table.seconds[v, "attention", roof] for v, n in work.counts.items()) * m
     c = _collective(ctx.gpu, roof, "context-parallel ring exchange of K and V", "CP", par.cp, par.tp,
                     per_layer * work.layers * m, (par.cp - 1) * directions * work.layers * m,
                     "(cp-1) x s*b*g*(d_k + d_v)/t*B per layer forward, x2 more in backward (K/V and their gradients)")
-    return [dataclasses.replace(c, exposed_s=max(0.0, c.time_s - attention))] if c else []
+    return [c._replace(exposed_s=max(0.0, c.time_s - attention))] if c else []
 
 
 def expert_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
@@ -927,17 +1031,19 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
     return out
 
 
-def _overlapped(c: Communication, raw_exposed: float, par: Parallel) -> Communication:
-    """`parallel.comm_overlap` of what the overlap rule hides stays hidden."""
+def _overlapped(c: Communication, raw_exposed: float, par: Parallel, unhideable_s: float) -> Communication:
+    """`parallel.comm_overlap` of what the overlap rule hides stays hidden; at most what is exposed
+    of `unhideable_s` is exposed whatever the compute."""
     hidden = (c.time_s - raw_exposed) * par.comm_overlap
-    return dataclasses.replace(c, exposed_s=c.time_s - hidden)
+    exposed = c.time_s - hidden
+    return c._replace(exposed_s=exposed, unhideable_s=min(exposed, unhideable_s))
 
 
 def _bucketed(c: Communication, compute: float, buckets: float, par: Parallel, roof: bool) -> Communication:
     if roof:
         return c  # the roof hides traffic behind whatever compute is left (hide_behind_compute)
-    c = _overlapped(c, collectives.bucketed_exposure(c.time_s, compute, buckets), par)
-    return dataclasses.replace(c, unhideable_s=min(c.exposed_s, c.time_s / max(1.0, buckets)))
+    return _overlapped(c, collectives.bucketed_exposure(c.time_s, compute, buckets), par,
+                       c.time_s / max(1.0, buckets))
 
 
 def _per_unit(grad: Communication, gather: Communication, work: StageWork, zero3: bool, root_bytes: float,
@@ -961,8 +1067,7 @@ def _per_unit(grad: Communication, gather: Communication, work: StageWork, zero3
     share = gather.time_s / (gather.time_s + grad.time_s)
     out = []
     for c, part in ((gather, share), (grad, 1 - share)):
-        c = _overlapped(c, min(c.time_s, total * part), par)
-        out.append(dataclasses.replace(c, unhideable_s=min(c.exposed_s, floor * part)))
+        out.append(_overlapped(c, min(c.time_s, total * part), par, floor * part))
     return out
 
 
@@ -975,14 +1080,15 @@ def hide_behind_compute(comms: list[Communication], groups: tuple[str, ...], bud
         if c.group in groups:
             hidden = min(overlap * c.exposed_s, budget)
             budget -= hidden
-            c = dataclasses.replace(c, exposed_s=c.exposed_s - hidden)
+            c = c._replace(exposed_s=c.exposed_s - hidden)
         out.append(c)
     return out
 
 
-def communication(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bool) -> list[Communication]:
+def communication(cfg: Resolved, table: OperationTable, work: StageWork, roof: bool) -> list[Communication]:
     """Every collective of the stage per step, with the part compute does not hide."""
-    comms = (tensor_parallel(cfg, ctx, work, roof) + context_parallel(cfg, ctx, work, variants, roof)
+    ctx = table.ctx
+    comms = (tensor_parallel(cfg, ctx, work, roof) + context_parallel(cfg, ctx, work, table, roof)
              + expert_parallel(cfg, ctx, work, roof) + data_parallel(cfg, ctx, work, roof)
              + pipeline_parallel(cfg, ctx, roof))
     ideal = cfg.microbatches * (work.per_microbatch_s)
@@ -1037,7 +1143,7 @@ class _StepTimes:
         return self.compute_s + self.recompute_s + self.bubble_s + self.exposed_comm_s + self.optimizer_s
 
 
-def step_times(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bool) -> _StepTimes:
+def step_times(cfg: Resolved, table: OperationTable, work: StageWork, roof: bool) -> _StepTimes:
     """step time = compute                 the operations' times x micro-batches
                  + recompute               full: each recomputed layer's forward again; selective: the
                                            recomputed modules' forward (Korthikanti et al. 2022)
@@ -1050,7 +1156,7 @@ def step_times(cfg: Resolved, ctx: _Context, work: StageWork, variants, roof: bo
     compute = m * (work.forward_s + work.backward_s)
     recompute = m * work.recompute_s
     bubble = pipeline_bubble_s(par, work)
-    comms = communication(cfg, ctx, work, variants, roof)
+    comms = communication(cfg, table, work, roof)
     return _StepTimes(compute, recompute, bubble, optimizer_time(cfg, work.rank, roof), tuple(comms))
 
 
@@ -1098,47 +1204,71 @@ def roofline(arch: Architecture, training: Training | None = None, par: Parallel
                     "passes are not timed",)
         result = roofline(arch, trainer_training(training), par, hardware)
         return dataclasses.replace(result, notes=tuple(result.notes) + rl_notes)
-    # the memory model's rules and resolution; the FP8 recipe is modelled here, so its memory-side
-    # refusal is skipped (the recipe and the ZeRO stage do not depend on it)
-    cfg = resolve(arch, dataclasses.replace(training, fp8=False), par, hardware)
-    cfg = dataclasses.replace(cfg, training=training, zero_stage=cfg.zero_stage if cfg.is_training else 0)
-    ctx, notes = _context(cfg)
-    variants = variant_operations(ctx, cfg)
-    ends = (embedding_operations(ctx, arch, 1), *head_operations(ctx, arch, training, par, cfg.padded_vocab, 1))
-    m, cfg = cfg.microbatches, per_chunk_config(cfg)
-    expected = [stage_work(cfg, r, variants, ends, roof=False) for r in range(par.pp)]
-    slowest = max(range(par.pp), key=lambda r: expected[r].per_microbatch_s)
-    times = step_times(cfg, ctx, expected[slowest], variants, roof=False)
-    roofs = [stage_work(cfg, r, variants, ends, roof=True) for r in range(par.pp)]
-    at_roof = step_times(cfg, ctx, max(roofs, key=lambda w: w.per_microbatch_s), variants, roof=True)
+    cfg, m, table, expected, slowest, times = _expected(arch, training, par, hardware)
+    roofs = stage_works(cfg, table, roof=True)
+    at_roof = step_times(cfg, table, max(roofs, key=lambda w: w.per_microbatch_s), roof=True)
+    return Roofline(mode=training.mode, gpu=table.ctx.gpu.id, stage=slowest,
+                    stage_times_s=tuple(cfg.microbatches * w.per_microbatch_s for w in expected),
+                    operations=tuple(stage_operations(cfg, expected[slowest], table)),
+                    step=_step(cfg, m, table, times, at_roof), notes=table.notes + tuple(_notes(cfg, slowest)))
 
-    tokens_per_step = cfg.global_batch_size * training.seq_len
-    flops_per_token = model_flops_per_token(arch, training.seq_len, cfg.is_training)
-    if training.adapter and cfg.is_training:
-        # frozen weights skip dW: the matmuls' 6N becomes 4N (+ the adapters' own 6 r (in + out)),
-        # so MFU counts the work the step does (adapters.py)
-        from .adapters import adapter_count
-        head = arch.vocab_size * arch.hidden_size if training.adapter.trainable_embeddings else 0
-        adapters = adapter_count(training.adapter, arch)
-        flops_per_token -= 2 * (matmul_parameters(arch) - head) - 6 * adapters
+
+class Timing(NamedTuple):
+    """The expected step of a layout without its operation list or its upper bound (`expected_step`)."""
+
+    step: Step  # `roofline(...).step` with upper_bound None
+    stage: int  # the slowest pipeline rank
+    layer_forward: tuple[tuple[Operation, int], ...]  # its layer forward operations, each with its count per step
+
+
+def expected_step(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
+                  hardware: Hardware | None = None) -> Timing:
+    """`roofline`'s expected step by the same code, for a search over layouts: it skips the step at
+    the roofs and the copies of the operations with their counts."""
+    training = training or Training()
+    par = par or Parallel()
+    hardware = hardware or Hardware()
+    if training.rl:
+        from .rl import trainer_training
+        resolve(arch, training, par, hardware)  # the RL fields' own checks
+        return expected_step(arch, trainer_training(training), par, hardware)
+    cfg, m, table, expected, slowest, times = _expected(arch, training, par, hardware)
+    return Timing(_step(cfg, m, table, times, None), slowest, layer_forward(cfg, expected[slowest], table))
+
+
+def _expected(arch: Architecture, training: Training, par: Parallel, hardware: Hardware):
+    """(the configuration as a rank's work is timed, its micro-batches, its operation table, every
+    rank's expected work, the slowest rank, that rank's step times as expected)."""
+    # the memory model's rules and resolution; the FP8 recipe is modelled here, so its memory-side
+    # refusal is skipped (the recipe and the ZeRO stage do not depend on it; FP8 weights belong to it)
+    checked = training if not training.fp8 else dataclasses.replace(
+        training, fp8=False, param_dtype="bf16" if training.param_dtype == "fp8" else training.param_dtype)
+    cfg = resolve(arch, checked, par, hardware)
+    if training.fp8 or not cfg.is_training:
+        cfg = dataclasses.replace(cfg, training=training, zero_stage=cfg.zero_stage if cfg.is_training else 0)
+    table = operation_table(cfg)
+    m, cfg = cfg.microbatches, per_chunk_config(cfg)
+    expected = stage_works(cfg, table, roof=False)
+    slowest = max(range(par.pp), key=lambda r: expected[r].per_microbatch_s)
+    return cfg, m, table, expected, slowest, step_times(cfg, table, expected[slowest], roof=False)
+
+
+def _step(cfg: Resolved, m: int, table: OperationTable, times: _StepTimes, at_roof: _StepTimes | None) -> Step:
+    tokens_per_step = cfg.global_batch_size * cfg.training.seq_len
+    gpus, peak = cfg.parallel.gpus, table.ctx.peak
 
     def throughput(time_s: float) -> tuple[float, float]:
-        tokens = tokens_per_step / time_s / par.gpus
-        return tokens, tokens * flops_per_token / ctx.peak
+        tokens = tokens_per_step / time_s / gpus
+        return tokens, tokens * table.flops_per_token / peak
 
     tokens, mfu = throughput(times.time_s)
-    bound = Bound(at_roof.time_s, *throughput(at_roof.time_s))
-    step = Step(
+    return Step(
         time_s=times.time_s, tokens_per_s_per_gpu=tokens, mfu=mfu,
         bubble_fraction=times.bubble_s / (times.compute_s + times.recompute_s) if times.compute_s else 0.0,
         exposed_comm_s=times.exposed_comm_s, compute_s=times.compute_s, recompute_s=times.recompute_s,
         bubble_s=times.bubble_s, optimizer_s=times.optimizer_s, microbatches=m, tokens_per_step=tokens_per_step,
-        model_flops_per_token=flops_per_token, mfu_peak_flops=ctx.peak, communication=times.communication,
-        upper_bound=bound)
-    return Roofline(mode=training.mode, gpu=ctx.gpu.id, stage=slowest,
-                    stage_times_s=tuple(cfg.microbatches * w.per_microbatch_s for w in expected),
-                    operations=tuple(stage_operations(cfg, expected[slowest], variants, ends)), step=step,
-                    notes=tuple(notes + _notes(cfg, slowest)))
+        model_flops_per_token=table.flops_per_token, mfu_peak_flops=peak, communication=times.communication,
+        upper_bound=None if at_roof is None else Bound(at_roof.time_s, *throughput(at_roof.time_s)))
 
 
 def _notes(cfg: Resolved, slowest: int) -> list[str]:

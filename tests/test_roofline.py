@@ -260,6 +260,107 @@ def test_inference_is_a_forward_only_prefill():
     assert head.flops == 2 * 4 * H * V  # logits of the last token of each of the 4 sequences
 
 
+
+# --- the shared operation table and the step alone (expected_step) ------------------------------------
+
+def random_configs(seed: int, n: int):
+    """Valid (architecture, training, parallel, hardware) of the bundled models, drawn at random
+    over the fields the roofline reads: frameworks, recompute, eager attention, FP8, fp32, adapters,
+    inference, uneven and interleaved pipelines, ZB-H1, DualPipe(V), CP, EP, ZeRO and overlap."""
+    import dataclasses
+    import random
+
+    from estimator.adapters import Adapter
+    from estimator.presets import get_architecture
+    from estimator.resolved import resolve
+    rng = random.Random(seed)
+    archs = {m: get_architecture(m) for m in ("llama-3.2-1b", "gemma-3-27b", "mixtral-8x7b", "deepseek-v3",
+                                              "gpt-oss-20b", "qwen3-30b-a3b")}
+    out = []
+    while len(out) < n:
+        arch = archs[rng.choice(sorted(archs))]
+        recompute = rng.choice(["none", "selective", "full"])
+        fields = dict(framework=rng.choice(["megatron", "fsdp2", "deepspeed", "hf", "torchtune"]),
+                      seq_len=rng.choice([1024, 4096, 8192]), micro_batch_size=rng.choice([1, 2, 4]),
+                      recompute=recompute, loss=rng.choice(["standard", "fused", "chunked"]),
+                      attention=rng.choice(["flash", "flash", "flash", "eager"]),
+                      global_batch_size=rng.choice([None, 64, 256]), fp8=rng.random() < 0.2,
+                      mode="inference" if rng.random() < 0.1 else "training")
+        if recompute == "full" and rng.random() < 0.5:
+            fields["recompute_layers"] = rng.choice([1, 2, 3])
+        if rng.random() < 0.1:
+            fields.update(compute_dtype="fp32", param_dtype="fp32")
+        if rng.random() < 0.1:
+            fields["adapter"] = Adapter(rank=16, target_modules=rng.choice([("q", "v"), ("all-linear",)]))
+        pp = rng.choice([1, 1, 2, 4])
+        layout = dict(tp=rng.choice([1, 2, 4, 8]), pp=pp, cp=rng.choice([1, 1, 2]), dp=rng.choice([1, 2, 8]),
+                      zero_stage=rng.choice([None, 0, 1, 3]), comm_overlap=rng.choice([1.0, 0.5]))
+        if arch.is_moe:
+            layout.update(ep=rng.choice([1, 2, 4]), etp=rng.choice([None, 1]))
+        if pp > 1:
+            layout.update(rng.choice([{}, {"vpp": 2}, {"pp_schedule": "zero_bubble"}, {"pp_schedule": "dualpipe"},
+                                      {"pp_schedule": "dualpipev"},
+                                      {"pp_first_stage_layers": 1, "pp_last_stage_layers": 2}]))
+        hardware = Hardware(gpu=rng.choice(["h100-80", "a100-40", "l4", "mi300x"]))
+        try:
+            training, parallel = Training(**fields), Parallel(**layout)
+            resolve(arch, dataclasses.replace(training, fp8=False), parallel, hardware)
+        except ConfigError:
+            continue
+        out.append((arch, training, parallel, hardware))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_expected_step_is_the_rooflines_step(seed):
+    """The planner's entry point runs the roofline's code without the operation list and the step
+    at the roofs: its step, stage and layer forward operations are the roofline's, to the bit."""
+    import dataclasses
+
+    from estimator.roofline import expected_step
+    for arch, training, parallel, hardware in random_configs(seed, 25):
+        r = roofline(arch, training, parallel, hardware)
+        t = expected_step(arch, training, parallel, hardware)
+        assert t.step == dataclasses.replace(r.step, upper_bound=None) and t.stage == r.stage
+        layer_forward = [op for op in r.operations if op.phase == "forward" and op.scope.startswith("layer")]
+        assert [dataclasses.replace(op, count=n) for op, n in t.layer_forward] == layer_forward
+        assert [op.expected_time_s * n for op, n in t.layer_forward] == [op.total_expected_s for op in layer_forward]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_shared_operation_table_never_changes_a_number(seed):
+    """A roofline computed first on a fresh architecture equals the one computed after its
+    siblings (other recompute, batch, pipeline, DP, ZeRO and overlap: the fields the table is
+    shared across) filled the architecture's memo."""
+    import dataclasses
+    for arch, training, parallel, hardware in random_configs(100 + seed, 12):
+        siblings = []
+        for t, p in (({"recompute": "selective"}, {}), ({"recompute": "full", "recompute_layers": 1}, {}),
+                     ({"recompute": "none", "global_batch_size": 512}, {"comm_overlap": 0.0}),
+                     ({}, {"pp": 2 * parallel.pp, "vpp": 1, "pp_schedule": "1f1b", "pp_first_stage_layers": None,
+                           "pp_last_stage_layers": None}),
+                     ({}, {"dp": 2 * parallel.dp, "zero_stage": None})):
+            try:
+                siblings.append((dataclasses.replace(training, **t), dataclasses.replace(parallel, **p)))
+            except ConfigError:
+                continue
+
+        def cold(tr, par):
+            try:
+                return roofline(dataclasses.replace(arch), tr, par, hardware).to_json()
+            except ConfigError as e:
+                return str(e)
+        alone = [cold(tr, par) for tr, par in [(training, parallel)] + siblings]
+        shared = dataclasses.replace(arch)
+        warm = []
+        for tr, par in siblings + [(training, parallel)]:
+            try:
+                warm.append(roofline(shared, tr, par, hardware).to_json())
+            except ConfigError as e:
+                warm.append(str(e))
+        assert warm[-1:] + warm[:-1] == alone
+
+
 # --- published throughputs ---------------------------------------------------------------------------
 # Expected tokens/s per GPU against measured runs with complete layouts. Target: within 15%. MFU
 # definitions differ by source: torchtitan 6N + 12*L*H*Q*T (no causal halving, N without the
