@@ -310,7 +310,8 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
     ZeRO 2 and 1 as in `states.model_states`; `inv` is the stage's `inventory`."""
     from .dtypes import bytes_per_element
     from .optimizers import OPTIMIZERS
-    from .states import ModelStates, _once
+    from .components import once
+    from .states import ModelStates
     from .training import FSDP_FRAMEWORKS
 
     d = par.dp
@@ -366,7 +367,7 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
         }
 
     return ModelStates(parameters=params, gradients=grads, master_weights=masters, optimizer_states=optimizer,
-                       fp8_weight_copies=0.0, formulas=_once(write), zero_stage=zero)
+                       fp8_weight_copies=0.0, formulas=once(write), zero_stage=zero)
 
 
 # --- activations --------------------------------------------------------------------------------

@@ -51,6 +51,8 @@ NORMS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned")
 
 
+MEMO_LIMIT = 4096  # values remembered per architecture (Architecture.cached)
+
 @dataclass(frozen=True)
 class Architecture:
     """The canonical architecture of ``../shared/CONTRACT.md``; defaults are resolved on creation."""
@@ -184,9 +186,13 @@ class Architecture:
     def cached(self, key: tuple, compute):
         """Remember a value derived from this architecture alone (and the sharding named in `key`):
         a search over layouts, or an app rerun, asks for the same per-layer buckets again and again.
-        The architecture is immutable, so the memo can never go stale."""
+        The architecture is immutable, so the memo can never go stale. It holds at most MEMO_LIMIT
+        values, the oldest dropped first: a preset's architecture lives as long as the app's server,
+        and every configuration its users try would otherwise stay in memory."""
         memo = self.__dict__.setdefault("_memo", {})
         if key not in memo:
+            if len(memo) >= MEMO_LIMIT:
+                del memo[next(iter(memo))]  # dicts keep insertion order: the oldest entry
             memo[key] = compute()
         return memo[key]
 

@@ -48,16 +48,18 @@ class Phase:
 
 
 class StageDetail(NamedTuple):
-    """A stage's phases and its components outside the allocator, built by `build` when first
-    asked for and kept."""
+    """How the phases and the components outside the allocator of a group of stages are made:
+    `build(stage)`, for one stage of the group when first asked for, kept by stage number. The
+    stages that share their static part (every middle stage of a pipeline) share one, so an
+    estimate makes one per group rather than one per stage."""
 
-    build: Callable[[], tuple[tuple[Phase, ...], tuple[Component, ...]]]
+    build: Callable[["StageEstimate"], tuple[tuple[Phase, ...], tuple[Component, ...]]]
     memo: dict
 
-    def built(self) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
-        if "built" not in self.memo:
-            self.memo["built"] = self.build()
-        return self.memo["built"]
+    def built(self, stage: "StageEstimate") -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+        if stage.stage not in self.memo:
+            self.memo[stage.stage] = self.build(stage)
+        return self.memo[stage.stage]
 
 
 class StageEstimate(NamedTuple):
@@ -74,7 +76,7 @@ class StageEstimate(NamedTuple):
     allocated_peak_bytes: int
     device_total_bytes: int
     phase_totals: tuple[tuple[str, int], ...]  # (phase, allocated bytes) through one step
-    detail: StageDetail
+    detail: StageDetail  # shared by the stages of its group
     host: tuple[Component, ...] = ()  # what this GPU's process keeps in host memory (offload)
     nvme: tuple[Component, ...] = ()  # ... and on NVMe
 
@@ -88,12 +90,12 @@ class StageEstimate(NamedTuple):
 
     @property
     def phases(self) -> tuple[Phase, ...]:
-        return self.detail.built()[0]
+        return self.detail.built(self)[0]
 
     @property
     def components(self) -> tuple[Component, ...]:
         """At the peak, the non-allocator components (communication, runtime, fragmentation) last."""
-        phases, outside = self.detail.built()
+        phases, outside = self.detail.built(self)
         return next(p for p in phases if p.name == self.peak_phase).components + outside
 
     def component(self, key: str) -> Component | None:
@@ -110,7 +112,20 @@ def built_stage(stage: int, layers: int, parameters_per_gpu: int, phases: tuple[
         peak_phase=peak.name, allocated_peak_bytes=peak.allocated_bytes,
         device_total_bytes=peak.allocated_bytes + sum(c.bytes for c in outside),
         phase_totals=tuple((p.name, p.allocated_bytes) for p in phases),
-        detail=StageDetail(lambda: (phases, outside), {}))
+        detail=StageDetail(lambda _: (phases, outside), {}))
+
+
+def once(build: Callable[[], object]) -> Callable[[], object]:
+    """`build`, called at most once: what an estimate shows (formulas, components) is made when
+    first read and then kept. (Lighter than functools.cache, which an estimate would wrap anew for
+    every stage.)"""
+    memo: list = []
+
+    def get():
+        if not memo:
+            memo.append(build())
+        return memo[0]
+    return get
 
 
 def component(key: str, label: str, value: float, formula: str | Callable[[], str], source: str,

@@ -242,7 +242,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           step=0.25),
     _choice("moe_dispatcher", _T, "MoE token dispatcher", "alltoall = Megatron-Core's all-to-all dispatcher (a "
             "send buffer per MoE layer); deepep = the flex dispatcher with DeepEP, whose fixed NVLink/RDMA buffers "
-            "count as communication memory.", _SAVERS, MOE_DISPATCHERS),
+            "count as communication memory; allgather (megatron) = Megatron-Core's all-gather dispatcher "
+            "(--moe-token-dispatcher-type allgather: every rank of the EP x expert-TP group gathers all of its "
+            "tokens into Megatron's global buffer and reduce-scatters the experts' outputs back).", _SAVERS,
+            MOE_DISPATCHERS),
     _choice("moe_router_dtype", _T, "MoE router dtype", "megatron: --moe-router-dtype. fp32/fp64 run the router's "
             "logits and probabilities in that dtype; the expert outputs are then cast to it before the expert-TP "
             "reduce-scatter of the combine (and their gradients in backward).", _SAVERS, MOE_ROUTER_DTYPES,
@@ -256,6 +259,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "input, fc1's output, as float8_e4m3fn (1 byte, no scale) for backward instead of the compute dtype; not "
           "where moe_act recomputation checkpoints the experts' activation (the checkpoint keeps that input as it "
           "is).", _SAVERS),
+    _bool("moe_grouped_gemm", _T, "MoE grouped GEMM", "megatron: --moe-grouped-gemm. The legacy GroupedMLP runs "
+          "a rank's local experts in grouped GEMMs (grouped_gemm's gmm), so backward differentiates them all at "
+          "once: the SwiGLU's backward output of every local expert and the fc2 weight gradient of all of them "
+          "exist together, instead of one expert's at a time (SequentialMLP).", _SAVERS),
     _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
             "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss; te "
             "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "

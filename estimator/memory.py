@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from . import activations as act
 from .architecture import Architecture, parameter_counts
 from .components import (NON_ALLOCATOR, Component, Phase, StageDetail, StageEstimate, component,  # noqa: F401
-                         entries_component, fold, fragmentation, fragmentation_fraction, phase)
+                         entries_component, fold, fragmentation, fragmentation_fraction, once, phase)
 from .dtypes import bytes_per_element
 from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
@@ -172,7 +172,7 @@ class _Shared(NamedTuple):
     runtime: Component
     entries: dict[str, list[act.Entry]]
     recomputed: frozenset[str]
-    parallel: Parallel
+    parallel: Parallel  # a layout with this TP, SP and CP (the ledger's divisions; see `_stage_memo`)
     hardware: Hardware
     embedding_bytes: float  # first-stage inputs per micro-batch
     deferred_wgrad: list  # the last stage's pair per deferred micro-batch (--defer-embedding-wgrad-compute)
@@ -264,16 +264,6 @@ def _activation_units(counts: tuple[int, tuple], shared: _Shared) -> tuple[float
     recomputed, stored_counts = counts
     units = [shared.kept_input * recomputed] if recomputed else []
     return tuple(units + [shared.per_layer[kind] * n for kind, n in stored_counts if n])
-
-
-def _activation_bytes(stage: StageParameters, inflight: float, units: tuple[float, ...], shared: _Shared) -> int:
-    """The sum of `_activation_parts`, each part rounded as there, without building the parts."""
-    total = 0
-    for unit in units:
-        total += int(round(unit * inflight))
-    if stage.first:
-        total += int(round(shared.embedding_bytes * max(1.0, inflight)))
-    return total
 
 
 def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int, tuple],
@@ -586,12 +576,15 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
         return _rl_estimate(cfg)
     zero, recipe, m, vocab = cfg.zero_stage, cfg.recipe, cfg.microbatches, cfg.padded_vocab
     counts = parameter_counts(arch)
-    shared = _shared(arch, training, par, hardware, zero, vocab)
+    memo = _stage_memo(cfg)
+    shared = memo.get("shared")
+    if shared is None:
+        shared = memo["shared"] = _shared(arch, training, par, hardware, zero, vocab)
     if training.mode == "inference":
         from .inference import inference_stage
         stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
     else:
-        stages = _training_stages(cfg, shared)
+        stages = _training_stages(cfg, shared, memo)
     peak = max(stages, key=lambda s: s.device_total_bytes)
     notes = _notes(arch, training, par, zero, m, vocab)
     return Estimate(
@@ -601,6 +594,19 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
         device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, hardware.device),
         notes=notes, _shared=shared)
+
+
+def _stage_memo(cfg: Resolved) -> dict:
+    """What estimates of one architecture reuse: the part every stage shares (`_Shared`) and each
+    stage's static part (`_static_stage`). Both depend on the training setup, the hardware, TP, SP,
+    DP, CP, EP and ETP, whether there is a pipeline, the ZeRO stage and the micro-batches per step
+    (and a static part on the stage's layers and ends), not on how the pipeline splits and schedules
+    the layers: a layout search varying those, and an app rerun, read them back. The architecture is
+    immutable, so the memo never goes stale; whatever these parts come to read of the layout must
+    join the key."""
+    par = cfg.parallel
+    return cfg.architecture.cached(("stage parts", cfg.training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
+                                    par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches), dict)
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:
@@ -668,7 +674,7 @@ class _StaticStage(NamedTuple):
     outside_allocator: int  # communication + CUDA context
     layers: int
     parameters_per_gpu: int  # before ZeRO sharding
-    parts: StageDetail  # builds the `_StaticParts`
+    parts: Callable[[], _StaticParts]  # builds them on the first call, then returns them again
     host: tuple[Component, ...]  # offloaded to host memory (offload.py)
     nvme: tuple[Component, ...]  # offloaded to NVMe
     backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
@@ -731,8 +737,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         backward_end = states + grads + recomputed_bytes + _rounded_sum(tr.backward) if late else 0
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
-    parts = StageDetail(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
-                                loss_backward, working, grads_live, training, extras, end), {})
+    parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
+                         loss_backward, working, grads_live, training, extras, end))
     return _StaticStage(totals, communication, communication.bytes + shared.runtime.bytes, sp.num_layers,
                         int(round(sp.local)), parts, place.host, place.nvme, backward_end)
 
@@ -985,7 +991,11 @@ def _moe_moments(arch: Architecture, training: Training, par: Parallel,
     combine), the experts' backward, the router-dtype gradient around the expert-TP all-gather, and with the MoE
     block recomputed (selective "moe") its recomputed tensors beside the larger of its forward's and its backward's
     moments. DeepEP sends from its own fixed buffers (communication, deepep.py): no combine moment is modelled
-    with it; its experts' backward is the same. Other frameworks: the all-to-all send buffer."""
+    with it; its experts' backward is the same. The all-gather dispatcher (act.MEGATRON_ALLGATHER): its combine
+    (the experts' outputs unpermuted over every gathered token), the combine's backward (the gradient
+    all-gathered), the experts' backward as above, each beside Megatron's global buffer holding the gathered
+    hidden states (allocated once and kept: counted with these moments, so not in the optimizer phase).
+    Other frameworks: the all-to-all send buffer."""
     if not any(k == "moe" for k, _ in sp.kind_counts):
         return [], [], []
     send = act.fp8_activation_bytes(training) if training.fp8 else bytes_per_element(training.compute_dtype)
@@ -1002,16 +1012,25 @@ def _moe_moments(arch: Architecture, training: Training, par: Parallel,
     def parts(entries: list, source: str) -> list[Component]:
         return [component("transient", e.name, e.bytes(par), e.shown_formula(par), source) for e in entries]
 
-    combine = [] if training.moe_dispatcher == "deepep" else \
-        parts(act.moe_combine_moment(arch, training, par, send), act.MEGATRON_ALLTOALL)
-    experts = parts(act.moe_expert_backward_moment(arch, training, par), act.MEGATRON_ALLTOALL)
-    backward = [experts, parts(act.moe_router_dtype_backward_moment(arch, training, par),
-                               "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)")]
-    inner = max(combine, experts, key=_rounded_sum)
+    allgather = training.moe_dispatcher == "allgather"
+    if allgather:  # act.MEGATRON_ALLGATHER: its combine and the combine's backward
+        combine = parts(act.moe_allgather_combine_moment(arch, training, par), act.MEGATRON_ALLGATHER)
+        first = [parts(act.moe_allgather_combine_backward_moment(arch, training, par), act.MEGATRON_ALLGATHER)]
+    else:
+        combine = [] if training.moe_dispatcher == "deepep" else \
+            parts(act.moe_combine_moment(arch, training, par, send), act.MEGATRON_ALLTOALL)
+        first = [parts(act.moe_router_dtype_backward_moment(arch, training, par),
+                       "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)")]
+    experts = parts(act.moe_expert_backward_moment(arch, training, par),
+                    act.MEGATRON_GROUPED_MLP if training.moe_grouped_gemm else act.MEGATRON_ALLTOALL)
+    backward = [experts] + first
+    inner = max([combine, experts] + (first if allgather else []), key=_rounded_sum)
     recomputed = act.moe_recomputed_entries(arch, training, par)
     if recomputed:
         backward.append(parts(recomputed, MOE_RECOMPUTE_SOURCE) + inner)
-    return combine, max(backward, key=_rounded_sum), inner
+    # the all-gather dispatcher's global buffer is alive at every one of these moments (allocated once, kept)
+    kept = parts(act.moe_allgather_buffer(arch, training, par), act.MEGATRON_ALLGATHER) if allgather else []
+    return combine + kept, max(backward, key=_rounded_sum) + kept, inner + kept
 
 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)
@@ -1020,37 +1039,54 @@ _ACTIVATIONS_GONE = Component("activations", "Activations", 0,
                               "measured, tests/data/measured/torchtitan (FSDP2 creates its gradients in backward)")
 
 
-def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
-    """Every stage of a training step. Stages with the same layers and no embedding or head share
-    their static part and (unless full recompute skips a stage's first layers) their activation
-    parts; what differs between them is the micro-batches in flight."""
+class _Group(NamedTuple):
+    """What the stages of a group share: their static part, the bytes per micro-batch in flight of
+    their layers (`_activation_units`) and the builder of their phases."""
+
+    static: _StaticStage
+    units: tuple[float, ...]
+    detail: StageDetail
+
+
+def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Shared) -> _Group:
+    counts = _activation_counts(cfg.training, sp, cfg.architecture)
+    return _Group(static, _activation_units(counts, shared),
+                  StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel, shared), {}))
+
+
+def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEstimate]:
+    """Every stage of a training step. Stages with the same layers and no embedding or head form a
+    group: they share their static part (kept in `memo`, `_stage_memo`) and (unless full recompute
+    skips a stage's first layers) their activation units and the builder of their phases. What
+    differs between them is the micro-batches in flight, found for every rank in one pass."""
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
-    statics: dict[tuple, _StaticStage] = {}
-    ledgers: dict[tuple, tuple] = {}
+    groups: dict[tuple, _Group] = {}
     full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
     stages = []
-    for sp in cfg.stages:
+    for sp, inflight in zip(cfg.stages, act.in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages])):
         signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
-        static = statics.get(signature)
-        if static is None:
-            static = statics[signature] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
-        ledger_key = sp.chunks if full else signature
-        layers = ledgers.get(ledger_key)
-        if layers is None:
-            kept = _activation_counts(training, sp, arch)
-            layers = ledgers[ledger_key] = (kept, _activation_units(kept, shared))
-        inflight = act.in_flight_chunks(sp.stage, par, m, sp.chunks)
-        activations = _activation_bytes(sp, inflight, layers[1], shared)
+        key = (signature, sp.chunks) if full else signature
+        group = groups.get(key)
+        if group is None:
+            ends = (sp.first, sp.last, sp.kind_counts)  # all a static part reads of the stage
+            static = memo.get(ends)
+            if static is None:
+                static = memo[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
+            group = groups[key] = _group(static, sp, cfg, shared)
+        static = group.static
+        activations = 0  # the sum of `_activation_parts`, each part rounded as there
+        for unit in group.units:
+            activations += int(round(unit * inflight))
+        if sp.first:
+            activations += int(round(shared.embedding_bytes * max(1.0, inflight)))
         host = static.host
         if offloaded:
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
         forward += activations
-        backward += activations
-        backward_ends = static.backward_end > backward
-        if backward_ends:
-            backward = static.backward_end
+        # backward's last moments (fsdp2 creating its gradients) when larger than its start
+        backward = max(backward + activations, static.backward_end)
         if forward >= backward and forward >= step:
             peak_phase, allocated = "forward", forward
         elif backward >= step:
@@ -1060,10 +1096,7 @@ def _training_stages(cfg: Resolved, shared: _Shared) -> list[StageEstimate]:
         device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
         stages.append(StageEstimate(
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
-            (("forward", forward), ("backward", backward), ("optimizer", step)),
-            StageDetail(partial(_training_detail, static, sp, inflight, layers[0], allocated, training, shared,
-                                backward_ends), {}),
-            host, static.nvme))
+            (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme))
     return stages
 
 
@@ -1084,18 +1117,21 @@ def _offloaded_activations(activations: int, sp: StageParameters, inflight: floa
     return stay, host + (moved,)
 
 
-def _training_detail(static: _StaticStage, sp: StageParameters, inflight: float, counts: tuple, allocated: int,
-                     training: Training, shared: _Shared,
-                     backward_ends: bool) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, training: Training, par: Parallel,
+                     shared: _Shared, stage: StageEstimate) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
     """A training stage's three phases, and what it holds outside the allocator at its peak. The
-    backward phase shows its largest moment: its start, or (`backward_ends`) its last moments."""
-    st = static.parts.built()
+    backward phase shows its largest moment: its start, or its last moments when those are larger
+    (`backward_ends`, as `_training_stages` found them)."""
+    inflight, allocated = stage.in_flight_microbatches, stage.allocated_peak_bytes
+    activations = stage.phase_totals[0][1] - static.totals[0]
+    backward_ends = static.backward_end > static.totals[1] + activations
+    st = static.parts()
     parts = _activation_parts(sp, inflight, counts, shared)
     if training.offload_activations:  # the layers' parts are on the host (`_offloaded_activations`)
         parts = tuple(p if p[0].startswith("token ids") else
                       (p[0] + ", on the host", 0, f"0 on the GPU: {p[1] / 2**30:,.2f} GiB offloaded ({p[2]})")
                       for p in parts)
-    saved = (_activations_component(parts, training, shared.parallel),) + st.loss_saved
+    saved = (_activations_component(parts, training, par),) + st.loss_saved
     backward = phase("backward", st.kept + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
                      st.folded["backward_end"]) \
         if backward_ends else phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"])

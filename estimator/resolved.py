@@ -59,17 +59,24 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     training = training or _default(Training)
     par = par or _default(Parallel)
     hardware = hardware or _default(Hardware)
+    # all but the hardware follows from the architecture, the training setup and the layout: a layout
+    # search and an app rerun ask for the same ones again, so they are checked and derived once (the
+    # architecture is immutable; a configuration that fails a check raises every time)
+    zero, recipe, vocab, gbs, stages = arch.cached(("resolved", training, par), lambda: _derived(arch, training, par))
+    return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
+                    recipe=recipe, zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,
+                    microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages)
+
+
+def _derived(arch: Architecture, training: Training, par: Parallel) -> tuple:
+    """(ZeRO stage, recipe, padded vocabulary, global batch, stages) of a configuration that passes the checks."""
     zero = validate(arch, training, par)
     if training.adapter:
         check_adapter(training.adapter, arch, training, par)
     if training.rl:
         check_rl(training.rl, training, par)
     vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
-    gbs = global_batch_size(training, par)
-    # the stages depend on the architecture and the layout's split only: a layout search and an
-    # app rerun ask for the same ones again (the architecture is immutable, so the memo stays valid)
+    # the stages depend on the architecture and the layout's split only: layouts that share it share them
     key = ("stages", par.tp, par.ep, par.etp, vocab) + split_key(par)
     stages = arch.cached(key, lambda: tuple(stage_parameters(arch, par, training.framework)))
-    return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
-                    recipe=resolve_recipe(training), zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,
-                    microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages)
+    return zero, resolve_recipe(training), vocab, global_batch_size(training, par), stages

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from .components import once
 from .dtypes import bytes_per_element
 from .errors import ConfigError
 from .optimizers import OPTIMIZERS
@@ -94,17 +95,6 @@ class ModelStates(NamedTuple):
         return lambda: self.formulas()[name]
 
 
-def _once(build: Callable[[], dict[str, str]]) -> Callable[[], dict[str, str]]:
-    """`build`, called at most once: the formulas of a stage are written when first shown."""
-    memo: list[dict[str, str]] = []
-
-    def get() -> dict[str, str]:
-        if not memo:
-            memo.append(build())
-        return memo[0]
-    return get
-
-
 def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel,
                  zero: int) -> ModelStates:
     """`zero`: the stage the framework runs (`resolve_zero_stage`, resolved once per configuration)."""
@@ -177,6 +167,6 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
 
     return ModelStates(
         parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
-        formulas=_once(write),
+        formulas=once(write),  # the formulas of a stage are written when first shown
         zero_stage=zero,
     )

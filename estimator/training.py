@@ -40,9 +40,11 @@ FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise", "rowwise")
 FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise")}
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
-# MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, or its flex dispatcher on DeepEP
-# (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/deepep.py sizes
-MOE_DISPATCHERS = ("alltoall", "deepep")
+# MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, its flex dispatcher on DeepEP
+# (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/deepep.py sizes,
+# or its MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather: all-gathers the hidden
+# states over the EP x expert-TP group, reduce-scatters the experts' outputs back; activations.MEGATRON_ALLGATHER)
+MOE_DISPATCHERS = ("alltoall", "deepep", "allgather")
 # Megatron-Core --moe-router-dtype (transformer_config.py moe_router_dtype: None, 'fp32', 'fp64'); None =
 # the router runs in the compute dtype
 MOE_ROUTER_DTYPES = ("fp32", "fp64")
@@ -85,7 +87,7 @@ class Training:
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
     moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
-    moe_dispatcher: str = "alltoall"  # "deepep": Megatron-Core's flex dispatcher with DeepEP buffers
+    moe_dispatcher: str = "alltoall"  # "deepep": Megatron-Core's flex dispatcher with DeepEP buffers; "allgather"
     moe_router_dtype: str | None = None  # megatron: --moe-router-dtype fp32/fp64; None = the compute dtype
     attention_softmax_fusion: bool = True  # megatron, eager attention: the fused softmax kernel (--no-masked-softmax-fusion = False)
     cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
@@ -95,6 +97,8 @@ class Training:
     # gradient of every micro-batch (up to --wgrad-deferral-limit, 0 = all) until the pipeline flush (memory.py)
     defer_embedding_wgrad_compute: bool = False
     wgrad_deferral_limit: int = 0
+    # megatron: --moe-grouped-gemm, the legacy GroupedMLP runs all local experts in grouped GEMMs (activations.py)
+    moe_grouped_gemm: bool = False
     # DeepSpeed ZeRO buffers (elements; None = DeepSpeed's defaults 5e8, 5e7, 1e9; the HF Trainer's "auto"
     # fills h^2 and 0.9 h^2 for the first two)
     reduce_bucket_size: int | None = None
@@ -250,6 +254,17 @@ def _check_megatron_flags(t: Training) -> None:
                           "0 unless defer_embedding_wgrad_compute is true",
                           "it is Megatron-Core's --wgrad-deferral-limit, read only when the output layer's weight "
                           "gradients are deferred", related=("training.defer_embedding_wgrad_compute",))
+    if t.moe_grouped_gemm and t.framework != "megatron":
+        raise ConfigError("training.moe_grouped_gemm", True, "false unless framework is 'megatron'",
+                          "it is Megatron-Core's --moe-grouped-gemm (the legacy GroupedMLP's grouped GEMMs)",
+                          related=("training.framework",))
+    if t.framework == "megatron" and t.recompute == "selective" and "moe_act" in t.recompute_modules \
+            and not t.moe_grouped_gemm:
+        # Megatron-Core 0.16.1 transformer_config.py __post_init__ raises the same
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules),
+                          "moe_act only with moe_grouped_gemm under megatron",
+                          "Megatron-Core recomputes the experts' activation only in its grouped-GEMM experts",
+                          related=("training.moe_grouped_gemm",))
     if not t.attention_softmax_fusion and t.framework != "megatron":
         raise ConfigError("training.attention_softmax_fusion", False, "true unless framework is 'megatron'",
                           "turning off the fused masked softmax is Megatron's --no-masked-softmax-fusion; the other "

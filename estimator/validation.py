@@ -129,6 +129,26 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
             raise ConfigError("parallel.ep", par.ep, "ep x etp in " + ", ".join(map(str, GROUP_SIZES)),
                               f"with moe_dispatcher 'deepep' the group is ep x etp = {par.ep * par.etp}, and "
                               "DeepEP's Buffer.get_dispatch_config has configs only for these sizes")
+    if training.moe_grouped_gemm and not arch.is_moe:
+        raise ConfigError("training.moe_grouped_gemm", True, "false for a dense model",
+                          "grouped GEMM runs a layer's experts together and the model has none")
+    if training.moe_dispatcher == "allgather":
+        # Megatron-Core's MoEAllGatherTokenDispatcher (token_dispatcher.py); other frameworks have none
+        why = "the all-gather dispatcher is Megatron-Core's (--moe-token-dispatcher-type allgather)"
+        if not arch.is_moe:
+            raise ConfigError("training.moe_dispatcher", "allgather", "'alltoall' for a dense model",
+                              "a token dispatcher sends tokens to experts and the model has none")
+        if training.framework != "megatron":
+            raise ConfigError("training.moe_dispatcher", "allgather", "'alltoall' unless framework is 'megatron'", why)
+        if training.mode != "training":
+            raise ConfigError("training.moe_dispatcher", "allgather", "'alltoall' in inference mode",
+                              "the all-gather dispatcher's memory is modelled for training only")
+        if training.moe_router_dtype is not None:
+            # token_combine casts the unpermuted outputs over every gathered token to the probabilities' dtype
+            # before its reduce-scatter: not measured yet (validation/megatron), so not modelled
+            raise ConfigError("training.moe_router_dtype", training.moe_router_dtype,
+                              "empty/null with moe_dispatcher 'allgather'",
+                              "the all-gather dispatcher's combine in the router dtype is not modelled")
     if training.moe_router_dtype is not None and not arch.is_moe:
         raise ConfigError("training.moe_router_dtype", training.moe_router_dtype, "empty/null for a dense model",
                           "--moe-router-dtype sets the dtype of an MoE router and the model has no experts")

@@ -1,10 +1,16 @@
 """The estimator against every measured training step in tests/data/measured (issue: ground truth).
 
-Each record holds the configuration in the contract's format and the bytes the measuring harness
-(`validation/`) saw: per category at each phase's peak, and the overall peak. The bounds are the
-project's promise: the allocated peak within 5%, parameters, gradients and optimizer states
-within 1%. A failing case is fixed in the model, never by loosening a bound.
+Each record holds the configuration in the contract's format and the bytes a measuring harness saw on
+the measured rank: per category at each phase's peak, and the overall peak. The HF transformers
+records (`validation/`) sit at the top of tests/data/measured; those of the frameworks' own code in a
+folder each: torchtitan, Megatron-Core, PEFT and torchtune (`validation/<framework>/`). The bounds are
+the project's promise: the allocated peak within 5%; parameters, gradients and optimizer states within
+1%. A failing case is fixed in the model, never by loosening a bound. A case the model does not meet
+yet is listed in KNOWN_GAPS with the reason, as a strict expected failure: a gap that closes fails the
+test until it leaves the list, and a new miss fails at once. (Both lists are empty today.)
 """
+
+from __future__ import annotations
 
 import json
 from pathlib import Path
@@ -13,34 +19,67 @@ import pytest
 
 from estimator import estimate_config
 
-RECORDS = sorted((Path(__file__).parent / "data" / "measured").glob("*.json"))
+MEASURED = Path(__file__).parent / "data" / "measured"
+FRAMEWORKS = ("torchtitan", "megatron", "peft", "torchtune")
+HF_RECORDS = sorted(MEASURED.glob("*.json"))
+FRAMEWORK_RECORDS = sorted(p for framework in FRAMEWORKS for p in (MEASURED / framework).glob("*.json"))
+RECORDS = HF_RECORDS + FRAMEWORK_RECORDS
+
+# case id -> why the estimate misses it (the next modelling steps)
+KNOWN_GAPS: dict[str, str] = {}
+# case id -> why its model states miss the 1% bound
+KNOWN_STATE_GAPS: dict[str, str] = {}
 
 
-def load(path):
+def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def phase_components(result, name):
-    stage = result.stages[result.peak_stage]
-    return {c.key: c.bytes for c in next(p for p in stage.phases if p.name == name).components}
+def measured_stage(result, record: dict):
+    """The stage the harness measured: the record names it (Megatron builds one rank's stage), else
+    the estimate's peak stage."""
+    return result.stages[record.get("stage", result.peak_stage)]
 
 
-def test_there_are_at_least_30_cases():
-    assert len(RECORDS) >= 30
+def step_states(result, record: dict) -> dict[str, int]:
+    stage = measured_stage(result, record)
+    return {c.key: c.bytes for c in next(p for p in stage.phases if p.name == "optimizer").components}
 
 
-@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
-def test_case_within_bounds(path):
-    record = load(path)
+def measured_states(record: dict) -> dict[str, int]:
+    """Model states at the optimizer step, or, where the step was not measured (Megatron: the
+    persistent states of the whole step), as the record states them."""
     measured = record["measured"]
-    result = estimate_config(record["config"])
-    peak = result.allocated_peak_bytes
-    assert peak == pytest.approx(measured["peak_bytes"], rel=0.05), f"peak {peak} vs {measured['peak_bytes']}"
-    step = phase_components(result, "optimizer")
-    m_step = measured["phases"]["optimizer"]
-    assert step["parameters"] == pytest.approx(m_step["parameters"], rel=0.01)
-    # the harness counts master weights (if any) with the optimizer's state
+    return measured["phases"].get("optimizer", measured)
+
+
+def test_the_recorded_cases_are_there():
+    assert len(HF_RECORDS) >= 30 and len(FRAMEWORK_RECORDS) >= 30
+    for framework in FRAMEWORKS:  # each framework's issue asks for cases of its own
+        assert len(list((MEASURED / framework).glob("*.json"))) >= 15
+    assert set(KNOWN_GAPS) | set(KNOWN_STATE_GAPS) <= {p.stem for p in RECORDS}
+
+
+def expected_failures(known: dict[str, str]) -> list:
+    return [pytest.param(p, marks=pytest.mark.xfail(reason=known[p.stem], strict=True)) if p.stem in known else p
+            for p in RECORDS]
+
+
+@pytest.mark.parametrize("path", expected_failures(KNOWN_STATE_GAPS), ids=lambda p: p.stem)
+def test_model_states_within_one_percent(path):
+    record = load(path)
+    step, measured = step_states(estimate_config(record["config"]), record), measured_states(record)
+    assert step["parameters"] == pytest.approx(measured["parameters"], rel=0.01)
+    # the harnesses count master weights (if any) with the optimizer's state
     assert step["optimizer_states"] + step.get("master_weights", 0) == \
-        pytest.approx(m_step["optimizer_states"], rel=0.01)
+        pytest.approx(measured["optimizer_states"], rel=0.01)
     # every gradient exists at the optimizer step
-    assert step["gradients"] == pytest.approx(m_step["gradients"], rel=0.01)
+    assert step["gradients"] == pytest.approx(measured["gradients"], rel=0.01)
+
+
+@pytest.mark.parametrize("path", expected_failures(KNOWN_GAPS), ids=lambda p: p.stem)
+def test_peak_within_five_percent(path):
+    record = load(path)
+    peak = measured_stage(estimate_config(record["config"]), record).allocated_peak_bytes
+    assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.05), \
+        f"peak {peak} vs {record['measured']['peak_bytes']}"

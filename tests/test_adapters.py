@@ -1,5 +1,5 @@
 """Adapters (LoRA, QLoRA, DoRA), computed by hand. The measured PEFT steps are held in
-tests/test_accuracy_frameworks.py; here each rule is checked on its own numbers."""
+tests/test_accuracy.py; here each rule is checked on its own numbers."""
 
 from __future__ import annotations
 

@@ -194,3 +194,22 @@ def test_divisors_of_a_huge_size_are_named_not_listed():
     assert out["36"] == "1, 2, 3, 4, 6, 9, 12, 18, 36"
     assert out["720720"] == "a divisor of 720720"  # 240 divisors: more than a message lists
     assert out["prime"] == "1, 999983"
+
+
+def test_an_architectures_memo_is_bounded():
+    """A preset's architecture lives as long as the server: what it remembers per configuration
+    (ledgers, stage parts, operation tables) must not grow without end (Architecture.cached)."""
+    import dataclasses
+
+    from estimator.architecture import MEMO_LIMIT
+    from estimator.presets import get_architecture
+
+    arch = dataclasses.replace(get_architecture("llama-3.1-8b"))
+    calls = []
+    for i in range(MEMO_LIMIT + 10):
+        arch.cached(("test", i), lambda i=i: calls.append(i) or i * i)
+    memo = arch.__dict__["_memo"]
+    assert len(memo) == MEMO_LIMIT and ("test", 9) not in memo and ("test", 10) in memo
+    assert arch.cached(("test", 0), lambda: -1) == -1  # dropped, so computed again
+    assert arch.cached(("test", MEMO_LIMIT + 9), lambda: -1) == (MEMO_LIMIT + 9) ** 2  # still remembered
+    assert len(calls) == MEMO_LIMIT + 10

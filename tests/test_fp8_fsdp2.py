@@ -1,6 +1,6 @@
 """FP8 under fsdp2: torchao's Float8Linear as torchtitan converts a model to it (Float8LinearConverter), and
 torchao's FSDP2 float8 all-gather, each by hand. The measured steps (tests/data/measured/torchtitan/*fp8*) are
-held in tests/test_accuracy_frameworks.py."""
+held in tests/test_accuracy.py."""
 
 from __future__ import annotations
 

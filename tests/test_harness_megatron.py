@@ -45,12 +45,19 @@ def _variants():
                                               recompute_modules=("moe_act",), **base),
         "moe-shared-ep2-selective-shared_experts": Setup(shared, ep=2, recompute="selective",
                                                          recompute_modules=("shared_experts",), **base),
+        # --moe-token-dispatcher-type allgather: the fake run sizes the permutation from balanced routing
+        # (shims.BalancedRouting); the real run's drop-and-pad routing is balanced by construction (every expert
+        # gets its capacity, 64 x 2 / 4 = 32 of each rank's 64 tokens), so both must agree byte for byte
+        "moe-allgather-ep2": Setup(moe, ep=2, dispatcher="allgather", **base),
+        "moe-allgather-ep2-selective-moe": Setup(moe, ep=2, dispatcher="allgather", recompute="selective",
+                                                 recompute_modules=("layernorm", "moe"), **base),
     }
 
 
 VARIANTS = ["dense-first", "dense-last-lossfusion", "dense-last-lossfusion-te", "dense-last-full-recompute",
             "dense-first-selective-mlp-layernorm", "moe-alltoall-ep2", "moe-alltoall-ep2-router-fp32",
-            "moe-gg-ep2-selective-moe_act", "moe-shared-ep2-selective-shared_experts"]
+            "moe-gg-ep2-selective-moe_act", "moe-shared-ep2-selective-shared_experts", "moe-allgather-ep2",
+            "moe-allgather-ep2-selective-moe"]
 
 
 @needs_megatron
@@ -151,3 +158,21 @@ def test_fused_expressions_allocate_only_their_outputs():
     assert forward_bytes == n * f * 2  # bf16 [64, 96]
     assert torch.equal(dx, eager_dx) and torch.equal(dw, eager_dw) and out.shape == (n, f)
     assert eager_bytes > fused_bytes + 3 * n * f * 8  # the eager fp64 [64, 96] temporaries
+
+
+@needs_megatron
+def test_balanced_routing_sizes_the_allgather_permutation():
+    """The stand-in answers the dispatcher's data-dependent sizes from balanced routing: a fraction k*phi/E of
+    the routing map (2 / 4 here) is set, and a size that is not whole is refused rather than rounded."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from validation.megatron.shims import BalancedRouting
+
+    with FakeTensorMode():
+        mask = torch.empty(256, 2, dtype=torch.bool)
+        tokens = torch.empty(256, 2, dtype=torch.float32)
+        with BalancedRouting(0.5):
+            assert tokens.masked_select(mask).shape == (256,)
+        with BalancedRouting(0.3), pytest.raises(RuntimeError, match="not whole"):
+            tokens[:3].masked_select(mask[:3])  # 6 x 0.3

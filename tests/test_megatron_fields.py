@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from estimator import activations as act
 from estimator import estimate_config
+from estimator.config import load_config
 from estimator.errors import ConfigError
 
 MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"
@@ -146,6 +148,8 @@ def test_moe_block_recomputed_in_backward():
     ({"cross_entropy_impl": "te"}, "llama-3.1-8b", "training.cross_entropy_impl"),
     ({"framework": "fsdp2", "loss": "fused", "cross_entropy_impl": "te"}, "llama-3.1-8b", "training.cross_entropy_impl"),
     ({"moe_router_dtype": "bf16"}, "mixtral-8x7b", "training.moe_router_dtype"),
+    ({"framework": "fsdp2", "moe_grouped_gemm": True}, "mixtral-8x7b", "training.moe_grouped_gemm"),
+    ({"framework": "deepspeed", "moe_grouped_gemm": True}, "mixtral-8x7b", "training.moe_grouped_gemm"),
 ])
 def test_flags_megatron_does_not_offer_here_are_refused(training, model, field):
     with pytest.raises(ConfigError) as e:
@@ -205,3 +209,109 @@ def test_deferring_the_embedding_wgrad_needs_a_pipeline():
     with pytest.raises(ConfigError) as err:
         estimate_config(config)
     assert err.value.field == "training.defer_embedding_wgrad_compute" and "pp = 1" in str(err.value)
+
+
+# --moe-token-dispatcher-type allgather on the Mixtral record's rank (TP2 SP, EP4, ETP2): every rank of the
+# EP x ETP group (8) gathers 4096 / 2 tokens, 16384 x 4096 bf16 = 128 MiB, into Megatron's global buffer 'mpu'
+# (kept); its two local experts get 16384 x 2 / 8 x 2 = 8192 routed tokens
+GATHERED = 2 * 16384 * 4096  # 128 MiB
+
+
+def test_allgather_dispatcher_moments():
+    """Per-tensor breakdown of the record ...-allgather (python -m validation.megatron measure): the forward's
+    last MoE moment holds the experts' concatenated outputs (8192 x 4096 bf16, 64 MiB) and the unpermute's zeros
+    over every gathered token (128 MiB); the backward's first holds the reduce-scatter's gradient all-gathered
+    (128 MiB) and its gather per routed token (64 MiB), below the experts' backward (64 + 56 + 112 = 232 MiB);
+    the global buffer (128 MiB) beside each. Measured peak 8.17 GiB (backward) against 8.18 estimated."""
+    config = _record_config("mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-allgather")
+    assert config["training"]["moe_dispatcher"] == "allgather"
+    t = _transients(config, 0)
+    assert t["forward"] == OUTPUTS + GATHERED + GATHERED
+    assert t["backward"] == OUTPUTS + 2 * 4096 * 7168 * 3 + GATHERED
+    assert (t["forward"] / MiB, t["backward"] / MiB) == (320, 360)
+
+
+def test_allgather_moe_block_recomputed_in_backward():
+    """Record ...-sel-layernorm+moe-allgather: the recomputed MoE block (as in test_moe_block_recomputed_in_backward)
+    beside the experts' backward (232 MiB, above the combine's 192 MiB) and the global buffer."""
+    config = _record_config("mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-sel-layernorm+moe-allgather")
+    router = 2 * 4 * 4096 * 8 // 2 + 2 * 8192 * 2 // 2
+    recomputed = 2 * 4096 * 4096 // 2 + router + OUTPUTS + 3 * (2 * 8192 * 14336 // 2)
+    assert _transients(config, 0)["backward"] == recomputed + OUTPUTS + 2 * 4096 * 7168 * 3 + GATHERED
+
+
+@pytest.mark.parametrize("training, field", [
+    ({"framework": "fsdp2", "moe_dispatcher": "allgather"}, "training.moe_dispatcher"),
+    ({"mode": "inference", "moe_dispatcher": "allgather"}, "training.moe_dispatcher"),
+    ({"moe_dispatcher": "allgather", "moe_router_dtype": "fp32"}, "training.moe_router_dtype"),
+])
+def test_allgather_dispatcher_refusals(training, field):
+    with pytest.raises(ConfigError) as e:
+        estimate_config({"model": "mixtral-8x7b", "training": training})
+    assert e.value.field == field
+
+
+def test_allgather_refused_for_a_dense_model():
+    with pytest.raises(ConfigError) as e:
+        estimate_config({"model": "llama-3.1-8b", "training": {"moe_dispatcher": "allgather"}})
+    assert e.value.field == "training.moe_dispatcher"
+
+
+# --moe-grouped-gemm (legacy GroupedMLP, grouped_gemm's gmm emulated by the harness): backward differentiates
+# every local expert at once. Mixtral record's rank (TP2 SP, EP4, ETP2, 2 local experts): 8192 routed tokens x
+# 14336 / 2 = 7168 columns per expert on this rank
+def test_grouped_gemm_backward_moment_mixtral():
+    """Record ...-gg (python -m validation.megatron measure): the backward peak is the weighted SwiGLU's backward,
+    +336 MiB over the backward's start: fc2's weight gradient [2, 7168, 4096] bf16 (112 MiB) and the SwiGLU's
+    backward output [8192, 14336] bf16 (224 MiB), beside fc2's input gradient [8192, 7168] (112 MiB) in place of
+    the freed SwiGLU output, the experts' outputs' gradient (64 MiB) freed. fc2's backward moment is smaller
+    (64 + 112 + 112 = 288 MiB). Measured peak 8414.3 MiB, estimated 8356.0 (-0.7%; the backward's start is 58
+    MiB short, as in the SequentialMLP record's estimate, whose experts' moment 232 MiB is 56 MiB over the
+    measured +176)."""
+    config = _record_config("mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-gg")
+    assert config["training"]["moe_grouped_gemm"] is True
+    moment = 2 * 2 * 7168 * 4096 + 2 * 8192 * 14336
+    assert _transients(config, 0)["backward"] == moment
+    assert moment / MiB == 336
+    measured = json.loads((MEASURED / "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-gg.json").read_text())["measured"]
+    assert measured["peak_bytes"] == 8823058944 and measured["peak_phase"] == "backward"
+    assert estimate_config(config).stages[0].allocated_peak_bytes == pytest.approx(measured["peak_bytes"], rel=0.01)
+    # SequentialMLP (the flag off): one expert's fc2-input and fc1-output gradients beside the outputs' gradient
+    config["training"]["moe_grouped_gemm"] = False
+    assert _transients(config, 0)["backward"] == OUTPUTS + 2 * 4096 * 7168 * 3
+
+
+def test_grouped_gemm_backward_moment_with_moe_act_recomputed():
+    """Record ...-sel-moe_act-gg (DeepSeek-V2-Lite-like, TP1, EP8: 8 local experts, 4096 x 6 = 24576 routed
+    tokens, f_e 1408, h 2048). Per-tensor trace of its first MoE layer's backward: the checkpoint recomputes
+    the SwiGLU output (66 MiB, held) and copies it into the discarded output's storage (66), fc2's backward
+    returns its input gradient (66) and weight gradient [8, 1408, 2048] (44) beside the outputs' gradient
+    [24576, 2048] (96): 338 MiB; then the outputs' gradient and the copy are freed and the SwiGLU's backward
+    writes [24576, 2816] (132): 308 MiB. (The record's peak is the logits', elsewhere.)"""
+    cfg = load_config(_record_config("deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-moe_act-gg"))
+    assert cfg.training.moe_grouped_gemm
+    entries = act.moe_expert_backward_moment(cfg.architecture, cfg.training, cfg.parallel)
+    swiglu_out = 2 * 24576 * 1408
+    fc2 = 2 * 24576 * 2048 + swiglu_out + 2 * 8 * 1408 * 2048 + 2 * swiglu_out
+    assert sum(e.bytes(cfg.parallel) for e in entries) == fc2
+    assert fc2 / MiB == 338
+    # without moe_act fc2's saved input is kept (not a transient): fc2's backward moment, the outputs' gradient,
+    # fc2's input and weight gradients (96 + 66 + 44 = 206 MiB), over the SwiGLU's backward (44 + 132 = 176)
+    config = _record_config("deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-moe_act-gg")
+    config["training"]["recompute"] = "none"
+    del config["training"]["recompute_modules"]
+    plain = load_config(config)
+    entries = act.moe_expert_backward_moment(plain.architecture, plain.training, plain.parallel)
+    assert sum(e.bytes(plain.parallel) for e in entries) == 2 * 24576 * 2048 + swiglu_out + 2 * 8 * 1408 * 2048
+
+
+@pytest.mark.parametrize("training, field", [
+    # Megatron-Core 0.16.1 transformer_config.py: "moe_act in recompute_modules is only supported with moe_grouped_gemm"
+    ({"framework": "megatron", "recompute": "selective", "recompute_modules": ["moe_act"]}, "training.recompute_modules"),
+    ({"framework": "megatron", "moe_grouped_gemm": True}, "training.moe_grouped_gemm"),  # a dense model has no experts
+])
+def test_grouped_gemm_refusals(training, field):
+    model = "mixtral-8x7b" if "moe_act" in training.get("recompute_modules", []) else "llama-3.1-8b"
+    with pytest.raises(ConfigError) as err:
+        estimate_config({"model": model, "training": training})
+    assert err.value.field == field

@@ -190,7 +190,7 @@ CONTRACT_ADDITIONS = {"recompute_every", "optimizer_in_backward", "offload_optim
 EXTENSIONS = {
     "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher", "moe_router_dtype",
                  "attention_softmax_fusion", "cross_entropy_impl", "activation_func_fp8_input_store", "reduce_bucket_size",
-                 "defer_embedding_wgrad_compute", "wgrad_deferral_limit",
+                 "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "moe_grouped_gemm",
                  "stage3_prefetch_bucket_size", "stage3_max_live_parameters"} | CONTRACT_ADDITIONS,
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
                  "pp_layout"},

@@ -1,5 +1,5 @@
 """framework "torchtune": torchtune's recipes as the estimator models them, by hand. The measured
-steps of torchtune's own code are held in tests/test_accuracy_frameworks.py."""
+steps of torchtune's own code are held in tests/test_accuracy.py."""
 
 from __future__ import annotations
 

@@ -101,6 +101,12 @@ def _setups() -> list[Setup]:
         # kernels emulated, kernels.gmm)
         replace(ds, recompute="selective", recompute_modules=("moe_act",), grouped_gemm=True),
         replace(ds, recompute="selective", recompute_modules=("shared_experts",)),
+        # --moe-token-dispatcher-type allgather: the hidden states all-gathered over EP x expert-TP, the
+        # permutation's data-dependent sizes from balanced routing under fake tensors (shims.BalancedRouting)
+        replace(mx, dispatcher="allgather"),
+        replace(mx, dispatcher="allgather", recompute="selective", recompute_modules=("layernorm", "moe")),
+        # --moe-grouped-gemm: the legacy GroupedMLP differentiates all local experts at once (kernels.gmm)
+        replace(mx, grouped_gemm=True),
     ]
 
 
@@ -166,6 +172,8 @@ def contract_config(s: Setup) -> dict:
         training["moe_dispatcher"] = s.dispatcher
         if s.router_dtype:
             training["moe_router_dtype"] = s.router_dtype
+        if s.grouped_gemm:
+            training["moe_grouped_gemm"] = True
     parallel = {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "sequence_parallel": s.sp,
                 "zero_stage": 1 if s.distributed_optimizer else 0}
     if s.arch.num_experts:

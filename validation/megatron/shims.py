@@ -12,6 +12,9 @@ shared/research/framework-harness-feasibility.md for how each was found):
   -> inert stand-ins.
 - `moe_utils.te_general_gemm` exists without TE in 0.16.1 only as None when TE import fails;
   kept None so the router uses torch's matmul in `router_dtype`.
+- `--moe-token-dispatcher-type allgather`: its permutation's data-dependent sizes (masked_select,
+  tokens per expert read back to the host) under fake tensors -> balanced routing's sizes
+  (`BalancedRouting`, the size a real run's drop-and-pad routing gives).
 - `gloo` process groups (the distributed optimizer asserts they exist) -> the fake backend.
 - `megatron.core.jit.jit_fuser` is `torch.compile` (importing megatron.core already decorates
   most fused functions with it); Dynamo does not compile under a dispatch mode and would run their
@@ -27,6 +30,7 @@ import types
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class _InertStream:
@@ -119,6 +123,54 @@ class CudaToCpu(torch.overrides.TorchFunctionMode):
             elif func in (torch.Tensor.sum, torch.sum) and len(args) == 1 and not kwargs:
                 _remember(out, value * args[0].numel())
         return out
+
+
+class BalancedRouting(TorchDispatchMode):
+    """The stand-in for the data-dependent ops of MoEAllGatherTokenDispatcher.dispatch_postprocess
+    (token_dispatcher.py), which FakeTensorMode refuses: `local_map.sum(dim=0)` (tokens per local
+    expert, read back with `.cpu()` / `.tolist()`) and `masked_select` (the permutation's token
+    indices, `moe_utils.permute`, and the local routing weights). Under balanced routing, the
+    assumption the estimator makes for every dispatcher (activations._routed: k*phi routed
+    tokens per token, spread evenly over the E experts), a fraction k*phi/E of any slice of the
+    routing map is set: every expert column of the gathered [N, E_local] map holds N*k*phi/E
+    tokens and every masked_select keeps numel*k*phi/E elements. The harness's routing is balanced
+    so by construction: drop-and-pad (moe_utils.apply_router_token_dropping with
+    pad_to_capacity) gives every expert exactly its capacity ceil(T*k*phi/E) of each rank's T
+    tokens, which is T*k*phi/E when that is whole (checked). Fake runs only; a real run computes
+    the same sizes (tests/test_harness_megatron.py compares them byte for byte)."""
+
+    def __init__(self, fraction: float):
+        super().__init__()
+        self.fraction = fraction
+
+    def _count(self, numel: int) -> int:
+        count = numel * self.fraction
+        if count != int(count):
+            raise RuntimeError(f"balanced routing of {numel} routing-map entries x {self.fraction} is not whole")
+        return int(count)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.masked_select.default and isinstance(args[1], FakeTensor):
+            source, mask = args
+            numel = torch.broadcast_shapes(source.shape, mask.shape).numel()
+            return torch.empty(self._count(numel), dtype=source.dtype, device=source.device)
+        out = func(*args, **kwargs)
+        if func is torch.ops.aten.sum.dim_IntList and isinstance(out, FakeTensor) \
+                and args[0].dtype == torch.bool and list(args[1]) == [0] and args[0].dim() == 2:
+            _remember(out, self._count(args[0].shape[0]))  # every expert column: N*k*phi/E tokens
+        return out
+
+
+def _balanced_dispatch_postprocess(original):
+    def dispatch_postprocess(self, hidden_states, probs):
+        if not isinstance(hidden_states, FakeTensor):
+            return original(self, hidden_states, probs)
+        c = self.config
+        with BalancedRouting(c.moe_router_topk * c.moe_expert_capacity_factor / c.num_moe_experts):
+            return original(self, hidden_states, probs)
+
+    return dispatch_postprocess
 
 
 # The running StorageTracker's `adopt` (set by the harness): re-reads a storage's size.
@@ -217,6 +269,12 @@ def megatron_shims():
 
     _patch(gg, "grouped_gemm", types.SimpleNamespace(ops=types.SimpleNamespace(gmm=gmm)), saved)
     _patch(gg, "ops", types.SimpleNamespace(gmm=gmm), saved)
+    # --moe-token-dispatcher-type allgather: its permutation's data-dependent sizes under fake
+    # tensors come from balanced routing (BalancedRouting)
+    from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
+
+    _patch(MoEAllGatherTokenDispatcher, "dispatch_postprocess",
+           _balanced_dispatch_postprocess(MoEAllGatherTokenDispatcher.dispatch_postprocess), saved)
     # multi_latent_attention.py sets HAVE_TE when megatron's TE extension module imports, even
     # with TELinear None, then calls isinstance(x, None)
     import megatron.core.transformer.multi_latent_attention as mla
