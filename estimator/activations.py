@@ -561,13 +561,23 @@ def _gathered(training: Training, par: Parallel) -> float:
     return tokens_per_gpu(training, par) * par.ep * par.etp
 
 
-def moe_allgather_buffer(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
-    """The global memory buffer 'mpu' that the all-gather dispatcher gathers the hidden states into
-    (MEGATRON_ALLGATHER): one per rank, as large as its largest request, kept from the first step on. The
-    sequence-parallel linear layers' all-gather (tensor_parallel/layers.py, s*b*h/cp under SP) shares it."""
-    if par.ep * par.etp == 1:
+MEGATRON_GLOBAL_BUFFER = ("Megatron-Core 0.16.1 utils.py GlobalMemoryBuffer.get_tensor (one buffer per name and dtype, "
+                          "grown to the largest request, never freed): 'mpu' holds tensor_parallel/layers.py's "
+                          "sequence-parallel all-gather of a column-parallel linear's input and "
+                          "MoEAllGatherTokenDispatcher's all-gather of the hidden states")
+
+
+def global_memory_buffer(arch: Architecture, training: Training, par: Parallel, moe_stage: bool) -> list[Entry]:
+    """Megatron's global memory buffer 'mpu' (MEGATRON_GLOBAL_BUFFER): one per rank, as large as its largest
+    request, kept from the first step on. Sequence parallelism gathers every column-parallel linear's input
+    into it (s*b*h over the TP group); the all-gather dispatcher gathers the hidden states over the EP x
+    expert-TP group into the same buffer."""
+    gathers = [par.tp] if par.sequence_parallel and par.tp > 1 else []
+    if moe_stage and training.moe_dispatcher == "allgather" and par.ep * par.etp > 1:
+        gathers.append(par.ep * par.etp)
+    if not gathers:
         return []
-    widest = max(par.ep * par.etp, par.tp if par.sequence_parallel else 1)
+    widest = max(gathers)
     return [Entry("global memory buffer 'mpu' (the all-gathered hidden states; allocated once, kept)",
                   tokens_per_gpu(training, par) * widest * arch.hidden_size, bytes_per_element(training.compute_dtype),
                   "sp", f"B*s*b*h*{widest}")]

@@ -401,6 +401,10 @@ def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Par
             "PyTorch DistributedDataParallel docs: gradient_as_bucket_view saves memory equal to the gradients"))
     if fw == "torchtune" and arch.position_embedding == "rope" and not arch.uses_mla:
         persistent.append(_torchtune_rope_cache(arch, training, stage))
+    if fw == "megatron" and training.mode == "training":
+        moe = any(kind == "moe" and n for kind, n in stage.kind_counts)
+        persistent += [component("buffers", e.name, e.bytes(par), e.shown_formula(par), act.MEGATRON_GLOBAL_BUFFER)
+                       for e in act.global_memory_buffer(arch, training, par, moe)]
     if fw == "fsdp2" and arch.position_embedding == "rope" and stage.num_layers:
         persistent.append(_torchtitan_rope_caches(arch, training, stage))
     if recipe.autocast_weight_copies:
@@ -1028,9 +1032,8 @@ def _moe_moments(arch: Architecture, training: Training, par: Parallel,
     recomputed = act.moe_recomputed_entries(arch, training, par)
     if recomputed:
         backward.append(parts(recomputed, MOE_RECOMPUTE_SOURCE) + inner)
-    # the all-gather dispatcher's global buffer is alive at every one of these moments (allocated once, kept)
-    kept = parts(act.moe_allgather_buffer(arch, training, par), act.MEGATRON_ALLGATHER) if allgather else []
-    return combine + kept, max(backward, key=_rounded_sum) + kept, inner + kept
+    # the all-gather dispatcher gathers into Megatron's global buffer, a persistent one (`_transients`)
+    return combine, max(backward, key=_rounded_sum), inner
 
 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)

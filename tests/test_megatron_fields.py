@@ -222,13 +222,17 @@ def test_allgather_dispatcher_moments():
     last MoE moment holds the experts' concatenated outputs (8192 x 4096 bf16, 64 MiB) and the unpermute's zeros
     over every gathered token (128 MiB); the backward's first holds the reduce-scatter's gradient all-gathered
     (128 MiB) and its gather per routed token (64 MiB), below the experts' backward (64 + 56 + 112 = 232 MiB);
-    the global buffer (128 MiB) beside each. Measured peak 8.17 GiB (backward) against 8.18 estimated."""
+    the global buffer (128 MiB) is persistent. Measured peak 8.17 GiB (backward) against 8.18 estimated."""
     config = _record_config("mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-allgather")
     assert config["training"]["moe_dispatcher"] == "allgather"
     t = _transients(config, 0)
-    assert t["forward"] == OUTPUTS + GATHERED + GATHERED
-    assert t["backward"] == OUTPUTS + 2 * 4096 * 7168 * 3 + GATHERED
-    assert (t["forward"] / MiB, t["backward"] / MiB) == (320, 360)
+    assert t["forward"] == OUTPUTS + GATHERED
+    assert t["backward"] == OUTPUTS + 2 * 4096 * 7168 * 3
+    assert (t["forward"] / MiB, t["backward"] / MiB) == (192, 232)
+    # the global buffer is persistent: in every phase, the optimizer step's included
+    buffers = {p.name: sum(c.bytes for c in p.components if c.key == "buffers")
+               for p in estimate_config(config).stages[0].phases}
+    assert buffers == {"forward": GATHERED, "backward": GATHERED, "optimizer": GATHERED}
 
 
 def test_allgather_moe_block_recomputed_in_backward():
@@ -237,7 +241,19 @@ def test_allgather_moe_block_recomputed_in_backward():
     config = _record_config("mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-sel-layernorm+moe-allgather")
     router = 2 * 4 * 4096 * 8 // 2 + 2 * 8192 * 2 // 2
     recomputed = 2 * 4096 * 4096 // 2 + router + OUTPUTS + 3 * (2 * 8192 * 14336 // 2)
-    assert _transients(config, 0)["backward"] == recomputed + OUTPUTS + 2 * 4096 * 7168 * 3 + GATHERED
+    assert _transients(config, 0)["backward"] == recomputed + OUTPUTS + 2 * 4096 * 7168 * 3
+
+
+def test_sequence_parallel_gathers_into_megatrons_global_buffer():
+    """Megatron-Core utils.py GlobalMemoryBuffer 'mpu': tensor_parallel/layers.py gathers a column-parallel
+    linear's sequence-parallel input into it, s x b x h over the TP group, and keeps it. Llama-3.1-70B TP 8
+    at 4096 tokens: 4096 x 8192 bf16 = 64 MiB on every stage, through every phase; none without SP."""
+    config = _record_config("llama-3.1-70b-tp8-pp8-middle-s4096-b1")
+    for stage in estimate_config(config).stages:
+        for phase in stage.phases:
+            assert sum(c.bytes for c in phase.components if c.key == "buffers") == 2 * 4096 * 8192
+    no_sp = {**config, "parallel": {**config["parallel"], "sequence_parallel": False}}
+    assert all(c.key != "buffers" for st in estimate_config(no_sp).stages for p in st.phases for c in p.components)
 
 
 @pytest.mark.parametrize("training, field", [
