@@ -184,6 +184,17 @@ def _norm_output(name: str, T: float, arch: Architecture, training: Training, re
                   for_weights=weights)]
 
 
+CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_cp_to_forward (FlexAttention: "
+                  "flex_cp_allgather of k and v on the sequence dim); torch 2.13 distributed/tensor/experimental/"
+                  "_context_parallel/_cp_custom_ops.py flex_cp_allgather (all_gather_single, no saved tensors; "
+                  "its backward reduce-scatters); measured: tests/data/measured/torchtitan/*-cp*")
+
+
+def cp_flex_all_gather(training: Training, par: Parallel | None) -> bool:
+    """torchtitan (fsdp2) with context parallelism runs flex attention on K/V all-gathered over CP."""
+    return training.framework == "fsdp2" and par is not None and par.cp > 1 and training.attention == "flash"
+
+
 def attention_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
@@ -243,6 +254,17 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         # (modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2)), so flash keeps them at a heads
         out.append(Entry("q, and k, v expanded to all heads, kept by flash attention", T * 3 * qw, B, "tp",
                          "3*B*s*b*a*d_head", recompute=UP_PROJ))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+    elif cp_flex_all_gather(training, par):
+        # torchtitan's context parallelism for flex attention (CP_FLEX_SOURCE): each rank keeps its s/cp
+        # queries, but flex runs them against the keys and values of the whole sequence, all-gathered over
+        # the CP group, and saves those (the all-gather itself saves nothing for its backward)
+        kv_formula = "B*s*b*a*(d_nope + d_rope + d_v)" if arch.uses_mla else "B*s*b*2*g*d_head"
+        out.append(Entry("q kept by flex attention (this rank's s/cp queries)", T * qw, B, "tp",
+                         "B*s*b*a*(d_nope + d_rope)" if arch.uses_mla else "B*s*b*a*d_head", recompute=UP_PROJ))
+        out.append(Entry("k, v all-gathered over CP (the whole sequence), kept by flex attention",
+                         T * par.cp * (k_width + v_width), B, "tp", kv_formula, recompute=UP_PROJ,
+                         split_by_cp=False))
         out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
     elif training.attention == "flash":
         out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula,

@@ -301,6 +301,8 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     if act.compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
         formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
         source += f"; {act.COMPILE_SOURCE}"
+    if act.cp_flex_all_gather(training, par):  # the attention's keys and values span the whole sequence
+        source += f"; {act.CP_FLEX_SOURCE}"
     pieces = tuple(Component("activations", label, b, f, source) for label, b, f in parts)
     return Component("activations", "Activations", sum(p.bytes for p in pieces), formula + rule, source, pieces)
 

@@ -53,6 +53,7 @@ TINY = [
     dict(family="llama3", ac="full", reshard="never"),
     dict(family="llama3", ac="layer", ac_every=2, layers=4),
     dict(family="llama3", ac="op", tp=2),
+    dict(family="llama3", ac="none", cp=2),  # flex on K/V all-gathered over CP; the per-rank block mask
     dict(family="llama3", ac="none", float8="rowwise"),
     dict(family="llama3", ac="none", float8="tensorwise", fp8_all_gather=True),
     dict(family="qwen3", ac="op"),
@@ -176,3 +177,40 @@ def test_chunked_loss_ends_with_the_heads_reduce_scatter():
     assert parts["LM head's reduce-scatter input (fp32), after the last chunk"] == 4 * head
     assert parts["the last chunk's logits"] == 2 * 512 * 128_256
     assert parts["Unsharded parameters in flight"] == 2 * head
+
+
+# --- context parallelism (torchtitan's flex path: K/V all-gathered over CP) ------------------------------------
+
+def test_context_parallel_keeps_the_all_gathered_keys_and_values():
+    """Llama-3.1-8B (32 layers, g x d_head = 8 x 128 = 1024), torchtitan fsdp2, no AC: with CP 2 at 16k a rank
+    keeps its 8192 queries' tensors, as the layer at 8192 tokens without CP does, except K and V: flex
+    attention saves them all-gathered over CP, the whole 16384 positions (CP_FLEX_SOURCE), 2 B x 2 x
+    (16384 - 8192) x 1024 = 32 MiB more a layer."""
+    from canonical import LLAMA_31_8B as arch
+    from estimator import Parallel, Training
+    from estimator.activations import layer_entries
+
+    t16, t8 = Training(framework="fsdp2", seq_len=16384), Training(framework="fsdp2", seq_len=8192)
+    cp2 = {e.name: e.bytes(Parallel(cp=2)) for e in layer_entries(arch, t16, Parallel(cp=2), "dense")}
+    one = {e.name: e.bytes(Parallel()) for e in layer_entries(arch, t8, Parallel(), "dense")}
+    assert cp2["k, v all-gathered over CP (the whole sequence), kept by flex attention"] == 2 * 2 * 16384 * 1024
+    assert cp2["q kept by flex attention (this rank's s/cp queries)"] == 2 * 8192 * 4096
+    assert sum(cp2.values()) - sum(one.values()) == 2 * 2 * (16384 - 8192) * 1024 == 33_554_432
+
+
+def test_context_parallel_records_differ_by_the_gathered_keys_and_values():
+    """The records (no AC, forward peak, the chunked loss's end): titan-llama-3.1-8b-w64-cp2-noac-s16384-b1
+    (8192 tokens a rank) holds, beyond titan-llama-3.1-8b-w8-noac-s8192-b1 (8192 tokens, no CP), per layer
+    the 32 MiB of K and V of the other 8192 positions and a RoPE cache twice as long (ComplexRoPE: 512 B a
+    position, 8192 more: 4 MiB); what is left is under 1 MiB (the token ids' load-balancing copies and
+    the per-rank block mask)."""
+    import json
+
+    def forward(case):
+        return json.loads((RECORDS / f"{case}.json").read_text())["measured"]["phases"]["forward"]
+
+    cp, one = forward("titan-llama-3.1-8b-w64-cp2-noac-s16384-b1"), forward("titan-llama-3.1-8b-w8-noac-s8192-b1")
+    extra = cp["activations"] - one["activations"]
+    per_layer = 2 * 2 * 8192 * 1024 + 512 * 8192
+    assert 0 <= extra - 32 * per_layer < 2**20
+

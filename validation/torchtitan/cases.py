@@ -96,6 +96,10 @@ def _cases() -> list[Case]:
         C("qwen3", "32B", 64, 8192, 1, ac="op"),
         C("qwen3", "32B", 64, 8192, 1, tp=4, ac="full"),
         C("qwen3", "32B", 512, 4096, 1, tp=8, reshard="never"),
+        # Context parallelism: torchtitan's flex path all-gathers K/V over the CP group (step.py)
+        C("llama3", "8B", 64, 16384, 1, cp=2, ac="full"),
+        C("qwen3", "8B", 64, 32768, 1, cp=4, ac="op"),
+        C("llama3", "8B", 64, 16384, 1, cp=2),
         # Mixture of experts
         C("deepseek_v3", "16B", 8, 4096, 1, ac="op"),
         C("deepseek_v3", "16B", 64, 4096, 2, ac="full"),
@@ -138,7 +142,9 @@ def describe(c: Case) -> str:
                 "attention, reductions)",
           "layer": f"full AC on every {c.ac_every}-th block (layer-level selective)"}[c.ac]
     par = f"FSDP2 {c.fsdp}" + (f" x TP {c.tp} (sequence parallel)" if c.tp > 1 else "") \
-        + (f" x CP {c.cp}" if c.cp > 1 else "")
+        + (f" x CP {c.cp} (FSDP shards over the {c.fsdp * c.cp} ranks of dp x cp; each rank keeps "
+           f"s/cp tokens, head-tail load balanced, and all-gathers K/V over CP for flex attention)"
+           if c.cp > 1 else "")
     fp8 = f", torchao float8 linears ({c.float8} scaling)" if c.float8 != "none" else ""
     if c.float8 == "tensorwise":
         fp8 += (" (recipe name passed to Float8LinearConverter, whose config type lists the rowwise recipes; "

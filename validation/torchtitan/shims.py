@@ -18,7 +18,12 @@ undone afterwards (except the device type, which torchtitan reads once at import
    like v and k (B, Hkv, L, D): GQA is reduced inside the kernel, so nothing is expanded.
    The values of a real CPU run come from the math SDPA, where the tracker does not look.
 3. The block mask: `create_attention_mask` is `torch.compile(create_block_mask)`; the eager
-   function builds the same BlockMask (same tensors) and runs on CPU.
+   function builds the same BlockMask (same tensors) and runs on CPU. Context parallelism
+   rebuilds each rank's mask (its s/cp query rows against all s keys, the load balancer's
+   order) through torch's own cached `torch.compile(create_block_mask)`
+   (torch/distributed/tensor/experimental/_context_parallel/_attention.py,
+   `_create_cp_block_mask`, module global `_compiled_create_block_mask`): the eager function
+   takes its place too.
 4. float8: torchtitan's Float8LinearConverter refuses to convert below SM 8.9; the check
    answers as an H100 (SM 9.0) would.
 5. FSDP2 frees and re-allocates the unsharded parameters with `storage.resize_`
@@ -162,12 +167,15 @@ def cpu_emulation(tracker):
     import torchtitan.distributed.activation_checkpoint as ac
     import torchtitan.models.common.attention as attention
     import torchtitan.models.common.decoder as decoder
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
 
     saved = [(attention.FlexAttention, "forward"), (decoder, "create_attention_mask"),
              (attention, "create_attention_mask"), (fsdp_param, "alloc_storage"),
              (fsdp_param, "free_storage"), (fsdp_group, "alloc_storage"),
-             (ac, "_get_default_save_ops"), (float8, "has_cuda_capability")]
+             (ac, "_get_default_save_ops"), (float8, "has_cuda_capability"),
+             (cp_attention, "_compiled_create_block_mask")]
     originals = [getattr(obj, name) for obj, name in saved]
+    cp_attention._compiled_create_block_mask = _eager_block_mask  # item 3, CP's per-rank mask
     attention.FlexAttention.forward = _flex_forward()
     float8.has_cuda_capability = lambda major, minor: (major, minor) <= (9, 0)  # an H100
     ac._get_default_save_ops = lambda: originals[6]() | {torch.ops.titan_emulation.flex_forward.default}

@@ -12,6 +12,9 @@ The step mirrors `Trainer.train_step` / `_forward_backward_body` without its log
 reads tensor values, impossible under fake tensors):
     optimizers.zero_grad(set_to_none=True)        # disable_cuda_graphs=True: eager run
     masks = model.get_attention_masks(positions)  # post_dataloading_process
+    # with CP: prepare_context_parallel_input shards inputs, labels, positions and the block mask
+    # along the sequence (head-tail load balancer, the default); the model's inner attention was
+    # wrapped by apply_cp_to_forward (parallelize_fn): flex runs on K/V all-gathered over CP
     pred = model(inputs, positions=..., attention_masks=...)
     loss, _ = loss_fn(pred, labels, global_valid_tokens, positions=...)  # runs lm_head and
     del pred                                      # its backward chunk by chunk
@@ -199,6 +202,15 @@ def train_step(model, loss_fn, optimizers, schedulers, config, dims, batch,
         if dims.dp_enabled:
             valid = dist_utils.dist_sum_tensor(valid, dims.get_mesh("batch"))
         masks = model.get_attention_masks(positions=positions)
+        if dims.cp_enabled:  # trainer.py post_dataloading_process: shard after building the masks
+            from torchtitan.distributed.context_parallel import prepare_context_parallel_input
+
+            inputs, labels, extra = prepare_context_parallel_input(
+                inputs, labels, {"positions": positions, "attention_masks": masks},
+                dims.get_mesh("cp"), torch.device("cpu"),
+                config.parallelism.context_parallel_load_balancer,
+                config.parallelism.context_parallel_ptrr_mask_key)
+            positions, masks = extra["positions"], extra["attention_masks"]
         pred = model(inputs, positions=positions, attention_masks=masks)
         loss, _ = loss_fn(pred, labels, valid, positions=positions)
         del pred
