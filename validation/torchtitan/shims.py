@@ -62,9 +62,21 @@ from ..emulation import fused_rms_norm  # noqa: F401 (item 6 above; shared with 
 
 
 def use_cpu_device() -> None:
+    """Point torchtitan at the CPU: its `tools.utils` and every torchtitan module already imported that
+    bound `device_type` / `device_module` by name (`from torchtitan.tools.utils import device_type`:
+    distributed/parallel_dims.py, distributed/utils.py, ...), which an import of torchtitan before the
+    harness's (another test, a loss import) would otherwise leave at "cuda"."""
+    import sys
+
     import torchtitan.tools.utils as utils
 
-    utils.device_type, utils.device_module = "cpu", torch.cpu
+    found_type, found_module = utils.device_type, utils.device_module  # as computed at import
+    for name, module in list(sys.modules.items()):
+        if name == "torchtitan" or name.startswith("torchtitan."):
+            if getattr(module, "device_type", None) == found_type:
+                module.device_type = "cpu"
+            if getattr(module, "device_module", None) is found_module:
+                module.device_module = torch.cpu
 
 
 # The compiled flex region reaches torchtitan's SelectiveAC policy as one op (the
