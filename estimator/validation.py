@@ -8,6 +8,7 @@ with their dataclasses. The rules are those the frameworks themselves enforce (M
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from .architecture import Architecture
 from .errors import ConfigError, shown_value
@@ -109,46 +110,11 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if training.mode == "training" and training.compute_dtype == "fp32" and training.param_dtype != "fp32":
         raise ConfigError("training.compute_dtype", "fp32", f"'bf16' or 'fp16' with param_dtype {training.param_dtype!r}",
                           "computing in a wider dtype than the parameters is not a recipe any framework runs")
-    if training.moe_dispatcher == "deepep":
-        # Megatron-Core: MoEFlexTokenDispatcher asserts TPxEP > 1 and moe_enable_deepep; DeepEP's
-        # Buffer.get_dispatch_config asserts a tuned group size (estimator/deepep.py)
-        from .deepep import GROUP_SIZES
-        why = "DeepEP is Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex --moe-enable-deepep)"
-        if not arch.is_moe:
-            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' for a dense model",
-                              "DeepEP dispatches tokens to experts and the model has none")
-        if par.ep == 1:
-            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' when ep is 1",
-                              "DeepEP exchanges tokens between expert-parallel ranks; it needs ep > 1")
-        if training.framework != "megatron":
-            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' unless framework is 'megatron'", why)
-        if training.mode != "training":
-            raise ConfigError("training.moe_dispatcher", "deepep", "'alltoall' in inference mode",
-                              "DeepEP's low-latency inference buffers are not modelled")
-        if par.ep * par.etp not in GROUP_SIZES:
-            raise ConfigError("parallel.ep", par.ep, "ep x etp in " + ", ".join(map(str, GROUP_SIZES)),
-                              f"with moe_dispatcher 'deepep' the group is ep x etp = {par.ep * par.etp}, and "
-                              "DeepEP's Buffer.get_dispatch_config has configs only for these sizes")
+    if training.moe_dispatcher != "alltoall":
+        _check_dispatcher(arch, training, par)
     if training.moe_grouped_gemm and not arch.is_moe:
         raise ConfigError("training.moe_grouped_gemm", True, "false for a dense model",
                           "grouped GEMM runs a layer's experts together and the model has none")
-    if training.moe_dispatcher == "allgather":
-        # Megatron-Core's MoEAllGatherTokenDispatcher (token_dispatcher.py); other frameworks have none
-        why = "the all-gather dispatcher is Megatron-Core's (--moe-token-dispatcher-type allgather)"
-        if not arch.is_moe:
-            raise ConfigError("training.moe_dispatcher", "allgather", "'alltoall' for a dense model",
-                              "a token dispatcher sends tokens to experts and the model has none")
-        if training.framework != "megatron":
-            raise ConfigError("training.moe_dispatcher", "allgather", "'alltoall' unless framework is 'megatron'", why)
-        if training.mode != "training":
-            raise ConfigError("training.moe_dispatcher", "allgather", "'alltoall' in inference mode",
-                              "the all-gather dispatcher's memory is modelled for training only")
-        if training.moe_router_dtype is not None:
-            # token_combine casts the unpermuted outputs over every gathered token to the probabilities' dtype
-            # before its reduce-scatter: not measured yet (validation/megatron), so not modelled
-            raise ConfigError("training.moe_router_dtype", training.moe_router_dtype,
-                              "empty/null with moe_dispatcher 'allgather'",
-                              "the all-gather dispatcher's combine in the router dtype is not modelled")
     if training.moe_router_dtype is not None and not arch.is_moe:
         raise ConfigError("training.moe_router_dtype", training.moe_router_dtype, "empty/null for a dense model",
                           "--moe-router-dtype sets the dtype of an MoE router and the model has no experts")
@@ -162,6 +128,53 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         check_fp8_all_gather(training, zero)
     return zero
 
+
+
+class _Dispatcher(NamedTuple):
+    """Why a token dispatcher other than the default all-to-all is Megatron-Core's only, and what
+    a dense model or an inference run is told about it."""
+
+    why: str
+    dense: str
+    inference: str
+
+
+# Megatron-Core's MoEFlexTokenDispatcher on DeepEP (asserts TPxEP > 1 and moe_enable_deepep; DeepEP's
+# Buffer.get_dispatch_config asserts a tuned group size, estimator/deepep.py) and MoEAllGatherTokenDispatcher
+# (token_dispatcher.py); the other frameworks have neither
+DISPATCHERS = {
+    "deepep": _Dispatcher("DeepEP is Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex "
+                          "--moe-enable-deepep)", "DeepEP dispatches tokens to experts and the model has none",
+                          "DeepEP's low-latency inference buffers are not modelled"),
+    "allgather": _Dispatcher("the all-gather dispatcher is Megatron-Core's (--moe-token-dispatcher-type allgather)",
+                             "a token dispatcher sends tokens to experts and the model has none",
+                             "the all-gather dispatcher's memory is modelled for training only"),
+}
+
+
+def _check_dispatcher(arch: Architecture, training: Training, par: Parallel) -> None:
+    """A dispatcher other than all-to-all: Megatron's, for MoE training, with each one's own limits."""
+    from .deepep import GROUP_SIZES
+    name, about = training.moe_dispatcher, DISPATCHERS[training.moe_dispatcher]
+    if not arch.is_moe:
+        raise ConfigError("training.moe_dispatcher", name, "'alltoall' for a dense model", about.dense)
+    if name == "deepep" and par.ep == 1:
+        raise ConfigError("training.moe_dispatcher", name, "'alltoall' when ep is 1",
+                          "DeepEP exchanges tokens between expert-parallel ranks; it needs ep > 1")
+    if training.framework != "megatron":
+        raise ConfigError("training.moe_dispatcher", name, "'alltoall' unless framework is 'megatron'", about.why)
+    if training.mode != "training":
+        raise ConfigError("training.moe_dispatcher", name, "'alltoall' in inference mode", about.inference)
+    if name == "deepep" and par.ep * par.etp not in GROUP_SIZES:
+        raise ConfigError("parallel.ep", par.ep, "ep x etp in " + ", ".join(map(str, GROUP_SIZES)),
+                          f"with moe_dispatcher 'deepep' the group is ep x etp = {par.ep * par.etp}, and "
+                          "DeepEP's Buffer.get_dispatch_config has configs only for these sizes")
+    if name == "allgather" and training.moe_router_dtype is not None:
+        # token_combine casts the unpermuted outputs over every gathered token to the probabilities' dtype
+        # before its reduce-scatter: not measured yet (validation/megatron), so not modelled
+        raise ConfigError("training.moe_router_dtype", training.moe_router_dtype,
+                          "empty/null with moe_dispatcher 'allgather'",
+                          "the all-gather dispatcher's combine in the router dtype is not modelled")
 
 def _check_dualpipe_microbatches(gbs: int, per_step: int, par: Parallel) -> None:
     """deepseek-ai/DualPipe step(): DualPipe asserts num_chunks % 2 == 0 and num_chunks >= 2 x
