@@ -1053,9 +1053,17 @@ class _Group(NamedTuple):
     detail: StageDetail
 
 
-def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Shared) -> _Group:
-    counts = _activation_counts(cfg.training, sp, cfg.architecture)
-    return _Group(static, _activation_units(counts, shared),
+def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Shared,
+           memo: dict, key: tuple) -> _Group:
+    """A group's activation counts and units are kept in `memo` (`_stage_memo`) under its key, which
+    names all they read of the stage (its ends, its kinds and, under full recompute, its chunks); its
+    phase builder is the estimate's own (it remembers the phases it built by stage number)."""
+    known = memo.get(("group", key))
+    if known is None:
+        counts = _activation_counts(cfg.training, sp, cfg.architecture)
+        known = memo[("group", key)] = (counts, _activation_units(counts, shared))
+    counts, units = known
+    return _Group(static, units,
                   StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel, shared), {}))
 
 
@@ -1078,7 +1086,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
             static = memo.get(ends)
             if static is None:
                 static = memo[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
-            group = groups[key] = _group(static, sp, cfg, shared)
+            group = groups[key] = _group(static, sp, cfg, shared, memo, key)
         static = group.static
         activations = 0  # the sum of `_activation_parts`, each part rounded as there
         for unit in group.units:
