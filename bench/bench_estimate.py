@@ -13,15 +13,18 @@ activations, the three phases' totals), linear in the stages. The second line re
 from __future__ import annotations
 
 import dataclasses
+import gc
+import itertools
 import statistics
 import subprocess
 import sys
+import time
 import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from estimator import Architecture, Parallel, Training, estimate  # noqa: E402
+from estimator import Architecture, ConfigError, Parallel, Training, estimate  # noqa: E402
 
 LLAMA_405B = Architecture(name="llama-3.1-405b", hidden_size=16384, num_layers=126, num_attention_heads=128,
                           num_kv_heads=8, intermediate_size=53248, vocab_size=128256)
@@ -48,14 +51,55 @@ def import_time_ms(runs: int = 21) -> float:
     return min(run("import estimator") for _ in range(runs)) * 1e3
 
 
+def new_layouts() -> list[tuple[Training, Parallel]]:
+    """Distinct valid layouts of the 405B model on 1,024 GPUs and fewer: TP, PP, VPP, the end stages, DP,
+    the micro-batch and recompute (full recompute of 1 to 4 layers too), each estimated once."""
+    out = []
+    for tp, pp, vpp, ends, dp, micro, (recompute, layers) in itertools.product(
+            (4, 8), (8, 16), (1, 2, 3), (None, 6, 7), (2, 8), (1, 2),
+            (("none", None), ("selective", None), ("full", None), ("full", 1), ("full", 4))):
+        par = dataclasses.replace(PARALLEL, tp=tp, pp=pp, vpp=vpp, dp=dp, pp_first_stage_layers=ends,
+                                  pp_last_stage_layers=ends)
+        tr = dataclasses.replace(TRAINING, micro_batch_size=micro, recompute=recompute, recompute_layers=layers)
+        try:
+            estimate(LLAMA_405B, tr, par)
+        except ConfigError:
+            continue
+        out.append((tr, par))
+    return out
+
+
+def new_layout_timing(layouts: list[tuple[Training, Parallel]], repeat: int = 15) -> tuple[float, float]:
+    """(minimum, median) over `repeat` passes of the mean seconds of the first estimate of each layout on
+    an architecture that has seen one other layout (its parameter buckets remembered, nothing of these
+    layouts): what a layout search pays per layout it estimates."""
+    runs = []
+    for _ in range(repeat):
+        arch = dataclasses.replace(LLAMA_405B)
+        estimate(arch, TRAINING, PARALLEL)
+        gc_was = gc.isenabled()
+        gc.disable()  # as timeit does
+        start = time.perf_counter()
+        for tr, par in layouts:
+            estimate(arch, tr, par)
+        runs.append((time.perf_counter() - start) / len(layouts))
+        if gc_was:
+            gc.enable()
+    return min(runs), statistics.median(runs)
+
+
 def main() -> None:
     warm = timing(lambda: estimate(LLAMA_405B, TRAINING, PARALLEL))
+    layouts = new_layouts()
+    first = new_layout_timing(layouts)
     # a fresh architecture object per estimate (nothing remembered), built outside the timed loop
     fresh = iter([dataclasses.replace(LLAMA_405B) for _ in range(15 * 200 + 10)])
     cold = timing(lambda: estimate(next(fresh), TRAINING, PARALLEL))
     full = timing(lambda: estimate(LLAMA_405B, TRAINING, PARALLEL).to_json())
     print("Llama-3.1-405B, TP 8 x PP 16 x VPP 4 x DP 8 (min / median of 15 runs of 200)")
     print(f"  estimate, architecture reused (a layout search):  {warm[0] * 1e6:7.1f} / {warm[1] * 1e6:7.1f} us")
+    print(f"  estimate of a layout not seen before ({len(layouts)} layouts, each once): "
+          f"{first[0] * 1e6:7.1f} / {first[1] * 1e6:7.1f} us")
     print(f"  estimate, new architecture object:               {cold[0] * 1e6:7.1f} / {cold[1] * 1e6:7.1f} us")
     print(f"  estimate + to_json() (formulas, every stage):    {full[0] * 1e6:7.1f} / {full[1] * 1e6:7.1f} us")
     print("  target: 100 us (issue: a fast core and a planner)")

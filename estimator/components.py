@@ -128,6 +128,11 @@ def once(build: Callable[[], object]) -> Callable[[], object]:
     return get
 
 
+def total_bytes(components) -> int:
+    """The bytes of components together (each already rounded to whole bytes)."""
+    return sum(c.bytes for c in components)
+
+
 def component(key: str, label: str, value: float, formula: str | Callable[[], str], source: str,
               parts: tuple[Component, ...] = ()) -> Component:
     return Component(key, label, int(round(value)), formula, source, parts)

@@ -28,17 +28,20 @@ from typing import Callable, NamedTuple
 from . import activations as act
 from .architecture import Architecture, parameter_counts
 from .components import (NON_ALLOCATOR, Component, Phase, StageDetail, StageEstimate, component,  # noqa: F401
-                         entries_component, fold, fragmentation, fragmentation_fraction, once, phase)
+                         entries_component, fold, fragmentation, fragmentation_fraction, once, phase, total_bytes)
 from .dtypes import bytes_per_element
 from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .offload import OFFLOAD_SOURCES, Placement, placement
-from .optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
-from .adapters import Inventory, adapter_states, first_layer_input_frozen, inventory, trainable_count
-from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
+from .optimizers import OPTIMIZERS
+from .adapters import adapter_states, first_layer_input_frozen, inventory, trainable_count
+from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import FSDP_FRAMEWORKS, Recipe, Training
+from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
+from .moe_moments import moe_moments
+from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
 
 GiB = 1024**3
 TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% in 454 runs
@@ -307,220 +310,6 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     return Component("activations", "Activations", sum(p.bytes for p in pieces), formula + rule, source, pieces)
 
 
-class _Transients(NamedTuple):
-    forward: list[Component]
-    backward: list[Component]
-    optimizer: list[Component]
-    persistent: list[Component]  # allocated once and kept (DDP buckets)
-    step_in_backward: list[Component]  # a moment of backward when the optimizer steps there
-
-
-def _transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, stage: StageParameters,
-                zero: int, inv: Inventory | None) -> _Transients:
-    """`inv`: an adapter run's parameter inventory of the stage (adapters.inventory), else None."""
-    fw, P = training.framework, bytes_per_element(recipe.param_dtype)
-    G = bytes_per_element(recipe.grad_dtype)
-    fwd: list[Component] = []
-    bwd: list[Component] = []
-    opt: list[Component] = []
-    persistent: list[Component] = []
-    layer = stage.largest_layer_local
-    d_dense = par.dp * par.cp
-    # what has gradients, buckets and optimizer steps: every parameter, or an adapter run's trainable ones
-    trainable = inv.trainable if inv else stage.local
-    largest = inv.largest if inv else stage.total.largest_tensor
-    layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
-    if fw in ("megatron", *FSDP_FRAMEWORKS) and zero >= 2 and d_dense > 1:
-        src = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
-        if zero == 3 and fw in FSDP_FRAMEWORKS:
-            # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
-            # with the head, which is not resharded after forward: forward ends with the head and a
-            # block gathered, backward starts with a block and the one prefetched
-            head = arch.hidden_size * arch.vocab_size / par.tp if stage.last else 0.0
-            Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
-            if head and fw == "fsdp2" and training.loss == "chunked":
-                # torchtitan's ChunkedLossWrapper runs the head after the model's forward, every block
-                # resharded by then (reshard_after_forward): its moments hold the head unit alone
-                fwd.append(component("transient", "Unsharded parameters in flight", P * head,
-                                     f"{P:g} B x the head unit unsharded (the blocks resharded after their forward)",
-                                     src + " (distributed/fsdp.py units); torchtitan v0.3.0 components/loss.py "
-                                     "ChunkedLossWrapper (lm_head.unshard(), kept across the chunks)"))
-            else:
-                fwd.append(component("transient", "Unsharded parameters in flight",
-                                     Pb * layer + max(Pb * layer, P * head),
-                                     f"{pb} x a block + " + (f"{P:g} B x the head unit" if head else
-                                                             f"{pb} x the next block") + " unsharded",
-                                     src + " (distributed/fsdp.py units)"))
-            bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
-                                 f"{pb} x (a block + the prefetched block) unsharded", src))
-        elif zero == 3:
-            gathered = P * (2 * layer + stage.root_local)
-            formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
-            fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-            bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-        else:  # reshard_after_forward=False: every unit stays gathered from forward to backward
-            Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
-            gathered = Pb * (stage.dense_local - stage.root_local) + P * stage.root_local
-            formula = (f"{P:g} B x all of the stage's parameters, gathered after forward" if Pb == P else
-                       f"{pb} x the blocks' + {P:g} B x the root unit's parameters, gathered after forward")
-            fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-            bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-        if titan_full_ac(training) and not training.adapter:
-            # the moment that matters is a block's recomputation: its own gradients do not exist yet, the
-            # previous block's reduce-scatter input does (_block_backward_extras)
-            bwd.append(component("transient", "Reduce-scatter input of the previous block (kept by FSDP2)",
-                                  layer * G, f"{G:g} B x one layer's parameters", FSDP2_RS_SOURCE))
-        else:
-            bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
-                                  layer * P + layer_trainable * G,
-                                  f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
-                                  f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
-    if fw == "deepspeed":
-        src = ("DeepSpeed ZeRO config docs: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
-               "stage3_max_live_parameters 1e9, sub_group_size 1e9 (defaults)")
-        reduce = training.reduce_bucket_size or 5e8
-        bucket = min(reduce, trainable) * G
-        bwd.append(component("transient", "Gradient reduction bucket", bucket,
-                             f"min(reduce_bucket_size {reduce:,.0f}, trainable params) x {G:g} B", src))
-        if zero == 3:
-            prefetch = training.stage3_prefetch_bucket_size or 5e7
-            max_live = training.stage3_max_live_parameters or 1e9
-            # the layer that runs and the prefetch bucket, capped at max_live (a larger layer is gathered whole)
-            gathered = max(layer, min(max_live, layer + min(prefetch, stage.local)))
-            text = f"{P:g} B x max(one layer, min(max_live {max_live:,.0f}, one layer + prefetch {prefetch:,.0f}))"
-            label = "Gathered parameters (current layer + prefetch bucket)"
-            fwd.append(component("transient", label, P * gathered, text, src))
-            bwd.append(component("transient", label, P * gathered, text, src))
-        if zero >= 1 and recipe.master_weights:
-            shard = trainable / (d_dense if zero >= 1 else 1)
-            sub_group = min(1e9, shard) if zero == 3 else shard
-            opt.append(component("transient", "fp32 copy of the gradient partition for the step", 4 * sub_group,
-                                  "4 B x gradient partition (sub-group under ZeRO-3)", src))
-    if fw == "hf" and d_dense > 1:
-        persistent.append(component(
-            "buckets", "DDP gradient buckets", trainable * G,
-            f"{G:g} B x {'trainable ' if training.adapter else ''}params (gradient_as_bucket_view=False)",
-            "PyTorch DistributedDataParallel docs: gradient_as_bucket_view saves memory equal to the gradients"))
-    if fw == "torchtune" and arch.position_embedding == "rope" and not arch.uses_mla:
-        persistent.append(_torchtune_rope_cache(arch, training, stage))
-    if fw == "megatron" and training.mode == "training":
-        moe = any(kind == "moe" and n for kind, n in stage.kind_counts)
-        persistent += [component("buffers", e.name, e.bytes(par), e.shown_formula(par), act.MEGATRON_GLOBAL_BUFFER)
-                       for e in act.global_memory_buffer(arch, training, par, moe)]
-    if fw == "fsdp2" and arch.position_embedding == "rope" and stage.num_layers:
-        persistent.append(_torchtitan_rope_caches(arch, training, stage))
-    if recipe.autocast_weight_copies:
-        matrices = stage.total.matrices
-        cb = bytes_per_element(recipe.compute_dtype)
-        src = "PyTorch autocast: casts of leaf weights are cached until the autocast region exits and kept for backward"
-        fwd.append(component("transient", "Autocast copies of the weights", matrices * cb,
-                              f"{cb:g} B x matrix parameters", src))
-        in_bwd = matrices * cb if training.recompute != "full" else layer * cb
-        bwd.append(component("transient", "Autocast copies of the weights", in_bwd,
-                              f"{cb:g} B x matrix parameters" if training.recompute != "full" else
-                              f"{cb:g} B x one recomputed layer", src))
-    if training.optimizer_in_backward:
-        return _Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)])
-    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest))
-    return _Transients(fwd, bwd, opt, persistent, [])
-
-
-# the max_seq_len torchtune v0.6.1's llama3_1, llama3_2 and qwen2_5 (7B and up) model builders pass
-TORCHTUNE_ROPE_POSITIONS = 131_072
-TORCHTUNE_ROPE_SOURCE = (
-    "torchtune v0.6.1: Llama3ScaledRoPE (models/llama3_1/_position_embeddings.py) and RotaryPositionalEmbeddings "
-    "(modules/position_embeddings.py) keep cache [max_seq_len, head_dim/2, 2] fp32 (cos, sin); "
-    "Qwen2RotaryPositionalEmbeddings (models/qwen2/_positional_embeddings.py) cache [max_seq_len, 2 x head_dim] fp32 "
-    "(cos, sin of the duplicated frequencies); each with theta [head_dim/2] fp32, non-persistent buffers on the GPU. "
-    "One module shared by every layer (the component builders), one per layer in lora_qwen2 "
-    "(models/qwen2/_component_builders.py lora_qwen2_self_attention); measured: buffer_bytes of "
-    "tests/data/measured/torchtune")
-
-
-def _torchtune_rope_cache(arch: Architecture, training: Training, stage: StageParameters) -> Component:
-    """torchtune's RoPE modules build their cos/sin cache for the model's max_seq_len once, on the
-    GPU, and keep it through the run; a forward slices it (a view). Qwen2's module (the contract's
-    qkv_bias marks Qwen2) caches twice Llama's floats per position, and torchtune's LoRA Qwen2
-    builder gives every layer its own module."""
-    positions = arch.max_position_embeddings or TORCHTUNE_ROPE_POSITIONS
-    half = arch.head_dim // 2
-    qwen2 = arch.qkv_bias
-    width = 4 * half if qwen2 else 2 * half  # fp32 values per position
-    copies = stage.num_layers if qwen2 and training.adapter else 1
-    nbytes = copies * 4 * (positions * width + half)
-    where = f"{copies} modules (one per layer, lora_qwen2) x" if copies > 1 else "one module shared by every layer:"
-    values = f"cos, sin of the {half} frequencies" + (" twice (Qwen2)" if qwen2 else "")
-    return component("buffers", "RoPE cos/sin cache (torchtune)", nbytes,
-                     f"{where} 4 B x ({positions:,} positions x {width} ({values}) + theta {half}); positions: "
-                     f"max_position_embeddings if given, else {TORCHTUNE_ROPE_POSITIONS:,} (torchtune's Llama 3.1/3.2 "
-                     "and Qwen2.5 7B+ builders' max_seq_len)", TORCHTUNE_ROPE_SOURCE)
-
-
-TORCHTITAN_ROPE_SOURCE = (
-    "torchtitan v0.3.0 models/common/rope.py: every attention module builds its own RoPE module, whose "
-    "non-persistent buffer `cache` is ComplexRoPE's (max_seq_len, dim/2) complex64 (llama3, deepseek_v3 over "
-    "qk_rope_head_dim) or CosSinRoPE's (max_seq_len, 2 x dim) fp32 (qwen3); Decoder.Config.update_from_config "
-    "(models/common/decoder.py) sets max_seq_len to training.seq_len; measured: 64 caches of 8 MiB alive "
-    "through the step of tests/data/measured/torchtitan/titan-qwen3-32b-w64-tp4-fullac-s8192-b1 (per-tensor "
-    "breakdown)")
-
-
-def _torchtitan_rope_caches(arch: Architecture, training: Training, stage: StageParameters) -> Component:
-    """torchtitan's per-layer RoPE caches: one module per attention layer, each with its cache for
-    seq_len positions, alive from the model's build to the end of the run. Qwen3's CosSinRoPE (the
-    contract's qk_norm marks Qwen3 among torchtitan's families) keeps cos and sin of the duplicated
-    frequencies, 8 B x dim per position; ComplexRoPE one complex64 per frequency pair, 4 B x dim."""
-    dim = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
-    cos_sin = arch.qk_norm
-    per_position = (8 if cos_sin else 4) * dim
-    kind = (f"CosSinRoPE: 2 x {dim} fp32 (cos, sin)" if cos_sin else f"ComplexRoPE: {dim // 2} complex64")
-    return component("buffers", "RoPE caches (torchtitan, one per layer)",
-                     stage.num_layers * training.seq_len * per_position,
-                     f"{stage.num_layers} layers x {training.seq_len:,} positions (seq_len) x {per_position} B "
-                     f"({kind})", TORCHTITAN_ROPE_SOURCE)
-
-
-def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
-                      d_dense: int, trainable: float, largest: float) -> list[Component]:
-    """Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises sqrt(v)
-    for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam); fused kernels
-    (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place."""
-    states_dtype = bytes_per_element(recipe.optimizer_dtype)
-    shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
-    optimizer = OPTIMIZERS[training.optimizer]
-    if training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT:
-        return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
-                          f"{states_dtype:g} B x parameters on this GPU",
-                          "torch.optim.AdamW foreach implementation (_multi_tensor_adam)")]
-    if optimizer.temporaries == LARGEST_TENSOR:
-        return [component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
-                          2 * 4 * largest, "2 x 4 B x largest trainable tensor", optimizer.source)]
-    return []
-
-
-OPTIMIZER_IN_BACKWARD_SOURCE = ("torchtune training.register_optim_in_bwd_hooks: one optimizer per parameter, "
-                                "stepped and zeroed by its post-accumulate-grad hook; PyTorch tutorial 'How to save "
-                                "memory by fusing the optimizer step into the backward pass'")
-
-
-def _step_in_backward(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
-                      d_dense: int) -> Component:
-    """With the optimizer in backward, a parameter is stepped as soon as its gradient is ready and
-    the gradient freed: no full gradient set ever exists. At the worst moment one parameter's
-    gradient (its shard under ZeRO 2/3) is alive with its own step temporary (none for the fused
-    AdamW torchtune builds)."""
-    shard = d_dense if zero >= 2 and d_dense > 1 else 1
-    G, S = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.optimizer_dtype)
-    optimizer = OPTIMIZERS[training.optimizer]
-    foreach = training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT
-    temporary = S if foreach else 2 * 4 if optimizer.temporaries == LARGEST_TENSOR else 0
-    largest = stage.total.largest_tensor / shard
-    return component("transient", "One parameter's gradient and its step (optimizer in backward)",
-                     largest * (G + temporary),
-                     f"({G:g} B gradient + {temporary:g} B step temporary) x largest tensor"
-                     + (f" / d ({shard})" if shard > 1 else ""), OPTIMIZER_IN_BACKWARD_SOURCE)
-
-
 def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
                    hardware: Hardware | None = None) -> Component:
     """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator: 0.5 GiB for each
@@ -686,10 +475,6 @@ class _StaticStage(NamedTuple):
     backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
 
 
-def _rounded_sum(components) -> int:
-    return sum(c.bytes for c in components)
-
-
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared) -> _StaticStage:
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
@@ -702,8 +487,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
             "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
             deferred, act.DEFER_WGRAD_SOURCE),)
     working = _recompute_working_set(training, sp, shared)
-    tr = _transients(arch, training, recipe, par, sp, zero, inv)
-    exchange, exchange_backward, in_moe_layer = _moe_moments(arch, training, par, sp)
+    tr = transients(arch, training, recipe, par, sp, zero, inv)
+    exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
     grads_live = training.framework == "megatron" or m > 1 or par.pp > 1
@@ -711,13 +496,13 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
     # largest of its moments.
-    extras = _block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
+    extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and act.recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
-    recomputed_bytes = int(round(working)) + _rounded_sum(extras)
-    forward_moment = max(_rounded_sum(loss_forward), _rounded_sum(exchange))
-    backward_moment = max(_rounded_sum(loss_backward), recomputed_bytes, _rounded_sum(exchange_backward),
-                          _rounded_sum(tr.step_in_backward))
+    recomputed_bytes = int(round(working)) + total_bytes(extras)
+    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange))
+    backward_moment = max(total_bytes(loss_backward), recomputed_bytes, total_bytes(exchange_backward),
+                          total_bytes(tr.step_in_backward))
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
                       _optimizer_partition(sp, par, zero, inv.trainable if inv else None), zero)
@@ -725,22 +510,22 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if place.step_on_host:
         tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
     states = (int(round(on_gpu["parameters"])) + int(round(on_gpu["master_weights"]))
-              + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + _rounded_sum(tr.persistent))
+              + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + total_bytes(tr.persistent))
     grads = 0 if training.optimizer_in_backward else int(round(on_gpu["gradients"]))
     grads_early = grads if grads_live else 0
-    saved = _rounded_sum(loss_saved)
-    totals = (states + grads_early + saved + forward_moment + _rounded_sum(tr.forward),
-              states + grads_early + saved + backward_moment + _rounded_sum(tr.backward),
-              states + grads + _rounded_sum(tr.optimizer))
+    saved = total_bytes(loss_saved)
+    totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
+              states + grads_early + saved + backward_moment + total_bytes(tr.backward),
+              states + grads + total_bytes(tr.optimizer))
     # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
     # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
     # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
     late = training.framework in FSDP_FRAMEWORKS and not grads_live and not training.optimizer_in_backward
-    end = _fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
+    end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
     if end:
-        backward_end = states + int(round(end.gradients)) + _rounded_sum(end.transients)
+        backward_end = states + int(round(end.gradients)) + total_bytes(end.transients)
     else:
-        backward_end = states + grads + recomputed_bytes + _rounded_sum(tr.backward) if late else 0
+        backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
     parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
@@ -764,168 +549,6 @@ def _recompute_working_set(training: Training, sp: StageParameters, shared: _Sha
     return 0.0
 
 
-# --- torchtitan's backward moments (framework fsdp2) -------------------------------------------------
-
-FSDP2_RS_SOURCE = ("torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward: a unit's reduce-scatter "
-                   "input (its unsharded gradients in the reduce dtype, foreach_reduce) stays in "
-                   "comm_ctx.reduce_scatter_states until the next unit's post-backward drops it "
-                   "(reduce_scatter_max_input_buffers 1); the unit's own unsharded gradients are copied into it and "
-                   "freed there")
-FULL_AC_SOURCE = ("torchtitan v0.3.0 distributed/activation_checkpoint.py FullAC: ptd_checkpoint_wrapper(early_stop="
-                  "False), so a block's recomputation runs its whole forward, to the output it then drops; torch 2.13 "
-                  "distributed/_functional_collectives.py reduce_scatter_tensor (a scatter dim other than 0 cats the "
-                  "chunks into one buffer first); measured, per-tensor breakdown of "
-                  "tests/data/measured/torchtitan (Llama-3.1-70B TP 8, Qwen3-32B TP 4, Qwen3-8B)")
-TORCHAO_CAST_SOURCE = ("torchao 0.18 float8/float8_linear.py matmul_with_hp_or_float8_args.backward (grad_output cast "
-                       "to float8 for grad_input, then again along the other axis for grad_weight, then the saved "
-                       "input); float8/float8_training_tensor.py _ToFloat8ConstrFunc (tensor.to(float32) * scale) and "
-                       "float8/float8_utils.py to_fp8_saturated (clamp in fp32, then .to(float8)): eager, each cast "
-                       "holds two fp32 copies of its operand; measured, per-tensor breakdown of Llama-3.1-70B TP 8 "
-                       "(rowwise) and Llama-3.1-8B (tensorwise) runs of validation/torchtitan")
-EMBEDDING_UNIT_SOURCE = ("torchtitan v0.3.0 distributed/fsdp.py apply_fsdp_to_decoder (tok_embeddings its own unit); "
-                         "torch 2.13 FSDP2 backward prefetch (_fsdp_state.py: the next unit in reverse post-forward "
-                         "order, the embedding after the first block) and post_backward; measured, "
-                         "tests/data/measured/torchtitan (per-tensor breakdown)")
-
-
-def titan_full_ac(training: Training) -> bool:
-    """torchtitan's FullAC on every block (recompute "full", every 1, under fsdp2; eager layers)."""
-    return (training.framework == "fsdp2" and training.recompute == "full" and training.recompute_every == 1
-            and not act.compiled(training))
-
-
-def eager_float8(training: Training) -> bool:
-    """torchao float8 linears run eagerly (training.compile off): their casts are op-by-op."""
-    return act.torchao_float8(training) and not act.compiled(training)
-
-
-def _block_backward_extras(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
-                           sp: StageParameters) -> list[Component]:
-    """What a block's backward holds beyond its saved tensors (the recomputed layer's ledger), at its
-    largest moment, under torchtitan: the gradient of its output from the block above (under sequence
-    parallelism that shard and its all-gather over TP), and then the largest of
-      - the end of the recomputation (FullAC, early_stop=False): the output projection's output (full
-        sequence, Partial over TP), with SP the reduce-scatter's cat of it, its output and the MLP
-        norm's output the block still references; without TP the residual sum beside it;
-      - a gated MLP's backward (bf16): the down projection's unsharded weight gradient, the gated
-        product's gradient and the two products' gradients, the product itself freed (with SP the
-        gathered output gradient is freed by then);
-      - torchao's eager float8 casts in the down projection's backward: grad_output cast for grad_input
-        (two fp32 copies and the float8 copy) beside the float8 weight and grad_input, then cast again
-        for grad_weight; then the saved input's cast beside both float8 gradients.
-    Not modelled: MoE blocks' MLP and cast moments (their tail is the generic one), compiled blocks."""
-    full, cast = titan_full_ac(training), eager_float8(training)
-    if not (full or cast):
-        return []
-    B, P = bytes_per_element(training.compute_dtype), bytes_per_element(recipe.param_dtype)
-    T, h, t = act.tokens_per_gpu(training, par), arch.hidden_size, par.tp
-    seq_par = par.sequence_parallel and t > 1
-    n_g = T * h  # the block's output gradient, gathered over TP under SP
-    grads = ([("the block's output gradient (sequence-parallel shard)", B * n_g / t, "B*s*b*h/t"),
-              ("its all-gather over TP", B * n_g, "B*s*b*h")] if seq_par else
-             [("the block's output gradient", B * n_g, "B*s*b*h")])
-    moments: list[tuple[str, list[tuple[str, float, str]]]] = []
-    if full:
-        tail = [("output projection's output (full sequence)", B * n_g, "B*s*b*h")]
-        tail += ([("reduce-scatter's cat of it", B * n_g, "B*s*b*h"), ("reduce-scatter output", B * n_g / t, "B*s*b*h/t"),
-                  ("MLP norm output (sequence-parallel shard)", B * n_g / t, "B*s*b*h/t")] if seq_par else
-                 [("residual sum (the block's output)", B * n_g, "B*s*b*h")])
-        moments.append(("end of the recomputation (FullAC runs the whole block)", grads + tail))
-    if full and any(k == "moe" and n for k, n in sp.kind_counts):
-        # torchtitan's combine (models/common/token_dispatcher.py) scales the expert outputs in fp32; its
-        # backward holds the upcast gradient and the product's two fp32 gradients (for the outputs and the
-        # scores), after the shared experts' backward made their weight gradients
-        n_r = T * arch.num_experts_per_token * training.moe_capacity_factor * h * par.etp / (t if seq_par else 1)
-        rf = "/t" if seq_par else ""
-        shared = [("shared experts' weight gradients (unsharded)",
-                   P * (3 if arch.gated_mlp else 2) * h * arch.shared_expert_intermediate_size * arch.num_shared_experts
-                   / t, f"P*{3 if arch.gated_mlp else 2}*h*f_shared{'/t' if t > 1 else ''}")] \
-            if arch.num_shared_experts else []
-        moments.append(("MoE combine's backward", grads + shared + [
-            ("three fp32 gradients of the routed tokens (the upcast's and the scaling product's)", 12 * n_r,
-             f"3*4*phi*k*s*b*h*etp{rf}")]))
-    dense = any(k == "dense" and n for k, n in sp.kind_counts)
-    if dense and arch.gated_mlp:
-        f = arch.intermediate_size / t
-        n_x, w = T * f, h * f  # the down projection's input and weight on this GPU
-        tf = "/t" if t > 1 else ""
-        if full and not cast:
-            moments.append(("gated MLP's backward", grads[:1] + [
-                ("down projection's weight gradient (unsharded)", P * w, f"P*h*f{tf}"),
-                ("gradients of the gated product and of both products, the product freed", 2 * B * n_x,
-                 f"2*B*s*b*f{tf}")]))
-        if cast:
-            f8 = [("float8 weight", w, f"h*f{tf}"), ("grad_input", B * n_x, f"B*s*b*f{tf}")]
-            moments.append(("float8 cast of grad_output for grad_weight", grads + f8 + [
-                ("float8 grad_output for grad_input, and the one being made", 2 * n_g, "2*s*b*h"),
-                ("two fp32 copies of grad_output (to(float32) * scale, clamp)", 8 * n_g, "2*4*s*b*h")]))
-            moments.append(("float8 cast of the saved input for grad_weight", grads + f8 + [
-                ("both float8 grad_outputs and the input's float8 copy", 2 * n_g + n_x, f"2*s*b*h + s*b*f{tf}"),
-                ("two fp32 copies of the input", 8 * n_x, f"2*4*s*b*f{tf}")]))
-    if not moments:
-        return []
-    name, parts = max(moments, key=lambda m: sum(b for _, b, _ in m[1]))
-    source = "; ".join(([FULL_AC_SOURCE] if full else []) + ([TORCHAO_CAST_SOURCE] if cast else []))
-    pieces = tuple(component("transient", label, b, formula, source) for label, b, formula in parts)
-    others = ", ".join(n for n, _ in moments if n != name)
-    return [Component("transient", f"A block's backward beyond its saved tensors ({name})",
-                      sum(p.bytes for p in pieces),
-                      " + ".join(p.formula for p in pieces) + (f" (the largest of this and: {others})" if others else ""),
-                      source, pieces)]
-
-
-class _BackwardEnd(NamedTuple):
-    gradients: float  # the sharded gradients alive then
-    gradients_formula: str | None  # None: every gradient (the step's formula)
-    transients: list[Component]
-
-
-def _fsdp2_backward_end(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                        zero: int, grads: float, working: float, extras: list[Component],
-                        shared: _Shared) -> _BackwardEnd | None:
-    """torchtitan's last backward moments with FullAC and FSDP2 resharding after forward, on a stage with
-    the embedding (no pipeline): the largest of
-      - the first block's recomputation: its parameters and the embedding unit (prefetched for its
-        backward) gathered, the second block's reduce-scatter input, the recomputed block (its
-        input, saved tensors and backward extras); every unit's sharded gradient but the first
-        block's and the embedding's;
-      - the second block's: two blocks gathered, the third block's reduce-scatter input, the two
-        blocks' inputs; those two blocks' and the embedding's gradients not yet there;
-      - the embedding's post-backward: every sharded gradient, its unsharded gradient (the
-        parameter dtype) and its reduce-scatter input (the reduce dtype)."""
-    d = par.dp * par.cp
-    if not (titan_full_ac(training) and zero == 3 and sp.first and d > 1 and not training.adapter):
-        return None
-    P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
-    Pb, pb = fsdp2_gathered_block_bytes(training, P, sp)
-    layer, emb = sp.largest_layer_local, arch.vocab_size * arch.hidden_size / par.tp
-    kept = shared.kept_input
-    recomputed = [component("transient", "One recomputed layer's activations", working,
-                            "per-layer ledger of one layer", act.KORTHIKANTI)] + extras
-
-    def block(k: int) -> tuple[float, str, list[Component]]:  # block k (0: the first) being recomputed
-        missing = (k + 1) * layer + emb
-        gathered = (component("transient", "The first block and the embedding unit gathered", Pb * layer + P * emb,
-                              f"{pb} x a block + {P:g} B x V*h/t", EMBEDDING_UNIT_SOURCE) if k == 0 else
-                    component("transient", "Two blocks gathered (one prefetched)", 2 * Pb * layer,
-                              f"{pb} x 2 blocks", EMBEDDING_UNIT_SOURCE))
-        return (grads - G * missing / d,
-                f"{G:g} B x (the stage's parameters - {k + 1} block(s) - the embedding) / d (d = DP*CP = {d})",
-                [gathered,
-                 component("transient", "Reduce-scatter input of the block differentiated before", G * layer,
-                           f"{G:g} B x one layer's parameters", FSDP2_RS_SOURCE),
-                 component("transient", f"Input{'s' if k else ''} of the block{'s' if k else ''} not yet "
-                           "differentiated (kept by the checkpoints)", (k + 1) * kept,
-                           f"{k + 1} x {shared.kept_input_formula}", FULL_AC_SOURCE)] + recomputed)
-
-    embedding = (grads, None, [component(
-        "transient", "The embedding's unsharded gradient and its reduce-scatter input", (P + G) * emb,
-        f"({P:g} + {G:g}) B x V*h/t", EMBEDDING_UNIT_SOURCE + "; " + FSDP2_RS_SOURCE)])
-    moments = [block(0), block(1), embedding]
-    g, formula, transients = max(moments, key=lambda m: int(round(m[0])) + _rounded_sum(m[2]))
-    return _BackwardEnd(g, formula, transients)
-
-
 def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None) -> float:
     """The parameters whose optimizer state one GPU keeps: its stage's (an adapter run's `trainable`
     ones, expert parallelism excluded), divided by the shard group from ZeRO 1 (states.py)."""
@@ -936,9 +559,9 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
     return sp.dense_local / (par.dp * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
 
 
-def _static_parts(ms, place: Placement, tr: _Transients, exchange: tuple[list, list], loss_saved: tuple,
+def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, list], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
-                  training: Training, extras: list[Component] = (), end: _BackwardEnd | None = None) -> _StaticParts:
+                  training: Training, extras: list[Component] = (), end: BackwardEnd | None = None) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources)."""
 
     def state(key: str, label: str, source: str) -> Component:
@@ -969,7 +592,7 @@ def _static_parts(ms, place: Placement, tr: _Transients, exchange: tuple[list, l
                   if working else []) + list(extras)  # a block's backward beyond its saved tensors (torchtitan)
 
     def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
-        return max(moments, key=_rounded_sum)
+        return max(moments, key=total_bytes)
 
     folded = {"forward": fold(largest(loss_forward, exchange[0]) + tr.forward),
               "backward": fold(largest(loss_backward, recomputed, exchange[1], tr.step_in_backward) + tr.backward),
@@ -981,61 +604,6 @@ def _static_parts(ms, place: Placement, tr: _Transients, exchange: tuple[list, l
                               end.gradients_formula, FSDP2_RS_SOURCE)
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded,
                         grads_end)
-
-
-MOE_RECOMPUTE_SOURCE = ("Megatron-Core 0.16.1 transformer/moe/moe_layer.py MoELayer.forward under "
-                        "tensor_parallel.checkpoint when 'moe' is in recompute_modules; tensor_parallel/random.py "
-                        "CheckpointFunction.backward runs the block's forward again before its backward; measured, "
-                        "tests/data/measured/megatron")
-
-
-def _moe_moments(arch: Architecture, training: Training, par: Parallel,
-                 sp: StageParameters) -> tuple[list[Component], list[Component], list[Component]]:
-    """The transients of an MoE layer beside the kept activations, (forward, backward), each phase's largest
-    moment, and (third) the larger of its forward's and backward's moments under Megatron, which a layer fully
-    recomputed in backward adds to its recomputed tensors. Megatron's all-to-all dispatcher (act.MEGATRON_ALLTOALL): the end of the layer's forward (its
-    combine), the experts' backward, the router-dtype gradient around the expert-TP all-gather, and with the MoE
-    block recomputed (selective "moe") its recomputed tensors beside the larger of its forward's and its backward's
-    moments. DeepEP sends from its own fixed buffers (communication, deepep.py): no combine moment is modelled
-    with it; its experts' backward is the same. The all-gather dispatcher (act.MEGATRON_ALLGATHER): its combine
-    (the experts' outputs unpermuted over every gathered token), the combine's backward (the gradient
-    all-gathered), the experts' backward as above, each beside Megatron's global buffer holding the gathered
-    hidden states (allocated once and kept: counted with these moments, so not in the optimizer phase).
-    Other frameworks: the all-to-all send buffer."""
-    if not any(k == "moe" for k, _ in sp.kind_counts):
-        return [], [], []
-    send = act.fp8_activation_bytes(training) if training.fp8 else bytes_per_element(training.compute_dtype)
-    if training.framework != "megatron":
-        if par.ep == 1:
-            return [], [], []
-        tokens = act.tokens_per_gpu(training, par) * arch.num_experts_per_token * training.moe_capacity_factor
-        entry = act.Entry("All-to-all send buffer (permuted tokens)", tokens * arch.hidden_size * par.etp, send, "sp",
-                          "B*phi*k*s*b*h*etp")
-        buffer = [component("transient", entry.name, entry.bytes(par), entry.shown_formula(par),
-                            "all-to-all token dispatch (permute, then all_to_all)")]
-        return buffer, list(buffer), []
-
-    def parts(entries: list, source: str) -> list[Component]:
-        return [component("transient", e.name, e.bytes(par), e.shown_formula(par), source) for e in entries]
-
-    allgather = training.moe_dispatcher == "allgather"
-    if allgather:  # act.MEGATRON_ALLGATHER: its combine and the combine's backward
-        combine = parts(act.moe_allgather_combine_moment(arch, training, par), act.MEGATRON_ALLGATHER)
-        first = [parts(act.moe_allgather_combine_backward_moment(arch, training, par), act.MEGATRON_ALLGATHER)]
-    else:
-        combine = [] if training.moe_dispatcher == "deepep" else \
-            parts(act.moe_combine_moment(arch, training, par, send), act.MEGATRON_ALLTOALL)
-        first = [parts(act.moe_router_dtype_backward_moment(arch, training, par),
-                       "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)")]
-    experts = parts(act.moe_expert_backward_moment(arch, training, par),
-                    act.MEGATRON_GROUPED_MLP if training.moe_grouped_gemm else act.MEGATRON_ALLTOALL)
-    backward = [experts] + first
-    inner = max([combine, experts] + (first if allgather else []), key=_rounded_sum)
-    recomputed = act.moe_recomputed_entries(arch, training, par)
-    if recomputed:
-        backward.append(parts(recomputed, MOE_RECOMPUTE_SOURCE) + inner)
-    # the all-gather dispatcher gathers into Megatron's global buffer, a persistent one (`_transients`)
-    return combine, max(backward, key=_rounded_sum), inner
 
 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", act.KORTHIKANTI)

@@ -118,7 +118,7 @@ def test_rope_cache_as_measured(path):
 
 
 def test_only_torchtune_lists_a_rope_cache():
-    # hf lists none; fsdp2 lists torchtitan's per-layer caches instead (memory.py _torchtitan_rope_caches):
+    # hf lists none; fsdp2 lists torchtitan's per-layer caches instead (transients.py _torchtitan_rope_caches):
     # 28 layers x 4096 positions x 64 complex64, not torchtune's one shared cache of 131,072 positions
     hf = estimate_config({"model": "llama-3.2-3b", "training": {"framework": "hf", "seq_len": 4096}})
     assert "buffers" not in components(hf, "optimizer")
