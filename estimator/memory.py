@@ -639,15 +639,21 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
     """Every stage of a training step. Stages with the same layers and no embedding or head form a
     group: they share their static part (kept in `memo`, `_stage_memo`) and (unless full recompute
     skips a stage's first layers) their activation units and the builder of their phases. What
-    differs between them is the micro-batches in flight, found for every rank in one pass."""
+    differs between them is the micro-batches in flight, found for every rank in one pass. Under
+    full recompute the layers a stage stores depend on its chunks: on where they sit in the model
+    when layers differ in kind (MoE), on their lengths alone otherwise."""
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
     groups: dict[tuple, _Group] = {}
     full, offloaded = training.recompute == "full", training.offload_activations
+    by_position = arch.is_moe
     fragmentation_share = shared.fragmentation
     stages = []
     for sp, inflight in zip(cfg.stages, act.in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages])):
         signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
-        key = (signature, sp.chunks) if full else signature
+        if full:
+            key = (signature, sp.chunks if by_position else tuple(len(r) for r in sp.chunks))
+        else:
+            key = signature
         group = groups.get(key)
         if group is None:
             ends = (sp.first, sp.last, sp.kind_counts)  # all a static part reads of the stage
