@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate, load_config
+from estimator import planner as planner_module
 from estimator.config import SECTIONS
 from estimator.hardware import GPUS
 from estimator.planner import (LOSSES, Request, Shape, Variant, least_memory, micro_batches, most_stage_layers,
@@ -341,6 +342,37 @@ def test_no_fit_gives_the_fewest_gpus_that_fit():
     assert plan(arch, tr, "a10g", fewest, limit=1, pareto=False).layouts  # and the planner agrees
     # the larger GPUs need no more of themselves
     assert result.smallest_fit["h100-80"] <= result.smallest_fit["a100-40"] <= fewest
+
+
+def test_a_plan_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
+    # the search pauses Python's cyclic collector (planner._cyclic_gc_paused) and must switch it back
+    # on after an answer, after an error inside the search, and never on when the caller had it off
+    import gc
+    arch, tr = get_architecture("llama-3.2-1b"), Training(seq_len=2048, global_batch_size=8)
+    during = []
+    real_shapes = planner_module.shapes
+
+    def spying_shapes(req):
+        during.append(gc.isenabled())
+        return real_shapes(req)
+    monkeypatch.setattr(planner_module, "shapes", spying_shapes)
+    assert gc.isenabled()
+    assert plan(arch, tr, "h100-80", 2, limit=1, pareto=False).layouts
+    assert during[-1] is False and gc.isenabled()
+
+    def failing_shapes(req):
+        raise RuntimeError("inside the search")
+    monkeypatch.setattr(planner_module, "shapes", failing_shapes)
+    with pytest.raises(RuntimeError):
+        plan(arch, tr, "h100-80", 2, limit=1, pareto=False)
+    assert gc.isenabled()
+    monkeypatch.setattr(planner_module, "shapes", real_shapes)
+    gc.disable()
+    try:
+        plan(arch, tr, "h100-80", 2, limit=1, pareto=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # --- command line (../shared/CONTRACT.md, "Planner") ------------------------------------------------------
