@@ -845,8 +845,10 @@ def search(req: Request) -> Plan:
         layouts = run.layouts()
         seconds = time.perf_counter() - start  # the layout search; the no-fit answer below is a search of its own
         smallest = None if layouts else smallest_fit(req)
-    return Plan(request=req, layouts=layouts, searched=run.searched, estimates=run.ev.estimates,
-                rooflines=run.ev.rooflines, seconds=seconds, pruned=dict(run.pruned), smallest_fit=smallest)
+        answer = Plan(request=req, layouts=layouts, searched=run.searched, estimates=run.ev.estimates,
+                      rooflines=run.ev.rooflines, seconds=seconds, pruned=dict(run.pruned), smallest_fit=smallest)
+        del run  # its memos freed before the collector is back: its first collection need not walk them
+    return answer
 
 
 @contextmanager
