@@ -21,7 +21,7 @@ allocator's fragmentation; they make ``device_total_bytes``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Callable, NamedTuple
 
@@ -195,11 +195,21 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
                          else communication)
     # the ledger depends on the training setup and on TP, SP, CP and ETP only: every layout of a
     # search (and every rerun of the app) that shares them reads it from the architecture's memo
-    key = ("ledger", training, par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
-    ledger = arch.cached(key, lambda: _ledger(arch, training, par, vocab))
+    key = ("ledger", _ledger_training(arch, training), par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
+    ledger = arch.cached(key, lambda: _ledger(arch, key[1], par, vocab))
     return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
                    runtime=_runtime(hardware), parallel=par, hardware=hardware,
                    fragmentation=fragmentation_fraction(hardware))
+
+
+def _ledger_training(arch: Architecture, training: Training) -> Training:
+    """The training setup as the ledger reads it: one layer's saved tensors do not depend on how many
+    layers full recompute checkpoints (`recompute_layers`, `recompute_every`: the stages count those,
+    `activations.recomputed_layer_count`), so a search over them shares one ledger."""
+    if training.recompute_layers is None and training.recompute_every == 1:
+        return training
+    return arch.cached(("ledger training", training),
+                       lambda: replace(training, recompute_layers=None, recompute_every=1))
 
 
 def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:
@@ -407,7 +417,6 @@ def _stage_memo(cfg: Resolved) -> dict:
 def _rl_estimate(cfg: Resolved) -> Estimate:
     """RL: the trainer's step on prompt + response sequences, then every phase of the step on its
     busiest GPU (rl.py); the totals and the verdict are the largest phase's."""
-    from dataclasses import replace
     from .rl import rl_phases, rollout_host, trainer_training
     rl = cfg.training.rl
     train = estimate_resolved(resolve(cfg.architecture, trainer_training(cfg.training), cfg.parallel, cfg.hardware))
