@@ -19,9 +19,10 @@ at most 2 s.
 
 CPU seconds on one core (Python 3.11), top 50 + Pareto front / fastest only, the same answers:
 Llama-3.1-70B (514,146 layouts) 15.3-15.9 / 6.2-6.6 before the roofline's shared operation tables
-and `expected_step`, 9.2-10.1 / 3.1-3.2 after, of which the memory estimates take about 7 / 2.3;
-Llama-3.1-405B (1,214,208) 26.5 / 13.0 before, 12.9 / 5.7 after; DeepSeek-V3 (2,964,357) 321 / 65
-before, 176 / 38 after.
+and `expected_step` (session 5), 2.99 / 0.94 at the start of session 6, 2.05 / 0.78 after its changes
+(the cyclic garbage collector paused during the search, groups and ledgers shared across layouts);
+Llama-3.1-405B (1,214,208) 5.42 / 1.98 -> 2.90 / 1.24; DeepSeek-V3 (2,964,357) 83.5 / 11.5 -> 40.9 / 8.4
+(idle machine, one run each).
 """
 
 from __future__ import annotations
