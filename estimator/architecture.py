@@ -183,13 +183,16 @@ class Architecture:
         return self.cached(("layer kinds",), lambda: tuple(
             "moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers)))
 
-    def cached(self, key: tuple, compute):
+    def cached(self, key: tuple, compute, per_layout: bool = False):
         """Remember a value derived from this architecture alone (and the sharding named in `key`):
         a search over layouts, or an app rerun, asks for the same per-layer buckets again and again.
         The architecture is immutable, so the memo can never go stale. It holds at most MEMO_LIMIT
         values, the oldest dropped first: a preset's architecture lives as long as the app's server,
-        and every configuration its users try would otherwise stay in memory."""
-        memo = self.__dict__.setdefault("_memo", {})
+        and every configuration its users try would otherwise stay in memory. Values of one whole
+        configuration (`per_layout`: an app rerun reads them back, a search never does) have a memo
+        of their own, so that a search's hundreds of thousands of them never push out the values
+        its layouts share."""
+        memo = self.__dict__.setdefault("_layout_memo" if per_layout else "_memo", {})
         if key not in memo:
             if len(memo) >= MEMO_LIMIT:
                 del memo[next(iter(memo))]  # dicts keep insertion order: the oldest entry

@@ -408,9 +408,15 @@ def _stage_memo(cfg: Resolved) -> dict:
     (and a static part on the stage's layers and ends), not on how the pipeline splits and schedules
     the layers: a layout search varying those, and an app rerun, read them back. The architecture is
     immutable, so the memo never goes stale; whatever these parts come to read of the layout must
-    join the key."""
-    par = cfg.parallel
-    return cfg.architecture.cached(("stage parts", cfg.training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
+    join the key. How many layers full recompute checkpoints (`recompute_layers`) is not part of it:
+    the shared part does not read it and a static part only whether a stage recomputes any layer
+    (`activations.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
+    the stage has layers); the groups kept here add it to their keys (`_training_stages`)."""
+    par, training = cfg.parallel, cfg.training
+    if training.recompute_layers is not None:
+        training = cfg.architecture.cached(("training, all layers recomputed", training),
+                                           lambda: replace(training, recompute_layers=None))
+    return cfg.architecture.cached(("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
                                     par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches), dict)
 
 
@@ -659,8 +665,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
     stages = []
     for sp, inflight in zip(cfg.stages, act.in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages])):
         signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
-        if full:
-            key = (signature, sp.chunks if by_position else tuple(len(r) for r in sp.chunks))
+        if full:  # the layers a stage stores: which of its chunks' layers the first n (or every N-th) leave
+            key = (signature, sp.chunks if by_position else tuple(len(r) for r in sp.chunks),
+                   training.recompute_layers)
         else:
             key = signature
         group = groups.get(key)

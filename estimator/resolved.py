@@ -62,7 +62,8 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     # all but the hardware follows from the architecture, the training setup and the layout: a layout
     # search and an app rerun ask for the same ones again, so they are checked and derived once (the
     # architecture is immutable; a configuration that fails a check raises every time)
-    zero, recipe, vocab, gbs, stages = arch.cached(("resolved", training, par), lambda: _derived(arch, training, par))
+    zero, recipe, vocab, gbs, stages = arch.cached(("resolved", training, par), lambda: _derived(arch, training, par),
+                                                   per_layout=True)
     return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
                     recipe=recipe, zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,
                     microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages)

@@ -213,3 +213,21 @@ def test_an_architectures_memo_is_bounded():
     assert arch.cached(("test", 0), lambda: -1) == -1  # dropped, so computed again
     assert arch.cached(("test", MEMO_LIMIT + 9), lambda: -1) == (MEMO_LIMIT + 9) ** 2  # still remembered
     assert len(calls) == MEMO_LIMIT + 10
+
+
+def test_a_configurations_own_values_never_push_out_what_layouts_share():
+    """`per_layout` values (one whole configuration's, resolved.resolve) have a memo of their own,
+    bounded alike: a layout search making hundreds of thousands of them keeps the ledgers and stage
+    parts its layouts share."""
+    import dataclasses
+
+    from estimator.architecture import MEMO_LIMIT
+    from estimator.presets import get_architecture
+
+    arch = dataclasses.replace(get_architecture("llama-3.1-8b"))
+    arch.cached(("shared",), lambda: "kept")
+    for i in range(MEMO_LIMIT + 10):
+        arch.cached(("layout", i), lambda i=i: i, per_layout=True)
+    assert arch.cached(("shared",), lambda: "computed again") == "kept"
+    assert len(arch.__dict__["_layout_memo"]) == MEMO_LIMIT and len(arch.__dict__["_memo"]) == 1
+    assert arch.cached(("layout", 0), lambda: -1, per_layout=True) == -1  # the oldest was dropped
