@@ -19,10 +19,11 @@ at most 2 s.
 
 CPU seconds on one core (Python 3.11), top 50 + Pareto front / fastest only, the same answers:
 Llama-3.1-70B (514,146 layouts) 15.3-15.9 / 6.2-6.6 before the roofline's shared operation tables
-and `expected_step` (session 5), 2.99 / 0.94 at the start of session 6, 2.05 / 0.78 after its changes
-(the cyclic garbage collector paused during the search, groups and ledgers shared across layouts);
-Llama-3.1-405B (1,214,208) 5.42 / 1.98 -> 2.90 / 1.24; DeepSeek-V3 (2,964,357) 83.5 / 11.5 -> 40.9 / 8.4
-(idle machine, one run each).
+and `expected_step` (session 5), 2.99 / 0.94 at the start of session 6, 1.70 / 0.59 after its changes
+(the cyclic garbage collector paused during the search; groups, ledgers and static stage parts shared
+across layouts and recompute_layers; per-configuration values in a memo of their own);
+Llama-3.1-405B (1,214,208) 5.42 / 1.98 -> 2.53 / 0.93; DeepSeek-V3 (2,964,357) 83.5 / 11.5 -> 28.6 / 6.7
+(idle machine, one run each; the fastest-only run follows the full one in the same process).
 """
 
 from __future__ import annotations
