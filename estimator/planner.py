@@ -22,10 +22,10 @@ each with its numbers from a full `estimate()` and `roofline()`; when none fits,
 of two of these GPUs, and of every catalog GPU, at which some layout fits.
 
 Speed: a full estimate of a layout not seen before costs about 110 us (Llama-3.1-405B on 16
-stages; bench/bench_estimate.py) and the roofline's step about as much (`roofline.expected_step`: the
-roofline's numbers without its operation list, over operation tables shared by every layout with the
-same TP, CP, EP and micro-batch), so the search judges most layouts without either, by exact rules, each checked against brute force on random small cases
-(tests/test_planner.py). Memory, from the estimator's phases (memory.py):
+stages; bench/bench_estimate.py) and the roofline's step about as much (`roofline.expected_step`:
+the roofline's numbers without its operation list, over operation tables shared by every layout
+with the same TP, CP, EP and micro-batch), so the search judges most layouts without either, by
+exact rules, each checked against brute force on random small cases (tests/test_planner.py). Memory, from the estimator's phases (memory.py):
 
 1. states floor: a stage's peak is at least its optimizer-step phase (model states, gradients,
    optimizer temporaries), which no recompute, micro-batch or loss changes, so when it is over
