@@ -655,7 +655,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
     group: they share their static part (kept in `memo`, `_stage_memo`) and (unless full recompute
     skips a stage's first layers) their activation units and the builder of their phases. What
     differs between them is the micro-batches in flight, found for every rank in one pass. Under
-    full recompute the layers a stage stores depend on its chunks (`_chunks_key`)."""
+    full recompute the layers a stage stores depend on its chunks (`sharding.layers_key`)."""
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
     groups: dict[tuple, _Group] = {}
     full, offloaded = training.recompute == "full", training.offload_activations
@@ -664,7 +664,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
     for sp, inflight in zip(cfg.stages, act.in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages])):
         signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
         if full:  # the layers a stage stores: which of its chunks' layers the first n (or every N-th) leave
-            key = (signature, _chunks_key(arch, sp.chunks), training.recompute_layers)
+            key = (signature, sp.layers_key, training.recompute_layers)
         else:
             key = signature
         group = groups.get(key)
@@ -698,15 +698,6 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
             (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme))
     return stages
-
-
-def _chunks_key(arch: Architecture, chunks: tuple[range, ...]) -> tuple:
-    """What the kinds of a stage's stored layers under full recompute depend on: its chunks' lengths,
-    and where the chunks sit only where layers of one length can differ in kind: MoE every k-th layer
-    (k > 1), or chunks that reach into the dense first layers (`first_dense_layers`)."""
-    if arch.is_moe and (arch.moe_layer_frequency > 1 or any(r.start < arch.first_dense_layers for r in chunks)):
-        return chunks
-    return tuple(len(r) for r in chunks)
 
 
 OFFLOAD_ACTIVATIONS_SOURCE = ("torchtune training/_activation_offloading.py OffloadActivations (saved tensors over 1 KiB "

@@ -230,6 +230,17 @@ def chunk_kind_counts(arch: Architecture, chunks: tuple[range, ...], skip: int =
     return tuple((kind, n) for kind, n in (("dense", dense), ("moe", moe)) if n > 0)
 
 
+def layers_key(arch: Architecture, chunks: tuple[range, ...]) -> tuple:
+    """What the kinds of a rank's layers depend on once its first n layers (`chunk_kind_counts`' skip)
+    or every N-th (`stored_kind_counts`) are left out: its chunks' lengths, and where the chunks sit
+    only where layers of one length can differ in kind: MoE every k-th layer (k > 1), or chunks that
+    reach into the dense first layers (`first_dense_layers`). Ranks with equal keys store layers of
+    the same kinds under full recompute."""
+    if arch.is_moe and (arch.moe_layer_frequency > 1 or any(r.start < arch.first_dense_layers for r in chunks)):
+        return chunks
+    return tuple(len(r) for r in chunks)
+
+
 def stored_kind_counts(arch: Architecture, chunks: tuple[range, ...], every: int) -> tuple[tuple[str, int], ...]:
     """(kind, layers) over a rank's chunks that checkpointing every `every`-th layer leaves stored:
     the rank's layers in running order, counted from 1, are checkpointed at multiples of `every`
@@ -334,6 +345,7 @@ class StageParameters(NamedTuple):
     chunks: tuple[range, ...] = ()  # the rank's layers, one range per virtual chunk, in running order
     first: bool = False  # runs the first virtual stage: the embedding (rank 0; under DualPipe also rank p - 1)
     last: bool = False  # runs the last one: final norm, head, MTP and loss (DualPipe: ranks p - 1 and 0; V: rank 0)
+    layers_key: tuple = ()  # what the kinds of its layers, less any first n or every N-th, depend on (`layers_key`)
 
     @property
     def num_layers(self) -> int:
@@ -383,7 +395,8 @@ def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[
             largest = max((per_kind[k].dense + per_kind[k].expert for k, _ in counts), default=0.0)
             cache[key] = (total.plus(root), largest, root.dense)
         total, largest, root_dense = cache[key]
-        stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks, key[0], key[1]))
+        stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks, key[0], key[1],
+                                      layers_key(arch, chunks)))
     return stages
 
 

@@ -207,19 +207,18 @@ def test_what_an_architecture_remembers_never_changes_an_estimate(config, moe_pa
 @SETTINGS
 @given(st.integers(0, 3), st.integers(1, 3), st.booleans(),
        st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(1, 6)), min_size=1, max_size=3))
-def test_stages_grouped_by_their_chunks_key_store_the_same_layers(first_dense, frequency, moe, chunk_specs):
-    # memory._training_stages lets stages whose chunks have the same key (memory._chunks_key) share
+def test_stages_grouped_by_their_layers_key_store_the_same_layers(first_dense, frequency, moe, chunk_specs):
+    # memory._training_stages lets stages whose chunks have the same key (sharding.layers_key) share
     # what full recompute leaves stored: the kinds of the layers after the first n, or of those
     # every N-th layer checkpointing leaves, must then be the same wherever the chunks sit
-    from estimator.memory import _chunks_key
-    from estimator.sharding import chunk_kind_counts, stored_kind_counts
+    from estimator.sharding import chunk_kind_counts, layers_key, stored_kind_counts
     arch = Architecture(hidden_size=512, num_layers=64, num_attention_heads=8, intermediate_size=1024,
                         vocab_size=32000, num_experts=8 if moe else 0, num_experts_per_token=2 if moe else None,
                         moe_intermediate_size=256 if moe else None, first_dense_layers=first_dense if moe else 0,
                         moe_layer_frequency=frequency if moe else 1)
     one = tuple(range(a, a + n) for a, _, n in chunk_specs)
     other = tuple(range(b, b + n) for _, b, n in chunk_specs)
-    if _chunks_key(arch, one) != _chunks_key(arch, other):
+    if layers_key(arch, one) != layers_key(arch, other):
         return
     for skip in range(sum(len(r) for r in one) + 1):
         assert chunk_kind_counts(arch, one, skip) == chunk_kind_counts(arch, other, skip)
