@@ -32,7 +32,7 @@ from .components import (NON_ALLOCATOR, Component, Phase, StageDetail, StageEsti
 from .dtypes import bytes_per_element
 from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
 from .parallel import Parallel
-from .resolved import Resolved, resolve
+from .resolved import Resolved, resolve, training_with
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import OPTIMIZERS
@@ -194,22 +194,15 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     moe_communication = (_communication(training, par, zero, arch, hardware) if training.moe_dispatcher == "deepep"
                          else communication)
     # the ledger depends on the training setup and on TP, SP, CP and ETP only: every layout of a
-    # search (and every rerun of the app) that shares them reads it from the architecture's memo
-    key = ("ledger", _ledger_training(arch, training), par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
-    ledger = arch.cached(key, lambda: _ledger(arch, key[1], par, vocab))
+    # search (and every rerun of the app) that shares them reads it from the architecture's memo; one
+    # layer's saved tensors do not depend on how many layers full recompute checkpoints (the stages
+    # count those, `activations.recomputed_layer_count`), so a search over them shares one ledger
+    as_read = training_with(arch, training, recompute_layers=None, recompute_every=1)
+    key = ("ledger", as_read, par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
+    ledger = arch.cached(key, lambda: _ledger(arch, as_read, par, vocab))
     return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
                    runtime=_runtime(hardware), parallel=par, hardware=hardware,
                    fragmentation=fragmentation_fraction(hardware))
-
-
-def _ledger_training(arch: Architecture, training: Training) -> Training:
-    """The training setup as the ledger reads it: one layer's saved tensors do not depend on how many
-    layers full recompute checkpoints (`recompute_layers`, `recompute_every`: the stages count those,
-    `activations.recomputed_layer_count`), so a search over them shares one ledger."""
-    if training.recompute_layers is None and training.recompute_every == 1:
-        return training
-    return arch.cached(("ledger training", training),
-                       lambda: replace(training, recompute_layers=None, recompute_every=1))
 
 
 def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:
@@ -412,10 +405,7 @@ def _stage_memo(cfg: Resolved) -> dict:
     the shared part does not read it and a static part only whether a stage recomputes any layer
     (`activations.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
     the stage has layers); the groups kept here add it to their keys (`_training_stages`)."""
-    par, training = cfg.parallel, cfg.training
-    if training.recompute_layers is not None:
-        training = cfg.architecture.cached(("training, all layers recomputed", training),
-                                           lambda: replace(training, recompute_layers=None))
+    par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, recompute_layers=None)
     return cfg.architecture.cached(("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
                                     par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches), dict)
 
@@ -652,10 +642,10 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
 
 def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEstimate]:
     """Every stage of a training step. Stages with the same layers and no embedding or head form a
-    group: they share their static part (kept in `memo`, `_stage_memo`) and (unless full recompute
-    skips a stage's first layers) their activation units and the builder of their phases. What
-    differs between them is the micro-batches in flight, found for every rank in one pass. Under
-    full recompute the layers a stage stores depend on its chunks (`sharding.layers_key`)."""
+    group: they share their static part (kept in `memo`, `_stage_memo`), their activation units and
+    the builder of their phases; under full recompute only stages whose chunks store layers of the
+    same kinds (`sharding.layers_key`) group. What differs between them is the micro-batches in
+    flight, found for every rank in one pass."""
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
     groups: dict[tuple, _Group] = {}
     full, offloaded = training.recompute == "full", training.offload_activations

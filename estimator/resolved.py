@@ -11,7 +11,7 @@ parallelism with TP, ETP = TP) are resolved by `Parallel` itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from .activations import global_batch_size
@@ -67,6 +67,15 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
                     recipe=recipe, zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,
                     microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages)
+
+
+def training_with(arch: Architecture, training: Training, **fields) -> Training:
+    """`training` with `fields` set, remembered on the architecture: the parts of an estimate that do
+    not read some fields key their memos on the training setup without them, and a search asks for
+    the same one for many layouts (a Training checks every field when it is made)."""
+    if all(getattr(training, name) == value for name, value in fields.items()):
+        return training
+    return arch.cached(("training with", training, tuple(fields.items())), lambda: replace(training, **fields))
 
 
 def _derived(arch: Architecture, training: Training, par: Parallel) -> tuple:

@@ -60,7 +60,7 @@ from .architecture import Architecture
 from .dtypes import bytes_per_element
 from .hardware import GPU, Hardware
 from .parallel import Parallel
-from .resolved import Resolved, resolve
+from .resolved import Resolved, resolve, training_with
 from .sharding import split_key
 from .states import optimizer_state_bytes
 from .training import FSDP_FRAMEWORKS, Training
@@ -1241,10 +1241,8 @@ def _expected(arch: Architecture, training: Training, par: Parallel, hardware: H
     rank's expected work, the slowest rank, that rank's step times as expected)."""
     # the memory model's rules and resolution; the FP8 recipe is modelled here, so its memory-side
     # refusal is skipped (the recipe and the ZeRO stage do not depend on it; FP8 weights belong to it)
-    checked = training
-    if training.fp8:  # remembered: a search times the same training setup over many layouts
-        checked = arch.cached(("roofline: fp8 off", training), lambda: dataclasses.replace(
-            training, fp8=False, param_dtype="bf16" if training.param_dtype == "fp8" else training.param_dtype))
+    checked = training if not training.fp8 else training_with(
+        arch, training, fp8=False, param_dtype="bf16" if training.param_dtype == "fp8" else training.param_dtype)
     cfg = resolve(arch, checked, par, hardware)
     if training.fp8 or not cfg.is_training:
         cfg = dataclasses.replace(cfg, training=training, zero_stage=cfg.zero_stage if cfg.is_training else 0)
