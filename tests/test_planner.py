@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 import random
 import subprocess
@@ -347,7 +348,6 @@ def test_no_fit_gives_the_fewest_gpus_that_fit():
 def test_a_plan_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
     # the search pauses Python's cyclic collector (planner._cyclic_gc_paused) and must switch it back
     # on after an answer, after an error inside the search, and never on when the caller had it off
-    import gc
     arch, tr = get_architecture("llama-3.2-1b"), Training(seq_len=2048, global_batch_size=8)
     during = []
     real_shapes = planner_module.shapes

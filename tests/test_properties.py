@@ -1,11 +1,15 @@
 """Properties over random valid configurations (hypothesis)."""
 
+import dataclasses
+import json
+
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from estimator import Architecture, Parallel, Training, estimate
 from estimator.errors import ConfigError
 from estimator.memory import NON_ALLOCATOR
+from estimator.sharding import chunk_kind_counts, layers_key, stored_kind_counts
 
 TENSOR_KEYS = ("parameters", "gradients", "master_weights", "optimizer_states")
 
@@ -182,8 +186,6 @@ def test_what_an_architecture_remembers_never_changes_an_estimate(config, moe_pa
     # by what each reads; every estimate of a sequence on one architecture object must equal the same
     # estimate made from nothing (a fresh copy of the architecture), formulas and sources included. MoE
     # models get dense first layers or MoE every 2nd or 3rd layer, so that where a stage's layers sit matters
-    import dataclasses
-    import json
     arch, training, par = config
     if arch.is_moe:
         arch = dataclasses.replace(arch, first_dense_layers=moe_pattern[0], moe_layer_frequency=moe_pattern[1])
@@ -211,7 +213,6 @@ def test_stages_grouped_by_their_layers_key_store_the_same_layers(first_dense, f
     # memory._training_stages lets stages whose chunks have the same key (sharding.layers_key) share
     # what full recompute leaves stored: the kinds of the layers after the first n, or of those
     # every N-th layer checkpointing leaves, must then be the same wherever the chunks sit
-    from estimator.sharding import chunk_kind_counts, layers_key, stored_kind_counts
     arch = Architecture(hidden_size=512, num_layers=64, num_attention_heads=8, intermediate_size=1024,
                         vocab_size=32000, num_experts=8 if moe else 0, num_experts_per_token=2 if moe else None,
                         moe_intermediate_size=256 if moe else None, first_dense_layers=first_dense if moe else 0,
