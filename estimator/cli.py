@@ -76,12 +76,14 @@ def render_text(result) -> str:
         lines.append(f"  {'component':<22}{'GiB':>9}  formula")
         for c in stage.components:
             lines.append(f"  {c.key:<22}{_gib(c.bytes)}  {c.formula}")
-        lines.append(f"  {'allocated peak':<22}{_gib(stage.allocated_peak_bytes)}")
-        lines.append(f"  {'device total':<22}{_gib(stage.device_total_bytes)}")
+        lines.append(f"  {'allocated peak':<22}{_gib(stage.allocated_peak_bytes)}  torch.cuda.max_memory_allocated")
+        lines.append(f"  {'reserved peak':<22}{_gib(stage.reserved_peak_bytes)}  torch.cuda.max_memory_reserved")
+        lines.append(f"  {'device total':<22}{_gib(stage.device_total_bytes)}  nvidia-smi")
     fit = result.fit
     lines.append("")
     lines += _rl_lines(result)
     lines.append(f"Peak stage {result.peak_stage}: allocated {result.allocated_peak_bytes / GiB:.2f} GiB, "
+                 f"reserved {result.reserved_peak_bytes / GiB:.2f} GiB, "
                  f"device total {result.device_total_bytes / GiB:.2f} GiB")
     lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {fit.verdict.upper()} "
                  f"({fit.utilization:.0%} of capacity)")

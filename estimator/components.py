@@ -17,7 +17,8 @@ from .hardware import Hardware
 from .parallel import Parallel
 
 # Components that are not tensors in PyTorch's allocator
-NON_ALLOCATOR = ("communication", "runtime", "fragmentation")
+NON_ALLOCATOR = ("communication", "runtime", "fragmentation")  # not tensors: not in max_memory_allocated
+OUTSIDE_ALLOCATOR = ("communication", "runtime")  # not in max_memory_reserved either
 # Components a phase lists even at zero bytes (the contract's keys)
 ALWAYS = ("parameters", "gradients", "optimizer_states", "activations")
 
@@ -101,6 +102,18 @@ class StageEstimate(NamedTuple):
     def component(self, key: str) -> Component | None:
         return next((c for c in self.components if c.key == key), None)
 
+    @property
+    def outside_allocator(self) -> tuple[Component, ...]:
+        """What the device holds outside PyTorch's caching allocator (CUDA context, NCCL buffers):
+        nvidia-smi counts it, `max_memory_reserved` does not."""
+        return tuple(c for c in self.detail.built(self)[1] if c.key in OUTSIDE_ALLOCATOR)
+
+    @property
+    def reserved_peak_bytes(self) -> int:
+        """What `torch.cuda.max_memory_reserved()` reports: the allocated peak plus the allocator's
+        cached, unused segments (the fragmentation component)."""
+        return self.device_total_bytes - sum(c.bytes for c in self.outside_allocator)
+
 
 def built_stage(stage: int, layers: int, parameters_per_gpu: int, phases: tuple[Phase, ...],
                 outside: tuple[Component, ...]) -> StageEstimate:
@@ -162,18 +175,25 @@ def phase(name: str, kept: tuple[Component, ...], transient: Component) -> Phase
     return Phase(name, sum(c.bytes for c in out), out)
 
 
+# Reserved minus allocated at the peak, as a share of the allocated peak, measured on real GPU runs of
+# the HF and PEFT cases (tests/data/measured/gpu, H200, torch 2.11): 0.6% to 40%, median 8.5%, over 39
+# runs with default segments; the largest where a recompute or a wide vocabulary frees and re-requests
+# blocks of many sizes. expandable_segments: 1.5% and 3.9% where the same runs measured 8.5% and 9.9% with
+# default segments, but 18.8% where they measured 8.8% (full recompute, micro-batch 2). A flat share is a
+# stand-in for replaying the allocator's segments over the step's allocations (the next modelling step).
+FRAGMENTATION_SOURCE = ("measured max_memory_reserved / max_memory_allocated - 1 on real H200 runs "
+                        "(tests/data/measured/gpu): 0.6-40%, median 8.5% with default segments; with "
+                        "expandable segments 1.5-19% on three runs")
+
+
 def fragmentation_fraction(hardware: Hardware) -> float:
-    """Reserved minus allocated at the peak, as a share of the allocated peak: 2-10% observed
-    (compressed-tensors PR #587, torchtune #1185, AWS auto-configurator bands x1.10-1.25);
-    ``expandable_segments`` roughly halves it."""
+    """Reserved minus allocated at the peak, as a share of the allocated peak (see
+    FRAGMENTATION_SOURCE); ``expandable_segments`` halves it."""
     return 0.05 if hardware.expandable_segments else 0.10
 
 
 def fragmentation(allocated: int, hardware: Hardware) -> Component:
     fraction = fragmentation_fraction(hardware)
     segments = "expandable_segments" if hardware.expandable_segments else "default segments"
-    return component(
-        "fragmentation", "Allocator fragmentation and cache", allocated * fraction,
-        f"{fraction:.0%} of the allocated peak ({segments})",
-        "reserved minus allocated at peak: 2-10% observed (compressed-tensors PR #587, torchtune #1185, AWS "
-        "auto-configurator bands x1.10-1.25); expandable_segments halves it")
+    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", allocated * fraction,
+                     f"{fraction:.0%} of the allocated peak ({segments})", FRAGMENTATION_SOURCE)

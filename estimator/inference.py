@@ -22,6 +22,7 @@ from .hardware import Hardware
 from .parallel import Parallel
 from .sharding import StageParameters
 from .training import Training
+from .workspaces import library_workspaces
 
 KV_SOURCE = "KV cache = 2 x g x d_head per token and layer (GQA: Ainslie et al. 2023; MLA: DeepSeek-V2 section 2.1.3)"
 
@@ -67,9 +68,10 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
     by_t = "/t" if t > 1 else ""
     activations = component("activations", "Working activations (one layer, prefill)", working, working_formula,
                              "one layer's forward temporaries; nothing is kept for backward")
+    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     kept = [weights, component("gradients", "Gradients", 0, "none in inference", ""),
             component("optimizer_states", "Optimizer states", 0, "none in inference", ""),
-            kv_cache, activations]
+            kv_cache, activations, library_workspaces(training, hardware, moe_stage)]
     if sp.stage == par.pp - 1:
         # Logits of the last position of each sequence, upcast to fp32 for sampling.
         kept.append(component("logits", "Logits of the sampled positions (fp32)",

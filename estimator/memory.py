@@ -27,10 +27,10 @@ from typing import Callable, NamedTuple
 
 from . import activations as act
 from .architecture import Architecture, parameter_counts
-from .components import (NON_ALLOCATOR, Component, Phase, StageDetail, StageEstimate, component,  # noqa: F401
+from .components import (NON_ALLOCATOR, OUTSIDE_ALLOCATOR, Component, Phase, StageDetail, StageEstimate, component,  # noqa: F401
                          entries_component, fold, fragmentation, fragmentation_fraction, once, phase, total_bytes)
 from .dtypes import bytes_per_element
-from .hardware import CUDA_CONTEXT_SOURCE, GPU, GPUS, Hardware
+from .hardware import GPU, GPUS, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve, training_with
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
@@ -42,6 +42,7 @@ from .training import FSDP_FRAMEWORKS, Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
 from .moe_moments import moe_moments
 from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
+from .workspaces import library_workspaces
 
 GiB = 1024**3
 TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% in 454 runs
@@ -101,6 +102,15 @@ class Estimate:
         return {"stage": s.stage, "cpu_bytes_per_gpu": s.host_bytes, "nvme_bytes_per_gpu": s.nvme_bytes,
                 "cpu": {c.label: c.bytes for c in s.host}, "nvme": {c.label: c.bytes for c in s.nvme}}
 
+    @property
+    def reserved_peak_bytes(self) -> int:
+        """`torch.cuda.max_memory_reserved()` of the peak stage (or RL phase): the device total less what
+        lies outside the allocator."""
+        if self.rl_phases:
+            peak = max(self.rl_phases, key=lambda p: p.device_total_bytes)
+            return peak.device_total_bytes - sum(c.bytes for c in peak.components if c.key in OUTSIDE_ALLOCATOR)
+        return next(s for s in self.stages if s.stage == self.peak_stage).reserved_peak_bytes
+
     def fits(self) -> list[Fit]:
         """The verdict on every GPU of the catalog (the estimate does not depend on the GPU, but
         for its CUDA context, which is the same for all catalogued GPUs)."""
@@ -116,7 +126,9 @@ class Estimate:
                     "layers": s.layers,
                     "components": {c.key: c.bytes for c in s.components},
                     "allocated_peak_bytes": s.allocated_peak_bytes,
+                    "reserved_peak_bytes": s.reserved_peak_bytes,
                     "device_total_bytes": s.device_total_bytes,
+                    "outside_allocator": {c.key: c.bytes for c in s.outside_allocator},
                     "peak_phase": s.peak_phase,
                     "parameters_per_gpu": s.parameters_per_gpu,
                     "in_flight_microbatches": s.in_flight_microbatches,
@@ -128,6 +140,7 @@ class Estimate:
             ],
             "peak_stage": self.peak_stage,
             "allocated_peak_bytes": self.allocated_peak_bytes,
+            "reserved_peak_bytes": self.reserved_peak_bytes,
             "device_total_bytes": self.device_total_bytes,
             "fit": {"gpu": self.fit.gpu, "capacity_bytes": self.fit.capacity_bytes,
                     "utilization": round(self.fit.utilization, 6), "verdict": self.fit.verdict},
@@ -240,8 +253,9 @@ def _loss_components(loss: act.LossMemory | None, par: Parallel) -> tuple[tuple[
 
 
 def _runtime(hardware: Hardware) -> Component:
-    return component("runtime", "CUDA context and library workspaces", hardware.device.cuda_context_bytes,
-                      "per-process constant of the GPU catalog", CUDA_CONTEXT_SOURCE)
+    runtime = hardware.device.runtime
+    return component("runtime", "CUDA context and loaded kernels (outside the allocator)", runtime.context_bytes,
+                     f"per-process constant for {runtime.architecture}", runtime.context_source)
 
 
 def _first_kind(arch: Architecture) -> str:
@@ -492,7 +506,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
             "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
             deferred, act.DEFER_WGRAD_SOURCE),)
     working = _recompute_working_set(training, sp, shared)
+    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
+    # the libraries' workspaces are held by the allocator from the first matrix product on (workspaces.py)
+    tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)])
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
@@ -531,7 +548,6 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         backward_end = states + int(round(end.gradients)) + total_bytes(end.transients)
     else:
         backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
-    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
     parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end))

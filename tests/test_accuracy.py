@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
+from validation.summary import tensors_peak
 
 MEASURED = Path(__file__).parent / "data" / "measured"
 FRAMEWORKS = ("torchtitan", "megatron", "peft", "torchtune")
@@ -80,6 +81,110 @@ def test_model_states_within_one_percent(path):
 @pytest.mark.parametrize("path", expected_failures(KNOWN_GAPS), ids=lambda p: p.stem)
 def test_peak_within_five_percent(path):
     record = load(path)
-    peak = measured_stage(estimate_config(record["config"]), record).allocated_peak_bytes
+    # the harnesses see every tensor but the libraries' workspaces (validation/summary.py tensors_peak)
+    peak = tensors_peak(measured_stage(estimate_config(record["config"]), record))
     assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.05), \
         f"peak {peak} vs {record['measured']['peak_bytes']}"
+
+
+# --- real GPU runs (validation/gpu): the three numbers people compare -----------------------------
+# The same cases run for real on a lent GPU (tests/data/measured/gpu): max_memory_allocated per phase,
+# max_memory_reserved, nvidia-smi, the cuBLAS workspaces and the memory outside the allocator. They
+# hold the allocated peak to the same 5%, the workspaces and the CUDA context to what the device
+# reported, and the fake-tensor harness itself to the hardware.
+GPU_MEASURED = MEASURED / "gpu"
+GPU_RECORDS = sorted(p for p in GPU_MEASURED.glob("*.json") if "probe" not in json.loads(p.read_text()))
+MiB = 1024**2
+# case id -> why the allocated peak misses it
+KNOWN_GPU_GAPS: dict[str, str] = {
+    "llama-3.1-8b-qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared":
+        "peft's prepare_model_for_kbit_training casts every parameter that is not 4-bit (embeddings, LM head, "
+        "norms) to fp32, and the fp32 head makes fp32 logits: no field says a run calls it yet (-29.5%)",
+}
+# The reserved peak (and so nvidia-smi) is the allocated peak plus a flat 10% of cached segments; these
+# runs keep more (recompute frees and re-requests blocks of many sizes): under by more than 10%.
+KNOWN_RESERVED_GAPS = {
+    "llama-3.1-8b-qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared",  # the allocated gap above
+    "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
+    "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1",
+    "qwen2.5-7b-bf16-adamw-recompute-sdpa-s8192-b2",
+    "qwen2.5-7b-qlora-bnb-r64-all7-recompute-drop00-s4096-b2",
+    "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2",
+}
+
+
+def gpu_estimate(record: dict):
+    result = estimate_config(record["config"])
+    return next(s for s in result.stages if s.stage == result.peak_stage)
+
+
+def test_the_gpu_records_are_there():
+    """A real-GPU run of every harness kind: HF full fine-tuning (small and 8B models), PEFT LoRA and
+    DoRA, QLoRA with bitsandbytes, and the expandable-segments allocator."""
+    ids = {p.stem for p in GPU_RECORDS}
+    assert len(ids) >= 40
+    assert any("-qlora-bnb-" in i for i in ids) and any("-lora-" in i for i in ids)
+    assert any(i.endswith("-expandable") for i in ids) and any(i.startswith("llama-3.2-1b") for i in ids)
+    assert set(KNOWN_GPU_GAPS) <= ids and KNOWN_RESERVED_GAPS <= ids
+    for path in GPU_RECORDS:
+        versions = load(path)["versions"]
+        assert versions["gpu"] and versions["torch"] and versions["driver"] and versions["cuda"]
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_GPU_GAPS[p.stem], strict=True))
+                                  if p.stem in KNOWN_GPU_GAPS else p for p in GPU_RECORDS], ids=lambda p: p.stem)
+def test_gpu_allocated_peak_within_five_percent(path):
+    record = load(path)
+    peak = gpu_estimate(record).allocated_peak_bytes
+    assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.05)
+
+
+@pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
+def test_gpu_library_workspaces(path):
+    """PyTorch's two cuBLAS workspaces (the forward's thread, autograd's backward thread), as
+    clearCublasWorkspaces freed them; where a linear layer has a bias (Qwen2's q, k, v) cuBLASLt kept
+    1 to 2.3 MiB more on torch 2.11 (its own 1 MiB workspace per thread), which the estimate leaves out."""
+    record = load(path)
+    estimated, measured = gpu_estimate(record).component("workspace").bytes, record["measured"]["cublas_workspace_bytes"]
+    assert estimated == 2 * 32 * MiB
+    model = record["config"]["model"]
+    biased = model.get("qkv_bias") or model.get("linear_bias")
+    assert measured - estimated == 0 if not biased else 0 <= measured - estimated <= 2.5 * MiB
+
+
+@pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
+def test_gpu_memory_outside_the_allocator(path):
+    """The CUDA context and the kernels loaded lazily (mem_get_info used minus reserved): 766.8 MiB
+    with FlashAttention's kernels loaded, 16 MiB less where none ran (eager attention)."""
+    record = load(path)
+    estimated = gpu_estimate(record).component("runtime").bytes
+    measured = record["measured"]["outside_allocator_bytes"]
+    assert estimated - measured in (0, 16 * MiB)
+    if record["config"]["training"]["attention"] == "eager":
+        assert estimated - measured == 16 * MiB
+    # nvidia-smi shows this process's memory: the device's used memory less 8.8 MiB it does not attribute
+    assert 0 < record["measured"]["device_used_bytes"] - record["measured"]["nvidia_smi_bytes"] < 16 * MiB
+
+
+def test_gpu_reserved_peak():
+    """max_memory_reserved: median |error| within 6% (a reserved model of 0% or 20% cache misses it),
+    and the runs under by more than 10% are exactly the known ones."""
+    errors = {}
+    for path in GPU_RECORDS:
+        record = load(path)
+        reserved = gpu_estimate(record).reserved_peak_bytes
+        errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
+    assert sorted(abs(e) for e in errors.values())[len(errors) // 2] <= 0.06
+    assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
+
+
+@pytest.mark.parametrize("path", [p for p in GPU_RECORDS if load(p)["fake_tensor_record"]], ids=lambda p: p.stem)
+def test_fake_tensor_harness_against_the_gpu(path):
+    """The fake-tensor harness's peak plus the workspaces it cannot see is what the GPU allocated, to
+    0.6%: the harnesses' records are what a real step allocates."""
+    record = load(path)
+    fake = load(MEASURED / record["fake_tensor_record"])["measured"]["peak_bytes"]
+    measured = record["measured"]
+    if "-qlora-bnb-" in path.stem and ("-nodq" in path.stem or "-prepared" in path.stem):
+        pytest.skip("the fake record is of torchao's double-quantized NF4 without prepare_model_for_kbit_training")
+    assert fake + measured["cublas_workspace_bytes"] == pytest.approx(measured["peak_bytes"], rel=0.006)

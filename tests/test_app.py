@@ -70,7 +70,7 @@ def test_totals_come_from_the_estimator():
     est = estimate_config({"model": fields.DEFAULT_MODEL})
     assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
     assert _metric(at, "Allocated peak") == _gib(est.allocated_peak_bytes)
-    assert _metric(at, f"Capacity ({est.fit.gpu})") == _gib(est.fit.capacity_bytes)
+    assert _metric(at, "Reserved peak") == _gib(est.reserved_peak_bytes)
     charts = at.get("arrow_vega_lite_chart") or at.get("vega_lite_chart")
     assert charts, "the Memory page draws its charts"
 
@@ -548,7 +548,7 @@ def test_inference_hides_the_activation_ledger():
 def test_the_verdict_metric_is_short():
     at = _app({"model": "llama-3.1-70b"})  # out of memory on one H100
     verdict = next(m for m in at.metric if m.label == "Verdict")
-    assert verdict.value == "OOM" and "of capacity" in verdict.delta
+    assert verdict.value == "OOM" and "of 79.65 GiB" in verdict.delta  # the capacity of an H100
 
 
 # --- the guide ---------------------------------------------------------------------------------------

@@ -99,12 +99,16 @@ def test_deepseek_v3_as_reported_fits_on_80_gb():
     # outputs 2 s k h, one expert's fc2-input gradient 2 s k f_e / 4 and its fc1-output gradient twice that
     assert bwd["transient"] == 2 * s * k * h + 3 * 2 * s * k * fe // 4
     assert middle.peak_phase == "backward" and middle.allocated_peak_bytes == sum(bwd.values())
-    assert middle.allocated_peak_bytes / GiB == pytest.approx(71.17, abs=0.01)
-    # outside the allocator: NCCL and DeepEP 2.725 GiB, CUDA context 0.5 GiB, expandable segments' 5% of the peak
-    assert middle.device_total_bytes / GiB == pytest.approx(71.17 * 1.05 + 2.725 + 0.5, abs=0.01)
+    # with the libraries' workspaces: 2 x 32 MiB cuBLAS and TransformerEngine's 32 MiB + 1 KiB (no grouped GEMM)
+    assert bwd["workspace"] == 2 * 32 * 2**20 + (32 * 2**20 + 1024)
+    assert middle.allocated_peak_bytes / GiB == pytest.approx(71.17 + bwd["workspace"] / GiB, abs=0.01)
+    # outside the allocator: NCCL and DeepEP 2.725 GiB, CUDA context and kernels 766.8 MiB (measured on Hopper),
+    # expandable segments' 5% of the peak
+    assert middle.device_total_bytes / GiB == pytest.approx(
+        middle.allocated_peak_bytes / GiB * 1.05 + 2.725 + 766.8 / 1024, abs=0.01)
     for stage in result.stages:  # every rank, the first and last (embedding, head, MTP) included
         assert stage.device_total_bytes < result.fit.capacity_bytes
-    assert result.fit.verdict == "tight" and result.fit.utilization == pytest.approx(0.979, abs=0.001)
+    assert result.fit.verdict == "tight" and result.fit.utilization == pytest.approx(0.983, abs=0.001)
 
 
 def test_deepseek_v3_counts():

@@ -85,7 +85,8 @@ def test_a_short_sequence_peaks_at_backwards_end_unless_the_optimizer_steps_ther
     base = dict(framework="fsdp2", seq_len=128)
     plain = estimate(LLAMA_1B, Training(**base)).stages[0]
     fused = estimate(LLAMA_1B, Training(**base, optimizer_in_backward=True)).stages[0]
-    assert dict(plain.phase_totals)["backward"] == 4 * n + 8 * n + 4 * n + 16 * 128 * 32 * 8
+    workspaces = 2 * 32 * 2**20  # PyTorch's two cuBLAS workspaces (forward and backward threads) on an H100
+    assert dict(plain.phase_totals)["backward"] == 4 * n + 8 * n + 4 * n + 16 * 128 * 32 * 8 + workspaces
     backward = {c.key: c for c in fused.phases[1].components}
     assert backward["gradients"].bytes == 0
     step = next(p for p in backward["transient"].parts if p.label.startswith("One parameter's gradient"))
@@ -118,7 +119,7 @@ def test_zero_offload_moves_the_optimizer_partition_to_the_host():
     the bf16 parameters, 2 B x N (no gradient partition, no fp32 step copy)."""
     stage = offloaded("deepspeed", 2)
     assert stage.host_bytes == round(4 * N_1B / 8) + round(8 * N_1B / 8) + round(4 * N_1B / 8)
-    assert dict(stage.phase_totals)["optimizer"] == 2 * N_1B
+    assert dict(stage.phase_totals)["optimizer"] == 2 * N_1B + 2 * 32 * 2**20  # and the two cuBLAS workspaces
     assert stage.nvme_bytes == 0
 
 

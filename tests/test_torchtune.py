@@ -43,7 +43,8 @@ def test_pure_bf16_states_and_a_fused_adamw_without_temporaries():
     assert step["optimizer_states"] == 4 * LLAMA_3B  # two bf16 moments
     assert step.get("transient", 0) == 0  # fused AdamW: no foreach sqrt(v) copy
     assert step["buffers"] == ROPE
-    assert result.stages[0].phase_totals[2][1] == 8 * LLAMA_3B + ROPE
+    assert step["workspace"] == 2 * 32 * 2**20  # PyTorch's cuBLAS workspaces, forward and backward threads
+    assert result.stages[0].phase_totals[2][1] == 8 * LLAMA_3B + ROPE + step["workspace"]
 
 
 def test_a_layer_keeps_the_norms_fp32_copies_and_expanded_keys_and_values():

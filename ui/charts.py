@@ -35,6 +35,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "logits": ("Logits and loss", "#B279A2"),
     "kv_cache": ("KV cache", "#9D755D"),
     "transient": ("Transient buffers", "#EECA3B"),
+    "workspace": ("Library workspaces", "#79706E"),
     "communication": ("NCCL buffers", "#FF9DA6"),
     "runtime": ("CUDA context", "#8C8C8C"),
     "fragmentation": ("Fragmentation", "#BAB0AC"),

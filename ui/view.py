@@ -41,19 +41,23 @@ def totals(est) -> None:
     fit = est.fit
     peak = est.stages[est.peak_stage]
     gpu = GPUS[fit.gpu]
+    # the three numbers a run shows: allocated, reserved (the allocator's cache too), nvidia-smi
     cols = st.columns(4)
-    cols[0].metric("Device total per GPU", gib(est.device_total_bytes),
-                   help="What the busiest pipeline stage's GPU must hold: the allocated peak plus the CUDA "
-                        "context, NCCL buffers and allocator fragmentation. This decides the fit.")
-    cols[1].metric("Allocated peak", gib(est.allocated_peak_bytes),
-                   help="Peak of live tensors during the step (what torch.cuda.max_memory_allocated reports) on "
-                        f"stage {est.peak_stage}, reached in {peak.peak_phase}.")
-    cols[2].metric(f"Capacity ({fit.gpu})", gib(fit.capacity_bytes), help=gpu.name)
-    cols[3].metric("Verdict", VERDICT_SHORT[fit.verdict], delta=f"{fit.utilization:.0%} of capacity",
+    cols[0].metric("Allocated peak", gib(est.allocated_peak_bytes),
+                   help="Peak of live tensors and library workspaces during the step (what "
+                        f"torch.cuda.max_memory_allocated reports) on stage {est.peak_stage}, reached in "
+                        f"{peak.peak_phase}.")
+    cols[1].metric("Reserved peak", gib(est.reserved_peak_bytes),
+                   help="What torch.cuda.max_memory_reserved reports: the allocated peak plus the caching "
+                        "allocator's segments held but unused (fragmentation).")
+    cols[2].metric("Device total per GPU", gib(est.device_total_bytes),
+                   help="What nvidia-smi shows for the busiest pipeline stage's GPU: the reserved peak plus the "
+                        "CUDA context and NCCL buffers, outside PyTorch's allocator. This decides the fit.")
+    cols[3].metric("Verdict", VERDICT_SHORT[fit.verdict], delta=f"{fit.utilization:.0%} of {gib(fit.capacity_bytes)}",
                    delta_color=VERDICT_COLOR[fit.verdict], delta_arrow="off",
-                   help=f"{VERDICT_TEXT[fit.verdict]}. Fits: below 80% of capacity; tight: 80-100%; OOM (out of "
-                        "memory): above capacity. Below 80% no run went out of memory in 454 measured runs "
-                        "(Fujii et al. 2024).")
+                   help=f"{VERDICT_TEXT[fit.verdict]} on {gpu.name} ({gib(fit.capacity_bytes)}). Fits: below 80% "
+                        "of capacity; tight: 80-100%; OOM (out of memory): above capacity. Below 80% no run went "
+                        "out of memory in 454 measured runs (Fujii et al. 2024).")
     cols = st.columns(4)
     cols[0].metric("Parameters (total)", params_text(est.parameters_total), help=f"{est.parameters_total:,}")
     if est.training.adapter:  # an adapter run: what trains is the question

@@ -45,7 +45,17 @@ def _runs() -> list[Run]:
         R("qwen3-30b-a3b", 4096), R("qwen3-30b-a3b", 8192, recompute="full"),
         R("qwen3-30b-a3b", 2048, 2, recompute="full"),
         R("qwen3-30b-a3b", 2048, optimizer="sgd_momentum", attention="eager"),
+        # Small models, also run on a real GPU (validation/gpu): fixed costs are a visible share here
+        *SMALL_RUNS,
     ]
+
+
+SMALL_RUNS = (
+    Run("llama-3.2-1b", 2048), Run("llama-3.2-1b", 4096, 2, recompute="full"),
+    Run("llama-3.2-1b", 2048, recipe="amp"), Run("llama-3.2-1b", 1024, 4, optimizer="sgd_momentum"),
+    Run("qwen2.5-0.5b", 2048, 2), Run("qwen2.5-0.5b", 4096, recipe="amp", recompute="full"),
+    Run("qwen2.5-0.5b", 1024, attention="eager"),
+)
 
 
 CASES: dict[str, Run] = {case_id(r): r for r in _runs()}

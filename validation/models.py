@@ -86,6 +86,21 @@ MODELS = {m.id: m for m in [
         tie_word_embeddings=False, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
         _dense(2048, 48, 32, 4, 128, 6144, 151936, qk_norm=True, num_experts=128,
                num_experts_per_token=8, moe_intermediate_size=768)),
+    # Small models, for the real-GPU runs (validation/gpu): at this size the library workspaces
+    # and the allocator's rounding, which fake tensors cannot see, are a visible share.
+    Model("llama-3.2-1b", "LlamaConfig", dict(
+        hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=64, intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=dict(
+            rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+            high_freq_factor=4.0, original_max_position_embeddings=8192)),
+        _dense(2048, 16, 32, 8, 64, 8192, 128256, tie_embeddings=True)),
+    Model("qwen2.5-0.5b", "Qwen2Config", dict(
+        hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        _dense(896, 24, 14, 2, 64, 4864, 151936, qkv_bias=True, tie_embeddings=True)),
     # Tiny models for the fake-versus-real cross-check (tests/test_harness.py): 2 layers, GQA.
     Model("tiny-llama", "LlamaConfig", dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

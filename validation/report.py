@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .record import load_all
+from .summary import tensors_peak
 
 GiB = 2**30
 
@@ -35,7 +36,7 @@ def report() -> int:
         stage = result.stages[result.peak_stage]
         step = {c.key: c.bytes for c in next(p for p in stage.phases if p.name == "optimizer").components}
         ms = m["phases"]["optimizer"]
-        peak = result.allocated_peak_bytes
+        peak = tensors_peak(stage)
         worst = max(worst, abs(peak - m["peak_bytes"]) / m["peak_bytes"])
         cells = [_error(step["parameters"], ms["parameters"]), _error(step["gradients"], ms["gradients"]),
                  _error(step["optimizer_states"] + step.get("master_weights", 0), ms["optimizer_states"])]

@@ -56,7 +56,8 @@ def build(run: Run):
 
 
 def train_step(model, opt, input_ids, run: Run, phase=lambda name: nullcontext()):
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if run.recipe == "amp" else nullcontext()
+    # autocast on the batch's device: "cpu" for the fake and CPU runs, "cuda" on a real GPU
+    amp = torch.autocast(input_ids.device.type, dtype=torch.bfloat16) if run.recipe == "amp" else nullcontext()
     with phase("forward"), amp:
         loss = model(input_ids=input_ids, labels=input_ids).loss
     with phase("backward"):

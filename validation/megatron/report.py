@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .record import load_all
+from ..summary import tensors_peak
 
 MiB = 2**20
 
@@ -46,7 +47,7 @@ def rows() -> list[dict]:
             layer_measured=layer, layer_estimated=estimated_layer_bytes(result, r),
             params=(m["parameters"], phase["parameters"]), grads=(m["gradients"], phase["gradients"]),
             states=(m["optimizer_states"], phase["optimizer_states"] + phase.get("master_weights", 0)),
-            peak=(m["peak_bytes"], stage.allocated_peak_bytes),
+            peak=(m["peak_bytes"], tensors_peak(stage)),
             in_flight=stage.in_flight_microbatches)
         out.append(row)
     return out

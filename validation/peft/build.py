@@ -76,9 +76,10 @@ def meta_peft_model(run: LoraRun):
     return get_peft_model(base, lora_config(run), low_cpu_mem_usage=True)
 
 
-def materialize(model: nn.Module) -> None:
-    """Replace every meta parameter by a CPU one (fake under FakeTensorMode), N(0, 0.02)
-    initialised so a real run computes finite values; shared parameters stay shared."""
+def materialize(model: nn.Module, device: str = "cpu") -> None:
+    """Replace every meta parameter by one on `device` (a fake CPU one under FakeTensorMode; a real
+    GPU's for validation/gpu), N(0, 0.02) initialised so a real run computes finite values; shared
+    parameters stay shared."""
     done: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, p in list(module._parameters.items()):
@@ -86,7 +87,7 @@ def materialize(model: nn.Module) -> None:
                 continue
             if id(p) not in done:
                 with torch.no_grad():
-                    data = torch.empty_like(p, device="cpu").normal_(std=0.02)
+                    data = torch.empty_like(p, device=device).normal_(std=0.02)
                 done[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
             module._parameters[name] = done[id(p)]
 
@@ -109,18 +110,23 @@ def enable_recompute(model) -> None:
     """What the Trainer does for gradient_checkpointing=True (transformers 5.x
     `Trainer._inner_training_loop` -> `activation_checkpointing_enable`): non-reentrant
     checkpoint per decoder layer, and input embeddings made to require grad."""
-    model.activation_checkpointing_enable()
+    if hasattr(model.get_base_model(), "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable()
+    else:  # transformers before activation_checkpointing_enable (5.17 on the GPU machine)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def build(model, run: LoraRun):
+def build(model, run: LoraRun, device: str = "cpu"):
     """Storage for the meta model of `meta_peft_model` (built outside FakeTensorMode: modules
     moved between devices under it cannot swap their fake parameters) and the optimizer, as a
     Trainer run sets them up. Under FakeTensorMode to measure, without it for a real CPU run."""
-    materialize(model)
+    materialize(model, device)
+    if device != "cpu":
+        model.to(device)  # the buffers (RoPE's inverse frequencies) were built on the CPU
     if run.base == "nf4":
         quantize_base_linears(model)
     model.train()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 
+from ..summary import tensors_peak
+
 GiB = 2**30
 
 
@@ -45,7 +47,8 @@ def rows(records: list[dict], fallback=without_adapter) -> list[dict]:
         m = r["measured"]
         try:
             result, flag = estimate(r["config"], fallback)
-            peak, error = result.allocated_peak_bytes, _error(result.allocated_peak_bytes, m["peak_bytes"])
+            peak = tensors_peak(result.stages[result.peak_stage])
+            error = _error(peak, m["peak_bytes"])
         except Exception as e:  # one bad case must not hide the others
             peak, error, flag = None, "", f"estimator failed: {e}"
         out.append({"id": r["id"], "phase": m["peak_phase"], "measured": m["peak_bytes"],

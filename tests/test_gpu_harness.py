@@ -1,0 +1,65 @@
+"""The real-GPU script (validation/gpu) without a GPU: its measuring code on the CPU with tiny models
+(what `python -m validation.gpu selftest` runs), its case list, and its records' consistency."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from validation.gpu.cases import CASES, H200_FITS_BYTES  # noqa: E402
+from validation.gpu.measure import measure  # noqa: E402
+from validation.gpu.records import GPU_RECORDS, config_of  # noqa: E402
+from validation.peft.build import LoraRun  # noqa: E402
+from validation.step import Run  # noqa: E402
+
+# tiny-llama (validation/models.py): h 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 160, vocabulary 1000
+H, LAYERS, KV, FFN, VOCAB = 64, 2, 2 * 16, 160, 1000
+LAYER = H * H + 2 * H * KV + H * H + 3 * H * FFN + 2 * H  # q, k, v, o, gate/up/down, two norms
+TINY_PARAMS = 2 * VOCAB * H + LAYERS * LAYER + H  # embedding, LM head (untied), final norm
+
+
+def test_cpu_selftest_counts_the_model_states():
+    measured = measure("hf", Run("tiny-llama", 64, 2), "cpu")
+    assert measured["parameters"] == 2 * TINY_PARAMS == 428_672  # bf16
+    assert measured["optimizer_states"] == 2 * 2 * TINY_PARAMS  # AdamW's two bf16 states; the step on the host
+    assert measured["trainable_parameters"] == measured["parameters"]
+
+
+def test_cpu_selftest_of_a_lora_step():
+    measured = measure("peft", LoraRun("tiny-llama", 64, rank=4, alpha=8), "cpu")
+    adapters = LAYERS * (4 * H + H * 4 + 4 * H + KV * 4)  # A and B on q (64 -> 64) and v (64 -> 32)
+    assert measured["trainable_parameters"] == 4 * adapters == 7_168  # fp32 adapters
+    assert measured["parameters"] == 2 * TINY_PARAMS + 4 * adapters
+    assert measured["optimizer_states"] == 2 * 4 * adapters
+
+
+def test_the_cases_fit_the_gpu_they_run_on():
+    """Every case either has no fake-tensor record (the small ones) or one whose peak an H200 holds."""
+    assert len(CASES) >= 40
+    for case in CASES.values():
+        if case.fake_record.exists():
+            assert json.loads(case.fake_record.read_text())["measured"]["peak_bytes"] <= H200_FITS_BYTES
+    assert any(c.harness == "bnb" for c in CASES.values()) and any(c.allocator == "expandable" for c in CASES.values())
+
+
+def test_each_record_is_its_case_on_its_gpu():
+    records = [json.loads(p.read_text()) for p in sorted(GPU_RECORDS.glob("*.json"))]
+    runs = [r for r in records if "config" in r]
+    assert len(runs) >= 40 and len(records) == len(runs) + 1  # and the workspace probe
+    for record in runs:
+        assert record["config"] == config_of(CASES[record["id"]], "h200")
+        assert record["versions"]["gpu"] == "NVIDIA H200"
+
+
+def test_the_probe_saw_two_workspaces_per_thread_pair():
+    """The probe (a fresh process): a bf16 product leaves 32 MiB (Hopper's cuBLAS workspace), the
+    backward on autograd's thread another 32 MiB, and clearCublasWorkspaces frees both (and 1 MiB of
+    cuBLASLt's for the biased linear)."""
+    probe = json.loads((GPU_RECORDS / "cublas-workspace-probe-h200.json").read_text())["probe"]
+    MiB = 1024**2
+    assert probe["after_mm_bf16"] == 32 * MiB and probe["after_backward"] == 32 * MiB
+    assert probe["cleared_bytes"] == 65 * MiB

@@ -1,0 +1,97 @@
+"""The cases run for real on a lent GPU: the HF and PEFT cases the fake-tensor harnesses already
+measure (same configuration, same step), those that one H200 (141 GB) holds, plus small models at
+which what fake tensors cannot see (library workspaces, the allocator's segments) is a visible share.
+
+A case is (harness, run, allocator): the harness is "hf" (validation/step.py) or "peft"
+(validation/peft/step.py); the allocator is "default" or "expandable" (PYTORCH_CUDA_ALLOC_CONF=
+expandable_segments:True, set before CUDA starts: each case runs in a process of its own).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cases import CASES as HF_CASES, SMALL_RUNS, case_id as hf_case_id
+from ..peft.build import ALL_SEVEN
+from ..peft.cases import CASES as PEFT_CASES, case_id as peft_case_id
+from ..step import Run
+from .bnb import BnbRun
+
+MEASURED = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured"
+# What one H200 holds with room for the CUDA context and the allocator's cache (143,771 MiB total):
+# cases whose fake-tensor peak is above this are left to a larger GPU.
+H200_FITS_BYTES = 120 * 1024**3
+
+# Small cases first (the workspaces' and segments' share is largest there), then the larger ones.
+SMALL_HF = list(SMALL_RUNS)
+
+
+@dataclass(frozen=True)
+class GpuCase:
+    harness: str  # "hf" or "peft"
+    run: object  # validation.step.Run or validation.peft.build.LoraRun
+    allocator: str = "default"  # or "expandable"
+
+    @property
+    def base_id(self) -> str:
+        if self.harness == "hf":
+            return hf_case_id(self.run)
+        base = peft_case_id(self.run)
+        if self.harness == "bnb":
+            base = base.replace("-qlora-", "-qlora-bnb-") + ("" if self.run.double_quant else "-nodq") \
+                + ("-prepared" if self.run.prepare else "")
+        return base
+
+    @property
+    def id(self) -> str:
+        return self.base_id if self.allocator == "default" else f"{self.base_id}-expandable"
+
+    @property
+    def fake_record(self) -> Path:
+        """The fake-tensor record of the same run (absent for a case measured on the GPU only)."""
+        base = hf_case_id(self.run) if self.harness == "hf" else peft_case_id(self.run)
+        return MEASURED / ("" if self.harness == "hf" else "peft") / f"{base}.json"
+
+
+def _fits(case: GpuCase) -> bool:
+    path = case.fake_record
+    if not path.exists():
+        return True  # the small cases
+    return json.loads(path.read_text())["measured"]["peak_bytes"] <= H200_FITS_BYTES
+
+
+def cases() -> list[GpuCase]:
+    small = [GpuCase("hf", r) for r in SMALL_HF]
+    # the same allocations under expandable segments: reserved minus allocated, segment by segment
+    expandable = [GpuCase("hf", SMALL_HF[0], "expandable"), GpuCase("hf", SMALL_HF[1], "expandable"),
+                  GpuCase("hf", HF_CASES["llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1"], "expandable")]
+    first = [GpuCase("hf", HF_CASES[i]) for i in FIRST_HF] + [GpuCase("peft", PEFT_CASES[i]) for i in FIRST_PEFT]
+    rest = [GpuCase("hf", r) for r in HF_CASES.values()]
+    # QLoRA's torchao NF4 is not on the GPU machine; bitsandbytes neither
+    rest += [GpuCase("peft", r) for r in PEFT_CASES.values() if r.base == "bf16"]
+    bnb = [GpuCase("bnb", r) for r in BNB]
+    ordered = bnb + first + small + expandable + [c for c in rest if c not in first]
+    return [c for c in ordered if _fits(c)]
+
+
+# QLoRA with bitsandbytes (validation/gpu/bnb.py): the two fake-tensor QLoRA records' runs, without
+# double quantization, and with peft's prepare_model_for_kbit_training.
+BNB = [BnbRun("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", base="nf4"),
+       BnbRun("llama-3.1-8b", 2048, rank=64, alpha=16, targets="all-linear", base="nf4"),
+       BnbRun("llama-3.1-8b", 2048, rank=64, alpha=16, targets="all-linear", base="nf4", double_quant=False),
+       BnbRun("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", base="nf4", prepare=True),
+       BnbRun("qwen2.5-7b", 4096, 2, rank=64, alpha=128, targets=ALL_SEVEN, recompute="full", base="nf4")]
+
+# The larger cases a short lease runs first: each model and attention kind, recompute or not, LoRA
+# on dense and MoE models.
+FIRST_HF = ("llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1", "qwen3-8b-bf16-adamw-norecompute-sdpa-s4096-b1",
+            "qwen2.5-7b-bf16-adamw-norecompute-sdpa-s4096-b1", "gemma-2-9b-bf16-adamw-norecompute-eager-s2048-b1",
+            "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2")
+FIRST_PEFT = ("llama-3.1-8b-lora-r16-qv-norecompute-drop00-s4096-b1", "llama-3.1-8b-lora-r16-all7-recompute-drop00-s4096-b1",
+              "qwen2.5-7b-lora-r16-alllinear-recompute-drop00-s8192-b1", "qwen3-30b-a3b-lora-r8-qv-norecompute-drop00-s2048-b1",
+              "llama-3.1-8b-dora-r16-qv-norecompute-drop00-s2048-b1")
+
+
+CASES: dict[str, GpuCase] = {c.id: c for c in cases()}

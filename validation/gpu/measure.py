@@ -1,0 +1,273 @@
+"""One case run for real on a device, in a process of its own, and what the device reports.
+
+The step is the fake-tensor harness's own (validation/step.py for the HF Trainer's step,
+validation/peft/step.py for a LoRA step): step 1 creates the optimizer states, step 2 is measured.
+On a GPU it records the three numbers people compare:
+- allocated: `torch.cuda.max_memory_allocated()` over step 2, and per phase (the peak statistic is
+  reset at each phase's start, after a synchronize);
+- reserved: `torch.cuda.max_memory_reserved()` over the whole run and over step 2;
+- the device's own count: `torch.cuda.mem_get_info()` (total - free) right after CUDA starts (the
+  CUDA context and the allocator's first segment), and at the end of step 2; `nvidia-smi`'s
+  used memory for this process at the same moment.
+And what fake tensors cannot see: the cuBLAS / cuBLASLt workspaces that PyTorch allocates through
+its caching allocator (aten/src/ATen/cuda/CublasHandlePool.cpp: one per (handle, stream); the
+autograd engine's backward thread has a handle of its own), measured as the allocated bytes that
+`torch._C._cuda_clearCublasWorkspaces()` gives back after the step.
+On the CPU (`--device cpu`, the self-test in CI) the same code runs a tiny model and records the
+model states only.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+
+STATS = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "requested_bytes.all.peak",
+         "inactive_split_bytes.all.peak", "segment.all.peak", "segment.large_pool.peak",
+         "segment.small_pool.peak", "num_alloc_retries", "num_ooms", "num_device_alloc",
+         "num_device_free", "oversize_allocations.peak")
+
+
+def cuda_used_bytes() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def nvidia_smi_used_bytes() -> int | None:
+    """This process's used memory as nvidia-smi prints it (MiB), or None where it cannot say."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        pid, _, used = line.partition(",")
+        if pid.strip() == str(os.getpid()):
+            return int(used.strip()) * 1024**2
+    rows = [line for line in out.splitlines() if line.strip()]  # a sandbox may hide the pid
+    return int(rows[0].partition(",")[2].strip()) * 1024**2 if len(rows) == 1 else None
+
+
+def versions(device: str) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("transformers", "peft", "accelerate", "bitsandbytes"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        found |= {"cuda": torch.version.cuda, "gpu": props.name, "capability": f"{props.major}.{props.minor}",
+                  "gpu_total_bytes": props.total_memory, "cudnn": torch.backends.cudnn.version()}
+        try:
+            found["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                             capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            found["driver"] = None
+    return found
+
+
+def enable_hf_recompute(model) -> None:
+    """The Trainer's gradient_checkpointing=True, on the transformers version at hand."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def build_hf(run, device: str):
+    from ..models import MODELS
+    from ..step import build
+
+    if device == "cpu":
+        return build(run)
+    from transformers import AutoModelForCausalLM
+
+    config = MODELS[run.model].hf_config(run.attention)
+    dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
+    with torch.device(device):  # initialised on the GPU: an 8B model's CPU init would take minutes
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.train()
+    if run.recompute == "full":
+        enable_hf_recompute(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if run.optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, foreach=True)
+    else:
+        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    return model, opt
+
+
+def build_peft(run, device: str):
+    from ..peft.build import build, meta_peft_model
+
+    model = meta_peft_model(run)
+    return build(model, run, device)
+
+
+def build_bnb(run, device: str):
+    from .bnb import build
+
+    return build(run, device)
+
+
+BUILDERS = {"hf": build_hf, "peft": build_peft, "bnb": build_bnb}
+
+
+def step_function(harness: str, run):
+    if harness == "hf":
+        from ..step import train_step
+
+        return lambda model, opt, ids, phase: train_step(model, opt, ids, run, phase)
+    from ..peft.step import train_step
+
+    return lambda model, opt, ids, phase: train_step(model, opt, ids, phase)
+
+
+def tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+def model_states(model, opt) -> dict:
+    params = list(model.parameters())
+    # a step counter on the host (foreach AdamW's) takes no device memory; fused AdamW's is on the device
+    states = [t for s in opt.state.values() for name, t in s.items()
+              if torch.is_tensor(t) and not (name == "step" and t.device.type == "cpu")]
+    return {"parameters": tensor_bytes(params), "optimizer_states": tensor_bytes(states),
+            "trainable_parameters": tensor_bytes(p for p in params if p.requires_grad)}
+
+
+def measure(harness: str, run, device: str = "cuda") -> dict:
+    """Run two steps of the case on `device`; the record's `measured` object."""
+    cuda = device == "cuda"
+    out: dict = {}
+    if cuda:
+        torch.cuda.init()
+        torch.zeros(1, device=device)
+        out["context_used_bytes"] = cuda_used_bytes()  # the CUDA context + the first 2 MiB segment
+        out["context_reserved_bytes"] = torch.cuda.memory_reserved()
+    torch.manual_seed(0)
+    model, opt = BUILDERS[harness](run, device)
+    step = step_function(harness, run)
+    ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len), device=device)
+    start = time.perf_counter()
+    step(model, opt, ids, lambda name: nullphase())  # step 1: the optimizer states are created
+    gc.collect()
+    out |= model_states(model, opt)
+    if not cuda:
+        return out
+    torch.cuda.synchronize()
+    out["reserved_peak_step1_bytes"] = torch.cuda.max_memory_reserved()
+    out["allocated_before_step2_bytes"] = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    phases: dict = {}
+
+    @contextmanager
+    def phase(name):
+        torch.cuda.synchronize()
+        begin = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        yield
+        torch.cuda.synchronize()
+        phases[name] = {"start_bytes": begin, "peak_bytes": torch.cuda.max_memory_allocated(),
+                        "reserved_peak_bytes": torch.cuda.max_memory_reserved()}
+
+    step(model, opt, ids, phase)
+    torch.cuda.synchronize()
+    out["step2_seconds"] = time.perf_counter() - start
+    out["phases"] = phases
+    peak_phase = max(phases, key=lambda n: phases[n]["peak_bytes"])
+    out["peak_bytes"], out["peak_phase"] = phases[peak_phase]["peak_bytes"], peak_phase
+    out["reserved_peak_bytes"] = max(p["reserved_peak_bytes"] for p in phases.values())
+    out["allocated_end_bytes"] = torch.cuda.memory_allocated()
+    out["reserved_end_bytes"] = torch.cuda.memory_reserved()
+    out["device_used_end_bytes"] = cuda_used_bytes()
+    out["nvidia_smi_used_end_bytes"] = nvidia_smi_used_bytes()
+    stats = torch.cuda.memory_stats()
+    out["stats"] = {k: stats.get(k) for k in STATS}
+    before = torch.cuda.memory_allocated()
+    torch._C._cuda_clearCublasWorkspaces()
+    out["cublas_workspace_bytes"] = before - torch.cuda.memory_allocated()
+    return out
+
+
+@contextmanager
+def _null():
+    yield
+
+
+def nullphase():
+    return _null()
+
+
+def workspace_probe() -> dict:
+    """In a fresh process: the allocated bytes each cuBLAS use leaves behind (its workspace), for the
+    forward's thread and for the autograd engine's backward thread, bf16 and fp32."""
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    rows = {"context_used_bytes": cuda_used_bytes(), "allocated_at_start": torch.cuda.memory_allocated(),
+            "env": {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "TORCH_CUBLASLT_WORKSPACE_SIZE",
+                                                   "PYTORCH_CUDA_ALLOC_CONF")}}
+    x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    y = x @ w  # cuBLAS gemm (main thread)
+    torch.cuda.synchronize()
+    rows["after_mm_bf16"] = torch.cuda.memory_allocated() - base - y.untyped_storage().nbytes()
+    z = torch.nn.functional.linear(x, w, b)  # addmm with bias: the cuBLASLt path
+    torch.cuda.synchronize()
+    rows["after_linear_bias_bf16"] = (torch.cuda.memory_allocated() - base - y.untyped_storage().nbytes()
+                                      - z.untyped_storage().nbytes())
+    mid = torch.cuda.memory_allocated()
+    (y.sum() + z.sum()).backward()  # on the autograd engine's device thread
+    torch.cuda.synchronize()
+    grads = sum(t.grad.untyped_storage().nbytes() for t in (x, w, b))
+    rows["after_backward"] = torch.cuda.memory_allocated() - mid - grads
+    xf = torch.randn(1024, 1024, device="cuda")
+    mid = torch.cuda.memory_allocated()
+    yf = xf @ xf
+    torch.cuda.synchronize()
+    rows["after_mm_fp32"] = torch.cuda.memory_allocated() - mid - yf.untyped_storage().nbytes()
+    before = torch.cuda.memory_allocated()
+    torch._C._cuda_clearCublasWorkspaces()
+    rows["cleared_bytes"] = before - torch.cuda.memory_allocated()
+    rows["device_used_bytes"] = cuda_used_bytes()
+    rows["nvidia_smi_used_bytes"] = nvidia_smi_used_bytes()
+    rows["allocated_end"] = torch.cuda.memory_allocated()
+    rows["reserved_end"] = torch.cuda.memory_reserved()
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    """`python -m validation.gpu.measure CASE_ID DEVICE` or `... probe`: one JSON line on stdout."""
+    if argv[0] == "probe":
+        print(json.dumps({"probe": workspace_probe(), "versions": versions("cuda")}))
+        return 0
+    from .cases import CASES
+
+    case, device = CASES[argv[0]], argv[1]
+    measured = measure(case.harness, case.run, device)
+    print(json.dumps({"id": case.id, "measured": measured, "versions": versions(device)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,89 @@
+"""A real-GPU run's lines (`python -m validation.gpu run`) as records beside the fake-tensor ones:
+tests/data/measured/gpu/<id>.json, each with the contract configuration of its case (the GPU it ran
+on, its allocator setting), what the device reported, and the software it ran with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..record import write_record
+from .cases import CASES, MEASURED
+
+GPU_RECORDS = MEASURED / "gpu"
+GPU_IDS = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100-80"}
+METHOD = (
+    "a real training step on the GPU: the fake-tensor harness's own model build and step (validation/step.py "
+    "for the HF Trainer's, validation/peft/step.py for peft's; QLoRA with bitsandbytes Linear4bit layers, "
+    "validation/gpu/bnb.py), each case in a fresh process; step 1 creates the optimizer states, step 2 is "
+    "measured: torch.cuda.max_memory_allocated per phase (reset at each phase's start), max_memory_reserved, "
+    "torch.cuda.mem_get_info at the start (CUDA context) and the end, nvidia-smi's used memory, and the cuBLAS "
+    "workspaces (allocated bytes freed by torch._C._cuda_clearCublasWorkspaces). Model weights are random "
+    "(from the config): memory does not depend on their values.")
+
+
+def config_of(case, gpu: str) -> dict:
+    from ..cases import contract_config as hf_config
+    from ..peft.cases import contract_config as peft_config
+
+    config = hf_config(case.run) if case.harness == "hf" else peft_config(case.run)
+    config["hardware"] = {"gpu": gpu, "expandable_segments": case.allocator == "expandable"}
+    return config
+
+
+def description_of(case, device: str) -> str:
+    from ..cases import describe as hf_describe
+    from ..peft.cases import describe as peft_describe
+
+    text = hf_describe(case.run) if case.harness == "hf" else peft_describe(case.run)
+    if case.harness == "bnb":
+        text = text.replace("torchao NF4, double-quantized scales",
+                            "bitsandbytes Linear4bit NF4, " + ("double-quantized" if case.run.double_quant
+                                                               else "fp32 absmax, no double quantization"))
+        if case.run.prepare:
+            text += "; peft prepare_model_for_kbit_training (every non-4-bit parameter cast to fp32)"
+    allocator = " with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" if case.allocator == "expandable" else ""
+    return f"{text}; measured on a real {device}{allocator}"
+
+
+def measured_of(m: dict) -> dict:
+    return {
+        "peak_bytes": m["peak_bytes"], "peak_phase": m["peak_phase"],
+        "reserved_peak_bytes": m["reserved_peak_bytes"],
+        "device_used_bytes": m["device_used_end_bytes"], "nvidia_smi_bytes": m["nvidia_smi_used_end_bytes"],
+        "cuda_context_bytes": m["context_used_bytes"] - m["context_reserved_bytes"],
+        "outside_allocator_bytes": m["device_used_end_bytes"] - m["reserved_end_bytes"],
+        "cublas_workspace_bytes": m["cublas_workspace_bytes"],
+        "parameters": m["parameters"], "optimizer_states": m["optimizer_states"],
+        "trainable_parameters": m["trainable_parameters"],
+        "phases": m["phases"], "allocator_stats": m["stats"], "step2_seconds": round(m["step2_seconds"], 3),
+    }
+
+
+def record_of(line: dict) -> dict:
+    case, versions = CASES[line["id"]], line["versions"]
+    gpu = GPU_IDS[versions["gpu"]]
+    fake = case.fake_record
+    return {
+        "id": line["id"], "description": description_of(case, versions["gpu"]), "config": config_of(case, gpu),
+        "measured": measured_of(line["measured"]), "method": METHOD, "versions": versions,
+        "fake_tensor_record": str(fake.relative_to(MEASURED)) if fake.exists() else None,
+        "command": f"python -m validation.gpu run --out DIR --case {line['id']}; "
+                   "python -m validation.gpu records --from DIR/runs.jsonl",
+    }
+
+
+def write_records(source: Path) -> list[Path]:
+    written = []
+    for text in source.read_text().splitlines():
+        line = json.loads(text)
+        if "probe" in line:
+            probe = {"id": f"cublas-workspace-probe-{GPU_IDS[line['versions']['gpu']]}", "probe": line["probe"],
+                     "versions": line["versions"], "command": "python -m validation.gpu.measure probe",
+                     "method": "a fresh process: the allocated bytes each cuBLAS use leaves behind (bf16 matmul, "
+                               "linear with bias, backward on the autograd thread, fp32 matmul) and what "
+                               "clearCublasWorkspaces frees"}
+            written.append(write_record(probe, GPU_RECORDS))
+        else:
+            written.append(write_record(record_of(line), GPU_RECORDS))
+    return written
