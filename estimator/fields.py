@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .parallel import PP_SCHEDULES, Parallel
 from .optimizers import OPTIMIZERS
+from .versions import VERSIONS, default_versions_text
 from .training import (ATTENTION, CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES,
                        MOE_DISPATCHERS, MOE_ROUTER_DTYPES, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, Training)
 
@@ -151,6 +152,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "of the weights exist, in which dtype) and what ZeRO stage means: megatron = Megatron-LM/NeMo, fsdp2 = "
             "PyTorch FSDP2 (torchtitan), deepspeed = DeepSpeed ZeRO, hf = Hugging Face Trainer with torch.optim.",
             "Run", FRAMEWORKS),
+    _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
+            "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
+            "or main; torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
+            "(estimator/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
+            auto="the release the estimator's records were measured on: " + default_versions_text()),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "
@@ -267,6 +273,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss; te "
             "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "
             "only them.", _SAVERS, CROSS_ENTROPY_IMPLS),
+    _int("microbatch_group_size", _T, "Micro-batches per virtual-stage group", "megatron, interleaved (vpp > 1): "
+         "--microbatch-group-size-per-virtual-pipeline-stage, the micro-batches each model chunk runs in a row "
+         "(from pp to the micro-batches per step). Rank r warms up 2(pp - r - 1) + (vpp - 1) x this many chunk "
+         "forwards, so a larger group keeps more activations in flight.", _SAVERS, hi=MAX_SAMPLES, optional=True,
+         auto="pp (Megatron-Core's default, a depth-first schedule)"),
     _bool("defer_embedding_wgrad_compute", _T, "Defer output-layer wgrad", "megatron with PP > 1: "
           "--defer-embedding-wgrad-compute (needs gradient accumulation fusion). The last stage defers the output "
           "layer's weight-gradient GEMMs to the pipeline flush, so it keeps that layer's input and its output "

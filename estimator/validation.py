@@ -97,6 +97,9 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                               f"a multiple of micro_batch_size x dp = {per_step}")
         if par.pp_schedule in ("dualpipe", "dualpipev") and training.mode == "training":
             _check_dualpipe_microbatches(gbs, per_step, par)
+    if training.framework == "megatron" and training.mode == "training" and \
+            (par.vpp > 1 or training.microbatch_group_size is not None):
+        _check_interleaved(training, par)
     if training.optimizer_in_backward:
         _check_optimizer_in_backward(training, par)
     if training.recompute == "selective" and training.framework == "fsdp2":
@@ -185,6 +188,29 @@ def _check_dualpipe_microbatches(gbs: int, per_step: int, par: Parallel) -> None
                           f"{'an even multiple' if two_way else 'a multiple'} of micro_batch_size x dp = {per_step} "
                           f"with at least 2 x pp = {2 * par.pp} micro-batches",
                           f"{par.pp_schedule} runs {m} micro-batches here", related=("parallel.pp_schedule",))
+
+
+def _check_interleaved(training: Training, par: Parallel) -> None:
+    """Megatron-Core's interleaved schedule runs the micro-batches in groups per virtual stage and
+    refuses groups that leave the pipeline waiting (activations.interleaved_microbatches_error)."""
+    from .activations import interleaved_microbatches_error, microbatch_group, microbatches
+    group = training.microbatch_group_size
+    if par.vpp == 1:
+        raise ConfigError("training.microbatch_group_size", group, "empty/null (auto) when vpp is 1",
+                          "Megatron-Core reads it only in the interleaved schedule", related=("parallel.vpp",))
+    g = microbatch_group(par, group)
+    if g < par.pp:
+        raise ConfigError("training.microbatch_group_size", group, f"at least pp = {par.pp}, or empty/null (auto)",
+                          "Megatron-Core runs at least a pipeline's depth of micro-batches per virtual stage",
+                          related=("parallel.pp",))
+    m = microbatches(training, par)
+    why = interleaved_microbatches_error(par.pp, m, g)
+    if why:  # the automatic global batch always fills whole groups: a given one is at fault
+        raise ConfigError("training.global_batch_size", training.global_batch_size,
+                          f"one whose micro-batches per step leave {why}",
+                          f"{m} micro-batches per step in groups of {g}: Megatron-Core's interleaved schedule "
+                          "refuses it (schedules.py forward_backward_pipelining_with_interleaving)",
+                          related=("training.microbatch_group_size", "parallel.pp", "parallel.vpp"))
 
 
 def _check_op_level(arch: Architecture, training: Training) -> None:
