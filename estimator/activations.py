@@ -1053,10 +1053,14 @@ def pipeline_filling_microbatches(par: Parallel, group: int | None = None) -> in
     if par.pp == 1:
         return 1
     if par.schedule == "interleaved":
-        g = microbatch_group(par, group)
-        return g if g >= 2 * par.pp - 1 else g + par.pp
+        return interleaved_filling_microbatches(par.pp, microbatch_group(par, group))
     # DualPipe and DualPipeV assert num_chunks >= 2 x num_ranks (deepseek-ai/DualPipe); ZB-H1 fills as 1F1B
     return 2 * par.pp if par.schedule in ("dualpipe", "dualpipev") else par.pp
+
+
+def interleaved_filling_microbatches(p: int, group: int) -> int:
+    """`pipeline_filling_microbatches` of Megatron's interleaved schedule: g when g >= 2p - 1, else g + p."""
+    return group if group >= 2 * p - 1 else group + p
 
 
 def global_batch_size(training: Training, par: Parallel) -> int:

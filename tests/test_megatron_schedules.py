@@ -18,6 +18,7 @@ from estimator.activations import (in_flight_per_rank, interleaved_microbatches_
 from estimator.config import estimate_config
 from estimator.errors import ConfigError
 from estimator.parallel import Parallel
+from estimator.planner import Shape, shape_micro_batches
 from estimator.training import Training
 from estimator.versions import RELEASES
 from validation.megatron import schedules
@@ -108,6 +109,13 @@ def test_an_estimate_reads_the_group_and_echoes_the_release():
     assert auto.to_json()["framework_version"] == "0.16"
     hf = estimate_config({"model": "llama-3.1-8b", "training": {"framework": "hf"}}).to_json()
     assert (hf["framework_version"], hf["framework_release"]) == (None, None)
+
+
+def test_the_planner_offers_only_micro_batches_the_interleaved_schedule_runs():
+    # 64 samples on DP 4, PP 2 x VPP 2: micro-batch 16 leaves one micro-batch per step, short of a group of 2
+    tr = Training(seq_len=4096, global_batch_size=64)
+    assert shape_micro_batches(tr, Shape(1, 2, 2, None, None, 1, 4, 1, 1, 1)) == (1, 2, 4, 8)
+    assert shape_micro_batches(tr, Shape(1, 2, 1, None, None, 1, 4, 1, 1, 1)) == (1, 2, 4, 8, 16)  # 1F1B runs one
 
 
 @pytest.mark.parametrize("training, parallel, field, words", [

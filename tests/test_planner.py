@@ -19,7 +19,7 @@ from estimator import planner as planner_module
 from estimator.config import SECTIONS
 from estimator.hardware import GPUS
 from estimator.planner import (LOSSES, Request, Shape, Variant, least_memory, micro_batches, most_stage_layers,
-                               pipeline_splits, plan, search, shapes, speeds)
+                               pipeline_splits, plan, search, shape_micro_batches, shapes, speeds)
 from estimator.presets import get_architecture
 from estimator.roofline import expected_step, model_flops_per_token, roofline
 
@@ -42,7 +42,7 @@ def training_of(tr: Training, v: Variant) -> Training:
 def variants(req: Request, s: Shape):
     """Every recompute setting, micro-batch and loss of a shape (n = the most layers is `None`)."""
     most = most_stage_layers(req.architecture, s)
-    for b in micro_batches(req.training, s.dp):
+    for b in shape_micro_batches(req.training, s):
         for loss in LOSSES:
             yield Variant(b, "none", None, loss)
             yield Variant(b, "selective", None, loss)
