@@ -884,8 +884,9 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     fused: a fused cross-entropy kernel (Apex/TE, Liger's cross-entropy) works on the
     compute-dtype logits in place: B*s*b*V/t. Megatron's --cross-entropy-loss-fusion runs its
     default native implementation (fusions/fused_cross_entropy.py), which upcasts the logits and
-    keeps the fp32 softmax as the unfused one does: the same memory as standard (measured,
-    tests/data/measured/megatron).
+    keeps the fp32 softmax as the unfused one does, and whose compiled backward holds one more fp32
+    copy of it (Inductor's index_put): 4 more bytes per logit than standard at the start of
+    backward (measured, tests/data/measured/megatron).
     chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut
     Cross-Entropy): logits never exist beyond one chunk; Liger computes the gradients of the
     head's input and weight during forward and keeps them for backward. Under fsdp2 it is
@@ -918,6 +919,12 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         source = ("Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each); Megatron-Core "
                   "fusions/fused_cross_entropy.py (native fusion: the same fp32 softmax)")
+        if training.loss == "fused":
+            # the native fusion's compiled backward (jit_fuser = torch.compile) copies the softmax before its
+            # index_put (Inductor lowers index_put as a scatter into clone(x)); the unfused loss writes into it
+            backward.append(Entry("fp32 copy of the softmax (the compiled backward's index_put)", T * vocab, 4, "tp",
+                                  "4*s*b*V"))
+            source += f"; {MEGATRON_NATIVE_CE_SOURCE}"
     elif training.loss == "standard":
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
@@ -947,6 +954,11 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     from .adapters import kept  # a frozen head keeps no input for its weight's gradient
     return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward, source=source)
 
+
+MEGATRON_NATIVE_CE_SOURCE = (
+    "Megatron-Core 0.16.1 = 0.19.0 fusions/fused_cross_entropy.py calculate_gradients under torch.compile (core/jit.py); "
+    "torch 2.13 torch/_inductor/lowering.py index_put -> index_put_impl_(clone(x)); Inductor's generated code: "
+    "tests/data/measured/compile/megatron-fused-cross-entropy-bf16-s16-b2-v512.json")
 
 TORCHTUNE_LOSS_CHUNKS = 8  # CEWithChunkedOutputLoss.num_output_chunks
 

@@ -270,7 +270,8 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "once: the SwiGLU's backward output of every local expert and the fc2 weight gradient of all of them "
           "exist together, instead of one expert's at a time (SequentialMLP).", _SAVERS),
     _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
-            "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss; te "
+            "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss and its compiled "
+            "backward holds an fp32 copy of it beside the 16-bit gradient (4 bytes per logit more); te "
             "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "
             "only them.", _SAVERS, CROSS_ENTROPY_IMPLS),
     _int("microbatch_group_size", _T, "Micro-batches per virtual-stage group", "megatron, interleaved (vpp > 1): "

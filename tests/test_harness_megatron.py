@@ -176,3 +176,62 @@ def test_balanced_routing_sizes_the_allgather_permutation():
             assert tokens.masked_select(mask).shape == (256,)
         with BalancedRouting(0.3), pytest.raises(RuntimeError, match="not whole"):
             tokens[:3].masked_select(mask[:3])  # 6 x 0.3
+
+
+CE_RECORD = json.loads((RECORDS.parent / "compile" / "megatron-fused-cross-entropy-bf16-s16-b2-v512.json").read_text())
+
+
+@needs_megatron
+def test_fused_cross_entropy_stand_ins_allocate_what_inductor_generates():
+    """Megatron-Core's native fused cross-entropy (--cross-entropy-loss-fusion, fusions/
+    fused_cross_entropy.py), its four compiled functions under the harness's stand-ins: each
+    allocates the buffers as large as the logits that Inductor's generated code allocates for it
+    (the record, `python -m validation.compile_saved megatron-cross-entropy`): calculate_logits_max
+    the fp32 logits, calculate_gradients an fp32 copy of the softmax beside its bf16 output (it held
+    none before), the other two nothing of that size (they work in place)."""
+    import torch
+
+    from validation.megatron import kernels
+    from validation.megatron.shims import megatron_shims
+    from validation.tracker import StorageTracker
+
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
+    s, b, v = CE_RECORD["logits"]["shape"]
+    logit_bytes = s * b * v
+
+    def generated(name):  # the logits-sized buffers of the generated code, largest first
+        return sorted((x["bytes_per_element"] * logit_bytes for x in CE_RECORD["functions"][name]["buffers"]
+                       if x["bytes_per_element"] * _numel(x["shape"]) >= logit_bytes), reverse=True)
+
+    def allocated(run):
+        tracker = StorageTracker()
+        kernels.HIDDEN["context"] = tracker.hidden
+        try:
+            with tracker:
+                out = run()
+        finally:
+            kernels.HIDDEN["context"] = contextlib.nullcontext
+        return sorted((d for _, d in tracker.events if d >= logit_bytes), reverse=True), out
+
+    torch.manual_seed(0)
+    logits, target = torch.randn(s, b, v, dtype=torch.bfloat16), torch.randint(0, v, (s, b))
+    with megatron_shims(), torch.no_grad():
+        from megatron.core.fusions import fused_cross_entropy as fce
+
+        got, (fp32_logits, logits_max) = allocated(lambda: fce.calculate_logits_max(logits))
+        assert got == generated("calculate_logits_max") == [4 * logit_bytes]
+        got, (mask, masked, sums, exp_logits) = allocated(
+            lambda: fce.calculate_predicted_logits(fp32_logits, target, logits_max, 0, v))
+        assert got == generated("calculate_predicted_logits") == [] and exp_logits is fp32_logits
+        got, (softmax, _) = allocated(lambda: fce.calculate_cross_entropy_loss(exp_logits, sums))
+        assert got == generated("calculate_cross_entropy_loss") == [] and softmax is fp32_logits
+        got, grad = allocated(lambda: fce.calculate_gradients(softmax, torch.ones(s, b), mask, masked))
+        assert got == generated("calculate_gradients") == [4 * logit_bytes, 2 * logit_bytes]
+        assert grad.dtype == torch.bfloat16 and grad.shape == (s, b, v)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
