@@ -235,3 +235,32 @@ def _numel(shape):
     for d in shape:
         n *= d
     return n
+
+
+@needs_megatron
+def test_te_cross_entropy_stand_in_keeps_the_logits_and_writes_their_gradient_in_place():
+    """TE's cross-entropy at the TE the Megatron releases pin (2.12, 2.17.1: pytorch/triton/
+    cross_entropy.py cross_entropy_forward): on one TP rank it allocates the fp32 loss and the fp32
+    (max, sum, label logit) triple per token, saves the logits it overwrote with the gradient, and its
+    backward scales them in place and returns them."""
+    import torch
+
+    from validation.megatron import kernels
+    from validation.tracker import StorageTracker
+
+    n_s, n_b, v = 64, 2, 512  # 128 tokens: the per-token buffers fill whole 512-byte blocks
+    logits = torch.randn(n_s, n_b, v, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, v, (n_s, n_b))
+    tracker = StorageTracker()
+    kernels.HIDDEN["context"] = tracker.hidden
+    try:
+        with tracker:
+            x = logits * 1  # a non-leaf, as the output layer's logits are
+            loss = kernels.te_parallel_cross_entropy(x, target, None)
+            after_forward = [d for _, d in tracker.events if d > 0]
+            (grad,) = torch.autograd.grad(loss.sum(), x)
+    finally:
+        kernels.HIDDEN["context"] = contextlib.nullcontext
+    tokens = n_s * n_b
+    assert after_forward == [2 * tokens * v, 4 * tokens, 12 * tokens]  # x, then the loss and the triple
+    assert grad.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # the logits' own storage
