@@ -925,6 +925,10 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
             backward.append(Entry("fp32 copy of the softmax (the compiled backward's index_put)", T * vocab, 4, "tp",
                                   "4*s*b*V"))
             source += f"; {MEGATRON_NATIVE_CE_SOURCE}"
+    elif training.loss == "standard" and compiled_loss(arch, training, par):  # torchtitan's compiled CrossEntropyLoss
+        kept_logits, backward = compiled_cross_entropy(T, 1, vocab, training)
+        saved += kept_logits
+        source = TORCHTITAN_COMPILED_LOSS_SOURCE
     elif training.loss == "standard":
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
@@ -963,6 +967,38 @@ MEGATRON_NATIVE_CE_SOURCE = (
 TORCHTUNE_LOSS_CHUNKS = 8  # CEWithChunkedOutputLoss.num_output_chunks
 
 
+def compiled_loss(arch: Architecture, training: Training, par: Parallel) -> bool:
+    """The cross-entropy runs under torch.compile: torchtitan compiles its loss whenever compile is on
+    (CompileConfig.components defaults to ["model", "loss"]: 0.3.0 config/configs.py, the same on main
+    and since v0.1.0's components/loss.py, versions.py), the standard CrossEntropyLoss and the chunked
+    wrapper's per-chunk loss alike; torchtune's recipes call training.compile_loss whenever compile=True
+    (0.6.1 recipes/*.py), which compiles CEWithChunkedOutputLoss.compute_cross_entropy in place, while
+    for another loss most recipes drop the compiled module it returns (full_finetune_distributed.py:345),
+    so only the chunked loss counts. Measured without TP (the loss-parallel autograd Function and
+    DTensor logits are not) and without a final logit soft-cap (no torchtitan or torchtune model has one)."""
+    if not compiled(training) or par.tp > 1 or arch.final_logit_softcapping:
+        return False
+    return (training.framework == "fsdp2" and training.loss in ("standard", "chunked")) or \
+        (training.framework == "torchtune" and training.loss == "chunked")
+
+
+def compiled_cross_entropy(tokens: float, chunks: int, vocab: int, training: Training) -> tuple[list[Entry], list[Entry]]:
+    """(kept for backward, backward's largest moment) of a compiled cross-entropy over `tokens` tokens'
+    compute-dtype logits in `chunks` compiled calls: Inductor fuses the fp32 upcast, log-softmax and NLL
+    into row reductions, so the graph keeps the 16-bit logits (its input) and an fp32 max and log-sum-exp
+    per token; one call's backward allocates the 16-bit gradient of its logits and an fp32 value per token
+    (measured, TORCHTITAN_COMPILED_LOSS_SOURCE). The backward runs the calls one by one, latest first."""
+    B = bytes_per_element(training.compute_dtype)
+    part = f"/{chunks}" if chunks > 1 else ""
+    kept = [Entry("logits in the compute dtype, kept by the compiled cross-entropy", tokens * vocab, B, "tp",
+                  "B*s*b*V"),
+            Entry("fp32 max and log-sum-exp per token (compiled cross-entropy)", tokens, 8, "none", "8*s*b")]
+    backward = [Entry(("one chunk's " if chunks > 1 else "") + "gradient of the logits in the compute dtype and an "
+                      "fp32 value per token (compiled backward)", tokens / chunks * vocab, B, "tp", f"B*s*b*V{part}"),
+                Entry("compiled backward's fp32 value per token", tokens / chunks, 4, "none", f"4*s*b{part}")]
+    return kept, backward
+
+
 def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
     """torchtune's CEWithChunkedOutputLoss (modules/loss/ce_chunked_output_loss.py): the decoder
     projects the final hidden states chunk by chunk (8 chunks, each chunk's input copied for the head
@@ -974,15 +1010,22 @@ def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Paralle
     T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTUNE_LOSS_CHUNKS
     saved = _norm("final norm input", T, arch, training)
     saved.append(Entry("LM head input (a copy per chunk)", T * h, B, "sp", "B*s*b*h", for_weights=("head",)))
-    saved.append(Entry("fp32 log-softmax of every chunk", T * vocab, 4, "tp", "4*s*b*V"))
-    forward = [Entry("bf16 logits of every chunk", T * vocab, B, "tp", "B*s*b*V"),
-               Entry("one chunk's fp32 upcast", T / n * vocab, 4, "tp", f"4*s*b*V/{n}")]
-    backward = [Entry("one chunk's fp32 gradients of the log-softmax output and input", 2 * T / n * vocab, 4, "tp",
-                      f"2*4*s*b*V/{n}")]
+    compiled_source = ""
+    if compiled_loss(arch, training, par):  # compile_loss: every chunk's bf16 logits stay, no fp32 copy
+        kept_logits, backward = compiled_cross_entropy(T, n, vocab, training)
+        saved += kept_logits
+        forward: list[Entry] = []
+        compiled_source = f"; training/_compile.py compile_loss; {TORCHTITAN_COMPILED_LOSS_SOURCE}"
+    else:
+        saved.append(Entry("fp32 log-softmax of every chunk", T * vocab, 4, "tp", "4*s*b*V"))
+        forward = [Entry("bf16 logits of every chunk", T * vocab, B, "tp", "B*s*b*V"),
+                   Entry("one chunk's fp32 upcast", T / n * vocab, 4, "tp", f"4*s*b*V/{n}")]
+        backward = [Entry("one chunk's fp32 gradients of the log-softmax output and input", 2 * T / n * vocab, 4,
+                          "tp", f"2*4*s*b*V/{n}")]
     from .adapters import kept  # a frozen head keeps no input
     return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward,
                       source="torchtune v0.6.1 modules/loss/ce_chunked_output_loss.py (8 chunks); "
-                             "modules/transformer.py chunked_output")
+                             "modules/transformer.py chunked_output" + compiled_source)
 
 
 TORCHTITAN_LOSS_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks
@@ -994,16 +1037,12 @@ def torchtitan_loss_moments(arch: Architecture, training: Training, par: Paralle
     B, P = bytes_per_element(training.compute_dtype), bytes_per_element(training.param_dtype)
     T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTITAN_LOSS_CHUNKS
     d = par.dp * par.cp
-    if compiled(training) and par.tp == 1:
-        # torch.compile'd loss (torchtitan CompileConfig.components ["model", "loss"]): Inductor fuses the fp32
-        # upcast, log-softmax and NLL into row reductions; the forward allocates a fp32 max and log-sum-exp per
-        # row and keeps them with the bf16 logits; the backward allocates one fp32 value per row and the bf16
-        # gradient of the logits (measured, TORCHTITAN_COMPILED_LOSS_SOURCE). Under TP the loss-parallel
-        # autograd.Function (vocab-sharded logits, collectives in its forward) is not measured: eager ledger.
-        chunk = [Entry("one chunk: logits and their gradient (compiled cross-entropy)", 2 * T / n * vocab, B, "tp",
-                       f"2*B*s*b*V/{n}"),
-                 Entry("one chunk's fp32 max and log-sum-exp per token, and the backward's row buffer", 3 * T / n, 4,
-                       "none", f"3*4*s*b/{n}")]
+    if compiled_loss(arch, training, par):
+        # the compiled cross-entropy of one chunk, forward and backward: the chunk's logits and their gradient,
+        # three fp32 values per token (`compiled_cross_entropy`); under TP the loss-parallel autograd Function
+        # (vocab-sharded logits, collectives in its forward) is not measured: eager ledger
+        kept_logits, backward = compiled_cross_entropy(T / n, 1, vocab, training)
+        chunk = [e._replace(name="one chunk: " + e.name) for e in kept_logits + backward]
     else:
         chunk = [Entry("one chunk: logits, fp32 log-softmax and its two fp32 gradients", T / n * vocab, B + 12, "tp",
                        f"(B + 12)*s*b*V/{n}")]
@@ -1044,7 +1083,7 @@ def _torchtitan_chunked_loss(arch: Architecture, training: Training, par: Parall
     return LossMemory(saved=saved, forward=forward, backward=[],
                       source="torchtitan v0.3.0 components/loss.py ChunkedLossWrapper (8 chunks), GradAccumulator; "
                              "torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce"
-                             + (f"; {TORCHTITAN_COMPILED_LOSS_SOURCE}" if compiled(training) and par.tp == 1 else ""))
+                             + (f"; {TORCHTITAN_COMPILED_LOSS_SOURCE}" if compiled_loss(arch, training, par) else ""))
 
 
 TORCHTITAN_COMPILED_LOSS_SOURCE = (

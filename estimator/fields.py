@@ -196,7 +196,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "pointwise results (fp32 norm upcasts, normalised tensors, SiLU/softmax outputs) are recomputed in "
           "backward. Measured on CPU for tiny transformers Llama and Qwen3 layers (flash/SDPA and eager "
           "attention); the torchtitan and torchtune layers follow the same partitioner rules (derived, not "
-          "measured). The loss keeps its eager ledger (compiled losses not modelled). Not under megatron, whose "
+          "measured). The loss is compiled too where the framework compiles it, without TP: torchtitan's loss "
+          "(standard or chunked; every torchtitan release compiles it with the model) and torchtune's chunked loss "
+          "(compile_loss): the logits stay 16-bit and no fp32 copy of them exists; the HF Trainer's loss keeps its "
+          "eager ledger. Not under megatron, whose "
           "own fused kernels this would replace, nor deepspeed.", _SAVERS),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
             "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
