@@ -154,3 +154,23 @@ def test_compiled_blocks_fuse_the_casts():
     """torch.compile fuses torchao's casts into Inductor kernels (no fp32 copies), and the compiled blocks'
     buffers are Inductor's: no such component is listed."""
     assert _block_backward(fp8=True, fp8_recipe="rowwise", compile=True) == {"total": 0}
+
+
+def test_the_roofline_times_the_float8_all_gather():
+    """The roofline accepts fp8_all_gather (it refused it: its FP8-off copy kept the flag) and gathers the
+    blocks' float8 linear weights at 1 B, their norms and the root unit (embedding, norm and head) at 2 B:
+    ZeRO 3 gathers twice per micro-batch, 2 x 7/8 x (32 x 218,120,192 + 2 x (2 x 128,256 x 4096 + 4096))."""
+    from estimator.roofline import roofline
+
+    def gather(**training):
+        r = roofline(LLAMA_8B, Training(framework="fsdp2", seq_len=2048, fp8=True, fp8_recipe="tensorwise",
+                                        **training), Parallel(dp=8, zero_stage=3))
+        (c,) = [c for c in r.step.communication if c.name == "parameter all-gather"]
+        return c.bytes, r.step.tokens_per_s_per_gpu
+
+    bf16, plain_speed = gather()
+    fp8, fp8_speed = gather(fp8_all_gather=True)
+    root = V * H + H + V * H
+    assert bf16 == pytest.approx(2 * 7 / 8 * 2 * PARAMS)
+    assert fp8 == pytest.approx(2 * 7 / 8 * (LAYERS * (BLOCK_LINEAR + 2 * BLOCK_NORMS) + 2 * root))
+    assert fp8_speed >= plain_speed
