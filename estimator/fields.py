@@ -185,7 +185,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "and the saved inputs in their dtype and cast per matmul.", "Precision"),
     _choice("fp8_recipe", _T, "FP8 scaling recipe", "With FP8 training: tensorwise (per-tensor scales, Hopper), "
             "mxfp8 (1x32 blocks, Blackwell) or blockwise (DeepSeek-V3's 128x128 weight blocks) under megatron; "
-            "tensorwise or rowwise (torchao, one scale per row) under fsdp2.", "Precision", FP8_RECIPES),
+            "tensorwise or rowwise (torchao, one scale per row) under fsdp2, or mxfp8 with compile (torchao's "
+            "MXFP8Linear, torchtitan's mx converter, Blackwell only): like Float8Linear it keeps the weights and the "
+            "saved inputs in their dtype.", "Precision", FP8_RECIPES),
     _bool("fp8_all_gather", _T, "FP8 all-gather", "fsdp2 with fp8 and the tensorwise recipe: FSDP2 gathers the "
           "float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather), 1 byte per weight instead "
           "of the bf16 copy.", "Precision"),

@@ -35,9 +35,10 @@ ATTENTION = ("flash", "eager")
 LOSSES = ("standard", "fused", "chunked")
 # FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
 # MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks);
-# under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName)
+# under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName), or
+# torchao's MXFP8Linear (torchtitan's MXFP8LinearConverter, components/quantization/mx.py; compiled blocks only)
 FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise", "rowwise")
-FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise")}
+FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise", "mxfp8")}
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 # MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, its flex dispatcher on DeepEP

@@ -297,7 +297,8 @@ def _check_low_precision(training: Training, par: Parallel) -> None:
 def _check_fp8(training: Training, par: Parallel) -> None:
     """FP8 recipes as each stack offers them: Megatron-Core with TransformerEngine (tensorwise, mxfp8,
     blockwise); FSDP2 with torchao's Float8Linear (torchtitan's Float8LinearConverter): tensorwise or rowwise
-    (torchao/float8/config.py Float8LinearRecipeName), the weights kept in their own dtype."""
+    (torchao/float8/config.py Float8LinearRecipeName), or its MXFP8Linear (mxfp8, compiled), the weights kept
+    in their own dtype."""
     from .training import FP8_RECIPES_BY_FRAMEWORK
 
     fw = training.framework
@@ -311,6 +312,13 @@ def _check_fp8(training: Training, par: Parallel) -> None:
         raise ConfigError("training.fp8_recipe", training.fp8_recipe,
                           f"{' or '.join(map(repr, recipes))} with framework {fw!r}",
                           f"{stack} has no {training.fp8_recipe} recipe", related=("training.framework",))
+    if fw == "fsdp2" and training.fp8_recipe == "mxfp8" and not training.compile:
+        # torchao 0.18 prototype/moe_training/mxfp8_linear.py mx_mm saves (input_hp, weight_hp) as Float8Linear
+        # does, so the ledger is the same; its eager MX casts (MXTensor.to_mx) are not measured, and torchtitan
+        # warns that MXFP8 needs torch.compile (components/quantization/mx.py MXFP8LinearConverter)
+        raise ConfigError("training.fp8_recipe", "mxfp8", "'tensorwise' or 'rowwise' when compile is false",
+                          "under fsdp2 the MXFP8 recipe (torchao's MXFP8Linear) is modelled with compiled blocks, "
+                          "whose casts Inductor fuses; set compile true", related=("training.compile",))
     if fw == "megatron" and par.zero_stage == 3:
         raise ConfigError("parallel.zero_stage", 3, "0, 1 or 2 with fp8",
                           "FP8 weights under Megatron-FSDP full sharding are not modelled")
