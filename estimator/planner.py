@@ -45,7 +45,10 @@ Speed, from the roofline's step (roofline.py):
 4. ceilings: one roofline without recompute bounds every recompute setting of its shape and
    micro-batch from above (`Speeds`), and with the smallest bubble every micro-batch.
 5. dominance: ZeRO 0 under Megatron or DeepSpeed with DP x CP > 1 loses to ZeRO 1 on both counts;
-   the standard loss to the fused one (it keeps more and moves more bytes); fused and chunked
+   the standard loss to the fused one (it keeps more and moves more bytes; under Megatron the native
+   fused cross-entropy holds 4 B per logit more than standard at backward's start, its compiled
+   backward's fp32 copy of the softmax, so there standard is set aside for its speed alone, and a
+   layout that fits only with it is not offered); fused and chunked
    losses run at the same speed, so the one that needs more memory loses; full recompute of more
    layers is never faster.
 
