@@ -884,8 +884,9 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     fused: a fused cross-entropy kernel (Apex/TE, Liger's cross-entropy) works on the
     compute-dtype logits in place: B*s*b*V/t. Megatron's --cross-entropy-loss-fusion runs its
     default native implementation (fusions/fused_cross_entropy.py), which upcasts the logits and
-    keeps the fp32 softmax as the unfused one does: the same memory as standard (measured,
-    tests/data/measured/megatron).
+    keeps the fp32 softmax as the unfused one does, and whose compiled backward holds one more fp32
+    copy of it (Inductor's index_put): 4 more bytes per logit than standard at the start of
+    backward (measured, tests/data/measured/megatron).
     chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut
     Cross-Entropy): logits never exist beyond one chunk; Liger computes the gradients of the
     head's input and weight during forward and keeps them for backward. Under fsdp2 it is
@@ -918,6 +919,16 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         source = ("Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each); Megatron-Core "
                   "fusions/fused_cross_entropy.py (native fusion: the same fp32 softmax)")
+        if training.loss == "fused":
+            # the native fusion's compiled backward (jit_fuser = torch.compile) copies the softmax before its
+            # index_put (Inductor lowers index_put as a scatter into clone(x)); the unfused loss writes into it
+            backward.append(Entry("fp32 copy of the softmax (the compiled backward's index_put)", T * vocab, 4, "tp",
+                                  "4*s*b*V"))
+            source += f"; {MEGATRON_NATIVE_CE_SOURCE}"
+    elif training.loss == "standard" and compiled_loss(arch, training, par):  # torchtitan's compiled CrossEntropyLoss
+        kept_logits, backward = compiled_cross_entropy(T, 1, vocab, training)
+        saved += kept_logits
+        source = TORCHTITAN_COMPILED_LOSS_SOURCE
     elif training.loss == "standard":
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
@@ -948,7 +959,44 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward, source=source)
 
 
+MEGATRON_NATIVE_CE_SOURCE = (
+    "Megatron-Core 0.16.1 = 0.19.0 fusions/fused_cross_entropy.py calculate_gradients under torch.compile (core/jit.py); "
+    "torch 2.13 torch/_inductor/lowering.py index_put -> index_put_impl_(clone(x)); Inductor's generated code: "
+    "tests/data/measured/compile/megatron-fused-cross-entropy-bf16-s16-b2-v512.json")
+
 TORCHTUNE_LOSS_CHUNKS = 8  # CEWithChunkedOutputLoss.num_output_chunks
+
+
+def compiled_loss(arch: Architecture, training: Training, par: Parallel) -> bool:
+    """The cross-entropy runs under torch.compile: torchtitan compiles its loss whenever compile is on
+    (CompileConfig.components defaults to ["model", "loss"]: 0.3.0 config/configs.py, the same on main
+    and since v0.1.0's components/loss.py, versions.py), the standard CrossEntropyLoss and the chunked
+    wrapper's per-chunk loss alike; torchtune's recipes call training.compile_loss whenever compile=True
+    (0.6.1 recipes/*.py), which compiles CEWithChunkedOutputLoss.compute_cross_entropy in place, while
+    for another loss most recipes drop the compiled module it returns (full_finetune_distributed.py:345),
+    so only the chunked loss counts. Measured without TP (the loss-parallel autograd Function and
+    DTensor logits are not) and without a final logit soft-cap (no torchtitan or torchtune model has one)."""
+    if not compiled(training) or par.tp > 1 or arch.final_logit_softcapping:
+        return False
+    return (training.framework == "fsdp2" and training.loss in ("standard", "chunked")) or \
+        (training.framework == "torchtune" and training.loss == "chunked")
+
+
+def compiled_cross_entropy(tokens: float, chunks: int, vocab: int, training: Training) -> tuple[list[Entry], list[Entry]]:
+    """(kept for backward, backward's largest moment) of a compiled cross-entropy over `tokens` tokens'
+    compute-dtype logits in `chunks` compiled calls: Inductor fuses the fp32 upcast, log-softmax and NLL
+    into row reductions, so the graph keeps the 16-bit logits (its input) and an fp32 max and log-sum-exp
+    per token; one call's backward allocates the 16-bit gradient of its logits and an fp32 value per token
+    (measured, TORCHTITAN_COMPILED_LOSS_SOURCE). The backward runs the calls one by one, latest first."""
+    B = bytes_per_element(training.compute_dtype)
+    part = f"/{chunks}" if chunks > 1 else ""
+    kept = [Entry("logits in the compute dtype, kept by the compiled cross-entropy", tokens * vocab, B, "tp",
+                  "B*s*b*V"),
+            Entry("fp32 max and log-sum-exp per token (compiled cross-entropy)", tokens, 8, "none", "8*s*b")]
+    backward = [Entry(("one chunk's " if chunks > 1 else "") + "gradient of the logits in the compute dtype and an "
+                      "fp32 value per token (compiled backward)", tokens / chunks * vocab, B, "tp", f"B*s*b*V{part}"),
+                Entry("compiled backward's fp32 value per token", tokens / chunks, 4, "none", f"4*s*b{part}")]
+    return kept, backward
 
 
 def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
@@ -962,15 +1010,22 @@ def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Paralle
     T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTUNE_LOSS_CHUNKS
     saved = _norm("final norm input", T, arch, training)
     saved.append(Entry("LM head input (a copy per chunk)", T * h, B, "sp", "B*s*b*h", for_weights=("head",)))
-    saved.append(Entry("fp32 log-softmax of every chunk", T * vocab, 4, "tp", "4*s*b*V"))
-    forward = [Entry("bf16 logits of every chunk", T * vocab, B, "tp", "B*s*b*V"),
-               Entry("one chunk's fp32 upcast", T / n * vocab, 4, "tp", f"4*s*b*V/{n}")]
-    backward = [Entry("one chunk's fp32 gradients of the log-softmax output and input", 2 * T / n * vocab, 4, "tp",
-                      f"2*4*s*b*V/{n}")]
+    compiled_source = ""
+    if compiled_loss(arch, training, par):  # compile_loss: every chunk's bf16 logits stay, no fp32 copy
+        kept_logits, backward = compiled_cross_entropy(T, n, vocab, training)
+        saved += kept_logits
+        forward: list[Entry] = []
+        compiled_source = f"; training/_compile.py compile_loss; {TORCHTITAN_COMPILED_LOSS_SOURCE}"
+    else:
+        saved.append(Entry("fp32 log-softmax of every chunk", T * vocab, 4, "tp", "4*s*b*V"))
+        forward = [Entry("bf16 logits of every chunk", T * vocab, B, "tp", "B*s*b*V"),
+                   Entry("one chunk's fp32 upcast", T / n * vocab, 4, "tp", f"4*s*b*V/{n}")]
+        backward = [Entry("one chunk's fp32 gradients of the log-softmax output and input", 2 * T / n * vocab, 4,
+                          "tp", f"2*4*s*b*V/{n}")]
     from .adapters import kept  # a frozen head keeps no input
     return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward,
                       source="torchtune v0.6.1 modules/loss/ce_chunked_output_loss.py (8 chunks); "
-                             "modules/transformer.py chunked_output")
+                             "modules/transformer.py chunked_output" + compiled_source)
 
 
 TORCHTITAN_LOSS_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks
@@ -982,16 +1037,12 @@ def torchtitan_loss_moments(arch: Architecture, training: Training, par: Paralle
     B, P = bytes_per_element(training.compute_dtype), bytes_per_element(training.param_dtype)
     T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTITAN_LOSS_CHUNKS
     d = par.dp * par.cp
-    if compiled(training) and par.tp == 1:
-        # torch.compile'd loss (torchtitan CompileConfig.components ["model", "loss"]): Inductor fuses the fp32
-        # upcast, log-softmax and NLL into row reductions; the forward allocates a fp32 max and log-sum-exp per
-        # row and keeps them with the bf16 logits; the backward allocates one fp32 value per row and the bf16
-        # gradient of the logits (measured, TORCHTITAN_COMPILED_LOSS_SOURCE). Under TP the loss-parallel
-        # autograd.Function (vocab-sharded logits, collectives in its forward) is not measured: eager ledger.
-        chunk = [Entry("one chunk: logits and their gradient (compiled cross-entropy)", 2 * T / n * vocab, B, "tp",
-                       f"2*B*s*b*V/{n}"),
-                 Entry("one chunk's fp32 max and log-sum-exp per token, and the backward's row buffer", 3 * T / n, 4,
-                       "none", f"3*4*s*b/{n}")]
+    if compiled_loss(arch, training, par):
+        # the compiled cross-entropy of one chunk, forward and backward: the chunk's logits and their gradient,
+        # three fp32 values per token (`compiled_cross_entropy`); under TP the loss-parallel autograd Function
+        # (vocab-sharded logits, collectives in its forward) is not measured: eager ledger
+        kept_logits, backward = compiled_cross_entropy(T / n, 1, vocab, training)
+        chunk = [e._replace(name="one chunk: " + e.name) for e in kept_logits + backward]
     else:
         chunk = [Entry("one chunk: logits, fp32 log-softmax and its two fp32 gradients", T / n * vocab, B + 12, "tp",
                        f"(B + 12)*s*b*V/{n}")]
@@ -1032,7 +1083,7 @@ def _torchtitan_chunked_loss(arch: Architecture, training: Training, par: Parall
     return LossMemory(saved=saved, forward=forward, backward=[],
                       source="torchtitan v0.3.0 components/loss.py ChunkedLossWrapper (8 chunks), GradAccumulator; "
                              "torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce"
-                             + (f"; {TORCHTITAN_COMPILED_LOSS_SOURCE}" if compiled(training) and par.tp == 1 else ""))
+                             + (f"; {TORCHTITAN_COMPILED_LOSS_SOURCE}" if compiled_loss(arch, training, par) else ""))
 
 
 TORCHTITAN_COMPILED_LOSS_SOURCE = (
@@ -1043,15 +1094,24 @@ TORCHTITAN_COMPILED_LOSS_SOURCE = (
 
 # --- pipeline schedule -----------------------------------------------------------------------------
 
-def pipeline_filling_microbatches(par: Parallel) -> int:
+def pipeline_filling_microbatches(par: Parallel, group: int | None = None) -> int:
     """The fewest micro-batches per step at which every pipeline rank holds as many in flight as
     any larger global batch would (see `in_flight_chunks`): p for 1F1B, where rank r holds
-    min(p - r, m); 2p interleaved, the first multiple of p (Megatron-Core requires one) with
-    m v >= 2(p - 1) + (v - 1)p + 1; 2p under DualPipe(V), the fewest it runs. Without a pipeline, one."""
+    min(p - r, m); interleaved, the fewest that Megatron-Core accepts (`interleaved_microbatches_error`)
+    with m v >= W_0 + 1 chunk-forwards for rank 0's warm-up W_0 = 2(p - 1) + (v - 1)g: with the group
+    g of `microbatch_group` that is g when g >= 2p - 1, else g + p (2p for the default g = p); 2p under
+    DualPipe(V), the fewest it runs. Without a pipeline, one."""
     if par.pp == 1:
         return 1
+    if par.schedule == "interleaved":
+        return interleaved_filling_microbatches(par.pp, microbatch_group(par, group))
     # DualPipe and DualPipeV assert num_chunks >= 2 x num_ranks (deepseek-ai/DualPipe); ZB-H1 fills as 1F1B
-    return 2 * par.pp if par.schedule in ("interleaved", "dualpipe", "dualpipev") else par.pp
+    return 2 * par.pp if par.schedule in ("dualpipe", "dualpipev") else par.pp
+
+
+def interleaved_filling_microbatches(p: int, group: int) -> int:
+    """`pipeline_filling_microbatches` of Megatron's interleaved schedule: g when g >= 2p - 1, else g + p."""
+    return group if group >= 2 * p - 1 else group + p
 
 
 def global_batch_size(training: Training, par: Parallel) -> int:
@@ -1060,7 +1120,7 @@ def global_batch_size(training: Training, par: Parallel) -> int:
     one micro-batch in flight."""
     if training.global_batch_size:
         return training.global_batch_size
-    fill = pipeline_filling_microbatches(par) if training.mode == "training" else 1
+    fill = pipeline_filling_microbatches(par, training.microbatch_group_size) if training.mode == "training" else 1
     return training.micro_batch_size * par.dp * fill
 
 
@@ -1077,16 +1137,14 @@ def microbatches(training: Training, par: Parallel) -> int:
 ZB_W_SHARE = 32 / 34
 
 
-def in_flight_chunks(rank: int, par: Parallel, m: int, chunks: tuple[range, ...] = ()) -> float:
+def in_flight_chunks(rank: int, par: Parallel, m: int, chunks: tuple[range, ...] = (), group: int | None = None) -> float:
     """Micro-batches whose activations a pipeline rank holds at its peak, in units of the rank's
     whole layer stack (`chunks`, its layer ranges, weigh DualPipe's two chunks by their layers).
 
     1F1B (PipeDream-Flush, Narayanan et al. 2021): rank r runs p - r forwards before its first
     backward, so it holds min(p - r, m) micro-batches.
-    Interleaved 1F1B with v chunks (Megatron-Core ``schedules.py``): rank r warms up
-    2(p - r - 1) + (v - 1)p chunk-forwards and holds one more, each a 1/v of its layers, capped
-    at all m*v chunks; for r = 0 that is p(1 + (p - 1)/(p v)) stacks, Korthikanti's factor.
-    ZB-H1 and DualPipe(V): `zero_bubble_in_flight`, `dualpipe_in_flight`.
+    Interleaved 1F1B with v chunks: `interleaved_in_flight` (Megatron-Core's warm-up, `group` its
+    micro-batch group size). ZB-H1 and DualPipe(V): `zero_bubble_in_flight`, `dualpipe_in_flight`.
     """
     p, v = par.pp, par.vpp
     if par.schedule == "zero_bubble":
@@ -1095,14 +1153,10 @@ def in_flight_chunks(rank: int, par: Parallel, m: int, chunks: tuple[range, ...]
         return dualpipe_in_flight(rank, par, chunks)
     if v == 1:
         return float(min(p - rank, m))
-    total = m * v
-    if m == p:  # Megatron runs every forward first when m equals p
-        return float(m)
-    warmup = 2 * (p - rank - 1) + (v - 1) * p
-    return min(warmup + 1, total) / v
+    return interleaved_in_flight(rank, p, v, m, microbatch_group(par, group))
 
 
-def in_flight_per_rank(par: Parallel, m: int, chunks: list[tuple[range, ...]]) -> list[float]:
+def in_flight_per_rank(par: Parallel, m: int, chunks: list[tuple[range, ...]], group: int | None = None) -> list[float]:
     """`in_flight_chunks` of every rank, first to last (`chunks`: each rank's layer ranges), in one
     pass: an estimate asks for all of them, and 1F1B's and the interleaved schedule's closed forms
     cost one arithmetic step per rank."""
@@ -1111,15 +1165,56 @@ def in_flight_per_rank(par: Parallel, m: int, chunks: list[tuple[range, ...]]) -
         return [in_flight_chunks(r, par, m, c) for r, c in enumerate(chunks)]
     if v == 1:
         return [float(min(p - r, m)) for r in range(p)]
-    if m == p:
-        return [float(m)] * p
-    total = m * v
-    return [min(2 * (p - r - 1) + (v - 1) * p + 1, total) / v for r in range(p)]
+    g = microbatch_group(par, group)
+    return [interleaved_in_flight(r, p, v, m, g) for r in range(p)]
 
 
-def in_flight_rule(par: Parallel) -> tuple[str, str]:
+# Megatron-Core's interleaved schedule (pipeline_parallel/schedules.py), the same at every release the
+# estimator offers (versions.py: core_v0.16.1 and core_v0.19.0; tests/test_megatron_schedules.py runs
+# each release's own code). It dates from core_v0.10.0 (commit 4295be1a, "tunable schedule with
+# overlapping", 2024-11-01); before it, m = p ran every chunk-forward first (all m v in flight).
+MEGATRON_SCHEDULE_SOURCE = ("Megatron-Core pipeline_parallel/schedules.py get_pp_rank_microbatches and "
+                            "get_schedule_table (core_v0.16.1 = core_v0.19.0; since core_v0.10.0, commit 4295be1a)")
+
+
+def microbatch_group(par: Parallel, group: int | None) -> int:
+    """--microbatch-group-size-per-virtual-pipeline-stage, Megatron's default pp when unset
+    (model_parallel_config.py __post_init__)."""
+    return par.pp if group is None else group
+
+
+def interleaved_warmup(rank: int, p: int, v: int, m: int, group: int) -> int:
+    """Chunk-forwards rank r runs before its first backward (get_pp_rank_microbatches, training,
+    without --overlap-moe-expert-parallel-comm): 2(p - r - 1) + (v - 1)g, all m v when that many or more."""
+    return min(2 * (p - rank - 1) + (v - 1) * group, m * v)
+
+
+def interleaved_in_flight(rank: int, p: int, v: int, m: int, group: int) -> float:
+    """Rank r's chunk activations at its peak, in whole stacks (each chunk is 1/v of its layers): the
+    warm-up W, then the steady state runs one forward before each backward, W + 1 at its top; all m v
+    when the warm-up runs every chunk. For r = 0 and g = p that is p(1 + (p - 1)/(p v)) stacks,
+    Korthikanti's factor."""
+    warmup = interleaved_warmup(rank, p, v, m, group)
+    return (warmup if warmup == m * v else warmup + 1) / v
+
+
+def interleaved_microbatches_error(p: int, m: int, group: int) -> str:
+    """Why Megatron-Core's interleaved schedule refuses m micro-batches in groups of g (schedules.py
+    forward_backward_pipelining_with_interleaving: p <= g <= m, and the last group, m mod g, empty or
+    at least p), or "" when it runs them."""
+    if not p <= group <= m:
+        return f"at least one whole group (the group is {group}, pp = {p} or more)"
+    if 0 < m % group < p:
+        return f"a last group (micro-batches mod group) of 0 or at least pp = {p}, not {m % group}"
+    return ""
+
+
+def in_flight_rule(par: Parallel, group: int | None = None) -> tuple[str, str]:
     """(text appended to the activations' formula, its source) for the schedules beyond 1F1B."""
     schedule = par.schedule
+    if schedule == "interleaved":
+        return (f"; interleaved in flight: min(2(p - r - 1) + (v - 1) x {microbatch_group(par, group)} + 1, m v) "
+                "chunks / v (micro-batch group of the virtual stages)", MEGATRON_SCHEDULE_SOURCE)
     if schedule == "zero_bubble":
         return ("; ZB-H1 in flight: min(p - r, m) + 32/34 x min(r, m - p + r) deferred W inputs",
                 "Qi et al. 2023 (ZB-H1, Table 1); sail-sg zb-h1-quick-start schedules.py")

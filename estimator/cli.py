@@ -50,6 +50,12 @@ def _gib(n: int) -> str:
     return f"{n / GiB:9.2f}"
 
 
+def _framework_text(result) -> str:
+    """The framework and, where its rules are versioned, the release they come from."""
+    release = result.framework_release_json()["framework_release"]
+    return f"{result.training.framework}, {release}" if release else result.training.framework
+
+
 def render_text(result) -> str:
     lines = []
     arch = result.architecture
@@ -66,7 +72,8 @@ def render_text(result) -> str:
     par, tr = result.parallel, result.training
     lines.append(f"Layout: TP {par.tp}{' +SP' if par.sequence_parallel else ''}, PP {par.pp}"
                  f"{f' x VPP {par.vpp}' if par.vpp > 1 else ''}, DP {par.dp}, CP {par.cp}, EP {par.ep}, "
-                 f"ZeRO {result.zero_stage} ({tr.framework}); {par.gpus} GPUs; {result.microbatches} micro-batches")
+                 f"ZeRO {result.zero_stage} ({_framework_text(result)}); {par.gpus} GPUs; {result.microbatches} "
+                 "micro-batches")
     lines.append(f"Step: {tr.mode}, seq {tr.seq_len}, micro-batch {tr.micro_batch_size}, {tr.optimizer}, "
                  f"recompute {tr.recompute}, {tr.attention} attention, loss {tr.loss}")
     for stage in result.stages:

@@ -27,6 +27,7 @@ from .errors import ConfigError
 from .hardware import GPUS, Hardware
 from .parallel import PP_SCHEDULES, Parallel
 from .optimizers import OPTIMIZERS
+from .versions import VERSIONS, default_versions_text
 from .training import (ATTENTION, CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES,
                        MOE_DISPATCHERS, MOE_ROUTER_DTYPES, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, Training)
 
@@ -151,6 +152,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "of the weights exist, in which dtype) and what ZeRO stage means: megatron = Megatron-LM/NeMo, fsdp2 = "
             "PyTorch FSDP2 (torchtitan), deepspeed = DeepSpeed ZeRO, hf = Hugging Face Trainer with torch.optim.",
             "Run", FRAMEWORKS),
+    _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
+            "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
+            "or main; torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
+            "(estimator/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
+            auto="the release the estimator's records were measured on: " + default_versions_text()),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "
@@ -179,7 +185,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "and the saved inputs in their dtype and cast per matmul.", "Precision"),
     _choice("fp8_recipe", _T, "FP8 scaling recipe", "With FP8 training: tensorwise (per-tensor scales, Hopper), "
             "mxfp8 (1x32 blocks, Blackwell) or blockwise (DeepSeek-V3's 128x128 weight blocks) under megatron; "
-            "tensorwise or rowwise (torchao, one scale per row) under fsdp2.", "Precision", FP8_RECIPES),
+            "tensorwise or rowwise (torchao, one scale per row) under fsdp2, or mxfp8 with compile (torchao's "
+            "MXFP8Linear, torchtitan's mx converter, Blackwell only): like Float8Linear it keeps the weights and the "
+            "saved inputs in their dtype.", "Precision", FP8_RECIPES),
     _bool("fp8_all_gather", _T, "FP8 all-gather", "fsdp2 with fp8 and the tensorwise recipe: FSDP2 gathers the "
           "float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather), 1 byte per weight instead "
           "of the bf16 copy.", "Precision"),
@@ -190,7 +198,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "pointwise results (fp32 norm upcasts, normalised tensors, SiLU/softmax outputs) are recomputed in "
           "backward. Measured on CPU for tiny transformers Llama and Qwen3 layers (flash/SDPA and eager "
           "attention); the torchtitan and torchtune layers follow the same partitioner rules (derived, not "
-          "measured). The loss keeps its eager ledger (compiled losses not modelled). Not under megatron, whose "
+          "measured). The loss is compiled too where the framework compiles it, without TP: torchtitan's loss "
+          "(standard or chunked; every torchtitan release compiles it with the model) and torchtune's chunked loss "
+          "(compile_loss): the logits stay 16-bit and no fp32 copy of them exists; the HF Trainer's loss keeps its "
+          "eager ledger. Not under megatron, whose "
           "own fused kernels this would replace, nor deepspeed.", _SAVERS),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
             "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
@@ -264,9 +275,15 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "once: the SwiGLU's backward output of every local expert and the fc2 weight gradient of all of them "
           "exist together, instead of one expert's at a time (SequentialMLP).", _SAVERS),
     _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
-            "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss; te "
+            "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss and its compiled "
+            "backward holds an fp32 copy of it beside the 16-bit gradient (4 bytes per logit more); te "
             "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "
             "only them.", _SAVERS, CROSS_ENTROPY_IMPLS),
+    _int("microbatch_group_size", _T, "Micro-batches per virtual-stage group", "megatron, interleaved (vpp > 1): "
+         "--microbatch-group-size-per-virtual-pipeline-stage, the micro-batches each model chunk runs in a row "
+         "(from pp to the micro-batches per step). Rank r warms up 2(pp - r - 1) + (vpp - 1) x this many chunk "
+         "forwards, so a larger group keeps more activations in flight.", _SAVERS, hi=MAX_SAMPLES, optional=True,
+         auto="pp (Megatron-Core's default, a depth-first schedule)"),
     _bool("defer_embedding_wgrad_compute", _T, "Defer output-layer wgrad", "megatron with PP > 1: "
           "--defer-embedding-wgrad-compute (needs gradient accumulation fusion). The last stage defers the output "
           "layer's weight-gradient GEMMs to the pipeline flush, so it keeps that layer's input and its output "

@@ -116,6 +116,13 @@ class Estimate:
         for its CUDA context, which is the same for all catalogued GPUs)."""
         return [fit_on(self.device_total_bytes, gpu) for gpu in GPUS.values()]
 
+    def framework_release_json(self) -> dict:
+        """The release whose rules the estimate applied (estimator/versions.py): its version, and
+        the release and commit in words; null for a framework without versioned rules."""
+        from .versions import release
+        r = release(self.training.framework, self.training.framework_version)
+        return {"framework_version": r.version if r else None, "framework_release": r.cited if r else None}
+
     def to_json(self) -> dict:
         return {
             "parameters": {"total": self.parameters_total, "active": self.parameters_active,
@@ -146,6 +153,7 @@ class Estimate:
                     "utilization": round(self.fit.utilization, 6), "verdict": self.fit.verdict},
             "zero_stage": self.zero_stage,
             "microbatches": self.microbatches,
+            **self.framework_release_json(),
             "host_memory": self.host_memory_json(),
             "notes": list(self.notes),
             **({"rl_phases": [_rl_phase_json(p) for p in self.rl_phases]} if self.rl_phases else {}),
@@ -316,7 +324,7 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     formula = " + ".join(f for _, _, f in parts)
     if training.recompute == "selective":
         formula += f" (recomputed: {', '.join(training.recompute_modules)})"
-    rule, rule_source = act.in_flight_rule(par) if par else ("", "")
+    rule, rule_source = act.in_flight_rule(par, training.microbatch_group_size) if par else ("", "")
     source = act.KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
     if act.compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
         formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
@@ -667,7 +675,8 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
     full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
     stages = []
-    for sp, inflight in zip(cfg.stages, act.in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages])):
+    for sp, inflight in zip(cfg.stages, act.in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
+                                                                         training.microbatch_group_size)):
         signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
         if full:  # the layers a stage stores: which of its chunks' layers the first n (or every N-th) leave
             key = (signature, sp.layers_key, training.recompute_layers)

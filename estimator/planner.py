@@ -45,7 +45,10 @@ Speed, from the roofline's step (roofline.py):
 4. ceilings: one roofline without recompute bounds every recompute setting of its shape and
    micro-batch from above (`Speeds`), and with the smallest bubble every micro-batch.
 5. dominance: ZeRO 0 under Megatron or DeepSpeed with DP x CP > 1 loses to ZeRO 1 on both counts;
-   the standard loss to the fused one (it keeps more and moves more bytes); fused and chunked
+   the standard loss to the fused one (it keeps more and moves more bytes; under Megatron the native
+   fused cross-entropy holds 4 B per logit more than standard at backward's start, its compiled
+   backward's fp32 copy of the softmax, so there standard is set aside for its speed alone, and a
+   layout that fits only with it is not offered); fused and chunked
    losses run at the same speed, so the one that needs more memory loses; full recompute of more
    layers is never faster.
 
@@ -70,7 +73,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
-from .activations import op_level
+from .activations import interleaved_filling_microbatches, interleaved_microbatches_error, op_level
 from .architecture import Architecture
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
@@ -274,7 +277,9 @@ def _all_shapes(req: Request) -> Iterator[Shape]:
                     for ep, etp in _expert_splits(arch, tp, tp * cp * dp):
                         shards = dp * cp > 1 or tp * cp * dp // (ep * etp) > 1
                         for zero in _zero_stages(tr.framework, shards):
-                            yield Shape(tp, pp, v, first, last, cp, dp, ep, etp, zero)
+                            shape = Shape(tp, pp, v, first, last, cp, dp, ep, etp, zero)
+                            if shape_micro_batches(tr, shape):  # a micro-batch the schedule runs
+                                yield shape
 
 
 def micro_batches(training: Training, dp: int) -> tuple[int, ...]:
@@ -289,6 +294,17 @@ def micro_batches(training: Training, dp: int) -> tuple[int, ...]:
         if per_rank is not None and b > per_rank:
             break
     return tuple(out)
+
+
+def shape_micro_batches(training: Training, s: Shape) -> tuple[int, ...]:
+    """`micro_batches` that the shape's pipeline schedule runs: Megatron's interleaved schedule
+    refuses micro-batch counts that leave a group short (activations.interleaved_microbatches_error)."""
+    micro = micro_batches(training, s.dp)
+    if training.framework != "megatron" or s.vpp == 1 or training.global_batch_size is None:
+        return micro
+    group = training.microbatch_group_size or s.pp
+    return tuple(b for b in micro if not interleaved_microbatches_error(
+        s.pp, training.global_batch_size // (b * s.dp), group))
 
 
 def most_stage_layers(arch: Architecture, s: Shape) -> int:
@@ -411,7 +427,7 @@ class _Evaluator:
         """Ceilings over every micro-batch of the shape (rule 4): those of the largest micro-batch
         (no GEMM is slower per token with a larger one; everything else per token is the same or
         falls with it) with the bubble of the most micro-batches."""
-        micro = micro_batches(self.req.training, s.dp)
+        micro = shape_micro_batches(self.req.training, s)
         speed = self.speeds(s, max(micro))
         most = self.microbatches(s, min(micro))
         return speed._replace(bubble=(s.pp - 1) / (s.vpp * most))
@@ -423,7 +439,8 @@ class _Evaluator:
     def microbatches(self, s: Shape, b: int) -> int:
         tr = self.req.training
         if tr.global_batch_size is None:  # the estimator's default fills the pipeline
-            return 1 if s.pp == 1 else (s.pp if s.vpp == 1 else 2 * s.pp)
+            return 1 if s.pp == 1 else (s.pp if s.vpp == 1 else
+                                        interleaved_filling_microbatches(s.pp, tr.microbatch_group_size or s.pp))
         return tr.global_batch_size // (b * s.dp)
 
     def stage_layers(self, s: Shape) -> tuple[int, ...]:
@@ -607,7 +624,7 @@ class _Search:
         return self.req.training.moe_dispatcher != "deepep"
 
     def _micro(self, s: Shape) -> tuple[int, ...]:
-        return micro_batches(self.req.training, s.dp)
+        return shape_micro_batches(self.req.training, s)
 
     def _count(self, s: Shape) -> int:
         return len(self._micro(s)) * variants_per_micro_batch(self.req.architecture, s)
@@ -888,8 +905,8 @@ def least_memory(req: Request) -> int | None:
 
 
 def _frugal_variants(req: Request, s: Shape) -> list[Variant]:
-    micro = micro_batches(req.training, s.dp)
-    sizes = {1}
+    micro = shape_micro_batches(req.training, s)
+    sizes = {min(micro)}
     if req.training.framework != "megatron" and s.pp == 1:
         sizes.add(max(micro))  # one micro-batch per step: no gradients alive in forward
     return [Variant(b, mode, None, loss) for b in sorted(sizes) for mode in ("full", "selective")

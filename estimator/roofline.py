@@ -62,7 +62,7 @@ from .hardware import GPU, Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve, training_with
 from .sharding import split_key
-from .states import optimizer_state_bytes
+from .states import fsdp2_gathered_block_bytes, optimizer_state_bytes
 from .training import FSDP_FRAMEWORKS, Training
 
 ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
@@ -1017,10 +1017,12 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
                            reductions * _ring(n) * params * G, reductions * (layers if per_unit else buckets),
                            "(n-1)/n x params x grad bytes" + (", every micro-batch" if per_unit else ", once per step"))
         gathers = (2 * m if zero == 3 else m) if per_unit else 1
+        gathered = _gathered_bytes(tr, P, sp, params) if label == "" else P
         gather = _collective(gpu, roof, f"{label}parameter all-gather", group, n, stride,
-                             gathers * _ring(n) * params * P, gathers * (layers if per_unit else buckets),
+                             gathers * _ring(n) * params * gathered, gathers * (layers if per_unit else buckets),
                              f"{gathers} x (n-1)/n x params x param bytes" + (
-                                 " (forward and backward, every micro-batch)" if zero == 3 else ""))
+                                 " (forward and backward, every micro-batch)" if zero == 3 else "")
+                             + (" (float8 linear weights at 1 B)" if gathered != P else ""))
         if per_unit:
             root = sp.root_local * P * _ring(n) if tr.framework in FSDP_FRAMEWORKS and label == "" else 0.0
             out += _per_unit(grad, gather, work, zero == 3, root, par, roof)
@@ -1044,6 +1046,16 @@ def _bucketed(c: Communication, compute: float, buckets: float, par: Parallel, r
         return c  # the roof hides traffic behind whatever compute is left (hide_behind_compute)
     return _overlapped(c, collectives.bucketed_exposure(c.time_s, compute, buckets), par,
                        c.time_s / max(1.0, buckets))
+
+
+def _gathered_bytes(training: Training, P: float, sp, params: float) -> float:
+    """Bytes per dense parameter FSDP2 gathers: with fp8_all_gather torchao gathers the float8 linears'
+    weights at 1 byte (states.fsdp2_gathered_block_bytes), the root unit (embedding, head) at P."""
+    if not training.fp8_all_gather or params <= 0:
+        return P
+    block, _ = fsdp2_gathered_block_bytes(training, P, sp)
+    root = min(sp.root_local, params)
+    return (block * (params - root) + P * root) / params
 
 
 def _per_unit(grad: Communication, gather: Communication, work: StageWork, zero3: bool, root_bytes: float,
@@ -1242,7 +1254,8 @@ def _expected(arch: Architecture, training: Training, par: Parallel, hardware: H
     # the memory model's rules and resolution; the FP8 recipe is modelled here, so its memory-side
     # refusal is skipped (the recipe and the ZeRO stage do not depend on it; FP8 weights belong to it)
     checked = training if not training.fp8 else training_with(
-        arch, training, fp8=False, param_dtype="bf16" if training.param_dtype == "fp8" else training.param_dtype)
+        arch, training, fp8=False, fp8_all_gather=False,  # the float8 all-gather needs fp8: timed here too
+        param_dtype="bf16" if training.param_dtype == "fp8" else training.param_dtype)
     cfg = resolve(arch, checked, par, hardware)
     if training.fp8 or not cfg.is_training:
         cfg = dataclasses.replace(cfg, training=training, zero_stage=cfg.zero_stage if cfg.is_training else 0)

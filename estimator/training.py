@@ -35,9 +35,10 @@ ATTENTION = ("flash", "eager")
 LOSSES = ("standard", "fused", "chunked")
 # FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
 # MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks);
-# under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName)
+# under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName), or
+# torchao's MXFP8Linear (torchtitan's MXFP8LinearConverter, components/quantization/mx.py; compiled blocks only)
 FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise", "rowwise")
-FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise")}
+FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise", "mxfp8")}
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 # MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, its flex dispatcher on DeepEP
@@ -60,6 +61,7 @@ COMPILE_FRAMEWORKS = ("fsdp2", "torchtune", "hf")
 class Training:
     mode: str = "training"
     framework: str = "megatron"
+    framework_version: str | None = None  # the release whose rules apply (versions.py); None = the measured one
     seq_len: int = 4096
     micro_batch_size: int = 1
     global_batch_size: int | None = None
@@ -91,6 +93,8 @@ class Training:
     moe_router_dtype: str | None = None  # megatron: --moe-router-dtype fp32/fp64; None = the compute dtype
     attention_softmax_fusion: bool = True  # megatron, eager attention: the fused softmax kernel (--no-masked-softmax-fusion = False)
     cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
+    # megatron, interleaved (vpp > 1): --microbatch-group-size-per-virtual-pipeline-stage; None = pp (Megatron's default)
+    microbatch_group_size: int | None = None
     # megatron: --activation-func-fp8-input-store, the fused SwiGLU keeps its input in float8_e4m3fn (activations.py)
     activation_func_fp8_input_store: bool = False
     # megatron: --defer-embedding-wgrad-compute, the last stage keeps the output layer's input and output
@@ -199,6 +203,7 @@ def _check_training(t: Training) -> None:
             raise ConfigError(f"training.{field}", getattr(t, field), "empty (auto) unless framework is 'deepspeed'",
                               "a DeepSpeed ZeRO setting", related=("training.framework",))
     _check_megatron_flags(t)
+    _check_framework_version(t)
     if t.compile and t.framework not in COMPILE_FRAMEWORKS:
         raise ConfigError("training.compile", True, "false unless framework is 'fsdp2', 'torchtune' or 'hf'",
                           "torch.compile is torchtitan's --compile.enable, torchtune's compile: True and the HF "
@@ -236,6 +241,19 @@ def _check_recompute_every(t: Training) -> None:
                           related=("training.recompute_layers",))
 
 
+def _check_framework_version(t: Training) -> None:
+    """A version the framework offers (versions.py); deepspeed and hf offer none."""
+    from .versions import offered
+    versions = offered(t.framework)
+    if t.framework_version is not None and t.framework_version not in versions:
+        allowed = (f"one of {', '.join(map(repr, versions))} (or empty/null for the default) with framework "
+                   f"{t.framework!r}" if versions else f"empty/null with framework {t.framework!r}")
+        raise ConfigError("training.framework_version", t.framework_version, allowed,
+                          "the releases whose rules the estimator knows" if versions else
+                          f"the estimator's {t.framework} rules are not keyed on a version",
+                          related=("training.framework",))
+
+
 def _check_megatron_flags(t: Training) -> None:
     """Megatron-Core's own switches are refused under the other frameworks, which do not offer them."""
     if t.moe_router_dtype is not None and t.framework != "megatron":
@@ -269,6 +287,11 @@ def _check_megatron_flags(t: Training) -> None:
         raise ConfigError("training.attention_softmax_fusion", False, "true unless framework is 'megatron'",
                           "turning off the fused masked softmax is Megatron's --no-masked-softmax-fusion; the other "
                           "frameworks' eager attention is modelled as they run it", related=("training.framework",))
+    if t.microbatch_group_size is not None and t.framework != "megatron":
+        raise ConfigError("training.microbatch_group_size", t.microbatch_group_size,
+                          "empty/null (auto) unless framework is 'megatron'",
+                          "it is Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage",
+                          related=("training.framework",))
     if t.cross_entropy_impl != "native":
         if t.framework != "megatron":
             raise ConfigError("training.cross_entropy_impl", t.cross_entropy_impl, "'native' unless framework is "

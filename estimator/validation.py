@@ -97,6 +97,9 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                               f"a multiple of micro_batch_size x dp = {per_step}")
         if par.pp_schedule in ("dualpipe", "dualpipev") and training.mode == "training":
             _check_dualpipe_microbatches(gbs, per_step, par)
+    if training.framework == "megatron" and training.mode == "training" and \
+            (par.vpp > 1 or training.microbatch_group_size is not None):
+        _check_interleaved(training, par)
     if training.optimizer_in_backward:
         _check_optimizer_in_backward(training, par)
     if training.recompute == "selective" and training.framework == "fsdp2":
@@ -187,6 +190,29 @@ def _check_dualpipe_microbatches(gbs: int, per_step: int, par: Parallel) -> None
                           f"{par.pp_schedule} runs {m} micro-batches here", related=("parallel.pp_schedule",))
 
 
+def _check_interleaved(training: Training, par: Parallel) -> None:
+    """Megatron-Core's interleaved schedule runs the micro-batches in groups per virtual stage and
+    refuses groups that leave the pipeline waiting (activations.interleaved_microbatches_error)."""
+    from .activations import interleaved_microbatches_error, microbatch_group, microbatches
+    group = training.microbatch_group_size
+    if par.vpp == 1:
+        raise ConfigError("training.microbatch_group_size", group, "empty/null (auto) when vpp is 1",
+                          "Megatron-Core reads it only in the interleaved schedule", related=("parallel.vpp",))
+    g = microbatch_group(par, group)
+    if g < par.pp:
+        raise ConfigError("training.microbatch_group_size", group, f"at least pp = {par.pp}, or empty/null (auto)",
+                          "Megatron-Core runs at least a pipeline's depth of micro-batches per virtual stage",
+                          related=("parallel.pp",))
+    m = microbatches(training, par)
+    why = interleaved_microbatches_error(par.pp, m, g)
+    if why:  # the automatic global batch always fills whole groups: a given one is at fault
+        raise ConfigError("training.global_batch_size", training.global_batch_size,
+                          f"one whose micro-batches per step leave {why}",
+                          f"{m} micro-batches per step in groups of {g}: Megatron-Core's interleaved schedule "
+                          "refuses it (schedules.py forward_backward_pipelining_with_interleaving)",
+                          related=("training.microbatch_group_size", "parallel.pp", "parallel.vpp"))
+
+
 def _check_op_level(arch: Architecture, training: Training) -> None:
     """Under fsdp2, "selective" is torchtitan's operator-level policy (activations.op_level), which
     has no module list and is modelled for dense attention blocks with flash attention."""
@@ -271,7 +297,8 @@ def _check_low_precision(training: Training, par: Parallel) -> None:
 def _check_fp8(training: Training, par: Parallel) -> None:
     """FP8 recipes as each stack offers them: Megatron-Core with TransformerEngine (tensorwise, mxfp8,
     blockwise); FSDP2 with torchao's Float8Linear (torchtitan's Float8LinearConverter): tensorwise or rowwise
-    (torchao/float8/config.py Float8LinearRecipeName), the weights kept in their own dtype."""
+    (torchao/float8/config.py Float8LinearRecipeName), or its MXFP8Linear (mxfp8, compiled), the weights kept
+    in their own dtype."""
     from .training import FP8_RECIPES_BY_FRAMEWORK
 
     fw = training.framework
@@ -285,6 +312,13 @@ def _check_fp8(training: Training, par: Parallel) -> None:
         raise ConfigError("training.fp8_recipe", training.fp8_recipe,
                           f"{' or '.join(map(repr, recipes))} with framework {fw!r}",
                           f"{stack} has no {training.fp8_recipe} recipe", related=("training.framework",))
+    if fw == "fsdp2" and training.fp8_recipe == "mxfp8" and not training.compile:
+        # torchao 0.18 prototype/moe_training/mxfp8_linear.py mx_mm saves (input_hp, weight_hp) as Float8Linear
+        # does, so the ledger is the same; its eager MX casts (MXTensor.to_mx) are not measured, and torchtitan
+        # warns that MXFP8 needs torch.compile (components/quantization/mx.py MXFP8LinearConverter)
+        raise ConfigError("training.fp8_recipe", "mxfp8", "'tensorwise' or 'rowwise' when compile is false",
+                          "under fsdp2 the MXFP8 recipe (torchao's MXFP8Linear) is modelled with compiled blocks, "
+                          "whose casts Inductor fuses; set compile true", related=("training.compile",))
     if fw == "megatron" and par.zero_stage == 3:
         raise ConfigError("parallel.zero_stage", 3, "0, 1 or 2 with fp8",
                           "FP8 weights under Megatron-FSDP full sharding are not modelled")

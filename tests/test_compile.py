@@ -183,3 +183,67 @@ def test_live_loss_measurement_matches_the_record():
     pytest.importorskip("torchtitan", reason="measuring needs torchtitan")
     from validation.compile_saved import loss_buffers
     assert loss_buffers() == {k: LOSS_RECORD[k] for k in ("forward_buffers", "saved", "backward_buffers")}
+
+
+# --- the compiled loss, one implementation: torchtitan's CrossEntropyLoss and torchtune's compile_loss ---------
+
+def _loss(framework: str, loss: str, compile: bool, tp: int = 1):
+    tr = Training(framework=framework, compile=compile, seq_len=8192, micro_batch_size=1, loss=loss)
+    par = Parallel(tp=tp, dp=8)
+    m = act.loss_memory(LLAMA_8B, tr, par, LLAMA_8B.vocab_size)
+    return ({e.name: e.bytes(par) for e in m.saved}, {e.name: e.bytes(par) for e in m.forward},
+            {e.name: e.bytes(par) for e in m.backward}, m.source)
+
+
+S, V = 8192, 128_256
+
+
+def test_torchtitan_compiled_standard_loss_keeps_bf16_logits_and_row_statistics():
+    """torchtitan compiles CrossEntropyLoss with the model (components ["model", "loss"]): kept for backward
+    the bf16 logits (2 B each) and an fp32 max and log-sum-exp per token; backward allocates the bf16 gradient
+    and an fp32 value per token (the record above, per token). Eager keeps the fp32 log-softmax (4 B), makes
+    the fp32 upcast beside the bf16 logits in forward and two fp32 gradients in backward."""
+    saved, forward, backward, source = _loss("fsdp2", "standard", True)
+    assert saved["logits in the compute dtype, kept by the compiled cross-entropy"] == 2 * S * V
+    assert saved["fp32 max and log-sum-exp per token (compiled cross-entropy)"] == 8 * S
+    assert forward == {} and sum(backward.values()) == 2 * S * V + 4 * S
+    assert "torchtitan-cross-entropy-bf16-n64-v4096" in source
+    e_saved, e_forward, e_backward, _ = _loss("fsdp2", "standard", False)
+    assert e_saved["fp32 log-softmax of the logits"] == 4 * S * V
+    assert sum(e_forward.values()) == (2 + 4) * S * V and sum(e_backward.values()) == 8 * S * V
+
+
+def test_torchtune_compile_loss_compiles_each_chunk_of_the_chunked_loss():
+    """torchtune 0.6.1 recipes call training.compile_loss whenever compile=True: for CEWithChunkedOutputLoss it
+    compiles compute_cross_entropy (upcast + cross-entropy per chunk) in place. Every chunk's bf16 logits are
+    then kept (the compiled graphs' inputs) with 8 B per token, instead of every chunk's fp32 log-softmax; the
+    backward's largest moment is one chunk's bf16 gradient and 4 B per token of it (8 chunks)."""
+    saved, forward, backward, source = _loss("torchtune", "chunked", True)
+    assert saved["logits in the compute dtype, kept by the compiled cross-entropy"] == 2 * S * V
+    assert "fp32 log-softmax of every chunk" not in saved and forward == {}
+    assert sum(backward.values()) == (2 * S * V + 4 * S) / 8
+    assert "compile_loss" in source
+    e_saved, e_forward, e_backward, _ = _loss("torchtune", "chunked", False)
+    assert e_saved["fp32 log-softmax of every chunk"] == 4 * S * V
+    assert sum(e_forward.values()) == 2 * S * V + 4 * S * V / 8
+
+
+@pytest.mark.parametrize("framework, loss, tp", [
+    ("fsdp2", "standard", 2),  # the loss-parallel autograd Function under TP: not measured, eager ledger
+    ("torchtune", "standard", 1),  # full_finetune_distributed.py:345 drops compile_loss's compiled module
+    ("hf", "standard", 1),  # the Trainer's loss: eager ledger
+])
+def test_the_loss_stays_eager_where_it_is_not_compiled_or_not_measured(framework, loss, tp):
+    saved, _, _, _ = _loss(framework, loss, True, tp)
+    assert not any("compiled cross-entropy" in name for name in saved)
+    assert saved["fp32 log-softmax of the logits"] == 4 * S * V / tp  # the eager ledger's
+
+
+def test_torchtitan_releases_share_the_compiled_loss():
+    """versions.py: torchtitan 0.3.0 and main compile the loss alike, so the estimate is the same."""
+    from estimator.config import estimate_config
+
+    config = {"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "compile": True, "seq_len": 8192},
+              "parallel": {"dp": 8}}
+    main = {**config, "training": {**config["training"], "framework_version": "main"}}
+    assert estimate_config(config).allocated_peak_bytes == estimate_config(main).allocated_peak_bytes

@@ -89,7 +89,11 @@ def test_float8_all_gather_without_resharding_keeps_every_block_in_float8():
 
 
 @pytest.mark.parametrize("training, zero, field, words", [
-    (dict(fp8=True, fp8_recipe="mxfp8"), 3, "training.fp8_recipe", "'tensorwise' or 'rowwise' with framework 'fsdp2'"),
+    (dict(fp8=True, fp8_recipe="blockwise"), 3, "training.fp8_recipe",
+     "'tensorwise' or 'rowwise' or 'mxfp8' with framework 'fsdp2'"),
+    (dict(fp8=True, fp8_recipe="mxfp8"), 3, "training.fp8_recipe", "'tensorwise' or 'rowwise' when compile is false"),
+    (dict(fp8=True, fp8_recipe="mxfp8", compile=True, fp8_all_gather=True), 3, "training.fp8_all_gather",
+     "unless fp8_recipe is 'tensorwise'"),
     (dict(framework="megatron", fp8=True, fp8_recipe="rowwise"), 0, "training.fp8_recipe",
      "'tensorwise' or 'mxfp8' or 'blockwise' with framework 'megatron'"),
     (dict(framework="deepspeed", fp8=True), 0, "training.fp8", "unless framework is 'megatron' or 'fsdp2'"),
@@ -154,3 +158,37 @@ def test_compiled_blocks_fuse_the_casts():
     """torch.compile fuses torchao's casts into Inductor kernels (no fp32 copies), and the compiled blocks'
     buffers are Inductor's: no such component is listed."""
     assert _block_backward(fp8=True, fp8_recipe="rowwise", compile=True) == {"total": 0}
+
+
+def test_the_roofline_times_the_float8_all_gather():
+    """The roofline accepts fp8_all_gather (it refused it: its FP8-off copy kept the flag) and gathers the
+    blocks' float8 linear weights at 1 B, their norms and the root unit (embedding, norm and head) at 2 B:
+    ZeRO 3 gathers twice per micro-batch, 2 x 7/8 x (32 x 218,120,192 + 2 x (2 x 128,256 x 4096 + 4096))."""
+    from estimator.roofline import roofline
+
+    def gather(**training):
+        r = roofline(LLAMA_8B, Training(framework="fsdp2", seq_len=2048, fp8=True, fp8_recipe="tensorwise",
+                                        **training), Parallel(dp=8, zero_stage=3))
+        (c,) = [c for c in r.step.communication if c.name == "parameter all-gather"]
+        return c.bytes, r.step.tokens_per_s_per_gpu
+
+    bf16, plain_speed = gather()
+    fp8, fp8_speed = gather(fp8_all_gather=True)
+    root = V * H + H + V * H
+    assert bf16 == pytest.approx(2 * 7 / 8 * 2 * PARAMS)
+    assert fp8 == pytest.approx(2 * 7 / 8 * (LAYERS * (BLOCK_LINEAR + 2 * BLOCK_NORMS) + 2 * root))
+    assert fp8_speed >= plain_speed
+
+
+def test_mxfp8_linears_keep_what_float8_linears_keep():
+    """torchtitan's MXFP8LinearConverter swaps in torchao's MXFP8Linear (torchao 0.18 prototype/moe_training/
+    mxfp8_linear.py): mx_mm saves (input_hp, weight_hp) and casts both to MXFP8 in every matmul, as Float8Linear
+    saves its high-precision arguments, so with compiled blocks (the casts fused) the step holds what the
+    rowwise recipe's does: the 2-byte QKV input, no FP8 weight copies."""
+    mx = estimate_config(config(fp8=True, fp8_recipe="mxfp8", compile=True))
+    rowwise = estimate_config(config(fp8=True, fp8_recipe="rowwise", compile=True))
+    assert mx.allocated_peak_bytes == rowwise.allocated_peak_bytes
+    tr = Training(framework="fsdp2", seq_len=8192, fp8=True, fp8_recipe="mxfp8", compile=True)
+    par = Parallel(dp=8)
+    assert next(e for e in layer_entries(LLAMA_8B, tr, par, "dense")
+                if e.name.startswith("QKV projection input")).bytes(par) == 2 * 8192 * H

@@ -176,3 +176,91 @@ def test_balanced_routing_sizes_the_allgather_permutation():
             assert tokens.masked_select(mask).shape == (256,)
         with BalancedRouting(0.3), pytest.raises(RuntimeError, match="not whole"):
             tokens[:3].masked_select(mask[:3])  # 6 x 0.3
+
+
+CE_RECORD = json.loads((RECORDS.parent / "compile" / "megatron-fused-cross-entropy-bf16-s16-b2-v512.json").read_text())
+
+
+@needs_megatron
+def test_fused_cross_entropy_stand_ins_allocate_what_inductor_generates():
+    """Megatron-Core's native fused cross-entropy (--cross-entropy-loss-fusion, fusions/
+    fused_cross_entropy.py), its four compiled functions under the harness's stand-ins: each
+    allocates the buffers as large as the logits that Inductor's generated code allocates for it
+    (the record, `python -m validation.compile_saved megatron-cross-entropy`): calculate_logits_max
+    the fp32 logits, calculate_gradients an fp32 copy of the softmax beside its bf16 output (it held
+    none before), the other two nothing of that size (they work in place)."""
+    import torch
+
+    from validation.megatron import kernels
+    from validation.megatron.shims import megatron_shims
+    from validation.tracker import StorageTracker
+
+    warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
+    s, b, v = CE_RECORD["logits"]["shape"]
+    logit_bytes = s * b * v
+
+    def generated(name):  # the logits-sized buffers of the generated code, largest first
+        return sorted((x["bytes_per_element"] * logit_bytes for x in CE_RECORD["functions"][name]["buffers"]
+                       if x["bytes_per_element"] * _numel(x["shape"]) >= logit_bytes), reverse=True)
+
+    def allocated(run):
+        tracker = StorageTracker()
+        kernels.HIDDEN["context"] = tracker.hidden
+        try:
+            with tracker:
+                out = run()
+        finally:
+            kernels.HIDDEN["context"] = contextlib.nullcontext
+        return sorted((d for _, d in tracker.events if d >= logit_bytes), reverse=True), out
+
+    torch.manual_seed(0)
+    logits, target = torch.randn(s, b, v, dtype=torch.bfloat16), torch.randint(0, v, (s, b))
+    with megatron_shims(), torch.no_grad():
+        from megatron.core.fusions import fused_cross_entropy as fce
+
+        got, (fp32_logits, logits_max) = allocated(lambda: fce.calculate_logits_max(logits))
+        assert got == generated("calculate_logits_max") == [4 * logit_bytes]
+        got, (mask, masked, sums, exp_logits) = allocated(
+            lambda: fce.calculate_predicted_logits(fp32_logits, target, logits_max, 0, v))
+        assert got == generated("calculate_predicted_logits") == [] and exp_logits is fp32_logits
+        got, (softmax, _) = allocated(lambda: fce.calculate_cross_entropy_loss(exp_logits, sums))
+        assert got == generated("calculate_cross_entropy_loss") == [] and softmax is fp32_logits
+        got, grad = allocated(lambda: fce.calculate_gradients(softmax, torch.ones(s, b), mask, masked))
+        assert got == generated("calculate_gradients") == [4 * logit_bytes, 2 * logit_bytes]
+        assert grad.dtype == torch.bfloat16 and grad.shape == (s, b, v)
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@needs_megatron
+def test_te_cross_entropy_stand_in_keeps_the_logits_and_writes_their_gradient_in_place():
+    """TE's cross-entropy at the TE the Megatron releases pin (2.12, 2.17.1: pytorch/triton/
+    cross_entropy.py cross_entropy_forward): on one TP rank it allocates the fp32 loss and the fp32
+    (max, sum, label logit) triple per token, saves the logits it overwrote with the gradient, and its
+    backward scales them in place and returns them."""
+    import torch
+
+    from validation.megatron import kernels
+    from validation.tracker import StorageTracker
+
+    n_s, n_b, v = 64, 2, 512  # 128 tokens: the per-token buffers fill whole 512-byte blocks
+    logits = torch.randn(n_s, n_b, v, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, v, (n_s, n_b))
+    tracker = StorageTracker()
+    kernels.HIDDEN["context"] = tracker.hidden
+    try:
+        with tracker:
+            x = logits * 1  # a non-leaf, as the output layer's logits are
+            loss = kernels.te_parallel_cross_entropy(x, target, None)
+            after_forward = [d for _, d in tracker.events if d > 0]
+            (grad,) = torch.autograd.grad(loss.sum(), x)
+    finally:
+        kernels.HIDDEN["context"] = contextlib.nullcontext
+    tokens = n_s * n_b
+    assert after_forward == [2 * tokens * v, 4 * tokens, 12 * tokens]  # x, then the loss and the triple
+    assert grad.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()  # the logits' own storage

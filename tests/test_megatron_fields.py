@@ -97,6 +97,11 @@ def test_native_fused_cross_entropy_keeps_the_fp32_softmax():
     st = estimate_config(native).stages[0]
     logits = next(c.bytes for c in st.phases[0].components if c.key == "logits")
     assert logits == 33_554_432 + 4 * 4096 * 128256 // 2
+    # backward starts with the bf16 gradient of the logits and, in the compiled calculate_gradients,
+    # Inductor's fp32 copy of the softmax (index_put): 2 + 4 bytes per logit over TP 2, 4 more than standard
+    standard = {**native, "training": {**native["training"], "loss": "standard"}}
+    assert _transients(native, 0)["backward"] == (2 + 4) * 4096 * 128256 // 2
+    assert _transients(native, 0)["backward"] - _transients(standard, 0)["backward"] == 4 * 4096 * 128256 // 2
 
 
 MIXTRAL = "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1"

@@ -185,7 +185,7 @@ CONTRACT_FIELDS = {
 }
 # The contract's "Additions" (../shared/CONTRACT.md) implemented so far
 CONTRACT_ADDITIONS = {"recompute_every", "optimizer_in_backward", "offload_optimizer", "offload_parameters", "adapter", "rl",
-                      "fp8_all_gather", "offload_activations", "compile"}
+                      "fp8_all_gather", "offload_activations", "compile", "framework_version", "microbatch_group_size"}
 # Optional fields this project added to the contract (README, "Fields beyond the contract"), and the additions
 EXTENSIONS = {
     "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher", "moe_router_dtype",

@@ -7,7 +7,13 @@ lists the tensors the compiled forward hands to the backward graph: the backward
 are not gradients. Parameters and the rotary tables (inputs shared by every layer) are left out.
 A run with backend="inductor" on CPU (torch 2.13) saved the same tensors (the attention output once).
 
-    python -m validation.compile_saved            # writes tests/data/measured/compile/<id>.json
+    python -m validation.compile_saved [layers | torchtitan-loss | megatron-cross-entropy ...]
+                                                  # writes tests/data/measured/compile/<id>.json
+
+`megatron_cross_entropy_buffers` lists, the same way, what Inductor's generated code allocates in each
+`@jit_fuser` function of Megatron-Core's native fused cross-entropy (fusions/fused_cross_entropy.py,
+0.16.1; megatron/core/jit.py makes jit_fuser torch.compile), called as _VocabParallelCrossEntropy
+calls them: the harness's stand-ins (validation/megatron/fused.py) allocate what it lists.
 
 `loss_buffers` does the same for torchtitan's loss (torchtitan 0.3.0 compiles it by default,
 CompileConfig.components = ["model", "loss"]): it compiles components/loss.py's cross_entropy_loss
@@ -132,6 +138,69 @@ def loss_buffers(n: int = 64, v: int = 4096) -> dict:
             "backward_buffers": backward["buffers"]}
 
 
+_ALLOCATION = r"(buf\d+) = empty_strided_\w+\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)"
+_BYTES = {"float32": 4, "bfloat16": 2, "int64": 8, "bool": 1}
+
+
+def generated_buffers(code: str) -> dict:
+    """One generated module's `call`: the buffers it allocates (a reused buffer, ``bufB = bufA;
+    del bufA  # reuse``, is the same allocation) and what it returns (``argN_1`` is an input)."""
+    import re
+
+    body = code[code.index("def call(self, args):"):]
+    body = body[:body.index("\n\n")]
+    names = {name: name for name, _ in re.findall(r"(buf\d+) = (buf\d+); del \2  # reuse", body)}
+    for new, old in re.findall(r"(buf\d+) = (buf\d+); del \2  # reuse", body):
+        names[new] = names.get(old, old)
+    buffers = [{"name": name, "shape": [int(x) for x in shape.split(",") if x.strip()], "dtype": dtype,
+                "bytes_per_element": _BYTES[dtype]} for name, shape, dtype in re.findall(_ALLOCATION, body)]
+    returned = re.search(r"return \((.*)\)", body).group(1)
+    returns = [names.get(r, r) for r in re.findall(r"(?:reinterpret_tensor\()?(buf\d+|arg\d+_1)", returned)]
+    for b in buffers:
+        b["returned"] = b["name"] in returns
+    return {"buffers": buffers, "returns": returns}
+
+
+MEGATRON_CE_RECORD_ID = "megatron-fused-cross-entropy-bf16-s16-b2-v512"
+
+
+def megatron_cross_entropy_buffers(s: int = 16, b: int = 2, v: int = 512) -> dict:
+    """Each of the four compiled functions of Megatron-Core's native fused cross-entropy on [s, b, v]
+    bf16 logits (one TP rank, its whole vocabulary), called in _VocabParallelCrossEntropy's order with
+    the tensors the previous one returned: `generated_buffers` of each."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+    from megatron.core.fusions import fused_cross_entropy as fce
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    logits = torch.randn(s, b, v, dtype=torch.bfloat16)
+    target = torch.randint(0, v, (s, b))
+    out = {}
+
+    def run(name, *args):
+        result, codes = run_and_get_code(getattr(fce, name), *args)
+        (code,) = codes
+        out[name] = generated_buffers(code)
+        return result
+
+    with torch.no_grad():  # autograd Function forward and backward run without a graph
+        fp32_logits, logits_max = run("calculate_logits_max", logits)
+        target_mask, masked_target_1d, predicted_sum_exp, exp_logits = run(
+            "calculate_predicted_logits", fp32_logits, target, logits_max, 0, v)
+        softmax, _ = run("calculate_cross_entropy_loss", exp_logits, predicted_sum_exp)
+        run("calculate_gradients", softmax, torch.ones(s, b), target_mask, masked_target_1d)
+    return out
+
+
+def megatron_cross_entropy_record() -> dict:
+    from .record import package_versions
+
+    return {"id": MEGATRON_CE_RECORD_ID, "logits": {"shape": [16, 2, 512], "dtype": "bfloat16"},
+            "functions": megatron_cross_entropy_buffers(), "versions": package_versions("torch", "megatron-core"),
+            "command": "python -m validation.compile_saved megatron-cross-entropy"}
+
+
 def loss_record() -> dict:
     from .record import package_versions
 
@@ -147,8 +216,12 @@ def record() -> dict:
             "versions": package_versions("torch", "transformers"), "command": "python -m validation.compile_saved"}
 
 
+RECORDS_BY_NAME = {"layers": record, "torchtitan-loss": loss_record, "megatron-cross-entropy": megatron_cross_entropy_record}
+
 if __name__ == "__main__":
+    import sys
+
     from .record import write_record
 
-    print(write_record(record(), RECORDS))
-    print(write_record(loss_record(), RECORDS))
+    for name in sys.argv[1:] or RECORDS_BY_NAME:  # python -m validation.compile_saved [name ...]
+        print(write_record(RECORDS_BY_NAME[name](), RECORDS))

@@ -9,8 +9,19 @@ echo "torch==2.13.0" > "$pin"
 # dependency asks for huggingface_hub < 2, which the app needs at >= 2.4 (datasets runs with it)
 python3 -m pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" "torchao==0.18.0" -c "$pin"
 python3 -m pip install --quiet "huggingface_hub>=2.4,<3" -c "$pin"
-# Megatron-Core 0.16.1 (validation/megatron), the last release for Python 3.11: numpy and packaging only
+# Megatron-Core 0.16.1 (validation/megatron), the last release for Python 3.11: numpy and packaging only.
+# It is training.framework_version "0.16" (estimator/versions.py), the default.
 python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
+# Megatron-Core 0.19.0 (framework_version "0.19", the current release) needs Python 3.12 and is not
+# installed: its source is a git snapshot of github.com/NVIDIA/Megatron-LM (tag core_v0.19.0, commit
+# 5be9626709af2722333bf54797c954c09edeada3), e.g. `git clone --bare https://github.com/NVIDIA/Megatron-LM`
+# with MEGATRON_LM_GIT pointing at it. validation/megatron/schedules.py reads its pipeline_parallel/
+# schedules.py there (`git show`) and compiles only the pure schedule functions; without the snapshot
+# tests/test_megatron_schedules.py checks against the recorded table
+# (tests/data/measured/schedules/megatron-interleaved.json) and skips the live run, saying why.
+# torchtitan main (framework_version "main", commit b5bcd76c66d0acb1a08b176d9639425bc55e0b2a) is read the
+# same way from a snapshot of github.com/pytorch/torchtitan; its memory rules equal 0.3.0's
+# (estimator/versions.py), so nothing of it is installed or imported.
 # PEFT (validation/peft): LoRA on the HF models; QLoRA's NF4 through torchao (above)
 python3 -m pip install --quiet "peft==0.21.2" -c "$pin"
 # torchtune 0.6.1 (validation/torchtune) needs torchao 0.10.0, which the others cannot share: its own

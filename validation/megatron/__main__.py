@@ -1,4 +1,4 @@
-"""python -m validation.megatron {list | measure CASE... | measure --all | report}"""
+"""python -m validation.megatron {list | measure CASE... | measure --all | report | schedules}"""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ def main(argv=None) -> int:
     measure.add_argument("cases", nargs="*")
     measure.add_argument("--all", action="store_true")
     sub.add_parser("report", help="measured versus today's estimate, per case")
+    sub.add_parser("schedules", help="run each Megatron-Core release's interleaved-schedule code over every layout "
+                                     "into tests/data/measured/schedules/")
     args = parser.parse_args(argv)
+    if args.command == "schedules":  # each release's own schedules.py (validation/megatron/schedules.py)
+        from .schedules import write as write_schedules
+
+        return write_schedules()
     if args.command == "report":  # reads the records only: no megatron-core needed
         from .report import report
 

@@ -16,6 +16,18 @@ allocated where it does: a new storage per output, shaped, strided and typed as 
 an output that is an input (or a view of one, as in-place work on an input that the compiled
 function writes back into it) is returned as it is, as the compiled function returns it.
 
+One compiled function allocates more than its outputs (`SCRATCH`): the native fused cross-entropy's
+backward, `calculate_gradients`, scatters the label's -1 into the fp32 softmax with an index_put,
+which Inductor lowers into a copy (torch 2.13 torch/_inductor/lowering.py `index_put`:
+`index_put_impl_(clone(x), ...)`, a lowering that does not depend on the device) before it
+multiplies by the loss's gradient and casts to bf16: an fp32 buffer like the softmax lives beside it
+and the bf16 output (Inductor's generated code, tests/data/measured/compile/
+megatron-fused-cross-entropy-bf16-s16-b2-v512.json). Its other functions allocate their outputs and,
+in calculate_predicted_logits, two per-token fp32 reductions (1/V of the logits; left out). Where
+Inductor's CPU code differs from its CUDA code the stand-ins follow the CUDA lowering:
+weighted_swiglu_back's CPU code concatenates into an fp32 [n, 2f] buffer (`cat` lowers to a
+ConcatKernel on CPU only; on CUDA a pointwise_cat fuses it with the cast), so no scratch there.
+
 Every call the measured records make is one with autograd off or with no input needing a gradient:
 inside an autograd Function's forward or backward (which chooses what is saved, the same compiled
 or not) or `TopKRouter._apply_expert_bias` (no tensor output). A call that would build an autograd
@@ -97,6 +109,7 @@ class FusedExpression:
             EAGER_CALLS[self.name] += 1
             return self.fn(*args, **kwargs)
         inputs = _storages((args, kwargs))
+        scratch = [torch.empty_like(t) for t in SCRATCH.get(self.name, _none)(*args, **kwargs)]
         _DEPTH[0] += 1
         try:
             with kernels._hidden():
@@ -104,7 +117,21 @@ class FusedExpression:
         finally:
             _DEPTH[0] -= 1
         leaves, spec = tree_flatten(result)
-        return tree_unflatten([_as_output(t, inputs) for t in leaves], spec)
+        outputs = tree_unflatten([_as_output(t, inputs) for t in leaves], spec)
+        del scratch  # the generated code frees its buffers when it returns
+        return outputs
+
+
+def _none(*args, **kwargs) -> tuple:
+    return ()
+
+
+# what a compiled function allocates beside its outputs (see the module's docstring): tensors whose
+# like it allocates while its kernels run, from its arguments
+SCRATCH = {
+    # calculate_gradients(softmax, grad_output, target_mask, masked_target_1d): index_put's fp32 copy
+    "calculate_gradients": lambda softmax, *rest, **kw: (softmax,),
+}
 
 
 # elementwise compiled functions run under autograd somewhere in the measured cases (see the docstring)

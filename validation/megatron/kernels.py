@@ -160,7 +160,9 @@ class _TECrossEntropyFunction(torch.autograd.Function):
     token, gathered over the TP group into a tp-times larger fp32 buffer when tp > 1; its kernel
     writes the gradient of the loss into the logits in place, and only the logits are saved. The
     backward scales them in place by the incoming gradient (`element_mul_kernel`) and returns them:
-    no allocation."""
+    no allocation. So at the TE each Megatron release pins (versions.py: 0.16.1 rev 5671fd36 = TE
+    2.12, 0.19.0 rev 4329ff84 = TE 2.17.1); TE v2.18 (commit 01bbe3ee) allocates and saves an fp32
+    gradient instead. Left out: the one-element int64 count of non-ignored tokens and its clamp."""
 
     @staticmethod
     def forward(ctx, logits, target, tp_group):

@@ -1,0 +1,79 @@
+"""The framework releases whose rules the estimator knows (training.framework_version).
+
+A rule that belongs to a release is keyed on the version named here, and every release names the
+tag and commit its source was read at. The first release of each framework is the default: the
+one the harness records (tests/data/measured) were measured on, so an estimate that names no
+version is the measured one. How each release's source is obtained: validation/install_frameworks.sh.
+
+What differs between the releases offered, as far as the estimator models it:
+
+- megatron 0.16 and 0.19: nothing yet. Both run Megatron-Core's tunable interleaved schedule
+  (pipeline_parallel/schedules.py get_pp_rank_microbatches, identical at both tags; the rule
+  before it, every forward first when micro-batches = PP, ended with core_v0.10.0, commit
+  4295be1a "tunable schedule with overlapping", 2024-11-01), the same native fused cross-entropy
+  (fusions/fused_cross_entropy.py unchanged) and TransformerEngine's in-place cross-entropy: each
+  release pins a TE before TE v2.18 (0.16.1: rev 5671fd36, TE 2.12; 0.19.0: rev 4329ff84,
+  TE 2.17.1), whose cross_entropy_forward writes the gradient into the 16-bit logits; TE v2.18
+  (commit 01bbe3ee) saves an fp32 gradient instead, a rule for a later Megatron release.
+- fsdp2 0.3.0 and main: nothing. torchtitan compiles the loss with the model whenever compile is
+  on in both (components default ["model", "loss"], config/configs.py; since v0.1.0, commit
+  f7084fc7, components/loss.py), and components/loss.py's cross-entropy, the activation
+  checkpointing policy (distributed/activation_checkpoint.py) and the compile defaults are the
+  same at both (compared file by file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Release:
+    framework: str  # training.framework
+    version: str  # training.framework_version
+    name: str  # the release in words
+    tag: str  # the git tag (or branch) read, or the PyPI release installed
+    commit: str = ""  # the commit read (a PyPI release is its wheel's source)
+
+    @property
+    def cited(self) -> str:
+        """How a source comment names it: ``Megatron-Core 0.16.1 (core_v0.16.1, 55ac7082)``."""
+        return f"{self.name} ({self.tag}{', ' + self.commit[:8] if self.commit else ''})"
+
+
+RELEASES: dict[str, tuple[Release, ...]] = {
+    "megatron": (
+        Release("megatron", "0.16", "Megatron-Core 0.16.1", "core_v0.16.1", "55ac7082517c3878ae653c07c09c534b8aed49f6"),
+        Release("megatron", "0.19", "Megatron-Core 0.19.0", "core_v0.19.0", "5be9626709af2722333bf54797c954c09edeada3"),
+    ),
+    "fsdp2": (
+        Release("fsdp2", "0.3.0", "torchtitan 0.3.0", "PyPI torchtitan==0.3.0"),
+        Release("fsdp2", "main", "torchtitan main", "main", "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"),
+    ),
+    "torchtune": (
+        Release("torchtune", "0.6.1", "torchtune 0.6.1", "PyPI torchtune==0.6.1"),
+    ),
+}
+
+# every version any framework offers, in one list (the field's options)
+VERSIONS: tuple[str, ...] = tuple(dict.fromkeys(r.version for rs in RELEASES.values() for r in rs))
+
+
+def offered(framework: str) -> tuple[str, ...]:
+    """The versions a framework offers (none for deepspeed and hf, whose rules are not versioned)."""
+    return tuple(r.version for r in RELEASES.get(framework, ()))
+
+
+def release(framework: str, version: str | None) -> Release | None:
+    """The release a training setup names, its framework's default when `version` is None; None
+    for a framework without versioned rules."""
+    releases = RELEASES.get(framework, ())
+    if not releases:
+        return None
+    if version is None:
+        return releases[0]
+    return next(r for r in releases if r.version == version)
+
+
+def default_versions_text() -> str:
+    return ", ".join(f"{fw} {rs[0].version} ({rs[0].name})" for fw, rs in RELEASES.items())
