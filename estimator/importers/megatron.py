@@ -194,7 +194,7 @@ def _model(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
         build.put("model.gated_mlp", False)
         ledger.note("no --swiglu: a plain two-matrix GeLU MLP (Megatron's default activation)")
     else:
-        build.set("model.gated_mlp", True, "--swiglu" if swiglu else "--quick-geglu", True)
+        build.set("model.gated_mlp", True, "--swiglu" if swiglu else "--quick-geglu", "")
     if args.on("--squared-relu"):
         ledger.mapped("--squared-relu", "", "a plain two-matrix MLP")
     ffn = args.int("--ffn-hidden-size")
@@ -221,12 +221,12 @@ def _model(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
     else:
         ledger.mapped("--disable-bias-linear", "", "model.linear_bias = false")
     if args.on("--add-qkv-bias"):
-        build.set("model.qkv_bias", True, "--add-qkv-bias", True)
+        build.set("model.qkv_bias", True, "--add-qkv-bias", "")
     if args.on("--qk-layernorm"):
         if build.get("model.kv_lora_rank") is not None:  # MLA: the norms of the latent q and kv, already counted
             ledger.mapped("--qk-layernorm", "", "MLA's latent norms (part of the MLA fields)")
         else:
-            build.set("model.qk_norm", True, "--qk-layernorm", True)
+            build.set("model.qk_norm", True, "--qk-layernorm", "")
     _moe_shape(args, build, ffn)
     mtp = args.int("--mtp-num-layers", low=0)
     if mtp:
@@ -356,9 +356,9 @@ def _moe_shape(args: _Args, build: ConfigBuilder, ffn: int) -> None:
         build.set("model.num_shared_experts", 1, "--moe-shared-expert-intermediate-size", shared)
         build.put("model.shared_expert_intermediate_size", shared)
     if args.on("--moe-shared-expert-gate"):
-        build.set("model.shared_expert_gate", True, "--moe-shared-expert-gate", True)
+        build.set("model.shared_expert_gate", True, "--moe-shared-expert-gate", "")
     if args.on("--moe-router-enable-expert-bias"):
-        build.set("model.router_bias", True, "--moe-router-enable-expert-bias", True)
+        build.set("model.router_bias", True, "--moe-router-enable-expert-bias", "")
     freq = args.take("--moe-layer-freq")
     if freq is not None:
         first, every = moe_layer_pattern(str(freq))
@@ -466,14 +466,14 @@ def _precision(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
         build.put("training.compute_dtype", "fp32")
         ledger.note("neither --bf16 nor --fp16: fp32 parameters and compute (Megatron's default)")
     elif dtype == "fp16":
-        build.set("training.param_dtype", "fp16", "--fp16", True)
+        build.set("training.param_dtype", "fp16", "--fp16", "")
         build.put("training.compute_dtype", "fp16")
     else:
         ledger.mapped("--bf16", "", "training.param_dtype = \"bf16\" (the default)")
     # bf16 accumulates and reduces gradients in fp32 unless --grad-reduce-in-bf16 (validate_args);
     # fp16 keeps them in fp16 unless --accumulate-allreduce-grads-in-fp32
     if args.on("--grad-reduce-in-bf16"):
-        build.set("training.grad_dtype", "bf16", "--grad-reduce-in-bf16", True)
+        build.set("training.grad_dtype", "bf16", "--grad-reduce-in-bf16", "")
     elif fp16 and not args.on("--accumulate-allreduce-grads-in-fp32"):
         build.put("training.grad_dtype", "fp16")
         ledger.note("--fp16 without --accumulate-allreduce-grads-in-fp32: fp16 gradients")
@@ -491,7 +491,7 @@ def _precision(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
         else:
             ledger.note("no --fp8-recipe: Megatron's delayed scaling, per-tensor scales (fp8_recipe tensorwise)")
         if args.on("--fp8-param-gather"):
-            build.set("training.param_dtype", "fp8", "--fp8-param-gather", True,
+            build.set("training.param_dtype", "fp8", "--fp8-param-gather", "",
                       why="the weights are stored in FP8, cast from the fp32 master copy")
     if args.on("--use-precision-aware-optimizer"):
         ledger.mapped("--use-precision-aware-optimizer", "", "with the dtypes below")
@@ -566,9 +566,9 @@ def _kernels(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
     else:
         ledger.mapped("--hidden-dropout / --attention-dropout", f"{hidden} / {attention}", "training.dropout = 0")
     if args.on("--no-masked-softmax-fusion"):
-        build.set("training.attention_softmax_fusion", False, "--no-masked-softmax-fusion", True)
+        build.set("training.attention_softmax_fusion", False, "--no-masked-softmax-fusion", "")
     if args.on("--cross-entropy-loss-fusion"):
-        build.set("training.loss", "fused", "--cross-entropy-loss-fusion", True)
+        build.set("training.loss", "fused", "--cross-entropy-loss-fusion", "")
         impl = args.take("--cross-entropy-fusion-impl", "native")
         if impl != "native":
             build.set("training.cross_entropy_impl", impl, "--cross-entropy-fusion-impl")
@@ -576,7 +576,7 @@ def _kernels(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
         ledger.mapped("--cross-entropy-fusion-impl", args.take("--cross-entropy-fusion-impl"),
                       "read only with --cross-entropy-loss-fusion")
     if args.on("--defer-embedding-wgrad-compute"):
-        build.set("training.defer_embedding_wgrad_compute", True, "--defer-embedding-wgrad-compute", True)
+        build.set("training.defer_embedding_wgrad_compute", True, "--defer-embedding-wgrad-compute", "")
         limit = args.int("--wgrad-deferral-limit", low=0)
         if limit:
             build.set("training.wgrad_deferral_limit", limit, "--wgrad-deferral-limit")
@@ -604,7 +604,7 @@ def _moe_runtime(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
     if args.on("--moe-enable-deepep") and dispatcher != "flex":
         ledger.mapped("--moe-enable-deepep", "", "read only with --moe-token-dispatcher-type flex")
     if args.on("--moe-grouped-gemm"):
-        build.set("training.moe_grouped_gemm", True, "--moe-grouped-gemm", True)
+        build.set("training.moe_grouped_gemm", True, "--moe-grouped-gemm", "")
     router = args.take("--moe-router-dtype")
     if router is not None:
         build.set("training.moe_router_dtype", router, "--moe-router-dtype")
@@ -627,7 +627,7 @@ def _optimizer(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
     else:
         raise ConfigError("--optimizer", name, "'adam', 'sgd', 'muon' or 'dist_muon'")
     if args.on("--optimizer-cpu-offload"):
-        build.set("training.offload_optimizer", "cpu", "--optimizer-cpu-offload", True)
+        build.set("training.offload_optimizer", "cpu", "--optimizer-cpu-offload", "")
         fraction = to_float("--optimizer-offload-fraction", args.take("--optimizer-offload-fraction", 1.0))
         if fraction != 1.0:
             ledger.not_modelled("--optimizer-offload-fraction", fraction, "estimated with all of it offloaded")
@@ -660,7 +660,7 @@ def _parallel(args: _Args, build: ConfigBuilder, ledger: Ledger, world: int | No
         build.set("parallel.etp", etp, "--expert-tensor-parallel-size")
     sp = args.on("--sequence-parallel")
     if tp > 1:  # Megatron's default is off; ours follows TP, so it is written either way
-        build.set("parallel.sequence_parallel", sp, "--sequence-parallel" if sp else "(no --sequence-parallel)", True,
+        build.set("parallel.sequence_parallel", sp, "--sequence-parallel" if sp else "(no --sequence-parallel)", "",
                   why="" if sp else "Megatron's default is off")
     elif sp:
         ledger.mapped("--sequence-parallel", "", "off: validate_args turns it off when TP is 1")
@@ -694,7 +694,7 @@ def _pipeline(args: _Args, build: ConfigBuilder, pp: int) -> None:
     for flag, path in (("--account-for-embedding-in-pipeline-split", "parallel.pp_account_for_embedding"),
                        ("--account-for-loss-in-pipeline-split", "parallel.pp_account_for_loss")):
         if args.on(flag):
-            build.set(path, True, flag, True)
+            build.set(path, True, flag, "")
 
 
 def _sharding(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
@@ -707,7 +707,7 @@ def _sharding(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
                               "'no_shard', 'optim', 'optim_grads' or 'optim_grads_params'")
         build.set("parallel.zero_stage", stage, "--use-megatron-fsdp --data-parallel-sharding-strategy", strategy)
     elif distributed:
-        build.set("parallel.zero_stage", 1, "--use-distributed-optimizer", True)
+        build.set("parallel.zero_stage", 1, "--use-distributed-optimizer", "")
     if args.on("--use-torch-fsdp2"):
         ledger.not_modelled("--use-torch-fsdp2", "", "Megatron on PyTorch FSDP2; estimated with Megatron's own "
                                                      "buffers and the ZeRO stage above")
@@ -733,6 +733,7 @@ def _account_rest(args: _Args, ledger: Ledger) -> None:
         reason = _IGNORED.get(flag)
         if reason is None and group in _IGNORED_GROUPS:
             reason = _IGNORED_GROUPS[group]
+        value = "" if value is True else value  # a switch shows no value
         if reason is not None:
             ledger.ignore(flag, value, reason or "read with another flag")
         else:

@@ -89,8 +89,10 @@ class Ledger:
 
 
 def _text(value: object) -> str:
-    if value is None or value is True:
+    if value is None:
         return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return " ".join(_text(v) for v in value)
     return str(value)
