@@ -256,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("fields", help="every configuration field with its label and allowed values")
     ref.add_argument("--markdown", action="store_true", help="print docs/config.md")
     ref.set_defaults(handler=_cmd_fields)
+    from .importers.commands import add_commands  # import, check: launch configurations (importers/)
+    add_commands(sub)
     return parser
 
 
@@ -274,7 +276,10 @@ def _say(message: str, argv: list[str], field: str = "") -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        from .importers.commands import split_tail
+        head, tail = split_tail(argv)  # import/check: the words after -- are a launch command line
+        args = build_parser().parse_args(head)
+        args.tail = tail
         return args.handler(args)
     except ConfigError as exc:
         _say(str(exc), argv, exc.field)

@@ -41,18 +41,13 @@ def _reader(kind: str):
 
 
 def guess_kind(text: str, name: str = "") -> str:
-    """The kind a text is, from its file name and content; a ConfigError when no reader claims it."""
-    lowered = name.lower()
+    """The kind a text is, from its content (and its file name); a ConfigError when no reader
+    claims it. The readers are asked in the contract's order; the first that claims the text wins."""
     for kind in supported_kinds():
-        module = _reader(kind)
-        if module.looks_like(text) if not lowered else (module.looks_like(text) or _named(lowered, kind)):
+        if _reader(kind).looks_like(text, name.lower()):
             return kind
     raise ConfigError("--from", None, ", ".join(supported_kinds()), "the kind of launch configuration could not be "
                       f"told from {'the file ' + repr(name) if name else 'the text'}; give --from KIND")
-
-
-def _named(name: str, kind: str) -> bool:
-    return kind == "torchtitan" and name.endswith(".toml")
 
 
 def load(path_or_text: str) -> tuple[str, str]:

@@ -70,7 +70,8 @@ def to_int(name: str, value: object, low: int = 0) -> int:
     """A flag's integer value, or a ConfigError that names the flag (an unset shell variable shows)."""
     text = str(value).strip()
     if not _INT.fullmatch(text):
-        reason = "a shell variable the file does not set" if text.startswith("$") else "not an integer"
+        reason = ("a command substitution (never run)" if "$(" in text or "`" in text else
+                  "a shell variable not set in the text" if text.startswith("$") else "not an integer")
         raise ConfigError(name, text, f"an integer >= {low}", reason)
     number = int(text)
     if number < low:

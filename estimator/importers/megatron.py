@@ -82,7 +82,7 @@ def is_entry(word: str) -> bool:
     return bool(_ENTRY.search(word))
 
 
-def looks_like(text: str) -> bool:
+def looks_like(text: str, name: str = "") -> bool:
     return bool(_ENTRY.search(text) or re.search(r"--(tensor|pipeline)-model-parallel-size\b|--num-layers\b", text))
 
 

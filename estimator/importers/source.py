@@ -16,7 +16,7 @@ import sys
 from ..errors import ConfigError
 
 MAX_BYTES = 256 * 1024  # the largest launch configuration read (published ones are under 20 KiB)
-MAX_ALIASES = 100  # YAML aliases (*name) in one document; recipes use a handful at most
+MAX_NODES = 200_000  # YAML values once aliases are expanded (a recipe has a few hundred)
 FIELD = "launch config"
 
 
@@ -79,16 +79,36 @@ def parse_yaml(text: str, name: str) -> object:
     check_size(text, name)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        aliases = 0
-        for event in yaml.parse(text, Loader=loader):
-            if isinstance(event, yaml.AliasEvent):
-                aliases += 1
-                if aliases > MAX_ALIASES:
-                    raise ConfigError(FIELD, name, f"YAML with at most {MAX_ALIASES} aliases (*name)",
-                                      "too many aliases: an alias expansion bomb is refused")
+        if _expanded_nodes(yaml.parse(text, Loader=loader), yaml) > MAX_NODES:
+            raise ConfigError(FIELD, name, f"YAML of at most {MAX_NODES:,} values once its aliases (*name) are "
+                              "expanded", "an alias expansion bomb is refused")
         return yaml.load(text, Loader=loader)  # the safe loader: plain data, no tags that build objects
     except yaml.YAMLError as exc:
         reason = " ".join(str(exc).split())[:200]
         raise ConfigError(FIELD, name, "plain YAML data (no !!python tags)", f"not readable: {reason}") from None
     except RecursionError:
         raise ConfigError(FIELD, name, "YAML nested a few hundred levels deep at most", "nested too deeply") from None
+
+
+def _expanded_nodes(events, yaml) -> int:
+    """How many values the document holds with every alias expanded, counted from the event stream
+    (each anchored value's size remembered), so a billion-laughs document is measured, not built."""
+    sizes: dict[str, int] = {}
+    stack: list[list] = [[0, None]]  # [size so far, anchor] per open collection
+    for event in events:
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            stack.append([1, event.anchor])
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            size, anchor = stack.pop()
+            if anchor:
+                sizes[anchor] = size
+            stack[-1][0] += size
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor:
+                sizes[event.anchor] = 1
+            stack[-1][0] += 1
+        elif isinstance(event, yaml.AliasEvent):
+            stack[-1][0] += sizes.get(event.anchor, 1)
+        if stack[-1][0] > MAX_NODES:
+            return stack[-1][0]
+    return stack[0][0]

@@ -168,9 +168,10 @@ FLAVORS: dict[tuple[str, str], dict] = {
 }
 
 
-def looks_like(text: str) -> bool:
-    return bool(re.search(r"^\s*\[(parallelism|activation_checkpoint|training)\]", text, re.M)) and \
-        bool(re.search(r"^\s*\[model\]", text, re.M))
+def looks_like(text: str, name: str = "") -> bool:
+    """A TOML with torchtitan's [model] and one of its training sections."""
+    return bool(re.search(r"^\s*\[model\]", text, re.M)) and \
+        bool(re.search(r"^\s*\[(parallelism|activation_checkpoint|training)\]", text, re.M))
 
 
 class _Job:
