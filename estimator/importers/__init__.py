@@ -25,7 +25,7 @@ __all__ = ["KINDS", "Imported", "Setting", "check", "estimate_imported", "guess_
 # the error message as not supported yet, never read as another kind.
 KINDS = ("megatron", "torchtitan", "torchtune", "deepspeed", "accelerate", "axolotl", "llama-factory", "verl",
          "slime", "vllm", "sglang")
-_MODULES = {"megatron": "megatron", "torchtitan": "torchtitan"}
+_MODULES = {"megatron": "megatron", "torchtitan": "torchtitan", "torchtune": "torchtune"}
 
 
 def supported_kinds() -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from ..fields import BY_PATH, set_in
 from .result import Ledger
 
 _INT = re.compile(r"[+-]?\d{1,18}")
+_OBJECTS = ("training.adapter", "training.rl")
 
 
 def split_flags(args: tuple[str, ...] | list[str], arity: Callable[[str], int | None],
@@ -107,6 +108,8 @@ class ConfigBuilder:
         shown = value if given is None else given
         if path.startswith("model."):
             self.model[path[len("model."):]] = value
+        elif path in _OBJECTS:  # training.adapter, training.rl: objects of their own in the JSON config
+            self.config.setdefault("training", {})[path.split(".")[1]] = value
         elif path not in BY_PATH:
             self.ledger.not_modelled(name, shown, f"maps to {path}, which this version of the estimator does not "
                                                   "have yet")
@@ -146,3 +149,71 @@ def _json(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_json(v) for v in value) + "]"
     return str(value)
+
+
+class FlatDoc:
+    """A nested config (YAML, JSON) as dotted keys; each key read is remembered, so that the rest
+    can be accounted for. ``${a.b}`` interpolations (OmegaConf's, as torchtune and verl write them)
+    of whole values are resolved from the same document, never evaluated."""
+
+    def __init__(self, data: object, what: str):
+        if not isinstance(data, dict):
+            raise ConfigError("launch config", type(data).__name__, f"a {what} mapping of keys to values")
+        self.flat: dict[str, object] = {}
+        self._walk(data, "")
+        self.used: set[str] = set()
+
+    def _walk(self, node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value:
+                self._walk(value, path + ".")
+            else:
+                self.flat[path] = value
+
+    def given(self, key: str) -> bool:
+        return key in self.flat
+
+    def get(self, key: str, default: object = None) -> object:
+        self.used.add(key)
+        return self._resolve(self.flat.get(key, default), 0)
+
+    def section(self, prefix: str) -> dict[str, object]:
+        """The keys under `prefix.` (marked read), without the prefix."""
+        out = {}
+        for key in list(self.flat):
+            if key.startswith(prefix + "."):
+                out[key[len(prefix) + 1:]] = self.get(key)
+        return out
+
+    def set(self, key: str, value: object) -> None:
+        self.flat[key] = value
+
+    def _resolve(self, value: object, depth: int) -> object:
+        if isinstance(value, str) and depth < 10:
+            m = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", value.strip())
+            if m and m.group(1) in self.flat:
+                return self._resolve(self.flat[m.group(1)], depth + 1)
+        return value
+
+    def rest(self) -> list[tuple[str, object]]:
+        return [(k, v) for k, v in self.flat.items() if k not in self.used]
+
+
+def key_value_overrides(words: tuple[str, ...], doc: FlatDoc, ledger: Ledger, what: str) -> None:
+    """``key=value`` overrides (torchtune's ``tune run ... key=value``, Hydra's): YAML scalars,
+    set into the document before it is read. A word of another shape is reported unknown."""
+    import yaml
+    for word in words:
+        key, eq, text = word.partition("=")
+        key = key.lstrip("+~")
+        if not eq or not re.fullmatch(r"[A-Za-z_][\w.\-]*", key):
+            ledger.strange(word, "", f"not a key=value override of {what}")
+            continue
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, (dict, list)) and len(str(value)) > 10_000:
+            raise ConfigError(key, "...", "a short value")
+        doc.set(key, value)
