@@ -25,7 +25,9 @@ __all__ = ["KINDS", "Imported", "Setting", "check", "estimate_imported", "guess_
 # the error message as not supported yet, never read as another kind.
 KINDS = ("megatron", "torchtitan", "torchtune", "deepspeed", "accelerate", "axolotl", "llama-factory", "verl",
          "slime", "vllm", "sglang")
-_MODULES = {"megatron": "megatron", "torchtitan": "torchtitan", "torchtune": "torchtune"}
+_MODULES = {"megatron": "megatron", "torchtitan": "torchtitan", "torchtune": "torchtune", "deepspeed": "deepspeed",
+            "accelerate": "accelerate"}
+_ATTACHING = ("deepspeed", "accelerate")  # kinds that read --training-args and --peft beside the file
 
 
 def supported_kinds() -> tuple[str, ...]:
@@ -60,7 +62,8 @@ def load(path_or_text: str) -> tuple[str, str]:
 
 
 def import_config(text: str, kind: str | None = None, *, name: str = "", gpus: int | None = None,
-                  gpu: str | None = None, overrides: tuple[str, ...] = ()) -> Imported:
+                  gpu: str | None = None, overrides: tuple[str, ...] = (), training_args: str | None = None,
+                  peft: str | None = None) -> Imported:
     """Read a launch configuration's text into our JSON config (checked field by field).
     `overrides`: the framework's own flags given beside the file (they win over the file's)."""
     check_size(text, name or "text")
@@ -68,7 +71,13 @@ def import_config(text: str, kind: str | None = None, *, name: str = "", gpus: i
         raise ConfigError("--gpus", gpus, "an integer from 1 to 67,108,864")
     kind = kind or guess_kind(text, name)
     module = _reader(kind)
-    imported = module.read(text, gpus=gpus, overrides=tuple(overrides))
+    attached = {k: v for k, v in (("training_args", training_args), ("peft", peft)) if v is not None}
+    if attached and kind not in _ATTACHING:
+        raise ConfigError("--training-args" if training_args is not None else "--peft", kind,
+                          f"only with --from {' or '.join(_ATTACHING)}", "this kind does not read them")
+    for text_ in attached.values():
+        check_size(text_, "attached file")
+    imported = module.read(text, gpus=gpus, overrides=tuple(overrides), **attached)
     if gpu is not None:
         imported.config.setdefault("hardware", {})["gpu"] = gpu
     _validate(imported.config)
@@ -94,8 +103,9 @@ def estimate_imported(imported: Imported):
 
 
 def check(path_or_text: str, kind: str | None = None, gpu: str | None = None, gpus: int | None = None,
-          overrides: tuple[str, ...] = ()):
+          overrides: tuple[str, ...] = (), training_args: str | None = None, peft: str | None = None):
     """The estimate of a launch configuration (a file path, or its text): ``estimate.fit.verdict``
     says "fits", "tight" or "oom". Bad input raises `ConfigError`."""
     text, name = load(path_or_text)
-    return estimate_imported(import_config(text, kind, name=name, gpus=gpus, gpu=gpu, overrides=overrides))
+    extra = {k: load(v)[0] for k, v in (("training_args", training_args), ("peft", peft)) if v is not None}
+    return estimate_imported(import_config(text, kind, name=name, gpus=gpus, gpu=gpu, overrides=overrides, **extra))

@@ -42,6 +42,9 @@ def add_commands(sub) -> None:
         cmd.add_argument("--from", dest="kind", choices=KINDS, help="the kind of file (guessed when not given)")
         cmd.add_argument("--gpus", type=int, help="the world size, where the file leaves it to the launcher")
         cmd.add_argument("--gpu", help="the GPU to check against (python -m estimator gpus lists them)")
+        cmd.add_argument("--training-args", metavar="FILE", help="deepspeed, accelerate: the Trainer's arguments "
+                         "(TrainingArguments or a TRL config: JSON, YAML or command-line flags)")
+        cmd.add_argument("--peft", metavar="FILE", help="deepspeed, accelerate: a PEFT LoraConfig (JSON or YAML)")
         if name == "check":
             cmd.add_argument("--allow-tight", action="store_true", help="exit 0 for a tight fit too")
             cmd.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
@@ -61,7 +64,9 @@ def _imported(args: argparse.Namespace):
     else:
         text, name = load(args.file)
         overrides = tuple(tail)
-    return import_config(text, args.kind, name=name, gpus=args.gpus, gpu=args.gpu, overrides=overrides)
+    from .source import read_text
+    extra = {k: read_text(v) for k, v in (("training_args", args.training_args), ("peft", args.peft)) if v is not None}
+    return import_config(text, args.kind, name=name, gpus=args.gpus, gpu=args.gpu, overrides=overrides, **extra)
 
 
 def _warn(imported) -> None:
