@@ -26,7 +26,7 @@ __all__ = ["KINDS", "Imported", "Setting", "check", "estimate_imported", "guess_
 KINDS = ("megatron", "torchtitan", "torchtune", "deepspeed", "accelerate", "axolotl", "llama-factory", "verl",
          "slime", "vllm", "sglang")
 _MODULES = {"megatron": "megatron", "torchtitan": "torchtitan", "torchtune": "torchtune", "deepspeed": "deepspeed",
-            "accelerate": "accelerate"}
+            "accelerate": "accelerate", "axolotl": "axolotl", "llama-factory": "llama_factory"}
 _ATTACHING = ("deepspeed", "accelerate")  # kinds that read --training-args and --peft beside the file
 
 

@@ -10,10 +10,14 @@ import re
 _VARIANT = re.compile(r"(-(instruct|chat|base|hf|it|pt|fp8|bf16))+$")
 
 
+# releases with the shapes of a bundled one (config.json: same widths, layers, heads, vocabulary)
+_SAME_SHAPES = {"llama-3-8b": "llama-3.1-8b", "llama-3-70b": "llama-3.1-70b", "llama-3.3-70b": "llama-3.1-70b"}
+
+
 def _key(name: str) -> str:
     base = name.rstrip("/").split("/")[-1].lower()
-    base = _VARIANT.sub("", base)
-    return base.removeprefix("meta-")
+    base = _VARIANT.sub("", base).removeprefix("meta-")
+    return _SAME_SHAPES.get(base, base)
 
 
 def preset_for(name: str) -> str | None:
