@@ -26,7 +26,8 @@ __all__ = ["KINDS", "Imported", "Setting", "check", "estimate_imported", "guess_
 KINDS = ("megatron", "torchtitan", "torchtune", "deepspeed", "accelerate", "axolotl", "llama-factory", "verl",
          "slime", "vllm", "sglang")
 _MODULES = {"megatron": "megatron", "torchtitan": "torchtitan", "torchtune": "torchtune", "deepspeed": "deepspeed",
-            "accelerate": "accelerate", "axolotl": "axolotl", "llama-factory": "llama_factory"}
+            "accelerate": "accelerate", "axolotl": "axolotl", "llama-factory": "llama_factory", "vllm": "vllm",
+            "sglang": "sglang"}
 _ATTACHING = ("deepspeed", "accelerate")  # kinds that read --training-args and --peft beside the file
 
 

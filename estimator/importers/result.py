@@ -17,7 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import re
+
 from ..errors import shown_value
+
+# settings whose values are credentials: their values are never printed (--api-key, hf_token, ...)
+_SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,8 @@ class Setting:
     note: str = ""
 
     def line(self, heading: str) -> str:
-        shown = f" {shown_value(self.value)}" if self.value != "" else ""
+        hidden = _SECRET_NAME.search(self.name) is not None
+        shown = " <hidden>" if hidden and self.value else f" {shown_value(self.value)}" if self.value != "" else ""
         return f"{heading}: {self.name}{shown}" + (f" ({self.note})" if self.note else "")
 
 
@@ -53,7 +59,8 @@ class Imported:
 
     def to_json(self) -> dict:
         def rows(items):
-            return [{"name": s.name, "value": s.value, "note": s.note} for s in items]
+            return [{"name": s.name, "value": "<hidden>" if _SECRET_NAME.search(s.name) and s.value else s.value,
+                     "note": s.note} for s in items]
         return {"kind": self.kind, "config": self.config, "read": rows(self.read), "ignored": rows(self.ignored),
                 "unsupported": rows(self.unsupported), "unknown": rows(self.unknown), "notes": list(self.notes)}
 
