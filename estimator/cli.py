@@ -190,6 +190,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     cfg = _load(args)
     result = plan(cfg.architecture, cfg.training, cfg.hardware, args.gpus, args.gpus_per_node, args.margin,
                   comm_overlap=cfg.parallel.comm_overlap, limit=args.limit)
+    if args.emit:  # the fastest fitting layout as the framework's launch configuration (importers/emit.py)
+        from .importers.commands import emit_plan
+        return emit_plan(args, cfg, result)
     print(json.dumps(result.to_json()) if args.json else render_plan_text(result))
     if not result.layouts:  # an answer, not an error: exit 0, the way out on stderr
         print(no_fit_text(result), file=sys.stderr)
@@ -249,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="largest share of the GPU's memory a layout may use (default 0.8: the 'fits' verdict)")
     pl.add_argument("--limit", type=int, default=50, help="fastest fitting layouts listed, besides the Pareto front")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
+    pl.add_argument("--emit", choices=("megatron", "torchtitan"),
+                    help="print the fastest fitting layout as that framework's launch configuration")
     _override_flags(pl)
     pl.set_defaults(handler=_cmd_plan)
     sub.add_parser("presets", help="list the bundled model ids").set_defaults(handler=_cmd_presets)

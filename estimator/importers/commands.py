@@ -105,3 +105,26 @@ def stage_lines(result) -> str:
     lines.append(f"{result.fit.verdict.upper()} on {result.fit.gpu}: {result.device_total_bytes / GiB:.2f} GiB at the "
                  f"peak (stage {result.peak_stage}), {result.fit.utilization:.0%} of capacity")
     return "\n".join(lines)
+
+
+def emit_plan(args: argparse.Namespace, cfg, result) -> int:
+    """``plan --emit KIND``: the fastest fitting layout that KIND can express, written as its launch
+    configuration on stdout; exit 1 (and the planner's answer on stderr) when no layout fits, 2 with
+    the first reason when KIND can express none of them."""
+    from ..config import Config
+    from ..planner import no_fit_text
+    from .emit import emit
+    if not result.layouts:
+        print(no_fit_text(result), file=sys.stderr)
+        return 1
+    first_refusal = None
+    for layout in result.layouts:  # fastest first: the first that the framework can express
+        config = Config(cfg.architecture, layout.training, layout.parallel, cfg.hardware, cfg.model).to_dict()
+        try:
+            text = emit(args.emit, config, args.gpus_per_node)
+        except ConfigError as exc:
+            first_refusal = first_refusal or exc
+            continue
+        print(text, end="")
+        return 0
+    raise first_refusal

@@ -122,7 +122,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     ledger = Ledger()
     launch = read_launch(text, is_entry)
     if overrides:
-        launch = Launch(launch.launcher, launch.entry, launch.args + tuple(overrides), launch.notes)
+        launch = Launch(launch.launcher, launch.entry, launch.args + tuple(overrides), launch.notes, launch.env)
     for note in launch.notes:
         ledger.note(note)
     if not launch.entry and not any(w.startswith("--") for w in launch.args):
@@ -135,6 +135,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     _training(args, build, ledger)
     _parallel(args, build, ledger, world)
     _account_rest(args, ledger)
+    _allocator(dict(launch.env), build)
     return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
 
 
@@ -738,3 +739,10 @@ def _account_rest(args: _Args, ledger: Ledger) -> None:
             ledger.ignore(flag, value, reason or "read with another flag")
         else:
             ledger.not_modelled(flag, value, f"a {VERSION} flag ({group}) the estimate does not model")
+
+
+def _allocator(env: dict[str, str], build: ConfigBuilder) -> None:
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set in the script or before the command."""
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if re.search(r"expandable_segments:\s*True", conf):
+        build.set("hardware.expandable_segments", True, "PYTORCH_CUDA_ALLOC_CONF", conf)

@@ -42,6 +42,7 @@ class Launch:
     entry: str
     args: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # variables set in the file or before the command (NAME=value cmd)
 
 
 @dataclass
@@ -357,7 +358,8 @@ def read_launch(text: str, is_entry: Callable[[str], bool]) -> Launch:
             args += source
         _check_words(args)
         found = Launch((), "", tuple(args))
-    return Launch(found.launcher, found.entry, found.args, tuple(state.notes))
+    env = tuple((k, v) for k, v in state.scalars.items() if OPAQUE not in v) + found.env
+    return Launch(found.launcher, found.entry, found.args, tuple(state.notes), env)
 
 
 def _is_function(words: list[str]) -> bool:
@@ -512,9 +514,10 @@ def _launch_in(raw_words: list[str], state: _State, is_entry) -> Launch | None:
         for j, w in enumerate(seg):
             if is_entry(w):
                 launcher = [x for x in seg[:j] if not _ASSIGN.fullmatch(x)]  # VAR=1 torchrun ...
+                prefix = tuple(tuple(x.split("=", 1)) for x in seg[:j] if _ASSIGN.fullmatch(x))
                 args = _without_redirections(seg[j + 1:])
                 _check_words(launcher + [w] + args)
-                return Launch(tuple(launcher), w, tuple(args))
+                return Launch(tuple(launcher), w, tuple(args), env=prefix)
     return None
 
 

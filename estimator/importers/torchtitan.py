@@ -440,11 +440,20 @@ def _pipeline(job: _Job, build: ConfigBuilder, ledger: Ledger, pp: int, layers: 
         if stages % pp:
             raise ConfigError("parallelism.pipeline_parallel_layers_per_stage", per_stage,
                               f"a value giving a number of stages divisible by pp = {pp}")
+    parts = job.get("parallelism.module_fqns_per_model_part")
+    if parts is not None:
+        layout = _layout_of_parts(parts, layers)
+        stages = layout.count("|") + 1
+        source, why = "parallelism.module_fqns_per_model_part", f"{stages} stages as listed"
+    else:
+        layout = torchtitan_layout(stages, layers, first, last)
+        source, why = "parallelism.pipeline_parallel_schedule", f"{stages} stages, torchtitan's split with " \
+                                                                f"first/last_stage_less_layers {first}/{last}"
+    if stages % pp:
+        raise ConfigError(source, stages, f"a number of stages divisible by pp = {pp}")
     if schedule == "dualpipev" and stages != 2 * pp:
         raise ConfigError("parallelism.pipeline_parallel_layers_per_stage", per_stage, f"{2 * pp} stages with DualPipeV")
-    build.set("parallel.pp_layout", torchtitan_layout(stages, layers, first, last),
-              "parallelism.pipeline_parallel_schedule", name,
-              why=f"{stages} stages, torchtitan's split with first/last_stage_less_layers {first}/{last}")
+    build.set("parallel.pp_layout", layout, source, name if parts is None else f"{stages} parts", why=why)
     if schedule == "interleaved" and stages // pp > 1:
         build.put("parallel.vpp", stages // pp)
     elif schedule == "dualpipev":
@@ -463,6 +472,32 @@ def _pipeline(job: _Job, build: ConfigBuilder, ledger: Ledger, pp: int, layers: 
     build.put("training.global_batch_size", gbs)
     ledger.mapped("parallelism.pipeline_parallel_microbatch_size", mbs,
                   f"training.micro_batch_size = {mbs}; local batch {local} is {local // mbs} pipeline micro-batches")
+
+
+def _layout_of_parts(parts: object, layers: int) -> str:
+    """module_fqns_per_model_part (a list of module names per stage) as a layout: the embedding on the
+    first, the norm and output on the last, transformer layers in order and each exactly once."""
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, list) for p in parts):
+        raise ConfigError("parallelism.module_fqns_per_model_part", "...", "a list of lists of module names")
+    groups, expected = [], 0
+    for i, part in enumerate(parts):
+        count = 0
+        for name in part:
+            m = re.fullmatch(r"layers\.(\d+)", str(name))
+            if m:
+                if int(m.group(1)) != expected:
+                    raise ConfigError("parallelism.module_fqns_per_model_part", name, f"layers.{expected} next "
+                                      "(layers in order, each once)")
+                expected += 1
+                count += 1
+            elif (name, i) not in (("tok_embeddings", 0), ("norm", len(parts) - 1), ("output", len(parts) - 1)):
+                raise ConfigError("parallelism.module_fqns_per_model_part", name, "tok_embeddings on the first "
+                                  "part, layers.N, norm and output on the last")
+        groups.append(("E" if i == 0 else "") + (f"t*{count}" if count > 1 else "t" * count)
+                      + ("L" if i == len(parts) - 1 else ""))
+    if expected != layers:
+        raise ConfigError("parallelism.module_fqns_per_model_part", f"{expected} layers", f"all {layers} layers")
+    return "|".join(groups)
 
 
 def torchtitan_layout(stages: int, layers: int, first: int, last: int) -> str:
