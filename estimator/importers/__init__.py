@@ -27,7 +27,7 @@ KINDS = ("megatron", "torchtitan", "torchtune", "deepspeed", "accelerate", "axol
          "slime", "vllm", "sglang")
 _MODULES = {"megatron": "megatron", "torchtitan": "torchtitan", "torchtune": "torchtune", "deepspeed": "deepspeed",
             "accelerate": "accelerate", "axolotl": "axolotl", "llama-factory": "llama_factory", "vllm": "vllm",
-            "sglang": "sglang"}
+            "sglang": "sglang", "verl": "verl"}
 _ATTACHING = ("deepspeed", "accelerate")  # kinds that read --training-args and --peft beside the file
 
 
