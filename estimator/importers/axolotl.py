@@ -80,7 +80,8 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
                                                   "fine-tuning")
     for key, value in doc.rest():
         top = key.split(".")[0]
-        if top in AXOLOTL or top in TRAINING_ARGUMENTS or top in LEGACY or top.startswith("liger_") or top in _READ_ELSEWHERE:
+        known = top in AXOLOTL or top in TRAINING_ARGUMENTS or top in LEGACY or top in _READ_ELSEWHERE
+        if known or top.startswith("liger_"):  # liger_*: the Liger plugin's own arguments
             ledger.ignore(key, value, "datasets, paths, logging, schedule: no effect on memory")
         else:
             ledger.strange(key, value, f"not a key of {VERSION}'s config schema")

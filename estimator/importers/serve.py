@@ -58,7 +58,8 @@ _NO_EFFECT = {"--host", "--port", "--served-model-name", "--api-key", "--trust-r
               "--allowed-origins", "--root-path", "--ssl-keyfile", "--ssl-certfile", "--generation-config",
               "--max-logprobs", "--disable-fastapi-docs", "--enable-metrics", "--show-time-cost",
               "--log-requests", "--random-seed", "--skip-server-warmup", "--tokenizer-worker-num"}
-_NO_EFFECT_SWITCH = {"--trust-remote-code", "--disable-log-requests", "--disable-log-stats", "--enable-auto-tool-choice",
+_NO_EFFECT_SWITCH = {"--trust-remote-code", "--disable-log-requests", "--disable-log-stats",
+                     "--enable-auto-tool-choice",
                      "--disable-fastapi-docs", "--enable-metrics", "--show-time-cost", "--log-requests",
                      "--skip-server-warmup"}
 _DTYPES = {"auto": None, "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",

@@ -452,7 +452,8 @@ def _pipeline(job: _Job, build: ConfigBuilder, ledger: Ledger, pp: int, layers: 
     if stages % pp:
         raise ConfigError(source, stages, f"a number of stages divisible by pp = {pp}")
     if schedule == "dualpipev" and stages != 2 * pp:
-        raise ConfigError("parallelism.pipeline_parallel_layers_per_stage", per_stage, f"{2 * pp} stages with DualPipeV")
+        raise ConfigError("parallelism.pipeline_parallel_layers_per_stage", per_stage,
+                          f"{2 * pp} stages with DualPipeV")
     build.set("parallel.pp_layout", layout, source, name if parts is None else f"{stages} parts", why=why)
     if schedule == "interleaved" and stages // pp > 1:
         build.put("parallel.vpp", stages // pp)
