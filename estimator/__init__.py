@@ -14,5 +14,14 @@ from .training import Training
 
 __all__ = [
     "Architecture", "Component", "Config", "ConfigError", "Estimate", "Fit", "GPUS", "Hardware", "Parallel",
-    "StageEstimate", "Training", "estimate", "estimate_config", "get_gpu", "load_config", "parameter_counts",
+    "StageEstimate", "Training", "check", "estimate", "estimate_config", "get_gpu", "load_config", "parameter_counts",
 ]
+
+
+def check(path_or_text: str, kind: str | None = None, gpu: str | None = None, gpus: int | None = None) -> Estimate:
+    """The estimate of a launch configuration (a file path, or its text): a Megatron-LM command line
+    or script, a torchtitan TOML, ... (`estimator.importers`). ``result.fit.verdict`` is "fits",
+    "tight" or "oom"; bad input raises `ConfigError`. `kind` is guessed when not given; `gpus` is
+    the world size where the file leaves it to the launcher."""
+    from .importers import check as check_launch  # loaded on first use: no importer at package import
+    return check_launch(path_or_text, kind=kind, gpu=gpu, gpus=gpus)

@@ -199,6 +199,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     cfg = _load(args)
     result = plan(cfg.architecture, cfg.training, cfg.hardware, args.gpus, args.gpus_per_node, args.margin,
                   comm_overlap=cfg.parallel.comm_overlap, limit=args.limit)
+    if args.emit:  # the fastest fitting layout as the framework's launch configuration (importers/emit.py)
+        from .importers.commands import emit_plan
+        return emit_plan(args, cfg, result)
     print(json.dumps(result.to_json()) if args.json else render_plan_text(result))
     if not result.layouts:  # an answer, not an error: exit 0, the way out on stderr
         print(no_fit_text(result), file=sys.stderr)
@@ -258,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="largest share of the GPU's memory a layout may use (default 0.8: the 'fits' verdict)")
     pl.add_argument("--limit", type=int, default=50, help="fastest fitting layouts listed, besides the Pareto front")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
+    pl.add_argument("--emit", choices=("megatron", "torchtitan"),
+                    help="print the fastest fitting layout as that framework's launch configuration")
     _override_flags(pl)
     pl.set_defaults(handler=_cmd_plan)
     sub.add_parser("presets", help="list the bundled model ids").set_defaults(handler=_cmd_presets)
@@ -265,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("fields", help="every configuration field with its label and allowed values")
     ref.add_argument("--markdown", action="store_true", help="print docs/config.md")
     ref.set_defaults(handler=_cmd_fields)
+    from .importers.commands import add_commands  # import, check: launch configurations (importers/)
+    add_commands(sub)
     return parser
 
 
@@ -283,7 +290,10 @@ def _say(message: str, argv: list[str], field: str = "") -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        from .importers.commands import split_tail
+        head, tail = split_tail(argv)  # import/check: the words after -- are a launch command line
+        args = build_parser().parse_args(head)
+        args.tail = tail
         return args.handler(args)
     except ConfigError as exc:
         _say(str(exc), argv, exc.field)

@@ -2,11 +2,12 @@
 
 import streamlit as st
 
-from ui import keys, rl_view, state, view
+from ui import keys, launch_import, rl_view, state, view
 
 cur = state.current()
 st.title("Will it fit?")
 st.caption(f"Model **{state.plain(cur.model_label)}** · estimates per GPU, per pipeline stage")
+launch_import.box()
 
 est = state.estimate_or_stop(cur)
 

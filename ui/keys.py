@@ -65,6 +65,13 @@ RESET = "_reset"
 
 # --- Memory and Roofline pages ---------------------------------------------------------------------
 MEMORY_STAGE = "memory_stage"
+# the Memory page's "Import a launch config" box (ui/launch_import.py)
+LAUNCH_TEXT = "launch_text"
+LAUNCH_FILE = "launch_file"
+LAUNCH_KIND = "launch_kind"
+LAUNCH_GPUS = "launch_gpus"
+LAUNCH_BUTTON = "launch_import"
+LAUNCH_RESULT = "_launch_result"  # the last import: the settings read, ignored, not modelled, unknown; or its error
 
 
 def chart(kind: str) -> str:

@@ -1,0 +1,44 @@
+"""What the axolotl and LLaMA-Factory importers share: their DeepSpeed config files named by path
+(a second file, not read: the stage and offload their published names state), the precision and
+the adapter written the way both spell them."""
+
+from __future__ import annotations
+
+import re
+
+from .build import ConfigBuilder
+from .result import Ledger
+
+_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
+            "down_proj": "down"}
+
+
+def deepspeed_by_name(path: str, key: str, build: ConfigBuilder, ledger: Ledger) -> bool:
+    """A DeepSpeed JSON named like the projects' bundled ones (axolotl ``deepspeed_configs/zero3_bf16.json``,
+    LLaMA-Factory ``examples/deepspeed/ds_z3_offload_config.json``): ZeRO stage and CPU offload from the
+    name. Returns False when the name says neither."""
+    name = str(path).rsplit("/", 1)[-1].lower()
+    m = re.search(r"(?:zero|_z)(\d)", name)
+    if not m or int(m.group(1)) > 3:
+        ledger.not_modelled(key, path, "a DeepSpeed file this importer does not read; import it with --from "
+                                       "deepspeed --training-args this file")
+        return False
+    stage = int(m.group(1))
+    build.put("training.framework", "deepspeed")
+    build.set("parallel.zero_stage", stage, key, path, why="the stage its name states (the file is not read)")
+    if "offload" in name:
+        build.put("training.offload_optimizer", "cpu")
+        if stage == 3:
+            build.put("training.offload_parameters", "cpu")
+        ledger.note(f"{name}: optimizer states{' and parameters' if stage == 3 else ''} offloaded to the CPU")
+    return True
+
+
+def targets(names: object) -> list[str] | str | None:
+    """Hugging Face module names as our adapter targets; None when one is not a linear layer we know."""
+    if names in ("all", "all-linear", ["all"], ["all-linear"]):
+        return "all-linear"
+    items = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names or [])
+    if not items or any(n not in _TARGETS for n in items):
+        return None
+    return [_TARGETS[n] for n in items]

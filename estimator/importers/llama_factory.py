@@ -1,0 +1,141 @@
+"""LLaMA-Factory: its training YAML (``llamafactory-cli train config.yaml``) read into our JSON config.
+
+Keys and defaults follow LLaMA-Factory v0.9.5 (commit 7af909522a951e3ad9f022ea6f88b6755257eaa5,
+``src/llamafactory/hparams``): finetuning_type (lora / full / freeze / oft), lora_rank 8,
+lora_alpha = 2 x rank when unset, lora_target ("all" = every linear layer), quantization_bit 4 or 8
+(bitsandbytes NF4 with double quantization by default), cutoff_len 2048, gradient checkpointing on
+unless disable_gradient_checkpointing, stage (pt / sft / dpo; DPO keeps a reference model unless the
+loss is orpo or simpo, and a LoRA run uses its own base as the reference:
+train/trainer_utils.py create_ref_model), deepspeed (a bundled config by name). The HF Trainer
+runs it: DDP over --gpus unless DeepSpeed is named.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import ConfigError
+from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
+from .finetune import deepspeed_by_name, targets
+from .hf_keys import LEGACY, TRAINING_ARGUMENTS
+from .models import is_hub_id, preset_for
+from .result import Imported, Ledger
+from .source import parse_yaml
+from .yaml_keys import LLAMA_FACTORY
+
+KIND = "llama-factory"
+VERSION = "LLaMA-Factory v0.9.5"
+_OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adam8bit",
+          "adamw_bnb_8bit": "adam8bit", "paged_adamw_8bit": "adam8bit", "adafactor": "adafactor", "sgd": "sgd"}
+
+
+def looks_like(text: str, name: str = "") -> bool:
+    return bool(re.search(r"^finetuning_type:", text, re.M)) or bool(re.search(r"^(stage|cutoff_len|template):",
+                                                                               text, re.M)) and \
+        bool(re.search(r"^model_name_or_path:", text, re.M))
+
+
+def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) -> Imported:
+    ledger = Ledger()
+    doc = FlatDoc(parse_yaml(text, "LLaMA-Factory config"), "LLaMA-Factory config")
+    key_value_overrides(overrides, doc, ledger, VERSION)
+    build = ConfigBuilder(ledger)
+    build.put("training.framework", "hf")
+    world = gpus or 1
+    if gpus is None:
+        ledger.note("no --gpus: one GPU")
+    build.put("parallel.dp", world)
+    name = doc.get("model_name_or_path")
+    preset = preset_for(name) if isinstance(name, str) else None
+    if preset is None and not (isinstance(name, str) and is_hub_id(name)):
+        raise ConfigError("model_name_or_path", name, "a Hugging Face id (org/name)")
+    build.named_model = preset or name
+    ledger.mapped("model_name_or_path", name, f"model = \"{build.named_model}\"")
+    finetuning = doc.get("finetuning_type", "lora")
+    if finetuning == "lora":
+        _lora(doc, build, ledger)
+    elif finetuning != "full":
+        ledger.not_modelled("finetuning_type", finetuning, "estimated as a full fine-tune")
+    seq = to_int("cutoff_len", doc.get("cutoff_len", 2048), 1)
+    build.set("training.seq_len", seq, "cutoff_len" if doc.given("cutoff_len") else "(no cutoff_len)", seq)
+    mbs = to_int("per_device_train_batch_size", doc.get("per_device_train_batch_size", 8), 1)
+    build.set("training.micro_batch_size", mbs, "per_device_train_batch_size")
+    steps = to_int("gradient_accumulation_steps", doc.get("gradient_accumulation_steps", 1), 1)
+    if steps > 1:
+        build.set("training.global_batch_size", mbs * steps * world, "gradient_accumulation_steps", steps)
+    if doc.get("bf16"):
+        ledger.mapped("bf16", True, "bf16 weights (the model is loaded in bf16)")
+    elif doc.get("fp16"):
+        build.set("training.param_dtype", "fp16", "fp16", True)
+    else:
+        build.set("training.param_dtype", "fp32", "(no bf16 / fp16)", "", why="fp32 training")
+        build.put("training.compute_dtype", "fp32")
+    if not doc.get("disable_gradient_checkpointing", False):
+        build.set("training.recompute", "full", "disable_gradient_checkpointing" if doc.given(
+            "disable_gradient_checkpointing") else "(no disable_gradient_checkpointing)", False,
+            why="LLaMA-Factory checkpoints every layer unless told not to")
+    ds = doc.get("deepspeed")
+    if ds:
+        deepspeed_by_name(ds, "deepspeed", build, ledger)
+    optim = doc.get("optim", "adamw_torch")
+    if optim in _OPTIM and _OPTIM[optim] != "adamw":
+        build.set("training.optimizer", _OPTIM[optim], "optim", optim)
+    elif optim not in _OPTIM:
+        ledger.not_modelled("optim", optim, "estimated as AdamW")
+    if doc.get("enable_liger_kernel"):
+        build.set("training.loss", "fused", "enable_liger_kernel", True)
+    if doc.get("flash_attn", "auto") == "disabled":
+        build.set("training.attention", "eager", "flash_attn", "disabled")
+    _stage(doc, build, ledger, finetuning, seq)
+    for key, value in doc.rest():
+        top = key.split(".")[0]
+        if top in LLAMA_FACTORY or top in TRAINING_ARGUMENTS or top in LEGACY:
+            ledger.ignore(key, value, "data, paths, logging, schedule: no effect on memory")
+        else:
+            ledger.strange(key, value, f"not an argument of {VERSION}")
+    return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
+
+
+def _lora(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
+    rank = to_int("lora_rank", doc.get("lora_rank", 8), 1)
+    chosen = targets(doc.get("lora_target", "all"))
+    if chosen is None:
+        raise ConfigError("lora_target", doc.flat.get("lora_target"), "all, or q_proj, k_proj, v_proj, o_proj, "
+                          "gate_proj, up_proj, down_proj")
+    bits = doc.get("quantization_bit")
+    spec = {"method": "qlora" if bits == 4 else "dora" if doc.get("use_dora") else "lora", "rank": rank,
+            "alpha": float(doc.get("lora_alpha") or 2 * rank), "target_modules": chosen,
+            "dropout": float(doc.get("lora_dropout", 0.0))}
+    if bits == 8:
+        spec["base_dtype"] = "int8"
+    elif bits not in (None, 4):
+        raise ConfigError("quantization_bit", bits, "4 or 8 (bitsandbytes)")
+    if bits is not None and doc.get("quantization_method", "bnb") != "bnb":
+        ledger.not_modelled("quantization_method", doc.flat["quantization_method"], "estimated as bitsandbytes")
+    if bits == 4 and doc.get("quantization_type", "nf4") != "nf4":
+        ledger.not_modelled("quantization_type", doc.flat["quantization_type"], "estimated as NF4")
+    if doc.get("additional_target"):
+        spec["trainable_embeddings"] = True
+    build.set("training.adapter", spec, "finetuning_type", "lora", why=f"{spec['method']} rank {rank}")
+
+
+def _stage(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, finetuning: str, seq: int) -> None:
+    stage = doc.get("stage", "sft")
+    if stage in ("sft", "pt"):
+        ledger.mapped("stage", stage, "supervised training")
+        return
+    if stage != "dpo":
+        ledger.not_modelled("stage", stage, "estimated as supervised fine-tuning")
+        return
+    loss = doc.get("pref_loss", "sigmoid")
+    if loss in ("orpo", "simpo"):  # no reference: chosen and rejected run together, twice the batch
+        build.set("training.micro_batch_size", 2 * build.get("training.micro_batch_size", 1), "pref_loss", loss,
+                  why="chosen and rejected sequences concatenated, no reference model")
+        return
+    # chosen and rejected each hold prompt + response within cutoff_len
+    rl = {"algorithm": "dpo", "max_prompt_len": seq // 2, "max_response_len": seq - seq // 2,
+          "reference_model": True}
+    build.set("training.rl", rl, "stage", stage, why=f"pref_loss {loss}")
+    if finetuning == "lora" and not doc.given("ref_model"):
+        ledger.not_modelled("finetuning_type", "lora", "a LoRA DPO run scores the reference with its own base "
+                            "weights (adapters off); the estimate counts a separate frozen copy")

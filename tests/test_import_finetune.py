@@ -1,0 +1,75 @@
+"""axolotl and LLaMA-Factory importers on the projects' own example configs (tests/data/launch/
+README.md), each mapped to a JSON config written out here by hand, with equal estimates."""
+
+from pathlib import Path
+
+from estimator import estimate_config
+from estimator.importers import estimate_imported, import_config
+
+DATA = Path(__file__).parent / "data" / "launch"
+
+
+def imported(path, gpus=8, overrides=()):
+    return import_config((DATA / path).read_text(), gpus=gpus, overrides=overrides)  # kinds guessed
+
+
+def same_estimate(result, expected):
+    assert result.config == expected
+    assert estimate_imported(result).to_json() == estimate_config(expected).to_json()
+
+
+def test_axolotl_llama3_qlora():
+    # base_model NousResearch/Meta-Llama-3-8B (Llama 3 8B: Llama 3.1 8B's shapes); adapter qlora, load_in_4bit,
+    # r 32, alpha 16, dropout 0.05, every linear layer; sequence_len 4096; batch 2 x 4 steps x 8 GPUs;
+    # bf16 auto; gradient checkpointing; paged_adamw_32bit is AdamW
+    result = imported("axolotl/qlora.yml")
+    assert result.kind == "axolotl"
+    same_estimate(result, {"model": "llama-3.1-8b",
+                           "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 2,
+                                        "global_batch_size": 64, "recompute": "full",
+                                        "adapter": {"method": "qlora", "rank": 32, "alpha": 16,
+                                                    "target_modules": "all-linear", "dropout": 0.05}},
+                           "parallel": {"dp": 8}})
+    assert result.unknown == () and result.unsupported == ()
+
+
+def test_axolotl_llama3_lora_8bit_and_full():
+    lora = imported("axolotl/lora-8b.yml")
+    same_estimate(lora, {"model": "llama-3.1-8b",
+                         "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 2,
+                                      "global_batch_size": 64, "recompute": "full", "optimizer": "adam8bit",
+                                      "adapter": {"method": "lora", "rank": 32, "alpha": 16,
+                                                  "target_modules": "all-linear", "dropout": 0.05,
+                                                  "base_dtype": "int8", "trainable_embeddings": True}},
+                         "parallel": {"dp": 8}})
+    full = imported("axolotl/fft-8b.yaml")
+    same_estimate(full, {"model": "llama-3.1-8b",
+                         "training": {"framework": "hf", "seq_len": 8192, "micro_batch_size": 1,
+                                      "global_batch_size": 64, "recompute": "full", "optimizer": "adam8bit"},
+                         "parallel": {"dp": 8}})
+
+
+QWEN3_8B = ("model_name_or_path=Qwen/Qwen3-8B",)  # the examples train Qwen3-4B-Instruct-2507, not bundled
+
+
+def test_llama_factory_lora_qlora_and_full():
+    lora = imported("llama-factory/qwen3_lora_sft.yaml", overrides=QWEN3_8B)
+    assert lora.kind == "llama-factory"
+    adapter = {"method": "lora", "rank": 8, "alpha": 16, "target_modules": "all-linear", "dropout": 0.0}
+    base = {"framework": "hf", "seq_len": 2048, "micro_batch_size": 1, "global_batch_size": 64, "recompute": "full"}
+    same_estimate(lora, {"model": "qwen3-8b", "training": {**base, "adapter": adapter}, "parallel": {"dp": 8}})
+    qlora = imported("llama-factory/qwen3_lora_sft_otfq.yaml", overrides=QWEN3_8B)  # quantization_bit 4, bnb
+    same_estimate(qlora, {"model": "qwen3-8b", "training": {**base, "adapter": {**adapter, "method": "qlora"}},
+                          "parallel": {"dp": 8}})
+    full = imported("llama-factory/qwen3_full_sft.yaml", overrides=QWEN3_8B)  # ds_z3_config.json: ZeRO-3
+    same_estimate(full, {"model": "qwen3-8b",
+                         "training": {**base, "framework": "deepspeed", "global_batch_size": 16},
+                         "parallel": {"dp": 8, "zero_stage": 3}})
+
+
+def test_llama_factory_dpo():
+    result = imported("llama-factory/qwen3_lora_dpo.yaml", overrides=QWEN3_8B)
+    rl = result.config["training"]["rl"]
+    assert rl == {"algorithm": "dpo", "max_prompt_len": 1024, "max_response_len": 1024, "reference_model": True}
+    assert [s.name for s in result.unsupported] == ["finetuning_type"]  # the LoRA run's own base is the reference
+    assert estimate_imported(result).rl_phases

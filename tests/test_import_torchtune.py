@@ -1,0 +1,73 @@
+"""The torchtune importer on torchtune's own recipe configs (tests/data/launch/README.md), each
+mapped to a JSON config written out here by hand, with equal estimates."""
+
+from pathlib import Path
+
+import pytest
+
+from estimator import ConfigError, estimate_config
+from estimator.importers import estimate_imported, import_config
+
+DATA = Path(__file__).parent / "data" / "launch" / "torchtune"
+SEQ = ("tokenizer.max_seq_len=4096",)  # the configs leave it null: the dataset's longest sample decides
+
+
+def imported(name, gpus=None, overrides=SEQ):
+    return import_config((DATA / name).read_text(), gpus=gpus, overrides=overrides)  # kind guessed
+
+
+def same_estimate(result, expected):
+    assert result.kind == "torchtune" and result.config == expected
+    assert estimate_imported(result).to_json() == estimate_config(expected).to_json()
+
+
+def test_llama31_8b_qlora_single_device():
+    # qlora_llama3_1_8b, lora_attn_modules q_proj v_proj output_proj + MLP, rank 8, alpha 16; batch 2,
+    # 8 accumulation steps; activation checkpointing; CEWithChunkedOutputLoss
+    result = imported("8B_qlora_single_device.yaml")
+    expected = {"model": "llama-3.1-8b",
+                "training": {"framework": "torchtune", "seq_len": 4096, "micro_batch_size": 2, "global_batch_size": 16,
+                             "recompute": "full", "loss": "chunked",
+                             "adapter": {"method": "qlora", "rank": 8, "alpha": 16, "dropout": 0.0,
+                                         "target_modules": ["q", "v", "o", "gate", "up", "down"]}},
+                "parallel": {"dp": 1}}
+    same_estimate(result, expected)
+    assert result.unsupported == () and result.unknown == ()
+
+
+def test_qwen3_8b_lora_on_8_gpus():
+    result = imported("qwen3_8B_lora.yaml", gpus=8)
+    expected = {"model": "qwen3-8b",
+                "training": {"framework": "torchtune", "seq_len": 4096, "micro_batch_size": 2,
+                             "global_batch_size": 128, "loss": "chunked",  # LinearCrossEntropyLoss
+                             "adapter": {"method": "lora", "rank": 8, "alpha": 16, "dropout": 0.0,
+                                         "target_modules": ["q", "v", "o", "gate", "up", "down"]}},
+                "parallel": {"dp": 8}}
+    same_estimate(result, expected)
+
+
+def test_llama31_8b_full_with_overrides():
+    result = imported("8B_full.yaml", gpus=8, overrides=SEQ + ("optimizer_in_bwd=True", "batch_size=4",
+                                                               "enable_activation_offloading=true"))
+    expected = {"model": "llama-3.1-8b",
+                "training": {"framework": "torchtune", "seq_len": 4096, "micro_batch_size": 4, "recompute": "full",
+                             "offload_activations": True, "optimizer_in_backward": True, "loss": "chunked"},
+                "parallel": {"dp": 8}}
+    same_estimate(result, expected)
+    assert [s.name for s in result.unsupported] == ["custom_sharded_layers"]
+
+
+def test_grpo_maps_to_rl():
+    result = imported("3B_full_grpo.yaml", gpus=8)
+    rl = result.config["training"]["rl"]
+    # batch_size 1 prompt per GPU x 8 GPUs, grpo_samples 16, max_generated_tokens 512
+    assert (rl["algorithm"], rl["rollout_batch_size"], rl["samples_per_prompt"], rl["max_response_len"]) == \
+        ("grpo", 8, 16, 512)
+    assert result.config["training"]["seq_len"] == 4096 + 512
+    assert "generation" in [s.name for s in result.unsupported]
+    assert estimate_imported(result).rl_phases
+
+
+def test_null_sequence_length_is_asked_for():
+    with pytest.raises(ConfigError, match="tokenizer.max_seq_len"):
+        imported("8B_qlora_single_device.yaml", overrides=())

@@ -1,0 +1,40 @@
+"""The verl importer on verl's own GRPO example script (tests/data/launch/README.md), mapped to a
+JSON config written out here by hand, with an equal estimate."""
+
+from pathlib import Path
+
+import pytest
+
+from estimator import ConfigError, estimate_config
+from estimator.importers import estimate_imported, import_config
+
+SCRIPT = (Path(__file__).parent / "data" / "launch" / "verl" / "run_qwen3-8b.sh").read_text()
+
+
+def test_qwen3_8b_grpo_script():
+    result = import_config(SCRIPT)  # kind guessed from `python3 -m verl.trainer.main_ppo`
+    assert result.kind == "verl"
+    # 1024 prompts x n 5, prompts 512 + responses 1024 tokens; vLLM at 0.6 of each GPU with TP 2;
+    # KL loss on: a reference model; actor on FSDP over 8 x 1 GPUs, micro-batch 32, gradient checkpointing
+    rl = {"algorithm": "grpo", "rollout_batch_size": 1024, "samples_per_prompt": 5, "max_prompt_len": 512,
+          "max_response_len": 1024, "engine": "vllm", "engine_memory_fraction": 0.6, "reference_model": True,
+          "critic_model": False, "offload_during_rollout": False, "rollout_tp": 2}
+    expected = {"model": "qwen3-8b",
+                "training": {"framework": "fsdp2", "micro_batch_size": 32, "recompute": "full", "loss": "fused",
+                             "rl": rl, "seq_len": 1536},
+                "parallel": {"dp": 8}}
+    assert result.config == expected
+    assert estimate_imported(result).to_json() == estimate_config(expected).to_json()
+    assert {"trainer.project_name", "data.train_files", "actor_rollout_ref.actor.optim.lr"} <= \
+        {s.name for s in result.ignored}
+    assert "actor_rollout_ref.ref.fsdp_config.param_offload" in {s.name for s in result.unsupported}
+
+
+def test_overrides_and_typos():
+    result = import_config(SCRIPT, overrides=("algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1",
+                                              "actor_rollout_ref.actor.use_kl_los=True"))
+    assert result.config["training"]["rl"]["critic_model"] is True and result.config["training"]["rl"][
+        "algorithm"] == "ppo"
+    assert [s.name for s in result.unknown] == ["actor_rollout_ref.actor.use_kl_los"]
+    with pytest.raises(ConfigError, match="n_gpus_per_node"):
+        import_config(SCRIPT, gpus=16)
