@@ -205,15 +205,24 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("offload_parameters", _T, "Offload parameters", "Keep the sharded parameters in host memory or on "
             "NVMe and gather them to the GPU layer by layer: DeepSpeed ZeRO-3 offload_param (cpu or nvme), FSDP2's "
             "CPUOffloadPolicy (cpu, with the optimizer states).", _SAVERS, OFFLOAD_DEVICES),
-    _int("reduce_bucket_size", _T, "DeepSpeed reduce bucket (elements)", "DeepSpeed ZeRO's reduce_bucket_size: "
-         "gradients are reduced through a bucket of this many elements. The HF Trainer's 'auto' sets h x h.", _SAVERS,
-         hi=2**40, optional=True, auto="DeepSpeed's default, 500,000,000", step=1_000_000),
+    _int("reduce_bucket_size", _T, "DeepSpeed reduce bucket (elements)", "DeepSpeed ZeRO's reduce_bucket_size "
+         "(stages 1-3): ZeRO-1/2 allocate the bucket in full, in the weights' 16-bit dtype, when a backward's first "
+         "gradient is ready (twice with overlap_comm) whatever the trainable count; ZeRO-3 keeps one from the "
+         "start. DeepSpeed's own default is 500,000,000.", _SAVERS, hi=2**40, optional=True,
+         auto="the HF Trainer's 'auto': hidden_size x hidden_size", step=1_000_000),
+    _bool("overlap_comm", _T, "DeepSpeed overlap_comm", "DeepSpeed ZeRO's overlap_comm (stages 1-3): reduce "
+          "gradients during the backward; ZeRO-1/2 then keep two reduce buckets.", _SAVERS, optional=True,
+          auto="DeepSpeed's default: on under ZeRO-3 only"),
     _int("stage3_prefetch_bucket_size", _T, "DeepSpeed ZeRO-3 prefetch bucket (elements)", "Parameters ZeRO-3 "
-         "gathers ahead of the layer that runs. The HF Trainer's 'auto' sets 0.9 x h x h.", _SAVERS, hi=2**40,
-         optional=True, auto="DeepSpeed's default, 50,000,000", step=1_000_000),
+         "gathers ahead of the layer that runs. DeepSpeed's own default is 50,000,000.", _SAVERS, hi=2**40,
+         optional=True, auto="the HF Trainer's 'auto': int(0.9 x hidden_size x hidden_size)", step=1_000_000),
     _int("stage3_max_live_parameters", _T, "DeepSpeed ZeRO-3 max live parameters", "The most gathered parameters "
          "ZeRO-3 keeps on a GPU before releasing them (a layer larger than this is still gathered whole).", _SAVERS,
          hi=2**40, optional=True, auto="DeepSpeed's default, 1,000,000,000", step=1_000_000),
+    _int("stage3_param_persistence_threshold", _T, "DeepSpeed ZeRO-3 persistence threshold (elements)",
+         "ZeRO-3 keeps every parameter of at most this many elements gathered after its first use (norms, biases). "
+         "DeepSpeed's own default is 100,000.", _SAVERS, lo=0, hi=2**40, optional=True,
+         auto="the HF Trainer's 'auto': 10 x hidden_size", step=1024),
     _bool("offload_activations", _T, "Offload activations", "Under torchtune (enable_activation_offloading): every "
           "tensor the layers save for backward moves to host memory during forward and comes back layer by layer in "
           "backward; the loss's tensors stay on the GPU. The host memory it needs is shown too.", _SAVERS),
