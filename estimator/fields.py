@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .adapters import BASE_DTYPES, METHODS, TARGETS, ALL_LINEAR, Adapter
+from .adapters import BASE_DTYPES, BNB_VERSION_PATTERN, METHODS, TARGETS, ALL_LINEAR, Adapter
 from .rl import ALGORITHMS, ENGINES, Rl
 from .architecture import NORMS, POSITION_EMBEDDINGS, Architecture
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
@@ -73,6 +73,8 @@ class Field:
     auto: str = ""  # what None means, in words
     step: float | None = None  # the widget's increment
     widget: bool = True  # False: a check or a detail the app does not offer as a widget
+    pattern: str = ""  # text: a regular expression the whole value must match, and `pattern_text` says it
+    pattern_text: str = ""
 
     @property
     def path(self) -> str:
@@ -104,7 +106,7 @@ class Field:
         elif self.kind == "choices":
             text = "a non-empty list of " + ", ".join(_quoted(o) for o in self.options)
         elif self.kind == "text":
-            text = f"text of at most {MAX_NAME} characters without control characters"
+            text = self.pattern_text or f"text of at most {MAX_NAME} characters without control characters"
         else:
             noun = "an integer" if self.kind == "int" else "a number"
             high = f"below {_num(self.max)}" if self.below_max else f"at most {_num(self.max)}"
@@ -432,6 +434,14 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
     _choice("base_dtype", _A, "Frozen base dtype", "How the frozen base weights are stored: 16-bit, int8 "
             "(LLM.int8), nf4 (QLoRA, double quantized) or int4 (GPTQ).", _FT, BASE_DTYPES, optional=True,
             auto="nf4 for qlora, else the weights dtype"),
+    _bool("double_quant", _A, "NF4 double quantization", "NF4 with its block scales quantized again "
+          "(bitsandbytes' bnb_4bit_use_double_quant): 0.5 + 1/64 B per weight and an fp32 scale per 16,384; off, an "
+          "fp32 scale per 64 weights, 0.5 + 4/64 B. torchtune's torchao NF4 always double-quantizes.", _FT),
+    Field("bitsandbytes_version", _A, "text", "bitsandbytes version", "QLoRA under hf or deepspeed: the "
+          "bitsandbytes release. Through 0.43.1 its 4-bit layer (MatMul4Bit) keeps each linear's input for "
+          "backward, whatever the frozen weight, and beyond gradient checkpointing; from 0.43.2 it keeps none.",
+          _FT, pattern=BNB_VERSION_PATTERN, pattern_text="a bitsandbytes release as major.minor[.patch], 0.39.0 or "
+          "later (its first 4-bit release)"),
 )
 
 _R, _RL = "rl", "RL (colocated rollout engine)"
@@ -493,7 +503,8 @@ def check(f: Field, value: Any) -> None:
         ok = (isinstance(value, (list, tuple)) and len(value) > 0
               and all(isinstance(v, str) and v in f.options for v in value))
     elif f.kind == "text":
-        ok = isinstance(value, str) and len(value) <= MAX_NAME and not _CONTROL.search(value)
+        ok = isinstance(value, str) and len(value) <= MAX_NAME and not _CONTROL.search(value) \
+            and (not f.pattern or re.fullmatch(f.pattern, value) is not None)
     else:
         ok = _in_range(f, value)
     if not ok:
@@ -619,7 +630,7 @@ def _type_text(f: Field) -> str:
         return " / ".join(f"`{o}`" for o in f.options)
     if f.kind == "choices":
         return "list of " + ", ".join(f"`{o}`" for o in f.options)
-    return f"text, at most {MAX_NAME} characters"
+    return f.pattern_text or f"text, at most {MAX_NAME} characters"
 
 
 def _default_text(f: Field) -> str:
