@@ -205,7 +205,7 @@ def test_the_estimator_accepts_exactly_the_contract_and_its_extensions():
 # GPUs each recipe describes: its name / the cited source
 WORLD = {"llama-3.1-70b-pretrain-64xh100": 64, "deepseek-v3-as-reported": 2048, "qwen3-8b-sft-8xh100": 8,
          "llama-3.1-8b-full-ft-8xa100": 8, "llama-3.1-70b-qlora-1xh100": 1, "llama-3.1-8b-lora-24gb": 1,
-         "qwen2-7b-grpo-8xh100": 8}
+         "qwen2-7b-grpo-8xh100": 8, "qwen2.5-7b-grpo-slime-8xh100": 8, "qwen2.5-7b-grpo-slime-4xh100": 4}
 
 
 def test_recipes_are_listed():

@@ -42,7 +42,8 @@ def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     if not is_traceable_wrapper_subclass(t):
         return [t]
     names, _ = t.__tensor_flatten__()
-    return [leaf for name in names for leaf in plain_tensors(getattr(t, name))]
+    inner = (getattr(t, name) for name in names)
+    return [leaf for x in inner if isinstance(x, torch.Tensor) for leaf in plain_tensors(x)]
 
 
 class Tracker(StorageTracker):
