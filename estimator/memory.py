@@ -527,7 +527,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if working and act.recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
     recomputed_bytes = int(round(working)) + total_bytes(extras)
-    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange))
+    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
     backward_moment = max(total_bytes(loss_backward), recomputed_bytes, total_bytes(exchange_backward),
                           total_bytes(tr.step_in_backward))
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
@@ -621,7 +621,7 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
     def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
         return max(moments, key=total_bytes)
 
-    folded = {"forward": fold(largest(loss_forward, exchange[0]) + tr.forward),
+    folded = {"forward": fold(largest(loss_forward, exchange[0], tr.forward_end) + tr.forward),
               "backward": fold(largest(loss_backward, recomputed, exchange[1], tr.step_in_backward) + tr.backward),
               "backward_end": fold(end.transients if end else recomputed + tr.backward),
               "optimizer": fold(tr.optimizer)}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import activations as act
-from .adapters import Inventory
+from .adapters import Inventory, adapter_dtype
 from .architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
@@ -32,6 +32,9 @@ class Transients(NamedTuple):
     optimizer: list[Component]
     persistent: list[Component]  # allocated once and kept (DDP buckets)
     step_in_backward: list[Component]  # a moment of backward when the optimizer steps there
+    # a moment of forward of its own, not beside the loss's: the end of the model's forward (torchtune's
+    # FSDP2 root unit gathered for the output projection, resharded before the loss runs)
+    forward_end: list[Component] = []
 
 
 def transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, stage: StageParameters,
@@ -49,9 +52,13 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     trainable = inv.trainable if inv else stage.local
     largest = inv.largest if inv else stage.total.largest_tensor
     layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
+    forward_end: list[Component] = []
     if fw in ("megatron", *FSDP_FRAMEWORKS) and zero >= 2 and d_dense > 1:
         src = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
-        if zero == 3 and fw in FSDP_FRAMEWORKS:
+        if zero == 3 and fw == "torchtune":
+            forward_end, gathered_bwd = _torchtune_gathered(arch, training, recipe, par, stage, inv, P)
+            bwd.append(gathered_bwd)
+        elif zero == 3 and fw in FSDP_FRAMEWORKS:
             # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
             # with the head, which is not resharded after forward: forward ends with the head and a
             # block gathered, backward starts with a block and the one prefetched
@@ -89,11 +96,16 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
             # previous block's reduce-scatter input does (`backward_moments.block_backward_extras`)
             bwd.append(component("transient", "Reduce-scatter input of the previous block (kept by FSDP2)",
                                   layer * G, f"{G:g} B x one layer's parameters", FSDP2_RS_SOURCE))
+        elif training.adapter:
+            # frozen weights get no gradient: a unit's unsharded gradients are its adapters' (in their dtype)
+            # with the reduce-scatter input (in the gradients' dtype)
+            A = bytes_per_element(adapter_dtype(training, recipe))
+            bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
+                                  layer_trainable * (A + G), f"({A:g} + {G:g}) B x one layer's trainable parameters "
+                                  "(the frozen base gets none)", src + "; " + FSDP2_RS_SOURCE))
         else:
             bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
-                                  layer * P + layer_trainable * G,
-                                  f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
-                                  f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
+                                  layer * P + layer_trainable * G, f"({P:g} + {G:g}) B x one layer's parameters", src))
     if fw == "deepspeed":
         b_fwd, b_bwd, b_persistent = deepspeed_buffers(arch, training, recipe, stage, zero, trainable)
         fwd += b_fwd
@@ -128,9 +140,45 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                               f"{cb:g} B x matrix parameters" if training.recompute != "full" else
                               f"{cb:g} B x one recomputed layer", src))
     if training.optimizer_in_backward:
-        return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)])
+        return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
+                          forward_end)
     opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest))
-    return Transients(fwd, bwd, opt, persistent, [])
+    return Transients(fwd, bwd, opt, persistent, [], forward_end)
+
+
+TORCHTUNE_FSDP_SOURCE = (
+    "torchtune 0.6.1 training.shard_model (fully_shard on every TransformerSelfAttentionLayer and on the model, "
+    "reshard_after_forward True) and recipes/lora_finetune_distributed.py (the loss runs after the model's forward); "
+    "torchao 0.10 NF4Tensor.fsdp_pre_all_gather (an NF4 shard gathers its codes, int8 scales and bf16 factors); "
+    "measured: tests/data/measured/torchtune/*-w*")
+
+
+def _torchtune_gathered(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
+                        stage: StageParameters, inv: Inventory | None, P: float) -> tuple[list[Component], Component]:
+    """torchtune's FSDP2 units: every layer, and the root (embedding, final norm, output). The root is
+    resharded at the end of the model's forward, so the loss, which runs after it, sees no gathered
+    parameter: the root unit gathered is a moment of its own (the output projection's). In backward a
+    layer and the prefetched one are gathered, in their storage dtype: an NF4 shard gathers as NF4."""
+    unit, text = gathered_layer_bytes(training, recipe, stage, inv, P)
+    end = [component("transient", "Unsharded parameters in flight (the root unit, for the output projection)",
+                     P * stage.root_local, f"{P:g} B x the embedding, final norm and output unsharded (the blocks "
+                     "resharded after their forward)", TORCHTUNE_FSDP_SOURCE)] if stage.last else []
+    return end, component("transient", "Unsharded parameters in flight", 2 * unit,
+                          f"2 x ({text}): a block and the prefetched block", TORCHTUNE_FSDP_SOURCE)
+
+
+def gathered_layer_bytes(training: Training, recipe: Recipe, stage: StageParameters, inv: Inventory | None,
+                         P: float) -> tuple[float, str]:
+    """One unsharded layer unit's bytes: its parameters in the weights dtype, or an adapter run's frozen
+    base in its storage (NF4 codes, int8 scales and bf16 factors: what torchao's NF4 all-gather moves) and
+    its adapters in theirs."""
+    layers = max(1, stage.num_layers)
+    if inv is None:
+        return P * stage.largest_layer_local, f"{P:g} B x one layer's parameters"
+    A = bytes_per_element(adapter_dtype(training, recipe))
+    frozen = (inv.frozen_bytes - P * stage.root_local) / layers
+    return frozen + A * inv.adapters / layers, (f"{frozen / 2**20:,.1f} MiB of one layer's frozen base in its storage "
+                                                f"+ {A:g} B x its adapters")
 
 
 DEEPSPEED_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/config.py (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
