@@ -327,6 +327,7 @@ class Inventory(NamedTuple):
     small: float  # trainable tensors under 4096 elements (8-bit optimizers keep them in 32-bit)
     factored: float  # rows + columns of the trainable matrices (Adafactor)
     largest: float  # the largest trainable tensor
+    tensors: int = 0  # trainable tensors (each has a step counter under torch's fused AdamW)
 
     @property
     def trainable(self) -> float:
@@ -339,9 +340,10 @@ def inventory(arch, training, recipe, sp) -> Inventory:
     from .dtypes import bytes_per_element
     quantized = quantized_bytes_total = 0.0
     adapters = small = factored = largest = 0.0
+    count = 0
     for kind, layers in sp.kind_counts:
         for m in layer_modules(arch, kind):
-            if base in QUANTIZED and m.name != "experts":  # fused 3-D experts are not nn.Linear: kept 16-bit
+            if base in QUANTIZED and stored_quantized(training, arch, m.name):
                 quantized += layers * m.copies * m.in_features * m.out_features
                 quantized_bytes_total += layers * quantized_bytes(base, m, training.framework, adapter.double_quant)
             if not adapted(adapter, m.name):
@@ -351,16 +353,39 @@ def inventory(arch, training, recipe, sp) -> Inventory:
                 small += layers * rows * cols if rows * cols < 4096 else 0.0
                 factored += layers * (rows + cols)
                 largest = max(largest, rows * cols)
+                count += layers
     saved = 0.0
     if adapter.trainable_embeddings:
         tensors = [t for t in arch.embedding_tensors() + arch.head_tensors() if t.role in ("embedding", "head")]
         saved = sum(t.numel for t in tensors)
         factored += sum(sum(t.shape) for t in tensors)
         largest = max([largest] + [t.numel for t in tensors])
+        count += len(tensors)
     P = bytes_per_element(recipe.param_dtype if base in QUANTIZED else base)  # the rest of a quantized base
     frozen = sp.local
     frozen_bytes = quantized_bytes_total + P * (frozen - quantized)
-    return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest)
+    return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest, count)
+
+
+def stored_quantized(training, arch, name: str) -> bool:
+    """Whether a frozen linear is stored quantized: every nn.Linear of the layers (fused 3-D experts are
+    not nn.Linear and stay 16-bit), except under torchtune's Qwen2 LoRA builder (the contract's qkv_bias
+    marks Qwen2), whose attention projections without an adapter are plain bf16 nn.Linear whatever
+    quantize_base (torchtune 0.6.1 models/qwen2/_component_builders.py lora_qwen2_self_attention;
+    measured, tests/data/measured/torchtune/qwen2.5-7b-qlora-*-w2)."""
+    if name == "experts":
+        return False
+    if training.framework == "torchtune" and arch.qkv_bias and name in ("q", "k", "v", "o"):
+        return adapted(training.adapter, name)
+    return True
+
+
+# torch's fused AdamW keeps each parameter's `step` as a 0-dim fp32 tensor on its device (torch/optim/adam.py:
+# "host step on CPU if both capturable and fused are off"): one 512-byte block of the caching allocator each
+# (measured, tests/data/measured/peft and torchtune); the HF Trainer's adamw_torch_fused and torchtune's configs
+# (fused: True) run it
+STEP_COUNTER_BYTES = 512
+FUSED_ADAMW_FRAMEWORKS = ("hf", "torchtune")
 
 
 def adapter_states(inv: Inventory, training, recipe, par, zero: int):
@@ -403,7 +428,10 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
     params = sharded(inv.frozen_bytes + A * inv.adapters + S * inv.saved, param_stage)
     grads = sharded(G_a * inv.adapters + G_s * inv.saved, 2)
     masters = sharded(M * inv.trainable, 1)
-    optimizer = sharded(states(inv.adapters, O_a) + states(inv.saved, O_s), 1)
+    # a step counter per trainable tensor, on every rank (each holds a shard of every tensor)
+    counters = STEP_COUNTER_BYTES * inv.tensors if training.framework in FUSED_ADAMW_FRAMEWORKS and \
+        training.optimizer == "adamw" else 0
+    optimizer = sharded(states(inv.adapters, O_a) + states(inv.saved, O_s), 1) + counters
     base = base_dtype(training.adapter, recipe.param_dtype)
 
     def write() -> dict[str, str]:
@@ -424,7 +452,9 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
             "optimizer_states": f"{training.optimizer} states of the trainable params only: "
                                 f"{per_param(inv.adapters, O_a):.4g} B x {inv.adapters:,.0f} adapter params"
                                 + (f" + {per_param(inv.saved, O_s):.4g} B x {inv.saved:,.0f} copies" if inv.saved
-                                   else "") + (shard if zero >= 1 else ""),
+                                   else "") + (shard if zero >= 1 else "")
+                                + (f" + {STEP_COUNTER_BYTES} B x {inv.tensors:,} fused AdamW step counters" if counters
+                                   else ""),
         }
 
     return ModelStates(parameters=params, gradients=grads, master_weights=masters, optimizer_states=optimizer,

@@ -64,7 +64,9 @@ def test_the_frozen_base_gets_no_gradient_and_no_optimizer_state_under_the_hf_tr
     step = step_components(estimate_config(config({"target_modules": ALL_SEVEN})))
     assert step["parameters"] == 2 * LLAMA_8B_PARAMETERS + 4 * a  # bf16 base, fp32 adapters (PEFT)
     assert step["gradients"] == 4 * a
-    assert step["optimizer_states"] == 8 * a  # AdamW's two fp32 moments
+    # AdamW's two fp32 moments, and the fused AdamW's fp32 step counter of each of the 448 adapter matrices
+    # (32 layers x 7 modules x A and B), one 512-byte block each on the GPU
+    assert step["optimizer_states"] == 8 * a + 512 * 448
     assert step.get("master_weights", 0) == 0
 
 
@@ -166,7 +168,8 @@ def test_trainable_embeddings_add_trainable_copies_beside_the_frozen_originals()
     # the copies stay bf16 (PEFT copies the module): 2 B weights, gradients and AdamW moments each
     assert step["parameters"] == 2 * LLAMA_8B_PARAMETERS + 4 * adapters + 2 * 2 * vocab * h
     assert step["gradients"] == 4 * adapters + 2 * 2 * vocab * h
-    assert step["optimizer_states"] == 8 * adapters + 4 * 2 * vocab * h
+    # and a 512-byte step counter per trainable tensor: 32 layers x (q, v) x (A, B) and the two copies
+    assert step["optimizer_states"] == 8 * adapters + 4 * 2 * vocab * h + 512 * (32 * 2 * 2 + 2)
 
 
 @pytest.mark.parametrize("cfg, field", [

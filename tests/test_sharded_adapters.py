@@ -61,3 +61,31 @@ def test_the_root_unit_is_gathered_at_the_end_of_the_forward_not_beside_the_loss
     assert root < loss
     stage = estimate_config(sharded("lora")).stages[0]
     assert stage.phase_totals[0][1] == sum(c.bytes for c in next(p for p in stage.phases if p.name == "forward").components)
+
+
+def step_parts(cfg: dict) -> dict[str, int]:
+    stage = estimate_config(cfg).stages[0]
+    return {c.key: c.bytes for p in stage.phases if p.name == "optimizer" for c in p.components}
+
+
+def test_each_rank_keeps_a_step_counter_per_adapter_tensor():
+    # fused AdamW's 0-dim fp32 step per parameter (a 512-byte block), on every rank: each holds a shard of each
+    # tensor. 32 layers x 6 adapted modules x (A, B) = 384 counters beside the bf16 moments' shard
+    tensors = 32 * 6 * 2
+    assert step_parts(sharded("lora"))["optimizer_states"] == 2 * 2 * LAYERS * ADAPTERS_PER_LAYER / 8 + 512 * tensors
+
+
+def test_torchtunes_qwen2_keeps_its_attention_projections_without_adapters_in_bf16():
+    # lora_qwen2_self_attention builds the projections it does not adapt as nn.Linear (with their biases)
+    # whatever quantize_base: k_proj stays bf16 beside the NF4 q, v, o and MLP (Qwen2.5-7B: 512 x 3584)
+    cfg = {"model": "qwen2.5-7b", "training": {
+        "framework": "torchtune", "seq_len": 4096, "param_dtype": "bf16", "grad_dtype": "bf16",
+        "optimizer_dtype": "bf16", "recompute": "full", "loss": "chunked",
+        "adapter": {"method": "qlora", "rank": RANK, "alpha": 16, "target_modules": TARGETS}}}
+    all_nf4 = dict(cfg, training=dict(cfg["training"], adapter=dict(cfg["training"]["adapter"],
+                                                                     target_modules=TARGETS + ["k"])))
+    k = 512 * 3584
+    nf4_k = k / 2 + k / 64 + 2 * k / 16384 + 1024
+    adapter_k = RANK * (3584 + 512)
+    difference = step_parts(cfg)["parameters"] - step_parts(all_nf4)["parameters"]
+    assert difference == round(28 * (2 * k - nf4_k - 2 * adapter_k))
