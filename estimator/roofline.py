@@ -63,7 +63,6 @@ from .parallel import Parallel
 from .resolved import Resolved, resolve, training_with
 from .sharding import split_key
 from .states import optimizer_state_bytes
-from .transients import ENGINE_ALLREDUCE_ELEMENTS, deepspeed_settings
 from .training import FSDP_FRAMEWORKS, Training
 
 ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
@@ -957,16 +956,14 @@ def pipeline_parallel(cfg: Resolved, ctx: _Context, roof: bool) -> list[Communic
 
 
 # Gradient buckets, in parameters: Megatron-Core DDP max(40M, 1M x DP) (distributed_data_parallel_config
-# bucket_size); DeepSpeed ZeRO's reduce_bucket_size ('auto' h^2, transients.deepspeed_settings) and, without
-# ZeRO, the engine's 5e8-element all-reduce buffer; PyTorch DDP 25 MiB (bucket_cap_mb) of gradient bytes.
-def _bucket_params(cfg: Resolved, n: int, grad_bytes: float) -> float:
-    framework = cfg.training.framework
+# bucket_size); DeepSpeed reduce_bucket_size 5e8 elements (ZeRO config default; the timing keeps it whatever
+# training.reduce_bucket_size says: the memory model reads that field, transients.deepspeed_settings); PyTorch
+# DDP 25 MiB (bucket_cap_mb) of gradient bytes.
+def _bucket_params(framework: str, n: int, grad_bytes: float) -> float:
     if framework == "megatron":
         return max(40e6, 1e6 * n)
     if framework == "deepspeed":
-        if cfg.zero_stage == 0:
-            return ENGINE_ALLREDUCE_ELEMENTS
-        return max(1, deepspeed_settings(cfg.architecture, cfg.training, cfg.zero_stage).reduce_bucket_size)
+        return 5e8
     return 25 * 2**20 / grad_bytes
 
 
@@ -1010,7 +1007,7 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
             ("expert ", "expert DP", max(1, par.expert_data_parallel), par.ep * par.etp, sp.expert_local)):
         if n <= 1 or not params:
             continue
-        buckets = params / _bucket_params(cfg, n, G)
+        buckets = params / _bucket_params(tr.framework, n, G)
         if zero == 0:
             grad = _collective(gpu, roof, f"{label}gradient all-reduce", group, n, stride, _ring(n, True) * params * G,
                                buckets, "2(n-1)/n x params x grad bytes, once per step", all_reduce=True)
