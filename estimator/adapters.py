@@ -27,6 +27,7 @@ the router and the fused expert weights).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,6 +46,20 @@ QLORA_SOURCE = ("Dettmers et al. 2023 (QLoRA): NF4 in blocks of 64 with double-q
                 "(int8 scale per 64, one bf16 factor per 256 scales), measured in tests/data/measured/peft")
 
 
+# bitsandbytes: Linear4bit and NF4 arrived in 0.39.0 (the QLoRA release); MatMul4Bit keeps its input A for
+# backward through 0.43.1 (autograd/_functions.py: ctx.tensors = (A, B)) and nothing of it from 0.43.2 on
+# (commit 9e753741, PR #1270 "fix QLoRA mem bug: delete useless buffered activation": (None, B)); the
+# harness's emulation (validation/peft/bnb.py) equals 0.49.2 on real CPU runs
+BNB_VERSION = "0.49.2"
+BNB_FIRST_4BIT = (0, 39, 0)
+BNB_LAST_SAVING_INPUT = (0, 43, 1)
+BNB_SOURCE = ("bitsandbytes autograd/_functions.py MatMul4Bit: ctx.tensors = (A, B) through 0.43.1, (None, B) from "
+              "0.43.2 (commit 9e753741, PR #1270); measured with the emulation in validation/peft/bnb.py")
+BNB_VERSION_PATTERN = r"(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?"
+_VERSION = re.compile(BNB_VERSION_PATTERN)
+
+
+
 @dataclass(frozen=True)
 class Adapter:
     """`training.adapter` of the contract. ``base_dtype`` None: nf4 for qlora, else the weights
@@ -57,6 +72,8 @@ class Adapter:
     dropout: float = 0.0
     trainable_embeddings: bool = False
     base_dtype: str | None = None
+    double_quant: bool = True  # NF4's block scales quantized again (bnb_4bit_use_double_quant)
+    bitsandbytes_version: str = BNB_VERSION  # the release whose Linear4bit an hf/deepspeed QLoRA runs
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, str):  # "all-linear" (or one name) in the JSON
@@ -72,6 +89,12 @@ class Adapter:
             raise ConfigError("training.adapter.base_dtype", self.base_dtype, "'nf4' (or auto) with method 'qlora'",
                               "QLoRA stores the base in NF4; choose method 'lora' for another base dtype",
                               related=("training.adapter.method",))
+        nf4 = self.method == "qlora" or self.base_dtype == "nf4"
+        if not self.double_quant and not nf4:
+            raise ConfigError("training.adapter.double_quant", False, "true unless the base is NF4",
+                              "double quantization is NF4's (bnb_4bit_use_double_quant)",
+                              related=("training.adapter.base_dtype",))
+        _check_bnb_version(self.bitsandbytes_version, nf4)
 
     @property
     def all_linear(self) -> bool:
@@ -80,12 +103,37 @@ class Adapter:
     def to_dict(self) -> dict:
         """The contract's object: every field that differs from its default, and the method."""
         out = {"method": self.method}
-        for name in ("rank", "alpha", "target_modules", "dropout", "trainable_embeddings", "base_dtype"):
+        for name in ("rank", "alpha", "target_modules", "dropout", "trainable_embeddings", "base_dtype",
+                     "double_quant", "bitsandbytes_version"):
             value, default = getattr(self, name), getattr(Adapter(), name)
             if value != default:
                 out[name] = ALL_LINEAR if name == "target_modules" and self.all_linear else (
                     list(value) if isinstance(value, tuple) else value)
         return out
+
+
+def bnb_version(text: str) -> tuple[int, int, int]:
+    match = _VERSION.fullmatch(text)
+    return tuple(int(g or 0) for g in match.groups())  # type: ignore[union-attr, return-value]
+
+
+def _check_bnb_version(text: str, nf4: bool) -> None:
+    if bnb_version(text) < BNB_FIRST_4BIT:  # its form is the field's (fields.py pattern)
+        raise ConfigError("training.adapter.bitsandbytes_version", text,
+                          "a bitsandbytes release as major.minor[.patch], 0.39.0 or later (its first 4-bit release)")
+    if text != BNB_VERSION and not nf4:
+        raise ConfigError("training.adapter.bitsandbytes_version", text, f"{BNB_VERSION!r} (the default) unless the "
+                          "base is NF4", "the release decides what bitsandbytes' 4-bit layer keeps",
+                          related=("training.adapter.base_dtype",))
+
+
+def bnb_keeps_input(training) -> bool:
+    """An hf/deepspeed QLoRA on bitsandbytes through 0.43.1: every 4-bit linear keeps its input."""
+    from .training import FSDP_FRAMEWORKS
+    adapter = training.adapter
+    return (adapter is not None and training.framework not in FSDP_FRAMEWORKS
+            and base_dtype(adapter, training.param_dtype) == "nf4"
+            and bnb_version(adapter.bitsandbytes_version) <= BNB_LAST_SAVING_INPUT)
 
 
 def adapter_from(value: object) -> Adapter | None:
@@ -198,6 +246,15 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
     if training.fp8:
         raise ConfigError("training.fp8", True, "false with an adapter", "FP8 adapters are not modelled",
                           related=("training.adapter",))
+    from .training import FSDP_FRAMEWORKS
+    if training.framework in FSDP_FRAMEWORKS and not adapter.double_quant:
+        raise ConfigError("training.adapter.double_quant", False, f"true with framework {training.framework!r}",
+                          "torchao's NF4 (torchtune's QLoRA) always quantizes its block scales again (to_nf4 "
+                          "scaler_block_size 256)", related=("training.framework",))
+    if training.framework in FSDP_FRAMEWORKS and adapter.bitsandbytes_version != BNB_VERSION:
+        raise ConfigError("training.adapter.bitsandbytes_version", adapter.bitsandbytes_version,
+                          f"{BNB_VERSION!r} (the default) with framework {training.framework!r}",
+                          "its QLoRA quantizes with torchao's NF4, not bitsandbytes", related=("training.framework",))
     experts = any(m.name == "experts" for k in arch.kinds for m in adapted_modules(adapter, arch, k))
     if adapter.method == "dora" and experts:
         raise ConfigError("training.adapter.method", "dora", "'lora' or 'qlora' when the routed experts are adapted",
@@ -227,7 +284,7 @@ def adapter_dtype(training, recipe) -> str:
     return recipe.param_dtype
 
 
-def quantized_bytes(dtype: str, m: Module, framework: str) -> float:
+def quantized_bytes(dtype: str, m: Module, framework: str, double_quant: bool = True) -> float:
     """Storage of one frozen base linear of `m`'s shape in a quantized dtype, with its scales."""
     n = m.in_features * m.out_features
     from .training import FSDP_FRAMEWORKS
@@ -235,9 +292,13 @@ def quantized_bytes(dtype: str, m: Module, framework: str) -> float:
         # 4-bit codes, int8 scale per 64, bf16 factor per 256 scales; its mean and 16-entry code table
         # are allocations of their own (512 B each, the caching allocator's smallest block)
         return m.copies * (n / 2 + n / 64 + 2 * n / 16384 + 1024)
-    if dtype == "nf4":  # bitsandbytes Params4bit, double quantization (the HF/PEFT QLoRA)
-        # uint8 absmax per 64, fp32 absmax per 256 blocks, the nested 256-entry fp32 code and offset
+    if dtype == "nf4" and double_quant:  # bitsandbytes Params4bit (the HF/PEFT QLoRA), bitsandbytes 0.49.2
+        # functional.quantize_4bit: uint8 absmax per 64, fp32 absmax per 256 blocks, and allocations of 512 B
+        # blocks each: the 16-entry fp32 NF4 code, the fp32 offset, its own copy of the 256-entry fp32 dynamic
+        # code (quantize_blockwise: code.to(device, copy=True)); measured against real bitsandbytes
         return m.copies * (n / 2 + n / 64 + 4 * n / 16384 + 2048)
+    if dtype == "nf4":  # bnb_4bit_use_double_quant=False: an fp32 absmax per 64 and the NF4 code
+        return m.copies * (n / 2 + 4 * n / 64 + 512)
     if dtype == "int8":  # bitsandbytes Int8Params: int8 weights and one fp32 scale per row (SCB)
         return m.copies * (n + 4 * m.out_features)
     if dtype == "int4":  # GPTQ QuantLinear, group 128: packed int4, fp16 scales and int4 zeros per
@@ -266,6 +327,7 @@ class Inventory(NamedTuple):
     small: float  # trainable tensors under 4096 elements (8-bit optimizers keep them in 32-bit)
     factored: float  # rows + columns of the trainable matrices (Adafactor)
     largest: float  # the largest trainable tensor
+    tensors: int = 0  # trainable tensors (each has a step counter under torch's fused AdamW)
 
     @property
     def trainable(self) -> float:
@@ -278,11 +340,12 @@ def inventory(arch, training, recipe, sp) -> Inventory:
     from .dtypes import bytes_per_element
     quantized = quantized_bytes_total = 0.0
     adapters = small = factored = largest = 0.0
+    count = 0
     for kind, layers in sp.kind_counts:
         for m in layer_modules(arch, kind):
-            if base in QUANTIZED and m.name != "experts":  # fused 3-D experts are not nn.Linear: kept 16-bit
+            if base in QUANTIZED and stored_quantized(training, arch, m.name):
                 quantized += layers * m.copies * m.in_features * m.out_features
-                quantized_bytes_total += layers * quantized_bytes(base, m, training.framework)
+                quantized_bytes_total += layers * quantized_bytes(base, m, training.framework, adapter.double_quant)
             if not adapted(adapter, m.name):
                 continue
             adapters += layers * module_parameters(adapter, m)
@@ -290,16 +353,39 @@ def inventory(arch, training, recipe, sp) -> Inventory:
                 small += layers * rows * cols if rows * cols < 4096 else 0.0
                 factored += layers * (rows + cols)
                 largest = max(largest, rows * cols)
+                count += layers
     saved = 0.0
     if adapter.trainable_embeddings:
         tensors = [t for t in arch.embedding_tensors() + arch.head_tensors() if t.role in ("embedding", "head")]
         saved = sum(t.numel for t in tensors)
         factored += sum(sum(t.shape) for t in tensors)
         largest = max([largest] + [t.numel for t in tensors])
+        count += len(tensors)
     P = bytes_per_element(recipe.param_dtype if base in QUANTIZED else base)  # the rest of a quantized base
     frozen = sp.local
     frozen_bytes = quantized_bytes_total + P * (frozen - quantized)
-    return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest)
+    return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest, count)
+
+
+def stored_quantized(training, arch, name: str) -> bool:
+    """Whether a frozen linear is stored quantized: every nn.Linear of the layers (fused 3-D experts are
+    not nn.Linear and stay 16-bit), except under torchtune's Qwen2 LoRA builder (the contract's qkv_bias
+    marks Qwen2), whose attention projections without an adapter are plain bf16 nn.Linear whatever
+    quantize_base (torchtune 0.6.1 models/qwen2/_component_builders.py lora_qwen2_self_attention;
+    measured, tests/data/measured/torchtune/qwen2.5-7b-qlora-*-w2)."""
+    if name == "experts":
+        return False
+    if training.framework == "torchtune" and arch.qkv_bias and name in ("q", "k", "v", "o"):
+        return adapted(training.adapter, name)
+    return True
+
+
+# torch's fused AdamW keeps each parameter's `step` as a 0-dim fp32 tensor on its device (torch/optim/adam.py:
+# "host step on CPU if both capturable and fused are off"): one 512-byte block of the caching allocator each
+# (measured, tests/data/measured/peft and torchtune); the HF Trainer's adamw_torch_fused and torchtune's configs
+# (fused: True) run it
+STEP_COUNTER_BYTES = 512
+FUSED_ADAMW_FRAMEWORKS = ("hf", "torchtune")
 
 
 def adapter_states(inv: Inventory, training, recipe, par, zero: int):
@@ -342,7 +428,10 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
     params = sharded(inv.frozen_bytes + A * inv.adapters + S * inv.saved, param_stage)
     grads = sharded(G_a * inv.adapters + G_s * inv.saved, 2)
     masters = sharded(M * inv.trainable, 1)
-    optimizer = sharded(states(inv.adapters, O_a) + states(inv.saved, O_s), 1)
+    # a step counter per trainable tensor, on every rank (each holds a shard of every tensor)
+    counters = STEP_COUNTER_BYTES * inv.tensors if training.framework in FUSED_ADAMW_FRAMEWORKS and \
+        training.optimizer == "adamw" else 0
+    optimizer = sharded(states(inv.adapters, O_a) + states(inv.saved, O_s), 1) + counters
     base = base_dtype(training.adapter, recipe.param_dtype)
 
     def write() -> dict[str, str]:
@@ -363,7 +452,9 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
             "optimizer_states": f"{training.optimizer} states of the trainable params only: "
                                 f"{per_param(inv.adapters, O_a):.4g} B x {inv.adapters:,.0f} adapter params"
                                 + (f" + {per_param(inv.saved, O_s):.4g} B x {inv.saved:,.0f} copies" if inv.saved
-                                   else "") + (shard if zero >= 1 else ""),
+                                   else "") + (shard if zero >= 1 else "")
+                                + (f" + {STEP_COUNTER_BYTES} B x {inv.tensors:,} fused AdamW step counters" if counters
+                                   else ""),
         }
 
     return ModelStates(parameters=params, gradients=grads, master_weights=masters, optimizer_states=optimizer,
@@ -392,13 +483,37 @@ def trainable_weights(training, arch) -> frozenset[str]:
     return frozenset(names)
 
 
-def kept(entries: list, training, arch) -> list:
+def kept(entries: list, training, arch, inputs_kept: frozenset[str] = frozenset()) -> list:
     """The tensors a run keeps: without an adapter, all; with one, not those saved only for the
-    gradients of frozen weights."""
+    gradients of frozen weights, unless the frozen layer keeps its input itself (`inputs_kept`)."""
     if training.adapter is None:
         return entries
-    trainable = trainable_weights(training, arch)
+    trainable = trainable_weights(training, arch) | inputs_kept
     return [e for e in entries if not e.for_weights or any(w in trainable for w in e.for_weights)]
+
+
+# the order of a layer's linears: an input needs a gradient when an adapted module comes before it
+_LAYER_ORDER = (("q", "k", "v"), ("o",), ("gate", "up", "router"), ("down",))
+
+
+def bnb_kept_inputs(training, arch, kind: str, first: bool) -> frozenset[str]:
+    """The 4-bit linears of a layer whose MatMul4Bit keeps its input (bitsandbytes through 0.43.1,
+    `bnb_keeps_input`): every one whose input or weight needs a gradient (``any(needs_input_grad[:2])``).
+    The weights are frozen, so in the first layer of a run whose embeddings need no gradient
+    (`first`), only those after an adapted module of the layer."""
+    if not bnb_keeps_input(training):
+        return frozenset()
+    adapter = training.adapter
+    names = {m.name for m in layer_modules(arch, kind) if m.name != "experts"}  # fused experts stay 16-bit
+    if not first:
+        return frozenset(names)
+    out: set[str] = set()
+    upstream = False
+    for group in _LAYER_ORDER:
+        if upstream:
+            out |= names & set(group)
+        upstream = upstream or any(adapted(adapter, n) for n in group if n in names)
+    return frozenset(out)
 
 
 def first_layer_input_frozen(training) -> bool:
@@ -466,13 +581,26 @@ def dora_entries(training, m: Module, A: float, T: float, first: bool) -> list:
     return out
 
 
+def bnb_held_entries(entries: list, training, arch, kind: str) -> list:
+    """What a layer's 4-bit linears keep outside its checkpoint: bitsandbytes through 0.43.1 holds
+    MatMul4Bit's input A in ``ctx.tensors``, an attribute of the autograd node rather than a tensor
+    saved with ``save_for_backward``, so non-reentrant checkpointing (the HF Trainer's
+    gradient_checkpointing) cannot drop it: each checkpointed layer keeps the inputs of its 4-bit
+    linears from forward until its backward (measured, tests/data/measured/peft/*-bnb0.43.1)."""
+    from .activations import ATTENTION_OUTPUT
+    if training.recompute != "full" or not bnb_keeps_input(training):
+        return []
+    names = bnb_kept_inputs(training, arch, kind, first=False)
+    return [e for e in entries if set(e.for_weights) & names or (e.name == ATTENTION_OUTPUT and "o" in names)]
+
+
 def adapted_layer_entries(entries: list, arch, training, par, kind: str, first: bool = False) -> list:
     """A layer's full-fine-tuning ledger as an adapter run keeps it: without what frozen weights'
     gradients alone would read, with what each adapted module keeps. `first`: the first layer with
     a frozen input (`first_layer_input_frozen`), whose attention norm keeps nothing when q, k or v is
     adapted (otherwise the layer is counted as any other: at most its norm's tensors over)."""
     from .activations import _norm, tokens_per_gpu
-    out = kept(entries, training, arch)
+    out = kept(entries, training, arch, bnb_kept_inputs(training, arch, kind, first))
     if first and attention_input_adapted(training.adapter, arch):
         norm = {e.name for e in _norm("attention norm input", tokens_per_gpu(training, par), arch, training)}
         out = [e for e in out if e.name not in norm]

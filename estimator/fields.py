@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .adapters import BASE_DTYPES, METHODS, TARGETS, ALL_LINEAR, Adapter
+from .adapters import BASE_DTYPES, BNB_VERSION_PATTERN, METHODS, TARGETS, ALL_LINEAR, Adapter
 from .rl import ALGORITHMS, ENGINES, Rl
 from .architecture import NORMS, POSITION_EMBEDDINGS, Architecture
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
@@ -74,6 +74,8 @@ class Field:
     auto: str = ""  # what None means, in words
     step: float | None = None  # the widget's increment
     widget: bool = True  # False: a check or a detail the app does not offer as a widget
+    pattern: str = ""  # text: a regular expression the whole value must match, and `pattern_text` says it
+    pattern_text: str = ""
 
     @property
     def path(self) -> str:
@@ -105,7 +107,7 @@ class Field:
         elif self.kind == "choices":
             text = "a non-empty list of " + ", ".join(_quoted(o) for o in self.options)
         elif self.kind == "text":
-            text = f"text of at most {MAX_NAME} characters without control characters"
+            text = self.pattern_text or f"text of at most {MAX_NAME} characters without control characters"
         else:
             noun = "an integer" if self.kind == "int" else "a number"
             high = f"below {_num(self.max)}" if self.below_max else f"at most {_num(self.max)}"
@@ -216,15 +218,24 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("offload_parameters", _T, "Offload parameters", "Keep the sharded parameters in host memory or on "
             "NVMe and gather them to the GPU layer by layer: DeepSpeed ZeRO-3 offload_param (cpu or nvme), FSDP2's "
             "CPUOffloadPolicy (cpu, with the optimizer states).", _SAVERS, OFFLOAD_DEVICES),
-    _int("reduce_bucket_size", _T, "DeepSpeed reduce bucket (elements)", "DeepSpeed ZeRO's reduce_bucket_size: "
-         "gradients are reduced through a bucket of this many elements. The HF Trainer's 'auto' sets h x h.", _SAVERS,
-         hi=2**40, optional=True, auto="DeepSpeed's default, 500,000,000", step=1_000_000),
+    _int("reduce_bucket_size", _T, "DeepSpeed reduce bucket (elements)", "DeepSpeed ZeRO's reduce_bucket_size "
+         "(stages 1-3): ZeRO-1/2 allocate the bucket in full, in the weights' 16-bit dtype, when a backward's first "
+         "gradient is ready (twice with overlap_comm) whatever the trainable count; ZeRO-3 keeps one from the "
+         "start. DeepSpeed's own default is 500,000,000.", _SAVERS, hi=2**40, optional=True,
+         auto="the HF Trainer's 'auto': hidden_size x hidden_size", step=1_000_000),
+    _bool("overlap_comm", _T, "DeepSpeed overlap_comm", "DeepSpeed ZeRO's overlap_comm (stages 1-3): reduce "
+          "gradients during the backward; ZeRO-1/2 then keep two reduce buckets.", _SAVERS, optional=True,
+          auto="DeepSpeed's default: on under ZeRO-3 only"),
     _int("stage3_prefetch_bucket_size", _T, "DeepSpeed ZeRO-3 prefetch bucket (elements)", "Parameters ZeRO-3 "
-         "gathers ahead of the layer that runs. The HF Trainer's 'auto' sets 0.9 x h x h.", _SAVERS, hi=2**40,
-         optional=True, auto="DeepSpeed's default, 50,000,000", step=1_000_000),
+         "gathers ahead of the layer that runs. DeepSpeed's own default is 50,000,000.", _SAVERS, hi=2**40,
+         optional=True, auto="the HF Trainer's 'auto': int(0.9 x hidden_size x hidden_size)", step=1_000_000),
     _int("stage3_max_live_parameters", _T, "DeepSpeed ZeRO-3 max live parameters", "The most gathered parameters "
          "ZeRO-3 keeps on a GPU before releasing them (a layer larger than this is still gathered whole).", _SAVERS,
          hi=2**40, optional=True, auto="DeepSpeed's default, 1,000,000,000", step=1_000_000),
+    _int("stage3_param_persistence_threshold", _T, "DeepSpeed ZeRO-3 persistence threshold (elements)",
+         "ZeRO-3 keeps every parameter of at most this many elements gathered after its first use (norms, biases). "
+         "DeepSpeed's own default is 100,000.", _SAVERS, lo=0, hi=2**40, optional=True,
+         auto="the HF Trainer's 'auto': 10 x hidden_size", step=1024),
     _bool("offload_activations", _T, "Offload activations", "Under torchtune (enable_activation_offloading): every "
           "tensor the layers save for backward moves to host memory during forward and comes back layer by layer in "
           "backward; the loss's tensors stay on the GPU. The host memory it needs is shown too.", _SAVERS),
@@ -440,6 +451,14 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
     _choice("base_dtype", _A, "Frozen base dtype", "How the frozen base weights are stored: 16-bit, int8 "
             "(LLM.int8), nf4 (QLoRA, double quantized) or int4 (GPTQ).", _FT, BASE_DTYPES, optional=True,
             auto="nf4 for qlora, else the weights dtype"),
+    _bool("double_quant", _A, "NF4 double quantization", "NF4 with its block scales quantized again "
+          "(bitsandbytes' bnb_4bit_use_double_quant): 0.5 + 1/64 B per weight and an fp32 scale per 16,384; off, an "
+          "fp32 scale per 64 weights, 0.5 + 4/64 B. torchtune's torchao NF4 always double-quantizes.", _FT),
+    Field("bitsandbytes_version", _A, "text", "bitsandbytes version", "QLoRA under hf or deepspeed: the "
+          "bitsandbytes release. Through 0.43.1 its 4-bit layer (MatMul4Bit) keeps each linear's input for "
+          "backward, whatever the frozen weight, and beyond gradient checkpointing; from 0.43.2 it keeps none.",
+          _FT, pattern=BNB_VERSION_PATTERN, pattern_text="a bitsandbytes release as major.minor[.patch], 0.39.0 or "
+          "later (its first 4-bit release)"),
 )
 
 _R, _RL = "rl", "RL (colocated rollout engine)"
@@ -501,7 +520,8 @@ def check(f: Field, value: Any) -> None:
         ok = (isinstance(value, (list, tuple)) and len(value) > 0
               and all(isinstance(v, str) and v in f.options for v in value))
     elif f.kind == "text":
-        ok = isinstance(value, str) and len(value) <= MAX_NAME and not _CONTROL.search(value)
+        ok = isinstance(value, str) and len(value) <= MAX_NAME and not _CONTROL.search(value) \
+            and (not f.pattern or re.fullmatch(f.pattern, value) is not None)
     else:
         ok = _in_range(f, value)
     if not ok:
@@ -627,7 +647,7 @@ def _type_text(f: Field) -> str:
         return " / ".join(f"`{o}`" for o in f.options)
     if f.kind == "choices":
         return "list of " + ", ".join(f"`{o}`" for o in f.options)
-    return f"text, at most {MAX_NAME} characters"
+    return f.pattern_text or f"text, at most {MAX_NAME} characters"
 
 
 def _default_text(f: Field) -> str:

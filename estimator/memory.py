@@ -36,7 +36,7 @@ from .resolved import Resolved, resolve, training_with
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import OPTIMIZERS
-from .adapters import adapter_states, first_layer_input_frozen, inventory, trainable_count
+from .adapters import adapter_states, bnb_held_entries, first_layer_input_frozen, inventory, trainable_count
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import FSDP_FRAMEWORKS, Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -188,6 +188,9 @@ class _Shared(NamedTuple):
     full_layer: dict[str, float]  # ... without any recompute (the working set re-materialised)
     kept_input: float  # what full recompute keeps of a layer: its input
     kept_input_formula: str
+    # what a checkpointed layer keeps beside its input, per kind: bitsandbytes <= 0.43.1's 4-bit linears'
+    # inputs (adapters.bnb_held_entries); empty otherwise
+    held_by_4bit: dict
     embedding: list[act.Entry]
     loss: act.LossMemory | None
     loss_components: tuple  # (saved, forward working copies, backward gradients) on the last stage
@@ -239,8 +242,10 @@ def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -
         per_layer[kind] = sum(b for b, dropped in sizes if not dropped)
     embedding = act.embedding_entries(arch, training, par)
     kept_input = act.layer_input_entry(arch, training, par)
+    held = {kind: sum(e.bytes(par) for e in bnb_held_entries(es, training, arch, kind)) for kind, es in entries.items()}
     loss = act.loss_memory(arch, training, par, vocab) if training.mode == "training" else None
     return dict(per_layer=per_layer, full_layer=full, kept_input=kept_input.bytes(par),
+                held_by_4bit={k: b for k, b in held.items() if b},
                 kept_input_formula=kept_input.shown_formula(par), embedding=embedding, loss=loss,
                 loss_components=_loss_components(loss, par), entries=entries, recomputed=modules,
                 embedding_bytes=sum(e.bytes(par) for e in embedding),
@@ -270,41 +275,58 @@ def _first_kind(arch: Architecture) -> str:
     return f"first {arch.layer_kinds()[0]}"
 
 
-def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple]:
-    """(layers recomputed, (kind, layers stored) pairs) of a stage. Full recompute of n layers
-    recomputes the first n of the stage (Megatron's "block" method) or every N-th
-    (`recompute_every`) and keeps their inputs (`activations.recomputed_layer_count`). An adapter
-    run's first layer, whose input needs no gradient, is a kind of its own."""
+def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple, tuple]:
+    """(layers recomputed, (kind, layers stored) pairs, (kind, layers recomputed) pairs) of a stage.
+    Full recompute of n layers recomputes the first n of the stage (Megatron's "block" method) or
+    every N-th (`recompute_every`) and keeps their inputs (`activations.recomputed_layer_count`). An
+    adapter run's first layer, whose input needs no gradient, is a kind of its own."""
     recomputed = act.recomputed_layer_count(training, stage.num_layers)
     if not recomputed and first_layer_input_frozen(training) and stage.stage == 0:
         kind = arch.layer_kinds()[0]
         rest = tuple((k, n - 1 if k == kind else n) for k, n in stage.kind_counts)
-        return 0, ((_first_kind(arch), 1),) + rest
+        return 0, ((_first_kind(arch), 1),) + rest, ()
     if not recomputed:
-        return 0, stage.kind_counts
+        return 0, stage.kind_counts, ()
     if training.recompute_every > 1:
-        return recomputed, stored_kind_counts(arch, stage.chunks, training.recompute_every)
-    return recomputed, chunk_kind_counts(arch, stage.chunks, skip=recomputed)
+        stored = stored_kind_counts(arch, stage.chunks, training.recompute_every)
+    else:
+        stored = chunk_kind_counts(arch, stage.chunks, skip=recomputed)
+    left = dict(stored)
+    return recomputed, stored, tuple((k, n - left.get(k, 0)) for k, n in stage.kind_counts if n - left.get(k, 0))
 
 
-def _activation_units(counts: tuple[int, tuple], shared: _Shared) -> tuple[float, ...]:
+def _held_by_4bit(counts: tuple[int, tuple, tuple], shared: _Shared) -> float:
+    """Bytes the recomputed layers' 4-bit linears keep beside their inputs, per micro-batch."""
+    return sum(shared.held_by_4bit.get(kind, 0.0) * n for kind, n in counts[2])
+
+
+def _activation_units(counts: tuple[int, tuple, tuple], shared: _Shared) -> tuple[float, ...]:
     """Bytes per micro-batch in flight of each layer part `_activation_parts` lists, in its order."""
-    recomputed, stored_counts = counts
+    recomputed, stored_counts, _ = counts
     units = [shared.kept_input * recomputed] if recomputed else []
+    held = _held_by_4bit(counts, shared)
+    units += [held] if held else []
     return tuple(units + [shared.per_layer[kind] * n for kind, n in stored_counts if n])
 
 
-def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int, tuple],
+def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int, tuple, tuple],
                       shared: _Shared) -> tuple[tuple[str, int, str], ...]:
     """Saved activations of the stage's layers for every micro-batch in flight, as (label, bytes,
     formula)."""
-    recomputed, stored_counts = counts
+    recomputed, stored_counts, recomputed_counts = counts
     parts = []
     if recomputed:
         parts.append((f"{recomputed} recomputed layers keep their input",
                       int(round(shared.kept_input * recomputed * inflight)),
                       f"{shared.kept_input / 2**20:,.1f} MiB layer input ({shared.kept_input_formula}) x "
                       f"{recomputed} layers x {inflight:g} in flight"))
+    held = _held_by_4bit(counts, shared)
+    if held:
+        per = " + ".join(f"{shared.held_by_4bit[k] / 2**20:,.1f} MiB x {n} {k} layers" for k, n in recomputed_counts
+                         if k in shared.held_by_4bit)
+        parts.append(("the recomputed layers' 4-bit linears keep their inputs (bitsandbytes <= 0.43.1)",
+                      int(round(held * inflight)),
+                      f"({per}) x {inflight:g} in flight: MatMul4Bit's ctx.tensors, outside the checkpoint"))
     for kind, n in stored_counts:
         if n:
             parts.append((f"{n} {kind} layers x {inflight:g} micro-batches",
@@ -530,7 +552,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if working and act.recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
     recomputed_bytes = int(round(working)) + total_bytes(extras)
-    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange))
+    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
     backward_moment = max(total_bytes(loss_backward), recomputed_bytes, total_bytes(exchange_backward),
                           total_bytes(tr.step_in_backward))
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
@@ -623,7 +645,7 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
     def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
         return max(moments, key=total_bytes)
 
-    folded = {"forward": fold(largest(loss_forward, exchange[0]) + tr.forward),
+    folded = {"forward": fold(largest(loss_forward, exchange[0], tr.forward_end) + tr.forward),
               "backward": fold(largest(loss_backward, recomputed, exchange[1], tr.step_in_backward) + tr.backward),
               "backward_end": fold(end.transients if end else recomputed + tr.backward),
               "optimizer": fold(tr.optimizer)}

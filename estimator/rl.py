@@ -227,12 +227,15 @@ def _rollout(train, rl: Rl, held: tuple[Component, ...], outside: tuple[Componen
     # the engine's KV cache holds every sequence of its share; a step's forward runs at most one
     # chunk of PREFILL_CHUNK_TOKENS tokens (chunked prefill), so its working set is that chunk's
     chunk = min(PREFILL_CHUNK_TOKENS, sequences * rl.max_prompt_len)
+    # the engine recomputes nothing: the trainer's recompute settings go with it (recompute_layers,
+    # recompute_every and recompute_modules are refused without their recompute mode)
     serve = replace(training, mode="inference", rl=None, adapter=None, micro_batch_size=sequences,
                     seq_len=chunk, kv_cache_tokens=rl.sequence_len,
-                    kv_cache_dtype=None, recompute="none", global_batch_size=None, loss="standard",
+                    kv_cache_dtype=None, recompute="none", recompute_layers=None, recompute_every=1,
+                    recompute_modules=type(training).__dataclass_fields__["recompute_modules"].default,
+                    global_batch_size=None, loss="standard",
                     param_dtype=training.param_dtype if training.param_dtype in ("bf16", "fp16") else "bf16",
-                    optimizer_in_backward=False, offload_optimizer="none", offload_parameters="none",
-                    recompute_every=1)
+                    optimizer_in_backward=False, offload_optimizer="none", offload_parameters="none")
     parts = {c.key: c for c in estimate(cfg.architecture, serve, Parallel(tp=tp), cfg.hardware).stages[0].components}
     step = {c.key: c for c in estimate(cfg.architecture, replace(serve, micro_batch_size=1), Parallel(tp=tp),
                                         cfg.hardware).stages[0].components}

@@ -52,6 +52,9 @@ MOE_ROUTER_DTYPES = ("fp32", "fp64")
 # Megatron-Core --cross-entropy-fusion-impl with --cross-entropy-loss-fusion (model_parallel_config.py)
 CROSS_ENTROPY_IMPLS = ("native", "te")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
+DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,
+                    "stage3_max_live_parameters": 3, "stage3_param_persistence_threshold": 3}
 # the stacks whose torch.compile switch is modelled (training.compile): torchtitan's --compile.enable, torchtune's
 # compile: True, the HF Trainer's torch_compile=True
 COMPILE_FRAMEWORKS = ("fsdp2", "torchtune", "hf")
@@ -103,11 +106,14 @@ class Training:
     wgrad_deferral_limit: int = 0
     # megatron: --moe-grouped-gemm, the legacy GroupedMLP runs all local experts in grouped GEMMs (activations.py)
     moe_grouped_gemm: bool = False
-    # DeepSpeed ZeRO buffers (elements; None = DeepSpeed's defaults 5e8, 5e7, 1e9; the HF Trainer's "auto"
-    # fills h^2 and 0.9 h^2 for the first two)
+    # DeepSpeed ZeRO buffers (elements). None = "auto" as the HF Trainer fills it (h^2, int(0.9 h^2), 10 h:
+    # transformers integrations/deepspeed.py); stage3_max_live_parameters None = DeepSpeed's 1e9, overlap_comm
+    # None = DeepSpeed's default (true under ZeRO-3 only); transients.deepspeed_settings
     reduce_bucket_size: int | None = None
     stage3_prefetch_bucket_size: int | None = None
     stage3_max_live_parameters: int | None = None
+    stage3_param_persistence_threshold: int | None = None
+    overlap_comm: bool | None = None
     adapter: Adapter | None = None  # LoRA / QLoRA / DoRA fine-tuning (adapters.py); None = every weight trains
     rl: Rl | None = None  # RL with a colocated rollout engine (rl.py)
 
@@ -198,7 +204,7 @@ def _check_training(t: Training) -> None:
         raise ConfigError("training.optimizer_in_backward", True, "false unless framework is 'fsdp2' or 'torchtune'",
                           "stepping the optimizer inside backward is torchtune's optimizer_in_bwd (on FSDP2)",
                           related=("training.framework",))
-    for field in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
+    for field in DEEPSPEED_FIELDS:
         if getattr(t, field) is not None and t.framework != "deepspeed":
             raise ConfigError(f"training.{field}", getattr(t, field), "empty (auto) unless framework is 'deepspeed'",
                               "a DeepSpeed ZeRO setting", related=("training.framework",))

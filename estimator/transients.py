@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import activations as act
-from .adapters import Inventory
+from .adapters import Inventory, adapter_dtype
 from .architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
@@ -32,6 +32,9 @@ class Transients(NamedTuple):
     optimizer: list[Component]
     persistent: list[Component]  # allocated once and kept (DDP buckets)
     step_in_backward: list[Component]  # a moment of backward when the optimizer steps there
+    # a moment of forward of its own, not beside the loss's: the end of the model's forward (torchtune's
+    # FSDP2 root unit gathered for the output projection, resharded before the loss runs)
+    forward_end: list[Component] = []
 
 
 def transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, stage: StageParameters,
@@ -49,9 +52,13 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     trainable = inv.trainable if inv else stage.local
     largest = inv.largest if inv else stage.total.largest_tensor
     layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
+    forward_end: list[Component] = []
     if fw in ("megatron", *FSDP_FRAMEWORKS) and zero >= 2 and d_dense > 1:
         src = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
-        if zero == 3 and fw in FSDP_FRAMEWORKS:
+        if zero == 3 and fw == "torchtune":
+            forward_end, gathered_bwd = _torchtune_gathered(arch, training, recipe, par, stage, inv, P)
+            bwd.append(gathered_bwd)
+        elif zero == 3 and fw in FSDP_FRAMEWORKS:
             # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
             # with the head, which is not resharded after forward: forward ends with the head and a
             # block gathered, backward starts with a block and the one prefetched
@@ -89,32 +96,26 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
             # previous block's reduce-scatter input does (`backward_moments.block_backward_extras`)
             bwd.append(component("transient", "Reduce-scatter input of the previous block (kept by FSDP2)",
                                   layer * G, f"{G:g} B x one layer's parameters", FSDP2_RS_SOURCE))
+        elif training.adapter:
+            # frozen weights get no gradient: a unit's unsharded gradients are its adapters' (in their dtype)
+            # with the reduce-scatter input (in the gradients' dtype)
+            A = bytes_per_element(adapter_dtype(training, recipe))
+            bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
+                                  layer_trainable * (A + G), f"({A:g} + {G:g}) B x one layer's trainable parameters "
+                                  "(the frozen base gets none)", src + "; " + FSDP2_RS_SOURCE))
         else:
             bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
-                                  layer * P + layer_trainable * G,
-                                  f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
-                                  f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
+                                  layer * P + layer_trainable * G, f"({P:g} + {G:g}) B x one layer's parameters", src))
     if fw == "deepspeed":
-        src = ("DeepSpeed ZeRO config docs: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
-               "stage3_max_live_parameters 1e9, sub_group_size 1e9 (defaults)")
-        reduce = training.reduce_bucket_size or 5e8
-        bucket = min(reduce, trainable) * G
-        bwd.append(component("transient", "Gradient reduction bucket", bucket,
-                             f"min(reduce_bucket_size {reduce:,.0f}, trainable params) x {G:g} B", src))
-        if zero == 3:
-            prefetch = training.stage3_prefetch_bucket_size or 5e7
-            max_live = training.stage3_max_live_parameters or 1e9
-            # the layer that runs and the prefetch bucket, capped at max_live (a larger layer is gathered whole)
-            gathered = max(layer, min(max_live, layer + min(prefetch, stage.local)))
-            text = f"{P:g} B x max(one layer, min(max_live {max_live:,.0f}, one layer + prefetch {prefetch:,.0f}))"
-            label = "Gathered parameters (current layer + prefetch bucket)"
-            fwd.append(component("transient", label, P * gathered, text, src))
-            bwd.append(component("transient", label, P * gathered, text, src))
+        b_fwd, b_bwd, b_persistent = deepspeed_buffers(arch, training, recipe, stage, zero, trainable)
+        fwd += b_fwd
+        bwd += b_bwd
+        persistent += b_persistent
         if zero >= 1 and recipe.master_weights:
             shard = trainable / (d_dense if zero >= 1 else 1)
             sub_group = min(1e9, shard) if zero == 3 else shard
             opt.append(component("transient", "fp32 copy of the gradient partition for the step", 4 * sub_group,
-                                  "4 B x gradient partition (sub-group under ZeRO-3)", src))
+                                  "4 B x gradient partition (sub-group under ZeRO-3)", DEEPSPEED_SOURCE))
     if fw == "hf" and d_dense > 1:
         persistent.append(component(
             "buckets", "DDP gradient buckets", trainable * G,
@@ -139,9 +140,142 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                               f"{cb:g} B x matrix parameters" if training.recompute != "full" else
                               f"{cb:g} B x one recomputed layer", src))
     if training.optimizer_in_backward:
-        return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)])
+        return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
+                          forward_end)
     opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest))
-    return Transients(fwd, bwd, opt, persistent, [])
+    return Transients(fwd, bwd, opt, persistent, [], forward_end)
+
+
+TORCHTUNE_FSDP_SOURCE = (
+    "torchtune 0.6.1 training.shard_model (fully_shard on every TransformerSelfAttentionLayer and on the model, "
+    "reshard_after_forward True) and recipes/lora_finetune_distributed.py (the loss runs after the model's forward); "
+    "torchao 0.10 NF4Tensor.fsdp_pre_all_gather (an NF4 shard gathers its codes, int8 scales and bf16 factors); "
+    "measured: tests/data/measured/torchtune/*-w*")
+
+
+def _torchtune_gathered(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
+                        stage: StageParameters, inv: Inventory | None, P: float) -> tuple[list[Component], Component]:
+    """torchtune's FSDP2 units: every layer, and the root (embedding, final norm, output). The root is
+    resharded at the end of the model's forward, so the loss, which runs after it, sees no gathered
+    parameter: the root unit gathered is a moment of its own (the output projection's). In backward a
+    layer and the prefetched one are gathered, in their storage dtype: an NF4 shard gathers as NF4."""
+    unit, text = gathered_layer_bytes(training, recipe, stage, inv, P)
+    end = [component("transient", "Unsharded parameters in flight (the root unit, for the output projection)",
+                     P * stage.root_local, f"{P:g} B x the embedding, final norm and output unsharded (the blocks "
+                     "resharded after their forward)", TORCHTUNE_FSDP_SOURCE)] if stage.last else []
+    return end, component("transient", "Unsharded parameters in flight", 2 * unit,
+                          f"2 x ({text}): a block and the prefetched block", TORCHTUNE_FSDP_SOURCE)
+
+
+def gathered_layer_bytes(training: Training, recipe: Recipe, stage: StageParameters, inv: Inventory | None,
+                         P: float) -> tuple[float, str]:
+    """One unsharded layer unit's bytes: its parameters in the weights dtype, or an adapter run's frozen
+    base in its storage (NF4 codes, int8 scales and bf16 factors: what torchao's NF4 all-gather moves) and
+    its adapters in theirs."""
+    layers = max(1, stage.num_layers)
+    if inv is None:
+        return P * stage.largest_layer_local, f"{P:g} B x one layer's parameters"
+    A = bytes_per_element(adapter_dtype(training, recipe))
+    frozen = (inv.frozen_bytes - P * stage.root_local) / layers
+    return frozen + A * inv.adapters / layers, (f"{frozen / 2**20:,.1f} MiB of one layer's frozen base in its storage "
+                                                f"+ {A:g} B x its adapters")
+
+
+DEEPSPEED_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/config.py (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
+                    "stage3_max_live_parameters 1e9, stage3_param_persistence_threshold 1e5, sub_group_size 1e9, "
+                    "contiguous_gradients true, overlap_comm true under stage 3 only: overlap_comm_valid); "
+                    "transformers integrations/deepspeed.py trainer_config_finalize ('auto': h x h, int(0.9 h x h), "
+                    "10 h)")
+# DeepSpeed's ZeRO-1/2 allocates its gradient bucket in full when the first gradient of a backward is
+# ready (stage_1_and_2.py setup_buckets: torch.empty(reduce_bucket_size) in the parameters' 16-bit dtype,
+# a second one with overlap_comm, one per communication dtype) and frees it at the end of the backward
+# (_release_ipg_buffers); ZeRO-3 allocates its one at initialisation and keeps it (stage3.py __init__ "IPG")
+ZERO12_BUCKET_SOURCE = "DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py setup_buckets, _release_ipg_buffers"
+ZERO3_BUCKET_SOURCE = "DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (IPG bucket.buffer, contiguous_gradients)"
+# without ZeRO the engine reduces flattened gradients in buffers of a fixed size, not reduce_bucket_size
+# (engine.py allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE = 5e8), buffered_allreduce_fallback)
+ENGINE_ALLREDUCE_ELEMENTS = 500_000_000
+
+
+class DeepSpeedBuffers(NamedTuple):
+    """The ZeRO settings a run uses, 'auto' decided as the HF Trainer decides it."""
+
+    reduce_bucket_size: int
+    overlap_comm: bool
+    prefetch_bucket_size: int
+    max_live_parameters: int
+    persistence_threshold: int
+
+
+def deepspeed_settings(arch: Architecture, training: Training, zero: int) -> DeepSpeedBuffers:
+    """`training`'s DeepSpeed fields with None ('auto') resolved: the HF Trainer's hidden-size rules
+    (transformers integrations/deepspeed.py trainer_config_finalize) for the bucket sizes and the
+    persistence threshold, DeepSpeed's own defaults for the rest (overlap_comm: true under ZeRO-3)."""
+    h = arch.hidden_size
+    return DeepSpeedBuffers(
+        reduce_bucket_size=training.reduce_bucket_size if training.reduce_bucket_size is not None else h * h,
+        overlap_comm=training.overlap_comm if training.overlap_comm is not None else zero == 3,
+        prefetch_bucket_size=(training.stage3_prefetch_bucket_size if training.stage3_prefetch_bucket_size
+                              is not None else int(0.9 * h * h)),
+        max_live_parameters=training.stage3_max_live_parameters or 1_000_000_000,
+        persistence_threshold=(training.stage3_param_persistence_threshold
+                               if training.stage3_param_persistence_threshold is not None else 10 * h))
+
+
+def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, stage: StageParameters, zero: int,
+                      trainable: float) -> tuple[list[Component], list[Component], list[Component]]:
+    """DeepSpeed's gradient buckets and ZeRO-3's gathered parameters: (forward, backward, persistent)."""
+    ds = deepspeed_settings(arch, training, zero)
+    P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
+    fwd: list[Component] = []
+    bwd: list[Component] = []
+    persistent: list[Component] = []
+    if zero == 0:
+        bucket = min(ENGINE_ALLREDUCE_ELEMENTS, trainable) * G
+        bwd.append(component("transient", "Gradient all-reduce buffer", bucket,
+                             f"min({ENGINE_ALLREDUCE_ELEMENTS:,} (engine's buffer), trainable params) x {G:g} B",
+                             "DeepSpeed v0.19.5 runtime/engine.py allreduce_gradients, buffered_allreduce_fallback"))
+    elif zero in (1, 2):
+        copies = 2 if ds.overlap_comm else 1
+        bwd.append(component("transient", "Gradient reduction bucket" + ("s (overlap_comm: two)" if copies > 1 else ""),
+                             copies * ds.reduce_bucket_size * P,
+                             f"{copies} x reduce_bucket_size {ds.reduce_bucket_size:,} x {P:g} B, whatever the "
+                             "trainable count", ZERO12_BUCKET_SOURCE + "; " + DEEPSPEED_SOURCE))
+    else:
+        persistent.append(component("buckets", "Gradient reduction bucket (ZeRO-3)", ds.reduce_bucket_size * P,
+                                    f"reduce_bucket_size {ds.reduce_bucket_size:,} x {P:g} B",
+                                    ZERO3_BUCKET_SOURCE + "; " + DEEPSPEED_SOURCE))
+        layer = stage.largest_layer_local
+        # the layer that runs and the prefetch bucket, capped at max_live (a larger layer is gathered whole)
+        gathered = max(layer, min(ds.max_live_parameters, layer + min(ds.prefetch_bucket_size, stage.local)))
+        text = (f"{P:g} B x max(one layer, min(max_live {ds.max_live_parameters:,}, one layer + prefetch "
+                f"{ds.prefetch_bucket_size:,}))")
+        label = "Gathered parameters (current layer + prefetch bucket)"
+        fwd.append(component("transient", label, P * gathered, text, DEEPSPEED_SOURCE))
+        bwd.append(component("transient", label, P * gathered, text, DEEPSPEED_SOURCE))
+        small = persistent_elements(arch, stage, ds.persistence_threshold)
+        if small:
+            persistent.append(component(
+                "buffers", "ZeRO-3 persistent parameters (kept gathered)", P * small,
+                f"{P:g} B x {small:,.0f} elements of the tensors of at most stage3_param_persistence_threshold "
+                f"{ds.persistence_threshold:,} elements (norms, biases), whole beside their shards",
+                "DeepSpeed v0.19.5 runtime/zero/parameter_offload.py mark_persistent_parameters (ds_persist: not "
+                "released after the first gather); " + DEEPSPEED_SOURCE))
+    return fwd, bwd, persistent
+
+
+def persistent_elements(arch: Architecture, stage: StageParameters, threshold: int) -> float:
+    """Elements of the stage's tensors that ZeRO-3 keeps gathered: those of at most `threshold`
+    elements (HF fuses a MoE layer's routed experts into one tensor, so they count as one)."""
+    def small(tensors) -> int:
+        return sum(t.numel for t in tensors if t.numel <= threshold)
+    out = float(sum(n * arch.cached(("persistent", kind, threshold), lambda k=kind: small(arch.layer_tensors(k)))
+                    for kind, n in stage.kind_counts))
+    if stage.first:
+        out += small(arch.embedding_tensors())
+    if stage.last:
+        out += small(arch.head_tensors())
+    return out
 
 
 # the max_seq_len torchtune v0.6.1's llama3_1, llama3_2 and qwen2_5 (7B and up) model builders pass

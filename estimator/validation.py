@@ -16,7 +16,7 @@ from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import layers_per_stage
 from .states import resolve_zero_stage
-from .training import FSDP_FRAMEWORKS, Training
+from .training import DEEPSPEED_FIELDS, FSDP_FRAMEWORKS, Training
 
 
 # Divisors are listed only for sizes below this: trial division up to sqrt(n) is then at most a
@@ -129,7 +129,22 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     zero = resolve_zero_stage(training, par)
     if training.fp8_all_gather:
         check_fp8_all_gather(training, zero)
+    if training.framework == "deepspeed":
+        _check_deepspeed_settings(training, zero)
     return zero
+
+
+def _check_deepspeed_settings(training: Training, zero: int) -> None:
+    """A ZeRO setting the stage in force never reads is refused rather than silently unused: stage 0
+    reduces through the engine's fixed buffers (engine.py allreduce_gradients), the stage3_* settings
+    are ZeRO-3's (DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py, stage3.py)."""
+    for name, lowest in DEEPSPEED_FIELDS.items():
+        value = getattr(training, name)
+        if value is not None and zero < lowest:
+            stages = "1, 2 or 3" if lowest == 1 else "3"
+            raise ConfigError(f"training.{name}", value, f"empty (auto) unless zero_stage is {stages}",
+                              f"DeepSpeed reads it from ZeRO stage {lowest} on; this run is on stage {zero}",
+                              related=("parallel.zero_stage",))
 
 
 

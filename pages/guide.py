@@ -131,5 +131,29 @@ st.markdown(
     "weights and KV cache during the rollout, the models' forward passes while scoring, the training step last. "
     "The largest phase decides the fit, and the Memory page shows all three.")
 
+
+
+def _references() -> None:
+    st.subheader("Other calculators' examples, reproduced")
+    st.caption("The worked examples other calculators and a practical guide print, beside this estimate of the same "
+               "runs: which figures it reproduces, which it does not, and why. 'Their arithmetic' is the rule that "
+               "gives the printed figure; a figure within 10% counts as reproduced.")
+    try:
+        tables = compute.reference_comparisons()
+    except Exception as exc:  # never a traceback
+        st.info(f"The comparisons are not available ({type(exc).__name__}).", icon=":material/info:")
+        return
+    for i, table in enumerate(tables):
+        with st.expander(table["title"], expanded=i == 0):
+            st.caption(f"Source: {table['source']}." + (f" Recipe: {table['recipe']} (the Presets page loads it)."
+                                                        if table["recipe"] else ""))
+            st.dataframe(pd.DataFrame(table["rows"]), hide_index=True, width="stretch", key=K.reference_table(i),
+                         column_config={"Reproduced": st.column_config.CheckboxColumn()})
+            for note in table["notes"]:
+                st.markdown(f"- {note}")
+
+
+_references()
+
 if cur.mode != "inference":
     _serving()

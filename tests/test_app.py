@@ -575,6 +575,21 @@ def test_the_guide_explains_the_parts_and_its_serving_table_is_the_estimators():
         assert row["Verdict"] == est.fit.verdict
 
 
+def test_the_guide_compares_other_calculators_examples_with_the_estimate():
+    from estimator import references
+
+    at = _app({})
+    at.switch_page("pages/guide.py").run()
+    _no_exception(at)
+    tables = [df.value for df in at.dataframe if "As printed" in df.value.columns]
+    assert len(tables) == 4  # the guide's setups A and B, the 8B calculator, the mode-based calculator
+    rl = tables[0].set_index("Item")
+    kv = {r.item: r for r in references.guide_rl("A").rows}["KV cache"]
+    assert rl.loc["KV cache", "Theirs"].startswith("24.50 GiB") and not rl.loc["KV cache", "Reproduced"]
+    assert rl.loc["KV cache", "This estimate"].startswith(f"{kv.ours / GiB:,.2f} GiB")
+    assert "no GQA" in rl.loc["KV cache", "Why they differ"]
+
+
 # --- state keys live in ui/keys.py -------------------------------------------------------------------
 
 def test_session_state_keys_are_named_in_one_place():

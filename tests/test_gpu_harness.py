@@ -51,7 +51,7 @@ def test_each_record_is_its_case_on_its_gpu():
     runs = [r for r in records if "config" in r]
     assert len(runs) >= 40 and len(records) == len(runs) + 1  # and the workspace probe
     for record in runs:
-        assert record["config"] == config_of(CASES[record["id"]], "h200")
+        assert record["config"] == config_of(CASES[record["id"]], "h200", record["versions"].get("bitsandbytes"))
         assert record["versions"]["gpu"] == "NVIDIA H200"
 
 

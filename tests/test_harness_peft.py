@@ -1,6 +1,7 @@
 """The PEFT measuring harness (validation/peft/): fake-tensor measurements of LoRA and NF4 QLoRA
-steps equal real CPU runs byte for byte, and the states agree with hand computation.
-Needs torch, transformers, peft and torchao (skips, saying which is missing)."""
+steps equal real CPU runs byte for byte, the bitsandbytes emulation equals real bitsandbytes on CPU,
+and the states agree with hand computation. Needs torch, transformers and peft (skips, saying which
+is missing); the check against real bitsandbytes needs bitsandbytes 0.49.2 (validation/install_frameworks.sh)."""
 
 import json
 
@@ -9,7 +10,6 @@ import pytest
 pytest.importorskip("torch", reason="the PEFT harness needs torch (the [validate] extra)")
 pytest.importorskip("transformers", reason="the PEFT harness needs transformers (the [validate] extra)")
 pytest.importorskip("peft", reason="the PEFT harness needs peft (pip install peft)")
-pytest.importorskip("torchao", reason="the QLoRA harness needs torchao's NF4 tensor (pip install torchao)")
 
 from validation.peft.build import ALL_SEVEN, LoraRun  # noqa: E402
 from validation.peft.cases import CASES, contract_config  # noqa: E402
@@ -72,18 +72,67 @@ def test_modules_to_save_keeps_a_trainable_copy(fake):
     assert m["parameter_counts"]["trainable"] == 2 * 1000 * 64 + 2 * 4 * (128 + 96)
 
 
-def nf4_bytes(n: int) -> int:
-    """torchao NF4 of n weights: codes two per byte, an int8 scale per 64, a bf16 factor per 256
-    scales, a bf16 mean, the 16-entry bf16 code book; one allocation each."""
-    return block(n // 2) + block(n // 64) + block(n // 64 // 256 * 2) + block(2) + block(16 * 2)
+def nf4_bytes(n: int, double_quant: bool = True) -> int:
+    """bitsandbytes NF4 of n weights (functional.quantize_4bit): codes two per byte and the 16-entry fp32
+    NF4 code book; double-quantized, a uint8 absmax per 64, an fp32 absmax per 256 of those, the fp32
+    offset and a copy of the 256-entry fp32 dynamic code; else an fp32 absmax per 64. One allocation each."""
+    codes = block(n // 2) + block(16 * 4)
+    if double_quant:
+        return codes + block(n // 64) + block(-(-n // 64 // 256) * 4) + block(4) + block(256 * 4)
+    return codes + block(n // 64 * 4)
+
+
+TINY_256 = dict(h=256, kv=128, ffn=512, vocab=1000)
+
+
+def frozen_by_hand(double_quant: bool) -> int:
+    h, kv, ffn, vocab = TINY_256.values()
+    linears = [h * h, kv * h, kv * h, h * h, ffn * h, ffn * h, h * ffn]
+    norms = 2 * block(h * 2)
+    return 2 * (sum(nf4_bytes(n, double_quant) for n in linears) + norms) + 2 * block(vocab * h * 2) + block(h * 2)
 
 
 def test_nf4_storage_by_hand(fake):
-    h, kv, ffn, vocab = 256, 128, 512, 1000
-    linears = [h * h, kv * h, kv * h, h * h, ffn * h, ffn * h, h * ffn]
-    norms = 2 * block(h * 2)
-    frozen = 2 * (sum(nf4_bytes(n) for n in linears) + norms) + 2 * block(vocab * h * 2) + block(h * 2)
-    assert fake[VARIANTS[3]]["parameter_bytes"]["frozen"] == frozen
+    assert fake[VARIANTS[3]]["parameter_bytes"]["frozen"] == frozen_by_hand(True)
+    plain = measure(LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=ALL_SEVEN, base="nf4",
+                            double_quant=False))
+    assert plain["parameter_bytes"]["frozen"] == frozen_by_hand(False)
+
+
+BNB_VARIANTS = [
+    LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=ALL_SEVEN, base="nf4"),
+    LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=ALL_SEVEN, base="nf4", double_quant=False),
+    LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=("q", "v"), dropout=0.05, recompute="full",
+            base="nf4"),
+    LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets="all-linear", base="nf4"),
+]
+
+
+@pytest.mark.parametrize("run", BNB_VARIANTS, ids=lambda r: f"{r.targets}-{r.recompute}-dq{r.double_quant}")
+def test_the_bitsandbytes_emulation_equals_real_bitsandbytes(run):
+    """The emulated Linear4bit, MatMul4Bit and peft wrapper (validation/peft/bnb.py) against real
+    bitsandbytes 0.49.2 (its CPU kernels allocate what its CUDA ones do: backends/cpu/ops.py and
+    backends/cuda/ops.py dequantize into one new tensor each) and peft's own lora.bnb.Linear4bit, on a
+    real CPU run: the same storages, byte for byte, at every moment."""
+    bnb = pytest.importorskip("bitsandbytes", reason="the check needs bitsandbytes (validation/install_frameworks.sh)")
+    if bnb.__version__ != "0.49.2":
+        pytest.skip(f"the emulation was checked against bitsandbytes 0.49.2, this is {bnb.__version__}")
+    from validation.peft.bnb import real_peft_model
+    assert measure(run, fake=False) == measure(run, fake=False, make_model=real_peft_model)
+
+
+def test_bitsandbytes_through_0_43_1_keeps_the_4bit_linears_inputs():
+    """MatMul4Bit's ``ctx.tensors = (A, B)`` (bitsandbytes <= 0.43.1): each 4-bit linear keeps its bf16
+    input. Per layer: the attention norm's output (q, k, v), the MLP norm's (gate, up), the gated
+    product (down); the attention output (o) is kept by SDPA anyway. The first layer's q, k, v input
+    needs no gradient (frozen embeddings, no checkpointing): kept nowhere. With checkpointing the inputs
+    outlive the checkpoint (an attribute of the autograd node, not a saved tensor): o's too."""
+    h, ffn, tokens = 256, 512, SEQ * BATCH
+    for recompute, extra in (("none", 2 * (h + h + ffn) - h), ("full", 2 * (h + h + h + ffn))):
+        args = dict(rank=8, alpha=16, targets=ALL_SEVEN, base="nf4", recompute=recompute)
+        new = measure(LoraRun("tiny-llama-256", SEQ, BATCH, **args))
+        old = measure(LoraRun("tiny-llama-256", SEQ, BATCH, bnb_version="0.43.1", **args))
+        assert old["phases"]["forward"]["total"] - new["phases"]["forward"]["total"] == 2 * tokens * extra, recompute
 
 
 def test_records_are_complete():
@@ -115,7 +164,7 @@ def test_a_record_reproduces():
 
     case = "qwen3-8b-lora-r8-qv-norecompute-drop00-s2048-b1"
     stored = json.loads((RECORDS / f"{case}.json").read_text())
-    keys = ("torch", "transformers", "peft", "torchao")
+    keys = ("torch", "transformers", "peft")
     if {k: stored["versions"][k] for k in keys} != {k: versions()[k] for k in keys}:
         pytest.skip(f"records were measured with {stored['versions']}, this is {versions()}")
     assert measure(CASES[case]) == stored["measured"]

@@ -46,7 +46,7 @@ BF16_WEIGHTS = sum(block(2 * n) for n in TINY_NUMELS)
 
 @needs_venv
 def test_fake_measurement_equals_real_cpu_run(selftest):
-    assert len(selftest) == 11
+    assert len(selftest) == 13
     for name, result in selftest.items():
         assert result["fake"] == result["real"], name
 
@@ -133,6 +133,21 @@ def test_qlora_nf4_base_by_hand(selftest):
     frozen = 2 * (sum(nf4_bytes(n) for n in base) + 2 * block(h * 2)) + 2 * block(vocab * h * 2) + block(h * 2)
     _, adapters, _ = lora_bytes([(h, h), (h, kv), (h, h), (h, ffn), (ffn, h), (h, ffn)])
     assert selftest["qlora-offload"]["fake"]["parameters"] == frozen + adapters
+
+
+@needs_venv
+def test_sharded_lora_keeps_gradients_of_the_adapters_shards_only(selftest):
+    """lora_finetune_distributed on 2 fake ranks: every parameter is a dim-0 shard (FSDP2), and at the step
+    the gradients are the adapters' shards alone; the frozen base (bf16 or NF4) gets none."""
+    h, kv, ffn, r = 256, 128, 512, 8
+    # lora_a (r x in) and lora_b (out x r) of q, v, output_proj, w1, w2, w3, each split in two along dim 0, bf16
+    shapes = [(r, h), (h, r), (r, h), (kv, r), (r, h), (h, r), (r, h), (ffn, r), (r, ffn), (h, r), (r, h), (ffn, r)]
+    shards = 2 * sum(block(rows // 2 * cols * 2) for rows, cols in shapes)
+    assert shards == 59392
+    for name in ("lora-fsdp2", "qlora-fsdp2"):
+        assert selftest[name]["fake"]["phases"]["optimizer"]["gradients"] == shards, name
+    # the NF4 base's shards are smaller than the bf16 base's
+    assert selftest["qlora-fsdp2"]["fake"]["parameters"] < selftest["lora-fsdp2"]["fake"]["parameters"] / 1.9
 
 
 def test_records_are_complete():

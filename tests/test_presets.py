@@ -191,7 +191,8 @@ EXTENSIONS = {
     "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher", "moe_router_dtype",
                  "attention_softmax_fusion", "cross_entropy_impl", "activation_func_fp8_input_store", "reduce_bucket_size",
                  "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "moe_grouped_gemm",
-                 "stage3_prefetch_bucket_size", "stage3_max_live_parameters"} | CONTRACT_ADDITIONS,
+                 "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
+                 "overlap_comm"} | CONTRACT_ADDITIONS,
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
                  "pp_layout"},
     "hardware": {"expandable_segments"},
@@ -204,7 +205,7 @@ def test_the_estimator_accepts_exactly_the_contract_and_its_extensions():
 # GPUs each recipe describes: its name / the cited source
 WORLD = {"llama-3.1-70b-pretrain-64xh100": 64, "deepseek-v3-as-reported": 2048, "qwen3-8b-sft-8xh100": 8,
          "llama-3.1-8b-full-ft-8xa100": 8, "llama-3.1-70b-qlora-1xh100": 1, "llama-3.1-8b-lora-24gb": 1,
-         "qwen2-7b-grpo-8xh100": 8}
+         "qwen2-7b-grpo-8xh100": 8, "qwen2.5-7b-grpo-slime-8xh100": 8, "qwen2.5-7b-grpo-slime-4xh100": 4}
 
 
 def test_recipes_are_listed():

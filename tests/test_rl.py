@@ -227,3 +227,18 @@ def test_the_phase_chart_draws_the_estimators_components():
         assert drawn * GiB == pytest.approx(p.device_total_bytes, abs=1)
     spec = phases_spec(result)
     assert spec["layer"][1]["data"]["values"] == [{"capacity": result.fit.capacity_bytes / GiB}]
+
+
+@pytest.mark.parametrize("training", [
+    {"framework": "megatron", "recompute": "full", "recompute_layers": 1},  # slime's --recompute-num-layers 1
+    {"framework": "megatron", "recompute": "selective", "recompute_modules": ["core_attn", "mlp"]},
+    {"framework": "fsdp2", "recompute": "full", "recompute_every": 2},
+])
+def test_the_rollout_drops_the_trainers_recompute_settings(training):
+    """The engine runs without recompute: the settings that belong to a recompute mode go with it, and the
+    rollout is the same as the one of a trainer that recomputes every layer."""
+    cfg = {"model": "qwen2.5-7b", "training": {**training, "rl": {"max_response_len": 4096, "rollout_tp": 4}},
+           "parallel": {"tp": 4, "dp": 2} if training["framework"] == "megatron" else {"dp": 8}}
+    rollout = phases(estimate_config(cfg))["rollout"]
+    plain = dict(cfg, training={"framework": training["framework"], "recompute": "full", "rl": cfg["training"]["rl"]})
+    assert parts(rollout) == parts(phases(estimate_config(plain))["rollout"])

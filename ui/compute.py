@@ -183,3 +183,28 @@ def _plan(config_json: str, gpus: int, gpus_per_node: int, margin: float) -> dic
 def plan(config_json: str, gpus: int, gpus_per_node: int, margin: float) -> Result:
     """The planner's answer for `config_json` (see `plan_config`) on `gpus` GPUs, or why not."""
     return _guarded(lambda cj: _plan(cj, gpus, gpus_per_node, margin), config_json, "the planner")
+
+
+def _amount(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{value / 1024**3:,.2f} GiB ({value / 1e9:,.2f} GB)"
+    if unit == "parameters":
+        return f"{value / 1e9:,.2f}B"
+    return f"{value:,.1f}"
+
+
+@st.cache_data(max_entries=1, show_spinner=False)
+def reference_comparisons() -> list[dict]:
+    """The worked examples of other calculators and of the practical guide against this estimator
+    (estimator/references.py): one table per source, every number from the estimator or from the
+    source's own arithmetic."""
+    from estimator.references import comparisons
+
+    out = []
+    for c in comparisons():
+        rows = [{"Item": r.item, "As printed": r.printed, "Their arithmetic": r.arithmetic,
+                 "Theirs": _amount(r.theirs, r.unit), "This estimate": _amount(r.ours, r.unit),
+                 "Reproduced": r.reproduced, "What this estimate counts": r.ours_text, "Why they differ": r.why}
+                for r in c.rows]
+        out.append({"title": c.title, "source": c.source, "recipe": c.recipe, "notes": list(c.notes), "rows": rows})
+    return out

@@ -152,3 +152,8 @@ PLANNER_PICK = "planner_pick"
 PLANNER_USE = "planner_use"
 PLANNER_REPLAN = "planner_replan"
 PLANNER_CHART = "planner_chart"
+
+
+def reference_table(i: int) -> str:
+    """The guide page's table of the i-th worked example of another calculator."""
+    return f"guide_reference_table_{i}"

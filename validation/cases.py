@@ -25,6 +25,9 @@ def _runs() -> list[Run]:
         R("llama-3.1-8b", 2048, recipe="amp", attention="eager"),
         R("llama-3.1-8b", 4096, optimizer="sgd_momentum"),
         R("llama-3.1-8b", 4096, 2, recipe="amp", optimizer="sgd_momentum", recompute="full"),
+        # pure bf16 without autocast from 256 tokens: the loss's fp32 upcast (transformers ForCausalLMLoss)
+        # grows with s like the rest (tests/test_accuracy.py, the sequence sweep)
+        R("llama-3.1-8b", 256), R("llama-3.1-8b", 1024),
         # Qwen3-8B (q/k norms)
         R("qwen3-8b", 4096), R("qwen3-8b", 8192, recompute="full"),
         R("qwen3-8b", 2048, recipe="amp"), R("qwen3-8b", 2048, attention="eager"),

@@ -22,12 +22,13 @@ python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
 # torchtitan main (framework_version "main", commit b5bcd76c66d0acb1a08b176d9639425bc55e0b2a) is read the
 # same way from a snapshot of github.com/pytorch/torchtitan; its memory rules equal 0.3.0's
 # (estimator/versions.py), so nothing of it is installed or imported.
-# PEFT (validation/peft): LoRA on the HF models; QLoRA's NF4 through torchao (above)
-python3 -m pip install --quiet "peft==0.21.2" -c "$pin"
+# PEFT (validation/peft): LoRA on the HF models; QLoRA's bitsandbytes layer is emulated there and
+# checked against real bitsandbytes 0.49.2 (its CPU build) on tiny runs
+python3 -m pip install --quiet "peft==0.21.2" "bitsandbytes==0.49.2" -c "$pin"
 # torchtune 0.6.1 (validation/torchtune) needs torchao 0.10.0, which the others cannot share: its own
 # venv over the system packages (torch 2.13.0 comes from there, nothing large is downloaded)
 python3 -m venv --system-site-packages .venv/torchtune
 .venv/torchtune/bin/python -m pip install --quiet "torchtune==0.6.1" "torchao==0.10.0" -c "$pin"
 .venv/torchtune/bin/python -c "import torch, torchtune; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-python3 -c "import torch, torchtitan, megatron.core, peft, huggingface_hub; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+python3 -c "import torch, torchtitan, megatron.core, peft, bitsandbytes, huggingface_hub; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 rm -f "$pin"

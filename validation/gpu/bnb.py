@@ -22,7 +22,9 @@ from ..peft.build import LoraRun, enable_recompute, lora_config, model_config, t
 
 @dataclass(frozen=True)
 class BnbRun(LoraRun):
-    double_quant: bool = True  # BitsAndBytesConfig(bnb_4bit_use_double_quant=...)
+    """A LoraRun (its `double_quant` is BitsAndBytesConfig's bnb_4bit_use_double_quant) run with
+    bitsandbytes itself."""
+
     prepare: bool = False  # peft prepare_model_for_kbit_training
 
 

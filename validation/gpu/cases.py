@@ -40,8 +40,7 @@ class GpuCase:
             return hf_case_id(self.run)
         base = peft_case_id(self.run)
         if self.harness == "bnb":
-            base = base.replace("-qlora-", "-qlora-bnb-") + ("" if self.run.double_quant else "-nodq") \
-                + ("-prepared" if self.run.prepare else "")
+            base = base.replace("-qlora-", "-qlora-bnb-") + ("-prepared" if self.run.prepare else "")
         return base
 
     @property

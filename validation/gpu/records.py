@@ -22,12 +22,15 @@ METHOD = (
     "(from the config): memory does not depend on their values.")
 
 
-def config_of(case, gpu: str) -> dict:
+def config_of(case, gpu: str, bitsandbytes: str | None = None) -> dict:
+    """The case's contract configuration on `gpu`; a bitsandbytes QLoRA case names the release it ran."""
     from ..cases import contract_config as hf_config
     from ..peft.cases import contract_config as peft_config
 
     config = hf_config(case.run) if case.harness == "hf" else peft_config(case.run)
     config["hardware"] = {"gpu": gpu, "expandable_segments": case.allocator == "expandable"}
+    if case.harness == "bnb":
+        config["training"]["adapter"]["bitsandbytes_version"] = bitsandbytes
     return config
 
 
@@ -65,7 +68,7 @@ def record_of(line: dict) -> dict:
     gpu = GPU_IDS[versions["gpu"]]
     fake = case.fake_record
     return {
-        "id": line["id"], "description": description_of(case, versions["gpu"]), "config": config_of(case, gpu),
+        "id": line["id"], "description": description_of(case, versions["gpu"]), "config": config_of(case, gpu, versions.get("bitsandbytes")),
         "measured": measured_of(line["measured"]), "method": METHOD, "versions": versions,
         "fake_tensor_record": str(fake.relative_to(MEASURED)) if fake.exists() else None,
         "command": f"python -m validation.gpu run --out DIR --case {line['id']}; "

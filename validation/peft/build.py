@@ -6,15 +6,13 @@ frequencies are computed for real: they are tiny and their values matter to a re
 `get_peft_model` wraps it there, and `materialize` then gives every parameter a CPU storage:
 fake under FakeTensorMode, real otherwise, through the same code path.
 
-QLoRA: bitsandbytes' `Params4bit` cannot wrap a fake tensor, so the frozen base linears are
-quantized with torchao's NF4 tensor instead (the tensor torchtune's QLoRA uses). Its layout:
-4-bit codes packed two per byte, one int8 scale per 64 weights, double-quantized with one bf16
-factor per 256 scales and one mean per tensor; `F.linear` on it runs torchao's `LinearNF4`
-autograd function, which dequantizes the whole weight to the input dtype in the forward and again
-in the backward and saves only the NF4 weight (no activation) for the backward.
-bitsandbytes (`Linear4bit`, `MatMul4Bit`) saves the same nothing but dequantizes with one fused
-kernel; its storage (blocks of 64, uint8 double-quantized absmax, fp32 second-level absmax per
-256 blocks) is accounted from its documentation, not measured here.
+QLoRA: transformers' ``load_in_4bit`` turns every nn.Linear of the decoder layers into bitsandbytes'
+``Linear4bit`` and peft wraps the adapted ones with its ``lora.bnb.Linear4bit``. bitsandbytes'
+``Params4bit`` cannot wrap a fake tensor, so the harness runs an emulation of both
+(validation/peft/bnb.py: the storage, the ``MatMul4Bit`` autograd function and peft's wrapper,
+from their source; checked against real bitsandbytes on a tiny CPU run in
+tests/test_harness_peft.py). ``bnb_version`` picks the rule of the release: through 0.43.1
+``MatMul4Bit`` keeps its input for backward, from 0.43.2 on it keeps nothing of the activations.
 """
 
 from __future__ import annotations
@@ -45,6 +43,8 @@ class LoraRun:
     base: str = "bf16"  # frozen base weights: "bf16" (LoRA) or "nf4" (QLoRA)
     save: tuple[str, ...] = ()  # peft modules_to_save: "embed_tokens", "lm_head"
     dora: bool = False  # peft use_dora (Liu et al. 2024): a learned magnitude per output feature
+    bnb_version: str = "0.49.2"  # QLoRA: the bitsandbytes release whose 4-bit layer is emulated (bnb.py)
+    double_quant: bool = True  # QLoRA: bnb_4bit_use_double_quant
 
 
 def model_config(run: LoraRun):
@@ -58,9 +58,13 @@ def lora_config(run: LoraRun):
     from peft import LoraConfig
 
     targets = run.targets if run.targets == "all-linear" else [TARGET_MODULES[t] for t in run.targets]
-    return LoraConfig(r=run.rank, lora_alpha=run.alpha, lora_dropout=run.dropout,
-                      target_modules=targets, modules_to_save=list(run.save) or None, use_dora=run.dora,
-                      task_type="CAUSAL_LM")
+    config = LoraConfig(r=run.rank, lora_alpha=run.alpha, lora_dropout=run.dropout,
+                        target_modules=targets, modules_to_save=list(run.save) or None, use_dora=run.dora,
+                        task_type="CAUSAL_LM")
+    if run.base == "nf4":  # peft's lora.bnb.Linear4bit, emulated, for the emulated bitsandbytes layer
+        from .bnb import Linear4bit, lora_layer_class
+        config._register_custom_module({Linear4bit: lora_layer_class()})
+    return config
 
 
 def meta_peft_model(run: LoraRun):
@@ -71,6 +75,9 @@ def meta_peft_model(run: LoraRun):
 
     with init_empty_weights(include_buffers=False):
         base = AutoModelForCausalLM.from_config(model_config(run), dtype=torch.bfloat16)
+    if run.base == "nf4":  # load_in_4bit: the layers' linears become bitsandbytes' Linear4bit (emulated)
+        from .bnb import replace_linears, saves_input
+        replace_linears(base, saves_input(run.bnb_version), run.double_quant)
     # low_cpu_mem_usage: adapters are created on meta too. autocast_adapter_dtype stays at its
     # default (True): peft keeps the adapters of a bf16 base in fp32.
     return get_peft_model(base, lora_config(run), low_cpu_mem_usage=True)
@@ -90,20 +97,6 @@ def materialize(model: nn.Module, device: str = "cpu") -> None:
                     data = torch.empty_like(p, device=device).normal_(std=0.02)
                 done[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
             module._parameters[name] = done[id(p)]
-
-
-def quantize_base_linears(model: nn.Module) -> int:
-    """QLoRA: every frozen nn.Linear inside the decoder layers becomes NF4 (bitsandbytes'
-    `load_in_4bit` converts every nn.Linear but the LM head); returns how many."""
-    from .nf4 import to_nf4
-
-    count = 0
-    for name, module in model.named_modules():
-        if type(module) is nn.Linear and ".layers." in name and not module.weight.requires_grad:
-            with torch.no_grad():
-                module.weight = nn.Parameter(to_nf4(module.weight.detach()), requires_grad=False)
-            count += 1
-    return count
 
 
 def enable_recompute(model) -> None:
@@ -128,7 +121,8 @@ def build(model, run: LoraRun, device: str = "cpu"):
     if device != "cpu":
         model.to(device)  # the buffers (RoPE's inverse frequencies) were built on the CPU
     if run.base == "nf4":
-        quantize_base_linears(model)
+        from .bnb import quantize
+        quantize(model)
     model.train()
     if run.recompute == "full":
         enable_recompute(model)

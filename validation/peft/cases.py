@@ -6,6 +6,8 @@ from __future__ import annotations
 from ..models import MODELS
 from .build import ALL_SEVEN, LoraRun
 
+DEFAULT_BNB = LoraRun.__dataclass_fields__["bnb_version"].default
+
 QV = ("q", "v")
 QKVO = ("q", "k", "v", "o")
 
@@ -24,8 +26,12 @@ def case_id(run: LoraRun) -> str:
     method = method_of(run)
     recompute = "recompute" if run.recompute == "full" else "norecompute"
     save = "-save-embed-head" if run.save else ""
+    quant = ""
+    if run.base == "nf4":
+        quant = (f"-bnb{run.bnb_version}" if run.bnb_version != DEFAULT_BNB else "") + \
+            ("" if run.double_quant else "-nodq")
     return (f"{run.model}-{method}-r{run.rank}-{targets_label(run.targets)}-{recompute}-"
-            f"drop{round(run.dropout * 100):02d}-s{run.seq_len}-b{run.micro_batch_size}{save}")
+            f"drop{round(run.dropout * 100):02d}-s{run.seq_len}-b{run.micro_batch_size}{save}{quant}")
 
 
 def _runs() -> list[LoraRun]:
@@ -48,6 +54,13 @@ def _runs() -> list[LoraRun]:
         R("qwen2.5-7b", 8192, rank=16, alpha=32, targets="all-linear", recompute="full"),
         R("qwen2.5-7b", 4096, 2, rank=64, alpha=128, targets=ALL_SEVEN, recompute="full", base="nf4"),
         R("qwen2.5-7b", 4096, rank=16, alpha=32, targets=QV, dropout=0.05),
+        # bitsandbytes through 0.43.1: MatMul4Bit keeps its input for backward (validation/peft/bnb.py);
+        # NF4 without double quantization (bnb_4bit_use_double_quant=False)
+        R("llama-3.1-8b", 2048, rank=64, alpha=16, targets="all-linear", base="nf4", bnb_version="0.43.1"),
+        R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", base="nf4",
+          bnb_version="0.43.1"),
+        R("qwen2.5-7b", 2048, rank=16, alpha=32, targets=QV, base="nf4", bnb_version="0.43.1"),
+        R("qwen3-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", base="nf4", double_quant=False),
         # Mixture of experts (bf16 base: bitsandbytes quantizes nn.Linear only, and transformers 5
         # fuses the experts into 3-D parameters). On transformers 5, peft's "all-linear" adds
         # the router and the fused experts (peft/utils/transformers_weight_conversion.py,
@@ -66,11 +79,16 @@ CASES: dict[str, LoraRun] = {case_id(r): r for r in _runs()}
 
 
 def adapter(run: LoraRun) -> dict:
-    return {
+    out = {
         "method": method_of(run), "rank": run.rank, "alpha": run.alpha,
         "target_modules": run.targets if run.targets == "all-linear" else list(run.targets),
         "dropout": run.dropout, "trainable_embeddings": bool(run.save), "base_dtype": run.base,
     }
+    if run.base == "nf4" and run.bnb_version != DEFAULT_BNB:
+        out["bitsandbytes_version"] = run.bnb_version
+    if run.base == "nf4" and not run.double_quant:
+        out["double_quant"] = False
+    return out
 
 
 def contract_config(run: LoraRun) -> dict:
@@ -94,7 +112,8 @@ def contract_config(run: LoraRun) -> dict:
 
 
 def describe(run: LoraRun) -> str:
-    method = ("QLoRA (frozen base linears in torchao NF4, double-quantized scales)" if run.base == "nf4"
+    method = (f"QLoRA (frozen base linears in bitsandbytes {run.bnb_version} NF4 Linear4bit, emulated, "
+              f"{'double-quantized' if run.double_quant else 'fp32'} scales)" if run.base == "nf4"
               else "LoRA (frozen bf16 base)")
     targets = "all linear layers (peft 'all-linear')" if run.targets == "all-linear" else ", ".join(run.targets)
     recompute = "gradient checkpointing (non-reentrant, every layer)" if run.recompute == "full" \

@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..emulation import cuda_emulation
 from ..tracker import HOST_OPS, StorageTracker, categories, phase_summary
+from .bnb import logical_numel, state_tensors
 from .build import LoraRun, build, meta_peft_model, trainable_parameters
 
 
@@ -41,7 +42,8 @@ def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     if not is_traceable_wrapper_subclass(t):
         return [t]
     names, _ = t.__tensor_flatten__()
-    return [leaf for name in names for leaf in plain_tensors(getattr(t, name))]
+    inner = (getattr(t, name) for name in names)
+    return [leaf for x in inner if isinstance(x, torch.Tensor) for leaf in plain_tensors(x)]
 
 
 class Tracker(StorageTracker):
@@ -96,14 +98,15 @@ def train_step(model, opt, input_ids, phase=lambda name: nullcontext()):
         opt.zero_grad(set_to_none=True)
 
 
-def traced_step(run: LoraRun, fake: bool = True, seed: int = 0):
+def traced_step(run: LoraRun, fake: bool = True, seed: int = 0, make_model=meta_peft_model):
     """Two training steps, the second logged; returns the tracker, the category of each storage
-    key, the model (for its counts) and the keys of the trainable parameters."""
+    key, the model (for its counts) and the keys of the trainable parameters. `make_model`: the
+    peft model before `build` (bnb.real_peft_model: real bitsandbytes, for the tiny CPU check)."""
     tracker = Tracker()
     tracker.recording = False
     torch.manual_seed(seed)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
-    model = meta_peft_model(run)
+    model = make_model(run)
     with mode, cuda_emulation(tracker), cuda_dropout():
         model, opt = build(model, run)
         input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
@@ -117,6 +120,8 @@ def traced_step(run: LoraRun, fake: bool = True, seed: int = 0):
                 params |= keys
                 if p.requires_grad:
                     trainable |= keys
+            for t in state_tensors(model):  # bitsandbytes' quantization states: with the parameters
+                params.add(tracker.adopt(t))
             for b in model.buffers():
                 tracker.adopt_all(b)
             tracker.adopt(input_ids)
@@ -140,13 +145,13 @@ def parameter_counts(model) -> dict:
     """Element counts: peft's own count of trainable parameters, and all parameters (an NF4
     weight counted by its logical shape)."""
     trainable, _ = model.get_nb_trainable_parameters()
-    return {"trainable": trainable, "total": sum(p.numel() for p in model.parameters())}
+    return {"trainable": trainable, "total": sum(p.numel() for p in model.parameters()) + logical_numel(model)}
 
 
-def measure(run: LoraRun, fake: bool = True, seed: int = 0) -> dict:
+def measure(run: LoraRun, fake: bool = True, seed: int = 0, make_model=meta_peft_model) -> dict:
     """Bytes per category at each phase's peak of the second training step, the frozen and
     trainable parameter bytes, and the parameter counts."""
-    tracker, category, model, trainable = traced_step(run, fake, seed)
+    tracker, category, model, trainable = traced_step(run, fake, seed, make_model)
     summary = phase_summary(tracker, category)
     sizes = dict(tracker.live_at(tracker.marks[0][0]))
     trainable_bytes = sum(sizes.get(k, 0) for k in trainable)

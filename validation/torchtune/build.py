@@ -13,6 +13,7 @@ on the CPU: Llama 3.1's scaled RoPE reads the frequencies' values, which fake te
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -31,6 +32,7 @@ class TuneRun:
     optimizer: str = "adamw"  # "adamw" (torch AdamW, fused) or "adamw8bit" (torchao)
     optimizer_in_bwd: bool = False
     method: str = "full"  # "full", "lora" or "qlora" (lora_finetune_single_device)
+    world: int = 1  # > 1: lora_finetune_distributed on rank 0 of a fake process group (FSDP2, `shard`)
 
 
 # recipes/configs/llama3_1/8B_lora_single_device.yaml and 8B_qlora_single_device.yaml
@@ -56,6 +58,49 @@ def meta_model(run: TuneRun):
         # recipe: set_activation_checkpointing(model, auto_wrap_policy={TransformerSelfAttentionLayer})
         training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
     return model
+
+
+def init_world(world: int) -> None:
+    """A fake process group of `world` ranks, this process rank 0 (torch's FakeStore, backend "fake"):
+    collectives allocate their outputs and move no data."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_world_size() == world:
+            return
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+
+
+def shard(model, run: TuneRun) -> None:
+    """recipes/lora_finetune_distributed.py (torchtune 0.6.1) _setup_model: on the meta device,
+    `training.shard_model` applies FSDP2's fully_shard to every TransformerSelfAttentionLayer
+    (`get_shard_conditions` without custom_sharded_layers) and to the model, resharding after forward
+    (fsdp_reshard_after_forward: True, its configs' default); no mixed-precision policy, so the bf16
+    parameters are gathered and their gradients reduced in bf16. NF4 shards gather as NF4 (torchao's
+    NF4Tensor.fsdp_pre_all_gather / fsdp_post_all_gather)."""
+    from torchtune import training
+
+    init_world(run.world)
+    training.shard_model(model=model, shard_conditions=[partial(training.get_shard_conditions,
+                                                                names_to_match=None)],
+                         cpu_offload=False, reshard_after_forward=True)
+
+
+def materialize_sharded(model) -> None:
+    """The distributed recipe's loading, with zeros for the checkpoint: the adapters `to_empty` and
+    initialised (`initialize_parameters`), then the base weights through
+    `training.load_from_full_model_state_dict`, which quantizes a full NF4 weight and keeps this
+    rank's chunk (its NF4 path) or distributes the bf16 ones (`set_model_state_dict`)."""
+    from torchtune import training
+
+    for m in model.modules():
+        if hasattr(m, "adapter_params") and hasattr(m, "initialize_parameters"):  # the recipe's AdapterModule
+            m.to_empty(device="cpu")
+            m.initialize_parameters()
+    full = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in model.state_dict().items() if "lora_" not in k}
+    training.load_from_full_model_state_dict(model, full, torch.device("cpu"), strict=False)
 
 
 def loss_function(run: TuneRun):
@@ -105,8 +150,11 @@ def setup(model, run: TuneRun, on_grad=None):
     `on_grad(param)` runs as each gradient is accumulated, before an in-backward step frees it."""
     from torchtune import training
 
-    materialize_nf4(model)
-    materialize(model)
+    if run.world > 1:
+        materialize_sharded(model)
+    else:
+        materialize_nf4(model)
+        materialize(model)
     own_buffers(model)
     model.train()
     if on_grad is not None:

@@ -14,7 +14,8 @@ def case_id(run: TuneRun) -> str:
     parts += ["chunkedce" if run.loss == "chunked" else "ce", run.optimizer]
     if run.optimizer_in_bwd:
         parts.append("inbwd")
-    return "-".join(parts + [f"s{run.seq_len}", f"b{run.batch_size}"])
+    world = [f"w{run.world}"] if run.world > 1 else []
+    return "-".join(parts + [f"s{run.seq_len}", f"b{run.batch_size}"] + world)
 
 
 def _runs() -> list[TuneRun]:
@@ -48,6 +49,14 @@ def _runs() -> list[TuneRun]:
         R("llama-3.1-8b", 4096, activation_offloading=True, loss="chunked", method="lora"),
         R("qwen2.5-7b", 8192, activation_checkpointing=True, loss="chunked", method="lora"),
         R("llama-3.2-3b", 4096, loss="chunked", method="qlora"),
+        # lora_finetune_distributed (FSDP2, rank 0 of a fake process group): recipes/configs/llama3_1/
+        # 8B_lora.yaml (rank 8 on q, v, output_proj and the MLP; batch 2; no AC; chunked CE) on 8 GPUs, with
+        # AC, and QLoRA (quantize_base: NF4 shards, gathered as NF4) on 4 and 2
+        R("llama-3.1-8b", 4096, 2, loss="chunked", method="lora", world=8),
+        R("llama-3.1-8b", 4096, 2, activation_checkpointing=True, loss="chunked", method="lora", world=8),
+        R("llama-3.1-8b", 4096, 2, activation_checkpointing=True, loss="chunked", method="qlora", world=4),
+        R("qwen2.5-7b", 4096, 2, activation_checkpointing=True, loss="chunked", method="qlora", world=2),
+        R("llama-3.2-3b", 8192, activation_checkpointing=True, loss="chunked", method="lora", world=4),
     ]
 
 
@@ -75,8 +84,10 @@ def contract_config(run: TuneRun) -> dict:
         training["optimizer_in_backward"] = True
     if run.activation_offloading:
         training["offload_activations"] = True
+    # the distributed recipe: FSDP2 full sharding over the data-parallel ranks (reshard_after_forward)
+    parallel = {"tp": 1, "pp": 1, "dp": run.world} | ({"zero_stage": 3} if run.world > 1 else {})
     return {"model": TUNE_MODELS[run.model].architecture(), "training": training,
-            "parallel": {"tp": 1, "pp": 1, "dp": 1}, "hardware": {"gpu": "h100-80"}}
+            "parallel": parallel, "hardware": {"gpu": "h100-80"}}
 
 
 def describe(run: TuneRun) -> str:
@@ -87,9 +98,12 @@ def describe(run: TuneRun) -> str:
         (run.optimizer_in_bwd, "optimizer in backward"),
     ] if on]
     optimizer = "torchao AdamW8bit (blocks of 256)" if run.optimizer == "adamw8bit" else "torch AdamW (fused)"
+    lora_recipe = "lora_finetune_distributed" if run.world > 1 else "lora_finetune_single_device"
     recipe = "full_finetune_single_device" if run.method == "full" else (
-        f"lora_finetune_single_device ({'QLoRA, NF4 base' if run.method == 'qlora' else 'LoRA, bf16 base'}, "
+        f"{lora_recipe} ({'QLoRA, NF4 base' if run.method == 'qlora' else 'LoRA, bf16 base'}, "
         "rank 8, alpha 16, on q, v, output_proj, w1, w2, w3; bf16 adapters)")
+    if run.world > 1:
+        recipe += f", FSDP2 over {run.world} GPUs (rank 0 of a fake process group, reshard after forward)"
     return (f"{run.model}, torchtune {recipe} step, pure bf16, {optimizer}, "
             f"{', '.join(savers) or 'no memory savers'}, SDPA (FlashAttention-2), seq {run.seq_len}, "
             f"batch {run.batch_size}")

@@ -25,6 +25,11 @@ VARIANTS = {
     "lora": TuneRun("tiny-llama3_1", SEQ, BATCH, activation_checkpointing=True, loss="chunked", method="lora"),
     "qlora-offload": TuneRun("tiny-llama3_1-256", SEQ, BATCH, activation_offloading=True, loss="chunked",
                              method="qlora"),
+    # lora_finetune_distributed on rank 0 of a fake 2-rank process group (FSDP2)
+    "lora-fsdp2": TuneRun("tiny-llama3_1-256", SEQ, BATCH, activation_checkpointing=True, loss="chunked",
+                          method="lora", world=2),
+    "qlora-fsdp2": TuneRun("tiny-llama3_1-256", SEQ, BATCH, activation_checkpointing=True, loss="chunked",
+                           method="qlora", world=2),
 }
 
 

@@ -25,8 +25,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ..emulation import cuda_emulation, fused_rms_norm
 from ..peft.step import Tracker
 from ..tracker import categories, phase_summary
-from .build import TuneRun, meta_model, setup
-from .emulation import eager_compiled_steps, offload_emulation
+from .build import TuneRun, meta_model, setup, shard
+from .emulation import eager_compiled_steps, fsdp_storage, offload_emulation
 
 IGNORE_INDEX = -100  # CEWithChunkedOutputLoss / CrossEntropyLoss default, the recipe's ignore index
 
@@ -52,7 +52,10 @@ def train_step(model, optimizer, loss_fn, offload, tokens, labels, ignore_cache,
         if optimizer is not None:
             from torchtune import training
 
-            training.scale_grads(model, 1 / num_tokens)
+            world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+            if world > 1:  # lora_finetune_distributed: the tokens of every rank; undo FSDP2's 1 / world
+                torch.distributed.all_reduce(num_tokens)
+            training.scale_grads(model, world / num_tokens)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     del running_loss
@@ -64,10 +67,15 @@ def traced_step(run: TuneRun, fake: bool = True, seed: int = 0):
     torch.manual_seed(seed)
     grads: set[int] = set()
     model = meta_model(run)
+    if run.world > 1:
+        shard(model, run)  # on meta, outside fake mode (as torchtitan's harness parallelizes)
+    elif torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
-    with mode, cuda_emulation(tracker), offload_emulation(tracker), eager_compiled_steps(tracker), fused_rms_norm():
+    with mode, cuda_emulation(tracker), offload_emulation(tracker), eager_compiled_steps(tracker), fused_rms_norm(), \
+            fsdp_storage(tracker):
         optimizer, states_of, loss_fn, offload = setup(
-            model, run, on_grad=lambda p: grads.add(tracker.key(p.grad)) if tracker.recording else None)
+            model, run, on_grad=lambda p: grads.update(tracker.adopt_all(p.grad)) if tracker.recording else None)
         vocab = model.tok_embeddings.num_embeddings
         tokens = torch.randint(0, vocab, (run.batch_size, run.seq_len))
         labels = torch.randint(0, vocab, (run.batch_size, run.seq_len))
@@ -85,7 +93,7 @@ def traced_step(run: TuneRun, fake: bool = True, seed: int = 0):
 
             def phase(name):
                 if name == "optimizer":
-                    grads.update(tracker.key(p.grad) for p in model.parameters() if p.grad is not None)
+                    grads.update(k for p in model.parameters() if p.grad is not None for k in tracker.adopt_all(p.grad))
                 return tracker.phase(name)
 
             train_step(*args, phase=phase)
