@@ -136,14 +136,25 @@ def capacity(groups: Groups, stage_layers: tuple[range, ...], available: tuple[i
 
 
 def longest_model_len(groups: Groups, stage_layers: tuple[range, ...], available: tuple[int, ...],
-                      in_flight: int, ceiling: int) -> int:
-    """The longest max_model_len whose one request fits every stage's KV memory (estimate_max_model_len:
-    a binary search over 1 .. ceiling; 0 when not even one token fits)."""
+                      in_flight: int, ceiling: int, version: tuple[int, int]) -> int:
+    """The longest max_model_len whose one request fits every stage's KV memory (a binary search over
+    1 .. ceiling; 0 when not even one token fits). 0.11 (kv_cache_utils.estimate_max_model_len): the sum
+    over the stage's layers of one request's bytes. 0.33 (kv_cache_planning
+    _estimate_max_model_len_from_groups): the stage's block bytes x the sum over groups of the blocks one
+    request takes (padding layers included), against the memory less the null block the block pool holds
+    back. (Releases between use group-based rules that were not recorded; they get 0.11's here.)"""
+    by_group = [[sum(1 for i in idx if i in layers) for _, idx in groups.members] for layers in stage_layers]
+
     def fits(length: int) -> bool:
-        for avail, layers in zip(available, stage_layers):
-            need = sum(spec.max_memory_usage_bytes(length, in_flight) for spec, idx in groups.members
-                       for i in idx if i in layers)
-            if need > avail:
+        for avail, layers, counts in zip(available, stage_layers, by_group):
+            if version >= (0, 33):
+                block = groups.block_bytes_on(layers)
+                blocks = sum(cdiv(spec.max_memory_usage_bytes(length, in_flight), spec.page_bytes)
+                             for spec, _ in groups.members)
+                if block * blocks > avail - block:
+                    return False
+            elif sum(spec.max_memory_usage_bytes(length, in_flight) * n
+                     for (spec, _), n in zip(groups.members, counts)) > avail:
                 return False
         return True
 

@@ -131,7 +131,7 @@ def _default_block_size(arch: Architecture, gpu_id: str) -> int:
 
 def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parallel, budget: int,
                   stage: int, layers: range) -> StageBudget:
-    weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers)
+    weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length)
     kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
@@ -169,7 +169,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     available = tuple(s.available for s in stages)
     cap = kv_cache.capacity(groups, ranges, available, r.max_model_len, in_flight, r.rules.kv_tokens_rule)
     ceiling = r.context_length or MAX_TOKENS
-    longest = kv_cache.longest_model_len(groups, ranges, available, in_flight, ceiling)
+    longest = kv_cache.longest_model_len(groups, ranges, available, in_flight, ceiling, r.rules.version)
     limiting = min(range(len(stages)), key=lambda i: (available[i] // groups.block_bytes_on(ranges[i]), i))
     s = stages[limiting]
     device_total = (gpu.cuda_context_bytes + s.weights + s.activation + s.non_torch + s.cuda_graphs

@@ -120,10 +120,20 @@ def stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
     return tuple(range(a, a + n) for a, n in zip(starts, sizes))
 
 
+def rope_cache_bytes(arch: Architecture, context: int | None, fmt: WeightFormat) -> int:
+    """The rotary embedding's cos/sin cache, one per model (get_rope keeps one instance per shape):
+    [max_position_embeddings, rotary_dim] in the model dtype (rotary_embedding.py
+    _compute_cos_sin_cache); rotary_dim = head_dim, or the RoPE part of MLA's head."""
+    if arch.position_embedding != "rope" or not context:
+        return 0
+    rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
+    return context * rotary * fmt.dtype_bytes
+
+
 def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: int, stage: int,
-                  layers: range) -> StageWeights:
+                  layers: range, context: int | None = None) -> StageWeights:
     """One rank's weights on one stage: its layers, the embedding on the first stage (and on the last
-    when tied under PP, for the LM head), the final norm and LM head on the last."""
+    when tied under PP, for the LM head), the final norm and LM head on the last, and the RoPE cache."""
     per_kind = {kind: sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.layer_tensors(kind)) for kind in arch.kinds}
     total = sum(per_kind[kind] * n for kind, n in arch.kind_counts(layers.start, layers.stop))
     parts = [f"{len(layers)} layers"]
@@ -134,4 +144,8 @@ def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: i
     if last:
         total += sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.head_tensors(arch.vocab_size))
         parts.append("final norm" + ("" if arch.tie_embeddings else " and LM head"))
+    rope = rope_cache_bytes(arch, context, fmt)
+    if rope:
+        total += rope
+        parts.append(f"RoPE cos/sin cache ({context:,} positions)")
     return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {fmt.name}")
