@@ -37,6 +37,8 @@ def serve(model: str, gpu: str = "h100-80", tp: int = 1, pp: int = 1, checkpoint
 
 def _records():
     for path in sorted(DATA.glob("vllm-*.json")):
+        if path.name.endswith("-weights.json"):
+            continue
         data = json.loads(path.read_text())
         assert data["command"].startswith(str(Path(data["command"].split()[0]))), "each file names its command"
         for record in data["records"]:
@@ -84,6 +86,31 @@ def test_records_cover_the_grid():
     models = {c["model"] for c in cases}
     assert {"llama-3.1-8b", "qwen3-235b-a22b", "gemma-3-27b", "mistral-7b", "deepseek-v3", "gpt-oss-120b"} <= models
     assert any(c["serving"].get("kv_cache_dtype") == "fp8" for c in cases)
+
+
+def _weight_records():
+    data = json.loads((DATA / "vllm-0.11.0-weights.json").read_text())
+    for r in data["records"]:
+        yield pytest.param(r, id=f"{r['format']}-{r['layer']}-tp{r['tp']}")
+
+
+# gptq_marlin's process_weights_after_loading (kernels/mixed_precision/marlin.py, 0.11) replaces g_idx
+# (no act-order) and the zero points (symmetric) with empty tensors: the loaded weight keeps neither
+AFTER_LOAD_DROPPED = {"gptq_int4": ("g_idx", "qzeros")}
+
+
+@pytest.mark.parametrize("record", list(_weight_records()))
+def test_weight_bytes_match_vllm_create_weights(record):
+    """Our bytes per linear weight, per format and TP rank, are those of the tensors vLLM 0.11's
+    quantized linear methods create (recorded on CPU by validation/vllm/weight_records.py), less what
+    marlin drops after loading."""
+    tp, inp, out = record["tp"], record["input_size"], record["output_size"]
+    in_part, out_part = (inp, out // tp) if record["split"] == "column" else (inp // tp, out)
+    name = record["format"]
+    fmt = WeightFormat("fp8", (128, 128)) if name == "fp8_block" else WeightFormat(name)
+    theirs = sum(p["bytes"] for key, p in record["parameters"].items()
+                 if key not in AFTER_LOAD_DROPPED.get(name, ()))
+    assert matrix_bytes(fmt, out_part, in_part, expert=False) == theirs
 
 
 # --- by hand ---------------------------------------------------------------------------------------
