@@ -224,6 +224,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve_plan(args: argparse.Namespace) -> int:
+    from .serving.planner import render_plan_text, serve_plan
+    from .serving.settings import Serving
+    cfg = _load(args)
+    plan = serve_plan(cfg.architecture, cfg.serving or Serving(), cfg.hardware, args.users, args.context,
+                      _checkpoint(cfg.model), args.gpus_per_node, args.limit)
+    print(json.dumps(plan.to_json()) if args.json else render_plan_text(plan))
+    return 0
+
+
 def _cmd_roofline(args: argparse.Namespace) -> int:
     from .roofline import render_roofline_text, roofline_config
     result = roofline_config(_load(args))
@@ -289,6 +299,16 @@ def build_parser() -> argparse.ArgumentParser:
     _override_flags(srv)
     _serving_flags(srv)
     srv.set_defaults(handler=_cmd_serve)
+    sp = sub.add_parser("serve-plan", help="N users at context L: the fewest GPUs and their layouts")
+    sp.add_argument("--config", required=True, help="a JSON config: the model, GPU and serving object")
+    sp.add_argument("--users", required=True, type=int, help="concurrent sequences to serve")
+    sp.add_argument("--context", required=True, type=int, help="tokens per sequence (max_model_len)")
+    sp.add_argument("--gpus-per-node", type=int, default=8, help="TP stays within one node (default 8)")
+    sp.add_argument("--limit", type=int, default=10, help="options listed (default 10)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    _override_flags(sp)
+    _serving_flags(sp)
+    sp.set_defaults(handler=_cmd_serve_plan)
     roof = sub.add_parser("roofline", help="per-operation roofline and step time of a configuration")
     roof.add_argument("--config", required=True)
     roof.add_argument("--json", action="store_true")
