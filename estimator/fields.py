@@ -474,14 +474,18 @@ SERVING_FIELDS: tuple[Field, ...] = (
          "output). Concurrency is counted in sequences of this length.", _SV, hi=MAX_TOKENS, optional=True,
          auto="the model's context length (max_position_embeddings)", step=1024),
     _int("max_num_seqs", _S, "Max concurrent sequences", "vLLM --max-num-seqs: requests per step; the profiling "
-         "run samples this many rows and CUDA graphs are captured up to twice it (at most 512).", _SV, hi=2**20,
-         optional=True, auto="vLLM's default for the GPU: 1024 on >= 70 GiB GPUs other than A100, else 256"),
+         "run samples this many rows and CUDA graphs are captured up to twice it (at most 512). SGLang: "
+         "--cuda-graph-max-bs, the largest decode batch captured.", _SV, hi=2**20,
+         optional=True, auto="the engine's default for the GPU (vLLM: 1024 on >= 70 GiB GPUs other than A100, else "
+         "256; SGLang: 8 to 512 by GPU memory and TP)"),
     _int("max_num_batched_tokens", _S, "Max batched tokens", "vLLM --max-num-batched-tokens: tokens per step "
-         "(the chunked-prefill budget); the profiling run's forward pass has this many tokens.", _SV, hi=MAX_TOKENS,
-         optional=True, auto="vLLM's default for the GPU: 8192 on >= 70 GiB GPUs other than A100 (16384 on >= 160 "
-         "GiB from 0.33), else 2048", step=1024),
-    _choice("block_size", _S, "KV cache block size", "vLLM --block-size: tokens per KV cache block.", _SV,
-            _SS.BLOCK_SIZES, optional=True, auto="16; MLA: 64 (FlashMLA) on Hopper, 128 (CUTLASS MLA) on Blackwell"),
+         "(the chunked-prefill budget); the profiling run's forward pass has this many tokens. SGLang: "
+         "--chunked-prefill-size.", _SV, hi=MAX_TOKENS,
+         optional=True, auto="the engine's default for the GPU (vLLM: 8192 on >= 70 GiB GPUs other than A100, "
+         "16384 on >= 160 GiB from 0.33, else 2048; SGLang: 2048 to 16384 by GPU memory)", step=1024),
+    _choice("block_size", _S, "KV cache block size", "vLLM --block-size: tokens per KV cache block. SGLang: "
+            "--page-size.", _SV, _SS.BLOCK_SIZES, optional=True,
+            auto="vLLM: 16, MLA 64 (FlashMLA) on Hopper and 128 (CUTLASS MLA) on Blackwell; SGLang: 1"),
     _choice("kv_cache_dtype", _S, "Serving KV cache dtype", "vLLM --kv-cache-dtype: auto keeps the model's dtype; "
             "fp8 (e4m3 or e5m2) stores 1 byte per element and doubles the tokens that fit.", _SV,
             _SS.KV_CACHE_DTYPES),

@@ -156,6 +156,9 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
 
 def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
                   checkpoint: dict | None = None) -> ServingEstimate:
+    if serving.mem_fraction_static is not None:
+        raise ConfigError("serving.mem_fraction_static", serving.mem_fraction_static, "empty with vLLM",
+                          "vLLM sizes its share with gpu_memory_utilization", ("serving.engine",))
     r = resolve(arch, serving, hardware, checkpoint)
     gpu = hardware.device
     total = gpu.capacity_bytes
