@@ -494,8 +494,12 @@ SERVING_FIELDS: tuple[Field, ...] = (
             "gptq_int4 / awq_int4 (4 bits, group 128 scales); nvfp4 (4 bits, fp8 scale per 16); mxfp4 (gpt-oss "
             "experts, scale per 32).", _SV, _SS.WEIGHT_FORMATS),
     _bool("cuda_graphs", _S, "CUDA graphs", "Off = --enforce-eager: no graphs are captured.", _SV),
-    _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching: shared prompt prefixes reuse "
-          "KV blocks (capacity in blocks is unchanged).", _SV),
+    _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
+          "that share a prompt prefix reuse its full KV blocks. The block count is unchanged; with a shared prefix "
+          "the effective concurrency grows.", _SV),
+    _int("shared_prefix_tokens", _S, "Shared prefix (tokens)", "With prefix caching: a prompt prefix (system "
+         "prompt, few-shot examples) every sequence shares; its full blocks are stored once for all of them.", _SV,
+         lo=0, hi=MAX_TOKENS, optional=True, auto="none", step=256),
 )
 
 SETTINGS: tuple[Field, ...] = TRAINING_FIELDS + PARALLEL_FIELDS + HARDWARE_FIELDS + ADAPTER_FIELDS + RL_FIELDS

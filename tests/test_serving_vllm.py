@@ -296,3 +296,15 @@ def test_bad_serving_values_name_the_field(serving, field):
     with pytest.raises(ConfigError) as err:
         serve("llama-3.1-8b", **serving)
     assert err.value.field == field
+
+
+def test_prefix_caching_effective_concurrency_by_hand():
+    """Llama-3.1-8B, 32k sequences sharing a 4,000-token prefix: its 250 full blocks are stored once, so
+    (blocks - 250) / (2048 - 250) sequences fit; the block count itself is unchanged."""
+    plain = serve("llama-3.1-8b", max_model_len=32768)
+    shared = serve("llama-3.1-8b", max_model_len=32768, prefix_caching=True, shared_prefix_tokens=4000)
+    assert shared.capacity == plain.capacity and plain.effective_concurrency == plain.capacity.max_concurrency
+    assert shared.effective_concurrency == (plain.capacity.num_blocks - 250) / (2048 - 250)
+    with pytest.raises(ConfigError) as err:
+        serve("llama-3.1-8b", shared_prefix_tokens=4000)
+    assert err.value.field == "serving.shared_prefix_tokens"

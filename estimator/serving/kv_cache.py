@@ -135,6 +135,17 @@ def capacity(groups: Groups, stage_layers: tuple[range, ...], available: tuple[i
                       per_request)
 
 
+def effective_concurrency(groups: Groups, capacity_: KvCapacity, shared_prefix: int) -> float:
+    """Sequences of max_model_len that fit when all share a prefix of `shared_prefix` tokens under prefix
+    caching: its full blocks (block_pool.py caches full blocks only) are stored once per full-attention
+    or MLA group; a sliding-window group keeps only its window and shares nothing here."""
+    block_size = groups.members[0][0].block_size
+    shared = shared_prefix // block_size * sum(1 for spec, _ in groups.members if spec.kind != "sliding_window")
+    if not shared or shared >= capacity_.blocks_per_request:
+        return capacity_.max_concurrency
+    return (capacity_.num_blocks - shared) / (capacity_.blocks_per_request - shared)
+
+
 def longest_model_len(groups: Groups, stage_layers: tuple[range, ...], available: tuple[int, ...],
                       in_flight: int, ceiling: int, version: tuple[int, int]) -> int:
     """The longest max_model_len whose one request fits every stage's KV memory (a binary search over

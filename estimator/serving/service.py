@@ -43,7 +43,10 @@ def headline(result) -> str:
         return (f"does not start: one sequence of {length:,} tokens needs more KV cache than is left; "
                 f"the longest max_model_len that fits is {result.max_model_len_that_fits:,}")
     n = result.capacity.max_concurrency
-    return f"fits {n:,.2f} concurrent sequences of {length:,} tokens ({result.capacity.tokens:,} KV cache tokens)"
+    text = f"fits {n:,.2f} concurrent sequences of {length:,} tokens ({result.capacity.tokens:,} KV cache tokens)"
+    if result.effective_concurrency != n:
+        text += f"; {result.effective_concurrency:,.2f} with the shared prefix cached"
+    return text
 
 
 def render_text(result, replicas: int = 1) -> str:

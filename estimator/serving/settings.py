@@ -34,12 +34,16 @@ class Serving:
     weight_format: str = "auto"  # auto: the checkpoint's own format (its quantization_config)
     cuda_graphs: bool = True  # False: --enforce-eager
     prefix_caching: bool = False
+    shared_prefix_tokens: int | None = None  # with prefix caching: a prompt prefix every sequence shares
 
     def __post_init__(self) -> None:
         from ..fields import check_section  # the registry reads this module's option lists
         check_section("serving", self)
         if self.engine_version is not None:
             version_tuple(self.engine_version)  # refuses what is not a release number
+        if self.shared_prefix_tokens and not self.prefix_caching:
+            raise ConfigError("serving.shared_prefix_tokens", self.shared_prefix_tokens, "empty without prefix caching",
+                              "a shared prefix is stored once only with prefix_caching on", ("serving.prefix_caching",))
 
 
 def version_tuple(text: str) -> tuple[int, int, int]:

@@ -151,5 +151,8 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     notes = (f"SGLang: mem_fraction_static {fraction:g} of the memory free before loading (pre_model_load_memory); "
              "its activation and CUDA graph figures are the reservation SGLang makes outside that share, not a "
              "profile.",)
+    shared = (serving.shared_prefix_tokens or 0) // page * page  # the radix cache shares whole pages
+    effective = ((tokens - shared) / (max_len - shared) if 0 < shared < max_len else capacity.max_concurrency)
     return ServingEstimate("sglang", serving.engine_version or rules.label, resolved, static, gpu.capacity_bytes,
-                           tuple(stages), limiting, capacity, longest, device_total, gpu.cuda_context_bytes, notes)
+                           tuple(stages), limiting, capacity, longest, device_total, effective,
+                           gpu.cuda_context_bytes, notes)

@@ -69,6 +69,7 @@ class ServingEstimate:
     capacity: kv_cache.KvCapacity
     max_model_len_that_fits: int
     device_total_bytes: int
+    effective_concurrency: float
     context_bytes: int
     notes: tuple[str, ...]
 
@@ -91,6 +92,7 @@ class ServingEstimate:
             "kv_cache_bytes": self.capacity.kv_cache_bytes, "kv_cache_tokens": self.capacity.tokens,
             "num_gpu_blocks": self.capacity.num_blocks, "max_concurrency": self.capacity.max_concurrency,
             "max_model_len_that_fits": self.max_model_len_that_fits, "device_total_bytes": self.device_total_bytes,
+            "effective_concurrency": self.effective_concurrency,
             "starts": self.starts, "limiting_stage": self.limiting_stage, "max_model_len": r.max_model_len,
             "max_num_seqs": r.max_num_seqs, "max_num_batched_tokens": r.max_num_batched_tokens,
             "block_size": r.block_size, "kv_cache_dtype": r.kv_cache_dtype, "weight_format": r.weight_format,
@@ -179,5 +181,6 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
                     + cap.kv_cache_bytes)
     notes = ("The profiling run's activation peak, the non-torch memory and the CUDA graphs are modelled from "
              "vLLM's source and public start-up logs; vLLM measures them on the GPU.",)
+    effective = kv_cache.effective_concurrency(groups, cap, serving.shared_prefix_tokens or 0)
     return ServingEstimate("vllm", serving.engine_version or vllm_versions.CURRENT, r, budget, total, stages,
-                           limiting, cap, longest, device_total, gpu.cuda_context_bytes, notes)
+                           limiting, cap, longest, device_total, effective, gpu.cuda_context_bytes, notes)
