@@ -50,6 +50,8 @@ class Config:
         if self.serving is not None:
             out["serving"] = {f.name: getattr(self.serving, f.name) for f in fields(Serving)
                               if getattr(self.serving, f.name) != f.default}
+            if self.serving.speculative is not None:
+                out["serving"]["speculative"] = self.serving.speculative.to_dict()
         return out
 
 

@@ -47,10 +47,11 @@ MAX_SAMPLES = 2**30  # samples in a global batch
 MAX_NAME = 200  # characters of a name
 
 SECTION_CLASSES = {"training": Training, "parallel": Parallel, "hardware": Hardware, "model": Architecture,
-                   "adapter": Adapter, "rl": Rl, "serving": serving_settings.Serving}
+                   "adapter": Adapter, "rl": Rl, "serving": serving_settings.Serving,
+                   "speculative": serving_settings.Speculative}
 # sections that are objects inside another section of the JSON config (``training.adapter``): their
 # fields' flags and URL parameters carry the object's name (``--adapter-rank``, ``adapter_rank=``)
-NESTED = {"adapter": "training", "rl": "training"}
+NESTED = {"adapter": "training", "rl": "training", "speculative": "serving"}
 # flat names (flag, URL parameter) of fields whose own name another section already uses
 FLAT_NAMES = {("serving", "kv_cache_dtype"): "serving_kv_cache_dtype"}
 _DTYPES = tuple(dict.fromkeys(TRAINING_DTYPES + INFERENCE_WEIGHT_DTYPES))
@@ -497,6 +498,15 @@ SERVING_FIELDS: tuple[Field, ...] = (
     _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
           "that share a prompt prefix reuse its full KV blocks. The block count is unchanged; with a shared prefix "
           "the effective concurrency grows.", _SV),
+    _choice("method", "speculative", "Speculative decoding", "serving.speculative: eagle / eagle3 (a one-layer "
+            "draft head on the target's hidden states), mtp (the checkpoint's multi-token-prediction module, "
+            "DeepSeek-V3), draft_model (a separate smaller model). The draft's weights and its KV cache layers take "
+            "memory from the KV cache.", _SV, _SS.SPECULATIVE_METHODS),
+    _int("num_speculative_tokens", "speculative", "Speculative tokens", "Tokens the draft proposes per step.", _SV,
+         hi=64),
+    Field("draft_model", "speculative", "text", "Draft model", "With draft_model: the draft's preset or Hugging "
+          "Face id (it shares the target's tokenizer and TP).", _SV, optional=True,
+          auto="none (eagle/eagle3: a head of the target's width)"),
     _int("shared_prefix_tokens", _S, "Shared prefix (tokens)", "With prefix caching: a prompt prefix (system "
          "prompt, few-shot examples) every sequence shares; its full blocks are stored once for all of them.", _SV,
          lo=0, hi=MAX_TOKENS, optional=True, auto="none", step=256),
@@ -651,7 +661,9 @@ _SECTION_TITLES = {"model": "Canonical architecture (`model` as an object)", "tr
                    "rl": "`training.rl` (an object; absent = no RL; flags and URL parameters `rl_<field>`)",
                    "parallel": "`parallel`", "hardware": "`hardware`",
                    "serving": "`serving` (a top-level object; absent = no serving estimate; flags and URL parameters "
-                              "by field name, `serving_kv_cache_dtype` for its KV cache dtype)"}
+                              "by field name, `serving_kv_cache_dtype` for its KV cache dtype)",
+                   "speculative": "`serving.speculative` (an object; absent = no speculative decoding; flags and URL "
+                                  "parameters `speculative_<field>`)"}
 
 
 def _type_text(f: Field) -> str:
@@ -686,7 +698,7 @@ def reference_markdown() -> str:
            "`parallel` and `hardware`. Every field below is also a CLI flag (`--seq-len 8192`) and a parameter "
            "of the app's shareable URL (`?seq_len=8192`); lists are comma-separated there. Empty, `auto` or "
            "`null` leaves an optional field to its default. An unknown field is an error.", ""]
-    for section in ("training", "adapter", "rl", "parallel", "hardware", "serving", "model"):
+    for section in ("training", "adapter", "rl", "parallel", "hardware", "serving", "speculative", "model"):
         out += [f"## {_SECTION_TITLES[section]}", "", "| field | label | values | default | meaning |",
                 "|---|---|---|---|---|"]
         for f in section_fields(section):

@@ -66,5 +66,8 @@ def test_sglang_refuses_what_it_does_not_use():
         sglang("gemma-3-27b")
     assert err.value.field == "serving.engine"
     with pytest.raises(ConfigError) as err:
+        sglang(speculative={"method": "eagle"})
+    assert err.value.field == "serving.speculative.method"
+    with pytest.raises(ConfigError) as err:
         sglang(engine_version="0.4.6")
     assert err.value.field == "serving.engine_version"

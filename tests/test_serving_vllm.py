@@ -308,3 +308,37 @@ def test_prefix_caching_effective_concurrency_by_hand():
     with pytest.raises(ConfigError) as err:
         serve("llama-3.1-8b", shared_prefix_tokens=4000)
     assert err.value.field == "serving.shared_prefix_tokens"
+
+
+def test_speculative_eagle_head_by_hand():
+    """Llama-3.1-8B with EAGLE: one decoder layer (q, k, v, o: 4096 x (4096 + 1024 + 1024 + 4096), MLP 3 x
+    4096 x 14336, two norms), a final norm and fc 4096 x 8192, in bf16, on top of the target; its KV layer
+    makes a block 33 pages instead of 32."""
+    plain = serve("llama-3.1-8b", max_model_len=32768)
+    eagle = serve("llama-3.1-8b", max_model_len=32768, speculative={"method": "eagle"})
+    head = 4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096 + 4096 + 4096 * 8192
+    assert eagle.limiting.weights - plain.limiting.weights == 2 * head
+    assert eagle.capacity.num_blocks == eagle.limiting.available // (33 * 16 * 2 * 8 * 128 * 2)
+
+
+def test_speculative_mtp_adds_an_mla_layer_and_its_module():
+    """DeepSeek-V3 MTP: one module (its layer, 2h -> h projection, norms, embedding and head) and one more
+    MLA layer per block (62 pages of 64 x 576 x 2 B)."""
+    ds = serve("deepseek-v3", "h200", tp=8, max_model_len=32768, speculative={"method": "mtp", "num_speculative_tokens": 1})
+    assert ds.capacity.num_blocks == ds.limiting.available // (62 * 64 * 576 * 2)
+    with pytest.raises(ConfigError) as err:
+        serve("llama-3.1-8b", max_model_len=4096, speculative={"method": "mtp"})
+    assert err.value.field == "serving.speculative.method"
+
+
+def test_speculative_draft_model_mixes_page_sizes_in_one_group():
+    """Llama-3.1-70B (TP 4: 2 KV heads x 128 per rank) drafted by Llama-3.2-1B (8 KV heads of 64 -> 2 per
+    rank): one group of mixed pages (UniformTypeKVCacheSpecs), a block = 80 x 16,384 + 16 x 8,192 bytes; a
+    32k sequence still takes 2048 blocks."""
+    e = serve("llama-3.1-70b", tp=4, max_model_len=32768, speculative={"method": "draft_model", "draft_model": "llama-3.2-1b"})
+    block = 80 * (2 * 2 * 128 * 16 * 2) + 16 * (2 * 2 * 64 * 16 * 2)
+    assert e.capacity.num_blocks == e.limiting.available // block
+    assert e.capacity.blocks_per_request == 2048 and e.capacity.tokens == int(e.capacity.num_blocks / 2048 * 32768)
+    with pytest.raises(ConfigError) as err:
+        serve("llama-3.1-8b", speculative={"method": "draft_model"})
+    assert err.value.field == "serving.speculative.draft_model"

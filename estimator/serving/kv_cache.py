@@ -61,17 +61,26 @@ class Groups:
     """The KV cache groups of the whole model: each a spec and the indices of its layers."""
 
     members: tuple[tuple[LayerSpec, tuple[int, ...]], ...]
+    # One group of full-attention layers whose pages differ (a draft model's layers beside the target's):
+    # vLLM's UniformTypeKVCacheSpecs, where a block holds one page of every layer
+    uniform_type: bool = False
 
     @property
     def count(self) -> int:
-        return len(self.members)
+        return 1 if self.uniform_type else len(self.members)
 
     def layers_per_group_on(self, layers: range) -> int:
         """The largest group's layers on one pipeline stage (the pages one block holds there)."""
         return max(sum(1 for i in idx if i in layers) for _, idx in self.members)
 
     def block_bytes_on(self, layers: range) -> int:
+        if self.uniform_type:
+            return sum(spec.page_bytes * sum(1 for i in idx if i in layers) for spec, idx in self.members)
         return self.members[0][0].page_bytes * self.layers_per_group_on(layers)
+
+    def blocks_per_request(self, max_model_len: int, in_flight: int) -> int:
+        members = self.members[:1] if self.uniform_type else self.members
+        return sum(cdiv(spec.max_memory_usage_bytes(max_model_len, in_flight), spec.page_bytes) for spec, _ in members)
 
 
 def kv_groups(specs: tuple[LayerSpec, ...], version: tuple[int, int]) -> Groups:
@@ -85,6 +94,9 @@ def kv_groups(specs: tuple[LayerSpec, ...], version: tuple[int, int]) -> Groups:
     if len(by_spec) == 1:
         spec, idx = next(iter(by_spec.items()))
         return Groups(((spec, tuple(idx)),))
+    if all(spec.kind == "full" for spec in by_spec) or all(spec.kind == "mla" for spec in by_spec):
+        # UniformTypeKVCacheSpecs.from_specs: every layer needs the same token slots, pages differ
+        return Groups(tuple((spec, tuple(idx)) for spec, idx in by_spec.items()), uniform_type=True)
     sizes = [len(idx) for idx in by_spec.values()]
     group_size = min(sizes)
     if version >= (0, 33) and max(sizes) < group_size * 1.5:
@@ -123,8 +135,7 @@ def capacity(groups: Groups, stage_layers: tuple[range, ...], available: tuple[i
     blocks = [max(avail, 0) // groups.block_bytes_on(r) for avail, r in zip(available, stage_layers)]
     limiting = min(range(len(blocks)), key=lambda s: blocks[s])
     num_blocks = blocks[limiting]
-    per_request = sum(cdiv(spec.max_memory_usage_bytes(max_model_len, in_flight), spec.page_bytes)
-                      for spec, _ in groups.members)
+    per_request = groups.blocks_per_request(max_model_len, in_flight)
     concurrency = num_blocks / per_request
     block_size = groups.members[0][0].block_size
     if tokens_rule == "blocks":
@@ -140,7 +151,8 @@ def effective_concurrency(groups: Groups, capacity_: KvCapacity, shared_prefix: 
     caching: its full blocks (block_pool.py caches full blocks only) are stored once per full-attention
     or MLA group; a sliding-window group keeps only its window and shares nothing here."""
     block_size = groups.members[0][0].block_size
-    shared = shared_prefix // block_size * sum(1 for spec, _ in groups.members if spec.kind != "sliding_window")
+    full_groups = 1 if groups.uniform_type else sum(1 for spec, _ in groups.members if spec.kind != "sliding_window")
+    shared = shared_prefix // block_size * full_groups
     if not shared or shared >= capacity_.blocks_per_request:
         return capacity_.max_concurrency
     return (capacity_.num_blocks - shared) / (capacity_.blocks_per_request - shared)
@@ -160,8 +172,7 @@ def longest_model_len(groups: Groups, stage_layers: tuple[range, ...], available
         for avail, layers, counts in zip(available, stage_layers, by_group):
             if version >= (0, 33):
                 block = groups.block_bytes_on(layers)
-                blocks = sum(cdiv(spec.max_memory_usage_bytes(length, in_flight), spec.page_bytes)
-                             for spec, _ in groups.members)
+                blocks = groups.blocks_per_request(length, in_flight)
                 if block * blocks > avail - block:
                     return False
             elif sum(spec.max_memory_usage_bytes(length, in_flight) * n

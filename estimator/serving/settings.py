@@ -16,8 +16,42 @@ from ..errors import ConfigError
 ENGINES = ("vllm", "sglang")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 WEIGHT_FORMATS = ("auto", "bf16", "fp16", "fp8", "int8", "gptq_int4", "awq_int4", "nvfp4", "mxfp4")
+SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM CacheConfig.block_size's allowed values (0.11 config/cache.py)
 _VERSION = re.compile(r"(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:\.?post\d+)?")
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """``serving.speculative``: speculative decoding (vLLM --speculative-config)."""
+
+    method: str = "eagle"
+    num_speculative_tokens: int = 3
+    draft_model: str | None = None  # draft_model: a preset or Hugging Face id; eagle/eagle3: the head's checkpoint
+
+    def __post_init__(self) -> None:
+        from ..fields import check_section
+        check_section("speculative", self)
+        if self.method == "draft_model" and not self.draft_model:
+            raise ConfigError("serving.speculative.draft_model", None, "a preset or Hugging Face model id",
+                              "required with method 'draft_model'", ("serving.speculative.method",))
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in ("method", "num_speculative_tokens", "draft_model")
+                if getattr(self, f) != getattr(Speculative, f)}
+
+
+def speculative_from(value: object) -> Speculative | None:
+    if value is None or isinstance(value, Speculative):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError("serving.speculative", value, "an object with method, num_speculative_tokens, draft_model")
+    known = ("method", "num_speculative_tokens", "draft_model")
+    for key in value:
+        if key not in known:
+            raise ConfigError(f"serving.speculative.{key}", value[key], f"known fields: {', '.join(known)}",
+                              "unknown field")
+    return Speculative(**value)
 
 
 @dataclass(frozen=True)
@@ -35,10 +69,12 @@ class Serving:
     cuda_graphs: bool = True  # False: --enforce-eager
     prefix_caching: bool = False
     shared_prefix_tokens: int | None = None  # with prefix caching: a prompt prefix every sequence shares
+    speculative: Speculative | None = None  # speculative decoding; None = off
 
     def __post_init__(self) -> None:
         from ..fields import check_section  # the registry reads this module's option lists
         check_section("serving", self)
+        object.__setattr__(self, "speculative", speculative_from(self.speculative))  # JSON gives an object
         if self.engine_version is not None:
             version_tuple(self.engine_version)  # refuses what is not a release number
         if self.shared_prefix_tokens and not self.prefix_caching:

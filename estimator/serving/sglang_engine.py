@@ -99,6 +99,9 @@ def _refuse_vllm_only(serving: Serving) -> None:
 def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
                     checkpoint: dict | None = None) -> ServingEstimate:
     _refuse_vllm_only(serving)
+    if serving.speculative is not None:
+        raise ConfigError("serving.speculative.method", serving.speculative.method, "empty with SGLang (or engine "
+                          "'vllm')", "SGLang's draft workers and their pools are not modelled", ("serving.engine",))
     if arch.sliding_window:
         raise ConfigError("serving.engine", "sglang", "'vllm' for a sliding-window model",
                           "SGLang's separate sliding-window pool (SWAKVPool) is not modelled")

@@ -9,6 +9,7 @@ smallest block count, so the stage with the least room limits capacity.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -132,8 +133,11 @@ def _default_block_size(arch: Architecture, gpu_id: str) -> int:
 
 
 def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parallel, budget: int,
-                  stage: int, layers: range) -> StageBudget:
+                  stage: int, layers: range, draft=None) -> StageBudget:
     weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length)
+    if draft is not None and stage == par.pp - 1:
+        weights = dataclasses.replace(weights, bytes=weights.bytes + draft.weights_bytes,
+                                      formula=f"{weights.formula} + {draft.formula}")
     kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
@@ -156,6 +160,18 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
 
 
+def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
+    spec = serving.speculative
+    if spec is None:
+        return None
+    from .speculative import draft_for
+    draft_arch = None
+    if spec.draft_model:
+        from ..config import architecture_from_model  # a preset, a Hub id (fetched) or a config object
+        draft_arch = architecture_from_model(spec.draft_model)
+    return draft_for(arch, spec, r.weights, par.tp, par.ep, r.block_size, r.kv_bytes, draft_arch)
+
+
 def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
                   checkpoint: dict | None = None) -> ServingEstimate:
     if serving.mem_fraction_static is not None:
@@ -167,8 +183,12 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     requested = total * serving.gpu_memory_utilization
     budget = math.ceil(requested) if r.rules.version >= (0, 21) else int(requested)
     ranges = stage_layers(arch.num_layers, par.pp)
-    stages = tuple(_stage_budget(arch, r, serving, par, budget, s, layers) for s, layers in enumerate(ranges))
+    draft = _draft(arch, serving, r, par)
+    stages = tuple(_stage_budget(arch, r, serving, par, budget, s, layers, draft) for s, layers in enumerate(ranges))
     specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes)
+    if draft is not None:  # the drafter's layers follow the target's, on the last stage
+        specs += draft.kv_layers
+        ranges = ranges[:-1] + (range(ranges[-1].start, len(specs)),)
     groups = kv_cache.kv_groups(specs, r.rules.version)
     in_flight = kv_cache.in_flight_tokens(r.max_num_batched_tokens, par.pp, r.rules.version)
     available = tuple(s.available for s in stages)
