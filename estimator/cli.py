@@ -190,24 +190,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoint(model) -> dict | None:
-    """The checkpoint's config.json, for the weight format and context length a serving estimate reads:
-    a preset's bundled config, a Hub model's fetched one, or the config object given."""
-    if isinstance(model, dict):
-        return model if ("model_type" in model or "text_config" in model) else None
-    if "/" in model:
-        from .hub import fetch_config, parse_hub_id
-        repo_id, revision = parse_hub_id(model)
-        return fetch_config(repo_id, revision=revision)
-    from .presets import get_hf_config
-    return get_hf_config(model)
-
-
-def _serving_result(cfg, serving=None):
-    from .serving.service import estimate_serving
-    from .serving.settings import Serving
-    return estimate_serving(cfg.architecture, serving or cfg.serving or Serving(), cfg.parallel, cfg.hardware,
-                            _checkpoint(cfg.model))
+def _serving_result(cfg):
+    from .serving.service import serving_config
+    return serving_config(cfg)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -228,8 +213,9 @@ def _cmd_serve_plan(args: argparse.Namespace) -> int:
     from .serving.planner import render_plan_text, serve_plan
     from .serving.settings import Serving
     cfg = _load(args)
+    from .serving.service import checkpoint_of
     plan = serve_plan(cfg.architecture, cfg.serving or Serving(), cfg.hardware, args.users, args.context,
-                      _checkpoint(cfg.model), args.gpus_per_node, args.limit)
+                      checkpoint_of(cfg.model), args.gpus_per_node, args.limit)
     print(json.dumps(plan.to_json()) if args.json else render_plan_text(plan))
     return 0
 

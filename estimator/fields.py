@@ -515,7 +515,7 @@ SERVING_FIELDS: tuple[Field, ...] = (
 SETTINGS: tuple[Field, ...] = TRAINING_FIELDS + PARALLEL_FIELDS + HARDWARE_FIELDS + ADAPTER_FIELDS + RL_FIELDS
 ALL: tuple[Field, ...] = SETTINGS + SERVING_FIELDS + ARCHITECTURE_FIELDS
 BY_PATH: dict[str, Field] = {f.path: f for f in ALL}
-SETTING_BY_NAME: dict[str, Field] = {f.key: f for f in SETTINGS}  # flat names are unique across the sections
+SETTING_BY_NAME: dict[str, Field] = {f.key: f for f in SETTINGS + SERVING_FIELDS}  # flat names are unique across the sections
 ARCHITECTURE_BY_NAME: dict[str, Field] = {f.name: f for f in ARCHITECTURE_FIELDS}
 
 

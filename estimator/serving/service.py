@@ -11,6 +11,27 @@ from .settings import Serving
 GiB = 1024**3
 
 
+def checkpoint_of(model) -> dict | None:
+    """The checkpoint's config.json for a config's ``model`` (the weight format and context length a
+    serving estimate reads): a preset's bundled config (read on first use), a Hub model's (fetched, the
+    one path that touches the network), or the config object given; None for a canonical architecture."""
+    if isinstance(model, dict):
+        return model if ("model_type" in model or "text_config" in model) else None
+    if "/" in model:
+        from ..hub import fetch_config, parse_hub_id
+        repo_id, revision = parse_hub_id(model)
+        return fetch_config(repo_id, revision=revision)
+    from ..presets import get_hf_config
+    return get_hf_config(model)
+
+
+def serving_config(cfg):
+    """A loaded `Config`'s serving estimate (its serving object, or the defaults when absent)."""
+    from .settings import Serving
+    return estimate_serving(cfg.architecture, cfg.serving or Serving(), cfg.parallel, cfg.hardware,
+                            checkpoint_of(cfg.model))
+
+
 def check_layout(arch: Architecture, par: Parallel) -> None:
     """What the engines refuse at start-up: TP must divide the attention heads, and the KV heads must
     divide over TP or be replicated evenly (vLLM config/parallel.py verify_with_model_config; QKVParallelLinear);
