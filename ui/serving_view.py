@@ -64,10 +64,11 @@ def split_rows(result) -> list[dict]:
 
 
 def split_chart_spec(rows: list[dict]) -> dict:
-    return {"data": {"values": [{"term": r["term"], "GiB": r["GiB"], "gpu": "limiting GPU"} for r in rows]},
-            "mark": {"type": "bar", "tooltip": True},
-            "encoding": {"y": {"field": "gpu", "type": "nominal", "title": None},
-                         "x": {"field": "GiB", "type": "quantitative", "stack": "zero", "title": "GiB"},
-                         "color": {"field": "term", "type": "nominal", "sort": None,
-                                   "legend": {"orient": "bottom", "columns": 3}}},
-            "height": 90}
+    """One bar per term, in the order of the table (the budget's terms first, then what lies outside it)."""
+    values = [{"term": r["term"], "GiB": round(r["GiB"], 3), "order": i} for i, r in enumerate(rows)]
+    return {"data": {"values": values}, "mark": {"type": "bar", "tooltip": True},
+            "encoding": {"y": {"field": "term", "type": "nominal", "sort": {"field": "order"}, "title": None,
+                               "axis": {"labelLimit": 320}},
+                         "x": {"field": "GiB", "type": "quantitative", "title": "GiB on the limiting GPU"},
+                         "color": {"field": "term", "type": "nominal", "legend": None}},
+            "height": {"step": 26}}
