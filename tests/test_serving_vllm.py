@@ -342,3 +342,20 @@ def test_speculative_draft_model_mixes_page_sizes_in_one_group():
     with pytest.raises(ConfigError) as err:
         serve("llama-3.1-8b", speculative={"method": "draft_model"})
     assert err.value.field == "serving.speculative.draft_model"
+
+
+def test_quantized_presets_load_in_their_formats():
+    """The bundled quantized checkpoints: Llama-3.1-70B FP8 (compressed-tensors, an fp32 scale per output
+    row), Qwen2.5-7B AWQ (int4, fp16), gpt-oss MXFP4 (experts only), DeepSeek-V3 FP8 (128 x 128 blocks)."""
+    fp8 = serve("llama-3.1-70b-fp8", tp=2, max_model_len=32768)
+    assert fp8.resolved.weights == WeightFormat("fp8", None, 2, per_channel=True) and fp8.starts
+    bf16 = serve("llama-3.1-70b", tp=2, max_model_len=32768)
+    h, i, kv, layers = 8192, 28672, 8 * 128, 80
+    linear = layers * (h * (h + 2 * kv) + h * h + 2 * i * h + h * i) // 2  # per TP-2 rank
+    # output rows per rank: column-parallel q, k, v, gate_up halve theirs; row-parallel o and down keep all
+    rows = layers * ((h + 2 * kv + 2 * i) // 2 + h + h)
+    assert bf16.limiting.weights - fp8.limiting.weights == 2 * linear - (linear + 4 * rows)
+    awq = serve("qwen2.5-7b-awq", "l40s", max_model_len=32768)
+    assert (awq.resolved.weight_format, awq.resolved.kv_cache_dtype) == ("awq_int4", "fp16")
+    assert serve("gpt-oss-120b", max_model_len=32768).resolved.weight_format == "mxfp4"
+    assert serve("deepseek-v3", "h200", tp=8, max_model_len=32768).resolved.weights.block == (128, 128)

@@ -59,13 +59,17 @@ def checkpoint_format(config: dict | None, requested: str) -> WeightFormat:
                               "estimate models")
         dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         name = found or ("fp16" if dtype == "float16" else "bf16")
-    if name == "fp16":
-        dtype_bytes = 2
-    block = None
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    dtype_name = "fp16" if name == "fp16" or (requested == "auto" and dtype == "float16") else "bf16"
+    block, per_channel = None, False
     if name == "fp8" and q.get("weight_block_size"):
         size = q["weight_block_size"]
         block = (int(size[0]), int(size[1]))
-    return WeightFormat(name, block, dtype_bytes)
+    if name == "fp8" and str(q.get("quant_method")) == "compressed-tensors":
+        groups = q.get("config_groups") or {}
+        weights = next(iter(groups.values()), {}).get("weights", {}) if groups else {}
+        per_channel = weights.get("strategy") == "channel"
+    return WeightFormat(name, block, dtype_bytes, per_channel, dtype_name)
 
 
 def context_length(config: dict | None) -> int | None:

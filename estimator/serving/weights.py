@@ -6,7 +6,8 @@ allocated. Per format, the bytes of one linear weight of (out, in) on a rank, af
 
 - bf16 / fp16: 2 x out x in (UnquantizedLinearMethod).
 - fp8: 1 byte per weight and one fp32 scale per matrix (Fp8LinearMethod, per-tensor); a checkpoint
-  with ``weight_block_size`` [128, 128] (DeepSeek-V3) keeps an fp32 ``weight_scale_inv`` per block.
+  with ``weight_block_size`` [128, 128] (DeepSeek-V3) keeps an fp32 ``weight_scale_inv`` per block, a
+  compressed-tensors one with strategy "channel" an fp32 scale per output row.
 - int8 (w8a8, compressed-tensors channel-wise): 1 byte per weight and an fp32 scale per output row.
 - gptq_int4 (gptq_marlin, 4 bits, group 128, no act-order): packed int32 qweight = 0.5 byte per
   weight, fp16 scales per group of 128 inputs; marlin drops g_idx and the symmetric zero points.
@@ -44,6 +45,8 @@ class WeightFormat:
     name: str  # one of settings.WEIGHT_FORMATS except "auto"
     block: tuple[int, int] | None = None  # fp8 block scales (weight_block_size)
     dtype_bytes: int = 2  # the unquantized tensors' dtype (bf16/fp16)
+    per_channel: bool = False  # fp8 with one fp32 scale per output row (compressed-tensors strategy "channel")
+    dtype_name: str = "bf16"  # the unquantized tensors' dtype, by name
 
 
 def matrix_bytes(fmt: WeightFormat, out: int, inp: int, expert: bool) -> float:
@@ -55,7 +58,7 @@ def matrix_bytes(fmt: WeightFormat, out: int, inp: int, expert: bool) -> float:
     if name == "fp8":
         if fmt.block:
             return n + 4 * cdiv(out, fmt.block[0]) * cdiv(inp, fmt.block[1])
-        return n + 4
+        return n + 4 * (out if fmt.per_channel else 1)
     if name == "int8":
         return n + 4 * out
     if name == "gptq_int4":
