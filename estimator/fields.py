@@ -502,8 +502,9 @@ SERVING_FIELDS: tuple[Field, ...] = (
             "draft head on the target's hidden states), mtp (the checkpoint's multi-token-prediction module, "
             "DeepSeek-V3), draft_model (a separate smaller model). The draft's weights and its KV cache layers take "
             "memory from the KV cache.", _SV, _SS.SPECULATIVE_METHODS),
-    _int("num_speculative_tokens", "speculative", "Speculative tokens", "Tokens the draft proposes per step.", _SV,
-         hi=64),
+    _int("num_speculative_tokens", "speculative", "Speculative tokens", "Tokens the draft proposes per step. It "
+         "does not change this estimate: the drafter's weights and KV layers do not depend on it, and the proposed "
+         "tokens' KV slots lie within max_model_len.", _SV, hi=64),
     Field("draft_model", "speculative", "text", "Draft model", "With draft_model: the draft's preset or Hugging "
           "Face id (it shares the target's tokenizer and TP).", _SV, optional=True,
           auto="none (eagle/eagle3: a head of the target's width)"),

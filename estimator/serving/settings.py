@@ -25,7 +25,7 @@ _VERSION = re.compile(r"(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:\.?post\d+)?")
 class Speculative:
     """``serving.speculative``: speculative decoding (vLLM --speculative-config)."""
 
-    method: str = "eagle"
+    method: str | None = None  # required: the object's switch
     num_speculative_tokens: int = 3
     draft_model: str | None = None  # draft_model: a preset or Hugging Face id; eagle/eagle3: the head's checkpoint
 
@@ -38,7 +38,7 @@ class Speculative:
 
     def to_dict(self) -> dict:
         return {f: getattr(self, f) for f in ("method", "num_speculative_tokens", "draft_model")
-                if getattr(self, f) != getattr(Speculative, f)}
+                if f == "method" or getattr(self, f) != getattr(Speculative, f)}
 
 
 def speculative_from(value: object) -> Speculative | None:
