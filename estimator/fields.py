@@ -489,11 +489,12 @@ SERVING_FIELDS: tuple[Field, ...] = (
             auto="vLLM: 16, MLA 64 (FlashMLA) on Hopper and 128 (CUTLASS MLA) on Blackwell; SGLang: 1"),
     _choice("kv_cache_dtype", _S, "Serving KV cache dtype", "vLLM --kv-cache-dtype: auto keeps the model's dtype; "
             "fp8 (e4m3 or e5m2) stores 1 byte per element and doubles the tokens that fit.", _SV,
-            _SS.KV_CACHE_DTYPES),
+            _SS.KV_CACHE_DTYPES, optional=True, auto="the model's dtype (vLLM's auto)"),
     _choice("weight_format", _S, "Weight format", "How the weights are stored as loaded: auto reads the "
             "checkpoint's quantization_config; bf16/fp16; fp8 (1 byte + scales); int8 (w8a8, per-channel scales); "
             "gptq_int4 / awq_int4 (4 bits, group 128 scales); nvfp4 (4 bits, fp8 scale per 16); mxfp4 (gpt-oss "
-            "experts, scale per 32).", _SV, _SS.WEIGHT_FORMATS),
+            "experts, scale per 32).", _SV, _SS.WEIGHT_FORMATS, optional=True,
+            auto="the checkpoint's own format (its quantization_config, else its dtype)"),
     _bool("cuda_graphs", _S, "CUDA graphs", "Off = --enforce-eager: no graphs are captured.", _SV),
     _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
           "that share a prompt prefix reuse its full KV blocks. The block count is unchanged; with a shared prefix "

@@ -45,11 +45,12 @@ def _quantized_format(q: dict) -> str | None:
     return None
 
 
-def checkpoint_format(config: dict | None, requested: str) -> WeightFormat:
+def checkpoint_format(config: dict | None, requested: str | None) -> WeightFormat:
     """The format the weights are loaded in; a named format overrides the checkpoint's."""
     config = _text_config(config or {})
     dtype_bytes = 2
     q = config.get("quantization_config") if isinstance(config.get("quantization_config"), dict) else {}
+    requested = requested or "auto"
     name = requested
     if requested == "auto":
         found = _quantized_format(q) if q else None

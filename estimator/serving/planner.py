@@ -18,6 +18,7 @@ from ..architecture import Architecture
 from ..errors import ConfigError
 from ..hardware import Hardware
 from ..parallel import Parallel
+from .checkpoint import checkpoint_format
 from .service import estimate_serving
 from .settings import Serving
 
@@ -55,9 +56,10 @@ class ServePlan:
                 "searched": self.searched, "seconds": self.seconds}
 
 
-def _variants(serving: Serving) -> list[dict]:
-    kv = [{}] if serving.kv_cache_dtype != "auto" else [{}, {"kv_cache_dtype": "fp8"}]
-    formats = [{}] + [{"weight_format": f} for f in ALTERNATIVE_FORMATS if f != serving.weight_format]
+def _variants(serving: Serving, checkpoint: dict | None) -> list[dict]:
+    kv = [{}] if serving.kv_cache_dtype is not None else [{}, {"kv_cache_dtype": "fp8"}]
+    loaded = checkpoint_format(checkpoint, serving.weight_format).name
+    formats = [{}] + [{"weight_format": f} for f in ALTERNATIVE_FORMATS if f != loaded]
     return [{**a, **b} for b in formats for a in kv]
 
 
@@ -72,7 +74,7 @@ def serve_plan(arch: Architecture, serving: Serving, hardware: Hardware, users: 
     options, searched = [], 0
     for tp in (t for t in TP_SIZES if t <= gpus_per_node):
         for pp in (p for p in PP_SIZES if p <= arch.num_layers):
-            for changes in _variants(base):
+            for changes in _variants(base, checkpoint):
                 searched += 1
                 try:
                     result = estimate_serving(arch, dataclasses.replace(base, **changes), Parallel(tp=tp, pp=pp),

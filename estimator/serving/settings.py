@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 
 ENGINES = ("vllm", "sglang")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-WEIGHT_FORMATS = ("auto", "bf16", "fp16", "fp8", "int8", "gptq_int4", "awq_int4", "nvfp4", "mxfp4")
+KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")  # None (or "auto" in a config): the model's dtype
+WEIGHT_FORMATS = ("bf16", "fp16", "fp8", "int8", "gptq_int4", "awq_int4", "nvfp4", "mxfp4")
 SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM CacheConfig.block_size's allowed values (0.11 config/cache.py)
 _VERSION = re.compile(r"(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:\.?post\d+)?")
@@ -64,8 +64,8 @@ class Serving:
     max_num_seqs: int | None = None  # None: the engine's default for this GPU
     max_num_batched_tokens: int | None = None  # None: the engine's default for this GPU
     block_size: int | None = None  # None: the engine's default for this attention
-    kv_cache_dtype: str = "auto"
-    weight_format: str = "auto"  # auto: the checkpoint's own format (its quantization_config)
+    kv_cache_dtype: str | None = None  # None ("auto"): the model's dtype
+    weight_format: str | None = None  # None ("auto"): the checkpoint's own format (its quantization_config)
     cuda_graphs: bool = True  # False: --enforce-eager
     prefix_caching: bool = False
     shared_prefix_tokens: int | None = None  # with prefix caching: a prompt prefix every sequence shares
@@ -73,6 +73,9 @@ class Serving:
 
     def __post_init__(self) -> None:
         from ..fields import check_section  # the registry reads this module's option lists
+        for name in ("kv_cache_dtype", "weight_format"):  # the contract's "auto" is the field's auto (None)
+            if getattr(self, name) == "auto":
+                object.__setattr__(self, name, None)
         check_section("serving", self)
         object.__setattr__(self, "speculative", speculative_from(self.speculative))  # JSON gives an object
         if self.engine_version is not None:

@@ -147,7 +147,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=tokens * cell, tokens=tokens,
                                    max_concurrency=tokens / max_len, blocks_per_request=-(-max_len // page))
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
-                        serving.kv_cache_dtype if serving.kv_cache_dtype != "auto" else fmt.dtype_name,
+                        serving.kv_cache_dtype or fmt.dtype_name,
                         kv_bytes, fmt.name, fmt)
     longest = min(tokens, context or tokens)
     device_total = gpu.cuda_context_bytes + static + int(reserve * MiB)

@@ -118,7 +118,7 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
     block = serving.block_size or _default_block_size(arch, gpu.id)
     return Resolved(rules, max_model_len, context, serving.max_num_seqs or tier.max_num_seqs,
                     serving.max_num_batched_tokens or tier.max_num_batched_tokens, block,
-                    serving.kv_cache_dtype if serving.kv_cache_dtype != "auto" else fmt.dtype_name,
+                    serving.kv_cache_dtype or fmt.dtype_name,
                     kv_bytes, fmt.name, fmt)
 
 
