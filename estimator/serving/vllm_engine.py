@@ -148,7 +148,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     available = budget - weights.bytes - peak.bytes - non_torch - in_budget
     src = f"vLLM {r.rules.label}"
     components = (
-        component("weights", "Weights as loaded", weights.bytes, weights.formula, f"{src} weights.py model"),
+        component("weights", "Weights as loaded", weights.bytes, weights.formula,
+                  f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
         component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
                   f"{src} gpu_model_runner.py profile_run (modelled, not measured)"),
         component("non_torch", "Non-torch memory", non_torch, "cuBLAS workspaces, lazily loaded kernels, NCCL buffers",
