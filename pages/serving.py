@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from estimator.serving.service import headline
+from ui import keys as K
 from ui import serving_view, state
 
 cur = state.current()
@@ -52,9 +53,9 @@ for note in result.notes:
 
 st.subheader("How many GPUs for N users?")
 left, right = st.columns(2)
-users = left.number_input("Concurrent users", min_value=1, max_value=1_000_000, value=64, step=8, key="serve_users")
+users = left.number_input("Concurrent users", min_value=1, max_value=1_000_000, value=64, step=8, key=K.SERVE_USERS)
 context = right.number_input("Context per user (tokens)", min_value=1, max_value=2**24,
-                             value=int(r.max_model_len), step=1024, key="serve_context")
+                             value=int(r.max_model_len), step=1024, key=K.SERVE_CONTEXT)
 planned = serving_view.plan(cur.config_json, int(users), int(context))
 if planned.error is not None:
     st.warning(state.plain(str(planned.error)))
