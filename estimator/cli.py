@@ -13,7 +13,7 @@ import sys
 
 from .errors import REDACTED, ConfigError, looks_secret, redact
 from .adapters import base_dtype as adapter_base_dtype
-from .fields import SETTINGS, parse_text, set_in
+from .fields import SERVING_FIELDS, SETTINGS, parse_text, set_in
 from .hardware import GPUS
 
 GiB = 1024**3
@@ -35,11 +35,17 @@ def _override_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f.flag, dest=f.path, metavar="VALUE", default=None, help=f"{f.label}: {f.allowed()}")
 
 
+def _serving_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("serving fields (the config's serving object; docs/config.md lists them)")
+    for f in SERVING_FIELDS:
+        group.add_argument(f.flag, dest=f.path, metavar="VALUE", default=None, help=f"{f.label}: {f.allowed()}")
+
+
 def _apply_overrides(config: dict, args: argparse.Namespace) -> dict:
     """Each given flag's text parsed as its field's type (estimator/fields.py) into its section."""
     config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config.items()}
-    for f in SETTINGS:
-        text = getattr(args, f.path)
+    for f in SETTINGS + SERVING_FIELDS:
+        text = getattr(args, f.path, None)
         if text is None:
             continue
         set_in(config, f, parse_text(f, text))
@@ -169,8 +175,11 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     cfg = _load(args)
     result = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
     plan = plan_to_fit(cfg) if result.fit.verdict != "fits" else []
+    serving = _serving_result(cfg) if cfg.serving is not None else None
     if args.json:
         out = result.to_json()
+        if serving is not None:
+            out["serving"] = serving.to_json()
         if plan:  # an optional key: what to change, step by step, when the run does not fit comfortably
             out["plan_to_fit"] = [{"change": s.description, "config": s.config.to_dict(),
                                    "device_total_bytes": s.device_total_bytes, "verdict": s.verdict,
@@ -183,7 +192,40 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             for i, s in enumerate(plan, 1):
                 text += (f"\n  {i}. {s.description}: {s.device_total_bytes / GiB:.2f} GiB, {s.verdict}"
                          + (f" on {s.gpus} GPUs" if s.gpus != cfg.parallel.gpus else ""))
+        if serving is not None:
+            from .serving.service import render_text as render_serving
+            text += "\n\n" + render_serving(serving, cfg.parallel.dp)
         print(text)
+    return 0
+
+
+def _serving_result(cfg):
+    from .serving.service import serving_config
+    return serving_config(cfg)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .memory import estimate
+    from .serving.service import render_text as render_serving
+    cfg = _load(args)
+    serving = _serving_result(cfg)
+    if args.json:
+        out = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware).to_json()
+        out["serving"] = serving.to_json()
+        print(json.dumps(out))
+    else:
+        print(render_serving(serving, cfg.parallel.dp))
+    return 0
+
+
+def _cmd_serve_plan(args: argparse.Namespace) -> int:
+    from .serving.planner import render_plan_text, serve_plan
+    from .serving.settings import Serving
+    cfg = _load(args)
+    from .serving.service import checkpoint_of
+    plan = serve_plan(cfg.architecture, cfg.serving or Serving(), cfg.hardware, args.users, args.context,
+                      checkpoint_of(cfg.model), args.gpus_per_node, args.limit)
+    print(json.dumps(plan.to_json()) if args.json else render_plan_text(plan))
     return 0
 
 
@@ -247,7 +289,24 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--config", required=True, help="a JSON config (see CONTRACT.md)")
     est.add_argument("--json", action="store_true", help="print one JSON object")
     _override_flags(est)
+    _serving_flags(est)
     est.set_defaults(handler=_cmd_estimate)
+    srv = sub.add_parser("serve", help="serving capacity on vLLM/SGLang: KV cache, concurrency, longest context")
+    srv.add_argument("--config", required=True, help="a JSON config with an optional serving object")
+    srv.add_argument("--json", action="store_true", help="print one JSON object")
+    _override_flags(srv)
+    _serving_flags(srv)
+    srv.set_defaults(handler=_cmd_serve)
+    sp = sub.add_parser("serve-plan", help="N users at context L: the fewest GPUs and their layouts")
+    sp.add_argument("--config", required=True, help="a JSON config: the model, GPU and serving object")
+    sp.add_argument("--users", required=True, type=int, help="concurrent sequences to serve")
+    sp.add_argument("--context", required=True, type=int, help="tokens per sequence (max_model_len)")
+    sp.add_argument("--gpus-per-node", type=int, default=8, help="TP stays within one node (default 8)")
+    sp.add_argument("--limit", type=int, default=10, help="options listed (default 10)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    _override_flags(sp)
+    _serving_flags(sp)
+    sp.set_defaults(handler=_cmd_serve_plan)
     roof = sub.add_parser("roofline", help="per-operation roofline and step time of a configuration")
     roof.add_argument("--config", required=True)
     roof.add_argument("--json", action="store_true")

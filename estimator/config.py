@@ -16,6 +16,7 @@ from .architecture import ARCHITECTURE_FIELDS, Architecture
 from .errors import ConfigError
 from .hardware import Hardware
 from .parallel import Parallel, tp_following_defaults
+from .serving.settings import Serving
 from .training import Training
 
 SECTIONS = {"training": Training, "parallel": Parallel, "hardware": Hardware}
@@ -28,6 +29,7 @@ class Config:
     parallel: Parallel
     hardware: Hardware
     model: str | dict  # what the user gave: a preset id, a hub id, or an architecture object
+    serving: Serving | None = None  # the top-level ``serving`` object (CONTRACT.md, "Additions: serving")
 
     def to_dict(self) -> dict:
         """The contract's JSON, with only the fields that differ from their defaults."""
@@ -45,6 +47,11 @@ class Config:
                         section.pop(derived, None)
             if section:
                 out[name] = section
+        if self.serving is not None:
+            out["serving"] = {f.name: getattr(self.serving, f.name) for f in fields(Serving)
+                              if getattr(self.serving, f.name) != f.default}
+            if self.serving.speculative is not None:
+                out["serving"]["speculative"] = self.serving.speculative.to_dict()
         return out
 
 
@@ -108,16 +115,29 @@ def load_config(data: object) -> Config:
     if not isinstance(data, dict):
         raise ConfigError("config", type(data).__name__, "a JSON object with model, training, parallel, hardware")
     for key in data:
-        if key not in ("model", *SECTIONS):
-            raise ConfigError(key, data[key], "model, training, parallel, hardware", "unknown section")
+        if key not in ("model", *SECTIONS, "serving"):
+            raise ConfigError(key, data[key], "model, training, parallel, hardware, serving", "unknown section")
     if "model" not in data:
         raise ConfigError("model", None, "a preset id, a Hugging Face id or an architecture object", "required")
     try:
         arch = architecture_from_model(data["model"])
         sections = {name: build_section(name, data.get(name)) for name in SECTIONS}
+        serving = build_serving(data["serving"]) if "serving" in data else None
     except TypeError as exc:  # a dataclass given a wrongly shaped value
         raise ConfigError("config", str(exc), "fields of the contract") from None
-    return Config(architecture=arch, model=data["model"], **sections)
+    return Config(architecture=arch, model=data["model"], serving=serving, **sections)
+
+
+def build_serving(values: object) -> Serving:
+    """The ``serving`` object; an unknown key is an error like in every section."""
+    if not isinstance(values, dict):
+        raise ConfigError("serving", values, "an object of fields")
+    known = {f.name for f in fields(Serving)}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"serving.{key}", values[key], f"known fields of serving: {', '.join(sorted(known))}",
+                              "unknown field")
+    return Serving(**values)
 
 
 def estimate_config(data: object):

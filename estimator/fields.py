@@ -21,6 +21,7 @@ from typing import Any
 
 from .adapters import BASE_DTYPES, BNB_VERSION_PATTERN, METHODS, TARGETS, ALL_LINEAR, Adapter
 from .rl import ALGORITHMS, ENGINES, Rl
+from .serving import settings as serving_settings
 from .architecture import NORMS, POSITION_EMBEDDINGS, Architecture
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
@@ -47,10 +48,13 @@ MAX_SAMPLES = 2**30  # samples in a global batch
 MAX_NAME = 200  # characters of a name
 
 SECTION_CLASSES = {"training": Training, "parallel": Parallel, "hardware": Hardware, "model": Architecture,
-                   "adapter": Adapter, "rl": Rl}
+                   "adapter": Adapter, "rl": Rl, "serving": serving_settings.Serving,
+                   "speculative": serving_settings.Speculative}
 # sections that are objects inside another section of the JSON config (``training.adapter``): their
 # fields' flags and URL parameters carry the object's name (``--adapter-rank``, ``adapter_rank=``)
-NESTED = {"adapter": "training", "rl": "training"}
+NESTED = {"adapter": "training", "rl": "training", "speculative": "serving"}
+# flat names (flag, URL parameter) of fields whose own name another section already uses
+FLAT_NAMES = {("serving", "kv_cache_dtype"): "serving_kv_cache_dtype"}
 _DTYPES = tuple(dict.fromkeys(TRAINING_DTYPES + INFERENCE_WEIGHT_DTYPES))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -86,6 +90,8 @@ class Field:
     @property
     def key(self) -> str:
         """The field's flat name: its CLI flag, URL parameter and widget key (unique over sections)."""
+        if (self.section, self.name) in FLAT_NAMES:
+            return FLAT_NAMES[(self.section, self.name)]
         return f"{self.section}_{self.name}" if self.section in NESTED else self.name
 
     @property
@@ -486,10 +492,68 @@ RL_FIELDS: tuple[Field, ...] = (
          "contract).", _RL, hi=MAX_HEADS, optional=True, auto="= TP"),
 )
 
+_S, _SV = "serving", "Serving (inference engine)"
+_SS = serving_settings
+
+SERVING_FIELDS: tuple[Field, ...] = (
+    _choice("engine", _S, "Serving engine", "The inference engine whose start-up accounting is reproduced: vLLM's V1 "
+            "engine (gpu_worker.py determine_available_memory) or SGLang (model_runner.py).", _SV, _SS.ENGINES),
+    Field("engine_version", _S, "text", "Engine version", "The engine release whose rules apply, e.g. '0.11' or "
+          "'0.33.0' (vLLM from 0.11). A release between two recorded rule changes follows the older one.", _SV,
+          optional=True, auto="the newest release whose rules are recorded"),
+    Field("gpu_memory_utilization", _S, "float", "GPU memory utilization", "vLLM --gpu-memory-utilization: the "
+          "share of the GPU's total memory this engine may use for weights, activations, non-torch memory and "
+          "KV cache (and, from vLLM 0.20, CUDA graphs).", _SV, min=0.01, max=1.0, step=0.01),
+    Field("mem_fraction_static", _S, "float", "SGLang mem_fraction_static", "SGLang --mem-fraction-static: the "
+          "share of the GPU for the weights and the KV pool; the rest is left for activations and CUDA graphs.",
+          _SV, min=0.01, max=1.0, step=0.01, optional=True, auto="SGLang's choice by GPU memory and TP"),
+    _int("max_model_len", _S, "Max model length (tokens)", "vLLM --max-model-len: the longest request (prompt + "
+         "output). Concurrency is counted in sequences of this length.", _SV, hi=MAX_TOKENS, optional=True,
+         auto="the model's context length (max_position_embeddings)", step=1024),
+    _int("max_num_seqs", _S, "Max concurrent sequences", "vLLM --max-num-seqs: requests per step; the profiling "
+         "run samples this many rows and CUDA graphs are captured up to twice it (at most 512). SGLang: "
+         "--cuda-graph-max-bs, the largest decode batch captured.", _SV, hi=2**20,
+         optional=True, auto="the engine's default for the GPU (vLLM: 1024 on >= 70 GiB GPUs other than A100, else "
+         "256; SGLang: 8 to 512 by GPU memory and TP)"),
+    _int("max_num_batched_tokens", _S, "Max batched tokens", "vLLM --max-num-batched-tokens: tokens per step "
+         "(the chunked-prefill budget); the profiling run's forward pass has this many tokens. SGLang: "
+         "--chunked-prefill-size.", _SV, hi=MAX_TOKENS,
+         optional=True, auto="the engine's default for the GPU (vLLM: 8192 on >= 70 GiB GPUs other than A100, "
+         "16384 on >= 160 GiB from 0.33, else 2048; SGLang: 2048 to 16384 by GPU memory)", step=1024),
+    _choice("block_size", _S, "KV cache block size", "vLLM --block-size: tokens per KV cache block. SGLang: "
+            "--page-size.", _SV, _SS.BLOCK_SIZES, optional=True,
+            auto="vLLM: 16, MLA 64 (FlashMLA) on Hopper and 128 (CUTLASS MLA) on Blackwell; SGLang: 1"),
+    _choice("kv_cache_dtype", _S, "Serving KV cache dtype", "vLLM --kv-cache-dtype: auto keeps the model's dtype; "
+            "fp8 (e4m3 or e5m2) stores 1 byte per element and doubles the tokens that fit.", _SV,
+            _SS.KV_CACHE_DTYPES, optional=True, auto="the model's dtype (vLLM's auto)"),
+    _choice("weight_format", _S, "Weight format", "How the weights are stored as loaded: auto reads the "
+            "checkpoint's quantization_config; bf16/fp16; fp8 (1 byte + scales); int8 (w8a8, per-channel scales); "
+            "gptq_int4 / awq_int4 (4 bits, group 128 scales); nvfp4 (4 bits, fp8 scale per 16); mxfp4 (gpt-oss "
+            "experts, scale per 32).", _SV, _SS.WEIGHT_FORMATS, optional=True,
+            auto="the checkpoint's own format (its quantization_config, else its dtype)"),
+    _bool("cuda_graphs", _S, "CUDA graphs", "Off = --enforce-eager: no graphs are captured.", _SV),
+    _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
+          "that share a prompt prefix reuse its full KV blocks. The block count is unchanged; with a shared prefix "
+          "the effective concurrency grows.", _SV),
+    _choice("method", "speculative", "Speculative decoding", "serving.speculative: eagle / eagle3 (a one-layer "
+            "draft head on the target's hidden states), mtp (the checkpoint's multi-token-prediction module, "
+            "DeepSeek-V3), draft_model (a separate smaller model). The draft's weights and its KV cache layers take "
+            "memory from the KV cache.", _SV, _SS.SPECULATIVE_METHODS),
+    _int("num_speculative_tokens", "speculative", "Speculative tokens", "Tokens the draft proposes per step. It "
+         "does not change this estimate: the drafter's weights and KV layers do not depend on it, and the proposed "
+         "tokens' KV slots lie within max_model_len.", _SV, hi=64),
+    Field("draft_model", "speculative", "text", "Draft model", "With draft_model: the draft's preset or Hugging "
+          "Face id (it shares the target's tokenizer and TP).", _SV, optional=True,
+          auto="none (eagle/eagle3: a head of the target's width)"),
+    _int("shared_prefix_tokens", _S, "Shared prefix (tokens)", "With prefix caching: a prompt prefix (system "
+         "prompt, few-shot examples) every sequence shares; its full blocks are stored once for all of them.", _SV,
+         lo=0, hi=MAX_TOKENS, optional=True, auto="none", step=256),
+)
+
 SETTINGS: tuple[Field, ...] = TRAINING_FIELDS + PARALLEL_FIELDS + HARDWARE_FIELDS + ADAPTER_FIELDS + RL_FIELDS
-ALL: tuple[Field, ...] = SETTINGS + ARCHITECTURE_FIELDS
+ALL: tuple[Field, ...] = SETTINGS + SERVING_FIELDS + ARCHITECTURE_FIELDS
 BY_PATH: dict[str, Field] = {f.path: f for f in ALL}
-SETTING_BY_NAME: dict[str, Field] = {f.key: f for f in SETTINGS}  # flat names are unique across the sections
+SETTING_BY_NAME: dict[str, Field] = {f.key: f for f in SETTINGS + SERVING_FIELDS}  # flat names are unique across the sections
 ARCHITECTURE_BY_NAME: dict[str, Field] = {f.name: f for f in ARCHITECTURE_FIELDS}
 
 
@@ -634,7 +698,11 @@ _SECTION_TITLES = {"model": "Canonical architecture (`model` as an object)", "tr
                    "adapter": "`training.adapter` (an object; absent = full fine-tuning; flags and URL parameters "
                               "`adapter_<field>`)",
                    "rl": "`training.rl` (an object; absent = no RL; flags and URL parameters `rl_<field>`)",
-                   "parallel": "`parallel`", "hardware": "`hardware`"}
+                   "parallel": "`parallel`", "hardware": "`hardware`",
+                   "serving": "`serving` (a top-level object; absent = no serving estimate; flags and URL parameters "
+                              "by field name, `serving_kv_cache_dtype` for its KV cache dtype)",
+                   "speculative": "`serving.speculative` (an object; absent = no speculative decoding; flags and URL "
+                                  "parameters `speculative_<field>`)"}
 
 
 def _type_text(f: Field) -> str:
@@ -669,7 +737,7 @@ def reference_markdown() -> str:
            "`parallel` and `hardware`. Every field below is also a CLI flag (`--seq-len 8192`) and a parameter "
            "of the app's shareable URL (`?seq_len=8192`); lists are comma-separated there. Empty, `auto` or "
            "`null` leaves an optional field to its default. An unknown field is an error.", ""]
-    for section in ("training", "adapter", "rl", "parallel", "hardware", "model"):
+    for section in ("training", "adapter", "rl", "parallel", "hardware", "serving", "speculative", "model"):
         out += [f"## {_SECTION_TITLES[section]}", "", "| field | label | values | default | meaning |",
                 "|---|---|---|---|---|"]
         for f in section_fields(section):

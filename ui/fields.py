@@ -19,7 +19,7 @@ from typing import Any
 
 from estimator import fields as registry
 from estimator.architecture import ARCHITECTURE_FIELDS, Architecture
-from estimator.config import SECTIONS, architecture_to_dict, build_section
+from estimator.config import SECTIONS as CONFIG_SECTIONS, architecture_to_dict, build_section, build_serving
 from estimator.errors import ConfigError, shown_value
 
 AUTO = "auto"
@@ -27,7 +27,16 @@ AUTO = "auto"
 # chosen; the switch's extra option leaves it out
 NO_ADAPTER = "none (full fine-tuning)"
 NO_RL = "none (no RL)"
-SWITCHES = {"adapter_method": ("adapter", NO_ADAPTER), "rl_algorithm": ("rl", NO_RL)}
+NO_SPECULATIVE = "none (no speculative decoding)"
+SWITCHES = {"adapter_method": ("adapter", NO_ADAPTER), "rl_algorithm": ("rl", NO_RL),
+            "speculative_method": ("speculative", NO_SPECULATIVE)}
+# the config's sections the widgets fill: the estimate's, then the top-level serving object
+SECTIONS = (*CONFIG_SECTIONS, "serving")
+
+
+def build_any_section(section: str, given: dict):
+    """A section's dataclass from its fields (the estimator's own checks)."""
+    return build_serving(given) if section == "serving" else build_section(section, given)
 OFF = {off for _, off in SWITCHES.values()}
 TRISTATE = (AUTO, "true", "false")
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -82,9 +91,9 @@ def _widget_field(spec: registry.Field) -> Field:
 
 
 _GROUPS = ("Run", "Precision", "Optimizer and memory savers", "Fine-tuning (adapters)", "RL (colocated rollout engine)",
-           "Inference", "Parallel layout", "GPU")
+           "Inference", "Serving (inference engine)", "Parallel layout", "GPU")
 
-ALL_FIELDS: tuple[Field, ...] = tuple(_widget_field(f) for f in registry.SETTINGS if f.widget)
+ALL_FIELDS: tuple[Field, ...] = tuple(_widget_field(f) for f in registry.SETTINGS + registry.SERVING_FIELDS if f.widget)
 # Fields of the dataclasses the app does not offer as widgets (checks, not settings).
 NOT_WIDGETS = {f.name for f in registry.SETTINGS if not f.widget}
 BY_NAME: dict[str, Field] = {f.name: f for f in ALL_FIELDS}
@@ -221,7 +230,7 @@ def ui_values_from_config(config: dict) -> dict[str, Any]:
     values = {}
     for section in SECTIONS:
         given = config.get(section) or {}
-        build_section(section, given)  # unknown keys and bad values raise here
+        build_any_section(section, given)  # unknown keys and bad values raise here
         for name in given:
             if name not in BY_NAME and name not in NOT_WIDGETS and name not in registry.NESTED:
                 raise ConfigError(f"{section}.{name}", given[name], "a field the app can show")
@@ -341,10 +350,10 @@ def parse_url(params: dict[str, str | list[str]]) -> UrlState:
             for key, (nested, _) in SWITCHES.items():
                 inner = {f.spec.name: to_contract(f, values[f.name]) for f in ALL_FIELDS
                          if f.section == nested and f.name in values}
-                if section == "training" and inner.get(key.split("_", 1)[1]):
+                if section == registry.NESTED[nested] and inner.get(key.split("_", 1)[1]):
                     given[nested] = {k: v for k, v in inner.items() if v is not None}
             try:
-                build_section(section, given)
+                build_any_section(section, given)
                 break
             except ConfigError as exc:
                 spec = registry.BY_PATH.get(exc.field)

@@ -58,6 +58,8 @@ PAGES = (
     ("pages/memory.py", "Memory", ":material/memory:",
      "Will it fit? Totals, memory per pipeline stage, breakdown, fit on every GPU"),
     ("pages/roofline.py", "Roofline", ":material/speed:", "Per-operation roofline and step time"),
+    ("pages/serving.py", "Serving", ":material/dns:",
+     "Serving on vLLM or SGLang: concurrent sequences, KV cache, the longest context, GPUs for N users"),
     ("pages/planner.py", "Planner", ":material/account_tree:",
      "Every parallel layout on N GPUs: which fit, which are fastest, the memory/throughput front"),
     ("pages/compare.py", "Compare", ":material/compare_arrows:", "Up to six scenarios side by side"),

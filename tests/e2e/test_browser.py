@@ -317,3 +317,31 @@ def test_the_planner_lists_the_clis_layouts_and_loads_one(browser, app_url, tmp_
         assert "zero_stage=" in page.url  # the layout is in the link too
     finally:
         context.close()
+
+
+def test_the_serving_page_shows_the_clis_capacity(browser, app_url, tmp_path):
+    """A link with serving fields opens the Serving page with `serve --json`'s numbers; changing the KV
+    dtype in the sidebar updates the link."""
+    from playwright.sync_api import expect
+
+    config = {"model": "llama-3.1-70b", "parallel": {"tp": 4}, "serving": {"max_model_len": 32768}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = subprocess.run([sys.executable, "-m", "estimator", "serve", "--config", str(path), "--json"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
+    serving = json.loads(out.stdout)["serving"]
+    context = browser.new_context(viewport={"width": 1400, "height": 2400})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        page.goto(f"{app_url}/serving?model=llama-3.1-70b&tp=4&max_model_len=32768")
+        wait_for_app(page, settle_ms=800)
+        expect(page.get_by_role("heading", name="Serving", exact=True)).to_be_visible()
+        expect(page.get_by_text("concurrent sequences of 32,768 tokens").first).to_be_visible()
+        assert _metric(page, "Max concurrency") == f"{serving['max_concurrency']:,.2f}"
+        assert _metric(page, "KV cache tokens") == f"{serving['kv_cache_tokens']:,}"
+        assert page.get_by_test_id("stVegaLiteChart").count() >= 1 and page.get_by_test_id("stException").count() == 0
+        page.screenshot(path=str(ARTIFACTS / "serving.png"), full_page=True)
+        assert "max_model_len=32768" in page.url
+    finally:
+        context.close()

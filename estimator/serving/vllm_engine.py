@@ -1,0 +1,207 @@
+"""vLLM V1's start-up accounting, term by term, for the rank that limits capacity.
+
+budget (requested_memory) = gpu_memory_utilization x total GPU memory (gpu_worker.py init_device;
+math.ceil from 0.21's request_memory). Per rank: available KV memory = budget - weights as loaded -
+torch activation peak of the profiling run - non-torch growth (- CUDA graphs where the version counts
+them inside the budget). The KV cache is then cut into blocks (kv_cache.py); every rank takes the
+smallest block count, so the stage with the least room limits capacity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..architecture import Architecture
+from ..components import Component, component
+from ..errors import ConfigError
+from ..fields import MAX_TOKENS
+from ..hardware import Hardware
+from ..parallel import Parallel
+from . import kv_cache, overheads, vllm_versions
+from .activations import activation_peak
+from .checkpoint import checkpoint_format, context_length
+from .settings import Serving
+from .weights import stage_layers, stage_weights
+
+KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
+BLACKWELL = ("b200", "b300")  # compute capability 10.x: CUTLASS MLA
+HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h200", "gh200")  # FlashMLA (sm90)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The engine's settings after its defaults (what the start-up log prints)."""
+
+    rules: vllm_versions.VllmRules
+    max_model_len: int
+    context_length: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    kv_cache_dtype: str
+    kv_bytes: int
+    weight_format: str
+    weights: object  # WeightFormat
+
+
+@dataclass(frozen=True)
+class StageBudget:
+    stage: int
+    layers: range
+    weights: int
+    activation: int
+    non_torch: int
+    cuda_graphs: int
+    available: int  # the KV cache's share of the budget on this rank
+    components: tuple[Component, ...]
+
+
+@dataclass(frozen=True)
+class ServingEstimate:
+    engine: str
+    engine_version: str
+    resolved: Resolved
+    budget_bytes: int
+    total_bytes: int
+    stages: tuple[StageBudget, ...]
+    limiting_stage: int
+    capacity: kv_cache.KvCapacity
+    max_model_len_that_fits: int
+    device_total_bytes: int
+    effective_concurrency: float
+    context_bytes: int
+    notes: tuple[str, ...]
+
+    @property
+    def limiting(self) -> StageBudget:
+        return self.stages[self.limiting_stage]
+
+    @property
+    def starts(self) -> bool:
+        """vLLM starts when the KV memory is positive and holds one request of max_model_len
+        (kv_cache_utils check_enough_kv_cache_memory)."""
+        return min(s.available for s in self.stages) > 0 and self.max_model_len_that_fits >= self.resolved.max_model_len
+
+    def to_json(self) -> dict:
+        s, r = self.limiting, self.resolved
+        return {
+            "engine": self.engine, "engine_version": self.engine_version, "rules_version": r.rules.label,
+            "budget_bytes": self.budget_bytes, "weights_bytes": s.weights, "activation_peak_bytes": s.activation,
+            "non_torch_bytes": s.non_torch, "cuda_graph_bytes": s.cuda_graphs,
+            "kv_cache_bytes": self.capacity.kv_cache_bytes, "kv_cache_tokens": self.capacity.tokens,
+            "num_gpu_blocks": self.capacity.num_blocks, "max_concurrency": self.capacity.max_concurrency,
+            "max_model_len_that_fits": self.max_model_len_that_fits, "device_total_bytes": self.device_total_bytes,
+            "effective_concurrency": self.effective_concurrency,
+            "starts": self.starts, "limiting_stage": self.limiting_stage, "max_model_len": r.max_model_len,
+            "max_num_seqs": r.max_num_seqs, "max_num_batched_tokens": r.max_num_batched_tokens,
+            "block_size": r.block_size, "kv_cache_dtype": r.kv_cache_dtype, "weight_format": r.weight_format,
+            "components": {c.key: c.bytes for c in s.components},
+        }
+
+
+def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint: dict | None) -> Resolved:
+    rules = vllm_versions.rules_for(serving.engine_version)
+    gpu = hardware.device
+    tier = vllm_versions.batch_defaults(rules, gpu.capacity_bytes, gpu.id)
+    context = context_length(checkpoint)
+    max_model_len = serving.max_model_len or context
+    if max_model_len is None:
+        raise ConfigError("serving.max_model_len", None, "a positive integer",
+                          "the model's config gives no context length (max_position_embeddings)")
+    if context and max_model_len > context:
+        raise ConfigError("serving.max_model_len", max_model_len, f"at most the model's context length ({context:,})",
+                          "vLLM refuses a max_model_len above max_position_embeddings (config/model.py)")
+    fmt = checkpoint_format(checkpoint, serving.weight_format)
+    kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
+    block = serving.block_size or _default_block_size(arch, gpu.id)
+    return Resolved(rules, max_model_len, context, serving.max_num_seqs or tier.max_num_seqs,
+                    serving.max_num_batched_tokens or tier.max_num_batched_tokens, block,
+                    serving.kv_cache_dtype or fmt.dtype_name,
+                    kv_bytes, fmt.name, fmt)
+
+
+def _default_block_size(arch: Architecture, gpu_id: str) -> int:
+    """16 (platforms/cuda.py); MLA forces 64 for FlashMLA on Hopper and 128 for CUTLASS MLA on
+    Blackwell (vLLM 0.11 platforms/cuda.py check_and_update_config)."""
+    if arch.uses_mla and gpu_id in BLACKWELL:
+        return 128
+    if arch.uses_mla and gpu_id in HOPPER:
+        return 64
+    return 16
+
+
+def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parallel, budget: int,
+                  stage: int, layers: range, draft=None) -> StageBudget:
+    weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length)
+    if draft is not None and stage == par.pp - 1:
+        weights = dataclasses.replace(weights, bytes=weights.bytes + draft.weights_bytes,
+                                      formula=f"{weights.formula} + {draft.formula}")
+    kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
+    act_bytes = r.weights.dtype_bytes
+    peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
+                           stage == par.pp - 1)
+    non_torch = overheads.non_torch_bytes(par.tp, par.pp)
+    graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
+    in_budget = graphs if r.rules.cuda_graphs_in_budget else 0
+    available = budget - weights.bytes - peak.bytes - non_torch - in_budget
+    src = f"vLLM {r.rules.label}"
+    components = (
+        component("weights", "Weights as loaded", weights.bytes, weights.formula,
+                  f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
+        component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
+                  f"{src} gpu_model_runner.py profile_run (modelled, not measured)"),
+        component("non_torch", "Non-torch memory", non_torch, "cuBLAS workspaces, lazily loaded kernels, NCCL buffers",
+                  overheads.NON_TORCH_SOURCE),
+        component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
+                  graphs, f"{overheads.capture_size(r.max_num_seqs)} x layers x (q + 2kv + o + h) x {act_bytes} B",
+                  f"{src} gpu_worker.py / compilation config (modelled)"),
+    )
+    return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
+
+
+def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
+    spec = serving.speculative
+    if spec is None:
+        return None
+    from .speculative import draft_for
+    draft_arch = None
+    if spec.draft_model:
+        from ..config import architecture_from_model  # a preset, a Hub id (fetched) or a config object
+        draft_arch = architecture_from_model(spec.draft_model)
+    return draft_for(arch, spec, r.weights, par.tp, par.ep, r.block_size, r.kv_bytes, draft_arch)
+
+
+def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
+                  checkpoint: dict | None = None) -> ServingEstimate:
+    if serving.mem_fraction_static is not None:
+        raise ConfigError("serving.mem_fraction_static", serving.mem_fraction_static, "empty with vLLM",
+                          "vLLM sizes its share with gpu_memory_utilization", ("serving.engine",))
+    r = resolve(arch, serving, hardware, checkpoint)
+    gpu = hardware.device
+    total = gpu.capacity_bytes
+    requested = total * serving.gpu_memory_utilization
+    budget = math.ceil(requested) if r.rules.version >= (0, 21) else int(requested)
+    ranges = stage_layers(arch.num_layers, par.pp)
+    draft = _draft(arch, serving, r, par)
+    stages = tuple(_stage_budget(arch, r, serving, par, budget, s, layers, draft) for s, layers in enumerate(ranges))
+    specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes)
+    if draft is not None:  # the drafter's layers follow the target's, on the last stage
+        specs += draft.kv_layers
+        ranges = ranges[:-1] + (range(ranges[-1].start, len(specs)),)
+    groups = kv_cache.kv_groups(specs, r.rules.version)
+    in_flight = kv_cache.in_flight_tokens(r.max_num_batched_tokens, par.pp, r.rules.version)
+    available = tuple(s.available for s in stages)
+    cap = kv_cache.capacity(groups, ranges, available, r.max_model_len, in_flight, r.rules.kv_tokens_rule)
+    ceiling = r.context_length or MAX_TOKENS
+    longest = kv_cache.longest_model_len(groups, ranges, available, in_flight, ceiling, r.rules.version)
+    limiting = min(range(len(stages)), key=lambda i: (available[i] // groups.block_bytes_on(ranges[i]), i))
+    s = stages[limiting]
+    device_total = (gpu.cuda_context_bytes + s.weights + s.activation + s.non_torch + s.cuda_graphs
+                    + cap.kv_cache_bytes)
+    notes = ("The profiling run's activation peak, the non-torch memory and the CUDA graphs are modelled from "
+             "vLLM's source and public start-up logs; vLLM measures them on the GPU.",)
+    effective = kv_cache.effective_concurrency(groups, cap, serving.shared_prefix_tokens or 0)
+    return ServingEstimate("vllm", serving.engine_version or vllm_versions.CURRENT, r, budget, total, stages,
+                           limiting, cap, longest, device_total, effective, gpu.cuda_context_bytes, notes)

@@ -1,0 +1,96 @@
+"""vLLM's memory accounting rules, one record per release where a rule changed.
+
+Each record names the release whose source it was read from (the wheels on PyPI, whose Python files
+are vLLM's source at that tag). A requested version uses the newest record at or below it; versions
+below the first record (the V0 engine era) are refused. Releases read: 0.11.0, 0.15.0, 0.19.0,
+0.20.0, 0.21.0, 0.25.0, 0.33.0; a rule first seen in 0.33.0 but absent from 0.25.0 is keyed on
+0.33 (the releases between were not read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from .settings import version_tuple
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class BatchDefaults:
+    """`vllm serve`'s defaults for max_num_batched_tokens and max_num_seqs on GPUs with at least
+    `min_memory` bytes (engine/arg_utils.py, `_set_default_args`, UsageContext.OPENAI_API_SERVER)."""
+
+    min_memory: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    excludes_a100: bool = False  # the >= 70 GiB tier skips A100s ("a100" not in device_name)
+
+
+@dataclass(frozen=True)
+class VllmRules:
+    version: tuple[int, int]
+    label: str
+    # The CUDA graphs' memory, estimated by profile_cudagraph_memory() during start-up, is taken from
+    # the budget before the KV cache is sized (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default).
+    # Before: graphs are captured after the KV cache is allocated, on top of the budget.
+    cuda_graphs_in_budget: bool
+    # How "GPU KV cache size: N tokens" is computed: "blocks" = num_blocks // groups x block_size;
+    # "concurrency" = int(max_concurrency x max_model_len).
+    kv_tokens_rule: str
+    batch_defaults: tuple[BatchDefaults, ...]  # largest tier first
+    # non_kv = total consumed (mem_get_info) + transient torch peak (0.33 utils/mem_utils.py) rather than
+    # weights + torch peak increase + non-torch increase (0.11 utils/__init__.py memory_profiling): the
+    # same terms when the profile leaves no persistent torch buffers behind.
+    source: str
+
+
+_TIER_70 = BatchDefaults(70 * GiB, 8192, 1024, excludes_a100=True)
+_TIER_SMALL = BatchDefaults(0, 2048, 256)
+
+RULES: tuple[VllmRules, ...] = (
+    VllmRules((0, 11), "0.11", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
+              batch_defaults=(_TIER_70, _TIER_SMALL),
+              source="vLLM 0.11.0 v1/worker/gpu_worker.py determine_available_memory (requested_memory = total x "
+                     "gpu_memory_utilization; available = requested - (weights + torch peak increase + non-torch "
+                     "increase)); v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (num_blocks = available "
+                     "// page_size // layers per group; tokens = num_blocks // groups x block_size); "
+                     "engine/arg_utils.py _set_default_args"),
+    VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
+              batch_defaults=(_TIER_70, _TIER_SMALL),
+              source="vLLM 0.20.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 (0 in 0.19.0): "
+                     "v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory() "
+                     "from the KV budget"),
+    VllmRules((0, 21), "0.21", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
+              batch_defaults=(_TIER_70, _TIER_SMALL),
+              source="vLLM 0.21.0 v1/core/kv_cache_utils.py: 'GPU KV cache size' = int(max_concurrency x "
+                     "max_model_len) (0.20.0: num_blocks // groups x block_size)"),
+    VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
+              batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL),
+              source="vLLM 0.33.0 engine/arg_utils.py: GPUs with >= 160 GiB (B200/B300) default to 16384 batched "
+                     "tokens (absent in 0.25.0); v1/core/kv_cache_planning.py get_kv_cache_config_from_groups "
+                     "(num_blocks = available // bytes per block of the largest group); "
+                     "v1/core/kv_cache_utils.py get_kv_cache_capacity"),
+)
+
+CURRENT = RULES[-1].label
+
+
+def rules_for(version: str | None) -> VllmRules:
+    """The newest record at or below `version` (None: the newest record)."""
+    if version is None:
+        return RULES[-1]
+    major, minor, _ = version_tuple(version)
+    eligible = [r for r in RULES if r.version <= (major, minor)]
+    if not eligible:
+        raise ConfigError("serving.engine_version", version,
+                          f"a vLLM release from {RULES[0].label} on (the V1 engine's accounting)")
+    return eligible[-1]
+
+
+def batch_defaults(rules: VllmRules, capacity_bytes: int, gpu_id: str) -> BatchDefaults:
+    for tier in rules.batch_defaults:
+        if capacity_bytes >= tier.min_memory and not (tier.excludes_a100 and gpu_id.startswith("a100")):
+            return tier
+    return rules.batch_defaults[-1]

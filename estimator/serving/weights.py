@@ -1,0 +1,154 @@
+"""The weights one GPU holds once vLLM has loaded them, per weight format, TP rank and PP stage.
+
+vLLM builds every linear layer with its quantization method's ``create_weights`` and converts the
+tensors after loading (``process_weights_after_loading``); ``model_memory_usage`` is what the load left
+allocated. Per format, the bytes of one linear weight of (out, in) on a rank, after conversion:
+
+- bf16 / fp16: 2 x out x in (UnquantizedLinearMethod).
+- fp8: 1 byte per weight and one fp32 scale per matrix (Fp8LinearMethod, per-tensor); a checkpoint
+  with ``weight_block_size`` [128, 128] (DeepSeek-V3) keeps an fp32 ``weight_scale_inv`` per block, a
+  compressed-tensors one with strategy "channel" an fp32 scale per output row.
+- int8 (w8a8, compressed-tensors channel-wise): 1 byte per weight and an fp32 scale per output row.
+- gptq_int4 (gptq_marlin, 4 bits, group 128, no act-order): packed int32 qweight = 0.5 byte per
+  weight, fp16 scales per group of 128 inputs; marlin drops g_idx and the symmetric zero points.
+- awq_int4 (awq_marlin, group 128): qweight 0.5 byte, fp16 scales and int32-packed zero points
+  (8 per int32) per group.
+- nvfp4 (modelopt): uint8 weight with two values per byte, an fp8 scale per 16 inputs, fp32 global
+  scales.
+- mxfp4 (gpt-oss): the routed experts only, uint8 with two values per byte and a uint8 scale per 32
+  inputs; everything else stays 16-bit (its quantization_config's modules_to_not_convert).
+
+In every format the embedding, the LM head, norms, biases and MoE routers stay 16-bit (vLLM builds
+them unquantized). Shapes per rank follow vLLM's parallel layers: column-parallel outputs / TP with
+K and V holding max(1, kv_heads // TP) heads (QKVParallelLinear replicates KV heads), row-parallel
+inputs / TP, replicated layers whole (MLA's down-projections), the vocabulary padded to a multiple of
+64 and split over TP (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE), routed experts split
+in width over TP (FusedMoE) or, with expert parallelism, in number over EP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..architecture import (COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, Architecture,
+                            ParameterTensor)
+from .kv_cache import cdiv, kv_heads_per_rank
+
+VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
+GROUP = 128  # GPTQ/AWQ group size of the common int4 checkpoints
+UNQUANTIZED_MATRICES = ("router", "shared_expert_gate")  # built with quant_config=None in vLLM's MoE models
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str  # one of settings.WEIGHT_FORMATS except "auto"
+    block: tuple[int, int] | None = None  # fp8 block scales (weight_block_size)
+    dtype_bytes: int = 2  # the unquantized tensors' dtype (bf16/fp16)
+    per_channel: bool = False  # fp8 with one fp32 scale per output row (compressed-tensors strategy "channel")
+    dtype_name: str = "bf16"  # the unquantized tensors' dtype, by name
+
+
+def matrix_bytes(fmt: WeightFormat, out: int, inp: int, expert: bool) -> float:
+    """Bytes of one linear weight of (out, in) on a rank, scales included (see the module docstring)."""
+    n = out * inp
+    name = fmt.name
+    if name == "mxfp4" and not expert or name in ("bf16", "fp16"):
+        return fmt.dtype_bytes * n
+    if name == "fp8":
+        if fmt.block:
+            return n + 4 * cdiv(out, fmt.block[0]) * cdiv(inp, fmt.block[1])
+        return n + 4 * (out if fmt.per_channel else 1)
+    if name == "int8":
+        return n + 4 * out
+    if name == "gptq_int4":
+        return n / 2 + 2 * out * cdiv(inp, GROUP)
+    if name == "awq_int4":
+        return n / 2 + 2 * out * cdiv(inp, GROUP) + out * cdiv(inp, GROUP) / 2
+    if name == "nvfp4":
+        return n / 2 + n / 16 + 8
+    if name == "mxfp4":
+        return n / 2 + n / 32
+    raise ValueError(name)
+
+
+def padded_vocab(vocab: int) -> int:
+    return cdiv(vocab, VOCAB_PADDING) * VOCAB_PADDING
+
+
+def _local_shape(t: ParameterTensor, arch: Architecture, tp: int, ep: int) -> tuple[tuple[int, ...], int]:
+    """The tensor's shape on one rank and how many copies of it the rank holds."""
+    shape, copies = list(t.shape), t.copies
+    if t.name in ("k_proj", "v_proj"):
+        shape[0] = kv_heads_per_rank(arch, tp) * arch.head_dim
+    elif t.name == "qkv_bias":
+        shape[0] = arch.q_width // tp + 2 * kv_heads_per_rank(arch, tp) * arch.head_dim
+    elif t.split == COLUMN:
+        shape[0] //= tp
+    elif t.split == ROW:
+        shape[-1] //= tp
+    elif t.split == VOCAB:
+        shape[0] = padded_vocab(shape[0]) // tp
+    elif t.is_expert:
+        if ep > 1:
+            copies = cdiv(copies, ep)
+        elif t.split == EXPERT_COLUMN:
+            shape[0] //= tp
+        elif t.split == EXPERT_ROW and len(shape) > 1:
+            shape[-1] //= tp
+    return tuple(shape), copies
+
+
+def tensor_bytes(t: ParameterTensor, arch: Architecture, fmt: WeightFormat, tp: int, ep: int) -> float:
+    shape, copies = _local_shape(t, arch, tp, ep)
+    if t.role == "hidden_matrix" and t.name not in UNQUANTIZED_MATRICES:
+        return copies * matrix_bytes(fmt, shape[0], shape[1], t.is_expert)
+    return copies * math.prod(shape) * fmt.dtype_bytes
+
+
+@dataclass(frozen=True)
+class StageWeights:
+    layers: range
+    bytes: int
+    formula: str
+
+
+def stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
+    """vLLM's get_pp_indices (distributed/utils.py): an even split, the remainder one layer each to the
+    stages before the last, from the second-to-last backwards."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:s]) for s in range(pp)]
+    return tuple(range(a, a + n) for a, n in zip(starts, sizes))
+
+
+def rope_cache_bytes(arch: Architecture, context: int | None, fmt: WeightFormat) -> int:
+    """The rotary embedding's cos/sin cache, one per model (get_rope keeps one instance per shape):
+    [max_position_embeddings, rotary_dim] in the model dtype (rotary_embedding.py
+    _compute_cos_sin_cache); rotary_dim = head_dim, or the RoPE part of MLA's head."""
+    if arch.position_embedding != "rope" or not context:
+        return 0
+    rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
+    return context * rotary * fmt.dtype_bytes
+
+
+def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: int, stage: int,
+                  layers: range, context: int | None = None) -> StageWeights:
+    """One rank's weights on one stage: its layers, the embedding on the first stage (and on the last
+    when tied under PP, for the LM head), the final norm and LM head on the last, and the RoPE cache."""
+    per_kind = {kind: sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.layer_tensors(kind)) for kind in arch.kinds}
+    total = sum(per_kind[kind] * n for kind, n in arch.kind_counts(layers.start, layers.stop))
+    parts = [f"{len(layers)} layers"]
+    first, last = stage == 0, stage == pp - 1
+    if first or (last and arch.tie_embeddings):
+        total += sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.embedding_tensors(arch.vocab_size))
+        parts.append(f"embedding ({padded_vocab(arch.vocab_size):,} padded rows / TP)")
+    if last:
+        total += sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.head_tensors(arch.vocab_size))
+        parts.append("final norm" + ("" if arch.tie_embeddings else " and LM head"))
+    rope = rope_cache_bytes(arch, context, fmt)
+    if rope:
+        total += rope
+        parts.append(f"RoPE cos/sin cache ({context:,} positions)")
+    return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {fmt.name}")

@@ -1,0 +1,56 @@
+"""The Serving page (pages/serving.py) driven in-process with AppTest: the same numbers as the CLI,
+serving fields in the URL, the planner and the exports."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from estimator.config import load_config  # noqa: E402
+from estimator.serving.service import headline, serving_config  # noqa: E402
+from ui import fields  # noqa: E402
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def _serving_page(query: dict) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    for key, value in query.items():
+        at.query_params[key] = value
+    at.run()
+    at.switch_page("pages/serving.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_page_shows_the_cli_headline_from_a_link():
+    at = _serving_page({"model": "llama-3.1-70b", "tp": "4", "max_model_len": "32768", "serving_kv_cache_dtype": "fp8"})
+    expected = serving_config(load_config({"model": "llama-3.1-70b", "parallel": {"tp": 4},
+                                           "serving": {"max_model_len": 32768, "kv_cache_dtype": "fp8"}}))
+    assert at.success[0].value == headline(expected)
+    assert "concurrent sequences of 32,768 tokens" in at.success[0].value
+    concurrency = next(m.value for m in at.metric if m.label == "Max concurrency")
+    assert concurrency == f"{expected.capacity.max_concurrency:,.2f}"
+    assert at.title[0].value == "Serving"
+    # the planner answers with its table
+    assert any("fewest GPUs first" in c.value for c in at.caption)
+
+
+def test_serving_fields_round_trip_through_the_url_and_config():
+    values = fields.ui_values_from_config({"model": "llama-3.1-8b", "serving": {
+        "max_model_len": 4096, "kv_cache_dtype": "fp8", "speculative": {"method": "eagle"}}})
+    params = fields.url_params(fields.ModelChoice(source="preset", preset="llama-3.1-8b"), values)
+    assert params == {"model": "llama-3.1-8b", "max_model_len": "4096", "serving_kv_cache_dtype": "fp8",
+                      "speculative_method": "eagle"}
+    assert fields.sections_from_ui(values) == {"serving": {"max_model_len": 4096, "kv_cache_dtype": "fp8",
+                                                           "speculative": {"method": "eagle"}}}
+
+
+def test_a_refused_request_is_shown_not_raised():
+    at = _serving_page({"model": "llama-3.1-70b", "tp": "2", "max_model_len": "131072"})
+    assert at.error and "does not start" in at.error[0].value

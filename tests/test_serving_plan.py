@@ -1,0 +1,68 @@
+"""`serve-plan --users N --context L` (estimator/serving/planner.py): fewest GPUs first, under a second."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from estimator.cli import main
+from estimator.hardware import Hardware
+from estimator.parallel import Parallel
+from estimator.presets import get_architecture, get_hf_config
+from estimator.serving.planner import serve_plan
+from estimator.serving.settings import Serving
+from estimator.serving.vllm_engine import estimate_vllm
+
+
+def plan(model="llama-3.1-70b", gpu="h100-80", users=100, context=32768, **serving):
+    return serve_plan(get_architecture(model), Serving(**serving), Hardware(gpu), users, context, get_hf_config(model))
+
+
+def test_each_option_is_its_replica_estimate_times_replicas():
+    p = plan()
+    assert p.options and p.seconds < 1.0
+    for o in p.options:
+        again = estimate_vllm(get_architecture("llama-3.1-70b"), o.serving, o.parallel, Hardware("h100-80"),
+                              get_hf_config("llama-3.1-70b"))
+        per = min(int(again.capacity.max_concurrency), again.resolved.max_num_seqs)
+        assert o.sequences_per_replica == per >= 1 and again.starts
+        assert o.replicas == math.ceil(100 / per)
+        assert o.gpus == o.parallel.tp * o.parallel.pp * o.replicas
+        assert o.serving.max_model_len == 32768
+
+
+def test_fewest_gpus_first_and_none_missed():
+    """Options come fewest GPUs first. With the checkpoint as given (bf16 weights and KV), a TP-8 replica of
+    Llama-3.1-70B holds blocks // 2048 sequences of 32k (one KV head per rank: 80 layers x 16 tokens x 2 x
+    128 x 2 B a block), so 100 users need ceil(100 / that) replicas."""
+    p = plan()
+    assert [o.gpus for o in p.options] == sorted(o.gpus for o in p.options)
+    unchanged = serve_plan(get_architecture("llama-3.1-70b"), Serving(kv_cache_dtype="auto"), Hardware("h100-80"),
+                           100, 32768, get_hf_config("llama-3.1-70b"), limit=500)
+    bf16 = [o for o in unchanged.options if not o.changes]
+    tp8 = next(o for o in bf16 if (o.parallel.tp, o.parallel.pp) == (8, 1))
+    stage = tp8.result.limiting
+    blocks = stage.available // (80 * 16 * 2 * 1 * 128 * 2)
+    assert tp8.result.capacity.num_blocks == blocks
+    assert tp8.sequences_per_replica == blocks // 2048 == 42
+    assert tp8.gpus == 8 * math.ceil(100 / 42) == 24
+    assert bf16[0].gpus == min(o.gpus for o in bf16) == 24  # no 16-GPU layout holds 100: 2 x 42 < 100 < 210
+
+
+def test_under_a_second_for_a_large_moe():
+    p = serve_plan(get_architecture("deepseek-v3"), Serving(), Hardware("h200"), 64, 65536, get_hf_config("deepseek-v3"))
+    assert p.seconds < 1.0 and p.options[0].gpus == 8
+
+
+def test_cli_json_and_bad_input(capsys, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": "llama-3.1-8b"}))
+    assert main(["serve-plan", "--config", str(path), "--users", "10", "--context", "8192", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    first = data["options"][0]
+    assert first["gpus"] == 1 and first["parallel"] == {"tp": 1, "pp": 1, "dp": 1} and first["serving_changes"] == {}
+    assert first["serving"]["max_model_len"] == 8192
+    assert main(["serve-plan", "--config", str(path), "--users", "10", "--context", "999999999"]) == 2
+    assert "serving.max_model_len" in capsys.readouterr().err
