@@ -28,7 +28,8 @@ def test_default_mem_fraction_static_on_h100_by_hand():
     assert prefill_capture_sizes(8192) == 8 + 14 + 8 + 8 + 12 + 8
     e = sglang(max_model_len=32768)
     assert (e.resolved.max_num_batched_tokens, e.resolved.max_num_seqs) == (8192, 256)
-    pre = 81_559 * MiB - 512 * MiB  # free before loading: the catalog's capacity less the CUDA context
+    # free before loading: the catalog's capacity less the CUDA context (766.8 MiB, measured on Hopper)
+    pre = 81_559 * MiB - 804_061_184
     assert e.budget_bytes == int(pre * 0.83)
     cell = 32 * 2 * 8 * 128 * 2  # layers x (K + V) x KV heads x head_dim x bf16
     tokens = (e.budget_bytes - e.limiting.weights) // cell
@@ -40,7 +41,7 @@ def test_given_fraction_and_mla_cell():
     """DeepSeek-V3 on 8 H200s, mem_fraction_static 0.9: the MLA cell is (512 + 64) x 61 layers x 2 B,
     the same on every TP rank."""
     e = sglang("deepseek-v3", "h200", tp=8, mem_fraction_static=0.9, max_model_len=32768)
-    pre = 143_771 * MiB - 512 * MiB
+    pre = 143_771 * MiB - 804_061_184
     assert e.budget_bytes == int(pre * 0.9)
     assert e.capacity.tokens == (e.budget_bytes - e.limiting.weights) // (576 * 61 * 2)
 
