@@ -132,8 +132,8 @@ def from_contract(f: Field, value: Any) -> Any:
         if f.name in SWITCHES:
             return SWITCHES[f.name][1]
         return AUTO if f.kind == "select" and AUTO in f.options else None
-    if f.kind == "multi":
-        return list(value)
+    if f.kind == "multi":  # the contract also takes one name as a string ("all-linear"): one option, not its letters
+        return [value] if isinstance(value, str) else list(value)
     if f.kind == "select":
         if isinstance(value, bool):
             return "true" if value else "false"

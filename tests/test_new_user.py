@@ -1,0 +1,61 @@
+"""The defects a new user hit (issue 26, "Defects found as a new user would"), one test or more each.
+
+App defects are driven through Streamlit's AppTest; estimator and CLI ones call the code. The
+layout defects measured at 390 and 1400 px are in tests/e2e/test_widths.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from estimator import estimate_config  # noqa: E402
+from estimator.presets import list_recipes  # noqa: E402
+from ui import keys as K  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+GiB = 1024**3
+
+
+def _app(query: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=90)
+    for key, value in (query or {}).items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:,.2f} GiB"
+
+
+def _no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _recipe(name_part: str):
+    return next(r for r in list_recipes() if name_part in r.name)
+
+
+# --- 1. a recipe whose adapter targets "all-linear" ---------------------------------------------------
+
+def test_the_qlora_recipe_with_all_linear_targets_loads():
+    recipe = _recipe("QLoRA on one 80 GB GPU")
+    assert recipe.config["training"]["adapter"]["target_modules"] == "all-linear"  # one string, as in the contract
+    at = _app()
+    at.switch_page("pages/presets.py").run()
+    at.button(key=K.recipe(recipe.id)).click().run()
+    _no_exception(at)
+    assert not [e.value for e in at.sidebar.error], [e.value for e in at.sidebar.error]
+    assert [s.value for s in at.sidebar.success] == [f"Loaded recipe '{recipe.name}'."]
+    assert at.session_state[K.VALUES]["adapter_target_modules"] == ["all-linear"]
+    est = estimate_config(recipe.config)
+    assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
