@@ -59,3 +59,37 @@ def test_the_qlora_recipe_with_all_linear_targets_loads():
     assert at.session_state[K.VALUES]["adapter_target_modules"] == ["all-linear"]
     est = estimate_config(recipe.config)
     assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
+
+
+# --- 2. "Use this layout" on a dense model ----------------------------------------------------------
+
+def test_use_this_layout_leaves_the_fields_that_follow_tp_to_follow_it():
+    import json
+
+    from ui import exports
+
+    at = _app({"model": "llama-3.1-8b", "dp": "8"})
+    at.switch_page("pages/planner.py").run()
+    at.button(key="planner_run").click().run()
+    _no_exception(at)
+    table = next(df.value for df in at.dataframe if "Tokens/s per GPU" in df.value.columns)
+    rank = int(table[table["TP"] == 2]["Rank"].iloc[0])  # a layout with TP 2: sequence parallelism on, ETP 2
+    at.selectbox(key="planner_pick").set_value(rank).run()
+    at.button(key="planner_use").click().run()
+    _no_exception(at)
+    config = at.session_state[K.CURRENT].config
+    assert config["parallel"]["tp"] == 2
+    assert "etp" not in config["parallel"] and "sequence_parallel" not in config["parallel"]
+    est = estimate_config(config)
+    assert (est.parallel.etp, est.parallel.sequence_parallel) == (2, True)  # as the planner laid it out
+    exported = json.loads(exports.config_json(config, est))
+    assert "etp" not in exported["parallel"] and "sequence_parallel" not in exported["parallel"]
+    # TP changed afterwards is estimated, not refused ("ETP = 2 ... the model has no experts")
+    at.switch_page("pages/memory.py")
+    at.number_input(key="tp").set_value(1).run()
+    _no_exception(at)
+    assert not at.sidebar.error and not [e for e in at.error if "cannot be estimated" in e.value], \
+        [e.value for e in at.error]
+    one = estimate_config(at.session_state[K.CURRENT].config)
+    assert (one.parallel.tp, one.parallel.etp, one.parallel.sequence_parallel) == (1, 1, False)
+    assert _metric(at, "Device total per GPU") == _gib(one.device_total_bytes)

@@ -42,6 +42,8 @@ import json
 import unicodedata
 from pathlib import Path
 
+from estimator.parallel import tp_following_defaults
+
 from . import charts
 from .fields import LABELS
 
@@ -212,8 +214,15 @@ def _estimate_rows(estimate) -> list[dict]:
 # --- JSON -----------------------------------------------------------------------------------------
 
 def config_json(config: dict, estimate) -> str:
-    """`config`'s model as given, every other field as `estimate` used it (`resolved_sections`)."""
-    return json.dumps({"model": config["model"], **resolved_sections(estimate)}, indent=2) + "\n"
+    """`config`'s model as given, every other field as `estimate` used it (`resolved_sections`),
+    but for the fields that follow TP (expert TP, sequence parallelism) where they hold the value TP
+    gives them: the file is loaded again, and written out they would stop following TP, so that a
+    later TP change is refused (ETP on a dense model, sequence parallelism with TP 1)."""
+    sections = resolved_sections(estimate)
+    par = estimate.parallel
+    sections["parallel"] = {k: v for k, v in sections["parallel"].items()
+                            if k not in tp_following_defaults(par.tp) or not par.follows_tp(k)}
+    return json.dumps({"model": config["model"], **sections}, indent=2) + "\n"
 
 
 # --- chart images ---------------------------------------------------------------------------------
