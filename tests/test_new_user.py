@@ -93,3 +93,47 @@ def test_use_this_layout_leaves_the_fields_that_follow_tp_to_follow_it():
     one = estimate_config(at.session_state[K.CURRENT].config)
     assert (one.parallel.tp, one.parallel.etp, one.parallel.sequence_parallel) == (1, 1, False)
     assert _metric(at, "Device total per GPU") == _gib(one.device_total_bytes)
+
+
+# --- 3. a page switch within a second of loading a recipe ------------------------------------------------
+
+def _sidebar_values(at: AppTest) -> dict[str, object]:
+    """Every keyed sidebar widget's value: what a browser sends back with its next click."""
+    sb = at.sidebar
+    return {w.key: w.value for w in [*sb.number_input, *sb.selectbox, *sb.multiselect, *sb.toggle, *sb.text_input]
+            if w.key}
+
+
+def _send_stale(at: AppTest, before: dict[str, object]) -> None:
+    """The browser's next click carries the widgets' values from before the load (it was sent
+    before the load's widgets arrived): every widget it had, at its old value."""
+    sb = at.sidebar
+    for w in [*sb.number_input, *sb.selectbox, *sb.multiselect, *sb.toggle, *sb.text_input]:
+        if w.key in before and w.value != before[w.key]:
+            w.set_value(before[w.key])
+
+
+def test_a_page_switch_right_after_loading_a_recipe_keeps_the_recipe():
+    recipe = _recipe("DeepSeek-V3 as reported")
+    loaded = _app()
+    loaded.switch_page("pages/presets.py").run()
+    loaded.button(key=K.recipe(recipe.id)).click().run()
+    expected = loaded.session_state[K.CURRENT].config  # the recipe, loaded with nothing in between
+    assert expected["model"] == "deepseek-v3" and expected["parallel"]["ep"] == 64
+
+    at = _app()
+    at.switch_page("pages/presets.py").run()
+    before = _sidebar_values(at)
+    assert before[K.PRESET] == "llama-3.1-8b"
+    at.button(key=K.recipe(recipe.id)).click().run()
+    _send_stale(at, before)
+    at.switch_page("pages/roofline.py").run()
+    _no_exception(at)
+    assert at.selectbox(key=K.PRESET).value == "deepseek-v3"
+    assert at.session_state[K.CURRENT].config == expected
+    assert not at.sidebar.error and not [e for e in at.error if "cannot be estimated" in e.value], \
+        [e.value for e in at.error]
+    # a change the user makes once the browser has the recipe is theirs
+    at.number_input(key="seq_len").set_value(2048).run()
+    assert at.session_state[K.CURRENT].config["training"]["seq_len"] == 2048
+    assert at.selectbox(key=K.PRESET).value == "deepseek-v3"

@@ -401,7 +401,40 @@ def _apply_pending() -> set[str]:
     _settings().update(values)
     ss.pop(K.LAST_CHANGED, None)
     ss[K.FLASH] = ("success", f"Loaded {source or 'the configuration'}.")
+    ss[K.LOADS] = ss.get(K.LOADS, 0) + 1
+    ss[K.LAST_LOAD] = (model, info, set(values))
     return set(values)  # every field (a widget the user just edited must take the loaded value too)
+
+
+def _undo_stale_widgets() -> set[str]:
+    """Set the last loaded configuration again when this run's widget values come from a browser
+    that had not seen it; the names of the settings it sets (as `_apply_pending`'s).
+
+    A load writes the widgets' values through Session State and they reach the browser with the
+    widgets the next run draws. A click sent before they arrived (a page link pressed within a
+    second of "Use this recipe") carries every widget's value from before the load, and Streamlit
+    takes a browser's widget values over the session's: the page showed the old model with the
+    recipe's other settings, and an error about them. The hidden widget `K.LOAD_SEEN` says which
+    load the browser had seen; a run whose browser is behind gets the loaded configuration back."""
+    ss = st.session_state
+    record = ss.get(K.LAST_LOAD)
+    if record is None or ss.get(K.LOAD_SEEN, 0) == ss.get(K.LOADS, 0):
+        return set()
+    model, info, names = record
+    _set_model(model, info)
+    ss.pop(K.LAST_CHANGED, None)  # the stale values' on_change is no change of the user's
+    return set(names)
+
+
+def _load_marker() -> None:
+    """The hidden widget that tells `_undo_stale_widgets` which load the browser has seen: its value
+    is set on every run and reaches the browser after every configuration widget of the run (the
+    browser applies a run's messages in order), so a browser that sends it back has them all."""
+    ss = st.session_state
+    ss[K.LOAD_SEEN] = ss.get(K.LOADS, 0)
+    st.html(f"<style>.st-key-{K.LOAD_SEEN_BOX} {{display: none}}</style>")
+    with st.container(key=K.LOAD_SEEN_BOX):
+        st.number_input("Configurations loaded", min_value=0, step=1, key=K.LOAD_SEEN, label_visibility="collapsed")
 
 
 def _model_from_config(model: object) -> tuple[ModelChoice, dict | None]:
@@ -708,7 +741,7 @@ def render_config(sidebar: bool = True) -> Current:
     ss = st.session_state
     if not ss.get(K.INIT):
         _init_session()
-    loaded = _apply_pending() | ss.pop(K.LOADED, set())
+    loaded = _apply_pending() | ss.pop(K.LOADED, set()) | _undo_stale_widgets()
     goto = ss.pop(K.GOTO, None)
     if goto:
         ss[K.LOADED] = loaded  # set on the page the run switches to, where the widgets are drawn
@@ -749,6 +782,7 @@ def render_config(sidebar: bool = True) -> Current:
                              help="A file exported from this app or written for `python -m estimator estimate "
                                   "--config`.")
             st.button("Reset to defaults", key=K.RESET, on_click=_on_reset)
+        _load_marker()  # last: a browser that has its value has every configuration widget's drawn before it
 
     values = {f.name: settings.get(f.name, f.default) for f in ALL_FIELDS}
     waiting = HUB_WAITING if model is None else ""
