@@ -137,3 +137,44 @@ def test_a_page_switch_right_after_loading_a_recipe_keeps_the_recipe():
     at.number_input(key="seq_len").set_value(2048).run()
     assert at.session_state[K.CURRENT].config["training"]["seq_len"] == 2048
     assert at.selectbox(key=K.PRESET).value == "deepseek-v3"
+
+
+# --- 5. the plan's steps, applied ------------------------------------------------------------------
+
+def _flash(at: AppTest) -> str:
+    return " ".join(s.value for s in at.sidebar.success).replace("\\", "")
+
+
+def test_applying_the_plan_keeps_an_open_global_batch_open_and_says_what_it_loaded():
+    from estimator import load_config
+    from estimator.advice import plan_to_fit
+
+    query = {"model": "llama-3.1-70b", "tp": "2", "pp": "2"}  # global batch left to the estimator
+    steps = plan_to_fit(load_config({"model": "llama-3.1-70b", "parallel": {"tp": 2, "pp": 2}}), use_planner=False)
+    assert [s.description for s in steps][-1] == "pipeline stages 4 (twice the GPUs)" and steps[-1].verdict == "fits"
+    at = _app(query)
+    at.button(key=K.plan_step(len(steps))).click().run()
+    _no_exception(at)
+    config = at.session_state[K.CURRENT].config
+    assert "global_batch_size" not in config.get("training", {})  # none written that the user did not choose
+    est = estimate_config(config)
+    assert (est.parallel.pp, est.microbatches) == (4, 4)  # the default fills the 4 stages
+    assert not [m.value for m in at.markdown if "pipeline bubble" in m.value]
+    assert _flash(at) == f"Loaded steps 1 to {len(steps)} of the plan, the last: pipeline stages 4 (twice the GPUs)."
+    # each Apply of the plan's first step says which change it loaded
+    at = _app(query)
+    at.button(key=K.plan_step(1)).click().run()
+    assert _flash(at) == f"Loaded step 1 of the plan: {steps[0].description}."
+    at.button(key=K.plan_step(1)).click().run()
+    assert _flash(at) == f"Loaded step 1 of the plan: {steps[1].description}."
+
+
+def test_a_plan_on_a_global_batch_the_user_set_says_when_the_pipeline_is_mostly_bubble():
+    from estimator import load_config
+    from estimator.advice import plan_to_fit
+
+    config = {"model": "llama-3.1-70b", "training": {"global_batch_size": 2}, "parallel": {"tp": 2, "pp": 2}}
+    last = plan_to_fit(load_config(config), use_planner=False)[-1]
+    assert last.config.training.global_batch_size == 2
+    assert last.description == ("pipeline stages 4 (twice the GPUs, same global batch); 2 micro-batches for 4 "
+                                "stages: mostly pipeline bubble")

@@ -168,8 +168,10 @@ def what_to_change(cur: Current, est) -> None:
         cols[0].markdown(f"{i}. {description}")
         cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}" + (f" · {gpus} GPUs" if gpus != est.parallel.gpus
                                                                     else ""))
+        steps = "step 1 of the plan" if i == 1 else f"steps 1 to {i} of the plan"  # each step builds on the last
         cols[2].button("Apply", key=keys.plan_step(i), on_click=_apply,
-                       args=(config, f"step {i} of the plan"), width="stretch")
+                       args=(config, f"{steps}, the last: {description}" if i > 1 else f"{steps}: {description}"),
+                       width="stretch")
     if singles:
         with st.expander("Each change on its own"):
             for j, (description, config, total, verdict, gpus) in enumerate(singles):
