@@ -165,13 +165,15 @@ def _uneven(p: dict) -> str:
     return "" if first is None else f"{first}|{p['pp_last_stage_layers']}"
 
 
-rows = [{"Rank": i, "Pareto": x["pareto"], "TP": x["parallel"]["tp"], "PP": x["parallel"]["pp"],
+# What a layout gives (memory and speed) comes first, then the layout: 19 columns do not fit in the
+# page's width, and the numbers the table is read for were off-screen at 1400 px
+rows = [{"Rank": i, "Pareto": x["pareto"], "GiB per GPU": x["device_total_bytes"] / GiB,
+         "Utilization": x["utilization"], "Tokens/s per GPU": x["tokens_per_s_per_gpu"], "MFU": x["mfu"],
+         "Step time (s)": x["step_time_s"], "TP": x["parallel"]["tp"], "PP": x["parallel"]["pp"],
          "VPP": x["parallel"]["vpp"], "First|last layers": _uneven(x["parallel"]), "CP": x["parallel"]["cp"],
          "DP": x["parallel"]["dp"], "EP": x["parallel"]["ep"], "ETP": x["parallel"]["etp"],
          "ZeRO": x["parallel"]["zero_stage"], "Micro-batch": x["training"]["micro_batch_size"],
-         "Recompute": _recompute(x["training"]), "Loss": x["training"]["loss"],
-         "GiB per GPU": x["device_total_bytes"] / GiB, "Utilization": x["utilization"],
-         "Tokens/s per GPU": x["tokens_per_s_per_gpu"], "MFU": x["mfu"], "Step time (s)": x["step_time_s"]}
+         "Recompute": _recompute(x["training"]), "Loss": x["training"]["loss"]}
         for i, x in enumerate(layouts, 1)]
 
 st.subheader("Memory against throughput")

@@ -234,6 +234,7 @@ def chart_png(chart, scale: float = 2.0) -> bytes | None:
     except ImportError:
         return None
     spec = chart.properties(width=520).to_dict()
+    spec["autosize"] = {"type": "pad"}  # a set width: the image takes the size its legend needs (charts.legend)
     spec.setdefault("config", {}).setdefault("font", "DejaVu Sans")
     return vlc.vegalite_to_png(spec, scale=scale)
 
