@@ -15,6 +15,7 @@ from .errors import REDACTED, ConfigError, looks_secret, redact
 from .adapters import base_dtype as adapter_base_dtype
 from .fields import SETTINGS, parse_text, set_in
 from .hardware import GPUS
+from .wording import counted, verdict_word
 
 GiB = 1024**3
 
@@ -66,7 +67,8 @@ def render_text(result) -> str:
     par, tr = result.parallel, result.training
     lines.append(f"Layout: TP {par.tp}{' +SP' if par.sequence_parallel else ''}, PP {par.pp}"
                  f"{f' x VPP {par.vpp}' if par.vpp > 1 else ''}, DP {par.dp}, CP {par.cp}, EP {par.ep}, "
-                 f"ZeRO {result.zero_stage} ({tr.framework}); {par.gpus} GPUs; {result.microbatches} micro-batches")
+                 f"ZeRO {result.zero_stage} ({tr.framework}); {counted(par.gpus, 'GPU')}; "
+                 f"{counted(result.microbatches, 'micro-batch')}")
     lines.append(f"Step: {tr.mode}, seq {tr.seq_len}, micro-batch {tr.micro_batch_size}, {tr.optimizer}, "
                  f"recompute {tr.recompute}, {tr.attention} attention, loss {tr.loss}")
     for stage in result.stages:
@@ -81,13 +83,22 @@ def render_text(result) -> str:
     fit = result.fit
     lines.append("")
     lines += _rl_lines(result)
-    lines.append(f"Peak stage {result.peak_stage}: allocated {result.allocated_peak_bytes / GiB:.2f} GiB, "
+    lines.append(f"{peak_text(result)}: allocated {result.allocated_peak_bytes / GiB:.2f} GiB, "
                  f"device total {result.device_total_bytes / GiB:.2f} GiB")
-    lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {fit.verdict.upper()} "
+    lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {verdict_word(fit.verdict)} "
                  f"({fit.utilization:.0%} of capacity)")
     lines += _host_lines(result)
     lines += [f"Note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def peak_text(result) -> str:
+    """Where the totals come from: the peak stage, or for an RL run the largest phase of its step
+    (memory._rl_estimate: that phase decides the fit; the stages show the training phase)."""
+    if result.rl_phases:
+        peak = max(result.rl_phases, key=lambda p: p.device_total_bytes)
+        return f"Largest RL phase, {peak.name}"
+    return f"Peak stage {result.peak_stage}"
 
 
 def _rl_lines(result) -> list[str]:
@@ -172,8 +183,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         if plan:
             text += "\nWhat to change (each step a full estimate, applied one after another):"
             for i, s in enumerate(plan, 1):
-                text += (f"\n  {i}. {s.description}: {s.device_total_bytes / GiB:.2f} GiB, {s.verdict}"
-                         + (f" on {s.gpus} GPUs" if s.gpus != cfg.parallel.gpus else ""))
+                text += (f"\n  {i}. {s.description}: {s.device_total_bytes / GiB:.2f} GiB, {verdict_word(s.verdict)}"
+                         + (f" on {counted(s.gpus, 'GPU')}" if s.gpus != cfg.parallel.gpus else ""))
         print(text)
     return 0
 
@@ -197,12 +208,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from .presets import get_hf_config, list_presets
-    rows = [(p.id, p.name, _billions(p.published_total, p.published_active),
-             get_hf_config(p.id).get("model_type", "")) for p in list_presets()]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    """One line per bundled model: id, name, the publisher's count and the estimator's (labelled:
+    they differ where the publisher counts otherwise, which the last column says), family."""
+    from .architecture import parameter_counts
+    from .presets import counting_note, get_architecture, get_hf_config, list_presets
+    rows = []
+    for p in list_presets():
+        computed = parameter_counts(get_architecture(p.id))
+        active = computed.active if computed.active != computed.total else None
+        rows.append((p.id, p.name, "published " + _billions(p.published_total, p.published_active),
+                     "computed " + _billions(computed.total, active), get_hf_config(p.id).get("model_type", ""),
+                     counting_note(p)))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+        line = "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4]
+        print(line + (" " * (widths[4] - len(row[4])) + f"  ({row[5]})" if row[5] else ""))
     return 0
 
 

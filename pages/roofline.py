@@ -5,6 +5,7 @@ import pandas as pd
 import streamlit as st
 
 from estimator.hardware import GPUS
+from estimator.wording import verdict_word
 from ui import compute, roofline_charts, state, view
 
 cur = state.current()
@@ -54,7 +55,7 @@ with right:
     st.markdown("**Memory**")
     try:
         st.metric("Device total (peak stage)", f"{est.device_total_bytes / 2**30:,.1f} GiB")
-        st.caption(f"{est.fit.verdict}, {est.fit.utilization:.0%} of {gpu.name}")
+        st.caption(f"{verdict_word(est.fit.verdict)}, {est.fit.utilization:.0%} of {gpu.name}")
     except AttributeError:
         st.caption("See the Memory page.")
 

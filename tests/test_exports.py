@@ -16,6 +16,7 @@ import pytest
 
 from estimator import estimate_config
 from estimator.config import SECTIONS
+from estimator.wording import verdict_word
 from ui import charts, exports, fields, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,7 +253,7 @@ def test_pdf_report_contains_the_totals(case):
     fits = text[text.index("Fit on every GPU"):]
     for f in est.fits():
         row = fits[fits.index("\n" + f.gpu + "\n" if "\n" + f.gpu + "\n" in fits else "\n" + f.gpu + " "):][:160]
-        assert f"{f.utilization:.0%}" in row and exports.VERDICT_WORDS[f.verdict] in row
+        assert f"{f.utilization:.0%}" in row and verdict_word(f.verdict) in row
 
 
 def test_pdf_without_a_chart_still_renders(case):

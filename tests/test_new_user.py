@@ -178,3 +178,173 @@ def test_a_plan_on_a_global_batch_the_user_set_says_when_the_pipeline_is_mostly_
     assert last.config.training.global_batch_size == 2
     assert last.description == ("pipeline stages 4 (twice the GPUs, same global batch); 2 micro-batches for 4 "
                                 "stages: mostly pipeline bubble")
+
+
+# --- 8. formatting -----------------------------------------------------------------------------------
+
+RL_CONFIG = {"model": "qwen2.5-7b",
+             "training": {"framework": "fsdp2", "micro_batch_size": 16, "global_batch_size": 1280,
+                          "recompute": "full",
+                          "rl": {"algorithm": "grpo", "rollout_batch_size": 1024, "samples_per_prompt": 5,
+                                 "max_prompt_len": 512, "max_response_len": 512, "engine_memory_fraction": 0.6,
+                                 "rollout_tp": 2}},
+             "parallel": {"dp": 8}}
+
+
+def _pdf_text(data: bytes) -> str:
+    import io
+
+    pypdf = pytest.importorskip("pypdf")
+    return " ".join(" ".join(page.extract_text() for page in pypdf.PdfReader(io.BytesIO(data)).pages).split())
+
+
+def _cli(capsys, *argv: str) -> str:
+    from estimator import cli
+
+    assert cli.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def _config_file(tmp_path, config: dict) -> str:
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_gemma_3s_context_is_its_config_classes_default():
+    at = _app()
+    at.switch_page("pages/presets.py").run()
+    _no_exception(at)
+    models = next(df.value for df in at.dataframe if "Context" in df.value.columns)
+    context = dict(zip(models["id"], models["Context"]))
+    # google/gemma-3-27b-pt's config.json leaves max_position_embeddings out: transformers'
+    # Gemma3TextConfig default, 131072 (128K, the Gemma 3 27B model card's context)
+    assert context["gemma-3-27b"] == 131072
+    assert context["llama-3.1-8b"] == 131072 and context["qwen3-8b"] == 40960  # as their config.json give them
+    assert models["Context"].notna().all(), [k for k, v in context.items() if v is None or v != v]
+
+
+def test_the_rl_pdf_lists_the_rl_settings_and_names_the_deciding_phase():
+    from ui import exports
+
+    est = estimate_config(RL_CONFIG)
+    largest = max(est.rl_phases, key=lambda p: p.device_total_bytes)
+    assert largest.name == "training" and est.device_total_bytes == largest.device_total_bytes
+    text = _pdf_text(exports.report_pdf(est, RL_CONFIG, title="RL", chart=None))
+    assert "{'" not in text and "rl:" not in text  # no Python dict
+    for line in ("RL algorithm: grpo", "Rollout prompts per step: 1024", "Samples per prompt: 5",
+                 "Max response tokens: 512"):
+        assert line in text, line
+    assert f"Device total (largest RL phase) {est.device_total_bytes / GiB:,.2f} GiB" in text
+    assert "Peak phase the RL step's training phase (of rollout, scoring, training)" in text
+    assert "Peak stage / phase" not in text
+
+
+def test_verdicts_are_spelled_one_way_in_the_app_the_cli_and_the_exports(capsys, tmp_path):
+    import csv
+    import io
+    import re
+
+    from ui import exports
+
+    oom = {"model": "llama-3.1-70b"}  # 216% of one H100
+    est = estimate_config(oom)
+    assert est.fit.verdict == "oom"
+    other_spellings = re.compile(r"\boom\b|\bFITS\b|\bTIGHT\b|\bfits:|Out of memory\b|\(over 80%\)")
+    text = _cli(capsys, "estimate", "--config", _config_file(tmp_path, oom))
+    assert f"Fit on h100-80 (79.6 GiB): OOM ({est.fit.utilization:.0%} of capacity)" in text
+    assert not other_spellings.search(text)
+    rows = list(csv.DictReader(io.StringIO(exports.breakdown_csv(est))))
+    assert next(r for r in rows if r["component"] == "verdict")["label"] == "OOM"
+    pdf = _pdf_text(exports.report_pdf(est, oom, title="OOM", chart=None))
+    assert f"Verdict OOM: {est.fit.utilization:.0%} of capacity" in pdf and not other_spellings.search(pdf)
+    at = _app({"model": "llama-3.1-70b"})
+    assert _metric(at, "Verdict") == "OOM"
+    assert at.error[0].value.startswith("**OOM** on NVIDIA H100")
+    at.switch_page("pages/presets.py").run()
+    lines = [m.value for m in at.markdown if "GiB per GPU on" in m.value]
+    assert len(lines) == len(list_recipes())
+    assert all(re.search(r"\*\*(Fits|Tight|OOM)\*\*", line) for line in lines), lines
+    assert not any(other_spellings.search(line) for line in lines), lines
+
+
+def test_one_gpu_and_one_micro_batch_are_singular(capsys, tmp_path):
+    from ui import exports
+
+    recipe = _recipe("QLoRA on one 80 GB GPU")
+    est = estimate_config(recipe.config)
+    assert (est.parallel.gpus, est.microbatches) == (1, 1)
+    text = _cli(capsys, "estimate", "--config", _config_file(tmp_path, recipe.config))
+    assert "; 1 GPU; 1 micro-batch" in text and "1 GPUs" not in text
+    pdf = _pdf_text(exports.report_pdf(est, recipe.config, title="one", chart=None))
+    assert "= 1 GPU;" in pdf and "1 micro-batch per step" in pdf and "1 GPUs" not in pdf
+    at = _app()
+    at.switch_page("pages/presets.py").run()
+    line = next(m.value for m in at.markdown if "GiB per GPU on" in m.value and m.value.endswith("GPU"))
+    assert line.endswith("· 1 GPU")
+    assert not [m.value for m in at.markdown if "1 GPUs" in m.value]
+
+
+def test_the_csv_labels_each_dropout_as_its_own_field():
+    import csv
+    import io
+
+    from ui import exports
+    from ui.fields import field_label
+
+    config = {"model": "llama-3.1-8b",
+              "training": {"framework": "hf", "dropout": 0.1,
+                           "adapter": {"method": "lora", "rank": 16, "dropout": 0.05}}}
+    rows = {r["component"]: r for r in csv.DictReader(io.StringIO(exports.breakdown_csv(estimate_config(config))))
+            if r["kind"] == "setting"}
+    assert (rows["training.dropout"]["label"], rows["training.dropout"]["value"]) == ("Dropout", "0.1")
+    assert field_label("training.dropout") == "Dropout"
+    assert field_label("training.adapter.dropout") == "Adapter dropout"
+
+
+def test_the_rl_caption_points_at_the_stage_chart_where_it_is():
+    query = {"model": "qwen2.5-7b", "framework": "fsdp2", "micro_batch_size": "16", "global_batch_size": "1280",
+             "recompute": "full", "dp": "8", "rl_algorithm": "grpo", "rl_rollout_batch_size": "1024",
+             "rl_samples_per_prompt": "5", "rl_max_prompt_len": "512", "rl_max_response_len": "512",
+             "rl_engine_memory_fraction": "0.6", "rl_rollout_tp": "2"}
+    at = _app(query)
+    _no_exception(at)
+    headers = [h.value for h in at.subheader]
+    rl = next(i for i, h in enumerate(headers) if h.startswith("RL phases"))
+    assert rl < headers.index("Memory per pipeline stage")  # the RL chart is drawn first
+    caption = next(c.value for c in at.caption if "decides the fit" in c.value)
+    assert "stage chart below" in caption and "above" not in caption
+
+
+# --- 10. the presets' parameter counts, labelled the same way in the CLI and the app -----------------
+
+def test_the_cli_and_the_presets_page_label_their_counts_alike(capsys):
+    from estimator.architecture import parameter_counts
+    from estimator.presets import counting_note, get_architecture, list_presets
+
+    lines = {line.split()[0]: line for line in _cli(capsys, "presets").splitlines()}
+    at = _app()
+    at.switch_page("pages/presets.py").run()
+    models = next(df.value for df in at.dataframe if "Context" in df.value.columns).set_index("id")
+    for info in list_presets():
+        counts = parameter_counts(get_architecture(info.id))
+        line = lines[info.id]
+        published = f"published {info.published_total / 1e9:.2f}B"
+        computed = f"computed {counts.total / 1e9:.2f}B"
+        assert published in line and computed in line, line
+        if counts.active != counts.total:
+            assert f"{computed} ({counts.active / 1e9:.2f}B active)" in line, line
+        row = models.loc[info.id]
+        assert row["Computed total (B)"] == counts.total / 1e9
+        assert row["Computed active (B)"] == counts.active / 1e9
+        assert row["Published total"] == info.published_total
+        note = counting_note(info)
+        assert row["How the publisher counts"] == note
+        assert line.endswith(f"({note})") if note else not line.endswith(")"), line
+    # the counts that differ say why, in both places
+    assert lines["deepseek-v3"].endswith("(published active leaves out the MTP module)")
+    assert models.loc["gemma-3-27b", "How the publisher counts"] == "published total includes the vision encoder"
+    assert "computed 684.49B (40.09B active)" in lines["deepseek-v3"]
+    assert "published 684.49B (37.55B active)" in lines["deepseek-v3"]

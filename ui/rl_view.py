@@ -53,7 +53,7 @@ def show(est) -> None:
     st.subheader(f"RL phases ({rl.algorithm}, {rl.engine} colocated)")
     peak = max(est.rl_phases, key=lambda p: p.device_total_bytes)
     st.caption(f"Each GPU passes through these phases every step; the {peak.name} phase is the largest and decides "
-               "the fit. The red line is the GPU's capacity. The stages above show the training phase.")
+               "the fit. The red line is the GPU's capacity. The stage chart below shows the training phase.")
     st.vega_lite_chart(phases_spec(est), width="stretch")
     for phase in est.rl_phases:
         with st.expander(f"{phase.name}: {phase.device_total_bytes / GiB:,.2f} GiB"):
