@@ -17,6 +17,14 @@ def verdict_word(code: str) -> str:
     return VERDICT_WORDS.get(code, code)
 
 
+def duration(seconds: float) -> str:
+    """A time as short as it reads whole: milliseconds below a second ("116.0 ms"), seconds above
+    ("10.40 s", "227 s"); a metric's value is cut at its column's width ("10,401.4 ms" was)."""
+    if seconds < 1:
+        return f"{seconds * 1e3:,.1f} ms"
+    return f"{seconds:,.2f} s" if seconds < 100 else f"{seconds:,.0f} s"
+
+
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and its noun in the number it takes: "1 GPU", "8 GPUs", "2 micro-batches"."""
     word = noun if n == 1 else plural or (noun + "es" if noun.endswith(("ch", "sh", "s", "x")) else noun + "s")

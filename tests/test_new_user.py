@@ -348,3 +348,32 @@ def test_the_cli_and_the_presets_page_label_their_counts_alike(capsys):
     assert models.loc["gemma-3-27b", "How the publisher counts"] == "published total includes the vision encoder"
     assert "computed 684.49B (40.09B active)" in lines["deepseek-v3"]
     assert "published 684.49B (37.55B active)" in lines["deepseek-v3"]
+
+
+# --- 9. the Roofline page in inference mode -----------------------------------------------------------
+
+SERVING = {"model": "llama-3.1-8b", "mode": "inference", "tp": "8", "seq_len": "131072", "micro_batch_size": "32"}
+
+
+def test_the_roofline_page_in_inference_times_a_prefill_in_short_values():
+    from estimator import load_config
+    from estimator.roofline import roofline_config
+
+    step = roofline_config(load_config({"model": "llama-3.1-8b", "training": {
+        "mode": "inference", "seq_len": 131072, "micro_batch_size": 32}, "parallel": {"tp": 8}})).to_json()["step"]
+    assert 10 < step["exposed_comm_s"] < 11 and 10 < step["time_s"] < 100
+    at = _app(SERVING)
+    at.switch_page("pages/roofline.py").run()
+    _no_exception(at)
+    caption = at.caption[0].value
+    assert "one prefill of the batch (forward only" in caption and "training step" not in caption
+    assert _metric(at, "Prefill time (expected)") == f"{step['time_s']:.2f} s"
+    assert _metric(at, "Exposed communication") == f"{step['exposed_comm_s']:.2f} s"  # was "10,401.4 ms", cut
+    assert any(m.value == "**Where the prefill's time goes**" for m in at.markdown)
+    # a training run still reads as a step, its short times in milliseconds
+    at = _app({"model": "llama-3.1-8b"})
+    at.switch_page("pages/roofline.py").run()
+    train = roofline_config(load_config({"model": "llama-3.1-8b"})).to_json()["step"]
+    assert "one training step" in at.caption[0].value
+    assert _metric(at, "Step time (expected)") == (f"{train['time_s'] * 1e3:,.1f} ms" if train["time_s"] < 1
+                                                   else f"{train['time_s']:.2f} s")

@@ -15,8 +15,9 @@ def step_parts(step: dict) -> list[dict]:
     return [{"part": name, "seconds": s, "order": i} for i, (name, s) in enumerate(parts) if s > 0]
 
 
-def step_time_spec(step: dict, height: int = 40) -> dict:
-    """One horizontal bar, one segment per part of the step, the part's seconds in the tooltip; the
+def step_time_spec(step: dict, name: str = "step", height: int = 40) -> dict:
+    """One horizontal bar, one segment per part of the step (`name`: "step", or "prefill" in inference),
+    the part's seconds in the tooltip; the
     legend below it in the columns the width holds (`charts.legend`: at its right, in a chart 90 px
     high, it was clipped after three parts)."""
     parts = step_parts(step)
@@ -27,7 +28,7 @@ def step_time_spec(step: dict, height: int = 40) -> dict:
         "height": height,
         "autosize": dict(charts.AUTOSIZE),
         "encoding": {
-            "x": {"field": "seconds", "type": "quantitative", "stack": "zero", "title": "seconds per step"},
+            "x": {"field": "seconds", "type": "quantitative", "stack": "zero", "title": f"seconds per {name}"},
             "color": {"field": "part", "type": "nominal", "sort": {"field": "order"}, "title": None,
                       "legend": charts.legend(p["part"] for p in parts)},
             "order": {"field": "order", "type": "quantitative"},

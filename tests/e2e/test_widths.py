@@ -201,3 +201,22 @@ def test_the_peak_and_capacity_labels_stay_clear_of_each_other_the_rule_and_the_
         for bar in chart["bars"]:
             assert not _overlap(capacity["box"], bar), f"{name}: the capacity label lies on a bar"
             assert not _overlap(peak["box"], bar), f"{name}: the peak label lies on a bar"
+
+
+# --- 9. a value cut on the Roofline page ---------------------------------------------------------------
+
+def test_the_roofline_pages_values_read_whole_at_1400px_in_inference(browser, app_url):
+    """A metric cuts its value with an ellipsis when it is wider than its column: the element's
+    content box (scrollWidth) wider than its own box (clientWidth)."""
+    link = "model=llama-3.1-8b&mode=inference&tp=8&seq_len=131072&micro_batch_size=32"  # 10.4 s exposed
+    context, page = _open(browser, f"{app_url}/roofline?{link}", 1400)
+    try:
+        metrics = page.get_by_test_id("stMetric")
+        metrics.first.wait_for()
+        assert metrics.count() == 6
+        cut = metrics.evaluate_all("""els => els.flatMap(m => [m, ...m.querySelectorAll('*')])
+            .filter(e => e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)""")
+        assert cut == [], cut
+        page.screenshot(path=str(ARTIFACTS / "roofline-inference-1400.png"))
+    finally:
+        context.close()
