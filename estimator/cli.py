@@ -125,12 +125,19 @@ def _host_lines(result) -> list[str]:
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config is a few KB; a larger file is not one (and is not read)
 
 
+STDIN = "-"  # --config -: the JSON comes on standard input (`... | llm-memory estimate --config -`)
+
+
 def _read_config(path: str) -> str:
-    """The config file's text; bad input (unreadable, too large, not UTF-8) as a ConfigError."""
+    """The config file's text (standard input's for ``-``); bad input (unreadable, too large, not
+    UTF-8) as a ConfigError."""
     try:
-        with open(path, "rb") as fh:
-            too_large = os.fstat(fh.fileno()).st_size > MAX_CONFIG_BYTES  # then refused unread
-            raw = b"" if too_large else fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a pipe or device has size 0
+        if path == STDIN:
+            too_large, raw = False, sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1)  # bounded as a pipe is below
+        else:
+            with open(path, "rb") as fh:
+                too_large = os.fstat(fh.fileno()).st_size > MAX_CONFIG_BYTES  # then refused unread
+                raw = b"" if too_large else fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a pipe or device has size 0
     except OSError as exc:
         raise ConfigError("--config", path, "a readable JSON file", exc.strerror or "cannot read") from None
     if too_large or len(raw) > MAX_CONFIG_BYTES:
@@ -248,21 +255,27 @@ def _cmd_fields(args: argparse.Namespace) -> int:
     return 0
 
 
+# what --help points at: the repository's own pages (README.md's "Command line", docs/config.md)
+CONFIG_HELP = ("a JSON config file, or - for standard input: {\"model\": ..., \"training\": {...}, \"parallel\": "
+               "{...}, \"hardware\": {...}}; docs/config.md describes every field, README.md the format")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="llm-memory", description="GPU memory per pipeline stage for LLM training and inference")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate the memory of a configuration")
-    est.add_argument("--config", required=True, help="a JSON config (see CONTRACT.md)")
+    est.add_argument("--config", required=True, help=CONFIG_HELP)
     est.add_argument("--json", action="store_true", help="print one JSON object")
     _override_flags(est)
     est.set_defaults(handler=_cmd_estimate)
     roof = sub.add_parser("roofline", help="per-operation roofline and step time of a configuration")
-    roof.add_argument("--config", required=True)
+    roof.add_argument("--config", required=True, help=CONFIG_HELP)
     roof.add_argument("--json", action="store_true")
     _override_flags(roof)
     roof.set_defaults(handler=_cmd_roofline)
     pl = sub.add_parser("plan", help="every parallel layout on N GPUs: those that fit, fastest first")
-    pl.add_argument("--config", required=True, help="a JSON config: the model and its training setup")
+    pl.add_argument("--config", required=True, help=CONFIG_HELP + "; the planner reads its model, training setup "
+                    "and GPU")
     pl.add_argument("--gpus", required=True, type=int, help="number of GPUs")
     pl.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node; TP stays within one (default 8)")
     pl.add_argument("--margin", type=float, default=0.8,

@@ -377,3 +377,54 @@ def test_the_roofline_page_in_inference_times_a_prefill_in_short_values():
     assert "one training step" in at.caption[0].value
     assert _metric(at, "Step time (expected)") == (f"{train['time_s'] * 1e3:,.1f} ms" if train["time_s"] < 1
                                                    else f"{train['time_s']:.2f} s")
+
+
+# --- 11. the command line ---------------------------------------------------------------------------------
+
+def _run_cli(*argv: str, stdin: str | None = None):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "estimator", *argv], input=stdin, capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_config_dash_reads_the_json_from_standard_input(tmp_path):
+    import json
+
+    config = {"model": "llama-3.1-8b", "parallel": {"tp": 2}}
+    piped = _run_cli("estimate", "--config", "-", "--json", stdin=json.dumps(config))
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert json.loads(piped.stdout)["device_total_bytes"] == estimate_config(config).device_total_bytes
+    bad = _run_cli("estimate", "--config", "-", stdin="not json")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("error: --config = '-': invalid JSON at line 1 column 1")
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_help_points_only_at_documents_the_repository_has():
+    import re
+
+    texts = [_run_cli(*argv, "--help").stdout for argv in [(), ("estimate",), ("roofline",), ("plan",)]]
+    named = {name for text in texts for name in re.findall(r"[\w./-]+\.md\b", text)}
+    assert "docs/config.md" in named and "README.md" in named
+    assert "CONTRACT.md" not in " ".join(texts)
+    for name in named:
+        assert (ROOT / name).is_file(), name
+    assert "or - for standard input" in " ".join(texts[1].split())
+
+
+def test_the_plan_footer_calls_its_speeds_expected_as_they_are():
+    from estimator import load_config
+    from estimator.planner import plan, render_plan_text
+    from estimator.roofline import roofline
+
+    cfg = load_config({"model": "llama-3.1-8b"})
+    result = plan(cfg.architecture, cfg.training, cfg.hardware, 8)
+    first = result.layouts[0]
+    step = roofline(cfg.architecture, first.training, first.parallel, cfg.hardware).step
+    assert first.tokens_per_s_per_gpu == step.tokens_per_s_per_gpu  # the expected figure
+    assert step.upper_bound.tokens_per_s_per_gpu > step.tokens_per_s_per_gpu  # not the roofs'
+    footer = " ".join(render_plan_text(result).split("\n\n")[-1].split())
+    assert "upper bound" not in footer
+    assert "speeds are the step-time model's expected figures" in footer
