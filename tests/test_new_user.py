@@ -428,3 +428,28 @@ def test_the_plan_footer_calls_its_speeds_expected_as_they_are():
     footer = " ".join(render_plan_text(result).split("\n\n")[-1].split())
     assert "upper bound" not in footer
     assert "speeds are the step-time model's expected figures" in footer
+
+
+# --- 12. the HF Hub source --------------------------------------------------------------------------------
+
+def test_after_a_failed_fetch_the_page_says_it_failed(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # every fetch fails, with its reason; nothing leaves the machine
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    at = _app({"model": "qwen3-8b"})
+    at.segmented_control(key=K.SOURCE).set_value("HF Hub").run()
+    assert any("No Hugging Face model loaded yet" in i.value for i in at.main.info)  # before a fetch: the hint
+    at.text_input(key=K.HUB_TEXT).set_value("example-org/not-cached").run()
+    at.button(key=K.HUB_FETCH).click().run()
+    _no_exception(at)
+    [sidebar] = [e.value for e in at.sidebar.error]
+    assert "Could not fetch" in sidebar and "not-cached" in sidebar
+    main = " ".join(i.value for i in at.main.info)
+    assert "No Hugging Face model loaded yet" not in main and "press **Fetch**" in main
+    assert "Could not fetch 'example-org/not-cached'\\: offline mode" in main  # shown literally: markdown escaped
+    assert not at.main.error  # one error, in the sidebar
+
+
+def test_a_long_value_is_counted_by_its_own_length():
+    from estimator.errors import shown_value
+
+    assert shown_value("org/" + "a" * 4996).endswith("... (5,000 characters)")

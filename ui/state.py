@@ -588,13 +588,25 @@ def _on_dismiss() -> None:
     st.session_state[K.URL_WARNINGS] = []
 
 
+def _waiting_text() -> str:
+    """What the pages say while no Hub model is loaded: the hint, or after a failed fetch, that it
+    failed (the sidebar says why)."""
+    status = st.session_state.get(K.HUB_STATUS)
+    if not status:
+        return HUB_WAITING
+    return (f"{plain(status)} No Hugging Face model is loaded: correct the id in the sidebar and press **Fetch**, "
+            "or choose a bundled preset.")
+
+
 def _hub_section() -> tuple[ModelChoice | None, dict | None]:
     """The HF Hub source, one state at a time: nothing fetched yet (a hint), fetching (a spinner),
     fetched (the model), or why the last fetch failed (one message)."""
     ss = st.session_state
-    # the id gets the sidebar's whole width (ids are long); the button its label's width, below it
+    # the id gets the sidebar's whole width (ids are long); the button its label's width, below it.
+    # No max_chars: the browser empties a field given more (a pasted 5,000 characters) and says
+    # nothing; taken whole, a Fetch says what an id may be (hub.parse_hub_id)
     st.text_input("Hugging Face model id", key=K.HUB_TEXT, placeholder="org/name[@revision]",
-                  persist_state="session", max_chars=MAX_PARAM_VALUE,
+                  persist_state="session",
                   help="Fetches the model's config.json from the Hub (gated models need HF_TOKEN on the "
                        "server).")
     st.button("Fetch", key=K.HUB_FETCH, on_click=_on_fetch, width="content", icon=":material/download:",
@@ -629,7 +641,9 @@ def _model_section() -> tuple[ModelChoice | None, ConfigError | None, dict | Non
     """The model's widgets; the model is None while none is chosen yet (HF Hub before a fetch)."""
     ss = st.session_state
     ss[K.PREV_SOURCE] = ss.get(K.SOURCE, "Preset")
+    # required: a click on the chosen source keeps it (it deselected every source)
     st.segmented_control("Model source", SOURCES, key=K.SOURCE, persist_state="session", on_change=_on_source_change,
+                         required=True,
                          help="A bundled preset, any model on the Hugging Face Hub (its config.json is fetched), "
                               "or your own architecture.")
     src = ss.get(K.SOURCE) or "Preset"
@@ -785,7 +799,7 @@ def render_config(sidebar: bool = True) -> Current:
         _load_marker()  # last: a browser that has its value has every configuration widget's drawn before it
 
     values = {f.name: settings.get(f.name, f.default) for f in ALL_FIELDS}
-    waiting = HUB_WAITING if model is None else ""
+    waiting = _waiting_text() if model is None else ""
     shown_model = model or ModelChoice(source="preset", preset=ss.get(K.PRESET) or _default_model())
     config = config_dict(shown_model, values)
     params = url_params(shown_model, values)
