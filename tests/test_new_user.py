@@ -453,3 +453,55 @@ def test_a_long_value_is_counted_by_its_own_length():
     from estimator.errors import shown_value
 
     assert shown_value("org/" + "a" * 4996).endswith("... (5,000 characters)")
+
+
+# --- 13. the README ---------------------------------------------------------------------------------------
+
+README = ROOT / "README.md"
+
+
+def test_the_readme_counts_the_measured_steps_and_frameworks_the_tests_hold():
+    """The opening sentence is written from the records (`python -m validation readme`), the
+    records tests/test_accuracy.py holds to 5%; it said 83 steps of three frameworks."""
+    from test_accuracy import FRAMEWORKS, HF_RECORDS, RECORDS
+    from validation import summary
+
+    text = README.read_text()
+    start = text.index(summary.HEADLINE_START) + len(summary.HEADLINE_START)
+    written = text[start:text.index(summary.HEADLINE_END)]
+    assert written == summary.headline()
+    assert f"tested against {len(RECORDS):,} measured training steps of five frameworks' own code" in written
+    assert len(FRAMEWORKS) + 1 == 5  # the HF transformers records and a folder for each of the others
+    for name in ("Hugging Face transformers", "PEFT", "torchtitan", "torchtune", "Megatron-Core"):
+        assert name in written
+    assert f"The {len(HF_RECORDS)}\nrecords live in `tests/data/measured/`" in text
+
+
+def test_the_readme_accuracy_table_is_the_summarys():
+    import re
+
+    from validation import summary
+
+    text = README.read_text()
+    table = text[text.index("| framework (harness) |"):]
+    rows = [line for line in table.splitlines()[2:7]]
+    for line, framework in zip(rows, summary.FRAMEWORKS):
+        r = summary.summarize(framework)
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        worst = re.match(r"([−+-]?\d+\.\d)%", cells[4]).group(1).replace("−", "-")
+        assert (int(cells[1]), int(cells[2]), cells[3]) == (r.cases, r.within, f"{100 * r.median:.1f}%"), line
+        assert float(worst) == round(100 * r.worst, 1), line
+
+
+def test_the_gpus_the_readme_names_are_in_the_catalog():
+    """ "DeepSeek-V3 on 2,048 H800s": the catalog had no H800."""
+    import re
+
+    from estimator.hardware import GPUS
+
+    named = set(re.findall(r"\b((?:[ABH]|MI)\d{3}[A-Z]?)s\b", README.read_text()))
+    assert {"H800", "H100", "A100"} <= named
+    for model in named:
+        assert any(re.search(rf"\b{model}\b", gpu.name) for gpu in GPUS.values()), model
+    from estimator.presets import get_recipe
+    assert get_recipe("deepseek-v3-as-reported").config["hardware"]["gpu"] == "h800"
