@@ -505,3 +505,23 @@ def test_the_gpus_the_readme_names_are_in_the_catalog():
         assert any(re.search(rf"\b{model}\b", gpu.name) for gpu in GPUS.values()), model
     from estimator.presets import get_recipe
     assert get_recipe("deepseek-v3-as-reported").config["hardware"]["gpu"] == "h800"
+
+
+def test_the_readmes_screenshot_shows_the_numbers_the_app_gives():
+    """docs/memory.png is taken by docs/screenshot.py, which writes the page's link and the device
+    total it showed into the PNG: the estimator must still give that total for that link."""
+    from urllib.parse import parse_qsl
+
+    from PIL import Image
+
+    from ui.fields import config_dict, parse_url, ui_values_from_config
+
+    shot = Image.open(ROOT / "docs" / "memory.png")
+    assert shot.size == (1400, 2400)
+    link = dict(parse_qsl(shot.text["link"]))
+    parsed = parse_url(link)
+    assert not parsed.warnings
+    values = {**ui_values_from_config({"model": parsed.model.preset}), **parsed.values}
+    est = estimate_config(config_dict(parsed.model, values))
+    assert shot.text["device-total"] == _gib(est.device_total_bytes)
+    assert "docs/screenshot.py" in (ROOT / "README.md").read_text()
