@@ -432,9 +432,14 @@ def test_the_plan_footer_calls_its_speeds_expected_as_they_are():
 
 # --- 12. the HF Hub source --------------------------------------------------------------------------------
 
-def test_after_a_failed_fetch_the_page_says_it_failed(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # every fetch fails, with its reason; nothing leaves the machine
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def test_after_a_failed_fetch_the_page_says_it_failed(monkeypatch):
+    from estimator import ConfigError
+    from ui import compute
+
+    def offline(hub_id):  # what estimator.hub says offline (HF_HUB_OFFLINE=1), without the network or the env
+        raise ConfigError("model", hub_id, "a cached model", "offline mode (HF_HUB_OFFLINE) is on and the "
+                          f"config.json of {hub_id} is not in the cache")
+    monkeypatch.setattr(compute, "fetch_hub_model", offline)
     at = _app({"model": "qwen3-8b"})
     at.segmented_control(key=K.SOURCE).set_value("HF Hub").run()
     assert any("No Hugging Face model loaded yet" in i.value for i in at.main.info)  # before a fetch: the hint
