@@ -4,8 +4,9 @@ no short chain of them fits, the nearest layout the planner finds.
 Every suggestion is one knob turned from the user's configuration — a memory saver (recompute,
 a chunked loss, a smaller micro-batch, a higher ZeRO stage, expandable segments, 8-bit Adam) or a
 wider split of the model (TP, PP, CP), which keeps the number of GPUs by halving DP where it can
-and keeps the samples per optimizer step by raising the number of micro-batches. Each one is a
-full estimate, so the numbers are the estimator's, not a rule of thumb.
+and keeps a global batch the user set by raising the number of micro-batches (one left open stays
+open: the estimator's default fills the new pipeline). Each one is a full estimate, so the numbers
+are the estimator's, not a rule of thumb.
 
 Single changes only ever double one setting, so they miss layouts that move several at once
 (Llama-3.1-70B at 8k tokens on 8 GPUs needs 32 GPUs with PP 4). `plan_to_fit` then asks the
@@ -20,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from math import log2
 
-from .activations import global_batch_size
+from .activations import microbatches
 from .architecture import Architecture
 from .config import Config
 from .errors import ConfigError
@@ -62,10 +63,22 @@ def _fine_tuning_candidates(tr: Training, par: Parallel, hw: Hardware):
                _replace(tr, rl=_replace(rl, engine_memory_fraction=fraction)), par, hw)
 
 
+def _batch_notes(tr: Training, par: Parallel) -> tuple[str, str]:
+    """What a change that splits the batch differently says about it: a global batch the user set
+    is kept (more micro-batches where DP halves); one left open stays open, so the estimator's
+    default fills the new layout's pipeline (activations.global_batch_size) and no step writes a
+    global batch the user did not choose. With a set batch, a pipeline wider than its micro-batches
+    is said to be mostly bubble, as the Memory page says it."""
+    if tr.global_batch_size is None:
+        return "", ""
+    m = microbatches(tr, par)
+    bubble = (f"; {m} micro-batch{'es' if m != 1 else ''} for {par.pp} stages: mostly pipeline bubble"
+              if tr.mode == "training" and m < par.pp else "")
+    return ", same global batch", bubble
+
+
 def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
     """(description, training, parallel, hardware) for each single change worth trying."""
-    gbs = global_batch_size(tr, par)
-    same_batch = _replace(tr, global_batch_size=gbs)
     if tr.mode == "training":
         if tr.recompute != "full":
             yield "full activation recomputation (keep only each layer's input)", _replace(
@@ -75,8 +88,9 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
         if tr.loss == "standard":
             yield "a chunked fused-linear cross-entropy loss (Liger/CCE)", _replace(tr, loss="chunked"), par, hw
         if tr.micro_batch_size > 1:
-            yield (f"micro-batch {tr.micro_batch_size // 2} (same global batch, twice the micro-batches)",
-                   _replace(same_batch, micro_batch_size=tr.micro_batch_size // 2), par, hw)
+            smaller = _replace(tr, micro_batch_size=tr.micro_batch_size // 2)
+            what = " (same global batch, twice the micro-batches)" if tr.global_batch_size else ""
+            yield f"micro-batch {smaller.micro_batch_size}{what}", smaller, par, hw
         zero = par.zero_stage
         if tr.framework in ("megatron", "deepspeed") and (zero or 0) < 3:
             yield f"ZeRO stage {(zero or 0) + 1}", tr, _replace(par, zero_stage=(zero or 0) + 1), hw
@@ -93,10 +107,11 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
             following = tp_following_defaults(wider["tp"])
             wider.update({name: following[name] for name in following if par.follows_tp(name)})
         if par.dp % 2 == 0:
-            yield (f"{label} {wider[knob]} (DP {par.dp // 2}: same GPUs, same global batch)", same_batch,
-                   _replace(par, dp=par.dp // 2, world_size=None, **wider), hw)
+            changed, where = _replace(par, dp=par.dp // 2, world_size=None, **wider), f"DP {par.dp // 2}: same GPUs"
         else:
-            yield f"{label} {wider[knob]} (twice the GPUs)", same_batch, _replace(par, world_size=None, **wider), hw
+            changed, where = _replace(par, world_size=None, **wider), "twice the GPUs"
+        same, bubble = _batch_notes(tr, changed)
+        yield f"{label} {wider[knob]} ({where}{same}){bubble}", tr, changed, hw
 
 
 def suggestions(cfg: Config, limit: int = 6) -> list[Suggestion]:

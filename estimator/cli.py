@@ -15,6 +15,7 @@ from .errors import REDACTED, ConfigError, looks_secret, redact
 from .adapters import base_dtype as adapter_base_dtype
 from .fields import SERVING_FIELDS, SETTINGS, parse_text, set_in
 from .hardware import GPUS
+from .wording import counted, verdict_word
 
 GiB = 1024**3
 
@@ -78,8 +79,8 @@ def render_text(result) -> str:
     par, tr = result.parallel, result.training
     lines.append(f"Layout: TP {par.tp}{' +SP' if par.sequence_parallel else ''}, PP {par.pp}"
                  f"{f' x VPP {par.vpp}' if par.vpp > 1 else ''}, DP {par.dp}, CP {par.cp}, EP {par.ep}, "
-                 f"ZeRO {result.zero_stage} ({_framework_text(result)}); {par.gpus} GPUs; {result.microbatches} "
-                 "micro-batches")
+                 f"ZeRO {result.zero_stage} ({_framework_text(result)}); {counted(par.gpus, 'GPU')}; "
+                 f"{counted(result.microbatches, 'micro-batch')}")
     lines.append(f"Step: {tr.mode}, seq {tr.seq_len}, micro-batch {tr.micro_batch_size}, {tr.optimizer}, "
                  f"recompute {tr.recompute}, {tr.attention} attention, loss {tr.loss}")
     for stage in result.stages:
@@ -95,14 +96,23 @@ def render_text(result) -> str:
     fit = result.fit
     lines.append("")
     lines += _rl_lines(result)
-    lines.append(f"Peak stage {result.peak_stage}: allocated {result.allocated_peak_bytes / GiB:.2f} GiB, "
+    lines.append(f"{peak_text(result)}: allocated {result.allocated_peak_bytes / GiB:.2f} GiB, "
                  f"reserved {result.reserved_peak_bytes / GiB:.2f} GiB, "
                  f"device total {result.device_total_bytes / GiB:.2f} GiB")
-    lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {fit.verdict.upper()} "
+    lines.append(f"Fit on {fit.gpu} ({fit.capacity_bytes / GiB:.1f} GiB): {verdict_word(fit.verdict)} "
                  f"({fit.utilization:.0%} of capacity)")
     lines += _host_lines(result)
     lines += [f"Note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def peak_text(result) -> str:
+    """Where the totals come from: the peak stage, or for an RL run the largest phase of its step
+    (memory._rl_estimate: that phase decides the fit; the stages show the training phase)."""
+    if result.rl_phases:
+        peak = max(result.rl_phases, key=lambda p: p.device_total_bytes)
+        return f"Largest RL phase, {peak.name}"
+    return f"Peak stage {result.peak_stage}"
 
 
 def _rl_lines(result) -> list[str]:
@@ -129,12 +139,19 @@ def _host_lines(result) -> list[str]:
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config is a few KB; a larger file is not one (and is not read)
 
 
+STDIN = "-"  # --config -: the JSON comes on standard input (`... | llm-memory estimate --config -`)
+
+
 def _read_config(path: str) -> str:
-    """The config file's text; bad input (unreadable, too large, not UTF-8) as a ConfigError."""
+    """The config file's text (standard input's for ``-``); bad input (unreadable, too large, not
+    UTF-8) as a ConfigError."""
     try:
-        with open(path, "rb") as fh:
-            too_large = os.fstat(fh.fileno()).st_size > MAX_CONFIG_BYTES  # then refused unread
-            raw = b"" if too_large else fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a pipe or device has size 0
+        if path == STDIN:
+            too_large, raw = False, sys.stdin.buffer.read(MAX_CONFIG_BYTES + 1)  # bounded as a pipe is below
+        else:
+            with open(path, "rb") as fh:
+                too_large = os.fstat(fh.fileno()).st_size > MAX_CONFIG_BYTES  # then refused unread
+                raw = b"" if too_large else fh.read(MAX_CONFIG_BYTES + 1)  # bounded: a pipe or device has size 0
     except OSError as exc:
         raise ConfigError("--config", path, "a readable JSON file", exc.strerror or "cannot read") from None
     if too_large or len(raw) > MAX_CONFIG_BYTES:
@@ -190,8 +207,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         if plan:
             text += "\nWhat to change (each step a full estimate, applied one after another):"
             for i, s in enumerate(plan, 1):
-                text += (f"\n  {i}. {s.description}: {s.device_total_bytes / GiB:.2f} GiB, {s.verdict}"
-                         + (f" on {s.gpus} GPUs" if s.gpus != cfg.parallel.gpus else ""))
+                text += (f"\n  {i}. {s.description}: {s.device_total_bytes / GiB:.2f} GiB, {verdict_word(s.verdict)}"
+                         + (f" on {counted(s.gpus, 'GPU')}" if s.gpus != cfg.parallel.gpus else ""))
         if serving is not None:
             from .serving.service import render_text as render_serving
             text += "\n\n" + render_serving(serving, cfg.parallel.dp)
@@ -251,12 +268,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from .presets import get_hf_config, list_presets
-    rows = [(p.id, p.name, _billions(p.published_total, p.published_active),
-             get_hf_config(p.id).get("model_type", "")) for p in list_presets()]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    """One line per bundled model: id, name, the publisher's count and the estimator's (labelled:
+    they differ where the publisher counts otherwise, which the last column says), family."""
+    from .architecture import parameter_counts
+    from .presets import counting_note, get_architecture, get_hf_config, list_presets
+    rows = []
+    for p in list_presets():
+        computed = parameter_counts(get_architecture(p.id))
+        active = computed.active if computed.active != computed.total else None
+        rows.append((p.id, p.name, "published " + _billions(p.published_total, p.published_active),
+                     "computed " + _billions(computed.total, active), get_hf_config(p.id).get("model_type", ""),
+                     counting_note(p)))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+        line = "  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4]
+        print(line + (" " * (widths[4] - len(row[4])) + f"  ({row[5]})" if row[5] else ""))
     return 0
 
 
@@ -282,11 +308,16 @@ def _cmd_fields(args: argparse.Namespace) -> int:
     return 0
 
 
+# what --help points at: the repository's own pages (README.md's "Command line", docs/config.md)
+CONFIG_HELP = ("a JSON config file, or - for standard input: {\"model\": ..., \"training\": {...}, \"parallel\": "
+               "{...}, \"hardware\": {...}}; docs/config.md describes every field, README.md the format")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="llm-memory", description="GPU memory per pipeline stage for LLM training and inference")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate the memory of a configuration")
-    est.add_argument("--config", required=True, help="a JSON config (see CONTRACT.md)")
+    est.add_argument("--config", required=True, help=CONFIG_HELP)
     est.add_argument("--json", action="store_true", help="print one JSON object")
     _override_flags(est)
     _serving_flags(est)
@@ -308,12 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
     _serving_flags(sp)
     sp.set_defaults(handler=_cmd_serve_plan)
     roof = sub.add_parser("roofline", help="per-operation roofline and step time of a configuration")
-    roof.add_argument("--config", required=True)
+    roof.add_argument("--config", required=True, help=CONFIG_HELP)
     roof.add_argument("--json", action="store_true")
     _override_flags(roof)
     roof.set_defaults(handler=_cmd_roofline)
     pl = sub.add_parser("plan", help="every parallel layout on N GPUs: those that fit, fastest first")
-    pl.add_argument("--config", required=True, help="a JSON config: the model and its training setup")
+    pl.add_argument("--config", required=True, help=CONFIG_HELP + "; the planner reads its model, training setup "
+                    "and GPU")
     pl.add_argument("--gpus", required=True, type=int, help="number of GPUs")
     pl.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node; TP stays within one (default 8)")
     pl.add_argument("--margin", type=float, default=0.8,

@@ -40,7 +40,8 @@ NVLS_ALL_REDUCE = 480 / 450
 NETWORK = 47 / 50
 # Seconds per collective call on top of its bandwidth time (nccl-tests small sizes; see above).
 LATENCY_S = {"intra-node": 10e-6, "inter-node": 30e-6}
-# GPUs on NVSwitch baseboards that run NVLS (Hopper and later, NCCL >= 2.17).
+# GPUs on NVSwitch baseboards that run NVLS (Hopper and later, NCCL >= 2.17). Not the H800: its
+# users find NCCL building no NVLS channels on it (NVIDIA/nccl issue #892, "0 nvls channels").
 NVLS_GPUS = ("h100-80", "h200", "b200", "b300")
 
 

@@ -103,7 +103,7 @@ def architecture_from_model(model: object) -> Architecture:
         if "hidden_size" in model and "num_layers" in model:
             for key in model:
                 if key not in ARCHITECTURE_FIELDS:
-                    raise ConfigError(f"model.{key}", model[key], "fields of the canonical architecture (see CONTRACT.md)",
+                    raise ConfigError(f"model.{key}", model[key], "fields of the canonical architecture (see docs/config.md)",
                                       "unknown field")
             return Architecture(**model)
         raise ConfigError("model", "{...}", "a Hugging Face config.json (with model_type) or a canonical architecture "

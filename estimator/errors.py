@@ -35,8 +35,8 @@ def shown_value(value: object) -> str:
                 else type(value).__name__
         if looks_secret(text):
             return REDACTED
-    if len(text) > SHOWN_CHARS:
-        text = f"{text[:SHOWN_CHARS - 20]}... ({len(text):,} characters)"
+    if len(text) > SHOWN_CHARS:  # the count is the value's own (a string's, not its quoted repr's)
+        text = f"{text[:SHOWN_CHARS - 20]}... ({len(value) if isinstance(value, str) else len(text):,} characters)"
     return text
 
 

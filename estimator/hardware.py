@@ -153,6 +153,14 @@ GPUS: dict[str, GPU] = {
             "756 / 1,513 dense, HBM2e 2 TB/s, PCIe Gen5 128 GB/s (64e9 one way; optional NVLink "
             "bridge pairs ignored). Inter-node: NVIDIA PCIe-optimized Enterprise RA (200 Gb/s per "
             "GPU). nvidia-smi reports 81559 MiB (public nvidia-smi captures of 'NVIDIA H100 PCIe')"),
+        GPU("h800", "NVIDIA H800 SXM 80GB", 81_559 * MiB, 989e12, 1979e12, 3.35e12,
+            200e9, 50e9, 8, _CONTEXT,
+            "NVIDIA H800 Tensor Core GPU datasheet (SXM): the H100 SXM's compute, BF16 1,979 / FP8 "
+            "3,958 TFLOPS sparse -> 989 / 1,979 dense, 80 GB HBM3 3.35 TB/s, NVLink 400 GB/s "
+            "bidirectional (the H100's 900 cut for export) -> 200e9 one way. Inter-node: 400 Gb/s "
+            "InfiniBand per GPU, the 50 GB/s of DeepSeek-V3's H800 cluster (arXiv 2412.19437, sections "
+            "3.1 and 3.2.2). Capacity: no public nvidia-smi capture of an H800 found; the H100 SXM's "
+            "reported 81559 MiB for the same 80 GB HBM3 part"),
         GPU("h200", "NVIDIA H200 SXM 141GB", 143_771 * MiB, 989e12, 1979e12, 4.8e12,
             450e9, 50e9, 8, _HOPPER,
             "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 / FP8 3,958 TFLOPS sparse -> "

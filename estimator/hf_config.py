@@ -599,6 +599,20 @@ def _text_model_config(config: dict) -> tuple[dict, str]:
     return merged, "model.text_config."
 
 
+def context_length(config: dict) -> int | None:
+    """The context window a ``config.json`` gives (its language model's, for a multimodal one):
+    ``max_position_embeddings`` (GPT-2's ``n_positions``), or where the file leaves it out, the
+    default of its transformers config class (`FAMILIES`: Gemma3TextConfig's 131072, which
+    google/gemma-3-27b-pt's config.json does not repeat); None for a model type not listed."""
+    text, _ = _text_model_config(config)
+    for key in ("max_position_embeddings", "n_positions"):
+        if isinstance(text.get(key), int):
+            return text[key]
+    family = FAMILIES.get(text.get("model_type"))
+    defaults = family.defaults if family else {}
+    return defaults.get("max_position_embeddings") or defaults.get("n_positions")
+
+
 def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[Architecture, list[str]]:
     """Build the canonical architecture from a Hugging Face ``config.json`` dict.
 

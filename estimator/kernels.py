@@ -31,10 +31,10 @@ BANDWIDTH_SOURCE = ("NVIDIA H100 NVL measured copy of 4 GiB at 90.6% of its 3.9 
 LAUNCH_SOURCE = "one operation issued from Python: 4.2 us (same ceiling-probe report, eager PyTorch)"
 
 # Best-shape bf16 matmul throughput as a fraction of the dense datasheet peak (MAMF table):
-# A100 SXM 267.9/312, H100 SXM 792.1/989, GH200 821.0/989, MI300X 781.9/1300. H200 has the H100's
-# compute die and is given its figure; MI325X the MI300X's (same CDNA 3 compute). Others: no
-# measurement found, 0.80 (the NVIDIA rows' lower end).
-MAMF = {"a100-40": 0.859, "a100-80": 0.859, "h100-80": 0.801, "h200": 0.801, "gh200": 0.830,
+# A100 SXM 267.9/312, H100 SXM 792.1/989, GH200 821.0/989, MI300X 781.9/1300. H200 and H800 have
+# the H100's compute die and are given its figure; MI325X the MI300X's (same CDNA 3 compute).
+# Others: no measurement found, 0.80 (the NVIDIA rows' lower end).
+MAMF = {"a100-40": 0.859, "a100-80": 0.859, "h100-80": 0.801, "h800": 0.801, "h200": 0.801, "gh200": 0.830,
         "mi300x": 0.601, "mi325x": 0.601}
 MAMF_DEFAULT = 0.80
 # A dimension of x elements runs at x / (x + GEMM_HALF) of the large-GEMM rate: MAMF's best shapes
@@ -90,7 +90,7 @@ HEAD_DIM_FACTOR = {"fa2": {64: 0.88, 128: 1.0, 256: 0.89}, "cudnn": {64: 0.70, 1
 # Outside Hopper: FlashAttention-2 on A100 reaches 50-73% of peak (FA2_SOURCE), forward at the top
 # of that range, backward lower; used for every non-Hopper GPU (no other measurement found).
 AMPERE_ATTENTION = {"forward": AttentionCurve(0.70, 412), "backward": AttentionCurve(0.55, 278)}
-HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h200", "gh200")
+HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h800", "h200", "gh200")
 
 
 def gemm_efficiency(gpu: GPU, M: float, K: float, N: float) -> float:

@@ -974,7 +974,8 @@ def render_plan_text(result: Plan) -> str:
               f"{'recompute':>10} {'loss':>8} {'GiB':>8} {'util':>6} {'tok/s/GPU':>10} {'MFU':>6} {'step s':>8}"]
     lines += [_row(i, x) for i, x in enumerate(result.layouts, 1)]
     lines += ["", "PP a|..|b: uneven first and last stages; xV: interleaved virtual stages. Numbers are the "
-              "estimator's (estimate, roofline) for each layout; the roofline is an upper bound on speed."]
+              "estimator's (estimate, roofline) for each layout; speeds are the step-time model's expected figures "
+              "(achieved kernel efficiency, measured NCCL bandwidth, each framework's overlap), as the app shows them."]
     return "\n".join(lines)
 
 

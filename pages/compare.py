@@ -5,6 +5,7 @@ import json
 import pandas as pd
 import streamlit as st
 
+from estimator.wording import verdict_word
 from ui import charts, compute, exports, scenarios, state
 from ui import keys as K
 from ui.fields import config_key, friendly_message
@@ -82,7 +83,7 @@ for e in list(entries):
         if res.ok:
             est = res.value
             c[1].markdown(f"{est.device_total_bytes / charts.GiB:,.2f} GiB on {est.fit.gpu} · "
-                          f"**{est.fit.verdict.upper()}** ({est.fit.utilization:.0%})")
+                          f"**{verdict_word(est.fit.verdict)}** ({est.fit.utilization:.0%})")
         else:
             c[1].error(state.plain(friendly_message(res.error)) if res.error else "not available")
         c[2].button("Load", key=K.scn_load(e['id']), icon=":material/edit:", width="stretch",

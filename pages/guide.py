@@ -71,11 +71,12 @@ shows how many micro-batches the estimate assumes next to the totals.
 """
 
 EIGHTY = """
-The verdict is **fits** below 80% of the GPU's capacity, **tight** between 80% and 100%, **out of memory** above.
+The verdict is **Fits** below 80% of the GPU's capacity, **Tight** between 80% and 100%, **OOM** (out of memory)
+above.
 Why 80%: Fujii et al. (2024, arXiv 2411.06465) estimated the memory of 454 training runs on A100 and H100 GPUs
 and ran them: **no run whose estimate was below 80% of the GPU's memory went out of memory.** Above 80%, some
-did: allocator behaviour, memory spikes and library workspaces that no formula captures exactly. Treat *tight*
-as "may work; try it before you book the cluster", and *fits* as safe.
+did: allocator behaviour, memory spikes and library workspaces that no formula captures exactly. Treat *Tight*
+as "may work; try it before you book the cluster", and *Fits* as safe.
 """
 
 

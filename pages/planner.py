@@ -7,6 +7,7 @@ import streamlit as st
 from estimator import ConfigError
 from estimator.hardware import GPUS
 from estimator.memory import TIGHT_FRACTION
+from estimator.parallel import tp_following_defaults
 from ui import charts, compute, state
 from ui import keys as K
 from ui.fields import config_key, friendly_message
@@ -164,13 +165,15 @@ def _uneven(p: dict) -> str:
     return "" if first is None else f"{first}|{p['pp_last_stage_layers']}"
 
 
-rows = [{"Rank": i, "Pareto": x["pareto"], "TP": x["parallel"]["tp"], "PP": x["parallel"]["pp"],
+# What a layout gives (memory and speed) comes first, then the layout: 19 columns do not fit in the
+# page's width, and the numbers the table is read for were off-screen at 1400 px
+rows = [{"Rank": i, "Pareto": x["pareto"], "GiB per GPU": x["device_total_bytes"] / GiB,
+         "Utilization": x["utilization"], "Tokens/s per GPU": x["tokens_per_s_per_gpu"], "MFU": x["mfu"],
+         "Step time (s)": x["step_time_s"], "TP": x["parallel"]["tp"], "PP": x["parallel"]["pp"],
          "VPP": x["parallel"]["vpp"], "First|last layers": _uneven(x["parallel"]), "CP": x["parallel"]["cp"],
          "DP": x["parallel"]["dp"], "EP": x["parallel"]["ep"], "ETP": x["parallel"]["etp"],
          "ZeRO": x["parallel"]["zero_stage"], "Micro-batch": x["training"]["micro_batch_size"],
-         "Recompute": _recompute(x["training"]), "Loss": x["training"]["loss"],
-         "GiB per GPU": x["device_total_bytes"] / GiB, "Utilization": x["utilization"],
-         "Tokens/s per GPU": x["tokens_per_s_per_gpu"], "MFU": x["mfu"], "Step time (s)": x["step_time_s"]}
+         "Recompute": _recompute(x["training"]), "Loss": x["training"]["loss"]}
         for i, x in enumerate(layouts, 1)]
 
 st.subheader("Memory against throughput")
@@ -210,12 +213,17 @@ st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch", key=K.PLANNER
 def layout_config(config: dict, changes: dict) -> dict:
     """`config` with the planner's layout: its parallel fields replace the sidebar's whole layout
     (uneven stages and world size included: a field the layout leaves out is its default), its
-    training fields the micro-batch, recompute and loss; the rest is as it was planned."""
+    training fields the micro-batch, recompute and loss; the rest is as it was planned.
+
+    A field that follows TP (expert TP, sequence parallelism) and holds the value TP gives it is
+    left out, to go on following TP: written out, a later change of TP in the sidebar would be
+    refused (ETP 4 with TP 2 on a dense model, sequence parallelism with TP 1)."""
     parallel = {k: v for k, v in (config.get("parallel") or {}).items() if k == "comm_overlap"}
+    following = tp_following_defaults(changes["parallel"]["tp"])
+    chosen = {k: v for k, v in changes["parallel"].items() if k not in following or v != following[k]}
     training = {k: v for k, v in (config.get("training") or {}).items()
                 if k not in ("recompute_layers", "recompute_modules")}  # the planner's own, or the default
-    return {**config, "parallel": {**parallel, **changes["parallel"]},
-            "training": {**training, **changes["training"]}}
+    return {**config, "parallel": {**parallel, **chosen}, "training": {**training, **changes["training"]}}
 
 
 ranks = list(range(1, len(layouts) + 1))

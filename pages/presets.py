@@ -3,6 +3,7 @@
 import pandas as pd
 import streamlit as st
 
+from estimator.wording import counted, verdict_word
 from ui import compute, scenarios, state
 from ui import keys as K
 from ui.fields import config_key, friendly_message
@@ -15,18 +16,20 @@ st.title("Presets")
 @st.cache_data(show_spinner=False)
 def _models() -> pd.DataFrame:
     from estimator.architecture import parameter_counts
-    from estimator.presets import get_architecture, get_hf_config, list_presets
+    from estimator.hf_config import context_length
+    from estimator.presets import counting_note, get_architecture, get_hf_config, list_presets
 
     rows = []
     for p in list_presets():
         arch = get_architecture(p.id)
         counts = parameter_counts(arch)
-        hf = get_hf_config(p.id)
-        context = hf.get("max_position_embeddings") or (hf.get("text_config") or {}).get("max_position_embeddings")
-        rows.append({"id": p.id, "Name": p.name, "Parameters (B)": counts.total / 1e9,
-                     "Active (B)": counts.active / 1e9, "Layers": arch.num_layers, "Hidden": arch.hidden_size,
+        # the same counts, labelled the same way, as `python -m estimator presets`
+        rows.append({"id": p.id, "Name": p.name, "Computed total (B)": counts.total / 1e9,
+                     "Computed active (B)": counts.active / 1e9, "Layers": arch.num_layers, "Hidden": arch.hidden_size,
                      "Heads": arch.num_attention_heads, "KV heads": arch.num_kv_heads, "Experts": arch.num_experts,
-                     "Context": context, "Hub id": p.hub_id, "Published total": p.published_total})
+                     "Context": context_length(get_hf_config(p.id)), "Hub id": p.hub_id,
+                     "Published total": p.published_total, "Published active": p.published_active,
+                     "How the publisher counts": counting_note(p)})
     return pd.DataFrame(rows)
 
 
@@ -40,15 +43,18 @@ tab_models, tab_recipes, tab_mine = st.tabs(["Models", "Training recipes", "My p
 
 with tab_models:
     if models is not None and not models.empty:
-        st.caption("Click a column header to sort. Parameters and active parameters are the estimator's exact "
-                   "counts from each model's published config; 'Published total' is the publisher's figure.")
+        st.caption("Click a column header to sort. 'Computed' counts are the estimator's, exact, from each model's "
+                   "published config (the text decoder with any MTP module; active: every parameter a token passes "
+                   "through, the embedding included); 'Published' counts are the publisher's, and the last column "
+                   "says where they count otherwise. `python -m estimator presets` lists the same counts.")
         event = st.dataframe(models, hide_index=True, width="stretch", on_select="rerun",
                              height=36 * (len(models) + 1) + 4,
                              selection_mode="single-row", key=K.PRESET_TABLE, column_config={
-                                 "Parameters (B)": st.column_config.NumberColumn(format="%.2f"),
-                                 "Active (B)": st.column_config.NumberColumn(format="%.2f"),
+                                 "Computed total (B)": st.column_config.NumberColumn(format="%.2f"),
+                                 "Computed active (B)": st.column_config.NumberColumn(format="%.2f"),
                                  "Context": st.column_config.NumberColumn(format="localized"),
                                  "Published total": st.column_config.NumberColumn(format="localized"),
+                                 "Published active": st.column_config.NumberColumn(format="localized"),
                              })
         ids = list(models["id"])
         selected = event.selection.rows if event and event.selection else []
@@ -82,7 +88,8 @@ with tab_recipes:
             if res.ok:
                 est = res.value
                 st.markdown(f"{est.device_total_bytes / 1024**3:,.2f} GiB per GPU on {est.fit.gpu} · "
-                            f"**{est.fit.verdict.upper()}** ({est.fit.utilization:.0%}) · {est.parallel.gpus} GPUs")
+                            f"**{verdict_word(est.fit.verdict)}** ({est.fit.utilization:.0%}) · "
+                            f"{counted(est.parallel.gpus, 'GPU')}")
             elif res.error:
                 st.warning(state.plain(friendly_message(res.error)))
             c = st.columns([1, 4])

@@ -1,15 +1,21 @@
-"""Roofline: where each operation of a training step sits against the GPU's compute and
-bandwidth roofs, and what the step costs in time."""
+"""Roofline: where each operation of a training step (of an inference prefill) sits against the
+GPU's compute and bandwidth roofs, and what the step costs in time."""
 
 import pandas as pd
 import streamlit as st
 
 from estimator.hardware import GPUS
+from estimator.wording import duration, verdict_word
 from ui import compute, roofline_charts, state, view
 
 cur = state.current()
+# what the roofline times (roofline.roofline): a training step, or in inference one prefill of the batch
+serving = cur.mode == "inference"
+step_name = "prefill" if serving else "step"
 st.title("Roofline")
-st.caption(f"Model **{state.plain(cur.model_label)}** · one training step on one GPU of the peak stage's layout")
+st.caption(f"Model **{state.plain(cur.model_label)}** · "
+           + ("one prefill of the batch (forward only, no backward or optimizer)" if serving else "one training step")
+           + " on one GPU of the peak stage's layout")
 
 state.estimate_or_stop(cur)
 res = compute.roofline(cur.config_json)
@@ -31,30 +37,32 @@ bandwidth = next((op["bandwidth"] for op in ops if op.get("bandwidth")), gpu.mem
 
 bound = step.get("upper_bound", {})
 cols = st.columns(5)
-cols[0].metric("Step time (expected)", f"{step.get('time_s', 0):,.3f} s",
-               help=f"One optimizer step, all micro-batches. At the roofs: {bound.get('time_s', 0):,.3f} s.")
+cols[0].metric(f"{step_name.capitalize()} time (expected)", duration(step.get("time_s", 0)),
+               help=("One forward pass over every sequence's prompt (seq_len tokens each)" if serving else
+                     "One optimizer step, all micro-batches") + f". At the roofs: {duration(bound.get('time_s', 0))}.")
 cols[1].metric("Tokens/s per GPU", f"{step.get('tokens_per_s_per_gpu', 0):,.0f}",
                help=f"Roofline (upper bound): {bound.get('tokens_per_s_per_gpu', 0):,.0f}.")
 cols[2].metric("MFU", f"{step.get('mfu', 0):.1%}",
                help=f"Model FLOPs utilisation: useful FLOPs / (time x peak). Upper bound {bound.get('mfu', 0):.1%}.")
 cols[3].metric("Pipeline bubble", f"{step.get('bubble_share_of_step', 0):.1%}",
-               help="Share of the step each GPU idles in the pipeline bubble. The bubble is (PP - 1) / (VPP x "
+               help=f"Share of the {step_name} each GPU idles in the pipeline bubble. The bubble is (PP - 1) / (VPP x "
                     "micro-batches) of the compute time (Narayanan et al. 2021): "
                     f"{step.get('bubble_fraction', 0):.3g} here.")
-cols[4].metric("Exposed communication", f"{step.get('exposed_comm_s', 0) * 1e3:,.1f} ms")
+cols[4].metric("Exposed communication", duration(step.get("exposed_comm_s", 0)),
+               help=f"Communication of the {step_name} that no computation hides.")
 st.caption(f"Roofline (upper bound): {bound.get('tokens_per_s_per_gpu', 0):,.0f} tokens/s per GPU, "
            f"MFU {bound.get('mfu', 0):.1%}, with every kernel at its roof and every link at its line rate.")
 
 left, right = st.columns([3, 1])
 with left:
-    st.markdown("**Where the step's time goes**")
-    st.vega_lite_chart(roofline_charts.step_time_spec(step), width="stretch")
+    st.markdown(f"**Where the {step_name}'s time goes**")
+    st.vega_lite_chart(roofline_charts.step_time_spec(step, step_name), width="stretch")
 with right:
     est = state.estimate_or_stop(cur)
     st.markdown("**Memory**")
     try:
         st.metric("Device total (peak stage)", f"{est.device_total_bytes / 2**30:,.1f} GiB")
-        st.caption(f"{est.fit.verdict}, {est.fit.utilization:.0%} of {gpu.name}")
+        st.caption(f"{verdict_word(est.fit.verdict)}, {est.fit.utilization:.0%} of {gpu.name}")
     except AttributeError:
         st.caption("See the Memory page.")
 

@@ -16,6 +16,7 @@ import pytest
 
 from estimator import estimate_config
 from estimator.config import SECTIONS
+from estimator.wording import verdict_word
 from ui import charts, exports, fields, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,14 +185,17 @@ def test_config_json_writes_every_field_as_used(name):
     est = estimate_config(config)
     out = json.loads(exports.config_json(config, est))
     assert out["model"] == config["model"]
+    # the fields that follow TP are left to follow it (issue 26: a dense model's ETP blocked a later TP change)
+    following = {"etp", "sequence_parallel"}
     for section, cls in SECTIONS.items():
-        assert set(out[section]) == {f.name for f in dataclasses.fields(cls)} - {"world_size"}, section
+        left_out = {"world_size"} | (following if section == "parallel" else set())
+        assert set(out[section]) == {f.name for f in dataclasses.fields(cls)} - left_out, section
     tr, par = out["training"], out["parallel"]
     assert tr["global_batch_size"] == est.microbatches * est.training.micro_batch_size * est.parallel.dp
     assert (tr["grad_dtype"], tr["master_weights"], tr["optimizer_dtype"]) == \
         (est.recipe.grad_dtype, est.recipe.master_weights, est.recipe.optimizer_dtype)
-    assert par["zero_stage"] == est.zero_stage and par["etp"] == est.parallel.etp
-    assert par["sequence_parallel"] is (est.parallel.tp > 1)
+    assert par["zero_stage"] == est.zero_stage
+    assert (est.parallel.etp, est.parallel.sequence_parallel) == (est.parallel.tp, est.parallel.tp > 1)
     # estimating the export gives the same stages, byte for byte
     assert _stage_totals(estimate_config(out)) == _stage_totals(est)
 
@@ -207,7 +211,12 @@ def test_config_json_resolves_the_framework_defaults():
     pp = json.loads(exports.config_json(RESOLVE_CASES["megatron-pp-vpp"], pp_est))
     # no default left for a later release to reinterpret: the batch the estimate used is written out
     assert pp["training"]["global_batch_size"] == pp_est.microbatches * 2
-    assert pp["parallel"]["sequence_parallel"] is True and pp["parallel"]["etp"] == 2
+    assert "sequence_parallel" not in pp["parallel"] and "etp" not in pp["parallel"]  # they follow TP 2
+    dense = json.loads(exports.config_json({"model": "llama-3.1-8b"}, pp_est))
+    assert estimate_config({**dense, "parallel": {**dense["parallel"], "tp": 1, "dp": 4}}).parallel.etp == 1
+    own = {"model": "mixtral-8x7b", "parallel": {"tp": 2, "ep": 2, "etp": 1, "sequence_parallel": True}}
+    moe = json.loads(exports.config_json(own, estimate_config(own)))
+    assert moe["parallel"]["etp"] == 1 and "sequence_parallel" not in moe["parallel"]  # ETP 1 is the user's own
     inf = json.loads(exports.config_json(RESOLVE_CASES["inference"], estimate_config(RESOLVE_CASES["inference"])))
     assert (inf["training"]["kv_cache_tokens"], inf["training"]["kv_cache_dtype"]) == (4096, "fp8")
 
@@ -244,7 +253,7 @@ def test_pdf_report_contains_the_totals(case):
     fits = text[text.index("Fit on every GPU"):]
     for f in est.fits():
         row = fits[fits.index("\n" + f.gpu + "\n" if "\n" + f.gpu + "\n" in fits else "\n" + f.gpu + " "):][:160]
-        assert f"{f.utilization:.0%}" in row and exports.VERDICT_WORDS[f.verdict] in row
+        assert f"{f.utilization:.0%}" in row and verdict_word(f.verdict) in row
 
 
 def test_pdf_without_a_chart_still_renders(case):

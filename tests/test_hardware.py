@@ -19,16 +19,16 @@ MiB = 1024**2
 
 # The ids the app offers, in catalog order (the task's list of GPUs to support).
 EXPECTED_IDS = [
-    "a100-40", "a100-80", "h100-80", "h100-nvl", "h100-pcie", "h200", "gh200", "b200", "b300",
+    "a100-40", "a100-80", "h100-80", "h100-nvl", "h100-pcie", "h800", "h200", "gh200", "b200", "b300",
     "mi300x", "mi325x", "mi355x", "l40s", "l4", "rtx-4090", "rtx-5090", "a10g",
 ]
 
 # Marketing capacity in GB, as each vendor's datasheet / product page names the part:
-# A100 40/80 GB, H100 80 GB, H100 NVL 94 GB, H200 141 GB, GH200 96 GB HBM3, B200 180 GB (HGX B200),
+# A100 40/80 GB, H100 80 GB, H100 NVL 94 GB, H800 80 GB, H200 141 GB, GH200 96 GB HBM3, B200 180 GB (HGX B200),
 # B300 288 GB (HGX B300), MI300X 192 GB, MI325X 256 GB, MI355X 288 GB, L40S 48 GB, L4 24 GB,
 # RTX 4090 24 GB, RTX 5090 32 GB, A10G 24 GB (AWS G5 page).
 NOMINAL_GB = {
-    "a100-40": 40, "a100-80": 80, "h100-80": 80, "h100-nvl": 94, "h100-pcie": 80, "h200": 141,
+    "a100-40": 40, "a100-80": 80, "h100-80": 80, "h100-nvl": 94, "h100-pcie": 80, "h800": 80, "h200": 141,
     "gh200": 96, "b200": 180, "b300": 288, "mi300x": 192, "mi325x": 256, "mi355x": 288,
     "l40s": 48, "l4": 24, "rtx-4090": 24, "rtx-5090": 32, "a10g": 24,
 }
@@ -115,6 +115,21 @@ def test_h100_capacity_and_bf16_quoted():
     assert h100.gpus_per_node == 8
     # DGX H100: one 400 Gb/s ConnectX-7 per GPU -> 400e9 / 8 bytes/s.
     assert h100.inter_node_bandwidth == 400e9 / 8
+
+
+def test_h800_is_the_h100_with_its_nvlink_cut():
+    """Issue 26: the README's "2,048 H800s" (DeepSeek-V3) names a catalog GPU. NVIDIA H800 SXM
+    datasheet: the H100 SXM's compute (BF16 1,979 / FP8 3,958 TFLOPS with sparsity), 80 GB HBM3 at
+    3.35 TB/s, NVLink 400 GB/s both directions; DeepSeek-V3 report (arXiv 2412.19437) section 3.2.2:
+    IB 50 GB/s per GPU across nodes."""
+    h800, h100 = GPUS["h800"], GPUS["h100-80"]
+    assert (h800.bf16_flops, h800.fp8_flops, h800.memory_bandwidth) == (989e12, 1979e12, 3.35e12)
+    assert (h800.bf16_flops, h800.fp8_flops, h800.memory_bandwidth) == \
+        (h100.bf16_flops, h100.fp8_flops, h100.memory_bandwidth)
+    assert h800.intra_node_bandwidth == 400e9 / 2  # one way
+    assert h800.inter_node_bandwidth == 400e9 / 8  # 400 Gb/s = 50 GB/s
+    assert h800.capacity_bytes == h100.capacity_bytes == 81_559 * MiB  # the H100's reported figure (no H800 capture)
+    assert h800.gpus_per_node == 8 and "H800" in h800.name and "2412.19437" in h800.source
 
 
 def test_h100_ridge_point_by_hand():

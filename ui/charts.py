@@ -77,6 +77,48 @@ def _order(key: str) -> int:
     return keys.index(key) if key in keys else len(keys)
 
 
+# A legend sits below the plot, in as many columns as the chart's width holds (a Vega expression, so
+# the same spec serves a phone and a desktop), each label cut to its column; the chart grows
+# downwards to hold it (`AUTOSIZE`: only the width fits the container, where Streamlit's default
+# fits the height too and a legend taller than its room was clipped). The columns follow the
+# container's width (Vega's containerSize()), which the layout does not change: counted from the
+# plot's own `width`, which shrinks as the legend is laid out, a legend could gain rows after the
+# height was settled and be cut off; without a container (an image rendered headless,
+# exports.chart_png) they follow the chart's set width. A label is cut to its share of the plot's
+# width (the legend starts where the plot does, after the y axis).
+_CHART_WIDTH = "(containerSize()[0] > 0 ? containerSize()[0] : width)"
+LEGEND_CHAR_PX = 6.5  # about one character of an 11 px legend label
+LEGEND_ENTRY_PX = 40  # the symbol and the gaps around a label
+LEGEND_MAX_LABEL_PX = 220  # a longer label shares a wide chart's row with others, cut; on a phone it has the width
+AUTOSIZE = {"contains": "padding", "type": "fit-x"}
+
+
+def legend(labels: Iterable[str], title: str | None = None) -> dict:
+    """A bottom legend for `labels`: its columns and label limit follow the chart's width."""
+    labels = list(labels)
+    longest = max((len(text) for text in labels), default=1) * LEGEND_CHAR_PX
+    column = round(min(longest, LEGEND_MAX_LABEL_PX) + LEGEND_ENTRY_PX)
+    columns = f"max(1, min({max(len(labels), 1)}, floor({_CHART_WIDTH} / {column})))"
+    out = {"columns": {"expr": columns},
+           "labelLimit": {"expr": f"floor(width / ({columns})) - {LEGEND_ENTRY_PX}"}, "orient": "bottom"}
+    return out if title is None else {**out, "title": title}
+
+
+def capacity_title(capacity_bytes: int) -> dict:
+    """The GPU's capacity, named above the plot: a label beside the dashed rule ran into a bar over
+    capacity and onto the peak label near it."""
+    return {"anchor": "start", "color": "#D64545", "fontSize": 12, "fontWeight": "normal",
+            "text": f"Dashed line: GPU capacity {capacity_bytes / GiB:.1f} GiB"}
+
+
+def peak_label_gib(peak_gib: float, capacity_gib: float | None) -> float:
+    """Where the peak label stands: above the peak bar, or above the capacity rule when the rule
+    runs just over the bar and would cross the label (within 6% of the axis)."""
+    if capacity_gib and 0 <= capacity_gib - peak_gib <= 0.06 * capacity_gib:
+        return capacity_gib
+    return peak_gib
+
+
 def stage_rows(estimate) -> list[dict]:
     rows = []
     for s in estimate.stages:
@@ -100,8 +142,7 @@ def _stacked_bars(df: pd.DataFrame, x: str, order: list[str], x_title: str, y_ti
     return alt.Chart(df).mark_bar().encode(
         x=alt.X(f"{x}:N", sort=order, title=x_title, axis=alt.Axis(labelAngle=0)),
         y=alt.Y("sum(GiB):Q", title=y_title, stack="zero"),
-        color=alt.Color("component:N", scale=scale, sort=names, title="Component",
-                        legend=alt.Legend(orient="bottom", columns=4)),
+        color=alt.Color("component:N", scale=scale, sort=names, title="Component", legend=alt.Legend(**legend(names))),
         order=alt.Order("order:Q"),
         tooltip=tooltip,
     )
@@ -109,7 +150,7 @@ def _stacked_bars(df: pd.DataFrame, x: str, order: list[str], x_title: str, y_ti
 
 def _peak_label(x: str, category: str, gib: float, text: str, order: list[str]) -> alt.Chart:
     marker = pd.DataFrame([{x: category, "GiB": gib, "text": text}])
-    return alt.Chart(marker).mark_text(dy=-8, fontWeight="bold", color="#D64545").encode(
+    return alt.Chart(marker).mark_text(dy=-10, fontWeight="bold", color="#D64545").encode(
         x=alt.X(f"{x}:N", sort=order), y="GiB:Q", text="text:N")
 
 
@@ -121,14 +162,14 @@ def stage_chart(estimate, capacity_bytes: int | None = None, height: int = 360) 
                          [alt.Tooltip("stage:N"), alt.Tooltip("component:N"),
                           alt.Tooltip("GiB:Q", format=".2f"), alt.Tooltip("bytes:Q", format=",")])
     peak = estimate.stages[estimate.peak_stage]
-    layers = [bars, _peak_label("stage", f"Stage {peak.stage}", peak.device_total_bytes / GiB,
-                                f"peak ({peak.peak_phase})", order)]
+    at = peak_label_gib(peak.device_total_bytes / GiB, capacity_bytes / GiB if capacity_bytes else None)
+    layers = [bars, _peak_label("stage", f"Stage {peak.stage}", at, f"peak ({peak.peak_phase})", order)]
+    chart_title = {}
     if capacity_bytes:
-        cap = pd.DataFrame([{"GiB": capacity_bytes / GiB, "text": f"GPU capacity {capacity_bytes / GiB:.1f} GiB"}])
+        cap = pd.DataFrame([{"GiB": capacity_bytes / GiB}])
         layers.append(alt.Chart(cap).mark_rule(strokeDash=[6, 4], color="#D64545").encode(y="GiB:Q"))
-        layers.append(alt.Chart(cap).mark_text(align="left", dy=-6, x=4, color="#D64545").encode(
-            y="GiB:Q", text="text:N"))
-    return alt.layer(*layers).properties(height=height)
+        chart_title = {"title": alt.TitleParams(**capacity_title(capacity_bytes))}
+    return alt.layer(*layers).properties(height=height, autosize=AUTOSIZE, **chart_title)
 
 
 def phase_rows(stage) -> list[dict]:
@@ -159,7 +200,7 @@ def phase_chart(stage, height: int = 300) -> alt.Chart:
                          [alt.Tooltip("phase:N"), alt.Tooltip("component:N"), alt.Tooltip("GiB:Q", format=".2f")])
     peak = next(p for p in stage.phases if p.name == stage.peak_phase)
     label = _peak_label("phase", peak.name, peak.allocated_bytes / GiB, "peak", order)
-    return alt.layer(bars, label).properties(height=height)
+    return alt.layer(bars, label).properties(height=height, autosize=AUTOSIZE)
 
 
 def compare_frame(named_estimates: list[tuple[str, object]]) -> pd.DataFrame:
@@ -179,7 +220,7 @@ def compare_chart(named_estimates: list[tuple[str, object]], height: int = 380) 
     order = [n for n, _ in named_estimates]
     return _stacked_bars(df, "scenario", order, "Scenario (peak stage)", "GiB per GPU",
                          [alt.Tooltip("scenario:N"), alt.Tooltip("stage:N"), alt.Tooltip("component:N"),
-                          alt.Tooltip("GiB:Q", format=".2f")]).properties(height=height)
+                          alt.Tooltip("GiB:Q", format=".2f")]).properties(height=height, autosize=AUTOSIZE)
 
 
 def _roofs(operations: list[dict], peaks: list[float], bandwidth: float) -> tuple[list[dict], list[dict]]:
@@ -271,8 +312,9 @@ def _dataset_name(values: list[dict]) -> str:
     return "data-" + hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def _layered(layers: list[tuple[list[dict], dict]], height: int) -> dict:
-    """A layered spec as Altair writes it: each layer's rows become a named top-level dataset."""
+def _layered(layers: list[tuple[list[dict], dict]], height: int, **top) -> dict:
+    """A layered spec as Altair writes it: each layer's rows become a named top-level dataset;
+    `top`: more top-level properties (autosize, title)."""
     datasets: dict[str, list[dict]] = {}
     specs = []
     for rows, layer in layers:
@@ -280,7 +322,7 @@ def _layered(layers: list[tuple[list[dict], dict]], height: int) -> dict:
         name = _dataset_name(values)
         datasets.setdefault(name, values)
         specs.append({"data": {"name": name}, **layer})
-    return {**copy.deepcopy(alt.theme.get()()), "layer": specs, "height": height, "$schema": alt.SCHEMA_URL,
+    return {**copy.deepcopy(alt.theme.get()()), "layer": specs, "height": height, **top, "$schema": alt.SCHEMA_URL,
             "datasets": datasets}
 
 
@@ -292,8 +334,8 @@ def _stacked_bars_layer(rows: list[dict], x: str, order: list[str], x_title: str
                         tooltip: list[dict]) -> dict:
     names, colours = _scale_lists([r["key"] for r in rows], {r["key"]: r["component"] for r in rows})
     return {"mark": {"type": "bar"}, "encoding": {
-        "color": _field("component", "N", legend={"columns": 4, "orient": "bottom"},
-                        scale={"domain": names, "range": colours}, sort=names, title="Component"),
+        "color": _field("component", "N", legend=legend(names), scale={"domain": names, "range": colours}, sort=names,
+                        title="Component"),
         "order": _field("order", "Q"),
         "tooltip": tooltip,
         "x": _field(x, "N", axis={"labelAngle": 0}, sort=order, title=x_title),
@@ -302,7 +344,7 @@ def _stacked_bars_layer(rows: list[dict], x: str, order: list[str], x_title: str
 
 def _peak_label_layer(x: str, category: str, gib: float, text: str, order: list[str]) -> tuple[list[dict], dict]:
     return ([{x: category, "GiB": gib, "text": text}],
-            {"mark": {"type": "text", "color": "#D64545", "dy": -8, "fontWeight": "bold"},
+            {"mark": {"type": "text", "color": "#D64545", "dy": -10, "fontWeight": "bold"},
              "encoding": {"text": _field("text", "N"), "x": _field(x, "N", sort=order), "y": _field("GiB", "Q")}})
 
 
@@ -313,16 +355,16 @@ def stage_spec(estimate, capacity_bytes: int | None = None, height: int = 360) -
     tooltip = [_field("stage", "N"), _field("component", "N"), _field("GiB", "Q", format=".2f"),
                _field("bytes", "Q", format=",")]
     peak = estimate.stages[estimate.peak_stage]
+    at = peak_label_gib(peak.device_total_bytes / GiB, capacity_bytes / GiB if capacity_bytes else None)
     layers = [(rows, _stacked_bars_layer(rows, "stage", order, "Pipeline stage", "GiB per GPU", tooltip)),
-              _peak_label_layer("stage", f"Stage {peak.stage}", peak.device_total_bytes / GiB,
-                                f"peak ({peak.peak_phase})", order)]
+              _peak_label_layer("stage", f"Stage {peak.stage}", at, f"peak ({peak.peak_phase})", order)]
+    top = {"autosize": dict(AUTOSIZE)}
     if capacity_bytes:
-        cap = [{"GiB": capacity_bytes / GiB, "text": f"GPU capacity {capacity_bytes / GiB:.1f} GiB"}]
-        layers.append((cap, {"mark": {"type": "rule", "color": "#D64545", "strokeDash": [6, 4]},
-                             "encoding": {"y": _field("GiB", "Q")}}))
-        layers.append((cap, {"mark": {"type": "text", "align": "left", "color": "#D64545", "dy": -6, "x": 4},
-                             "encoding": {"text": _field("text", "N"), "y": _field("GiB", "Q")}}))
-    return _layered(layers, height)
+        layers.append(([{"GiB": capacity_bytes / GiB}], {"mark": {"type": "rule", "color": "#D64545",
+                                                                  "strokeDash": [6, 4]},
+                                                         "encoding": {"y": _field("GiB", "Q")}}))
+        top["title"] = capacity_title(capacity_bytes)
+    return _layered(layers, height, **top)
 
 
 def phase_spec(stage, height: int = 300) -> dict:
@@ -332,7 +374,8 @@ def phase_spec(stage, height: int = 300) -> dict:
     tooltip = [_field("phase", "N"), _field("component", "N"), _field("GiB", "Q", format=".2f")]
     peak = next(p for p in stage.phases if p.name == stage.peak_phase)
     return _layered([(rows, _stacked_bars_layer(rows, "phase", order, "Phase of the step", "Allocated GiB", tooltip)),
-                     _peak_label_layer("phase", peak.name, peak.allocated_bytes / GiB, "peak", order)], height)
+                     _peak_label_layer("phase", peak.name, peak.allocated_bytes / GiB, "peak", order)], height,
+                    autosize=dict(AUTOSIZE))
 
 
 def roofline_spec(operations: list[dict], peaks: list[float], bandwidth: float, height: int = 420) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 import streamlit as st
 
 from estimator import ConfigError, estimate_config, load_config
+from estimator.wording import verdict_word
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def serving_scenarios(models: tuple[str, ...], gpu: str) -> list[dict]:
                                 "KV cache (GiB)": part.get("kv_cache", 0) / 1024**3,
                                 "Total per GPU (GiB)": est.device_total_bytes / 1024**3,
                                 "Use": est.fit.utilization,
-                                "Verdict": est.fit.verdict})
+                                "Verdict": verdict_word(est.fit.verdict)})
                     rows.append(row)
     return rows
 

@@ -42,13 +42,16 @@ import json
 import unicodedata
 from pathlib import Path
 
+from estimator.parallel import tp_following_defaults
+
+from estimator.wording import counted, verdict_word
+
 from . import charts
-from .fields import LABELS
+from .fields import LABELS, field_label
 
 GiB = 1024**3
 FONT_DIR = Path(__file__).resolve().parent.parent / "assets" / "fonts"
 FONT_FILES = {"": "DejaVuSans.ttf", "B": "DejaVuSans-Bold.ttf"}
-VERDICT_WORDS = {"fits": "fits", "tight": "tight (over 80%)", "oom": "out of memory"}
 SECTION_TITLES = {"training": "Training", "parallel": "Parallel layout", "hardware": "Hardware"}
 
 
@@ -143,7 +146,7 @@ def _neutralise(cell):
 def _setting_rows(estimate) -> list[dict]:
     rows = [{"kind": "setting", "component": "model", "label": LABELS["model"], "value": estimate.architecture.name}]
     for section, values in resolved_sections(estimate).items():
-        rows += [{"kind": "setting", "component": f"{section}.{name}", "label": _label(name),
+        rows += [{"kind": "setting", "component": f"{section}.{name}", "label": field_label(f"{section}.{name}"),
                   "value": _csv_value(value)} for name, value in values.items()]
     return rows
 
@@ -204,7 +207,7 @@ def _estimate_rows(estimate) -> list[dict]:
          "bytes": fit.capacity_bytes, "GiB": round(fit.capacity_bytes / GiB, 6), "value": fit.gpu},
         {"kind": "estimate", **where, "component": "utilization", "label": "Device total / GPU capacity",
          "value": round(fit.utilization, 6)},
-        {"kind": "estimate", **where, "component": "verdict", "label": VERDICT_WORDS.get(fit.verdict, fit.verdict),
+        {"kind": "estimate", **where, "component": "verdict", "label": verdict_word(fit.verdict),
          "value": fit.verdict},
     ]
 
@@ -212,8 +215,15 @@ def _estimate_rows(estimate) -> list[dict]:
 # --- JSON -----------------------------------------------------------------------------------------
 
 def config_json(config: dict, estimate) -> str:
-    """`config`'s model as given, every other field as `estimate` used it (`resolved_sections`)."""
-    return json.dumps({"model": config["model"], **resolved_sections(estimate)}, indent=2) + "\n"
+    """`config`'s model as given, every other field as `estimate` used it (`resolved_sections`),
+    but for the fields that follow TP (expert TP, sequence parallelism) where they hold the value TP
+    gives them: the file is loaded again, and written out they would stop following TP, so that a
+    later TP change is refused (ETP on a dense model, sequence parallelism with TP 1)."""
+    sections = resolved_sections(estimate)
+    par = estimate.parallel
+    sections["parallel"] = {k: v for k, v in sections["parallel"].items()
+                            if k not in tp_following_defaults(par.tp) or not par.follows_tp(k)}
+    return json.dumps({"model": config["model"], **sections}, indent=2) + "\n"
 
 
 # --- chart images ---------------------------------------------------------------------------------
@@ -225,6 +235,7 @@ def chart_png(chart, scale: float = 2.0) -> bytes | None:
     except ImportError:
         return None
     spec = chart.properties(width=520).to_dict()
+    spec["autosize"] = {"type": "pad"}  # a set width: the image takes the size its legend needs (charts.legend)
     spec.setdefault("config", {}).setdefault("font", "DejaVu Sans")
     return vlc.vegalite_to_png(spec, scale=scale)
 
@@ -243,10 +254,6 @@ def _gib(n: int | float) -> str:
 
 def _pct(x: float) -> str:
     return f"{x:.0%}"
-
-
-def _label(name: str) -> str:
-    return LABELS.get(name, name)
 
 
 def _short(name: str, limit: int = NAME_MAX) -> str:
@@ -358,11 +365,12 @@ def _inputs_rows(config: dict, estimate) -> list[list[str]]:
                                  + (f", {arch.num_experts} experts (top-{arch.num_experts_per_token})"
                                     if arch.num_experts else "")])
     par, tr = estimate.parallel, estimate.training
-    rows.append(["Layout", f"TP {par.tp} × PP {par.pp} × CP {par.cp} × DP {par.dp} = {par.gpus} GPUs; VPP {par.vpp}, "
+    rows.append(["Layout", f"TP {par.tp} × PP {par.pp} × CP {par.cp} × DP {par.dp} = {counted(par.gpus, 'GPU')}; "
+                           f"VPP {par.vpp}, "
                            f"EP {par.ep}, ZeRO {estimate.zero_stage}, sequence parallel "
                            f"{'on' if par.sequence_parallel else 'off'}"])
     rows.append(["Run", f"{tr.mode}, {tr.framework}, seq {tr.seq_len:,}, micro-batch {tr.micro_batch_size}, "
-                        f"{estimate.microbatches} micro-batches per step"])
+                        f"{counted(estimate.microbatches, 'micro-batch')} per step"])
     r = estimate.recipe
     rows.append(["Precision", f"weights {r.param_dtype}, gradients {r.grad_dtype}, optimizer {tr.optimizer} in "
                               f"{r.optimizer_dtype}, master weights {'yes' if r.master_weights else 'no'}, "
@@ -375,12 +383,16 @@ def _inputs_rows(config: dict, estimate) -> list[list[str]]:
 
 def _settings_rows(config: dict) -> list[list[str]]:
     """The settings the configuration gives, "Label: value", one row each, under their section's
-    title (named once, on its first row)."""
+    title (named once, on its first row); an object's (an adapter's, an RL run's) fields one by one."""
     rows = []
     for section, title in SECTION_TITLES.items():
-        given = config.get(section) or {}
-        rows += [[title if i == 0 else "", f"{_label(name)}: {_shown(value)}"]
-                 for i, (name, value) in enumerate(given.items())]
+        lines = []
+        for name, value in (config.get(section) or {}).items():
+            if isinstance(value, dict):
+                lines += [f"{field_label(f'{section}.{name}.{inner}')}: {_shown(v)}" for inner, v in value.items()]
+            else:
+                lines.append(f"{field_label(f'{section}.{name}')}: {_shown(value)}")
+        rows += [[title if i == 0 else "", line] for i, line in enumerate(lines)]
     return rows
 
 
@@ -397,13 +409,22 @@ def _shown(value) -> str:
 def _totals_rows(estimate) -> list[list[str]]:
     fit = estimate.fit
     peak = estimate.stages[estimate.peak_stage]
+    where = f"stage {estimate.peak_stage} of {len(estimate.stages)}, {peak.peak_phase}"
+    if estimate.rl_phases:  # the largest phase of the RL step decides (memory._rl_estimate)
+        largest = max(estimate.rl_phases, key=lambda p: p.device_total_bytes)
+        rows = [["Device total (largest RL phase)", _gib(estimate.device_total_bytes)],
+                ["Allocated peak (largest RL phase)", _gib(estimate.allocated_peak_bytes)],
+                ["Peak phase", f"the RL step's {largest.name} phase (of {', '.join(p.name for p in estimate.rl_phases)}); "
+                               f"its training pass peaks on {where}"]]
+    else:
+        rows = [["Device total (peak stage)", _gib(estimate.device_total_bytes)],
+                ["Allocated peak (peak stage)", _gib(estimate.allocated_peak_bytes)],
+                ["Peak stage / phase", where]]
     return [
         ["Total", "Value"],
-        ["Device total (peak stage)", _gib(estimate.device_total_bytes)],
-        ["Allocated peak (peak stage)", _gib(estimate.allocated_peak_bytes)],
-        ["Peak stage / phase", f"stage {estimate.peak_stage} of {len(estimate.stages)}, {peak.peak_phase}"],
+        *rows,
         ["GPU capacity", f"{_gib(fit.capacity_bytes)} ({fit.gpu})"],
-        ["Verdict", f"{VERDICT_WORDS.get(fit.verdict, fit.verdict)}: {_pct(fit.utilization)} of capacity"],
+        ["Verdict", f"{verdict_word(fit.verdict)}: {_pct(fit.utilization)} of capacity"],
         ["Parameters (total / active / trainable)",
          f"{estimate.parameters_total:,} / {estimate.parameters_active:,} / {estimate.parameters_trainable:,}"],
         ["Parameters per GPU (peak stage)", f"{peak.parameters_per_gpu:,}"],
@@ -468,7 +489,7 @@ def _fits_rows(estimate) -> list[list[str]]:
     rows = [["GPU", "Name", "Capacity", "Use", "Verdict"]]
     for f in estimate.fits():
         rows.append([f.gpu, GPUS[f.gpu].name, _gib(f.capacity_bytes), _pct(f.utilization),
-                     VERDICT_WORDS.get(f.verdict, f.verdict)])
+                     verdict_word(f.verdict)])
     return rows
 
 
@@ -504,7 +525,7 @@ def _compare_totals_rows(scenarios) -> list[list[str]]:
     for name, config, est in scenarios:
         rows.append([_short(name), _model_name(config, est), str(est.parallel.gpus),
                      _gib(est.device_total_bytes), _gib(est.allocated_peak_bytes), est.fit.gpu,
-                     f"{VERDICT_WORDS.get(est.fit.verdict, est.fit.verdict)} ({_pct(est.fit.utilization)})"])
+                     f"{verdict_word(est.fit.verdict)} ({_pct(est.fit.utilization)})"])
     return rows
 
 

@@ -107,7 +107,12 @@ ARCH_BY_NAME = {f.name: f for f in ARCH_FIELDS}
 ARCH_GROUPS = ("Shape", "Details", "Mixture of experts", "Latent attention (MLA)", "More")
 ARCH_REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
 
-LABELS = {f.name: f.label for f in registry.ALL} | {"model": "Model", "config": "Configuration"}
+# A field's label by its path (training.dropout is "Dropout", training.adapter.dropout "Adapter
+# dropout"); by its bare name, a section's own field before an adapter's or an RL run's of that name
+PATH_LABELS = {f.path: f.label for f in registry.ALL}
+LABELS = ({f.name: f.label for f in registry.ALL if f.section in registry.NESTED}
+          | {f.name: f.label for f in registry.ALL if f.section not in registry.NESTED}
+          | {"model": "Model", "config": "Configuration"})
 
 
 # --- widget value <-> contract value ----------------------------------------------------------
@@ -141,8 +146,8 @@ def from_contract(f: Field, value: Any) -> Any:
         if f.name in SWITCHES:
             return SWITCHES[f.name][1]
         return AUTO if f.kind == "select" and AUTO in f.options else None
-    if f.kind == "multi":
-        return list(value)
+    if f.kind == "multi":  # the contract also takes one name as a string ("all-linear"): one option, not its letters
+        return [value] if isinstance(value, str) else list(value)
     if f.kind == "select":
         if isinstance(value, bool):
             return "true" if value else "false"
@@ -399,6 +404,9 @@ def _shown(value: Any) -> str:
 # --- messages -------------------------------------------------------------------------------------
 
 def field_label(path: str) -> str:
+    """The label of the field at `path` (``training.adapter.dropout``), or of a bare name."""
+    if path in PATH_LABELS:
+        return PATH_LABELS[path]
     name = path.split(".")[-1]
     return LABELS.get(name, name)
 

@@ -31,6 +31,10 @@ BLAME = "_blame"  # (config JSON, widget key): the change that made that configu
 VALUES = "_values"  # {field name: widget value}: the configuration's settings, drawn or not
 LOADED = "_loaded"  # settings a loaded configuration set, for their widgets in the run after a page switch
 OPEN_GROUPS = "_open_groups"  # the sidebar groups the user has open (an expander forgets it on a page switch)
+LOADS = "_loads"  # how many configurations this session has loaded (state._apply_pending)
+LOAD_SEEN = "_load_seen"  # a hidden widget: how many of those loads the browser had seen when it sent its widgets
+LOAD_SEEN_BOX = "_load_seen_box"  # the hidden container that holds it
+LAST_LOAD = "_last_load"  # (model choice, hub info, setting names) of the last load, to set again over a stale browser
 
 # --- the model ----------------------------------------------------------------------------------
 SOURCE = "_src"  # segmented control: Preset / HF Hub / Custom

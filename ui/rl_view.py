@@ -4,6 +4,8 @@ component, and each phase's components with their formulas. Every number is the 
 
 from __future__ import annotations
 
+from . import charts
+
 GiB = 1024**3
 
 
@@ -18,18 +20,23 @@ def phase_rows(est) -> list[dict]:
 
 
 def phases_spec(est) -> dict:
-    """Stacked horizontal bars (a Vega-Lite spec written directly, as ui/charts.py does)."""
+    """Stacked horizontal bars (a Vega-Lite spec written directly, as ui/charts.py does); the legend
+    below them in the columns the width holds (`charts.legend`: on a phone, at its right, it took the
+    whole width and cut its entries)."""
     capacity = est.fit.capacity_bytes / GiB
+    rows = phase_rows(est)
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "height": {"step": 40},
+        "autosize": dict(charts.AUTOSIZE),
         "layer": [
-            {"data": {"values": phase_rows(est)}, "mark": {"type": "bar"},
+            {"data": {"values": rows}, "mark": {"type": "bar"},
              "encoding": {"y": {"field": "phase", "type": "nominal", "sort": {"field": "order"}, "title": None,
                                 "axis": {"labelOverlap": False}},
                           "x": {"field": "GiB", "type": "quantitative", "stack": "zero", "title": "GiB per GPU"},
                           "color": {"field": "component", "type": "nominal", "title": None,
-                                    "scale": {"scheme": "tableau20"}, "legend": {"labelLimit": 320}},
+                                    "scale": {"scheme": "tableau20"},
+                                    "legend": charts.legend(dict.fromkeys(r["component"] for r in rows))},
                           "tooltip": [{"field": "phase", "type": "nominal"}, {"field": "component", "type": "nominal"},
                                       {"field": "GiB", "type": "quantitative", "format": ".2f"}]}},
             {"data": {"values": [{"capacity": capacity}]}, "mark": {"type": "rule", "color": "red"},
@@ -46,7 +53,7 @@ def show(est) -> None:
     st.subheader(f"RL phases ({rl.algorithm}, {rl.engine} colocated)")
     peak = max(est.rl_phases, key=lambda p: p.device_total_bytes)
     st.caption(f"Each GPU passes through these phases every step; the {peak.name} phase is the largest and decides "
-               "the fit. The red line is the GPU's capacity. The stages above show the training phase.")
+               "the fit. The red line is the GPU's capacity. The stage chart below shows the training phase.")
     st.vega_lite_chart(phases_spec(est), width="stretch")
     for phase in est.rl_phases:
         with st.expander(f"{phase.name}: {phase.device_total_bytes / GiB:,.2f} GiB"):

@@ -3,6 +3,8 @@ specs directly), for the Roofline page."""
 
 from __future__ import annotations
 
+from . import charts
+
 
 def step_parts(step: dict) -> list[dict]:
     """The step's time split into compute, recompute, exposed communication by group, bubble and
@@ -13,16 +15,22 @@ def step_parts(step: dict) -> list[dict]:
     return [{"part": name, "seconds": s, "order": i} for i, (name, s) in enumerate(parts) if s > 0]
 
 
-def step_time_spec(step: dict, height: int = 90) -> dict:
-    """One horizontal bar, one segment per part of the step, the part's seconds in the tooltip."""
+def step_time_spec(step: dict, name: str = "step", height: int = 40) -> dict:
+    """One horizontal bar, one segment per part of the step (`name`: "step", or "prefill" in inference),
+    the part's seconds in the tooltip; the
+    legend below it in the columns the width holds (`charts.legend`: at its right, in a chart 90 px
+    high, it was clipped after three parts)."""
+    parts = step_parts(step)
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-        "data": {"values": step_parts(step)},
+        "data": {"values": parts},
         "mark": {"type": "bar"},
         "height": height,
+        "autosize": dict(charts.AUTOSIZE),
         "encoding": {
-            "x": {"field": "seconds", "type": "quantitative", "stack": "zero", "title": "seconds per step"},
-            "color": {"field": "part", "type": "nominal", "sort": {"field": "order"}, "title": None},
+            "x": {"field": "seconds", "type": "quantitative", "stack": "zero", "title": f"seconds per {name}"},
+            "color": {"field": "part", "type": "nominal", "sort": {"field": "order"}, "title": None,
+                      "legend": charts.legend(p["part"] for p in parts)},
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [{"field": "part", "type": "nominal"},
                         {"field": "seconds", "type": "quantitative", "format": ".3f"}],

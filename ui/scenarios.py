@@ -14,6 +14,7 @@ import uuid
 import pandas as pd
 
 from estimator.errors import ConfigError
+from estimator.wording import verdict_word
 
 from .fields import ALL_FIELDS, LABELS, ui_values_from_config
 
@@ -89,7 +90,7 @@ def totals_frame(named: list[tuple[str, object]]) -> pd.DataFrame:
             "GPU": est.fit.gpu,
             "Capacity (GiB)": est.fit.capacity_bytes / GiB,
             "Use": est.fit.utilization,
-            "Verdict": est.fit.verdict,
+            "Verdict": verdict_word(est.fit.verdict),
             "GPUs": est.parallel.gpus,
             "Parameters": est.parameters_total,
             "Active": est.parameters_active,

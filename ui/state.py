@@ -403,7 +403,40 @@ def _apply_pending() -> set[str]:
     _settings().update(values)
     ss.pop(K.LAST_CHANGED, None)
     ss[K.FLASH] = ("success", f"Loaded {source or 'the configuration'}.")
+    ss[K.LOADS] = ss.get(K.LOADS, 0) + 1
+    ss[K.LAST_LOAD] = (model, info, set(values))
     return set(values)  # every field (a widget the user just edited must take the loaded value too)
+
+
+def _undo_stale_widgets() -> set[str]:
+    """Set the last loaded configuration again when this run's widget values come from a browser
+    that had not seen it; the names of the settings it sets (as `_apply_pending`'s).
+
+    A load writes the widgets' values through Session State and they reach the browser with the
+    widgets the next run draws. A click sent before they arrived (a page link pressed within a
+    second of "Use this recipe") carries every widget's value from before the load, and Streamlit
+    takes a browser's widget values over the session's: the page showed the old model with the
+    recipe's other settings, and an error about them. The hidden widget `K.LOAD_SEEN` says which
+    load the browser had seen; a run whose browser is behind gets the loaded configuration back."""
+    ss = st.session_state
+    record = ss.get(K.LAST_LOAD)
+    if record is None or ss.get(K.LOAD_SEEN, 0) == ss.get(K.LOADS, 0):
+        return set()
+    model, info, names = record
+    _set_model(model, info)
+    ss.pop(K.LAST_CHANGED, None)  # the stale values' on_change is no change of the user's
+    return set(names)
+
+
+def _load_marker() -> None:
+    """The hidden widget that tells `_undo_stale_widgets` which load the browser has seen: its value
+    is set on every run and reaches the browser after every configuration widget of the run (the
+    browser applies a run's messages in order), so a browser that sends it back has them all."""
+    ss = st.session_state
+    ss[K.LOAD_SEEN] = ss.get(K.LOADS, 0)
+    st.html(f"<style>.st-key-{K.LOAD_SEEN_BOX} {{display: none}}</style>")
+    with st.container(key=K.LOAD_SEEN_BOX):
+        st.number_input("Configurations loaded", min_value=0, step=1, key=K.LOAD_SEEN, label_visibility="collapsed")
 
 
 def _model_from_config(model: object) -> tuple[ModelChoice, dict | None]:
@@ -557,13 +590,25 @@ def _on_dismiss() -> None:
     st.session_state[K.URL_WARNINGS] = []
 
 
+def _waiting_text() -> str:
+    """What the pages say while no Hub model is loaded: the hint, or after a failed fetch, that it
+    failed (the sidebar says why)."""
+    status = st.session_state.get(K.HUB_STATUS)
+    if not status:
+        return HUB_WAITING
+    return (f"{plain(status)} No Hugging Face model is loaded: correct the id in the sidebar and press **Fetch**, "
+            "or choose a bundled preset.")
+
+
 def _hub_section() -> tuple[ModelChoice | None, dict | None]:
     """The HF Hub source, one state at a time: nothing fetched yet (a hint), fetching (a spinner),
     fetched (the model), or why the last fetch failed (one message)."""
     ss = st.session_state
-    # the id gets the sidebar's whole width (ids are long); the button its label's width, below it
+    # the id gets the sidebar's whole width (ids are long); the button its label's width, below it.
+    # No max_chars: the browser empties a field given more (a pasted 5,000 characters) and says
+    # nothing; taken whole, a Fetch says what an id may be (hub.parse_hub_id)
     st.text_input("Hugging Face model id", key=K.HUB_TEXT, placeholder="org/name[@revision]",
-                  persist_state="session", max_chars=MAX_PARAM_VALUE,
+                  persist_state="session",
                   help="Fetches the model's config.json from the Hub (gated models need HF_TOKEN on the "
                        "server).")
     st.button("Fetch", key=K.HUB_FETCH, on_click=_on_fetch, width="content", icon=":material/download:",
@@ -598,7 +643,9 @@ def _model_section() -> tuple[ModelChoice | None, ConfigError | None, dict | Non
     """The model's widgets; the model is None while none is chosen yet (HF Hub before a fetch)."""
     ss = st.session_state
     ss[K.PREV_SOURCE] = ss.get(K.SOURCE, "Preset")
+    # required: a click on the chosen source keeps it (it deselected every source)
     st.segmented_control("Model source", SOURCES, key=K.SOURCE, persist_state="session", on_change=_on_source_change,
+                         required=True,
                          help="A bundled preset, any model on the Hugging Face Hub (its config.json is fetched), "
                               "or your own architecture.")
     src = ss.get(K.SOURCE) or "Preset"
@@ -710,7 +757,7 @@ def render_config(sidebar: bool = True) -> Current:
     ss = st.session_state
     if not ss.get(K.INIT):
         _init_session()
-    loaded = _apply_pending() | ss.pop(K.LOADED, set())
+    loaded = _apply_pending() | ss.pop(K.LOADED, set()) | _undo_stale_widgets()
     goto = ss.pop(K.GOTO, None)
     if goto:
         ss[K.LOADED] = loaded  # set on the page the run switches to, where the widgets are drawn
@@ -751,9 +798,10 @@ def render_config(sidebar: bool = True) -> Current:
                              help="A file exported from this app or written for `python -m estimator estimate "
                                   "--config`.")
             st.button("Reset to defaults", key=K.RESET, on_click=_on_reset)
+        _load_marker()  # last: a browser that has its value has every configuration widget's drawn before it
 
     values = {f.name: settings.get(f.name, f.default) for f in ALL_FIELDS}
-    waiting = HUB_WAITING if model is None else ""
+    waiting = _waiting_text() if model is None else ""
     shown_model = model or ModelChoice(source="preset", preset=ss.get(K.PRESET) or _default_model())
     config = config_dict(shown_model, values)
     params = url_params(shown_model, values)

@@ -8,14 +8,15 @@ import re
 import streamlit as st
 
 from estimator.hardware import GPUS
+from estimator.wording import VERDICT_MEANINGS, VERDICT_WORDS, counted, verdict_word
 
 from . import charts, compute, exports, keys, state
 from .state import Current
 
 GiB = 1024**3
 VERDICT_ICON = {"fits": ":material/check_circle:", "tight": ":material/warning:", "oom": ":material/block:"}
-VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "oom": "Out of memory"}
-VERDICT_MD = {"fits": ":green-badge[Fits]", "tight": ":orange-badge[Tight]", "oom": ":red-badge[OOM]"}
+VERDICT_COLOR = {"fits": "green", "tight": "orange", "oom": "red"}
+VERDICT_MD = {code: f":{VERDICT_COLOR[code]}-badge[{word}]" for code, word in VERDICT_WORDS.items()}
 
 
 def gib(n: int | float) -> str:
@@ -29,8 +30,6 @@ def params_text(n: int) -> str:
     return f"{n:,}"
 
 
-VERDICT_SHORT = {"fits": "Fits", "tight": "Tight", "oom": "OOM"}
-VERDICT_COLOR = {"fits": "green", "tight": "orange", "oom": "red"}
 
 
 def totals(est) -> None:
@@ -53,11 +52,12 @@ def totals(est) -> None:
     cols[2].metric("Device total per GPU", gib(est.device_total_bytes),
                    help="What nvidia-smi shows for the busiest pipeline stage's GPU: the reserved peak plus the "
                         "CUDA context and NCCL buffers, outside PyTorch's allocator. This decides the fit.")
-    cols[3].metric("Verdict", VERDICT_SHORT[fit.verdict], delta=f"{fit.utilization:.0%} of {gib(fit.capacity_bytes)}",
+    cols[3].metric("Verdict", verdict_word(fit.verdict), delta=f"{fit.utilization:.0%} of {gib(fit.capacity_bytes)}",
                    delta_color=VERDICT_COLOR[fit.verdict], delta_arrow="off",
-                   help=f"{VERDICT_TEXT[fit.verdict]} on {gpu.name} ({gib(fit.capacity_bytes)}). Fits: below 80% "
-                        "of capacity; tight: 80-100%; OOM (out of memory): above capacity. Below 80% no run went "
-                        "out of memory in 454 measured runs (Fujii et al. 2024).")
+                   help=f"{verdict_word(fit.verdict)} on {gpu.name} ({gib(fit.capacity_bytes)}): "
+                        f"{VERDICT_MEANINGS[fit.verdict]}. Fits: below 80% of capacity; Tight: 80-100%; OOM (out of "
+                        "memory): above capacity. Below 80% no run went out of memory in 454 measured runs "
+                        "(Fujii et al. 2024).")
     cols = st.columns(4)
     cols[0].metric("Parameters (total)", params_text(est.parameters_total), help=f"{est.parameters_total:,}")
     if est.training.adapter:  # an adapter run: what trains is the question
@@ -99,7 +99,7 @@ def batch_assumption(est) -> None:
 
 def verdict_banner(est) -> None:
     fit = est.fit
-    text = (f"**{VERDICT_TEXT[fit.verdict]}** on {GPUS[fit.gpu].name}: the peak stage needs "
+    text = (f"**{verdict_word(fit.verdict)}** on {GPUS[fit.gpu].name}: the peak stage needs "
             f"{gib(est.device_total_bytes)} of {gib(fit.capacity_bytes)} ({fit.utilization:.0%}).")
     {"fits": st.success, "tight": st.warning, "oom": st.error}[fit.verdict](text, icon=VERDICT_ICON[fit.verdict])
 
@@ -170,10 +170,12 @@ def what_to_change(cur: Current, est) -> None:
     for i, (description, config, total, verdict, gpus) in enumerate(plan, 1):
         cols = st.columns([6, 2, 1], vertical_alignment="center")
         cols[0].markdown(f"{i}. {description}")
-        cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}" + (f" · {gpus} GPUs" if gpus != est.parallel.gpus
-                                                                    else ""))
+        cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}" + (f" · {counted(gpus, 'GPU')}"
+                                                                    if gpus != est.parallel.gpus else ""))
+        steps = "step 1 of the plan" if i == 1 else f"steps 1 to {i} of the plan"  # each step builds on the last
         cols[2].button("Apply", key=keys.plan_step(i), on_click=_apply,
-                       args=(config, f"step {i} of the plan"), width="stretch")
+                       args=(config, f"{steps}, the last: {description}" if i > 1 else f"{steps}: {description}"),
+                       width="stretch")
     if singles:
         with st.expander("Each change on its own"):
             for j, (description, config, total, verdict, gpus) in enumerate(singles):

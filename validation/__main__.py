@@ -1,4 +1,4 @@
-"""python -m validation {list | measure --case ID | measure --all | report | summary | explain --case ID}"""
+"""python -m validation {list | measure --case ID | measure --all | report | summary | readme | explain --case ID}"""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def main(argv=None) -> int:
     which.add_argument("--all", action="store_true")
     sub.add_parser("report", help="estimator accuracy against the records")
     sub.add_parser("summary", help="the README's accuracy table: each framework's cases within 5%")
+    sub.add_parser("readme", help="write the README's count of measured steps and frameworks from the records")
     explain = sub.add_parser("explain", help="what is alive at each phase's peak")
     explain.add_argument("--case", required=True)
     args = parser.parse_args(argv)
@@ -27,6 +28,11 @@ def main(argv=None) -> int:
         from .summary import summary
 
         return summary()
+    if args.command == "readme":  # counts the records' files only
+        from .summary import README, headline, write_readme
+
+        print(f"{README.name}: {headline()}" + ("" if write_readme() else " (unchanged)"))
+        return 0
 
     from .cases import CASES  # the cases name torch models (validation/step.py)
 

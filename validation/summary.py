@@ -1,6 +1,8 @@
-"""The README's accuracy table: per framework, how many measured cases the estimate meets.
+"""The README's accuracy table: per framework, how many measured cases the estimate meets; and the
+README's opening count of them (`headline`), which `python -m validation readme` writes.
 
     python -m validation summary
+    python -m validation readme
 
 For each framework's records (tests/data/measured/ for HF transformers, tests/data/measured/<framework>/
 for the others): the number of cases, how many have the allocated peak within 5% (the bound
@@ -19,6 +21,13 @@ from typing import NamedTuple
 MEASURED = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
 FRAMEWORKS = ("hf", "torchtitan", "megatron", "peft", "torchtune")  # "hf": the top-level records
 BOUND = 0.05  # the allocated peak within 5%
+# each record folder's framework as the README names it, in the order the README lists them
+FRAMEWORK_NAMES = {"hf": "Hugging Face transformers", "peft": "PEFT", "torchtitan": "torchtitan",
+                   "torchtune": "torchtune", "megatron": "Megatron-Core"}
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+README = MEASURED.parent.parent.parent / "README.md"
+# the README's sentence between these markers is `headline()`'s, written by `python -m validation readme`
+HEADLINE_START, HEADLINE_END = "<!-- measured-steps -->", "<!-- /measured-steps -->"
 
 
 class Row(NamedTuple):
@@ -92,6 +101,27 @@ def gpu_summary() -> GpuRow:
     return GpuRow(len(allocated), sum(abs(e) <= BOUND for e in allocated.values()),
                   statistics.median(abs(e) for e in allocated.values()), statistics.median(reserved),
                   statistics.median(smi), allocated[worst], worst)
+
+
+def headline() -> str:
+    """How many measured training steps of how many frameworks the estimator is tested against,
+    counted from the records (what tests/test_accuracy.py holds to 5%)."""
+    counts = {framework: len(records(framework)) for framework in FRAMEWORK_NAMES}
+    names = [FRAMEWORK_NAMES[f] for f in FRAMEWORK_NAMES if counts[f]]
+    n = len(names)
+    listed = ", ".join(names[:-1]) + " and " + names[-1] if n > 1 else names[0]
+    return (f"tested against {sum(counts.values()):,} measured training steps of {NUMBER_WORDS[n]} "
+            f"frameworks' own code — {listed}")
+
+
+def write_readme(path: Path = README) -> bool:
+    """Put `headline()` between the README's markers; whether the file changed."""
+    text = path.read_text()
+    start, end = text.index(HEADLINE_START) + len(HEADLINE_START), text.index(HEADLINE_END)
+    new = text[:start] + headline() + text[end:]
+    if new != text:
+        path.write_text(new)
+    return new != text
 
 
 def summary() -> int:

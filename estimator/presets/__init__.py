@@ -131,6 +131,30 @@ def get_preset_info(preset_id: str) -> PresetInfo:
     return _info(_load(preset_id))
 
 
+def _rounding_text(rounding: dict | None) -> str:
+    unit = f"{rounding['unit'] / 1e9:g}B"
+    return f"truncated to {unit}" if rounding.get("mode") == "down" else f"rounded to {unit}"
+
+
+def counting_note(info: PresetInfo) -> str:
+    """How the publisher's count differs from the estimator's, in words ("" where they agree): the
+    estimator counts the text decoder with its MTP modules, and as active every parameter a token
+    passes through, the input embedding included (architecture.parameter_counts); the publisher
+    may count the vision encoder, leave out the MTP module or the embedding, or round."""
+    notes = []
+    if info.counting.get("total_includes_vision_encoder"):
+        notes.append("published total includes the vision encoder")
+    if info.counting.get("active_excludes_mtp"):
+        notes.append("published active leaves out the MTP module")
+    if info.counting.get("active_excludes_embedding"):
+        notes.append("published active leaves out the input embedding")
+    if not info.exact and info.total_rounding:
+        notes.append(f"published total {_rounding_text(info.total_rounding)}")
+    if info.active_exact is False and info.active_rounding:
+        notes.append(f"published active {_rounding_text(info.active_rounding)}")
+    return "; ".join(notes)
+
+
 @functools.lru_cache(maxsize=1)
 def _recipes() -> tuple[dict[str, Any], ...]:
     data = json.loads((_files() / "recipes.json").read_text(encoding="utf-8"))
