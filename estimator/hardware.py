@@ -87,7 +87,8 @@ _BEKMAN = ("Stas Bekman, Machine Learning Engineering (stas00/ml-engineering), t
 _TE_HOPPER_ON = 32 * MiB + 1024
 _MEASURED_OUTSIDE = 804_061_184  # 766.8 MiB: mem_get_info used - max_memory_reserved (tests/data/measured/gpu)
 _HOPPER = DeviceRuntime("Hopper (sm90)", _MEASURED_OUTSIDE, 32 * MiB, _TE_HOPPER_ON, _MEASURED_H200,
-                        _WORKSPACE_SOURCE + "; " + _MEASURED_H200)
+                        _WORKSPACE_SOURCE + "; measured: 2 x 32 MiB after a training step on an H200 "
+                        "(tests/data/measured/gpu)")
 _BLACKWELL = DeviceRuntime(
     "Blackwell (sm100/sm120)", _MEASURED_OUTSIDE, 32 * MiB, _TE_HOPPER_ON,
     "not measured on Blackwell: the Hopper measurement (same CUDA 13 toolkit and driver branch); " + _MEASURED_H200,
@@ -154,7 +155,7 @@ GPUS: dict[str, GPU] = {
             "bridge pairs ignored). Inter-node: NVIDIA PCIe-optimized Enterprise RA (200 Gb/s per "
             "GPU). nvidia-smi reports 81559 MiB (public nvidia-smi captures of 'NVIDIA H100 PCIe')"),
         GPU("h800", "NVIDIA H800 SXM 80GB", 81_559 * MiB, 989e12, 1979e12, 3.35e12,
-            200e9, 50e9, 8, _CONTEXT,
+            200e9, 50e9, 8, _HOPPER,
             "NVIDIA H800 Tensor Core GPU datasheet (SXM): the H100 SXM's compute, BF16 1,979 / FP8 "
             "3,958 TFLOPS sparse -> 989 / 1,979 dense, 80 GB HBM3 3.35 TB/s, NVLink 400 GB/s "
             "bidirectional (the H100's 900 cut for export) -> 200e9 one way. Inter-node: 400 Gb/s "

@@ -199,7 +199,7 @@ def test_the_runtime_follows_the_architecture(gpu):
     the Hopper figure for the context; Ampere/Ada the 512 MiB low end of Bekman's 0.5-2 GB and
     2 x 4096 KiB + 8 x 16 KiB; AMD's gfx94x/gfx95x hipBLAS 128 MiB (CublasHandlePool.cpp)."""
     runtime = gpu.runtime
-    if gpu.id.startswith(("h100", "h200", "gh200")):
+    if gpu.id.startswith(("h100", "h200", "gh200", "h800")):
         assert (runtime.context_bytes, runtime.blas_workspace_bytes) == (804_061_184, 32 * MiB)
         assert "measured on an H200" in runtime.context_source
     elif gpu.id.startswith(("b200", "b300", "rtx-5090")):
