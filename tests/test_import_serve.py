@@ -21,9 +21,9 @@ def test_vllm_405b_on_two_nodes():
     assert result.kind == "vllm"
     same_estimate(result, {"model": "llama-3.1-405b",
                            "training": {"mode": "inference", "seq_len": 8192, "kv_cache_tokens": 8192},
+                           "serving": {"engine": "vllm", "cuda_graphs": False, "max_model_len": 8192},
                            "parallel": {"tp": 8, "pp": 2}})
-    assert [s.name for s in result.unsupported] == ["--enforce-eager"]  # serving.cuda_graphs: not in this version
-    assert "maps to serving.cuda_graphs" in result.unsupported[0].note
+    assert not result.unsupported  # --enforce-eager is serving.cuda_graphs off
     assert {s.name for s in result.ignored} == {"--port", "--trust-remote-code"}
 
 
@@ -37,8 +37,19 @@ def test_vllm_default_context_and_sglang():
     same_estimate(result, {"model": "qwen3-32b",
                            "training": {"mode": "inference", "kv_cache_dtype": "fp8", "seq_len": 40960,
                                         "kv_cache_tokens": 40960},
+                           "serving": {"engine": "sglang", "mem_fraction_static": 0.85, "max_num_seqs": 64,
+                                       "kv_cache_dtype": "fp8_e5m2", "max_model_len": 40960},
                            "parallel": {"tp": 2}})
-    assert {s.name for s in result.unsupported} == {"--mem-fraction-static", "--max-running-requests"}
+    assert not result.unsupported
+
+
+def test_a_quantized_vllm_line_names_its_weight_format_and_leaves_speculation_listed():
+    line = ("vllm serve Qwen/Qwen2.5-7B-Instruct --quantization awq --max-model-len 16384 "
+            "--gpu-memory-utilization 0.8 --kv-cache-dtype fp8 --speculative-config '{\"method\": \"eagle\"}'")
+    result = import_config(line)
+    assert result.config["serving"] == {"engine": "vllm", "gpu_memory_utilization": 0.8, "weight_format": "awq_int4",
+                                        "kv_cache_dtype": "fp8", "max_model_len": 16384}
+    assert [s.name for s in result.unsupported] == ["--speculative-config"]
 
 
 def test_credentials_never_printed_and_world_checked():

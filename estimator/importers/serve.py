@@ -1,13 +1,12 @@
 """vLLM and SGLang serve command lines (``vllm serve MODEL ...``, ``python -m sglang.launch_server
 --model-path MODEL ...``) read into our JSON config.
 
-This version of the estimator has no serving object (CONTRACT.md "Additions: serving" is another
-branch's), so a serve line maps to what exists: inference mode, the model, TP / PP / DP, the weights'
-dtype and the KV cache's, and the check vLLM and SGLang make when they start: one sequence of the
-full context (max_model_len / context_length) must fit beside the weights. The engine's own memory
-budget and concurrency flags (gpu_memory_utilization, mem_fraction_static, max_num_seqs, block size,
-prefix caching, CUDA graphs, speculative decoding) map to ``serving.*`` fields; until those exist they
-are listed as not modelled, each by name.
+A serve line maps to the serving object (CONTRACT.md "Additions: serving"; estimator/serving/): the
+engine, max_model_len / context_length, the memory budget (vLLM's gpu_memory_utilization, SGLang's
+mem_fraction_static), max_num_seqs, batched tokens, block size, the KV cache's dtype, the weights' format,
+CUDA graphs and prefix caching; and to the plain inference estimate beside it: inference mode, the
+model, TP / PP / DP, the weights' and the KV cache's dtypes and one sequence of the full context. A
+speculative-decoding setting is listed as not modelled by name (its JSON is not read).
 
 Flag names and defaults: vLLM's EngineArgs (vllm/engine/arg_utils.py, v0.19) and SGLang's ServerArgs
 (python/sglang/srt/server_args.py).
@@ -33,7 +32,7 @@ _VLLM: dict[str, tuple[int, str | None]] = {
     "--max-num-seqs": (1, "serving.max_num_seqs"), "--max-num-batched-tokens": (1, "serving.max_num_batched_tokens"),
     "--block-size": (1, "serving.block_size"), "--enable-prefix-caching": (0, "serving.prefix_caching"),
     "--no-enable-prefix-caching": (0, "serving.prefix_caching"), "--enforce-eager": (0, "serving.cuda_graphs"),
-    "--speculative-config": (1, "serving.speculative"), "--enable-expert-parallel": (0, None),
+    "--speculative-config": (1, None), "--enable-expert-parallel": (0, None),
     "--cpu-offload-gb": (1, None), "--swap-space": (1, None), "--enable-chunked-prefill": (0, None),
     "--max-num-partial-prefills": (1, None), "--kv-offloading-size": (1, None),
 }
@@ -42,11 +41,11 @@ _SGLANG: dict[str, tuple[int, str | None]] = {
     "--pp": (1, "parallel.pp"), "--pp-size": (1, "parallel.pp"), "--dp": (1, "parallel.dp"),
     "--dp-size": (1, "parallel.dp"), "--dtype": (1, None), "--kv-cache-dtype": (1, None),
     "--context-length": (1, None), "--quantization": (1, None),
-    "--mem-fraction-static": (1, "serving.gpu_memory_utilization"),
+    "--mem-fraction-static": (1, "serving.mem_fraction_static"),
     "--max-running-requests": (1, "serving.max_num_seqs"), "--chunked-prefill-size": (1,
                                                                                      "serving.max_num_batched_tokens"),
     "--page-size": (1, "serving.block_size"), "--disable-radix-cache": (0, "serving.prefix_caching"),
-    "--disable-cuda-graph": (0, "serving.cuda_graphs"), "--speculative-algorithm": (1, "serving.speculative"),
+    "--disable-cuda-graph": (0, "serving.cuda_graphs"), "--speculative-algorithm": (1, None),
     "--ep-size": (1, None), "--ep": (1, None), "--enable-dp-attention": (0, None),
     "--max-total-tokens": (1, None), "--cpu-offload-gb": (1, None),
 }
@@ -65,6 +64,9 @@ _NO_EFFECT_SWITCH = {"--trust-remote-code", "--disable-log-requests", "--disable
 _DTYPES = {"auto": None, "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
            "float32": "fp32", "float": "fp32"}
 _KV = {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bfloat16": "bf16", "bf16": "bf16"}
+# --quantization -> serving.weight_format (the formats the serving estimate loads)
+_FORMAT = {"fp8": "fp8", "awq": "awq_int4", "awq_marlin": "awq_int4", "gptq": "gptq_int4", "gptq_marlin": "gptq_int4",
+           "w8a8_int8": "int8", "modelopt_fp4": "nvfp4", "mxfp4": "mxfp4"}
 _QUANT = {"fp8": "fp8", "awq": "int4", "gptq": "int4", "awq_marlin": "int4", "gptq_marlin": "int4",
           "bitsandbytes": "int4", "w8a8_int8": "int8", "modelopt_fp4": "fp4", "mxfp4": "mxfp4"}
 
@@ -92,6 +94,7 @@ def read_serve(text: str, engine: str, gpus: int | None, overrides: tuple[str, .
                                                         else None, None))[0], ledger, f"{engine} serve")
     build = ConfigBuilder(ledger)
     build.put("training.mode", "inference")
+    build.put("serving.engine", engine)
     ledger.note(f"{engine} serve: inference mode; checked as the engine checks at start-up: one sequence of the full "
                 "context beside the weights")
     model = positional or values.pop("--model", None) or values.pop("--model-path", None)
@@ -159,12 +162,18 @@ def _dtypes(values: dict, build: ConfigBuilder, ledger: Ledger, used: set) -> No
             ledger.not_modelled("--quantization", quant, "estimated with 16-bit weights")
         else:
             build.set("training.param_dtype", _QUANT[quant], "--quantization", quant)
+            if quant in _FORMAT:
+                build.put("serving.weight_format", _FORMAT[quant])
+    elif _DTYPES[dtype] == "fp16":
+        build.put("serving.weight_format", "fp16")
     kv = values.get("--kv-cache-dtype", "auto")
     used.add("--kv-cache-dtype")
     if kv not in _KV:
         raise ConfigError("--kv-cache-dtype", kv, ", ".join(_KV))
     if _KV[kv]:
         build.set("training.kv_cache_dtype", _KV[kv], "--kv-cache-dtype", kv)
+    if kv in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        build.put("serving.kv_cache_dtype", kv)
 
 
 def _context(values: dict, build: ConfigBuilder, ledger: Ledger, used: set, engine: str) -> None:
@@ -182,6 +191,7 @@ def _context(values: dict, build: ConfigBuilder, ledger: Ledger, used: set, engi
     tokens = to_int(flag, length, 1)
     build.set("training.seq_len", tokens, flag, length)
     build.put("training.kv_cache_tokens", tokens)
+    build.put("serving.max_model_len", tokens)
 
 
 def _world(build: ConfigBuilder, gpus: int | None, ledger: Ledger) -> None:
