@@ -440,6 +440,10 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
     _choice("base_dtype", _A, "Frozen base dtype", "How the frozen base weights are stored: 16-bit, int8 "
             "(LLM.int8), nf4 (QLoRA, double quantized) or int4 (GPTQ).", _FT, BASE_DTYPES, optional=True,
             auto="nf4 for qlora, else the weights dtype"),
+    _bool("prepare_kbit", _A, "prepare_model_for_kbit_training", "peft's prepare_model_for_kbit_training (TRL, "
+          "axolotl and most QLoRA recipes call it): every 16-bit weight that is not quantized (embeddings, norms, "
+          "LM head) is cast to fp32, so the residual stream, the attention and the logits run in fp32. Only with a "
+          "quantized base (int8, nf4, int4) under framework hf.", _FT),
 )
 
 _R, _RL = "rl", "RL (colocated rollout engine)"

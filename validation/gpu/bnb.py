@@ -23,7 +23,7 @@ from ..peft.build import LoraRun, enable_recompute, lora_config, model_config, t
 @dataclass(frozen=True)
 class BnbRun(LoraRun):
     double_quant: bool = True  # BitsAndBytesConfig(bnb_4bit_use_double_quant=...)
-    prepare: bool = False  # peft prepare_model_for_kbit_training
+    # `prepare` (LoraRun): peft prepare_model_for_kbit_training
 
 
 def quantize_linears(model: nn.Module, double_quant: bool) -> int:

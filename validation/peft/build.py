@@ -45,6 +45,7 @@ class LoraRun:
     base: str = "bf16"  # frozen base weights: "bf16" (LoRA) or "nf4" (QLoRA)
     save: tuple[str, ...] = ()  # peft modules_to_save: "embed_tokens", "lm_head"
     dora: bool = False  # peft use_dora (Liu et al. 2024): a learned magnitude per output feature
+    prepare: bool = False  # peft prepare_model_for_kbit_training (QLoRA): the 16-bit parameters cast to fp32
 
 
 def model_config(run: LoraRun):
@@ -106,6 +107,29 @@ def quantize_base_linears(model: nn.Module) -> int:
     return count
 
 
+def prepare_kbit(model: nn.Module) -> int:
+    """What peft's `prepare_model_for_kbit_training` (peft 0.21 utils/other.py) does to the weights:
+    every fp16/bf16 parameter that is not 4-bit (bitsandbytes' `Params4bit`; here torchao's NF4
+    standing in for it) is cast to fp32 in place (`param.data = param.data.to(torch.float32)`):
+    embeddings, norms, LM head, and the adapters (already fp32). Its other steps: every base
+    parameter frozen (they are), and, with use_gradient_checkpointing (its default), the model's
+    gradient_checkpointing_enable with the caller's kwargs (`enable_recompute` here when the run
+    checkpoints; with use_reentrant=False it makes no input require grad). Returns how many were cast."""
+    nf4 = _nf4_class()
+    count = 0
+    for p in model.parameters():
+        if p.dtype in (torch.float16, torch.bfloat16) and not isinstance(p, nf4):
+            p.data = p.data.to(torch.float32)
+            count += 1
+    return count
+
+
+def _nf4_class():
+    from .nf4 import nf4_class
+
+    return nf4_class()
+
+
 def enable_recompute(model) -> None:
     """What the Trainer does for gradient_checkpointing=True (transformers 5.x
     `Trainer._inner_training_loop` -> `activation_checkpointing_enable`): non-reentrant
@@ -129,6 +153,8 @@ def build(model, run: LoraRun, device: str = "cpu"):
         model.to(device)  # the buffers (RoPE's inverse frequencies) were built on the CPU
     if run.base == "nf4":
         quantize_base_linears(model)
+    if run.prepare:
+        prepare_kbit(model)
     model.train()
     if run.recompute == "full":
         enable_recompute(model)
