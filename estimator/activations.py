@@ -201,6 +201,8 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     b, s = training.micro_batch_size, training.seq_len / par.cp
     h, a = arch.hidden_size, arch.num_attention_heads
     qw = arch.q_width
+    from .kbit import math_attention, prepared
+    math_sdpa = math_attention(arch, training)  # fp32 SDPA with grouped KV heads: the math backend (kbit.py)
     out = _norm("attention norm input", T, arch, training)
     out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM,
                         weights=("q", "k", "v"))
@@ -266,7 +268,7 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
                          T * par.cp * (k_width + v_width), B, "tp", kv_formula, recompute=UP_PROJ,
                          split_by_cp=False))
         out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
-    elif training.attention == "flash":
+    elif training.attention == "flash" and not math_sdpa:
         out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula,
                          recompute=UP_PROJ))
         out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
@@ -297,18 +299,23 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
             out.append(Entry("softmax max and sum per row (fp32, kept by the compiled layer)", 2 * T * a, 4, "tp",
                              "2*4*s*b*a", recompute=CORE))
             out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        elif math_sdpa:  # SDPA's math backend (kbit.py): q and k scaled, _safe_softmax's fp32 output
+            out.append(Entry("softmax output (fp32, SDPA math backend)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
         else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
             if arch.attention_logit_softcapping:  # tanh keeps its output for backward
                 out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
             out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-            out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+            if not prepared(training):  # an fp32 query (kbit.py): the cast back is no copy
+                out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
+                                 recompute=CORE))
         if training.dropout > 0:
             out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b", recompute=CORE))
             out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
         out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
                          recompute=UP_PROJ))
+    fused = training.attention == "flash" and not math_sdpa  # a fused kernel keeps its output for its backward
     out.append(Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
-                     "B*s*b*a*d_v", gemm_input=True, for_weights=() if training.attention == "flash" else ("o",)))
+                     "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",)))
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
     if training.dropout > 0:
@@ -934,7 +941,9 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
             saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
         forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
-        forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
+        from .kbit import prepared
+        if not prepared(training):  # fp32 logits (kbit.py): logits.float() is no copy
+            forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
                               "2*4*s*b*V"))
         source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"

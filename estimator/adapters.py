@@ -74,6 +74,7 @@ class Adapter:
     base_dtype: str | None = None
     double_quant: bool = True  # NF4's block scales quantized again (bnb_4bit_use_double_quant)
     bitsandbytes_version: str = BNB_VERSION  # the release whose Linear4bit an hf/deepspeed QLoRA runs
+    prepare_kbit: bool = False  # peft's prepare_model_for_kbit_training was called (kbit.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, str):  # "all-linear" (or one name) in the JSON
@@ -104,7 +105,7 @@ class Adapter:
         """The contract's object: every field that differs from its default, and the method."""
         out = {"method": self.method}
         for name in ("rank", "alpha", "target_modules", "dropout", "trainable_embeddings", "base_dtype",
-                     "double_quant", "bitsandbytes_version"):
+                     "double_quant", "bitsandbytes_version", "prepare_kbit"):
             value, default = getattr(self, name), getattr(Adapter(), name)
             if value != default:
                 out[name] = ALL_LINEAR if name == "target_modules" and self.all_linear else (
@@ -255,6 +256,9 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
         raise ConfigError("training.adapter.bitsandbytes_version", adapter.bitsandbytes_version,
                           f"{BNB_VERSION!r} (the default) with framework {training.framework!r}",
                           "its QLoRA quantizes with torchao's NF4, not bitsandbytes", related=("training.framework",))
+    if adapter.prepare_kbit:
+        from .kbit import check_prepare_kbit
+        check_prepare_kbit(adapter, training)
     experts = any(m.name == "experts" for k in arch.kinds for m in adapted_modules(adapter, arch, k))
     if adapter.method == "dora" and experts:
         raise ConfigError("training.adapter.method", "dora", "'lora' or 'qlora' when the routed experts are adapted",
@@ -362,6 +366,8 @@ def inventory(arch, training, recipe, sp) -> Inventory:
         largest = max([largest] + [t.numel for t in tensors])
         count += len(tensors)
     P = bytes_per_element(recipe.param_dtype if base in QUANTIZED else base)  # the rest of a quantized base
+    if adapter.prepare_kbit:  # peft's prepare_model_for_kbit_training casts the rest to fp32 (kbit.py)
+        P = 4.0
     frozen = sp.local
     frozen_bytes = quantized_bytes_total + P * (frozen - quantized)
     return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest, count)
@@ -410,6 +416,8 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
     # the trainable embedding/head copies keep the weights dtype under the HF Trainer (PEFT copies
     # the module; autocast_adapter_dtype casts adapter layers only)
     S = bytes_per_element(recipe.param_dtype) if training.framework == "hf" else A
+    if training.adapter.prepare_kbit:  # copied from the embedding and head that prepare cast to fp32 (kbit.py)
+        S = 4.0
     hf = training.framework == "hf"
     G_a = A if hf else bytes_per_element(recipe.grad_dtype)  # torch: a gradient takes its tensor's dtype
     G_s = S if hf else G_a
@@ -436,8 +444,9 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
 
     def write() -> dict[str, str]:
         shard = f" / d (d = DP = {d})"
+        rest = "fp32, prepare_model_for_kbit_training" if training.adapter.prepare_kbit else recipe.param_dtype
         quant = (f"{inv.frozen_bytes / 2**20:,.0f} MiB frozen base ({inv.quantized:,.0f} linear weights in {base} with "
-                 f"their scales, {inv.frozen - inv.quantized:,.0f} others in {recipe.param_dtype})"
+                 f"their scales, {inv.frozen - inv.quantized:,.0f} others in {rest})"
                  if base in QUANTIZED else f"{bytes_per_element(base):g} B x {inv.frozen:,.0f} frozen ({base})")
         trainable = f" + {A:g} B x {inv.adapters:,.0f} adapter params"
         if inv.saved:

@@ -465,6 +465,10 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
           "backward, whatever the frozen weight, and beyond gradient checkpointing; from 0.43.2 it keeps none.",
           _FT, pattern=BNB_VERSION_PATTERN, pattern_text="a bitsandbytes release as major.minor[.patch], 0.39.0 or "
           "later (its first 4-bit release)"),
+    _bool("prepare_kbit", _A, "prepare_model_for_kbit_training", "peft's prepare_model_for_kbit_training (TRL, "
+          "axolotl and most QLoRA recipes call it): every 16-bit weight that is not quantized (embeddings, norms, "
+          "LM head) is cast to fp32, so the residual stream, the attention and the logits run in fp32. Only with a "
+          "quantized base (int8, nf4, int4) under framework hf.", _FT),
 )
 
 _R, _RL = "rl", "RL (colocated rollout engine)"

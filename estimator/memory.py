@@ -37,6 +37,7 @@ from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import OPTIMIZERS
 from .adapters import adapter_states, bnb_held_entries, first_layer_input_frozen, inventory, trainable_count
+from .kbit import ledger_training, math_attention
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import FSDP_FRAMEWORKS, Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -222,6 +223,7 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     # layer's saved tensors do not depend on how many layers full recompute checkpoints (the stages
     # count those, `activations.recomputed_layer_count`), so a search over them shares one ledger
     as_read = training_with(arch, training, recompute_layers=None, recompute_every=1)
+    as_read = ledger_training(as_read)  # peft's prepare_model_for_kbit_training: activations in fp32 (kbit.py)
     key = ("ledger", as_read, par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
     ledger = arch.cached(key, lambda: _ledger(arch, as_read, par, vocab))
     return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
@@ -551,6 +553,13 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and act.recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
+    if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
+        attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "backward")
+        if total_bytes(attention) > int(round(working)) + total_bytes(extras):
+            working, extras = 0.0, attention
+        attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
+        if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
+            loss_forward = attention
     recomputed_bytes = int(round(working)) + total_bytes(extras)
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
     backward_moment = max(total_bytes(loss_backward), recomputed_bytes, total_bytes(exchange_backward),
@@ -583,6 +592,19 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                          loss_backward, working, grads_live, training, extras, end))
     return _StaticStage(totals, communication, communication.bytes + shared.runtime.bytes, sp.num_layers,
                         int(round(sp.local)), parts, place.host, place.nvme, backward_end)
+
+
+def _math_attention_moment(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
+                           loss_saved: float, phase: str) -> list[Component]:
+    """The last layer's attention on SDPA's math backend (kbit.py) in `phase`, over the phase's
+    activations and the loss's saved tensors."""
+    from .kbit import MATH_SOURCE, attention_moment
+    kind = sp.kind_counts[-1][0]
+    recomputed = bool(act.recomputed_layer_count(training, sp.num_layers))
+    moment, formula = attention_moment(arch, ledger_training(training), shared.parallel, kind, recomputed,
+                                       shared.full_layer[kind], loss_saved, phase)
+    return [component("transient", f"Attention {phase} on SDPA's math backend (fp32 scores)", moment, formula,
+                      MATH_SOURCE)]
 
 
 def _recompute_working_set(training: Training, sp: StageParameters, shared: _Shared) -> float:

@@ -7,7 +7,7 @@ folder each: torchtitan, Megatron-Core, PEFT and torchtune (`validation/<framewo
 the project's promise: the allocated peak within 5%; parameters, gradients and optimizer states within
 1%. A failing case is fixed in the model, never by loosening a bound. A case the model does not meet
 yet is listed in KNOWN_GAPS with the reason, as a strict expected failure: a gap that closes fails the
-test until it leaves the list, and a new miss fails at once. (Both lists are empty today.)
+test until it leaves the list, and a new miss fails at once.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ FRAMEWORK_RECORDS = sorted(p for framework in FRAMEWORKS for p in (MEASURED / fr
 RECORDS = HF_RECORDS + FRAMEWORK_RECORDS
 
 # case id -> why the estimate misses it (the next modelling steps)
-KNOWN_GAPS: dict[str, str] = {}
+_MATH_BACKWARD = ("peft prepare_model_for_kbit_training runs SDPA's math backend in fp32: on an H200 (torch 2.11) its "
+                  "backward holds three score-sized fp32 tensors beside the kept softmax, this CPU harness (torch "
+                  "2.13) two; the estimate follows the GPU record of the same run (estimator/kbit.py, 2 GiB more "
+                  "here: %s)")
+KNOWN_GAPS: dict[str, str] = {
+    "llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1-prepared": _MATH_BACKWARD % "+13%",
+}
 # case id -> why its model states miss the 1% bound
 KNOWN_STATE_GAPS: dict[str, str] = {}
 
@@ -132,15 +138,10 @@ GPU_MEASURED = MEASURED / "gpu"
 GPU_RECORDS = sorted(p for p in GPU_MEASURED.glob("*.json") if "probe" not in json.loads(p.read_text()))
 MiB = 1024**2
 # case id -> why the allocated peak misses it
-KNOWN_GPU_GAPS: dict[str, str] = {
-    "llama-3.1-8b-qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared":
-        "peft's prepare_model_for_kbit_training casts every parameter that is not 4-bit (embeddings, LM head, "
-        "norms) to fp32, and the fp32 head makes fp32 logits: no field says a run calls it yet (-29.5%)",
-}
+KNOWN_GPU_GAPS: dict[str, str] = {}
 # The reserved peak (and so nvidia-smi) is the allocated peak plus a flat 10% of cached segments; these
 # runs keep more (recompute frees and re-requests blocks of many sizes): under by more than 10%.
 KNOWN_RESERVED_GAPS = {
-    "llama-3.1-8b-qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared",  # the allocated gap above
     "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
     "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1",
     "qwen2.5-7b-bf16-adamw-recompute-sdpa-s8192-b2",
@@ -221,6 +222,7 @@ def test_fake_tensor_harness_against_the_gpu(path):
     record = load(path)
     fake = load(MEASURED / record["fake_tensor_record"])["measured"]["peak_bytes"]
     measured = record["measured"]
-    if path.stem.endswith("-prepared"):
-        pytest.skip("the fake record is of the run without prepare_model_for_kbit_training")
+    if "-qlora-bnb-" in path.stem and "-prepared" in path.stem:
+        pytest.skip("SDPA's math backward holds one score-sized tensor more on the GPU than in the harness "
+                    "(estimator/kbit.py; KNOWN_GAPS)")
     assert fake + measured["cublas_workspace_bytes"] == pytest.approx(measured["peak_bytes"], rel=0.006)

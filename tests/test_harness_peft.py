@@ -27,6 +27,9 @@ VARIANTS = [
     LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=("q", "v"), dropout=0.05,
             recompute="full", base="nf4"),
     LoraRun("tiny-mixtral", SEQ, BATCH, rank=8, alpha=16, targets="all-linear", recompute="full"),
+    # peft prepare_model_for_kbit_training: fp32 stream, SDPA's math backend (grouped KV heads)
+    LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=ALL_SEVEN, recompute="full", base="nf4",
+            prepare=True),
 ]
 
 
@@ -35,7 +38,8 @@ def fake():
     return {run: measure(run) for run in VARIANTS}
 
 
-@pytest.mark.parametrize("run", VARIANTS, ids=lambda r: f"{r.model}-{r.base}-{r.targets}-{r.recompute}-{r.dropout}-{r.save}")
+@pytest.mark.parametrize("run", VARIANTS, ids=lambda r: f"{r.model}-{r.base}-{r.targets}-{r.recompute}-{r.dropout}-"
+                         f"{r.save}{'-prepared' if r.prepare else ''}")
 def test_fake_measurement_equals_real_cpu_run(run, fake):
     assert fake[run] == measure(run, fake=False)
 
@@ -168,3 +172,14 @@ def test_a_record_reproduces():
     if {k: stored["versions"][k] for k in keys} != {k: versions()[k] for k in keys}:
         pytest.skip(f"records were measured with {stored['versions']}, this is {versions()}")
     assert measure(CASES[case]) == stored["measured"]
+
+
+def test_prepare_kbit_casts_the_rest_to_fp32():
+    """tiny-llama-256 (vocab 1000, hidden 256, 2 layers): the embedding, the LM head and the five RMSNorm
+    scales go from bf16 to fp32; the NF4 weights and the (fp32) adapters stay as they were."""
+    plain = measure(LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=ALL_SEVEN, recompute="full",
+                            base="nf4"))
+    prepared = measure(VARIANTS[-1])
+    grown = 2 * (block(1000 * 256 * 4) - block(1000 * 256 * 2)) + 5 * (block(256 * 4) - block(256 * 2))
+    assert prepared["parameter_bytes"]["frozen"] - plain["parameter_bytes"]["frozen"] == grown == 1_026_560
+    assert prepared["parameter_bytes"]["trainable"] == plain["parameter_bytes"]["trainable"]

@@ -9,6 +9,7 @@ here for the duration of a measurement:
    exactly the allocations of PyTorch's flash path (`_scaled_dot_product_flash_attention` ->
    `_flash_attention_forward/backward` -> FlashAttention-2's `mha_fwd`/`mha_bwd`); the values
    of a real run come from the CPU math kernel, computed where the tracker does not look.
+   fp32 inputs with grouped KV heads take the math backend on CUDA (`_math_sdpa`).
 2. transformers' `find_packed_sequence_indices` reads the position ids to detect packed
    sequences; for a fake tensor (which has no values) it gives up and returns a packing mask,
    which makes `create_causal_mask` build a full 4-D mask and sends SDPA down the masked,
@@ -20,6 +21,7 @@ here for the duration of a measurement:
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -83,6 +85,47 @@ class FlashAttention(torch.autograd.Function):
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None
 
 
+def _math_sdpa(query, key, value, is_causal, scale):
+    """fp32 query/key/value with grouped KV heads (enable_gqa): on CUDA, torch 2.11 sends them to the
+    math backend, which materialises the fp32 scores and keeps their softmax for backward: flash and
+    cuDNN take fp16/bf16 only, and memory-efficient attention refuses unequal q/kv head counts
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_batch_size_and_num_heads_dense;
+    pytorch/pytorch#181528; pytorch/pytorch#191085 adds GQA to memory-efficient attention later).
+    (What peft's prepare_model_for_kbit_training leads to: an fp32 residual stream.)
+
+    `_scaled_dot_product_attention_math` (aten/src/ATen/native/transformers/attention.cpp) is
+    composite, the same ATen calls on every device, but two of its branches differ under a
+    measurement: with a dispatch mode active (the tracker) `isTensorSubclassLike` is true, so it adds
+    the causal mask out of place where a GPU run adds it in place; and `_safe_softmax` is a
+    CompositeExplicitAutograd kernel whose temporaries (the bool mask of the -inf scores, its
+    all-reduced rows, one scalar) the tracker cannot see (SoftMax.cpp; torch 2.13's writes its
+    result into the softmax output). This replays the function op by op as a GPU run makes them."""
+    aten = torch.ops.aten
+    d = query.shape[-1]
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(d))
+    q = aten.mul.Scalar(query, factor)
+    mask = None
+    if is_causal:
+        length, source = query.shape[-2], key.shape[-2]
+        causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+        zero = torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device)
+        mask = torch.where(causal.logical_not(), -math.inf, zero)  # convert_boolean_attn_mask
+        del causal, zero
+    groups = query.shape[-3] // key.shape[-3]
+    k = key.repeat_interleave(groups, -3) if groups > 1 else key
+    v = value.repeat_interleave(groups, -3) if groups > 1 else value
+    scores = torch.matmul(q, aten.mul.Scalar(k.transpose(-2, -1), factor))
+    if mask is not None:
+        scores.add_(mask)
+    # _safe_softmax's temporaries, alive while it runs: isneginf's bool mask, its all() over the rows,
+    # the zero its where writes
+    hidden = [torch.empty_like(scores, dtype=torch.bool), scores.new_empty((*scores.shape[:-1], 1), dtype=torch.bool),
+              scores.new_empty(())]
+    probs = aten._safe_softmax(scores, -1)
+    del hidden, scores
+    return torch.matmul(probs, v)
+
+
 def _flash_sdpa(hidden):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         if attn_mask is not None or dropout_p:
@@ -92,6 +135,8 @@ def _flash_sdpa(hidden):
             # CUDA autocast lists scaled_dot_product_attention as lower-precision: cast inputs.
             dtype = torch.get_autocast_dtype(device)
             query, key, value = (x.to(dtype) for x in (query, key, value))
+        if query.dtype == torch.float32 and enable_gqa and key.shape[1] != query.shape[1]:
+            return _math_sdpa(query, key, value, is_causal, scale)
         if query.dtype not in (torch.bfloat16, torch.float16) or query.shape[-1] > 256:
             raise NotImplementedError("FlashAttention-2 takes fp16/bf16 with head_dim <= 256")
         if key.shape[1] != query.shape[1] and not enable_gqa:

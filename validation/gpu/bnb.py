@@ -22,10 +22,8 @@ from ..peft.build import LoraRun, enable_recompute, lora_config, model_config, t
 
 @dataclass(frozen=True)
 class BnbRun(LoraRun):
-    """A LoraRun (its `double_quant` is BitsAndBytesConfig's bnb_4bit_use_double_quant) run with
-    bitsandbytes itself."""
-
-    prepare: bool = False  # peft prepare_model_for_kbit_training
+    """A LoraRun (its `double_quant` is BitsAndBytesConfig's bnb_4bit_use_double_quant, its `prepare`
+    peft's prepare_model_for_kbit_training) run with bitsandbytes itself."""
 
 
 def quantize_linears(model: nn.Module, double_quant: bool) -> int:

@@ -10,7 +10,7 @@ expandable_segments:True, set before CUDA starts: each case runs in a process of
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..cases import CASES as HF_CASES, SMALL_RUNS, case_id as hf_case_id
@@ -40,6 +40,7 @@ class GpuCase:
             return hf_case_id(self.run)
         base = peft_case_id(self.run)
         if self.harness == "bnb":
+            base = peft_case_id(replace(self.run, prepare=False))  # nodq is the peft id's own
             base = base.replace("-qlora-", "-qlora-bnb-") + ("-prepared" if self.run.prepare else "")
         return base
 

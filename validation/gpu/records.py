@@ -43,8 +43,6 @@ def description_of(case, device: str) -> str:
         text = text.replace("torchao NF4, double-quantized scales",
                             "bitsandbytes Linear4bit NF4, " + ("double-quantized" if case.run.double_quant
                                                                else "fp32 absmax, no double quantization"))
-        if case.run.prepare:
-            text += "; peft prepare_model_for_kbit_training (every non-4-bit parameter cast to fp32)"
     allocator = " with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" if case.allocator == "expandable" else ""
     return f"{text}; measured on a real {device}{allocator}"
 

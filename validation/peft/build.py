@@ -45,6 +45,7 @@ class LoraRun:
     dora: bool = False  # peft use_dora (Liu et al. 2024): a learned magnitude per output feature
     bnb_version: str = "0.49.2"  # QLoRA: the bitsandbytes release whose 4-bit layer is emulated (bnb.py)
     double_quant: bool = True  # QLoRA: bnb_4bit_use_double_quant
+    prepare: bool = False  # peft prepare_model_for_kbit_training (QLoRA): the 16-bit parameters cast to fp32
 
 
 def model_config(run: LoraRun):
@@ -99,6 +100,21 @@ def materialize(model: nn.Module, device: str = "cpu") -> None:
             module._parameters[name] = done[id(p)]
 
 
+def prepare_kbit(model: nn.Module) -> int:
+    """What peft's `prepare_model_for_kbit_training` (peft 0.21 utils/other.py) does to the weights:
+    every fp16/bf16 parameter that is not 4-bit (bitsandbytes' `Params4bit`: here bnb.py's packed codes) is cast to fp32 in place (`param.data = param.data.to(torch.float32)`):
+    embeddings, norms, LM head, and the adapters (already fp32). Its other steps: every base
+    parameter frozen (they are), and, with use_gradient_checkpointing (its default), the model's
+    gradient_checkpointing_enable with the caller's kwargs (`enable_recompute` here when the run
+    checkpoints; with use_reentrant=False it makes no input require grad). Returns how many were cast."""
+    count = 0
+    for p in model.parameters():  # the 4-bit weights (bnb.py's packed uint8 codes) are not 16-bit
+        if p.dtype in (torch.float16, torch.bfloat16):
+            p.data = p.data.to(torch.float32)
+            count += 1
+    return count
+
+
 def enable_recompute(model) -> None:
     """What the Trainer does for gradient_checkpointing=True (transformers 5.x
     `Trainer._inner_training_loop` -> `activation_checkpointing_enable`): non-reentrant
@@ -123,6 +139,8 @@ def build(model, run: LoraRun, device: str = "cpu"):
     if run.base == "nf4":
         from .bnb import quantize
         quantize(model)
+    if run.prepare:
+        prepare_kbit(model)
     model.train()
     if run.recompute == "full":
         enable_recompute(model)

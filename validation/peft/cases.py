@@ -26,12 +26,12 @@ def case_id(run: LoraRun) -> str:
     method = method_of(run)
     recompute = "recompute" if run.recompute == "full" else "norecompute"
     save = "-save-embed-head" if run.save else ""
-    quant = ""
+    quant, prepared = "", "-prepared" if run.prepare else ""
     if run.base == "nf4":
         quant = (f"-bnb{run.bnb_version}" if run.bnb_version != DEFAULT_BNB else "") + \
             ("" if run.double_quant else "-nodq")
     return (f"{run.model}-{method}-r{run.rank}-{targets_label(run.targets)}-{recompute}-"
-            f"drop{round(run.dropout * 100):02d}-s{run.seq_len}-b{run.micro_batch_size}{save}{quant}")
+            f"drop{round(run.dropout * 100):02d}-s{run.seq_len}-b{run.micro_batch_size}{save}{quant}{prepared}")
 
 
 def _runs() -> list[LoraRun]:
@@ -46,6 +46,10 @@ def _runs() -> list[LoraRun]:
         R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", base="nf4"),
         R("llama-3.1-8b", 2048, rank=64, alpha=16, targets="all-linear", base="nf4"),
         R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=QV, recompute="full", save=("lm_head", "embed_tokens")),
+        # peft's prepare_model_for_kbit_training: fp32 embeddings, norms and head, so an fp32 residual
+        # stream, fp32 logits and fp32 attention (the math backend with grouped KV heads)
+        R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", base="nf4", prepare=True),
+        R("llama-3.1-8b", 2048, rank=64, alpha=16, targets="all-linear", base="nf4", prepare=True),
         # Qwen3-8B (q/k norms)
         R("qwen3-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full"),
         R("qwen3-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, dropout=0.05, recompute="full", base="nf4"),
@@ -83,6 +87,7 @@ def adapter(run: LoraRun) -> dict:
         "method": method_of(run), "rank": run.rank, "alpha": run.alpha,
         "target_modules": run.targets if run.targets == "all-linear" else list(run.targets),
         "dropout": run.dropout, "trainable_embeddings": bool(run.save), "base_dtype": run.base,
+        **({"prepare_kbit": True} if run.prepare else {}),
     }
     if run.base == "nf4" and run.bnb_version != DEFAULT_BNB:
         out["bitsandbytes_version"] = run.bnb_version
@@ -119,6 +124,8 @@ def describe(run: LoraRun) -> str:
     recompute = "gradient checkpointing (non-reentrant, every layer)" if run.recompute == "full" \
         else "no gradient checkpointing"
     save = "; embeddings and LM head trainable (modules_to_save)" if run.save else ""
+    if run.prepare:
+        save += "; peft prepare_model_for_kbit_training (every non-4-bit parameter cast to fp32)"
     return (f"{run.model}, peft {method}, rank {run.rank}, alpha {run.alpha}, targets {targets}, "
             f"dropout {run.dropout}, {recompute}, fp32 adapters, fused AdamW on trainable parameters, "
             f"grad-norm clipping, SDPA (FlashAttention-2), seq {run.seq_len}, micro-batch "
