@@ -457,6 +457,7 @@ class Speeds(NamedTuple):
     fixed_s: float  # EP and CP traffic and the optimizer no stage goes below
     hideable_s: float  # DP and PP traffic no stage goes below
     unhideable_s: float = 0.0  # DP traffic no compute hides (last buckets, first prefetch units), no stage below
+    cap: float = math.inf  # the exact speed without recompute, where known: no recompute setting is faster
 
     def ceiling(self, recompute: str, n: int | None = None) -> float:
         again, tp_passes = 0.0, 2.0 * self.fewest_layers  # forward and backward, per layer
@@ -468,7 +469,7 @@ class Speeds(NamedTuple):
         ideal = self.compute_s + again
         exposed = max(self.hideable_s - min(self.overlap * self.hideable_s, ideal), self.unhideable_s)
         time_s = ideal * (1 + self.bubble) + exposed + tp_passes * self.tp_per_layer_pass_s + self.fixed_s
-        return self.tokens_per_step / time_s / self.gpus
+        return min(self.tokens_per_step / time_s / self.gpus, self.cap)
 
 
 def speeds(req: Request, r: Timing, stage_layers: tuple[int, ...], stage_params: tuple[int, ...]) -> Speeds:
@@ -677,8 +678,8 @@ class _Search:
         if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
             alive = []
         if alive:
-            speed = self.ev.speeds(s, b)
             fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
+            speed = self.ev.speeds(s, b)._replace(cap=fastest)  # recompute only adds work (rule 4)
             ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
             if self._out(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
                 alive = []
@@ -711,11 +712,13 @@ class _Search:
                 best = (e.device_total_bytes, key[1])
         return best
 
-    def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False) -> float | None:
+    def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False,
+                   speeds: dict[int, float] | None = None) -> float | None:
         """Judges one recompute setting's pair: skipped when a memory it cannot go below is over the
         budget or (that memory, a speed it cannot exceed) is hopeless, else estimated; a fitting one
         gets its roofline and joins the answer unless hopeless on its own memory. `exact`: `upper`
-        is its speed. Its memory, None when skipped."""
+        is its speed. Its memory, None when skipped; a roofline's speed is noted in `speeds` under
+        the recompute layers (full recompute)."""
         if self._out(lower, upper):
             self._judge(2 - sum(1 for loss in ("fused", "chunked") if (s, v._replace(loss=loss)) in self.ev.memory),
                         "bound")
@@ -723,6 +726,8 @@ class _Search:
         memory, variant = self._pair(s, v)
         if self.req.within(memory) and not self.answer.hopeless(memory, upper):
             speed = upper if exact else self.ev.roofline(s, variant).step.tokens_per_s_per_gpu
+            if speeds is not None:
+                speeds[v.layers or most_stage_layers(self.req.architecture, s)] = speed
             self.answer.add((s, variant), Point(memory, speed))
         return memory
 
@@ -741,7 +746,7 @@ class _Search:
         if top is not None and not self.req.within(top):
             self._judge(2 * (most - 1) - self._estimated_full(s, b, range(1, most), most), "monotone recompute")
         else:
-            self._interval(s, b, 1, most, lower if top is None else top, speed, known)
+            self._interval(s, b, 1, most, lower if top is None else top, _FullSpeeds(speed), known)
         return lower if top is None else top
 
     def _full(self, b: int, n: int, most: int) -> Variant:
@@ -751,7 +756,7 @@ class _Search:
         """Fused and chunked full recompute settings with n in `ns` already estimated (or refused)."""
         return sum(1 for n in self.ev.full_layers.get((s, b), ()) if (most if n is None else n) in ns)
 
-    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: Speeds,
+    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: _FullSpeeds,
                   known: dict[int, float]) -> None:
         """n in [lo, hi - 1], none of them judged, all needing at least `lower` (the memory of n = hi
         or a bound on it) and, at each n, what any n' >= n needed at this or a smaller micro-batch
@@ -769,12 +774,12 @@ class _Search:
             lo = last_over + 1
             if lo >= hi:
                 return
-        if self._out(max(lower, _at_least(known, hi - 1)), speed.ceiling("full", lo)):
+        if self._out(max(lower, _at_least(known, hi - 1)), speed.ceiling(lo)):
             self._judge(2 * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
             return
         mid = (lo + hi - 1) // 2
         memory = self._candidate(s, self._full(b, mid, most), max(lower, _at_least(known, mid)),
-                                 speed.ceiling("full", mid))
+                                 speed.ceiling(mid), speeds=speed.exact)
         if memory is not None:
             known[mid] = memory
         if memory is not None and not self.req.within(memory):  # nor does any n below it
@@ -797,6 +802,19 @@ class _Search:
         return Layout(parallel=e.parallel, training=e.training, device_total_bytes=e.device_total_bytes,
                       peak_stage=e.peak_stage, utilization=e.fit.utilization, step_time_s=r.step.time_s,
                       tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
+
+
+class _FullSpeeds:
+    """Ceilings on the speed of full recompute of n layers at one shape and micro-batch: the
+    shape's (`Speeds`), and the exact speed of any n' <= n found so far (`exact`, n' -> tokens/s
+    per GPU): recomputing more layers is never faster (rule 5)."""
+
+    def __init__(self, speeds: Speeds):
+        self.speeds = speeds
+        self.exact: dict[int, float] = {}
+
+    def ceiling(self, n: int) -> float:
+        return min([self.speeds.ceiling("full", n)] + [v for k, v in self.exact.items() if k <= n])
 
 
 def _at_least(known: dict[int, float], n: int) -> float:
