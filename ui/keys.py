@@ -145,3 +145,8 @@ PLANNER_PICK = "planner_pick"
 PLANNER_USE = "planner_use"
 PLANNER_REPLAN = "planner_replan"
 PLANNER_CHART = "planner_chart"
+PLANNER_AGAIN = "_planner_again"  # Plan was pressed: a search stopped by request runs again in full
+
+# --- searches in worker processes (ui.searches) ---------------------------------------------------------
+SEARCH_OWNER = "_search_owner"  # this session's name as the owner of its searches
+SEARCH_STOP = "search_stop"  # the Stop button of a running search
