@@ -46,7 +46,7 @@ class Watch:
         self.every_s = every_s
         self._clock = clock
         self.started = clock()
-        self._next = self.started  # when the next report and stop check are due
+        self._next_report = self._next_check = self.started  # when the next report, the next stop check are due
         self.reason: str | None = None
 
     def seconds(self) -> float:
@@ -58,16 +58,18 @@ class Watch:
             now = self._clock()
             if self.budget_s is not None and now - self.started >= self.budget_s:
                 self.reason = OUT_OF_TIME
-            elif self._stop is not None and now >= self._next and self._stop():
-                self.reason = STOPPED
+            elif self._stop is not None and now >= self._next_check:
+                self._next_check = now + self.every_s
+                if self._stop():
+                    self.reason = STOPPED
         return self.reason
 
     def due(self) -> bool:
         """Whether a report is due (a report costs the search a little: build it only then)."""
-        return self._report is not None and self._clock() >= self._next
+        return self._report is not None and self._clock() >= self._next_report
 
     def report(self, progress: Progress) -> None:
-        self._next = self._clock() + self.every_s
+        self._next_report = self._clock() + self.every_s
         if self._report is not None:
             self._report(progress)
 
