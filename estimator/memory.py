@@ -21,6 +21,7 @@ allocator's fragmentation; they make ``device_total_bytes``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Callable, NamedTuple
@@ -406,8 +407,32 @@ def _stage_memo(cfg: Resolved) -> dict:
     (`activations.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
     the stage has layers); the groups kept here add it to their keys (`_training_stages`)."""
     par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, recompute_layers=None)
-    return cfg.architecture.cached(("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
-                                    par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches), dict)
+    # the key names the parts by a number of their own: a part's key is then (number, part), which
+    # hashes in a fraction of the time the training setup in the full key takes
+    number = cfg.architecture.cached(("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
+                                      par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches),
+                                     partial(next, _STAGE_PARTS))
+    return _StageMemo(cfg.architecture, number)
+
+
+_STAGE_PARTS = itertools.count()
+
+
+class _StageMemo:
+    """One configuration's stage parts in the architecture's memo (`_stage_memo`), read and written
+    as a dict; each part is a value of its own there, sized and dropped on its own (estimator/memo.py)."""
+
+    __slots__ = ("arch", "key")
+
+    def __init__(self, arch: Architecture, key: tuple):
+        self.arch, self.key = arch, key
+
+    def get(self, part, default=None):
+        return self.arch.remembered((self.key, part), default)
+
+    def __setitem__(self, part, value) -> None:
+        kind = "shared" if part == "shared" else part[0] if part and part[0] == "group" else "static"
+        self.arch.remember((self.key, part), value, "stage parts/" + kind)
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:

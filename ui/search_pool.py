@@ -69,7 +69,7 @@ class SearchPool:
     session calls it from its own script thread; a monitor thread reads the workers' pipes."""
 
     def __init__(self, workers: int, budget_s: float | None = None, cache_entries: int = 32,
-                 idle_s: float = 90.0, tick_s: float = 0.1):
+                 idle_s: float = 30.0, tick_s: float = 0.1):
         if workers < 1:
             raise ValueError(f"workers = {workers}: at least 1")
         self.workers = workers

@@ -11,7 +11,7 @@ too):
   fewer than the machine has, at least 1; never more than its cores); more requests wait in line.
 
 A search belongs to the session and page that asked for it: switching page, asking for another
-search on the same page, or closing the tab (no poll for 90 s) ends it.
+search on the same page, or closing the tab (no poll for 30 s) ends it.
 """
 
 from __future__ import annotations
