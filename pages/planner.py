@@ -30,10 +30,13 @@ if cur.mode != "training":
     st.stop()
 
 # The planner sets the whole layout itself, so a layout the sidebar cannot estimate (TP 3 on 32
-# heads) does not stop it; the model, the training setup and the GPU must be valid on their own.
+# heads) does not stop it; the model, the training setup and the GPU must be valid on their own,
+# or with the sidebar's layout where the setup needs one (DeepEP needs EP > 1: DeepSeek-V3's recipe).
 plan_cfg = compute.plan_config(cur.config)
 plan_json = config_key(plan_cfg)
 check = compute.estimate(plan_json)
+if not check.ok and compute.estimate(cur.config_json).ok:
+    check = compute.estimate(cur.config_json)
 if not check.ok:
     state.show_error(check.error or ConfigError("config", "", "a configuration the estimator can handle"))
     st.stop()
