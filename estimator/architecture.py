@@ -198,19 +198,13 @@ class Architecture:
         pool = _memo.PER_LAYOUT if per_layout else _memo.SHARED
         token = self.__dict__.get("_token")
         if token is None:
-            token = self._memo_token
+            token = self.memo_token
         return pool.get((token, key), compute, key[0] if key and isinstance(key[0], str) else "")
 
-    def remembered(self, key: tuple, default=None):
-        """A value `remember` stored, if it is still there."""
-        return _memo.SHARED.lookup((self._memo_token, key), default)
-
-    def remember(self, key: tuple, value, kind: str = "") -> None:
-        """Store a value computed apart (a stage's parts, memory._StageMemo) in the shared pool."""
-        _memo.SHARED.put((self._memo_token, key), value, kind)
-
     @property
-    def _memo_token(self) -> int:
+    def memo_token(self) -> int:
+        """This architecture object's name in the memo (estimator/memo.py); memory._StageMemo keys its
+        entries by it."""
         token = self.__dict__.get("_token")
         if token is None:  # frozen: set once, through the instance dict
             token = self.__dict__["_token"] = next(_TOKENS)

@@ -13,8 +13,8 @@ least recently used values once its bytes pass its limit.
 
 A value's bytes are those of the objects it holds (a deep walk, not counting the configuration
 objects it refers to: an architecture, a training setup, a layout, the hardware, which their owners
-hold; nor another remembered value or its direct members, which count under their own entry: a
-configuration's resolved values hold the stages that are a value of their own), with Python's
+hold; nor another remembered value, or the parts of a remembered dict, which count under their own
+entry: a configuration's resolved values hold the stages that are a value of their own), with Python's
 per-object sizes (`sys.getsizeof`). Walking every value would cost a search
 more than the values save, so the first `EXACT` values of each kind (the key's name: "ledger",
 "stage parts/static"...) are measured and every `RESAMPLE`-th after them; the others are counted at
@@ -24,6 +24,7 @@ stages they describe, which these samples follow).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections import OrderedDict
@@ -54,26 +55,35 @@ class Memo:
         return key in self._entries
 
     def get(self, key, compute: Callable[[], Any], kind: str = ""):
-        entry = self._entries.get(key)
+        entries = self._entries
+        entry = entries.get(key)
         if entry is not None:
-            self._entries.move_to_end(key)
+            entries.move_to_end(key)
             return entry[0]
         value = compute()
         self.put(key, value, kind)
         return value
 
     def lookup(self, key, default=None):
-        entry = self._entries.get(key)
+        entries = self._entries
+        entry = entries.get(key)
         if entry is None:
             return default
-        self._entries.move_to_end(key)
+        entries.move_to_end(key)
         return entry[0]
 
     def put(self, key, value, kind: str = "") -> None:
         old = self._entries.pop(key, None)
         if old is not None:
             self._forget(old)
-        size = self._size(kind, value) + ENTRY_BYTES + HELD_BYTES * _hold(value, 1)
+        seen = self._sizes.get(kind)
+        if seen is None:
+            seen = self._sizes[kind] = [0, 0, 0]
+        seen[0] += 1
+        if seen[1] < EXACT or seen[0] % RESAMPLE == 0:
+            seen[1] += 1
+            seen[2] += deep_bytes(value)
+        size = seen[2] // seen[1] + ENTRY_BYTES + HELD_BYTES * _hold(value, 1)
         self._entries[key] = (value, size)
         self.bytes += size
         while self.bytes > self.limit_bytes and len(self._entries) > 1:
@@ -89,38 +99,37 @@ class Memo:
         self._entries.clear()
         self.bytes = 0
 
-    def _size(self, kind: str, value) -> int:
-        seen = self._sizes.setdefault(kind, [0, 0, 0])
-        seen[0] += 1
-        if seen[1] < EXACT or seen[0] % RESAMPLE == 0:
-            seen[1] += 1
-            seen[2] += deep_bytes(value)
-        return seen[2] // seen[1]
-
 
 _HELD: dict[int, int] = {}  # id -> how many remembered values are it or hold it directly
 
 
-def _members(value) -> list:
-    if isinstance(value, dict):
-        return list(value.values())
-    if isinstance(value, (tuple, list)):
-        return list(value)
-    return []
+_SCALARS = (int, float, bool, str, type(None))
 
 
 def _hold(value, step: int) -> int:
-    """Count `value` and its direct members as remembered (step 1) or no longer (-1); how many."""
-    objects = [obj for obj in [value] + _members(value) if not isinstance(obj, (int, float, bool, str, type(None)))]
-    for obj in objects:
-        n = _HELD.get(id(obj), 0) + step
+    """Count `value` (and a dict's values: a ledger's parts are read out one by one) as remembered
+    (step 1) or no longer (-1); how many objects."""
+    if isinstance(value, _SCALARS):
+        return 0
+    held = _HELD
+    if type(value) is not dict:
+        n = held.get(id(value), 0) + step
         if n > 0:
-            _HELD[id(obj)] = n
+            held[id(value)] = n
         else:
-            _HELD.pop(id(obj), None)
+            held.pop(id(value), None)
+        return 1
+    objects = [value] + [v for v in value.values() if not isinstance(v, _SCALARS)]
+    for obj in objects:
+        n = held.get(id(obj), 0) + step
+        if n > 0:
+            held[id(obj)] = n
+        else:
+            held.pop(id(obj), None)
     return len(objects)
 
 
+@functools.cache
 def _not_owned() -> tuple[type, ...]:
     """The configuration objects values refer to but do not own (their owners hold them)."""
     from .architecture import Architecture
@@ -132,7 +141,7 @@ def _not_owned() -> tuple[type, ...]:
 
 def deep_bytes(value) -> int:
     """The bytes of `value` and of every object it holds, each counted once, configuration objects
-    (`_not_owned`), other remembered values and their direct members (`_HELD`), and functions' code
+    (`_not_owned`), other remembered values and a remembered dict's parts (`_HELD`), and functions' code
     not counted; functions' bound arguments and closures are."""
     skip = _not_owned()
     seen: set[int] = set()

@@ -27,6 +27,7 @@ from functools import cached_property, partial
 from typing import Callable, NamedTuple
 
 from . import activations as act
+from . import memo as _memo
 from .architecture import Architecture, parameter_counts
 from .components import (NON_ALLOCATOR, Component, Phase, StageDetail, StageEstimate, component,  # noqa: F401
                          entries_component, fold, fragmentation, fragmentation_fraction, once, phase, total_bytes)
@@ -422,17 +423,20 @@ class _StageMemo:
     """One configuration's stage parts in the architecture's memo (`_stage_memo`), read and written
     as a dict; each part is a value of its own there, sized and dropped on its own (estimator/memo.py)."""
 
-    __slots__ = ("arch", "key")
+    __slots__ = ("memo", "token", "number")
 
-    def __init__(self, arch: Architecture, key: tuple):
-        self.arch, self.key = arch, key
+    def __init__(self, arch: Architecture, number: int):
+        self.memo, self.token, self.number = _memo.SHARED, arch.memo_token, number
 
     def get(self, part, default=None):
-        return self.arch.remembered((self.key, part), default)
+        return self.memo.lookup((self.token, self.number, part), default)
 
     def __setitem__(self, part, value) -> None:
-        kind = "shared" if part == "shared" else part[0] if part and part[0] == "group" else "static"
-        self.arch.remember((self.key, part), value, "stage parts/" + kind)
+        kind = "shared" if part == "shared" else "group" if part[0] == "group" else "static"
+        self.memo.put((self.token, self.number, part), value, _PART_KINDS[kind])
+
+
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static")}
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:
