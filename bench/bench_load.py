@@ -160,7 +160,10 @@ def measure(sessions: int = 4, reruns: int = 12, gpus: int = 2048, in_process: b
             budget_s: float | None = None, quiet: bool = False) -> dict:
     """The three phases; returns the numbers (tests/test_load.py reads them)."""
     if budget_s is not None:
+        from ui import searches
         os.environ["PLANNER_TIME_BUDGET_S"] = str(budget_s)
+        searches.pool().close()  # a pool made before, with another budget, makes way for a new one
+        searches.pool.clear()
     say = (lambda *a: None) if quiet else print
     users = [session() for _ in range(sessions)]
     round_robin(users, 1)  # each session's first run builds what every later one shares
@@ -180,9 +183,12 @@ def measure(sessions: int = 4, reruns: int = 12, gpus: int = 2048, in_process: b
     gc.collect()
     time.sleep(1.0)
     after_rss = rss()
+    from ui import searches
+    peaks = searches.pool().peaks
     out = {"idle": percentiles(idle), "during": percentiles(during) if during else None, "search_s": search_s,
            "rss_start": start_rss, "rss_during_max": max(sampled.server_max, start_rss), "rss_after": after_rss,
-           "worker_rss_max": sampled.worker_max, "sessions": sessions, "in_process": in_process}
+           "worker_rss_max": max([sampled.worker_max] + (peaks[-1:] if not in_process else [])),
+           "sessions": sessions, "in_process": in_process}
     if searcher is not None:
         from ui import keys as K
         from ui import searches

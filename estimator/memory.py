@@ -369,6 +369,25 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
     return estimate_resolved(resolve(arch, training, par, hardware))
 
 
+def device_total(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
+                 hardware: Hardware | None = None) -> int:
+    """`estimate(...).device_total_bytes` by the same code, without building the estimate: its stages,
+    notes and components (a layout search judges most layouts by this number alone)."""
+    cfg = resolve(arch, training, par, hardware)
+    if cfg.training.rl or cfg.training.mode == "inference":
+        return estimate_resolved(cfg).device_total_bytes
+    memo = _stage_memo(cfg)
+    return _training_stages(cfg, _shared_of(cfg, memo), memo, peak_only=True)[0]
+
+
+def _shared_of(cfg: Resolved, memo) -> _Shared:
+    shared = memo.get("shared")
+    if shared is None:
+        shared = memo["shared"] = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware,
+                                          cfg.zero_stage, cfg.padded_vocab)
+    return shared
+
+
 def estimate_resolved(cfg: Resolved) -> Estimate:
     """The estimate of a configuration resolved once (`resolved.resolve`)."""
     arch, training, par, hardware = cfg.architecture, cfg.training, cfg.parallel, cfg.hardware
@@ -377,9 +396,7 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
     zero, recipe, m, vocab = cfg.zero_stage, cfg.recipe, cfg.microbatches, cfg.padded_vocab
     counts = parameter_counts(arch)
     memo = _stage_memo(cfg)
-    shared = memo.get("shared")
-    if shared is None:
-        shared = memo["shared"] = _shared(arch, training, par, hardware, zero, vocab)
+    shared = _shared_of(cfg, memo)
     if training.mode == "inference":
         from .inference import inference_stage
         stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
@@ -669,7 +686,7 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
                   StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel, shared), {}))
 
 
-def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEstimate]:
+def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool = False) -> list[StageEstimate]:
     """Every stage of a training step. Stages with the same layers and no embedding or head form a
     group: they share their static part (kept in `memo`, `_stage_memo`), their activation units and
     the builder of their phases; under full recompute only stages whose chunks store layers of the
@@ -713,6 +730,10 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
         else:
             peak_phase, allocated = "optimizer", step
         device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
+        if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
+            if not stages or device > stages[0]:
+                stages[:] = [device]
+            continue
         stages.append(StageEstimate(
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
             (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme))

@@ -74,7 +74,7 @@ from .activations import op_level
 from .architecture import Architecture
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
-from .memory import TIGHT_FRACTION, Estimate, estimate, fragmentation_fraction
+from .memory import TIGHT_FRACTION, Estimate, device_total, estimate, fragmentation_fraction
 from .parallel import Parallel
 from .roofline import Timing, expected_step, selective_recompute_s
 from .training import Training
@@ -342,13 +342,15 @@ class Point(NamedTuple):
 
 
 class _Evaluator:
-    """Runs `estimate()` and the roofline's step (`expected_step`) for the search, each at most once
-    per distinct input."""
+    """Runs the estimator and the roofline's step (`expected_step`) for the search, each at most once
+    per distinct input. A layout is judged by its device total (`memory.device_total`: the
+    estimate's own number, without its stages' records); a full `estimate()` is run for the states
+    floor (it reads the stages) and for the layouts returned."""
 
     def __init__(self, req: Request):
         self.req = req
         self.fragmentation = fragmentation_fraction(req.hardware)
-        self.memory: dict[tuple, Estimate | None] = {}
+        self.memory: dict[tuple, int | None] = {}  # device totals
         self.speed: dict[tuple, Timing] = {}
         self.floors: dict[tuple, int | None] = {}
         self.estimates = 0
@@ -379,22 +381,38 @@ class _Evaluator:
                 recompute_modules=tr.recompute_modules if selective else ("core_attn",))
         return self._trainings[v]
 
-    def estimate(self, s: Shape, v: Variant) -> Estimate | None:
-        """The full estimate; None when the estimator refuses the layout."""
+    def total(self, s: Shape, v: Variant) -> int | None:
+        """The layout's device total (the peak stage's); None when the estimator refuses the layout."""
         key = (s, v)
         if key not in self.memory:
             try:
-                self.memory[key] = estimate(self.req.architecture, self.training(v), self.parallel(s),
-                                            self.req.hardware)
-                self.judged[s] += 1
-                self.judged[s, v.micro_batch] += 1
-                self.judged_layouts += 1
+                total = device_total(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
             except ConfigError:
-                self.memory[key] = None
-            self.estimates += 1
-            if v.recompute == "full" and v.loss in ("fused", "chunked"):
-                self.full_layers.setdefault((s, v.micro_batch), []).append(v.layers)
+                total = None
+            self._record(key, total)
         return self.memory[key]
+
+    def estimate(self, s: Shape, v: Variant) -> Estimate | None:
+        """The full estimate (judging the layout if it was not yet); None when the estimator refuses it."""
+        try:
+            e = estimate(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
+        except ConfigError:
+            e = None
+        if (s, v) not in self.memory:
+            self._record((s, v), None if e is None else e.device_total_bytes)
+        return e
+
+    def _record(self, key: tuple, total: int | None) -> None:
+        """A layout judged by its own estimate: its device total (None: refused), counted."""
+        s, v = key
+        self.memory[key] = total
+        if total is not None:
+            self.judged[s] += 1
+            self.judged[s, v.micro_batch] += 1
+            self.judged_layouts += 1
+        self.estimates += 1
+        if v.recompute == "full" and v.loss in ("fused", "chunked"):
+            self.full_layers.setdefault((s, v.micro_batch), []).append(v.layers)
 
     def roofline(self, s: Shape, v: Variant) -> Timing:
         """The roofline's expected step (roofline.expected_step: its numbers without the operation list)."""
@@ -758,9 +776,9 @@ class _Search:
         best = (math.inf, v)
         for loss in ("fused", "chunked"):
             key = (s, v._replace(loss=loss))
-            e = self.ev.estimate(*key)
-            if e is not None and e.device_total_bytes < best[0]:
-                best = (e.device_total_bytes, key[1])
+            total = self.ev.total(*key)
+            if total is not None and total < best[0]:
+                best = (total, key[1])
         return best
 
     def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False,
@@ -965,9 +983,9 @@ def least_memory(req: Request, watch: Watch | None = None) -> int | None:
             break
         _check(watch, req)
         for v in _frugal_variants(req, s):
-            e = ev.estimate(s, v)
-            if e is not None and (best is None or e.device_total_bytes < best):
-                best = e.device_total_bytes
+            total = ev.total(s, v)
+            if total is not None and (best is None or total < best):
+                best = total
     return best
 
 

@@ -350,8 +350,8 @@ def test_no_setting_is_estimated_that_did_not_fit_at_a_smaller_micro_batch(seed)
     run = _Search(c.req)
     run.run()
     def memory(s: Shape, v: Variant) -> float:
-        e = run.ev.memory[s, v]
-        return float("inf") if e is None else e.device_total_bytes
+        total = run.ev.memory[s, v]
+        return float("inf") if total is None else total
 
     pairs = {(s, v): min(memory(s, v), memory(s, v._replace(loss="chunked"))) for s, v in run.ev.memory
              if v.loss == "fused" and (s, v._replace(loss="chunked")) in run.ev.memory}

@@ -81,6 +81,7 @@ class SearchPool:
         self._running: dict[str, _Job] = {}
         self._answers: OrderedDict[str, Status] = OrderedDict()  # DONE or FAILED, most recent last
         self._cache_entries = cache_entries
+        self.peaks: list[int] = []  # each finished worker's peak resident bytes (VmHWM), for a report
         self._monitor: threading.Thread | None = None
         self._closed = False
 
@@ -263,6 +264,7 @@ class SearchPool:
             if "progress" in message:
                 job.progress = message["progress"]
             elif "done" in message:
+                self.peaks.append(message.get("peak_rss", 0))
                 return self._finish(job, Status(DONE, result=message["done"]))
             else:
                 return self._finish(job, Status(FAILED, error=message["error"]))
@@ -306,7 +308,8 @@ def work() -> None:
     job = json.loads(sys.stdin.readline())
     watch = Watch(budget_s=job["budget_s"], stop=asked_to_stop, report=lambda p: send({"progress": p.to_json()}))
     try:
-        send({"done": JOBS[job["kind"]](job["args"], watch)})
+        answer = JOBS[job["kind"]](job["args"], watch)
+        send({"done": answer, "peak_rss": _peak_rss()})
     except ConfigError as exc:
         send({"error": {"field": exc.field, "value": _plain(exc.value), "allowed": exc.allowed, "reason": exc.reason}})
     except Exception as exc:  # a bug is one line on the page, never a hung search
@@ -314,6 +317,15 @@ def work() -> None:
     finally:
         out.flush()
         os._exit(0)
+
+
+def _peak_rss() -> int:
+    """This process's peak resident bytes (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def _plain(value: Any) -> Any:
