@@ -193,17 +193,19 @@ def _distance(cfg: Config, layout, fastest_s: float) -> float:
     return sum(cost for *_, cost in _moves(cfg, layout)) + (layout.step_time_s / fastest_s - 1)
 
 
-def nearest_fitting_layout(cfg: Config) -> Suggestion | None:
-    """The fitting layout nearest the user's (`_distance`), on their GPUs or on the fewest that fit."""
+def nearest_fitting_layout(cfg: Config, watch=None) -> Suggestion | None:
+    """The fitting layout nearest the user's (`_distance`), on their GPUs or on the fewest that fit.
+    `watch` (estimator.watch.Watch) follows both searches and may halt them: then the nearest of
+    the layouts found, or None."""
     from .planner import plan
     gpus = cfg.parallel.gpus
-    found = plan(cfg.architecture, cfg.training, cfg.hardware, gpus, pareto=False, limit=200)
+    found = plan(cfg.architecture, cfg.training, cfg.hardware, gpus, pareto=False, limit=200, watch=watch)
     if not found.layouts:
         fewest = (found.smallest_fit or {}).get(cfg.hardware.gpu)
-        if not fewest:
+        if not fewest or found.stopped:
             return None
         gpus = fewest
-        found = plan(cfg.architecture, cfg.training, cfg.hardware, gpus, pareto=False, limit=200)
+        found = plan(cfg.architecture, cfg.training, cfg.hardware, gpus, pareto=False, limit=200, watch=watch)
         if not found.layouts:
             return None
     fastest = min(x.step_time_s for x in found.layouts)

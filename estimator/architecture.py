@@ -14,9 +14,11 @@ when ``kv_lora_rank`` is set.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, fields
 
+from . import memo as _memo
 from .errors import ConfigError
 
 # How tensor parallelism splits a tensor (Megatron-Core, Shoeybi et al. 2019, section 3):
@@ -51,7 +53,7 @@ NORMS = ("rmsnorm", "layernorm")
 POSITION_EMBEDDINGS = ("rope", "learned")
 
 
-MEMO_LIMIT = 4096  # values remembered per architecture (Architecture.cached)
+_TOKENS = itertools.count()  # each architecture object's name in the memo (estimator/memo.py)
 
 @dataclass(frozen=True)
 class Architecture:
@@ -186,18 +188,27 @@ class Architecture:
     def cached(self, key: tuple, compute, per_layout: bool = False):
         """Remember a value derived from this architecture alone (and the sharding named in `key`):
         a search over layouts, or an app rerun, asks for the same per-layer buckets again and again.
-        The architecture is immutable, so the memo can never go stale. It holds at most MEMO_LIMIT
-        values, the oldest dropped first: a preset's architecture lives as long as the app's server,
-        and every configuration its users try would otherwise stay in memory. Values of one whole
-        configuration (`per_layout`: an app rerun reads them back, a search never does) have a memo
+        The architecture is immutable, so a remembered value can never go stale. The values live in
+        the process's memo (estimator/memo.py), bounded in bytes over every architecture, least
+        recently used first out: a preset's architecture lives as long as the app's server, and every
+        model and configuration its users try would otherwise stay in memory. Values of one whole
+        configuration (`per_layout`: an app rerun reads them back, a search never does) have a pool
         of their own, so that a search's hundreds of thousands of them never push out the values
         its layouts share."""
-        memo = self.__dict__.setdefault("_layout_memo" if per_layout else "_memo", {})
-        if key not in memo:
-            if len(memo) >= MEMO_LIMIT:
-                del memo[next(iter(memo))]  # dicts keep insertion order: the oldest entry
-            memo[key] = compute()
-        return memo[key]
+        pool = _memo.PER_LAYOUT if per_layout else _memo.SHARED
+        token = self.__dict__.get("_token")
+        if token is None:
+            token = self.memo_token
+        return pool.get((token, key), compute, key[0] if key and isinstance(key[0], str) else "")
+
+    @property
+    def memo_token(self) -> int:
+        """This architecture object's name in the memo (estimator/memo.py); memory._StageMemo keys its
+        entries by it."""
+        token = self.__dict__.get("_token")
+        if token is None:  # frozen: set once, through the instance dict
+            token = self.__dict__["_token"] = next(_TOKENS)
+        return token
 
     @property
     def num_moe_layers(self) -> int:

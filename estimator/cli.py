@@ -255,9 +255,13 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .planner import no_fit_text, plan, render_plan_text
+    from .watch import Watch
+    budget = args.time_budget
+    if budget is not None and not 0 < budget < float("inf"):
+        raise ConfigError("--time-budget", budget, "a positive number of seconds")
     cfg = _load(args)
     result = plan(cfg.architecture, cfg.training, cfg.hardware, args.gpus, args.gpus_per_node, args.margin,
-                  comm_overlap=cfg.parallel.comm_overlap, limit=args.limit)
+                  comm_overlap=cfg.parallel.comm_overlap, limit=args.limit, watch=Watch(budget_s=budget))
     if args.emit:  # the fastest fitting layout as the framework's launch configuration (importers/emit.py)
         from .importers.commands import emit_plan
         return emit_plan(args, cfg, result)
@@ -351,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--margin", type=float, default=0.8,
                     help="largest share of the GPU's memory a layout may use (default 0.8: the 'fits' verdict)")
     pl.add_argument("--limit", type=int, default=50, help="fastest fitting layouts listed, besides the Pareto front")
+    pl.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                    help="stop the search after this many seconds and list the best layouts found, with a note of "
+                         "what was not searched (default: no limit)")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
     pl.add_argument("--emit", choices=("megatron", "torchtitan"),
                     help="print the fastest fitting layout as that framework's launch configuration")

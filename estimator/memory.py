@@ -21,11 +21,13 @@ allocator's fragmentation; they make ``device_total_bytes``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Callable, NamedTuple
 
 from . import activations as act
+from . import memo as _memo
 from .architecture import Architecture, parameter_counts
 from .components import (NON_ALLOCATOR, OUTSIDE_ALLOCATOR, Component, Phase, StageDetail, StageEstimate, component,  # noqa: F401
                          entries_component, fold, fragmentation, fragmentation_fraction, once, phase, total_bytes)
@@ -413,6 +415,25 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
     return estimate_resolved(resolve(arch, training, par, hardware))
 
 
+def device_total(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
+                 hardware: Hardware | None = None) -> int:
+    """`estimate(...).device_total_bytes` by the same code, without building the estimate: its stages,
+    notes and components (a layout search judges most layouts by this number alone)."""
+    cfg = resolve(arch, training, par, hardware)
+    if cfg.training.rl or cfg.training.mode == "inference":
+        return estimate_resolved(cfg).device_total_bytes
+    memo = _stage_memo(cfg)
+    return _training_stages(cfg, _shared_of(cfg, memo), memo, peak_only=True)[0]
+
+
+def _shared_of(cfg: Resolved, memo) -> _Shared:
+    shared = memo.get("shared")
+    if shared is None:
+        shared = memo["shared"] = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware,
+                                          cfg.zero_stage, cfg.padded_vocab)
+    return shared
+
+
 def estimate_resolved(cfg: Resolved) -> Estimate:
     """The estimate of a configuration resolved once (`resolved.resolve`)."""
     arch, training, par, hardware = cfg.architecture, cfg.training, cfg.parallel, cfg.hardware
@@ -421,9 +442,7 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
     zero, recipe, m, vocab = cfg.zero_stage, cfg.recipe, cfg.microbatches, cfg.padded_vocab
     counts = parameter_counts(arch)
     memo = _stage_memo(cfg)
-    shared = memo.get("shared")
-    if shared is None:
-        shared = memo["shared"] = _shared(arch, training, par, hardware, zero, vocab)
+    shared = _shared_of(cfg, memo)
     if training.mode == "inference":
         from .inference import inference_stage
         stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
@@ -452,8 +471,35 @@ def _stage_memo(cfg: Resolved) -> dict:
     (`activations.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
     the stage has layers); the groups kept here add it to their keys (`_training_stages`)."""
     par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, recompute_layers=None)
-    return cfg.architecture.cached(("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
-                                    par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches), dict)
+    # the key names the parts by a number of their own: a part's key is then (number, part), which
+    # hashes in a fraction of the time the training setup in the full key takes
+    number = cfg.architecture.cached(("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
+                                      par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches),
+                                     partial(next, _STAGE_PARTS))
+    return _StageMemo(cfg.architecture, number)
+
+
+_STAGE_PARTS = itertools.count()
+
+
+class _StageMemo:
+    """One configuration's stage parts in the architecture's memo (`_stage_memo`), read and written
+    as a dict; each part is a value of its own there, sized and dropped on its own (estimator/memo.py)."""
+
+    __slots__ = ("memo", "token", "number")
+
+    def __init__(self, arch: Architecture, number: int):
+        self.memo, self.token, self.number = _memo.SHARED, arch.memo_token, number
+
+    def get(self, part, default=None):
+        return self.memo.lookup((self.token, self.number, part), default)
+
+    def __setitem__(self, part, value) -> None:
+        kind = "shared" if part == "shared" else "group" if part[0] == "group" else "static"
+        self.memo.put((self.token, self.number, part), value, _PART_KINDS[kind])
+
+
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static")}
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:
@@ -708,7 +754,7 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
                   StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel, shared), {}))
 
 
-def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEstimate]:
+def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool = False) -> list[StageEstimate]:
     """Every stage of a training step. Stages with the same layers and no embedding or head form a
     group: they share their static part (kept in `memo`, `_stage_memo`), their activation units and
     the builder of their phases; under full recompute only stages whose chunks store layers of the
@@ -753,6 +799,10 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict) -> list[StageEs
         else:
             peak_phase, allocated = "optimizer", step
         device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
+        if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
+            if not stages or device > stages[0]:
+                stages[:] = [device]
+            continue
         stages.append(StageEstimate(
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
             (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme))

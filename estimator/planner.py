@@ -77,10 +77,11 @@ from .activations import interleaved_filling_microbatches, interleaved_microbatc
 from .architecture import Architecture
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
-from .memory import TIGHT_FRACTION, Estimate, estimate, fragmentation_fraction
+from .memory import TIGHT_FRACTION, Estimate, device_total, estimate, fragmentation_fraction
 from .parallel import Parallel
 from .roofline import Timing, expected_step, selective_recompute_s
 from .training import Training
+from .watch import Progress, Watch
 
 LOSSES = ("standard", "fused", "chunked")
 MIN_CP_TOKENS = 1024  # below this per GPU the ring exchange has nothing to hide behind
@@ -159,6 +160,11 @@ class Plan:
     seconds: float
     pruned: dict = field(default_factory=dict)  # layouts judged by each rule, without their own estimate
     smallest_fit: dict | None = None  # no layout fits: GPU id -> the fewest GPUs that fit (None: not within max_gpus)
+    # a search its watch halted (planner.Watch: a request to stop, its time budget): why, in words;
+    # the layouts it did not judge, and a speed none of them exceeds (None: not bounded)
+    stopped: str | None = None
+    not_searched: int = 0
+    not_searched_ceiling: float | None = None
 
     @property
     def pareto(self) -> tuple[Layout, ...]:
@@ -170,7 +176,26 @@ class Plan:
                "pruned": dict(self.pruned)}
         if self.smallest_fit is not None:
             out["smallest_fit"] = self.smallest_fit
+        if self.stopped:
+            out.update(stopped=self.stopped, not_searched=self.not_searched,
+                       not_searched_ceiling=self.not_searched_ceiling, note=self.note())
         return out
+
+    def note(self) -> str:
+        """What a halted search left out, in one sentence ("" when it ran to its end)."""
+        if not self.stopped:
+            return ""
+        total = self.searched + self.not_searched
+        if not self.not_searched and not self.layouts:
+            return (f"Every layout was judged and none fits; the search for the fewest GPUs that fit stopped at "
+                    f"{self.stopped}: the counts given are those it found before.")
+        text = (f"The search stopped at {self.stopped} after {self.searched:,} of {total:,} layouts: "
+                f"{self.not_searched:,} not searched")
+        if self.not_searched and self.not_searched_ceiling is not None:
+            text += f", none of which runs faster than {self.not_searched_ceiling:,.0f} tokens/s per GPU (a bound)"
+        elif self.not_searched:
+            text += " (it stopped before their speeds were bounded)"
+        return text + "; the layouts listed are the best of those searched."
 
 
 # --- the space -------------------------------------------------------------------------------------
@@ -333,18 +358,21 @@ class Point(NamedTuple):
 
 
 class _Evaluator:
-    """Runs `estimate()` and the roofline's step (`expected_step`) for the search, each at most once
-    per distinct input."""
+    """Runs the estimator and the roofline's step (`expected_step`) for the search, each at most once
+    per distinct input. A layout is judged by its device total (`memory.device_total`: the
+    estimate's own number, without its stages' records); a full `estimate()` is run for the states
+    floor (it reads the stages) and for the layouts returned."""
 
     def __init__(self, req: Request):
         self.req = req
         self.fragmentation = fragmentation_fraction(req.hardware)
-        self.memory: dict[tuple, Estimate | None] = {}
+        self.memory: dict[tuple, int | None] = {}  # device totals
         self.speed: dict[tuple, Timing] = {}
         self.floors: dict[tuple, int | None] = {}
         self.estimates = 0
         self.rooflines = 0
         self.judged: Counter = Counter()  # valid layouts estimated, by shape and by (shape, micro-batch)
+        self.judged_layouts = 0  # valid layouts estimated, in all
         # (shape, micro-batch) -> the recompute_layers of each full recompute pair member estimated
         # (None: every layer), so the search counts what a pruned range already judged at once
         self.full_layers: dict[tuple[Shape, int], list[int | None]] = {}
@@ -369,21 +397,38 @@ class _Evaluator:
                 recompute_modules=tr.recompute_modules if selective else ("core_attn",))
         return self._trainings[v]
 
-    def estimate(self, s: Shape, v: Variant) -> Estimate | None:
-        """The full estimate; None when the estimator refuses the layout."""
+    def total(self, s: Shape, v: Variant) -> int | None:
+        """The layout's device total (the peak stage's); None when the estimator refuses the layout."""
         key = (s, v)
         if key not in self.memory:
             try:
-                self.memory[key] = estimate(self.req.architecture, self.training(v), self.parallel(s),
-                                            self.req.hardware)
-                self.judged[s] += 1
-                self.judged[s, v.micro_batch] += 1
+                total = device_total(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
             except ConfigError:
-                self.memory[key] = None
-            self.estimates += 1
-            if v.recompute == "full" and v.loss in ("fused", "chunked"):
-                self.full_layers.setdefault((s, v.micro_batch), []).append(v.layers)
+                total = None
+            self._record(key, total)
         return self.memory[key]
+
+    def estimate(self, s: Shape, v: Variant) -> Estimate | None:
+        """The full estimate (judging the layout if it was not yet); None when the estimator refuses it."""
+        try:
+            e = estimate(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
+        except ConfigError:
+            e = None
+        if (s, v) not in self.memory:
+            self._record((s, v), None if e is None else e.device_total_bytes)
+        return e
+
+    def _record(self, key: tuple, total: int | None) -> None:
+        """A layout judged by its own estimate: its device total (None: refused), counted."""
+        s, v = key
+        self.memory[key] = total
+        if total is not None:
+            self.judged[s] += 1
+            self.judged[s, v.micro_batch] += 1
+            self.judged_layouts += 1
+        self.estimates += 1
+        if v.recompute == "full" and v.loss in ("fused", "chunked"):
+            self.full_layers.setdefault((s, v.micro_batch), []).append(v.layers)
 
     def roofline(self, s: Shape, v: Variant) -> Timing:
         """The roofline's expected step (roofline.expected_step: its numbers without the operation list)."""
@@ -474,6 +519,7 @@ class Speeds(NamedTuple):
     fixed_s: float  # EP and CP traffic and the optimizer no stage goes below
     hideable_s: float  # DP and PP traffic no stage goes below
     unhideable_s: float = 0.0  # DP traffic no compute hides (last buckets, first prefetch units), no stage below
+    cap: float = math.inf  # the exact speed without recompute, where known: no recompute setting is faster
 
     def ceiling(self, recompute: str, n: int | None = None) -> float:
         again, tp_passes = 0.0, 2.0 * self.fewest_layers  # forward and backward, per layer
@@ -485,7 +531,7 @@ class Speeds(NamedTuple):
         ideal = self.compute_s + again
         exposed = max(self.hideable_s - min(self.overlap * self.hideable_s, ideal), self.unhideable_s)
         time_s = ideal * (1 + self.bubble) + exposed + tp_passes * self.tp_per_layer_pass_s + self.fixed_s
-        return self.tokens_per_step / time_s / self.gpus
+        return min(self.tokens_per_step / time_s / self.gpus, self.cap)
 
 
 def speeds(req: Request, r: Timing, stage_layers: tuple[int, ...], stage_params: tuple[int, ...]) -> Speeds:
@@ -583,22 +629,43 @@ class _Answer:
 class _Search:
     """Branch and bound over shapes, micro-batches, recompute settings and losses (module docstring)."""
 
-    def __init__(self, req: Request):
+    def __init__(self, req: Request, watch: Watch | None = None):
         self.req = req
         self.ev = _Evaluator(req)
         self.answer = _Answer(req.limit, req.pareto)
         self.searched = 0
         self.pruned = {"states floor": 0, "least memory": 0, "dominated": 0, "bound": 0, "monotone recompute": 0}
+        self.watch = watch or Watch()
+        self.total = 0  # layouts to judge (less those the estimator refuses, as they are found)
+        self.ceiling_left: float | None = None  # halted: a speed no layout left unjudged exceeds
+
+    @property
+    def judged(self) -> int:
+        return self.searched + self.ev.judged_layouts
+
+    def _go_on(self) -> bool:
+        """Between two shapes: a progress report when one is due; False when the watch halts the search."""
+        if self.watch.due():
+            best = max(self.answer.top, default=None)
+            self.watch.report(Progress(self.judged, self.total, self.watch.seconds(),
+                                       self._layout(best[-1], False).to_json() if best else None))
+        return self.watch.halted() is None
 
     def run(self) -> None:
         alive, over = [], {}
         # larger EP and ZeRO stages first: a states floor over the budget is over it for every
         # smaller EP (>= 2) and ZeRO stage of the same split too (rule 1)
-        for s in sorted(shapes(self.req), key=lambda s: (s._replace(ep=0, zero=0), -s.ep, -s.zero)):
+        ordered = sorted(shapes(self.req), key=lambda s: (s._replace(ep=0, zero=0), -s.ep, -s.zero))
+        self.total = sum(self._count(s) for s in ordered)
+        for s in ordered:
+            if not self._go_on():
+                return
             count = self._count(s)
             if self._dominated_zero(s):  # its ZeRO 1 twin came first: judged unless the estimator refused it
                 if self.ev.floors.get(self.ev.floor_key(s._replace(zero=1)), 0) is not None:
                     self._judge(count - self.ev.judged[s], "dominated")
+                else:
+                    self.total -= count
                 continue
             group = over.setdefault(s._replace(ep=0, zero=0), [])
             if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2) for e, z in group) and self._floors_fall(s):
@@ -606,7 +673,8 @@ class _Search:
                 continue
             floor = self.ev.floor(s)
             if floor is None:
-                continue  # the estimator refuses the layout: not a layout
+                self.total -= count  # the estimator refuses the layout: not a layout
+                continue
             if not self.req.within(floor):
                 group.append((s.ep, s.zero))
                 self._judge(count - self.ev.judged[s], "states floor")
@@ -614,8 +682,10 @@ class _Search:
             alive.append((s, floor, count))
         tops = {s: self.ev.shape_speeds(s) for s, _, _ in alive}
         for s, floor, count in sorted(alive, key=lambda x: -tops[x[0]].ceiling("none")):
+            if not self._go_on():
+                self.ceiling_left = tops[s].ceiling("none")  # the shapes left are in falling order of it
+                return
             self._shape(s, floor, tops[s], count)
-        self.searched += sum(n for key, n in self.ev.judged.items() if isinstance(key, Shape))
 
     def _floors_fall(self, s: Shape) -> bool:
         """The states floor falls (or stays) with the ZeRO stage, and with EP from 2 up: experts
@@ -694,8 +764,8 @@ class _Search:
         if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
             alive = []
         if alive:
-            speed = self.ev.speeds(s, b)
             fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
+            speed = self.ev.speeds(s, b)._replace(cap=fastest)  # recompute only adds work (rule 4)
             ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
             if self._out(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
                 alive = []
@@ -723,16 +793,18 @@ class _Search:
         best = (math.inf, v)
         for loss in ("fused", "chunked"):
             key = (s, v._replace(loss=loss))
-            e = self.ev.estimate(*key)
-            if e is not None and e.device_total_bytes < best[0]:
-                best = (e.device_total_bytes, key[1])
+            total = self.ev.total(*key)
+            if total is not None and total < best[0]:
+                best = (total, key[1])
         return best
 
-    def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False) -> float | None:
+    def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False,
+                   speeds: dict[int, float] | None = None) -> float | None:
         """Judges one recompute setting's pair: skipped when a memory it cannot go below is over the
         budget or (that memory, a speed it cannot exceed) is hopeless, else estimated; a fitting one
         gets its roofline and joins the answer unless hopeless on its own memory. `exact`: `upper`
-        is its speed. Its memory, None when skipped."""
+        is its speed. Its memory, None when skipped; a roofline's speed is noted in `speeds` under
+        the recompute layers (full recompute)."""
         if self._out(lower, upper):
             self._judge(2 - sum(1 for loss in ("fused", "chunked") if (s, v._replace(loss=loss)) in self.ev.memory),
                         "bound")
@@ -740,6 +812,8 @@ class _Search:
         memory, variant = self._pair(s, v)
         if self.req.within(memory) and not self.answer.hopeless(memory, upper):
             speed = upper if exact else self.ev.roofline(s, variant).step.tokens_per_s_per_gpu
+            if speeds is not None:
+                speeds[v.layers or most_stage_layers(self.req.architecture, s)] = speed
             self.answer.add((s, variant), Point(memory, speed))
         return memory
 
@@ -758,7 +832,7 @@ class _Search:
         if top is not None and not self.req.within(top):
             self._judge(2 * (most - 1) - self._estimated_full(s, b, range(1, most), most), "monotone recompute")
         else:
-            self._interval(s, b, 1, most, lower if top is None else top, speed, known)
+            self._interval(s, b, 1, most, lower if top is None else top, _FullSpeeds(speed), known)
         return lower if top is None else top
 
     def _full(self, b: int, n: int, most: int) -> Variant:
@@ -768,7 +842,7 @@ class _Search:
         """Fused and chunked full recompute settings with n in `ns` already estimated (or refused)."""
         return sum(1 for n in self.ev.full_layers.get((s, b), ()) if (most if n is None else n) in ns)
 
-    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: Speeds,
+    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: _FullSpeeds,
                   known: dict[int, float]) -> None:
         """n in [lo, hi - 1], none of them judged, all needing at least `lower` (the memory of n = hi
         or a bound on it) and, at each n, what any n' >= n needed at this or a smaller micro-batch
@@ -786,12 +860,12 @@ class _Search:
             lo = last_over + 1
             if lo >= hi:
                 return
-        if self._out(max(lower, _at_least(known, hi - 1)), speed.ceiling("full", lo)):
+        if self._out(max(lower, _at_least(known, hi - 1)), speed.ceiling(lo)):
             self._judge(2 * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
             return
         mid = (lo + hi - 1) // 2
         memory = self._candidate(s, self._full(b, mid, most), max(lower, _at_least(known, mid)),
-                                 speed.ceiling("full", mid))
+                                 speed.ceiling(mid), speeds=speed.exact)
         if memory is not None:
             known[mid] = memory
         if memory is not None and not self.req.within(memory):  # nor does any n below it
@@ -816,6 +890,19 @@ class _Search:
                       tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
 
 
+class _FullSpeeds:
+    """Ceilings on the speed of full recompute of n layers at one shape and micro-batch: the
+    shape's (`Speeds`), and the exact speed of any n' <= n found so far (`exact`, n' -> tokens/s
+    per GPU): recomputing more layers is never faster (rule 5)."""
+
+    def __init__(self, speeds: Speeds):
+        self.speeds = speeds
+        self.exact: dict[int, float] = {}
+
+    def ceiling(self, n: int) -> float:
+        return min([self.speeds.ceiling("full", n)] + [v for k, v in self.exact.items() if k <= n])
+
+
 def _at_least(known: dict[int, float], n: int) -> float:
     """A lower bound on the memory of full recompute of n layers from `known` (n' -> memory at this
     or a smaller micro-batch): recomputing fewer layers never needs less (rule 2), nor does a larger
@@ -827,15 +914,16 @@ def _at_least(known: dict[int, float], n: int) -> float:
 
 def plan(arch: Architecture, training: Training, gpu: str | Hardware, gpus: int, gpus_per_node: int = 8,
          margin: float = TIGHT_FRACTION, *, comm_overlap: float = 1.0, limit: int = 50, pareto: bool = True,
-         fixed: dict[str, int | None] | None = None, max_gpus: int = 16384) -> Plan:
+         fixed: dict[str, int | None] | None = None, max_gpus: int = 16384, watch: Watch | None = None) -> Plan:
     """The layouts of `arch` trained as `training` on `gpus` GPUs that fit under `margin` of the
     GPU's memory: the `limit` fastest and (with `pareto`) the memory/throughput Pareto front,
     fastest first. `fixed` holds parallel fields (tp, pp, vpp, pp_first_stage_layers,
-    pp_last_stage_layers, cp, dp, ep, etp, zero_stage) at the given values."""
+    pp_last_stage_layers, cp, dp, ep, etp, zero_stage) at the given values. `watch` follows the
+    search and may halt it (estimator/watch.py)."""
     hardware = gpu if isinstance(gpu, Hardware) else Hardware(gpu=gpu)
     req = _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, pareto,
                    tuple(sorted((fixed or {}).items())), max_gpus)
-    return search(req)
+    return search(req, watch)
 
 
 def _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, pareto, fixed,
@@ -854,16 +942,21 @@ def _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap
                    max_gpus)
 
 
-def search(req: Request) -> Plan:
+def search(req: Request, watch: Watch | None = None) -> Plan:
+    """The plan of `req`; `watch` follows the search and may halt it (a request to stop, a time
+    budget), whereupon the plan holds the best layouts of those searched and says what was not."""
+    watch = watch or Watch()
     with _cyclic_gc_paused():
         start = time.perf_counter()
-        run = _Search(req)
+        run = _Search(req, watch)
         run.run()
         layouts = run.layouts()
         seconds = time.perf_counter() - start  # the layout search; the no-fit answer below is a search of its own
-        smallest = None if layouts else smallest_fit(req)
-        answer = Plan(request=req, layouts=layouts, searched=run.searched, estimates=run.ev.estimates,
-                      rooflines=run.ev.rooflines, seconds=seconds, pruned=dict(run.pruned), smallest_fit=smallest)
+        smallest = None if layouts or watch.halted() else smallest_fit(req, watch)
+        answer = Plan(request=req, layouts=layouts, searched=run.judged, estimates=run.ev.estimates,
+                      rooflines=run.ev.rooflines, seconds=seconds, pruned=dict(run.pruned), smallest_fit=smallest,
+                      stopped=watch.describe() or None, not_searched=run.total - run.judged if watch.reason else 0,
+                      not_searched_ceiling=run.ceiling_left)
         del run  # its memos freed before the collector is back: its first collection need not walk them
     return answer
 
@@ -886,21 +979,30 @@ def _cyclic_gc_paused():
 
 # --- when nothing fits: how many GPUs would -----------------------------------------------------------
 
-def least_memory(req: Request) -> int | None:
+class _Halted(Exception):
+    """The watch halted the search for the fewest GPUs that fit."""
+
+
+def least_memory(req: Request, watch: Watch | None = None) -> int | None:
     """The smallest device total of any layout on `req.gpus` GPUs (None: no valid layout). Each
     shape's least is at micro-batch 1 with full recompute of every layer or selective recompute,
     fused or chunked loss (rules 2 and 3, and memory never falls with the micro-batch but where
     the last micro-batch size leaves one micro-batch and no pipeline, so that one is tried too);
-    shapes whose states floor is above the least found are skipped (rule 1)."""
+    shapes whose states floor is above the least found are skipped (rule 1). Raises `_Halted` when
+    `watch` halts it."""
     ev, best = _Evaluator(req), None
-    floors = [(ev.floor(s), s) for s in shapes(req)]
+    floors = []
+    for s in shapes(req):
+        _check(watch, req)
+        floors.append((ev.floor(s), s))
     for floor, s in sorted((x for x in floors if x[0] is not None), key=lambda x: x[0]):
         if best is not None and floor >= best:
             break
+        _check(watch, req)
         for v in _frugal_variants(req, s):
-            e = ev.estimate(s, v)
-            if e is not None and (best is None or e.device_total_bytes < best):
-                best = e.device_total_bytes
+            total = ev.total(s, v)
+            if total is not None and (best is None or total < best):
+                best = total
     return best
 
 
@@ -913,17 +1015,30 @@ def _frugal_variants(req: Request, s: Shape) -> list[Variant]:
             for loss in ("fused", "chunked")]
 
 
-def smallest_fit(req: Request) -> dict:
+def _check(watch: Watch | None, req: Request) -> None:
+    if watch is None:
+        return
+    if watch.due():
+        watch.report(Progress(req.gpus, req.max_gpus, watch.seconds(), phase="fewest GPUs"))
+    if watch.halted():
+        raise _Halted
+
+
+def smallest_fit(req: Request, watch: Watch | None = None) -> dict:
     """For the request's GPU and every catalog GPU: the fewest GPUs, a power of two, on which some
     layout fits under the margin; None where none does up to `req.max_gpus`, or (other GPUs) up to
     4 x the request's GPU's answer, where the search stops. The memory of a layout does not depend
     on which catalog GPU runs it (memory.Estimate.fits; DeepEP's buffers aside, sized here for the
-    request's GPU), so one search per GPU count answers every GPU."""
+    request's GPU), so one search per GPU count answers every GPU. When `watch` halts it, the
+    counts found so far (the others None)."""
     own = req.hardware.gpu
     answer: dict[str, int | None] = {own: None, **{g: None for g in GPUS if g != own}}
     n = 1
     while n <= req.max_gpus and None in answer.values() and (answer[own] is None or n <= 4 * answer[own]):
-        least = least_memory(dataclasses.replace(req, gpus=n))
+        try:
+            least = least_memory(dataclasses.replace(req, gpus=n), watch)
+        except _Halted:
+            return answer
         for g in answer:
             if answer[g] is None and least is not None and least / GPUS[g].capacity_bytes <= req.margin:
                 answer[g] = n  # the verdict rule of Request.within, on GPU g
@@ -965,8 +1080,10 @@ def render_plan_text(result: Plan) -> str:
              f"Searched {result.searched:,} layouts in {result.seconds:.2f} s ({result.estimates:,} full estimates, "
              f"{result.rooflines:,} rooflines; the rest judged by exact rules: "
              + ", ".join(f"{k} {v:,}" for k, v in result.pruned.items()) + ")"]
+    if result.stopped:
+        lines.append(result.note())
     if not result.layouts:
-        return "\n".join(lines + ["No layout fits."])
+        return "\n".join(lines + ["No fitting layout found." if result.not_searched else "No layout fits."])
     front = sum(x.pareto for x in result.layouts)
     lines += [f"Listed: the {min(req.limit, len(result.layouts))} fastest fitting layouts and the Pareto front "
               f"({front} layouts, marked *) of memory against throughput; {len(result.layouts)} in all.", "",
@@ -982,6 +1099,9 @@ def render_plan_text(result: Plan) -> str:
 def no_fit_text(result: Plan) -> str:
     """One line: where no layout fits, the fewest GPUs that would fit, of this GPU and the others."""
     req, found = result.request, result.smallest_fit or {}
+    if result.not_searched:
+        return (f"no fitting layout found on {req.gpus} x {req.hardware.gpu} under {req.margin:.0%} in the "
+                f"{result.searched:,} layouts searched before the search stopped at {result.stopped}")
     head = f"no layout fits on {req.gpus} x {req.hardware.gpu} under {req.margin:.0%}"
     own = found.get(req.hardware.gpu)
     head += (f"; the fewest that fit: {own} x {req.hardware.gpu}" if own

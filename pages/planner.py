@@ -1,6 +1,8 @@
 """Planner: every parallel layout of this run on N GPUs; which fit, which are fastest, and the
 memory/throughput Pareto front. One click loads a layout into the shared configuration."""
 
+import json
+
 import pandas as pd
 import streamlit as st
 
@@ -8,7 +10,7 @@ from estimator import ConfigError
 from estimator.hardware import GPUS
 from estimator.memory import TIGHT_FRACTION
 from estimator.parallel import tp_following_defaults
-from ui import charts, compute, state
+from ui import charts, compute, searches, state
 from ui import keys as K
 from ui.fields import config_key, friendly_message
 
@@ -29,10 +31,13 @@ if cur.mode != "training":
     st.stop()
 
 # The planner sets the whole layout itself, so a layout the sidebar cannot estimate (TP 3 on 32
-# heads) does not stop it; the model, the training setup and the GPU must be valid on their own.
+# heads) does not stop it; the model, the training setup and the GPU must be valid on their own,
+# or with the sidebar's layout where the setup needs one (DeepEP needs EP > 1: DeepSeek-V3's recipe).
 plan_cfg = compute.plan_config(cur.config)
 plan_json = config_key(plan_cfg)
 check = compute.estimate(plan_json)
+if not check.ok and compute.estimate(cur.config_json).ok:
+    check = compute.estimate(cur.config_json)
 if not check.ok:
     state.show_error(check.error or ConfigError("config", "", "a configuration the estimator can handle"))
     st.stop()
@@ -49,6 +54,7 @@ def _typed() -> None:
 
 def _ask() -> None:
     ss[K.PLANNER_ASK] = True
+    ss[K.PLANNER_AGAIN] = True
 
 
 def _replan(asked: dict, gpus: int) -> None:
@@ -66,7 +72,8 @@ cols = st.columns([1, 1, 2, 1], vertical_alignment="bottom")
 cols[0].number_input("GPUs", min_value=1, max_value=MAX_GPUS, step=1, key=K.PLANNER_GPUS, on_change=_typed,
                      persist_state="session",
                      help="How many GPUs to lay the run out on; starts at the sidebar's TP x PP x CP x DP. The "
-                          "search takes seconds on 8 GPUs and up to a minute or more on thousands.")
+                          "search takes seconds on 8 GPUs and longer on thousands; it runs in a worker process "
+                          "and shows its progress.")
 cols[1].number_input("GPUs per node", min_value=1, max_value=64, value=8, step=1, key=K.PLANNER_PER_NODE,
                      persist_state="session", help="Tensor parallelism stays within one node.")
 cols[2].slider("Memory margin", min_value=10, max_value=100, value=round(TIGHT_FRACTION * 100), step=1,
@@ -93,20 +100,58 @@ def _same(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("plan_json", "gpus", "per_node", "margin"))
 
 
-with st.spinner(f"Searching every layout on {asked['gpus']:,} GPUs (this takes seconds, more on large clusters)..."):
-    res = compute.plan(asked["plan_json"], asked["gpus"], asked["per_node"], asked["margin"])
-if not res.ok:
-    error = res.error or ConfigError("config", "", "a configuration the planner can handle")
+def _recompute(t: dict) -> str:
+    if t["recompute"] == "full":
+        n = t.get("recompute_layers")
+        return f"full ({n} layer{'s' if n != 1 else ''})" if n else "full (all)"
+    return t["recompute"]
+
+
+def _pipeline(p: dict) -> str:
+    text = f"PP {p['pp']}"
+    if p.get("pp_first_stage_layers") is not None:
+        text += f" ({p['pp_first_stage_layers']}|..|{p['pp_last_stage_layers']})"
+    return text + (f" × VPP {p['vpp']}" if p["vpp"] > 1 else "")
+
+
+def _describe(x: dict) -> str:
+    p, t = x["parallel"], x["training"]
+    parts = [f"TP {p['tp']}", _pipeline(p), f"CP {p['cp']}", f"DP {p['dp']}"]
+    if p["ep"] > 1 or p["etp"] != p["tp"]:
+        parts.append(f"EP {p['ep']}/ETP {p['etp']}")
+    parts += [f"ZeRO {p['zero_stage']}", f"micro-batch {t['micro_batch_size']}", f"recompute {_recompute(t)}",
+              f"{t['loss']} loss"]
+    return " · ".join(parts)
+
+
+def _describe_best(x: dict) -> str:
+    return (f"{_describe(x)} · {x['device_total_bytes'] / GiB:,.2f} GiB · "
+            f"{x['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU")
+
+
+# The search runs in a worker process (ui.searches): this run asks for it, and while it waits or
+# runs the page shows where it stands and stops here; its answer comes back as plain data.
+job = "plan:" + json.dumps([asked["plan_json"], asked["gpus"], asked["per_node"], asked["margin"]])
+answer = searches.request(job, "plan", {"config_json": asked["plan_json"], "gpus": asked["gpus"],
+                                        "gpus_per_node": asked["per_node"], "margin": asked["margin"]},
+                          page=searches.PLANNER, again=ss.pop(K.PLANNER_AGAIN, False))
+if answer.state in (searches.QUEUED, searches.RUNNING):
+    searches.progress_panel(job, _describe_best, f"Searching every layout on {asked['gpus']:,} GPUs")
+    st.stop()
+if answer.state != searches.DONE:
+    error = searches.error_of(answer)
     st.error(f"**The planner cannot lay out this run.** {state.plain(friendly_message(error))}",
              icon=":material/error:")
     st.stop()
-data = res.value
+data = answer.result
 if not _same(asked, inputs):
     st.info(f"These layouts are for the inputs of the last search ({asked['gpus']:,} GPUs, {asked['per_node']} per "
             f"node, margin {asked['margin']:.0%}, and the sidebar's settings then); the inputs have changed since: "
             "press **Plan** to search again.", icon=":material/history:")
 
 layouts = data["layouts"]
+if data.get("stopped"):
+    st.warning(state.plain(data["note"]), icon=":material/timer_off:")
 limit_bytes = asked["margin"] * data["capacity_bytes"]
 found = (f"Searched **{data['searched']:,}** layouts on {asked['gpus']:,} × {data['gpu']} in "
          f"**{data['seconds']:.2f} s** ({data['estimates']:,} full estimates, {data['rooflines']:,} rooflines; "
@@ -134,30 +179,6 @@ st.caption(found + f". Listed: the fastest fitting layouts and the Pareto front 
            f"({front} layouts), {len(layouts)} in all, each within {asked['margin']:.0%} of "
            f"{data['capacity_bytes'] / GiB:,.1f} GiB. Speeds are the step-time model's expected figures "
            "(achieved kernel efficiency, measured NCCL bandwidth, each framework's overlap).")
-
-
-def _recompute(t: dict) -> str:
-    if t["recompute"] == "full":
-        n = t.get("recompute_layers")
-        return f"full ({n} layer{'s' if n != 1 else ''})" if n else "full (all)"
-    return t["recompute"]
-
-
-def _pipeline(p: dict) -> str:
-    text = f"PP {p['pp']}"
-    if p.get("pp_first_stage_layers") is not None:
-        text += f" ({p['pp_first_stage_layers']}|..|{p['pp_last_stage_layers']})"
-    return text + (f" × VPP {p['vpp']}" if p["vpp"] > 1 else "")
-
-
-def _describe(x: dict) -> str:
-    p, t = x["parallel"], x["training"]
-    parts = [f"TP {p['tp']}", _pipeline(p), f"CP {p['cp']}", f"DP {p['dp']}"]
-    if p["ep"] > 1 or p["etp"] != p["tp"]:
-        parts.append(f"EP {p['ep']}/ETP {p['etp']}")
-    parts += [f"ZeRO {p['zero_stage']}", f"micro-batch {t['micro_batch_size']}", f"recompute {_recompute(t)}",
-              f"{t['loss']} loss"]
-    return " · ".join(parts)
 
 
 def _uneven(p: dict) -> str:

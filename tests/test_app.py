@@ -50,6 +50,23 @@ def _no_exception(at: AppTest) -> None:
     assert not at.exception, [e.value for e in at.exception]
 
 
+def _searching(at: AppTest) -> bool:
+    """A planner search is waiting or running in a worker process (its panel's Stop button is shown)."""
+    return any(b.key == K.SEARCH_STOP for b in at.button)
+
+
+def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
+    """Run the page again until its search has answered (a browser's panel polls; AppTest does not)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while _searching(at):
+        assert time.monotonic() < deadline, "the search did not answer in time"
+        time.sleep(0.5)
+        at.run()
+    _no_exception(at)
+    return at
+
+
 # --- every page renders ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"}],
@@ -639,8 +656,7 @@ def _planner(query: dict | None = None, gpus: int | None = None) -> AppTest:
     if gpus is not None:
         at.number_input(key="planner_gpus").set_value(gpus).run()
     at.button(key="planner_run").click().run()
-    _no_exception(at)
-    return at
+    return _settled(at)
 
 
 def _direct_plan(config: dict, gpus: int):
@@ -700,7 +716,8 @@ def test_planner_table_is_the_planners_and_use_this_layout_loads_it():
 def test_planner_says_how_many_gpus_would_fit_when_none_does():
     query = {"model": "llama-3.1-405b", "dp": "8"}
     at = _app(query)
-    # the Memory page's advice finds no plan that fits: it links to the Planner
+    # no chain of single changes fits: while the planner looks for the nearest layout, the Memory
+    # page links to the Planner page
     links = [p.proto for p in at.get("page_link")]
     assert any("Planner" in p.label and p.page.endswith("planner") for p in links), [p.label for p in links]
     at = _planner(query)
@@ -712,8 +729,7 @@ def test_planner_says_how_many_gpus_would_fit_when_none_does():
     assert f"the fewest that fit: {fewest} x h100-80" in warning
     assert not at.dataframe or all("Tokens/s per GPU" not in df.value.columns for df in at.dataframe)
     # one click plans again on that many GPUs
-    at.button(key="planner_replan").click().run()
-    _no_exception(at)
+    _settled(at.button(key="planner_replan").click().run())
     assert at.number_input(key="planner_gpus").value == fewest
     assert any("Tokens/s per GPU" in df.value.columns for df in at.dataframe)
 
@@ -937,3 +953,25 @@ def test_an_error_about_a_closed_groups_setting_is_shown_in_that_group():
     assert len(group.error) == 1 and "Offload optimizer states" in _plain(group.error[0].value)
     assert any("cannot be estimated" in e.value for e in at.main.error)
     assert at.query_params["offload_optimizer"] == "cpu"
+
+
+def test_what_to_change_gives_the_clis_answer_from_the_planners_search():
+    """Issue #26, defect 4: where single changes do not get a run to fit, the app's "What to change"
+    gives what the CLI gives (`advice.plan_to_fit`, the planner's nearest fitting layout: "use more
+    GPUs: at least 32" for Llama-3.1-70B at 8k tokens on 8 GPUs), not "No plan of up to five
+    changes"; and Apply loads that layout."""
+    from estimator import load_config
+    from estimator.advice import plan_to_fit
+
+    config = {"model": "llama-3.1-70b", "training": {"seq_len": 8192}, "parallel": {"dp": 8}}
+    cli = plan_to_fit(load_config(config))
+    assert len(cli) == 1 and cli[0].description.startswith("use more GPUs: at least 32 (no layout fits on 8)")
+    at = _settled(_app({"model": "llama-3.1-70b", "seq_len": "8192", "dp": "8"}))
+    shown = " ".join(m.value for m in at.main.markdown)
+    assert f"1. {cli[0].description}" in _plain(shown), shown
+    assert "No plan of up to five changes" not in " ".join(c.value for c in at.caption)
+    at.button(key=K.plan_step(1)).click().run()
+    _no_exception(at)
+    est = estimate_config(at.session_state[K.CURRENT].config)
+    assert est.device_total_bytes == cli[0].device_total_bytes and est.parallel.gpus == 32
+    assert est.fit.verdict == "fits"

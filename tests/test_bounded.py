@@ -196,38 +196,84 @@ def test_divisors_of_a_huge_size_are_named_not_listed():
     assert out["prime"] == "1, 999983"
 
 
-def test_an_architectures_memo_is_bounded():
-    """A preset's architecture lives as long as the server: what it remembers per configuration
-    (ledgers, stage parts, operation tables) must not grow without end (Architecture.cached)."""
-    import dataclasses
+def test_the_memo_is_bounded_in_bytes_and_drops_the_least_recently_used():
+    """What architectures remember (estimator/memo.py) is bounded in bytes, not entries: values of
+    very different sizes, the least recently used dropped first, a value read again kept."""
+    from estimator.memo import ENTRY_BYTES, Memo, deep_bytes
 
-    from estimator.architecture import MEMO_LIMIT
-    from estimator.presets import get_architecture
-
-    arch = dataclasses.replace(get_architecture("llama-3.1-8b"))
+    memo = Memo(limit_bytes=100_000)
+    small, large = [("small", i) for i in range(40)], [("large", i) for i in range(3)]
+    for key in small:
+        memo.put(key, key[1])  # ints: ENTRY_BYTES + 28 bytes each
+    assert memo.bytes == 40 * (ENTRY_BYTES + 28) and len(memo) == 40
+    memo.lookup(("small", 0))  # read: now the most recently used
+    for key in large:
+        memo.put(key, bytes(30_000), kind="blob")
+    # three blobs and 40 small values are over 100,000 bytes: the small ones least recently used
+    # went, as many as needed, and no more
+    assert memo.bytes <= 100_000 and all(key in memo for key in large) and ("small", 0) in memo
+    assert [i for i in range(40) if ("small", i) not in memo] == list(range(1, 17))
+    # a blob's bytes as Python counts them (the first values of a kind are measured)
+    assert deep_bytes(bytes(30_000)) == 30_033 and deep_bytes((bytes(10), bytes(10))) == 2 * 43 + 56
     calls = []
-    for i in range(MEMO_LIMIT + 10):
-        arch.cached(("test", i), lambda i=i: calls.append(i) or i * i)
-    memo = arch.__dict__["_memo"]
-    assert len(memo) == MEMO_LIMIT and ("test", 9) not in memo and ("test", 10) in memo
-    assert arch.cached(("test", 0), lambda: -1) == -1  # dropped, so computed again
-    assert arch.cached(("test", MEMO_LIMIT + 9), lambda: -1) == (MEMO_LIMIT + 9) ** 2  # still remembered
-    assert len(calls) == MEMO_LIMIT + 10
+    assert memo.get(("small", 1), lambda: calls.append(1) or "again") == "again" and calls == [1]
 
 
-def test_a_configurations_own_values_never_push_out_what_layouts_share():
-    """`per_layout` values (one whole configuration's, resolved.resolve) have a memo of their own,
+def test_a_configurations_own_values_never_push_out_what_layouts_share(monkeypatch):
+    """`per_layout` values (one whole configuration's, resolved.resolve) have a pool of their own,
     bounded alike: a layout search making hundreds of thousands of them keeps the ledgers and stage
     parts its layouts share."""
     import dataclasses
 
-    from estimator.architecture import MEMO_LIMIT
+    from estimator import memo
     from estimator.presets import get_architecture
 
+    monkeypatch.setattr(memo, "PER_LAYOUT", memo.Memo(100_000))
     arch = dataclasses.replace(get_architecture("llama-3.1-8b"))
     arch.cached(("shared",), lambda: "kept")
-    for i in range(MEMO_LIMIT + 10):
+    for i in range(5_000):
         arch.cached(("layout", i), lambda i=i: i, per_layout=True)
     assert arch.cached(("shared",), lambda: "computed again") == "kept"
-    assert len(arch.__dict__["_layout_memo"]) == MEMO_LIMIT and len(arch.__dict__["_memo"]) == 1
+    assert memo.PER_LAYOUT.bytes <= 100_000 < 5_000 * memo.ENTRY_BYTES
     assert arch.cached(("layout", 0), lambda: -1, per_layout=True) == -1  # the oldest was dropped
+    assert arch.cached(("layout", 4_999), lambda: -1, per_layout=True) == 4_999
+
+
+def test_memory_over_100_distinct_models_stays_within_the_memos_bound(monkeypatch):
+    """Issue #26: 100 distinct Hub-like models (bench/bench_memory.py), each estimated on four
+    layouts and its roofline drawn, every architecture kept alive as a server's caches keep them:
+    the memo stays within its byte limit, its count of its bytes is close to what tracemalloc sees
+    the heap gain (from 60% of it to 110%: it counts a shared object in each value holding it, and
+    not the dict slots of its own bookkeeping exactly), the oldest models' values are dropped, and
+    the heap grows by no more than the two pools' limits."""
+    import gc
+    import tracemalloc
+
+    from estimator import memo
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_memory import hub_like, session
+
+    limit = 3 * 2**20
+    monkeypatch.setattr(memo, "SHARED", memo.Memo(limit))
+    monkeypatch.setattr(memo, "PER_LAYOUT", memo.Memo(limit // 3))
+    kept = [hub_like(i) for i in range(100)]
+    session(kept[0])  # what the first estimate sets up once (kernel tables, presets' records)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base, counted_before = tracemalloc.get_traced_memory()[0], memo.SHARED.bytes + memo.PER_LAYOUT.bytes
+        for arch in kept[1:11]:  # below the limit: the count against what the heap holds
+            session(arch)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base
+        counted = memo.SHARED.bytes + memo.PER_LAYOUT.bytes - counted_before
+        assert memo.SHARED.bytes < limit and 0.6 * counted <= held <= 1.1 * counted, (counted, held)
+        for arch in kept[11:]:
+            session(arch)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert memo.SHARED.bytes <= limit and memo.PER_LAYOUT.bytes <= limit // 3
+    assert len({key[0] for key in memo.SHARED._entries}) < 60  # the oldest models' values are gone
+    assert grown <= limit * 4 / 3, grown  # the memo's two pools

@@ -234,6 +234,29 @@ def test_speed_ceilings_and_rules(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_exact_speeds_bound_the_settings_the_search_caps_with_them(seed):
+    """The search caps every ceiling of a shape and micro-batch with two exact speeds it has found
+    (planner._Search._micro_batch, _FullSpeeds): the roofline without recompute is at least as fast
+    as any recompute setting and loss at the same micro-batch (rule 4), and full recompute of n
+    layers at least as fast as of any n' > n (rule 5). Every n of 20 (shape, micro-batch) pairs."""
+    c = case(seed)
+    arch, tr, hw = c.req.architecture, c.req.training, c.req.hardware
+    pairs = sorted({(s, v.micro_batch) for s, v in c.estimates}, key=repr)
+    for s, b in random.Random(seed + 1).sample(pairs, min(20, len(pairs))):
+        most = most_stage_layers(arch, s)
+
+        def speed(mode, n=None, loss="fused"):
+            v = Variant(b, mode, None if n == most else n, loss)
+            return expected_step(arch, training_of(tr, v), parallel_of(s), hw).step.tokens_per_s_per_gpu
+
+        none = speed("none")
+        full = [speed("full", n) for n in range(1, most + 1)]
+        assert all(speed(mode, loss=loss) <= none for mode in ("none", "selective") for loss in LOSSES)
+        assert all(t <= none for t in full)
+        assert full == sorted(full, reverse=True), full
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_dominance_rules_never_remove_a_point_of_the_front(seed):
     c = case(seed)
     assert front(candidates(c).values()) == front(c.points().values())
@@ -259,6 +282,71 @@ def test_search_finds_what_brute_force_finds(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_a_halted_search_lists_the_best_of_what_it_searched_and_bounds_the_rest(seed):
+    """A search its watch halts (a request to stop after a few shapes of the second pass) returns
+    the best layouts of those it searched, each its own full estimate; it counts what it left
+    (searched + not searched = every layout); every layout of the complete answer faster than the
+    bound it gives for what it left is in its answer too; and its progress reports only grow."""
+    from estimator.watch import Progress, Watch
+    c = case(seed)
+    complete = search(c.req)
+    first_pass = len(list(shapes(c.req)))
+    calls, reports = iter(range(10**9)), []
+    watch = Watch(stop=lambda: next(calls) >= first_pass + 2, report=reports.append, every_s=0)
+    halted = search(c.req, watch)
+    assert halted.stopped == "a request to stop" and watch.reason == "stopped"
+    assert halted.searched + halted.not_searched == complete.searched
+    assert 0 < halted.not_searched < complete.searched
+    assert f"{halted.not_searched:,} not searched" in halted.note()
+    keys = {json.dumps(x.to_json(), sort_keys=True) for x in halted.layouts}
+    for x in halted.layouts:
+        e = estimate(c.req.architecture, x.training, x.parallel, c.req.hardware)
+        assert x.device_total_bytes == e.device_total_bytes and c.req.within(e.device_total_bytes)
+    if halted.not_searched_ceiling is not None:
+        faster = [x for x in complete.layouts if x.tokens_per_s_per_gpu > halted.not_searched_ceiling]
+        assert all(json.dumps(x.to_json(), sort_keys=True) in keys for x in faster)
+    judged = [r.judged for r in reports]
+    assert judged == sorted(judged) and all(isinstance(r, Progress) for r in reports)
+    # the total starts at every shape's layouts and sheds those the estimator refuses as they are found
+    assert reports and all(r.total >= complete.searched for r in reports)
+    totals = [r.total for r in reports]
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_a_watch_reports_and_checks_for_a_stop_every_so_often_each_on_its_own():
+    """Reports and stop checks each run at most every `every_s` seconds, and a report never delays
+    a stop check (the search asks for a report first)."""
+    from estimator.watch import OUT_OF_TIME, STOPPED, Progress, Watch
+    now, asked, reports = [0.0], [], []
+    stop_at = 1.2
+    watch = Watch(stop=lambda: asked.append(now[0]) or now[0] >= stop_at, report=reports.append, every_s=0.5,
+                  clock=lambda: now[0])
+    while watch.halted() is None:
+        if watch.due():
+            watch.report(Progress(0, 0, now[0]))
+        now[0] += 0.25  # exact in binary: the readings fall on the half seconds
+    assert watch.reason == STOPPED and asked == [0.0, 0.5, 1.0, 1.5]
+    assert [r.seconds for r in reports] == [0.0, 0.5, 1.0]  # the last reading stopped before a report
+    budget = Watch(budget_s=2.0, clock=lambda: now[0])
+    now[0] += 1.9
+    assert budget.halted() is None
+    now[0] += 0.1
+    assert budget.halted() == OUT_OF_TIME and budget.describe() == "its time budget of 2 s"
+
+
+def test_a_time_budget_halts_the_search_and_says_so():
+    from estimator.watch import Watch
+    clock = iter(range(10**9))  # one second a reading
+    arch, tr = get_architecture("llama-3.2-1b"), Training(seq_len=4096, global_batch_size=64)
+    watch = Watch(budget_s=40, clock=lambda: float(next(clock)))
+    result = plan(arch, tr, "h100-80", 8, watch=watch)
+    assert result.stopped == "its time budget of 40 s" and result.not_searched > 0
+    assert result.searched + result.not_searched == llama_1b_plan().searched
+    assert result.to_json()["note"] == result.note() and result.to_json()["not_searched"] == result.not_searched
+    assert "The search stopped at its time budget of 40 s after" in result.note()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_no_setting_is_estimated_that_did_not_fit_at_a_smaller_micro_batch(seed):
     """Rules 2 and 3 together: where full recompute of n' layers did not fit at a micro-batch, no n
     <= n' fits at a larger one (nor does a mode whose least memory did not), so the search judges
@@ -269,8 +357,8 @@ def test_no_setting_is_estimated_that_did_not_fit_at_a_smaller_micro_batch(seed)
     run = _Search(c.req)
     run.run()
     def memory(s: Shape, v: Variant) -> float:
-        e = run.ev.memory[s, v]
-        return float("inf") if e is None else e.device_total_bytes
+        total = run.ev.memory[s, v]
+        return float("inf") if total is None else total
 
     pairs = {(s, v): min(memory(s, v), memory(s, v._replace(loss="chunked"))) for s, v in run.ev.memory
              if v.loss == "fused" and (s, v._replace(loss="chunked")) in run.ev.memory}
@@ -431,7 +519,21 @@ def test_cli_plan_no_fit_is_an_answer(config_file):
     assert f"the fewest that fit: {fewest} x a10g" in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
+def test_cli_plan_time_budget_lists_what_it_found_and_what_it_did_not(config_file):
+    path = config_file({"model": "deepseek-v3", "training": {"seq_len": 4096, "global_batch_size": 15360}})
+    run = cli("plan", "--config", path, "--gpus", "2048", "--json", "--time-budget", "1")
+    assert run.returncode == 0
+    out = json.loads(run.stdout)
+    assert out["stopped"] == "its time budget of 1 s" and out["not_searched"] > 0
+    assert out["note"].startswith("The search stopped at its time budget of 1 s after") and out["seconds"] < 30
+    text = cli("plan", "--config", path, "--gpus", "2048", "--time-budget", "1")
+    assert "The search stopped at its time budget of 1 s" in text.stdout
+
+
 @pytest.mark.parametrize("args, words", [
+    (("--gpus", "8", "--time-budget", "0"), "--time-budget"),
+    (("--gpus", "8", "--time-budget", "-3"), "--time-budget"),
+    (("--gpus", "8", "--time-budget", "soon"), "--time-budget"),
     (("--gpus", "0"), "plan.gpus"),
     (("--gpus", "eight"), "--gpus"),
     (("--gpus", "8", "--margin", "1.5"), "plan.margin"),

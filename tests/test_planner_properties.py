@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -65,3 +66,44 @@ def test_the_training_fields_a_plan_does_not_choose_are_the_users():
         chosen = {"micro_batch_size", "recompute", "recompute_layers", "recompute_modules", "loss"}
         kept = {f.name for f in dataclasses.fields(Training)} - chosen
         assert {k: getattr(x.training, k) for k in kept} == {k: getattr(training, k) for k in kept}
+
+
+@st.composite
+def layouts(draw):
+    """A random training configuration the estimator accepts: a model, a layout, a setup."""
+    from estimator import Parallel
+    model = draw(st.sampled_from(MODELS + ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")))
+    arch = get_architecture(model)
+    tp = draw(st.sampled_from((1, 2, 4)))
+    pp = draw(st.sampled_from((1, 2, 4)))
+    training = Training(seq_len=draw(st.sampled_from((1024, 4096))), micro_batch_size=draw(st.sampled_from((1, 2))),
+                        global_batch_size=draw(st.sampled_from((None, 64))),
+                        framework=draw(st.sampled_from(("megatron", "fsdp2", "deepspeed"))),
+                        recompute=draw(st.sampled_from(("none", "selective", "full"))),
+                        loss=draw(st.sampled_from(("standard", "fused", "chunked"))))
+    if training.recompute == "full":
+        training = dataclasses.replace(training, recompute_layers=draw(st.sampled_from((None, 1, 2))))
+    ep = draw(st.sampled_from((1, 2))) if arch.is_moe else 1
+    return arch, training, Parallel(tp=tp, pp=pp, dp=2 * ep, ep=ep), draw(st.sampled_from(("h100-80", "a100-40")))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts())
+def test_the_planners_device_total_is_the_estimates(layout):
+    """The planner judges layouts by `memory.device_total` (the estimate's number without its stages'
+    records): equal to `estimate().device_total_bytes`, and refused alike, on any configuration;
+    asked first or after the full estimate (they share the memo)."""
+    from estimator import ConfigError
+    from estimator.memory import device_total
+    arch, training, par, gpu = layout
+    hw = Hardware(gpu=gpu)
+    fresh = dataclasses.replace(arch)  # nothing remembered yet: the total computed first
+    try:
+        first = device_total(fresh, training, par, hw)
+    except ConfigError as exc:
+        with pytest.raises(ConfigError) as again:
+            estimate(arch, training, par, hw)
+        assert str(again.value) == str(exc)
+        return
+    assert first == estimate(fresh, training, par, hw).device_total_bytes == device_total(fresh, training, par, hw)
+    assert first == estimate(arch, training, par, hw).device_total_bytes

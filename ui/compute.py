@@ -159,33 +159,6 @@ def plan_config(config: dict) -> dict:
     return out
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
-def _plan(config_json: str, gpus: int, gpus_per_node: int, margin: float) -> dict:
-    """The planner's answer as plain data: `Plan.to_json()` (layouts fastest first), the GPU it
-    planned for, the no-fit line, and the wall time. Plain data because st.cache_data pickles its
-    values and an estimator result may hold functions; the page needs nothing more."""
-    import time
-
-    from estimator.planner import no_fit_text, plan
-    cfg = load_config(json.loads(config_json))
-    start = time.perf_counter()
-    result = plan(cfg.architecture, cfg.training, cfg.hardware, gpus, gpus_per_node, margin,
-                  comm_overlap=cfg.parallel.comm_overlap)
-    out = result.to_json()
-    # Plan.seconds is the layout search alone; when nothing fits, finding the fewest GPUs that
-    # would fit is a second search, often the longer one, and the page reports both
-    out["wall_seconds"] = time.perf_counter() - start
-    out["gpu"] = cfg.hardware.gpu
-    out["capacity_bytes"] = cfg.hardware.device.capacity_bytes
-    out["no_fit"] = "" if result.layouts else no_fit_text(result)
-    return out
-
-
-def plan(config_json: str, gpus: int, gpus_per_node: int, margin: float) -> Result:
-    """The planner's answer for `config_json` (see `plan_config`) on `gpus` GPUs, or why not."""
-    return _guarded(lambda cj: _plan(cj, gpus, gpus_per_node, margin), config_json, "the planner")
-
-
 def _amount(value: float, unit: str) -> str:
     if unit == "bytes":
         return f"{value / 1024**3:,.2f} GiB ({value / 1e9:,.2f} GB)"

@@ -163,3 +163,10 @@ PLANNER_CHART = "planner_chart"
 def reference_table(i: int) -> str:
     """The guide page's table of the i-th worked example of another calculator."""
     return f"guide_reference_table_{i}"
+
+
+PLANNER_AGAIN = "_planner_again"  # Plan was pressed: a search stopped by request runs again in full
+
+# --- searches in worker processes (ui.searches) ---------------------------------------------------------
+SEARCH_OWNER = "_search_owner"  # this session's name as the owner of its searches
+SEARCH_STOP = "search_stop"  # the Stop button of a running search

@@ -152,7 +152,9 @@ def _table(rows: list[dict]):
 
 def what_to_change(cur: Current, est) -> None:
     """When the run does not fit comfortably: a plan that gets it to fit, and single changes,
-    each estimated in full, each one click away."""
+    each estimated in full, each one click away. When no short chain of single changes fits, the
+    planner's nearest fitting layout, as the CLI gives it (`advice.plan_to_fit`), from a search in
+    a worker process (ui.searches) while the page shows its progress."""
     if est.fit.verdict == "fits":
         return
     res = compute.advice(cur.config_json)
@@ -162,11 +164,20 @@ def what_to_change(cur: Current, est) -> None:
     st.subheader("What to change")
     if plan and plan[-1][3] == "fits":
         st.caption("Changes applied one after another until the run fits, each step a full estimate:")
-    elif plan:
-        st.caption("No plan of up to five changes makes this run fit on this GPU; the closest one:")
-    if not plan or plan[-1][3] != "fits":  # the quick plan gave up: the planner searches every layout
-        st.page_link("pages/planner.py", label="Search every parallel layout on the Planner page",
-                     icon=":material/account_tree:")
+        _plan_rows(plan, est)
+    else:
+        _nearest_layout(cur, est, plan)
+    if singles:
+        with st.expander("Each change on its own"):
+            for j, (description, config, total, verdict, gpus) in enumerate(singles):
+                cols = st.columns([6, 2, 1], vertical_alignment="center")
+                cols[0].markdown(description)
+                cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}")
+                cols[2].button("Apply", key=keys.single_change(j), on_click=_apply,
+                               args=(config, description), width="stretch")
+
+
+def _plan_rows(plan, est) -> None:
     for i, (description, config, total, verdict, gpus) in enumerate(plan, 1):
         cols = st.columns([6, 2, 1], vertical_alignment="center")
         cols[0].markdown(f"{i}. {description}")
@@ -176,14 +187,47 @@ def what_to_change(cur: Current, est) -> None:
         cols[2].button("Apply", key=keys.plan_step(i), on_click=_apply,
                        args=(config, f"{steps}, the last: {description}" if i > 1 else f"{steps}: {description}"),
                        width="stretch")
-    if singles:
-        with st.expander("Each change on its own"):
-            for j, (description, config, total, verdict, gpus) in enumerate(singles):
-                cols = st.columns([6, 2, 1], vertical_alignment="center")
-                cols[0].markdown(description)
-                cols[1].markdown(f"{gib(total)} · {VERDICT_MD[verdict]}")
-                cols[2].button("Apply", key=keys.single_change(j), on_click=_apply,
-                               args=(config, description), width="stretch")
+
+
+def _nearest_layout(cur: Current, est, plan) -> None:
+    """Single changes do not get there: the planner's nearest fitting layout, on these GPUs or on
+    the fewest that fit; while it is searched, its progress; when none is found, the closest chain."""
+    from . import searches
+
+    job = "nearest:" + cur.config_json
+    found = searches.request(job, "nearest", {"config_json": cur.config_json}, page=searches.MEMORY)
+    if found.state in (searches.QUEUED, searches.RUNNING):
+        st.caption("No short chain of single changes makes this run fit: the planner is searching every layout for "
+                   "the nearest one that fits, on these GPUs or on the fewest that would.")
+        searches.progress_panel(job, _fastest_text, "Searching for the nearest fitting layout")
+        st.page_link("pages/planner.py", label="Search every parallel layout on the Planner page",
+                     icon=":material/account_tree:")
+        return
+    answer = found.result or {}
+    suggestion = answer.get("suggestion")
+    if found.state == searches.DONE and suggestion:
+        st.caption("No short chain of single changes makes this run fit; the planner's nearest fitting layout "
+                   "(every layout searched, the fewest and smallest moves from yours):")
+        cols = st.columns([6, 2, 1], vertical_alignment="center")
+        cols[0].markdown(f"1. {state.plain(suggestion['description'])}")
+        cols[1].markdown(f"{gib(suggestion['device_total_bytes'])} · {VERDICT_MD[suggestion['verdict']]}"
+                         + (f" · {suggestion['gpus']} GPUs" if suggestion["gpus"] != est.parallel.gpus else ""))
+        cols[2].button("Apply", key=keys.plan_step(1), on_click=state.load_and_open,
+                       args=(suggestion["config"], "the planner's nearest fitting layout", None), width="stretch")
+        return
+    if answer.get("stopped"):
+        st.caption(f"The planner's search for a fitting layout stopped at {answer['stopped']} before it found one.")
+    elif found.state == searches.FAILED:
+        st.caption(f"The planner's search for a fitting layout failed: {state.plain(str(searches.error_of(found)))}")
+    if plan:
+        st.caption("No plan of up to five changes makes this run fit on this GPU; the closest one:")
+        _plan_rows(plan, est)
+    st.page_link("pages/planner.py", label="Search every parallel layout on the Planner page",
+                 icon=":material/account_tree:")
+
+
+def _fastest_text(best: dict) -> str:
+    return f"the fastest fitting layout found runs {best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU"
 
 
 def _apply(config, source: str) -> None:

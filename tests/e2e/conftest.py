@@ -41,8 +41,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_PIDS: dict[str, int] = {}  # URL -> the process id of the server behind it
+
+
 @contextlib.contextmanager
-def _serve(log_name: str):
+def _serve(log_name: str, env_extra: dict | None = None):
     """`streamlit run app.py` on a free loopback port, offline; yields its URL."""
     reason = _missing()
     if reason:
@@ -50,12 +53,13 @@ def _serve(log_name: str):
     port = _free_port()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     log = open(ARTIFACTS / log_name, "w")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
+    SERVER_PIDS[url] = proc.pid
     try:
         deadline = time.time() + 60
         while True:
