@@ -379,6 +379,34 @@ def device_total(arch: Architecture, training: Training | None = None, par: Para
     return _training_stages(cfg, _shared_of(cfg, memo), memo, peak_only=True)[0]
 
 
+class StepFloor(NamedTuple):
+    """A stage's device total were its peak the optimizer step (the step's allocated bytes, what is
+    outside the allocator and the fragmentation on the step's bytes), and its parameters per GPU."""
+
+    device_bytes: int
+    parameters_per_gpu: int
+
+
+def step_floors(arch: Architecture, training: Training, par: Parallel, hardware: Hardware) -> tuple[StepFloor, ...]:
+    """Each stage's `StepFloor`, from its static part alone (no activations): no recompute setting,
+    micro-batch or loss of a layout with these model states takes a stage below its optimizer step
+    (the planner's states floor, planner.py rule 1). Training without RL only."""
+    cfg = resolve(arch, training, par, hardware)
+    memo = _stage_memo(cfg)
+    shared = _shared_of(cfg, memo)
+    out = []
+    for sp in cfg.stages:
+        ends = (sp.first, sp.last, sp.kind_counts)
+        static = memo.get(ends)
+        if static is None:
+            static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
+                                                cfg.microbatches, shared)
+        step = static.totals[2]
+        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation)),
+                             static.parameters_per_gpu))
+    return tuple(out)
+
+
 def _shared_of(cfg: Resolved, memo) -> _Shared:
     shared = memo.get("shared")
     if shared is None:
