@@ -35,6 +35,7 @@ LAYOUT_BYTES = int(os.environ.get("ESTIMATOR_MEMO_MIB", "256")) * 2**20 // 4
 EXACT = 16  # values of a kind measured before the mean stands for the others
 RESAMPLE = 64  # ... and then one in this many
 ENTRY_BYTES = 330  # an entry: the dict slot, its key tuples and the (value, bytes) record (tracemalloc: 325 for a four-item key)
+PART_BYTES = 130  # a part in a dict of parts: its slot and key tuple (tracemalloc: about 120 for a three-item key)
 HELD_BYTES = 90  # an id counted in _HELD (tracemalloc: 84 a dict entry with its int key)
 _WALK_LIMIT = 200_000  # objects one measurement visits at most
 
@@ -45,7 +46,7 @@ class Memo:
     def __init__(self, limit_bytes: int):
         self.limit_bytes = limit_bytes
         self.bytes = 0
-        self._entries: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._entries: OrderedDict[Any, list] = OrderedDict()  # key -> [value, bytes, still held]
         self._sizes: dict[str, list[int]] = {}  # kind -> [values seen, values measured, bytes measured]
 
     def __len__(self) -> int:
@@ -55,14 +56,17 @@ class Memo:
         return key in self._entries
 
     def get(self, key, compute: Callable[[], Any], kind: str = ""):
+        return self.entry(key, compute, kind)[0]
+
+    def entry(self, key, compute: Callable[[], Any], kind: str = "") -> list:
+        """The record [value, bytes, held] of `key`, computed and stored if missing (`grow` takes it)."""
         entries = self._entries
         entry = entries.get(key)
         if entry is not None:
             entries.move_to_end(key)
-            return entry[0]
-        value = compute()
-        self.put(key, value, kind)
-        return value
+            return entry
+        self.put(key, compute(), kind)
+        return self._entries[key]
 
     def lookup(self, key, default=None):
         entries = self._entries
@@ -76,6 +80,22 @@ class Memo:
         old = self._entries.pop(key, None)
         if old is not None:
             self._forget(old)
+        size = self.size_of(value, kind) + ENTRY_BYTES + HELD_BYTES * _hold(value, 1)
+        self._entries[key] = [value, size, True]
+        self.bytes += size
+        self._shrink()
+
+    def grow(self, entry: list, nbytes: int) -> None:
+        """A remembered value that holds more now (a dict of parts, memory._StageMemo) by `nbytes`;
+        nothing if it is no longer remembered."""
+        if entry[2]:
+            entry[1] += nbytes
+            self.bytes += nbytes
+            self._shrink()
+
+    def size_of(self, value, kind: str = "") -> int:
+        """The bytes `value` holds: measured (`deep_bytes`) for the first values of its kind and a
+        sample after, else the mean of its kind's measured ones."""
         seen = self._sizes.get(kind)
         if seen is None:
             seen = self._sizes[kind] = [0, 0, 0]
@@ -83,18 +103,20 @@ class Memo:
         if seen[1] < EXACT or seen[0] % RESAMPLE == 0:
             seen[1] += 1
             seen[2] += deep_bytes(value)
-        size = seen[2] // seen[1] + ENTRY_BYTES + HELD_BYTES * _hold(value, 1)
-        self._entries[key] = (value, size)
-        self.bytes += size
+        return seen[2] // seen[1]
+
+    def _shrink(self) -> None:
         while self.bytes > self.limit_bytes and len(self._entries) > 1:
             self._forget(self._entries.popitem(last=False)[1])
 
-    def _forget(self, entry: tuple) -> None:
+    def _forget(self, entry: list) -> None:
         self.bytes -= entry[1]
+        entry[2] = False
         _hold(entry[0], -1)
 
     def clear(self) -> None:
         for entry in self._entries.values():
+            entry[2] = False
             _hold(entry[0], -1)
         self._entries.clear()
         self.bytes = 0

@@ -21,7 +21,6 @@ allocator's fragmentation; they make ``device_total_bytes``.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Callable, NamedTuple
@@ -426,6 +425,34 @@ def device_total(arch: Architecture, training: Training | None = None, par: Para
     return _training_stages(cfg, _shared_of(cfg, memo), memo, peak_only=True)[0]
 
 
+class StepFloor(NamedTuple):
+    """A stage's device total were its peak the optimizer step (the step's allocated bytes, what is
+    outside the allocator and the fragmentation on the step's bytes), and its parameters per GPU."""
+
+    device_bytes: int
+    parameters_per_gpu: int
+
+
+def step_floors(arch: Architecture, training: Training, par: Parallel, hardware: Hardware) -> tuple[StepFloor, ...]:
+    """Each stage's `StepFloor`, from its static part alone (no activations): no recompute setting,
+    micro-batch or loss of a layout with these model states takes a stage below its optimizer step
+    (the planner's states floor, planner.py rule 1). Training without RL only."""
+    cfg = resolve(arch, training, par, hardware)
+    memo = _stage_memo(cfg)
+    shared = _shared_of(cfg, memo)
+    out = []
+    for sp in cfg.stages:
+        ends = (sp.first, sp.last, sp.kind_counts)
+        static = memo.get(ends)
+        if static is None:
+            static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
+                                                cfg.microbatches, shared)
+        step = static.totals[2]
+        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation)),
+                             static.parameters_per_gpu))
+    return tuple(out)
+
+
 def _shared_of(cfg: Resolved, memo) -> _Shared:
     shared = memo.get("shared")
     if shared is None:
@@ -459,7 +486,7 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
         notes=notes, _shared=shared)
 
 
-def _stage_memo(cfg: Resolved) -> dict:
+def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
     """What estimates of one architecture reuse: the part every stage shares (`_Shared`) and each
     stage's static part (`_static_stage`). Both depend on the training setup, the hardware, TP, SP,
     DP, CP, EP and ETP, whether there is a pipeline, the ZeRO stage and the micro-batches per step
@@ -469,34 +496,34 @@ def _stage_memo(cfg: Resolved) -> dict:
     join the key. How many layers full recompute checkpoints (`recompute_layers`) is not part of it:
     the shared part does not read it and a static part only whether a stage recomputes any layer
     (`activations.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
-    the stage has layers); the groups kept here add it to their keys (`_training_stages`)."""
-    par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, recompute_layers=None)
-    # the key names the parts by a number of their own: a part's key is then (number, part), which
-    # hashes in a fraction of the time the training setup in the full key takes
-    number = cfg.architecture.cached(("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
-                                      par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches),
-                                     partial(next, _STAGE_PARTS))
-    return _StageMemo(cfg.architecture, number)
-
-
-_STAGE_PARTS = itertools.count()
+    the stage has layers); the groups kept here add it to their keys (`_training_stages`). `loss`:
+    the memo of the same setup with that loss instead (a stage without the head reads nothing of
+    the loss: `_static_stage` reads the loss's parts of `_Shared` and the head's transients on the
+    last stage only)."""
+    fields = {"recompute_layers": None} if loss is None else {"recompute_layers": None, "loss": loss}
+    par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, **fields)
+    return _StageMemo(cfg.architecture, ("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
+                                         par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches))
 
 
 class _StageMemo:
-    """One configuration's stage parts in the architecture's memo (`_stage_memo`), read and written
-    as a dict; each part is a value of its own there, sized and dropped on its own (estimator/memo.py)."""
+    """One configuration's stage parts (`_stage_memo`): a dict that is one value in the architecture's
+    memo, whose bytes grow by each part's as it is added (estimator/memo.py), read and written as a
+    dict (a part is read far more often than the memo's bookkeeping could afford per part)."""
 
-    __slots__ = ("memo", "token", "number")
+    __slots__ = ("parts", "entry")
 
-    def __init__(self, arch: Architecture, number: int):
-        self.memo, self.token, self.number = _memo.SHARED, arch.memo_token, number
+    def __init__(self, arch: Architecture, key: tuple):
+        self.entry = _memo.SHARED.entry((arch.memo_token, key), dict, "stage parts")
+        self.parts = self.entry[0]
 
     def get(self, part, default=None):
-        return self.memo.lookup((self.token, self.number, part), default)
+        return self.parts.get(part, default)
 
     def __setitem__(self, part, value) -> None:
+        self.parts[part] = value
         kind = "shared" if part == "shared" else "group" if part[0] == "group" else "static"
-        self.memo.put((self.token, self.number, part), value, _PART_KINDS[kind])
+        _memo.SHARED.grow(self.entry, _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES)
 
 
 _PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static")}
@@ -762,6 +789,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     flight, found for every rank in one pass."""
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
     groups: dict[tuple, _Group] = {}
+    # the static parts of stages without the head do not read the loss: estimates that differ in the
+    # loss alone (a search's fused/chunked pair) share them, in the fused loss's memo
+    headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
     full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
     stages = []
@@ -775,9 +805,10 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         group = groups.get(key)
         if group is None:
             ends = (sp.first, sp.last, sp.kind_counts)  # all a static part reads of the stage
-            static = memo.get(ends)
+            home = memo if sp.last else headless
+            static = home.get(ends)
             if static is None:
-                static = memo[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
+                static = home[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
             group = groups[key] = _group(static, sp, cfg, shared, memo, key)
         static = group.static
         activations = 0  # the sum of `_activation_parts`, each part rounded as there

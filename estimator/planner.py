@@ -77,7 +77,7 @@ from .activations import interleaved_filling_microbatches, interleaved_microbatc
 from .architecture import Architecture
 from .errors import ConfigError
 from .hardware import GPUS, Hardware
-from .memory import TIGHT_FRACTION, Estimate, device_total, estimate, fragmentation_fraction
+from .memory import TIGHT_FRACTION, Estimate, device_total, estimate, step_floors
 from .parallel import Parallel
 from .roofline import Timing, expected_step, selective_recompute_s
 from .training import Training
@@ -365,7 +365,6 @@ class _Evaluator:
 
     def __init__(self, req: Request):
         self.req = req
-        self.fragmentation = fragmentation_fraction(req.hardware)
         self.memory: dict[tuple, int | None] = {}  # device totals
         self.speed: dict[tuple, Timing] = {}
         self.floors: dict[tuple, int | None] = {}
@@ -450,23 +449,20 @@ class _Evaluator:
         return (s.tp, s.pp, s.vpp, s.first, s.last, s.ep, s.etp, s.zero, s.cp > 1)
 
     def floor(self, s: Shape) -> int | None:
-        """The states floor of every variant of the shape (rule 1); None when the shape is invalid."""
+        """The states floor of every variant of the shape (rule 1): its stages' most at their
+        optimizer step (`memory.step_floors`, the static parts alone); None when the estimator
+        refuses the shape."""
         key = self.floor_key(s)
         if key not in self.floors:
-            e = self.estimate(s, Variant(1, "full", None, "fused"))
-            self.floors[key] = None if e is None else max(self._stage_floor(st) for st in e.stages)
-            if e is not None:
-                self.stage_params[key] = tuple(st.parameters_per_gpu for st in e.stages)
+            try:
+                floors = step_floors(self.req.architecture, self.training(Variant(1, "full", None, "fused")),
+                                     self.parallel(s), self.req.hardware)
+            except ConfigError:
+                self.floors[key] = None
+            else:
+                self.floors[key] = max(f.device_bytes for f in floors)
+                self.stage_params[key] = tuple(f.parameters_per_gpu for f in floors)
         return self.floors[key]
-
-    def _stage_floor(self, stage) -> int:
-        """What the stage's device would hold were its peak the optimizer step: the step's allocated
-        bytes plus what is outside the allocator (NCCL, CUDA context) and fragmentation, which
-        memory.estimate adds as device = allocated + outside + round(allocated x fraction)."""
-        allocated = stage.allocated_peak_bytes
-        outside = stage.device_total_bytes - allocated - int(round(allocated * self.fragmentation))
-        step = dict(stage.phase_totals)["optimizer"]
-        return step + outside + int(round(step * self.fragmentation))
 
     def shape_speeds(self, s: Shape) -> Speeds:
         """Ceilings over every micro-batch of the shape (rule 4): those of the largest micro-batch

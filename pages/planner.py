@@ -158,7 +158,7 @@ found = (f"Searched **{data['searched']:,}** layouts on {asked['gpus']:,} × {da
          "the rest judged by exact rules)")
 if not layouts:
     extra = data["wall_seconds"] - data["seconds"]
-    st.caption(found + f"; finding the fewest GPUs that fit took {extra:.1f} s more.")
+    st.caption(found + ("." if data.get("not_searched") else f"; finding the fewest GPUs that fit took {extra:.1f} s more."))
     st.warning(state.plain(data["no_fit"][:1].upper() + data["no_fit"][1:]) + ".", icon=":material/block:")
     fewest = data.get("smallest_fit") or {}
     own = fewest.get(data["gpu"])

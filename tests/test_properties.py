@@ -178,23 +178,25 @@ def test_more_experts_per_token_never_lower_the_peak(config):
 @SETTINGS
 @given(configs(), st.sampled_from([(0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]),
        st.lists(st.tuples(st.sampled_from([None, 1, 2, 3]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4]),
-                          st.sampled_from([1, 2]), st.sampled_from([1, 2]), st.sampled_from([512, 2048])),
+                          st.sampled_from([1, 2]), st.sampled_from([1, 2]), st.sampled_from([512, 2048]),
+                          st.sampled_from(["fused", "chunked", "standard"])),
                 min_size=2, max_size=6))
 def test_what_an_architecture_remembers_never_changes_an_estimate(config, moe_pattern, steps):
     # a layout search and an app rerun read the checked configuration, the ledger, the stage split and
     # the stages' static parts and groups back from the architecture's memo (memory._stage_memo), keyed
     # by what each reads; every estimate of a sequence on one architecture object must equal the same
     # estimate made from nothing (a fresh copy of the architecture), formulas and sources included. MoE
-    # models get dense first layers or MoE every 2nd or 3rd layer, so that where a stage's layers sit matters
+    # models get dense first layers or MoE every 2nd or 3rd layer, so that where a stage's layers sit matters;
+    # the loss varies too (stages without the head share their static parts across losses)
     arch, training, par = config
     if arch.is_moe:
         arch = dataclasses.replace(arch, first_dense_layers=moe_pattern[0], moe_layer_frequency=moe_pattern[1])
     checked = 0
-    for layers, every, pp, vpp, micro, seq in steps:
+    for layers, every, pp, vpp, micro, seq, loss in steps:
         try:
             tr = grow(training, recompute="full" if layers or every > 1 else training.recompute,
                       recompute_layers=None if every > 1 else layers, recompute_every=every,
-                      micro_batch_size=micro, seq_len=seq)
+                      micro_batch_size=micro, seq_len=seq, loss=loss)
             layout = Parallel(tp=par.tp, pp=pp, vpp=vpp if pp > 1 else 1, dp=par.dp, zero_stage=par.zero_stage,
                               sequence_parallel=par.sequence_parallel)
             remembered = estimate(arch, tr, layout)
