@@ -38,6 +38,7 @@ from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import OPTIMIZERS
 from .adapters import adapter_states, first_layer_input_frozen, inventory, trainable_count
 from .kbit import ledger_training, math_attention
+from .fsdp1 import frozen_weights_train, is_fsdp1
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import FSDP_FRAMEWORKS, Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -507,7 +508,10 @@ class _StaticStage(NamedTuple):
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared) -> _StaticStage:
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
-    ms = adapter_states(inv, training, recipe, par, zero) if inv else model_states(sp, training, recipe, par, zero)
+    # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
+    frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
+    ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else \
+        model_states(sp, training, recipe, par, zero)
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     deferred = act.deferred_wgrad_microbatches(training, m) if last else 0
@@ -523,7 +527,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
-    grads_live = training.framework == "megatron" or m > 1 or par.pp > 1
+    # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
+    grads_live = training.framework == "megatron" or (m > 1 and not is_fsdp1(training)) or par.pp > 1
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the

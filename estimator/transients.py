@@ -94,6 +94,11 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                                   layer * P + layer_trainable * G,
                                   f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
                                   f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
+    if fw == "fsdp1":
+        from .fsdp1 import transients as fsdp1_transients
+        f1, b1 = fsdp1_transients(training, recipe, stage, act.microbatches(training, par), inv)
+        fwd += f1
+        bwd += b1
     if fw == "deepspeed":
         src = ("DeepSpeed ZeRO config docs: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
                "stage3_max_live_parameters 1e9, sub_group_size 1e9 (defaults)")

@@ -22,6 +22,9 @@ def _runs() -> list[Run]:
         Run("llama-3.1-8b", 8, 4096, recompute="full", accumulation=2),
         Run("llama-3.1-8b", 8, 2048),
         Run("llama-3.1-8b", 8, 4096, recompute="full", lora_rank=16),
+        Run("qwen3-8b", 8, 4096, recompute="full"),
+        Run("llama-3.2-1b", 4, 2048, accumulation=4),
+        Run("qwen2.5-7b", 8, 4096, recompute="full", lora_rank=16, accumulation=2),
     ]
 
 

@@ -81,6 +81,8 @@ def meta_model(run: Run):
         config.num_hidden_layers = run.layers
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if config.tie_word_embeddings:  # built on meta the head is a parameter of its own: tie it as a real build does
+        model.lm_head.weight = model.get_input_embeddings().weight
     if run.recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if run.lora_rank:
