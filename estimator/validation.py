@@ -109,6 +109,9 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if training.framework == "fsdp1":
         from .fsdp1 import check as check_fsdp1
         check_fsdp1(training, par)
+    if training.mode == "training" and training.optimizer in ("paged_adamw", "paged_adamw8bit"):
+        from .paged import check as check_paged
+        check_paged(training)
     if training.offload_optimizer != "none" or training.offload_parameters != "none":
         _check_offload(training, par)
     if training.mode == "training":
