@@ -13,8 +13,9 @@ optimizers"). So they are shown as their own component outside the allocator, an
 they need once paged out.
 
 What is paged, per tensor: `PagedAdamW` keeps two fp32 states (exp_avg, exp_avg_sq) whatever the
-parameter's dtype (`Optimizer2State.init_state`, optim_bits 32); `PagedAdamW8bit` two uint8 states (1 byte each) for tensors of at least 4096 elements
-(`min_8bit_size`), with an fp32 absmax per 256-element block beside them (not paged).
+parameter's dtype (`Optimizer2State.init_state`, optim_bits 32); `PagedAdamW8bit` two uint8 states (1
+byte each) for tensors of at least 4096 elements (`min_8bit_size`), with an fp32 absmax per
+256-element block beside them (not paged).
 """
 
 from __future__ import annotations

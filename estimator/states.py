@@ -112,8 +112,8 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     G = bytes_per_element(recipe.grad_dtype)
     master = recipe.master_weights
     if fw in FULLY_SHARDED_FRAMEWORKS and master:
-        # FSDP2 (and FSDP1's FlatParameter, fsdp1.py) keeps the sharded parameters in fp32: they are the master copy; the bf16 copies are
-        # gathered per unit while it runs (see transients).
+        # FSDP2 (and FSDP1's FlatParameter, fsdp1.py) keeps the sharded parameters in fp32: they are the master
+        # copy; the bf16 copies are gathered per unit while it runs (see transients).
         P_stored, M = 4.0, 0.0
     else:
         P_stored, M = P, (4.0 if master else 0.0)
