@@ -283,7 +283,7 @@ def adapter_dtype(training, recipe) -> str:
     weights dtype (torchtune's bf16 LoRA recipes)."""
     if training.framework == "hf":
         return "fp32"
-    if training.framework == "fsdp2" and recipe.master_weights:
+    if training.framework in ("fsdp2", "fsdp1") and recipe.master_weights:  # FSDP1: the fp32 FlatParameter
         return "fp32"
     return recipe.param_dtype
 
@@ -368,6 +368,8 @@ def inventory(arch, training, recipe, sp) -> Inventory:
     P = bytes_per_element(recipe.param_dtype if base in QUANTIZED else base)  # the rest of a quantized base
     if adapter.prepare_kbit:  # peft's prepare_model_for_kbit_training casts the rest to fp32 (kbit.py)
         P = 4.0
+    if training.framework == "fsdp1" and recipe.master_weights and base not in QUANTIZED and not adapter.base_dtype:
+        P = 4.0  # FSDP1's FlatParameters keep the weights' own dtype, fp32 under mixed precision (fsdp1.py)
     frozen = sp.local
     frozen_bytes = quantized_bytes_total + P * (frozen - quantized)
     return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest, count)
@@ -394,12 +396,13 @@ STEP_COUNTER_BYTES = 512
 FUSED_ADAMW_FRAMEWORKS = ("hf", "torchtune")
 
 
-def adapter_states(inv: Inventory, training, recipe, par, zero: int):
+def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with_grads: float = 0.0):
     """Model states of an adapter fine-tune on one GPU. The frozen base is sharded like any
     parameter where the framework shards parameters (FSDP2's fully_shard and DeepSpeed ZeRO-3
     partition frozen parameters too), else replicated; gradients, master weights and optimizer
     states exist for the trainable tensors only (the optimizer is built over them) and shard from
-    ZeRO 2 and 1 as in `states.model_states`; `inv` is the stage's `inventory`."""
+    ZeRO 2 and 1 as in `states.model_states`; `inv` is the stage's `inventory`. `frozen_with_grads`:
+    frozen elements that get gradients anyway (FSDP1 units holding frozen and trainable weights, fsdp1.py)."""
     from .dtypes import bytes_per_element
     from .optimizers import OPTIMIZERS
     from .components import once
@@ -407,7 +410,7 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
     from .training import FSDP_FRAMEWORKS
 
     d = par.dp
-    param_stage = 2 if training.framework in FSDP_FRAMEWORKS else 3  # FSDP2 keeps shards at 2 too (states.py)
+    param_stage = 2 if training.framework in FSDP_FRAMEWORKS + ("fsdp1",) else 3  # FSDP2 keeps shards at 2 too
 
     def sharded(value: float, from_stage: int) -> float:
         return value / d if zero >= from_stage else value
@@ -434,7 +437,7 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
         return states(n, s) / n if n else 0.0
 
     params = sharded(inv.frozen_bytes + A * inv.adapters + S * inv.saved, param_stage)
-    grads = sharded(G_a * inv.adapters + G_s * inv.saved, 2)
+    grads = sharded(G_a * (inv.adapters + frozen_with_grads) + G_s * inv.saved, 2)
     masters = sharded(M * inv.trainable, 1)
     # a step counter per trainable tensor, on every rank (each holds a shard of every tensor)
     counters = STEP_COUNTER_BYTES * inv.tensors if training.framework in FUSED_ADAMW_FRAMEWORKS and \
@@ -452,7 +455,9 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int):
         if inv.saved:
             trainable += f" + {S:g} B x {inv.saved:,.0f} trainable embedding/head copies"
         grads_text = f"{G_a:g} B x {inv.adapters:,.0f} adapter params" + (
-            f" + {G_s:g} B x {inv.saved:,.0f} embedding/head copies" if inv.saved else "") + " (frozen base: none)"
+            f" + {G_s:g} B x {inv.saved:,.0f} embedding/head copies" if inv.saved else "") + (
+            f" + {G_a:g} B x {frozen_with_grads:,.0f} frozen params sharing their FSDP1 units' FlatParameters"
+            if frozen_with_grads else " (frozen base: none)")
         return {
             "parameters": quant + trainable + (shard if zero >= param_stage else ""),
             "fp8_weight_copies": "",
@@ -489,6 +494,9 @@ def trainable_weights(training, arch) -> frozenset[str]:
     names = {"embedding", "head"} if adapter.trainable_embeddings else set()
     if reads_input_directly(training):
         names |= {m.name for k in arch.kinds for m in adapted_modules(adapter, arch, k)}
+    from .fsdp1 import frozen_weights_train
+    if frozen_weights_train(training):  # a layer's weights share its FSDP1 FlatParameter with adapters (fsdp1.py)
+        names |= {m.name for k in arch.kinds for m in layer_modules(arch, k)} | {"norm"}
     return frozenset(names)
 
 

@@ -17,8 +17,9 @@ from .hardware import Hardware
 from .parallel import Parallel
 
 # Components that are not tensors in PyTorch's allocator
-NON_ALLOCATOR = ("communication", "runtime", "fragmentation")  # not tensors: not in max_memory_allocated
-OUTSIDE_ALLOCATOR = ("communication", "runtime")  # not in max_memory_reserved either
+# "managed": cudaMallocManaged memory (bitsandbytes' paged optimizer states, paged.py)
+NON_ALLOCATOR = ("communication", "runtime", "fragmentation", "managed")  # not in max_memory_allocated
+OUTSIDE_ALLOCATOR = ("communication", "runtime", "managed")  # not in max_memory_reserved either
 # Components a phase lists even at zero bytes (the contract's keys)
 ALWAYS = ("parameters", "gradients", "optimizer_states", "activations")
 

@@ -39,6 +39,7 @@ from .offload import OFFLOAD_SOURCES, Placement, placement
 from .optimizers import OPTIMIZERS
 from .adapters import adapter_states, bnb_held_entries, first_layer_input_frozen, inventory, trainable_count
 from .kbit import ledger_training, math_attention
+from .fsdp1 import frozen_weights_train, is_fsdp1
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .training import FSDP_FRAMEWORKS, Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -597,12 +598,17 @@ class _StaticStage(NamedTuple):
     host: tuple[Component, ...]  # offloaded to host memory (offload.py)
     nvme: tuple[Component, ...]  # offloaded to NVMe
     backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
+    managed: Component | None = None  # paged optimizer states in managed memory, outside the allocator (paged.py)
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared) -> _StaticStage:
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
-    ms = adapter_states(inv, training, recipe, par, zero) if inv else model_states(sp, training, recipe, par, zero)
+    # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
+    frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
+    ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else \
+        model_states(sp, training, recipe, par, zero)
+    ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     deferred = act.deferred_wgrad_microbatches(training, m) if last else 0
@@ -618,7 +624,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
-    grads_live = training.framework == "megatron" or m > 1 or par.pp > 1
+    # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
+    grads_live = training.framework == "megatron" or (m > 1 and not is_fsdp1(training)) or par.pp > 1
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
@@ -663,8 +670,28 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     communication = shared.moe_communication if moe_stage else shared.communication
     parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end))
-    return _StaticStage(totals, communication, communication.bytes + shared.runtime.bytes, sp.num_layers,
-                        int(round(sp.local)), parts, place.host, place.nvme, backward_end)
+    outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
+    return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
+                        place.host + paged_host, place.nvme, backward_end, managed)
+
+
+def _paged_states(ms, arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  inv, zero: int) -> tuple:
+    """A paged optimizer's large states leave the allocator for managed memory (paged.py): the model
+    states less them, their component on the GPU and the host memory they need when paged out."""
+    from .paged import components as paged_components, is_paged, paged_bytes
+    if not is_paged(training):
+        return ms, None, ()
+    shards = par.dp * par.cp if zero >= 1 else 1
+    on_gpu, elements = paged_bytes(arch, training, sp, inv, shards)
+    managed, host = paged_components(on_gpu, elements, training)
+    written = ms.formulas
+
+    def formulas() -> dict[str, str]:
+        text = written()
+        return {**text, "optimizer_states": text["optimizer_states"] + f", less {on_gpu / 2**30:,.2f} GiB paged to "
+                                                                      "managed memory (outside the allocator)"}
+    return ms._replace(optimizer_states=ms.optimizer_states - on_gpu, formulas=once(formulas)), managed, (host,)
 
 
 def _math_attention_moment(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
@@ -878,4 +905,5 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
-    return phases, (static.communication, shared.runtime, fragmentation(allocated, shared.hardware))
+    managed = (static.managed,) if static.managed else ()
+    return phases, (static.communication, shared.runtime, *managed, fragmentation(allocated, shared.hardware))

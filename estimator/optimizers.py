@@ -54,6 +54,15 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
               "(transformers' Adafactor default beta1=None)", LARGEST_TENSOR),
     Optimizer("lion", lambda n, small, hidden, factored, s: s * n, "Chen et al. 2023 (Lion): one momentum buffer",
               LARGEST_TENSOR),
+    # bitsandbytes' paged optimizers (paged.py): the same states, those of large tensors in managed memory
+    Optimizer("paged_adamw", lambda n, small, hidden, factored, s: 2 * 4.0 * n,
+              "bitsandbytes PagedAdamW (optim/adamw.py; Optimizer2State with optim_bits 32 keeps fp32 states whatever "
+              "the parameter's dtype): two fp32 moments per parameter, those of tensors of >= 1e5 elements in "
+              "cudaMallocManaged pages (paged.py)", not_in=("megatron", "deepspeed", "fsdp2")),
+    Optimizer("paged_adamw8bit", _adam8bit,
+              "bitsandbytes PagedAdamW8bit (optim/adamw.py): Dettmers et al. 2022 8-bit states (1 byte each, an fp32 "
+              "absmax per 256-element block, tensors under 4096 elements in 32-bit), the 8-bit states of tensors of "
+              ">= 1e5 elements in cudaMallocManaged pages (paged.py)", not_in=("megatron", "deepspeed", "fsdp2")),
     Optimizer("muon", _muon, "Jordan et al. 2024 (Muon): one momentum buffer on 2-D hidden matrices; AdamW on "
               "embeddings, head, norms and biases", LARGEST_TENSOR),
 )}

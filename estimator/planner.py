@@ -274,8 +274,9 @@ def _expert_splits(arch: Architecture, tp: int, per_stage: int) -> list[tuple[in
 
 def _zero_stages(framework: str, shards: bool) -> tuple[int, ...]:
     """The ZeRO stages each framework runs (parallel.py); above 0 only with a group to shard over."""
-    stages = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (0, 2, 3), "hf": (0,), "torchtune": (0, 2, 3)}[framework]
-    return stages if shards else (0,)
+    stages = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (0, 2, 3), "hf": (0,),
+              "torchtune": (0, 2, 3), "fsdp1": (3,)}[framework]
+    return stages if shards or framework == "fsdp1" else (0,)  # FSDP1 is modelled FULL_SHARD only (fsdp1.py)
 
 
 # Shape fields by the name of the parallel field they set

@@ -22,14 +22,14 @@ from .errors import ConfigError
 from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import Bucket, StageParameters
-from .training import FSDP_FRAMEWORKS, Recipe, Training
+from .training import FSDP_FRAMEWORKS, FULLY_SHARDED_FRAMEWORKS, Recipe, Training
 
 ZERO_SOURCE = "Rajbhandari et al. 2020 (ZeRO), section 5; Megatron-LM distributed optimizer docs"
 
 def resolve_zero_stage(training: Training, par: Parallel) -> int:
     """The ZeRO stage the framework runs; fully_shard's default is full sharding (stage 3)."""
     fw = training.framework
-    stage = par.zero_stage if par.zero_stage is not None else (3 if fw in FSDP_FRAMEWORKS else 0)
+    stage = par.zero_stage if par.zero_stage is not None else (3 if fw in FULLY_SHARDED_FRAMEWORKS else 0)
     if fw == "hf" and stage != 0:
         raise ConfigError("parallel.zero_stage", stage, "0 with framework 'hf' (DDP)",
                           "use framework 'deepspeed' or 'fsdp2' to shard")
@@ -111,15 +111,15 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     P = bytes_per_element(recipe.param_dtype)
     G = bytes_per_element(recipe.grad_dtype)
     master = recipe.master_weights
-    if fw in FSDP_FRAMEWORKS and master:
-        # FSDP2 keeps the sharded parameters in fp32: they are the master copy; the bf16 copies are
-        # gathered per unit while it runs (see transients).
+    if fw in FULLY_SHARDED_FRAMEWORKS and master:
+        # FSDP2 (and FSDP1's FlatParameter, fsdp1.py) keeps the sharded parameters in fp32: they are the master
+        # copy; the bf16 copies are gathered per unit while it runs (see transients).
         P_stored, M = 4.0, 0.0
     else:
         P_stored, M = P, (4.0 if master else 0.0)
     # FSDP2 keeps its parameters sharded under reshard_after_forward=False too (zero_stage 2): only the
     # gathered compute copies stay between forward and backward (memory.py transients)
-    param_stage = 2 if fw in FSDP_FRAMEWORKS else 3
+    param_stage = 2 if fw in FULLY_SHARDED_FRAMEWORKS else 3
     params = sharded(P_stored * nd, P_stored * ne, param_stage)
     copies = 0.0
     fp8_split = None  # (bytes of an FP8 weight, linear weights, bytes of the others, other weights)

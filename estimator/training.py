@@ -27,9 +27,12 @@ from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
 
 MODES = ("training", "inference")
-FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf", "torchtune")
+FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf", "torchtune", "fsdp1")
 # the stacks that shard with PyTorch FSDP2's fully_shard: torchtitan (fsdp2) and torchtune
 FSDP_FRAMEWORKS = ("fsdp2", "torchtune")
+# the stacks whose sharded states are fully sharded FSDP's (fp32 shards as the master copy): FSDP2's and
+# PyTorch FSDP1 (FullyShardedDataParallel) as the HF Trainer with Accelerate runs it (fsdp1.py)
+FULLY_SHARDED_FRAMEWORKS = FSDP_FRAMEWORKS + ("fsdp1",)
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 LOSSES = ("standard", "fused", "chunked")
@@ -140,6 +143,8 @@ FRAMEWORK_SOURCES = {
     "fsdp2": "PyTorch fully_shard / MixedPrecisionPolicy docs; torchtitan default policy",
     "deepspeed": "Rajbhandari et al. 2020 (ZeRO), section 3; DeepSpeed bf16 optimizer",
     "hf": "PyTorch torch.optim (state follows the parameter's dtype); HF Trainer docs",
+    "fsdp1": "PyTorch FullyShardedDataParallel (FSDP1) MixedPrecision docs; accelerate FullyShardedDataParallelPlugin "
+             "(bf16 param, reduce and buffer dtypes over fp32 weights)",
     "torchtune": "torchtune recipes (full_finetune_*, lora_finetune_*): the model, its gradients and AdamW states in "
                  "one dtype (dtype: bf16), fused AdamW; FSDP2 fully_shard when distributed",
 }
@@ -147,7 +152,7 @@ FRAMEWORK_SOURCES = {
 
 def resolve_recipe(training: Training) -> Recipe:
     fw, p = training.framework, training.param_dtype
-    if fw in ("megatron", "fsdp2"):
+    if fw in ("megatron", "fsdp2", "fsdp1"):
         master = p != "fp32" if training.master_weights is None else training.master_weights
         grad = training.grad_dtype or "fp32"
         opt = training.optimizer_dtype or ("fp32" if master or fw == "megatron" else p)

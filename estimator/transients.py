@@ -105,7 +105,14 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                                   "(the frozen base gets none)", src + "; " + FSDP2_RS_SOURCE))
         else:
             bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
-                                  layer * P + layer_trainable * G, f"({P:g} + {G:g}) B x one layer's parameters", src))
+                                  layer * P + layer_trainable * G,
+                                  f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
+                                  f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
+    if fw == "fsdp1":
+        from .fsdp1 import transients as fsdp1_transients
+        f1, b1 = fsdp1_transients(training, recipe, stage, act.microbatches(training, par), inv)
+        fwd += f1
+        bwd += b1
     if fw == "deepspeed":
         b_fwd, b_bwd, b_persistent = deepspeed_buffers(arch, training, recipe, stage, zero, trainable)
         fwd += b_fwd

@@ -106,6 +106,12 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         _check_op_level(arch, training)
     if training.framework == "torchtune":
         _check_torchtune(training, par)
+    if training.framework == "fsdp1":
+        from .fsdp1 import check as check_fsdp1
+        check_fsdp1(training, par)
+    if training.mode == "training" and training.optimizer in ("paged_adamw", "paged_adamw8bit"):
+        from .paged import check as check_paged
+        check_paged(training)
     if training.offload_optimizer != "none" or training.offload_parameters != "none":
         _check_offload(training, par)
     if training.mode == "training":

@@ -38,6 +38,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "workspace": ("Library workspaces", "#79706E"),
     "communication": ("NCCL buffers", "#FF9DA6"),
     "runtime": ("CUDA context", "#8C8C8C"),
+    "managed": ("Paged optimizer states (managed memory)", "#9467BD"),
     "fragmentation": ("Fragmentation", "#BAB0AC"),
 }
 _EXTRA_COLOURS = ("#17BECF", "#BCBD22", "#7F7F7F", "#AEC7E8", "#FFBB78", "#98DF8A")

@@ -1,0 +1,92 @@
+"""PyTorch FSDP1 (training.framework "fsdp1", estimator/fsdp1.py) against hand computation and the
+harness records (tests/data/measured/fsdp1, validation/fsdp1)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator import estimate_config
+from estimator.errors import ConfigError
+
+RECORDS = Path(__file__).parent / "data" / "measured" / "fsdp1"
+# Llama-3.1-8B: a decoder layer (q, o 4096 x 4096; k, v 1024 x 4096; gate, up, down 14336 x 4096; two norms)
+LAYER = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096 + 2 * 4096
+ROOT = 2 * 128_256 * 4096 + 4096  # embedding, head, final norm
+ADAPTERS = 16 * ((4096 + 4096) + 2 * (4096 + 1024) + (4096 + 4096) + 3 * (4096 + 14336)) * 32
+
+
+def record(name: str) -> dict:
+    return json.loads((RECORDS / f"fsdp1-llama-3.1-8b-{name}.json").read_text())
+
+
+def phase_component(cfg: dict, phase: str, label: str) -> int:
+    result = estimate_config(cfg)
+    stage = next(s for s in result.stages if s.stage == result.peak_stage)
+    components = next(p for p in stage.phases if p.name == phase).components
+    return sum(piece.bytes for c in components for piece in (c.parts or (c,)) if label in piece.label)
+
+
+def test_the_root_unit_stays_gathered_and_the_next_layer_is_prefetched():
+    """Forward holds the bf16 root unit; backward starts with it and the last layer's unit (BACKWARD_PRE):
+    the two unsharded FlatParameters the harness saw at backward's peak (2,004 MiB and 416 MiB)."""
+    assert LAYER == 218_112_000
+    cfg = record("full-w8-recompute-s4096-b1")["config"]
+    assert phase_component(cfg, "forward", "Unsharded root unit") == 2 * ROOT
+    assert phase_component(cfg, "backward", "Unsharded root unit and the prefetched layer") == 2 * (ROOT + LAYER)
+
+
+def test_no_sync_keeps_every_unsharded_gradient():
+    """Two micro-batches, the first under no_sync(): 2 B (bf16) x every parameter more at the last
+    micro-batch's peak, estimated and measured (to FSDP's padding)."""
+    params = 32 * LAYER + ROOT
+    cfg = record("full-w8-recompute-s4096-b1-ga2-nosync")["config"]
+    assert phase_component(cfg, "forward", "no_sync") == 2 * params
+    grown = record("full-w8-recompute-s4096-b1-ga2-nosync")["measured"]["peak_bytes"] - \
+        record("full-w8-recompute-s4096-b1")["measured"]["peak_bytes"]
+    assert grown == pytest.approx(2 * params, rel=1e-4)
+
+
+def test_lora_units_give_their_frozen_weights_gradients():
+    """With use_orig_params a layer's frozen weights share its FlatParameter with the adapters: each rank
+    keeps the fp32 sharded gradient of whole layers; the frozen root unit has none (measured to the byte)."""
+    rec = record("lora-r16-all7-w8-recompute-s4096-b1")
+    by_hand = 4 * (32 * LAYER + ADAPTERS) // 8
+    assert by_hand == rec["measured"]["phases"]["optimizer"]["gradients"] == 3_510_763_520
+    result = estimate_config(rec["config"])
+    step = next(p for p in result.stages[0].phases if p.name == "optimizer")
+    assert next(c.bytes for c in step.components if c.key == "gradients") == by_hand
+
+
+def test_rank_zero_holds_the_first_adapters_of_each_layer():
+    """A rank's slice is contiguous in registration order: rank 0's first 1/8 of a layer (27.3M elements)
+    covers q, k, v (25.2M) with their LoRA A and B, not o's adapters (after o's own 16.8M): its fused AdamW
+    keeps two fp32 states of those and a step counter (a 512-byte block) for each of the six."""
+    qkv = 16 * ((4096 + 4096) + 2 * (4096 + 1024))
+    rank_slice = (LAYER + ADAPTERS // 32) // 8
+    assert 4096 * 4096 + 2 * 1024 * 4096 + qkv < rank_slice < 2 * 4096 * 4096 + 2 * 1024 * 4096
+    by_hand = 32 * (8 * qkv + 6 * 512)
+    assert by_hand == record("lora-r16-all7-w8-recompute-s4096-b1")["measured"]["optimizer_states"] == 75_595_776
+
+
+def test_every_record_within_half_a_percent():
+    for path in sorted(RECORDS.glob("*.json")):
+        rec = json.loads(path.read_text())
+        result = estimate_config(rec["config"])
+        stage = next(s for s in result.stages if s.stage == result.peak_stage)
+        tensors = stage.allocated_peak_bytes - stage.component("workspace").bytes
+        assert tensors == pytest.approx(rec["measured"]["peak_bytes"], rel=0.005), path.stem
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"parallel": {"tp": 2, "dp": 4}}, "parallel.tp"),
+    ({"parallel": {"dp": 8, "zero_stage": 2}}, "parallel.zero_stage"),
+    ({"training": {"offload_optimizer": "cpu", "offload_parameters": "cpu"}}, "training.offload_optimizer"),
+])
+def test_what_is_not_modelled_is_refused(change, field):
+    cfg = record("full-w8-recompute-s4096-b1")["config"]
+    for section, values in change.items():
+        cfg[section].update(values)
+    with pytest.raises(ConfigError) as err:
+        estimate_config(cfg)
+    assert err.value.field == field
