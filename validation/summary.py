@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 MEASURED = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
-FRAMEWORKS = ("hf", "torchtitan", "megatron", "peft", "torchtune")  # "hf": the top-level records
+FRAMEWORKS = ("hf", "torchtitan", "megatron", "peft", "torchtune", "fsdp1")  # "hf": the top-level records
 BOUND = 0.05  # the allocated peak within 5%
 # each record folder's framework as the README names it, in the order the README lists them
 FRAMEWORK_NAMES = {"hf": "Hugging Face transformers", "peft": "PEFT", "torchtitan": "torchtitan",
-                   "torchtune": "torchtune", "megatron": "Megatron-Core"}
+                   "torchtune": "torchtune", "megatron": "Megatron-Core", "fsdp1": "PyTorch FSDP1"}
 NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 README = MEASURED.parent.parent.parent / "README.md"
 # the README's sentence between these markers is `headline()`'s, written by `python -m validation readme`
