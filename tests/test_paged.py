@@ -34,8 +34,12 @@ def test_large_states_leave_the_allocator_for_managed_memory():
     stage = paged["stages"][0]
     assert stage["outside_allocator"]["managed"] == managed
     # not in max_memory_allocated nor max_memory_reserved; in the device total (nvidia-smi) while on the GPU
-    assert plain["allocated_peak_bytes"] - paged["allocated_peak_bytes"] == managed
-    assert stage["components"]["optimizer_states"] == plain["stages"][0]["components"]["optimizer_states"] - managed
+    # ... nor torch's fused AdamW's 512-byte step counter per trainable tensor (32 layers x 7 modules x A and B),
+    # which bitsandbytes' paged optimizer keeps on the host
+    counters = 512 * 32 * 7 * 2
+    assert plain["allocated_peak_bytes"] - paged["allocated_peak_bytes"] == managed + counters
+    assert stage["components"]["optimizer_states"] == \
+        plain["stages"][0]["components"]["optimizer_states"] - managed - counters
     outside = sum(stage["outside_allocator"].values())
     assert paged["device_total_bytes"] - paged["reserved_peak_bytes"] == outside
     # and the host memory they need when the driver pages them out

@@ -125,6 +125,8 @@ def fake_world(setup: Setup):
     from megatron.core.tensor_parallel import random as mrandom
 
     rank = setup.stage_index * setup.tp * setup.cp * setup.dp
+    if dist.is_initialized():  # another harness's fake world (torchtitan's, FSDP1's) left for its next run
+        dist.destroy_process_group()
     dist.init_process_group("fake", rank=rank, world_size=setup.world_size, store=FakeStore())
     try:
         ps.initialize_model_parallel(
