@@ -810,7 +810,7 @@ class _Search:
             self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
             return lower
         full = _FullSpeeds(speed)
-        if most > 1:  # the family's fastest setting, exactly: a ceiling for every n (rule 5)
+        if most > 1 and full.loose:  # the family's fastest setting, exactly: a ceiling for every n (rule 5)
             one = self._speed(s, self._full(b, 1, most))
             if one is not None:
                 full.exact[1] = one
@@ -859,7 +859,7 @@ class _Search:
             if lo >= hi:
                 return
         floor = max(lower, _at_least(known, hi - 1))
-        if not self._out(floor, speed.ceiling(lo)) and lo not in speed.exact:
+        if speed.loose and not self._out(floor, speed.ceiling(lo)) and lo not in speed.exact:
             exact = self._speed(s, self._full(b, lo, most))  # the range's fastest, exactly (rule 5)
             if exact is not None:
                 speed.exact[lo] = exact
@@ -893,6 +893,9 @@ class _Search:
                       tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
 
 
+LOOSE = 1.2  # a ceiling this far above the exact speed: exact speeds of full recompute pay (_FullSpeeds)
+
+
 class _FullSpeeds:
     """Ceilings on the speed of full recompute of n layers at one shape and micro-batch: the
     shape's (`Speeds`), and the exact speed of any n' <= n found so far (`exact`, n' -> tokens/s
@@ -901,6 +904,10 @@ class _FullSpeeds:
     def __init__(self, speeds: Speeds):
         self.speeds = speeds
         self.exact: dict[int, float] = {}
+        # whether exact speeds are worth their rooflines: where the shape's ceiling without recompute
+        # is well above the exact speed (an MoE model's expert traffic, which the ceiling scales to
+        # the stage with the fewest MoE layers); a choice of cost, never of the answer
+        self.loose = speeds._replace(cap=math.inf).ceiling("none") > LOOSE * speeds.cap
 
     def ceiling(self, n: int) -> float:
         return min([self.speeds.ceiling("full", n)] + [v for k, v in self.exact.items() if k <= n])
