@@ -816,8 +816,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     flight, found for every rank in one pass."""
     arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
     groups: dict[tuple, _Group] = {}
-    # the static parts of stages without the head do not read the loss: estimates that differ in the
-    # loss alone (a search's fused/chunked pair) share them, in the fused loss's memo
+    # the static parts and activation groups of stages without the head do not read the loss:
+    # estimates that differ in the loss alone (a search's fused/chunked pair) share them, in the fused
+    # loss's memo
     headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
     full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
@@ -836,7 +837,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             static = home.get(ends)
             if static is None:
                 static = home[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
-            group = groups[key] = _group(static, sp, cfg, shared, memo, key)
+            group = groups[key] = _group(static, sp, cfg, shared, home, key)
         static = group.static
         activations = 0  # the sum of `_activation_parts`, each part rounded as there
         for unit in group.units:

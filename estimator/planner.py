@@ -54,7 +54,11 @@ Speed, from the roofline's step (roofline.py):
 
 A set of layouts is skipped whole when its ceiling is below the current top list and a layout
 already found needs no more memory than its floor at no less speed: nothing in it can enter the
-answer. Every layout enumerated is judged, by its own estimate or by these rules; `Plan.searched`
+answer. The ceilings of rule 4 are bounds over every stage and can be twice a layout's speed, so
+the search tightens them with exact speeds where one roofline settles many layouts: at a shape
+and micro-batch, the speed without recompute caps every recompute setting (rule 4), and a range of
+full recompute settings n = lo ... hi - 1 is capped by the exact speed of n = lo, its fastest
+(rule 5), computed before the range's memory is estimated. Every layout enumerated is judged, by its own estimate or by these rules; `Plan.searched`
 counts them, `Plan.estimates` and `Plan.rooflines` the full evaluations, `Plan.pruned` the rules.
 """
 
@@ -823,14 +827,29 @@ class _Search:
         if self._out(lower, speed.ceiling("full", 1)):
             self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
             return lower
-        top = self._candidate(s, self._full(b, most, most), lower, speed.ceiling("full", most))
+        full = _FullSpeeds(speed)
+        if most > 1 and full.loose:  # the family's fastest setting, exactly: a ceiling for every n (rule 5)
+            one = self._speed(s, self._full(b, 1, most))
+            if one is not None:
+                full.exact[1] = one
+                if self._out(lower, one):
+                    self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
+                    return lower
+        top = self._candidate(s, self._full(b, most, most), lower, full.ceiling(most))
         if top is not None:
             known[most] = top
         if top is not None and not self.req.within(top):
             self._judge(2 * (most - 1) - self._estimated_full(s, b, range(1, most), most), "monotone recompute")
         else:
-            self._interval(s, b, 1, most, lower if top is None else top, _FullSpeeds(speed), known)
+            self._interval(s, b, 1, most, lower if top is None else top, full, known)
         return lower if top is None else top
+
+    def _speed(self, s: Shape, v: Variant) -> float | None:
+        """The expected tokens/s per GPU of a layout (None: the roofline refuses it)."""
+        try:
+            return self.ev.roofline(s, v).step.tokens_per_s_per_gpu
+        except ConfigError:
+            return None
 
     def _full(self, b: int, n: int, most: int) -> Variant:
         return Variant(b, "full", None if n == most else n, "fused")
@@ -857,7 +876,12 @@ class _Search:
             lo = last_over + 1
             if lo >= hi:
                 return
-        if self._out(max(lower, _at_least(known, hi - 1)), speed.ceiling(lo)):
+        floor = max(lower, _at_least(known, hi - 1))
+        if speed.loose and not self._out(floor, speed.ceiling(lo)) and lo not in speed.exact:
+            exact = self._speed(s, self._full(b, lo, most))  # the range's fastest, exactly (rule 5)
+            if exact is not None:
+                speed.exact[lo] = exact
+        if self._out(floor, speed.ceiling(lo)):
             self._judge(2 * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
             return
         mid = (lo + hi - 1) // 2
@@ -887,6 +911,9 @@ class _Search:
                       tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
 
 
+LOOSE = 1.2  # a ceiling this far above the exact speed: exact speeds of full recompute pay (_FullSpeeds)
+
+
 class _FullSpeeds:
     """Ceilings on the speed of full recompute of n layers at one shape and micro-batch: the
     shape's (`Speeds`), and the exact speed of any n' <= n found so far (`exact`, n' -> tokens/s
@@ -895,6 +922,10 @@ class _FullSpeeds:
     def __init__(self, speeds: Speeds):
         self.speeds = speeds
         self.exact: dict[int, float] = {}
+        # whether exact speeds are worth their rooflines: where the shape's ceiling without recompute
+        # is well above the exact speed (an MoE model's expert traffic, which the ceiling scales to
+        # the stage with the fewest MoE layers); a choice of cost, never of the answer
+        self.loose = speeds._replace(cap=math.inf).ceiling("none") > LOOSE * speeds.cap
 
     def ceiling(self, n: int) -> float:
         return min([self.speeds.ceiling("full", n)] + [v for k, v in self.exact.items() if k <= n])
