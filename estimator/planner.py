@@ -56,10 +56,13 @@ A set of layouts is skipped whole when its ceiling is below the current top list
 already found needs no more memory than its floor at no less speed: nothing in it can enter the
 answer. The ceilings of rule 4 are bounds over every stage and can be twice a layout's speed, so
 the search tightens them with exact speeds where one roofline settles many layouts: at a shape
-and micro-batch, the speed without recompute caps every recompute setting (rule 4), and a range of
-full recompute settings n = lo ... hi - 1 is capped by the exact speed of n = lo, its fastest
-(rule 5), computed before the range's memory is estimated. Every layout enumerated is judged, by its own estimate or by these rules; `Plan.searched`
-counts them, `Plan.estimates` and `Plan.rooflines` the full evaluations, `Plan.pruned` the rules.
+and micro-batch, the speed without recompute caps every recompute setting (rule 4), and, where the
+ceilings are that loose (an MoE model's expert traffic), a range of full recompute settings
+n = lo ... hi - 1 is capped by the exact speed of n = lo, its fastest (rule 5), found before the
+range's memory is estimated. Every layout enumerated is judged, by its own estimate (its device
+total, `memory.device_total`) or by these rules; `Plan.searched` counts them, `Plan.estimates` and
+`Plan.rooflines` the full evaluations, `Plan.pruned` the rules. A `Watch` (estimator/watch.py)
+follows a search and may halt it between shapes: the plan then lists the best of what it searched.
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ class Plan:
     seconds: float
     pruned: dict = field(default_factory=dict)  # layouts judged by each rule, without their own estimate
     smallest_fit: dict | None = None  # no layout fits: GPU id -> the fewest GPUs that fit (None: not within max_gpus)
-    # a search its watch halted (planner.Watch: a request to stop, its time budget): why, in words;
+    # a search its watch halted (watch.Watch: a request to stop, its time budget): why, in words;
     # the layouts it did not judge, and a speed none of them exceeds (None: not bounded)
     stopped: str | None = None
     not_searched: int = 0
@@ -412,15 +415,9 @@ class _Evaluator:
             self._record(key, total)
         return self.memory[key]
 
-    def estimate(self, s: Shape, v: Variant) -> Estimate | None:
-        """The full estimate (judging the layout if it was not yet); None when the estimator refuses it."""
-        try:
-            e = estimate(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
-        except ConfigError:
-            e = None
-        if (s, v) not in self.memory:
-            self._record((s, v), None if e is None else e.device_total_bytes)
-        return e
+    def estimate(self, s: Shape, v: Variant) -> Estimate:
+        """The full estimate of a layout judged to fit (the answer's records)."""
+        return estimate(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
 
     def _record(self, key: tuple, total: int | None) -> None:
         """A layout judged by its own estimate: its device total (None: refused), counted."""
