@@ -63,12 +63,18 @@ def configuration(record: dict) -> tuple[Architecture, Training, Parallel, Hardw
                     **recompute(record["activation_checkpointing"]))
     if prec["fp8"]:
         training.update(fp8=True, fp8_recipe=prec["fp8"])
+        if prec.get("fp8_all_gather"):  # torchao enable_fsdp_float8_all_gather
+            training["fp8_all_gather"] = True
     if record["compile"]:
         training["compile"] = True
     if other.get("cross_entropy_fusion"):  # Megatron --cross-entropy-loss-fusion --cross-entropy-fusion-impl
         training.update(loss="fused", cross_entropy_impl=other["cross_entropy_fusion"])
     if other.get("moe_grouped_gemm"):
         training["moe_grouped_gemm"] = True
+    if other.get("moe_dispatcher"):  # Megatron's flex dispatcher with HybridEP or DeepEP: our "deepep"
+        training["moe_dispatcher"] = "deepep" if other["moe_dispatcher"] == "hybridep" else other["moe_dispatcher"]
+    if other.get("grad_reduce_dtype"):  # Megatron-Bridge ddp.grad_reduce_in_fp32
+        training["grad_dtype"] = other["grad_reduce_dtype"]
     zero = 3 if lay["fsdp"] else other.get("zero_stage", 1)
     parallel = dict(tp=lay["tp"], pp=lay["pp"], vpp=lay["vpp"], cp=lay["cp"], dp=lay["dp"], ep=lay["ep"],
                     zero_stage=zero)

@@ -186,11 +186,12 @@ SETTINGS = {  # what the recipes at the container's tag add (recompute, TP overl
     "LLAMA3.1_405B": ("none", True, "recipes/llama/llama3.py llama31_405b_pretrain_config: recompute None, "
                       "tp_comm_overlap=True (userbuffers), TE cross-entropy fusion"),
     "Qwen3_30B_a3B": ("none", False, "scripts/performance/configs/qwen/qwen3_llm_pretrain.py: recompute None, "
-                      "moe_router_force_load_balancing=True, flex dispatcher (HybridEP) or alltoall; no TP"),
+                      "moe_router_force_load_balancing=True, flex dispatcher with the workload's HybridEP backend; "
+                      "the FP8_MX workloads on GB200/B300 also moe_a2a_overlap; no TP"),
     "Qwen3_235B_a22B": ("none", True, "configs/qwen/qwen3_llm_pretrain.py: recompute None, force-balanced router; "
                         "CommOverlapConfig(tp_comm_overlap=True)"),
-    "GPT OSS 120B": ("none", False, "recipes/gpt_oss/gpt_oss.py: recompute None (H100 workload: recompute_modules "
-                     "layernorm, moe_act), force-balanced router, native cross-entropy fusion"),
+    "GPT OSS 120B": ("none", False, "recipes/gpt_oss/gpt_oss.py: recompute None (the workloads may set "
+                     "recompute_modules), force-balanced router, native cross-entropy fusion"),
     "DeepSeekV3": ("selective:core_attn", False, "configs/deepseek/deepseek_llm_pretrain.py: recompute_granularity selective, "
                    "force-balanced router, MTP 1 layer (recipes/deepseek/deepseek_v3.py), no TP overlap (TP 1)"),
 }
@@ -210,13 +211,13 @@ def split(model, pp, vp, container):
     return {}
 
 
-def mb(container, model, system, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, tps, tflops, fsdp=0, extra_note="", ac=None):
+def mb(container, model, system, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, tps, tflops, fsdp=0, extra_note="", ac=None,
+       dispatcher=None, a2a_overlap=False):
     sysname, cat = SYSTEM[system]
     tag, commit = TAGS[container]
     default_ac, tpo, how = SETTINGS[model]
     ac = ac or default_ac
-    if model == "GPT OSS 120B" and system == "DGX-H100":
-        ac = "selective:layernorm,moe_act"
+    bf16_reduce = not (model.startswith("Qwen3") and container == "26.06")
     dp = gpus // (tp * pp * cp)
     moe = MODEL[model] in ("deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b", "qwen3-235b-a22b")
     layout = lay(tp=tp, pp=pp, vpp=vp or 1, cp=cp, dp=dp, ep=ep or 1, etp=1 if moe else None, fsdp=bool(fsdp),
@@ -233,31 +234,40 @@ def mb(container, model, system, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, 
         ("MoE: 'we force-balance the token distribution among experts and all benchmarks are token-dropless'. "
          if moe else "") + f"Settings at {tag}: {how}." + (" " + extra_note if extra_note else ""),
         dict({"megatron_fsdp": bool(fsdp), "sequence_parallel": tp > 1,
-              "cross_entropy_fusion": "native" if model == "GPT OSS 120B" else "te"},
-             **({"moe_grouped_gemm": True, "moe_router_force_load_balancing": True} if moe else {})))
+              "cross_entropy_fusion": "native" if model == "GPT OSS 120B" else "te",
+              # grad_reduce_in_fp32 = False in the perf scripts' common configs (not the 26.06 Qwen3 one)
+              "grad_reduce_dtype": "bf16" if bf16_reduce else "fp32"},
+             **({"moe_grouped_gemm": True, "moe_router_force_load_balancing": True,
+                 "moe_dispatcher": dispatcher or "alltoall", "moe_a2a_overlap": a2a_overlap} if moe else {})))
 
 mb("26.06", "LLAMA3.1_405B", "DGX-H100", 1024, "FP8", 1536, 1, 8192, 8, 8, 2, 8, None, 326, 822)
 mb("26.06", "LLAMA3.1_405B", "DGX-GB200", 256, "FP8", 1536, 1, 8192, 4, 16, 1, 4, None, 843, 2129)
 mb("26.06", "LLAMA3.1_405B", "DGX-GB200", 256, "MXFP8", 1536, 1, 8192, 4, 16, 1, 8, None, 783, 1976)
 mb("26.06", "DeepSeekV3", "DGX-GB200", 256, "MXFP8", 4096, 1, 4096, 1, 4, 1, 4, 64, 4969, 1292, ac="selective:mlp",
-   extra_note="Workload DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1: recompute_modules [mlp], HybridEP dispatcher.")
+   extra_note="Workload DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1: recompute_modules [mlp], HybridEP dispatcher.", dispatcher="hybridep")
 mb("26.06", "DeepSeekV3", "DGX-B300", 256, "MXFP8", 4096, 2, 4096, 1, 8, 1, None, 8, 3541, 920,
-   ac="selective:mla_up_proj", extra_note="Workload B300_V1: recompute_modules [mla_up_proj], HybridEP.")
-mb("26.06", "GPT OSS 120B", "DGX-GB200", 64, "MXFP8", 1280, 4, 4096, 1, 1, 1, None, 64, 28947, 943)
-mb("26.06", "GPT OSS 120B", "DGX-B300", 64, "MXFP8", 1280, 4, 4096, 1, 1, 1, None, 8, 18534, 604)
-mb("26.06", "Qwen3_30B_a3B", "DGX-GB200", 8, "MXFP8", 512, 4, 4096, 1, 1, 1, None, 8, 40706, 936)
-mb("26.06", "Qwen3_30B_a3B", "DGX-B300", 8, "MXFP8", 512, 8, 4096, 1, 1, 1, None, 8, 40769, 938)
-mb("26.06", "Qwen3_30B_a3B", "DGX-H100", 16, "FP8", 1024, 1, 4096, 1, 1, 1, None, 16, 8826, 203)
-mb("26.06", "Qwen3_235B_a22B", "DGX-GB200", 256, "MXFP8", 8192, 1, 4096, 1, 8, 1, 3, 32, 7376, 1092)
+   ac="selective:mla_up_proj", extra_note="Workload B300_V1: recompute_modules [mla_up_proj], HybridEP.", dispatcher="hybridep")
+mb("26.06", "GPT OSS 120B", "DGX-GB200", 64, "MXFP8", 1280, 4, 4096, 1, 1, 1, None, 64, 28947, 943, dispatcher="hybridep", a2a_overlap=True,
+   extra_note="Workload GPT_OSS_120B_PRETRAIN_CONFIG_GB200_FP8_MX_V2: EP 64, HybridEP, moe_a2a_overlap, no recompute.")
+mb("26.06", "GPT OSS 120B", "DGX-B300", 64, "MXFP8", 1280, 4, 4096, 1, 1, 1, None, 8, 18534, 604, dispatcher="hybridep",
+   extra_note="Workload B300_BF16_V2 (FP8_MX aliases it): EP 8, HybridEP, no recompute.")
+mb("26.06", "Qwen3_30B_a3B", "DGX-GB200", 8, "MXFP8", 512, 4, 4096, 1, 1, 1, None, 8, 40706, 936, dispatcher="hybridep", a2a_overlap=True)
+mb("26.06", "Qwen3_30B_a3B", "DGX-B300", 8, "MXFP8", 512, 8, 4096, 1, 1, 1, None, 8, 40769, 938, dispatcher="hybridep", a2a_overlap=True)
+mb("26.06", "Qwen3_30B_a3B", "DGX-H100", 16, "FP8", 1024, 1, 4096, 1, 1, 1, None, 16, 8826, 203, dispatcher="hybridep")
+mb("26.06", "Qwen3_235B_a22B", "DGX-GB200", 256, "MXFP8", 8192, 1, 4096, 1, 8, 1, 3, 32, 7376, 1092, dispatcher="hybridep", a2a_overlap=True,
+   extra_note="Workload GB200_FP8_MX_V2: EP 32, VP 3, HybridEP (V1), moe_a2a_overlap.")
 mb("26.04.01", "LLAMA3_70B", "DGX-H100", 64, "FP8", 256, 1, 8192, 4, 8, 1, 5, None, 1664, 731)
 mb("26.04.01", "LLAMA3_70B", "DGX-GB200", 64, "MXFP8", 256, 1, 8192, 2, 4, 1, 5, None, 3712, 1664)
-mb("26.04.01", "GPT OSS 120B", "DGX-H100", 64, "BF16", 1280, 1, 4096, 1, 4, 1, None, 8, 5824, 158)
-mb("26.04.01", "GPT OSS 120B", "DGX-B200", 64, "BF16", 1280, 4, 4096, 1, 1, 1, None, 8, 13568, 369)
+mb("26.04.01", "GPT OSS 120B", "DGX-H100", 64, "BF16", 1280, 1, 4096, 1, 4, 1, None, 8, 5824, 158, ac="selective:layernorm,moe_act",
+   extra_note="Workload H100_BF16_V1/V2: PP 4, recompute_modules [layernorm, moe_act], alltoall dispatcher.")
+mb("26.04.01", "GPT OSS 120B", "DGX-B200", 64, "BF16", 1280, 4, 4096, 1, 1, 1, None, 8, 13568, 369, ac="selective:layernorm,moe_act",
+   extra_note="Workload B200_BF16_V2: EP 8, recompute_modules [layernorm, moe_act], alltoall dispatcher.")
 mb("26.04.01", "DeepSeekV3", "DGX-B200", 256, "MXFP8", 4096, 1, 4096, 1, 8, 1, 2, 32, 3328, 864,
-   ac="selective:mla_up_proj", extra_note="Workload B200_V1: recompute_modules [mla_up_proj], HybridEP.")
-mb("26.04.01", "Qwen3_30B_a3B", "DGX-B200", 8, "MXFP8", 512, 4, 4096, 1, 1, 1, None, 8, 27136, 619)
-mb("26.04.01", "Qwen3_235B_a22B", "DGX-H100", 256, "FP8", 8192, 1, 4096, 2, 8, 1, 4, 32, 1712, 253)
-mb("26.04.01", "Qwen3_235B_a22B", "DGX-B200", 256, "MXFP8", 8192, 1, 4096, 1, 8, 1, None, 8, 3776, 560)
+   ac="selective:mla_up_proj", extra_note="Workload B200_V1: recompute_modules [mla_up_proj], HybridEP.", dispatcher="hybridep")
+mb("26.04.01", "Qwen3_30B_a3B", "DGX-B200", 8, "MXFP8", 512, 4, 4096, 1, 1, 1, None, 8, 27136, 619, dispatcher="hybridep")
+mb("26.04.01", "Qwen3_235B_a22B", "DGX-H100", 256, "FP8", 8192, 1, 4096, 2, 8, 1, 4, 32, 1712, 253, a2a_overlap=True,
+   extra_note="Workload H100_FP8_CS_V1: alltoall dispatcher, moe_a2a_overlap.")
+mb("26.04.01", "Qwen3_235B_a22B", "DGX-B200", 256, "MXFP8", 8192, 1, 4096, 1, 8, 1, None, 8, 3776, 560, extra_note="Workload B200 V1: EP 8, alltoall dispatcher, no a2a overlap.")
 mb("25.11", "LLAMA3_8B", "DGX-B200", 8, "FP8-CS", 128, 2, 8192, 1, 1, 1, None, None, 30624, 1576)
 mb("25.11", "LLAMA3_8B", "DGX-GB200", 8, "FP8-CS", 128, 2, 8192, 1, 1, 1, None, None, 31508, 1622)
 mb("25.11", "LLAMA3_8B", "DGX-H100", 8, "FP8-CS", 128, 1, 8192, 1, 1, 1, None, None, 14451, 744, fsdp=8,
@@ -265,7 +275,7 @@ mb("25.11", "LLAMA3_8B", "DGX-H100", 8, "FP8-CS", 128, 1, 8192, 1, 1, 1, None, N
 mb("25.11", "LLAMA3.1_405B", "DGX-B200", 128, "FP8-CS", 64, 1, 8192, 4, 8, 2, 8, None, 661, 1667)
 mb("25.11", "DeepSeekV3", "DGX-GB200", 256, "BF16", 4096, 1, 4096, 1, 4, 1, 4, 64, 3139, 782,
    ac="selective:mla_up_proj", extra_note="Table: 'DeepSeekV3 (w/o MTP)'. Workload (v0.2.2 configs/deepseek/"
-   "workload_base_configs.py) GB200: recompute_modules [mla_up_proj], HybridEP.")
+   "workload_base_configs.py) GB200: recompute_modules [mla_up_proj], HybridEP.", dispatcher="hybridep")
 
 OUT.mkdir(parents=True, exist_ok=True)
 for old in OUT.glob("*.json"):
