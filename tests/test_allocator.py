@@ -81,13 +81,20 @@ def test_a_resized_storage_is_freed_and_allocated_again():
     assert a.reserved_peak == 26 * MiB and a.allocated == 0
 
 
-# The replay of the CPU run's sequence misses the GPU's reserved memory by more than 1% on these (its
-# allocated peak equals the GPU's to the byte): the order in which CUDA frees the backward's tensors, or
-# the temporaries of a CUDA kernel the CPU run does not take, differ.
+# The replay of the CPU run's sequence misses the GPU's reserved memory by more than 1% on these 8B-class
+# runs (their allocated peaks equal the GPU's to the byte): what differs is the sequence, not the rules
+# (the order in which the backward frees tensors, a CUDA kernel's temporaries the CPU run does not take,
+# the model's initialisation on the GPU); on the small models every replay is within 1%.
 KNOWN_REPLAY_GAPS = {
-    "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1": "GPU 2.35% above",
-    "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2": "GPU 7.7% above",
-    "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2": "GPU 6.1% below",
+    "gemma-2-9b-bf16-adamw-recompute-eager-s4096-b1": "replay -2.0%",
+    "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2": "replay +6.1%",
+    "llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1": "replay +1.8%",
+    "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s2048-b2": "replay -2.4%",
+    "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1": "replay -2.4%",
+    "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b1": "replay -4.9%",
+    "qwen3-8b-bf16-adamw-norecompute-eager-s2048-b1": "replay +5.3%",
+    "qwen3-8b-bf16-adamw-recompute-sdpa-s8192-b1": "replay -5.1%",
+    "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2": "replay -7.7%",
 }
 
 
@@ -97,10 +104,16 @@ def load(path: Path) -> dict:
 
 
 def test_the_traces_are_there():
-    assert len(TRACES) >= 3
+    """Every HF case run on the GPU with a fake-tensor twin (paged optimizers aside)."""
+    assert len(TRACES) == 29
     ids = {p.name.removesuffix(".json.gz") for p in TRACES}
     assert {"llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable"} <= ids
-    assert set(KNOWN_REPLAY_GAPS) <= ids or len(TRACES) < 10
+    assert set(KNOWN_REPLAY_GAPS) <= ids
+
+
+def test_median_replay_error():
+    errors = sorted(abs(load(p)["simulated_reserved_bytes"] / load(p)["gpu_reserved_bytes"] - 1) for p in TRACES)
+    assert errors[len(errors) // 2] <= 0.005
 
 
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name.removesuffix(".json.gz"))
