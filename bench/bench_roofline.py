@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from estimator.config import load_config  # noqa: E402
+from estimator.loading import load_config  # noqa: E402
 from estimator.presets import list_presets  # noqa: E402
 from estimator.roofline import roofline_config  # noqa: E402
 

@@ -5,10 +5,15 @@ training, parallel, hardware) or `estimate_config()` (the contract's JSON as a d
 """
 
 from .architecture import Architecture, parameter_counts
-from .config import Config, estimate_config, load_config
+from .config import Config
+from .memory import estimate_config
+from .loading import load_config
 from .errors import ConfigError
-from .hardware import GPUS, Hardware, get_gpu
-from .memory import Component, Estimate, Fit, StageEstimate, estimate
+from .gpus import GPUS
+from .hardware import Hardware, get_gpu
+from .components import Component, StageEstimate
+from .result import Estimate, Fit
+from .memory import estimate
 from .parallel import Parallel
 from .training import Training
 

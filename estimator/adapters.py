@@ -27,133 +27,18 @@ the router and the fused expert weights).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import ConfigError
+from .choices import ALL_LINEAR, QUANTIZED, TARGETS
+from .adapter import Adapter, BNB_VERSION, base_dtype
 
-METHODS = ("lora", "qlora", "dora")
-TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "router", "experts")
-ALL_LINEAR = "all-linear"
-BASE_DTYPES = ("bf16", "fp16", "fp32", "int8", "nf4", "int4")
-QUANTIZED = ("int8", "nf4", "int4")
 
 SOURCE = ("Hu et al. 2021 (LoRA): r x (in + out) per adapted module; peft 0.21 tuners/lora/layer.py (fp32 adapters "
           "of a 16-bit base, autocast_adapter_dtype; modules_to_save keeps a trainable copy beside the original)")
 QLORA_SOURCE = ("Dettmers et al. 2023 (QLoRA): NF4 in blocks of 64 with double-quantized scales; bitsandbytes "
                 "functional.quantize_4bit (uint8 absmax per 64, fp32 absmax per 256 blocks); torchao NF4Tensor "
                 "(int8 scale per 64, one bf16 factor per 256 scales), measured in tests/data/measured/peft")
-
-
-# bitsandbytes: Linear4bit and NF4 arrived in 0.39.0 (the QLoRA release); MatMul4Bit keeps its input A for
-# backward through 0.43.1 (autograd/_functions.py: ctx.tensors = (A, B)) and nothing of it from 0.43.2 on
-# (commit 9e753741, PR #1270 "fix QLoRA mem bug: delete useless buffered activation": (None, B)); the
-# harness's emulation (validation/peft/bnb.py) equals 0.49.2 on real CPU runs
-BNB_VERSION = "0.49.2"
-BNB_FIRST_4BIT = (0, 39, 0)
-BNB_LAST_SAVING_INPUT = (0, 43, 1)
-BNB_SOURCE = ("bitsandbytes autograd/_functions.py MatMul4Bit: ctx.tensors = (A, B) through 0.43.1, (None, B) from "
-              "0.43.2 (commit 9e753741, PR #1270); measured with the emulation in validation/peft/bnb.py")
-BNB_VERSION_PATTERN = r"(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?"
-_VERSION = re.compile(BNB_VERSION_PATTERN)
-
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """`training.adapter` of the contract. ``base_dtype`` None: nf4 for qlora, else the weights
-    dtype of the run."""
-
-    method: str = "lora"
-    rank: int = 16
-    alpha: float = 32.0
-    target_modules: tuple[str, ...] = ("q", "v")  # PEFT's default for Llama-style models
-    dropout: float = 0.0
-    trainable_embeddings: bool = False
-    base_dtype: str | None = None
-    double_quant: bool = True  # NF4's block scales quantized again (bnb_4bit_use_double_quant)
-    bitsandbytes_version: str = BNB_VERSION  # the release whose Linear4bit an hf/deepspeed QLoRA runs
-    prepare_kbit: bool = False  # peft's prepare_model_for_kbit_training was called (kbit.py)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.target_modules, str):  # "all-linear" (or one name) in the JSON
-            object.__setattr__(self, "target_modules", (self.target_modules,))
-        elif isinstance(self.target_modules, list):
-            object.__setattr__(self, "target_modules", tuple(self.target_modules))
-        from .fields import check_section  # the registry reads this module's option lists
-        check_section("adapter", self)
-        if ALL_LINEAR in self.target_modules and len(self.target_modules) > 1:
-            raise ConfigError("training.adapter.target_modules", list(self.target_modules),
-                              f"either {ALL_LINEAR!r} alone or a list of {', '.join(TARGETS)}")
-        if self.method == "qlora" and self.base_dtype not in (None, "nf4"):
-            raise ConfigError("training.adapter.base_dtype", self.base_dtype, "'nf4' (or auto) with method 'qlora'",
-                              "QLoRA stores the base in NF4; choose method 'lora' for another base dtype",
-                              related=("training.adapter.method",))
-        nf4 = self.method == "qlora" or self.base_dtype == "nf4"
-        if not self.double_quant and not nf4:
-            raise ConfigError("training.adapter.double_quant", False, "true unless the base is NF4",
-                              "double quantization is NF4's (bnb_4bit_use_double_quant)",
-                              related=("training.adapter.base_dtype",))
-        _check_bnb_version(self.bitsandbytes_version, nf4)
-
-    @property
-    def all_linear(self) -> bool:
-        return self.target_modules == (ALL_LINEAR,)
-
-    def to_dict(self) -> dict:
-        """The contract's object: every field that differs from its default, and the method."""
-        out = {"method": self.method}
-        for name in ("rank", "alpha", "target_modules", "dropout", "trainable_embeddings", "base_dtype",
-                     "double_quant", "bitsandbytes_version", "prepare_kbit"):
-            value, default = getattr(self, name), getattr(Adapter(), name)
-            if value != default:
-                out[name] = ALL_LINEAR if name == "target_modules" and self.all_linear else (
-                    list(value) if isinstance(value, tuple) else value)
-        return out
-
-
-def bnb_version(text: str) -> tuple[int, int, int]:
-    match = _VERSION.fullmatch(text)
-    return tuple(int(g or 0) for g in match.groups())  # type: ignore[union-attr, return-value]
-
-
-def _check_bnb_version(text: str, nf4: bool) -> None:
-    if bnb_version(text) < BNB_FIRST_4BIT:  # its form is the field's (fields.py pattern)
-        raise ConfigError("training.adapter.bitsandbytes_version", text,
-                          "a bitsandbytes release as major.minor[.patch], 0.39.0 or later (its first 4-bit release)")
-    if text != BNB_VERSION and not nf4:
-        raise ConfigError("training.adapter.bitsandbytes_version", text, f"{BNB_VERSION!r} (the default) unless the "
-                          "base is NF4", "the release decides what bitsandbytes' 4-bit layer keeps",
-                          related=("training.adapter.base_dtype",))
-
-
-def bnb_keeps_input(training) -> bool:
-    """An hf/deepspeed QLoRA on bitsandbytes through 0.43.1: every 4-bit linear keeps its input."""
-    from .training import FSDP_FRAMEWORKS
-    adapter = training.adapter
-    return (adapter is not None and training.framework not in FSDP_FRAMEWORKS
-            and base_dtype(adapter, training.param_dtype) == "nf4"
-            and bnb_version(adapter.bitsandbytes_version) <= BNB_LAST_SAVING_INPUT)
-
-
-def adapter_from(value: object) -> Adapter | None:
-    """`training.adapter` as given in JSON (an object) or already built."""
-    if value is None or isinstance(value, Adapter):
-        return value
-    if not isinstance(value, dict):
-        raise ConfigError("training.adapter", value, "an object with method, rank, alpha, target_modules, dropout, "
-                          "trainable_embeddings, base_dtype")
-    known = [f for f in Adapter.__dataclass_fields__]
-    for key in value:
-        if key not in known:
-            raise ConfigError(f"training.adapter.{key}", value[key], f"fields of adapter: {', '.join(known)}",
-                              "unknown field")
-    return Adapter(**value)
-
-
-def base_dtype(adapter: Adapter, param_dtype: str) -> str:
-    return adapter.base_dtype or ("nf4" if adapter.method == "qlora" else param_dtype)
 
 
 # --- which modules are adapted ------------------------------------------------------------------
@@ -247,7 +132,7 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
     if training.fp8:
         raise ConfigError("training.fp8", True, "false with an adapter", "FP8 adapters are not modelled",
                           related=("training.adapter",))
-    from .training import FSDP_FRAMEWORKS
+    from .choices import FSDP_FRAMEWORKS
     if training.framework in FSDP_FRAMEWORKS and not adapter.double_quant:
         raise ConfigError("training.adapter.double_quant", False, f"true with framework {training.framework!r}",
                           "torchao's NF4 (torchtune's QLoRA) always quantizes its block scales again (to_nf4 "
@@ -291,7 +176,7 @@ def adapter_dtype(training, recipe) -> str:
 def quantized_bytes(dtype: str, m: Module, framework: str, double_quant: bool = True) -> float:
     """Storage of one frozen base linear of `m`'s shape in a quantized dtype, with its scales."""
     n = m.in_features * m.out_features
-    from .training import FSDP_FRAMEWORKS
+    from .choices import FSDP_FRAMEWORKS
     if dtype == "nf4" and framework in FSDP_FRAMEWORKS:  # torchao NF4Tensor (torchtune's QLoRA)
         # 4-bit codes, int8 scale per 64, bf16 factor per 256 scales; its mean and 16-entry code table
         # are allocations of their own (512 B each, the caching allocator's smallest block)
@@ -407,7 +292,7 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
     from .optimizers import OPTIMIZERS
     from .components import once
     from .states import ModelStates
-    from .training import FSDP_FRAMEWORKS
+    from .choices import FSDP_FRAMEWORKS
 
     d = par.dp
     param_stage = 2 if training.framework in FSDP_FRAMEWORKS + ("fsdp1",) else 3  # FSDP2 keeps shards at 2 too
@@ -473,157 +358,6 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
 
     return ModelStates(parameters=params, gradients=grads, master_weights=masters, optimizer_states=optimizer,
                        fp8_weight_copies=0.0, formulas=once(write), zero_stage=zero)
-
-
-# --- activations --------------------------------------------------------------------------------
-
-def reads_input_directly(training) -> bool:
-    """``lora_A`` reads the module's own input (no fp32 cast, no dropout), which then stays saved
-    for it: adapters in the compute dtype (torchtune's bf16 LoRA) without dropout."""
-    from .dtypes import bytes_per_element
-    from .training import resolve_recipe
-    A = adapter_dtype(training, resolve_recipe(training))
-    return bytes_per_element(A) == bytes_per_element(training.compute_dtype) and not training.adapter.dropout
-
-
-def trainable_weights(training, arch) -> frozenset[str]:
-    """The weights whose gradients an adapter run computes, by the names `activations.Entry.for_weights`
-    uses: the embedding and head copies when trained, and the adapted modules when their adapters
-    read the module's input as it is."""
-    adapter = training.adapter
-    names = {"embedding", "head"} if adapter.trainable_embeddings else set()
-    if reads_input_directly(training):
-        names |= {m.name for k in arch.kinds for m in adapted_modules(adapter, arch, k)}
-    from .fsdp1 import frozen_weights_train
-    if frozen_weights_train(training):  # a layer's weights share its FSDP1 FlatParameter with adapters (fsdp1.py)
-        names |= {m.name for k in arch.kinds for m in layer_modules(arch, k)} | {"norm"}
-    return frozenset(names)
-
-
-def kept(entries: list, training, arch, inputs_kept: frozenset[str] = frozenset()) -> list:
-    """The tensors a run keeps: without an adapter, all; with one, not those saved only for the
-    gradients of frozen weights, unless the frozen layer keeps its input itself (`inputs_kept`)."""
-    if training.adapter is None:
-        return entries
-    trainable = trainable_weights(training, arch) | inputs_kept
-    return [e for e in entries if not e.for_weights or any(w in trainable for w in e.for_weights)]
-
-
-# the order of a layer's linears: an input needs a gradient when an adapted module comes before it
-_LAYER_ORDER = (("q", "k", "v"), ("o",), ("gate", "up", "router"), ("down",))
-
-
-def bnb_kept_inputs(training, arch, kind: str, first: bool) -> frozenset[str]:
-    """The 4-bit linears of a layer whose MatMul4Bit keeps its input (bitsandbytes through 0.43.1,
-    `bnb_keeps_input`): every one whose input or weight needs a gradient (``any(needs_input_grad[:2])``).
-    The weights are frozen, so in the first layer of a run whose embeddings need no gradient
-    (`first`), only those after an adapted module of the layer."""
-    if not bnb_keeps_input(training):
-        return frozenset()
-    adapter = training.adapter
-    names = {m.name for m in layer_modules(arch, kind) if m.name != "experts"}  # fused experts stay 16-bit
-    if not first:
-        return frozenset(names)
-    out: set[str] = set()
-    upstream = False
-    for group in _LAYER_ORDER:
-        if upstream:
-            out |= names & set(group)
-        upstream = upstream or any(adapted(adapter, n) for n in group if n in names)
-    return frozenset(out)
-
-
-def first_layer_input_frozen(training) -> bool:
-    """The first layer's input needs no gradient: the embeddings are frozen and nothing makes them
-    require grad (the HF Trainer calls enable_input_require_grads when it checkpoints)."""
-    adapter = training.adapter
-    return (adapter is not None and not adapter.trainable_embeddings and training.recompute == "none"
-            and training.mode == "training")
-
-
-def attention_input_adapted(adapter: Adapter, arch) -> bool:
-    return any(adapted(adapter, name) for name in ("q", "k", "v"))
-
-
-def module_entries(arch, training, par, m: Module, first: bool) -> list:
-    """What one adapted module keeps for its backward: ``lora_A``'s input (the fp32 cast, or the
-    dropout output and its mask) and ``lora_B``'s input, the r-wide output of ``lora_A``."""
-    from .activations import Entry, tokens_per_gpu
-    from .dtypes import bytes_per_element
-    from .training import resolve_recipe
-    adapter = training.adapter
-    dtype = adapter_dtype(training, resolve_recipe(training))
-    A, T, n = bytes_per_element(dtype), tokens_per_gpu(training, par), m.copies
-    width = f"in_{m.name}" + (f"*{n}" if n > 1 else "")
-    out = []
-    if adapter.dropout:
-        out.append(Entry(f"{m.name} adapter: dropout output ({dtype}, lora_A input)", T * m.in_features * n, A, "none",
-                         f"{A:g}*s*b*{width}"))
-        # no mask where the input needs no gradient: the first layer's q, k, v with frozen embeddings
-        if not (first and m.name in ("q", "k", "v")):
-            out.append(Entry(f"{m.name} adapter: dropout mask", T * m.in_features * n, 1, "none", f"s*b*{width}"))
-    elif not reads_input_directly(training):
-        out.append(Entry(f"{m.name} adapter: input cast to {dtype} (lora_A input)", T * m.in_features * n, A, "none",
-                         f"{A:g}*s*b*{width}"))
-    r = adapter.rank * m.rank_factor
-    out.append(Entry(f"{m.name} adapter: lora_A output (lora_B input)", T * r * n, A, "none",
-                     f"{A:g}*s*b*r" + (f"*{n}" if n > 1 else "")))
-    if adapter.method == "dora":
-        out += dora_entries(training, m, A, T, first)
-    return out
-
-
-DORA_SOURCE = ("Liu et al. 2024 (DoRA); peft 0.21 tuners/lora/dora.py DoraLinearLayer.forward: (m/||W + BA|| - 1) x "
-               "base_result + m/||W + BA|| x lora_B(lora_A(x)) x scaling, the norm detached; measured in "
-               "tests/data/measured/peft")
-
-
-def dora_entries(training, m: Module, A: float, T: float, first: bool) -> list:
-    """DoRA scales the base output and the adapter output by m / ||W + BA||: both products keep
-    their out-wide input for the magnitude's gradient, with the norm, the scale and scale - 1 (fp32
-    vectors). With adapter dropout PEFT recomputes the base output from the dropped-out fp32 input,
-    F.linear(x, W.to(fp32)), which keeps that fp32 copy of the weight for the input's gradient
-    (none where the input needs no gradient)."""
-    from .activations import Entry
-    from .dtypes import bytes_per_element
-    n, o = m.copies, m.out_features
-    B = A if training.adapter.dropout else bytes_per_element(training.compute_dtype)
-    out = [Entry(f"{m.name} DoRA: base output (magnitude gradient)", T * o * n, B, "none", f"{B:g}*s*b*out"),
-           Entry(f"{m.name} DoRA: adapter output (magnitude gradient)", T * o * n, A, "none", f"{A:g}*s*b*out"),
-           Entry(f"{m.name} DoRA: norm, scale and scale - 1 (fp32)", 3 * o * n, 4, "none", "3*4*out",
-                 split_by_cp=False)]
-    if training.adapter.dropout and not (first and m.name in ("q", "k", "v")):
-        out.append(Entry(f"{m.name} DoRA: fp32 copy of the base weight (F.linear input gradient)",
-                         o * m.in_features * n, A, "none", f"{A:g}*out*in", split_by_cp=False))
-    return out
-
-
-def bnb_held_entries(entries: list, training, arch, kind: str) -> list:
-    """What a layer's 4-bit linears keep outside its checkpoint: bitsandbytes through 0.43.1 holds
-    MatMul4Bit's input A in ``ctx.tensors``, an attribute of the autograd node rather than a tensor
-    saved with ``save_for_backward``, so non-reentrant checkpointing (the HF Trainer's
-    gradient_checkpointing) cannot drop it: each checkpointed layer keeps the inputs of its 4-bit
-    linears from forward until its backward (measured, tests/data/measured/peft/*-bnb0.43.1)."""
-    from .activations import ATTENTION_OUTPUT
-    if training.recompute != "full" or not bnb_keeps_input(training):
-        return []
-    names = bnb_kept_inputs(training, arch, kind, first=False)
-    return [e for e in entries if set(e.for_weights) & names or (e.name == ATTENTION_OUTPUT and "o" in names)]
-
-
-def adapted_layer_entries(entries: list, arch, training, par, kind: str, first: bool = False) -> list:
-    """A layer's full-fine-tuning ledger as an adapter run keeps it: without what frozen weights'
-    gradients alone would read, with what each adapted module keeps. `first`: the first layer with
-    a frozen input (`first_layer_input_frozen`), whose attention norm keeps nothing when q, k or v is
-    adapted (otherwise the layer is counted as any other: at most its norm's tensors over)."""
-    from .activations import _norm, tokens_per_gpu
-    out = kept(entries, training, arch, bnb_kept_inputs(training, arch, kind, first))
-    if first and attention_input_adapted(training.adapter, arch):
-        norm = {e.name for e in _norm("attention norm input", tokens_per_gpu(training, par), arch, training)}
-        out = [e for e in out if e.name not in norm]
-    for m in adapted_modules(training.adapter, arch, kind):
-        out += module_entries(arch, training, par, m, first)
-    return out
 
 
 def adapter_count(adapter: Adapter, arch) -> int:

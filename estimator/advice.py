@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from math import log2
 
-from .activations import microbatches
+from .pipeline import microbatches
 from .architecture import Architecture
 from .config import Config
 from .errors import ConfigError
@@ -30,7 +30,8 @@ from .memory import estimate
 from .parallel import tp_following_defaults
 from .states import resolve_zero_stage
 from .parallel import Parallel
-from .training import FSDP_FRAMEWORKS, Training
+from .choices import FSDP_FRAMEWORKS
+from .training import Training
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field, fields
 
 from . import memo as _memo
 from .errors import ConfigError
+from .values import check_section
+from .field import record
+from .memo import not_owned
 
 # How tensor parallelism splits a tensor (Megatron-Core, Shoeybi et al. 2019, section 3):
 COLUMN = "column"  # output dimension split over TP (QKV, fc1, their biases)
@@ -49,12 +52,12 @@ class ParameterTensor:
         return self.split in (EXPERT_COLUMN, EXPERT_ROW)
 
 
-NORMS = ("rmsnorm", "layernorm")
-POSITION_EMBEDDINGS = ("rope", "learned")
 
 
 _TOKENS = itertools.count()  # each architecture object's name in the memo (estimator/memo.py)
 
+@record("model")
+@not_owned
 @dataclass(frozen=True)
 class Architecture:
     """The canonical architecture of ``../shared/CONTRACT.md``; defaults are resolved on creation."""
@@ -403,7 +406,6 @@ def _require(arch: Architecture, name: str, why: str) -> None:
 
 def _check_architecture(arch: Architecture) -> None:
     """Each field's type and range (estimator/fields.py), then the rules between fields."""
-    from .fields import check_section  # the registry reads this module's option lists
     check_section("model", arch)
     if arch.position_embedding == "learned":
         _require(arch, "max_position_embeddings", "required with learned position embeddings")

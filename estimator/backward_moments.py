@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from . import activations as act
+from .act_entries import KORTHIKANTI, compiled, tokens_per_gpu, torchao_float8
 from .architecture import Architecture
 from .components import Component, component, total_bytes
 from .dtypes import bytes_per_element
@@ -48,12 +48,12 @@ EMBEDDING_UNIT_SOURCE = ("torchtitan v0.3.0 distributed/fsdp.py apply_fsdp_to_de
 def titan_full_ac(training: Training) -> bool:
     """torchtitan's FullAC on every block (recompute "full", every 1, under fsdp2; eager layers)."""
     return (training.framework == "fsdp2" and training.recompute == "full" and training.recompute_every == 1
-            and not act.compiled(training))
+            and not compiled(training))
 
 
 def eager_float8(training: Training) -> bool:
     """torchao float8 linears run eagerly (training.compile off): their casts are op-by-op."""
-    return act.torchao_float8(training) and not act.compiled(training)
+    return torchao_float8(training) and not compiled(training)
 
 
 def block_backward_extras(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
@@ -75,7 +75,7 @@ def block_backward_extras(arch: Architecture, training: Training, recipe: Recipe
     if not (full or cast):
         return []
     B, P = bytes_per_element(training.compute_dtype), bytes_per_element(recipe.param_dtype)
-    T, h, t = act.tokens_per_gpu(training, par), arch.hidden_size, par.tp
+    T, h, t = tokens_per_gpu(training, par), arch.hidden_size, par.tp
     seq_par = par.sequence_parallel and t > 1
     n_g = T * h  # the block's output gradient, gathered over TP under SP
     grads = ([("the block's output gradient (sequence-parallel shard)", B * n_g / t, "B*s*b*h/t"),
@@ -169,7 +169,7 @@ def fsdp2_backward_end(arch: Architecture, training: Training, recipe: Recipe, p
     layer, emb = sp.largest_layer_local, arch.vocab_size * arch.hidden_size / par.tp
     kept = shared.kept_input
     recomputed = [component("transient", "One recomputed layer's activations", working,
-                            "per-layer ledger of one layer", act.KORTHIKANTI)] + extras
+                            "per-layer ledger of one layer", KORTHIKANTI)] + extras
 
     def block(k: int) -> tuple[float, str, list[Component]]:  # block k (0: the first) being recomputed
         missing = (k + 1) * layer + emb

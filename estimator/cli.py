@@ -12,9 +12,10 @@ import os
 import sys
 
 from .errors import REDACTED, ConfigError, looks_secret, redact
-from .adapters import base_dtype as adapter_base_dtype
-from .fields import SERVING_FIELDS, SETTINGS, parse_text, set_in
-from .hardware import GPUS
+from .adapter import base_dtype as adapter_base_dtype
+from .fields import SERVING_FIELDS, SETTINGS
+from .values import parse_text, set_in
+from .gpus import GPUS
 from .wording import counted, verdict_word
 
 GiB = 1024**3
@@ -175,7 +176,7 @@ def _parse_json(text: str, path: str) -> object:
 
 
 def _load(args: argparse.Namespace):
-    from .config import load_config
+    from .loading import load_config
     text = _read_config(args.config)
     try:
         data = _parse_json(text, args.config)
@@ -303,7 +304,8 @@ def _cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def _cmd_fields(args: argparse.Namespace) -> int:
-    from .fields import ALL, reference_markdown
+    from .fields import ALL
+    from .reference import reference_markdown
     if args.markdown:
         print(reference_markdown())
         return 0

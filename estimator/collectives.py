@@ -18,7 +18,7 @@ bytes takes S x factor / busbw, and busbw is what a link sustains, whatever n is
 
 from __future__ import annotations
 
-from .hardware import GPU
+from .gpus import GPU
 
 NCCL_TESTS = ("NVIDIA/nccl-tests issues #212 and #290 (busbw on H100 NVLink/NVSwitch: ~370 GB/s ring, ~480 GB/s "
               "NVLS all-reduce; NDR 400 Gb/s: 46-48 GB/s per NIC); nccl-tests doc/PERFORMANCE.md (busbw factors)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-from .activations import Entry
+from .act_entries import Entry
 from .hardware import Hardware
 from .parallel import Parallel
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from .fields import label
+
 # What a credential looks like inside a string a user typed: a Hugging Face token, a URL's user
 # info, a token query parameter. Such a value is never printed back (hub ids, revisions, names).
 _SECRET = re.compile(r"hf_[A-Za-z0-9]{8,}|://[^/@\s]*@|[?&](?:token|access_token|api_key)=", re.IGNORECASE)
@@ -42,10 +44,6 @@ def shown_value(value: object) -> str:
 
 def _named(path: str) -> str:
     """A field as messages name it: its label in users' words, then its place in the JSON config."""
-    try:
-        from .fields import label  # the registry imports this module: look the label up late
-    except ImportError:
-        return path
     text = label(path)
     return path if text == path else f"{text} [{path}]"
 

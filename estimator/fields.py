@@ -13,140 +13,19 @@ link says. The bounds are generous: about ten times the largest published run or
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import re
-from dataclasses import dataclass
-from typing import Any
-
-from .adapters import BASE_DTYPES, BNB_VERSION_PATTERN, METHODS, TARGETS, ALL_LINEAR, Adapter
-from .rl import ALGORITHMS, ENGINES, Rl
-from .serving import settings as serving_settings
-from .architecture import NORMS, POSITION_EMBEDDINGS, Architecture
+from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZES, BNB_VERSION_PATTERN,
+                      CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, METHODS, MODES,
+                      MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
+                      RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES,
+                      SPECULATIVE_METHODS, TARGETS, WEIGHT_FORMATS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
-from .errors import ConfigError
-from .hardware import GPUS, Hardware
-from .parallel import PP_SCHEDULES, Parallel
+from .gpus import GPUS
 from .optimizers import OPTIMIZERS
 from .versions import VERSIONS, default_versions_text
-from .training import (ATTENTION, CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, MODES,
-                       MOE_DISPATCHERS, MOE_ROUTER_DTYPES, OFFLOAD_DEVICES, RECOMPUTE, RECOMPUTE_MODULES, Training)
+from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
+                    MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
 
-# Upper bounds (why each is safe): the longest offered context is 10M tokens (Llama 4 Scout); the
-# largest reported clusters have ~100k GPUs; the widest published models have h = 18,432 (PaLM)
-# and the deepest ~130 layers; the largest vocabularies ~262k (Gemma 3).
-MAX_TOKENS = 2**24  # 16,777,216 tokens per sequence
-MAX_GPUS = 2**20  # 1,048,576 GPUs in one dimension of the layout
-MAX_WIDTH = 2**20  # hidden, MLP, expert and latent widths
-MAX_HEADS = 2**16
-MAX_LAYERS = 2**14  # 16,384 layers
-MAX_PIPELINE = 1024  # pipeline stages; interleaving chunks per rank up to MAX_CHUNKS
-MAX_CHUNKS = 128
-MAX_EXPERTS = 2**16
-MAX_VOCAB = 2**24
-MAX_SAMPLES = 2**30  # samples in a global batch
-MAX_NAME = 200  # characters of a name
-
-SECTION_CLASSES = {"training": Training, "parallel": Parallel, "hardware": Hardware, "model": Architecture,
-                   "adapter": Adapter, "rl": Rl, "serving": serving_settings.Serving,
-                   "speculative": serving_settings.Speculative}
-# sections that are objects inside another section of the JSON config (``training.adapter``): their
-# fields' flags and URL parameters carry the object's name (``--adapter-rank``, ``adapter_rank=``)
-NESTED = {"adapter": "training", "rl": "training", "speculative": "serving"}
-# flat names (flag, URL parameter) of fields whose own name another section already uses
-FLAT_NAMES = {("serving", "kv_cache_dtype"): "serving_kv_cache_dtype"}
 _DTYPES = tuple(dict.fromkeys(TRAINING_DTYPES + INFERENCE_WEIGHT_DTYPES))
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-@dataclass(frozen=True)
-class Field:
-    """One input field. `kind` is int, float, bool, choice (one of `options`), choices (a
-    non-empty list of `options`) or text. `optional`: ``None`` is allowed and means `auto`."""
-
-    name: str
-    section: str  # training, parallel, hardware, model
-    kind: str
-    label: str
-    help: str
-    group: str  # where the app shows it
-    options: tuple = ()
-    min: float | None = None
-    max: float | None = None
-    below_max: bool = False  # the range is [min, max) rather than [min, max]
-    optional: bool = False
-    auto: str = ""  # what None means, in words
-    step: float | None = None  # the widget's increment
-    widget: bool = True  # False: a check or a detail the app does not offer as a widget
-    pattern: str = ""  # text: a regular expression the whole value must match, and `pattern_text` says it
-    pattern_text: str = ""
-
-    @property
-    def path(self) -> str:
-        """The field's place in the JSON config (``parallel.tp``, ``training.adapter.rank``)."""
-        outer = NESTED.get(self.section)
-        return f"{outer}.{self.section}.{self.name}" if outer else f"{self.section}.{self.name}"
-
-    @property
-    def key(self) -> str:
-        """The field's flat name: its CLI flag, URL parameter and widget key (unique over sections)."""
-        if (self.section, self.name) in FLAT_NAMES:
-            return FLAT_NAMES[(self.section, self.name)]
-        return f"{self.section}_{self.name}" if self.section in NESTED else self.name
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-    @property
-    def default(self) -> Any:
-        """The dataclass's default (None for a required architecture field)."""
-        f = _DATACLASS_FIELDS[self.section][self.name]
-        return None if f.default is dataclasses.MISSING else f.default
-
-    def allowed(self) -> str:
-        """What the field accepts, in words (the end of every message about it)."""
-        if self.kind == "bool":
-            text = "true or false"
-        elif self.kind == "choice":
-            text = "one of " + ", ".join(_quoted(o) for o in self.options)
-        elif self.kind == "choices":
-            text = "a non-empty list of " + ", ".join(_quoted(o) for o in self.options)
-        elif self.kind == "text":
-            text = self.pattern_text or f"text of at most {MAX_NAME} characters without control characters"
-        else:
-            noun = "an integer" if self.kind == "int" else "a number"
-            high = f"below {_num(self.max)}" if self.below_max else f"at most {_num(self.max)}"
-            text = f"{noun} from {_num(self.min)} to {_num(self.max)}" if not self.below_max \
-                else f"{noun} >= {_num(self.min)} and {high}"
-        if self.optional:
-            text += f", or empty/null for auto ({self.auto})" if self.auto else ", or empty/null"
-        return text
-
-
-def _quoted(option: Any) -> str:
-    return repr(option) if isinstance(option, str) else str(option)
-
-
-def _num(x: float | None) -> str:
-    if x is None:
-        return "any"
-    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
-
-
-_DATACLASS_FIELDS = {s: {f.name: f for f in dataclasses.fields(cls)} for s, cls in SECTION_CLASSES.items()}
-
-
-def _int(name, section, label, help, group, lo=1, hi=None, **kw) -> Field:
-    return Field(name, section, "int", label, help, group, min=lo, max=hi, step=kw.pop("step", 1), **kw)
-
-
-def _choice(name, section, label, help, group, options, **kw) -> Field:
-    return Field(name, section, "choice", label, help, group, options=tuple(options), **kw)
-
-
-def _bool(name, section, label, help, group, **kw) -> Field:
-    return Field(name, section, "bool", label, help, group, **kw)
 
 
 _T, _P, _H, _M = "training", "parallel", "hardware", "model"
@@ -483,7 +362,7 @@ RL_FIELDS: tuple[Field, ...] = (
     _int("max_prompt_len", _R, "Max prompt tokens", "Longest prompt; the trained sequence is prompt + response.",
          _RL, hi=MAX_TOKENS, step=512),
     _int("max_response_len", _R, "Max response tokens", "Longest generated response.", _RL, hi=MAX_TOKENS, step=1024),
-    _choice("engine", _R, "Rollout engine", "The inference engine colocated with the trainer.", _RL, ENGINES),
+    _choice("engine", _R, "Rollout engine", "The inference engine colocated with the trainer.", _RL, RL_ENGINES),
     Field("engine_memory_fraction", _R, "float", "Engine memory fraction", "vLLM gpu_memory_utilization / SGLang "
           "mem_fraction_static: the share of the GPU the engine takes for weights, activations and KV cache. Empty: "
           "size the KV cache by the whole rollout batch.", _RL, min=0.0, max=1.0, below_max=False, step=0.05,
@@ -497,11 +376,10 @@ RL_FIELDS: tuple[Field, ...] = (
 )
 
 _S, _SV = "serving", "Serving (inference engine)"
-_SS = serving_settings
 
 SERVING_FIELDS: tuple[Field, ...] = (
     _choice("engine", _S, "Serving engine", "The inference engine whose start-up accounting is reproduced: vLLM's V1 "
-            "engine (gpu_worker.py determine_available_memory) or SGLang (model_runner.py).", _SV, _SS.ENGINES),
+            "engine (gpu_worker.py determine_available_memory) or SGLang (model_runner.py).", _SV, SERVING_ENGINES),
     Field("engine_version", _S, "text", "Engine version", "The engine release whose rules apply, e.g. '0.11' or "
           "'0.33.0' (vLLM from 0.11). A release between two recorded rule changes follows the older one.", _SV,
           optional=True, auto="the newest release whose rules are recorded"),
@@ -525,15 +403,15 @@ SERVING_FIELDS: tuple[Field, ...] = (
          optional=True, auto="the engine's default for the GPU (vLLM: 8192 on >= 70 GiB GPUs other than A100, "
          "16384 on >= 160 GiB from 0.33, else 2048; SGLang: 2048 to 16384 by GPU memory)", step=1024),
     _choice("block_size", _S, "KV cache block size", "vLLM --block-size: tokens per KV cache block. SGLang: "
-            "--page-size.", _SV, _SS.BLOCK_SIZES, optional=True,
+            "--page-size.", _SV, BLOCK_SIZES, optional=True,
             auto="vLLM: 16, MLA 64 (FlashMLA) on Hopper and 128 (CUTLASS MLA) on Blackwell; SGLang: 1"),
     _choice("kv_cache_dtype", _S, "Serving KV cache dtype", "vLLM --kv-cache-dtype: auto keeps the model's dtype; "
             "fp8 (e4m3 or e5m2) stores 1 byte per element and doubles the tokens that fit.", _SV,
-            _SS.KV_CACHE_DTYPES, optional=True, auto="the model's dtype (vLLM's auto)"),
+            SERVING_KV_CACHE_DTYPES, optional=True, auto="the model's dtype (vLLM's auto)"),
     _choice("weight_format", _S, "Weight format", "How the weights are stored as loaded: auto reads the "
             "checkpoint's quantization_config; bf16/fp16; fp8 (1 byte + scales); int8 (w8a8, per-channel scales); "
             "gptq_int4 / awq_int4 (4 bits, group 128 scales); nvfp4 (4 bits, fp8 scale per 16); mxfp4 (gpt-oss "
-            "experts, scale per 32).", _SV, _SS.WEIGHT_FORMATS, optional=True,
+            "experts, scale per 32).", _SV, WEIGHT_FORMATS, optional=True,
             auto="the checkpoint's own format (its quantization_config, else its dtype)"),
     _bool("cuda_graphs", _S, "CUDA graphs", "Off = --enforce-eager: no graphs are captured.", _SV),
     _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
@@ -542,7 +420,7 @@ SERVING_FIELDS: tuple[Field, ...] = (
     _choice("method", "speculative", "Speculative decoding", "serving.speculative: eagle / eagle3 (a one-layer "
             "draft head on the target's hidden states), mtp (the checkpoint's multi-token-prediction module, "
             "DeepSeek-V3), draft_model (a separate smaller model). The draft's weights and its KV cache layers take "
-            "memory from the KV cache.", _SV, _SS.SPECULATIVE_METHODS),
+            "memory from the KV cache.", _SV, SPECULATIVE_METHODS),
     _int("num_speculative_tokens", "speculative", "Speculative tokens", "Tokens the draft proposes per step. It "
          "does not change this estimate: the drafter's weights and KV layers do not depend on it, and the proposed "
          "tokens' KV slots lie within max_model_len.", _SV, hi=64),
@@ -569,182 +447,3 @@ def label(path: str) -> str:
     """A field's label from its path (``parallel.vpp`` or a bare name); the name if it has none."""
     f = BY_PATH.get(path) or SETTING_BY_NAME.get(path) or ARCHITECTURE_BY_NAME.get(path.split(".")[-1])
     return f.label if f else path
-
-
-# --- checking a value ---------------------------------------------------------------------------
-
-def check(f: Field, value: Any) -> None:
-    """Raise `ConfigError` unless `value` is of the field's type and in its range. Ints must be
-    ints (not 1.0, not true); floats must be finite."""
-    if value is None:
-        if f.optional:
-            return
-        raise ConfigError(f.path, None, f.allowed(), "required")
-    if f.kind == "bool":
-        ok = isinstance(value, bool)
-    elif f.kind == "choice":
-        ok = not isinstance(value, bool) and isinstance(value, (str, int)) and value in f.options
-    elif f.kind == "choices":
-        ok = (isinstance(value, (list, tuple)) and len(value) > 0
-              and all(isinstance(v, str) and v in f.options for v in value))
-    elif f.kind == "text":
-        ok = isinstance(value, str) and len(value) <= MAX_NAME and not _CONTROL.search(value) \
-            and (not f.pattern or re.fullmatch(f.pattern, value) is not None)
-    else:
-        ok = _in_range(f, value)
-    if not ok:
-        raise ConfigError(f.path, value, f.allowed())
-
-
-def _in_range(f: Field, value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if f.kind == "int":
-        if not isinstance(value, int):
-            return False
-    elif not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
-        return False
-    if f.min is not None and value < f.min:
-        return False
-    if f.max is not None and (value >= f.max if f.below_max else value > f.max):
-        return False
-    return True
-
-
-def check_section(section: str, obj: object) -> None:
-    """Check every field of a dataclass instance (called from its ``__post_init__``)."""
-    for f in _SECTION_FIELDS[section]:
-        check(f, getattr(obj, f.name))
-
-
-_SECTION_FIELDS = {s: section_fields(s) for s in SECTION_CLASSES}
-
-
-def get_in(config: dict, f: Field, default: Any = None) -> Any:
-    """A field's value at its place in a JSON config (`default` where it is absent)."""
-    node: Any = config
-    for part in f.path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def set_in(config: dict, f: Field, value: Any) -> None:
-    """Put a field's value at its place in a JSON config, creating the objects on its path."""
-    *outer, name = f.path.split(".")
-    node = config
-    for i, part in enumerate(outer):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(".".join(outer[:i + 1]), child, "an object of fields")
-        node = child
-    node[name] = value
-
-
-# --- reading a value from text (a CLI flag, a URL parameter) -------------------------------------
-
-_INT_TEXT = re.compile(r"[+-]?\d{1,19}")
-_AUTO_TEXT = ("", "auto", "null", "none")
-
-
-def parse_text(f: Field, text: str | list[str]) -> Any:
-    """The field's value from its text form; raises `ConfigError` naming the field. Lists come
-    comma-separated or as repeated parameters; "auto" (or empty) is None for an optional field."""
-    if isinstance(text, list):
-        text = ",".join(text) if f.kind == "choices" else (text[-1] if text else "")
-    raw = text
-    text = text.strip()
-    if len(text) > 4 * MAX_NAME:  # no valid value is this long: refuse before parsing it
-        raise ConfigError(f.path, raw, f.allowed())
-    if f.optional and text.lower() in _AUTO_TEXT:
-        return None
-    value = _from_text(f, text)
-    if value is _BAD:
-        raise ConfigError(f.path, raw, f.allowed())
-    check(f, value)
-    return value
-
-
-_BAD = object()
-
-
-def _from_text(f: Field, text: str) -> Any:
-    if f.kind == "bool":
-        return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower(), _BAD)
-    if f.kind == "int":
-        return int(text) if _INT_TEXT.fullmatch(text) else _BAD
-    if f.kind == "float":
-        try:
-            return float(text)
-        except ValueError:
-            return _BAD
-    if f.kind == "choice":
-        return next((o for o in f.options if str(o) == text), _BAD)
-    if f.kind == "choices":
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        return items or _BAD
-    return text
-
-
-def to_text(value: Any) -> str | list[str]:
-    """A value's text form, the inverse of `parse_text` (a list is a repeated URL parameter)."""
-    if isinstance(value, (list, tuple)):
-        return [to_text(v) for v in value]
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "auto" if value is None else str(value)
-
-
-# --- the reference ------------------------------------------------------------------------------
-
-_SECTION_TITLES = {"model": "Canonical architecture (`model` as an object)", "training": "`training`",
-                   "adapter": "`training.adapter` (an object; absent = full fine-tuning; flags and URL parameters "
-                              "`adapter_<field>`)",
-                   "rl": "`training.rl` (an object; absent = no RL; flags and URL parameters `rl_<field>`)",
-                   "parallel": "`parallel`", "hardware": "`hardware`",
-                   "serving": "`serving` (a top-level object; absent = no serving estimate; flags and URL parameters "
-                              "by field name, `serving_kv_cache_dtype` for its KV cache dtype)",
-                   "speculative": "`serving.speculative` (an object; absent = no speculative decoding; flags and URL "
-                                  "parameters `speculative_<field>`)"}
-
-
-def _type_text(f: Field) -> str:
-    if f.kind in ("int", "float"):
-        lo, hi = _num(f.min), _num(f.max)
-        return f"{'integer' if f.kind == 'int' else 'number'} {lo} to {hi}" + (" (exclusive)" if f.below_max else "")
-    if f.kind == "bool":
-        return "true / false"
-    if f.kind == "choice":
-        return " / ".join(f"`{o}`" for o in f.options)
-    if f.kind == "choices":
-        return "list of " + ", ".join(f"`{o}`" for o in f.options)
-    return f.pattern_text or f"text, at most {MAX_NAME} characters"
-
-
-def _default_text(f: Field) -> str:
-    if f.default is None:
-        return f.auto or "required"
-    value = f.default
-    if isinstance(value, tuple):
-        value = list(value)
-    return "`" + (to_text(value) if not isinstance(value, list) else ", ".join(value)) + "`"
-
-
-def reference_markdown() -> str:
-    """`docs/config.md`: every field with its label, values, default and meaning."""
-    out = ["# Configuration reference", "",
-           "Generated from `estimator/fields.py` by `python -m estimator fields --markdown`; "
-           "`tests/test_fields.py` keeps it in step with the code.", "",
-           "A configuration is a JSON object: `model` (a preset id, a Hugging Face id `org/name[@revision]`, a "
-           "`config.json` object, or the canonical architecture below) and the optional sections `training`, "
-           "`parallel` and `hardware`. Every field below is also a CLI flag (`--seq-len 8192`) and a parameter "
-           "of the app's shareable URL (`?seq_len=8192`); lists are comma-separated there. Empty, `auto` or "
-           "`null` leaves an optional field to its default. An unknown field is an error.", ""]
-    for section in ("training", "adapter", "rl", "parallel", "hardware", "serving", "speculative", "model"):
-        out += [f"## {_SECTION_TITLES[section]}", "", "| field | label | values | default | meaning |",
-                "|---|---|---|---|---|"]
-        for f in section_fields(section):
-            out.append(f"| `{f.name}` | {f.label} | {_type_text(f)} | {_default_text(f)} | {f.help} |")
-        out.append("")
-    return "\n".join(out)

@@ -14,7 +14,7 @@ the window (Beltagy et al. 2020; Mistral's rolling cache).
 
 from __future__ import annotations
 
-from .activations import tokens_per_gpu
+from .act_entries import tokens_per_gpu
 from .components import built_stage, component, fold, fragmentation, phase
 from .architecture import Architecture
 from .dtypes import bytes_per_element

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .hardware import GPU
+from .gpus import GPU
 
 MAMF_SOURCE = ("Bekman, Machine Learning Engineering (stas00/ml-engineering), compute/accelerator/README.md, "
                "'Maximum Achievable Matmul FLOPS comparison table' (bf16 matmul, mamf-finder.py)")

@@ -24,7 +24,6 @@ stages they describe, which these samples follow).
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from collections import OrderedDict
@@ -151,14 +150,22 @@ def _hold(value, step: int) -> int:
     return len(objects)
 
 
-@functools.cache
+# The configuration records values refer to but do not own (their owners hold them): each record
+# class names itself with `not_owned` as its module loads (Architecture, Training, Recipe, Parallel,
+# Hardware, GPU), so this module imports none of them.
+_NOT_OWNED: tuple[type, ...] = (type, type(sys))
+
+
+def not_owned(cls: type) -> type:
+    """Class decorator: `deep_bytes` does not count instances of `cls` (their owners hold them)."""
+    global _NOT_OWNED
+    _NOT_OWNED = (cls,) + _NOT_OWNED
+    return cls
+
+
 def _not_owned() -> tuple[type, ...]:
     """The configuration objects values refer to but do not own (their owners hold them)."""
-    from .architecture import Architecture
-    from .hardware import GPU, Hardware
-    from .parallel import Parallel
-    from .training import Recipe, Training
-    return (Architecture, Training, Parallel, Hardware, GPU, Recipe, type, type(sys))
+    return _NOT_OWNED
 
 
 def deep_bytes(value) -> int:

@@ -26,7 +26,8 @@ from typing import NamedTuple
 
 from .components import Component, component
 from .dtypes import bytes_per_element
-from .training import FSDP_FRAMEWORKS, Recipe, Training
+from .choices import FSDP_FRAMEWORKS
+from .training import Recipe, Training
 
 OFFLOAD_SOURCES = {
     "deepspeed": ("Ren et al. 2021 (ZeRO-Offload), section 4; Rajbhandari et al. 2021 (ZeRO-Infinity); DeepSpeed "

@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .choices import TWO_CHUNK_SCHEDULES
+from .values import check_section
+from .field import record
+from .memo import not_owned
 
-# Pipeline schedules (parallel.pp_schedule): 1F1B (Narayanan et al. 2021), Megatron's interleaved
-# 1F1B (implied by vpp > 1), ZB-H1 (Qi et al. 2023), DualPipe and DualPipeV (DeepSeek-AI 2024,
-# section 3.2.1; deepseek-ai/DualPipe).
-PP_SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe", "dualpipev")
-TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipev")  # two model chunks per rank, no vpp
 
 
 def tp_following_defaults(tp: int) -> dict[str, object]:
@@ -27,6 +26,8 @@ def tp_following_defaults(tp: int) -> dict[str, object]:
     return {"sequence_parallel": tp > 1, "etp": tp}
 
 
+@record("parallel")
+@not_owned
 @dataclass(frozen=True)
 class Parallel:
     tp: int = 1
@@ -54,7 +55,6 @@ class Parallel:
     pp_layout: str | None = None
 
     def __post_init__(self) -> None:
-        from .fields import check_section  # each field's type and range; the registry reads this module
         check_section("parallel", self)
         for name, value in tp_following_defaults(self.tp).items():
             if getattr(self, name) is None:

@@ -80,11 +80,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
-from .activations import interleaved_filling_microbatches, interleaved_microbatches_error, op_level
+from .pipeline import interleaved_filling_microbatches, interleaved_microbatches_error
+from .act_recompute import op_level
 from .architecture import Architecture
 from .errors import ConfigError
-from .hardware import GPUS, Hardware
-from .memory import TIGHT_FRACTION, Estimate, device_total, estimate, step_floors
+from .gpus import GPUS
+from .hardware import Hardware
+from .result import TIGHT_FRACTION, Estimate
+from .memory import device_total, estimate, step_floors
 from .parallel import Parallel
 from .roofline import Timing, expected_step, selective_recompute_s
 from .training import Training

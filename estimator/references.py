@@ -242,7 +242,7 @@ def mode_calculator() -> Comparison:
     """What an architecture-based estimate can say of a table of shapes and parameter counts."""
     from . import estimate_config
     from .architecture import parameter_counts
-    from .config import load_config
+    from .loading import load_config
     rows = []
     for name, stated, batch, seq, layers, hidden, total in MODE_TABLE:
         arch = _gpt_architecture(layers, hidden)

@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cache
 
-from .activations import global_batch_size
+from .pipeline import global_batch_size
 from .adapters import check_adapter
-from .rl import check_rl
+from .rl_config import check_rl
 from .architecture import Architecture
-from .hardware import GPU, Hardware
+from .gpus import GPU
+from .hardware import Hardware
 from .parallel import Parallel
 from .sharding import StageParameters, padded_vocab_size, split_key, stage_parameters
 from .training import Recipe, Training, resolve_recipe

@@ -23,106 +23,19 @@ together (TRL concatenates them), with the frozen reference's forward for their 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import NamedTuple
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
 
-from typing import TYPE_CHECKING
-
-from .errors import ConfigError
+from .rl_config import Rl
 
 if TYPE_CHECKING:
     from .components import Component
 
-ALGORITHMS = ("grpo", "ppo", "dpo")
-ENGINES = ("vllm", "sglang")
 # vLLM's scheduler budget per step with chunked prefill (verl rollout config max_num_batched_tokens)
 PREFILL_CHUNK_TOKENS = 8192
-# the rollout's own settings (DPO has none)
-ROLLOUT_FIELDS = ("rollout_batch_size", "samples_per_prompt", "engine", "engine_memory_fraction",
-                  "offload_during_rollout", "rollout_tp")
 SOURCE = ("verl hybrid engine (ActorRolloutRefWorker: rollout, compute_log_prob, compute_ref_log_prob, "
           "update_actor; free_cache_engine); vLLM gpu_memory_utilization / SGLang mem_fraction_static; "
           "Shao et al. 2024 (GRPO), Ouyang et al. 2022 (PPO with a value model), Rafailov et al. 2023 (DPO)")
-
-
-@dataclass(frozen=True)
-class Rl:
-    """`training.rl` of the contract. ``engine_memory_fraction`` None: the KV cache holds the whole
-    rollout batch at once. ``rollout_tp`` (an extension): the engine's tensor parallelism, None =
-    the trainer's TP."""
-
-    algorithm: str = "grpo"
-    rollout_batch_size: int = 32
-    samples_per_prompt: int = 8
-    max_prompt_len: int = 1024
-    max_response_len: int = 8192
-    engine: str = "vllm"
-    engine_memory_fraction: float | None = 0.5
-    reference_model: bool = True
-    critic_model: bool = False
-    offload_during_rollout: bool = True
-    rollout_tp: int | None = None
-
-    def __post_init__(self) -> None:
-        from .fields import check_section
-        check_section("rl", self)
-        if self.algorithm == "ppo" and not self.critic_model:
-            raise ConfigError("training.rl.critic_model", False, "true with algorithm 'ppo'",
-                              "PPO trains a value model beside the policy", related=("training.rl.algorithm",))
-        if self.algorithm != "ppo" and self.critic_model:
-            raise ConfigError("training.rl.critic_model", True, "false unless algorithm is 'ppo'",
-                              f"{self.algorithm.upper()} has no value model", related=("training.rl.algorithm",))
-        if self.algorithm == "dpo" and not self.reference_model:
-            raise ConfigError("training.rl.reference_model", False, "true with algorithm 'dpo'",
-                              "DPO's loss compares the policy with the frozen reference")
-        if self.algorithm == "dpo":  # no rollout: its settings would be silently unused
-            for name in ROLLOUT_FIELDS:
-                if getattr(self, name) != Rl.__dataclass_fields__[name].default:
-                    raise ConfigError(f"training.rl.{name}", getattr(self, name),
-                                      "its default with algorithm 'dpo'", "DPO trains on given pairs: no rollout",
-                                      related=("training.rl.algorithm",))
-
-    @property
-    def sequence_len(self) -> int:
-        return self.max_prompt_len + self.max_response_len
-
-    def to_dict(self) -> dict:
-        out = {"algorithm": self.algorithm}
-        for name in Rl.__dataclass_fields__:
-            value = getattr(self, name)
-            if name != "algorithm" and value != getattr(Rl(), name):
-                out[name] = value
-        return out
-
-
-def rl_from(value: object) -> Rl | None:
-    if value is None or isinstance(value, Rl):
-        return value
-    if not isinstance(value, dict):
-        raise ConfigError("training.rl", value, "an object with algorithm, rollout_batch_size, samples_per_prompt, ...")
-    known = list(Rl.__dataclass_fields__)
-    for key in value:
-        if key not in known:
-            raise ConfigError(f"training.rl.{key}", value[key], f"fields of rl: {', '.join(known)}", "unknown field")
-    return Rl(**value)
-
-
-def check_rl(rl: Rl, training, par) -> None:
-    """The trained sequence is the prompt and the response: `training.seq_len` follows it."""
-    left_alone = type(training).__dataclass_fields__["seq_len"].default  # the field's default
-    if training.seq_len not in (rl.sequence_len, left_alone):
-        raise ConfigError("training.seq_len", training.seq_len,
-                          f"{rl.sequence_len} (max_prompt_len + max_response_len) or left at its default",
-                          "the trainer learns from prompt + response sequences", related=("training.rl",))
-    if training.mode != "training":
-        raise ConfigError("training.rl", rl.algorithm, "absent in inference mode", related=("training.mode",))
-    if par.pp > 1:
-        raise ConfigError("parallel.pp", par.pp, "1 with RL", "the colocated RL phases are modelled without a "
-                          "pipeline", related=("training.rl",))
-    tp = rl.rollout_tp or par.tp
-    if par.gpus % tp:
-        raise ConfigError("training.rl.rollout_tp", tp, f"a divisor of the {par.gpus} GPUs",
-                          "every engine replica spans rollout_tp GPUs")
 
 
 def trainer_training(training):
@@ -140,15 +53,16 @@ class RlPhase(NamedTuple):
     components: tuple[Component, ...]
 
 
-def rl_phases(train, rl: Rl) -> tuple[RlPhase, ...]:
-    """Each phase of a step on the busiest GPU, from the trainer's estimate `train`."""
+def rl_phases(train, rl: Rl, estimate) -> tuple[RlPhase, ...]:
+    """Each phase of a step on the busiest GPU, from the trainer's estimate `train`; `estimate` is the
+    memory estimate (memory.py passes it: the rollout estimates the engine's inference step)."""
     stage = train.stages[train.peak_stage]
     step = {c.key: c for c in next(p for p in stage.phases if p.name == "optimizer").components}
     outside = tuple(c for c in stage.components if c.key in ("communication", "runtime"))
     states = _trainer_states(step)
     reference = _reference_weights(train) if rl.reference_model else ()
     critic = _critic_states(states) if rl.critic_model else ()
-    phases = [] if rl.algorithm == "dpo" else [_rollout(train, rl, states + reference + critic, outside)]
+    phases = [] if rl.algorithm == "dpo" else [_rollout(train, rl, states + reference + critic, outside, estimate)]
     phases.append(_scoring(train, rl, states + reference + critic, outside))
     peak = [c for c in stage.components if c.key not in ("communication", "runtime", "fragmentation")]
     phases.append(_phase("training", tuple(peak) + reference + critic, outside, train.hardware))
@@ -214,10 +128,9 @@ def rollout_host(phases: tuple[RlPhase, ...]) -> tuple[Component, ...]:
                  for c in o.parts)
 
 
-def _rollout(train, rl: Rl, held: tuple[Component, ...], outside: tuple[Component, ...]) -> RlPhase:
+def _rollout(train, rl: Rl, held: tuple[Component, ...], outside: tuple[Component, ...], estimate) -> RlPhase:
     """The engine on one GPU: its weights, KV cache and a prefill chunk's working set (`inference`
     at the engine's TP), in the memory fraction it is given or sized by the rollout batch."""
-    from . import estimate
     from .parallel import Parallel
     cfg = train.config
     training = cfg.training

@@ -54,16 +54,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import collectives, kernels
-from .activations import (fused_kernels, op_level, op_level_recomputed_matmul_share, recomputed_layer_count,
-                          recomputed_modules, tokens_per_gpu)
+from .act_entries import fused_kernels, tokens_per_gpu
+from .act_recompute import op_level, op_level_recomputed_matmul_share, recomputed_layer_count, recomputed_modules
 from .architecture import Architecture
 from .dtypes import bytes_per_element
-from .hardware import GPU, Hardware
+from .gpus import GPU
+from .hardware import Hardware
 from .parallel import Parallel
 from .resolved import Resolved, resolve, training_with
 from .sharding import split_key
 from .states import fsdp2_gathered_block_bytes, optimizer_state_bytes
-from .training import FSDP_FRAMEWORKS, Training
+from .choices import FSDP_FRAMEWORKS
+from .training import Training
 
 ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
 PALM = "Chowdhery et al. 2022, PaLM (arXiv 2204.02311), appendix B"

@@ -22,7 +22,8 @@ from .errors import ConfigError
 from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import Bucket, StageParameters
-from .training import FSDP_FRAMEWORKS, FULLY_SHARDED_FRAMEWORKS, Recipe, Training
+from .choices import FSDP_FRAMEWORKS, FULLY_SHARDED_FRAMEWORKS
+from .training import Recipe, Training
 
 ZERO_SOURCE = "Rajbhandari et al. 2020 (ZeRO), section 5; Megatron-LM distributed optimizer docs"
 

@@ -21,48 +21,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .adapters import Adapter, adapter_from
-from .rl import Rl, rl_from
+from .adapter import Adapter, adapter_from
+from .rl_config import Rl, rl_from
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
-
-MODES = ("training", "inference")
-FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf", "torchtune", "fsdp1")
-# the stacks that shard with PyTorch FSDP2's fully_shard: torchtitan (fsdp2) and torchtune
-FSDP_FRAMEWORKS = ("fsdp2", "torchtune")
-# the stacks whose sharded states are fully sharded FSDP's (fp32 shards as the master copy): FSDP2's and
-# PyTorch FSDP1 (FullyShardedDataParallel) as the HF Trainer with Accelerate runs it (fsdp1.py)
-FULLY_SHARDED_FRAMEWORKS = FSDP_FRAMEWORKS + ("fsdp1",)
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("flash", "eager")
-LOSSES = ("standard", "fused", "chunked")
-# FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
-# MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks);
-# under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName), or
-# torchao's MXFP8Linear (torchtitan's MXFP8LinearConverter, components/quantization/mx.py; compiled blocks only)
-FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise", "rowwise")
-FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise", "mxfp8")}
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
-KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
-# MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, its flex dispatcher on DeepEP
-# (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/deepep.py sizes,
-# or its MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather: all-gathers the hidden
-# states over the EP x expert-TP group, reduce-scatters the experts' outputs back; activations.MEGATRON_ALLGATHER)
-MOE_DISPATCHERS = ("alltoall", "deepep", "allgather")
-# Megatron-Core --moe-router-dtype (transformer_config.py moe_router_dtype: None, 'fp32', 'fp64'); None =
-# the router runs in the compute dtype
-MOE_ROUTER_DTYPES = ("fp32", "fp64")
-# Megatron-Core --cross-entropy-fusion-impl with --cross-entropy-loss-fusion (model_parallel_config.py)
-CROSS_ENTROPY_IMPLS = ("native", "te")
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-# DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
-DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,
-                    "stage3_max_live_parameters": 3, "stage3_param_persistence_threshold": 3}
-# the stacks whose torch.compile switch is modelled (training.compile): torchtitan's --compile.enable, torchtune's
-# compile: True, the HF Trainer's torch_compile=True
-COMPILE_FRAMEWORKS = ("fsdp2", "torchtune", "hf")
+from .choices import COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
+from .values import check_section
+from .field import record
+from .memo import not_owned
 
 
+
+@record("training")
+@not_owned
 @dataclass(frozen=True)
 class Training:
     mode: str = "training"
@@ -124,6 +95,7 @@ class Training:
         _check_training(self)
 
 
+@not_owned
 @dataclass(frozen=True)
 class Recipe:
     """Every dtype decided: what the memory model reads. ``None`` never appears here."""
@@ -184,7 +156,6 @@ def resolve_recipe(training: Training) -> Recipe:
 
 def _check_training(t: Training) -> None:
     """Each field's type and range (estimator/fields.py), then the rules between fields."""
-    from .fields import check_section  # the registry reads this module's option lists
     check_section("training", t)
     if isinstance(t.recompute_modules, list):  # JSON gives a list; keep the dataclass hashable
         object.__setattr__(t, "recompute_modules", tuple(t.recompute_modules))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import activations as act
+from .act_moe import MEGATRON_GLOBAL_BUFFER, global_memory_buffer
+from .pipeline import microbatches
 from .adapters import Inventory, adapter_dtype
 from .architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
@@ -23,7 +24,8 @@ from .optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMI
 from .parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes
-from .training import FSDP_FRAMEWORKS, Recipe, Training
+from .choices import FSDP_FRAMEWORKS
+from .training import Recipe, Training
 
 
 class Transients(NamedTuple):
@@ -110,7 +112,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                                   f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
     if fw == "fsdp1":
         from .fsdp1 import transients as fsdp1_transients
-        f1, b1 = fsdp1_transients(training, recipe, stage, act.microbatches(training, par), inv)
+        f1, b1 = fsdp1_transients(training, recipe, stage, microbatches(training, par), inv)
         fwd += f1
         bwd += b1
     if fw == "deepspeed":
@@ -132,8 +134,8 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
         persistent.append(_torchtune_rope_cache(arch, training, stage))
     if fw == "megatron" and training.mode == "training":
         moe = any(kind == "moe" and n for kind, n in stage.kind_counts)
-        persistent += [component("buffers", e.name, e.bytes(par), e.shown_formula(par), act.MEGATRON_GLOBAL_BUFFER)
-                       for e in act.global_memory_buffer(arch, training, par, moe)]
+        persistent += [component("buffers", e.name, e.bytes(par), e.shown_formula(par), MEGATRON_GLOBAL_BUFFER)
+                       for e in global_memory_buffer(arch, training, par, moe)]
     if fw == "fsdp2" and arch.position_embedding == "rope" and stage.num_layers:
         persistent.append(_torchtitan_rope_caches(arch, training, stage))
     if recipe.autocast_weight_copies:

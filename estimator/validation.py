@@ -16,7 +16,8 @@ from .optimizers import OPTIMIZERS
 from .parallel import Parallel
 from .sharding import layers_per_stage
 from .states import resolve_zero_stage
-from .training import DEEPSPEED_FIELDS, FSDP_FRAMEWORKS, Training
+from .choices import DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
+from .training import Training
 
 
 # Divisors are listed only for sizes below this: trial division up to sqrt(n) is then at most a
@@ -214,7 +215,7 @@ def _check_dualpipe_microbatches(gbs: int, per_step: int, par: Parallel) -> None
 def _check_interleaved(training: Training, par: Parallel) -> None:
     """Megatron-Core's interleaved schedule runs the micro-batches in groups per virtual stage and
     refuses groups that leave the pipeline waiting (activations.interleaved_microbatches_error)."""
-    from .activations import interleaved_microbatches_error, microbatch_group, microbatches
+    from .pipeline import interleaved_microbatches_error, microbatch_group, microbatches
     group = training.microbatch_group_size
     if par.vpp == 1:
         raise ConfigError("training.microbatch_group_size", group, "empty/null (auto) when vpp is 1",
@@ -320,7 +321,7 @@ def _check_fp8(training: Training, par: Parallel) -> None:
     blockwise); FSDP2 with torchao's Float8Linear (torchtitan's Float8LinearConverter): tensorwise or rowwise
     (torchao/float8/config.py Float8LinearRecipeName), or its MXFP8Linear (mxfp8, compiled), the weights kept
     in their own dtype."""
-    from .training import FP8_RECIPES_BY_FRAMEWORK
+    from .choices import FP8_RECIPES_BY_FRAMEWORK
 
     fw = training.framework
     if fw not in FP8_RECIPES_BY_FRAMEWORK:

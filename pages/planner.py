@@ -7,8 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from estimator import ConfigError
-from estimator.hardware import GPUS
-from estimator.memory import TIGHT_FRACTION
+from estimator.gpus import GPUS
+from estimator.result import TIGHT_FRACTION
 from estimator.parallel import tp_following_defaults
 from ui import charts, compute, searches, state
 from ui import keys as K

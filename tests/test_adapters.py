@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from estimator import estimate_config
-from estimator.config import load_config
+from estimator.loading import load_config
 from estimator.errors import ConfigError
 
 GiB = 2**30

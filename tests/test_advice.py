@@ -75,7 +75,7 @@ def test_the_advice_finds_layouts_that_move_several_settings():
     GPUs that fit (a power of two), estimated in full."""
     from estimator import estimate
     from estimator.advice import plan_to_fit
-    from estimator.config import load_config
+    from estimator.loading import load_config
     cfg = load_config({"model": "llama-3.1-70b", "training": {"seq_len": 8192}, "parallel": {"dp": 8}})
     greedy = plan_to_fit(cfg, use_planner=False)
     assert greedy and greedy[-1].verdict != "fits"

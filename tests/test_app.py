@@ -328,7 +328,8 @@ def test_every_contract_field_has_a_widget():
     from estimator.config import SECTIONS
     import dataclasses
 
-    from estimator.fields import NESTED, SETTINGS
+    from estimator.field import NESTED
+    from estimator.fields import SETTINGS
     names = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)} - fields.NOT_WIDGETS - set(NESTED)
     assert names <= set(fields.BY_NAME)
     # an object's fields (training.adapter) by their flat names

@@ -31,7 +31,7 @@ def parts(cfg: dict, phase: str) -> dict[str, int]:
 
 
 def test_auto_is_what_the_hf_trainer_fills_in():
-    from estimator.config import load_config
+    from estimator.loading import load_config
     from estimator.transients import deepspeed_settings
     cfg = load_config(lora(3))
     ds = deepspeed_settings(cfg.architecture, cfg.training, 3)

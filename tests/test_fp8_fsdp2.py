@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from estimator import ConfigError, Parallel, Training, estimate_config
-from estimator.activations import layer_entries
+from estimator.act_layer import layer_entries
 from estimator.presets import get_architecture
 
 LLAMA_8B = get_architecture("llama-3.1-8b")

@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from estimator.errors import ConfigError
-from estimator.hardware import GPU, GPUS, GiB, Hardware, get_gpu
+from estimator.gpus import GPU, GPUS, GiB
+from estimator.hardware import Hardware, get_gpu
 
 MiB = 1024**2
 

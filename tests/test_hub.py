@@ -354,7 +354,7 @@ def test_repo_ids_the_hub_refuses(model, fake):
 
 
 def test_a_revision_naming_a_path_is_refused_by_the_config_path(tmp_path, fake):
-    from estimator.config import load_config
+    from estimator.loading import load_config
 
     target = tmp_path / "outside" / "y"
     fake.add("org/escape2", {"config.json": TINY}, revisions={str(target): {"config.json": TINY}})

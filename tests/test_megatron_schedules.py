@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from estimator.activations import (in_flight_per_rank, interleaved_microbatches_error, microbatches,
-                                   pipeline_filling_microbatches)
-from estimator.config import estimate_config
+from estimator.pipeline import (in_flight_per_rank, interleaved_microbatches_error, microbatches,
+                                pipeline_filling_microbatches)
+from estimator.memory import estimate_config
 from estimator.errors import ConfigError
 from estimator.parallel import Parallel
 from estimator.planner import Shape, shape_micro_batches

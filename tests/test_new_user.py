@@ -503,7 +503,7 @@ def test_the_gpus_the_readme_names_are_in_the_catalog():
     """ "DeepSeek-V3 on 2,048 H800s": the catalog had no H800."""
     import re
 
-    from estimator.hardware import GPUS
+    from estimator.gpus import GPUS
 
     named = set(re.findall(r"\b((?:[ABH]|MI)\d{3}[A-Z]?)s\b", README.read_text()))
     assert {"H800", "H100", "A100"} <= named

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from estimator.activations import ZB_W_SHARE, in_flight_chunks
-from estimator.config import estimate_config
+from estimator.pipeline import ZB_W_SHARE, in_flight_chunks
+from estimator.memory import estimate_config
 from estimator.errors import ConfigError
 from estimator.parallel import Parallel
 from estimator.presets import get_architecture, get_recipe

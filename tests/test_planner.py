@@ -17,7 +17,7 @@ import pytest
 from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate, load_config
 from estimator import planner as planner_module
 from estimator.config import SECTIONS
-from estimator.hardware import GPUS
+from estimator.gpus import GPUS
 from estimator.planner import (LOSSES, Request, Shape, Variant, least_memory, micro_batches, most_stage_layers,
                                pipeline_splits, plan, search, shape_micro_batches, shapes, speeds)
 from estimator.presets import get_architecture

@@ -187,7 +187,7 @@ def test_the_exports_carry_the_rl_phases_and_round_trip():
 
 
 def test_the_step_time_is_the_trainers_update_and_says_generation_is_not_timed():
-    from estimator.config import load_config
+    from estimator.loading import load_config
     from estimator.roofline import roofline_config
     rl = roofline_config(load_config(grpo()))
     plain = roofline_config(load_config({"model": "qwen2.5-7b", "training": {
@@ -198,7 +198,7 @@ def test_the_step_time_is_the_trainers_update_and_says_generation_is_not_timed()
 
 def test_the_advice_offloads_the_trainer_during_the_rollout():
     from estimator.advice import suggestions
-    from estimator.config import load_config
+    from estimator.loading import load_config
     from estimator.presets import get_recipe
     cfg = get_recipe("qwen2-7b-grpo-8xh100").config  # its rollout phase decides the fit
     found = {s.description: s for s in suggestions(load_config(cfg), limit=20)}

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from estimator.architecture import Architecture
-from estimator.config import load_config
+from estimator.loading import load_config
 from estimator.errors import ConfigError
-from estimator.hardware import GPUS, Hardware
+from estimator.gpus import GPUS
+from estimator.hardware import Hardware
 from estimator.parallel import Parallel
 from estimator.roofline import model_flops_per_token, roofline, roofline_config
 from estimator.training import Training
@@ -270,7 +271,7 @@ def random_configs(seed: int, n: int):
     import dataclasses
     import random
 
-    from estimator.adapters import Adapter
+    from estimator.adapter import Adapter
     from estimator.presets import get_architecture
     from estimator.resolved import resolve
     rng = random.Random(seed)

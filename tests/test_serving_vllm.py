@@ -13,7 +13,8 @@ import pytest
 
 from estimator.architecture import Architecture
 from estimator.errors import ConfigError
-from estimator.hardware import GPUS, Hardware
+from estimator.gpus import GPUS
+from estimator.hardware import Hardware
 from estimator.parallel import Parallel
 from estimator.presets import get_architecture, get_hf_config
 from estimator.serving import kv_cache

@@ -484,7 +484,7 @@ def _stages_rows(estimate) -> list[list[str]]:
 
 
 def _fits_rows(estimate) -> list[list[str]]:
-    from estimator.hardware import GPUS
+    from estimator.gpus import GPUS
 
     rows = [["GPU", "Name", "Capacity", "Use", "Verdict"]]
     for f in estimate.fits():

@@ -37,7 +37,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from estimator import ConfigError
-from estimator.hardware import GPUS
+from estimator.gpus import GPUS
 
 from . import compute
 from . import keys as K
@@ -46,6 +46,7 @@ from .fields import (SWITCHES, ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, A
                      friendly_message, parse_url, to_contract, ui_values_from_config, url_params, url_text)
 
 from estimator import fields as registry
+from estimator import values as registry_values
 from estimator.errors import shown_value
 
 SOURCES = ("Preset", "HF Hub", "Custom")
@@ -271,7 +272,7 @@ def value_problem(f, value: Any) -> str | None:
         contract = to_contract(f, value)
         if contract is None and f.name in SWITCHES:  # "none": no adapter (no RL) object at all
             return None
-        registry.check(f.spec, contract)
+        registry_values.check(f.spec, contract)
     except ConfigError as exc:
         return exc.allowed
     except (TypeError, ValueError, OverflowError):  # not even of the widget's type

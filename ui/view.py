@@ -7,7 +7,7 @@ import re
 
 import streamlit as st
 
-from estimator.hardware import GPUS
+from estimator.gpus import GPUS
 from estimator.wording import VERDICT_MEANINGS, VERDICT_WORDS, counted, verdict_word
 
 from . import charts, compute, exports, keys, state

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..errors import ConfigError
-from ..training import FRAMEWORKS
+from ..choices import FRAMEWORKS
 from . import hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
 from .result import Imported, Ledger

@@ -7,7 +7,8 @@ import re
 from typing import Callable
 
 from ..errors import ConfigError
-from ..fields import BY_PATH, set_in
+from ..fields import BY_PATH
+from ..values import set_in
 from .result import Ledger
 
 _INT = re.compile(r"[+-]?\d{1,18}")

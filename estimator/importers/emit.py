@@ -22,7 +22,7 @@ EMIT_KINDS = ("megatron", "torchtitan")
 
 def emit(kind: str, config: dict, gpus_per_node: int = 8) -> str:
     """`config` (the contract's JSON) as a `kind` launch configuration."""
-    from ..config import load_config
+    from ..loading import load_config
     if kind not in EMIT_KINDS:
         raise ConfigError("--emit", kind, ", ".join(EMIT_KINDS))
     cfg = load_config(config)

@@ -12,15 +12,13 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..values import check_section
+from ..field import record
 
-ENGINES = ("vllm", "sglang")
-KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")  # None (or "auto" in a config): the model's dtype
-WEIGHT_FORMATS = ("bf16", "fp16", "fp8", "int8", "gptq_int4", "awq_int4", "nvfp4", "mxfp4")
-SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM CacheConfig.block_size's allowed values (0.11 config/cache.py)
 _VERSION = re.compile(r"(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:\.?post\d+)?")
 
 
+@record("speculative")
 @dataclass(frozen=True)
 class Speculative:
     """``serving.speculative``: speculative decoding (vLLM --speculative-config)."""
@@ -30,7 +28,6 @@ class Speculative:
     draft_model: str | None = None  # draft_model: a preset or Hugging Face id; eagle/eagle3: the head's checkpoint
 
     def __post_init__(self) -> None:
-        from ..fields import check_section
         check_section("speculative", self)
         if self.method == "draft_model" and not self.draft_model:
             raise ConfigError("serving.speculative.draft_model", None, "a preset or Hugging Face model id",
@@ -54,6 +51,7 @@ def speculative_from(value: object) -> Speculative | None:
     return Speculative(**value)
 
 
+@record("serving")
 @dataclass(frozen=True)
 class Serving:
     engine: str = "vllm"
@@ -72,7 +70,6 @@ class Serving:
     speculative: Speculative | None = None  # speculative decoding; None = off
 
     def __post_init__(self) -> None:
-        from ..fields import check_section  # the registry reads this module's option lists
         for name in ("kv_cache_dtype", "weight_format"):  # the contract's "auto" is the field's auto (None)
             if getattr(self, name) == "auto":
                 object.__setattr__(self, name, None)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..architecture import Architecture
 from ..components import Component, component
 from ..errors import ConfigError
-from ..fields import MAX_TOKENS
+from ..field import MAX_TOKENS
 from ..hardware import Hardware
 from ..parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
@@ -168,7 +168,7 @@ def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
     from .speculative import draft_for
     draft_arch = None
     if spec.draft_model:
-        from ..config import architecture_from_model  # a preset, a Hub id (fetched) or a config object
+        from ..loading import architecture_from_model  # a preset, a Hub id (fetched) or a config object
         draft_arch = architecture_from_model(spec.draft_model)
     return draft_for(arch, spec, r.weights, par.tp, par.ep, r.block_size, r.kv_bytes, draft_arch)
 

@@ -114,7 +114,7 @@ def schedule_code(version: str) -> ScheduleCode:
 
 def layouts():
     """(p, v, m, g) of every layout checked, in a fixed order."""
-    from estimator.activations import interleaved_microbatches_error
+    from estimator.pipeline import interleaved_microbatches_error
     for p in range(2, MAX_PP + 1):
         for v in VPPS:
             for m in range(p, MAX_M_OVER_P * p + 1):
