@@ -94,7 +94,7 @@ def test_fields_that_follow_tp_are_no_moves_of_their_own():
     5 for DP 32 -> 1 and 1 for the recompute setting."""
     from estimator import Parallel, Training
     from estimator.advice import _describe, _distance, _moves
-    from estimator.planner import Layout
+    from estimator.layouts import Layout
 
     cfg = load_config({"model": "llama-3.1-8b", "parallel": {"dp": 32}})
     moved = Layout(parallel=Parallel(tp=8, pp=4, dp=1), training=Training(recompute="full"),

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from estimator.architecture import parameter_counts
 from estimator.errors import ConfigError
-from estimator.hf_config import (_COMMON_KEYS, FAMILIES, SUPPORTED_MODEL_TYPES, _moe_pattern_qwen,
-                                 _Reader, architecture_from_hf_config)
+from estimator.hf_common import _COMMON_KEYS
+from estimator.hf_families import FAMILIES, _moe_pattern_qwen, _Reader
+from estimator.hf_config import SUPPORTED_MODEL_TYPES, architecture_from_hf_config
 
 
 def build(config: dict):

@@ -9,7 +9,8 @@ import pytest
 from estimator import ConfigError, estimate_config
 from estimator.architecture import Architecture
 from estimator.importers import estimate_imported, import_config
-from estimator.importers.torchtitan import FLAVORS, torchtitan_layout
+from estimator.importers.torchtitan import FLAVORS
+from estimator.importers.torchtitan_layout import torchtitan_layout
 from estimator.presets import get_architecture
 
 DATA = Path(__file__).parent / "data" / "launch" / "torchtitan"

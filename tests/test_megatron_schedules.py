@@ -18,7 +18,7 @@ from estimator.pipeline import (in_flight_per_rank, interleaved_microbatches_err
 from estimator.memory import estimate_config
 from estimator.errors import ConfigError
 from estimator.parallel import Parallel
-from estimator.planner import Shape, shape_micro_batches
+from estimator.layouts import Shape, shape_micro_batches
 from estimator.training import Training
 from estimator.versions import RELEASES
 from validation.megatron import schedules

@@ -18,7 +18,8 @@ from estimator.memory import estimate_config
 from estimator.errors import ConfigError
 from estimator.parallel import Parallel
 from estimator.presets import get_architecture, get_recipe
-from estimator.roofline import StageWork, pipeline_bubble_s
+from estimator.operation_table import StageWork
+from estimator.roofline import pipeline_bubble_s
 from estimator.sharding import layers_per_stage, parse_layout, stage_layer_chunks, stage_parameters
 
 

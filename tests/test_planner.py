@@ -18,10 +18,13 @@ from estimator import Architecture, ConfigError, Hardware, Parallel, Training, e
 from estimator import planner as planner_module
 from estimator.config import SECTIONS
 from estimator.gpus import GPUS
-from estimator.planner import (LOSSES, Request, Shape, Variant, least_memory, micro_batches, most_stage_layers,
-                               pipeline_splits, plan, search, shape_micro_batches, shapes, speeds)
+from estimator.layouts import (LOSSES, Request, Shape, Variant, micro_batches, most_stage_layers, pipeline_splits,
+                               shape_micro_batches, shapes)
+from estimator.planner import least_memory, plan, search
+from estimator.evaluate import speeds
 from estimator.presets import get_architecture
-from estimator.roofline import expected_step, model_flops_per_token, roofline
+from estimator.roofline import expected_step, roofline
+from estimator.layer_operations import model_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = Hardware(gpu="h100-80")
@@ -164,7 +167,7 @@ def test_cases_cover_the_frameworks():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_states_floor_is_below_every_variant_and_shared_by_its_key(seed):
-    from estimator.planner import _Evaluator
+    from estimator.evaluate import _Evaluator
     c = case(seed)
     ev = _Evaluator(c.req)
     for s in {s for s, _ in c.estimates}:
@@ -210,7 +213,7 @@ def test_speed_ceilings_and_rules(seed):
     """On 20 (shape, micro-batch) pairs of each case: the ceilings of the no-recompute roofline are
     above every recompute setting and loss, at this micro-batch and at any; full recompute of more
     layers is never faster; the roofline runs the fused and the chunked loss alike."""
-    from estimator.planner import _Evaluator
+    from estimator.evaluate import _Evaluator
     c = case(seed)
     arch, tr, hw = c.req.architecture, c.req.training, c.req.hardware
     ev = _Evaluator(c.req)
@@ -352,7 +355,7 @@ def test_no_setting_is_estimated_that_did_not_fit_at_a_smaller_micro_batch(seed)
     <= n' fits at a larger one (nor does a mode whose least memory did not), so the search judges
     those without estimates; here, a fused/chunked pair estimated over the budget is never followed
     by an estimate it rules out."""
-    from estimator.planner import _Search
+    from estimator.search import _Search
     c = case(seed)
     run = _Search(c.req)
     run.run()

@@ -23,7 +23,8 @@ from estimator.errors import ConfigError
 from estimator.gpus import GPUS
 from estimator.hardware import Hardware
 from estimator.parallel import Parallel
-from estimator.roofline import model_flops_per_token, roofline, roofline_config
+from estimator.layer_operations import model_flops_per_token
+from estimator.roofline import roofline, roofline_config
 from estimator.training import Training
 
 ROOT = Path(__file__).resolve().parents[1]
