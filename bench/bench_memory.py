@@ -43,7 +43,7 @@ def hub_like(i: int):
 
 def session(arch) -> None:
     from estimator import Hardware, Parallel, Training, estimate
-    from estimator.roofline import roofline
+    from estimator.speed.roofline import roofline
     hw = Hardware(gpu="h100-80")
     for tp in (1, 2, 4, 8):
         try:
@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.mib is not None:
         os.environ["ESTIMATOR_MEMO_MIB"] = str(args.mib)
-    from estimator import memo
+    from estimator.spec import memo
     tracemalloc.start()
     kept, start = [], time.perf_counter()
     base_heap, base_rss = tracemalloc.get_traced_memory()[0], rss_mib()

@@ -40,8 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from estimator import Training, load_config  # noqa: E402
-from estimator.planner import plan  # noqa: E402
-from estimator.presets import get_architecture, get_recipe  # noqa: E402
+from estimator.search.planner import plan  # noqa: E402
+from estimator.models.presets import get_architecture, get_recipe  # noqa: E402
 
 
 def cases() -> dict:

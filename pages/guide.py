@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from estimator.gpus import GPUS
+from estimator.spec.gpus import GPUS
 from ui import compute, state
 from ui import keys as K
 

@@ -7,9 +7,9 @@ import pandas as pd
 import streamlit as st
 
 from estimator import ConfigError
-from estimator.gpus import GPUS
-from estimator.result import TIGHT_FRACTION
-from estimator.parallel import tp_following_defaults
+from estimator.spec.gpus import GPUS
+from estimator.memory.result import TIGHT_FRACTION
+from estimator.spec.parallel import tp_following_defaults
 from ui import charts, compute, searches, state
 from ui import keys as K
 from ui.fields import config_key, friendly_message

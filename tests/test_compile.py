@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from estimator.act_layer import layer_bytes, layer_entries
-from estimator.act_loss import loss_memory, torchtitan_loss_moments
-from estimator.architecture import Architecture
-from estimator.errors import ConfigError
-from estimator.parallel import Parallel
-from estimator.training import Training
+from estimator.memory.activations.layer import layer_bytes, layer_entries
+from estimator.memory.activations.loss import loss_memory, torchtitan_loss_moments
+from estimator.spec.architecture import Architecture
+from estimator.spec.errors import ConfigError
+from estimator.spec.parallel import Parallel
+from estimator.spec.training import Training
 
 RECORD = json.loads((Path(__file__).parent / "data/measured/compile/transformers-tiny-layers-bf16-b2-s8.json")
                     .read_text())
@@ -242,7 +242,7 @@ def test_the_loss_stays_eager_where_it_is_not_compiled_or_not_measured(framework
 
 def test_torchtitan_releases_share_the_compiled_loss():
     """versions.py: torchtitan 0.3.0 and main compile the loss alike, so the estimate is the same."""
-    from estimator.memory import estimate_config
+    from estimator.memory.memory import estimate_config
 
     config = {"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "compile": True, "seq_len": 8192},
               "parallel": {"dp": 8}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 H = 4096  # Llama-3.1-8B's hidden size
 ALL_SEVEN = ["q", "k", "v", "o", "gate", "up", "down"]
@@ -31,8 +31,8 @@ def parts(cfg: dict, phase: str) -> dict[str, int]:
 
 
 def test_auto_is_what_the_hf_trainer_fills_in():
-    from estimator.loading import load_config
-    from estimator.transients import deepspeed_settings
+    from estimator.models.loading import load_config
+    from estimator.memory.transients import deepspeed_settings
     cfg = load_config(lora(3))
     ds = deepspeed_settings(cfg.architecture, cfg.training, 3)
     assert (ds.reduce_bucket_size, ds.prefetch_bucket_size, ds.persistence_threshold) == \

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate_config
-from estimator import fields
-from estimator import field as registry_field
-from estimator import reference as registry_reference
-from estimator import values as registry_values
+from estimator.spec import fields
+from estimator.spec import field as registry_field
+from estimator.spec import reference as registry_reference
+from estimator.spec import values as registry_values
 from estimator.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ def test_hostile_configs_exit_2_within_a_second(tmp_path, capsys, config):
 
 
 def test_every_preset_and_default_passes_its_own_checks():
-    from estimator.presets import list_presets
+    from estimator.models.presets import list_presets
     for p in list_presets():
         estimate_config({"model": p.id})
     for f in fields.SETTINGS:
@@ -161,9 +161,9 @@ def test_every_preset_and_default_passes_its_own_checks():
 
 
 def test_an_optimizer_is_one_record():
-    from estimator.optimizers import OPTIMIZERS
-    from estimator.states import optimizer_state_bytes
-    from estimator.sharding import Bucket
+    from estimator.spec.optimizers import OPTIMIZERS
+    from estimator.memory.states import optimizer_state_bytes
+    from estimator.memory.sharding import Bucket
     assert fields.BY_PATH["training.optimizer"].options == tuple(OPTIMIZERS)
     # AdamW: 2 states x 4 B over 1,000 parameters; 8-bit Adam: 100 small parameters at 2 x 4 B and
     # 900 at 2 x (1 + 4/256) B = 800 + 1,828.125

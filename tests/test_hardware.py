@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from estimator.errors import ConfigError
-from estimator.gpus import GPU, GPUS, GiB
-from estimator.hardware import Hardware, get_gpu
+from estimator.spec.errors import ConfigError
+from estimator.spec.gpus import GPU, GPUS, GiB
+from estimator.spec.hardware import Hardware, get_gpu
 
 MiB = 1024**2
 

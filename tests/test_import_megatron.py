@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from estimator import ConfigError, estimate_config
-from estimator.fields import BY_PATH
+from estimator.spec.fields import BY_PATH
 from estimator.importers import estimate_imported, import_config
 from estimator.importers.megatron_model import moe_layer_pattern
 

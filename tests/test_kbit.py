@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 PREPARED = "llama-3.1-8b-qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared"

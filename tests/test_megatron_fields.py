@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from estimator.act_moe import moe_expert_backward_moment
+from estimator.memory.activations.moe import moe_expert_backward_moment
 from estimator import estimate_config
-from estimator.loading import load_config
-from estimator.errors import ConfigError
+from estimator.models.loading import load_config
+from estimator.spec.errors import ConfigError
 from validation.summary import tensors_peak
 
 MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"

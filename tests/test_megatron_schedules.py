@@ -13,14 +13,14 @@ import json
 
 import pytest
 
-from estimator.pipeline import (in_flight_per_rank, interleaved_microbatches_error, microbatches,
-                                pipeline_filling_microbatches)
-from estimator.memory import estimate_config
-from estimator.errors import ConfigError
-from estimator.parallel import Parallel
-from estimator.layouts import Shape, shape_micro_batches
-from estimator.training import Training
-from estimator.versions import RELEASES
+from estimator.memory.pipeline import (in_flight_per_rank, interleaved_microbatches_error, microbatches,
+                                       pipeline_filling_microbatches)
+from estimator.memory.memory import estimate_config
+from estimator.spec.errors import ConfigError
+from estimator.spec.parallel import Parallel
+from estimator.search.layouts import Shape, shape_micro_batches
+from estimator.spec.training import Training
+from estimator.spec.versions import RELEASES
 from validation.megatron import schedules
 
 RECORD = json.loads(schedules.RECORD.read_text())

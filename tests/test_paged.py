@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 MiB = 2**20

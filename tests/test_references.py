@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from estimator import estimate_config, references
-from estimator.presets import get_recipe
+from estimator import estimate_config
+from estimator.memory import references
+from estimator.models.presets import get_recipe
 
 GiB = 2**30
 QWEN_7B = 7_615_616_512

@@ -17,12 +17,12 @@ import json
 from dataclasses import dataclass, field as dc_field
 from typing import Any
 
-from estimator import fields as registry
-from estimator import field as registry_field
-from estimator import values as registry_values
-from estimator.architecture import ARCHITECTURE_FIELDS, Architecture
-from estimator.config import SECTIONS as CONFIG_SECTIONS, architecture_to_dict, build_section, build_serving
-from estimator.errors import ConfigError, shown_value
+from estimator.spec import fields as registry
+from estimator.spec import field as registry_field
+from estimator.spec import values as registry_values
+from estimator.spec.architecture import ARCHITECTURE_FIELDS, Architecture
+from estimator.spec.config import SECTIONS as CONFIG_SECTIONS, architecture_to_dict, build_section, build_serving
+from estimator.spec.errors import ConfigError, shown_value
 
 AUTO = "auto"
 # training.adapter and training.rl are objects: each exists when its first field (the switch) is
@@ -320,7 +320,7 @@ def parse_url(params: dict[str, str | list[str]]) -> UrlState:
         elif "/" in raw_model:
             hub_id = raw_model
         else:
-            from estimator.presets import preset_ids
+            from estimator.models.presets import preset_ids
             if raw_model in preset_ids():
                 model = ModelChoice(source="preset", preset=raw_model)
             else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 from estimator.importers import import_config, supported_kinds
 from estimator.importers.source import decode
 

@@ -37,7 +37,7 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from estimator import ConfigError
-from estimator.gpus import GPUS
+from estimator.spec.gpus import GPUS
 
 from . import compute
 from . import keys as K
@@ -45,9 +45,9 @@ from .fields import (SWITCHES, ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, A
                      arch_editor_values, canonical_arch, config_dict, config_key, error_group, field_label,
                      friendly_message, parse_url, to_contract, ui_values_from_config, url_params, url_text)
 
-from estimator import fields as registry
-from estimator import values as registry_values
-from estimator.errors import shown_value
+from estimator.spec import fields as registry
+from estimator.spec import values as registry_values
+from estimator.spec.errors import shown_value
 
 SOURCES = ("Preset", "HF Hub", "Custom")
 _SOURCE_OF = {"preset": "Preset", "hub": "HF Hub", "custom": "Custom"}
@@ -196,7 +196,7 @@ def _shown_default(f) -> str:
 
 def _presets() -> list:
     try:
-        from estimator.presets import list_presets
+        from estimator.models.presets import list_presets
         return list_presets()
     except Exception:  # the presets package is being written by others
         return []
@@ -452,8 +452,8 @@ def _model_from_config(model: object) -> tuple[ModelChoice, dict | None]:
         return ModelChoice(source="preset", preset=model), None
     if isinstance(model, dict):
         if "model_type" in model or "text_config" in model:
-            from estimator.config import architecture_to_dict
-            from estimator.hf_config import architecture_from_hf_config
+            from estimator.spec.config import architecture_to_dict
+            from estimator.models.hf_config import architecture_from_hf_config
             arch = architecture_to_dict(architecture_from_hf_config(model)[0])
         else:
             arch = canonical_arch(model)
@@ -552,8 +552,8 @@ def _on_source_change() -> None:
         if prev == "HF Hub" and ss.get(K.HUB_MODEL):
             arch = ss[K.HUB_MODEL]["arch"]
         else:
-            from estimator.config import architecture_to_dict
-            from estimator.presets import get_architecture
+            from estimator.spec.config import architecture_to_dict
+            from estimator.models.presets import get_architecture
             arch = architecture_to_dict(get_architecture(ss.get(K.PRESET, DEFAULT_MODEL)))
         _set_arch_editor(arch)
     except Exception:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, split_flags, to_int
 from .result import Imported, Ledger
 from .shell import Launch, read_launch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, to_int
 from .models import is_hub_id, preset_for
 from .result import Ledger
@@ -149,7 +149,7 @@ def _vocabulary(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
             ledger.mapped(source, kind if source == "--tokenizer-type" else args.values["--vocab-file"],
                           f"model.vocab_size = {vocab} ({what})")
         elif isinstance(model, str) and preset_for(model):
-            from ..presets import get_architecture
+            from ..models.presets import get_architecture
             vocab = get_architecture(preset_for(model)).vocab_size
             source = "--tokenizer-model"
             ledger.mapped("--tokenizer-model", model, f"model.vocab_size = {vocab} (the bundled "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, to_float
 from .result import Ledger
 from .megatron_args import _Args, _EAGER_BACKENDS, _FP8_RECIPES, _IGNORED, _IGNORED_GROUPS, _group

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, to_int
 from .result import Imported, Ledger
 from .source import parse_toml
@@ -227,7 +227,7 @@ def _cli_value(text: str) -> object:
 # --- the model ----------------------------------------------------------------------------------
 
 def _model(job: _Job, build: ConfigBuilder, ledger: Ledger):
-    from ..architecture import Architecture
+    from ..spec.architecture import Architecture
     name, flavor = job.get("model.name"), job.get("model.flavor")
     arch_fields = FLAVORS.get((name, flavor))
     if arch_fields is None:
@@ -251,7 +251,7 @@ def _model(job: _Job, build: ConfigBuilder, ledger: Ledger):
 
 
 def _same_preset(arch) -> str | None:
-    from ..presets import get_architecture, preset_ids
+    from ..models.presets import get_architecture, preset_ids
     for pid in preset_ids():
         preset = get_architecture(pid)
         if replace(preset, name=arch.name) == arch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, to_int
 from .result import Ledger
 from .torchtitan_job import VERSION, _SCHEDULES, _Job
