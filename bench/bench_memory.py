@@ -10,7 +10,7 @@ config with its width, depth, heads, vocabulary and MLP width varied); each gets
 asks of it: the Memory page's estimate on 8 GPUs and four layouts (TP 1 to 8, full recompute), and
 the Roofline page's roofline. The script keeps every Architecture alive, as a server's caches of
 estimates keep them. It reports, every 10 models, the memo's own count of its bytes
-(estimator/memo.py), the Python heap that tracemalloc sees, and the process's RSS.
+(estimator/spec/memo.py), the Python heap that tracemalloc sees, and the process's RSS.
 """
 
 from __future__ import annotations

@@ -6,14 +6,13 @@ training, parallel, hardware) or `estimate_config()` (the contract's JSON as a d
 
 from .spec.architecture import Architecture, parameter_counts
 from .spec.config import Config
-from .memory.memory import estimate_config
+from .memory.memory import estimate_config, estimate
 from .models.loading import load_config
 from .spec.errors import ConfigError
 from .spec.gpus import GPUS
 from .spec.hardware import Hardware, get_gpu
 from .memory.components import Component, StageEstimate
 from .memory.result import Estimate, Fit
-from .memory.memory import estimate
 from .spec.parallel import Parallel
 from .spec.training import Training
 

@@ -44,7 +44,7 @@ def _serving_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _apply_overrides(config: dict, args: argparse.Namespace) -> dict:
-    """Each given flag's text parsed as its field's type (estimator/fields.py) into its section."""
+    """Each given flag's text parsed as its field's type (estimator/spec/fields.py) into its section."""
     config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config.items()}
     for f in SETTINGS + SERVING_FIELDS:
         text = getattr(args, f.path, None)
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """The command's entry point (`python -m estimator`, `llm-memory`): `main`, then out at once.
-    A plan leaves the estimator's memos holding millions of small records (estimator/memo.py);
+    A plan leaves the estimator's memos holding millions of small records (estimator/spec/memo.py);
     freeing them one by one as the interpreter exits took seconds after the answer was printed
     (DeepSeek-V3 on 2,048 GPUs: 4 s), and the operating system takes the process back whole."""
     code = main()

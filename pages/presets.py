@@ -4,8 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from estimator.spec.wording import counted, verdict_word
-from ui import compute, scenarios, state
-from ui import keys as K
+from ui import compute, scenarios, state, keys as K
 from ui.fields import config_key, friendly_message
 
 cur = state.current()

@@ -17,8 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from estimator import Architecture, Parallel
 from estimator.spec.architecture import congruent_in, congruent_in_both
@@ -197,7 +196,7 @@ def test_divisors_of_a_huge_size_are_named_not_listed():
 
 
 def test_the_memo_is_bounded_in_bytes_and_drops_the_least_recently_used():
-    """What architectures remember (estimator/memo.py) is bounded in bytes, not entries: values of
+    """What architectures remember (estimator/spec/memo.py) is bounded in bytes, not entries: values of
     very different sizes, the least recently used dropped first, a value read again kept."""
     from estimator.spec.memo import ENTRY_BYTES, Memo, deep_bytes
 

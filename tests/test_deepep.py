@@ -1,6 +1,6 @@
 """DeepEP's fixed buffers (training.moe_dispatcher = "deepep") in the communication component.
 
-The expected bytes are recomputed here by hand from the quoted source, not from estimator/deepep.py:
+The expected bytes are recomputed here by hand from the quoted source, not from estimator/memory/deepep.py:
 
 deepseek-ai/DeepEP csrc/config.hpp (Config::get_nvl_buffer_size_hint), num_channels = num_sms / 2:
     num_bytes  = C * nvl * (2 * rdma + 3) * sizeof(int)

@@ -1,4 +1,4 @@
-"""DeepSpeed's ZeRO buffers (estimator/transients.py deepspeed_buffers), by hand from DeepSpeed v0.19.5's
+"""DeepSpeed's ZeRO buffers (estimator/memory/transients.py deepspeed_buffers), by hand from DeepSpeed v0.19.5's
 source: ZeRO-1/2 allocate reduce_bucket_size in full (twice with overlap_comm) whatever the trainable count
 (runtime/zero/stage_1_and_2.py setup_buckets); ZeRO-3 keeps one bucket from its start (stage3.py), gathers a
 layer and the prefetch bucket, and keeps the parameters under the persistence threshold gathered

@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate_config
-from estimator.spec import fields
-from estimator.spec import field as registry_field
-from estimator.spec import reference as registry_reference
-from estimator.spec import values as registry_values
+from estimator.spec import fields, field as registry_field, reference as registry_reference, values as registry_values
 from estimator.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

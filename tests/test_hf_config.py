@@ -7,8 +7,7 @@ import signal
 from contextlib import contextmanager
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from estimator.spec.architecture import parameter_counts
 from estimator.spec.errors import ConfigError

@@ -1,4 +1,4 @@
-"""peft's prepare_model_for_kbit_training (training.adapter.prepare_kbit, estimator/kbit.py): the
+"""peft's prepare_model_for_kbit_training (training.adapter.prepare_kbit, estimator/memory/kbit.py): the
 16-bit weights that are not quantized become fp32, so do the residual stream, the logits and the
 attention (SDPA's math backend with grouped KV heads). Hand-computed numbers, the GPU record."""
 

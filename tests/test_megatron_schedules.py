@@ -1,6 +1,6 @@
 """Our interleaved in-flight counts against Megatron-Core's own schedule code, for every layout up to
 PP 16 (VPP 2..8, micro-batches PP..4 PP, every micro-batch group Megatron accepts) and every
-Megatron release the estimator offers (estimator/versions.py).
+Megatron release the estimator offers (estimator/spec/versions.py).
 
 validation/megatron/schedules.py runs each release's get_pp_rank_microbatches and
 get_schedule_table (0.16.1 installed, 0.19.0 from a git snapshot of NVIDIA/Megatron-LM); its

@@ -1,4 +1,4 @@
-"""The planner (estimator/planner.py): its space, its exact rules and search against brute force on
+"""The planner (estimator/search/planner.py): its space, its exact rules and search against brute force on
 random small cases, its numbers against full estimates, its command line, and published layouts."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate, load_config
-from estimator.search import planner as planner_module
+from estimator.search import search as search_module
 from estimator.spec.config import SECTIONS
 from estimator.spec.gpus import GPUS
 from estimator.search.layouts import (LOSSES, Request, Shape, Variant, micro_batches, most_stage_layers,
@@ -448,23 +448,23 @@ def test_a_plan_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
     # on after an answer, after an error inside the search, and never on when the caller had it off
     arch, tr = get_architecture("llama-3.2-1b"), Training(seq_len=2048, global_batch_size=8)
     during = []
-    real_shapes = planner_module.shapes
+    real_shapes = search_module.shapes
 
     def spying_shapes(req):
         during.append(gc.isenabled())
         return real_shapes(req)
-    monkeypatch.setattr(planner_module, "shapes", spying_shapes)
+    monkeypatch.setattr(search_module, "shapes", spying_shapes)
     assert gc.isenabled()
     assert plan(arch, tr, "h100-80", 2, limit=1, pareto=False).layouts
     assert during[-1] is False and gc.isenabled()
 
     def failing_shapes(req):
         raise RuntimeError("inside the search")
-    monkeypatch.setattr(planner_module, "shapes", failing_shapes)
+    monkeypatch.setattr(search_module, "shapes", failing_shapes)
     with pytest.raises(RuntimeError):
         plan(arch, tr, "h100-80", 2, limit=1, pareto=False)
     assert gc.isenabled()
-    monkeypatch.setattr(planner_module, "shapes", real_shapes)
+    monkeypatch.setattr(search_module, "shapes", real_shapes)
     gc.disable()
     try:
         plan(arch, tr, "h100-80", 2, limit=1, pareto=False)

@@ -3,8 +3,7 @@
 import dataclasses
 import json
 
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from estimator import Architecture, Parallel, Training, estimate
 from estimator.spec.errors import ConfigError

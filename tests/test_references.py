@@ -1,4 +1,4 @@
-"""Other calculators' worked examples against this estimator (estimator/references.py): which figures it
+"""Other calculators' worked examples against this estimator (estimator/memory/references.py): which figures it
 reproduces and which it does not, each number by hand or quoted from the source (the figures as written
 out in the project's research notes, seed-examples.md)."""
 

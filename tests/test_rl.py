@@ -1,4 +1,4 @@
-"""RL with a colocated rollout engine (estimator/rl.py), per phase, by hand."""
+"""RL with a colocated rollout engine (estimator/memory/rl.py), per phase, by hand."""
 
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ def _amount(value: float, unit: str) -> str:
 @st.cache_data(max_entries=1, show_spinner=False)
 def reference_comparisons() -> list[dict]:
     """The worked examples of other calculators and of the practical guide against this estimator
-    (estimator/references.py): one table per source, every number from the estimator or from the
+    (estimator/memory/references.py): one table per source, every number from the estimator or from the
     source's own arithmetic."""
     from estimator.memory.references import comparisons
 

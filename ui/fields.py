@@ -17,9 +17,7 @@ import json
 from dataclasses import dataclass, field as dc_field
 from typing import Any
 
-from estimator.spec import fields as registry
-from estimator.spec import field as registry_field
-from estimator.spec import values as registry_values
+from estimator.spec import fields as registry, field as registry_field, values as registry_values
 from estimator.spec.architecture import ARCHITECTURE_FIELDS, Architecture
 from estimator.spec.config import SECTIONS as CONFIG_SECTIONS, architecture_to_dict, build_section, build_serving
 from estimator.spec.errors import ConfigError, shown_value

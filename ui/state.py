@@ -39,13 +39,11 @@ import streamlit as st
 from estimator import ConfigError
 from estimator.spec.gpus import GPUS
 
-from . import compute
-from . import keys as K
+from . import compute, keys as K
 from .fields import (SWITCHES, ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS, DEFAULT_MODEL, GROUPS, ModelChoice,
                      arch_editor_values, canonical_arch, config_dict, config_key, error_group, field_label,
                      friendly_message, parse_url, to_contract, ui_values_from_config, url_params, url_text)
 
-from estimator.spec import fields as registry
 from estimator.spec import values as registry_values
 from estimator.spec.errors import shown_value
 
@@ -264,7 +262,7 @@ def _fetch(hub_id: str) -> tuple[dict | None, str]:
 
 def value_problem(f, value: Any) -> str | None:
     """What is wrong with widget value `value` for field `f`, as "expected ..." words, or None:
-    the field registry's own check (estimator/fields.py: type, finite, range, options) on the
+    the field registry's own check (estimator/spec/values.py: type, finite, range, options) on the
     value the estimator would receive, before the value reaches a widget or the estimator."""
     if value is None:
         return None if f.optional or f.kind in ("select", "text") else "a value"

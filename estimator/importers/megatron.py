@@ -16,10 +16,9 @@ from ..spec.errors import ConfigError
 from .build import ConfigBuilder, split_flags, to_int
 from .result import Imported, Ledger
 from .shell import Launch, read_launch
-from .megatron_args import _Args, _arity
+from .megatron_args import _Args, _arity, VERSION
 from .megatron_model import _model
 from .megatron_training import _account_rest, _allocator, _parallel, _training
-from .megatron_args import VERSION
 
 KIND = "megatron"
 _ENTRY = re.compile(r"(?:^|/)pretrain_gpt\.py$")

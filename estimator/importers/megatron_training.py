@@ -9,8 +9,7 @@ import re
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, to_float
 from .result import Ledger
-from .megatron_args import _Args, _EAGER_BACKENDS, _FP8_RECIPES, _IGNORED, _IGNORED_GROUPS, _group
-from .megatron_args import VERSION
+from .megatron_args import _Args, _EAGER_BACKENDS, _FP8_RECIPES, _IGNORED, _IGNORED_GROUPS, _group, VERSION
 
 
 # --- the training setup -------------------------------------------------------------------------

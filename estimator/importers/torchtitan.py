@@ -19,8 +19,7 @@ from .build import ConfigBuilder, to_int
 from .result import Imported, Ledger
 from .source import parse_toml
 from .torchtitan_layout import _parallel
-from .torchtitan_job import _Job
-from .torchtitan_job import VERSION, _DEFAULTS
+from .torchtitan_job import _Job, VERSION, _DEFAULTS
 
 KIND = "torchtitan"
 

@@ -59,7 +59,7 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
                     sp: StageParameters, vocab: int, shared):
     P = bytes_per_element(training.param_dtype)
     weights = component("parameters", "Weights", sp.local * P, f"{P:g} B ({training.param_dtype}) x parameters on this GPU",
-                         "dtype sizes in estimator/dtypes.py (block scales included)")
+                         "dtype sizes in estimator/spec/dtypes.py (block scales included)")
     kv, kv_formula = kv_cache_bytes(arch, training, par, sp.chunks)
     kv_cache = component("kv_cache", "KV cache", kv, kv_formula, KV_SOURCE)
     working, working_formula = forward_working_set(arch, training, par, {kind for kind, _ in sp.kind_counts},

@@ -144,7 +144,7 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
 
 class _StageMemo:
     """One configuration's stage parts (`_stage_memo`): a dict that is one value in the architecture's
-    memo, whose bytes grow by each part's as it is added (estimator/memo.py), read and written as a
+    memo, whose bytes grow by each part's as it is added (estimator/spec/memo.py), read and written as a
     dict (a part is read far more often than the memo's bookkeeping could afford per part)."""
 
     __slots__ = ("parts", "entry")

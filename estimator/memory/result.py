@@ -10,8 +10,7 @@ from functools import cached_property
 from .components import OUTSIDE_ALLOCATOR, StageEstimate
 from ..spec.gpus import GPU, GPUS
 from .resolved import Resolved
-from .stage_shared import _Shared
-from .stage_shared import LedgerLine
+from .stage_shared import _Shared, LedgerLine
 
 TIGHT_FRACTION = 0.8  # Fujii et al. 2024 (arXiv 2411.06465): no OOM below 80% in 454 runs
 
@@ -85,7 +84,7 @@ class Estimate:
         return [fit_on(self.device_total_bytes, gpu) for gpu in GPUS.values()]
 
     def framework_release_json(self) -> dict:
-        """The release whose rules the estimate applied (estimator/versions.py): its version, and
+        """The release whose rules the estimate applied (estimator/spec/versions.py): its version, and
         the release and commit in words; null for a framework without versioned rules."""
         from ..spec.versions import release
         r = release(self.training.framework, self.training.framework_version)

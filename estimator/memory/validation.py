@@ -165,7 +165,7 @@ class _Dispatcher(NamedTuple):
 
 
 # Megatron-Core's MoEFlexTokenDispatcher on DeepEP (asserts TPxEP > 1 and moe_enable_deepep; DeepEP's
-# Buffer.get_dispatch_config asserts a tuned group size, estimator/deepep.py) and MoEAllGatherTokenDispatcher
+# Buffer.get_dispatch_config asserts a tuned group size, estimator/memory/deepep.py) and MoEAllGatherTokenDispatcher
 # (token_dispatcher.py); the other frameworks have neither
 DISPATCHERS = {
     "deepep": _Dispatcher("DeepEP is Megatron-Core's flex token dispatcher (--moe-token-dispatcher-type flex "
@@ -268,7 +268,7 @@ def _check_optimizer_in_backward(training: Training, par: Parallel) -> None:
 
 
 def _check_offload(training: Training, par: Parallel) -> None:
-    """Offload as each framework offers it (estimator/offload.py names the sources)."""
+    """Offload as each framework offers it (estimator/memory/offload.py names the sources)."""
     fw, opt, params = training.framework, training.offload_optimizer, training.offload_parameters
     zero = resolve_zero_stage(training, par)
     field, value = ("training.offload_optimizer", opt) if opt != "none" else ("training.offload_parameters", params)

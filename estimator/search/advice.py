@@ -27,9 +27,8 @@ from ..spec.config import Config
 from ..spec.errors import ConfigError
 from ..spec.hardware import Hardware
 from ..memory.memory import estimate
-from ..spec.parallel import tp_following_defaults
+from ..spec.parallel import tp_following_defaults, Parallel
 from ..memory.states import resolve_zero_stage
-from ..spec.parallel import Parallel
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Training
 

@@ -61,7 +61,7 @@ ceilings are that loose (an MoE model's expert traffic), a range of full recompu
 n = lo ... hi - 1 is capped by the exact speed of n = lo, its fastest (rule 5), found before the
 range's memory is estimated. Every layout enumerated is judged, by its own estimate (its device
 total, `memory.device_total`) or by these rules; `Plan.searched` counts them, `Plan.estimates` and
-`Plan.rooflines` the full evaluations, `Plan.pruned` the rules. A `Watch` (estimator/watch.py)
+`Plan.rooflines` the full evaluations, `Plan.pruned` the rules. A `Watch` (estimator/search/watch.py)
 follows a search and may halt it between shapes: the plan then lists the best of what it searched.
 """
 
@@ -94,7 +94,7 @@ def plan(arch: Architecture, training: Training, gpu: str | Hardware, gpus: int,
     GPU's memory: the `limit` fastest and (with `pareto`) the memory/throughput Pareto front,
     fastest first. `fixed` holds parallel fields (tp, pp, vpp, pp_first_stage_layers,
     pp_last_stage_layers, cp, dp, ep, etp, zero_stage) at the given values. `watch` follows the
-    search and may halt it (estimator/watch.py)."""
+    search and may halt it (estimator/search/watch.py)."""
     hardware = gpu if isinstance(gpu, Hardware) else Hardware(gpu=gpu)
     req = _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, pareto,
                    tuple(sorted((fixed or {}).items())), max_gpus)

@@ -4,7 +4,7 @@
 quantization method from it (model_executor/layers/quantization: ``quant_method`` fp8, gptq, awq, mxfp4,
 modelopt/modelopt_fp4, compressed-tensors), else its ``torch_dtype`` (bf16 unless float16). The context
 length is ``max_position_embeddings`` (text_config for multimodal wrappers), else the transformers
-configuration class's default for the family (estimator/hf_config.py), as vLLM derives max_model_len.
+configuration class's default for the family (estimator/models/hf_config.py), as vLLM derives max_model_len.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class ParameterTensor:
 
 
 
-_TOKENS = itertools.count()  # each architecture object's name in the memo (estimator/memo.py)
+_TOKENS = itertools.count()  # each architecture object's name in the memo (estimator/spec/memo.py)
 
 @record("model")
 @not_owned
@@ -192,7 +192,7 @@ class Architecture:
         """Remember a value derived from this architecture alone (and the sharding named in `key`):
         a search over layouts, or an app rerun, asks for the same per-layer buckets again and again.
         The architecture is immutable, so a remembered value can never go stale. The values live in
-        the process's memo (estimator/memo.py), bounded in bytes over every architecture, least
+        the process's memo (estimator/spec/memo.py), bounded in bytes over every architecture, least
         recently used first out: a preset's architecture lives as long as the app's server, and every
         model and configuration its users try would otherwise stay in memory. Values of one whole
         configuration (`per_layout`: an app rerun reads them back, a search never does) have a pool
@@ -206,7 +206,7 @@ class Architecture:
 
     @property
     def memo_token(self) -> int:
-        """This architecture object's name in the memo (estimator/memo.py); memory._StageMemo keys its
+        """This architecture object's name in the memo (estimator/spec/memo.py); memory._StageMemo keys its
         entries by it."""
         token = self.__dict__.get("_token")
         if token is None:  # frozen: set once, through the instance dict
@@ -405,7 +405,7 @@ def _require(arch: Architecture, name: str, why: str) -> None:
 
 
 def _check_architecture(arch: Architecture) -> None:
-    """Each field's type and range (estimator/fields.py), then the rules between fields."""
+    """Each field's type and range (estimator/spec/fields.py), then the rules between fields."""
     check_section("model", arch)
     if arch.position_embedding == "learned":
         _require(arch, "max_position_embeddings", "required with learned position embeddings")

@@ -25,7 +25,7 @@ FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "f
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
 # MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, its flex dispatcher on DeepEP
-# (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/deepep.py sizes,
+# (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/memory/deepep.py sizes,
 # or its MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather: all-gathers the hidden
 # states over the EP x expert-TP group, reduce-scatters the experts' outputs back; activations.MEGATRON_ALLGATHER)
 MOE_DISPATCHERS = ("alltoall", "deepep", "allgather")

@@ -42,7 +42,7 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
             "or main; torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
-            "(estimator/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
+            "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),

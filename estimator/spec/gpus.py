@@ -85,7 +85,7 @@ _HIPBLAS = _WORKSPACE_SOURCE + " (hipBLAS; hipBLASLt keeps a 76 MiB workspace of
 _CDNA3 = DeviceRuntime("CDNA 3 (gfx942)", 512 * MiB, 128 * MiB, 32 * MiB, _BEKMAN + "; no ROCm figure found", _HIPBLAS)
 _CDNA4 = DeviceRuntime("CDNA 4 (gfx950)", 512 * MiB, 128 * MiB, 64 * MiB, _BEKMAN + "; no ROCm figure found", _HIPBLAS)
 # The runtime component's source (each GPU row's `runtime` cites its architecture's)
-CUDA_CONTEXT_SOURCE = "the GPU catalog's runtime record for the GPU's architecture (estimator/hardware.py)"
+CUDA_CONTEXT_SOURCE = "the GPU catalog's runtime record for the GPU's architecture (estimator/spec/gpus.py)"
 # A node with one 100 Gb/s uplink shared by its 8 GPUs: 100e9 bits/s / 8 bits per byte / 8 GPUs.
 _100G_SHARED_BY_8 = 100e9 / 8 / 8
 

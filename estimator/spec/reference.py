@@ -45,7 +45,7 @@ def _default_text(f: Field) -> str:
 def reference_markdown() -> str:
     """`docs/config.md`: every field with its label, values, default and meaning."""
     out = ["# Configuration reference", "",
-           "Generated from `estimator/fields.py` by `python -m estimator fields --markdown`; "
+           "Generated from `estimator/spec/fields.py` by `python -m estimator fields --markdown`; "
            "`tests/test_fields.py` keeps it in step with the code.", "",
            "A configuration is a JSON object: `model` (a preset id, a Hugging Face id `org/name[@revision]`, a "
            "`config.json` object, or the canonical architecture below) and the optional sections `training`, "

@@ -155,7 +155,7 @@ def resolve_recipe(training: Training) -> Recipe:
 # --- validation ----------------------------------------------------------------------------------
 
 def _check_training(t: Training) -> None:
-    """Each field's type and range (estimator/fields.py), then the rules between fields."""
+    """Each field's type and range (estimator/spec/fields.py), then the rules between fields."""
     check_section("training", t)
     if isinstance(t.recompute_modules, list):  # JSON gives a list; keep the dataclass hashable
         object.__setattr__(t, "recompute_modules", tuple(t.recompute_modules))

@@ -15,8 +15,8 @@ from ..memory.resolved import Resolved
 from ..memory.sharding import split_key
 from ..spec.training import Training
 from .operations import Operation, _Context, _context
-from .layer_operations import matmul_parameters, model_flops_per_token
-from .layer_operations import embedding_operations, head_operations, layer_operations
+from .layer_operations import (matmul_parameters, model_flops_per_token, embedding_operations, head_operations,
+                               layer_operations)
 
 
 # --- the work of each pipeline stage -----------------------------------------------------------------

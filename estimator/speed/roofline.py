@@ -343,7 +343,7 @@ def render_roofline_text(result: Roofline) -> str:
     step = result.step
     lines = [f"Step time on {result.gpu} ({result.mode}), pipeline stage {result.stage} "
              f"(the slowest); one execution = one layer, one micro-batch, one GPU; 'roof ms' at the hardware's "
-             f"roofs, 'ms each' as the kernels achieve it (estimator/kernels.py)"]
+             f"roofs, 'ms each' as the kernels achieve it (estimator/speed/kernels.py)"]
     header = (f"  {'operation':<52}{'phase':<10}{'FLOPs':>12}{'bytes':>12}{'FLOP/B':>9}{'ridge':>7}"
               f"  {'bound':<8}{'roof ms':>9}{'ms each':>9}{'achieved':>9}{'count':>7}{'ms total':>10}")
     scope = None

@@ -1,5 +1,5 @@
 """Megatron-Core's own interleaved-schedule code, run for every layout the estimator's in-flight
-counts cover (estimator/activations.py `interleaved_in_flight`).
+counts cover (estimator/memory/pipeline.py `interleaved_in_flight`).
 
 `schedule_code(version)` compiles, from a release's own `megatron/core/pipeline_parallel/
 schedules.py`, the two functions that decide a rank's interleaved order: `get_pp_rank_microbatches`
