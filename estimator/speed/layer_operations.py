@@ -1,4 +1,5 @@
-"""The operations of one layer (attention, MLP or MoE, adapters), the embedding and the head."""
+"""The operations of one layer (attention, MLP or MoE, adapters), the embedding and the head, and
+the model's matmul parameters and FLOPs per token."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One operation of the step and its roofline: FLOPs, bytes moved, the bound it hits; the GEMM and
-elementwise builders and the model's FLOPs per token.
+elementwise builders and the context they share.
 """
 
 from __future__ import annotations
