@@ -24,7 +24,7 @@ torch 2.11 `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`, reported in
 pytorch/pytorch#181528), so PyTorch runs its math backend (`attention.cpp`
 `_scaled_dot_product_attention_math`), which materialises the fp32 scores: it keeps the scaled q,
 the keys expanded to every head (scaled), the values expanded, and `_safe_softmax`'s fp32
-output for backward (`activations.attention_entries`). Its backward holds, beside that kept
+output for backward (`activations.attention.attention_entries`). Its backward holds, beside that kept
 softmax, the probabilities' gradient and the scores' gradient; on an H200 (torch 2.11) one more
 score-sized fp32 tensor is alive at that moment (measured: tests/data/measured/gpu/llama-3.1-8b-
 qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared.json; the CPU harness, validation/peft, sees

@@ -131,7 +131,7 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
     immutable, so the memo never goes stale; whatever these parts come to read of the layout must
     join the key. How many layers full recompute checkpoints (`recompute_layers`) is not part of it:
     the shared part does not read it and a static part only whether a stage recomputes any layer
-    (`activations.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
+    (`activations.recompute.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
     the stage has layers); the groups kept here add it to their keys (`_training_stages`). `loss`:
     the memo of the same setup with that loss instead (a stage without the head reads nothing of
     the loss: `_static_stage` reads the loss's parts of `_Shared` and the head's transients on the

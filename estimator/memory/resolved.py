@@ -4,7 +4,7 @@ The memory model, the roofline, the advice and the planner read a `Resolved` rat
 re-deriving its values, so each rule has one owner: the ZeRO stage a framework runs
 (`states.resolve_zero_stage`, through `validation.validate`), the precision recipe
 (`training.resolve_recipe`), Megatron's padded vocabulary (`sharding.padded_vocab_size`), the
-global batch and micro-batches (`activations.global_batch_size`), and each pipeline stage's layers
+global batch and micro-batches (`pipeline.global_batch_size`), and each pipeline stage's layers
 and parameter buckets (`sharding.stage_parameters`). The layout's own derived defaults (sequence
 parallelism with TP, ETP = TP) are resolved by `Parallel` itself.
 """

@@ -76,7 +76,7 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     # the ledger depends on the training setup and on TP, SP, CP and ETP only: every layout of a
     # search (and every rerun of the app) that shares them reads it from the architecture's memo; one
     # layer's saved tensors do not depend on how many layers full recompute checkpoints (the stages
-    # count those, `activations.recomputed_layer_count`), so a search over them shares one ledger
+    # count those, `activations.recompute.recomputed_layer_count`), so a search over them shares one ledger
     as_read = training_with(arch, training, recompute_layers=None, recompute_every=1)
     as_read = ledger_training(as_read)  # peft's prepare_model_for_kbit_training: activations in fp32 (kbit.py)
     key = ("ledger", as_read, par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
@@ -135,7 +135,7 @@ def _first_kind(arch: Architecture) -> str:
 def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple, tuple]:
     """(layers recomputed, (kind, layers stored) pairs, (kind, layers recomputed) pairs) of a stage.
     Full recompute of n layers recomputes the first n of the stage (Megatron's "block" method) or
-    every N-th (`recompute_every`) and keeps their inputs (`activations.recomputed_layer_count`). An
+    every N-th (`recompute_every`) and keeps their inputs (`activations.recompute.recomputed_layer_count`). An
     adapter run's first layer, whose input needs no gradient, is a kind of its own."""
     recomputed = recomputed_layer_count(training, stage.num_layers)
     if not recomputed and first_layer_input_frozen(training) and stage.stage == 0:

@@ -1,6 +1,6 @@
 """Words the command line and the app both print, spelled once.
 
-The verdict codes (``fits``, ``tight``, ``oom``: `memory.fit_on`) are the JSON's and the CSV's
+The verdict codes (``fits``, ``tight``, ``oom``: `memory.result.fit_on`) are the JSON's and the CSV's
 values; people read `VERDICT_WORDS`, the same in the app, the CLI's text and the PDF and CSV
 exports.
 """
