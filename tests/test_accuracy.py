@@ -31,7 +31,7 @@ RECORDS = HF_RECORDS + FRAMEWORK_RECORDS + FSDP1_RECORDS
 # case id -> why the estimate misses it (the next modelling steps)
 _MATH_BACKWARD = ("peft prepare_model_for_kbit_training runs SDPA's math backend in fp32: on an H200 (torch 2.11) its "
                   "backward holds three score-sized fp32 tensors beside the kept softmax, this CPU harness (torch "
-                  "2.13) two; the estimate follows the GPU record of the same run (estimator/kbit.py, 2 GiB more "
+                  "2.13) two; the estimate follows the GPU record of the same run (estimator/memory/kbit.py, 2 GiB more "
                   "here: %s)")
 KNOWN_GAPS: dict[str, str] = {
     "llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1-prepared": _MATH_BACKWARD % "+13%",
@@ -258,5 +258,5 @@ def test_fake_tensor_harness_against_the_gpu(path):
     measured = record["measured"]
     if "-qlora-bnb-" in path.stem and "-prepared" in path.stem:
         pytest.skip("SDPA's math backward holds one score-sized tensor more on the GPU than in the harness "
-                    "(estimator/kbit.py; KNOWN_GAPS)")
+                    "(estimator/memory/kbit.py; KNOWN_GAPS)")
     assert fake + measured["cublas_workspace_bytes"] == pytest.approx(measured["peak_bytes"], rel=0.006)
