@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from estimator.allocator import CachingAllocator, allocation_size, replay, round_size
+from estimator.memory.allocator import CachingAllocator, allocation_size, replay, round_size
 
 MiB = 1 << 20
 TRACES = sorted((Path(__file__).parent / "data" / "measured" / "allocator").glob("*.json.gz"))

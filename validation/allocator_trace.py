@@ -44,7 +44,7 @@ def full_trace(run) -> list[tuple[int, int]]:
 
 
 def write_trace(case_id: str) -> Path:
-    from estimator.allocator import replay
+    from estimator.memory.allocator import replay
 
     from .gpu.cases import CASES
 
