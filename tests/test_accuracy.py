@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from validation.summary import tensors_peak
+from validation.core.report import tensors_peak
 
 MEASURED = Path(__file__).parent / "data" / "measured"
 FRAMEWORKS = ("torchtitan", "megatron", "peft", "torchtune")
@@ -100,7 +100,7 @@ def test_model_states_within_one_percent(path):
 @pytest.mark.parametrize("path", expected_failures(KNOWN_GAPS), ids=lambda p: p.stem)
 def test_peak_within_five_percent(path):
     record = load(path)
-    # the harnesses see every tensor but the libraries' workspaces (validation/summary.py tensors_peak)
+    # the harnesses see every tensor but the libraries' workspaces (validation/core/report.py tensors_peak)
     peak = tensors_peak(measured_stage(estimate_config(record["config"]), record))
     assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.05), \
         f"peak {peak} vs {record['measured']['peak_bytes']}"

@@ -13,7 +13,7 @@ from estimator import activations as act
 from estimator import estimate_config
 from estimator.config import load_config
 from estimator.errors import ConfigError
-from validation.summary import tensors_peak
+from validation.core.report import tensors_peak
 
 MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"
 MiB = 2**20

@@ -4,7 +4,7 @@ build, the same two steps, the same model-state count as a GPU run."""
 from __future__ import annotations
 
 from ..peft.build import LoraRun
-from ..step import Run
+from ..hf.step import Run
 from .measure import measure
 
 TINY_RUNS = (("hf", Run("tiny-llama", 64, 2)), ("peft", LoraRun("tiny-llama", 64, rank=4, alpha=8)))
