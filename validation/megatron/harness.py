@@ -116,7 +116,7 @@ class Setup:
 
 # --- the world ----------------------------------------------------------------------------------
 @contextlib.contextmanager
-def fake_world(setup: Setup):
+def megatron_world(setup: Setup):
     """Initialise torch.distributed (fake) and Megatron's parallel_state as this rank sees them:
     rank order "tp-cp-ep-dp-pp" makes pipeline stage i start at rank i x tp x cp x dp."""
     from megatron.core import parallel_state as ps
@@ -414,7 +414,7 @@ def traced_step(setup: Setup, fake: bool = True, seed: int = 0) -> Trace:
         # storage must be freed for the tracker
         mode.cache_enabled = False
     try:
-        with megatron_shims(), gloo_as_fake(), fake_world(setup), mode, tracker:
+        with megatron_shims(), gloo_as_fake(), megatron_world(setup), mode, tracker:
             model, config = build_stage(setup)
             ddp, optimizer = wrap(setup, model, config)
             _layer_hooks(model, marks, tracker, armed)
