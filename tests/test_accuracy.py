@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
+from validation.core.harness import harnesses
 from validation.core.report import tensors_peak
 
 MEASURED = Path(__file__).parent / "data" / "measured"
-FRAMEWORKS = ("torchtitan", "megatron", "peft", "torchtune")
+# every harness's folder of records (validation/core/harness.py finds them), but HF's (the top) and FSDP1's
+FRAMEWORKS = tuple(name for name in harnesses() if name not in ("hf", "fsdp1"))
 HF_RECORDS = sorted(MEASURED.glob("*.json"))
 FRAMEWORK_RECORDS = sorted(p for framework in FRAMEWORKS for p in (MEASURED / framework).glob("*.json"))
 # PyTorch FSDP1 as the HF Trainer with Accelerate runs it (validation/fsdp1, issue 23)

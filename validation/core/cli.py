@@ -28,7 +28,7 @@ def _parser(h: Harness, commands: tuple[Command, ...]) -> argparse.ArgumentParse
     measure = sub.add_parser("measure", help=f"measure cases, write {where}/<id>.json")
     which = measure.add_mutually_exclusive_group(required=h.top_level)
     if h.top_level:
-        which.add_argument("--case", action="append", dest="cases", help="a case id (repeatable)")
+        which.add_argument("--case", action="append", dest="cases", metavar="ID", help="a case id (repeatable)")
     else:
         measure.add_argument("cases", nargs="*", help="case ids")
     which.add_argument("--all", action="store_true")
@@ -72,7 +72,7 @@ def _explain(h: Harness, cases: dict, case: str) -> int:
 
 # what `python -m validation` offers beside the HF harness: every harness's records at once
 CORE_COMMANDS = (
-    Command("summary", "the README's accuracy table: each framework's cases within 5%", "summary:summary"),
+    Command("summary", "the README's accuracy table: each framework's cases within 5%%", "summary:summary"),
     Command("readme", "write the README's count of measured steps and frameworks from the records",
             "summary:readme"),
 )
