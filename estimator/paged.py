@@ -6,8 +6,9 @@ bitsandbytes 0.48 `optim/optimizer.py` `Optimizer8bit.get_state_buffer`: a state
 least 1e5 elements is allocated by `functional.get_paged` (`cget_managed_ptr`: cudaMallocManaged, unified
 memory), outside PyTorch's caching allocator; smaller ones, and the 8-bit optimizer's block-wise absmax
 and quantization maps, are ordinary tensors. Managed pages stay on the GPU while it has room: the device
-holds them (nvidia-smi and the device total count them; `max_memory_allocated` and
-`max_memory_reserved` do not), and the driver migrates them to host memory when the GPU runs short,
+holds them (the device's used memory, `torch.cuda.mem_get_info`, counts them; `max_memory_allocated`,
+`max_memory_reserved` and nvidia-smi's per-process used memory do not: measured on an H200,
+tests/data/measured/gpu/*paged*), and the driver migrates them to host memory when the GPU runs short,
 instead of an out-of-memory error (the QLoRA paper, Dettmers et al. 2023, section 2: "paged
 optimizers"). So they are shown as their own component outside the allocator, and as the host memory
 they need once paged out.

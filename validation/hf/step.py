@@ -33,28 +33,17 @@ class Run:
     attention: str = "sdpa"  # "sdpa" (flash) or "eager"
 
 
-def enable_recompute(model) -> None:
-    """What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,
-    non-reentrant torch.utils.checkpoint (through `gradient_checkpointing_enable` on a transformers
-    without `activation_checkpointing_enable`, as 5.17 on the GPU machine)."""
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def build(run: Run, device: str = "cpu"):
-    """The model and optimizer of a run: on the CPU (fake under FakeTensorMode), or built on a GPU
-    for validation/gpu (an 8B model's CPU initialisation would take minutes)."""
+def build(run: Run):
     from transformers import AutoModelForCausalLM
 
     config = MODELS[run.model].hf_config(run.attention)
     dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
-    with nullcontext() if device == "cpu" else torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.train()
     if run.recompute == "full":
-        enable_recompute(model)
+        # What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,
+        # non-reentrant torch.utils.checkpoint.
+        model.activation_checkpointing_enable({"use_reentrant": False})
     params = [p for p in model.parameters() if p.requires_grad]
     if run.optimizer == "adamw":
         # foreach=True: the implementation torch picks by default for CUDA tensors. States are
