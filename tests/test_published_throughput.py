@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from estimator.architecture import Architecture
-from estimator.hardware import GPUS, Hardware
-from estimator.parallel import Parallel
-from estimator.presets import get_architecture
-from estimator.roofline import model_flops_per_token, roofline
-from estimator.training import Training
+from estimator.spec.architecture import Architecture
+from estimator.spec.gpus import GPUS
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.models.presets import get_architecture
+from estimator.speed.layer_operations import model_flops_per_token
+from estimator.speed.roofline import roofline
+from estimator.spec.training import Training
 
 RECORDS = Path(__file__).resolve().parent / "data" / "measured" / "published" / "throughput"
 
