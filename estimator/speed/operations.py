@@ -148,7 +148,7 @@ class _Context:
     t: int
     gpu: GPU
     framework: str
-    fused: bool  # fused norm/rotary/activation kernels (Megatron's TransformerEngine) rather than eager ops
+    fused: bool  # fused norm/rotary/activation kernels (TransformerEngine, or torch.compile's) rather than eager ops
     frozen: frozenset = frozenset()  # scopes whose weights are frozen (an adapter run): no weight gradient
 
 
@@ -229,8 +229,18 @@ def _context(cfg: Resolved) -> tuple[_Context, list[str]]:
         B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(cfg.recipe.grad_dtype),
         mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=cfg.is_training,
         T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp, gpu=gpu, framework=training.framework,
-        fused=fused_kernels(training), frozen=_frozen_scopes(training))
+        fused=speed_fused(training), frozen=_frozen_scopes(training))
     return ctx, notes
+
+
+def speed_fused(training: Training) -> bool:
+    """Whether norms, rotary embeddings and gated activations run as one kernel each (one read of the
+    input, one write of the output): TransformerEngine's fused kernels under Megatron, and
+    torch.compile's, whose Inductor fuses each chain of pointwise ops and its reduction into one
+    generated kernel (torch/_inductor/scheduler.py fuses nodes that share reads; torchtitan, torchtune
+    and the HF Trainer compile each transformer block) where eager PyTorch runs each op as its own kernel
+    (kernels.EAGER_TRAFFIC)."""
+    return fused_kernels(training) or training.compile
 
 
 def _frozen_scopes(training: Training) -> frozenset:

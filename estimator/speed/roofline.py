@@ -54,7 +54,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import kernels
-from ..memory.activations.entries import fused_kernels
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hardware import Hardware
@@ -62,7 +61,7 @@ from ..spec.parallel import Parallel
 from ..memory.resolved import Resolved, resolve, training_with
 from ..memory.states import optimizer_state_bytes
 from ..spec.training import Training
-from .operations import Bound, Operation, SOURCES
+from .operations import Bound, Operation, SOURCES, speed_fused
 from .operation_table import OperationTable, StageWork, layer_forward, operation_table, stage_operations, stage_works
 from .communication import Communication, communication
 
@@ -309,7 +308,7 @@ def _notes(cfg: Resolved, slowest: int) -> list[str]:
         "expected times: GEMMs at the measured maximum achievable matmul FLOPS less small-shape losses, flash "
         f"attention at its measured TFLOP/s ({kernels.attention_kernel(cfg.gpu, cfg.training.framework)} kernel), "
         "memory-bound kernels at 90% of bandwidth"
-        + ("" if fused_kernels(cfg.training) else " with the extra passes of eager (unfused) norms, rotary and "
+        + ("" if speed_fused(cfg.training) else " with the extra passes of eager (unfused) norms, rotary and "
                                                   "activations") + "; the roof time of each is its upper bound",
         "MFU: PaLM appendix B's 6N + 12*L*H*Q*T per token with the attention term halved for the causal mask, "
         "N = matmul weights a token passes through (top-k experts) including the LM head, without the "
