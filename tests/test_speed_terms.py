@@ -47,3 +47,63 @@ def test_compile_runs_each_norm_rotary_and_activation_as_one_kernel():
     # only the memory-bound kernels change: the matmuls and the attention core keep their time
     assert op(compiled, "QKV projection").expected_time_s == op(eager, "QKV projection").expected_time_s
     assert compiled.step.compute_s < eager.step.compute_s
+
+
+# --- FP8 ----------------------------------------------------------------------------------------------
+
+def fp8_run(framework="fsdp2", recipe="tensorwise", **kw):
+    tr = Training(framework=framework, seq_len=4096, global_batch_size=8, fp8=True, fp8_recipe=recipe, **kw)
+    return roofline(llama_8b(), tr, Parallel(dp=8, zero_stage=3 if framework == "fsdp2" else 1), H100)
+
+
+def test_fp8_casts_move_torchaos_and_tes_bytes():
+    """QKV projection of Llama-3.1-8B, 4096 tokens: input 4096 x 4096, weight 4096 x 6144, output
+    4096 x 6144. torchao tensorwise (torchao roofline_utils.py): the input's amax (read 2 bytes) and its
+    cast writing both layouts (read 2, write 1 + 1) = 6 bytes per element, 4 when compile fuses the amax
+    into the norm; the weight's amax + two casts = 2 + 3 + 3 = 8. TransformerEngine: 6 (amax + cast-
+    transpose) for tensorwise current scaling, 4 for MXFP8 (one pass writing both layouts); its
+    weights are cast once a step, with the optimizer's pass."""
+    M, K, N = 4096, 4096, 6144
+    eager, compiled = fp8_run(), fp8_run(compile=True)
+    assert op(eager, "QKV projection: fp8 cast of the input").bytes == M * K * 6
+    assert op(compiled, "QKV projection: fp8 cast of the input").bytes == M * K * 4
+    assert op(compiled, "QKV projection: fp8 cast of the output gradient", "backward").bytes == M * N * 4
+    assert op(compiled, "QKV projection: fp8 cast of the weight").bytes == K * N * 8
+    gathered = fp8_run(compile=True, fp8_all_gather=True)  # torchao casts the local shard, 1/8, before gathering
+    assert op(gathered, "QKV projection: fp8 cast of the weight").bytes == pytest.approx(K * N * 8 / 8)
+    te = fp8_run("megatron")
+    assert op(te, "QKV projection: fp8 cast of the input").bytes == M * K * 6
+    assert not [o for o in te.operations if o.name.endswith("fp8 cast of the weight")]
+    blackwell = roofline(llama_8b(), Training(seq_len=4096, global_batch_size=8, fp8=True, fp8_recipe="mxfp8"),
+                         Parallel(dp=8), Hardware("b200"))
+    assert op(blackwell, "QKV projection: fp8 cast of the input").bytes == M * K * 4
+    # memory-bound: at 90% of the H100's 3.35 TB/s
+    assert op(compiled, "QKV projection: fp8 cast of the input").expected_time_s == pytest.approx(
+        M * K * 4 / (0.9 * 3.35e12))
+
+
+def test_fp8_gemms_run_at_the_measured_fp8_share_and_the_head_stays_bf16():
+    """MAMF (Bekman, ml-engineering 744d01e1): an H100 SXM reaches 1,402.6 of 1,979 FP8 TFLOP/s (70.9%)
+    against 794.5 of 989 bf16 (80.3%, the catalog keeps the older 80.1%). The LM head and the router
+    stay bf16 under both stacks (torchtitan skips the `output` linear; Megatron's output layer is not a
+    TE module)."""
+    bf16 = roofline(llama_8b(), Training(framework="fsdp2", seq_len=4096, global_batch_size=8, compile=True),
+                    Parallel(dp=8), H100)
+    fp8 = fp8_run(compile=True)
+    qkv, qkv16 = op(fp8, "QKV projection"), op(bf16, "QKV projection")
+    assert (qkv.peak_flops, qkv16.peak_flops) == (1979e12, 989e12)
+    assert qkv.compute_efficiency / qkv16.compute_efficiency == pytest.approx(0.709 / 0.801)
+    assert qkv.compute_efficiency == pytest.approx(kernels.gemm_efficiency(H100.device, 4096, 4096, 6144, fp8=True))
+    head = op(fp8, "LM head")
+    assert head.peak_flops == 989e12 and head.compute_efficiency == op(bf16, "LM head").compute_efficiency
+    assert not [o for o in fp8.operations if o.name.startswith("LM head: fp8 cast")]
+    # what FP8 buys, compiled, on one 8B step: the GEMMs' 2x peak less their lower share and the casts
+    assert 1.15 < bf16.step.time_s / fp8.step.time_s < 1.45
+
+
+def test_te_casts_weights_once_a_step_with_the_optimizer():
+    """Megatron FP8: the optimizer's pass gains 6 bytes per weight (TE tensorwise: amax + cast-transpose)."""
+    arch, tr = llama_8b(), Training(seq_len=4096, global_batch_size=8)
+    plain = roofline(arch, tr, Parallel(dp=8), H100).step.optimizer_s
+    fp8 = roofline(arch, Training(seq_len=4096, global_batch_size=8, fp8=True), Parallel(dp=8), H100).step.optimizer_s
+    assert fp8 - plain == pytest.approx(6 * 8_030_261_248 / (0.9 * 3.35e12), rel=0.01)

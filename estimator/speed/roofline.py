@@ -53,7 +53,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import kernels
+from . import fp8, kernels
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hardware import Hardware
@@ -134,9 +134,11 @@ def optimizer_time(cfg: Resolved, rank: int, roof: bool) -> float:
     """Memory-bound, over the parameters this GPU updates (ZeRO >= 1 shards them): the update
     reads and writes the gradient once, the master copy and the parameter, and every optimizer
     state (states.optimizer_state_bytes, from the optimizer's record); as expected, at achieved
-    bandwidth (kernels.BANDWIDTH_EFFICIENCY)."""
+    bandwidth (kernels.BANDWIDTH_EFFICIENCY). FP8 under TransformerEngine adds the once-a-step cast of
+    every weight the GPU holds to FP8 (fp8.py: TE keeps it over the micro-batches)."""
     if not cfg.is_training:
         return 0.0
+    cast = _te_weight_cast_bytes(cfg, rank)
     recipe, par, sp = cfg.recipe, cfg.parallel, cfg.stages[rank]
     per_param = (bytes_per_element(recipe.grad_dtype) + (8 if recipe.master_weights else 0)
                  + 2 * bytes_per_element(recipe.param_dtype))
@@ -146,7 +148,17 @@ def optimizer_time(cfg: Resolved, rank: int, roof: bool) -> float:
     if cfg.zero_stage >= 1:
         traffic = [traffic[0] / (par.dp * par.cp), traffic[1] / max(1, par.expert_data_parallel)]
     bandwidth = cfg.gpu.memory_bandwidth * (1.0 if roof else kernels.BANDWIDTH_EFFICIENCY)
-    return sum(traffic) / bandwidth
+    return (sum(traffic) + cast) / bandwidth
+
+
+def _te_weight_cast_bytes(cfg: Resolved, rank: int) -> float:
+    """Bytes of TransformerEngine's once-a-step FP8 cast of the rank's weights (its embedding and LM head
+    included: a bound on the linear layers' own), `fp8.weight_cast` bytes per element; 0 otherwise."""
+    tr = cfg.training
+    if not (tr.fp8 and tr.framework == "megatron" and cfg.gpu.fp8_flops is not None):
+        return 0.0
+    sp = cfg.stages[rank]
+    return fp8.weight_cast(tr.framework, tr.fp8_recipe)[0] * (sp.dense_local + sp.expert_local)
 
 
 # --- the step ----------------------------------------------------------------------------------------
