@@ -107,3 +107,36 @@ def test_te_casts_weights_once_a_step_with_the_optimizer():
     plain = roofline(arch, tr, Parallel(dp=8), H100).step.optimizer_s
     fp8 = roofline(arch, Training(seq_len=4096, global_batch_size=8, fp8=True), Parallel(dp=8), H100).step.optimizer_s
     assert fp8 - plain == pytest.approx(6 * 8_030_261_248 / (0.9 * 3.35e12), rel=0.01)
+
+
+# --- TP overlap ---------------------------------------------------------------------------------------
+
+def tp_comm(framework, **kw):
+    arch = get_architecture("llama-3.1-70b")
+    tr = Training(framework=framework, seq_len=8192, global_batch_size=16, **kw)
+    step = roofline(arch, tr, Parallel(tp=8, dp=2, zero_stage=3 if framework == "fsdp2" else 1), H100).step
+    return next(c for c in step.communication if c.group == "TP")
+
+
+def test_async_tp_leaves_one_chunk_of_each_overlapped_collective():
+    """Llama-3.1-70B, TP 8, 8192 tokens: each layer's GEMMs outlast its TP collectives many times over,
+    so an overlapped collective shows one chunk of t = 8 (Wang et al. 2023's decomposition). Megatron's
+    userbuffers overlap forward and backward: 1/8 of it all. torchtitan's async TP overlaps the forward
+    only (micro_pipeline_tp.py matches the forward's patterns): half at 1/8, the backward's half in full.
+    Without it Megatron hides half of the backward (the column-parallel reductions under the weight
+    gradient), torchtitan nothing."""
+    megatron, overlapped = tp_comm("megatron"), tp_comm("megatron", async_tp=True)
+    torchtitan, async_titan = tp_comm("fsdp2", compile=True), tp_comm("fsdp2", compile=True, async_tp=True)
+    assert megatron.time_s == pytest.approx(overlapped.time_s)
+    assert megatron.exposed_s == pytest.approx(0.75 * megatron.time_s)
+    assert overlapped.exposed_s == pytest.approx(megatron.time_s / 8)
+    assert torchtitan.exposed_s == pytest.approx(torchtitan.time_s)
+    assert async_titan.exposed_s == pytest.approx(torchtitan.time_s * (0.5 / 8 + 0.5))
+
+
+def test_async_tp_under_fsdp2_needs_compile_and_a_stack_that_has_it():
+    from estimator.spec.errors import ConfigError
+    with pytest.raises(ConfigError, match="training.async_tp.*compile"):
+        Training(framework="fsdp2", async_tp=True)
+    with pytest.raises(ConfigError, match="training.async_tp.*'megatron' or 'fsdp2'"):
+        Training(framework="deepspeed", async_tp=True)

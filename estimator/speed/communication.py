@@ -70,18 +70,61 @@ def _passes(cfg: Resolved, work: StageWork) -> float:
     return (2.0 if cfg.is_training else 1.0) + work.recompute_fraction
 
 
-def tensor_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
+def tensor_parallel(cfg: Resolved, ctx: _Context, work: StageWork, table: OperationTable,
+                    roof: bool) -> list[Communication]:
     """TP: 2 all-reduces per layer forward and 2 backward (Shoeybi et al. 2019, section 3), or with
     sequence parallelism 2 all-gathers + 2 reduce-scatters moving the same bytes (Korthikanti
     section 4.2.2); each of s*b*h*B bytes with the ring factor 2(t-1)/t. Full recompute repeats
-    the forward's. Exposed: the next GEMM needs the result (TP comm overlap / async TP not modelled)."""
+    the forward's. Exposed as `tp_exposed` says (at the roof all of it: the roof hides nothing of TP)."""
     par, m, h = cfg.parallel, cfg.microbatches, cfg.architecture.hidden_size
     passes = _passes(cfg, work)
     wire = 2 * passes * _ring(par.tp, all_reduce=True) * ctx.T * h * ctx.B * work.layers * m
     c = _collective(ctx.gpu, roof, "tensor-parallel all-reduce (or all-gather + reduce-scatter)", "TP", par.tp, 1,
                     wire, 2 * passes * work.layers * m, "2 per layer per direction x 2(t-1)/t x s*b*h*B x layers x m",
                     all_reduce=not par.sequence_parallel)
-    return [c] if c else []
+    if c is None:
+        return []
+    return [c if roof else c._replace(exposed_s=tp_exposed(cfg, c, work, table))]
+
+
+def tp_exposed(cfg: Resolved, c: Communication, work: StageWork, table: OperationTable) -> float:
+    """The part of the TP collectives compute does not hide, pass by pass and layer by layer, out of
+    equal shares per pass (every pass moves the same bytes):
+
+    - Megatron-Core without --tp-comm-overlap: the forward's collectives are exposed. In backward each
+      column-parallel linear reduces its input gradient (all-reduce, or reduce-scatter under sequence
+      parallelism) asynchronously while it computes its weight gradient, and re-gathers its
+      sequence-parallel input under the input-gradient GEMM (megatron/core/tensor_parallel/layers.py
+      LinearWithGradAccumulationAndAsyncCommunication, CUDA_DEVICE_MAX_CONNECTIONS=1): half of the
+      backward's collectives hide behind the weight-gradient GEMMs; the row-parallel linears' gathers
+      of the output gradient stay exposed.
+    - `training.async_tp`: a collective is cut into t chunks and each chunk's transfer runs under the
+      GEMM of another (Wang et al. 2023, Overlap Communication with Dependent Computation via
+      Decomposition in Large Deep Learning Models, ASPLOS): one chunk (1/t) stays exposed, and what is
+      longer than the pass's GEMMs. Megatron's TE userbuffers overlap every pass (fprop, dgrad and
+      wgrad, transformer_engine/pytorch/module/base.py initialize_ub). torchtitan's async TP is
+      Inductor's micro-pipeline TP (torch/_inductor/fx_passes/micro_pipeline_tp.py): it fuses an
+      all-gather only when every user is a matmul taking it as the left operand, a reduce-scatter only
+      when its input is one matmul's output. The forward matches (the gathered input feeds wq/wk/wv and
+      w1/w3, wo and w2 feed the scatters); the backward does not (the weight gradient takes the gathered
+      output gradient transposed; wq/wk/wv's and w1/w3's input gradients are summed before the scatter):
+      the forward and its recomputation overlap, the backward's collectives stay exposed.
+    - every other stack: exposed in full."""
+    tr, t, m = cfg.training, cfg.parallel.tp, cfg.microbatches
+    passes = _passes(cfg, work)
+    forward_passes = 1 + work.recompute_fraction
+    per_pass = c.time_s / max(1, work.layers) / m / passes  # one layer, one micro-batch, one pass
+    exposed = 0.0
+    for v, n in work.counts.items():
+        forward = backward = per_pass
+        if tr.async_tp:
+            forward = max(per_pass / t, per_pass - table.seconds[v, "matmul forward", False])
+        if tr.framework == "megatron" and tr.async_tp:
+            backward = max(per_pass / t, per_pass - table.seconds[v, "matmul backward", False])
+        elif tr.framework == "megatron":
+            backward = per_pass / 2 + max(0.0, per_pass / 2 - table.seconds[v, "weight gradient", False])
+        exposed += n * m * (forward * forward_passes + backward * (passes - forward_passes))
+    return min(c.time_s, exposed)
 
 
 def context_parallel(cfg: Resolved, ctx: _Context, work: StageWork, table: OperationTable,
@@ -280,7 +323,7 @@ def hide_behind_compute(comms: list[Communication], groups: tuple[str, ...], bud
 def communication(cfg: Resolved, table: OperationTable, work: StageWork, roof: bool) -> list[Communication]:
     """Every collective of the stage per step, with the part compute does not hide."""
     ctx = table.ctx
-    comms = (tensor_parallel(cfg, ctx, work, roof) + context_parallel(cfg, ctx, work, table, roof)
+    comms = (tensor_parallel(cfg, ctx, work, table, roof) + context_parallel(cfg, ctx, work, table, roof)
              + expert_parallel(cfg, ctx, work, roof) + data_parallel(cfg, ctx, work, roof)
              + pipeline_parallel(cfg, ctx, roof))
     ideal = cfg.microbatches * (work.per_microbatch_s)
