@@ -27,11 +27,13 @@ EXPECTED_IDS = [
 
 # Marketing capacity in GB, as each vendor's datasheet / product page names the part:
 # A100 40/80 GB, H100 80 GB, H100 NVL 94 GB, H800 80 GB, H200 141 GB, GH200 96 GB HBM3, B200 180 GB (HGX B200),
-# B300 288 GB (HGX B300), H100 96 GB HBM2e (torchtitan's benchmark page), GB200 186 GB (GB200 NVL72), MI300X 192 GB, MI325X 256 GB, MI355X 288 GB, L40S 48 GB, L4 24 GB,
-# RTX 4090 24 GB, RTX 5090 32 GB, A10G 24 GB (AWS G5 page).
+# B300 288 GB (HGX B300), H100 96 GB HBM2e (torchtitan's benchmark page), GB200 186 GB (GB200 NVL72),
+# MI300X 192 GB, MI325X 256 GB, MI355X 288 GB, L40S 48 GB, L4 24 GB, RTX 4090 24 GB, RTX 5090 32 GB,
+# A10G 24 GB (AWS G5 page).
 NOMINAL_GB = {
     "a100-40": 40, "a100-80": 80, "h100-80": 80, "h100-nvl": 94, "h100-pcie": 80, "h800": 80, "h200": 141,
-    "gh200": 96, "b200": 180, "b300": 288, "h100-96-500w": 96, "gb200": 186, "mi300x": 192, "mi325x": 256, "mi355x": 288,
+    "gh200": 96, "b200": 180, "b300": 288, "h100-96-500w": 96, "gb200": 186, "mi300x": 192, "mi325x": 256,
+    "mi355x": 288,
     "l40s": 48, "l4": 24, "rtx-4090": 24, "rtx-5090": 32, "a10g": 24,
 }
 
@@ -137,12 +139,15 @@ def test_h800_is_the_h100_with_its_nvlink_cut():
 
 def test_torchtitans_h100_is_its_own_row():
     """Issue 22: torchtitan's published H100 runs (benchmarks/llama3_h100_202412_torchtitan.md) are on
-    96 GB HBM2e parts at 2.4 TB/s and a 500 W limit, 'between SXM and NVL' in peak: the midpoint of the
-    H100 SXM's (989 / 1,979) and H100 NVL's (835.5 / 1,670.5) dense TFLOPS. The H100 NVL is another part
-    (94 GB HBM3, 3.9 TB/s, PCIe)."""
+    96 GB HBM2e parts at 2.4 TB/s and a 500 W limit, 'between SXM and NVL' in peak: the SXM's at the
+    clock 500 W sustains, f ~ P^(1/3) (dynamic power C V^2 f, V ~ f): 989 x (500/700)^(1/3) = 884 TFLOPS.
+    The same rule gives the 400 W H100 NVL 821, its datasheet 835.5 (within 2%). The H100 NVL is another
+    part (94 GB HBM3, 3.9 TB/s, PCIe)."""
     meta, sxm, nvl = GPUS["h100-96-500w"], GPUS["h100-80"], GPUS["h100-nvl"]
-    assert meta.bf16_flops == pytest.approx(912.25e12) and meta.fp8_flops == pytest.approx(1824.75e12)
+    assert meta.bf16_flops == pytest.approx(884.07e12, rel=1e-4)
+    assert meta.fp8_flops == pytest.approx(1769.0e12, rel=1e-4)
     assert nvl.bf16_flops < meta.bf16_flops < sxm.bf16_flops
+    assert sxm.bf16_flops * (400 / 700) ** (1 / 3) == pytest.approx(nvl.bf16_flops, rel=0.02)
     assert meta.memory_bandwidth == 2.4e12 and nvl.memory_bandwidth == 3.9e12
     assert (meta.intra_node_bandwidth, meta.inter_node_bandwidth, meta.gpus_per_node) == (450e9, 50e9, 8)
     assert meta.capacity_bytes == 96 * 10**9 and "500 W" in meta.name

@@ -149,7 +149,8 @@ def report(replays: list[Replay]) -> str:
 def test_every_record_cites_its_source_and_states_the_run():
     for record in records():
         source = record["source"]
-        assert ("commit" in source and len(source["commit"]) == 40 and "path" in source) or "url" in source, record["id"]
+        cited = ("commit" in source and len(source["commit"]) == 40 and "path" in source) or "url" in source
+        assert cited, record["id"]
         assert source["where"], record["id"]
         assert record["hardware"]["gpus"] > 0 and record["batch"]["seq_len"] > 0
         measured = record["measured"]
@@ -168,13 +169,41 @@ def test_megatron_readme_flops_formula_by_hand():
 
 
 def test_step_time_on_published_runs():
+    """Issue 22's goal: median |error| <= 12% over every published run, and no run beyond 25% but the
+    ones OUTLIERS names (strict: a run that comes within 25% must leave the list)."""
     replays = [replay(r) for r in records()]
     text = report(replays)
     print(text)
-    assert statistics.median(abs(r.error) for r in replays) <= BASELINE_MEDIAN, text
+    assert statistics.median(abs(r.error) for r in replays) <= 0.12, text
+    beyond = {r.id for r in replays if abs(r.error) > 0.25}
+    assert beyond == set(OUTLIERS), text
+    assert set(OUTLIERS) <= {r["id"] for r in records()}
 
 
-# The median |error| as issue #22's speed model lands, step by step (20.1% before it; 15.6% with the catalog rows
-# for the GB200 and torchtitan's 500 W H100; 17.2% with compile's fused kernels, before FP8's casts slow the compiled
-# FP8 runs; 13.9% with FP8's casts, its measured GEMM share and the bf16 LM head; 11.1% with TP overlap), a ratchet.
-BASELINE_MEDIAN = 0.12
+_ROWWISE = ("torchao rowwise float8 under TP: torchtitan's own note on this table, 'the low baseline performance of "
+            "the vanilla TP float8 rowwise training is being addressed' (pytorch/torchtitan issue #1207); its scaled "
+            "GEMMs and casts run far below the tensorwise ones, which the casts' bytes alone do not show")
+_GPT_OSS = ("gpt-oss-120b: its clamped SwiGLU with biases and learnable attention-sink softmax (Megatron-Bridge "
+            "gpt_oss_bridge.py: activation_func_clamp_value, softmax_type 'learnable') are not the fused kernels "
+            "modelled, its 2,880-wide GEMMs are not multiples of the 128-wide tiles and each of its 128 experts gets a "
+            "small grouped GEMM: slower on every system (H100, B200, B300, GB200), not modelled")
+# run id -> why it is more than 25% off
+OUTLIERS = {
+    "torchtitan-2506-70b-256gpu-tp8-rowwise-asynctp": _ROWWISE,
+    "torchtitan-2506-8b-64gpu-tp8-rowwise-tp": _ROWWISE,
+    "torchtitan-2506-8b-64gpu-tp8-rowwise-asynctp": _ROWWISE,
+    "megatron-bridge-26.04.01-gpt-oss-120b-dgx-h100-64gpu-bf16": _GPT_OSS,
+    "megatron-bridge-26.04.01-gpt-oss-120b-dgx-b200-64gpu-bf16": _GPT_OSS,
+    "megatron-bridge-26.06-gpt-oss-120b-dgx-b300-64gpu-mxfp8": _GPT_OSS,
+    "megatron-bridge-26.06-gpt-oss-120b-dgx-gb200-64gpu-mxfp8": _GPT_OSS,
+    "megatron-bridge-26.06-qwen3-30b-a3b-dgx-h100-16gpu-fp8": (
+        "HybridEP across two H100 nodes: DeepEP's design sends a token once per node (here 1 copy through the NIC "
+        "where a plain all-to-all sends 4), and the run is as slow as the plain all-to-all (+2% with it); what "
+        "HybridEP's inter-node path achieves on H100 is not measured here"),
+    "megatron-bridge-26.04.01-qwen3-30b-a3b-dgx-b200-8gpu-mxfp8": (
+        "software of the 26.04.01 container: the same workload on one node runs 1.5x faster on GB200 and B300 in "
+        "26.06 (40,706 and 40,769 tokens/s against 27,136), both within 12% here"),
+    "megatron-bridge-26.04.01-qwen3-235b-a22b-dgx-b200-256gpu-mxfp8": (
+        "the 26.04.01 B200 run (EP 8 x PP 8, alltoall dispatcher) reaches half of the 26.06 GB200 run's tokens/s "
+        "(3,776 against 7,376; within 5% here); no recipe difference that explains it was found"),
+}

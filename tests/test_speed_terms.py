@@ -140,3 +140,71 @@ def test_async_tp_under_fsdp2_needs_compile_and_a_stack_that_has_it():
         Training(framework="fsdp2", async_tp=True)
     with pytest.raises(ConfigError, match="training.async_tp.*'megatron' or 'fsdp2'"):
         Training(framework="deepspeed", async_tp=True)
+
+
+# --- ring collectives across nodes ------------------------------------------------------------------------
+
+def test_a_ring_crosses_nodes_through_every_ranks_nic():
+    """NCCL runs one ring per channel and each leaves a node through the NIC of the GPU where it leaves:
+    r ranks of a group in a node drive r NICs (NVIDIA/nccl issue #1168: busbw ~45 GB/s with 4 GPUs per
+    node, ~90 with 8). H100 nodes: 8 x 400 Gb/s, 47 of 50 GB/s each (nccl-tests issue #290), capped at the
+    NVLink ring (370 GB/s)."""
+    from estimator.speed import collectives
+    gpu = H100.device
+    assert collectives.ranks_per_node(gpu, 32, 8) == 1  # DP under TP 8: one rank per node
+    assert collectives.ranks_per_node(gpu, 32, 2) == 4
+    assert collectives.bus_bandwidth(gpu, "inter-node", ring_size=32, stride=8) == pytest.approx(47e9)
+    assert collectives.bus_bandwidth(gpu, "inter-node", ring_size=32, stride=2) == pytest.approx(4 * 47e9)
+    assert collectives.bus_bandwidth(gpu, "inter-node", ring_size=32, stride=1) == pytest.approx(370e9)
+    assert collectives.bus_bandwidth(gpu, "inter-node") == pytest.approx(47e9)  # point to point: one NIC
+    assert collectives.ring_line_rate(gpu, "inter-node", 32, 2) == 4 * 50e9
+    # in a step: the gradient reduce-scatter of DP 32 under TP 2 runs at 4 NICs' busbw
+    arch = llama_8b()
+    step = roofline(arch, Training(seq_len=4096, global_batch_size=64), Parallel(tp=2, dp=32, zero_stage=1), H100).step
+    grad = next(c for c in step.communication if c.name == "gradient reduce-scatter")
+    assert (grad.link, grad.bandwidth) == ("inter-node", pytest.approx(4 * 47e9))
+
+
+# --- MoE all-to-all inside and across nodes -------------------------------------------------------------
+
+def moe_ep(gpu, ep, dispatcher="alltoall"):
+    arch = get_architecture("qwen3-30b-a3b")
+    tr = Training(seq_len=4096, global_batch_size=ep, moe_dispatcher=dispatcher, moe_grouped_gemm=True)
+    step = roofline(arch, tr, Parallel(dp=ep, ep=ep, etp=1), Hardware(gpu)).step
+    return arch, next(c for c in step.communication if c.group == "EP")
+
+
+def test_an_all_to_all_wider_than_a_node_splits_over_nvlink_and_the_nic():
+    """Qwen3-30B-A3B (48 MoE layers, top-8, h 2048), 4096 tokens a GPU, EP 16 on 8-GPU H100 nodes: of
+    the copies a GPU sends, 7/16 go over NVLink to its node's peers and 8/16 through its NIC, at the same
+    time: the NIC's share at 47 GB/s sets the time (plus 30 us a call), where all of it went at the
+    NIC's rate before."""
+    arch, ep = moe_ep("h100-80", 16)
+    copies = 8 * 4096 * 48  # k x tokens x MoE layers, one micro-batch
+    sent = copies * 2 * 2 * 2048 * 2  # dispatch + combine, forward + backward, h x 2 bytes
+    assert ep.link == "inter-node" and ep.bytes == pytest.approx(sent * 15 / 16)
+    assert ep.time_s == pytest.approx(sent * 8 / 16 / 47e9 + 4 * 48 * 30e-6)
+    # within a GB200 NVL72 rack the same 16 GPUs are one NVLink domain: all of it at the NVLink ring's
+    # 370/450 of 900 GB/s, 10 us a call
+    _, rack = moe_ep("gb200", 16)
+    assert rack.link == "intra-node"
+    assert rack.time_s == pytest.approx(sent * 15 / 16 / (900e9 * 370 / 450) + 4 * 48 * 10e-6)
+
+
+def test_deepep_sends_a_token_once_to_each_node_it_needs():
+    """DeepSeek-V3 report section 3.2.2 / DeepEP / HybridEP: a token crosses to each other node its
+    experts are on once, then fans out over NVLink there. EP 16 on two nodes, top-8: the other node
+    holds at least one of a token's experts with probability 1 - (1/2)^8 = 0.996: one copy through the
+    NIC where the plain all-to-all sends 8 x 8/16 = 4."""
+    from estimator.speed import collectives
+    assert collectives.remote_nodes_per_token(2, 8) == pytest.approx(1 - 0.5**8)
+    assert collectives.remote_nodes_per_token(4, 8) == pytest.approx(3 * (1 - 0.75**8))
+    _, plain = moe_ep("h100-80", 16)
+    _, deepep = moe_ep("h100-80", 16, "deepep")
+    tokens = 4096 * 48
+    copy = 2 * 2 * 2048 * 2
+    nic = tokens * (1 - 0.5**8) * copy
+    nvlink = tokens * (8 * 7 / 16 + 8 * 8 / 16 * 7 / 8) * copy
+    assert deepep.bytes == pytest.approx(nic + nvlink)
+    assert deepep.time_s == pytest.approx(max(nic / 47e9, nvlink / 370e9) + 4 * 48 * 30e-6)
+    assert deepep.time_s < plain.time_s / 3

@@ -88,6 +88,8 @@ _CDNA4 = DeviceRuntime("CDNA 4 (gfx950)", 512 * MiB, 128 * MiB, 64 * MiB, _BEKMA
 CUDA_CONTEXT_SOURCE = "the GPU catalog's runtime record for the GPU's architecture (estimator/spec/gpus.py)"
 # A node with one 100 Gb/s uplink shared by its 8 GPUs: 100e9 bits/s / 8 bits per byte / 8 GPUs.
 _100G_SHARED_BY_8 = 100e9 / 8 / 8
+# The clock a 500 W cap sustains on an H100 SXM rated at 700 W: dynamic power ~ C V^2 f and V ~ f, so f ~ P^(1/3)
+_POWER_500W = (500 / 700) ** (1 / 3)
 
 # Conventions for the catalog (read before editing a row):
 # - capacity_bytes: the "Total" nvidia-smi / rocm-smi prints (MiB), where a public capture of it was
@@ -151,14 +153,17 @@ GPUS: dict[str, GPU] = {
             "3.1 and 3.2.2). Capacity: no public nvidia-smi capture of an H800 found; the H100 SXM's "
             "reported 81559 MiB for the same 80 GB HBM3 part"),
         GPU("h100-96-500w", "NVIDIA H100 SXM 96GB HBM2e at 500 W (Meta Grand Teton)", 96 * 10**9,
-            (989e12 + 835.5e12) / 2, (1979e12 + 1670.5e12) / 2, 2.4e12, 450e9, 50e9, 8, _HOPPER,
+            989e12 * _POWER_500W, 1979e12 * _POWER_500W, 2.4e12, 450e9, 50e9, 8, _HOPPER,
             "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan b5bcd76c), the GPU of "
             "its published runs: 96 GB HBM2e at 2.4 TB/s (torchao torchao/testing/training/roofline_utils.py, "
             "pytorch/ao 36027d82: 2.4e12, 'custom to Meta's H100 variant'), 8 per host over NVLink, 400 Gb/s "
-            "RDMA per GPU, the default 500 W power limit. Its footnote 2: the peak 'is between SXM and NVL, and "
-            "we don't know its exact value': here the midpoint of the two datasheets' dense peaks (H100 SXM "
-            "989 / 1,979, H100 NVL 835.5 / 1,670.5 TFLOPS bf16 / fp8). No H100 NVL: that is a 94 GB HBM3 PCIe "
-            "card at 3.9 TB/s (row h100-nvl). Capacity: the nominal 96 GB (no nvidia-smi capture found)"),
+            "RDMA per GPU, the default 500 W power limit; its footnote 2: the peak 'is between SXM and NVL, and "
+            "we don't know its exact value'. Here the H100 SXM's dense 989 / 1,979 TFLOPS (700 W) scaled to "
+            "500 W by the clock a power cap sustains: dynamic power C V^2 f with the voltage following the "
+            "clock grows as f^3, so f scales as (500/700)^(1/3) = 0.894 (884 / 1,769 TFLOPS); the same rule "
+            "puts the H100 NVL (400 W) at 821 against its datasheet's 835.5. Not the H100 NVL, which is a 94 GB "
+            "HBM3 PCIe card at 3.9 TB/s (row h100-nvl). Capacity: the nominal 96 GB (no nvidia-smi capture "
+            "found)"),
         GPU("h200", "NVIDIA H200 SXM 141GB", 143_771 * MiB, 989e12, 1979e12, 4.8e12,
             450e9, 50e9, 8, _HOPPER,
             "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 / FP8 3,958 TFLOPS sparse -> "

@@ -325,9 +325,12 @@ def _notes(cfg: Resolved, slowest: int) -> list[str]:
         "MFU: PaLM appendix B's 6N + 12*L*H*Q*T per token with the attention term halved for the causal mask, "
         "N = matmul weights a token passes through (top-k experts) including the LM head, without the "
         "embedding; against the compute dtype's peak (bf16 also under fp8)",
-        f"communication at nccl-tests bus bandwidths; overlap {cfg.parallel.comm_overlap:g} of what each framework "
-        "hides (DP/FSDP: buckets and one-unit prefetch; PP behind the compute left); TP and EP collectives are "
-        "exposed (on the critical path between dependent GEMMs); CP hides behind the attention core",
+        f"communication at nccl-tests bus bandwidths (a ring across nodes through its ranks' NICs; an all-to-all "
+        "over NVLink and the NIC at once); overlap "
+        f"{cfg.parallel.comm_overlap:g} of what each framework hides (DP/FSDP: buckets and one-unit prefetch; PP "
+        "behind the compute left); TP collectives exposed but what Megatron reduces under the weight gradient"
+        + (" and what async TP overlaps with its GEMMs" if cfg.training.async_tp else "")
+        + "; EP all-to-alls exposed; CP hides behind the attention core",
         "left out: biases, dropout, MTP modules, the embedding's TP all-reduce, compute slowed by concurrent "
         "communication kernels",
     ]
