@@ -38,12 +38,16 @@ def verified(kind: str, text: str, config: dict, gpus: int | None = None) -> str
 
 
 def _flat(cfg) -> dict[str, object]:
-    """Every field of a loaded configuration by its path (defaults included), the model as given; an
+    """Every field of a loaded configuration by its path (defaults included), the model by its shapes
+    (a preset and the flags that spell its architecture are the same model); an
     adapter on every linear layer of the model written as "all-linear", however it was listed (a
     format that lists the modules reads back as the list)."""
-    from dataclasses import fields, is_dataclass
+    from dataclasses import fields, is_dataclass, replace
     from ..adapters import layer_modules
-    out: dict[str, object] = {"model": cfg.model if isinstance(cfg.model, str) else repr(cfg.architecture)}
+    arch = cfg.architecture
+    if arch.is_moe and all(arch.is_moe_layer(i) for i in range(arch.num_layers)):
+        arch = replace(arch, intermediate_size=None)  # no dense layer: the dense width is never built
+    out: dict[str, object] = {"model": replace(arch, name="custom")}
 
     def walk(obj, prefix):
         for f in fields(obj):
