@@ -59,6 +59,9 @@ def _flat(cfg) -> dict[str, object]:
     for section in ("training", "parallel", "hardware", "serving"):
         if getattr(cfg, section, None) is not None:
             walk(getattr(cfg, section), f"{section}.")
+    if out["training.global_batch_size"] is None and cfg.training.mode == "training":
+        from ..activations import global_batch_size  # the batch the estimate assumes when none is given
+        out["training.global_batch_size"] = global_batch_size(cfg.training, cfg.parallel)
     targets = out.get("training.adapter.target_modules")
     if isinstance(targets, list):
         every = {m.name for kind in cfg.architecture.kinds for m in layer_modules(cfg.architecture, kind)}
