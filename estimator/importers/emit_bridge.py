@@ -11,7 +11,7 @@ import json
 import shlex
 from dataclasses import replace
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .bridge_keys import SECTIONS
 from .bridge_recipes import ALIASES, RECIPES
 from .emit_check import verified
@@ -34,7 +34,7 @@ _FP8_RECIPES = {("hybrid", "tensorwise"): "bf16_with_fp8_current_scaling_mixed",
 
 
 def emit_bridge(config: dict, gpus_per_node: int = 8) -> str:
-    from ..config import load_config
+    from ..models.loading import load_config
     from .emit import _megatron_parallel, _megatron_training
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
@@ -45,7 +45,7 @@ def emit_bridge(config: dict, gpus_per_node: int = 8) -> str:
     words = _megatron_training(replace(tr, rl=None, adapter=None), cfg.architecture) + _megatron_parallel(par, tr)
     overrides = _keys(_pairs(words))
     if tr.global_batch_size is None:  # the recipe states its own: write the batch the estimate assumes
-        from ..activations import global_batch_size
+        from ..memory.pipeline import global_batch_size
         overrides["train.global_batch_size"] = global_batch_size(tr, par)
     overrides.update(_off(ALIASES.get(recipe, recipe), overrides))
     nodes = par.gpus // gpus_per_node if par.gpus % gpus_per_node == 0 and par.gpus >= gpus_per_node else 1

@@ -5,13 +5,13 @@ launch configuration that would run something else."""
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 
 
 def hub_id(cfg, kind: str) -> str:
     """The Hugging Face id a launch configuration names the model by: a bundled preset's, or the id
     the configuration was given; a hand-written architecture has none."""
-    from ..presets import list_presets
+    from ..models.presets import list_presets
     if isinstance(cfg.model, str):
         for preset in list_presets():
             if preset.id == cfg.model:
@@ -25,7 +25,7 @@ def hub_id(cfg, kind: str) -> str:
 def verified(kind: str, text: str, config: dict, gpus: int | None = None) -> str:
     """`text` when it imports (as `kind`) to the same configuration as `config`; otherwise a
     ConfigError naming the first field that the format changed."""
-    from ..config import load_config
+    from ..models.loading import load_config
     from . import import_config
     imported = import_config(text, kind, gpus=gpus, gpu=config.get("hardware", {}).get("gpu"))
     want, got = (_flat(load_config(c)) for c in (config, imported.config))
@@ -43,7 +43,7 @@ def _flat(cfg) -> dict[str, object]:
     adapter on every linear layer of the model written as "all-linear", however it was listed (a
     format that lists the modules reads back as the list)."""
     from dataclasses import fields, is_dataclass, replace
-    from ..adapters import layer_modules
+    from ..memory.adapters import layer_modules
     arch = cfg.architecture
     if arch.is_moe and all(arch.is_moe_layer(i) for i in range(arch.num_layers)):
         arch = replace(arch, intermediate_size=None)  # no dense layer: the dense width is never built
@@ -56,11 +56,11 @@ def _flat(cfg) -> dict[str, object]:
                 walk(value, f"{prefix}{f.name}.")
             else:
                 out[f"{prefix}{f.name}"] = list(value) if isinstance(value, tuple) else value
-    for section in ("training", "parallel", "hardware", "serving"):
+    for section in ("parallel", "training", "hardware", "serving"):  # the layout first: it decides the rest
         if getattr(cfg, section, None) is not None:
             walk(getattr(cfg, section), f"{section}.")
     if out["training.global_batch_size"] is None and cfg.training.mode == "training":
-        from ..activations import global_batch_size  # the batch the estimate assumes when none is given
+        from ..memory.pipeline import global_batch_size  # the batch the estimate assumes when none is given
         out["training.global_batch_size"] = global_batch_size(cfg.training, cfg.parallel)
     targets = out.get("training.adapter.target_modules")
     if isinstance(targets, list):

@@ -6,7 +6,7 @@ user's own: the YAML holds what decides memory and speed."""
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .emit_check import hub_id, verified
 
 _AXOLOTL_OPTIM = {"adamw": "adamw_torch_fused", "adam8bit": "adamw_bnb_8bit", "adafactor": "adafactor", "sgd": "sgd"}
@@ -16,7 +16,7 @@ _HF_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate":
 
 
 def emit_axolotl(config: dict) -> str:
-    from ..config import load_config
+    from ..models.loading import load_config
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
     lines = [f"# written by llm-memory plan --emit axolotl (axolotl v0.18.0); on {par.gpus} GPUs: "
@@ -39,7 +39,7 @@ def emit_axolotl(config: dict) -> str:
 
 
 def emit_llama_factory(config: dict) -> str:
-    from ..config import load_config
+    from ..models.loading import load_config
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
     lines = [f"# written by llm-memory plan --emit llama-factory (LLaMA-Factory v0.9.5); on {par.gpus} GPUs: "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .emit_check import hub_id, verified
 
 _OPTIM = {"adamw": "adamw_torch_fused", "adam8bit": "adamw_bnb_8bit", "adafactor": "adafactor", "sgd": "sgd",
@@ -17,7 +17,7 @@ _HF_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate":
 
 
 def emit_hf(config: dict) -> str:
-    from ..config import load_config
+    from ..models.loading import load_config
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
     if tr.framework not in ("hf", "deepspeed", "fsdp2", "fsdp1"):

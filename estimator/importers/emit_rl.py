@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .emit_check import hub_id, verified
 
 
@@ -32,7 +32,7 @@ def _rl(cfg, kind: str):
 
 
 def emit_verl(config: dict) -> str:
-    from ..config import load_config
+    from ..models.loading import load_config
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
     rl = _rl(cfg, "verl")
@@ -60,7 +60,7 @@ def emit_verl(config: dict) -> str:
 
 
 def emit_slime(config: dict) -> str:
-    from ..config import load_config
+    from ..models.loading import load_config
     from .emit import _megatron_model, _megatron_parallel, _megatron_training
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .emit_check import hub_id, verified
 
 # our weight formats -> the engines' --quantization (serve._FORMAT read backwards)
@@ -17,7 +17,7 @@ _DTYPE = {"fp16": "float16", "fp32": "float32"}
 
 def emit_serve(engine: str, config: dict) -> str:
     """`config` (the contract's JSON, with a ``serving`` object) as a `engine` serve line."""
-    from ..config import load_config
+    from ..models.loading import load_config
     cfg = load_config(config)
     serving, par, tr = cfg.serving, cfg.parallel, cfg.training
     if serving is None or serving.engine != engine:

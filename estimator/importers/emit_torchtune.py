@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .emit_check import verified
 from .torchtune import BUILDERS
 
@@ -18,7 +18,7 @@ _ATTENTION = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
 
 
 def emit_torchtune(config: dict) -> str:
-    from ..config import load_config
+    from ..models.loading import load_config
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
     if tr.framework != "torchtune":

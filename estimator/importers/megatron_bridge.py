@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from . import megatron, megatron_flags
+from . import megatron_args as margs, megatron_training as mtrain
 from .bridge_keys import SECTIONS
 from .bridge_recipes import ALIASES, RECIPES
 from .build import ConfigBuilder, to_int
@@ -132,13 +133,13 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
         raise ConfigError("--gpus", None, "the number of GPUs: the command line has no torchrun prefix", "missing")
     _model(recipe, build, ledger)
     flags, keys = _megatron_flags(settings, ledger)
-    args = megatron._Args(flags)
-    megatron._training(args, build, ledger)
+    args = margs._Args(flags)
+    mtrain._training(args, build, ledger)
     if _named_moe(build.named_model):  # the Megatron reader reads these only for a model it builds itself
-        megatron._moe_runtime(args, build, ledger)
-    megatron._parallel(args, build, ledger, world)
+        mtrain._moe_runtime(args, build, ledger)
+    mtrain._parallel(args, build, ledger, world)
     _adapter(settings, build, ledger)
-    megatron._account_rest(args, ledger)
+    mtrain._account_rest(args, ledger)
     _relabel(ledger, keys, settings)
     consumed = {k for f in args.used if f in keys for k in keys[f].split(" / ")}
     _account_rest(settings, consumed, ledger)
@@ -252,7 +253,7 @@ def _model(recipe: str, build: ConfigBuilder, ledger: Ledger) -> None:
 
 
 def _named_moe(model: str) -> bool:
-    from ..presets import get_architecture, preset_ids
+    from ..models.presets import get_architecture, preset_ids
     return model in preset_ids() and get_architecture(model).is_moe
 
 

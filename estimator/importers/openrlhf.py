@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from . import megatron, openrlhf_flags
 from .build import ConfigBuilder, FlatDoc, split_flags, to_float, to_int
 from .finetune import targets

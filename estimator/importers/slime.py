@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from . import megatron, megatron_flags, slime_flags
+from . import megatron_args as margs, megatron_model as mmodel, megatron_training as mtrain
 from .build import ConfigBuilder, split_flags, to_float, to_int
 from .models import is_hub_id, preset_for
 from .result import Imported, Ledger, Setting
@@ -124,22 +125,22 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     if not values:
         raise ConfigError("launch config", "slime", "a slime train.py command line, its script or its arguments",
                           "no slime flags found")
-    args = megatron._Args({f: v for f, v in values.items() if f in megatron_flags.FLAGS})
-    own = megatron._Args({f: v for f, v in values.items() if f not in megatron_flags.FLAGS})
+    args = margs._Args({f: v for f, v in values.items() if f in megatron_flags.FLAGS})
+    own = margs._Args({f: v for f, v in values.items() if f not in megatron_flags.FLAGS})
     build = ConfigBuilder(ledger)
     world = _world(own, gpus, ledger)
     implied = _slime_defaults(args)
     _model(args, own, build, ledger)
-    megatron._precision(args, build, ledger)
-    megatron._recompute(args, build, ledger)
-    megatron._kernels(args, build, ledger)
-    megatron._optimizer(args, build, ledger)
-    megatron._parallel(args, build, ledger, world)
+    mtrain._precision(args, build, ledger)
+    mtrain._recompute(args, build, ledger)
+    mtrain._kernels(args, build, ledger)
+    mtrain._optimizer(args, build, ledger)
+    mtrain._parallel(args, build, ledger, world)
     _dense_expert_sizes(build, ledger)
     rl = _rl(own, build, ledger)
     _batches(args, own, build, ledger, rl)
     _relabel(ledger, implied)
-    megatron._account_rest(args, ledger)
+    mtrain._account_rest(args, ledger)
     _account_own(own, ledger)
     _environment(launch, build, ledger)
     return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
@@ -160,7 +161,7 @@ def _set_words(words: tuple[str, ...], ledger: Ledger) -> tuple[str, ...]:
     return tuple(kept)
 
 
-def _world(own: megatron._Args, gpus: int | None, ledger: Ledger) -> int:
+def _world(own: margs._Args, gpus: int | None, ledger: Ledger) -> int:
     nodes = own.int("--actor-num-nodes", default=1)
     per_node = own.int("--actor-num-gpus-per-node", default=8)
     world = nodes * per_node
@@ -171,7 +172,7 @@ def _world(own: megatron._Args, gpus: int | None, ledger: Ledger) -> int:
     return world
 
 
-def _slime_defaults(args: megatron._Args) -> tuple[str, ...]:
+def _slime_defaults(args: margs._Args) -> tuple[str, ...]:
     """Megatron settings slime always makes (_set_default_megatron_args): given to the Megatron
     readers as switches, their lines relabelled afterwards (`_relabel`)."""
     implied = []
@@ -192,11 +193,11 @@ def _relabel(ledger: Ledger, implied: tuple[str, ...]) -> None:
 
 # --- the model ----------------------------------------------------------------------------------
 
-def _model(args: megatron._Args, own: megatron._Args, build: ConfigBuilder, ledger: Ledger) -> None:
+def _model(args: margs._Args, own: margs._Args, build: ConfigBuilder, ledger: Ledger) -> None:
     """The architecture flags (MODEL_ARGS), else the model --hf-checkpoint names."""
     checkpoint = own.take("--hf-checkpoint")
     if any(f in args.values for f in ("--num-layers", "--hidden-size", "--num-attention-heads")):
-        megatron._model(args, build, ledger)
+        mmodel._model(args, build, ledger)
         if checkpoint is not None:
             ledger.mapped("--hf-checkpoint", checkpoint, "the engine's weights: the model the flags above describe")
         return
@@ -225,7 +226,7 @@ def _dense_expert_sizes(build: ConfigBuilder, ledger: Ledger) -> None:
 
 # --- the rollout --------------------------------------------------------------------------------
 
-def _rl(own: megatron._Args, build: ConfigBuilder, ledger: Ledger) -> dict | None:
+def _rl(own: margs._Args, build: ConfigBuilder, ledger: Ledger) -> dict | None:
     """training.rl, or None where slime launches no rollout engine (--debug-train-only, SFT)."""
     loss = own.take("--loss-type", "policy_loss")
     if own.on("--debug-train-only") or loss == "sft_loss":
@@ -265,7 +266,7 @@ def _rl(own: megatron._Args, build: ConfigBuilder, ledger: Ledger) -> dict | Non
     return rl
 
 
-def _lengths(own: megatron._Args, ledger: Ledger) -> tuple[int, int]:
+def _lengths(own: margs._Args, ledger: Ledger) -> tuple[int, int]:
     """(prompt, response) bounds: the trained sequence and the engine's KV cache hold both."""
     response = own.int("--rollout-max-response-len")
     context = own.int("--rollout-max-context-len")
@@ -288,7 +289,7 @@ def _lengths(own: megatron._Args, ledger: Ledger) -> tuple[int, int]:
     return prompt, response
 
 
-def _fraction(own: megatron._Args, ledger: Ledger) -> float | None:
+def _fraction(own: margs._Args, ledger: Ledger) -> float | None:
     value = own.take("--sglang-mem-fraction-static")
     if value is not None:
         return to_float("--sglang-mem-fraction-static", value)
@@ -298,7 +299,7 @@ def _fraction(own: megatron._Args, ledger: Ledger) -> float | None:
     return None
 
 
-def _offload_train(own: megatron._Args, ledger: Ledger, estimator: str) -> bool:
+def _offload_train(own: margs._Args, ledger: Ledger, estimator: str) -> bool:
     """Whether the actor's states leave the GPU while the engines generate (slime_validate_args)."""
     colocate = own.on("--colocate")
     gpus = own.take("--rollout-num-gpus")
@@ -329,7 +330,7 @@ def _offload_train(own: megatron._Args, ledger: Ledger, estimator: str) -> bool:
     return offload
 
 
-def _reference(own: megatron._Args, ledger: Ledger) -> None:
+def _reference(own: margs._Args, ledger: Ledger) -> None:
     kl = to_float("--kl-coef", own.take("--kl-coef", 0.0))
     if own.on("--use-kl-loss") or kl:
         name = "--use-kl-loss" if own.values.get("--use-kl-loss") else "--kl-coef"
@@ -339,7 +340,7 @@ def _reference(own: megatron._Args, ledger: Ledger) -> None:
 
 # --- batches ------------------------------------------------------------------------------------
 
-def _batches(args: megatron._Args, own: megatron._Args, build: ConfigBuilder, ledger: Ledger, rl: dict | None) -> None:
+def _batches(args: margs._Args, own: margs._Args, build: ConfigBuilder, ledger: Ledger, rl: dict | None) -> None:
     seq = args.int("--seq-length")
     if rl is not None and seq is not None:
         ledger.ignore("--seq-length", seq, "a placeholder in slime: the trained sequences are prompt + response")
@@ -372,7 +373,7 @@ def _batches(args: megatron._Args, own: megatron._Args, build: ConfigBuilder, le
     _global_batch(args, own, build, rl)
 
 
-def _global_batch(args: megatron._Args, own: megatron._Args, build: ConfigBuilder, rl: dict | None) -> None:
+def _global_batch(args: margs._Args, own: margs._Args, build: ConfigBuilder, rl: dict | None) -> None:
     """Samples per optimizer step: --global-batch-size, or rollouts x samples / --num-steps-per-rollout
     (slime_validate_args)."""
     gbs = args.int("--global-batch-size")
@@ -393,7 +394,7 @@ def _global_batch(args: megatron._Args, own: megatron._Args, build: ConfigBuilde
 
 # --- what is left -------------------------------------------------------------------------------
 
-def _account_own(own: megatron._Args, ledger: Ledger) -> None:
+def _account_own(own: margs._Args, ledger: Ledger) -> None:
     """slime's and SGLang's flags not read above: ignored, or not modelled."""
     for flag, value in own.values.items():
         if flag in own.used:
@@ -420,7 +421,7 @@ def _environment(launch: Launch, build: ConfigBuilder, ledger: Ledger) -> None:
             ledger.ignore(name, "...", "Ray's job environment (its PYTORCH_CUDA_ALLOC_CONF is read)")
         elif name != "--":
             ledger.ignore(name, value, "Ray's job submission")
-    megatron._allocator(env, build)
+    mtrain._allocator(env, build)
 
 
 def _runtime_env(text: str) -> dict[str, str]:
