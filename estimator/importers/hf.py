@@ -59,7 +59,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
                                                                        }.get(framework, " with FSDP") + ")")
     hf_trainer.apply(args, build, ledger, framework, world, None, batch_from_ds=batch)
     if isinstance(ds, dict):
-        _deepspeed_side(FlatDoc(ds, "DeepSpeed config"), args, build, ledger)
+        deepspeed.read_ds_side(FlatDoc(ds, "DeepSpeed config"), args, build, ledger, "deepspeed.")
     return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
 
 
@@ -68,21 +68,6 @@ def _inline_deepspeed(ds: dict, args: FlatDoc, build: ConfigBuilder, ledger: Led
     ledger.mapped("deepspeed", "{...}", "a DeepSpeed config given as a dict, read below")
     value = ds.get("train_micro_batch_size_per_gpu")
     return None if value in (None, "auto") else to_int("train_micro_batch_size_per_gpu", value, 1)
-
-
-def _deepspeed_side(ds: FlatDoc, args: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
-    """The ds_config's precision, ZeRO and the rest, as the `deepspeed` importer reads a file of it."""
-    deepspeed._precision(ds, args, build, ledger)
-    deepspeed._zero(ds, build, ledger)
-    for key, value in ds.rest():
-        top = key.split(".")[0]
-        if top in deepspeed._TOP_IGNORED or key in ("gradient_accumulation_steps", "bf16.enabled", "fp16.enabled",
-                                                    "train_micro_batch_size_per_gpu"):
-            ledger.ignore(f"deepspeed.{key}", value, "no effect on memory, or read from the Trainer's arguments")
-        elif top in ("optimizer", "fp16", "bf16"):
-            ledger.ignore(f"deepspeed.{key}", value, "the optimizer's hyper-parameters or loss scaling")
-        else:
-            ledger.not_modelled(f"deepspeed.{key}", value, "a DeepSpeed setting the estimate does not model")
 
 
 def _fsdp(options: object, build: ConfigBuilder, ledger: Ledger) -> str:
