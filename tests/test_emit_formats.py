@@ -106,7 +106,7 @@ def test_serve_line_round_trip(kind, config):
 
 @pytest.mark.parametrize("emit, config, field", [
     (emit_axolotl, DPO, "training.rl.algorithm"),  # axolotl's preference trainers are not read back
-    (emit_llama_factory, {**FSDP2, "parallel": {"dp": 8}}, "training.framework"),  # its FSDP is Accelerate's file
+    (emit_llama_factory, FSDP2, "parallel.zero_stage"),  # its FSDP is Accelerate's file: the YAML runs DDP
     (emit_torchtune, {**TORCHTUNE[0], "training": {**TORCHTUNE[0]["training"], "dropout": 0.1}}, "training.dropout"),
     (emit_torchtune, {**TORCHTUNE[2], "training": {**TORCHTUNE[2]["training"], "adapter": {
         "method": "lora", "rank": 8, "alpha": 16, "target_modules": ["q", "v", "gate"]}}},

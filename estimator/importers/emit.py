@@ -17,16 +17,28 @@ from dataclasses import replace
 from ..spec.errors import ConfigError
 from .torchtitan import FLAVORS
 
-EMIT_KINDS = ("megatron", "torchtitan")
+# the kinds a training layout is written as (`plan --emit`), and a serving configuration (`serve --emit`)
+EMIT_KINDS = ("megatron", "torchtitan", "megatron-bridge", "torchtune", "hf", "axolotl", "llama-factory", "verl",
+              "slime")
+SERVE_EMIT_KINDS = ("vllm", "sglang")
 
 
 def emit(kind: str, config: dict, gpus_per_node: int = 8) -> str:
-    """`config` (the contract's JSON) as a `kind` launch configuration."""
+    """`config` (the contract's JSON) as a `kind` launch configuration; the writers of the other kinds
+    are their own modules (emit_*.py), each checked by reading its text back (emit_check)."""
     from ..models.loading import load_config
-    if kind not in EMIT_KINDS:
-        raise ConfigError("--emit", kind, ", ".join(EMIT_KINDS))
-    cfg = load_config(config)
-    return _megatron(cfg, gpus_per_node) if kind == "megatron" else _torchtitan(cfg)
+    if kind in ("megatron", "torchtitan"):
+        cfg = load_config(config)
+        return _megatron(cfg, gpus_per_node) if kind == "megatron" else _torchtitan(cfg)
+    from . import emit_bridge, emit_finetune, emit_hf, emit_rl, emit_serve, emit_torchtune
+    writers = {"megatron-bridge": lambda c: emit_bridge.emit_bridge(c, gpus_per_node),
+               "torchtune": emit_torchtune.emit_torchtune, "hf": emit_hf.emit_hf,
+               "axolotl": emit_finetune.emit_axolotl, "llama-factory": emit_finetune.emit_llama_factory,
+               "verl": emit_rl.emit_verl, "slime": emit_rl.emit_slime,
+               "vllm": lambda c: emit_serve.emit_serve("vllm", c), "sglang": lambda c: emit_serve.emit_serve("sglang", c)}
+    if kind not in writers:
+        raise ConfigError("--emit", kind, ", ".join(EMIT_KINDS + SERVE_EMIT_KINDS))
+    return writers[kind](config)
 
 
 def _refuse(kind: str, field: str, value: object, allowed: str) -> ConfigError:

@@ -59,6 +59,8 @@ def _flat(cfg) -> dict[str, object]:
     for section in ("parallel", "training", "hardware", "serving"):  # the layout first: it decides the rest
         if getattr(cfg, section, None) is not None:
             walk(getattr(cfg, section), f"{section}.")
+    from ..memory.states import resolve_zero_stage  # an unset stage is the framework's own default
+    out["parallel.zero_stage"] = resolve_zero_stage(cfg.training, cfg.parallel)
     if out["training.global_batch_size"] is None and cfg.training.mode == "training":
         from ..memory.pipeline import global_batch_size  # the batch the estimate assumes when none is given
         out["training.global_batch_size"] = global_batch_size(cfg.training, cfg.parallel)
