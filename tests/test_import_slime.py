@@ -131,3 +131,11 @@ def test_hostile_launches_are_refused_fast_and_nothing_runs(text, tmp_path):
         import_config(text, "slime")
     assert time.perf_counter() - start < 1.0
     assert not Path("/tmp/slime-pwned").exists()
+
+
+def test_credentials_hidden_and_token_counts_shown():
+    result = import_config(script("models_qwen3-4B.sh", "run-qwen3-4B.sh"), "slime",
+                           overrides=("--wandb-key", "wk-0123456789", "--sglang-api-key", "sk-abc"))
+    text = "\n".join(s.line("read") for s in result.read) + "\n".join(result.warning_lines())
+    assert "wk-0123456789" not in text and "sk-abc" not in text and "--wandb-key <hidden>" in text
+    assert "--max-tokens-per-gpu '9216'" in text and "--input-key 'prompt'" in text  # counts and columns shown
