@@ -23,8 +23,8 @@ def emit_hf(config: dict) -> str:
     if tr.framework not in ("hf", "deepspeed", "fsdp2", "fsdp1"):
         raise ConfigError("--emit", "hf", f"a configuration with framework 'hf', 'deepspeed', 'fsdp2' or 'fsdp1' (this "
                           f"one is {tr.framework!r})")
-    lines = [f"# written by llm-memory plan, emit hf (TrainingArguments / TRL SFTConfig keys): {par.gpus} processes "
-             "of accelerate launch or torchrun, the script parsing this file",
+    lines = [f"# written by llm-memory plan, emit hf: TrainingArguments / TRL SFTConfig keys, for {par.gpus} processes",
+             "# (accelerate launch or torchrun of the script that parses this file)",
              f"model_name_or_path: {hub_id(cfg, 'hf')}", f"max_length: {tr.seq_len}",
              f"per_device_train_batch_size: {tr.micro_batch_size}"]
     per_step = tr.micro_batch_size * par.dp
@@ -80,7 +80,7 @@ def _deepspeed(tr, par) -> list[str]:
             zero[field] = getattr(tr, field)
     ds = {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
           "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
-    return [f"deepspeed: {json.dumps(ds)}"]
+    return _block("deepspeed", ds)
 
 
 def _fsdp(tr, par) -> list[str]:
@@ -91,4 +91,10 @@ def _fsdp(tr, par) -> list[str]:
         options["cpu_offload"] = True
     if tr.recompute == "full":
         options["activation_checkpointing"] = True
-    return ["fsdp: true", f"fsdp_config: {json.dumps(options)}"]
+    return ["fsdp: true"] + _block("fsdp_config", options)
+
+
+def _block(key: str, value: dict) -> list[str]:
+    """A nested mapping as block YAML (TrainingArguments takes it as the loaded dict)."""
+    import yaml
+    return yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False).rstrip("\n").splitlines()
