@@ -35,14 +35,14 @@ _FP8_RECIPES = {("hybrid", "tensorwise"): "bf16_with_fp8_current_scaling_mixed",
 
 def emit_bridge(config: dict, gpus_per_node: int = 8) -> str:
     from ..models.loading import load_config
-    from .emit import _megatron_parallel, _megatron_training
+    from .emit_megatron import megatron_parallel, megatron_training
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
     if tr.framework != "megatron":
         raise ConfigError("--emit", "megatron-bridge", f"a configuration with framework 'megatron' (this one is "
                           f"{tr.framework!r})")
     recipe = _recipe(cfg)
-    words = _megatron_training(replace(tr, rl=None, adapter=None), cfg.architecture) + _megatron_parallel(par, tr)
+    words = megatron_training(replace(tr, rl=None, adapter=None), cfg.architecture) + megatron_parallel(par, tr)
     overrides = _keys(_pairs(words))
     if tr.global_batch_size is None:  # the recipe states its own: write the batch the estimate assumes
         from ..memory.pipeline import global_batch_size

@@ -8,6 +8,11 @@ from __future__ import annotations
 from ..spec.errors import ConfigError
 
 
+def refuse(kind: str, field: str, value: object, allowed: str) -> ConfigError:
+    """A setting `kind` cannot write, named."""
+    return ConfigError(field, value, allowed, f"{kind} has no setting for it")
+
+
 def hub_id(cfg, kind: str) -> str:
     """The Hugging Face id a launch configuration names the model by: a bundled preset's, or the id
     the configuration was given; a hand-written architecture has none."""

@@ -61,7 +61,7 @@ def emit_verl(config: dict) -> str:
 
 def emit_slime(config: dict) -> str:
     from ..models.loading import load_config
-    from .emit import _megatron_model, _megatron_parallel, _megatron_training
+    from .emit_megatron import megatron_model, megatron_parallel, megatron_training
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
     rl = _rl(cfg, "slime")
@@ -70,9 +70,9 @@ def emit_slime(config: dict) -> str:
     per_node, nodes = _nodes(par.gpus)
     words = ["python3", "train.py", "--actor-num-nodes", str(nodes), "--actor-num-gpus-per-node", str(per_node),
              "--colocate", "--hf-checkpoint", hub_id(cfg, "slime")]
-    words += _megatron_model(cfg.architecture)
-    words += [w for w in _megatron_training(replace(tr, rl=None), cfg.architecture)]
-    words += _megatron_parallel(par, tr)
+    words += megatron_model(cfg.architecture)
+    words += [w for w in megatron_training(replace(tr, rl=None), cfg.architecture)]
+    words += megatron_parallel(par, tr)
     words += ["--advantage-estimator", "ppo" if rl.algorithm == "ppo" else "grpo",
               "--rollout-batch-size", str(rl.rollout_batch_size), "--n-samples-per-prompt", str(rl.samples_per_prompt),
               "--rollout-max-prompt-len", str(rl.max_prompt_len), "--rollout-max-response-len",
