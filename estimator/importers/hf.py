@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 
-from ..spec.errors import ConfigError
 from ..spec.choices import FRAMEWORKS
 from . import deepspeed, hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int

@@ -30,7 +30,7 @@ import re
 from ..spec.errors import ConfigError
 from . import megatron, megatron_flags, slime_flags
 from . import megatron_args as margs, megatron_model as mmodel, megatron_training as mtrain
-from .build import ConfigBuilder, split_flags, to_float, to_int
+from .build import ConfigBuilder, split_flags, to_float
 from .models import is_hub_id, preset_for
 from .result import Imported, Ledger, Setting
 from .shell import Launch, read_launch
