@@ -2,7 +2,7 @@
 
 Ground truth: validation/compile_sac.py compiled one tiny torchtitan 0.3.0 Llama3 block (dim 64, 8 heads,
 2 KV heads, FFN 160, batch 2 x 24 tokens, bf16) with Inductor on CPU under no AC, full AC and op-level
-SAC (torchtitan's own FullAC / SelectiveAC, and the 0.0.2 / 0.1.0 policies with separate q, k, v), and
+SAC (torchtitan's own FullAC / SelectiveAC, and the 2024-12 (9dec370) / 0.1.0 policies with separate q, k, v), and
 read what the partitioner hands to the backward; the same block ran eagerly for what eager checkpointing
 keeps. tests/data/measured/compile/torchtitan-llama3-block-sac-bf16-b2-s24.json.
 """
@@ -32,11 +32,11 @@ def test_the_block_is_the_one_measured():
     assert RECORD["versions"]["torchtitan"] == "0.3.0" and RECORD["versions"]["torch"].startswith("2.13")
 
 
-@pytest.mark.parametrize("case", ["0.3.0-sdpa", "0.3.0-flex", "0.0.2-sdpa", "0.3.0-sdpa-float8-tensorwise"])
+@pytest.mark.parametrize("case", ["0.3.0-sdpa", "0.3.0-flex", "2024-12-sdpa", "0.3.0-sdpa-float8-tensorwise"])
 def test_compiled_op_sac_keeps_the_policys_saves_the_backward_reads(case):
     """By hand: the block input, the saved (odd) matmuls' outputs except the last one (w2, whose output
     only feeds the residual add: no backward op reads it), the attention output and its fp32
-    log-sum-exp. 0.3.0 fuses q, k and v in one linear (matmul 1 saved); 0.0.2 splits them (wq and wv
+    log-sum-exp. 0.3.0 fuses q, k and v in one linear (matmul 1 saved); 2024-12 splits them (wq and wv
     saved, wk recomputed); w1 (gate) is saved in both."""
     op = RECORD["cases"][case]["op"]
     big = [r for r in op["compiled"] if r["bytes"] > 64]  # float8's per-tensor amax and scales aside
@@ -51,7 +51,7 @@ def test_compiled_op_sac_keeps_the_policys_saves_the_backward_reads(case):
     assert sum(r["bytes"] for r in big) == total
 
 
-@pytest.mark.parametrize("case", ["0.3.0-sdpa", "0.0.2-sdpa", "0.1.0-sdpa", "0.3.0-sdpa-float8-tensorwise"])
+@pytest.mark.parametrize("case", ["0.3.0-sdpa", "2024-12-sdpa", "0.1.0-sdpa", "0.3.0-sdpa-float8-tensorwise"])
 def test_eager_op_sac_keeps_one_hidden_sized_tensor_more(case):
     """Eager SAC caches every MUST_SAVE op's output whether or not the backward reads it: the last
     matmul's (w2) output, T x h in bf16, is the only difference (beside float8's 0-dim amaxes and
@@ -63,7 +63,7 @@ def test_eager_op_sac_keeps_one_hidden_sized_tensor_more(case):
     assert extra.count((T, H)) == [tuple(r["shape"]) for r in op["compiled"]].count((T, H)) + 1
 
 
-@pytest.mark.parametrize("case", ["0.3.0-sdpa", "0.3.0-flex", "0.0.2-sdpa"])
+@pytest.mark.parametrize("case", ["0.3.0-sdpa", "0.3.0-flex", "2024-12-sdpa"])
 def test_full_ac_keeps_the_block_input_alone_compiled_or_not(case):
     full = RECORD["cases"][case]["full"]
     assert [r["shape"] for r in full["compiled"]] == [[B, S, H]]

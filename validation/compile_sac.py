@@ -17,12 +17,12 @@ wqkv, SwiGLU FFN; SDPA attention) is wrapped by torchtitan's own ``SelectiveAC``
 
 * compiled with ``backend="inductor"`` on CPU, with Inductor's own call of the partitioner wrapped
   to list the backward graph's inputs that are not gradients: the saved tensors (shape, dtype);
-* run eagerly under a storage tracker (validation/tracker.py) to list the storages alive between
-  the end of the forward and the backward beyond the block's input, output and weights: what eager
-  checkpointing keeps (the checkpoint's input and the SAC cache of every MUST_SAVE op's output).
+* run eagerly (SDPA) to list what eager checkpointing keeps from forward to backward: the
+  checkpoint's input and the SAC cache of every MUST_SAVE op's output (without checkpointing, what
+  autograd saves), each storage once, weights and buffers aside (`eager_saved`).
 
 The policies of earlier torchtitan releases are measured too, written here from their source (the
-same count-every-mm rule with the save list of the release): 0.0.2 (9dec370,
+same count-every-mm rule with the save list of the release): 2024-12 (9dec370, version.txt 0.0.2,
 torchtitan/parallelisms/parallelize_llama.py ``_save_list``) and 0.1.0 (e7c0cae,
 models/llama3/parallelize_llama.py), which split q, k and v into three linears.
 
@@ -42,7 +42,7 @@ MODES = ("none", "full", "op")
 
 
 def _repeat_kv_sdpa():
-    """torchtitan 0.0.2 / 0.1.0's attention after RoPE, as an inner attention of the 0.3.0 block:
+    """torchtitan 2024-12 / 0.1.0's attention after RoPE, as an inner attention of the 0.3.0 block:
     repeat_kv expands k and v to every query head, then F.scaled_dot_product_attention(is_causal=True)
     on (B, N, L, H) (9dec370 torchtitan/models/llama/model.py Attention.forward; e7c0cae
     models/llama3/model.py)."""
@@ -64,7 +64,7 @@ def tiny_block(release: str = "0.3.0", attention: str = "sdpa", float8: bool = F
     """One torchtitan 0.3.0 Llama3TransformerBlock of the tiny shape, in bf16, weights filled. 0.3.0:
     fused wqkv, and flex attention (model_registry's default attn_backend) or torchtitan's own
     ScaledDotProductAttention (native GQA; CUDA's flash kernel saves what flex saves: q, k, v, the
-    output and its log-sum-exp); 0.0.2 / 0.1.0: separate wq, wk, wv and `_repeat_kv_sdpa`. `float8`:
+    output and its log-sum-exp); 2024-12 / 0.1.0: separate wq, wk, wv and `_repeat_kv_sdpa`. `float8`:
     torchao's Float8Linear (tensorwise recipe) in place of every linear, as torchtitan's converter
     makes them."""
     import torch
@@ -125,8 +125,8 @@ def _cpu_flash():
 def _counting_policy(save_ops: set, mm_ops: tuple):
     """The op-level policy every torchtitan release uses: save the outputs of `save_ops`, except
     every second mm call of the block (counted apart in forward and in recompute), recompute the
-    rest. torchtitan 0.3.0 distributed/activation_checkpoint.py SelectiveAC._wrap_block; 0.0.2 and
-    0.1.0 parallelize_llama.py _apply_ac_to_transformer_block (mm_ops = (aten.mm,))."""
+    rest. torchtitan 0.3.0 distributed/activation_checkpoint.py SelectiveAC._wrap_block; 2024-12
+    (9dec370) and 0.1.0 parallelize_llama.py _apply_ac_to_transformer_block (mm_ops = (aten.mm,))."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     meta = {"forward": 0, "recompute": 0}
@@ -142,8 +142,8 @@ def _counting_policy(save_ops: set, mm_ops: tuple):
     return policy
 
 
-def save_list_0_0_2() -> set:
-    """torchtitan 9dec370 (0.0.2) torchtitan/parallelisms/parallelize_llama.py `_save_list`."""
+def save_list_2024_12() -> set:
+    """torchtitan 2024-12: 9dec370 (version.txt 0.0.2) torchtitan/parallelisms/parallelize_llama.py `_save_list`."""
     import torch
 
     aten = torch.ops.aten
@@ -171,10 +171,10 @@ def wrap(block, mode: str, release: str = "0.3.0"):
                 return super().get_save_ops() | {_cpu_flash()}
 
         return CudaFlashSelectiveAC(SelectiveAC.Config())._wrap_block(block, base_fqn="layers.0")
-    # 0.0.2 / 0.1.0: ptd_checkpoint_wrapper(preserve_rng_state=False), the op policy by context_fn
+    # 2024-12 / 0.1.0: ptd_checkpoint_wrapper(preserve_rng_state=False), the op policy by context_fn
     if mode == "full":
         return checkpoint_wrapper(block, preserve_rng_state=False)
-    save = save_list_0_0_2() | {_cpu_flash()}
+    save = save_list_2024_12() | {_cpu_flash()}
     if release == "0.1.0":  # e7c0cae: the same list without aten.abs
         save.discard(torch.ops.aten.abs.default)
     return checkpoint_wrapper(block, preserve_rng_state=False, context_fn=lambda: create_selective_checkpoint_contexts(
@@ -304,7 +304,7 @@ def eager_saved(mode: str, release: str = "0.3.0", float8: bool = False) -> list
 CASES = {
     "0.3.0-sdpa": ("0.3.0", "sdpa", False, MODES, True),
     "0.3.0-flex": ("0.3.0", "flex", False, MODES, False),  # flex has no CPU backward: compiled only
-    "0.0.2-sdpa": ("0.0.2", "sdpa", False, MODES, True),
+    "2024-12-sdpa": ("2024-12", "sdpa", False, MODES, True),
     "0.1.0-sdpa": ("0.1.0", "sdpa", False, ("op",), True),
     "0.3.0-sdpa-float8-tensorwise": ("0.3.0", "sdpa", True, ("op",), True),
 }

@@ -38,17 +38,20 @@ B200_MXFP8 = {"repo": "pytorch/ao", "path": "torchao/prototype/mx_formats/README
 B200_NVFP4 = {"repo": REPO, "path": "torchtitan/components/quantization/nvfp4.md",
               "commit": "73aed7f6c09c04041dae2d2c185bb4c6384ebb3f"}
 
-RUN_2412 = {"torchtitan_commit": "9dec370ad26b5f8e9a7333a0e36165018262644b", "torchtitan_version": "0.0.2",
+RUN_2412 = {"torchtitan_commit": "9dec370ad26b5f8e9a7333a0e36165018262644b", "torchtitan_version": "2024-12",
             "torch_commit": "1963fc83a1c32e162162e2414f78b043f0674bae",
             "torchao_commit": "eab345c2268a7506355d506ebfc27b5d28e5e7d0", "date": "2024-12-26",
-            "version_source": "assets/version.txt at 9dec370 reads 0.0.2"}
+            "version_source": "assets/version.txt at 9dec370 reads 0.0.2 (unchanged since April 2024, b889f3d5): "
+                              "the release key is the commit's month"}
 RUN_2506 = {"torchtitan_commit": "e7c0cae934df78d6e9c2835f42ff1f757dc3fddc", "torchtitan_version": "0.1.0",
             "torch": "2.8.0a0+5228986c39 (NGC 25.05)", "torchao_commit": "0afa4c1bd28c82921e360ddbd1b27c9d6da5b947",
             "date": "2025-06-13", "version_source": "assets/version.txt at e7c0cae reads 0.1.0 (tag v0.1.0 is f7084fc7, "
                                                      "2025-06-17)"}
-RUN_2508 = {"torchtitan_commit": "6fc499f6f5b32151a799188be2208cfb09faed30", "torchtitan_version": "0.1.0",
+RUN_2508 = {"torchtitan_commit": "6fc499f6f5b32151a799188be2208cfb09faed30", "torchtitan_version": "0.2.0",
             "torch": "2.9.0.dev20250815+cu128", "torchao": "0.13.0+gite4e681be6", "date": "2025-08-15",
-            "version_source": "assets/version.txt at 6fc499f6 reads 0.1.0"}
+            "version_source": "assets/version.txt at 6fc499f6 reads 0.1.0, but the rules are v0.2.0's (29624e37, "
+                              "2025-10-17): FSDP2 units split by 83e69410 (2025-07-28, 'Improve reshard_after_forward "
+                              "logic'), after the v0.1.0 tag"}
 RUN_2608 = {"torchtitan_commit": "not stated: the rows were added with commit bcc09297 (2026-08-05, #3914) and "
                                  "reworded by 73aed7f6 (2026-08-20)", "torchtitan_version": "main",
             "torch": "2.14.0a0+gitd9abf9e", "torchao": "0.18.0+gitcb76f29", "date": "2026-08"}
@@ -106,7 +109,7 @@ def _h100_rows() -> list[dict]:
           ("fsdp-compile-float8", "FSDP + torch.compile + Float8", 76.8, True, True)]
     for gpus, table, values in ((8, "Table 1", (82.4, 77.0, 76.8)), (128, "Table 3", (67.0, 62.0, 61.8))):
         for (tag, row, _, compiled, float8), gib in zip(t1, values):
-            training = _training(framework_version="0.0.2", seq_len=8192, micro_batch_size=2,
+            training = _training(framework_version="2024-12", seq_len=8192, micro_batch_size=2,
                                  global_batch_size=2 * gpus, recompute="selective", compile=compiled)
             if float8:
                 training.update(fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
@@ -120,7 +123,7 @@ def _h100_rows() -> list[dict]:
                  "float8": float8}, assumed, gib,
                 _config("llama-3.1-8b", "h100-80", training, dp=gpus)))
     for fsdp, cp, seq, gib in ((8, 1, 32768, 83.9), (4, 2, 65536, 84.2), (2, 4, 131072, 84.0), (1, 8, 262144, 84.5)):
-        training = _training(framework_version="0.0.2", seq_len=seq, micro_batch_size=1, global_batch_size=fsdp,
+        training = _training(framework_version="2024-12", seq_len=seq, micro_batch_size=1, global_batch_size=fsdp,
                              recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
         rows.append(_record(
             f"titan-h100-2412-llama3.1-8b-fsdp{fsdp}-cp{cp}-fullac-s{seq}", H100_2412, "Table 2",
@@ -132,7 +135,7 @@ def _h100_rows() -> list[dict]:
                                  "train.py at 9dec370)"},
             gib, _config("llama-3.1-8b", "h100-80", training, dp=fsdp, cp=cp)))
     for tag, row, gib in (("2d", "2D", 71.9), ("2d-asynctp", "2D + AsyncTP", 67.6)):
-        training = _training(framework_version="0.0.2", seq_len=8192, micro_batch_size=16, global_batch_size=512,
+        training = _training(framework_version="2024-12", seq_len=8192, micro_batch_size=16, global_batch_size=512,
                              recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
         rows.append(_record(
             f"titan-h100-2412-llama3.1-70b-fsdp32-tp8-fullac-{tag}", H100_2412, "Table 4", row, RUN_2412, H100_96,
@@ -149,22 +152,24 @@ def _h100_rows() -> list[dict]:
                   "loss_parallel": "on", "pipeline_microbatches": "8 = the PP degree (pipelining_utils."
                   "build_pipeline_schedule at 9dec370: pipeline_parallel_microbatches None -> pipeline_parallel_degree)",
                   "pipeline_split": "generate_split_points at 9dec370: 1F1B 15 + 6 x 16 + 15 layers; interleaved (2 "
-                                    "stages per rank) 7 + 14 x 8 + 7"}
+                                    "stages per rank) 7 + 14 x 8 + 7",
+                  "fsdp": "reshard_after_forward=False for every unit under PP (parallelize_llama.apply_fsdp at 9dec370: "
+                          "'if pp_enabled: reshard_after_forward = False'): zero_stage 2"}
     for tag, row, gib, vpp in (("1f1b", "1F1B", 82.5, 1), ("interleaved", "Interleaved 1F1B", 72.7, 2)):
-        training = _training(framework_version="0.0.2", seq_len=8192, micro_batch_size=4, global_batch_size=256,
+        training = _training(framework_version="2024-12", seq_len=8192, micro_batch_size=4, global_batch_size=256,
                              recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
         layers = {"pp_first_stage_layers": 15, "pp_last_stage_layers": 15} if vpp == 1 else \
-            {"pp_first_stage_layers": 7, "pp_last_stage_layers": 7}
+            {"pp_layout": "Et*7|" + "t*8|" * 14 + "t*7L"}  # 16 virtual stages, rank r holding r and r + 8
         rows.append(_record(
             f"titan-h100-2412-llama3.1-405b-fsdp8-tp8-pp8-{tag}", H100_2412, "Table 5", row, RUN_2412, H100_96,
             {"model": "Llama 3.1 405B", "gpus": 512, "parallelism": "FSDP 8, TP 8, PP 8", "local_batch_size": 32,
              "global_batch_size": 256, "activation_checkpointing": "full", "compile": True, "float8": True,
              "async_tp": True, "schedule": row},
             pp_assumed, gib,
-            _config("llama-3.1-405b", "h100-80", training, dp=8, tp=8, pp=8, vpp=vpp,
+            _config("llama-3.1-405b", "h100-80", training, dp=8, tp=8, pp=8, vpp=vpp, zero_stage=2,
                     pp_schedule="1f1b" if vpp == 1 else "interleaved", **layers)))
     for fsdp, cp, seq, gib in ((8, 1, 32768, 75.3), (4, 2, 65536, 75.9), (2, 4, 131072, 77.1), (1, 8, 262144, 84.9)):
-        training = _training(framework_version="0.0.2", seq_len=seq, micro_batch_size=1, global_batch_size=8 * fsdp,
+        training = _training(framework_version="2024-12", seq_len=seq, micro_batch_size=1, global_batch_size=8 * fsdp,
                              recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
         rows.append(_record(
             f"titan-h100-2412-llama3.1-405b-fsdp{fsdp}-cp{cp}-tp8-pp8-s{seq}", H100_2412, "Table 6",
@@ -173,7 +178,7 @@ def _h100_rows() -> list[dict]:
              "seq_len": seq, "local_batch_size": 8, "activation_checkpointing": "full", "compile": True,
              "float8": True, "async_tp": True, "schedule": "1F1B"},
             {**pp_assumed, "seq_len": "stated"}, gib,
-            _config("llama-3.1-405b", "h100-80", training, dp=fsdp, cp=cp, tp=8, pp=8, pp_schedule="1f1b",
+            _config("llama-3.1-405b", "h100-80", training, dp=fsdp, cp=cp, tp=8, pp=8, pp_schedule="1f1b", zero_stage=2,
                     pp_first_stage_layers=15, pp_last_stage_layers=15)))
     return rows
 
@@ -217,7 +222,7 @@ def _b200_mxfp8_rows() -> list[dict]:
                ("mxfp8-cublas-rceil", "mxfp8_cublas_rceil", 33.88, {"fp8": True, "fp8_recipe": "mxfp8"}),
                ("float8-rowwise", "float8 rowwise", 33.72, {"fp8": True, "fp8_recipe": "rowwise"}))
     for tag, row, gib, fp8 in recipes:
-        training = _training(framework_version="0.1.0", seq_len=8192, micro_batch_size=1, global_batch_size=8,
+        training = _training(framework_version="0.2.0", seq_len=8192, micro_batch_size=1, global_batch_size=8,
                              recompute="selective", compile=True, **fp8)
         rows.append(_record(
             f"titan-b200-2508-llama3-8b-w8-sac-compile-{tag}", B200_MXFP8, "Training e2e benchmarks on NVIDIA B200",
