@@ -4,7 +4,9 @@ import pytest
 
 from canonical import LLAMA_31_8B, gpt
 from estimator import Parallel, Training, estimate
-from estimator.activations import in_flight_chunks, layer_bytes, layer_input_bytes, loss_memory, microbatches
+from estimator.memory.pipeline import in_flight_chunks, microbatches
+from estimator.memory.activations.layer import layer_bytes, layer_input_bytes
+from estimator.memory.activations.loss import loss_memory
 
 # GPT-3 175B as in Korthikanti et al. Table 3: h 12288, a 96, s 2048, b 1, t 8
 S, B, H, A, T = 2048, 1, 12288, 96, 8

@@ -188,7 +188,7 @@ def test_context_parallel_keeps_the_all_gathered_keys_and_values():
     (16384 - 8192) x 1024 = 32 MiB more a layer."""
     from canonical import LLAMA_31_8B as arch
     from estimator import Parallel, Training
-    from estimator.activations import layer_entries
+    from estimator.memory.activations.layer import layer_entries
 
     t16, t8 = Training(framework="fsdp2", seq_len=16384), Training(framework="fsdp2", seq_len=8192)
     cp2 = {e.name: e.bytes(Parallel(cp=2)) for e in layer_entries(arch, t16, Parallel(cp=2), "dense")}

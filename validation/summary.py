@@ -46,7 +46,7 @@ def records(framework: str) -> list[Path]:
 
 def tensors_peak(stage) -> int:
     """What a fake-tensor harness can measure of a stage's allocated peak: all of it but the math
-    libraries' workspaces (estimator/workspaces.py), which no tensor of the step owns; the real-GPU
+    libraries' workspaces (estimator/memory/workspaces.py), which no tensor of the step owns; the real-GPU
     records (tests/data/measured/gpu) show a GPU's peak is the fake peak plus those workspaces."""
     workspace = stage.component("workspace")
     return stage.allocated_peak_bytes - (workspace.bytes if workspace else 0)

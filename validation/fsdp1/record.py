@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..record import RECORDS as HF_RECORDS
-from ..record import package_versions, write_record
+from ..record import RECORDS as HF_RECORDS, package_versions, write_record
 
 RECORDS = HF_RECORDS / "fsdp1"
 

@@ -16,7 +16,7 @@ def _err(estimated: float, measured: float) -> str:
 
 def estimated_layer_bytes(result, record) -> float:
     """Today's per-layer activation estimate for the record's layer kind and recompute."""
-    from estimator.activations import layer_bytes, layer_input_bytes
+    from estimator.memory.activations.layer import layer_bytes, layer_input_bytes
 
     training, arch, par = result.training, result.architecture, result.parallel
     if training.recompute == "full":

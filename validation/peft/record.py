@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..record import RECORDS as HF_RECORDS
-from ..record import load_all as load_records
-from ..record import package_versions, write_record
+from ..record import RECORDS as HF_RECORDS, load_all as load_records, package_versions, write_record
 
 RECORDS = HF_RECORDS / "peft"
 
