@@ -66,7 +66,7 @@ def test_llama_flash_layer_by_hand_megatron():
 def test_llama_eager_modules_keep_more_than_fused_kernels():
     # transformers' RMSNorm keeps an fp32 upcast (4sbh), an fp32 rsqrt per token (4sb) and the normalised
     # bf16 (2sbh) for each of 2 norms; its SwiGLU keeps gate, up, act(gate) and the product (4 x 2sbf)
-    # instead of 3 x 2sbf (as measured: tests/data/measured, validation/explain); Megatron's rotary
+    # instead of 3 x 2sbf (as measured: tests/data/measured, python -m validation explain); Megatron's rotary
     # embedding keeps the fused QKV output beside the rotated q and k, 2sbh(1 + g/a) more on its side
     s, h, f, a, g = 4096, 4096, 14336, 32, 8
     fused = layer_bytes(LLAMA_31_8B, Training(seq_len=s), Parallel(), "dense")

@@ -13,7 +13,7 @@ from estimator.memory.activations.moe import moe_expert_backward_moment
 from estimator import estimate_config
 from estimator.models.loading import load_config
 from estimator.spec.errors import ConfigError
-from validation.summary import tensors_peak
+from validation.core.report import tensors_peak
 
 MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"
 MiB = 2**20

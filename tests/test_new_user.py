@@ -470,7 +470,7 @@ def test_the_readme_counts_the_measured_steps_and_frameworks_the_tests_hold():
     """The opening sentence is written from the records (`python -m validation readme`), the
     records tests/test_accuracy.py holds to 5%; it said 83 steps of three frameworks."""
     from test_accuracy import FRAMEWORKS, HF_RECORDS, RECORDS
-    from validation import summary
+    from validation.core import summary
 
     text = README.read_text()
     start = text.index(summary.HEADLINE_START) + len(summary.HEADLINE_START)
@@ -486,7 +486,7 @@ def test_the_readme_counts_the_measured_steps_and_frameworks_the_tests_hold():
 def test_the_readme_accuracy_table_is_the_summarys():
     import re
 
-    from validation import summary
+    from validation.core import summary
 
     text = README.read_text()
     table = text[text.index("| framework (harness) |"):]

@@ -1,7 +1,7 @@
 """The whole allocation sequence of an HF case under fake tensors (model build, step 1, step 2),
 saved to replay through estimator/allocator.py against the real GPU's max_memory_reserved.
 
-`validation/step.py` logs only the measured step; the caching allocator's reserved memory depends on
+`validation/hf/step.py` logs only the measured step; the caching allocator's reserved memory depends on
 everything before it (segments are never given back), so here the tracker records from the model's
 build on. PyTorch's two cuBLAS workspaces (32 MiB each on Hopper, allocated through the caching
 allocator at the first matmul of the forward's thread and of autograd's backward thread:
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .emulation import cuda_emulation
-from .step import build, train_step
-from .tracker import StorageTracker
+from .core.emulation import cuda_emulation
+from .hf.step import build, train_step
+from .core.tracker import StorageTracker
 
 TRACES = Path(__file__).resolve().parents[1] / "tests" / "data" / "measured" / "allocator"
 HOPPER_CUBLAS_WORKSPACE = 32 << 20

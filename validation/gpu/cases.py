@@ -16,10 +16,10 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..cases import CASES as HF_CASES, SMALL_RUNS, case_id as hf_case_id
+from ..hf.cases import CASES as HF_CASES, SMALL_RUNS, case_id as hf_case_id
 from ..peft.build import ALL_SEVEN
 from ..peft.cases import CASES as PEFT_CASES, case_id as peft_case_id
-from ..step import Run
+from ..hf.step import Run
 from .bnb import BnbRun
 from .kernels import KernelRun
 

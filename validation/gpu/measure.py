@@ -86,8 +86,8 @@ def enable_hf_recompute(model) -> None:
 
 
 def build_hf(run, device: str):
-    from ..models import MODELS
-    from ..step import build
+    from ..hf.models import MODELS
+    from ..hf.step import build
 
     if device == "cpu":
         return build(run)
@@ -131,7 +131,7 @@ BUILDERS = {"hf": build_hf, "peft": build_peft, "bnb": build_bnb}
 
 def step_function(harness: str, run):
     if harness == "hf":
-        from ..step import train_step
+        from ..hf.step import train_step
 
         return lambda model, opt, ids, phase: train_step(model, opt, ids, run, phase)
     from ..peft.step import train_step

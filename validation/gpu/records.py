@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..record import write_record
+from ..core.record import write_record
 from .cases import CASES, MEASURED
 
 GPU_RECORDS = MEASURED / "gpu"
@@ -24,7 +24,7 @@ METHOD = (
 
 def config_of(case, gpu: str, bitsandbytes: str | None = None) -> dict:
     """The case's contract configuration on `gpu`; a bitsandbytes QLoRA case names the release it ran."""
-    from ..cases import contract_config as hf_config
+    from ..hf.cases import contract_config as hf_config
     from ..peft.cases import contract_config as peft_config
 
     config = hf_config(case.run) if case.harness == "hf" else peft_config(case.run)
@@ -39,7 +39,7 @@ WRAPPED = {"accelerate": "the model prepared by a real accelerate Accelerator(mi
 
 
 def description_of(case, device: str) -> str:
-    from ..cases import describe as hf_describe
+    from ..hf.cases import describe as hf_describe
     from ..peft.cases import describe as peft_describe
 
     text = hf_describe(case.run) if case.harness == "hf" else peft_describe(case.run)

@@ -4,7 +4,7 @@ build, the same two steps, the same model-state count as a GPU run."""
 from __future__ import annotations
 
 from ..peft.build import LoraRun
-from ..step import Run
+from ..hf.step import Run
 from .kernels import KernelRun, measure_kernel
 from .measure import measure
 

@@ -159,3 +159,10 @@ def describe(c: Case) -> str:
             f"{reshard}, bf16 params / fp32 reduce, fp32 master params and AdamW (fused), "
             f"{ac}{fp8}, flex attention, chunked loss (8), seq {c.seq_len}, local batch "
             f"{c.local_batch}")
+
+
+def measure(c: Case) -> dict:
+    """The record's measurement of a case (validation/torchtitan/step.py)."""
+    from .step import measure as measure_run
+
+    return measure_run(c.run())

@@ -103,6 +103,11 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         source = ("Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each); Megatron-Core "
                   "fusions/fused_cross_entropy.py (native fusion: the same fp32 softmax)")
         if training.loss == "fused":
+            # the native fusion's compiled forward is not in place: calculate_logits_max returns the fp32
+            # logits and calculate_predicted_logits their exponentials beside them (the unfused loss exponentiates
+            # in place); measured on an H200: 8*s*b*V above the logits (tests/data/measured/gpu/kernels)
+            forward.append(Entry("fp32 logits beside their exponentials (the compiled forward is not in place)",
+                                 T * vocab, 4, "tp", "4*s*b*V"))
             # the native fusion's compiled backward (jit_fuser = torch.compile) copies the softmax before its
             # index_put (Inductor lowers index_put as a scatter into clone(x)); the unfused loss writes into it
             backward.append(Entry("fp32 copy of the softmax (the compiled backward's index_put)", T * vocab, 4, "tp",

@@ -1,12 +1,8 @@
-"""A measured torchtitan case as the JSON record under tests/data/measured/torchtitan/."""
+"""The torchtitan harness's declaration (validation/core/harness.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..record import RECORDS as HF_RECORDS, load_all as load_records, package_versions, write_record
-
-RECORDS = HF_RECORDS / "torchtitan"
+from ..core.harness import Harness
 
 METHOD = (
     "fake-tensor CPU emulation of CUDA, rank 0 of a fake process group (FakeStore, backend "
@@ -37,31 +33,6 @@ METHOD = (
     "(tests/test_harness_torchtitan.py)."
 )
 
-
-def versions() -> dict:
-    return package_versions("torch", "torchtitan", optional=("torchao",))
-
-
-def record(case: str) -> dict:
-    from .cases import CASES, contract_config, describe
-    from .step import measure
-
-    c = CASES[case]
-    return {
-        "id": case,
-        "description": describe(c),
-        "config": contract_config(c),
-        "measured": measure(c.run()),
-        "step_measured": 2,
-        "method": METHOD,
-        "versions": versions(),
-        "command": f"python -m validation.torchtitan measure {case}",
-    }
-
-
-def write(case: str, directory: Path = RECORDS) -> Path:
-    return write_record(record(case), directory)
-
-
-def load_all(directory: Path = RECORDS) -> list[dict]:
-    return load_records(directory)
+HARNESS = Harness(
+    name="torchtitan", title="torchtitan", order=(1, 2), method=METHOD, distributions=("torch", "torchtitan"),
+    optional_distributions=("torchao",), measure="cases:measure", report="report:report")

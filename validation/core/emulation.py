@@ -190,3 +190,47 @@ def fused_rms_norm():
         yield
     finally:
         lib._destroy()
+
+
+# A storage resized in place (`UntypedStorage.resize_`) is reported to no dispatch mode; FSDP frees
+# and re-allocates its unsharded parameters that way, each a caching-allocator free or allocation on
+# a GPU. The functions that do it are wrapped to tell the tracker the storage's new size.
+def _then_adopt(tracker, original):
+    def resize(tensor, *args):
+        original(tensor, *args)
+        tracker.adopt(tensor)
+
+    return resize
+
+
+@contextmanager
+def storage_resizes(tracker, *places):
+    """Each `(module, name)` function, which resizes its first argument's storage, reports the
+    new size to `tracker` for the duration."""
+    originals = [(module, name, getattr(module, name)) for module, name in places]
+    for module, name, original in originals:
+        setattr(module, name, _then_adopt(tracker, original))
+    try:
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)
+
+
+def fsdp2_storage(tracker):
+    """FSDP2's `alloc_storage` / `free_storage` of the unsharded parameters (torch 2.13
+    distributed/fsdp/_fully_shard/_fsdp_param.py, also imported by _fsdp_param_group.py)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
+
+    return storage_resizes(tracker, (fsdp_param, "alloc_storage"), (fsdp_param, "free_storage"),
+                           (fsdp_group, "alloc_storage"))
+
+
+def fsdp1_storage(tracker):
+    """FSDP1's unsharded FlatParameters (`_full_param_padded`) and low-precision shards (`_mp_shard`),
+    allocated and freed by `_alloc_storage` / `_free_storage` (torch 2.13 distributed/utils.py, called
+    from fsdp/_flat_param.py)."""
+    import torch.distributed.fsdp._flat_param as flat
+
+    return storage_resizes(tracker, (flat, "_alloc_storage"), (flat, "_free_storage"))

@@ -16,7 +16,7 @@ import weakref
 from contextlib import contextmanager
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations")
@@ -116,17 +116,22 @@ class StorageTracker(TorchDispatchMode):
     # --- the dispatch hook ----------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if self._hidden:
-            return out
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+        if not self._hidden:
+            self.register_outputs(func, args, out)
+        return out
+
+    def register_outputs(self, func, args, out) -> None:
+        """Register the storages an op returned (a variant may first look at its arguments)."""
+        for t in self.storages(out):
             if func in HOST_OPS and t.dim() == 0 and id(t.untyped_storage()) not in self._keys:
                 self.ignore(t)
             if id(t.untyped_storage()) not in self._host:
                 key = self.adopt(t)
                 self.labels.setdefault(key, f"{func.__name__} {str(t.dtype)[6:]} {tuple(t.shape)}")
-        return out
+
+    def storages(self, out) -> list[torch.Tensor]:
+        """The tensors of an op's output whose storages are counted: every one here."""
+        return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
     @contextmanager
     def hidden(self):
@@ -185,3 +190,66 @@ class StorageTracker(TorchDispatchMode):
                 del live[key]
         return live
 
+
+
+# --- tensor subclasses ------------------------------------------------------------------------------
+def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors that own storage: a wrapper subclass (torchao's NF4) owns none itself."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    inner = (getattr(t, name) for name in names)
+    return [leaf for x in inner if isinstance(x, torch.Tensor) for leaf in plain_tensors(x)]
+
+
+class UnwrappingTracker(StorageTracker):
+    """A tracker that looks through a wrapper subclass an op returns (torchao's NF4, whose inner
+    tensors are created outside any op the mode sees) to the plain tensors holding its storage."""
+
+    def storages(self, out) -> list[torch.Tensor]:
+        return [leaf for x in super().storages(out) for leaf in plain_tensors(x)]
+
+    def adopt_all(self, t: torch.Tensor) -> set[int]:
+        """Register the storages of a tensor alive when the log starts, host-resident ones
+        (a CPU step counter created by torch.tensor) excepted."""
+        return {self.adopt(leaf) for leaf in plain_tensors(t) if id(leaf.untyped_storage()) not in self._host}
+
+
+WAIT = torch.ops._c10d_functional.wait_tensor.default
+
+
+def _keep_alive(_):
+    pass
+
+
+class SubclassAwareTracker(StorageTracker):
+    """A tracker for DTensors (FSDP2, TP) and torchao's Float8TrainingTensor: wrapper subclasses
+    whose own "storage" is a data-less placeholder of the global (unsharded) size.
+
+    A dispatch mode is called before the subclass and is popped while it runs, so by default it
+    would log the placeholder (the global size, a phantom) and never see the local tensors the
+    subclass actually allocates. Returning NotImplemented for an op with subclass arguments lets
+    the subclass run it; its inner ops on plain local tensors then come back through the mode and
+    are counted. DTensor's sharding propagation computes output shapes on the meta device: those
+    tensors own no memory and are skipped.
+
+    `_c10d_functional.wait_tensor` returns its input (the collective's output buffer) on a GPU and
+    in a real CPU run; under fake tensors it returns a new fake storage. The tracker counts it as
+    the input's buffer: the new storage is not counted, and it keeps the input alive as long as it
+    lives, as the one real buffer would be.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
+            return NotImplemented
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def register_outputs(self, func, args, out) -> None:
+        if func is WAIT and out.untyped_storage() is not args[0].untyped_storage():
+            self.ignore(out)
+            weakref.finalize(out.untyped_storage(), _keep_alive, args[0])
+        super().register_outputs(func, args, out)
+
+    def storages(self, out) -> list[torch.Tensor]:
+        return [t for t in super().storages(out)
+                if t.device.type != "meta" and not is_traceable_wrapper_subclass(t)]

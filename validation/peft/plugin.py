@@ -1,12 +1,8 @@
-"""A measured LoRA / QLoRA case as the JSON record under tests/data/measured/peft/."""
+"""The PEFT harness's declaration (validation/core/harness.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..record import RECORDS as HF_RECORDS, load_all as load_records, package_versions, write_record
-
-RECORDS = HF_RECORDS / "peft"
+from ..core.harness import Harness
 
 METHOD = (
     "fake-tensor CPU emulation of CUDA, as for the HF records (validation/record.py): the real "
@@ -31,31 +27,6 @@ METHOD = (
     "byte against real CPU runs of tiny models (tests/test_harness_peft.py)."
 )
 
-
-def versions() -> dict:
-    return package_versions("torch", "transformers", "peft")
-
-
-def record(case: str) -> dict:
-    from .cases import CASES, contract_config, describe
-    from .step import measure
-
-    run = CASES[case]
-    return {
-        "id": case,
-        "description": describe(run),
-        "config": contract_config(run),
-        "measured": measure(run),
-        "step_measured": 2,
-        "method": METHOD,
-        "versions": versions(),
-        "command": f"python -m validation.peft measure {case}",
-    }
-
-
-def write(case: str, directory: Path = RECORDS) -> Path:
-    return write_record(record(case), directory)
-
-
-def load_all(directory: Path = RECORDS) -> list[dict]:
-    return load_records(directory)
+HARNESS = Harness(
+    name="peft", title="PEFT", order=(3, 1), method=METHOD, distributions=("torch", "transformers", "peft"),
+    report="report:report", trace="step:traced_step")

@@ -1,12 +1,18 @@
-"""A measured torchtune case as the JSON record under tests/data/measured/torchtune/."""
+"""The torchtune harness's declaration (validation/core/harness.py), and the environment it runs
+in: torchtune 0.6.1 needs torchao 0.10.0, which the other harnesses cannot share, so `list`,
+`measure`, `explain` and `selftest` re-run themselves with .venv/torchtune's Python when torchtune
+is not importable here; `report` reads the records only."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from pathlib import Path
 
-from ..record import RECORDS as HF_RECORDS, load_all as load_records, package_versions, write_record
+from ..core.harness import Command, Harness
 
-RECORDS = HF_RECORDS / "torchtune"
+VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv" / "torchtune" / "bin" / "python"
 
 METHOD = (
     "fake-tensor CPU emulation of CUDA, as for the HF records (validation/record.py): torchtune's "
@@ -31,30 +37,22 @@ METHOD = (
 )
 
 
-def versions() -> dict:
-    return package_versions("torch", "torchtune", "torchao")
+def in_torchtune_env(argv: list[str]) -> int | None:
+    """Re-run in the torchtune venv when torchtune is missing here; None when it is here."""
+    if importlib.util.find_spec("torchtune") is not None:
+        return None
+    if not VENV_PYTHON.exists():
+        print(f"torchtune is not installed here and {VENV_PYTHON} does not exist; create it: "
+              "python -m venv --system-site-packages .venv/torchtune && .venv/torchtune/bin/pip "
+              "install torchtune==0.6.1 torchao==0.10.0 -c <torch pin>", file=sys.stderr)
+        return 2
+    root = str(VENV_PYTHON.parents[3])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    os.execve(str(VENV_PYTHON), [str(VENV_PYTHON), "-m", "validation.torchtune", *argv], env)
 
 
-def record(case: str) -> dict:
-    from .cases import CASES, contract_config, describe
-    from .step import measure
-
-    run = CASES[case]
-    return {
-        "id": case,
-        "description": describe(run),
-        "config": contract_config(run),
-        "measured": measure(run),
-        "step_measured": 2,
-        "method": METHOD,
-        "versions": versions(),
-        "command": f"python -m validation.torchtune measure {case}",
-    }
-
-
-def write(case: str, directory: Path = RECORDS) -> Path:
-    return write_record(record(case), directory)
-
-
-def load_all(directory: Path = RECORDS) -> list[dict]:
-    return load_records(directory)
+HARNESS = Harness(
+    name="torchtune", title="torchtune", order=(4, 3), method=METHOD, distributions=("torch", "torchtune", "torchao"),
+    report="report:report", trace="step:traced_step", prepare="plugin:in_torchtune_env",
+    commands=(Command("selftest", "tiny models measured fake and real, as JSON", "selftest:main",
+                      arguments=("variants",)),))

@@ -11,16 +11,15 @@ Step 1 creates the optimizer states; step 2 is measured (steady state).
 
 from __future__ import annotations
 
-import gc
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .emulation import cuda_emulation
+from ..core.emulation import cuda_emulation
+from ..core.steps import fake_mode, log_second_step
+from ..core.tracker import StorageTracker, phase_summary
 from .models import MODELS
-from .tracker import StorageTracker, categories, phase_summary
 
 
 @dataclass(frozen=True)
@@ -72,19 +71,15 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
     """Run two training steps, logging the second; returns the tracker and the category of
     each storage key."""
     tracker = StorageTracker()
-    tracker.recording = False
     torch.manual_seed(seed)
-    with FakeTensorMode() if fake else nullcontext(), cuda_emulation(tracker):
+    with fake_mode(fake, real_inputs=False), cuda_emulation(tracker):
         model, opt = build(run)
         input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
-        with tracker:
-            train_step(model, opt, input_ids, run)  # step 1: creates the optimizer states
-            gc.collect()
-            tracker.start()
+
+        def owners():
             params = {tracker.adopt(p) for p in model.parameters()}
-            for b in model.buffers():
-                tracker.adopt(b)
-            tracker.adopt(input_ids)
+            for t in (*model.buffers(), input_ids):
+                tracker.adopt(t)
             states = set()
             for state in opt.state.values():
                 for name, t in state.items():
@@ -92,22 +87,14 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
                         tracker.ignore(t)
                     elif torch.is_tensor(t):
                         states.add(tracker.adopt(t))
-            grads = set()
+            return params, states
 
-            def phase(name):
-                if name == "optimizer":  # the backward is over: gradients have their owners
-                    grads.update(tracker.key(p.grad) for p in model.parameters() if p.grad is not None)
-                return tracker.phase(name)
-
-            train_step(model, opt, input_ids, run, phase)
-            tracker.stop()
-
-    category = categories(params, grads, states)
-
+        category = log_second_step(
+            tracker, lambda phase: train_step(model, opt, input_ids, run, phase), owners,
+            lambda: {tracker.key(p.grad) for p in model.parameters() if p.grad is not None})
     return tracker, category
 
 
 def measure(run: Run, fake: bool = True, seed: int = 0) -> dict:
     """Bytes per category at each phase's peak of the second training step."""
-    tracker, category = traced_step(run, fake, seed)
-    return phase_summary(tracker, category)
+    return phase_summary(*traced_step(run, fake, seed))

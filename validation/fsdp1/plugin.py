@@ -1,12 +1,8 @@
-"""A measured FSDP1 case as the JSON record under tests/data/measured/fsdp1/."""
+"""The PyTorch FSDP1 harness's declaration (validation/core/harness.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..record import RECORDS as HF_RECORDS, package_versions, write_record
-
-RECORDS = HF_RECORDS / "fsdp1"
+from ..core.harness import Harness
 
 METHOD = (
     "fake-tensor CPU emulation of CUDA, rank 0 of a fake process group (FakeStore, backend 'fake'): the real "
@@ -24,20 +20,6 @@ METHOD = (
     "(tests/test_harness_fsdp1.py)."
 )
 
-
-def versions() -> dict:
-    return package_versions("torch", "transformers", optional=("peft",))
-
-
-def record(case: str) -> dict:
-    from .cases import CASES, contract_config, describe
-    from .step import measure
-
-    run = CASES[case]
-    return {"id": case, "description": describe(run), "config": contract_config(run), "measured": measure(run),
-            "step_measured": 2, "method": METHOD, "versions": versions(),
-            "command": f"python -m validation.fsdp1 measure {case}"}
-
-
-def write(case: str, directory: Path = RECORDS) -> Path:
-    return write_record(record(case), directory)
+HARNESS = Harness(
+    name="fsdp1", title="PyTorch FSDP1", order=(5, 5), method=METHOD, distributions=("torch", "transformers"),
+    optional_distributions=("peft",), trace="step:traced_step")

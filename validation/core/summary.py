@@ -18,14 +18,16 @@ import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-MEASURED = Path(__file__).resolve().parent.parent / "tests" / "data" / "measured"
-FRAMEWORKS = ("hf", "torchtitan", "megatron", "peft", "torchtune", "fsdp1")  # "hf": the top-level records
+from .harness import harnesses
+from .record import MEASURED
+from .report import tensors_peak
+
+FRAMEWORKS = tuple(harnesses())  # every harness, in the README table's order ("hf": the top-level records)
 BOUND = 0.05  # the allocated peak within 5%
-# each record folder's framework as the README names it, in the order the README lists them
-FRAMEWORK_NAMES = {"hf": "Hugging Face transformers", "peft": "PEFT", "torchtitan": "torchtitan",
-                   "torchtune": "torchtune", "megatron": "Megatron-Core", "fsdp1": "PyTorch FSDP1"}
+# each harness's framework as the README names it, in the order its opening sentence lists them
+FRAMEWORK_NAMES = {h.name: h.title for h in sorted(harnesses().values(), key=lambda h: h.order[1])}
 NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
-README = MEASURED.parent.parent.parent / "README.md"
+README = MEASURED.parents[2] / "README.md"
 # the README's sentence between these markers is `headline()`'s, written by `python -m validation readme`
 HEADLINE_START, HEADLINE_END = "<!-- measured-steps -->", "<!-- /measured-steps -->"
 
@@ -40,16 +42,7 @@ class Row(NamedTuple):
 
 
 def records(framework: str) -> list[Path]:
-    folder = MEASURED if framework == "hf" else MEASURED / framework
-    return sorted(folder.glob("*.json"))
-
-
-def tensors_peak(stage) -> int:
-    """What a fake-tensor harness can measure of a stage's allocated peak: all of it but the math
-    libraries' workspaces (estimator/memory/workspaces.py), which no tensor of the step owns; the real-GPU
-    records (tests/data/measured/gpu) show a GPU's peak is the fake peak plus those workspaces."""
-    workspace = stage.component("workspace")
-    return stage.allocated_peak_bytes - (workspace.bytes if workspace else 0)
+    return sorted(harnesses()[framework].records.glob("*.json"))
 
 
 def peak_error(record: dict) -> float:
@@ -137,4 +130,10 @@ def summary() -> int:
     print("|---|---:|---:|---:|---:|---:|---|")
     print(f"| HF + PEFT on an H200 (`validation/gpu`) | {g.runs} | {g.within} | {100 * g.allocated:.1f}% | "
           f"{100 * g.reserved:.1f}% | {100 * g.nvidia_smi:.1f}% | {100 * g.worst:+.1f}% ({g.worst_case}) |")
+    return 0
+
+
+def readme() -> int:
+    """`python -m validation readme`: the README's opening count, written from the records."""
+    print(f"{README.name}: {headline()}" + ("" if write_readme() else " (unchanged)"))
     return 0

@@ -1,16 +1,12 @@
 """What is alive at a phase's peak, storage by storage: the evidence behind an estimator ledger.
 
-`python -m validation explain --case ID` groups the activations alive at each phase's peak by
-the op that allocated them (with dtype and shape), largest first. Every harness's `explain` prints
-its trace with `explain_trace`."""
+`python -m validation explain --case ID` (and `python -m validation.<framework> explain CASE`, where
+the harness declares its trace) groups the activations alive at each phase's peak by the op that
+allocated them (with dtype and shape), largest first."""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .step import Run
 
 
 def explain_trace(tracker, category, top: int = 40) -> str:
@@ -29,10 +25,3 @@ def explain_trace(tracker, category, top: int = 40) -> str:
         for label, size in groups.most_common(top):
             lines.append(f"   {size / 2**20:12.2f} MiB  x{counts[label]:<4d} {label}")
     return "\n".join(lines)
-
-
-def explain(run: Run, fake: bool = True, top: int = 40) -> str:
-    from .step import traced_step  # torch only when a trace is asked for
-
-    tracker, category = traced_step(run, fake)
-    return explain_trace(tracker, category, top)
