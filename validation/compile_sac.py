@@ -327,7 +327,7 @@ def measure_case(release: str, attention: str, float8: bool, modes: tuple, eager
 
 
 def record() -> dict:
-    from .record import package_versions
+    from .core.record import package_versions
 
     kv = 2 * KV_HEADS * (DIM // HEADS)
     return {"id": RECORD_ID,
@@ -341,6 +341,6 @@ def record() -> dict:
 
 
 if __name__ == "__main__":
-    from .record import write_record
+    from .core.record import write_record
 
     print(write_record(record(), RECORDS))
