@@ -40,8 +40,6 @@ from .result import Estimate, fit_on
 from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
                            _shared)
 from .static_stage import _StaticStage, _static_stage
-from .reserved import component as reserved_component, fragmentation_bytes, replays
-from .transients import transients
 from ..models.loading import load_config
 
 
@@ -86,9 +84,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
                                                 cfg.microbatches, shared)
         step = static.totals[2]
-        # a replayed cache (reserved.py) is not a share of the step: the floor counts none of it
-        cached = 0 if replays(cfg.training, par, shared) else int(round(step * shared.fragmentation))
-        out.append(StepFloor(step + static.outside_allocator + cached,
+        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation)),
                              static.parameters_per_gpu))
     return tuple(out)
 
@@ -254,10 +250,6 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
     full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
-    replayed = replays(training, par, shared)
-
-    def home_of(sp):
-        return memo if sp.last else headless
     stages = []
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
@@ -293,11 +285,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             peak_phase, allocated = "backward", backward
         else:
             peak_phase, allocated = "optimizer", step
-        if replayed:  # the allocator's cache from a replay of the step's allocations (reserved.py)
-            cached = _replayed_fragmentation(cfg, shared, sp, static, home_of(sp))
-        else:
-            cached = int(round(allocated * fragmentation_share))
-        device = allocated + static.outside_allocator + cached
+        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
         if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
             if not stages or device > stages[0]:
                 stages[:] = [device]
@@ -347,25 +335,7 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
-    if replays(training, par, shared):  # what `_training_stages` replayed: the device total less the rest
-        cached = reserved_component(stage.device_total_bytes - allocated - static.outside_allocator)
-    else:
-        cached = fragmentation(allocated, shared.hardware)
-    return phases, (static.communication, shared.runtime, *managed, cached)
-
-
-def _replayed_fragmentation(cfg: Resolved, shared: _Shared, sp: StageParameters, static: _StaticStage,
-                            memo: dict) -> int:
-    """The allocator's cached, unused bytes of the stage, replayed once per static part (reserved.py)."""
-    key = ("reserved", sp.first, sp.last, sp.kind_counts)
-    cached = memo.get(key)
-    if cached is None:
-        arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
-        tr = transients(arch, training, recipe, cfg.parallel, sp, cfg.zero_stage, None)
-        tr = tr._replace(persistent=tr.persistent + [c for c in static.parts().kept if c.key == "workspace"])
-        states = sum(c.bytes for c in static.parts().kept if c.key == "optimizer_states")
-        cached = memo[key] = fragmentation_bytes(arch, training, recipe, sp, shared, tr, states, cfg.microbatches)
-    return cached
+    return phases, (static.communication, shared.runtime, *managed, fragmentation(allocated, shared.hardware))
 
 
 def estimate_config(data: object):
