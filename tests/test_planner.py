@@ -626,9 +626,10 @@ def test_torchtitan_llama31_405b_on_512_h100():
     theirs = Parallel(tp=8, pp=8, vpp=2, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15, zero_stage=3)
     assert estimate(arch, dataclasses.replace(tr, recompute="full"), theirs, H100).fit.verdict == "fits"
     mine = best(arch, tr, "h100-80", n, tp=8, pp=8, cp=1, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15)
-    # within 20% of the fastest: torchtitan runs this layout with AsyncTP, which overlaps the TP
-    # collectives with the matmuls; the model charges them in full, which costs TP 8 most
-    assert mine.tokens_per_s_per_gpu >= 0.8 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
+    # within 25% of the fastest (TP 2 with FSDP over 256: its rings leave each node through 4 NICs per
+    # group, speed/collectives.ring_line_rate): torchtitan runs this layout with async TP, which hides
+    # the forward's TP collectives (training.async_tp); asked without it, TP 8 pays them all
+    assert mine.tokens_per_s_per_gpu >= 0.75 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
 
 
 def gpt3_175b() -> Architecture:
