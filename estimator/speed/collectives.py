@@ -30,7 +30,17 @@ OVERLAP_SOURCES = (
     "forward (docs/source/api-guide/dist_optimizer.md); bucket of max(40M, 1M x DP) parameters",
     "DeepSpeed ZeRO-1/2: the updated partitions are all-gathered after the optimizer step, not overlapped "
     "(deepspeed/runtime/zero/stage_1_and_2.py, step -> all_gather_dp_groups)",
+    "Megatron-Core tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication: the input gradient's "
+    "all-reduce / reduce-scatter runs while the weight gradient is computed",
+    "TP comm overlap: Wang et al. 2023, Overlap Communication with Dependent Computation via Decomposition (ASPLOS); "
+    "TransformerEngine userbuffers (Megatron --tp-comm-overlap); torch/_inductor/fx_passes/micro_pipeline_tp.py "
+    "(torchtitan async TP: the forward's all-gather+matmul and matmul+reduce-scatter patterns)",
 )
+RING_NICS = ("NCCL ring algorithm: a ring leaves each node through the NIC of the GPU where it leaves, r ranks in a "
+             "node drive r NICs (NVIDIA/nccl issue #1168: busbw ~45 GB/s with 4 GPUs per node, ~90 with 8)")
+ALL_TO_ALL = ("MoE all-to-all across nodes: NVLink and NIC at once (DeepEP README: ~155 GB/s NVLink, 43-58 GB/s RDMA "
+              "on H800); DeepSeek-V3 report (arXiv 2412.19437) section 3.2.2: a token once per target node over IB, "
+              "then NVLink")
 
 # Fraction of the one-way line rate a ring reaches as busbw: 370 / 450 on NVLink 4 (issue #212).
 NVLINK_RING = 370 / 450
@@ -40,9 +50,10 @@ NVLS_ALL_REDUCE = 480 / 450
 NETWORK = 47 / 50
 # Seconds per collective call on top of its bandwidth time (nccl-tests small sizes; see above).
 LATENCY_S = {"intra-node": 10e-6, "inter-node": 30e-6}
-# GPUs on NVSwitch baseboards that run NVLS (Hopper and later, NCCL >= 2.17). Not the H800: its
-# users find NCCL building no NVLS channels on it (NVIDIA/nccl issue #892, "0 nvls channels").
-NVLS_GPUS = ("h100-80", "h200", "b200", "b300")
+# GPUs on NVSwitch baseboards that run NVLS (Hopper and later, NCCL >= 2.17): the HGX H100 boards of Meta's
+# Grand Teton too, and GB200 NVL72's NVLink Switch trays. Not the H800: its users find NCCL building no NVLS
+# channels on it (NVIDIA/nccl issue #892, "0 nvls channels").
+NVLS_GPUS = ("h100-80", "h100-96-500w", "h200", "b200", "gb200", "b300")
 
 
 def ring_factor(n: int, all_reduce: bool = False) -> float:

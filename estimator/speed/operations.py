@@ -39,7 +39,8 @@ UP_PROJ_MODULE = ("mla_up_proj",)
 MOE_MODULE = ("moe",)
 
 
-SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING, collectives.NCCL_TESTS, *collectives.OVERLAP_SOURCES,
+SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING, collectives.NCCL_TESTS, collectives.RING_NICS,
+           collectives.ALL_TO_ALL, *collectives.OVERLAP_SOURCES,
            *kernels.SOURCES, *fp8.SOURCES)
 
 
