@@ -41,6 +41,9 @@ DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch
 # the stacks whose torch.compile switch is modelled (training.compile): torchtitan's --compile.enable, torchtune's
 # compile: True, the HF Trainer's torch_compile=True
 COMPILE_FRAMEWORKS = ("fsdp2", "torchtune", "hf")
+# the stacks whose TP communication overlap is modelled (training.async_tp): Megatron-Core's --tp-comm-overlap
+# (TransformerEngine userbuffers) and torchtitan's async TP (--parallelism.enable_async_tensor_parallel)
+ASYNC_TP_FRAMEWORKS = ("megatron", "fsdp2")
 
 # --- adapters ------------------------------------------------------------------------------------
 METHODS = ("lora", "qlora", "dora")

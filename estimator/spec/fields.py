@@ -79,6 +79,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("fp8_all_gather", _T, "FP8 all-gather", "fsdp2 with fp8 and the tensorwise recipe: FSDP2 gathers the "
           "float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather), 1 byte per weight instead "
           "of the bf16 copy.", "Precision"),
+    _bool("async_tp", _T, "Async TP", "Overlap the tensor-parallel all-gathers and reduce-scatters with the GEMMs "
+          "that use them, chunk by chunk: megatron --tp-comm-overlap (TransformerEngine userbuffers, every pass), "
+          "fsdp2 with compile: torchtitan's async TP (Inductor's micro-pipeline TP, the forward's collectives). "
+          "Changes the step time only.", _LAYOUT),
     _bool("compile", _T, "torch.compile", "fsdp2 (torchtitan --compile.enable, per block), torchtune (compile: "
           "True, per layer) or hf (the Trainer's torch_compile=True): each layer saves what Inductor's min-cut "
           "partitioner keeps (torch 2.13 torch/_functorch/partitioners.py min_cut_rematerialization_partition) "
