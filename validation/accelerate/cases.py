@@ -41,6 +41,9 @@ def _runs() -> list[AccelerateRun]:
         A(P["llama-3.1-8b-lora-r16-all7-norecompute-drop00-s2048-b1"]),
         A(P["llama-3.1-8b-lora-r16-all7-recompute-drop00-s4096-b1"]),
         A(P["qwen2.5-7b-lora-r16-alllinear-recompute-drop00-s8192-b1"]),
+        # adapter dropout (on peft's fp32 cast of the input, before lora_A's autocast) and DoRA
+        A(_lora("llama-3.2-1b", 2048, dropout=0.05)), A(P["llama-3.1-8b-lora-r8-qv-norecompute-drop05-s2048-b2"]),
+        A(P["llama-3.1-8b-dora-r16-qv-norecompute-drop00-s2048-b1"]), A(P["qwen3-8b-dora-r8-qv-norecompute-drop05-s2048-b1"]),
         # QLoRA (emulated bitsandbytes NF4), plain and with prepare_model_for_kbit_training's fp32 norms,
         # embeddings and head: under autocast SDPA gets bf16 inputs again (the flash path)
         A(P["llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1"]),
