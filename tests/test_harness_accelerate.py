@@ -13,10 +13,10 @@ pytest.importorskip("peft", reason="the LoRA cases need peft")
 from validation.accelerate.harness import AccelerateRun, measure, traced_step  # noqa: E402
 from validation.peft import step as peft_step  # noqa: E402
 from validation.peft.build import ALL_SEVEN, LoraRun  # noqa: E402
-from validation.step import Run  # noqa: E402
-from validation.step import traced_step as plain_traced_step  # noqa: E402
-from validation.tracker import categories, phase_summary  # noqa: E402
-from validation.tracker import cuda_block_bytes as block  # noqa: E402
+from validation.hf.step import Run  # noqa: E402
+from validation.hf.step import traced_step as plain_traced_step  # noqa: E402
+from validation.core.tracker import categories, phase_summary  # noqa: E402
+from validation.core.tracker import cuda_block_bytes as block  # noqa: E402
 
 FULL = AccelerateRun(Run("tiny-llama", 64, 2))
 LORA = AccelerateRun(LoraRun("tiny-llama", 64, 2, rank=4, alpha=8, targets=ALL_SEVEN))

@@ -7,7 +7,7 @@ pytest.importorskip("torch", reason="the FSDP1 harness needs torch (the [validat
 pytest.importorskip("transformers", reason="the FSDP1 harness needs transformers (the [validate] extra)")
 
 from validation.fsdp1.step import Run, measure, traced_step  # noqa: E402
-from validation.tracker import cuda_block_bytes as block  # noqa: E402
+from validation.core.tracker import cuda_block_bytes as block  # noqa: E402
 
 LAYER = 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 160 * 64 + 2 * 64  # 43,136
 ROOT = 2 * 1000 * 64 + 64  # 128,064

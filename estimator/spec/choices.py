@@ -34,6 +34,8 @@ MOE_DISPATCHERS = ("alltoall", "deepep", "allgather")
 MOE_ROUTER_DTYPES = ("fp32", "fp64")
 # Megatron-Core --cross-entropy-fusion-impl with --cross-entropy-loss-fusion (model_parallel_config.py)
 CROSS_ENTROPY_IMPLS = ("native", "te")
+# hf: the HF Trainer through Accelerate (autocast, fp32 outputs) or a plain loop (memory/trainer_loop.py)
+TRAINING_LOOPS = ("trainer", "plain")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
 DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,

@@ -17,7 +17,7 @@ from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZE
                       CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, METHODS, MODES,
                       MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
                       RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES,
-                      SPECULATIVE_METHODS, TARGETS, WEIGHT_FORMATS)
+                      SPECULATIVE_METHODS, TARGETS, TRAINING_LOOPS, WEIGHT_FORMATS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
@@ -44,6 +44,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "or main; torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
             "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
+    _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
+            "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
+            "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "
+            "called directly, autocast only over weights wider than the compute dtype.", "Run", TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "

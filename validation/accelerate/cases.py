@@ -9,10 +9,11 @@ a bf16 base), QLoRA with and without peft's prepare_model_for_kbit_training.
 
 from __future__ import annotations
 
-from ..cases import case_id as hf_case_id, contract_config as hf_config, describe as hf_describe
+from ..hf.cases import case_id as hf_case_id, contract_config as hf_config, describe as hf_describe
 from ..peft.build import ALL_SEVEN, LoraRun
-from ..peft.cases import CASES as PEFT_CASES, case_id as peft_case_id, contract_config as peft_config, describe as peft_describe
-from ..step import Run
+from ..hf.step import Run
+from ..peft.cases import CASES as PEFT_CASES
+from ..peft.cases import case_id as peft_case_id, contract_config as peft_config, describe as peft_describe
 from .harness import AccelerateRun
 
 

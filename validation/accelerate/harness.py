@@ -1,6 +1,6 @@
 """One measured HF-Trainer step through the real Accelerate, under fake tensors.
 
-The model and optimizer are those of the plain harnesses (validation/step.py `build` for full
+The model and optimizer are those of the plain harnesses (validation/hf/step.py `build` for full
 fine-tuning, foreach AdamW; validation/peft/build.py for LoRA, fused AdamW), so a record differs from
 its plain-loop sibling by what Accelerate and the Trainer's step add alone. `Accelerator(mixed_precision,
 cpu=True).prepare(model, optimizer)` wraps the forward as on a GPU (accelerate 1.15 `prepare_model`
@@ -8,24 +8,22 @@ takes the same `native_amp` branch on the CPU: validation/accelerate/step.py), w
 CPU device (as the plain harness's AMP recipe runs it). The step is `trainer_step` (validation/
 accelerate/step.py), or with `trainer=True` the real `transformers.Trainer.training_step` for the
 forward and backward (tests/test_harness_accelerate.py checks that both allocate alike).
-CUDA emulation and the tracker are the plain harnesses' (validation/emulation.py, validation/peft/step.py).
+CUDA emulation and the tracker are the plain harnesses' (validation/core/emulation.py, validation/peft/step.py).
 """
 
 from __future__ import annotations
 
-import gc
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..emulation import cuda_emulation
-from ..peft.build import LoraRun
+from ..core.emulation import cuda_emulation
+from ..core.steps import fake_mode, log_second_step
+from ..core.tracker import UnwrappingTracker, phase_summary
+from ..hf.step import Run
 from ..peft.bnb import state_tensors
-from ..peft.step import Tracker, cuda_dropout, parameter_counts
-from ..step import Run
-from ..tracker import categories, phase_summary
+from ..peft.build import LoraRun
+from ..peft.step import cuda_dropout, parameter_counts
 from .step import fp32_output_copy_active, make_accelerator, trainer_step
 
 
@@ -55,7 +53,7 @@ def build(run: AccelerateRun, meta):
         from ..peft.build import build as build_peft
 
         return build_peft(meta, run.base)
-    from ..step import build as build_hf
+    from ..hf.step import build as build_hf
 
     return build_hf(run.base)
 
@@ -96,31 +94,28 @@ def run_step(model, opt, accelerator, input_ids, phase, trainer):
 
 
 def traced_step(run: AccelerateRun, fake: bool = True, seed: int = 0, trainer: bool = False):
-    """Two steps, the second logged: the tracker, the category of each storage, the prepared model and
-    the accelerator."""
-    tracker = Tracker()
-    tracker.recording = False
+    """Two steps, the second logged (validation/core/steps.py): the tracker, the category of each storage,
+    the prepared model, the accelerator and the keys of the trainable parameters."""
+    tracker = UnwrappingTracker()
     torch.manual_seed(seed)
     accelerator = make_accelerator(run.mixed_precision, cpu=True)
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
     meta = meta_model(run)
-    with mode, cuda_emulation(tracker), cuda_dropout():
+    trainable: set[int] = set()
+    with fake_mode(fake), cuda_emulation(tracker), cuda_dropout():
         model, opt = build(run, meta)
         # no device placement: the model is on its device already (a GPU run builds it there, making
         # prepare's `model.to(device)` a no-op), and `.to` cannot swap fake parameters
         model, opt = accelerator.prepare(model, opt, device_placement=[False, False])
         real_trainer = trainer_of(model, accelerator) if trainer else None
         input_ids = torch.randint(0, model.config.vocab_size, (run.base.micro_batch_size, run.base.seq_len))
-        with tracker:
-            run_step(model, opt, accelerator, input_ids, lambda name: nullcontext(), real_trainer)  # step 1
-            gc.collect()
-            tracker.start()
-            params, trainable = set(), set()
+
+        def owners():
+            params = set()
             for p in model.parameters():
                 keys = tracker.adopt_all(p)
                 params |= keys
                 if p.requires_grad:
-                    trainable |= keys
+                    trainable.update(keys)
             for t in state_tensors(model):  # bitsandbytes' quantization states: with the parameters
                 params.add(tracker.adopt(t))
             for b in model.buffers():
@@ -133,16 +128,12 @@ def traced_step(run: AccelerateRun, fake: bool = True, seed: int = 0, trainer: b
                         tracker.ignore(t)
                     elif torch.is_tensor(t):  # fused AdamW's counters are on the device (peft/step.py)
                         states.add(tracker.adopt(t))
-            grads = set()
+            return params, states
 
-            def phase(name):
-                if name == "optimizer":  # the backward is over: gradients have their owners
-                    grads.update(tracker.key(p.grad) for p in model.parameters() if p.grad is not None)
-                return tracker.phase(name)
-
-            run_step(model, opt, accelerator, input_ids, phase, real_trainer)
-            tracker.stop()
-    return tracker, categories(params, grads, states), model, accelerator, trainable
+        category = log_second_step(
+            tracker, lambda phase: run_step(model, opt, accelerator, input_ids, phase, real_trainer), owners,
+            lambda: {tracker.key(p.grad) for p in model.parameters() if p.grad is not None})
+    return tracker, category, model, accelerator, trainable
 
 
 def measure(run: AccelerateRun, fake: bool = True, seed: int = 0, trainer: bool = False) -> dict:

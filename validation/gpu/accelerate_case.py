@@ -33,7 +33,7 @@ def case_run(model_name: str, seq: int, batch: int, lora: bool):
         from ..peft.build import ALL_SEVEN, LoraRun
 
         return LoraRun(model_name, seq, batch, rank=LORA_RANK, alpha=LORA_ALPHA, targets=ALL_SEVEN)
-    from ..step import Run
+    from ..hf.step import Run
 
     return Run(model_name, seq, batch)  # pure bf16 weights, foreach AdamW, no recompute, SDPA
 
