@@ -50,6 +50,9 @@ _FSDP1_SLICE = ("FSDP1 flattens a decoder layer's weights in registration order 
 KNOWN_STATE_GAPS: dict[str, str] = {
     "fsdp1-llama-3.1-8b-lora-r16-all7-w8-recompute-s4096-b1": _FSDP1_SLICE % "75.6 MB",
     "fsdp1-qwen2.5-7b-lora-r16-all7-w8-recompute-s4096-b1-ga2-nosync": _FSDP1_SLICE % "55.1 MB",
+    "fsdp1-llama-3.1-8b-lora-r16-all7-w8-recompute-s4096-b1-shardgradop": _FSDP1_SLICE % "75.6 MB",
+    # rank 0 of the first shard group of 8: the same slice
+    "fsdp1-llama-3.1-8b-lora-r16-all7-w32-recompute-s4096-b1-hybridshard-g8": _FSDP1_SLICE % "75.6 MB",
 }
 
 

@@ -63,3 +63,19 @@ def test_no_shard_keeps_full_fp32_parameters_gradients_and_states(fake):
     originals = [1000 * 64, 64, 1000 * 64] + 2 * layer
     assert len(originals) == 21
     assert opt["optimizer_states"] == sum(2 * block(4 * n) + 512 for n in originals) == 1_728_000
+
+
+def test_no_shard_accumulation_with_tied_embeddings_fails_in_torch(monkeypatch):
+    """A real tiny run: torch 2.13 FSDP1 NO_SHARD with bf16 MixedPrecision, use_orig_params and no_sync accumulation
+    assigns a tied weight's bf16 gradient to its fp32 view (fsdp/_flat_param.py `_use_sharded_grad_views`) and
+    raises; the estimator refuses that configuration (tests/test_fsdp1_strategies.py)."""
+    from dataclasses import replace
+
+    from validation.hf.models import MODELS
+
+    tiny = MODELS["tiny-llama"]
+    tied = replace(tiny, id="tiny-llama-tied", hf={**tiny.hf, "tie_word_embeddings": True})
+    monkeypatch.setitem(MODELS, "tiny-llama-tied", tied)
+    with pytest.raises(RuntimeError, match="grad_dtype"):
+        measure(Run("tiny-llama-tied", 4, 64, 2, accumulation=2, strategy="NO_SHARD"), fake=False)
+    measure(Run("tiny-llama-tied", 4, 64, 2, accumulation=2), fake=False)  # FULL_SHARD runs

@@ -36,6 +36,8 @@ MOE_ROUTER_DTYPES = ("fp32", "fp64")
 CROSS_ENTROPY_IMPLS = ("native", "te")
 # hf: the HF Trainer through Accelerate (autocast, fp32 outputs) or a plain loop (memory/trainer_loop.py)
 TRAINING_LOOPS = ("trainer", "plain")
+# fsdp1: torch ShardingStrategy names as Accelerate's fsdp_sharding_strategy takes them (memory/fsdp1.py)
+FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
 DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,

@@ -14,8 +14,8 @@ link says. The bounds are generous: about ten times the largest published run or
 from __future__ import annotations
 
 from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZES, BNB_VERSION_PATTERN,
-                      CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, METHODS, MODES,
-                      MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
+                      CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES, KV_CACHE_DTYPES, LOSSES, METHODS,
+                      MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
                       RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES,
                       SPECULATIVE_METHODS, TARGETS, TRAINING_LOOPS, WEIGHT_FORMATS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
@@ -216,6 +216,14 @@ PARALLEL_FIELDS: tuple[Field, ...] = (
     _choice("zero_stage", _P, "ZeRO / sharding stage", "0 = no sharding; 1 = optimizer states sharded over DP "
             "(Megatron's distributed optimizer); 2 = + gradients; 3 = + parameters (FSDP full shard).", _LAYOUT,
             (0, 1, 2, 3), optional=True, auto="the framework's default: 3 under fsdp2, else 0"),
+    _choice("fsdp_sharding_strategy", _P, "FSDP1 sharding strategy", "fsdp1: Accelerate's fsdp_sharding_strategy. "
+            "FULL_SHARD shards parameters, gradients and optimizer states over DP and gathers a unit's parameters "
+            "for its forward and again for its backward; SHARD_GRAD_OP keeps a unit gathered from its forward to "
+            "its backward; HYBRID_SHARD shards within a group of fsdp_shard_group_size ranks and replicates across "
+            "groups; NO_SHARD replicates everything (DDP-like).", _LAYOUT, FSDP1_STRATEGIES),
+    _int("fsdp_shard_group_size", _P, "HYBRID_SHARD group", "fsdp1 with HYBRID_SHARD: the ranks each FlatParameter "
+         "is sharded over (FSDP takes a node's GPUs); DP is a multiple of it.", _LAYOUT, hi=MAX_GPUS, optional=True,
+         auto="8, a node of 8 GPUs"),
     Field("comm_overlap", _P, "float", "Communication overlap", "Roofline: the fraction of data-parallel (DP/FSDP) "
           "and pipeline communication hidden behind compute (1.0 = all of it).", _LAYOUT, min=0.0, max=1.0,
           step=0.1),
