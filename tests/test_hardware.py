@@ -246,7 +246,7 @@ def test_bad_expandable_segments_is_a_config_error():
 
 def test_import_pulls_in_no_ui_libraries():
     code = (
-        "import sys, estimator.hardware; "
+        "import sys, estimator, estimator.spec.hardware, estimator.memory.memory; "
         "bad = {'streamlit', 'pandas'} & set(sys.modules); "
         "assert not bad, bad"
     )

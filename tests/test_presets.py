@@ -164,7 +164,7 @@ def test_hf_config_is_a_copy():
 
 
 def test_import_does_no_file_reads():
-    code = ("import estimator.presets as p; "
+    code = ("import estimator.models.presets as p; "
             "print(p._index.cache_info().currsize, p._recipes.cache_info().currsize, p._load.cache_info().currsize)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[1])

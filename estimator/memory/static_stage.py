@@ -82,7 +82,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
     # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
-    grads_live = training.framework == "megatron" or (m > 1 and not is_fsdp1(training)) or par.pp > 1
+    # FSDP2 under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)
+    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
+    grads_live = training.framework == "megatron" or (
+        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the

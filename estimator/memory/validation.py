@@ -16,6 +16,7 @@ from ..spec.optimizers import OPTIMIZERS
 from ..spec.parallel import Parallel
 from .sharding import layers_per_stage
 from .states import resolve_zero_stage
+from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
 from ..spec.training import Training
 
@@ -143,12 +144,27 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         raise ConfigError("training.optimizer", training.optimizer,
                           f"one of {', '.join(map(repr, offered))} with framework {training.framework!r}",
                           f"{training.framework} does not offer {training.optimizer}", related=("training.framework",))
+    _check_compile_loss(training)
     zero = resolve_zero_stage(training, par)
     if training.fp8_all_gather:
         check_fp8_all_gather(training, zero)
     if training.framework == "deepspeed":
         _check_deepspeed_settings(training, zero)
     return zero
+
+
+def _check_compile_loss(training: Training) -> None:
+    """A torchtitan release without compile.components decides alone whether the loss compiles."""
+    rules = titan_rules(training)
+    if rules is None or training.compile_loss is None or rules.loss_compile_optional:
+        return
+    if training.compile_loss != rules.loss_compiled:
+        version = training.framework_version
+        does = "always compiles the loss with the model" if rules.loss_compiled else "never compiles the loss"
+        raise ConfigError("training.compile_loss", training.compile_loss,
+                          f"empty (auto) or {str(rules.loss_compiled).lower()} with framework_version {version!r}",
+                          f"torchtitan {version} {does} ({TITAN_SOURCES['loss_compiled']}); compile.components "
+                          "came with 0.2.0", related=("training.framework_version",))
 
 
 def _check_deepspeed_settings(training: Training, zero: int) -> None:

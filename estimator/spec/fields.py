@@ -41,7 +41,8 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "Run", FRAMEWORKS),
     _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
-            "or main; torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
+            "or main, or the releases of torchtitan's published benchmarks (0.2.0, 0.1.0, and 2024-12: main at "
+            "9dec370); torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
             "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
@@ -90,10 +91,16 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "backward. Measured on CPU for tiny transformers Llama and Qwen3 layers (flash/SDPA and eager "
           "attention); the torchtitan and torchtune layers follow the same partitioner rules (derived, not "
           "measured). The loss is compiled too where the framework compiles it, without TP: torchtitan's loss "
-          "(standard or chunked; every torchtitan release compiles it with the model) and torchtune's chunked loss "
+          "(standard or chunked; from 0.1.0 on torchtitan compiles it with the model, compile_loss) and torchtune's "
+          "chunked loss "
           "(compile_loss): the logits stay 16-bit and no fp32 copy of them exists; the HF Trainer's loss keeps its "
           "eager ledger. Not under megatron, whose "
           "own fused kernels this would replace, nor deepspeed.", _SAVERS),
+    _bool("compile_loss", _T, "Compile the loss", "fsdp2 with compile: the cross-entropy compiles with the model "
+          "(torchtitan's compile.components lists \"loss\", its default since 0.2.0; 0.1.0 always compiles it, "
+          "the December 2024 main never). Compiled, the loss keeps the 16-bit logits and two fp32 values per token; "
+          "eager, the fp32 log-softmax beside the logits and their fp32 upcast.", _SAVERS, optional=True,
+          auto="the release's default: with the model from 0.1.0 on, never in 2024-12"),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
             "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
     _bool("optimizer_in_backward", _T, "Optimizer step in backward", "Under fsdp2 (torchtune's optimizer_in_bwd): "

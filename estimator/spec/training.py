@@ -63,6 +63,9 @@ class Training:
     fp8_recipe: str = "tensorwise"
     fp8_all_gather: bool = False  # fsdp2: FSDP2 all-gathers torchao float8 weights (enable_fsdp_float8_all_gather)
     compile: bool = False  # torch.compile of the layers: Inductor's partitioner decides what they save (activations.py)
+    # fsdp2 with compile: the loss compiles with the model (torchtitan's compile.components); None = the
+    # release's default (memory/titan_releases.py)
+    compile_loss: bool | None = None
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
     moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
@@ -200,6 +203,10 @@ def _check_training(t: Training) -> None:
     if t.compile and t.mode != "training":
         raise ConfigError("training.compile", True, "false unless mode is 'training'",
                           "it changes what the layers save for backward", related=("training.mode",))
+    if t.compile_loss is not None and (t.framework != "fsdp2" or not t.compile):
+        raise ConfigError("training.compile_loss", t.compile_loss, "empty (auto) unless framework is 'fsdp2' and "
+                          "compile is on", "it is torchtitan's compile.components: whether the loss compiles with "
+                          "the model", related=("training.framework", "training.compile"))
     if t.offload_activations and (t.framework != "torchtune" or t.mode != "training"):
         raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
                           "activation offloading is modelled as torchtune's OffloadActivations "
