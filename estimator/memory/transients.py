@@ -121,7 +121,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                                   f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
     if fw == "fsdp1":
         from .fsdp1 import transients as fsdp1_transients
-        f1, b1 = fsdp1_transients(training, recipe, stage, microbatches(training, par), inv)
+        f1, b1 = fsdp1_transients(training, par, recipe, stage, microbatches(training, par), inv)
         fwd += f1
         bwd += b1
     if fw == "deepspeed":

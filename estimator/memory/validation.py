@@ -109,8 +109,18 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if training.framework == "torchtune":
         _check_torchtune(training, par)
     if training.framework == "fsdp1":
-        from .fsdp1 import check as check_fsdp1
+        from .fsdp1 import check as check_fsdp1, check_tied_no_sync
+        from .pipeline import microbatches
         check_fsdp1(training, par)
+        if training.mode == "training":
+            check_tied_no_sync(arch, training, par, microbatches(training, par))
+    elif par.fsdp_sharding_strategy != "FULL_SHARD" or par.fsdp_shard_group_size is not None:
+        strategy = par.fsdp_sharding_strategy != "FULL_SHARD"
+        field = "fsdp_sharding_strategy" if strategy else "fsdp_shard_group_size"
+        raise ConfigError(f"parallel.{field}", getattr(par, field),
+                          f"{'FULL_SHARD' if strategy else 'empty'} unless framework is 'fsdp1'",
+                          "FSDP1's sharding strategy (Accelerate's fsdp_sharding_strategy); fsdp2 and deepspeed shard "
+                          "by zero_stage", related=("training.framework",))
     if training.mode == "training" and training.optimizer in ("paged_adamw", "paged_adamw8bit"):
         from .paged import check as check_paged
         check_paged(training)

@@ -14,10 +14,10 @@ link says. The bounds are generous: about ten times the largest published run or
 from __future__ import annotations
 
 from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZES, BNB_VERSION_PATTERN,
-                      CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, METHODS, MODES,
-                      MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
+                      CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES, KV_CACHE_DTYPES, LOSSES, METHODS,
+                      MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
                       RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES,
-                      SPECULATIVE_METHODS, TARGETS, WEIGHT_FORMATS)
+                      SPECULATIVE_METHODS, TARGETS, TRAINING_LOOPS, WEIGHT_FORMATS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
@@ -45,6 +45,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "9dec370); torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
             "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
+    _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
+            "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
+            "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "
+            "called directly, autocast only over weights wider than the compute dtype.", "Run", TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "
@@ -223,6 +227,14 @@ PARALLEL_FIELDS: tuple[Field, ...] = (
     _choice("zero_stage", _P, "ZeRO / sharding stage", "0 = no sharding; 1 = optimizer states sharded over DP "
             "(Megatron's distributed optimizer); 2 = + gradients; 3 = + parameters (FSDP full shard).", _LAYOUT,
             (0, 1, 2, 3), optional=True, auto="the framework's default: 3 under fsdp2, else 0"),
+    _choice("fsdp_sharding_strategy", _P, "FSDP1 sharding strategy", "fsdp1: Accelerate's fsdp_sharding_strategy. "
+            "FULL_SHARD shards parameters, gradients and optimizer states over DP and gathers a unit's parameters "
+            "for its forward and again for its backward; SHARD_GRAD_OP keeps a unit gathered from its forward to "
+            "its backward; HYBRID_SHARD shards within a group of fsdp_shard_group_size ranks and replicates across "
+            "groups; NO_SHARD replicates everything (DDP-like).", _LAYOUT, FSDP1_STRATEGIES),
+    _int("fsdp_shard_group_size", _P, "HYBRID_SHARD group", "fsdp1 with HYBRID_SHARD: the ranks each FlatParameter "
+         "is sharded over (FSDP takes a node's GPUs); DP is a multiple of it.", _LAYOUT, hi=MAX_GPUS, optional=True,
+         auto="8, a node of 8 GPUs"),
     Field("comm_overlap", _P, "float", "Communication overlap", "Roofline: the fraction of data-parallel (DP/FSDP) "
           "and pipeline communication hidden behind compute (1.0 = all of it).", _LAYOUT, min=0.0, max=1.0,
           step=0.1),

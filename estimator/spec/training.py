@@ -74,6 +74,8 @@ class Training:
     moe_router_dtype: str | None = None  # megatron: --moe-router-dtype fp32/fp64; None = the compute dtype
     attention_softmax_fusion: bool = True  # megatron, eager attention: the fused softmax kernel (--no-masked-softmax-fusion = False)
     cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
+    # hf: "trainer" (the HF Trainer through Accelerate's mixed precision) or "plain" (memory/trainer_loop.py)
+    training_loop: str = "trainer"
     # megatron, interleaved (vpp > 1): --microbatch-group-size-per-virtual-pipeline-stage; None = pp (Megatron's default)
     microbatch_group_size: int | None = None
     # megatron: --activation-func-fp8-input-store, the fused SwiGLU keeps its input in float8_e4m3fn (activations.py)
@@ -203,6 +205,10 @@ def _check_training(t: Training) -> None:
                               "a DeepSpeed ZeRO setting", related=("training.framework",))
     _check_megatron_flags(t)
     _check_framework_version(t)
+    if t.training_loop != "trainer" and t.framework != "hf":
+        raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf'",
+                          "a plain loop is modelled for the HF stack alone; fsdp1 is modelled as the HF Trainer runs "
+                          "it and the other frameworks run their own loops", related=("training.framework",))
     if t.compile and t.framework not in COMPILE_FRAMEWORKS:
         raise ConfigError("training.compile", True, "false unless framework is 'fsdp2', 'torchtune' or 'hf'",
                           "torch.compile is torchtitan's --compile.enable, torchtune's compile: True and the HF "

@@ -123,11 +123,17 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
             saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
         forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         from ..kbit import prepared
-        if not prepared(training):  # fp32 logits (kbit.py): logits.float() is no copy
+        from ..trainer_loop import LOGITS_ENTRY, SOURCE as TRAINER_SOURCE, through_accelerate
+        source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
+        if prepared(training):  # fp32 logits (kbit.py): logits.float() is no copy
+            pass
+        elif through_accelerate(training):  # Accelerate's fp32 copy of the output ties the upcast (trainer_loop.py)
+            forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
+            source += f"; {TRAINER_SOURCE}"
+        else:
             forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
                               "2*4*s*b*V"))
-        source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
         rules = titan_rules(training)
         if par.tp > 1 and rules is not None and rules.tp_loss_parallel_dtensor:
             forward_extra, backward_extra = dtensor_loss_parallel_entries(T, vocab)
