@@ -9,11 +9,13 @@ from .models import MODELS
 
 
 def _runs() -> list[Run]:
+    # Long sequences without recompute peak in the forward or backward (activations), the others at the
+    # optimizer step (foreach AdamW's copy of every state) with the activations of their phases recorded
     return [
         Run("qwen3-next-80b-a3b", 4096), Run("qwen3-next-80b-a3b", 8192, recompute="full"),
-        Run("qwen3-next-80b-a3b", 2048, 2),
+        Run("qwen3-next-80b-a3b", 2048, 2), Run("qwen3-next-80b-a3b", 32768),
         Run("nemotron-h-8b", 4096), Run("nemotron-h-8b", 8192, recompute="full"),
-        Run("nemotron-h-8b", 2048, 2), Run("nemotron-h-8b", 16384, recompute="full"),
+        Run("nemotron-h-8b", 2048, 2), Run("nemotron-h-8b", 16384, recompute="full"), Run("nemotron-h-8b", 8192),
     ]
 
 
