@@ -152,3 +152,14 @@ def test_records_are_complete():
         # every parameter in bf16, once as weights and once as gradients at the optimizer's peak
         assert m["phases"]["optimizer"]["gradients"] == m["parameters"]
         assert math.isclose(m["optimizer_states"], 2 * m["parameters"], rel_tol=1e-9), model.id
+
+
+def test_gpu_comparison_counts_the_saved_tensors_by_hand():
+    # validation/hybrid/gpu_fla.py's emulated side, for Qwen3-Next's layer at 4096 tokens: q and k
+    # normalised (bf16) with fp32 rstd, v copied contiguous (a view of the conv output), fp32 cumulated g,
+    # A (T, HV, 64) bf16, and the output o; beta is a contiguous leaf (no copy)
+    from validation.hybrid.gpu_fla import emulated
+
+    T, H, K, HV, V = 4096, 16, 128, 32, 128
+    saved = 2 * (T * H * K * 2 + T * H * 4) + T * HV * V * 2 + T * HV * 4 + T * HV * 64 * 2
+    assert emulated((1, T, H, K, HV, V))["forward_alive"] == saved + T * HV * V * 2 == 118_489_088
