@@ -11,14 +11,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="the measuring harness needs torch (the [validate] extra)")
 pytest.importorskip("transformers", reason="the measuring harness needs transformers (the [validate] extra)")
 
-from validation.hybrid.cases import CASES, contract_config  # noqa: E402
+from validation.core.record import MEASURED  # noqa: E402
+from validation.core.tracker import StorageTracker, cuda_block_bytes  # noqa: E402
+from validation.hf.cases import CASES, contract_config  # noqa: E402
+from validation.hf.step import Run, build, measure  # noqa: E402
 from validation.hybrid.kernels import (CausalConv1d, ChunkGatedDeltaRule, MambaSplitConv1dScanCombined,  # noqa: E402
                                        hybrid_kernels)
-from validation.hybrid.models import MODELS  # noqa: E402
-from validation.hybrid.record import RECORDS  # noqa: E402
-from validation.hybrid.step import build, measure  # noqa: E402
-from validation.step import Run  # noqa: E402
-from validation.tracker import StorageTracker, cuda_block_bytes  # noqa: E402
+from validation.hybrid.models import HYBRID_RUNS, MODELS  # noqa: E402
 
 TINY = ["tiny-qwen3-next", "tiny-nemotron-h"]
 
@@ -141,13 +140,14 @@ def test_mamba_fused_mixer_saves_its_input_scan_output_and_rstd():
 
 
 def test_records_are_complete():
-    records = [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
-    assert {r["id"] for r in records} == set(CASES) and len(records) >= 6
+    hybrid = {case for case, run in CASES.items() if run.model in MODELS}
+    records = [json.loads((MEASURED / f"{case}.json").read_text()) for case in sorted(hybrid)]
+    assert len(records) == len(HYBRID_RUNS) >= 6
     for r in records:
         assert r["config"] == contract_config(CASES[r["id"]])
         m = r["measured"]
         assert m["peak_bytes"] == sum(m[c] for c in ("parameters", "gradients", "optimizer_states", "activations"))
-        assert r["command"] == f"python -m validation.hybrid measure {r['id']}"
+        assert r["command"] == f"python -m validation measure --case {r['id']}"
         model = MODELS[CASES[r["id"]].model]
         # every parameter in bf16, once as weights and once as gradients at the optimizer's peak
         assert m["phases"]["optimizer"]["gradients"] == m["parameters"]

@@ -68,7 +68,7 @@ def emulated(shape) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
-    from ..tracker import StorageTracker
+    from ..core.tracker import StorageTracker
     from .kernels import chunk_gated_delta_rule
 
     tracker = StorageTracker()

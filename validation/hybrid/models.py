@@ -40,7 +40,7 @@ def _qwen3_next(hf: dict) -> dict:
     return dict(
         hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
         num_attention_heads=hf["num_attention_heads"], num_kv_heads=hf["num_key_value_heads"],
-        head_dim=hf["head_dim"], vocab_size=hf["vocab_size"], intermediate_size=hf["intermediate_size"],
+        head_dim=hf["head_dim"], vocab_size=hf["vocab_size"],  # every layer MoE: intermediate_size unused
         tie_embeddings=hf["tie_word_embeddings"], qk_norm=True, norm_unit_offset=True,
         num_experts=hf["num_experts"], num_experts_per_token=hf["num_experts_per_tok"],
         moe_intermediate_size=hf["moe_intermediate_size"], num_shared_experts=1,
@@ -52,13 +52,14 @@ def _qwen3_next(hf: dict) -> dict:
 
 
 def _nemotron_h(hf: dict) -> dict:
-    """Nemotron-H: blocks of one norm and one of Mamba-2 (M), attention without positions (*), a
-    squared-ReLU MLP (-)."""
+    """Nemotron-H: blocks of one norm (its scale multiplied in fp32) and one of Mamba-2 (M), attention
+    without positions (*), a squared-ReLU MLP (-); the model casts its logits to fp32."""
     return dict(
         hidden_size=hf["hidden_size"], num_layers=len(hf["hybrid_override_pattern"]),
         num_attention_heads=hf["num_attention_heads"], num_kv_heads=hf["num_key_value_heads"],
         head_dim=hf["attention_head_dim"], vocab_size=hf["vocab_size"], intermediate_size=hf["intermediate_size"],
-        tie_embeddings=hf["tie_word_embeddings"], gated_mlp=False, position_embedding="none",
+        tie_embeddings=hf["tie_word_embeddings"], gated_mlp=False, position_embedding="none", norm_fp32_scale=True,
+        logits_fp32=True,
         hybrid_override_pattern=hf["hybrid_override_pattern"], mamba_num_heads=hf["mamba_num_heads"],
         mamba_head_dim=hf["mamba_head_dim"], mamba_state_size=hf["ssm_state_size"],
         mamba_num_groups=hf["n_groups"], mamba_conv_kernel=hf["conv_kernel"],
@@ -86,3 +87,22 @@ MODELS = {m.id: m for m in [
     HybridModel("tiny-qwen3-next", TINY_QWEN3_NEXT, _qwen3_next(TINY_QWEN3_NEXT)),
     HybridModel("tiny-nemotron-h", TINY_NEMOTRON_H, _nemotron_h(TINY_NEMOTRON_H)),
 ]}
+
+# The measured runs, as validation/hf/step.Run's arguments (registered in validation/hf/cases.py). Long
+# sequences without recompute peak in the forward or backward; the others at the optimizer step (foreach
+# AdamW's copy of every state), with their phases' activations recorded.
+HYBRID_RUNS = [
+    (("qwen3-next-80b-a3b", 4096), {}), (("qwen3-next-80b-a3b", 8192), {"recompute": "full"}),
+    (("qwen3-next-80b-a3b", 2048, 2), {}), (("qwen3-next-80b-a3b", 32768), {}),
+    (("nemotron-h-8b", 4096), {}), (("nemotron-h-8b", 8192), {"recompute": "full"}),
+    (("nemotron-h-8b", 2048, 2), {}), (("nemotron-h-8b", 16384), {"recompute": "full"}),
+    (("nemotron-h-8b", 8192), {}),
+]
+
+KERNELS = {  # what a record's description says of the emulated kernels, and their sources
+    "qwen3-next-80b-a3b": "Gated DeltaNet layers through causal-conv1d's causal_conv1d_fn and flash-linear-attention's "
+                          "chunk_gated_delta_rule (emulated: fla-org/flash-linear-attention@bc3b101, "
+                          "Dao-AILab/causal-conv1d@0d2252d), gated attention every 4th layer",
+    "nemotron-h-8b": "Mamba-2 blocks through mamba-ssm's mamba_split_conv1d_scan_combined (emulated: "
+                     "state-spaces/mamba@e9594ce)",
+}

@@ -115,9 +115,14 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
             saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
-        forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         from ..kbit import prepared
-        if not prepared(training):  # fp32 logits (kbit.py): logits.float() is no copy
+        if arch.logits_fp32 and B < 4:
+            # the model returns lm_head(x).float() (transformers 5.23 NemotronHForCausalLM.forward): the
+            # compute-dtype logits die with the cast, and the loss's own logits.float() is no copy (measured)
+            forward.append(Entry("fp32 logits (cast in the model's forward)", T * vocab, 4, "tp", "4*s*b*V"))
+        else:
+            forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
+        if not prepared(training) and not (arch.logits_fp32 and B < 4):  # fp32 logits (kbit.py): no copy
             forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
                               "2*4*s*b*V"))
