@@ -89,3 +89,30 @@ def mamba_tensors(h: int, heads: int, head_dim: int, state: int, groups: int, ke
     return out + [ParameterTensor("mamba_dt_bias_a_log_d", (3 * heads,), COLUMN, "vector"),
                   ParameterTensor("mamba_norm", (d,), COLUMN, "vector"),
                   ParameterTensor("mamba_out_proj", (h, d), ROW, "hidden_matrix")]
+
+
+# --- the state a recurrent layer keeps per sequence (inference) -----------------------------------
+
+
+def state_bytes(arch, kind: str, tp: int, model_bytes: int) -> int:
+    """One sequence's state of one recurrent layer on one TP rank, constant in the context length: its
+    convolution window and its recurrent matrix, with the shapes vLLM allocates (model_executor/layers/
+    mamba/mamba_utils.py MambaStateShapeCalculator, vllm-project/vllm@02d7108): Mamba-2 conv (kernel - 1) x
+    (H p + 2 g n) / tp, g replicated up to tp when tp does not divide it (extra_groups_for_head_shards), and
+    (H / tp) x p x n; Gated DeltaNet conv (kernel - 1) x (2 Hk K + Hv V) / tp and (Hv / tp) x V x K. The
+    conv state in the model's dtype; the recurrent matrix too for Gated DeltaNet (mamba_ssm_cache_dtype
+    "auto"), in fp32 for Mamba-2 (Nemotron-H: transformers NemotronHConfig.mamba_ssm_cache_dtype defaults
+    to "float32", which vLLM's NemotronHForCausalLMConfig hook applies, and HF generate's cache keeps)."""
+    mixer = MIXER[kind]
+    if mixer == "linear_attention":
+        hk, hv, k, v = (arch.linear_num_key_heads, arch.linear_num_value_heads, arch.linear_key_head_dim,
+                        arch.linear_value_head_dim)
+        conv = (arch.linear_conv_kernel_dim - 1) * (2 * hk * k + hv * v) // tp
+        return (conv + hv // tp * v * k) * model_bytes
+    if mixer == "mamba":
+        g = arch.mamba_num_groups
+        g += 0 if g % tp == 0 else tp - g
+        d = arch.mamba_num_heads * arch.mamba_head_dim
+        conv = (arch.mamba_conv_kernel - 1) * (d + 2 * g * arch.mamba_state_size) // tp
+        return conv * model_bytes + arch.mamba_num_heads // tp * arch.mamba_head_dim * arch.mamba_state_size * 4
+    return 0
