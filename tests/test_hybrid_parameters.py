@@ -35,3 +35,12 @@ def test_the_checkpoint_built_by_transformers(name):
     total = meta_model_parameters(name)
     print(f"{name}: {total:,} parameters")
     assert total == CHECKPOINTS[name]
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINTS))
+def test_the_estimators_count_from_the_same_config(name):
+    from estimator.models.hf_config import architecture_from_hf_config
+    from estimator.spec.architecture import parameter_counts
+
+    arch, ignored = architecture_from_hf_config(json.loads((HF_CONFIGS / f"{name}.json").read_text()))
+    assert ignored == [] and parameter_counts(arch).total == CHECKPOINTS[name] == meta_model_parameters(name)
