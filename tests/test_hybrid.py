@@ -57,7 +57,6 @@ def test_linear_attention_checks_name_the_field():
 
 
 @pytest.mark.parametrize("training, parallel, field", [
-    (dict(framework="megatron"), {}, "training.framework"),
     (dict(framework="hf", compile=True), {}, "training.compile"),
     (dict(framework="hf"), dict(cp=2), "parallel.cp"),
 ])
@@ -65,6 +64,13 @@ def test_what_is_not_modelled_is_refused(training, parallel, field):
     with pytest.raises(ConfigError) as caught:
         estimate_config({"model": "nemotron-h-8b", "training": training, "parallel": parallel})
     assert caught.value.field == field
+
+
+def test_other_frameworks_say_what_is_modelled():
+    result = estimate_config({"model": "nemotron-h-8b"})  # megatron, the default
+    assert any("hybrid layers under megatron" in note for note in result.notes)
+    hf = estimate_config({"model": "nemotron-h-8b", "training": {"framework": "hf"}})
+    assert not any("hybrid layers" in note for note in hf.notes)
 
 
 def test_the_hf_mapping_reads_the_published_configs():

@@ -25,8 +25,10 @@ per group and token (layernorm_gated._layer_norm_fwd); the conv output, the chun
 tensor die inside the call. in_proj keeps its input (the block norm's output).
 
 Measured: tests/data/measured/{qwen3-next-80b-a3b,nemotron-h-8b}-*.json (validation/hybrid/kernels.py
-emulates the three kernels from these sources). Only the HF Trainer's stack is modelled
-(memory/validation.py refuses the others for hybrid models).
+emulates the three kernels from these sources), with the HF Trainer. Under the other frameworks the mixers
+keep what the same kernels keep; Megatron-Core's Mamba mixer runs the fused kernel without the norm and
+the projection (`mamba_entries`); the ops around the kernels are otherwise transformers' (an estimate
+says so in its notes; not measured).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import ATTENTION_OUTPUT, Entry, NORM, _norm, _norm_output, tokens_per_gpu
+from .entries import ATTENTION_OUTPUT, Entry, NORM, _norm, _norm_output, fused_kernels, tokens_per_gpu
 
 FLA_CHUNK = 64  # chunk_gated_delta_rule's chunk (fla chunk.py: chunk_size defaults to 64)
 
@@ -78,12 +80,18 @@ def mamba_entries(arch: Architecture, training: Training, par: Parallel) -> list
     d = H * arch.mamba_head_dim
     out = _norm("Mamba norm input", T, arch, training)
     out += _norm_output("in_proj input", T, arch, training, 1, NORM)
-    return out + [
-        Entry("in_proj output z, x, B, C, dt (kept by mamba-ssm's fused mixer)", T * (2 * d + 2 * g * n + H), B, "tp",
-              "B*s*b*(2*H*p + 2*g*n + H)"),
-        Entry("scan output before the gated norm (kept by the fused mixer)", T * d, B, "tp", "B*s*b*H*p"),
-        Entry("gated norm rstd per group (fp32, kept by the fused mixer)", T * g, 4, "tp", "4*s*b*g"),
-    ]
+    out.append(Entry("in_proj output z, x, B, C, dt (kept by mamba-ssm's fused mixer)", T * (2 * d + 2 * g * n + H), B,
+                     "tp", "B*s*b*(2*H*p + 2*g*n + H)"))
+    out.append(Entry("scan output before the gate (kept by the fused mixer)", T * d, B, "tp", "B*s*b*H*p"))
+    if fused_kernels(training):
+        # Megatron-Core 0.16.1 ssm/mamba_mixer.py _ssm_training: the fused kernel without rmsnorm_weight and
+        # outproj_weight gates the scan output in the kernel (ssd_combined.py: z given, out = out_x * silu(z)),
+        # then its own RMSNorm (`self.norm`, a fused norm keeping its input) and out_proj (keeping its input)
+        out.append(Entry("gated scan output (the Mamba norm's input)", T * d, B, "tp", "B*s*b*H*p"))
+        out.append(Entry("normalised scan output (out_proj input)", T * d, B, "tp", "B*s*b*H*p", gemm_input=True))
+    else:
+        out.append(Entry("gated norm rstd per group (fp32, kept by the fused mixer)", T * g, 4, "tp", "4*s*b*g"))
+    return out
 
 
 def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
