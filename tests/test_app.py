@@ -69,8 +69,9 @@ def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
 
 # --- every page renders ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"}],
-                         ids=["defaults", "moe"])
+@pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"},
+                                   {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"}],
+                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid"])
 def test_every_page_renders(query):
     at = _app(query)
     _no_exception(at)

@@ -34,6 +34,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "activations": ("Activations", "#54A24B"),
     "logits": ("Logits and loss", "#B279A2"),
     "kv_cache": ("KV cache", "#9D755D"),
+    "recurrent_state": ("Recurrent and conv state", "#C49C94"),
     "transient": ("Transient buffers", "#EECA3B"),
     "workspace": ("Library workspaces", "#79706E"),
     "communication": ("NCCL buffers", "#FF9DA6"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .activations.entries import tokens_per_gpu
 from .components import built_stage, component, fold, fragmentation, phase
+from ..spec import hybrid
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hardware import Hardware
@@ -43,16 +44,35 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
         # vLLM replicates KV heads when TP exceeds them: each rank keeps at least one
         return 2 * max(arch.num_kv_heads / par.tp, 1) * arch.head_dim * kept * b * B
 
-    full = sum(arch.global_attention_layers_in(r.start, r.stop) for r in chunks)
-    windowed = sum(len(r) for r in chunks) - full
+    if arch.is_hybrid:  # only the attention layers keep keys and values (the others: recurrent_state_bytes)
+        full = sum(n for r in chunks for kind, n in arch.kind_counts(r.start, r.stop) if hybrid.MIXER[kind] == "attention")
+        windowed = 0
+    else:
+        full = sum(arch.global_attention_layers_in(r.start, r.stop) for r in chunks)
+        windowed = sum(len(r) for r in chunks) - full
     total = per_layer(tokens) * full
     if windowed:
         total += per_layer(min(tokens, arch.sliding_window)) * windowed
     formula = (f"(kv_lora_rank + d_rope) x tokens x batch x layers x {B:g} B" if arch.uses_mla
-               else f"2 x max(g/t, 1) x d_head x tokens x batch x layers x {B:g} B")
+               else f"2 x max(g/t, 1) x d_head x tokens x batch x {'attention ' if arch.is_hybrid else ''}layers x {B:g} B")
     if windowed:
         formula += f" ({windowed:,} sliding-window layers keep at most {arch.sliding_window:,} tokens)"
     return total, formula
+
+
+def recurrent_state_component(arch: Architecture, training: Training, par: Parallel, kind_counts):
+    """A hybrid model's recurrent layers keep one state per sequence, whatever the context length
+    (spec/hybrid.py state_bytes); None for a model without them."""
+    if not arch.is_hybrid:
+        return None
+    P = bytes_per_element(training.param_dtype if training.param_dtype in ("fp32", "bf16", "fp16") else "bf16")
+    per_sequence = sum(n * hybrid.state_bytes(arch, kind, par.tp, int(P)) for kind, n in kind_counts)
+    if not per_sequence:
+        return None
+    return component("recurrent_state", "Recurrent and conv state (constant in the context length)",
+                     per_sequence * training.micro_batch_size,
+                     "batch x recurrent layers x (conv window + recurrent matrix) per sequence",
+                     "vLLM mamba_utils.py MambaStateShapeCalculator shapes (estimator/spec/hybrid.py state_bytes)")
 
 
 def inference_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware,
@@ -62,6 +82,7 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
                          "dtype sizes in estimator/spec/dtypes.py (block scales included)")
     kv, kv_formula = kv_cache_bytes(arch, training, par, sp.chunks)
     kv_cache = component("kv_cache", "KV cache", kv, kv_formula, KV_SOURCE)
+    recurrent = recurrent_state_component(arch, training, par, sp.kind_counts)
     working, working_formula = forward_working_set(arch, training, par, {kind for kind, _ in sp.kind_counts},
                                                    tokens_per_gpu(training, par))
     t = par.tp
@@ -72,6 +93,8 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
     kept = [weights, component("gradients", "Gradients", 0, "none in inference", ""),
             component("optimizer_states", "Optimizer states", 0, "none in inference", ""),
             kv_cache, activations, library_workspaces(training, hardware, moe_stage)]
+    if recurrent is not None:
+        kept.insert(4, recurrent)
     if sp.stage == par.pp - 1:
         # Logits of the last position of each sequence, upcast to fp32 for sampling.
         kept.append(component("logits", "Logits of the sampled positions (fp32)",

@@ -204,6 +204,12 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
     if arch.is_moe and par.ep > 1 and training.mode == "training":
         notes.append("routed activations are not divided by EP: expert parallelism exchanges tokens, it does not "
                      "remove them")
+    if arch.is_hybrid and training.mode == "training" and training.framework != "hf":
+        notes.append(f"hybrid layers under {training.framework}: the linear-attention and Mamba mixers keep what their "
+                     "kernels (flash-linear-attention, causal-conv1d, mamba-ssm) keep, as measured with the HF Trainer; "
+                     "the ops around them are modelled from " + ("Megatron-Core 0.16.1's mamba_mixer.py for the Mamba "
+                     "blocks and from transformers for the rest" if training.framework == "megatron" else
+                     "transformers") + ", not measured under this framework (memory/activations/hybrid.py)")
     return tuple(notes)
 
 

@@ -219,14 +219,13 @@ def chunk_kind_counts(arch: Architecture, chunks: tuple[range, ...], skip: int =
     layers (those full recompute does not store); kinds sorted, each with at least one layer.
     Each chunk is counted in closed form (`Architecture.kind_counts`), so the cost is one step per
     chunk, whatever the number of layers."""
-    dense = moe = 0
+    counts: dict[str, int] = {}
     for r in chunks:
         start = r.start + min(skip, len(r))
         skip -= start - r.start
-        in_chunk = arch.moe_layers_in(start, r.stop)
-        moe += in_chunk
-        dense += r.stop - start - in_chunk
-    return tuple((kind, n) for kind, n in (("dense", dense), ("moe", moe)) if n > 0)
+        for kind, n in arch.kind_counts(start, r.stop):
+            counts[kind] = counts.get(kind, 0) + n
+    return tuple(sorted((kind, n) for kind, n in counts.items() if n > 0))
 
 
 def layers_key(arch: Architecture, chunks: tuple[range, ...]) -> tuple:
@@ -237,6 +236,8 @@ def layers_key(arch: Architecture, chunks: tuple[range, ...]) -> tuple:
     the same kinds under full recompute."""
     if arch.is_moe and (arch.moe_layer_frequency > 1 or any(r.start < arch.first_dense_layers for r in chunks)):
         return chunks
+    if arch.is_hybrid:  # the kinds follow an interval or a pattern: where a chunk sits matters
+        return chunks
     return tuple(len(r) for r in chunks)
 
 
@@ -246,17 +247,13 @@ def stored_kind_counts(arch: Architecture, chunks: tuple[range, ...], every: int
     (torchtitan's `_apply_layer_sac` counts the blocks it wraps). Only the checkpointed layers are
     walked (at most layers / every steps); the rest is `chunk_kind_counts`."""
     counts = dict(chunk_kind_counts(arch, chunks))
-    dense, moe = counts.get("dense", 0), counts.get("moe", 0)
     position = 0  # layers of the rank before this chunk
     for r in chunks:
         first = r.start + (every - 1 - position % every)  # the chunk's first layer whose count is a multiple
         for index in range(first, r.stop, every):
-            if arch.is_moe_layer(index):
-                moe -= 1
-            else:
-                dense -= 1
+            counts[arch.layer_kind(index)] -= 1
         position += len(r)
-    return tuple((kind, n) for kind, n in (("dense", dense), ("moe", moe)) if n > 0)
+    return tuple(sorted((kind, n) for kind, n in counts.items() if n > 0))
 
 
 def local_numel(t: ParameterTensor, par: Parallel) -> float:

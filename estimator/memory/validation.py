@@ -40,6 +40,8 @@ def _divisors(n: int) -> str:
 def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     """Raise `ConfigError` on the first inconsistency; return the ZeRO stage in force."""
     tp = par.tp
+    if arch.is_hybrid:
+        _check_hybrid(arch, training, par)
     if arch.num_attention_heads % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),
                           f"num_attention_heads ({arch.num_attention_heads}) must be divisible by tp")
@@ -410,3 +412,29 @@ def _check_torchtune(training: Training, par: Parallel) -> None:
         raise ConfigError("training.recompute", "selective", "'none' or 'full' with framework 'torchtune'",
                           "torchtune's selective AC checkpoints every N-th layer: recompute 'full' with "
                           "recompute_every N", related=("training.framework",))
+
+
+HYBRID_MEASURED = ("the hybrid layers' saved tensors are modelled for the HF Trainer's stack (transformers 5.23 with "
+                   "flash-linear-attention, causal-conv1d and mamba-ssm), the one measured (tests/data/measured)")
+
+
+def _check_hybrid(arch: Architecture, training: Training, par: Parallel) -> None:
+    """A model with linear-attention or Mamba layers (estimator/spec/hybrid.py): what is modelled."""
+    which = "model.hybrid_override_pattern" if arch.hybrid_override_pattern else "model.full_attention_interval"
+    for name, value, allowed in (("adapter", training.adapter, "none"), ("fp8", training.fp8 or None, "false"),
+                                 ("compile", training.compile or None, "false")):
+        if value is not None and training.mode == "training":
+            raise ConfigError(f"training.{name}", value, f"{allowed} for a model with linear-attention or Mamba layers",
+                              HYBRID_MEASURED, related=(which,))
+    if par.cp > 1:
+        raise ConfigError("parallel.cp", par.cp, "1 for a model with linear-attention or Mamba layers",
+                          "their recurrent state runs along the whole sequence: context parallelism is not modelled",
+                          related=(which,))
+    # TP splits the heads of every mixer (Megatron-Core 0.16 ssm/mamba_mixer.py and ssm/gated_delta_net.py,
+    # vLLM mamba_mixer2.py and gdn_linear_attn.py shard by heads)
+    heads = (("model.linear_num_key_heads", arch.linear_num_key_heads), ("model.mamba_num_heads", arch.mamba_num_heads),
+             ("model.mamba_num_groups", arch.mamba_num_groups))
+    for name, n in heads:
+        if n and n % par.tp and not (name == "model.mamba_num_groups" and training.mode == "inference"):
+            raise ConfigError("parallel.tp", par.tp, _divisors(n), f"{name.split('.')[1]} ({n}) must be divisible by tp",
+                              related=(name,))

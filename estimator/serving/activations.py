@@ -10,6 +10,8 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   the attention's q, k, v and output (T x (q + 2 kv + q)/TP) or the MLP's gate-up output and its
   activation (T x 3 x I/TP); a routed MoE layer's fused_moe caches hold T x top-k rows of 2I/TP and
   I/TP and one of h (fused_moe.py intermediate_cache1..3).
+- a hybrid model's Gated DeltaNet or Mamba-2 mixer in place of the attention's tensors: its in_proj output
+  and the conv's and kernel's outputs (issue 28; modelled like the rest).
 - sampler: the gathered logits of every request in the compute dtype (n x V), their fp32 copy
   (sampler.py ``logits.to(torch.float32)``) and FlashInfer's fp32 probabilities (topk_topp_sampler.py
   forward_cuda), 10 bytes per logit, beside the last layer's output kept by the runner (T x h).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec import hybrid
 from ..spec.architecture import Architecture
 from .kv_cache import kv_heads_per_rank
 
@@ -39,10 +42,22 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
     attention = tokens * (2 * arch.q_width // tp + 2 * kv + arch.attention_output_width // tp)
     if arch.uses_mla:  # the latent and rope key, replicated, beside the per-head q/k/v of the up-projections
         attention += tokens * (arch.kv_lora_rank + arch.qk_rope_head_dim)
+    mixers = {hybrid.MIXER[k] for k in kinds}
+    ffns = {hybrid.FFN[k] for k in kinds}
+    if "attention" not in mixers:
+        attention = 0
+    if "linear_attention" in mixers:  # in_proj's output, the conv's and the kernel's (q, k, v, z, b, a widths)
+        qk = arch.linear_num_key_heads * arch.linear_key_head_dim
+        v = arch.linear_num_value_heads * arch.linear_value_head_dim
+        attention = max(attention, tokens * (2 * qk + 2 * v + 2 * arch.linear_num_value_heads + 2 * qk + 2 * v) // tp)
+    if "mamba" in mixers:  # in_proj's output (z, x, B, C, dt) and the scan's
+        d = arch.mamba_num_heads * arch.mamba_head_dim
+        attention = max(attention, tokens * (3 * d + 2 * arch.mamba_num_groups * arch.mamba_state_size
+                                             + arch.mamba_num_heads) // tp)
     mlp = 0
-    if "dense" in kinds:
+    if "dense" in ffns:
         mlp = tokens * 3 * arch.intermediate_size // tp
-    if "moe" in kinds:
+    if "moe" in ffns:
         k, width = arch.num_experts_per_token, arch.moe_intermediate_size
         mlp = max(mlp, tokens * k * (3 * width // tp + h))
     return (2 * tokens * h + max(attention, mlp)) * act_bytes

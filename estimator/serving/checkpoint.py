@@ -79,7 +79,7 @@ def context_length(config: dict | None) -> int | None:
     text = _text_config(config)
     value: Any = text.get("max_position_embeddings")
     if value is None:
-        from ..models.hf_families import FAMILIES
+        from ..models.hf_config import FAMILIES
         family = FAMILIES.get(str(text.get("model_type")))
         value = family.defaults.get("max_position_embeddings") if family else None
     return int(value) if isinstance(value, (int, float)) and value > 0 else None

@@ -24,7 +24,7 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    kind: str  # "full", "sliding_window" or "mla"
+    kind: str  # "full", "sliding_window", "mla" or "recurrent" (a hybrid's Gated DeltaNet or Mamba-2 state)
     page_bytes: int  # one block of one layer on one rank
     block_size: int
     sliding_window: int | None = None
@@ -33,6 +33,8 @@ class LayerSpec:
         """One request of max_model_len tokens (FullAttentionSpec / SlidingWindowSpec
         .max_memory_usage_bytes): a window keeps window - 1 + in-flight tokens and one block more,
         because the window need not start at a block boundary."""
+        if self.kind == "recurrent":  # one state per sequence (MambaSpec, mamba_cache_mode "none")
+            return self.page_bytes
         if self.kind == "sliding_window":
             tokens = min(self.sliding_window - 1 + in_flight_tokens, max_model_len)
             return (cdiv(tokens, self.block_size) + 1) * self.page_bytes
@@ -45,8 +47,12 @@ def kv_heads_per_rank(arch: Architecture, tp: int) -> int:
     return max(1, arch.num_kv_heads // tp)
 
 
-def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int) -> tuple[LayerSpec, ...]:
-    """The spec of every layer of the model, in order (gpu_model_runner.get_kv_cache_spec)."""
+def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
+                model_bytes: int = 2) -> tuple[LayerSpec | None, ...]:
+    """The spec of every layer of the model, in order (gpu_model_runner.get_kv_cache_spec); None for a
+    layer that keeps nothing (a hybrid pattern's MLP or MoE block)."""
+    if arch.is_hybrid:
+        return _hybrid_specs(arch, tp, block_size, kv_bytes, model_bytes)
     if arch.uses_mla:
         page = block_size * (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes
         return (LayerSpec("mla", page, block_size),) * arch.num_layers
@@ -54,6 +60,23 @@ def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int) -> 
     full = LayerSpec("full", page, block_size)
     window = LayerSpec("sliding_window", page, block_size, arch.sliding_window) if arch.sliding_window else full
     return tuple(full if arch.global_attention_layers_in(i, i + 1) else window for i in range(arch.num_layers))
+
+
+def attention_page_per_token(arch: Architecture, tp: int, kv_bytes: int) -> int:
+    return 2 * kv_heads_per_rank(arch, tp) * arch.head_dim * kv_bytes
+
+
+def _hybrid_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
+                  model_bytes: int) -> tuple[LayerSpec | None, ...]:
+    """A hybrid model: full attention for its attention layers, one state page per sequence for its
+    recurrent layers, padded to the attention page (serving/recurrent_state.py); nothing for its MLP and MoE
+    blocks (vLLM registers no cache for them)."""
+    from ..spec import hybrid
+
+    full = LayerSpec("full", block_size * attention_page_per_token(arch, tp, kv_bytes), block_size)
+    state = LayerSpec("recurrent", full.page_bytes, block_size)
+    specs = {None: None, "attention": full, "linear_attention": state, "mamba": state}
+    return tuple(specs[hybrid.MIXER[arch.layer_kind(i)]] for i in range(arch.num_layers))
 
 
 @dataclass(frozen=True)
@@ -90,7 +113,8 @@ def kv_groups(specs: tuple[LayerSpec, ...], version: tuple[int, int]) -> Groups:
     (kv_cache_planning.py _get_kv_cache_groups_uniform_page_size)."""
     by_spec: dict[LayerSpec, list[int]] = {}
     for i, spec in enumerate(specs):
-        by_spec.setdefault(spec, []).append(i)
+        if spec is not None:  # a block without cache (a hybrid's MLP)
+            by_spec.setdefault(spec, []).append(i)
     if len(by_spec) == 1:
         spec, idx = next(iter(by_spec.items()))
         return Groups(((spec, tuple(idx)),))
@@ -151,7 +175,8 @@ def effective_concurrency(groups: Groups, capacity_: KvCapacity, shared_prefix: 
     caching: its full blocks (block_pool.py caches full blocks only) are stored once per full-attention
     or MLA group; a sliding-window group keeps only its window and shares nothing here."""
     block_size = groups.members[0][0].block_size
-    full_groups = 1 if groups.uniform_type else sum(1 for spec, _ in groups.members if spec.kind != "sliding_window")
+    full_groups = 1 if groups.uniform_type else sum(1 for spec, _ in groups.members
+                                                    if spec.kind not in ("sliding_window", "recurrent"))
     shared = shared_prefix // block_size * full_groups
     if not shared or shared >= capacity_.blocks_per_request:
         return capacity_.max_concurrency

@@ -179,6 +179,11 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
         raise ConfigError("serving.mem_fraction_static", serving.mem_fraction_static, "empty with vLLM",
                           "vLLM sizes its share with gpu_memory_utilization", ("serving.engine",))
     r = resolve(arch, serving, hardware, checkpoint)
+    if arch.is_hybrid:  # the attention block grows until its page holds a recurrent state (recurrent_state.py)
+        from .recurrent_state import hybrid_block_size
+        block = hybrid_block_size(arch, par.tp, r.kv_bytes, r.weights.dtype_bytes, serving.block_size,
+                                  kv_cache.attention_page_per_token(arch, par.tp, r.kv_bytes))
+        r = dataclasses.replace(r, block_size=block)
     gpu = hardware.device
     total = gpu.capacity_bytes
     requested = total * serving.gpu_memory_utilization
@@ -186,7 +191,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     ranges = stage_layers(arch.num_layers, par.pp)
     draft = _draft(arch, serving, r, par)
     stages = tuple(_stage_budget(arch, r, serving, par, budget, s, layers, draft) for s, layers in enumerate(ranges))
-    specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes)
+    specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes, r.weights.dtype_bytes)
     if draft is not None:  # the drafter's layers follow the target's, on the last stage
         specs += draft.kv_layers
         ranges = ranges[:-1] + (range(ranges[-1].start, len(specs)),)

@@ -24,34 +24,8 @@ from .values import check_section
 from .field import record
 from .memo import not_owned
 
-# How tensor parallelism splits a tensor (Megatron-Core, Shoeybi et al. 2019, section 3):
-COLUMN = "column"  # output dimension split over TP (QKV, fc1, their biases)
-ROW = "row"  # input dimension split over TP (output projection, fc2); their biases are replicated
-VOCAB = "vocab"  # vocabulary rows split over TP (embedding, LM head)
-REPLICATED = "replicated"  # every TP rank holds all of it (norms, routers, MLA down-projections)
-EXPERT_COLUMN = "expert_column"  # routed experts: experts over EP, width over expert-TP
-EXPERT_ROW = "expert_row"
-
-
-@dataclass(frozen=True)
-class ParameterTensor:
-    """One weight (or bias, or norm scale) of the model."""
-
-    name: str
-    shape: tuple[int, ...]
-    split: str  # one of COLUMN, ROW, VOCAB, REPLICATED, EXPERT_COLUMN, EXPERT_ROW
-    role: str  # "hidden_matrix", "embedding", "head", "vector" (norms, biases, router bias)
-    copies: int = 1  # e.g. the number of routed experts of identical shape
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape) * self.copies
-
-    @property
-    def is_expert(self) -> bool:
-        return self.split in (EXPERT_COLUMN, EXPERT_ROW)
-
-
+from . import hybrid as _hybrid
+from .tensors import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, ParameterTensor  # noqa: F401
 
 
 _TOKENS = itertools.count()  # each architecture object's name in the memo (estimator/spec/memo.py)
@@ -104,6 +78,26 @@ class Architecture:
     attention_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(scores / cap)
     final_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(logits / cap)
     norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32
+    norm_fp32_scale: bool = False  # Nemotron-H: RMSNorm multiplies its scale in fp32, then casts
+    logits_fp32: bool = False  # Nemotron-H: the model's forward casts its logits to fp32 (lm_head(...).float())
+    # Linear-attention hybrids (Qwen3-Next): Gated DeltaNet layers, every full_attention_interval-th one
+    # softmax attention (estimator/spec/hybrid.py)
+    full_attention_interval: int = 0  # 0: no linear attention
+    linear_num_key_heads: int | None = None
+    linear_num_value_heads: int | None = None
+    linear_key_head_dim: int | None = None
+    linear_value_head_dim: int | None = None
+    linear_conv_kernel_dim: int = 4
+    attention_output_gate: bool = False  # Qwen3-Next: q_proj also gives a sigmoid gate on the attention output
+    # State-space hybrids (Nemotron-H): one block per character of the pattern
+    hybrid_override_pattern: str | None = None
+    mamba_num_heads: int | None = None
+    mamba_head_dim: int | None = None
+    mamba_state_size: int | None = None
+    mamba_num_groups: int | None = None
+    mamba_conv_kernel: int = 4
+    mamba_conv_bias: bool = True
+    mamba_chunk_size: int = 128
 
     def __post_init__(self) -> None:
         _check_architecture(self)
@@ -123,12 +117,30 @@ class Architecture:
     def uses_mla(self) -> bool:
         return self.kv_lora_rank is not None
 
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers' token mixer is not softmax attention (estimator/spec/hybrid.py)."""
+        return self.hybrid_override_pattern is not None or self.full_attention_interval > 1
+
     def is_moe_layer(self, index: int) -> bool:
         """DeepSeek's ``first_k_dense_replace`` then every ``moe_layer_frequency``-th layer
-        (Megatron's ``--moe-layer-freq``: layer i is MoE when i % freq == 0)."""
+        (Megatron's ``--moe-layer-freq``: layer i is MoE when i % freq == 0); an E block of a pattern."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern[index] == "E"
         if not self.is_moe or index < self.first_dense_layers:
             return False
         return (index - self.first_dense_layers) % self.moe_layer_frequency == 0
+
+    def is_full_attention_layer(self, index: int) -> bool:
+        """Qwen3-Next's layer_types: layer i is softmax attention when (i + 1) % interval == 0."""
+        return self.full_attention_interval <= 1 or (index + 1) % self.full_attention_interval == 0
+
+    def layer_kind(self, index: int) -> str:
+        """The kind of one layer (see `kind_counts`)."""
+        if self.hybrid_override_pattern is not None:
+            return _hybrid.BLOCK_OF_SYMBOL[self.hybrid_override_pattern[index]]
+        ffn = "moe" if self.is_moe_layer(index) else "dense"
+        return ffn if self.is_full_attention_layer(index) else f"linear_{ffn}"
 
     # The pattern is periodic, so how many layers of a kind a range [start, stop) holds is a count
     # of residues, in closed form: an estimate never walks the layers one by one, and its cost does
@@ -137,17 +149,41 @@ class Architecture:
     def moe_layers_in(self, start: int, stop: int) -> int:
         """MoE layers among layers start .. stop - 1: those >= first_dense_layers and congruent to
         it modulo moe_layer_frequency."""
+        if self.hybrid_override_pattern is not None:
+            return self.hybrid_override_pattern[start:stop].count("E")
         if not self.is_moe:
             return 0
         return congruent_in(max(start, self.first_dense_layers), stop,
                             self.first_dense_layers, self.moe_layer_frequency)
 
+    def full_attention_layers_in(self, start: int, stop: int) -> int:
+        """Softmax-attention layers among start .. stop - 1 of a linear-attention hybrid."""
+        if self.full_attention_interval <= 1:
+            return max(stop - start, 0)
+        return congruent_in(start, stop, self.full_attention_interval - 1, self.full_attention_interval)
+
     def kind_counts(self, start: int = 0, stop: int | None = None) -> tuple[tuple[str, int], ...]:
         """(kind, layers) of layers start .. stop - 1 (all of them by default), kinds in sorted order,
         each kind with at least one layer."""
         stop = self.num_layers if stop is None else stop
+        if self.hybrid_override_pattern is not None:
+            return _hybrid.pattern_counts(self.hybrid_override_pattern, start, stop)
         moe = self.moe_layers_in(start, stop)
-        return tuple((kind, n) for kind, n in (("dense", stop - start - moe), ("moe", moe)) if n > 0)
+        if self.full_attention_interval <= 1:
+            return tuple((kind, n) for kind, n in (("dense", stop - start - moe), ("moe", moe)) if n > 0)
+        # Linear-attention hybrid: the full-attention layers that are MoE are in both residue classes
+        full = self.full_attention_layers_in(start, stop)
+        if not self.is_moe:
+            moe_full = 0
+        elif self.first_dense_layers == 0 and self.moe_layer_frequency == 1:
+            moe_full = full
+        else:
+            moe_full = congruent_in_both(max(start, self.first_dense_layers), stop,
+                                         (self.first_dense_layers, self.moe_layer_frequency),
+                                         (self.full_attention_interval - 1, self.full_attention_interval))
+        counts = {"dense": full - moe_full, "moe": moe_full, _hybrid.LINEAR_DENSE: stop - start - moe - (full - moe_full),
+                  _hybrid.LINEAR_MOE: moe - moe_full}
+        return tuple(sorted((kind, n) for kind, n in counts.items() if n > 0))
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -170,6 +206,8 @@ class Architecture:
         MoE layers that are global are those in both residue classes (Chinese remainder theorem),
         the other three variants follow by subtraction."""
         stop = self.num_layers if stop is None else stop
+        if self.is_hybrid:  # no sliding window (validated): every kind is unwindowed
+            return {(kind, False): n for kind, n in self.kind_counts(start, stop)}
         moe = self.moe_layers_in(start, stop)
         full = self.global_attention_layers_in(start, stop)
         if not self.is_moe or not self.sliding_window or self.sliding_window_pattern == 0:
@@ -185,8 +223,7 @@ class Architecture:
     def layer_kinds(self) -> tuple[str, ...]:
         """The kind of every layer, first to last. One entry per layer, so for display and tests:
         estimates count kinds with `kind_counts`."""
-        return self.cached(("layer kinds",), lambda: tuple(
-            "moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers)))
+        return self.cached(("layer kinds",), lambda: tuple(self.layer_kind(i) for i in range(self.num_layers)))
 
     def cached(self, key: tuple, compute, per_layout: bool = False):
         """Remember a value derived from this architecture alone (and the sharding named in `key`):
@@ -260,7 +297,9 @@ class Architecture:
             out.append(ParameterTensor(
                 "kv_up_proj", (a * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank), COLUMN, "hidden_matrix"))
         else:
-            out.append(ParameterTensor("q_proj", (self.q_width, h), COLUMN, "hidden_matrix"))
+            # Qwen3-Next's gated attention: q_proj also gives the output gate (Qwen3NextAttention.__init__)
+            gate = 2 if self.attention_output_gate else 1
+            out.append(ParameterTensor("q_proj", (gate * self.q_width, h), COLUMN, "hidden_matrix"))
             out.append(ParameterTensor("k_proj", (self.kv_width, h), COLUMN, "hidden_matrix"))
             out.append(ParameterTensor("v_proj", (self.kv_width, h), COLUMN, "hidden_matrix"))
             if b or self.qkv_bias:
@@ -296,11 +335,33 @@ class Architecture:
         return [ParameterTensor(f"{prefix}norm", (self.hidden_size,), REPLICATED, "vector", count * per_norm)]
 
     def layer_tensors(self, kind: str) -> list[ParameterTensor]:
-        """The weights of one transformer layer of the given kind (``dense`` or ``moe``)."""
-        out = self.attention_tensors() + self.norm_tensors(self.norms_per_layer)
-        if kind == "dense":
+        """The weights of one layer of the given kind (`kind_counts`): its token mixer, its norms (a
+        pattern's block has one), its MLP or MoE."""
+        out = self.mixer_tensors(_hybrid.MIXER[kind])
+        out += self.norm_tensors(1 if _hybrid.is_block(kind) else self.norms_per_layer)
+        ffn = _hybrid.FFN[kind]
+        if ffn == "dense":
             out += self._mlp_tensors(self.intermediate_size, "", COLUMN, ROW)
-            return out
+        elif ffn == "moe":
+            out += self.moe_tensors()
+        return out
+
+    def mixer_tensors(self, mixer: str | None) -> list[ParameterTensor]:
+        if mixer == "attention":
+            return self.attention_tensors()
+        if mixer == "linear_attention":
+            return _hybrid.gated_delta_net_tensors(self.hidden_size, self.linear_num_key_heads,
+                                                   self.linear_num_value_heads, self.linear_key_head_dim,
+                                                   self.linear_value_head_dim, self.linear_conv_kernel_dim)
+        if mixer == "mamba":
+            return _hybrid.mamba_tensors(self.hidden_size, self.mamba_num_heads, self.mamba_head_dim,
+                                         self.mamba_state_size, self.mamba_num_groups, self.mamba_conv_kernel,
+                                         self.mamba_conv_bias)
+        return []
+
+    def moe_tensors(self) -> list[ParameterTensor]:
+        """Router, routed experts and shared experts of one MoE layer."""
+        out: list[ParameterTensor] = []
         e, h = self.num_experts, self.hidden_size
         out.append(ParameterTensor("router", (e, h), REPLICATED, "hidden_matrix"))
         if self.linear_bias or self.router_bias:
@@ -333,7 +394,7 @@ class Architecture:
         norms, a 2h -> h projection and a transformer layer of the last layer's kind. The
         embedding and head are shared with the main model in training."""
         h = self.hidden_size
-        kind = "moe" if self.is_moe_layer(self.num_layers - 1) else "dense"
+        kind = self.layer_kind(self.num_layers - 1)
         return (self.norm_tensors(3, "mtp_")
                 + [ParameterTensor("mtp_proj", (h, 2 * h), REPLICATED, "hidden_matrix")]
                 + self.layer_tensors(kind))
@@ -418,9 +479,12 @@ def _check_architecture(arch: Architecture) -> None:
                           f"hidden_size ({arch.hidden_size}) is not divisible by num_attention_heads "
                           f"({arch.num_attention_heads}), so head_dim must be given",
                           related=("model.hidden_size", "model.num_attention_heads"))
-    all_moe = arch.num_experts > 0 and arch.first_dense_layers == 0 and arch.moe_layer_frequency == 1
-    if not all_moe:
-        _require(arch, "intermediate_size", "required unless every layer is MoE")
+    if arch.hybrid_override_pattern is not None:
+        needs_mlp = "-" in arch.hybrid_override_pattern
+    else:
+        needs_mlp = not (arch.num_experts > 0 and arch.first_dense_layers == 0 and arch.moe_layer_frequency == 1)
+    if needs_mlp:
+        _require(arch, "intermediate_size", "required unless every layer is MoE (no - block in a hybrid pattern)")
     if arch.num_experts:
         _require(arch, "num_experts_per_token", "required with experts")
         _require(arch, "moe_intermediate_size", "required with experts")
@@ -436,6 +500,52 @@ def _check_architecture(arch: Architecture) -> None:
     if arch.kv_lora_rank is not None or arch.q_lora_rank is not None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             _require(arch, name, "required with multi-head latent attention")
+    _check_hybrid(arch)
+
+
+def _check_hybrid(arch: Architecture) -> None:
+    """A linear-attention interval or a state-space pattern: their fields, and what they do not combine with."""
+    pattern, interval = arch.hybrid_override_pattern, arch.full_attention_interval
+    if pattern is None and interval <= 1:
+        return
+    which = "model.hybrid_override_pattern" if pattern is not None else "model.full_attention_interval"
+    if pattern is not None and interval:
+        raise ConfigError("model.full_attention_interval", interval, "0 with a hybrid_override_pattern",
+                          "a model has either Mamba blocks or linear-attention layers here", related=(which,))
+    for name, value, allowed in (("kv_lora_rank", arch.kv_lora_rank, "none"),
+                                 ("sliding_window", arch.sliding_window, "none"),
+                                 ("mtp_layers", arch.mtp_layers or None, "0")):
+        if value is not None:
+            raise ConfigError(f"model.{name}", value, f"{allowed} in a hybrid model", related=(which,))
+    if pattern is not None:
+        _check_pattern(arch, pattern)
+    else:
+        for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
+            _require(arch, name, "required with linear-attention layers (full_attention_interval > 1)")
+        if arch.linear_num_value_heads % arch.linear_num_key_heads:
+            raise ConfigError("model.linear_num_value_heads", arch.linear_num_value_heads,
+                              f"a multiple of linear_num_key_heads ({arch.linear_num_key_heads})",
+                              related=("model.linear_num_key_heads",))
+
+
+def _check_pattern(arch: Architecture, pattern: str) -> None:
+    if len(pattern) != arch.num_layers:
+        raise ConfigError("model.hybrid_override_pattern", pattern,
+                          f"{arch.num_layers} characters, one per layer (num_layers)", related=("model.num_layers",))
+    for name, default in (("first_dense_layers", 0), ("moe_layer_frequency", 1)):
+        if getattr(arch, name) != default:
+            raise ConfigError(f"model.{name}", getattr(arch, name), f"{default} with a hybrid_override_pattern "
+                              "(its E blocks are the MoE layers)", related=("model.hybrid_override_pattern",))
+    if "M" in pattern:
+        for name in ("mamba_num_heads", "mamba_head_dim", "mamba_state_size", "mamba_num_groups"):
+            _require(arch, name, "required with Mamba blocks (M in hybrid_override_pattern)")
+        if arch.mamba_num_heads % arch.mamba_num_groups:
+            raise ConfigError("model.mamba_num_groups", arch.mamba_num_groups,
+                              f"a divisor of mamba_num_heads ({arch.mamba_num_heads})",
+                              related=("model.mamba_num_heads",))
+    if ("E" in pattern) != (arch.num_experts > 0):
+        raise ConfigError("model.num_experts", arch.num_experts, "more than 0 exactly when the pattern has E blocks",
+                          related=("model.hybrid_override_pattern",))
 
 
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))

@@ -63,7 +63,7 @@ RL_ENGINES = ("vllm", "sglang")  # the rollout engines
 
 # --- architecture --------------------------------------------------------------------------------
 NORMS = ("rmsnorm", "layernorm")
-POSITION_EMBEDDINGS = ("rope", "learned")
+POSITION_EMBEDDINGS = ("rope", "learned", "none")  # none: Nemotron-H's attention has no positions
 
 # --- parallel layout -----------------------------------------------------------------------------
 # Pipeline schedules (parallel.pp_schedule): 1F1B (Narayanan et al. 2021), Megatron's interleaved

@@ -278,6 +278,7 @@ def _w(name, label, help, group="Shape", lo=1, hi=MAX_WIDTH, **kw) -> Field:
 
 
 _MOE, _MLA, _MORE = "Mixture of experts", "Latent attention (MLA)", "More"
+_HYB = "Hybrid layers"
 
 ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _w("hidden_size", "Hidden size (h)", "Width of the residual stream.", step=128),
@@ -337,6 +338,42 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
           _MORE, min=0.0, max=1e6, optional=True, auto="none", widget=False),
     _bool("norm_unit_offset", _M, "Norm scales by 1 + w", "Gemma: RMSNorm multiplies by (1 + w), in fp32.", _MORE,
           widget=False),
+    _bool("norm_fp32_scale", _M, "Norm scales in fp32", "Nemotron-H: RMSNorm multiplies its scale in fp32 and casts "
+          "after, so the normalised tensor it keeps is fp32.", _MORE, widget=False),
+    _bool("logits_fp32", _M, "fp32 logits", "The model's forward casts its logits to fp32 (transformers "
+          "NemotronHForCausalLM: lm_head(x).float()), so the compute-dtype logits die at once.", _MORE, widget=False),
+    _w("full_attention_interval", "Full attention every N layers", "Linear-attention hybrids (Qwen3-Next): every N-th "
+       "layer is softmax attention, the others Gated DeltaNet; 0 = every layer is attention.", _HYB, lo=0,
+       hi=MAX_LAYERS),
+    _w("linear_num_key_heads", "Linear-attention key heads", "Gated DeltaNet query/key heads.", _HYB, hi=MAX_HEADS,
+       optional=True, auto="none: required with linear attention"),
+    _w("linear_num_value_heads", "Linear-attention value heads", "Gated DeltaNet value heads (a multiple of the key "
+       "heads).", _HYB, hi=MAX_HEADS, optional=True, auto="none: required with linear attention"),
+    _w("linear_key_head_dim", "Linear-attention key head dim", "Width of a Gated DeltaNet query/key head.", _HYB,
+       optional=True, auto="none: required with linear attention"),
+    _w("linear_value_head_dim", "Linear-attention value head dim", "Width of a Gated DeltaNet value head.", _HYB,
+       optional=True, auto="none: required with linear attention"),
+    _w("linear_conv_kernel_dim", "Linear-attention conv kernel", "Taps of the causal convolution over q, k, v.", _HYB,
+       hi=64),
+    _bool("attention_output_gate", _M, "Gated attention output", "Qwen3-Next: q_proj also gives a sigmoid gate on the "
+          "attention output (twice the query width).", _HYB),
+    Field("hybrid_override_pattern", _M, "text", "Hybrid block pattern", "State-space hybrids (Nemotron-H): one "
+          "character per layer (block), each one norm and one sublayer: M Mamba-2, * attention, - MLP, E MoE "
+          "(Megatron-Core's symbols). Empty: every layer is attention + MLP.", _HYB, optional=True,
+          auto="none: no state-space blocks", pattern=r"[M*\-E]+",
+          pattern_text="a string of M (Mamba-2), * (attention), - (MLP) and E (MoE), one per layer, at most 200"),
+    _w("mamba_num_heads", "Mamba heads", "Mamba-2 heads (H).", _HYB, hi=MAX_HEADS, optional=True,
+       auto="none: required with Mamba blocks"),
+    _w("mamba_head_dim", "Mamba head dim", "Width of a Mamba-2 head (p); the mixer's inner width is H x p.", _HYB,
+       optional=True, auto="none: required with Mamba blocks"),
+    _w("mamba_state_size", "SSM state size", "Mamba-2 state size per head and channel (n, HF ssm_state_size).", _HYB,
+       optional=True, auto="none: required with Mamba blocks"),
+    _w("mamba_num_groups", "Mamba groups", "Groups sharing B and C (g, HF n_groups).", _HYB, hi=MAX_HEADS,
+       optional=True, auto="none: required with Mamba blocks"),
+    _w("mamba_conv_kernel", "Mamba conv kernel", "Taps of the causal convolution over x, B, C.", _HYB, hi=64),
+    _bool("mamba_conv_bias", _M, "Mamba conv bias", "The causal convolution has a bias.", _HYB),
+    _w("mamba_chunk_size", "SSM chunk size", "Tokens per chunk of the chunked scan (its temporaries scale with "
+       "it).", _HYB, hi=4096),
 )
 
 _A, _FT = "adapter", "Fine-tuning (adapters)"

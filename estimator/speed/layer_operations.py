@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from . import kernels
+from ..spec import hybrid
+from .hybrid_operations import gated_delta_net_core_flops, gated_delta_net_operations, mamba_operations, ssd_core_flops
 from ..spec.architecture import Architecture
 from ..spec.parallel import Parallel
 from ..spec.training import Training
@@ -107,8 +109,29 @@ def _mlp(ctx: _Context, arch: Architecture, scope: str, prefix: str, M: float, w
 
 def layer_operations(ctx: _Context, arch: Architecture, training: Training, par: Parallel, kind: str,
                      window: int | None, count: int) -> tuple[list[Operation], list[Operation]]:
-    """(forward operations in order, backward operations in reverse order) of one layer."""
+    """(forward operations in order, backward operations in reverse order) of one layer: its token
+    mixer (attention, or a hybrid model's Gated DeltaNet or Mamba-2), then its MLP or MoE."""
     scope = f"layer ({kind}{', sliding window' if window else ''})"
+    mixer, ffn = hybrid.MIXER[kind], hybrid.FFN[kind]
+    groups: list[list[Operation]] = []
+    if mixer == "attention":
+        groups += _attention_groups(ctx, arch, training, par, scope, window, count)
+    elif mixer == "linear_attention":
+        groups += gated_delta_net_operations(ctx, arch, par, scope, count)
+    elif mixer == "mamba":
+        groups += mamba_operations(ctx, arch, par, scope, count)
+    if ffn is not None:
+        groups += _ffn_groups(ctx, arch, training, par, scope, ffn, count)
+    if training.adapter:
+        groups += _adapter_operations(ctx, arch, training, scope, kind, count)
+    forward = [op for g in groups for op in g if op.phase == "forward"]
+    backward = [op for g in reversed(groups) for op in reversed(g) if op.phase == "backward"]
+    return forward, backward
+
+
+def _attention_groups(ctx: _Context, arch: Architecture, training: Training, par: Parallel, scope: str,
+                      window: int | None, count: int) -> list[list[Operation]]:
+    """Norm, projections, rotary embedding, the attention core, output projection, residual add."""
     h, t, T, T_sp = arch.hidden_size, par.tp, ctx.T, ctx.T_sp
     norm_flops = NORM_FLOPS[arch.norm]
     norm_formula = f"read and write {'s*b*h/t' if par.sequence_parallel else 's*b*h'} (sequence parallel: /t)"
@@ -135,9 +158,10 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
                             a * (arch.qk_nope_head_dim + arch.v_head_dim) / t, count, modules=UP_PROJ_MODULE))
         rope_elements = T * (a / t + 1) * arch.qk_rope_head_dim
     else:
-        qkv = arch.q_width + 2 * arch.kv_width
-        groups.append(_gemm(ctx, scope, "QKV projection", T, h, qkv / t, count,
-                            formula=f"2*T*h*(a + 2g)*d/t, M={T:g} K={h} N={qkv / t:g}"))
+        # Qwen3-Next's q_proj also gives the output gate (Qwen3NextAttention): a second query width
+        qkv = (2 if arch.attention_output_gate else 1) * arch.q_width + 2 * arch.kv_width
+        groups.append(_gemm(ctx, scope, "QKV projection" + (" (and output gate)" if arch.attention_output_gate else ""),
+                            T, h, qkv / t, count, formula=f"2*T*h*(a + 2g)*d/t, M={T:g} K={h} N={qkv / t:g}"))
         if arch.qk_norm:
             qk = T * (arch.q_width + arch.kv_width) / t
             groups.append(_elementwise(ctx, scope, "q and k norms", qk, qk, norm_flops, count,
@@ -148,13 +172,26 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
                                    "read and write q and k (rope part)", UP_PROJ_MODULE if arch.uses_mla else (),
                                    "rope"))
     groups.append(_attention_core(ctx, arch, training, par, scope, window, count))
+    if arch.attention_output_gate:
+        gated = T * arch.attention_output_width / t
+        groups.append(_elementwise(ctx, scope, "output gate (sigmoid and product)", 2 * gated, gated, 5, count,
+                                   "read the output and the gate, write s*b*a*d/t", group="activation"))
     groups.append(_gemm(ctx, scope, "output projection", T, arch.attention_output_width / t, h, count))
     groups.append(_elementwise(ctx, scope, "residual add (attention)", 2 * T_sp * h, T_sp * h, 0.5, count,
                                "read 2*s*b*h, write s*b*h (/t with sequence parallelism)"))
-    groups.append(_elementwise(ctx, scope, "MLP norm", T_sp * h, T_sp * h, norm_flops, count, norm_formula,
+    return groups
+
+
+def _ffn_groups(ctx: _Context, arch: Architecture, training: Training, par: Parallel, scope: str, ffn: str,
+                count: int) -> list[list[Operation]]:
+    """Norm, the MLP or the MoE, residual add."""
+    h, t, T, T_sp = arch.hidden_size, par.tp, ctx.T, ctx.T_sp
+    norm_formula = f"read and write {'s*b*h/t' if par.sequence_parallel else 's*b*h'} (sequence parallel: /t)"
+    groups: list[list[Operation]] = []
+    groups.append(_elementwise(ctx, scope, "MLP norm", T_sp * h, T_sp * h, NORM_FLOPS[arch.norm], count, norm_formula,
                                NORM_MODULE, "norm"))
     # --- MLP
-    if kind == "dense":
+    if ffn == "dense":
         groups.append(_mlp(ctx, arch, scope, "", T, arch.intermediate_size / t, count))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
@@ -178,11 +215,7 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
                                act_modules=shared))
     groups.append(_elementwise(ctx, scope, "residual add (MLP)", 2 * T_sp * h, T_sp * h, 0.5, count,
                                "read 2*s*b*h, write s*b*h (/t with sequence parallelism)"))
-    if training.adapter:
-        groups += _adapter_operations(ctx, arch, training, scope, kind, count)
-    forward = [op for g in groups for op in g if op.phase == "forward"]
-    backward = [op for g in reversed(groups) for op in reversed(g) if op.phase == "backward"]
-    return forward, backward
+    return groups
 
 
 def _adapter_operations(ctx: _Context, arch: Architecture, training: Training, scope: str, kind: str,
@@ -280,7 +313,10 @@ def model_flops_per_token(arch: Architecture, seq_len: int, training: bool = Tru
     d_qk, d_v, _ = _attention_widths(arch)
     attention = sum(n * 2 * arch.num_attention_heads * (d_qk + d_v)
                     * attended_keys(seq_len, arch.sliding_window if windowed else None)
-                    for (_, windowed), n in arch.variant_counts().items())
+                    for (kind, windowed), n in arch.variant_counts().items() if hybrid.MIXER[kind] == "attention")
+    # a hybrid's chunked recurrences (hybrid_operations.py), their forward FLOPs per token, in the same term
+    attention += sum(n * {"linear_attention": gated_delta_net_core_flops, "mamba": ssd_core_flops}[hybrid.MIXER[kind]](arch)
+                     for kind, n in arch.kind_counts() if hybrid.MIXER[kind] in ("linear_attention", "mamba"))
     n = matmul_parameters(arch)
     if training:
         return 6 * n + 3 * attention

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..hybrid.models import HYBRID_RUNS, KERNELS
 from .models import MODELS
 from .step import Run
 
@@ -50,6 +51,8 @@ def _runs() -> list[Run]:
         R("qwen3-30b-a3b", 2048, optimizer="sgd_momentum", attention="eager"),
         # Small models, also run on a real GPU (validation/gpu): fixed costs are a visible share here
         *SMALL_RUNS,
+        # Hybrid models (issue 28), their CUDA-only kernels emulated (validation/hybrid/kernels.py)
+        *(Run(*args, **kw) for args, kw in HYBRID_RUNS),
     ]
 
 
@@ -89,5 +92,6 @@ def describe(run: Run) -> str:
     recompute = "full recompute (non-reentrant checkpoint per layer)" if run.recompute == "full" \
         else "no recompute"
     attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
+    kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
     return (f"{run.model}, HF transformers training step: {recipe}, {opt} (foreach), {recompute}, "
-            f"{attention}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")
+            f"{attention}{kernels}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")

@@ -120,3 +120,9 @@ MODELS = {m.id: m for m in [
                sliding_window=32, sliding_window_pattern=2, attention_logit_softcapping=50.0,
                final_logit_softcapping=30.0, norm_unit_offset=True)),
 ]}
+
+# The hybrid models (issue 28): Qwen3-Next's Gated DeltaNet and Nemotron-H's Mamba-2 layers, built from
+# their published config.json, their CUDA kernels emulated in the step (validation/hybrid/kernels.py)
+from ..hybrid.models import MODELS as _HYBRID  # noqa: E402
+
+MODELS.update(_HYBRID)

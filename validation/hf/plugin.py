@@ -19,7 +19,12 @@ METHOD = (
     "parameters, gradients (param.grad), optimizer_states (optimizer.state tensors), "
     "activations (everything else alive: saved tensors, temporaries, autocast weight copies, "
     "the input batch and model buffers). Validated byte for byte against real CPU runs of "
-    "tiny models (tests/test_harness.py)."
+    "tiny models (tests/test_harness.py). Hybrid models: the CUDA-only kernels transformers calls when their "
+    "packages are installed are emulated as autograd Functions that allocate what the kernels' Python wrappers "
+    "allocate and save what their ctx.save_for_backward saves (validation/hybrid/kernels.py): causal-conv1d's "
+    "CausalConv1dFn, flash-linear-attention's ChunkGatedDeltaRuleFunction, mamba-ssm's "
+    "MambaSplitConv1dScanCombinedFn; on real CPU runs they give transformers' torch fallbacks' values "
+    "(tests/test_harness_hybrid.py)."
 )
 
 HARNESS = Harness(

@@ -19,6 +19,7 @@ import torch
 from ..core.emulation import cuda_emulation
 from ..core.steps import fake_mode, log_second_step
 from ..core.tracker import StorageTracker, phase_summary
+from ..hybrid.kernels import hybrid_kernels
 from .models import MODELS
 
 
@@ -72,7 +73,7 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
     each storage key."""
     tracker = StorageTracker()
     torch.manual_seed(seed)
-    with fake_mode(fake, real_inputs=False), cuda_emulation(tracker):
+    with fake_mode(fake, real_inputs=False), cuda_emulation(tracker), hybrid_kernels(tracker):
         model, opt = build(run)
         input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
 

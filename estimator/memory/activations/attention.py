@@ -65,10 +65,13 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
                              T * (a + arch.num_kv_heads), 4, "tp", "4*s*b*(a + g)"))
         elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
             heads = a + arch.num_kv_heads
+            # a norm that scales in fp32 (Gemma-3's and Qwen3-Next's 1 + w) keeps its normalised tensor in fp32
+            kept = 4 if arch.norm_unit_offset or arch.norm_fp32_scale else B
             out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head"))
             out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)"))
-            out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), B, "tp",
-                             "B*s*b*(a + g)*d_head", for_weights=("norm",)))
+            out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), kept, "tp",
+                             f"{kept:g}*s*b*(a + g)*d_head" if kept != B else "B*s*b*(a + g)*d_head",
+                             for_weights=("norm",)))
     if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
             and arch.position_embedding == "rope":
         # Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the
@@ -142,8 +145,11 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
                          recompute=UP_PROJ))
     fused = training.attention == "flash" and not math_sdpa  # a fused kernel keeps its output for its backward
-    out.append(Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
-                     "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",)))
+    if arch.attention_output_gate:
+        out += _output_gate_entries(arch, training, par, fused)
+    else:
+        out.append(Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
+                         "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",)))
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
     if training.dropout > 0:
@@ -159,3 +165,23 @@ def megatron_fused_softmax(arch: Architecture, training: Training, par: Parallel
     s, heads = training.seq_len, training.micro_batch_size * arch.num_attention_heads // par.tp
     return (training.attention_softmax_fusion and training.compute_dtype in ("bf16", "fp16") and 16 < s <= 4096
             and s % 4 == 0 and heads % (8 if s <= 128 else 4) == 0)
+
+
+def _output_gate_entries(arch: Architecture, training: Training, par: Parallel, fused: bool) -> list[Entry]:
+    """Qwen3-Next's gated attention (transformers 5.23 Qwen3NextAttention.forward): q_proj also gives a
+    gate, and ``attn_output * torch.sigmoid(gate)`` goes to o_proj, so the product keeps the attention
+    output and the sigmoid's output (sigmoid keeps it too), and o_proj keeps the product. The attention
+    output it keeps is a copy: with the partial rotary embedding q is the ``torch.cat`` of its rotated and
+    passed parts in (b, heads, s, d) layout, flash attention's output takes q's layout (mha_fwd
+    ``empty_like(q)``), and sdpa_attention_forward's ``transpose(1, 2).contiguous()`` copies it back to
+    (b, s, heads, d), while the kernel keeps its own (measured: tests/data/measured/qwen3-next-*)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    width = T * arch.attention_output_width
+    out = [Entry("attention output (kept by flash attention)" if fused else "attention output (scores x V)", width, B,
+                 "tp", "B*s*b*a*d_v")]
+    if fused:
+        out.append(Entry("attention output made contiguous (kept by the gate product)", width, B, "tp", "B*s*b*a*d_v"))
+    out.append(Entry("sigmoid of the output gate (kept by sigmoid and the gate product)", width, B, "tp", "B*s*b*a*d_v"))
+    out.append(Entry(ATTENTION_OUTPUT, width, B, "tp", "B*s*b*a*d_v", gemm_input=True, for_weights=("o",)))
+    return out

@@ -80,7 +80,8 @@ def torch_fused_rms_norm(arch: Architecture, training: Training) -> bool:
     # torchtune's RMSNorm calls F.rms_norm on x.float() with a bf16 scale: the dtype mismatch sends
     # it down the composite path on CUDA too (layer_norm.cpp: "Mismatch dtype between input and
     # weight ... Cannot dispatch to fused implementation")
-    return training.framework == "fsdp2" and arch.norm == "rmsnorm" and not arch.norm_unit_offset
+    return training.framework == "fsdp2" and arch.norm == "rmsnorm" and not arch.norm_unit_offset \
+        and not arch.norm_fp32_scale
 
 
 # torch.compile (training.compile): Inductor partitions each compiled layer's joint forward-backward graph
@@ -130,9 +131,11 @@ def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[E
         kept = 4 if autocast(training) else B
         return [Entry(f"{name} (kept by the compiled layer)", T * h, kept, "sp", f"{kept:g}*s*b*h"),
                 Entry(f"{name} (rsqrt per token, fp32, kept by the compiled layer)", T, 4, "sp", "4*s*b")]
-    # Gemma scales by (1 + w) in fp32, so the normalised tensor it keeps is fp32 too; so does torchtune's
+    # Gemma and Qwen3-Next scale by (1 + w) in fp32, and Nemotron-H by w in fp32 (NemotronHRMSNorm: the scale's
+    # product is cast after), so the normalised tensor they keep is fp32 too; so does torchtune's
     # RMSNorm, which normalises x.float() with F.rms_norm's composite ops (torchtune/modules/rms_norm.py)
-    kept = 4 if autocast(training) or arch.norm_unit_offset or training.framework == "torchtune" else B
+    kept = 4 if autocast(training) or arch.norm_unit_offset or arch.norm_fp32_scale or training.framework == "torchtune" \
+        else B
     return [Entry(f"{name} (fp32 upcast)", T * h, 4, "sp", "4*s*b*h"),
             Entry(f"{name} (rsqrt per token, fp32)", T, 4, "sp", "4*s*b"),
             Entry(f"{name} (normalised, before the scale)", T * h, kept, "sp", f"{kept:g}*s*b*h",

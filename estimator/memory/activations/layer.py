@@ -46,7 +46,11 @@ def _flash_output_beside_fp8_copy(arch: Architecture, training: Training, par: P
 def layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str, first: bool = False) -> list[Entry]:
     """One layer's saved tensors; `first`: the first layer of an adapter run whose input needs no
     gradient (`adapter_activations.first_layer_input_frozen`)."""
-    entries = attention_entries(arch, training, par) + mlp_entries(arch, training, par, kind)
+    if arch.is_hybrid:  # the HF Trainer's stack alone (memory/validation.py)
+        from .hybrid import hybrid_layer_entries
+        entries = hybrid_layer_entries(arch, training, par, kind)
+    else:
+        entries = attention_entries(arch, training, par) + mlp_entries(arch, training, par, kind)
     if training.adapter:
         from ..adapter_activations import adapted_layer_entries
         entries = adapted_layer_entries(entries, arch, training, par, kind, first)

@@ -84,6 +84,13 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         if arch.num_shared_experts:
             width = arch.shared_expert_intermediate_size * arch.num_shared_experts
             out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared", ("shared_experts", "moe"))
+            if arch.shared_expert_gate:
+                # Qwen2-MoE / Qwen3-Next: sigmoid(shared_expert_gate(x)) * shared_expert(x) keeps the sigmoid's
+                # output (one per token) and the shared expert's output (transformers 5.23
+                # Qwen3NextSparseMoeBlock.forward; measured, tests/data/measured/qwen3-next-*)
+                out.append(Entry("shared expert gate (sigmoid output)", T, B, "sp", "B*s*b", recompute=MOE))
+                out.append(Entry("shared expert output (kept by the gate product)", T * h, B, "sp", "B*s*b*h",
+                                 recompute=MOE))
     if arch.norms_per_layer > 2:
         out += _norm("post-MLP norm input", T, arch, training)
     if training.dropout > 0:

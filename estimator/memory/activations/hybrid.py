@@ -1,0 +1,107 @@
+"""The hybrid layers' saved tensors (issue 28, estimator/spec/hybrid.py): a Gated DeltaNet mixer
+(Qwen3-Next) and a Mamba-2 mixer (Nemotron-H), as transformers 5.23 runs them with the CUDA kernels
+it calls when their packages are installed, and the layers and blocks they make.
+
+Gated DeltaNet (`Qwen3NextGatedDeltaNet.forward`): in_proj_qkvz and in_proj_ba read the norm's output;
+q, k, v are concatenated (`torch.cat`) and run through causal-conv1d's `causal_conv1d_fn`
+(CausalConv1dFn.forward saves its input x, Dao-AILab/causal-conv1d@0d2252d causal_conv1d_interface.py),
+then flash-linear-attention's `chunk_gated_delta_rule` with q/k l2-normalised in the kernel
+(ChunkGatedDeltaRuleFunction.forward, fla-org/flash-linear-attention@bc3b101 ops/gated_delta_rule/
+chunk.py: `ctx.save_for_backward(q, q_rstd, k, k_rstd, v, g, beta, A, ...)`, where q and k are the
+normalised copies (l2norm_fwd: a new tensor and an fp32 rstd per row), v the contiguous copy
+`input_guard` makes of the conv output's view, g the fp32 chunk-cumulated decay (chunk_local_cumsum),
+A the (B, T, Hv, 64) solved intra-chunk matrix in k's dtype (chunk_fwd.py)). Around the kernels,
+PyTorch ops: beta = b.sigmoid() (kept by sigmoid and the kernel), g = -exp(A_log) * softplus(a.float()
++ dt_bias) (softplus keeps its fp32 input, the product its fp32 output), the gated RMSNorm
+(`Qwen3NextRMSNormGated`: the fp32 upcast, its rsqrt per head, the normalised tensor cast back before
+the scale, the scaled product, the gate z in fp32 and its SiLU), and out_proj's input.
+
+Mamba-2 (`NemotronHMamba2Mixer.forward` in training calls mamba-ssm's `mamba_split_conv1d_scan_combined`,
+which fuses the conv, the chunked scan, the gated RMSNorm and out_proj: MambaSplitConv1dScanCombinedFn.
+forward, state-spaces/mamba@e9594ce ops/triton/ssd_combined.py, `ctx.save_for_backward(zxbcdt, conv1d_weight,
+conv1d_bias, out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd, outproj_weight, ...)`):
+the in_proj output zxbcdt, the scan's output out_x (b, s, H p) in the input's dtype and the norm's fp32 rstd
+per group and token (layernorm_gated._layer_norm_fwd); the conv output, the chunk states and the normalised
+tensor die inside the call. in_proj keeps its input (the block norm's output).
+
+Measured: tests/data/measured/{qwen3-next-80b-a3b,nemotron-h-8b}-*.json (validation/hybrid/kernels.py
+emulates the three kernels from these sources), with the HF Trainer. Under the other frameworks the mixers
+keep what the same kernels keep; Megatron-Core's Mamba mixer runs the fused kernel without the norm and
+the projection (`mamba_entries`); the ops around the kernels are otherwise transformers' (an estimate
+says so in its notes; not measured).
+"""
+
+from __future__ import annotations
+
+from ...spec import hybrid
+from ...spec.architecture import Architecture
+from ...spec.dtypes import bytes_per_element
+from ...spec.parallel import Parallel
+from ...spec.training import Training
+from .entries import ATTENTION_OUTPUT, Entry, NORM, _norm, _norm_output, fused_kernels, tokens_per_gpu
+
+FLA_CHUNK = 64  # chunk_gated_delta_rule's chunk (fla chunk.py: chunk_size defaults to 64)
+
+
+def gated_delta_net_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """A Gated DeltaNet mixer and its norm (see the module docstring)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    hk, hv = arch.linear_num_key_heads, arch.linear_num_value_heads
+    qk, v = hk * arch.linear_key_head_dim, hv * arch.linear_value_head_dim
+    out = _norm("linear attention norm input", T, arch, training)
+    out += _norm_output("in_proj input (qkvz and ba projections)", T, arch, training, 2, NORM)
+    out += [
+        Entry("q, k, v concatenated (causal-conv1d's saved input)", T * (2 * qk + v), B, "tp", "B*s*b*(2*Hk*K + Hv*V)"),
+        Entry("q and k l2-normalised (kept by fla's chunked gated delta rule)", T * 2 * qk, B, "tp", "2*B*s*b*Hk*K"),
+        Entry("q and k rstd per head (fp32, fla l2norm)", T * 2 * hk, 4, "tp", "2*4*s*b*Hk"),
+        Entry("v made contiguous (kept by fla)", T * v, B, "tp", "B*s*b*Hv*V"),
+        Entry("decay g cumulated per chunk (fp32, kept by fla)", T * hv, 4, "tp", "4*s*b*Hv"),
+        Entry("beta = sigmoid(b) (kept by sigmoid and fla)", T * hv, B, "tp", "B*s*b*Hv"),
+        Entry(f"A, the solved intra-chunk matrices (s x Hv x {FLA_CHUNK}, kept by fla)", T * hv * FLA_CHUNK, B, "tp",
+              f"B*s*b*Hv*{FLA_CHUNK}"),
+        Entry("a + dt_bias and its softplus (fp32, kept by softplus and the A_log product)", T * 2 * hv, 4, "tp",
+              "2*4*s*b*Hv"),
+        Entry("gated norm input (fp32 upcast)", T * v, 4, "tp", "4*s*b*Hv*V"),
+        Entry("gated norm rsqrt per head (fp32)", T * hv, 4, "tp", "4*s*b*Hv"),
+        Entry("gated norm: normalised, cast back before the scale", T * v, B, "tp", "B*s*b*Hv*V"),
+        Entry("gated norm: scaled (kept by the gate product)", T * v, B, "tp", "B*s*b*Hv*V"),
+        Entry("gate z in fp32 and its SiLU (kept by SiLU and the gate product)", T * 2 * v, 4, "tp", "2*4*s*b*Hv*V"),
+        Entry(ATTENTION_OUTPUT, T * v, B, "tp", "B*s*b*Hv*V", gemm_input=True),
+    ]
+    return out
+
+
+def mamba_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """A Mamba-2 block: its norm and the fused mixer (see the module docstring)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    H, g, n = arch.mamba_num_heads, arch.mamba_num_groups, arch.mamba_state_size
+    d = H * arch.mamba_head_dim
+    out = _norm("Mamba norm input", T, arch, training)
+    out += _norm_output("in_proj input", T, arch, training, 1, NORM)
+    out.append(Entry("in_proj output z, x, B, C, dt (kept by mamba-ssm's fused mixer)", T * (2 * d + 2 * g * n + H), B,
+                     "tp", "B*s*b*(2*H*p + 2*g*n + H)"))
+    out.append(Entry("scan output before the gate (kept by the fused mixer)", T * d, B, "tp", "B*s*b*H*p"))
+    if fused_kernels(training):
+        # Megatron-Core 0.16.1 ssm/mamba_mixer.py _ssm_training: the fused kernel without rmsnorm_weight and
+        # outproj_weight gates the scan output in the kernel (ssd_combined.py: z given, out = out_x * silu(z)),
+        # then its own RMSNorm (`self.norm`, a fused norm keeping its input) and out_proj (keeping its input)
+        out.append(Entry("gated scan output (the Mamba norm's input)", T * d, B, "tp", "B*s*b*H*p"))
+        out.append(Entry("normalised scan output (out_proj input)", T * d, B, "tp", "B*s*b*H*p", gemm_input=True))
+    else:
+        out.append(Entry("gated norm rstd per group (fp32, kept by the fused mixer)", T * g, 4, "tp", "4*s*b*g"))
+    return out
+
+
+def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
+    """One layer (or block) of a hybrid model: its mixer's entries, then its MLP's or MoE's."""
+    from .attention import attention_entries
+    from .mlp import mlp_entries
+
+    mixer, ffn = hybrid.MIXER[kind], hybrid.FFN[kind]
+    out = {"attention": attention_entries, "linear_attention": gated_delta_net_entries,
+           "mamba": mamba_entries, None: lambda *a: []}[mixer](arch, training, par)
+    if ffn is not None:
+        out += mlp_entries(arch, training, par, ffn)
+    return out

@@ -1,0 +1,118 @@
+"""Hybrid models (issue 28): layers whose token mixer is not softmax attention.
+
+Two layouts, as the frameworks build them:
+
+- Linear-attention hybrids (Qwen3-Next; transformers 5.23 `Qwen3NextDecoderLayer`, Megatron-Core
+  0.16's GPT layer with `experimental_attention_variant="gated_delta_net"`): decoder layers of a token
+  mixer and an MLP or MoE with two norms, the mixer a Gated DeltaNet except every
+  `full_attention_interval`-th layer (layer i when (i + 1) % interval == 0: HF `layer_types`,
+  Megatron `linear_attention_freq`), which is softmax attention.
+- State-space hybrids (Nemotron-H; transformers `NemotronHBlock`, Megatron-Core `MambaStack`): blocks
+  of one norm and one sublayer each, named by `hybrid_override_pattern`, one character per block in
+  Megatron-Core's alphabet (ssm/mamba_hybrid_layer_allocation.py `Symbols`): M a Mamba-2 mixer,
+  * attention, - an MLP, E a MoE.
+
+Layer kinds (`Architecture.kind_counts`): "dense" and "moe" stay the attention + MLP / MoE layers;
+"linear_dense" and "linear_moe" are the linear-attention layers; "mamba", "attention", "mlp" and
+"moe_block" the blocks of a pattern.
+"""
+
+from __future__ import annotations
+
+from .tensors import COLUMN, REPLICATED, ROW, ParameterTensor
+
+LINEAR_DENSE, LINEAR_MOE = "linear_dense", "linear_moe"
+MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK = "mamba", "attention", "mlp", "moe_block"
+BLOCK_OF_SYMBOL = {"M": MAMBA, "*": ATTENTION_BLOCK, "-": MLP_BLOCK, "E": MOE_BLOCK}
+PATTERN_TEXT = "one character per block: M (Mamba-2), * (attention), - (MLP), E (MoE)"
+
+# What each kind holds: its token mixer and its feed-forward part (None: it has none)
+MIXER = {"dense": "attention", "moe": "attention", LINEAR_DENSE: "linear_attention", LINEAR_MOE: "linear_attention",
+         MAMBA: "mamba", ATTENTION_BLOCK: "attention", MLP_BLOCK: None, MOE_BLOCK: None}
+FFN = {"dense": "dense", "moe": "moe", LINEAR_DENSE: "dense", LINEAR_MOE: "moe",
+       MAMBA: None, ATTENTION_BLOCK: None, MLP_BLOCK: "dense", MOE_BLOCK: "moe"}
+
+
+HYBRID_KINDS = (LINEAR_DENSE, LINEAR_MOE, MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK)
+
+
+def is_block(kind: str) -> bool:
+    """A block of a hybrid_override_pattern: one norm, one sublayer."""
+    return kind in (MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK)
+
+
+def recurrent(kind: str) -> bool:
+    """A kind whose token mixer keeps a fixed-size state per sequence, not a key and value per token."""
+    return MIXER[kind] in ("linear_attention", "mamba")
+
+
+def pattern_counts(pattern: str, start: int, stop: int) -> tuple[tuple[str, int], ...]:
+    """(kind, blocks) among blocks start .. stop - 1 of a pattern, kinds sorted, each present."""
+    part = pattern[start:stop]
+    counts = {kind: part.count(symbol) for symbol, kind in BLOCK_OF_SYMBOL.items()}
+    return tuple(sorted((kind, n) for kind, n in counts.items() if n))
+
+
+# --- weights -------------------------------------------------------------------------------------
+
+
+def gated_delta_net_tensors(h: int, key_heads: int, value_heads: int, key_dim: int, value_dim: int,
+                            kernel: int) -> list[ParameterTensor]:
+    """A Gated DeltaNet mixer (transformers 5.23 Qwen3NextGatedDeltaNet.__init__): in_proj_qkvz
+    (2 Hk K + 2 Hv V, h) and in_proj_ba (2 Hv, h), a depthwise conv over q, k, v (2 Hk K + Hv V
+    channels of `kernel` taps, no bias), dt_bias and A_log per value head, a gated RMSNorm of width V
+    shared by the heads, out_proj (h, Hv V). TP splits the heads (Megatron-Core 0.16
+    ssm/gated_delta_net.py: in_proj column-parallel, out_proj row-parallel, the conv and the per-head
+    vectors sharded with the heads; the norm replicated)."""
+    qk, v = key_heads * key_dim, value_heads * value_dim
+    return [ParameterTensor("linear_attn_in_proj", (2 * qk + 2 * v + 2 * value_heads, h), COLUMN, "hidden_matrix"),
+            ParameterTensor("linear_attn_conv", (2 * qk + v, kernel), COLUMN, "vector"),
+            ParameterTensor("linear_attn_dt_bias_a_log", (2 * value_heads,), COLUMN, "vector"),
+            ParameterTensor("linear_attn_norm", (value_dim,), REPLICATED, "vector"),
+            ParameterTensor("linear_attn_out_proj", (h, v), ROW, "hidden_matrix")]
+
+
+def mamba_tensors(h: int, heads: int, head_dim: int, state: int, groups: int, kernel: int,
+                  conv_bias: bool) -> list[ParameterTensor]:
+    """A Mamba-2 mixer (transformers 5.23 NemotronHMamba2Mixer.__init__, Megatron-Core 0.16
+    ssm/mamba_mixer.py): in_proj (2 d + 2 g n + H, h) with d = H p (z, x, B, C, dt), a depthwise conv
+    over x, B, C (d + 2 g n channels of `kernel` taps, with a bias), dt_bias, A_log and D per head, a
+    gated RMSNorm of width d (normalised per group), out_proj (h, d). TP splits heads and groups
+    (Megatron-Core: in_proj column-parallel, out_proj row-parallel, conv, norm and per-head vectors
+    sharded with them)."""
+    d = heads * head_dim
+    conv = d + 2 * groups * state
+    out = [ParameterTensor("mamba_in_proj", (2 * d + 2 * groups * state + heads, h), COLUMN, "hidden_matrix"),
+           ParameterTensor("mamba_conv", (conv, kernel), COLUMN, "vector")]
+    if conv_bias:
+        out.append(ParameterTensor("mamba_conv_bias", (conv,), COLUMN, "vector"))
+    return out + [ParameterTensor("mamba_dt_bias_a_log_d", (3 * heads,), COLUMN, "vector"),
+                  ParameterTensor("mamba_norm", (d,), COLUMN, "vector"),
+                  ParameterTensor("mamba_out_proj", (h, d), ROW, "hidden_matrix")]
+
+
+# --- the state a recurrent layer keeps per sequence (inference) -----------------------------------
+
+
+def state_bytes(arch, kind: str, tp: int, model_bytes: int) -> int:
+    """One sequence's state of one recurrent layer on one TP rank, constant in the context length: its
+    convolution window and its recurrent matrix, with the shapes vLLM allocates (model_executor/layers/
+    mamba/mamba_utils.py MambaStateShapeCalculator, vllm-project/vllm@02d7108): Mamba-2 conv (kernel - 1) x
+    (H p + 2 g n) / tp, g replicated up to tp when tp does not divide it (extra_groups_for_head_shards), and
+    (H / tp) x p x n; Gated DeltaNet conv (kernel - 1) x (2 Hk K + Hv V) / tp and (Hv / tp) x V x K. The
+    conv state in the model's dtype; the recurrent matrix too for Gated DeltaNet (mamba_ssm_cache_dtype
+    "auto"), in fp32 for Mamba-2 (Nemotron-H: transformers NemotronHConfig.mamba_ssm_cache_dtype defaults
+    to "float32", which vLLM's NemotronHForCausalLMConfig hook applies, and HF generate's cache keeps)."""
+    mixer = MIXER[kind]
+    if mixer == "linear_attention":
+        hk, hv, k, v = (arch.linear_num_key_heads, arch.linear_num_value_heads, arch.linear_key_head_dim,
+                        arch.linear_value_head_dim)
+        conv = (arch.linear_conv_kernel_dim - 1) * (2 * hk * k + hv * v) // tp
+        return (conv + hv // tp * v * k) * model_bytes
+    if mixer == "mamba":
+        g = arch.mamba_num_groups
+        g += 0 if g % tp == 0 else tp - g
+        d = arch.mamba_num_heads * arch.mamba_head_dim
+        conv = (arch.mamba_conv_kernel - 1) * (d + 2 * g * arch.mamba_state_size) // tp
+        return conv * model_bytes + arch.mamba_num_heads // tp * arch.mamba_head_dim * arch.mamba_state_size * 4
+    return 0
