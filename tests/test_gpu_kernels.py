@@ -56,3 +56,17 @@ def test_megatron_cross_entropy_holds_what_the_ledger_says(path, loss, impl):
     assert 0 <= measured["backward_peak_above_start"] - backward < SMALL
     # in units of the fp32 logits: unfused 1 (fwd) and 0.5 (bwd); the fusion 2 and 1.5
     assert (saved + forward, backward) == ((4 * tv, 2 * tv) if impl == "unfused" else (8 * tv, 6 * tv))
+
+
+FLA = Path(__file__).parent / "data" / "measured" / "gpu" / "kernels" / "fla-chunk-gated-delta-rule-h200.json"
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 16, 128, 32, 128), (2, 2048, 16, 128, 32, 128)], ids=str)
+def test_fla_gated_delta_rule_emulation_allocates_what_the_gpu_did(shape):
+    """flash-linear-attention 0.6.0's chunk_gated_delta_rule on an H200 (Qwen3-Next's layer) against the
+    hybrid harness's emulation under fake tensors (validation/hybrid/kernels.py): the bytes alive after
+    the forward and both peaks, to the byte."""
+    from validation.hybrid.gpu_fla import emulated
+
+    measured = json.loads(FLA.read_text())["shapes"][str(shape)]
+    assert emulated(shape) == measured
