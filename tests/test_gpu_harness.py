@@ -37,6 +37,23 @@ def test_cpu_selftest_of_a_lora_step():
     assert measured["optimizer_states"] == 2 * 4 * adapters
 
 
+def test_cpu_selftest_through_accelerate():
+    """The model prepared by a real Accelerator(mixed_precision="bf16") as the Trainer does (the GPU
+    script's wrapper): its forward is Accelerate's, the states are those of the plain step."""
+    measured = measure("hf", Run("tiny-llama", 64, 2), "cpu", "accelerate")
+    assert measured["parameters"] == 2 * TINY_PARAMS and measured["optimizer_states"] == 4 * TINY_PARAMS
+
+
+def test_cpu_selftest_of_megatron_cross_entropy():
+    """The kernel case on the CPU (gloo, no allocator statistics): Megatron-Core's two implementations run."""
+    pytest.importorskip("megatron.core")
+    from validation.gpu.kernels import KernelRun, measure_kernel
+
+    measured = measure_kernel(KernelRun("megatron-cross-entropy", 16, 2, 512), "cpu")
+    for impl in ("unfused", "fused"):
+        assert measured[impl]["logits_bytes"] == measured[impl]["logits_grad_bytes"] == 16 * 2 * 512 * 2
+
+
 def test_the_cases_fit_the_gpu_they_run_on():
     """Every case either has no fake-tensor record (the small ones) or one whose peak an H200 holds."""
     assert len(CASES) >= 40

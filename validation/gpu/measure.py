@@ -77,40 +77,10 @@ def versions(device: str) -> dict:
     return found
 
 
-def enable_hf_recompute(model) -> None:
-    """The Trainer's gradient_checkpointing=True, on the transformers version at hand."""
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
 def build_hf(run, device: str):
-    from ..hf.models import MODELS
     from ..hf.step import build
 
-    if device == "cpu":
-        return build(run)
-    from transformers import AutoModelForCausalLM
-
-    config = MODELS[run.model].hf_config(run.attention)
-    dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
-    with torch.device(device):  # initialised on the GPU: an 8B model's CPU init would take minutes
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.train()
-    if run.recompute == "full":
-        enable_hf_recompute(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if run.optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, foreach=True)
-    elif run.optimizer in ("paged_adamw", "paged_adamw8bit"):  # the Trainer's optim="paged_adamw_32bit"/"_8bit"
-        import bitsandbytes as bnb
-
-        paged = bnb.optim.PagedAdamW if run.optimizer == "paged_adamw" else bnb.optim.PagedAdamW8bit
-        opt = paged(params, lr=1e-5, weight_decay=0.01)
-    else:
-        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
-    return model, opt
+    return build(run, None if device == "cpu" else device)
 
 
 def build_peft(run, device: str):

@@ -13,10 +13,9 @@ import torch
 
 
 def accelerate_prepare(model, mixed_precision: str = "bf16"):
-    from accelerate import Accelerator
+    from ..accelerate.step import make_accelerator
 
-    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=not torch.cuda.is_available())
-    return accelerator.prepare_model(model)
+    return make_accelerator(mixed_precision, cpu=not torch.cuda.is_available()).prepare_model(model)
 
 
 WRAPPERS = {"accelerate": accelerate_prepare}

@@ -34,25 +34,43 @@ class Run:
     attention: str = "sdpa"  # "sdpa" (flash) or "eager"
 
 
-def build(run: Run):
+def build_model(run: Run, device: str | None = None):
+    """The model of the run, in train mode with the Trainer's recompute. On a GPU it is initialised there
+    (an 8B model's CPU initialisation would take minutes)."""
     from transformers import AutoModelForCausalLM
 
     config = MODELS[run.model].hf_config(run.attention)
     dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.device(device) if device else nullcontext():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.train()
     if run.recompute == "full":
         # What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,
-        # non-reentrant torch.utils.checkpoint.
-        model.activation_checkpointing_enable({"use_reentrant": False})
+        # non-reentrant torch.utils.checkpoint (the method's name before transformers 5.2x as well)
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def build_optimizer(run: Run, model):
     params = [p for p in model.parameters() if p.requires_grad]
     if run.optimizer == "adamw":
         # foreach=True: the implementation torch picks by default for CUDA tensors. States are
         # kept in each parameter's dtype (bf16 under the pure-bf16 recipe).
-        opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, foreach=True)
-    else:
-        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
-    return model, opt
+        return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, foreach=True)
+    if run.optimizer in ("paged_adamw", "paged_adamw8bit"):  # the Trainer's optim="paged_adamw_32bit"/"_8bit"
+        import bitsandbytes as bnb
+
+        paged = bnb.optim.PagedAdamW if run.optimizer == "paged_adamw" else bnb.optim.PagedAdamW8bit
+        return paged(params, lr=1e-5, weight_decay=0.01)
+    return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+
+
+def build(run: Run, device: str | None = None):
+    model = build_model(run, device)
+    return model, build_optimizer(run, model)
 
 
 def train_step(model, opt, input_ids, run: Run, phase=lambda name: nullcontext()):
