@@ -93,7 +93,7 @@ def percentiles(values: list[float]) -> dict:
 
 
 def dsv3_recipe() -> dict:
-    from estimator.presets import get_recipe
+    from estimator.models.presets import get_recipe
     return get_recipe("deepseek-v3-as-reported").config
 
 
@@ -149,7 +149,7 @@ def searches_owner(at) -> str:
 def start_search_in_process(gpus: int):
     """The same search in a thread of this process (the Planner page before #26)."""
     from estimator import load_config
-    from estimator.planner import plan
+    from estimator.search.planner import plan
     cfg = load_config(dsv3_recipe())
     thread = threading.Thread(target=plan, args=(cfg.architecture, cfg.training, cfg.hardware, gpus), daemon=True)
     thread.start()

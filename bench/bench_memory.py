@@ -10,7 +10,7 @@ config with its width, depth, heads, vocabulary and MLP width varied); each gets
 asks of it: the Memory page's estimate on 8 GPUs and four layouts (TP 1 to 8, full recompute), and
 the Roofline page's roofline. The script keeps every Architecture alive, as a server's caches of
 estimates keep them. It reports, every 10 models, the memo's own count of its bytes
-(estimator/memo.py), the Python heap that tracemalloc sees, and the process's RSS.
+(estimator/spec/memo.py), the Python heap that tracemalloc sees, and the process's RSS.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def hub_like(i: int):
 
 def session(arch) -> None:
     from estimator import Hardware, Parallel, Training, estimate
-    from estimator.roofline import roofline
+    from estimator.speed.roofline import roofline
     hw = Hardware(gpu="h100-80")
     for tp in (1, 2, 4, 8):
         try:
@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.mib is not None:
         os.environ["ESTIMATOR_MEMO_MIB"] = str(args.mib)
-    from estimator import memo
+    from estimator.spec import memo
     tracemalloc.start()
     kept, start = [], time.perf_counter()
     base_heap, base_rss = tracemalloc.get_traced_memory()[0], rss_mib()

@@ -4,7 +4,7 @@
     python bench/bench_planner.py 70b 405b   # some of them
 
 Cases (the issue "A fast core and a planner"):
-- Llama-3.1-70B on 64 H100s: NeMo's pre-training recipe's batch (estimator/presets/recipes.json
+- Llama-3.1-70B on 64 H100s: NeMo's pre-training recipe's batch (estimator/models/presets/recipes.json
   "llama-3.1-70b-pretrain-64xh100": 8,192-token sequences, global batch 512);
 - Llama-3.1-405B on 2,048 H100s: Llama 3's batch, 16M tokens of 8,192-token sequences
   (Grattafiori et al. 2024, section 3.3.2);
@@ -40,8 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from estimator import Training, load_config  # noqa: E402
-from estimator.planner import plan  # noqa: E402
-from estimator.presets import get_architecture, get_recipe  # noqa: E402
+from estimator.search.planner import plan  # noqa: E402
+from estimator.models.presets import get_architecture, get_recipe  # noqa: E402
 
 
 def cases() -> dict:

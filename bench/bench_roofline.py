@@ -11,9 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from estimator.config import load_config  # noqa: E402
-from estimator.presets import list_presets  # noqa: E402
-from estimator.roofline import roofline_config  # noqa: E402
+from estimator.models.loading import load_config  # noqa: E402
+from estimator.models.presets import list_presets  # noqa: E402
+from estimator.speed.roofline import roofline_config  # noqa: E402
 
 
 def main() -> None:

@@ -4,13 +4,17 @@ Plain Python: no Streamlit, no pandas, no I/O at import. Start from `estimate()`
 training, parallel, hardware) or `estimate_config()` (the contract's JSON as a dict).
 """
 
-from .architecture import Architecture, parameter_counts
-from .config import Config, estimate_config, load_config
-from .errors import ConfigError
-from .hardware import GPUS, Hardware, get_gpu
-from .memory import Component, Estimate, Fit, StageEstimate, estimate
-from .parallel import Parallel
-from .training import Training
+from .spec.architecture import Architecture, parameter_counts
+from .spec.config import Config
+from .memory.memory import estimate_config, estimate
+from .models.loading import load_config
+from .spec.errors import ConfigError
+from .spec.gpus import GPUS
+from .spec.hardware import Hardware, get_gpu
+from .memory.components import Component, StageEstimate
+from .memory.result import Estimate, Fit
+from .spec.parallel import Parallel
+from .spec.training import Training
 
 __all__ = [
     "Architecture", "Component", "Config", "ConfigError", "Estimate", "Fit", "GPUS", "Hardware", "Parallel",

@@ -11,11 +11,12 @@ import json
 import os
 import sys
 
-from .errors import REDACTED, ConfigError, looks_secret, redact
-from .adapters import base_dtype as adapter_base_dtype
-from .fields import SERVING_FIELDS, SETTINGS, parse_text, set_in
-from .hardware import GPUS
-from .wording import counted, verdict_word
+from .spec.errors import REDACTED, ConfigError, looks_secret, redact
+from .spec.adapter import base_dtype as adapter_base_dtype
+from .spec.fields import SERVING_FIELDS, SETTINGS
+from .spec.values import parse_text, set_in
+from .spec.gpus import GPUS
+from .spec.wording import counted, verdict_word
 
 GiB = 1024**3
 
@@ -43,7 +44,7 @@ def _serving_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _apply_overrides(config: dict, args: argparse.Namespace) -> dict:
-    """Each given flag's text parsed as its field's type (estimator/fields.py) into its section."""
+    """Each given flag's text parsed as its field's type (estimator/spec/fields.py) into its section."""
     config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in config.items()}
     for f in SETTINGS + SERVING_FIELDS:
         text = getattr(args, f.path, None)
@@ -175,7 +176,7 @@ def _parse_json(text: str, path: str) -> object:
 
 
 def _load(args: argparse.Namespace):
-    from .config import load_config
+    from .models.loading import load_config
     text = _read_config(args.config)
     try:
         data = _parse_json(text, args.config)
@@ -187,8 +188,8 @@ def _load(args: argparse.Namespace):
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    from .advice import plan_to_fit
-    from .memory import estimate
+    from .search.advice import plan_to_fit
+    from .memory.memory import estimate
     cfg = _load(args)
     result = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
     plan = plan_to_fit(cfg) if result.fit.verdict != "fits" else []
@@ -222,7 +223,7 @@ def _serving_result(cfg):
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .memory import estimate
+    from .memory.memory import estimate
     from .serving.service import render_text as render_serving
     cfg = _load(args)
     serving = _serving_result(cfg)
@@ -237,7 +238,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_serve_plan(args: argparse.Namespace) -> int:
     from .serving.planner import render_plan_text, serve_plan
-    from .serving.settings import Serving
+    from .spec.serving import Serving
     cfg = _load(args)
     from .serving.service import checkpoint_of
     plan = serve_plan(cfg.architecture, cfg.serving or Serving(), cfg.hardware, args.users, args.context,
@@ -247,15 +248,15 @@ def _cmd_serve_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_roofline(args: argparse.Namespace) -> int:
-    from .roofline import render_roofline_text, roofline_config
+    from .speed.roofline import render_roofline_text, roofline_config
     result = roofline_config(_load(args))
     print(json.dumps(result.to_json()) if args.json else render_roofline_text(result))
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .planner import no_fit_text, plan, render_plan_text
-    from .watch import Watch
+    from .search.planner import no_fit_text, plan, render_plan_text
+    from .search.watch import Watch
     budget = args.time_budget
     if budget is not None and not 0 < budget < float("inf"):
         raise ConfigError("--time-budget", budget, "a positive number of seconds")
@@ -274,8 +275,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_presets(args: argparse.Namespace) -> int:
     """One line per bundled model: id, name, the publisher's count and the estimator's (labelled:
     they differ where the publisher counts otherwise, which the last column says), family."""
-    from .architecture import parameter_counts
-    from .presets import counting_note, get_architecture, get_hf_config, list_presets
+    from .spec.architecture import parameter_counts
+    from .models.presets import counting_note, get_architecture, get_hf_config, list_presets
     rows = []
     for p in list_presets():
         computed = parameter_counts(get_architecture(p.id))
@@ -303,7 +304,8 @@ def _cmd_gpus(args: argparse.Namespace) -> int:
 
 
 def _cmd_fields(args: argparse.Namespace) -> int:
-    from .fields import ALL, reference_markdown
+    from .spec.fields import ALL
+    from .spec.reference import reference_markdown
     if args.markdown:
         print(reference_markdown())
         return 0
@@ -410,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """The command's entry point (`python -m estimator`, `llm-memory`): `main`, then out at once.
-    A plan leaves the estimator's memos holding millions of small records (estimator/memo.py);
+    A plan leaves the estimator's memos holding millions of small records (estimator/spec/memo.py);
     freeing them one by one as the interpreter exits took seconds after the answer was printed
     (DeepSeek-V3 on 2,048 GPUs: 4 s), and the operating system takes the process back whole."""
     code = main()

@@ -5,9 +5,8 @@ import json
 import pandas as pd
 import streamlit as st
 
-from estimator.wording import verdict_word
-from ui import charts, compute, exports, scenarios, state
-from ui import keys as K
+from estimator.spec.wording import verdict_word
+from ui import charts, compute, exports, scenarios, state, keys as K
 from ui.fields import config_key, friendly_message
 
 cur = state.current()

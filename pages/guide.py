@@ -3,9 +3,8 @@
 import pandas as pd
 import streamlit as st
 
-from estimator.hardware import GPUS
-from ui import compute, state
-from ui import keys as K
+from estimator.spec.gpus import GPUS
+from ui import compute, state, keys as K
 
 cur = state.current()
 gpu_id = cur.values.get("gpu") or "h100-80"

@@ -7,11 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from estimator import ConfigError
-from estimator.hardware import GPUS
-from estimator.memory import TIGHT_FRACTION
-from estimator.parallel import tp_following_defaults
-from ui import charts, compute, searches, state
-from ui import keys as K
+from estimator.spec.gpus import GPUS
+from estimator.memory.result import TIGHT_FRACTION
+from estimator.spec.parallel import tp_following_defaults
+from ui import charts, compute, searches, state, keys as K
 from ui.fields import config_key, friendly_message
 
 MAX_GPUS = 16384  # the planner's own bound (plan(max_gpus=...)), where its no-fit search stops

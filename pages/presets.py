@@ -3,9 +3,8 @@
 import pandas as pd
 import streamlit as st
 
-from estimator.wording import counted, verdict_word
-from ui import compute, scenarios, state
-from ui import keys as K
+from estimator.spec.wording import counted, verdict_word
+from ui import compute, scenarios, state, keys as K
 from ui.fields import config_key, friendly_message
 
 cur = state.current()
@@ -15,9 +14,9 @@ st.title("Presets")
 
 @st.cache_data(show_spinner=False)
 def _models() -> pd.DataFrame:
-    from estimator.architecture import parameter_counts
-    from estimator.hf_config import context_length
-    from estimator.presets import counting_note, get_architecture, get_hf_config, list_presets
+    from estimator.spec.architecture import parameter_counts
+    from estimator.models.hf_config import context_length
+    from estimator.models.presets import counting_note, get_architecture, get_hf_config, list_presets
 
     rows = []
     for p in list_presets():
@@ -74,7 +73,7 @@ with tab_models:
 
 with tab_recipes:
     try:
-        from estimator.presets import list_recipes
+        from estimator.models.presets import list_recipes
         recipes = list_recipes()
     except Exception as exc:
         recipes = []

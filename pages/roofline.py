@@ -4,8 +4,8 @@ GPU's compute and bandwidth roofs, and what the step costs in time."""
 import pandas as pd
 import streamlit as st
 
-from estimator.hardware import GPUS
-from estimator.wording import duration, verdict_word
+from estimator.spec.gpus import GPUS
+from estimator.spec.wording import duration, verdict_word
 from ui import compute, roofline_charts, state, view
 
 cur = state.current()

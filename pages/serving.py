@@ -7,8 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from estimator.serving.service import headline
-from ui import keys as K
-from ui import serving_view, state
+from ui import keys as K, serving_view, state
 
 cur = state.current()
 st.title("Serving")

@@ -4,7 +4,9 @@ import pytest
 
 from canonical import LLAMA_31_8B, gpt
 from estimator import Parallel, Training, estimate
-from estimator.activations import in_flight_chunks, layer_bytes, layer_input_bytes, loss_memory, microbatches
+from estimator.memory.pipeline import in_flight_chunks, microbatches
+from estimator.memory.activations.layer import layer_bytes, layer_input_bytes
+from estimator.memory.activations.loss import loss_memory
 
 # GPT-3 175B as in Korthikanti et al. Table 3: h 12288, a 96, s 2048, b 1, t 8
 S, B, H, A, T = 2048, 1, 12288, 96, 8
@@ -64,7 +66,7 @@ def test_llama_flash_layer_by_hand_megatron():
 def test_llama_eager_modules_keep_more_than_fused_kernels():
     # transformers' RMSNorm keeps an fp32 upcast (4sbh), an fp32 rsqrt per token (4sb) and the normalised
     # bf16 (2sbh) for each of 2 norms; its SwiGLU keeps gate, up, act(gate) and the product (4 x 2sbf)
-    # instead of 3 x 2sbf (as measured: tests/data/measured, validation/explain); Megatron's rotary
+    # instead of 3 x 2sbf (as measured: tests/data/measured, python -m validation explain); Megatron's rotary
     # embedding keeps the fused QKV output beside the rotated q and k, 2sbh(1 + g/a) more on its side
     s, h, f, a, g = 4096, 4096, 14336, 32, 8
     fused = layer_bytes(LLAMA_31_8B, Training(seq_len=s), Parallel(), "dense")

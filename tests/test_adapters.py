@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from estimator import estimate_config
-from estimator.config import load_config
-from estimator.errors import ConfigError
+from estimator.models.loading import load_config
+from estimator.spec.errors import ConfigError
 
 GiB = 2**30
 ALL_SEVEN = ["q", "k", "v", "o", "gate", "up", "down"]
@@ -229,7 +229,7 @@ def test_the_url_carries_the_adapter():
 @pytest.mark.parametrize("recipe_id, gpu", [("llama-3.1-70b-qlora-1xh100", "h100-80"),
                                              ("llama-3.1-8b-lora-24gb", "rtx-4090")])
 def test_the_fine_tuning_recipes_fit_their_one_gpu(recipe_id, gpu):
-    from estimator.presets import get_recipe
+    from estimator.models.presets import get_recipe
     result = estimate_config(get_recipe(recipe_id).config)
     assert result.fit.gpu == gpu and result.fit.verdict == "fits"
     # the 70B QLoRA's states by hand: the NF4 base (test_qlora_nf4_storage_of_a_70b_base_by_hand, with
@@ -257,7 +257,7 @@ def test_deepspeed_settings_are_refused_elsewhere():
 
 
 def test_the_advice_offers_a_4_bit_base_to_a_lora_run_that_does_not_fit():
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
     cfg = load_config(config({"rank": 16}, model="llama-3.1-70b", seq_len=2048, recompute="full"))
     plan = plan_to_fit(cfg, use_planner=False)
     assert plan[0].description.startswith("QLoRA") and plan[0].verdict == "fits"

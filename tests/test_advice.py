@@ -1,7 +1,7 @@
 """What to change: every suggestion is one change, estimated in full, lower than the original."""
 
 from estimator import estimate, load_config
-from estimator.advice import suggestions
+from estimator.search.advice import suggestions
 
 # Llama-3.1-70B on 8 H100s with plain data parallelism and no recompute: far over 80 GiB
 OOM = {"model": "llama-3.1-70b", "training": {"seq_len": 8192, "micro_batch_size": 2, "global_batch_size": 64},
@@ -42,7 +42,7 @@ def test_invalid_variants_are_skipped():
 
 
 def test_a_plan_reaches_a_fit_step_by_step():
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
     # Llama-3.1-8B at 32k tokens on 8 GPUs without recompute: over 80 GiB, yet it can fit on them
     cfg = load_config({"model": "llama-3.1-8b", "training": {"seq_len": 32768, "global_batch_size": 8},
                        "parallel": {"dp": 8, "zero_stage": 1}})
@@ -61,7 +61,7 @@ def test_a_plan_reaches_a_fit_step_by_step():
 def test_seventy_billion_on_eight_gpus_needs_more_gpus():
     # 70.6e9 parameters x 18 bytes (Megatron bf16 + Adam) = 1.27 TB, more than 8 x 80 GB: no change
     # on 8 GPUs fits, so the plan's last steps must ask for more of them
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
     assert 70_553_706_496 * 18 > 8 * 80e9
     steps = plan_to_fit(load_config(OOM))
     assert all(s.verdict != "fits" for s in steps if s.gpus == 8)
@@ -74,8 +74,8 @@ def test_the_advice_finds_layouts_that_move_several_settings():
     sharded, over the 79.6 GiB of an H100. So the plan is the planner's nearest layout on the fewest
     GPUs that fit (a power of two), estimated in full."""
     from estimator import estimate
-    from estimator.advice import plan_to_fit
-    from estimator.config import load_config
+    from estimator.search.advice import plan_to_fit
+    from estimator.models.loading import load_config
     cfg = load_config({"model": "llama-3.1-70b", "training": {"seq_len": 8192}, "parallel": {"dp": 8}})
     greedy = plan_to_fit(cfg, use_planner=False)
     assert greedy and greedy[-1].verdict != "fits"
@@ -93,8 +93,8 @@ def test_fields_that_follow_tp_are_no_moves_of_their_own():
     distance counts exactly the moves the description shows: log2(8) = 3 for TP, 2 for PP 1 -> 4,
     5 for DP 32 -> 1 and 1 for the recompute setting."""
     from estimator import Parallel, Training
-    from estimator.advice import _describe, _distance, _moves
-    from estimator.planner import Layout
+    from estimator.search.advice import _describe, _distance, _moves
+    from estimator.search.layouts import Layout
 
     cfg = load_config({"model": "llama-3.1-8b", "parallel": {"dp": 32}})
     moved = Layout(parallel=Parallel(tp=8, pp=4, dp=1), training=Training(recompute="full"),

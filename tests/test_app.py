@@ -10,7 +10,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from estimator import estimate_config, parameter_counts  # noqa: E402
-from estimator.wording import verdict_word  # noqa: E402
+from estimator.spec.wording import verdict_word  # noqa: E402
 from ui import fields  # noqa: E402
 from ui import keys as K  # noqa: E402
 
@@ -186,7 +186,7 @@ def test_use_a_model_preset_opens_memory():
 
 
 def test_use_a_recipe_loads_the_whole_configuration():
-    from estimator.presets import list_recipes
+    from estimator.models.presets import list_recipes
 
     recipe = list_recipes()[0]
     at = _app()
@@ -282,7 +282,7 @@ def loopback_hub(tmp_path, monkeypatch):
 
 
 def test_fetch_a_model_from_the_hub(loopback_hub):
-    from estimator.hf_config import architecture_from_hf_config
+    from estimator.models.hf_config import architecture_from_hf_config
 
     arch, _ = architecture_from_hf_config(loopback_hub)
     computed = parameter_counts(arch).total
@@ -325,10 +325,11 @@ def test_url_params_follow_the_contract():
 
 
 def test_every_contract_field_has_a_widget():
-    from estimator.config import SECTIONS
+    from estimator.spec.config import SECTIONS
     import dataclasses
 
-    from estimator.fields import NESTED, SETTINGS
+    from estimator.spec.field import NESTED
+    from estimator.spec.fields import SETTINGS
     names = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)} - fields.NOT_WIDGETS - set(NESTED)
     assert names <= set(fields.BY_NAME)
     # an object's fields (training.adapter) by their flat names
@@ -367,7 +368,7 @@ def test_memory_page_shows_the_estimators_activation_ledger():
 
 
 def test_a_run_that_does_not_fit_gets_a_plan_and_apply_loads_it():
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
     from estimator import load_config
     query = {"model": "llama-3.1-8b", "seq_len": "32768", "global_batch_size": "8", "dp": "8", "zero_stage": "1"}
     config = {"model": "llama-3.1-8b", "training": {"seq_len": 32768, "global_batch_size": 8},
@@ -594,7 +595,7 @@ def test_the_guide_explains_the_parts_and_its_serving_table_is_the_estimators():
 
 
 def test_the_guide_compares_other_calculators_examples_with_the_estimate():
-    from estimator import references
+    from estimator.memory import references
 
     at = _app({})
     at.switch_page("pages/guide.py").run()
@@ -661,7 +662,7 @@ def _planner(query: dict | None = None, gpus: int | None = None) -> AppTest:
 
 def _direct_plan(config: dict, gpus: int):
     from estimator import load_config
-    from estimator.planner import plan
+    from estimator.search.planner import plan
     cfg = load_config(config)
     return plan(cfg.architecture, cfg.training, cfg.hardware, gpus, comm_overlap=cfg.parallel.comm_overlap)
 
@@ -911,7 +912,7 @@ def test_a_loaded_configuration_reaches_open_and_closed_groups():
     at.session_state[K.group("Precision")] = False
     at.run()
     at.switch_page("pages/presets.py").run()
-    from estimator.presets import list_recipes
+    from estimator.models.presets import list_recipes
     recipe = next(r for r in list_recipes() if r.id == "llama-3.1-70b-pretrain-64xh100")
     at.button(key=K.recipe(recipe.id)).click().run()  # loads it and opens the Memory page
     _no_exception(at)
@@ -961,7 +962,7 @@ def test_what_to_change_gives_the_clis_answer_from_the_planners_search():
     GPUs: at least 32" for Llama-3.1-70B at 8k tokens on 8 GPUs), not "No plan of up to five
     changes"; and Apply loads that layout."""
     from estimator import load_config
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
 
     config = {"model": "llama-3.1-70b", "training": {"seq_len": 8192}, "parallel": {"dp": 8}}
     cli = plan_to_fit(load_config(config))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 ALL_SEVEN = ["q", "k", "v", "o", "gate", "up", "down"]
 S, H, F, LAYERS = 2048, 4096, 14336, 32  # Llama-3.1-8B at 2048 tokens

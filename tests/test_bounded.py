@@ -17,12 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from estimator import Architecture, Parallel
-from estimator.architecture import congruent_in, congruent_in_both
-from estimator.sharding import chunk_kind_counts, stage_layer_chunks, stage_layer_indices, stage_parameters
+from estimator.spec.architecture import congruent_in, congruent_in_both
+from estimator.memory.sharding import chunk_kind_counts, stage_layer_chunks, stage_layer_indices, stage_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_S = 20
@@ -197,9 +196,9 @@ def test_divisors_of_a_huge_size_are_named_not_listed():
 
 
 def test_the_memo_is_bounded_in_bytes_and_drops_the_least_recently_used():
-    """What architectures remember (estimator/memo.py) is bounded in bytes, not entries: values of
+    """What architectures remember (estimator/spec/memo.py) is bounded in bytes, not entries: values of
     very different sizes, the least recently used dropped first, a value read again kept."""
-    from estimator.memo import ENTRY_BYTES, Memo, deep_bytes
+    from estimator.spec.memo import ENTRY_BYTES, Memo, deep_bytes
 
     memo = Memo(limit_bytes=100_000)
     small, large = [("small", i) for i in range(40)], [("large", i) for i in range(3)]
@@ -225,8 +224,8 @@ def test_a_configurations_own_values_never_push_out_what_layouts_share(monkeypat
     parts its layouts share."""
     import dataclasses
 
-    from estimator import memo
-    from estimator.presets import get_architecture
+    from estimator.spec import memo
+    from estimator.models.presets import get_architecture
 
     monkeypatch.setattr(memo, "PER_LAYOUT", memo.Memo(100_000))
     arch = dataclasses.replace(get_architecture("llama-3.1-8b"))
@@ -249,7 +248,7 @@ def test_memory_over_100_distinct_models_stays_within_the_memos_bound(monkeypatc
     import gc
     import tracemalloc
 
-    from estimator import memo
+    from estimator.spec import memo
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_memory import hub_like, session
 

@@ -18,7 +18,7 @@ import pyarrow as pa  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from estimator import estimate_config, load_config  # noqa: E402
-from estimator.roofline import roofline_config  # noqa: E402
+from estimator.speed.roofline import roofline_config  # noqa: E402
 from ui import charts, view  # noqa: E402
 from ui.fields import config_key  # noqa: E402
 

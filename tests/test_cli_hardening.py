@@ -9,8 +9,8 @@ import time
 import pytest
 
 from estimator import cli
-from estimator.errors import ConfigError
-from estimator.presets import list_presets
+from estimator.spec.errors import ConfigError
+from estimator.models.presets import list_presets
 
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUv"
 

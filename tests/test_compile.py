@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from estimator import activations as act
-from estimator.architecture import Architecture
-from estimator.errors import ConfigError
-from estimator.parallel import Parallel
-from estimator.training import Training
+from estimator.memory.activations.layer import layer_bytes, layer_entries
+from estimator.memory.activations.loss import loss_memory, torchtitan_loss_moments
+from estimator.spec.architecture import Architecture
+from estimator.spec.errors import ConfigError
+from estimator.spec.parallel import Parallel
+from estimator.spec.training import Training
 
 RECORD = json.loads((Path(__file__).parent / "data/measured/compile/transformers-tiny-layers-bf16-b2-s8.json")
                     .read_text())
@@ -39,7 +40,7 @@ CASES = {"llama-sdpa": (tiny(), "flash"), "llama-eager": (tiny(), "eager"), "qwe
 
 def ledger(arch, attention, framework="hf", **kw):
     tr = Training(framework=framework, compile=True, seq_len=8, micro_batch_size=2, attention=attention, **kw)
-    return act.layer_entries(arch, tr, PAR, "dense")
+    return layer_entries(arch, tr, PAR, "dense")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -74,8 +75,8 @@ LLAMA_8B = Architecture(name="llama-8b-like", hidden_size=4096, num_layers=32, n
 def test_llama_8b_compiled_layer_by_hand():
     tr = Training(framework="hf", compile=True, seq_len=4096, micro_batch_size=1)
     # per token: 2*(4*4096 + (32 + 16)*128 + 32*128 + 3*14336) + 4*(2 + 32) = 139264 + 136 = 139400
-    assert act.layer_bytes(LLAMA_8B, tr, PAR, "dense") == 4096 * 139400 == 570_982_400
-    eager = act.layer_bytes(LLAMA_8B, Training(framework="hf", seq_len=4096, micro_batch_size=1), PAR, "dense")
+    assert layer_bytes(LLAMA_8B, tr, PAR, "dense") == 4096 * 139400 == 570_982_400
+    eager = layer_bytes(LLAMA_8B, Training(framework="hf", seq_len=4096, micro_batch_size=1), PAR, "dense")
     # per norm eager keeps the fp32 upcast (4h) and the normalised tensor (2h) where compiled keeps the input
     # (2h): +4h each, two norms; and the SiLU output (2f): per token 2*4*4096 + 2*14336 = 61440
     assert eager - 4096 * 139400 == 4096 * (2 * 4 * 4096 + 2 * 14336)
@@ -85,12 +86,12 @@ def test_torchtune_keeps_the_expanded_keys_and_values():
     # torchtune expands k and v to every head before SDPA; the copy is read by the attention kernel's backward
     # (ban_recompute_materialized_backward), so it is kept: 3*a*d instead of (a + 2g)*d, +2*(32 - 8)*128*2 per token
     tr = Training(framework="torchtune", compile=True, seq_len=4096, micro_batch_size=1)
-    assert act.layer_bytes(LLAMA_8B, tr, PAR, "dense") == 4096 * (139400 + 12288) == 621_314_048
+    assert layer_bytes(LLAMA_8B, tr, PAR, "dense") == 4096 * (139400 + 12288) == 621_314_048
 
 
 def test_autocast_keeps_the_fp32_residual_as_the_norm_input():
     tr = Training(framework="hf", compile=True, seq_len=4096, micro_batch_size=1, param_dtype="fp32")
-    norms = [e for e in act.layer_entries(LLAMA_8B, tr, PAR, "dense") if "kept by the compiled layer" in e.name
+    norms = [e for e in layer_entries(LLAMA_8B, tr, PAR, "dense") if "kept by the compiled layer" in e.name
              and "rsqrt" not in e.name]
     assert [(e.bytes_per_element, e.elements) for e in norms] == [(4, 4096 * 4096)] * 2
 
@@ -148,7 +149,7 @@ def test_compiled_cross_entropy_by_hand():
 def _chunk(compile: bool, seq: int, dp: int = 8) -> dict[str, float]:
     tr = Training(framework="fsdp2", compile=compile, seq_len=seq, micro_batch_size=1, loss="chunked")
     par = Parallel(dp=dp)
-    return {e.name: e.bytes(par) for e in act.loss_memory(LLAMA_8B, tr, par, LLAMA_8B.vocab_size).forward}
+    return {e.name: e.bytes(par) for e in loss_memory(LLAMA_8B, tr, par, LLAMA_8B.vocab_size).forward}
 
 
 def test_compiled_loss_chunk_per_token_is_the_measured_one():
@@ -157,9 +158,9 @@ def test_compiled_loss_chunk_per_token_is_the_measured_one():
     measured = 2 * 4096 + LOSS_RECORD["backward_buffers"][1]["shape"][1] * 2 + 4 + 8
     assert measured == 4 * 4096 + 12
     tr = Training(framework="fsdp2", compile=True, seq_len=8192, micro_batch_size=1, loss="chunked")
-    chunk = act.torchtitan_loss_moments(LLAMA_8B, tr, PAR, LLAMA_8B.vocab_size)[0]
+    chunk = torchtitan_loss_moments(LLAMA_8B, tr, PAR, LLAMA_8B.vocab_size)[0]
     assert sum(e.bytes(PAR) for e in chunk) == 8192 / 8 * (4 * LLAMA_8B.vocab_size + 12) == 525_348_864
-    eager = act.torchtitan_loss_moments(LLAMA_8B, Training(framework="fsdp2", seq_len=8192, micro_batch_size=1,
+    eager = torchtitan_loss_moments(LLAMA_8B, Training(framework="fsdp2", seq_len=8192, micro_batch_size=1,
                                                            loss="chunked"), PAR, LLAMA_8B.vocab_size)[0]
     assert sum(e.bytes(PAR) for e in eager) == 8192 / 8 * 14 * LLAMA_8B.vocab_size
 
@@ -190,7 +191,7 @@ def test_live_loss_measurement_matches_the_record():
 def _loss(framework: str, loss: str, compile: bool, tp: int = 1):
     tr = Training(framework=framework, compile=compile, seq_len=8192, micro_batch_size=1, loss=loss)
     par = Parallel(tp=tp, dp=8)
-    m = act.loss_memory(LLAMA_8B, tr, par, LLAMA_8B.vocab_size)
+    m = loss_memory(LLAMA_8B, tr, par, LLAMA_8B.vocab_size)
     return ({e.name: e.bytes(par) for e in m.saved}, {e.name: e.bytes(par) for e in m.forward},
             {e.name: e.bytes(par) for e in m.backward}, m.source)
 
@@ -241,7 +242,7 @@ def test_the_loss_stays_eager_where_it_is_not_compiled_or_not_measured(framework
 
 def test_torchtitan_releases_share_the_compiled_loss():
     """versions.py: torchtitan 0.3.0 and main compile the loss alike, so the estimate is the same."""
-    from estimator.config import estimate_config
+    from estimator.memory.memory import estimate_config
 
     config = {"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "compile": True, "seq_len": 8192},
               "parallel": {"dp": 8}}

@@ -1,6 +1,6 @@
 """DeepEP's fixed buffers (training.moe_dispatcher = "deepep") in the communication component.
 
-The expected bytes are recomputed here by hand from the quoted source, not from estimator/deepep.py:
+The expected bytes are recomputed here by hand from the quoted source, not from estimator/memory/deepep.py:
 
 deepseek-ai/DeepEP csrc/config.hpp (Config::get_nvl_buffer_size_hint), num_channels = num_sms / 2:
     num_bytes  = C * nvl * (2 * rdma + 3) * sizeof(int)
@@ -28,7 +28,7 @@ import pytest
 from tests.test_validation import named
 
 from estimator import estimate_config
-from estimator.deepep import deepep_buffers
+from estimator.memory.deepep import deepep_buffers
 
 H = 7168  # DeepSeek-V3 hidden size
 DSV3_LIKE = {"hidden_size": H, "num_layers": 4, "num_attention_heads": 128, "num_kv_heads": 128,
@@ -186,7 +186,7 @@ def test_only_stages_with_moe_layers_hold_the_deepep_buffers():
 def test_deepep_is_for_training():
     import pytest
     from estimator import estimate_config
-    from estimator.errors import ConfigError
+    from estimator.spec.errors import ConfigError
     with pytest.raises(ConfigError, match="low-latency inference buffers are not modelled"):
         estimate_config({"model": "mixtral-8x7b", "training": {"mode": "inference", "moe_dispatcher": "deepep"},
                          "parallel": {"ep": 8, "dp": 8}})

@@ -1,4 +1,4 @@
-"""DeepSpeed's ZeRO buffers (estimator/transients.py deepspeed_buffers), by hand from DeepSpeed v0.19.5's
+"""DeepSpeed's ZeRO buffers (estimator/memory/transients.py deepspeed_buffers), by hand from DeepSpeed v0.19.5's
 source: ZeRO-1/2 allocate reduce_bucket_size in full (twice with overlap_comm) whatever the trainable count
 (runtime/zero/stage_1_and_2.py setup_buckets); ZeRO-3 keeps one bucket from its start (stage3.py), gathers a
 layer and the prefetch bucket, and keeps the parameters under the persistence threshold gathered
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 H = 4096  # Llama-3.1-8B's hidden size
 ALL_SEVEN = ["q", "k", "v", "o", "gate", "up", "down"]
@@ -31,8 +31,8 @@ def parts(cfg: dict, phase: str) -> dict[str, int]:
 
 
 def test_auto_is_what_the_hf_trainer_fills_in():
-    from estimator.config import load_config
-    from estimator.transients import deepspeed_settings
+    from estimator.models.loading import load_config
+    from estimator.memory.transients import deepspeed_settings
     cfg = load_config(lora(3))
     ds = deepspeed_settings(cfg.architecture, cfg.training, 3)
     assert (ds.reduce_bucket_size, ds.prefetch_bucket_size, ds.persistence_threshold) == \

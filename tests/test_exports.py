@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from estimator import estimate_config
-from estimator.config import SECTIONS
-from estimator.wording import verdict_word
+from estimator.spec.config import SECTIONS
+from estimator.spec.wording import verdict_word
 from ui import charts, exports, fields, scenarios
 
 ROOT = Path(__file__).resolve().parent.parent

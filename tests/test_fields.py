@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate_config
-from estimator import fields
+from estimator.spec import fields, field as registry_field, reference as registry_reference, values as registry_values
 from estimator.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,14 +19,14 @@ LLAMA = {"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32, "num_
 
 
 def test_every_dataclass_field_is_in_the_registry_and_no_other():
-    for section, cls in fields.SECTION_CLASSES.items():
+    for section, cls in registry_field.SECTION_CLASSES.items():
         # an object inside a section (training.adapter) is a section of its own
-        declared = sorted(f.name for f in dataclasses.fields(cls) if f.name not in fields.NESTED)
+        declared = sorted(f.name for f in dataclasses.fields(cls) if f.name not in registry_field.NESTED)
         assert sorted(f.name for f in fields.section_fields(section)) == declared, section
 
 
 def test_docs_config_md_is_generated_from_the_registry():
-    assert (ROOT / "docs" / "config.md").read_text() == fields.reference_markdown() + "\n"
+    assert (ROOT / "docs" / "config.md").read_text() == registry_reference.reference_markdown() + "\n"
 
 
 def test_docs_list_every_field_with_label_and_default():
@@ -84,7 +84,7 @@ def test_messages_name_the_label_and_the_path():
     ("hardware.gpu", "b200", "b200"),
 ])
 def test_text_is_parsed_by_the_fields_type(path, text, value):
-    assert fields.parse_text(fields.BY_PATH[path], text) == value
+    assert registry_values.parse_text(fields.BY_PATH[path], text) == value
 
 
 @pytest.mark.parametrize("path, text", [
@@ -95,11 +95,11 @@ def test_text_is_parsed_by_the_fields_type(path, text, value):
 def test_bad_text_is_refused_quickly_and_by_name(path, text):
     f = fields.BY_PATH[path]
     if f.optional and text.strip() == "auto":
-        assert fields.parse_text(f, text) is None
+        assert registry_values.parse_text(f, text) is None
         return
     start = time.perf_counter()
     with pytest.raises(ConfigError) as info:
-        fields.parse_text(f, text)
+        registry_values.parse_text(f, text)
     assert time.perf_counter() - start < 0.1
     assert info.value.field == path and f.label in str(info.value)
 
@@ -149,18 +149,18 @@ def test_hostile_configs_exit_2_within_a_second(tmp_path, capsys, config):
 
 
 def test_every_preset_and_default_passes_its_own_checks():
-    from estimator.presets import list_presets
+    from estimator.models.presets import list_presets
     for p in list_presets():
         estimate_config({"model": p.id})
     for f in fields.SETTINGS:
         if f.default is not None:
-            fields.check(f, f.default)
+            registry_values.check(f, f.default)
 
 
 def test_an_optimizer_is_one_record():
-    from estimator.optimizers import OPTIMIZERS
-    from estimator.states import optimizer_state_bytes
-    from estimator.sharding import Bucket
+    from estimator.spec.optimizers import OPTIMIZERS
+    from estimator.memory.states import optimizer_state_bytes
+    from estimator.memory.sharding import Bucket
     assert fields.BY_PATH["training.optimizer"].options == tuple(OPTIMIZERS)
     # AdamW: 2 states x 4 B over 1,000 parameters; 8-bit Adam: 100 small parameters at 2 x 4 B and
     # 900 at 2 x (1 + 4/256) B = 800 + 1,828.125

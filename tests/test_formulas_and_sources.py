@@ -7,8 +7,8 @@ import pytest
 
 from canonical import LLAMA_31_8B
 from estimator import Hardware, Parallel, Training, estimate
-from estimator.architecture import Architecture
-from estimator.hardware import GPUS
+from estimator.spec.architecture import Architecture
+from estimator.spec.gpus import GPUS
 
 MIB = 2**20
 

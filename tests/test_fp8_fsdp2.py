@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from estimator import ConfigError, Parallel, Training, estimate_config
-from estimator.activations import layer_entries
-from estimator.presets import get_architecture
+from estimator.memory.activations.layer import layer_entries
+from estimator.models.presets import get_architecture
 
 LLAMA_8B = get_architecture("llama-3.1-8b")
 # Llama-3.1-8B: h = 4096, 8 KV heads of 128, f = 14336, 32 layers, vocab 128,256, untied
@@ -164,7 +164,7 @@ def test_the_roofline_times_the_float8_all_gather():
     """The roofline accepts fp8_all_gather (it refused it: its FP8-off copy kept the flag) and gathers the
     blocks' float8 linear weights at 1 B, their norms and the root unit (embedding, norm and head) at 2 B:
     ZeRO 3 gathers twice per micro-batch, 2 x 7/8 x (32 x 218,120,192 + 2 x (2 x 128,256 x 4096 + 4096))."""
-    from estimator.roofline import roofline
+    from estimator.speed.roofline import roofline
 
     def gather(**training):
         r = roofline(LLAMA_8B, Training(framework="fsdp2", seq_len=2048, fp8=True, fp8_recipe="tensorwise",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 RECORDS = Path(__file__).parent / "data" / "measured" / "fsdp1"
 # Llama-3.1-8B: a decoder layer (q, o 4096 x 4096; k, v 1024 x 4096; gate, up, down 14336 x 4096; two norms)

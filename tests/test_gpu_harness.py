@@ -14,9 +14,9 @@ from validation.gpu.cases import CASES, H200_FITS_BYTES  # noqa: E402
 from validation.gpu.measure import measure  # noqa: E402
 from validation.gpu.records import GPU_RECORDS, config_of  # noqa: E402
 from validation.peft.build import LoraRun  # noqa: E402
-from validation.step import Run  # noqa: E402
+from validation.hf.step import Run  # noqa: E402
 
-# tiny-llama (validation/models.py): h 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 160, vocabulary 1000
+# tiny-llama (validation/hf/models.py): h 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 160, vocabulary 1000
 H, LAYERS, KV, FFN, VOCAB = 64, 2, 2 * 16, 160, 1000
 LAYER = H * H + 2 * H * KV + H * H + 3 * H * FFN + 2 * H  # q, k, v, o, gate/up/down, two norms
 TINY_PARAMS = 2 * VOCAB * H + LAYERS * LAYER + H  # embedding, LM head (untied), final norm

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from estimator.errors import ConfigError
-from estimator.hardware import GPU, GPUS, GiB, Hardware, get_gpu
+from estimator.spec.errors import ConfigError
+from estimator.spec.gpus import GPU, GPUS, GiB
+from estimator.spec.hardware import Hardware, get_gpu
 
 MiB = 1024**2
 

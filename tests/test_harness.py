@@ -9,11 +9,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="the measuring harness needs torch (the [validate] extra)")
 pytest.importorskip("transformers", reason="the measuring harness needs transformers (the [validate] extra)")
 
-from validation.cases import CASES, contract_config  # noqa: E402
-from validation.emulation import FlashAttention  # noqa: E402
-from validation.record import RECORDS, load_all, versions  # noqa: E402
-from validation.step import Run, measure  # noqa: E402
-from validation.tracker import StorageTracker, cuda_block_bytes  # noqa: E402
+from validation.core.emulation import FlashAttention  # noqa: E402
+from validation.core.tracker import StorageTracker, cuda_block_bytes  # noqa: E402
+from validation.hf.cases import CASES, contract_config  # noqa: E402
+from validation.hf.plugin import HARNESS  # noqa: E402
+from validation.hf.step import Run, measure  # noqa: E402
 
 SEQ, BATCH = 64, 2
 
@@ -108,7 +108,7 @@ def test_flash_backward_transients_by_hand():
 
 
 def test_records_are_complete():
-    records = load_all()
+    records = HARNESS.load_all()
     assert len(records) >= 30 and {r["id"] for r in records} == set(CASES)
     for r in records:
         assert r["step_measured"] == 2
@@ -122,8 +122,8 @@ def test_records_are_complete():
 
 def test_a_record_reproduces():
     case = "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s2048-b2"
-    stored = json.loads(Path(RECORDS / f"{case}.json").read_text())
+    stored = json.loads(Path(HARNESS.records / f"{case}.json").read_text())
     if {k: stored["versions"][k] for k in ("torch", "transformers")} != \
-            {k: versions()[k] for k in ("torch", "transformers")}:
-        pytest.skip(f"records were measured with {stored['versions']}, this is {versions()}")
+            {k: HARNESS.versions()[k] for k in ("torch", "transformers")}:
+        pytest.skip(f"records were measured with {stored['versions']}, this is {HARNESS.versions()}")
     assert measure(CASES[case]) == stored["measured"]

@@ -9,7 +9,7 @@ pytest.importorskip("transformers", reason="the FSDP1 harness needs transformers
 pytest.importorskip("peft", reason="the FSDP1 LoRA case needs peft")
 
 from validation.fsdp1.step import Run, measure  # noqa: E402
-from validation.tracker import cuda_block_bytes as block  # noqa: E402
+from validation.core.tracker import cuda_block_bytes as block  # noqa: E402
 
 VARIANTS = [
     Run("tiny-llama", 8, 64, 2),
@@ -28,7 +28,7 @@ def test_fake_measurement_equals_real_cpu_run(run, fake):
     assert fake[run] == measure(run, fake=False)
 
 
-# tiny-llama (validation/models.py): hidden 64, vocab 1000, 2 layers of q 64x64, k and v 32x64, o 64x64,
+# tiny-llama (validation/hf/models.py): hidden 64, vocab 1000, 2 layers of q 64x64, k and v 32x64, o 64x64,
 # gate and up 160x64, down 64x160, two norms of 64; the root unit holds the embedding, the head and the
 # final norm. FSDP1 pads each FlatParameter to a multiple of the world size (8).
 LAYER = 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 160 * 64 + 2 * 64  # 43,136

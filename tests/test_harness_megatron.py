@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from validation.megatron.record import RECORDS, load_all
+from validation.megatron.plugin import HARNESS
 
 HAVE_MEGATRON = importlib.util.find_spec("megatron") is not None and \
     importlib.util.find_spec("megatron.core") is not None
@@ -93,7 +93,7 @@ REQUIRED = ("parameters", "gradients", "optimizer_states", "activations", "peak_
 
 
 def test_records_are_complete():
-    records = load_all()
+    records = HARNESS.load_all()
     assert len(records) >= 20
     for r in records:
         m = r["measured"]
@@ -106,14 +106,14 @@ def test_records_are_complete():
         assert config["training"]["framework"] == "megatron"
         assert {"tp", "pp", "dp"} <= set(config["parallel"])
         assert r["command"] == f"python -m validation.megatron measure {r['id']}"
-        assert (RECORDS / f"{r['id']}.json").exists()
+        assert (HARNESS.records / f"{r['id']}.json").exists()
 
 
 @needs_megatron
 def test_records_match_their_cases():
     from validation.megatron.cases import CASES, contract_config
 
-    for r in load_all():
+    for r in HARNESS.load_all():
         assert r["config"] == json.loads(json.dumps(contract_config(CASES[r["id"]])))
 
 
@@ -128,7 +128,7 @@ def test_fused_expressions_allocate_only_their_outputs():
 
     from validation.megatron import kernels
     from validation.megatron.shims import megatron_shims
-    from validation.tracker import StorageTracker
+    from validation.core.tracker import StorageTracker
 
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
     n, f = 64, 96
@@ -178,7 +178,7 @@ def test_balanced_routing_sizes_the_allgather_permutation():
             tokens[:3].masked_select(mask[:3])  # 6 x 0.3
 
 
-CE_RECORD = json.loads((RECORDS.parent / "compile" / "megatron-fused-cross-entropy-bf16-s16-b2-v512.json").read_text())
+CE_RECORD = json.loads((HARNESS.records.parent / "compile" / "megatron-fused-cross-entropy-bf16-s16-b2-v512.json").read_text())
 
 
 @needs_megatron
@@ -193,7 +193,7 @@ def test_fused_cross_entropy_stand_ins_allocate_what_inductor_generates():
 
     from validation.megatron import kernels
     from validation.megatron.shims import megatron_shims
-    from validation.tracker import StorageTracker
+    from validation.core.tracker import StorageTracker
 
     warnings.filterwarnings("ignore", message=".*(Apex|Transformer Engine).*")
     s, b, v = CE_RECORD["logits"]["shape"]
@@ -246,7 +246,7 @@ def test_te_cross_entropy_stand_in_keeps_the_logits_and_writes_their_gradient_in
     import torch
 
     from validation.megatron import kernels
-    from validation.tracker import StorageTracker
+    from validation.core.tracker import StorageTracker
 
     n_s, n_b, v = 64, 2, 512  # 128 tokens: the per-token buffers fill whole 512-byte blocks
     logits = torch.randn(n_s, n_b, v, dtype=torch.bfloat16, requires_grad=True)

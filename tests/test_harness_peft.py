@@ -13,9 +13,9 @@ pytest.importorskip("peft", reason="the PEFT harness needs peft (pip install pef
 
 from validation.peft.build import ALL_SEVEN, LoraRun  # noqa: E402
 from validation.peft.cases import CASES, contract_config  # noqa: E402
-from validation.peft.record import RECORDS  # noqa: E402
+from validation.peft.plugin import HARNESS  # noqa: E402
 from validation.peft.step import measure  # noqa: E402
-from validation.tracker import cuda_block_bytes as block  # noqa: E402
+from validation.core.tracker import cuda_block_bytes as block  # noqa: E402
 
 SEQ, BATCH = 64, 2
 
@@ -44,7 +44,7 @@ def test_fake_measurement_equals_real_cpu_run(run, fake):
     assert fake[run] == measure(run, fake=False)
 
 
-# tiny-llama (validation/models.py): hidden 64, q and o 64 -> 64, k and v 64 -> 32, 2 layers
+# tiny-llama (validation/hf/models.py): hidden 64, q and o 64 -> 64, k and v 64 -> 32, 2 layers
 def test_trainable_count_and_state_bytes_by_hand(fake):
     m = fake[VARIANTS[0]]
     # rank 8 on q (64 in, 64 out) and v (64 in, 32 out): r x (in + out) each, 2 layers
@@ -60,7 +60,7 @@ def test_trainable_count_and_state_bytes_by_hand(fake):
 
 def test_issue_count_for_llama_8b_rank_16_all_seven():
     """Issue 14's figure: 16 x (sum of in + out features of the seven projections) x 32 layers."""
-    record = json.loads((RECORDS / "llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1.json").read_text())
+    record = json.loads((HARNESS.records / "llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1.json").read_text())
     in_plus_out = (4096 + 4096) + (4096 + 1024) + (4096 + 1024) + (4096 + 4096) \
         + (4096 + 14336) + (4096 + 14336) + (14336 + 4096)
     assert record["measured"]["parameter_counts"]["trainable"] == 16 * in_plus_out * 32 == 41_943_040
@@ -140,7 +140,7 @@ def test_bitsandbytes_through_0_43_1_keeps_the_4bit_linears_inputs():
 
 
 def test_records_are_complete():
-    records = [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
+    records = [json.loads(p.read_text()) for p in sorted(HARNESS.records.glob("*.json"))]
     assert len(records) >= 15 and {r["id"] for r in records} == set(CASES)
     for r in records:
         assert r["config"] == contract_config(CASES[r["id"]])
@@ -164,13 +164,11 @@ def test_lora_dropout_keeps_a_bool_mask(fake):
 
 
 def test_a_record_reproduces():
-    from validation.peft.record import versions
-
     case = "qwen3-8b-lora-r8-qv-norecompute-drop00-s2048-b1"
-    stored = json.loads((RECORDS / f"{case}.json").read_text())
+    stored = json.loads((HARNESS.records / f"{case}.json").read_text())
     keys = ("torch", "transformers", "peft")
-    if {k: stored["versions"][k] for k in keys} != {k: versions()[k] for k in keys}:
-        pytest.skip(f"records were measured with {stored['versions']}, this is {versions()}")
+    if {k: stored["versions"][k] for k in keys} != {k: HARNESS.versions()[k] for k in keys}:
+        pytest.skip(f"records were measured with {stored['versions']}, this is {HARNESS.versions()}")
     assert measure(CASES[case]) == stored["measured"]
 
 

@@ -4,15 +4,15 @@ code equals a real CPU run byte for byte, and every record is complete. Needs to
 
 import pytest
 
-from validation.torchtitan.record import RECORDS, load_all
+from validation.torchtitan.plugin import HARNESS
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations")
 
 
 def test_records_are_complete():
-    records = load_all()
+    records = HARNESS.load_all()
     if not records:
-        pytest.skip(f"no torchtitan records in {RECORDS}")
+        pytest.skip(f"no torchtitan records in {HARNESS.records}")
     for r in records:
         assert r["step_measured"] == 2
         assert r["config"]["training"]["framework"] == "fsdp2"
@@ -29,7 +29,7 @@ def test_records_match_the_cases():
     pytest.importorskip("torch", reason="the case list builds torch runs")
     from validation.torchtitan.cases import CASES, contract_config
 
-    for r in load_all():
+    for r in HARNESS.load_all():
         assert r["id"] in CASES
         assert r["config"] == contract_config(CASES[r["id"]])
 
@@ -188,7 +188,7 @@ def test_context_parallel_keeps_the_all_gathered_keys_and_values():
     (16384 - 8192) x 1024 = 32 MiB more a layer."""
     from canonical import LLAMA_31_8B as arch
     from estimator import Parallel, Training
-    from estimator.activations import layer_entries
+    from estimator.memory.activations.layer import layer_entries
 
     t16, t8 = Training(framework="fsdp2", seq_len=16384), Training(framework="fsdp2", seq_len=8192)
     cp2 = {e.name: e.bytes(Parallel(cp=2)) for e in layer_entries(arch, t16, Parallel(cp=2), "dense")}
@@ -207,7 +207,7 @@ def test_context_parallel_records_differ_by_the_gathered_keys_and_values():
     import json
 
     def forward(case):
-        return json.loads((RECORDS / f"{case}.json").read_text())["measured"]["phases"]["forward"]
+        return json.loads((HARNESS.records / f"{case}.json").read_text())["measured"]["phases"]["forward"]
 
     cp, one = forward("titan-llama-3.1-8b-w64-cp2-noac-s16384-b1"), forward("titan-llama-3.1-8b-w8-noac-s8192-b1")
     extra = cp["activations"] - one["activations"]

@@ -32,7 +32,7 @@ def selftest():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def block(n: int) -> int:  # the CUDA caching allocator's 512-byte rounding (validation/tracker.py)
+def block(n: int) -> int:  # the CUDA caching allocator's 512-byte rounding (validation/core/tracker.py)
     return -(-n // 512) * 512
 
 

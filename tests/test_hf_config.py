@@ -7,13 +7,13 @@ import signal
 from contextlib import contextmanager
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from estimator.architecture import parameter_counts
-from estimator.errors import ConfigError
-from estimator.hf_config import (_COMMON_KEYS, FAMILIES, SUPPORTED_MODEL_TYPES, _moe_pattern_qwen,
-                                 _Reader, architecture_from_hf_config)
+from estimator.spec.architecture import parameter_counts
+from estimator.spec.errors import ConfigError
+from estimator.models.hf_common import _COMMON_KEYS
+from estimator.models.hf_families import FAMILIES, _moe_pattern_qwen, _Reader
+from estimator.models.hf_config import SUPPORTED_MODEL_TYPES, architecture_from_hf_config
 
 
 def build(config: dict):

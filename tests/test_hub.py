@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from hub_server import FakeHub, safetensors_bytes  # noqa: E402
 
-from estimator import hub  # noqa: E402
-from estimator.architecture import parameter_counts  # noqa: E402
-from estimator.errors import ConfigError  # noqa: E402
-from estimator.hf_config import architecture_from_hf_config  # noqa: E402
+from estimator.models import hub  # noqa: E402
+from estimator.spec.architecture import parameter_counts  # noqa: E402
+from estimator.spec.errors import ConfigError  # noqa: E402
+from estimator.models.hf_config import architecture_from_hf_config  # noqa: E402
 
 GOOD_TOKEN = "hf_GrantedAccessToken123"
 BAD_TOKEN = "hf_NoAccessToThisRepo456"
@@ -354,7 +354,7 @@ def test_repo_ids_the_hub_refuses(model, fake):
 
 
 def test_a_revision_naming_a_path_is_refused_by_the_config_path(tmp_path, fake):
-    from estimator.config import load_config
+    from estimator.models.loading import load_config
 
     target = tmp_path / "outside" / "y"
     fake.add("org/escape2", {"config.json": TINY}, revisions={str(target): {"config.json": TINY}})
@@ -367,7 +367,7 @@ def test_a_revision_naming_a_path_is_refused_by_the_config_path(tmp_path, fake):
 
 def test_hub_module_has_no_redaction_of_its_own():
     """One redaction for every message: estimator.errors'."""
-    from estimator import errors
+    from estimator.spec import errors
 
     assert not hasattr(hub, "_SECRET") and not hasattr(hub, "_redacted")
     with pytest.raises(hub.HubError) as caught:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from estimator import ConfigError, estimate_config
-from estimator.fields import BY_PATH
+from estimator.spec.fields import BY_PATH
 from estimator.importers import estimate_imported, import_config
-from estimator.importers.megatron import moe_layer_pattern
+from estimator.importers.megatron_model import moe_layer_pattern
 
 DATA = Path(__file__).parent / "data" / "launch" / "megatron"
 

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from estimator import ConfigError, estimate_config
-from estimator.architecture import Architecture
+from estimator.spec.architecture import Architecture
 from estimator.importers import estimate_imported, import_config
-from estimator.importers.torchtitan import FLAVORS, torchtitan_layout
-from estimator.presets import get_architecture
+from estimator.importers.torchtitan import FLAVORS
+from estimator.importers.torchtitan_layout import torchtitan_layout
+from estimator.models.presets import get_architecture
 
 DATA = Path(__file__).parent / "data" / "launch" / "torchtitan"
 FSDP2 = {"framework": "fsdp2", "param_dtype": "bf16", "grad_dtype": "fp32", "loss": "standard"}

@@ -1,4 +1,4 @@
-"""peft's prepare_model_for_kbit_training (training.adapter.prepare_kbit, estimator/kbit.py): the
+"""peft's prepare_model_for_kbit_training (training.adapter.prepare_kbit, estimator/memory/kbit.py): the
 16-bit weights that are not quantized become fp32, so do the residual stream, the logits and the
 attention (SDPA's math backend with grouped KV heads). Hand-computed numbers, the GPU record."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 PREPARED = "llama-3.1-8b-qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from estimator import activations as act
+from estimator.memory.activations.moe import moe_expert_backward_moment
 from estimator import estimate_config
-from estimator.config import load_config
-from estimator.errors import ConfigError
-from validation.summary import tensors_peak
+from estimator.models.loading import load_config
+from estimator.spec.errors import ConfigError
+from validation.core.report import tensors_peak
 
 MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"
 MiB = 2**20
@@ -312,7 +312,7 @@ def test_grouped_gemm_backward_moment_with_moe_act_recomputed():
     writes [24576, 2816] (132): 308 MiB. (The record's peak is the logits', elsewhere.)"""
     cfg = load_config(_record_config("deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-moe_act-gg"))
     assert cfg.training.moe_grouped_gemm
-    entries = act.moe_expert_backward_moment(cfg.architecture, cfg.training, cfg.parallel)
+    entries = moe_expert_backward_moment(cfg.architecture, cfg.training, cfg.parallel)
     swiglu_out = 2 * 24576 * 1408
     fc2 = 2 * 24576 * 2048 + swiglu_out + 2 * 8 * 1408 * 2048 + 2 * swiglu_out
     assert sum(e.bytes(cfg.parallel) for e in entries) == fc2
@@ -323,7 +323,7 @@ def test_grouped_gemm_backward_moment_with_moe_act_recomputed():
     config["training"]["recompute"] = "none"
     del config["training"]["recompute_modules"]
     plain = load_config(config)
-    entries = act.moe_expert_backward_moment(plain.architecture, plain.training, plain.parallel)
+    entries = moe_expert_backward_moment(plain.architecture, plain.training, plain.parallel)
     assert sum(e.bytes(plain.parallel) for e in entries) == 2 * 24576 * 2048 + swiglu_out + 2 * 8 * 1408 * 2048
 
 

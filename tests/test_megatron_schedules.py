@@ -1,6 +1,6 @@
 """Our interleaved in-flight counts against Megatron-Core's own schedule code, for every layout up to
 PP 16 (VPP 2..8, micro-batches PP..4 PP, every micro-batch group Megatron accepts) and every
-Megatron release the estimator offers (estimator/versions.py).
+Megatron release the estimator offers (estimator/spec/versions.py).
 
 validation/megatron/schedules.py runs each release's get_pp_rank_microbatches and
 get_schedule_table (0.16.1 installed, 0.19.0 from a git snapshot of NVIDIA/Megatron-LM); its
@@ -13,14 +13,14 @@ import json
 
 import pytest
 
-from estimator.activations import (in_flight_per_rank, interleaved_microbatches_error, microbatches,
-                                   pipeline_filling_microbatches)
-from estimator.config import estimate_config
-from estimator.errors import ConfigError
-from estimator.parallel import Parallel
-from estimator.planner import Shape, shape_micro_batches
-from estimator.training import Training
-from estimator.versions import RELEASES
+from estimator.memory.pipeline import (in_flight_per_rank, interleaved_microbatches_error, microbatches,
+                                       pipeline_filling_microbatches)
+from estimator.memory.memory import estimate_config
+from estimator.spec.errors import ConfigError
+from estimator.spec.parallel import Parallel
+from estimator.search.layouts import Shape, shape_micro_batches
+from estimator.spec.training import Training
+from estimator.spec.versions import RELEASES
 from validation.megatron import schedules
 
 RECORD = json.loads(schedules.RECORD.read_text())

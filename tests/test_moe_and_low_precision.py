@@ -4,9 +4,9 @@ import pytest
 
 from canonical import LLAMA_31_8B, LLAMA_31_70B, MIXTRAL_8X7B
 from estimator import Parallel, Training, estimate, estimate_config, parameter_counts
-from estimator.activations import layer_bytes
-from estimator.presets import get_architecture, get_recipe
-from estimator.sharding import stage_parameters
+from estimator.memory.activations.layer import layer_bytes
+from estimator.models.presets import get_architecture, get_recipe
+from estimator.memory.sharding import stage_parameters
 
 GiB = 2**30
 

@@ -14,7 +14,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from estimator import estimate_config  # noqa: E402
-from estimator.presets import list_recipes  # noqa: E402
+from estimator.models.presets import list_recipes  # noqa: E402
 from ui import keys as K  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,7 +148,7 @@ def _flash(at: AppTest) -> str:
 
 def test_applying_the_plan_keeps_an_open_global_batch_open_and_says_what_it_loaded():
     from estimator import load_config
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
 
     query = {"model": "llama-3.1-70b", "tp": "2", "pp": "2"}  # global batch left to the estimator
     steps = plan_to_fit(load_config({"model": "llama-3.1-70b", "parallel": {"tp": 2, "pp": 2}}), use_planner=False)
@@ -172,7 +172,7 @@ def test_applying_the_plan_keeps_an_open_global_batch_open_and_says_what_it_load
 
 def test_a_plan_on_a_global_batch_the_user_set_says_when_the_pipeline_is_mostly_bubble():
     from estimator import load_config
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
 
     config = {"model": "llama-3.1-70b", "training": {"global_batch_size": 2}, "parallel": {"tp": 2, "pp": 2}}
     last = plan_to_fit(load_config(config), use_planner=False)[-1]
@@ -322,8 +322,8 @@ def test_the_rl_caption_points_at_the_stage_chart_where_it_is():
 # --- 10. the presets' parameter counts, labelled the same way in the CLI and the app -----------------
 
 def test_the_cli_and_the_presets_page_label_their_counts_alike(capsys):
-    from estimator.architecture import parameter_counts
-    from estimator.presets import counting_note, get_architecture, list_presets
+    from estimator.spec.architecture import parameter_counts
+    from estimator.models.presets import counting_note, get_architecture, list_presets
 
     lines = {line.split()[0]: line for line in _cli(capsys, "presets").splitlines()}
     at = _app()
@@ -358,7 +358,7 @@ SERVING = {"model": "llama-3.1-8b", "mode": "inference", "tp": "8", "seq_len": "
 
 def test_the_roofline_page_in_inference_times_a_prefill_in_short_values():
     from estimator import load_config
-    from estimator.roofline import roofline_config
+    from estimator.speed.roofline import roofline_config
 
     step = roofline_config(load_config({"model": "llama-3.1-8b", "training": {
         "mode": "inference", "seq_len": 131072, "micro_batch_size": 32}, "parallel": {"tp": 8}})).to_json()["step"]
@@ -417,8 +417,8 @@ def test_help_points_only_at_documents_the_repository_has():
 
 def test_the_plan_footer_calls_its_speeds_expected_as_they_are():
     from estimator import load_config
-    from estimator.planner import plan, render_plan_text
-    from estimator.roofline import roofline
+    from estimator.search.planner import plan, render_plan_text
+    from estimator.speed.roofline import roofline
 
     cfg = load_config({"model": "llama-3.1-8b"})
     result = plan(cfg.architecture, cfg.training, cfg.hardware, 8)
@@ -456,7 +456,7 @@ def test_after_a_failed_fetch_the_page_says_it_failed(monkeypatch):
 
 
 def test_a_long_value_is_counted_by_its_own_length():
-    from estimator.errors import shown_value
+    from estimator.spec.errors import shown_value
 
     assert shown_value("org/" + "a" * 4996).endswith("... (5,000 characters)")
 
@@ -470,7 +470,7 @@ def test_the_readme_counts_the_measured_steps_and_frameworks_the_tests_hold():
     """The opening sentence is written from the records (`python -m validation readme`), the
     records tests/test_accuracy.py holds to 5%; it said 83 steps of three frameworks."""
     from test_accuracy import FRAMEWORKS, HF_RECORDS, RECORDS
-    from validation import summary
+    from validation.core import summary
 
     text = README.read_text()
     start = text.index(summary.HEADLINE_START) + len(summary.HEADLINE_START)
@@ -486,7 +486,7 @@ def test_the_readme_counts_the_measured_steps_and_frameworks_the_tests_hold():
 def test_the_readme_accuracy_table_is_the_summarys():
     import re
 
-    from validation import summary
+    from validation.core import summary
 
     text = README.read_text()
     table = text[text.index("| framework (harness) |"):]
@@ -503,13 +503,13 @@ def test_the_gpus_the_readme_names_are_in_the_catalog():
     """ "DeepSeek-V3 on 2,048 H800s": the catalog had no H800."""
     import re
 
-    from estimator.hardware import GPUS
+    from estimator.spec.gpus import GPUS
 
     named = set(re.findall(r"\b((?:[ABH]|MI)\d{3}[A-Z]?)s\b", README.read_text()))
     assert {"H800", "H100", "A100"} <= named
     for model in named:
         assert any(re.search(rf"\b{model}\b", gpu.name) for gpu in GPUS.values()), model
-    from estimator.presets import get_recipe
+    from estimator.models.presets import get_recipe
     assert get_recipe("deepseek-v3-as-reported").config["hardware"]["gpu"] == "h800"
 
 

@@ -1,4 +1,4 @@
-"""bitsandbytes' paged optimizers (training.optimizer "paged_adamw", "paged_adamw8bit"; estimator/paged.py):
+"""bitsandbytes' paged optimizers (training.optimizer "paged_adamw", "paged_adamw8bit"; estimator/memory/paged.py):
 states of tensors with >= 1e5 elements in cudaMallocManaged memory, outside PyTorch's allocator: on the
 device (and so in its total and nvidia-smi) while it has room, in host memory when paged out. Hand counts."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 MiB = 2**20

@@ -4,7 +4,7 @@ import pytest
 
 from canonical import LLAMA_31_8B, LLAMA_31_70B, LLAMA_31_405B, MIXTRAL_8X7B, QWEN3_8B, QWEN25_7B, gpt
 from estimator import Parallel, parameter_counts
-from estimator.sharding import layers_per_stage, padded_vocab_size, stage_layer_indices, stage_parameters
+from estimator.memory.sharding import layers_per_stage, padded_vocab_size, stage_layer_indices, stage_parameters
 
 
 @pytest.mark.parametrize("arch, published", [

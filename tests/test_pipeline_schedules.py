@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from estimator.activations import ZB_W_SHARE, in_flight_chunks
-from estimator.config import estimate_config
-from estimator.errors import ConfigError
-from estimator.parallel import Parallel
-from estimator.presets import get_architecture, get_recipe
-from estimator.roofline import StageWork, pipeline_bubble_s
-from estimator.sharding import layers_per_stage, parse_layout, stage_layer_chunks, stage_parameters
+from estimator.memory.pipeline import ZB_W_SHARE, in_flight_chunks
+from estimator.memory.memory import estimate_config
+from estimator.spec.errors import ConfigError
+from estimator.spec.parallel import Parallel
+from estimator.models.presets import get_architecture, get_recipe
+from estimator.speed.operation_table import StageWork
+from estimator.speed.roofline import pipeline_bubble_s
+from estimator.memory.sharding import layers_per_stage, parse_layout, stage_layer_chunks, stage_parameters
 
 
 def dualpipe_ops(n: int, k: int, c: int) -> list[tuple]:

@@ -1,4 +1,4 @@
-"""The planner (estimator/planner.py): its space, its exact rules and search against brute force on
+"""The planner (estimator/search/planner.py): its space, its exact rules and search against brute force on
 random small cases, its numbers against full estimates, its command line, and published layouts."""
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ from pathlib import Path
 import pytest
 
 from estimator import Architecture, ConfigError, Hardware, Parallel, Training, estimate, load_config
-from estimator import planner as planner_module
-from estimator.config import SECTIONS
-from estimator.hardware import GPUS
-from estimator.planner import (LOSSES, Request, Shape, Variant, least_memory, micro_batches, most_stage_layers,
-                               pipeline_splits, plan, search, shape_micro_batches, shapes, speeds)
-from estimator.presets import get_architecture
-from estimator.roofline import expected_step, model_flops_per_token, roofline
+from estimator.search import search as search_module
+from estimator.spec.config import SECTIONS
+from estimator.spec.gpus import GPUS
+from estimator.search.layouts import (LOSSES, Request, Shape, Variant, micro_batches, most_stage_layers,
+                                      pipeline_splits, shape_micro_batches, shapes)
+from estimator.search.planner import least_memory, plan, search
+from estimator.search.evaluate import speeds
+from estimator.models.presets import get_architecture
+from estimator.speed.roofline import expected_step, roofline
+from estimator.speed.layer_operations import model_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = Hardware(gpu="h100-80")
@@ -164,7 +167,7 @@ def test_cases_cover_the_frameworks():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_states_floor_is_below_every_variant_and_shared_by_its_key(seed):
-    from estimator.planner import _Evaluator
+    from estimator.search.evaluate import _Evaluator
     c = case(seed)
     ev = _Evaluator(c.req)
     for s in {s for s, _ in c.estimates}:
@@ -210,7 +213,7 @@ def test_speed_ceilings_and_rules(seed):
     """On 20 (shape, micro-batch) pairs of each case: the ceilings of the no-recompute roofline are
     above every recompute setting and loss, at this micro-batch and at any; full recompute of more
     layers is never faster; the roofline runs the fused and the chunked loss alike."""
-    from estimator.planner import _Evaluator
+    from estimator.search.evaluate import _Evaluator
     c = case(seed)
     arch, tr, hw = c.req.architecture, c.req.training, c.req.hardware
     ev = _Evaluator(c.req)
@@ -287,7 +290,7 @@ def test_a_halted_search_lists_the_best_of_what_it_searched_and_bounds_the_rest(
     the best layouts of those it searched, each its own full estimate; it counts what it left
     (searched + not searched = every layout); every layout of the complete answer faster than the
     bound it gives for what it left is in its answer too; and its progress reports only grow."""
-    from estimator.watch import Progress, Watch
+    from estimator.search.watch import Progress, Watch
     c = case(seed)
     complete = search(c.req)
     first_pass = len(list(shapes(c.req)))
@@ -316,7 +319,7 @@ def test_a_halted_search_lists_the_best_of_what_it_searched_and_bounds_the_rest(
 def test_a_watch_reports_and_checks_for_a_stop_every_so_often_each_on_its_own():
     """Reports and stop checks each run at most every `every_s` seconds, and a report never delays
     a stop check (the search asks for a report first)."""
-    from estimator.watch import OUT_OF_TIME, STOPPED, Progress, Watch
+    from estimator.search.watch import OUT_OF_TIME, STOPPED, Progress, Watch
     now, asked, reports = [0.0], [], []
     stop_at = 1.2
     watch = Watch(stop=lambda: asked.append(now[0]) or now[0] >= stop_at, report=reports.append, every_s=0.5,
@@ -335,7 +338,7 @@ def test_a_watch_reports_and_checks_for_a_stop_every_so_often_each_on_its_own():
 
 
 def test_a_time_budget_halts_the_search_and_says_so():
-    from estimator.watch import Watch
+    from estimator.search.watch import Watch
     clock = iter(range(10**9))  # one second a reading
     arch, tr = get_architecture("llama-3.2-1b"), Training(seq_len=4096, global_batch_size=64)
     watch = Watch(budget_s=40, clock=lambda: float(next(clock)))
@@ -352,7 +355,7 @@ def test_no_setting_is_estimated_that_did_not_fit_at_a_smaller_micro_batch(seed)
     <= n' fits at a larger one (nor does a mode whose least memory did not), so the search judges
     those without estimates; here, a fused/chunked pair estimated over the budget is never followed
     by an estimate it rules out."""
-    from estimator.planner import _Search
+    from estimator.search.search import _Search
     c = case(seed)
     run = _Search(c.req)
     run.run()
@@ -445,23 +448,23 @@ def test_a_plan_leaves_the_garbage_collector_as_it_found_it(monkeypatch):
     # on after an answer, after an error inside the search, and never on when the caller had it off
     arch, tr = get_architecture("llama-3.2-1b"), Training(seq_len=2048, global_batch_size=8)
     during = []
-    real_shapes = planner_module.shapes
+    real_shapes = search_module.shapes
 
     def spying_shapes(req):
         during.append(gc.isenabled())
         return real_shapes(req)
-    monkeypatch.setattr(planner_module, "shapes", spying_shapes)
+    monkeypatch.setattr(search_module, "shapes", spying_shapes)
     assert gc.isenabled()
     assert plan(arch, tr, "h100-80", 2, limit=1, pareto=False).layouts
     assert during[-1] is False and gc.isenabled()
 
     def failing_shapes(req):
         raise RuntimeError("inside the search")
-    monkeypatch.setattr(planner_module, "shapes", failing_shapes)
+    monkeypatch.setattr(search_module, "shapes", failing_shapes)
     with pytest.raises(RuntimeError):
         plan(arch, tr, "h100-80", 2, limit=1, pareto=False)
     assert gc.isenabled()
-    monkeypatch.setattr(planner_module, "shapes", real_shapes)
+    monkeypatch.setattr(search_module, "shapes", real_shapes)
     gc.disable()
     try:
         plan(arch, tr, "h100-80", 2, limit=1, pareto=False)
@@ -653,7 +656,7 @@ def test_deepseek_v3_on_2048_h800():
     blockwise with FP8 weights, bf16 moments, recompute of norms and MLA up-projections, SwiGLU
     inputs cached in FP8, DeepEP, 4k sequences, batch 15,360; h100-80 stands in for the H800: same
     80 GB)."""
-    from estimator.presets import get_recipe
+    from estimator.models.presets import get_recipe
     cfg = load_config(get_recipe("deepseek-v3-as-reported").config)
     arch, tr, par = cfg.architecture, cfg.training, cfg.parallel
     req = Request(arch, tr, cfg.hardware, 2048)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from estimator import Hardware, Training, estimate
-from estimator.planner import plan
-from estimator.presets import get_architecture
-from estimator.roofline import roofline
+from estimator.search.planner import plan
+from estimator.models.presets import get_architecture
+from estimator.speed.roofline import roofline
 
 MODELS = ("llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b")
 
@@ -94,7 +93,7 @@ def test_the_planners_device_total_is_the_estimates(layout):
     records): equal to `estimate().device_total_bytes`, and refused alike, on any configuration;
     asked first or after the full estimate (they share the memo)."""
     from estimator import ConfigError
-    from estimator.memory import device_total
+    from estimator.memory.memory import device_total
     arch, training, par, gpu = layout
     hw = Hardware(gpu=gpu)
     fresh = dataclasses.replace(arch)  # nothing remembered yet: the total computed first

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from estimator.architecture import parameter_counts
-from estimator.errors import ConfigError
-from estimator.hardware import Hardware
-from estimator.hf_config import architecture_from_hf_config
-from estimator.parallel import Parallel
-from estimator.presets import (get_architecture, get_hf_config, get_preset, list_presets, list_recipes,
-                               preset_ids)
-from estimator.training import Training
+from estimator.spec.architecture import parameter_counts
+from estimator.spec.errors import ConfigError
+from estimator.spec.hardware import Hardware
+from estimator.models.hf_config import architecture_from_hf_config
+from estimator.spec.parallel import Parallel
+from estimator.models.presets import get_architecture, get_hf_config, get_preset, list_presets, list_recipes, preset_ids
+from estimator.spec.training import Training
 
 REQUIRED = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b",
             "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b",

@@ -3,13 +3,12 @@
 import dataclasses
 import json
 
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from estimator import Architecture, Parallel, Training, estimate
-from estimator.errors import ConfigError
-from estimator.memory import NON_ALLOCATOR
-from estimator.sharding import chunk_kind_counts, layers_key, stored_kind_counts
+from estimator.spec.errors import ConfigError
+from estimator.memory.components import NON_ALLOCATOR
+from estimator.memory.sharding import chunk_kind_counts, layers_key, stored_kind_counts
 
 TENSOR_KEYS = ("parameters", "gradients", "master_weights", "optimizer_states")
 

@@ -1,4 +1,4 @@
-"""Other calculators' worked examples against this estimator (estimator/references.py): which figures it
+"""Other calculators' worked examples against this estimator (estimator/memory/references.py): which figures it
 reproduces and which it does not, each number by hand or quoted from the source (the figures as written
 out in the project's research notes, seed-examples.md)."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from estimator import estimate_config, references
-from estimator.presets import get_recipe
+from estimator import estimate_config
+from estimator.memory import references
+from estimator.models.presets import get_recipe
 
 GiB = 2**30
 QWEN_7B = 7_615_616_512

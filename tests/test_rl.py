@@ -1,4 +1,4 @@
-"""RL with a colocated rollout engine (estimator/rl.py), per phase, by hand."""
+"""RL with a colocated rollout engine (estimator/memory/rl.py), per phase, by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 GiB = 2**30
 H100 = 85_520_809_984  # the catalog's h100-80 capacity (CUDA's total memory)
@@ -162,7 +162,7 @@ def test_bad_rl_settings_name_the_field(rl, training, field):
 
 
 def test_the_grpo_recipe_fits_with_the_rollout_deciding():
-    from estimator.presets import get_recipe
+    from estimator.models.presets import get_recipe
     result = estimate_config(get_recipe("qwen2-7b-grpo-8xh100").config)
     assert result.fit.verdict == "fits"
     rollout = phases(result)["rollout"]
@@ -187,8 +187,8 @@ def test_the_exports_carry_the_rl_phases_and_round_trip():
 
 
 def test_the_step_time_is_the_trainers_update_and_says_generation_is_not_timed():
-    from estimator.config import load_config
-    from estimator.roofline import roofline_config
+    from estimator.models.loading import load_config
+    from estimator.speed.roofline import roofline_config
     rl = roofline_config(load_config(grpo()))
     plain = roofline_config(load_config({"model": "qwen2.5-7b", "training": {
         "framework": "fsdp2", "recompute": "full", "seq_len": 9216}, "parallel": {"dp": 8}}))
@@ -197,9 +197,9 @@ def test_the_step_time_is_the_trainers_update_and_says_generation_is_not_timed()
 
 
 def test_the_advice_offloads_the_trainer_during_the_rollout():
-    from estimator.advice import suggestions
-    from estimator.config import load_config
-    from estimator.presets import get_recipe
+    from estimator.search.advice import suggestions
+    from estimator.models.loading import load_config
+    from estimator.models.presets import get_recipe
     cfg = get_recipe("qwen2-7b-grpo-8xh100").config  # its rollout phase decides the fit
     found = {s.description: s for s in suggestions(load_config(cfg), limit=20)}
     offload = found["offload the trainer's states to the host during the rollout"]

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from estimator.architecture import Architecture
-from estimator.config import load_config
-from estimator.errors import ConfigError
-from estimator.hardware import GPUS, Hardware
-from estimator.parallel import Parallel
-from estimator.roofline import model_flops_per_token, roofline, roofline_config
-from estimator.training import Training
+from estimator.spec.architecture import Architecture
+from estimator.models.loading import load_config
+from estimator.spec.errors import ConfigError
+from estimator.spec.gpus import GPUS
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.speed.layer_operations import model_flops_per_token
+from estimator.speed.roofline import roofline, roofline_config
+from estimator.spec.training import Training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,7 +222,7 @@ def test_zero3_costs_more_than_zero1_as_the_frameworks_overlap_it():
 
 
 def test_kernel_efficiencies_are_the_cited_measurements():
-    from estimator import kernels
+    from estimator.speed import kernels
     h100 = GPUS["h100-80"]
     # MAMF: H100 SXM 792.1 of 989 TFLOP/s at its best shape (>= 1,536 each side), less IN_STEP
     best = kernels.gemm_efficiency(h100, 6144, 2816, 17920) / kernels.IN_STEP
@@ -270,9 +272,9 @@ def random_configs(seed: int, n: int):
     import dataclasses
     import random
 
-    from estimator.adapters import Adapter
-    from estimator.presets import get_architecture
-    from estimator.resolved import resolve
+    from estimator.spec.adapter import Adapter
+    from estimator.models.presets import get_architecture
+    from estimator.memory.resolved import resolve
     rng = random.Random(seed)
     archs = {m: get_architecture(m) for m in ("llama-3.2-1b", "gemma-3-27b", "mixtral-8x7b", "deepseek-v3",
                                               "gpt-oss-20b", "qwen3-30b-a3b")}
@@ -317,7 +319,7 @@ def test_expected_step_is_the_rooflines_step(seed):
     at the roofs: its step, stage and layer forward operations are the roofline's, to the bit."""
     import dataclasses
 
-    from estimator.roofline import expected_step
+    from estimator.speed.roofline import expected_step
     for arch, training, parallel, hardware in random_configs(seed, 25):
         r = roofline(arch, training, parallel, hardware)
         t = expected_step(arch, training, parallel, hardware)
@@ -419,7 +421,7 @@ LLAMA3_TABLE_4 = [(8192, 1, 64, 8192, 430, 0.43), (16384, 1, 128, 8192, 400, 0.4
 
 @pytest.mark.parametrize("gpus, cp, dp, seq, teraflops, mfu", LLAMA3_TABLE_4)
 def test_llama3_405b_table_4(gpus, cp, dp, seq, teraflops, mfu):
-    from estimator.presets import get_architecture
+    from estimator.models.presets import get_architecture
     arch = get_architecture("llama-3.1-405b")
     assert teraflops / 989 == pytest.approx(mfu, abs=0.006)  # their MFU is TFLOP/s over the SXM peak
     assert gpus == 8 * 16 * cp * dp
@@ -454,7 +456,7 @@ def test_torchtitan_llama31_70b_and_405b():
     about 1.17x high). Table 5: 405B on 512 GPUs, FSDP 8 x TP 8 x PP 8 interleaved, full AC,
     Float8 + compile + AsyncTP: 128. A known miss, about 0.85x low: AsyncTP overlaps the TP
     collectives with the GEMMs, which the estimator exposes in full (more than half of the step)."""
-    from estimator.presets import get_architecture
+    from estimator.models.presets import get_architecture
     a70, a405 = get_architecture("llama-3.1-70b"), get_architecture("llama-3.1-405b")
     seventy = expected(a70, Training(framework="fsdp2", seq_len=8192, micro_batch_size=16, global_batch_size=512,
                                      recompute="full", fp8=True), Parallel(tp=8, dp=32, zero_stage=3), "h100-80")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from estimator import Architecture, ConfigError, Parallel, Training, estimate
-from estimator.presets import get_architecture
-from estimator.sharding import stored_kind_counts
+from estimator.models.presets import get_architecture
+from estimator.memory.sharding import stored_kind_counts
 
 LLAMA_8B = get_architecture("llama-3.1-8b")
 FSDP = dict(framework="fsdp2", seq_len=8192, micro_batch_size=2)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from estimator import load_config
-from estimator.planner import plan
+from estimator.search.planner import plan
 from ui.search_pool import DONE, FAILED, GONE, QUEUED, RUNNING, SearchPool
 
 SMALL = {"model": "llama-3.2-1b", "training": {"seq_len": 4096, "global_batch_size": 64}}
@@ -152,7 +152,7 @@ def test_a_configuration_the_planner_refuses_fails_with_its_field(pool):
 
 
 def test_the_nearest_fitting_layout_is_the_clis():
-    from estimator.advice import plan_to_fit
+    from estimator.search.advice import plan_to_fit
     config = {"model": "llama-3.1-70b", "training": {"seq_len": 8192}, "parallel": {"dp": 8}}
     p = SearchPool(workers=1)
     try:

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from estimator.config import load_config  # noqa: E402
+from estimator.models.loading import load_config  # noqa: E402
 from estimator.serving.service import headline, serving_config  # noqa: E402
 from ui import fields  # noqa: E402
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from estimator.cli import main
-from estimator.config import load_config
+from estimator.models.loading import load_config
 
 CONTRACT_KEYS = {"engine", "engine_version", "budget_bytes", "weights_bytes", "activation_peak_bytes",
                  "non_torch_bytes", "cuda_graph_bytes", "kv_cache_bytes", "kv_cache_tokens", "num_gpu_blocks",

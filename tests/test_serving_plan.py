@@ -8,11 +8,11 @@ import math
 import pytest
 
 from estimator.cli import main
-from estimator.hardware import Hardware
-from estimator.parallel import Parallel
-from estimator.presets import get_architecture, get_hf_config
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.models.presets import get_architecture, get_hf_config
 from estimator.serving.planner import serve_plan
-from estimator.serving.settings import Serving
+from estimator.spec.serving import Serving
 from estimator.serving.vllm_engine import estimate_vllm
 
 

@@ -14,11 +14,11 @@ sequences fit; (3) its activation term is a multiplier (8-12) rather than vLLM's
 
 from __future__ import annotations
 
-from estimator.architecture import Architecture
-from estimator.hardware import Hardware
-from estimator.parallel import Parallel
+from estimator.spec.architecture import Architecture
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
 from estimator.serving import kv_cache
-from estimator.serving.settings import Serving
+from estimator.spec.serving import Serving
 from estimator.serving.vllm_engine import estimate_vllm
 
 GiB = 2**30

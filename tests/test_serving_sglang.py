@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from estimator.errors import ConfigError
-from estimator.hardware import Hardware
-from estimator.parallel import Parallel
-from estimator.presets import get_architecture, get_hf_config
+from estimator.spec.errors import ConfigError
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.models.presets import get_architecture, get_hf_config
 from estimator.serving.sglang_engine import estimate_sglang, prefill_capture_sizes
-from estimator.serving.settings import Serving
+from estimator.spec.serving import Serving
 
 GiB = 2**30
 MiB = 2**20

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from estimator.architecture import Architecture
-from estimator.errors import ConfigError
-from estimator.hardware import GPUS, Hardware
-from estimator.parallel import Parallel
-from estimator.presets import get_architecture, get_hf_config
+from estimator.spec.architecture import Architecture
+from estimator.spec.errors import ConfigError
+from estimator.spec.gpus import GPUS
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.models.presets import get_architecture, get_hf_config
 from estimator.serving import kv_cache
-from estimator.serving.settings import Serving
+from estimator.spec.serving import Serving
 from estimator.serving.vllm_engine import estimate_vllm
 from estimator.serving.vllm_versions import rules_for
 from estimator.serving.weights import WeightFormat, matrix_bytes, stage_layers, stage_weights

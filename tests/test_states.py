@@ -4,8 +4,8 @@ import pytest
 
 from canonical import LLAMA_31_8B, LLAMA_31_70B, MIXTRAL_8X7B, gpt
 from estimator import Parallel, Training, estimate
-from estimator.errors import ConfigError
-from estimator.sharding import stage_parameters
+from estimator.spec.errors import ConfigError
+from estimator.memory.sharding import stage_parameters
 
 STATIC = ("parameters", "gradients", "master_weights", "optimizer_states")
 

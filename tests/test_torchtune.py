@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 
 LLAMA_3B = 3_212_749_824  # Llama-3.2-3B (tied embeddings), the preset's count
 H, LAYERS, HEADS, HEAD_DIM, VOCAB = 3072, 28, 24, 128, 128256

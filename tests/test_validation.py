@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from estimator import ConfigError, estimate_config
-from estimator.fields import label
+from estimator.spec.fields import label
 
 
 def named(path: str) -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from validation.record import RECORDS
-from validation.summary import tensors_peak
+from validation.core.record import MEASURED
+from validation.core.report import tensors_peak
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def test_report_runs_where_torch_and_transformers_cannot_be_imported(tmp_path):
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("| case | peak phase | measured GiB |")
-    records = sorted(p.stem for p in RECORDS.glob("*.json"))
+    records = sorted(p.stem for p in MEASURED.glob("*.json"))
     assert records and [line.split("|")[1].strip() for line in lines[2:2 + len(records)]] == records
     assert f"{len(records)} cases; worst peak error" in run.stdout
 
@@ -37,7 +37,7 @@ def test_summary_counts_every_record_and_its_bound():
     import json
 
     from estimator import estimate_config
-    from validation.summary import FRAMEWORKS, records, summarize
+    from validation.core.summary import FRAMEWORKS, records, summarize
 
     for framework in FRAMEWORKS:
         paths = records(framework)

@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 from estimator import ConfigError, estimate_config, load_config
-from estimator.wording import verdict_word
+from estimator.spec.wording import verdict_word
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def _estimate(config_json: str):
 
 @st.cache_data(max_entries=512, show_spinner=False)
 def _roofline(config_json: str):
-    from estimator.roofline import roofline_config
+    from estimator.speed.roofline import roofline_config
     return roofline_config(load_config(json.loads(config_json)))
 
 
@@ -51,7 +51,7 @@ def _advice(config_json: str) -> tuple[tuple, tuple]:
     The `Config` itself, shared rather than pickled (it is frozen): its dict for the Apply button
     (`Config.to_dict`, about a millisecond each, a third of the advice) is written when the button
     is clicked, not on every rerun after a change."""
-    from estimator.advice import plan_to_fit, suggestions
+    from estimator.search.advice import plan_to_fit, suggestions
     cfg = load_config(json.loads(config_json))
 
     def rows(found):
@@ -86,8 +86,8 @@ def roofline(config_json: str) -> Result:
 @st.cache_data(ttl=3600, max_entries=64, show_spinner=False)
 def fetch_hub_model(hub_id: str) -> dict:
     """A Hub model's canonical architecture and counts (a dict, so it caches); raises ConfigError."""
-    from estimator.config import architecture_to_dict
-    from estimator.hub import fetch_model
+    from estimator.spec.config import architecture_to_dict
+    from estimator.models.hub import fetch_model
 
     model = fetch_model(hub_id)
     return {
@@ -170,9 +170,9 @@ def _amount(value: float, unit: str) -> str:
 @st.cache_data(max_entries=1, show_spinner=False)
 def reference_comparisons() -> list[dict]:
     """The worked examples of other calculators and of the practical guide against this estimator
-    (estimator/references.py): one table per source, every number from the estimator or from the
+    (estimator/memory/references.py): one table per source, every number from the estimator or from the
     source's own arithmetic."""
-    from estimator.references import comparisons
+    from estimator.memory.references import comparisons
 
     out = []
     for c in comparisons():

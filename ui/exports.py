@@ -42,9 +42,9 @@ import json
 import unicodedata
 from pathlib import Path
 
-from estimator.parallel import tp_following_defaults
+from estimator.spec.parallel import tp_following_defaults
 
-from estimator.wording import counted, verdict_word
+from estimator.spec.wording import counted, verdict_word
 
 from . import charts
 from .fields import LABELS, field_label
@@ -484,7 +484,7 @@ def _stages_rows(estimate) -> list[list[str]]:
 
 
 def _fits_rows(estimate) -> list[list[str]]:
-    from estimator.hardware import GPUS
+    from estimator.spec.gpus import GPUS
 
     rows = [["GPU", "Name", "Capacity", "Use", "Verdict"]]
     for f in estimate.fits():

@@ -17,10 +17,10 @@ import json
 from dataclasses import dataclass, field as dc_field
 from typing import Any
 
-from estimator import fields as registry
-from estimator.architecture import ARCHITECTURE_FIELDS, Architecture
-from estimator.config import SECTIONS as CONFIG_SECTIONS, architecture_to_dict, build_section, build_serving
-from estimator.errors import ConfigError, shown_value
+from estimator.spec import fields as registry, field as registry_field, values as registry_values
+from estimator.spec.architecture import ARCHITECTURE_FIELDS, Architecture
+from estimator.spec.config import SECTIONS as CONFIG_SECTIONS, architecture_to_dict, build_section, build_serving
+from estimator.spec.errors import ConfigError, shown_value
 
 AUTO = "auto"
 # training.adapter and training.rl are objects: each exists when its first field (the switch) is
@@ -60,7 +60,7 @@ class Field:
     optional: bool = False  # an int/float that may be left empty (None)
 
     @property
-    def spec(self) -> registry.Field:
+    def spec(self) -> registry_field.Field:
         if self.section == "model":
             return registry.BY_PATH[f"model.{self.name}"]
         return registry.SETTING_BY_NAME[self.name]  # settings by their flat name (adapter_rank)
@@ -73,7 +73,7 @@ class Field:
         return from_contract(self, self.spec.default)
 
 
-def _widget_field(spec: registry.Field) -> Field:
+def _widget_field(spec: registry_field.Field) -> Field:
     kind, options = spec.kind, ()
     if spec.kind == "choice" or (spec.kind == "bool" and spec.optional):
         kind = "select"
@@ -110,8 +110,8 @@ ARCH_REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size
 # A field's label by its path (training.dropout is "Dropout", training.adapter.dropout "Adapter
 # dropout"); by its bare name, a section's own field before an adapter's or an RL run's of that name
 PATH_LABELS = {f.path: f.label for f in registry.ALL}
-LABELS = ({f.name: f.label for f in registry.ALL if f.section in registry.NESTED}
-          | {f.name: f.label for f in registry.ALL if f.section not in registry.NESTED}
+LABELS = ({f.name: f.label for f in registry.ALL if f.section in registry_field.NESTED}
+          | {f.name: f.label for f in registry.ALL if f.section not in registry_field.NESTED}
           | {"model": "Model", "config": "Configuration"})
 
 
@@ -128,7 +128,7 @@ def to_contract(f: Field, ui: Any) -> Any:
             return None
         if f.options == TRISTATE:
             return ui == "true"
-        return registry.parse_text(f.spec, ui)  # the option's own type (zero_stage is an int)
+        return registry_values.parse_text(f.spec, ui)  # the option's own type (zero_stage is an int)
     if f.kind == "int":
         return int(ui)
     if f.kind == "float":
@@ -171,7 +171,7 @@ def parse_text(f: Field, text: str | list[str]) -> Any:
     """A URL parameter's text as a widget value; ValueError saying what is allowed when it is not
     one (the registry's parser and range: a value out of range never reaches a widget)."""
     try:
-        return from_contract(f, registry.parse_text(f.spec, text))
+        return from_contract(f, registry_values.parse_text(f.spec, text))
     except ConfigError as exc:
         raise ValueError(exc.allowed) from None
 
@@ -237,10 +237,10 @@ def ui_values_from_config(config: dict) -> dict[str, Any]:
         given = config.get(section) or {}
         build_any_section(section, given)  # unknown keys and bad values raise here
         for name in given:
-            if name not in BY_NAME and name not in NOT_WIDGETS and name not in registry.NESTED:
+            if name not in BY_NAME and name not in NOT_WIDGETS and name not in registry_field.NESTED:
                 raise ConfigError(f"{section}.{name}", given[name], "a field the app can show")
     for f in ALL_FIELDS:
-        given = registry.get_in(config, f.spec, _ABSENT)
+        given = registry_values.get_in(config, f.spec, _ABSENT)
         values[f.name] = f.default if given is _ABSENT else from_contract(f, given)
     return values
 
@@ -253,7 +253,7 @@ def sections_from_ui(values: dict[str, Any]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     chosen = {section for key, (section, off) in SWITCHES.items() if values.get(key, off) != off}
     for f in ALL_FIELDS:
-        if f.section in registry.NESTED and f.section not in chosen:
+        if f.section in registry_field.NESTED and f.section not in chosen:
             continue  # no adapter (no RL): its other fields are not part of the configuration
         ui = values.get(f.name, f.default)
         if ui == f.default:
@@ -261,7 +261,7 @@ def sections_from_ui(values: dict[str, Any]) -> dict[str, dict]:
         value = to_contract(f, ui)
         if value is None:
             continue
-        registry.set_in(out, f.spec, value)
+        registry_values.set_in(out, f.spec, value)
     return {s: out[s] for s in SECTIONS if s in out}
 
 
@@ -275,7 +275,7 @@ def url_params(model: ModelChoice, values: dict[str, Any]) -> dict[str, str | li
     params = model.url_params()
     sections = sections_from_ui(values)
     for f in ALL_FIELDS:
-        value = registry.get_in(sections, f.spec, _ABSENT)
+        value = registry_values.get_in(sections, f.spec, _ABSENT)
         if value is not _ABSENT:
             params[f.name] = url_text(value)
     return params
@@ -318,7 +318,7 @@ def parse_url(params: dict[str, str | list[str]]) -> UrlState:
         elif "/" in raw_model:
             hub_id = raw_model
         else:
-            from estimator.presets import preset_ids
+            from estimator.models.presets import preset_ids
             if raw_model in preset_ids():
                 model = ModelChoice(source="preset", preset=raw_model)
             else:
@@ -355,7 +355,7 @@ def parse_url(params: dict[str, str | list[str]]) -> UrlState:
             for key, (nested, _) in SWITCHES.items():
                 inner = {f.spec.name: to_contract(f, values[f.name]) for f in ALL_FIELDS
                          if f.section == nested and f.name in values}
-                if section == registry.NESTED[nested] and inner.get(key.split("_", 1)[1]):
+                if section == registry_field.NESTED[nested] and inner.get(key.split("_", 1)[1]):
                     given[nested] = {k: v for k, v in inner.items() if v is not None}
             try:
                 build_any_section(section, given)

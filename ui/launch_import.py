@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from estimator.errors import ConfigError
+from estimator.spec.errors import ConfigError
 from estimator.importers import import_config, supported_kinds
 from estimator.importers.source import decode
 
-from . import keys as K
-from . import state
+from . import keys as K, state
 
 GUESS = "guess from the text"
 _LISTS = (("read", "Read"), ("ignored", "Ignored (no effect on memory)"), ("unsupported", "Not modelled"),

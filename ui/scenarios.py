@@ -13,8 +13,8 @@ import uuid
 
 import pandas as pd
 
-from estimator.errors import ConfigError
-from estimator.wording import verdict_word
+from estimator.spec.errors import ConfigError
+from estimator.spec.wording import verdict_word
 
 from .fields import ALL_FIELDS, LABELS, ui_values_from_config
 

@@ -288,8 +288,8 @@ def work() -> None:
     """A worker process: read the job from stdin, run it, write {"progress": ...} lines and one
     {"done": answer} or {"error": ...} line to stdout, then leave at once (os._exit: the search's
     memos are not freed one by one; the operating system takes the whole process back)."""
-    from estimator.errors import ConfigError
-    from estimator.watch import Watch
+    from estimator.spec.errors import ConfigError
+    from estimator.search.watch import Watch
 
     out = sys.stdout.buffer
 
@@ -338,7 +338,7 @@ def plan_job(args: dict, watch) -> dict:
     import json
 
     from estimator import load_config
-    from estimator.planner import no_fit_text, plan
+    from estimator.search.planner import no_fit_text, plan
 
     cfg = load_config(json.loads(args["config_json"]))
     start = time.perf_counter()
@@ -360,7 +360,7 @@ def nearest_job(args: dict, watch) -> dict:
     import json
 
     from estimator import load_config
-    from estimator.advice import nearest_fitting_layout
+    from estimator.search.advice import nearest_fitting_layout
 
     cfg = load_config(json.loads(args["config_json"]))
     found = nearest_fitting_layout(cfg, watch=watch)

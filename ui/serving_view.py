@@ -34,7 +34,7 @@ def serving(config_json: str) -> Result:
 def _plan(config_json: str, users: int, context: int):
     from estimator.serving.planner import serve_plan
     from estimator.serving.service import checkpoint_of
-    from estimator.serving.settings import Serving
+    from estimator.spec.serving import Serving
     cfg = load_config(json.loads(config_json))
     return serve_plan(cfg.architecture, cfg.serving or Serving(), cfg.hardware, users, context, checkpoint_of(cfg.model))
 

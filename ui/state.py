@@ -37,16 +37,15 @@ from urllib.parse import urlencode
 import streamlit as st
 
 from estimator import ConfigError
-from estimator.hardware import GPUS
+from estimator.spec.gpus import GPUS
 
-from . import compute
-from . import keys as K
+from . import compute, keys as K
 from .fields import (SWITCHES, ALL_FIELDS, ARCH_BY_NAME, BY_NAME, ARCH_FIELDS, ARCH_GROUPS, DEFAULT_MODEL, GROUPS, ModelChoice,
                      arch_editor_values, canonical_arch, config_dict, config_key, error_group, field_label,
                      friendly_message, parse_url, to_contract, ui_values_from_config, url_params, url_text)
 
-from estimator import fields as registry
-from estimator.errors import shown_value
+from estimator.spec import values as registry_values
+from estimator.spec.errors import shown_value
 
 SOURCES = ("Preset", "HF Hub", "Custom")
 _SOURCE_OF = {"preset": "Preset", "hub": "HF Hub", "custom": "Custom"}
@@ -195,7 +194,7 @@ def _shown_default(f) -> str:
 
 def _presets() -> list:
     try:
-        from estimator.presets import list_presets
+        from estimator.models.presets import list_presets
         return list_presets()
     except Exception:  # the presets package is being written by others
         return []
@@ -263,7 +262,7 @@ def _fetch(hub_id: str) -> tuple[dict | None, str]:
 
 def value_problem(f, value: Any) -> str | None:
     """What is wrong with widget value `value` for field `f`, as "expected ..." words, or None:
-    the field registry's own check (estimator/fields.py: type, finite, range, options) on the
+    the field registry's own check (estimator/spec/values.py: type, finite, range, options) on the
     value the estimator would receive, before the value reaches a widget or the estimator."""
     if value is None:
         return None if f.optional or f.kind in ("select", "text") else "a value"
@@ -271,7 +270,7 @@ def value_problem(f, value: Any) -> str | None:
         contract = to_contract(f, value)
         if contract is None and f.name in SWITCHES:  # "none": no adapter (no RL) object at all
             return None
-        registry.check(f.spec, contract)
+        registry_values.check(f.spec, contract)
     except ConfigError as exc:
         return exc.allowed
     except (TypeError, ValueError, OverflowError):  # not even of the widget's type
@@ -451,8 +450,8 @@ def _model_from_config(model: object) -> tuple[ModelChoice, dict | None]:
         return ModelChoice(source="preset", preset=model), None
     if isinstance(model, dict):
         if "model_type" in model or "text_config" in model:
-            from estimator.config import architecture_to_dict
-            from estimator.hf_config import architecture_from_hf_config
+            from estimator.spec.config import architecture_to_dict
+            from estimator.models.hf_config import architecture_from_hf_config
             arch = architecture_to_dict(architecture_from_hf_config(model)[0])
         else:
             arch = canonical_arch(model)
@@ -551,8 +550,8 @@ def _on_source_change() -> None:
         if prev == "HF Hub" and ss.get(K.HUB_MODEL):
             arch = ss[K.HUB_MODEL]["arch"]
         else:
-            from estimator.config import architecture_to_dict
-            from estimator.presets import get_architecture
+            from estimator.spec.config import architecture_to_dict
+            from estimator.models.presets import get_architecture
             arch = architecture_to_dict(get_architecture(ss.get(K.PRESET, DEFAULT_MODEL)))
         _set_arch_editor(arch)
     except Exception:

@@ -7,8 +7,8 @@ import re
 
 import streamlit as st
 
-from estimator.hardware import GPUS
-from estimator.wording import VERDICT_MEANINGS, VERDICT_WORDS, counted, verdict_word
+from estimator.spec.gpus import GPUS
+from estimator.spec.wording import VERDICT_MEANINGS, VERDICT_WORDS, counted, verdict_word
 
 from . import charts, compute, exports, keys, state
 from .state import Current

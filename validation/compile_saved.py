@@ -194,7 +194,7 @@ def megatron_cross_entropy_buffers(s: int = 16, b: int = 2, v: int = 512) -> dic
 
 
 def megatron_cross_entropy_record() -> dict:
-    from .record import package_versions
+    from .core.record import package_versions
 
     return {"id": MEGATRON_CE_RECORD_ID, "logits": {"shape": [16, 2, 512], "dtype": "bfloat16"},
             "functions": megatron_cross_entropy_buffers(), "versions": package_versions("torch", "megatron-core"),
@@ -202,7 +202,7 @@ def megatron_cross_entropy_record() -> dict:
 
 
 def loss_record() -> dict:
-    from .record import package_versions
+    from .core.record import package_versions
 
     return {"id": LOSS_RECORD_ID, "logits": {"shape": [1, 64, 4096], "dtype": "bfloat16"}, **loss_buffers(),
             "versions": package_versions("torch", "torchtitan"), "command": "python -m validation.compile_saved"}
@@ -210,7 +210,7 @@ def loss_record() -> dict:
 
 def record() -> dict:
     """Every case's saved set, with the versions it ran on (the measured records' shape)."""
-    from .record import package_versions
+    from .core.record import package_versions
 
     return {"id": RECORD_ID, "cases": {case: saved_tensors(*args) for case, args in CASES.items()},
             "versions": package_versions("torch", "transformers"), "command": "python -m validation.compile_saved"}
@@ -221,7 +221,7 @@ RECORDS_BY_NAME = {"layers": record, "torchtitan-loss": loss_record, "megatron-c
 if __name__ == "__main__":
     import sys
 
-    from .record import write_record
+    from .core.record import write_record
 
     for name in sys.argv[1:] or RECORDS_BY_NAME:  # python -m validation.compile_saved [name ...]
         print(write_record(RECORDS_BY_NAME[name](), RECORDS))

@@ -10,7 +10,7 @@ echo "torch==2.13.0" > "$pin"
 python3 -m pip install --quiet "torchtitan==0.3.0" "triton==3.9.0" "torchao==0.18.0" -c "$pin"
 python3 -m pip install --quiet "huggingface_hub>=2.4,<3" -c "$pin"
 # Megatron-Core 0.16.1 (validation/megatron), the last release for Python 3.11: numpy and packaging only.
-# It is training.framework_version "0.16" (estimator/versions.py), the default.
+# It is training.framework_version "0.16" (estimator/spec/versions.py), the default.
 python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
 # Megatron-Core 0.19.0 (framework_version "0.19", the current release) needs Python 3.12 and is not
 # installed: its source is a git snapshot of github.com/NVIDIA/Megatron-LM (tag core_v0.19.0, commit
@@ -21,7 +21,7 @@ python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
 # (tests/data/measured/schedules/megatron-interleaved.json) and skips the live run, saying why.
 # torchtitan main (framework_version "main", commit b5bcd76c66d0acb1a08b176d9639425bc55e0b2a) is read the
 # same way from a snapshot of github.com/pytorch/torchtitan; its memory rules equal 0.3.0's
-# (estimator/versions.py), so nothing of it is installed or imported.
+# (estimator/spec/versions.py), so nothing of it is installed or imported.
 # PEFT (validation/peft): LoRA on the HF models; QLoRA's bitsandbytes layer is emulated there and
 # checked against real bitsandbytes 0.49.2 (its CPU build) on tiny runs
 python3 -m pip install --quiet "peft==0.21.2" "bitsandbytes==0.49.2" -c "$pin"

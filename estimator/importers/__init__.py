@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .result import Imported, Setting
 from .source import check_size, read_text
 
@@ -87,7 +87,8 @@ def import_config(text: str, kind: str | None = None, *, name: str = "", gpus: i
 
 def _validate(config: dict) -> None:
     """Every field in range and every section known, without fetching a Hub model (estimate does)."""
-    from ..config import architecture_from_model, build_section, SECTIONS
+    from ..models.loading import architecture_from_model
+    from ..spec.config import build_section, SECTIONS
     model = config.get("model")
     if not (isinstance(model, str) and "/" in model):
         architecture_from_model(model)
@@ -99,7 +100,7 @@ def _validate(config: dict) -> None:
 
 
 def estimate_imported(imported: Imported):
-    from ..config import estimate_config
+    from ..memory.memory import estimate_config
     return estimate_config(imported.config)
 
 

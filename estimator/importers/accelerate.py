@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
-from ..training import FRAMEWORKS
+from ..spec.errors import ConfigError
+from ..spec.choices import FRAMEWORKS
 from . import hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
 from .result import Imported, Ledger

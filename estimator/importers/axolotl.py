@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
 from .finetune import deepspeed_by_name, targets
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from ..errors import ConfigError
-from ..fields import BY_PATH, set_in
+from ..spec.errors import ConfigError
+from ..spec.fields import BY_PATH
+from ..spec.values import set_in
 from .result import Ledger
 
 _INT = re.compile(r"[+-]?\d{1,18}")

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 
 GiB = 1024**3
 COMMANDS = ("import", "check")
@@ -111,8 +111,8 @@ def emit_plan(args: argparse.Namespace, cfg, result) -> int:
     """``plan --emit KIND``: the fastest fitting layout that KIND can express, written as its launch
     configuration on stdout; exit 1 (and the planner's answer on stderr) when no layout fits, 2 with
     the first reason when KIND can express none of them."""
-    from ..config import Config
-    from ..planner import no_fit_text
+    from ..spec.config import Config
+    from ..search.planner import no_fit_text
     from .emit import emit
     if not result.layouts:
         print(no_fit_text(result), file=sys.stderr)

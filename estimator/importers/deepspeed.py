@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from . import hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
 from .result import Imported, Ledger
@@ -153,5 +153,5 @@ def _zero(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
 
 
 def _hidden_size(model: str) -> int | None:
-    from ..presets import get_architecture, preset_ids
+    from ..models.presets import get_architecture, preset_ids
     return get_architecture(model).hidden_size if model in preset_ids() else None

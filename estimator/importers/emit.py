@@ -14,7 +14,7 @@ import json
 import shlex
 from dataclasses import replace
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .torchtitan import FLAVORS
 
 EMIT_KINDS = ("megatron", "torchtitan")
@@ -22,7 +22,7 @@ EMIT_KINDS = ("megatron", "torchtitan")
 
 def emit(kind: str, config: dict, gpus_per_node: int = 8) -> str:
     """`config` (the contract's JSON) as a `kind` launch configuration."""
-    from ..config import load_config
+    from ..models.loading import load_config
     if kind not in EMIT_KINDS:
         raise ConfigError("--emit", kind, ", ".join(EMIT_KINDS))
     cfg = load_config(config)
@@ -126,7 +126,7 @@ _RECIPES = {"tensorwise": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwis
 
 
 def _megatron_training(tr, arch) -> list[str]:
-    from ..training import resolve_recipe
+    from ..spec.training import resolve_recipe
     recipe = resolve_recipe(tr)
     if tr.mode != "training":
         raise _refuse("megatron", "training.mode", tr.mode, "'training' (pretrain_gpt.py trains)")
@@ -274,7 +274,7 @@ def _torchtitan(cfg) -> str:
     if cfg.hardware.expandable_segments:
         raise _refuse("torchtitan", "hardware.expandable_segments", True, "false (an environment variable, not a "
                       "job-config key)")
-    from ..training import resolve_recipe
+    from ..spec.training import resolve_recipe
     recipe = resolve_recipe(tr)
     sections: dict[str, dict] = {"model": {"name": flavor[0], "flavor": flavor[1]}}
     training: dict = {"local_batch_size": tr.micro_batch_size, "seq_len": tr.seq_len}
@@ -297,7 +297,7 @@ def _torchtitan(cfg) -> str:
     sections["training"] = training
     sections["parallelism"] = _titan_parallel(arch, par, tr)
     if par.pp > 1:  # the local batch is split into the pipeline's micro-batches
-        from ..memory import estimate
+        from ..memory.memory import estimate
         training["local_batch_size"] = tr.micro_batch_size * estimate(arch, tr, par, cfg.hardware).microbatches
     elif tr.global_batch_size is not None and tr.global_batch_size != tr.micro_batch_size * par.dp:
         training["global_batch_size"] = tr.global_batch_size
@@ -322,7 +322,7 @@ _TORCH = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 
 
 def _architecture(fields: dict):
-    from ..architecture import Architecture
+    from ..spec.architecture import Architecture
     return Architecture(**fields)
 
 
@@ -338,7 +338,7 @@ def _titan_parallel(arch, par, tr) -> dict:
         out["expert_parallel_degree"] = par.ep
         out["expert_tensor_parallel_degree"] = par.etp
     if par.pp > 1:
-        from ..sharding import virtual_stage_sizes
+        from ..memory.sharding import virtual_stage_sizes
         sizes = virtual_stage_sizes(arch, par)
         parts, start = [], 0
         for i, n in enumerate(sizes):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, to_int
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS, TRL
 from .models import is_hub_id, preset_for

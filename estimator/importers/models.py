@@ -23,7 +23,7 @@ def _key(name: str) -> str:
 def preset_for(name: str) -> str | None:
     """The bundled preset id whose Hub id (or id) names the same model as `name` (a Hub id such as
     ``meta-llama/Meta-Llama-3.1-8B-Instruct`` or a local folder ``/tmp/Qwen3-8B``), else None."""
-    from ..presets import list_presets
+    from ..models.presets import list_presets
     if not isinstance(name, str) or not name.strip():
         return None
     key = _key(name)

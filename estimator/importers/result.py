@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import re
 
-from ..errors import shown_value
+from ..spec.errors import shown_value
 
 # settings whose values are credentials: their values are never printed (--api-key, hf_token, ...)
 _SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)

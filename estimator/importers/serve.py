@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, split_flags, to_float, to_int
 from .models import is_hub_id, preset_for
 from .result import Imported, Ledger
@@ -182,7 +182,7 @@ def _context(values: dict, build: ConfigBuilder, ledger: Ledger, used: set, engi
     length = values.get(flag)
     if length is None:
         preset = build.named_model
-        from ..presets import get_hf_config, preset_ids
+        from ..models.presets import get_hf_config, preset_ids
         if preset not in preset_ids():
             raise ConfigError(flag, None, "the context length (the model's own is not known offline)", "missing")
         length = get_hf_config(preset).get("max_position_embeddings") or get_hf_config(preset).get(

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 
 FIELD = "command line"
 OPAQUE = "\x00"  # marks a value that came from a command substitution (never run)

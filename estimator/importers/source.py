@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 
 MAX_BYTES = 256 * 1024  # the largest launch configuration read (published ones are under 20 KiB)
 MAX_NODES = 200_000  # YAML values once aliases are expanded (a recipe has a few hundred)

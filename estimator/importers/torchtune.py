@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
 from .result import Imported, Ledger
 from .source import parse_yaml

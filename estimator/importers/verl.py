@@ -11,7 +11,7 @@ loaded when the KL loss or the KL reward is on.
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
 from .models import is_hub_id, preset_for
 from .result import Imported, Ledger

@@ -2,7 +2,6 @@
 
 Each module is one job, after vLLM's own split of its start-up accounting:
 
-- `settings`: the config's ``serving`` object (the field registry reads it).
 - `vllm_versions`: one record per vLLM release where a rule changed.
 - `checkpoint`: the weight format and context length a checkpoint's config gives.
 - `weights`: the weights as loaded, per format, TP rank and PP stage.
@@ -11,7 +10,7 @@ Each module is one job, after vLLM's own split of its start-up accounting:
 - `kv_cache`: KV cache specs per layer, layer groups, blocks, capacity, the longest max_model_len.
 - `vllm_engine`: the budget and the terms together, for the rank that limits capacity.
 
-Nothing in the rest of `estimator` imports this package except the field registry (its settings) and
-the command line; importing it does no I/O. (This file imports nothing: the registry reads
-`settings` while it is itself being imported.)
+The config's ``serving`` object is a record of the spec layer (`estimator.spec.serving`). This package
+imports `memory`, `models` and `spec`; only the command line, the importers and the app import it;
+importing it does no I/O.
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..architecture import Architecture
+from ..spec.architecture import Architecture
 from .kv_cache import kv_heads_per_rank
 
 SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4  # logits in bf16, their fp32 copy, fp32 probabilities

@@ -4,14 +4,14 @@
 quantization method from it (model_executor/layers/quantization: ``quant_method`` fp8, gptq, awq, mxfp4,
 modelopt/modelopt_fp4, compressed-tensors), else its ``torch_dtype`` (bf16 unless float16). The context
 length is ``max_position_embeddings`` (text_config for multimodal wrappers), else the transformers
-configuration class's default for the family (estimator/hf_config.py), as vLLM derives max_model_len.
+configuration class's default for the family (estimator/models/hf_config.py), as vLLM derives max_model_len.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
+from ..spec.errors import ConfigError
 from .weights import WeightFormat
 
 
@@ -79,7 +79,7 @@ def context_length(config: dict | None) -> int | None:
     text = _text_config(config)
     value: Any = text.get("max_position_embeddings")
     if value is None:
-        from ..hf_config import FAMILIES
+        from ..models.hf_families import FAMILIES
         family = FAMILIES.get(str(text.get("model_type")))
         value = family.defaults.get("max_position_embeddings") if family else None
     return int(value) if isinstance(value, (int, float)) and value > 0 else None

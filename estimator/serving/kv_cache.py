@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..architecture import Architecture
+from ..spec.architecture import Architecture
 
 
 def cdiv(a: int, b: int) -> int:

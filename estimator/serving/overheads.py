@@ -18,7 +18,7 @@ gives them up before the KV cache is sized (gpu_worker.py, VLLM_MEMORY_PROFILER_
 
 from __future__ import annotations
 
-from ..architecture import Architecture
+from ..spec.architecture import Architecture
 from .kv_cache import kv_heads_per_rank
 
 MiB = 1024**2

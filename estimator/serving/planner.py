@@ -14,13 +14,13 @@ import math
 import time
 from dataclasses import dataclass
 
-from ..architecture import Architecture
-from ..errors import ConfigError
-from ..hardware import Hardware
-from ..parallel import Parallel
+from ..spec.architecture import Architecture
+from ..spec.errors import ConfigError
+from ..spec.hardware import Hardware
+from ..spec.parallel import Parallel
 from .checkpoint import checkpoint_format
 from .service import estimate_serving
-from .settings import Serving
+from ..spec.serving import Serving
 
 TP_SIZES = (1, 2, 4, 8, 16)
 PP_SIZES = (1, 2, 4, 8)

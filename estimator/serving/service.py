@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..architecture import Architecture
-from ..errors import ConfigError
-from ..hardware import Hardware
-from ..parallel import Parallel
-from .settings import Serving
+from ..spec.architecture import Architecture
+from ..spec.errors import ConfigError
+from ..spec.hardware import Hardware
+from ..spec.parallel import Parallel
+from ..spec.serving import Serving
 
 GiB = 1024**3
 
@@ -18,16 +18,16 @@ def checkpoint_of(model) -> dict | None:
     if isinstance(model, dict):
         return model if ("model_type" in model or "text_config" in model) else None
     if "/" in model:
-        from ..hub import fetch_config, parse_hub_id
+        from ..models.hub import fetch_config, parse_hub_id
         repo_id, revision = parse_hub_id(model)
         return fetch_config(repo_id, revision=revision)
-    from ..presets import get_hf_config
+    from ..models.presets import get_hf_config
     return get_hf_config(model)
 
 
 def serving_config(cfg):
     """A loaded `Config`'s serving estimate (its serving object, or the defaults when absent)."""
-    from .settings import Serving
+    from ..spec.serving import Serving
     return estimate_serving(cfg.architecture, cfg.serving or Serving(), cfg.parallel, cfg.hardware,
                             checkpoint_of(cfg.model))
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..architecture import Architecture
-from ..components import component
-from ..errors import ConfigError
-from ..hardware import Hardware
-from ..parallel import Parallel
+from ..spec.architecture import Architecture
+from ..memory.components import component
+from ..spec.errors import ConfigError
+from ..spec.hardware import Hardware
+from ..spec.parallel import Parallel
 from . import kv_cache
 from .checkpoint import checkpoint_format, context_length
-from .settings import Serving, version_tuple
+from ..spec.serving import Serving, version_tuple
 from .vllm_engine import KV_DTYPE_BYTES, Resolved, ServingEstimate, StageBudget
 from .weights import stage_layers, stage_weights
 

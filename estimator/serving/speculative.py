@@ -24,10 +24,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..architecture import REPLICATED, Architecture, ParameterTensor
-from ..errors import ConfigError
+from ..spec.architecture import REPLICATED, Architecture, ParameterTensor
+from ..spec.errors import ConfigError
 from .kv_cache import LayerSpec, layer_specs
-from .settings import Speculative
+from ..spec.serving import Speculative
 from .weights import WeightFormat, tensor_bytes
 
 

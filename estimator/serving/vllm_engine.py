@@ -13,16 +13,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..architecture import Architecture
-from ..components import Component, component
-from ..errors import ConfigError
-from ..fields import MAX_TOKENS
-from ..hardware import Hardware
-from ..parallel import Parallel
+from ..spec.architecture import Architecture
+from ..memory.components import Component, component
+from ..spec.errors import ConfigError
+from ..spec.field import MAX_TOKENS
+from ..spec.hardware import Hardware
+from ..spec.parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
 from .activations import activation_peak
 from .checkpoint import checkpoint_format, context_length
-from .settings import Serving
+from ..spec.serving import Serving
 from .weights import stage_layers, stage_weights
 
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
@@ -168,7 +168,7 @@ def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
     from .speculative import draft_for
     draft_arch = None
     if spec.draft_model:
-        from ..config import architecture_from_model  # a preset, a Hub id (fetched) or a config object
+        from ..models.loading import architecture_from_model  # a preset, a Hub id (fetched) or a config object
         draft_arch = architecture_from_model(spec.draft_model)
     return draft_for(arch, spec, r.weights, par.tp, par.ep, r.block_size, r.kv_bytes, draft_arch)
 

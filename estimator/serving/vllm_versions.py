@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ConfigError
-from .settings import version_tuple
+from ..spec.errors import ConfigError
+from ..spec.serving import version_tuple
 
 GiB = 1024**3
 

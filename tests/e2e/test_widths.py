@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import pytest
 
 from estimator import estimate_config, load_config
-from estimator.roofline import roofline_config
+from estimator.speed.roofline import roofline_config
 from ui.charts import phase_rows, stage_rows
 from ui.fields import ModelChoice, ui_values_from_config, url_params
 from ui.roofline_charts import step_parts

@@ -1,29 +1,9 @@
-"""python -m validation.fsdp1 {list | measure CASE... | measure --all}"""
+"""python -m validation.fsdp1: the command line every harness has (validation/core/cli.py)."""
 
-from __future__ import annotations
-
-import argparse
 import sys
 
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m validation.fsdp1", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list the cases")
-    measure = sub.add_parser("measure", help="measure cases into tests/data/measured/fsdp1/")
-    measure.add_argument("cases", nargs="*", help="case ids")
-    measure.add_argument("--all", action="store_true")
-    args = parser.parse_args(argv)
-    from .cases import CASES
-
-    if args.command == "list":
-        print("\n".join(CASES))
-        return 0
-    from ..record import measure_cases
-    from .record import write
-
-    return measure_cases(list(CASES) if args.all else args.cases, CASES, write, "validation.fsdp1")
-
+from ..core.cli import main
+from .plugin import HARNESS
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(HARNESS))

@@ -3,7 +3,7 @@ contract's JSON format (/work/shared/CONTRACT.md: `training.framework` "fsdp1").
 
 from __future__ import annotations
 
-from ..models import MODELS
+from ..hf.models import MODELS
 from .step import Run
 
 ALL_SEVEN = ["q", "k", "v", "o", "gate", "up", "down"]

@@ -24,7 +24,7 @@ require grad (the sharded fp32 views). Step 1 creates the optimizer states; step
 Phases: "accumulate" (the micro-batches before the last, forward and backward), "forward",
 "backward" (the last micro-batch) and "optimizer".
 
-What a CPU run cannot show is emulated as for the HF records (validation/emulation.py:
+What a CPU run cannot show is emulated as for the HF records (validation/core/emulation.py:
 FlashAttention-2's allocations for SDPA, the packed-sequence check); FSDP1 runs on the CPU
 device handle (`device_id=torch.device("cpu")`), whose streams and events are no-ops: the
 allocations are those of the order the CPU issues them in, without a GPU stream's delayed reuse.
@@ -33,16 +33,17 @@ allocations are those of the order the CPU issues them in, without a GPU stream'
 from __future__ import annotations
 
 import functools
-import gc
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..emulation import cuda_emulation
-from ..models import MODELS
-from ..tracker import StorageTracker, categories, cuda_block_bytes, phase_summary
+from ..core.emulation import cuda_emulation, fsdp1_storage
+from ..core.meta import materialize
+from ..core.steps import fake_mode, log_second_step
+from ..core.tracker import StorageTracker, phase_summary
+from ..core.world import fake_world
+from ..hf.models import MODELS
 
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -57,17 +58,6 @@ class Run:
     recompute: str = "none"  # "none" or "full"
     lora_rank: int = 0  # 0: full fine-tuning; else LoRA on q, k, v, o, gate, up, down
     layers: int | None = None  # keep only the first N decoder layers (tiny self-test models)
-
-
-def init_world(world: int) -> None:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        if dist.get_world_size() == world:
-            return
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
 
 
 def meta_model(run: Run):
@@ -108,39 +98,6 @@ def wrap(model):
                 mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16),
                 use_orig_params=True, limit_all_gathers=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
                 forward_prefetch=False, device_id=torch.device("cpu"))
-
-
-@contextmanager
-def storage_resizes(tracker):
-    """FSDP1 allocates and frees its unsharded FlatParameters (`_full_param_padded`) and low-precision
-    shards (`_mp_shard`) by resizing their storages in place (torch 2.13 distributed/utils.py
-    `_alloc_storage`, `_free_storage`, called from fsdp/_flat_param.py), which no op reports to a
-    dispatch mode: each resize is given to the tracker as the allocation or free it is on a GPU."""
-    import torch.distributed.fsdp._flat_param as flat
-
-    alloc, free = flat._alloc_storage, flat._free_storage
-
-    def resized(tensor):
-        storage = tensor.untyped_storage()
-        key = tracker._keys.get(id(storage))
-        if key is None:
-            tracker.adopt(tensor)
-        else:
-            tracker._resize(key, cuda_block_bytes(storage.nbytes()))
-
-    def alloc_storage(tensor, size):
-        alloc(tensor, size)
-        resized(tensor)
-
-    def free_storage(tensor):
-        free(tensor)
-        resized(tensor)
-
-    flat._alloc_storage, flat._free_storage = alloc_storage, free_storage
-    try:
-        yield
-    finally:
-        flat._alloc_storage, flat._free_storage = alloc, free
 
 
 @contextmanager
@@ -194,46 +151,34 @@ def train_step(model, opt, input_ids, run: Run, phase=lambda name: nullcontext()
 
 def traced_step(run: Run, fake: bool = True, seed: int = 0):
     tracker = StorageTracker()
-    tracker.recording = False
     torch.manual_seed(seed)
-    init_world(run.world)
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
+    fake_world(run.world)
     model = meta_model(run)
-    with mode, cuda_emulation(tracker), storage_resizes(tracker), storage_identity():
-        from ..peft.build import materialize
-
+    with fake_mode(fake), cuda_emulation(tracker), fsdp1_storage(tracker), storage_identity():
         materialize(model)
         model = wrap(model)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0, fused=True)
         input_ids = torch.randint(0, model.config.vocab_size if hasattr(model, "config") else 1000,
                                   (run.micro_batch_size, run.seq_len))
-        with tracker:
-            train_step(model, opt, input_ids, run)  # step 1: creates the optimizer states
-            gc.collect()
-            tracker.start()
+        flat = []  # each unit's FlatParameter, once step 1 has run
+
+        def owners():
             # each unit's sharded FlatParameter: its local fp32 shard, `_local_shard` (torch 2.13
             # fsdp/_flat_param.py; the original parameters are views into it). Not `flat_param` itself: under
             # FakeTensorMode a frozen unit's `flat_param.data = _local_shard` leaves it on the unsharded storage.
-            flat = [m._handle.flat_param for m in FSDP.fsdp_modules(model) if m._handle is not None]
+            flat.extend(m._handle.flat_param for m in FSDP.fsdp_modules(model) if m._handle is not None)
             keys = {tracker.adopt(p._local_shard) for p in flat}
-            for b in model.buffers():
-                tracker.adopt(b)
-            tracker.adopt(input_ids)
-            states = {tracker.adopt(t) for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
-            grads = set()
+            for t in (*model.buffers(), input_ids):
+                tracker.adopt(t)
+            return keys, {tracker.adopt(t) for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
 
-            def phase(name):
-                if name == "optimizer":  # the backward is over: the sharded gradients exist
-                    grads.update(tracker.key(p.grad) for p in [*model.parameters(), *flat] if p.grad is not None)
-                return tracker.phase(name)
-
-            train_step(model, opt, input_ids, run, phase)
-            tracker.stop()
-    return tracker, categories(keys, grads, states)
+        category = log_second_step(
+            tracker, lambda phase: train_step(model, opt, input_ids, run, phase), owners,
+            lambda: {tracker.key(p.grad) for p in [*model.parameters(), *flat] if p.grad is not None})
+    return tracker, category
 
 
 def measure(run: Run, fake: bool = True, seed: int = 0) -> dict:
     """Bytes per category at each phase's peak of the second training step."""
-    tracker, category = traced_step(run, fake, seed)
-    return phase_summary(tracker, category)
+    return phase_summary(*traced_step(run, fake, seed))

@@ -2,9 +2,12 @@
 measure (same configuration, same step), those that one H200 (141 GB) holds, plus small models at
 which what fake tensors cannot see (library workspaces, the allocator's segments) is a visible share.
 
-A case is (harness, run, allocator): the harness is "hf" (validation/step.py) or "peft"
-(validation/peft/step.py); the allocator is "default" or "expandable" (PYTORCH_CUDA_ALLOC_CONF=
-expandable_segments:True, set before CUDA starts: each case runs in a process of its own).
+A case is (harness, run, allocator, wrapper): the harness is "hf" (validation/step.py), "peft"
+(validation/peft/step.py), "bnb" (validation/gpu/bnb.py) or "kernel" (one framework kernel,
+validation/gpu/kernels.py); the allocator is "default" or "expandable" (PYTORCH_CUDA_ALLOC_CONF=
+expandable_segments:True, set before CUDA starts: each case runs in a process of its own); the wrapper
+is "" or "accelerate" (the model prepared by a real Accelerator(mixed_precision="bf16") as the HF
+Trainer does: validation/gpu/wrappers.py).
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..cases import CASES as HF_CASES, SMALL_RUNS, case_id as hf_case_id
+from ..hf.cases import CASES as HF_CASES, SMALL_RUNS, case_id as hf_case_id
 from ..peft.build import ALL_SEVEN
 from ..peft.cases import CASES as PEFT_CASES, case_id as peft_case_id
-from ..step import Run
+from ..hf.step import Run
 from .bnb import BnbRun
+from .kernels import KernelRun
 
 MEASURED = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured"
 # What one H200 holds with room for the CUDA context and the allocator's cache (143,771 MiB total):
@@ -30,12 +34,15 @@ SMALL_HF = list(SMALL_RUNS)
 
 @dataclass(frozen=True)
 class GpuCase:
-    harness: str  # "hf" or "peft"
-    run: object  # validation.step.Run or validation.peft.build.LoraRun
+    harness: str  # "hf", "peft", "bnb" or "kernel"
+    run: object  # validation.step.Run, validation.peft.build.LoraRun or validation.gpu.kernels.KernelRun
     allocator: str = "default"  # or "expandable"
+    wrapper: str = ""  # or "accelerate"
 
     @property
     def base_id(self) -> str:
+        if self.harness == "kernel":
+            return self.run.id
         if self.harness == "hf":
             return hf_case_id(self.run)
         base = peft_case_id(self.run)
@@ -46,11 +53,14 @@ class GpuCase:
 
     @property
     def id(self) -> str:
-        return self.base_id if self.allocator == "default" else f"{self.base_id}-expandable"
+        suffix = ("" if self.allocator == "default" else "-expandable") + (f"-{self.wrapper}" if self.wrapper else "")
+        return self.base_id + suffix
 
     @property
     def fake_record(self) -> Path:
         """The fake-tensor record of the same run (absent for a case measured on the GPU only)."""
+        if self.harness == "kernel" or self.wrapper:
+            return MEASURED / "none"
         base = hf_case_id(self.run) if self.harness == "hf" else peft_case_id(self.run)
         return MEASURED / ("" if self.harness == "hf" else "peft") / f"{base}.json"
 
@@ -72,7 +82,7 @@ def cases() -> list[GpuCase]:
     # QLoRA's torchao NF4 is not on the GPU machine; bitsandbytes neither
     rest += [GpuCase("peft", r) for r in PEFT_CASES.values() if r.base == "bf16"]
     bnb = [GpuCase("bnb", r) for r in BNB]
-    ordered = bnb + first + small + expandable + [c for c in rest if c not in first]
+    ordered = ROUND_2 + bnb + first + small + expandable + [c for c in rest if c not in first]
     return [c for c in ordered if _fits(c)]
 
 
@@ -93,5 +103,23 @@ FIRST_PEFT = ("llama-3.1-8b-lora-r16-qv-norecompute-drop00-s4096-b1", "llama-3.1
               "qwen2.5-7b-lora-r16-alllinear-recompute-drop00-s8192-b1", "qwen3-30b-a3b-lora-r8-qv-norecompute-drop00-s2048-b1",
               "llama-3.1-8b-dora-r16-qv-norecompute-drop00-s2048-b1")
 
+# Second session with a GPU: what the first round could not see.
+# - Accelerate's mixed-precision wrapping (accelerator.py prepare_model: autocast + convert_outputs_to_fp32),
+#   on runs the first round measured without it: the difference is the wrapper's own.
+# - bitsandbytes' paged optimizers (managed memory: outside max_memory_allocated/reserved).
+# - Megatron-Core's native fused cross-entropy against the unfused one (the fp32 copy read from CPU
+#   Inductor code in tests/data/measured/compile/).
+ROUND_2 = [
+    GpuCase("hf", Run("llama-3.2-1b", 2048), wrapper="accelerate"),
+    GpuCase("hf", Run("qwen2.5-0.5b", 2048, 2), wrapper="accelerate"),
+    GpuCase("hf", Run("llama-3.2-1b", 2048, recipe="amp"), wrapper="accelerate"),
+    GpuCase("hf", Run("llama-3.1-8b", 4096), wrapper="accelerate"),
+    GpuCase("peft", PEFT_CASES["llama-3.1-8b-lora-r16-qv-norecompute-drop00-s4096-b1"], wrapper="accelerate"),
+    GpuCase("peft", PEFT_CASES["qwen2.5-7b-lora-r16-alllinear-recompute-drop00-s8192-b1"], wrapper="accelerate"),
+    GpuCase("kernel", KernelRun("megatron-cross-entropy", 4096, 1, 128256)),
+    GpuCase("kernel", KernelRun("megatron-cross-entropy", 4096, 2, 151936)),
+    GpuCase("hf", Run("llama-3.2-1b", 2048, optimizer="paged_adamw")),
+    GpuCase("hf", Run("llama-3.2-1b", 2048, optimizer="paged_adamw8bit")),
+]
 
 CASES: dict[str, GpuCase] = {c.id: c for c in cases()}

@@ -86,8 +86,8 @@ def enable_hf_recompute(model) -> None:
 
 
 def build_hf(run, device: str):
-    from ..models import MODELS
-    from ..step import build
+    from ..hf.models import MODELS
+    from ..hf.step import build
 
     if device == "cpu":
         return build(run)
@@ -103,6 +103,11 @@ def build_hf(run, device: str):
     params = [p for p in model.parameters() if p.requires_grad]
     if run.optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, foreach=True)
+    elif run.optimizer in ("paged_adamw", "paged_adamw8bit"):  # the Trainer's optim="paged_adamw_32bit"/"_8bit"
+        import bitsandbytes as bnb
+
+        paged = bnb.optim.PagedAdamW if run.optimizer == "paged_adamw" else bnb.optim.PagedAdamW8bit
+        opt = paged(params, lr=1e-5, weight_decay=0.01)
     else:
         opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
     return model, opt
@@ -126,7 +131,7 @@ BUILDERS = {"hf": build_hf, "peft": build_peft, "bnb": build_bnb}
 
 def step_function(harness: str, run):
     if harness == "hf":
-        from ..step import train_step
+        from ..hf.step import train_step
 
         return lambda model, opt, ids, phase: train_step(model, opt, ids, run, phase)
     from ..peft.step import train_step
@@ -153,7 +158,13 @@ def model_states(model, opt) -> dict:
             "trainable_parameters": tensor_bytes(p for p in params if p.requires_grad)}
 
 
-def measure(harness: str, run, device: str = "cuda") -> dict:
+def segments() -> list[list]:
+    """The caching allocator's segments as they stand: [size, allocated, active, pool] each."""
+    return [[s["total_size"], s["allocated_size"], s["active_size"], s["segment_type"]]
+            for s in torch.cuda.memory_snapshot()]
+
+
+def measure(harness: str, run, device: str = "cuda", wrapper: str = "") -> dict:
     """Run two steps of the case on `device`; the record's `measured` object."""
     cuda = device == "cuda"
     out: dict = {}
@@ -164,6 +175,10 @@ def measure(harness: str, run, device: str = "cuda") -> dict:
         out["context_reserved_bytes"] = torch.cuda.memory_reserved()
     torch.manual_seed(0)
     model, opt = BUILDERS[harness](run, device)
+    if wrapper:
+        from .wrappers import WRAPPERS
+
+        model = WRAPPERS[wrapper](model)
     step = step_function(harness, run)
     ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len), device=device)
     start = time.perf_counter()
@@ -201,6 +216,7 @@ def measure(harness: str, run, device: str = "cuda") -> dict:
     out["nvidia_smi_used_end_bytes"] = nvidia_smi_used_bytes()
     stats = torch.cuda.memory_stats()
     out["stats"] = {k: stats.get(k) for k in STATS}
+    out["segments"] = segments()
     before = torch.cuda.memory_allocated()
     torch._C._cuda_clearCublasWorkspaces()
     out["cublas_workspace_bytes"] = before - torch.cuda.memory_allocated()
@@ -264,7 +280,12 @@ def main(argv: list[str]) -> int:
     from .cases import CASES
 
     case, device = CASES[argv[0]], argv[1]
-    measured = measure(case.harness, case.run, device)
+    if case.harness == "kernel":
+        from .kernels import measure_kernel
+
+        measured = measure_kernel(case.run, device)
+    else:
+        measured = measure(case.harness, case.run, device, case.wrapper)
     print(json.dumps({"id": case.id, "measured": measured, "versions": versions(device)}))
     return 0
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..record import write_record
+from ..core.record import write_record
 from .cases import CASES, MEASURED
 
 GPU_RECORDS = MEASURED / "gpu"
@@ -24,7 +24,7 @@ METHOD = (
 
 def config_of(case, gpu: str, bitsandbytes: str | None = None) -> dict:
     """The case's contract configuration on `gpu`; a bitsandbytes QLoRA case names the release it ran."""
-    from ..cases import contract_config as hf_config
+    from ..hf.cases import contract_config as hf_config
     from ..peft.cases import contract_config as peft_config
 
     config = hf_config(case.run) if case.harness == "hf" else peft_config(case.run)
@@ -34,8 +34,12 @@ def config_of(case, gpu: str, bitsandbytes: str | None = None) -> dict:
     return config
 
 
+WRAPPED = {"accelerate": "the model prepared by a real accelerate Accelerator(mixed_precision=\"bf16\") as the HF "
+                          "Trainer does (forward = convert_outputs_to_fp32(autocast(forward)))"}
+
+
 def description_of(case, device: str) -> str:
-    from ..cases import describe as hf_describe
+    from ..hf.cases import describe as hf_describe
     from ..peft.cases import describe as peft_describe
 
     text = hf_describe(case.run) if case.harness == "hf" else peft_describe(case.run)
@@ -44,7 +48,10 @@ def description_of(case, device: str) -> str:
                             "bitsandbytes Linear4bit NF4, " + ("double-quantized" if case.run.double_quant
                                                                else "fp32 absmax, no double quantization"))
     allocator = " with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" if case.allocator == "expandable" else ""
-    return f"{text}; measured on a real {device}{allocator}"
+    wrapped = f"; {WRAPPED[case.wrapper]}" if case.wrapper else ""
+    if case.run.__class__.__name__ == "Run" and case.run.optimizer.startswith("paged"):
+        text = text.replace("SGD with momentum (foreach)", f"bitsandbytes {case.run.optimizer}")
+    return f"{text}{wrapped}; measured on a real {device}{allocator}"
 
 
 def measured_of(m: dict) -> dict:
@@ -58,7 +65,22 @@ def measured_of(m: dict) -> dict:
         "parameters": m["parameters"], "optimizer_states": m["optimizer_states"],
         "trainable_parameters": m["trainable_parameters"],
         "phases": m["phases"], "allocator_stats": m["stats"], "step2_seconds": round(m["step2_seconds"], 3),
-    }
+    } | ({"segments": m["segments"]} if "segments" in m else {})
+
+
+KERNEL_METHOD = ("one framework kernel run for real on the GPU (validation/gpu/kernels.py): bf16 logits as a leaf "
+                 "tensor, each implementation called twice (the first call compiles), the second measured with "
+                 "torch.cuda.memory_allocated / max_memory_allocated around its forward and its backward")
+
+
+def kernel_record_of(line: dict) -> dict:
+    case, versions = CASES[line["id"]], line["versions"]
+    run = case.run
+    return {"id": line["id"], "kernel": run.kernel,
+            "run": {"seq_len": run.seq_len, "micro_batch_size": run.micro_batch_size, "vocab": run.vocab},
+            "measured": line["measured"], "method": KERNEL_METHOD, "versions": versions,
+            "command": f"python -m validation.gpu run --out DIR --case {line['id']}; "
+                       "python -m validation.gpu records --from DIR/runs.jsonl"}
 
 
 def record_of(line: dict) -> dict:
@@ -69,6 +91,7 @@ def record_of(line: dict) -> dict:
         "id": line["id"], "description": description_of(case, versions["gpu"]), "config": config_of(case, gpu, versions.get("bitsandbytes")),
         "measured": measured_of(line["measured"]), "method": METHOD, "versions": versions,
         "fake_tensor_record": str(fake.relative_to(MEASURED)) if fake.exists() else None,
+        **({"wrapper": case.wrapper} if case.wrapper else {}),
         "command": f"python -m validation.gpu run --out DIR --case {line['id']}; "
                    "python -m validation.gpu records --from DIR/runs.jsonl",
     }
@@ -85,6 +108,8 @@ def write_records(source: Path) -> list[Path]:
                                "linear with bias, backward on the autograd thread, fp32 matmul) and what "
                                "clearCublasWorkspaces frees"}
             written.append(write_record(probe, GPU_RECORDS))
+        elif CASES[line["id"]].harness == "kernel":
+            written.append(write_record(kernel_record_of(line), GPU_RECORDS / "kernels"))
         else:
             written.append(write_record(record_of(line), GPU_RECORDS))
     return written

@@ -201,3 +201,16 @@ def describe(s: Setup) -> str:
             + (", legacy GroupedMLP (--moe-grouped-gemm; grouped_gemm's gmm emulated, kernels.gmm)"
                if s.grouped_gemm else "")
             + f", {'distributed optimizer' if s.distributed_optimizer else 'Float16 optimizer'}")
+
+
+def record_fields(s: Setup) -> dict:
+    """What the record says of the rank built, between its configuration and its measurement."""
+    return {
+        "stage": s.stage_index,
+        "layers_built": s.stage_layers,
+        "layers_note": ("the config's num_layers is layers_built x pp: every stage holds "
+                        "layers_built layers; per-layer figures are layer_kept_bytes")
+        + ("; every layer is MoE (the local layer spec builds MoE layers throughout, so the config "
+           "says first_dense_layers 0)" if s.arch.num_experts else ""),
+        "not_expressible": not_expressible(s),
+    }

@@ -33,7 +33,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..tracker import CATEGORIES, StorageTracker, category_of
+from ..core.tracker import CATEGORIES, StorageTracker, category_of
+from ..core.world import end_world, fake_world
 from . import fused, kernels
 from .shims import STORAGE_RESIZED, gloo_as_fake, megatron_shims
 
@@ -115,19 +116,13 @@ class Setup:
 
 # --- the world ----------------------------------------------------------------------------------
 @contextlib.contextmanager
-def fake_world(setup: Setup):
+def megatron_world(setup: Setup):
     """Initialise torch.distributed (fake) and Megatron's parallel_state as this rank sees them:
     rank order "tp-cp-ep-dp-pp" makes pipeline stage i start at rank i x tp x cp x dp."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import random as mrandom
 
-    rank = setup.stage_index * setup.tp * setup.cp * setup.dp
-    if dist.is_initialized():  # another harness's fake world (torchtitan's, FSDP1's) left for its next run
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=rank, world_size=setup.world_size, store=FakeStore())
+    fake_world(setup.world_size, rank=setup.stage_index * setup.tp * setup.cp * setup.dp)
     try:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=setup.tp, pipeline_model_parallel_size=setup.pp,
@@ -148,7 +143,7 @@ def fake_world(setup: Setup):
 
         moe_utils.MoEAuxLossAutoScaler.main_loss_backward_scale = None
         ps.destroy_model_parallel()
-        dist.destroy_process_group()
+        end_world()
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -419,7 +414,7 @@ def traced_step(setup: Setup, fake: bool = True, seed: int = 0) -> Trace:
         # storage must be freed for the tracker
         mode.cache_enabled = False
     try:
-        with megatron_shims(), gloo_as_fake(), fake_world(setup), mode, tracker:
+        with megatron_shims(), gloo_as_fake(), megatron_world(setup), mode, tracker:
             model, config = build_stage(setup)
             ddp, optimizer = wrap(setup, model, config)
             _layer_hooks(model, marks, tracker, armed)

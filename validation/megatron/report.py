@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from .record import load_all
-from ..summary import tensors_peak
+from ..core.report import optimizer_step, percent, tensors_peak
 
 MiB = 2**20
 
 
-def _err(estimated: float, measured: float) -> str:
-    if not measured:
-        return "n/a"
-    return f"{100 * (estimated - measured) / measured:+.1f}%"
-
-
 def estimated_layer_bytes(result, record) -> float:
     """Today's per-layer activation estimate for the record's layer kind and recompute."""
-    from estimator.activations import layer_bytes, layer_input_bytes
+    from estimator.memory.activations.layer import layer_bytes, layer_input_bytes
 
     training, arch, par = result.training, result.architecture, result.parallel
     if training.recompute == "full":
@@ -25,11 +18,11 @@ def estimated_layer_bytes(result, record) -> float:
     return layer_bytes(arch, training, par, kind, selective=training.recompute == "selective")
 
 
-def rows() -> list[dict]:
+def rows(records: list[dict]) -> list[dict]:
     from estimator import estimate_config
 
     out = []
-    for r in load_all():
+    for r in records:
         m = r["measured"]
         row = {"id": r["id"], "not_expressible": r.get("not_expressible", [])}
         try:
@@ -39,7 +32,7 @@ def rows() -> list[dict]:
             out.append(row)
             continue
         stage = result.stages[r["stage"]]
-        phase = {c.key: c.bytes for c in next(p for p in stage.phases if p.name == "optimizer").components}
+        phase = optimizer_step(stage)
         layers = m["layer_kept_bytes"]
         # MoE models with leading dense layers: compare the MoE layers (the last ones built)
         layer = layers[-1] if layers else 0
@@ -53,9 +46,9 @@ def rows() -> list[dict]:
     return out
 
 
-def report() -> int:
+def report(records: list[dict]) -> int:
     try:
-        table = rows()
+        table = rows(records)
     except ImportError as e:
         print(f"cannot compare: {e}")
         return 1
@@ -67,9 +60,9 @@ def report() -> int:
             continue
         lm, le = row["layer_measured"], row["layer_estimated"]
         pm, pe = row["peak"]
-        print(f"| {row['id']} | {lm / MiB:.1f} / {le / MiB:.1f} | {_err(le, lm)} | "
-              + " | ".join(_err(e, m) for m, e in (row["params"], row["grads"], row["states"]))
-              + f" | {pm / 2**30:.2f} / {pe / 2**30:.2f} | {_err(pe, pm)} | "
+        print(f"| {row['id']} | {lm / MiB:.1f} / {le / MiB:.1f} | {percent(le, lm)} | "
+              + " | ".join(percent(e, m) for m, e in (row["params"], row["grads"], row["states"]))
+              + f" | {pm / 2**30:.2f} / {pe / 2**30:.2f} | {percent(pe, pm)} | "
               + (", ".join(row["not_expressible"]) or "") + " |")
     print(f"\n{len(table)} cases. Peak: one micro-batch in flight on the measured rank "
           "(global batch = micro-batch x dp).")

@@ -1,5 +1,5 @@
 """Megatron-Core's own interleaved-schedule code, run for every layout the estimator's in-flight
-counts cover (estimator/activations.py `interleaved_in_flight`).
+counts cover (estimator/memory/pipeline.py `interleaved_in_flight`).
 
 `schedule_code(version)` compiles, from a release's own `megatron/core/pipeline_parallel/
 schedules.py`, the two functions that decide a rank's interleaved order: `get_pp_rank_microbatches`
@@ -34,7 +34,7 @@ import subprocess
 import typing
 from pathlib import Path
 
-from estimator.versions import RELEASES
+from estimator.spec.versions import RELEASES
 
 RECORD = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured" / "schedules" / "megatron-interleaved.json"
 SCHEDULES_PATH = "megatron/core/pipeline_parallel/schedules.py"
@@ -114,7 +114,7 @@ def schedule_code(version: str) -> ScheduleCode:
 
 def layouts():
     """(p, v, m, g) of every layout checked, in a fixed order."""
-    from estimator.activations import interleaved_microbatches_error
+    from estimator.memory.pipeline import interleaved_microbatches_error
     for p in range(2, MAX_PP + 1):
         for v in VPPS:
             for m in range(p, MAX_M_OVER_P * p + 1):

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..models import MODELS
+from ..core.meta import materialize
+from ..hf.models import MODELS
 
 # peft's target names for the contract's short names (transformers' Llama/Qwen/Mixtral modules)
 TARGET_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
@@ -82,22 +83,6 @@ def meta_peft_model(run: LoraRun):
     # low_cpu_mem_usage: adapters are created on meta too. autocast_adapter_dtype stays at its
     # default (True): peft keeps the adapters of a bf16 base in fp32.
     return get_peft_model(base, lora_config(run), low_cpu_mem_usage=True)
-
-
-def materialize(model: nn.Module, device: str = "cpu") -> None:
-    """Replace every meta parameter by one on `device` (a fake CPU one under FakeTensorMode; a real
-    GPU's for validation/gpu), N(0, 0.02) initialised so a real run computes finite values; shared
-    parameters stay shared."""
-    done: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is None or not p.is_meta:
-                continue
-            if id(p) not in done:
-                with torch.no_grad():
-                    data = torch.empty_like(p, device=device).normal_(std=0.02)
-                done[id(p)] = nn.Parameter(data, requires_grad=p.requires_grad)
-            module._parameters[name] = done[id(p)]
 
 
 def prepare_kbit(model: nn.Module) -> int:

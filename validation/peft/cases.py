@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..models import MODELS
+from ..hf.models import MODELS
 from .build import ALL_SEVEN, LoraRun
 
 DEFAULT_BNB = LoraRun.__dataclass_fields__["bnb_version"].default

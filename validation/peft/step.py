@@ -5,7 +5,7 @@ a peft model:
     clip_grad_norm_(trainable parameters, max_norm=1.0)           # TrainingArguments.max_grad_norm
     optimizer.step(); model.zero_grad()                           # fused AdamW, grads set to None
 
-Step 1 creates the optimizer states; step 2 is measured. Besides validation/emulation.py's CUDA
+Step 1 creates the optimizer states; step 2 is measured. Besides validation/core/emulation.py's CUDA
 emulation (FlashAttention-2, packed-sequence check, 512-byte rounding), two CUDA behaviours matter
 here and are emulated:
 - dropout (LoRA dropout): on CUDA `at::dropout` runs the fused `native_dropout`, which keeps a
@@ -22,50 +22,16 @@ norm and the clip coefficient.
 
 from __future__ import annotations
 
-import gc
 from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_leaves
 
-from ..emulation import cuda_emulation
-from ..tracker import HOST_OPS, StorageTracker, categories, phase_summary
+from ..core.emulation import cuda_emulation
+from ..core.steps import fake_mode, log_second_step
+from ..core.tracker import UnwrappingTracker, phase_summary
 from .bnb import logical_numel, state_tensors
 from .build import LoraRun, build, meta_peft_model, trainable_parameters
-
-
-def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors that own storage: a wrapper subclass (torchao's NF4) owns none itself."""
-    if not is_traceable_wrapper_subclass(t):
-        return [t]
-    names, _ = t.__tensor_flatten__()
-    inner = (getattr(t, name) for name in names)
-    return [leaf for x in inner if isinstance(x, torch.Tensor) for leaf in plain_tensors(x)]
-
-
-class Tracker(StorageTracker):
-    """validation/tracker.py's StorageTracker, looking through tensor subclasses to the plain
-    tensors that hold their storage."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self._hidden:
-            return out
-        for t in (leaf for x in tree_leaves(out) if isinstance(x, torch.Tensor) for leaf in plain_tensors(x)):
-            if func in HOST_OPS and t.dim() == 0 and id(t.untyped_storage()) not in self._keys:
-                self.ignore(t)
-            if id(t.untyped_storage()) not in self._host:
-                key = self.adopt(t)
-                self.labels.setdefault(key, f"{func.__name__} {str(t.dtype)[6:]} {tuple(t.shape)}")
-        return out
-
-    def adopt_all(self, t: torch.Tensor) -> set[int]:
-        """Register the storages of a tensor alive when the log starts, host-resident ones
-        (a CPU step counter created by torch.tensor) excepted."""
-        return {self.adopt(leaf) for leaf in plain_tensors(t) if id(leaf.untyped_storage()) not in self._host}
 
 
 _ORIGINAL_DROPOUT = F.dropout
@@ -102,42 +68,31 @@ def traced_step(run: LoraRun, fake: bool = True, seed: int = 0, make_model=meta_
     """Two training steps, the second logged; returns the tracker, the category of each storage
     key, the model (for its counts) and the keys of the trainable parameters. `make_model`: the
     peft model before `build` (bnb.real_peft_model: real bitsandbytes, for the tiny CPU check)."""
-    tracker = Tracker()
-    tracker.recording = False
+    tracker = UnwrappingTracker()
     torch.manual_seed(seed)
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
     model = make_model(run)
-    with mode, cuda_emulation(tracker), cuda_dropout():
+    trainable: set[int] = set()
+    with fake_mode(fake), cuda_emulation(tracker), cuda_dropout():
         model, opt = build(model, run)
         input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
-        with tracker:
-            train_step(model, opt, input_ids)  # step 1: creates the optimizer states
-            gc.collect()
-            tracker.start()
-            params, trainable = set(), set()
+
+        def owners():
+            params = set()
             for p in model.parameters():
                 keys = tracker.adopt_all(p)
                 params |= keys
                 if p.requires_grad:
-                    trainable |= keys
+                    trainable.update(keys)
             for t in state_tensors(model):  # bitsandbytes' quantization states: with the parameters
                 params.add(tracker.adopt(t))
             for b in model.buffers():
                 tracker.adopt_all(b)
             tracker.adopt(input_ids)
-            states = {tracker.adopt(t) for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
-            grads = set()
+            return params, {tracker.adopt(t) for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
 
-            def phase(name):
-                if name == "optimizer":  # the backward is over: gradients have their owners
-                    grads.update(tracker.key(p.grad) for p in model.parameters() if p.grad is not None)
-                return tracker.phase(name)
-
-            train_step(model, opt, input_ids, phase)
-            tracker.stop()
-
-    category = categories(params, grads, states)
-
+        category = log_second_step(
+            tracker, lambda phase: train_step(model, opt, input_ids, phase), owners,
+            lambda: {tracker.key(p.grad) for p in model.parameters() if p.grad is not None})
     return tracker, category, model, trainable
 
 

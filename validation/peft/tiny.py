@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..models import MODELS, Model, _dense
+from ..hf.models import MODELS, Model, _dense
 
 TINY = {m.id: m for m in [
     MODELS["tiny-llama"],

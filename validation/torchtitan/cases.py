@@ -118,7 +118,7 @@ def contract_config(c: Case) -> dict:
         "micro_batch_size": c.local_batch,
         # TrainingConfig: dtype fp32 sharded parameters (the master copy), mixed_precision_param
         # bf16 (what FSDP2 all-gathers and computes with), reduce fp32, AdamW states in fp32: the
-        # contract's fsdp2 recipe with bf16 parameters (estimator/training.py)
+        # contract's fsdp2 recipe with bf16 parameters (estimator/spec/training.py)
         "param_dtype": "bf16", "grad_dtype": "fp32", "master_weights": True,
         "optimizer_dtype": "fp32", "compute_dtype": "bf16", "optimizer": "adamw",
         "recompute": {"none": "none", "full": "full", "op": "selective", "layer": "full"}[c.ac],
@@ -159,3 +159,10 @@ def describe(c: Case) -> str:
             f"{reshard}, bf16 params / fp32 reduce, fp32 master params and AdamW (fused), "
             f"{ac}{fp8}, flex attention, chunked loss (8), seq {c.seq_len}, local batch "
             f"{c.local_batch}")
+
+
+def measure(c: Case) -> dict:
+    """The record's measurement of a case (validation/torchtitan/step.py)."""
+    from .step import measure as measure_run
+
+    return measure_run(c.run())

@@ -29,7 +29,8 @@ undone afterwards (except the device type, which torchtitan reads once at import
 5. FSDP2 frees and re-allocates the unsharded parameters with `storage.resize_`
    (`free_storage` / `alloc_storage` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py),
    which no dispatch mode sees; on a GPU each is a caching-allocator free / allocation. The
-   patched versions tell the tracker the storage's new size.
+   patched versions tell the tracker the storage's new size (validation/core/emulation.py
+   `fsdp2_storage`, shared with the torchtune harness).
 6. RMSNorm: `nn.RMSNorm` -> `F.rms_norm` -> `aten::rms_norm` (CompositeImplicitAutograd) calls
    `at::_fused_rms_norm` (aten/src/ATen/native/layer_norm.cpp, `rms_norm_symint`). The CPU
    build registers no CPU kernel for it, so its CompositeImplicitAutograd kernel
@@ -43,7 +44,8 @@ undone afterwards (except the device type, which torchtitan reads once at import
    duration of a measurement, so the CPU run takes the CUDA dispatch path; they return those
    tensors, with values from torch's own decompositions (torch/_decomp/decompositions.py
    `_fused_rms_norm`, `_fused_rms_norm_backward`), which fake tensors run as well, unseen by
-   the tracker. Left out: `LaunchGammaBetaBackwardCUDAKernel`'s partial dgamma buffer, made
+   the tracker (validation/core/emulation.py, shared with the torchtune harness). Left out:
+   `LaunchGammaBetaBackwardCUDAKernel`'s partial dgamma buffer, made
    only when M > 65536 and N / 32 < SMs / 2 (the q/k norms): blocks.y x N in the weight's
    dtype with blocks.y <= 32768 / (N / 32), so at most 32768 x 32 elements (2 MiB), freed at once. With
    the optional nvidia-cutlass-dsl, torch 2.13 on SM 9.x/10.x runs quack's kernels instead
@@ -58,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..emulation import fused_rms_norm  # noqa: F401 (item 6 above; shared with the torchtune harness)
+from ..core.emulation import fsdp2_storage, fused_rms_norm
 
 
 def use_cpu_device() -> None:
@@ -162,19 +164,9 @@ def _eager_block_mask(*args, **kwargs):
     return create_block_mask(*args, **kwargs)
 
 
-def _tracked_resize(tracker, original):
-    def resize(tensor):
-        original(tensor)
-        tracker.adopt(tensor)
-
-    return resize
-
-
 @contextmanager
 def cpu_emulation(tracker):
     """Patch torchtitan / torch for a measured run (see the module docstring)."""
-    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
-    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
     import torchtitan.components.quantization.float8 as float8
     import torchtitan.distributed.activation_checkpoint as ac
     import torchtitan.models.common.attention as attention
@@ -182,21 +174,17 @@ def cpu_emulation(tracker):
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
 
     saved = [(attention.FlexAttention, "forward"), (decoder, "create_attention_mask"),
-             (attention, "create_attention_mask"), (fsdp_param, "alloc_storage"),
-             (fsdp_param, "free_storage"), (fsdp_group, "alloc_storage"),
-             (ac, "_get_default_save_ops"), (float8, "has_cuda_capability"),
-             (cp_attention, "_compiled_create_block_mask")]
+             (attention, "create_attention_mask"), (ac, "_get_default_save_ops"),
+             (float8, "has_cuda_capability"), (cp_attention, "_compiled_create_block_mask")]
     originals = [getattr(obj, name) for obj, name in saved]
     cp_attention._compiled_create_block_mask = _eager_block_mask  # item 3, CP's per-rank mask
     attention.FlexAttention.forward = _flex_forward()
     float8.has_cuda_capability = lambda major, minor: (major, minor) <= (9, 0)  # an H100
-    ac._get_default_save_ops = lambda: originals[6]() | {torch.ops.titan_emulation.flex_forward.default}
+    ac._get_default_save_ops = lambda: originals[3]() | {torch.ops.titan_emulation.flex_forward.default}
     decoder.create_attention_mask = attention.create_attention_mask = _eager_block_mask
-    fsdp_param.alloc_storage = fsdp_group.alloc_storage = _tracked_resize(tracker, originals[3])
-    fsdp_param.free_storage = _tracked_resize(tracker, originals[4])
     _hidden.append(tracker.hidden)
     try:
-        with fused_rms_norm():
+        with fsdp2_storage(tracker), fused_rms_norm():
             yield
     finally:
         _hidden.pop()

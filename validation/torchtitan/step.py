@@ -27,16 +27,15 @@ Step 1 creates the optimizer states; step 2 is measured.
 
 from __future__ import annotations
 
-import gc
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..tracker import categories, phase_summary
+from ..core.steps import fake_mode, log_second_step
+from ..core.tracker import SubclassAwareTracker, phase_summary
+from ..core.world import fake_world
 from .shims import cpu_emulation, use_cpu_device
-from .tracker import SubclassAwareTracker
 
 use_cpu_device()  # before any other torchtitan import: it reads the device type at import
 
@@ -104,17 +103,6 @@ def trainer_config(run: Run):
     )
 
 
-def init_world(world: int) -> None:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        if dist.get_world_size() == world:
-            return
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-
-
 def _every_nth_block(model, every: int) -> None:
     """Layer-level selective AC, which torchtitan 0.3.0 no longer offers: full AC on every
     `every`-th block only, as torchtitan <= 0.2 did (`ac_freq`: wrap when the running block
@@ -156,7 +144,7 @@ def build(run: Run, fake: bool):
     from torchtitan.tools import utils
 
     config = trainer_config(run)
-    init_world(run.world)
+    fake_world(run.world)
     dims = ParallelDims.from_config(config.parallelism, run.world)
     dims.build_mesh()
     dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
@@ -237,50 +225,30 @@ def _local(t):
 
 def traced_step(run: Run, fake: bool = True, seed: int = 0):
     tracker = SubclassAwareTracker()
-    tracker.recording = False
     torch.manual_seed(seed)
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
     with cpu_emulation(tracker):
         config, dims, model, loss_fn = build(run, fake)  # on meta, outside fake mode
-        with mode:
+        with fake_mode(fake):
             optimizers, schedulers = materialize(config, dims, model, loss_fn)
             vocab = config.model_spec.model.vocab_size
             shape = (run.local_batch, run.seq_len)
             batch = (torch.randint(0, vocab, shape), torch.randint(0, vocab, shape),
                      torch.arange(run.seq_len).repeat(run.local_batch, 1))
-            with tracker:
-                train_step(model, loss_fn, optimizers, schedulers, config, dims, batch)
-                gc.collect()
-                tracker.start()
+
+            def owners():
                 params = {tracker.adopt(_local(p)) for p in model.parameters()}
-                for b in model.buffers():
-                    tracker.adopt(b)
-                for t in batch:
+                for t in (*model.buffers(), *batch):
                     tracker.adopt(t)
-                states = set()
-                for opt in optimizers.optimizers:
-                    for state in opt.state.values():
-                        for t in state.values():
-                            if torch.is_tensor(t):
-                                # fused AdamW keeps its `step` on the device (torch/optim/adamw.py)
-                                states.add(tracker.adopt(_local(t)))
-                grads = set()
+                # fused AdamW keeps its `step` on the device (torch/optim/adamw.py)
+                return params, {tracker.adopt(_local(t)) for opt in optimizers.optimizers
+                                for state in opt.state.values() for t in state.values() if torch.is_tensor(t)}
 
-                def phase(name):
-                    if name == "optimizer":
-                        grads.update(tracker.key(_local(p.grad)) for p in model.parameters()
-                                     if p.grad is not None)
-                    return tracker.phase(name)
-
-                train_step(model, loss_fn, optimizers, schedulers, config, dims, batch, phase)
-                tracker.stop()
-
-    category = categories(params, grads, states)
-
+            category = log_second_step(
+                tracker, lambda phase: train_step(model, loss_fn, optimizers, schedulers, config, dims, batch, phase),
+                owners, lambda: {tracker.key(_local(p.grad)) for p in model.parameters() if p.grad is not None})
     return tracker, category
 
 
 def measure(run: Run, fake: bool = True, seed: int = 0) -> dict:
     """Bytes per category at each phase's peak of the second training step."""
-    tracker, category = traced_step(run, fake, seed)
-    return phase_summary(tracker, category)
+    return phase_summary(*traced_step(run, fake, seed))

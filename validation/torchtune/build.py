@@ -7,7 +7,7 @@ instantiated on the meta device; RoPE's buffers (`theta` and the cos/sin `cache`
 max_seq_len x head_dim/2 x 2 fp32, Qwen2's max_seq_len x 2 head_dim, which the recipe keeps on the
 GPU; one module shared by every layer, but one per layer in lora_qwen2) are then computed for real
 on the CPU: Llama 3.1's scaled RoPE reads the frequencies' values, which fake tensors do not have.
-`validation.peft.build.materialize` then gives the parameters (fake or real) CPU storage.
+`validation.core.meta.materialize` then gives the parameters (fake or real) CPU storage.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from functools import partial
 
 import torch
 
-from ..peft.build import materialize
+from ..core.meta import materialize
+from ..core.world import fake_world
 from .models import TUNE_MODELS
 
 
@@ -60,19 +61,6 @@ def meta_model(run: TuneRun):
     return model
 
 
-def init_world(world: int) -> None:
-    """A fake process group of `world` ranks, this process rank 0 (torch's FakeStore, backend "fake"):
-    collectives allocate their outputs and move no data."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        if dist.get_world_size() == world:
-            return
-        dist.destroy_process_group()
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-
-
 def shard(model, run: TuneRun) -> None:
     """recipes/lora_finetune_distributed.py (torchtune 0.6.1) _setup_model: on the meta device,
     `training.shard_model` applies FSDP2's fully_shard to every TransformerSelfAttentionLayer
@@ -82,7 +70,7 @@ def shard(model, run: TuneRun) -> None:
     NF4Tensor.fsdp_pre_all_gather / fsdp_post_all_gather)."""
     from torchtune import training
 
-    init_world(run.world)
+    fake_world(run.world)
     training.shard_model(model=model, shard_conditions=[partial(training.get_shard_conditions,
                                                                 names_to_match=None)],
                          cpu_offload=False, reshard_after_forward=True)
@@ -124,7 +112,7 @@ def make_optimizer(run: TuneRun, params):
 def materialize_nf4(model) -> None:
     """QLoRA's frozen NF4 weights (torchtune LoRALinear / FrozenNF4Linear with quantize_base)
     were quantized on meta: quantize a fresh bf16 tensor of the same shape instead."""
-    from ..peft.nf4 import nf4_class, to_nf4
+    from ..core.nf4 import nf4_class, to_nf4
 
     for module in model.modules():
         for name, p in list(module._parameters.items()):

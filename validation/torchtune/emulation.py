@@ -1,4 +1,4 @@
-"""What a CPU run needs, beyond validation/emulation.py, to allocate what torchtune's activation
+"""What a CPU run needs, beyond validation/core/emulation.py, to allocate what torchtune's activation
 offloading allocates on a GPU.
 
 `OffloadActivations` (torchtune/training/_activation_offloading.py) is a saved-tensors hook. In
@@ -99,30 +99,3 @@ def eager_compiled_steps(tracker):
         yield
     finally:
         torch.compile = original
-
-
-@contextmanager
-def fsdp_storage(tracker):
-    """FSDP2 frees and re-allocates the unsharded parameters with ``storage.resize_`` (``free_storage``
-    / ``alloc_storage`` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py), which no dispatch mode
-    sees; on a GPU each is a caching-allocator free or allocation: the tracker is told the storage's new
-    size (as validation/torchtitan/shims.py does for torchtitan)."""
-    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
-    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
-
-    saved = [(fsdp_param, "alloc_storage"), (fsdp_param, "free_storage"), (fsdp_group, "alloc_storage")]
-    originals = [getattr(obj, name) for obj, name in saved]
-
-    def tracked(original):
-        def resize(tensor):
-            original(tensor)
-            tracker.adopt(tensor)
-        return resize
-
-    fsdp_param.alloc_storage = fsdp_group.alloc_storage = tracked(originals[0])
-    fsdp_param.free_storage = tracked(originals[1])
-    try:
-        yield
-    finally:
-        for (obj, name), value in zip(saved, originals):
-            setattr(obj, name, value)

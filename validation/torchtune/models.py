@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..models import CANONICAL_DEFAULTS, MODELS, _dense
+from ..hf.models import CANONICAL_DEFAULTS, MODELS, _dense
 
 
 @dataclass(frozen=True)

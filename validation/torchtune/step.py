@@ -6,8 +6,8 @@
     if not optimizer_in_bwd: scale_grads(model, 1 / num_tokens); optimizer.step(); zero_grad(set_to_none)
 
 (clip_grad_norm is null in the recipes' configs.) Step 1 creates the optimizer states; step 2 is
-measured. CUDA is emulated as for the HF records (validation/emulation.py: FlashAttention-2 for
-SDPA, 512-byte blocks, host scalars not counted; F.rms_norm dispatched as on CUDA, validation/emulation.py
+measured. CUDA is emulated as for the HF records (validation/core/emulation.py: FlashAttention-2 for
+SDPA, 512-byte blocks, host scalars not counted; F.rms_norm dispatched as on CUDA, validation/core/emulation.py
 fused_rms_norm: torchtune's RMSNorm passes an fp32 input with a bf16 scale, which layer_norm.cpp
 refuses to fuse, so its composite ops run there as here) and for activation offloading
 (validation/torchtune/emulation.py); fused AdamW keeps its step counters on the GPU; torchao's
@@ -16,17 +16,16 @@ AdamW8bit steps run eagerly, uncounted (validation/torchtune/emulation.py, eager
 
 from __future__ import annotations
 
-import gc
 from contextlib import nullcontext
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..emulation import cuda_emulation, fused_rms_norm
-from ..peft.step import Tracker
-from ..tracker import categories, phase_summary
+from ..core.emulation import cuda_emulation, fsdp2_storage, fused_rms_norm
+from ..core.steps import fake_mode, log_second_step
+from ..core.tracker import UnwrappingTracker, phase_summary
+from ..core.world import end_world
 from .build import TuneRun, meta_model, setup, shard
-from .emulation import eager_compiled_steps, fsdp_storage, offload_emulation
+from .emulation import eager_compiled_steps, offload_emulation
 
 IGNORE_INDEX = -100  # CEWithChunkedOutputLoss / CrossEntropyLoss default, the recipe's ignore index
 
@@ -62,45 +61,35 @@ def train_step(model, optimizer, loss_fn, offload, tokens, labels, ignore_cache,
 
 
 def traced_step(run: TuneRun, fake: bool = True, seed: int = 0):
-    tracker = Tracker()
-    tracker.recording = False
+    tracker = UnwrappingTracker()
     torch.manual_seed(seed)
-    grads: set[int] = set()
+    hooked: set[int] = set()  # gradients an in-backward step frees before the optimizer phase
     model = meta_model(run)
     if run.world > 1:
         shard(model, run)  # on meta, outside fake mode (as torchtitan's harness parallelizes)
-    elif torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
-    with mode, cuda_emulation(tracker), offload_emulation(tracker), eager_compiled_steps(tracker), fused_rms_norm(), \
-            fsdp_storage(tracker):
+    else:
+        end_world()
+    buffers: set[int] = set()
+    with fake_mode(fake), cuda_emulation(tracker), offload_emulation(tracker), eager_compiled_steps(tracker), \
+            fused_rms_norm(), fsdp2_storage(tracker):
         optimizer, states_of, loss_fn, offload = setup(
-            model, run, on_grad=lambda p: grads.update(tracker.adopt_all(p.grad)) if tracker.recording else None)
+            model, run, on_grad=lambda p: hooked.update(tracker.adopt_all(p.grad)) if tracker.recording else None)
         vocab = model.tok_embeddings.num_embeddings
         tokens = torch.randint(0, vocab, (run.batch_size, run.seq_len))
         labels = torch.randint(0, vocab, (run.batch_size, run.seq_len))
         ignore_cache = torch.full((run.batch_size, 1), IGNORE_INDEX)
         args = (model, optimizer, loss_fn, offload, tokens, labels, ignore_cache)
-        with tracker:
-            train_step(*args)  # step 1: creates the optimizer states
-            gc.collect()
-            tracker.start()
+
+        def owners():
             params = set().union(*(tracker.adopt_all(p) for p in model.parameters()))
-            buffers = set().union(set(), *(tracker.adopt_all(b) for b in model.buffers()))
+            buffers.update(*(tracker.adopt_all(b) for b in model.buffers()))
             for t in (tokens, labels, ignore_cache):
                 tracker.adopt(t)
-            states = {k for s in states_of() for t in s.values() if torch.is_tensor(t) for k in tracker.adopt_all(t)}
+            return params, {k for s in states_of() for t in s.values() if torch.is_tensor(t) for k in tracker.adopt_all(t)}
 
-            def phase(name):
-                if name == "optimizer":
-                    grads.update(k for p in model.parameters() if p.grad is not None for k in tracker.adopt_all(p.grad))
-                return tracker.phase(name)
-
-            train_step(*args, phase=phase)
-            tracker.stop()
-
-    category = categories(params, grads, states)
-
+        category = log_second_step(
+            tracker, lambda phase: train_step(*args, phase=phase), owners,
+            lambda: hooked | {k for p in model.parameters() if p.grad is not None for k in tracker.adopt_all(p.grad)})
     return tracker, category, model, buffers
 
 

@@ -139,10 +139,10 @@ def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
 def run_case(case, vllm_version: str) -> dict:
     from transformers import AutoConfig
     from vllm.distributed.utils import get_pp_indices
-    from estimator.hardware import Hardware
-    from estimator.parallel import Parallel
-    from estimator.presets import get_architecture, get_hf_config
-    from estimator.serving.settings import Serving
+    from estimator.spec.hardware import Hardware
+    from estimator.spec.parallel import Parallel
+    from estimator.models.presets import get_architecture, get_hf_config
+    from estimator.spec.serving import Serving
     from estimator.serving.vllm_engine import estimate_vllm
 
     preset, gpu, tp, pp, overrides = case

@@ -1,0 +1,161 @@
+"""The attention block's saved tensors: q, k, v, scores or the flash statistics, MLA's latents
+and up-projections, context parallelism's gathered keys and values.
+"""
+
+from __future__ import annotations
+
+from ...spec.architecture import Architecture
+from ...spec.dtypes import bytes_per_element
+from ...spec.parallel import Parallel
+from ...spec.training import Training
+from .entries import (ATTENTION_OUTPUT, CORE, Entry, NORM, UP_PROJ, _norm, _norm_output, compiled, fused_kernels,
+                      tokens_per_gpu, torch_fused_rms_norm)
+
+
+CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_cp_to_forward (FlexAttention: "
+                  "flex_cp_allgather of k and v on the sequence dim); torch 2.13 distributed/tensor/experimental/"
+                  "_context_parallel/_cp_custom_ops.py flex_cp_allgather (all_gather_single, no saved tensors; "
+                  "its backward reduce-scatters); measured: tests/data/measured/torchtitan/*-cp*")
+
+
+def cp_flex_all_gather(training: Training, par: Parallel | None) -> bool:
+    """torchtitan (fsdp2) with context parallelism runs flex attention on K/V all-gathered over CP."""
+    return training.framework == "fsdp2" and par is not None and par.cp > 1 and training.attention == "flash"
+
+
+def attention_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    b, s = training.micro_batch_size, training.seq_len / par.cp
+    h, a = arch.hidden_size, arch.num_attention_heads
+    qw = arch.q_width
+    from ..kbit import math_attention, prepared
+    math_sdpa = math_attention(arch, training)  # fp32 SDPA with grouped KV heads: the math backend (kbit.py)
+    out = _norm("attention norm input", T, arch, training)
+    out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM,
+                        weights=("q", "k", "v"))
+    if arch.uses_mla:
+        # DeepSeek-V2 MLA (arXiv 2405.04434 section 2.1): the compressed latents feed the
+        # up-projections (replicated over TP); the core sees q, k (the shared rope key
+        # broadcast to every head) and v per head.
+        if arch.q_lora_rank:
+            out.append(Entry("compressed q (q up-projection input)", T * arch.q_lora_rank, B, "none", "B*s*b*q_lora_rank",
+                             gemm_input=True))
+        out.append(Entry("compressed kv (kv up-projection input)", T * arch.kv_lora_rank, B, "none",
+                         "B*s*b*kv_lora_rank", gemm_input=True))
+        k_width, v_width = qw, a * arch.v_head_dim
+        v_formula = "B*s*b*a*(2*(d_nope + d_rope) + d_v)"
+    else:
+        k_width = v_width = arch.kv_width
+        v_formula = "B*s*b*(a + 2*g)*d_head"
+        if arch.qk_norm and fused_kernels(training):
+            out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
+        elif arch.qk_norm and torch_fused_rms_norm(arch, training):
+            # torch's fused kernel over each head (see torch_fused_rms_norm): the input and an fp32 rstd per head
+            out.append(Entry("q and k norm inputs (fused RMSNorm)", T * (qw + arch.kv_width), B, "tp",
+                             "B*s*b*(a + g)*d_head"))
+            out.append(Entry("q and k norms (fused RMSNorm rstd per head, fp32)", T * (a + arch.num_kv_heads), 4, "tp",
+                             "4*s*b*(a + g)"))
+        elif arch.qk_norm and compiled(training):
+            # Inductor's partitioner (COMPILE_SOURCE): the q and k projections' outputs and the rsqrt per
+            # head are kept, the upcast and normalised tensors recomputed; measured (Qwen3 layer)
+            out.append(Entry("q and k norm inputs (q and k projection outputs, kept by the compiled layer)",
+                             T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
+            out.append(Entry("q and k norms (rsqrt per head, fp32, kept by the compiled layer)",
+                             T * (a + arch.num_kv_heads), 4, "tp", "4*s*b*(a + g)"))
+        elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
+            heads = a + arch.num_kv_heads
+            out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head"))
+            out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)"))
+            out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), B, "tp",
+                             "B*s*b*(a + g)*d_head", for_weights=("norm",)))
+    if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
+            and arch.position_embedding == "rope":
+        # Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the
+        # rotary embedding returns new q and k, so the whole QKV output stays alive through v
+        # (transformer/attention.py, measured in tests/data/measured/megatron)
+        out.append(Entry("QKV projection output (v is a view of it)", T * (qw + 2 * arch.kv_width), B, "tp",
+                         "B*s*b*(a + 2*g)*d_head"))
+        out.append(Entry("q and k after the rotary embedding", T * (qw + arch.kv_width), B, "tp",
+                         "B*s*b*(a + g)*d_head"))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+    elif training.attention == "flash" and training.framework == "torchtune" and not arch.uses_mla:
+        # torchtune's MultiHeadAttention expands k and v to every query head before SDPA
+        # (modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2)), so flash keeps them at a heads
+        out.append(Entry("q, and k, v expanded to all heads, kept by flash attention", T * 3 * qw, B, "tp",
+                         "3*B*s*b*a*d_head", recompute=UP_PROJ))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+    elif cp_flex_all_gather(training, par):
+        # torchtitan's context parallelism for flex attention (CP_FLEX_SOURCE): each rank keeps its s/cp
+        # queries, but flex runs them against the keys and values of the whole sequence, all-gathered over
+        # the CP group, and saves those (the all-gather itself saves nothing for its backward)
+        kv_formula = "B*s*b*a*(d_nope + d_rope + d_v)" if arch.uses_mla else "B*s*b*2*g*d_head"
+        out.append(Entry("q kept by flex attention (this rank's s/cp queries)", T * qw, B, "tp",
+                         "B*s*b*a*(d_nope + d_rope)" if arch.uses_mla else "B*s*b*a*d_head", recompute=UP_PROJ))
+        out.append(Entry("k, v all-gathered over CP (the whole sequence), kept by flex attention",
+                         T * par.cp * (k_width + v_width), B, "tp", kv_formula, recompute=UP_PROJ,
+                         split_by_cp=False))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+    elif training.attention == "flash" and not math_sdpa:
+        out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula,
+                         recompute=UP_PROJ))
+        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+    else:
+        # Unfused attention expands K and V to every query head before the matmuls (repeat_kv).
+        scores = b * a * s * training.seq_len
+        head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
+        out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head",
+                         recompute=UP_PROJ))
+        if fused_kernels(training) and megatron_fused_softmax(arch, training, par):
+            out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        elif fused_kernels(training):
+            # Megatron-Core FusedScaleMaskSoftmax.forward_torch_softmax (fusions/fused_softmax.py) with
+            # attention_softmax_in_fp32: softmax keeps its fp32 output, scores x V its 16-bit copy, and
+            # masked_fill_ the causal mask that transformer/utils.py get_default_causal_mask makes per layer
+            out.append(Entry("softmax output (fp32, unfused softmax)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+            if B < 4:
+                out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
+                                 recompute=CORE))
+            out.append(Entry("causal mask (bool, made per layer)", s * training.seq_len, 1, "none", "s^2",
+                             recompute=CORE))
+        elif compiled(training):
+            # Inductor's partitioner (COMPILE_SOURCE): the QK^T scores (a bmm output) and the softmax's per-row
+            # max and sum (reductions) are kept and the fp32 softmax recomputed from them; the compute-dtype
+            # probabilities are kept for scores x V's backward (measured, Llama layer with eager attention).
+            # A soft-capping tanh is pointwise and recomputed (derived, not measured).
+            out.append(Entry("QK^T scores (kept by the compiled layer)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+            out.append(Entry("softmax max and sum per row (fp32, kept by the compiled layer)", 2 * T * a, 4, "tp",
+                             "2*4*s*b*a", recompute=CORE))
+            out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        elif math_sdpa:  # SDPA's math backend (kbit.py): q and k scaled, _safe_softmax's fp32 output
+            out.append(Entry("softmax output (fp32, SDPA math backend)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+        else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
+            if arch.attention_logit_softcapping:  # tanh keeps its output for backward
+                out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+            out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+            if not prepared(training):  # an fp32 query (kbit.py): the cast back is no copy
+                out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
+                                 recompute=CORE))
+        if training.dropout > 0:
+            out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b", recompute=CORE))
+            out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
+                         recompute=UP_PROJ))
+    fused = training.attention == "flash" and not math_sdpa  # a fused kernel keeps its output for its backward
+    out.append(Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
+                     "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",)))
+    if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
+        out += _norm("post-attention norm input", T, arch, training)
+    if training.dropout > 0:
+        out.append(Entry("attention residual dropout mask", T * h, 1, "sp", "s*b*h"))
+    return out
+
+
+def megatron_fused_softmax(arch: Architecture, training: Training, par: Parallel) -> bool:
+    """Megatron-Core runs the fused upper-triangular softmax kernel (one 16-bit output kept) when
+    attention_softmax_fusion is on and FusedScaleMaskSoftmax.is_kernel_available holds: 16-bit scores,
+    16 < s <= 4096, s % 4 == 0 and b x heads/t a multiple of the kernel's batches per block, 4 (8 for
+    s <= 128: get_batch_per_block in csrc scaled_masked_softmax.h); else its torch softmax."""
+    s, heads = training.seq_len, training.micro_batch_size * arch.num_attention_heads // par.tp
+    return (training.attention_softmax_fusion and training.compute_dtype in ("bf16", "fp16") and 16 < s <= 4096
+            and s % 4 == 0 and heads % (8 if s <= 128 else 4) == 0)

@@ -1,0 +1,116 @@
+"""The dense MLP block's saved tensors (plain or gated, fused or PyTorch modules)."""
+
+from __future__ import annotations
+
+from ...spec.architecture import Architecture
+from ...spec.dtypes import bytes_per_element
+from ...spec.parallel import Parallel
+from ...spec.training import Training
+from .entries import Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
+
+
+def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Training, divided_by: str,
+         width_formula: str, tags: tuple[str, ...], down: str = "down") -> list[Entry]:
+    """An MLP's saved tensors beyond its input. A plain MLP keeps fc1's output (the activation's
+    input) and the activation's output (fc2's input): 8sbh + 8sbh in Korthikanti's 4h GELU MLP.
+    Recomputing the activation function (Megatron's ``moe_act``) drops its output: the routed experts' only
+    (transformer/moe/experts.py GroupedMLP/TEGroupedMLP activation_recompute; SharedExpertMLP has none)."""
+    B = bytes_per_element(training.compute_dtype)
+    f = width_formula
+    act_tags = tags + (("moe_act",) if tags == MOE else ())
+    if not arch.gated_mlp:
+        return [Entry(f"{prefix}fc1 output (activation input)", T * width, B, divided_by, f"B*s*b*{f}", recompute=tags),
+                Entry(f"{prefix}fc2 input (activation output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                      recompute=act_tags, for_weights=(down,))]
+    if fused_kernels(training):
+        # Megatron-Core fused_bias_swiglu: saves fc1's output (gate and up) and recomputes the rest;
+        # --activation-func-fp8-input-store saves it as float8_e4m3fn (SwiGLUFunction / WeightedSwiGLUFunction:
+        # `input.to(torch.float8_e4m3fn)`), except where moe_act's CheckpointWithoutOutput holds the experts'
+        # activation input as it is (experts.py: the activation runs inside the checkpoint, without autograd)
+        checkpointed = "moe_act" in act_tags and training.recompute == "selective" \
+            and "moe_act" in training.recompute_modules
+        if training.activation_func_fp8_input_store and not checkpointed:
+            return [Entry(f"{prefix}fc1 output (gate and up, kept in FP8 by fused SwiGLU)", 2 * T * width, 1,
+                          divided_by, f"2*1*s*b*{f}", recompute=tags),
+                    Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}",
+                          gemm_input=True, recompute=act_tags)]
+        return [Entry(f"{prefix}fc1 output (gate and up, kept by fused SwiGLU)", 2 * T * width, B, divided_by,
+                      f"2*B*s*b*{f}", recompute=tags),
+                Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                      recompute=act_tags)]
+    if compiled(training):
+        # Inductor's partitioner (COMPILE_SOURCE): act(gate) is pointwise and recomputed from the kept gate
+        # output; gate, up and their product (the down projection's input) stay (measured)
+        return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags),
+                Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                      recompute=act_tags, for_weights=(down,))]
+    # transformers' LlamaMLP: down(act(gate(x)) * up(x)) keeps gate, up, act(gate) and the product
+    return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags),
+            Entry(f"{prefix}activation output", T * width, B, divided_by, f"B*s*b*{f}", recompute=act_tags),
+            Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
+                  recompute=act_tags, for_weights=(down,))]
+
+
+def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    h = arch.hidden_size
+    out = _norm("MLP norm input", T, arch, training)
+    if kind == "dense":
+        out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
+                            NORM, weights=("gate", "up"))
+        out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
+    else:
+        e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
+        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
+        out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
+        # Tokens are exchanged across EP, not removed; ETP gathers them while it splits the expert
+        # width, so per GPU the routed tokens are k*phi*s*b/t for every expert-width tensor.
+        routed = T * k * phi
+        out.append(Entry("dispatched tokens (expert fc1 input)", routed * h * par.etp, B, "sp",
+                         "B*phi*k*s*b*h*etp", gemm_input=True, recompute=MOE, for_weights=("experts",)))
+        out += _mlp("experts: ", routed, arch.moe_intermediate_size, arch, training, "sp", "phi*k*f_e", MOE,
+                    down="experts")
+        if training.framework == "fsdp2":
+            # torchtitan's combine (models/common/token_dispatcher.py): (routed_output.to(float32) * scores)
+            # .to(bf16) before the scatter_add, so the product's backward keeps the fp32 copy (measured)
+            out.append(Entry("expert outputs kept for the weighted combine (fp32 copy)", routed * h * par.etp, 4,
+                             "sp", "4*phi*k*s*b*h*etp", recompute=MOE))
+        elif fused_kernels(training):
+            out += _megatron_routing_weights(routed, arch, training, par)
+        else:
+            out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
+                             "B*phi*k*s*b*h*etp", recompute=MOE))
+        if arch.num_shared_experts:
+            width = arch.shared_expert_intermediate_size * arch.num_shared_experts
+            out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared", ("shared_experts", "moe"))
+    if arch.norms_per_layer > 2:
+        out += _norm("post-MLP norm input", T, arch, training)
+    if training.dropout > 0:
+        out.append(Entry("MLP residual dropout mask", T * h, 1, "sp", "s*b*h"))
+    return out
+
+
+MEGATRON_WEIGHTED_ACTIVATION = (
+    "Megatron-Core 0.16.1 transformer/moe/experts.py SequentialMLP.forward passes the permuted routing weights "
+    "to each expert as per_token_scale; transformer/mlp.py MLP.forward applies them in the activation "
+    "(weighted_bias_swiglu_impl, fusions/fused_bias_swiglu.py WeightedSwiGLUFunction: saves fc1's output and the "
+    "weights); token_dispatcher.py combine_postprocess unpermutes without probs, so no expert output is kept "
+    "(measured, tests/data/measured/megatron)")
+
+
+def _megatron_routing_weights(routed: float, arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """Megatron applies the routing weights inside the experts, not at the combine
+    (MEGATRON_WEIGHTED_ACTIVATION): the weighted SwiGLU keeps one weight per dispatched token, in the
+    router's dtype (the probabilities' dtype: moe_utils.py topk_routing_with_score_function ends in
+    `type_as(logits)`). Without a gated MLP the product act(fc1) * weights (mlp.py, the unfused path)
+    also keeps the activation's output for the weights' gradient."""
+    R = 8 if training.moe_router_dtype == "fp64" else bytes_per_element(training.moe_router_dtype or
+                                                                        training.compute_dtype)
+    out = [Entry("routing weights per dispatched token (kept by the weighted activation)", routed * par.etp, R,
+                 "sp", "R*phi*k*s*b*etp", recompute=MOE)]
+    if not arch.gated_mlp:
+        B = bytes_per_element(training.compute_dtype)
+        out.append(Entry("experts: activation output (kept by the routing-weight product)",
+                         routed * arch.moe_intermediate_size, B, "sp", "B*s*b*phi*k*f_e", recompute=MOE + ("moe_act",)))
+    return out

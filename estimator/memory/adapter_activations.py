@@ -1,0 +1,159 @@
+"""What an adapter run saves for backward: the adapters' own tensors (LoRA's dropout and low-rank
+inputs, DoRA's norms), what the frozen base no longer keeps, and bitsandbytes' 4-bit inputs.
+"""
+
+from __future__ import annotations
+
+from ..spec.adapter import Adapter, bnb_keeps_input
+from .adapters import Module, adapted, adapted_modules, adapter_dtype, layer_modules
+
+
+# --- activations --------------------------------------------------------------------------------
+
+def reads_input_directly(training) -> bool:
+    """``lora_A`` reads the module's own input (no fp32 cast, no dropout), which then stays saved
+    for it: adapters in the compute dtype (torchtune's bf16 LoRA) without dropout."""
+    from ..spec.dtypes import bytes_per_element
+    from ..spec.training import resolve_recipe
+    A = adapter_dtype(training, resolve_recipe(training))
+    return bytes_per_element(A) == bytes_per_element(training.compute_dtype) and not training.adapter.dropout
+
+
+def trainable_weights(training, arch) -> frozenset[str]:
+    """The weights whose gradients an adapter run computes, by the names `activations.Entry.for_weights`
+    uses: the embedding and head copies when trained, and the adapted modules when their adapters
+    read the module's input as it is."""
+    adapter = training.adapter
+    names = {"embedding", "head"} if adapter.trainable_embeddings else set()
+    if reads_input_directly(training):
+        names |= {m.name for k in arch.kinds for m in adapted_modules(adapter, arch, k)}
+    from .fsdp1 import frozen_weights_train
+    if frozen_weights_train(training):  # a layer's weights share its FSDP1 FlatParameter with adapters (fsdp1.py)
+        names |= {m.name for k in arch.kinds for m in layer_modules(arch, k)} | {"norm"}
+    return frozenset(names)
+
+
+def kept(entries: list, training, arch, inputs_kept: frozenset[str] = frozenset()) -> list:
+    """The tensors a run keeps: without an adapter, all; with one, not those saved only for the
+    gradients of frozen weights, unless the frozen layer keeps its input itself (`inputs_kept`)."""
+    if training.adapter is None:
+        return entries
+    trainable = trainable_weights(training, arch) | inputs_kept
+    return [e for e in entries if not e.for_weights or any(w in trainable for w in e.for_weights)]
+
+
+# the order of a layer's linears: an input needs a gradient when an adapted module comes before it
+_LAYER_ORDER = (("q", "k", "v"), ("o",), ("gate", "up", "router"), ("down",))
+
+
+def bnb_kept_inputs(training, arch, kind: str, first: bool) -> frozenset[str]:
+    """The 4-bit linears of a layer whose MatMul4Bit keeps its input (bitsandbytes through 0.43.1,
+    `bnb_keeps_input`): every one whose input or weight needs a gradient (``any(needs_input_grad[:2])``).
+    The weights are frozen, so in the first layer of a run whose embeddings need no gradient
+    (`first`), only those after an adapted module of the layer."""
+    if not bnb_keeps_input(training):
+        return frozenset()
+    adapter = training.adapter
+    names = {m.name for m in layer_modules(arch, kind) if m.name != "experts"}  # fused experts stay 16-bit
+    if not first:
+        return frozenset(names)
+    out: set[str] = set()
+    upstream = False
+    for group in _LAYER_ORDER:
+        if upstream:
+            out |= names & set(group)
+        upstream = upstream or any(adapted(adapter, n) for n in group if n in names)
+    return frozenset(out)
+
+
+def first_layer_input_frozen(training) -> bool:
+    """The first layer's input needs no gradient: the embeddings are frozen and nothing makes them
+    require grad (the HF Trainer calls enable_input_require_grads when it checkpoints)."""
+    adapter = training.adapter
+    return (adapter is not None and not adapter.trainable_embeddings and training.recompute == "none"
+            and training.mode == "training")
+
+
+def attention_input_adapted(adapter: Adapter, arch) -> bool:
+    return any(adapted(adapter, name) for name in ("q", "k", "v"))
+
+
+def module_entries(arch, training, par, m: Module, first: bool) -> list:
+    """What one adapted module keeps for its backward: ``lora_A``'s input (the fp32 cast, or the
+    dropout output and its mask) and ``lora_B``'s input, the r-wide output of ``lora_A``."""
+    from .activations.entries import Entry, tokens_per_gpu
+    from ..spec.dtypes import bytes_per_element
+    from ..spec.training import resolve_recipe
+    adapter = training.adapter
+    dtype = adapter_dtype(training, resolve_recipe(training))
+    A, T, n = bytes_per_element(dtype), tokens_per_gpu(training, par), m.copies
+    width = f"in_{m.name}" + (f"*{n}" if n > 1 else "")
+    out = []
+    if adapter.dropout:
+        out.append(Entry(f"{m.name} adapter: dropout output ({dtype}, lora_A input)", T * m.in_features * n, A, "none",
+                         f"{A:g}*s*b*{width}"))
+        # no mask where the input needs no gradient: the first layer's q, k, v with frozen embeddings
+        if not (first and m.name in ("q", "k", "v")):
+            out.append(Entry(f"{m.name} adapter: dropout mask", T * m.in_features * n, 1, "none", f"s*b*{width}"))
+    elif not reads_input_directly(training):
+        out.append(Entry(f"{m.name} adapter: input cast to {dtype} (lora_A input)", T * m.in_features * n, A, "none",
+                         f"{A:g}*s*b*{width}"))
+    r = adapter.rank * m.rank_factor
+    out.append(Entry(f"{m.name} adapter: lora_A output (lora_B input)", T * r * n, A, "none",
+                     f"{A:g}*s*b*r" + (f"*{n}" if n > 1 else "")))
+    if adapter.method == "dora":
+        out += dora_entries(training, m, A, T, first)
+    return out
+
+
+DORA_SOURCE = ("Liu et al. 2024 (DoRA); peft 0.21 tuners/lora/dora.py DoraLinearLayer.forward: (m/||W + BA|| - 1) x "
+               "base_result + m/||W + BA|| x lora_B(lora_A(x)) x scaling, the norm detached; measured in "
+               "tests/data/measured/peft")
+
+
+def dora_entries(training, m: Module, A: float, T: float, first: bool) -> list:
+    """DoRA scales the base output and the adapter output by m / ||W + BA||: both products keep
+    their out-wide input for the magnitude's gradient, with the norm, the scale and scale - 1 (fp32
+    vectors). With adapter dropout PEFT recomputes the base output from the dropped-out fp32 input,
+    F.linear(x, W.to(fp32)), which keeps that fp32 copy of the weight for the input's gradient
+    (none where the input needs no gradient)."""
+    from .activations.entries import Entry
+    from ..spec.dtypes import bytes_per_element
+    n, o = m.copies, m.out_features
+    B = A if training.adapter.dropout else bytes_per_element(training.compute_dtype)
+    out = [Entry(f"{m.name} DoRA: base output (magnitude gradient)", T * o * n, B, "none", f"{B:g}*s*b*out"),
+           Entry(f"{m.name} DoRA: adapter output (magnitude gradient)", T * o * n, A, "none", f"{A:g}*s*b*out"),
+           Entry(f"{m.name} DoRA: norm, scale and scale - 1 (fp32)", 3 * o * n, 4, "none", "3*4*out",
+                 split_by_cp=False)]
+    if training.adapter.dropout and not (first and m.name in ("q", "k", "v")):
+        out.append(Entry(f"{m.name} DoRA: fp32 copy of the base weight (F.linear input gradient)",
+                         o * m.in_features * n, A, "none", f"{A:g}*out*in", split_by_cp=False))
+    return out
+
+
+def bnb_held_entries(entries: list, training, arch, kind: str) -> list:
+    """What a layer's 4-bit linears keep outside its checkpoint: bitsandbytes through 0.43.1 holds
+    MatMul4Bit's input A in ``ctx.tensors``, an attribute of the autograd node rather than a tensor
+    saved with ``save_for_backward``, so non-reentrant checkpointing (the HF Trainer's
+    gradient_checkpointing) cannot drop it: each checkpointed layer keeps the inputs of its 4-bit
+    linears from forward until its backward (measured, tests/data/measured/peft/*-bnb0.43.1)."""
+    from .activations.entries import ATTENTION_OUTPUT
+    if training.recompute != "full" or not bnb_keeps_input(training):
+        return []
+    names = bnb_kept_inputs(training, arch, kind, first=False)
+    return [e for e in entries if set(e.for_weights) & names or (e.name == ATTENTION_OUTPUT and "o" in names)]
+
+
+def adapted_layer_entries(entries: list, arch, training, par, kind: str, first: bool = False) -> list:
+    """A layer's full-fine-tuning ledger as an adapter run keeps it: without what frozen weights'
+    gradients alone would read, with what each adapted module keeps. `first`: the first layer with
+    a frozen input (`first_layer_input_frozen`), whose attention norm keeps nothing when q, k or v is
+    adapted (otherwise the layer is counted as any other: at most its norm's tensors over)."""
+    from .activations.entries import _norm, tokens_per_gpu
+    out = kept(entries, training, arch, bnb_kept_inputs(training, arch, kind, first))
+    if first and attention_input_adapted(training.adapter, arch):
+        norm = {e.name for e in _norm("attention norm input", tokens_per_gpu(training, par), arch, training)}
+        out = [e for e in out if e.name not in norm]
+    for m in adapted_modules(training.adapter, arch, kind):
+        out += module_entries(arch, training, par, m, first)
+    return out

@@ -1,0 +1,375 @@
+"""Adapters: LoRA, QLoRA and DoRA fine-tuning, what they train and what they keep.
+
+LoRA (Hu et al. 2021) freezes the base weights and learns, beside each adapted linear layer of
+``in`` inputs and ``out`` outputs, two matrices A (r x in) and B (out x r): r * (in + out)
+trainable parameters per module. QLoRA (Dettmers et al. 2023) stores the frozen base linears in
+4-bit NF4 with double-quantized block scales; DoRA (Liu et al. 2024) adds a learned magnitude per
+output feature. The frozen base gets no gradient and no optimizer state; only the adapters (and
+weights left trainable, PEFT's ``modules_to_save``) do.
+
+How PEFT runs them (peft 0.21 ``tuners/lora/layer.py``), which decides the activations:
+
+- adapters of a 16-bit base are kept in fp32 (``autocast_adapter_dtype=True``), so each adapted
+  module casts its input to fp32 (``_cast_input_dtype``) and ``lora_A`` keeps that copy for its
+  weight gradient; ``lora_B`` keeps ``lora_A``'s r-wide output;
+- a frozen linear keeps nothing for a weight gradient, so tensors saved only for the base
+  weights' gradients (a linear's input, a norm's normalised output before its frozen scale) are
+  not kept (`activations.Entry.for_weights`);
+- adapter dropout keeps its fp32 output for ``lora_A`` and a 1-byte mask, the mask only where the
+  input needs a gradient;
+- with frozen embeddings and no checkpointing the first layer's input needs no gradient, so its
+  attention norm keeps nothing (measured, tests/data/measured/peft).
+
+Contract names of the targets (``training.adapter.target_modules``): q, k, v, o, gate, up, down,
+router, experts, or "all-linear" (PEFT: every linear layer but the output layer, and on MoE models
+the router and the fused expert weights).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..spec.errors import ConfigError
+from ..spec.choices import ALL_LINEAR, QUANTIZED, TARGETS
+from ..spec.adapter import Adapter, BNB_VERSION, base_dtype
+
+
+SOURCE = ("Hu et al. 2021 (LoRA): r x (in + out) per adapted module; peft 0.21 tuners/lora/layer.py (fp32 adapters "
+          "of a 16-bit base, autocast_adapter_dtype; modules_to_save keeps a trainable copy beside the original)")
+QLORA_SOURCE = ("Dettmers et al. 2023 (QLoRA): NF4 in blocks of 64 with double-quantized scales; bitsandbytes "
+                "functional.quantize_4bit (uint8 absmax per 64, fp32 absmax per 256 blocks); torchao NF4Tensor "
+                "(int8 scale per 64, one bf16 factor per 256 scales), measured in tests/data/measured/peft")
+
+
+# --- which modules are adapted ------------------------------------------------------------------
+
+class Module(NamedTuple):
+    """One adaptable linear of a layer: its contract name, widths, and copies per layer."""
+
+    name: str
+    in_features: int
+    out_features: int
+    copies: int = 1
+    rank_factor: int = 1  # PEFT's ParamWrapper on fused experts: r x experts (x 2 for gate_up)
+
+
+def layer_modules(arch, kind: str) -> list[Module]:
+    """The linears of a layer that adapters can target, as transformers names them."""
+    h = arch.hidden_size
+    out = [Module("q", h, arch.q_width), Module("k", h, arch.kv_width), Module("v", h, arch.kv_width),
+           Module("o", arch.attention_output_width, h)]
+    if kind == "dense":
+        out += _mlp_modules(arch, arch.intermediate_size, 1)
+        return out
+    out.append(Module("router", h, arch.num_experts))
+    if arch.num_shared_experts:
+        out += _mlp_modules(arch, arch.shared_expert_intermediate_size, arch.num_shared_experts)
+    # transformers 5 fuses the routed experts into 3-D parameters (gate_up_proj E x 2f x h,
+    # down_proj E x h x f); PEFT adapts them with ParamWrapper: lora_A (r E x in), lora_B (out x r E),
+    # the gate_up wrapper with 2 r E (peft 0.21, measured on Qwen3-30B-A3B)
+    f, e = arch.moe_intermediate_size, arch.num_experts
+    out += [Module("experts", h, 2 * f if arch.gated_mlp else f, 1, 2 * e if arch.gated_mlp else e),
+            Module("experts", f, h, 1, e)]
+    return out
+
+
+def _mlp_modules(arch, width: int, copies: int) -> list[Module]:
+    h = arch.hidden_size
+    if arch.gated_mlp:
+        return [Module("gate", h, width, copies), Module("up", h, width, copies), Module("down", width, h, copies)]
+    return [Module("up", h, width, copies), Module("down", width, h, copies)]
+
+
+def adapted(adapter: Adapter, name: str) -> bool:
+    if adapter.all_linear:
+        return True
+    return name in adapter.target_modules
+
+
+def adapted_modules(adapter: Adapter, arch, kind: str) -> list[Module]:
+    return [m for m in layer_modules(arch, kind) if adapted(adapter, m.name)]
+
+
+def module_parameters(adapter: Adapter, m: Module) -> int:
+    """r (in + out) per module (r x rank_factor for fused experts); DoRA adds its magnitude (out)."""
+    lora = adapter.rank * m.rank_factor * (m.in_features + m.out_features)
+    return m.copies * (lora + (m.out_features if adapter.method == "dora" else 0))
+
+
+def layer_parameters(adapter: Adapter, arch, kind: str) -> int:
+    return sum(module_parameters(adapter, m) for m in adapted_modules(adapter, arch, kind))
+
+
+def module_matrices(adapter: Adapter, m: Module) -> list[tuple[int, int]]:
+    """The adapter's tensors of one module as (rows, columns): A, B (and DoRA's magnitude)."""
+    r = adapter.rank * m.rank_factor
+    out = [(r, m.in_features), (m.out_features, r)] * m.copies
+    if adapter.method == "dora":
+        out += [(m.out_features, 1)] * m.copies
+    return out
+
+
+def check_adapter(adapter: Adapter, arch, training, par) -> None:
+    """What no framework offers, or what this model does not model, refused with the field named."""
+    if training.mode != "training":
+        raise ConfigError("training.adapter", adapter.method, "absent in inference mode",
+                          "adapters are a training setup", related=("training.mode",))
+    if training.framework == "megatron":
+        raise ConfigError("training.adapter", adapter.method, "framework 'hf', 'deepspeed' or 'fsdp2'",
+                          "Megatron-Bridge's PEFT is not modelled", related=("training.framework",))
+    for field, value in (("tp", par.tp), ("pp", par.pp), ("cp", par.cp), ("ep", par.ep)):
+        if value != 1:
+            raise ConfigError(f"parallel.{field}", value, "1 with an adapter",
+                              "adapter fine-tunes are modelled on data parallelism (PEFT with DDP or DeepSpeed ZeRO, "
+                              "FSDP2)", related=("training.adapter",))
+    if arch.uses_mla:
+        raise ConfigError("training.adapter", adapter.method, "absent for latent-attention (MLA) models",
+                          "adapters on MLA projections are not modelled", related=("model",))
+    if training.optimizer_in_backward:
+        raise ConfigError("training.optimizer_in_backward", True, "false with an adapter",
+                          "torchtune steps the optimizer in backward in its full fine-tuning recipes only",
+                          related=("training.adapter",))
+    if training.fp8:
+        raise ConfigError("training.fp8", True, "false with an adapter", "FP8 adapters are not modelled",
+                          related=("training.adapter",))
+    from ..spec.choices import FSDP_FRAMEWORKS
+    if training.framework in FSDP_FRAMEWORKS and not adapter.double_quant:
+        raise ConfigError("training.adapter.double_quant", False, f"true with framework {training.framework!r}",
+                          "torchao's NF4 (torchtune's QLoRA) always quantizes its block scales again (to_nf4 "
+                          "scaler_block_size 256)", related=("training.framework",))
+    if training.framework in FSDP_FRAMEWORKS and adapter.bitsandbytes_version != BNB_VERSION:
+        raise ConfigError("training.adapter.bitsandbytes_version", adapter.bitsandbytes_version,
+                          f"{BNB_VERSION!r} (the default) with framework {training.framework!r}",
+                          "its QLoRA quantizes with torchao's NF4, not bitsandbytes", related=("training.framework",))
+    if adapter.prepare_kbit:
+        from .kbit import check_prepare_kbit
+        check_prepare_kbit(adapter, training)
+    experts = any(m.name == "experts" for k in arch.kinds for m in adapted_modules(adapter, arch, k))
+    if adapter.method == "dora" and experts:
+        raise ConfigError("training.adapter.method", "dora", "'lora' or 'qlora' when the routed experts are adapted",
+                          "PEFT's ParamWrapper does not support DoRA", related=("training.adapter.target_modules",))
+    if adapter.dropout and experts:
+        raise ConfigError("training.adapter.dropout", adapter.dropout, "0 when the routed experts are adapted",
+                          "PEFT's ParamWrapper refuses lora_dropout", related=("training.adapter.target_modules",))
+    names = {m.name for k in arch.kinds for m in layer_modules(arch, k)}
+    missing = [t for t in adapter.target_modules if t != ALL_LINEAR and t not in names]
+    if missing:
+        raise ConfigError("training.adapter.target_modules", list(adapter.target_modules),
+                          f"modules this model has: {', '.join(t for t in TARGETS if t in names)}",
+                          f"{', '.join(missing)}: not in this model")
+
+
+# --- model states -------------------------------------------------------------------------------
+
+def adapter_dtype(training, recipe) -> str:
+    """The trainable tensors' dtype. PEFT keeps the adapters of a 16-bit base in fp32 under the HF
+    Trainer; DeepSpeed casts the whole module to its 16-bit dtype (its fp32 copy is the master);
+    FSDP2 keeps fp32 shards when it has master weights (torchtitan's mixed precision), else the
+    weights dtype (torchtune's bf16 LoRA recipes)."""
+    if training.framework == "hf":
+        return "fp32"
+    if training.framework in ("fsdp2", "fsdp1") and recipe.master_weights:  # FSDP1: the fp32 FlatParameter
+        return "fp32"
+    return recipe.param_dtype
+
+
+def quantized_bytes(dtype: str, m: Module, framework: str, double_quant: bool = True) -> float:
+    """Storage of one frozen base linear of `m`'s shape in a quantized dtype, with its scales."""
+    n = m.in_features * m.out_features
+    from ..spec.choices import FSDP_FRAMEWORKS
+    if dtype == "nf4" and framework in FSDP_FRAMEWORKS:  # torchao NF4Tensor (torchtune's QLoRA)
+        # 4-bit codes, int8 scale per 64, bf16 factor per 256 scales; its mean and 16-entry code table
+        # are allocations of their own (512 B each, the caching allocator's smallest block)
+        return m.copies * (n / 2 + n / 64 + 2 * n / 16384 + 1024)
+    if dtype == "nf4" and double_quant:  # bitsandbytes Params4bit (the HF/PEFT QLoRA), bitsandbytes 0.49.2
+        # functional.quantize_4bit: uint8 absmax per 64, fp32 absmax per 256 blocks, and allocations of 512 B
+        # blocks each: the 16-entry fp32 NF4 code, the fp32 offset, its own copy of the 256-entry fp32 dynamic
+        # code (quantize_blockwise: code.to(device, copy=True)); measured against real bitsandbytes
+        return m.copies * (n / 2 + n / 64 + 4 * n / 16384 + 2048)
+    if dtype == "nf4":  # bnb_4bit_use_double_quant=False: an fp32 absmax per 64 and the NF4 code
+        return m.copies * (n / 2 + 4 * n / 64 + 512)
+    if dtype == "int8":  # bitsandbytes Int8Params: int8 weights and one fp32 scale per row (SCB)
+        return m.copies * (n + 4 * m.out_features)
+    if dtype == "int4":  # GPTQ QuantLinear, group 128: packed int4, fp16 scales and int4 zeros per
+        # group, int32 g_idx per input feature
+        return m.copies * (n / 2 + n / 128 * 2.5 + 4 * m.in_features)
+    raise ValueError(dtype)
+
+
+QUANTIZED_SOURCES = {
+    "nf4": QLORA_SOURCE,
+    "int8": "Dettmers et al. 2022 (LLM.int8()); bitsandbytes Int8Params (int8 weights, fp32 row scales SCB)",
+    "int4": "Frantar et al. 2022 (GPTQ); gptqmodel/auto-gptq QuantLinear (qweight, qzeros, fp16 scales, g_idx; "
+            "group size 128)",
+}
+
+
+class Inventory(NamedTuple):
+    """A stage's parameters as an adapter fine-tune splits them (elements and bytes on one GPU,
+    before any sharding)."""
+
+    frozen: float  # elements of the frozen base
+    frozen_bytes: float  # in their storage dtype (quantized linears with their scales)
+    quantized: float  # elements of the base stored quantized
+    adapters: float  # elements of the adapters
+    saved: float  # elements of the trainable copies of the embedding and head (modules_to_save)
+    small: float  # trainable tensors under 4096 elements (8-bit optimizers keep them in 32-bit)
+    factored: float  # rows + columns of the trainable matrices (Adafactor)
+    largest: float  # the largest trainable tensor
+    tensors: int = 0  # trainable tensors (each has a step counter under torch's fused AdamW)
+
+    @property
+    def trainable(self) -> float:
+        return self.adapters + self.saved
+
+
+def inventory(arch, training, recipe, sp) -> Inventory:
+    adapter = training.adapter
+    base = base_dtype(adapter, recipe.param_dtype)
+    from ..spec.dtypes import bytes_per_element
+    quantized = quantized_bytes_total = 0.0
+    adapters = small = factored = largest = 0.0
+    count = 0
+    for kind, layers in sp.kind_counts:
+        for m in layer_modules(arch, kind):
+            if base in QUANTIZED and stored_quantized(training, arch, m.name):
+                quantized += layers * m.copies * m.in_features * m.out_features
+                quantized_bytes_total += layers * quantized_bytes(base, m, training.framework, adapter.double_quant)
+            if not adapted(adapter, m.name):
+                continue
+            adapters += layers * module_parameters(adapter, m)
+            for rows, cols in module_matrices(adapter, m):
+                small += layers * rows * cols if rows * cols < 4096 else 0.0
+                factored += layers * (rows + cols)
+                largest = max(largest, rows * cols)
+                count += layers
+    saved = 0.0
+    if adapter.trainable_embeddings:
+        tensors = [t for t in arch.embedding_tensors() + arch.head_tensors() if t.role in ("embedding", "head")]
+        saved = sum(t.numel for t in tensors)
+        factored += sum(sum(t.shape) for t in tensors)
+        largest = max([largest] + [t.numel for t in tensors])
+        count += len(tensors)
+    P = bytes_per_element(recipe.param_dtype if base in QUANTIZED else base)  # the rest of a quantized base
+    if adapter.prepare_kbit:  # peft's prepare_model_for_kbit_training casts the rest to fp32 (kbit.py)
+        P = 4.0
+    if training.framework == "fsdp1" and recipe.master_weights and base not in QUANTIZED and not adapter.base_dtype:
+        P = 4.0  # FSDP1's FlatParameters keep the weights' own dtype, fp32 under mixed precision (fsdp1.py)
+    frozen = sp.local
+    frozen_bytes = quantized_bytes_total + P * (frozen - quantized)
+    return Inventory(frozen, frozen_bytes, quantized, adapters, saved, small, factored, largest, count)
+
+
+def stored_quantized(training, arch, name: str) -> bool:
+    """Whether a frozen linear is stored quantized: every nn.Linear of the layers (fused 3-D experts are
+    not nn.Linear and stay 16-bit), except under torchtune's Qwen2 LoRA builder (the contract's qkv_bias
+    marks Qwen2), whose attention projections without an adapter are plain bf16 nn.Linear whatever
+    quantize_base (torchtune 0.6.1 models/qwen2/_component_builders.py lora_qwen2_self_attention;
+    measured, tests/data/measured/torchtune/qwen2.5-7b-qlora-*-w2)."""
+    if name == "experts":
+        return False
+    if training.framework == "torchtune" and arch.qkv_bias and name in ("q", "k", "v", "o"):
+        return adapted(training.adapter, name)
+    return True
+
+
+# torch's fused AdamW keeps each parameter's `step` as a 0-dim fp32 tensor on its device (torch/optim/adam.py:
+# "host step on CPU if both capturable and fused are off"): one 512-byte block of the caching allocator each
+# (measured, tests/data/measured/peft and torchtune); the HF Trainer's adamw_torch_fused and torchtune's configs
+# (fused: True) run it
+STEP_COUNTER_BYTES = 512
+FUSED_ADAMW_FRAMEWORKS = ("hf", "torchtune")
+
+
+def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with_grads: float = 0.0):
+    """Model states of an adapter fine-tune on one GPU. The frozen base is sharded like any
+    parameter where the framework shards parameters (FSDP2's fully_shard and DeepSpeed ZeRO-3
+    partition frozen parameters too), else replicated; gradients, master weights and optimizer
+    states exist for the trainable tensors only (the optimizer is built over them) and shard from
+    ZeRO 2 and 1 as in `states.model_states`; `inv` is the stage's `inventory`. `frozen_with_grads`:
+    frozen elements that get gradients anyway (FSDP1 units holding frozen and trainable weights, fsdp1.py)."""
+    from ..spec.dtypes import bytes_per_element
+    from ..spec.optimizers import OPTIMIZERS
+    from .components import once
+    from .states import ModelStates
+    from ..spec.choices import FSDP_FRAMEWORKS
+
+    d = par.dp
+    param_stage = 2 if training.framework in FSDP_FRAMEWORKS + ("fsdp1",) else 3  # FSDP2 keeps shards at 2 too
+
+    def sharded(value: float, from_stage: int) -> float:
+        return value / d if zero >= from_stage else value
+
+    A = bytes_per_element(adapter_dtype(training, recipe))
+    # the trainable embedding/head copies keep the weights dtype under the HF Trainer (PEFT copies
+    # the module; autocast_adapter_dtype casts adapter layers only)
+    S = bytes_per_element(recipe.param_dtype) if training.framework == "hf" else A
+    if training.adapter.prepare_kbit:  # copied from the embedding and head that prepare cast to fp32 (kbit.py)
+        S = 4.0
+    hf = training.framework == "hf"
+    G_a = A if hf else bytes_per_element(recipe.grad_dtype)  # torch: a gradient takes its tensor's dtype
+    G_s = S if hf else G_a
+    M = 4.0 if recipe.master_weights and A < 4 and not hf else 0.0
+    O_a = A if hf else bytes_per_element(recipe.optimizer_dtype)
+    O_s = S if hf else O_a
+    opt = OPTIMIZERS[training.optimizer]
+
+    def states(n: float, s: float) -> float:
+        share = n / inv.trainable if inv.trainable else 0.0
+        return opt.state_bytes(n, inv.small * share, n, inv.factored * share, s)
+
+    def per_param(n: float, s: float) -> float:
+        return states(n, s) / n if n else 0.0
+
+    params = sharded(inv.frozen_bytes + A * inv.adapters + S * inv.saved, param_stage)
+    grads = sharded(G_a * (inv.adapters + frozen_with_grads) + G_s * inv.saved, 2)
+    masters = sharded(M * inv.trainable, 1)
+    # a step counter per trainable tensor, on every rank (each holds a shard of every tensor)
+    counters = STEP_COUNTER_BYTES * inv.tensors if training.framework in FUSED_ADAMW_FRAMEWORKS and \
+        training.optimizer == "adamw" else 0
+    optimizer = sharded(states(inv.adapters, O_a) + states(inv.saved, O_s), 1) + counters
+    base = base_dtype(training.adapter, recipe.param_dtype)
+
+    def write() -> dict[str, str]:
+        shard = f" / d (d = DP = {d})"
+        rest = "fp32, prepare_model_for_kbit_training" if training.adapter.prepare_kbit else recipe.param_dtype
+        quant = (f"{inv.frozen_bytes / 2**20:,.0f} MiB frozen base ({inv.quantized:,.0f} linear weights in {base} with "
+                 f"their scales, {inv.frozen - inv.quantized:,.0f} others in {rest})"
+                 if base in QUANTIZED else f"{bytes_per_element(base):g} B x {inv.frozen:,.0f} frozen ({base})")
+        trainable = f" + {A:g} B x {inv.adapters:,.0f} adapter params"
+        if inv.saved:
+            trainable += f" + {S:g} B x {inv.saved:,.0f} trainable embedding/head copies"
+        grads_text = f"{G_a:g} B x {inv.adapters:,.0f} adapter params" + (
+            f" + {G_s:g} B x {inv.saved:,.0f} embedding/head copies" if inv.saved else "") + (
+            f" + {G_a:g} B x {frozen_with_grads:,.0f} frozen params sharing their FSDP1 units' FlatParameters"
+            if frozen_with_grads else " (frozen base: none)")
+        return {
+            "parameters": quant + trainable + (shard if zero >= param_stage else ""),
+            "fp8_weight_copies": "",
+            "gradients": grads_text + (shard if zero >= 2 else ""),
+            "master_weights": f"4 B (fp32) x {inv.trainable:,.0f} trainable params" + (shard if zero >= 1 else ""),
+            "optimizer_states": f"{training.optimizer} states of the trainable params only: "
+                                f"{per_param(inv.adapters, O_a):.4g} B x {inv.adapters:,.0f} adapter params"
+                                + (f" + {per_param(inv.saved, O_s):.4g} B x {inv.saved:,.0f} copies" if inv.saved
+                                   else "") + (shard if zero >= 1 else "")
+                                + (f" + {STEP_COUNTER_BYTES} B x {inv.tensors:,} fused AdamW step counters" if counters
+                                   else ""),
+        }
+
+    return ModelStates(parameters=params, gradients=grads, master_weights=masters, optimizer_states=optimizer,
+                       fp8_weight_copies=0.0, formulas=once(write), zero_stage=zero)
+
+
+def adapter_count(adapter: Adapter, arch) -> int:
+    """The adapters' parameters over the whole model."""
+    return sum(n * layer_parameters(adapter, arch, kind) for kind, n in arch.kind_counts())
+
+
+def trainable_count(arch, training) -> int:
+    """Trainable parameters of the whole model (the output's ``parameters.trainable``)."""
+    adapter = training.adapter
+    layers = adapter_count(adapter, arch)
+    saved = 0
+    if adapter.trainable_embeddings:
+        saved = sum(t.numel for t in arch.embedding_tensors() + arch.head_tensors() if t.role in ("embedding", "head"))
+    return layers + saved

@@ -1,0 +1,184 @@
+"""PyTorch's CUDA caching allocator, replayed: the reserved memory (`max_memory_reserved`) that a
+sequence of allocations and frees leaves, segment by segment.
+
+The rules are those of c10/cuda/CUDACachingAllocator.cpp with its constants in
+c10/core/AllocatorConfig.h (torch 2.11 to 2.13, the default configuration: no max_split_size, no
+roundup_power2_divisions, one stream):
+- every request is rounded up to a multiple of 512 bytes (`round_size`, kMinBlockSize);
+- requests up to 1 MiB (kSmallSize) are served from the small pool, whose segments are 2 MiB
+  (kSmallBuffer); larger ones from the large pool (`get_pool`);
+- a new large segment is 20 MiB (kLargeBuffer) for a request under 10 MiB (kMinLargeAlloc), else the
+  request rounded up to 2 MiB (kRoundLarge) (`get_allocation_size`);
+- a request takes the smallest cached free block that holds it, the lowest address among equals
+  (`get_free_block`: `pool.blocks.lower_bound`, blocks ordered by stream, size, address); only when
+  none does is a new segment allocated (cudaMalloc: reserved grows);
+- a block larger than the request is split when the rest is at least 512 bytes (small pool) or more
+  than 1 MiB (large pool) (`should_split`); otherwise the whole block is handed out;
+- a freed block merges with its free neighbours in the same segment (`try_merge_blocks`); segments
+  are never given back (only `empty_cache` or an out-of-memory retry does that).
+With expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) each pool has one segment
+that grows at its end in pages of 2 MiB (small pool) or 20 MiB (large pool) (`ExpandableSegment::map`,
+`try_allocate_expandable_segment`), the free block at its end growing with it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+MIN_BLOCK = 512  # kMinBlockSize
+SMALL_SIZE = 1 << 20  # kSmallSize
+SMALL_BUFFER = 2 << 20  # kSmallBuffer
+LARGE_BUFFER = 20 << 20  # kLargeBuffer
+MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
+ROUND_LARGE = 2 << 20  # kRoundLarge
+
+
+def round_size(size: int) -> int:
+    return max(MIN_BLOCK, -(-size // MIN_BLOCK) * MIN_BLOCK)
+
+
+def allocation_size(size: int) -> int:
+    """The size of the segment cudaMalloc'd for a request no cached block holds."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def should_split(block_size: int, size: int, small: bool) -> bool:
+    rest = block_size - size
+    return rest >= MIN_BLOCK if small else rest > SMALL_SIZE
+
+
+class _Block:
+    __slots__ = ("addr", "size", "free", "prev", "next", "small")
+
+    def __init__(self, addr: int, size: int, small: bool):
+        self.addr, self.size, self.small = addr, size, small
+        self.free, self.prev, self.next = True, None, None
+
+
+class CachingAllocator:
+    """Replays malloc/free; `reserved_peak` and `allocated_peak` as torch.cuda's statistics count them."""
+
+    def __init__(self, expandable: bool = False):
+        self.expandable = expandable
+        self._free = {True: [], False: []}  # pool (small?) -> sorted [(size, addr)] of free blocks
+        self._blocks: dict[int, _Block] = {}  # addr -> block
+        self._tail = {True: None, False: None}  # expandable: the last block of each pool's segment
+        self._next_addr = 0
+        self.reserved = self.allocated = 0
+        self.reserved_peak = self.allocated_peak = 0
+        self.segments = 0
+
+    # --- the free lists ---------------------------------------------------------------------------
+    def _insert(self, block: _Block) -> None:
+        insort(self._free[block.small], (block.size, block.addr))
+
+    def _remove(self, block: _Block) -> None:
+        pool = self._free[block.small]
+        del pool[bisect_left(pool, (block.size, block.addr))]
+
+    def _best_fit(self, size: int, small: bool) -> _Block | None:
+        pool = self._free[small]
+        i = bisect_left(pool, (size, -1))
+        if i == len(pool):
+            return None
+        block = self._blocks[pool[i][1]]
+        self._remove(block)
+        return block
+
+    # --- segments ---------------------------------------------------------------------------------
+    def _new_segment(self, size: int, small: bool) -> _Block:
+        block = _Block(self._next_addr, size, small)
+        self._next_addr += size + (1 << 40)  # segments are not contiguous
+        self._blocks[block.addr] = block
+        self.segments += 1
+        self._grow(size)
+        return block
+
+    def _grow(self, size: int) -> None:
+        self.reserved += size
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
+
+    def _expand(self, size: int, small: bool) -> _Block:
+        """Expandable segments: map pages at the pool's segment end; the free block there grows."""
+        page = SMALL_BUFFER if small else LARGE_BUFFER
+        tail = self._tail[small]
+        if tail is not None and tail.free:
+            self._remove(tail)
+            need = size - tail.size
+            pages = -(-need // page) * page
+            tail.size += pages
+            self._grow(pages)
+            return tail
+        pages = -(-size // page) * page
+        if tail is None:
+            block = self._new_segment(pages, small)
+        else:
+            block = _Block(tail.addr + tail.size, pages, small)
+            self._blocks[block.addr] = block
+            block.prev, tail.next = tail, block
+            self._grow(pages)
+        self._tail[small] = block
+        return block
+
+    # --- malloc and free --------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> int:
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        block = self._best_fit(size, small)
+        if block is None:
+            block = self._expand(size, small) if self.expandable else self._new_segment(allocation_size(size), small)
+        if should_split(block.size, size, small):
+            rest = _Block(block.addr + size, block.size - size, small)
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next, block.size = rest, size
+            self._blocks[rest.addr] = rest
+            self._insert(rest)
+            if self._tail[small] is block:
+                self._tail[small] = rest
+        block.free = False
+        self.allocated += block.size
+        self.allocated_peak = max(self.allocated_peak, self.allocated)
+        return block.addr
+
+    def free(self, addr: int) -> None:
+        block = self._blocks[addr]
+        block.free = True
+        self.allocated -= block.size
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free:
+                self._remove(neighbour)
+                block = self._merge(block, neighbour)
+        self._insert(block)
+
+    def _merge(self, block: _Block, other: _Block) -> _Block:
+        first, second = (block, other) if block.addr < other.addr else (other, block)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        del self._blocks[second.addr]
+        if self._tail[first.small] is second:
+            self._tail[first.small] = first
+        return first
+
+
+def replay(events, expandable: bool = False) -> CachingAllocator:
+    """Replay (key, +bytes) / (key, -bytes) events: a key's first + allocates it, a later + grows it
+    (a storage `resize_`d: freed and allocated again at its new size), its - frees it. Returns the
+    allocator with its peaks."""
+    allocator = CachingAllocator(expandable)
+    live: dict[int, tuple[int, int]] = {}  # key -> (address, bytes)
+    for key, delta in events:
+        addr, size = live.pop(key, (None, 0))
+        if addr is not None:
+            allocator.free(addr)
+        size += delta
+        if size > 0:
+            live[key] = (allocator.malloc(size), size)
+    return allocator

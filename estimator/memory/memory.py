@@ -1,0 +1,344 @@
+"""The peak of a training step, per pipeline stage: the module that puts the others together.
+
+A step has three phases, and each stage's peak is the largest of them (the contract's
+``allocated_peak_bytes``, comparable to ``torch.cuda.max_memory_allocated``):
+
+- forward: model states, the activations of every micro-batch in flight, the loss's working
+  copies on the last stage, and whatever is gathered to run (FSDP units, autocast weights);
+- backward: the same activations at the moment backward starts, plus the gradient of the
+  logits, the layer being recomputed (full recompute) and FSDP's unsharded gradients;
+- optimizer step: model states with all gradients, plus the optimizer's temporaries.
+
+Gradients exist during forward when the framework keeps a persistent gradient buffer
+(Megatron's main_grad buffer), when gradients accumulate over several micro-batches, or in a
+pipeline's steady state; otherwise (``zero_grad(set_to_none=True)``, PyTorch's default) backward's
+peak comes at its first moment, the loss's gradients beside every activation, before any
+parameter gradient exists (as measured, tests/data/measured).
+
+Outside PyTorch's allocator the device also holds the CUDA context, NCCL's buffers and the
+allocator's fragmentation; they make ``device_total_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+from typing import NamedTuple
+
+from .activations.entries import KORTHIKANTI
+from .pipeline import global_batch_size, in_flight_per_rank
+from ..spec import memo as _memo
+from ..spec.architecture import Architecture, parameter_counts
+from .components import Component, Phase, StageDetail, StageEstimate, component, fragmentation, phase
+from ..spec.hardware import Hardware
+from ..spec.parallel import Parallel
+from .resolved import Resolved, resolve, training_with
+from .sharding import StageParameters
+from .adapters import trainable_count
+from ..spec.training import Training
+from .result import Estimate, fit_on
+from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
+                           _shared)
+from .static_stage import _StaticStage, _static_stage
+from ..models.loading import load_config
+
+
+# --- the estimate -----------------------------------------------------------------------------------
+
+def estimate(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
+             hardware: Hardware | None = None) -> Estimate:
+    return estimate_resolved(resolve(arch, training, par, hardware))
+
+
+def device_total(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
+                 hardware: Hardware | None = None) -> int:
+    """`estimate(...).device_total_bytes` by the same code, without building the estimate: its stages,
+    notes and components (a layout search judges most layouts by this number alone)."""
+    cfg = resolve(arch, training, par, hardware)
+    if cfg.training.rl or cfg.training.mode == "inference":
+        return estimate_resolved(cfg).device_total_bytes
+    memo = _stage_memo(cfg)
+    return _training_stages(cfg, _shared_of(cfg, memo), memo, peak_only=True)[0]
+
+
+class StepFloor(NamedTuple):
+    """A stage's device total were its peak the optimizer step (the step's allocated bytes, what is
+    outside the allocator and the fragmentation on the step's bytes), and its parameters per GPU."""
+
+    device_bytes: int
+    parameters_per_gpu: int
+
+
+def step_floors(arch: Architecture, training: Training, par: Parallel, hardware: Hardware) -> tuple[StepFloor, ...]:
+    """Each stage's `StepFloor`, from its static part alone (no activations): no recompute setting,
+    micro-batch or loss of a layout with these model states takes a stage below its optimizer step
+    (the planner's states floor, planner.py rule 1). Training without RL only."""
+    cfg = resolve(arch, training, par, hardware)
+    memo = _stage_memo(cfg)
+    shared = _shared_of(cfg, memo)
+    out = []
+    for sp in cfg.stages:
+        ends = (sp.first, sp.last, sp.kind_counts)
+        static = memo.get(ends)
+        if static is None:
+            static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
+                                                cfg.microbatches, shared)
+        step = static.totals[2]
+        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation)),
+                             static.parameters_per_gpu))
+    return tuple(out)
+
+
+def _shared_of(cfg: Resolved, memo) -> _Shared:
+    shared = memo.get("shared")
+    if shared is None:
+        shared = memo["shared"] = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware,
+                                          cfg.zero_stage, cfg.padded_vocab)
+    return shared
+
+
+def estimate_resolved(cfg: Resolved) -> Estimate:
+    """The estimate of a configuration resolved once (`resolved.resolve`)."""
+    arch, training, par, hardware = cfg.architecture, cfg.training, cfg.parallel, cfg.hardware
+    if training.rl:
+        return _rl_estimate(cfg)
+    zero, recipe, m, vocab = cfg.zero_stage, cfg.recipe, cfg.microbatches, cfg.padded_vocab
+    counts = parameter_counts(arch)
+    memo = _stage_memo(cfg)
+    shared = _shared_of(cfg, memo)
+    if training.mode == "inference":
+        from .inference import inference_stage
+        stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
+    else:
+        stages = _training_stages(cfg, shared, memo)
+    peak = max(stages, key=lambda s: s.device_total_bytes)
+    notes = _notes(arch, training, par, zero, m, vocab)
+    return Estimate(
+        config=cfg, parameters_total=counts.total, parameters_active=counts.active,
+        parameters_trainable=(0 if training.mode == "inference" else trainable_count(arch, training) if training.adapter
+                              else counts.total), stages=tuple(stages),
+        peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
+        device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, hardware.device),
+        notes=notes, _shared=shared)
+
+
+def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
+    """What estimates of one architecture reuse: the part every stage shares (`_Shared`) and each
+    stage's static part (`_static_stage`). Both depend on the training setup, the hardware, TP, SP,
+    DP, CP, EP and ETP, whether there is a pipeline, the ZeRO stage and the micro-batches per step
+    (and a static part on the stage's layers and ends), not on how the pipeline splits and schedules
+    the layers: a layout search varying those, and an app rerun, read them back. The architecture is
+    immutable, so the memo never goes stale; whatever these parts come to read of the layout must
+    join the key. How many layers full recompute checkpoints (`recompute_layers`) is not part of it:
+    the shared part does not read it and a static part only whether a stage recomputes any layer
+    (`activations.recompute.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
+    the stage has layers); the groups kept here add it to their keys (`_training_stages`). `loss`:
+    the memo of the same setup with that loss instead (a stage without the head reads nothing of
+    the loss: `_static_stage` reads the loss's parts of `_Shared` and the head's transients on the
+    last stage only)."""
+    fields = {"recompute_layers": None} if loss is None else {"recompute_layers": None, "loss": loss}
+    par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, **fields)
+    return _StageMemo(cfg.architecture, ("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
+                                         par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches))
+
+
+class _StageMemo:
+    """One configuration's stage parts (`_stage_memo`): a dict that is one value in the architecture's
+    memo, whose bytes grow by each part's as it is added (estimator/spec/memo.py), read and written as a
+    dict (a part is read far more often than the memo's bookkeeping could afford per part)."""
+
+    __slots__ = ("parts", "entry")
+
+    def __init__(self, arch: Architecture, key: tuple):
+        self.entry = _memo.SHARED.entry((arch.memo_token, key), dict, "stage parts")
+        self.parts = self.entry[0]
+
+    def get(self, part, default=None):
+        return self.parts.get(part, default)
+
+    def __setitem__(self, part, value) -> None:
+        self.parts[part] = value
+        kind = "shared" if part == "shared" else "group" if part[0] == "group" else "static"
+        _memo.SHARED.grow(self.entry, _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES)
+
+
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static")}
+
+
+def _rl_estimate(cfg: Resolved) -> Estimate:
+    """RL: the trainer's step on prompt + response sequences, then every phase of the step on its
+    busiest GPU (rl.py); the totals and the verdict are the largest phase's."""
+    from .rl import rl_phases, rollout_host, trainer_training
+    rl = cfg.training.rl
+    train = estimate_resolved(resolve(cfg.architecture, trainer_training(cfg.training), cfg.parallel, cfg.hardware))
+    phases = rl_phases(train, rl, estimate)
+    host = rollout_host(phases)  # the trainer's states parked on the host while the engine runs
+    train = replace(train, stages=tuple(s._replace(host=s.host + host) for s in train.stages))
+    peak = max(phases, key=lambda p: p.device_total_bytes)
+    shown = replace(cfg, training=replace(cfg.training, seq_len=rl.sequence_len))
+    note = (f"RL ({rl.algorithm}): the {peak.name} phase decides the fit; the stages show the training phase's "
+            f"step on {rl.sequence_len:,}-token sequences")
+    return replace(train, config=shown, rl_phases=phases, allocated_peak_bytes=peak.allocated_bytes,
+                   device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, cfg.gpu),
+                   notes=train.notes + (note,))
+
+
+def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: int, vocab: int) -> tuple[str, ...]:
+    """What a user should know about how this configuration was read."""
+    notes = []
+    if par.zero_stage is None and zero:
+        notes.append(f"zero_stage {zero}: the default of framework {training.framework!r} (fully_shard shards "
+                     "parameters, gradients and optimizer states)")
+    if vocab != arch.vocab_size:
+        notes.append(f"vocabulary padded from {arch.vocab_size:,} to {vocab:,} rows (Megatron: a multiple of "
+                     f"128 x TP = {128 * par.tp})")
+    if training.mode == "training" and par.pp > 1 and training.global_batch_size is None:
+        notes.append(f"global batch {global_batch_size(training, par):,} (auto): {m} micro-batches per step, "
+                     "the fewest that fill the pipeline; any larger global batch holds the same activations")
+    if training.mode == "training" and par.pp > 1 and m < par.pp:
+        notes.append(f"{m} micro-batch(es) per step on {par.pp} pipeline stages: most of the step is pipeline "
+                     f"bubble; set global_batch_size to at least {par.pp * training.micro_batch_size * par.dp} "
+                     "(micro_batch_size x dp x pp)")
+    if training.mode == "training" and par.pp > 1 and arch.tie_embeddings:
+        notes.append("tied embeddings under PP: the last stage keeps its own copy of the embedding as the head")
+    if arch.is_moe and par.ep > 1 and training.mode == "training":
+        notes.append("routed activations are not divided by EP: expert parallelism exchanges tokens, it does not "
+                     "remove them")
+    return tuple(notes)
+
+
+_NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", KORTHIKANTI)
+_ACTIVATIONS_GONE = Component("activations", "Activations", 0,
+                              "none left: backward's last moments, every layer's activations freed",
+                              "measured, tests/data/measured/torchtitan (FSDP2 creates its gradients in backward)")
+
+
+class _Group(NamedTuple):
+    """What the stages of a group share: their static part, the bytes per micro-batch in flight of
+    their layers (`_activation_units`) and the builder of their phases."""
+
+    static: _StaticStage
+    units: tuple[float, ...]
+    detail: StageDetail
+
+
+def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Shared,
+           memo: dict, key: tuple) -> _Group:
+    """A group's activation counts and units are kept in `memo` (`_stage_memo`) under its key, which
+    names all they read of the stage (its ends, its kinds and, under full recompute, its chunks); its
+    phase builder is the estimate's own (it remembers the phases it built by stage number)."""
+    known = memo.get(("group", key))
+    if known is None:
+        counts = _activation_counts(cfg.training, sp, cfg.architecture)
+        known = memo[("group", key)] = (counts, _activation_units(counts, shared))
+    counts, units = known
+    return _Group(static, units,
+                  StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel, shared), {}))
+
+
+def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool = False) -> list[StageEstimate]:
+    """Every stage of a training step. Stages with the same layers and no embedding or head form a
+    group: they share their static part (kept in `memo`, `_stage_memo`), their activation units and
+    the builder of their phases; under full recompute only stages whose chunks store layers of the
+    same kinds (`sharding.layers_key`) group. What differs between them is the micro-batches in
+    flight, found for every rank in one pass."""
+    arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
+    groups: dict[tuple, _Group] = {}
+    # the static parts and activation groups of stages without the head do not read the loss:
+    # estimates that differ in the loss alone (a search's fused/chunked pair) share them, in the fused
+    # loss's memo
+    headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
+    full, offloaded = training.recompute == "full", training.offload_activations
+    fragmentation_share = shared.fragmentation
+    stages = []
+    for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
+                                                                         training.microbatch_group_size)):
+        signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
+        if full:  # the layers a stage stores: which of its chunks' layers the first n (or every N-th) leave
+            key = (signature, sp.layers_key, training.recompute_layers)
+        else:
+            key = signature
+        group = groups.get(key)
+        if group is None:
+            ends = (sp.first, sp.last, sp.kind_counts)  # all a static part reads of the stage
+            home = memo if sp.last else headless
+            static = home.get(ends)
+            if static is None:
+                static = home[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
+            group = groups[key] = _group(static, sp, cfg, shared, home, key)
+        static = group.static
+        activations = 0  # the sum of `_activation_parts`, each part rounded as there
+        for unit in group.units:
+            activations += int(round(unit * inflight))
+        if sp.first:
+            activations += int(round(shared.embedding_bytes * max(1.0, inflight)))
+        host = static.host
+        if offloaded:
+            activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
+        forward, backward, step = static.totals
+        forward += activations
+        # backward's last moments (fsdp2 creating its gradients) when larger than its start
+        backward = max(backward + activations, static.backward_end)
+        if forward >= backward and forward >= step:
+            peak_phase, allocated = "forward", forward
+        elif backward >= step:
+            peak_phase, allocated = "backward", backward
+        else:
+            peak_phase, allocated = "optimizer", step
+        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
+        if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
+            if not stages or device > stages[0]:
+                stages[:] = [device]
+            continue
+        stages.append(StageEstimate(
+            sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
+            (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme))
+    return stages
+
+
+OFFLOAD_ACTIVATIONS_SOURCE = ("torchtune training/_activation_offloading.py OffloadActivations (saved tensors over 1 KiB "
+                              "copied to pinned host memory in forward and back in backward; the loss outside it); "
+                              "measured, tests/data/measured/torchtune")
+
+
+def _offloaded_activations(activations: int, sp: StageParameters, inflight: float, shared: _Shared,
+                           host: tuple) -> tuple[int, tuple]:
+    """torchtune's OffloadActivations: the layers' saved tensors live on the host between forward
+    and backward; only the first stage's token ids stay (and the loss, counted apart). Returns the
+    activations left on the GPU and the host components with the offloaded ones."""
+    stay = int(round(shared.embedding_bytes * max(1.0, inflight))) if sp.first and shared.embedding else 0
+    moved = component("activations", "Offloaded activations (pinned host memory)", activations - stay,
+                      "every layer's saved tensors (the activation ledger) x micro-batches in flight",
+                      OFFLOAD_ACTIVATIONS_SOURCE)
+    return stay, host + (moved,)
+
+
+def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, training: Training, par: Parallel,
+                     shared: _Shared, stage: StageEstimate) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+    """A training stage's three phases, and what it holds outside the allocator at its peak. The
+    backward phase shows its largest moment: its start, or its last moments when those are larger
+    (`backward_ends`, as `_training_stages` found them)."""
+    inflight, allocated = stage.in_flight_microbatches, stage.allocated_peak_bytes
+    activations = stage.phase_totals[0][1] - static.totals[0]
+    backward_ends = static.backward_end > static.totals[1] + activations
+    st = static.parts()
+    parts = _activation_parts(sp, inflight, counts, shared)
+    if training.offload_activations:  # the layers' parts are on the host (`_offloaded_activations`)
+        parts = tuple(p if p[0].startswith("token ids") else
+                      (p[0] + ", on the host", 0, f"0 on the GPU: {p[1] / 2**30:,.2f} GiB offloaded ({p[2]})")
+                      for p in parts)
+    saved = (_activations_component(parts, training, par),) + st.loss_saved
+    backward = phase("backward", st.kept + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
+                     st.folded["backward_end"]) \
+        if backward_ends else phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"])
+    phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
+              backward,
+              phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
+    managed = (static.managed,) if static.managed else ()
+    return phases, (static.communication, shared.runtime, *managed, fragmentation(allocated, shared.hardware))
+
+
+def estimate_config(data: object):
+    """Parse a contract config and estimate it: the CLI's and the app's one entry point."""
+    cfg = load_config(data)
+    return estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)

@@ -1,0 +1,79 @@
+"""An MoE layer's moments: the transients of its token exchange beside the kept activations.
+
+Megatron's all-to-all dispatcher (its combine, the experts' backward, the router-dtype gradient)
+and all-gather dispatcher (its combine and the combine's backward beside the global buffer),
+DeepEP (whose buffers are communication, deepep.py), and the all-to-all send buffer of other
+frameworks; with the MoE block recomputed, its recomputed tensors beside the larger of its
+forward's and backward's moments. The tensors are activations.py's entries, from Megatron-Core
+0.16.1's dispatchers (MEGATRON_ALLTOALL, MEGATRON_ALLGATHER, MEGATRON_GROUPED_MLP);
+measured, tests/data/measured/megatron.
+"""
+
+from __future__ import annotations
+
+from .activations.entries import Entry, fp8_activation_bytes, tokens_per_gpu
+from .activations.moe import (MEGATRON_ALLGATHER, MEGATRON_ALLTOALL, MEGATRON_GROUPED_MLP,
+                              moe_allgather_combine_backward_moment, moe_allgather_combine_moment, moe_combine_moment,
+                              moe_expert_backward_moment, moe_router_dtype_backward_moment)
+from .activations.layer import moe_recomputed_entries
+from ..spec.architecture import Architecture
+from .components import Component, component, total_bytes
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from .sharding import StageParameters
+from ..spec.training import Training
+
+
+MOE_RECOMPUTE_SOURCE = ("Megatron-Core 0.16.1 transformer/moe/moe_layer.py MoELayer.forward under "
+                        "tensor_parallel.checkpoint when 'moe' is in recompute_modules; tensor_parallel/random.py "
+                        "CheckpointFunction.backward runs the block's forward again before its backward; measured, "
+                        "tests/data/measured/megatron")
+
+
+def moe_moments(arch: Architecture, training: Training, par: Parallel,
+                sp: StageParameters) -> tuple[list[Component], list[Component], list[Component]]:
+    """The transients of an MoE layer beside the kept activations, (forward, backward), each phase's largest
+    moment, and (third) the larger of its forward's and backward's moments under Megatron, which a layer fully
+    recomputed in backward adds to its recomputed tensors. Megatron's all-to-all dispatcher (MEGATRON_ALLTOALL): the end of the layer's forward (its
+    combine), the experts' backward, the router-dtype gradient around the expert-TP all-gather, and with the MoE
+    block recomputed (selective "moe") its recomputed tensors beside the larger of its forward's and its backward's
+    moments. DeepEP sends from its own fixed buffers (communication, deepep.py): no combine moment is modelled
+    with it; its experts' backward is the same. The all-gather dispatcher (MEGATRON_ALLGATHER): its combine
+    (the experts' outputs unpermuted over every gathered token), the combine's backward (the gradient
+    all-gathered), the experts' backward as above, each beside Megatron's global buffer holding the gathered
+    hidden states (allocated once and kept: counted with these moments, so not in the optimizer phase).
+    Other frameworks: the all-to-all send buffer."""
+    if not any(k == "moe" for k, _ in sp.kind_counts):
+        return [], [], []
+    send = fp8_activation_bytes(training) if training.fp8 else bytes_per_element(training.compute_dtype)
+    if training.framework != "megatron":
+        if par.ep == 1:
+            return [], [], []
+        tokens = tokens_per_gpu(training, par) * arch.num_experts_per_token * training.moe_capacity_factor
+        entry = Entry("All-to-all send buffer (permuted tokens)", tokens * arch.hidden_size * par.etp, send, "sp",
+                          "B*phi*k*s*b*h*etp")
+        buffer = [component("transient", entry.name, entry.bytes(par), entry.shown_formula(par),
+                            "all-to-all token dispatch (permute, then all_to_all)")]
+        return buffer, list(buffer), []
+
+    def parts(entries: list, source: str) -> list[Component]:
+        return [component("transient", e.name, e.bytes(par), e.shown_formula(par), source) for e in entries]
+
+    allgather = training.moe_dispatcher == "allgather"
+    if allgather:  # MEGATRON_ALLGATHER: its combine and the combine's backward
+        combine = parts(moe_allgather_combine_moment(arch, training, par), MEGATRON_ALLGATHER)
+        first = [parts(moe_allgather_combine_backward_moment(arch, training, par), MEGATRON_ALLGATHER)]
+    else:
+        combine = [] if training.moe_dispatcher == "deepep" else \
+            parts(moe_combine_moment(arch, training, par, send), MEGATRON_ALLTOALL)
+        first = [parts(moe_router_dtype_backward_moment(arch, training, par),
+                       "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)")]
+    experts = parts(moe_expert_backward_moment(arch, training, par),
+                    MEGATRON_GROUPED_MLP if training.moe_grouped_gemm else MEGATRON_ALLTOALL)
+    backward = [experts] + first
+    inner = max([combine, experts] + (first if allgather else []), key=total_bytes)
+    recomputed = moe_recomputed_entries(arch, training, par)
+    if recomputed:
+        backward.append(parts(recomputed, MOE_RECOMPUTE_SOURCE) + inner)
+    # the all-gather dispatcher gathers into Megatron's global buffer, a persistent one (`transients.transients`)
+    return combine, max(backward, key=total_bytes), inner

@@ -1,0 +1,261 @@
+"""What the stages of one configuration share: the activation ledger per layer kind and its units,
+the loss, the runtime and the communication buffers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .activations.entries import COMPILE_SOURCE, Entry, KORTHIKANTI, compiled
+from .activations.attention import CP_FLEX_SOURCE, cp_flex_all_gather
+from .activations.loss import LossMemory, deferred_wgrad_entries, loss_memory
+from .activations.recompute import dropped, recomputed_layer_count, recomputed_modules
+from .activations.layer import embedding_entries, layer_entries, layer_input_entry
+from .pipeline import in_flight_rule
+from ..spec.architecture import Architecture
+from .components import Component, component, entries_component, fragmentation_fraction
+from ..spec.dtypes import bytes_per_element
+from ..spec.hardware import Hardware
+from ..spec.parallel import Parallel
+from .resolved import training_with
+from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
+from .adapter_activations import bnb_held_entries, first_layer_input_frozen
+from .kbit import ledger_training
+from ..spec.training import Training
+
+
+GiB = 1024**3
+
+
+class LedgerLine(NamedTuple):
+    """One saved tensor of one layer for one micro-batch on one GPU (the activation ledger)."""
+
+    kind: str
+    name: str
+    bytes: int
+    formula: str
+    dropped_by_recompute: bool
+
+
+class _Shared(NamedTuple):
+    """What every stage of one estimate reuses: the per-layer ledger, the loss, the overheads."""
+
+    per_layer: dict[str, float]  # bytes one layer keeps per micro-batch, by layer kind, as recomputed
+    full_layer: dict[str, float]  # ... without any recompute (the working set re-materialised)
+    kept_input: float  # what full recompute keeps of a layer: its input
+    kept_input_formula: str
+    # what a checkpointed layer keeps beside its input, per kind: bitsandbytes <= 0.43.1's 4-bit linears'
+    # inputs (adapters.bnb_held_entries); empty otherwise
+    held_by_4bit: dict
+    embedding: list[Entry]
+    loss: LossMemory | None
+    loss_components: tuple  # (saved, forward working copies, backward gradients) on the last stage
+    communication: Component  # NCCL buffers: every stage
+    moe_communication: Component  # ... and DeepEP's buffers, on stages with MoE layers, when chosen
+    runtime: Component
+    entries: dict[str, list[Entry]]
+    recomputed: frozenset[str]
+    parallel: Parallel  # a layout with this TP, SP and CP (the ledger's divisions; see `_stage_memo`)
+    hardware: Hardware
+    embedding_bytes: float  # first-stage inputs per micro-batch
+    deferred_wgrad: list  # the last stage's pair per deferred micro-batch (--defer-embedding-wgrad-compute)
+    fragmentation: float  # share of the allocated peak
+
+    def ledger(self) -> tuple[LedgerLine, ...]:
+        par = self.parallel
+        return tuple(LedgerLine(k, e.name, int(round(e.bytes(par))), e.shown_formula(par),
+                                dropped(e, self.recomputed))
+                     for k in sorted(self.entries) for e in self.entries[k])
+
+
+def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, zero: int,
+            vocab: int) -> _Shared:
+    communication = _communication(training, par, zero)
+    moe_communication = (_communication(training, par, zero, arch, hardware) if training.moe_dispatcher == "deepep"
+                         else communication)
+    # the ledger depends on the training setup and on TP, SP, CP and ETP only: every layout of a
+    # search (and every rerun of the app) that shares them reads it from the architecture's memo; one
+    # layer's saved tensors do not depend on how many layers full recompute checkpoints (the stages
+    # count those, `activations.recompute.recomputed_layer_count`), so a search over them shares one ledger
+    as_read = training_with(arch, training, recompute_layers=None, recompute_every=1)
+    as_read = ledger_training(as_read)  # peft's prepare_model_for_kbit_training: activations in fp32 (kbit.py)
+    key = ("ledger", as_read, par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
+    ledger = arch.cached(key, lambda: _ledger(arch, as_read, par, vocab))
+    return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
+                   runtime=_runtime(hardware), parallel=par, hardware=hardware,
+                   fragmentation=fragmentation_fraction(hardware))
+
+
+def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:
+    """The per-layer ledger and the loss, with their bytes on one GPU of this TP/SP/CP split."""
+    entries = {k: layer_entries(arch, training, par, k) for k in arch.kinds}
+    if first_layer_input_frozen(training):  # an adapter run's first layer keeps less (adapters.py)
+        entries[_first_kind(arch)] = layer_entries(arch, training, par, arch.layer_kinds()[0], first=True)
+    modules = recomputed_modules(training)
+    full, per_layer = {}, {}
+    for kind, es in entries.items():
+        sizes = [(e.bytes(par), dropped(e, modules)) for e in es]
+        full[kind] = sum(b for b, _ in sizes)
+        per_layer[kind] = sum(b for b, dropped in sizes if not dropped)
+    embedding = embedding_entries(arch, training, par)
+    kept_input = layer_input_entry(arch, training, par)
+    held = {kind: sum(e.bytes(par) for e in bnb_held_entries(es, training, arch, kind)) for kind, es in entries.items()}
+    loss = loss_memory(arch, training, par, vocab) if training.mode == "training" else None
+    return dict(per_layer=per_layer, full_layer=full, kept_input=kept_input.bytes(par),
+                held_by_4bit={k: b for k, b in held.items() if b},
+                kept_input_formula=kept_input.shown_formula(par), embedding=embedding, loss=loss,
+                loss_components=_loss_components(loss, par), entries=entries, recomputed=modules,
+                embedding_bytes=sum(e.bytes(par) for e in embedding),
+                deferred_wgrad=deferred_wgrad_entries(arch, training, par, vocab))
+
+
+def _loss_components(loss: LossMemory | None, par: Parallel) -> tuple[tuple[Component, ...], list, list]:
+    """The last stage's loss: what it keeps for backward, its forward working copies and its
+    gradients at backward's start."""
+    if loss is None:
+        return (), [], []
+    saved = (entries_component("logits", "Final norm, LM head input and loss", loss.saved, par, 1, loss.source),)
+    forward = [entries_component("transient", "Loss working copies", loss.forward, par, 1, loss.source)] \
+        if loss.forward else []
+    backward = [entries_component("transient", "Loss gradients", loss.backward, par, 1, loss.source)] \
+        if loss.backward else []
+    return saved, forward, backward
+
+
+def _runtime(hardware: Hardware) -> Component:
+    runtime = hardware.device.runtime
+    return component("runtime", "CUDA context and loaded kernels (outside the allocator)", runtime.context_bytes,
+                     f"per-process constant for {runtime.architecture}", runtime.context_source)
+
+
+def _first_kind(arch: Architecture) -> str:
+    return f"first {arch.layer_kinds()[0]}"
+
+
+def _activation_counts(training: Training, stage: StageParameters, arch: Architecture) -> tuple[int, tuple, tuple]:
+    """(layers recomputed, (kind, layers stored) pairs, (kind, layers recomputed) pairs) of a stage.
+    Full recompute of n layers recomputes the first n of the stage (Megatron's "block" method) or
+    every N-th (`recompute_every`) and keeps their inputs (`activations.recompute.recomputed_layer_count`). An
+    adapter run's first layer, whose input needs no gradient, is a kind of its own."""
+    recomputed = recomputed_layer_count(training, stage.num_layers)
+    if not recomputed and first_layer_input_frozen(training) and stage.stage == 0:
+        kind = arch.layer_kinds()[0]
+        rest = tuple((k, n - 1 if k == kind else n) for k, n in stage.kind_counts)
+        return 0, ((_first_kind(arch), 1),) + rest, ()
+    if not recomputed:
+        return 0, stage.kind_counts, ()
+    if training.recompute_every > 1:
+        stored = stored_kind_counts(arch, stage.chunks, training.recompute_every)
+    else:
+        stored = chunk_kind_counts(arch, stage.chunks, skip=recomputed)
+    left = dict(stored)
+    return recomputed, stored, tuple((k, n - left.get(k, 0)) for k, n in stage.kind_counts if n - left.get(k, 0))
+
+
+def _held_by_4bit(counts: tuple[int, tuple, tuple], shared: _Shared) -> float:
+    """Bytes the recomputed layers' 4-bit linears keep beside their inputs, per micro-batch."""
+    return sum(shared.held_by_4bit.get(kind, 0.0) * n for kind, n in counts[2])
+
+
+def _activation_units(counts: tuple[int, tuple, tuple], shared: _Shared) -> tuple[float, ...]:
+    """Bytes per micro-batch in flight of each layer part `_activation_parts` lists, in its order."""
+    recomputed, stored_counts, _ = counts
+    units = [shared.kept_input * recomputed] if recomputed else []
+    held = _held_by_4bit(counts, shared)
+    units += [held] if held else []
+    return tuple(units + [shared.per_layer[kind] * n for kind, n in stored_counts if n])
+
+
+def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int, tuple, tuple],
+                      shared: _Shared) -> tuple[tuple[str, int, str], ...]:
+    """Saved activations of the stage's layers for every micro-batch in flight, as (label, bytes,
+    formula)."""
+    recomputed, stored_counts, recomputed_counts = counts
+    parts = []
+    if recomputed:
+        parts.append((f"{recomputed} recomputed layers keep their input",
+                      int(round(shared.kept_input * recomputed * inflight)),
+                      f"{shared.kept_input / 2**20:,.1f} MiB layer input ({shared.kept_input_formula}) x "
+                      f"{recomputed} layers x {inflight:g} in flight"))
+    held = _held_by_4bit(counts, shared)
+    if held:
+        per = " + ".join(f"{shared.held_by_4bit[k] / 2**20:,.1f} MiB x {n} {k} layers" for k, n in recomputed_counts
+                         if k in shared.held_by_4bit)
+        parts.append(("the recomputed layers' 4-bit linears keep their inputs (bitsandbytes <= 0.43.1)",
+                      int(round(held * inflight)),
+                      f"({per}) x {inflight:g} in flight: MatMul4Bit's ctx.tensors, outside the checkpoint"))
+    for kind, n in stored_counts:
+        if n:
+            parts.append((f"{n} {kind} layers x {inflight:g} micro-batches",
+                          int(round(shared.per_layer[kind] * n * inflight)),
+                          f"{shared.per_layer[kind] / 2**20:,.1f} MiB per {kind} layer x {n} layers "
+                          f"x {inflight:g} in flight"))
+    if stage.first and shared.embedding:
+        parts.append(("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else ""),
+                      int(round(shared.embedding_bytes * max(1.0, inflight))),
+                      " + ".join(e.shown_formula(shared.parallel) for e in shared.embedding)
+                      + " per micro-batch in flight"))
+    return tuple(parts)
+
+
+def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Training,
+                           par: Parallel | None = None) -> Component:
+    formula = " + ".join(f for _, _, f in parts)
+    if training.recompute == "selective":
+        formula += f" (recomputed: {', '.join(training.recompute_modules)})"
+    rule, rule_source = in_flight_rule(par, training.microbatch_group_size) if par else ("", "")
+    source = KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
+    if compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
+        formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
+        source += f"; {COMPILE_SOURCE}"
+    if cp_flex_all_gather(training, par):  # the attention's keys and values span the whole sequence
+        source += f"; {CP_FLEX_SOURCE}"
+    pieces = tuple(Component("activations", label, b, f, source) for label, b, f in parts)
+    return Component("activations", "Activations", sum(p.bytes for p in pieces), formula + rule, source, pieces)
+
+
+def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
+                   hardware: Hardware | None = None) -> Component:
+    """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator: 0.5 GiB for each
+    process group of size > 1 (Fujii et al.'s estimator; NCCL issues #864/#986: memory grows
+    with communicators and channels). With ``moe_dispatcher = "deepep"`` the MoE stages also hold
+    DeepEP's fixed NVLink/RDMA buffers and workspace (cudaMalloc/NVSHMEM, sized in deepep.py)."""
+    groups = []
+    if par.tp > 1:
+        groups.append("TP")
+    if par.pp > 1:
+        groups.append("PP")
+    if par.dp * par.cp > 1:
+        groups.append("DP x CP")
+    if par.cp > 1:
+        groups.append("CP")
+    if par.ep > 1:
+        groups.append("EP")
+    if par.ep > 1 and par.expert_data_parallel > 1:
+        groups.append("expert DP")
+    per_group = 0.5 * GiB
+    formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
+    nccl = component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
+                      "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
+    if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
+        return nccl
+    # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core
+    # fused_a2a.get_buffer): only stages with MoE layers hold it (see _static_stage).
+    from .deepep import SOURCE, deepep_buffers
+    gpu = (hardware or Hardware()).device
+    buf = deepep_buffers(arch.hidden_size, bytes_per_element(training.compute_dtype), par.ep * par.etp,
+                         gpu.gpus_per_node)
+    src = SOURCE
+    parts = [nccl, component("communication", "DeepEP NVLink buffer (cudaMalloc, IPC-shared)", buf.nvl_allocation,
+                              f"max(dispatch, combine) get_nvl_buffer_size_hint(hidden_bytes {buf.hidden_bytes:,}, "
+                              f"{buf.group_size} ranks; {buf.nvl_ranks} NVLink peers) + peer pointers", src)]
+    if buf.num_rdma_bytes:
+        parts.append(component("communication", "DeepEP RDMA buffer (NVSHMEM symmetric heap)", buf.num_rdma_bytes,
+                                f"max(dispatch, combine) get_rdma_buffer_size_hint(hidden_bytes {buf.hidden_bytes:,}, "
+                                f"{buf.rdma_ranks} nodes)", src))
+    parts.append(component("communication", "DeepEP workspace (cudaMalloc)", buf.workspace, "NUM_WORKSPACE_BYTES",
+                            src))
+    formula += (f" + DeepEP NVL buffer {buf.nvl_allocation / GiB:.3f} GiB + RDMA buffer {buf.num_rdma_bytes / GiB:.3f}"
+                f" GiB + workspace {buf.workspace / GiB:.3f} GiB")
+    return Component("communication", "NCCL communicator buffers and DeepEP buffers", sum(p.bytes for p in parts),
+                     formula, nccl.source + "; " + src, tuple(parts))

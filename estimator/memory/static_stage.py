@@ -1,0 +1,237 @@
+"""A stage's memory that does not depend on the micro-batches in flight: model states (ZeRO,
+offload, paged optimizers), transients, moments of the backward, and their phases.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, NamedTuple
+
+from .activations.entries import KORTHIKANTI
+from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
+from .activations.recompute import op_level, recomputed_layer_count
+from ..spec.architecture import Architecture
+from .components import Component, component, entries_component, fold, once, total_bytes
+from ..spec.parallel import Parallel
+from .sharding import StageParameters
+from .offload import OFFLOAD_SOURCES, Placement, placement
+from ..spec.optimizers import OPTIMIZERS
+from .adapters import adapter_states, inventory
+from .kbit import ledger_training, math_attention
+from .fsdp1 import frozen_weights_train, is_fsdp1
+from .states import FP8_SOURCE, ZERO_SOURCE, model_states
+from ..spec.choices import FSDP_FRAMEWORKS
+from ..spec.training import Recipe, Training
+from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
+from .moe_moments import moe_moments
+from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
+from .workspaces import library_workspaces
+from .stage_shared import _Shared
+
+
+class _StaticParts(NamedTuple):
+    """A stage's components that do not depend on its micro-batches in flight."""
+
+    kept: tuple[Component, ...]  # parameters, master weights, optimizer states, persistent buffers
+    grads_forward: Component
+    grads_backward: Component
+    grads_full: Component
+    loss_saved: tuple[Component, ...]
+    folded: dict  # phase name -> the folded transient component
+    grads_end: Component | None = None  # the gradients at backward's last moments, where not all of them
+
+
+class _StaticStage(NamedTuple):
+    """The part of a stage that does not depend on its micro-batches in flight: every middle
+    stage of a pipeline shares one. The totals are computed at once; the components (formulas,
+    sources) are built by `parts` on first read, from the same pieces."""
+
+    totals: tuple[int, int, int]  # forward, backward, step bytes without the activations
+    communication: Component  # outside the allocator: NCCL (and DeepEP on MoE stages)
+    outside_allocator: int  # communication + CUDA context
+    layers: int
+    parameters_per_gpu: int  # before ZeRO sharding
+    parts: Callable[[], _StaticParts]  # builds them on the first call, then returns them again
+    host: tuple[Component, ...]  # offloaded to host memory (offload.py)
+    nvme: tuple[Component, ...]  # offloaded to NVMe
+    backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
+    managed: Component | None = None  # paged optimizer states in managed memory, outside the allocator (paged.py)
+
+
+def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  zero: int, m: int, shared: _Shared) -> _StaticStage:
+    inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
+    # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
+    frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
+    ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else \
+        model_states(sp, training, recipe, par, zero)
+    ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
+    last = sp.last
+    loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
+    deferred = deferred_wgrad_microbatches(training, m) if last else 0
+    if deferred:  # held through the last micro-batch's forward and backward, drained before the step
+        loss_saved = loss_saved + (entries_component(
+            "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
+            deferred, DEFER_WGRAD_SOURCE),)
+    working = _recompute_working_set(training, sp, shared)
+    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
+    tr = transients(arch, training, recipe, par, sp, zero, inv)
+    # the libraries' workspaces are held by the allocator from the first matrix product on (workspaces.py)
+    tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)])
+    exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
+    # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
+    # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
+    # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
+    grads_live = training.framework == "megatron" or (m > 1 and not is_fsdp1(training)) or par.pp > 1
+    # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
+    # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
+    # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
+    # largest of its moments.
+    extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
+    if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
+        extras = list(extras) + in_moe_layer
+    if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
+        attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "backward")
+        if total_bytes(attention) > int(round(working)) + total_bytes(extras):
+            working, extras = 0.0, attention
+        attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
+        if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
+            loss_forward = attention
+    recomputed_bytes = int(round(working)) + total_bytes(extras)
+    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
+    backward_moment = max(total_bytes(loss_backward), recomputed_bytes, total_bytes(exchange_backward),
+                          total_bytes(tr.step_in_backward))
+    place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
+                                         "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
+                      _optimizer_partition(sp, par, zero, inv.trainable if inv else None), zero)
+    on_gpu = place.gpu
+    if place.step_on_host:
+        tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
+    states = (int(round(on_gpu["parameters"])) + int(round(on_gpu["master_weights"]))
+              + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + total_bytes(tr.persistent))
+    grads = 0 if training.optimizer_in_backward else int(round(on_gpu["gradients"]))
+    grads_early = grads if grads_live else 0
+    saved = total_bytes(loss_saved)
+    totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
+              states + grads_early + saved + backward_moment + total_bytes(tr.backward),
+              states + grads + total_bytes(tr.optimizer))
+    # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
+    # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
+    # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
+    late = training.framework in FSDP_FRAMEWORKS and not grads_live and not training.optimizer_in_backward
+    end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
+    if end:
+        backward_end = states + int(round(end.gradients)) + total_bytes(end.transients)
+    else:
+        backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
+    communication = shared.moe_communication if moe_stage else shared.communication
+    parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
+                         loss_backward, working, grads_live, training, extras, end))
+    outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
+    return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
+                        place.host + paged_host, place.nvme, backward_end, managed)
+
+
+def _paged_states(ms, arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  inv, zero: int) -> tuple:
+    """A paged optimizer's large states leave the allocator for managed memory (paged.py): the model
+    states less them, their component on the GPU and the host memory they need when paged out."""
+    from .paged import components as paged_components, is_paged, paged_bytes
+    if not is_paged(training):
+        return ms, None, ()
+    shards = par.dp * par.cp if zero >= 1 else 1
+    on_gpu, elements = paged_bytes(arch, training, sp, inv, shards)
+    managed, host = paged_components(on_gpu, elements, training)
+    written = ms.formulas
+
+    def formulas() -> dict[str, str]:
+        text = written()
+        return {**text, "optimizer_states": text["optimizer_states"] + f", less {on_gpu / 2**30:,.2f} GiB paged to "
+                                                                      "managed memory (outside the allocator)"}
+    return ms._replace(optimizer_states=ms.optimizer_states - on_gpu, formulas=once(formulas)), managed, (host,)
+
+
+def _math_attention_moment(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
+                           loss_saved: float, phase: str) -> list[Component]:
+    """The last layer's attention on SDPA's math backend (kbit.py) in `phase`, over the phase's
+    activations and the loss's saved tensors."""
+    from .kbit import MATH_SOURCE
+    from .kbit_attention import attention_moment
+    kind = sp.kind_counts[-1][0]
+    recomputed = bool(recomputed_layer_count(training, sp.num_layers))
+    moment, formula = attention_moment(arch, ledger_training(training), shared.parallel, kind, recomputed,
+                                       shared.full_layer[kind], loss_saved, phase)
+    return [component("transient", f"Attention {phase} on SDPA's math backend (fp32 scores)", moment, formula,
+                      MATH_SOURCE)]
+
+
+def _recompute_working_set(training: Training, sp: StageParameters, shared: _Shared) -> float:
+    """What one layer rematerialises in backward, one layer at a time: all it keeps without
+    recompute under full recompute, the tensors the policy recomputes under torchtitan's
+    operator-level checkpointing; nothing else."""
+    if recomputed_layer_count(training, sp.num_layers):
+        # with offloaded activations the layer's input comes back from the host beside it
+        reload = shared.kept_input if training.offload_activations else 0.0
+        return max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) + reload
+    if training.offload_activations:  # one layer's saved tensors copied back for its backward
+        return max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0)
+    if op_level(training):
+        return max((shared.full_layer[k] - shared.per_layer[k] for k, _ in sp.kind_counts), default=0.0)
+    return 0.0
+
+
+def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None) -> float:
+    """The parameters whose optimizer state one GPU keeps: its stage's (an adapter run's `trainable`
+    ones, expert parallelism excluded), divided by the shard group from ZeRO 1 (states.py)."""
+    if trainable is not None:
+        return trainable / (par.dp if zero >= 1 else 1)
+    if zero < 1:
+        return sp.local
+    return sp.dense_local / (par.dp * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
+
+
+def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, list], loss_saved: tuple,
+                  loss_forward: list, loss_backward: list, working: float, grads_live: bool,
+                  training: Training, extras: list[Component] = (), end: BackwardEnd | None = None) -> _StaticParts:
+    """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources)."""
+
+    def state(key: str, label: str, source: str) -> Component:
+        if key in place.moved:
+            field = "offload_parameters" if key == "parameters" else "offload_optimizer"
+            return component(key, label, 0, f"0: on the {'host' if place.moved[key] == 'cpu' else 'NVMe'} "
+                             f"({field} {place.moved[key]})", OFFLOAD_SOURCES[training.framework])
+        return component(key, label, getattr(ms, key), ms.formula(key), source)
+
+    base = (state("parameters", "Parameters", ZERO_SOURCE),
+            state("master_weights", "Master weights (fp32)", ZERO_SOURCE),
+            state("optimizer_states", "Optimizer states", OPTIMIZERS[training.optimizer].source))
+    if ms.fp8_weight_copies:
+        base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
+                           ms.formula("fp8_weight_copies"), FP8_SOURCE),)
+    grads_full = component("gradients", "Gradients", 0, "none kept: each is stepped and freed in backward",
+                           OPTIMIZER_IN_BACKWARD_SOURCE) if training.optimizer_in_backward else \
+        state("gradients", "Gradients", ZERO_SOURCE)
+    # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first moment
+    # (the loss's gradients beside every activation), before any gradient exists, and its end (every
+    # gradient, activations gone) is the optimizer phase without its temporaries.
+    grads_early = grads_full if grads_live else component(
+        "gradients", "Gradients", 0, "none yet: set to None after the last step",
+        "torch.optim.Optimizer.zero_grad(set_to_none=True)")
+    label = ("One layer's activations copied back from the host" if training.offload_activations
+             and training.recompute == "none" else "One recomputed layer's activations")
+    recomputed = ([component("transient", label, working, "per-layer ledger of one layer", KORTHIKANTI)]
+                  if working else []) + list(extras)  # a block's backward beyond its saved tensors (torchtitan)
+
+    def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
+        return max(moments, key=total_bytes)
+
+    folded = {"forward": fold(largest(loss_forward, exchange[0], tr.forward_end) + tr.forward),
+              "backward": fold(largest(loss_backward, recomputed, exchange[1], tr.step_in_backward) + tr.backward),
+              "backward_end": fold(end.transients if end else recomputed + tr.backward),
+              "optimizer": fold(tr.optimizer)}
+    grads_end = None
+    if end and end.gradients_formula:
+        grads_end = component("gradients", "Gradients (their units' reduce-scatters not all run yet)", end.gradients,
+                              end.gradients_formula, FSDP2_RS_SOURCE)
+    return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded,
+                        grads_end)

@@ -1,0 +1,326 @@
+"""The search over layouts: memory before speed, the bounds that prune, the watch that halts it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..memory.activations.recompute import op_level
+from ..spec.errors import ConfigError
+from .watch import Progress, Watch
+from .layouts import (Layout, Request, Shape, Variant, most_stage_layers, shape_micro_batches, shapes,
+                      variants_per_micro_batch)
+from .evaluate import Point, Speeds, _Answer, _Evaluator, _selective
+
+
+# --- the search ------------------------------------------------------------------------------------
+
+class _Search:
+    """Branch and bound over shapes, micro-batches, recompute settings and losses (module docstring)."""
+
+    def __init__(self, req: Request, watch: Watch | None = None):
+        self.req = req
+        self.ev = _Evaluator(req)
+        self.answer = _Answer(req.limit, req.pareto)
+        self.searched = 0
+        self.pruned = {"states floor": 0, "least memory": 0, "dominated": 0, "bound": 0, "monotone recompute": 0}
+        self.watch = watch or Watch()
+        self.total = 0  # layouts to judge (less those the estimator refuses, as they are found)
+        self.ceiling_left: float | None = None  # halted: a speed no layout left unjudged exceeds
+
+    @property
+    def judged(self) -> int:
+        return self.searched + self.ev.judged_layouts
+
+    def _go_on(self) -> bool:
+        """Between two shapes: a progress report when one is due; False when the watch halts the search."""
+        if self.watch.due():
+            best = max(self.answer.top, default=None)
+            self.watch.report(Progress(self.judged, self.total, self.watch.seconds(),
+                                       self._layout(best[-1], False).to_json() if best else None))
+        return self.watch.halted() is None
+
+    def run(self) -> None:
+        alive, over = [], {}
+        # larger EP and ZeRO stages first: a states floor over the budget is over it for every
+        # smaller EP (>= 2) and ZeRO stage of the same split too (rule 1)
+        ordered = sorted(shapes(self.req), key=lambda s: (s._replace(ep=0, zero=0), -s.ep, -s.zero))
+        self.total = sum(self._count(s) for s in ordered)
+        for s in ordered:
+            if not self._go_on():
+                return
+            count = self._count(s)
+            if self._dominated_zero(s):  # its ZeRO 1 twin came first: judged unless the estimator refused it
+                if self.ev.floors.get(self.ev.floor_key(s._replace(zero=1)), 0) is not None:
+                    self._judge(count - self.ev.judged[s], "dominated")
+                else:
+                    self.total -= count
+                continue
+            group = over.setdefault(s._replace(ep=0, zero=0), [])
+            if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2) for e, z in group) and self._floors_fall(s):
+                self._judge(count - self.ev.judged[s], "states floor")
+                continue
+            floor = self.ev.floor(s)
+            if floor is None:
+                self.total -= count  # the estimator refuses the layout: not a layout
+                continue
+            if not self.req.within(floor):
+                group.append((s.ep, s.zero))
+                self._judge(count - self.ev.judged[s], "states floor")
+                continue
+            alive.append((s, floor, count))
+        tops = {s: self.ev.shape_speeds(s) for s, _, _ in alive}
+        for s, floor, count in sorted(alive, key=lambda x: -tops[x[0]].ceiling("none")):
+            if not self._go_on():
+                self.ceiling_left = tops[s].ceiling("none")  # the shapes left are in falling order of it
+                return
+            self._shape(s, floor, tops[s], count)
+
+    def _floors_fall(self, s: Shape) -> bool:
+        """The states floor falls (or stays) with the ZeRO stage, and with EP from 2 up: experts
+        split over more GPUs while their sharded states spread over the same TP x CP x DP. Not with
+        DeepEP, whose buffers depend on EP."""
+        return self.req.training.moe_dispatcher != "deepep"
+
+    def _micro(self, s: Shape) -> tuple[int, ...]:
+        return shape_micro_batches(self.req.training, s)
+
+    def _count(self, s: Shape) -> int:
+        return len(self._micro(s)) * variants_per_micro_batch(self.req.architecture, s)
+
+    def _out(self, floor: float, ceiling: float) -> bool:
+        """No layout with at least `floor` memory and at most `ceiling` throughput can be in the
+        answer: none fits, or each is hopeless (`_Answer.hopeless`)."""
+        return not self.req.within(floor) or self.answer.hopeless(floor, ceiling)
+
+    def _judge(self, count: int, rule: str | None = None) -> None:
+        self.searched += count
+        if rule:
+            self.pruned[rule] += count
+
+    def _dominated_zero(self, s: Shape) -> bool:
+        """Rule 5: ZeRO 0 loses to ZeRO 1 on both counts where there is a DP x CP group."""
+        return s.zero == 0 and self.req.training.framework in ("megatron", "deepspeed") and s.dp * s.cp > 1
+
+    def _shape(self, s: Shape, floor: int, top: Speeds, count: int) -> None:
+        if self.answer.hopeless(floor, top.ceiling("none")):
+            self._judge(count - self.ev.judged[s], "bound")
+            return
+        least = self._least(s)
+        # none keeps all that selective keeps (rule 2, not for torchtitan's operator-level policy),
+        # and no mode needs less with a larger micro-batch
+        modes = {"none": least.get("none", least["selective"]), "selective": least["selective"], "full": least["full"]}
+        open_ = {m: self.req.within(lb) and not self.answer.hopeless(lb, top.ceiling(m, 1)) for m, lb in modes.items()}
+        if not any(open_.values()):
+            fits = any(self.req.within(lb) for lb in modes.values())
+            self._judge(count - self.ev.judged[s], "bound" if fits else "least memory")
+            return
+        below = dict(modes)  # the least memory of each mode at this micro-batch and above (rule 3)
+        full_below: dict[int, float] = {}  # ... of full recompute of n layers, by n, where estimated
+        for b in self._micro(s):
+            if not self._gradients_alive(s, b) and self._gradients_alive(s, 1):
+                below = dict(modes)  # one micro-batch, no pipeline: gradients not yet alive, memory may fall
+                full_below = {}
+            self._micro_batch(s, b, below, open_, full_below, top)
+
+    def _gradients_alive(self, s: Shape, b: int) -> bool:
+        """Whether gradients exist during forward and backward (memory.py): Megatron's buffer,
+        accumulation over micro-batches, or a pipeline."""
+        return (self.req.training.framework == "megatron" or s.pp > 1
+                or self.ev.microbatches(s, b) > 1)
+
+    def _least(self, s: Shape) -> dict[str, float]:
+        """The least memory of selective and of full recompute over the shape's micro-batches and
+        recompute layers: at micro-batch 1 (and where gradients vanish), recomputing every layer,
+        the smaller of fused and chunked loss (rules 2, 3, 5)."""
+        sizes = [1] + [b for b in self._micro(s) if not self._gradients_alive(s, b) and self._gradients_alive(s, 1)][:1]
+        modes = ("selective", "full") if self._selective_within_none() else ("none", "selective", "full")
+        return {mode: min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes) for mode in modes}
+
+    def _selective_within_none(self) -> bool:
+        """Rule 2's first half: Megatron's selective recompute drops tensors from what none keeps;
+        torchtitan's operator-level policy (fsdp2) saves tensors of its own (a row-parallel matmul's
+        whole output under TP), which can exceed what none keeps."""
+        return not op_level(_selective(self.req.training))
+
+    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float],
+                     top: Speeds) -> None:
+        most = most_stage_layers(self.req.architecture, s)
+        per_mode = {"none": 2, "selective": 2, "full": 2 * most}  # fused and chunked (standard: rule 5)
+        alive = [m for m in open_ if open_[m]]
+        self._judge(sum(per_mode.values()) // 2, "dominated")  # the standard loss (rule 5)
+        # the shape's ceilings hold at every micro-batch (rule 4): no roofline of this one is needed
+        if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
+            alive = []
+        if alive:
+            fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
+            speed = self.ev.speeds(s, b)._replace(cap=fastest)  # recompute only adds work (rule 4)
+            ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
+            if self._out(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
+                alive = []
+        for mode in [m for m in per_mode if m not in alive]:
+            self._judge(per_mode[mode] - self._estimated_mode(s, b, mode, most), "bound")
+        if "selective" in alive:
+            memory = self._candidate(s, Variant(b, "selective", None, "fused"), below["selective"],
+                                     ceilings["selective"])
+            below["selective"] = max(below["selective"], memory or 0)
+        if "none" in alive:
+            lower = max(below["none"], below["selective"]) if self._selective_within_none() else below["none"]
+            memory = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest, exact=True)
+            below["none"] = max(lower, memory or 0)
+        if "full" in alive:
+            below["full"] = max(below["full"], self._full_family(s, b, below["full"], speed, full_below))
+
+    def _estimated_mode(self, s: Shape, b: int, mode: str, most: int) -> int:
+        if mode == "full":
+            return self._estimated_full(s, b, range(1, most + 1), most)
+        return sum(1 for loss in ("fused", "chunked") if (s, Variant(b, mode, None, loss)) in self.ev.memory)
+
+    def _pair(self, s: Shape, v: Variant) -> tuple[float, Variant]:
+        """Rule 5's pair: the fused and the chunked loss run alike; the one that needs less memory
+        stands for both. (memory, variant); memory is inf when the estimator refuses both."""
+        best = (math.inf, v)
+        for loss in ("fused", "chunked"):
+            key = (s, v._replace(loss=loss))
+            total = self.ev.total(*key)
+            if total is not None and total < best[0]:
+                best = (total, key[1])
+        return best
+
+    def _candidate(self, s: Shape, v: Variant, lower: float, upper: float, exact: bool = False,
+                   speeds: dict[int, float] | None = None) -> float | None:
+        """Judges one recompute setting's pair: skipped when a memory it cannot go below is over the
+        budget or (that memory, a speed it cannot exceed) is hopeless, else estimated; a fitting one
+        gets its roofline and joins the answer unless hopeless on its own memory. `exact`: `upper`
+        is its speed. Its memory, None when skipped; a roofline's speed is noted in `speeds` under
+        the recompute layers (full recompute)."""
+        if self._out(lower, upper):
+            self._judge(2 - sum(1 for loss in ("fused", "chunked") if (s, v._replace(loss=loss)) in self.ev.memory),
+                        "bound")
+            return None
+        memory, variant = self._pair(s, v)
+        if self.req.within(memory) and not self.answer.hopeless(memory, upper):
+            speed = upper if exact else self.ev.roofline(s, variant).step.tokens_per_s_per_gpu
+            if speeds is not None:
+                speeds[v.layers or most_stage_layers(self.req.architecture, s)] = speed
+            self.answer.add((s, variant), Point(memory, speed))
+        return memory
+
+    def _full_family(self, s: Shape, b: int, lower: float, speed: Speeds, known: dict[int, float]) -> float:
+        """Full recompute of n = 1 ... most layers per stage (rules 2 and 5: memory and speed fall as
+        n grows). `known`: n -> its memory at a smaller micro-batch (rule 3: a lower bound here),
+        to which what is estimated here is added. Returns a lower bound on the memory of n = most (its
+        memory when estimated)."""
+        most = most_stage_layers(self.req.architecture, s)
+        if self._out(lower, speed.ceiling("full", 1)):
+            self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
+            return lower
+        full = _FullSpeeds(speed)
+        if most > 1 and full.loose:  # the family's fastest setting, exactly: a ceiling for every n (rule 5)
+            one = self._speed(s, self._full(b, 1, most))
+            if one is not None:
+                full.exact[1] = one
+                if self._out(lower, one):
+                    self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
+                    return lower
+        top = self._candidate(s, self._full(b, most, most), lower, full.ceiling(most))
+        if top is not None:
+            known[most] = top
+        if top is not None and not self.req.within(top):
+            self._judge(2 * (most - 1) - self._estimated_full(s, b, range(1, most), most), "monotone recompute")
+        else:
+            self._interval(s, b, 1, most, lower if top is None else top, full, known)
+        return lower if top is None else top
+
+    def _speed(self, s: Shape, v: Variant) -> float | None:
+        """The expected tokens/s per GPU of a layout (None: the roofline refuses it)."""
+        try:
+            return self.ev.roofline(s, v).step.tokens_per_s_per_gpu
+        except ConfigError:
+            return None
+
+    def _full(self, b: int, n: int, most: int) -> Variant:
+        return Variant(b, "full", None if n == most else n, "fused")
+
+    def _estimated_full(self, s: Shape, b: int, ns: range, most: int) -> int:
+        """Fused and chunked full recompute settings with n in `ns` already estimated (or refused)."""
+        return sum(1 for n in self.ev.full_layers.get((s, b), ()) if (most if n is None else n) in ns)
+
+    def _interval(self, s: Shape, b: int, lo: int, hi: int, lower: float, speed: _FullSpeeds,
+                  known: dict[int, float]) -> None:
+        """n in [lo, hi - 1], none of them judged, all needing at least `lower` (the memory of n = hi
+        or a bound on it) and, at each n, what any n' >= n needed at this or a smaller micro-batch
+        (`known`; rules 2 and 3): those up to the largest n' over the budget are over it; the rest
+        skipped when (their least bound, the speed ceiling at lo) is hopeless, else split at a
+        middle n, estimated."""
+        if lo >= hi:
+            return
+        most = most_stage_layers(self.req.architecture, s)
+        over = max((n for n, memory in known.items() if n >= lo and not self.req.within(memory)), default=0)
+        if over >= lo:
+            last_over = min(over, hi - 1)
+            self._judge(2 * (last_over + 1 - lo) - self._estimated_full(s, b, range(lo, last_over + 1), most),
+                        "monotone recompute")
+            lo = last_over + 1
+            if lo >= hi:
+                return
+        floor = max(lower, _at_least(known, hi - 1))
+        if speed.loose and not self._out(floor, speed.ceiling(lo)) and lo not in speed.exact:
+            exact = self._speed(s, self._full(b, lo, most))  # the range's fastest, exactly (rule 5)
+            if exact is not None:
+                speed.exact[lo] = exact
+        if self._out(floor, speed.ceiling(lo)):
+            self._judge(2 * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
+            return
+        mid = (lo + hi - 1) // 2
+        memory = self._candidate(s, self._full(b, mid, most), max(lower, _at_least(known, mid)),
+                                 speed.ceiling(mid), speeds=speed.exact)
+        if memory is not None:
+            known[mid] = memory
+        if memory is not None and not self.req.within(memory):  # nor does any n below it
+            self._judge(2 * (mid - lo) - self._estimated_full(s, b, range(lo, mid), most), "monotone recompute")
+        else:
+            self._interval(s, b, lo, mid, lower if memory is None else memory, speed, known)
+        self._interval(s, b, mid + 1, hi, lower, speed, known)
+
+    def layouts(self) -> tuple[Layout, ...]:
+        top, front = self.answer.keys()
+        out = [self._layout(key, key in front) for key in top | front]
+        # ties on speed and memory in the layout's own fields, so the order never depends on the
+        # iteration order of a set (the CLI and the app rank alike)
+        return tuple(sorted(out, key=lambda x: (-x.tokens_per_s_per_gpu, x.device_total_bytes,
+                                                json.dumps(x.changes(), sort_keys=True))))
+
+    def _layout(self, key: tuple, pareto: bool) -> Layout:
+        s, v = key
+        e, r = self.ev.estimate(s, v), self.ev.roofline(s, v)
+        return Layout(parallel=e.parallel, training=e.training, device_total_bytes=e.device_total_bytes,
+                      peak_stage=e.peak_stage, utilization=e.fit.utilization, step_time_s=r.step.time_s,
+                      tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
+
+
+LOOSE = 1.2  # a ceiling this far above the exact speed: exact speeds of full recompute pay (_FullSpeeds)
+
+
+class _FullSpeeds:
+    """Ceilings on the speed of full recompute of n layers at one shape and micro-batch: the
+    shape's (`Speeds`), and the exact speed of any n' <= n found so far (`exact`, n' -> tokens/s
+    per GPU): recomputing more layers is never faster (rule 5)."""
+
+    def __init__(self, speeds: Speeds):
+        self.speeds = speeds
+        self.exact: dict[int, float] = {}
+        # whether exact speeds are worth their rooflines: where the shape's ceiling without recompute
+        # is well above the exact speed (an MoE model's expert traffic, which the ceiling scales to
+        # the stage with the fewest MoE layers); a choice of cost, never of the answer
+        self.loose = speeds._replace(cap=math.inf).ceiling("none") > LOOSE * speeds.cap
+
+    def ceiling(self, n: int) -> float:
+        return min([self.speeds.ceiling("full", n)] + [v for k, v in self.exact.items() if k <= n])
+
+
+def _at_least(known: dict[int, float], n: int) -> float:
+    """A lower bound on the memory of full recompute of n layers from `known` (n' -> memory at this
+    or a smaller micro-batch): recomputing fewer layers never needs less (rule 2), nor does a larger
+    micro-batch (rule 3)."""
+    return max((memory for k, memory in known.items() if k >= n), default=0.0)

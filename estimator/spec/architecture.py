@@ -1,0 +1,441 @@
+"""Model architecture and its parameters, tensor by tensor.
+
+A decoder-only transformer is a stack of identical layers between an embedding and an LM head.
+Every weight is listed here as a `ParameterTensor` with its shape and how tensor parallelism
+splits it, following Megatron-Core's layer specs (column-parallel QKV and fc1, row-parallel
+output projection and fc2, replicated norms and routers, vocabulary-parallel embedding and
+head). Per-GPU and per-stage counts (`sharding.py`) and optimizer states (`states.py`) are sums
+over this list, so there is one place where a weight is described.
+
+Layer kinds: a layer is ``dense`` (one MLP) or ``moe`` (router, routed experts, optional shared
+experts). Attention is multi-head/grouped-query, or multi-head latent attention (DeepSeek-V2/V3)
+when ``kv_lora_rank`` is set.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field, fields
+
+from . import memo as _memo
+from .errors import ConfigError
+from .values import check_section
+from .field import record
+from .memo import not_owned
+
+# How tensor parallelism splits a tensor (Megatron-Core, Shoeybi et al. 2019, section 3):
+COLUMN = "column"  # output dimension split over TP (QKV, fc1, their biases)
+ROW = "row"  # input dimension split over TP (output projection, fc2); their biases are replicated
+VOCAB = "vocab"  # vocabulary rows split over TP (embedding, LM head)
+REPLICATED = "replicated"  # every TP rank holds all of it (norms, routers, MLA down-projections)
+EXPERT_COLUMN = "expert_column"  # routed experts: experts over EP, width over expert-TP
+EXPERT_ROW = "expert_row"
+
+
+@dataclass(frozen=True)
+class ParameterTensor:
+    """One weight (or bias, or norm scale) of the model."""
+
+    name: str
+    shape: tuple[int, ...]
+    split: str  # one of COLUMN, ROW, VOCAB, REPLICATED, EXPERT_COLUMN, EXPERT_ROW
+    role: str  # "hidden_matrix", "embedding", "head", "vector" (norms, biases, router bias)
+    copies: int = 1  # e.g. the number of routed experts of identical shape
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape) * self.copies
+
+    @property
+    def is_expert(self) -> bool:
+        return self.split in (EXPERT_COLUMN, EXPERT_ROW)
+
+
+
+
+_TOKENS = itertools.count()  # each architecture object's name in the memo (estimator/spec/memo.py)
+
+@record("model")
+@not_owned
+@dataclass(frozen=True)
+class Architecture:
+    """The canonical architecture of ``../shared/CONTRACT.md``; defaults are resolved on creation."""
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    intermediate_size: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    tie_embeddings: bool = False
+    gated_mlp: bool = True
+    norm: str = "rmsnorm"
+    linear_bias: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    position_embedding: str = "rope"
+    max_position_embeddings: int | None = None
+    # Mixture of experts
+    num_experts: int = 0
+    num_experts_per_token: int | None = None
+    moe_intermediate_size: int | None = None
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int | None = None
+    first_dense_layers: int = 0
+    moe_layer_frequency: int = 1
+    # Multi-head latent attention (DeepSeek-V2/V3)
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    mtp_layers: int = 0
+    # Details some families need for exact counts (optional fields beyond the contract's table)
+    name: str = "custom"
+    norms_per_layer: int = 2  # Gemma-2/3 and OLMo-2 differ from the usual two pre-norms
+    qk_norm_full_width: bool = False  # OLMo-2 normalises all of q and k, not each head
+    attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
+    router_bias: bool = False  # DeepSeek-V3 e_score_correction_bias
+    shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate on the shared expert
+    sliding_window: int | None = None  # local attention window, in tokens
+    sliding_window_pattern: int = 0  # 0: every layer uses the window; N: every N-th layer is global
+    attention_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(scores / cap)
+    final_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(logits / cap)
+    norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32
+
+    def __post_init__(self) -> None:
+        _check_architecture(self)
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_experts and self.shared_expert_intermediate_size is None:
+            object.__setattr__(self, "shared_expert_intermediate_size", self.moe_intermediate_size)
+
+    # --- layer pattern -------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def uses_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        """DeepSeek's ``first_k_dense_replace`` then every ``moe_layer_frequency``-th layer
+        (Megatron's ``--moe-layer-freq``: layer i is MoE when i % freq == 0)."""
+        if not self.is_moe or index < self.first_dense_layers:
+            return False
+        return (index - self.first_dense_layers) % self.moe_layer_frequency == 0
+
+    # The pattern is periodic, so how many layers of a kind a range [start, stop) holds is a count
+    # of residues, in closed form: an estimate never walks the layers one by one, and its cost does
+    # not grow with num_layers (a stage is a few ranges, sharding.stage_layer_chunks).
+
+    def moe_layers_in(self, start: int, stop: int) -> int:
+        """MoE layers among layers start .. stop - 1: those >= first_dense_layers and congruent to
+        it modulo moe_layer_frequency."""
+        if not self.is_moe:
+            return 0
+        return congruent_in(max(start, self.first_dense_layers), stop,
+                            self.first_dense_layers, self.moe_layer_frequency)
+
+    def kind_counts(self, start: int = 0, stop: int | None = None) -> tuple[tuple[str, int], ...]:
+        """(kind, layers) of layers start .. stop - 1 (all of them by default), kinds in sorted order,
+        each kind with at least one layer."""
+        stop = self.num_layers if stop is None else stop
+        moe = self.moe_layers_in(start, stop)
+        return tuple((kind, n) for kind, n in (("dense", stop - start - moe), ("moe", moe)) if n > 0)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The layer kinds the model has, sorted."""
+        return tuple(kind for kind, _ in self.kind_counts())
+
+    def global_attention_layers_in(self, start: int, stop: int) -> int:
+        """Layers among start .. stop - 1 that attend to the whole sequence: all of them without a
+        sliding window, none with pattern 0, else every pattern-th (layer i when (i + 1) % pattern
+        == 0, Gemma's ``sliding_window_pattern``)."""
+        if not self.sliding_window:
+            return max(stop - start, 0)
+        if self.sliding_window_pattern == 0:
+            return 0
+        pattern = self.sliding_window_pattern
+        return congruent_in(start, stop, pattern - 1, pattern)
+
+    def variant_counts(self, start: int = 0, stop: int | None = None) -> dict[tuple[str, bool], int]:
+        """Layers start .. stop - 1 by (kind, windowed), the variants with at least one layer. The
+        MoE layers that are global are those in both residue classes (Chinese remainder theorem),
+        the other three variants follow by subtraction."""
+        stop = self.num_layers if stop is None else stop
+        moe = self.moe_layers_in(start, stop)
+        full = self.global_attention_layers_in(start, stop)
+        if not self.is_moe or not self.sliding_window or self.sliding_window_pattern == 0:
+            moe_full = moe if full == stop - start else 0
+        else:
+            moe_full = congruent_in_both(max(start, self.first_dense_layers), stop,
+                                         (self.first_dense_layers, self.moe_layer_frequency),
+                                         (self.sliding_window_pattern - 1, self.sliding_window_pattern))
+        counts = {("dense", False): full - moe_full, ("dense", True): stop - start - moe - (full - moe_full),
+                  ("moe", False): moe_full, ("moe", True): moe - moe_full}
+        return {variant: n for variant, n in counts.items() if n > 0}
+
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The kind of every layer, first to last. One entry per layer, so for display and tests:
+        estimates count kinds with `kind_counts`."""
+        return self.cached(("layer kinds",), lambda: tuple(
+            "moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers)))
+
+    def cached(self, key: tuple, compute, per_layout: bool = False):
+        """Remember a value derived from this architecture alone (and the sharding named in `key`):
+        a search over layouts, or an app rerun, asks for the same per-layer buckets again and again.
+        The architecture is immutable, so a remembered value can never go stale. The values live in
+        the process's memo (estimator/spec/memo.py), bounded in bytes over every architecture, least
+        recently used first out: a preset's architecture lives as long as the app's server, and every
+        model and configuration its users try would otherwise stay in memory. Values of one whole
+        configuration (`per_layout`: an app rerun reads them back, a search never does) have a pool
+        of their own, so that a search's hundreds of thousands of them never push out the values
+        its layouts share."""
+        pool = _memo.PER_LAYOUT if per_layout else _memo.SHARED
+        token = self.__dict__.get("_token")
+        if token is None:
+            token = self.memo_token
+        return pool.get((token, key), compute, key[0] if key and isinstance(key[0], str) else "")
+
+    @property
+    def memo_token(self) -> int:
+        """This architecture object's name in the memo (estimator/spec/memo.py); memory._StageMemo keys its
+        entries by it."""
+        token = self.__dict__.get("_token")
+        if token is None:  # frozen: set once, through the instance dict
+            token = self.__dict__["_token"] = next(_TOKENS)
+        return token
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.moe_layers_in(0, self.num_layers)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # --- widths ------------------------------------------------------------------------------
+    @property
+    def q_width(self) -> int:
+        """Width of all query heads together (a x d_head)."""
+        if self.uses_mla:
+            return self.num_attention_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the keys (= of the values) of all KV heads together (g x d_head)."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_output_width(self) -> int:
+        if self.uses_mla:
+            return self.num_attention_heads * self.v_head_dim
+        return self.num_attention_heads * self.head_dim
+
+    # --- parameters ----------------------------------------------------------------------------
+    def attention_tensors(self) -> list[ParameterTensor]:
+        h, b = self.hidden_size, self.linear_bias
+        out: list[ParameterTensor] = []
+        if self.uses_mla:
+            # DeepSeek-V2 (arXiv 2405.04434) section 2.1.2; Megatron-Core MLA keeps the two
+            # down-projections and their norms duplicated across TP.
+            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            a = self.num_attention_heads
+            if self.q_lora_rank:
+                out.append(ParameterTensor("q_down_proj", (self.q_lora_rank, h), REPLICATED, "hidden_matrix"))
+                out.append(ParameterTensor("q_down_norm", (self.q_lora_rank,), REPLICATED, "vector"))
+                out.append(ParameterTensor("q_up_proj", (a * qk_head, self.q_lora_rank), COLUMN, "hidden_matrix"))
+            else:
+                out.append(ParameterTensor("q_proj", (a * qk_head, h), COLUMN, "hidden_matrix"))
+            out.append(ParameterTensor("kv_down_proj", (self.kv_lora_rank + self.qk_rope_head_dim, h), REPLICATED, "hidden_matrix"))
+            out.append(ParameterTensor("kv_down_norm", (self.kv_lora_rank,), REPLICATED, "vector"))
+            out.append(ParameterTensor(
+                "kv_up_proj", (a * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank), COLUMN, "hidden_matrix"))
+        else:
+            out.append(ParameterTensor("q_proj", (self.q_width, h), COLUMN, "hidden_matrix"))
+            out.append(ParameterTensor("k_proj", (self.kv_width, h), COLUMN, "hidden_matrix"))
+            out.append(ParameterTensor("v_proj", (self.kv_width, h), COLUMN, "hidden_matrix"))
+            if b or self.qkv_bias:
+                out.append(ParameterTensor("qkv_bias", (self.q_width + 2 * self.kv_width,), COLUMN, "vector"))
+            if self.qk_norm:
+                if self.qk_norm_full_width:  # OLMo-2: RMSNorm over all of q and all of k
+                    out.append(ParameterTensor("q_norm", (self.q_width,), COLUMN, "vector"))
+                    out.append(ParameterTensor("k_norm", (self.kv_width,), COLUMN, "vector"))
+                else:  # Qwen3/Gemma-3: one RMSNorm of width d_head shared by all heads
+                    out.append(ParameterTensor("qk_norm", (2 * self.head_dim,), REPLICATED, "vector"))
+        out.append(ParameterTensor("o_proj", (h, self.attention_output_width), ROW, "hidden_matrix"))
+        if b:
+            out.append(ParameterTensor("o_bias", (h,), REPLICATED, "vector"))
+        if self.attention_sinks:
+            out.append(ParameterTensor("attention_sinks", (self.num_attention_heads,), COLUMN, "vector"))
+        return out
+
+    def _mlp_tensors(self, width: int, prefix: str, column: str, row: str, copies: int = 1) -> list[ParameterTensor]:
+        """A gated MLP has gate and up (fc1, 2 x width) and down (fc2); a plain one fc1 and fc2."""
+        h = self.hidden_size
+        fc1_rows = 2 * width if self.gated_mlp else width
+        out = [
+            ParameterTensor(f"{prefix}fc1", (fc1_rows, h), column, "hidden_matrix", copies),
+            ParameterTensor(f"{prefix}fc2", (h, width), row, "hidden_matrix", copies),
+        ]
+        if self.linear_bias:
+            out.append(ParameterTensor(f"{prefix}fc1_bias", (fc1_rows,), column, "vector", copies))
+            out.append(ParameterTensor(f"{prefix}fc2_bias", (h,), REPLICATED if row == ROW else row, "vector", copies))
+        return out
+
+    def norm_tensors(self, count: int, prefix: str = "") -> list[ParameterTensor]:
+        per_norm = 2 if self.norm == "layernorm" else 1  # LayerNorm has a bias, RMSNorm does not
+        return [ParameterTensor(f"{prefix}norm", (self.hidden_size,), REPLICATED, "vector", count * per_norm)]
+
+    def layer_tensors(self, kind: str) -> list[ParameterTensor]:
+        """The weights of one transformer layer of the given kind (``dense`` or ``moe``)."""
+        out = self.attention_tensors() + self.norm_tensors(self.norms_per_layer)
+        if kind == "dense":
+            out += self._mlp_tensors(self.intermediate_size, "", COLUMN, ROW)
+            return out
+        e, h = self.num_experts, self.hidden_size
+        out.append(ParameterTensor("router", (e, h), REPLICATED, "hidden_matrix"))
+        if self.linear_bias or self.router_bias:
+            out.append(ParameterTensor("router_bias", (e,), REPLICATED, "vector"))
+        out += self._mlp_tensors(self.moe_intermediate_size, "expert_", EXPERT_COLUMN, EXPERT_ROW, copies=e)
+        if self.num_shared_experts:
+            width = self.shared_expert_intermediate_size * self.num_shared_experts
+            out += self._mlp_tensors(width, "shared_expert_", COLUMN, ROW)
+            if self.shared_expert_gate:
+                out.append(ParameterTensor("shared_expert_gate", (1, h), REPLICATED, "hidden_matrix"))
+        return out
+
+    def embedding_tensors(self, padded_vocab: int | None = None) -> list[ParameterTensor]:
+        v = padded_vocab or self.vocab_size
+        out = [ParameterTensor("embedding", (v, self.hidden_size), VOCAB, "embedding")]
+        if self.position_embedding == "learned":
+            # Megatron keeps the learned position table replicated across TP
+            out.append(ParameterTensor("position_embedding", (self.max_position_embeddings, self.hidden_size), REPLICATED, "embedding"))
+        return out
+
+    def head_tensors(self, padded_vocab: int | None = None) -> list[ParameterTensor]:
+        """Final norm and, unless tied, the LM head."""
+        out = self.norm_tensors(1, "final_")
+        if not self.tie_embeddings:
+            out.append(ParameterTensor("lm_head", (padded_vocab or self.vocab_size, self.hidden_size), VOCAB, "head"))
+        return out
+
+    def mtp_tensors(self) -> list[ParameterTensor]:
+        """One multi-token-prediction module (DeepSeek-V3, arXiv 2412.19437 section 2.2): two
+        norms, a 2h -> h projection and a transformer layer of the last layer's kind. The
+        embedding and head are shared with the main model in training."""
+        h = self.hidden_size
+        kind = "moe" if self.is_moe_layer(self.num_layers - 1) else "dense"
+        return (self.norm_tensors(3, "mtp_")
+                + [ParameterTensor("mtp_proj", (h, 2 * h), REPLICATED, "hidden_matrix")]
+                + self.layer_tensors(kind))
+
+
+def congruent_in(start: int, stop: int, residue: int, modulus: int) -> int:
+    """How many i in start .. stop - 1 have i % modulus == residue % modulus: the multiples of
+    the modulus in [start - residue, stop - residue), each bound counted by a floor division."""
+    if stop <= start:
+        return 0
+    return (stop - 1 - residue) // modulus - (start - 1 - residue) // modulus
+
+
+def congruent_in_both(start: int, stop: int, first: tuple[int, int], second: tuple[int, int]) -> int:
+    """How many i in start .. stop - 1 are in both residue classes (residue, modulus). By the
+    Chinese remainder theorem they form one class modulo lcm(m1, m2), or none when the residues
+    differ modulo gcd(m1, m2)."""
+    (r1, m1), (r2, m2) = first, second
+    g = math.gcd(m1, m2)
+    if (r2 - r1) % g:
+        return 0
+    # i = r1 + m1 * k with m1 * k = r2 - r1 (mod m2): k = (r2 - r1)/g * (m1/g)^-1 (mod m2/g)
+    k = (r2 - r1) // g * pow(m1 // g, -1, m2 // g) % (m2 // g)
+    return congruent_in(start, stop, r1 + m1 * k, m1 // g * m2)
+
+
+def count(tensors: list[ParameterTensor], experts_only: bool | None = None) -> int:
+    return sum(t.numel for t in tensors if experts_only is None or t.is_expert == experts_only)
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    total: int  # every stored parameter, as the checkpoint counts them (no vocabulary padding)
+    active: int  # parameters used per token (top-k of the routed experts)
+    embedding: int
+    per_layer: dict[str, int] = field(default_factory=dict)
+
+
+def parameter_counts(arch: Architecture, include_mtp: bool = True) -> ParameterCounts:
+    """Exact counts, computed once per architecture object."""
+    return arch.cached(("parameter counts", include_mtp), lambda: _parameter_counts(arch, include_mtp))
+
+
+def _parameter_counts(arch: Architecture, include_mtp: bool) -> ParameterCounts:
+    """Exact counts. The MTP modules are counted as the checkpoint stores them: DeepSeek-V3's
+    checkpoint gives each its own copy of the embedding and head."""
+    per_kind = {kind: count(arch.layer_tensors(kind)) for kind in arch.kinds}
+    layers = sum(per_kind[kind] * n for kind, n in arch.kind_counts())
+    embedding = count(arch.embedding_tensors())
+    head = count(arch.head_tensors())
+    total = layers + embedding + head
+    inactive = 0
+    if arch.is_moe:
+        per_expert = count(arch.layer_tensors("moe"), experts_only=True) // arch.num_experts
+        inactive = arch.num_moe_layers * per_expert * (arch.num_experts - arch.num_experts_per_token)
+    if include_mtp and arch.mtp_layers:
+        mtp = count(arch.mtp_tensors()) + arch.vocab_size * arch.hidden_size * 2
+        total += arch.mtp_layers * mtp
+        if arch.is_moe_layer(arch.num_layers - 1):  # an MTP module's layer routes to top-k experts too
+            inactive += arch.mtp_layers * per_expert * (arch.num_experts - arch.num_experts_per_token)
+    return ParameterCounts(total=total, active=total - inactive, embedding=embedding, per_layer=per_kind)
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+def _require(arch: Architecture, name: str, why: str) -> None:
+    if getattr(arch, name) is None:
+        raise ConfigError(f"model.{name}", None, "a positive integer", why)
+
+
+def _check_architecture(arch: Architecture) -> None:
+    """Each field's type and range (estimator/spec/fields.py), then the rules between fields."""
+    check_section("model", arch)
+    if arch.position_embedding == "learned":
+        _require(arch, "max_position_embeddings", "required with learned position embeddings")
+    kv = arch.num_kv_heads or arch.num_attention_heads
+    if arch.num_attention_heads % kv:
+        raise ConfigError("model.num_kv_heads", kv, f"a divisor of num_attention_heads ({arch.num_attention_heads})",
+                          related=("model.num_attention_heads",))
+    if arch.head_dim is None and arch.hidden_size % arch.num_attention_heads:
+        raise ConfigError("model.head_dim", None, "a positive integer",
+                          f"hidden_size ({arch.hidden_size}) is not divisible by num_attention_heads "
+                          f"({arch.num_attention_heads}), so head_dim must be given",
+                          related=("model.hidden_size", "model.num_attention_heads"))
+    all_moe = arch.num_experts > 0 and arch.first_dense_layers == 0 and arch.moe_layer_frequency == 1
+    if not all_moe:
+        _require(arch, "intermediate_size", "required unless every layer is MoE")
+    if arch.num_experts:
+        _require(arch, "num_experts_per_token", "required with experts")
+        _require(arch, "moe_intermediate_size", "required with experts")
+        if arch.num_experts_per_token > arch.num_experts:
+            raise ConfigError("model.num_experts_per_token", arch.num_experts_per_token,
+                              f"at most num_experts ({arch.num_experts})", related=("model.num_experts",))
+    elif arch.num_shared_experts:
+        raise ConfigError("model.num_shared_experts", arch.num_shared_experts, "0 when num_experts is 0",
+                          related=("model.num_experts",))
+    if arch.first_dense_layers > arch.num_layers:
+        raise ConfigError("model.first_dense_layers", arch.first_dense_layers,
+                          f"at most num_layers ({arch.num_layers})", related=("model.num_layers",))
+    if arch.kv_lora_rank is not None or arch.q_lora_rank is not None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            _require(arch, name, "required with multi-head latent attention")
+
+
+ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))

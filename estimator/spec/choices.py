@@ -1,0 +1,73 @@
+"""The values each choice field allows, and the groups of them the rules test.
+
+The field registry (`fields`) offers these lists; the records (`training`, `adapter`, `rl`,
+`architecture`, `parallel`, `serving`) check against them through the registry. They live below
+both, so that the registry imports no record.
+"""
+
+# --- training -----------------------------------------------------------------------------------
+MODES = ("training", "inference")
+FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf", "torchtune", "fsdp1")
+# the stacks that shard with PyTorch FSDP2's fully_shard: torchtitan (fsdp2) and torchtune
+FSDP_FRAMEWORKS = ("fsdp2", "torchtune")
+# the stacks whose sharded states are fully sharded FSDP's (fp32 shards as the master copy): FSDP2's and
+# PyTorch FSDP1 (FullyShardedDataParallel) as the HF Trainer with Accelerate runs it (fsdp1.py)
+FULLY_SHARDED_FRAMEWORKS = FSDP_FRAMEWORKS + ("fsdp1",)
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("flash", "eager")
+LOSSES = ("standard", "fused", "chunked")
+# FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
+# MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks);
+# under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName), or
+# torchao's MXFP8Linear (torchtitan's MXFP8LinearConverter, components/quantization/mx.py; compiled blocks only)
+FP8_RECIPES = ("tensorwise", "mxfp8", "blockwise", "rowwise")
+FP8_RECIPES_BY_FRAMEWORK = {"megatron": ("tensorwise", "mxfp8", "blockwise"), "fsdp2": ("tensorwise", "rowwise", "mxfp8")}
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+KV_CACHE_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4")
+# MoE token dispatcher: Megatron-Core's MoEAlltoAllTokenDispatcher, its flex dispatcher on DeepEP
+# (--moe-token-dispatcher-type flex --moe-enable-deepep), whose fixed buffers estimator/memory/deepep.py sizes,
+# or its MoEAllGatherTokenDispatcher (--moe-token-dispatcher-type allgather: all-gathers the hidden
+# states over the EP x expert-TP group, reduce-scatters the experts' outputs back; activations.MEGATRON_ALLGATHER)
+MOE_DISPATCHERS = ("alltoall", "deepep", "allgather")
+# Megatron-Core --moe-router-dtype (transformer_config.py moe_router_dtype: None, 'fp32', 'fp64'); None =
+# the router runs in the compute dtype
+MOE_ROUTER_DTYPES = ("fp32", "fp64")
+# Megatron-Core --cross-entropy-fusion-impl with --cross-entropy-loss-fusion (model_parallel_config.py)
+CROSS_ENTROPY_IMPLS = ("native", "te")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
+DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,
+                    "stage3_max_live_parameters": 3, "stage3_param_persistence_threshold": 3}
+# the stacks whose torch.compile switch is modelled (training.compile): torchtitan's --compile.enable, torchtune's
+# compile: True, the HF Trainer's torch_compile=True
+COMPILE_FRAMEWORKS = ("fsdp2", "torchtune", "hf")
+
+# --- adapters ------------------------------------------------------------------------------------
+METHODS = ("lora", "qlora", "dora")
+TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "router", "experts")
+ALL_LINEAR = "all-linear"
+BASE_DTYPES = ("bf16", "fp16", "fp32", "int8", "nf4", "int4")
+QUANTIZED = ("int8", "nf4", "int4")
+BNB_VERSION_PATTERN = r"(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?"
+
+# --- RL ------------------------------------------------------------------------------------------
+ALGORITHMS = ("grpo", "ppo", "dpo")
+RL_ENGINES = ("vllm", "sglang")  # the rollout engines
+
+# --- architecture --------------------------------------------------------------------------------
+NORMS = ("rmsnorm", "layernorm")
+POSITION_EMBEDDINGS = ("rope", "learned")
+
+# --- parallel layout -----------------------------------------------------------------------------
+# Pipeline schedules (parallel.pp_schedule): 1F1B (Narayanan et al. 2021), Megatron's interleaved
+# 1F1B (implied by vpp > 1), ZB-H1 (Qi et al. 2023), DualPipe and DualPipeV (DeepSeek-AI 2024,
+# section 3.2.1; deepseek-ai/DualPipe).
+PP_SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe", "dualpipev")
+TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipev")  # two model chunks per rank, no vpp
+
+# --- serving -------------------------------------------------------------------------------------
+SERVING_ENGINES = ("vllm", "sglang")
+SERVING_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")  # None (or "auto" in a config): the model's dtype
+WEIGHT_FORMATS = ("bf16", "fp16", "fp8", "int8", "gptq_int4", "awq_int4", "nvfp4", "mxfp4")
+SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM CacheConfig.block_size's allowed values (0.11 config/cache.py)

@@ -1,0 +1,284 @@
+"""The training (or inference) setup, and the precision recipe each framework implies.
+
+`Training` holds what the user chose; a field left as ``None`` takes its framework's default when
+`resolve_recipe` turns it into a `Recipe`, the fully specified set of dtypes the memory model
+uses. The defaults follow each stack's documentation:
+
+- megatron: bf16 parameters, fp32 main gradients (``--accumulate-allreduce-grads-in-fp32``),
+  fp32 master weights and Adam states (Megatron-LM ``docs/.../dist_optimizer.md``: 18 bytes per
+  parameter, 6 + 12/d with the distributed optimizer).
+- fsdp2: sharded fp32 parameters (they are the master copy), fp32 gradients and states;
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` gathers bf16 copies of the
+  units in flight (PyTorch ``fully_shard`` docs; torchtitan's default policy).
+- deepspeed: bf16 parameters and gradients, fp32 master partition and Adam states (ZeRO paper,
+  Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes).
+- hf: the Trainer's torch optimizer: no master copy; gradients and optimizer states take the
+  parameter's dtype (torch.optim keeps state like the parameter), so pure bf16 costs 2 + 2 + 4
+  bytes per parameter and fp32 parameters under bf16 autocast 4 + 4 + 8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .adapter import Adapter, adapter_from
+from .rl import Rl, rl_from
+from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
+from .errors import ConfigError
+from .choices import COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
+from .values import check_section
+from .field import record
+from .memo import not_owned
+
+
+
+@record("training")
+@not_owned
+@dataclass(frozen=True)
+class Training:
+    mode: str = "training"
+    framework: str = "megatron"
+    framework_version: str | None = None  # the release whose rules apply (versions.py); None = the measured one
+    seq_len: int = 4096
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    param_dtype: str = "bf16"
+    grad_dtype: str | None = None
+    master_weights: bool | None = None
+    optimizer_dtype: str | None = None
+    compute_dtype: str = "bf16"
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    recompute_layers: int | None = None
+    recompute_every: int = 1  # with "full": checkpoint every N-th layer only (torchtitan/torchtune layer-level AC)
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # with "selective": Megatron's --recompute-modules
+    optimizer_in_backward: bool = False  # step each parameter in backward (torchtune optimizer_in_bwd)
+    offload_optimizer: str = "none"  # "cpu" / "nvme": master weights and optimizer states off the GPU
+    offload_parameters: str = "none"  # "cpu" / "nvme": the sharded parameters off the GPU
+    offload_activations: bool = False  # saved activations on the host between forward and backward (torchtune)
+    attention: str = "flash"
+    dropout: float = 0.0
+    loss: str = "standard"
+    fp8: bool = False
+    fp8_recipe: str = "tensorwise"
+    fp8_all_gather: bool = False  # fsdp2: FSDP2 all-gathers torchao float8 weights (enable_fsdp_float8_all_gather)
+    compile: bool = False  # torch.compile of the layers: Inductor's partitioner decides what they save (activations.py)
+    kv_cache_tokens: int | None = None
+    kv_cache_dtype: str | None = None
+    moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
+    moe_dispatcher: str = "alltoall"  # "deepep": Megatron-Core's flex dispatcher with DeepEP buffers; "allgather"
+    moe_router_dtype: str | None = None  # megatron: --moe-router-dtype fp32/fp64; None = the compute dtype
+    attention_softmax_fusion: bool = True  # megatron, eager attention: the fused softmax kernel (--no-masked-softmax-fusion = False)
+    cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
+    # megatron, interleaved (vpp > 1): --microbatch-group-size-per-virtual-pipeline-stage; None = pp (Megatron's default)
+    microbatch_group_size: int | None = None
+    # megatron: --activation-func-fp8-input-store, the fused SwiGLU keeps its input in float8_e4m3fn (activations.py)
+    activation_func_fp8_input_store: bool = False
+    # megatron: --defer-embedding-wgrad-compute, the last stage keeps the output layer's input and output
+    # gradient of every micro-batch (up to --wgrad-deferral-limit, 0 = all) until the pipeline flush (memory.py)
+    defer_embedding_wgrad_compute: bool = False
+    wgrad_deferral_limit: int = 0
+    # megatron: --moe-grouped-gemm, the legacy GroupedMLP runs all local experts in grouped GEMMs (activations.py)
+    moe_grouped_gemm: bool = False
+    # DeepSpeed ZeRO buffers (elements). None = "auto" as the HF Trainer fills it (h^2, int(0.9 h^2), 10 h:
+    # transformers integrations/deepspeed.py); stage3_max_live_parameters None = DeepSpeed's 1e9, overlap_comm
+    # None = DeepSpeed's default (true under ZeRO-3 only); transients.deepspeed_settings
+    reduce_bucket_size: int | None = None
+    stage3_prefetch_bucket_size: int | None = None
+    stage3_max_live_parameters: int | None = None
+    stage3_param_persistence_threshold: int | None = None
+    overlap_comm: bool | None = None
+    adapter: Adapter | None = None  # LoRA / QLoRA / DoRA fine-tuning (adapters.py); None = every weight trains
+    rl: Rl | None = None  # RL with a colocated rollout engine (rl.py)
+
+    def __post_init__(self) -> None:
+        _check_training(self)
+
+
+@not_owned
+@dataclass(frozen=True)
+class Recipe:
+    """Every dtype decided: what the memory model reads. ``None`` never appears here."""
+
+    framework: str
+    param_dtype: str  # dtype the parameters are stored in (for FSDP2: the gathered compute copy)
+    grad_dtype: str
+    master_weights: bool  # an fp32 master copy exists besides the parameters
+    optimizer_dtype: str
+    compute_dtype: str
+    autocast_weight_copies: bool  # fp32 parameters cast to a 16-bit compute dtype while running
+    sources: tuple[str, ...]
+
+
+FRAMEWORK_SOURCES = {
+    "megatron": "Megatron-LM docs, distributed optimizer (dist_optimizer.md)",
+    "fsdp2": "PyTorch fully_shard / MixedPrecisionPolicy docs; torchtitan default policy",
+    "deepspeed": "Rajbhandari et al. 2020 (ZeRO), section 3; DeepSpeed bf16 optimizer",
+    "hf": "PyTorch torch.optim (state follows the parameter's dtype); HF Trainer docs",
+    "fsdp1": "PyTorch FullyShardedDataParallel (FSDP1) MixedPrecision docs; accelerate FullyShardedDataParallelPlugin "
+             "(bf16 param, reduce and buffer dtypes over fp32 weights)",
+    "torchtune": "torchtune recipes (full_finetune_*, lora_finetune_*): the model, its gradients and AdamW states in "
+                 "one dtype (dtype: bf16), fused AdamW; FSDP2 fully_shard when distributed",
+}
+
+
+def resolve_recipe(training: Training) -> Recipe:
+    fw, p = training.framework, training.param_dtype
+    if fw in ("megatron", "fsdp2", "fsdp1"):
+        master = p != "fp32" if training.master_weights is None else training.master_weights
+        grad = training.grad_dtype or "fp32"
+        opt = training.optimizer_dtype or ("fp32" if master or fw == "megatron" else p)
+    elif fw == "deepspeed":
+        master = p != "fp32" if training.master_weights is None else training.master_weights
+        grad = training.grad_dtype or (p if p != "fp8" else "bf16")
+        opt = training.optimizer_dtype or "fp32"
+    elif fw == "torchtune":  # pure bf16: gradients and optimizer states in the weights dtype
+        master = bool(training.master_weights)
+        grad = training.grad_dtype or (p if p in ("fp32", "bf16", "fp16") else "bf16")
+        opt = training.optimizer_dtype or ("fp32" if master else grad)
+    else:  # hf: torch.optim, no master copy unless asked for
+        master = bool(training.master_weights)
+        # PEFT's adapters are fp32 (autocast_adapter_dtype), so are their gradients and states
+        trains = "fp32" if training.adapter else p
+        grad = training.grad_dtype or (trains if trains in ("fp32", "bf16", "fp16") else "bf16")
+        opt = training.optimizer_dtype or ("fp32" if master else grad)
+    if p == "fp32" or master is False:
+        master = False if p == "fp32" else master
+    autocast = p == "fp32" and training.compute_dtype != "fp32"
+    return Recipe(
+        framework=fw, param_dtype=p, grad_dtype=grad, master_weights=master,
+        optimizer_dtype=opt, compute_dtype=training.compute_dtype,
+        autocast_weight_copies=autocast, sources=(FRAMEWORK_SOURCES[fw],),
+    )
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+def _check_training(t: Training) -> None:
+    """Each field's type and range (estimator/spec/fields.py), then the rules between fields."""
+    check_section("training", t)
+    if isinstance(t.recompute_modules, list):  # JSON gives a list; keep the dataclass hashable
+        object.__setattr__(t, "recompute_modules", tuple(t.recompute_modules))
+    object.__setattr__(t, "adapter", adapter_from(t.adapter))  # JSON gives an object
+    object.__setattr__(t, "rl", rl_from(t.rl))
+    if t.adapter and t.framework == "hf":
+        for field in ("grad_dtype", "optimizer_dtype"):
+            if getattr(t, field) not in (None, "fp32"):
+                raise ConfigError(f"training.{field}", getattr(t, field), "'fp32' (or auto) with an adapter under "
+                                  "framework 'hf'", "PEFT keeps the adapters in fp32 and torch keeps their gradients "
+                                  "and optimizer states in their dtype", related=("training.adapter",))
+    weight_dtypes = INFERENCE_WEIGHT_DTYPES if t.mode == "inference" else TRAINING_DTYPES
+    if t.param_dtype not in weight_dtypes:
+        raise ConfigError("training.param_dtype", t.param_dtype, ", ".join(repr(a) for a in weight_dtypes),
+                          f"not a weights dtype for {t.mode}")
+    if t.recompute_modules != ("core_attn",) and t.recompute != "selective":
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules), "only with recompute 'selective'",
+                          f"recompute is {t.recompute!r}", related=("training.recompute",))
+    if t.recompute_every != 1:
+        _check_recompute_every(t)
+    if t.optimizer_in_backward and t.framework not in FSDP_FRAMEWORKS:
+        raise ConfigError("training.optimizer_in_backward", True, "false unless framework is 'fsdp2' or 'torchtune'",
+                          "stepping the optimizer inside backward is torchtune's optimizer_in_bwd (on FSDP2)",
+                          related=("training.framework",))
+    for field in DEEPSPEED_FIELDS:
+        if getattr(t, field) is not None and t.framework != "deepspeed":
+            raise ConfigError(f"training.{field}", getattr(t, field), "empty (auto) unless framework is 'deepspeed'",
+                              "a DeepSpeed ZeRO setting", related=("training.framework",))
+    _check_megatron_flags(t)
+    _check_framework_version(t)
+    if t.compile and t.framework not in COMPILE_FRAMEWORKS:
+        raise ConfigError("training.compile", True, "false unless framework is 'fsdp2', 'torchtune' or 'hf'",
+                          "torch.compile is torchtitan's --compile.enable, torchtune's compile: True and the HF "
+                          "Trainer's torch_compile=True; Megatron runs its own fused kernels (TransformerEngine, "
+                          "Apex) and the DeepSpeed engine is modelled eager", related=("training.framework",))
+    if t.compile and t.mode != "training":
+        raise ConfigError("training.compile", True, "false unless mode is 'training'",
+                          "it changes what the layers save for backward", related=("training.mode",))
+    if t.offload_activations and (t.framework != "torchtune" or t.mode != "training"):
+        raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
+                          "activation offloading is modelled as torchtune's OffloadActivations "
+                          "(enable_activation_offloading)", related=("training.framework",))
+    if t.recompute_layers is not None and t.recompute != "full":
+        raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
+                          f"recompute is {t.recompute!r}", related=("training.recompute",))
+    if t.mode == "training" and t.param_dtype in ("fp8", "fp4") and t.framework == "hf":
+        raise ConfigError("training.param_dtype", t.param_dtype, "'fp32', 'bf16' or 'fp16' with framework 'hf'",
+                          "the HF Trainer does not train in fp8/fp4 parameters", related=("training.framework",))
+
+
+def _check_recompute_every(t: Training) -> None:
+    """Layer-level checkpointing of every N-th layer is a PyTorch-native option: torchtitan's
+    ``selective_ac_option = N`` (v0.1-v0.2) and torchtune's ``ac_mode="selective", ac_option=N``."""
+    if t.recompute != "full":
+        raise ConfigError("training.recompute_every", t.recompute_every, "1 unless recompute is 'full'",
+                          f"recompute is {t.recompute!r}; every N-th layer is checkpointed in full",
+                          related=("training.recompute",))
+    if t.framework not in FSDP_FRAMEWORKS:
+        raise ConfigError("training.recompute_every", t.recompute_every, "1 unless framework is 'fsdp2' or 'torchtune'",
+                          "checkpointing every N-th layer is torchtitan's and torchtune's layer-level AC; use "
+                          "recompute_layers for Megatron's block method", related=("training.framework",))
+    if t.recompute_layers is not None:
+        raise ConfigError("training.recompute_every", t.recompute_every, "1 when recompute_layers is set",
+                          "choose the first n layers of a stage (recompute_layers) or every N-th (recompute_every)",
+                          related=("training.recompute_layers",))
+
+
+def _check_framework_version(t: Training) -> None:
+    """A version the framework offers (versions.py); deepspeed and hf offer none."""
+    from .versions import offered
+    versions = offered(t.framework)
+    if t.framework_version is not None and t.framework_version not in versions:
+        allowed = (f"one of {', '.join(map(repr, versions))} (or empty/null for the default) with framework "
+                   f"{t.framework!r}" if versions else f"empty/null with framework {t.framework!r}")
+        raise ConfigError("training.framework_version", t.framework_version, allowed,
+                          "the releases whose rules the estimator knows" if versions else
+                          f"the estimator's {t.framework} rules are not keyed on a version",
+                          related=("training.framework",))
+
+
+def _check_megatron_flags(t: Training) -> None:
+    """Megatron-Core's own switches are refused under the other frameworks, which do not offer them."""
+    if t.moe_router_dtype is not None and t.framework != "megatron":
+        raise ConfigError("training.moe_router_dtype", t.moe_router_dtype, "empty/null unless framework is 'megatron'",
+                          "the router dtype is Megatron-Core's --moe-router-dtype", related=("training.framework",))
+    if t.activation_func_fp8_input_store and t.framework != "megatron":
+        raise ConfigError("training.activation_func_fp8_input_store", True, "false unless framework is 'megatron'",
+                          "it is Megatron-Core's --activation-func-fp8-input-store (its fused SwiGLU)",
+                          related=("training.framework",))
+    if t.defer_embedding_wgrad_compute and t.framework != "megatron":
+        raise ConfigError("training.defer_embedding_wgrad_compute", True, "false unless framework is 'megatron'",
+                          "it is Megatron-Core's --defer-embedding-wgrad-compute (the output layer's deferred "
+                          "weight-gradient GEMMs)", related=("training.framework",))
+    if t.wgrad_deferral_limit != 0 and not t.defer_embedding_wgrad_compute:
+        raise ConfigError("training.wgrad_deferral_limit", t.wgrad_deferral_limit,
+                          "0 unless defer_embedding_wgrad_compute is true",
+                          "it is Megatron-Core's --wgrad-deferral-limit, read only when the output layer's weight "
+                          "gradients are deferred", related=("training.defer_embedding_wgrad_compute",))
+    if t.moe_grouped_gemm and t.framework != "megatron":
+        raise ConfigError("training.moe_grouped_gemm", True, "false unless framework is 'megatron'",
+                          "it is Megatron-Core's --moe-grouped-gemm (the legacy GroupedMLP's grouped GEMMs)",
+                          related=("training.framework",))
+    if t.framework == "megatron" and t.recompute == "selective" and "moe_act" in t.recompute_modules \
+            and not t.moe_grouped_gemm:
+        # Megatron-Core 0.16.1 transformer_config.py __post_init__ raises the same
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules),
+                          "moe_act only with moe_grouped_gemm under megatron",
+                          "Megatron-Core recomputes the experts' activation only in its grouped-GEMM experts",
+                          related=("training.moe_grouped_gemm",))
+    if not t.attention_softmax_fusion and t.framework != "megatron":
+        raise ConfigError("training.attention_softmax_fusion", False, "true unless framework is 'megatron'",
+                          "turning off the fused masked softmax is Megatron's --no-masked-softmax-fusion; the other "
+                          "frameworks' eager attention is modelled as they run it", related=("training.framework",))
+    if t.microbatch_group_size is not None and t.framework != "megatron":
+        raise ConfigError("training.microbatch_group_size", t.microbatch_group_size,
+                          "empty/null (auto) unless framework is 'megatron'",
+                          "it is Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage",
+                          related=("training.framework",))
+    if t.cross_entropy_impl != "native":
+        if t.framework != "megatron":
+            raise ConfigError("training.cross_entropy_impl", t.cross_entropy_impl, "'native' unless framework is "
+                              "'megatron'", "it is Megatron's --cross-entropy-fusion-impl", related=("training.framework",))
+        if t.loss != "fused":
+            raise ConfigError("training.cross_entropy_impl", t.cross_entropy_impl, "'native' unless loss is 'fused'",
+                              "Megatron reads --cross-entropy-fusion-impl only with --cross-entropy-loss-fusion "
+                              "(loss 'fused')", related=("training.loss",))

@@ -1,0 +1,127 @@
+"""What real kernels achieve against the roofs: the fraction of peak FLOP/s or of peak memory
+bandwidth that a GEMM, an attention kernel or a memory-bound kernel reaches, each from a
+measured, cited source. `roofline.py` divides every operation's roof time by these fractions to
+get the time a run is expected to take.
+
+- GEMMs: the Maximum Achievable Matmul FLOPS (MAMF) each GPU reaches at its best shape
+  (`MAMF`), less where the shape is small or skinny (`gemm_efficiency`).
+- Flash attention: forward and backward TFLOP/s by sequence length and head width, measured on
+  H100 SXM in the FlashAttention-3 paper for the two kernels frameworks run (`ATTENTION`).
+- Memory-bound kernels: achieved HBM bandwidth (`BANDWIDTH_EFFICIENCY`), the extra passes an
+  unfused (eager PyTorch) norm, rotary or activation makes (`EAGER_TRAFFIC`), and a launch gap
+  per kernel (`LAUNCH_GAP_S`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..spec.gpus import GPU
+
+MAMF_SOURCE = ("Bekman, Machine Learning Engineering (stas00/ml-engineering), compute/accelerator/README.md, "
+               "'Maximum Achievable Matmul FLOPS comparison table' (bf16 matmul, mamf-finder.py)")
+FA3_SOURCE = ("Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao 2024, FlashAttention-3 (arXiv 2407.08608), "
+              "figures 5-6: attention forward/backward TFLOP/s on H100 80GB SXM5, FlashAttention-2 and cuDNN "
+              "bars, batch x seqlen = 16k tokens, 2048 hidden")
+FA2_SOURCE = "Dao 2023, FlashAttention-2 (arXiv 2307.08691), abstract: 50-73% of the theoretical maximum on A100"
+GEMM_SHAPE_SOURCE = ("NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication Background': tile and wave "
+                     "quantization make small dimensions run below the large-GEMM rate")
+BANDWIDTH_SOURCE = ("NVIDIA H100 NVL measured copy of 4 GiB at 90.6% of its 3.9 TB/s peak; read-read-write "
+                    "91.4% (public ceiling-probe report quoting Bekman's MAMF methodology)")
+LAUNCH_SOURCE = "one operation issued from Python: 4.2 us (same ceiling-probe report, eager PyTorch)"
+
+# Best-shape bf16 matmul throughput as a fraction of the dense datasheet peak (MAMF table):
+# A100 SXM 267.9/312, H100 SXM 792.1/989, GH200 821.0/989, MI300X 781.9/1300. H200 and H800 have
+# the H100's compute die and are given its figure; MI325X the MI300X's (same CDNA 3 compute).
+# Others: no measurement found, 0.80 (the NVIDIA rows' lower end).
+MAMF = {"a100-40": 0.859, "a100-80": 0.859, "h100-80": 0.801, "h800": 0.801, "h200": 0.801, "gh200": 0.830,
+        "mi300x": 0.601, "mi325x": 0.601}
+MAMF_DEFAULT = 0.80
+# A dimension of x elements runs at x / (x + GEMM_HALF) of the large-GEMM rate: MAMF's best shapes
+# (>= 1,536 on every side) lose at most 2% per side, a 128-wide dimension a third (one tile).
+GEMM_HALF = 64.0
+
+# Inside a training step tensor-core kernels run below their isolated benchmark rate: sustained
+# clocks under the step's power draw, NCCL kernels taking SMs while they overlap, and cache state
+# between different kernels. No published breakdown separates these, so one factor is fitted to
+# one measured run, Korthikanti et al. 2022 Table 3 (GPT-3 175B, TP 8 x PP 8 on 64 A100s,
+# selective recompute: 51.4% MFU, 13.75 s an iteration), and held, unchanged, to every other
+# published run in tests/test_roofline.py.
+IN_STEP = 0.78
+
+# HBM bandwidth a streaming kernel reaches (BANDWIDTH_SOURCE: ~0.9 on Hopper).
+BANDWIDTH_EFFICIENCY = 0.90
+# Gap per kernel launch: on the GPU back-to-back kernels leave a few microseconds; in eager PyTorch
+# the CPU issues each op in ~4 us (LAUNCH_SOURCE), which a large kernel hides and a tiny one does
+# not. Counted once per kernel as a floor under every operation's time.
+LAUNCH_GAP_S = 4.2e-6
+
+# Eager PyTorch runs a norm, rotary embedding or gated activation as several kernels that each read
+# and write the whole tensor (often upcast to fp32), where Megatron's TransformerEngine runs one
+# fused kernel. Multipliers on the fused kernel's bytes and its kernel count, from the op sequences:
+# - RMSNorm (torch.nn.RMSNorm / HF LlamaRMSNorm): to(fp32), pow, mean, add+rsqrt, mul, to(bf16),
+#   mul by the weight: ~4x the fused read-x-write-y traffic, 6 kernels.
+# - rotary (torchtitan's complex multiply, HF's rotate_half): upcast, view, multiply, cast back:
+#   ~4x, 4 kernels.
+# - SwiGLU: silu(gate) then * up: 5 passes against the fused kernel's 3, 2 kernels.
+EAGER_TRAFFIC = {"norm": (4.0, 6), "rope": (4.0, 4), "activation": (5 / 3, 2)}
+
+
+class AttentionCurve(NamedTuple):
+    """Throughput of one attention kernel and direction as a fraction of the H100's 989 TFLOP/s:
+    peak * s / (s + s_half) for a sequence of s tokens, fitted to the FA3 paper's bars (head dim
+    128) at 512 and 16k; the bars between are within 5%."""
+
+    peak: float  # fraction of the dense bf16 peak at long sequences
+    s_half: float  # tokens at which the kernel reaches half of it
+
+
+# FA3 paper, head dim 128 on H100 SXM5: forward with causal mask FlashAttention-2 191 (512) ... 335
+# (16k), cuDNN 315 ... 539; backward FlashAttention-2 214 ... 322, cuDNN 305 ... 516 TFLOP/s.
+ATTENTION = {
+    ("fa2", "forward"): AttentionCurve(345 / 989, 412),
+    ("fa2", "backward"): AttentionCurve(330 / 989, 278),
+    ("cudnn", "forward"): AttentionCurve(550 / 989, 382),
+    ("cudnn", "backward"): AttentionCurve(530 / 989, 378),
+}
+# Head width against 128 at long sequences (FA3 paper, same figures): width 64 forward, FA2 324 of
+# 370 and cuDNN 413 of 595; width 256 (causal) FA2 298 of 335, cuDNN 509 of 539.
+HEAD_DIM_FACTOR = {"fa2": {64: 0.88, 128: 1.0, 256: 0.89}, "cudnn": {64: 0.70, 128: 1.0, 256: 0.94}}
+# Outside Hopper: FlashAttention-2 on A100 reaches 50-73% of peak (FA2_SOURCE), forward at the top
+# of that range, backward lower; used for every non-Hopper GPU (no other measurement found).
+AMPERE_ATTENTION = {"forward": AttentionCurve(0.70, 412), "backward": AttentionCurve(0.55, 278)}
+HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h800", "h200", "gh200")
+
+
+def gemm_efficiency(gpu: GPU, M: float, K: float, N: float) -> float:
+    """Fraction of the dense peak a GEMM of (M x K) @ (K x N) reaches: MAMF x the shape factor of
+    each dimension (GEMM_SHAPE_SOURCE)."""
+    shape = 1.0
+    for x in (M, K, N):
+        shape *= x / (x + GEMM_HALF)
+    return MAMF.get(gpu.id, MAMF_DEFAULT) * shape * IN_STEP
+
+
+def attention_kernel(gpu: GPU, framework: str) -> str:
+    """The flash kernel a framework runs: Megatron-Core's TransformerEngine picks cuDNN fused
+    attention on Hopper; PyTorch SDPA (torchtitan, HF, DeepSpeed) runs FlashAttention-2."""
+    return "cudnn" if framework == "megatron" and gpu.id in HOPPER else "fa2"
+
+
+def attention_efficiency(gpu: GPU, framework: str, direction: str, seq: float, head_dim: int) -> float:
+    """Fraction of the dense peak a flash attention kernel reaches over sequences of `seq` tokens."""
+    kernel = attention_kernel(gpu, framework)
+    curve = ATTENTION[kernel, direction] if gpu.id in HOPPER else AMPERE_ATTENTION[direction]
+    widths = HEAD_DIM_FACTOR[kernel]
+    nearest = min(widths, key=lambda w: abs(w - head_dim))
+    return curve.peak * seq / (seq + curve.s_half) * widths[nearest] * IN_STEP
+
+
+def eager_traffic(group: str, fused: bool) -> tuple[float, int]:
+    """(bytes multiplier, kernels) of an elementwise group ("norm", "rope", "activation" or other)."""
+    if fused or group not in EAGER_TRAFFIC:
+        return 1.0, 1
+    return EAGER_TRAFFIC[group]
+
+
+SOURCES = (MAMF_SOURCE, GEMM_SHAPE_SOURCE, FA3_SOURCE, FA2_SOURCE, BANDWIDTH_SOURCE, LAUNCH_SOURCE)

@@ -1,0 +1,240 @@
+"""One operation of the step and its roofline: FLOPs, bytes moved, the bound it hits; the GEMM and
+elementwise builders and the context they share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from . import collectives, kernels
+from ..memory.activations.entries import fused_kernels, tokens_per_gpu
+from ..spec.dtypes import bytes_per_element
+from ..spec.gpus import GPU
+from ..memory.resolved import Resolved
+from ..spec.training import Training
+
+ROOFLINE = "Williams, Waterman & Patterson 2009, Roofline (CACM 52(4))"
+PALM = "Chowdhery et al. 2022, PaLM (arXiv 2204.02311), appendix B"
+NARAYANAN = "Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters (arXiv 2104.04473)"
+FLASH2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691)"
+KORTHIKANTI = "Korthikanti et al. 2022, Reducing Activation Recomputation (arXiv 2205.05198)"
+RING = "Patarasuk & Yuan 2009, bandwidth-optimal all-reduce; NCCL ring algorithm"
+
+# Elementwise FLOPs per element (they run on the vector units and never decide the bound, but the
+# intensity is shown): an RMSNorm squares, sums, scales and multiplies by its weight; a LayerNorm
+# also subtracts the mean; SiLU(gate) x up is a sigmoid, two multiplies; softmax is max, subtract,
+# exp, sum and divide.
+NORM_FLOPS = {"rmsnorm": 4, "layernorm": 7}
+SWIGLU_FLOPS = 4
+GELU_FLOPS = 8
+SOFTMAX_FLOPS = 5
+ROPE_FLOPS = 3  # x*cos + rotate(x)*sin per element
+
+# The selective-recompute modules an operation belongs to (Megatron-Core --recompute-modules, the
+# names the memory model's ledger uses in activations.py): recomputing a module re-runs its forward.
+CORE_ATTN = ("core_attn",)
+NORM_MODULE = ("layernorm",)
+UP_PROJ_MODULE = ("mla_up_proj",)
+MOE_MODULE = ("moe",)
+
+
+SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING, collectives.NCCL_TESTS, *collectives.OVERLAP_SOURCES,
+           *kernels.SOURCES)
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Operation:
+    """One kernel (or one fused group of kernels) of a step, on one GPU, for one micro-batch and,
+    for layer operations, one layer. `count` is how often the stage runs it per step."""
+
+    name: str
+    phase: str  # "forward" or "backward"
+    scope: str  # "layer (dense)", "layer (moe)", "... sliding window", "embedding", "head"
+    kind: str  # "matmul", "attention" or "elementwise"
+    flops: float
+    bytes: float
+    peak_flops: float  # the roof for this operation's dtype
+    bandwidth: float  # bytes/s of device memory
+    count: int
+    formula: str
+    modules: tuple[str, ...] = ()  # the selective-recompute modules (training.RECOMPUTE_MODULES) it belongs to
+    compute_efficiency: float = 1.0  # fraction of peak_flops the kernel reaches (kernels.py)
+    memory_efficiency: float = 1.0  # fraction of bandwidth it reaches
+    passes: float = 1.0  # its traffic over `bytes` (unfused eager kernels re-read and re-write)
+    kernels: int = 1  # kernel launches (each at least kernels.LAUNCH_GAP_S)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+    @property
+    def ridge_point(self) -> float:
+        """FLOPs per byte at which the two roofs meet (Williams et al. 2009)."""
+        return self.peak_flops / self.bandwidth
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.arithmetic_intensity >= self.ridge_point else "memory"
+
+    @property
+    def time_s(self) -> float:
+        """Time at the roof: max(flops / peak, bytes / bandwidth)."""
+        return max(self.flops / self.peak_flops, self.bytes / self.bandwidth)
+
+    @property
+    def total_time_s(self) -> float:
+        return self.time_s * self.count
+
+    @property
+    def expected_time_s(self) -> float:
+        """Time at what the kernel achieves: each roof scaled by its efficiency, the traffic by the
+        passes an unfused kernel makes, and at least one launch gap per kernel."""
+        return max(self.flops / (self.peak_flops * self.compute_efficiency),
+                   self.bytes * self.passes / (self.bandwidth * self.memory_efficiency),
+                   self.kernels * kernels.LAUNCH_GAP_S)
+
+    @property
+    def total_expected_s(self) -> float:
+        return self.expected_time_s * self.count
+
+    @property
+    def achieved_fraction(self) -> float:
+        """Share of its roof the operation reaches: roof time / expected time."""
+        return self.time_s / self.expected_time_s
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "phase": self.phase, "flops": self.flops, "bytes": self.bytes,
+            "arithmetic_intensity": self.arithmetic_intensity, "bound": self.bound, "time_s": self.expected_time_s,
+            "roof_time_s": self.time_s, "achieved_fraction": self.achieved_fraction,
+            "scope": self.scope, "kind": self.kind, "count": self.count, "total_time_s": self.total_expected_s,
+            "roof_total_time_s": self.total_time_s, "ridge_point": self.ridge_point, "peak_flops": self.peak_flops,
+            "bandwidth": self.bandwidth, "formula": self.formula, "modules": list(self.modules),
+        }
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The step at the roofs: every operation at its roof, every link at its line rate, all
+    overlappable traffic hidden behind compute: what no run of this layout can beat."""
+
+    time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- building blocks ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Context:
+    """What every operation of a configuration shares: dtypes, roofs, token counts."""
+
+    B: float  # bytes per activation element (compute dtype)
+    mm_in: float  # bytes per matmul input and weight element (1 under FP8)
+    weight: float  # bytes per weight element the forward matmuls read
+    grad: float  # bytes per weight-gradient element written
+    mm_peak: float  # FLOP/s of the matmuls
+    peak: float  # FLOP/s of the compute dtype (attention core, elementwise)
+    bandwidth: float
+    training: bool
+    T: float  # tokens per micro-batch on this GPU: s*b with s = seq_len / CP
+    T_sp: float  # tokens a norm or residual add sees: T / t with sequence parallelism
+    t: int
+    gpu: GPU
+    framework: str
+    fused: bool  # fused norm/rotary/activation kernels (Megatron's TransformerEngine) rather than eager ops
+    frozen: frozenset = frozenset()  # scopes whose weights are frozen (an adapter run): no weight gradient
+
+
+def _gemm(ctx: _Context, scope: str, name: str, M: float, K: float, N: float, count: int,
+          weights: float = 1, formula: str = "", modules: tuple[str, ...] = ()) -> list[Operation]:
+    """Forward, input-gradient and weight-gradient matmuls of y (M x N) = x (M x K) @ W (K x N).
+    `weights` > 1 is a grouped GEMM over that many expert matrices with M tokens in total (each
+    expert's GEMM sees M / weights rows). Each runs at `kernels.gemm_efficiency` of its shape: the
+    input gradient is (M x N) @ (N x K), the weight gradient (K x M) @ (M x N)."""
+    W = K * N * weights
+    flops = 2 * M * K * N
+    rows = M / weights
+
+    def op(label, phase, moved, shape, text):
+        return Operation(label, phase, scope, "matmul", flops, moved, ctx.mm_peak, ctx.bandwidth, count, text,
+                         modules, kernels.gemm_efficiency(ctx.gpu, *shape), kernels.BANDWIDTH_EFFICIENCY)
+
+    fwd = op(name, "forward", M * K * ctx.mm_in + W * ctx.weight + M * N * ctx.B, (rows, K, N),
+             formula or f"2*M*K*N, M={M:g} K={K:g} N={N:g}")
+    if not ctx.training:
+        return [fwd]
+    if scope in ctx.frozen or ("layer" in scope and "layer" in ctx.frozen):
+        # a frozen weight gets no gradient: dW is not computed (adapters.py)
+        return [fwd, op(f"{name} (input gradient)", "backward", M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
+                        (rows, N, K), "dX = dY W^T: 2*M*K*N (frozen weight: no dW)")]
+    dgrad = op(f"{name} (input gradient)", "backward", M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
+               (rows, N, K), "dX = dY W^T: 2*M*K*N")
+    wgrad = op(f"{name} (weight gradient)", "backward", M * K * ctx.mm_in + M * N * ctx.mm_in + W * ctx.grad,
+               (K, rows, N), "dW = X^T dY: 2*M*K*N")
+    return [fwd, dgrad, wgrad]
+
+
+def _elementwise(ctx: _Context, scope: str, name: str, elements_in: float, elements_out: float,
+                 flops_per_element: float, count: int, formula: str, modules: tuple[str, ...] = (),
+                 group: str = "") -> list[Operation]:
+    """A memory-bound kernel. Its backward reads the output gradient and the saved input and
+    writes the input gradient: (out + 2*in) elements. `group` ("norm", "rope", "activation")
+    names the eager op sequence it runs as without fused kernels (kernels.EAGER_TRAFFIC)."""
+    passes, launches = kernels.eager_traffic(group, ctx.fused)
+
+    def op(label, phase, flops, moved):
+        return Operation(label, phase, scope, "elementwise", flops, moved, ctx.peak, ctx.bandwidth, count, formula,
+                         modules, 1.0, kernels.BANDWIDTH_EFFICIENCY, passes, launches)
+
+    fwd = op(name, "forward", flops_per_element * elements_in, (elements_in + elements_out) * ctx.B)
+    if not ctx.training:
+        return [fwd]
+    return [fwd, op(f"{name} (backward)", "backward", 2 * flops_per_element * elements_in,
+                    (elements_out + 2 * elements_in) * ctx.B)]
+
+
+def _tagged(ops: list[Operation], *modules: str) -> list[Operation]:
+    """The operations marked as part of these selective-recompute modules."""
+    return [dataclasses.replace(op, modules=modules) for op in ops]
+
+
+# --- the configuration's shared context ------------------------------------------------------------
+
+def _context(cfg: Resolved) -> tuple[_Context, list[str]]:
+    training, par, gpu = cfg.training, cfg.parallel, cfg.gpu
+    notes = []
+    compute = training.compute_dtype
+    peak = gpu.bf16_flops / 2 if compute == "fp32" else gpu.bf16_flops
+    if compute == "fp32":
+        notes.append("fp32 compute runs as TF32 on tensor cores, half the bf16 rate (A100/H100 datasheets)")
+    fp8 = training.fp8 or (training.mode == "inference" and training.param_dtype == "fp8")
+    mm_peak, mm_in = peak, bytes_per_element(compute)
+    if fp8:
+        if gpu.fp8_flops is None:
+            notes.append(f"{gpu.id} has no fp8 tensor cores: matmuls at the bf16 rate")
+        else:
+            mm_peak, mm_in = gpu.fp8_flops, 1.0
+            notes.append("fp8: every linear layer's GEMMs (forward and backward) at the fp8 peak with 1-byte "
+                         "inputs and weights (TransformerEngine recipe); attention, norms and the loss in bf16")
+    weight = (bytes_per_element(training.param_dtype) if not fp8 else 1.0) if training.mode == "inference" else mm_in
+    T = tokens_per_gpu(training, par)
+    ctx = _Context(
+        B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(cfg.recipe.grad_dtype),
+        mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=cfg.is_training,
+        T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp, gpu=gpu, framework=training.framework,
+        fused=fused_kernels(training), frozen=_frozen_scopes(training))
+    return ctx, notes
+
+
+def _frozen_scopes(training: Training) -> frozenset:
+    """An adapter run freezes every layer's weights, and the head unless it is trained."""
+    if training.adapter is None:
+        return frozenset()
+    return frozenset({"layer"} | (set() if training.adapter.trainable_embeddings else {"head"}))

@@ -1,0 +1,236 @@
+"""Make a CPU run (fake or real) allocate what a CUDA run of the same step allocates.
+
+Three differences between the CPU build and an H100 run matter for memory, and are patched
+here for the duration of a measurement:
+
+1. `F.scaled_dot_product_attention`: on CUDA with bf16 inputs, no mask and `enable_gqa`, SDPA
+   dispatches to FlashAttention-2, which handles GQA natively and keeps only q, k, v, the
+   output and its log-sum-exp. The CPU kernels keep other things. `FlashAttention` below makes
+   exactly the allocations of PyTorch's flash path (`_scaled_dot_product_flash_attention` ->
+   `_flash_attention_forward/backward` -> FlashAttention-2's `mha_fwd`/`mha_bwd`); the values
+   of a real run come from the CPU math kernel, computed where the tracker does not look.
+   fp32 inputs with grouped KV heads take the math backend on CUDA (`_math_sdpa`).
+2. transformers' `find_packed_sequence_indices` reads the position ids to detect packed
+   sequences; for a fake tensor (which has no values) it gives up and returns a packing mask,
+   which makes `create_causal_mask` build a full 4-D mask and sends SDPA down the masked,
+   KV-repeating path. A GPU run reads the values: our position ids are one `arange` per row,
+   never packed, so the function returns None there, and so does the patch.
+3. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
+   foreach AdamW/SGD is requested explicitly (`foreach=True`) where the optimizer is built.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+_ORIGINAL_SDPA = F.scaled_dot_product_attention
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class FlashAttention(torch.autograd.Function):
+    """FlashAttention-2 as PyTorch's CUDA SDPA runs it; inputs (b, heads, s, d) like SDPA's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, is_causal, hidden):
+        # _scaled_dot_product_flash_attention_cuda hands the kernel (b, s, h, d) views.
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))
+        b, s, h, _ = q_t.shape
+        out = torch.empty_like(q_t)  # mha_fwd: at::empty_like(q), so q's physical layout
+        lse = q.new_empty((b, h, s), dtype=torch.float32)  # softmax_lse
+        if not isinstance(q, FakeTensor):
+            with hidden(), torch.no_grad():
+                ref = _ORIGINAL_SDPA(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+                out.copy_(ref.transpose(1, 2))
+        out = out.transpose(1, 2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.is_causal, ctx.hidden = scale, is_causal, hidden
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        q_t, k_t, v_t = (x.transpose(1, 2) for x in (q, k, v))
+        # _flash_attention_backward: "CUDA code assumes that dout is contiguous"
+        dout = grad_out.transpose(1, 2).contiguous()
+        out_c = out.transpose(1, 2).contiguous()
+        b, s, h, d = q_t.shape
+        kv_heads = k_t.shape[2]
+        # mha_bwd, in allocation order
+        dq, dk, dv = torch.empty_like(q_t), torch.empty_like(k_t), torch.empty_like(v_t)
+        s_rounded = _round_up(s, 128)
+        softmax_d = q.new_empty((b, h, s_rounded), dtype=torch.float32)
+        d_rounded = _round_up(d, 32) if d <= 192 else 256
+        dq_accum = q.new_empty((b, s_rounded, h, d_rounded), dtype=torch.float32)
+        if kv_heads != h:  # GQA: per-query-head dK, dV, summed over each group at the end
+            # allocated only to be alive, as the kernel's buffers are, until the gradients return
+            dk_expanded, dv_expanded = q.new_empty((b, s, h, d)), q.new_empty((b, s, h, d))  # noqa: F841
+        if not isinstance(q, FakeTensor):
+            with ctx.hidden(), torch.enable_grad():
+                leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                ref = _ORIGINAL_SDPA(*leaves, is_causal=ctx.is_causal, scale=ctx.scale, enable_gqa=True)
+                grads = torch.autograd.grad(ref, leaves, dout.transpose(1, 2))
+                for buf, g in zip((dq, dk, dv), grads):
+                    buf.copy_(g.transpose(1, 2))
+        del dout, out_c, softmax_d, dq_accum
+        if kv_heads != h:
+            del dk_expanded, dv_expanded
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None
+
+
+def _math_sdpa(query, key, value, is_causal, scale):
+    """fp32 query/key/value with grouped KV heads (enable_gqa): on CUDA, torch 2.11 sends them to the
+    math backend, which materialises the fp32 scores and keeps their softmax for backward: flash and
+    cuDNN take fp16/bf16 only, and memory-efficient attention refuses unequal q/kv head counts
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_batch_size_and_num_heads_dense;
+    pytorch/pytorch#181528; pytorch/pytorch#191085 adds GQA to memory-efficient attention later).
+    (What peft's prepare_model_for_kbit_training leads to: an fp32 residual stream.)
+
+    `_scaled_dot_product_attention_math` (aten/src/ATen/native/transformers/attention.cpp) is
+    composite, the same ATen calls on every device, but two of its branches differ under a
+    measurement: with a dispatch mode active (the tracker) `isTensorSubclassLike` is true, so it adds
+    the causal mask out of place where a GPU run adds it in place; and `_safe_softmax` is a
+    CompositeExplicitAutograd kernel whose temporaries (the bool mask of the -inf scores, its
+    all-reduced rows, one scalar) the tracker cannot see (SoftMax.cpp; torch 2.13's writes its
+    result into the softmax output). This replays the function op by op as a GPU run makes them."""
+    aten = torch.ops.aten
+    d = query.shape[-1]
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(d))
+    q = aten.mul.Scalar(query, factor)
+    mask = None
+    if is_causal:
+        length, source = query.shape[-2], key.shape[-2]
+        causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+        zero = torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device)
+        mask = torch.where(causal.logical_not(), -math.inf, zero)  # convert_boolean_attn_mask
+        del causal, zero
+    groups = query.shape[-3] // key.shape[-3]
+    k = key.repeat_interleave(groups, -3) if groups > 1 else key
+    v = value.repeat_interleave(groups, -3) if groups > 1 else value
+    scores = torch.matmul(q, aten.mul.Scalar(k.transpose(-2, -1), factor))
+    if mask is not None:
+        scores.add_(mask)
+    # _safe_softmax's temporaries, alive while it runs: isneginf's bool mask, its all() over the rows,
+    # the zero its where writes
+    hidden = [torch.empty_like(scores, dtype=torch.bool), scores.new_empty((*scores.shape[:-1], 1), dtype=torch.bool),
+              scores.new_empty(())]
+    probs = aten._safe_softmax(scores, -1)
+    del hidden, scores
+    return torch.matmul(probs, v)
+
+
+def _flash_sdpa(hidden):
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None or dropout_p:
+            raise NotImplementedError("only the flash path (no mask, no dropout) is emulated")
+        device = query.device.type
+        if torch.is_autocast_enabled(device):
+            # CUDA autocast lists scaled_dot_product_attention as lower-precision: cast inputs.
+            dtype = torch.get_autocast_dtype(device)
+            query, key, value = (x.to(dtype) for x in (query, key, value))
+        if query.dtype == torch.float32 and enable_gqa and key.shape[1] != query.shape[1]:
+            return _math_sdpa(query, key, value, is_causal, scale)
+        if query.dtype not in (torch.bfloat16, torch.float16) or query.shape[-1] > 256:
+            raise NotImplementedError("FlashAttention-2 takes fp16/bf16 with head_dim <= 256")
+        if key.shape[1] != query.shape[1] and not enable_gqa:
+            raise ValueError("grouped key/value heads need enable_gqa=True")
+        with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
+            return FlashAttention.apply(query, key, value, scale, is_causal, hidden)
+
+    return sdpa
+
+
+def _unpacked_sequences(original):
+    def find_packed_sequence_indices(position_ids):
+        if isinstance(position_ids, FakeTensor):
+            return None  # what the real function returns for our arange position ids
+        return original(position_ids)
+
+    return find_packed_sequence_indices
+
+
+@contextmanager
+def cuda_emulation(tracker):
+    """Patch torch/transformers for the duration of a measured run (see module docstring)."""
+    import transformers.masking_utils as masking
+
+    saved = (F.scaled_dot_product_attention, masking.find_packed_sequence_indices)
+    F.scaled_dot_product_attention = _flash_sdpa(tracker.hidden)
+    masking.find_packed_sequence_indices = _unpacked_sequences(saved[1])
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
+
+
+# torch 2.13's `aten::rms_norm` calls `at::_fused_rms_norm` (aten/src/ATen/native/layer_norm.cpp,
+# `rms_norm_symint`); the CPU build has no kernel for it, so its composite path runs op by op and
+# autograd keeps fp32 copies a GPU never makes. On CUDA autograd saves the input, the weight and the
+# rstd (derivatives.yaml `_fused_rms_norm`); the kernels allocate Y and an fp32 rstd per row, dX and
+# dgamma in backward (layer_norm_kernel.cu). Registering CPU kernels (torch's own decompositions,
+# which fake tensors run too) for the measurement makes the CPU run take the CUDA path, in real and
+# fake runs alike (validation/torchtitan/shims.py, item 6, has the details).
+@contextmanager
+def fused_rms_norm():
+    """CPU kernels for `aten::_fused_rms_norm` and its backward (see above)."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    lib = torch.library.Library("aten", "IMPL")
+    for op in (aten._fused_rms_norm.default, aten._fused_rms_norm_backward.default):
+        lib.impl(op.__name__.split(".")[0], decomposition_table[op], "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
+# A storage resized in place (`UntypedStorage.resize_`) is reported to no dispatch mode; FSDP frees
+# and re-allocates its unsharded parameters that way, each a caching-allocator free or allocation on
+# a GPU. The functions that do it are wrapped to tell the tracker the storage's new size.
+def _then_adopt(tracker, original):
+    def resize(tensor, *args):
+        original(tensor, *args)
+        tracker.adopt(tensor)
+
+    return resize
+
+
+@contextmanager
+def storage_resizes(tracker, *places):
+    """Each `(module, name)` function, which resizes its first argument's storage, reports the
+    new size to `tracker` for the duration."""
+    originals = [(module, name, getattr(module, name)) for module, name in places]
+    for module, name, original in originals:
+        setattr(module, name, _then_adopt(tracker, original))
+    try:
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)
+
+
+def fsdp2_storage(tracker):
+    """FSDP2's `alloc_storage` / `free_storage` of the unsharded parameters (torch 2.13
+    distributed/fsdp/_fully_shard/_fsdp_param.py, also imported by _fsdp_param_group.py)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
+
+    return storage_resizes(tracker, (fsdp_param, "alloc_storage"), (fsdp_param, "free_storage"),
+                           (fsdp_group, "alloc_storage"))
+
+
+def fsdp1_storage(tracker):
+    """FSDP1's unsharded FlatParameters (`_full_param_padded`) and low-precision shards (`_mp_shard`),
+    allocated and freed by `_alloc_storage` / `_free_storage` (torch 2.13 distributed/utils.py, called
+    from fsdp/_flat_param.py)."""
+    import torch.distributed.fsdp._flat_param as flat
+
+    return storage_resizes(tracker, (flat, "_alloc_storage"), (flat, "_free_storage"))

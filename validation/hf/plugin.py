@@ -1,0 +1,28 @@
+"""The Hugging Face transformers harness's declaration (validation/core/harness.py)."""
+
+from __future__ import annotations
+
+from ..core.harness import Harness
+
+METHOD = (
+    "fake-tensor CPU emulation of CUDA: the real transformers model code runs one HF-Trainer "
+    "training step under torch FakeTensorMode on CPU (no memory is allocated); a "
+    "TorchDispatchMode registers every tensor storage when an op creates it and a weakref "
+    "finalizer when it is freed, each rounded up to 512 bytes as the CUDA caching allocator "
+    "does. CUDA behaviour is emulated: SDPA makes FlashAttention-2's allocations (native GQA; "
+    "saves q, k, v, output and its fp32 log-sum-exp b x heads x s; backward dq/dk/dv, "
+    "dq_accum, softmax_d and, for GQA, expanded dK/dV), foreach AdamW/SGD, host-resident "
+    "scalars (AdamW step counters, torch.tensor constants) not counted, transformers' "
+    "packed-sequence check answered as for real arange position ids. Step 2 is measured "
+    "(optimizer states exist; grads set to None by zero_grad). The model outputs (logits) are "
+    "dropped before backward, as Trainer.compute_loss returns the loss alone. Categories: "
+    "parameters, gradients (param.grad), optimizer_states (optimizer.state tensors), "
+    "activations (everything else alive: saved tensors, temporaries, autocast weight copies, "
+    "the input batch and model buffers). Validated byte for byte against real CPU runs of "
+    "tiny models (tests/test_harness.py)."
+)
+
+HARNESS = Harness(
+    name="hf", title="Hugging Face transformers", order=(0, 0), method=METHOD,
+    distributions=("torch", "transformers"), top_level=True,
+    report="report:report", trace="step:traced_step", explain_top=40)

@@ -1,0 +1,100 @@
+"""One measured training step of a transformers model, the way the HF Trainer runs it.
+
+The Trainer's loop, per optimizer step (transformers 5.x `Trainer.training_step`):
+    with autocast (AMP only):  loss = model(**inputs).loss     # compute_loss returns the loss
+                                                                # alone: the outputs, logits
+                                                                # included, are dropped here
+    loss.backward()                                             # outside autocast
+    optimizer.step(); model.zero_grad()                         # grads set to None
+Step 1 creates the optimizer states; step 2 is measured (steady state).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from ..core.emulation import cuda_emulation
+from ..core.steps import fake_mode, log_second_step
+from ..core.tracker import StorageTracker, phase_summary
+from .models import MODELS
+
+
+@dataclass(frozen=True)
+class Run:
+    model: str  # a key of MODELS
+    seq_len: int
+    micro_batch_size: int = 1
+    recipe: str = "bf16"  # "bf16": pure bf16; "amp": bf16 autocast over fp32 parameters
+    optimizer: str = "adamw"  # "adamw" or "sgd_momentum"
+    recompute: str = "none"  # "none" or "full"
+    attention: str = "sdpa"  # "sdpa" (flash) or "eager"
+
+
+def build(run: Run):
+    from transformers import AutoModelForCausalLM
+
+    config = MODELS[run.model].hf_config(run.attention)
+    dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.train()
+    if run.recompute == "full":
+        # What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,
+        # non-reentrant torch.utils.checkpoint.
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    params = [p for p in model.parameters() if p.requires_grad]
+    if run.optimizer == "adamw":
+        # foreach=True: the implementation torch picks by default for CUDA tensors. States are
+        # kept in each parameter's dtype (bf16 under the pure-bf16 recipe).
+        opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.01, foreach=True)
+    else:
+        opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    return model, opt
+
+
+def train_step(model, opt, input_ids, run: Run, phase=lambda name: nullcontext()):
+    # autocast on the batch's device: "cpu" for the fake and CPU runs, "cuda" on a real GPU
+    amp = torch.autocast(input_ids.device.type, dtype=torch.bfloat16) if run.recipe == "amp" else nullcontext()
+    with phase("forward"), amp:
+        loss = model(input_ids=input_ids, labels=input_ids).loss
+    with phase("backward"):
+        loss.backward()
+        del loss
+    with phase("optimizer"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def traced_step(run: Run, fake: bool = True, seed: int = 0):
+    """Run two training steps, logging the second; returns the tracker and the category of
+    each storage key."""
+    tracker = StorageTracker()
+    torch.manual_seed(seed)
+    with fake_mode(fake, real_inputs=False), cuda_emulation(tracker):
+        model, opt = build(run)
+        input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
+
+        def owners():
+            params = {tracker.adopt(p) for p in model.parameters()}
+            for t in (*model.buffers(), input_ids):
+                tracker.adopt(t)
+            states = set()
+            for state in opt.state.values():
+                for name, t in state.items():
+                    if name == "step":  # AdamW's step counters stay on the CPU in a GPU run
+                        tracker.ignore(t)
+                    elif torch.is_tensor(t):
+                        states.add(tracker.adopt(t))
+            return params, states
+
+        category = log_second_step(
+            tracker, lambda phase: train_step(model, opt, input_ids, run, phase), owners,
+            lambda: {tracker.key(p.grad) for p in model.parameters() if p.grad is not None})
+    return tracker, category
+
+
+def measure(run: Run, fake: bool = True, seed: int = 0) -> dict:
+    """Bytes per category at each phase's peak of the second training step."""
+    return phase_summary(*traced_step(run, fake, seed))
