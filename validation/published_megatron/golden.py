@@ -153,7 +153,7 @@ def exclusion(case: str, cfg: dict) -> str | None:
 def refusal(launch: str, gpu: str) -> str | None:
     """The estimator's error for a launch script (the importer's or the estimate's), or None."""
     from estimator import estimate_config
-    from estimator.errors import ConfigError
+    from estimator.spec.errors import ConfigError
     from estimator.importers import import_config
 
     try:
