@@ -27,6 +27,7 @@ from .moe_moments import moe_moments
 from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
 from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
+from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
 
 
@@ -69,6 +70,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
+    mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
+                          shared.per_layer.get(mtp_kind(arch), 0.0), total_bytes(loss_saved)) if last else None
+    if mtp:  # held with the loss's tensors, for the micro-batch whose forward just ended (mtp.py)
+        loss_saved = loss_saved + (mtp,)
     deferred = deferred_wgrad_microbatches(training, m) if last else 0
     if deferred:  # held through the last micro-batch's forward and backward, drained before the step
         loss_saved = loss_saved + (entries_component(
