@@ -33,7 +33,6 @@ class Replay:
     estimated: int  # the allocated peak of the measured rank's stage
     measured: int
     stage: int
-    workspace: int  # of which the math libraries' workspaces
 
     @property
     def error(self) -> float:
@@ -51,9 +50,7 @@ def replay(record: dict) -> Replay:
     result = estimate_config(imported(record).config)
     index = measured_stage(record, result)
     stage = next(s for s in result.stages if s.stage == index)
-    workspace = stage.component("workspace")
-    return Replay(record["id"], stage.allocated_peak_bytes, record["measured"]["max_allocated_bytes"], index,
-                  workspace.bytes if workspace else 0)
+    return Replay(record["id"], stage.allocated_peak_bytes, record["measured"]["max_allocated_bytes"], index)
 
 
 def distinct(rows: list[Replay], recs: list[dict]) -> list[Replay]:
