@@ -226,6 +226,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .memory.memory import estimate
     from .serving.service import render_text as render_serving
     cfg = _load(args)
+    if args.emit:
+        from .importers.emit import emit
+        print(emit(args.emit, cfg.to_dict()), end="")
+        return 0
     serving = _serving_result(cfg)
     if args.json:
         out = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware).to_json()
@@ -320,6 +324,7 @@ CONFIG_HELP = ("a JSON config file, or - for standard input: {\"model\": ..., \"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .importers.emit import EMIT_KINDS, SERVE_EMIT_KINDS
     parser = _Parser(prog="llm-memory", description="GPU memory per pipeline stage for LLM training and inference")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     est = sub.add_parser("estimate", help="estimate the memory of a configuration")
@@ -331,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="serving capacity on vLLM/SGLang: KV cache, concurrency, longest context")
     srv.add_argument("--config", required=True, help="a JSON config with an optional serving object")
     srv.add_argument("--json", action="store_true", help="print one JSON object")
+    srv.add_argument("--emit", choices=SERVE_EMIT_KINDS, help="print the configuration as that engine's serve "
+                     "command line (read back through its importer before it is printed)")
     _override_flags(srv)
     _serving_flags(srv)
     srv.set_defaults(handler=_cmd_serve)
@@ -361,8 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop the search after this many seconds and list the best layouts found, with a note of "
                          "what was not searched (default: no limit)")
     pl.add_argument("--json", action="store_true", help="print one JSON object")
-    pl.add_argument("--emit", choices=("megatron", "torchtitan"),
-                    help="print the fastest fitting layout as that framework's launch configuration")
+    pl.add_argument("--emit", choices=EMIT_KINDS, help="print the fastest fitting layout that framework can express "
+                    "as its launch configuration (read back through its importer before it is printed)")
     _override_flags(pl)
     pl.set_defaults(handler=_cmd_plan)
     sub.add_parser("presets", help="list the bundled model ids").set_defaults(handler=_cmd_presets)

@@ -10,7 +10,7 @@ from estimator import ConfigError
 from estimator.spec.gpus import GPUS
 from estimator.memory.result import TIGHT_FRACTION
 from estimator.spec.parallel import tp_following_defaults
-from ui import charts, compute, searches, state, keys as K
+from ui import charts, compute, launch_export, searches, state, keys as K
 from ui.fields import config_key, friendly_message
 
 MAX_GPUS = 16384  # the planner's own bound (plan(max_gpus=...)), where its no-fit search stops
@@ -255,8 +255,11 @@ rank = c[0].selectbox("Layout", ranks, key=K.PLANNER_PICK,
                                             f"{layouts[r - 1]['device_total_bytes'] / GiB:,.2f} GiB · "
                                             f"{layouts[r - 1]['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU")
 chosen = layouts[rank - 1]
+picked = layout_config(asked["config"], {"parallel": chosen["parallel"], "training": chosen["training"]})
 c[1].button("Use this layout", key=K.PLANNER_USE, type="primary", icon=":material/play_arrow:", width="stretch",
-            on_click=state.load_and_open,
-            args=(layout_config(asked["config"], {"parallel": chosen["parallel"], "training": chosen["training"]}),
-                  f"layout #{rank} of the planner"),
+            on_click=state.load_and_open, args=(picked, f"layout #{rank} of the planner"),
             help="Loads the layout into the sidebar's configuration (and the link) and opens the Memory page.")
+# the same layout as the user's framework writes a launch (ui/launch_export.py)
+launch_export.download(picked, rank, asked["per_node"], others=(
+    (r, layout_config(asked["config"], {"parallel": x["parallel"], "training": x["training"]}))
+    for r, x in enumerate(layouts, 1)))

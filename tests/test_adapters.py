@@ -19,7 +19,10 @@ LLAMA_8B_PARAMETERS = 8_030_261_248
 
 
 def config(adapter: dict, model: str = "llama-3.1-8b", **training) -> dict:
-    return {"model": model, "training": {"framework": "hf", "seq_len": 4096, **training, "adapter": adapter}}
+    """A plain loop (the model called directly, as validation/peft measures): the Trainer's autocast over the
+    adapters is tests/test_trainer_loop.py's."""
+    loop = {"training_loop": "plain"} if training.get("framework", "hf") == "hf" else {}
+    return {"model": model, "training": {"framework": "hf", "seq_len": 4096, **loop, **training, "adapter": adapter}}
 
 
 def step_components(result) -> dict[str, int]:
@@ -118,7 +121,7 @@ def test_qlora_nf4_storage_of_a_70b_base_by_hand():
 
 
 def test_one_lora_layer_keeps_by_hand():
-    # Llama-3.1-8B, LoRA rank 16 on q and v, bf16, SDPA, s 4096, b 1, no recompute (HF Trainer):
+    # Llama-3.1-8B, LoRA rank 16 on q and v, bf16, SDPA, s 4096, b 1, no recompute (a plain loop):
     # the frozen linears keep no inputs and the frozen norm scales no normalised copies
     s, h, f, r = 4096, 4096, 14336, 16
     norm = 4 * s * h + 4 * s  # fp32 upcast and the per-token rsqrt

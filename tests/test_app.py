@@ -714,6 +714,40 @@ def test_planner_table_is_the_planners_and_use_this_layout_loads_it():
         (row["TP"], row["PP"], row["CP"], row["DP"], row["ZeRO"], row["Micro-batch"], row["Loss"])
 
 
+def test_planner_writes_the_chosen_layout_as_a_launch_config():
+    from estimator.importers import estimate_imported, import_config
+    at = _planner({"model": "llama-3.1-8b", "framework": "deepspeed", "dp": "8"})
+    table = next(df.value for df in at.dataframe if "Tokens/s per GPU" in df.value.columns)
+    # a DeepSpeed run: the Trainer's arguments with their DeepSpeed dict, axolotl's or LLaMA-Factory's YAML
+    kind = at.selectbox(key="planner_emit_kind")
+    assert kind.value == "hf" and len(kind.options) == 3
+    assert table["Recompute"][0] in ("none", "full (all)")  # a layout the Trainer's arguments can state
+    for name, first_line in (("hf", "model_name_or_path:"), ("axolotl", "base_model:"),
+                             ("llama-factory", "model_name_or_path:")):
+        at.selectbox(key="planner_emit_kind").set_value(name).run()
+        _no_exception(at)
+        text = next(c.value for c in at.code if c.value.startswith("# written by llm-memory"))
+        assert first_line in text
+        # the text offered reads back to the first layout of the table
+        assert estimate_imported(import_config(text, gpus=8)).device_total_bytes / GiB == table["GiB per GPU"][0]
+        assert [b.proto.label for b in at.get("download_button")] == ["Download"]
+    # a layout that recomputes some of the layers: the Trainer has no setting for it; the reason, no file,
+    # and the fastest layout it can write one click away
+    partial = next(i for i, r in enumerate(table["Recompute"]) if r.startswith("full (") and r != "full (all)")
+    at.selectbox(key="planner_pick").set_value(partial + 1).run()
+    assert any(f"cannot write layout #{partial + 1}" in w.value for w in at.warning)
+    assert not at.get("download_button")
+    at.button(key="planner_emit_pick").click().run()
+    assert at.selectbox(key="planner_pick").value == 1 and at.get("download_button")
+
+
+def test_planner_says_why_a_framework_cannot_write_the_layout():
+    at = _planner({"model": "olmo-2-13b", "framework": "torchtune", "dp": "8"})
+    assert at.selectbox(key="planner_emit_kind").value == "torchtune"
+    assert any("cannot write layout #1" in w.value and "no builder" in w.value for w in at.warning)
+    assert not at.get("download_button")
+
+
 def test_planner_says_how_many_gpus_would_fit_when_none_does():
     query = {"model": "llama-3.1-405b", "dp": "8"}
     at = _app(query)

@@ -122,7 +122,7 @@ def test_a_billion_layers_are_sharded_instantly():
         import json
         from dataclasses import replace
         from estimator import Architecture, Parallel, parameter_counts
-        from estimator.sharding import chunk_kind_counts, stage_parameters
+        from estimator.memory.sharding import chunk_kind_counts, stage_parameters
         small = Architecture(name="pattern", hidden_size=64, num_layers=8, num_attention_heads=4, num_kv_heads=2,
                              intermediate_size=128, vocab_size=1000, num_experts=4, num_experts_per_token=2,
                              moe_intermediate_size=32, first_dense_layers=3, moe_layer_frequency=2)
@@ -163,8 +163,8 @@ def test_a_billion_layer_kv_cache_is_counted_instantly():
         import json
         from dataclasses import replace
         from estimator import Architecture, Parallel, Training
-        from estimator.inference import kv_cache_bytes
-        from estimator.sharding import stage_layer_chunks
+        from estimator.memory.inference import kv_cache_bytes
+        from estimator.memory.sharding import stage_layer_chunks
         arch = Architecture(name="windows", hidden_size=64, num_layers=12, num_attention_heads=4, num_kv_heads=2,
                             intermediate_size=128, vocab_size=1000, sliding_window=4, sliding_window_pattern=6)
         object.__setattr__(arch, "num_layers", 10**9)
@@ -184,7 +184,7 @@ def test_a_billion_layer_kv_cache_is_counted_instantly():
 def test_divisors_of_a_huge_size_are_named_not_listed():
     out = run_bounded("""
         import json
-        from estimator.validation import _divisors
+        from estimator.memory.validation import _divisors
         print(json.dumps({"huge": _divisors(10**12 + 39), "64": _divisors(64), "36": _divisors(36),
                           "720720": _divisors(720720), "prime": _divisors(999_983)}))
     """)

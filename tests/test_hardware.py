@@ -20,17 +20,20 @@ MiB = 1024**2
 
 # The ids the app offers, in catalog order (the task's list of GPUs to support).
 EXPECTED_IDS = [
-    "a100-40", "a100-80", "h100-80", "h100-nvl", "h100-pcie", "h800", "h200", "gh200", "b200", "b300",
+    "a100-40", "a100-80", "h100-80", "h100-nvl", "h100-pcie", "h800", "h100-96-500w", "h200", "gh200", "b200",
+    "gb200", "b300",
     "mi300x", "mi325x", "mi355x", "l40s", "l4", "rtx-4090", "rtx-5090", "a10g",
 ]
 
 # Marketing capacity in GB, as each vendor's datasheet / product page names the part:
 # A100 40/80 GB, H100 80 GB, H100 NVL 94 GB, H800 80 GB, H200 141 GB, GH200 96 GB HBM3, B200 180 GB (HGX B200),
-# B300 288 GB (HGX B300), MI300X 192 GB, MI325X 256 GB, MI355X 288 GB, L40S 48 GB, L4 24 GB,
-# RTX 4090 24 GB, RTX 5090 32 GB, A10G 24 GB (AWS G5 page).
+# B300 288 GB (HGX B300), H100 96 GB HBM2e (torchtitan's benchmark page), GB200 186 GB (GB200 NVL72),
+# MI300X 192 GB, MI325X 256 GB, MI355X 288 GB, L40S 48 GB, L4 24 GB, RTX 4090 24 GB, RTX 5090 32 GB,
+# A10G 24 GB (AWS G5 page).
 NOMINAL_GB = {
     "a100-40": 40, "a100-80": 80, "h100-80": 80, "h100-nvl": 94, "h100-pcie": 80, "h800": 80, "h200": 141,
-    "gh200": 96, "b200": 180, "b300": 288, "mi300x": 192, "mi325x": 256, "mi355x": 288,
+    "gh200": 96, "b200": 180, "b300": 288, "h100-96-500w": 96, "gb200": 186, "mi300x": 192, "mi325x": 256,
+    "mi355x": 288,
     "l40s": 48, "l4": 24, "rtx-4090": 24, "rtx-5090": 32, "a10g": 24,
 }
 
@@ -45,6 +48,7 @@ REPORTED_MIB = {
     "gh200": 97_871,  # nvidia-smi, "NVIDIA GH200 480GB" = 96 GB HBM3 variant (Lambda captures)
     "b200": 183_359,  # nvidia-smi, "NVIDIA B200" (NVIDIA/TensorRT-LLM issue #10278)
     "b300": 275_040,  # nvidia-smi, "NVIDIA B300 SXM6 AC" (public nvidia-smi captures)
+    "gb200": 189_471,  # nvidia-smi, "NVIDIA GB200", 1200 W cap (public nvidia-smi captures)
     "l40s": 46_068,  # nvidia-smi, L40S, ECC on (modal-labs/modal-client PR #2797)
     "l4": 23_034,  # nvidia-smi, L4 (modal-labs/modal-client PR #2797)
     "a10g": 23_028,  # nvidia-smi, "NVIDIA A10G" (NVIDIA/DCGM issue #232)
@@ -133,6 +137,33 @@ def test_h800_is_the_h100_with_its_nvlink_cut():
     assert h800.gpus_per_node == 8 and "H800" in h800.name and "2412.19437" in h800.source
 
 
+def test_torchtitans_h100_is_its_own_row():
+    """Issue 22: torchtitan's published H100 runs (benchmarks/llama3_h100_202412_torchtitan.md) are on
+    96 GB HBM2e parts at 2.4 TB/s and a 500 W limit, 'between SXM and NVL' in peak: the SXM's at the
+    clock 500 W sustains, f ~ P^(1/3) (dynamic power C V^2 f, V ~ f): 989 x (500/700)^(1/3) = 884 TFLOPS.
+    The same rule gives the 400 W H100 NVL 821, its datasheet 835.5 (within 2%). The H100 NVL is another
+    part (94 GB HBM3, 3.9 TB/s, PCIe)."""
+    meta, sxm, nvl = GPUS["h100-96-500w"], GPUS["h100-80"], GPUS["h100-nvl"]
+    assert meta.bf16_flops == pytest.approx(884.07e12, rel=1e-4)
+    assert meta.fp8_flops == pytest.approx(1769.0e12, rel=1e-4)
+    assert nvl.bf16_flops < meta.bf16_flops < sxm.bf16_flops
+    assert sxm.bf16_flops * (400 / 700) ** (1 / 3) == pytest.approx(nvl.bf16_flops, rel=0.02)
+    assert meta.memory_bandwidth == 2.4e12 and nvl.memory_bandwidth == 3.9e12
+    assert (meta.intra_node_bandwidth, meta.inter_node_bandwidth, meta.gpus_per_node) == (450e9, 50e9, 8)
+    assert meta.capacity_bytes == 96 * 10**9 and "500 W" in meta.name
+
+
+def test_gb200_nvl72_is_one_72_gpu_nvlink_domain():
+    """GB200 NVL72 datasheet, the rack / 72: FP8 720 and BF16 360 PFLOPS with sparsity -> 5 and 2.5 dense
+    per GPU, 576 TB/s -> 8 TB/s, NVLink 5 at 1.8 TB/s both ways to all 72 GPUs; one 400 Gb/s NIC per GPU
+    between racks. Its B200 die runs faster than the HGX B200's (2.25 PFLOPS bf16 at 1,000 W)."""
+    gb = GPUS["gb200"]
+    assert (gb.bf16_flops, gb.fp8_flops) == (360e15 / 72 / 2, 720e15 / 72 / 2)
+    assert gb.memory_bandwidth == pytest.approx(576e12 / 72)
+    assert (gb.intra_node_bandwidth, gb.gpus_per_node, gb.inter_node_bandwidth) == (1.8e12 / 2, 72, 400e9 / 8)
+    assert gb.bf16_flops > GPUS["b200"].bf16_flops
+
+
 def test_h100_ridge_point_by_hand():
     h100 = GPUS["h100-80"]
     # 989e12 FLOP/s / 3.35e12 B/s = 295.22... FLOP per byte read from HBM.
@@ -203,7 +234,7 @@ def test_the_runtime_follows_the_architecture(gpu):
     if gpu.id.startswith(("h100", "h200", "gh200", "h800")):
         assert (runtime.context_bytes, runtime.blas_workspace_bytes) == (804_061_184, 32 * MiB)
         assert "measured on an H200" in runtime.context_source
-    elif gpu.id.startswith(("b200", "b300", "rtx-5090")):
+    elif gpu.id.startswith(("b200", "b300", "gb200", "rtx-5090")):
         assert (runtime.context_bytes, runtime.blas_workspace_bytes) == (804_061_184, 32 * MiB)
         assert "not measured on Blackwell" in runtime.context_source
     elif gpu.id.startswith("mi3"):
@@ -246,7 +277,7 @@ def test_bad_expandable_segments_is_a_config_error():
 
 def test_import_pulls_in_no_ui_libraries():
     code = (
-        "import sys, estimator.hardware; "
+        "import sys, estimator, estimator.spec.hardware, estimator.memory.memory; "
         "bad = {'streamlit', 'pandas'} & set(sys.modules); "
         "assert not bad, bad"
     )

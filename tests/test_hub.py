@@ -431,7 +431,7 @@ def test_fetch_model_without_safetensors():
 # --- import hygiene -----------------------------------------------------------------------------
 
 def test_importing_estimator_does_not_import_huggingface_hub():
-    code = ("import sys, estimator, estimator.hub, estimator.presets, estimator.hf_config; "
+    code = ("import sys, estimator, estimator.models.hub, estimator.models.presets, estimator.models.hf_config; "
             "print('huggingface_hub' in sys.modules, 'httpx2' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[1], env={**os.environ, "HF_HUB_OFFLINE": "1"})

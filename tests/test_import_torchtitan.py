@@ -61,7 +61,7 @@ def test_llama3_405b_on_128_h100_float8_compiled():
                 "parallel": {"tp": 8, "pp": 1, "cp": 1, "dp": 16, "sequence_parallel": True},
                 "hardware": {"gpu": "h100-80"}}
     same_estimate(result, expected)
-    assert names(result.unsupported) == ["compile.components", "parallelism.enable_async_tensor_parallel"]
+    assert names(result.unsupported) == ["parallelism.enable_async_tensor_parallel"]  # the compiled loss is modelled
 
 
 def test_qwen3_32b_on_8_gpus():
@@ -115,3 +115,16 @@ def test_flavors_match_the_presets_they_name():
                                    (("qwen3", "32B"), "qwen3-32b"), (("qwen3", "30B-A3B"), "qwen3-30b-a3b"),
                                    (("qwen3", "235B-A22B"), "qwen3-235b-a22b")):
         assert Architecture(**{**FLAVORS[(name, flavor)], "name": preset}) == get_architecture(preset), (name, flavor)
+
+
+def test_compile_components_without_the_loss_leave_it_eager():
+    """compile.components = ["model"] (torchtitan 0.2.0 on, as its MXFP8 and NVFP4 configs set it): the
+    blocks compile, the loss stays eager (training.compile_loss false)."""
+    text = (DATA / "llama3_8b.toml").read_text().replace('enable=false\ncomponents = ["model", "loss"]',
+                                                        'enable=true\ncomponents = ["model"]')
+    result = import_config(text, "torchtitan", gpus=64, gpu="a100-80")
+    assert result.config["training"]["compile"] is True
+    assert result.config["training"]["compile_loss"] is False
+    both = import_config(text.replace('components = ["model"]', 'components = ["model", "loss"]'), "torchtitan",
+                         gpus=64, gpu="a100-80")
+    assert "compile_loss" not in both.config["training"]  # the default: compiled with the model

@@ -38,3 +38,12 @@ def test_overrides_and_typos():
     assert [s.name for s in result.unknown] == ["actor_rollout_ref.actor.use_kl_los"]
     with pytest.raises(ConfigError, match="n_gpus_per_node"):
         import_config(SCRIPT, gpus=16)
+
+
+def test_the_key_table_is_verls():
+    from estimator.importers.verl_keys import PPO_TRAINER
+    # every key of v0.7.0's _generated_ppo_trainer.yaml flattened: 537, the actor's, the reference's and the
+    # critic's profiler and fsdp_config sections among them
+    assert len(PPO_TRAINER) == 537
+    assert {"critic.model.fsdp_config.param_offload", "actor_rollout_ref.ref.profiler.tool_config.npu.level",
+            "actor_rollout_ref.rollout.gpu_memory_utilization"} <= PPO_TRAINER

@@ -580,13 +580,15 @@ def test_llama3_405b_on_16k_h100():
     assert bound.mfu >= 0.41 and bound.tokens_per_s_per_gpu >= 400e12 / model_flops_per_token(arch, seq)
     # Among the faster layouts, not the fastest: the model rates TP 8 x PP 2 x VPP 63 with ZeRO-3
     # over DP 1,024 higher, its per-layer all-gathers prefetched behind compute, where Meta's layout
-    # pays a bubble of (p - 1)/(v m) = 15/64 with 16 micro-batches and every TP collective exposed
-    # (no TP/compute overlap is modelled). Both costs are what the estimator can say.
+    # pays a bubble of (p - 1)/(v m) = 15/64 with 16 micro-batches and its TP collectives: those of the
+    # forward and the row-parallel gathers of the backward (Megatron overlaps the column-parallel
+    # reductions with the weight gradient; without async TP nothing else). Both costs are what the
+    # estimator can say.
     ratio = mine.tokens_per_s_per_gpu / best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
     assert 0.75 < ratio < NEAR
     step = roofline(arch, mine.training, mine.parallel, H100).step
     tp = sum(c.exposed_s for c in step.communication if c.group == "TP") / step.time_s
-    assert tp > 0.1 and step.bubble_fraction == pytest.approx(15 / (4 * 16)) and mine.parallel.vpp == 4
+    assert tp > 0.08 and step.bubble_fraction == pytest.approx(15 / (4 * 16)) and mine.parallel.vpp == 4
 
 
 TORCHTITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md; train_configs llama3_70b.toml, "
@@ -595,8 +597,8 @@ TORCHTITAN = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md; t
 
 def test_torchtitan_llama31_70b_on_256_h100():
     """torchtitan (see TORCHTITAN) Table 4: Llama 3.1 70B on 256 H100s, FSDP 32 x TP 8, local
-    batch 16, global batch 512, sequence 8192, full activation checkpointing. (Float8 and
-    torch.compile are not modelled under FSDP2: bf16 here; their GPUs have 96 GB, h100-80 here.)"""
+    batch 16, global batch 512, sequence 8192, full activation checkpointing. (bf16 and eager here,
+    on h100-80; their runs: Float8, compile, 96 GB parts at 500 W, tests/test_published_throughput.py.)"""
     arch, n = get_architecture("llama-3.1-70b"), 256
     tr = Training(framework="fsdp2", seq_len=8192, global_batch_size=512)
     req = Request(arch, tr, H100, n)
@@ -605,7 +607,12 @@ def test_torchtitan_llama31_70b_on_256_h100():
     e = estimate(arch, theirs, Parallel(tp=8, dp=32, zero_stage=3), H100)
     assert e.fit.verdict == "fits"  # 55.5 GiB of 79.6 (they measured 71.9 GiB with Float8 and compile)
     mine = best(arch, tr, "h100-80", n, tp=8, pp=1, cp=1, dp=32)
-    assert mine.tokens_per_s_per_gpu >= NEAR * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
+    # within 25% of the fastest, FSDP alone over 256 GPUs: its rings leave each node through all 8 NICs
+    # (speed/collectives.ring_line_rate), so the per-layer gathers hide behind compute, where TP 8 pays
+    # its collectives, the all-gathers twice under operator-level SAC (torchtitan's async TP would hide
+    # the forward's; not asked for here)
+    fastest = best(arch, tr, "h100-80", n)
+    assert mine.tokens_per_s_per_gpu >= 0.75 * fastest.tokens_per_s_per_gpu and fastest.parallel.tp == 1
 
 
 def test_torchtitan_llama31_405b_on_512_h100():
@@ -619,9 +626,10 @@ def test_torchtitan_llama31_405b_on_512_h100():
     theirs = Parallel(tp=8, pp=8, vpp=2, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15, zero_stage=3)
     assert estimate(arch, dataclasses.replace(tr, recompute="full"), theirs, H100).fit.verdict == "fits"
     mine = best(arch, tr, "h100-80", n, tp=8, pp=8, cp=1, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15)
-    # within 20% of the fastest: torchtitan runs this layout with AsyncTP, which overlaps the TP
-    # collectives with the matmuls; the model charges them in full, which costs TP 8 most
-    assert mine.tokens_per_s_per_gpu >= 0.8 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
+    # within 25% of the fastest (TP 2 with FSDP over 256: its rings leave each node through 4 NICs per
+    # group, speed/collectives.ring_line_rate): torchtitan runs this layout with async TP, which hides
+    # the forward's TP collectives (training.async_tp); asked without it, TP 8 pays them all
+    assert mine.tokens_per_s_per_gpu >= 0.75 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
 
 
 def gpt3_175b() -> Architecture:
@@ -671,11 +679,13 @@ def test_deepseek_v3_on_2048_h800():
     mine = best(arch, tr, "h100-80", 2048, **fixed)
     assert mine.training.recompute == "selective" and mine.utilization <= 0.8
     # Far from the top (bench/bench_planner.py: about a third of the fastest layout, which keeps EP
-    # within a node): the roofline exposes all of EP 64's all-to-all over the 50 GB/s inter-node
-    # links, which DualPipe overlaps with computation (section 3.2.1) and the estimator does not.
+    # within a node): the roofline exposes all of EP 64's all-to-all, DeepEP's copies to the 7 other
+    # nodes through the 50 GB/s NICs (each token once per node it needs, the rest over NVLink), which
+    # DualPipe overlaps with computation (section 3.2.1) and the estimator does not; nor does it limit
+    # a token to 4 nodes (the report's node-limited routing).
     step = roofline(arch, mine.training, mine.parallel, cfg.hardware).step
     ep = sum(c.exposed_s for c in step.communication if c.group == "EP") / step.time_s
-    assert ep > 0.5  # without it the step would take less than half the time
+    assert ep > 0.4
 
 
 def test_ceiling_without_recompute_is_the_roofline_within_what_it_drops():

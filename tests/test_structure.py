@@ -16,6 +16,8 @@ MAX_LINES = 600
 LONG_MODULES = {
     # one table entry per Megatron-LM flag (arguments.py of core_v0.16.1): data, not code
     "estimator.importers.megatron_flags": "Megatron-LM's flag table",
+    # Megatron-Bridge's Llama 3 and Qwen3 recipes read with ast: one entry per recipe function, data
+    "estimator.importers.bridge_recipes": "Megatron-Bridge's recipe table",
 }
 
 

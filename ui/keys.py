@@ -158,6 +158,9 @@ PLANNER_PICK = "planner_pick"
 PLANNER_USE = "planner_use"
 PLANNER_REPLAN = "planner_replan"
 PLANNER_CHART = "planner_chart"
+PLANNER_EMIT_KIND = "planner_emit_kind"  # the framework whose launch configuration the chosen layout is written as
+PLANNER_EMIT = "planner_emit"
+PLANNER_EMIT_PICK = "planner_emit_pick"  # choose the fastest layout the chosen launch configuration can write
 
 
 def reference_table(i: int) -> str:

@@ -24,8 +24,9 @@ def box() -> None:
     with st.expander("Import a launch config", expanded=result is not None, icon=":material/upload_file:"):
         st.caption("The configuration you are about to launch, as its framework writes it: a `pretrain_gpt.py` "
                    "command line or script (Megatron-LM), a job TOML (torchtitan), a recipe YAML (torchtune, "
-                   "axolotl, LLaMA-Factory), a DeepSpeed or Accelerate config, a vLLM/SGLang serve line. It becomes "
-                   "the configuration of every page; nothing in it is run.")
+                   "axolotl, LLaMA-Factory), a DeepSpeed or Accelerate config, the Trainer's arguments, a slime, "
+                   "OpenRLHF, verl or Megatron-Bridge launch, a vLLM/SGLang serve line. It becomes the "
+                   "configuration of every page; nothing in it is run.")
         st.text_area("Paste a launch configuration", key=K.LAUNCH_TEXT, height=150,
                      placeholder="torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 ...")
         st.file_uploader("or upload the file", key=K.LAUNCH_FILE)

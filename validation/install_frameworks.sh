@@ -22,6 +22,10 @@ python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
 # torchtitan main (framework_version "main", commit b5bcd76c66d0acb1a08b176d9639425bc55e0b2a) is read the
 # same way from a snapshot of github.com/pytorch/torchtitan; its memory rules equal 0.3.0's
 # (estimator/spec/versions.py), so nothing of it is installed or imported.
+# torchtitan 2024-12 (9dec370), 0.1.0 (v0.1.0, f7084fc7) and 0.2.0 (v0.2.0, 29624e37), the releases of
+# torchtitan's published benchmarks, are read the same way (`git show <commit>:<path>`) for the rules in
+# estimator/memory/titan_releases.py; their activation-checkpointing policies are written out in
+# validation/compile_sac.py from that source and run on torchtitan 0.3.0's block; nothing is installed.
 # PEFT (validation/peft): LoRA on the HF models; QLoRA's bitsandbytes layer is emulated there and
 # checked against real bitsandbytes 0.49.2 (its CPU build) on tiny runs
 python3 -m pip install --quiet "peft==0.21.2" "bitsandbytes==0.49.2" -c "$pin"

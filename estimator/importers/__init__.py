@@ -21,13 +21,20 @@ from .source import check_size, read_text
 
 __all__ = ["KINDS", "Imported", "Setting", "check", "estimate_imported", "guess_kind", "import_config", "load"]
 
-# The contract's KIND names, and the module that reads each. A kind without a module is named in
-# the error message as not supported yet, never read as another kind.
+# The contract's KIND names (and the kinds this version adds: openrlhf, megatron-bridge, hf), and the
+# module that reads each. A kind without a module is named in the error message as not supported yet,
+# never read as another kind.
 KINDS = ("megatron", "torchtitan", "torchtune", "deepspeed", "accelerate", "axolotl", "llama-factory", "verl",
-         "slime", "vllm", "sglang")
+         "slime", "vllm", "sglang", "openrlhf", "megatron-bridge", "hf")
 _MODULES = {"megatron": "megatron", "torchtitan": "torchtitan", "torchtune": "torchtune", "deepspeed": "deepspeed",
             "accelerate": "accelerate", "axolotl": "axolotl", "llama-factory": "llama_factory", "vllm": "vllm",
-            "sglang": "sglang", "verl": "verl"}
+            "sglang": "sglang", "verl": "verl", "slime": "slime", "openrlhf": "openrlhf",
+            "megatron-bridge": "megatron_bridge", "hf": "hf"}
+# The order the readers are asked in when the kind is not given: a launch of a framework built on
+# Megatron-LM (slime's train.py, Bridge's run_recipe.py) carries Megatron's flags too, so it is asked
+# before Megatron's own; the Trainer's bare arguments last, after the front ends that extend them.
+_GUESS_ORDER = ("slime", "megatron-bridge", "openrlhf", "megatron", "torchtitan", "torchtune", "deepspeed",
+                "accelerate", "axolotl", "llama-factory", "verl", "vllm", "sglang", "hf")
 _ATTACHING = ("deepspeed", "accelerate")  # kinds that read --training-args and --peft beside the file
 
 
@@ -45,8 +52,8 @@ def _reader(kind: str):
 
 def guess_kind(text: str, name: str = "") -> str:
     """The kind a text is, from its content (and its file name); a ConfigError when no reader
-    claims it. The readers are asked in the contract's order; the first that claims the text wins."""
-    for kind in supported_kinds():
+    claims it. The readers are asked in `_GUESS_ORDER`; the first that claims the text wins."""
+    for kind in (k for k in _GUESS_ORDER if k in _MODULES):
         if _reader(kind).looks_like(text, name.lower()):
             return kind
     raise ConfigError("--from", None, ", ".join(supported_kinds()), "the kind of launch configuration could not be "

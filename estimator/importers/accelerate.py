@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from ..spec.choices import FRAMEWORKS
+from ..spec.choices import FRAMEWORKS, FSDP1_STRATEGIES
 from . import hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
 from .result import Imported, Ledger
@@ -101,7 +101,9 @@ def _fsdp(acc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> str:
         ledger.not_modelled("fsdp_config.fsdp_version", 1, "FSDP1's flat parameters; estimated as FSDP2")
     reshard = acc.get("fsdp_config.fsdp_reshard_after_forward")
     strategy = reshard if isinstance(reshard, str) else acc.get("fsdp_config.fsdp_sharding_strategy")
-    if isinstance(reshard, bool):
+    if framework == "fsdp1":
+        _fsdp1_strategy(acc, strategy, build)
+    elif isinstance(reshard, bool):
         stage = 3 if reshard else 2
     else:
         stage = {"FULL_SHARD": 3, "1": 3, "SHARD_GRAD_OP": 2, "2": 2, "NO_SHARD": 0, "3": 0,
@@ -110,8 +112,9 @@ def _fsdp(acc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> str:
             raise ConfigError("fsdp_sharding_strategy", strategy, "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD")
         if str(strategy).upper() == "HYBRID_SHARD":
             ledger.not_modelled("fsdp_sharding_strategy", strategy, "sharded within a node; estimated over all GPUs")
-    build.set("parallel.zero_stage", stage, "fsdp_config.fsdp_reshard_after_forward", reshard if reshard is not None
-              else strategy)
+    if framework != "fsdp1":
+        build.set("parallel.zero_stage", stage, "fsdp_config.fsdp_reshard_after_forward",
+                  reshard if reshard is not None else strategy)
     if acc.get("fsdp_config.fsdp_offload_params"):
         build.set("training.offload_optimizer", "cpu", "fsdp_config.fsdp_offload_params", True,
                   why="CPUOffloadPolicy: parameters, gradients and optimizer states on the host")
@@ -119,3 +122,22 @@ def _fsdp(acc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> str:
     if acc.get("fsdp_config.fsdp_activation_checkpointing"):
         build.set("training.recompute", "full", "fsdp_config.fsdp_activation_checkpointing", True)
     return framework
+
+
+# torch's ShardingStrategy by name or by value, as accelerate 1.15 FullyShardedDataParallelPlugin takes it
+FSDP1_STRATEGY_NAMES = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}
+
+
+def _fsdp1_strategy(acc: FlatDoc, strategy, build: ConfigBuilder) -> None:
+    """FSDP1's fsdp_sharding_strategy as the estimator's parallel.fsdp_sharding_strategy (memory/fsdp1.py);
+    HYBRID_SHARD shards within a machine: num_processes / num_machines ranks."""
+    text = "FULL_SHARD" if strategy is None else str(strategy).upper()
+    name = FSDP1_STRATEGY_NAMES.get(text, text)
+    if name not in FSDP1_STRATEGIES:
+        raise ConfigError("fsdp_sharding_strategy", strategy, ", ".join(FSDP1_STRATEGIES) + " (or 1-4)")
+    build.set("parallel.fsdp_sharding_strategy", name, "fsdp_config.fsdp_sharding_strategy", strategy)
+    machines = to_int("num_machines", acc.get("num_machines", 1), 1)
+    if name == "HYBRID_SHARD":
+        processes = to_int("num_processes", acc.get("num_processes", 1), 1)
+        build.set("parallel.fsdp_shard_group_size", processes // machines, "num_machines", machines,
+                  why="HYBRID_SHARD shards within a machine")

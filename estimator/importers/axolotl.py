@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
+from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .models import is_hub_id, preset_for
@@ -40,21 +40,13 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     key_value_overrides(overrides, doc, ledger, VERSION)
     build = ConfigBuilder(ledger)
     build.put("training.framework", "hf")
-    world = gpus or 1
-    if gpus is None:
-        ledger.note("no --gpus: one GPU")
-    build.put("parallel.dp", world)
     _model(doc, build, ledger)
     seq = doc.get("sequence_len", 2048)
     build.set("training.seq_len", to_int("sequence_len", seq, 1), "sequence_len" if doc.given("sequence_len") else
               "(no sequence_len)", seq)
     if doc.get("sample_packing"):
         ledger.mapped("sample_packing", True, "samples packed to sequence_len")
-    mbs = to_int("micro_batch_size", doc.get("micro_batch_size", 1), 1)
-    build.set("training.micro_batch_size", mbs, "micro_batch_size")
-    steps = to_int("gradient_accumulation_steps", doc.get("gradient_accumulation_steps", 1), 1)
-    if steps > 1:
-        build.set("training.global_batch_size", mbs * steps * world, "gradient_accumulation_steps", steps)
+    trainer_batch(doc, build, gpus, "micro_batch_size", 1)
     _precision(doc, build, ledger)
     _distributed(doc, build, ledger)
     if doc.get("gradient_checkpointing"):

@@ -93,6 +93,22 @@ def to_float(name: str, value: object) -> float:
     return number
 
 
+def trainer_batch(doc: "FlatDoc", build: "ConfigBuilder", gpus: int | None, micro_key: str, micro_default: int) -> None:
+    """The Hugging Face Trainer's data-parallel batch as the fine-tuning front ends (axolotl,
+    LLaMA-Factory) set it: DDP over --gpus (one GPU when not given, noted), `micro_key` samples per
+    GPU (`micro_default` when the file leaves it out), and gradient_accumulation_steps of those per
+    optimizer step (the global batch, over every GPU)."""
+    world = gpus or 1
+    if gpus is None:
+        build.ledger.note("no --gpus: one GPU")
+    build.put("parallel.dp", world)
+    micro = to_int(micro_key, doc.get(micro_key, micro_default), 1)
+    build.set("training.micro_batch_size", micro, micro_key)
+    steps = to_int("gradient_accumulation_steps", doc.get("gradient_accumulation_steps", 1), 1)
+    if steps > 1:
+        build.set("training.global_batch_size", micro * steps * world, "gradient_accumulation_steps", steps)
+
+
 class ConfigBuilder:
     """Our JSON config, filled one field at a time; each field set is a ``read`` line naming the
     setting it came from. A field this build of the estimator does not have (another branch adds

@@ -37,7 +37,9 @@ _TOP_IGNORED = {"gradient_clipping", "steps_per_print", "wall_clock_breakdown", 
 
 
 def looks_like(text: str, name: str = "") -> bool:
-    return bool(re.search(r'"zero_optimization"\s*:', text))
+    """A ds_config: JSON with a zero_optimization section (a TrainingArguments YAML that holds one
+    under ``deepspeed`` is the `hf` kind's)."""
+    return text.lstrip().startswith("{") and bool(re.search(r'"zero_optimization"\s*:', text))
 
 
 def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = (), training_args: str | None = None,
@@ -58,19 +60,26 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = (), tr
                           "with: they name the model and the sequence length", "missing")
     hf_trainer.apply(args, build, ledger, "deepspeed", world, lora, batch_from_ds=to_int(
         "train_micro_batch_size_per_gpu", mbs, 1))
+    read_ds_side(ds, args, build, ledger, "ds:")
+    return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
+
+
+def read_ds_side(ds: FlatDoc, args: FlatDoc, build: ConfigBuilder, ledger: Ledger, prefix: str) -> None:
+    """A ds_config's precision, ZeRO stage, offload and buckets, and every other key accounted for
+    (named `prefix` + key): its own file's, or the dict TrainingArguments' ``deepspeed`` holds."""
     _precision(ds, args, build, ledger)
     _zero(ds, build, ledger)
     for key, value in ds.rest():
         top = key.split(".")[0]
-        if top in _TOP_IGNORED or key in ("gradient_accumulation_steps", "bf16.enabled", "fp16.enabled"):
-            ledger.ignore(f"ds:{key}", value, "no effect on memory, or read from the Trainer's arguments")
+        if top in _TOP_IGNORED or key in ("gradient_accumulation_steps", "bf16.enabled", "fp16.enabled",
+                                          "train_micro_batch_size_per_gpu"):
+            ledger.ignore(f"{prefix}{key}", value, "no effect on memory, or read from the Trainer's arguments")
         elif top in ("optimizer",):
-            ledger.ignore(f"ds:{key}", value, "the optimizer's hyper-parameters (its type is read)")
+            ledger.ignore(f"{prefix}{key}", value, "the optimizer's hyper-parameters (its type is read)")
         elif top in ("fp16", "bf16"):
-            ledger.ignore(f"ds:{key}", value, "loss scaling")
+            ledger.ignore(f"{prefix}{key}", value, "loss scaling")
         else:
-            ledger.not_modelled(f"ds:{key}", value, "a DeepSpeed setting the estimate does not model")
-    return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
+            ledger.not_modelled(f"{prefix}{key}", value, "a DeepSpeed setting the estimate does not model")
 
 
 def _auto(ds: FlatDoc, key: str, hf_value: object) -> object:

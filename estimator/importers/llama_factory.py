@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
+from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .models import is_hub_id, preset_for
@@ -41,10 +41,6 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     key_value_overrides(overrides, doc, ledger, VERSION)
     build = ConfigBuilder(ledger)
     build.put("training.framework", "hf")
-    world = gpus or 1
-    if gpus is None:
-        ledger.note("no --gpus: one GPU")
-    build.put("parallel.dp", world)
     name = doc.get("model_name_or_path")
     preset = preset_for(name) if isinstance(name, str) else None
     if preset is None and not (isinstance(name, str) and is_hub_id(name)):
@@ -58,11 +54,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
         ledger.not_modelled("finetuning_type", finetuning, "estimated as a full fine-tune")
     seq = to_int("cutoff_len", doc.get("cutoff_len", 2048), 1)
     build.set("training.seq_len", seq, "cutoff_len" if doc.given("cutoff_len") else "(no cutoff_len)", seq)
-    mbs = to_int("per_device_train_batch_size", doc.get("per_device_train_batch_size", 8), 1)
-    build.set("training.micro_batch_size", mbs, "per_device_train_batch_size")
-    steps = to_int("gradient_accumulation_steps", doc.get("gradient_accumulation_steps", 1), 1)
-    if steps > 1:
-        build.set("training.global_batch_size", mbs * steps * world, "gradient_accumulation_steps", steps)
+    trainer_batch(doc, build, gpus, "per_device_train_batch_size", 8)
     if doc.get("bf16"):
         ledger.mapped("bf16", True, "bf16 weights (the model is loaded in bf16)")
     elif doc.get("fp16"):

@@ -21,8 +21,11 @@ import re
 
 from ..spec.errors import shown_value
 
-# settings whose values are credentials: their values are never printed (--api-key, hf_token, ...)
-_SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
+# settings whose values are credentials: their values are never printed (--api-key, hf_token, hub_token,
+# --wandb-key, logger.wandb.key, ...); a name that only contains "key" or "token" (--input-key, a dataset's
+# column; --max-tokens-per-gpu, a batch) is not one
+_SECRET_NAME = re.compile(r"password|secret|(^|[-_.])(api|access|auth|private|hf|hub|wandb|swanlab|comet|ssh)[-_.]?"
+                          r"(key|token)s?$|(^|[-_.])token$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,24 @@
 ``verl/trainer/config/_generated_ppo_trainer.yaml``, the Hydra defaults flattened to dotted keys);
 data, not code."""
 
+# The three models verl builds with FSDP (the actor, the reference, the critic) have the same
+# profiler and fsdp_config sections; their keys are written once each and put under every owner.
+_PROFILER = """
+    _target_ all_ranks enable ranks save_path tool tool_config.npu._target_ tool_config.npu.analysis
+    tool_config.npu.contents tool_config.npu.discrete tool_config.npu.level tool_config.nsys._target_
+    tool_config.nsys.discrete tool_config.torch._target_ tool_config.torch.step_end tool_config.torch.step_start
+    tool_config.torch_memory._target_ tool_config.torch_memory.stack_depth
+    tool_config.torch_memory.trace_alloc_max_entries
+""".split()
+_FSDP_CONFIG = """
+    _target_ dtype entropy_checkpointing entropy_from_logits_with_chunking forward_only forward_prefetch
+    fsdp_size full_determinism model_dtype offload_policy optimizer_offload param_offload reshard_after_forward
+    seed strategy ulysses_sequence_parallel_size use_orig_params use_torch_compile wrap_policy.min_num_params
+""".split()
+_OWNERS = {"profiler": ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic"),
+           "fsdp_config": ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")}
+_SECTIONS = {"profiler": _PROFILER, "fsdp_config": _FSDP_CONFIG}
+
 PPO_TRAINER = frozenset("""
     actor_rollout_ref.actor._target_ actor_rollout_ref.actor.calculate_entropy
     actor_rollout_ref.actor.checkpoint._target_ actor_rollout_ref.actor.checkpoint.async_save
@@ -10,18 +28,7 @@ PPO_TRAINER = frozenset("""
     actor_rollout_ref.actor.clip_ratio_high actor_rollout_ref.actor.clip_ratio_low
     actor_rollout_ref.actor.data_loader_seed actor_rollout_ref.actor.entropy_checkpointing
     actor_rollout_ref.actor.entropy_coeff actor_rollout_ref.actor.entropy_from_logits_with_chunking
-    actor_rollout_ref.actor.freeze_vision_tower actor_rollout_ref.actor.fsdp_config._target_
-    actor_rollout_ref.actor.fsdp_config.dtype actor_rollout_ref.actor.fsdp_config.entropy_checkpointing
-    actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking
-    actor_rollout_ref.actor.fsdp_config.forward_only actor_rollout_ref.actor.fsdp_config.forward_prefetch
-    actor_rollout_ref.actor.fsdp_config.fsdp_size actor_rollout_ref.actor.fsdp_config.full_determinism
-    actor_rollout_ref.actor.fsdp_config.model_dtype actor_rollout_ref.actor.fsdp_config.offload_policy
-    actor_rollout_ref.actor.fsdp_config.optimizer_offload actor_rollout_ref.actor.fsdp_config.param_offload
-    actor_rollout_ref.actor.fsdp_config.reshard_after_forward actor_rollout_ref.actor.fsdp_config.seed
-    actor_rollout_ref.actor.fsdp_config.strategy
-    actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size
-    actor_rollout_ref.actor.fsdp_config.use_orig_params actor_rollout_ref.actor.fsdp_config.use_torch_compile
-    actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params actor_rollout_ref.actor.grad_clip
+    actor_rollout_ref.actor.freeze_vision_tower actor_rollout_ref.actor.grad_clip
     actor_rollout_ref.actor.kl_loss_coef actor_rollout_ref.actor.kl_loss_type
     actor_rollout_ref.actor.loss_agg_mode actor_rollout_ref.actor.loss_scale_factor
     actor_rollout_ref.actor.optim._target_ actor_rollout_ref.actor.optim.betas
@@ -37,30 +44,14 @@ PPO_TRAINER = frozenset("""
     actor_rollout_ref.actor.policy_loss.loss_mode actor_rollout_ref.actor.policy_loss.ppo_kl_coef
     actor_rollout_ref.actor.ppo_epochs actor_rollout_ref.actor.ppo_max_token_len_per_gpu
     actor_rollout_ref.actor.ppo_micro_batch_size actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
-    actor_rollout_ref.actor.ppo_mini_batch_size actor_rollout_ref.actor.profiler._target_
-    actor_rollout_ref.actor.profiler.all_ranks actor_rollout_ref.actor.profiler.enable
-    actor_rollout_ref.actor.profiler.ranks actor_rollout_ref.actor.profiler.save_path
-    actor_rollout_ref.actor.profiler.tool actor_rollout_ref.actor.profiler.tool_config.npu._target_
-    actor_rollout_ref.actor.profiler.tool_config.npu.analysis
-    actor_rollout_ref.actor.profiler.tool_config.npu.contents
-    actor_rollout_ref.actor.profiler.tool_config.npu.discrete
-    actor_rollout_ref.actor.profiler.tool_config.npu.level
-    actor_rollout_ref.actor.profiler.tool_config.nsys._target_
-    actor_rollout_ref.actor.profiler.tool_config.nsys.discrete
-    actor_rollout_ref.actor.profiler.tool_config.torch._target_
-    actor_rollout_ref.actor.profiler.tool_config.torch.step_end
-    actor_rollout_ref.actor.profiler.tool_config.torch.step_start
-    actor_rollout_ref.actor.profiler.tool_config.torch_memory._target_
-    actor_rollout_ref.actor.profiler.tool_config.torch_memory.stack_depth
-    actor_rollout_ref.actor.profiler.tool_config.torch_memory.trace_alloc_max_entries
-    actor_rollout_ref.actor.rollout_n actor_rollout_ref.actor.router_replay._target_
-    actor_rollout_ref.actor.router_replay.mode actor_rollout_ref.actor.router_replay.record_file
-    actor_rollout_ref.actor.router_replay.replay_file actor_rollout_ref.actor.shuffle
-    actor_rollout_ref.actor.strategy actor_rollout_ref.actor.tau_neg actor_rollout_ref.actor.tau_pos
-    actor_rollout_ref.actor.ulysses_sequence_parallel_size actor_rollout_ref.actor.use_dynamic_bsz
-    actor_rollout_ref.actor.use_fused_kernels actor_rollout_ref.actor.use_kl_loss
-    actor_rollout_ref.actor.use_remove_padding actor_rollout_ref.actor.use_torch_compile
-    actor_rollout_ref.hybrid_engine actor_rollout_ref.model._target_
+    actor_rollout_ref.actor.ppo_mini_batch_size actor_rollout_ref.actor.rollout_n
+    actor_rollout_ref.actor.router_replay._target_ actor_rollout_ref.actor.router_replay.mode
+    actor_rollout_ref.actor.router_replay.record_file actor_rollout_ref.actor.router_replay.replay_file
+    actor_rollout_ref.actor.shuffle actor_rollout_ref.actor.strategy actor_rollout_ref.actor.tau_neg
+    actor_rollout_ref.actor.tau_pos actor_rollout_ref.actor.ulysses_sequence_parallel_size
+    actor_rollout_ref.actor.use_dynamic_bsz actor_rollout_ref.actor.use_fused_kernels
+    actor_rollout_ref.actor.use_kl_loss actor_rollout_ref.actor.use_remove_padding
+    actor_rollout_ref.actor.use_torch_compile actor_rollout_ref.hybrid_engine actor_rollout_ref.model._target_
     actor_rollout_ref.model.custom_chat_template actor_rollout_ref.model.enable_activation_offload
     actor_rollout_ref.model.enable_gradient_checkpointing actor_rollout_ref.model.exclude_modules
     actor_rollout_ref.model.external_lib actor_rollout_ref.model.fused_kernel_options.impl_backend
@@ -72,40 +63,14 @@ PPO_TRAINER = frozenset("""
     actor_rollout_ref.model.use_fused_kernels actor_rollout_ref.model.use_liger
     actor_rollout_ref.model.use_remove_padding actor_rollout_ref.model.use_shm actor_rollout_ref.nccl_timeout
     actor_rollout_ref.ref._target_ actor_rollout_ref.ref.entropy_checkpointing
-    actor_rollout_ref.ref.entropy_from_logits_with_chunking actor_rollout_ref.ref.fsdp_config._target_
-    actor_rollout_ref.ref.fsdp_config.dtype actor_rollout_ref.ref.fsdp_config.entropy_checkpointing
-    actor_rollout_ref.ref.fsdp_config.entropy_from_logits_with_chunking
-    actor_rollout_ref.ref.fsdp_config.forward_only actor_rollout_ref.ref.fsdp_config.forward_prefetch
-    actor_rollout_ref.ref.fsdp_config.fsdp_size actor_rollout_ref.ref.fsdp_config.full_determinism
-    actor_rollout_ref.ref.fsdp_config.model_dtype actor_rollout_ref.ref.fsdp_config.offload_policy
-    actor_rollout_ref.ref.fsdp_config.optimizer_offload actor_rollout_ref.ref.fsdp_config.param_offload
-    actor_rollout_ref.ref.fsdp_config.reshard_after_forward actor_rollout_ref.ref.fsdp_config.seed
-    actor_rollout_ref.ref.fsdp_config.strategy actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size
-    actor_rollout_ref.ref.fsdp_config.use_orig_params actor_rollout_ref.ref.fsdp_config.use_torch_compile
-    actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params
-    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu actor_rollout_ref.ref.log_prob_micro_batch_size
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu actor_rollout_ref.ref.log_prob_use_dynamic_bsz
-    actor_rollout_ref.ref.profiler._target_ actor_rollout_ref.ref.profiler.all_ranks
-    actor_rollout_ref.ref.profiler.enable actor_rollout_ref.ref.profiler.ranks
-    actor_rollout_ref.ref.profiler.save_path actor_rollout_ref.ref.profiler.tool
-    actor_rollout_ref.ref.profiler.tool_config.npu._target_
-    actor_rollout_ref.ref.profiler.tool_config.npu.analysis
-    actor_rollout_ref.ref.profiler.tool_config.npu.contents
-    actor_rollout_ref.ref.profiler.tool_config.npu.discrete actor_rollout_ref.ref.profiler.tool_config.npu.level
-    actor_rollout_ref.ref.profiler.tool_config.nsys._target_
-    actor_rollout_ref.ref.profiler.tool_config.nsys.discrete
-    actor_rollout_ref.ref.profiler.tool_config.torch._target_
-    actor_rollout_ref.ref.profiler.tool_config.torch.step_end
-    actor_rollout_ref.ref.profiler.tool_config.torch.step_start
-    actor_rollout_ref.ref.profiler.tool_config.torch_memory._target_
-    actor_rollout_ref.ref.profiler.tool_config.torch_memory.stack_depth
-    actor_rollout_ref.ref.profiler.tool_config.torch_memory.trace_alloc_max_entries
-    actor_rollout_ref.ref.rollout_n actor_rollout_ref.ref.router_replay._target_
-    actor_rollout_ref.ref.router_replay.mode actor_rollout_ref.ref.router_replay.record_file
-    actor_rollout_ref.ref.router_replay.replay_file actor_rollout_ref.ref.strategy
-    actor_rollout_ref.ref.ulysses_sequence_parallel_size actor_rollout_ref.ref.use_torch_compile
-    actor_rollout_ref.rollout._target_ actor_rollout_ref.rollout.agent._target_
-    actor_rollout_ref.rollout.agent.agent_loop_config_path
+    actor_rollout_ref.ref.entropy_from_logits_with_chunking actor_rollout_ref.ref.log_prob_max_token_len_per_gpu
+    actor_rollout_ref.ref.log_prob_micro_batch_size actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz actor_rollout_ref.ref.rollout_n
+    actor_rollout_ref.ref.router_replay._target_ actor_rollout_ref.ref.router_replay.mode
+    actor_rollout_ref.ref.router_replay.record_file actor_rollout_ref.ref.router_replay.replay_file
+    actor_rollout_ref.ref.strategy actor_rollout_ref.ref.ulysses_sequence_parallel_size
+    actor_rollout_ref.ref.use_torch_compile actor_rollout_ref.rollout._target_
+    actor_rollout_ref.rollout.agent._target_ actor_rollout_ref.rollout.agent.agent_loop_config_path
     actor_rollout_ref.rollout.agent.custom_async_server._target_
     actor_rollout_ref.rollout.agent.custom_async_server.name
     actor_rollout_ref.rollout.agent.custom_async_server.path actor_rollout_ref.rollout.agent.default_agent_loop
@@ -165,33 +130,16 @@ PPO_TRAINER = frozenset("""
     critic.checkpoint.save_contents critic.cliprange_value critic.data_loader_seed critic.enable
     critic.forward_max_token_len_per_gpu critic.forward_micro_batch_size critic.forward_micro_batch_size_per_gpu
     critic.grad_clip critic.loss_agg_mode critic.model._target_ critic.model.enable_activation_offload
-    critic.model.enable_gradient_checkpointing critic.model.external_lib critic.model.fsdp_config._target_
-    critic.model.fsdp_config.dtype critic.model.fsdp_config.entropy_checkpointing
-    critic.model.fsdp_config.entropy_from_logits_with_chunking critic.model.fsdp_config.forward_only
-    critic.model.fsdp_config.forward_prefetch critic.model.fsdp_config.fsdp_size
-    critic.model.fsdp_config.full_determinism critic.model.fsdp_config.model_dtype
-    critic.model.fsdp_config.offload_policy critic.model.fsdp_config.optimizer_offload
-    critic.model.fsdp_config.param_offload critic.model.fsdp_config.reshard_after_forward
-    critic.model.fsdp_config.seed critic.model.fsdp_config.strategy
-    critic.model.fsdp_config.ulysses_sequence_parallel_size critic.model.fsdp_config.use_orig_params
-    critic.model.fsdp_config.use_torch_compile critic.model.fsdp_config.wrap_policy.min_num_params
-    critic.model.lora_alpha critic.model.lora_rank critic.model.override_config critic.model.path
-    critic.model.target_modules critic.model.tiled_mlp.enabled critic.model.tiled_mlp.num_shards
-    critic.model.tokenizer_path critic.model.trust_remote_code critic.model.use_remove_padding
-    critic.model.use_shm critic.optim._target_ critic.optim.betas critic.optim.clip_grad critic.optim.lr
-    critic.optim.lr_scheduler_type critic.optim.lr_warmup_steps critic.optim.lr_warmup_steps_ratio
-    critic.optim.min_lr_ratio critic.optim.num_cycles critic.optim.optimizer critic.optim.optimizer_impl
+    critic.model.enable_gradient_checkpointing critic.model.external_lib critic.model.lora_alpha
+    critic.model.lora_rank critic.model.override_config critic.model.path critic.model.target_modules
+    critic.model.tiled_mlp.enabled critic.model.tiled_mlp.num_shards critic.model.tokenizer_path
+    critic.model.trust_remote_code critic.model.use_remove_padding critic.model.use_shm critic.optim._target_
+    critic.optim.betas critic.optim.clip_grad critic.optim.lr critic.optim.lr_scheduler_type
+    critic.optim.lr_warmup_steps critic.optim.lr_warmup_steps_ratio critic.optim.min_lr_ratio
+    critic.optim.num_cycles critic.optim.optimizer critic.optim.optimizer_impl
     critic.optim.override_optimizer_config critic.optim.total_training_steps critic.optim.warmup_style
     critic.optim.weight_decay critic.ppo_epochs critic.ppo_max_token_len_per_gpu critic.ppo_micro_batch_size
-    critic.ppo_micro_batch_size_per_gpu critic.ppo_mini_batch_size critic.profiler._target_
-    critic.profiler.all_ranks critic.profiler.enable critic.profiler.ranks critic.profiler.save_path
-    critic.profiler.tool critic.profiler.tool_config.npu._target_ critic.profiler.tool_config.npu.analysis
-    critic.profiler.tool_config.npu.contents critic.profiler.tool_config.npu.discrete
-    critic.profiler.tool_config.npu.level critic.profiler.tool_config.nsys._target_
-    critic.profiler.tool_config.nsys.discrete critic.profiler.tool_config.torch._target_
-    critic.profiler.tool_config.torch.step_end critic.profiler.tool_config.torch.step_start
-    critic.profiler.tool_config.torch_memory._target_ critic.profiler.tool_config.torch_memory.stack_depth
-    critic.profiler.tool_config.torch_memory.trace_alloc_max_entries critic.rollout_n critic.shuffle
+    critic.ppo_micro_batch_size_per_gpu critic.ppo_mini_batch_size critic.rollout_n critic.shuffle
     critic.strategy critic.ulysses_sequence_parallel_size critic.use_dynamic_bsz custom_reward_function.name
     custom_reward_function.path data.apply_chat_template_kwargs data.custom_cls.name data.custom_cls.path
     data.datagen.name data.datagen.path data.dataloader_num_workers data.filter_overlong_prompts
@@ -253,4 +201,5 @@ PPO_TRAINER = frozenset("""
     trainer.rollout_data_dir trainer.save_freq trainer.test_freq trainer.total_epochs
     trainer.total_training_steps trainer.use_legacy_worker_impl trainer.val_before_train trainer.val_only
     trainer.validation_data_dir transfer_queue.enable
-""".split())
+""".split()) | frozenset(f"{owner}.{section}.{key}" for section, owners in _OWNERS.items() for owner in owners
+                         for key in _SECTIONS[section])

@@ -84,7 +84,13 @@ def module_entries(arch, training, par, m: Module, first: bool) -> list:
     from .activations.entries import Entry, tokens_per_gpu
     from ..spec.dtypes import bytes_per_element
     from ..spec.training import resolve_recipe
+    from .trainer_loop import adapter_entries, autocast_adapters
     adapter = training.adapter
+    if autocast_adapters(training):  # the HF Trainer's autocast over fp32 adapters (trainer_loop.py)
+        out = adapter_entries(training, par, m, first)
+        C = bytes_per_element(training.compute_dtype)
+        return out + (dora_entries(training, m, C, tokens_per_gpu(training, par), first)
+                      if adapter.method == "dora" else [])
     dtype = adapter_dtype(training, resolve_recipe(training))
     A, T, n = bytes_per_element(dtype), tokens_per_gpu(training, par), m.copies
     width = f"in_{m.name}" + (f"*{n}" if n > 1 else "")

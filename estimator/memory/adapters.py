@@ -294,7 +294,8 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
     from .states import ModelStates
     from ..spec.choices import FSDP_FRAMEWORKS
 
-    d = par.dp
+    from .fsdp1 import shard_group
+    d = shard_group(training, par)  # DP, or FSDP1 HYBRID_SHARD's shard group (fsdp1.py)
     param_stage = 2 if training.framework in FSDP_FRAMEWORKS + ("fsdp1",) else 3  # FSDP2 keeps shards at 2 too
 
     def sharded(value: float, from_stage: int) -> float:

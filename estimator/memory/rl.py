@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..spec.choices import DEEPSPEED_FIELDS
 from ..spec.rl import Rl
 
 if TYPE_CHECKING:
@@ -148,7 +149,8 @@ def _rollout(train, rl: Rl, held: tuple[Component, ...], outside: tuple[Componen
                     recompute_modules=type(training).__dataclass_fields__["recompute_modules"].default,
                     global_batch_size=None, loss="standard",
                     param_dtype=training.param_dtype if training.param_dtype in ("bf16", "fp16") else "bf16",
-                    optimizer_in_backward=False, offload_optimizer="none", offload_parameters="none")
+                    optimizer_in_backward=False, offload_optimizer="none", offload_parameters="none",
+                    **dict.fromkeys(DEEPSPEED_FIELDS))  # the engine shards nothing: no ZeRO bucket
     parts = {c.key: c for c in estimate(cfg.architecture, serve, Parallel(tp=tp), cfg.hardware).stages[0].components}
     step = {c.key: c for c in estimate(cfg.architecture, replace(serve, micro_batch_size=1), Parallel(tp=tp),
                                         cfg.hardware).stages[0].components}

@@ -21,6 +21,7 @@ from ..spec.dtypes import bytes_per_element
 from ..spec.errors import ConfigError
 from ..spec.optimizers import OPTIMIZERS
 from ..spec.parallel import Parallel
+from .fsdp1 import shard_group
 from .sharding import Bucket, StageParameters
 from ..spec.choices import FSDP_FRAMEWORKS, FULLY_SHARDED_FRAMEWORKS
 from ..spec.training import Recipe, Training
@@ -30,6 +31,9 @@ ZERO_SOURCE = "Rajbhandari et al. 2020 (ZeRO), section 5; Megatron-LM distribute
 def resolve_zero_stage(training: Training, par: Parallel) -> int:
     """The ZeRO stage the framework runs; fully_shard's default is full sharding (stage 3)."""
     fw = training.framework
+    if fw == "fsdp1":  # Accelerate's fsdp_sharding_strategy decides (fsdp1.py; a contrary zero_stage is refused)
+        from .fsdp1 import STRATEGY_ZERO
+        return STRATEGY_ZERO[par.fsdp_sharding_strategy]
     stage = par.zero_stage if par.zero_stage is not None else (3 if fw in FULLY_SHARDED_FRAMEWORKS else 0)
     if fw == "hf" and stage != 0:
         raise ConfigError("parallel.zero_stage", stage, "0 with framework 'hf' (DDP)",
@@ -100,7 +104,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
                  zero: int) -> ModelStates:
     """`zero`: the stage the framework runs (`resolve_zero_stage`, resolved once per configuration)."""
     fw = training.framework
-    d_dense = par.dp * par.cp
+    d_dense = shard_group(training, par) * par.cp  # FSDP1's HYBRID_SHARD: its shard group (fsdp1.py)
     d_expert = max(1, par.expert_data_parallel)
 
     def sharded(bytes_dense: float, bytes_expert: float, from_stage: int) -> float:

@@ -18,7 +18,7 @@ from .offload import OFFLOAD_SOURCES, Placement, placement
 from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
 from .kbit import ledger_training, math_attention
-from .fsdp1 import frozen_weights_train, is_fsdp1
+from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
@@ -91,7 +91,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
     # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
-    grads_live = training.framework == "megatron" or (m > 1 and not is_fsdp1(training)) or par.pp > 1
+    # FSDP2 under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)
+    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
+    grads_live = training.framework == "megatron" or (
+        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
@@ -112,7 +115,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                           total_bytes(tr.step_in_backward))
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
-                      _optimizer_partition(sp, par, zero, inv.trainable if inv else None), zero)
+                      _optimizer_partition(sp, par, zero, inv.trainable if inv else None, shard_group(training, par)),
+                      zero)
     on_gpu = place.gpu
     if place.step_on_host:
         tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
@@ -129,6 +133,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
     late = training.framework in FSDP_FRAMEWORKS and not grads_live and not training.optimizer_in_backward
     end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
+    no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, inv)
+    end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
     if end:
         backward_end = states + int(round(end.gradients)) + total_bytes(end.transients)
     else:
@@ -148,7 +154,7 @@ def _paged_states(ms, arch: Architecture, training: Training, recipe: Recipe, pa
     from .paged import components as paged_components, is_paged, paged_bytes
     if not is_paged(training):
         return ms, None, ()
-    shards = par.dp * par.cp if zero >= 1 else 1
+    shards = shard_group(training, par) * par.cp if zero >= 1 else 1  # FSDP1 HYBRID_SHARD: its group
     on_gpu, elements = paged_bytes(arch, training, sp, inv, shards)
     managed, host = paged_components(on_gpu, elements, training)
     written = ms.formulas
@@ -189,14 +195,17 @@ def _recompute_working_set(training: Training, sp: StageParameters, shared: _Sha
     return 0.0
 
 
-def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None) -> float:
+def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None,
+                         group: int | None = None) -> float:
     """The parameters whose optimizer state one GPU keeps: its stage's (an adapter run's `trainable`
-    ones, expert parallelism excluded), divided by the shard group from ZeRO 1 (states.py)."""
+    ones, expert parallelism excluded), divided by the shard group from ZeRO 1 (states.py; `group`: DP, or
+    FSDP1 HYBRID_SHARD's shard group)."""
+    d = group or par.dp
     if trainable is not None:
-        return trainable / (par.dp if zero >= 1 else 1)
+        return trainable / (d if zero >= 1 else 1)
     if zero < 1:
         return sp.local
-    return sp.dense_local / (par.dp * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
+    return sp.dense_local / (d * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
 
 
 def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, list], loss_saved: tuple,

@@ -24,6 +24,7 @@ from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, 
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes
+from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 
@@ -66,7 +67,12 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
             # block gathered, backward starts with a block and the one prefetched
             head = arch.hidden_size * arch.vocab_size / par.tp if stage.last else 0.0
             Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
-            if head and fw == "fsdp2" and training.loss == "chunked":
+            root_unit = fw == "fsdp2" and titan_rules(training).root_unit_has_embedding_and_head
+            if root_unit:
+                fwd_root, bwd_root = _titan_root_unit(arch, par, stage, P, Pb, pb, layer)
+                fwd.append(fwd_root)
+                bwd.append(bwd_root)
+            elif head and fw == "fsdp2" and training.loss == "chunked":
                 # torchtitan's ChunkedLossWrapper runs the head after the model's forward, every block
                 # resharded by then (reshard_after_forward): its moments hold the head unit alone
                 fwd.append(component("transient", "Unsharded parameters in flight", P * head,
@@ -79,8 +85,9 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                                      f"{pb} x a block + " + (f"{P:g} B x the head unit" if head else
                                                              f"{pb} x the next block") + " unsharded",
                                      src + " (distributed/fsdp.py units)"))
-            bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
-                                 f"{pb} x (a block + the prefetched block) unsharded", src))
+            if not root_unit:
+                bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
+                                     f"{pb} x (a block + the prefetched block) unsharded", src))
         elif zero == 3:
             gathered = P * (2 * layer + stage.root_local)
             formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
@@ -93,7 +100,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                        f"{pb} x the blocks' + {P:g} B x the root unit's parameters, gathered after forward")
             fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
             bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-        if titan_full_ac(training) and not training.adapter:
+        if titan_full_ac(training) and not training.adapter and not (fw == "fsdp2" and par.pp > 1):
             # the moment that matters is a block's recomputation: its own gradients do not exist yet, the
             # previous block's reduce-scatter input does (`backward_moments.block_backward_extras`)
             bwd.append(component("transient", "Reduce-scatter input of the previous block (kept by FSDP2)",
@@ -105,6 +112,8 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
             bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
                                   layer_trainable * (A + G), f"({A:g} + {G:g}) B x one layer's trainable parameters "
                                   "(the frozen base gets none)", src + "; " + FSDP2_RS_SOURCE))
+        elif fw == "fsdp2" and par.pp > 1:
+            bwd.append(_pipelined_fsdp2_gradients(stage, P, G, layer))
         else:
             bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
                                   layer * P + layer_trainable * G,
@@ -112,7 +121,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                                   f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
     if fw == "fsdp1":
         from .fsdp1 import transients as fsdp1_transients
-        f1, b1 = fsdp1_transients(training, recipe, stage, microbatches(training, par), inv)
+        f1, b1 = fsdp1_transients(training, par, recipe, stage, microbatches(training, par), inv)
         fwd += f1
         bwd += b1
     if fw == "deepspeed":
@@ -381,3 +390,44 @@ def _step_in_backward(training: Training, recipe: Recipe, stage: StageParameters
                      largest * (G + temporary),
                      f"({G:g} B gradient + {temporary:g} B step temporary) x largest tensor"
                      + (f" / d ({shard})" if shard > 1 else ""), OPTIMIZER_IN_BACKWARD_SOURCE)
+
+
+def _titan_root_unit(arch: Architecture, par: Parallel, stage: StageParameters, P: float, Pb: float, pb: str,
+                     layer: float) -> tuple[Component, Component]:
+    """torchtitan 2024-12 and 0.1.0 (titan_releases.py root_unit): the root unit holds the embedding, the
+    final norm and the head, gathered from the first forward to the end of backward (the torch of those
+    runs kept a root's parameters after forward), beside a block and the next one; the head's 16-bit
+    gradient waits for the root's reduce-scatter at the end of backward, after the embedding's."""
+    emb = arch.hidden_size * arch.vocab_size / par.tp if stage.first else 0.0
+    head = arch.hidden_size * arch.vocab_size / par.tp if stage.last else 0.0
+    root = P * (emb + head)
+    forward = component("transient", "Unsharded parameters in flight", Pb * 2 * layer + root,
+                        f"{pb} x (a block + the next one) + {P:g} B x the root unit (embedding and head) unsharded",
+                        TITAN_SOURCES["root_unit"])
+    backward = component("transient", "Unsharded parameters in flight, and the head's gradient",
+                         Pb * 2 * layer + root + P * head,
+                         f"{pb} x (a block + the prefetched one) + {P:g} B x the root unit unsharded + "
+                         f"{P:g} B x the head's unsharded gradient", TITAN_SOURCES["root_unit"])
+    return forward, backward
+
+
+# torch.distributed.pipelining runs every micro-batch's backward of an FSDP2 stage without gradient sync
+# (torch 2.13 pipelining/stage.py backward_maybe_with_nosync: set_requires_gradient_sync(False); Dec 2024's
+# the same until the last micro-batch), so FSDP2 upcasts each unit's unsharded gradient to the reduce dtype
+# and adds the next micro-batches' into it (fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed,
+# accumulate_unsharded_grad_if_needed); the reduce-scatters run once, after the last backward. torchtitan
+# keeps the stage's parameters gathered meanwhile (no reshard after forward under PP: zero_stage 2).
+PIPELINED_FSDP2_GRADIENTS_SOURCE = (
+    "torch 2.13 distributed/pipelining/stage.py backward_maybe_with_nosync; distributed/fsdp/_fully_shard/"
+    "_fsdp_param.py to_accumulated_grad_if_needed (unsharded gradients kept in reduce_dtype across micro-batches); "
+    "torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy (9dec370 parallelize_llama.apply_fsdp)")
+
+
+def _pipelined_fsdp2_gradients(stage: StageParameters, P: float, G: float, layer: float) -> Component:
+    """A pipeline stage's FSDP2 gradients during backward: every parameter's unsharded gradient in the
+    reduce dtype, accumulated over the micro-batches, and the unit being run's in the compute dtype
+    before its upcast."""
+    return component("transient", "Unsharded gradients accumulated over the micro-batches",
+                     G * stage.local + P * layer,
+                     f"{G:g} B x the stage's parameters (unsharded, reduce dtype) + {P:g} B x one layer's",
+                     PIPELINED_FSDP2_GRADIENTS_SOURCE)

@@ -16,6 +16,7 @@ from ..spec.optimizers import OPTIMIZERS
 from ..spec.parallel import Parallel
 from .sharding import layers_per_stage
 from .states import resolve_zero_stage
+from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
 from ..spec.training import Training
 
@@ -108,8 +109,18 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if training.framework == "torchtune":
         _check_torchtune(training, par)
     if training.framework == "fsdp1":
-        from .fsdp1 import check as check_fsdp1
+        from .fsdp1 import check as check_fsdp1, check_tied_no_sync
+        from .pipeline import microbatches
         check_fsdp1(training, par)
+        if training.mode == "training":
+            check_tied_no_sync(arch, training, par, microbatches(training, par))
+    elif par.fsdp_sharding_strategy != "FULL_SHARD" or par.fsdp_shard_group_size is not None:
+        strategy = par.fsdp_sharding_strategy != "FULL_SHARD"
+        field = "fsdp_sharding_strategy" if strategy else "fsdp_shard_group_size"
+        raise ConfigError(f"parallel.{field}", getattr(par, field),
+                          f"{'FULL_SHARD' if strategy else 'empty'} unless framework is 'fsdp1'",
+                          "FSDP1's sharding strategy (Accelerate's fsdp_sharding_strategy); fsdp2 and deepspeed shard "
+                          "by zero_stage", related=("training.framework",))
     if training.mode == "training" and training.optimizer in ("paged_adamw", "paged_adamw8bit"):
         from .paged import check as check_paged
         check_paged(training)
@@ -133,12 +144,27 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         raise ConfigError("training.optimizer", training.optimizer,
                           f"one of {', '.join(map(repr, offered))} with framework {training.framework!r}",
                           f"{training.framework} does not offer {training.optimizer}", related=("training.framework",))
+    _check_compile_loss(training)
     zero = resolve_zero_stage(training, par)
     if training.fp8_all_gather:
         check_fp8_all_gather(training, zero)
     if training.framework == "deepspeed":
         _check_deepspeed_settings(training, zero)
     return zero
+
+
+def _check_compile_loss(training: Training) -> None:
+    """A torchtitan release without compile.components decides alone whether the loss compiles."""
+    rules = titan_rules(training)
+    if rules is None or training.compile_loss is None or rules.loss_compile_optional:
+        return
+    if training.compile_loss != rules.loss_compiled:
+        version = training.framework_version
+        does = "always compiles the loss with the model" if rules.loss_compiled else "never compiles the loss"
+        raise ConfigError("training.compile_loss", training.compile_loss,
+                          f"empty (auto) or {str(rules.loss_compiled).lower()} with framework_version {version!r}",
+                          f"torchtitan {version} {does} ({TITAN_SOURCES['loss_compiled']}); compile.components "
+                          "came with 0.2.0", related=("training.framework_version",))
 
 
 def _check_deepspeed_settings(training: Training, zero: int) -> None:

@@ -37,6 +37,10 @@ CROSS_ENTROPY_IMPLS = ("native", "te")
 # Megatron-LM --transformer-impl (arguments.py): TransformerEngine's layer spec, or Megatron-Core's own ("local":
 # gpt_layer_specs.py get_gpt_layer_local_spec, with its unfused DotProductAttention and no TE module)
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
+# hf: the HF Trainer through Accelerate (autocast, fp32 outputs) or a plain loop (memory/trainer_loop.py)
+TRAINING_LOOPS = ("trainer", "plain")
+# fsdp1: torch ShardingStrategy names as Accelerate's fsdp_sharding_strategy takes them (memory/fsdp1.py)
+FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
 DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,
@@ -44,6 +48,9 @@ DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch
 # the stacks whose torch.compile switch is modelled (training.compile): torchtitan's --compile.enable, torchtune's
 # compile: True, the HF Trainer's torch_compile=True
 COMPILE_FRAMEWORKS = ("fsdp2", "torchtune", "hf")
+# the stacks whose TP communication overlap is modelled (training.async_tp): Megatron-Core's --tp-comm-overlap
+# (TransformerEngine userbuffers) and torchtitan's async TP (--parallelism.enable_async_tensor_parallel)
+ASYNC_TP_FRAMEWORKS = ("megatron", "fsdp2")
 
 # --- adapters ------------------------------------------------------------------------------------
 METHODS = ("lora", "qlora", "dora")

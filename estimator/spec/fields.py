@@ -14,10 +14,11 @@ link says. The bounds are generous: about ten times the largest published run or
 from __future__ import annotations
 
 from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZES, BNB_VERSION_PATTERN,
-                      CROSS_ENTROPY_IMPLS, CUBLAS_WORKSPACE_PATTERN, TRANSFORMER_IMPLS, FP8_RECIPES, FRAMEWORKS, KV_CACHE_DTYPES, LOSSES, METHODS, MODES,
-                      MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
+                      CROSS_ENTROPY_IMPLS, CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES,
+                      KV_CACHE_DTYPES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
+                      POSITION_EMBEDDINGS, PP_SCHEDULES, TRANSFORMER_IMPLS,
                       RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES,
-                      SPECULATIVE_METHODS, TARGETS, WEIGHT_FORMATS)
+                      SPECULATIVE_METHODS, TARGETS, TRAINING_LOOPS, WEIGHT_FORMATS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
@@ -41,9 +42,14 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "Run", FRAMEWORKS),
     _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
-            "or main; torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
+            "or main, or the releases of torchtitan's published benchmarks (0.2.0, 0.1.0, and 2024-12: main at "
+            "9dec370); torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
             "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
+    _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
+            "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
+            "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "
+            "called directly, autocast only over weights wider than the compute dtype.", "Run", TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "
@@ -78,6 +84,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("fp8_all_gather", _T, "FP8 all-gather", "fsdp2 with fp8 and the tensorwise recipe: FSDP2 gathers the "
           "float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather), 1 byte per weight instead "
           "of the bf16 copy.", "Precision"),
+    _bool("async_tp", _T, "Async TP", "Overlap the tensor-parallel all-gathers and reduce-scatters with the GEMMs "
+          "that use them, chunk by chunk: megatron --tp-comm-overlap (TransformerEngine userbuffers, every pass), "
+          "fsdp2 with compile: torchtitan's async TP (Inductor's micro-pipeline TP, the forward's collectives). "
+          "Changes the step time only.", _LAYOUT),
     _bool("compile", _T, "torch.compile", "fsdp2 (torchtitan --compile.enable, per block), torchtune (compile: "
           "True, per layer) or hf (the Trainer's torch_compile=True): each layer saves what Inductor's min-cut "
           "partitioner keeps (torch 2.13 torch/_functorch/partitioners.py min_cut_rematerialization_partition) "
@@ -86,10 +96,16 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "backward. Measured on CPU for tiny transformers Llama and Qwen3 layers (flash/SDPA and eager "
           "attention); the torchtitan and torchtune layers follow the same partitioner rules (derived, not "
           "measured). The loss is compiled too where the framework compiles it, without TP: torchtitan's loss "
-          "(standard or chunked; every torchtitan release compiles it with the model) and torchtune's chunked loss "
+          "(standard or chunked; from 0.1.0 on torchtitan compiles it with the model, compile_loss) and torchtune's "
+          "chunked loss "
           "(compile_loss): the logits stay 16-bit and no fp32 copy of them exists; the HF Trainer's loss keeps its "
           "eager ledger. Not under megatron, whose "
           "own fused kernels this would replace, nor deepspeed.", _SAVERS),
+    _bool("compile_loss", _T, "Compile the loss", "fsdp2 with compile: the cross-entropy compiles with the model "
+          "(torchtitan's compile.components lists \"loss\", its default since 0.2.0; 0.1.0 always compiles it, "
+          "the December 2024 main never). Compiled, the loss keeps the 16-bit logits and two fp32 values per token; "
+          "eager, the fp32 log-softmax beside the logits and their fp32 upcast.", _SAVERS, optional=True,
+          auto="the release's default: with the model from 0.1.0 on, never in 2024-12"),
     _choice("optimizer", _T, "Optimizer", "adamw/adam8bit keep two moments per parameter; sgd none; sgd_momentum, "
             "lion and muon one; adafactor factored second moments.", _SAVERS, tuple(OPTIMIZERS)),
     _bool("optimizer_in_backward", _T, "Optimizer step in backward", "Under fsdp2 (torchtune's optimizer_in_bwd): "
@@ -222,6 +238,14 @@ PARALLEL_FIELDS: tuple[Field, ...] = (
     _choice("zero_stage", _P, "ZeRO / sharding stage", "0 = no sharding; 1 = optimizer states sharded over DP "
             "(Megatron's distributed optimizer); 2 = + gradients; 3 = + parameters (FSDP full shard).", _LAYOUT,
             (0, 1, 2, 3), optional=True, auto="the framework's default: 3 under fsdp2, else 0"),
+    _choice("fsdp_sharding_strategy", _P, "FSDP1 sharding strategy", "fsdp1: Accelerate's fsdp_sharding_strategy. "
+            "FULL_SHARD shards parameters, gradients and optimizer states over DP and gathers a unit's parameters "
+            "for its forward and again for its backward; SHARD_GRAD_OP keeps a unit gathered from its forward to "
+            "its backward; HYBRID_SHARD shards within a group of fsdp_shard_group_size ranks and replicates across "
+            "groups; NO_SHARD replicates everything (DDP-like).", _LAYOUT, FSDP1_STRATEGIES),
+    _int("fsdp_shard_group_size", _P, "HYBRID_SHARD group", "fsdp1 with HYBRID_SHARD: the ranks each FlatParameter "
+         "is sharded over (FSDP takes a node's GPUs); DP is a multiple of it.", _LAYOUT, hi=MAX_GPUS, optional=True,
+         auto="8, a node of 8 GPUs"),
     Field("comm_overlap", _P, "float", "Communication overlap", "Roofline: the fraction of data-parallel (DP/FSDP) "
           "and pipeline communication hidden behind compute (1.0 = all of it).", _LAYOUT, min=0.0, max=1.0,
           step=0.1),

@@ -88,6 +88,8 @@ _CDNA4 = DeviceRuntime("CDNA 4 (gfx950)", 512 * MiB, 128 * MiB, 64 * MiB, _BEKMA
 CUDA_CONTEXT_SOURCE = "the GPU catalog's runtime record for the GPU's architecture (estimator/spec/gpus.py)"
 # A node with one 100 Gb/s uplink shared by its 8 GPUs: 100e9 bits/s / 8 bits per byte / 8 GPUs.
 _100G_SHARED_BY_8 = 100e9 / 8 / 8
+# The clock a 500 W cap sustains on an H100 SXM rated at 700 W: dynamic power ~ C V^2 f and V ~ f, so f ~ P^(1/3)
+_POWER_500W = (500 / 700) ** (1 / 3)
 
 # Conventions for the catalog (read before editing a row):
 # - capacity_bytes: the "Total" nvidia-smi / rocm-smi prints (MiB), where a public capture of it was
@@ -106,6 +108,8 @@ _100G_SHARED_BY_8 = 100e9 / 8 / 8
 #   (AWS g5/g6/g6e.48xlarge, NVIDIA's PCIe-optimized Enterprise RA, 8-card GeForce rental boxes);
 #   their intra-node bandwidth is the PCIe link, and their inter-node figure is an assumption stated
 #   in the row. GH200 is modelled as the one-superchip node (cloud GH200 instances, MGX servers).
+#   GB200 NVL72 is one NVLink domain of 72 GPUs (the NVLink Switch trays join the 18 compute trays):
+#   gpus_per_node 72 is that domain; its NICs only leave the rack.
 
 GPUS: dict[str, GPU] = {
     gpu.id: gpu
@@ -148,6 +152,18 @@ GPUS: dict[str, GPU] = {
             "InfiniBand per GPU, the 50 GB/s of DeepSeek-V3's H800 cluster (arXiv 2412.19437, sections "
             "3.1 and 3.2.2). Capacity: no public nvidia-smi capture of an H800 found; the H100 SXM's "
             "reported 81559 MiB for the same 80 GB HBM3 part"),
+        GPU("h100-96-500w", "NVIDIA H100 SXM 96GB HBM2e at 500 W (Meta Grand Teton)", 96 * 10**9,
+            989e12 * _POWER_500W, 1979e12 * _POWER_500W, 2.4e12, 450e9, 50e9, 8, _HOPPER,
+            "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (pytorch/torchtitan b5bcd76c), the GPU of "
+            "its published runs: 96 GB HBM2e at 2.4 TB/s (torchao torchao/testing/training/roofline_utils.py, "
+            "pytorch/ao 36027d82: 2.4e12, 'custom to Meta's H100 variant'), 8 per host over NVLink, 400 Gb/s "
+            "RDMA per GPU, the default 500 W power limit; its footnote 2: the peak 'is between SXM and NVL, and "
+            "we don't know its exact value'. Here the H100 SXM's dense 989 / 1,979 TFLOPS (700 W) scaled to "
+            "500 W by the clock a power cap sustains: dynamic power C V^2 f with the voltage following the "
+            "clock grows as f^3, so f scales as (500/700)^(1/3) = 0.894 (884 / 1,769 TFLOPS); the same rule "
+            "puts the H100 NVL (400 W) at 821 against its datasheet's 835.5. Not the H100 NVL, which is a 94 GB "
+            "HBM3 PCIe card at 3.9 TB/s (row h100-nvl). Capacity: the nominal 96 GB (no nvidia-smi capture "
+            "found)"),
         GPU("h200", "NVIDIA H200 SXM 141GB", 143_771 * MiB, 989e12, 1979e12, 4.8e12,
             450e9, 50e9, 8, _HOPPER,
             "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 / FP8 3,958 TFLOPS sparse -> "
@@ -167,6 +183,14 @@ GPUS: dict[str, GPU] = {
             "dense, 180 GB HBM3e 7.7 TB/s, NVLink 5 1.8 TB/s. DGX B200 (NVIDIA DGX BasePOD RA): 8x "
             "single-port ConnectX-7 up to 400 Gb/s. nvidia-smi reports 183359 MiB "
             "(NVIDIA/TensorRT-LLM issue #10278)"),
+        GPU("gb200", "NVIDIA GB200 NVL72 (Blackwell GPU, 186 GB, 72-GPU NVLink domain)", 189_471 * MiB, 2.5e15,
+            5.0e15, 8.0e12, 900e9, 50e9, 72, _BLACKWELL,
+            "NVIDIA GB200 NVL72 datasheet, per GPU (the rack's figures / 72): FP8 720 / BF16 360 PFLOPS sparse "
+            "-> 5 / 2.5 PFLOPS dense, 13.4 TB HBM3e at 576 TB/s -> 186 GB at 8 TB/s, NVLink 5 1.8 TB/s "
+            "(900e9 one way) to every GPU of the rack through the NVLink Switch system: the 72 GPUs are one "
+            "NVLink domain (gpus_per_node 72). Between racks one 400 Gb/s ConnectX-7 per GPU (4 per compute "
+            "tray). nvidia-smi reports 189471 MiB with a 1200 W cap (public nvidia-smi captures of "
+            "'NVIDIA GB200')"),
         GPU("b300", "NVIDIA B300 SXM (Blackwell Ultra) 288GB", 275_040 * MiB, 2.25e15, 4.5e15,
             8.0e12, 900e9, 100e9, 8, _BLACKWELL,
             "NVIDIA HGX B300 datasheet: FP16/BF16 36 / FP8 72 PFLOPS sparse per 8 GPUs -> 2.25 / 4.5 "

@@ -53,6 +53,9 @@ class Parallel:
     pp_account_for_loss: bool = False
     # Megatron-Core's --pipeline-model-parallel-layout, e.g. "Et*4|(t*4|)*14tmL" (sharding.parse_layout)
     pp_layout: str | None = None
+    # fsdp1: Accelerate's fsdp_sharding_strategy, and HYBRID_SHARD's shard group (None = 8, a node's GPUs)
+    fsdp_sharding_strategy: str = "FULL_SHARD"
+    fsdp_shard_group_size: int | None = None
 
     def __post_init__(self) -> None:
         check_section("parallel", self)

@@ -25,7 +25,7 @@ from .adapter import Adapter, adapter_from
 from .rl import Rl, rl_from
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
-from .choices import COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
+from .choices import ASYNC_TP_FRAMEWORKS, COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
 from .values import check_section
 from .field import record
 from .memo import not_owned
@@ -62,7 +62,11 @@ class Training:
     fp8: bool = False
     fp8_recipe: str = "tensorwise"
     fp8_all_gather: bool = False  # fsdp2: FSDP2 all-gathers torchao float8 weights (enable_fsdp_float8_all_gather)
+    async_tp: bool = False  # TP collectives overlapped with their GEMMs (--tp-comm-overlap, torchtitan async TP)
     compile: bool = False  # torch.compile of the layers: Inductor's partitioner decides what they save (activations.py)
+    # fsdp2 with compile: the loss compiles with the model (torchtitan's compile.components); None = the
+    # release's default (memory/titan_releases.py)
+    compile_loss: bool | None = None
     kv_cache_tokens: int | None = None
     kv_cache_dtype: str | None = None
     moe_capacity_factor: float = 1.0  # routed tokens per expert relative to a perfect balance
@@ -70,6 +74,8 @@ class Training:
     moe_router_dtype: str | None = None  # megatron: --moe-router-dtype fp32/fp64; None = the compute dtype
     attention_softmax_fusion: bool = True  # megatron, eager attention: the fused softmax kernel (--no-masked-softmax-fusion = False)
     cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
+    # hf: "trainer" (the HF Trainer through Accelerate's mixed precision) or "plain" (memory/trainer_loop.py)
+    training_loop: str = "trainer"
     # megatron, interleaved (vpp > 1): --microbatch-group-size-per-virtual-pipeline-stage; None = pp (Megatron's default)
     microbatch_group_size: int | None = None
     # megatron: --activation-func-fp8-input-store, the fused SwiGLU keeps its input in float8_e4m3fn (activations.py)
@@ -126,6 +132,19 @@ FRAMEWORK_SOURCES = {
     "torchtune": "torchtune recipes (full_finetune_*, lora_finetune_*): the model, its gradients and AdamW states in "
                  "one dtype (dtype: bf16), fused AdamW; FSDP2 fully_shard when distributed",
 }
+
+
+def _check_async_tp(t: Training) -> None:
+    if not t.async_tp:
+        return
+    if t.framework not in ASYNC_TP_FRAMEWORKS or t.mode != "training":
+        raise ConfigError("training.async_tp", True, "false unless framework is 'megatron' or 'fsdp2' (training)",
+                          "TP communication overlap is Megatron-Core's --tp-comm-overlap (TransformerEngine "
+                          "userbuffers) and torchtitan's async TP", related=("training.framework",))
+    if t.framework == "fsdp2" and not t.compile:
+        raise ConfigError("training.async_tp", True, "false unless compile is on under fsdp2",
+                          "torchtitan's async TP is an Inductor pass (torchtitan parallelize_llama.py: 'Async TP "
+                          "requires --training.compile')", related=("training.compile",))
 
 
 def resolve_recipe(training: Training) -> Recipe:
@@ -192,6 +211,10 @@ def _check_training(t: Training) -> None:
                               "a DeepSpeed ZeRO setting", related=("training.framework",))
     _check_megatron_flags(t)
     _check_framework_version(t)
+    if t.training_loop != "trainer" and t.framework != "hf":
+        raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf'",
+                          "a plain loop is modelled for the HF stack alone; fsdp1 is modelled as the HF Trainer runs "
+                          "it and the other frameworks run their own loops", related=("training.framework",))
     if t.compile and t.framework not in COMPILE_FRAMEWORKS:
         raise ConfigError("training.compile", True, "false unless framework is 'fsdp2', 'torchtune' or 'hf'",
                           "torch.compile is torchtitan's --compile.enable, torchtune's compile: True and the HF "
@@ -200,6 +223,11 @@ def _check_training(t: Training) -> None:
     if t.compile and t.mode != "training":
         raise ConfigError("training.compile", True, "false unless mode is 'training'",
                           "it changes what the layers save for backward", related=("training.mode",))
+    _check_async_tp(t)
+    if t.compile_loss is not None and (t.framework != "fsdp2" or not t.compile):
+        raise ConfigError("training.compile_loss", t.compile_loss, "empty (auto) unless framework is 'fsdp2' and "
+                          "compile is on", "it is torchtitan's compile.components: whether the loss compiles with "
+                          "the model", related=("training.framework", "training.compile"))
     if t.offload_activations and (t.framework != "torchtune" or t.mode != "training"):
         raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
                           "activation offloading is modelled as torchtune's OffloadActivations "

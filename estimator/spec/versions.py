@@ -20,6 +20,9 @@ What differs between the releases offered, as far as the estimator models it:
   f7084fc7, components/loss.py), and components/loss.py's cross-entropy, the activation
   checkpointing policy (distributed/activation_checkpoint.py) and the compile defaults are the
   same at both (compared file by file).
+- fsdp2 2024-12, 0.1.0 and 0.2.0: the releases of torchtitan's published benchmarks (issue 22).
+  What differs (the loss's compilation, the root FSDP unit, TP's loss-parallel cross-entropy) is
+  keyed in memory/titan_releases.py, each rule with the commit that made it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ RELEASES: dict[str, tuple[Release, ...]] = {
     "fsdp2": (
         Release("fsdp2", "0.3.0", "torchtitan 0.3.0", "PyPI torchtitan==0.3.0"),
         Release("fsdp2", "main", "torchtitan main", "main", "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a"),
+        Release("fsdp2", "0.2.0", "torchtitan 0.2.0", "v0.2.0", "29624e37fa6dd319fd671b009338651b5c665da2"),
+        Release("fsdp2", "0.1.0", "torchtitan 0.1.0", "v0.1.0", "f7084fc78567f865d0c411f2c7b9bbbef6b155ac"),
+        # main of December 2024, the Llama 3.1 benchmarks' commit (assets/version.txt read 0.0.2 from April 2024)
+        Release("fsdp2", "2024-12", "torchtitan main of December 2024", "main",
+                "9dec370ad26b5f8e9a7333a0e36165018262644b"),
     ),
     "torchtune": (
         Release("torchtune", "0.6.1", "torchtune 0.6.1", "PyPI torchtune==0.6.1"),

@@ -10,6 +10,7 @@ from . import collectives
 from ..spec.dtypes import bytes_per_element
 from ..spec.gpus import GPU
 from ..spec.parallel import Parallel
+from ..memory.activations.recompute import op_level
 from ..memory.resolved import Resolved
 from ..memory.states import fsdp2_gathered_block_bytes
 from ..spec.choices import FSDP_FRAMEWORKS
@@ -52,14 +53,16 @@ def _ring(n: int, all_reduce: bool = False) -> float:
 
 
 def _collective(gpu: GPU, roof: bool, name: str, group: str, size: int, stride: int, wire_bytes: float,
-                calls: float, formula: str, all_reduce: bool = False) -> Communication | None:
+                calls: float, formula: str, all_reduce: bool = False, ring: bool = True) -> Communication | None:
     """A collective of the step, exposed in full until an overlap rule says otherwise. At the roof
     it runs at the link's line rate with no latency; as expected, at nccl-tests' bus bandwidth
     plus a latency per call (collectives.py)."""
     if size <= 1 or wire_bytes <= 0:
         return None
     link, line = _link(gpu, size, stride)
-    bandwidth = line if roof else collectives.bus_bandwidth(gpu, link, all_reduce)
+    if ring:  # a ring crosses nodes through the NICs of all the group's ranks there (collectives.ring_line_rate)
+        line = collectives.ring_line_rate(gpu, link, size, stride)
+    bandwidth = line if roof else collectives.bus_bandwidth(gpu, link, all_reduce, size if ring else 0, stride)
     time = wire_bytes / bandwidth + (0.0 if roof else calls * collectives.LATENCY_S[link])
     return Communication(name, group, size, link, bandwidth, wire_bytes, time, time, formula, line, calls)
 
@@ -70,18 +73,71 @@ def _passes(cfg: Resolved, work: StageWork) -> float:
     return (2.0 if cfg.is_training else 1.0) + work.recompute_fraction
 
 
-def tensor_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
+def tensor_parallel(cfg: Resolved, ctx: _Context, work: StageWork, table: OperationTable,
+                    roof: bool) -> list[Communication]:
     """TP: 2 all-reduces per layer forward and 2 backward (Shoeybi et al. 2019, section 3), or with
     sequence parallelism 2 all-gathers + 2 reduce-scatters moving the same bytes (Korthikanti
     section 4.2.2); each of s*b*h*B bytes with the ring factor 2(t-1)/t. Full recompute repeats
-    the forward's. Exposed: the next GEMM needs the result (TP comm overlap / async TP not modelled)."""
+    the forward's. Exposed as `tp_exposed` says (at the roof all of it: the roof hides nothing of TP)."""
     par, m, h = cfg.parallel, cfg.microbatches, cfg.architecture.hidden_size
-    passes = _passes(cfg, work)
+    passes = _tp_passes(cfg, work)
     wire = 2 * passes * _ring(par.tp, all_reduce=True) * ctx.T * h * ctx.B * work.layers * m
     c = _collective(ctx.gpu, roof, "tensor-parallel all-reduce (or all-gather + reduce-scatter)", "TP", par.tp, 1,
-                    wire, 2 * passes * work.layers * m, "2 per layer per direction x 2(t-1)/t x s*b*h*B x layers x m",
+                    wire, 2 * passes * work.layers * m, "2 per layer per direction x 2(t-1)/t x s*b*h*B x layers x m"
+                    + (", + the forward's all-gathers again (operator-level SAC)" if passes % 1 else ""),
                     all_reduce=not par.sequence_parallel)
-    return [c] if c else []
+    if c is None:
+        return []
+    return [c if roof else c._replace(exposed_s=tp_exposed(cfg, c, work, table))]
+
+
+def _tp_passes(cfg: Resolved, work: StageWork) -> float:
+    """`_passes`, and under torchtitan's operator-level selective AC with sequence parallelism half a
+    pass more: its policy saves the outputs of reduce_scatter_tensor but not of all_gather_into_tensor
+    (torchtitan parallelize_llama.py _save_list, 9dec370 and 820504e), so the backward re-runs the
+    forward's all-gathers to recompute what the weight gradients need."""
+    extra = 0.5 if op_level(cfg.training) and cfg.parallel.sequence_parallel and cfg.is_training else 0.0
+    return _passes(cfg, work) + extra
+
+
+def tp_exposed(cfg: Resolved, c: Communication, work: StageWork, table: OperationTable) -> float:
+    """The part of the TP collectives compute does not hide, pass by pass and layer by layer, out of
+    equal shares per pass (every pass moves the same bytes):
+
+    - Megatron-Core without --tp-comm-overlap: the forward's collectives are exposed. In backward each
+      column-parallel linear reduces its input gradient (all-reduce, or reduce-scatter under sequence
+      parallelism) asynchronously while it computes its weight gradient, and re-gathers its
+      sequence-parallel input under the input-gradient GEMM (megatron/core/tensor_parallel/layers.py
+      LinearWithGradAccumulationAndAsyncCommunication, CUDA_DEVICE_MAX_CONNECTIONS=1): half of the
+      backward's collectives hide behind the weight-gradient GEMMs; the row-parallel linears' gathers
+      of the output gradient stay exposed.
+    - `training.async_tp`: a collective is cut into t chunks and each chunk's transfer runs under the
+      GEMM of another (Wang et al. 2023, Overlap Communication with Dependent Computation via
+      Decomposition in Large Deep Learning Models, ASPLOS): one chunk (1/t) stays exposed, and what is
+      longer than the pass's GEMMs. Megatron's TE userbuffers overlap every pass (fprop, dgrad and
+      wgrad, transformer_engine/pytorch/module/base.py initialize_ub). torchtitan's async TP is
+      Inductor's micro-pipeline TP (torch/_inductor/fx_passes/micro_pipeline_tp.py): it fuses an
+      all-gather only when every user is a matmul taking it as the left operand, a reduce-scatter only
+      when its input is one matmul's output. The forward matches (the gathered input feeds wq/wk/wv and
+      w1/w3, wo and w2 feed the scatters); the backward does not (the weight gradient takes the gathered
+      output gradient transposed; wq/wk/wv's and w1/w3's input gradients are summed before the scatter):
+      the forward and its recomputation overlap, the backward's collectives stay exposed.
+    - every other stack: exposed in full."""
+    tr, t, m = cfg.training, cfg.parallel.tp, cfg.microbatches
+    passes = _tp_passes(cfg, work)
+    forward_passes = 1 + work.recompute_fraction  # the recomputed all-gathers run in the backward graph
+    per_pass = c.time_s / max(1, work.layers) / m / passes  # one layer, one micro-batch, one pass
+    exposed = 0.0
+    for v, n in work.counts.items():
+        forward = backward = per_pass
+        if tr.async_tp:
+            forward = max(per_pass / t, per_pass - table.seconds[v, "matmul forward", False])
+        if tr.framework == "megatron" and tr.async_tp:
+            backward = max(per_pass / t, per_pass - table.seconds[v, "matmul backward", False])
+        elif tr.framework == "megatron":
+            backward = per_pass / 2 + max(0.0, per_pass / 2 - table.seconds[v, "weight gradient", False])
+        exposed += n * m * (forward * forward_passes + backward * (passes - forward_passes))
+    return min(c.time_s, exposed)
 
 
 def context_parallel(cfg: Resolved, ctx: _Context, work: StageWork, table: OperationTable,
@@ -99,25 +155,41 @@ def context_parallel(cfg: Resolved, ctx: _Context, work: StageWork, table: Opera
     attention = sum(n * table.seconds[v, "attention", roof] for v, n in work.counts.items()) * m
     c = _collective(ctx.gpu, roof, "context-parallel ring exchange of K and V", "CP", par.cp, par.tp,
                     per_layer * work.layers * m, (par.cp - 1) * directions * work.layers * m,
-                    "(cp-1) x s*b*g*(d_k + d_v)/t*B per layer forward, x2 more in backward (K/V and their gradients)")
+                    "(cp-1) x s*b*g*(d_k + d_v)/t*B per layer forward, x2 more in backward (K/V and their gradients)",
+                    ring=False)
     return [c._replace(exposed_s=max(0.0, c.time_s - attention))] if c else []
 
 
 def expert_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
     """EP: an all-to-all dispatches the k routed copies of each token and another combines them,
     forward and backward (Megatron-Core alltoall token dispatcher); (ep-1)/ep of them leave the
-    GPU. Exposed: the experts wait for their tokens (no overlap modelled)."""
+    GPU (a balanced router). Exposed: the experts wait for their tokens (no overlap modelled).
+    A group wider than a node sends to its node's peers over NVLink and to the rest through its NIC
+    at the same time (`collectives.split_all_to_all`); DeepEP/HybridEP send a token once to each
+    other node (`collectives.node_deduplicated_all_to_all`)."""
     arch, par, m = cfg.architecture, cfg.parallel, cfg.microbatches
     moe_layers = sum(n for (kind, _), n in work.counts.items() if kind == "moe")
     if not moe_layers or par.ep <= 1:
         return []
     passes = _passes(cfg, work)
     k, phi = arch.num_experts_per_token, cfg.training.moe_capacity_factor
-    per_layer = 2 * passes * (par.ep - 1) / par.ep * k * phi * ctx.T_sp * arch.hidden_size * ctx.B
+    copy = 2 * passes * arch.hidden_size * ctx.B  # one token copy's dispatch and combine, every pass
+    copies = k * phi * ctx.T_sp * moe_layers * m  # the routed copies of the stage's tokens per step
     c = _collective(ctx.gpu, roof, "expert-parallel all-to-all (dispatch and combine)", "EP", par.ep, par.etp,
-                    per_layer * moe_layers * m, 2 * passes * moe_layers * m,
-                    "2 per MoE layer per direction x (ep-1)/ep x k*phi*s*b*h/t*B")
-    return [c] if c else []
+                    (par.ep - 1) / par.ep * copy * copies, 2 * passes * moe_layers * m,
+                    "2 per MoE layer per direction x (ep-1)/ep x k*phi*s*b*h/t*B", ring=False)
+    if c is None or c.link != "inter-node":
+        return [c] if c else []
+    if cfg.training.moe_dispatcher == "deepep":
+        time, nic, nvlink = collectives.node_deduplicated_all_to_all(ctx.gpu, par.ep, par.etp, copy, k,
+                                                                     copies / k, c.calls, roof)
+        formula = ("; DeepEP/HybridEP: each token once to each other node its experts are on, "
+                   "(nodes-1)(1-(1-1/nodes)^k) copies through the NIC, then over NVLink inside that node")
+        moved = nic + nvlink
+    else:
+        time, moved = collectives.split_all_to_all(ctx.gpu, par.ep, par.etp, copy * copies, c.calls, roof)
+        formula = "; across nodes (r-1)/ep of the copies over NVLink and (ep-r)/ep through the NIC at once"
+    return [c._replace(time_s=time, exposed_s=time, bytes=moved, bandwidth=moved / time, formula=c.formula + formula)]
 
 
 def pipeline_parallel(cfg: Resolved, ctx: _Context, roof: bool) -> list[Communication]:
@@ -130,7 +202,7 @@ def pipeline_parallel(cfg: Resolved, ctx: _Context, roof: bool) -> list[Communic
     hop = ctx.T * cfg.architecture.hidden_size * ctx.B / (par.tp if par.sequence_parallel else 1)
     c = _collective(ctx.gpu, roof, "pipeline send/receive of activations", "PP", par.pp, par.gpus_per_stage,
                     directions * par.vpp * hop * m, directions * par.vpp * m,
-                    "directions x v x s*b*h*B (/t with sequence parallelism) x m")
+                    "directions x v x s*b*h*B (/t with sequence parallelism) x m", ring=False)
     return [c] if c else []
 
 
@@ -280,7 +352,7 @@ def hide_behind_compute(comms: list[Communication], groups: tuple[str, ...], bud
 def communication(cfg: Resolved, table: OperationTable, work: StageWork, roof: bool) -> list[Communication]:
     """Every collective of the stage per step, with the part compute does not hide."""
     ctx = table.ctx
-    comms = (tensor_parallel(cfg, ctx, work, roof) + context_parallel(cfg, ctx, work, table, roof)
+    comms = (tensor_parallel(cfg, ctx, work, table, roof) + context_parallel(cfg, ctx, work, table, roof)
              + expert_parallel(cfg, ctx, work, roof) + data_parallel(cfg, ctx, work, roof)
              + pipeline_parallel(cfg, ctx, roof))
     ideal = cfg.microbatches * (work.per_microbatch_s)

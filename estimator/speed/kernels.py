@@ -37,6 +37,17 @@ LAUNCH_SOURCE = "one operation issued from Python: 4.2 us (same ceiling-probe re
 MAMF = {"a100-40": 0.859, "a100-80": 0.859, "h100-80": 0.801, "h800": 0.801, "h200": 0.801, "gh200": 0.830,
         "mi300x": 0.601, "mi325x": 0.601}
 MAMF_DEFAULT = 0.80
+# The same table at stas00/ml-engineering 744d01e1 (issue 22's GPUs): bf16 B200 SXM 1745.0/2250, B300 SXM
+# 1769.0/2250, GB200 1822.0/2500; torchtitan's 500 W H100 96GB takes the H100 SXM's share of its own peak.
+MAMF.update({"b200": 0.776, "b300": 0.786, "gb200": 0.729, "h100-96-500w": 0.801})
+MAMF_FP8_SOURCE = ("Bekman, Machine Learning Engineering (stas00/ml-engineering 744d01e1), compute/accelerator/"
+                   "README.md, MAMF comparison table, FP8 (float8_e4m3fn) matmul")
+# ... and its FP8 matmul table: H100 SXM 1402.6/1979, H200 1453.4/1979, GH200 1535.0/1979, B200 3432.5/4500,
+# B300 3353.3/4500, GB200 3615.6/5000 (H800 and the 500 W H100: the H100 SXM's die). On every GPU measured an
+# FP8 GEMM reaches a smaller share of its twice-as-high peak than a bf16 GEMM (H100: 70.9% against 80.3%).
+# A GPU without an FP8 row takes its bf16 share.
+MAMF_FP8 = {"h100-80": 0.709, "h800": 0.709, "h100-96-500w": 0.709, "h200": 0.734, "gh200": 0.776, "b200": 0.763,
+            "b300": 0.745, "gb200": 0.723}
 # A dimension of x elements runs at x / (x + GEMM_HALF) of the large-GEMM rate: MAMF's best shapes
 # (>= 1,536 on every side) lose at most 2% per side, a 128-wide dimension a third (one tile).
 GEMM_HALF = 64.0
@@ -90,16 +101,19 @@ HEAD_DIM_FACTOR = {"fa2": {64: 0.88, 128: 1.0, 256: 0.89}, "cudnn": {64: 0.70, 1
 # Outside Hopper: FlashAttention-2 on A100 reaches 50-73% of peak (FA2_SOURCE), forward at the top
 # of that range, backward lower; used for every non-Hopper GPU (no other measurement found).
 AMPERE_ATTENTION = {"forward": AttentionCurve(0.70, 412), "backward": AttentionCurve(0.55, 278)}
-HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h800", "h200", "gh200")
+HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h800", "h100-96-500w", "h200", "gh200")
 
 
-def gemm_efficiency(gpu: GPU, M: float, K: float, N: float) -> float:
-    """Fraction of the dense peak a GEMM of (M x K) @ (K x N) reaches: MAMF x the shape factor of
-    each dimension (GEMM_SHAPE_SOURCE)."""
+def gemm_efficiency(gpu: GPU, M: float, K: float, N: float, fp8: bool = False) -> float:
+    """Fraction of the dense peak (of its dtype: fp8 for an FP8 GEMM) a GEMM of (M x K) @ (K x N)
+    reaches: MAMF of that dtype x the shape factor of each dimension (GEMM_SHAPE_SOURCE)."""
     shape = 1.0
     for x in (M, K, N):
         shape *= x / (x + GEMM_HALF)
-    return MAMF.get(gpu.id, MAMF_DEFAULT) * shape * IN_STEP
+    mamf = MAMF.get(gpu.id, MAMF_DEFAULT)
+    if fp8:
+        mamf = MAMF_FP8.get(gpu.id, mamf)
+    return mamf * shape * IN_STEP
 
 
 def attention_kernel(gpu: GPU, framework: str) -> str:
@@ -124,4 +138,4 @@ def eager_traffic(group: str, fused: bool) -> tuple[float, int]:
     return EAGER_TRAFFIC[group]
 
 
-SOURCES = (MAMF_SOURCE, GEMM_SHAPE_SOURCE, FA3_SOURCE, FA2_SOURCE, BANDWIDTH_SOURCE, LAUNCH_SOURCE)
+SOURCES = (MAMF_SOURCE, MAMF_FP8_SOURCE, GEMM_SHAPE_SOURCE, FA3_SOURCE, FA2_SOURCE, BANDWIDTH_SOURCE, LAUNCH_SOURCE)

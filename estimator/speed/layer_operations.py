@@ -10,7 +10,7 @@ from ..spec.architecture import Architecture
 from ..spec.parallel import Parallel
 from ..spec.training import Training
 from .operations import (CORE_ATTN, GELU_FLOPS, MOE_MODULE, NORM_FLOPS, NORM_MODULE, Operation, ROPE_FLOPS,
-                         SOFTMAX_FLOPS, SWIGLU_FLOPS, UP_PROJ_MODULE, _Context, _elementwise, _gemm)
+                         SOFTMAX_FLOPS, SWIGLU_FLOPS, UP_PROJ_MODULE, _Context, _elementwise, _gemm, bf16_matmuls)
 
 
 def attended_keys(seq_len: int, window: int | None, causal: bool = True) -> float:
@@ -159,7 +159,7 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
         # the router sees the sequence-parallel shard of the tokens (Megatron-Core TopKRouter)
-        groups.append(_gemm(ctx, scope, "router", T_sp, h, e, count, modules=MOE_MODULE))
+        groups.append(_gemm(bf16_matmuls(ctx), scope, "router", T_sp, h, e, count, modules=MOE_MODULE))
         groups.append(_elementwise(ctx, scope, "router softmax and top-k", T_sp * e, T_sp * e, SOFTMAX_FLOPS, count,
                                    "read and write s*b*E/t", MOE_MODULE))
         # Per GPU the routed tokens are k*phi*T/t in expert-TP groups of etp (activations.py):
@@ -224,7 +224,7 @@ def head_operations(ctx: _Context, arch: Architecture, training: Training, par: 
     groups = [_elementwise(ctx, "head", "final norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
                            "read and write s*b*h (/t with sequence parallelism)", group="norm")]
     rows = ctx.T if ctx.training else training.micro_batch_size
-    groups.append(_gemm(ctx, "head", "LM head", rows, h, vocab / t, count,
+    groups.append(_gemm(bf16_matmuls(ctx) if ctx.training else ctx, "head", "LM head", rows, h, vocab / t, count,
                         formula=f"2*T*h*V/t, M={rows:g} K={h} N={vocab / t:g}"))
     if ctx.training:
         logits = ctx.T * vocab / t

@@ -88,6 +88,11 @@ def _operation_table(cfg: Resolved) -> OperationTable:
             seconds[v, "forward", roof] = _time(forward, roof)
             seconds[v, "backward", roof] = _time(backward, roof)
             seconds[v, "attention", roof] = _time([op for op in forward + backward if op.kind == "attention"], roof)
+            # the GEMMs TP communication can overlap (communication.tp_exposed)
+            for phase, ops in (("forward", forward), ("backward", backward)):
+                seconds[v, f"matmul {phase}", roof] = _time([op for op in ops if op.kind == "matmul"], roof)
+            seconds[v, "weight gradient", roof] = _time(
+                [op for op in backward if op.kind == "matmul" and op.name.endswith("(weight gradient)")], roof)
         for phase in ("forward", "backward"):
             seconds["embedding", phase, roof] = _time([op for op in embed if op.phase == phase], roof)
         seconds["head", "forward", roof] = _time(head_forward, roof)

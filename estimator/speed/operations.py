@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from . import collectives, kernels
+from . import collectives, fp8, kernels
 from ..memory.activations.entries import fused_kernels, tokens_per_gpu
 from ..spec.dtypes import bytes_per_element
 from ..spec.gpus import GPU
@@ -39,8 +39,9 @@ UP_PROJ_MODULE = ("mla_up_proj",)
 MOE_MODULE = ("moe",)
 
 
-SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING, collectives.NCCL_TESTS, *collectives.OVERLAP_SOURCES,
-           *kernels.SOURCES)
+SOURCES = (ROOFLINE, PALM, NARAYANAN, FLASH2, KORTHIKANTI, RING, collectives.NCCL_TESTS, collectives.RING_NICS,
+           collectives.ALL_TO_ALL, *collectives.OVERLAP_SOURCES,
+           *kernels.SOURCES, *fp8.SOURCES)
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -148,8 +149,12 @@ class _Context:
     t: int
     gpu: GPU
     framework: str
-    fused: bool  # fused norm/rotary/activation kernels (Megatron's TransformerEngine) rather than eager ops
+    fused: bool  # fused norm/rotary/activation kernels (TransformerEngine, or torch.compile's) rather than eager ops
     frozen: frozenset = frozenset()  # scopes whose weights are frozen (an adapter run): no weight gradient
+    # FP8 training's casts (fp8.py): (bytes per element, kernels) of casting an input or an output gradient, and of
+    # a weight in each micro-batch (0 under TE, which casts once per step); None where the GEMMs are not FP8
+    fp8_activation_cast: tuple[float, int] | None = None
+    fp8_weight_cast: tuple[float, int] | None = None
 
 
 def _gemm(ctx: _Context, scope: str, name: str, M: float, K: float, N: float, count: int,
@@ -164,21 +169,58 @@ def _gemm(ctx: _Context, scope: str, name: str, M: float, K: float, N: float, co
 
     def op(label, phase, moved, shape, text):
         return Operation(label, phase, scope, "matmul", flops, moved, ctx.mm_peak, ctx.bandwidth, count, text,
-                         modules, kernels.gemm_efficiency(ctx.gpu, *shape), kernels.BANDWIDTH_EFFICIENCY)
+                         modules, kernels.gemm_efficiency(ctx.gpu, *shape, fp8=ctx.mm_peak > ctx.peak),
+                         kernels.BANDWIDTH_EFFICIENCY)
 
     fwd = op(name, "forward", M * K * ctx.mm_in + W * ctx.weight + M * N * ctx.B, (rows, K, N),
              formula or f"2*M*K*N, M={M:g} K={K:g} N={N:g}")
     if not ctx.training:
         return [fwd]
+    casts = _fp8_casts(ctx, scope, name, M * K, M * N, W, count, modules)
     if scope in ctx.frozen or ("layer" in scope and "layer" in ctx.frozen):
         # a frozen weight gets no gradient: dW is not computed (adapters.py)
         return [fwd, op(f"{name} (input gradient)", "backward", M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
-                        (rows, N, K), "dX = dY W^T: 2*M*K*N (frozen weight: no dW)")]
+                        (rows, N, K), "dX = dY W^T: 2*M*K*N (frozen weight: no dW)")] + casts
     dgrad = op(f"{name} (input gradient)", "backward", M * N * ctx.mm_in + W * ctx.mm_in + M * K * ctx.B,
                (rows, N, K), "dX = dY W^T: 2*M*K*N")
     wgrad = op(f"{name} (weight gradient)", "backward", M * K * ctx.mm_in + M * N * ctx.mm_in + W * ctx.grad,
                (K, rows, N), "dW = X^T dY: 2*M*K*N")
-    return [fwd, dgrad, wgrad]
+    return [fwd, dgrad, wgrad] + casts
+
+
+def _fp8_casts(ctx: _Context, scope: str, name: str, inputs: float, output_grads: float, weights: float, count: int,
+               modules: tuple[str, ...]) -> list[Operation]:
+    """The memory-bound casts of an FP8 linear layer (fp8.py): its input in forward, its output
+    gradient in backward and, under torchao, its weight (counted in forward: its forward and backward
+    casts together)."""
+    if ctx.fp8_activation_cast is None:
+        return []
+    source = fp8.TE_SOURCE if ctx.framework == "megatron" else fp8.TORCHAO_SOURCE
+
+    def cast(role, phase, elements, per_element, launches):
+        return Operation(f"{name}: fp8 cast of the {role}", phase, scope, "elementwise", elements,
+                         elements * per_element, ctx.peak, ctx.bandwidth, count,
+                         f"{per_element:g} bytes per element read and written ({source})", modules, 1.0,
+                         kernels.BANDWIDTH_EFFICIENCY, 1.0, launches)
+
+    per_element, launches = ctx.fp8_activation_cast
+    ops = [cast("input", "forward", inputs, per_element, launches),
+           cast("output gradient", "backward", output_grads, per_element, launches)]
+    per_element, launches = ctx.fp8_weight_cast
+    if per_element:
+        ops.append(cast("weight", "forward", weights, per_element, launches))
+    return ops
+
+
+def bf16_matmuls(ctx: _Context) -> _Context:
+    """The context of a matmul that FP8 training leaves in bf16: the LM head (torchtitan's float8
+    converter skips the `output` linear, torchtitan/float8.py module_filter_fn at 9dec370; Megatron-Core's
+    output_layer is a tensor_parallel.ColumnParallelLinear, not a TransformerEngine module, unless MXFP8
+    output projection is asked for) and the MoE router (Megatron-Core's TopKRouter: a plain matmul)."""
+    if ctx.fp8_activation_cast is None:
+        return ctx
+    return dataclasses.replace(ctx, mm_peak=ctx.peak, mm_in=ctx.B, weight=ctx.B, fp8_activation_cast=None,
+                               fp8_weight_cast=None)
 
 
 def _elementwise(ctx: _Context, scope: str, name: str, elements_in: float, elements_out: float,
@@ -221,16 +263,42 @@ def _context(cfg: Resolved) -> tuple[_Context, list[str]]:
             notes.append(f"{gpu.id} has no fp8 tensor cores: matmuls at the bf16 rate")
         else:
             mm_peak, mm_in = gpu.fp8_flops, 1.0
-            notes.append("fp8: every linear layer's GEMMs (forward and backward) at the fp8 peak with 1-byte "
-                         "inputs and weights (TransformerEngine recipe); attention, norms and the loss in bf16")
+            notes.append("fp8: every linear layer's GEMMs (forward and backward) at the fp8 peak and its measured "
+                         "FP8 matmul efficiency, with 1-byte inputs and weights and the casts that make them "
+                         f"({training.fp8_recipe}); the LM head, the router, attention, norms and the loss in bf16")
     weight = (bytes_per_element(training.param_dtype) if not fp8 else 1.0) if training.mode == "inference" else mm_in
+    casts = _fp8_cast_bytes(cfg) if mm_peak > peak and cfg.is_training else (None, None)
     T = tokens_per_gpu(training, par)
     ctx = _Context(
         B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(cfg.recipe.grad_dtype),
         mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=cfg.is_training,
         T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp, gpu=gpu, framework=training.framework,
-        fused=fused_kernels(training), frozen=_frozen_scopes(training))
+        fused=speed_fused(training), frozen=_frozen_scopes(training), fp8_activation_cast=casts[0],
+        fp8_weight_cast=casts[1])
     return ctx, notes
+
+
+def _fp8_cast_bytes(cfg: Resolved) -> tuple[tuple[float, int], tuple[float, int]]:
+    """(activation cast, weight cast per micro-batch) of an FP8 training run (fp8.py). A weight cast
+    under torchao with float8 all-gather covers the local shard only (torchao casts the FSDP2 shard
+    before gathering it); TE casts once per step (optimizer_time)."""
+    training, par = cfg.training, cfg.parallel
+    activation = fp8.activation_cast(training.framework, training.fp8_recipe, training.compile)
+    if training.framework == "megatron":
+        return activation, (0.0, 0)
+    per_element, launches = fp8.weight_cast(training.framework, training.fp8_recipe)
+    shards = par.dp * par.cp if training.fp8_all_gather else 1
+    return activation, (per_element / shards, launches)
+
+
+def speed_fused(training: Training) -> bool:
+    """Whether norms, rotary embeddings and gated activations run as one kernel each (one read of the
+    input, one write of the output): TransformerEngine's fused kernels under Megatron, and
+    torch.compile's, whose Inductor fuses each chain of pointwise ops and its reduction into one
+    generated kernel (torch/_inductor/scheduler.py fuses nodes that share reads; torchtitan, torchtune
+    and the HF Trainer compile each transformer block) where eager PyTorch runs each op as its own kernel
+    (kernels.EAGER_TRAFFIC)."""
+    return fused_kernels(training) or training.compile
 
 
 def _frozen_scopes(training: Training) -> frozenset:

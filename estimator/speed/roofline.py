@@ -53,8 +53,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import kernels
-from ..memory.activations.entries import fused_kernels
+from . import fp8, kernels
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hardware import Hardware
@@ -62,7 +61,7 @@ from ..spec.parallel import Parallel
 from ..memory.resolved import Resolved, resolve, training_with
 from ..memory.states import optimizer_state_bytes
 from ..spec.training import Training
-from .operations import Bound, Operation, SOURCES
+from .operations import Bound, Operation, SOURCES, speed_fused
 from .operation_table import OperationTable, StageWork, layer_forward, operation_table, stage_operations, stage_works
 from .communication import Communication, communication
 
@@ -135,9 +134,11 @@ def optimizer_time(cfg: Resolved, rank: int, roof: bool) -> float:
     """Memory-bound, over the parameters this GPU updates (ZeRO >= 1 shards them): the update
     reads and writes the gradient once, the master copy and the parameter, and every optimizer
     state (states.optimizer_state_bytes, from the optimizer's record); as expected, at achieved
-    bandwidth (kernels.BANDWIDTH_EFFICIENCY)."""
+    bandwidth (kernels.BANDWIDTH_EFFICIENCY). FP8 under TransformerEngine adds the once-a-step cast of
+    every weight the GPU holds to FP8 (fp8.py: TE keeps it over the micro-batches)."""
     if not cfg.is_training:
         return 0.0
+    cast = _te_weight_cast_bytes(cfg, rank)
     recipe, par, sp = cfg.recipe, cfg.parallel, cfg.stages[rank]
     per_param = (bytes_per_element(recipe.grad_dtype) + (8 if recipe.master_weights else 0)
                  + 2 * bytes_per_element(recipe.param_dtype))
@@ -147,7 +148,17 @@ def optimizer_time(cfg: Resolved, rank: int, roof: bool) -> float:
     if cfg.zero_stage >= 1:
         traffic = [traffic[0] / (par.dp * par.cp), traffic[1] / max(1, par.expert_data_parallel)]
     bandwidth = cfg.gpu.memory_bandwidth * (1.0 if roof else kernels.BANDWIDTH_EFFICIENCY)
-    return sum(traffic) / bandwidth
+    return (sum(traffic) + cast) / bandwidth
+
+
+def _te_weight_cast_bytes(cfg: Resolved, rank: int) -> float:
+    """Bytes of TransformerEngine's once-a-step FP8 cast of the rank's weights (its embedding and LM head
+    included: a bound on the linear layers' own), `fp8.weight_cast` bytes per element; 0 otherwise."""
+    tr = cfg.training
+    if not (tr.fp8 and tr.framework == "megatron" and cfg.gpu.fp8_flops is not None):
+        return 0.0
+    sp = cfg.stages[rank]
+    return fp8.weight_cast(tr.framework, tr.fp8_recipe)[0] * (sp.dense_local + sp.expert_local)
 
 
 # --- the step ----------------------------------------------------------------------------------------
@@ -309,14 +320,17 @@ def _notes(cfg: Resolved, slowest: int) -> list[str]:
         "expected times: GEMMs at the measured maximum achievable matmul FLOPS less small-shape losses, flash "
         f"attention at its measured TFLOP/s ({kernels.attention_kernel(cfg.gpu, cfg.training.framework)} kernel), "
         "memory-bound kernels at 90% of bandwidth"
-        + ("" if fused_kernels(cfg.training) else " with the extra passes of eager (unfused) norms, rotary and "
+        + ("" if speed_fused(cfg.training) else " with the extra passes of eager (unfused) norms, rotary and "
                                                   "activations") + "; the roof time of each is its upper bound",
         "MFU: PaLM appendix B's 6N + 12*L*H*Q*T per token with the attention term halved for the causal mask, "
         "N = matmul weights a token passes through (top-k experts) including the LM head, without the "
         "embedding; against the compute dtype's peak (bf16 also under fp8)",
-        f"communication at nccl-tests bus bandwidths; overlap {cfg.parallel.comm_overlap:g} of what each framework "
-        "hides (DP/FSDP: buckets and one-unit prefetch; PP behind the compute left); TP and EP collectives are "
-        "exposed (on the critical path between dependent GEMMs); CP hides behind the attention core",
+        f"communication at nccl-tests bus bandwidths (a ring across nodes through its ranks' NICs; an all-to-all "
+        "over NVLink and the NIC at once); overlap "
+        f"{cfg.parallel.comm_overlap:g} of what each framework hides (DP/FSDP: buckets and one-unit prefetch; PP "
+        "behind the compute left); TP collectives exposed but what Megatron reduces under the weight gradient"
+        + (" and what async TP overlaps with its GEMMs" if cfg.training.async_tp else "")
+        + "; EP all-to-alls exposed; CP hides behind the attention core",
         "left out: biases, dropout, MTP modules, the embedding's TP all-reduce, compute slowed by concurrent "
         "communication kernels",
     ]

@@ -58,6 +58,10 @@ class Run:
     recompute: str = "none"  # "none" or "full"
     lora_rank: int = 0  # 0: full fine-tuning; else LoRA on q, k, v, o, gate, up, down
     layers: int | None = None  # keep only the first N decoder layers (tiny self-test models)
+    # Accelerate's fsdp_sharding_strategy: FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, NO_SHARD (validation/fsdp1/
+    # strategies.py); HYBRID_SHARD shards over `shard_group` ranks (a node's GPUs) and replicates across them
+    strategy: str = "FULL_SHARD"
+    shard_group: int | None = None
 
 
 def meta_model(run: Run):
@@ -85,16 +89,19 @@ def meta_model(run: Run):
     return model
 
 
-def wrap(model):
-    """What accelerate's FSDP1 plugin makes of the model (module docstring)."""
+def wrap(model, run: Run | None = None):
+    """What accelerate's FSDP1 plugin makes of the model (module docstring), with the run's sharding strategy."""
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
+    from .strategies import process_groups
+
     layer = type(next(m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")))
     bf16 = torch.bfloat16
+    strategy = run.strategy if run else "FULL_SHARD"
     return FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={layer}),
-                sharding_strategy=ShardingStrategy.FULL_SHARD,
+                sharding_strategy=ShardingStrategy[strategy], **process_groups(run),
                 mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16),
                 use_orig_params=True, limit_all_gathers=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
                 forward_prefetch=False, device_id=torch.device("cpu"))
@@ -123,11 +130,16 @@ def storage_identity():
         catch_all(state) if not handle else runtime._reshard(state, handle,
                                                               runtime._should_free_in_backward(state, handle))
 
+    # SHARD_GRAD_OP's check that the unsharded FlatParameter kept from the forward is still allocated
+    # (`_writeback_orig_params`: `_data_ptr_allocated`), asked of the storage's size
+    allocated = flat._data_ptr_allocated
     flat._same_storage, runtime._catch_all_reshard = same_storage, catch_all_reshard
+    flat._data_ptr_allocated = lambda tensor: tensor.untyped_storage().nbytes() > 0
     try:
         yield
     finally:
         flat._same_storage, runtime._catch_all_reshard = same, catch_all
+        flat._data_ptr_allocated = allocated
 
 
 def train_step(model, opt, input_ids, run: Run, phase=lambda name: nullcontext()):
@@ -156,7 +168,7 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
     model = meta_model(run)
     with fake_mode(fake), cuda_emulation(tracker), fsdp1_storage(tracker), storage_identity():
         materialize(model)
-        model = wrap(model)
+        model = wrap(model, run)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0, fused=True)
         input_ids = torch.randint(0, model.config.vocab_size if hasattr(model, "config") else 1000,

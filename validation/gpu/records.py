@@ -31,6 +31,8 @@ def config_of(case, gpu: str, bitsandbytes: str | None = None) -> dict:
     config["hardware"] = {"gpu": gpu, "expandable_segments": case.allocator == "expandable"}
     if case.harness == "bnb":
         config["training"]["adapter"]["bitsandbytes_version"] = bitsandbytes
+    if "adapter" in config["training"] and getattr(case, "wrapper", ""):  # through Accelerate: the Trainer's loop
+        config["training"]["training_loop"] = "trainer"
     return config
 
 

@@ -77,6 +77,8 @@ def meta_peft_model(run: LoraRun):
 
     with init_empty_weights(include_buffers=False):
         base = AutoModelForCausalLM.from_config(model_config(run), dtype=torch.bfloat16)
+    if base.config.tie_word_embeddings:  # built on meta the head is a parameter of its own: tie it as a real build does
+        base.lm_head.weight = base.get_input_embeddings().weight
     if run.base == "nf4":  # load_in_4bit: the layers' linears become bitsandbytes' Linear4bit (emulated)
         from .bnb import replace_linears, saves_input
         replace_linears(base, saves_input(run.bnb_version), run.double_quant)

@@ -109,6 +109,8 @@ def contract_config(run: LoraRun) -> dict:
             "param_dtype": "bf16", "grad_dtype": "fp32", "master_weights": False,
             "optimizer_dtype": "fp32", "compute_dtype": "bf16", "optimizer": "adamw",
             "recompute": run.recompute, "attention": "flash", "dropout": 0.0, "loss": "standard",
+            # the step calls the model directly, without Accelerate's autocast (estimator/memory/trainer_loop.py)
+            "training_loop": "plain",
             "adapter": adapter(run),
         },
         "parallel": {"tp": 1, "pp": 1, "dp": 1},

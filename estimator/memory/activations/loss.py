@@ -10,6 +10,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
+from ..titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from .entries import Entry, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
 
 
@@ -122,11 +123,23 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
             saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
         forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         from ..kbit import prepared
-        if not prepared(training):  # fp32 logits (kbit.py): logits.float() is no copy
+        from ..trainer_loop import LOGITS_ENTRY, SOURCE as TRAINER_SOURCE, through_accelerate
+        source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
+        if prepared(training):  # fp32 logits (kbit.py): logits.float() is no copy
+            pass
+        elif through_accelerate(training):  # Accelerate's fp32 copy of the output ties the upcast (trainer_loop.py)
+            forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
+            source += f"; {TRAINER_SOURCE}"
+        else:
             forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
                               "2*4*s*b*V"))
-        source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
+        rules = titan_rules(training)
+        if par.tp > 1 and rules is not None and rules.tp_loss_parallel_dtensor:
+            forward_extra, backward_extra = dtensor_loss_parallel_entries(T, vocab)
+            forward += forward_extra
+            backward += backward_extra
+            source += "; " + TITAN_SOURCES["loss_parallel"]
     elif training.loss == "chunked" and training.framework == "fsdp2":
         return _torchtitan_chunked_loss(arch, training, par, vocab)
     elif training.loss == "chunked" and training.framework == "torchtune":
@@ -156,10 +169,24 @@ MEGATRON_NATIVE_CE_SOURCE = (
 TORCHTUNE_LOSS_CHUNKS = 8  # CEWithChunkedOutputLoss.num_output_chunks
 
 
+def dtensor_loss_parallel_entries(tokens: float, vocab: int) -> tuple[list[Entry], list[Entry]]:
+    """What torch's loss_parallel() allocates beyond the fused CUDA kernels' ledger, per vocabulary-sharded
+    logit (TITAN_SOURCES["loss_parallel"]). `_log_softmax` works op by op on the fp32 upcast x: it holds
+    x - max (kept until it returns) beside exp(x - max) and then beside the result, one fp32 tensor more
+    than the kernel's input and output. `_nll_loss_and_log_softmax_backward` builds zeros_like(x) with -1
+    at the labels, exp(log_softmax), their sum and the product with the incoming gradient: beside the
+    kept log-softmax, three fp32 tensors where the kernels hold two."""
+    forward = [Entry("x - max of the fp32 logits (loss_parallel's log-softmax)", tokens * vocab, 4, "tp", "4*s*b*V")]
+    backward = [Entry("third fp32 logits-sized tensor of loss_parallel's backward", tokens * vocab, 4, "tp",
+                      "4*s*b*V")]
+    return forward, backward
+
+
 def compiled_loss(arch: Architecture, training: Training, par: Parallel) -> bool:
     """The cross-entropy runs under torch.compile: torchtitan compiles its loss whenever compile is on
     (CompileConfig.components defaults to ["model", "loss"]: 0.3.0 config/configs.py, the same on main
-    and since v0.1.0's components/loss.py, versions.py), the standard CrossEntropyLoss and the chunked
+    and since v0.1.0's components/loss.py; training.compile_loss false is components ["model"]; the
+    December 2024 main never compiles it: titan_releases.py), the standard CrossEntropyLoss and the chunked
     wrapper's per-chunk loss alike; torchtune's recipes call training.compile_loss whenever compile=True
     (0.6.1 recipes/*.py), which compiles CEWithChunkedOutputLoss.compute_cross_entropy in place, while
     for another loss most recipes drop the compiled module it returns (full_finetune_distributed.py:345),
@@ -167,8 +194,11 @@ def compiled_loss(arch: Architecture, training: Training, par: Parallel) -> bool
     DTensor logits are not) and without a final logit soft-cap (no torchtitan or torchtune model has one)."""
     if not compiled(training) or par.tp > 1 or arch.final_logit_softcapping:
         return False
-    return (training.framework == "fsdp2" and training.loss in ("standard", "chunked")) or \
-        (training.framework == "torchtune" and training.loss == "chunked")
+    rules = titan_rules(training)
+    if rules is not None:  # the release's default, or compile.components (training.compile_loss)
+        with_model = rules.loss_compiled if training.compile_loss is None else training.compile_loss
+        return with_model and training.loss in ("standard", "chunked")
+    return training.framework == "torchtune" and training.loss == "chunked"
 
 
 def compiled_cross_entropy(tokens: float, chunks: int, vocab: int, training: Training) -> tuple[list[Entry], list[Entry]]:

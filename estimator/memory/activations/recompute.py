@@ -10,7 +10,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import Entry, tokens_per_gpu
+from .entries import Entry, compiled, tokens_per_gpu
 
 
 # --- torchtitan's operator-level selective checkpointing (recompute "selective" under fsdp2) ----------
@@ -51,14 +51,40 @@ def op_level_gemms(arch: Architecture) -> list[BlockGemm]:
             for count, (name, width, symbol, row) in enumerate(order, start=1)]
 
 
+# torch.compile under the operator-level policy: torchtitan compiles each checkpointed block whole
+# (0.3.0 models/llama3/parallelize.py apply_ac, then apply_compile), so the policy tags the nodes of one
+# joint graph MUST_SAVE or PREFER_RECOMPUTE (torch/utils/checkpoint.py under compile) and Inductor's
+# partitioner cuts it: a PREFER_RECOMPUTE node is never saved (partitioners.py must_recompute), a
+# MUST_SAVE one never recomputed (should_ban_recomputation "marked MUST_SAVE"), and only what the backward
+# reads, or recomputes from, crosses the cut. Eager SAC caches every MUST_SAVE output whether read or not.
+# Measured: the compiled block keeps what the eager one does less the last matmul's output (w2, which only
+# feeds the residual add), under torchtitan 0.3.0's, 0.1.0's and 2024-12's policies, bf16 and float8.
+COMPILED_OP_LEVEL_SOURCE = (
+    "torch 2.13 torch/_functorch/partitioners.py min_cut_rematerialization_partition (must_recompute, "
+    "should_ban_recomputation); measured with validation/compile_sac.py, "
+    "tests/data/measured/compile/torchtitan-llama3-block-sac-bf16-b2-s24.json")
+
+
+def unread_by_backward(arch: Architecture, training: Training) -> str | None:
+    """The matmul whose saved output the compiled block drops: the block's last, whose output (and,
+    under TP, its reduce-scatter's) only feeds the residual add, which needs nothing for its backward,
+    in a pre-norm block (a post-sublayer norm, norms_per_layer > 2, reads it). None when eager."""
+    if not compiled(training) or arch.norms_per_layer != 2:
+        return None
+    return op_level_gemms(arch)[-1].name
+
+
 def op_level_saved_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
     """What the operator-level policy keeps per dense layer: the block input, the odd matmuls'
     outputs (column-parallel ones divided by TP; a row-parallel one is whole, partial sums before
     its reduce-scatter), under TP every reduce-scatter's output, and flash attention's output and
-    log-sum-exp."""
+    log-sum-exp. Compiled, the block keeps none of the last matmul's (`unread_by_backward`)."""
     B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
     out = [Entry("block input (kept by the checkpoint)", T * arch.hidden_size, B, "sp", "B*s*b*h", recompute=())]
+    unread = unread_by_backward(arch, training)
     for g in op_level_gemms(arch):
+        if g.name == unread:
+            continue
         if g.saved:
             out.append(Entry(f"{g.name} output (saved matmul)", T * g.width, B, "none" if g.row_parallel else "tp",
                              "B*s*b*h" if g.row_parallel else f"B*s*b*{g.symbol}"))

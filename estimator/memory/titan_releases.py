@@ -1,0 +1,69 @@
+"""What differs between the torchtitan releases the estimator offers (training.framework_version under
+fsdp2; spec/versions.py names each release's tag and commit).
+
+Each rule names the commit that introduced or ended it. The releases before 0.3.0 are those of
+torchtitan's published benchmarks (tests/data/measured/published/torchtitan): "2024-12" is main at
+9dec370 (2024-12-26; assets/version.txt still read 0.0.2, unchanged since April 2024), "0.1.0" the
+v0.1.0 tag (f7084fc7; the Trainy run's e7c0cae, six days earlier, has the same rules), "0.2.0" the
+v0.2.0 tag (29624e37; torchao's B200 run at 6fc499f6 has its rules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec.training import Training
+from ..spec.versions import release
+
+
+@dataclass(frozen=True)
+class TitanRules:
+    # compile compiles the loss with the model by default: 9dec370's train.py leaves it commented out
+    # (e8977b00 "turning off compile on loss function", 2024-12-18); bbb1b616 (2025-04-02, #1033,
+    # components/loss.py build_cross_entropy_loss) compiles it whenever training.compile is on
+    loss_compiled: bool
+    # the loss can stay eager under compile: compile.components without "loss" (08b8b24f, 2025-08-20,
+    # #1608 "support compile model and loss separately"; v0.2.0 components/loss.py)
+    loss_compile_optional: bool
+    # the root FSDP unit holds tok_embeddings, norm and output, gathered from the start of forward to
+    # the end of backward (FSDP2 keeps the root's parameters after forward): 9dec370 parallelize_llama.py
+    # apply_fsdp `fully_shard(model, ...)` over the blocks' units; 83e69410 (2025-07-28, #1094) gave the
+    # embedding and [norm, output] units of their own
+    root_unit_has_embedding_and_head: bool
+    # TP's cross-entropy runs under torch's loss_parallel() (train.py get_train_context), whose DTensor
+    # handlers make the log-softmax op by op (torch/distributed/tensor/parallel/loss.py `_log_softmax`,
+    # `_nll_loss_and_log_softmax_backward`); 0.3.0's components/loss.py replaced it
+    tp_loss_parallel_dtensor: bool
+
+
+RULES: dict[str, TitanRules] = {
+    "2024-12": TitanRules(loss_compiled=False, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
+                          tp_loss_parallel_dtensor=True),
+    "0.1.0": TitanRules(loss_compiled=True, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
+                        tp_loss_parallel_dtensor=True),
+    "0.2.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
+                        tp_loss_parallel_dtensor=True),
+    "0.3.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
+                        tp_loss_parallel_dtensor=False),
+    "main": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
+                       tp_loss_parallel_dtensor=False),
+}
+
+SOURCES = {
+    "loss_compiled": "torchtitan 9dec370 train.py (loss compile commented out by e8977b00, 2024-12-18); bbb1b616 "
+                     "(#1033, 2025-04-02) components/loss.py build_cross_entropy_loss compiles it with the model",
+    "loss_compile_optional": "torchtitan 08b8b24f (#1608, 2025-08-20) compile.components; v0.2.0 components/loss.py",
+    "root_unit": "torchtitan 9dec370 parallelisms/parallelize_llama.py and v0.1.0 models/llama3/infra/parallelize.py "
+                 "apply_fsdp (the root unit holds tok_embeddings, norm and output; FSDP2 keeps a root's parameters "
+                 "gathered after forward); split by 83e69410 (#1094, 2025-07-28)",
+    "loss_parallel": "torch 2.13 torch/distributed/tensor/parallel/loss.py _log_softmax and "
+                     "_nll_loss_and_log_softmax_backward (unchanged since torch 2.3), under torchtitan train.py "
+                     "get_train_context(loss_parallel) at 9dec370, v0.1.0 and v0.2.0",
+}
+
+
+def titan_rules(training: Training) -> TitanRules | None:
+    """The rules of the torchtitan release a fsdp2 setup names (its default when none), else None."""
+    if training.framework != "fsdp2":
+        return None
+    return RULES[release("fsdp2", training.framework_version).version]

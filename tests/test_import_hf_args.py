@@ -1,0 +1,122 @@
+"""The `hf` kind: TrainingArguments (or a TRL config) alone, the distributed side in the arguments
+(DDP, a DeepSpeed dict, FSDP's fsdp_config), mapped to JSON configs written out here by hand; and
+`plan --emit hf` reading back to the configuration it was written from."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from estimator import ConfigError, estimate_config
+from estimator.importers import estimate_imported, import_config
+from estimator.importers.emit_hf import emit_hf
+
+DATA = Path(__file__).parent / "data" / "launch" / "hf"
+QWEN7B = ("--model_name_or_path", "Qwen/Qwen2.5-7B")  # open-r1's RoPE-extended Qwen2.5-Math-7B has its shapes
+
+
+def same_estimate(result, expected):
+    assert result.config == expected
+    assert estimate_imported(result).to_json() == estimate_config(expected).to_json()
+
+
+def test_openr1_sft_config_alone_is_ddp():
+    # open-r1's SFT recipe without its accelerate file: DDP over 8 GPUs; batch 2 x 8 x 8, max_length 32768,
+    # gradient checkpointing, Liger kernels, bf16
+    result = import_config((DATA / "openr1_sft_config_distill.yaml").read_text(), "hf", gpus=8, overrides=QWEN7B)
+    same_estimate(result, {"model": "qwen2.5-7b",
+                           "parallel": {"dp": 8},
+                           "training": {"framework": "hf", "micro_batch_size": 2, "global_batch_size": 128,
+                                        "recompute": "full", "loss": "fused", "seq_len": 32768}})
+
+
+DS_INLINE = """model_name_or_path: meta-llama/Llama-3.1-8B
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 4
+max_length: 4096
+bf16: true
+learning_rate: 1.0e-5
+deepspeed:
+  zero_optimization:
+    stage: 3
+    offload_optimizer: {device: cpu}
+    reduce_bucket_size: 50000000
+    stage3_prefetch_bucket_size: 40000000
+  bf16: {enabled: auto}
+  train_micro_batch_size_per_gpu: auto
+  gradient_clipping: 1.0
+"""
+
+
+def test_a_deepspeed_dict_in_the_arguments():
+    # TrainingArguments.deepspeed as a loaded dict: ZeRO-3 with the optimizer on the CPU and the buckets it
+    # states; the Trainer's micro-batch ("auto"); TRL's SFTConfig defaults: gradient checkpointing
+    result = import_config(DS_INLINE, "hf", gpus=8)
+    same_estimate(result, {"model": "llama-3.1-8b", "parallel": {"dp": 8, "zero_stage": 3},
+                           "training": {"framework": "deepspeed", "micro_batch_size": 2, "global_batch_size": 64,
+                                        "recompute": "full", "seq_len": 4096, "offload_optimizer": "cpu",
+                                        "reduce_bucket_size": 50_000_000,
+                                        "stage3_prefetch_bucket_size": 40_000_000}})
+    assert {"learning_rate", "deepspeed.gradient_clipping"} <= {s.name for s in result.ignored}
+
+
+def test_fsdp_config_in_the_arguments():
+    text = ("model_name_or_path: Qwen/Qwen3-8B\nper_device_train_batch_size: 1\nmax_length: 8192\nfsdp: true\n"
+            "fsdp_config:\n  reshard_after_forward: false\n  activation_checkpointing: true\n"
+            "  state_dict_type: SHARDED_STATE_DICT\n  limit_all_gathers: true\n")
+    result = import_config(text, "hf", gpus=8)
+    # transformers 5.23: FSDP version 2 unless 1; no resharding after forward is shard-grad-op (ZeRO-2)
+    assert result.config == {"model": "qwen3-8b", "parallel": {"dp": 8, "zero_stage": 2},
+                             "training": {"framework": "fsdp2", "recompute": "full", "micro_batch_size": 1,
+                                          "seq_len": 8192}}
+    assert [s.name for s in result.unsupported] == ["fsdp_config.limit_all_gathers"]
+
+
+HF = [
+    {"model": "llama-3.1-8b", "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 2,
+                                           "global_batch_size": 64, "recompute": "full",
+                                           "adapter": {"method": "qlora", "rank": 32, "alpha": 16,
+                                                       "target_modules": "all-linear", "dropout": 0.05}},
+     "parallel": {"dp": 8}},
+    {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 8192, "recompute": "full",
+                                       "loss": "fused", "offload_optimizer": "cpu", "reduce_bucket_size": 50_000_000},
+     "parallel": {"dp": 8, "zero_stage": 3}},
+    {"model": "qwen3-8b", "training": {"framework": "fsdp2", "seq_len": 8192, "recompute": "full"},
+     "parallel": {"dp": 8, "zero_stage": 2}},
+    {"model": "qwen3-8b", "training": {"framework": "fsdp1", "seq_len": 8192, "recompute": "full"},
+     "parallel": {"dp": 8}},
+    {"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "seq_len": 4096, "offload_optimizer": "cpu",
+                                           "offload_parameters": "cpu"},
+     "parallel": {"dp": 4}},
+    {"model": "qwen3-8b", "training": {"framework": "hf", "seq_len": 2048, "param_dtype": "fp32",
+                                       "compute_dtype": "fp32", "compile": True, "optimizer": "adam8bit"},
+     "parallel": {"dp": 2}},
+]
+
+
+@pytest.mark.parametrize("config", HF, ids=lambda c: c["training"]["framework"])
+def test_emit_hf_round_trip(config):
+    text = emit_hf(config)
+    result = import_config(text, gpus=config["parallel"]["dp"])  # the kind guessed
+    assert result.kind == "hf" and result.unknown == ()
+    assert estimate_imported(result).to_json() == estimate_config(config).to_json(), text
+
+
+def test_emit_hf_refuses_what_the_arguments_cannot_say():
+    with pytest.raises(ConfigError, match="training.stage3_param_persistence_threshold"):
+        emit_hf({**HF[1], "training": {**HF[1]["training"], "stage3_param_persistence_threshold": 10_000}})
+    with pytest.raises(ConfigError, match="--emit"):
+        emit_hf({"model": "llama-3.1-8b", "training": {"seq_len": 4096}})  # a Megatron configuration
+
+
+@pytest.mark.parametrize("text", [
+    "model_name_or_path: !!python/object/apply:os.system ['touch /tmp/hf-pwned']\nper_device_train_batch_size: 1\n",
+    "python train.py --model_name_or_path $(touch /tmp/hf-pwned) --per_device_train_batch_size 2",
+    "model_name_or_path: a/b\nper_device_train_batch_size: 1\n" + "x: 1\n" * 60_000,
+])
+def test_hostile_arguments_are_refused_fast(text):
+    start = time.perf_counter()
+    with pytest.raises(ConfigError):
+        import_config(text, "hf", gpus=8)
+    assert time.perf_counter() - start < 1.0
+    assert not Path("/tmp/hf-pwned").exists()
