@@ -32,9 +32,10 @@ def test_llama3_8b_fp8_script():
     result = imported("train_llama3_8b_h100_fp8.sh")  # the world size from its torchrun prefix: 8 x 1
     expected = {
         # --swiglu, --group-query-attention --num-query-groups 8, --kv-channels 128 (= 4096 / 32), RoPE,
-        # --untie-embeddings..., --disable-bias-linear; no --normalization: Megatron's LayerNorm
+        # --untie-embeddings..., --disable-bias-linear; no --normalization: Megatron's LayerNorm;
+        # --tokenizer-type NullTokenizer --vocab-size 128256: 128,257 tokens (its end-of-document id)
         "model": {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "gated_mlp": True,
-                  "intermediate_size": 14336, "num_kv_heads": 8, "position_embedding": "rope", "vocab_size": 128256,
+                  "intermediate_size": 14336, "num_kv_heads": 8, "position_embedding": "rope", "vocab_size": 128257,
                   "norm": "layernorm"},
         # DTYPE=fp8 adds --fp8-format hybrid ... --fp8-param-gather; --grad-reduce-in-bf16;
         # --cross-entropy-loss-fusion (native); dropouts 0.0

@@ -669,11 +669,12 @@ def test_deepseek_v3_on_2048_h800():
     arch, tr, par = cfg.architecture, cfg.training, cfg.parallel
     req = Request(arch, tr, cfg.hardware, 2048)
     assert Shape(1, 16, 1, 4, 1, 1, 128, 64, 1, 1) in set(shapes(req))  # found
-    # Fits as published, above the 80% margin: under DualPipe (the recipe's pp_schedule) every rank holds
-    # two stages and PP + 1 = 17 stage micro-batches of activations (deepseek-ai/DualPipe README), about
-    # as much as 1F1B's first stage (tests/test_moe_and_low_precision.py, the numbers). The planner
-    # searches 1F1B layouts (one copy of the parameters): the recipe's selective recompute fits within 80%.
-    assert par.pp_schedule == "dualpipe" and estimate(arch, tr, par, cfg.hardware).fit.verdict == "tight"
+    # As published: under DualPipe (the recipe's pp_schedule) every rank holds two stages and PP + 1 = 17 stage
+    # micro-batches of activations (deepseek-ai/DualPipe README), about as much as 1F1B's first stage; the edge
+    # ranks, with the head and MTP, need 103% of 80 GB under Megatron-Core and TransformerEngine's rules
+    # (tests/test_moe_and_low_precision.py, the numbers: TE's dummy weight gradients and MTP's micro-batch). The
+    # planner searches 1F1B layouts (one copy of the parameters): the recipe's selective recompute fits within 80%.
+    assert par.pp_schedule == "dualpipe" and estimate(arch, tr, par, cfg.hardware).fit.verdict == "oom"
     fixed = dict(tp=1, pp=16, cp=1, dp=128, ep=64, pp_first_stage_layers=4, pp_last_stage_layers=1)
     mine = best(arch, tr, "h100-80", 2048, **fixed)
     assert mine.training.recompute == "selective" and mine.utilization <= 0.8

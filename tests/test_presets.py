@@ -191,10 +191,11 @@ EXTENSIONS = {
                  "attention_softmax_fusion", "cross_entropy_impl", "activation_func_fp8_input_store", "reduce_bucket_size",
                  "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "moe_grouped_gemm",
                  "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
-                 "overlap_comm", "training_loop", "async_tp", "compile_loss"} | CONTRACT_ADDITIONS,
+                 "overlap_comm", "training_loop", "async_tp", "compile_loss", "transformer_impl",
+                 "gradient_accumulation_fusion"} | CONTRACT_ADDITIONS,
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
                  "pp_layout", "fsdp_sharding_strategy", "fsdp_shard_group_size"},
-    "hardware": {"expandable_segments"},
+    "hardware": {"expandable_segments", "cublas_workspace_config"},
 }
 
 

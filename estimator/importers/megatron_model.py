@@ -138,6 +138,11 @@ def _vocabulary(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
     """--vocab-size, or the size a named tokenizer implies; padded as Megatron pads it."""
     vocab = args.int("--vocab-size")
     source = "--vocab-size"
+    if vocab is not None and args.values.get("--tokenizer-type") == "NullTokenizer":
+        # tokenizer.py _NullTokenizer.vocab_size: --vocab-size + 1 (its end-of-document id), padded after
+        vocab += 1
+        ledger.mapped("--tokenizer-type", args.take("--tokenizer-type"), f"{vocab:,} tokens: --vocab-size + 1, "
+                      "the NullTokenizer's end-of-document id")
     if vocab is None:
         kind = args.take("--tokenizer-type")
         model = args.take("--tokenizer-model")

@@ -111,9 +111,15 @@ def _recompute(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
         return
     if granularity != "full":
         raise ConfigError("--recompute-granularity", granularity, "'full' or 'selective'")
-    build.set("training.recompute", "full", "--recompute-granularity", granularity)
     method = args.take("--recompute-method")
-    n = args.int("--recompute-num-layers")
+    n = args.int("--recompute-num-layers", low=0)
+    if method == "block" and n == 0:  # transformer_block.py _checkpointed_forward: the first 0 layers of a stage
+        ledger.mapped("--recompute-granularity full --recompute-method block --recompute-num-layers", 0,
+                      "training.recompute = \"none\" (the block method checkpoints the first 0 layers)")
+        return
+    if n == 0:
+        raise ConfigError("--recompute-num-layers", 0, "an integer >= 1 (0 only with --recompute-method block)")
+    build.set("training.recompute", "full", "--recompute-granularity", granularity)
     if method == "block" and n is not None:
         build.set("training.recompute_layers", n, "--recompute-num-layers", n, why="--recompute-method block")
     elif method == "uniform" and n not in (None, 1):
@@ -124,9 +130,22 @@ def _recompute(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
 
 
 def _kernels(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
+    impl = args.take("--transformer-impl", "transformer_engine")  # arguments.py default: transformer_engine
+    if impl not in ("transformer_engine", "local"):
+        raise ConfigError("--transformer-impl", impl, "'transformer_engine' or 'local'")
+    if impl == "local":  # gpt_layer_specs.py get_gpt_layer_local_spec: Megatron-Core's unfused DotProductAttention
+        build.set("training.transformer_impl", "local", "--transformer-impl", impl)
+        build.set("training.attention", "eager", "--transformer-impl", impl,
+                  why="the local spec's DotProductAttention keeps the scores (no flash attention)")
+    elif "--transformer-impl" in args.values:
+        ledger.mapped("--transformer-impl", impl, "training.transformer_impl = \"transformer_engine\" (the default)")
+    if args.on("--no-gradient-accumulation-fusion"):
+        build.set("training.gradient_accumulation_fusion", False, "--no-gradient-accumulation-fusion", "")
     backend = str(args.take("--attention-backend", "auto")).removeprefix("AttnBackend.")
     if backend in _EAGER_BACKENDS:
         build.set("training.attention", "eager", "--attention-backend", backend)
+    elif "--attention-backend" in args.values and impl == "local":
+        ledger.mapped("--attention-backend", backend, "read by TransformerEngine's attention, not the local spec's")
     elif "--attention-backend" in args.values:
         ledger.mapped("--attention-backend", backend, "training.attention = \"flash\" (no s x s scores kept)")
     if args.on("--use-flash-attn"):
@@ -320,7 +339,11 @@ def _account_rest(args: _Args, ledger: Ledger) -> None:
 
 
 def _allocator(env: dict[str, str], build: ConfigBuilder) -> None:
-    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, set in the script or before the command."""
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and CUBLAS_WORKSPACE_CONFIG (the size of PyTorch's
+    cuBLAS workspaces), set in the script or before the command."""
     conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if re.search(r"expandable_segments:\s*True", conf):
         build.set("hardware.expandable_segments", True, "PYTORCH_CUDA_ALLOC_CONF", conf)
+    workspace = env.get("CUBLAS_WORKSPACE_CONFIG")
+    if workspace is not None:
+        build.set("hardware.cublas_workspace_config", workspace.strip(), "CUBLAS_WORKSPACE_CONFIG", workspace)

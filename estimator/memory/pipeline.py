@@ -68,7 +68,7 @@ def in_flight_chunks(rank: int, par: Parallel, m: int, chunks: tuple[range, ...]
         return dualpipe_in_flight(rank, par, chunks)
     if v == 1:
         return float(min(p - rank, m))
-    return interleaved_in_flight(rank, p, v, m, microbatch_group(par, group))
+    return interleaved_in_flight(rank, p, v, m, microbatch_group(par, group), chunk_sizes(chunks))
 
 
 def in_flight_per_rank(par: Parallel, m: int, chunks: list[tuple[range, ...]], group: int | None = None) -> list[float]:
@@ -81,7 +81,14 @@ def in_flight_per_rank(par: Parallel, m: int, chunks: list[tuple[range, ...]], g
     if v == 1:
         return [float(min(p - r, m)) for r in range(p)]
     g = microbatch_group(par, group)
-    return [interleaved_in_flight(r, p, v, m, g) for r in range(p)]
+    return [interleaved_in_flight(r, p, v, m, g, chunk_sizes(chunks[r] if r < len(chunks) else ()))
+            for r in range(p)]
+
+
+def chunk_sizes(chunks: tuple[range, ...]) -> tuple[int, ...]:
+    """The layers of each of a rank's virtual chunks, or () when they hold as many each (the closed form)."""
+    sizes = tuple(len(c) for c in chunks)
+    return sizes if len(set(sizes)) > 1 else ()
 
 
 # Megatron-Core's interleaved schedule (pipeline_parallel/schedules.py), the same at every release the
@@ -104,13 +111,42 @@ def interleaved_warmup(rank: int, p: int, v: int, m: int, group: int) -> int:
     return min(2 * (p - rank - 1) + (v - 1) * group, m * v)
 
 
-def interleaved_in_flight(rank: int, p: int, v: int, m: int, group: int) -> float:
+def interleaved_in_flight(rank: int, p: int, v: int, m: int, group: int, sizes: tuple[int, ...] = ()) -> float:
     """Rank r's chunk activations at its peak, in whole stacks (each chunk is 1/v of its layers): the
     warm-up W, then the steady state runs one forward before each backward, W + 1 at its top; all m v
     when the warm-up runs every chunk. For r = 0 and g = p that is p(1 + (p - 1)/(p v)) stacks,
-    Korthikanti's factor."""
+    Korthikanti's factor. Chunks of unequal layers (`sizes`: the embedding or the loss counted in the
+    split, an uneven first or last stage, a pipeline layout) weigh by their layers: `interleaved_chunk_peak`."""
+    if sizes and sum(sizes):
+        return interleaved_chunk_peak(rank, p, v, m, group, sizes) / sum(sizes)
     warmup = interleaved_warmup(rank, p, v, m, group)
     return (warmup if warmup == m * v else warmup + 1) / v
+
+
+def interleaved_schedule(m: int, v: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) of each chunk-forward in running order (schedules.py get_schedule_table): each
+    group of g micro-batches runs through chunks 0 .. v - 1; a chunk-backward runs the same order with the
+    chunk reversed (get_model_chunk_id, forward=False)."""
+    order = []
+    for start in range(0, m, group):
+        batch = range(start, m if start + group >= m else start + group)
+        order += [(mb, chunk) for chunk in range(v) for mb in batch]
+    return order
+
+
+def interleaved_chunk_peak(rank: int, p: int, v: int, m: int, group: int, sizes: tuple[int, ...]) -> int:
+    """The most layers' activations rank r holds at once when its chunks hold `sizes` layers: the warm-up's
+    chunk-forwards, then each steady step's forward before its backward (schedules.py
+    forward_backward_pipelining_with_interleaving), the backwards freeing their chunk's micro-batch."""
+    order = interleaved_schedule(m, v, group)
+    warmup = interleaved_warmup(rank, p, v, m, group)
+    held = sum(sizes[chunk] for _, chunk in order[:warmup])
+    peak = held
+    for step in range(m * v - warmup):
+        held += sizes[order[warmup + step][1]]
+        peak = max(peak, held)
+        held -= sizes[v - 1 - order[step][1]]
+    return peak
 
 
 def interleaved_microbatches_error(p: int, m: int, group: int) -> str:

@@ -13,7 +13,7 @@ from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.parallel import Parallel
-from .sharding import StageParameters
+from .sharding import StageParameters, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
@@ -26,6 +26,8 @@ from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extra
 from .moe_moments import moe_moments
 from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
 from .workspaces import library_workspaces
+from .wgrad_cache import wgrad_cache
+from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
 
 
@@ -68,6 +70,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
+    mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
+                          shared.per_layer.get(mtp_kind(arch), 0.0), total_bytes(loss_saved)) if last else None
+    if mtp:  # held with the loss's tensors, for the micro-batch whose forward just ended (mtp.py)
+        loss_saved = loss_saved + (mtp,)
     deferred = deferred_wgrad_microbatches(training, m) if last else 0
     if deferred:  # held through the last micro-batch's forward and backward, drained before the step
         loss_saved = loss_saved + (entries_component(
@@ -76,8 +82,11 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
-    # the libraries' workspaces are held by the allocator from the first matrix product on (workspaces.py)
-    tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)])
+    # the libraries' workspaces are held by the allocator from the first matrix product on (workspaces.py), and
+    # TransformerEngine's dummy weight gradients from the first backward on (wgrad_cache.py)
+    cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+    tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)]
+                     + ([cache] if cache else []))
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)

@@ -6,15 +6,17 @@ does (fake tensors never see them).
   `setWorkspaceForHandle`): a training step runs matrix products on two threads, the forward's and
   the autograd engine's backward thread (each with a handle of its own), so two; inference one.
   Measured: `clearCublasWorkspaces` freed 2 x 32 MiB after every training step on an H200
-  (tests/data/measured/gpu).
-- TransformerEngine's own cuBLASLt workspace under Megatron-Core (whose default
-  `--transformer-impl` is `transformer_engine`): one, plus one per compute stream (4) for its
-  grouped GEMM on MoE stages with `--moe-grouped-gemm` (TE 2.x cpp_extensions/gemm.py
-  `get_cublas_workspace`, `tex.get_num_cublas_streams()`).
-The sizes are the GPU architecture's (hardware.DeviceRuntime).
+  (tests/data/measured/gpu). Its size is the GPU architecture's default (hardware.DeviceRuntime) unless
+  CUBLAS_WORKSPACE_CONFIG sets it (`cublas_workspace_bytes`).
+- TransformerEngine's own cuBLASLt workspace under Megatron-Core with `--transformer-impl
+  transformer_engine` (the default; the local spec runs no TE GEMM): one, plus one per compute
+  stream (4) for its grouped GEMM on MoE stages with `--moe-grouped-gemm` (TE 2.x
+  cpp_extensions/gemm.py `get_cublas_workspace`, `tex.get_num_cublas_streams()`).
 """
 
 from __future__ import annotations
+
+import re
 
 from .components import Component, component
 from ..spec.hardware import Hardware
@@ -28,13 +30,27 @@ TE_SOURCE = ("TransformerEngine 2.x transformer_engine/pytorch/cpp_extensions/ge
 MiB = 1024**2
 
 
+CONFIG_SOURCE = ("PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp parseChosenWorkspaceSize: CUBLAS_WORKSPACE_CONFIG "
+                 "is the sum of SIZE KiB x COUNT over its :SIZE:COUNT pairs (the count multiplies since PyTorch 2.0, "
+                 "pytorch/pytorch#89027); one per cuBLAS handle and stream, through the caching allocator")
+
+
+def cublas_workspace_bytes(config: str) -> int:
+    """CUBLAS_WORKSPACE_CONFIG in bytes (CONFIG_SOURCE): ``:4096:8`` is 32 MiB, ``:4096:2:16:8`` 8.125 MiB."""
+    return sum(int(size) * 1024 * int(count) for size, count in re.findall(r":(\d+):(\d+)", config))
+
+
 def library_workspaces(training: Training, hardware: Hardware, moe_stage: bool) -> Component:
     runtime = hardware.device.runtime
     threads = TORCH_THREADS["inference" if training.mode == "inference" else "training"]
-    total = threads * runtime.blas_workspace_bytes
-    formula = f"{threads} x {runtime.blas_workspace_bytes / MiB:g} MiB cuBLAS ({runtime.architecture})"
-    source = runtime.workspace_source
-    if training.framework == "megatron" and training.mode != "inference":
+    config = hardware.cublas_workspace_config
+    each = cublas_workspace_bytes(config) if config else runtime.blas_workspace_bytes
+    total = threads * each
+    formula = (f"{threads} x {each / MiB:g} MiB cuBLAS (CUBLAS_WORKSPACE_CONFIG={config})" if config else
+               f"{threads} x {each / MiB:g} MiB cuBLAS ({runtime.architecture})")
+    source = CONFIG_SOURCE if config else runtime.workspace_source
+    if training.framework == "megatron" and training.mode != "inference" and \
+            training.transformer_impl == "transformer_engine":
         te = 1 + (TE_GROUPED_GEMM_STREAMS if training.moe_grouped_gemm and moe_stage else 0)
         total += te * runtime.te_workspace_bytes
         formula += f" + {te} x {runtime.te_workspace_bytes / MiB:.4g} MiB TransformerEngine"

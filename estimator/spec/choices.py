@@ -34,6 +34,9 @@ MOE_DISPATCHERS = ("alltoall", "deepep", "allgather")
 MOE_ROUTER_DTYPES = ("fp32", "fp64")
 # Megatron-Core --cross-entropy-fusion-impl with --cross-entropy-loss-fusion (model_parallel_config.py)
 CROSS_ENTROPY_IMPLS = ("native", "te")
+# Megatron-LM --transformer-impl (arguments.py): TransformerEngine's layer spec, or Megatron-Core's own ("local":
+# gpt_layer_specs.py get_gpt_layer_local_spec, with its unfused DotProductAttention and no TE module)
+TRANSFORMER_IMPLS = ("transformer_engine", "local")
 # hf: the HF Trainer through Accelerate (autocast, fp32 outputs) or a plain loop (memory/trainer_loop.py)
 TRAINING_LOOPS = ("trainer", "plain")
 # fsdp1: torch ShardingStrategy names as Accelerate's fsdp_sharding_strategy takes them (memory/fsdp1.py)
@@ -56,6 +59,11 @@ ALL_LINEAR = "all-linear"
 BASE_DTYPES = ("bf16", "fp16", "fp32", "int8", "nf4", "int4")
 QUANTIZED = ("int8", "nf4", "int4")
 BNB_VERSION_PATTERN = r"(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?"
+
+# --- hardware ------------------------------------------------------------------------------------
+# CUBLAS_WORKSPACE_CONFIG as PyTorch reads it (aten/src/ATen/cuda/CublasHandlePool.cpp parseChosenWorkspaceSize):
+# one or more :SIZE:COUNT pairs, SIZE in KiB
+CUBLAS_WORKSPACE_PATTERN = r"(?::\d{1,7}:\d{1,4}){1,8}"
 
 # --- RL ------------------------------------------------------------------------------------------
 ALGORITHMS = ("grpo", "ppo", "dpo")

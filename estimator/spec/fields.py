@@ -14,8 +14,9 @@ link says. The bounds are generous: about ten times the largest published run or
 from __future__ import annotations
 
 from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZES, BNB_VERSION_PATTERN,
-                      CROSS_ENTROPY_IMPLS, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES, KV_CACHE_DTYPES, LOSSES, METHODS,
-                      MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS, PP_SCHEDULES,
+                      CROSS_ENTROPY_IMPLS, CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES,
+                      KV_CACHE_DTYPES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
+                      POSITION_EMBEDDINGS, PP_SCHEDULES, TRANSFORMER_IMPLS,
                       RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES,
                       SPECULATIVE_METHODS, TARGETS, TRAINING_LOOPS, WEIGHT_FORMATS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
@@ -190,6 +191,16 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "backward holds an fp32 copy of it beside the 16-bit gradient (4 bytes per logit more); te "
             "(--cross-entropy-fusion-impl te) writes the gradient into the 16-bit logits during forward and keeps "
             "only them.", _SAVERS, CROSS_ENTROPY_IMPLS),
+    _choice("transformer_impl", _T, "Megatron layer implementation", "megatron: --transformer-impl. "
+            "transformer_engine (the default) builds the layers from TransformerEngine modules; local is "
+            "Megatron-Core's own spec: its unfused DotProductAttention (attention must be eager) and no "
+            "TransformerEngine workspace.", _SAVERS, TRANSFORMER_IMPLS),
+    _bool("gradient_accumulation_fusion", _T, "Gradient-accumulation fusion", "megatron: on unless "
+          "--no-gradient-accumulation-fusion. The weight-gradient GEMMs accumulate into the fp32 main gradients and "
+          "hand autograd a dummy gradient that TransformerEngine caches, one per weight shape and kept for the run "
+          "(TE 2.3+ base.py get_dummy_wgrad; its grouped GEMM from TE 2.10): a weight-sized 16-bit buffer per "
+          "distinct linear shape on the stage, the output layer's included. Off, each weight gradient is a "
+          "transient tensor added to the main gradient and freed.", _SAVERS),
     _int("microbatch_group_size", _T, "Micro-batches per virtual-stage group", "megatron, interleaved (vpp > 1): "
          "--microbatch-group-size-per-virtual-pipeline-stage, the micro-batches each model chunk runs in a row "
          "(from pp to the micro-batches per step). Rank r warms up 2(pp - r - 1) + (vpp - 1) x this many chunk "
@@ -270,6 +281,13 @@ HARDWARE_FIELDS: tuple[Field, ...] = (
             tuple(GPUS)),
     _bool("expandable_segments", _H, "Expandable segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: "
           "less allocator fragmentation.", "GPU"),
+    Field("cublas_workspace_config", _H, "text", "CUBLAS_WORKSPACE_CONFIG", "The environment variable PyTorch "
+          "sizes its cuBLAS workspaces by (one per thread that runs matrix products, two in training): the sum of "
+          "SIZE KiB x COUNT over its :SIZE:COUNT pairs. Deterministic runs set :4096:8 (32 MiB; Megatron-LM's "
+          "--deterministic-mode asks for it).", "GPU", pattern=CUBLAS_WORKSPACE_PATTERN,
+          pattern_text="one or more :SIZE:COUNT pairs (SIZE in KiB), such as :4096:8 or :4096:2:16:8",
+          optional=True, auto="PyTorch's default for the GPU: 32 MiB on Hopper and Blackwell, :4096:2:16:8 "
+          "(8.125 MiB) before"),
 )
 
 

@@ -19,6 +19,7 @@ from .memo import not_owned
 class Hardware:
     gpu: str = "h100-80"
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    cublas_workspace_config: str | None = None  # CUBLAS_WORKSPACE_CONFIG; None = PyTorch's default for the GPU
 
     def __post_init__(self) -> None:
         check_section("hardware", self)

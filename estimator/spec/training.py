@@ -86,6 +86,12 @@ class Training:
     wgrad_deferral_limit: int = 0
     # megatron: --moe-grouped-gemm, the legacy GroupedMLP runs all local experts in grouped GEMMs (activations.py)
     moe_grouped_gemm: bool = False
+    # megatron: --transformer-impl; "local" is Megatron-Core's own layer spec (no TransformerEngine module: its
+    # unfused DotProductAttention, no TE workspace)
+    transformer_impl: str = "transformer_engine"
+    # megatron: --no-gradient-accumulation-fusion turns it off; on, the weight-gradient GEMMs accumulate into the
+    # fp32 main gradients and hand autograd a cached dummy per weight shape (memory/wgrad_cache.py)
+    gradient_accumulation_fusion: bool = True
     # DeepSpeed ZeRO buffers (elements). None = "auto" as the HF Trainer fills it (h^2, int(0.9 h^2), 10 h:
     # transformers integrations/deepspeed.py); stage3_max_live_parameters None = DeepSpeed's 1e9, overlap_comm
     # None = DeepSpeed's default (true under ZeRO-3 only); transients.deepspeed_settings
@@ -302,6 +308,7 @@ def _check_megatron_flags(t: Training) -> None:
                           "empty/null (auto) unless framework is 'megatron'",
                           "it is Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage",
                           related=("training.framework",))
+    _check_megatron_impl(t)
     if t.cross_entropy_impl != "native":
         if t.framework != "megatron":
             raise ConfigError("training.cross_entropy_impl", t.cross_entropy_impl, "'native' unless framework is "
@@ -310,3 +317,18 @@ def _check_megatron_flags(t: Training) -> None:
             raise ConfigError("training.cross_entropy_impl", t.cross_entropy_impl, "'native' unless loss is 'fused'",
                               "Megatron reads --cross-entropy-fusion-impl only with --cross-entropy-loss-fusion "
                               "(loss 'fused')", related=("training.loss",))
+
+
+def _check_megatron_impl(t: Training) -> None:
+    """--transformer-impl and --no-gradient-accumulation-fusion are Megatron-LM's; the local spec has no
+    flash attention (Megatron-Core 0.16.1 gpt_layer_specs.py get_gpt_layer_local_spec: DotProductAttention)."""
+    if t.transformer_impl != "transformer_engine" and t.framework != "megatron":
+        raise ConfigError("training.transformer_impl", t.transformer_impl, "'transformer_engine' unless framework "
+                          "is 'megatron'", "it is Megatron-LM's --transformer-impl", related=("training.framework",))
+    if t.transformer_impl == "local" and t.attention != "eager":
+        raise ConfigError("training.attention", t.attention, "'eager' with transformer_impl 'local'",
+                          "Megatron-Core's local layer spec computes attention with its unfused DotProductAttention",
+                          related=("training.transformer_impl",))
+    if not t.gradient_accumulation_fusion and t.framework != "megatron":
+        raise ConfigError("training.gradient_accumulation_fusion", False, "true unless framework is 'megatron'",
+                          "it is Megatron-LM's --no-gradient-accumulation-fusion", related=("training.framework",))

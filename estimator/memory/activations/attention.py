@@ -114,9 +114,12 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         elif fused_kernels(training):
             # Megatron-Core FusedScaleMaskSoftmax.forward_torch_softmax (fusions/fused_softmax.py) with
             # attention_softmax_in_fp32: softmax keeps its fp32 output, scores x V its 16-bit copy, and
-            # masked_fill_ the causal mask that transformer/utils.py get_default_causal_mask makes per layer
+            # masked_fill_ the causal mask that transformer/utils.py get_default_causal_mask makes per layer.
+            # With attention dropout scores x V keeps the dropout's output instead, and the dropout (ATen
+            # native_dropout) only its mask: the 16-bit copy is freed (the golden values of Megatron-LM
+            # core_v0.16.1's gpt3_mcore_tp2_pp2_uninstall_te, dropout 0.1, measured without it)
             out.append(Entry("softmax output (fp32, unfused softmax)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-            if B < 4:
+            if B < 4 and not training.dropout:
                 out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
                                  recompute=CORE))
             out.append(Entry("causal mask (bool, made per layer)", s * training.seq_len, 1, "none", "s^2",
