@@ -14,6 +14,7 @@ Megatron-Core is not on the GPU machine: it travels as its wheel (pure Python fo
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -31,17 +32,24 @@ class KernelRun:
         return f"{self.kernel}-bf16-s{self.seq_len}-b{self.micro_batch_size}-v{self.vocab}"
 
 
-def _megatron_world() -> None:
+@contextmanager
+def _megatron_world():
+    """A world of one rank and Megatron's parallel state at TP 1, ended on the way out (a later harness in
+    the same process, the Megatron one, sets up its own)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29511")
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1)
+    try:
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
 
 
 def _sync(device: str) -> None:
@@ -84,18 +92,18 @@ def _measure_loss(fn, run: KernelRun, device: str) -> dict:
 
 
 def megatron_cross_entropy(run: KernelRun, device: str = "cuda") -> dict:
-    _megatron_world()
     from megatron.core import parallel_state
     from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross_entropy
     from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 
-    group = parallel_state.get_tensor_model_parallel_group()
-    impls = {"unfused": vocab_parallel_cross_entropy,
-             "fused": lambda logits, target: fused_vocab_parallel_cross_entropy(logits, target, group)}
     out = {}
-    for name, fn in impls.items():
-        _measure_loss(fn, run, device)  # the first call compiles the fused kernels
-        out[name] = _measure_loss(fn, run, device)
+    with _megatron_world():
+        group = parallel_state.get_tensor_model_parallel_group()
+        impls = {"unfused": vocab_parallel_cross_entropy,
+                 "fused": lambda logits, target: fused_vocab_parallel_cross_entropy(logits, target, group)}
+        for name, fn in impls.items():
+            _measure_loss(fn, run, device)  # the first call compiles the fused kernels
+            out[name] = _measure_loss(fn, run, device)
     import megatron.core
 
     out["megatron_core"] = getattr(megatron.core, "__version__", None)
