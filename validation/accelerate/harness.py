@@ -21,9 +21,8 @@ from ..core.emulation import cuda_emulation
 from ..core.steps import fake_mode, log_second_step
 from ..core.tracker import UnwrappingTracker, phase_summary
 from ..hf.step import Run
-from ..peft.bnb import state_tensors
 from ..peft.build import LoraRun
-from ..peft.step import cuda_dropout, parameter_counts
+from ..peft.step import adopt_model, cuda_dropout, parameter_counts
 from .step import fp32_output_copy_active, make_accelerator, trainer_step
 
 
@@ -110,17 +109,7 @@ def traced_step(run: AccelerateRun, fake: bool = True, seed: int = 0, trainer: b
         input_ids = torch.randint(0, model.config.vocab_size, (run.base.micro_batch_size, run.base.seq_len))
 
         def owners():
-            params = set()
-            for p in model.parameters():
-                keys = tracker.adopt_all(p)
-                params |= keys
-                if p.requires_grad:
-                    trainable.update(keys)
-            for t in state_tensors(model):  # bitsandbytes' quantization states: with the parameters
-                params.add(tracker.adopt(t))
-            for b in model.buffers():
-                tracker.adopt_all(b)
-            tracker.adopt(input_ids)
+            params = adopt_model(tracker, model, input_ids, trainable)
             states = set()
             for state in opt.optimizer.state.values():
                 for name, t in state.items():

@@ -64,6 +64,24 @@ def train_step(model, opt, input_ids, phase=lambda name: nullcontext()):
         opt.zero_grad(set_to_none=True)
 
 
+def adopt_model(tracker, model, input_ids, trainable: set) -> set:
+    """Register the model's storages with the tracker at the measured step's start: its parameters (the
+    returned keys; the trainable ones also added to `trainable`), bitsandbytes' quantization states
+    beside them, its buffers and the batch."""
+    params = set()
+    for p in model.parameters():
+        keys = tracker.adopt_all(p)
+        params |= keys
+        if p.requires_grad:
+            trainable.update(keys)
+    for t in state_tensors(model):  # bitsandbytes' quantization states: with the parameters
+        params.add(tracker.adopt(t))
+    for b in model.buffers():
+        tracker.adopt_all(b)
+    tracker.adopt(input_ids)
+    return params
+
+
 def traced_step(run: LoraRun, fake: bool = True, seed: int = 0, make_model=meta_peft_model):
     """Two training steps, the second logged; returns the tracker, the category of each storage
     key, the model (for its counts) and the keys of the trainable parameters. `make_model`: the
@@ -77,17 +95,7 @@ def traced_step(run: LoraRun, fake: bool = True, seed: int = 0, make_model=meta_
         input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
 
         def owners():
-            params = set()
-            for p in model.parameters():
-                keys = tracker.adopt_all(p)
-                params |= keys
-                if p.requires_grad:
-                    trainable.update(keys)
-            for t in state_tensors(model):  # bitsandbytes' quantization states: with the parameters
-                params.add(tracker.adopt(t))
-            for b in model.buffers():
-                tracker.adopt_all(b)
-            tracker.adopt(input_ids)
+            params = adopt_model(tracker, model, input_ids, trainable)
             return params, {tracker.adopt(t) for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
 
         category = log_second_step(
