@@ -42,19 +42,6 @@ from estimator.memory.sharding import StageParameters
 from estimator.memory.stage_shared import _Shared
 from estimator.memory.transients import Transients, transients
 
-SOURCE = ("the step's allocations replayed through PyTorch's caching allocator (estimator/memory/allocator.py: "
-          "c10/cuda/CUDACachingAllocator.cpp's rounding, 2 MiB / 20 MiB segments, best fit, splitting and merging) "
-          "in the HF Trainer's order (estimator/memory/reserved.py); checked against max_memory_reserved of real "
-          "H200 runs, tests/data/measured/gpu")
-
-
-def replays(training: Training, par, shared: _Shared) -> bool:
-    """Whether this run's reserved memory is replayed (else a share of the allocated peak)."""
-    return (training.framework == "hf" and training.mode == "training" and not training.adapter
-            and not training.offload_activations and not training.optimizer_in_backward
-            and training.offload_optimizer == "none" and par.pp == 1 and par.tp == 1 and shared.loss is not None)
-
-
 class _Program:
     """An allocation sequence: (key, +bytes) and (key, -bytes) events."""
 
