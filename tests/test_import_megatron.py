@@ -142,6 +142,22 @@ def test_bare_command_line_typos_and_switch_values():
     assert result.config["model"]["intermediate_size"] == 640  # int(4 x 256 x 2/3 / 64) x 64: the swiglu default
 
 
+def test_expert_tensor_parallel_size_on_a_dense_model_is_ignored_not_refused():
+    """Megatron takes --expert-tensor-parallel-size for a dense model (parallel_state.py builds the expert
+    groups, no layer uses them); the import used to write parallel.etp 1 beside tp 4, which the estimate
+    refuses ("the model has no experts")."""
+    line = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 8 "
+            "--seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000 --bf16 "
+            "--tensor-model-parallel-size 4 --expert-tensor-parallel-size 1")
+    result = import_config(line, "megatron")
+    assert "etp" not in result.config["parallel"]
+    assert [(s.name, s.value) for s in result.ignored if s.name.startswith("--expert")] == [
+        ("--expert-tensor-parallel-size", "1")]
+    assert estimate_imported(result).stages[0].allocated_peak_bytes > 0
+    moe = import_config(line + " --num-experts 8", "megatron")
+    assert moe.config["parallel"]["etp"] == 1
+
+
 def test_a_field_this_build_lacks_is_not_modelled_rather_than_dropped():
     line = ("pretrain_gpt.py --num-layers 8 --hidden-size 256 --num-attention-heads 8 --seq-length 1024 "
             "--vocab-size 32000 --bf16 --position-embedding-type rope --pipeline-model-parallel-size 2 "

@@ -254,7 +254,10 @@ def _parallel(args: _Args, build: ConfigBuilder, ledger: Ledger, world: int | No
     if ep is not None:
         build.set("parallel.ep", ep, "--expert-model-parallel-size")
     etp = args.int("--expert-tensor-parallel-size")
-    if etp is not None:
+    if etp is not None and not args.int("--num-experts", low=0):
+        # a dense model: Megatron builds the expert groups from it (parallel_state.py) but no layer uses them
+        ledger.ignore("--expert-tensor-parallel-size", etp, "no effect: the model has no experts (no --num-experts)")
+    elif etp is not None:
         build.set("parallel.etp", etp, "--expert-tensor-parallel-size")
     sp = args.on("--sequence-parallel")
     if tp > 1:  # Megatron's default is off; ours follows TP, so it is written either way
