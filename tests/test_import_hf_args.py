@@ -120,3 +120,16 @@ def test_hostile_arguments_are_refused_fast(text):
         import_config(text, "hf", gpus=8)
     assert time.perf_counter() - start < 1.0
     assert not Path("/tmp/hf-pwned").exists()
+
+
+def test_yaml_arguments_that_mention_a_flag_stay_yaml():
+    """A TrainingArguments YAML whose comment or value holds " --word" was read as a command line (every
+    key dropped); the first key: value line decides."""
+    from estimator.importers.hf_trainer import parse_args_text
+
+    text = ("# launched as: accelerate launch --config_file fsdp.yaml train.py\n"
+            "per_device_train_batch_size: 4\nrun_name: sweep --lr 1e-5\nbf16: true\n")
+    assert parse_args_text(text, "args.yaml") == {"per_device_train_batch_size": 4,
+                                                  "run_name": "sweep --lr 1e-5", "bf16": True}
+    assert parse_args_text("trl sft --per_device_train_batch_size 4 --bf16", "line") == {
+        "per_device_train_batch_size": 4, "bf16": True}

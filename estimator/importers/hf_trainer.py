@@ -40,7 +40,7 @@ def parse_args_text(text: str, what: str) -> dict:
     stripped = text.lstrip()
     if stripped.startswith("{"):
         data = parse_json(text, what)
-    elif re.search(r"(^|\s)--[a-z_]+", text):
+    elif re.search(r"(^|\s)--[a-z_]+", text) and not _starts_as_yaml_mapping(text):
         launch = read_launch(text, lambda w: w.endswith(".py") or w in ("sft", "grpo", "dpo"))
         data, args, i = {}, list(launch.args), 0
         while i < len(args):
@@ -61,6 +61,15 @@ def parse_args_text(text: str, what: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError("launch config", what, "a mapping of TrainingArguments keys to values")
     return data
+
+
+def _starts_as_yaml_mapping(text: str) -> bool:
+    """Whether the first line that is not blank or a comment is a YAML ``key: value`` line: a YAML file whose
+    values or comments mention a flag (``# launched with --deepspeed``) is still YAML, not a command line."""
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return re.match(r"\s*[A-Za-z_][\w.-]*\s*:(\s|$)", line) is not None
+    return False
 
 
 def _scalar(text: str) -> object:
