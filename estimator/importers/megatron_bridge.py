@@ -135,7 +135,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     flags, keys = _megatron_flags(settings, ledger)
     args = margs._Args(flags)
     mtrain._training(args, build, ledger)
-    if _named_moe(build.named_model):  # the Megatron reader reads these only for a model it builds itself
+    if mtrain.named_moe(build.named_model):  # the Megatron reader reads these only for a model it builds itself
         mtrain._moe_runtime(args, build, ledger)
     mtrain._parallel(args, build, ledger, world)
     _adapter(settings, build, ledger)
@@ -250,11 +250,6 @@ def _model(recipe: str, build: ConfigBuilder, ledger: Ledger) -> None:
         for statement in RECIPES[name][3]:
             ledger.not_modelled(f"recipe {name}", statement, "a statement of the recipe this reader does not "
                                                              "evaluate")
-
-
-def _named_moe(model: str) -> bool:
-    from ..models.presets import get_architecture, preset_ids
-    return model in preset_ids() and get_architecture(model).is_moe
 
 
 # --- Bridge keys as Megatron-LM flags -------------------------------------------------------------

@@ -254,7 +254,7 @@ def _parallel(args: _Args, build: ConfigBuilder, ledger: Ledger, world: int | No
     if ep is not None:
         build.set("parallel.ep", ep, "--expert-model-parallel-size")
     etp = args.int("--expert-tensor-parallel-size")
-    if etp is not None and not args.int("--num-experts", low=0):
+    if etp is not None and not _may_have_experts(args, build):
         # a dense model: Megatron builds the expert groups from it (parallel_state.py) but no layer uses them
         ledger.ignore("--expert-tensor-parallel-size", etp, "no effect: the model has no experts (no --num-experts)")
     elif etp is not None:
@@ -267,6 +267,20 @@ def _parallel(args: _Args, build: ConfigBuilder, ledger: Ledger, world: int | No
         ledger.mapped("--sequence-parallel", "", "off: validate_args turns it off when TP is 1")
     _pipeline(args, build, pp)
     _sharding(args, build, ledger)
+
+
+def named_moe(model: str | None) -> bool:
+    """Whether a bundled preset of that name has experts."""
+    from ..models.presets import get_architecture, preset_ids
+    return model in preset_ids() and get_architecture(model).is_moe
+
+
+def _may_have_experts(args: _Args, build: ConfigBuilder) -> bool:
+    """--num-experts, or a named model that is a MoE preset or a Hub id this import cannot look into."""
+    from ..models.presets import preset_ids
+    if build.named_model:
+        return build.named_model not in preset_ids() or named_moe(build.named_model)
+    return bool(args.int("--num-experts", low=0))
 
 
 def _pipeline(args: _Args, build: ConfigBuilder, pp: int) -> None:

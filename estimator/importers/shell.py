@@ -122,12 +122,63 @@ def _raw_split(text: str) -> list[str]:
 
 # --- expanding one raw word ---------------------------------------------------------------------
 
+class _Words:
+    """The words one raw word expands to, built a character or an expansion at a time."""
+
+    def __init__(self) -> None:
+        self.words: list[str] = []
+        self.cur: list[str] = []
+        self.started = False  # a word has begun, even if empty so far ("")
+
+    def add(self, text: str) -> None:
+        self.cur.append(text)
+        self.started = True
+
+    def cut(self) -> None:
+        """End the current word and begin the next."""
+        self.words.append("".join(self.cur))
+        self.cur = []
+
+    def done(self) -> list[str]:
+        if self.cur or self.started:
+            self.words.append("".join(self.cur))
+        return self.words
+
+    def quoted_values(self, values: list[str], is_array: bool) -> None:
+        """An expansion inside double quotes: one word, or one per element for "${A[@]}"."""
+        if is_array and len(values) != 1:
+            if values:
+                self.cur.append(values[0])
+                for v in values[1:]:
+                    self.cut()
+                    self.cur = [v]
+            self.started = True
+        else:
+            self.add(" ".join(values))
+
+    def unquoted_values(self, values: list[str]) -> None:
+        """An unquoted expansion: split at whitespace, joined to the word it touches on either side."""
+        pieces = [p for v in values for p in v.split()] if values else []
+        if not pieces:
+            return
+        text = " ".join(values)
+        if text[:1].isspace() and (self.cur or self.started):
+            self.cut()
+            self.started = False
+        self.cur.append(pieces[0])
+        for p in pieces[1:]:
+            self.cut()
+            self.cur = [p]
+        self.started = True
+        if text[-1:].isspace():
+            self.cut()
+            self.started = False
+
+
 def expand(raw: str, state: _State) -> list[str]:
     """The words `raw` becomes: quotes removed, variables expanded, unquoted expansions split at
     whitespace. An unset variable stays as written (``$NAME``) so that argument positions hold."""
-    words: list[str] = []
-    cur: list[str] = []
-    started = False
+    out = _Words()
     quote, i, n = None, 0, len(raw)
     while i < n:
         c = raw[i]
@@ -135,66 +186,34 @@ def expand(raw: str, state: _State) -> list[str]:
             if c == "'":
                 quote = None
             else:
-                cur.append(c)
+                out.cur.append(c)
             i += 1
-            continue
-        if c == "\\" and i + 1 < n:
+        elif c == "\\" and i + 1 < n:
             nxt = raw[i + 1]
-            if nxt == "\n":  # a line continuation, inside double quotes too
-                i += 2
-                continue
-            cur.append(nxt if (quote is None or nxt in '$`"\\') else c + nxt)
+            if nxt != "\n":  # a backslash-newline is a line continuation, inside double quotes too
+                out.add(nxt if (quote is None or nxt in '$`"\\') else c + nxt)
             i += 2
-            started = True
-            continue
-        if c == "'" and quote is None:
-            quote, started = "'", True
+        elif c == "'" and quote is None:
+            quote, out.started = "'", True
+            i += 1
         elif c == '"':
-            quote, started = (None if quote == '"' else '"'), True
+            quote, out.started = (None if quote == '"' else '"'), True
+            i += 1
         elif c == "`":
             end = raw.find("`", i + 1)
             end = n - 1 if end < 0 else end
-            cur.append(OPAQUE + raw[i:end + 1])
+            out.add(OPAQUE + raw[i:end + 1])
             i = end + 1
-            started = True
-            continue
         elif c == "$" and i + 1 < n:
             values, i, is_array = _dollar(raw, i, state)
             if quote == '"':
-                if is_array and len(values) != 1:  # "${A[@]}": one word per element
-                    if values:
-                        cur.append(values[0])
-                        for v in values[1:]:
-                            words.append("".join(cur))
-                            cur = [v]
-                    started = True
-                else:
-                    cur.append(" ".join(values))
-                    started = True
+                out.quoted_values(values, is_array)
             else:
-                pieces = [p for v in values for p in v.split()] if values else []
-                text = " ".join(values)
-                if pieces:
-                    leading, trailing = text[:1].isspace(), text[-1:].isspace()
-                    if leading and (cur or started):
-                        words.append("".join(cur))
-                        cur, started = [], False
-                    cur.append(pieces[0])
-                    for p in pieces[1:]:
-                        words.append("".join(cur))
-                        cur = [p]
-                    started = True
-                    if trailing:
-                        words.append("".join(cur))
-                        cur, started = [], False
-            continue
+                out.unquoted_values(values)
         else:
-            cur.append(c)
-            started = True
-        i += 1
-    if cur or started:
-        words.append("".join(cur))
-    return words
+            out.add(c)
+            i += 1
+    return out.done()
 
 
 def _dollar(raw: str, i: int, state: _State) -> tuple[list[str], int, bool]:
