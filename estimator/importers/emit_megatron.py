@@ -103,7 +103,6 @@ _RECIPES = {"tensorwise": "tensorwise", "mxfp8": "mxfp8", "blockwise": "blockwis
 
 def megatron_training(tr, arch) -> list[str]:
     from ..spec.training import resolve_recipe
-    recipe = resolve_recipe(tr)
     if tr.mode != "training":
         raise refuse("megatron", "training.mode", tr.mode, "'training' (pretrain_gpt.py trains)")
     for field in ("adapter", "rl"):
@@ -112,6 +111,24 @@ def megatron_training(tr, arch) -> list[str]:
     w = ["--seq-length", tr.seq_len, "--micro-batch-size", tr.micro_batch_size]
     if tr.global_batch_size is not None:
         w += ["--global-batch-size", tr.global_batch_size]
+    w += _precision(tr, resolve_recipe(tr))
+    w += megatron_recompute(tr)
+    w += _kernels_and_loss(tr)
+    w += _optimizer(tr)
+    if arch.is_moe:
+        w += _moe(tr)
+    for field in ("compile", "optimizer_in_backward", "offload_activations", "fp8_all_gather",
+                  "activation_func_fp8_input_store"):
+        if getattr(tr, field):
+            raise refuse("megatron", f"training.{field}", True, "false")
+    if tr.recompute_every != 1:
+        raise refuse("megatron", "training.recompute_every", tr.recompute_every, "1")
+    return [str(x) for x in w]
+
+
+def _precision(tr, recipe) -> list:
+    """--bf16/--fp16, FP8, the gradient-reduce and optimizer-state dtypes."""
+    w: list = []
     base = "fp32" if tr.param_dtype == "fp32" else tr.param_dtype
     if base in ("bf16", "fp8"):
         w += ["--bf16"]
@@ -140,7 +157,12 @@ def megatron_training(tr, arch) -> list[str]:
     if recipe.optimizer_dtype != "fp32":
         w += ["--use-precision-aware-optimizer", "--exp-avg-dtype", recipe.optimizer_dtype, "--exp-avg-sq-dtype",
               recipe.optimizer_dtype]
-    w += megatron_recompute(tr)
+    return w
+
+
+def _kernels_and_loss(tr) -> list:
+    """Attention backend, dropout, the fused loss, softmax fusion and the deferred embedding wgrad."""
+    w: list = []
     if tr.attention == "eager":
         w += ["--attention-backend", "unfused"]
     w += ["--hidden-dropout", repr(tr.dropout), "--attention-dropout", repr(tr.dropout)]
@@ -150,39 +172,38 @@ def megatron_training(tr, arch) -> list[str]:
             w += ["--cross-entropy-fusion-impl", tr.cross_entropy_impl]
     elif tr.loss != "standard":
         raise refuse("megatron", "training.loss", tr.loss, "'standard' or 'fused'")
-    optim = {"adamw": [], "sgd": ["--optimizer", "sgd", "--sgd-momentum", "0"], "sgd_momentum": ["--optimizer", "sgd"],
-             "muon": ["--optimizer", "muon"]}.get(tr.optimizer)
-    if optim is None:
-        raise refuse("megatron", "training.optimizer", tr.optimizer, "adamw, sgd, sgd_momentum or muon")
-    w += optim
-    if tr.offload_optimizer == "cpu":
-        w += ["--optimizer-cpu-offload"]
-    elif tr.offload_optimizer != "none" or tr.offload_parameters != "none":
-        raise refuse("megatron", "training.offload_parameters", tr.offload_parameters, "'none'")
     if not tr.attention_softmax_fusion:
         w += ["--no-masked-softmax-fusion"]
     if tr.defer_embedding_wgrad_compute:
         w += ["--defer-embedding-wgrad-compute"]
         if tr.wgrad_deferral_limit:
             w += ["--wgrad-deferral-limit", tr.wgrad_deferral_limit]
-    if arch.is_moe:
-        dispatch = {"alltoall": ["--moe-token-dispatcher-type", "alltoall"],
-                    "allgather": ["--moe-token-dispatcher-type", "allgather"],
-                    "deepep": ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"]}[tr.moe_dispatcher]
-        w += dispatch
-        if tr.moe_grouped_gemm:
-            w += ["--moe-grouped-gemm"]
-        if tr.moe_router_dtype:
-            w += ["--moe-router-dtype", tr.moe_router_dtype]
-        if tr.moe_capacity_factor != 1.0:
-            w += ["--moe-expert-capacity-factor", repr(tr.moe_capacity_factor)]
-    for field in ("compile", "optimizer_in_backward", "offload_activations", "fp8_all_gather",
-                  "activation_func_fp8_input_store"):
-        if getattr(tr, field):
-            raise refuse("megatron", f"training.{field}", True, "false")
-    if tr.recompute_every != 1:
-        raise refuse("megatron", "training.recompute_every", tr.recompute_every, "1")
-    return [str(x) for x in w]
+    return w
+
+
+def _optimizer(tr) -> list:
+    optim = {"adamw": [], "sgd": ["--optimizer", "sgd", "--sgd-momentum", "0"], "sgd_momentum": ["--optimizer", "sgd"],
+             "muon": ["--optimizer", "muon"]}.get(tr.optimizer)
+    if optim is None:
+        raise refuse("megatron", "training.optimizer", tr.optimizer, "adamw, sgd, sgd_momentum or muon")
+    if tr.offload_optimizer == "cpu":
+        return optim + ["--optimizer-cpu-offload"]
+    if tr.offload_optimizer != "none" or tr.offload_parameters != "none":
+        raise refuse("megatron", "training.offload_parameters", tr.offload_parameters, "'none'")
+    return optim
+
+
+def _moe(tr) -> list:
+    w = {"alltoall": ["--moe-token-dispatcher-type", "alltoall"],
+         "allgather": ["--moe-token-dispatcher-type", "allgather"],
+         "deepep": ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"]}[tr.moe_dispatcher]
+    if tr.moe_grouped_gemm:
+        w += ["--moe-grouped-gemm"]
+    if tr.moe_router_dtype:
+        w += ["--moe-router-dtype", tr.moe_router_dtype]
+    if tr.moe_capacity_factor != 1.0:
+        w += ["--moe-expert-capacity-factor", repr(tr.moe_capacity_factor)]
+    return w
 
 
 def megatron_recompute(tr) -> list:
