@@ -12,9 +12,17 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   I/TP and one of h (fused_moe.py intermediate_cache1..3).
 - a hybrid model's Gated DeltaNet or Mamba-2 mixer in place of the attention's tensors: its in_proj output
   and the conv's and kernel's outputs (issue 28; modelled like the rest).
-- sampler: the gathered logits of every request in the compute dtype (n x V), their fp32 copy
-  (sampler.py ``logits.to(torch.float32)``) and FlashInfer's fp32 probabilities (topk_topp_sampler.py
-  forward_cuda), 10 bytes per logit, beside the last layer's output kept by the runner (T x h).
+- sampler (``_dummy_sampler_run``: one row per request, top-k = V - 1 and top-p = 0.9), by release:
+  "flashinfer" (0.11, FlashInfer's sampler on by default): the logits in the compute dtype (n x V), their
+  fp32 copy (sampler.py ``logits.to(torch.float32)``) and FlashInfer's fp32 probabilities, 10 bytes per
+  logit, beside the last layer's output kept by the runner (T x h).
+  "sort" (0.15, FlashInfer opt-in: topk_topp_sampler.py ``apply_top_k_top_p`` sorts): the bf16 and fp32
+  logits, the sorted values (fp32) and indices (int64), the top-k and top-p masks (bool), the sorted
+  probabilities (fp32) and the scattered result (fp32): 28 bytes per logit, and T x h.
+  "triton" (0.19, ``apply_top_k_top_p_triton`` masks in place): the bf16 and fp32 logits, the fp32
+  probabilities and the exponential noise of ``random_sample`` (14 bytes per logit), the kernel's fp32
+  buffer of min(next power of 2 of min(SMs, n), SMs) rows of V (topk_topp_triton.py), the runner's
+  hidden states (T x h) and the sampled rows with their random copy (2 x n x h).
 """
 
 from __future__ import annotations
@@ -25,7 +33,17 @@ from ..spec import hybrid
 from ..spec.architecture import Architecture
 from .kv_cache import kv_heads_per_rank
 
-SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4  # logits in bf16, their fp32 copy, fp32 probabilities
+SAMPLER_BYTES_PER_LOGIT = {
+    "flashinfer": 2 + 4 + 4,  # logits in bf16, their fp32 copy, FlashInfer's fp32 probabilities (0.11)
+    "sort": 2 + 4 + 4 + 8 + 1 + 4 + 1 + 4,  # + sorted values, int64 indices, masks, probabilities, scatter (0.15)
+    "triton": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, fp32 probabilities, exponential noise q (0.19)
+}
+# Streaming multiprocessors (compute units on ROCm) per GPU: topk_topp_triton.py sizes its buffer by
+# num_compute_units(). NVIDIA and AMD product specifications.
+COMPUTE_UNITS = {"a100-40": 108, "a100-80": 108, "h100-80": 132, "h100-nvl": 132, "h100-pcie": 114, "h800": 132,
+                 "h100-96-500w": 132, "h200": 132, "gh200": 132, "b200": 148, "gb200": 148, "b300": 160,
+                 "mi300x": 304, "mi325x": 304, "mi355x": 256, "l40s": 142, "l4": 58, "rtx-4090": 128,
+                 "rtx-5090": 170, "a10g": 80}
 
 
 @dataclass(frozen=True)
@@ -63,14 +81,30 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
     return (2 * tokens * h + max(attention, mlp)) * act_bytes
 
 
+def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int, rule: str, gpu_id: str) -> int:
+    """The dummy sampler's peak on the last stage (see the module docstring, by release rule)."""
+    logits = requests * arch.vocab_size
+    peak = logits * SAMPLER_BYTES_PER_LOGIT[rule] + tokens * arch.hidden_size * act_bytes
+    if rule == "triton":
+        units = COMPUTE_UNITS[gpu_id]
+        rows = min(1 << (min(units, requests) - 1).bit_length(), units)
+        peak += rows * arch.vocab_size * 4 + 2 * requests * arch.hidden_size * act_bytes
+    return peak
+
+
 def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int, act_bytes: int,
-                    kinds: set[str], last_stage: bool) -> ActivationPeak:
-    forward = forward_peak(arch, tokens, tp, act_bytes, kinds)
+                    kinds: set[str], last_stage: bool, rule: str = "flashinfer", gpu_id: str = "h100-80",
+                    first_stage: bool = True) -> ActivationPeak:
+    # A later pipeline stage first allocates its receive buffers, the hidden states and the residual for
+    # max_num_batched_tokens, and keeps them (gpu_model_runner.py _dummy_run make_empty_intermediate_tensors)
+    received = 0 if first_stage else 2 * tokens * arch.hidden_size * act_bytes
+    forward = forward_peak(arch, tokens, tp, act_bytes, kinds) + received
     requests = min(tokens, max_num_seqs)
-    sampler = requests * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT + tokens * arch.hidden_size * act_bytes \
-        if last_stage else 0
+    sampler = sampler_peak(arch, tokens, requests, act_bytes, rule, gpu_id) + received if last_stage else 0
     formula = (f"max(forward of {tokens:,} tokens: residual and input 2 x T x h + widest of attention "
                f"(T x (2q + 2kv + o)/TP) and MLP (T x 3I/TP, MoE T x k x (3I/TP + h)); "
-               + (f"sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT} B + T x h)"
-                  if last_stage else "no sampler on this stage)") + f" x {act_bytes} B")
+               + (f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + T x h"
+                  + (" + kernel buffer + 2 x n x h)" if rule == "triton" else ")")
+                  if last_stage else "no sampler on this stage)") + f" x {act_bytes} B"
+               + ("" if first_stage else " + received hidden states and residual 2 x T x h"))
     return ActivationPeak(max(forward, sampler), forward, sampler, formula)

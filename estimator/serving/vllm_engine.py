@@ -28,6 +28,12 @@ from .weights import stage_layers, stage_weights
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
 BLACKWELL = ("b200", "b300")  # compute capability 10.x: CUTLASS MLA
 HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h200", "gh200")  # FlashMLA (sm90)
+GiB = 1024**3
+# The total memory torch.cuda.mem_get_info reports, which vLLM multiplies by gpu_memory_utilization
+# (gpu_worker.py init_device); it is less than nvidia-smi's "Total" (the catalog's capacity). H100 SXM 80GB:
+# "total_memory=79.19GiB" in every vLLM 0.19.0 DEBUG start-up log of llm-d-planner PR #205
+# (tests/data/serving/published_vllm_logs.json), against nvidia-smi's 81,559 MiB (79.65 GiB).
+CUDA_REPORTED_TOTAL = {"h100-80": round(79.19 * GiB)}
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Resolved:
     kv_bytes: int
     weight_format: str
     weights: object  # WeightFormat
+    gpu_id: str = "h100-80"
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
     return Resolved(rules, max_model_len, context, serving.max_num_seqs or tier.max_num_seqs,
                     serving.max_num_batched_tokens or tier.max_num_batched_tokens, block,
                     serving.kv_cache_dtype or fmt.dtype_name,
-                    kv_bytes, fmt.name, fmt)
+                    kv_bytes, fmt.name, fmt, gpu.id)
 
 
 def _default_block_size(arch: Architecture, gpu_id: str) -> int:
@@ -141,7 +148,7 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
-                           stage == par.pp - 1)
+                           stage == par.pp - 1, r.rules.sampler, r.gpu_id, stage == 0)
     non_torch = overheads.non_torch_bytes(par.tp, par.pp)
     graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
     in_budget = graphs if r.rules.cuda_graphs_in_budget else 0
@@ -185,7 +192,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
                                   kv_cache.attention_page_per_token(arch, par.tp, r.kv_bytes))
         r = dataclasses.replace(r, block_size=block)
     gpu = hardware.device
-    total = gpu.capacity_bytes
+    total = CUDA_REPORTED_TOTAL.get(gpu.id, gpu.capacity_bytes)
     requested = total * serving.gpu_memory_utilization
     budget = math.ceil(requested) if r.rules.version >= (0, 21) else int(requested)
     ranges = stage_layers(arch.num_layers, par.pp)
