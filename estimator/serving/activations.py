@@ -13,12 +13,14 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
 - a hybrid model's Gated DeltaNet or Mamba-2 mixer in place of the attention's tensors: its in_proj output
   and the conv's and kernel's outputs (issue 28; modelled like the rest).
 - sampler (``_dummy_sampler_run``: one row per request, top-k = V - 1 and top-p = 0.9), by release:
-  "flashinfer" (0.11, FlashInfer's sampler on by default): the logits in the compute dtype (n x V), their
-  fp32 copy (sampler.py ``logits.to(torch.float32)``) and FlashInfer's fp32 probabilities, 10 bytes per
-  logit, beside the last layer's output kept by the runner (T x h).
-  "sort" (0.15, FlashInfer opt-in: topk_topp_sampler.py ``apply_top_k_top_p`` sorts): the bf16 and fp32
-  logits, the sorted values (fp32) and indices (int64), the top-k and top-p masks (bool), the sorted
-  probabilities (fp32) and the scattered result (fp32): 28 bytes per logit, and T x h.
+  "sort" (0.11 installed from PyPI, whose wheel makes FlashInfer an extra; 0.15, where FlashInfer is
+  opt-in): topk_topp_sampler.py ``apply_top_k_top_p`` sorts the fp32 logits. At the sort, beside the
+  bf16 logits and their fp32 copy (sampler.py ``logits.to(torch.float32)``): the sorted values (fp32) and
+  indices (int64), PyTorch's index input (SortStable.cu ``segmented_sort_pairs``: int64 per element) and
+  cub's alternate key and value buffers (fp32 + int64): 38 bytes per logit; the runner's hidden states
+  (T x h) beside them.
+  "flashinfer" (0.21 on, FlashInfer's sampler on by default): the bf16 logits, their fp32 copy and
+  FlashInfer's fp32 probabilities, 10 bytes per logit, and T x h.
   "triton" (0.19, ``apply_top_k_top_p_triton`` masks in place): the bf16 and fp32 logits, the fp32
   probabilities and the exponential noise of ``random_sample`` (14 bytes per logit), the kernel's fp32
   buffer of min(next power of 2 of min(SMs, n), SMs) rows of V (topk_topp_triton.py), the runner's
@@ -34,8 +36,8 @@ from ..spec.architecture import Architecture
 from .kv_cache import kv_heads_per_rank
 
 SAMPLER_BYTES_PER_LOGIT = {
-    "flashinfer": 2 + 4 + 4,  # logits in bf16, their fp32 copy, FlashInfer's fp32 probabilities (0.11)
-    "sort": 2 + 4 + 4 + 8 + 1 + 4 + 1 + 4,  # + sorted values, int64 indices, masks, probabilities, scatter (0.15)
+    "flashinfer": 2 + 4 + 4,  # logits in bf16, their fp32 copy, FlashInfer's fp32 probabilities (0.21 on)
+    "sort": 2 + 4 + (4 + 8) + 8 + (4 + 8),  # + sorted values and indices, index input, cub's alternates
     "triton": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, fp32 probabilities, exponential noise q (0.19)
 }
 # Streaming multiprocessors (compute units on ROCm) per GPU: topk_topp_triton.py sizes its buffer by

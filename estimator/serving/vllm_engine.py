@@ -34,6 +34,20 @@ GiB = 1024**3
 # "total_memory=79.19GiB" in every vLLM 0.19.0 DEBUG start-up log of llm-d-planner PR #205
 # (tests/data/serving/published_vllm_logs.json), against nvidia-smi's 81,559 MiB (79.65 GiB).
 CUDA_REPORTED_TOTAL = {"h100-80": round(79.19 * GiB)}
+BELOW_SM90 = ("a100-40", "a100-80", "l40s", "l4", "rtx-4090", "a10g")  # compute capability 8.x
+MARLIN_MXFP4_PADDING = (128, 256)  # intermediate per rank, hidden (weights.py)
+
+
+def mxfp4_padding(rules: vllm_versions.VllmRules, gpu_id: str) -> tuple[int, int] | None:
+    """Which MoE kernel loads MXFP4 experts, so how they are padded. 0.11 (quantization/mxfp4.py
+    get_mxfp4_backend): FlashInfer or triton_kernels when installed, else Marlin; the PyPI wheel has neither
+    (FlashInfer is an extra), so Marlin. 0.19: Marlin below compute capability 9.0; on Hopper the 'TRITON'
+    backend (its start-up log: "Using 'TRITON' Mxfp4 MoE backend"), whose swizzled layout is not modelled."""
+    if gpu_id.startswith("mi"):
+        return None
+    if rules.version < (0, 19) or gpu_id in BELOW_SM90:
+        return MARLIN_MXFP4_PADDING
+    return None
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,8 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
         raise ConfigError("serving.max_model_len", max_model_len, f"at most the model's context length ({context:,})",
                           "vLLM refuses a max_model_len above max_position_embeddings (config/model.py)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
+    if fmt.name == "mxfp4":
+        fmt = dataclasses.replace(fmt, mxfp4_padding=mxfp4_padding(rules, gpu.id))
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
     block = serving.block_size or _default_block_size(arch, gpu.id)
     return Resolved(rules, max_model_len, context, serving.max_num_seqs or tier.max_num_seqs,

@@ -54,13 +54,15 @@ _TIER_SMALL = BatchDefaults(0, 2048, 256)
 
 RULES: tuple[VllmRules, ...] = (
     VllmRules((0, 11), "0.11", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
-              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="flashinfer",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort",
               source="vLLM 0.11.0 v1/worker/gpu_worker.py determine_available_memory (requested_memory = total x "
                      "gpu_memory_utilization; available = requested - (weights + torch peak increase + non-torch "
                      "increase)); v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (num_blocks = available "
                      "// page_size // layers per group; tokens = num_blocks // groups x block_size); "
                      "engine/arg_utils.py _set_default_args; v1/sample/ops/topk_topp_sampler.py: FlashInfer "
-                     "sampling unless VLLM_USE_FLASHINFER_SAMPLER=0"),
+                     "sampling only where FlashInfer is installed, which the PyPI wheel leaves to the "
+                     "'flashinfer' extra (METADATA: flashinfer-python==0.3.1; extra == \"flashinfer\"), "
+                     "else the sort path"),
     VllmRules((0, 15), "0.15", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort",
               source="vLLM 0.15.0 v1/sample/ops/topk_topp_sampler.py: FlashInfer sampling only when "

@@ -1,0 +1,145 @@
+"""Our vLLM estimate, term by term, against start-up logs published with their model, release, GPU and flags
+(tests/data/serving/published_vllm_logs.json: 35 runs of vLLM 0.10.1 to 0.19.0 on H100 and A100, TP 1/2/4,
+PP 2/4, dense, MoE, sliding window, fp8/int8/int4/MXFP4 weights, fp8 KV cache).
+
+Each printed term is held to 3% of the printed value (plus half its last printed digit) where the mechanism
+behind it is modelled. A term we do not reproduce is in MISSES with the mechanism that makes it miss; those
+cases are strict xfails, so a fix that makes one pass must move it out of the list.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator.models.loading import architecture_from_model
+from estimator.models.presets import get_architecture, get_hf_config
+from estimator.serving.vllm_engine import estimate_vllm
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.spec.serving import Serving
+
+GiB = 2**30
+TOLERANCE = 0.03
+HALF_DIGIT = {"gib": 0.005, "tokens": 0, "concurrency": 0.005}
+DATA = json.loads((Path(__file__).parent / "data" / "serving" / "published_vllm_logs.json").read_text())
+RECORDS = {r["id"]: r for r in DATA["records"]}
+
+# --- the mechanisms behind the terms we do not reproduce ---------------------------------------------
+NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: the symmetric-memory all-reduce (VLLM_ALLREDUCE_USE_SYMM_MEM=1) and "
+                "FlashInfer's all-reduce + RMSNorm fusion workspace are created on the profiling run's first all-reduce "
+                "(distributed/device_communicators/, compilation allreduce_rms_fusion.py); their device footprint, about "
+                "1.8 GiB a rank in these logs, is set inside torch and FlashInfer, whose source was not read")
+NON_TORCH_BASE = ("non-torch without TP: lazily loaded kernels and cuBLAS workspaces have no formula in vLLM's source; "
+                  "ours is a constant from an earlier public log (0.16 GiB at TP 1, 0.20 GiB distributed, "
+                  "serving/overheads.py), 0.19 measures 0.24-0.27 GiB at TP 1 and 0.07 GiB a stage under PP")
+GRAPHS = ("CUDA graphs in 0.19: cudagraph_mode FULL_AND_PIECEWISE captures 51 sizes twice, a full graph and layers + 1 "
+          "pieces per size; the driver memory of each graph (vLLM's own estimate: a first capture + 6 MiB a graph, "
+          "gpu_model_runner.py profile_cudagraph_memory) is not modelled, ours is the piecewise outputs of the largest "
+          "capture")
+KV_FROM_TP = "KV memory and what follows from it: off by the TP non-torch miss (about 1.9 GiB a rank)"
+STAGE0 = ("a stage without the sampler under PP: 1.10 GiB (first) and 1.05 GiB (middle) against our forward of "
+          "0.78 GiB (+ 0.125 GiB of receive buffers); the other tensors of its compiled forward were not identified")
+MOE_PEAK = ("MoE profiling peak: fused_moe's modular-kernel workspaces and the router's outputs in the compiled forward "
+            "exceed our intermediate caches (T x k x (3I/TP + h)); not modelled")
+VISION = ("gemma-3-27b-it is a vision-language checkpoint: the SigLIP tower's weights and profile_run's multimodal "
+          "encoder pass (embed_multimodal, gpu_model_runner.py) are not in the text-only preset")
+TRITON_MXFP4 = ("MXFP4 experts on Hopper in 0.19 use the 'TRITON' MoE backend (the log's \"Using 'TRITON' Mxfp4 MoE "
+                "backend\"), whose swizzled layout (triton_kernels, mxfp4.py _swizzle_mxfp4) pads the expert weights; "
+                "triton_kernels was not read")
+TP2_72B = "KV memory of 3 GiB: the TP non-torch miss (1.9 GiB a rank) is most of it"
+UNREAD_RELEASES = ("vLLM 0.17 and 0.18 were not read (the repository's snapshot exceeds what can be fetched here), so "
+                   "they get 0.15's sort-path sampler; their logs already show 0.19's Triton-path peak")
+SMALL_REMAINDER = ("1.7 GiB of KV left from a 75 GiB budget: our non-torch constant (0.16 GiB, 0.09 GiB under what 0.19 "
+                   "measures at TP 1) and the unmodelled MXFP4 MoE workspaces are 9% of it")
+
+MISSES: dict[tuple[str, str], str] = {}
+_KV_TERMS = ("kv_cache", "kv_tokens", "max_concurrency")
+
+
+def _miss(ids, terms, why):
+    for rid in ids:
+        for term in terms:
+            MISSES[(rid, term)] = why
+
+
+for _r in DATA["records"]:
+    _stages = [f"[stage {i}]" for i in range(len(_r["printed"].get("stages", [])))] if _r["pp"] > 1 else [""]
+    _miss([_r["id"]], [f"non_torch{s}" for s in _stages], NON_TORCH_TP if _r["tp"] > 1 else NON_TORCH_BASE)
+    _miss([_r["id"]], ["cuda_graphs"], GRAPHS)
+_miss(["llama-3.1-8b-tp1-pp2-len8192"], ["activation_peak[stage 0]"], STAGE0)
+_miss(["llama-3.1-8b-tp1-pp4-len8192"], [f"activation_peak[stage {i}]" for i in range(3)], STAGE0)
+_miss(["qwen3-30b-a3b-tp1-pp1-len8192", "mixtral-8x7b-tp2-pp1-len8192"], ["activation_peak"], MOE_PEAK)
+_miss(["qwen3-30b-a3b-tp1-pp1-len8192"], _KV_TERMS, "KV memory and what follows from it: off by the MoE peak miss")
+_miss(["mixtral-8x7b-tp2-pp1-len8192"], _KV_TERMS, "KV memory: off by the MoE peak and the TP non-torch misses")
+_miss(["gemma-3-27b-tp1-pp1-len8192"], ("activation_peak",) + _KV_TERMS, VISION)
+_miss(["gpt-oss-20b-tp2-pp1-len8192"], ("weights",) + _KV_TERMS, TRITON_MXFP4)
+_miss(["qwen2.5-72b-tp2-pp1-len8192"], _KV_TERMS, TP2_72B)
+_miss(["llama-3.1-70b-fp8-tp2-pp1-len8192", "llama-3.1-70b-fp8-tp4-pp1-len8192",
+       "llama-3.1-70b-tp2-pp1-len8192-weightint8"], _KV_TERMS, KV_FROM_TP)
+_miss(["qwen3-14b-v0.17.0", "qwen3-14b-v0.18.0"], ("activation_peak",) + _KV_TERMS, UNREAD_RELEASES)
+_miss(["gpt-oss-120b-v0.11.0-h100-mnbt1024"], ["kv_cache"], SMALL_REMAINDER)
+
+
+def _arch(record):
+    if record.get("model"):
+        return get_architecture(record["model"]), get_hf_config(record["model"])
+    return architecture_from_model(record["hf_config"]), record["hf_config"]
+
+
+@functools.lru_cache(maxsize=None)
+def estimate(record_id: str):
+    record = RECORDS[record_id]
+    arch, checkpoint = _arch(record)
+    return estimate_vllm(arch, Serving(**record["serving"]), Parallel(tp=record["tp"], pp=record["pp"]),
+                         Hardware(record["gpu"]), checkpoint)
+
+
+PER_STAGE = {"weights": ("weights", "weights_gib"), "activation_peak": ("activation", "activation_peak_gib"),
+             "non_torch": ("non_torch", "non_torch_gib")}
+SINGLE = {"cuda_graphs": ("cuda_graphs_gib", "gib"), "kv_cache": ("kv_cache_gib", "gib"),
+          "kv_tokens": ("kv_cache_tokens", "tokens"), "max_concurrency": ("max_concurrency", "concurrency")}
+TERMS = tuple(PER_STAGE) + tuple(SINGLE)
+
+
+def ours_and_printed(record: dict, term: str, stage: int) -> tuple[float, float, str]:
+    """Our value and the printed one for a term (of one pipeline stage for the per-stage terms)."""
+    e, p = estimate(record["id"]), record["printed"]
+    if term in PER_STAGE:
+        ours, printed = PER_STAGE[term]
+        value = p["stages"][stage][printed] if "stages" in p else p[printed]
+        return getattr(e.stages[stage], ours) / GiB, value, "gib"
+    key, unit = SINGLE[term]
+    ours = {"cuda_graphs": lambda: e.stages[0].cuda_graphs / GiB,  # rank 0 prints both
+            "kv_cache": lambda: e.stages[0].available / GiB,
+            "kv_tokens": lambda: e.capacity.tokens,
+            "max_concurrency": lambda: e.capacity.max_concurrency}[term]()
+    return ours, p[key], unit
+
+
+def _printed_stages(record: dict, term: str) -> list[int | None]:
+    p = record["printed"]
+    if term in PER_STAGE:
+        if "stages" in p:
+            return list(range(len(p["stages"])))
+        return [0] if PER_STAGE[term][1] in p else []
+    return [None] if SINGLE[term][0] in p else []
+
+
+def _cases():
+    for record in DATA["records"]:
+        for term in TERMS:
+            for stage in _printed_stages(record, term):
+                name = term if stage is None or record["pp"] == 1 else f"{term}[stage {stage}]"
+                why = MISSES.get((record["id"], name))
+                marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+                yield pytest.param(record["id"], term, stage or 0, id=f"{record['id']}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize("record_id, term, stage", list(_cases()))
+def test_term_matches_the_published_log(record_id, term, stage):
+    ours, printed, unit = ours_and_printed(RECORDS[record_id], term, stage)
+    assert abs(ours - printed) <= TOLERANCE * abs(printed) + HALF_DIGIT[unit], (term, ours, printed)
