@@ -43,8 +43,6 @@ GRAPHS = ("CUDA graphs in 0.19: cudagraph_mode FULL_AND_PIECEWISE captures 51 si
 KV_FROM_TP = "KV memory and what follows from it: off by the TP non-torch miss (about 1.9 GiB a rank)"
 STAGE0 = ("a stage without the sampler under PP: 1.10 GiB (first) and 1.05 GiB (middle) against our forward of "
           "0.78 GiB (+ 0.125 GiB of receive buffers); the other tensors of its compiled forward were not identified")
-MOE_PEAK = ("MoE profiling peak: fused_moe's modular-kernel workspaces and the router's outputs in the compiled forward "
-            "exceed our intermediate caches (T x k x (3I/TP + h)); not modelled")
 VISION = ("gemma-3-27b-it is a vision-language checkpoint: the SigLIP tower's weights and profile_run's multimodal "
           "encoder pass (embed_multimodal, gpu_model_runner.py) are not in the text-only preset")
 TRITON_MXFP4 = ("MXFP4 experts on Hopper in 0.19 use the 'TRITON' MoE backend (the log's \"Using 'TRITON' Mxfp4 MoE "
@@ -72,15 +70,11 @@ for _r in DATA["records"]:
     _miss([_r["id"]], ["cuda_graphs"], GRAPHS)
 _miss(["llama-3.1-8b-tp1-pp2-len8192"], ["activation_peak[stage 0]"], STAGE0)
 _miss(["llama-3.1-8b-tp1-pp4-len8192"], [f"activation_peak[stage {i}]" for i in range(3)], STAGE0)
-_miss(["qwen3-30b-a3b-tp1-pp1-len8192", "mixtral-8x7b-tp2-pp1-len8192", "deepseek-v2-lite-tp1-pp1-len8192"],
-      ["activation_peak"], MOE_PEAK)
-_miss(["qwen3-30b-a3b-tp1-pp1-len8192"], _KV_TERMS, "KV memory and what follows from it: off by the MoE peak miss")
-_miss(["mixtral-8x7b-tp2-pp1-len8192"], _KV_TERMS, "KV memory: off by the MoE peak and the TP non-torch misses")
 _miss(["gemma-3-27b-tp1-pp1-len8192"], ("activation_peak",) + _KV_TERMS, VISION)
 _miss(["gpt-oss-20b-tp2-pp1-len8192"], ("weights",) + _KV_TERMS, TRITON_MXFP4)
 _miss(["qwen2.5-72b-tp2-pp1-len8192"], _KV_TERMS, TP2_72B)
 _miss(["llama-3.1-70b-fp8-tp2-pp1-len8192", "llama-3.1-70b-fp8-tp4-pp1-len8192",
-       "llama-3.1-70b-tp2-pp1-len8192-weightint8"], _KV_TERMS, KV_FROM_TP)
+       "llama-3.1-70b-tp2-pp1-len8192-weightint8", "mixtral-8x7b-tp2-pp1-len8192"], _KV_TERMS, KV_FROM_TP)
 _miss(["qwen3-14b-v0.17.0", "qwen3-14b-v0.18.0"], ("activation_peak",) + _KV_TERMS, UNREAD_RELEASES)
 _miss(["gpt-oss-120b-v0.11.0-h100-mnbt1024"], ["kv_cache"], SMALL_REMAINDER)
 

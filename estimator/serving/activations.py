@@ -10,6 +10,12 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   the attention's q, k, v and output (T x (q + 2 kv + q)/TP) or the MLP's gate-up output and its
   activation (T x 3 x I/TP); a routed MoE layer's fused_moe caches hold T x top-k rows of 2I/TP and
   I/TP and one of h (fused_moe.py intermediate_cache1..3).
+- from 0.19 a routed MoE layer (the modular fused_moe kernels, unquantized or fp8) draws its workspaces from
+  the worker's WorkspaceManager (v1/worker/workspace.py, locked after warm-up), which keeps its high-water
+  mark: workspace13 = max(T x k x max(I/TP, h), T x h) and workspace2 = T x k x max(2I/TP, h)
+  (fused_moe/modular_kernel.py _allocate_buffers, triton_moe.py TritonExperts.workspace_shapes, read at
+  0.33; 0.19's logs: Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite). It stays allocated under the sampler.
+  MXFP4's monolithic kernels allocate inside the kernel and keep nothing.
 - a hybrid model's Gated DeltaNet or Mamba-2 mixer in place of the attention's tensors: its in_proj output
   and the conv's and kernel's outputs (issue 28; modelled like the rest).
 - sampler (``_dummy_sampler_run``: one row per request, top-k = V - 1 and top-p = 0.9), by release:
@@ -94,19 +100,34 @@ def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int,
     return peak
 
 
+def moe_workspace_bytes(arch: Architecture, tokens: int, tp: int, act_bytes: int) -> int:
+    """The persistent fused_moe workspaces (see the module docstring): workspace13 and workspace2."""
+    k, inter, h = arch.num_experts_per_token, arch.moe_intermediate_size // tp, arch.hidden_size
+    workspace13 = max(tokens * k * max(inter, h), tokens * h)
+    workspace2 = tokens * k * max(2 * inter, h)
+    return (workspace13 + workspace2) * act_bytes
+
+
 def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int, act_bytes: int,
                     kinds: set[str], last_stage: bool, rule: str = "flashinfer", gpu_id: str = "h100-80",
-                    first_stage: bool = True) -> ActivationPeak:
+                    first_stage: bool = True, moe_workspace: bool = False) -> ActivationPeak:
     # A later pipeline stage first allocates its receive buffers, the hidden states and the residual for
     # max_num_batched_tokens, and keeps them (gpu_model_runner.py _dummy_run make_empty_intermediate_tensors)
     received = 0 if first_stage else 2 * tokens * arch.hidden_size * act_bytes
-    forward = forward_peak(arch, tokens, tp, act_bytes, kinds) + received
+    kept = received
+    forward = forward_peak(arch, tokens, tp, act_bytes, kinds)
+    if moe_workspace and "moe" in {hybrid.FFN[k] for k in kinds}:
+        workspace = moe_workspace_bytes(arch, tokens, tp, act_bytes)
+        forward = max(forward, (2 * tokens * arch.hidden_size) * act_bytes + workspace)
+        kept += workspace
+    forward += received
     requests = min(tokens, max_num_seqs)
-    sampler = sampler_peak(arch, tokens, requests, act_bytes, rule, gpu_id) + received if last_stage else 0
+    sampler = sampler_peak(arch, tokens, requests, act_bytes, rule, gpu_id) + kept if last_stage else 0
     formula = (f"max(forward of {tokens:,} tokens: residual and input 2 x T x h + widest of attention "
                f"(T x (2q + 2kv + o)/TP) and MLP (T x 3I/TP, MoE T x k x (3I/TP + h)); "
                + (f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + T x h"
                   + (" + kernel buffer + 2 x n x h)" if rule == "triton" else ")")
                   if last_stage else "no sampler on this stage)") + f" x {act_bytes} B"
-               + ("" if first_stage else " + received hidden states and residual 2 x T x h"))
+               + ("" if first_stage else " + received hidden states and residual 2 x T x h")
+               + (" + the kept fused_moe workspaces" if kept > received else ""))
     return ActivationPeak(max(forward, sampler), forward, sampler, formula)

@@ -164,7 +164,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
-                           stage == par.pp - 1, r.rules.sampler, r.gpu_id, stage == 0)
+                           stage == par.pp - 1, r.rules.sampler, r.gpu_id, stage == 0,
+                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4")
     non_torch = overheads.non_torch_bytes(par.tp, par.pp)
     graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
     in_budget = graphs if r.rules.cuda_graphs_in_budget else 0

@@ -47,6 +47,8 @@ class VllmRules:
     # weights + torch peak increase + non-torch increase (0.11 utils/__init__.py memory_profiling): the
     # same terms when the profile leaves no persistent torch buffers behind.
     source: str
+    # fused_moe's workspaces come from the worker's WorkspaceManager and stay allocated (activations.py)
+    moe_workspace_kept: bool = False
 
 
 _TIER_70 = BatchDefaults(70 * GiB, 8192, 1024, excludes_a100=True)
@@ -68,22 +70,24 @@ RULES: tuple[VllmRules, ...] = (
               source="vLLM 0.15.0 v1/sample/ops/topk_topp_sampler.py: FlashInfer sampling only when "
                      "VLLM_USE_FLASHINFER_SAMPLER=1; apply_top_k_top_p sorts the fp32 logits"),
     VllmRules((0, 19), "0.19", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
-              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               source="vLLM 0.19.0 v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: the Triton kernel of "
                      "topk_topp_triton.py for 8 rows or more (FlashInfer still opt-in); envs.py "
                      "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
-              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               source="vLLM 0.20.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 (0 in 0.19.0): "
                      "v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory() "
                      "from the KV budget"),
     VllmRules((0, 21), "0.21", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="flashinfer",
+              moe_workspace_kept=True,
               source="vLLM 0.21.0 v1/core/kv_cache_utils.py: 'GPU KV cache size' = int(max_concurrency x "
                      "max_model_len) (0.20.0: num_blocks // groups x block_size); envs.py "
                      "VLLM_USE_FLASHINFER_SAMPLER defaults to True again"),
     VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
               batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL), sampler="flashinfer",
+              moe_workspace_kept=True,
               source="vLLM 0.33.0 engine/arg_utils.py: GPUs with >= 160 GiB (B200/B300) default to 16384 batched "
                      "tokens (absent in 0.25.0); v1/core/kv_cache_planning.py get_kv_cache_config_from_groups "
                      "(num_blocks = available // bytes per block of the largest group); "
