@@ -29,10 +29,11 @@ DATA = json.loads((Path(__file__).parent / "data" / "serving" / "published_vllm_
 RECORDS = {r["id"]: r for r in DATA["records"]}
 
 # --- the mechanisms behind the terms we do not reproduce ---------------------------------------------
-NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: the symmetric-memory all-reduce (VLLM_ALLREDUCE_USE_SYMM_MEM=1) and "
-                "FlashInfer's all-reduce + RMSNorm fusion workspace are created on the profiling run's first all-reduce "
-                "(distributed/device_communicators/, compilation allreduce_rms_fusion.py); their device footprint, about "
-                "1.8 GiB a rank in these logs, is set inside torch and FlashInfer, whose source was not read")
+NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: about 1.8 GiB a rank more than at TP 1, created by the profiling "
+                "run's first all-reduces (0.19 turns on the symmetric-memory all-reduce, VLLM_ALLREDUCE_USE_SYMM_MEM=1, "
+                "and FlashInfer's all-reduce + RMSNorm fusion on H100; NCCL 2.27 connects lazily, its NVLS buffers are "
+                "nChannels x 2 x 1 MiB x ranks, nvls.cc, too small to be it); the sizes are set inside torch, "
+                "FlashInfer and the driver, whose sources were not read, so no term models it")
 NON_TORCH_BASE = ("non-torch without TP: lazily loaded kernels and cuBLAS workspaces have no formula in vLLM's source; "
                   "ours is a constant from an earlier public log (0.16 GiB at TP 1, 0.20 GiB distributed, "
                   "serving/overheads.py), 0.19 measures 0.24-0.27 GiB at TP 1 and 0.07 GiB a stage under PP")
