@@ -25,12 +25,15 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   indices (int64), PyTorch's index input (SortStable.cu ``segmented_sort_pairs``: int64 per element) and
   cub's alternate key and value buffers (fp32 + int64): 38 bytes per logit; the runner's hidden states
   (T x h) beside them.
-  "flashinfer" (0.21 on, FlashInfer's sampler on by default): the bf16 logits, their fp32 copy and
-  FlashInfer's fp32 probabilities, 10 bytes per logit, and T x h.
+  Every rule also holds the sampled rows and their random copy (``torch.rand_like``), 2 x n x h.
+  "flashinfer" (0.21 on, FlashInfer's sampler on by default): the bf16 logits, their fp32 copy, and
+  FlashInfer's top_k_top_p_sampling_from_logits with a per-request k (no fast path): the top-k masked
+  logits (top_k_mask_logits, fp32) and their softmax (fp32), 14 bytes per logit (flashinfer/sampling.py,
+  v0.3.1 as 0.11's extra pins it and the current source alike), and T x h.
   "triton" (0.19, ``apply_top_k_top_p_triton`` masks in place): the bf16 and fp32 logits, the fp32
   probabilities and the exponential noise of ``random_sample`` (14 bytes per logit), the kernel's fp32
-  buffer of min(next power of 2 of min(SMs, n), SMs) rows of V (topk_topp_triton.py), the runner's
-  hidden states (T x h) and the sampled rows with their random copy (2 x n x h).
+  buffer of min(next power of 2 of min(SMs, n), SMs) rows of V (topk_topp_triton.py) and the runner's
+  hidden states (T x h).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from ..spec.architecture import Architecture
 from .kv_cache import kv_heads_per_rank
 
 SAMPLER_BYTES_PER_LOGIT = {
-    "flashinfer": 2 + 4 + 4,  # logits in bf16, their fp32 copy, FlashInfer's fp32 probabilities (0.21 on)
+    "flashinfer": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, FlashInfer's masked logits and probabilities (0.21 on)
     "sort": 2 + 4 + (4 + 8) + 8 + (4 + 8),  # + sorted values and indices, index input, cub's alternates
     "triton": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, fp32 probabilities, exponential noise q (0.19)
 }
@@ -92,11 +95,11 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
 def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int, rule: str, gpu_id: str) -> int:
     """The dummy sampler's peak on the last stage (see the module docstring, by release rule)."""
     logits = requests * arch.vocab_size
-    peak = logits * SAMPLER_BYTES_PER_LOGIT[rule] + tokens * arch.hidden_size * act_bytes
+    peak = logits * SAMPLER_BYTES_PER_LOGIT[rule] + (tokens + 2 * requests) * arch.hidden_size * act_bytes
     if rule == "triton":
         units = COMPUTE_UNITS[gpu_id]
         rows = min(1 << (min(units, requests) - 1).bit_length(), units)
-        peak += rows * arch.vocab_size * 4 + 2 * requests * arch.hidden_size * act_bytes
+        peak += rows * arch.vocab_size * 4
     return peak
 
 
@@ -125,8 +128,8 @@ def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int,
     sampler = sampler_peak(arch, tokens, requests, act_bytes, rule, gpu_id) + kept if last_stage else 0
     formula = (f"max(forward of {tokens:,} tokens: residual and input 2 x T x h + widest of attention "
                f"(T x (2q + 2kv + o)/TP) and MLP (T x 3I/TP, MoE T x k x (3I/TP + h)); "
-               + (f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + T x h"
-                  + (" + kernel buffer + 2 x n x h)" if rule == "triton" else ")")
+               + (f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + (T + 2n) x h"
+                  + (" + kernel buffer)" if rule == "triton" else ")")
                   if last_stage else "no sampler on this stage)") + f" x {act_bytes} B"
                + ("" if first_stage else " + received hidden states and residual 2 x T x h")
                + (" + the kept fused_moe workspaces" if kept > received else ""))
