@@ -145,6 +145,14 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
                     kv_bytes, fmt.name, fmt, gpu.id)
 
 
+def sampler_rule(rules: vllm_versions.VllmRules, gpu_id: str) -> str:
+    """FlashInfer's sampler runs on CUDA only: on ROCm TopKTopPSampler takes forward_native, whose top-k/top-p
+    is the Triton kernel from 0.19 on (v1/sample/ops/topk_topp_sampler.py, 0.21 and 0.33)."""
+    if rules.sampler == "flashinfer" and gpu_id.startswith("mi"):
+        return "triton"
+    return rules.sampler
+
+
 def _default_block_size(arch: Architecture, gpu_id: str) -> int:
     """16 (platforms/cuda.py); MLA forces 64 for FlashMLA on Hopper and 128 for CUTLASS MLA on
     Blackwell (vLLM 0.11 platforms/cuda.py check_and_update_config)."""
@@ -164,7 +172,7 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
-                           stage == par.pp - 1, r.rules.sampler, r.gpu_id, stage == 0,
+                           stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
                            r.rules.moe_workspace_kept and r.weight_format != "mxfp4")
     non_torch = overheads.non_torch_bytes(par.tp, par.pp)
     graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
