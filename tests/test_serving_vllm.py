@@ -397,3 +397,9 @@ def test_rule_mxfp4_marlin_padding():
     assert padded - plain == round(36 * (per_layer(2944, 3072) - per_layer(2880, 2880)))
     a100 = serve("gpt-oss-120b", "a100-80", max_model_len=8192, engine_version="0.19").limiting.weights
     assert a100 == padded
+
+
+def test_every_catalog_gpu_has_its_compute_units():
+    """The Triton sampler's buffer needs each GPU's SM (CU) count: a GPU added to the catalog must bring it."""
+    from estimator.serving.activations import COMPUTE_UNITS
+    assert set(COMPUTE_UNITS) == set(GPUS)
