@@ -29,11 +29,13 @@ DATA = json.loads((Path(__file__).parent / "data" / "serving" / "published_vllm_
 RECORDS = {r["id"]: r for r in DATA["records"]}
 
 # --- the mechanisms behind the terms we do not reproduce ---------------------------------------------
-NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: about 1.8 GiB a rank more than at TP 1, created by the profiling "
-                "run's first all-reduces (0.19 turns on the symmetric-memory all-reduce, VLLM_ALLREDUCE_USE_SYMM_MEM=1, "
-                "and FlashInfer's all-reduce + RMSNorm fusion on H100; NCCL 2.27 connects lazily, its NVLS buffers are "
-                "nChannels x 2 x 1 MiB x ranks, nvls.cc, too small to be it); the sizes are set inside torch, "
-                "FlashInfer and the driver, whose sources were not read, so no term models it")
+NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: 1.8-1.9 GiB a rank more than at TP 1 (0.07 GiB under PP), created by "
+                "the profiling run's first all-reduces. Read but not the answer: FlashInfer's all-reduce + RMSNorm fusion "
+                "workspace (flashinfer/comm/trtllm_ar.py: 4 x tp x tokens x h x 2 B, tokens capped by vLLM's 64 MB at TP 2 "
+                "and 2 MB at TP 4 on sm90) is 0.5 GiB at TP 2 and 0.03 GiB at TP 4, yet TP 4 grows more; NCCL's NVLS "
+                "buffers (nvls.cc: channels x 2 x 1 MiB x ranks) are 64-128 MiB. The rest (NCCL 2.27's lazily connected "
+                "channel buffers, torch's symmetric memory for VLLM_ALLREDUCE_USE_SYMM_MEM) is sized in NCCL and torch "
+                "code not read, so no term models it")
 NON_TORCH_BASE = ("non-torch without TP: lazily loaded kernels and cuBLAS workspaces have no formula in vLLM's source; "
                   "ours is a constant from an earlier public log (0.16 GiB at TP 1, 0.20 GiB distributed, "
                   "serving/overheads.py), 0.19 measures 0.24-0.27 GiB at TP 1 and 0.07 GiB a stage under PP")
