@@ -25,7 +25,6 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   indices (int64), PyTorch's index input (SortStable.cu ``segmented_sort_pairs``: int64 per element) and
   cub's alternate key and value buffers (fp32 + int64): 38 bytes per logit; the runner's hidden states
   (T x h) beside them.
-  Every rule also holds the sampled rows and their random copy (``torch.rand_like``), 2 x n x h.
   "flashinfer" (0.21 on, FlashInfer's sampler on by default): the bf16 logits, their fp32 copy, and
   FlashInfer's top_k_top_p_sampling_from_logits with a per-request k (no fast path): the top-k masked
   logits (top_k_mask_logits, fp32) and their softmax (fp32), 14 bytes per logit (flashinfer/sampling.py,
@@ -34,6 +33,7 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   probabilities and the exponential noise of ``random_sample`` (14 bytes per logit), the kernel's fp32
   buffer of min(next power of 2 of min(SMs, n), SMs) rows of V (topk_topp_triton.py) and the runner's
   hidden states (T x h).
+  Every rule also holds the sampled rows and their random copy (``torch.rand_like``), 2 x n x h.
 """
 
 from __future__ import annotations

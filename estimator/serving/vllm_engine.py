@@ -36,15 +36,17 @@ GiB = 1024**3
 CUDA_REPORTED_TOTAL = {"h100-80": round(79.19 * GiB)}
 BELOW_SM90 = ("a100-40", "a100-80", "l40s", "l4", "rtx-4090", "a10g")  # compute capability 8.x
 MARLIN_MXFP4_PADDING = (128, 256)  # intermediate per rank, hidden (weights.py)
+ROCM_MXFP4_PADDING = (256, 256)  # 0.11 quantization/mxfp4.py create_weights, current_platform.is_rocm()
 
 
 def mxfp4_padding(rules: vllm_versions.VllmRules, gpu_id: str) -> tuple[int, int] | None:
     """Which MoE kernel loads MXFP4 experts, so how they are padded. 0.11 (quantization/mxfp4.py
     get_mxfp4_backend): FlashInfer or triton_kernels when installed, else Marlin; the PyPI wheel has neither
-    (FlashInfer is an extra), so Marlin. 0.19: Marlin below compute capability 9.0; on Hopper the 'TRITON'
-    backend (its start-up log: "Using 'TRITON' Mxfp4 MoE backend"), whose swizzled layout is not modelled."""
+    (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. 0.19: Marlin below compute capability
+    9.0; on Hopper the 'TRITON' backend (its start-up log: "Using 'TRITON' Mxfp4 MoE backend"), whose
+    swizzled layout is not modelled, nor are 0.19's ROCm and Blackwell kernels."""
     if gpu_id.startswith("mi"):
-        return None
+        return ROCM_MXFP4_PADDING if rules.version < (0, 19) else None
     if rules.version < (0, 19) or gpu_id in BELOW_SM90:
         return MARLIN_MXFP4_PADDING
     return None

@@ -3,8 +3,8 @@
 Each record names the release whose source it was read from (the wheels on PyPI, whose Python files
 are vLLM's source at that tag). A requested version uses the newest record at or below it; versions
 below the first record (the V0 engine era) are refused. Releases read: 0.11.0, 0.15.0, 0.19.0,
-0.20.0, 0.21.0, 0.25.0, 0.33.0 (0.17 and 0.18 not read: they get 0.15's rules); a rule first seen in 0.33.0 but absent from 0.25.0 is keyed on
-0.33 (the releases between were not read).
+0.20.0, 0.21.0, 0.25.0, 0.33.0 (0.17 and 0.18 were not: they get 0.15's rules); a rule first seen in
+0.33.0 but absent from 0.25.0 is keyed on 0.33 (the releases between were not read).
 """
 
 from __future__ import annotations
