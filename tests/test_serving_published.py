@@ -1,6 +1,8 @@
 """Our vLLM estimate, term by term, against start-up logs published with their model, release, GPU and flags
-(tests/data/serving/published_vllm_logs.json: 35 runs of vLLM 0.10.1 to 0.19.0 on H100 and A100, TP 1/2/4,
-PP 2/4, dense, MoE, sliding window, fp8/int8/int4/MXFP4 weights, fp8 KV cache).
+(tests/data/serving/published_vllm_logs.json: 40 runs of vLLM 0.10.1 to 0.19.0 on H100 and A100, TP 1/2/4,
+PP 2/4, dense, MoE, MLA, sliding window, fp8/int8/int4/MXFP4 weights, fp8 KV cache). Most come from one
+public sweep run with DEBUG logging (llm-d-planner PR #205), which prints every rank's terms; the rest from
+vLLM issue threads and a blog post.
 
 Each printed term is held to 3% of the printed value (plus half its last printed digit) where the mechanism
 behind it is modelled. A term we do not reproduce is in MISSES with the mechanism that makes it miss; those
