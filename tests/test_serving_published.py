@@ -42,7 +42,7 @@ NON_TORCH_BASE = ("non-torch without TP: lazily loaded kernels and cuBLAS worksp
                   "ours is a constant from an earlier public log (0.16 GiB at TP 1, 0.20 GiB distributed, "
                   "serving/overheads.py), 0.19 measures 0.24-0.27 GiB at TP 1 and 0.07 GiB a stage under PP")
 GRAPHS = ("CUDA graphs in 0.19: cudagraph_mode FULL_AND_PIECEWISE captures 51 sizes twice, a full graph and layers + 1 "
-          "pieces per size; the driver memory of each graph (vLLM's own estimate: a first capture + 6 MiB a graph, "
+          "pieces per size; the driver memory of each graph (vLLM's own estimate: a first capture + 2-26 MiB a graph, "
           "gpu_model_runner.py profile_cudagraph_memory) is not modelled, ours is the piecewise outputs of the largest "
           "capture")
 KV_FROM_TP = "KV memory and what follows from it: off by the TP non-torch miss (about 1.9 GiB a rank)"
@@ -58,8 +58,9 @@ TRITON_MXFP4 = ("MXFP4 experts on Hopper in 0.19 use the 'TRITON' MoE backend (t
 TP2_72B = "KV memory of 3 GiB: the TP non-torch miss (1.9 GiB a rank) is most of it"
 UNREAD_RELEASES = ("vLLM 0.17 and 0.18 were not read (the repository's snapshot exceeds what can be fetched here), so "
                    "they get 0.15's sort-path sampler; their logs already show 0.19's Triton-path peak")
-SMALL_REMAINDER = ("1.7 GiB of KV left from a 75 GiB budget: our non-torch constant (0.16 GiB, 0.09 GiB under what 0.19 "
-                   "measures at TP 1) and the unmodelled MXFP4 MoE workspaces are 9% of it")
+SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so 0.05 GiB (0.07% of the budget) is the 3%: ours is "
+                   "0.15 GiB more, of which our non-torch constant is 0.09 GiB under what 0.19 measures at TP 1; the "
+                   "rest was not identified")
 
 MISSES: dict[tuple[str, str], str] = {}
 _KV_TERMS = ("kv_cache", "kv_tokens", "max_concurrency")
