@@ -56,8 +56,6 @@ TRITON_MXFP4 = ("MXFP4 experts on Hopper in 0.19 use the 'TRITON' MoE backend (t
                 "backend\"), whose swizzled layout (triton_kernels, mxfp4.py _swizzle_mxfp4) pads the expert weights; "
                 "triton_kernels was not read")
 TP2_72B = "KV memory of 3 GiB: the TP non-torch miss (1.9 GiB a rank) is most of it"
-UNREAD_RELEASES = ("vLLM 0.17 and 0.18 were not read (the repository's snapshot exceeds what can be fetched here), so "
-                   "they get 0.15's sort-path sampler; their logs already show 0.19's Triton-path peak")
 SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so 0.05 GiB (0.07% of the budget) is the 3%: ours is "
                    "0.15 GiB more, of which our non-torch constant is 0.09 GiB under what 0.19 measures at TP 1; the "
                    "rest was not identified")
@@ -84,7 +82,6 @@ _miss(["gpt-oss-20b-tp2-pp1-len8192"], ("weights",) + _KV_TERMS, TRITON_MXFP4)
 _miss(["qwen2.5-72b-tp2-pp1-len8192"], _KV_TERMS, TP2_72B)
 _miss(["llama-3.1-70b-fp8-tp2-pp1-len8192", "llama-3.1-70b-fp8-tp4-pp1-len8192",
        "llama-3.1-70b-tp2-pp1-len8192-weightint8", "mixtral-8x7b-tp2-pp1-len8192"], _KV_TERMS, KV_FROM_TP)
-_miss(["qwen3-14b-v0.17.0", "qwen3-14b-v0.18.0"], ("activation_peak",) + _KV_TERMS, UNREAD_RELEASES)
 _miss(["gpt-oss-120b-v0.11.0-h100-mnbt1024"], ["kv_cache"], SMALL_REMAINDER)
 
 

@@ -10,11 +10,11 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   the attention's q, k, v and output (T x (q + 2 kv + q)/TP) or the MLP's gate-up output and its
   activation (T x 3 x I/TP); a routed MoE layer's fused_moe caches hold T x top-k rows of 2I/TP and
   I/TP and one of h (fused_moe.py intermediate_cache1..3).
-- from 0.19 a routed MoE layer (the modular fused_moe kernels, unquantized or fp8) draws its workspaces from
+- from 0.17 a routed MoE layer (the modular fused_moe kernels, unquantized or fp8) draws its workspaces from
   the worker's WorkspaceManager (v1/worker/workspace.py, locked after warm-up), which keeps its high-water
   mark: workspace13 = max(T x k x max(I/TP, h), T x h) and workspace2 = T x k x max(2I/TP, h)
-  (fused_moe/modular_kernel.py _allocate_buffers, triton_moe.py TritonExperts.workspace_shapes, read at
-  0.33; 0.19's logs: Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite). It stays allocated under the sampler.
+  (fused_moe/modular_kernel.py _allocate_buffers, 0.17 and 0.33; triton_moe.py TritonExperts.workspace_shapes,
+  0.33; 0.19's logs: Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite, Qwen1.5-MoE). It stays allocated under the sampler.
   MXFP4's monolithic kernels allocate inside the kernel and keep nothing.
 - a hybrid model's Gated DeltaNet or Mamba-2 mixer in place of the attention's tensors: its in_proj output
   and the conv's and kernel's outputs (issue 28; modelled like the rest).
@@ -29,7 +29,7 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   FlashInfer's top_k_top_p_sampling_from_logits with a per-request k (no fast path): the top-k masked
   logits (top_k_mask_logits, fp32) and their softmax (fp32), 14 bytes per logit (flashinfer/sampling.py,
   v0.3.1 as 0.11's extra pins it and the current source alike), and T x h.
-  "triton" (0.19, ``apply_top_k_top_p_triton`` masks in place): the bf16 and fp32 logits, the fp32
+  "triton" (0.17 to 0.20, ``apply_top_k_top_p_triton`` masks in place): the bf16 and fp32 logits, the fp32
   probabilities and the exponential noise of ``random_sample`` (14 bytes per logit), the kernel's fp32
   buffer of min(next power of 2 of min(SMs, n), SMs) rows of V (topk_topp_triton.py) and the runner's
   hidden states (T x h).
@@ -47,7 +47,7 @@ from .kv_cache import kv_heads_per_rank
 SAMPLER_BYTES_PER_LOGIT = {
     "flashinfer": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, FlashInfer's masked logits and probabilities (0.21 on)
     "sort": 2 + 4 + (4 + 8) + 8 + (4 + 8),  # + sorted values and indices, index input, cub's alternates
-    "triton": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, fp32 probabilities, exponential noise q (0.19)
+    "triton": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, fp32 probabilities, exponential noise q (0.17 to 0.20)
 }
 # Streaming multiprocessors (compute units on ROCm) per GPU: topk_topp_triton.py sizes its buffer by
 # num_compute_units(). NVIDIA and AMD product specifications.

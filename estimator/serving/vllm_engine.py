@@ -42,12 +42,13 @@ ROCM_MXFP4_PADDING = (256, 256)  # 0.11 quantization/mxfp4.py create_weights, cu
 def mxfp4_padding(rules: vllm_versions.VllmRules, gpu_id: str) -> tuple[int, int] | None:
     """Which MoE kernel loads MXFP4 experts, so how they are padded. 0.11 (quantization/mxfp4.py
     get_mxfp4_backend): FlashInfer or triton_kernels when installed, else Marlin; the PyPI wheel has neither
-    (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. 0.19: Marlin below compute capability
-    9.0; on Hopper the 'TRITON' backend (its start-up log: "Using 'TRITON' Mxfp4 MoE backend"), whose
-    swizzled layout is not modelled, nor are 0.19's ROCm and Blackwell kernels."""
+    (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. 0.17 (which bundles triton_kernels) and
+    0.19: Marlin below compute capability 9.0; on Hopper the 'TRITON' backend (0.19's start-up log: "Using
+    'TRITON' Mxfp4 MoE backend"), whose swizzled layout is not modelled, nor are the ROCm and Blackwell
+    kernels."""
     if gpu_id.startswith("mi"):
-        return ROCM_MXFP4_PADDING if rules.version < (0, 19) else None
-    if rules.version < (0, 19) or gpu_id in BELOW_SM90:
+        return ROCM_MXFP4_PADDING if rules.version < (0, 17) else None
+    if rules.version < (0, 17) or gpu_id in BELOW_SM90:
         return MARLIN_MXFP4_PADDING
     return None
 
@@ -149,7 +150,7 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
 
 def sampler_rule(rules: vllm_versions.VllmRules, gpu_id: str) -> str:
     """FlashInfer's sampler runs on CUDA only: on ROCm TopKTopPSampler takes forward_native, whose top-k/top-p
-    is the Triton kernel from 0.19 on (v1/sample/ops/topk_topp_sampler.py, 0.21 and 0.33)."""
+    is the Triton kernel from 0.17 on (v1/sample/ops/topk_topp_sampler.py, 0.21 and 0.33)."""
     if rules.sampler == "flashinfer" and gpu_id.startswith("mi"):
         return "triton"
     return rules.sampler

@@ -2,9 +2,9 @@
 
 Each record names the release whose source it was read from (the wheels on PyPI, whose Python files
 are vLLM's source at that tag). A requested version uses the newest record at or below it; versions
-below the first record (the V0 engine era) are refused. Releases read: 0.11.0, 0.15.0, 0.19.0,
-0.20.0, 0.21.0, 0.25.0, 0.33.0 (0.17 and 0.18 were not: they get 0.15's rules); a rule first seen in
-0.33.0 but absent from 0.25.0 is keyed on 0.33 (the releases between were not read).
+below the first record (the V0 engine era) are refused. Releases read: 0.11.0, 0.15.0, 0.17.0,
+0.19.0, 0.20.0, 0.21.0, 0.25.0, 0.33.0; a rule first seen in 0.33.0 but absent from 0.25.0 is keyed on
+0.33 (the releases between were not read).
 """
 
 from __future__ import annotations
@@ -69,11 +69,12 @@ RULES: tuple[VllmRules, ...] = (
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort",
               source="vLLM 0.15.0 v1/sample/ops/topk_topp_sampler.py: FlashInfer sampling only when "
                      "VLLM_USE_FLASHINFER_SAMPLER=1; apply_top_k_top_p sorts the fp32 logits"),
-    VllmRules((0, 19), "0.19", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
+    VllmRules((0, 17), "0.17", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
-              source="vLLM 0.19.0 v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: the Triton kernel of "
-                     "topk_topp_triton.py for 8 rows or more (FlashInfer still opt-in); envs.py "
-                     "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0"),
+              source="vLLM 0.17.0 (wheel) and 0.19.0 v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: the "
+                     "Triton kernel of topk_topp_triton.py for 8 rows or more (FlashInfer still opt-in); "
+                     "fused_moe/modular_kernel.py takes its workspaces from v1/worker/workspace.py's manager; "
+                     "0.19.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               source="vLLM 0.20.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 (0 in 0.19.0): "
