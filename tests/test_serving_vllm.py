@@ -378,19 +378,19 @@ def test_rule_sampler_tensors_by_release():
 
 
 def test_rule_0_19_moe_workspaces_stay_allocated():
-    """Qwen3-30B-A3B (h 2048, 8 of 128 experts of 768): from 0.19 fused_moe's workspace13 (T x k x max(I, h))
-    and workspace2 (T x k x max(2I, h)) stay allocated under the sampler; 0.15 frees its caches."""
+    """Qwen3-30B-A3B (h 2048, 8 of 128 experts of 768): from 0.15 fused_moe's workspace13 (T x k x max(I, h))
+    and workspace2 (T x k x max(2I, h)) stay allocated under the sampler; 0.11 frees its caches."""
     workspaces = (8192 * 8 * 2048 + 8192 * 8 * 2048) * 2
-    new, old = (serve("qwen3-30b-a3b", max_model_len=8192, engine_version=v).limiting for v in ("0.19", "0.15"))
+    new, old = (serve("qwen3-30b-a3b", max_model_len=8192, engine_version=v).limiting for v in ("0.19", "0.11"))
     sampler = 1024 * 151936 * 14 + 132 * 151936 * 4 + (8192 + 2048) * 2048 * 2
     assert new.activation == sampler + workspaces
     assert old.activation == 1024 * 151936 * 38 + (8192 + 2048) * 2048 * 2
 
 
 def test_rule_mxfp4_marlin_padding():
-    """gpt-oss-120b's experts (128 of 2880 x 2880, gated) under Marlin (0.11 from PyPI everywhere; 0.19 below
-    sm90): the intermediate size rounded up to 128 (2944) and the hidden size to 256 (3072), biases too. 0.19
-    on Hopper uses the Triton backend: unpadded."""
+    """gpt-oss-120b's experts (128 of 2880 x 2880, gated) under Marlin (0.11 from PyPI everywhere; from 0.15
+    below sm90): the intermediate size rounded up to 128 (2944) and the hidden size to 256 (3072), biases too.
+    0.19 on Hopper uses the Triton backend: unpadded."""
     padded = serve("gpt-oss-120b", max_model_len=8192, engine_version="0.11").limiting.weights
     plain = serve("gpt-oss-120b", max_model_len=8192, engine_version="0.19").limiting.weights
     per_layer = lambda i, h: 128 * (2 * i * h * (0.5 + 1 / 32) + h * i * (0.5 + 1 / 32) + 2 * (2 * i + h))  # noqa: E731

@@ -10,10 +10,10 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   the attention's q, k, v and output (T x (q + 2 kv + q)/TP) or the MLP's gate-up output and its
   activation (T x 3 x I/TP); a routed MoE layer's fused_moe caches hold T x top-k rows of 2I/TP and
   I/TP and one of h (fused_moe.py intermediate_cache1..3).
-- from 0.17 a routed MoE layer (the modular fused_moe kernels, unquantized or fp8) draws its workspaces from
+- from 0.15 a routed MoE layer (the modular fused_moe kernels, unquantized or fp8) draws its workspaces from
   the worker's WorkspaceManager (v1/worker/workspace.py, locked after warm-up), which keeps its high-water
   mark: workspace13 = max(T x k x max(I/TP, h), T x h) and workspace2 = T x k x max(2I/TP, h)
-  (fused_moe/modular_kernel.py _allocate_buffers, 0.17 and 0.33; triton_moe.py TritonExperts.workspace_shapes,
+  (fused_moe/modular_kernel.py _allocate_buffers, 0.15, 0.17 and 0.33; triton_moe.py TritonExperts.workspace_shapes,
   0.33; 0.19's logs: Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite, Qwen1.5-MoE). It stays allocated under the sampler.
   MXFP4's monolithic kernels allocate inside the kernel and keep nothing.
 - a hybrid model's Gated DeltaNet or Mamba-2 mixer in place of the attention's tensors: its in_proj output

@@ -42,13 +42,14 @@ ROCM_MXFP4_PADDING = (256, 256)  # 0.11 quantization/mxfp4.py create_weights, cu
 def mxfp4_padding(rules: vllm_versions.VllmRules, gpu_id: str) -> tuple[int, int] | None:
     """Which MoE kernel loads MXFP4 experts, so how they are padded. 0.11 (quantization/mxfp4.py
     get_mxfp4_backend): FlashInfer or triton_kernels when installed, else Marlin; the PyPI wheel has neither
-    (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. 0.17 (which bundles triton_kernels) and
-    0.19: Marlin below compute capability 9.0; on Hopper the 'TRITON' backend (0.19's start-up log: "Using
+    (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. From 0.15 the wheel bundles
+    triton_kernels (vllm/third_party/triton_kernels; read in 0.15.0 and 0.17.0): Marlin below compute
+    capability 9.0; on Hopper the 'TRITON' backend (0.19's start-up log: "Using
     'TRITON' Mxfp4 MoE backend"), whose swizzled layout is not modelled, nor are the ROCm and Blackwell
     kernels."""
     if gpu_id.startswith("mi"):
-        return ROCM_MXFP4_PADDING if rules.version < (0, 17) else None
-    if rules.version < (0, 17) or gpu_id in BELOW_SM90:
+        return ROCM_MXFP4_PADDING if rules.version < (0, 15) else None
+    if rules.version < (0, 15) or gpu_id in BELOW_SM90:
         return MARLIN_MXFP4_PADDING
     return None
 

@@ -66,14 +66,14 @@ RULES: tuple[VllmRules, ...] = (
                      "'flashinfer' extra (METADATA: flashinfer-python==0.3.1; extra == \"flashinfer\"), "
                      "else the sort path"),
     VllmRules((0, 15), "0.15", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
-              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort", moe_workspace_kept=True,
               source="vLLM 0.15.0 v1/sample/ops/topk_topp_sampler.py: FlashInfer sampling only when "
-                     "VLLM_USE_FLASHINFER_SAMPLER=1; apply_top_k_top_p sorts the fp32 logits"),
+                     "VLLM_USE_FLASHINFER_SAMPLER=1; apply_top_k_top_p sorts the fp32 logits; (wheel) "
+                     "fused_moe/modular_kernel.py takes its workspaces from v1/worker/workspace.py's manager"),
     VllmRules((0, 17), "0.17", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               source="vLLM 0.17.0 (wheel) and 0.19.0 v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: the "
                      "Triton kernel of topk_topp_triton.py for 8 rows or more (FlashInfer still opt-in); "
-                     "fused_moe/modular_kernel.py takes its workspaces from v1/worker/workspace.py's manager; "
                      "0.19.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
