@@ -85,8 +85,8 @@ RULES: tuple[VllmRules, ...] = (
               moe_workspace_kept=True,
               source="vLLM 0.21.0 v1/core/kv_cache_utils.py: 'GPU KV cache size' = int(max_concurrency x "
                      "max_model_len) (0.20.0: num_blocks // groups x block_size); envs.py "
-                     "VLLM_USE_FLASHINFER_SAMPLER defaults to True again (0.33's wheel requires flashinfer-python; "
-                     "0.21's wheel was not read)"),
+                     "VLLM_USE_FLASHINFER_SAMPLER defaults to True again, and the wheel requires flashinfer-python "
+                     "(METADATA: flashinfer-python==0.6.8.post1)"),
     VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
               batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL), sampler="flashinfer",
               moe_workspace_kept=True,
