@@ -26,7 +26,7 @@ from estimator.serving.weights import WeightFormat, matrix_bytes, stage_layers, 
 GiB = 2**30
 DATA = Path(__file__).parent / "data" / "serving"
 LLAMA_8B_PARAMS = 8_030_261_248  # the preset's exact count (tests/test_presets.py)
-H100 = 85_520_809_984
+H100 = round(79.19 * 2**30)  # the total CUDA reports on an H100 SXM (vllm_engine.CUDA_REPORTED_TOTAL)
 
 
 def serve(model: str, gpu: str = "h100-80", tp: int = 1, pp: int = 1, checkpoint: dict | None = None, **serving):
@@ -224,7 +224,7 @@ def test_rule_0_20_cuda_graphs_inside_the_budget():
     """0.20: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, so the graphs' estimate leaves the
     KV budget; 0.19 captures them after the KV cache is sized."""
     old, new = (serve("llama-3.1-8b", max_model_len=32768, engine_version=v) for v in ("0.19", "0.20"))
-    assert old.resolved.rules.label == "0.11" and new.resolved.rules.label == "0.20"
+    assert old.resolved.rules.label == "0.17" and new.resolved.rules.label == "0.20"
     assert old.limiting.cuda_graphs == new.limiting.cuda_graphs > 0
     assert old.limiting.available - new.limiting.available == new.limiting.cuda_graphs
     eager = serve("llama-3.1-8b", max_model_len=32768, engine_version="0.20", cuda_graphs=False)
@@ -360,3 +360,46 @@ def test_quantized_presets_load_in_their_formats():
     assert (awq.resolved.weight_format, awq.resolved.kv_cache_dtype) == ("awq_int4", "fp16")
     assert serve("gpt-oss-120b", max_model_len=32768).resolved.weight_format == "mxfp4"
     assert serve("deepseek-v3", "h200", tp=8, max_model_len=32768).resolved.weights.block == (128, 128)
+
+
+# --- the profiling run's rules, by release (their evidence: tests/test_serving_published.py) ---------
+
+def test_rule_sampler_tensors_by_release():
+    """Llama-3.1-8B on an H100 (8192 batched tokens, 1024 sequences): the dummy sampler's peak is n x V bytes
+    per logit by release, plus the runner's hidden states and the sampled rows with their random copy
+    ((T + 2n) x h x 2 B): 0.11 and 0.15 sort (38 B: bf16 and fp32 logits, sorted values and int64 indices,
+    the index input, cub's alternates), 0.19 Triton (14 B and the kernel's buffer of 132 rows, one per SM),
+    0.21 FlashInfer (14 B: bf16 and fp32 logits, masked logits, probabilities)."""
+    n, v, hidden = 1024, 128256, (8192 + 2 * 1024) * 4096 * 2
+    expected = {"0.11": n * v * 38 + hidden, "0.15": n * v * 38 + hidden,
+                "0.19": n * v * 14 + 132 * v * 4 + hidden, "0.21": n * v * 14 + hidden}
+    for version, peak in expected.items():
+        assert serve("llama-3.1-8b", max_model_len=8192, engine_version=version).limiting.activation == peak, version
+
+
+def test_rule_0_19_moe_workspaces_stay_allocated():
+    """Qwen3-30B-A3B (h 2048, 8 of 128 experts of 768): from 0.15 fused_moe's workspace13 (T x k x max(I, h))
+    and workspace2 (T x k x max(2I, h)) stay allocated under the sampler; 0.11 frees its caches."""
+    workspaces = (8192 * 8 * 2048 + 8192 * 8 * 2048) * 2
+    new, old = (serve("qwen3-30b-a3b", max_model_len=8192, engine_version=v).limiting for v in ("0.19", "0.11"))
+    sampler = 1024 * 151936 * 14 + 132 * 151936 * 4 + (8192 + 2048) * 2048 * 2
+    assert new.activation == sampler + workspaces
+    assert old.activation == 1024 * 151936 * 38 + (8192 + 2048) * 2048 * 2
+
+
+def test_rule_mxfp4_marlin_padding():
+    """gpt-oss-120b's experts (128 of 2880 x 2880, gated) under Marlin (0.11 from PyPI everywhere; from 0.15
+    below sm90): the intermediate size rounded up to 128 (2944) and the hidden size to 256 (3072), biases too.
+    0.19 on Hopper uses the Triton backend: unpadded."""
+    padded = serve("gpt-oss-120b", max_model_len=8192, engine_version="0.11").limiting.weights
+    plain = serve("gpt-oss-120b", max_model_len=8192, engine_version="0.19").limiting.weights
+    per_layer = lambda i, h: 128 * (2 * i * h * (0.5 + 1 / 32) + h * i * (0.5 + 1 / 32) + 2 * (2 * i + h))  # noqa: E731
+    assert padded - plain == round(36 * (per_layer(2944, 3072) - per_layer(2880, 2880)))
+    a100 = serve("gpt-oss-120b", "a100-80", max_model_len=8192, engine_version="0.19").limiting.weights
+    assert a100 == padded
+
+
+def test_every_catalog_gpu_has_its_compute_units():
+    """The Triton sampler's buffer needs each GPU's SM (CU) count: a GPU added to the catalog must bring it."""
+    from estimator.serving.activations import COMPUTE_UNITS
+    assert set(COMPUTE_UNITS) == set(GPUS)

@@ -28,6 +28,30 @@ from .weights import stage_layers, stage_weights
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
 BLACKWELL = ("b200", "b300")  # compute capability 10.x: CUTLASS MLA
 HOPPER = ("h100-80", "h100-nvl", "h100-pcie", "h200", "gh200")  # FlashMLA (sm90)
+GiB = 1024**3
+# The total memory torch.cuda.mem_get_info reports, which vLLM multiplies by gpu_memory_utilization
+# (gpu_worker.py init_device); it is less than nvidia-smi's "Total" (the catalog's capacity). H100 SXM 80GB:
+# "total_memory=79.19GiB" in every vLLM 0.19.0 DEBUG start-up log of llm-d-planner PR #205
+# (tests/data/serving/published_vllm_logs.json), against nvidia-smi's 81,559 MiB (79.65 GiB).
+CUDA_REPORTED_TOTAL = {"h100-80": round(79.19 * GiB)}
+BELOW_SM90 = ("a100-40", "a100-80", "l40s", "l4", "rtx-4090", "a10g")  # compute capability 8.x
+MARLIN_MXFP4_PADDING = (128, 256)  # intermediate per rank, hidden (weights.py)
+ROCM_MXFP4_PADDING = (256, 256)  # 0.11 quantization/mxfp4.py create_weights, current_platform.is_rocm()
+
+
+def mxfp4_padding(rules: vllm_versions.VllmRules, gpu_id: str) -> tuple[int, int] | None:
+    """Which MoE kernel loads MXFP4 experts, so how they are padded. 0.11 (quantization/mxfp4.py
+    get_mxfp4_backend): FlashInfer or triton_kernels when installed, else Marlin; the PyPI wheel has neither
+    (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. From 0.15 the wheel bundles
+    triton_kernels (vllm/third_party/triton_kernels; read in 0.15.0 and 0.17.0): Marlin below compute
+    capability 9.0; on Hopper the 'TRITON' backend (0.19's start-up log: "Using
+    'TRITON' Mxfp4 MoE backend"), whose swizzled layout is not modelled, nor are the ROCm and Blackwell
+    kernels."""
+    if gpu_id.startswith("mi"):
+        return ROCM_MXFP4_PADDING if rules.version < (0, 15) else None
+    if rules.version < (0, 15) or gpu_id in BELOW_SM90:
+        return MARLIN_MXFP4_PADDING
+    return None
 
 
 @dataclass(frozen=True)
@@ -44,6 +68,7 @@ class Resolved:
     kv_bytes: int
     weight_format: str
     weights: object  # WeightFormat
+    gpu_id: str = "h100-80"
 
 
 @dataclass(frozen=True)
@@ -114,12 +139,22 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
         raise ConfigError("serving.max_model_len", max_model_len, f"at most the model's context length ({context:,})",
                           "vLLM refuses a max_model_len above max_position_embeddings (config/model.py)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
+    if fmt.name == "mxfp4":
+        fmt = dataclasses.replace(fmt, mxfp4_padding=mxfp4_padding(rules, gpu.id))
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
     block = serving.block_size or _default_block_size(arch, gpu.id)
     return Resolved(rules, max_model_len, context, serving.max_num_seqs or tier.max_num_seqs,
                     serving.max_num_batched_tokens or tier.max_num_batched_tokens, block,
                     serving.kv_cache_dtype or fmt.dtype_name,
-                    kv_bytes, fmt.name, fmt)
+                    kv_bytes, fmt.name, fmt, gpu.id)
+
+
+def sampler_rule(rules: vllm_versions.VllmRules, gpu_id: str) -> str:
+    """FlashInfer's sampler runs on CUDA only: on ROCm TopKTopPSampler takes forward_native, whose top-k/top-p
+    is the Triton kernel from 0.17 on (v1/sample/ops/topk_topp_sampler.py, 0.21 and 0.33)."""
+    if rules.sampler == "flashinfer" and gpu_id.startswith("mi"):
+        return "triton"
+    return rules.sampler
 
 
 def _default_block_size(arch: Architecture, gpu_id: str) -> int:
@@ -141,7 +176,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
-                           stage == par.pp - 1)
+                           stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
+                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4")
     non_torch = overheads.non_torch_bytes(par.tp, par.pp)
     graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
     in_budget = graphs if r.rules.cuda_graphs_in_budget else 0
@@ -185,7 +221,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
                                   kv_cache.attention_page_per_token(arch, par.tp, r.kv_bytes))
         r = dataclasses.replace(r, block_size=block)
     gpu = hardware.device
-    total = gpu.capacity_bytes
+    total = CUDA_REPORTED_TOTAL.get(gpu.id, gpu.capacity_bytes)
     requested = total * serving.gpu_memory_utilization
     budget = math.ceil(requested) if r.rules.version >= (0, 21) else int(requested)
     ranges = stage_layers(arch.num_layers, par.pp)

@@ -2,8 +2,8 @@
 
 Each record names the release whose source it was read from (the wheels on PyPI, whose Python files
 are vLLM's source at that tag). A requested version uses the newest record at or below it; versions
-below the first record (the V0 engine era) are refused. Releases read: 0.11.0, 0.15.0, 0.19.0,
-0.20.0, 0.21.0, 0.25.0, 0.33.0; a rule first seen in 0.33.0 but absent from 0.25.0 is keyed on
+below the first record (the V0 engine era) are refused. Releases read: 0.11.0, 0.15.0, 0.17.0,
+0.19.0, 0.20.0, 0.21.0, 0.25.0, 0.33.0; a rule first seen in 0.33.0 but absent from 0.25.0 is keyed on
 0.33 (the releases between were not read).
 """
 
@@ -40,10 +40,15 @@ class VllmRules:
     # "concurrency" = int(max_concurrency x max_model_len).
     kv_tokens_rule: str
     batch_defaults: tuple[BatchDefaults, ...]  # largest tier first
+    # The dummy sampler's tensors in the profiling run (serving/activations.py): "flashinfer" (FlashInfer's
+    # top-k/top-p sampler on by default), "sort" (the PyTorch sort path), "triton" (the in-place Triton mask)
+    sampler: str
     # non_kv = total consumed (mem_get_info) + transient torch peak (0.33 utils/mem_utils.py) rather than
     # weights + torch peak increase + non-torch increase (0.11 utils/__init__.py memory_profiling): the
     # same terms when the profile leaves no persistent torch buffers behind.
     source: str
+    # fused_moe's workspaces come from the worker's WorkspaceManager and stay allocated (activations.py)
+    moe_workspace_kept: bool = False
 
 
 _TIER_70 = BatchDefaults(70 * GiB, 8192, 1024, excludes_a100=True)
@@ -51,23 +56,40 @@ _TIER_SMALL = BatchDefaults(0, 2048, 256)
 
 RULES: tuple[VllmRules, ...] = (
     VllmRules((0, 11), "0.11", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
-              batch_defaults=(_TIER_70, _TIER_SMALL),
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort",
               source="vLLM 0.11.0 v1/worker/gpu_worker.py determine_available_memory (requested_memory = total x "
                      "gpu_memory_utilization; available = requested - (weights + torch peak increase + non-torch "
                      "increase)); v1/core/kv_cache_utils.py get_kv_cache_config_from_groups (num_blocks = available "
                      "// page_size // layers per group; tokens = num_blocks // groups x block_size); "
-                     "engine/arg_utils.py _set_default_args"),
+                     "engine/arg_utils.py _set_default_args; v1/sample/ops/topk_topp_sampler.py: FlashInfer "
+                     "sampling only where FlashInfer is installed, which the PyPI wheel leaves to the "
+                     "'flashinfer' extra (METADATA: flashinfer-python==0.3.1; extra == \"flashinfer\"), "
+                     "else the sort path"),
+    VllmRules((0, 15), "0.15", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort", moe_workspace_kept=True,
+              source="vLLM 0.15.0 v1/sample/ops/topk_topp_sampler.py: FlashInfer sampling only when "
+                     "VLLM_USE_FLASHINFER_SAMPLER=1; apply_top_k_top_p sorts the fp32 logits; (wheel) "
+                     "fused_moe/modular_kernel.py takes its workspaces from v1/worker/workspace.py's manager"),
+    VllmRules((0, 17), "0.17", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
+              source="vLLM 0.17.0 (wheel) and 0.19.0 v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: the "
+                     "Triton kernel of topk_topp_triton.py for 8 rows or more (FlashInfer still opt-in); "
+                     "0.19.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
-              batch_defaults=(_TIER_70, _TIER_SMALL),
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               source="vLLM 0.20.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 (0 in 0.19.0): "
                      "v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory() "
                      "from the KV budget"),
     VllmRules((0, 21), "0.21", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
-              batch_defaults=(_TIER_70, _TIER_SMALL),
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="flashinfer",
+              moe_workspace_kept=True,
               source="vLLM 0.21.0 v1/core/kv_cache_utils.py: 'GPU KV cache size' = int(max_concurrency x "
-                     "max_model_len) (0.20.0: num_blocks // groups x block_size)"),
+                     "max_model_len) (0.20.0: num_blocks // groups x block_size); envs.py "
+                     "VLLM_USE_FLASHINFER_SAMPLER defaults to True again, and the wheel requires flashinfer-python "
+                     "(METADATA: flashinfer-python==0.6.8.post1)"),
     VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
-              batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL),
+              batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL), sampler="flashinfer",
+              moe_workspace_kept=True,
               source="vLLM 0.33.0 engine/arg_utils.py: GPUs with >= 160 GiB (B200/B300) default to 16384 batched "
                      "tokens (absent in 0.25.0); v1/core/kv_cache_planning.py get_kv_cache_config_from_groups "
                      "(num_blocks = available // bytes per block of the largest group); "

@@ -16,7 +16,10 @@ allocated. Per format, the bytes of one linear weight of (out, in) on a rank, af
 - nvfp4 (modelopt): uint8 weight with two values per byte, an fp8 scale per 16 inputs, fp32 global
   scales.
 - mxfp4 (gpt-oss): the routed experts only, uint8 with two values per byte and a uint8 scale per 32
-  inputs; everything else stays 16-bit (its quantization_config's modules_to_not_convert).
+  inputs; everything else stays 16-bit (its quantization_config's modules_to_not_convert). The Marlin
+  MoE kernel needs n % 256 and k % 128: its experts are created padded, the intermediate size per
+  rank to a multiple of 128 and the hidden size to 256 (0.11 quantization/mxfp4.py create_weights;
+  0.33 fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size), biases too.
 
 In every format the embedding, the LM head, norms, biases and MoE routers stay 16-bit (vLLM builds
 them unquantized). Shapes per rank follow vLLM's parallel layers: column-parallel outputs / TP with
@@ -46,6 +49,8 @@ class WeightFormat:
     dtype_bytes: int = 2  # the unquantized tensors' dtype (bf16/fp16)
     per_channel: bool = False  # fp8 with one fp32 scale per output row (compressed-tensors strategy "channel")
     dtype_name: str = "bf16"  # the unquantized tensors' dtype, by name
+    # MXFP4 experts padded for the Marlin MoE kernel: (intermediate multiple, hidden multiple); None: unpadded
+    mxfp4_padding: tuple[int, int] | None = None
 
 
 def matrix_bytes(fmt: WeightFormat, out: int, inp: int, expert: bool) -> float:
@@ -98,8 +103,21 @@ def _local_shape(t: ParameterTensor, arch: Architecture, tp: int, ep: int) -> tu
     return tuple(shape), copies
 
 
+def _padded_expert(shape: tuple[int, ...], split: str, pad: tuple[int, int]) -> tuple[int, ...]:
+    """A gated expert's gate-up ([2I, h], its bias [2I]) or down ([h, I], its bias [h]) with I rounded up to
+    pad[0] (per half of gate-up) and h to pad[1]."""
+    inter, hidden = pad
+    if split == EXPERT_COLUMN:
+        rows = 2 * cdiv(shape[0] // 2, inter) * inter
+        return (rows,) + tuple(cdiv(d, hidden) * hidden for d in shape[1:])
+    padded = (cdiv(shape[0], hidden) * hidden,)
+    return padded + tuple(cdiv(d, inter) * inter for d in shape[1:])
+
+
 def tensor_bytes(t: ParameterTensor, arch: Architecture, fmt: WeightFormat, tp: int, ep: int) -> float:
     shape, copies = _local_shape(t, arch, tp, ep)
+    if fmt.name == "mxfp4" and fmt.mxfp4_padding and t.is_expert:
+        shape = _padded_expert(shape, t.split, fmt.mxfp4_padding)
     if t.role == "hidden_matrix" and t.name not in UNQUANTIZED_MATRICES:
         return copies * matrix_bytes(fmt, shape[0], shape[1], t.is_expert)
     return copies * math.prod(shape) * fmt.dtype_bytes

@@ -1,0 +1,190 @@
+"""Our vLLM estimate, term by term, against start-up logs published with their model, release, GPU and flags
+(tests/data/serving/published_vllm_logs.json: 40 runs of vLLM 0.10.1 to 0.19.0 on H100 and A100, TP 1/2/4,
+PP 2/4, dense, MoE, MLA, sliding window, fp8/int8/int4/MXFP4 weights, fp8 KV cache). Most come from one
+public sweep run with DEBUG logging (llm-d-planner PR #205), which prints every rank's terms; the rest from
+vLLM issue threads and a blog post.
+
+Each printed term is held to 3% of the printed value (plus half its last printed digit) where the mechanism
+behind it is modelled. A term we do not reproduce is in MISSES with the mechanism that makes it miss; those
+cases are strict xfails, so a fix that makes one pass must move it out of the list.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator.models.loading import architecture_from_model
+from estimator.models.presets import get_architecture, get_hf_config
+from estimator.serving.vllm_engine import estimate_vllm
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.spec.serving import Serving
+
+GiB = 2**30
+TOLERANCE = 0.03
+HALF_DIGIT = {"gib": 0.005, "tokens": 0, "concurrency": 0.005, "ratio": 0}
+DATA = json.loads((Path(__file__).parent / "data" / "serving" / "published_vllm_logs.json").read_text())
+RECORDS = {r["id"]: r for r in DATA["records"]}
+
+# --- the mechanisms behind the terms we do not reproduce ---------------------------------------------
+NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: 1.8-1.9 GiB a rank more than at TP 1 (0.07 GiB under PP), created by "
+                "the profiling run's first all-reduces. Read but not the answer: FlashInfer's all-reduce + RMSNorm fusion "
+                "workspace (flashinfer/comm/trtllm_ar.py: 4 x tp x tokens x h x 2 B, tokens capped by vLLM's 64 MB at TP 2 "
+                "and 2 MB at TP 4 on sm90) is 0.5 GiB at TP 2 and 0.03 GiB at TP 4, yet TP 4 grows more; NCCL's NVLS "
+                "buffers (nvls.cc: channels x 2 x 1 MiB x ranks) are 64-128 MiB. The rest (NCCL 2.27's lazily connected "
+                "channel buffers, torch's symmetric memory for VLLM_ALLREDUCE_USE_SYMM_MEM) is sized in NCCL and torch "
+                "code not read, so no term models it")
+NON_TORCH_BASE = ("non-torch without TP: lazily loaded kernels and cuBLAS workspaces have no formula in vLLM's source; "
+                  "ours is a constant from an earlier public log (0.16 GiB at TP 1, 0.20 GiB distributed, "
+                  "serving/overheads.py), 0.19 measures 0.24-0.27 GiB at TP 1 and 0.07 GiB a stage under PP")
+GRAPHS = ("CUDA graphs in 0.19: cudagraph_mode FULL_AND_PIECEWISE captures 51 sizes twice, a full graph and layers + 1 "
+          "pieces per size; the driver memory of each graph (vLLM's own estimate: a first capture + 2-26 MiB a graph, "
+          "gpu_model_runner.py profile_cudagraph_memory) is not modelled, ours is the piecewise outputs of the largest "
+          "capture")
+KV_FROM_TP = "KV memory and what follows from it: off by the TP non-torch miss (about 1.9 GiB a rank)"
+FORWARD = ("a dense model's forward where it, not the sampler, sets the peak: ours is the widest layer, 2 x T x h + "
+           "the MLP's T x 3I (or the attention's); vLLM 0.19 measures 0.14 GiB more for CodeLlama-7B and 0.15-0.32 GiB "
+           "more for a pipeline stage without the sampler (1.10 GiB first, 1.05 GiB middle, against 0.78 + 0.125 GiB of "
+           "receive buffers); the other tensors of the inductor-compiled pieces were not identified")
+VISION = ("gemma-3-27b-it is a vision-language checkpoint: the SigLIP tower's weights and profile_run's multimodal "
+          "encoder pass (embed_multimodal, gpu_model_runner.py) are not in the text-only preset")
+TRITON_MXFP4 = ("MXFP4 experts on Hopper from 0.15 use the 'TRITON' MoE backend (0.19's log: \"Using 'TRITON' Mxfp4 "
+                "MoE backend\"): create_weights pads the intermediate size to 64 and triton_kernels' Hopper swizzle "
+                "(vllm/third_party/triton_kernels hopper_value.py, hopper_scale.py) pads the packed values to multiples "
+                "of 64 and the scales to 256 rows; that is about 0.25 GiB of the 0.58 GiB this log shows over ours, the "
+                "rest was not identified, so the layout is not modelled")
+TP2_72B = "KV memory of 3 GiB: the TP non-torch miss (1.9 GiB a rank) is most of it"
+SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so 0.05 GiB (0.07% of the budget) is the 3%: ours is "
+                   "0.15 GiB more, of which our non-torch constant is 0.09 GiB under what 0.19 measures at TP 1; the "
+                   "rest was not identified")
+
+MISSES: dict[tuple[str, str], str] = {}
+_KV_TERMS = ("kv_cache", "kv_tokens", "max_concurrency")
+
+
+def _miss(ids, terms, why):
+    for rid in ids:
+        for term in terms:
+            MISSES[(rid, term)] = why
+
+
+for _r in DATA["records"]:
+    _stages = [f"[stage {i}]" for i in range(len(_r["printed"].get("stages", [])))] if _r["pp"] > 1 else [""]
+    _miss([_r["id"]], [f"non_torch{s}" for s in _stages], NON_TORCH_TP if _r["tp"] > 1 else NON_TORCH_BASE)
+    _miss([_r["id"]], ["cuda_graphs"], GRAPHS)
+_miss(["llama-3.1-8b-tp1-pp2-len8192"], ["activation_peak[stage 0]"], FORWARD)
+_miss(["llama-3.1-8b-tp1-pp4-len8192"], [f"activation_peak[stage {i}]" for i in range(3)], FORWARD)
+_miss(["codellama-7b-tp1-pp1-len8192"], ["activation_peak"], FORWARD)
+_miss(["gemma-3-27b-tp1-pp1-len8192"], ("activation_peak",) + _KV_TERMS, VISION)
+_miss(["gpt-oss-20b-tp2-pp1-len8192"], ("weights",) + _KV_TERMS, TRITON_MXFP4)
+_miss(["qwen2.5-72b-tp2-pp1-len8192"], _KV_TERMS, TP2_72B)
+_miss(["llama-3.1-70b-fp8-tp2-pp1-len8192", "llama-3.1-70b-fp8-tp4-pp1-len8192",
+       "llama-3.1-70b-tp2-pp1-len8192-weightint8", "mixtral-8x7b-tp2-pp1-len8192"], _KV_TERMS, KV_FROM_TP)
+_miss(["gpt-oss-120b-v0.11.0-h100-mnbt1024"], ["kv_cache"], SMALL_REMAINDER)
+
+
+def _arch(record):
+    if record.get("model"):
+        return get_architecture(record["model"]), get_hf_config(record["model"])
+    return architecture_from_model(record["hf_config"]), record["hf_config"]
+
+
+@functools.lru_cache(maxsize=None)
+def estimate(record_id: str):
+    record = RECORDS[record_id]
+    arch, checkpoint = _arch(record)
+    return estimate_vllm(arch, Serving(**record["serving"]), Parallel(tp=record["tp"], pp=record["pp"]),
+                         Hardware(record["gpu"]), checkpoint)
+
+
+PER_STAGE = {"weights": ("weights", "weights_gib"), "activation_peak": ("activation", "activation_peak_gib"),
+             "non_torch": ("non_torch", "non_torch_gib")}
+SINGLE = {"cuda_graphs": ("cuda_graphs_gib", "gib"), "kv_cache": ("kv_cache_gib", "gib"),
+          "kv_tokens": ("kv_cache_tokens", "tokens"), "max_concurrency": ("max_concurrency", "concurrency"),
+          # the KV cache accounting alone (page sizes, layer groups, sliding windows, MLA), apart from the budget
+          "tokens_per_kv_gib": ("kv_cache_tokens", "ratio")}
+TERMS = tuple(PER_STAGE) + tuple(SINGLE)
+
+
+def ours_and_printed(record: dict, term: str, stage: int) -> tuple[float, float, str]:
+    """Our value and the printed one for a term (of one pipeline stage for the per-stage terms)."""
+    e, p = estimate(record["id"]), record["printed"]
+    if term in PER_STAGE:
+        ours, printed = PER_STAGE[term]
+        value = p["stages"][stage][printed] if "stages" in p else p[printed]
+        return getattr(e.stages[stage], ours) / GiB, value, "gib"
+    key, unit = SINGLE[term]
+    ours = {"cuda_graphs": lambda: e.stages[0].cuda_graphs / GiB,  # rank 0 prints both
+            "kv_cache": lambda: e.stages[0].available / GiB,
+            "kv_tokens": lambda: e.capacity.tokens,
+            "max_concurrency": lambda: e.capacity.max_concurrency,
+            "tokens_per_kv_gib": lambda: e.capacity.tokens / (e.stages[0].available / GiB)}[term]()
+    if term == "tokens_per_kv_gib":  # the printed GiB has two decimals: its rounding is part of the tolerance
+        return ours, p[key] / p["kv_cache_gib"], unit
+    return ours, p[key], unit
+
+
+def _printed_stages(record: dict, term: str) -> list[int | None]:
+    p = record["printed"]
+    if term in PER_STAGE:
+        if "stages" in p:
+            return list(range(len(p["stages"])))
+        return [0] if PER_STAGE[term][1] in p else []
+    if term == "tokens_per_kv_gib" and not ("kv_cache_gib" in p and p.get("kv_cache_gib", 0) > 1):
+        return []
+    return [None] if SINGLE[term][0] in p else []
+
+
+def _cases():
+    for record in DATA["records"]:
+        for term in TERMS:
+            for stage in _printed_stages(record, term):
+                name = term if stage is None or record["pp"] == 1 else f"{term}[stage {stage}]"
+                why = MISSES.get((record["id"], name))
+                marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+                yield pytest.param(record["id"], term, stage or 0, id=f"{record['id']}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize("record_id, term, stage", list(_cases()))
+def test_term_matches_the_published_log(record_id, term, stage):
+    ours, printed, unit = ours_and_printed(RECORDS[record_id], term, stage)
+    assert abs(ours - printed) <= TOLERANCE * abs(printed) + HALF_DIGIT[unit], (term, ours, printed)
+
+
+@pytest.mark.parametrize("record_id", [r["id"] for r in DATA["records"] if "defaults" in r["printed"]])
+def test_batch_defaults_match_the_log(record_id):
+    """'Defaulting max_num_batched_tokens to 8192 / max_num_seqs to 1024' (engine/arg_utils.py, H100)."""
+    record = RECORDS[record_id]
+    resolved = estimate(record_id).resolved
+    printed = record["printed"]["defaults"]
+    assert (resolved.max_num_batched_tokens, resolved.max_num_seqs) == (printed["max_num_batched_tokens"],
+                                                                       printed["max_num_seqs"])
+
+
+def test_cuda_total_is_what_the_logs_print():
+    """Every H100 log prints 'total_memory=79.19GiB': the budget's base (vllm_engine.CUDA_REPORTED_TOTAL)."""
+    from estimator.serving.vllm_engine import CUDA_REPORTED_TOTAL
+    totals = {r["printed"]["total_gib"] for r in DATA["records"] if "total_gib" in r["printed"]}
+    assert totals == {79.19} and round(CUDA_REPORTED_TOTAL["h100-80"] / GiB, 2) == 79.19
+
+
+def test_records_cover_the_grid():
+    """Releases 0.10 to 0.19, TP 1/2/4, PP 2 and 4, dense, MoE, MLA, sliding window, each quantized weight format
+    the logs show, fp8 KV; and the passing cases cover weights, activation peak, KV GiB, tokens and concurrency
+    for TP 1, 2 and 4 and PP 2."""
+    records = DATA["records"]
+    assert {r["vllm_version"][:4] for r in records} >= {"0.10", "0.11", "0.15", "0.16", "0.17", "0.18", "0.19"}
+    assert {r["tp"] for r in records} >= {1, 2, 4} and {r["pp"] for r in records} >= {2, 4}
+    formats = {r["serving"].get("weight_format") for r in records} | {"mxfp4", "fp8"}  # gpt-oss, the FP8 preset
+    assert {"fp8", "int8", "gptq_int4", "mxfp4"} <= formats
+    assert any(r["serving"].get("kv_cache_dtype") == "fp8" for r in records)
+    models = {r.get("model") or r["hf_model"] for r in records}
+    assert {"qwen3-30b-a3b", "gemma-3-27b", "gpt-oss-20b", "deepseek-ai/DeepSeek-V2-Lite-Chat"} <= models
+    passing = {(RECORDS[c.values[0]]["tp"], RECORDS[c.values[0]]["pp"], c.values[1]) for c in _cases() if not c.marks}
+    for layout in ((1, 1), (2, 1), (4, 1), (1, 2)):
+        for term in ("weights", "activation_peak", "kv_cache", "kv_tokens", "max_concurrency"):
+            assert (*layout, term) in passing, (layout, term)
