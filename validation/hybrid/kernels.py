@@ -443,6 +443,11 @@ def hybrid_kernels(tracker):
                                                                saved[qwen, "torch_chunk_gated_delta_rule"])
     nemotron.mamba2_split_conv1d_scan_combined = mamba_split_conv1d_scan_combined(
         tracker.hidden, nemotron.causal_conv1d_fn, nemotron.mamba2_chunk_scan)
+    from .mamba1 import jamba_patches  # Jamba's Mamba-1 layers (mamba1.py)
+
+    for module, name, emulation in jamba_patches(tracker, causal_conv1d_fn):
+        saved[module, name] = getattr(module, name)
+        setattr(module, name, emulation)
     try:
         yield
     finally:
