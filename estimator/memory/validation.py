@@ -427,9 +427,6 @@ def _check_hybrid(arch: Architecture, training: Training, par: Parallel) -> None
         if value is not None and training.mode == "training":
             raise ConfigError(f"training.{name}", value, f"{allowed} for a model with linear-attention or Mamba layers",
                               HYBRID_MEASURED, related=(which,))
-    if arch.attention_layer_period and training.framework == "megatron":
-        raise ConfigError("training.framework", "megatron", "another framework for a model with Mamba-1 layers",
-                          "Megatron-Core 0.16's Mamba mixer is Mamba-2 only (ssm/mamba_mixer.py)", related=(which,))
     if par.cp > 1:
         raise ConfigError("parallel.cp", par.cp, "1 for a model with linear-attention or Mamba layers",
                           "their recurrent state runs along the whole sequence: context parallelism is not modelled",
