@@ -10,6 +10,8 @@ when it imports, else the torch path):
 - Nemotron-H's Mamba-2 mixer in training (`NemotronHMamba2Mixer.forward`, `self.training` and no
   cache): `mamba_split_conv1d_scan_combined` from mamba-ssm, which fuses the causal conv, the chunked
   SSD scan, the gated RMSNorm and the output projection in one autograd Function.
+- Jamba's Mamba-1 mixer (`JambaMambaMixer.forward`): `causal_conv1d_fn` on x, then mamba-ssm's
+  `selective_scan_fn` (emulated in mamba1.py).
 
 The torch fallbacks save other tensors (the eager chunk loop keeps fp32 copies of everything), so a
 CPU run of the fallback measures a different model. Each kernel is emulated here as the harness
