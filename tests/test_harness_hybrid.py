@@ -19,7 +19,7 @@ from validation.hybrid.kernels import (CausalConv1d, ChunkGatedDeltaRule, MambaS
                                        hybrid_kernels)
 from validation.hybrid.models import HYBRID_RUNS, MODELS  # noqa: E402
 
-TINY = ["tiny-qwen3-next", "tiny-nemotron-h"]
+TINY = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-jamba"]
 
 
 def loss_and_grads(model_id: str, emulated: bool):
@@ -48,7 +48,8 @@ def test_emulated_kernels_give_the_eager_numbers(model_id):
 
 
 @pytest.mark.parametrize("run", [Run("tiny-qwen3-next", 64, 2), Run("tiny-qwen3-next", 64, 2, recompute="full"),
-                                 Run("tiny-nemotron-h", 64, 2), Run("tiny-nemotron-h", 64, 2, recompute="full")],
+                                 Run("tiny-nemotron-h", 64, 2), Run("tiny-nemotron-h", 64, 2, recompute="full"),
+                                 Run("tiny-jamba", 64, 2), Run("tiny-jamba", 64, 2, recompute="full")],
                          ids=lambda r: f"{r.model}-{r.recompute}")
 def test_fake_measurement_equals_real_cpu_run(run):
     assert measure(run, fake=True) == measure(run, fake=False)
@@ -137,6 +138,40 @@ def test_mamba_fused_mixer_saves_its_input_scan_output_and_rstd():
     expected = torch.nn.functional.linear(norm(y.reshape(b, s, dim), z).to(bf16), out_w)
     assert torch.equal(out, expected)
     assert MambaSplitConv1dScanCombined.__name__ in type(out.grad_fn).__name__
+
+
+def test_selective_scan_saves_what_mamba_ssm_saves():
+    """Jamba's call: u the conv output (b, d, l) contiguous, delta from dt_proj's matmul, B and C (b, n, l) views of
+    (b, l, n) tensors, z a channel slice of the transposed in_proj output. Kept: contiguous copies of B, C and z,
+    `out = empty_like(delta)`, x (b, d, chunks, 2n) fp32, and the returned out_z; u, delta, A, D and delta_bias as
+    they are. Over 2048 tokens the kernel keeps one more chunk state."""
+    from transformers.models.jamba.modeling_jamba import mamba_selective_scan as reference
+
+    from validation.hybrid.mamba1 import SelectiveScan, selective_scan_fn
+
+    b, d, n, bf16 = 1, 32, 4, torch.bfloat16
+    blk = cuda_block_bytes
+    for l, chunks in ((64, 1), (2049, 2)):
+        u = torch.randn(b, d, l, dtype=bf16, requires_grad=True)
+        delta = torch.rand(b, d, l, dtype=bf16, requires_grad=True)
+        A = -torch.rand(d, n, requires_grad=True)
+        B, C = (torch.randn(b, l, n, dtype=bf16, requires_grad=True) for _ in range(2))
+        z = torch.randn(b, l, 2 * d, dtype=bf16, requires_grad=True)
+        D, bias = torch.rand(d, requires_grad=True), torch.rand(d, requires_grad=True)
+        gate = z.transpose(1, 2)[:, d:]
+
+        def call(tracker):
+            fn = selective_scan_fn(tracker.hidden, reference)
+            return fn(u, delta, A, B.transpose(1, 2), C.transpose(1, 2), D=D, z=gate, delta_bias=bias,
+                      delta_softplus=True)
+
+        alive, out = new_bytes(call, u, delta, A, B, C, z, D, bias)
+        assert alive == 2 * blk(b * n * l * 2) + 3 * blk(b * d * l * 2) + blk(b * d * chunks * 2 * n * 4)
+        assert SelectiveScan.__name__ in type(out.grad_fn).__name__
+        if l == 64:  # the values: transformers' torch fallback
+            expected = reference(u, delta, A, B.transpose(1, 2), C.transpose(1, 2), D=D, z=gate, delta_bias=bias,
+                                 delta_softplus=True)
+            assert torch.equal(out, expected.to(bf16))  # the fallback computes in fp32; out_z is z's dtype
 
 
 def test_records_are_complete():

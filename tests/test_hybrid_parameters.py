@@ -14,11 +14,28 @@ HF_CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 # The sums this test writes out (transformers 5.23). Qwen3-Next: the checkpoint's safetensors also hold
 # the multi-token-prediction layer (mtp.*), which transformers does not build (Qwen3NextPreTrainedModel.
 # _keys_to_ignore_on_load_unexpected); 79,674,391,296 is the count public code quotes for the same
-# architecture (Qwen3-Coder-Next). Nemotron-H-8B: 8,100,852,736, the count of its checkpoint.
+# architecture (Qwen3-Coder-Next). Nemotron-H-8B: 8,100,852,736, the count of its checkpoint. AI21-Jamba-1.5-Mini:
+# 51,570,323,328 (the model card's "52B total"; the Hub's safetensors metadata shows 51.6B params): embeddings and
+# head 2 x 65,536 x 4,096, 28 Mamba-1 layers of 105,308,448 (in_proj 16,384 x 4,096, conv 8,192 x 4 + bias, x_proj
+# 288 x 8,192, dt_proj 8,192 x 256 + bias, A_log 8,192 x 16, D, out_proj, dt/B/C norms 288), 4 attention layers of
+# 41,943,040, 16 MLPs of 3 x 4,096 x 14,336 and 16 MoEs of 16 such experts and a 16 x 4,096 router, 2 x 4,096
+# norms per layer and the final norm.
 CHECKPOINTS = {
     "qwen3-next-80b-a3b-instruct": 79_674_391_296,
     "nemotron-h-8b-base-8k": 8_100_852_736,
+    "ai21-jamba-1.5-mini": 51_570_323_328,
 }
+
+
+def test_jambas_sum_written_out():
+    h, d, vocab, ffn = 4096, 8192, 65_536, 14_336
+    mamba = 2 * d * h + d * 4 + d + 288 * d + d * 256 + d + d * 16 + d + h * d + 288
+    attention = h * h + 2 * 1024 * h + h * h
+    mlp = 3 * h * ffn
+    moe = 16 * mlp + 16 * h
+    total = 2 * vocab * h + h + 28 * mamba + 4 * attention + 16 * mlp + 16 * moe + 32 * 2 * h
+    assert (mamba, attention) == (105_308_448, 41_943_040)
+    assert total == CHECKPOINTS["ai21-jamba-1.5-mini"]
 
 
 def meta_model_parameters(name: str) -> int:

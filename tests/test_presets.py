@@ -21,7 +21,7 @@ from estimator.spec.training import Training
 REQUIRED = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b",
             "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b",
             "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b",
-            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b"]
+            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5"]
 
 # Exact counts the project states as its reference (from the Hub's safetensors metadata, and for
 # DeepSeek-V3 the checkpoint with its MTP module): quoted here independently of the data files.
@@ -98,7 +98,7 @@ WITH_ACTIVE = [i.id for i in list_presets() if i.published_active is not None an
 
 def test_moe_presets_publish_an_active_count():
     assert set(WITH_ACTIVE) == {"qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b",
-                                "gpt-oss-20b", "gpt-oss-120b"}
+                                "gpt-oss-20b", "gpt-oss-120b", "jamba-mini-1.5"}
 
 
 @pytest.mark.parametrize("pid", WITH_ACTIVE)

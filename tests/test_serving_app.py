@@ -54,3 +54,12 @@ def test_serving_fields_round_trip_through_the_url_and_config():
 def test_a_refused_request_is_shown_not_raised():
     at = _serving_page({"model": "llama-3.1-70b", "tp": "2", "max_model_len": "131072"})
     assert at.error and "does not start" in at.error[0].value
+
+
+def test_a_mamba1_hybrid_is_served_with_its_state_pages():
+    """Jamba Mini 1.5 (issue 28): the page gives the CLI's headline; vLLM sizes its blocks to hold a Mamba-1
+    state page (tests/test_jamba.py), so a 262,144-token context fits several times on two GPUs."""
+    at = _serving_page({"model": "jamba-mini-1.5", "tp": "2"})
+    expected = serving_config(load_config({"model": "jamba-mini-1.5", "parallel": {"tp": 2}}))
+    assert at.success[0].value == headline(expected)
+    assert expected.capacity.max_concurrency > 1

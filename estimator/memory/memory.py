@@ -208,8 +208,12 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
         notes.append(f"hybrid layers under {training.framework}: the linear-attention and Mamba mixers keep what their "
                      "kernels (flash-linear-attention, causal-conv1d, mamba-ssm) keep, as measured with the HF Trainer; "
                      "the ops around them are modelled from " + ("Megatron-Core 0.16.1's mamba_mixer.py for the Mamba "
-                     "blocks and from transformers for the rest" if training.framework == "megatron" else
+                     "blocks and from transformers for the rest" if training.framework == "megatron"
+                                                                  and not arch.attention_layer_period else
                      "transformers") + ", not measured under this framework (memory/activations/hybrid.py)")
+    if arch.attention_layer_period and training.framework == "megatron" and training.mode == "training":
+        notes.append("Megatron-Core 0.16 has no Mamba-1 mixer (ssm/mamba_mixer.py is Mamba-2): the Mamba-1 layers are "
+                     "modelled as transformers' JambaMambaMixer runs them with mamba-ssm's selective scan")
     return tuple(notes)
 
 

@@ -420,7 +420,8 @@ HYBRID_MEASURED = ("the hybrid layers' saved tensors are modelled for the HF Tra
 
 def _check_hybrid(arch: Architecture, training: Training, par: Parallel) -> None:
     """A model with linear-attention or Mamba layers (estimator/spec/hybrid.py): what is modelled."""
-    which = "model.hybrid_override_pattern" if arch.hybrid_override_pattern else "model.full_attention_interval"
+    which = "model.hybrid_override_pattern" if arch.hybrid_override_pattern else "model.attention_layer_period" \
+        if arch.attention_layer_period else "model.full_attention_interval"
     for name, value, allowed in (("adapter", training.adapter, "none"), ("fp8", training.fp8 or None, "false"),
                                  ("compile", training.compile or None, "false")):
         if value is not None and training.mode == "training":
@@ -433,7 +434,9 @@ def _check_hybrid(arch: Architecture, training: Training, par: Parallel) -> None
     # TP splits the heads of every mixer (Megatron-Core 0.16 ssm/mamba_mixer.py and ssm/gated_delta_net.py,
     # vLLM mamba_mixer2.py and gdn_linear_attn.py shard by heads)
     heads = (("model.linear_num_key_heads", arch.linear_num_key_heads), ("model.mamba_num_heads", arch.mamba_num_heads),
-             ("model.mamba_num_groups", arch.mamba_num_groups))
+             ("model.mamba_num_groups", arch.mamba_num_groups),
+             # Mamba-1 (vLLM mamba_mixer.py): the inner channels; its dt and B/C norms replicated
+             ("model.mamba_expand", arch.mamba_expand and arch.mamba_expand * arch.hidden_size))
     for name, n in heads:
         if n and n % par.tp and not (name == "model.mamba_num_groups" and training.mode == "inference"):
             raise ConfigError("parallel.tp", par.tp, _divisors(n), f"{name.split('.')[1]} ({n}) must be divisible by tp",

@@ -1,5 +1,5 @@
 """The config.json of hybrid models (issue 28, estimator/spec/hybrid.py): Qwen3-Next's linear-attention
-layers and Nemotron-H's state-space blocks, registered in `hf_families.FAMILIES` on import (hf_config
+layers, Nemotron-H's state-space blocks and Jamba's Mamba-1 layers, registered in `hf_families.FAMILIES` on import (hf_config
 imports this module).
 """
 
@@ -92,6 +92,33 @@ def _nemotron_h(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     return fields, notes
 
 
+def _jamba(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    """Jamba (transformers 5.23 modeling_jamba.py, JambaConfig): decoder layers of a Mamba-1 mixer (with RMSNorms
+    on dt, B and C) or attention without positions, then an MLP or a MoE of experts as wide as the MLP; attention
+    where i % attn_layer_period == attn_layer_offset, MoE where i % expert_layer_period == expert_layer_offset."""
+    notes = []
+    if r.bool("mamba_proj_bias"):
+        notes.append("mamba_proj_bias (biases not counted)")
+    h = r.int("hidden_size")
+    fields: dict[str, Any] = dict(
+        hidden_size=h, num_layers=r.int("num_hidden_layers"), num_attention_heads=r.int("num_attention_heads"),
+        num_kv_heads=r.int("num_key_value_heads", required=False), vocab_size=r.int("vocab_size"),
+        intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings"),
+        position_embedding="none", attention_layer_period=r.int("attn_layer_period"),
+        attention_layer_offset=r.int("attn_layer_offset", minimum=0), mamba_expand=r.int("mamba_expand"),
+        mamba_state_size=r.int("mamba_d_state"), mamba_conv_kernel=r.int("mamba_d_conv"),
+        mamba_conv_bias=r.bool("mamba_conv_bias", True))
+    # JambaConfig.__post_init__: "auto" is ceil(hidden_size / 16)
+    fields["mamba_dt_rank"] = -(-h // 16) if r.config.get("mamba_dt_rank") == "auto" else r.int("mamba_dt_rank")
+    experts = r.int("num_experts")
+    if experts > 1:  # JambaConfig.layers_num_experts: 1 expert is the plain MLP
+        fields.update(num_experts=experts, num_experts_per_token=r.int("num_experts_per_tok"),
+                      moe_intermediate_size=fields["intermediate_size"],
+                      first_dense_layers=r.int("expert_layer_offset", minimum=0),
+                      moe_layer_frequency=r.int("expert_layer_period"))
+    return fields, notes
+
+
 HYBRID_FAMILIES: dict[str, Family] = {
     "qwen3_next": Family(  # Qwen3NextConfig
         build=_qwen3_next,
@@ -123,5 +150,17 @@ HYBRID_FAMILIES: dict[str, Family] = {
                         'use_bias', 'use_conv_bias', 'use_mamba_kernels', 'n_group', 'topk_group',
                         'routed_scaling_factor', 'norm_topk_prob', 'mtp_layers_block_type',
                         'num_nextn_predict_layers', 'moe_shared_expert_overlap'})),
+    "jamba": Family(  # JambaConfig
+        build=_jamba,
+        defaults=dict(vocab_size=65536, tie_word_embeddings=False, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=262144,
+                      num_experts_per_tok=2, num_experts=16, expert_layer_period=2, expert_layer_offset=1,
+                      attn_layer_period=8, attn_layer_offset=4, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                      mamba_dt_rank="auto", mamba_conv_bias=True, mamba_proj_bias=False),
+        keys=frozenset({'attn_layer_offset', 'attn_layer_period', 'expert_layer_offset', 'expert_layer_period',
+                        'mamba_conv_bias', 'mamba_d_conv', 'mamba_d_state', 'mamba_dt_rank', 'mamba_expand',
+                        'mamba_proj_bias', 'num_experts', 'num_experts_per_tok', 'num_logits_to_keep',
+                        'output_router_logits', 'router_aux_loss_coef', 'use_mamba_kernels', 'use_mambapy',
+                        'use_associative_scan'})),
 }
 FAMILIES.update(HYBRID_FAMILIES)

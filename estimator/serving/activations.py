@@ -83,6 +83,8 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
         d = arch.mamba_num_heads * arch.mamba_head_dim
         attention = max(attention, tokens * (3 * d + 2 * arch.mamba_num_groups * arch.mamba_state_size
                                              + arch.mamba_num_heads) // tp)
+    if "mamba1" in mixers:  # in_proj's output (x, z), the conv's, delta and the gated scan output (vLLM mamba_mixer.py)
+        attention = max(attention, tokens * 5 * arch.mamba_expand * h // tp)
     mlp = 0
     if "dense" in ffns:
         mlp = tokens * 3 * arch.intermediate_size // tp

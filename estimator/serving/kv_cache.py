@@ -75,7 +75,7 @@ def _hybrid_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
 
     full = LayerSpec("full", block_size * attention_page_per_token(arch, tp, kv_bytes), block_size)
     state = LayerSpec("recurrent", full.page_bytes, block_size)
-    specs = {None: None, "attention": full, "linear_attention": state, "mamba": state}
+    specs = {None: None, "attention": full, "linear_attention": state, "mamba": state, "mamba1": state}
     return tuple(specs[hybrid.MIXER[arch.layer_kind(i)]] for i in range(arch.num_layers))
 
 

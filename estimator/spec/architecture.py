@@ -98,6 +98,11 @@ class Architecture:
     mamba_conv_kernel: int = 4
     mamba_conv_bias: bool = True
     mamba_chunk_size: int = 128
+    # Mamba-1 hybrids (Jamba): attention where i % attention_layer_period == attention_layer_offset, Mamba-1 elsewhere
+    attention_layer_period: int = 0  # 0: no Mamba-1 layers
+    attention_layer_offset: int = 0
+    mamba_expand: int | None = None  # Mamba-1 inner width = mamba_expand x hidden_size
+    mamba_dt_rank: int | None = None  # rank of Mamba-1's time-step projection
 
     def __post_init__(self) -> None:
         _check_architecture(self)
@@ -120,7 +125,8 @@ class Architecture:
     @property
     def is_hybrid(self) -> bool:
         """Some layers' token mixer is not softmax attention (estimator/spec/hybrid.py)."""
-        return self.hybrid_override_pattern is not None or self.full_attention_interval > 1
+        return self.hybrid_override_pattern is not None or self.full_attention_interval > 1 \
+            or self.attention_layer_period > 0
 
     def is_moe_layer(self, index: int) -> bool:
         """DeepSeek's ``first_k_dense_replace`` then every ``moe_layer_frequency``-th layer
@@ -132,15 +138,16 @@ class Architecture:
         return (index - self.first_dense_layers) % self.moe_layer_frequency == 0
 
     def is_full_attention_layer(self, index: int) -> bool:
-        """Qwen3-Next's layer_types: layer i is softmax attention when (i + 1) % interval == 0."""
-        return self.full_attention_interval <= 1 or (index + 1) % self.full_attention_interval == 0
+        """Qwen3-Next's layer_types (layer i attends when (i + 1) % interval == 0), Jamba's attention period."""
+        residue = _hybrid.attention_residue(self)
+        return residue is None or index % residue[1] == residue[0]
 
     def layer_kind(self, index: int) -> str:
         """The kind of one layer (see `kind_counts`)."""
         if self.hybrid_override_pattern is not None:
             return _hybrid.BLOCK_OF_SYMBOL[self.hybrid_override_pattern[index]]
         ffn = "moe" if self.is_moe_layer(index) else "dense"
-        return ffn if self.is_full_attention_layer(index) else f"linear_{ffn}"
+        return ffn if self.is_full_attention_layer(index) else _hybrid.recurrent_kinds(self)[ffn == "moe"]
 
     # The pattern is periodic, so how many layers of a kind a range [start, stop) holds is a count
     # of residues, in closed form: an estimate never walks the layers one by one, and its cost does
@@ -157,10 +164,11 @@ class Architecture:
                             self.first_dense_layers, self.moe_layer_frequency)
 
     def full_attention_layers_in(self, start: int, stop: int) -> int:
-        """Softmax-attention layers among start .. stop - 1 of a linear-attention hybrid."""
-        if self.full_attention_interval <= 1:
+        """Softmax-attention layers among start .. stop - 1 of a decoder-layer hybrid."""
+        residue = _hybrid.attention_residue(self)
+        if residue is None:
             return max(stop - start, 0)
-        return congruent_in(start, stop, self.full_attention_interval - 1, self.full_attention_interval)
+        return congruent_in(start, stop, *residue)
 
     def kind_counts(self, start: int = 0, stop: int | None = None) -> tuple[tuple[str, int], ...]:
         """(kind, layers) of layers start .. stop - 1 (all of them by default), kinds in sorted order,
@@ -169,9 +177,10 @@ class Architecture:
         if self.hybrid_override_pattern is not None:
             return _hybrid.pattern_counts(self.hybrid_override_pattern, start, stop)
         moe = self.moe_layers_in(start, stop)
-        if self.full_attention_interval <= 1:
+        residue = _hybrid.attention_residue(self)
+        if residue is None:
             return tuple((kind, n) for kind, n in (("dense", stop - start - moe), ("moe", moe)) if n > 0)
-        # Linear-attention hybrid: the full-attention layers that are MoE are in both residue classes
+        # Linear-attention or Mamba-1 hybrid: the attention layers that are MoE are in both residue classes
         full = self.full_attention_layers_in(start, stop)
         if not self.is_moe:
             moe_full = 0
@@ -180,9 +189,10 @@ class Architecture:
         else:
             moe_full = congruent_in_both(max(start, self.first_dense_layers), stop,
                                          (self.first_dense_layers, self.moe_layer_frequency),
-                                         (self.full_attention_interval - 1, self.full_attention_interval))
-        counts = {"dense": full - moe_full, "moe": moe_full, _hybrid.LINEAR_DENSE: stop - start - moe - (full - moe_full),
-                  _hybrid.LINEAR_MOE: moe - moe_full}
+                                         residue)
+        other_dense, other_moe = _hybrid.recurrent_kinds(self)
+        counts = {"dense": full - moe_full, "moe": moe_full, other_dense: stop - start - moe - (full - moe_full),
+                  other_moe: moe - moe_full}
         return tuple(sorted((kind, n) for kind, n in counts.items() if n > 0))
 
     @property
@@ -357,6 +367,9 @@ class Architecture:
             return _hybrid.mamba_tensors(self.hidden_size, self.mamba_num_heads, self.mamba_head_dim,
                                          self.mamba_state_size, self.mamba_num_groups, self.mamba_conv_kernel,
                                          self.mamba_conv_bias)
+        if mixer == "mamba1":
+            return _hybrid.mamba1_tensors(self.hidden_size, self.mamba_expand * self.hidden_size, self.mamba_state_size,
+                                          self.mamba_dt_rank, self.mamba_conv_kernel, self.mamba_conv_bias)
         return []
 
     def moe_tensors(self) -> list[ParameterTensor]:
@@ -505,10 +518,14 @@ def _check_architecture(arch: Architecture) -> None:
 
 def _check_hybrid(arch: Architecture) -> None:
     """A linear-attention interval or a state-space pattern: their fields, and what they do not combine with."""
-    pattern, interval = arch.hybrid_override_pattern, arch.full_attention_interval
-    if pattern is None and interval <= 1:
+    pattern, interval, period = arch.hybrid_override_pattern, arch.full_attention_interval, arch.attention_layer_period
+    if pattern is None and interval <= 1 and not period:
         return
-    which = "model.hybrid_override_pattern" if pattern is not None else "model.full_attention_interval"
+    which = "model.hybrid_override_pattern" if pattern is not None else "model.full_attention_interval" \
+        if interval > 1 else "model.attention_layer_period"
+    if period and (pattern is not None or interval):
+        raise ConfigError("model.attention_layer_period", period, "0 with a hybrid_override_pattern or a "
+                          "full_attention_interval", "a model has one kind of recurrent layer here", related=(which,))
     if pattern is not None and interval:
         raise ConfigError("model.full_attention_interval", interval, "0 with a hybrid_override_pattern",
                           "a model has either Mamba blocks or linear-attention layers here", related=(which,))
@@ -519,6 +536,8 @@ def _check_hybrid(arch: Architecture) -> None:
             raise ConfigError(f"model.{name}", value, f"{allowed} in a hybrid model", related=(which,))
     if pattern is not None:
         _check_pattern(arch, pattern)
+    elif period:
+        _hybrid.check_mamba1(arch)
     else:
         for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
             _require(arch, name, "required with linear-attention layers (full_attention_interval > 1)")

@@ -392,6 +392,15 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _bool("mamba_conv_bias", _M, "Mamba conv bias", "The causal convolution has a bias.", _HYB),
     _w("mamba_chunk_size", "SSM chunk size", "Tokens per chunk of the chunked scan (its temporaries scale with "
        "it).", _HYB, hi=4096),
+    _w("attention_layer_period", "Attention every N layers (Mamba-1)", "Mamba-1 hybrids (Jamba): layer i is softmax "
+       "attention when i % N equals the offset, a Mamba-1 mixer otherwise; 0 = no Mamba-1 layers.", _HYB, lo=0,
+       hi=MAX_LAYERS),
+    _w("attention_layer_offset", "Attention layer offset", "Mamba-1 hybrids: the first attention layer's index "
+       "(below the period).", _HYB, lo=0, hi=MAX_LAYERS),
+    _w("mamba_expand", "Mamba-1 expansion", "Mamba-1 inner width = expansion x hidden size (HF mamba_expand).", _HYB,
+       hi=64, optional=True, auto="none: required with Mamba-1 layers"),
+    _w("mamba_dt_rank", "Mamba-1 time-step rank", "Rank of the Mamba-1 time-step projection (HF mamba_dt_rank).",
+       _HYB, optional=True, auto="none: required with Mamba-1 layers"),
 )
 
 _A, _FT = "adapter", "Fine-tuning (adapters)"

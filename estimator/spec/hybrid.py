@@ -12,28 +12,66 @@ Two layouts, as the frameworks build them:
   Megatron-Core's alphabet (ssm/mamba_hybrid_layer_allocation.py `Symbols`): M a Mamba-2 mixer,
   * attention, - an MLP, E a MoE.
 
+- Mamba-1 hybrids (Jamba; transformers 5.23 `JambaAttentionDecoderLayer` / `JambaMambaDecoderLayer`): decoder
+  layers of a token mixer and an MLP or MoE with two norms, the mixer a Mamba-1 selective scan except where
+  i % `attention_layer_period` == `attention_layer_offset` (HF attn_layer_period / attn_layer_offset), which is
+  softmax attention without positions; MoE where i % expert_layer_period == expert_layer_offset (here
+  first_dense_layers = the offset, moe_layer_frequency = the period: the same layers).
+
 Layer kinds (`Architecture.kind_counts`): "dense" and "moe" stay the attention + MLP / MoE layers;
-"linear_dense" and "linear_moe" are the linear-attention layers; "mamba", "attention", "mlp" and
+"linear_dense" and "linear_moe" are the linear-attention layers, "mamba1_dense" and "mamba1_moe" the Mamba-1 ones; "mamba", "attention", "mlp" and
 "moe_block" the blocks of a pattern.
 """
 
 from __future__ import annotations
 
+from .errors import ConfigError
 from .tensors import COLUMN, REPLICATED, ROW, ParameterTensor
 
 LINEAR_DENSE, LINEAR_MOE = "linear_dense", "linear_moe"
+MAMBA1_DENSE, MAMBA1_MOE = "mamba1_dense", "mamba1_moe"
 MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK = "mamba", "attention", "mlp", "moe_block"
 BLOCK_OF_SYMBOL = {"M": MAMBA, "*": ATTENTION_BLOCK, "-": MLP_BLOCK, "E": MOE_BLOCK}
 PATTERN_TEXT = "one character per block: M (Mamba-2), * (attention), - (MLP), E (MoE)"
 
 # What each kind holds: its token mixer and its feed-forward part (None: it has none)
 MIXER = {"dense": "attention", "moe": "attention", LINEAR_DENSE: "linear_attention", LINEAR_MOE: "linear_attention",
-         MAMBA: "mamba", ATTENTION_BLOCK: "attention", MLP_BLOCK: None, MOE_BLOCK: None}
+         MAMBA: "mamba", ATTENTION_BLOCK: "attention", MLP_BLOCK: None, MOE_BLOCK: None,
+         MAMBA1_DENSE: "mamba1", MAMBA1_MOE: "mamba1"}
 FFN = {"dense": "dense", "moe": "moe", LINEAR_DENSE: "dense", LINEAR_MOE: "moe",
-       MAMBA: None, ATTENTION_BLOCK: None, MLP_BLOCK: "dense", MOE_BLOCK: "moe"}
+       MAMBA: None, ATTENTION_BLOCK: None, MLP_BLOCK: "dense", MOE_BLOCK: "moe", MAMBA1_DENSE: "dense",
+       MAMBA1_MOE: "moe"}
 
 
-HYBRID_KINDS = (LINEAR_DENSE, LINEAR_MOE, MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK)
+HYBRID_KINDS = (LINEAR_DENSE, LINEAR_MOE, MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK, MAMBA1_DENSE, MAMBA1_MOE)
+RECURRENT_MIXERS = ("linear_attention", "mamba", "mamba1")
+
+
+def attention_residue(arch) -> tuple[int, int] | None:
+    """(residue, modulus) of a decoder-layer hybrid's attention layers (layer i attends when i % modulus ==
+    residue): Qwen3-Next's (interval - 1, interval), Jamba's (offset, period); None when every layer attends."""
+    if arch.attention_layer_period:
+        return arch.attention_layer_offset, arch.attention_layer_period
+    if arch.full_attention_interval > 1:
+        return arch.full_attention_interval - 1, arch.full_attention_interval
+    return None
+
+
+def recurrent_kinds(arch) -> tuple[str, str]:
+    """The (dense, MoE) kinds of a decoder-layer hybrid's layers that do not attend."""
+    return (MAMBA1_DENSE, MAMBA1_MOE) if arch.attention_layer_period else (LINEAR_DENSE, LINEAR_MOE)
+
+
+def check_mamba1(arch) -> None:
+    """Jamba's fields: an offset inside the period, the Mamba-1 widths."""
+    if not 0 <= arch.attention_layer_offset < arch.attention_layer_period:
+        raise ConfigError("model.attention_layer_offset", arch.attention_layer_offset,
+                          f"0 to attention_layer_period - 1 ({arch.attention_layer_period - 1})",
+                          related=("model.attention_layer_period",))
+    for name in ("mamba_expand", "mamba_state_size", "mamba_dt_rank"):
+        if getattr(arch, name) is None:
+            raise ConfigError(f"model.{name}", None, "a positive integer: required with Mamba-1 layers "
+                              "(attention_layer_period > 0)", related=("model.attention_layer_period",))
 
 
 def is_block(kind: str) -> bool:
@@ -43,7 +81,7 @@ def is_block(kind: str) -> bool:
 
 def recurrent(kind: str) -> bool:
     """A kind whose token mixer keeps a fixed-size state per sequence, not a key and value per token."""
-    return MIXER[kind] in ("linear_attention", "mamba")
+    return MIXER[kind] in RECURRENT_MIXERS
 
 
 def pattern_counts(pattern: str, start: int, stop: int) -> tuple[tuple[str, int], ...]:
@@ -91,6 +129,25 @@ def mamba_tensors(h: int, heads: int, head_dim: int, state: int, groups: int, ke
                   ParameterTensor("mamba_out_proj", (h, d), ROW, "hidden_matrix")]
 
 
+def mamba1_tensors(h: int, inner: int, state: int, dt_rank: int, kernel: int, conv_bias: bool) -> list[ParameterTensor]:
+    """A Mamba-1 mixer with Jamba's inner norms (transformers 5.23 JambaMambaMixer.__init__): in_proj (2 d, h)
+    with d = expand h (x and the gate z), a depthwise conv over x (d channels of `kernel` taps, a bias),
+    x_proj (r + 2 n, d) giving dt, B, C, dt_proj (d, r) with a bias, A_log (d, n) and D (d,), RMSNorms on dt
+    (r), B and C (n each), out_proj (h, d); no projection biases (mamba_proj_bias false). TP splits the inner
+    channels (vLLM 0.11 model_executor/layers/mamba/mamba_mixer.py: in_proj and dt_proj column-parallel,
+    x_proj and out_proj row-parallel; the conv, A, D sharded with the channels, the inner norms replicated)."""
+    out = [ParameterTensor("mamba_in_proj", (2 * inner, h), COLUMN, "hidden_matrix"),
+           ParameterTensor("mamba_conv", (inner, kernel), COLUMN, "vector")]
+    if conv_bias:
+        out.append(ParameterTensor("mamba_conv_bias", (inner,), COLUMN, "vector"))
+    return out + [ParameterTensor("mamba_x_proj", (dt_rank + 2 * state, inner), ROW, "hidden_matrix"),
+                  ParameterTensor("mamba_dt_proj", (inner, dt_rank), COLUMN, "hidden_matrix"),
+                  ParameterTensor("mamba_dt_bias_d", (2 * inner,), COLUMN, "vector"),
+                  ParameterTensor("mamba_a_log", (inner, state), COLUMN, "vector"),
+                  ParameterTensor("mamba_dt_b_c_norms", (dt_rank + 2 * state,), REPLICATED, "vector"),
+                  ParameterTensor("mamba_out_proj", (h, inner), ROW, "hidden_matrix")]
+
+
 # --- the state a recurrent layer keeps per sequence (inference) -----------------------------------
 
 
@@ -115,4 +172,7 @@ def state_bytes(arch, kind: str, tp: int, model_bytes: int) -> int:
         d = arch.mamba_num_heads * arch.mamba_head_dim
         conv = (arch.mamba_conv_kernel - 1) * (d + 2 * g * arch.mamba_state_size) // tp
         return conv * model_bytes + arch.mamba_num_heads // tp * arch.mamba_head_dim * arch.mamba_state_size * 4
+    if mixer == "mamba1":  # vLLM mamba1_state_shape: conv (d / tp) x (kernel - 1), temporal (d / tp) x n
+        inner = arch.mamba_expand * arch.hidden_size // tp
+        return (inner * (arch.mamba_conv_kernel - 1) + inner * arch.mamba_state_size) * model_bytes
     return 0

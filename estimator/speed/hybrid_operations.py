@@ -15,6 +15,12 @@ time, the state carried between chunks):
   passing, _chunk_scan_fwd's intra-chunk (L o C B^T) x and inter-chunk C h; chunk Q, state N, head
   width P): 2 (Q N / heads_per_group + Q P + 2 N P) FLOPs; its backward 2.5 x the forward (the scan and
   the conv recomputed, then the gradients' matmuls).
+- Mamba-1 selective scan (Gu & Dao 2023, arXiv 2312.00752 section 3.3; state-spaces/mamba@e9594ce
+  csrc/selective_scan: one pass over the sequence per channel, no matmul): per token, channel and state
+  exp(delta A), delta B u, the state update and C h, 8 FLOPs, on the CUDA cores; per token and channel the
+  softplus of delta, the D skip and the SiLU gate, about 10. It reads u, delta, z, B, C and writes the gated
+  output; its backward re-runs the scan chunk by chunk from the saved chunk states and writes du, ddelta, dz,
+  dB, dC: 2.5 x the forward's work, twice its traffic.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from .operations import NORM_FLOPS, NORM_MODULE, Operation, SWIGLU_FLOPS, _Conte
 from . import kernels
 
 FLA_CHUNK = 64
+# The CUDA cores' fp32 rate over the dense bf16 tensor-core rate (NVIDIA A100 datasheet 19.5 of 312 TFLOP/s,
+# H100 SXM datasheet 67 of 989): the selective scan's arithmetic runs on them
+CUDA_CORE_SHARE = 1 / 16
 
 
 def gated_delta_net_core_flops(arch: Architecture) -> float:
@@ -93,6 +102,45 @@ def mamba_operations(ctx: _Context, arch: Architecture, par: Parallel, scope: st
               count, "2*(g*Q*N + H*(Q*P + 2*N*P)) per token, Q = chunk"),
         _elementwise(ctx, scope, "gated RMSNorm", 2 * T * d / t, T * d / t, NORM_FLOPS["rmsnorm"] + SWIGLU_FLOPS, count,
                      "read the scan output and z, write s*b*H*p/t", group="norm"),
+        _gemm(ctx, scope, "out_proj", T, d / t, h, count),
+        _elementwise(ctx, scope, "residual add (Mamba)", 2 * ctx.T_sp * h, ctx.T_sp * h, 0.5, count,
+                     "read 2*s*b*h, write s*b*h"),
+    ]
+
+
+def selective_scan_flops(arch: Architecture) -> float:
+    """Forward FLOPs per token of Mamba-1's selective scan, all channels (module docstring)."""
+    return arch.mamba_expand * arch.hidden_size * (8 * arch.mamba_state_size + 10)
+
+
+def mamba1_operations(ctx: _Context, arch: Architecture, par: Parallel, scope: str, count: int) -> list[list[Operation]]:
+    """A Mamba-1 mixer with Jamba's inner norms (transformers JambaMambaMixer): norm, in_proj (x, z), the causal
+    conv over x, x_proj (dt, B, C) and their norms, dt_proj, the selective scan, out_proj, the residual add."""
+    h, t, T = arch.hidden_size, par.tp, ctx.T
+    d, n, r = arch.mamba_expand * arch.hidden_size, arch.mamba_state_size, arch.mamba_dt_rank
+    kernel = arch.mamba_conv_kernel
+    scan_moved = T * (4 * d / t + 2 * n) * ctx.B
+
+    def scan(label, phase, work, moved, formula):
+        return Operation(label, phase, scope, "elementwise", work, moved, ctx.peak, ctx.bandwidth, count, formula, (),
+                         CUDA_CORE_SHARE, kernels.BANDWIDTH_EFFICIENCY)
+
+    flops = T * selective_scan_flops(arch) / t
+    core = [scan("selective scan (mamba-ssm)", "forward", flops, scan_moved, "d*(8*n + 10) per token, CUDA cores")]
+    if ctx.training:
+        core.append(scan("selective scan (backward)", "backward", 2.5 * flops, 2 * scan_moved,
+                         "2.5 x forward (the chunks re-scanned, then the gradients)"))
+    return [
+        _elementwise(ctx, scope, "Mamba norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
+                     "read and write s*b*h", NORM_MODULE, "norm"),
+        _gemm(ctx, scope, "in_proj (x, z)", T, h, 2 * d / t, count),
+        _elementwise(ctx, scope, "causal conv1d over x (+ SiLU)", T * d / t, T * d / t, 2 * kernel + 4, count,
+                     f"read and write s*b*d/t, {kernel} taps"),
+        _gemm(ctx, scope, "x_proj (dt, B, C)", T, d / t, r + 2 * n, count),
+        _elementwise(ctx, scope, "dt, B, C norms", T * (r + 2 * n), T * (r + 2 * n), NORM_FLOPS["rmsnorm"], count,
+                     "read and write s*b*(r + 2n)", group="norm"),
+        _gemm(ctx, scope, "dt_proj", T, r, d / t, count),
+        core,
         _gemm(ctx, scope, "out_proj", T, d / t, h, count),
         _elementwise(ctx, scope, "residual add (Mamba)", 2 * ctx.T_sp * h, ctx.T_sp * h, 0.5, count,
                      "read 2*s*b*h, write s*b*h"),

@@ -7,7 +7,8 @@ import dataclasses
 
 from . import kernels
 from ..spec import hybrid
-from .hybrid_operations import gated_delta_net_core_flops, gated_delta_net_operations, mamba_operations, ssd_core_flops
+from .hybrid_operations import (gated_delta_net_core_flops, gated_delta_net_operations, mamba1_operations,
+                                mamba_operations, selective_scan_flops, ssd_core_flops)
 from ..spec.architecture import Architecture
 from ..spec.parallel import Parallel
 from ..spec.training import Training
@@ -120,6 +121,8 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
         groups += gated_delta_net_operations(ctx, arch, par, scope, count)
     elif mixer == "mamba":
         groups += mamba_operations(ctx, arch, par, scope, count)
+    elif mixer == "mamba1":
+        groups += mamba1_operations(ctx, arch, par, scope, count)
     if ffn is not None:
         groups += _ffn_groups(ctx, arch, training, par, scope, ffn, count)
     if training.adapter:
@@ -315,8 +318,8 @@ def model_flops_per_token(arch: Architecture, seq_len: int, training: bool = Tru
                     * attended_keys(seq_len, arch.sliding_window if windowed else None)
                     for (kind, windowed), n in arch.variant_counts().items() if hybrid.MIXER[kind] == "attention")
     # a hybrid's chunked recurrences (hybrid_operations.py), their forward FLOPs per token, in the same term
-    attention += sum(n * {"linear_attention": gated_delta_net_core_flops, "mamba": ssd_core_flops}[hybrid.MIXER[kind]](arch)
-                     for kind, n in arch.kind_counts() if hybrid.MIXER[kind] in ("linear_attention", "mamba"))
+    core = {"linear_attention": gated_delta_net_core_flops, "mamba": ssd_core_flops, "mamba1": selective_scan_flops}
+    attention += sum(n * core[hybrid.MIXER[kind]](arch) for kind, n in arch.kind_counts() if hybrid.MIXER[kind] in core)
     n = matmul_parameters(arch)
     if training:
         return 6 * n + 3 * attention

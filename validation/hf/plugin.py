@@ -23,7 +23,7 @@ METHOD = (
     "packages are installed are emulated as autograd Functions that allocate what the kernels' Python wrappers "
     "allocate and save what their ctx.save_for_backward saves (validation/hybrid/kernels.py): causal-conv1d's "
     "CausalConv1dFn, flash-linear-attention's ChunkGatedDeltaRuleFunction, mamba-ssm's "
-    "MambaSplitConv1dScanCombinedFn; on real CPU runs they give transformers' torch fallbacks' values "
+    "MambaSplitConv1dScanCombinedFn and Mamba-1's SelectiveScanFn (validation/hybrid/mamba1.py); on real CPU runs they give transformers' torch fallbacks' values "
     "(tests/test_harness_hybrid.py)."
 )
 

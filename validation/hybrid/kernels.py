@@ -10,6 +10,8 @@ when it imports, else the torch path):
 - Nemotron-H's Mamba-2 mixer in training (`NemotronHMamba2Mixer.forward`, `self.training` and no
   cache): `mamba_split_conv1d_scan_combined` from mamba-ssm, which fuses the causal conv, the chunked
   SSD scan, the gated RMSNorm and the output projection in one autograd Function.
+- Jamba's Mamba-1 mixer (`JambaMambaMixer.forward`): `causal_conv1d_fn` on x, then mamba-ssm's
+  `selective_scan_fn` (emulated in mamba1.py).
 
 The torch fallbacks save other tensors (the eager chunk loop keeps fp32 copies of everything), so a
 CPU run of the fallback measures a different model. Each kernel is emulated here as the harness
@@ -443,6 +445,11 @@ def hybrid_kernels(tracker):
                                                                saved[qwen, "torch_chunk_gated_delta_rule"])
     nemotron.mamba2_split_conv1d_scan_combined = mamba_split_conv1d_scan_combined(
         tracker.hidden, nemotron.causal_conv1d_fn, nemotron.mamba2_chunk_scan)
+    from .mamba1 import jamba_patches  # Jamba's Mamba-1 layers (mamba1.py)
+
+    for module, name, emulation in jamba_patches(tracker, causal_conv1d_fn):
+        saved[module, name] = getattr(module, name)
+        setattr(module, name, emulation)
     try:
         yield
     finally:

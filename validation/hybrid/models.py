@@ -66,8 +66,26 @@ def _nemotron_h(hf: dict) -> dict:
         mamba_conv_bias=hf["use_conv_bias"], mamba_chunk_size=hf["chunk_size"])
 
 
+def _jamba(hf: dict) -> dict:
+    """Jamba: decoder layers of (Mamba-1 or attention without positions) + (MLP or MoE), two norms each;
+    attention where i % attn_layer_period == attn_layer_offset, MoE where i % expert_layer_period ==
+    expert_layer_offset (JambaConfig.layers_block_type, layers_num_experts); the experts as wide as the MLP."""
+    return dict(
+        hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"], num_kv_heads=hf["num_key_value_heads"],
+        vocab_size=hf["vocab_size"], intermediate_size=hf["intermediate_size"],
+        tie_embeddings=hf["tie_word_embeddings"], position_embedding="none",
+        num_experts=hf["num_experts"], num_experts_per_token=hf["num_experts_per_tok"],
+        moe_intermediate_size=hf["intermediate_size"], first_dense_layers=hf["expert_layer_offset"],
+        moe_layer_frequency=hf["expert_layer_period"],
+        attention_layer_period=hf["attn_layer_period"], attention_layer_offset=hf["attn_layer_offset"],
+        mamba_expand=hf["mamba_expand"], mamba_state_size=hf["mamba_d_state"], mamba_dt_rank=hf["mamba_dt_rank"],
+        mamba_conv_kernel=hf["mamba_d_conv"], mamba_conv_bias=hf["mamba_conv_bias"])
+
+
 QWEN3_NEXT_80B = _published("qwen3-next-80b-a3b-instruct")
 NEMOTRON_H_8B = _published("nemotron-h-8b-base-8k")
+JAMBA_MINI = _published("ai21-jamba-1.5-mini")
 
 # Tiny models for the emulation and fake-versus-real checks (tests/test_harness_hybrid.py): grouped
 # value heads (2 key heads, 4 value heads), a full-attention layer, MoE; every Nemotron-H block kind.
@@ -80,12 +98,18 @@ TINY_NEMOTRON_H = dict(NEMOTRON_H_8B, hidden_size=64, hybrid_override_pattern="M
                        num_attention_heads=4, num_key_value_heads=2, attention_head_dim=16, intermediate_size=128,
                        vocab_size=1000, max_position_embeddings=512, mamba_num_heads=8, mamba_head_dim=16,
                        ssm_state_size=16, n_groups=2, chunk_size=16)
+# Jamba: Mamba + MLP (0, 2), attention + MoE (1), Mamba + MoE (3)
+TINY_JAMBA = dict(JAMBA_MINI, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, vocab_size=1000, max_position_embeddings=512, num_experts=4,
+                  attn_layer_period=3, attn_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)
 
 MODELS = {m.id: m for m in [
     HybridModel("qwen3-next-80b-a3b", QWEN3_NEXT_80B, _qwen3_next(QWEN3_NEXT_80B)),
     HybridModel("nemotron-h-8b", NEMOTRON_H_8B, _nemotron_h(NEMOTRON_H_8B)),
     HybridModel("tiny-qwen3-next", TINY_QWEN3_NEXT, _qwen3_next(TINY_QWEN3_NEXT)),
     HybridModel("tiny-nemotron-h", TINY_NEMOTRON_H, _nemotron_h(TINY_NEMOTRON_H)),
+    HybridModel("jamba-mini-1.5", JAMBA_MINI, _jamba(JAMBA_MINI)),
+    HybridModel("tiny-jamba", TINY_JAMBA, _jamba(TINY_JAMBA)),
 ]}
 
 # The measured runs, as validation/hf/step.Run's arguments (registered in validation/hf/cases.py). Long
@@ -97,6 +121,9 @@ HYBRID_RUNS = [
     (("nemotron-h-8b", 4096), {}), (("nemotron-h-8b", 8192), {"recompute": "full"}),
     (("nemotron-h-8b", 2048, 2), {}), (("nemotron-h-8b", 16384), {"recompute": "full"}),
     (("nemotron-h-8b", 8192), {}),
+    (("jamba-mini-1.5", 4096), {}), (("jamba-mini-1.5", 8192), {"recompute": "full"}),
+    (("jamba-mini-1.5", 2048, 2), {}), (("jamba-mini-1.5", 16384), {"recompute": "full"}),
+    (("jamba-mini-1.5", 32768), {}),
 ]
 
 KERNELS = {  # what a record's description says of the emulated kernels, and their sources
@@ -105,4 +132,7 @@ KERNELS = {  # what a record's description says of the emulated kernels, and the
                           "Dao-AILab/causal-conv1d@0d2252d), gated attention every 4th layer",
     "nemotron-h-8b": "Mamba-2 blocks through mamba-ssm's mamba_split_conv1d_scan_combined (emulated: "
                      "state-spaces/mamba@e9594ce)",
+    "jamba-mini-1.5": "Mamba-1 layers through causal-conv1d's causal_conv1d_fn and mamba-ssm's selective_scan_fn "
+                      "(emulated: Dao-AILab/causal-conv1d@0d2252d, state-spaces/mamba@e9594ce), attention every 8th "
+                      "layer, MoE every 2nd",
 }

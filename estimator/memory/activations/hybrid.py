@@ -94,6 +94,47 @@ def mamba_entries(arch: Architecture, training: Training, par: Parallel) -> list
     return out
 
 
+SCAN_CHUNK = 2048  # mamba-ssm selective_scan.cpp: the state saved at the end of every 2048 tokens
+
+
+def mamba1_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """A Mamba-1 mixer with Jamba's dt/B/C norms and its norm (transformers 5.23 JambaMambaMixer.forward with
+    causal-conv1d's causal_conv1d_fn and mamba-ssm's selective_scan_fn). in_proj's output (x and the gate z) is
+    kept whole by the conv's saved input (a view of its first half); the conv output by the scan (u) and,
+    transposed, copied by x_proj's matmul; dt, B, C from x_proj's output through RMSNorms (fp32 upcast, rsqrt,
+    the normalised tensor kept by the scale); dt_proj's matmul keeps the normed dt; the scan
+    (SelectiveScanFn, state-spaces/mamba@e9594ce selective_scan_interface.py and selective_scan.cpp) keeps u,
+    delta, contiguous copies of B, C (b, n, l) and z, its pre-gate output `out = empty_like(delta)` and x, the
+    fp32 state at every 2048-token chunk's end (b, d, chunks, 2 n); out_proj copies the transposed gated
+    output. A = -exp(A_log.float()) (exp keeps its output, the kernel A), D and dt_proj's bias in fp32: per layer,
+    not per token. Measured: tests/data/measured/jamba-mini-1.5-*.json (validation/hybrid/mamba1.py)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    d, n, r = arch.mamba_expand * arch.hidden_size, arch.mamba_state_size, arch.mamba_dt_rank
+    chunks = -(-training.seq_len // par.cp // SCAN_CHUNK)
+    out = _norm("Mamba norm input", T, arch, training)
+    out += _norm_output("in_proj input", T, arch, training, 1, NORM)
+    out += [
+        Entry("in_proj output x and z (the conv's saved input is a view of it)", T * 2 * d, B, "tp", "2*B*s*b*d"),
+        Entry("conv output (kept by the scan as u)", T * d, B, "tp", "B*s*b*d"),
+        Entry("conv output transposed, copied by x_proj's matmul", T * d, B, "tp", "B*s*b*d", gemm_input=True),
+        Entry("dt, B, C norms: fp32 upcasts", T * (r + 2 * n), 4, "none", "4*s*b*(r + 2*n)"),
+        Entry("dt, B, C norms: rsqrt per token (fp32)", T * 3, 4, "none", "3*4*s*b"),
+        Entry("dt, B, C norms: normalised, before the scale", T * (r + 2 * n), B, "none", "B*s*b*(r + 2*n)"),
+        Entry("normed dt (dt_proj's matmul input)", T * r, B, "none", "B*s*b*r", gemm_input=True),
+        Entry("B and C made contiguous (b, n, l), kept by the scan", T * 2 * n, B, "none", "2*B*s*b*n"),
+        Entry("delta = dt_proj(dt) (kept by the scan)", T * d, B, "tp", "B*s*b*d"),
+        Entry("gate z made contiguous (kept by the scan)", T * d, B, "tp", "B*s*b*d"),
+        Entry("scan output before the gate (kept by the scan)", T * d, B, "tp", "B*s*b*d"),
+        Entry(f"scan state at each {SCAN_CHUNK}-token chunk's end (fp32)", training.micro_batch_size * d * chunks * 2 * n,
+              4, "tp", f"4*b*d*ceil(s/{SCAN_CHUNK})*2*n", split_by_cp=False),
+        Entry("gated output transposed, copied by out_proj's matmul", T * d, B, "tp", "B*s*b*d", gemm_input=True),
+        Entry("A = -exp(A_log) twice, D and dt bias in fp32 (per layer)", 2 * d * n + 2 * d, 4, "tp", "4*(2*d*n + 2*d)",
+              split_by_cp=False),
+    ]
+    return out
+
+
 def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, kind: str) -> list[Entry]:
     """One layer (or block) of a hybrid model: its mixer's entries, then its MLP's or MoE's."""
     from .attention import attention_entries
@@ -101,7 +142,7 @@ def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, 
 
     mixer, ffn = hybrid.MIXER[kind], hybrid.FFN[kind]
     out = {"attention": attention_entries, "linear_attention": gated_delta_net_entries,
-           "mamba": mamba_entries, None: lambda *a: []}[mixer](arch, training, par)
+           "mamba": mamba_entries, "mamba1": mamba1_entries, None: lambda *a: []}[mixer](arch, training, par)
     if ffn is not None:
         out += mlp_entries(arch, training, par, ffn)
     return out
