@@ -40,6 +40,7 @@ from .result import Estimate, fit_on
 from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
                            _shared)
 from .static_stage import _StaticStage, _static_stage
+from .reserved import replay_rule, replayed_cache
 from ..models.loading import load_config
 
 
@@ -238,8 +239,8 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
         counts = _activation_counts(cfg.training, sp, cfg.architecture)
         known = memo[("group", key)] = (counts, _activation_units(counts, shared))
     counts, units = known
-    return _Group(static, units,
-                  StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel, shared), {}))
+    return _Group(static, units, StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel,
+                                                     shared, replay_rule(cfg)), {}))
 
 
 def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool = False) -> list[StageEstimate]:
@@ -256,6 +257,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
     full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
+    replayed = not peak_only and replay_rule(cfg) is None  # the reported estimate only (reserved.py)
     stages = []
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
@@ -296,9 +298,13 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             if not stages or device > stages[0]:
                 stages[:] = [device]
             continue
+        cache = replayed_cache(cfg, shared, sp, static) if replayed else None
+        if cache is not None:
+            device = allocated + static.outside_allocator + cache.bytes
         stages.append(StageEstimate(
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
-            (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme))
+            (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme,
+            cache))
     return stages
 
 
@@ -320,7 +326,8 @@ def _offloaded_activations(activations: int, sp: StageParameters, inflight: floa
 
 
 def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, training: Training, par: Parallel,
-                     shared: _Shared, stage: StageEstimate) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+                     shared: _Shared, no_replay: str | None,
+                     stage: StageEstimate) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
     """A training stage's three phases, and what it holds outside the allocator at its peak. The
     backward phase shows its largest moment: its start, or its last moments when those are larger
     (`backward_ends`, as `_training_stages` found them)."""
@@ -341,7 +348,8 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
-    return phases, (static.communication, shared.runtime, *managed, fragmentation(allocated, shared.hardware))
+    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "")
+    return phases, (static.communication, shared.runtime, *managed, cache)
 
 
 def estimate_config(data: object):

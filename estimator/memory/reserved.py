@@ -1,0 +1,266 @@
+"""The allocator's cache at a stage's peak: reserved minus allocated memory (`max_memory_reserved` -
+`max_memory_allocated`), the `fragmentation` component, by one of two rules that the component names.
+
+1. Replay (the HF Trainer's step, where the ledger knows its allocation order): the estimate's own
+   ledger turned into the sequence of allocations and frees of two training steps and replayed
+   through PyTorch's caching allocator (allocator.py, c10/cuda/CUDACachingAllocator.cpp of torch 2.11
+   to 2.13); the cache is the replay's reserved peak less its allocated peak. Against 32 real H200
+   runs (tests/data/measured/gpu) it halves the flat share's misses (tests/test_allocator.py).
+2. Flat share (everything else: pipeline schedules, FSDP, ZeRO, Megatron's buffers, adapters,
+   expandable segments, paged optimizers, offload, torch.compile, inference): a measured share of the
+   allocated peak (components.fragmentation), whose order of allocations the ledger cannot give.
+
+The replay is made for the reported estimate only: a layout search judges layouts by
+`memory.device_total` with the flat share, which is monotone in the micro-batch and the recompute
+setting (the planner's pruning rules rely on it); the replayed cache is not (nor is a real GPU's).
+One replay costs milliseconds (bench/bench_reserved.py) and is remembered per configuration.
+
+The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, torch.autograd, torch.optim):
+1. the model's parameters, one tensor each in module order (embedding, the layers, final norm, head):
+   a gated MLP's gate and up projections are two Linear layers (transformers modeling_llama.py
+   LlamaMLP), a layer's norms one module each; the cuBLAS workspaces; DDP's gradient buckets;
+2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
+   several like tensors as that many requests; under full recompute the layer's input kept and the
+   rest computed and dropped), its forward transients made and freed, the autocast copies of its
+   weights kept for backward; then the loss: the final norm's saved tensors, the logits and their
+   fp32 copies, the log-softmax made from them (kept), the copies freed;
+3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
+   exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
+   backward transients, its parameters' gradients (the first micro-batch creates them, later ones add
+   in place), its saved tensors freed;
+4. the optimizer step: its states created at the first step (per parameter, in order), its
+   temporaries per tensor (torch's foreach kernels allocate one result per tensor) made and freed;
+   zero_grad frees the gradients.
+Two steps are replayed (segments are never given back: the second step's reserved memory holds the
+first's).
+"""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import NamedTuple
+
+from .allocator import replay
+from .components import Component, component, total_bytes
+from ..spec.dtypes import bytes_per_element
+
+REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
+                 "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
+                 "against 32 real H200 runs (tests/data/measured/gpu) median 1.9%, none under by more than 10%")
+
+
+def replay_rule(cfg) -> str | None:
+    """Why the replay does not apply to this configuration (None: it does). The replay builds the HF
+    Trainer's order of allocations, on one GPU's full set of weights, with default segments."""
+    training, par, hardware = cfg.training, cfg.parallel, cfg.hardware
+    checks = (
+        (training.mode != "training" or training.rl is not None, "not a training step"),
+        (training.framework != "hf", f"{training.framework}'s order of allocations is not modelled"),
+        (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),
+        (hardware.expandable_segments, "expandable segments"),
+        (training.adapter is not None, "an adapter run (frozen weights)"),
+        (training.optimizer.startswith("paged"), "a paged optimizer (cudaMallocManaged states)"),
+        (training.compile, "torch.compile"),
+        (training.offload_optimizer != "none" or training.offload_parameters != "none"
+         or training.offload_activations or training.optimizer_in_backward, "offload or an optimizer in backward"),
+    )
+    return next((why for failed, why in checks if failed), None)
+
+
+def replayed_cache(cfg, shared, sp, static) -> Component:
+    """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
+    configuration and stage."""
+    key = ("reserved replay", cfg.training, cfg.parallel, cfg.hardware, sp.stage)
+    cache, segments = cfg.architecture.cached(key, lambda: _replayed(cfg, shared, sp, static), per_layout=True)
+    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
+                     f"caching allocator replayed over two HF Trainer steps: reserved ({segments} segments) less "
+                     "allocated, at their peaks", REPLAY_SOURCE)
+
+
+def _replayed(cfg, shared, sp, static) -> tuple[int, int]:
+    from .transients import transients
+    tr = transients(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage, None)
+    parts = static.parts()
+    workspaces = [c for c in parts.kept if c.key == "workspace"]
+    states = sum(c.bytes for c in parts.kept if c.key == "optimizer_states")
+    program = _Program()
+    _build(program, cfg, sp, shared, tr, workspaces, states)
+    allocator = replay(program.events)
+    return max(0, allocator.reserved_peak - allocator.allocated_peak), allocator.segments
+
+
+LOGITS_COMPUTE_DTYPE = "logits in the compute dtype"  # activations/loss.py's entry
+
+
+class _Program:
+    """An allocation sequence: (key, +bytes) and (key, -bytes) events."""
+
+    def __init__(self):
+        self.events: list[tuple[int, int]] = []
+        self._keys = count()
+
+    def alloc(self, nbytes: float) -> tuple[int, int]:
+        block = (next(self._keys), int(round(nbytes)))
+        if block[1] > 0:
+            self.events.append(block)
+        return block
+
+    def free(self, *blocks) -> None:
+        self.events.extend((key, -size) for key, size in blocks if size > 0)
+
+    def transient(self, sizes) -> None:
+        self.free(*[self.alloc(s) for s in sizes])
+
+
+class _Weights(NamedTuple):
+    """Element counts of the model's weight tensors, one per module parameter, in module order."""
+
+    embedding: list[float]
+    layers: list[list[tuple[float, bool]]]  # per layer: (elements, a matrix autocast copies)
+    head: list[float]
+
+
+def _split(t, gated: bool) -> list[tuple[float, bool]]:
+    """One `ParameterTensor` as the module's parameters: a gated MLP's fc1 is transformers' gate_proj and
+    up_proj (LlamaMLP), a norm count one scale per norm module; experts stay one fused tensor
+    (transformers 5's MoE experts hold 3-D parameters)."""
+    matrix = t.role == "hidden_matrix"
+    if gated and t.name.endswith("fc1") and not t.is_expert and t.copies == 1:
+        half = t.numel / 2
+        return [(half, matrix), (half, matrix)]
+    if t.role == "vector" and t.copies > 1:
+        return [(t.numel / t.copies, False)] * t.copies
+    return [(float(t.numel), matrix)]
+
+
+def _weights(arch, sp, gated: bool) -> _Weights:
+    kinds = arch.layer_kinds()
+    layers = []
+    for i in sp.layer_indices:
+        tensors = arch.layer_tensors(kinds[i])
+        layers.append([piece for t in tensors for piece in _split(t, gated)])
+    embedding = [float(t.numel) for t in arch.embedding_tensors()] if sp.first else []
+    head = [float(n) for t in arch.head_tensors() for n, _ in _split(t, gated)] if sp.last else []
+    return _Weights(embedding, layers, head)
+
+
+def _sizes(entries, par) -> list[float]:
+    """An entry's bytes as the requests the allocator sees: one per tensor it stands for."""
+    return [e.bytes(par) / e.tensors for e in entries for _ in range(e.tensors)]
+
+
+def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float) -> None:
+    arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
+    P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
+    w = _weights(arch, sp, arch.gated_mlp)
+    order = w.embedding + [n for layer in w.layers for n, _ in layer] + w.head
+    elements = sum(order)
+    for n in order:
+        prog.alloc(n * P)
+    for block in tr.persistent + workspaces:  # DDP's buckets, the cuBLAS workspaces
+        prog.alloc(block.bytes)
+    prog.alloc(8 * training.seq_len * training.micro_batch_size)  # the token ids (and labels)
+    per_tensor = 2 if "adam" in training.optimizer else 1
+    state_bytes = states_bytes / max(1.0, elements) / per_tensor  # per element of one state tensor
+    copy = bytes_per_element(recipe.compute_dtype) if recipe.autocast_weight_copies else 0
+    step = total_bytes(tr.optimizer)
+    states = None
+    for _ in range(2):
+        grads: dict[int, tuple[int, int]] = {}
+        for _ in range(cfg.microbatches):
+            kept = _forward(prog, cfg, shared, sp, w, tr, copy)
+            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, G)
+        if states is None:
+            states = [prog.alloc(n * state_bytes) for n in order for _ in range(per_tensor)]
+        if step:
+            prog.transient([n * step / elements for n in order])
+        prog.free(*grads.values())
+
+
+def _layer_sizes(shared, kind: str) -> list[float]:
+    from .activations.recompute import dropped
+    return _sizes([e for e in shared.entries[kind] if not dropped(e, shared.recomputed)], shared.parallel)
+
+
+def _no_copies(components) -> list[float]:
+    return [c.bytes for c in components if c.label != "Autocast copies of the weights"]
+
+
+def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float) -> list[list]:
+    kinds, full = cfg.architecture.layer_kinds(), cfg.training.recompute == "full"
+    kept = [[prog.alloc(b) for b in _sizes(shared.embedding, shared.parallel)]]
+    for i, tensors in zip(sp.layer_indices, w.layers):
+        sizes = _layer_sizes(shared, kinds[i])
+        if full:
+            kept.append([prog.alloc(shared.kept_input)])
+            prog.transient(sizes)
+        else:
+            kept.append([prog.alloc(b) for b in sizes])
+        prog.transient(_no_copies(tr.forward))
+        if copy:  # autocast's 16-bit copies of the layer's matrices, kept for its backward
+            kept[-1] += [prog.alloc(n * copy) for n, matrix in tensors if matrix]
+    kept.append(_loss_forward(prog, shared) if sp.last and shared.loss else ([], []))
+    return kept
+
+
+def _loss_forward(prog, shared) -> tuple[list, list]:
+    """The final norm's tensors, then the logits and their fp32 copies, then what the loss keeps made
+    from them (the log-softmax), then the copies freed, the last made first (transformers
+    ForCausalLMLoss: logits.float(), cross_entropy; as recorded, tests/data/measured/allocator).
+    Returns what the loss keeps: before the logits, and made from them."""
+    par = shared.parallel
+    working = _sizes(shared.loss.forward, par)
+    smallest = min(working, default=float("inf"))
+    saved = _sizes(shared.loss.saved, par)
+    before = [prog.alloc(b) for b in saved if b < smallest]
+    copies = [prog.alloc(b) for b in working]
+    made = [prog.alloc(b) for b in saved if b >= smallest]
+    prog.free(*reversed(copies))
+    return before, made
+
+
+def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G) -> None:
+    arch, full = cfg.architecture, cfg.training.recompute == "full"
+    kinds = arch.layer_kinds()
+    before, made = kept.pop()
+    last, cast = None, None
+    if sp.last and shared.loss:
+        # autograd's chain (each node frees its saved tensors and the gradient it was given once it has
+        # made its own, torch/csrc/autograd/engine.cpp): the loss's gradients, each freeing the one
+        # before, then the tensors the loss kept; the logits' gradient in the compute dtype (the
+        # backward of their fp32 cast) is made while the last fp32 one lives, and lives until the
+        # head's gradients are made (as recorded: tests/data/measured/allocator)
+        for b in _sizes(shared.loss.backward, shared.parallel):
+            block = prog.alloc(b)
+            if last is not None:
+                prog.free(last)
+            last = block
+        prog.free(*made)
+        made = []
+        cast = next((prog.alloc(e.bytes(shared.parallel)) for e in shared.loss.forward
+                     if e.name == LOGITS_COMPUTE_DTYPE), None)
+        if last is not None:
+            prog.free(last)
+    index = len(order)
+    for n in reversed(w.head):
+        index -= 1
+        grads.setdefault(index, prog.alloc(n * G))
+    tied = arch.tie_embeddings and sp.first and sp.last
+    if tied and order:  # the head's product gives the shared weight its gradient first (AccumulateGrad)
+        grads.setdefault(0, prog.alloc(order[0] * G))
+    prog.free(*[b for b in (cast,) if b], *made, *before)
+    backward = _no_copies(tr.backward)
+    for i, tensors in zip(reversed(sp.layer_indices), reversed(w.layers)):
+        saved = kept.pop()
+        recomputed = [prog.alloc(b) for b in _layer_sizes(shared, kinds[i])] if full else []
+        prog.transient(backward)
+        for _ in reversed(tensors):
+            index -= 1
+            grads.setdefault(index, prog.alloc(order[index] * G))
+        prog.free(*recomputed, *saved)
+    for n in reversed(order[:index]):
+        index -= 1
+        if index in grads:  # the tied embedding's own gradient, added into the head's: a dense transient
+            prog.transient([n * G])
+        grads.setdefault(index, prog.alloc(n * G))
+    prog.free(*kept.pop())
