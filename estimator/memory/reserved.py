@@ -37,10 +37,9 @@ first's).
 
 from __future__ import annotations
 
-from itertools import count
 from typing import NamedTuple
 
-from .allocator import replay
+from .allocator import CachingAllocator
 from .components import Component, component, total_bytes
 from ..spec.dtypes import bytes_per_element
 
@@ -85,7 +84,7 @@ def _replayed(cfg, shared, sp, static) -> tuple[int, int]:
     states = sum(c.bytes for c in parts.kept if c.key == "optimizer_states")
     program = _Program()
     _build(program, cfg, sp, shared, tr, workspaces, states)
-    allocator = replay(program.events)
+    allocator = program.allocator
     return max(0, allocator.reserved_peak - allocator.allocated_peak), allocator.segments
 
 
@@ -93,23 +92,31 @@ LOGITS_COMPUTE_DTYPE = "logits in the compute dtype"  # activations/loss.py's en
 
 
 class _Program:
-    """An allocation sequence: (key, +bytes) and (key, -bytes) events."""
+    """The step's allocations and frees, each replayed through the caching allocator as it is made
+    (a block is its address; None stands for an empty request)."""
 
     def __init__(self):
-        self.events: list[tuple[int, int]] = []
-        self._keys = count()
+        self.allocator = CachingAllocator()
+        self._malloc, self._free = self.allocator.malloc, self.allocator.free
 
-    def alloc(self, nbytes: float) -> tuple[int, int]:
-        block = (next(self._keys), int(round(nbytes)))
-        if block[1] > 0:
-            self.events.append(block)
-        return block
+    def alloc(self, nbytes: float) -> int | None:
+        size = int(nbytes + 0.5)  # the ledger's bytes are whole or halves: rounded half up
+        return self._malloc(size) if size > 0 else None
 
     def free(self, *blocks) -> None:
-        self.events.extend((key, -size) for key, size in blocks if size > 0)
+        release = self._free
+        for block in blocks:
+            if block is not None:
+                release(block)
 
     def transient(self, sizes) -> None:
         self.free(*[self.alloc(s) for s in sizes])
+
+    def state(self) -> tuple:
+        """What the next requests' fate depends on: the free blocks (size, address) of both pools and
+        the totals. Two equal states with the same blocks alive answer the same requests alike."""
+        a = self.allocator
+        return a.allocated, a.reserved, tuple(a._free[True]), tuple(a._free[False])
 
 
 class _Weights(NamedTuple):
@@ -135,10 +142,10 @@ def _split(t, gated: bool) -> list[tuple[float, bool]]:
 
 def _weights(arch, sp, gated: bool) -> _Weights:
     kinds = arch.layer_kinds()
-    layers = []
-    for i in sp.layer_indices:
-        tensors = arch.layer_tensors(kinds[i])
-        layers.append([piece for t in tensors for piece in _split(t, gated)])
+    by_kind: dict[str, list] = {}
+    for kind in {kinds[i] for i in sp.layer_indices}:
+        by_kind[kind] = [piece for t in arch.layer_tensors(kind) for piece in _split(t, gated)]
+    layers = [by_kind[kinds[i]] for i in sp.layer_indices]
     embedding = [float(t.numel) for t in arch.embedding_tensors()] if sp.first else []
     head = [float(n) for t in arch.head_tensors() for n, _ in _split(t, gated)] if sp.last else []
     return _Weights(embedding, layers, head)
@@ -165,11 +172,20 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
     copy = bytes_per_element(recipe.compute_dtype) if recipe.autocast_weight_copies else 0
     step = total_bytes(tr.optimizer)
     states = None
+    layer_sizes = _layer_sizes(shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
     for _ in range(2):
-        grads: dict[int, tuple[int, int]] = {}
+        grads: dict[int, int | None] = {}
+        previous = None
         for _ in range(cfg.microbatches):
-            kept = _forward(prog, cfg, shared, sp, w, tr, copy)
-            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, G)
+            kept = _forward(prog, cfg, shared, sp, w, tr, copy, layer_sizes)
+            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, G, layer_sizes)
+            # from the second micro-batch on, one frees all it allocates (the gradients exist): once one
+            # leaves the allocator as it found it, every later one does the same and reaches the same
+            # peaks (the replay is deterministic), so the rest of the accumulation is skipped
+            now = prog.state()
+            if now == previous:
+                break
+            previous = now
         if states is None:
             states = [prog.alloc(n * state_bytes) for n in order for _ in range(per_tensor)]
         if step:
@@ -177,26 +193,29 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
         prog.free(*grads.values())
 
 
-def _layer_sizes(shared, kind: str) -> list[float]:
+def _layer_sizes(shared, kinds) -> dict[str, list[float]]:
+    """What one layer of each kind keeps, as requests (`_sizes`)."""
     from .activations.recompute import dropped
-    return _sizes([e for e in shared.entries[kind] if not dropped(e, shared.recomputed)], shared.parallel)
+    return {kind: _sizes([e for e in shared.entries[kind] if not dropped(e, shared.recomputed)], shared.parallel)
+            for kind in set(kinds)}
 
 
 def _no_copies(components) -> list[float]:
     return [c.bytes for c in components if c.label != "Autocast copies of the weights"]
 
 
-def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float) -> list[list]:
+def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float, layer_sizes) -> list[list]:
     kinds, full = cfg.architecture.layer_kinds(), cfg.training.recompute == "full"
     kept = [[prog.alloc(b) for b in _sizes(shared.embedding, shared.parallel)]]
+    forward = _no_copies(tr.forward)
     for i, tensors in zip(sp.layer_indices, w.layers):
-        sizes = _layer_sizes(shared, kinds[i])
+        sizes = layer_sizes[kinds[i]]
         if full:
             kept.append([prog.alloc(shared.kept_input)])
             prog.transient(sizes)
         else:
             kept.append([prog.alloc(b) for b in sizes])
-        prog.transient(_no_copies(tr.forward))
+        prog.transient(forward)
         if copy:  # autocast's 16-bit copies of the layer's matrices, kept for its backward
             kept[-1] += [prog.alloc(n * copy) for n, matrix in tensors if matrix]
     kept.append(_loss_forward(prog, shared) if sp.last and shared.loss else ([], []))
@@ -219,7 +238,7 @@ def _loss_forward(prog, shared) -> tuple[list, list]:
     return before, made
 
 
-def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G) -> None:
+def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, layer_sizes) -> None:
     arch, full = cfg.architecture, cfg.training.recompute == "full"
     kinds = arch.layer_kinds()
     before, made = kept.pop()
@@ -244,23 +263,31 @@ def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G) -> 
     index = len(order)
     for n in reversed(w.head):
         index -= 1
-        grads.setdefault(index, prog.alloc(n * G))
+        _gradient(prog, grads, index, n * G)
     tied = arch.tie_embeddings and sp.first and sp.last
     if tied and order:  # the head's product gives the shared weight its gradient first (AccumulateGrad)
-        grads.setdefault(0, prog.alloc(order[0] * G))
+        _gradient(prog, grads, 0, order[0] * G)
     prog.free(*[b for b in (cast,) if b], *made, *before)
     backward = _no_copies(tr.backward)
     for i, tensors in zip(reversed(sp.layer_indices), reversed(w.layers)):
         saved = kept.pop()
-        recomputed = [prog.alloc(b) for b in _layer_sizes(shared, kinds[i])] if full else []
+        recomputed = [prog.alloc(b) for b in layer_sizes[kinds[i]]] if full else []
         prog.transient(backward)
         for _ in reversed(tensors):
             index -= 1
-            grads.setdefault(index, prog.alloc(order[index] * G))
+            _gradient(prog, grads, index, order[index] * G)
         prog.free(*recomputed, *saved)
     for n in reversed(order[:index]):
         index -= 1
-        if index in grads:  # the tied embedding's own gradient, added into the head's: a dense transient
-            prog.transient([n * G])
-        grads.setdefault(index, prog.alloc(n * G))
+        _gradient(prog, grads, index, n * G)  # (the tied embedding's own, added into the head's)
     prog.free(*kept.pop())
+
+
+def _gradient(prog, grads: dict, index: int, nbytes: float) -> None:
+    """A parameter's gradient from its backward: kept as its .grad when it has none, else added into
+    it and freed (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: `variable_grad +=
+    new_grad` in place)."""
+    if index in grads:
+        prog.transient([nbytes])
+    else:
+        grads[index] = prog.alloc(nbytes)
