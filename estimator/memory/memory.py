@@ -54,7 +54,11 @@ def estimate(arch: Architecture, training: Training | None = None, par: Parallel
 def device_total(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
                  hardware: Hardware | None = None) -> int:
     """`estimate(...).device_total_bytes` by the same code, without building the estimate: its stages,
-    notes and components (a layout search judges most layouts by this number alone)."""
+    notes and components (a layout search judges most layouts by this number alone). Where the estimate
+    replays the caching allocator (reserved.py: the HF Trainer on one GPU's weights) this total keeps the
+    flat share of cache in its place: monotone in the micro-batch and the recompute setting, as the
+    planner's pruning rules need, where the replayed cache is not (the planner re-judges the layouts it
+    lists by their full estimates, search._replayed)."""
     cfg = resolve(arch, training, par, hardware)
     if cfg.training.rl or cfg.training.mode == "inference":
         return estimate_resolved(cfg).device_total_bytes
