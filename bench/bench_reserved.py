@@ -6,9 +6,9 @@ replay is remembered per configuration: an app rerun of the same configuration p
 
 Each line: an HF Trainer run (one GPU, 4,096 tokens, micro-batch 1; one micro-batch per step, then 8
 with gradient accumulation), the first estimate on a new architecture object (nothing remembered)
-with the replay and with the flat share in its place (the replay's rule switched off), best of 5;
-then the replay alone on a warm architecture. Last, a plan of an HF run on one GPU (its listed
-layouts are full estimates, each replayed) against the same plan with the flat share.
+with the replay and with the flat share in its place (the replay's rule switched off), best of 5.
+Last, a plan of an HF run on one GPU, which judges and lists its layouts with the flat share
+(`estimate(..., replay=False)`): the replay must cost it nothing.
 """
 
 from __future__ import annotations

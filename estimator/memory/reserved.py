@@ -48,6 +48,9 @@ REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp
                  "against 32 real H200 runs (tests/data/measured/gpu) median 1.9%, none under by more than 10%")
 
 
+FLAT_FOR_SEARCH = "a layout search's total (monotone in the micro-batch and recompute; the replay is the reported estimate's)"
+
+
 def replay_rule(cfg) -> str | None:
     """Why the replay does not apply to this configuration (None: it does). The replay builds the HF
     Trainer's order of allocations, on one GPU's full set of weights, with default segments."""

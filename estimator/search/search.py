@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -286,7 +285,7 @@ class _Search:
 
     def layouts(self) -> tuple[Layout, ...]:
         top, front = self.answer.keys()
-        out = _replayed([self._layout(key, key in front) for key in top | front], self.req)
+        out = [self._layout(key, key in front) for key in top | front]
         # ties on speed and memory in the layout's own fields, so the order never depends on the
         # iteration order of a set (the CLI and the app rank alike)
         return tuple(sorted(out, key=lambda x: (-x.tokens_per_s_per_gpu, x.device_total_bytes,
@@ -298,20 +297,6 @@ class _Search:
         return Layout(parallel=e.parallel, training=e.training, device_total_bytes=e.device_total_bytes,
                       peak_stage=e.peak_stage, utilization=e.fit.utilization, step_time_s=r.step.time_s,
                       tokens_per_s_per_gpu=r.step.tokens_per_s_per_gpu, mfu=r.step.mfu, pareto=pareto)
-
-
-def _replayed(out: list[Layout], req) -> list[Layout]:
-    """The answer's layouts by their full estimates. The search judged them by `memory.device_total`,
-    the flat share of allocator cache, which is monotone in what its rules prune on; a full estimate
-    may replay the allocator instead (memory/reserved.py: the HF Trainer on one GPU's weights), whose
-    cache is not. A layout the replay takes over the margin does not fit and leaves the answer, and a
-    front layout stays on the front only while no layout listed beats it on both counts by the
-    replayed numbers. Elsewhere the two totals are equal and nothing changes."""
-    out = [x for x in out if req.within(x.device_total_bytes)]
-    return [x if not x.pareto or not any(
-        y is not x and y.device_total_bytes <= x.device_total_bytes and y.tokens_per_s_per_gpu >= x.tokens_per_s_per_gpu
-        and (y.device_total_bytes, y.tokens_per_s_per_gpu) != (x.device_total_bytes, x.tokens_per_s_per_gpu)
-        for y in out) else dataclasses.replace(x, pareto=False) for x in out]
 
 
 LOOSE = 1.2  # a ceiling this far above the exact speed: exact speeds of full recompute pay (_FullSpeeds)
