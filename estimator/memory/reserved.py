@@ -119,6 +119,16 @@ class _Program:
     def transient(self, sizes) -> None:
         self.free(*[self.alloc(s) for s in sizes])
 
+    def many(self, sizes: list[int]) -> list[int]:
+        """Requests of whole, positive bytes (`_requests`), one after another: a layer's hot path."""
+        malloc = self._malloc
+        return [malloc(size) for size in sizes]
+
+    def release(self, blocks: list[int]) -> None:
+        free = self._free
+        for block in blocks:
+            free(block)
+
     def state(self) -> tuple:
         """What the next requests' fate depends on: the free blocks (size, address) of both pools and
         the totals. Two equal states with the same blocks alive answer the same requests alike."""
@@ -163,6 +173,11 @@ def _sizes(entries, par) -> list[float]:
     return [e.bytes(par) / e.tensors for e in entries for _ in range(e.tensors)]
 
 
+def _requests(sizes) -> list[int]:
+    """Sizes as `_Program.alloc` rounds them, the empty ones left out."""
+    return [r for r in (int(b + 0.5) for b in sizes) if r > 0]
+
+
 def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float) -> None:
     arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
     P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
@@ -203,8 +218,8 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
 def _layer_sizes(shared, kinds) -> dict[str, list[float]]:
     """What one layer of each kind keeps, as requests (`_sizes`)."""
     from .activations.recompute import dropped
-    return {kind: _sizes([e for e in shared.entries[kind] if not dropped(e, shared.recomputed)], shared.parallel)
-            for kind in set(kinds)}
+    return {kind: _requests(_sizes([e for e in shared.entries[kind] if not dropped(e, shared.recomputed)],
+                                   shared.parallel)) for kind in set(kinds)}
 
 
 def _no_copies(components) -> list[float]:
@@ -219,9 +234,9 @@ def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float, layer_sizes) -
         sizes = layer_sizes[kinds[i]]
         if full:
             kept.append([prog.alloc(shared.kept_input)])
-            prog.transient(sizes)
+            prog.release(prog.many(sizes))
         else:
-            kept.append([prog.alloc(b) for b in sizes])
+            kept.append(prog.many(sizes))
         prog.transient(forward)
         if copy:  # autocast's 16-bit copies of the layer's matrices, kept for its backward
             kept[-1] += [prog.alloc(n * copy) for n, matrix in tensors if matrix]
@@ -276,14 +291,20 @@ def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, lay
         _gradient(prog, grads, 0, order[0] * G)
     prog.free(*[b for b in (cast,) if b], *made, *before)
     backward = _no_copies(tr.backward)
+    malloc, free = prog._malloc, prog._free
     for i, tensors in zip(reversed(sp.layer_indices), reversed(w.layers)):
         saved = kept.pop()
-        recomputed = [prog.alloc(b) for b in layer_sizes[kinds[i]]] if full else []
+        recomputed = prog.many(layer_sizes[kinds[i]]) if full else []
         prog.transient(backward)
-        for _ in reversed(tensors):
+        for _ in tensors:  # `_gradient`, written out: the hot path of a replay
             index -= 1
-            _gradient(prog, grads, index, order[index] * G)
-        prog.free(*recomputed, *saved)
+            size = int(order[index] * G + 0.5)
+            if index in grads:
+                free(malloc(size))
+            else:
+                grads[index] = malloc(size)
+        prog.release(recomputed)
+        prog.free(*saved)
     for n in reversed(order[:index]):
         index -= 1
         _gradient(prog, grads, index, n * G)  # (the tied embedding's own, added into the head's)
