@@ -294,17 +294,25 @@ def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, lay
     malloc, free = prog._malloc, prog._free
     for i, tensors in zip(reversed(sp.layer_indices), reversed(w.layers)):
         saved = kept.pop()
-        recomputed = prog.many(layer_sizes[kinds[i]]) if full else []
+        # what backward frees as it walks back through the layer: the recomputed tensors (full
+        # recompute: the kept input waits for the layer's end) or the ones kept in forward
+        held = prog.many(layer_sizes[kinds[i]]) if full else [b for b in saved if b is not None]
         prog.transient(backward)
-        for _ in tensors:  # `_gradient`, written out: the hot path of a replay
+        count, weights = len(held), len(tensors)
+        for j in range(weights):  # `_gradient`, written out: the hot path of a replay
             index -= 1
             size = int(order[index] * G + 0.5)
             if index in grads:
                 free(malloc(size))
             else:
                 grads[index] = malloc(size)
-        prog.release(recomputed)
-        prog.free(*saved)
+            # autograd frees a node's saved tensors once the node has run (Node::release_variables,
+            # torch/csrc/autograd/engine.cpp), so a layer's tensors go in reverse order of making as
+            # backward passes the weights that used them; the ledger does not say which operation keeps
+            # which tensor, so the j-th weight from the end stands for the same share of them
+            while len(held) > count * (weights - 1 - j) // weights:
+                free(held.pop())
+        prog.free(*(saved if full else ()))
     for n in reversed(order[:index]):
         index -= 1
         _gradient(prog, grads, index, n * G)  # (the tied embedding's own, added into the head's)
