@@ -5,8 +5,9 @@
    ledger turned into the sequence of allocations and frees of two training steps and replayed
    through PyTorch's caching allocator (allocator.py, c10/cuda/CUDACachingAllocator.cpp of torch 2.11
    to 2.13); the cache is the replay's reserved peak less its allocated peak. On the 30 real H200 runs
-   it applies to (tests/data/measured/gpu) its median error is 2.1% against the flat share's 3.4%;
-   three full-recompute runs stay under by 10-16% (tests/test_allocator.py, REPLAY_MISSES).
+   it applies to (tests/data/measured/gpu) its median error is 1.3% against the flat share's 3.4%, two
+   runs under by more than 5% against seven, one eager-attention run over by 13%
+   (tests/test_allocator.py, REPLAY_MISSES).
 2. Flat share (everything else: other frameworks, pipelines and sharding, adapters, expandable
    segments, paged optimizers, offload, torch.compile, MoE and hybrid models, a chunked or fused loss,
    inference, RL): a measured share of the allocated peak (components.fragmentation), where the ledger
@@ -28,8 +29,9 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    fp32 copies, the log-softmax made from them (kept), the copies freed;
 3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
    exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
-   backward transients, its parameters' gradients (the first micro-batch creates them, later ones add
-   in place), its saved tensors freed;
+   backward transients, its parameters' gradients from the last (the first micro-batch creates them,
+   later ones add in place), its tensors freed in reverse order of making as backward passes the
+   weights that used them (autograd frees a node's saved tensors once it has run);
 4. the optimizer step: its states created at the first step (per parameter, in order), its
    temporaries per tensor (torch's foreach kernels allocate one result per tensor) made and freed;
    zero_grad frees the gradients.
@@ -47,7 +49,7 @@ from ..spec.dtypes import bytes_per_element
 
 REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
                  "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
-                 "on 30 real H200 runs (tests/data/measured/gpu) median error 2.1% (the flat share: 3.4%)")
+                 "on 30 real H200 runs (tests/data/measured/gpu) median error 1.3% (the flat share: 3.4%)")
 
 
 FLAT_FOR_SEARCH = "a layout search's total (monotone in the micro-batch and recompute; the replay is the reported estimate's)"
