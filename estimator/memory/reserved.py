@@ -52,7 +52,8 @@ REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp
                  "on 30 real H200 runs (tests/data/measured/gpu) median error 1.3% (the flat share: 3.4%)")
 
 
-FLAT_FOR_SEARCH = "a layout search's total (monotone in the micro-batch and recompute; the replay is the reported estimate's)"
+FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and recompute; the replay is the reported "
+                   "estimate's)")
 
 
 def replay_rule(cfg) -> str | None:
