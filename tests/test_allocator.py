@@ -145,14 +145,10 @@ def _full_fine_tuning_records() -> list[Path]:
 
 FULL = _full_fine_tuning_records()
 
-# Where the replay misses max_memory_reserved by more than 10%: the large segments (1 GiB and more) are the
-# recorded sequence's (tests/data/measured/allocator), but the ledger's sequence maps 56 to 256 MiB segments
-# (27 GiB more) where the recorded one reuses 512 MiB blocks of eager attention's scores (17.5 GiB fewer): the
-# recorded sequence's own temporaries (four times the ledger's requests) keep those blocks busy in backward.
-REPLAY_MISSES = {
-    "llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1": "replay +13.0%: the ledger's MLP and eager-attention "
-    "tensors map 56-256 MiB segments where the recorded sequence reuses the 512 MiB score blocks",
-}
+# Where the replay misses max_memory_reserved by more than 7% (none now; the earlier sequences missed by
+# 13-34% until the mechanisms above were modelled: each such run is listed here, with its cause, as a
+# strict xfail).
+REPLAY_MISSES: dict[str, str] = {}
 
 
 def _replay_off():
@@ -190,8 +186,8 @@ def _errors() -> tuple[dict, dict, set]:
 def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     """The 35 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 30; the flat
     share on the 5 with expandable segments or a paged optimizer) against max_memory_reserved, beside the
-    flat 10% everywhere: the median error falls from 3.8% to 1.4% (3.4% to 1.3% where it replays), and
-    the runs under by more than 5% from 10 to 5 (7 to 2 where it replays)."""
+    flat 10% everywhere: the median error falls from 3.8% to 1.2% (3.4% to 1.0% where it replays), and
+    the runs under by more than 5% from 10 to 4 (7 to 1 where it replays)."""
     import statistics
     replayed, flat, applies = _errors()
     assert len(replayed) == 35 and len(applies) == 30
@@ -201,25 +197,26 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
         "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
         "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1",
         "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1"}
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.014
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.038
     on_replayed = [replayed[p] for p in applies]
-    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.013
+    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.010
     assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.034
-    assert sum(e < -0.05 for e in replayed.values()) == 5 and sum(e < -0.05 for e in flat.values()) == 10
-    assert sum(replayed[p] < -0.05 for p in applies) == 2 and sum(flat[p] < -0.05 for p in applies) == 7
-    assert {p for p in applies if abs(replayed[p]) > 0.10} == set(REPLAY_MISSES)
+    assert sum(e < -0.05 for e in replayed.values()) == 4 and sum(e < -0.05 for e in flat.values()) == 10
+    assert sum(replayed[p] < -0.05 for p in applies) == 1 and sum(flat[p] < -0.05 for p in applies) == 7
+    assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
+    assert sum(abs(flat[p]) > 0.07 for p in applies) == 7  # the flat share's misses on the same runs
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=REPLAY_MISSES[p.stem], strict=True))
                                   if p.stem in REPLAY_MISSES else p for p in FULL], ids=lambda p: p.stem)
-def test_the_replayed_reserved_peak_within_ten_percent(path):
+def test_the_replayed_reserved_peak_within_seven_percent(path):
     from estimator import estimate_config
     record = json.loads(path.read_text())
     estimate = estimate_config(record["config"])
     if estimate.stages[0].cache is None:
         pytest.skip("the flat share: " + estimate.stages[0].component("fragmentation").formula)
-    assert estimate.reserved_peak_bytes == pytest.approx(record["measured"]["reserved_peak_bytes"], rel=0.10)
+    assert estimate.reserved_peak_bytes == pytest.approx(record["measured"]["reserved_peak_bytes"], rel=0.07)
 
 
 def _large_segments(run) -> list[int]:
@@ -251,21 +248,22 @@ def _ledger_replay(record: dict):
 
 
 # The recorded sequences whose large segments the ledger's sequence does not map alike: an operator's
-# temporaries the ledger does not list (Gemma-2's soft-capped eager attention allocates four 1 GiB score
-# segments where the ledger's recomputed layer needs one), a transient the size of the embedding after the
-# model is built (in every recorded sequence; one segment more where it is 1 GiB or larger), and step 2's
-# loss finding the blocks step 1's loss left cut by smaller requests, or not (one 4 GiB segment more or fewer).
+# temporaries the ledger does not list (Gemma-2's soft-capped eager attention, whose capping the replay
+# leaves out, allocates four 1 GiB score segments where the ledger's recomputed layer needs one), a
+# transient the size of the embedding after the model is built (in every recorded sequence; one segment
+# more where it is 1 GiB or larger), and step 2's loss finding the blocks step 1's loss left cut by smaller
+# requests, or not (one 2 or 4 GiB segment more or fewer).
 SEGMENTS_DIFFER = {
     "gemma-2-9b-bf16-adamw-norecompute-eager-s2048-b1", "gemma-2-9b-bf16-adamw-recompute-eager-s4096-b1",
-    "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b1", "qwen3-8b-bf16-adamw-norecompute-eager-s2048-b1",
-    "qwen3-8b-bf16-adamw-recompute-sdpa-s8192-b1", "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2",
+    "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b1", "qwen3-8b-bf16-adamw-recompute-sdpa-s8192-b1",
+    "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2",
 }
 
 
 def test_the_ledgers_sequence_maps_the_recorded_large_segments():
     """Segments of 1 GiB and more (the loss's logits, their fp32 copies and gradients, the embedding's
     gradient and states), in the order mapped over two steps: the ledger's sequence (reserved.py) and
-    the fake harness's recorded one alike on 20 of the 26 runs the estimate replays, among them the
+    the fake harness's recorded one alike on 21 of the 26 runs the estimate replays, among them the
     three where the ledger's earlier sequence missed by 13-34% (the loss's two fp32 gradients requested
     as one block, freed out of autograd's order; a later micro-batch's gradient never freed) and the
     three recompute runs it left 10-16% under (a layer's tensors freed only at its backward's end)."""
@@ -282,7 +280,7 @@ def test_the_ledgers_sequence_maps_the_recorded_large_segments():
             # 2 x 4096 x 128,256 logits: bf16 2,004 MiB, fp32 4,008 MiB; step 1 maps the logits, the fp32
             # copy, the log-softmax and a second fp32 gradient; step 2 one more fp32 block
             assert ledger == [2004, 4008, 4008, 4008, 4008]
-    assert len(same) == 20 and not same & SEGMENTS_DIFFER
+    assert len(same) == 21 and not same & SEGMENTS_DIFFER
     assert {"llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1", "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2",
             "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1", "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b2",
             "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2"} <= same

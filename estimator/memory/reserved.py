@@ -218,11 +218,51 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
         prog.free(*grads.values())
 
 
-def _layer_sizes(shared, kinds) -> dict[str, list[float]]:
-    """What one layer of each kind keeps, as requests (`_sizes`)."""
+EAGER_SOFTMAX = ("softmax output (fp32)", "softmax output cast to the compute dtype")  # activations/attention.py
+
+
+class _Layer(NamedTuple):
+    """What one layer of a kind keeps, as requests (`_requests`), and where transformers' eager attention
+    makes its scores (the index of the fp32 softmax among them; None: no such scores)."""
+
+    sizes: list[int]
+    scores_at: int | None
+
+
+def _layer_sizes(shared, kinds) -> dict[str, _Layer]:
     from .activations.recompute import dropped
-    return {kind: _requests(_sizes([e for e in shared.entries[kind] if not dropped(e, shared.recomputed)],
-                                   shared.parallel)) for kind in set(kinds)}
+    out = {}
+    for kind in set(kinds):
+        entries = [e for e in shared.entries[kind] if not dropped(e, shared.recomputed)]
+        names = [e.name for e in entries]
+        at = next((k for k in range(len(names) - 1) if tuple(names[k:k + 2]) == EAGER_SOFTMAX), None)
+        before = None if at is None else len(_requests(_sizes(entries[:at], shared.parallel)))
+        out[kind] = _Layer(_requests(_sizes(entries, shared.parallel)), before)
+    return out
+
+
+def _made(prog, layer: _Layer) -> list[int]:
+    """A layer's kept tensors, made in order. Eager attention's scores (transformers
+    eager_attention_forward: `matmul(q, k^T) * scaling`, `+ causal_mask`, `softmax(dtype=float32)`,
+    `.to(q.dtype)`) pass through three compute-dtype tensors, each freed once the next exists, and the
+    fp32 copy that softmax makes of its input (`at::softmax` with a dtype casts first), freed once the
+    softmax exists; only the softmax and its cast back are kept (as recorded: tests/data/measured/allocator)."""
+    at, sizes = layer.scores_at, layer.sizes
+    if at is None:
+        return prog.many(sizes)
+    out = prog.many(sizes[:at])
+    softmax, scores = sizes[at], sizes[at + 1]
+    product = prog.alloc(scores)
+    scaled = prog.alloc(scores)
+    prog.free(product)
+    masked = prog.alloc(scores)
+    prog.free(scaled)
+    upcast = prog.alloc(softmax)
+    out.append(prog.alloc(softmax))
+    prog.free(upcast)
+    out.append(prog.alloc(scores))
+    prog.free(masked)
+    return out + prog.many(sizes[at + 2:])
 
 
 def _no_copies(components) -> list[float]:
@@ -234,12 +274,12 @@ def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float, layer_sizes) -
     kept = [[prog.alloc(b) for b in _sizes(shared.embedding, shared.parallel)]]
     forward = _no_copies(tr.forward)
     for i, tensors in zip(sp.layer_indices, w.layers):
-        sizes = layer_sizes[kinds[i]]
+        layer = layer_sizes[kinds[i]]
         if full:
             kept.append([prog.alloc(shared.kept_input)])
-            prog.release(prog.many(sizes))
+            prog.release(_made(prog, layer))
         else:
-            kept.append(prog.many(sizes))
+            kept.append(_made(prog, layer))
         prog.transient(forward)
         if copy:  # autocast's 16-bit copies of the layer's matrices, kept for its backward
             kept[-1] += [prog.alloc(n * copy) for n, matrix in tensors if matrix]
@@ -299,7 +339,7 @@ def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, lay
         saved = kept.pop()
         # what backward frees as it walks back through the layer: the recomputed tensors (full
         # recompute: the kept input waits for the layer's end) or the ones kept in forward
-        held = prog.many(layer_sizes[kinds[i]]) if full else [b for b in saved if b is not None]
+        held = _made(prog, layer_sizes[kinds[i]]) if full else [b for b in saved if b is not None]
         prog.transient(backward)
         count, weights = len(held), len(tensors)
         for j in range(weights):  # `_gradient`, written out: the hot path of a replay
