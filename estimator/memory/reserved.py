@@ -5,9 +5,8 @@
    ledger turned into the sequence of allocations and frees of two training steps and replayed
    through PyTorch's caching allocator (allocator.py, c10/cuda/CUDACachingAllocator.cpp of torch 2.11
    to 2.13); the cache is the replay's reserved peak less its allocated peak. On the 30 real H200 runs
-   it applies to (tests/data/measured/gpu) its median error is 1.3% against the flat share's 3.4%, two
-   runs under by more than 5% against seven, one eager-attention run over by 13%
-   (tests/test_allocator.py, REPLAY_MISSES).
+   it applies to (tests/data/measured/gpu) its median error is 1.0% against the flat share's 3.4%, the
+   largest 6.4% against 21.7%, one run under by more than 5% against seven (tests/test_allocator.py).
 2. Flat share (everything else: other frameworks, pipelines and sharding, adapters, expandable
    segments, paged optimizers, offload, torch.compile, MoE and hybrid models, a chunked or fused loss,
    inference, RL): a measured share of the allocated peak (components.fragmentation), where the ledger
@@ -23,8 +22,9 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    a gated MLP's gate and up projections are two Linear layers (transformers modeling_llama.py
    LlamaMLP), a layer's norms one module each; the cuBLAS workspaces; DDP's gradient buckets;
 2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
-   several like tensors as that many requests; under full recompute the layer's input kept and the
-   rest computed and dropped), its forward transients made and freed, the autocast copies of its
+   several like tensors as that many requests, eager attention's scores made as transformers makes
+   them; under full recompute the layer's input kept and the rest computed and dropped), its forward
+   transients made and freed, the autocast copies of its
    weights kept for backward; then the loss: the final norm's saved tensors, the logits and their
    fp32 copies, the log-softmax made from them (kept), the copies freed;
 3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
@@ -49,7 +49,8 @@ from ..spec.dtypes import bytes_per_element
 
 REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
                  "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
-                 "on 30 real H200 runs (tests/data/measured/gpu) median error 1.3% (the flat share: 3.4%)")
+                 "on 30 real H200 runs (tests/data/measured/gpu) median error 1.0%, at most 6.4% (the flat share: "
+                 "3.4%, at most 21.7%)")
 
 
 FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and recompute; the replay is the reported "
