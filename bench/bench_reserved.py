@@ -3,8 +3,8 @@
 Run: python bench/bench_reserved.py
 Target: well under 50 ms added to the first estimate of an HF Trainer run of the common presets (the
 replay is remembered per configuration: an app rerun of the same configuration pays nothing again).
-Measured (CPU time, Python 3.11, a shared 2-core machine, over runs): 3-31 ms for the 1-8B presets, 19-64 ms for
-Llama-3.1-70B; the plan unchanged (it judges with the flat share).
+Measured (CPU time, Python 3.11, a shared 2-core machine, over runs): 3-31 ms for the 1-8B presets,
+19-64 ms for Llama-3.1-70B; the plan unchanged (it judges with the flat share).
 
 Each line: an HF Trainer run (one GPU, 4,096 tokens, micro-batch 1; one micro-batch per step, then 8
 with gradient accumulation), the first estimate on a new architecture object (nothing remembered)
