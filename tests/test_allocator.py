@@ -2,6 +2,7 @@
 steps' allocation sequences (recorded by the fake-tensor harness, validation/allocator_trace.py)
 replayed against the reserved memory a real H200 reported for the same runs."""
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -128,33 +129,246 @@ def test_replay_of_a_training_run_reserves_what_the_gpu_reserved(path):
         assert abs(error) <= 0.01
 
 
-# --- the estimate's own ledger replayed (validation/reserved_replay.py, an experiment for #23) ---------
+# --- the estimate's reserved memory: its own ledger replayed (estimator/memory/reserved.py) ----------
 GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 
 
-def test_the_ledger_replayed_against_the_gpu_and_the_flat_share():
-    """HF full fine-tuning runs measured on an H200: the estimate's allocated peak plus the cache a replay
-    of its ledger leaves, against max_memory_reserved, beside the flat 10% the estimate reports. The
-    replay is closer in median and under-estimates far less often, and misses by more than 10% on four
-    runs (why it is not the estimate's number yet: validation/reserved_replay.py)."""
-    import statistics
-
-    from estimator import estimate_config
-    from validation.reserved_replay import replayed_reserved
-
-    replayed, flat = {}, {}
+def _full_fine_tuning_records() -> list[Path]:
+    """The HF full fine-tuning runs measured on an H200 (adapter runs aside)."""
+    out = []
     for path in sorted(GPU.glob("*.json")):
         record = json.loads(path.read_text())
-        if "probe" in record or record["config"]["training"].get("adapter"):
-            continue
-        estimate = estimate_config(record["config"])
+        if "probe" not in record and not record["config"]["training"].get("adapter"):
+            out.append(path)
+    return out
+
+
+FULL = _full_fine_tuning_records()
+
+# Where the replay misses max_memory_reserved by more than 7% (none now; the earlier sequences missed by
+# 13-34% until the mechanisms above were modelled: each such run is listed here, with its cause, as a
+# strict xfail).
+REPLAY_MISSES: dict[str, str] = {}
+
+
+def _replay_off():
+    """The estimate with the flat share in the replay's place (the rule switched off)."""
+    from contextlib import contextmanager
+
+    from estimator.memory import memory
+
+    @contextmanager
+    def off():
+        rule = memory.replay_rule
+        memory.replay_rule = lambda cfg: "switched off (test)"
+        try:
+            yield
+        finally:
+            memory.replay_rule = rule
+    return off()
+
+
+def _errors() -> tuple[dict, dict, set]:
+    from estimator import estimate_config
+    replayed, flat, applies = {}, {}, set()
+    for path in FULL:
+        record = json.loads(path.read_text())
         measured = record["measured"]["reserved_peak_bytes"]
-        replayed[path.stem] = replayed_reserved(estimate) / measured - 1
-        flat[path.stem] = estimate.reserved_peak_bytes / measured - 1
-    assert len(replayed) == 35
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.031
+        estimate = estimate_config(record["config"])
+        replayed[path.stem] = estimate.reserved_peak_bytes / measured - 1
+        if estimate.stages[0].cache is not None:
+            applies.add(path.stem)
+        with _replay_off():
+            flat[path.stem] = estimate_config(record["config"]).reserved_peak_bytes / measured - 1
+    return replayed, flat, applies
+
+
+def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
+    """The 35 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 30; the flat
+    share on the 5 with expandable segments or a paged optimizer) against max_memory_reserved, beside the
+    flat 10% everywhere: the median error falls from 3.8% to 1.2% (3.4% to 1.0% where it replays), and
+    the runs under by more than 5% from 10 to 4 (7 to 1 where it replays)."""
+    import statistics
+    replayed, flat, applies = _errors()
+    assert len(replayed) == 35 and len(applies) == 30
+    assert {p for p in replayed if p not in applies} == {
+        "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-expandable",
+        "llama-3.2-1b-bf16-adamw-norecompute-sdpa-s2048-b1-expandable",
+        "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
+        "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1",
+        "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1"}
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.038
+    on_replayed = [replayed[p] for p in applies]
+    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.010
+    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.034
     assert sum(e < -0.05 for e in replayed.values()) == 4 and sum(e < -0.05 for e in flat.values()) == 10
-    assert {case for case, e in replayed.items() if abs(e) > 0.10} == {
-        "llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1", "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
-        "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2", "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1"}
+    assert sum(replayed[p] < -0.05 for p in applies) == 1 and sum(flat[p] < -0.05 for p in applies) == 7
+    assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
+    assert sum(abs(flat[p]) > 0.07 for p in applies) == 7  # the flat share's misses on the same runs
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=REPLAY_MISSES[p.stem], strict=True))
+                                  if p.stem in REPLAY_MISSES else p for p in FULL], ids=lambda p: p.stem)
+def test_the_replayed_reserved_peak_within_seven_percent(path):
+    from estimator import estimate_config
+    record = json.loads(path.read_text())
+    estimate = estimate_config(record["config"])
+    if estimate.stages[0].cache is None:
+        pytest.skip("the flat share: " + estimate.stages[0].component("fragmentation").formula)
+    assert estimate.reserved_peak_bytes == pytest.approx(record["measured"]["reserved_peak_bytes"], rel=0.07)
+
+
+def _large_segments(run) -> list[int]:
+    """The sizes in MiB of the segments of 1 GiB and more that `run` makes the caching allocator map, in order."""
+    from estimator.memory import allocator
+    made, new_segment = [], allocator.CachingAllocator._new_segment
+
+    def recording(self, size, small):
+        if size >= 1 << 30:
+            made.append(size // MiB)
+        return new_segment(self, size, small)
+    allocator.CachingAllocator._new_segment = recording
+    try:
+        run()
+    finally:
+        allocator.CachingAllocator._new_segment = new_segment
+    return made
+
+
+def _ledger_replay(record: dict):
+    """The estimate's replay (reserved._replayed) of the run of a recorded sequence, its configuration's peak stage."""
+    from estimator import estimate_config
+    from estimator.memory import reserved
+    from estimator.memory.memory import _stage_memo
+    estimate = estimate_config(json.loads((TRACES[0].parents[1] / record["gpu_record"]).read_text())["config"])
+    cfg, sp = estimate.config, estimate.config.stages[0]
+    static = _stage_memo(cfg).get((sp.first, sp.last, sp.kind_counts))
+    return lambda: reserved._replayed(cfg, estimate._shared, sp, static)
+
+
+# The recorded sequences whose large segments the ledger's sequence does not map alike: an operator's
+# temporaries the ledger does not list (Gemma-2's soft-capped eager attention, whose capping the replay
+# leaves out, allocates four 1 GiB score segments where the ledger's recomputed layer needs one), a
+# transient the size of the embedding after the model is built (in every recorded sequence; one segment
+# more where it is 1 GiB or larger), and step 2's loss finding the blocks step 1's loss left cut by smaller
+# requests, or not (one 2 or 4 GiB segment more or fewer).
+SEGMENTS_DIFFER = {
+    "gemma-2-9b-bf16-adamw-norecompute-eager-s2048-b1", "gemma-2-9b-bf16-adamw-recompute-eager-s4096-b1",
+    "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b1", "qwen3-8b-bf16-adamw-recompute-sdpa-s8192-b1",
+    "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2",
+}
+
+
+def test_the_ledgers_sequence_maps_the_recorded_large_segments():
+    """Segments of 1 GiB and more (the loss's logits, their fp32 copies and gradients, the embedding's
+    gradient and states), in the order mapped over two steps: the ledger's sequence (reserved.py) and
+    the fake harness's recorded one alike on 21 of the 26 runs the estimate replays, among them the
+    three where the ledger's earlier sequence missed by 13-34% (the loss's two fp32 gradients requested
+    as one block, freed out of autograd's order; a later micro-batch's gradient never freed) and the
+    three recompute runs it left 10-16% under (a layer's tensors freed only at its backward's end)."""
+    same = set()
+    for path in TRACES:
+        record = load(path)
+        if record["expandable_segments"]:
+            continue
+        ledger = _large_segments(_ledger_replay(record))
+        recorded = _large_segments(lambda: replay(record["events"]))
+        if ledger == recorded:
+            same.add(record["id"])
+        if record["id"] == "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2":
+            # 2 x 4096 x 128,256 logits: bf16 2,004 MiB, fp32 4,008 MiB; step 1 maps the logits, the fp32
+            # copy, the log-softmax and a second fp32 gradient; step 2 one more fp32 block
+            assert ledger == [2004, 4008, 4008, 4008, 4008]
+    assert len(same) == 21 and not same & SEGMENTS_DIFFER
+    assert {"llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1", "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2",
+            "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1", "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b2",
+            "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2"} <= same
+
+
+def test_later_micro_batches_skipped_only_once_they_repeat():
+    """Gradient accumulation over 8 micro-batches: the replay stops a step's accumulation once a
+    micro-batch leaves the allocator as it found it; replaying all 8 gives the same cache to the byte."""
+    from estimator import Hardware, Parallel, Training, estimate
+    from estimator.memory import reserved
+    from estimator.models.presets import get_architecture
+    arch = get_architecture("llama-3.2-1b")
+    training = Training(framework="hf", seq_len=2048, global_batch_size=8, recompute="full")
+    assert estimate(arch, training, Parallel(), Hardware(gpu="h200")).microbatches == 8
+    skipped = estimate(dataclasses.replace(arch), training, Parallel(), Hardware(gpu="h200"))
+    state = reserved._Program.state
+    reserved._Program.state = lambda self: object()  # never equal: every micro-batch replayed
+    try:
+        every = estimate(dataclasses.replace(arch), training, Parallel(), Hardware(gpu="h200"))
+    finally:
+        reserved._Program.state = state
+    assert skipped.stages[0].cache.bytes == every.stages[0].cache.bytes > 0
+    assert skipped.reserved_peak_bytes == every.reserved_peak_bytes
+
+
+def test_an_entry_of_two_tensors_is_two_requests():
+    """The loss's fp32 gradients of the log-softmax output and input are two tensors of 4 x s x b x V
+    bytes each (autograd makes one, then the other), as the recorded sequences request them."""
+    from estimator import Training
+    from estimator.memory.reserved import _sizes
+    from estimator.models.presets import get_architecture
+    from estimator.memory.stage_shared import _shared
+    from estimator import Hardware, Parallel
+    arch = get_architecture("llama-3.2-1b")
+    shared = _shared(arch, Training(framework="hf", seq_len=4096, micro_batch_size=2), Parallel(), Hardware(), 0,
+                     arch.vocab_size)
+    assert _sizes(shared.loss.backward, shared.parallel) == [4 * 4096 * 2 * 128256] * 2
+
+
+def test_the_rule_is_named_in_the_component():
+    """The replay where the ledger gives the HF Trainer's order of allocations; the flat share, saying
+    why, elsewhere."""
+    from estimator import Hardware, Parallel, Training, estimate
+    from estimator.models.presets import get_architecture
+    arch = get_architecture("llama-3.2-1b")
+    hf = estimate(arch, Training(framework="hf", seq_len=2048), Parallel(), Hardware(gpu="h200"))
+    cache = hf.stages[0].component("fragmentation")
+    assert hf.stages[0].cache is cache and cache.formula.startswith("caching allocator replayed over two HF Trainer")
+    assert "CUDACachingAllocator.cpp" in cache.source
+    assert hf.reserved_peak_bytes == hf.allocated_peak_bytes + cache.bytes
+    assert hf.device_total_bytes == hf.reserved_peak_bytes + sum(c.bytes for c in hf.stages[0].outside_allocator)
+    megatron = estimate(arch, Training(framework="megatron", seq_len=2048), Parallel(), Hardware(gpu="h200"))
+    flat = megatron.stages[0].component("fragmentation")
+    assert flat.bytes == round(megatron.allocated_peak_bytes * 0.10)
+    assert flat.formula == ("10% of the allocated peak (default segments); flat share, no allocator replay: "
+                            "megatron's order of allocations is not modelled")
+    expandable = estimate(arch, Training(framework="hf", seq_len=2048), Parallel(),
+                          Hardware(gpu="h200", expandable_segments=True))
+    assert expandable.stages[0].component("fragmentation").formula.endswith("no allocator replay: expandable segments")
+
+
+def test_a_search_judges_by_the_flat_share():
+    """`device_total` and a plan's layouts (what the planner judges and lists) keep the flat share where
+    the reported estimate replays: monotone in the micro-batch and the recompute setting, as the
+    planner's pruning rules need (the replayed cache is not); the plan's text says so."""
+    from estimator import Hardware, Parallel, Training, estimate
+    from estimator.memory.memory import device_total
+    from estimator.models.presets import get_architecture
+    from estimator.search.planner import plan, render_plan_text
+    arch = get_architecture("llama-3.2-1b")
+    hw = Hardware(gpu="h100-80")
+    one = Training(framework="hf", seq_len=4096, micro_batch_size=2)
+    reported, judged = estimate(arch, one, Parallel(), hw), estimate(arch, one, Parallel(), hw, replay=False)
+    outside = sum(c.bytes for c in reported.stages[0].outside_allocator)
+    assert reported.allocated_peak_bytes == judged.allocated_peak_bytes
+    assert reported.device_total_bytes == reported.allocated_peak_bytes + outside + reported.stages[0].cache.bytes
+    flat = round(judged.allocated_peak_bytes * 0.1)
+    assert device_total(arch, one, Parallel(), hw) == judged.device_total_bytes
+    assert judged.device_total_bytes == judged.allocated_peak_bytes + outside + flat
+    assert judged.stages[0].cache is None
+    assert judged.stages[0].component("fragmentation").formula.endswith("no allocator replay: a layout search's total "
+                                                                        "(monotone in the micro-batch and recompute; "
+                                                                        "the replay is the reported estimate's)")
+    result = plan(arch, Training(framework="hf", seq_len=4096, global_batch_size=8), "h100-80", 1, limit=8)
+    assert len(result.layouts) >= 8
+    for x in result.layouts:
+        assert x.device_total_bytes == estimate(arch, x.training, x.parallel, hw, replay=False).device_total_bytes
+        assert x.device_total_bytes == device_total(arch, x.training, x.parallel, hw)
+    assert "a layout's own estimate replays the caching allocator" in render_plan_text(result)
+    megatron = plan(arch, Training(seq_len=4096, global_batch_size=8), "h100-80", 1, limit=3)
+    assert "replays the caching allocator" not in render_plan_text(megatron)

@@ -1012,3 +1012,19 @@ def test_what_to_change_gives_the_clis_answer_from_the_planners_search():
     est = estimate_config(at.session_state[K.CURRENT].config)
     assert est.device_total_bytes == cli[0].device_total_bytes and est.parallel.gpus == 32
     assert est.fit.verdict == "fits"
+
+
+def test_the_reserved_metric_shows_the_replayed_number_and_its_rule():
+    """An HF Trainer run: the Memory page's reserved peak is the estimate's, the allocator replayed
+    (estimator/memory/reserved.py), and its help names the rule and its source; beside it the allocated
+    peak and the device total."""
+    at = _app({"model": "llama-3.2-1b", "framework": "hf", "seq_len": "2048"})
+    _no_exception(at)
+    est = estimate_config({"model": "llama-3.2-1b", "training": {"framework": "hf", "seq_len": 2048}})
+    assert est.stages[0].cache is not None
+    assert _metric(at, "Reserved peak") == _gib(est.reserved_peak_bytes)
+    assert _metric(at, "Allocated peak") == _gib(est.allocated_peak_bytes)
+    assert _metric(at, "Device total per GPU") == _gib(est.device_total_bytes)
+    reserved = next(m for m in at.metric if m.label == "Reserved peak")
+    assert "caching allocator replayed over two HF Trainer steps" in reserved.help
+    assert "CUDACachingAllocator.cpp" in reserved.help

@@ -46,9 +46,11 @@ def totals(est) -> None:
                    help="Peak of live tensors and library workspaces during the step (what "
                         f"torch.cuda.max_memory_allocated reports) on stage {est.peak_stage}, reached in "
                         f"{peak.peak_phase}.")
+    cache = peak.component("fragmentation")
+    rule = f" Here: {cache.formula} ({cache.source})." if cache is not None and not est.rl_phases else ""
     cols[1].metric("Reserved peak", gib(est.reserved_peak_bytes),
                    help="What torch.cuda.max_memory_reserved reports: the allocated peak plus the caching "
-                        "allocator's segments held but unused (fragmentation).")
+                        "allocator's segments held but unused (fragmentation)." + rule)
     cols[2].metric("Device total per GPU", gib(est.device_total_bytes),
                    help="What nvidia-smi shows for the busiest pipeline stage's GPU: the reserved peak plus the "
                         "CUDA context and NCCL buffers, outside PyTorch's allocator. This decides the fit.")

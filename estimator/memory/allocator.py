@@ -126,38 +126,50 @@ class CachingAllocator:
 
     # --- malloc and free --------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
-        size = round_size(nbytes)
+        # `round_size` and `_best_fit` written out: a replay makes thousands of requests
+        size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
-        block = self._best_fit(size, small)
-        if block is None:
-            block = self._expand(size, small) if self.expandable else self._new_segment(allocation_size(size), small)
-        if should_split(block.size, size, small):
-            rest = _Block(block.addr + size, block.size - size, small)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
+        pool = self._free[small]
+        i = bisect_left(pool, (size, -1))
+        if i < len(pool):
+            block = self._blocks[pool.pop(i)[1]]
+        elif self.expandable:
+            block = self._expand(size, small)
+        else:
+            block = self._new_segment(allocation_size(size), small)
+        rest_size = block.size - size
+        if rest_size >= MIN_BLOCK if small else rest_size > SMALL_SIZE:  # `should_split`
+            rest = _Block(block.addr + size, rest_size, small)
+            after = block.next
+            rest.prev, rest.next = block, after
+            if after is not None:
+                after.prev = rest
             block.next, block.size = rest, size
             self._blocks[rest.addr] = rest
-            self._insert(rest)
+            insort(pool, (rest_size, rest.addr))
             if self._tail[small] is block:
                 self._tail[small] = rest
         block.free = False
         self.allocated += block.size
-        self.allocated_peak = max(self.allocated_peak, self.allocated)
+        if self.allocated > self.allocated_peak:
+            self.allocated_peak = self.allocated
         return block.addr
 
     def free(self, addr: int) -> None:
         block = self._blocks[addr]
         block.free = True
         self.allocated -= block.size
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.free:
-                self._remove(neighbour)
-                block = self._merge(block, neighbour)
+        before, after = block.prev, block.next
+        if before is not None and before.free:
+            self._remove(before)
+            block = self._merge(before, block)
+        if after is not None and after.free:
+            self._remove(after)
+            block = self._merge(block, after)
         self._insert(block)
 
-    def _merge(self, block: _Block, other: _Block) -> _Block:
-        first, second = (block, other) if block.addr < other.addr else (other, block)
+    def _merge(self, first: _Block, second: _Block) -> _Block:
+        """`second` (the block after `first`) joins `first`."""
         first.size += second.size
         first.next = second.next
         if second.next is not None:

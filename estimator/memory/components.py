@@ -81,6 +81,7 @@ class StageEstimate(NamedTuple):
     detail: StageDetail  # shared by the stages of its group
     host: tuple[Component, ...] = ()  # what this GPU's process keeps in host memory (offload)
     nvme: tuple[Component, ...] = ()  # ... and on NVMe
+    cache: Component | None = None  # the allocator's cache replayed (reserved.py); None: the flat share
 
     @property
     def host_bytes(self) -> int:
@@ -112,7 +113,7 @@ class StageEstimate(NamedTuple):
     @property
     def reserved_peak_bytes(self) -> int:
         """What `torch.cuda.max_memory_reserved()` reports: the allocated peak plus the allocator's
-        cached, unused segments (the fragmentation component)."""
+        cached, unused segments (the fragmentation component: replayed or a flat share, reserved.py)."""
         return self.device_total_bytes - sum(c.bytes for c in self.outside_allocator)
 
 
@@ -181,7 +182,7 @@ def phase(name: str, kept: tuple[Component, ...], transient: Component) -> Phase
 # runs with default segments; the largest where a recompute or a wide vocabulary frees and re-requests
 # blocks of many sizes. expandable_segments: 1.5% and 3.9% where the same runs measured 8.5% and 9.9% with
 # default segments, but 18.8% where they measured 8.8% (full recompute, micro-batch 2). A flat share is a
-# stand-in for replaying the allocator's segments over the step's allocations (the next modelling step).
+# stand-in where the allocator's replay over the step's allocations (reserved.py) does not apply.
 FRAGMENTATION_SOURCE = ("measured max_memory_reserved / max_memory_allocated - 1 on real H200 runs "
                         "(tests/data/measured/gpu): 0.6-40%, median 8.5% with default segments; with "
                         "expandable segments 1.5-19% on three runs")
@@ -193,8 +194,11 @@ def fragmentation_fraction(hardware: Hardware) -> float:
     return 0.05 if hardware.expandable_segments else 0.10
 
 
-def fragmentation(allocated: int, hardware: Hardware) -> Component:
+def fragmentation(allocated: int, hardware: Hardware, why: str = "") -> Component:
+    """The flat share of the allocated peak; `why`: why the allocator's replay (reserved.py) does not
+    stand in its place, said in the formula."""
     fraction = fragmentation_fraction(hardware)
     segments = "expandable_segments" if hardware.expandable_segments else "default segments"
+    reason = f"; flat share, no allocator replay: {why}" if why else ""
     return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", allocated * fraction,
-                     f"{fraction:.0%} of the allocated peak ({segments})", FRAGMENTATION_SOURCE)
+                     f"{fraction:.0%} of the allocated peak ({segments}){reason}", FRAGMENTATION_SOURCE)

@@ -100,7 +100,8 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
         kept.append(component("logits", "Logits of the sampled positions (fp32)",
                                training.micro_batch_size * vocab * 4 / t, f"4 x b x V{by_t}", "vLLM/HF generate: last position only"))
     forward = phase("forward", tuple(kept), fold([]))
-    outside = (shared.communication, shared.runtime, fragmentation(forward.allocated_bytes, hardware))
+    outside = (shared.communication, shared.runtime,
+               fragmentation(forward.allocated_bytes, hardware, "inference (the replay builds a training step)"))
     return built_stage(sp.stage, sp.num_layers, int(round(sp.local)), (forward,), outside)
 
 

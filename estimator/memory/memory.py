@@ -40,23 +40,31 @@ from .result import Estimate, fit_on
 from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
                            _shared)
 from .static_stage import _StaticStage, _static_stage
+from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
 
 
 # --- the estimate -----------------------------------------------------------------------------------
 
 def estimate(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
-             hardware: Hardware | None = None) -> Estimate:
-    return estimate_resolved(resolve(arch, training, par, hardware))
+             hardware: Hardware | None = None, *, replay: bool = True) -> Estimate:
+    """`replay`: the allocator's cache replayed where the ledger gives the order of allocations
+    (reserved.py), the reported estimate's; False: the flat share everywhere, the total a layout search
+    judges by (`device_total`), monotone in the micro-batch and the recompute setting."""
+    return estimate_resolved(resolve(arch, training, par, hardware), replay=replay)
 
 
 def device_total(arch: Architecture, training: Training | None = None, par: Parallel | None = None,
                  hardware: Hardware | None = None) -> int:
-    """`estimate(...).device_total_bytes` by the same code, without building the estimate: its stages,
-    notes and components (a layout search judges most layouts by this number alone)."""
+    """`estimate(..., replay=False).device_total_bytes` by the same code, without building the estimate:
+    its stages, notes and components (a layout search judges most layouts by this number alone). Where
+    the reported estimate replays the caching allocator (reserved.py: the HF Trainer on one GPU's
+    weights) this total keeps the flat share of cache in its place: monotone in the micro-batch and the
+    recompute setting, as the planner's pruning rules need, where the replayed cache is not (nor is a
+    real GPU's)."""
     cfg = resolve(arch, training, par, hardware)
     if cfg.training.rl or cfg.training.mode == "inference":
-        return estimate_resolved(cfg).device_total_bytes
+        return estimate_resolved(cfg, replay=False).device_total_bytes
     memo = _stage_memo(cfg)
     return _training_stages(cfg, _shared_of(cfg, memo), memo, peak_only=True)[0]
 
@@ -97,8 +105,8 @@ def _shared_of(cfg: Resolved, memo) -> _Shared:
     return shared
 
 
-def estimate_resolved(cfg: Resolved) -> Estimate:
-    """The estimate of a configuration resolved once (`resolved.resolve`)."""
+def estimate_resolved(cfg: Resolved, replay: bool = True) -> Estimate:
+    """The estimate of a configuration resolved once (`resolved.resolve`); `replay` as `estimate`'s."""
     arch, training, par, hardware = cfg.architecture, cfg.training, cfg.parallel, cfg.hardware
     if training.rl:
         return _rl_estimate(cfg)
@@ -110,7 +118,7 @@ def estimate_resolved(cfg: Resolved) -> Estimate:
         from .inference import inference_stage
         stages = [inference_stage(arch, training, par, hardware, sp, vocab, shared) for sp in cfg.stages]
     else:
-        stages = _training_stages(cfg, shared, memo)
+        stages = _training_stages(cfg, shared, memo, replay=replay)
     peak = max(stages, key=lambda s: s.device_total_bytes)
     notes = _notes(arch, training, par, zero, m, vocab)
     return Estimate(
@@ -233,7 +241,7 @@ class _Group(NamedTuple):
 
 
 def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Shared,
-           memo: dict, key: tuple) -> _Group:
+           memo: dict, key: tuple, no_replay: str | None) -> _Group:
     """A group's activation counts and units are kept in `memo` (`_stage_memo`) under its key, which
     names all they read of the stage (its ends, its kinds and, under full recompute, its chunks); its
     phase builder is the estimate's own (it remembers the phases it built by stage number)."""
@@ -242,11 +250,12 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
         counts = _activation_counts(cfg.training, sp, cfg.architecture)
         known = memo[("group", key)] = (counts, _activation_units(counts, shared))
     counts, units = known
-    return _Group(static, units,
-                  StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel, shared), {}))
+    return _Group(static, units, StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel,
+                                                     shared, no_replay), {}))
 
 
-def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool = False) -> list[StageEstimate]:
+def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool = False,
+                     replay: bool = True) -> list[StageEstimate]:
     """Every stage of a training step. Stages with the same layers and no embedding or head form a
     group: they share their static part (kept in `memo`, `_stage_memo`), their activation units and
     the builder of their phases; under full recompute only stages whose chunks store layers of the
@@ -260,6 +269,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
     full, offloaded = training.recompute == "full", training.offload_activations
     fragmentation_share = shared.fragmentation
+    # the allocator's cache: replayed for the reported estimate where reserved.py can, else the flat share
+    no_replay = replay_rule(cfg) or (None if replay else FLAT_FOR_SEARCH)
+    replayed = not peak_only and no_replay is None
     stages = []
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
@@ -275,7 +287,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             static = home.get(ends)
             if static is None:
                 static = home[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
-            group = groups[key] = _group(static, sp, cfg, shared, home, key)
+            group = groups[key] = _group(static, sp, cfg, shared, home, key, no_replay)
         static = group.static
         activations = 0  # the sum of `_activation_parts`, each part rounded as there
         for unit in group.units:
@@ -300,9 +312,13 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             if not stages or device > stages[0]:
                 stages[:] = [device]
             continue
+        cache = replayed_cache(cfg, shared, sp, static) if replayed else None
+        if cache is not None:
+            device = allocated + static.outside_allocator + cache.bytes
         stages.append(StageEstimate(
             sp.stage, static.layers, static.parameters_per_gpu, inflight, peak_phase, allocated, device,
-            (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme))
+            (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme,
+            cache))
     return stages
 
 
@@ -324,7 +340,8 @@ def _offloaded_activations(activations: int, sp: StageParameters, inflight: floa
 
 
 def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, training: Training, par: Parallel,
-                     shared: _Shared, stage: StageEstimate) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
+                     shared: _Shared, no_replay: str | None,
+                     stage: StageEstimate) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
     """A training stage's three phases, and what it holds outside the allocator at its peak. The
     backward phase shows its largest moment: its start, or its last moments when those are larger
     (`backward_ends`, as `_training_stages` found them)."""
@@ -345,7 +362,8 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
-    return phases, (static.communication, shared.runtime, *managed, fragmentation(allocated, shared.hardware))
+    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "")
+    return phases, (static.communication, shared.runtime, *managed, cache)
 
 
 def estimate_config(data: object):

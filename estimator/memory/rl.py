@@ -79,7 +79,8 @@ def _phase(name: str, held: tuple[Component, ...], outside: tuple[Component, ...
            pool: tuple[Component, ...] = ()) -> RlPhase:
     from .components import fragmentation
     allocated = sum(c.bytes for c in held)
-    frag = fragmentation(allocated, hardware)  # the engine's preallocated pool does not fragment
+    # the engine's preallocated pool does not fragment
+    frag = fragmentation(allocated, hardware, "an RL phase (the replay builds a plain training step)")
     pooled = sum(c.bytes for c in pool)
     total = allocated + pooled + sum(c.bytes for c in outside) + frag.bytes
     return RlPhase(name, allocated + pooled, total, held + pool + outside + (frag,))

@@ -81,8 +81,10 @@ class _Evaluator:
         return self.memory[key]
 
     def estimate(self, s: Shape, v: Variant) -> Estimate:
-        """The full estimate of a layout judged to fit (the answer's records)."""
-        return estimate(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware)
+        """The full estimate of a layout judged to fit (the answer's records), with the flat share of
+        allocator cache it was judged by (`memory.device_total`; the reported estimate may replay the
+        allocator instead, memory/reserved.py)."""
+        return estimate(self.req.architecture, self.training(v), self.parallel(s), self.req.hardware, replay=False)
 
     def _record(self, key: tuple, total: int | None) -> None:
         """A layout judged by its own estimate: its device total (None: refused), counted."""

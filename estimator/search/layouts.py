@@ -50,7 +50,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Layout:
-    """One fitting layout with its numbers, each from a full `estimate()` and `roofline()`."""
+    """One fitting layout with its numbers, each from a full `estimate()` and `roofline()` (the estimate with
+    the flat share of allocator cache the search judges by, `estimate(..., replay=False)`)."""
 
     parallel: Parallel
     training: Training

@@ -18,7 +18,9 @@ and a number of GPUs, `plan` enumerates the layouts and the memory knobs around 
 
 It returns the `limit` fastest layouts that fit (utilization at most `margin`, the estimator's
 "fits" verdict by default) and the memory-versus-throughput Pareto front of all fitting layouts,
-each with its numbers from a full `estimate()` and `roofline()`; when none fits, the smallest power
+each with its numbers from a full `estimate()` and `roofline()` (the estimate with the flat share of
+allocator cache, `replay=False`: the replay of memory/reserved.py, which the reported estimate of an
+HF Trainer run makes, is not monotone in what the rules below prune on); when none fits, the smallest power
 of two of these GPUs, and of every catalog GPU, at which some layout fits.
 
 Speed: a full estimate of a layout not seen before costs about 110 us (Llama-3.1-405B on 16
@@ -223,6 +225,17 @@ def smallest_fit(req: Request, watch: Watch | None = None) -> dict:
 
 # --- text ------------------------------------------------------------------------------------------------
 
+def replay_rule_applies(req: Request) -> bool:
+    """Whether the reported estimates of this request's layouts replay the allocator (memory/reserved.py)
+    where the plan's numbers take the flat share: an HF Trainer run on one GPU's weights, default segments."""
+    from ..memory.resolved import resolve
+    try:
+        from ..memory.reserved import replay_rule
+        return replay_rule(resolve(req.architecture, req.training, Parallel(dp=req.gpus), req.hardware)) is None
+    except ConfigError:
+        return False
+
+
 GiB = 1024**3
 
 
@@ -268,6 +281,9 @@ def render_plan_text(result: Plan) -> str:
     lines += ["", "PP a|..|b: uneven first and last stages; xV: interleaved virtual stages. Numbers are the "
               "estimator's (estimate, roofline) for each layout; speeds are the step-time model's expected figures "
               "(achieved kernel efficiency, measured NCCL bandwidth, each framework's overlap), as the app shows them."]
+    if replay_rule_applies(req):
+        lines.append("Memory with a flat 10% share of allocator cache, as the search judges it; a layout's own "
+                     "estimate replays the caching allocator over its step instead (its reserved memory may differ).")
     return "\n".join(lines)
 
 

@@ -108,7 +108,7 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         scores = b * a * s * training.seq_len
         head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
         out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head",
-                         recompute=UP_PROJ))
+                         recompute=UP_PROJ, tensors=2))
         if fused_kernels(training) and megatron_fused_softmax(arch, training, par):
             out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
         elif fused_kernels(training):

@@ -38,6 +38,9 @@ class Entry(NamedTuple):
     # its scale): with those weights frozen it is not kept (autograd saves what the gradients it must
     # compute read: ``should_compute_output`` in the generated backward nodes); `adapters`
     for_weights: tuple[str, ...] = ()
+    # how many like tensors of equal size the entry stands for (autograd makes them one by one): the
+    # allocator replay (memory/reserved.py) requests each apart, as the caching allocator sees them
+    tensors: int = 1
 
     def divided_by_tp(self, par: Parallel) -> bool:
         return self.divided_by == "tp" or (self.divided_by == "sp" and par.sequence_parallel)

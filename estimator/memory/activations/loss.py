@@ -139,7 +139,7 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         else:
             forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
         backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
-                              "2*4*s*b*V"))
+                              "2*4*s*b*V", tensors=2))
         rules = titan_rules(training)
         if par.tp > 1 and rules is not None and rules.tp_loss_parallel_dtensor:
             forward_extra, backward_extra = dtensor_loss_parallel_entries(T, vocab)

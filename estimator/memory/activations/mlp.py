@@ -45,7 +45,8 @@ def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Trai
                 Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
                       recompute=act_tags, for_weights=(down,))]
     # transformers' LlamaMLP: down(act(gate(x)) * up(x)) keeps gate, up, act(gate) and the product
-    return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags),
+    return [Entry(f"{prefix}gate and up projections", 2 * T * width, B, divided_by, f"2*B*s*b*{f}", recompute=tags,
+                  tensors=2),
             Entry(f"{prefix}activation output", T * width, B, divided_by, f"B*s*b*{f}", recompute=act_tags),
             Entry(f"{prefix}fc2 input (gated product)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
                   recompute=act_tags, for_weights=(down,))]

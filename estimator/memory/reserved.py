@@ -1,0 +1,373 @@
+"""The allocator's cache at a stage's peak: reserved minus allocated memory (`max_memory_reserved` -
+`max_memory_allocated`), the `fragmentation` component, by one of two rules that the component names.
+
+1. Replay (the HF Trainer's step, where the ledger knows its allocation order): the estimate's own
+   ledger turned into the sequence of allocations and frees of two training steps and replayed
+   through PyTorch's caching allocator (allocator.py, c10/cuda/CUDACachingAllocator.cpp of torch 2.11
+   to 2.13); the cache is the replay's reserved peak less its allocated peak. On the 30 real H200 runs
+   it applies to (tests/data/measured/gpu) its median error is 1.0% against the flat share's 3.4%, the
+   largest 6.4% against 21.7%, one run under by more than 5% against seven (tests/test_allocator.py).
+2. Flat share (everything else: other frameworks, pipelines and sharding, adapters, expandable
+   segments, paged optimizers, offload, torch.compile, MoE and hybrid models, a chunked or fused loss,
+   inference, RL): a measured share of the allocated peak (components.fragmentation), where the ledger
+   cannot give the order of allocations or the replay was never measured.
+
+The replay is made for the reported estimate only: a layout search judges layouts by
+`memory.device_total` with the flat share, which is monotone in the micro-batch and the recompute
+setting (the planner's pruning rules rely on it); the replayed cache is not (nor is a real GPU's).
+One replay costs milliseconds (bench/bench_reserved.py) and is remembered per configuration.
+
+The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, torch.autograd, torch.optim):
+1. the model's parameters, one tensor each in module order (embedding, the layers, final norm, head):
+   a gated MLP's gate and up projections are two Linear layers (transformers modeling_llama.py
+   LlamaMLP), a layer's norms one module each; the cuBLAS workspaces; DDP's gradient buckets;
+2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
+   several like tensors as that many requests, eager attention's scores made as transformers makes
+   them; under full recompute the layer's input kept and the rest computed and dropped), its forward
+   transients made and freed, the autocast copies of its
+   weights kept for backward; then the loss: the final norm's saved tensors, the logits and their
+   fp32 copies, the log-softmax made from them (kept), the copies freed;
+3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
+   exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
+   backward transients, its parameters' gradients from the last (the first micro-batch creates them,
+   later ones add in place), its tensors freed in reverse order of making as backward passes the
+   weights that used them (autograd frees a node's saved tensors once it has run);
+4. the optimizer step: its states created at the first step (per parameter, in order), its
+   temporaries per tensor (torch's foreach kernels allocate one result per tensor) made and freed;
+   zero_grad frees the gradients.
+Two steps are replayed (segments are never given back: the second step's reserved memory holds the
+first's).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .allocator import CachingAllocator
+from .components import Component, component, total_bytes
+from ..spec.dtypes import bytes_per_element
+
+REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
+                 "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
+                 "on 30 real H200 runs (tests/data/measured/gpu) median error 1.0%, at most 6.4% (the flat share: "
+                 "3.4%, at most 21.7%)")
+
+
+FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and recompute; the replay is the reported "
+                   "estimate's)")
+
+
+def replay_rule(cfg) -> str | None:
+    """Why the replay does not apply to this configuration (None: it does). The replay builds the HF
+    Trainer's order of allocations, on one GPU's full set of weights, with default segments."""
+    training, par, hardware, arch = cfg.training, cfg.parallel, cfg.hardware, cfg.architecture
+    checks = (
+        (training.mode != "training" or training.rl is not None, "not a training step"),
+        (training.framework != "hf", f"{training.framework}'s order of allocations is not modelled"),
+        (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),
+        (hardware.expandable_segments, "expandable segments"),
+        (training.adapter is not None, "an adapter run (frozen weights)"),
+        (training.optimizer.startswith("paged"), "a paged optimizer (cudaMallocManaged states)"),
+        (training.compile, "torch.compile"),
+        (arch.is_moe or arch.is_hybrid, "an MoE or hybrid model (the replay is measured on dense decoders)"),
+        (training.loss != "standard", f"the {training.loss} loss (the replay is measured with the standard one)"),
+        (training.offload_optimizer != "none" or training.offload_parameters != "none"
+         or training.offload_activations or training.optimizer_in_backward, "offload or an optimizer in backward"),
+    )
+    return next((why for failed, why in checks if failed), None)
+
+
+def replayed_cache(cfg, shared, sp, static) -> Component:
+    """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
+    configuration and stage."""
+    key = ("reserved replay", cfg.training, cfg.parallel, cfg.hardware, sp.stage)
+    cache, segments = cfg.architecture.cached(key, lambda: _replayed(cfg, shared, sp, static), per_layout=True)
+    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
+                     f"caching allocator replayed over two HF Trainer steps: reserved ({segments} segments) less "
+                     "allocated, at their peaks", REPLAY_SOURCE)
+
+
+def _replayed(cfg, shared, sp, static) -> tuple[int, int]:
+    from .transients import transients
+    tr = transients(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage, None)
+    parts = static.parts()
+    workspaces = [c for c in parts.kept if c.key == "workspace"]
+    states = sum(c.bytes for c in parts.kept if c.key == "optimizer_states")
+    program = _Program()
+    _build(program, cfg, sp, shared, tr, workspaces, states)
+    allocator = program.allocator
+    return max(0, allocator.reserved_peak - allocator.allocated_peak), allocator.segments
+
+
+LOGITS_COMPUTE_DTYPE = "logits in the compute dtype"  # activations/loss.py's entry
+
+
+class _Program:
+    """The step's allocations and frees, each replayed through the caching allocator as it is made
+    (a block is its address; None stands for an empty request)."""
+
+    def __init__(self):
+        self.allocator = CachingAllocator()
+        self._malloc, self._free = self.allocator.malloc, self.allocator.free
+
+    def alloc(self, nbytes: float) -> int | None:
+        size = int(nbytes + 0.5)  # the ledger's bytes are whole or halves: rounded half up
+        return self._malloc(size) if size > 0 else None
+
+    def free(self, *blocks) -> None:
+        release = self._free
+        for block in blocks:
+            if block is not None:
+                release(block)
+
+    def transient(self, sizes) -> None:
+        self.free(*[self.alloc(s) for s in sizes])
+
+    def many(self, sizes: list[int]) -> list[int]:
+        """Requests of whole, positive bytes (`_requests`), one after another: a layer's hot path."""
+        malloc = self._malloc
+        return [malloc(size) for size in sizes]
+
+    def release(self, blocks: list[int]) -> None:
+        free = self._free
+        for block in blocks:
+            free(block)
+
+    def state(self) -> tuple:
+        """What the next requests' fate depends on: the free blocks (size, address) of both pools and
+        the totals. Two equal states with the same blocks alive answer the same requests alike."""
+        a = self.allocator
+        return a.allocated, a.reserved, tuple(a._free[True]), tuple(a._free[False])
+
+
+class _Weights(NamedTuple):
+    """Element counts of the model's weight tensors, one per module parameter, in module order."""
+
+    embedding: list[float]
+    layers: list[list[tuple[float, bool]]]  # per layer: (elements, a matrix autocast copies)
+    head: list[float]
+
+
+def _split(t, gated: bool) -> list[tuple[float, bool]]:
+    """One `ParameterTensor` as the module's parameters: a gated MLP's fc1 is transformers' gate_proj and
+    up_proj (LlamaMLP), a norm count one scale per norm module; experts stay one fused tensor
+    (transformers 5's MoE experts hold 3-D parameters)."""
+    matrix = t.role == "hidden_matrix"
+    if gated and t.name.endswith("fc1") and not t.is_expert and t.copies == 1:
+        half = t.numel / 2
+        return [(half, matrix), (half, matrix)]
+    if t.role == "vector" and t.copies > 1:
+        return [(t.numel / t.copies, False)] * t.copies
+    return [(float(t.numel), matrix)]
+
+
+def _weights(arch, sp, gated: bool) -> _Weights:
+    kinds = arch.layer_kinds()
+    by_kind: dict[str, list] = {}
+    for kind in {kinds[i] for i in sp.layer_indices}:
+        by_kind[kind] = [piece for t in arch.layer_tensors(kind) for piece in _split(t, gated)]
+    layers = [by_kind[kinds[i]] for i in sp.layer_indices]
+    embedding = [float(t.numel) for t in arch.embedding_tensors()] if sp.first else []
+    head = [float(n) for t in arch.head_tensors() for n, _ in _split(t, gated)] if sp.last else []
+    return _Weights(embedding, layers, head)
+
+
+def _sizes(entries, par) -> list[float]:
+    """An entry's bytes as the requests the allocator sees: one per tensor it stands for."""
+    return [e.bytes(par) / e.tensors for e in entries for _ in range(e.tensors)]
+
+
+def _requests(sizes) -> list[int]:
+    """Sizes as `_Program.alloc` rounds them, the empty ones left out."""
+    return [r for r in (int(b + 0.5) for b in sizes) if r > 0]
+
+
+def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float) -> None:
+    arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
+    P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
+    w = _weights(arch, sp, arch.gated_mlp)
+    order = w.embedding + [n for layer in w.layers for n, _ in layer] + w.head
+    elements = sum(order)
+    for n in order:
+        prog.alloc(n * P)
+    for block in tr.persistent + workspaces:  # DDP's buckets, the cuBLAS workspaces
+        prog.alloc(block.bytes)
+    prog.alloc(8 * training.seq_len * training.micro_batch_size)  # the token ids (and labels)
+    per_tensor = 2 if "adam" in training.optimizer else 1
+    state_bytes = states_bytes / max(1.0, elements) / per_tensor  # per element of one state tensor
+    copy = bytes_per_element(recipe.compute_dtype) if recipe.autocast_weight_copies else 0
+    step = total_bytes(tr.optimizer)
+    states = None
+    layer_sizes = _layer_sizes(shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
+    for _ in range(2):
+        grads: dict[int, int | None] = {}
+        previous = None
+        for _ in range(cfg.microbatches):
+            kept = _forward(prog, cfg, shared, sp, w, tr, copy, layer_sizes)
+            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, G, layer_sizes)
+            # from the second micro-batch on, one frees all it allocates (the gradients exist): once one
+            # leaves the allocator as it found it, every later one does the same and reaches the same
+            # peaks (the replay is deterministic), so the rest of the accumulation is skipped
+            now = prog.state()
+            if now == previous:
+                break
+            previous = now
+        if states is None:
+            states = [prog.alloc(n * state_bytes) for n in order for _ in range(per_tensor)]
+        if step:
+            prog.transient([n * step / elements for n in order])
+        prog.free(*grads.values())
+
+
+EAGER_SOFTMAX = ("softmax output (fp32)", "softmax output cast to the compute dtype")  # activations/attention.py
+
+
+class _Layer(NamedTuple):
+    """What one layer of a kind keeps, as requests (`_requests`), and where transformers' eager attention
+    makes its scores (the index of the fp32 softmax among them; None: no such scores)."""
+
+    sizes: list[int]
+    scores_at: int | None
+
+
+def _layer_sizes(shared, kinds) -> dict[str, _Layer]:
+    from .activations.recompute import dropped
+    out = {}
+    for kind in set(kinds):
+        entries = [e for e in shared.entries[kind] if not dropped(e, shared.recomputed)]
+        names = [e.name for e in entries]
+        at = next((k for k in range(len(names) - 1) if tuple(names[k:k + 2]) == EAGER_SOFTMAX), None)
+        before = None if at is None else len(_requests(_sizes(entries[:at], shared.parallel)))
+        out[kind] = _Layer(_requests(_sizes(entries, shared.parallel)), before)
+    return out
+
+
+def _made(prog, layer: _Layer) -> list[int]:
+    """A layer's kept tensors, made in order. Eager attention's scores (transformers
+    eager_attention_forward: `matmul(q, k^T) * scaling`, `+ causal_mask`, `softmax(dtype=float32)`,
+    `.to(q.dtype)`) pass through three compute-dtype tensors, each freed once the next exists, and the
+    fp32 copy that softmax makes of its input (`at::softmax` with a dtype casts first), freed once the
+    softmax exists; only the softmax and its cast back are kept (as recorded: tests/data/measured/allocator)."""
+    at, sizes = layer.scores_at, layer.sizes
+    if at is None:
+        return prog.many(sizes)
+    out = prog.many(sizes[:at])
+    softmax, scores = sizes[at], sizes[at + 1]
+    product = prog.alloc(scores)
+    scaled = prog.alloc(scores)
+    prog.free(product)
+    masked = prog.alloc(scores)
+    prog.free(scaled)
+    upcast = prog.alloc(softmax)
+    out.append(prog.alloc(softmax))
+    prog.free(upcast)
+    out.append(prog.alloc(scores))
+    prog.free(masked)
+    return out + prog.many(sizes[at + 2:])
+
+
+def _no_copies(components) -> list[float]:
+    return [c.bytes for c in components if c.label != "Autocast copies of the weights"]
+
+
+def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float, layer_sizes) -> list[list]:
+    kinds, full = cfg.architecture.layer_kinds(), cfg.training.recompute == "full"
+    kept = [[prog.alloc(b) for b in _sizes(shared.embedding, shared.parallel)]]
+    forward = _no_copies(tr.forward)
+    for i, tensors in zip(sp.layer_indices, w.layers):
+        layer = layer_sizes[kinds[i]]
+        if full:
+            kept.append([prog.alloc(shared.kept_input)])
+            prog.release(_made(prog, layer))
+        else:
+            kept.append(_made(prog, layer))
+        prog.transient(forward)
+        if copy:  # autocast's 16-bit copies of the layer's matrices, kept for its backward
+            kept[-1] += [prog.alloc(n * copy) for n, matrix in tensors if matrix]
+    kept.append(_loss_forward(prog, shared) if sp.last and shared.loss else ([], []))
+    return kept
+
+
+def _loss_forward(prog, shared) -> tuple[list, list]:
+    """The final norm's tensors, then the logits and their fp32 copies, then what the loss keeps made
+    from them (the log-softmax), then the copies freed, the last made first (transformers
+    ForCausalLMLoss: logits.float(), cross_entropy; as recorded, tests/data/measured/allocator).
+    Returns what the loss keeps: before the logits, and made from them."""
+    par = shared.parallel
+    working = _sizes(shared.loss.forward, par)
+    smallest = min(working, default=float("inf"))
+    saved = _sizes(shared.loss.saved, par)
+    before = [prog.alloc(b) for b in saved if b < smallest]
+    copies = [prog.alloc(b) for b in working]
+    made = [prog.alloc(b) for b in saved if b >= smallest]
+    prog.free(*reversed(copies))
+    return before, made
+
+
+def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, layer_sizes) -> None:
+    arch, full = cfg.architecture, cfg.training.recompute == "full"
+    kinds = arch.layer_kinds()
+    before, made = kept.pop()
+    last, cast = None, None
+    if sp.last and shared.loss:
+        # autograd's chain (each node frees its saved tensors and the gradient it was given once it has
+        # made its own, torch/csrc/autograd/engine.cpp): the loss's gradients, each freeing the one
+        # before, then the tensors the loss kept; the logits' gradient in the compute dtype (the
+        # backward of their fp32 cast) is made while the last fp32 one lives, and lives until the
+        # head's gradients are made (as recorded: tests/data/measured/allocator)
+        for b in _sizes(shared.loss.backward, shared.parallel):
+            block = prog.alloc(b)
+            if last is not None:
+                prog.free(last)
+            last = block
+        prog.free(*made)
+        made = []
+        cast = next((prog.alloc(e.bytes(shared.parallel)) for e in shared.loss.forward
+                     if e.name == LOGITS_COMPUTE_DTYPE), None)
+        if last is not None:
+            prog.free(last)
+    index = len(order)
+    for n in reversed(w.head):
+        index -= 1
+        _gradient(prog, grads, index, n * G)
+    tied = arch.tie_embeddings and sp.first and sp.last
+    if tied and order:  # the head's product gives the shared weight its gradient first (AccumulateGrad)
+        _gradient(prog, grads, 0, order[0] * G)
+    prog.free(*[b for b in (cast,) if b], *made, *before)
+    backward = _no_copies(tr.backward)
+    malloc, free = prog._malloc, prog._free
+    for i, tensors in zip(reversed(sp.layer_indices), reversed(w.layers)):
+        saved = kept.pop()
+        # what backward frees as it walks back through the layer: the recomputed tensors (full
+        # recompute: the kept input waits for the layer's end) or the ones kept in forward
+        held = _made(prog, layer_sizes[kinds[i]]) if full else [b for b in saved if b is not None]
+        prog.transient(backward)
+        count, weights = len(held), len(tensors)
+        for j in range(weights):  # `_gradient`, written out: the hot path of a replay
+            index -= 1
+            size = int(order[index] * G + 0.5)
+            if index in grads:
+                free(malloc(size))
+            else:
+                grads[index] = malloc(size)
+            # autograd frees a node's saved tensors once the node has run (Node::release_variables,
+            # torch/csrc/autograd/engine.cpp), so a layer's tensors go in reverse order of making as
+            # backward passes the weights that used them; the ledger does not say which operation keeps
+            # which tensor, so the j-th weight from the end stands for the same share of them
+            while len(held) > count * (weights - 1 - j) // weights:
+                free(held.pop())
+        prog.free(*(saved if full else ()))
+    for n in reversed(order[:index]):
+        index -= 1
+        _gradient(prog, grads, index, n * G)  # (the tied embedding's own, added into the head's)
+    prog.free(*kept.pop())
+
+
+def _gradient(prog, grads: dict, index: int, nbytes: float) -> None:
+    """A parameter's gradient from its backward: kept as its .grad when it has none, else added into
+    it and freed (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: `variable_grad +=
+    new_grad` in place)."""
+    if index in grads:
+        prog.transient([nbytes])
+    else:
+        grads[index] = prog.alloc(nbytes)
