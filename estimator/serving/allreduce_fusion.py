@@ -53,7 +53,7 @@ def _round_up(value: int, step: int) -> int:
 
 
 def _max_size(rules: VllmRules, capability: int, tp: int) -> int | None:
-    if capability == 103 and rules.version < (0, 19):
+    if capability == 103 and rules.version < (0, 19):  # the 0.19 record: capability family 100
         return None
     table = MAX_SIZE_MIB_0_33 if rules.version >= (0, 33) else MAX_SIZE_MIB
     mib = table.get(capability, {}).get(tp)

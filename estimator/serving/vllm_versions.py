@@ -82,6 +82,12 @@ RULES: tuple[VllmRules, ...] = (
                      "0.19.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0; 0.17.0 and 0.19.0 "
                      "config/vllm.py enable_allreduce_rms_fusion on at TP > 1 with the required flashinfer-python "
                      "0.6.4 / 0.6.6 (METADATA), whose SymmDeviceMemory rounds to the multicast granularity"),
+    VllmRules((0, 19), "0.19", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
+              allreduce_fusion="multicast",
+              source="vLLM 0.19.0 config/vllm.py enable_allreduce_rms_fusion: is_device_capability_family(100) "
+                     "(0.17.0: is_device_capability(100)), so sm103 (B300) builds the fusion pass too, with "
+                     "FI_ALLREDUCE_FUSION_MAX_SIZE_MB's new sm103 row"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               allreduce_fusion="multicast",
