@@ -31,13 +31,16 @@ DATA = json.loads((Path(__file__).parent / "data" / "serving" / "published_vllm_
 RECORDS = {r["id"]: r for r in DATA["records"]}
 
 # --- the mechanisms behind the terms we do not reproduce ---------------------------------------------
-NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: 1.8-1.9 GiB a rank more than at TP 1 (0.07 GiB under PP), created by "
-                "the profiling run's first all-reduces. Read but not the answer: FlashInfer's all-reduce + RMSNorm fusion "
-                "workspace (flashinfer/comm/trtllm_ar.py: 4 x tp x tokens x h x 2 B, tokens capped by vLLM's 64 MB at TP 2 "
-                "and 2 MB at TP 4 on sm90) is 0.5 GiB at TP 2 and 0.03 GiB at TP 4, yet TP 4 grows more; NCCL's NVLS "
-                "buffers (nvls.cc: channels x 2 x 1 MiB x ranks) are 64-128 MiB. The rest (NCCL 2.27's lazily connected "
-                "channel buffers, torch's symmetric memory for VLLM_ALLREDUCE_USE_SYMM_MEM) is sized in NCCL and torch "
-                "code not read, so no term models it")
+NON_TORCH_TP = ("non-torch under TP > 1 in 0.19: 2.06-2.21 GiB against ours 1.70 (the 0.20 GiB constant + FlashInfer's "
+                "all-reduce fusion workspace, 3 x 512 MiB, serving/allreduce_fusion.py). The rest, 0.32-0.46 GiB a rank "
+                "beyond TP 1's 0.25 GiB, appears with it: FlashInfer exchanges the workspace's handles over "
+                "get_tp_group().device_group (0.19.0 flashinfer_all_reduce.py _create_workspace: TorchDistBackend; "
+                "FlashInfer 0.6.6 all_gather_object and barrier), so torch's ProcessGroupNCCL creates its NCCL "
+                "communicator for the TP group there, after the start-up snapshot (init_process_group and new_group get "
+                "no device_id: lazy). Its size (NCCL 2.27 P2P ring buffers: per channel a 2 MiB-rounded LL + LL128 + "
+                "SIMPLE receive buffer and a send buffer, times the channel count NCCL's topology search picks for "
+                "H100 NVSwitch; NVLS off at 2 ranks, nvls.cc ncclNvlsInit gpuCount <= 2) was not derived: the channel "
+                "count is not in the logs")
 NON_TORCH_BASE = ("non-torch without TP: lazily loaded kernels and cuBLAS workspaces have no formula in vLLM's source; "
                   "ours is a constant from an earlier public log (0.16 GiB at TP 1, 0.20 GiB distributed, "
                   "serving/overheads.py), 0.19 measures 0.24-0.27 GiB at TP 1 and 0.07 GiB a stage under PP")
@@ -45,7 +48,6 @@ GRAPHS = ("CUDA graphs in 0.19: cudagraph_mode FULL_AND_PIECEWISE captures 51 si
           "pieces per size; the driver memory of each graph (vLLM's own estimate: a first capture + 2-26 MiB a graph, "
           "gpu_model_runner.py profile_cudagraph_memory) is not modelled, ours is the piecewise outputs of the largest "
           "capture")
-KV_FROM_TP = "KV memory and what follows from it: off by the TP non-torch miss (about 1.9 GiB a rank)"
 FORWARD = ("a dense model's forward where it, not the sampler, sets the peak: ours is the widest layer, 2 x T x h + "
            "the MLP's T x 3I (or the attention's); vLLM 0.19 measures 0.14 GiB more for CodeLlama-7B and 0.15-0.32 GiB "
            "more for a pipeline stage without the sampler (1.10 GiB first, 1.05 GiB middle, against 0.78 + 0.125 GiB of "
@@ -57,7 +59,8 @@ TRITON_MXFP4 = ("MXFP4 experts on Hopper from 0.15 use the 'TRITON' MoE backend 
                 "(vllm/third_party/triton_kernels hopper_value.py, hopper_scale.py) pads the packed values to multiples "
                 "of 64 and the scales to 256 rows; that is about 0.25 GiB of the 0.58 GiB this log shows over ours, the "
                 "rest was not identified, so the layout is not modelled")
-TP2_72B = "KV memory of 3 GiB: the TP non-torch miss (1.9 GiB a rank) is most of it"
+TP2_72B = ("KV memory of 3 GiB: the TP non-torch miss (0.39 GiB a rank, the TP group's NCCL communicator) is 13% "
+           "of it")
 SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so 0.05 GiB (0.07% of the budget) is the 3%: ours is "
                    "0.15 GiB more, of which our non-torch constant is 0.09 GiB under what 0.19 measures at TP 1; the "
                    "rest was not identified")
@@ -80,10 +83,8 @@ _miss(["llama-3.1-8b-tp1-pp2-len8192"], ["activation_peak[stage 0]"], FORWARD)
 _miss(["llama-3.1-8b-tp1-pp4-len8192"], [f"activation_peak[stage {i}]" for i in range(3)], FORWARD)
 _miss(["codellama-7b-tp1-pp1-len8192"], ["activation_peak"], FORWARD)
 _miss(["gemma-3-27b-tp1-pp1-len8192"], ("activation_peak",) + _KV_TERMS, VISION)
-_miss(["gpt-oss-20b-tp2-pp1-len8192"], ("weights",) + _KV_TERMS, TRITON_MXFP4)
+_miss(["gpt-oss-20b-tp2-pp1-len8192"], ("weights",), TRITON_MXFP4)
 _miss(["qwen2.5-72b-tp2-pp1-len8192"], _KV_TERMS, TP2_72B)
-_miss(["llama-3.1-70b-fp8-tp2-pp1-len8192", "llama-3.1-70b-fp8-tp4-pp1-len8192",
-       "llama-3.1-70b-tp2-pp1-len8192-weightint8", "mixtral-8x7b-tp2-pp1-len8192"], _KV_TERMS, KV_FROM_TP)
 _miss(["gpt-oss-120b-v0.11.0-h100-mnbt1024"], ["kv_cache"], SMALL_REMAINDER)
 
 

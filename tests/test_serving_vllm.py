@@ -224,7 +224,7 @@ def test_rule_0_20_cuda_graphs_inside_the_budget():
     """0.20: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, so the graphs' estimate leaves the
     KV budget; 0.19 captures them after the KV cache is sized."""
     old, new = (serve("llama-3.1-8b", max_model_len=32768, engine_version=v) for v in ("0.19", "0.20"))
-    assert old.resolved.rules.label == "0.17" and new.resolved.rules.label == "0.20"
+    assert old.resolved.rules.label == "0.19" and new.resolved.rules.label == "0.20"
     assert old.limiting.cuda_graphs == new.limiting.cuda_graphs > 0
     assert old.limiting.available - new.limiting.available == new.limiting.cuda_graphs
     eager = serve("llama-3.1-8b", max_model_len=32768, engine_version="0.20", cuda_graphs=False)

@@ -6,7 +6,9 @@ snapshot is taken after the CUDA context and the NCCL communicators exist (gpu_w
 "Initialize the distributed environment BEFORE taking memory snapshot"), so those sit outside the budget;
 what grows inside it is cuBLAS/cuBLASLt workspaces and lazily loaded kernels, and under TP/PP the NCCL
 buffers set up on the first collectives. Public start-up logs on H100: 0.16 GiB at TP 1 (vLLM PR #12126,
-Llama-3.2-11B), 0.20 GiB per worker over 4 GPUs (vLLM PR #14447).
+Llama-3.2-11B), 0.20 GiB per worker over 4 GPUs (vLLM PR #14447). Under TP > 1 from 0.17 FlashInfer's
+all-reduce fusion workspace joins it (serving/allreduce_fusion.py); the NCCL communicator torch creates for the
+TP group while that workspace's handles are exchanged is not modelled (tests/test_serving_published.py).
 
 CUDA graphs (piecewise, the V1 default): the graphs of every capture size share one memory pool, and
 the largest capture keeps each piece's outputs between the attention calls: per layer q, k, v, the

@@ -20,6 +20,7 @@ from ..spec.field import MAX_TOKENS
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
+from .allreduce_fusion import fusion_workspace
 from .activations import activation_peak
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving
@@ -178,7 +179,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
                            stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
                            r.rules.moe_workspace_kept and r.weight_format != "mxfp4")
-    non_torch = overheads.non_torch_bytes(par.tp, par.pp)
+    non_torch_part = _non_torch(arch, r, par)
+    non_torch = non_torch_part.bytes
     graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
     in_budget = graphs if r.rules.cuda_graphs_in_budget else 0
     available = budget - weights.bytes - peak.bytes - non_torch - in_budget
@@ -188,13 +190,25 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
         component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
                   f"{src} gpu_model_runner.py profile_run (modelled, not measured)"),
-        component("non_torch", "Non-torch memory", non_torch, "cuBLAS workspaces, lazily loaded kernels, NCCL buffers",
-                  overheads.NON_TORCH_SOURCE),
+        non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
                   graphs, f"{overheads.capture_size(r.max_num_seqs)} x layers x (q + 2kv + o + h) x {act_bytes} B",
                   f"{src} gpu_worker.py / compilation config (modelled)"),
     )
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
+
+
+def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
+    """The profiling run's non-torch growth: a constant for kernels and cuBLAS, plus FlashInfer's all-reduce
+    fusion workspace where the version builds one (serving/allreduce_fusion.py)."""
+    base = component("non_torch", "Non-torch memory", overheads.non_torch_bytes(par.tp, par.pp),
+                     "cuBLAS workspaces, lazily loaded kernels, NCCL buffers", overheads.NON_TORCH_SOURCE)
+    fusion = fusion_workspace(r.rules, r.gpu_id, arch, par.tp, par.pp, r.max_num_batched_tokens)
+    if fusion is None:
+        return base
+    workspace = component("non_torch", "All-reduce fusion workspace", fusion.bytes, fusion.formula, fusion.source)
+    return component("non_torch", "Non-torch memory", base.bytes + workspace.bytes,
+                     f"{base.formula} + {fusion.formula}", f"{base.source}; {fusion.source}", (base, workspace))
 
 
 def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):

@@ -49,6 +49,10 @@ class VllmRules:
     source: str
     # fused_moe's workspaces come from the worker's WorkspaceManager and stay allocated (activations.py)
     moe_workspace_kept: bool = False
+    # FlashInfer's all-reduce fusion workspace under TP > 1 (serving/allreduce_fusion.py): None (the pass is off
+    # by default), "multicast" (each buffer rounded to the recommended multicast granularity, FlashInfer 0.6.4 to
+    # 0.6.8) or "allocation" (rounded to 2 MiB, FlashInfer 0.7.2)
+    allreduce_fusion: str | None = None
 
 
 _TIER_70 = BatchDefaults(70 * GiB, 8192, 1024, excludes_a100=True)
@@ -72,28 +76,39 @@ RULES: tuple[VllmRules, ...] = (
                      "fused_moe/modular_kernel.py takes its workspaces from v1/worker/workspace.py's manager"),
     VllmRules((0, 17), "0.17", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
+              allreduce_fusion="multicast",
               source="vLLM 0.17.0 (wheel) and 0.19.0 v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: the "
                      "Triton kernel of topk_topp_triton.py for 8 rows or more (FlashInfer still opt-in); "
-                     "0.19.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0"),
+                     "0.19.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0; 0.17.0 and 0.19.0 "
+                     "config/vllm.py enable_allreduce_rms_fusion on at TP > 1 with the required flashinfer-python "
+                     "0.6.4 / 0.6.6 (METADATA), whose SymmDeviceMemory rounds to the multicast granularity"),
+    VllmRules((0, 19), "0.19", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
+              allreduce_fusion="multicast",
+              source="vLLM 0.19.0 config/vllm.py enable_allreduce_rms_fusion: is_device_capability_family(100) "
+                     "(0.17.0: is_device_capability(100)), so sm103 (B300) builds the fusion pass too, with "
+                     "FI_ALLREDUCE_FUSION_MAX_SIZE_MB's new sm103 row"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
+              allreduce_fusion="multicast",
               source="vLLM 0.20.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 (0 in 0.19.0): "
                      "v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory() "
                      "from the KV budget"),
     VllmRules((0, 21), "0.21", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="flashinfer",
-              moe_workspace_kept=True,
+              moe_workspace_kept=True, allreduce_fusion="multicast",
               source="vLLM 0.21.0 v1/core/kv_cache_utils.py: 'GPU KV cache size' = int(max_concurrency x "
                      "max_model_len) (0.20.0: num_blocks // groups x block_size); envs.py "
                      "VLLM_USE_FLASHINFER_SAMPLER defaults to True again, and the wheel requires flashinfer-python "
                      "(METADATA: flashinfer-python==0.6.8.post1)"),
     VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
               batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL), sampler="flashinfer",
-              moe_workspace_kept=True,
+              moe_workspace_kept=True, allreduce_fusion="allocation",
               source="vLLM 0.33.0 engine/arg_utils.py: GPUs with >= 160 GiB (B200/B300) default to 16384 batched "
                      "tokens (absent in 0.25.0); v1/core/kv_cache_planning.py get_kv_cache_config_from_groups "
                      "(num_blocks = available // bytes per block of the largest group); "
-                     "v1/core/kv_cache_utils.py get_kv_cache_capacity"),
+                     "v1/core/kv_cache_utils.py get_kv_cache_capacity; flashinfer-python 0.7.2.post1 (METADATA) "
+                     "rounds the all-reduce fusion workspace to the allocation granularity only"),
 )
 
 CURRENT = RULES[-1].label
