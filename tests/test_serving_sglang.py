@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from estimator.spec.errors import ConfigError
@@ -11,6 +14,7 @@ from estimator.models.presets import get_architecture, get_hf_config
 from estimator.serving.sglang_engine import estimate_sglang, prefill_capture_sizes
 from estimator.spec.serving import Serving
 
+DATA = Path(__file__).parent / "data" / "serving"
 GiB = 2**30
 MiB = 2**20
 H100_MIB = 81_559
@@ -64,11 +68,112 @@ def test_sglang_refuses_what_it_does_not_use():
         sglang(gpu_memory_utilization=0.8)
     assert err.value.field == "serving.gpu_memory_utilization"
     with pytest.raises(ConfigError) as err:
-        sglang("gemma-3-27b")
-    assert err.value.field == "serving.engine"
-    with pytest.raises(ConfigError) as err:
         sglang(speculative={"method": "eagle"})
     assert err.value.field == "serving.speculative.method"
     with pytest.raises(ConfigError) as err:
         sglang(engine_version="0.4.6")
     assert err.value.field == "serving.engine_version"
+
+
+# --- held to what SGLang 0.5.23 computes (validation/sglang/pool_records.py) ------------------------
+
+def _records():
+    data = json.loads((DATA / "sglang-0.5.23.json").read_text())
+    assert data["sglang_version"] == "0.5.23"
+    return data["records"]
+
+
+RECORDS = _records()
+
+
+def _ours(case):
+    return estimate_sglang(get_architecture(case["model"]), Serving(**case["serving"]),
+                           Parallel(tp=case["tp"], pp=case["pp"]), Hardware(case["gpu"]), get_hf_config(case["model"]))
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: "{model}-{gpu}-tp{tp}-pp{pp}".format(**r["case"]))
+def test_start_up_settings_match_sglang_own_resolution(record):
+    """mem_fraction_static, chunked_prefill_size, the decode graphs' max batch and the page size as
+    SGLang's ServerArgs resolution pipeline decides them for this GPU, TP and PP: exactly."""
+    theirs, e = record["sglang"], _ours(record["case"])
+    fraction = float(e.notes[0].split("mem_fraction_static ")[1].split(" ")[0])
+    assert fraction == pytest.approx(theirs["mem_fraction_static"], abs=5e-4)
+    assert e.budget_bytes == int((e.total_bytes - e.context_bytes) * theirs["mem_fraction_static"])
+    assert e.resolved.max_num_batched_tokens == theirs["chunked_prefill_size"]
+    assert e.resolved.max_num_seqs == theirs["decode_cuda_graph_max_bs"]
+    assert e.resolved.block_size == theirs["page_size"]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: "{model}-{gpu}-tp{tp}-pp{pp}".format(**r["case"]))
+def test_pools_match_sglang_own_sizing(record):
+    """On the bytes our estimate leaves each rank: the KV pool's tokens (max_total_num_tokens, the minimum
+    over PP ranks), the sliding-window pool's tokens, the recurrent-state slots and bytes, the layer split
+    and max_running_requests exactly as SGLang's configurators compute them."""
+    theirs, e = record["sglang"], _ours(record["case"])
+    assert [max(s.available, 0) for s in e.stages] == record["given"]["available_kv_bytes"]
+    ranks = theirs["ranks"]
+    assert [[s.layers.start, s.layers.stop] for s in e.stages] == [r["stage_layers"] for r in ranks]
+    assert e.capacity.tokens == min(r["max_total_num_tokens"] for r in ranks)
+    limiting = ranks[e.limiting_stage]
+    if limiting["swa_max_total_num_tokens"] is not None:
+        assert limiting["configurator"] == "HybridSWAPoolConfigurator"
+    running = limiting["max_running_requests"]
+    assert e.capacity.max_concurrency == min(e.capacity.tokens / e.resolved.max_model_len, running)
+    assert f"max_running_requests {running:,}" in e.notes[0]
+    state = next((c for c in e.limiting.components if c.key == "recurrent_state"), None)
+    if "max_mamba_cache_size" in limiting:
+        assert state.formula.startswith(f"({limiting['max_mamba_cache_size']:,} slots + 1) x ")
+        assert abs(state.bytes - limiting["state_bytes"]) <= 1  # SGLang subtracts it in float GB
+        if record["case"]["pp"] == 1:  # under PP a slot is the stage's share of mamba_cache_per_req
+            assert state.bytes == (limiting["max_mamba_cache_size"] + 1) * limiting["mamba_cache_per_req"]
+    else:
+        assert state is None
+
+
+def test_sliding_window_pool_by_hand():
+    """gpt-oss-20b (SGLang lists GptOssForCausalLM as hybrid SWA): 12 full and 12 sliding layers, 8 KV heads
+    x (64 + 64) x 2 B = 2,048 B per layer and token; cell = 12 x 2048 + 0.8 x 12 x 2048 = 44,236.8 B;
+    full tokens = bytes // cell, SWA tokens = 0.8 x full. Gemma 3 is not on SGLang's list: all 62 layers in
+    one pool."""
+    e = sglang("gpt-oss-20b")
+    available = e.limiting.available
+    full = int(available // (12 * 2048 + 0.8 * 12 * 2048))
+    assert e.capacity.tokens == full
+    assert e.capacity.kv_cache_bytes == full * 12 * 2048 + int(full * 0.8) * 12 * 2048
+    g = sglang("gemma-3-27b")
+    assert g.capacity.tokens == g.limiting.available // (62 * 16 * 256 * 2)
+
+
+def test_hybrid_state_slot_by_hand():
+    """Qwen3-Next-80B at TP 4: a Gated DeltaNet layer's conv window (32 x 128 + 2 x 16 x 128) / 4 x 3 taps x 2 B
+    (bf16) = 12,288 B and its recurrent matrix 32 / 4 x 128 x 128 x 4 B (fp32: the config names no
+    mamba_ssm_dtype) = 524,288 B; 36 such layers = 19,316,736 B per slot. The state pool takes 0.9 / 1.9 of
+    the bytes: slots = (bytes x 0.9 / 1.9 - slot) // slot, plus one padding slot; the 12 attention layers'
+    KV pool (2 KV heads over TP 4 -> 1 x 256 x 2 x 2 B = 1,024 B each) the rest. Nemotron-H-8B at TP 1:
+    (128 x 64 + 2 x 8 x 128) x 3 x 2 + 128 x 64 x 128 x 4 = 4,255,744 B for each of its 24 Mamba-2 layers."""
+    e = sglang("qwen3-next-80b-a3b", tp=4)
+    slot = 36 * ((32 * 128 + 2 * 16 * 128) // 4 * 3 * 2 + 32 // 4 * 128 * 128 * 4)
+    assert slot == 19_316_736
+    available = e.limiting.available
+    slots = int((available * 0.9 / 1.9 - slot) // slot)
+    state = next(c for c in e.limiting.components if c.key == "recurrent_state")
+    assert state.bytes == (slots + 1) * slot
+    assert e.capacity.tokens == (available - state.bytes) // (12 * 1024)
+    assert e.capacity.max_concurrency <= slots // 5  # 3 slots + 2 of the extra buffer per running request
+    n = sglang("nemotron-h-8b")
+    state = next(c for c in n.limiting.components if c.key == "recurrent_state")
+    assert state.formula.endswith(f"x {24 * 4_255_744:,} B per slot")
+
+
+def test_pipeline_split_gives_the_remainder_to_the_last_stages():
+    """SGLang's get_pp_indices: 61 layers over 2 stages are 30 + 31 (vLLM's are 31 + 30)."""
+    from estimator.serving.sglang_engine import sglang_stage_layers
+    assert sglang_stage_layers(61, 2) == (range(0, 30), range(30, 61))
+    assert sglang_stage_layers(10, 4) == (range(0, 2), range(2, 4), range(4, 7), range(7, 10))
+
+
+def test_max_running_requests_lowers_the_decode_graphs():
+    """--max-running-requests 64 on an A100-40GB: the decode graphs' default max batch (32) stays, and 16
+    lowers it (memory_hook.py: a default max_bs above max_running_requests is cut to it)."""
+    assert sglang(gpu="a100-40", max_num_seqs=64).resolved.max_num_seqs == 32
+    assert sglang(gpu="a100-40", max_num_seqs=16).resolved.max_num_seqs == 16
