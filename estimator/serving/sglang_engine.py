@@ -1,20 +1,21 @@
-"""SGLang's start-up accounting (SGLang 0.5.23, the release read; earlier releases are refused).
+"""SGLang's start-up accounting (SGLang 0.5.23, the release read and run; earlier releases are refused).
 
-SGLang sizes a static share of the GPU, ``mem_fraction_static``, for the weights and the KV pool; the rest
+SGLang sizes a static share of the GPU, ``mem_fraction_static``, for the weights and its pools; the rest
 is left for activations and CUDA graphs (arg_groups/memory_hook.py, its docstring: "mem_fraction_static
 = (model weights + KV cache pool) / GPU memory capacity"). At start-up (mem_cache/kv_cache_configurator.py
-_profile_available_bytes) the KV pool gets the memory free after loading the weights less
+_profile_available_bytes) the pools get the memory free after loading the weights less
 ``pre_model_load_memory x (1 - mem_fraction_static)``, where pre_model_load_memory is what was free before
-loading (after the CUDA context and NCCL). So KV = pre x mem_fraction_static - weights. The pool holds
-``max_total_num_tokens`` = KV // cell size, rounded down to the page size (model_executor/
-pool_configurator.py calculate_pool_sizes), with a cell of max(1, kv_heads // TP) x (head_dim + v_head_dim)
-x layers x dtype bytes, or (kv_lora_rank + rope dim) x layers x dtype bytes with MLA.
+loading (after the CUDA context and NCCL). So the pools get pre x mem_fraction_static - weights, which
+sglang_pools.py splits into the KV pool (``max_total_num_tokens``), a sliding-window pool and a hybrid
+model's recurrent-state pool.
 
-Unless given, mem_fraction_static = (GPU MiB - reserved MiB) / GPU MiB with reserved = 512 + 1.5 x
-max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 + the graphs' reserve (2 x decode cuda_graph_max_bs,
-plus 8 per prefill capture size, or 1536 with MLA), at least 10 GiB on GPUs above 60 GiB
-(memory_hook.py _handle_gpu_memory_settings, reserve_for_graph_mb). chunked_prefill_size and the decode
-graphs' max batch follow the GPU's memory and TP there too.
+Unless given, mem_fraction_static = round((GPU MiB - reserved MiB) / GPU MiB, 3) with reserved = 512 +
+1.5 x max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 + the graphs' reserve (2 x decode
+cuda_graph_max_bs, plus 8 per prefill capture size, or 1536 with MLA, when the prefill graphs are on), at
+least 10 GiB on GPUs above 60 GiB (memory_hook.py handle_gpu_memory_settings, reserve_for_graph_mb); a
+served vision-language model's share is lowered by its vision tower. chunked_prefill_size and the decode
+graphs' max batch follow the GPU's memory and TP there too. Every one of these is held to what SGLang's own
+resolution computes (validation/sglang/pool_records.py, tests/data/serving/sglang-0.5.23.json).
 """
 
 from __future__ import annotations
