@@ -207,7 +207,7 @@ def test_hybrid_state_slot_by_hand():
     the bytes: slots = (bytes x 0.9 / 1.9 - slot) // slot, plus one padding slot; the 12 attention layers'
     KV pool (2 KV heads over TP 4 -> 1 x 256 x 2 x 2 B = 1,024 B each) the rest. Nemotron-H-8B at TP 1:
     (128 x 64 + 2 x 8 x 128) x 3 x 2 + 128 x 64 x 128 x 4 = 4,255,744 B for each of its 24 Mamba-2 layers."""
-    e = sglang("qwen3-next-80b-a3b", tp=4)
+    e = sglang("qwen3-next-80b-a3b", tp=4, prefix_caching=True)
     slot = 36 * ((32 * 128 + 2 * 16 * 128) // 4 * 3 * 2 + 32 // 4 * 128 * 128 * 4)
     assert slot == 19_316_736
     available = e.limiting.available
@@ -219,6 +219,17 @@ def test_hybrid_state_slot_by_hand():
     n = sglang("nemotron-h-8b")
     state = next(c for c in n.limiting.components if c.key == "recurrent_state")
     assert state.formula.endswith(f"x {24 * 4_255_744:,} B per slot")
+
+
+def test_hybrid_without_radix_cache_sizes_the_state_pool_from_max_running_requests():
+    """--disable-radix-cache (prefix_caching off) and --max-running-requests 64: 64 state slots + 1 padding,
+    one per running request; the attention layers' pool gets the rest (_handle_max_mamba_cache)."""
+    e = sglang("nemotron-h-8b", max_num_seqs=64)
+    slot = 24 * 4_255_744
+    state = next(c for c in e.limiting.components if c.key == "recurrent_state")
+    assert state.bytes == 65 * slot
+    assert e.capacity.tokens == (e.limiting.available - 65 * slot) // (4 * 8 * 256 * 2)
+    assert e.capacity.max_concurrency == min(e.capacity.tokens / e.resolved.max_model_len, 64)
 
 
 def test_pipeline_split_gives_the_remainder_to_the_last_stages():

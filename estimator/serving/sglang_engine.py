@@ -167,7 +167,8 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     for s, layers in enumerate(ranges):
         weights = stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context)
         available = static - weights.bytes - held
-        pool = sglang_pools.size_pools(arch, checkpoint, par.tp, kv_bytes, page, layers, ranges, max(available, 0))
+        pool = sglang_pools.size_pools(arch, checkpoint, par.tp, kv_bytes, page, layers, ranges, max(available, 0),
+                                       serving.prefix_caching, serving.max_num_seqs)
         pools.append(pool)
         stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
                                   _components(rules, weights, act_mib, graph_mib, pool)))
@@ -175,7 +176,8 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     limiting = min(range(len(pools)), key=lambda i: pools[i].tokens)
     pool = pools[limiting]
     tokens = pool.tokens
-    running = sglang_pools.max_running_requests(tokens, max_len, serving.max_num_seqs, pool, overlap=par.pp == 1)
+    running = sglang_pools.max_running_requests(tokens, max_len, serving.max_num_seqs, pool, overlap=par.pp == 1,
+                                                radix_cache=serving.prefix_caching)
     concurrency = min(tokens / max_len, running)
     capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=pool.kv_bytes, tokens=tokens,
                                    max_concurrency=concurrency, blocks_per_request=-(-max_len // page))
@@ -189,8 +191,9 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
              f"profile. max_running_requests {running:,}.",)
     if pool.state_slots:
         notes += (f"SGLang: {pool.state_slots:,} recurrent-state slots of {pool.state_per_request / MiB:.1f} MiB "
-                  "(mamba_full_memory_ratio 0.9 of the pools' bytes; 3 slots per running request, + 2 for the radix "
-                  "cache's extra buffer, 1 under PP).",)
+                  + ("(mamba_full_memory_ratio 0.9 of the pools' bytes; 3 slots per running request, + 2 for the radix "
+                     "cache's extra buffer, 1 under PP)." if serving.prefix_caching else
+                     "(without the radix cache: one slot per running request)."),)
     shared = (serving.shared_prefix_tokens or 0) // page * page  # the radix cache shares whole pages
     effective = (min((tokens - shared) / (max_len - shared), running) if 0 < shared < max_len else concurrency)
     return ServingEstimate("sglang", serving.engine_version or rules.label, resolved, static, gpu.capacity_bytes,

@@ -23,10 +23,12 @@ srt/configs/mamba_utils.py, srt/configs/model_config.py) and recorded by running
   (mamba2_state_dtype); conv_dim = heads x head_dim + 2 x groups x state, groups widened to TP when TP
   does not divide them (Mamba2StateShape.create). Gated DeltaNet maps to it as value heads x value dim,
   key heads as groups, key dim as state (configs/qwen3_next.py mamba2_cache_params).
+- Without the radix cache (serving.prefix_caching off: --disable-radix-cache) a given max_running_requests
+  is the state pool's slot count and the KV pool gets the rest.
 - max_running_requests = min(clamp(tokens / context_len x 512, 2048, 4096), tokens // 2) unless given
-  (resolve_max_num_reqs), and for a hybrid at most slots // slots per request (3, plus 2 with the radix
-  cache's extra buffer under the overlap schedule, 1 without it as under PP: _calculate_mamba_ratio,
-  get_mamba_tracking_slots).
+  (resolve_max_num_reqs), and for a hybrid at most slots // slots per request (with the radix cache 3,
+  plus 2 for its extra buffer under the overlap schedule, 1 without it as under PP; without it 1:
+  _calculate_mamba_ratio, get_mamba_tracking_slots).
 """
 
 from __future__ import annotations
@@ -122,10 +124,15 @@ def state_slots(rest_bytes: int, per_request: int, ratio: float = MAMBA_FULL_MEM
 
 
 def size_pools(arch: Architecture, checkpoint: dict | None, tp: int, kv_bytes: int, page: int,
-               stage: range, stages: tuple[range, ...], available: int) -> Pools:
-    """The pools one rank sizes from the `available` bytes SGLang's profile leaves it."""
+               stage: range, stages: tuple[range, ...], available: int, radix_cache: bool = True,
+               requested: int | None = None) -> Pools:
+    """The pools one rank sizes from the `available` bytes SGLang's profile leaves it. Without the radix cache
+    a given max_running_requests is the state pool's slot count (_handle_max_mamba_cache)."""
     per_request = state_per_request(arch, tp, ssm_dtype_bytes(checkpoint), stages) if arch.is_hybrid else 0
-    slots = max(state_slots(available, per_request), 0) if per_request else 0
+    if per_request and requested and not radix_cache:
+        slots = max(1, requested)
+    else:
+        slots = max(state_slots(available, per_request), 0) if per_request else 0
     if per_request and not slots:  # SGLang refuses to start: no room for one state slot
         return Pools(0, 0, token_bytes(arch, tp, kv_bytes) * len(attention_layers(arch, stage)), None, 0, 0,
                      per_request)
@@ -146,15 +153,15 @@ def size_pools(arch: Architecture, checkpoint: dict | None, tp: int, kv_bytes: i
 
 
 def max_running_requests(tokens: int, context_len: int, requested: int | None, pools: Pools,
-                         overlap: bool = True) -> int:
-    """resolve_max_num_reqs: SGLang's cap on the requests it runs at once. The radix cache's extra buffer
-    holds 2 slots per request under the overlap schedule, 1 without it (pipeline parallelism turns the
-    overlap schedule off)."""
+                         overlap: bool = True, radix_cache: bool = True) -> int:
+    """resolve_max_num_reqs: SGLang's cap on the requests it runs at once. A request holds 3 state slots and
+    the radix cache's extra buffer 2 more under the overlap schedule, 1 without it (pipeline parallelism
+    turns the overlap schedule off); without the radix cache it holds one (_calculate_mamba_ratio)."""
     if requested is not None:
         limit = min(requested, tokens // 2)
     else:
         limit = min(max(min(int(tokens / context_len * 512), 4096), 2048), tokens // 2)
     if pools.state_slots:
-        per_request = MAMBA_SLOTS_PER_REQUEST + (EXTRA_BUFFER_SLOTS if overlap else 1)
+        per_request = MAMBA_SLOTS_PER_REQUEST + (EXTRA_BUFFER_SLOTS if overlap else 1) if radix_cache else 1
         limit = min(limit, pools.state_slots // per_request)
     return limit

@@ -54,11 +54,16 @@ CASES = [
     ("gemma-3-27b", "h100-80", 1, 1, {}),
     ("gpt-oss-20b", "h100-80", 1, 1, {}),
     ("gpt-oss-120b", "h100-80", 2, 1, {}),
+    # hybrids with SGLang's default radix cache (prefix_caching on) and without it (--disable-radix-cache)
+    ("qwen3-next-80b-a3b", "h100-80", 4, 1, {"prefix_caching": True}),
+    ("qwen3-next-80b-a3b", "h200", 2, 1, {"max_model_len": 65536, "prefix_caching": True}),
     ("qwen3-next-80b-a3b", "h100-80", 4, 1, {}),
-    ("qwen3-next-80b-a3b", "h200", 2, 1, {"max_model_len": 65536}),
-    ("nemotron-h-8b", "h100-80", 1, 1, {}),
-    ("nemotron-h-8b", "a100-40", 2, 1, {}),
-    ("nemotron-h-8b", "h100-80", 2, 2, {}),
+    ("qwen3-next-80b-a3b", "h200", 4, 1, {"max_num_seqs": 128}),
+    ("nemotron-h-8b", "h100-80", 1, 1, {"prefix_caching": True}),
+    ("nemotron-h-8b", "a100-40", 2, 1, {"prefix_caching": True}),
+    ("nemotron-h-8b", "h100-80", 2, 2, {"prefix_caching": True}),
+    ("nemotron-h-8b", "h100-80", 1, 1, {"max_num_seqs": 64}),
+    ("llama-3.1-8b", "h100-80", 1, 1, {"max_model_len": 32768, "prefix_caching": True}),
 ]
 
 _SM = {"h100-80": (9, 0), "h200": (9, 0), "a100-40": (8, 0), "a100-80": (8, 0), "l40s": (8, 9)}
@@ -85,7 +90,8 @@ def _gpu_memory(mib: int) -> None:
 def _server_args(model_dir: str, tp: int, pp: int, serving: dict):
     from sglang.srt.server_args import ServerArgs
     kwargs = dict(model_path=model_dir, tp_size=tp, pp_size=pp, device="cuda",
-                  kv_cache_dtype=_KV[serving.get("kv_cache_dtype")])
+                  kv_cache_dtype=_KV[serving.get("kv_cache_dtype")],
+                  disable_radix_cache=not serving.get("prefix_caching", False))  # our field is the radix cache
     if serving.get("mem_fraction_static"):
         kwargs["mem_fraction_static"] = serving["mem_fraction_static"]
     if serving.get("max_num_seqs"):
