@@ -244,3 +244,17 @@ def test_max_running_requests_lowers_the_decode_graphs():
     lowers it (memory_hook.py: a default max_bs above max_running_requests is cut to it)."""
     assert sglang(gpu="a100-40", max_num_seqs=64).resolved.max_num_seqs == 32
     assert sglang(gpu="a100-40", max_num_seqs=16).resolved.max_num_seqs == 16
+
+
+def test_records_cover_the_grid():
+    """TP 1, 2, 4 and 8 and PP 2; dense, MoE, MLA, sliding-window (its own pool and not), Gated DeltaNet and
+    Mamba-2 hybrids with and without the radix cache; bf16 and fp8 KV; all recorded without an error."""
+    cases = [r["case"] for r in RECORDS]
+    assert {c["tp"] for c in cases} == {1, 2, 4, 8} and {c["pp"] for c in cases} == {1, 2}
+    assert {"llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "gemma-3-27b", "gpt-oss-20b",
+            "qwen3-next-80b-a3b", "nemotron-h-8b"} <= {c["model"] for c in cases}
+    assert {c["serving"].get("kv_cache_dtype") for c in cases} >= {None, "fp8_e4m3"}
+    hybrid = [r for r in RECORDS if "max_mamba_cache_size" in r["sglang"]["ranks"][0]]
+    assert {r["sglang"]["disable_radix_cache"] for r in hybrid} == {True, False}
+    assert {r["sglang"]["ranks"][0]["configurator"] for r in RECORDS} == {"DefaultPoolConfigurator",
+                                                                         "HybridSWAPoolConfigurator"}
