@@ -162,12 +162,18 @@ def test_start_up_settings_match_sglang_own_resolution(record):
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: "{model}-{gpu}-tp{tp}-pp{pp}".format(**r["case"]))
 def test_pools_match_sglang_own_sizing(record):
-    """On the bytes our estimate leaves each rank: the KV pool's tokens (max_total_num_tokens, the minimum
+    """On the bytes our estimate leaves each rank (pre-load memory x mem_fraction_static - weights, which
+    SGLang's profile computes from the same two): the KV pool's tokens (max_total_num_tokens, the minimum
     over PP ranks), the sliding-window pool's tokens, the recurrent-state slots and bytes, the layer split
     and max_running_requests exactly as SGLang's configurators compute them."""
     theirs, e = record["sglang"], _ours(record["case"])
     assert [max(s.available, 0) for s in e.stages] == record["given"]["available_kv_bytes"]
     ranks = theirs["ranks"]
+    # SGLang's own profile (_profile_available_bytes) on a GPU with pre - weights free after loading leaves the
+    # pools what we give them, less the state pool it sizes inside
+    for stage, rank in zip(e.stages, ranks):
+        state = rank.get("state_bytes", 0)
+        assert abs(rank["profiled_bytes"] - (stage.available - state)) <= 1
     assert [[s.layers.start, s.layers.stop] for s in e.stages] == [r["stage_layers"] for r in ranks]
     assert e.capacity.tokens == min(r["max_total_num_tokens"] for r in ranks)
     limiting = ranks[e.limiting_stage]
@@ -258,3 +264,14 @@ def test_records_cover_the_grid():
     assert {r["sglang"]["disable_radix_cache"] for r in hybrid} == {True, False}
     assert {r["sglang"]["ranks"][0]["configurator"] for r in RECORDS} == {"DefaultPoolConfigurator",
                                                                          "HybridSWAPoolConfigurator"}
+
+
+def test_vision_language_share_by_hand():
+    """memory_hook.py adjust_mem_fraction_for_vlm for a served VLM: a 32-layer, 1280-wide tower is
+    32 x 1280^2 / (24 x 1024^2) = 2.083 ViT-L/14s, so the share is x 0.95 x (1 - 0.1 x 1.083). Gemma 3's tower
+    is not served unless --enable-multimodal (configs/model_config.py), so its share stays."""
+    from estimator.serving.sglang_engine import vlm_fraction
+    vlm = {"architectures": ["Qwen2_5_VLForConditionalGeneration"],
+           "vision_config": {"num_hidden_layers": 32, "hidden_size": 1280}}
+    assert vlm_fraction(0.83, vlm) == pytest.approx(0.83 * 0.95 * (1 - 0.1 * (32 * 1280**2 / (24 * 1024**2) - 1)))
+    assert vlm_fraction(0.83, get_hf_config("gemma-3-27b")) == 0.83

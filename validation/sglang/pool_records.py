@@ -157,13 +157,16 @@ def run_case(case) -> dict:
         _gpu_memory(round(hardware.device.capacity_bytes / 2**20))
         args = _server_args(model_dir, tp, pp, overrides)
         resolved = _resolved(args)
-        pools = [_pools(args, tp, pp, rank, avail) for rank, avail in enumerate(available)]
+        pre = ours.total_bytes - ours.context_bytes
+        pools = [_pools(args, tp, pp, rank, avail, pre, stage.weights)
+                 for rank, (avail, stage) in enumerate(zip(available, ours.stages))]
     return {"case": {"model": preset, "gpu": gpu, "tp": tp, "pp": pp, "serving": {"engine": "sglang", **overrides}},
-            "given": {"available_kv_bytes": available, "gpu_mib": round(hardware.device.capacity_bytes / 2**20)},
+            "given": {"available_kv_bytes": available, "gpu_mib": round(hardware.device.capacity_bytes / 2**20),
+                      "pre_model_load_bytes": pre, "weights_bytes": [s.weights for s in ours.stages]},
             "sglang": {**resolved, "ranks": pools}}
 
 
-def _pools(args, tp: int, pp: int, rank: int, available: int) -> dict:
+def _pools(args, tp: int, pp: int, rank: int, available: int, pre: int | None = None, weights: int = 0) -> dict:
     """Publish the resolved arguments, build what KVCacheConfigurator builds for one rank, size its pools."""
     import torch
     from sglang.srt.configs.model_config import ModelConfig
@@ -185,6 +188,7 @@ def _pools(args, tp: int, pp: int, rank: int, available: int) -> dict:
     kvc = _configurator(kvc_mod, args, view, model_config, layer_info, kv_dtype, pp)
     rest_gb = available / (1 << 30)
     state = {}
+    profiled = _profiled(kvc_mod, kvc, pre, weights) if pre is not None else None
     if kvc.mambaish_config is not None:
         after = kvc._handle_max_mamba_cache(rest_gb)
         from sglang.srt.runtime_context import get_schedule
@@ -196,12 +200,27 @@ def _pools(args, tp: int, pp: int, rank: int, available: int) -> dict:
     configurator = create_memory_pool_configurator(kvc)
     config = configurator.calculate_pool_sizes(int(rest_gb * (1 << 30)), view.page_size)
     tokens = config.max_total_num_tokens
-    return {"stage_layers": [start, end], "configurator": type(configurator).__name__,
+    return {"stage_layers": [start, end], "configurator": type(configurator).__name__, "profiled_bytes": profiled,
             "cell_size": getattr(configurator, "_cell_size", None), "max_total_num_tokens": tokens,
             "full_max_total_num_tokens": config.full_max_total_num_tokens,
             "swa_max_total_num_tokens": config.swa_max_total_num_tokens,
             "max_running_requests": kvc.resolve_max_num_reqs(tokens), "context_len": model_config.context_len,
             **state}
+
+
+def _profiled(kvc_mod, kvc, pre: int, weights: int):
+    """KVCacheConfigurator._profile_available_bytes (the pools' budget, after a hybrid's state pool) on a GPU
+    whose free memory after loading is pre - weights (our weights: SGLang measures them on the GPU)."""
+    from sglang.srt.runtime_context import get_parallel
+    saved = kvc_mod.get_available_gpu_memory
+    kvc_mod.get_available_gpu_memory = lambda *a, **k: (pre - weights) / (1 << 30)
+    try:  # the WORLD group is read only to pass to the (stood-in) free-memory query
+        with get_parallel().override(world_group=types.SimpleNamespace(cpu_group=None)):
+            return kvc._profile_available_bytes(pre / (1 << 30))
+    except Exception as err:  # noqa: BLE001 - recorded, not hidden
+        return f"{type(err).__name__}: {err}"[:200]
+    finally:
+        kvc_mod.get_available_gpu_memory = saved
 
 
 def _configurator(kvc_mod, args, view, model_config, layer_info, kv_dtype, pp):
