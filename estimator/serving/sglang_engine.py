@@ -136,6 +136,21 @@ def vlm_fraction(fraction: float, checkpoint: dict | None) -> float:
     return fraction * 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
+# Blackwell datacenter GPUs (sm100/sm103), where SGLang's default attention backend is TensorRT-LLM's
+SM100_GPUS = frozenset({"b200", "gb200", "b300"})
+
+
+def page_size(arch: Architecture, gpu_id: str, given: int | None) -> int:
+    """--page-size: 1 unless given (overrides.py _page_size_default); on sm100 the default backend is trtllm_mha
+    (MHA; model_override_base.py get_default_attn_backend) or trtllm_mla (DeepSeek's MLA), whose pages are 16,
+    32, 64 or 128 tokens (MLA: 32 or 64), any other page becoming 64 (overrides.py
+    _mla_backend_page_constraints)."""
+    page = given or 1
+    if gpu_id in SM100_GPUS and page not in ((32, 64) if arch.uses_mla else (16, 32, 64, 128)):
+        return 64
+    return page
+
+
 VLM_CACHE_MIB = 100  # environ.py SGLANG_VLM_CACHE_SIZE_MB: held out of a multimodal model's KV budget
 
 
@@ -158,7 +173,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                           "the model's config gives no context length (max_position_embeddings)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
-    page = serving.block_size or 1  # --page-size, 1 by default
+    page = page_size(arch, gpu.id, serving.block_size)
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
     held = VLM_CACHE_MIB * MiB if multimodal(checkpoint) else 0

@@ -64,9 +64,12 @@ CASES = [
     ("nemotron-h-8b", "h100-80", 2, 2, {"prefix_caching": True}),
     ("nemotron-h-8b", "h100-80", 1, 1, {"max_num_seqs": 64}),
     ("llama-3.1-8b", "h100-80", 1, 1, {"max_model_len": 32768, "prefix_caching": True}),
+    ("llama-3.1-8b", "b200", 1, 1, {"max_model_len": 32768}),
+    ("qwen3-30b-a3b", "b200", 2, 1, {}),
+    ("deepseek-v3", "b200", 8, 1, {}),
 ]
 
-_SM = {"h100-80": (9, 0), "h200": (9, 0), "a100-40": (8, 0), "a100-80": (8, 0), "l40s": (8, 9)}
+_SM = {"h100-80": (9, 0), "h200": (9, 0), "a100-40": (8, 0), "a100-80": (8, 0), "l40s": (8, 9), "b200": (10, 0)}
 _KV = {None: "auto", "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
@@ -74,8 +77,9 @@ def _platform(gpu: str):
     from sglang.srt.runtime_context import override_platform
     major, minor = _SM[gpu]
     return override_platform(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False,
-                             is_sm90=major == 9, is_sm100=False, is_sm100_or_sm110=False, is_sm110=False,
-                             is_sm120=False, is_blackwell=False, is_hopper_with_cuda_12_3=major == 9,
+                             is_sm90=major == 9, is_sm100=major == 10, is_sm100_or_sm110=major == 10,
+                             is_sm110=False, is_sm120=False, is_blackwell=major == 10,
+                             is_hopper_with_cuda_12_3=major == 9,
                              has_amx=False, has_flashinfer=True, device_capability=(major, minor),
                              device_sm=major * 10 + minor)
 
