@@ -17,13 +17,16 @@ For every case it:
    ``get_device_memory_capacity`` answering the catalog's MiB): mem_fraction_static, chunked_prefill_size,
    the decode and prefill CUDA graphs' sizes, page_size, the radix cache and hybrid settings;
 2. publishes them as SGLang's runtime context and builds SGLang's ModelConfig, the layer split of each
-   pipeline rank (``resolve_layer_indices`` over ``get_pp_indices``) and the pool configurator SGLang picks
-   (``create_memory_pool_configurator``), and sizes the pools from the KV bytes our estimate leaves the rank
-   (``calculate_pool_sizes``), after the recurrent-state pool of a hybrid model
-   (``KVCacheConfigurator._handle_max_mamba_cache``), then ``resolve_max_num_reqs``.
+   pipeline rank (``resolve_layer_indices`` over ``get_pp_indices``), a KVCacheConfigurator and the pool
+   configurator SGLang picks (``create_memory_pool_configurator``);
+3. runs ``KVCacheConfigurator._profile_available_bytes`` on a GPU whose free memory before loading is our
+   pre-load memory and after loading that less our weights (the pools' budget, after a hybrid model's
+   recurrent-state pool, ``_handle_max_mamba_cache``), sizes the pools from the bytes our estimate leaves
+   the rank (``calculate_pool_sizes``), then ``resolve_max_num_reqs``.
 
-The memory given is ours (SGLang measures the free memory after loading on a GPU); the record holds it so
-a test can hold our pool accounting to SGLang's on exactly that memory.
+The memory and the weights given are ours (SGLang measures both on a GPU); the record holds them so a test
+can hold our accounting to SGLang's on exactly that memory. ``serving.prefix_caching`` is our field for SGLang's
+radix cache: a case without it runs with ``--disable-radix-cache``.
 """
 
 from __future__ import annotations
