@@ -1,4 +1,6 @@
-"""SGLang's accounting (estimator/serving/sglang_engine.py, SGLang 0.5.23), by hand and against a public log."""
+"""SGLang's accounting (estimator/serving/sglang_engine.py and sglang_pools.py, SGLang 0.5.23): by hand, against
+what SGLang's own resolution and pool configurators compute on CPU (tests/data/serving/sglang-0.5.23.json, made
+by validation/sglang/pool_records.py), and against published start-up logs term by term."""
 
 from __future__ import annotations
 
