@@ -70,9 +70,14 @@ CASES = [
     ("llama-3.1-8b", "b200", 1, 1, {"max_model_len": 32768}),
     ("qwen3-30b-a3b", "b200", 2, 1, {}),
     ("deepseek-v3", "b200", 8, 1, {}),
+    # the smaller GPUs' tiers of chunked_prefill_size and the decode graphs' batch
+    ("llama-3.2-3b", "l4", 1, 1, {"max_model_len": 16384}),
+    ("llama-3.2-1b", "rtx-4090", 1, 1, {}),
+    ("qwen2.5-7b", "l40s", 4, 1, {}),
 ]
 
-_SM = {"h100-80": (9, 0), "h200": (9, 0), "a100-40": (8, 0), "a100-80": (8, 0), "l40s": (8, 9), "b200": (10, 0)}
+_SM = {"h100-80": (9, 0), "h200": (9, 0), "a100-40": (8, 0), "a100-80": (8, 0), "l40s": (8, 9), "b200": (10, 0), "l4": (8, 9),
+       "rtx-4090": (8, 9)}
 _KV = {None: "auto", "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 
 
