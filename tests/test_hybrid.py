@@ -184,13 +184,17 @@ def test_vllm_sizes_the_attention_block_to_hold_a_state_page():
     assert serve("qwen3-next-80b-a3b", 4, 16384).capacity.blocks_per_request == 61 + 3
 
 
-def test_sglang_refuses_a_hybrid_model():
+def test_sglang_sizes_a_hybrid_model_state_pool():
+    """SGLang keeps a hybrid's recurrent states in a pool of their own (serving/sglang_pools.py, held to SGLang
+    0.5.23 in tests/test_serving_sglang.py): Nemotron-H-8B's 24 Mamba-2 layers, (128 x 64 + 2 x 8 x 128) x 3 x
+    2 B + 128 x 64 x 128 x 4 B each, per slot; the KV pool counts its 4 attention layers only."""
     from estimator.serving.service import serving_config
     from estimator.models.loading import load_config
 
-    with pytest.raises(ConfigError) as caught:
-        serving_config(load_config({"model": "nemotron-h-8b", "serving": {"engine": "sglang"}}))
-    assert caught.value.field == "serving.engine"
+    result = serving_config(load_config({"model": "nemotron-h-8b", "serving": {"engine": "sglang"}}))
+    state = next(c for c in result.limiting.components if c.key == "recurrent_state")
+    assert state.formula.endswith(f"x {24 * ((128 * 64 + 2 * 8 * 128) * 3 * 2 + 128 * 64 * 128 * 4):,} B per slot")
+    assert result.capacity.kv_cache_bytes == result.capacity.tokens * 4 * 8 * 256 * 2
 
 
 # --- roofline --------------------------------------------------------------------------------------

@@ -38,9 +38,23 @@ def test_vllm_default_context_and_sglang():
                            "training": {"mode": "inference", "kv_cache_dtype": "fp8", "seq_len": 40960,
                                         "kv_cache_tokens": 40960},
                            "serving": {"engine": "sglang", "mem_fraction_static": 0.85, "max_num_seqs": 64,
-                                       "kv_cache_dtype": "fp8_e5m2", "max_model_len": 40960},
+                                       "kv_cache_dtype": "fp8_e5m2", "max_model_len": 40960,
+                                       "prefix_caching": True},
                            "parallel": {"tp": 2}})
     assert not result.unsupported
+
+
+def test_sglang_radix_cache_is_on_unless_disabled():
+    """SGLang 0.5.23 keeps its radix cache by default (fields/memory.py disable_radix_cache=False): a line
+    without --disable-radix-cache is prefix caching on; with it, off. vLLM's default stays off here."""
+    on = import_config("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --context-length 4096")
+    assert on.config["serving"]["prefix_caching"] is True
+    assert any("radix cache" in n for n in on.notes)
+    off = import_config("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --context-length 4096 "
+                        "--disable-radix-cache")
+    assert off.config["serving"]["prefix_caching"] is False
+    vllm = import_config("vllm serve Qwen/Qwen3-8B --max-model-len 4096")
+    assert "prefix_caching" not in vllm.config["serving"]
 
 
 def test_a_quantized_vllm_line_names_its_weight_format_and_leaves_speculation_listed():

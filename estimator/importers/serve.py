@@ -109,6 +109,8 @@ def read_serve(text: str, engine: str, gpus: int | None, overrides: tuple[str, .
             build.set(path, to_int(flag, value, 1), flag)
         else:  # serving.*: a field of the serving object
             build.set(path, _serving_value(flag, value), flag, value)
+    if engine == "sglang" and "--disable-radix-cache" not in values:
+        _radix_cache_on(build, ledger)
     _dtypes(values, build, ledger, used)
     _context(values, build, ledger, used, engine)
     _world(build, gpus, ledger)
@@ -121,6 +123,13 @@ def read_serve(text: str, engine: str, gpus: int | None, overrides: tuple[str, .
             ledger.not_modelled(flag, "" if value is True else value, f"an {engine} setting the estimate does not "
                                                                        "model")
     return ledger.result(engine, {"model": build.named_model or build.model, **build.config})
+
+
+def _radix_cache_on(build: ConfigBuilder, ledger: Ledger) -> None:
+    """SGLang keeps its radix (prefix) cache unless --disable-radix-cache is given (SGLang 0.5.23
+    srt/arg_groups/fields/memory.py: disable_radix_cache defaults to False), unlike vLLM's flag."""
+    build.put("serving.prefix_caching", True)
+    ledger.note("sglang serve: prefix caching on (SGLang's radix cache is on unless --disable-radix-cache)")
 
 
 def _serving_value(flag: str, value: object) -> object:

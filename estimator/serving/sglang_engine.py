@@ -1,20 +1,21 @@
-"""SGLang's start-up accounting (SGLang 0.5.23, the release read; earlier releases are refused).
+"""SGLang's start-up accounting (SGLang 0.5.23, the release read and run; earlier releases are refused).
 
-SGLang sizes a static share of the GPU, ``mem_fraction_static``, for the weights and the KV pool; the rest
+SGLang sizes a static share of the GPU, ``mem_fraction_static``, for the weights and its pools; the rest
 is left for activations and CUDA graphs (arg_groups/memory_hook.py, its docstring: "mem_fraction_static
 = (model weights + KV cache pool) / GPU memory capacity"). At start-up (mem_cache/kv_cache_configurator.py
-_profile_available_bytes) the KV pool gets the memory free after loading the weights less
+_profile_available_bytes) the pools get the memory free after loading the weights less
 ``pre_model_load_memory x (1 - mem_fraction_static)``, where pre_model_load_memory is what was free before
-loading (after the CUDA context and NCCL). So KV = pre x mem_fraction_static - weights. The pool holds
-``max_total_num_tokens`` = KV // cell size, rounded down to the page size (model_executor/
-pool_configurator.py calculate_pool_sizes), with a cell of max(1, kv_heads // TP) x (head_dim + v_head_dim)
-x layers x dtype bytes, or (kv_lora_rank + rope dim) x layers x dtype bytes with MLA.
+loading (after the CUDA context and NCCL). So the pools get pre x mem_fraction_static - weights, which
+sglang_pools.py splits into the KV pool (``max_total_num_tokens``), a sliding-window pool and a hybrid
+model's recurrent-state pool.
 
-Unless given, mem_fraction_static = (GPU MiB - reserved MiB) / GPU MiB with reserved = 512 + 1.5 x
-max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 + the graphs' reserve (2 x decode cuda_graph_max_bs,
-plus 8 per prefill capture size, or 1536 with MLA), at least 10 GiB on GPUs above 60 GiB
-(memory_hook.py _handle_gpu_memory_settings, reserve_for_graph_mb). chunked_prefill_size and the decode
-graphs' max batch follow the GPU's memory and TP there too.
+Unless given, mem_fraction_static = round((GPU MiB - reserved MiB) / GPU MiB, 3) with reserved = 512 +
+1.5 x max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 + the graphs' reserve (2 x decode
+cuda_graph_max_bs, plus 8 per prefill capture size, or 1536 with MLA, when the prefill graphs are on), at
+least 10 GiB on GPUs above 60 GiB (memory_hook.py handle_gpu_memory_settings, reserve_for_graph_mb); a
+served vision-language model's share is lowered by its vision tower. chunked_prefill_size and the decode
+graphs' max batch follow the GPU's memory and TP there too. Every one of these is held to what SGLang's own
+resolution computes (validation/sglang/pool_records.py, tests/data/serving/sglang-0.5.23.json).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from . import kv_cache
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
 from .vllm_engine import KV_DTYPE_BYTES, Resolved, ServingEstimate, StageBudget
-from .weights import stage_layers, stage_weights
+from . import sglang_pools
+from .weights import stage_weights
 
 MiB = 1024**2
 
@@ -78,12 +80,16 @@ def prefill_capture_sizes(max_bs: int) -> int:
 
 def reserved_mib(arch: Architecture, gpu_mib: float, tp: int, pp: int, chunked: int, decode_bs: int,
                  graphs: bool) -> tuple[float, float, float]:
-    """(total, activation part, graph part) of SGLang's reservation outside mem_fraction_static, in MiB."""
+    """(total, activation part, graph part) of SGLang's reservation outside mem_fraction_static, in MiB
+    (memory_hook.py reserve_for_graph_mb). The prefill graphs (the breakable backend, CUDA's default) are off
+    by default under pipeline parallelism (cuda_graph_hook.py apply_cuda_graph_compatibility), and with
+    them their reserve."""
     activation = 512 + max(chunked, 2048) * 1.5 + tp * pp / 8 * 1024
     graph = 0.0
     if graphs:
-        graph = decode_bs * 2 + (1.5 * 1024 if arch.uses_mla else prefill_capture_sizes(
-            min(8192, chunked) if arch.uses_mla else chunked) * 8)
+        graph = decode_bs * 2
+        if pp == 1:
+            graph += 1.5 * 1024 if arch.uses_mla else prefill_capture_sizes(chunked) * 8
     total = activation + graph
     if gpu_mib > 60 * 1024:
         total = max(total, 10 * 1024)
@@ -94,28 +100,72 @@ def _refuse_vllm_only(serving: Serving) -> None:
     if serving.gpu_memory_utilization != 0.9:
         raise ConfigError("serving.gpu_memory_utilization", serving.gpu_memory_utilization, "0.9 (its default) with "
                           "SGLang", "SGLang sizes its share with mem_fraction_static", ("serving.engine",))
+    if serving.speculative is not None:
+        raise ConfigError("serving.speculative.method", serving.speculative.method, "empty with SGLang (or engine "
+                          "'vllm')", "SGLang's draft workers and their pools are not modelled", ("serving.engine",))
+
+
+def sglang_stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
+    """SGLang's get_pp_indices (srt/distributed/utils.py, 0.5.23): an even split, the remainder one layer each
+    to the last stages (vLLM's goes to the stages before the last)."""
+    base, extra = divmod(num_layers, pp)
+    sizes = [base + (1 if s >= pp - extra else 0) for s in range(pp)]
+    starts = [sum(sizes[:s]) for s in range(pp)]
+    return tuple(range(a, a + n) for a, n in zip(starts, sizes))
+
+
+# configs/model_config.py: multimodal is off unless --enable-multimodal for these architectures
+MULTIMODAL_OFF = ("Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration", "Step3VLForConditionalGeneration")
+
+
+def multimodal(checkpoint: dict | None) -> bool:
+    """SGLang serves the checkpoint's vision tower (ModelConfig.is_multimodal, by default)."""
+    cfg = checkpoint or {}
+    names = cfg.get("architectures") or [""]
+    return cfg.get("vision_config") is not None and names[0] not in MULTIMODAL_OFF
+
+
+def vlm_fraction(fraction: float, checkpoint: dict | None) -> float:
+    """A served vision-language model's default share, lowered by its vision tower's size (memory_hook.py
+    adjust_mem_fraction_for_vlm): x 0.95 x clamp(1 - 0.1 x (layers x hidden^2 / (24 x 1024^2) - 1), 0.8,
+    1.05), the tower's layers and width from vision_config (24 and 1024 when absent)."""
+    if not multimodal(checkpoint):
+        return fraction
+    vision = checkpoint["vision_config"]
+    ratio = vision.get("num_hidden_layers", 24) * vision.get("hidden_size", 1024) ** 2 / (24 * 1024**2)
+    return fraction * 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
+# Blackwell datacenter GPUs (sm100/sm103), where SGLang's default attention backend is TensorRT-LLM's
+SM100_GPUS = frozenset({"b200", "gb200", "b300"})
+
+
+def page_size(arch: Architecture, gpu_id: str, given: int | None) -> int:
+    """--page-size: 1 unless given (overrides.py _page_size_default); on sm100 the default backend is trtllm_mha
+    (MHA; model_override_base.py get_default_attn_backend) or trtllm_mla (DeepSeek's MLA), whose pages are 16,
+    32, 64 or 128 tokens (MLA: 32 or 64), any other page becoming 64 (overrides.py
+    _mla_backend_page_constraints)."""
+    page = given or 1
+    if gpu_id in SM100_GPUS and page not in ((32, 64) if arch.uses_mla else (16, 32, 64, 128)):
+        return 64
+    return page
+
+
+VLM_CACHE_MIB = 100  # environ.py SGLANG_VLM_CACHE_SIZE_MB: held out of a multimodal model's KV budget
 
 
 def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
                     checkpoint: dict | None = None) -> ServingEstimate:
     _refuse_vllm_only(serving)
-    if serving.speculative is not None:
-        raise ConfigError("serving.speculative.method", serving.speculative.method, "empty with SGLang (or engine "
-                          "'vllm')", "SGLang's draft workers and their pools are not modelled", ("serving.engine",))
-    if arch.sliding_window:
-        raise ConfigError("serving.engine", "sglang", "'vllm' for a sliding-window model",
-                          "SGLang's separate sliding-window pool (SWAKVPool) is not modelled")
-    if arch.is_hybrid:
-        raise ConfigError("serving.engine", "sglang", "'vllm' for a model with linear-attention or Mamba layers",
-                          "SGLang's separate pool of recurrent states (MambaPool) is not modelled")
     rules = rules_for(serving.engine_version)
     gpu = hardware.device
     gpu_mib = gpu.capacity_bytes / MiB
     chunked_default, decode_default = gpu_defaults(gpu_mib, par.tp)
     chunked = serving.max_num_batched_tokens or chunked_default
-    decode_bs = serving.max_num_seqs or decode_default
+    # --max-running-requests lowers the decode graphs' default max batch (memory_hook.py)
+    decode_bs = min(decode_default, serving.max_num_seqs or decode_default)
     reserve, act_mib, graph_mib = reserved_mib(arch, gpu_mib, par.tp, par.pp, chunked, decode_bs, serving.cuda_graphs)
-    fraction = serving.mem_fraction_static or round((gpu_mib - reserve) / gpu_mib, 3)
+    fraction = serving.mem_fraction_static or vlm_fraction(round((gpu_mib - reserve) / gpu_mib, 3), checkpoint)
     context = context_length(checkpoint)
     max_len = serving.max_model_len or context
     if max_len is None:
@@ -123,32 +173,29 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                           "the model's config gives no context length (max_position_embeddings)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
-    page = serving.block_size or 1  # --page-size, 1 by default
+    page = page_size(arch, gpu.id, serving.block_size)
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
-    ranges = stage_layers(arch.num_layers, par.pp)
+    held = VLM_CACHE_MIB * MiB if multimodal(checkpoint) else 0
+    ranges = sglang_stage_layers(arch.num_layers, par.pp)
     stages, pools = [], []
     for s, layers in enumerate(ranges):
         weights = stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context)
-        per_layer = ((arch.kv_lora_rank + arch.qk_rope_head_dim) if arch.uses_mla
-                     else 2 * kv_cache.kv_heads_per_rank(arch, par.tp) * arch.head_dim)
-        cell = per_layer * len(layers) * kv_bytes
-        available = static - weights.bytes
-        tokens = max(available, 0) // cell // page * page
-        pools.append((tokens, cell))
-        components = (
-            component("weights", "Weights as loaded", weights.bytes, weights.formula, rules.source),
-            component("activation_peak", "Activation reserve (outside the static share)", act_mib * MiB,
-                      "512 + 1.5 x max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 MiB", rules.source),
-            component("cuda_graphs", "CUDA graph reserve (outside the static share)", graph_mib * MiB,
-                      "2 x cuda_graph_max_bs + 8 per prefill capture size (MLA: 1536) MiB", rules.source),
-        )
+        available = static - weights.bytes - held
+        pool = sglang_pools.size_pools(arch, checkpoint, par.tp, kv_bytes, page, layers, ranges, max(available, 0),
+                                       serving.prefix_caching, serving.max_num_seqs)
+        pools.append(pool)
         stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
-                                  components))
-    limiting = min(range(len(pools)), key=lambda i: pools[i][0])
-    tokens, cell = pools[limiting]
-    capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=tokens * cell, tokens=tokens,
-                                   max_concurrency=tokens / max_len, blocks_per_request=-(-max_len // page))
+                                  _components(rules, weights, act_mib, graph_mib, pool)))
+    # every stage takes the smallest pool (_apply_token_constraints: an all-reduce MIN over PP ranks)
+    limiting = min(range(len(pools)), key=lambda i: pools[i].tokens)
+    pool = pools[limiting]
+    tokens = pool.tokens
+    running = sglang_pools.max_running_requests(tokens, max_len, serving.max_num_seqs, pool, overlap=par.pp == 1,
+                                                radix_cache=serving.prefix_caching)
+    concurrency = min(tokens / max_len, running)
+    capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=pool.kv_bytes, tokens=tokens,
+                                   max_concurrency=concurrency, blocks_per_request=-(-max_len // page))
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
                         serving.kv_cache_dtype or fmt.dtype_name,
                         kv_bytes, fmt.name, fmt)
@@ -156,9 +203,29 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     device_total = gpu.cuda_context_bytes + static + int(reserve * MiB)
     notes = (f"SGLang: mem_fraction_static {fraction:g} of the memory free before loading (pre_model_load_memory); "
              "its activation and CUDA graph figures are the reservation SGLang makes outside that share, not a "
-             "profile.",)
+             f"profile. max_running_requests {running:,}.",)
+    if pool.state_slots:
+        notes += (f"SGLang: {pool.state_slots:,} recurrent-state slots of {pool.state_per_request / MiB:.1f} MiB "
+                  + ("(mamba_full_memory_ratio 0.9 of the pools' bytes; 3 slots per running request, + 2 for the radix "
+                     "cache's extra buffer, 1 under PP)." if serving.prefix_caching else
+                     "(without the radix cache: one slot per running request)."),)
     shared = (serving.shared_prefix_tokens or 0) // page * page  # the radix cache shares whole pages
-    effective = ((tokens - shared) / (max_len - shared) if 0 < shared < max_len else capacity.max_concurrency)
+    effective = (min((tokens - shared) / (max_len - shared), running) if 0 < shared < max_len else concurrency)
     return ServingEstimate("sglang", serving.engine_version or rules.label, resolved, static, gpu.capacity_bytes,
                            tuple(stages), limiting, capacity, longest, device_total, effective,
                            gpu.cuda_context_bytes, notes)
+
+
+def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool) -> tuple:
+    out = (
+        component("weights", "Weights as loaded", weights.bytes, weights.formula, rules.source),
+        component("activation_peak", "Activation reserve (outside the static share)", act_mib * MiB,
+                  "512 + 1.5 x max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 MiB", rules.source),
+        component("cuda_graphs", "CUDA graph reserve (outside the static share)", graph_mib * MiB,
+                  "2 x cuda_graph_max_bs + 8 per prefill capture size (MLA: 1536) MiB", rules.source),
+    )
+    if pool.state_bytes:
+        out += (component("recurrent_state", "Recurrent-state pool (Mamba / Gated DeltaNet)", pool.state_bytes,
+                          f"({pool.state_slots:,} slots + 1) x {pool.state_per_request:,} B per slot",
+                          "SGLang 0.5.23 mem_cache/kv_cache_configurator.py _handle_max_mamba_cache"),)
+    return out
