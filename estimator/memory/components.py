@@ -193,8 +193,15 @@ def fragmentation_fraction(hardware: Hardware) -> float:
     return 0.05 if hardware.expandable_segments else 0.10
 
 
-def fragmentation(allocated: int, hardware: Hardware) -> Component:
+def fragmentation(allocated: int, hardware: Hardware, cached: Component | None = None) -> Component:
+    """The share of the allocated peak, plus `cached`: a segment a known mechanism keeps reserved
+    beyond it (tp_copies.plain_tp_reserved)."""
     fraction = fragmentation_fraction(hardware)
     segments = "expandable_segments" if hardware.expandable_segments else "default segments"
-    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", allocated * fraction,
-                     f"{fraction:.0%} of the allocated peak ({segments})", FRAGMENTATION_SOURCE)
+    share = component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", allocated * fraction,
+                      f"{fraction:.0%} of the allocated peak ({segments})", FRAGMENTATION_SOURCE)
+    if cached is None:
+        return share
+    return Component("fragmentation", share.label, share.bytes + cached.bytes,
+                     f"{share.formula} + {cached.formula} ({cached.label})", f"{FRAGMENTATION_SOURCE}; {cached.source}",
+                     (share, cached))

@@ -84,7 +84,8 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
                                                 cfg.microbatches, shared)
         step = static.totals[2]
-        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation)),
+        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation))
+                             + _cached_bytes(shared),
                              static.parameters_per_gpu))
     return tuple(out)
 
@@ -259,7 +260,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     # loss's memo
     headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
     full, offloaded = training.recompute == "full", training.offload_activations
-    fragmentation_share = shared.fragmentation
+    fragmentation_share, cached = shared.fragmentation, _cached_bytes(shared)
     stages = []
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
@@ -295,7 +296,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             peak_phase, allocated = "backward", backward
         else:
             peak_phase, allocated = "optimizer", step
-        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
+        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached
         if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
             if not stages or device > stages[0]:
                 stages[:] = [device]
@@ -345,7 +346,13 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
-    return phases, (static.communication, shared.runtime, *managed, fragmentation(allocated, shared.hardware))
+    return phases, (static.communication, shared.runtime, *managed,
+                    fragmentation(allocated, shared.hardware, shared.reserved_cached))
+
+
+def _cached_bytes(shared: _Shared) -> int:
+    """A segment kept reserved beyond the fragmentation share (`_Shared.reserved_cached`), in bytes."""
+    return shared.reserved_cached.bytes if shared.reserved_cached is not None else 0
 
 
 def estimate_config(data: object):
