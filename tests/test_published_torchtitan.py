@@ -240,11 +240,13 @@ def test_pipelining_keeps_a_gradient_buffer_and_the_output_of_every_micro_batch(
     hidden = 2 * T405 // TP405 * H405
     assert _buffers(est, 0) == {"Pipeline gradient receive buffers (one per micro-batch)": M405 * hidden,
                                 "Pipeline stage outputs kept for the step (output_chunks)": M405 * hidden}
-    assert _buffers(est, 7) == {"The last stage's logits kept for the step (output_chunks)": M405 * 2 * T405 * V // TP405}
+    logits = M405 * 2 * T405 * V // TP405
+    assert _buffers(est, 7) == {"The last stage's logits kept for the step (output_chunks)": logits}
 
 
 def test_from_pytorch_153383_only_the_last_stage_keeps_its_outputs():
     """0.1.0 (2025-06-17) runs a torch with #153383: stage 0 keeps its gradient receive buffers only."""
     est = estimate_config(_row_1f1b("0.1.0"))
-    assert _buffers(est, 0) == {"Pipeline gradient receive buffers (one per micro-batch)": M405 * 2 * T405 // TP405 * H405}
+    hidden = 2 * T405 // TP405 * H405
+    assert _buffers(est, 0) == {"Pipeline gradient receive buffers (one per micro-batch)": M405 * hidden}
     assert "The last stage's logits kept for the step (output_chunks)" in _buffers(est, 7)

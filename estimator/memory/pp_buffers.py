@@ -6,13 +6,14 @@ virtual chunk under interleaved schedules):
   every micro-batch of the step (`_create_grad_recv_info`, `_make_tensor_from_meta`) on every stage but
   the last; they live as long as the stage (`grad_recv_info`);
 - the stage outputs: `forward_one_chunk` appends each micro-batch's output to `output_chunks`, which the
-  schedule clears only when the next step starts (`clear_runtime_states`). Before torch #153383
-  (2025-05-13) every stage did; from it only the last, whose output is the head's logits (the loss runs
-  in the schedule, outside the stage: bf16, vocabulary-sharded under loss_parallel).
+  schedule clears only when the next step starts (`clear_runtime_states`). Before pytorch#153383
+  (merged 2025-05-13) every stage did; from it only the last, whose output is the head's logits (the
+  loss runs in the schedule, outside the stage: bf16, vocabulary-sharded under loss_parallel).
 The forward phase of the last stage counts the running micro-batch's logits twice (here and as the
-loss's working copy); its peak, in backward, does not. Not modelled: the activation receive buffers of a stage with a predecessor (`_prepare_forward_infra`,
-one per micro-batch too): those of micro-batches in flight are the first layer's kept input, the rest
-((micro-batches - in flight) x the input) are left out.
+loss's working copy); its peak, in backward, does not. Not modelled: the activation receive buffers of
+a stage with a predecessor (`_prepare_forward_infra`, one per micro-batch too): those of micro-batches
+in flight are the first layer's kept input, the rest ((micro-batches - in flight) x the input) are left
+out.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from ..spec.training import Training
 PIPELINING_SOURCE = ("torch 2.13 distributed/pipelining/stage.py (_prepare_backward_infra -> _create_grad_recv_info, "
                      "forward_one_chunk's output_chunks) and schedules.py (clear_runtime_states at a step's start); "
                      "the Dec 2024 commit (1963fc83) was not readable here: pytorch#138504 (2024-10-21) describes the "
-                     "last stage's output_chunks kept to the step's end, pytorch#153383 (2025-05-12) every stage's "
-                     "until it kept the last one's only; torchtitan 9dec370 parallelisms/pipeline_llama.py (PipelineStage per model chunk) "
-                     "and parallelize_llama.py apply_tp (stage outputs are local sequence-parallel shards; the head "
+                     "last stage's output_chunks kept to the step's end, pytorch#153383 (merged "
+                     "2025-05-13) every stage's until it kept the last one's only; torchtitan 9dec370 "
+                     "parallelisms/pipeline_llama.py (a PipelineStage per model chunk) and parallelize_llama.py "
+                     "apply_tp (stage outputs are local sequence-parallel shards; the head "
                      "ColwiseParallel(output_layouts=Shard(-1)) under loss_parallel)")
 
 

@@ -17,7 +17,9 @@ fp32). The estimate counts that one B*s*b*h (the all-gather's cat before the col
 freed before it, and the backward's copies, made after the peak in segments the loss frees, add
 none). Measured: torchtitan's Dec 2024 Table 4 holds the same Llama 3.1 70B run with and without async
 TP 4.3 GiB apart in max_reserved; this term explains 2 GiB of it, the rest is the allocator's segment
-layout (not replayed).
+layout (not replayed). Not the cause: ProcessGroupNCCL's recordStream on the collectives' tensors, which
+delays their reuse (torchtitan #737); torchtitan 9dec370 utils.init_distributed sets
+TORCH_NCCL_AVOID_RECORD_STREAMS=1 before the process groups exist.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
 from ..spec.training import Training
 
-PLAIN_TP_SOURCE = ("torch 2.13 distributed/_functional_collectives.py reduce_scatter_single (scatter_dim != 0: "
+PLAIN_TP_SOURCE = ("read at torch 2.13 (the Dec 2024 commit 1963fc83 was not readable here): "
+                   "distributed/_functional_collectives.py reduce_scatter_single (scatter_dim != 0: "
                    "_chunk_or_narrow_cat into one buffer before reduce_scatter_tensor), used by DTensor's "
                    "Partial -> Shard(1) redistribute; _inductor/fx_passes/micro_pipeline_tp.py "
                    "find_reduce_scatter_patterns (the split/cat form replaced) and "
