@@ -136,7 +136,8 @@ def _h100_rows() -> list[dict]:
             gib, _config("llama-3.1-8b", "h100-80", training, dp=fsdp, cp=cp)))
     for tag, row, gib in (("2d", "2D", 71.9), ("2d-asynctp", "2D + AsyncTP", 67.6)):
         training = _training(framework_version="2024-12", seq_len=8192, micro_batch_size=16, global_batch_size=512,
-                             recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
+                             recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True,
+                             async_tp=tag.endswith("asynctp"))
         rows.append(_record(
             f"titan-h100-2412-llama3.1-70b-fsdp32-tp8-fullac-{tag}", H100_2412, "Table 4", row, RUN_2412, H100_96,
             {"model": "Llama 3.1 70B", "gpus": 256, "parallelism": "FSDP 32, TP 8", "local_batch_size": 16,
@@ -157,7 +158,8 @@ def _h100_rows() -> list[dict]:
                           "'if pp_enabled: reshard_after_forward = False'): zero_stage 2"}
     for tag, row, gib, vpp in (("1f1b", "1F1B", 82.5, 1), ("interleaved", "Interleaved 1F1B", 72.7, 2)):
         training = _training(framework_version="2024-12", seq_len=8192, micro_batch_size=4, global_batch_size=256,
-                             recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
+                             recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True,
+                             async_tp=True)
         layers = {"pp_first_stage_layers": 15, "pp_last_stage_layers": 15} if vpp == 1 else \
             {"pp_layout": "Et*7|" + "t*8|" * 14 + "t*7L"}  # 16 virtual stages, rank r holding r and r + 8
         rows.append(_record(
@@ -170,7 +172,8 @@ def _h100_rows() -> list[dict]:
                     pp_schedule="1f1b" if vpp == 1 else "interleaved", **layers)))
     for fsdp, cp, seq, gib in ((8, 1, 32768, 75.3), (4, 2, 65536, 75.9), (2, 4, 131072, 77.1), (1, 8, 262144, 84.9)):
         training = _training(framework_version="2024-12", seq_len=seq, micro_batch_size=1, global_batch_size=8 * fsdp,
-                             recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True)
+                             recompute="full", compile=True, fp8=True, fp8_recipe="tensorwise", fp8_all_gather=True,
+                             async_tp=True)
         rows.append(_record(
             f"titan-h100-2412-llama3.1-405b-fsdp{fsdp}-cp{cp}-tp8-pp8-s{seq}", H100_2412, "Table 6",
             f"FSDP {fsdp}, CP {cp}", RUN_2412, H100_96,

@@ -194,11 +194,17 @@ def fragmentation_fraction(hardware: Hardware) -> float:
     return 0.05 if hardware.expandable_segments else 0.10
 
 
-def fragmentation(allocated: int, hardware: Hardware, why: str = "") -> Component:
-    """The flat share of the allocated peak; `why`: why the allocator's replay (reserved.py) does not
+def fragmentation(allocated: int, hardware: Hardware, why: str = "", cached: Component | None = None) -> Component:
+    """The flat share of the allocated peak, plus `cached`: a segment a known mechanism keeps reserved
+    beyond it (tp_copies.plain_tp_reserved); `why`: why the allocator's replay (reserved.py) does not
     stand in its place, said in the formula."""
     fraction = fragmentation_fraction(hardware)
     segments = "expandable_segments" if hardware.expandable_segments else "default segments"
     reason = f"; flat share, no allocator replay: {why}" if why else ""
-    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", allocated * fraction,
-                     f"{fraction:.0%} of the allocated peak ({segments}){reason}", FRAGMENTATION_SOURCE)
+    share = component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", allocated * fraction,
+                      f"{fraction:.0%} of the allocated peak ({segments}){reason}", FRAGMENTATION_SOURCE)
+    if cached is None:
+        return share
+    return Component("fragmentation", share.label, share.bytes + cached.bytes,
+                     f"{share.formula} + {cached.formula} ({cached.label})", f"{FRAGMENTATION_SOURCE}; {cached.source}",
+                     (share, cached))

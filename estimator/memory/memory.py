@@ -92,7 +92,8 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
                                                 cfg.microbatches, shared)
         step = static.totals[2]
-        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation)),
+        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation))
+                             + _cached_bytes(shared),
                              static.parameters_per_gpu))
     return tuple(out)
 
@@ -268,7 +269,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     # loss's memo
     headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
     full, offloaded = training.recompute == "full", training.offload_activations
-    fragmentation_share = shared.fragmentation
+    fragmentation_share, cached = shared.fragmentation, _cached_bytes(shared)
     # the allocator's cache: replayed for the reported estimate where reserved.py can, else the flat share
     no_replay = replay_rule(cfg) or (None if replay else FLAT_FOR_SEARCH)
     replayed = not peak_only and no_replay is None
@@ -307,7 +308,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             peak_phase, allocated = "backward", backward
         else:
             peak_phase, allocated = "optimizer", step
-        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share))
+        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached
         if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
             if not stages or device > stages[0]:
                 stages[:] = [device]
@@ -362,8 +363,13 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
-    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "")
+    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "", shared.reserved_cached)
     return phases, (static.communication, shared.runtime, *managed, cache)
+
+
+def _cached_bytes(shared: _Shared) -> int:
+    """A segment kept reserved beyond the fragmentation share (`_Shared.reserved_cached`), in bytes."""
+    return shared.reserved_cached.bytes if shared.reserved_cached is not None else 0
 
 
 def estimate_config(data: object):

@@ -20,6 +20,7 @@ from ..spec.parallel import Parallel
 from .resolved import training_with
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .adapter_activations import bnb_held_entries, first_layer_input_frozen
+from .tp_copies import plain_tp_reserved
 from .kbit import ledger_training
 from ..spec.training import Training
 
@@ -60,6 +61,8 @@ class _Shared(NamedTuple):
     embedding_bytes: float  # first-stage inputs per micro-batch
     deferred_wgrad: list  # the last stage's pair per deferred micro-batch (--defer-embedding-wgrad-compute)
     fragmentation: float  # share of the allocated peak
+    # a segment kept reserved beyond that share: plain TP's reduce-scatter cat (tp_copies.py); None elsewhere
+    reserved_cached: Component | None = None
 
     def ledger(self) -> tuple[LedgerLine, ...]:
         par = self.parallel
@@ -83,7 +86,8 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     ledger = arch.cached(key, lambda: _ledger(arch, as_read, par, vocab))
     return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
                    runtime=_runtime(hardware), parallel=par, hardware=hardware,
-                   fragmentation=fragmentation_fraction(hardware))
+                   fragmentation=fragmentation_fraction(hardware),
+                   reserved_cached=plain_tp_reserved(arch, training, par))
 
 
 def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:

@@ -34,13 +34,18 @@ class TitanRules:
     # handlers make the log-softmax op by op (torch/distributed/tensor/parallel/loss.py `_log_softmax`,
     # `_nll_loss_and_log_softmax_backward`); 0.3.0's components/loss.py replaced it
     tp_loss_parallel_dtensor: bool
+    # which pipeline stages keep every micro-batch's output to the step's end (torch pipelining's
+    # output_chunks, memory/pp_buffers.py): "every stage" before pytorch#153383 (merged 2025-05-13), "last stage"
+    # from it (v0.1.0, 2025-06-17); None: not modelled (later torch made it optional, pytorch#159251, and
+    # which releases turn it off was not read)
+    pp_kept_outputs: str | None = None
 
 
 RULES: dict[str, TitanRules] = {
     "2024-12": TitanRules(loss_compiled=False, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
-                          tp_loss_parallel_dtensor=True),
+                          tp_loss_parallel_dtensor=True, pp_kept_outputs="every stage"),
     "0.1.0": TitanRules(loss_compiled=True, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
-                        tp_loss_parallel_dtensor=True),
+                        tp_loss_parallel_dtensor=True, pp_kept_outputs="last stage"),
     "0.2.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
                         tp_loss_parallel_dtensor=True),
     "0.3.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
@@ -59,6 +64,8 @@ SOURCES = {
     "loss_parallel": "torch 2.13 torch/distributed/tensor/parallel/loss.py _log_softmax and "
                      "_nll_loss_and_log_softmax_backward (unchanged since torch 2.3), under torchtitan train.py "
                      "get_train_context(loss_parallel) at 9dec370, v0.1.0 and v0.2.0",
+    "pp_kept_outputs": "torch distributed/pipelining/stage.py forward_one_chunk output_chunks; pytorch#138504 "
+                       "(2024-10-21), pytorch#153383 (merged 2025-05-13: the last stage's only), pytorch#159251",
 }
 
 

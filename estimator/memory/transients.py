@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from .activations.moe import MEGATRON_GLOBAL_BUFFER, global_memory_buffer
 from .pipeline import microbatches
+from .pp_buffers import pipelining_buffers
 from .adapters import Inventory, adapter_dtype
 from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
@@ -147,6 +148,8 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                        for e in global_memory_buffer(arch, training, par, moe)]
     if fw == "fsdp2" and arch.position_embedding == "rope" and stage.num_layers:
         persistent.append(_torchtitan_rope_caches(arch, training, stage))
+    if fw == "fsdp2" and par.pp > 1:
+        persistent += pipelining_buffers(arch, training, par, stage, microbatches(training, par))
     if recipe.autocast_weight_copies:
         matrices = stage.total.matrices
         cb = bytes_per_element(recipe.compute_dtype)

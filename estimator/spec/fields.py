@@ -87,7 +87,8 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("async_tp", _T, "Async TP", "Overlap the tensor-parallel all-gathers and reduce-scatters with the GEMMs "
           "that use them, chunk by chunk: megatron --tp-comm-overlap (TransformerEngine userbuffers, every pass), "
           "fsdp2 with compile: torchtitan's async TP (Inductor's micro-pipeline TP, the forward's collectives). "
-          "Changes the step time only.", _LAYOUT),
+          "Changes the step time and, under fsdp2, the reserved peak: plain TP's reduce-scatter cat of the partial "
+          "sums (one full-sequence copy) stays reserved, the fused op's is not made.", _LAYOUT),
     _bool("compile", _T, "torch.compile", "fsdp2 (torchtitan --compile.enable, per block), torchtune (compile: "
           "True, per layer) or hf (the Trainer's torch_compile=True): each layer saves what Inductor's min-cut "
           "partitioner keeps (torch 2.13 torch/_functorch/partitioners.py min_cut_rematerialization_partition) "

@@ -1,0 +1,68 @@
+"""What torch.distributed.pipelining (torchtitan's pipeline parallelism, framework fsdp2 with PP > 1)
+holds per micro-batch beyond the layers' saved tensors, on each of a rank's pipeline stages (one per
+virtual chunk under interleaved schedules):
+
+- gradient receive buffers: `_prepare_backward_infra` makes one buffer of the stage output's shape for
+  every micro-batch of the step (`_create_grad_recv_info`, `_make_tensor_from_meta`) on every stage but
+  the last; they live as long as the stage (`grad_recv_info`);
+- the stage outputs: `forward_one_chunk` appends each micro-batch's output to `output_chunks`, which the
+  schedule clears only when the next step starts (`clear_runtime_states`). Before pytorch#153383
+  (merged 2025-05-13) every stage did; from it only the last, whose output is the head's logits (the
+  loss runs in the schedule, outside the stage: bf16, vocabulary-sharded under loss_parallel).
+The forward phase of the last stage counts the running micro-batch's logits twice (here and as the
+loss's working copy); its peak, in backward, does not. Not modelled: the activation receive buffers of
+a stage with a predecessor (`_prepare_forward_infra`, one per micro-batch too): those of micro-batches
+in flight are the first layer's kept input, the rest ((micro-batches - in flight) x the input) are left
+out.
+"""
+
+from __future__ import annotations
+
+from .activations.entries import tokens_per_gpu
+from ..spec.architecture import Architecture
+from .components import Component, component
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from .sharding import StageParameters
+from .titan_releases import titan_rules
+from ..spec.training import Training
+
+PIPELINING_SOURCE = ("torch 2.13 distributed/pipelining/stage.py (_prepare_backward_infra -> _create_grad_recv_info, "
+                     "forward_one_chunk's output_chunks) and schedules.py (clear_runtime_states at a step's start); "
+                     "the Dec 2024 commit (1963fc83) was not readable here: pytorch#138504 (2024-10-21) describes the "
+                     "last stage's output_chunks kept to the step's end, pytorch#153383 (merged "
+                     "2025-05-13) every stage's until it kept the last one's only; torchtitan 9dec370 "
+                     "parallelisms/pipeline_llama.py (a PipelineStage per model chunk) and parallelize_llama.py "
+                     "apply_tp (stage outputs are local sequence-parallel shards; the head "
+                     "ColwiseParallel(output_layouts=Shard(-1)) under loss_parallel)")
+
+
+def pipelining_buffers(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
+                       microbatches: int) -> list[Component]:
+    """The per-micro-batch buffers of the rank's pipeline stages (see the module's note), fsdp2 with PP."""
+    rules = titan_rules(training)
+    if rules is None or par.pp == 1 or training.mode != "training" or not stage.chunks:
+        return []
+    B, m, t = bytes_per_element(training.compute_dtype), microbatches, par.tp
+    T = tokens_per_gpu(training, par)
+    seq_shard = par.sequence_parallel and t > 1
+    hidden = B * T * arch.hidden_size / (t if seq_shard else 1)
+    hf = "B*s*b*h" + ("/t" if seq_shard else "")
+    sending = len(stage.chunks) - (1 if stage.last else 0)  # the rank's stages with a successor
+    out: list[Component] = []
+    if sending:
+        out.append(component("buffers", "Pipeline gradient receive buffers (one per micro-batch)",
+                             sending * m * hidden, f"{m} micro-batches x {hf}" + (f" x {sending} stages"
+                                                                                  if sending > 1 else ""),
+                             PIPELINING_SOURCE))
+    kept = rules.pp_kept_outputs
+    if kept == "every stage" and sending:
+        out.append(component("buffers", "Pipeline stage outputs kept for the step (output_chunks)",
+                             sending * m * hidden, f"{m} micro-batches x {hf}" + (f" x {sending} stages"
+                                                                                  if sending > 1 else ""),
+                             PIPELINING_SOURCE))
+    if kept in ("every stage", "last stage") and stage.last:
+        vf = "/t" if t > 1 else ""
+        out.append(component("buffers", "The last stage's logits kept for the step (output_chunks)",
+                             m * B * T * arch.vocab_size / t, f"{m} micro-batches x B*s*b*V{vf}", PIPELINING_SOURCE))
+    return out
