@@ -184,28 +184,29 @@ def _errors() -> tuple[dict, dict, set]:
 
 
 def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
-    """The 35 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 30; the flat
+    """The 37 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 32; the flat
     share on the 5 with expandable segments or a paged optimizer) against max_memory_reserved, beside the
-    flat 10% everywhere: the median error falls from 3.8% to 1.2% (3.4% to 1.0% where it replays), and
-    the runs under by more than 5% from 10 to 4 (7 to 1 where it replays)."""
+    flat 10% everywhere: the median error falls from 3.8% to 1.1% (3.4% to 0.8% where it replays), and
+    the runs under by more than 5% from 10 to 4 (7 to 1 where it replays). Two runs were measured after the
+    replay was built, out of sample (Llama-3.1-8B at 256 and 1,024 tokens): -0.09% and +0.19%."""
     import statistics
     replayed, flat, applies = _errors()
-    assert len(replayed) == 35 and len(applies) == 30
+    assert len(replayed) == 37 and len(applies) == 32
     assert {p for p in replayed if p not in applies} == {
         "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-expandable",
         "llama-3.2-1b-bf16-adamw-norecompute-sdpa-s2048-b1-expandable",
         "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
         "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1",
         "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1"}
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.011
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.038
     on_replayed = [replayed[p] for p in applies]
-    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.010
+    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008
     assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.034
     assert sum(e < -0.05 for e in replayed.values()) == 4 and sum(e < -0.05 for e in flat.values()) == 10
     assert sum(replayed[p] < -0.05 for p in applies) == 1 and sum(flat[p] < -0.05 for p in applies) == 7
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
-    assert sum(abs(flat[p]) > 0.07 for p in applies) == 7  # the flat share's misses on the same runs
+    assert sum(abs(flat[p]) > 0.07 for p in applies) == 8  # the flat share's misses on the same runs
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=REPLAY_MISSES[p.stem], strict=True))
