@@ -397,7 +397,8 @@ def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[
 
 
 def _first_root(arch: Architecture, par: Parallel, vocab: int) -> Bucket:
-    return bucket(arch.embedding_tensors(vocab), par)
+    """The embedding, and a vision-language model's vision tower, which runs before the first layer."""
+    return bucket(arch.embedding_tensors(vocab) + arch.vision_tensors(), par)
 
 
 def _last_root(arch: Architecture, par: Parallel, vocab: int, copy: bool) -> Bucket:

@@ -25,6 +25,7 @@ from .field import record
 from .memo import not_owned
 
 from . import hybrid as _hybrid
+from . import vision as _vision
 from .tensors import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, ParameterTensor  # noqa: F401
 
 
@@ -98,6 +99,19 @@ class Architecture:
     mamba_conv_kernel: int = 4
     mamba_conv_bias: bool = True
     mamba_chunk_size: int = 128
+    # Vision-language models: the vision tower before the decoder (estimator/spec/vision.py)
+    vision_tower: str | None = None  # "qwen2_5_vl" or "siglip"; None: a text-only model
+    vision_hidden_size: int | None = None
+    vision_num_layers: int | None = None
+    vision_num_heads: int | None = None
+    vision_intermediate_size: int | None = None
+    vision_patch_size: int | None = None
+    vision_temporal_patch_size: int = 1  # Qwen2.5-VL: 2 frames per patch (a still image repeated)
+    vision_spatial_merge_size: int = 1  # Qwen2.5-VL: 2 x 2 patches per decoder token
+    vision_window_size: int | None = None  # Qwen2.5-VL: window attention over window x window pixels
+    vision_full_attention_layers: int = 0  # Qwen2.5-VL: blocks attending over the whole image (fullatt_block_indexes)
+    vision_image_size: int | None = None  # SigLIP: the size every image is resized to (its position table)
+    vision_tokens_per_image: int | None = None  # Gemma 3: decoder tokens per image after the projector's pooling
 
     def __post_init__(self) -> None:
         _check_architecture(self)
@@ -374,6 +388,10 @@ class Architecture:
                 out.append(ParameterTensor("shared_expert_gate", (1, h), REPLICATED, "hidden_matrix"))
         return out
 
+    def vision_tensors(self) -> list[ParameterTensor]:
+        """The vision tower and its projector (none for a text-only model), on the first stage."""
+        return _vision.vision_tensors(self)
+
     def embedding_tensors(self, padded_vocab: int | None = None) -> list[ParameterTensor]:
         v = padded_vocab or self.vocab_size
         out = [ParameterTensor("embedding", (v, self.hidden_size), VOCAB, "embedding")]
@@ -445,7 +463,7 @@ def _parameter_counts(arch: Architecture, include_mtp: bool) -> ParameterCounts:
     layers = sum(per_kind[kind] * n for kind, n in arch.kind_counts())
     embedding = count(arch.embedding_tensors())
     head = count(arch.head_tensors())
-    total = layers + embedding + head
+    total = layers + embedding + head + count(arch.vision_tensors())
     inactive = 0
     if arch.is_moe:
         per_expert = count(arch.layer_tensors("moe"), experts_only=True) // arch.num_experts
@@ -501,6 +519,29 @@ def _check_architecture(arch: Architecture) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             _require(arch, name, "required with multi-head latent attention")
     _check_hybrid(arch)
+    _check_vision(arch)
+
+
+def _check_vision(arch: Architecture) -> None:
+    """A vision tower needs its shape; each tower its own geometry."""
+    if arch.vision_tower is None:
+        return
+    for name in _vision.REQUIRED:
+        _require(arch, name, "required with a vision tower")
+    if arch.vision_hidden_size % arch.vision_num_heads:
+        raise ConfigError("model.vision_num_heads", arch.vision_num_heads,
+                          f"a divisor of vision_hidden_size ({arch.vision_hidden_size})", related=("model.vision_hidden_size",))
+    if arch.vision_tower == _vision.SIGLIP:
+        _require(arch, "vision_image_size", "required with a SigLIP tower (every image is resized to it)")
+        _require(arch, "vision_tokens_per_image", "required with a SigLIP tower (the projector pools to it)")
+        side = arch.vision_image_size // arch.vision_patch_size
+        pooled = math.isqrt(arch.vision_tokens_per_image)
+        if arch.vision_image_size % arch.vision_patch_size or pooled ** 2 != arch.vision_tokens_per_image \
+                or side % pooled:
+            raise ConfigError("model.vision_tokens_per_image", arch.vision_tokens_per_image,
+                              f"a square whose side divides the patch grid's ({side})",
+                              "Gemma 3's projector average-pools the patch grid to it",
+                              related=("model.vision_image_size", "model.vision_patch_size"))
 
 
 def _check_hybrid(arch: Architecture) -> None:
