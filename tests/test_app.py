@@ -70,8 +70,9 @@ def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
 # --- every page renders ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"},
-                                   {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"}],
-                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid"])
+                                   {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"},
+                                   {"model": "qwen2.5-vl-7b", "images_per_sample": "2", "image_size": "448"}],
+                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "vision-language"])
 def test_every_page_renders(query):
     at = _app(query)
     _no_exception(at)

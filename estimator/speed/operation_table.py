@@ -15,6 +15,7 @@ from ..memory.resolved import Resolved
 from ..memory.sharding import split_key
 from ..spec.training import Training
 from .operations import Operation, _Context, _context
+from .vision_operations import vision_operations
 from .layer_operations import (matmul_parameters, model_flops_per_token, embedding_operations, head_operations,
                                layer_operations)
 
@@ -78,7 +79,8 @@ def _operation_table(cfg: Resolved) -> OperationTable:
     arch, training, par = cfg.architecture, cfg.training, cfg.parallel
     ctx, notes = _context(cfg)
     variants = variant_operations(ctx, cfg)
-    embed = embedding_operations(ctx, arch, 1)
+    # the first stage's inputs: a vision tower's images (vision_operations), then the token embedding
+    embed = vision_operations(ctx, arch, training) + embedding_operations(ctx, arch, 1)
     head_forward, head_backward = head_operations(ctx, arch, training, par, cfg.padded_vocab, 1)
     seconds: dict[tuple, float] = {}
     timed = {(v, roof): tuple((op, op.time_s if roof else op.expected_time_s) for op in variants[v][0])
