@@ -45,8 +45,10 @@ def build_model(run: Run, device: str | None = None):
     config = MODELS[run.model].hf_config(run.attention)
     dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
     auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
-    with torch.device(device) if device else nullcontext():
+    with torch.device(device) if device else nullcontext(), vision.initialisation(config):
         model = auto.from_config(config, dtype=dtype)
+    if hasattr(config, "vision_config"):  # tied weights, which building without initialisation leaves apart
+        model.tie_weights()
     model.train()
     if run.recompute == "full":
         # What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,

@@ -21,13 +21,13 @@ What differs from a text step (validation/hf/step.py), and why:
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..core.emulation import _ORIGINAL_SDPA, _round_up
+from ..core.emulation import _ORIGINAL_SDPA, FlashAttention, _round_up
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,11 @@ class Grid:
 
 def grid_of(config, images: int, image_size: int) -> Grid:
     vc = config.vision_config
+    if config.model_type == "gemma3":  # every image at the tower's size, pooled to mm_tokens_per_image
+        if image_size != vc.image_size:
+            raise ValueError(f"Gemma 3 takes images of {vc.image_size} px")
+        merge = vc.image_size // vc.patch_size // int(config.mm_tokens_per_image ** 0.5)
+        return Grid(images, image_size, vc.patch_size, 1, merge, vc.num_channels)
     grid = Grid(images, image_size, vc.patch_size, vc.temporal_patch_size, vc.spatial_merge_size, vc.in_channels)
     if image_size % (grid.patch * grid.merge):
         raise ValueError(f"image_size {image_size} is not a multiple of patch x merge ({grid.patch * grid.merge})")
@@ -76,6 +81,8 @@ def _precomputed(config, grid_thw: torch.Tensor) -> dict:
 def batch(config, grid: Grid, micro_batch: int, seq_len: int, fake: bool) -> tuple[dict, dict, list[int]]:
     """The model's inputs, the vision tower's precomputed kwargs and the split sizes (per image)."""
     n = micro_batch * grid.images
+    if config.model_type == "gemma3":
+        return _gemma3_batch(config, grid, micro_batch, seq_len, n)
     with _real():
         grid_thw = torch.tensor([[1, grid.side, grid.side]] * n)
         vision = _precomputed(config, grid_thw)
@@ -92,6 +99,26 @@ def batch(config, grid: Grid, micro_batch: int, seq_len: int, fake: bool) -> tup
     inputs = dict(input_ids=input_ids, labels=input_ids, pixel_values=pixel_values, image_grid_thw=grid_in,
                   position_ids=positions)
     return inputs, vision, [grid.tokens] * n
+
+
+def _gemma3_batch(config, grid: Grid, micro_batch: int, seq_len: int, n: int) -> tuple[dict, dict, list[int]]:
+    """Gemma 3 (transformers 5.23 Gemma3Processor): pixel_values (images, 3, size, size) in fp32, mm_tokens_per_image
+    image tokens per image in input_ids; no token_type_ids (their bidirectional image blocks need a 4-D mask)."""
+    if grid.images * grid.tokens >= seq_len:
+        raise ValueError(f"{grid.images} images of {grid.tokens} tokens do not fit in {seq_len} tokens")
+    input_ids = torch.randint(0, 262144, (micro_batch, seq_len))  # below Gemma's image token
+    input_ids[:, 1:1 + grid.images * grid.tokens] = config.image_token_id
+    pixel_values = torch.randn(n, grid.channels, grid.image_size, grid.image_size)
+    return dict(input_ids=input_ids, labels=input_ids, pixel_values=pixel_values), {}, []
+
+
+def initialisation(config):
+    """Under fake tensors, a vision-language model is built without its weights' initialisation: SigLIP's
+    lecun_normal_ (torch's trunc_normal_) reads a value no fake tensor has, and no value is needed there."""
+    from transformers.initialization import no_init_weights
+
+    fake = isinstance(torch.empty(0), FakeTensor)
+    return no_init_weights() if fake and hasattr(config, "vision_config") else nullcontext()
 
 
 @contextmanager
@@ -153,25 +180,37 @@ def _reference(q, k, v, cu, scale):
     return torch.cat(outs, dim=0)
 
 
-def _flash_varlen(hidden):
+def _flash_attention_2(hidden):
+    """transformers' flash_attention_2 interface (q, k, v of b x heads x s x d in, b x s x heads x d out): the
+    varlen kernel over packed sequences (`FlashVarlen`), else flash_attn_func, whose allocations are PyTorch's
+    FlashAttention-2 path's (validation/core/emulation.py FlashAttention: q, k, v, out and the fp32 lse kept;
+    GQA's expanded dK/dV in backward). A sliding window or soft-cap changes no allocation; a real run's values
+    come from full causal attention (the tests compare memory there, not numbers)."""
     def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, cu_seq_lens_q=None,
-                  is_causal=False, **kwargs):
-        if attention_mask is not None or dropout or is_causal or cu_seq_lens_q is None:
-            raise NotImplementedError("only the vision tower's packed, unmasked, non-causal call is emulated")
-        return FlashVarlen.apply(query, key, value, cu_seq_lens_q, scaling, hidden), None
+                  is_causal=None, **kwargs):
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", False)
+        if attention_mask is not None or dropout:
+            raise NotImplementedError("only unmasked flash attention without dropout is emulated")
+        if cu_seq_lens_q is not None:
+            if causal:
+                raise NotImplementedError("only the vision tower's non-causal packed call is emulated")
+            return FlashVarlen.apply(query, key, value, cu_seq_lens_q, scaling, hidden), None
+        return FlashAttention.apply(query, key, value, scaling, causal, hidden).transpose(1, 2), None
 
     return attention
 
 
 @contextmanager
 def vision_emulation(tracker, model, vision: dict, splits: list[int]):
-    """For the duration of a measured VLM step: the vision tower on flash_attention_2 (when the model runs
-    SDPA) and the emulated varlen kernel under that name, its precomputed inputs, and transformers'
-    placeholder count check (which reads a tensor's value) turned off by its own switch
+    """For the duration of a measured VLM step: the vision tower (and Gemma 3's decoder) on flash_attention_2
+    when the model runs SDPA, the emulated kernels under that name, Qwen's precomputed vision inputs, and
+    transformers' placeholder count check (which reads a tensor's value) turned off by its own switch
     (TRANSFORMERS_DISABLE_TORCH_CHECK)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: F401  (registry import order)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+    gemma = model.config.model_type == "gemma3"
 
     def get_image_features(self, pixel_values, image_grid_thw=None, **kwargs):
         pixel_values = pixel_values.type(self.visual.dtype)
@@ -182,18 +221,26 @@ def vision_emulation(tracker, model, vision: dict, splits: list[int]):
     saved_fn = ALL_ATTENTION_FUNCTIONS._global_mapping.get("flash_attention_2")
     saved_features = qwen.Qwen2_5_VLModel.get_image_features
     saved_env = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
-    vision_config = model.model.visual.config
-    saved_impl = vision_config._attn_implementation_internal
-    if saved_impl == "sdpa":  # the vision attention reads its config's implementation at each call
-        vision_config._attn_implementation_internal = "flash_attention_2"
-    ALL_ATTENTION_FUNCTIONS._global_mapping["flash_attention_2"] = _flash_varlen(tracker.hidden)
-    qwen.Qwen2_5_VLModel.get_image_features = get_image_features
+    # the configs the attention modules (and, for Gemma 3's decoder, the mask builder) read at each call: Qwen's
+    # vision tower; Gemma 3's tower and decoder (SDPA's sliding window needs a mask the harness does not emulate)
+    scope = model if gemma else model.model.visual
+    configs = list({id(c): c for c in [getattr(m, "config", None) for m in scope.modules()] + [model.config]
+                    if c is not None and hasattr(c, "_attn_implementation_internal")}.values())
+    configs = configs if gemma else [c for c in configs if c is not model.config]
+    saved_impl = [c._attn_implementation_internal for c in configs]
+    for config in configs:
+        if config._attn_implementation_internal == "sdpa":
+            config._attn_implementation_internal = "flash_attention_2"
+    ALL_ATTENTION_FUNCTIONS._global_mapping["flash_attention_2"] = _flash_attention_2(tracker.hidden)
+    if not gemma:
+        qwen.Qwen2_5_VLModel.get_image_features = get_image_features
     os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
     try:
         yield
     finally:
         ALL_ATTENTION_FUNCTIONS._global_mapping["flash_attention_2"] = saved_fn
-        vision_config._attn_implementation_internal = saved_impl
+        for config, impl in zip(configs, saved_impl):
+            config._attn_implementation_internal = impl
         qwen.Qwen2_5_VLModel.get_image_features = saved_features
         if saved_env is None:
             os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
