@@ -42,12 +42,12 @@ def _check_images(arch: Architecture, training: Training) -> None:
     from ..spec import vision
     n = training.images_per_sample
     if arch.vision_tower is None:
-        raise ConfigError("training.images_per_sample", n, "0 for a model without a vision tower",
-                          related=("model.vision_tower",))
-    if arch.vision_tower != vision.QWEN2_5_VL and n:
-        raise ConfigError("training.images_per_sample", n, "0 with this vision tower",
-                          f"the activations of a {arch.vision_tower} tower are not modelled yet (its weights are "
-                          "counted)", related=("model.vision_tower",))
+        name, value = (("training.freeze_vision", True) if training.freeze_vision and not n
+                       else ("training.images_per_sample", n))
+        raise ConfigError(name, value, f"{'false' if name.endswith('vision') else '0'} for a model without a vision "
+                          "tower", related=("model.vision_tower",))
+    if not n and training.image_size is None:  # the encoder frozen, no images: nothing else to check
+        return
     if n and training.mode != "training":
         raise ConfigError("training.images_per_sample", n, "0 outside training",
                           "inference and serving count the encoder in the serving estimate", related=("training.mode",))
@@ -75,7 +75,7 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     tp = par.tp
     if arch.is_hybrid:
         _check_hybrid(arch, training, par)
-    if training.images_per_sample or training.image_size is not None:
+    if training.images_per_sample or training.image_size is not None or training.freeze_vision:
         _check_images(arch, training)
     if arch.num_attention_heads % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),

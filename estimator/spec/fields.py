@@ -57,6 +57,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _int("image_size", _T, "Image size (px)", "Vision-language models: pixels per side of each (square) image; "
          "patches per image = (size / patch)^2.", "Run", hi=2**16, optional=True, step=112,
          auto="the tower's native size (SigLIP); required for Qwen2.5-VL"),
+    _bool("freeze_vision", _T, "Freeze the vision encoder", "Vision-language models: the encoder (patch embedding "
+          "and blocks) gets no gradients or optimizer states and runs without saving activations; the merger or "
+          "projector stays trained (LLaMA-Factory's freeze_vision_tower).", "Run"),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "
          "rank. Activations scale with it.", "Run", hi=2**16),
     _int("global_batch_size", _T, "Global batch size", "Samples per optimizer step over all data-parallel ranks; "

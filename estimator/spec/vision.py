@@ -81,3 +81,14 @@ def vision_tensors(arch) -> list[ParameterTensor]:
 
 
 REQUIRED = ("vision_hidden_size", "vision_num_layers", "vision_num_heads", "vision_intermediate_size", "vision_patch_size")
+
+
+def is_projector(tensor: ParameterTensor) -> bool:
+    """The part that maps the tower's output into the decoder (Qwen2.5-VL's merger, Gemma 3's projector): trained
+    when the encoder is frozen (LLaMA-Factory's freeze_vision_tower leaves it to freeze_multi_modal_projector)."""
+    return tensor.name.startswith(("vision_merger", "vision_projector"))
+
+
+def encoder_tensors(arch) -> list[ParameterTensor]:
+    """The encoder alone: what `training.freeze_vision` freezes."""
+    return [t for t in vision_tensors(arch) if not is_projector(t)]

@@ -23,8 +23,10 @@ NORM_FLOPS = 5  # square, mean, rsqrt, scale and weight per element (an RMSNorm)
 def vision_operations(ctx: _Context, arch: Architecture, training: Training) -> list[Operation]:
     """Forward and backward of the tower for one micro-batch; none without images (or a tower whose
     activations are not modelled: validation refuses images there)."""
-    if arch.vision_tower != _vision.QWEN2_5_VL or not training.images_per_sample:
+    if arch.vision_tower is None or not training.images_per_sample:
         return []
+    if arch.vision_tower == _vision.SIGLIP:
+        return _once(_trained(_siglip(ctx, arch, training), training))
     size = image_size(arch, training)
     per_image = _vision.patches_per_image(arch, size)
     images = training.images_per_sample * training.micro_batch_size
@@ -46,8 +48,38 @@ def vision_operations(ctx: _Context, arch: Architecture, training: Training) -> 
     tokens = M / arch.vision_spatial_merge_size ** 2
     ops += (_gemm(ctx, SCOPE, "vision merger fc1", tokens, merged, merged, 1)
             + _gemm(ctx, SCOPE, "vision merger fc2", tokens, merged, arch.hidden_size, 1))
-    # the first stage's operations are timed once each (operation_table._time): the blocks' counts go into the work
+    return _once(_trained(ops, training))
+
+
+def _trained(ops: list[Operation], training: Training) -> list[Operation]:
+    """A frozen encoder (training.freeze_vision) runs forward only: no backward but the merger's or projector's."""
+    if not training.freeze_vision:
+        return ops
+    return [op for op in ops if op.phase == "forward" or "merger" in op.name or "projector" in op.name]
+
+
+def _once(ops: list[Operation]) -> list[Operation]:
+    """The first stage's operations are timed once each (operation_table._time): the blocks' counts go into the work."""
     return [dataclasses.replace(op, flops=op.flops * op.count, bytes=op.bytes * op.count, count=1) for op in ops]
+
+
+def _siglip(ctx: _Context, arch: Architecture, training: Training) -> list[Operation]:
+    """SigLIP (transformers 5.23 modeling_siglip.py) and Gemma 3's projector: the Conv2d patch embedding, per
+    block LayerNorms, q, k, v and o GEMMs, attention over the image's patches (non-causal), fc1, tanh GELU and
+    fc2; the post-LayerNorm, the average pool and the projection of the pooled tokens to the text width."""
+    per_image = _vision.patches_per_image(arch, image_size(arch, training))
+    images = training.images_per_sample * training.micro_batch_size
+    M = float(per_image * images)
+    c, f, n, L = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_heads, arch.vision_num_layers
+    p = arch.vision_patch_size
+    tokens = float(arch.vision_tokens_per_image * images)
+    ops = _gemm(ctx, SCOPE, "vision patch embedding", M, _vision.CHANNELS * p * p, c, 1)
+    ops += _elementwise(ctx, SCOPE, "vision LayerNorms", 2 * M * c, 2 * M * c, NORM_FLOPS, L, "2 norms of M*c", (), "norm")
+    ops += _gemm(ctx, SCOPE, "vision q, k, v", M, c, 3 * c, L) + _gemm(ctx, SCOPE, "vision output projection", M, c, c, L)
+    ops += _attention(ctx, M * per_image * 4 * c, M * 4 * c * ctx.B, L, per_image, c // n, "full")
+    ops += _gemm(ctx, SCOPE, "vision fc1", M, c, f, L) + _gemm(ctx, SCOPE, "vision fc2", M, f, c, L)
+    ops += _elementwise(ctx, SCOPE, "vision GELU", M * f, M * f, 8, L, "read M*f, write M*f", (), "activation")
+    return ops + _gemm(ctx, SCOPE, "vision projector", tokens, c, arch.hidden_size, 1)
 
 
 def _attention(ctx: _Context, flops: float, io: float, count: int, keys: int, d: int, label: str) -> list[Operation]:

@@ -11,7 +11,8 @@ from .step import Run
 def case_id(run: Run) -> str:
     return (f"{run.model}-{run.recipe}-{run.optimizer.replace('_momentum', '')}-"
             f"{'recompute' if run.recompute == 'full' else 'norecompute'}-{run.attention}-"
-            f"s{run.seq_len}-b{run.micro_batch_size}" + (f"-i{run.images}x{run.image_size}" if run.images else ""))
+            f"s{run.seq_len}-b{run.micro_batch_size}" + (f"-i{run.images}x{run.image_size}" if run.images else "")
+            + ("-frozenvision" if run.freeze_vision else ""))
 
 
 def _runs() -> list[Run]:
@@ -73,6 +74,7 @@ CASES: dict[str, Run] = {case_id(r): r for r in _runs()}
 def contract_config(run: Run) -> dict:
     dtype = "bf16" if run.recipe == "bf16" else "fp32"
     images = {"images_per_sample": run.images, "image_size": run.image_size} if run.images else {}
+    images.update({"freeze_vision": True} if run.freeze_vision else {})
     return {
         "model": MODELS[run.model].architecture(),
         "training": {
@@ -98,6 +100,7 @@ def describe(run: Run) -> str:
     attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
     if run.model in VISION_KERNELS:
-        kernels = f", {run.images} images of {run.image_size} px per sample, {VISION_KERNELS[run.model]}"
+        frozen = ", the vision encoder frozen" if run.freeze_vision else ""
+        kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {VISION_KERNELS[run.model]}"
     return (f"{run.model}, HF transformers training step: {recipe}, {opt} (foreach), {recompute}, "
             f"{attention}{kernels}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")

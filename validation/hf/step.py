@@ -35,6 +35,7 @@ class Run:
     attention: str = "sdpa"  # "sdpa" (flash) or "eager"
     images: int = 0  # images per sample (vision-language models, validation/vlm)
     image_size: int = 0  # pixels per side
+    freeze_vision: bool = False  # the vision encoder frozen (requires_grad False), the merger or projector trained
 
 
 def build_model(run: Run, device: str | None = None):
@@ -49,6 +50,8 @@ def build_model(run: Run, device: str | None = None):
         model = auto.from_config(config, dtype=dtype)
     if hasattr(config, "vision_config"):  # tied weights, which building without initialisation leaves apart
         model.tie_weights()
+    if run.freeze_vision:
+        vision.freeze_encoder(model)
     model.train()
     if run.recompute == "full":
         # What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,

@@ -95,6 +95,9 @@ VISION_RUNS = [
     (("qwen2.5-vl-7b", 2048, 2), {"images": 4, "image_size": 448}),
     (("gemma-3-27b", 2048), {"images": 2, "image_size": 896}),
     (("gemma-3-27b", 4096), {"images": 4, "image_size": 896, "recompute": "full"}),
+    # the encoder frozen, the merger / projector trained
+    (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896, "freeze_vision": True}),
+    (("gemma-3-27b", 2048), {"images": 2, "image_size": 896, "freeze_vision": True}),
 ]
 
 KERNELS = {

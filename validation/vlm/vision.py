@@ -112,6 +112,16 @@ def _gemma3_batch(config, grid: Grid, micro_batch: int, seq_len: int, n: int) ->
     return dict(input_ids=input_ids, labels=input_ids, pixel_values=pixel_values), {}, []
 
 
+def freeze_encoder(model) -> None:
+    """The vision encoder frozen as LLaMA-Factory's freeze_vision_tower does (requires_grad False; the optimizer
+    gets the trained parameters only): Qwen2.5-VL's patch embedding and blocks (its merger trained), Gemma 3's
+    SigLIP tower (its multi_modal_projector trained)."""
+    parts = ([model.model.vision_tower] if model.config.model_type == "gemma3"
+             else [model.model.visual.patch_embed, model.model.visual.blocks])
+    for part in parts:
+        part.requires_grad_(False)
+
+
 def initialisation(config):
     """Under fake tensors, a vision-language model is built without its weights' initialisation: SigLIP's
     lecun_normal_ (torch's trunc_normal_) reads a value no fake tensor has, and no value is needed there."""
