@@ -117,3 +117,65 @@ def test_the_roofline_runs_the_tower_on_the_first_stage():
     assert ops["vision merger fc2"].flops == 2 * 2048 * 5120 * 3584
     with_images = roofline_config(load_config(_config())).stage_times_s[0]
     assert with_images > roofline_config(load_config(_config(images_per_sample=0))).stage_times_s[0]
+
+
+def test_a_siglip_block_keeps_by_hand():
+    """Per patch, bf16: two LayerNorms (input 2c, mean and rstd 8, output 2c), q, k, v (3 x 2c), the attention
+    output (2c), the lse (4 x 16 heads), fc1's and the GELU's outputs (2 x 2f); per pooled token the projector's
+    fp32 RMSNorm (4c + 4 + 4c) and its bf16 output (2c)."""
+    arch = get_architecture("gemma-3-27b")
+    c, f = 1152, 4304
+    assert block_bytes_per_patch(arch, 2) == 2 * (4 * c + 8) + 8 * c + 64 + 4 * f == 35_728
+    assert tower_bytes_per_patch(arch, 2) == 6 * 588 + 4 * c + 8
+    training = Training(seq_len=2048, images_per_sample=2, attention="flash")  # image_size: the tower's 896
+    total, _ = vision_activation(arch, training)
+    assert total == 2 * 4096 * (27 * 35_728 + 6 * 588 + 4 * c + 8) + 2 * 256 * (10 * c + 4)
+
+
+def test_a_frozen_encoder_keeps_only_the_pixels_and_the_merger():
+    """The encoder's operations are not recorded; the merger keeps its norm's output, its output and its MLP's two
+    tensors (4 x 2c per patch); Gemma 3's projector per token its fp32 normalised tokens and bf16 input (4c + 2c)."""
+    qwen, gemma = get_architecture("qwen2.5-vl-7b"), get_architecture("gemma-3-27b")
+    frozen, _ = vision_activation(qwen, Training(seq_len=4096, images_per_sample=2, image_size=896, freeze_vision=True))
+    assert frozen == 8192 * (4 * 1176 + 8 * 1280)
+    frozen, _ = vision_activation(gemma, Training(seq_len=2048, images_per_sample=2, freeze_vision=True))
+    assert frozen == 8192 * 4 * 588 + 512 * 6 * 1152
+
+
+def test_a_frozen_encoder_has_no_gradients_or_states():
+    """Qwen2.5-VL-7B, bf16 AdamW under the HF Trainer: the encoder's 631,975,680 parameters (the tower less its
+    44,574,464-parameter merger) lose their gradients (2 B) and states (2 x 2 B)."""
+    trained, frozen = estimate_config(_config()), estimate_config(_config(freeze_vision=True))
+
+    def states(result):
+        optimizer = next(p for p in result.stages[0].phases if p.name == "optimizer")
+        return {c.key: c.bytes for c in optimizer.components}
+
+    a, b = states(trained), states(frozen)
+    assert a["gradients"] - b["gradients"] == 2 * 631_975_680
+    assert a["optimizer_states"] - b["optimizer_states"] == 4 * 631_975_680
+    assert a["parameters"] == b["parameters"]
+    with pytest.raises(ConfigError) as err:
+        estimate_config({"model": "llama-3.1-8b", "training": {"freeze_vision": True}})
+    assert err.value.field == "training.freeze_vision"
+
+
+VISION_RECORDS = sorted(p for p in (Path(__file__).parent / "data" / "measured").glob("*.json")
+                        if p.stem.startswith(("qwen2.5-vl-", "gemma-3-")))
+
+
+def test_the_vision_records_are_there():
+    stems = [p.stem for p in VISION_RECORDS]
+    for family in ("qwen2.5-vl-7b", "gemma-3-27b"):
+        ours = [s for s in stems if s.startswith(family)]
+        assert len(ours) >= 3 and any("-recompute-" in s for s in ours) and any(s.endswith("-frozenvision") for s in ours)
+
+
+@pytest.mark.parametrize("path", VISION_RECORDS, ids=lambda p: p.stem)
+def test_the_forward_holds_the_towers_activations_as_measured(path):
+    """The forward phase ends with the tower's saved tensors and the decoder's: within 0.1% of the harness
+    (the step's peak is held to 5% by tests/test_accuracy.py with the others)."""
+    record = json.loads(path.read_text())
+    result = estimate_config(record["config"])
+    forward = next(p.allocated_bytes for p in result.stages[0].phases if p.name == "forward")
+    assert forward == pytest.approx(record["measured"]["phases"]["forward"]["total"], rel=0.001)

@@ -48,6 +48,10 @@ def _check_images(arch: Architecture, training: Training) -> None:
                           "tower", related=("model.vision_tower",))
     if not n and training.image_size is None:  # the encoder frozen, no images: nothing else to check
         return
+    if n and training.adapter is not None:
+        raise ConfigError("training.images_per_sample", n, "0 with an adapter",
+                          "PEFT matches target modules by name, inside the vision tower too: not modelled",
+                          related=("training.adapter",))
     if n and training.mode != "training":
         raise ConfigError("training.images_per_sample", n, "0 outside training",
                           "inference and serving count the encoder in the serving estimate", related=("training.mode",))
