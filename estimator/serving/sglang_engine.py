@@ -105,6 +105,9 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     if arch.sliding_window:
         raise ConfigError("serving.engine", "sglang", "'vllm' for a sliding-window model",
                           "SGLang's separate sliding-window pool (SWAKVPool) is not modelled")
+    if arch.vision_tower is not None:
+        raise ConfigError("serving.engine", "sglang", "'vllm' for a vision-language model",
+                          "SGLang's vision encoder (its weights and its multimodal cache) is not modelled")
     if arch.is_hybrid:
         raise ConfigError("serving.engine", "sglang", "'vllm' for a model with linear-attention or Mamba layers",
                           "SGLang's separate pool of recurrent states (MambaPool) is not modelled")

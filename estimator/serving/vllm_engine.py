@@ -21,6 +21,7 @@ from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
 from .activations import activation_peak
+from .encoder import encoder_profile, encoder_weights, outputs_expanded
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving
 from .weights import stage_layers, stage_weights
@@ -142,6 +143,14 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
                            stage == par.pp - 1)
+    encoder = encoder_profile(arch, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, par.tp, act_bytes,
+                              outputs_expanded(serving.engine_version))
+    if encoder:  # every rank builds and profiles the vision encoder (serving/encoder.py)
+        tower = encoder_weights(arch, par.tp, r.weights.dtype_bytes)
+        weights = dataclasses.replace(weights, bytes=weights.bytes + tower,
+                                      formula=f"{weights.formula} + vision encoder (its linears / TP)")
+        peak = dataclasses.replace(peak, bytes=max(encoder.forward_bytes, encoder.cache_bytes + peak.bytes),
+                                   formula=f"max(encoder forward, encoder cache + {peak.formula}); {encoder.formula}")
     non_torch = overheads.non_torch_bytes(par.tp, par.pp)
     graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
     in_budget = graphs if r.rules.cuda_graphs_in_budget else 0
