@@ -117,6 +117,17 @@ def test_the_roofline_runs_the_tower_on_the_first_stage():
     assert ops["vision merger fc2"].flops == 2 * 2048 * 5120 * 3584
     with_images = roofline_config(load_config(_config())).stage_times_s[0]
     assert with_images > roofline_config(load_config(_config(images_per_sample=0))).stage_times_s[0]
+    # MFU counts the tower's model FLOPs: forward and backward of its matmuls and attention over the 4,096 tokens
+    from estimator.speed.operation_table import operation_table
+    from estimator.memory.resolved import resolve
+    from estimator.speed.vision_operations import vision_flops_per_token
+
+    def per_token(config):
+        cfg = load_config(config)
+        return operation_table(resolve(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)).flops_per_token
+
+    forward = sum(op.flops for op in ops.values() if op.phase == "forward" and op.kind in ("matmul", "attention"))
+    assert per_token(_config()) - per_token(_config(images_per_sample=0)) == pytest.approx(3 * forward / 4096)
 
 
 def test_a_siglip_block_keeps_by_hand():

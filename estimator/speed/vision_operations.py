@@ -96,3 +96,14 @@ def _attention(ctx: _Context, flops: float, io: float, count: int, keys: int, d:
     return [fwd, Operation(f"vision attention core ({label}) (backward)", "backward", SCOPE, "attention", 2.5 * flops,
                            2 * io, ctx.peak, ctx.bandwidth, count, "2.5 x forward (FlashAttention-2)", (),
                            efficiency("backward"), kernels.BANDWIDTH_EFFICIENCY)]
+
+
+def vision_flops_per_token(ops: list[Operation], training: Training) -> float:
+    """The tower's model FLOPs spread over the decoder's tokens, for MFU beside `model_flops_per_token`: its
+    matmuls and attention, forward and backward as the operations count them (the attention's backward at the
+    2 x forward that model FLOPs count, not the kernel's 2.5 x)."""
+    if not ops:
+        return 0.0
+    flops = sum(op.flops * (0.8 if op.kind == "attention" and op.phase == "backward" else 1.0)
+                for op in ops if op.kind in ("matmul", "attention"))
+    return flops / (training.micro_batch_size * training.seq_len)
