@@ -228,3 +228,23 @@ def test_vllm_loads_the_encoder_and_profiles_it():
     with pytest.raises(ConfigError) as err:
         _serve("qwen2.5-vl-7b")
     assert err.value.field == "serving.engine"
+
+
+@pytest.mark.parametrize("model, field", [
+    (dict(vision_hidden_size=1280), "model.vision_hidden_size"),  # no tower: a vision field would be ignored
+    (dict(vision_tower="qwen2_5_vl", vision_hidden_size=1280, vision_num_layers=4, vision_num_heads=16,
+          vision_intermediate_size=3420), "model.vision_patch_size"),
+    (dict(vision_tower="qwen2_5_vl", vision_hidden_size=1280, vision_num_layers=4, vision_num_heads=15,
+          vision_intermediate_size=3420, vision_patch_size=14), "model.vision_num_heads"),
+    (dict(vision_tower="qwen2_5_vl", vision_hidden_size=1280, vision_num_layers=4, vision_num_heads=16,
+          vision_intermediate_size=3420, vision_patch_size=14, vision_full_attention_layers=5),
+     "model.vision_full_attention_layers"),
+    (dict(vision_tower="siglip", vision_hidden_size=1152, vision_num_layers=4, vision_num_heads=16,
+          vision_intermediate_size=4304, vision_patch_size=14, vision_image_size=896, vision_tokens_per_image=250),
+     "model.vision_tokens_per_image"),
+])
+def test_bad_vision_fields_name_the_field(model, field):
+    base = dict(hidden_size=1024, num_layers=2, num_attention_heads=8, vocab_size=1000, intermediate_size=2048)
+    with pytest.raises(ConfigError) as err:
+        load_config({"model": dict(base, **model)})
+    assert err.value.field == field
