@@ -23,6 +23,10 @@ weights and what it keeps per image.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
+from .errors import ConfigError
 from .tensors import REPLICATED, ParameterTensor
 
 QWEN2_5_VL, SIGLIP = "qwen2_5_vl", "siglip"
@@ -92,3 +96,41 @@ def is_projector(tensor: ParameterTensor) -> bool:
 def encoder_tensors(arch) -> list[ParameterTensor]:
     """The encoder alone: what `training.freeze_vision` freezes."""
     return [t for t in vision_tensors(arch) if not is_projector(t)]
+
+
+def _require(arch, name: str, why: str) -> None:
+    if getattr(arch, name) is None:
+        raise ConfigError(f"model.{name}", None, "a positive integer", why)
+
+
+def check(arch) -> None:
+    """A vision tower needs its shape; each tower its own geometry; without one, no vision field is set."""
+    if arch.vision_tower is None:
+        for f in dataclasses.fields(arch):
+            if f.name.startswith("vision_") and getattr(arch, f.name) != f.default:
+                raise ConfigError(f"model.{f.name}", getattr(arch, f.name), f"{f.default} without a vision tower",
+                                  related=("model.vision_tower",))
+        return
+    for name in REQUIRED:
+        _require(arch, name, "required with a vision tower")
+    if arch.vision_hidden_size % arch.vision_num_heads:
+        raise ConfigError("model.vision_num_heads", arch.vision_num_heads,
+                          f"a divisor of vision_hidden_size ({arch.vision_hidden_size})", related=("model.vision_hidden_size",))
+    if arch.vision_full_attention_layers > arch.vision_num_layers:
+        raise ConfigError("model.vision_full_attention_layers", arch.vision_full_attention_layers,
+                          f"at most vision_num_layers ({arch.vision_num_layers})", related=("model.vision_num_layers",))
+    unit = arch.vision_patch_size * arch.vision_spatial_merge_size
+    if arch.vision_window_size is not None and arch.vision_window_size < unit:
+        raise ConfigError("model.vision_window_size", arch.vision_window_size, f"at least patch x merge ({unit} px)",
+                          "a window holds whole merged patches", related=("model.vision_patch_size",))
+    if arch.vision_tower == SIGLIP:
+        _require(arch, "vision_image_size", "required with a SigLIP tower (every image is resized to it)")
+        _require(arch, "vision_tokens_per_image", "required with a SigLIP tower (the projector pools to it)")
+        side = arch.vision_image_size // arch.vision_patch_size
+        pooled = math.isqrt(arch.vision_tokens_per_image)
+        if arch.vision_image_size % arch.vision_patch_size or pooled ** 2 != arch.vision_tokens_per_image \
+                or side % pooled:
+            raise ConfigError("model.vision_tokens_per_image", arch.vision_tokens_per_image,
+                              f"a square whose side divides the patch grid's ({side})",
+                              "Gemma 3's projector average-pools the patch grid to it",
+                              related=("model.vision_image_size", "model.vision_patch_size"))
