@@ -24,7 +24,9 @@ HF_CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 # Gemma 3 27B: the Hub's safetensors total for google/gemma-3-27b-pt, 27,432,406,640; its SigLIP tower and projector
 # 423,060,336.
 CHECKPOINTS = {"qwen2.5-vl-7b-instruct": ("Qwen2_5_VLForConditionalGeneration", 8_292_166_656, 676_550_144),
-               "gemma-3-27b-pt": ("Gemma3ForConditionalGeneration", 27_432_406_640, 423_060_336)}
+               "gemma-3-27b-pt": ("Gemma3ForConditionalGeneration", 27_432_406_640, 423_060_336),
+               # google/gemma-3-4b-it: 4,300,079,472, the count public code quotes for the checkpoint
+               "gemma-3-4b-it": ("Gemma3ForConditionalGeneration", 4_300_079_472, 419_816_304)}
 TOWER = ("model.visual.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
@@ -95,7 +97,8 @@ def test_the_canonical_architectures_are_the_mappings():
     from estimator.models.hf_config import architecture_from_hf_config
     from validation.vlm.models import MODELS
 
-    for name, model_id in (("qwen2.5-vl-7b-instruct", "qwen2.5-vl-7b"), ("gemma-3-27b-pt", "gemma-3-27b")):
+    for name, model_id in (("qwen2.5-vl-7b-instruct", "qwen2.5-vl-7b"), ("gemma-3-27b-pt", "gemma-3-27b"),
+                           ("gemma-3-4b-it", "gemma-3-4b")):
         mapped, _ = architecture_from_hf_config(json.loads((HF_CONFIGS / f"{name}.json").read_text()), name=model_id)
         for field, value in MODELS[model_id].architecture().items():
             assert getattr(mapped, field) == value, (model_id, field)

