@@ -16,6 +16,11 @@ What differs from a text step (validation/hf/step.py), and why:
 - The vision tower's attention: `flash_attention_2`, FlashAttention-2's variable-length kernel over the
   packed windows and images (`FlashVarlen` below, the allocations of flash-attn v2.7's
   flash_attn_interface.py FlashAttnVarlenFunc and csrc/flash_attn/flash_api.cpp mha_varlen_fwd/bwd).
+- Gemma 3 (Gemma3Processor): every image at the tower's 896 px, mm_tokens_per_image tokens each; its SigLIP
+  tower and its decoder both on flash_attention_2 (SDPA's sliding window needs a mask the harness does not
+  emulate), the dense kernel's allocations those of PyTorch's FlashAttention-2 path; no token_type_ids.
+- Under fake tensors the model is built without weight initialisation (`initialisation`), and its tied
+  weights tied again; `freeze_encoder` freezes the encoder as LLaMA-Factory's freeze_vision_tower does.
 """
 
 from __future__ import annotations
@@ -89,8 +94,7 @@ def batch(config, grid: Grid, micro_batch: int, seq_len: int, fake: bool) -> tup
     if grid.images * grid.tokens >= seq_len:
         raise ValueError(f"{grid.images} images of {grid.tokens} tokens do not fit in {seq_len} tokens")
     input_ids = torch.randint(0, 151643, (micro_batch, seq_len))  # text tokens below Qwen's special tokens
-    start = 1
-    input_ids[:, start:start + grid.images * grid.tokens] = config.image_token_id
+    input_ids[:, 1:1 + grid.images * grid.tokens] = config.image_token_id  # after the first text token
     pixel_values = torch.randn(n * grid.patches, grid.channels * grid.temporal * grid.patch * grid.patch)
     positions = torch.arange(seq_len).view(1, 1, -1).expand(3, micro_batch, -1)
     grid_in = torch.zeros((n, 3), dtype=torch.long) if fake else grid_thw
