@@ -1012,3 +1012,16 @@ def test_what_to_change_gives_the_clis_answer_from_the_planners_search():
     est = estimate_config(at.session_state[K.CURRENT].config)
     assert est.device_total_bytes == cli[0].device_total_bytes and est.parallel.gpus == 32
     assert est.fit.verdict == "fits"
+
+
+def test_a_preset_edited_as_a_custom_architecture_keeps_its_vision_tower():
+    """The architecture editor has a Vision tower group (issue 28): editing Qwen2.5-VL-7B keeps its tower's
+    weights, so the totals stay the preset's."""
+    at = _app({"model": "qwen2.5-vl-7b"})
+    at.session_state[K.SOURCE] = "Custom"
+    at.run()
+    _no_exception(at)
+    current = at.session_state[K.CURRENT]
+    assert current.model.source == "custom" and current.model.arch["vision_tower"] == "qwen2_5_vl"
+    assert at.number_input(key=K.arch("vision_hidden_size")).value == 1280  # shown, under Vision tower
+    assert _metric(at, "Device total per GPU") == _gib(estimate_config({"model": "qwen2.5-vl-7b"}).device_total_bytes)
