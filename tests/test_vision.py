@@ -83,6 +83,9 @@ def test_the_breakdown_names_the_vision_tower():
     assert "vision tower" in activations.source
     without = estimate_config(_config(images_per_sample=0))
     assert result.allocated_peak_bytes - without.allocated_peak_bytes == part.bytes
+    # the weights too: bf16, 676,550,144 tower parameters of the 8,292,166,656
+    parameters = {p.label: p.bytes for p in stage.component("parameters").parts}
+    assert parameters == {"vision tower": 2 * 676_550_144, "text model": 2 * 7_615_616_512}
 
 
 @pytest.mark.parametrize("training, field", [

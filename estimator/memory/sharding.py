@@ -344,6 +344,7 @@ class StageParameters(NamedTuple):
     last: bool = False  # runs the last one: final norm, head, MTP and loss (DualPipe: ranks p - 1 and 0; V: rank 0)
     layers_key: tuple = ()  # what the kinds of its layers, less any first n or every N-th, depend on (`layers_key`)
     vision_encoder: Bucket = Bucket()  # a first stage's vision encoder (what training.freeze_vision freezes)
+    vision_tower: Bucket = Bucket()  # ... and the whole tower with its merger or projector (the breakdown names it)
 
     @property
     def num_layers(self) -> int:
@@ -393,11 +394,12 @@ def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[
             largest = max((per_kind[k].dense + per_kind[k].expert for k, _ in counts), default=0.0)
             cache[key] = (total.plus(root), largest, root.dense)
         total, largest, root_dense = cache[key]
-        encoder = Bucket()
+        encoder = tower = Bucket()
         if key[0] and arch.vision_tower is not None:
             encoder = arch.cached(("vision encoder", par.tp), lambda: bucket(_vision.encoder_tensors(arch), par))
+            tower = arch.cached(("vision tower", par.tp), lambda: bucket(arch.vision_tensors(), par))
         stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks, key[0], key[1],
-                                      layers_key(arch, chunks), encoder))
+                                      layers_key(arch, chunks), encoder, tower))
     return stages
 
 

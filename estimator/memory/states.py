@@ -94,6 +94,7 @@ class ModelStates(NamedTuple):
     fp8_weight_copies: float
     formulas: Callable[[], dict[str, str]]  # written on first call (a layout search reads only the bytes)
     zero_stage: int
+    vision_parameters: float = 0.0  # the vision tower's share of `parameters` (a first stage of a vision-language model)
 
     def formula(self, name: str) -> Callable[[], str]:
         """The formula of one state, as a function that writes it when a component is shown."""
@@ -174,8 +175,10 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
                                         f"{recipe.optimizer_dtype})", 1, trained_count),
         }
 
+    # the tower's parameters, at the stage's bytes per parameter (its weights are not FP8 linears)
+    vision = params * stage.vision_tower.dense / nd if nd and stage.vision_tower.dense and not fp8_split else 0.0
     return ModelStates(
         parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
         formulas=once(write),  # the formulas of a stage are written when first shown
-        zero_stage=zero,
+        zero_stage=zero, vision_parameters=vision,
     )
