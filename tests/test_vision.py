@@ -123,7 +123,6 @@ def test_the_roofline_runs_the_tower_on_the_first_stage():
     # MFU counts the tower's model FLOPs: forward and backward of its matmuls and attention over the 4,096 tokens
     from estimator.speed.operation_table import operation_table
     from estimator.memory.resolved import resolve
-    from estimator.speed.vision_operations import vision_flops_per_token
 
     def per_token(config):
         cfg = load_config(config)

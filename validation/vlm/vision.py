@@ -220,7 +220,6 @@ def vision_emulation(tracker, model, vision: dict, splits: list[int]):
     when the model runs SDPA, the emulated kernels under that name, Qwen's precomputed vision inputs, and
     transformers' placeholder count check (which reads a tensor's value) turned off by its own switch
     (TRANSFORMERS_DISABLE_TORCH_CHECK)."""
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS  # noqa: F401  (registry import order)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
