@@ -71,8 +71,10 @@ def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
 
 @pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"},
                                    {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"},
-                                   {"model": "jamba-mini-1.5", "tp": "2"}],
-                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid"])
+                                   {"model": "jamba-mini-1.5", "tp": "2"},
+                                   {"model": "qwen2.5-vl-7b", "images_per_sample": "2", "image_size": "448"}],
+                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid",
+                              "vision-language"])
 def test_every_page_renders(query):
     at = _app(query)
     _no_exception(at)
@@ -1028,3 +1030,16 @@ def test_the_reserved_metric_shows_the_replayed_number_and_its_rule():
     reserved = next(m for m in at.metric if m.label == "Reserved peak")
     assert "caching allocator replayed over two HF Trainer steps" in reserved.help
     assert "CUDACachingAllocator.cpp" in reserved.help
+
+
+def test_a_preset_edited_as_a_custom_architecture_keeps_its_vision_tower():
+    """The architecture editor has a Vision tower group (issue 28): editing Qwen2.5-VL-7B keeps its tower's
+    weights, so the totals stay the preset's."""
+    at = _app({"model": "qwen2.5-vl-7b"})
+    at.session_state[K.SOURCE] = "Custom"
+    at.run()
+    _no_exception(at)
+    current = at.session_state[K.CURRENT]
+    assert current.model.source == "custom" and current.model.arch["vision_tower"] == "qwen2_5_vl"
+    assert at.number_input(key=K.arch("vision_hidden_size")).value == 1280  # shown, under Vision tower
+    assert _metric(at, "Device total per GPU") == _gib(estimate_config({"model": "qwen2.5-vl-7b"}).device_total_bytes)

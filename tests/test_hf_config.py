@@ -115,10 +115,18 @@ def test_multimodal_config_uses_its_text_model():
               "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62,
                               "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
                               "intermediate_size": 21504, "sliding_window": 1024},
-              "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}
+              "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "vision_use_head": False,
+                                "image_size": 896, "patch_size": 14}}
     arch, ignored = build(config)
     assert arch.hidden_size == 5376 and arch.vocab_size == 262208 and arch.tie_embeddings
     assert ignored == []
+    # the vision tower is read too (issue 28), SiglipVisionConfig's defaults where the file is silent
+    assert (arch.vision_tower, arch.vision_hidden_size, arch.vision_num_layers, arch.vision_tokens_per_image) == \
+        ("siglip", 1152, 12, 256)
+    # SiglipVisionConfig's default vision_use_head is true: a pooling head Gemma 3's checkpoints do not have
+    with pytest.raises(ConfigError) as err:
+        build(dict(config, vision_config={"model_type": "siglip_vision_model", "hidden_size": 1152}))
+    assert err.value.field == "model.vision_config.vision_use_head"
 
 
 def test_layer_types_give_the_sliding_pattern():

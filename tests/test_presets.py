@@ -21,7 +21,7 @@ from estimator.spec.training import Training
 REQUIRED = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b",
             "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b",
             "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b",
-            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5"]
+            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5", "qwen2.5-vl-7b"]
 
 # Exact counts the project states as its reference (from the Hub's safetensors metadata, and for
 # DeepSeek-V3 the checkpoint with its MTP module): quoted here independently of the data files.
@@ -33,6 +33,10 @@ KNOWN_EXACT = {
     "qwen2.5-7b": (7_615_616_512, None),
     "mixtral-8x7b": (46_702_792_704, 12_879_925_248),
     "qwen3-235b-a22b": (235_093_634_560, 22_190_763_520),
+    # vision-language checkpoints, their vision towers counted (estimator/spec/vision.py): Qwen2.5-VL-7B's
+    # model.safetensors.index.json total_size 16,584,333,312 bytes of bf16; Gemma 3 27B the Hub's safetensors total
+    "qwen2.5-vl-7b": (8_292_166_656, None),
+    "gemma-3-27b": (27_432_406_640, None),
 }
 DEEPSEEK_V3 = {"total_without_mtp": 671_026_419_200, "active_without_mtp": 37_552_297_472,
                "total_with_mtp": 684_489_845_504}
@@ -138,13 +142,16 @@ def test_deepseek_v3_with_and_without_mtp():
 
 def test_gemma_3_27b_against_the_technical_report():
     """Gemma 3 technical report (arXiv 2503.19786) Table 1, 27B: vision encoder 417M,
-    non-embedding parameters 25,600M (both to the nearest million)."""
+    non-embedding parameters 25,600M of the text model (both to the nearest million). The estimator's
+    vision tower is the hand count of SigLIP and the projector above."""
     arch = get_architecture("gemma-3-27b")
     counts = parameter_counts(arch)
-    non_embedding = counts.total - counts.embedding
-    assert abs(non_embedding - 25_600_000_000) <= 500_000
+    tower = sum(t.numel for t in arch.vision_tensors())
     config = get_hf_config("gemma-3-27b")
-    vision = siglip_vision_tower(config["vision_config"], arch.hidden_size) - (1152 * 5376 + 1152)
+    assert tower == siglip_vision_tower(config["vision_config"], arch.hidden_size) == 423_060_336
+    non_embedding = counts.total - counts.embedding - tower
+    assert abs(non_embedding - 25_600_000_000) <= 500_000
+    vision = tower - (1152 * 5376 + 1152)
     assert abs(vision - 417_000_000) <= 500_000
 
 
@@ -192,7 +199,8 @@ EXTENSIONS = {
                  "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "moe_grouped_gemm",
                  "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
                  "overlap_comm", "training_loop", "async_tp", "compile_loss", "transformer_impl",
-                 "gradient_accumulation_fusion"} | CONTRACT_ADDITIONS,
+                 "gradient_accumulation_fusion",
+                 "images_per_sample", "image_size", "freeze_vision"} | CONTRACT_ADDITIONS,  # vision-language models (issue 28)
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
                  "pp_layout", "fsdp_sharding_strategy", "fsdp_shard_group_size"},
     "hardware": {"expandable_segments", "cublas_workspace_config"},

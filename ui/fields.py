@@ -104,7 +104,7 @@ GROUPS: tuple[str, ...] = _GROUPS
 
 ARCH_FIELDS: tuple[Field, ...] = tuple(_widget_field(f) for f in registry.ARCHITECTURE_FIELDS if f.widget)
 ARCH_BY_NAME = {f.name: f for f in ARCH_FIELDS}
-ARCH_GROUPS = ("Shape", "Details", "Mixture of experts", "Latent attention (MLA)", "Hybrid layers", "More")
+ARCH_GROUPS = ("Shape", "Details", "Mixture of experts", "Latent attention (MLA)", "Hybrid layers", "Vision tower", "More")
 ARCH_REQUIRED = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size")
 
 # A field's label by its path (training.dropout is "Dropout", training.adapter.dropout "Adapter

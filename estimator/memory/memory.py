@@ -293,8 +293,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         activations = 0  # the sum of `_activation_parts`, each part rounded as there
         for unit in group.units:
             activations += int(round(unit * inflight))
-        if sp.first:
+        if sp.first:  # the embedding's, and a vision tower's (`stage_shared._activation_parts`)
             activations += int(round(shared.embedding_bytes * max(1.0, inflight)))
+            activations += int(round(shared.vision[0] * max(1.0, inflight)))
         host = static.host
         if offloaded:
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, Architecture, ParameterTensor
 from ..spec.errors import ConfigError
+from ..spec import vision as _vision
 from ..spec.parallel import Parallel
 
 
@@ -342,6 +343,8 @@ class StageParameters(NamedTuple):
     first: bool = False  # runs the first virtual stage: the embedding (rank 0; under DualPipe also rank p - 1)
     last: bool = False  # runs the last one: final norm, head, MTP and loss (DualPipe: ranks p - 1 and 0; V: rank 0)
     layers_key: tuple = ()  # what the kinds of its layers, less any first n or every N-th, depend on (`layers_key`)
+    vision_encoder: Bucket = Bucket()  # a first stage's vision encoder (what training.freeze_vision freezes)
+    vision_tower: Bucket = Bucket()  # ... and the whole tower with its merger or projector (the breakdown names it)
 
     @property
     def num_layers(self) -> int:
@@ -391,13 +394,18 @@ def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[
             largest = max((per_kind[k].dense + per_kind[k].expert for k, _ in counts), default=0.0)
             cache[key] = (total.plus(root), largest, root.dense)
         total, largest, root_dense = cache[key]
+        encoder = tower = Bucket()
+        if key[0] and arch.vision_tower is not None:
+            encoder = arch.cached(("vision encoder", par.tp), lambda: bucket(_vision.encoder_tensors(arch), par))
+            tower = arch.cached(("vision tower", par.tp), lambda: bucket(arch.vision_tensors(), par))
         stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks, key[0], key[1],
-                                      layers_key(arch, chunks)))
+                                      layers_key(arch, chunks), encoder, tower))
     return stages
 
 
 def _first_root(arch: Architecture, par: Parallel, vocab: int) -> Bucket:
-    return bucket(arch.embedding_tensors(vocab), par)
+    """The embedding, and a vision-language model's vision tower, which runs before the first layer."""
+    return bucket(arch.embedding_tensors(vocab) + arch.vision_tensors(), par)
 
 
 def _last_root(arch: Architecture, par: Parallel, vocab: int, copy: bool) -> Bucket:

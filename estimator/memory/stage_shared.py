@@ -11,6 +11,7 @@ from .activations.attention import CP_FLEX_SOURCE, cp_flex_all_gather
 from .activations.loss import LossMemory, deferred_wgrad_entries, loss_memory
 from .activations.recompute import dropped, recomputed_layer_count, recomputed_modules
 from .activations.layer import embedding_entries, layer_entries, layer_input_entry
+from .activations.vision import SOURCE as VISION_SOURCE, vision_activation
 from .pipeline import in_flight_rule
 from ..spec.architecture import Architecture
 from .components import Component, component, entries_component, fragmentation_fraction
@@ -60,6 +61,7 @@ class _Shared(NamedTuple):
     hardware: Hardware
     embedding_bytes: float  # first-stage inputs per micro-batch
     deferred_wgrad: list  # the last stage's pair per deferred micro-batch (--defer-embedding-wgrad-compute)
+    vision: tuple[float, str]  # the vision tower's saved tensors per micro-batch on the first stage, and formula
     fragmentation: float  # share of the allocated peak
     # a segment kept reserved beyond that share: plain TP's reduce-scatter cat (tp_copies.py); None elsewhere
     reserved_cached: Component | None = None
@@ -110,7 +112,8 @@ def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -
                 kept_input_formula=kept_input.shown_formula(par), embedding=embedding, loss=loss,
                 loss_components=_loss_components(loss, par), entries=entries, recomputed=modules,
                 embedding_bytes=sum(e.bytes(par) for e in embedding),
-                deferred_wgrad=deferred_wgrad_entries(arch, training, par, vocab))
+                deferred_wgrad=deferred_wgrad_entries(arch, training, par, vocab),
+                vision=vision_activation(arch, training))
 
 
 def _loss_components(loss: LossMemory | None, par: Parallel) -> tuple[tuple[Component, ...], list, list]:
@@ -194,6 +197,9 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
                           int(round(shared.per_layer[kind] * n * inflight)),
                           f"{shared.per_layer[kind] / 2**20:,.1f} MiB per {kind} layer x {n} layers "
                           f"x {inflight:g} in flight"))
+    if stage.first and shared.vision[0]:  # the images' patches through the vision tower (activations/vision.py)
+        parts.append(("vision tower", int(round(shared.vision[0] * max(1.0, inflight))),
+                      f"{shared.vision[1]} per micro-batch in flight"))
     if stage.first and shared.embedding:
         parts.append(("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else ""),
                       int(round(shared.embedding_bytes * max(1.0, inflight))),
@@ -209,6 +215,8 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
         formula += f" (recomputed: {', '.join(training.recompute_modules)})"
     rule, rule_source = in_flight_rule(par, training.microbatch_group_size) if par else ("", "")
     source = KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
+    if any(label == "vision tower" for label, _, _ in parts):
+        source += f"; vision tower: {VISION_SOURCE}"
     if compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
         formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
         source += f"; {COMPILE_SOURCE}"

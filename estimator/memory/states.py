@@ -94,6 +94,7 @@ class ModelStates(NamedTuple):
     fp8_weight_copies: float
     formulas: Callable[[], dict[str, str]]  # written on first call (a layout search reads only the bytes)
     zero_stage: int
+    vision_parameters: float = 0.0  # the vision tower's share of `parameters` (a first stage of a vision-language model)
 
     def formula(self, name: str) -> Callable[[], str]:
         """The formula of one state, as a function that writes it when a component is shown."""
@@ -113,6 +114,9 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         return bytes_dense + bytes_expert
 
     nd, ne = stage.dense_local, stage.expert_local
+    # a frozen vision encoder (training.freeze_vision) has no gradients, master copies or optimizer states
+    trained = stage.total.plus(stage.vision_encoder.times(-1)) if training.freeze_vision else stage.total
+    nt = trained.dense
     P = bytes_per_element(recipe.param_dtype)
     G = bytes_per_element(recipe.grad_dtype)
     master = recipe.master_weights
@@ -139,10 +143,10 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         params = sharded(stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), param_stage)
         copies = extra * (hd + he)
         fp8_split = (stored, hd + he, P_rest, nd + ne - hd - he)
-    grads = sharded(G * nd, G * ne, 2)
-    masters = sharded(M * nd, M * ne, 1)
-    opt_dense = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=False)
-    opt_expert = optimizer_state_bytes(stage.total, training.optimizer, recipe.optimizer_dtype, experts=True)
+    grads = sharded(G * nt, G * ne, 2)
+    masters = sharded(M * nt, M * ne, 1)
+    opt_dense = optimizer_state_bytes(trained, training.optimizer, recipe.optimizer_dtype, experts=False)
+    opt_expert = optimizer_state_bytes(trained, training.optimizer, recipe.optimizer_dtype, experts=True)
     opt = sharded(opt_dense, opt_expert, 1)
 
     def write() -> dict[str, str]:
@@ -153,25 +157,28 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         d = f"d = DP*CP = {d_dense}"
         de = f", d_e = expert DP = {d_expert}" if ne else ""
         count = f"{nd:,.0f} params" if not ne else f"({nd:,.0f} dense + {ne:,.0f} expert params)"
+        trained_count = count if nt == nd else f"{nt:,.0f} trained params (the vision encoder frozen)"
 
-        def formula(per_param: str, from_stage: int) -> str:
-            times = "" if per_param.startswith("(") else f" x {count}"
+        def formula(per_param: str, from_stage: int, counted: str = count) -> str:
+            times = "" if per_param.startswith("(") else f" x {counted}"
             return f"{per_param}{times} / d ({d}{de})" if zero >= from_stage else f"{per_param}{times}"
 
-        per_param_states = (opt_dense + opt_expert) / (nd + ne) if nd + ne else 0.0
+        per_param_states = (opt_dense + opt_expert) / (nt + ne) if nt + ne else 0.0
         hidden = stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices
         return {
             "parameters": formula(param_text, param_stage),
             "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x {hidden:,.0f} linear weights "
                                   f"({training.fp8_recipe} recipe)") if training.fp8 and fw != "fsdp2" else "",
-            "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2),
-            "master_weights": formula("4 B (fp32)", 1),
+            "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2, trained_count),
+            "master_weights": formula("4 B (fp32)", 1, trained_count),
             "optimizer_states": formula(f"{per_param_states:.4g} B ({training.optimizer} states in "
-                                        f"{recipe.optimizer_dtype})", 1),
+                                        f"{recipe.optimizer_dtype})", 1, trained_count),
         }
 
+    # the tower's parameters, at the stage's bytes per parameter (its weights are not FP8 linears)
+    vision = params * stage.vision_tower.dense / nd if nd and stage.vision_tower.dense and not fp8_split else 0.0
     return ModelStates(
         parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
         formulas=once(write),  # the formulas of a stage are written when first shown
-        zero_stage=zero,
+        zero_stage=zero, vision_parameters=vision,
     )

@@ -218,7 +218,12 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
             field = "offload_parameters" if key == "parameters" else "offload_optimizer"
             return component(key, label, 0, f"0: on the {'host' if place.moved[key] == 'cpu' else 'NVMe'} "
                              f"({field} {place.moved[key]})", OFFLOAD_SOURCES[training.framework])
-        return component(key, label, getattr(ms, key), ms.formula(key), source)
+        parts = ()
+        if key == "parameters" and ms.vision_parameters:  # a vision-language model's tower, named (spec/vision.py)
+            parts = (component(key, "text model", ms.parameters - ms.vision_parameters, "the rest", source),
+                     component(key, "vision tower", ms.vision_parameters,
+                               "its share of the parameters (patch embedding, blocks, merger or projector)", source))
+        return component(key, label, getattr(ms, key), ms.formula(key), source, parts)
 
     base = (state("parameters", "Parameters", ZERO_SOURCE),
             state("master_weights", "Master weights (fp32)", ZERO_SOURCE),

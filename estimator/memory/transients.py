@@ -54,6 +54,8 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     d_dense = par.dp * par.cp
     # what has gradients, buckets and optimizer steps: every parameter, or an adapter run's trainable ones
     trainable = inv.trainable if inv else stage.local
+    if training.freeze_vision and not inv:  # a frozen vision encoder steps nothing (training.freeze_vision)
+        trainable -= stage.vision_encoder.dense
     largest = inv.largest if inv else stage.total.largest_tensor
     layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
     forward_end: list[Component] = []

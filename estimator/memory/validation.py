@@ -37,11 +37,50 @@ def _divisors(n: int) -> str:
     return f"a divisor of {shown_value(n)}"
 
 
+def _check_images(arch: Architecture, training: Training) -> None:
+    """Images need a vision tower whose activations are modelled, a size it takes, and room in the sequence."""
+    from ..spec import vision
+    n = training.images_per_sample
+    if arch.vision_tower is None:
+        name, value = (("training.freeze_vision", True) if training.freeze_vision and not n
+                       else ("training.images_per_sample", n))
+        raise ConfigError(name, value, f"{'false' if name.endswith('vision') else '0'} for a model without a vision "
+                          "tower", related=("model.vision_tower",))
+    if not n and training.image_size is None:  # the encoder frozen, no images: nothing else to check
+        return
+    if n and training.adapter is not None:
+        raise ConfigError("training.images_per_sample", n, "0 with an adapter",
+                          "PEFT matches target modules by name, inside the vision tower too: not modelled",
+                          related=("training.adapter",))
+    if n and training.mode != "training":
+        raise ConfigError("training.images_per_sample", n, "0 outside training",
+                          "inference and serving count the encoder in the serving estimate", related=("training.mode",))
+    if n and training.attention != "flash":
+        raise ConfigError("training.attention", training.attention, "flash with images",
+                          "the vision tower is modelled with FlashAttention-2 (varlen) only", related=("training.images_per_sample",))
+    size = training.image_size or vision.default_image_size(arch)
+    unit = arch.vision_patch_size * arch.vision_spatial_merge_size
+    if size is None or size % unit:
+        raise ConfigError("training.image_size", training.image_size, f"a multiple of {unit} px (patch x merge)",
+                          "each image is a whole grid of merged patches", related=("model.vision_patch_size",))
+    if arch.vision_image_size and size != arch.vision_image_size:
+        raise ConfigError("training.image_size", size, f"{arch.vision_image_size} (the tower's native size)",
+                          "every image is resized to it", related=("model.vision_image_size",))
+    tokens = n * vision.tokens_per_image(arch, size)
+    if tokens > training.seq_len:
+        raise ConfigError("training.images_per_sample", n,
+                          f"at most {training.seq_len // vision.tokens_per_image(arch, size)} images of {size} px",
+                          f"their {tokens:,} tokens do not fit in seq_len ({training.seq_len:,}), which counts them",
+                          related=("training.seq_len", "training.image_size"))
+
+
 def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     """Raise `ConfigError` on the first inconsistency; return the ZeRO stage in force."""
     tp = par.tp
     if arch.is_hybrid:
         _check_hybrid(arch, training, par)
+    if training.images_per_sample or training.image_size is not None or training.freeze_vision:
+        _check_images(arch, training)
     if arch.num_attention_heads % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),
                           f"num_attention_heads ({arch.num_attention_heads}) must be divisible by tp")

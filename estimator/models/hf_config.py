@@ -18,6 +18,7 @@ from ..spec.errors import ConfigError
 from .hf_common import _COMMON_KEYS
 from .hf_families import FAMILIES, _Reader
 from .hf_hybrid import HYBRID_FAMILIES  # noqa: F401  (registers Qwen3-Next and Nemotron-H in FAMILIES)
+from .hf_vision import vision_fields  # (registers Qwen2.5-VL in FAMILIES)
 
 
 # Multimodal wrappers whose text model has no `model_type` of its own in `text_config`.
@@ -85,6 +86,7 @@ def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[
     """
     if not isinstance(config, dict):
         raise ConfigError("model", type(config).__name__, "a config.json object")
+    original = config
     config, prefix = _text_model_config(config)
     model_type = config.get("model_type")
     if model_type is None:
@@ -96,6 +98,9 @@ def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[
     reader = _Reader(config, model_type, prefix)
     family = FAMILIES[model_type]
     fields, notes = family.build(reader)
+    vision, unread = vision_fields(original, fields["hidden_size"])  # the vision tower, read from vision_config
+    fields.update(vision)
+    notes = notes + unread
     known = _COMMON_KEYS | family.keys | {"text_config", "vision_config"}
     ignored = sorted(str(k) for k in config if k not in known)
     if prefix != "model.":

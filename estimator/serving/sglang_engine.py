@@ -157,6 +157,11 @@ VLM_CACHE_MIB = 100  # environ.py SGLANG_VLM_CACHE_SIZE_MB: held out of a multim
 def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
                     checkpoint: dict | None = None) -> ServingEstimate:
     _refuse_vllm_only(serving)
+    if arch.vision_tower is not None and arch.vision_tower != "siglip":
+        # Gemma 3 (SigLIP) is served text-only unless --enable-multimodal (MULTIMODAL_OFF below); Qwen2.5-VL's
+        # tower is loaded and profiled by default, which this model does not count
+        raise ConfigError("serving.engine", "sglang", "'vllm' for a vision-language model other than Gemma 3",
+                          "SGLang's vision encoder (its weights and its multimodal cache) is not modelled")
     rules = rules_for(serving.engine_version)
     gpu = hardware.device
     gpu_mib = gpu.capacity_bytes / MiB

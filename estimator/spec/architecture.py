@@ -25,6 +25,7 @@ from .field import record
 from .memo import not_owned
 
 from . import hybrid as _hybrid
+from . import vision as _vision
 from .tensors import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, ParameterTensor  # noqa: F401
 
 
@@ -103,6 +104,19 @@ class Architecture:
     attention_layer_offset: int = 0
     mamba_expand: int | None = None  # Mamba-1 inner width = mamba_expand x hidden_size
     mamba_dt_rank: int | None = None  # rank of Mamba-1's time-step projection
+    # Vision-language models: the vision tower before the decoder (estimator/spec/vision.py)
+    vision_tower: str | None = None  # "qwen2_5_vl" or "siglip"; None: a text-only model
+    vision_hidden_size: int | None = None
+    vision_num_layers: int | None = None
+    vision_num_heads: int | None = None
+    vision_intermediate_size: int | None = None
+    vision_patch_size: int | None = None
+    vision_temporal_patch_size: int = 1  # Qwen2.5-VL: 2 frames per patch (a still image repeated)
+    vision_spatial_merge_size: int = 1  # Qwen2.5-VL: 2 x 2 patches per decoder token
+    vision_window_size: int | None = None  # Qwen2.5-VL: window attention over window x window pixels
+    vision_full_attention_layers: int = 0  # Qwen2.5-VL: blocks attending over the whole image (fullatt_block_indexes)
+    vision_image_size: int | None = None  # SigLIP: the size every image is resized to (its position table)
+    vision_tokens_per_image: int | None = None  # Gemma 3: decoder tokens per image after the projector's pooling
 
     def __post_init__(self) -> None:
         _check_architecture(self)
@@ -387,6 +401,10 @@ class Architecture:
                 out.append(ParameterTensor("shared_expert_gate", (1, h), REPLICATED, "hidden_matrix"))
         return out
 
+    def vision_tensors(self) -> list[ParameterTensor]:
+        """The vision tower and its projector (none for a text-only model), on the first stage."""
+        return _vision.vision_tensors(self)
+
     def embedding_tensors(self, padded_vocab: int | None = None) -> list[ParameterTensor]:
         v = padded_vocab or self.vocab_size
         out = [ParameterTensor("embedding", (v, self.hidden_size), VOCAB, "embedding")]
@@ -458,7 +476,7 @@ def _parameter_counts(arch: Architecture, include_mtp: bool) -> ParameterCounts:
     layers = sum(per_kind[kind] * n for kind, n in arch.kind_counts())
     embedding = count(arch.embedding_tensors())
     head = count(arch.head_tensors())
-    total = layers + embedding + head
+    total = layers + embedding + head + count(arch.vision_tensors())
     inactive = 0
     if arch.is_moe:
         per_expert = count(arch.layer_tensors("moe"), experts_only=True) // arch.num_experts
@@ -514,6 +532,7 @@ def _check_architecture(arch: Architecture) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             _require(arch, name, "required with multi-head latent attention")
     _check_hybrid(arch)
+    _vision.check(arch)
 
 
 def _check_hybrid(arch: Architecture) -> None:

@@ -18,7 +18,7 @@ from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZE
                       KV_CACHE_DTYPES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
                       POSITION_EMBEDDINGS, PP_SCHEDULES, TRANSFORMER_IMPLS,
                       RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES,
-                      SPECULATIVE_METHODS, TARGETS, TRAINING_LOOPS, WEIGHT_FORMATS)
+                      SPECULATIVE_METHODS, TARGETS, TRAINING_LOOPS, VISION_TOWERS, WEIGHT_FORMATS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
@@ -52,6 +52,14 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "called directly, autocast only over weights wider than the compute dtype.", "Run", TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
+    _int("images_per_sample", _T, "Images per sample", "Vision-language models: images in each sample. Each runs "
+         "through the vision tower; its tokens are part of the sequence length.", "Run", lo=0, hi=4096),
+    _int("image_size", _T, "Image size (px)", "Vision-language models: pixels per side of each (square) image; "
+         "patches per image = (size / patch)^2.", "Run", hi=2**16, optional=True, step=112,
+         auto="the tower's native size (SigLIP); required for Qwen2.5-VL"),
+    _bool("freeze_vision", _T, "Freeze the vision encoder", "Vision-language models: the encoder (patch embedding "
+          "and blocks) gets no gradients or optimizer states and runs without saving activations; the merger or "
+          "projector stays trained (LLaMA-Factory's freeze_vision_tower).", "Run"),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "
          "rank. Activations scale with it.", "Run", hi=2**16),
     _int("global_batch_size", _T, "Global batch size", "Samples per optimizer step over all data-parallel ranks; "
@@ -298,6 +306,7 @@ def _w(name, label, help, group="Shape", lo=1, hi=MAX_WIDTH, **kw) -> Field:
 
 _MOE, _MLA, _MORE = "Mixture of experts", "Latent attention (MLA)", "More"
 _HYB = "Hybrid layers"
+_VIS, _NOVIS = "Vision tower", "none: required with a vision tower"
 
 ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _w("hidden_size", "Hidden size (h)", "Width of the residual stream.", step=128),
@@ -402,6 +411,33 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
        hi=64, optional=True, auto="none: required with Mamba-1 layers"),
     _w("mamba_dt_rank", "Mamba-1 time-step rank", "Rank of the Mamba-1 time-step projection (HF mamba_dt_rank).",
        _HYB, optional=True, auto="none: required with Mamba-1 layers"),
+    _choice("vision_tower", _M, "Vision tower", "Vision-language models: qwen2_5_vl = Qwen2.5-VL's window-attention "
+            "ViT and 2x2 patch merger; siglip = SigLIP with Gemma 3's pooling projector. Its weights sit on the "
+            "first stage; each image's patches run through it.", _VIS, VISION_TOWERS, optional=True,
+            auto="none: a text-only model"),
+    _w("vision_hidden_size", "Vision hidden size", "Width of the vision tower's blocks.", _VIS, optional=True,
+       auto=_NOVIS),
+    _w("vision_num_layers", "Vision blocks", "ViT blocks (depth).", _VIS, hi=MAX_LAYERS, optional=True, auto=_NOVIS),
+    _w("vision_num_heads", "Vision heads", "Attention heads of a ViT block.", _VIS, hi=MAX_HEADS, optional=True,
+       auto=_NOVIS),
+    _w("vision_intermediate_size", "Vision MLP width", "Inner width of a ViT block's MLP.", _VIS, optional=True,
+       auto=_NOVIS),
+    _w("vision_patch_size", "Patch size (px)", "Pixels per side of a patch.", _VIS, hi=1024, optional=True,
+       auto=_NOVIS),
+    _w("vision_temporal_patch_size", "Frames per patch", "Qwen2.5-VL: frames per patch (a still image is "
+       "repeated).", _VIS, hi=64),
+    _w("vision_spatial_merge_size", "Patch merge", "Qwen2.5-VL: the merger folds merge x merge patches into one "
+       "decoder token.", _VIS, hi=64),
+    _w("vision_window_size", "Vision window (px)", "Qwen2.5-VL: window attention over window x window pixels in "
+       "the blocks without full attention.", _VIS, hi=2**16, optional=True, auto="none: every block attends to "
+       "the whole image"),
+    _w("vision_full_attention_layers", "Full-attention vision blocks", "Qwen2.5-VL: blocks that attend over the "
+       "whole image (fullatt_block_indexes).", _VIS, lo=0, hi=MAX_LAYERS),
+    _w("vision_image_size", "Native image size (px)", "SigLIP: every image is resized to it (its position table "
+       "has (size / patch)^2 rows).", _VIS, hi=2**16, optional=True, auto="none: images of any size"),
+    _w("vision_tokens_per_image", "Image tokens", "Gemma 3: decoder tokens per image after the projector's "
+       "average pooling (mm_tokens_per_image).", _VIS, hi=2**20, optional=True,
+       auto="none: patches / merge^2"),
 )
 
 _A, _FT = "adapter", "Fine-tuning (adapters)"

@@ -40,6 +40,9 @@ class Training:
     framework: str = "megatron"
     framework_version: str | None = None  # the release whose rules apply (versions.py); None = the measured one
     seq_len: int = 4096
+    images_per_sample: int = 0  # vision-language models: images per sample, their tokens within seq_len
+    image_size: int | None = None  # pixels per side; None: the tower's native size
+    freeze_vision: bool = False  # the vision encoder frozen (no gradients, no states, no saved activations)
     micro_batch_size: int = 1
     global_batch_size: int | None = None
     param_dtype: str = "bf16"

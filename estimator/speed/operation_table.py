@@ -15,6 +15,7 @@ from ..memory.resolved import Resolved
 from ..memory.sharding import split_key
 from ..spec.training import Training
 from .operations import Operation, _Context, _context
+from .vision_operations import vision_flops_per_token, vision_operations
 from .layer_operations import (matmul_parameters, model_flops_per_token, embedding_operations, head_operations,
                                layer_operations)
 
@@ -78,7 +79,9 @@ def _operation_table(cfg: Resolved) -> OperationTable:
     arch, training, par = cfg.architecture, cfg.training, cfg.parallel
     ctx, notes = _context(cfg)
     variants = variant_operations(ctx, cfg)
-    embed = embedding_operations(ctx, arch, 1)
+    # the first stage's inputs: a vision tower's images (vision_operations), then the token embedding
+    tower = vision_operations(ctx, arch, training)
+    embed = tower + embedding_operations(ctx, arch, 1)
     head_forward, head_backward = head_operations(ctx, arch, training, par, cfg.padded_vocab, 1)
     seconds: dict[tuple, float] = {}
     timed = {(v, roof): tuple((op, op.time_s if roof else op.expected_time_s) for op in variants[v][0])
@@ -98,7 +101,7 @@ def _operation_table(cfg: Resolved) -> OperationTable:
         seconds["head", "forward", roof] = _time(head_forward, roof)
         seconds["head", "backward", roof] = _time(head_backward, roof)
     return OperationTable(ctx, tuple(notes), variants, (embed, head_forward, head_backward), seconds, timed,
-                          _flops_per_token(cfg))
+                          _flops_per_token(cfg) + vision_flops_per_token(tower, training))
 
 
 def _flops_per_token(cfg: Resolved) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..hybrid.models import HYBRID_RUNS, KERNELS
+from ..vlm.models import KERNELS as VISION_KERNELS, VISION_RUNS
 from .models import MODELS
 from .step import Run
 
@@ -10,7 +11,8 @@ from .step import Run
 def case_id(run: Run) -> str:
     return (f"{run.model}-{run.recipe}-{run.optimizer.replace('_momentum', '')}-"
             f"{'recompute' if run.recompute == 'full' else 'norecompute'}-{run.attention}-"
-            f"s{run.seq_len}-b{run.micro_batch_size}")
+            f"s{run.seq_len}-b{run.micro_batch_size}" + (f"-i{run.images}x{run.image_size}" if run.images else "")
+            + ("-frozenvision" if run.freeze_vision else ""))
 
 
 def _runs() -> list[Run]:
@@ -53,6 +55,8 @@ def _runs() -> list[Run]:
         *SMALL_RUNS,
         # Hybrid models (issue 28), their CUDA-only kernels emulated (validation/hybrid/kernels.py)
         *(Run(*args, **kw) for args, kw in HYBRID_RUNS),
+        # Vision-language models (issue 28): images through the vision tower, their tokens in the sequence
+        *(Run(*args, **kw) for args, kw in VISION_RUNS),
     ]
 
 
@@ -69,6 +73,8 @@ CASES: dict[str, Run] = {case_id(r): r for r in _runs()}
 
 def contract_config(run: Run) -> dict:
     dtype = "bf16" if run.recipe == "bf16" else "fp32"
+    images = {"images_per_sample": run.images, "image_size": run.image_size} if run.images else {}
+    images.update({"freeze_vision": True} if run.freeze_vision else {})
     return {
         "model": MODELS[run.model].architecture(),
         "training": {
@@ -78,7 +84,7 @@ def contract_config(run: Run) -> dict:
             "grad_dtype": dtype, "master_weights": False, "optimizer_dtype": dtype,
             "compute_dtype": "bf16", "optimizer": run.optimizer, "recompute": run.recompute,
             "attention": "flash" if run.attention == "sdpa" else "eager",
-            "dropout": 0.0, "loss": "standard",
+            "dropout": 0.0, "loss": "standard", **images,
         },
         "parallel": {"tp": 1, "pp": 1, "dp": 1},
         "hardware": {"gpu": "h100-80"},
@@ -93,5 +99,8 @@ def describe(run: Run) -> str:
         else "no recompute"
     attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
+    if run.model in VISION_KERNELS:
+        frozen = ", the vision encoder frozen" if run.freeze_vision else ""
+        kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {VISION_KERNELS[run.model]}"
     return (f"{run.model}, HF transformers training step: {recipe}, {opt} (foreach), {recompute}, "
             f"{attention}{kernels}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")

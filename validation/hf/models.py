@@ -126,3 +126,8 @@ MODELS = {m.id: m for m in [
 from ..hybrid.models import MODELS as _HYBRID  # noqa: E402
 
 MODELS.update(_HYBRID)
+
+# Vision-language models (issue 28): Qwen2.5-VL's window-attention ViT, built from its published config.json
+from ..vlm.models import MODELS as _VISION  # noqa: E402
+
+MODELS.update(_VISION)

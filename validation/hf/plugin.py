@@ -24,7 +24,10 @@ METHOD = (
     "allocate and save what their ctx.save_for_backward saves (validation/hybrid/kernels.py): causal-conv1d's "
     "CausalConv1dFn, flash-linear-attention's ChunkGatedDeltaRuleFunction, mamba-ssm's "
     "MambaSplitConv1dScanCombinedFn and Mamba-1's SelectiveScanFn (validation/hybrid/mamba1.py); on real CPU runs they give transformers' torch fallbacks' values "
-    "(tests/test_harness_hybrid.py)."
+    "(tests/test_harness_hybrid.py). Vision-language models (validation/vlm/vision.py): images through the vision "
+    "tower, its data-dependent inputs (window index, sequence bounds) precomputed by transformers' vision_utils on "
+    "real tensors, its attention (and Gemma 3's decoder) on flash_attention_2, emulated with the allocations of "
+    "flash-attn's varlen and dense kernels; fake equals real on tiny models (tests/test_harness_vision.py)."
 )
 
 HARNESS = Harness(

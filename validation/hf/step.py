@@ -11,7 +11,7 @@ Step 1 creates the optimizer states; step 2 is measured (steady state).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +20,7 @@ from ..core.emulation import cuda_emulation
 from ..core.steps import fake_mode, log_second_step
 from ..core.tracker import StorageTracker, phase_summary
 from ..hybrid.kernels import hybrid_kernels
+from ..vlm import vision
 from .models import MODELS
 
 
@@ -32,17 +33,25 @@ class Run:
     optimizer: str = "adamw"  # "adamw" or "sgd_momentum"
     recompute: str = "none"  # "none" or "full"
     attention: str = "sdpa"  # "sdpa" (flash) or "eager"
+    images: int = 0  # images per sample (vision-language models, validation/vlm)
+    image_size: int = 0  # pixels per side
+    freeze_vision: bool = False  # the vision encoder frozen (requires_grad False), the merger or projector trained
 
 
 def build_model(run: Run, device: str | None = None):
     """The model of the run, in train mode with the Trainer's recompute. On a GPU it is initialised there
     (an 8B model's CPU initialisation would take minutes)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = MODELS[run.model].hf_config(run.attention)
     dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
-    with torch.device(device) if device else nullcontext():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    with torch.device(device) if device else nullcontext(), vision.initialisation(config):
+        model = auto.from_config(config, dtype=dtype)
+    if hasattr(config, "vision_config"):  # tied weights, which building without initialisation leaves apart
+        model.tie_weights()
+    if run.freeze_vision:
+        vision.freeze_encoder(model)
     model.train()
     if run.recompute == "full":
         # What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,
@@ -73,11 +82,12 @@ def build(run: Run, device: str | None = None):
     return model, build_optimizer(run, model)
 
 
-def train_step(model, opt, input_ids, run: Run, phase=lambda name: nullcontext()):
+def train_step(model, opt, input_ids, run: Run, phase=lambda name: nullcontext(), inputs: dict | None = None):
+    """`inputs`: the whole batch of a vision-language step (validation/vlm/vision.py batch), else the text."""
     # autocast on the batch's device: "cpu" for the fake and CPU runs, "cuda" on a real GPU
     amp = torch.autocast(input_ids.device.type, dtype=torch.bfloat16) if run.recipe == "amp" else nullcontext()
     with phase("forward"), amp:
-        loss = model(input_ids=input_ids, labels=input_ids).loss
+        loss = model(**(inputs or dict(input_ids=input_ids, labels=input_ids))).loss
     with phase("backward"):
         loss.backward()
         del loss
@@ -91,13 +101,20 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
     each storage key."""
     tracker = StorageTracker()
     torch.manual_seed(seed)
-    with fake_mode(fake, real_inputs=False), cuda_emulation(tracker), hybrid_kernels(tracker):
+    with fake_mode(fake, real_inputs=False), cuda_emulation(tracker), hybrid_kernels(tracker), ExitStack() as stack:
         model, opt = build(run)
-        input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
+        inputs = None
+        if run.images:  # a vision-language step: its batch and its vision tower's emulation (validation/vlm)
+            grid = vision.grid_of(model.config, run.images, run.image_size)
+            inputs, precomputed, splits = vision.batch(model.config, grid, run.micro_batch_size, run.seq_len, fake)
+            stack.enter_context(vision.vision_emulation(tracker, model, precomputed, splits))
+            input_ids = inputs["input_ids"]
+        else:
+            input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
 
         def owners():
             params = {tracker.adopt(p) for p in model.parameters()}
-            for t in (*model.buffers(), input_ids):
+            for t in (*model.buffers(), *(inputs or {"input_ids": input_ids}).values()):
                 tracker.adopt(t)
             states = set()
             for state in opt.state.values():
@@ -109,7 +126,7 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
             return params, states
 
         category = log_second_step(
-            tracker, lambda phase: train_step(model, opt, input_ids, run, phase), owners,
+            tracker, lambda phase: train_step(model, opt, input_ids, run, phase, inputs), owners,
             lambda: {tracker.key(p.grad) for p in model.parameters() if p.grad is not None})
     return tracker, category
 

@@ -1,0 +1,115 @@
+"""What a vision tower keeps for backward per image (issue 28, estimator/spec/vision.py), as transformers 5.23
+runs Qwen2.5-VL's tower under the HF Trainer with 16-bit weights (modeling_qwen2_5_vl.py), its attention
+FlashAttention-2's variable-length kernel over the packed windows and images (flash_attention_2).
+
+Per patch, with c the tower's width, f its MLP width, n its heads, B the compute dtype's bytes and P the
+pixels of a patch (channels x frames x patch^2):
+- each block: two RMSNorms, each keeping its fp32 input copy (4c), its fp32 rsqrt (4) and its normalised
+  output before the scale (Bc) for the weight's gradient, then its output (Bc, the next linear's input);
+  the attention keeps q and k after the rotary embedding (2Bc), the qkv projection's output (3Bc, which
+  the kernel's v is a view of), its output (Bc, also the output projection's input) and its fp32
+  log-sum-exp (4n); the gated MLP keeps gate, SiLU(gate), up and their product (4Bf): in all
+  8c + 8 + 4Bc + 6Bc + 4n + 4Bf, which is 28c + 8f + 8 + 4n bytes at B = 2.
+- the tower: the 16-bit copy of the pixels the patch embedding keeps (BP) beside the fp32 batch (4P), the
+  rotary embedding's fp32 cos and sin (2 x 4 x c/n), the merger's RMSNorm (4c + 4 + 2Bc) and its MLP's
+  hidden (2 x Bc: the first linear's output, kept by the GELU, and the GELU's, kept by the second linear).
+SigLIP with Gemma 3's projector (modeling_siglip.py SiglipEncoderLayer, modeling_gemma3.py
+Gemma3MultiModalProjector), per patch:
+- each block: two LayerNorms, each keeping its input (Bc), its fp32 mean and rstd (8) and its output (Bc, the
+  next linears' input); q, k and v (3Bc, the kernel keeps the projections' outputs), the attention output
+  (Bc) and its fp32 log-sum-exp (4n); fc1's output (Bf, kept by the tanh GELU) and the GELU's (Bf, kept by
+  fc2): 8Bc + 2Bf + 16 + 4n.
+- the tower: the pixels (fp32 batch and 16-bit copy), the post-LayerNorm (input Bc, statistics 8) and the
+  contiguous copy the average pool keeps (Bc); per pooled token, Gemma's fp32 RMSNorm (fp32 copy 4c, rsqrt 4,
+  normalised 4c kept by the (1 + w) product) and its 16-bit output the projection keeps (Bc).
+Under full recompute (transformers' gradient checkpointing covers the vision blocks) a block keeps its input
+(Bc) instead. With the encoder frozen (`training.freeze_vision`) autograd records none of its operations (neither
+its weights nor the pixels need a gradient): only the fp32 pixels of the batch and what the trained merger or
+projector keeps remain: Qwen2.5-VL's merger keeps its norm's normalised output (Bc, for the norm's weight), its
+output and the two MLP tensors (3Bc); Gemma 3's projector per pooled token the fp32 normalised tokens (4c, for
+the (1 + w) weight) and the projection's 16-bit input (Bc).
+Measured: tests/data/measured/qwen2.5-vl-7b-* and gemma-3-27b-* (the HF harness, validation/vlm).
+"""
+
+from __future__ import annotations
+
+from ...spec import vision as _vision
+from ...spec.architecture import Architecture
+from ...spec.dtypes import bytes_per_element
+from ...spec.training import Training
+
+SOURCE = ("transformers 5.23 modeling_qwen2_5_vl.py (Qwen2_5_VLVisionBlock, Qwen2_5_VLPatchMerger), modeling_siglip.py "
+          "(SiglipEncoderLayer), modeling_gemma3.py (Gemma3MultiModalProjector); flash-attn "
+          "v2.7 flash_attn_interface.py FlashAttnVarlenFunc (saves q, k, v, out, softmax_lse); measured: "
+          "tests/data/measured/qwen2.5-vl-7b-*, gemma-3-27b-*")
+
+
+def image_size(arch: Architecture, training: Training) -> int:
+    return training.image_size or _vision.default_image_size(arch)
+
+
+def block_bytes_per_patch(arch: Architecture, B: float) -> float:
+    c, f, n = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_heads
+    if arch.vision_tower == _vision.SIGLIP:
+        layer_norm = B * c + 8 + B * c  # input, mean and rstd, output
+        return 2 * layer_norm + 3 * B * c + B * c + 4 * n + 2 * B * f
+    norm = 4 * c + 4 + 2 * B * c  # fp32 copy, rsqrt, normalised output, scaled output
+    attention = 2 * B * c + 3 * B * c + B * c + 4 * n  # q, k (rotated), qkv output, attention output, lse
+    return 2 * norm + attention + 4 * B * f
+
+
+def tower_bytes_per_patch(arch: Architecture, B: float) -> float:
+    c, n, p = arch.vision_hidden_size, arch.vision_num_heads, arch.vision_patch_size
+    pixels = _vision.CHANNELS * arch.vision_temporal_patch_size * p * p
+    if arch.vision_tower == _vision.SIGLIP:
+        return (4 + B) * pixels + B * c + 8 + B * c
+    rotary = 2 * 4 * (c // n)
+    merger = 4 * c + 4 + 2 * B * c + 2 * B * c
+    return (4 + B) * pixels + rotary + merger
+
+
+def vision_activation(arch: Architecture, training: Training) -> tuple[float, str]:
+    """(bytes per micro-batch, formula) the vision tower keeps for backward; (0, "") without images."""
+    if arch.vision_tower is None or not training.images_per_sample or training.mode != "training":
+        return 0.0, ""
+    B = bytes_per_element(training.compute_dtype)
+    size = image_size(arch, training)
+    patches = _vision.patches_per_image(arch, size) * training.images_per_sample * training.micro_batch_size
+    layers = arch.vision_num_layers
+    if training.recompute == "full":
+        per_block, kept = B * arch.vision_hidden_size, "its input"
+    else:
+        per_block, kept = block_bytes_per_patch(arch, B), "norms, q, k, qkv, attention output, lse, MLP"
+    if training.freeze_vision:
+        return _frozen(arch, training, B, size, patches)
+    per_patch = per_block * layers + tower_bytes_per_patch(arch, B)
+    formula = (f"{patches:,} patches ({training.micro_batch_size} x {training.images_per_sample} images of "
+               f"({size} / {arch.vision_patch_size})^2) x ({per_block:,.0f} B per block ({kept}) x {layers} blocks + "
+               f"{tower_bytes_per_patch(arch, B):,.0f} B pixels, norms and "
+               f"{'pooling' if arch.vision_tower == _vision.SIGLIP else 'rotary and merger'})")
+    pooled = 0
+    if arch.vision_tower == _vision.SIGLIP:  # Gemma 3's projector over the pooled tokens
+        tokens = arch.vision_tokens_per_image * training.images_per_sample * training.micro_batch_size
+        pooled = tokens * token_bytes(arch, B)
+        formula += f" + {tokens:,} pooled tokens x {token_bytes(arch, B):,.0f} B (projector norm and input)"
+    return patches * per_patch + pooled, formula
+
+
+def token_bytes(arch: Architecture, B: float) -> float:
+    """Gemma 3's projector per pooled token: its fp32 RMSNorm (copy, rsqrt, normalised) and the 16-bit input
+    of the projection."""
+    c = arch.vision_hidden_size
+    return 4 * c + 4 + 4 * c + B * c
+
+
+def _frozen(arch: Architecture, training: Training, B: float, size: int, patches: int) -> tuple[float, str]:
+    """A frozen encoder: the fp32 pixels and the trained merger's or projector's saved tensors."""
+    c, p = arch.vision_hidden_size, arch.vision_patch_size
+    pixels = 4 * _vision.CHANNELS * arch.vision_temporal_patch_size * p * p
+    text = (f"{patches:,} patches ({training.micro_batch_size} x {training.images_per_sample} images of ({size} / {p})^2)"
+            f" x {pixels:,} B fp32 pixels (the encoder frozen: nothing saved)")
+    if arch.vision_tower == _vision.SIGLIP:
+        tokens = arch.vision_tokens_per_image * training.images_per_sample * training.micro_batch_size
+        per_token = 4 * c + B * c
+        return patches * pixels + tokens * per_token, text + f" + {tokens:,} pooled tokens x {per_token:,.0f} B projector"
+    return patches * (pixels + 4 * B * c), text + f" + {4 * B * c:,.0f} B per patch merger (norm, output, MLP)"

@@ -1,0 +1,94 @@
+"""A vision-language model's encoder in vLLM (issue 28): its weights and its share of the profiling run.
+
+Weights: vLLM builds the vision tower on every pipeline rank (model_executor/models/gemma3_mm.py and
+qwen2_5_vl.py build it in __init__ without a pipeline check) and shards its linears over TP by default
+(mm_encoder_tp_mode "weights": QKVParallelLinear / ColumnParallelLinear / RowParallelLinear in siglip.py and
+qwen2_5_vl.py), in the model dtype.
+
+Profiling (v1/worker/gpu_model_runner.py profile_run; the budget in 0.11 v1/worker/utils.py MultiModalBudget,
+0.33 multimodal/encoder_budget.py, alike): each modality's largest item in tokens (the registry's
+get_mm_max_contiguous_tokens: placeholder tokens included); encoder budget = max(max_num_batched_tokens, that)
+(SchedulerConfig sets max_num_encoder_input_tokens and encoder_cache_size to max_num_batched_tokens); items =
+max(1, min(budget // tokens, max_num_seqs x max(1, min(999, max_model_len // tokens)))) (999: the default
+limit per prompt). The encoder runs over them at once, then its outputs stay in the encoder cache through the
+decoder's dummy run and the sampler's. vLLM 0.11 first copies each output into a (budget, hidden) buffer
+when it has fewer rows than the budget ("expanded_outputs"); 0.15 keeps the outputs as they are.
+
+Modelled for SigLIP (Gemma 3): one image is 256 image tokens inside "\\n\\n<start_of_image>...<end_of_image>\\n\\n"
+(transformers Gemma3Processor.full_image_sequence; vLLM gemma3_mm.py get_image_repl without pan-and-scan),
+260 contiguous tokens with Gemma's tokenizer ("\\n\\n" is one token). Qwen2.5-VL's largest item is a dummy
+video sized by max_model_len (qwen2_vl.py get_num_frames_with_most_features) whose frames transformers' video
+processor then resizes with its own limits: not modelled, refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec import vision as _vision
+from ..spec.architecture import Architecture
+from ..spec.errors import ConfigError
+from ..spec.serving import version_tuple
+
+MM_LIMIT = 999  # vLLM's default limit per prompt and modality (config/multimodal.py)
+GEMMA3_FRAMING_TOKENS = 4  # "\n\n", <start_of_image>, <end_of_image>, "\n\n"
+
+
+@dataclass(frozen=True)
+class EncoderProfile:
+    items: int
+    tokens_per_item: int
+    budget: int
+    forward_bytes: int  # the encoder's forward over the items
+    cache_bytes: int  # its outputs, kept through the decoder's dummy run
+    formula: str
+
+
+def outputs_expanded(engine_version: str | None) -> bool:
+    """0.11's profile_run copies each encoder output into a (budget, hidden) buffer ("expanded_outputs"); 0.15.0's
+    caches them as they are (v1/worker/gpu_model_runner.py). None: the newest release."""
+    return engine_version is not None and version_tuple(engine_version)[:2] < (0, 15)
+
+
+def check_served(arch: Architecture) -> None:
+    if arch.vision_tower == _vision.QWEN2_5_VL:
+        raise ConfigError("serving.engine", "vllm", "a model whose vision encoder's profile is modelled (SigLIP)",
+                          "vLLM profiles Qwen2.5-VL's encoder on a dummy video sized by max_model_len and resized by "
+                          "transformers' video processor: not modelled", related=("model.vision_tower",))
+
+
+# SigLIP's tensors vLLM splits over TP (siglip.py: QKVParallelLinear, RowParallelLinear, ColumnParallelLinear, the
+# position table a VocabParallelEmbedding); the Conv2d patch embedding, the norms, the biases (a few kB) and Gemma 3's
+# projector (a plain Parameter) are counted whole
+_TP_SPLIT = {"vision_qkvo", "vision_fc1", "vision_fc2", "vision_position_embedding"}
+
+
+def encoder_weights(arch: Architecture, tp: int, dtype_bytes: int) -> int:
+    """The tower and projector on one rank, in the model dtype."""
+    return int(round(sum(t.numel * dtype_bytes / (tp if t.name in _TP_SPLIT else 1) for t in arch.vision_tensors())))
+
+
+def encoder_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+                    tp: int, act_bytes: int, expanded: bool) -> EncoderProfile | None:
+    """The encoder's part of the profiling run on a rank that runs it; None for a text-only model."""
+    if arch.vision_tower is None:
+        return None
+    check_served(arch)
+    embed = arch.vision_tokens_per_image
+    tokens = embed + GEMMA3_FRAMING_TOKENS
+    budget = max(max_num_batched_tokens, tokens)
+    per_prompt = max(1, min(MM_LIMIT, max_model_len // tokens))
+    items = max(1, min(budget // tokens, max_num_seqs * per_prompt))
+    c, f, p = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_patch_size
+    patches = items * _vision.patches_per_image(arch, arch.vision_image_size)
+    pixels = _vision.CHANNELS * p * p
+    # a block's moment: the residual and its norm (2c), then q, k, v and the attention output (4c / TP) or fc1's
+    # output and the GELU's (2f / TP), beside the pixels in the model dtype
+    forward = patches * (pixels + 2 * c + max(4 * c, 2 * f) // tp) * act_bytes
+    rows = max(embed, budget) if expanded else embed
+    cache = items * rows * arch.hidden_size * act_bytes
+    formula = (f"{items} images of {tokens} tokens (budget max(max_num_batched_tokens, {tokens}) = {budget:,}): "
+               f"encoder forward {patches:,} patches x (pixels {pixels} + 2c + max(4c, 2f)/TP) x {act_bytes} B; "
+               f"cache {items} x {rows:,} rows{' (0.11: expanded to the budget)' if expanded and rows > embed else ''}"
+               f" x h x {act_bytes} B")
+    return EncoderProfile(items, tokens, budget, int(forward), int(cache), formula)

@@ -1,0 +1,118 @@
+"""The vision-language architectures measured: each model's published config.json (tests/data/hf_configs/,
+the same files the parameter-count tests build) and its canonical architecture object with the vision fields
+issue 28 adds (`vision_*`, estimator/spec/vision.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+HF_CONFIGS = Path(__file__).resolve().parents[2] / "tests" / "data" / "hf_configs"
+
+
+@dataclass(frozen=True)
+class VisionModel:
+    id: str
+    hf: dict  # the config.json keys (model_type included)
+    canonical: dict  # the contract's architecture object
+
+    def hf_config(self, attn_implementation: str):
+        """`attn_implementation` throughout; under SDPA the step then sends the vision tower to
+        flash_attention_2 (validation/vlm/vision.py vision_emulation: transformers refuses that name at
+        build time without the flash-attn package)."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(**self.hf)
+        config._attn_implementation = attn_implementation
+        config.use_cache = False  # the Trainer's setting: no cache in training
+        config.text_config.use_cache = False
+        return config
+
+    def architecture(self) -> dict:
+        return dict(self.canonical, name=self.id)
+
+
+def _published(name: str) -> dict:
+    return json.loads((HF_CONFIGS / f"{name}.json").read_text())
+
+
+def _qwen2_5_vl(hf: dict) -> dict:
+    """Qwen2.5-VL: Qwen2's decoder (qkv biases) and a ViT of RMSNorm blocks with window attention, a 2x2
+    patch merger (estimator/spec/vision.py)."""
+    vc = hf["vision_config"]
+    return dict(
+        hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_attention_heads=hf["num_attention_heads"],
+        num_kv_heads=hf["num_key_value_heads"], intermediate_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
+        tie_embeddings=hf["tie_word_embeddings"], qkv_bias=True,
+        vision_tower="qwen2_5_vl", vision_hidden_size=vc["hidden_size"], vision_num_layers=vc["depth"],
+        vision_num_heads=vc["num_heads"], vision_intermediate_size=vc["intermediate_size"],
+        vision_patch_size=vc["patch_size"], vision_temporal_patch_size=vc["temporal_patch_size"],
+        vision_spatial_merge_size=vc["spatial_merge_size"], vision_window_size=vc["window_size"],
+        vision_full_attention_layers=len(vc["fullatt_block_indexes"]))
+
+
+def _gemma3(hf: dict) -> dict:
+    """Gemma 3: Gemma 3's text decoder (q/k norms, 4 norms a layer, (1 + w) RMSNorms, 5 sliding-window layers to
+    each global one, tied 262k vocabulary) and SigLIP without its head, pooled to mm_tokens_per_image."""
+    t, vc = dict(GEMMA_3_4B_TEXT, **hf["text_config"]), hf["vision_config"]
+    return dict(
+        hidden_size=t["hidden_size"], num_layers=t["num_hidden_layers"], num_attention_heads=t["num_attention_heads"],
+        num_kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], intermediate_size=t["intermediate_size"],
+        vocab_size=t.get("vocab_size", 262208), tie_embeddings=True, qk_norm=True, norms_per_layer=4,
+        sliding_window=t["sliding_window"], sliding_window_pattern=6, norm_unit_offset=True,
+        vision_tower="siglip", vision_hidden_size=vc["hidden_size"], vision_num_layers=vc["num_hidden_layers"],
+        vision_num_heads=vc["num_attention_heads"], vision_intermediate_size=vc["intermediate_size"],
+        vision_patch_size=vc["patch_size"], vision_image_size=vc["image_size"],
+        vision_tokens_per_image=hf["mm_tokens_per_image"])
+
+
+QWEN2_5_VL_7B = _published("qwen2.5-vl-7b-instruct")
+GEMMA_3_27B = _published("gemma-3-27b-pt")
+GEMMA_3_4B = _published("gemma-3-4b-it")
+# Gemma3TextConfig's defaults the 4B file leaves out (transformers 5.23 configuration_gemma3.py)
+GEMMA_3_4B_TEXT = dict(num_attention_heads=8, num_key_value_heads=4, head_dim=256)
+TINY_GEMMA_3 = dict(GEMMA_3_27B, mm_tokens_per_image=4,
+                    text_config=dict(GEMMA_3_27B["text_config"], hidden_size=64, num_hidden_layers=6,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                                     query_pre_attn_scalar=16, sliding_window=32),
+                    vision_config=dict(GEMMA_3_27B["vision_config"], hidden_size=32, intermediate_size=48,
+                                       num_attention_heads=2, num_hidden_layers=2, image_size=56))
+TINY_QWEN2_5_VL = dict(QWEN2_5_VL_7B, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=128, vocab_size=152064, max_position_embeddings=4096,
+                       rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                       vision_config=dict(QWEN2_5_VL_7B["vision_config"], depth=4, hidden_size=64, num_heads=4,
+                                          intermediate_size=96, out_hidden_size=64, fullatt_block_indexes=[1, 3]))
+
+MODELS = {m.id: m for m in [
+    VisionModel("qwen2.5-vl-7b", QWEN2_5_VL_7B, _qwen2_5_vl(QWEN2_5_VL_7B)),
+    VisionModel("tiny-qwen2.5-vl", TINY_QWEN2_5_VL, _qwen2_5_vl(TINY_QWEN2_5_VL)),
+    VisionModel("gemma-3-27b", GEMMA_3_27B, _gemma3(GEMMA_3_27B)),
+    VisionModel("gemma-3-4b", GEMMA_3_4B, _gemma3(GEMMA_3_4B)),
+    VisionModel("tiny-gemma-3", TINY_GEMMA_3, _gemma3(TINY_GEMMA_3)),
+]}
+
+# The measured runs, as validation/hf/step.Run's arguments (registered in validation/hf/cases.py)
+VISION_RUNS = [
+    (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896}),
+    (("qwen2.5-vl-7b", 8192), {"images": 2, "image_size": 1344, "recompute": "full"}),
+    (("qwen2.5-vl-7b", 2048, 2), {"images": 4, "image_size": 448}),
+    (("gemma-3-27b", 2048), {"images": 2, "image_size": 896}),
+    (("gemma-3-27b", 4096), {"images": 4, "image_size": 896, "recompute": "full"}),
+    # Gemma 3 4B: the tower is a larger share of the step
+    (("gemma-3-4b", 2048, 2), {"images": 4, "image_size": 896}),
+    (("gemma-3-4b", 4096), {"images": 8, "image_size": 896, "recompute": "full"}),
+    # the encoder frozen, the merger / projector trained
+    (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896, "freeze_vision": True}),
+    (("gemma-3-27b", 2048), {"images": 2, "image_size": 896, "freeze_vision": True}),
+]
+
+KERNELS = {
+    "gemma-3-27b": "the decoder and the SigLIP tower through flash-attn's kernel (flash_attention_2, emulated as "
+                   "PyTorch's FlashAttention-2 path: the sliding window changes no allocation), no token_type_ids "
+                   "(the images attend causally, so no 4-D mask)",
+    "qwen2.5-vl-7b": "the vision tower's window and full attention through flash-attn's variable-length kernel "
+                     "(flash_attention_2, emulated: Dao-AILab/flash-attention v2.7 flash_attn_interface.py "
+                     "FlashAttnVarlenFunc)",
+}
+KERNELS["gemma-3-4b"] = KERNELS["gemma-3-27b"]
