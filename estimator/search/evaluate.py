@@ -51,6 +51,7 @@ class _Evaluator:
         self.stage_params: dict[tuple, tuple[int, ...]] = {}  # parameters on one GPU of each stage
         self._parallels: dict[Shape, Parallel] = {}
         self._trainings: dict[Variant, Training] = {}
+        self._capped: dict[tuple[Shape, int], Speeds] = {}
 
     def parallel(self, s: Shape) -> Parallel:
         # built once per shape: the dataclass checks every field on creation
@@ -143,6 +144,15 @@ class _Evaluator:
     def speeds(self, s: Shape, b: int) -> Speeds:
         return speeds(self.req, self.roofline(s, Variant(b, "none", None, "fused")), self.stage_layers(s),
                       self.stage_params[self.floor_key(s)])
+
+    def capped_speeds(self, s: Shape, b: int) -> Speeds:
+        """`speeds` at micro-batch b capped by its exact speed without recompute (no recompute setting
+        is faster, rule 4), remembered by (shape, micro-batch)."""
+        key = (s, b)
+        if key not in self._capped:
+            fastest = self.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
+            self._capped[key] = self.speeds(s, b)._replace(cap=fastest)
+        return self._capped[key]
 
     def microbatches(self, s: Shape, b: int) -> int:
         tr = self.req.training

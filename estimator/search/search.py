@@ -106,11 +106,20 @@ class _Search:
         if self.answer.hopeless(floor, top.ceiling("none")):
             self._judge(count - self.ev.judged[s], "bound")
             return
-        least = self._least(s)
+        # each mode's ceiling over the micro-batches from their exact speeds without recompute (rule 4):
+        # a mode hopeless even at the states floor needs no estimate of its least memory (rule 1)
+        ceilings = self._exact_ceilings(s)
+        wanted = {m for m in ceilings if not self.answer.hopeless(floor, ceilings[m])}
+        if not wanted:
+            self._judge(count - self.ev.judged[s], "bound")
+            return
+        least = self._least(s, wanted)
         # none keeps all that selective keeps (rule 2, not for torchtitan's operator-level policy),
-        # and no mode needs less with a larger micro-batch
-        modes = {"none": least.get("none", least["selective"]), "selective": least["selective"], "full": least["full"]}
-        open_ = {m: self.req.within(lb) and not self.answer.hopeless(lb, top.ceiling(m, 1)) for m, lb in modes.items()}
+        # and no mode needs less with a larger micro-batch; the states floor bounds a mode not estimated
+        modes = {"none": least.get("none", least.get("selective", floor)), "selective": least.get("selective", floor),
+                 "full": least.get("full", floor)}
+        open_ = {m: m in wanted and self.req.within(lb) and not self.answer.hopeless(lb, ceilings[m])
+                 for m, lb in modes.items()}
         if not any(open_.values()):
             fits = any(self.req.within(lb) for lb in modes.values())
             self._judge(count - self.ev.judged[s], "bound" if fits else "least memory")
@@ -129,12 +138,26 @@ class _Search:
         return (self.req.training.framework == "megatron" or s.pp > 1
                 or self.ev.microbatches(s, b) > 1)
 
-    def _least(self, s: Shape) -> dict[str, float]:
-        """The least memory of selective and of full recompute over the shape's micro-batches and
-        recompute layers: at micro-batch 1 (and where gradients vanish), recomputing every layer,
-        the smaller of fused and chunked loss (rules 2, 3, 5)."""
+    def _exact_ceilings(self, s: Shape) -> dict[str, float]:
+        """Per recompute mode, a speed no variant of the shape exceeds: the most over its
+        micro-batches of the micro-batch's ceiling (`Speeds`) capped by its exact speed without
+        recompute (rule 4: recompute only adds work; the roofline runs every loss alike)."""
+        out = dict.fromkeys(("none", "selective", "full"), 0.0)
+        for b in self._micro(s):
+            speed = self.ev.capped_speeds(s, b)
+            for m in out:
+                out[m] = max(out[m], speed.ceiling(m, 1))
+        return out
+
+    def _least(self, s: Shape, wanted: set[str]) -> dict[str, float]:
+        """The least memory of the `wanted` modes (selective for none where none keeps all that
+        selective keeps) over the shape's micro-batches and recompute layers: at micro-batch 1 (and
+        where gradients vanish), recomputing every layer, the smaller of fused and chunked loss
+        (rules 2, 3, 5)."""
         sizes = [1] + [b for b in self._micro(s) if not self._gradients_alive(s, b) and self._gradients_alive(s, 1)][:1]
-        modes = ("selective", "full") if self._selective_within_none() else ("none", "selective", "full")
+        if self._selective_within_none() and "none" in wanted:
+            wanted = (wanted - {"none"}) | {"selective"}
+        modes = [m for m in ("none", "selective", "full") if m in wanted]
         return {mode: min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes) for mode in modes}
 
     def _selective_within_none(self) -> bool:
@@ -153,8 +176,8 @@ class _Search:
         if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
             alive = []
         if alive:
-            fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
-            speed = self.ev.speeds(s, b)._replace(cap=fastest)  # recompute only adds work (rule 4)
+            speed = self.ev.capped_speeds(s, b)  # recompute only adds work (rule 4)
+            fastest = speed.cap
             ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
             if self._out(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
                 alive = []
