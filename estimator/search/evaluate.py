@@ -51,7 +51,7 @@ class _Evaluator:
         self.stage_params: dict[tuple, tuple[int, ...]] = {}  # parameters on one GPU of each stage
         self._parallels: dict[Shape, Parallel] = {}
         self._trainings: dict[Variant, Training] = {}
-        self._capped: dict[tuple[Shape, int], Speeds] = {}
+        self._speeds: dict[tuple[Shape, int], Speeds] = {}
 
     def parallel(self, s: Shape) -> Parallel:
         # built once per shape: the dataclass checks every field on creation
@@ -137,22 +137,23 @@ class _Evaluator:
         (no GEMM is slower per token with a larger one; everything else per token is the same or
         falls with it) with the bubble of the most micro-batches."""
         micro = shape_micro_batches(self.req.training, s)
-        speed = self.speeds(s, max(micro))
+        speed = self.uncapped_speeds(s, max(micro))
         most = self.microbatches(s, min(micro))
         return speed._replace(bubble=(s.pp - 1) / (s.vpp * most))
 
-    def speeds(self, s: Shape, b: int) -> Speeds:
-        return speeds(self.req, self.roofline(s, Variant(b, "none", None, "fused")), self.stage_layers(s),
-                      self.stage_params[self.floor_key(s)])
+    def uncapped_speeds(self, s: Shape, b: int) -> Speeds:
+        """`Speeds` of the shape at micro-batch b from its roofline without recompute."""
+        return self.speeds(s, b)._replace(cap=math.inf)
 
-    def capped_speeds(self, s: Shape, b: int) -> Speeds:
-        """`speeds` at micro-batch b capped by its exact speed without recompute (no recompute setting
+    def speeds(self, s: Shape, b: int) -> Speeds:
+        """`Speeds` at micro-batch b capped by its exact speed without recompute (no recompute setting
         is faster, rule 4), remembered by (shape, micro-batch)."""
         key = (s, b)
-        if key not in self._capped:
-            fastest = self.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
-            self._capped[key] = self.speeds(s, b)._replace(cap=fastest)
-        return self._capped[key]
+        if key not in self._speeds:
+            r = self.roofline(s, Variant(b, "none", None, "fused"))
+            self._speeds[key] = speeds(self.req, r, self.stage_layers(s), self.stage_params[self.floor_key(s)]
+                                       )._replace(cap=r.step.tokens_per_s_per_gpu)
+        return self._speeds[key]
 
     def microbatches(self, s: Shape, b: int) -> int:
         tr = self.req.training

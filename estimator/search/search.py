@@ -27,6 +27,7 @@ class _Search:
         self.watch = watch or Watch()
         self.total = 0  # layouts to judge (less those the estimator refuses, as they are found)
         self.ceiling_left: float | None = None  # halted: a speed no layout left unjudged exceeds
+        self._micro_of: dict[Shape, tuple[int, ...]] = {}
 
     @property
     def judged(self) -> int:
@@ -83,7 +84,10 @@ class _Search:
         return self.req.training.moe_dispatcher != "deepep"
 
     def _micro(self, s: Shape) -> tuple[int, ...]:
-        return shape_micro_batches(self.req.training, s)
+        micro = self._micro_of.get(s)
+        if micro is None:
+            micro = self._micro_of[s] = shape_micro_batches(self.req.training, s)
+        return micro
 
     def _count(self, s: Shape) -> int:
         return len(self._micro(s)) * variants_per_micro_batch(self.req.architecture, s)
@@ -144,7 +148,7 @@ class _Search:
         recompute (rule 4: recompute only adds work; the roofline runs every loss alike)."""
         out = dict.fromkeys(("none", "selective", "full"), 0.0)
         for b in self._micro(s):
-            speed = self.ev.capped_speeds(s, b)
+            speed = self.ev.speeds(s, b)
             for m in out:
                 out[m] = max(out[m], speed.ceiling(m, 1))
         return out
@@ -176,7 +180,7 @@ class _Search:
         if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
             alive = []
         if alive:
-            speed = self.ev.capped_speeds(s, b)  # recompute only adds work (rule 4)
+            speed = self.ev.speeds(s, b)  # recompute only adds work (rule 4)
             fastest = speed.cap
             ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
             if self._out(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
