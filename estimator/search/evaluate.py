@@ -52,6 +52,7 @@ class _Evaluator:
         self._parallels: dict[Shape, Parallel] = {}
         self._trainings: dict[Variant, Training] = {}
         self._speeds: dict[tuple[Shape, int], Speeds] = {}
+        self._tops: dict[Shape, Speeds] = {}
 
     def parallel(self, s: Shape) -> Parallel:
         # built once per shape: the dataclass checks every field on creation
@@ -135,11 +136,21 @@ class _Evaluator:
     def shape_speeds(self, s: Shape) -> Speeds:
         """Ceilings over every micro-batch of the shape (rule 4): those of the largest micro-batch
         (no GEMM is slower per token with a larger one; everything else per token is the same or
-        falls with it) with the bubble of the most micro-batches."""
-        micro = shape_micro_batches(self.req.training, s)
-        speed = self.uncapped_speeds(s, max(micro))
-        most = self.microbatches(s, min(micro))
-        return speed._replace(bubble=(s.pp - 1) / (s.vpp * most))
+        falls with it) with the bubble of the most micro-batches. Remembered by shape."""
+        if s not in self._tops:
+            micro = shape_micro_batches(self.req.training, s)
+            speed = self.uncapped_speeds(s, max(micro))
+            self._tops[s] = speed._replace(bubble=self.bubble(s, min(micro)))
+        return self._tops[s]
+
+    def micro_batch_ceilings(self, s: Shape, b: int) -> Speeds:
+        """Ceilings at micro-batch b without a roofline of its own: `shape_speeds` with the bubble
+        of b's micro-batches, (p - 1) / (v m), the roofline's own for the schedules the planner
+        searches (roofline.pipeline_bubble_s: 1F1B and interleaved)."""
+        return self.shape_speeds(s)._replace(bubble=self.bubble(s, b))
+
+    def bubble(self, s: Shape, b: int) -> float:
+        return (s.pp - 1) / (s.vpp * self.microbatches(s, b))
 
     def uncapped_speeds(self, s: Shape, b: int) -> Speeds:
         """`Speeds` of the shape at micro-batch b from its roofline without recompute."""

@@ -146,11 +146,17 @@ class _Search:
         """Per recompute mode, a speed no variant of the shape exceeds: the most over its
         micro-batches of the micro-batch's ceiling (`Speeds`) capped by its exact speed without
         recompute (rule 4: recompute only adds work; the roofline runs every loss alike)."""
+        floor = self.ev.floor(s)
         out = dict.fromkeys(("none", "selective", "full"), 0.0)
         for b in self._micro(s):
-            speed = self.ev.speeds(s, b)
+            # first the micro-batch's ceilings without a roofline: where they leave every mode
+            # hopeless at the states floor, no roofline of this micro-batch is needed
+            found = {m: self.ev.micro_batch_ceilings(s, b).ceiling(m, 1) for m in out}
+            if not all(self.answer.hopeless(floor, c) for c in found.values()):
+                speed = self.ev.speeds(s, b)
+                found = {m: min(c, speed.ceiling(m, 1)) for m, c in found.items()}
             for m in out:
-                out[m] = max(out[m], speed.ceiling(m, 1))
+                out[m] = max(out[m], found[m])
         return out
 
     def _least(self, s: Shape, wanted: set[str]) -> dict[str, float]:
@@ -176,7 +182,8 @@ class _Search:
         per_mode = {"none": 2, "selective": 2, "full": 2 * most}  # fused and chunked (standard: rule 5)
         alive = [m for m in open_ if open_[m]]
         self._judge(sum(per_mode.values()) // 2, "dominated")  # the standard loss (rule 5)
-        # the shape's ceilings hold at every micro-batch (rule 4): no roofline of this one is needed
+        # the shape's ceilings with this micro-batch's bubble (rule 4): no roofline of this one is needed
+        top = self.ev.micro_batch_ceilings(s, b)
         if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
             alive = []
         if alive:
