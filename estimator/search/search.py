@@ -61,7 +61,7 @@ class _Search:
                     self.total -= count
                 continue
             group = over.setdefault(s._replace(ep=0, zero=0), [])
-            if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2) for e, z in group) and self._floors_fall(s):
+            if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2 and self._floors_fall(s)) for e, z in group):
                 self._judge(count - self.ev.judged[s], "states floor")
                 continue
             floor = self.ev.floor(s)
@@ -81,9 +81,9 @@ class _Search:
             self._shape(s, floor, tops[s], count)
 
     def _floors_fall(self, s: Shape) -> bool:
-        """The states floor falls (or stays) with the ZeRO stage, and with EP from 2 up: experts
-        split over more GPUs while their sharded states spread over the same TP x CP x DP. Not with
-        DeepEP, whose buffers depend on EP."""
+        """The states floor falls (or stays) with EP from 2 up: experts split over more GPUs while
+        their sharded states spread over the same TP x CP x DP. Not with DeepEP, whose buffers depend
+        on EP (they do not on the ZeRO stage, with which the floor falls at every EP)."""
         return self.req.training.moe_dispatcher != "deepep"
 
     def _micro(self, s: Shape) -> tuple[int, ...]:
