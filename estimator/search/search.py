@@ -167,8 +167,10 @@ class _Search:
         for b in self._micro(s):
             # first the micro-batch's ceilings without a roofline: where they leave every mode
             # hopeless at the states floor, no roofline of this micro-batch is needed
-            found = {m: self.ev.micro_batch_ceilings(s, b).ceiling(m, 1) for m in out}
-            if not all(self.answer.hopeless(floor, c) for c in found.values()):
+            cheap = self.ev.micro_batch_ceilings(s, b)
+            found = {m: cheap.ceiling(m, 1) for m in out}
+            settled = all(not self.answer.hopeless(floor, out[m]) for m in out)  # every mode wanted already
+            if not settled and not all(self.answer.hopeless(floor, c) for c in found.values()):
                 speed = self.ev.speeds(s, b)
                 found = {m: min(c, speed.ceiling(m, 1)) for m, c in found.items()}
             for m in out:
