@@ -67,8 +67,9 @@ and for loose shapes), each micro-batch's roofline skipped where its ceilings wi
 already leave every mode hopeless at the states floor; a mode hopeless at the states floor is not
 estimated (DeepSeek-V3 on 2,048 GPUs: 17,624 -> 10,108 estimates). Every layout enumerated is
 judged, by its own estimate (its device total, `memory.device_total`) or by these rules;
-`Plan.searched` counts them, `Plan.estimates` and `Plan.rooflines` the full evaluations, `Plan.pruned` the rules. A `Watch` (estimator/search/watch.py)
-follows a search and may halt it between shapes: the plan then lists the best of what it searched.
+`Plan.searched` counts them, `Plan.estimates` and `Plan.rooflines` the full evaluations,
+`Plan.pruned` the rules. A `Watch` (estimator/search/watch.py) follows a search and may halt it
+between shapes: the plan then lists the best of what it searched.
 """
 
 from __future__ import annotations
