@@ -137,7 +137,7 @@ class _Search:
             if not self._gradients_alive(s, b) and self._gradients_alive(s, 1):
                 below = dict(modes)  # one micro-batch, no pipeline: gradients not yet alive, memory may fall
                 full_below = {}
-            self._micro_batch(s, b, below, open_, full_below, top)
+            self._micro_batch(s, b, below, open_, full_below)
 
     def _gradients_alive(self, s: Shape, b: int) -> bool:
         """Whether gradients exist during forward and backward (memory.py): Megatron's buffer,
@@ -194,8 +194,7 @@ class _Search:
         whole output under TP), which can exceed what none keeps."""
         return not op_level(_selective(self.req.training))
 
-    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float],
-                     top: Speeds) -> None:
+    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float]) -> None:
         most = most_stage_layers(self.req.architecture, s)
         per_mode = {"none": 2, "selective": 2, "full": 2 * most}  # fused and chunked (standard: rule 5)
         alive = [m for m in open_ if open_[m]]
