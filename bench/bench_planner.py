@@ -29,6 +29,12 @@ floor from the static parts, stages without the head shared across losses), the 
 loaded (2.4-2.9), the code before #26 the same minutes: DeepSeek-V3 13.0 / 5.1 against 32.7 / 9.3;
 Llama-3.1-70B and 405B unchanged within the noise (2.35 / 0.51 against 2.23 / 0.88; 2.31 / 1.19
 against 3.04 / 1.02).
+With the step-time model of estimator/speed/ as it is now, the DeepSeek-V3 case has 2,194,641 layouts.
+The search's exact micro-batch ceilings (each recompute mode's ceiling over a shape's micro-batches
+from their exact speeds without recompute, before the shape's least memory is estimated; issue #26),
+the same machine at load 5.3-5.9, the code before (fb081d9) the same minutes: DeepSeek-V3 12.3 / 3.0
+(11,526 estimates, 12,193 rooflines) against 17.1 / 5.4 (18,810, 10,865); Llama-3.1-70B 3.3 / 1.0
+against 4.0 / 1.2 and 405B 4.9 / 2.6 against 6.0 / 2.3 (load 5, the same estimates within 1%).
 """
 
 from __future__ import annotations

@@ -213,7 +213,8 @@ def one_microbatch_without_gradients(req: Request, s: Shape, b: int) -> bool:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_speed_ceilings_and_rules(seed):
     """On 20 (shape, micro-batch) pairs of each case: the ceilings of the no-recompute roofline are
-    above every recompute setting and loss, at this micro-batch and at any; full recompute of more
+    above every recompute setting and loss, at this micro-batch and at any (and the shape's with this
+    micro-batch's bubble, `micro_batch_ceilings`, at this one); full recompute of more
     layers is never faster; the roofline runs the fused and the chunked loss alike."""
     from estimator.search.evaluate import _Evaluator
     c = case(seed)
@@ -222,7 +223,7 @@ def test_speed_ceilings_and_rules(seed):
     pairs = sorted({(s, v.micro_batch) for s, v in c.estimates}, key=repr)
     for s, b in random.Random(seed).sample(pairs, min(20, len(pairs))):
         ev.floor(s)
-        speed, top = ev.speeds(s, b), ev.shape_speeds(s)
+        speed, top, bubble = ev.speeds(s, b), ev.shape_speeds(s), ev.micro_batch_ceilings(s, b)
         most = most_stage_layers(arch, s)
         full = sorted({1, (most + 1) // 2, most})
         settings = [("none", None), ("selective", None)] + [("full", None if n == most else n) for n in full]
@@ -232,6 +233,7 @@ def test_speed_ceilings_and_rules(seed):
             measured[v] = roofline(arch, training_of(tr, v), parallel_of(s), hw).step.tokens_per_s_per_gpu
             assert speed.ceiling(mode, n) >= measured[v] * (1 - 1e-12)
             assert top.ceiling(mode, n) >= measured[v] * (1 - 1e-12)
+            assert bubble.ceiling(mode, n) >= measured[v] * (1 - 1e-12)  # the shape's with b's own bubble
         for v, t in measured.items():
             assert v.loss != "chunked" or t == measured[v._replace(loss="fused")]
             assert v.loss != "standard" or t <= measured[v._replace(loss="fused")]

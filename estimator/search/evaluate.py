@@ -51,6 +51,8 @@ class _Evaluator:
         self.stage_params: dict[tuple, tuple[int, ...]] = {}  # parameters on one GPU of each stage
         self._parallels: dict[Shape, Parallel] = {}
         self._trainings: dict[Variant, Training] = {}
+        self._speeds: dict[tuple[Shape, int], Speeds] = {}
+        self._tops: dict[Shape, Speeds] = {}
 
     def parallel(self, s: Shape) -> Parallel:
         # built once per shape: the dataclass checks every field on creation
@@ -136,15 +138,35 @@ class _Evaluator:
     def shape_speeds(self, s: Shape) -> Speeds:
         """Ceilings over every micro-batch of the shape (rule 4): those of the largest micro-batch
         (no GEMM is slower per token with a larger one; everything else per token is the same or
-        falls with it) with the bubble of the most micro-batches."""
-        micro = shape_micro_batches(self.req.training, s)
-        speed = self.speeds(s, max(micro))
-        most = self.microbatches(s, min(micro))
-        return speed._replace(bubble=(s.pp - 1) / (s.vpp * most))
+        falls with it) with the bubble of the most micro-batches. Remembered by shape."""
+        if s not in self._tops:
+            micro = shape_micro_batches(self.req.training, s)
+            speed = self.uncapped_speeds(s, max(micro))
+            self._tops[s] = speed._replace(bubble=self.bubble(s, min(micro)))
+        return self._tops[s]
+
+    def micro_batch_ceilings(self, s: Shape, b: int) -> Speeds:
+        """Ceilings at micro-batch b without a roofline of its own: `shape_speeds` with the bubble
+        of b's micro-batches, (p - 1) / (v m), the roofline's own for the schedules the planner
+        searches (roofline.pipeline_bubble_s: 1F1B and interleaved)."""
+        return self.shape_speeds(s)._replace(bubble=self.bubble(s, b))
+
+    def bubble(self, s: Shape, b: int) -> float:
+        return (s.pp - 1) / (s.vpp * self.microbatches(s, b))
+
+    def uncapped_speeds(self, s: Shape, b: int) -> Speeds:
+        """`Speeds` of the shape at micro-batch b from its roofline without recompute."""
+        return self.speeds(s, b)._replace(cap=math.inf)
 
     def speeds(self, s: Shape, b: int) -> Speeds:
-        return speeds(self.req, self.roofline(s, Variant(b, "none", None, "fused")), self.stage_layers(s),
-                      self.stage_params[self.floor_key(s)])
+        """`Speeds` at micro-batch b capped by its exact speed without recompute (no recompute setting
+        is faster, rule 4), remembered by (shape, micro-batch)."""
+        key = (s, b)
+        if key not in self._speeds:
+            r = self.roofline(s, Variant(b, "none", None, "fused"))
+            self._speeds[key] = speeds(self.req, r, self.stage_layers(s), self.stage_params[self.floor_key(s)]
+                                       )._replace(cap=r.step.tokens_per_s_per_gpu)
+        return self._speeds[key]
 
     def microbatches(self, s: Shape, b: int) -> int:
         tr = self.req.training

@@ -13,6 +13,9 @@ from .layouts import (Layout, Request, Shape, Variant, most_stage_layers, shape_
 from .evaluate import Point, Speeds, _Answer, _Evaluator, _selective
 
 
+MODES = ("none", "selective", "full")
+
+
 # --- the search ------------------------------------------------------------------------------------
 
 class _Search:
@@ -27,6 +30,7 @@ class _Search:
         self.watch = watch or Watch()
         self.total = 0  # layouts to judge (less those the estimator refuses, as they are found)
         self.ceiling_left: float | None = None  # halted: a speed no layout left unjudged exceeds
+        self._micro_of: dict[Shape, tuple[int, ...]] = {}
 
     @property
     def judged(self) -> int:
@@ -57,7 +61,7 @@ class _Search:
                     self.total -= count
                 continue
             group = over.setdefault(s._replace(ep=0, zero=0), [])
-            if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2) for e, z in group) and self._floors_fall(s):
+            if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2 and self._floors_fall(s)) for e, z in group):
                 self._judge(count - self.ev.judged[s], "states floor")
                 continue
             floor = self.ev.floor(s)
@@ -77,13 +81,16 @@ class _Search:
             self._shape(s, floor, tops[s], count)
 
     def _floors_fall(self, s: Shape) -> bool:
-        """The states floor falls (or stays) with the ZeRO stage, and with EP from 2 up: experts
-        split over more GPUs while their sharded states spread over the same TP x CP x DP. Not with
-        DeepEP, whose buffers depend on EP."""
+        """The states floor falls (or stays) with EP from 2 up: experts split over more GPUs while
+        their sharded states spread over the same TP x CP x DP. Not with DeepEP, whose buffers depend
+        on EP (they do not on the ZeRO stage, with which the floor falls at every EP)."""
         return self.req.training.moe_dispatcher != "deepep"
 
     def _micro(self, s: Shape) -> tuple[int, ...]:
-        return shape_micro_batches(self.req.training, s)
+        micro = self._micro_of.get(s)
+        if micro is None:
+            micro = self._micro_of[s] = shape_micro_batches(self.req.training, s)
+        return micro
 
     def _count(self, s: Shape) -> int:
         return len(self._micro(s)) * variants_per_micro_batch(self.req.architecture, s)
@@ -106,11 +113,20 @@ class _Search:
         if self.answer.hopeless(floor, top.ceiling("none")):
             self._judge(count - self.ev.judged[s], "bound")
             return
-        least = self._least(s)
+        # each mode's ceiling over the micro-batches from their exact speeds without recompute (rule 4):
+        # a mode hopeless even at the states floor needs no estimate of its least memory (rule 1)
+        ceilings = self._exact_ceilings(s) if self._loose(s) else {m: top.ceiling(m, 1) for m in MODES}
+        wanted = {m for m in ceilings if not self.answer.hopeless(floor, ceilings[m])}
+        if not wanted:
+            self._judge(count - self.ev.judged[s], "bound")
+            return
+        least = self._least(s, wanted)
         # none keeps all that selective keeps (rule 2, not for torchtitan's operator-level policy),
-        # and no mode needs less with a larger micro-batch
-        modes = {"none": least.get("none", least["selective"]), "selective": least["selective"], "full": least["full"]}
-        open_ = {m: self.req.within(lb) and not self.answer.hopeless(lb, top.ceiling(m, 1)) for m, lb in modes.items()}
+        # and no mode needs less with a larger micro-batch; the states floor bounds a mode not estimated
+        modes = {"none": least.get("none", least.get("selective", floor)), "selective": least.get("selective", floor),
+                 "full": least.get("full", floor)}
+        open_ = {m: m in wanted and self.req.within(lb) and not self.answer.hopeless(lb, ceilings[m])
+                 for m, lb in modes.items()}
         if not any(open_.values()):
             fits = any(self.req.within(lb) for lb in modes.values())
             self._judge(count - self.ev.judged[s], "bound" if fits else "least memory")
@@ -121,7 +137,7 @@ class _Search:
             if not self._gradients_alive(s, b) and self._gradients_alive(s, 1):
                 below = dict(modes)  # one micro-batch, no pipeline: gradients not yet alive, memory may fall
                 full_below = {}
-            self._micro_batch(s, b, below, open_, full_below, top)
+            self._micro_batch(s, b, below, open_, full_below)
 
     def _gradients_alive(self, s: Shape, b: int) -> bool:
         """Whether gradients exist during forward and backward (memory.py): Megatron's buffer,
@@ -129,12 +145,47 @@ class _Search:
         return (self.req.training.framework == "megatron" or s.pp > 1
                 or self.ev.microbatches(s, b) > 1)
 
-    def _least(self, s: Shape) -> dict[str, float]:
-        """The least memory of selective and of full recompute over the shape's micro-batches and
-        recompute layers: at micro-batch 1 (and where gradients vanish), recomputing every layer,
-        the smaller of fused and chunked loss (rules 2, 3, 5)."""
+    def _loose(self, s: Shape) -> bool:
+        """Whether the exact speeds of the shape's micro-batches pay their rooflines: for an MoE model
+        (the ceilings scale expert traffic to the stage with the fewest MoE layers, and DeepSeek-V3's
+        first stages have none: its least-memory estimates fall by 40%), or where the shape's ceilings
+        are loose (`LOOSE` above the exact speed without recompute at its largest micro-batch, whose
+        roofline they came from); a dense model's tight ceilings leave them nothing to prune
+        (Llama-3.1-70B on 64 GPUs: 17% more rooflines, no estimate fewer). A choice of cost, never of
+        the answer."""
+        if self.req.architecture.is_moe:
+            return True
+        speed = self.ev.speeds(s, max(self._micro(s)))
+        return speed._replace(cap=math.inf).ceiling("none") > LOOSE * speed.cap
+
+    def _exact_ceilings(self, s: Shape) -> dict[str, float]:
+        """Per recompute mode, a speed no variant of the shape exceeds: the most over its
+        micro-batches of the micro-batch's ceiling (`Speeds`) capped by its exact speed without
+        recompute (rule 4: recompute only adds work; the roofline runs every loss alike)."""
+        floor = self.ev.floor(s)
+        out = dict.fromkeys(MODES, 0.0)
+        for b in self._micro(s):
+            # first the micro-batch's ceilings without a roofline: where they leave every mode
+            # hopeless at the states floor, no roofline of this micro-batch is needed
+            cheap = self.ev.micro_batch_ceilings(s, b)
+            found = {m: cheap.ceiling(m, 1) for m in out}
+            settled = all(not self.answer.hopeless(floor, out[m]) for m in out)  # every mode wanted already
+            if not settled and not all(self.answer.hopeless(floor, c) for c in found.values()):
+                speed = self.ev.speeds(s, b)
+                found = {m: min(c, speed.ceiling(m, 1)) for m, c in found.items()}
+            for m in out:
+                out[m] = max(out[m], found[m])
+        return out
+
+    def _least(self, s: Shape, wanted: set[str]) -> dict[str, float]:
+        """The least memory of the `wanted` modes (selective for none where none keeps all that
+        selective keeps) over the shape's micro-batches and recompute layers: at micro-batch 1 (and
+        where gradients vanish), recomputing every layer, the smaller of fused and chunked loss
+        (rules 2, 3, 5)."""
         sizes = [1] + [b for b in self._micro(s) if not self._gradients_alive(s, b) and self._gradients_alive(s, 1)][:1]
-        modes = ("selective", "full") if self._selective_within_none() else ("none", "selective", "full")
+        if self._selective_within_none() and "none" in wanted:
+            wanted = (wanted - {"none"}) | {"selective"}
+        modes = [m for m in ("none", "selective", "full") if m in wanted]
         return {mode: min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes) for mode in modes}
 
     def _selective_within_none(self) -> bool:
@@ -143,18 +194,18 @@ class _Search:
         whole output under TP), which can exceed what none keeps."""
         return not op_level(_selective(self.req.training))
 
-    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float],
-                     top: Speeds) -> None:
+    def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float]) -> None:
         most = most_stage_layers(self.req.architecture, s)
         per_mode = {"none": 2, "selective": 2, "full": 2 * most}  # fused and chunked (standard: rule 5)
         alive = [m for m in open_ if open_[m]]
         self._judge(sum(per_mode.values()) // 2, "dominated")  # the standard loss (rule 5)
-        # the shape's ceilings hold at every micro-batch (rule 4): no roofline of this one is needed
+        # the shape's ceilings with this micro-batch's bubble (rule 4): no roofline of this one is needed
+        top = self.ev.micro_batch_ceilings(s, b)
         if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
             alive = []
         if alive:
-            fastest = self.ev.roofline(s, Variant(b, "none", None, "fused")).step.tokens_per_s_per_gpu
-            speed = self.ev.speeds(s, b)._replace(cap=fastest)  # recompute only adds work (rule 4)
+            speed = self.ev.speeds(s, b)  # recompute only adds work (rule 4)
+            fastest = speed.cap
             ceilings = {"none": fastest, "selective": speed.ceiling("selective"), "full": speed.ceiling("full", 1)}
             if self._out(min(below[m] for m in alive), max(ceilings[m] for m in alive)):
                 alive = []
