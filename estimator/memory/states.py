@@ -94,6 +94,7 @@ class ModelStates(NamedTuple):
     fp8_weight_copies: float
     formulas: Callable[[], dict[str, str]]  # written on first call (a layout search reads only the bytes)
     zero_stage: int
+    optimizer_source: str = ""  # a version's rule for the optimizer states (megatron_fsdp.py), beside the optimizer's
 
     def formula(self, name: str) -> Callable[[], str]:
         """The formula of one state, as a function that writes it when a component is shown."""
