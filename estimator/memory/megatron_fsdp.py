@@ -96,3 +96,26 @@ def with_global_moments(ms: ModelStates, arch: Architecture, training: Training,
         return {**ms.formulas(), "optimizer_states": text}
 
     return ms._replace(optimizer_states=dense + expert, formulas=once(formulas), optimizer_source=SOURCE)
+
+
+# Megatron-FSDP's all-gather prefetch: suggested_communication_unit_size is max(1e9, twice a unit's
+# elements) ("Cap to 1B elements" takes the larger), and the prefetch half of it (core_v0.16.1
+# megatron_fsdp/megatron_fsdp.py lines 374-399; the same at core_v0.19.0)
+PREFETCH_ELEMENTS = 500_000_000
+PREFETCH_SOURCE = ("Megatron-Core core_v0.16.1 megatron_fsdp/megatron_fsdp.py _pre_backward_param_unshard (line 808: "
+                   "all_gather_and_wait_parameters_ready, prefetch=True) and suggested_AG_prefetch_size (lines 374-399, "
+                   "500M elements); param_and_grad_buffer.py AllGatherPipeline.all_gather_params (lines 3493-3558: "
+                   "further units until the prefetched elements reach it); only FSDP units are released after "
+                   "forward (_post_forward), so the root unit stays gathered")
+
+
+def backward_gathered_elements(sp: StageParameters) -> tuple[float, int]:
+    """(elements gathered when a TransformerLayer's backward starts, the layers among them): the unit
+    and the next ones, in backward order, until the prefetched elements reach PREFETCH_ELEMENTS (or
+    the stage runs out), beside the root unit (embedding, final norm, head) kept from forward."""
+    layer = sp.largest_layer_local
+    blocks = sp.local - sp.root_local
+    if layer <= 0:
+        return sp.root_local, 0
+    units = min(sp.num_layers, 1 + -(-PREFETCH_ELEMENTS // int(layer)))
+    return min(blocks, units * layer) + sp.root_local, units
