@@ -19,9 +19,11 @@ parameters, to within 6 MB (tests/data/measured/published/megatron_golden, the t
 Megatron-Core 0.19.0 pins TE 2.17.1 (rev 4329ff84), whose FusedAdam builds the moments on the local
 shard: sharded as ZeRO says.
 
-Only the optimizer's moments are affected; ZeRO stages 2 and 3 of framework megatron are Megatron-FSDP's
-``optim_grads`` and ``optim_grads_params`` (the importer's mapping). Its ``optim`` and ``no_shard`` are
-stages 1 and 0, which a configuration cannot tell from the distributed optimizer and DDP: not covered.
+Only the optimizer's moments are affected, and only ZeRO stage 3 of framework megatron, Megatron-FSDP's
+``optim_grads_params`` (the importer's mapping), is held to it: the strategy the golden values measured.
+``optim_grads`` (stage 2) hands FusedAdam the same DTensors but is left as ZeRO says until a measurement
+shows it (the planner's Megatron layouts lean on it); ``optim`` and ``no_shard`` are stages 1 and 0, which a
+configuration cannot tell from the distributed optimizer and DDP.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ class _Unsplit(NamedTuple):
 
 
 def moments_at_global_shape(training: Training, zero: int) -> bool:
-    """Whether Adam's moments are held whole: Megatron-FSDP (ZeRO 2 or 3 with framework megatron) on a
-    Megatron-Core release that pins TransformerEngine v2.10-v2.11's FusedAdam."""
-    if training.framework != "megatron" or zero < 2 or training.optimizer != "adamw":
+    """Whether Adam's moments are held whole: Megatron-FSDP's optim_grads_params (ZeRO 3 with framework
+    megatron) on a Megatron-Core release that pins TransformerEngine v2.10-v2.11's FusedAdam."""
+    if training.framework != "megatron" or zero != 3 or training.optimizer != "adamw":
         return False
     return release("megatron", training.framework_version).version in RELEASES
 
