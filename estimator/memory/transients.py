@@ -90,7 +90,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
             if not root_unit:
                 bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
                                      f"{pb} x (a block + the prefetched block) unsharded", src))
-        elif zero == 3:  # Megatron-FSDP: forward ends with its blocks released, backward prefetches (megatron_fsdp.py)
+        elif zero == 3:  # Megatron-FSDP: forward ends with its blocks released; backward prefetches (megatron_fsdp)
             gathered = P * (2 * layer + stage.root_local)
             formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
             fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
