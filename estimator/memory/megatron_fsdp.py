@@ -107,8 +107,8 @@ PREFETCH_ELEMENTS = 500_000_000
 PREFETCH_SOURCE = ("Megatron-Core core_v0.16.1 megatron_fsdp/megatron_fsdp.py _pre_backward_param_unshard (line 808: "
                    "all_gather_and_wait_parameters_ready, prefetch=True) and suggested_AG_prefetch_size "
                    "(lines 374-399, 500M elements); param_and_grad_buffer.py AllGatherPipeline.all_gather_params "
-                   "(lines 3493-3558: further units until the prefetched elements reach it); only FSDP units are released after "
-                   "forward (_post_forward), so the root unit stays gathered")
+                   "(lines 3493-3558: further units until the prefetched elements reach it); only FSDP units "
+                   "are released after forward (_post_forward), so the root unit stays gathered")
 
 
 def backward_gathered_elements(sp: StageParameters) -> tuple[float, int]:
