@@ -33,17 +33,11 @@ B200_BOUND = 0.03  # none under by more than 3% (issue 22)
 _ROUTING = ("dropless MoE routing drifts out of balance as the router trains: the golden series of the peak rises "
             "%s while mem-allocated-bytes after each step stays flat (no persistent buffer); the estimate assumes "
             "balanced routing (training.moe_capacity_factor 1) and is within 3%% of the early plateau")
-_MEGATRON_FSDP = ("Megatron-FSDP (--use-megatron-fsdp, optim_grads_params) at core_v0.16.1 holds its states as if "
-                  "unsharded on this run: mem-allocated-bytes after the step is %s, the estimate's ZeRO-0 states "
-                  "%s, its ZeRO-3 states %s; which of param_and_grad_buffer.py's buffers stay whole is not traced")
 KNOWN_MISSES: dict[str, str] = {
     "moe-gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed": _ROUTING % "from 53.94 GiB (iterations 3-29) to 55.98 GiB "
                                                                   "(iteration 39)",
     "moe-gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8": _ROUTING % "from 52.09 GiB (iterations 5-20) to "
                                                                               "53.62 GiB (iteration 40)",
-    "gpt-gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor": _MEGATRON_FSDP % ("700 MB", "683 MB", "246 MB"),
-    "moe-gpt3_mcore_te_tp2_zp_z3_resume_torch_dist_te_8experts2parallel_top2router":
-        _MEGATRON_FSDP % ("1,668 MB", "1,506 MB", "785 MB"),
 }
 
 

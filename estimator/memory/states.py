@@ -95,6 +95,7 @@ class ModelStates(NamedTuple):
     formulas: Callable[[], dict[str, str]]  # written on first call (a layout search reads only the bytes)
     zero_stage: int
     vision_parameters: float = 0.0  # the vision tower's share of `parameters` (a first stage of a vision-language model)
+    optimizer_source: str = ""  # a version's rule for the optimizer states (megatron_fsdp.py), beside the optimizer's
 
     def formula(self, name: str) -> Callable[[], str]:
         """The formula of one state, as a function that writes it when a component is shown."""

@@ -20,6 +20,7 @@ from .adapters import adapter_states, inventory
 from .kbit import ledger_training, math_attention
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
+from .megatron_fsdp import with_global_moments
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -66,7 +67,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
     ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else \
-        model_states(sp, training, recipe, par, zero)
+        with_global_moments(model_states(sp, training, recipe, par, zero), arch, training, recipe, par, sp, zero)
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
@@ -227,7 +228,8 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
 
     base = (state("parameters", "Parameters", ZERO_SOURCE),
             state("master_weights", "Master weights (fp32)", ZERO_SOURCE),
-            state("optimizer_states", "Optimizer states", OPTIMIZERS[training.optimizer].source))
+            state("optimizer_states", "Optimizer states",
+                  "; ".join(filter(None, (OPTIMIZERS[training.optimizer].source, ms.optimizer_source)))))
     if ms.fp8_weight_copies:
         base += (component("fp8_weight_copies", "FP8 weight copies", ms.fp8_weight_copies,
                            ms.formula("fp8_weight_copies"), FP8_SOURCE),)

@@ -25,6 +25,7 @@ from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, 
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes
+from .megatron_fsdp import PREFETCH_ELEMENTS, PREFETCH_SOURCE, backward_gathered_elements
 from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
@@ -91,11 +92,15 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
             if not root_unit:
                 bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
                                      f"{pb} x (a block + the prefetched block) unsharded", src))
-        elif zero == 3:
+        elif zero == 3:  # Megatron-FSDP: forward ends with its blocks released; backward prefetches (megatron_fsdp)
             gathered = P * (2 * layer + stage.root_local)
             formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
             fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-            bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+            elements, units = backward_gathered_elements(stage)
+            bwd.append(component("transient", "Unsharded parameters in flight", P * elements,
+                                 f"{P:g} B x ({units} of {stage.num_layers} layers: the one in backward and those "
+                                 f"prefetched up to {PREFETCH_ELEMENTS:,} elements + the root unit) unsharded",
+                                 PREFETCH_SOURCE))
         else:  # reshard_after_forward=False: every unit stays gathered from forward to backward
             Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
             gathered = Pb * (stage.dense_local - stage.root_local) + P * stage.root_local

@@ -33,8 +33,9 @@ exact rules, each checked against brute force on random small cases (tests/test_
    optimizer temporaries), which no recompute, micro-batch or loss changes, so when it is over
    the budget no variant of the shape fits. It depends on the split only: cached by (TP, PP, VPP,
    split, EP, ETP, ZeRO, CP > 1) (DP x CP is N / (TP PP) for all of them); it falls with the ZeRO
-   stage, and with EP from 2 up (experts spread wider, their sharded states over the same GPUs)
-   but under DeepEP, whose buffers grow with EP.
+   stage (but from stage 3 where Megatron-FSDP holds Adam's moments whole, memory/megatron_fsdp.py), and
+   with EP from 2 up (experts spread wider, their sharded states over the same GPUs) but under DeepEP, whose
+   buffers grow with EP.
 2. recompute: selective keeps a subset of what none keeps (Megatron's modules; not torchtitan's
    operator-level policy under fsdp2, whose none is bounded on its own); full recompute of more
    layers keeps less; so the least memory of a mode is its most frugal setting.

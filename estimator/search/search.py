@@ -6,6 +6,7 @@ import json
 import math
 
 from ..memory.activations.recompute import op_level
+from ..memory.megatron_fsdp import moments_at_global_shape
 from ..spec.errors import ConfigError
 from .watch import Progress, Watch
 from .layouts import (Layout, Request, Shape, Variant, most_stage_layers, shape_micro_batches, shapes,
@@ -61,7 +62,8 @@ class _Search:
                     self.total -= count
                 continue
             group = over.setdefault(s._replace(ep=0, zero=0), [])
-            if any(z >= s.zero and (e == s.ep or e >= s.ep >= 2 and self._floors_fall(s)) for e, z in group):
+            if any(z >= s.zero and self._zero_floor_falls(z, s.zero)
+                   and (e == s.ep or e >= s.ep >= 2 and self._floors_fall(s)) for e, z in group):
                 self._judge(count - self.ev.judged[s], "states floor")
                 continue
             floor = self.ev.floor(s)
@@ -85,6 +87,11 @@ class _Search:
         their sharded states spread over the same TP x CP x DP. Not with DeepEP, whose buffers depend
         on EP (they do not on the ZeRO stage, with which the floor falls at every EP)."""
         return self.req.training.moe_dispatcher != "deepep"
+
+    def _zero_floor_falls(self, over: int, zero: int) -> bool:
+        """Whether ZeRO stage `over`'s floor over the budget puts stage `zero`'s over it too. Not from
+        stage 3 down where Megatron-FSDP holds Adam's moments whole (memory/megatron_fsdp.py)."""
+        return over == zero or over < 3 or not moments_at_global_shape(self.req.training, 3)
 
     def _micro(self, s: Shape) -> tuple[int, ...]:
         micro = self._micro_of.get(s)

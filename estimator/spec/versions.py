@@ -7,7 +7,9 @@ version is the measured one. How each release's source is obtained: validation/i
 
 What differs between the releases offered, as far as the estimator models it:
 
-- megatron 0.16 and 0.19: nothing yet. Both run Megatron-Core's tunable interleaved schedule
+- megatron 0.16 and 0.19: Megatron-FSDP's Adam moments (ZeRO 3): 0.16 pins TransformerEngine <2.12, whose
+  FusedAdam builds them at the DTensor's global shape, whole on every GPU; 0.19's TE 2.17.1 shards them
+  (memory/megatron_fsdp.py). Otherwise nothing yet: both run Megatron-Core's tunable interleaved schedule
   (pipeline_parallel/schedules.py get_pp_rank_microbatches, identical at both tags; the rule
   before it, every forward first when micro-batches = PP, ended with core_v0.10.0, commit
   4295be1a "tunable schedule with overlapping", 2024-11-01), the same native fused cross-entropy
