@@ -25,6 +25,7 @@ from .field import record
 from .memo import not_owned
 
 from . import hybrid as _hybrid
+from . import sparse as _sparse
 from .tensors import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, ParameterTensor  # noqa: F401
 
 
@@ -66,6 +67,10 @@ class Architecture:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     mtp_layers: int = 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer per MLA layer (estimator/spec/sparse.py)
+    index_n_heads: int | None = None
+    index_head_dim: int | None = None
+    index_topk: int | None = None
     # Details some families need for exact counts (optional fields beyond the contract's table)
     name: str = "custom"
     norms_per_layer: int = 2  # Gemma-2/3 and OLMo-2 differ from the usual two pre-norms
@@ -116,6 +121,11 @@ class Architecture:
     @property
     def uses_mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def uses_sparse_attention(self) -> bool:
+        """DeepSeek Sparse Attention: a lightning indexer picks index_topk keys per query."""
+        return self.index_n_heads is not None
 
     @property
     def is_hybrid(self) -> bool:
@@ -311,6 +321,8 @@ class Architecture:
                 else:  # Qwen3/Gemma-3: one RMSNorm of width d_head shared by all heads
                     out.append(ParameterTensor("qk_norm", (2 * self.head_dim,), REPLICATED, "vector"))
         out.append(ParameterTensor("o_proj", (h, self.attention_output_width), ROW, "hidden_matrix"))
+        if self.uses_sparse_attention:
+            out += _sparse.indexer_tensors(self)
         if b:
             out.append(ParameterTensor("o_bias", (h,), REPLICATED, "vector"))
         if self.attention_sinks:
@@ -500,6 +512,7 @@ def _check_architecture(arch: Architecture) -> None:
     if arch.kv_lora_rank is not None or arch.q_lora_rank is not None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             _require(arch, name, "required with multi-head latent attention")
+    _sparse.check_indexer(arch)
     _check_hybrid(arch)
 
 
