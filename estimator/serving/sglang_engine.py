@@ -123,7 +123,13 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                           "the model's config gives no context length (max_position_embeddings)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
+    kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
     page = serving.block_size or 1  # --page-size, 1 by default
+    if arch.uses_sparse_attention:  # DeepSeek-V3.2: its own cache dtype default, 64-token pages (sparse_cache.py)
+        from .sparse_cache import BLOCK, check_block_size, sglang_kv_dtype
+        check_block_size(serving.block_size)
+        kv_dtype, kv_bytes = sglang_kv_dtype(serving.kv_cache_dtype, gpu.id)
+        page = BLOCK
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
     ranges = stage_layers(arch.num_layers, par.pp)
@@ -131,8 +137,11 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     for s, layers in enumerate(ranges):
         weights = stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context)
         per_layer = ((arch.kv_lora_rank + arch.qk_rope_head_dim) if arch.uses_mla
-                     else 2 * kv_cache.kv_heads_per_rank(arch, par.tp) * arch.head_dim)
-        cell = per_layer * len(layers) * kv_bytes
+                     else 2 * kv_cache.kv_heads_per_rank(arch, par.tp) * arch.head_dim) * kv_bytes
+        if arch.uses_sparse_attention:
+            from .sparse_cache import sglang_cell_per_layer
+            per_layer = sglang_cell_per_layer(arch, kv_dtype, kv_bytes)
+        cell = per_layer * len(layers)
         available = static - weights.bytes
         tokens = max(available, 0) // cell // page * page
         pools.append((tokens, cell))
@@ -150,8 +159,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=tokens * cell, tokens=tokens,
                                    max_concurrency=tokens / max_len, blocks_per_request=-(-max_len // page))
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
-                        serving.kv_cache_dtype or fmt.dtype_name,
-                        kv_bytes, fmt.name, fmt)
+                        kv_dtype, kv_bytes, fmt.name, fmt)
     longest = min(tokens, context or tokens)
     device_total = gpu.cuda_context_bytes + static + int(reserve * MiB)
     notes = (f"SGLang: mem_fraction_static {fraction:g} of the memory free before loading (pre_model_load_memory); "
