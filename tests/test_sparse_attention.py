@@ -212,3 +212,94 @@ def test_cli_refuses_an_indexer_without_mla(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: Indexer heads [model.index_n_heads] = 8: DeepSeek Sparse Attention's indexer is built on "
                    "MLA (set kv_lora_rank); allowed: none without multi-head latent attention"]
+
+
+# --- training: Megatron-Core 0.16.1's DSAttention ------------------------------------------------------
+
+def tiny_dsa(heads: int, index_heads: int) -> Architecture:
+    """The shapes validation/megatron/dsa_cpu.py measures: hidden 64, q_lora 32, d_nope 128, d_rope 64, d_v 128,
+    index head dim 128, top-64."""
+    return Architecture(hidden_size=64, num_layers=1, num_attention_heads=heads, vocab_size=1000, intermediate_size=256,
+                        q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        index_n_heads=index_heads, index_head_dim=128, index_topk=64)
+
+
+# (b, s, heads, index heads): each shape's peaks fall on a different moment of dsa_moments
+MEASURED_SHAPES = [(1, 512, 4, 8), (2, 256, 8, 32), (1, 512, 16, 2), (2, 128, 8, 8), (1, 256, 2, 64)]
+
+
+@pytest.mark.parametrize("shape", MEASURED_SHAPES, ids=lambda s: "b{}-s{}-a{}-hi{}".format(*s))
+def test_dsa_ledger_and_moments_match_megatrons_code_run_on_cpu(shape):
+    """Megatron-Core 0.16.1's DSAttention.forward and its backward, run for real on the CPU under the harness's
+    storage tracker (validation/megatron/dsa_cpu.py): the bytes kept for backward equal the ledger's DSA entries,
+    the forward's and the backward's peaks the moments of dsa_moments, to the byte. The tracker rounds the
+    4-byte loss scalar to 512 bytes, and the CPU layer_norm keeps its mean and rstd in bf16 (CUDA: fp32)."""
+    pytest.importorskip("megatron.core.transformer.experimental_attention_variant.dsa")
+    from estimator.memory.activations.sparse import dsa_entries, dsa_moments
+    from estimator.spec.training import Training
+    from validation.megatron.dsa_cpu import measure
+
+    b, s, heads, index_heads = shape
+    measured = measure(b, s, heads, index_heads)
+    arch, training, par = tiny_dsa(heads, index_heads), Training(seq_len=s, micro_batch_size=b), Parallel()
+    ledger = sum(e.bytes(par) for e in dsa_entries(arch, training, par))
+    forward, backward, _, _ = dsa_moments(arch, training, par)
+    assert measured["value_kept"]
+    assert measured["saved_bytes"] == ledger + 512 - 2 * 2 * b * s
+    assert measured["forward_extra"] == forward - 508
+    assert measured["backward_extra"] == backward - 508
+
+
+def test_dsa_layer_by_hand():
+    """DeepSeek-V3.2, TP 8 with sequence parallelism, s = 4096, b = 1: the DSA part of one layer's ledger."""
+    from estimator.memory.activations.sparse import dsa_entries
+    from estimator.spec.training import Training
+
+    s, a, hi, di = 4096, 128 // 8, 64, 128
+    expected = (2 * s * di + 2 * 4 * s + 2 * s * hi + 4 * s * (hi * di + di) + 4 * s * s * hi + 4 * 2 * s * 64  # indexer
+                + 2 * s * (7168 + 1536)  # the indexer's all-gathered x and qr (sequence parallel)
+                + 2 * 4 * s * a * 192 + 4 * a * s * s + 2 * a * s * s + 2 * s * a * 128  # sparse attention
+                + 3 * 4 * s * s)  # KL loss
+    par = Parallel(tp=8, sequence_parallel=True)
+    entries = dsa_entries(get_architecture("deepseek-v3.2"), Training(seq_len=s, micro_batch_size=1), par)
+    assert sum(e.bytes(par) for e in entries) == expected
+    assert expected == 6_435_667_968  # 4 GiB of it the indexer's ReLU scores
+
+
+def _estimate(**changes):
+    from estimator import estimate_config
+    config = {"model": "deepseek-v3.2", "training": {"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 512},
+              "parallel": {"tp": 8, "pp": 8, "pp_first_stage_layers": 5, "ep": 32, "dp": 32,
+                           "sequence_parallel": True}, "hardware": {"gpu": "h200"}}
+    for section, values in changes.items():
+        config[section] = {**config[section], **values}
+    return estimate_config(config)
+
+
+def test_the_breakdown_names_the_indexer():
+    est = _estimate()
+    names = [line.name for line in est.activation_ledger]
+    assert "indexer ReLU scores (fp32)" in names and "indexer top-k indices (int64)" not in names
+    stage = next(s for s in est.stages if s.stage == est.peak_stage)
+    transient = next(c for c in stage.components if c.key == "transient")
+    assert any("DeepSeek Sparse Attention" in p.label for p in transient.parts)
+
+
+@pytest.mark.parametrize("section, values, field", [
+    ("training", {"framework": "hf"}, "training.framework"),
+    ("parallel", {"cp": 2, "dp": 16}, "parallel.cp"),
+    ("training", {"recompute": "selective"}, "training.recompute_modules"),
+])
+def test_training_outside_what_is_modelled_is_refused(section, values, field):
+    with pytest.raises(ConfigError) as caught:
+        _estimate(**{section: values})
+    assert caught.value.field == field
+
+
+def test_inference_names_the_indexer_keys():
+    from estimator import estimate_config
+    est = estimate_config({"model": "deepseek-v3.2", "training": {"mode": "inference", "seq_len": 32768,
+                           "micro_batch_size": 4, "param_dtype": "fp8"}, "parallel": {"tp": 8},
+                           "hardware": {"gpu": "h200"}})
+    keys = next(c for c in est.stages[0].components if c.key == "indexer_keys")
+    assert keys.bytes == 132 * 32768 * 4 * 61
