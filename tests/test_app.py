@@ -1011,3 +1011,21 @@ def test_what_to_change_gives_the_clis_answer_from_the_planners_search():
     est = estimate_config(at.session_state[K.CURRENT].config)
     assert est.device_total_bytes == cli[0].device_total_bytes and est.parallel.gpus == 32
     assert est.fit.verdict == "fits"
+
+
+@pytest.mark.parametrize("query", [{"model": "deepseek-v3.2", "tp": "8", "ep": "8", "dp": "8", "seq_len": "4096"},
+                                   {"model": "kimi-k2", "tp": "8", "ep": "8", "dp": "8", "seq_len": "4096"}],
+                         ids=["sparse attention (DeepSeek-V3.2)", "MLA + 384 experts (Kimi-K2)"])
+def test_every_page_renders_the_issue_28_mla_presets(query):
+    """Issue #28's DeepSeek-V3.2 (lightning indexer) and Kimi-K2 presets on every page; DeepSeek-V3.2's
+    activation ledger shows the indexer by name."""
+    at = _app(query)
+    _no_exception(at)
+    for page in PAGES:
+        at.switch_page(page).run()
+        _no_exception(at)
+        assert not [e for e in at.error if "cannot be estimated" in e.value], [e.value for e in at.error]
+    if query["model"] == "deepseek-v3.2":
+        est = estimate_config({"model": "deepseek-v3.2", "training": {"seq_len": 4096},
+                               "parallel": {"tp": 8, "ep": 8, "dp": 8}})
+        assert any(line.name == "indexer ReLU scores (fp32)" for line in est.activation_ledger)
