@@ -303,3 +303,23 @@ def test_inference_names_the_indexer_keys():
                            "hardware": {"gpu": "h200"}})
     keys = next(c for c in est.stages[0].components if c.key == "indexer_keys")
     assert keys.bytes == 132 * 32768 * 4 * 61
+
+
+def test_megatron_command_line_with_dsa_is_imported():
+    """Megatron-Core 0.16.1's --experimental-attention-variant dsa and its --dsa-indexer-* flags become the index
+    fields; the loss coefficient and the sparse loss are read and named as changing no memory."""
+    from estimator.importers import import_config
+
+    line = (DATA / "launch" / "megatron" / "DeepSeek-R1.sh").read_text()
+    flags = ("--experimental-attention-variant", "dsa", "--dsa-indexer-n-heads", "64", "--dsa-indexer-head-dim", "128",
+             "--dsa-indexer-topk", "2048", "--dsa-indexer-loss-coeff", "1.0", "--dsa-indexer-use-sparse-loss",
+             "--vocab-size", "129280", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8",
+             "--decoder-first-pipeline-num-layers", "6", "--decoder-last-pipeline-num-layers", "7",
+             "--expert-model-parallel-size", "8")
+    result = import_config(line, "megatron", gpus=1024, overrides=flags)
+    model = result.config["model"]
+    assert (model["index_n_heads"], model["index_head_dim"], model["index_topk"]) == (64, 128, 2048)
+    read = {s.name for s in result.read}
+    assert {"--experimental-attention-variant", "--dsa-indexer-n-heads", "--dsa-indexer-head-dim", "--dsa-indexer-topk",
+            "--dsa-indexer-loss-coeff", "--dsa-indexer-use-sparse-loss"} <= read
+    assert not {s.name for s in result.ignored + result.unsupported + result.unknown if "dsa" in s.name}
