@@ -323,3 +323,15 @@ def test_megatron_command_line_with_dsa_is_imported():
     assert {"--experimental-attention-variant", "--dsa-indexer-n-heads", "--dsa-indexer-head-dim", "--dsa-indexer-topk",
             "--dsa-indexer-loss-coeff", "--dsa-indexer-use-sparse-loss"} <= read
     assert not {s.name for s in result.ignored + result.unsupported + result.unknown if "dsa" in s.name}
+
+
+def test_megatron_command_written_for_deepseek_v32_reads_back():
+    """plan --emit megatron writes the DSA flags (emit_check.verified imports the text back and compares)."""
+    from estimator.importers.emit import emit
+
+    config = {"model": "deepseek-v3.2", "training": {"seq_len": 4096, "global_batch_size": 512},
+              "parallel": {"tp": 8, "pp": 8, "pp_first_stage_layers": 5, "ep": 32, "dp": 4, "sequence_parallel": True},
+              "hardware": {"gpu": "h200"}}
+    text = emit("megatron", config)
+    assert "--experimental-attention-variant dsa" in " ".join(text.split())
+    assert "--dsa-indexer-topk 2048" in " ".join(text.split())
