@@ -89,20 +89,23 @@ def test_kimi_k2_by_hand():
 # --- the engines' cache ------------------------------------------------------------------------------
 
 def _dsa_records():
-    data = json.loads((DATA / "serving" / "dsa" / "vllm-0.11.0.json").read_text())
-    assert "-m validation.vllm.dsa_records --out" in data["command"]
-    for record in data["records"]:
-        case = record["case"]
-        yield pytest.param(record, id=f"{case['model']}-{case['gpu']}-tp{case['tp']}-pp{case['pp']}")
+    paths = sorted((DATA / "serving" / "dsa").glob("vllm-*.json"))
+    assert [p.name for p in paths] == ["vllm-0.11.0.json", "vllm-0.33.0.json"]
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert "-m validation.vllm.dsa_records --out" in data["command"]
+        for record in data["records"]:
+            case = record["case"]
+            yield pytest.param(record, id=f"{data['vllm_version']}-{case['model']}-{case['gpu']}-tp{case['tp']}-pp{case['pp']}")
 
 
 @pytest.mark.parametrize("record", list(_dsa_records()))
 def test_vllm_cache_matches_vllms_own_specs(record):
-    """vLLM 0.11.0's spec classes and get_kv_cache_configs over MLA's latent and the indexer's key cache
-    (validation/vllm/dsa_records.py), given our KV memory per stage: the same resolved settings, the same
-    pages, and blocks, KV bytes, tokens, concurrency and longest length exactly. With two pipeline stages
-    vLLM 0.11 divides each stage's memory by the whole model's page (kv_cache.Groups.whole_model_page), so
-    DeepSeek-V3.2 gets about half the blocks Kimi-K2's one-spec layers would."""
+    """vLLM 0.11.0's and 0.33.0's spec classes and group planning over MLA's latent and the indexer's key cache
+    (validation/vllm/dsa_records.py), given our KV memory per stage: the same resolved settings (0.11: fp8_ds_mla
+    by default; 0.33: bf16), the same pages, and blocks, KV bytes, tokens, concurrency and longest length
+    exactly. With two pipeline stages vLLM 0.11 divides each stage's memory by the whole model's page
+    (kv_cache.Groups.whole_model_page), so DeepSeek-V3.2 gets about half the blocks there; 0.33 by the stage's."""
     case, given, vllm = record["case"], record["given"], record["vllm"]
     arch = get_architecture(case["model"])
     serving = Serving(**case["serving"])

@@ -91,7 +91,8 @@ class Groups:
     uniform_type: bool = False
     # vLLM 0.11's UniformTypeKVCacheSpecs (DeepSeek-V3.2's two specs per layer) is built over the whole model
     # (get_kv_cache_configs merges every stage's specs first), and get_kv_cache_config_from_groups divides each
-    # stage's memory by its page_size_bytes, the sum over all the model's layers, not the stage's
+    # stage's memory by its page_size_bytes, the sum over all the model's layers, not the stage's (0.33.0
+    # divides by the stage's own: both recorded, tests/data/serving/dsa)
     whole_model_page: bool = False
 
     @property
