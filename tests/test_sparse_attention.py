@@ -338,3 +338,23 @@ def test_megatron_command_written_for_deepseek_v32_reads_back():
     text = emit("megatron", config)
     assert "--experimental-attention-variant dsa" in " ".join(text.split())
     assert "--dsa-indexer-topk 2048" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3.2", "kimi-k2"])
+def test_the_planner_lays_out_the_issue_28_mla_models(model):
+    """256 H200s at TP 8 and EP 8 (a smaller search), 4k tokens: layouts that fit, each one's estimate the estimator's own; for DeepSeek-V3.2 none
+    that the DSA model refuses (context parallelism, selective core_attn recompute)."""
+    from estimator import estimate, load_config
+    from estimator.search.planner import plan
+
+    cfg = load_config({"model": model, "training": {"seq_len": 4096, "global_batch_size": 1024},
+                       "hardware": {"gpu": "h200"}})
+    layouts = plan(cfg.architecture, cfg.training, cfg.hardware, 256, fixed={"tp": 8, "ep": 8}).layouts
+    assert layouts
+    first = layouts[0]
+    assert estimate(cfg.architecture, first.training, first.parallel, cfg.hardware).device_total_bytes \
+        == first.device_total_bytes
+    if model == "deepseek-v3.2":
+        assert all(x.parallel.cp == 1 for x in layouts)
+        assert not any(x.training.recompute == "selective" and "core_attn" in x.training.recompute_modules
+                       for x in layouts)
