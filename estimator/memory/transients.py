@@ -145,10 +145,6 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
         moe = any(kind == "moe" and n for kind, n in stage.kind_counts)
         persistent += [component("buffers", e.name, e.bytes(par), e.shown_formula(par), MEGATRON_GLOBAL_BUFFER)
                        for e in global_memory_buffer(arch, training, par, moe)]
-    if arch.uses_sparse_attention and fw == "megatron" and training.mode == "training" and stage.num_layers:
-        fwd_dsa, bwd_dsa = dsa_transients(arch, training, par)
-        fwd.append(fwd_dsa)
-        bwd.append(bwd_dsa)
     if fw == "fsdp2" and arch.position_embedding == "rope" and stage.num_layers:
         persistent.append(_torchtitan_rope_caches(arch, training, stage))
     if recipe.autocast_weight_copies:
@@ -166,20 +162,6 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                           forward_end)
     opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest))
     return Transients(fwd, bwd, opt, persistent, [], forward_end)
-
-
-def dsa_transients(arch: Architecture, training: Training, par: Parallel) -> tuple[Component, Component]:
-    """DeepSeek Sparse Attention's worst moments in one layer's forward and backward (activations/sparse.py
-    dsa_moments); under full recompute a layer's forward runs again inside the backward."""
-    from .activations.sparse import SOURCE, dsa_moments
-    forward, backward, f_formula, b_formula = dsa_moments(arch, training, par)
-    fwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a layer's forward)", forward,
-                    f_formula, SOURCE + " (measured on CPU: tests/test_sparse_attention.py)")
-    if training.recompute == "full" and forward > backward:
-        backward, b_formula = forward, "the recomputed forward's: " + f_formula
-    bwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a layer's backward)", backward,
-                    b_formula, SOURCE + " (measured on CPU: tests/test_sparse_attention.py)")
-    return fwd, bwd
 
 
 TORCHTUNE_FSDP_SOURCE = (
