@@ -73,6 +73,7 @@ def _setups() -> list[Setup]:
     l8 = Setup(LLAMA31_8B, 4096, 1, tp=2, pp=1, dp=4)
     mx = Setup(MIXTRAL_8X7B, 4096, 1, tp=2, pp=4, dp=4, ep=4, layers=2)
     ds = Setup(DEEPSEEK_V2_LITE, 4096, 1, tp=1, pp=1, dp=8, ep=8, layers=4)
+    dsa = Setup(DEEPSEEK_V2_LITE_DSA, 4096, 1, tp=1, pp=1, dp=8, ep=8, layers=2)
     return [
         # dense GPT-3 175B-like, TP8 PP8: first / middle / last stage, recompute variants
         g, replace(g, stage="middle"), replace(g, stage="last"),
@@ -112,8 +113,10 @@ def _setups() -> list[Setup]:
         replace(mx, dispatcher="allgather", recompute="selective", recompute_modules=("layernorm", "moe")),
         # --moe-grouped-gemm: the legacy GroupedMLP differentiates all local experts at once (kernels.gmm)
         replace(mx, grouped_gemm=True),
-        # DeepSeek Sparse Attention (issue 28): the DSA layers at 4k tokens, 2 layers
-        Setup(DEEPSEEK_V2_LITE_DSA, 4096, 1, tp=1, pp=1, dp=8, ep=8, layers=2),
+        # DeepSeek Sparse Attention (issue 28): the DSA layers at 4k tokens, 2 layers; TP 2 with sequence
+        # parallelism (the indexer all-gathers its inputs); two sequences of 2k. (Full recompute is not
+        # measured: its recomputed forward reads a value under fake tensors, aten._local_scalar_dense.)
+        dsa, replace(dsa, tp=2, dp=4, ep=4), replace(dsa, seq_len=2048, micro_batch_size=2),
     ]
 
 
