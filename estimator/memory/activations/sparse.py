@@ -158,8 +158,8 @@ def check_training(training: Training, par: Parallel) -> None:
                           "gradients", related=related)
     if par.cp > 1:
         raise ConfigError("parallel.cp", par.cp, "1 for a model with sparse attention",
-                          "Megatron-Core 0.16.1's DSAttention scores the whole sequence on each rank: context "
-                          "parallelism is not modelled", related=related)
+                          "Megatron-Core 0.16.1 refuses it (transformer_config.py: 'Currently context parallelism is "
+                          "not supported by DSAttention!')", related=related)
     if training.recompute == "selective" and "core_attn" in training.recompute_modules:
         raise ConfigError("training.recompute_modules", list(training.recompute_modules),
                           "without 'core_attn' for a model with sparse attention",
