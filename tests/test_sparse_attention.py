@@ -96,7 +96,8 @@ def _dsa_records():
         assert "-m validation.vllm.dsa_records --out" in data["command"]
         for record in data["records"]:
             case = record["case"]
-            yield pytest.param(record, id=f"{data['vllm_version']}-{case['model']}-{case['gpu']}-tp{case['tp']}-pp{case['pp']}")
+            name = f"{data['vllm_version']}-{case['model']}-{case['gpu']}-tp{case['tp']}-pp{case['pp']}"
+            yield pytest.param(record, id=name)
 
 
 @pytest.mark.parametrize("record", list(_dsa_records()))
@@ -259,7 +260,8 @@ def test_dsa_layer_by_hand():
     from estimator.spec.training import Training
 
     s, a, hi, di = 4096, 128 // 8, 64, 128
-    expected = (2 * s * di + 2 * 4 * s + 2 * s * hi + 4 * s * (hi * di + di) + 4 * s * s * hi + 4 * 2 * s * 64  # indexer
+    expected = (2 * s * di + 2 * 4 * s + 2 * s * hi + 4 * s * (hi * di + di) + 4 * s * s * hi  # indexer
+                + 4 * 2 * s * 64  # the indexer's RoPE cos and sin for q and k
                 + 2 * s * (7168 + 1536)  # the indexer's all-gathered x and qr (sequence parallel)
                 + 2 * 4 * s * a * 192 + 4 * a * s * s + 2 * a * s * s + 2 * s * a * 128  # sparse attention
                 + 3 * 4 * s * s)  # KL loss
@@ -342,8 +344,9 @@ def test_megatron_command_written_for_deepseek_v32_reads_back():
 
 @pytest.mark.parametrize("model", ["deepseek-v3.2", "kimi-k2"])
 def test_the_planner_lays_out_the_issue_28_mla_models(model):
-    """256 H200s at TP 8 and EP 8 (a smaller search), 4k tokens: layouts that fit, each one's estimate the estimator's own; for DeepSeek-V3.2 none
-    that the DSA model refuses (context parallelism, selective core_attn recompute)."""
+    """256 H200s at TP 8 and EP 8 (a smaller search), 4k tokens: layouts that fit, each one's estimate the
+    estimator's own; for DeepSeek-V3.2 none that the DSA model refuses (context parallelism, selective core_attn
+    recompute)."""
     from estimator import estimate, load_config
     from estimator.search.planner import plan
 

@@ -90,7 +90,8 @@ def measure(b: int, s: int, heads: int, index_heads: int, index_dim: int = 128, 
             "forward_extra": forward_peak - sum(saved.values()) - out_bytes,
             "backward_extra": backward_peak - live_backward,
             "saved": _labelled(tracker, saved),
-            "forward_peak": _labelled(tracker, {k: n for k, n in tracker.live_at(forward_at).items() if k not in saved}),
+            "forward_peak": _labelled(tracker, {k: n for k, n in tracker.live_at(forward_at).items()
+                                                if k not in saved}),
             "backward_peak": _labelled(tracker, tracker.live_at(backward_at))}
 
 

@@ -140,7 +140,8 @@ def dsa_moments(arch: Architecture, training: Training, par: Parallel) -> tuple[
                        f"8*Sa - 4*S2 + 4*s^2, 20*S2 + 4*s^2) + 4*s^2 + 8*s*b*min(topk, s) + "
                        f"2*B*s*b*a*(d_nope + d_rope){by_t} - the DSA tensors not yet saved "
                        f"(S2 = b*s^2, Sa = b*a*s^2{by_t}, Si = b*s^2*H_I)")
-    backward_formula = (f"max((8 - B)*Sa - 8*S2, 8*s*b*a*(d_nope + d_rope){by_t} - B*Sa - 8*S2, 8*Si + 4*S2 + 4*s*b*H_I + B*s*b*a*(2*(d_nope + d_rope) + d_v){by_t} "
+    backward_formula = (f"max((8 - B)*Sa - 8*S2, 8*s*b*a*(d_nope + d_rope){by_t} - B*Sa - 8*S2, "
+                        f"8*Si + 4*S2 + 4*s*b*H_I + B*s*b*a*(2*(d_nope + d_rope) + d_v){by_t} "
                         f"- the freed attention and loss tensors) (S2 = b*s^2, Sa = b*a*s^2{by_t}, Si = b*s^2*H_I)")
     return forward, backward, forward_formula, backward_formula
 
