@@ -41,7 +41,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.sparse import selected_keys
 from ...spec.training import Training
-from .entries import Entry, tokens_per_gpu
+from .entries import UP_PROJ, Entry, tokens_per_gpu
 
 SOURCE = "Megatron-Core 0.16.1 transformer/experimental_attention_variant/dsa.py"
 
@@ -81,7 +81,10 @@ def sparse_core_entries(arch: Architecture, training: Training, par: Parallel) -
                   "2*4*s*b*a*(d_nope + d_rope)"),
             Entry("sparse attention softmax output (fp32, masked to the top-k keys)", scores, 4, "tp", "4*a*s^2*b"),
             Entry("sparse attention probabilities cast to the compute dtype", scores, B, "tp", "B*a*s^2*b"),
-            Entry("v (kept by scores x V)", T * a * arch.v_head_dim, B, "tp", "B*s*b*a*d_v"),
+            # MLA's v itself (bmm keeps a view of it): with "mla_up_proj" recomputed, MLA frees its q, k, v
+            # after the core attention and rebuilds them for its backward (multi_latent_attention.py
+            # qkv_up_checkpoint.discard_output_and_register_recompute)
+            Entry("v (kept by scores x V)", T * a * arch.v_head_dim, B, "tp", "B*s*b*a*d_v", recompute=UP_PROJ),
             Entry("indexer KL loss: softmax of the index scores, its log input and the target (fp32)",
                   3 * b * s * s, 4, "none", "3*4*b*s^2")]
 
