@@ -1043,3 +1043,19 @@ def test_a_preset_edited_as_a_custom_architecture_keeps_its_vision_tower():
     assert current.model.source == "custom" and current.model.arch["vision_tower"] == "qwen2_5_vl"
     assert at.number_input(key=K.arch("vision_hidden_size")).value == 1280  # shown, under Vision tower
     assert _metric(at, "Device total per GPU") == _gib(estimate_config({"model": "qwen2.5-vl-7b"}).device_total_bytes)
+@pytest.mark.parametrize("query", [{"model": "deepseek-v3.2", "tp": "8", "ep": "8", "dp": "8", "seq_len": "4096"},
+                                   {"model": "kimi-k2", "tp": "8", "ep": "8", "dp": "8", "seq_len": "4096"}],
+                         ids=["sparse attention (DeepSeek-V3.2)", "MLA + 384 experts (Kimi-K2)"])
+def test_every_page_renders_the_issue_28_mla_presets(query):
+    """Issue #28's DeepSeek-V3.2 (lightning indexer) and Kimi-K2 presets on every page; DeepSeek-V3.2's
+    activation ledger shows the indexer by name."""
+    at = _app(query)
+    _no_exception(at)
+    for page in PAGES:
+        at.switch_page(page).run()
+        _no_exception(at)
+        assert not [e for e in at.error if "cannot be estimated" in e.value], [e.value for e in at.error]
+    if query["model"] == "deepseek-v3.2":
+        est = estimate_config({"model": "deepseek-v3.2", "training": {"seq_len": 4096},
+                               "parallel": {"tp": 8, "ep": 8, "dp": 8}})
+        assert any(line.name == "indexer ReLU scores (fp32)" for line in est.activation_ledger)

@@ -21,7 +21,8 @@ from estimator.spec.training import Training
 REQUIRED = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b",
             "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b",
             "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b",
-            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5", "qwen2.5-vl-7b"]
+            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5", "qwen2.5-vl-7b", "deepseek-v3.2",
+            "kimi-k2"]
 
 # Exact counts the project states as its reference (from the Hub's safetensors metadata, and for
 # DeepSeek-V3 the checkpoint with its MTP module): quoted here independently of the data files.
@@ -95,14 +96,15 @@ def test_total_matches_the_published_count(pid):
         assert within(total, info.published_total, info.total_rounding), (total, info.published_total)
 
 
-# MoE presets with a published active count (dense models have active = total); DeepSeek-V3's
-# active count excludes its MTP module and is checked separately below.
-WITH_ACTIVE = [i.id for i in list_presets() if i.published_active is not None and i.id != "deepseek-v3"]
+# MoE presets with a published active count (dense models have active = total); DeepSeek-V3's and
+# DeepSeek-V3.2's active counts exclude the MTP module and are checked separately below.
+WITH_ACTIVE = [i.id for i in list_presets() if i.published_active is not None
+               and i.id not in ("deepseek-v3", "deepseek-v3.2")]
 
 
 def test_moe_presets_publish_an_active_count():
     assert set(WITH_ACTIVE) == {"qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b",
-                                "gpt-oss-20b", "gpt-oss-120b", "jamba-mini-1.5"}
+                                "gpt-oss-20b", "gpt-oss-120b", "jamba-mini-1.5", "kimi-k2"}
 
 
 @pytest.mark.parametrize("pid", WITH_ACTIVE)
@@ -138,6 +140,19 @@ def test_deepseek_v3_with_and_without_mtp():
     assert info.published_total == DEEPSEEK_V3["total_with_mtp"]
     assert info.published_active == DEEPSEEK_V3["active_without_mtp"] and info.counting["active_excludes_mtp"]
     assert info.counting["total_without_mtp"] == DEEPSEEK_V3["total_without_mtp"]
+
+
+def test_deepseek_v32_with_and_without_mtp():
+    """DeepSeek-V3 plus one lightning indexer per attention layer, the MTP block's included
+    (13,959,424 each: tests/test_sparse_attention.py)."""
+    arch = get_architecture("deepseek-v3.2")
+    without = parameter_counts(arch, include_mtp=False)
+    assert without.total == DEEPSEEK_V3["total_without_mtp"] + 61 * 13_959_424
+    assert without.active == DEEPSEEK_V3["active_without_mtp"] + 61 * 13_959_424
+    info = next(i for i in list_presets() if i.id == "deepseek-v3.2")
+    assert info.published_total == parameter_counts(arch).total == DEEPSEEK_V3["total_with_mtp"] + 62 * 13_959_424
+    assert info.published_active == without.active and info.counting["active_excludes_mtp"]
+    assert info.counting["total_without_mtp"] == without.total
 
 
 def test_gemma_3_27b_against_the_technical_report():

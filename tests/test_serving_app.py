@@ -63,3 +63,13 @@ def test_a_mamba1_hybrid_is_served_with_its_state_pages():
     expected = serving_config(load_config({"model": "jamba-mini-1.5", "parallel": {"tp": 2}}))
     assert at.success[0].value == headline(expected)
     assert expected.capacity.max_concurrency > 1
+
+
+def test_the_issue_28_mla_presets_on_the_serving_page():
+    """DeepSeek-V3.2 (its cache adds the indexer's keys: 64 x (656 + 132) bytes per layer and block under vLLM
+    0.11's fp8_ds_mla default) and Kimi-K2 give the CLI's headline on the Serving page."""
+    for model, tp, pp in (("deepseek-v3.2", "8", "1"), ("kimi-k2", "16", "1")):
+        at = _serving_page({"model": model, "tp": tp, "pp": pp, "gpu": "h200", "max_model_len": "32768"})
+        expected = serving_config(load_config({"model": model, "parallel": {"tp": int(tp), "pp": int(pp)},
+                                               "hardware": {"gpu": "h200"}, "serving": {"max_model_len": 32768}}))
+        assert at.success[0].value == headline(expected), model

@@ -59,6 +59,9 @@ def megatron_model(arch) -> list[str]:
               "--qk-pos-emb-head-dim", arch.qk_rope_head_dim, "--v-head-dim", arch.v_head_dim]
         if arch.q_lora_rank:
             w += ["--q-lora-rank", arch.q_lora_rank]
+        if arch.uses_sparse_attention:  # Megatron-Core 0.16.1 DSAttention (TransformerConfig dsa_indexer_*)
+            w += ["--experimental-attention-variant", "dsa", "--dsa-indexer-n-heads", arch.index_n_heads,
+                  "--dsa-indexer-head-dim", arch.index_head_dim, "--dsa-indexer-topk", arch.index_topk]
     else:
         if arch.num_kv_heads != arch.num_attention_heads:
             w += ["--group-query-attention", "--num-query-groups", arch.num_kv_heads]

@@ -71,6 +71,22 @@ def _model(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
         build.set("model.mtp_layers", mtp, "--mtp-num-layers")
 
 
+def _sparse_attention(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
+    """DeepSeek Sparse Attention on MLA (Megatron-Core 0.16.1 TransformerConfig: the indexer's heads, head dim
+    and top-k have no default; a missing one is named by the architecture's check)."""
+    args.take("--experimental-attention-variant")
+    ledger.mapped("--experimental-attention-variant", "dsa", "DeepSeek Sparse Attention (the index fields below)")
+    for flag, field in (("--dsa-indexer-n-heads", "index_n_heads"), ("--dsa-indexer-head-dim", "index_head_dim"),
+                        ("--dsa-indexer-topk", "index_topk")):
+        value = args.int(flag)
+        if value is not None:
+            build.set(f"model.{field}", value, flag)
+    for flag in ("--dsa-indexer-loss-coeff", "--dsa-indexer-use-sparse-loss"):
+        if flag in args.values:
+            ledger.mapped(flag, args.take(flag), "no memory effect: the KL loss keeps its tensors whatever its "
+                          "coefficient, and the sparse loss only masks them (memory/activations/sparse.py)")
+
+
 def _attention_shape(args: _Args, build: ConfigBuilder, ledger: Ledger, hidden: int, heads: int) -> None:
     if args.on("--multi-latent-attention"):
         ledger.mapped("--multi-latent-attention", "", "multi-head latent attention (the MLA fields below)")
@@ -88,6 +104,8 @@ def _attention_shape(args: _Args, build: ConfigBuilder, ledger: Ledger, hidden: 
         args.take("--kv-channels")
         if "--kv-channels" in args.values:
             ledger.mapped("--kv-channels", args.values["--kv-channels"], "not used by MLA's shapes")
+        if args.values.get("--experimental-attention-variant") == "dsa":
+            _sparse_attention(args, build, ledger)
         return
     if args.on("--group-query-attention"):
         groups = args.int("--num-query-groups", default=1)

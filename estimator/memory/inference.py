@@ -75,6 +75,22 @@ def recurrent_state_component(arch: Architecture, training: Training, par: Paral
                      "vLLM mamba_utils.py MambaStateShapeCalculator shapes (estimator/spec/hybrid.py state_bytes)")
 
 
+def indexer_keys_component(arch: Architecture, training: Training, chunks: tuple[range, ...]):
+    """DeepSeek Sparse Attention: every attention layer also caches the lightning indexer's key per token,
+    fp8 with an fp32 scale per 128 elements (spec/sparse.py index_key_bytes); None without it."""
+    if not arch.uses_sparse_attention:
+        return None
+    from ..spec.sparse import index_key_bytes
+    tokens = training.kv_cache_tokens or training.seq_len
+    layers = sum(len(r) for r in chunks)
+    per_token = index_key_bytes(arch)
+    return component("indexer_keys", "Lightning indexer keys (DeepSeek Sparse Attention)",
+                     per_token * tokens * training.micro_batch_size * layers,
+                     f"(d_index + d_index/128 x 4 = {per_token} B) x tokens x batch x layers",
+                     "vLLM 0.11.0 models/deepseek_v2.py DeepseekV32IndexerCache; SGLang 0.5.23 "
+                     "pool_configurator.py _compute_dsa_indexer_cell_size")
+
+
 def inference_stage(arch: Architecture, training: Training, par: Parallel, hardware: Hardware,
                     sp: StageParameters, vocab: int, shared):
     P = bytes_per_element(training.param_dtype)
@@ -95,6 +111,9 @@ def inference_stage(arch: Architecture, training: Training, par: Parallel, hardw
             kv_cache, activations, library_workspaces(training, hardware, moe_stage)]
     if recurrent is not None:
         kept.insert(4, recurrent)
+    indexer_keys = indexer_keys_component(arch, training, sp.chunks)
+    if indexer_keys is not None:
+        kept.insert(4, indexer_keys)
     if sp.stage == par.pp - 1:
         # Logits of the last position of each sequence, upcast to fp32 for sampling.
         kept.append(component("logits", "Logits of the sampled positions (fp32)",

@@ -89,6 +89,13 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)]
                      + ([cache] if cache else []))
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
+    if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
+        from .dsa_moments import dsa_stage_moments
+        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, [k for k, n in sp.kind_counts if n],
+                                                      total_bytes(loss_saved))
+        exchange = max(exchange, dsa_forward, key=total_bytes)
+        exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
+        in_moe_layer = list(in_moe_layer) + max(dsa_forward, dsa_backward, key=total_bytes)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
     # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)

@@ -81,6 +81,9 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         _check_hybrid(arch, training, par)
     if training.images_per_sample or training.image_size is not None or training.freeze_vision:
         _check_images(arch, training)
+    if arch.uses_sparse_attention:  # DeepSeek-V3.2 (memory/activations/sparse.py)
+        from .activations.sparse import check_training
+        check_training(training, par)
     if arch.num_attention_heads % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),
                           f"num_attention_heads ({arch.num_attention_heads}) must be divisible by tp")

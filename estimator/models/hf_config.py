@@ -19,6 +19,7 @@ from .hf_common import _COMMON_KEYS
 from .hf_families import FAMILIES, _Reader
 from .hf_hybrid import HYBRID_FAMILIES  # noqa: F401  (registers Qwen3-Next and Nemotron-H in FAMILIES)
 from .hf_vision import vision_fields  # (registers Qwen2.5-VL in FAMILIES)
+from .hf_sparse import SPARSE_FAMILIES  # noqa: F401  (registers DeepSeek-V3.2 and Kimi-K2 in FAMILIES)
 
 
 # Multimodal wrappers whose text model has no `model_type` of its own in `text_config`.

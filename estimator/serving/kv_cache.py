@@ -24,7 +24,8 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    kind: str  # "full", "sliding_window", "mla" or "recurrent" (a hybrid's Gated DeltaNet or Mamba-2 state)
+    kind: str  # "full", "sliding_window", "mla" or "recurrent" (a hybrid's Gated DeltaNet or Mamba-2 state);
+    # "dsa": MLA's latent and DeepSeek-V3.2's index keys, two specs per layer in one group (sparse_cache.py)
     page_bytes: int  # one block of one layer on one rank
     block_size: int
     sliding_window: int | None = None
@@ -53,9 +54,10 @@ def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
     layer that keeps nothing (a hybrid pattern's MLP or MoE block)."""
     if arch.is_hybrid:
         return _hybrid_specs(arch, tp, block_size, kv_bytes, model_bytes)
-    if arch.uses_mla:
-        page = block_size * (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes
-        return (LayerSpec("mla", page, block_size),) * arch.num_layers
+    if arch.uses_mla:  # DeepSeek Sparse Attention adds the indexer's keys to the page (sparse_cache.py)
+        from .sparse_cache import mla_token_bytes
+        page = block_size * mla_token_bytes(arch, kv_bytes)
+        return (LayerSpec("dsa" if arch.uses_sparse_attention else "mla", page, block_size),) * arch.num_layers
     page = 2 * block_size * kv_heads_per_rank(arch, tp) * arch.head_dim * kv_bytes
     full = LayerSpec("full", page, block_size)
     window = LayerSpec("sliding_window", page, block_size, arch.sliding_window) if arch.sliding_window else full
@@ -87,6 +89,11 @@ class Groups:
     # One group of full-attention layers whose pages differ (a draft model's layers beside the target's):
     # vLLM's UniformTypeKVCacheSpecs, where a block holds one page of every layer
     uniform_type: bool = False
+    # vLLM 0.11's UniformTypeKVCacheSpecs (DeepSeek-V3.2's two specs per layer) is built over the whole model
+    # (get_kv_cache_configs merges every stage's specs first), and get_kv_cache_config_from_groups divides each
+    # stage's memory by its page_size_bytes, the sum over all the model's layers, not the stage's (0.33.0
+    # divides by the stage's own: both recorded, tests/data/serving/dsa)
+    whole_model_page: bool = False
 
     @property
     def count(self) -> int:
@@ -97,7 +104,14 @@ class Groups:
         return max(sum(1 for i in idx if i in layers) for _, idx in self.members)
 
     def block_bytes_on(self, layers: range) -> int:
-        if self.uniform_type:
+        """What one block costs a stage: its memory over this is its block count."""
+        if self.whole_model_page:
+            return sum(spec.page_bytes * len(idx) for spec, idx in self.members)
+        return self.held_bytes_on(layers)
+
+    def held_bytes_on(self, layers: range) -> int:
+        """What one block holds on a stage: the pages of its layers."""
+        if self.uniform_type or self.whole_model_page:
             return sum(spec.page_bytes * sum(1 for i in idx if i in layers) for spec, idx in self.members)
         return self.members[0][0].page_bytes * self.layers_per_group_on(layers)
 
@@ -117,8 +131,8 @@ def kv_groups(specs: tuple[LayerSpec, ...], version: tuple[int, int]) -> Groups:
             by_spec.setdefault(spec, []).append(i)
     if len(by_spec) == 1:
         spec, idx = next(iter(by_spec.items()))
-        return Groups(((spec, tuple(idx)),))
-    if all(spec.kind == "full" for spec in by_spec) or all(spec.kind == "mla" for spec in by_spec):
+        return Groups(((spec, tuple(idx)),), whole_model_page=spec.kind == "dsa" and version < (0, 33))
+    if all(spec.kind == "full" for spec in by_spec) or all(spec.kind in ("mla", "dsa") for spec in by_spec):
         # UniformTypeKVCacheSpecs.from_specs: every layer needs the same token slots, pages differ
         return Groups(tuple((spec, tuple(idx)) for spec, idx in by_spec.items()), uniform_type=True)
     sizes = [len(idx) for idx in by_spec.values()]
@@ -166,7 +180,7 @@ def capacity(groups: Groups, stage_layers: tuple[range, ...], available: tuple[i
         tokens = num_blocks // groups.count * block_size
     else:
         tokens = int(concurrency * max_model_len)
-    return KvCapacity(num_blocks, num_blocks * groups.block_bytes_on(stage_layers[limiting]), tokens, concurrency,
+    return KvCapacity(num_blocks, num_blocks * groups.held_bytes_on(stage_layers[limiting]), tokens, concurrency,
                       per_request)
 
 

@@ -178,7 +178,13 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                           "the model's config gives no context length (max_position_embeddings)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
+    kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
     page = page_size(arch, gpu.id, serving.block_size)
+    if arch.uses_sparse_attention:  # DeepSeek-V3.2: its own cache dtype default, 64-token pages (sparse_cache.py)
+        from .sparse_cache import BLOCK, check_block_size, sglang_kv_dtype
+        check_block_size(serving.block_size)
+        kv_dtype, kv_bytes = sglang_kv_dtype(serving.kv_cache_dtype, gpu.id)
+        page = BLOCK
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
     held = VLM_CACHE_MIB * MiB if multimodal(checkpoint) else 0
@@ -188,7 +194,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
         weights = stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context)
         available = static - weights.bytes - held
         pool = sglang_pools.size_pools(arch, checkpoint, par.tp, kv_bytes, page, layers, ranges, max(available, 0),
-                                       serving.prefix_caching, serving.max_num_seqs)
+                                       serving.prefix_caching, serving.max_num_seqs, kv_dtype)
         pools.append(pool)
         stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
                                   _components(rules, weights, act_mib, graph_mib, pool)))
@@ -202,8 +208,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=pool.kv_bytes, tokens=tokens,
                                    max_concurrency=concurrency, blocks_per_request=-(-max_len // page))
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
-                        serving.kv_cache_dtype or fmt.dtype_name,
-                        kv_bytes, fmt.name, fmt)
+                        kv_dtype, kv_bytes, fmt.name, fmt)
     longest = min(tokens, context or tokens)
     device_total = gpu.cuda_context_bytes + static + int(reserve * MiB)
     notes = (f"SGLang: mem_fraction_static {fraction:g} of the memory free before loading (pre_model_load_memory); "

@@ -74,8 +74,12 @@ def attention_layers(arch: Architecture, layers: range) -> tuple[int, ...]:
     return tuple(i for i in layers if hybrid.MIXER[arch.layer_kind(i)] == "attention")
 
 
-def token_bytes(arch: Architecture, tp: int, kv_bytes: int) -> int:
-    """One token on one attention layer (ModelConfig.get_num_kv_heads; calculate_mla_kv_cache_dim)."""
+def token_bytes(arch: Architecture, tp: int, kv_bytes: int, kv_dtype: str = "") -> int:
+    """One token on one attention layer (ModelConfig.get_num_kv_heads; calculate_mla_kv_cache_dim); with
+    DeepSeek Sparse Attention its latent layout and index key (sparse_cache.py)."""
+    if arch.uses_sparse_attention:
+        from .sparse_cache import sglang_cell_per_layer
+        return sglang_cell_per_layer(arch, kv_dtype, kv_bytes)
     if arch.uses_mla:
         return (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes
     return max(1, arch.num_kv_heads // tp) * 2 * arch.head_dim * kv_bytes
@@ -125,20 +129,21 @@ def state_slots(rest_bytes: int, per_request: int, ratio: float = MAMBA_FULL_MEM
 
 def size_pools(arch: Architecture, checkpoint: dict | None, tp: int, kv_bytes: int, page: int,
                stage: range, stages: tuple[range, ...], available: int, radix_cache: bool = True,
-               requested: int | None = None) -> Pools:
+               requested: int | None = None, kv_dtype: str = "") -> Pools:
     """The pools one rank sizes from the `available` bytes SGLang's profile leaves it. Without the radix cache
-    a given max_running_requests is the state pool's slot count (_handle_max_mamba_cache)."""
+    a given max_running_requests is the state pool's slot count (_handle_max_mamba_cache). `kv_dtype`: the
+    cache dtype's name, which decides a sparse-attention model's latent layout (sparse_cache.py)."""
     per_request = state_per_request(arch, tp, ssm_dtype_bytes(checkpoint), stages) if arch.is_hybrid else 0
     if per_request and requested and not radix_cache:
         slots = max(1, requested)
     else:
         slots = max(state_slots(available, per_request), 0) if per_request else 0
     if per_request and not slots:  # SGLang refuses to start: no room for one state slot
-        return Pools(0, 0, token_bytes(arch, tp, kv_bytes) * len(attention_layers(arch, stage)), None, 0, 0,
+        return Pools(0, 0, token_bytes(arch, tp, kv_bytes, kv_dtype) * len(attention_layers(arch, stage)), None, 0, 0,
                      per_request)
     state = (slots + 1) * per_request if per_request else 0
     rest = max(available - state, 0)
-    per_token = token_bytes(arch, tp, kv_bytes)
+    per_token = token_bytes(arch, tp, kv_bytes, kv_dtype)
     layers = attention_layers(arch, stage)
     if is_hybrid_swa(arch, checkpoint):
         n_full = arch.global_attention_layers_in(stage.start, stage.stop)

@@ -144,11 +144,15 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
     if fmt.name == "mxfp4":
         fmt = dataclasses.replace(fmt, mxfp4_padding=mxfp4_padding(rules, gpu.id))
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
+    kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
+    if arch.uses_sparse_attention:  # DeepSeek-V3.2: fp8_ds_mla and 64-token blocks (sparse_cache.py)
+        from .sparse_cache import check_block_size, vllm_kv_dtype
+        check_block_size(serving.block_size)
+        kv_dtype, kv_bytes = vllm_kv_dtype(serving.kv_cache_dtype, rules.version, fmt.dtype_bytes)
     block = serving.block_size or _default_block_size(arch, gpu.id)
     return Resolved(rules, max_model_len, context, serving.max_num_seqs or tier.max_num_seqs,
                     serving.max_num_batched_tokens or tier.max_num_batched_tokens, block,
-                    serving.kv_cache_dtype or fmt.dtype_name,
-                    kv_bytes, fmt.name, fmt, gpu.id)
+                    kv_dtype, kv_bytes, fmt.name, fmt, gpu.id)
 
 
 def sampler_rule(rules: vllm_versions.VllmRules, gpu_id: str) -> str:
@@ -161,7 +165,9 @@ def sampler_rule(rules: vllm_versions.VllmRules, gpu_id: str) -> str:
 
 def _default_block_size(arch: Architecture, gpu_id: str) -> int:
     """16 (platforms/cuda.py); MLA forces 64 for FlashMLA on Hopper and 128 for CUTLASS MLA on
-    Blackwell (vLLM 0.11 platforms/cuda.py check_and_update_config)."""
+    Blackwell (vLLM 0.11 platforms/cuda.py check_and_update_config); 64 for sparse MLA on any GPU there."""
+    if arch.uses_sparse_attention:
+        return 64
     if arch.uses_mla and gpu_id in BLACKWELL:
         return 128
     if arch.uses_mla and gpu_id in HOPPER:

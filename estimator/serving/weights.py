@@ -39,7 +39,8 @@ from .kv_cache import cdiv, kv_heads_per_rank
 
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 GROUP = 128  # GPTQ/AWQ group size of the common int4 checkpoints
-UNQUANTIZED_MATRICES = ("router", "shared_expert_gate")  # built with quant_config=None in vLLM's MoE models
+# built with quant_config=None in vLLM's MoE models; DeepSeek-V3.2's indexer weights_proj too (deepseek_v2.py Indexer)
+UNQUANTIZED_MATRICES = ("router", "shared_expert_gate", "indexer_weights_proj")
 
 
 @dataclass(frozen=True)

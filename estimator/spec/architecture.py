@@ -15,7 +15,6 @@ when ``kv_lora_rank`` is set.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field, fields
 
 from . import memo as _memo
@@ -26,6 +25,8 @@ from .memo import not_owned
 
 from . import hybrid as _hybrid
 from . import vision as _vision
+from . import sparse as _sparse
+from .residues import congruent_in, congruent_in_both
 from .tensors import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, ParameterTensor  # noqa: F401
 
 
@@ -67,6 +68,10 @@ class Architecture:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     mtp_layers: int = 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2): a lightning indexer per MLA layer (estimator/spec/sparse.py)
+    index_n_heads: int | None = None
+    index_head_dim: int | None = None
+    index_topk: int | None = None
     # Details some families need for exact counts (optional fields beyond the contract's table)
     name: str = "custom"
     norms_per_layer: int = 2  # Gemma-2/3 and OLMo-2 differ from the usual two pre-norms
@@ -135,6 +140,11 @@ class Architecture:
     @property
     def uses_mla(self) -> bool:
         return self.kv_lora_rank is not None
+
+    @property
+    def uses_sparse_attention(self) -> bool:
+        """DeepSeek Sparse Attention: a lightning indexer picks index_topk keys per query."""
+        return self.index_n_heads is not None
 
     @property
     def is_hybrid(self) -> bool:
@@ -335,6 +345,8 @@ class Architecture:
                 else:  # Qwen3/Gemma-3: one RMSNorm of width d_head shared by all heads
                     out.append(ParameterTensor("qk_norm", (2 * self.head_dim,), REPLICATED, "vector"))
         out.append(ParameterTensor("o_proj", (h, self.attention_output_width), ROW, "hidden_matrix"))
+        if self.uses_sparse_attention:
+            out += _sparse.indexer_tensors(self)
         if b:
             out.append(ParameterTensor("o_bias", (h,), REPLICATED, "vector"))
         if self.attention_sinks:
@@ -431,27 +443,6 @@ class Architecture:
                 + self.layer_tensors(kind))
 
 
-def congruent_in(start: int, stop: int, residue: int, modulus: int) -> int:
-    """How many i in start .. stop - 1 have i % modulus == residue % modulus: the multiples of
-    the modulus in [start - residue, stop - residue), each bound counted by a floor division."""
-    if stop <= start:
-        return 0
-    return (stop - 1 - residue) // modulus - (start - 1 - residue) // modulus
-
-
-def congruent_in_both(start: int, stop: int, first: tuple[int, int], second: tuple[int, int]) -> int:
-    """How many i in start .. stop - 1 are in both residue classes (residue, modulus). By the
-    Chinese remainder theorem they form one class modulo lcm(m1, m2), or none when the residues
-    differ modulo gcd(m1, m2)."""
-    (r1, m1), (r2, m2) = first, second
-    g = math.gcd(m1, m2)
-    if (r2 - r1) % g:
-        return 0
-    # i = r1 + m1 * k with m1 * k = r2 - r1 (mod m2): k = (r2 - r1)/g * (m1/g)^-1 (mod m2/g)
-    k = (r2 - r1) // g * pow(m1 // g, -1, m2 // g) % (m2 // g)
-    return congruent_in(start, stop, r1 + m1 * k, m1 // g * m2)
-
-
 def count(tensors: list[ParameterTensor], experts_only: bool | None = None) -> int:
     return sum(t.numel for t in tensors if experts_only is None or t.is_expert == experts_only)
 
@@ -531,6 +522,7 @@ def _check_architecture(arch: Architecture) -> None:
     if arch.kv_lora_rank is not None or arch.q_lora_rank is not None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             _require(arch, name, "required with multi-head latent attention")
+    _sparse.check_indexer(arch)
     _check_hybrid(arch)
     _vision.check(arch)
 

@@ -349,6 +349,13 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
        auto="none: required with MLA"),
     _w("v_head_dim", "v head dim", "MLA: per-head width of the values.", _MLA, optional=True,
        auto="none: required with MLA"),
+    _w("index_n_heads", "Indexer heads", "DeepSeek Sparse Attention (V3.2): heads of the lightning indexer that "
+       "picks the keys each query attends to; set to use sparse attention (with MLA).", _MLA, hi=MAX_HEADS,
+       optional=True, auto="none: dense attention"),
+    _w("index_head_dim", "Indexer head dim", "DeepSeek Sparse Attention: width of an index query head and of the "
+       "one index key per token (a multiple of 128).", _MLA, optional=True, auto="none: required with indexer heads"),
+    _w("index_topk", "Indexer top-k", "DeepSeek Sparse Attention: keys each query attends to (2048 in "
+       "DeepSeek-V3.2).", _MLA, hi=MAX_TOKENS, optional=True, auto="none: required with indexer heads", step=256),
     _w("mtp_layers", "MTP modules", "Multi-token-prediction modules (DeepSeek-V3).", _MORE, lo=0, hi=64),
     Field("name", _M, "text", "Name", "A name for this architecture.", _MORE),
     _w("norms_per_layer", "Norms per layer", "Gemma-2/3 and OLMo-2 differ from the usual 2.", _MORE, lo=0, hi=16),

@@ -41,6 +41,9 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
     causal mask; with CP each GPU holds s/CP queries against all s keys, the same causal half
     after Megatron's load-balanced split. Eager attention computes the full s_q x s_k scores,
     writes them, reads them for the softmax, writes the probabilities and reads them again."""
+    if arch.uses_sparse_attention:  # DeepSeek-V3.2 under Megatron-Core 0.16.1's unfused DSA
+        from .sparse_operations import dsa_core_operations
+        return dsa_core_operations(ctx, arch, training, par, scope, count)
     a_t = arch.num_attention_heads / par.tp
     d_qk, d_v, kv_heads = _attention_widths(arch)
     b, seq = training.micro_batch_size, training.seq_len

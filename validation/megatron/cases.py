@@ -29,8 +29,13 @@ DEEPSEEK_V2_LITE = Arch(hidden_size=2048, num_layers=27, num_attention_heads=16,
                         moe_shared_expert_intermediate_size=2816, first_dense_layers=0,
                         mla=(None, 512, 128, 64, 128))
 
+# The same layers with DeepSeek-V3.2's lightning indexer (64 heads of 128, top-2048): Megatron-Core 0.16.1's
+# DSAttention (harness.dsa_spec)
+DEEPSEEK_V2_LITE_DSA = replace(DEEPSEEK_V2_LITE, dsa=(64, 128, 2048))
+
 ARCHS = {"gpt3-175b": GPT3_175B, "llama-3.1-70b": LLAMA31_70B, "llama-3.1-8b": LLAMA31_8B,
-         "mixtral-8x7b": MIXTRAL_8X7B, "deepseek-v2-lite": DEEPSEEK_V2_LITE}
+         "mixtral-8x7b": MIXTRAL_8X7B, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
+         "deepseek-v2-lite-dsa": DEEPSEEK_V2_LITE_DSA}
 ARCH_NAMES = {id(a): name for name, a in ARCHS.items()}
 
 
@@ -68,6 +73,7 @@ def _setups() -> list[Setup]:
     l8 = Setup(LLAMA31_8B, 4096, 1, tp=2, pp=1, dp=4)
     mx = Setup(MIXTRAL_8X7B, 4096, 1, tp=2, pp=4, dp=4, ep=4, layers=2)
     ds = Setup(DEEPSEEK_V2_LITE, 4096, 1, tp=1, pp=1, dp=8, ep=8, layers=4)
+    dsa = Setup(DEEPSEEK_V2_LITE_DSA, 4096, 1, tp=1, pp=1, dp=8, ep=8, layers=2)
     return [
         # dense GPT-3 175B-like, TP8 PP8: first / middle / last stage, recompute variants
         g, replace(g, stage="middle"), replace(g, stage="last"),
@@ -107,6 +113,10 @@ def _setups() -> list[Setup]:
         replace(mx, dispatcher="allgather", recompute="selective", recompute_modules=("layernorm", "moe")),
         # --moe-grouped-gemm: the legacy GroupedMLP differentiates all local experts at once (kernels.gmm)
         replace(mx, grouped_gemm=True),
+        # DeepSeek Sparse Attention (issue 28): the DSA layers at 4k tokens, 2 layers; TP 2 with sequence
+        # parallelism (the indexer all-gathers its inputs); two sequences of 2k. (Full recompute is not
+        # measured: its recomputed forward reads a value under fake tensors, aten._local_scalar_dense.)
+        dsa, replace(dsa, tp=2, dp=4, ep=4), replace(dsa, seq_len=2048, micro_batch_size=2),
     ]
 
 
@@ -141,6 +151,8 @@ def architecture(a: Arch) -> dict:
                     v_head_dim=v_dim)
         if q_lora:
             arch["q_lora_rank"] = q_lora
+    if a.dsa:
+        arch.update(index_n_heads=a.dsa[0], index_head_dim=a.dsa[1], index_topk=a.dsa[2])
     return arch
 
 

@@ -64,6 +64,7 @@ class Arch:
     moe_shared_expert_intermediate_size: int | None = None
     first_dense_layers: int = 0
     mla: tuple = ()  # (q_lora_rank or None, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim)
+    dsa: tuple = ()  # with mla: (index heads, index head dim, top-k): DeepSeek Sparse Attention (dsa_spec)
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,11 @@ def transformer_config(setup: Setup):
             if a.first_dense_layers else 1,
         )
     kwargs.update(setup.extra)
+    if a.dsa:
+        # the KL loss is computed and attached whatever its coefficient; 0 skips its logging tracker, a CUDA
+        # tensor the CPU run has no use for (dsa.py DSAttention.forward)
+        kwargs.update(experimental_attention_variant="dsa", dsa_indexer_n_heads=a.dsa[0],
+                      dsa_indexer_head_dim=a.dsa[1], dsa_indexer_topk=a.dsa[2], dsa_indexer_loss_coeff=0.0)
     if a.mla:
         q_lora, kv_lora, qk_dim, rope_dim, v_dim = a.mla
         return MLATransformerConfig(**kwargs, multi_latent_attention=True, q_lora_rank=q_lora,
@@ -209,9 +215,27 @@ def layer_spec(setup: Setup):
                                     qk_layernorm=a.qk_layernorm, multi_latent_attention=bool(a.mla),
                                     normalization=a.normalization)
     _replace_norms(spec)
-    if setup.attention == "fused":
+    if a.dsa:
+        spec.submodules.self_attention.submodules.core_attention = dsa_spec()
+    elif setup.attention == "fused":
         spec.submodules.self_attention.submodules.core_attention = kernels.fused_core_attention_class()
     return spec
+
+
+def dsa_spec():
+    """Megatron-Core 0.16.1's DSAttention and its DSAIndexer as get_dsa_module_spec_for_backend builds them
+    (experimental_attention_variant_module_specs.py), with the local spec's pieces: the provider's `linear`
+    (TE's, in "duplicated" mode) is kernels.DuplicatedLinear, the LayerNorm kernels.FusedNorm (TE's). The
+    Hadamard rotation (fast_hadamard_transform, CUDA-only; its autograd Function keeps nothing) is the
+    identity here (build_stage)."""
+    from megatron.core.transformer.experimental_attention_variant.dsa import (
+        DSAIndexer, DSAIndexerSubmodules, DSAttention, DSAttentionSubmodules)
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    indexer = ModuleSpec(module=DSAIndexer, submodules=DSAIndexerSubmodules(
+        linear_wq_b=kernels.DuplicatedLinear, linear_wk=kernels.DuplicatedLinear, k_norm=kernels.FusedNorm,
+        linear_weights_proj=kernels.DuplicatedLinear))
+    return ModuleSpec(module=DSAttention, submodules=DSAttentionSubmodules(indexer=indexer))
 
 
 def _replace_norms(spec):
@@ -249,6 +273,9 @@ def build_stage(setup: Setup):
     saved = block.LayerNormImpl
     block.LayerNormImpl = kernels.FusedNorm
     a = setup.arch
+    if a.dsa:
+        import megatron.core.transformer.experimental_attention_variant.dsa as dsa
+        dsa.rotate_activation = lambda x: x  # see dsa_spec
     model = GPTModel(config, layer_spec(setup), vocab_size=a.vocab_size,
                      max_sequence_length=max(a.max_position_embeddings, setup.seq_len),
                      pre_process=first, post_process=last,

@@ -77,6 +77,21 @@ def _reference_norm(x, weight, bias, eps, rms):
     return F.layer_norm(x.float(), weight.shape, weight.float(), bias.float(), eps).to(x.dtype)
 
 
+class DuplicatedLinear(torch.nn.Module):
+    """TE's Linear in "duplicated" mode, as DSAIndexer builds its projections (TEBackendSpecProvider.linear):
+    the whole weight on every rank, no bias here; keeps its input for the weight's gradient."""
+
+    def __init__(self, input_size: int, output_size: int, *, config, init_method=None, bias: bool = False,
+                 skip_bias_add: bool = False, skip_weight_param_allocation: bool = False, parallel_mode=None,
+                 **_):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=config.params_dtype,
+                                                     device=torch.cuda.current_device()))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight), None
+
+
 class FusedNorm(torch.nn.Module):
     """TE's RMSNorm / LayerNorm as Megatron builds them (`TENorm`): same signature as
     `WrappedTorchNorm`; the weight is marked `sequence_parallel` as TE marks it so Megatron's DDP

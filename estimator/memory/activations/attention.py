@@ -72,7 +72,10 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
             out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), kept, "tp",
                              f"{kept:g}*s*b*(a + g)*d_head" if kept != B else "B*s*b*(a + g)*d_head",
                              for_weights=("norm",)))
-    if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
+    if arch.uses_sparse_attention:  # Megatron-Core 0.16.1's unfused DSAttention (sparse.py)
+        from .sparse import dsa_entries
+        out += dsa_entries(arch, training, par)
+    elif training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
             and arch.position_embedding == "rope":
         # Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the
         # rotary embedding returns new q and k, so the whole QKV output stays alive through v
@@ -147,7 +150,8 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
             out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
         out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
                          recompute=UP_PROJ))
-    fused = training.attention == "flash" and not math_sdpa  # a fused kernel keeps its output for its backward
+    # a fused kernel keeps its output for its backward (DSA's unfused one does not)
+    fused = training.attention == "flash" and not math_sdpa and not arch.uses_sparse_attention
     if arch.attention_output_gate:
         out += _output_gate_entries(arch, training, par, fused)
     else:

@@ -1,0 +1,363 @@
+"""DeepSeek Sparse Attention (DeepSeek-V3.2) and Kimi-K2 (issue 28): the lightning indexer's parameters,
+the config.json mapping, the engines' cache per token, and the bad inputs."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator.models.hf_config import architecture_from_hf_config
+from estimator.models.presets import get_architecture, get_hf_config
+from estimator.serving.kv_cache import capacity, in_flight_tokens, kv_groups, layer_specs, longest_model_len
+from estimator.serving.sglang_engine import estimate_sglang
+from estimator.serving.vllm_engine import estimate_vllm
+from estimator.serving.vllm_versions import rules_for
+from estimator.serving.weights import stage_layers
+from estimator.spec.architecture import Architecture, parameter_counts
+from estimator.spec.errors import ConfigError
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.spec.serving import Serving
+
+DATA = Path(__file__).parent / "data"
+FIXTURE = DATA / "hf_configs" / "deepseek-v3.2-exp.json"
+
+# One lightning indexer of DeepSeek-V3.2 (transformers 5.23 DeepseekV32Indexer.__init__, the checkpoint's
+# model.layers.N.self_attn.indexer.*): wq_b (64 x 128, 1536), wk (128, 7168), k_norm weight and bias (128 each),
+# weights_proj (64, 7168)
+INDEXER = 64 * 128 * 1536 + 128 * 7168 + 2 * 128 + 64 * 7168
+# DeepSeek-V3's counts (tests/test_presets.py DEEPSEEK_V3): main model, and with its MTP module as stored
+V3_MAIN, V3_WITH_MTP, V3_ACTIVE = 671_026_419_200, 684_489_845_504, 37_552_297_472
+
+
+def test_the_indexer_by_hand():
+    assert INDEXER == 12_582_912 + 917_504 + 256 + 458_752 == 13_959_424
+    arch = get_architecture("deepseek-v3.2")
+    names = [t.name for t in arch.layer_tensors("moe") if t.name.startswith("indexer_")]
+    assert names == ["indexer_wq_b", "indexer_wk", "indexer_k_norm", "indexer_weights_proj"]
+    assert sum(t.numel for t in arch.layer_tensors("moe") if t.name.startswith("indexer_")) == INDEXER
+
+
+def test_deepseek_v32_total_is_v3_plus_62_indexers():
+    """61 layers and the MTP block (a decoder layer with its own indexer: vLLM 0.11.0 deepseek_mtp.py)."""
+    arch = get_architecture("deepseek-v3.2")
+    assert parameter_counts(arch, include_mtp=False).total == V3_MAIN + 61 * INDEXER == 671_877_944_064
+    assert parameter_counts(arch).total == V3_WITH_MTP + 62 * INDEXER == 685_355_329_792
+    assert parameter_counts(arch, include_mtp=False).active == V3_ACTIVE + 61 * INDEXER == 38_403_822_336
+
+
+def test_deepseek_v32_built_by_transformers():
+    """transformers 5.23 DeepseekV32ForCausalLM from the same config.json on the meta device: the main model
+    (no MTP layer), whose routers keep e_score_correction_bias as buffers (58 MoE layers x 256)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = json.loads(FIXTURE.read_text())
+    config.pop("quantization_config")
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config))
+    total = sum(p.numel() for p in model.parameters())
+    indexer = sum(p.numel() for name, p in model.named_parameters() if ".indexer." in name)
+    assert indexer == 61 * INDEXER
+    assert total == 671_877_944_064 - 58 * 256 == 671_877_929_216
+
+
+def test_deepseek_v32_config_mapping():
+    arch, ignored = architecture_from_hf_config(json.loads(FIXTURE.read_text()))
+    assert ignored == []
+    assert (arch.index_n_heads, arch.index_head_dim, arch.index_topk) == (64, 128, 2048)
+    assert arch.uses_sparse_attention and arch.uses_mla and arch.router_bias and arch.mtp_layers == 1
+    assert parameter_counts(arch) == parameter_counts(get_architecture("deepseek-v3.2"))
+
+
+def test_kimi_k2_by_hand():
+    """Kimi-K2-Instruct: DeepSeek-V3's layout with 64 heads, 384 experts, 1 leading dense layer, no MTP."""
+    h, heads, q, kv, nope, rope, v = 7168, 64, 1536, 512, 128, 64, 128
+    attention = q * h + q + heads * (nope + rope) * q + (kv + rope) * h + kv + heads * (nope + v) * kv + h * heads * v
+    expert = 3 * h * 2048
+    dense = attention + 2 * h + 3 * h * 18432
+    moe = attention + 2 * h + 384 * h + 384 + 384 * expert + expert
+    total = 2 * 163840 * h + h + dense + 60 * moe
+    assert (attention, dense, moe) == (101_124_096, 497_500_160, 17_059_365_248)
+    assert total == 1_026_408_232_448
+    counts = parameter_counts(get_architecture("kimi-k2"))
+    assert counts.total == total
+    assert counts.active == total - 60 * 376 * expert == 32_861_500_928
+    arch, ignored = architecture_from_hf_config(get_hf_config("kimi-k2"))
+    assert ignored == [] and not arch.uses_sparse_attention and arch.num_experts == 384
+
+
+# --- the engines' cache ------------------------------------------------------------------------------
+
+def _dsa_records():
+    paths = sorted((DATA / "serving" / "dsa").glob("vllm-*.json"))
+    assert [p.name for p in paths] == ["vllm-0.11.0.json", "vllm-0.33.0.json"]
+    for path in paths:
+        data = json.loads(path.read_text())
+        assert "-m validation.vllm.dsa_records --out" in data["command"]
+        for record in data["records"]:
+            case = record["case"]
+            name = f"{data['vllm_version']}-{case['model']}-{case['gpu']}-tp{case['tp']}-pp{case['pp']}"
+            yield pytest.param(record, id=name)
+
+
+@pytest.mark.parametrize("record", list(_dsa_records()))
+def test_vllm_cache_matches_vllms_own_specs(record):
+    """vLLM 0.11.0's and 0.33.0's spec classes and group planning over MLA's latent and the indexer's key cache
+    (validation/vllm/dsa_records.py), given our KV memory per stage: the same resolved settings (0.11: fp8_ds_mla
+    by default; 0.33: bf16), the same pages, and blocks, KV bytes, tokens, concurrency and longest length
+    exactly. With two pipeline stages vLLM 0.11 divides each stage's memory by the whole model's page
+    (kv_cache.Groups.whole_model_page), so DeepSeek-V3.2 gets about half the blocks there; 0.33 by the stage's."""
+    case, given, vllm = record["case"], record["given"], record["vllm"]
+    arch = get_architecture(case["model"])
+    serving = Serving(**case["serving"])
+    ours = estimate_vllm(arch, serving, Parallel(tp=case["tp"], pp=case["pp"]), Hardware(case["gpu"]),
+                         get_hf_config(case["model"]))
+    assert ours.resolved.block_size == given["block_size"] and ours.resolved.kv_cache_dtype == given["kv_cache_dtype"]
+    assert [s.available for s in ours.stages] == given["available_kv_bytes"]
+    specs = layer_specs(arch, case["tp"], given["block_size"], ours.resolved.kv_bytes)
+    assert specs[0].page_bytes == sum(vllm["page_bytes_per_layer"].values())
+    assert vllm["num_groups"] == 1
+    assert ours.capacity.num_blocks == vllm["num_blocks"]
+    assert ours.capacity.kv_cache_bytes == vllm["kv_cache_bytes_per_stage"][ours.limiting_stage]
+    assert ours.capacity.tokens == vllm["kv_cache_tokens"]
+    assert ours.capacity.max_concurrency == pytest.approx(vllm["max_concurrency"], rel=1e-12)
+    assert ours.max_model_len_that_fits == vllm["max_model_len_that_fits"]
+
+
+def test_vllm_pages_by_hand():
+    """fp8_ds_mla: 512 fp8 + 4 fp32 scales + 64 bf16 = 656 bytes (vLLM 0.11.0 MLAAttentionSpec: block_size x 656);
+    the index key 128 fp8 + one fp32 scale = 132 bytes (DeepseekV32IndexerCache head_dim, uint8)."""
+    record = next(iter(_dsa_records())).values[0]
+    assert record["vllm"]["page_bytes_per_layer"] == {"attn": 64 * 656, "indexer.k_cache": 64 * 132}
+    arch = get_architecture("deepseek-v3.2")
+    assert layer_specs(arch, 8, 64, 1)[0].page_bytes == 64 * (656 + 132)
+    assert layer_specs(arch, 8, 64, 2)[0].page_bytes == 64 * (576 * 2 + 132)
+
+
+def test_vllm_defaults_by_release():
+    """0.11 turns "auto" into fp8_ds_mla (models/config.py); 0.33 keeps auto in the model dtype and serves a
+    quantized cache as fp8_ds_mla (mla_attention.py _canonicalize_sparse_mla_kv_cache_dtype)."""
+    arch, hf = get_architecture("deepseek-v3.2"), get_hf_config("deepseek-v3.2")
+
+    def resolved(**serving):
+        out = estimate_vllm(arch, Serving(max_model_len=32768, **serving), Parallel(tp=8), Hardware("h200"), hf)
+        return out.resolved.kv_cache_dtype, out.resolved.kv_bytes, out.resolved.block_size
+
+    assert resolved(engine_version="0.11") == ("fp8_ds_mla", 1, 64)
+    assert resolved(engine_version="0.33") == ("auto", 2, 64)
+    assert resolved(engine_version="0.33", kv_cache_dtype="fp8") == ("fp8_ds_mla", 1, 64)
+
+
+def test_sglang_cell_by_hand():
+    """SGLang 0.5.23: "auto" is bfloat16 below compute capability 10 (overrides.py _dsa_kv_cache_dtype_default),
+    the cell 61 x ((512 + 64) x 2 + 132) bytes; fp8_e4m3 61 x (656 + 132); pages of 64 tokens."""
+    arch, hf = get_architecture("deepseek-v3.2"), get_hf_config("deepseek-v3.2")
+    for gpu, dtype, cell in (("h200", None, 61 * (1152 + 132)), ("b200", None, 61 * (656 + 132)),
+                             ("h200", "fp8_e4m3", 61 * (656 + 132))):
+        out = estimate_sglang(arch, Serving(engine="sglang", max_model_len=32768, kv_cache_dtype=dtype),
+                              Parallel(tp=8), Hardware(gpu), hf)
+        tokens = out.capacity.tokens
+        assert out.resolved.block_size == 64 and tokens % 64 == 0
+        assert tokens == out.limiting.available // cell // 64 * 64
+        assert out.capacity.kv_cache_bytes == tokens * cell
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_other_block_sizes_are_refused(engine):
+    arch, hf = get_architecture("deepseek-v3.2"), get_hf_config("deepseek-v3.2")
+    run = estimate_vllm if engine == "vllm" else estimate_sglang
+    with pytest.raises(ConfigError) as caught:
+        run(arch, Serving(engine=engine, block_size=16), Parallel(tp=8), Hardware("h200"), hf)
+    assert caught.value.field == "serving.block_size" and "64" in caught.value.allowed
+
+
+def test_kimi_k2_serves_on_both_engines():
+    """Dense MLA (no indexer): 576 x 2 bytes per token and layer in vLLM's pages and SGLang's cells."""
+    arch, hf = get_architecture("kimi-k2"), get_hf_config("kimi-k2")
+    assert layer_specs(arch, 8, 64, 2)[0].page_bytes == 64 * 576 * 2
+    out = estimate_sglang(arch, Serving(engine="sglang", max_model_len=65536), Parallel(tp=8, pp=2),
+                          Hardware("h200"), hf)
+    assert out.capacity.kv_cache_bytes == out.capacity.tokens * 576 * 2 * 31
+
+
+# --- bad inputs ------------------------------------------------------------------------------------
+
+MLA = dict(hidden_size=1024, num_layers=2, num_attention_heads=8, vocab_size=1000, intermediate_size=2048,
+           q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64)
+
+
+def test_index_fields_come_together():
+    with pytest.raises(ConfigError) as caught:
+        Architecture(**MLA, index_n_heads=8)
+    assert caught.value.field == "model.index_head_dim"
+
+
+def test_index_fields_need_mla():
+    with pytest.raises(ConfigError) as caught:
+        Architecture(hidden_size=1024, num_layers=2, num_attention_heads=8, vocab_size=1000, intermediate_size=2048,
+                     index_n_heads=8, index_head_dim=128, index_topk=64)
+    assert caught.value.field == "model.index_n_heads" and "latent" in caught.value.allowed
+
+
+def test_index_head_dim_in_blocks_of_128():
+    with pytest.raises(ConfigError) as caught:
+        Architecture(**MLA, index_n_heads=8, index_head_dim=96, index_topk=64)
+    assert caught.value.field == "model.index_head_dim" and "128" in caught.value.allowed
+
+
+def test_cli_refuses_an_indexer_without_mla(tmp_path, capsys):
+    from estimator.cli import main
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": {"hidden_size": 1024, "num_layers": 2, "num_attention_heads": 8,
+                                          "vocab_size": 1000, "intermediate_size": 2048, "index_n_heads": 8,
+                                          "index_head_dim": 128, "index_topk": 64},
+                                "training": {"seq_len": 1024}, "hardware": {"gpu": "h100-80"}}))
+    assert main(["estimate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: Indexer heads [model.index_n_heads] = 8: DeepSeek Sparse Attention's indexer is built on "
+                   "MLA (set kv_lora_rank); allowed: none without multi-head latent attention"]
+
+
+# --- training: Megatron-Core 0.16.1's DSAttention ------------------------------------------------------
+
+def tiny_dsa(heads: int, index_heads: int) -> Architecture:
+    """The shapes validation/megatron/dsa_cpu.py measures: hidden 64, q_lora 32, d_nope 128, d_rope 64, d_v 128,
+    index head dim 128, top-64."""
+    return Architecture(hidden_size=64, num_layers=1, num_attention_heads=heads, vocab_size=1000, intermediate_size=256,
+                        q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                        index_n_heads=index_heads, index_head_dim=128, index_topk=64)
+
+
+# (b, s, heads, index heads): each shape's peaks fall on a different moment of dsa_moments
+MEASURED_SHAPES = [(1, 512, 4, 8), (2, 256, 8, 32), (1, 512, 16, 2), (2, 128, 8, 8), (1, 256, 2, 64)]
+
+
+@pytest.mark.parametrize("shape", MEASURED_SHAPES, ids=lambda s: "b{}-s{}-a{}-hi{}".format(*s))
+def test_dsa_ledger_and_moments_match_megatrons_code_run_on_cpu(shape):
+    """Megatron-Core 0.16.1's DSAttention.forward and its backward, run for real on the CPU under the harness's
+    storage tracker (validation/megatron/dsa_cpu.py): the bytes kept for backward equal the ledger's DSA entries,
+    the forward's and the backward's peaks the moments of dsa_moments, to the byte. The tracker rounds the
+    4-byte loss scalar to 512 bytes, and the CPU layer_norm keeps its mean and rstd in bf16 (CUDA: fp32)."""
+    pytest.importorskip("megatron.core.transformer.experimental_attention_variant.dsa")
+    from estimator.memory.activations.sparse import dsa_entries, dsa_moments
+    from estimator.spec.training import Training
+    from validation.megatron.dsa_cpu import measure
+
+    b, s, heads, index_heads = shape
+    measured = measure(b, s, heads, index_heads)
+    arch, training, par = tiny_dsa(heads, index_heads), Training(seq_len=s, micro_batch_size=b), Parallel()
+    ledger = sum(e.bytes(par) for e in dsa_entries(arch, training, par))
+    forward, backward, _, _ = dsa_moments(arch, training, par)
+    assert measured["value_kept"]
+    assert measured["saved_bytes"] == ledger + 512 - 2 * 2 * b * s
+    assert measured["forward_extra"] == forward - 508
+    assert measured["backward_extra"] == backward - 508
+
+
+def test_dsa_layer_by_hand():
+    """DeepSeek-V3.2, TP 8 with sequence parallelism, s = 4096, b = 1: the DSA part of one layer's ledger."""
+    from estimator.memory.activations.sparse import dsa_entries
+    from estimator.spec.training import Training
+
+    s, a, hi, di = 4096, 128 // 8, 64, 128
+    expected = (2 * s * di + 2 * 4 * s + 2 * s * hi + 4 * s * (hi * di + di) + 4 * s * s * hi  # indexer
+                + 4 * 2 * s * 64  # the indexer's RoPE cos and sin for q and k
+                + 2 * s * (7168 + 1536)  # the indexer's all-gathered x and qr (sequence parallel)
+                + 2 * 4 * s * a * 192 + 4 * a * s * s + 2 * a * s * s + 2 * s * a * 128  # sparse attention
+                + 3 * 4 * s * s)  # KL loss
+    par = Parallel(tp=8, sequence_parallel=True)
+    entries = dsa_entries(get_architecture("deepseek-v3.2"), Training(seq_len=s, micro_batch_size=1), par)
+    assert sum(e.bytes(par) for e in entries) == expected
+    assert expected == 6_435_667_968  # 4 GiB of it the indexer's ReLU scores
+
+
+def _estimate(**changes):
+    from estimator import estimate_config
+    config = {"model": "deepseek-v3.2", "training": {"seq_len": 4096, "micro_batch_size": 1, "global_batch_size": 512},
+              "parallel": {"tp": 8, "pp": 8, "pp_first_stage_layers": 5, "ep": 32, "dp": 32,
+                           "sequence_parallel": True}, "hardware": {"gpu": "h200"}}
+    for section, values in changes.items():
+        config[section] = {**config[section], **values}
+    return estimate_config(config)
+
+
+def test_the_breakdown_names_the_indexer():
+    est = _estimate()
+    names = [line.name for line in est.activation_ledger]
+    assert "indexer ReLU scores (fp32)" in names and "indexer top-k indices (int64)" not in names
+    stage = next(s for s in est.stages if s.stage == est.peak_stage)
+    transient = next(c for c in stage.components if c.key == "transient")
+    assert any("DeepSeek Sparse Attention" in p.label for p in transient.parts)
+
+
+@pytest.mark.parametrize("section, values, field", [
+    ("training", {"framework": "hf"}, "training.framework"),
+    ("parallel", {"cp": 2, "dp": 16}, "parallel.cp"),
+    ("training", {"recompute": "selective"}, "training.recompute_modules"),
+])
+def test_training_outside_what_is_modelled_is_refused(section, values, field):
+    with pytest.raises(ConfigError) as caught:
+        _estimate(**{section: values})
+    assert caught.value.field == field
+
+
+def test_inference_names_the_indexer_keys():
+    from estimator import estimate_config
+    est = estimate_config({"model": "deepseek-v3.2", "training": {"mode": "inference", "seq_len": 32768,
+                           "micro_batch_size": 4, "param_dtype": "fp8"}, "parallel": {"tp": 8},
+                           "hardware": {"gpu": "h200"}})
+    keys = next(c for c in est.stages[0].components if c.key == "indexer_keys")
+    assert keys.bytes == 132 * 32768 * 4 * 61
+
+
+def test_megatron_command_line_with_dsa_is_imported():
+    """Megatron-Core 0.16.1's --experimental-attention-variant dsa and its --dsa-indexer-* flags become the index
+    fields; the loss coefficient and the sparse loss are read and named as changing no memory."""
+    from estimator.importers import import_config
+
+    line = (DATA / "launch" / "megatron" / "DeepSeek-R1.sh").read_text()
+    flags = ("--experimental-attention-variant", "dsa", "--dsa-indexer-n-heads", "64", "--dsa-indexer-head-dim", "128",
+             "--dsa-indexer-topk", "2048", "--dsa-indexer-loss-coeff", "1.0", "--dsa-indexer-use-sparse-loss",
+             "--vocab-size", "129280", "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "8",
+             "--decoder-first-pipeline-num-layers", "6", "--decoder-last-pipeline-num-layers", "7",
+             "--expert-model-parallel-size", "8")
+    result = import_config(line, "megatron", gpus=1024, overrides=flags)
+    model = result.config["model"]
+    assert (model["index_n_heads"], model["index_head_dim"], model["index_topk"]) == (64, 128, 2048)
+    read = {s.name for s in result.read}
+    assert {"--experimental-attention-variant", "--dsa-indexer-n-heads", "--dsa-indexer-head-dim", "--dsa-indexer-topk",
+            "--dsa-indexer-loss-coeff", "--dsa-indexer-use-sparse-loss"} <= read
+    assert not {s.name for s in result.ignored + result.unsupported + result.unknown if "dsa" in s.name}
+
+
+def test_megatron_command_written_for_deepseek_v32_reads_back():
+    """plan --emit megatron writes the DSA flags (emit_check.verified imports the text back and compares)."""
+    from estimator.importers.emit import emit
+
+    config = {"model": "deepseek-v3.2", "training": {"seq_len": 4096, "global_batch_size": 512},
+              "parallel": {"tp": 8, "pp": 8, "pp_first_stage_layers": 5, "ep": 32, "dp": 4, "sequence_parallel": True},
+              "hardware": {"gpu": "h200"}}
+    text = emit("megatron", config)
+    assert "--experimental-attention-variant dsa" in " ".join(text.split())
+    assert "--dsa-indexer-topk 2048" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3.2", "kimi-k2"])
+def test_the_planner_lays_out_the_issue_28_mla_models(model):
+    """256 H200s at TP 8 and EP 8 (a smaller search), 4k tokens: layouts that fit, each one's estimate the
+    estimator's own; for DeepSeek-V3.2 none that the DSA model refuses (context parallelism, selective core_attn
+    recompute)."""
+    from estimator import estimate, load_config
+    from estimator.search.planner import plan
+
+    cfg = load_config({"model": model, "training": {"seq_len": 4096, "global_batch_size": 1024},
+                       "hardware": {"gpu": "h200"}})
+    layouts = plan(cfg.architecture, cfg.training, cfg.hardware, 256, fixed={"tp": 8, "ep": 8}).layouts
+    assert layouts
+    first = layouts[0]
+    assert estimate(cfg.architecture, first.training, first.parallel, cfg.hardware).device_total_bytes \
+        == first.device_total_bytes
+    if model == "deepseek-v3.2":
+        assert all(x.parallel.cp == 1 for x in layouts)
+        assert not any(x.training.recompute == "selective" and "core_attn" in x.training.recompute_modules
+                       for x in layouts)
