@@ -11,7 +11,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from ..titan_releases import SOURCES as TITAN_SOURCES, titan_rules
-from .entries import Entry, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
+from .entries import Entry, _norm, _norm_output, autocast, compiled, fused_kernels, tokens_per_gpu
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,10 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         kept_logits, backward = compiled_cross_entropy(T, 1, vocab, training)
         saved += kept_logits
         source = TORCHTITAN_COMPILED_LOSS_SOURCE
+    elif training.loss == "standard" and logits_dtype_loss(arch, training):
+        kept, forward, backward = logits_dtype_loss_entries(T, vocab, B)
+        saved += kept
+        source = LOGITS_DTYPE_LOSS_SOURCE
     elif training.loss == "standard":
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
@@ -171,6 +175,33 @@ MEGATRON_NATIVE_CE_SOURCE = (
     "Megatron-Core 0.16.1 = 0.19.0 fusions/fused_cross_entropy.py calculate_gradients under torch.compile (core/jit.py); "
     "torch 2.13 torch/_inductor/lowering.py index_put -> index_put_impl_(clone(x)); Inductor's generated code: "
     "tests/data/measured/compile/megatron-fused-cross-entropy-bf16-s16-b2-v512.json")
+
+LOGITS_DTYPE_LOSS_SOURCE = (
+    "Qwen-1 modeling_qwen.py QWenLMHeadModel.forward (CrossEntropyLoss on lm_head's output, no .float(); as in "
+    "Qwen/Qwen-72B, mirrored in mapengAdam/qianwen-72B@3334bfe); lit-gpt 8641822 lit_gpt/utils.py "
+    "chunked_cross_entropy (cross_entropy on each bf16 logit chunk); torch aten log_softmax returns its input's "
+    "dtype, autocast alone would run it in fp32 (torch/csrc/autograd autocast fp32 list: log_softmax, nll_loss)")
+
+
+def logits_dtype_loss(arch: Architecture, training: Training) -> bool:
+    """The model's own loss runs on its 16-bit logits with no autocast around it (arch.loss_in_logits_dtype):
+    not under the Trainer's autocast (trainer_loop.through_accelerate) nor AMP over fp32 weights, and not with
+    prepare_model_for_kbit_training's fp32 head (kbit.py)."""
+    from ..kbit import prepared
+    from ..trainer_loop import through_accelerate
+    return (arch.loss_in_logits_dtype and bytes_per_element(training.compute_dtype) < 4
+            and not through_accelerate(training) and not autocast(training) and not prepared(training))
+
+
+def logits_dtype_loss_entries(tokens: float, vocab: int, B: int) -> tuple[list[Entry], list[Entry], list[Entry]]:
+    """cross_entropy on 16-bit logits (LOGITS_DTYPE_LOSS_SOURCE): log_softmax keeps its 16-bit output for
+    backward; the forward's moment holds the logits beside it; backward's first step holds nll_loss's and
+    log_softmax's gradients, both in the logits' dtype. (saved, forward, backward)"""
+    return ([Entry("log-softmax of the logits, in their 16-bit dtype", tokens * vocab, B, "tp", "B*s*b*V")],
+            [Entry("logits in the compute dtype", tokens * vocab, B, "tp", "B*s*b*V")],
+            [Entry("16-bit gradients of the log-softmax output and input", 2 * tokens * vocab, B, "tp",
+                   "2*B*s*b*V")])
+
 
 TORCHTUNE_LOSS_CHUNKS = 8  # CEWithChunkedOutputLoss.num_output_chunks
 
