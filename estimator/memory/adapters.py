@@ -173,6 +173,18 @@ def adapter_dtype(training, recipe) -> str:
     return recipe.param_dtype
 
 
+def saved_copy_bytes(training, recipe) -> float:
+    """Bytes per element of the trainable embedding/head copies (modules_to_save): the weights dtype under the HF
+    Trainer (PEFT copies the module; autocast_adapter_dtype casts adapter layers only), fp32 where
+    prepare_model_for_kbit_training cast the originals first (kbit.py), else the adapters' dtype."""
+    from ..spec.dtypes import bytes_per_element
+    if training.adapter.prepare_kbit:
+        return 4.0
+    if training.framework == "hf":
+        return bytes_per_element(recipe.param_dtype)
+    return bytes_per_element(adapter_dtype(training, recipe))
+
+
 def quantized_bytes(dtype: str, m: Module, framework: str, double_quant: bool = True) -> float:
     """Storage of one frozen base linear of `m`'s shape in a quantized dtype, with its scales."""
     n = m.in_features * m.out_features
@@ -304,9 +316,7 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
     A = bytes_per_element(adapter_dtype(training, recipe))
     # the trainable embedding/head copies keep the weights dtype under the HF Trainer (PEFT copies
     # the module; autocast_adapter_dtype casts adapter layers only)
-    S = bytes_per_element(recipe.param_dtype) if training.framework == "hf" else A
-    if training.adapter.prepare_kbit:  # copied from the embedding and head that prepare cast to fp32 (kbit.py)
-        S = 4.0
+    S = saved_copy_bytes(training, recipe)
     hf = training.framework == "hf"
     G_a = A if hf else bytes_per_element(recipe.grad_dtype)  # torch: a gradient takes its tensor's dtype
     G_s = S if hf else G_a

@@ -1,0 +1,176 @@
+"""The estimator against published, really measured fine-tuning memory (issue #23: "Published LoRA/QLoRA runs:
+median <= 5%, no under-estimate beyond 10%; full fine-tuning the same").
+
+tests/data/measured/published_finetune holds one JSON per source (write_records.py wrote them): Qwen's README
+profiling table (QwenLM/Qwen), torchtune's README optimization-flags table and lit-gpt's resource tables. Each row
+states its source and commit, the run's setup as the table and the scripts at that commit give it, the published
+figure, which number it is (``device_total``: nvidia-smi, ``allocated_peak``: max_memory_allocated or the
+allocator's active peak), and our configuration of the run. The figure is held against the matching output number.
+A row the model misses by more than the issue allows is listed in MISSES with the mechanism it lacks, as a strict
+expected failure: a miss that closes fails the test until it leaves the list.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from estimator import estimate_config
+
+DATA = Path(__file__).parent / "data" / "measured" / "published_finetune"
+SOURCES = {"qwen": "QwenLM/Qwen", "torchtune": "pytorch/torchtune", "litgpt": "Lightning-AI/litgpt"}
+OUTPUT = {"device_total": "device_total_bytes", "allocated_peak": "allocated_peak_bytes"}
+UNIT = {"GB": 10**9, "GiB": 2**30}
+MEDIAN_BOUND = 0.05  # the issue's goal: median |error| per group
+UNDER_BOUND = 0.10  # the issue's goal: no under-estimate beyond it
+
+
+def load(name: str) -> dict:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+ROWS = {r["id"]: r for name in SOURCES for r in load(name)["rows"]}
+
+
+def error(row: dict) -> float:
+    estimate = estimate_config(row["config"])
+    return getattr(estimate, OUTPUT[row["measured"]["metric"]]) / row["measured"]["bytes"] - 1
+
+
+_Q18_LORA = ("Qwen-1.8B under the Trainer: 0.5-0.9 GB below the table at every length where its 7B and 14B siblings "
+             "(same script, same rank) are within the goal; the 1.8B's own extra is not found (no causal-mask buffer "
+             "under flash attention, modeling_qwen.py; rotary and logn caches are KB); under by %s")
+_Q18_QLORA = ("Qwen-1.8B-Chat-Int4 under DeepSpeed ZeRO-2 fp16: about 1 GB below the table at every length (its 7B, "
+              "14B and 72B siblings are within the goal); not modelled: auto-gptq's QuantLinear (disable_exllama: the "
+              "CUDA kernels' buffers and the dequantized weight its matmul keeps for backward); under by %s")
+_Q18_FULL = ("Qwen-1.8B full-parameter under DeepSpeed ZeRO-3 on one GPU: the table grows by 3.6 GB from 2048 to "
+             "4096 tokens and 1.2 GB more to 8192 where our backward grows by the loss alone; the caching "
+             "allocator's segments for the step's sub-group-sized blocks (fp32 gradient 4 GB, its 16-bit flat copy "
+             "2 GB, lazily made Adam moments) are not modelled, only a fraction of the allocated peak; under by %s")
+_Q72_ZERO3 = ("Qwen-72B-Chat LoRA under DeepSpeed ZeRO-3 on 4 GPUs (the table's sum / 4): ZeRO-3's parameter "
+              "reuse under recompute (stage3_max_reuse_distance 1e9 keeps a gathered layer for its recompute, up to "
+              "stage3_max_live_parameters 1e9) is counted as one layer plus the prefetch bucket; under by %s")
+_TUNE_8BIT = ("torchtune's table does not name its 8-bit AdamW; the drop it shows (4.2 GiB from the row before) "
+              "rules out bitsandbytes' paged one (its states live outside the allocator) and matches torchao's "
+              "AdamW8bit, whose compiled per-parameter step (low_bit_optim/adam.py single_param_adam under "
+              "optimizer_in_bwd: one optimizer per parameter) dequantizes both moments of a parameter to fp32 while "
+              "it steps it; the largest, the tied 128256 x 3072 embedding, is not modelled; under by 14.8%")
+
+# row id -> the mechanism the estimate lacks (the next modelling step)
+MISSES: dict[str, str] = {
+    "qwen-1.8b-lora-s4096": _Q18_LORA % "11.4%",
+    **{f"qwen-1.8b-qlora-s{s}": _Q18_QLORA % pct for s, pct in
+       ((256, "16.5%"), (512, "14.5%"), (1024, "13.6%"), (2048, "12.2%"), (4096, "10.4%"), (8192, "13.1%"))},
+    "qwen-1.8b-full-s4096": _Q18_FULL % "16.1%",
+    "qwen-1.8b-full-s8192": _Q18_FULL % "12.5%",
+    **{f"qwen-72b-lora-zero3-s{s}": _Q72_ZERO3 % pct for s, pct in ((256, "12.0%"), (512, "11.8%"),
+                                                                      (1024, "11.4%"))},
+    "torchtune-llama-3.2-3b-8-bit-adamw": _TUNE_8BIT,
+}
+
+
+# --- the records ------------------------------------------------------------------------------------------
+
+def test_the_published_rows_are_there():
+    counts = {name: len(load(name)["rows"]) for name in SOURCES}
+    assert counts == {"qwen": 75, "torchtune": 9, "litgpt": 27}
+    assert len(ROWS) == 111
+    groups = [r["group"] for r in ROWS.values()]
+    assert groups.count("lora") == 95 and groups.count("full") == 16
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_each_source_names_its_table_commit_and_number(name):
+    data = load(name)
+    src = data["source"]
+    assert src["repo"] == SOURCES[name] and src["path"] and src["table"]
+    assert len(src["commit"]) == 40 and int(src["commit"], 16) >= 0
+    assert set(data["metric"]) >= {"reported", "unit", "compared_with"}
+    for row in data["rows"]:
+        pub, measured = row["published"], row["measured"]
+        assert measured["metric"] in OUTPUT and row["group"] in ("lora", "full")
+        assert measured["bytes"] == round(pub["value"] * UNIT[pub["unit"]] / pub.get("gpus_summed", 1))
+        assert row["setup"] and row["table_row"]
+
+
+def test_qwen_rows_on_several_gpus_are_the_tables_sum_per_gpu():
+    """Qwen's table prints the sum over the GPUs: 7B full-parameter on 2 A100-80G reads 162.0G at 1024 tokens,
+    81.0 GB (75.4 GiB) per GPU, which an 80 GiB A100 can hold only in GB."""
+    row = ROWS["qwen-7b-full-s1024"]
+    assert row["published"]["text"].startswith("162.0G") and row["measured"]["bytes"] == 81_000_000_000
+    assert row["measured"]["bytes"] < 80 * 2**30 < 81 * 2**30
+
+
+# --- the issue's goals ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("group", ["lora", "full"])
+def test_median_error_within_the_goal(group):
+    errors = [abs(error(r)) for r in ROWS.values() if r["group"] == group]
+    assert statistics.median(errors) <= MEDIAN_BOUND
+
+
+@pytest.mark.parametrize("row_id", [pytest.param(i, marks=pytest.mark.xfail(reason=MISSES[i], strict=True))
+                                    if i in MISSES else i for i in ROWS])
+def test_no_estimate_under_by_more_than_the_goal(row_id):
+    assert error(ROWS[row_id]) >= -UNDER_BOUND
+
+
+def test_the_misses_are_rows():
+    assert set(MISSES) <= set(ROWS)
+
+
+# --- the mechanisms these tables showed, by hand ------------------------------------------------------------
+
+def qwen7b(seq: int, **training) -> dict:
+    arch = {"name": "qwen-7b", "hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32,
+            "intermediate_size": 11008, "vocab_size": 151936, "qkv_bias": True}
+    base = {"framework": "deepspeed", "seq_len": seq, "micro_batch_size": 1, "param_dtype": "fp16",
+            "compute_dtype": "fp16", "recompute": "full",
+            "adapter": {"method": "lora", "rank": 64, "target_modules": ["all-linear"], "base_dtype": "int4"}}
+    return {"model": arch, "training": {**base, **training}, "parallel": {"zero_stage": 2},
+            "hardware": {"gpu": "a100-80"}}
+
+
+def loss_parts(config: dict) -> dict[str, int]:
+    stage = estimate_config(config).stages[0]
+    return {p.label: p.bytes for c in stage.components for p in (c.parts or (c,))
+            if "log-softmax" in p.label}
+
+
+def test_a_16_bit_loss_outside_autocast_keeps_16_bit_log_softmax_and_gradients():
+    """Qwen-1's modeling_qwen.py runs CrossEntropyLoss on fp16 logits, and DeepSpeed's fp16 engine has no
+    autocast: the log-softmax (kept) and the two gradients of backward's first step are fp16, 2 B per logit
+    where transformers' loss upcasts to 4 B. 8192 tokens x 151,936 logits."""
+    T, V = 8192, 151936
+    arch16 = qwen7b(8192)
+    arch16["model"]["loss_in_logits_dtype"] = True
+    assert loss_parts(arch16) == {"log-softmax of the logits, in their 16-bit dtype": 2 * T * V,
+                                  "16-bit gradients of the log-softmax output and input": 2 * 2 * T * V}
+    assert loss_parts(qwen7b(8192)) == {"fp32 log-softmax of the logits": 4 * T * V,
+                                        "fp32 gradients of the log-softmax output and input": 2 * 4 * T * V}
+
+
+def test_under_the_trainers_autocast_the_loss_is_fp32_anyway():
+    """autocast runs log_softmax and nll_loss in fp32: the field changes nothing under the HF Trainer."""
+    config = qwen7b(4096, framework="hf", training_loop="trainer", param_dtype="bf16", compute_dtype="bf16")
+    config["parallel"] = {}
+    config["training"]["adapter"].pop("base_dtype")
+    with_field = json.loads(json.dumps(config))
+    with_field["model"]["loss_in_logits_dtype"] = True
+    assert estimate_config(with_field).allocated_peak_bytes == estimate_config(config).allocated_peak_bytes
+
+
+def test_zero3_casts_each_sub_group_from_a_flat_16_bit_copy():
+    """stage3.py _prepare_fp32_grad_for_sub_group: flatten (torch.cat, bf16) then .to(fp32): both alive for the
+    cast, 2 + 4 B x min(sub_group_size 1e9, the partition). Qwen-1.8B on one GPU: a 1e9-element sub-group."""
+    config = {"model": {"hidden_size": 2048, "num_layers": 24, "num_attention_heads": 16,
+                        "intermediate_size": 5504, "vocab_size": 151936},
+              "training": {"framework": "deepspeed", "seq_len": 256, "recompute": "full"},
+              "parallel": {"zero_stage": 3}, "hardware": {"gpu": "a100-80"}}
+    stage = estimate_config(config).stages[0]
+    parts = {p.label: p.bytes for c in stage.components for p in (c.parts or (c,))}
+    assert parts["fp32 copy of the gradient partition for the step"] == 4 * 10**9
+    assert parts["flat copy of the sub-group's gradients, cast to fp32"] == 2 * 10**9
