@@ -167,7 +167,11 @@ def adapter_dtype(training, recipe) -> str:
     FSDP2 keeps fp32 shards when it has master weights (torchtitan's mixed precision), else the
     weights dtype (torchtune's bf16 LoRA recipes)."""
     if training.framework == "hf":
-        return "fp32"
+        from ..spec.adapter import base_dtype, peft_adapters_in_base_dtype
+        from ..spec.choices import QUANTIZED
+        in_base = (peft_adapters_in_base_dtype(training.adapter)
+                   and base_dtype(training.adapter, recipe.param_dtype) not in QUANTIZED)
+        return recipe.param_dtype if in_base else "fp32"  # peft before 0.12.0 (spec/adapter.py PEFT_SOURCE)
     if training.framework in ("fsdp2", "fsdp1") and recipe.master_weights:  # FSDP1: the fp32 FlatParameter
         return "fp32"
     return recipe.param_dtype

@@ -431,6 +431,10 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
           "axolotl and most QLoRA recipes call it): every 16-bit weight that is not quantized (embeddings, norms, "
           "LM head) is cast to fp32, so the residual stream, the attention and the logits run in fp32. Only with a "
           "quantized base (int8, nf4, int4) under framework hf.", _FT),
+    Field("peft_version", _A, "text", "peft version", "hf: the peft release. Through 0.11.1 a LoRA layer takes its "
+          "16-bit base weight's dtype (so do its gradients and AdamW states); from 0.12.0 get_peft_model casts the "
+          "adapters to fp32 (autocast_adapter_dtype). A quantized base leaves them fp32 in every release.", _FT,
+          pattern=BNB_VERSION_PATTERN, pattern_text="a peft release as major.minor[.patch]", widget=False),
 )
 
 _R, _RL = "rl", "RL (colocated rollout engine)"

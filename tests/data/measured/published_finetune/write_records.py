@@ -59,6 +59,8 @@ def qwen_setup(size, method, gpus):
                 "model": f"Qwen-{size}{'-Chat' if chat else ''}",
                 "trainable_embeddings": not chat,
                 "script": "finetune/finetune_lora_single_gpu.sh (no DeepSpeed)",
+                "peft": "0.5.x: README.md pins peft>=0.5.0,<0.6.0 with torch>=2.0,<2.1 (the table's PyTorch 2.0); its "
+                        "LoRA layers take the base weight's bf16",
                 "embeddings_note": "finetune.py: modules_to_save ['wte', 'lm_head'] when the model name has no 'chat'"}
     if method == "Q-LoRA":
         return {**base, "method": "qlora", "adapter": lora, "model": f"Qwen-{size}-Chat-Int4",
@@ -87,6 +89,8 @@ def qwen_config(size, method, gpus, seq):
     adapter = dict(QWEN_ADAPTER)
     if method == "LoRA (emb)":
         adapter["trainable_embeddings"] = True
+    if method in ("LoRA", "LoRA (emb)"):  # the README's pins for PyTorch 2.0: peft>=0.5.0,<0.6.0
+        adapter["peft_version"] = "0.5.0"
     if method == "Q-LoRA":  # GPTQ int4 base (not bitsandbytes NF4): our int4 base under method lora
         adapter["base_dtype"] = "int4"
         training.update(framework="deepspeed", param_dtype="fp16", compute_dtype="fp16",
