@@ -67,6 +67,23 @@ MISSES: dict[str, str] = {
                                                                       (1024, "11.4%"))},
     "torchtune-llama-3.2-3b-8-bit-adamw": _TUNE_8BIT,
 }
+_LIT_FSDP = ("lit-gpt's multi-GPU LoRA is Lightning Fabric's FSDPStrategy over bf16-true weights: no autocast, so "
+             "phi-1.5's own 16-bit loss (chunked_cross_entropy) stays 16-bit; our fsdp1 is FSDP1 as the HF Trainer "
+             "runs it through Accelerate (autocast: an fp32 log-softmax, its fp32 gradients and Accelerate's fp32 copy "
+             "of the logits), and phi's 51,200-word vocabulary over %d x 1044 tokens makes the loss the largest "
+             "activation (the single-GPU rows of the same runs, on the plain loop, are within 4.3%%); over by %s")
+_TUNE_LORA = ("torchtune's LoRA and QLoRA rows sit 0.94 GB above the table alike (the full fine-tuning rows of the same "
+              "table with the same compile, chunked loss, recompute and offloading are within 4.2%%): beside the "
+              "compiled chunked loss's 2.1 GB of bf16 logits the estimate holds one recomputed layer (0.86 GB); the "
+              "table's LoRA peak (weights + AdamW states + 2.2 GB) holds the logits alone; not found which moment the "
+              "LoRA recipe peaks at; over by %s")
+# row id -> why the estimate is over by more than 10% (the issue bounds under-estimates; these are the largest overs)
+OVERS: dict[str, str] = {
+    "litgpt-phi-1.5-lora-bf16-mb2-g2": _LIT_FSDP % (2, "16.7%"),
+    "litgpt-phi-1.5-lora-bf16-mb4-g2": _LIT_FSDP % (4, "26.0%"),
+    "torchtune-llama-3.2-3b-lora": _TUNE_LORA % "10.3%",
+    "torchtune-llama-3.2-3b-qlora": _TUNE_LORA % "19.1%",
+}
 MEDIAN_MISSES = {
     "full": ("full fine-tuning: 7.7% over 16 rows; the nine Qwen rows are nvidia-smi readings of DeepSpeed ZeRO-3 "
              "runs that no tensor accounts for in full (7B on 2 GPUs grows 11.4 GB a GPU from 256 to 1024 tokens, "
@@ -122,8 +139,15 @@ def test_no_estimate_under_by_more_than_the_goal(row_id):
     assert error(ROWS[row_id]) >= -UNDER_BOUND
 
 
+@pytest.mark.parametrize("row_id", [pytest.param(i, marks=pytest.mark.xfail(reason=OVERS[i], strict=True))
+                                    if i in OVERS else i for i in ROWS])
+def test_no_estimate_over_by_more_than_ten_percent(row_id):
+    """Over-estimates cost GPUs; beyond the listed four, none is over by 10%."""
+    assert error(ROWS[row_id]) <= 0.10
+
+
 def test_the_misses_are_rows():
-    assert set(MISSES) <= set(ROWS)
+    assert set(MISSES) <= set(ROWS) and set(OVERS) <= set(ROWS)
 
 
 # --- the mechanisms these tables showed, by hand ------------------------------------------------------------
@@ -208,3 +232,17 @@ def test_a_peft_version_is_a_release():
     config["training"]["adapter"].update(peft_version="0.0.9")
     with pytest.raises(ConfigError, match=r"peft_version.*0\.1\.0 or later"):
         estimate_config(config)
+
+
+def test_the_readme_states_these_numbers():
+    """The README's table of these rows is what this test computes (rows, within 5%, median, worst)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for group, label in (("lora", "LoRA / QLoRA"), ("full", "full fine-tuning")):
+        errors = [error(r) for r in ROWS.values() if r["group"] == group]
+        within = sum(abs(e) <= 0.05 for e in errors)
+        median = f"{100 * statistics.median(abs(e) for e in errors):.1f}%"
+        under, over = f"−{-100 * min(errors):.1f}%", f"+{100 * max(errors):.1f}%"
+        line = next(l for l in readme.splitlines() if l.startswith(f"| {label} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1:3] == [str(len(errors)), str(within)]
+        assert cells[3].startswith(median) and cells[4].startswith(under) and cells[5].startswith(over)
