@@ -49,7 +49,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
             "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
             "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "
-            "called directly, autocast only over weights wider than the compute dtype.", "Run", TRAINING_LOOPS),
+            "called directly, autocast only over weights wider than the compute dtype. fsdp1: trainer = the HF "
+            "Trainer through Accelerate; plain = a loop of one's own over FSDP1, such as Lightning Fabric's "
+            "FSDPStrategy with bf16-true weights.", "Run", TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("micro_batch_size", _T, "Micro-batch size", "Samples per forward/backward pass on each data-parallel "

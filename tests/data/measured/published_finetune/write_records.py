@@ -283,8 +283,7 @@ def lit_config(model, quant, mb, gpus):
                                    bitsandbytes_version="0.41.1")
         training["optimizer"] = "paged_adamw"
     if gpus > 1:
-        training.update(framework="fsdp1", recompute="full")
-        del training["training_loop"]
+        training.update(framework="fsdp1", recompute="full")  # Fabric's own loop: training_loop plain
         parallel["zero_stage"] = 3
     return {"model": {**LIT_ARCH[model], "loss_in_logits_dtype": True}, "training": training, "parallel": parallel, "hardware": {"gpu": "a100-40"}}
 
@@ -331,7 +330,8 @@ LITGPT = {
         "lit-gpt's loop is a plain PyTorch loop through Lightning Fabric with bf16-true weights: hf with the plain "
         "loop, bf16 weights and no master weights (the closest; our hf keeps transformers' fp32 loss, lit-gpt computes "
         "chunked_cross_entropy on 128-token bf16 logit chunks); the multi-GPU rows run Fabric's FSDPStrategy, torch "
-        "FSDP1: our fsdp1, with gradient accumulation under no_sync (128 / micro-batch micro-batches a step)"),
+        "FSDP1: our fsdp1 with the plain loop (no Accelerate autocast: Fabric's bf16-true), with gradient accumulation "
+        "under no_sync (128 / micro-batch micro-batches a step)"),
     "not_used": {"Finetuning with Adapter / Adapter v2": "LLaMA-Adapter methods, which the estimator does not model",
                  "OOM and N/A rows": "no figure", "Single-GPU Inference": "not fine-tuning"},
     "rows": lit_rows(),
