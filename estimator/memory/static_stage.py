@@ -17,7 +17,7 @@ from .sharding import StageParameters, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
-from .kbit import ledger_training, math_attention
+from .kbit import autocast_head_copy, ledger_training, math_attention, under_autocast
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from ..spec.choices import FSDP_FRAMEWORKS
@@ -74,6 +74,9 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                           shared.per_layer.get(mtp_kind(arch), 0.0), total_bytes(loss_saved)) if last else None
     if mtp:  # held with the loss's tensors, for the micro-batch whose forward just ended (mtp.py)
         loss_saved = loss_saved + (mtp,)
+    if last and under_autocast(training):  # the LM head's autocast copy, from its forward to its backward (kbit.py)
+        loss_saved = loss_saved + (autocast_head_copy(arch, training, par,
+                                                      padded_vocab_size(arch.vocab_size, par.tp, training.framework)),)
     deferred = deferred_wgrad_microbatches(training, m) if last else 0
     if deferred:  # held through the last micro-batch's forward and backward, drained before the step
         loss_saved = loss_saved + (entries_component(

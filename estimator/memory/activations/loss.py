@@ -125,18 +125,26 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
             saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
-        from ..kbit import prepared
+        from ..kbit import AUTOCAST_HEAD_SOURCE, prepared, under_autocast
         from ..trainer_loop import LOGITS_ENTRY, SOURCE as TRAINER_SOURCE, through_accelerate
         source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
         fp32_logits = arch.logits_fp32 and B < 4
-        if fp32_logits:
+        if under_autocast(training):
+            # the prepared fp32 head's matmul runs in the autocast dtype (the weights' 16-bit dtype; this ledger
+            # is fp32, kbit.ledger_training): 16-bit logits, then Accelerate's fp32 copy ties the loss's upcast
+            W = bytes_per_element(training.param_dtype)
+            forward.append(Entry("logits in the autocast dtype (the fp32 head's matmul)", T * vocab, W, "tp",
+                                 "B*s*b*V"))
+            forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
+            source += f"; {TRAINER_SOURCE}; {AUTOCAST_HEAD_SOURCE}"
+        elif fp32_logits:
             # the model returns lm_head(x).float() (transformers 5.23 NemotronHForCausalLM.forward): the
             # compute-dtype logits die with the cast, and the loss's own logits.float() is no copy (measured)
             forward.append(Entry("fp32 logits (cast in the model's forward)", T * vocab, 4, "tp", "4*s*b*V"))
         else:
             forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         if prepared(training) or fp32_logits:  # fp32 logits (kbit.py, or the model's own cast): no copy
-            pass
+            pass  # (under the Trainer's autocast the copy is above)
         elif through_accelerate(training):  # Accelerate's fp32 copy of the output ties the upcast (trainer_loop.py)
             forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
             source += f"; {TRAINER_SOURCE}"
