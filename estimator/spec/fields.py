@@ -362,11 +362,11 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
           "after, so the normalised tensor it keeps is fp32.", _MORE, widget=False),
     _bool("logits_fp32", _M, "fp32 logits", "The model's forward casts its logits to fp32 (transformers "
           "NemotronHForCausalLM: lm_head(x).float()), so the compute-dtype logits die at once.", _MORE, widget=False),
-    _bool("loss_in_logits_dtype", _M, "Loss in the logits' dtype", "The model's own loss calls cross_entropy on its "
-          "16-bit logits, with no fp32 upcast (Qwen-1's modeling_qwen.py, lit-gpt's chunked_cross_entropy; transformers' "
-          "ForCausalLMLoss upcasts). Without autocast (DeepSpeed's fp16/bf16 engine, a plain loop over 16-bit weights, "
-          "torchtune) the log-softmax it keeps and its two gradients are then 16-bit; under autocast cross_entropy runs "
-          "in fp32 anyway.", _MORE, widget=False),
+    _bool("loss_in_logits_dtype", _M, "Loss in the logits' dtype", "The model's own loss calls cross_entropy on "
+          "its 16-bit logits, with no fp32 upcast (Qwen-1's modeling_qwen.py, lit-gpt's chunked_cross_entropy; "
+          "transformers' ForCausalLMLoss upcasts). Without autocast (DeepSpeed's fp16/bf16 engine, a plain loop over "
+          "16-bit weights) the log-softmax it keeps and its two gradients are then 16-bit; under autocast "
+          "cross_entropy runs in fp32 anyway.", _MORE, widget=False),
     _w("full_attention_interval", "Full attention every N layers", "Linear-attention hybrids (Qwen3-Next): every N-th "
        "layer is softmax attention, the others Gated DeltaNet; 0 = every layer is attention.", _HYB, lo=0,
        hi=MAX_LAYERS),

@@ -151,7 +151,11 @@ QWEN = {
     "framework_mapping": ("LoRA and LoRA (emb): hf with the Trainer's loop (finetune.py runs transformers' Trainer "
                           "without DeepSpeed, --bf16 True); Q-LoRA, full-parameter and 72B LoRA: deepspeed with the "
                           "scripts' ZeRO stage and buckets. The GPTQ int4 base of Q-LoRA is our int4 base dtype "
-                          "under method lora (our qlora method is bitsandbytes NF4)."),
+                          "under method lora (our qlora method is bitsandbytes NF4). Qwen-1's fused c_attn (q, k, v "
+                          "in one linear) gets one adapter of rank 64 where our all-linear puts one on each of q, k "
+                          "and v: 0.5M more adapter parameters a layer (16.8M of 7B's 160M), kept as it is. The "
+                          "model's own loss runs on 16-bit logits (loss_in_logits_dtype: modeling_qwen.py "
+                          "CrossEntropyLoss without .float())."),
     "not_used": {"LoRA (multinode)": "2 nodes x 2 GPUs summed; whether it trains the embeddings (finetune_lora_ds.sh "
                                      "on the base model does) is not stated"},
     "rows": qwen_rows(),
@@ -328,8 +332,9 @@ LITGPT = {
                "unit": "GB", "compared_with": "allocated_peak_bytes"},
     "framework_mapping": (
         "lit-gpt's loop is a plain PyTorch loop through Lightning Fabric with bf16-true weights: hf with the plain "
-        "loop, bf16 weights and no master weights (the closest; our hf keeps transformers' fp32 loss, lit-gpt computes "
-        "chunked_cross_entropy on 128-token bf16 logit chunks); the multi-GPU rows run Fabric's FSDPStrategy, torch "
+        "loop, bf16 weights and no master weights (the closest), and the model's own 16-bit loss (loss_in_logits_dtype: "
+        "chunked_cross_entropy on 128-token bf16 logit chunks); the LoRA weights are bf16 there, fp32 in our hf "
+        "(4.2M parameters at most); the multi-GPU rows run Fabric's FSDPStrategy, torch "
         "FSDP1: our fsdp1 with the plain loop (no Accelerate autocast: Fabric's bf16-true), with gradient accumulation "
         "under no_sync (128 / micro-batch micro-batches a step)"),
     "not_used": {"Finetuning with Adapter / Adapter v2": "LLaMA-Adapter methods, which the estimator does not model",
