@@ -70,10 +70,12 @@ MISSES: dict[str, str] = {
     "torchtune-llama-3.2-3b-8-bit-adamw": _TUNE_8BIT,
 }
 _TUNE_LORA = ("torchtune's LoRA and QLoRA rows sit 0.94 GB above the table alike (the full fine-tuning rows of the same "
-              "table with the same compile, chunked loss, recompute and offloading are within 4.2%%): beside the "
-              "compiled chunked loss's 2.1 GB of bf16 logits the estimate holds one recomputed layer (0.86 GB); the "
-              "table's LoRA peak (weights + AdamW states + 2.2 GB) holds the logits alone; not found which moment the "
-              "LoRA recipe peaks at; over by %s")
+              "table with the same compile, chunked loss, recompute and offloading are within 4.2%%). At the peak the "
+              "estimate holds one recomputed layer (0.86 GB) beside the compiled loss's 2.1 GB of bf16 logits, and "
+              "the table's LoRA peak (weights + AdamW states + 2.2 GB) holds about the logits alone. A candidate, not "
+              "changed here: autograd frees the loss's saved tensors once the loss's backward has run, before the "
+              "last layer is recomputed, while memory/static_stage.py adds every backward moment to the loss's saved "
+              "tensors; over by %s")
 # row id -> why the estimate is over by more than 10% (the issue bounds under-estimates; these are the largest overs)
 OVERS: dict[str, str] = {
     "torchtune-llama-3.2-3b-lora": _TUNE_LORA % "10.3%",

@@ -436,7 +436,7 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
     Field("peft_version", _A, "text", "peft version", "hf: the peft release. Through 0.11.1 a LoRA layer takes its "
           "16-bit base weight's dtype (so do its gradients and AdamW states); from 0.12.0 get_peft_model casts the "
           "adapters to fp32 (autocast_adapter_dtype). A quantized base leaves them fp32 in every release.", _FT,
-          pattern=BNB_VERSION_PATTERN, pattern_text="a peft release as major.minor[.patch]", widget=False),
+          pattern=BNB_VERSION_PATTERN, pattern_text="a peft release as major.minor[.patch]"),
 )
 
 _R, _RL = "rl", "RL (colocated rollout engine)"
