@@ -247,3 +247,24 @@ def test_fsdp1_under_a_loop_of_its_own_has_no_accelerate_autocast():
     trainer = json.loads(json.dumps(row["config"]))
     trainer["training"]["training_loop"] = "trainer"
     assert loss_parts(trainer)["fp32 log-softmax of the logits"] == 4 * T * V
+
+
+def backward_labels(config: dict) -> set[str]:
+    stage = estimate_config(config).stages[0]
+    backward = next(p for p in stage.phases if p.name == "backward")
+    return {p.label for c in backward.components for p in (c.parts or (c,))}
+
+
+def test_a_recomputed_layer_runs_after_the_loss_has_freed_its_saved_tensors():
+    """Autograd frees a node's saved tensors once its backward has run, so the loss's (torchtune's compiled loss:
+    the bf16 logits, 2 x 4096 x 128,256 x 2 B) are gone when the last layer is recomputed: backward's largest
+    moment is the one or the other, never both (memory/static_stage.py)."""
+    lora = backward_labels(ROWS["torchtune-llama-3.2-3b-lora"]["config"])
+    assert "logits in the compute dtype, kept by the compiled cross-entropy" in lora
+    assert "One recomputed layer's activations" not in lora
+    small_vocab = {"model": {"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32, "num_kv_heads": 8,
+                             "intermediate_size": 14336, "vocab_size": 256},
+                   "training": {"framework": "hf", "seq_len": 4096, "recompute": "full"}}
+    layer = backward_labels(small_vocab)
+    assert "One recomputed layer's activations" in layer
+    assert not any("log-softmax" in label for label in layer)
