@@ -46,8 +46,8 @@ _Q18 = ("Qwen-1.8B: the table holds about 1 GB (LoRA, Q-LoRA; 4 GB full-paramete
         "logn caches are KB) nor in the states; the table's growth with length is irregular (LoRA: +5.2 GB from 2048 "
         "to 4096 tokens, +5.6 GB from 4096 to 8192 where the logits alone double), which points at the caching "
         "allocator's segments in nvidia-smi, modelled as a fraction of the allocated peak; under by %s")
-_Q72_ZERO3 = ("Qwen-72B-Chat LoRA under DeepSpeed ZeRO-3 on 4 GPUs (the table's sum / 4): 6 GB a GPU above the estimate "
-              "at 256-1024 tokens, shrinking to 3%% at 8192; a candidate, not verified: ZeRO-3 keeps a gathered layer "
+_Q72_ZERO3 = ("Qwen-72B-Chat LoRA under DeepSpeed ZeRO-3 on 4 GPUs (the table's sum / 4): 6.5 GB a GPU above the estimate "
+              "at 256 tokens, 5.2 GB at 8192; a candidate, not verified: ZeRO-3 keeps a gathered layer "
               "for its recompute when it is reused within stage3_max_reuse_distance (1e9), up to "
               "stage3_max_live_parameters (1e9 elements, 2 GB), where the estimate counts one layer and the "
               "prefetch bucket; under by %s")
@@ -74,7 +74,7 @@ OVERS: dict[str, str] = {}
 MEDIAN_MISSES = {
     "full": ("full fine-tuning: 7.7% over 16 rows; the nine Qwen rows are nvidia-smi readings of DeepSpeed ZeRO-3 "
              "runs that no tensor accounts for in full (7B on 2 GPUs grows 11.4 GB a GPU from 256 to 1024 tokens, "
-             "where its live tensors grow by about 1.5 GB; 1.8B on one GPU is flat at 43.5 GB, 4 GB above the "
+             "where the estimate's peak, the ZeRO-3 step, does not move; 1.8B on one GPU is flat at 43.5 GB, 4 GB above the "
              "estimate, see MISSES); torchtune's seven have a median of 4.0%"),
 }
 
