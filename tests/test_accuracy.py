@@ -37,10 +37,6 @@ _MATH_BACKWARD = ("peft prepare_model_for_kbit_training runs SDPA's math backend
                   "here: %s)")
 KNOWN_GAPS: dict[str, str] = {
     "llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1-prepared": _MATH_BACKWARD % "+13%",
-    "llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1-prepared-accelerate-bf16":
-        "prepare_model_for_kbit_training under the HF Trainer's autocast (fp32 residual stream, bf16 matmul inputs, "
-        "SDPA's flash path on bf16 q, k, v) is not modelled: the plain loop's estimate is kept, 9.5% over "
-        "(estimator/memory/trainer_loop.py)",
 }
 # case id -> why its model states miss the 1% bound
 _FSDP1_SLICE = ("FSDP1 flattens a decoder layer's weights in registration order (each base weight, then its LoRA A and "

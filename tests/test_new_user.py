@@ -150,8 +150,10 @@ def test_applying_the_plan_keeps_an_open_global_batch_open_and_says_what_it_load
     from estimator import load_config
     from estimator.search.advice import plan_to_fit
 
-    query = {"model": "llama-3.1-70b", "tp": "2", "pp": "2"}  # global batch left to the estimator
-    steps = plan_to_fit(load_config({"model": "llama-3.1-70b", "parallel": {"tp": 2, "pp": 2}}), use_planner=False)
+    # global batch left to the estimator; a chunked loss, so that the greedy plan's last step is a pipeline change
+    query = {"model": "llama-3.1-70b", "tp": "2", "pp": "2", "loss": "chunked"}
+    steps = plan_to_fit(load_config({"model": "llama-3.1-70b", "training": {"loss": "chunked"},
+                                     "parallel": {"tp": 2, "pp": 2}}), use_planner=False)
     assert [s.description for s in steps][-1] == "pipeline stages 4 (twice the GPUs)" and steps[-1].verdict == "fits"
     at = _app(query)
     at.button(key=K.plan_step(len(steps))).click().run()
@@ -174,7 +176,8 @@ def test_a_plan_on_a_global_batch_the_user_set_says_when_the_pipeline_is_mostly_
     from estimator import load_config
     from estimator.search.advice import plan_to_fit
 
-    config = {"model": "llama-3.1-70b", "training": {"global_batch_size": 2}, "parallel": {"tp": 2, "pp": 2}}
+    config = {"model": "llama-3.1-70b", "training": {"global_batch_size": 2, "loss": "chunked"},
+              "parallel": {"tp": 2, "pp": 2}}  # a chunked loss: the greedy plan's last step is a pipeline change
     last = plan_to_fit(load_config(config), use_planner=False)[-1]
     assert last.config.training.global_batch_size == 2
     assert last.description == ("pipeline stages 4 (twice the GPUs, same global batch); 2 micro-batches for 4 "

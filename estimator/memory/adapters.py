@@ -167,10 +167,26 @@ def adapter_dtype(training, recipe) -> str:
     FSDP2 keeps fp32 shards when it has master weights (torchtitan's mixed precision), else the
     weights dtype (torchtune's bf16 LoRA recipes)."""
     if training.framework == "hf":
-        return "fp32"
+        from ..spec.adapter import base_dtype, peft_adapters_in_base_dtype
+        from ..spec.choices import QUANTIZED
+        in_base = (peft_adapters_in_base_dtype(training.adapter)
+                   and base_dtype(training.adapter, recipe.param_dtype) not in QUANTIZED)
+        return recipe.param_dtype if in_base else "fp32"  # peft before 0.12.0 (spec/adapter.py PEFT_SOURCE)
     if training.framework in ("fsdp2", "fsdp1") and recipe.master_weights:  # FSDP1: the fp32 FlatParameter
         return "fp32"
     return recipe.param_dtype
+
+
+def saved_copy_bytes(training, recipe) -> float:
+    """Bytes per element of the trainable embedding/head copies (modules_to_save): the weights dtype under the HF
+    Trainer (PEFT copies the module; autocast_adapter_dtype casts adapter layers only), fp32 where
+    prepare_model_for_kbit_training cast the originals first (kbit.py), else the adapters' dtype."""
+    from ..spec.dtypes import bytes_per_element
+    if training.adapter.prepare_kbit:
+        return 4.0
+    if training.framework == "hf":
+        return bytes_per_element(recipe.param_dtype)
+    return bytes_per_element(adapter_dtype(training, recipe))
 
 
 def quantized_bytes(dtype: str, m: Module, framework: str, double_quant: bool = True) -> float:
@@ -304,9 +320,7 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
     A = bytes_per_element(adapter_dtype(training, recipe))
     # the trainable embedding/head copies keep the weights dtype under the HF Trainer (PEFT copies
     # the module; autocast_adapter_dtype casts adapter layers only)
-    S = bytes_per_element(recipe.param_dtype) if training.framework == "hf" else A
-    if training.adapter.prepare_kbit:  # copied from the embedding and head that prepare cast to fp32 (kbit.py)
-        S = 4.0
+    S = saved_copy_bytes(training, recipe)
     hf = training.framework == "hf"
     G_a = A if hf else bytes_per_element(recipe.grad_dtype)  # torch: a gradient takes its tensor's dtype
     G_s = S if hf else G_a

@@ -30,6 +30,9 @@ score-sized fp32 tensor is alive at that moment (measured: tests/data/measured/g
 qlora-bnb-r16-all7-recompute-drop00-s4096-b1-prepared.json; the CPU harness, validation/peft, sees
 the first two only, and its record is listed in tests/test_accuracy.py KNOWN_GAPS). With equal
 head counts memory-efficient attention runs, which keeps no scores.
+
+Under the HF Trainer's autocast (`under_autocast`) SDPA casts q, k, v to the autocast dtype and the fused kernel
+runs; the fp32 LM head is cast for its matmul and that 16-bit copy is kept for backward (`autocast_head_copy`).
 """
 
 from __future__ import annotations
@@ -73,10 +76,36 @@ def ledger_training(training):
     return replace(training, compute_dtype="fp32") if prepared(training) else training
 
 
+def under_autocast(training) -> bool:
+    """A prepared run under the HF Trainer's autocast (trainer_loop.through_accelerate). Its weights are 16-bit
+    (check_prepare_kbit) and no config computes wider than its weights, so the Trainer's loop is enough; read from
+    the loop, which `ledger_training` keeps (its compute dtype it makes fp32)."""
+    return prepared(training) and training.framework == "hf" and training.training_loop == "trainer"
+
+
 def math_attention(arch, training) -> bool:
-    """SDPA on fp32 q, k, v with grouped KV heads runs PyTorch's math backend (module docstring)."""
+    """SDPA on fp32 q, k, v with grouped KV heads runs PyTorch's math backend (module docstring); under the
+    Trainer's autocast SDPA casts them to the autocast dtype first (autocast's lower-precision list), so the
+    fused kernel runs."""
     return (prepared(training) and training.attention == "flash" and not arch.uses_mla
-            and arch.num_kv_heads != arch.num_attention_heads)
+            and arch.num_kv_heads != arch.num_attention_heads and not under_autocast(training))
+
+
+AUTOCAST_HEAD_SOURCE = (
+    "torch autocast: F.linear is on the lower-precision list, so the fp32 LM head weight that "
+    "prepare_model_for_kbit_training made is cast to the autocast dtype at every forward, and the matmul keeps that "
+    "copy for the gradient of its input (aten mm backward needs mat2); measured through the real Accelerate: "
+    "tests/data/measured/accelerate/llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1-prepared-accelerate-bf16")
+
+
+def autocast_head_copy(arch, training, par, vocab: int):
+    """A prepared run under the Trainer's autocast keeps a 16-bit copy of its fp32 LM head weight from the
+    forward's head to the backward's (AUTOCAST_HEAD_SOURCE): V x h x B on the last stage (V over TP)."""
+    from ..spec.dtypes import bytes_per_element
+    from .components import component
+    B = bytes_per_element(training.compute_dtype)
+    return component("logits", "autocast's 16-bit copy of the fp32 LM head weight (kept for backward)",
+                     vocab / par.tp * arch.hidden_size * B, f"{B:g} B x V x h", AUTOCAST_HEAD_SOURCE)
 
 
 def score_bytes(training, par) -> float:

@@ -356,10 +356,12 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
         parts = tuple(p if p[0].startswith("token ids") else
                       (p[0] + ", on the host", 0, f"0 on the GPU: {p[1] / 2**30:,.2f} GiB offloaded ({p[2]})")
                       for p in parts)
-    saved = (_activations_component(parts, training, par),) + st.loss_saved
+    layers = _activations_component(parts, training, par)
+    saved = (layers,) + st.loss_saved
     backward = phase("backward", st.kept + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
                      st.folded["backward_end"]) \
-        if backward_ends else phase("backward", st.kept + (st.grads_backward,) + saved, st.folded["backward"])
+        if backward_ends else phase("backward", st.kept + (st.grads_backward, layers) + st.loss_saved_backward,
+                                    st.folded["backward"])
     phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))

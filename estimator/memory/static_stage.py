@@ -17,7 +17,7 @@ from .sharding import StageParameters, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
-from .kbit import ledger_training, math_attention
+from .kbit import autocast_head_copy, ledger_training, math_attention, under_autocast
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .megatron_fsdp import with_global_moments
@@ -42,6 +42,7 @@ class _StaticParts(NamedTuple):
     loss_saved: tuple[Component, ...]
     folded: dict  # phase name -> the folded transient component
     grads_end: Component | None = None  # the gradients at backward's last moments, where not all of them
+    loss_saved_backward: tuple[Component, ...] = ()  # the loss's saved tensors at backward's largest moment
 
 
 class _StaticStage(NamedTuple):
@@ -75,11 +76,16 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                           shared.per_layer.get(mtp_kind(arch), 0.0), total_bytes(loss_saved)) if last else None
     if mtp:  # held with the loss's tensors, for the micro-batch whose forward just ended (mtp.py)
         loss_saved = loss_saved + (mtp,)
+    if last and under_autocast(training):  # the LM head's autocast copy, from its forward to its backward (kbit.py)
+        loss_saved = loss_saved + (autocast_head_copy(arch, training, par,
+                                                      padded_vocab_size(arch.vocab_size, par.tp, training.framework)),)
     deferred = deferred_wgrad_microbatches(training, m) if last else 0
+    after_loss: tuple = ()  # what of the loss's saved tensors outlives the loss's backward
     if deferred:  # held through the last micro-batch's forward and backward, drained before the step
-        loss_saved = loss_saved + (entries_component(
+        after_loss = (entries_component(
             "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
             deferred, DEFER_WGRAD_SOURCE),)
+        loss_saved = loss_saved + after_loss
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
@@ -111,7 +117,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
-        attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "backward")
+        attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
         if total_bytes(attention) > int(round(working)) + total_bytes(extras):
             working, extras = 0.0, attention
         attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
@@ -119,8 +125,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
             loss_forward = attention
     recomputed_bytes = int(round(working)) + total_bytes(extras)
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
-    backward_moment = max(total_bytes(loss_backward), recomputed_bytes, total_bytes(exchange_backward),
-                          total_bytes(tr.step_in_backward))
+    # a layer is recomputed after the loss's backward, whose node frees the loss's saved tensors as it runs (torch
+    # autograd engine: release_variables after apply, without retain_graph); the other moments are charged beside them
+    beside_loss = max(total_bytes(loss_backward), total_bytes(exchange_backward), total_bytes(tr.step_in_backward))
+    recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
                       _optimizer_partition(sp, par, zero, inv.trainable if inv else None, shard_group(training, par)),
@@ -134,7 +142,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     grads_early = grads if grads_live else 0
     saved = total_bytes(loss_saved)
     totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
-              states + grads_early + saved + backward_moment + total_bytes(tr.backward),
+              states + grads_early + total_bytes(tr.backward) + max(saved + beside_loss,
+                                                                     total_bytes(after_loss) + recomputed_bytes),
               states + grads + total_bytes(tr.optimizer))
     # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
     # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
@@ -149,7 +158,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
     communication = shared.moe_communication if moe_stage else shared.communication
     parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
-                         loss_backward, working, grads_live, training, extras, end))
+                         loss_backward, working, grads_live, training, extras, end,
+                         after_loss if recompute_wins else None))
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
                         place.host + paged_host, place.nvme, backward_end, managed)
@@ -218,8 +228,10 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
 
 def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, list], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
-                  training: Training, extras: list[Component] = (), end: BackwardEnd | None = None) -> _StaticParts:
-    """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources)."""
+                  training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
+                  after_loss: tuple | None = None) -> _StaticParts:
+    """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
+    where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds."""
 
     def state(key: str, label: str, source: str) -> Component:
         if key in place.moved:
@@ -258,7 +270,8 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
         return max(moments, key=total_bytes)
 
     folded = {"forward": fold(largest(loss_forward, exchange[0], tr.forward_end) + tr.forward),
-              "backward": fold(largest(loss_backward, recomputed, exchange[1], tr.step_in_backward) + tr.backward),
+              "backward": fold((recomputed if after_loss is not None else
+                                largest(loss_backward, exchange[1], tr.step_in_backward)) + tr.backward),
               "backward_end": fold(end.transients if end else recomputed + tr.backward),
               "optimizer": fold(tr.optimizer)}
     grads_end = None
@@ -266,4 +279,4 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
         grads_end = component("gradients", "Gradients (their units' reduce-scatters not all run yet)", end.gradients,
                               end.gradients_formula, FSDP2_RS_SOURCE)
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded,
-                        grads_end)
+                        grads_end, loss_saved if after_loss is None else after_loss)

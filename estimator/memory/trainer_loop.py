@@ -25,9 +25,10 @@ Accelerate (validation/accelerate, tests/data/measured/accelerate):
 
 A plain loop (`training_loop` "plain": the model called directly, as validation/hf and validation/peft
 measure) runs autocast only where the weights are wider than the compute dtype (AMP).
-Not modelled under the Trainer: peft's prepare_model_for_kbit_training (fp32 embeddings, norms and head:
-autocast sends SDPA bf16 inputs, the flash path); its plain-loop estimate is kept (kbit.py; 9.5% over the
-measured record).
+Under the Trainer, peft's prepare_model_for_kbit_training (fp32 embeddings, norms and head) keeps the fp32 ledger
+of its plain loop but for two things autocast changes (kbit.py): SDPA gets autocast's 16-bit q, k, v, so the fused
+kernel runs (no math backend), and the fp32 LM head is cast for its matmul, whose 16-bit copy is kept for backward
+(measured through the real Accelerate, tests/data/measured/accelerate/*-prepared-accelerate-bf16).
 """
 
 from __future__ import annotations

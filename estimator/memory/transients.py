@@ -16,7 +16,7 @@ from typing import NamedTuple
 from .activations.moe import MEGATRON_GLOBAL_BUFFER, global_memory_buffer
 from .pipeline import microbatches
 from .pp_buffers import pipelining_buffers
-from .adapters import Inventory, adapter_dtype
+from .adapters import Inventory, adapter_dtype, saved_copy_bytes
 from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
@@ -142,6 +142,10 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
             sub_group = min(1e9, shard) if zero == 3 else shard
             opt.append(component("transient", "fp32 copy of the gradient partition for the step", 4 * sub_group,
                                   "4 B x gradient partition (sub-group under ZeRO-3)", DEEPSPEED_SOURCE))
+            if zero == 3:  # the fp32 copy is cast from a flat 16-bit copy, alive until the cast returns
+                opt.append(component("transient", "flat copy of the sub-group's gradients, cast to fp32",
+                                      G * sub_group, f"{G:g} B x min(sub_group_size 1e9, gradient partition)",
+                                      ZERO3_FLATTEN_SOURCE))
     if fw == "hf" and d_dense > 1:
         persistent.append(component(
             "buckets", "DDP gradient buckets", trainable * G,
@@ -170,7 +174,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     if training.optimizer_in_backward:
         return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
                           forward_end)
-    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest))
+    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest, inv))
     return Transients(fwd, bwd, opt, persistent, [], forward_end)
 
 
@@ -209,6 +213,10 @@ def gathered_layer_bytes(training: Training, recipe: Recipe, stage: StageParamet
                                                 f"+ {A:g} B x its adapters")
 
 
+ZERO3_FLATTEN_SOURCE = (
+    "DeepSpeed runtime/zero/stage3.py _prepare_fp32_grad_for_sub_group (v0.12.3 and v0.19.5 alike): "
+    "self.flatten(self.averaged_gradients[sub_group_id]).to(fp32): torch.cat makes a flat copy in the gradients' "
+    "dtype, and the fp32 cast is made beside it")
 DEEPSPEED_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/config.py (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
                     "stage3_max_live_parameters 1e9, stage3_param_persistence_threshold 1e5, sub_group_size 1e9, "
                     "contiguous_gradients true, overlap_comm true under stage 3 only: overlap_comm_valid); "
@@ -362,7 +370,8 @@ def _torchtitan_rope_caches(arch: Architecture, training: Training, stage: Stage
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
-                      d_dense: int, trainable: float, largest: float) -> list[Component]:
+                      d_dense: int, trainable: float, largest: float,
+                      inv: Inventory | None = None) -> list[Component]:
     """Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises sqrt(v)
     for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam); fused kernels
     (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place."""
@@ -370,8 +379,15 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
     if training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT:
-        return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", shard * states_dtype,
-                          f"{states_dtype:g} B x parameters on this GPU",
+        temporary, formula = shard * states_dtype, f"{states_dtype:g} B x parameters on this GPU"
+        if inv is not None and training.framework == "hf" and inv.saved:
+            # torch 2.13 _multi_tensor_adam makes sqrt(v) per (device, dtype) group
+            # (Optimizer._group_tensors_by_device_and_dtype), each in its states' dtype, and keeps every group's
+            # until the step returns (no del): fp32 adapters beside the 16-bit embedding/head copies (adapters.py)
+            A, S = bytes_per_element(adapter_dtype(training, recipe)), saved_copy_bytes(training, recipe)
+            temporary = (A * inv.adapters + S * inv.saved) * shard / trainable
+            formula = f"{A:g} B x adapter parameters + {S:g} B x embedding/head copies"
+        return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
                           "torch.optim.AdamW foreach implementation (_multi_tensor_adam)")]
     if optimizer.temporaries == LARGEST_TENSOR:
         return [component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",

@@ -23,6 +23,15 @@ BNB_LAST_SAVING_INPUT = (0, 43, 1)
 BNB_SOURCE = ("bitsandbytes autograd/_functions.py MatMul4Bit: ctx.tensors = (A, B) through 0.43.1, (None, B) from "
               "0.43.2 (commit 9e753741, PR #1270); measured with the emulation in validation/peft/bnb.py")
 _VERSION = re.compile(BNB_VERSION_PATTERN)
+# peft: through 0.11.1 a LoRA layer takes its base weight's floating dtype (tuners/lora/layer.py update_layer:
+# self.to(weight.device, dtype=weight.dtype)); from 0.12.0 get_peft_model casts fp16/bf16 adapter weights to
+# fp32 (autocast_adapter_dtype=True, tuners_utils.py _cast_adapter_dtype; commit ae1ae20b, PR #1706). The
+# harness records ran 0.21.2.
+PEFT_VERSION = "0.21.2"
+PEFT_FIRST_FP32_ADAPTERS = (0, 12, 0)
+PEFT_SOURCE = ("peft tuners/lora/layer.py LoraLayer.update_layer through v0.11.1 (self.to(weight.device, "
+               "dtype=weight.dtype)); v0.12.0 tuners_utils.py BaseTuner._cast_adapter_dtype (autocast_adapter_dtype, "
+               "commit ae1ae20b, PR #1706)")
 
 
 
@@ -42,6 +51,7 @@ class Adapter:
     double_quant: bool = True  # NF4's block scales quantized again (bnb_4bit_use_double_quant)
     bitsandbytes_version: str = BNB_VERSION  # the release whose Linear4bit an hf/deepspeed QLoRA runs
     prepare_kbit: bool = False  # peft's prepare_model_for_kbit_training was called (kbit.py)
+    peft_version: str = PEFT_VERSION  # the release whose LoRA layers an hf run builds (their dtype)
 
     def __post_init__(self) -> None:
         if isinstance(self.target_modules, str):  # "all-linear" (or one name) in the JSON
@@ -62,6 +72,9 @@ class Adapter:
                               "double quantization is NF4's (bnb_4bit_use_double_quant)",
                               related=("training.adapter.base_dtype",))
         _check_bnb_version(self.bitsandbytes_version, nf4)
+        if bnb_version(self.peft_version) < (0, 1, 0):  # its form is the field's (fields.py pattern)
+            raise ConfigError("training.adapter.peft_version", self.peft_version,
+                              "a peft release as major.minor[.patch], 0.1.0 or later")
 
     @property
     def all_linear(self) -> bool:
@@ -71,7 +84,7 @@ class Adapter:
         """The contract's object: every field that differs from its default, and the method."""
         out = {"method": self.method}
         for name in ("rank", "alpha", "target_modules", "dropout", "trainable_embeddings", "base_dtype",
-                     "double_quant", "bitsandbytes_version", "prepare_kbit"):
+                     "double_quant", "bitsandbytes_version", "prepare_kbit", "peft_version"):
             value, default = getattr(self, name), getattr(Adapter(), name)
             if value != default:
                 out[name] = ALL_LINEAR if name == "target_modules" and self.all_linear else (
@@ -101,6 +114,11 @@ def bnb_keeps_input(training) -> bool:
     return (adapter is not None and training.framework not in FSDP_FRAMEWORKS
             and base_dtype(adapter, training.param_dtype) == "nf4"
             and bnb_version(adapter.bitsandbytes_version) <= BNB_LAST_SAVING_INPUT)
+
+
+def peft_adapters_in_base_dtype(adapter) -> bool:
+    """peft before 0.12.0 leaves a LoRA layer in its base weight's 16-bit dtype (PEFT_SOURCE)."""
+    return bnb_version(adapter.peft_version) < PEFT_FIRST_FP32_ADAPTERS
 
 
 def adapter_from(value: object) -> Adapter | None:

@@ -86,6 +86,9 @@ class Architecture:
     norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32
     norm_fp32_scale: bool = False  # Nemotron-H: RMSNorm multiplies its scale in fp32, then casts
     logits_fp32: bool = False  # Nemotron-H: the model's forward casts its logits to fp32 (lm_head(...).float())
+    # Qwen-1's remote modeling_qwen.py, lit-gpt: the model's own loss runs cross_entropy on the 16-bit logits, no
+    # .float(); outside autocast its log-softmax and gradients stay 16-bit (memory/activations/loss.py)
+    loss_in_logits_dtype: bool = False
     # Linear-attention hybrids (Qwen3-Next): Gated DeltaNet layers, every full_attention_interval-th one
     # softmax attention (estimator/spec/hybrid.py)
     full_attention_interval: int = 0  # 0: no linear attention

@@ -49,7 +49,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
             "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
             "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "
-            "called directly, autocast only over weights wider than the compute dtype.", "Run", TRAINING_LOOPS),
+            "called directly, autocast only over weights wider than the compute dtype. fsdp1: trainer = the HF "
+            "Trainer through Accelerate; plain = a loop of one's own over FSDP1, such as Lightning Fabric's "
+            "FSDPStrategy with bf16-true weights.", "Run", TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("images_per_sample", _T, "Images per sample", "Vision-language models: images in each sample. Each runs "
@@ -377,6 +379,11 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
           "after, so the normalised tensor it keeps is fp32.", _MORE, widget=False),
     _bool("logits_fp32", _M, "fp32 logits", "The model's forward casts its logits to fp32 (transformers "
           "NemotronHForCausalLM: lm_head(x).float()), so the compute-dtype logits die at once.", _MORE, widget=False),
+    _bool("loss_in_logits_dtype", _M, "Loss in the logits' dtype", "The model's own loss calls cross_entropy on "
+          "its 16-bit logits, with no fp32 upcast (Qwen-1's modeling_qwen.py, lit-gpt's chunked_cross_entropy; "
+          "transformers' ForCausalLMLoss upcasts). Without autocast (DeepSpeed's fp16/bf16 engine, a plain loop over "
+          "16-bit weights) the log-softmax it keeps and its two gradients are then 16-bit; under autocast "
+          "cross_entropy runs in fp32 anyway.", _MORE, widget=False),
     _w("full_attention_interval", "Full attention every N layers", "Linear-attention hybrids (Qwen3-Next): every N-th "
        "layer is softmax attention, the others Gated DeltaNet; 0 = every layer is attention.", _HYB, lo=0,
        hi=MAX_LAYERS),
@@ -479,6 +486,10 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
           "axolotl and most QLoRA recipes call it): every 16-bit weight that is not quantized (embeddings, norms, "
           "LM head) is cast to fp32, so the residual stream, the attention and the logits run in fp32. Only with a "
           "quantized base (int8, nf4, int4) under framework hf.", _FT),
+    Field("peft_version", _A, "text", "peft version", "hf: the peft release. Through 0.11.1 a LoRA layer takes its "
+          "16-bit base weight's dtype (so do its gradients and AdamW states); from 0.12.0 get_peft_model casts the "
+          "adapters to fp32 (autocast_adapter_dtype). A quantized base leaves them fp32 in every release.", _FT,
+          pattern=BNB_VERSION_PATTERN, pattern_text="a peft release as major.minor[.patch]"),
 )
 
 _R, _RL = "rl", "RL (colocated rollout engine)"

@@ -214,10 +214,10 @@ def _check_training(t: Training) -> None:
                               "a DeepSpeed ZeRO setting", related=("training.framework",))
     _check_megatron_flags(t)
     _check_framework_version(t)
-    if t.training_loop != "trainer" and t.framework != "hf":
-        raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf'",
-                          "a plain loop is modelled for the HF stack alone; fsdp1 is modelled as the HF Trainer runs "
-                          "it and the other frameworks run their own loops", related=("training.framework",))
+    if t.training_loop != "trainer" and t.framework not in ("hf", "fsdp1"):
+        raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf' or 'fsdp1'",
+                          "a plain loop is modelled for the HF stack and FSDP1 (Lightning Fabric's FSDPStrategy runs "
+                          "one); the other frameworks run their own loops", related=("training.framework",))
     if t.compile and t.framework not in COMPILE_FRAMEWORKS:
         raise ConfigError("training.compile", True, "false unless framework is 'fsdp2', 'torchtune' or 'hf'",
                           "torch.compile is torchtitan's --compile.enable, torchtune's compile: True and the HF "

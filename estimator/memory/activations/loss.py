@@ -11,7 +11,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from ..titan_releases import SOURCES as TITAN_SOURCES, titan_rules
-from .entries import Entry, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
+from .entries import Entry, _norm, _norm_output, autocast, compiled, fused_kernels, tokens_per_gpu
 
 
 @dataclass(frozen=True)
@@ -117,22 +117,34 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
         kept_logits, backward = compiled_cross_entropy(T, 1, vocab, training)
         saved += kept_logits
         source = TORCHTITAN_COMPILED_LOSS_SOURCE
+    elif training.loss == "standard" and logits_dtype_loss(arch, training):
+        kept, forward, backward = logits_dtype_loss_entries(T, vocab, B)
+        saved += kept
+        source = LOGITS_DTYPE_LOSS_SOURCE
     elif training.loss == "standard":
         saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
         if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
             saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
-        from ..kbit import prepared
+        from ..kbit import AUTOCAST_HEAD_SOURCE, prepared, under_autocast
         from ..trainer_loop import LOGITS_ENTRY, SOURCE as TRAINER_SOURCE, through_accelerate
         source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
         fp32_logits = arch.logits_fp32 and B < 4
-        if fp32_logits:
+        if under_autocast(training):
+            # the prepared fp32 head's matmul runs in the autocast dtype (the weights' 16-bit dtype; this ledger
+            # is fp32, kbit.ledger_training): 16-bit logits, then Accelerate's fp32 copy ties the loss's upcast
+            W = bytes_per_element(training.param_dtype)
+            forward.append(Entry("logits in the autocast dtype (the fp32 head's matmul)", T * vocab, W, "tp",
+                                 "B*s*b*V"))
+            forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
+            source += f"; {TRAINER_SOURCE}; {AUTOCAST_HEAD_SOURCE}"
+        elif fp32_logits:
             # the model returns lm_head(x).float() (transformers 5.23 NemotronHForCausalLM.forward): the
             # compute-dtype logits die with the cast, and the loss's own logits.float() is no copy (measured)
             forward.append(Entry("fp32 logits (cast in the model's forward)", T * vocab, 4, "tp", "4*s*b*V"))
         else:
             forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
         if prepared(training) or fp32_logits:  # fp32 logits (kbit.py, or the model's own cast): no copy
-            pass
+            pass  # (under the Trainer's autocast the copy is above)
         elif through_accelerate(training):  # Accelerate's fp32 copy of the output ties the upcast (trainer_loop.py)
             forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
             source += f"; {TRAINER_SOURCE}"
@@ -171,6 +183,33 @@ MEGATRON_NATIVE_CE_SOURCE = (
     "Megatron-Core 0.16.1 = 0.19.0 fusions/fused_cross_entropy.py calculate_gradients under torch.compile (core/jit.py); "
     "torch 2.13 torch/_inductor/lowering.py index_put -> index_put_impl_(clone(x)); Inductor's generated code: "
     "tests/data/measured/compile/megatron-fused-cross-entropy-bf16-s16-b2-v512.json")
+
+LOGITS_DTYPE_LOSS_SOURCE = (
+    "Qwen-1 modeling_qwen.py QWenLMHeadModel.forward (CrossEntropyLoss on lm_head's output, no .float(); as in "
+    "Qwen/Qwen-72B, mirrored in mapengAdam/qianwen-72B@3334bfe); lit-gpt 8641822 lit_gpt/utils.py "
+    "chunked_cross_entropy (cross_entropy on each bf16 logit chunk); torch aten log_softmax returns its input's "
+    "dtype, autocast alone would run it in fp32 (torch/csrc/autograd autocast fp32 list: log_softmax, nll_loss)")
+
+
+def logits_dtype_loss(arch: Architecture, training: Training) -> bool:
+    """The model's own loss runs on its 16-bit logits with no autocast around it (arch.loss_in_logits_dtype):
+    not under the Trainer's autocast (trainer_loop.through_accelerate) nor AMP over fp32 weights, and not with
+    prepare_model_for_kbit_training's fp32 head (kbit.py)."""
+    from ..kbit import prepared
+    from ..trainer_loop import through_accelerate
+    return (arch.loss_in_logits_dtype and bytes_per_element(training.compute_dtype) < 4
+            and not through_accelerate(training) and not autocast(training) and not prepared(training))
+
+
+def logits_dtype_loss_entries(tokens: float, vocab: int, B: int) -> tuple[list[Entry], list[Entry], list[Entry]]:
+    """cross_entropy on 16-bit logits (LOGITS_DTYPE_LOSS_SOURCE): log_softmax keeps its 16-bit output for
+    backward; the forward's moment holds the logits beside it; backward's first step holds nll_loss's and
+    log_softmax's gradients, both in the logits' dtype. (saved, forward, backward)"""
+    return ([Entry("log-softmax of the logits, in their 16-bit dtype", tokens * vocab, B, "tp", "B*s*b*V")],
+            [Entry("logits in the compute dtype", tokens * vocab, B, "tp", "B*s*b*V")],
+            [Entry("16-bit gradients of the log-softmax output and input", 2 * tokens * vocab, B, "tp",
+                   "2*B*s*b*V")])
+
 
 TORCHTUNE_LOSS_CHUNKS = 8  # CEWithChunkedOutputLoss.num_output_chunks
 

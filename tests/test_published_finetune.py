@@ -1,0 +1,270 @@
+"""The estimator against published, really measured fine-tuning memory (issue #23: "Published LoRA/QLoRA runs:
+median <= 5%, no under-estimate beyond 10%; full fine-tuning the same").
+
+tests/data/measured/published_finetune holds one JSON per source (write_records.py wrote them): Qwen's README
+profiling table (QwenLM/Qwen), torchtune's README optimization-flags table and lit-gpt's resource tables. Each row
+states its source and commit, the run's setup as the table and the scripts at that commit give it, the published
+figure, which number it is (``device_total``: nvidia-smi, ``allocated_peak``: max_memory_allocated or the
+allocator's active peak), and our configuration of the run. The figure is held against the matching output number.
+A row the model misses by more than the issue allows is listed in MISSES with the mechanism it lacks, as a strict
+expected failure: a miss that closes fails the test until it leaves the list.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from estimator import estimate_config
+
+DATA = Path(__file__).parent / "data" / "measured" / "published_finetune"
+SOURCES = {"qwen": "QwenLM/Qwen", "torchtune": "pytorch/torchtune", "litgpt": "Lightning-AI/litgpt"}
+OUTPUT = {"device_total": "device_total_bytes", "allocated_peak": "allocated_peak_bytes"}
+UNIT = {"GB": 10**9, "GiB": 2**30}
+MEDIAN_BOUND = 0.05  # the issue's goal: median |error| per group
+UNDER_BOUND = 0.10  # the issue's goal: no under-estimate beyond it
+
+
+def load(name: str) -> dict:
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+ROWS = {r["id"]: r for name in SOURCES for r in load(name)["rows"]}
+
+
+def error(row: dict) -> float:
+    estimate = estimate_config(row["config"])
+    return getattr(estimate, OUTPUT[row["measured"]["metric"]]) / row["measured"]["bytes"] - 1
+
+
+_Q18 = ("Qwen-1.8B: the table holds about 1 GB (LoRA, Q-LoRA; 4 GB full-parameter) more than the estimate at every "
+        "length up to 4096 tokens, while its 7B, 14B and 72B siblings on the same scripts are within the goal. Not "
+        "found in the model code (flash attention drops the causal-mask buffer in modeling_qwen.py; the rotary and "
+        "logn caches are KB) nor in the states; the table's growth with length is irregular (LoRA: +5.2 GB from 2048 "
+        "to 4096 tokens, +5.6 GB from 4096 to 8192 where the logits alone double), which points at the caching "
+        "allocator's segments in nvidia-smi, modelled as a fraction of the allocated peak; under by %s")
+_Q72_ZERO3 = ("Qwen-72B-Chat LoRA under DeepSpeed ZeRO-3 on 4 GPUs (the table's sum / 4): 6.5 GB a GPU above the estimate "
+              "at 256 tokens, 5.2 GB at 8192; a candidate, not verified: ZeRO-3 keeps a gathered layer "
+              "for its recompute when it is reused within stage3_max_reuse_distance (1e9), up to "
+              "stage3_max_live_parameters (1e9 elements, 2 GB), where the estimate counts one layer and the "
+              "prefetch bucket; under by %s")
+_TUNE_8BIT = ("torchtune's '+ 8-bit AdamW' row: the table does not name the optimizer; its drop from the row before "
+              "(4.2 GiB) rules out bitsandbytes' PagedAdamW8bit, whose states live outside the allocator (12 GiB of "
+              "bf16 moments would go), so we take torchao's AdamW8bit; the estimate drops 6.3 GB with 8-bit states "
+              "and the table 4.5 GB; not found: what the 8-bit step keeps beyond its states under optimizer_in_bwd "
+              "(torchao low_bit_optim/adam.py compiles single_param_adam per parameter, stepped in backward hooks); "
+              "under by 15.2%")
+
+# row id -> the mechanism the estimate lacks (the next modelling step)
+MISSES: dict[str, str] = {
+    **{f"qwen-1.8b-{m}-s{s}": _Q18 % pct for m, s, pct in (
+        ("lora", 256, "15.4%"), ("lora", 512, "16.1%"), ("lora", 1024, "13.1%"), ("lora", 2048, "13.9%"),
+        ("lora", 4096, "14.7%"), ("lora-emb", 256, "11.7%"), ("lora-emb", 512, "13.6%"),
+        ("qlora", 256, "16.5%"), ("qlora", 512, "14.5%"), ("qlora", 1024, "13.6%"), ("qlora", 2048, "12.2%"),
+        ("qlora", 4096, "10.4%"), ("qlora", 8192, "13.1%"), ("full", 4096, "16.1%"), ("full", 8192, "12.5%"))},
+    **{f"qwen-72b-lora-zero3-s{s}": _Q72_ZERO3 % pct for s, pct in ((256, "12.0%"), (512, "11.8%"),
+                                                                      (1024, "11.4%"))},
+    "torchtune-llama-3.2-3b-8-bit-adamw": _TUNE_8BIT,
+}
+# row id -> why the estimate is over by more than 10% (the issue bounds under-estimates; none is listed today)
+OVERS: dict[str, str] = {}
+MEDIAN_MISSES = {
+    "full": ("full fine-tuning: 7.7% over 16 rows; the nine Qwen rows are nvidia-smi readings of DeepSpeed ZeRO-3 "
+             "runs that no tensor accounts for in full (7B on 2 GPUs grows 11.4 GB a GPU from 256 to 1024 tokens, "
+             "where the estimate's peak, the ZeRO-3 step, does not move; 1.8B on one GPU is flat at 43.5 GB, 4 GB above the "
+             "estimate, see MISSES); torchtune's seven have a median of 4.0%"),
+}
+
+
+# --- the records ------------------------------------------------------------------------------------------
+
+def test_the_published_rows_are_there():
+    counts = {name: len(load(name)["rows"]) for name in SOURCES}
+    assert counts == {"qwen": 75, "torchtune": 9, "litgpt": 27}
+    assert len(ROWS) == 111
+    groups = [r["group"] for r in ROWS.values()]
+    assert groups.count("lora") == 95 and groups.count("full") == 16
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_each_source_names_its_table_commit_and_number(name):
+    data = load(name)
+    src = data["source"]
+    assert src["repo"] == SOURCES[name] and src["path"] and src["table"]
+    assert len(src["commit"]) == 40 and int(src["commit"], 16) >= 0
+    assert set(data["metric"]) >= {"reported", "unit", "compared_with"}
+    for row in data["rows"]:
+        pub, measured = row["published"], row["measured"]
+        assert measured["metric"] in OUTPUT and row["group"] in ("lora", "full")
+        assert measured["bytes"] == round(pub["value"] * UNIT[pub["unit"]] / pub.get("gpus_summed", 1))
+        assert row["setup"] and row["table_row"]
+
+
+def test_qwen_rows_on_several_gpus_are_the_tables_sum_per_gpu():
+    """Qwen's table prints the sum over the GPUs: 7B full-parameter on 2 A100-80G reads 162.0G at 1024 tokens,
+    81.0 GB (75.4 GiB) per GPU, which an 80 GiB A100 can hold only in GB."""
+    row = ROWS["qwen-7b-full-s1024"]
+    assert row["published"]["text"].startswith("162.0G") and row["measured"]["bytes"] == 81_000_000_000
+    assert row["measured"]["bytes"] < 80 * 2**30 < 81 * 2**30
+
+
+# --- the issue's goals ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xfail(reason=MEDIAN_MISSES[g], strict=True))
+                                   if g in MEDIAN_MISSES else g for g in ("lora", "full")])
+def test_median_error_within_the_goal(group):
+    errors = [abs(error(r)) for r in ROWS.values() if r["group"] == group]
+    assert statistics.median(errors) <= MEDIAN_BOUND
+
+
+@pytest.mark.parametrize("row_id", [pytest.param(i, marks=pytest.mark.xfail(reason=MISSES[i], strict=True))
+                                    if i in MISSES else i for i in ROWS])
+def test_no_estimate_under_by_more_than_the_goal(row_id):
+    assert error(ROWS[row_id]) >= -UNDER_BOUND
+
+
+@pytest.mark.parametrize("row_id", [pytest.param(i, marks=pytest.mark.xfail(reason=OVERS[i], strict=True))
+                                    if i in OVERS else i for i in ROWS])
+def test_no_estimate_over_by_more_than_ten_percent(row_id):
+    """Over-estimates cost GPUs: none is over by 10%."""
+    assert error(ROWS[row_id]) <= 0.10
+
+
+def test_the_misses_are_rows():
+    assert set(MISSES) <= set(ROWS) and set(OVERS) <= set(ROWS)
+
+
+# --- the mechanisms these tables showed, by hand ------------------------------------------------------------
+
+def qwen7b(seq: int, **training) -> dict:
+    arch = {"name": "qwen-7b", "hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32,
+            "intermediate_size": 11008, "vocab_size": 151936, "qkv_bias": True}
+    base = {"framework": "deepspeed", "seq_len": seq, "micro_batch_size": 1, "param_dtype": "fp16",
+            "compute_dtype": "fp16", "recompute": "full",
+            "adapter": {"method": "lora", "rank": 64, "target_modules": ["all-linear"], "base_dtype": "int4"}}
+    return {"model": arch, "training": {**base, **training}, "parallel": {"zero_stage": 2},
+            "hardware": {"gpu": "a100-80"}}
+
+
+def loss_parts(config: dict) -> dict[str, int]:
+    stage = estimate_config(config).stages[0]
+    return {p.label: p.bytes for c in stage.components for p in (c.parts or (c,))
+            if "log-softmax" in p.label}
+
+
+def test_a_16_bit_loss_outside_autocast_keeps_16_bit_log_softmax_and_gradients():
+    """Qwen-1's modeling_qwen.py runs CrossEntropyLoss on fp16 logits, and DeepSpeed's fp16 engine has no
+    autocast: the log-softmax (kept) and the two gradients of backward's first step are fp16, 2 B per logit
+    where transformers' loss upcasts to 4 B. 8192 tokens x 151,936 logits."""
+    T, V = 8192, 151936
+    arch16 = qwen7b(8192)
+    arch16["model"]["loss_in_logits_dtype"] = True
+    assert loss_parts(arch16) == {"log-softmax of the logits, in their 16-bit dtype": 2 * T * V,
+                                  "16-bit gradients of the log-softmax output and input": 2 * 2 * T * V}
+    assert loss_parts(qwen7b(8192)) == {"fp32 log-softmax of the logits": 4 * T * V,
+                                        "fp32 gradients of the log-softmax output and input": 2 * 4 * T * V}
+
+
+def test_under_the_trainers_autocast_the_loss_is_fp32_anyway():
+    """autocast runs log_softmax and nll_loss in fp32: the field changes nothing under the HF Trainer."""
+    config = qwen7b(4096, framework="hf", training_loop="trainer", param_dtype="bf16", compute_dtype="bf16")
+    config["parallel"] = {}
+    config["training"]["adapter"].pop("base_dtype")
+    with_field = json.loads(json.dumps(config))
+    with_field["model"]["loss_in_logits_dtype"] = True
+    assert estimate_config(with_field).allocated_peak_bytes == estimate_config(config).allocated_peak_bytes
+
+
+def test_zero3_casts_each_sub_group_from_a_flat_16_bit_copy():
+    """stage3.py _prepare_fp32_grad_for_sub_group: flatten (torch.cat, bf16) then .to(fp32): both alive for the
+    cast, 2 + 4 B x min(sub_group_size 1e9, the partition). Qwen-1.8B on one GPU: a 1e9-element sub-group."""
+    config = {"model": {"hidden_size": 2048, "num_layers": 24, "num_attention_heads": 16,
+                        "intermediate_size": 5504, "vocab_size": 151936},
+              "training": {"framework": "deepspeed", "seq_len": 256, "recompute": "full"},
+              "parallel": {"zero_stage": 3}, "hardware": {"gpu": "a100-80"}}
+    stage = estimate_config(config).stages[0]
+    parts = {p.label: p.bytes for c in stage.components for p in (c.parts or (c,))}
+    assert parts["fp32 copy of the gradient partition for the step"] == 4 * 10**9
+    assert parts["flat copy of the sub-group's gradients, cast to fp32"] == 2 * 10**9
+
+
+def test_peft_before_0_12_keeps_adapters_in_the_base_dtype():
+    """peft 0.5.0 (Qwen's pin for PyTorch 2.0): LoRA layers take the bf16 base's dtype; 0.12.0 on casts them to
+    fp32. Qwen-7B, rank 64 on every linear: per layer 64 x (in + out) for q, k, v, o (4096 + 4096), gate and up
+    (4096 + 11008) and down (11008 + 4096); the weights and both AdamW moments halve."""
+    r, h, f, layers = 64, 4096, 11008, 32
+    adapters = layers * r * (4 * (h + h) + 3 * (h + f))
+    assert adapters == 159_907_840
+
+    def states(version: str) -> dict[str, int]:
+        config = qwen7b(2048, framework="hf", param_dtype="bf16", compute_dtype="bf16")
+        config["parallel"] = {}
+        config["training"]["adapter"].pop("base_dtype")
+        config["training"]["adapter"]["peft_version"] = version
+        stage = estimate_config(config).stages[0]
+        return {c.label: c.bytes for c in stage.components}
+
+    new, old = states("0.12.0"), states("0.11.1")
+    assert new["Parameters"] - old["Parameters"] == 2 * adapters
+    assert new["Optimizer states"] - old["Optimizer states"] == 2 * 2 * adapters
+
+
+def test_a_peft_version_is_a_release():
+    from estimator import ConfigError
+
+    config = qwen7b(2048, framework="hf")
+    config["training"]["adapter"].update(peft_version="0.0.9")
+    with pytest.raises(ConfigError, match=r"peft_version.*0\.1\.0 or later"):
+        estimate_config(config)
+
+
+def test_the_readme_states_these_numbers():
+    """The README's table of these rows is what this test computes (rows, within 5%, median, worst)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for group, label in (("lora", "LoRA / QLoRA"), ("full", "full fine-tuning")):
+        errors = [error(r) for r in ROWS.values() if r["group"] == group]
+        within = sum(abs(e) <= 0.05 for e in errors)
+        median = f"{100 * statistics.median(abs(e) for e in errors):.1f}%"
+        under, over = f"−{-100 * min(errors):.1f}%", f"+{100 * max(errors):.1f}%"
+        line = next(l for l in readme.splitlines() if l.startswith(f"| {label} |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1:3] == [str(len(errors)), str(within)]
+        assert cells[3].startswith(median) and cells[4].startswith(under) and cells[5].startswith(over)
+
+
+def test_fsdp1_under_a_loop_of_its_own_has_no_accelerate_autocast():
+    """Lightning Fabric's FSDPStrategy over bf16-true weights (lit-gpt's multi-GPU LoRA) runs no autocast: phi-1.5's
+    own loss stays 16-bit, 2 B per logit kept and 4 B in backward's first step (1044 tokens x 4 x 51,200);
+    through the HF Trainer (Accelerate's autocast) it is the fp32 ledger."""
+    row = ROWS["litgpt-phi-1.5-lora-bf16-mb4-g2"]
+    assert row["config"]["training"]["training_loop"] == "plain"
+    T, V = 1044 * 4, 51200
+    assert loss_parts(row["config"]) == {"log-softmax of the logits, in their 16-bit dtype": 2 * T * V,
+                                         "16-bit gradients of the log-softmax output and input": 2 * 2 * T * V}
+    trainer = json.loads(json.dumps(row["config"]))
+    trainer["training"]["training_loop"] = "trainer"
+    assert loss_parts(trainer)["fp32 log-softmax of the logits"] == 4 * T * V
+
+
+def backward_labels(config: dict) -> set[str]:
+    stage = estimate_config(config).stages[0]
+    backward = next(p for p in stage.phases if p.name == "backward")
+    return {p.label for c in backward.components for p in (c.parts or (c,))}
+
+
+def test_a_recomputed_layer_runs_after_the_loss_has_freed_its_saved_tensors():
+    """Autograd frees a node's saved tensors once its backward has run, so the loss's (torchtune's compiled loss:
+    the bf16 logits, 2 x 4096 x 128,256 x 2 B) are gone when the last layer is recomputed: backward's largest
+    moment is the one or the other, never both (memory/static_stage.py)."""
+    lora = backward_labels(ROWS["torchtune-llama-3.2-3b-lora"]["config"])
+    assert "logits in the compute dtype, kept by the compiled cross-entropy" in lora
+    assert "One recomputed layer's activations" not in lora
+    small_vocab = {"model": {"hidden_size": 4096, "num_layers": 32, "num_attention_heads": 32, "num_kv_heads": 8,
+                             "intermediate_size": 14336, "vocab_size": 256},
+                   "training": {"framework": "hf", "seq_len": 4096, "recompute": "full"}}
+    layer = backward_labels(small_vocab)
+    assert "One recomputed layer's activations" in layer
+    assert not any("log-softmax" in label for label in layer)
