@@ -25,7 +25,7 @@ def test_report_runs_where_torch_and_transformers_cannot_be_imported(tmp_path):
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("| case | peak phase | measured GiB |")
-    records = sorted(p.stem for p in MEASURED.glob("*.json"))
+    records = [p.stem for p in sorted(MEASURED.glob("*.json"))]  # the files in order, as the report reads them
     assert records and [line.split("|")[1].strip() for line in lines[2:2 + len(records)]] == records
     assert f"{len(records)} cases; worst peak error" in run.stdout
 
