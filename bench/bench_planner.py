@@ -35,6 +35,10 @@ from their exact speeds without recompute, before the shape's least memory is es
 the same machine at load 5.3-5.9, the code before (fb081d9) the same minutes: DeepSeek-V3 12.3 / 3.0
 (11,526 estimates, 12,193 rooflines) against 17.1 / 5.4 (18,810, 10,865); Llama-3.1-70B 3.3 / 1.0
 against 4.0 / 1.2 and 405B 4.9 / 2.6 against 6.0 / 2.3 (load 5, the same estimates within 1%).
+The interleaved schedule's in-flight micro-batches remembered (pipeline._interleaved_per_rank) and an
+operation's times kept on it (#26, a later session), one run each at load 3.9, the code before
+(3d74b67) right after: DeepSeek-V3 10.5 / 3.3 against 11.4 / 3.0 (the same 11,526 estimates and
+12,193 rooflines; the fastest-only run is within the machine's noise).
 """
 
 from __future__ import annotations

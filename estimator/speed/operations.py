@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 from . import collectives, fp8, kernels
 from ..memory.activations.entries import fused_kernels, tokens_per_gpu
@@ -80,7 +81,9 @@ class Operation:
     def bound(self) -> str:
         return "compute" if self.arithmetic_intensity >= self.ridge_point else "memory"
 
-    @property
+    # the two times are read again and again (a planner's search sums an operation table's operations
+    # for every layout it times): worked out once per operation, kept on it (the fields are frozen)
+    @cached_property
     def time_s(self) -> float:
         """Time at the roof: max(flops / peak, bytes / bandwidth)."""
         return max(self.flops / self.peak_flops, self.bytes / self.bandwidth)
@@ -89,7 +92,7 @@ class Operation:
     def total_time_s(self) -> float:
         return self.time_s * self.count
 
-    @property
+    @cached_property
     def expected_time_s(self) -> float:
         """Time at what the kernel achieves: each roof scaled by its efficiency, the traffic by the
         passes an unfused kernel makes, and at least one launch gap per kernel."""
