@@ -19,10 +19,11 @@ def test_reruns_stay_fast_and_memory_comes_back_while_a_large_search_runs():
     from bench_load import measure, report
     from ui import searches
 
-    m = measure(sessions=2, reruns=8, gpus=2048, budget_s=8, quiet=True)
+    # DeepSeek-V3 on 2,048 GPUs takes ~9 s of CPU alone (README, Speed): a 4 s budget always stops it
+    m = measure(sessions=2, reruns=8, gpus=2048, budget_s=4, quiet=True)
     print(report(m))
-    assert m["search_answer"] == "done" and m["search_s"] >= 8  # DeepSeek-V3 on 2,048 GPUs outlasts the budget
-    assert m["search_stopped"] == "its time budget of 8 s"
+    assert m["search_answer"] == "done" and m["search_s"] >= 4
+    assert m["search_stopped"] == "its time budget of 4 s"
     assert m["worker_rss_max"] > 0 and os.getpid() not in searches.pool().snapshot()["pids"]
     assert m["during"]["n"] >= 8
     assert m["during"]["p50"] <= 1.5 * m["idle"]["p50"], report(m)
