@@ -7,6 +7,7 @@ with status 2; nothing goes to stdout then.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -421,7 +422,12 @@ def run() -> None:
     """The command's entry point (`python -m estimator`, `llm-memory`): `main`, then out at once.
     A plan leaves the estimator's memos holding millions of small records (estimator/spec/memo.py);
     freeing them one by one as the interpreter exits took seconds after the answer was printed
-    (DeepSeek-V3 on 2,048 GPUs: 4 s), and the operating system takes the process back whole."""
+    (DeepSeek-V3 on 2,048 GPUs: 4 s), and the operating system takes the process back whole. For
+    the same reason the cyclic garbage collector stays off in this one-shot process: the planner
+    pauses it for its search (planner._cyclic_gc_paused), and switching it back on made its first
+    collection walk every record the memos had gathered (about 1 s of a DeepSeek-V3 plan's CPU) for
+    a process about to end; one command's objects in cycles are a bounded few, freed with the process."""
+    gc.disable()
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
