@@ -20,7 +20,7 @@ import json
 import logging
 import sys
 
-from .kv_records import _model_config_proxy, _stand_in_config, _Tokens
+from .kv_records import _model_config_proxy, _stand_in_config, _Tokens, our_estimate
 
 CASES = [
     # (preset, gpu, tp, pp, serving overrides)
@@ -64,17 +64,9 @@ def _specs(proxy, hf_config, block_size: int, cache_dtype: str, ranges, release:
 def run_case(case, vllm_version: str) -> dict:
     from transformers import AutoConfig
     from vllm.distributed.utils import get_pp_indices
-    from estimator.models.presets import get_architecture, get_hf_config
-    from estimator.serving.vllm_engine import estimate_vllm
-    from estimator.spec.hardware import Hardware
-    from estimator.spec.parallel import Parallel
-    from estimator.spec.serving import Serving
 
     preset, gpu, tp, pp, overrides = case
-    release = ".".join(vllm_version.split(".")[:2])
-    raw = get_hf_config(preset)
-    ours = estimate_vllm(get_architecture(preset), Serving(engine_version=release, **overrides),
-                         Parallel(tp=tp, pp=pp), Hardware(gpu), raw)
+    release, raw, ours = our_estimate(case, vllm_version)
     r = ours.resolved
     config = {k: v for k, v in raw.items() if k not in ("auto_map", "quantization_config")}
     model_type = config.pop("model_type")

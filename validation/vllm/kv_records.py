@@ -136,9 +136,8 @@ def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
     return stages, heads, head_size
 
 
-def run_case(case, vllm_version: str) -> dict:
-    from transformers import AutoConfig
-    from vllm.distributed.utils import get_pp_indices
+def our_estimate(case, vllm_version: str):
+    """(the release key, the preset's config.json, our vLLM estimate) for a case (preset, gpu, tp, pp, overrides)."""
     from estimator.spec.hardware import Hardware
     from estimator.spec.parallel import Parallel
     from estimator.models.presets import get_architecture, get_hf_config
@@ -150,6 +149,15 @@ def run_case(case, vllm_version: str) -> dict:
     raw = get_hf_config(preset)
     ours = estimate_vllm(get_architecture(preset), Serving(engine_version=release, **overrides),
                          Parallel(tp=tp, pp=pp), Hardware(gpu), raw)
+    return release, raw, ours
+
+
+def run_case(case, vllm_version: str) -> dict:
+    from transformers import AutoConfig
+    from vllm.distributed.utils import get_pp_indices
+
+    preset, gpu, tp, pp, overrides = case
+    release, raw, ours = our_estimate(case, vllm_version)
     r = ours.resolved
     config = dict(raw)
     hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
