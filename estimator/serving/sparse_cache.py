@@ -77,7 +77,6 @@ def sglang_kv_dtype(kv_cache_dtype: str | None, gpu_id: str) -> tuple[str, int]:
 def sglang_cell_per_layer(arch: Architecture, dtype: str, kv_bytes: int) -> int:
     """SGLang's bytes per token and layer: calculate_mla_kv_cache_dim x element size, the fp8 layout only
     for float8_e4m3fn ("fp8" is e4m3 there), plus the indexer's key."""
-    e4m3 = dtype in ("fp8", "fp8_e4m3")
-    rank, rope = arch.kv_lora_rank, arch.qk_rope_head_dim
-    latent = rank + rank // sparse.INDEXER_QUANT_BLOCK * 4 + rope * 2 if e4m3 else (rank + rope) * kv_bytes
-    return latent + sparse.index_key_bytes(arch)
+    if dtype in ("fp8", "fp8_e4m3"):  # kv_bytes is 1 there (sglang_kv_dtype)
+        return mla_token_bytes(arch, 1)
+    return (arch.kv_lora_rank + arch.qk_rope_head_dim) * kv_bytes + sparse.index_key_bytes(arch)
