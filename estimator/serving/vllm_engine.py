@@ -21,6 +21,7 @@ from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
 from .allreduce_fusion import fusion_workspace
+from .nccl_comm import communicator_bytes
 from .activations import activation_peak
 from .encoder import encoder_profile, encoder_weights, outputs_expanded
 from .checkpoint import checkpoint_format, context_length
@@ -214,16 +215,23 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
 
 
 def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
-    """The profiling run's non-torch growth: a constant for kernels and cuBLAS, plus FlashInfer's all-reduce
-    fusion workspace where the version builds one (serving/allreduce_fusion.py)."""
-    base = component("non_torch", "Non-torch memory", overheads.non_torch_bytes(par.tp, par.pp),
-                     "cuBLAS workspaces, lazily loaded kernels, NCCL buffers", overheads.NON_TORCH_SOURCE)
+    """The profiling run's non-torch growth: a measured constant per release and layout, plus FlashInfer's
+    all-reduce fusion workspace where the version builds one (serving/allreduce_fusion.py) and the NCCL
+    communicator of the TP group that building it creates (serving/nccl_comm.py)."""
+    value, source = overheads.non_torch_base(r.rules, par.tp, par.pp)
+    base = component("non_torch", "Non-torch memory outside the modelled buffers", value,
+                     "measured constant: cuBLAS, lazily loaded kernels, the CUDA-graph profile's leftovers", source)
     fusion = fusion_workspace(r.rules, r.gpu_id, arch, par.tp, par.pp, r.max_num_batched_tokens)
     if fusion is None:
         return base
-    workspace = component("non_torch", "All-reduce fusion workspace", fusion.bytes, fusion.formula, fusion.source)
-    return component("non_torch", "Non-torch memory", base.bytes + workspace.bytes,
-                     f"{base.formula} + {fusion.formula}", f"{base.source}; {fusion.source}", (base, workspace))
+    parts = [base, component("non_torch", "All-reduce fusion workspace", fusion.bytes, fusion.formula,
+                             fusion.source)]
+    comm = communicator_bytes(par.tp, r.gpu_id) if r.rules.tp_group_nccl else None
+    if comm is not None:
+        parts.append(component("non_torch", "TP group's NCCL communicator (torch process group)", comm.bytes,
+                               comm.formula + " (modelled)", comm.source))
+    return component("non_torch", "Non-torch memory", sum(p.bytes for p in parts),
+                     " + ".join(p.formula for p in parts), "; ".join(p.source for p in parts), tuple(parts))
 
 
 def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):

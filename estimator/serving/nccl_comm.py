@@ -1,0 +1,88 @@
+"""Device memory of one NCCL communicator on one rank, as NCCL 2.27 builds it on an NVSwitch node (modelled).
+
+Where it shows in vLLM: from 0.19 the FlashInfer all-reduce fusion workspace (serving/allreduce_fusion.py) is
+built while the model compiles, after the start-up snapshot, and FlashInfer exchanges its handles with
+all_gather_object and barrier over the TP group's torch ProcessGroupNCCL (vLLM 0.19.0 flashinfer_all_reduce.py
+_create_workspace: TorchDistBackend). vLLM creates that process group without a device_id, so torch builds its
+NCCL communicator lazily, on that first collective (the 0.19 logs print torch's "barrier(): using the device
+under current context" warning there, after the snapshot), and the communicator's buffers are counted in
+non-torch memory. vLLM's own pynccl communicator was built and warmed up before the snapshot.
+
+NCCL 2.27.5 (the version the 0.19 logs print: "vLLM is using nccl==2.27.5", torch's libnccl), read at tag
+v2.27.5-1. With cuMem on (NCCL_CUMEM_ENABLE auto, vLLM sets nothing) every device allocation is rounded up to
+the 2 MiB allocation granularity (include/alloc.h ncclCuMemAlloc, ncclCudaCallocAsync):
+- devCommSetup (init.cc): the device comm + channels and rankToLocalRank: 2 allocations;
+- initChannel (channel.cc) for each of p2pnChannels channels: sharedRes devPeers, devPeers, devRingUserRanks:
+  3 allocations a channel; p2pnChannels = pow2Up(nChannels) (graph/paths.cc ncclTopoComputeP2pChannels);
+- NVLS (transport/nvls.cc ncclNvlsSetup, only above 2 ranks: ncclNvlsInit returns for gpuCount <= 2): one
+  nvlsDevPeers allocation a channel and the credit buffer (UC memory at the 2 MiB granularity);
+- the ring, connected at the first collective (NCCL_RUNTIME_CONNECT=1; all_gather and the 1-element barrier
+  all-reduce take the ring): per channel one send and one receive connection (transport/p2p.cc). On sm90 P2P
+  read is off (graph/paths.cc: read only for compute capability 80), so the receiver holds all three protocol
+  buffers: LL 512 KiB + LL128 4,800 KiB + SIMPLE 4 MiB + ncclRecvMem 4 KiB, aligned to CUDA_IPC_MIN (2 MiB)
+  = 10 MiB; the sender ncclSendMem 4 KiB -> 2 MiB (init.cc DEFAULT_*_BUFFSIZE, include/device.h, comm.h).
+  Tree and NVLS buffers are not connected by these two collectives.
+
+Channel count (graph/search.cc, connect.cc) on H100/H200 SXM: each GPU reaches the NVSwitches over 18 NVLinks
+of SM90_NVLINK_BW 20.6 GB/s = 370.8 GB/s; the ring search starts at sm90SpeedArrayIntra's 60 GB/s and keeps
+floor(370.8 / 60) = 6 channels (no lower speed gives a larger channels x speed), ncclTopoDupChannels doubles
+them (bwIntra 60 >= 50) to 12 and ncclTopoPostset doubles again: 24 channels, 32 p2p channels. The same at 2,
+4 or 8 ranks: the node's NVSwitch gives every GPU the same bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1024**2
+GRANULARITY = 2 * MiB  # cuMemGetAllocationGranularity(MINIMUM) for device memory; CUDA_IPC_MIN (comm.h)
+LL_BUFFER = 8 * 512 * 8 * 16  # NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS x NCCL_STEPS x 16 B
+LL128_BUFFER = 120 * 640 * 8 * 8  # NCCL_LL128_ELEMS_PER_THREAD x NCCL_LL128_MAX_NTHREADS x NCCL_STEPS x 8 B
+SIMPLE_BUFFER = 1 << 22  # DEFAULT_BUFFSIZE (NCCL_BUFFSIZE)
+CONN_HEADER = 4096  # sizeof(ncclSendMem) = sizeof(ncclRecvMem) = MEM_ALIGN
+# GPUs whose ring channel count was derived (module docstring): 18 NVLink-4 links to the NVSwitches
+NVSWITCH_SM90 = ("h100-80", "h200")
+RING_CHANNELS = 24
+NCCL_VERSION = "2.27.5"
+
+
+@dataclass(frozen=True)
+class CommunicatorMemory:
+    bytes: int
+    formula: str
+    source: str
+
+
+def _round_up(value: int, step: int = GRANULARITY) -> int:
+    return -(-value // step) * step
+
+
+def _pow2_up(value: int) -> int:
+    return 1 << (value - 1).bit_length()
+
+
+def ring_connection_bytes() -> int:
+    """One channel's send + receive connection on one rank (p2p.cc p2pSendSetup / p2pRecvSetup, no P2P read)."""
+    receive = _round_up(CONN_HEADER + LL_BUFFER + LL128_BUFFER + SIMPLE_BUFFER)
+    send = _round_up(CONN_HEADER)
+    return send + receive
+
+
+def communicator_bytes(ranks: int, gpu_id: str) -> CommunicatorMemory | None:
+    """One rank's device memory for a communicator of `ranks` GPUs on one NVSwitch node after its first ring
+    collective; None where the channel count was not derived (other GPUs, a single rank)."""
+    if ranks < 2 or gpu_id not in NVSWITCH_SM90:
+        return None
+    channels, p2p_channels = RING_CHANNELS, _pow2_up(RING_CHANNELS)
+    dev_comm = 2 * GRANULARITY
+    channel_setup = 3 * GRANULARITY * p2p_channels
+    ring = channels * ring_connection_bytes()
+    nvls = (channels + 1) * GRANULARITY if ranks > 2 else 0
+    total = dev_comm + channel_setup + ring + nvls
+    formula = (f"NCCL {NCCL_VERSION}, {channels} ring channels: dev comm 2 x 2 MiB + {p2p_channels} channels x 3 x "
+               f"2 MiB + {channels} x (10 MiB receive + 2 MiB send)"
+               + (f" + NVLS {channels + 1} x 2 MiB" if nvls else "") + f" = {total / MiB:.0f} MiB")
+    source = (f"NCCL v{NCCL_VERSION}-1 init.cc devCommSetup, channel.cc initChannel, transport/p2p.cc, "
+              "transport/nvls.cc ncclNvlsSetup, graph/search.cc + connect.cc channel count "
+              "(estimator/serving/nccl_comm.py)")
+    return CommunicatorMemory(total, formula, source)

@@ -1,0 +1,79 @@
+"""The TP group's NCCL communicator in vLLM 0.19's non-torch memory (estimator/serving/nccl_comm.py), computed by
+hand from NCCL 2.27.5's buffer sizes and allocations, and the measured non-torch constants per release
+(estimator/serving/vllm_versions.py, estimator/serving/overheads.py)."""
+
+from __future__ import annotations
+
+from estimator.models.presets import get_architecture, get_hf_config
+from estimator.serving import nccl_comm
+from estimator.serving.overheads import non_torch_base
+from estimator.serving.vllm_engine import estimate_vllm
+from estimator.serving.vllm_versions import rules_for
+from estimator.spec.hardware import Hardware
+from estimator.spec.parallel import Parallel
+from estimator.spec.serving import Serving
+
+MiB = 2**20
+GiB = 2**30
+
+
+def test_protocol_buffers_are_nccls_defaults():
+    """LL 8 lines x 512 threads x 8 steps x 16 B; LL128 120 x 640 x 8 x 8 B; SIMPLE 4 MiB (init.cc DEFAULT_*)."""
+    assert nccl_comm.LL_BUFFER == 512 * 1024
+    assert nccl_comm.LL128_BUFFER == 4_915_200
+    assert nccl_comm.SIMPLE_BUFFER == 4 * MiB
+
+
+def test_a_ring_channel_costs_12_mib_a_rank():
+    """Receive: 4 KiB + 0.5 + 4.6875 + 4 MiB = 9.19 MiB -> 10 MiB; send: 4 KiB -> 2 MiB (no P2P read on sm90)."""
+    assert nccl_comm.ring_connection_bytes() == 12 * MiB
+
+
+def test_tp2_communicator_on_h100():
+    """2 + 2 MiB dev comm + 32 p2p channels x 3 x 2 MiB + 24 ring channels x 12 MiB = 484 MiB; no NVLS at 2."""
+    comm = nccl_comm.communicator_bytes(2, "h100-80")
+    assert comm.bytes == (4 + 192 + 288) * MiB == 484 * MiB
+    assert "NVLS" not in comm.formula
+
+
+def test_tp4_adds_nvls_channel_peers_and_credits():
+    """Above 2 ranks ncclNvlsSetup allocates 24 nvlsDevPeers + 1 credit buffer, each 2 MiB: 534 MiB."""
+    assert nccl_comm.communicator_bytes(4, "h100-80").bytes == 534 * MiB
+    assert nccl_comm.communicator_bytes(8, "h200").bytes == 534 * MiB
+
+
+def test_not_modelled_where_the_channel_count_was_not_derived():
+    assert nccl_comm.communicator_bytes(1, "h100-80") is None
+    assert nccl_comm.communicator_bytes(2, "a100-80") is None
+
+
+def _non_torch_parts(version: str, tp: int, pp: int = 1, gpu: str = "h100-80"):
+    e = estimate_vllm(get_architecture("llama-3.1-8b"), Serving(engine_version=version, max_model_len=8192),
+                      Parallel(tp=tp, pp=pp), Hardware(gpu), get_hf_config("llama-3.1-8b"))
+    c = next(c for c in e.stages[0].components if c.key == "non_torch")
+    return [p.bytes for p in c.parts] or [c.bytes]
+
+
+def test_019_tp_non_torch_is_measured_base_plus_workspace_plus_communicator():
+    """0.19 at TP 2: 0.07 GiB (PP logs) + 3 x 512 MiB + 484 MiB = 2.043 GiB (the logs print 2.06-2.11)."""
+    parts = _non_torch_parts("0.19.0", 2)
+    assert parts == [round(0.07 * GiB), 1536 * MiB, 484 * MiB]
+    assert round(sum(parts) / GiB, 3) == 2.043
+
+
+def test_communicator_only_where_the_release_was_read():
+    """0.17/0.18 and 0.20 on keep the workspace without the communicator (their NCCL was not read)."""
+    assert len(_non_torch_parts("0.17.0", 2)) == 2 and len(_non_torch_parts("0.20.0", 2)) == 2
+
+
+def test_measured_constants_by_release_and_layout():
+    """0.13 GiB at TP 1 for 0.15-0.17, 0.25 GiB from 0.18 (the CUDA-graph profile inside memory_profiling) to
+    0.25, 0.13 GiB again in 0.33 (the profile moved out); 0.07 GiB a worker of a multi-GPU 0.19 run."""
+    single = {v: non_torch_base(rules_for(v), 1, 1)[0] for v in ("0.11.0", "0.15.0", "0.17.0", "0.18.0", "0.19.0",
+                                                                  "0.21.0", "0.33.0")}
+    assert single == {"0.11.0": 164 * MiB, "0.15.0": round(0.13 * GiB), "0.17.0": round(0.13 * GiB),
+                      "0.18.0": round(0.25 * GiB), "0.19.0": round(0.25 * GiB), "0.21.0": round(0.25 * GiB),
+                      "0.33.0": round(0.13 * GiB)}
+    assert non_torch_base(rules_for("0.19.0"), 1, 2)[0] == round(0.07 * GiB)
+    assert non_torch_base(rules_for("0.17.0"), 1, 2)[0] == 205 * MiB
+    assert _non_torch_parts("0.19.0", 1, 2) == [round(0.07 * GiB)]
