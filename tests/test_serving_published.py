@@ -38,10 +38,18 @@ NON_TORCH_TP = ("non-torch of Llama-3.1-70B FP8 at TP 4: 2.21 GiB against ours 2
 NON_TORCH_BASE = ("non-torch at TP 1 in 0.19: 0.27 GiB for Qwen3-30B-A3B against the 0.25 GiB measured for the "
                   "other 0.19 runs (0.24-0.26 GiB); the MoE's extra 0.02 GiB outside torch (its fused-MoE kernels "
                   "loaded lazily?) has no formula")
-GRAPHS = ("CUDA graphs in 0.19: cudagraph_mode FULL_AND_PIECEWISE captures 51 sizes twice, a full graph and layers + 1 "
-          "pieces per size; the driver memory of each graph (vLLM's own estimate: a first capture + 2-26 MiB a graph, "
-          "gpu_model_runner.py profile_cudagraph_memory) is not modelled, ours is the piecewise outputs of the largest "
-          "capture")
+GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free memory before minus after capturing "
+          "every graph): cudagraph_mode FULL_AND_PIECEWISE captures 51 sizes (1, 2, 4, 8-248 by 8, 256-512 by 16) as a "
+          "FULL graph and as layers + 1 PIECEWISE graphs, about 1,700 graph executables for a 32-layer model. The pool "
+          "is read from source: FlashAttention 3 in a FULL graph gets num_splits = 32 "
+          "(flash_attn_max_num_splits_for_cuda_graph), so its split-KV accumulators take 32 x 512 tokens x heads a rank "
+          "x head_dim x 4 B: 256 MiB for Llama-3.1-8B, 128 at TP 2, 64 at TP 4, 224 for Qwen2.5-7B, 320 for Phi-4, 128 for "
+          "Gemma-2-2B, each within 2-6 MiB of the 'FULL first-capture' vLLM's profiler prints in the same DEBUG logs. "
+          "The rest, 0.4-0.8 GiB, is the driver's memory for the graph executables: no source gives it (NVIDIA's cccl "
+          "PR #3768 says about 10 KB a kernel node, an NVIDIA forum thread measured about 65 KB on CUDA 11.2), and the "
+          "kernel nodes per layer depend on inductor's fusion and the quantized GEMMs (0.87-0.96 GiB for the same "
+          "Llama-3.1-8B in bf16, fp8, int8 and int4). Ours, the piecewise outputs of every layer at the largest "
+          "capture, is 35-90% under")
 FORWARD = ("a dense model's forward where it, not the sampler, sets the peak: ours is the widest layer, 2 x T x h + "
            "the MLP's T x 3I (or the attention's); vLLM 0.19 measures 0.14 GiB more for CodeLlama-7B and 0.15-0.32 GiB "
            "more for a pipeline stage without the sampler (1.10 GiB first, 1.05 GiB middle, against 0.78 + 0.125 GiB of "

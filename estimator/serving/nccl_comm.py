@@ -16,12 +16,13 @@ the 2 MiB allocation granularity (include/alloc.h ncclCuMemAlloc, ncclCudaCalloc
   3 allocations a channel; p2pnChannels = pow2Up(nChannels) (graph/paths.cc ncclTopoComputeP2pChannels);
 - NVLS (transport/nvls.cc ncclNvlsSetup, only above 2 ranks: ncclNvlsInit returns for gpuCount <= 2): one
   nvlsDevPeers allocation a channel and the credit buffer (UC memory at the 2 MiB granularity);
-- the ring, connected at the first collective (NCCL_RUNTIME_CONNECT=1; all_gather and the 1-element barrier
-  all-reduce take the ring): per channel one send and one receive connection (transport/p2p.cc). On sm90 P2P
-  read is off (graph/paths.cc: read only for compute capability 80), so the receiver holds all three protocol
+- the ring, connected at the first collective (NCCL_RUNTIME_CONNECT=1 connects only the algorithm a collective
+  takes). all_gather_object's all-gathers and barrier's 1-element all-reduce take the ring: for a few bytes
+  the time is graph/tuning.cc's latency, ring LL 6.6 + 2(n-1) x 0.6 us against tree LL 6.8 + 2(n-1) x 0.6 us
+  and NVLS (Simple only) 25 us on NVLink. Per channel one send and one receive connection (transport/p2p.cc).
+  On sm90 P2P read is off (graph/paths.cc: read only for compute capability 80), so the receiver holds all three protocol
   buffers: LL 512 KiB + LL128 4,800 KiB + SIMPLE 4 MiB + ncclRecvMem 4 KiB, aligned to CUDA_IPC_MIN (2 MiB)
   = 10 MiB; the sender ncclSendMem 4 KiB -> 2 MiB (init.cc DEFAULT_*_BUFFSIZE, include/device.h, comm.h).
-  Tree and NVLS buffers are not connected by these two collectives.
 
 Channel count (graph/search.cc, connect.cc) on H100/H200 SXM: each GPU reaches the NVSwitches over 18 NVLinks
 of SM90_NVLINK_BW 20.6 GB/s = 370.8 GB/s; the ring search starts at sm90SpeedArrayIntra's 60 GB/s and keeps
