@@ -49,7 +49,7 @@ GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free 
           "PR #3768 says about 10 KB a kernel node, an NVIDIA forum thread measured about 65 KB on CUDA 11.2), and the "
           "kernel nodes per layer depend on inductor's fusion and the quantized GEMMs (0.87-0.96 GiB for the same "
           "Llama-3.1-8B in bf16, fp8, int8 and int4). Ours, the piecewise outputs of every layer at the largest "
-          "capture, is 35-90% under")
+          "capture, is 8-89% under (median 61%)")
 FORWARD = ("a dense model's forward where it, not the sampler, sets the peak: ours is the widest layer, 2 x T x h + "
            "the MLP's T x 3I (or the attention's); vLLM 0.19 measures 0.14 GiB more for CodeLlama-7B and 0.15-0.32 GiB "
            "more for a pipeline stage without the sampler (1.10 GiB first, 1.05 GiB middle, against 0.78 + 0.125 GiB of "

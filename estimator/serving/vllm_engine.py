@@ -208,8 +208,12 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   f"{src} gpu_model_runner.py profile_run (modelled, not measured)"),
         non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
-                  graphs, f"{overheads.capture_size(r.max_num_seqs)} x layers x (q + 2kv + o + h) x {act_bytes} B",
-                  f"{src} gpu_worker.py / compilation config (modelled)"),
+                  graphs, f"{overheads.capture_size(r.max_num_seqs)} x layers x (q + 2kv + o + h) x {act_bytes} B "
+                  "(estimated: the piecewise outputs at the largest capture size; not modelled: the FULL graphs' "
+                  "FlashAttention split-KV pool and the graph executables' driver memory, which vLLM 0.19's logs "
+                  "put at 1.1-9x this, 2.6x in the median)",
+                  f"{src} compilation config capture sizes (modelled); pool and driver memory (estimated, "
+                  "tests/test_serving_published.py GRAPHS)"),
     )
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
 
