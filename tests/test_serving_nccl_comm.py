@@ -77,3 +77,12 @@ def test_measured_constants_by_release_and_layout():
     assert non_torch_base(rules_for("0.19.0"), 1, 2)[0] == round(0.07 * GiB)
     assert non_torch_base(rules_for("0.17.0"), 1, 2)[0] == 205 * MiB
     assert _non_torch_parts("0.19.0", 1, 2) == [round(0.07 * GiB)]
+
+
+def test_other_gpus_say_the_communicator_is_not_modelled():
+    """H800 builds the fusion workspace (multicast NVSwitch) but its 8 NVLinks give another channel count."""
+    e = estimate_vllm(get_architecture("llama-3.1-8b"), Serving(engine_version="0.19.0", max_model_len=8192),
+                      Parallel(tp=2), Hardware("h800"), get_hf_config("llama-3.1-8b"))
+    c = next(c for c in e.stages[0].components if c.key == "non_torch")
+    assert [p.bytes for p in c.parts] == [round(0.07 * GiB), 1536 * MiB]
+    assert "not modelled on h800" in c.formula

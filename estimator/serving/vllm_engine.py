@@ -234,8 +234,11 @@ def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
     if comm is not None:
         parts.append(component("non_torch", "TP group's NCCL communicator (torch process group)", comm.bytes,
                                comm.formula + " (modelled)", comm.source))
-    return component("non_torch", "Non-torch memory", sum(p.bytes for p in parts),
-                     " + ".join(p.formula for p in parts), "; ".join(p.source for p in parts), tuple(parts))
+    formula = " + ".join(p.formula for p in parts)
+    if r.rules.tp_group_nccl and comm is None:  # the channel count is derived for H100/H200 SXM only
+        formula += f" (the TP group's NCCL communicator is not modelled on {r.gpu_id})"
+    return component("non_torch", "Non-torch memory", sum(p.bytes for p in parts), formula,
+                     "; ".join(p.source for p in parts), tuple(parts))
 
 
 def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
