@@ -34,7 +34,8 @@ _LOGS = {"0.11": "0.16 GiB at TP 1 (vLLM PR #12126), 0.20 GiB a worker of 4 GPUs
                  "(vLLM PR #14447)",
          "0.18": "0.25 GiB at TP 1 (Qwen3-14B under 0.18.0, llm-d-planner PR #205; the CUDA-graph memory profile "
                  "now runs inside memory_profiling); distributed: 0.20 GiB (vLLM PR #14447)",
-         "0.19": "0.25 GiB at TP 1 (0.19.0 sweep of llm-d-planner PR #205: 0.24-0.27 GiB over 26 runs), 0.07 GiB "
+         "0.19": "0.25 GiB at TP 1 (0.19.0 sweep of llm-d-planner PR #205: 0.24-0.26 GiB in 38 of its 42 TP-1 runs, "
+                 "0.27 for Qwen3-30B-A3B, 0.46 for three Granite-3 models), 0.07 GiB "
                  "a worker of a multi-GPU run (its PP 2 and PP 4 runs, every stage)",
          "0.20": "none of this release; 0.18 / 0.19's 0.25 GiB at TP 1 (the CUDA-graph profile still inside "
                  "memory_profiling, 0.20.0 gpu_worker.py), 0.20 GiB distributed (vLLM PR #14447)",
