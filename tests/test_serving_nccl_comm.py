@@ -86,3 +86,10 @@ def test_other_gpus_say_the_communicator_is_not_modelled():
     c = next(c for c in e.stages[0].components if c.key == "non_torch")
     assert [p.bytes for p in c.parts] == [round(0.07 * GiB), 1536 * MiB]
     assert "not modelled on h800" in c.formula
+
+
+def test_every_release_record_cites_its_non_torch_logs():
+    from estimator.serving.vllm_versions import RULES
+    for rules in RULES:
+        value, source = non_torch_base(rules, 2, 1)
+        assert value > 0 and f"vLLM {rules.label} start-up logs" in source
