@@ -7,6 +7,11 @@ vLLM issue threads and a blog post.
 Each printed term is held to 3% of the printed value (plus half its last printed digit) where the mechanism
 behind it is modelled. A term we do not reproduce is in MISSES with the mechanism that makes it miss; those
 cases are strict xfails, so a fix that makes one pass must move it out of the list.
+
+In-sample terms: the non-torch constants of 0.15-0.19 at TP 1 and of a 0.19 multi-GPU worker have no formula in
+vLLM's source and are read from the same sweep (serving/vllm_versions.py cites each), so their TP-1 and PP rows
+check the constant, not a prediction; the TP > 1 rows of 0.19 add the modelled NCCL communicator and fusion
+workspace to the PP-measured worker constant and are predictions.
 """
 
 from __future__ import annotations
