@@ -88,8 +88,8 @@ LOG_MISSES = {
     ("sglang#11830", "tokens"): "ours is 15% more: the flags are not given, and the 40.03 GB the log has free after "
                                 "the pool show that run kept a smaller static share than 0.5.23's default (0.854) "
                                 "leaves. Not a release rule: 0.5.5's profile_max_num_token computes 0.5.23's rule, "
-                                "and 0.5.5's default (server_args.py _handle_gpu_memory_settings, no prefill-graph reserve) is "
-                                "0.857 on a B200, 0.4% more tokens, not 15%",
+                                "and 0.5.5's default (server_args.py _handle_gpu_memory_settings, no prefill-graph "
+                                "reserve) is 0.857 on a B200, 0.4% more tokens, not 15%",
 }
 
 
