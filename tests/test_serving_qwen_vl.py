@@ -58,7 +58,8 @@ def test_profile_item_matches_vllm(version, record):
     assert ours.tokens_per_item == vllm["item_tokens"] == max(vllm["max_tokens_per_item"].values())
     assert (ours.items, ours.budget) == (vllm["items_per_batch"], vllm["encoder_budget"])
     assert item.patches == vllm["pixel_rows"] and vllm["pixel_row_values"] == PIXELS
-    assert [item.width, item.height] == vllm["width_height"] and vllm["pixel_dtype"] == "float32"
+    # the processor's float32 rows, which vLLM casts to the model dtype (processing.py _postprocess_output)
+    assert [item.width, item.height] == vllm["width_height"] and vllm["processor_pixel_dtype"] == "float32"
     if item.modality == "video":
         assert (vllm["profiled_modality"], vllm["frames"]) == ("video", item.frames)
 
@@ -72,19 +73,19 @@ def test_records_cover_both_releases_and_a_tie():
 
 def test_forward_and_cache_by_hand():
     """max_model_len 65,536 with a 131,072-token budget: two 8-frame videos, 2 x 262,144 patches. Per patch the
-    float32 pixels (1,176 x 4 B) and 2c x 2 B, then 0.11's rotary step (10c x 2 B + 4c x 4 B = 46,080 B) and
-    0.33's MLP (3f x 2 B = 20,520 B > 7c x 2 B = 17,920 B). The cache: each video's 65,536 output rows of 3,584,
-    0.11 expanded to the budget's 131,072 rows, and the float32 pixels."""
+    pixels (1,176 x 2 B, bf16 as vLLM casts them) and 2c x 2 B, then 0.11's rotary step (10c x 2 B + 4c x 4 B =
+    46,080 B) and 0.33's MLP (3f x 2 B = 20,520 B > 7c x 2 B = 17,920 B). The cache: each video's 65,536 output
+    rows of 3,584, 0.11 expanded to the budget's 131,072 rows, and the pixels."""
     old = encoder_profile(ARCH, 131072, 256, 65536, 1, 2, "0.11")
     new = encoder_profile(ARCH, 131072, 256, 65536, 1, 2, "0.33")
     patches = 2 * 4 * 256 * 256
-    assert old.forward_bytes == patches * (PIXELS * 4 + 2 * C * 2 + 10 * C * 2 + 4 * C * 4)
-    assert new.forward_bytes == patches * (PIXELS * 4 + 2 * C * 2 + 3 * F * 2)
-    assert old.cache_bytes == 2 * 131072 * D * 2 + patches * PIXELS * 4
-    assert new.cache_bytes == 2 * 65536 * D * 2 + patches * PIXELS * 4
+    assert old.forward_bytes == patches * (PIXELS * 2 + 2 * C * 2 + 10 * C * 2 + 4 * C * 4)
+    assert new.forward_bytes == patches * (PIXELS * 2 + 2 * C * 2 + 3 * F * 2)
+    assert old.cache_bytes == 2 * 131072 * D * 2 + patches * PIXELS * 2
+    assert new.cache_bytes == 2 * 65536 * D * 2 + patches * PIXELS * 2
     # TP 2 halves the block's projections, not the pixels or the residual
     half = encoder_profile(ARCH, 131072, 256, 65536, 2, 2, "0.33")
-    assert half.forward_bytes == patches * (PIXELS * 4 + 2 * C * 2 + 3 * F * 2 // 2)
+    assert half.forward_bytes == patches * (PIXELS * 2 + 2 * C * 2 + 3 * F * 2 // 2)
 
 
 def test_tower_weights_over_tp():
@@ -106,7 +107,7 @@ def test_serving_qwen2_5_vl_by_release():
                              get_hf_config("qwen2.5-vl-7b"))
     old, new = serve("0.11"), serve("0.33")
     patches = 7 * 256 * 256
-    assert old.stages[0].activation == patches * (PIXELS * 4 + 2 * C * 2 + 10 * C * 2 + 4 * C * 4)
-    assert new.stages[0].activation == patches * (PIXELS * 4 + 2 * C * 2 + 3 * F * 2)
+    assert old.stages[0].activation == patches * (PIXELS * 2 + 2 * C * 2 + 10 * C * 2 + 4 * C * 4)
+    assert new.stages[0].activation == patches * (PIXELS * 2 + 2 * C * 2 + 3 * F * 2)
     assert "14-frame video" in {c.key: c for c in new.stages[0].components}["activation_peak"].formula
     assert new.capacity.tokens > old.capacity.tokens > 0

@@ -210,7 +210,7 @@ def test_vllm_loads_the_encoder_and_profiles_it():
     """Gemma 3 27B, TP 2, H100 (max_num_batched_tokens 8192 by default): the SigLIP tower on each rank, its linears
     and position table halved (vLLM siglip.py); the profile runs budget // 260 = 31 images (8192 // (256 image tokens
     + 4 framing tokens)) through it; 0.11 keeps each output expanded to the budget's 8192 rows of 5376 (bf16),
-    0.15 on keeps them as they are (256 rows)."""
+    0.15 on keeps them as they are (256 rows); the images' 4,096 patches of 588 pixels stay too."""
     from estimator.serving.encoder import encoder_profile, encoder_weights
 
     arch = get_architecture("gemma-3-27b")
@@ -221,7 +221,8 @@ def test_vllm_loads_the_encoder_and_profiles_it():
     old = encoder_profile(arch, 8192, 1024, 32768, 2, 2, engine_version="0.11")
     new = encoder_profile(arch, 8192, 1024, 32768, 2, 2, engine_version="0.33")
     assert (old.items, old.tokens_per_item, old.budget) == (31, 260, 8192)
-    assert old.cache_bytes == 31 * 8192 * 5376 * 2 and new.cache_bytes == 31 * 256 * 5376 * 2
+    pixels = 31 * 4096 * 588 * 2  # the batch's pixels, held through the decoder's dummy run (bf16, as vLLM casts them)
+    assert old.cache_bytes == 31 * 8192 * 5376 * 2 + pixels and new.cache_bytes == 31 * 256 * 5376 * 2 + pixels
     assert old.forward_bytes == 31 * 4096 * (588 + 2 * c + 2 * f // 2) * 2
     v011, v033 = _serve("gemma-3-27b", engine_version="0.11", max_model_len=32768), \
         _serve("gemma-3-27b", engine_version="0.33", max_model_len=32768)

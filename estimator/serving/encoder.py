@@ -11,15 +11,17 @@ get_mm_max_contiguous_tokens: placeholder tokens included); encoder budget = max
 (SchedulerConfig sets max_num_encoder_input_tokens and encoder_cache_size to max_num_batched_tokens); items =
 max(1, min(budget // tokens, max_num_seqs x max(1, min(999, max_model_len // tokens)))) (999: the default
 limit per prompt). The encoder runs over them at once, then its outputs stay in the encoder cache through the
-decoder's dummy run and the sampler's. vLLM 0.11 first copies each output into a (budget, hidden) buffer
-when it has fewer rows than the budget ("expanded_outputs"); 0.15 keeps the outputs as they are.
+decoder's dummy run and the sampler's, as do the batch's pixels (profile_run keeps batched_dummy_mm_inputs until
+it returns; in the model dtype, to which vLLM casts the processor's float32 output: 0.11.0
+multimodal/processing.py, 0.33.0 multimodal/processing/context.py _postprocess_output). vLLM 0.11 first copies
+each output into a (budget, hidden) buffer when it has fewer rows than the budget ("expanded_outputs"); 0.15
+keeps the outputs as they are.
 
 Modelled for SigLIP (Gemma 3): one image is 256 image tokens inside "\\n\\n<start_of_image>...<end_of_image>\\n\\n"
 (transformers Gemma3Processor.full_image_sequence; vLLM gemma3_mm.py get_image_repl without pan-and-scan),
 260 contiguous tokens with Gemma's tokenizer ("\\n\\n" is one token). And for Qwen2.5-VL: its largest item is
 a dummy video of up to 14 frames of 3,584 x 3,584 sized by max_model_len (serving/qwen_vl_profile.py); its
-placeholder tokens are the item's tokens, and the batch's float32 pixels stay referenced through the decoder's
-dummy run.
+placeholder tokens are the item's tokens.
 """
 
 from __future__ import annotations
@@ -86,11 +88,11 @@ def encoder_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seq
     # output and the GELU's (2f / TP), beside the pixels in the model dtype
     forward = patches * (pixels + 2 * c + max(4 * c, 2 * f) // tp) * act_bytes
     rows = max(embed, budget) if expanded else embed
-    cache = items * rows * arch.hidden_size * act_bytes
+    cache = (items * rows * arch.hidden_size + patches * pixels) * act_bytes
     formula = (f"{items} images of {tokens} tokens (budget max(max_num_batched_tokens, {tokens}) = {budget:,}): "
                f"encoder forward {patches:,} patches x (pixels {pixels} + 2c + max(4c, 2f)/TP) x {act_bytes} B; "
-               f"cache {items} x {rows:,} rows{' (0.11: expanded to the budget)' if expanded and rows > embed else ''}"
-               f" x h x {act_bytes} B")
+               f"cache ({items} x {rows:,} rows{' (0.11: expanded to the budget)' if expanded and rows > embed else ''}"
+               f" x h + the pixels) x {act_bytes} B")
     return EncoderProfile(items, tokens, budget, int(forward), int(cache), formula)
 
 
@@ -105,18 +107,18 @@ def _items(tokens: int, max_num_batched_tokens: int, max_num_seqs: int, max_mode
 def _qwen_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, tp: int,
                   act_bytes: int, engine_version: str | None) -> EncoderProfile:
     """Qwen2.5-VL: the dummy video (or image) through the tower; its outputs (one row per token, 0.11 expanded to
-    the budget) and the batch's float32 pixels held through the decoder's dummy run."""
+    the budget) and the batch's pixels held through the decoder's dummy run."""
     item = _qwen.dummy_item(arch, max_model_len)
     items, budget = _items(item.tokens, max_num_batched_tokens, max_num_seqs, max_model_len)
     patches = items * item.patches
     fp32_rotary = _qwen.rotary_in_fp32(engine_version)
     forward = patches * _qwen.forward_bytes_per_patch(arch, tp, act_bytes, fp32_rotary)
     rows = max(item.tokens, budget) if outputs_expanded(engine_version) else item.tokens
-    cache = items * rows * arch.hidden_size * act_bytes + _qwen.pixel_bytes(arch, patches)
+    cache = items * rows * arch.hidden_size * act_bytes + _qwen.pixel_bytes(arch, patches, act_bytes)
     what = f"{item.frames}-frame video" if item.modality == "video" else "image (or 2-frame video)"
-    attention = f"10c x {act_bytes} B + 4c x 4 B" if fp32_rotary else f"7c x {act_bytes} B"
+    attention = f"10c + 4c x 4 B / {act_bytes} B" if fp32_rotary else "7c"
     formula = (f"{items} x {what} of {item.width} x {item.height}: {item.tokens:,} tokens (budget {budget:,}); "
-               f"encoder forward {patches:,} patches x (float32 pixels + 2c x {act_bytes} B + max(attention "
-               f"{attention}, MLP 3f x {act_bytes} B)/TP); "
-               f"cache {items} x {rows:,} rows x h x {act_bytes} B + the float32 pixels")
+               f"encoder forward {patches:,} patches x (pixels + 2c + max(attention "
+               f"{attention}, MLP 3f)/TP) x {act_bytes} B; "
+               f"cache ({items} x {rows:,} rows x h + the pixels) x {act_bytes} B")
     return EncoderProfile(items, item.tokens, budget, int(forward), int(cache), formula)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 QWEN_MAX_PIXELS = 12_845_056  # preprocessor_config.json max_pixels (Qwen/Qwen2.5-VL-7B-Instruct)
 MAX_FRAMES_PER_VIDEO = 14  # qwen2_vl.py _MAX_FRAMES_PER_VIDEO (0.11.0, 0.33.0)
 ASPECT_LIMIT = 200  # qwen2_vl.py get_image_size_with_most_features: no factor pair wider than 200:1
-PIXEL_BYTES = 4  # the processor's pixel_values_videos / pixel_values are float32 (vLLM moves them as they are)
 
 
 @dataclass(frozen=True)
@@ -86,8 +85,9 @@ def rotary_in_fp32(engine_version: str | None) -> bool:
 
 
 def forward_bytes_per_patch(arch, tp: int, act_bytes: int, fp32_rotary: bool) -> int:
-    """The tower's moment per input patch (qwen2_5_vl.py Qwen2_5_VisionTransformer and its blocks): the float32
-    pixels stay referenced by the batch; a block's input and its norm (2c; the MLP's fused add-norm writes in
+    """The tower's moment per input patch (qwen2_5_vl.py Qwen2_5_VisionTransformer and its blocks): the pixels
+    stay referenced by the batch, in the model dtype (vLLM casts the processor's float32 output to it:
+    multimodal/processing.py _postprocess_output, 0.11.0; processing/context.py, 0.33.0); a block's input and its norm (2c; the MLP's fused add-norm writes in
     place) beside the larger of the MLP's gate_up and SiLU-and-mul output (3f / TP) and the attention at its
     rotary step (flash attention's varlen kernel keeps no scores): 0.11 holds qkv, contiguous q, k, v, their
     q-k concatenation and its rotated bf16 copy (10c / TP) plus the float32 copy and float32 rotation of q and
@@ -98,9 +98,9 @@ def forward_bytes_per_patch(arch, tp: int, act_bytes: int, fp32_rotary: bool) ->
         attention = (10 * c * act_bytes + 2 * 2 * c * 4) // tp
     else:
         attention = 7 * c * act_bytes // tp
-    return pixels * PIXEL_BYTES + 2 * c * act_bytes + max(attention, 3 * f * act_bytes // tp)
+    return pixels * act_bytes + 2 * c * act_bytes + max(attention, 3 * f * act_bytes // tp)
 
 
-def pixel_bytes(arch, patches: int) -> int:
-    """The float32 pixel rows of the dummy batch: referenced by profile_run until it returns."""
-    return patches * 3 * arch.vision_temporal_patch_size * arch.vision_patch_size ** 2 * PIXEL_BYTES
+def pixel_bytes(arch, patches: int, act_bytes: int) -> int:
+    """The dummy batch's pixel rows, in the model dtype: referenced by profile_run until it returns."""
+    return patches * 3 * arch.vision_temporal_patch_size * arch.vision_patch_size ** 2 * act_bytes

@@ -16,7 +16,8 @@ dummy item with vLLM's dummy-inputs builder (get_dummy_mm_data with one item of 
 runs it through transformers' processor for that modality, configured from the checkpoint's
 preprocessor_config.json (PREPROCESSOR below; the video processor falls back to that file). It records the
 tokens per modality, the modality and items profiled, the encoder budget, the dummy item's frames and size,
-and the processed grid (t, h, w) and pixel rows the tower receives.
+and the processed grid (t, h, w) and pixel rows the tower receives (the processor's dtype: vLLM then casts
+floating outputs to the model dtype, multimodal/processing.py _postprocess_output).
 
 Stand-ins: the processing info's hf_config (transformers' Qwen2_5_VLConfig from the preset's config.json) and
 its image processor (transformers' Qwen2VLImageProcessor from PREPROCESSOR) replace the ones vLLM would load
@@ -126,7 +127,7 @@ def _processed(builder, modality, max_model_len):
         grid, pixels = out["image_grid_thw"][0], out["pixel_values"]
     return {"frames": int(frames), "width_height": size, "grid_thw": [int(x) for x in grid],
             "pixel_rows": int(pixels.shape[0]), "pixel_row_values": int(pixels.shape[1]),
-            "pixel_dtype": str(pixels.dtype).replace("torch.", "")}
+            "processor_pixel_dtype": str(pixels.dtype).replace("torch.", "")}
 
 
 def run_case(case, hf_config) -> dict:
