@@ -61,9 +61,6 @@ FORWARD = ("a dense model's forward where it, not the sampler, sets the peak: ou
            "the MLP's T x 3I (or the attention's); vLLM 0.19 measures 0.14 GiB more for CodeLlama-7B and 0.15-0.32 GiB "
            "more for a pipeline stage without the sampler (1.10 GiB first, 1.05 GiB middle, against 0.78 + 0.125 GiB of "
            "receive buffers); the other tensors of the inductor-compiled pieces were not identified")
-VISION = ("gemma-3-27b-it is a vision-language checkpoint: the preset now carries its SigLIP tower (weights 51.13 GiB "
-          "against 51.45 printed) and profile_run's multimodal encoder pass (serving/encoder.py), but the profile "
-          "peak is 3.81 GiB against 3.99 printed (the KV terms stay within 3%: 2.6% over)")
 TRITON_MXFP4 = ("MXFP4 experts on Hopper from 0.15 use the 'TRITON' MoE backend (0.19's log: \"Using 'TRITON' Mxfp4 "
                 "MoE backend\"): create_weights pads the intermediate size to 64 and triton_kernels' Hopper swizzle "
                 "(vllm/third_party/triton_kernels hopper_value.py, hopper_scale.py) pads the packed values to multiples "
@@ -90,7 +87,6 @@ for _r in DATA["records"]:
 _miss(["llama-3.1-8b-tp1-pp2-len8192"], ["activation_peak[stage 0]"], FORWARD)
 _miss(["llama-3.1-8b-tp1-pp4-len8192"], [f"activation_peak[stage {i}]" for i in range(3)], FORWARD)
 _miss(["codellama-7b-tp1-pp1-len8192"], ["activation_peak"], FORWARD)
-_miss(["gemma-3-27b-tp1-pp1-len8192"], ("activation_peak",), VISION)
 _miss(["llama-3.1-70b-fp8-tp4-pp1-len8192"], ("non_torch",), NON_TORCH_TP)
 _miss(["qwen3-30b-a3b-tp1-pp1-len8192"], ("non_torch",), NON_TORCH_BASE)
 _miss(["gpt-oss-20b-tp2-pp1-len8192"], ("weights",), TRITON_MXFP4)

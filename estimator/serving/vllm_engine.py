@@ -23,7 +23,7 @@ from . import kv_cache, overheads, vllm_versions
 from .allreduce_fusion import fusion_workspace
 from .nccl_comm import communicator_bytes
 from .activations import activation_peak
-from .encoder import encoder_profile, encoder_weights, outputs_expanded
+from .encoder import encoder_profile, encoder_weights
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving
 from .weights import stage_layers, stage_weights
@@ -188,7 +188,7 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                            stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
                            r.rules.moe_workspace_kept and r.weight_format != "mxfp4")
     encoder = encoder_profile(arch, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, par.tp, act_bytes,
-                              outputs_expanded(serving.engine_version))
+                              serving.engine_version)
     if encoder:  # every rank builds and profiles the vision encoder (serving/encoder.py)
         tower = encoder_weights(arch, par.tp, r.weights.dtype_bytes)
         weights = dataclasses.replace(weights, bytes=weights.bytes + tower,
