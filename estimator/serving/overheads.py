@@ -11,22 +11,15 @@ No formula exists for that part: it is a constant per release and layout, read f
 FlashInfer's all-reduce fusion workspace joins it (serving/allreduce_fusion.py) and, in 0.19, the NCCL
 communicator torch builds for the TP group while that workspace's handles are exchanged (serving/nccl_comm.py).
 
-CUDA graphs (piecewise, the V1 default): the graphs of every capture size share one memory pool, and
-the largest capture keeps each piece's outputs between the attention calls: per layer q, k, v, the
-attention output and the residual stream for the largest batch (cudagraph_capture_sizes up to
-min(2 x max_num_seqs, 512), vLLM 0.11 config/__init__.py). Captured after the KV cache is sized (on
-top of the budget) up to 0.19; from 0.20 profile_cudagraph_memory() estimates them and the budget
-gives them up before the KV cache is sized (gpu_worker.py, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1).
+CUDA graphs: serving/cuda_graphs.py (the shared pool; from 0.20 vLLM's own estimate, taken from the budget before
+the KV cache is sized: gpu_worker.py determine_available_memory, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1).
 """
 
 from __future__ import annotations
 
-from ..spec.architecture import Architecture
-from .kv_cache import kv_heads_per_rank
 from .vllm_versions import VllmRules
 
 MiB = 1024**2
-MAX_CAPTURE = 512
 _LOGS = {"0.11": "0.16 GiB at TP 1 (vLLM PR #12126), 0.20 GiB a worker of 4 GPUs (vLLM PR #14447)",
          "0.15": "0.13 GiB at TP 1 (Qwen3-14B under 0.15.0 / 0.16.0, llm-d-planner PR #205); distributed: 0.20 GiB "
                  "(vLLM PR #14447)",
@@ -53,14 +46,3 @@ def non_torch_base(rules: VllmRules, tp: int, pp: int) -> tuple[int, str]:
     return value, ("growth of device memory outside torch from vLLM's start-up snapshot to the end of profiling "
                    f"(utils memory_profiling); vLLM {rules.label} start-up logs: {cited}")
 
-
-def capture_size(max_num_seqs: int) -> int:
-    return min(2 * max_num_seqs, MAX_CAPTURE)
-
-
-def cuda_graph_bytes(arch: Architecture, layers: int, max_num_seqs: int, tp: int, act_bytes: int) -> int:
-    """The graph pool at the largest capture size: per layer its q, k, v, attention output and residual."""
-    batch = capture_size(max_num_seqs)
-    kv = kv_heads_per_rank(arch, tp) * arch.head_dim if not arch.uses_mla else arch.kv_lora_rank + arch.qk_rope_head_dim
-    per_layer = arch.q_width // tp + 2 * kv + arch.attention_output_width // tp + arch.hidden_size
-    return batch * layers * per_layer * act_bytes

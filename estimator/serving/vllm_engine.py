@@ -21,6 +21,7 @@ from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
 from .allreduce_fusion import fusion_workspace
+from .cuda_graphs import graph_memory, vllm_estimate
 from .nccl_comm import communicator_bytes
 from .activations import activation_peak
 from .encoder import encoder_profile, encoder_weights, outputs_expanded
@@ -197,7 +198,7 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                                    formula=f"max(encoder forward, encoder cache + {peak.formula}); {encoder.formula}")
     non_torch_part = _non_torch(arch, r, par)
     non_torch = non_torch_part.bytes
-    graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
+    graphs, graphs_formula = _cuda_graphs(arch, r, par, act_bytes) if serving.cuda_graphs else (0, "off")
     in_budget = graphs if r.rules.cuda_graphs_in_budget else 0
     available = budget - weights.bytes - peak.bytes - non_torch - in_budget
     src = f"vLLM {r.rules.label}"
@@ -208,14 +209,21 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   f"{src} gpu_model_runner.py profile_run (modelled, not measured)"),
         non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
-                  graphs, f"{overheads.capture_size(r.max_num_seqs)} x layers x (q + 2kv + o + h) x {act_bytes} B "
-                  "(estimated: the piecewise outputs at the largest capture size; not modelled: the FULL graphs' "
-                  "FlashAttention split-KV pool and the graph executables' driver memory, which vLLM 0.19's logs "
-                  "put at 1.1-9x this, 2.6x in the median)",
-                  f"{src} compilation config capture sizes (modelled); pool and driver memory (estimated, "
-                  "tests/test_serving_published.py GRAPHS)"),
+                  graphs, graphs_formula,
+                  f"{src} v1/worker/gpu_model_runner.py profile_cudagraph_memory, compilation/cuda_graph.py, "
+                  "v1/attention/backends/flash_attn.py (estimator/serving/cuda_graphs.py; the pool is modelled, the "
+                  "graphs' driver memory is not: tests/test_serving_published.py GRAPHS)"),
     )
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
+
+
+def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int) -> tuple[int, str]:
+    """The shared graph pool (up to 0.19, captured on top of the budget) or, where the version takes them from
+    the budget (0.20 on), what profile_cudagraph_memory returns as we model it (serving/cuda_graphs.py)."""
+    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id)
+    if r.rules.cuda_graphs_in_budget:
+        return vllm_estimate(graphs)
+    return graphs.pool, graphs.formula
 
 
 def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
