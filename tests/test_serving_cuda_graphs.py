@@ -98,3 +98,17 @@ def test_budget_gives_up_the_estimate_from_0_20():
     assert new.cuda_graphs == 32 * 512 * 32 * 129 * 4 + 100 * MiB
     assert new.available == (_llama("0.20.0").budget_bytes - new.weights - new.activation - new.non_torch
                              - new.cuda_graphs)
+
+
+def test_rocm_profiles_the_graphs_from_0_26():
+    """0.20.0-0.25.0 gpu_worker.py profile the graphs on CUDA only (ROCm's estimate stays 0, the graphs are captured
+    on top of the budget); 0.26.0 on include ROCm (#44825)."""
+    def stage(version):
+        e = estimate_vllm(get_architecture("llama-3.1-8b"), Serving(engine_version=version, max_model_len=8192),
+                          Parallel(tp=1), Hardware("mi300x"))
+        return e, e.stages[0]
+    (e25, s25), (e26, s26) = stage("0.25.0"), stage("0.26.0")
+    assert s25.available == e25.budget_bytes - s25.weights - s25.activation - s25.non_torch
+    assert s25.cuda_graphs == 512 * 14336 * 2  # no FA3 on ROCm: one layer's piecewise boundary tensors
+    assert s26.cuda_graphs == s25.cuda_graphs + 100 * MiB
+    assert s26.available == e26.budget_bytes - s26.weights - s26.activation - s26.non_torch - s26.cuda_graphs

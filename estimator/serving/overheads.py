@@ -8,7 +8,7 @@ what grows inside it is cuBLAS handles, lazily loaded kernels and, from 0.18, wh
 profile leaves behind (vLLM 0.19.0 gpu_worker.py runs profile_cudagraph_memory() inside memory_profiling).
 No formula exists for that part: it is a constant per release and layout, read from public start-up logs
 (serving/vllm_versions.py VllmRules.non_torch_single / non_torch_distributed). Under TP > 1 from 0.17
-FlashInfer's all-reduce fusion workspace joins it (serving/allreduce_fusion.py) and, in 0.19, the NCCL
+FlashInfer's all-reduce fusion workspace joins it (serving/allreduce_fusion.py) and, from 0.19 to 0.26, the NCCL
 communicator torch builds for the TP group while that workspace's handles are exchanged (serving/nccl_comm.py).
 
 CUDA graphs: serving/cuda_graphs.py (the shared pool; from 0.20 vLLM's own estimate, taken from the budget before
@@ -31,9 +31,11 @@ _LOGS = {"0.11": "0.16 GiB at TP 1 (vLLM PR #12126), 0.20 GiB a worker of 4 GPUs
                  "0.27 for Qwen3-30B-A3B, 0.46 for three Granite-3 models), 0.07 GiB "
                  "a worker of a multi-GPU run (its PP 2 and PP 4 runs, every stage)",
          "0.20": "none of this release; 0.18 / 0.19's 0.25 GiB at TP 1 (the CUDA-graph profile still inside "
-                 "memory_profiling, 0.20.0 gpu_worker.py), 0.20 GiB distributed (vLLM PR #14447)",
+                 "memory_profiling, 0.20.0 gpu_worker.py) and 0.19's 0.07 GiB a worker of a multi-GPU run (the TP "
+                 "group's NCCL communicator and the fusion workspace modelled apart, as in 0.19)",
          "0.21": "none of this release; 0.18 / 0.19's 0.25 GiB at TP 1 (the CUDA-graph profile still inside "
-                 "memory_profiling, 0.21.0 and 0.25.0 gpu_worker.py), 0.20 GiB distributed (vLLM PR #14447)",
+                 "memory_profiling, 0.21.0 and 0.25.0 gpu_worker.py) and 0.19's 0.07 GiB a worker of a multi-GPU run "
+                 "(the TP group's NCCL communicator and the fusion workspace modelled apart, as in 0.19)",
          "0.33": "none of this release; 0.15-0.17's 0.13 GiB at TP 1 (0.33.0 gpu_worker.py profiles the CUDA graphs "
                  "after memory_profiling, as before 0.18), 0.20 GiB distributed (vLLM PR #14447)"}
 
