@@ -1,6 +1,6 @@
 """vLLM's CUDA-graph memory: the shared graph pool, and vLLM's own estimate of it from 0.20 (modelled).
 
-Capture (cudagraph_mode FULL_AND_PIECEWISE, the V1 default: 0.11.0 config/compilation.py, 0.20.0 / 0.27.0 /
+Capture (cudagraph_mode FULL_AND_PIECEWISE, the V1 default: 0.11.0 config/__init__.py, 0.20.0 / 0.27.0 /
 0.33.0 config/vllm.py optimization-level defaults; the 0.19.0 logs print "PIECEWISE=51 ..., FULL=51"): every
 capture size is captured as PIECEWISE graphs (one per piece between attention calls) and, for uniform decode
 batches, as one FULL graph; sizes 1, 2, 4, 8-248 by 8 and 256 up to min(2 x max_num_seqs, 512) by 16 (0.20.0
@@ -10,7 +10,8 @@ of the two peaks, not their sum (0.20.0 v1/worker/gpu_model_runner.py profile_cu
 overlays their memory. Take the max"). Smaller sizes reuse the largest one's blocks.
 
 - FULL (FlashAttention 3, Hopper): a FULL graph fixes num_splits at flash_attn_max_num_splits_for_cuda_graph = 32
-  (config/attention.py, 0.20.0 to 0.33.0; v1/attention/backends/flash_attn.py sets max_num_splits from it
+  (config/attention.py, 0.15.0 to 0.33.0; 0.11.0 envs.py VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH;
+  v1/attention/backends/flash_attn.py sets max_num_splits from it
   "so that large enough intermediate buffers are pre-allocated during capture"), and FA3's split-KV kernel
   allocates fp32 out_accum [splits, tokens, heads, head_dim] and softmax_lse_accum [splits, heads, tokens]
   per call; each layer's call reuses the last one's freed blocks, so one layer's pair is live:
@@ -21,6 +22,11 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
   boundary tensors at the largest size: q, k, v, the attention output and the residual stream. The pieces'
   own intermediates and a fixed first-capture cost (the 0.19.0 logs print 84-224 MiB whatever the layer count)
   are not modelled.
+- Other backends add nothing here: FlashInfer (Blackwell's default) keeps one persistent workspace of
+  VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE (394 MiB, 0.33.0 envs.py) made by its metadata builder outside the
+  graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a
+  first capture was not established. MLA backends' FULL graphs are not modelled (DeepSeek-V2-Lite's FULL
+  first-capture is 522 MiB in the 0.19.0 logs).
 - Not modelled anywhere: each graph executable's driver memory (no source gives it; the 0.19.0 logs' profiler
   measures 1-26 MiB a capture size), which is most of what vLLM 0.19 reports after capturing.
 
