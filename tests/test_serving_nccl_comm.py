@@ -78,18 +78,20 @@ def test_nccl_of_each_releases_torch():
     assert [row[3] for row in nccl_comm.TORCH_NCCL] == ["2.27.5", "2.28.9", "2.29.7", "2.30.7"]
 
 
-def test_nccl_2_28_builds_nvls_at_two_gpus():
-    """From 2.28.7 ncclNvlsInit returns only below 2 GPUs: at TP 2 the 25 NVLS buffers join, 484 + 50 = 534 MiB."""
-    assert nccl_comm.communicator_bytes(2, "h100-80", "2.28.9").bytes == 534 * MiB
-    assert nccl_comm.communicator_bytes(4, "h100-80", "2.28.9").bytes == 534 * MiB
+def test_nccl_2_28_builds_nvls_at_two_gpus_over_its_16_nvls_channels():
+    """From 2.28.7 ncclNvlsInit returns only below 2 GPUs, and from 2.28 ncclNvlsSetup allocates per NVLS channel
+    (16 on sm90), not per ring channel (24): at TP 2 and 4, 484 + (16 + 1) x 2 MiB = 518 MiB."""
+    assert nccl_comm.communicator_bytes(2, "h100-80", "2.28.9").bytes == 518 * MiB
+    assert nccl_comm.communicator_bytes(4, "h100-80", "2.28.9").bytes == 518 * MiB
+    assert "NVLS 17 x 2 MiB" in nccl_comm.communicator_bytes(2, "h100-80", "2.28.9").formula
 
 
 def test_020_tp_non_torch_carries_the_019_worker_constant():
-    """0.20 at TP 2: 0.07 GiB (0.19's PP worker) + 3 x 512 MiB fusion workspace + NCCL 2.28.9's 534 MiB: 2.09 GiB,
+    """0.20 at TP 2: 0.07 GiB (0.19's PP worker) + 3 x 512 MiB fusion workspace + NCCL 2.28.9's 518 MiB: 2.08 GiB,
     where the 0.20 GiB constant of vLLM PR #14447 gave 1.70 GiB."""
     parts = _non_torch_parts("0.20.0", 2)
-    assert parts == [round(0.07 * GiB), 1536 * MiB, 534 * MiB]
-    assert round(sum(parts) / GiB, 2) == 2.09
+    assert parts == [round(0.07 * GiB), 1536 * MiB, 518 * MiB]
+    assert round(sum(parts) / GiB, 2) == 2.08
 
 
 def test_measured_constants_by_release_and_layout():

@@ -17,7 +17,9 @@ envs.py VLLM_DISTRIBUTED_USE_SPLIT_GROUP=0). The NCCL is the one in the torch ea
 generated from requirements/cuda.txt): 0.19 torch 2.10.0 -> nvidia-nccl-cu12 2.27.5; 0.20-0.26 torch 2.11.0 ->
 nvidia-nccl-cu13 2.28.9; 0.27-0.32 torch 2.13.0 -> 2.29.7; 0.33 torch 2.14.0 -> 2.30.7 (those two not built).
 2.28.9 keeps 2.27.5's buffer sizes, sm90 speed arrays, SM90_NVLINK_BW and allocation calls (read at v2.28.9-1),
-but from 2.28.7 ncclNvlsInit returns only below 2 GPUs (gpuCount < 2), so the NVLS buffers come at TP 2 as well.
+but from 2.28.7 ncclNvlsInit returns only below 2 GPUs (gpuCount < 2), so the NVLS buffers come at TP 2 as well,
+and from 2.28 ncclNvlsSetup loops over comm->nvlsChannels (NVLS_NCHANNELS_SM90 = 16) instead of comm->nChannels
+(24 ring channels in 2.27.5): 16 nvlsDevPeers (channel.cc initNvlsChannel) + 1 credit buffer, 34 MiB.
 
 NCCL 2.27.5 (the version the 0.19 logs print: "vLLM is using nccl==2.27.5", torch's libnccl), read at tag
 v2.27.5-1. With cuMem on (NCCL_CUMEM_ENABLE auto, vLLM sets nothing) every device allocation is rounded up to
@@ -60,6 +62,8 @@ RING_CHANNELS = 24
 TORCH_NCCL = (((0, 19), (0, 20), "2.10.0", "2.27.5", True), ((0, 20), (0, 27), "2.11.0", "2.28.9", True),
               ((0, 27), (0, 33), "2.13.0", "2.29.7", False), ((0, 33), (0, 34), "2.14.0", "2.30.7", False))
 NVLS_AT_TWO_GPUS = (2, 28, 7)  # transport/nvls.cc ncclNvlsInit: "gpuCount <= 2" before, "gpuCount < 2" from 2.28.7
+NVLS_CHANNELS_FROM = (2, 28, 3)  # ncclNvlsSetup's channel loops: comm->nChannels in 2.27.5, comm->nvlsChannels from 2.28.3
+NVLS_NCHANNELS_SM90 = 16  # transport/nvls.cc
 
 
 @dataclass(frozen=True)
@@ -103,12 +107,13 @@ def communicator_bytes(ranks: int, gpu_id: str, nccl: str = "2.27.5") -> Communi
     dev_comm = 2 * GRANULARITY
     channel_setup = 3 * GRANULARITY * p2p_channels
     ring = channels * ring_connection_bytes()
-    nvls_from = 2 if tuple(int(x) for x in nccl.split(".")) >= NVLS_AT_TWO_GPUS else 3
-    nvls = (channels + 1) * GRANULARITY if ranks >= nvls_from else 0
+    release = tuple(int(x) for x in nccl.split("."))
+    nvls_channels = NVLS_NCHANNELS_SM90 if release >= NVLS_CHANNELS_FROM else channels
+    nvls = (nvls_channels + 1) * GRANULARITY if ranks >= (2 if release >= NVLS_AT_TWO_GPUS else 3) else 0
     total = dev_comm + channel_setup + ring + nvls
     formula = (f"NCCL {nccl}, {channels} ring channels: dev comm 2 x 2 MiB + {p2p_channels} channels x 3 x "
                f"2 MiB + {channels} x (10 MiB receive + 2 MiB send)"
-               + (f" + NVLS {channels + 1} x 2 MiB" if nvls else "") + f" = {total / MiB:.0f} MiB")
+               + (f" + NVLS {nvls_channels + 1} x 2 MiB" if nvls else "") + f" = {total / MiB:.0f} MiB")
     source = (f"NCCL v{nccl}-1 init.cc devCommSetup, channel.cc initChannel, transport/p2p.cc, "
               "transport/nvls.cc ncclNvlsSetup, graph/search.cc + connect.cc channel count "
               "(estimator/serving/nccl_comm.py)")
