@@ -11,7 +11,8 @@ import pytest
 
 from estimator.models.loading import architecture_from_model
 from estimator.models.presets import get_architecture
-from estimator.serving.cuda_graphs import capture_sizes, graph_memory, profiler_total, split_kv_bytes
+from estimator.serving.cuda_graphs import (capture_sizes, graph_memory, model_max_capture, profiler_total,
+                                           split_kv_bytes)
 from estimator.serving.vllm_engine import estimate_vllm
 from estimator.spec.hardware import Hardware
 from estimator.spec.parallel import Parallel
@@ -50,6 +51,10 @@ def test_capture_sizes_by_hand():
     graphs = graph_memory(get_architecture("llama-3.1-8b"), 128, 1, 2, "h100-80")
     assert (graphs.piecewise_captures, graphs.full_captures) == (35, 19)
     assert graphs.full_pool == 32 * 128 * 32 * 129 * 4
+    # gpt-oss raises the largest size to 1024 from 0.19 (GptOssForCausalLMConfig): 3 + 31 + 49 = 83, as its log prints
+    gpt_oss = get_architecture("gpt-oss-20b")
+    assert len(capture_sizes(1024, model_max_capture(gpt_oss, (0, 19)), 8192)) == 83
+    assert model_max_capture(gpt_oss, (0, 11)) is None and model_max_capture(get_architecture("llama-3.1-8b"), (0, 33)) is None
 
 
 @pytest.mark.parametrize("model, tp, printed_mib, log", FULL_FIRST_CAPTURE)
@@ -131,7 +136,9 @@ def test_our_estimate_is_below_the_019_profilers_in_every_log():
         arch = _architecture(record["id"]) if "hf_config" in record else get_architecture(record["model"])
         e = estimate_vllm(arch, Serving(**record["serving"]), Parallel(tp=record["tp"], pp=record["pp"]),
                           Hardware(record["gpu"]))
-        graphs = graph_memory(arch, e.resolved.max_num_seqs, record["tp"], e.resolved.weights.dtype_bytes, record["gpu"])
+        r = e.resolved
+        graphs = graph_memory(arch, r.max_num_seqs, record["tp"], r.weights.dtype_bytes, record["gpu"],
+                              model_max_capture(arch, r.release), r.max_num_batched_tokens)
         ours = vllm_estimate(graphs)[0] / 2**30
         assert ours <= printed, (record["id"], ours, printed)
         ratios.append(ours / printed)

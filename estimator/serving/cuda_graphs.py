@@ -60,9 +60,17 @@ class GraphMemory:
     formula: str
 
 
-def capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """cudagraph_capture_sizes by default (0.20.0 config/vllm.py; the 0.19.0 logs: 51 sizes up to 512)."""
-    largest = min(2 * max_num_seqs, MAX_CAPTURE)
+def model_max_capture(arch: Architecture, release: tuple[int, int]) -> int | None:
+    """A model's own max_cudagraph_capture_size: gpt-oss (the one family with attention sinks) raises it to 1024
+    (model_executor/models/config.py GptOssForCausalLMConfig, 0.33.0; the 0.19.0 logs: 'PIECEWISE=83
+    (largest=1024)'; absent in 0.11.0, 0.15-0.18 not read)."""
+    return 1024 if arch.attention_sinks and release >= (0, 19) else None
+
+
+def capture_sizes(max_num_seqs: int, model_max: int | None = None, max_tokens: int | None = None) -> tuple[int, ...]:
+    """cudagraph_capture_sizes by default (0.20.0 config/vllm.py; the 0.19.0 logs: 51 sizes up to 512): up to
+    min(2 x max_num_seqs, 512), or a model's own maximum capped at max_num_batched_tokens."""
+    largest = min(2 * max_num_seqs, MAX_CAPTURE) if model_max is None else min(model_max, max_tokens or model_max)
     sizes = {s for s in (1, 2, 4) if s <= largest} | set(range(8, min(largest + 1, 256), 8))
     sizes |= set(range(256, largest + 1, 16))
     return tuple(sorted(sizes))
@@ -86,8 +94,9 @@ def piecewise_bytes(arch: Architecture, tp: int, tokens: int, act_bytes: int) ->
     return tokens * (arch.q_width // tp + 2 * kv + arch.attention_output_width // tp + arch.hidden_size) * act_bytes
 
 
-def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int, gpu_id: str) -> GraphMemory:
-    sizes = capture_sizes(max_num_seqs)
+def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int, gpu_id: str,
+                 model_max: int | None = None, max_tokens: int | None = None) -> GraphMemory:
+    sizes = capture_sizes(max_num_seqs, model_max, max_tokens)
     full_sizes = tuple(s for s in sizes if s <= max_num_seqs)
     tokens, decode = sizes[-1], full_sizes[-1]
     full = split_kv_bytes(arch, tp, decode) if fa3_full_graphs(arch, gpu_id, act_bytes) else 0

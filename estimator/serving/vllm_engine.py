@@ -21,7 +21,7 @@ from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
 from .allreduce_fusion import fusion_workspace
-from .cuda_graphs import graph_memory, vllm_estimate
+from .cuda_graphs import graph_memory, model_max_capture, vllm_estimate
 from .nccl_comm import communicator_bytes, tp_group_nccl
 from .activations import activation_peak
 from .encoder import encoder_profile, encoder_weights, outputs_expanded
@@ -231,7 +231,8 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int)
     the budget (0.20 on), what profile_cudagraph_memory returns as we model it (serving/cuda_graphs.py), and
     whether the budget gives it up. 0.20.0-0.25.0 profile on CUDA only (gpu_worker.py: current_platform.is_cuda();
     ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in 0.26.0, 0.27.0 and 0.33.0)."""
-    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id)
+    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id, model_max_capture(arch, r.release),
+                          r.max_num_batched_tokens)
     rocm_skipped = r.gpu_id.startswith("mi") and r.release < ROCM_GRAPH_PROFILE
     if r.rules.cuda_graphs_in_budget and not rocm_skipped:
         return *vllm_estimate(graphs), True
