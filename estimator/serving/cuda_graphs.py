@@ -30,9 +30,15 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
 - Not modelled anywhere: each graph executable's driver memory (no source gives it; the 0.19.0 logs' profiler
   measures 1-26 MiB a capture size), which is most of what vLLM 0.19 reports after capturing.
 
-vLLM's estimate (profile_cudagraph_memory, 0.19.0 to 0.33.0): it captures the two largest sizes of each mode
-into a scratch pool and returns max(first captures) + sum over modes of (captures - 1) x max(second capture,
-1 MiB). Ours: the pool above + (captures - 1) x 1 MiB a mode, the source's floor for the per-graph part.
+vLLM's estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, read in 0.19.0, 0.20.0 and 0.33.0): it
+captures the two largest sizes of each mode into a scratch pool and returns max(first captures) + sum over modes of
+(captures - 1) x max(second capture, 1 MiB) (0.33.0 adds the vision encoder's graphs, off by default:
+compilation.py cudagraph_mm_encoder = False). Ours: the pool above + (captures - 1) x 1 MiB a mode, the source's
+floor for the per-graph part. Where it goes, by release (v1/worker/gpu_worker.py determine_available_memory and
+envs.py): 0.19 computes it inside memory_profiling but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+defaults to 0; the graphs are captured after the KV cache is sized, on top of the budget); 0.20.0 to 0.33.0 default
+it to 1 and set available KV memory = requested - non-KV memory - the estimate (read in 0.20.0, 0.21.0, 0.25.0,
+0.26.0, 0.27.0, 0.33.0); 0.20.0-0.25.0 profile on CUDA only (ROCm's estimate is 0), 0.26.0 on include ROCm.
 """
 
 from __future__ import annotations
