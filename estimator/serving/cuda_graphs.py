@@ -12,11 +12,12 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
 - FULL (FlashAttention 3, Hopper): a FULL graph fixes num_splits at flash_attn_max_num_splits_for_cuda_graph = 32
   (config/attention.py, 0.15.0 to 0.33.0; 0.11.0 envs.py VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH;
   v1/attention/backends/flash_attn.py sets max_num_splits from it
-  "so that large enough intermediate buffers are pre-allocated during capture"), and FA3's split-KV kernel
-  allocates fp32 out_accum [splits, tokens, heads, head_dim] and softmax_lse_accum [splits, heads, tokens]
-  per call; each layer's call reuses the last one's freed blocks, so one layer's pair is live:
-  32 x T x heads a rank x (head_dim + 1) x 4 B. The 0.19.0 logs' "FULL first-capture" is this plus 2-4 MiB
-  (Llama-3.1-8B 260 MiB against 258; TP 2 132 / 130; Phi-4 328 / 324; Gemma-2-2B 134 / 130).
+  "so that large enough intermediate buffers are pre-allocated during capture"), and FA3's mha_fwd allocates
+  fp32 out_accum [splits, heads, total_q, head_dim_v] and softmax_lse_accum [splits, heads, total_q] per call
+  when num_splits > 1 (Dao-AILab/flash-attention hopper/flash_api.cpp, commit 000090d0, the source of vLLM's
+  vllm-flash-attn); each layer's call reuses the last one's freed blocks, so one layer's pair is live:
+  32 x T x heads a rank x (head_dim + 1) x 4 B. The 0.19.0 logs' "FULL first-capture" is this plus 2-6 MiB
+  (Llama-3.1-8B 260 MiB against 258; TP 2 132 / 130; TP 4 70 / 64.5; Phi-4 328 / 324; Gemma-2-2B 134 / 130).
 - PIECEWISE: each piece's outputs are ordinary tensors of the pool, released as the next piece consumes them
   (compilation/cuda_graph.py: weak_ref_output only for the last graph), so what is live at once is one layer's
   boundary tensors at the largest size: q, k, v, the attention output and the residual stream. The pieces'
