@@ -1,4 +1,4 @@
-"""The TP group's NCCL communicator in vLLM 0.19's non-torch memory (estimator/serving/nccl_comm.py), computed by
+"""The TP group's NCCL communicator in vLLM 0.19-0.26's non-torch memory (estimator/serving/nccl_comm.py), computed by
 hand from NCCL 2.27.5's buffer sizes and allocations, and the measured non-torch constants per release
 (estimator/serving/vllm_versions.py, estimator/serving/overheads.py)."""
 
@@ -62,8 +62,36 @@ def test_019_tp_non_torch_is_measured_base_plus_workspace_plus_communicator():
 
 
 def test_communicator_only_where_the_release_was_read():
-    """0.17/0.18 and 0.20 on keep the workspace without the communicator (their NCCL was not read)."""
-    assert len(_non_torch_parts("0.17.0", 2)) == 2 and len(_non_torch_parts("0.20.0", 2)) == 2
+    """0.17/0.18 keep the workspace without the communicator (not read); from 0.27 the fusion pass exchanges its
+    handles over the gloo cpu_group (allreduce_rms_fusion.py, 0.27.0 and 0.33.0), so no NCCL communicator."""
+    assert len(_non_torch_parts("0.17.0", 2)) == 2 and len(_non_torch_parts("0.27.0", 2)) == 2
+    assert len(_non_torch_parts("0.26.0", 2)) == 3
+
+
+def test_nccl_of_each_releases_torch():
+    """vLLM wheel METADATA torch pin -> torch wheel METADATA nvidia-nccl pin: 0.19 torch 2.10.0 (NCCL 2.27.5),
+    0.20-0.26 torch 2.11.0 (2.28.9); 0.27-0.32 torch 2.13.0 and 0.33 torch 2.14.0 build none for the TP group."""
+    assert nccl_comm.tp_group_nccl((0, 19)) == "2.27.5"
+    assert nccl_comm.tp_group_nccl((0, 20)) == nccl_comm.tp_group_nccl((0, 26)) == "2.28.9"
+    assert nccl_comm.tp_group_nccl((0, 27)) is nccl_comm.tp_group_nccl((0, 33)) is None
+    assert nccl_comm.tp_group_nccl((0, 18)) is None
+    assert [row[3] for row in nccl_comm.TORCH_NCCL] == ["2.27.5", "2.28.9", "2.29.7", "2.30.7"]
+
+
+def test_nccl_2_28_builds_nvls_at_two_gpus_over_its_16_nvls_channels():
+    """From 2.28.7 ncclNvlsInit returns only below 2 GPUs, and from 2.28 ncclNvlsSetup allocates per NVLS channel
+    (16 on sm90), not per ring channel (24): at TP 2 and 4, 484 + (16 + 1) x 2 MiB = 518 MiB."""
+    assert nccl_comm.communicator_bytes(2, "h100-80", "2.28.9").bytes == 518 * MiB
+    assert nccl_comm.communicator_bytes(4, "h100-80", "2.28.9").bytes == 518 * MiB
+    assert "NVLS 17 x 2 MiB" in nccl_comm.communicator_bytes(2, "h100-80", "2.28.9").formula
+
+
+def test_020_tp_non_torch_carries_the_019_worker_constant():
+    """0.20 at TP 2: 0.07 GiB (0.19's PP worker) + 3 x 512 MiB fusion workspace + NCCL 2.28.9's 518 MiB: 2.08 GiB,
+    where the 0.20 GiB constant of vLLM PR #14447 gave 1.70 GiB."""
+    parts = _non_torch_parts("0.20.0", 2)
+    assert parts == [round(0.07 * GiB), 1536 * MiB, 518 * MiB]
+    assert round(sum(parts) / GiB, 2) == 2.08
 
 
 def test_measured_constants_by_release_and_layout():

@@ -1,4 +1,4 @@
-"""Device memory of one NCCL communicator on one rank, as NCCL 2.27 builds it on an NVSwitch node (modelled).
+"""Device memory of one NCCL communicator on one rank, as NCCL 2.27-2.28 builds it on an NVSwitch node (modelled).
 
 Where it shows in vLLM: from 0.19 the FlashInfer all-reduce fusion workspace (serving/allreduce_fusion.py) is
 built while the model compiles, after the start-up snapshot, and FlashInfer exchanges its handles with
@@ -7,6 +7,19 @@ _create_workspace: TorchDistBackend). vLLM creates that process group without a 
 NCCL communicator lazily, on that first collective (the 0.19 logs print torch's "barrier(): using the device
 under current context" warning there, after the snapshot), and the communicator's buffers are counted in
 non-torch memory. vLLM's own pynccl communicator was built and warmed up before the snapshot.
+
+By release (tp_group_nccl): the fusion pass exchanges over the TP group's device (NCCL) group in 0.19.0, 0.20.0,
+0.25.0 and 0.26.0 (compilation/passes/fusion/allreduce_rms_fusion.py: self.group = get_tp_group().device_group)
+and over its gloo cpu_group from 0.27.0 (read in 0.27.0 and 0.33.0), so no NCCL communicator is built there. The
+device group stays lazy in those releases: init_distributed_environment and GroupCoordinator's new_group pass no
+device_id (distributed/parallel_state.py, 0.20.0-0.26.0; the eager split_group path of 0.25.0 on is off by default,
+envs.py VLLM_DISTRIBUTED_USE_SPLIT_GROUP=0). The NCCL is the one in the torch each release pins (wheel METADATA,
+generated from requirements/cuda.txt): 0.19 torch 2.10.0 -> nvidia-nccl-cu12 2.27.5; 0.20-0.26 torch 2.11.0 ->
+nvidia-nccl-cu13 2.28.9; 0.27-0.32 torch 2.13.0 -> 2.29.7; 0.33 torch 2.14.0 -> 2.30.7 (those two not built).
+2.28.9 keeps 2.27.5's buffer sizes, sm90 speed arrays, SM90_NVLINK_BW and allocation calls (read at v2.28.9-1),
+but from 2.28.7 ncclNvlsInit returns only below 2 GPUs (gpuCount < 2), so the NVLS buffers come at TP 2 as well,
+and from 2.28 ncclNvlsSetup loops over comm->nvlsChannels (NVLS_NCHANNELS_SM90 = 16) instead of comm->nChannels
+(24 ring channels in 2.27.5): 16 nvlsDevPeers (channel.cc initNvlsChannel) + 1 credit buffer, 34 MiB.
 
 NCCL 2.27.5 (the version the 0.19 logs print: "vLLM is using nccl==2.27.5", torch's libnccl), read at tag
 v2.27.5-1. With cuMem on (NCCL_CUMEM_ENABLE auto, vLLM sets nothing) every device allocation is rounded up to
@@ -44,7 +57,13 @@ CONN_HEADER = 4096  # sizeof(ncclSendMem) = sizeof(ncclRecvMem) = MEM_ALIGN
 # GPUs whose ring channel count was derived (module docstring): 18 NVLink-4 links to the NVSwitches
 NVSWITCH_SM90 = ("h100-80", "h200")
 RING_CHANNELS = 24
-NCCL_VERSION = "2.27.5"
+# (first vLLM release, first release after, torch pin, NCCL of that torch, TP group's communicator built after the
+# snapshot): the module docstring cites each
+TORCH_NCCL = (((0, 19), (0, 20), "2.10.0", "2.27.5", True), ((0, 20), (0, 27), "2.11.0", "2.28.9", True),
+              ((0, 27), (0, 33), "2.13.0", "2.29.7", False), ((0, 33), (0, 34), "2.14.0", "2.30.7", False))
+NVLS_AT_TWO_GPUS = (2, 28, 7)  # transport/nvls.cc ncclNvlsInit: "gpuCount <= 2" before, "gpuCount < 2" from 2.28.7
+NVLS_CHANNELS_FROM = (2, 28, 3)  # ncclNvlsSetup's channel loops: comm->nChannels in 2.27.5, comm->nvlsChannels from 2.28.3
+NVLS_NCHANNELS_SM90 = 16  # transport/nvls.cc
 
 
 @dataclass(frozen=True)
@@ -69,21 +88,33 @@ def ring_connection_bytes() -> int:
     return send + receive
 
 
-def communicator_bytes(ranks: int, gpu_id: str) -> CommunicatorMemory | None:
+def tp_group_nccl(release: tuple[int, int]) -> str | None:
+    """The NCCL version whose communicator the TP group's torch process group builds after vLLM's start-up
+    snapshot in this release; None where none is built (before 0.19 not read; 0.27 on: the gloo group)."""
+    for first, after, _torch, nccl, built in TORCH_NCCL:
+        if first <= release < after:
+            return nccl if built else None
+    return None
+
+
+def communicator_bytes(ranks: int, gpu_id: str, nccl: str = "2.27.5") -> CommunicatorMemory | None:
     """One rank's device memory for a communicator of `ranks` GPUs on one NVSwitch node after its first ring
-    collective; None where the channel count was not derived (other GPUs, a single rank)."""
+    collective, for NCCL `nccl` (2.27.5 or 2.28.9, read); None where the channel count was not derived (other GPUs,
+    a single rank)."""
     if ranks < 2 or gpu_id not in NVSWITCH_SM90:
         return None
     channels, p2p_channels = RING_CHANNELS, _pow2_up(RING_CHANNELS)
     dev_comm = 2 * GRANULARITY
     channel_setup = 3 * GRANULARITY * p2p_channels
     ring = channels * ring_connection_bytes()
-    nvls = (channels + 1) * GRANULARITY if ranks > 2 else 0
+    release = tuple(int(x) for x in nccl.split("."))
+    nvls_channels = NVLS_NCHANNELS_SM90 if release >= NVLS_CHANNELS_FROM else channels
+    nvls = (nvls_channels + 1) * GRANULARITY if ranks >= (2 if release >= NVLS_AT_TWO_GPUS else 3) else 0
     total = dev_comm + channel_setup + ring + nvls
-    formula = (f"NCCL {NCCL_VERSION}, {channels} ring channels: dev comm 2 x 2 MiB + {p2p_channels} channels x 3 x "
+    formula = (f"NCCL {nccl}, {channels} ring channels: dev comm 2 x 2 MiB + {p2p_channels} channels x 3 x "
                f"2 MiB + {channels} x (10 MiB receive + 2 MiB send)"
-               + (f" + NVLS {channels + 1} x 2 MiB" if nvls else "") + f" = {total / MiB:.0f} MiB")
-    source = (f"NCCL v{NCCL_VERSION}-1 init.cc devCommSetup, channel.cc initChannel, transport/p2p.cc, "
+               + (f" + NVLS {nvls_channels + 1} x 2 MiB" if nvls else "") + f" = {total / MiB:.0f} MiB")
+    source = (f"NCCL v{nccl}-1 init.cc devCommSetup, channel.cc initChannel, transport/p2p.cc, "
               "transport/nvls.cc ncclNvlsSetup, graph/search.cc + connect.cc channel count "
               "(estimator/serving/nccl_comm.py)")
     return CommunicatorMemory(total, formula, source)

@@ -65,9 +65,6 @@ class VllmRules:
     # (serving/overheads.py cites each)
     non_torch_single: int = 164 * MiB  # 0.16 GiB at TP 1 (vLLM PR #12126 start-up log)
     non_torch_distributed: int = 205 * MiB  # 0.20 GiB a worker of a 4-GPU run (vLLM PR #14447 start-up log)
-    # The NCCL release whose communicator the TP group's torch process group builds after the snapshot, when
-    # the all-reduce fusion workspace exchanges its handles (serving/nccl_comm.py); None: not modelled
-    tp_group_nccl: str | None = None
 
 
 _TIER_70 = BatchDefaults(70 * GiB, 8192, 1024, excludes_a100=True)
@@ -109,7 +106,7 @@ RULES: tuple[VllmRules, ...] = (
     VllmRules((0, 19), "0.19", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               allreduce_fusion="multicast", non_torch_single=_NT_GRAPH_PROFILE,
-              non_torch_distributed=_NT_MULTIPROC_0_19, tp_group_nccl="2.27.5",
+              non_torch_distributed=_NT_MULTIPROC_0_19,
               source="vLLM 0.19.0 config/vllm.py enable_allreduce_rms_fusion: is_device_capability_family(100) "
                      "(0.17.0: is_device_capability(100)), so sm103 (B300) builds the fusion pass too, with "
                      "FI_ALLREDUCE_FUSION_MAX_SIZE_MB's new sm103 row; its workers print 'vLLM is using "
@@ -117,14 +114,14 @@ RULES: tuple[VllmRules, ...] = (
                      "_create_workspace exchanges handles over the TP group's torch process group "
                      "(serving/nccl_comm.py)"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
-              non_torch_single=_NT_GRAPH_PROFILE,
+              non_torch_single=_NT_GRAPH_PROFILE, non_torch_distributed=_NT_MULTIPROC_0_19,
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               allreduce_fusion="multicast",
               source="vLLM 0.20.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 (0 in 0.19.0): "
                      "v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory() "
                      "from the KV budget"),
     VllmRules((0, 21), "0.21", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
-              non_torch_single=_NT_GRAPH_PROFILE,
+              non_torch_single=_NT_GRAPH_PROFILE, non_torch_distributed=_NT_MULTIPROC_0_19,
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="flashinfer",
               moe_workspace_kept=True, allreduce_fusion="multicast",
               source="vLLM 0.21.0 v1/core/kv_cache_utils.py: 'GPU KV cache size' = int(max_concurrency x "
