@@ -102,7 +102,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                                                       total_bytes(loss_saved))
         exchange = max(exchange, dsa_forward, key=total_bytes)
         exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
-        in_moe_layer = list(in_moe_layer) + max(dsa_forward, dsa_backward, key=total_bytes)
+        # a recomputed layer's DSA moment (inside its core attention) and its MoE block's (combine, experts'
+        # backward) never coexist: the block runs after the attention in forward, before it in backward, each
+        # freeing its temporaries as it returns; the layer holds the larger beside its recomputed tensors
+        in_moe_layer = max(in_moe_layer, max(dsa_forward, dsa_backward, key=total_bytes), key=total_bytes)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
     # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
