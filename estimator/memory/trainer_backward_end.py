@@ -36,7 +36,8 @@ ACCUMULATE_SOURCE = (
     "first's storage alone, can_accumulate_inplace: not for the head's transposed view, FunctionsManual.cpp "
     "mm_mat2_backward) and functions/accumulate_grad.h accumulateGrad (the sum is stolen as .grad, or added in "
     "place into an existing .grad); transformers 5.23 modeling_utils.py PreTrainedModel.tie_weights "
-    "(tie_word_embeddings: lm_head.weight is embed_tokens.weight); measured, tests/data/measured (Gemma-2-9B and Gemma 3 27B with recompute)")
+    "(tie_word_embeddings: lm_head.weight is embed_tokens.weight); measured, tests/data/measured (Gemma-2-9B "
+    "and Gemma 3 27B with recompute)")
 FIRST_LAYER_SOURCE = ("torch autograd: a layer's gradients are made in its backward, the first layer's last; "
                       "torch.utils.checkpoint (non-reentrant) recomputes the layer just before; measured, "
                       "tests/data/measured (llama-3.1-8b, gemma-2-9b, jamba, mixtral with recompute)")
