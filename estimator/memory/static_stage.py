@@ -156,7 +156,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
     no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, inv)
     end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
-    if end is None and not late:  # the HF Trainer's: the first layer's recomputation, the tied embedding's sum
+    if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
         recomputed = ([component("transient", "One recomputed layer's activations", working,
                                  "per-layer ledger of one layer", KORTHIKANTI)] if working else []) + list(extras)
         end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,

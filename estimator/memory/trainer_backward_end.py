@@ -1,4 +1,5 @@
-"""The HF Trainer's last backward moments, when backward creates the gradients it keeps.
+"""The last backward moments of the HF Trainer and torchtune's single-device recipes, when backward creates
+the gradients it keeps.
 
 With `zero_grad(set_to_none=True)` backward starts without gradients, and its largest moment is
 usually its first (the loss's gradients beside every activation). But by its end nearly every
@@ -43,11 +44,14 @@ FIRST_LAYER_SOURCE = ("torch autograd: a layer's gradients are made in its backw
                       "tests/data/measured (llama-3.1-8b, gemma-2-9b, jamba, mixtral with recompute)")
 
 
-def applies(training: Training, zero: int) -> bool:
-    """The HF Trainer's plain loop (no ZeRO/FSDP sharding, no adapters): every parameter's gradient is an
-    ordinary `.grad` made by AccumulateGrad in backward."""
-    return (training.framework == "hf" and zero == 0 and not training.adapter
-            and not training.optimizer_in_backward)
+def applies(training: Training, par: Parallel, zero: int) -> bool:
+    """The HF Trainer's loop without ZeRO/FSDP sharding, and torchtune's single-device recipes (one GPU: no
+    FSDP); no adapters, no step in backward: every parameter's gradient is an ordinary `.grad` made by
+    AccumulateGrad in backward. (torchtune 0.6.1 ties through modules/tied_linear.py TiedLinear, F.linear(x, the
+    embedding's weight): the same two uses.)"""
+    plain = (training.framework == "hf" and zero == 0) or (training.framework == "torchtune" and par.dp * par.cp == 1
+                                                           and par.tp == 1 and par.pp == 1)
+    return plain and not training.adapter and not training.optimizer_in_backward
 
 
 def trainer_backward_end(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
@@ -57,7 +61,7 @@ def trainer_backward_end(arch: Architecture, training: Training, recipe: Recipe,
     every gradient on this GPU, `grads_live` whether they exist from the start of backward (accumulation),
     `recomputed` the recomputed layer's working set and extras, `backward` backward's transients (under
     full recompute: one layer's autocast copies). None where the framework makes its gradients otherwise."""
-    if not applies(training, zero) or not grads:
+    if not applies(training, par, zero) or not grads:
         return None
     G = bytes_per_element(recipe.grad_dtype)
     tied = arch.tie_embeddings and sp.first and sp.last
