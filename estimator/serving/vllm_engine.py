@@ -196,7 +196,7 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
                            stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
-                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4")
+                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4", par.ep)
     encoder = encoder_profile(arch, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, par.tp, act_bytes,
                               serving.engine_version)
     if encoder:  # every rank builds and profiles the vision encoder (serving/encoder.py)
