@@ -309,7 +309,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             peak_phase, allocated = "backward", backward
         else:
             peak_phase, allocated = "optimizer", step
-        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached
+        pool = _idle_pool(static, peak_phase, static.backward_end > static.totals[1] + activations)
+        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached \
+            + (pool.bytes if pool else 0)
         if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
             if not stages or device > stages[0]:
                 stages[:] = [device]
@@ -366,8 +368,19 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
-    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "", shared.reserved_cached)
+    pool = _idle_pool(static, stage.peak_phase, backward_ends)
+    cached = tuple(c for c in (shared.reserved_cached, pool) if c is not None)
+    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "", cached)
     return phases, (static.communication, shared.runtime, *managed, cache)
+
+
+def _idle_pool(static: _StaticStage, peak_phase: str, backward_ends: bool) -> Component | None:
+    """A stream's pool reserved and unused at the peak (`_StaticStage.stream_pool`): at a forward or
+    backward peak before the step's reduce-scatters; the backward's last moments and the optimizer step
+    hold the sharded gradients in it."""
+    if static.stream_pool is None or peak_phase == "optimizer" or (peak_phase == "backward" and backward_ends):
+        return None
+    return static.stream_pool
 
 
 def _cached_bytes(shared: _Shared) -> int:

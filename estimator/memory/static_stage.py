@@ -21,6 +21,7 @@ from .kbit import autocast_head_copy, ledger_training, math_attention, under_aut
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .megatron_fsdp import with_global_moments
+from .pp_buffers import reduce_scatter_pool
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -60,6 +61,8 @@ class _StaticStage(NamedTuple):
     nvme: tuple[Component, ...]  # offloaded to NVMe
     backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
     managed: Component | None = None  # paged optimizer states in managed memory, outside the allocator (paged.py)
+    # reserved, unused through forward and backward: a pipelined FSDP2 stage's reduce-scatter pool (pp_buffers.py)
+    stream_pool: Component | None = None
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -162,7 +165,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                          after_loss if recompute_wins else None))
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
-                        place.host + paged_host, place.nvme, backward_end, managed)
+                        place.host + paged_host, place.nvme, backward_end, managed,
+                        reduce_scatter_pool(training, par, grads))
 
 
 def _paged_states(ms, arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
