@@ -252,11 +252,21 @@ def test_a_pipelined_fsdp2_stage_keeps_its_reduce_scatter_pool_reserved():
     h, f, kv, v, t = 16384, 53248, 1024, 128256, 8
     stage0 = 15 * ((2 * h * h + 2 * h * kv + 3 * h * f) // t + 2 * h) + h * v // t
     assert stage0 == 6_240_043_008 and est.stages[0].peak_phase == "backward"
-    frag = est.stages[0].component("fragmentation")
-    assert [p.bytes for p in frag.parts][1] == 4 * stage0 // 8 == 3_120_021_504
-    assert "reduce-scatter stream" in frag.parts[1].label
-    share = frag.parts[0].bytes
-    assert est.reserved_peak_bytes - est.allocated_peak_bytes == share + 4 * stage0 // 8
+    share, pool = est.stages[0].component("fragmentation").parts
+    assert pool.bytes == 4 * stage0 // 8 == 3_120_021_504 and "reduce-scatter stream" in pool.label
+    assert est.reserved_peak_bytes - est.allocated_peak_bytes == share.bytes + pool.bytes
+
+
+def test_the_static_parts_of_a_rank_with_two_chunks_are_its_own():
+    """A rank's static part (memory.py's memo, kept on the architecture) reads how many pipeline stages it
+    runs (pipelining's buffers per stage): the interleaved row's rank 0 holds two stages' receive buffers
+    after the 1F1B row of the same model, whose rank 0 holds as many layers (15) in one stage, and the
+    1F1B row's rank 0 one stage's after the interleaved row."""
+    rec = load(next(p for p in RECORDS if p.stem.endswith("405b-fsdp8-tp8-pp8-interleaved")))
+    label, hidden = "Pipeline gradient receive buffers (one per micro-batch)", 2 * T405 // TP405 * H405
+    estimate_config(_row_1f1b())
+    assert _buffers(estimate_config(rec["config"]), 0)[label] == 2 * M405 * hidden
+    assert _buffers(estimate_config(_row_1f1b()), 0)[label] == M405 * hidden
 
 
 def test_no_reduce_scatter_pool_without_a_pipeline():

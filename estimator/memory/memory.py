@@ -86,7 +86,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     shared = _shared_of(cfg, memo)
     out = []
     for sp in cfg.stages:
-        ends = (sp.first, sp.last, sp.kind_counts)
+        ends = (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
         static = memo.get(ends)
         if static is None:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
@@ -283,7 +283,8 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             key = signature
         group = groups.get(key)
         if group is None:
-            ends = (sp.first, sp.last, sp.kind_counts)  # all a static part reads of the stage
+            # all a static part reads of the stage (its chunks' count: torch pipelining's buffers, pp_buffers.py)
+            ends = (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
             home = memo if sp.last else headless
             static = home.get(ends)
             if static is None:
