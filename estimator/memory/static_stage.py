@@ -22,6 +22,7 @@ from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_
 from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .megatron_fsdp import with_global_moments
 from .pp_buffers import reduce_scatter_pool
+from .cp_ring import ring_backward_moment
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -119,6 +120,9 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
+    ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
+    if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
+        working, extras = 0.0, ring
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
         if total_bytes(attention) > int(round(working)) + total_bytes(extras):

@@ -158,7 +158,9 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
         persistent += [component("buffers", e.name, e.bytes(par), e.shown_formula(par), MEGATRON_GLOBAL_BUFFER)
                        for e in global_memory_buffer(arch, training, par, moe)]
     if fw == "fsdp2" and arch.position_embedding == "rope" and stage.num_layers:
-        persistent.append(_torchtitan_rope_caches(arch, training, stage))
+        rules = titan_rules(training)
+        persistent.append(_torchtitan_rope_caches(arch, training, stage) if rules.rope == "per layer" else
+                          _torchtitan_model_rope(arch, training, par, stage, rules.cp_rope_clone))
     if fw == "fsdp2" and par.pp > 1:
         persistent += pipelining_buffers(arch, training, par, stage, microbatches(training, par))
     if recipe.autocast_weight_copies:
@@ -367,6 +369,21 @@ def _torchtitan_rope_caches(arch: Architecture, training: Training, stage: Stage
                      stage.num_layers * training.seq_len * per_position,
                      f"{stage.num_layers} layers x {training.seq_len:,} positions (seq_len) x {per_position} B "
                      f"({kind})", TORCHTITAN_ROPE_SOURCE)
+
+
+def _torchtitan_model_rope(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
+                           cp_clone: str | None) -> Component:
+    """torchtitan before its per-layer RoPE modules: one freqs_cis buffer per model chunk, seq_len x d/2
+    complex64 (8 B per frequency pair), and under CP context_parallel's clone of each buffer it restores
+    (`TitanRules.cp_rope_clone`)."""
+    dim = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
+    chunks = max(1, len(stage.chunks))
+    clones = 0 if par.cp == 1 or cp_clone is None else chunks if cp_clone == "chunks" else int(par.pp == 1)
+    nbytes = (chunks + clones) * training.seq_len * 4 * dim
+    clone_text = f" + {clones} copy kept by context_parallel to restore it" if clones else ""
+    return component("buffers", "RoPE freqs_cis (torchtitan, one per model chunk)", nbytes,
+                     f"({chunks} chunk(s){clone_text}) x {training.seq_len:,} positions (seq_len) x {dim // 2} "
+                     f"complex64", TITAN_SOURCES["rope"])
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
