@@ -90,3 +90,35 @@ def reduce_scatter_pool(training: Training, par: Parallel, sharded_gradients: in
                      "unused until the step's deferred reduce-scatter)", sharded_gradients,
                      "the sharded gradients' bytes (reduce dtype x the stage's parameters / the FSDP group)",
                      REDUCE_POOL_SOURCE)
+
+
+ALL_GATHER_POOL_SOURCE = ("torch 2.6.0 and 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather "
+                          "(a group's flat all-gather output is allocated on the all-gather copy-in stream) and "
+                          "_fsdp_param_group.py wait_for_unshard (in forward the previous group's all-gather result "
+                          "is freed only at the next group's copy-out, after that group's output exists); "
+                          "torchtitan 9dec370 parallelize_llama.py apply_fsdp (reshard_after_forward=False under PP: "
+                          "no all-gather after the first micro-batch's forward); pipelining/stage.py "
+                          "backward_maybe_with_nosync (set_reshard_after_backward(False) until the last backward); "
+                          "c10/cuda/CUDACachingAllocator.cpp (a stream's blocks serve that stream only)")
+
+
+def all_gather_pool(training: Training, par: Parallel, stage: StageParameters, param_bytes: float,
+                    gathered_block: tuple[float, str]) -> Component | None:
+    """The all-gather copy-in stream's segments that a pipelined FSDP2 stage keeps reserved and unused
+    after its first micro-batch's forward (None elsewhere): each model chunk gathers its groups once
+    per step, two consecutive groups' flat outputs at a time (ALL_GATHER_POOL_SOURCE), and its FSDP root
+    has a copy-in stream of its own (one per chunk). Per chunk the larger pair: two blocks, or a block
+    and the root unit (embedding, or final norm and head) on the chunk that holds it."""
+    if training.framework != "fsdp2" or par.pp == 1 or training.mode != "training" or not stage.chunks:
+        return None
+    per_param, pf = gathered_block
+    block = per_param * stage.largest_layer_local
+    pairs = [min(len(r), 2) * block for r in stage.chunks]
+    holder = 0 if stage.first else len(pairs) - 1
+    root = param_bytes * stage.root_local
+    if root and (stage.first or stage.last):
+        pairs[holder] = max(pairs[holder], min(len(stage.chunks[holder]), 1) * block + root)
+    formula = f"{len(pairs)} chunk(s) x the larger of 2 blocks x {pf} and a block + {param_bytes:g} B x the root unit"
+    return component("fragmentation", "The all-gather copy-in stream's cached segments (two groups' flat all-gather "
+                     "outputs, unused after the first micro-batch's forward)", sum(pairs), formula,
+                     ALL_GATHER_POOL_SOURCE)

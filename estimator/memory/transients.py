@@ -466,11 +466,14 @@ PIPELINED_FSDP2_GRADIENTS_SOURCE = (
     "torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy (9dec370 parallelize_llama.apply_fsdp)")
 
 
+PIPELINED_GRADIENTS_LABEL = "Unsharded gradients accumulated over the micro-batches"
+
+
 def _pipelined_fsdp2_gradients(stage: StageParameters, P: float, G: float, layer: float) -> Component:
     """A pipeline stage's FSDP2 gradients during backward: every parameter's unsharded gradient in the
     reduce dtype, accumulated over the micro-batches, and the unit being run's in the compute dtype
     before its upcast."""
-    return component("transient", "Unsharded gradients accumulated over the micro-batches",
+    return component("transient", PIPELINED_GRADIENTS_LABEL,
                      G * stage.local + P * layer,
                      f"{G:g} B x the stage's parameters (unsharded, reduce dtype) + {P:g} B x one layer's",
                      PIPELINED_FSDP2_GRADIENTS_SOURCE)
