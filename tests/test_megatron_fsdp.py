@@ -1,5 +1,6 @@
 """Megatron-FSDP (estimator/memory/megatron_fsdp.py): Adam's moments at the DTensor's global shape under
-Megatron-Core 0.16 (TransformerEngine 2.10-2.11 FusedAdam), and the backward's all-gather prefetch."""
+TransformerEngine 2.10-2.11's FusedAdam (training.te_version; Megatron-Core 0.16's pip extra installs 2.11),
+and the backward's all-gather prefetch."""
 
 import copy
 
@@ -24,11 +25,13 @@ def by_hand() -> tuple[int, int]:
     return whole, local
 
 
-def golden_config(version: str | None = None) -> dict:
+def golden_config(version: str | None = None, te: str | None = None) -> dict:
     record = next(r for r in records("megatron_golden") if r["id"] == CASE)
     config = copy.deepcopy(imported(record).config)
     if version:
         config["training"]["framework_version"] = version
+    if te:
+        config["training"]["te_version"] = te
     return config
 
 
@@ -62,6 +65,30 @@ def test_megatron_core_0_19_pins_a_fused_adam_that_shards_them():
     _, local = by_hand()
     step = components(estimate_config(golden_config("0.19")), 2)
     assert step["optimizer_states"].bytes == 8 * local // DP
+
+
+@pytest.mark.parametrize("version,te,whole_moments", [
+    (None, "2.9", False), (None, "2.10", True), (None, "2.11", True), (None, "2.12", False),
+    ("0.19", "2.11", True), ("0.19", "2.17", False), ("0.16", None, True), ("0.19", None, False)])
+def test_the_rule_follows_the_transformer_engine_release(version, te, whole_moments):
+    """TE v2.9's FusedAdam builds a moment with empty_like(param), v2.10 and v2.11 with empty(param.shape)
+    (commit c52576053), v2.12 on with empty_like again (fe8fad59c); without te_version, the TE that the
+    Megatron-Core release installs: 2.11 for 0.16 (pip extra dev: >=2.9.0a0,<2.12.0), 2.17 for 0.19 (rev 4329ff84)."""
+    whole, local = by_hand()
+    step = components(estimate_config(golden_config(version, te)), 2)
+    assert step["optimizer_states"].bytes == (8 * whole if whole_moments else 8 * local // DP)
+
+
+def test_te_version_is_refused_outside_megatron():
+    from estimator import ConfigError
+
+    config = {"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "te_version": "2.11"},
+              "parallel": {"dp": 8, "zero_stage": 3}}
+    with pytest.raises(ConfigError, match=r"te_version.*2\.11.*unless framework is 'megatron'"):
+        estimate_config(config)
+    config["training"] = {"framework": "megatron", "te_version": "2.1"}
+    with pytest.raises(ConfigError, match=r"te_version"):
+        estimate_config(config)
 
 
 def test_the_distributed_optimizer_is_untouched():

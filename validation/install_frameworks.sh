@@ -26,6 +26,11 @@ python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
 # torchtitan's published benchmarks, are read the same way (`git show <commit>:<path>`) for the rules in
 # estimator/memory/titan_releases.py; their activation-checkpointing policies are written out in
 # validation/compile_sac.py from that source and run on torchtitan 0.3.0's block; nothing is installed.
+# The torch those benchmarks ran (1963fc83, 2024-12-23) is read as torch 2.6.0, its release branch, for
+# the rules of estimator/memory/pp_buffers.py and cp_ring.py (distributed/pipelining, fsdp/_fully_shard,
+# tensor/experimental/_attention.py): the Python source of its smallest wheel, unpacked and never
+# installed, e.g. `pip download torch==2.6.0 --no-deps --only-binary=:all: --platform macosx_11_0_arm64
+# --python-version 3.11 -d /tmp/t26 && unzip /tmp/t26/torch-2.6.0-*.whl 'torch/distributed/*'`.
 # PEFT (validation/peft): LoRA on the HF models; QLoRA's bitsandbytes layer is emulated there and
 # checked against real bitsandbytes 0.49.2 (its CPU build) on tiny runs
 python3 -m pip install --quiet "peft==0.21.2" "bitsandbytes==0.49.2" -c "$pin"

@@ -194,17 +194,19 @@ def fragmentation_fraction(hardware: Hardware) -> float:
     return 0.05 if hardware.expandable_segments else 0.10
 
 
-def fragmentation(allocated: int, hardware: Hardware, why: str = "", cached: Component | None = None) -> Component:
-    """The flat share of the allocated peak, plus `cached`: a segment a known mechanism keeps reserved
-    beyond it (tp_copies.plain_tp_reserved); `why`: why the allocator's replay (reserved.py) does not
-    stand in its place, said in the formula."""
+def fragmentation(allocated: int, hardware: Hardware, why: str = "",
+                  cached: Component | tuple[Component, ...] | None = None) -> Component:
+    """The flat share of the allocated peak, plus `cached`: segments known mechanisms keep reserved
+    beyond it (tp_copies.plain_tp_reserved, pp_buffers.reduce_scatter_pool); `why`: why the allocator's
+    replay (reserved.py) does not stand in its place, said in the formula."""
     fraction = fragmentation_fraction(hardware)
     segments = "expandable_segments" if hardware.expandable_segments else "default segments"
     reason = f"; flat share, no allocator replay: {why}" if why else ""
     share = component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", allocated * fraction,
                       f"{fraction:.0%} of the allocated peak ({segments}){reason}", FRAGMENTATION_SOURCE)
-    if cached is None:
+    cached = (cached,) if isinstance(cached, Component) else tuple(cached or ())
+    if not cached:
         return share
-    return Component("fragmentation", share.label, share.bytes + cached.bytes,
-                     f"{share.formula} + {cached.formula} ({cached.label})", f"{FRAGMENTATION_SOURCE}; {cached.source}",
-                     (share, cached))
+    return Component("fragmentation", share.label, share.bytes + sum(c.bytes for c in cached),
+                     " + ".join([share.formula] + [f"{c.formula} ({c.label})" for c in cached]),
+                     "; ".join([FRAGMENTATION_SOURCE] + [c.source for c in cached]), (share, *cached))

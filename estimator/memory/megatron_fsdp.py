@@ -1,4 +1,4 @@
-"""Megatron-FSDP's Adam moments at the parameters' global shape (Megatron-Core 0.16).
+"""Megatron-FSDP's Adam moments at the parameters' global shape (TransformerEngine 2.10 and 2.11).
 
 Megatron-FSDP (``--use-megatron-fsdp``) hands the optimizer one DTensor per parameter, a shard of its
 fp32 main-weight buffer whose global shape is the whole parameter, unsplit by DP and by TP
@@ -17,7 +17,11 @@ Megatron-FSDP cases were measured at main ad2ab2ca (2026-01-15) on TE release_v2
 line 181 there): after each step ``mem-allocated-bytes`` is the sharded buffers plus 8 B x the global
 parameters, to within 6 MB (tests/data/measured/published/megatron_golden, the two ``tp2_zp_z3`` cases).
 Megatron-Core 0.19.0 pins TE 2.17.1 (rev 4329ff84), whose FusedAdam builds the moments on the local
-shard: sharded as ZeRO says.
+shard: sharded as ZeRO says. The rule is keyed on ``training.te_version`` (the TE release; by default
+the one the Megatron-Core release installs, spec/versions.py MEGATRON_TE: 2.11 for 0.16, 2.17 for 0.19).
+TE v2.9 (``torch.empty_like(param)``, fused_adam.py line 377) and v2.12 on (``torch.empty_like``,
+line 381 at v2.12) build them like the parameter: the two releases holding commit c52576053 without
+its fix fe8fad59c are v2.10 and v2.11 (``git tag --contains`` in the TransformerEngine repository).
 
 Only the optimizer's moments are affected, and only ZeRO stage 3 of framework megatron, Megatron-FSDP's
 ``optim_grads_params`` (the importer's mapping), is held to it: the strategy the golden values measured.
@@ -33,17 +37,18 @@ from typing import NamedTuple
 from ..spec.architecture import Architecture
 from ..spec.parallel import Parallel
 from ..spec.training import Recipe, Training
-from ..spec.versions import release
+from ..spec.versions import te_version
 from .components import once
 from .sharding import Bucket, StageParameters, _first_root, _last_root, bucket, padded_vocab_size
 from .states import ModelStates, optimizer_state_bytes
 
 SOURCE = ("TransformerEngine v2.10-v2.11 transformer_engine/pytorch/optimizers/fused_adam.py _initialize_state "
           "(torch.empty(param.shape): a DTensor's global shape; commit c52576053, fixed in fe8fad59c, v2.12), "
-          "pinned by Megatron-Core 0.16.1 (pyproject.toml dev extra, TE <2.12); Megatron-FSDP's optimizer "
+          "the TE that Megatron-Core 0.16.1's pip extra installs (pyproject.toml dev extra, TE <2.12); "
+          "Megatron-FSDP's optimizer "
           "parameters are DTensors of the whole parameter (core_v0.16.1 megatron_fsdp/param_and_grad_buffer.py "
           "make_fsdp_dtensor)")
-RELEASES = ("0.16",)  # the Megatron-Core releases whose pinned TransformerEngine builds the moments whole
+TE_RELEASES = ("2.10", "2.11")  # the TransformerEngine releases whose FusedAdam builds the moments whole
 
 
 class _Unsplit(NamedTuple):
@@ -57,10 +62,10 @@ class _Unsplit(NamedTuple):
 
 def moments_at_global_shape(training: Training, zero: int) -> bool:
     """Whether Adam's moments are held whole: Megatron-FSDP's optim_grads_params (ZeRO 3 with framework
-    megatron) on a Megatron-Core release that pins TransformerEngine v2.10-v2.11's FusedAdam."""
+    megatron) with TransformerEngine v2.10-v2.11's FusedAdam."""
     if training.framework != "megatron" or zero != 3 or training.optimizer != "adamw":
         return False
-    return release("megatron", training.framework_version).version in RELEASES
+    return te_version(training.framework, training.framework_version, training.te_version) in TE_RELEASES
 
 
 def global_shape_bucket(arch: Architecture, par: Parallel, sp: StageParameters, framework: str) -> Bucket:

@@ -42,6 +42,7 @@ from .result import Estimate, fit_on
 from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
                            _shared)
 from .static_stage import _StaticStage, _static_stage
+from .pp_buffers import all_gather_pool
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
 
@@ -88,7 +89,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     shared = _shared_of(cfg, memo)
     out = []
     for sp in cfg.stages:
-        ends = (sp.first, sp.last, sp.kind_counts)
+        ends = (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
         static = memo.get(ends)
         if static is None:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
@@ -286,7 +287,8 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             key = signature
         group = groups.get(key)
         if group is None:
-            ends = (sp.first, sp.last, sp.kind_counts)  # all a static part reads of the stage
+            # all a static part reads of the stage (its chunks' count: torch pipelining's buffers, pp_buffers.py)
+            ends = (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
             home = memo if sp.last else headless
             static = home.get(ends)
             if static is None:
@@ -312,7 +314,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             peak_phase, allocated = "backward", backward
         else:
             peak_phase, allocated = "optimizer", step
-        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached
+        pools = _idle_pools(static, sp, training, par, peak_phase, static.backward_end > static.totals[1] + activations)
+        device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached \
+            + sum(p.bytes for p in pools)
         if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
             if not stages or device > stages[0]:
                 stages[:] = [device]
@@ -369,8 +373,21 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
-    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "", shared.reserved_cached)
+    pools = _idle_pools(static, sp, training, par, stage.peak_phase, backward_ends)
+    cached = ((shared.reserved_cached,) if shared.reserved_cached is not None else ()) + pools
+    cache = stage.cache or fragmentation(allocated, shared.hardware, no_replay or "", cached)
     return phases, (static.communication, shared.runtime, *managed, cache)
+
+
+def _idle_pools(static: _StaticStage, sp: StageParameters, training: Training, par: Parallel, peak_phase: str,
+                backward_ends: bool) -> tuple[Component, ...]:
+    """The side streams' pools reserved and unused at the peak (pp_buffers.py): at a forward or backward
+    peak before the step's reduce-scatters; the backward's last moments and the optimizer step hold the
+    sharded gradients in the reduce-scatter stream's pool (and count them as allocated)."""
+    if peak_phase == "optimizer" or (peak_phase == "backward" and backward_ends):
+        return ()
+    gathered = all_gather_pool(training, par, sp, static.gathered[2], static.gathered[:2]) if static.gathered else None
+    return tuple(p for p in (static.stream_pool, gathered) if p is not None)
 
 
 def _cached_bytes(shared: _Shared) -> int:

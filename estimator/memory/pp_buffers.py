@@ -27,11 +27,11 @@ from .sharding import StageParameters
 from .titan_releases import titan_rules
 from ..spec.training import Training
 
-PIPELINING_SOURCE = ("torch 2.13 distributed/pipelining/stage.py (_prepare_backward_infra -> _create_grad_recv_info, "
-                     "forward_one_chunk's output_chunks) and schedules.py (clear_runtime_states at a step's start); "
-                     "the Dec 2024 commit (1963fc83) was not readable here: pytorch#138504 (2024-10-21) describes the "
-                     "last stage's output_chunks kept to the step's end, pytorch#153383 (merged "
-                     "2025-05-13) every stage's until it kept the last one's only; torchtitan 9dec370 "
+PIPELINING_SOURCE = ("torch 2.6.0 (the release branch of the Dec 2024 benchmarks' torch 1963fc83) and torch 2.13 "
+                     "distributed/pipelining/stage.py (_prepare_backward_infra -> _create_grad_recv_info, one "
+                     "buffer per micro-batch; forward_one_chunk appends every stage's output to output_chunks, 2.6 "
+                     "line 703) and schedules.py (clear_runtime_states at a step's start); pytorch#153383 (merged "
+                     "2025-05-13) kept the last stage's only; torchtitan 9dec370 "
                      "parallelisms/pipeline_llama.py (a PipelineStage per model chunk) and parallelize_llama.py "
                      "apply_tp (stage outputs are local sequence-parallel shards; the head "
                      "ColwiseParallel(output_layouts=Shard(-1)) under loss_parallel)")
@@ -66,3 +66,59 @@ def pipelining_buffers(arch: Architecture, training: Training, par: Parallel, st
         out.append(component("buffers", "The last stage's logits kept for the step (output_chunks)",
                              m * B * T * arch.vocab_size / t, f"{m} micro-batches x B*s*b*V{vf}", PIPELINING_SOURCE))
     return out
+
+
+REDUCE_POOL_SOURCE = ("torch 2.6.0 (the release branch of the Dec 2024 benchmarks' torch 1963fc83) and torch 2.13: "
+                      "distributed/pipelining/stage.py backward_maybe_with_nosync (every micro-batch's backward "
+                      "with set_requires_gradient_sync(False); after the last one run_post_backward reduce-scatters "
+                      "every FSDP group), fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce (the reduce-scatter "
+                      "output, which becomes the sharded gradient, is allocated on the reduce-scatter stream), "
+                      "c10/cuda/CUDACachingAllocator.cpp (a free block, or an expandable segment, serves only "
+                      "allocations on its own stream)")
+
+
+def reduce_scatter_pool(training: Training, par: Parallel, sharded_gradients: int) -> Component | None:
+    """The reduce-scatter stream's segments that a pipelined FSDP2 stage keeps reserved and unused
+    through its forward and backward (None elsewhere): the sharded gradients are made on that stream
+    (REDUCE_POOL_SOURCE) only after the last micro-batch's backward, and zero_grad(set_to_none) frees
+    them before the next step's forward, so their segments wait, cached for that stream alone, while the
+    default stream peaks. 4 B (the reduce dtype) x the stage's sharded parameters, as the gradients."""
+    if training.framework != "fsdp2" or par.pp == 1 or training.mode != "training" or sharded_gradients <= 0 \
+            or training.optimizer_in_backward:
+        return None
+    return component("fragmentation", "The reduce-scatter stream's cached segments (the sharded gradients' memory, "
+                     "unused until the step's deferred reduce-scatter)", sharded_gradients,
+                     "the sharded gradients' bytes (reduce dtype x the stage's parameters / the FSDP group)",
+                     REDUCE_POOL_SOURCE)
+
+
+ALL_GATHER_POOL_SOURCE = ("torch 2.6.0 and 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather "
+                          "(a group's flat all-gather output is allocated on the all-gather copy-in stream) and "
+                          "_fsdp_param_group.py wait_for_unshard (in forward the previous group's all-gather result "
+                          "is freed only at the next group's copy-out, after that group's output exists); "
+                          "torchtitan 9dec370 parallelize_llama.py apply_fsdp (reshard_after_forward=False under PP: "
+                          "no all-gather after the first micro-batch's forward); pipelining/stage.py "
+                          "backward_maybe_with_nosync (set_reshard_after_backward(False) until the last backward); "
+                          "c10/cuda/CUDACachingAllocator.cpp (a stream's blocks serve that stream only)")
+
+
+def all_gather_pool(training: Training, par: Parallel, stage: StageParameters, param_bytes: float,
+                    gathered_block: tuple[float, str]) -> Component | None:
+    """The all-gather copy-in stream's segments that a pipelined FSDP2 stage keeps reserved and unused
+    after its first micro-batch's forward (None elsewhere): each model chunk gathers its groups once
+    per step, two consecutive groups' flat outputs at a time (ALL_GATHER_POOL_SOURCE), and its FSDP root
+    has a copy-in stream of its own (one per chunk). Per chunk the larger pair: two blocks, or a block
+    and the root unit (embedding, or final norm and head) on the chunk that holds it."""
+    if training.framework != "fsdp2" or par.pp == 1 or training.mode != "training" or not stage.chunks:
+        return None
+    per_param, pf = gathered_block
+    block = per_param * stage.largest_layer_local
+    pairs = [min(len(r), 2) * block for r in stage.chunks]
+    holder = 0 if stage.first else len(pairs) - 1
+    root = param_bytes * stage.root_local
+    if root and (stage.first or stage.last):
+        pairs[holder] = max(pairs[holder], min(len(stage.chunks[holder]), 1) * block + root)
+    formula = f"{len(pairs)} chunk(s) x the larger of 2 blocks x {pf} and a block + {param_bytes:g} B x the root unit"
+    return component("fragmentation", "The all-gather copy-in stream's cached segments (two groups' flat all-gather "
+                     "outputs, unused after the first micro-batch's forward)", sum(pairs), formula,
+                     ALL_GATHER_POOL_SOURCE)

@@ -19,14 +19,18 @@ from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
 from .kbit import autocast_head_copy, ledger_training, math_attention, under_autocast
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
-from .states import FP8_SOURCE, ZERO_SOURCE, model_states
+from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
 from .megatron_fsdp import with_global_moments
+from .pp_buffers import reduce_scatter_pool
+from .cp_ring import ring_backward_moment
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 from .backward_moments import BackwardEnd, block_backward_extras, fsdp2_backward_end
 from .moe_moments import moe_moments
 from .trainer_backward_end import trainer_backward_end
-from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
+from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, PIPELINED_GRADIENTS_LABEL, Transients, transients
+from .pipeline import microbatch_group
+from ..spec.dtypes import bytes_per_element
 from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
@@ -61,6 +65,11 @@ class _StaticStage(NamedTuple):
     nvme: tuple[Component, ...]  # offloaded to NVMe
     backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
     managed: Component | None = None  # paged optimizer states in managed memory, outside the allocator (paged.py)
+    # reserved, unused through forward and backward: a pipelined FSDP2 stage's reduce-scatter pool (pp_buffers.py)
+    stream_pool: Component | None = None
+    # (a block's gathered bytes per parameter, its formula, the parameters' bytes): what the all-gather pool of
+    # each of the rank's chunks reads (pp_buffers.all_gather_pool, over the stage's own chunks)
+    gathered: tuple[float, str, float] | None = None
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -120,6 +129,9 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
+    ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
+    if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
+        working, extras = 0.0, ring
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
         if total_bytes(attention) > int(round(working)) + total_bytes(extras):
@@ -132,6 +144,9 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # a layer is recomputed after the loss's backward, whose node frees the loss's saved tensors as it runs (torch
     # autograd engine: release_variables after apply, without retain_graph); the other moments are charged beside them
     beside_loss = max(total_bytes(loss_backward), total_bytes(exchange_backward), total_bytes(tr.step_in_backward))
+    # an interleaved FSDP2 rank's other chunks make their unsharded gradients only after the loss's last backward
+    unbegun = _gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
+    beside_loss -= int(round(unbegun))
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
@@ -168,10 +183,19 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     communication = shared.moe_communication if moe_stage else shared.communication
     parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
-                         after_loss if recompute_wins else None))
+                         after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
-                        place.host + paged_host, place.nvme, backward_end, managed)
+                        place.host + paged_host, place.nvme, backward_end, managed,
+                        reduce_scatter_pool(training, par, grads), _gathered(training, recipe, par, sp))
+
+
+def _gathered(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters) -> tuple | None:
+    """`_StaticStage.gathered` for a pipelined FSDP2 training stage, else None."""
+    if training.framework != "fsdp2" or par.pp == 1 or training.mode != "training":
+        return None
+    P = bytes_per_element(recipe.param_dtype)
+    return (*fsdp2_gathered_block_bytes(training, P, sp), P)
 
 
 def _paged_states(ms, arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -238,9 +262,10 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
 def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, list], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
                   training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
-                  after_loss: tuple | None = None) -> _StaticParts:
+                  after_loss: tuple | None = None, unbegun: float = 0.0) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
-    where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds."""
+    where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`:
+    the unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`)."""
 
     def state(key: str, label: str, source: str) -> Component:
         if key in place.moved:
@@ -278,9 +303,10 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
     def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
         return max(moments, key=total_bytes)
 
+    backward = [_made_so_far(c, unbegun) for c in tr.backward] if unbegun else tr.backward
     folded = {"forward": fold(largest(loss_forward, exchange[0], tr.forward_end) + tr.forward),
               "backward": fold((recomputed if after_loss is not None else
-                                largest(loss_backward, exchange[1], tr.step_in_backward)) + tr.backward),
+                                largest(loss_backward, exchange[1], tr.step_in_backward)) + backward),
               "backward_end": fold(end.transients if end else recomputed + tr.backward),
               "optimizer": fold(tr.optimizer)}
     grads_end = None
@@ -289,3 +315,31 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
                               end.gradients_source)
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded,
                         grads_end, loss_saved if after_loss is None else after_loss)
+
+
+INTERLEAVED_GRADIENTS_SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py ScheduleInterleaved1F1B (one "
+                                "round of pp micro-batches per chunk: every backward of the rank's last chunk runs "
+                                "before its earlier chunks' first) and stage.py backward_maybe_with_nosync; FSDP2 "
+                                "_fsdp_param.py to_accumulated_grad_if_needed (a unit's unsharded gradient exists from "
+                                "its first backward)")
+
+
+def _gradients_after_the_loss(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int) -> float:
+    """The unsharded gradients (reduce dtype) of an interleaved last rank's earlier chunks, which do not
+    exist yet while the loss's backward runs: with the micro-batches in one round (m <= the group, pp by
+    default), the last chunk's backwards all come first (INTERLEAVED_GRADIENTS_SOURCE). 0 elsewhere."""
+    if len(sp.chunks) < 2 or sp.first or m > microbatch_group(par, training.microbatch_group_size) \
+            or training.mode != "training":
+        return 0.0
+    earlier = sum(len(c) for c in sp.chunks[:-1]) * sp.largest_layer_local
+    return bytes_per_element(recipe.grad_dtype) * earlier
+
+
+def _made_so_far(c: Component, unbegun: float) -> Component:
+    """The pipelined FSDP2 gradients' component at the loss's moment, less `unbegun`."""
+    if c.label != PIPELINED_GRADIENTS_LABEL:
+        return c
+    return Component(c.key, "Unsharded gradients accumulated so far (the last chunk's: the rank's earlier chunks "
+                     "start their backward after the loss's last)", c.bytes - int(round(unbegun)),
+                     f"{c.formula} - {unbegun / 2**30:,.2f} GiB of the earlier chunks' layers",
+                     f"{c.source}; {INTERLEAVED_GRADIENTS_SOURCE}")

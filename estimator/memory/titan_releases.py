@@ -39,15 +39,31 @@ class TitanRules:
     # from it (v0.1.0, 2025-06-17); None: not modelled (later torch made it optional, pytorch#159251, and
     # which releases turn it off was not read)
     pp_kept_outputs: str | None = None
+    # RoPE: "per model": one freqs_cis buffer per model chunk, [seq_len, d/2] complex64 (9dec370
+    # models/llama/model.py Transformer._precompute_freqs_cis over max_seq_len = training.seq_len, train.py;
+    # v0.1.0 and v0.2.0 models/llama3/model/model.py register_buffer("freqs_cis")); "per layer": a RoPE module
+    # per attention layer (models/common/rope.py, 9810191b, 2026-02-23)
+    rope: str = "per layer"
+    # under CP, torch's context_parallel clones every buffer it restores after the step (torch 2.6 and 2.13
+    # tensor/experimental context_parallel: original_buffers = b.clone()): "model": 9dec370's train.py hands it
+    # the whole model's freqs_cis, on the GPU without PP and on the meta device with it (only the stages are
+    # materialised); "chunks": v0.1.0's and v0.2.0's train.py hand it every model part's; None: not modelled
+    cp_rope_clone: str | None = None
+    # context parallelism's attention: "sdpa ring": torch's context_parallel ring attention over SDPA (9dec370,
+    # memory/cp_ring.py); "flex all-gather": K/V all-gathered for flex attention (v0.3.0, activations/attention.py;
+    # 0.1.0 and 0.2.0 keep the rule they had, their CP was not read)
+    cp_attention: str = "flex all-gather"
 
 
 RULES: dict[str, TitanRules] = {
     "2024-12": TitanRules(loss_compiled=False, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
-                          tp_loss_parallel_dtensor=True, pp_kept_outputs="every stage"),
+                          tp_loss_parallel_dtensor=True, pp_kept_outputs="every stage", rope="per model",
+                          cp_rope_clone="model", cp_attention="sdpa ring"),
     "0.1.0": TitanRules(loss_compiled=True, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
-                        tp_loss_parallel_dtensor=True, pp_kept_outputs="last stage"),
+                        tp_loss_parallel_dtensor=True, pp_kept_outputs="last stage", rope="per model",
+                        cp_rope_clone="chunks"),
     "0.2.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
-                        tp_loss_parallel_dtensor=True),
+                        tp_loss_parallel_dtensor=True, rope="per model", cp_rope_clone="chunks"),
     "0.3.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
                         tp_loss_parallel_dtensor=False),
     "main": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
@@ -64,6 +80,10 @@ SOURCES = {
     "loss_parallel": "torch 2.13 torch/distributed/tensor/parallel/loss.py _log_softmax and "
                      "_nll_loss_and_log_softmax_backward (unchanged since torch 2.3), under torchtitan train.py "
                      "get_train_context(loss_parallel) at 9dec370, v0.1.0 and v0.2.0",
+    "rope": "torchtitan 9dec370 models/llama/model.py (Transformer.freqs_cis, max_seq_len positions) and train.py "
+            "(max_seq_len = training.seq_len; cp_buffers [input_ids, labels, model.freqs_cis]); v0.1.0 and v0.2.0 "
+            "models/llama3/model/model.py and train.py (cp_buffers: every model part's freqs_cis); torch 2.6.0 and "
+            "2.13 tensor/experimental context_parallel (original_buffers = b.clone() of each buffer it restores)",
     "pp_kept_outputs": "torch distributed/pipelining/stage.py forward_one_chunk output_chunks; pytorch#138504 "
                        "(2024-10-21), pytorch#153383 (merged 2025-05-13: the last stage's only), pytorch#159251",
 }

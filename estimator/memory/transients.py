@@ -158,7 +158,9 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
         persistent += [component("buffers", e.name, e.bytes(par), e.shown_formula(par), MEGATRON_GLOBAL_BUFFER)
                        for e in global_memory_buffer(arch, training, par, moe)]
     if fw == "fsdp2" and arch.position_embedding == "rope" and stage.num_layers:
-        persistent.append(_torchtitan_rope_caches(arch, training, stage))
+        rules = titan_rules(training)
+        persistent.append(_torchtitan_rope_caches(arch, training, stage) if rules.rope == "per layer" else
+                          _torchtitan_model_rope(arch, training, par, stage, rules.cp_rope_clone))
     if fw == "fsdp2" and par.pp > 1:
         persistent += pipelining_buffers(arch, training, par, stage, microbatches(training, par))
     if recipe.autocast_weight_copies:
@@ -369,6 +371,21 @@ def _torchtitan_rope_caches(arch: Architecture, training: Training, stage: Stage
                      f"({kind})", TORCHTITAN_ROPE_SOURCE)
 
 
+def _torchtitan_model_rope(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
+                           cp_clone: str | None) -> Component:
+    """torchtitan before its per-layer RoPE modules: one freqs_cis buffer per model chunk, seq_len x d/2
+    complex64 (8 B per frequency pair), and under CP context_parallel's clone of each buffer it restores
+    (`TitanRules.cp_rope_clone`)."""
+    dim = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
+    chunks = max(1, len(stage.chunks))
+    clones = 0 if par.cp == 1 or cp_clone is None else chunks if cp_clone == "chunks" else int(par.pp == 1)
+    nbytes = (chunks + clones) * training.seq_len * 4 * dim
+    clone_text = f" + {clones} copy kept by context_parallel to restore it" if clones else ""
+    return component("buffers", "RoPE freqs_cis (torchtitan, one per model chunk)", nbytes,
+                     f"({chunks} chunk(s){clone_text}) x {training.seq_len:,} positions (seq_len) x {dim // 2} "
+                     f"complex64", TITAN_SOURCES["rope"])
+
+
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
                       d_dense: int, trainable: float, largest: float,
                       inv: Inventory | None = None) -> list[Component]:
@@ -449,11 +466,14 @@ PIPELINED_FSDP2_GRADIENTS_SOURCE = (
     "torchtitan distributed/fsdp.py get_fsdp_reshard_after_forward_policy (9dec370 parallelize_llama.apply_fsdp)")
 
 
+PIPELINED_GRADIENTS_LABEL = "Unsharded gradients accumulated over the micro-batches"
+
+
 def _pipelined_fsdp2_gradients(stage: StageParameters, P: float, G: float, layer: float) -> Component:
     """A pipeline stage's FSDP2 gradients during backward: every parameter's unsharded gradient in the
     reduce dtype, accumulated over the micro-batches, and the unit being run's in the compute dtype
     before its upcast."""
-    return component("transient", "Unsharded gradients accumulated over the micro-batches",
+    return component("transient", PIPELINED_GRADIENTS_LABEL,
                      G * stage.local + P * layer,
                      f"{G:g} B x the stage's parameters (unsharded, reduce dtype) + {P:g} B x one layer's",
                      PIPELINED_FSDP2_GRADIENTS_SOURCE)

@@ -22,7 +22,7 @@ from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BLOCK_SIZE
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
-from .versions import VERSIONS, default_versions_text
+from .versions import MEGATRON_TE, TE_VERSIONS, VERSIONS, default_versions_text
 from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
                     MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
 
@@ -46,6 +46,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "9dec370); torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
             "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
+    _choice("te_version", _T, "TransformerEngine version", "megatron: the TransformerEngine release the run "
+            "installs. Its FusedAdam in 2.10 and 2.11 builds Adam's moments at a Megatron-FSDP DTensor's global "
+            "shape, whole on every GPU (fixed in 2.12).", "Run", TE_VERSIONS, optional=True,
+            auto="the one the Megatron-Core release installs: "
+                 + ", ".join(f"{m}: {te}" for m, te in MEGATRON_TE.items())),
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
             "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
             "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "

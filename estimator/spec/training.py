@@ -39,6 +39,7 @@ class Training:
     mode: str = "training"
     framework: str = "megatron"
     framework_version: str | None = None  # the release whose rules apply (versions.py); None = the measured one
+    te_version: str | None = None  # megatron: the TransformerEngine release (versions.py); None = the one it installs
     seq_len: int = 4096
     images_per_sample: int = 0  # vision-language models: images per sample, their tokens within seq_len
     image_size: int | None = None  # pixels per side; None: the tower's native size
@@ -214,6 +215,9 @@ def _check_training(t: Training) -> None:
                               "a DeepSpeed ZeRO setting", related=("training.framework",))
     _check_megatron_flags(t)
     _check_framework_version(t)
+    if t.te_version is not None and t.framework != "megatron":
+        raise ConfigError("training.te_version", t.te_version, "empty/null unless framework is 'megatron'",
+                          "TransformerEngine is modelled under Megatron-Core only", related=("training.framework",))
     if t.training_loop != "trainer" and t.framework not in ("hf", "fsdp1"):
         raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf' or 'fsdp1'",
                           "a plain loop is modelled for the HF stack and FSDP1 (Lightning Fabric's FSDPStrategy runs "

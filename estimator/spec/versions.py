@@ -7,9 +7,10 @@ version is the measured one. How each release's source is obtained: validation/i
 
 What differs between the releases offered, as far as the estimator models it:
 
-- megatron 0.16 and 0.19: Megatron-FSDP's Adam moments (ZeRO 3): 0.16 pins TransformerEngine <2.12, whose
-  FusedAdam builds them at the DTensor's global shape, whole on every GPU; 0.19's TE 2.17.1 shards them
-  (memory/megatron_fsdp.py). Otherwise nothing yet: both run Megatron-Core's tunable interleaved schedule
+- megatron 0.16 and 0.19: the TransformerEngine each installs (training.te_version's default, TE_VERSIONS
+  below): 0.16's pip extra takes TE 2.11, whose FusedAdam builds Megatron-FSDP's Adam moments (ZeRO 3) at
+  the DTensor's global shape, whole on every GPU; 0.19's TE 2.17.1 shards them (memory/megatron_fsdp.py,
+  keyed on the TE release). Otherwise nothing yet: both run Megatron-Core's tunable interleaved schedule
   (pipeline_parallel/schedules.py get_pp_rank_microbatches, identical at both tags; the rule
   before it, every forward first when micro-batches = PP, ended with core_v0.10.0, commit
   4295be1a "tunable schedule with overlapping", 2024-11-01), the same native fused cross-entropy
@@ -83,6 +84,23 @@ def release(framework: str, version: str | None) -> Release | None:
     if version is None:
         return releases[0]
     return next(r for r in releases if r.version == version)
+
+
+# TransformerEngine (training.te_version, framework megatron): the minor releases offered, and the one
+# each Megatron-Core release installs. core_v0.16.1's pip extra ``dev`` pins
+# ``transformer-engine[pytorch,core_cu13]>=2.9.0a0,<2.12.0`` (pyproject.toml line 71): pip takes 2.11.
+# core_v0.19.0's extra ``te`` names no version (pyproject.toml line 126) and its uv source is rev 4329ff84,
+# TE v2.17.1 (line 234): 2.17.
+TE_VERSIONS: tuple[str, ...] = ("2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15", "2.16", "2.17", "2.18")
+MEGATRON_TE: dict[str, str] = {"0.16": "2.11", "0.19": "2.17"}
+
+
+def te_version(framework: str, framework_version: str | None, te: str | None) -> str | None:
+    """The TransformerEngine release a Megatron run uses: `te` when given, else the one its Megatron-Core
+    release installs (MEGATRON_TE); None for the other frameworks, which do not run TE."""
+    if framework != "megatron":
+        return None
+    return te or MEGATRON_TE[release(framework, framework_version).version]
 
 
 def default_versions_text() -> str:

@@ -19,8 +19,11 @@ CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_c
 
 
 def cp_flex_all_gather(training: Training, par: Parallel | None) -> bool:
-    """torchtitan (fsdp2) with context parallelism runs flex attention on K/V all-gathered over CP."""
-    return training.framework == "fsdp2" and par is not None and par.cp > 1 and training.attention == "flash"
+    """torchtitan (fsdp2) with context parallelism runs flex attention on K/V all-gathered over CP; its
+    December 2024 main ran torch's ring attention over SDPA instead, which saves what flash does (cp_ring.py)."""
+    from ..titan_releases import titan_rules
+    return training.framework == "fsdp2" and par is not None and par.cp > 1 and training.attention == "flash" \
+        and titan_rules(training).cp_attention == "flex all-gather"
 
 
 def attention_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
