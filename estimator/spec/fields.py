@@ -416,6 +416,11 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _bool("mamba_conv_bias", _M, "Mamba conv bias", "The causal convolution has a bias.", _HYB),
     _w("mamba_chunk_size", "SSM chunk size", "Tokens per chunk of the chunked scan (its temporaries scale with "
        "it).", _HYB, hi=4096),
+    _bool("mamba_gated_norm", _M, "Mamba gated norm", "The Mamba-2 mixer normalises its gated output (a gated "
+          "RMSNorm of width H x p): always in Nemotron-H, Falcon-H1's mamba_rms_norm.", _HYB),
+    _bool("parallel_mamba", _M, "Attention and Mamba-2 in every layer", "Parallel hybrids (Falcon-H1): every layer "
+          "runs softmax attention and a Mamba-2 mixer (the mamba_* fields) side by side on one norm's output and adds "
+          "them, then an MLP; the attention keeps a KV cache, the mixer a fixed state per sequence.", _HYB),
     _w("attention_layer_period", "Attention every N layers (Mamba-1)", "Mamba-1 hybrids (Jamba): layer i is softmax "
        "attention when i % N equals the offset, a Mamba-1 mixer otherwise; 0 = no Mamba-1 layers.", _HYB, lo=0,
        hi=MAX_LAYERS),
