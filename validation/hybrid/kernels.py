@@ -12,6 +12,8 @@ when it imports, else the torch path):
   SSD scan, the gated RMSNorm and the output projection in one autograd Function.
 - Jamba's Mamba-1 mixer (`JambaMambaMixer.forward`): `causal_conv1d_fn` on x, then mamba-ssm's
   `selective_scan_fn` (emulated in mamba1.py).
+- Falcon-H1's Mamba-2 mixer in training (`FalconH1Mixer.forward`): the same fused
+  `mamba_split_conv1d_scan_combined` as Nemotron-H, on in_proj's output scaled by the muP vector.
 
 The torch fallbacks save other tensors (the eager chunk loop keeps fp32 copies of everything), so a
 CPU run of the fallback measures a different model. Each kernel is emulated here as the harness
@@ -397,7 +399,7 @@ def mamba_split_conv1d_scan_combined(hidden, conv_reference, scan_reference):
         if initial_states is not None or seq_idx is not None or return_final_states or norm_before_gate \
                 or rmsnorm_weight is None or outproj_weight is None or outproj_bias is not None \
                 or activation != "silu":
-            raise NotImplementedError("only Nemotron-H's training call is emulated")
+            raise NotImplementedError("only Nemotron-H's and Falcon-H1's training call (with the gated norm) is emulated")
         h = D.shape[0]
         dim = h * headdim
 
@@ -445,6 +447,13 @@ def hybrid_kernels(tracker):
                                                                saved[qwen, "torch_chunk_gated_delta_rule"])
     nemotron.mamba2_split_conv1d_scan_combined = mamba_split_conv1d_scan_combined(
         tracker.hidden, nemotron.causal_conv1d_fn, nemotron.mamba2_chunk_scan)
+    # Falcon-H1's mixer (FalconH1Mixer.forward, training without a cache) makes the same fused call, the gated
+    # norm's weight only with mamba_rms_norm, norm_before_gate False whatever its config says
+    from transformers.models.falcon_h1 import modeling_falcon_h1 as falcon
+
+    saved[falcon, "mamba2_split_conv1d_scan_combined"] = falcon.mamba2_split_conv1d_scan_combined
+    falcon.mamba2_split_conv1d_scan_combined = mamba_split_conv1d_scan_combined(
+        tracker.hidden, falcon.causal_conv1d_fn, falcon.mamba2_chunk_scan)
     from .mamba1 import jamba_patches  # Jamba's Mamba-1 layers (mamba1.py)
 
     for module, name, emulation in jamba_patches(tracker, causal_conv1d_fn):
