@@ -71,9 +71,9 @@ def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
 
 @pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"},
                                    {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"},
-                                   {"model": "jamba-mini-1.5", "tp": "2"},
+                                   {"model": "jamba-mini-1.5", "tp": "2"}, {"model": "falcon-h1-7b", "tp": "2"},
                                    {"model": "qwen2.5-vl-7b", "images_per_sample": "2", "image_size": "448"}],
-                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid",
+                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid", "parallel hybrid",
                               "vision-language"])
 def test_every_page_renders(query):
     at = _app(query)

@@ -128,7 +128,8 @@ def _falcon_h1(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     notes = [f"{key} (biases not counted)" for key in ("attention_bias", "mlp_bias", "projectors_bias", "mamba_proj_bias")
              if r.bool(key)]
     h, heads = r.int("hidden_size"), r.int("mamba_n_heads")
-    width = r.int("mamba_d_ssm", required=False) or r.int("mamba_expand") * h
+    # an explicit null is mamba_expand x hidden; an absent key FalconH1Config's default, 1024
+    width = r.int("mamba_expand") * h if r.config.get("mamba_d_ssm", 0) is None else r.int("mamba_d_ssm")
     head = width // heads if r.config.get("mamba_d_head") in (None, "auto") else r.int("mamba_d_head")
     if head * heads != width:  # FalconH1Config.validate_architecture
         raise r._error("mamba_d_head", head, f"mamba_d_ssm / mamba_n_heads ({width} / {heads})",
