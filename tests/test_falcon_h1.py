@@ -81,6 +81,7 @@ def test_the_parallel_layer_by_hand():
 
 def test_the_records_are_there():
     assert [p.stem for p in RECORDS] == [
+        "falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2", "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1",
         "falcon-h1-34b-bf16-adamw-recompute-sdpa-s4096-b1", "falcon-h1-7b-bf16-adamw-norecompute-sdpa-s16384-b1",
         "falcon-h1-7b-bf16-adamw-norecompute-sdpa-s2048-b2", "falcon-h1-7b-bf16-adamw-norecompute-sdpa-s4096-b1",
         "falcon-h1-7b-bf16-adamw-recompute-sdpa-s8192-b1"]
@@ -89,16 +90,21 @@ def test_the_records_are_there():
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
 def test_the_measured_forward_within_half_a_percent(path):
     """The harness's Falcon-H1 runs (7B from 2,048 x 2 to 16,384 tokens and with full recompute, 34B with full
-    recompute): the end of forward, every layer's saved tensors beside the logits and the model states; where the
+    recompute, 0.5B, whose mixer has no gated norm, at 4,096 x 2 and 16,384 with recompute): the end of forward, every layer's saved tensors beside the logits and the model states; where the
     step peaks in backward, that peak too."""
+    from validation.core.report import GPU_ONLY
+
     record = json.loads(path.read_text())
     result = estimate_config(record["config"])
     stage = result.stages[result.peak_stage]
-    forward = next(p for p in stage.phases if p.name == "forward")
-    assert forward.allocated_bytes == pytest.approx(record["measured"]["phases"]["forward"]["total"], rel=0.005)
+
+    def tensors(phase):  # what a fake-tensor harness sees: no library workspace (validation/core/report.py)
+        p = next(p for p in stage.phases if p.name == phase)
+        return p.allocated_bytes - sum(c.bytes for c in p.components if c.key in GPU_ONLY)
+
+    assert tensors("forward") == pytest.approx(record["measured"]["phases"]["forward"]["total"], rel=0.005)
     if record["measured"]["peak_phase"] == "backward":
-        backward = next(p for p in stage.phases if p.name == "backward")
-        assert backward.allocated_bytes == pytest.approx(record["measured"]["peak_bytes"], rel=0.005)
+        assert tensors("backward") == pytest.approx(record["measured"]["peak_bytes"], rel=0.005)
 
 
 def test_inference_keeps_kv_in_every_layer_and_a_constant_state_beside_it():

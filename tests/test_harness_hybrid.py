@@ -19,7 +19,7 @@ from validation.hybrid.kernels import (CausalConv1d, ChunkGatedDeltaRule, MambaS
                                        hybrid_kernels)
 from validation.hybrid.models import HYBRID_RUNS, MODELS  # noqa: E402
 
-TINY = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-jamba", "tiny-falcon-h1"]
+TINY = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-jamba", "tiny-falcon-h1", "tiny-falcon-h1-plain"]
 
 
 def loss_and_grads(model_id: str, emulated: bool):
@@ -50,7 +50,8 @@ def test_emulated_kernels_give_the_eager_numbers(model_id):
 @pytest.mark.parametrize("run", [Run("tiny-qwen3-next", 64, 2), Run("tiny-qwen3-next", 64, 2, recompute="full"),
                                  Run("tiny-nemotron-h", 64, 2), Run("tiny-nemotron-h", 64, 2, recompute="full"),
                                  Run("tiny-jamba", 64, 2), Run("tiny-jamba", 64, 2, recompute="full"),
-                                 Run("tiny-falcon-h1", 64, 2), Run("tiny-falcon-h1", 64, 2, recompute="full")],
+                                 Run("tiny-falcon-h1", 64, 2), Run("tiny-falcon-h1", 64, 2, recompute="full"),
+                                 Run("tiny-falcon-h1-plain", 64, 2)],
                          ids=lambda r: f"{r.model}-{r.recompute}")
 def test_fake_measurement_equals_real_cpu_run(run):
     assert measure(run, fake=True) == measure(run, fake=False)

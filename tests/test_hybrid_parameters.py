@@ -26,6 +26,7 @@ CHECKPOINTS = {
     "ai21-jamba-1.5-mini": 51_570_323_328,
     "falcon-h1-7b-instruct": 7_585_654_880,
     "falcon-h1-34b-instruct": 33_642_516_224,
+    "falcon-h1-0.5b-instruct": 521_411_104,
 }
 
 

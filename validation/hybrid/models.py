@@ -101,6 +101,7 @@ NEMOTRON_H_8B = _published("nemotron-h-8b-base-8k")
 JAMBA_MINI = _published("ai21-jamba-1.5-mini")
 FALCON_H1_7B = _published("falcon-h1-7b-instruct")
 FALCON_H1_34B = _published("falcon-h1-34b-instruct")
+FALCON_H1_05B = _published("falcon-h1-0.5b-instruct")  # no gated norm in its mixer (mamba_rms_norm false)
 
 # Tiny models for the emulation and fake-versus-real checks (tests/test_harness_hybrid.py): grouped
 # value heads (2 key heads, 4 value heads), a full-attention layer, MoE; every Nemotron-H block kind.
@@ -127,6 +128,8 @@ TINY_FALCON_H1 = dict(FALCON_H1_7B, hidden_size=64, num_hidden_layers=3, num_att
                       attention_in_multiplier=0.75, key_multiplier=0.5, mlp_multipliers=[0.75, 0.5],
                       ssm_multipliers=[0.5, 0.25, 0.5, 0.75, 0.5], embedding_multiplier=2.0, lm_head_multiplier=0.25)
 
+TINY_FALCON_H1_PLAIN = dict(TINY_FALCON_H1, mamba_rms_norm=False)  # the mixer gated in the scan, no norm
+
 MODELS = {m.id: m for m in [
     HybridModel("qwen3-next-80b-a3b", QWEN3_NEXT_80B, _qwen3_next(QWEN3_NEXT_80B)),
     HybridModel("nemotron-h-8b", NEMOTRON_H_8B, _nemotron_h(NEMOTRON_H_8B)),
@@ -136,7 +139,9 @@ MODELS = {m.id: m for m in [
     HybridModel("tiny-jamba", TINY_JAMBA, _jamba(TINY_JAMBA)),
     HybridModel("falcon-h1-7b", FALCON_H1_7B, _falcon_h1(FALCON_H1_7B)),
     HybridModel("falcon-h1-34b", FALCON_H1_34B, _falcon_h1(FALCON_H1_34B)),
+    HybridModel("falcon-h1-0.5b", FALCON_H1_05B, _falcon_h1(FALCON_H1_05B)),
     HybridModel("tiny-falcon-h1", TINY_FALCON_H1, _falcon_h1(TINY_FALCON_H1)),
+    HybridModel("tiny-falcon-h1-plain", TINY_FALCON_H1_PLAIN, _falcon_h1(TINY_FALCON_H1_PLAIN)),
 ]}
 
 # The measured runs, as validation/hf/step.Run's arguments (registered in validation/hf/cases.py). Long
@@ -153,6 +158,7 @@ HYBRID_RUNS = [
     (("jamba-mini-1.5", 32768), {}),
     (("falcon-h1-7b", 4096), {}), (("falcon-h1-7b", 8192), {"recompute": "full"}), (("falcon-h1-7b", 2048, 2), {}),
     (("falcon-h1-7b", 16384), {}), (("falcon-h1-34b", 4096), {"recompute": "full"}),
+    (("falcon-h1-0.5b", 4096, 2), {}), (("falcon-h1-0.5b", 16384), {"recompute": "full"}),
 ]
 
 KERNELS = {  # what a record's description says of the emulated kernels, and their sources
@@ -164,6 +170,6 @@ KERNELS = {  # what a record's description says of the emulated kernels, and the
     "jamba-mini-1.5": "Mamba-1 layers through causal-conv1d's causal_conv1d_fn and mamba-ssm's selective_scan_fn "
                       "(emulated: Dao-AILab/causal-conv1d@0d2252d, state-spaces/mamba@e9594ce), attention every 8th "
                       "layer, MoE every 2nd",
-    **dict.fromkeys(("falcon-h1-7b", "falcon-h1-34b"), "attention and a Mamba-2 mixer side by side in every layer, the "
+    **dict.fromkeys(("falcon-h1-7b", "falcon-h1-34b", "falcon-h1-0.5b"), "attention and a Mamba-2 mixer side by side in every layer, the "
                     "mixer through mamba-ssm's mamba_split_conv1d_scan_combined (emulated: state-spaces/mamba@e9594ce)"),
 }
