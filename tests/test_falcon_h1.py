@@ -79,6 +79,23 @@ def test_the_parallel_layer_by_hand():
     assert sum(e.elements * e.bytes_per_element for e in plain) == 4096 * (per_token - 4 * g)  # no rstd
 
 
+def test_under_megatron_the_mixer_norms_outside_the_kernel():
+    """Megatron-Core 0.16.1 ssm/mamba_mixer.py _ssm_training: the fused kernel gates the scan output itself, then
+    `self.norm` (with rmsnorm) keeps that output and out_proj the normalised one; without rmsnorm out_proj keeps the
+    gated output alone: one (s, H p) tensor fewer, and no rstd either way."""
+    from estimator.memory.activations.hybrid import mamba_mixer_entries
+    from estimator.spec.parallel import Parallel
+    from estimator.spec.training import Training
+
+    training = Training(seq_len=4096, micro_batch_size=1, framework="megatron")
+
+    def total(arch):
+        return sum(e.elements * e.bytes_per_element for e in mamba_mixer_entries(arch, training, Parallel(), "input"))
+
+    assert total(falcon()) - total(falcon(mamba_gated_norm=False)) == 4096 * d * 2
+    assert total(falcon()) == 4096 * (2 * h + 2 * (2 * d + 2 * g * n + heads) + 3 * 2 * d)
+
+
 def test_the_records_are_there():
     assert [p.stem for p in RECORDS] == [
         "falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2", "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1",

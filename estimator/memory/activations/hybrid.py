@@ -94,8 +94,11 @@ def mamba_mixer_entries(arch: Architecture, training: Training, par: Parallel, i
         # Megatron-Core 0.16.1 ssm/mamba_mixer.py _ssm_training: the fused kernel without rmsnorm_weight and
         # outproj_weight gates the scan output in the kernel (ssd_combined.py: z given, out = out_x * silu(z)),
         # then its own RMSNorm (`self.norm`, a fused norm keeping its input) and out_proj (keeping its input)
-        out.append(Entry("gated scan output (the Mamba norm's input)", T * d, B, "tp", "B*s*b*H*p"))
-        out.append(Entry("normalised scan output (out_proj input)", T * d, B, "tp", "B*s*b*H*p", gemm_input=True))
+        # (without rmsnorm, the gated output made contiguous goes to out_proj as it is)
+        if arch.mamba_gated_norm:
+            out.append(Entry("gated scan output (the Mamba norm's input)", T * d, B, "tp", "B*s*b*H*p"))
+        out.append(Entry("normalised scan output (out_proj input)" if arch.mamba_gated_norm else
+                         "gated scan output (out_proj input)", T * d, B, "tp", "B*s*b*H*p", gemm_input=True))
     elif arch.mamba_gated_norm:
         out.append(Entry("gated norm rstd per group (fp32, kept by the fused mixer)", T * g, 4, "tp", "4*s*b*g"))
     return out
