@@ -201,7 +201,7 @@ def state_bytes(arch, kind: str, tp: int, model_bytes: int) -> int:
         g += 0 if g % tp == 0 else tp - g
         d = arch.mamba_num_heads * arch.mamba_head_dim
         conv = (arch.mamba_conv_kernel - 1) * (d + 2 * g * arch.mamba_state_size) // tp
-        # Falcon-H1 (vLLM falcon_h1.py get_mamba_state_dtype_from_config: mamba2_state_dtype with the cache
+        # Falcon-H1 (vLLM 0.11 and 0.33 falcon_h1.py get_mamba_state_dtype_from_config: mamba2_state_dtype with the cache
         # config's mamba_ssm_cache_dtype, "auto" by default) keeps its SSM state in the model's dtype
         ssm_bytes = 4 if mixer == "mamba" else model_bytes
         return conv * model_bytes + arch.mamba_num_heads // tp * arch.mamba_head_dim * arch.mamba_state_size * ssm_bytes
