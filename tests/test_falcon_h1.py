@@ -158,6 +158,25 @@ def test_vllm_registers_an_attention_and_a_state_page_per_layer():
     assert groups.block_bytes_on(range(44)) == 44 * 1568 * 1024
 
 
+def test_vllm_011s_own_accounting_of_the_two_caches():
+    """validation/vllm/kv_records.py runs vLLM 0.11's get_kv_cache_configs on CPU over 44 FullAttentionSpecs and 44
+    MambaSpecs (vLLM's state calculators, the page padded to the attention page) with the memory our estimate
+    leaves: the blocks, tokens and concurrency are ours exactly, and so is the block size its hybrid rule gives."""
+    from estimator.serving.service import serving_config
+
+    data = json.loads((DATA / "serving" / "vllm-0.11.0.json").read_text())
+    records = [r for r in data["records"] if r["case"]["model"] == "falcon-h1-7b"]
+    assert len(records) == 2 and "--append-hybrid" in data["hybrid_command"]
+    for r in records:
+        case = r["case"]
+        ours = serving_config(load_config({"model": "falcon-h1-7b", "parallel": {"tp": case["tp"]},
+                                           "serving": dict(case["serving"], engine="vllm")}))
+        assert ours.resolved.block_size == r["vllm"]["block_size"] == r["given"]["block_size"] == 1568
+        assert r["vllm"]["num_groups"] == 2
+        assert (ours.capacity.num_blocks, ours.capacity.tokens) == (r["vllm"]["num_blocks"], r["vllm"]["kv_cache_tokens"])
+        assert ours.capacity.max_concurrency == pytest.approx(r["vllm"]["max_concurrency"], rel=1e-12)
+
+
 def test_sglang_keeps_a_state_slot_of_every_layer():
     """SGLang 0.5.23 configs/falcon_h1.py: attention and Mamba on every layer; the conv state in bf16, the SSM state
     in fp32 (mamba_utils.mamba2_state_dtype's default)."""
