@@ -541,9 +541,6 @@ def _check_architecture(arch: Architecture) -> None:
 def _check_hybrid(arch: Architecture) -> None:
     """A linear-attention interval or a state-space pattern: their fields, and what they do not combine with."""
     pattern, interval, period = arch.hybrid_override_pattern, arch.full_attention_interval, arch.attention_layer_period
-    if arch.parallel_mamba and (pattern is not None or interval or period):
-        raise ConfigError("model.parallel_mamba", True, "false with a hybrid_override_pattern, a full_attention_interval "
-                          "or an attention_layer_period", "a model has one kind of recurrent layer here")
     if pattern is None and interval <= 1 and not period and not arch.parallel_mamba:
         return
     which = "model.hybrid_override_pattern" if pattern is not None else "model.full_attention_interval" \
@@ -559,12 +556,12 @@ def _check_hybrid(arch: Architecture) -> None:
                                  ("mtp_layers", arch.mtp_layers or None, "0")):
         if value is not None:
             raise ConfigError(f"model.{name}", value, f"{allowed} in a hybrid model", related=(which,))
-    if pattern is not None:
+    if arch.parallel_mamba:  # first: it combines with no other layout
+        _hybrid.check_parallel(arch)
+    elif pattern is not None:
         _check_pattern(arch, pattern)
     elif period:
         _hybrid.check_mamba1(arch)
-    elif arch.parallel_mamba:
-        _hybrid.check_parallel(arch)
     else:
         for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
             _require(arch, name, "required with linear-attention layers (full_attention_interval > 1)")

@@ -82,7 +82,10 @@ def check_mamba1(arch) -> None:
 
 
 def check_parallel(arch) -> None:
-    """Falcon-H1's fields: the Mamba-2 widths, no experts (its layers are dense)."""
+    """Falcon-H1's fields: no other hybrid layout, the Mamba-2 widths, no experts (its layers are dense)."""
+    if arch.hybrid_override_pattern is not None or arch.full_attention_interval or arch.attention_layer_period:
+        raise ConfigError("model.parallel_mamba", True, "false with a hybrid_override_pattern, a full_attention_interval "
+                          "or an attention_layer_period", "a model has one kind of recurrent layer here")
     for name in ("mamba_num_heads", "mamba_head_dim", "mamba_state_size", "mamba_num_groups"):
         if getattr(arch, name) is None:
             raise ConfigError(f"model.{name}", None, "a positive integer: required with parallel_mamba",
