@@ -71,9 +71,9 @@ def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
 
 @pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"},
                                    {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"},
-                                   {"model": "jamba-mini-1.5", "tp": "2"},
+                                   {"model": "jamba-mini-1.5", "tp": "2"}, {"model": "falcon-h1-7b"},
                                    {"model": "qwen2.5-vl-7b", "images_per_sample": "2", "image_size": "448"}],
-                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid",
+                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid", "parallel hybrid",
                               "vision-language"])
 def test_every_page_renders(query):
     at = _app(query)
@@ -682,6 +682,16 @@ def test_planner_page_renders_for_the_default_model():
     assert at.number_input(key="planner_per_node").value == 8
     assert at.slider(key="planner_margin").value == 80
     assert any("Press **Plan**" in i.value for i in at.info)
+
+
+def test_planner_page_plans_a_parallel_hybrid():
+    """Falcon-H1 7B (issue 28) on 8 GPUs: the page's table is the planner's; its one Mamba group keeps TP at 1."""
+    at = _planner({"model": "falcon-h1-7b", "dp": "8"})
+    direct = _direct_plan({"model": "falcon-h1-7b"}, 8)
+    table = next(df.value for df in at.dataframe if "Tokens/s per GPU" in df.value.columns)
+    assert len(table) == len(direct.layouts) > 0
+    assert table["Tokens/s per GPU"][0] == direct.layouts[0].tokens_per_s_per_gpu
+    assert set(table["TP"]) == {1}
 
 
 def test_planner_table_is_the_planners_and_use_this_layout_loads_it():

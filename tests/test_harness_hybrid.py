@@ -19,7 +19,7 @@ from validation.hybrid.kernels import (CausalConv1d, ChunkGatedDeltaRule, MambaS
                                        hybrid_kernels)
 from validation.hybrid.models import HYBRID_RUNS, MODELS  # noqa: E402
 
-TINY = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-jamba"]
+TINY = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-jamba", "tiny-falcon-h1", "tiny-falcon-h1-plain"]
 
 
 def loss_and_grads(model_id: str, emulated: bool):
@@ -49,10 +49,30 @@ def test_emulated_kernels_give_the_eager_numbers(model_id):
 
 @pytest.mark.parametrize("run", [Run("tiny-qwen3-next", 64, 2), Run("tiny-qwen3-next", 64, 2, recompute="full"),
                                  Run("tiny-nemotron-h", 64, 2), Run("tiny-nemotron-h", 64, 2, recompute="full"),
-                                 Run("tiny-jamba", 64, 2), Run("tiny-jamba", 64, 2, recompute="full")],
+                                 Run("tiny-jamba", 64, 2), Run("tiny-jamba", 64, 2, recompute="full"),
+                                 Run("tiny-falcon-h1", 64, 2), Run("tiny-falcon-h1", 64, 2, recompute="full"),
+                                 Run("tiny-falcon-h1-plain", 64, 2)],
                          ids=lambda r: f"{r.model}-{r.recompute}")
 def test_fake_measurement_equals_real_cpu_run(run):
     assert measure(run, fake=True) == measure(run, fake=False)
+
+
+def test_falcon_h1_runs_its_mixer_through_the_fused_kernel():
+    """Falcon-H1's training forward takes the fused call (emulated), not the torch fallback's chunk loop."""
+    calls = []
+    original = MambaSplitConv1dScanCombined.forward
+
+    def counted(ctx, *args):
+        calls.append(args[0].shape)
+        return original(ctx, *args)
+
+    MambaSplitConv1dScanCombined.forward = staticmethod(counted)
+    try:
+        loss_and_grads("tiny-falcon-h1", emulated=True)
+    finally:
+        MambaSplitConv1dScanCombined.forward = staticmethod(original)
+    # one call per layer on the muP-scaled in_proj output: z, x (64 each), B, C (2 groups x 8), dt (4 heads)
+    assert calls == [(2, 48, 2 * 64 + 2 * 2 * 8 + 4)] * 3
 
 
 def new_bytes(fn, *inputs):

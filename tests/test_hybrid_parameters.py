@@ -24,6 +24,9 @@ CHECKPOINTS = {
     "qwen3-next-80b-a3b-instruct": 79_674_391_296,
     "nemotron-h-8b-base-8k": 8_100_852_736,
     "ai21-jamba-1.5-mini": 51_570_323_328,
+    "falcon-h1-7b-instruct": 7_585_654_880,
+    "falcon-h1-34b-instruct": 33_642_516_224,
+    "falcon-h1-0.5b-instruct": 521_411_104,
 }
 
 
@@ -36,6 +39,19 @@ def test_jambas_sum_written_out():
     total = 2 * vocab * h + h + 28 * mamba + 4 * attention + 16 * mlp + 16 * moe + 32 * 2 * h
     assert (mamba, attention) == (105_308_448, 41_943_040)
     assert total == CHECKPOINTS["ai21-jamba-1.5-mini"]
+
+
+def test_falcon_h1_7bs_sum_written_out():
+    """Falcon-H1-7B-Instruct: 44 layers, each attention (12 query heads and 2 KV heads of 128, narrower than the
+    3,072 hidden) beside a Mamba-2 mixer (24 heads of 128, 1 group, state 256, conv 4 with a bias, the gated norm),
+    then a 12,288-wide gated MLP; untied 130,049-token embedding and head."""
+    h, vocab, ffn, d, g, n, heads = 3072, 130_049, 12_288, 3072, 1, 256, 24
+    attention = 12 * 128 * h + 2 * 2 * 128 * h + h * 12 * 128
+    conv = d + 2 * g * n
+    mamba = (2 * d + 2 * g * n + heads) * h + conv * 4 + conv + 3 * heads + d + h * d
+    layer = attention + mamba + 3 * h * ffn + 2 * h
+    assert (attention, mamba, layer) == (11_010_048, 29_979_208, 154_241_608)
+    assert 2 * vocab * h + 44 * layer + h == CHECKPOINTS["falcon-h1-7b-instruct"]
 
 
 def meta_model_parameters(name: str) -> int:

@@ -65,6 +65,15 @@ def test_a_mamba1_hybrid_is_served_with_its_state_pages():
     assert expected.capacity.max_concurrency > 1
 
 
+def test_a_parallel_hybrid_is_served_with_attention_and_state_pages():
+    """Falcon-H1 7B (issue 28): every layer keeps KV and a Mamba-2 state; the page gives the CLI's headline (vLLM: an
+    attention and a state group, blocks of 1,568 tokens: tests/test_falcon_h1.py)."""
+    at = _serving_page({"model": "falcon-h1-7b"})
+    expected = serving_config(load_config({"model": "falcon-h1-7b"}))
+    assert at.success[0].value == headline(expected)
+    assert expected.capacity.max_concurrency > 1
+
+
 def test_the_issue_28_mla_presets_on_the_serving_page():
     """DeepSeek-V3.2 (its cache adds the indexer's keys: 64 x (656 + 132) bytes per layer and block under vLLM
     0.11's fp8_ds_mla default) and Kimi-K2 give the CLI's headline on the Serving page."""

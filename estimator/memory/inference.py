@@ -45,7 +45,7 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
         return 2 * max(arch.num_kv_heads / par.tp, 1) * arch.head_dim * kept * b * B
 
     if arch.is_hybrid:  # only the attention layers keep keys and values (the others: recurrent_state_bytes)
-        full = sum(n for r in chunks for kind, n in arch.kind_counts(r.start, r.stop) if hybrid.MIXER[kind] == "attention")
+        full = sum(n for r in chunks for kind, n in arch.kind_counts(r.start, r.stop) if hybrid.attends(kind))
         windowed = 0
     else:
         full = sum(arch.global_attention_layers_in(r.start, r.stop) for r in chunks)

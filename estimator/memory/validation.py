@@ -463,7 +463,7 @@ HYBRID_MEASURED = ("the hybrid layers' saved tensors are modelled for the HF Tra
 def _check_hybrid(arch: Architecture, training: Training, par: Parallel) -> None:
     """A model with linear-attention or Mamba layers (estimator/spec/hybrid.py): what is modelled."""
     which = "model.hybrid_override_pattern" if arch.hybrid_override_pattern else "model.attention_layer_period" \
-        if arch.attention_layer_period else "model.full_attention_interval"
+        if arch.attention_layer_period else "model.parallel_mamba" if arch.parallel_mamba else "model.full_attention_interval"
     for name, value, allowed in (("adapter", training.adapter, "none"), ("fp8", training.fp8 or None, "false"),
                                  ("compile", training.compile or None, "false")):
         if value is not None and training.mode == "training":

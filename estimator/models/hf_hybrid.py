@@ -1,5 +1,6 @@
 """The config.json of hybrid models (issue 28, estimator/spec/hybrid.py): Qwen3-Next's linear-attention
-layers, Nemotron-H's state-space blocks and Jamba's Mamba-1 layers, registered in `hf_families.FAMILIES` on import (hf_config
+layers, Nemotron-H's state-space blocks, Jamba's Mamba-1 layers and Falcon-H1's parallel attention + Mamba-2
+layers, registered in `hf_families.FAMILIES` on import (hf_config
 imports this module).
 """
 
@@ -119,6 +120,31 @@ def _jamba(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     return fields, notes
 
 
+def _falcon_h1(r: _Reader) -> tuple[dict[str, Any], list[str]]:
+    """Falcon-H1 (transformers 5.23 modeling_falcon_h1.py, FalconH1Config): every layer runs attention (RoPE, GQA,
+    head_dim from the file, else hidden / heads) and a Mamba-2 mixer of width mamba_d_ssm (else mamba_expand x
+    hidden; mamba_d_head "auto" = that / mamba_n_heads) side by side, then a gated MLP; the gated RMSNorm only with
+    mamba_rms_norm. Its muP multipliers scale activations and change no shape."""
+    notes = [f"{key} (biases not counted)" for key in ("attention_bias", "mlp_bias", "projectors_bias", "mamba_proj_bias")
+             if r.bool(key)]
+    h, heads = r.int("hidden_size"), r.int("mamba_n_heads")
+    # an explicit null is mamba_expand x hidden; an absent key FalconH1Config's default, 1024
+    width = r.int("mamba_expand") * h if r.config.get("mamba_d_ssm", 0) is None else r.int("mamba_d_ssm")
+    head = width // heads if r.config.get("mamba_d_head") in (None, "auto") else r.int("mamba_d_head")
+    if head * heads != width:  # FalconH1Config.validate_architecture
+        raise r._error("mamba_d_head", head, f"mamba_d_ssm / mamba_n_heads ({width} / {heads})",
+                       "the Mamba heads must tile the mixer's width")
+    fields: dict[str, Any] = dict(
+        hidden_size=h, num_layers=r.int("num_hidden_layers"), num_attention_heads=r.int("num_attention_heads"),
+        num_kv_heads=r.int("num_key_value_heads", required=False), head_dim=r.int("head_dim", required=False),
+        vocab_size=r.int("vocab_size"), intermediate_size=r.int("intermediate_size"),
+        tie_embeddings=r.bool("tie_word_embeddings"), parallel_mamba=True, mamba_num_heads=heads, mamba_head_dim=head,
+        mamba_state_size=r.int("mamba_d_state"), mamba_num_groups=r.int("mamba_n_groups"),
+        mamba_conv_kernel=r.int("mamba_d_conv"), mamba_conv_bias=r.bool("mamba_conv_bias", True),
+        mamba_chunk_size=r.int("mamba_chunk_size"), mamba_gated_norm=r.bool("mamba_rms_norm"))
+    return fields, notes
+
+
 HYBRID_FAMILIES: dict[str, Family] = {
     "qwen3_next": Family(  # Qwen3NextConfig
         build=_qwen3_next,
@@ -162,5 +188,20 @@ HYBRID_FAMILIES: dict[str, Family] = {
                         'mamba_proj_bias', 'num_experts', 'num_experts_per_tok', 'num_logits_to_keep',
                         'output_router_logits', 'router_aux_loss_coef', 'use_mamba_kernels', 'use_mambapy',
                         'use_associative_scan'})),
+    "falcon_h1": Family(  # FalconH1Config
+        build=_falcon_h1,
+        defaults=dict(vocab_size=128000, tie_word_embeddings=False, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                      mamba_d_ssm=1024, mamba_n_heads=128, mamba_d_head="auto", mamba_n_groups=1, mamba_d_state=256,
+                      mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=256, mamba_conv_bias=True,
+                      mamba_proj_bias=False, mamba_rms_norm=False, projectors_bias=False, attention_bias=False,
+                      mlp_bias=False),
+        keys=frozenset({'attention_bias', 'attention_in_multiplier', 'attention_out_multiplier', 'attn_layer_indices',
+                        'embedding_multiplier', 'head_dim', 'key_multiplier', 'lm_head_multiplier', 'mamba_chunk_size',
+                        'mamba_conv_bias', 'mamba_d_conv', 'mamba_d_head', 'mamba_d_ssm', 'mamba_d_state',
+                        'mamba_expand', 'mamba_n_groups', 'mamba_n_heads', 'mamba_norm_before_gate', 'mamba_proj_bias',
+                        'mamba_rms_norm', 'mamba_use_mlp', 'mlp_bias', 'mlp_multipliers', 'num_logits_to_keep',
+                        'projectors_bias', 'ssm_in_multiplier', 'ssm_multipliers', 'ssm_out_multiplier',
+                        'time_step_limit'})),
 }
 FAMILIES.update(HYBRID_FAMILIES)

@@ -83,6 +83,11 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
     if arch.uses_mla:  # the latent and rope key, replicated, beside the per-head q/k/v of the up-projections
         attention += tokens * (arch.kv_lora_rank + arch.qk_rope_head_dim)
     mixers = {hybrid.MIXER[k] for k in kinds}
+    # Falcon-H1 (vLLM falcon_h1.py FalconH1ParallelHybrid.forward): attention, then the Mamba-2 mixer on the norm's
+    # output x ssm_in_multiplier while the attention's output waits to be added: two h-wide tensors more
+    parallel = tokens * 2 * h if "attention_mamba" in mixers else 0
+    if parallel:
+        mixers |= {"attention", "mamba"}
     ffns = {hybrid.FFN[k] for k in kinds}
     if "attention" not in mixers:
         attention = 0
@@ -102,7 +107,7 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
     if "moe" in ffns:
         k, width = arch.num_experts_per_token, arch.moe_intermediate_size
         mlp = max(mlp, tokens * k * (3 * width // moe_tp(tp, ep) + h))
-    return (2 * tokens * h + max(attention, mlp)) * act_bytes
+    return (2 * tokens * h + max(attention + parallel, mlp)) * act_bytes
 
 
 def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int, rule: str, gpu_id: str) -> int:

@@ -49,9 +49,9 @@ def kv_heads_per_rank(arch: Architecture, tp: int) -> int:
 
 
 def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
-                model_bytes: int = 2) -> tuple[LayerSpec | None, ...]:
+                model_bytes: int = 2) -> tuple[LayerSpec | tuple[LayerSpec, ...] | None, ...]:
     """The spec of every layer of the model, in order (gpu_model_runner.get_kv_cache_spec); None for a
-    layer that keeps nothing (a hybrid pattern's MLP or MoE block)."""
+    layer that keeps nothing (a hybrid pattern's MLP or MoE block), a tuple for a layer with two caches."""
     if arch.is_hybrid:
         return _hybrid_specs(arch, tp, block_size, kv_bytes, model_bytes)
     if arch.uses_mla:  # DeepSeek Sparse Attention adds the indexer's keys to the page (sparse_cache.py)
@@ -77,7 +77,10 @@ def _hybrid_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
 
     full = LayerSpec("full", block_size * attention_page_per_token(arch, tp, kv_bytes), block_size)
     state = LayerSpec("recurrent", full.page_bytes, block_size)
-    specs = {None: None, "attention": full, "linear_attention": state, "mamba": state, "mamba1": state}
+    # Falcon-H1's layer registers an attention layer and a Mamba-2 layer (vLLM falcon_h1.py FalconH1ParallelHybrid:
+    # the mixer's prefix takes index num_layers + i), so both a full-attention and a state spec at index i
+    specs = {None: None, "attention": full, "linear_attention": state, "mamba": state, "mamba1": state,
+             "attention_mamba": (full, state)}
     return tuple(specs[hybrid.MIXER[arch.layer_kind(i)]] for i in range(arch.num_layers))
 
 
@@ -126,9 +129,10 @@ def kv_groups(specs: tuple[LayerSpec, ...], version: tuple[int, int]) -> Groups:
     smallest kind's layer count; from 0.33 the largest when it is under 1.5 x the smallest
     (kv_cache_planning.py _get_kv_cache_groups_uniform_page_size)."""
     by_spec: dict[LayerSpec, list[int]] = {}
-    for i, spec in enumerate(specs):
-        if spec is not None:  # a block without cache (a hybrid's MLP)
-            by_spec.setdefault(spec, []).append(i)
+    for i, layer in enumerate(specs):
+        for spec in layer if isinstance(layer, tuple) else (layer,):  # a parallel hybrid's layer has two
+            if spec is not None:  # a block without cache (a hybrid's MLP)
+                by_spec.setdefault(spec, []).append(i)
     if len(by_spec) == 1:
         spec, idx = next(iter(by_spec.items()))
         return Groups(((spec, tuple(idx)),), whole_model_page=spec.kind == "dsa" and version < (0, 33))

@@ -71,7 +71,7 @@ def attention_layers(arch: Architecture, layers: range) -> tuple[int, ...]:
     """The layers of a stage that keep keys and values (a hybrid's attention layers only)."""
     if not arch.is_hybrid:
         return tuple(layers)
-    return tuple(i for i in layers if hybrid.MIXER[arch.layer_kind(i)] == "attention")
+    return tuple(i for i in layers if hybrid.attends(arch.layer_kind(i)))
 
 
 def token_bytes(arch: Architecture, tp: int, kv_bytes: int, kv_dtype: str = "") -> int:
@@ -99,7 +99,7 @@ def state_layer_bytes(arch: Architecture, kind: str, tp: int, ssm_bytes: int) ->
     if mixer == "linear_attention":
         heads, head_dim, state = arch.linear_num_value_heads, arch.linear_value_head_dim, arch.linear_key_head_dim
         groups, kernel = arch.linear_num_key_heads, arch.linear_conv_kernel_dim
-    elif mixer == "mamba":
+    elif mixer in ("mamba", "attention_mamba"):  # Falcon-H1: every layer both (configs/falcon_h1.py linear_layer_ids)
         heads, head_dim, state = arch.mamba_num_heads, arch.mamba_head_dim, arch.mamba_state_size
         groups, kernel = arch.mamba_num_groups, arch.mamba_conv_kernel
     else:

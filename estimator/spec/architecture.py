@@ -107,6 +107,8 @@ class Architecture:
     mamba_conv_kernel: int = 4
     mamba_conv_bias: bool = True
     mamba_chunk_size: int = 128
+    mamba_gated_norm: bool = True  # the Mamba-2 mixer's gated RMSNorm (Falcon-H1's mamba_rms_norm; Nemotron-H: always)
+    parallel_mamba: bool = False  # Falcon-H1: every layer runs attention and a Mamba-2 mixer side by side, then an MLP
     # Mamba-1 hybrids (Jamba): attention where i % attention_layer_period == attention_layer_offset, Mamba-1 elsewhere
     attention_layer_period: int = 0  # 0: no Mamba-1 layers
     attention_layer_offset: int = 0
@@ -153,7 +155,7 @@ class Architecture:
     def is_hybrid(self) -> bool:
         """Some layers' token mixer is not softmax attention (estimator/spec/hybrid.py)."""
         return self.hybrid_override_pattern is not None or self.full_attention_interval > 1 \
-            or self.attention_layer_period > 0
+            or self.attention_layer_period > 0 or self.parallel_mamba
 
     def is_moe_layer(self, index: int) -> bool:
         """DeepSeek's ``first_k_dense_replace`` then every ``moe_layer_frequency``-th layer
@@ -173,6 +175,8 @@ class Architecture:
         """The kind of one layer (see `kind_counts`)."""
         if self.hybrid_override_pattern is not None:
             return _hybrid.BLOCK_OF_SYMBOL[self.hybrid_override_pattern[index]]
+        if self.parallel_mamba:
+            return _hybrid.PARALLEL_DENSE
         ffn = "moe" if self.is_moe_layer(index) else "dense"
         return ffn if self.is_full_attention_layer(index) else _hybrid.recurrent_kinds(self)[ffn == "moe"]
 
@@ -203,6 +207,8 @@ class Architecture:
         stop = self.num_layers if stop is None else stop
         if self.hybrid_override_pattern is not None:
             return _hybrid.pattern_counts(self.hybrid_override_pattern, start, stop)
+        if self.parallel_mamba:
+            return ((_hybrid.PARALLEL_DENSE, stop - start),) if stop > start else ()
         moe = self.moe_layers_in(start, stop)
         residue = _hybrid.attention_residue(self)
         if residue is None:
@@ -392,10 +398,12 @@ class Architecture:
             return _hybrid.gated_delta_net_tensors(self.hidden_size, self.linear_num_key_heads,
                                                    self.linear_num_value_heads, self.linear_key_head_dim,
                                                    self.linear_value_head_dim, self.linear_conv_kernel_dim)
+        if mixer == "attention_mamba":  # Falcon-H1: both mixers in one layer
+            return self.attention_tensors() + self.mixer_tensors("mamba")
         if mixer == "mamba":
             return _hybrid.mamba_tensors(self.hidden_size, self.mamba_num_heads, self.mamba_head_dim,
                                          self.mamba_state_size, self.mamba_num_groups, self.mamba_conv_kernel,
-                                         self.mamba_conv_bias)
+                                         self.mamba_conv_bias, self.mamba_gated_norm)
         if mixer == "mamba1":
             return _hybrid.mamba1_tensors(self.hidden_size, self.mamba_expand * self.hidden_size, self.mamba_state_size,
                                           self.mamba_dt_rank, self.mamba_conv_kernel, self.mamba_conv_bias)
@@ -533,10 +541,10 @@ def _check_architecture(arch: Architecture) -> None:
 def _check_hybrid(arch: Architecture) -> None:
     """A linear-attention interval or a state-space pattern: their fields, and what they do not combine with."""
     pattern, interval, period = arch.hybrid_override_pattern, arch.full_attention_interval, arch.attention_layer_period
-    if pattern is None and interval <= 1 and not period:
+    if pattern is None and interval <= 1 and not period and not arch.parallel_mamba:
         return
     which = "model.hybrid_override_pattern" if pattern is not None else "model.full_attention_interval" \
-        if interval > 1 else "model.attention_layer_period"
+        if interval > 1 else "model.attention_layer_period" if period else "model.parallel_mamba"
     if period and (pattern is not None or interval):
         raise ConfigError("model.attention_layer_period", period, "0 with a hybrid_override_pattern or a "
                           "full_attention_interval", "a model has one kind of recurrent layer here", related=(which,))
@@ -548,7 +556,9 @@ def _check_hybrid(arch: Architecture) -> None:
                                  ("mtp_layers", arch.mtp_layers or None, "0")):
         if value is not None:
             raise ConfigError(f"model.{name}", value, f"{allowed} in a hybrid model", related=(which,))
-    if pattern is not None:
+    if arch.parallel_mamba:  # first: it combines with no other layout
+        _hybrid.check_parallel(arch)
+    elif pattern is not None:
         _check_pattern(arch, pattern)
     elif period:
         _hybrid.check_mamba1(arch)

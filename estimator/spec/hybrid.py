@@ -18,9 +18,13 @@ Two layouts, as the frameworks build them:
   softmax attention without positions; MoE where i % expert_layer_period == expert_layer_offset (here
   first_dense_layers = the offset, moe_layer_frequency = the period: the same layers).
 
+- Parallel hybrids (Falcon-H1; transformers 5.23 `FalconH1DecoderLayer`): every decoder layer runs softmax
+  attention and a Mamba-2 mixer side by side on the output of one norm and adds their outputs (each scaled by a
+  muP multiplier, which changes no shape), then a second norm and a gated MLP (`parallel_mamba`).
+
 Layer kinds (`Architecture.kind_counts`): "dense" and "moe" stay the attention + MLP / MoE layers;
 "linear_dense" and "linear_moe" are the linear-attention layers, "mamba1_dense" and "mamba1_moe" the Mamba-1 ones; "mamba", "attention", "mlp" and
-"moe_block" the blocks of a pattern.
+"moe_block" the blocks of a pattern; "attention_mamba" a parallel hybrid's layer (both mixers, an MLP).
 """
 
 from __future__ import annotations
@@ -31,20 +35,23 @@ from .tensors import COLUMN, REPLICATED, ROW, ParameterTensor
 LINEAR_DENSE, LINEAR_MOE = "linear_dense", "linear_moe"
 MAMBA1_DENSE, MAMBA1_MOE = "mamba1_dense", "mamba1_moe"
 MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK = "mamba", "attention", "mlp", "moe_block"
+PARALLEL_DENSE = "attention_mamba"
 BLOCK_OF_SYMBOL = {"M": MAMBA, "*": ATTENTION_BLOCK, "-": MLP_BLOCK, "E": MOE_BLOCK}
 PATTERN_TEXT = "one character per block: M (Mamba-2), * (attention), - (MLP), E (MoE)"
 
 # What each kind holds: its token mixer and its feed-forward part (None: it has none)
 MIXER = {"dense": "attention", "moe": "attention", LINEAR_DENSE: "linear_attention", LINEAR_MOE: "linear_attention",
          MAMBA: "mamba", ATTENTION_BLOCK: "attention", MLP_BLOCK: None, MOE_BLOCK: None,
-         MAMBA1_DENSE: "mamba1", MAMBA1_MOE: "mamba1"}
+         MAMBA1_DENSE: "mamba1", MAMBA1_MOE: "mamba1", PARALLEL_DENSE: "attention_mamba"}
 FFN = {"dense": "dense", "moe": "moe", LINEAR_DENSE: "dense", LINEAR_MOE: "moe",
        MAMBA: None, ATTENTION_BLOCK: None, MLP_BLOCK: "dense", MOE_BLOCK: "moe", MAMBA1_DENSE: "dense",
-       MAMBA1_MOE: "moe"}
+       MAMBA1_MOE: "moe", PARALLEL_DENSE: "dense"}
 
 
-HYBRID_KINDS = (LINEAR_DENSE, LINEAR_MOE, MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK, MAMBA1_DENSE, MAMBA1_MOE)
-RECURRENT_MIXERS = ("linear_attention", "mamba", "mamba1")
+HYBRID_KINDS = (LINEAR_DENSE, LINEAR_MOE, MAMBA, ATTENTION_BLOCK, MLP_BLOCK, MOE_BLOCK, MAMBA1_DENSE, MAMBA1_MOE,
+                PARALLEL_DENSE)
+RECURRENT_MIXERS = ("linear_attention", "mamba", "mamba1", "attention_mamba")
+ATTENDING_MIXERS = ("attention", "attention_mamba")  # the mixers that keep a key and a value per token
 
 
 def attention_residue(arch) -> tuple[int, int] | None:
@@ -72,6 +79,29 @@ def check_mamba1(arch) -> None:
         if getattr(arch, name) is None:
             raise ConfigError(f"model.{name}", None, "a positive integer: required with Mamba-1 layers "
                               "(attention_layer_period > 0)", related=("model.attention_layer_period",))
+
+
+def check_parallel(arch) -> None:
+    """Falcon-H1's fields: no other hybrid layout, the Mamba-2 widths, no experts (its layers are dense)."""
+    if arch.hybrid_override_pattern is not None or arch.full_attention_interval or arch.attention_layer_period:
+        raise ConfigError("model.parallel_mamba", True, "false with a hybrid_override_pattern, a full_attention_interval "
+                          "or an attention_layer_period", "a model has one kind of recurrent layer here")
+    for name in ("mamba_num_heads", "mamba_head_dim", "mamba_state_size", "mamba_num_groups"):
+        if getattr(arch, name) is None:
+            raise ConfigError(f"model.{name}", None, "a positive integer: required with parallel_mamba",
+                              related=("model.parallel_mamba",))
+    if arch.mamba_num_heads % arch.mamba_num_groups:
+        raise ConfigError("model.mamba_num_groups", arch.mamba_num_groups,
+                          f"a divisor of mamba_num_heads ({arch.mamba_num_heads})", related=("model.mamba_num_heads",))
+    if arch.num_experts:
+        raise ConfigError("model.num_experts", arch.num_experts, "0 with parallel_mamba",
+                          "Falcon-H1's layers have one MLP: experts in a parallel hybrid are not modelled",
+                          related=("model.parallel_mamba",))
+
+
+def attends(kind: str) -> bool:
+    """A kind whose layers keep a key and a value per token (a parallel hybrid's layer too)."""
+    return MIXER[kind] in ATTENDING_MIXERS
 
 
 def is_block(kind: str) -> bool:
@@ -111,22 +141,24 @@ def gated_delta_net_tensors(h: int, key_heads: int, value_heads: int, key_dim: i
 
 
 def mamba_tensors(h: int, heads: int, head_dim: int, state: int, groups: int, kernel: int,
-                  conv_bias: bool) -> list[ParameterTensor]:
+                  conv_bias: bool, gated_norm: bool = True) -> list[ParameterTensor]:
     """A Mamba-2 mixer (transformers 5.23 NemotronHMamba2Mixer.__init__, Megatron-Core 0.16
     ssm/mamba_mixer.py): in_proj (2 d + 2 g n + H, h) with d = H p (z, x, B, C, dt), a depthwise conv
     over x, B, C (d + 2 g n channels of `kernel` taps, with a bias), dt_bias, A_log and D per head, a
     gated RMSNorm of width d (normalised per group), out_proj (h, d). TP splits heads and groups
     (Megatron-Core: in_proj column-parallel, out_proj row-parallel, conv, norm and per-head vectors
-    sharded with them)."""
+    sharded with them). Falcon-H1 (FalconH1Mixer.__init__) has the same tensors, the gated norm only with
+    mamba_rms_norm (`gated_norm`)."""
     d = heads * head_dim
     conv = d + 2 * groups * state
     out = [ParameterTensor("mamba_in_proj", (2 * d + 2 * groups * state + heads, h), COLUMN, "hidden_matrix"),
            ParameterTensor("mamba_conv", (conv, kernel), COLUMN, "vector")]
     if conv_bias:
         out.append(ParameterTensor("mamba_conv_bias", (conv,), COLUMN, "vector"))
-    return out + [ParameterTensor("mamba_dt_bias_a_log_d", (3 * heads,), COLUMN, "vector"),
-                  ParameterTensor("mamba_norm", (d,), COLUMN, "vector"),
-                  ParameterTensor("mamba_out_proj", (h, d), ROW, "hidden_matrix")]
+    out.append(ParameterTensor("mamba_dt_bias_a_log_d", (3 * heads,), COLUMN, "vector"))
+    if gated_norm:
+        out.append(ParameterTensor("mamba_norm", (d,), COLUMN, "vector"))
+    return out + [ParameterTensor("mamba_out_proj", (h, d), ROW, "hidden_matrix")]
 
 
 def mamba1_tensors(h: int, inner: int, state: int, dt_rank: int, kernel: int, conv_bias: bool) -> list[ParameterTensor]:
@@ -159,19 +191,23 @@ def state_bytes(arch, kind: str, tp: int, model_bytes: int) -> int:
     (H / tp) x p x n; Gated DeltaNet conv (kernel - 1) x (2 Hk K + Hv V) / tp and (Hv / tp) x V x K. The
     conv state in the model's dtype; the recurrent matrix too for Gated DeltaNet (mamba_ssm_cache_dtype
     "auto"), in fp32 for Mamba-2 (Nemotron-H: transformers NemotronHConfig.mamba_ssm_cache_dtype defaults
-    to "float32", which vLLM's NemotronHForCausalLMConfig hook applies, and HF generate's cache keeps)."""
+    to "float32", which vLLM's NemotronHForCausalLMConfig hook applies, and HF generate's cache keeps); a parallel
+    hybrid's (Falcon-H1) layer keeps its Mamba-2 state in the model's dtype (its KV is the attention's)."""
     mixer = MIXER[kind]
     if mixer == "linear_attention":
         hk, hv, k, v = (arch.linear_num_key_heads, arch.linear_num_value_heads, arch.linear_key_head_dim,
                         arch.linear_value_head_dim)
         conv = (arch.linear_conv_kernel_dim - 1) * (2 * hk * k + hv * v) // tp
         return (conv + hv // tp * v * k) * model_bytes
-    if mixer == "mamba":
+    if mixer in ("mamba", "attention_mamba"):
         g = arch.mamba_num_groups
         g += 0 if g % tp == 0 else tp - g
         d = arch.mamba_num_heads * arch.mamba_head_dim
         conv = (arch.mamba_conv_kernel - 1) * (d + 2 * g * arch.mamba_state_size) // tp
-        return conv * model_bytes + arch.mamba_num_heads // tp * arch.mamba_head_dim * arch.mamba_state_size * 4
+        # Falcon-H1 (vLLM 0.11 and 0.33 falcon_h1.py get_mamba_state_dtype_from_config: mamba2_state_dtype with the cache
+        # config's mamba_ssm_cache_dtype, "auto" by default) keeps its SSM state in the model's dtype
+        ssm_bytes = 4 if mixer == "mamba" else model_bytes
+        return conv * model_bytes + arch.mamba_num_heads // tp * arch.mamba_head_dim * arch.mamba_state_size * ssm_bytes
     if mixer == "mamba1":  # vLLM mamba1_state_shape: conv (d / tp) x (kernel - 1), temporal (d / tp) x n
         inner = arch.mamba_expand * arch.hidden_size // tp
         return (inner * (arch.mamba_conv_kernel - 1) + inner * arch.mamba_state_size) * model_bytes

@@ -85,16 +85,19 @@ def gated_delta_net_operations(ctx: _Context, arch: Architecture, par: Parallel,
     ]
 
 
-def mamba_operations(ctx: _Context, arch: Architecture, par: Parallel, scope: str, count: int) -> list[list[Operation]]:
+def mamba_operations(ctx: _Context, arch: Architecture, par: Parallel, scope: str, count: int,
+                     beside_attention: bool = False) -> list[list[Operation]]:
     """A Mamba-2 block (mamba-ssm's fused split-conv1d-scan as Nemotron-H trains): norm, in_proj, the causal
-    conv over x, B, C, the chunked scan, the gated RMSNorm, out_proj, the residual add."""
+    conv over x, B, C, the chunked scan, the gated RMSNorm, out_proj, the residual add. `beside_attention`:
+    Falcon-H1's mixer, which reads the attention's norm and adds its output to the attention's (no norm of its own)."""
     h, t, T = arch.hidden_size, par.tp, ctx.T
     H, g, n = arch.mamba_num_heads, arch.mamba_num_groups, arch.mamba_state_size
     d = H * arch.mamba_head_dim
     conv = (d + 2 * g * n) / t
-    return [
+    norm = [] if beside_attention else [
         _elementwise(ctx, scope, "Mamba norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
-                     "read and write s*b*h", NORM_MODULE, "norm"),
+                     "read and write s*b*h", NORM_MODULE, "norm")]
+    return norm + [
         _gemm(ctx, scope, "in_proj (z, x, B, C, dt)", T, h, (2 * d + 2 * g * n + H) / t, count),
         _elementwise(ctx, scope, "causal conv1d over x, B, C (+ SiLU)", T * conv, T * conv, 2 * arch.mamba_conv_kernel + 4,
                      count, f"read and write s*b*(H*p + 2*g*n)/t, {arch.mamba_conv_kernel} taps"),
@@ -103,7 +106,8 @@ def mamba_operations(ctx: _Context, arch: Architecture, par: Parallel, scope: st
         _elementwise(ctx, scope, "gated RMSNorm", 2 * T * d / t, T * d / t, NORM_FLOPS["rmsnorm"] + SWIGLU_FLOPS, count,
                      "read the scan output and z, write s*b*H*p/t", group="norm"),
         _gemm(ctx, scope, "out_proj", T, d / t, h, count),
-        _elementwise(ctx, scope, "residual add (Mamba)", 2 * ctx.T_sp * h, ctx.T_sp * h, 0.5, count,
+        _elementwise(ctx, scope, "Mamba output added to the attention's" if beside_attention else "residual add (Mamba)",
+                     2 * ctx.T_sp * h, ctx.T_sp * h, 0.5, count,
                      "read 2*s*b*h, write s*b*h"),
     ]
 

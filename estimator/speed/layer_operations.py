@@ -118,8 +118,10 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
     scope = f"layer ({kind}{', sliding window' if window else ''})"
     mixer, ffn = hybrid.MIXER[kind], hybrid.FFN[kind]
     groups: list[list[Operation]] = []
-    if mixer == "attention":
+    if mixer in ("attention", "attention_mamba"):
         groups += _attention_groups(ctx, arch, training, par, scope, window, count)
+    if mixer == "attention_mamba":  # Falcon-H1: the Mamba-2 mixer on the same norm's output, outputs summed
+        groups += mamba_operations(ctx, arch, par, scope, count, beside_attention=True)
     elif mixer == "linear_attention":
         groups += gated_delta_net_operations(ctx, arch, par, scope, count)
     elif mixer == "mamba":
@@ -319,9 +321,10 @@ def model_flops_per_token(arch: Architecture, seq_len: int, training: bool = Tru
     d_qk, d_v, _ = _attention_widths(arch)
     attention = sum(n * 2 * arch.num_attention_heads * (d_qk + d_v)
                     * attended_keys(seq_len, arch.sliding_window if windowed else None)
-                    for (kind, windowed), n in arch.variant_counts().items() if hybrid.MIXER[kind] == "attention")
+                    for (kind, windowed), n in arch.variant_counts().items() if hybrid.attends(kind))
     # a hybrid's chunked recurrences (hybrid_operations.py), their forward FLOPs per token, in the same term
-    core = {"linear_attention": gated_delta_net_core_flops, "mamba": ssd_core_flops, "mamba1": selective_scan_flops}
+    core = {"linear_attention": gated_delta_net_core_flops, "mamba": ssd_core_flops, "mamba1": selective_scan_flops,
+            "attention_mamba": ssd_core_flops}
     attention += sum(n * core[hybrid.MIXER[kind]](arch) for kind, n in arch.kind_counts() if hybrid.MIXER[kind] in core)
     n = matmul_parameters(arch)
     if training:

@@ -12,6 +12,8 @@ when it imports, else the torch path):
   SSD scan, the gated RMSNorm and the output projection in one autograd Function.
 - Jamba's Mamba-1 mixer (`JambaMambaMixer.forward`): `causal_conv1d_fn` on x, then mamba-ssm's
   `selective_scan_fn` (emulated in mamba1.py).
+- Falcon-H1's Mamba-2 mixer in training (`FalconH1Mixer.forward`): the same fused
+  `mamba_split_conv1d_scan_combined` as Nemotron-H, on in_proj's output scaled by the muP vector.
 
 The torch fallbacks save other tensors (the eager chunk loop keeps fp32 copies of everything), so a
 CPU run of the fallback measures a different model. Each kernel is emulated here as the harness
@@ -262,7 +264,12 @@ class MambaSplitConv1dScanCombined(torch.autograd.Function):
     dstates fp32 (b, c, h, p, n), _state_passing_bwd's bf16 dstates and states (b, c, h, p * n),
     ddt fp32 (b, h, c, l), dB and dC fp32 (b, s, nsplits, g, n) summed over the splits, ddA
     workspaces fp32 (b, h, c, l), dCB fp32 (b, c, nsplits, g, l, l) summed, ddA_prev's flip/cumsum/
-    flip; the projection's weight gradient (hidden, dim); the conv's fp32 dweight and dbias."""
+    flip; the projection's weight gradient (hidden, dim); the conv's fp32 dweight and dbias.
+
+    Without the norm's weight (Falcon-H1 with mamba_rms_norm false) z goes to the scan: _chunk_scan_fwd
+    allocates the gated `out` and `out_x` (b, s, h, p) side by side, out_x is saved, no rstd; in backward
+    _chunk_scan_bwd_dz takes the place of _layer_norm_bwd with outz (the gated output recomputed, the
+    projection's gradient reads it; out_recompute stays unused) and dout_x = empty_like(dout)."""
 
     @staticmethod
     def forward(ctx, zxbcdt, conv_w, conv_b, dt_bias, A, D, rms_w, out_w, meta):
@@ -282,16 +289,22 @@ class MambaSplitConv1dScanCombined(torch.autograd.Function):
         final = torch.empty(b, h, p * n, dtype=torch.float32, device=zxbcdt.device)
         del states32
         cb = torch.empty(b, c, g, chunk, chunk, dtype=torch.float32, device=zxbcdt.device)  # _bmm_chunk_fwd
-        out_x = torch.empty(b, s, h, p, dtype=zxbcdt.dtype, device=zxbcdt.device)  # _chunk_scan_fwd
+        if rms_w is None:  # z given to _chunk_scan_fwd: out = empty(b, s, h, p), then out_x beside it, gated
+            normed = torch.empty(b * s, dim, dtype=zxbcdt.dtype, device=zxbcdt.device)
+            out_x = torch.empty(b, s, h, p, dtype=zxbcdt.dtype, device=zxbcdt.device)
+            rstd = None
+        else:
+            out_x = torch.empty(b, s, h, p, dtype=zxbcdt.dtype, device=zxbcdt.device)  # _chunk_scan_fwd
         del cb
-        normed = torch.empty(b * s, dim, dtype=zxbcdt.dtype, device=zxbcdt.device)  # _layer_norm_fwd
-        rstd = torch.empty(g * b * s, dtype=torch.float32, device=zxbcdt.device)
+        if rms_w is not None:
+            normed = torch.empty(b * s, dim, dtype=zxbcdt.dtype, device=zxbcdt.device)  # _layer_norm_fwd
+            rstd = torch.empty(g * b * s, dtype=torch.float32, device=zxbcdt.device)
         real = not _fake(zxbcdt)
         if real:
             with hidden(), torch.no_grad():
                 y, z = meta["scan_reference"](zxbcdt, conv_w, conv_b, dt_bias, A, D)
                 out_x.copy_(y.view(b, s, h, p))
-                normed.copy_(meta["norm_reference"](y, z, rms_w).view(b * s, dim))
+                normed.copy_(meta["norm_reference"](y, z, rms_w).reshape(b * s, dim))
         out = F.linear(normed.view(b, s, dim), out_w)
         del xBC_conv, dt_out, dA_cumsum, states, final, normed
         ctx.save_for_backward(zxbcdt, conv_w, conv_b, out_x, A, D, dt_bias, rms_w, rstd, out_w)
@@ -322,14 +335,21 @@ class MambaSplitConv1dScanCombined(torch.autograd.Function):
         dzxbcdt = torch.empty_like(zxbcdt)
         keep(_dense_like(xBC))  # dxBC: dx, dB, dC are written into it
         keep(F.linear(dout, out_w.t()))  # dout through the projection, alive through dy_rms
-        keep(torch.empty(b * s, dim, dtype=out_x.dtype, device=dev))  # _layer_norm_bwd dx
-        # layernorm_gated._layer_norm_bwd: BLOCK_N = next_pow2(dim / g) capped at 64 kB of fp32... warps
-        # = min(max(BLOCK_N // 256, 1), 8); partial dw rows = ceil(SMs * ceil(4 / warps) / g)
-        block_n = min(65536 // 4, _next_pow2(dim // g))
-        warps = min(max(block_n // 256, 1), 8)
-        dw_partial = torch.empty(math.ceil(HOPPER_SMS * math.ceil(4 / warps) / g), dim, dtype=f32, device=dev)
-        drms_w = dw_partial.sum(0).to(rms_w.dtype)
-        del dw_partial
+        if rms_w is None:
+            # _chunk_scan_bwd_dz (ssd_chunk_scan.py): dz written into dzxbcdt, outz = empty_like(x) (the gated output
+            # recomputed for the projection's gradient; out_recompute above stays unused), dout_x = empty_like(dout)
+            keep(torch.empty(b, s, h, p, dtype=out_x.dtype, device=dev))  # outz
+            keep(torch.empty(b, s, h, p, dtype=out_x.dtype, device=dev))  # dout_x
+            drms_w = None
+        else:
+            keep(torch.empty(b * s, dim, dtype=out_x.dtype, device=dev))  # _layer_norm_bwd dx
+            # layernorm_gated._layer_norm_bwd: BLOCK_N = next_pow2(dim / g) capped at 64 kB of fp32... warps
+            # = min(max(BLOCK_N // 256, 1), 8); partial dw rows = ceil(SMs * ceil(4 / warps) / g)
+            block_n = min(65536 // 4, _next_pow2(dim // g))
+            warps = min(max(block_n // 256, 1), 8)
+            dw_partial = torch.empty(math.ceil(HOPPER_SMS * math.ceil(4 / warps) / g), dim, dtype=f32, device=dev)
+            drms_w = dw_partial.sum(0).to(rms_w.dtype)
+            del dw_partial
         # _mamba_chunk_scan_combined_bwd
         keep(torch.empty(b, s, h, dtype=zxbcdt.dtype, device=dev))  # dt_in = dt.clone()
         keep(torch.empty(b, h, c, chunk, dtype=f32, device=dev))  # dA_cumsum
@@ -395,9 +415,8 @@ def mamba_split_conv1d_scan_combined(hidden, conv_reference, scan_reference):
            rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None, ngroups=1,
            norm_before_gate=True, **kwargs):
         if initial_states is not None or seq_idx is not None or return_final_states or norm_before_gate \
-                or rmsnorm_weight is None or outproj_weight is None or outproj_bias is not None \
-                or activation != "silu":
-            raise NotImplementedError("only Nemotron-H's training call is emulated")
+                or outproj_weight is None or outproj_bias is not None or activation != "silu":
+            raise NotImplementedError("only Nemotron-H's and Falcon-H1's training call is emulated")
         h = D.shape[0]
         dim = h * headdim
 
@@ -413,6 +432,8 @@ def mamba_split_conv1d_scan_combined(hidden, conv_reference, scan_reference):
             return y.reshape(b, s, dim), z
 
         def norm(y, z, weight):
+            if weight is None:  # no gated norm (Falcon-H1's mamba_rms_norm false): the kernel gates the scan output
+                return y * F.silu(z)
             return _gated_rmsnorm(y, z, weight, dim // ngroups, rmsnorm_eps)
 
         def reference(zxbcdt_, conv_w, conv_b, dt_bias_, A_, D_, rms_w, out_w):
@@ -445,6 +466,13 @@ def hybrid_kernels(tracker):
                                                                saved[qwen, "torch_chunk_gated_delta_rule"])
     nemotron.mamba2_split_conv1d_scan_combined = mamba_split_conv1d_scan_combined(
         tracker.hidden, nemotron.causal_conv1d_fn, nemotron.mamba2_chunk_scan)
+    # Falcon-H1's mixer (FalconH1Mixer.forward, training without a cache) makes the same fused call, the gated
+    # norm's weight only with mamba_rms_norm, norm_before_gate False whatever its config says
+    from transformers.models.falcon_h1 import modeling_falcon_h1 as falcon
+
+    saved[falcon, "mamba2_split_conv1d_scan_combined"] = falcon.mamba2_split_conv1d_scan_combined
+    falcon.mamba2_split_conv1d_scan_combined = mamba_split_conv1d_scan_combined(
+        tracker.hidden, falcon.causal_conv1d_fn, falcon.mamba2_chunk_scan)
     from .mamba1 import jamba_patches  # Jamba's Mamba-1 layers (mamba1.py)
 
     for module, name, emulation in jamba_patches(tracker, causal_conv1d_fn):

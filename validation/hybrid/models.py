@@ -83,9 +83,25 @@ def _jamba(hf: dict) -> dict:
         mamba_conv_kernel=hf["mamba_d_conv"], mamba_conv_bias=hf["mamba_conv_bias"])
 
 
+def _falcon_h1(hf: dict) -> dict:
+    """Falcon-H1: decoder layers of attention (RoPE, GQA, 128-wide heads) and a Mamba-2 mixer side by side on one
+    norm's output, then a gated MLP; the mixer's gated norm with mamba_rms_norm."""
+    return dict(
+        hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"], num_kv_heads=hf["num_key_value_heads"],
+        head_dim=hf["head_dim"], vocab_size=hf["vocab_size"], intermediate_size=hf["intermediate_size"],
+        tie_embeddings=hf["tie_word_embeddings"], parallel_mamba=True, mamba_num_heads=hf["mamba_n_heads"],
+        mamba_head_dim=hf["mamba_d_head"], mamba_state_size=hf["mamba_d_state"], mamba_num_groups=hf["mamba_n_groups"],
+        mamba_conv_kernel=hf["mamba_d_conv"], mamba_conv_bias=hf["mamba_conv_bias"],
+        mamba_chunk_size=hf["mamba_chunk_size"], mamba_gated_norm=hf["mamba_rms_norm"])
+
+
 QWEN3_NEXT_80B = _published("qwen3-next-80b-a3b-instruct")
 NEMOTRON_H_8B = _published("nemotron-h-8b-base-8k")
 JAMBA_MINI = _published("ai21-jamba-1.5-mini")
+FALCON_H1_7B = _published("falcon-h1-7b-instruct")
+FALCON_H1_34B = _published("falcon-h1-34b-instruct")
+FALCON_H1_05B = _published("falcon-h1-0.5b-instruct")  # no gated norm in its mixer (mamba_rms_norm false)
 
 # Tiny models for the emulation and fake-versus-real checks (tests/test_harness_hybrid.py): grouped
 # value heads (2 key heads, 4 value heads), a full-attention layer, MoE; every Nemotron-H block kind.
@@ -103,6 +119,17 @@ TINY_JAMBA = dict(JAMBA_MINI, hidden_size=64, num_hidden_layers=4, num_attention
                   intermediate_size=96, vocab_size=1000, max_position_embeddings=512, num_experts=4,
                   attn_layer_period=3, attn_layer_offset=1, mamba_d_state=8, mamba_dt_rank=8)
 
+# Falcon-H1: 2 groups of 4 Mamba heads, chunks of 16 (the 48- and 64-token runs span several); muP multipliers
+# other than 1 so that the scaled paths are exercised; the gate before the norm, as the fused kernel is called
+TINY_FALCON_H1 = dict(FALCON_H1_7B, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, intermediate_size=96, vocab_size=1000, max_position_embeddings=512, mamba_d_ssm=64,
+                      mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=16,
+                      mamba_norm_before_gate=False, ssm_in_multiplier=1.25, ssm_out_multiplier=0.5,
+                      attention_in_multiplier=0.75, key_multiplier=0.5, mlp_multipliers=[0.75, 0.5],
+                      ssm_multipliers=[0.5, 0.25, 0.5, 0.75, 0.5], embedding_multiplier=2.0, lm_head_multiplier=0.25)
+
+TINY_FALCON_H1_PLAIN = dict(TINY_FALCON_H1, mamba_rms_norm=False)  # the mixer gated in the scan, no norm
+
 MODELS = {m.id: m for m in [
     HybridModel("qwen3-next-80b-a3b", QWEN3_NEXT_80B, _qwen3_next(QWEN3_NEXT_80B)),
     HybridModel("nemotron-h-8b", NEMOTRON_H_8B, _nemotron_h(NEMOTRON_H_8B)),
@@ -110,6 +137,11 @@ MODELS = {m.id: m for m in [
     HybridModel("tiny-nemotron-h", TINY_NEMOTRON_H, _nemotron_h(TINY_NEMOTRON_H)),
     HybridModel("jamba-mini-1.5", JAMBA_MINI, _jamba(JAMBA_MINI)),
     HybridModel("tiny-jamba", TINY_JAMBA, _jamba(TINY_JAMBA)),
+    HybridModel("falcon-h1-7b", FALCON_H1_7B, _falcon_h1(FALCON_H1_7B)),
+    HybridModel("falcon-h1-34b", FALCON_H1_34B, _falcon_h1(FALCON_H1_34B)),
+    HybridModel("falcon-h1-0.5b", FALCON_H1_05B, _falcon_h1(FALCON_H1_05B)),
+    HybridModel("tiny-falcon-h1", TINY_FALCON_H1, _falcon_h1(TINY_FALCON_H1)),
+    HybridModel("tiny-falcon-h1-plain", TINY_FALCON_H1_PLAIN, _falcon_h1(TINY_FALCON_H1_PLAIN)),
 ]}
 
 # The measured runs, as validation/hf/step.Run's arguments (registered in validation/hf/cases.py). Long
@@ -124,6 +156,9 @@ HYBRID_RUNS = [
     (("jamba-mini-1.5", 4096), {}), (("jamba-mini-1.5", 8192), {"recompute": "full"}),
     (("jamba-mini-1.5", 2048, 2), {}), (("jamba-mini-1.5", 16384), {"recompute": "full"}),
     (("jamba-mini-1.5", 32768), {}),
+    (("falcon-h1-7b", 4096), {}), (("falcon-h1-7b", 8192), {"recompute": "full"}), (("falcon-h1-7b", 2048, 2), {}),
+    (("falcon-h1-7b", 16384), {}), (("falcon-h1-34b", 4096), {"recompute": "full"}),
+    (("falcon-h1-0.5b", 4096, 2), {}), (("falcon-h1-0.5b", 16384), {"recompute": "full"}),
 ]
 
 KERNELS = {  # what a record's description says of the emulated kernels, and their sources
@@ -135,4 +170,6 @@ KERNELS = {  # what a record's description says of the emulated kernels, and the
     "jamba-mini-1.5": "Mamba-1 layers through causal-conv1d's causal_conv1d_fn and mamba-ssm's selective_scan_fn "
                       "(emulated: Dao-AILab/causal-conv1d@0d2252d, state-spaces/mamba@e9594ce), attention every 8th "
                       "layer, MoE every 2nd",
+    **dict.fromkeys(("falcon-h1-7b", "falcon-h1-34b", "falcon-h1-0.5b"), "attention and a Mamba-2 mixer side by side in every layer, the "
+                    "mixer through mamba-ssm's mamba_split_conv1d_scan_combined (emulated: state-spaces/mamba@e9594ce)"),
 }

@@ -66,6 +66,9 @@ CASES = [
     ("nemotron-h-8b", "a100-40", 2, 1, {"prefix_caching": True}),
     ("nemotron-h-8b", "h100-80", 2, 2, {"prefix_caching": True}),
     ("nemotron-h-8b", "h100-80", 1, 1, {"max_num_seqs": 64}),
+    # Falcon-H1: attention and a Mamba-2 state in every layer; TP 2 replicates its one group (extra groups)
+    ("falcon-h1-7b", "h100-80", 1, 1, {"prefix_caching": True}),
+    ("falcon-h1-7b", "h100-80", 2, 1, {}),
     ("llama-3.1-8b", "h100-80", 1, 1, {"max_model_len": 32768, "prefix_caching": True}),
     ("llama-3.1-8b", "b200", 1, 1, {"max_model_len": 32768}),
     ("qwen3-30b-a3b", "b200", 2, 1, {}),

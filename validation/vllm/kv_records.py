@@ -24,6 +24,7 @@ whose construction needs a GPU platform and a model on disk.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -51,6 +52,14 @@ CASES = [
     ("gpt-oss-20b", "h100-80", 2, 1, {"max_model_len": 65536}),
     ("deepseek-v3", "h200", 8, 1, {"max_model_len": 32768}),
     ("deepseek-v3", "h200", 8, 2, {"max_model_len": 163840, "kv_cache_dtype": "fp8"}),
+]
+
+# Falcon-H1 (issue 28): an attention layer and a Mamba-2 layer per decoder layer. Recorded with 0.11's rules only:
+# its HybridAttentionMambaModelConfig sizes the block and pads the state page (model_executor/models/config.py);
+# 0.33 moved that planning into the KV-cache manager, not re-read (estimator/serving/recurrent_state.py)
+HYBRID_CASES = [
+    ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
+    ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
 ]
 
 
@@ -135,8 +144,45 @@ def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
                 specs[name] = interface.SlidingWindowSpec(**common, sliding_window=window)
             else:
                 specs[name] = interface.FullAttentionSpec(**common)
+        if getattr(text, "model_type", "") == "falcon_h1":
+            specs.update(_falcon_h1_state_specs(text, tp, layers, specs, block_size))
         stages.append(specs)
     return stages, heads, head_size
+
+
+def _falcon_h1_state_specs(text, tp: int, layers: range, attention: dict, block_size: int) -> dict:
+    """Falcon-H1's Mamba-2 layers, one per decoder layer (vLLM 0.11 falcon_h1.py FalconH1ParallelHybrid: the
+    mixer's prefix takes index num_hidden_layers + i): the state's shapes and dtypes from vLLM's calculators
+    with the arguments FalconH1ForCausalLM.get_mamba_state_shape_from_config / _dtype_from_config pass (the model
+    module itself needs packages the CPU venv lacks), block_size max_model_len as gpu_model_runner sets it (here
+    the given block: only the page counts), the page padded to the attention page
+    (HybridAttentionMambaModelConfig: cache_config.mamba_page_size_padded)."""
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    width = text.mamba_d_ssm if text.mamba_d_ssm is not None else int(text.mamba_expand * text.hidden_size)
+    shapes = MambaStateShapeCalculator.mamba2_state_shape(
+        tp_world_size=tp, intermediate_size=width, n_groups=text.mamba_n_groups, num_heads=text.mamba_n_heads,
+        head_dim=text.mamba_d_head, state_size=text.mamba_d_state, conv_kernel=text.mamba_d_conv)
+    dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(torch.bfloat16, "auto", "auto")
+    padded = next(iter(attention.values())).page_size_bytes
+    n = text.num_hidden_layers
+    return {f"model.layers.{n + i}.mixer": MambaSpec(shapes=shapes, dtypes=dtypes, block_size=block_size,
+                                                      page_size_padded=padded) for i in layers}
+
+
+def vllm_hybrid_block_size(text, tp: int, heads: int, head_size: int) -> int:
+    """HybridAttentionMambaModelConfig.verify_and_update_config's block (vLLM 0.11 model_executor/models/config.py):
+    16 x cdiv(the state page, 16 x one token's attention page), over vLLM's own spec objects."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    one = FullAttentionSpec(block_size=1, num_kv_heads=heads, head_size=head_size, dtype=torch.bfloat16).page_size_bytes
+    state = next(iter(_falcon_h1_state_specs(text, tp, range(1), {"a": types.SimpleNamespace(page_size_bytes=None)},
+                                              1).values()))
+    state = dataclasses.replace(state, page_size_padded=None).page_size_bytes
+    return 16 * -(-state // (16 * one))
 
 
 def our_estimate(case, vllm_version: str):
@@ -202,6 +248,8 @@ def run_case(case, vllm_version: str) -> dict:
     # view of one backing allocation of bytes_per_block x num_blocks ("Groups alias from byte 0")
     kv_bytes = [sum(t.size for t in c.kv_cache_tensors) if release < "0.33" else max(t.size for t in c.kv_cache_tensors)
                 for c in configs]
+    hybrid = ({"block_size": vllm_hybrid_block_size(text, tp, heads, head_size)}
+              if getattr(text, "model_type", "") == "falcon_h1" else {})
     return {
         "case": {"model": preset, "gpu": gpu, "tp": tp, "pp": pp, "serving": {"engine_version": release, **overrides}},
         "vllm_version": vllm_version,
@@ -211,23 +259,47 @@ def run_case(case, vllm_version: str) -> dict:
         "vllm": {"num_kv_heads_per_rank": heads, "head_size": head_size, "use_mla": bool(proxy.use_mla),
                  "stage_layers": [[x.start, x.stop] for x in ranges], "num_groups": len(configs[0].kv_cache_groups),
                  "num_blocks": configs[0].num_blocks, "kv_cache_bytes_per_stage": kv_bytes,
-                 "kv_cache_tokens": tokens, "max_concurrency": concurrency, "max_model_len_that_fits": min(fits)},
+                 "kv_cache_tokens": tokens, "max_concurrency": concurrency, "max_model_len_that_fits": min(fits),
+                 **hybrid},
     }
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
+    parser.add_argument("--append-hybrid", action="store_true",
+                        help="run HYBRID_CASES only and append their records to the --out file (0.11)")
     args = parser.parse_args(argv)
     import vllm
     version = vllm.__version__
-    records = [run_case(case, version) for case in CASES]
+    if args.append_hybrid:
+        return _append_hybrid(args.out, version)
+    hybrid = HYBRID_CASES if version.startswith("0.11.") else []
+    records = [run_case(case, version) for case in CASES + hybrid]
     command = (f"{sys.executable} -m validation.vllm.kv_records --out {args.out}  "
                f"(vllm=={version}, torch, transformers as installed; CPU only)")
     with open(args.out, "w") as fh:
         json.dump({"command": command, "vllm_version": version, "records": records}, fh, indent=1)
         fh.write("\n")
     print(f"{len(records)} records -> {args.out}")
+    return 0
+
+
+def _append_hybrid(out: str, version: str) -> int:
+    """Add the hybrid cases' records to a release's file without re-running its others (their given memory is
+    the estimate of the day they were recorded); the file says which command added them."""
+    with open(out) as fh:
+        data = json.load(fh)
+    assert data["vllm_version"] == version
+    done = {json.dumps(r["case"], sort_keys=True) for r in data["records"]}
+    new = [r for r in (run_case(case, version) for case in HYBRID_CASES)
+           if json.dumps(r["case"], sort_keys=True) not in done]
+    data["records"] += new
+    data["hybrid_command"] = f"{sys.executable} -m validation.vllm.kv_records --out {out} --append-hybrid"
+    with open(out, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+    print(f"{len(new)} records appended -> {out}")
     return 0
 
 

@@ -74,12 +74,19 @@ def gated_delta_net_entries(arch: Architecture, training: Training, par: Paralle
 
 def mamba_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
     """A Mamba-2 block: its norm and the fused mixer (see the module docstring)."""
+    T = tokens_per_gpu(training, par)
+    return _norm("Mamba norm input", T, arch, training) + mamba_mixer_entries(arch, training, par, "in_proj input")
+
+
+def mamba_mixer_entries(arch: Architecture, training: Training, par: Parallel, input_name: str) -> list[Entry]:
+    """The fused Mamba-2 mixer from in_proj's input on. Without the gated norm (Falcon-H1's mamba_rms_norm false)
+    the kernel gates the scan output itself and keeps no rstd (ssd_combined.py: rmsnorm_weight None, z given to
+    _mamba_chunk_scan_combined_fwd, out_x still saved)."""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     H, g, n = arch.mamba_num_heads, arch.mamba_num_groups, arch.mamba_state_size
     d = H * arch.mamba_head_dim
-    out = _norm("Mamba norm input", T, arch, training)
-    out += _norm_output("in_proj input", T, arch, training, 1, NORM)
+    out = _norm_output(input_name, T, arch, training, 1, NORM)
     out.append(Entry("in_proj output z, x, B, C, dt (kept by mamba-ssm's fused mixer)", T * (2 * d + 2 * g * n + H), B,
                      "tp", "B*s*b*(2*H*p + 2*g*n + H)"))
     out.append(Entry("scan output before the gate (kept by the fused mixer)", T * d, B, "tp", "B*s*b*H*p"))
@@ -87,11 +94,25 @@ def mamba_entries(arch: Architecture, training: Training, par: Parallel) -> list
         # Megatron-Core 0.16.1 ssm/mamba_mixer.py _ssm_training: the fused kernel without rmsnorm_weight and
         # outproj_weight gates the scan output in the kernel (ssd_combined.py: z given, out = out_x * silu(z)),
         # then its own RMSNorm (`self.norm`, a fused norm keeping its input) and out_proj (keeping its input)
-        out.append(Entry("gated scan output (the Mamba norm's input)", T * d, B, "tp", "B*s*b*H*p"))
-        out.append(Entry("normalised scan output (out_proj input)", T * d, B, "tp", "B*s*b*H*p", gemm_input=True))
-    else:
+        # (without rmsnorm, the gated output made contiguous goes to out_proj as it is)
+        if arch.mamba_gated_norm:
+            out.append(Entry("gated scan output (the Mamba norm's input)", T * d, B, "tp", "B*s*b*H*p"))
+        out.append(Entry("normalised scan output (out_proj input)" if arch.mamba_gated_norm else
+                         "gated scan output (out_proj input)", T * d, B, "tp", "B*s*b*H*p", gemm_input=True))
+    elif arch.mamba_gated_norm:
         out.append(Entry("gated norm rstd per group (fp32, kept by the fused mixer)", T * g, 4, "tp", "4*s*b*g"))
     return out
+
+
+def parallel_hybrid_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """A Falcon-H1 layer's mixers (transformers 5.23 FalconH1DecoderLayer.forward): one norm, whose output each
+    branch scales by its muP multiplier first (attention_in_multiplier, the mixer's ssm_in_multiplier), so q, k, v
+    keep one scaled copy and in_proj another while the norm's output itself dies (a product by a Python number keeps
+    nothing); the mixer's in_proj output times the muP vector (a buffer) is what the fused kernel keeps; the
+    branches' outputs are scaled and summed without being kept. Measured: tests/data/measured/falcon-h1-*.json."""
+    from .attention import attention_entries
+    return attention_entries(arch, training, par) + mamba_mixer_entries(
+        arch, training, par, "in_proj input (the norm's output x ssm_in_multiplier)")
 
 
 SCAN_CHUNK = 2048  # mamba-ssm selective_scan.cpp: the state saved at the end of every 2048 tokens
@@ -142,7 +163,8 @@ def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, 
 
     mixer, ffn = hybrid.MIXER[kind], hybrid.FFN[kind]
     out = {"attention": attention_entries, "linear_attention": gated_delta_net_entries,
-           "mamba": mamba_entries, "mamba1": mamba1_entries, None: lambda *a: []}[mixer](arch, training, par)
+           "mamba": mamba_entries, "mamba1": mamba1_entries, "attention_mamba": parallel_hybrid_entries,
+           None: lambda *a: []}[mixer](arch, training, par)
     if ffn is not None:
         out += mlp_entries(arch, training, par, ffn)
     return out
