@@ -88,6 +88,8 @@ def _siglip_vision(config: dict) -> tuple[dict[str, Any], list[str]]:
 def vision_fields(config: dict, text_hidden: int) -> tuple[dict[str, Any], list[str]]:
     """The vision fields of a multimodal file, and the vision_config keys not read; none for a text model."""
     model_type = config.get("model_type")
+    if model_type == "llama4" and "vision_config" in config:  # named, not dropped: the tower is not modelled yet
+        return {}, ["vision_config (Llama 4's vision encoder is not modelled: the text model alone)"]
     if "vision_config" not in config or model_type not in ("qwen2_5_vl", "gemma3"):
         return {}, []
     if model_type == "qwen2_5_vl":

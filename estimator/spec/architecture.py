@@ -80,7 +80,11 @@ class Architecture:
     router_bias: bool = False  # DeepSeek-V3 e_score_correction_bias
     shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate on the shared expert
     sliding_window: int | None = None  # local attention window, in tokens
-    sliding_window_pattern: int = 0  # 0: every layer uses the window; N: every N-th layer is global
+    sliding_window_pattern: int = 0  # 0: every layer is local (window or chunk); N: every N-th layer is global
+    # Llama 4: chunked local attention, a query attends only to the earlier tokens of its own chunk of this many
+    # tokens (transformers 5.23 masking_utils.chunked_causal_mask_function); the global layers (every
+    # sliding_window_pattern-th: Llama 4's no_rope_layers, NoPE) attend to the whole sequence
+    attention_chunk_size: int | None = None
     attention_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(scores / cap)
     final_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(logits / cap)
     norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32
@@ -227,11 +231,16 @@ class Architecture:
         """The layer kinds the model has, sorted."""
         return tuple(kind for kind, _ in self.kind_counts())
 
+    @property
+    def local_attention(self) -> int | None:
+        """The span of the local layers: the sliding window, or Llama 4's attention chunk; None: all global."""
+        return self.sliding_window or self.attention_chunk_size
+
     def global_attention_layers_in(self, start: int, stop: int) -> int:
         """Layers among start .. stop - 1 that attend to the whole sequence: all of them without a
-        sliding window, none with pattern 0, else every pattern-th (layer i when (i + 1) % pattern
-        == 0, Gemma's ``sliding_window_pattern``)."""
-        if not self.sliding_window:
+        sliding window or chunk, none with pattern 0, else every pattern-th (layer i when (i + 1) % pattern
+        == 0, Gemma's ``sliding_window_pattern``, Llama 4's NoPE layers)."""
+        if not self.local_attention:
             return max(stop - start, 0)
         if self.sliding_window_pattern == 0:
             return 0
@@ -239,7 +248,8 @@ class Architecture:
         return congruent_in(start, stop, pattern - 1, pattern)
 
     def variant_counts(self, start: int = 0, stop: int | None = None) -> dict[tuple[str, bool], int]:
-        """Layers start .. stop - 1 by (kind, windowed), the variants with at least one layer. The
+        """Layers start .. stop - 1 by (kind, local: a sliding window or an attention chunk), the variants with
+        at least one layer. The
         MoE layers that are global are those in both residue classes (Chinese remainder theorem),
         the other three variants follow by subtraction."""
         stop = self.num_layers if stop is None else stop
@@ -247,7 +257,7 @@ class Architecture:
             return {(kind, False): n for kind, n in self.kind_counts(start, stop)}
         moe = self.moe_layers_in(start, stop)
         full = self.global_attention_layers_in(start, stop)
-        if not self.is_moe or not self.sliding_window or self.sliding_window_pattern == 0:
+        if not self.is_moe or not self.local_attention or self.sliding_window_pattern == 0:
             moe_full = moe if full == stop - start else 0
         else:
             moe_full = congruent_in_both(max(start, self.first_dense_layers), stop,
@@ -525,6 +535,9 @@ def _check_architecture(arch: Architecture) -> None:
     if arch.kv_lora_rank is not None or arch.q_lora_rank is not None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             _require(arch, name, "required with multi-head latent attention")
+    if arch.sliding_window and arch.attention_chunk_size:
+        raise ConfigError("model.attention_chunk_size", arch.attention_chunk_size, "none with a sliding_window",
+                          "a local layer either slides or is chunked", related=("model.sliding_window",))
     _sparse.check_indexer(arch)
     _check_hybrid(arch)
     _vision.check(arch)
@@ -545,6 +558,7 @@ def _check_hybrid(arch: Architecture) -> None:
                           "a model has either Mamba blocks or linear-attention layers here", related=(which,))
     for name, value, allowed in (("kv_lora_rank", arch.kv_lora_rank, "none"),
                                  ("sliding_window", arch.sliding_window, "none"),
+                                 ("attention_chunk_size", arch.attention_chunk_size, "none"),
                                  ("mtp_layers", arch.mtp_layers or None, "0")):
         if value is not None:
             raise ConfigError(f"model.{name}", value, f"{allowed} in a hybrid model", related=(which,))

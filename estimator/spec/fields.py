@@ -367,8 +367,11 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _bool("shared_expert_gate", _M, "Shared expert gate", "Qwen2-MoE: a sigmoid gate on the shared expert.", _MORE),
     _w("sliding_window", "Sliding window", "Local attention window in tokens.", _MORE, hi=MAX_TOKENS, optional=True,
        auto="none: global attention", step=1024),
-    _w("sliding_window_pattern", "Global layer every N", "0 = every layer uses the window; N = every N-th layer is "
-       "global.", _MORE, lo=0, hi=MAX_LAYERS),
+    _w("attention_chunk_size", "Attention chunk", "Chunked local attention (Llama 4): a local layer's query attends "
+       "only to the earlier tokens of its own chunk of this many tokens.", _MORE, hi=MAX_TOKENS, optional=True,
+       auto="none: no chunked attention", step=1024),
+    _w("sliding_window_pattern", "Global layer every N", "0 = every layer uses the window (or chunk); N = every "
+       "N-th layer is global (Gemma's pattern, Llama 4's NoPE layers).", _MORE, lo=0, hi=MAX_LAYERS),
     Field("attention_logit_softcapping", _M, "float", "Attention logit soft-cap", "Gemma-2: cap x tanh(scores / "
           "cap).", _MORE, min=0.0, max=1e6, optional=True, auto="none", widget=False),
     Field("final_logit_softcapping", _M, "float", "Final logit soft-cap", "Gemma-2: cap x tanh(logits / cap).",
