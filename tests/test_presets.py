@@ -22,7 +22,7 @@ REQUIRED = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "
             "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b",
             "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b",
             "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5", "qwen2.5-vl-7b", "deepseek-v3.2",
-            "kimi-k2"]
+            "kimi-k2", "llama-4-scout"]
 
 # Exact counts the project states as its reference (from the Hub's safetensors metadata, and for
 # DeepSeek-V3 the checkpoint with its MTP module): quoted here independently of the data files.

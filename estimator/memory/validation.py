@@ -48,6 +48,10 @@ def _check_images(arch: Architecture, training: Training) -> None:
                           "tower", related=("model.vision_tower",))
     if not n and training.image_size is None:  # the encoder frozen, no images: nothing else to check
         return
+    if n and arch.vision_tower == vision.LLAMA4:
+        raise ConfigError("training.images_per_sample", n, "0 for Llama 4's vision tower",
+                          "its tiles' activations are not modelled yet: the text model trains, the tower's weights "
+                          "(frozen or not) are counted", related=("model.vision_tower",))
     if n and training.adapter is not None:
         raise ConfigError("training.images_per_sample", n, "0 with an adapter",
                           "PEFT matches target modules by name, inside the vision tower too: not modelled",

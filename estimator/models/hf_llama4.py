@@ -82,6 +82,10 @@ def _llama4_text(r: _Reader) -> tuple[dict[str, Any], list[str]]:
                       moe_intermediate_size=width, num_shared_experts=1, shared_expert_intermediate_size=width,
                       first_dense_layers=step - 1, moe_layer_frequency=step,
                       intermediate_size=r.int("intermediate_size_mlp") if step > 1 else None)
+    if step:  # transformers 5.23 Llama4TextMoe runs every token through every expert
+        fields["moe_dense_experts"] = True
+    fields["qk_l2_norm"] = r.bool("use_qk_norm")
+    fields["eager_softmax_in_compute_dtype"] = True  # eager_attention_forward: "doesn't cast attn weights to fp32"
     chunk = r.int("attention_chunk_size", required=False)
     interval = _global_interval(r, num_layers)
     if chunk is not None and interval != 1:  # interval 1: every layer is NoPE, so none is chunked

@@ -85,6 +85,13 @@ class Architecture:
     # tokens (transformers 5.23 masking_utils.chunked_causal_mask_function); the global layers (every
     # sliding_window_pattern-th: Llama 4's no_rope_layers, NoPE) attend to the whole sequence
     attention_chunk_size: int | None = None
+    qk_l2_norm: bool = False  # Llama 4: the RoPE (local) layers L2-normalise q and k per head, without a weight
+    # transformers' Llama4TextMoe (5.23): every token goes through every routed expert, its input scaled by the
+    # router's sigmoid score (zero outside the top-k), two bmm over the stacked expert weights
+    moe_dense_experts: bool = False
+    # transformers' Llama 4 eager attention (5.23 modeling_llama4.py eager_attention_forward): softmax over the
+    # compute-dtype scores, no fp32 upcast
+    eager_softmax_in_compute_dtype: bool = False
     attention_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(scores / cap)
     final_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(logits / cap)
     norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32
@@ -117,7 +124,7 @@ class Architecture:
     mamba_expand: int | None = None  # Mamba-1 inner width = mamba_expand x hidden_size
     mamba_dt_rank: int | None = None  # rank of Mamba-1's time-step projection
     # Vision-language models: the vision tower before the decoder (estimator/spec/vision.py)
-    vision_tower: str | None = None  # "qwen2_5_vl" or "siglip"; None: a text-only model
+    vision_tower: str | None = None  # "qwen2_5_vl", "siglip" or "llama4"; None: a text-only model
     vision_hidden_size: int | None = None
     vision_num_layers: int | None = None
     vision_num_heads: int | None = None
@@ -129,6 +136,7 @@ class Architecture:
     vision_full_attention_layers: int = 0  # Qwen2.5-VL: blocks attending over the whole image (fullatt_block_indexes)
     vision_image_size: int | None = None  # SigLIP: the size every image is resized to (its position table)
     vision_tokens_per_image: int | None = None  # Gemma 3: decoder tokens per image after the projector's pooling
+    vision_projector_size: int | None = None  # Llama 4: the pixel-shuffle adapter's and the projector's width
 
     def __post_init__(self) -> None:
         _check_architecture(self)
