@@ -232,7 +232,10 @@ def test_a_scout_layer_keeps_by_hand():
 
     arch, training, par = scout(), Training(seq_len=2048, framework="hf", param_dtype="bf16"), Parallel()
     rows, h, f = 16 * 2048, 5120, 8192
-    moe = sum(e.bytes(par) for e in dense_moe_entries(arch, training, par))
-    assert moe == 2048 * 8 + rows * 4 + rows * 2 + rows * (2 * h + 4 * f) * 2
+    router = sum(e.bytes(par) for e in dense_moe_entries(arch, training, par))
+    assert router == 2048 * 8 + rows * 4 + rows * 2 + rows * 2 * h * 2
+    from estimator.memory.activations.mlp import mlp_entries
+    experts = sum(e.bytes(par) for e in mlp_entries(arch, training, par, "moe") if e.name.startswith("experts (every"))
+    assert experts == rows * 4 * f * 2
     l2 = sum(e.bytes(par) for e in l2_qk_norm_entries(arch, training, par))
     assert l2 == 2048 * 3 / 4 * ((5120 + 1024) * 4 + 48 * 4)

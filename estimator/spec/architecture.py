@@ -81,17 +81,11 @@ class Architecture:
     shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate on the shared expert
     sliding_window: int | None = None  # local attention window, in tokens
     sliding_window_pattern: int = 0  # 0: every layer is local (window or chunk); N: every N-th layer is global
-    # Llama 4: chunked local attention, a query attends only to the earlier tokens of its own chunk of this many
-    # tokens (transformers 5.23 masking_utils.chunked_causal_mask_function); the global layers (every
-    # sliding_window_pattern-th: Llama 4's no_rope_layers, NoPE) attend to the whole sequence
+    # Llama 4 (estimator/models/hf_llama4.py): a local layer's query sees the earlier tokens of its own chunk
     attention_chunk_size: int | None = None
-    qk_l2_norm: bool = False  # Llama 4: the RoPE (local) layers L2-normalise q and k per head, without a weight
-    # transformers' Llama4TextMoe (5.23): every token goes through every routed expert, its input scaled by the
-    # router's sigmoid score (zero outside the top-k), two bmm over the stacked expert weights
-    moe_dense_experts: bool = False
-    # transformers' Llama 4 eager attention (5.23 modeling_llama4.py eager_attention_forward): softmax over the
-    # compute-dtype scores, no fp32 upcast
-    eager_softmax_in_compute_dtype: bool = False
+    qk_l2_norm: bool = False  # the RoPE (local) layers L2-normalise q and k per head, without a weight
+    moe_dense_experts: bool = False  # transformers' Llama4TextMoe: every token through every routed expert
+    eager_softmax_in_compute_dtype: bool = False  # transformers' Llama 4 eager softmax: no fp32 upcast
     attention_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(scores / cap)
     final_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(logits / cap)
     norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32

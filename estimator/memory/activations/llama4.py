@@ -47,10 +47,8 @@ def dense_moe_entries(arch: Architecture, training: Training, par: Parallel) -> 
     """Llama4TextMoe.forward and its router (LLAMA4_SOURCE): topk over the router's logits keeps its int64
     indices (topk's and scatter_'s backward read them), sigmoid keeps its fp32 output; the scores, transposed to
     one per (expert, token) row, are a copy; ``hidden_states.repeat(E, 1)`` and that copy are kept by their
-    product, which the gate/up ``bmm`` keeps; the experts' SwiGLU keeps what transformers' MLP keeps, E x tokens
-    wide (the shared expert is the generic MLP beside it)."""
-    from .mlp import _mlp
-
+    product, which the gate/up ``bmm`` keeps. The experts' SwiGLU keeps what transformers' MLP keeps over the
+    E x tokens rows (`dense_moe_rows`: mlp.py adds it, and the shared expert beside it)."""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     e, k, h = arch.num_experts, arch.num_experts_per_token, arch.hidden_size
@@ -62,6 +60,9 @@ def dense_moe_entries(arch: Architecture, training: Training, par: Parallel) -> 
             Entry("tokens repeated for every expert (kept by the scaling product)", rows * h, B, "sp", "B*E*s*b*h",
                   recompute=MOE),
             Entry("scaled tokens (expert gate/up bmm input)", rows * h, B, "sp", "B*E*s*b*h", gemm_input=True,
-                  recompute=MOE, for_weights=("experts",)),
-            *_mlp("experts (every token): ", rows, arch.moe_intermediate_size, arch, training, "sp", "E*f_e", MOE,
-                  down="experts")]
+                  recompute=MOE, for_weights=("experts",))]
+
+
+def dense_moe_rows(training: Training, par: Parallel, arch: Architecture) -> float:
+    """The rows the experts' bmm runs over: every token once per routed expert."""
+    return tokens_per_gpu(training, par) * arch.num_experts

@@ -7,7 +7,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
-from .llama4 import dense_moe, dense_moe_entries
+from .llama4 import dense_moe, dense_moe_entries, dense_moe_rows
 
 
 def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Training, divided_by: str,
@@ -67,6 +67,8 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
         if dense_moe(arch, training):  # transformers' Llama 4: every token through every expert
             out += dense_moe_entries(arch, training, par)
+            out += _mlp("experts (every token): ", dense_moe_rows(training, par, arch), arch.moe_intermediate_size,
+                        arch, training, "sp", "E*f_e", MOE, down="experts")
             out += _shared_expert_entries(arch, training, T)
             return out + _mlp_tail(arch, training, T)
         out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
