@@ -73,7 +73,7 @@ def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
                                    {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"},
                                    {"model": "jamba-mini-1.5", "tp": "2"},
                                    {"model": "qwen2.5-vl-7b", "images_per_sample": "2", "image_size": "448"},
-                                   {"model": "llama-4-scout", "tp": "4", "ep": "4"}],
+                                   {"model": "llama-4-scout", "tp": "4", "ep": "4", "dp": "4"}],
                          ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid",
                               "vision-language", "chunked attention (llama 4)"])
 def test_every_page_renders(query):
@@ -1063,9 +1063,9 @@ def test_every_page_renders_the_issue_28_mla_presets(query):
 
 
 def test_the_planner_plans_llama_4_scout():
-    """Llama 4 Scout (issue 28): chunked attention, every token through every expert under the HF Trainer; the
-    page's table is the planner's."""
-    at = _planner({"model": "llama-4-scout", "dp": "16", "framework": "hf", "seq_len": "4096"})
-    direct = _direct_plan({"model": "llama-4-scout", "training": {"framework": "hf", "seq_len": 4096}}, 16)
+    """Llama 4 Scout (issue 28): chunked attention and a vision tower's weights on the first stage; on 64 H100s
+    the page's table is the planner's."""
+    at = _planner({"model": "llama-4-scout", "dp": "64", "seq_len": "4096"})
+    direct = _direct_plan({"model": "llama-4-scout", "training": {"seq_len": 4096}}, 64)
     table = next(df.value for df in at.dataframe if "Tokens/s per GPU" in df.value.columns)
     assert len(table) == len(direct.layouts) > 0

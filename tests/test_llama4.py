@@ -239,3 +239,18 @@ def test_a_scout_layer_keeps_by_hand():
     assert experts == rows * 4 * f * 2
     l2 = sum(e.bytes(par) for e in l2_qk_norm_entries(arch, training, par))
     assert l2 == 2048 * 3 / 4 * ((5120 + 1024) * 4 + 48 * 4)
+
+
+@pytest.mark.parametrize("run", [("tiny-llama-4", 24, 2, "none", "sdpa"), ("tiny-llama-4", 24, 2, "full", "sdpa"),
+                                 ("tiny-llama-4", 64, 2, "none", "eager")], ids=lambda r: f"{r[3]}-{r[4]}-s{r[1]}")
+def test_fake_measurement_equals_real_cpu_run(run):
+    """Two layers (a chunked RoPE layer, a global NoPE one), four experts: the fake-tensor step allocates what a
+    real CPU step does, byte for byte; under the 32-token chunk SDPA takes the flash path, past it (eager) the
+    chunked layer gets its own 4-D mask."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from validation.hf.step import Run, measure
+
+    model, seq, batch, recompute, attention = run
+    step = Run(model, seq, batch, recompute=recompute, attention=attention)
+    assert measure(step, fake=True) == measure(step, fake=False)

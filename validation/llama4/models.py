@@ -64,7 +64,8 @@ SCOUT = text_config_keys(_published("llama-4-scout-17b-16e"))
 # Two layers (one chunked RoPE layer, one global NoPE layer), four experts: the fake-versus-real cross-check
 TINY_SCOUT = dict(SCOUT, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=16, intermediate_size=96, intermediate_size_mlp=128, vocab_size=1000, num_local_experts=4,
-                  attention_chunk_size=32, moe_layers=[0, 1], no_rope_layers=[1, 0], max_position_embeddings=512)
+                  attention_chunk_size=32, moe_layers=[0, 1], no_rope_layers=[1, 0], max_position_embeddings=16384,
+                  pad_token_id=None, bos_token_id=1, eos_token_id=2)  # special tokens inside the tiny vocabulary
 
 MODELS = {m.id: m for m in [
     Llama4Model("llama-4-scout", SCOUT, _llama4_text(SCOUT)),
