@@ -224,8 +224,8 @@ def test_every_phase_of_the_scout_step_as_measured(path):
 
 def test_a_scout_layer_keeps_by_hand():
     """One MoE layer at 2048 tokens, bf16: the 16 experts' rows (16 x 2048) keep the repeated and the scaled
-    tokens (2 x 2h), gate and up, SiLU and the product (4f); the router its int64 indices, fp32 sigmoid and the
-    bf16 score column; the RoPE layers (3 of 4) the fp32 upcast of q and k and a rsqrt per head."""
+    tokens (2 x 2h), gate and up, SiLU and the product (4f); the router its input, its int64 indices, fp32 sigmoid
+    and the bf16 score column; the RoPE layers (3 of 4) the fp32 upcast of q and k and a rsqrt per head."""
     from estimator.memory.activations.llama4 import dense_moe_entries, l2_qk_norm_entries
     from estimator.spec.parallel import Parallel
     from estimator.spec.training import Training
@@ -233,7 +233,11 @@ def test_a_scout_layer_keeps_by_hand():
     arch, training, par = scout(), Training(seq_len=2048, framework="hf", param_dtype="bf16"), Parallel()
     rows, h, f = 16 * 2048, 5120, 8192
     router = sum(e.bytes(par) for e in dense_moe_entries(arch, training, par))
-    assert router == 2048 * 8 + rows * 4 + rows * 2 + rows * 2 * h * 2
+    assert router == 2048 * h * 2 + 2048 * 8 + rows * 4 + rows * 2 + rows * 2 * h * 2
+    # under autocast the repeated tokens are the fp32 norm output's, and three linears keep their own 16-bit casts
+    amp = Training(seq_len=2048, framework="hf", param_dtype="fp32")
+    assert sum(e.bytes(par) for e in dense_moe_entries(arch, amp, par)) == \
+        3 * 2048 * h * 2 + 2048 * 8 + rows * 4 + rows * 2 + rows * h * (4 + 2)
     from estimator.memory.activations.mlp import mlp_entries
     experts = sum(e.bytes(par) for e in mlp_entries(arch, training, par, "moe") if e.name.startswith("experts (every"))
     assert experts == rows * 4 * f * 2

@@ -80,6 +80,8 @@ LLAMA4_RUNS = [
     (("llama-4-scout", 4096, 2), {}),
     # eager attention: the chunked layers' 4-D mask beside the global layers'
     (("llama-4-scout", 2048), {"attention": "eager"}),
+    # bf16 autocast over fp32 weights: the experts' bmm under autocast
+    (("llama-4-scout", 2048), {"recipe": "amp"}),
 ]
 
 KERNELS = {"llama-4-scout": "every layer through SDPA's FlashAttention-2 path (below the 8192-token chunk the chunked "

@@ -9,7 +9,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import MOE, Entry, tokens_per_gpu
+from .entries import MOE, NORM, Entry, autocast, tokens_per_gpu
 
 LLAMA4_SOURCE = "transformers 5.23 models/llama4/modeling_llama4.py"
 # the frameworks whose step runs transformers' modelling code (the HF Trainer, DeepSpeed's engine, FSDP1 under it)
@@ -44,7 +44,7 @@ def dense_moe(arch: Architecture, training: Training) -> bool:
 
 
 def dense_moe_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
-    """Llama4TextMoe.forward and its router (LLAMA4_SOURCE): topk over the router's logits keeps its int64
+    """Llama4TextMoe.forward and its router (LLAMA4_SOURCE): the norm's output the router's linear keeps; topk over the router's logits keeps its int64
     indices (topk's and scatter_'s backward read them), sigmoid keeps its fp32 output; the scores, transposed to
     one per (expert, token) row, are a copy; ``hidden_states.repeat(E, 1)`` and that copy are kept by their
     product, which the gate/up ``bmm`` keeps. The experts' SwiGLU keeps what transformers' MLP keeps over the
@@ -53,12 +53,18 @@ def dense_moe_entries(arch: Architecture, training: Training, par: Parallel) -> 
     T = tokens_per_gpu(training, par)
     e, k, h = arch.num_experts, arch.num_experts_per_token, arch.hidden_size
     rows = T * e
-    return [Entry("router top-k indices (int64)", T * k, 8, "sp", "8*s*b*k", recompute=MOE),
+    # under autocast the norm's output is fp32 (the residual stream's dtype): the repeat keeps it so, and the
+    # router's and the shared expert's gate and up linears each keep their own 16-bit cast of it (measured)
+    X, readers = (4, 1 + 2 * (arch.num_shared_experts > 0)) if autocast(training) else (B, 1)
+    return [Entry("router input" + (f" ({readers} autocast casts: router, shared gate and up)" if readers > 1 else ""),
+                  readers * T * h, B, "sp", f"{readers}*B*s*b*h" if readers > 1 else "B*s*b*h", recompute=NORM,
+                  for_weights=("router",)),
+            Entry("router top-k indices (int64)", T * k, 8, "sp", "8*s*b*k", recompute=MOE),
             Entry("router scores (sigmoid output, fp32)", rows, 4, "sp", "4*s*b*E", recompute=MOE),
             Entry("router scores, one per expert row (a copy, kept by the scaling product)", rows, B, "sp",
                   "B*E*s*b", recompute=MOE),
-            Entry("tokens repeated for every expert (kept by the scaling product)", rows * h, B, "sp", "B*E*s*b*h",
-                  recompute=MOE),
+            Entry("tokens repeated for every expert (kept by the scaling product)", rows * h, X, "sp",
+                  f"{X:g}*E*s*b*h" if X != B else "B*E*s*b*h", recompute=MOE),
             Entry("scaled tokens (expert gate/up bmm input)", rows * h, B, "sp", "B*E*s*b*h", gemm_input=True,
                   recompute=MOE, for_weights=("experts",))]
 

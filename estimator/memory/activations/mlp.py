@@ -64,13 +64,13 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
-        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
         if dense_moe(arch, training):  # transformers' Llama 4: every token through every expert
             out += dense_moe_entries(arch, training, par)
             out += _mlp("experts (every token): ", dense_moe_rows(training, par, arch), arch.moe_intermediate_size,
                         arch, training, "sp", "E*f_e", MOE, down="experts")
             out += _shared_expert_entries(arch, training, T)
             return out + _mlp_tail(arch, training, T)
+        out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
         out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
         # Tokens are exchanged across EP, not removed; ETP gathers them while it splits the expert
         # width, so per GPU the routed tokens are k*phi*s*b/t for every expert-width tensor.
