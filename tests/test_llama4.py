@@ -258,3 +258,24 @@ def test_fake_measurement_equals_real_cpu_run(run):
     model, seq, batch, recompute, attention = run
     step = Run(model, seq, batch, recompute=recompute, attention=attention)
     assert measure(step, fake=True) == measure(step, fake=False)
+
+
+def test_the_roofline_runs_every_token_through_every_expert_under_transformers():
+    """Under the HF Trainer the experts' GEMMs see E x tokens rows (16 x 4096 per micro-batch), under torchtitan
+    the routed top-1 tokens: the experts' forward FLOPs differ by E / k = 16; the MFU counts the useful top-1
+    work in both, so transformers' is the lower."""
+    from estimator import load_config
+    from estimator.speed.roofline import roofline_config
+
+    def experts_forward(framework):
+        config = load_config({"model": "llama-4-scout", "training": {"framework": framework, "seq_len": 4096},
+                              "parallel": {"dp": 64}, "hardware": {"gpu": "h100-80"}})
+        roof = roofline_config(config)
+        flops = sum(o.flops for o in roof.operations if o.name.startswith("experts") and o.phase == "forward"
+                    and o.kind == "matmul" and o.scope == "layer (moe, attention chunk)")
+        return flops, roof.to_json()["step"]["mfu"]
+
+    (hf, hf_mfu), (titan, titan_mfu) = experts_forward("hf"), experts_forward("fsdp2")
+    h, f = 5120, 8192
+    assert titan == 2 * 4096 * (h * 2 * f + f * h)  # gate/up and down over the routed 4096 tokens
+    assert hf == 16 * titan and hf_mfu < titan_mfu

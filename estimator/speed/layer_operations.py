@@ -207,6 +207,9 @@ def _ffn_groups(ctx: _Context, arch: Architecture, training: Training, par: Para
         groups.append(_mlp(ctx, arch, scope, "", T, arch.intermediate_size / t, count))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
+        from ..memory.activations.llama4 import dense_moe
+        if dense_moe(arch, training):  # transformers' Llama4TextMoe: every token through all E experts (bmm)
+            k, phi = e, 1.0
         # the router sees the sequence-parallel shard of the tokens (Megatron-Core TopKRouter)
         groups.append(_gemm(bf16_matmuls(ctx), scope, "router", T_sp, h, e, count, modules=MOE_MODULE))
         groups.append(_elementwise(ctx, scope, "router softmax and top-k", T_sp * e, T_sp * e, SOFTMAX_FLOPS, count,
