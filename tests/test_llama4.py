@@ -99,11 +99,21 @@ def test_an_image_in_tiles(size, tiles, tokens):
     assert vision.patches_per_image(arch, size) == tiles * 577
 
 
-def test_training_with_images_is_refused_until_the_tiles_are_modelled():
-    with pytest.raises(ConfigError) as error:
-        estimate_config({"model": "llama-4-scout", "training": {"seq_len": 4096, "images_per_sample": 1,
-                                                                "image_size": 672, "framework": "hf"}})
-    assert error.value.field == "training.images_per_sample"
+def test_a_tile_keeps_by_hand():
+    """Per 336-px tile, bf16: 576 patches of 588 pixels (the batch and the unfold's copy) and the shuffle's copy
+    (2c); 577 positions through 34 blocks of 8 x 2c + 16 + 4 x 16 + 2 x 2f and two LayerNorms (2c + 8 each); 144
+    tokens of 4 x 2q in the adapter."""
+    from estimator.memory.activations.vision import llama4_tile_bytes
+    from estimator.spec.training import Training
+
+    c, f, q = 1408, 5632, 4096
+    block = 16 * c + 16 + 64 + 4 * f
+    tile = 576 * (4 * 588 + 2 * c) + 577 * (34 * block + 2 * (2 * c + 8)) + 144 * 8 * q
+    assert llama4_tile_bytes(scout(), Training(seq_len=4096, images_per_sample=1), 2)[0] == tile
+    recomputed = 576 * (4 * 588 + 2 * c) + 577 * (34 * 2 * c + 2 * (2 * c + 8)) + 144 * 8 * q
+    assert llama4_tile_bytes(scout(), Training(seq_len=4096, images_per_sample=1, recompute="full"), 2)[0] == recomputed
+    frozen = Training(seq_len=4096, images_per_sample=1, freeze_vision=True)
+    assert llama4_tile_bytes(scout(), frozen, 2)[0] == 576 * 2 * 588 + 144 * 2 * q
 
 
 def test_vllm_profiles_the_16_to_1_dummy_image():
@@ -279,3 +289,14 @@ def test_the_roofline_runs_every_token_through_every_expert_under_transformers()
     h, f = 5120, 8192
     assert titan == 2 * 4096 * (h * 2 * f + f * h)  # gate/up and down over the routed 4096 tokens
     assert hf == 16 * titan and hf_mfu < titan_mfu
+
+
+@pytest.mark.parametrize("size,freeze", [(56, False), (112, False), (112, True)])
+def test_fake_vision_step_equals_real_cpu_run(size, freeze):
+    """The tiny Llama 4 with its tower (56-px tiles): one tile, then 2 x 2 and the global one; frozen or trained."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from validation.hf.step import Run, measure
+
+    step = Run("tiny-llama-4-vl", 48, 1, images=1, image_size=size, freeze_vision=freeze)
+    assert measure(step, fake=True) == measure(step, fake=False)

@@ -48,10 +48,6 @@ def _check_images(arch: Architecture, training: Training) -> None:
                           "tower", related=("model.vision_tower",))
     if not n and training.image_size is None:  # the encoder frozen, no images: nothing else to check
         return
-    if n and arch.vision_tower == vision.LLAMA4:
-        raise ConfigError("training.images_per_sample", n, "0 for Llama 4's vision tower",
-                          "its tiles' activations are not modelled yet: the text model trains, the tower's weights "
-                          "(frozen or not) are counted", related=("model.vision_tower",))
     if n and training.adapter is not None:
         raise ConfigError("training.images_per_sample", n, "0 with an adapter",
                           "PEFT matches target modules by name, inside the vision tower too: not modelled",
@@ -64,10 +60,11 @@ def _check_images(arch: Architecture, training: Training) -> None:
                           "the vision tower is modelled with FlashAttention-2 (varlen) only", related=("training.images_per_sample",))
     size = training.image_size or vision.default_image_size(arch)
     unit = arch.vision_patch_size * arch.vision_spatial_merge_size
-    if size is None or size % unit:
+    tiled = arch.vision_tower == vision.LLAMA4  # Llama 4 resizes any image onto its tiles
+    if size is None or (size % unit and not tiled):
         raise ConfigError("training.image_size", training.image_size, f"a multiple of {unit} px (patch x merge)",
                           "each image is a whole grid of merged patches", related=("model.vision_patch_size",))
-    if arch.vision_image_size and size != arch.vision_image_size:
+    if arch.vision_image_size and size != arch.vision_image_size and not tiled:
         raise ConfigError("training.image_size", size, f"{arch.vision_image_size} (the tower's native size)",
                           "every image is resized to it", related=("model.vision_image_size",))
     tokens = n * vision.tokens_per_image(arch, size)
