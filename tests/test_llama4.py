@@ -300,3 +300,11 @@ def test_fake_vision_step_equals_real_cpu_run(size, freeze):
 
     step = Run("tiny-llama-4-vl", 48, 1, images=1, image_size=size, freeze_vision=freeze)
     assert measure(step, fake=True) == measure(step, fake=False)
+
+
+def test_a_megatron_command_refuses_the_chunk_it_cannot_write():
+    from estimator.importers.emit_megatron import megatron_model
+
+    with pytest.raises(ConfigError) as error:
+        megatron_model(scout())
+    assert error.value.field == "model.attention_chunk_size"
