@@ -72,9 +72,10 @@ def _settled(at: AppTest, timeout_s: float = 240) -> AppTest:
 @pytest.mark.parametrize("query", [{}, {"model": "mixtral-8x7b", "tp": "2", "ep": "2", "dp": "2"},
                                    {"model": "qwen3-next-80b-a3b", "tp": "2"}, {"model": "nemotron-h-8b"},
                                    {"model": "jamba-mini-1.5", "tp": "2"}, {"model": "falcon-h1-7b"},
-                                   {"model": "qwen2.5-vl-7b", "images_per_sample": "2", "image_size": "448"}],
-                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid", "parallel hybrid",
-                              "vision-language"])
+                                   {"model": "qwen2.5-vl-7b", "images_per_sample": "2", "image_size": "448"},
+                                   {"model": "llama-4-scout", "tp": "4", "ep": "4", "dp": "4"}],
+                         ids=["defaults", "moe", "linear-attention hybrid", "state-space hybrid", "mamba-1 hybrid",
+                              "parallel hybrid", "vision-language", "chunked attention (llama 4)"])
 def test_every_page_renders(query):
     at = _app(query)
     _no_exception(at)
@@ -1069,3 +1070,18 @@ def test_every_page_renders_the_issue_28_mla_presets(query):
         est = estimate_config({"model": "deepseek-v3.2", "training": {"seq_len": 4096},
                                "parallel": {"tp": 8, "ep": 8, "dp": 8}})
         assert any(line.name == "indexer ReLU scores (fp32)" for line in est.activation_ledger)
+
+
+def test_the_planner_plans_llama_4_scout():
+    """Llama 4 Scout (issue 28): chunked attention and a vision tower's weights on the first stage; on 16 B200s
+    the page finds layouts, and the first one, loaded, is what the Memory page shows."""
+    at = _planner({"model": "llama-4-scout", "dp": "16", "seq_len": "4096", "gpu": "b200"})
+    table = next(df.value for df in at.dataframe if "Tokens/s per GPU" in df.value.columns)
+    assert len(table) > 0
+    row = table.iloc[0]
+    at.selectbox(key="planner_pick").set_value(1).run()
+    at.button(key="planner_use").click().run()
+    _no_exception(at)
+    est = estimate_config(at.session_state[K.CURRENT].config)
+    assert est.device_total_bytes / GiB == row["GiB per GPU"]
+    assert (est.parallel.tp, est.parallel.pp, est.parallel.dp) == (row["TP"], row["PP"], row["DP"])

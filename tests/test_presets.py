@@ -21,8 +21,8 @@ from estimator.spec.training import Training
 REQUIRED = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-7b",
             "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b",
             "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b",
-            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5", "falcon-h1-7b", "qwen2.5-vl-7b", "deepseek-v3.2",
-            "kimi-k2"]
+            "phi-4", "olmo-2-13b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-mini-1.5", "falcon-h1-7b", "qwen2.5-vl-7b",
+            "deepseek-v3.2", "kimi-k2", "llama-4-scout"]
 
 # Exact counts the project states as its reference (from the Hub's safetensors metadata, and for
 # DeepSeek-V3 the checkpoint with its MTP module): quoted here independently of the data files.
@@ -214,7 +214,7 @@ EXTENSIONS = {
                  "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "moe_grouped_gemm",
                  "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
                  "overlap_comm", "training_loop", "async_tp", "compile_loss", "transformer_impl",
-                 "gradient_accumulation_fusion",
+                 "gradient_accumulation_fusion", "te_version",
                  "images_per_sample", "image_size", "freeze_vision"} | CONTRACT_ADDITIONS,  # vision-language models (issue 28)
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
                  "pp_layout", "fsdp_sharding_strategy", "fsdp_shard_group_size"},

@@ -82,3 +82,13 @@ def test_the_issue_28_mla_presets_on_the_serving_page():
         expected = serving_config(load_config({"model": model, "parallel": {"tp": int(tp), "pp": int(pp)},
                                                "hardware": {"gpu": "h200"}, "serving": {"max_model_len": 32768}}))
         assert at.success[0].value == headline(expected), model
+
+
+def test_llama_4_scout_on_the_serving_page():
+    """Llama 4 Scout (issue 28): its 36 chunked layers keep one chunk a request under vLLM's hybrid KV cache
+    manager (0.15 on), its vision encoder's weights and 16:1 dummy image in the profile; the CLI's headline."""
+    at = _serving_page({"model": "llama-4-scout", "tp": "4", "max_model_len": "131072"})
+    expected = serving_config(load_config({"model": "llama-4-scout", "parallel": {"tp": 4},
+                                           "serving": {"max_model_len": 131072}}))
+    assert at.success[0].value == headline(expected)
+    assert expected.capacity.max_concurrency > 1

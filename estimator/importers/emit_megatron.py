@@ -44,7 +44,8 @@ def _pairs(words: list[str]) -> list[str]:
 def megatron_model(arch) -> list[str]:
     for field, default in (("norms_per_layer", 2), ("qk_norm_full_width", False), ("attention_sinks", False),
                            ("sliding_window", None), ("attention_logit_softcapping", None),
-                           ("final_logit_softcapping", None), ("norm_unit_offset", False)):
+                           ("final_logit_softcapping", None), ("norm_unit_offset", False),
+                           ("attention_chunk_size", None), ("qk_l2_norm", False)):
         if getattr(arch, field) != default:
             raise refuse("megatron", f"model.{field}", getattr(arch, field), f"{default} (the GPT model of "
                           "pretrain_gpt.py)")

@@ -31,7 +31,9 @@ KV_SOURCE = "KV cache = 2 x g x d_head per token and layer (GQA: Ainslie et al. 
 def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
                    chunks: tuple[range, ...]) -> tuple[float, str]:
     """The KV cache of the layers in `chunks` (a stage's layer ranges): full-attention layers keep
-    every token, sliding-window layers at most the window."""
+    every token, sliding-window layers at most the window, and Llama 4's chunked layers at most the chunk
+    (transformers 5.23 cache_utils.py DynamicCache: a "chunked_attention" layer is a DynamicSlidingWindowLayer
+    of attention_chunk_size)."""
     tokens = training.kv_cache_tokens or training.seq_len
     dtype = training.kv_cache_dtype or (training.param_dtype if training.param_dtype in ("fp32", "bf16", "fp16", "fp8")
                                         else "bf16")
@@ -52,11 +54,12 @@ def kv_cache_bytes(arch: Architecture, training: Training, par: Parallel,
         windowed = sum(len(r) for r in chunks) - full
     total = per_layer(tokens) * full
     if windowed:
-        total += per_layer(min(tokens, arch.sliding_window)) * windowed
+        total += per_layer(min(tokens, arch.local_attention)) * windowed
     formula = (f"(kv_lora_rank + d_rope) x tokens x batch x layers x {B:g} B" if arch.uses_mla
                else f"2 x max(g/t, 1) x d_head x tokens x batch x {'attention ' if arch.is_hybrid else ''}layers x {B:g} B")
     if windowed:
-        formula += f" ({windowed:,} sliding-window layers keep at most {arch.sliding_window:,} tokens)"
+        local = "chunked-attention" if arch.attention_chunk_size else "sliding-window"
+        formula += f" ({windowed:,} {local} layers keep at most {arch.local_attention:,} tokens)"
     return total, formula
 
 

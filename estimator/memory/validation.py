@@ -60,10 +60,11 @@ def _check_images(arch: Architecture, training: Training) -> None:
                           "the vision tower is modelled with FlashAttention-2 (varlen) only", related=("training.images_per_sample",))
     size = training.image_size or vision.default_image_size(arch)
     unit = arch.vision_patch_size * arch.vision_spatial_merge_size
-    if size is None or size % unit:
+    tiled = arch.vision_tower == vision.LLAMA4  # Llama 4 resizes any image onto its tiles
+    if size is None or (size % unit and not tiled):
         raise ConfigError("training.image_size", training.image_size, f"a multiple of {unit} px (patch x merge)",
                           "each image is a whole grid of merged patches", related=("model.vision_patch_size",))
-    if arch.vision_image_size and size != arch.vision_image_size:
+    if arch.vision_image_size and size != arch.vision_image_size and not tiled:
         raise ConfigError("training.image_size", size, f"{arch.vision_image_size} (the tower's native size)",
                           "every image is resized to it", related=("model.vision_image_size",))
     tokens = n * vision.tokens_per_image(arch, size)
@@ -72,6 +73,21 @@ def _check_images(arch: Architecture, training: Training) -> None:
                           f"at most {training.seq_len // vision.tokens_per_image(arch, size)} images of {size} px",
                           f"their {tokens:,} tokens do not fit in seq_len ({training.seq_len:,}), which counts them",
                           related=("training.seq_len", "training.image_size"))
+
+
+def _check_chunked(arch: Architecture, training: Training) -> None:
+    """transformers 5.23 runs Llama 4's chunked layers on SDPA's flash path only below the chunk
+    (masking_utils._ignore_causal_mask_sdpa: kv_length < attention_chunk_size); from the chunk on they get a 4-D
+    mask, which sends SDPA to its masked path (k and v repeated to every head, the memory-efficient kernel keeping
+    the mask as a bias) and flash_attention_2 refuses them (create_chunked_causal_mask): not modelled."""
+    from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
+    if training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash" \
+            and training.mode == "training" and training.seq_len >= arch.attention_chunk_size:
+        raise ConfigError("training.seq_len", training.seq_len, f"below attention_chunk_size "
+                          f"({arch.attention_chunk_size}) with flash attention under transformers",
+                          "from the chunk on transformers sends the chunked layers to SDPA's masked path "
+                          "(not modelled); eager attention is", related=("model.attention_chunk_size",
+                                                                         "training.attention"))
 
 
 def validate(arch: Architecture, training: Training, par: Parallel) -> int:
@@ -84,6 +100,8 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if arch.uses_sparse_attention:  # DeepSeek-V3.2 (memory/activations/sparse.py)
         from .activations.sparse import check_training
         check_training(training, par)
+    if arch.attention_chunk_size:
+        _check_chunked(arch, training)
     if arch.num_attention_heads % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),
                           f"num_attention_heads ({arch.num_attention_heads}) must be divisible by tp")

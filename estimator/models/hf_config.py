@@ -20,10 +20,11 @@ from .hf_families import FAMILIES, _Reader
 from .hf_hybrid import HYBRID_FAMILIES  # noqa: F401  (registers Qwen3-Next and Nemotron-H in FAMILIES)
 from .hf_vision import vision_fields  # (registers Qwen2.5-VL in FAMILIES)
 from .hf_sparse import SPARSE_FAMILIES  # noqa: F401  (registers DeepSeek-V3.2 and Kimi-K2 in FAMILIES)
+from .hf_llama4 import LLAMA4_FAMILIES  # noqa: F401  (registers Llama 4's text model in FAMILIES)
 
 
 # Multimodal wrappers whose text model has no `model_type` of its own in `text_config`.
-_TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama"}
+_TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama", "llama4": "llama4_text"}
 
 def _supported_text() -> str:
     return ", ".join(SUPPORTED_MODEL_TYPES)

@@ -17,6 +17,16 @@ _QWEN_VISION = dict(depth=32, hidden_size=3584, intermediate_size=3420, num_head
                     fullatt_block_indexes=[7, 15, 23, 31])
 _SIGLIP = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, num_channels=3,
                image_size=224, patch_size=16)
+# Llama4VisionConfig's defaults (transformers 5.23 configuration_llama4.py)
+_LLAMA4_VISION = dict(hidden_size=768, num_hidden_layers=34, num_attention_heads=16, num_channels=3, intermediate_size=5632,
+                      vision_output_dim=7680, image_size=448, patch_size=14, pixel_shuffle_ratio=0.5,
+                      projector_input_dim=4096, projector_output_dim=4096, multi_modal_projector_bias=False)
+_LLAMA4_VISION_KEYS = {"attention_dropout", "hidden_act", "hidden_size", "image_size", "initializer_range",
+                       "intermediate_size", "model_type", "multi_modal_projector_bias", "norm_eps", "num_attention_heads",
+                       "num_channels", "num_hidden_layers", "patch_size", "pixel_shuffle_ratio", "projector_dropout",
+                       "projector_input_dim", "projector_output_dim", "rope_theta", "rope_parameters",
+                       "vision_feature_layer", "vision_feature_select_strategy", "vision_output_dim", "torch_dtype",
+                       "dtype", "_attn_implementation_autoset"}
 _QWEN_VISION_KEYS = {"depth", "hidden_act", "hidden_size", "intermediate_size", "num_heads", "in_chans", "in_channels",
                      "out_hidden_size", "patch_size", "spatial_merge_size", "spatial_patch_size", "window_size",
                      "fullatt_block_indexes", "tokens_per_second", "temporal_patch_size", "model_type", "torch_dtype",
@@ -85,13 +95,43 @@ def _siglip_vision(config: dict) -> tuple[dict[str, Any], list[str]]:
     return fields, [f"vision_config.{k}" for k in sorted(vc) if k not in _SIGLIP_KEYS]
 
 
+def _llama4_vision(config: dict) -> tuple[dict[str, Any], list[str]]:
+    """Llama 4 (transformers 5.23 Llama4VisionModel, Llama4MultiModalProjector): tiles of image_size pixels, a
+    pixel shuffle of ratio r (1 / r patches a side folded into one token), the adapter MLP and the projector of
+    projector width; the widths the model chains must agree."""
+    vc = _vision_config(config)
+    r = _VisionReader(vc, _LLAMA4_VISION, "llama4_vision_model")
+    _channels(r, "num_channels")
+    ratio = r.number("pixel_shuffle_ratio", 0.5)
+    merge = round(1 / ratio) if ratio else 0
+    if not ratio or merge < 1 or abs(merge * ratio - 1) > 1e-9:
+        raise r._error("pixel_shuffle_ratio", ratio, "1 / n for a whole n (0.5: 2 x 2 patches a token)")
+    hidden, inner, width = r.int("hidden_size"), r.int("intermediate_size"), r.int("projector_input_dim")
+    if inner != hidden * merge * merge:
+        raise r._error("intermediate_size", inner, f"hidden_size x (1 / pixel_shuffle_ratio)^2 ({hidden * merge * merge})",
+                       "the adapter's first linear reads the pixel-shuffled patches (Llama4VisionMLP2 fc1)")
+    for key in ("projector_output_dim", "vision_output_dim"):
+        if r.int(key) != width:
+            raise r._error(key, r.int(key), f"projector_input_dim ({width})", "the adapter's and the projector's "
+                           "widths chain (Llama4VisionMLP2 fc2, Llama4MultiModalProjector linear_1)")
+    if r.bool("multi_modal_projector_bias"):
+        raise r._error("multi_modal_projector_bias", True, "false", "transformers 5.23 builds the projector without bias")
+    fields = dict(vision_tower="llama4", vision_hidden_size=hidden, vision_num_layers=r.int("num_hidden_layers"),
+                  vision_num_heads=r.int("num_attention_heads"), vision_intermediate_size=inner,
+                  vision_patch_size=r.int("patch_size"), vision_image_size=r.int("image_size"),
+                  vision_spatial_merge_size=merge, vision_projector_size=width)
+    return fields, [f"vision_config.{k}" for k in sorted(vc) if k not in _LLAMA4_VISION_KEYS]
+
+
 def vision_fields(config: dict, text_hidden: int) -> tuple[dict[str, Any], list[str]]:
     """The vision fields of a multimodal file, and the vision_config keys not read; none for a text model."""
     model_type = config.get("model_type")
-    if "vision_config" not in config or model_type not in ("qwen2_5_vl", "gemma3"):
+    if "vision_config" not in config or model_type not in ("qwen2_5_vl", "gemma3", "llama4"):
         return {}, []
     if model_type == "qwen2_5_vl":
         return _qwen2_5_vl_vision(config, text_hidden)
+    if model_type == "llama4":
+        return _llama4_vision(config)
     return _siglip_vision(config)
 
 

@@ -229,7 +229,7 @@ def speeds(req: Request, r: Timing, stage_layers: tuple[int, ...], stage_params:
     # the roofline's own rule
     again_s = selective_recompute_s(_selective(req.training), arch, layer_forward)
     here, fewest = stage_layers[r.stage], min(stage_layers)
-    per_layer = {"CP": 0.0 if arch.sliding_window else fewest / here,  # windows make attention uneven
+    per_layer = {"CP": 0.0 if arch.local_attention else fewest / here,  # windows make attention uneven
                  "EP": max(0, fewest - (arch.num_layers - arch.num_moe_layers)) / here}
     # DP traffic and the update scale with the stage's parameters (for MoE dense and expert parts
     # scale apart, and only their sum is known: counted as 0)

@@ -17,6 +17,14 @@ multimodal/processing.py, 0.33.0 multimodal/processing/context.py _postprocess_o
 each output into a (budget, hidden) buffer when it has fewer rows than the budget ("expanded_outputs"); 0.15
 keeps the outputs as they are.
 
+Llama 4 (vLLM mllama4.py): its dummy image is 16 tiles tall and one wide (get_image_size_with_most_features: h:w =
+16:1, max_patches 16), so 16 tiles and the global one, 144 tokens each (get_patch_per_chunk: (336 / 14)^2 / 4),
+framed as transformers' Llama4Processor._prompt_split_image writes it: <|image_start|>, per tile row its 144 patch
+tokens and a <|tile_y_separator|>, <|image|>, the global tile's 144 and <|image_end|>: 17 x 144 + 19 = 2,467
+contiguous tokens, 2,448 of them encoder outputs. Its linears are split over TP (ColumnParallelLinear for the patch
+embedding, the adapter's fc1 and the projector; QKVParallelLinear / RowParallelLinear in the blocks; RowParallelLinear
+for the adapter's fc2); the position table and the class token are plain parameters.
+
 Modelled for SigLIP (Gemma 3): one image is 256 image tokens inside "\\n\\n<start_of_image>...<end_of_image>\\n\\n"
 (transformers Gemma3Processor.full_image_sequence; vLLM gemma3_mm.py get_image_repl without pan-and-scan),
 260 contiguous tokens with Gemma's tokenizer ("\\n\\n" is one token). And for Qwen2.5-VL: its largest item is
@@ -62,11 +70,28 @@ _TP_SPLIT = {"vision_qkvo", "vision_fc1", "vision_fc2", "vision_position_embeddi
              # weights only; the Conv3d patch embedding and the RMSNorms are whole
              "vision_qkv", "vision_qkv_bias", "vision_proj", "vision_mlp_gate_up", "vision_mlp_gate_up_bias",
              "vision_mlp_down", "vision_merger_fc1", "vision_merger_fc1_bias", "vision_merger_fc2"}
+# Llama 4's (mllama4.py): the blocks' and the adapter's linears, the patch embedding and the projector; the biases,
+# norms, class token and position table whole
+_LLAMA4_TP_SPLIT = {"vision_qkvo", "vision_fc1", "vision_fc2", "vision_patch_embed", "vision_adapter_fc1",
+                    "vision_adapter_fc2", "vision_projector"}
+LLAMA4_TILES = 17  # the dummy image: 16 tiles and the global one
+LLAMA4_FRAMING_TOKENS = 19  # <|image_start|>, 16 <|tile_y_separator|>, <|image|>, <|image_end|>
 
 
 def encoder_weights(arch: Architecture, tp: int, dtype_bytes: int) -> int:
     """The tower and projector on one rank, in the model dtype."""
-    return int(round(sum(t.numel * dtype_bytes / (tp if t.name in _TP_SPLIT else 1) for t in arch.vision_tensors())))
+    split = _LLAMA4_TP_SPLIT if arch.vision_tower == _vision.LLAMA4 else _TP_SPLIT
+    return int(round(sum(t.numel * dtype_bytes / (tp if t.name in split else 1) for t in arch.vision_tensors())))
+
+
+def _item(arch: Architecture) -> tuple[int, int, int]:
+    """(encoder output rows, contiguous tokens, patches the tower runs) of the profile's dummy image."""
+    if arch.vision_tower == _vision.LLAMA4:
+        side = arch.vision_image_size // arch.vision_patch_size
+        embed = LLAMA4_TILES * side * side // arch.vision_spatial_merge_size ** 2
+        return embed, embed + LLAMA4_FRAMING_TOKENS, LLAMA4_TILES * (side * side + 1)
+    embed = arch.vision_tokens_per_image
+    return embed, embed + GEMMA3_FRAMING_TOKENS, _vision.patches_per_image(arch, arch.vision_image_size)
 
 
 def encoder_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
@@ -78,22 +103,32 @@ def encoder_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seq
     expanded = outputs_expanded(engine_version)
     if arch.vision_tower == _vision.QWEN2_5_VL:
         return _qwen_profile(arch, max_num_batched_tokens, max_num_seqs, max_model_len, tp, act_bytes, engine_version)
-    embed = arch.vision_tokens_per_image
-    tokens = embed + GEMMA3_FRAMING_TOKENS
+    embed, tokens, per_item = _item(arch)
     items, budget = _items(tokens, max_num_batched_tokens, max_num_seqs, max_model_len)
     c, f, p = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_patch_size
-    patches = items * _vision.patches_per_image(arch, arch.vision_image_size)
+    patches = items * per_item
     pixels = _vision.CHANNELS * p * p
     # a block's moment: the residual and its norm (2c), then q, k, v and the attention output (4c / TP) or fc1's
-    # output and the GELU's (2f / TP), beside the pixels in the model dtype
-    forward = patches * (pixels + 2 * c + max(4 * c, 2 * f) // tp) * act_bytes
+    # output and the GELU's (2f / TP), beside the pixels in the model dtype; Llama 4's vision rotary multiplies
+    # q and k as fp32 complex numbers (mllama4.py apply_rotary_emb: their fp32 copies and products, 16c / TP bytes)
+    rotary = 16 * c if arch.vision_tower == _vision.LLAMA4 else 0
+    forward = patches * ((pixels + 2 * c) * act_bytes + max(4 * c * act_bytes + rotary, 2 * f * act_bytes) // tp)
     rows = max(embed, budget) if expanded else embed
-    cache = (items * rows * arch.hidden_size + patches * pixels) * act_bytes
+    cache = (items * rows * arch.hidden_size + items * _pixels_per_item(arch)) * act_bytes
     formula = (f"{items} images of {tokens} tokens (budget max(max_num_batched_tokens, {tokens}) = {budget:,}): "
-               f"encoder forward {patches:,} patches x (pixels {pixels} + 2c + max(4c, 2f)/TP) x {act_bytes} B; "
+               f"encoder forward {patches:,} patches x ((pixels {pixels} + 2c) x {act_bytes} B + max(4c x {act_bytes} B"
+               f"{' + 16c B fp32 rotary' if rotary else ''}, 2f x {act_bytes} B)/TP); "
                f"cache ({items} x {rows:,} rows{' (0.11: expanded to the budget)' if expanded and rows > embed else ''}"
                f" x h + the pixels) x {act_bytes} B")
     return EncoderProfile(items, tokens, budget, int(forward), int(cache), formula)
+
+
+def _pixels_per_item(arch: Architecture) -> int:
+    """The dummy image's pixel values as the processor hands them over: Llama 4's tiles of image_size^2 (the class
+    token is no pixel), SigLIP's patches."""
+    if arch.vision_tower == _vision.LLAMA4:
+        return LLAMA4_TILES * _vision.CHANNELS * arch.vision_image_size ** 2
+    return _vision.patches_per_image(arch, arch.vision_image_size) * _vision.CHANNELS * arch.vision_patch_size ** 2
 
 
 def _items(tokens: int, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> tuple[int, int]:

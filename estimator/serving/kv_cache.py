@@ -24,7 +24,7 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class LayerSpec:
-    kind: str  # "full", "sliding_window", "mla" or "recurrent" (a hybrid's Gated DeltaNet or Mamba-2 state);
+    kind: str  # "full", "sliding_window", "chunked_local" (Llama 4), "mla" or "recurrent" (a hybrid's state);
     # "dsa": MLA's latent and DeepSeek-V3.2's index keys, two specs per layer in one group (sparse_cache.py)
     page_bytes: int  # one block of one layer on one rank
     block_size: int
@@ -39,6 +39,8 @@ class LayerSpec:
         if self.kind == "sliding_window":
             tokens = min(self.sliding_window - 1 + in_flight_tokens, max_model_len)
             return (cdiv(tokens, self.block_size) + 1) * self.page_bytes
+        if self.kind == "chunked_local":  # ChunkedLocalAttentionSpec: one chunk and the tokens in flight, no extra block
+            return cdiv(min(self.sliding_window + in_flight_tokens, max_model_len), self.block_size) * self.page_bytes
         return cdiv(max_model_len, self.block_size) * self.page_bytes
 
 
@@ -61,7 +63,25 @@ def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
     page = 2 * block_size * kv_heads_per_rank(arch, tp) * arch.head_dim * kv_bytes
     full = LayerSpec("full", page, block_size)
     window = LayerSpec("sliding_window", page, block_size, arch.sliding_window) if arch.sliding_window else full
+    if arch.attention_chunk_size:  # Llama 4's RoPE layers (models/llama4.py: ChunkedLocalAttention unless NoPE)
+        window = LayerSpec("chunked_local", page, block_size, arch.attention_chunk_size)
     return tuple(full if arch.global_attention_layers_in(i, i + 1) else window for i in range(arch.num_layers))
+
+
+def without_hybrid_allocator(specs: tuple[LayerSpec | tuple[LayerSpec, ...] | None, ...], version: tuple[int, int],
+                             eagle: bool) -> tuple[LayerSpec | tuple[LayerSpec, ...] | None, ...]:
+    """vLLM turns the hybrid KV cache manager off for chunked local attention in 0.11 (its default
+    VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0, config/__init__.py __post_init__, "a latency
+    regression"), and in every release with an EAGLE drafter; 0.15 on turn the variable on by default (envs.py).
+    Without the manager unify_hybrid_kv_cache_specs (v1/core/kv_cache_utils.py) makes every chunked layer a
+    full-attention one: it keeps every token."""
+    if not any(isinstance(spec, LayerSpec) and spec.kind == "chunked_local" for spec in specs):
+        return specs  # a layer with two caches (a tuple: Falcon-H1, DSA) is never a chunked one
+    if version >= (0, 15) and not eagle:
+        return specs
+    return tuple(LayerSpec("full", spec.page_bytes, spec.block_size)
+                 if isinstance(spec, LayerSpec) and spec.kind == "chunked_local"
+                 else spec for spec in specs)
 
 
 def attention_page_per_token(arch: Architecture, tp: int, kv_bytes: int) -> int:
@@ -194,7 +214,7 @@ def effective_concurrency(groups: Groups, capacity_: KvCapacity, shared_prefix: 
     or MLA group; a sliding-window group keeps only its window and shares nothing here."""
     block_size = groups.members[0][0].block_size
     full_groups = 1 if groups.uniform_type else sum(1 for spec, _ in groups.members
-                                                    if spec.kind not in ("sliding_window", "recurrent"))
+                                                    if spec.kind not in ("sliding_window", "chunked_local", "recurrent"))
     shared = shared_prefix // block_size * full_groups
     if not shared or shared >= capacity_.blocks_per_request:
         return capacity_.max_concurrency

@@ -64,7 +64,7 @@ class Pools:
 
 def is_hybrid_swa(arch: Architecture, checkpoint: dict | None) -> bool:
     names = (checkpoint or {}).get("architectures") or ()
-    return bool(arch.sliding_window) and any(name in HYBRID_SWA_ARCHITECTURES for name in names)
+    return bool(arch.local_attention) and any(name in HYBRID_SWA_ARCHITECTURES for name in names)
 
 
 def attention_layers(arch: Architecture, layers: range) -> tuple[int, ...]:

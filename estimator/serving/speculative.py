@@ -45,7 +45,7 @@ def _head_arch(arch: Architecture) -> Architecture:
     return dataclasses.replace(arch, num_layers=1, num_experts=0, num_experts_per_token=None,
                                moe_intermediate_size=None, num_shared_experts=0, shared_expert_intermediate_size=None,
                                first_dense_layers=0, intermediate_size=width, mtp_layers=0, sliding_window=None,
-                               sliding_window_pattern=0)
+                               sliding_window_pattern=0, attention_chunk_size=None)
 
 
 def draft_for(arch: Architecture, spec: Speculative, fmt: WeightFormat, tp: int, ep: int, block_size: int,

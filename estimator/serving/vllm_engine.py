@@ -295,6 +295,8 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     draft = _draft(arch, serving, r, par)
     stages = tuple(_stage_budget(arch, r, serving, par, budget, s, layers, draft) for s, layers in enumerate(ranges))
     specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes, r.weights.dtype_bytes)
+    eagle = serving.speculative is not None and serving.speculative.method in ("eagle", "eagle3")
+    specs = kv_cache.without_hybrid_allocator(specs, r.rules.version, eagle)
     if draft is not None:  # the drafter's layers follow the target's, on the last stage
         specs += draft.kv_layers
         ranges = ranges[:-1] + (range(ranges[-1].start, len(specs)),)

@@ -18,8 +18,7 @@ import itertools
 from dataclasses import dataclass, field, fields
 
 from . import memo as _memo
-from .errors import ConfigError
-from .values import check_section
+from .architecture_checks import check_architecture
 from .field import record
 from .memo import not_owned
 
@@ -80,7 +79,12 @@ class Architecture:
     router_bias: bool = False  # DeepSeek-V3 e_score_correction_bias
     shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate on the shared expert
     sliding_window: int | None = None  # local attention window, in tokens
-    sliding_window_pattern: int = 0  # 0: every layer uses the window; N: every N-th layer is global
+    sliding_window_pattern: int = 0  # 0: every layer is local (window or chunk); N: every N-th layer is global
+    # Llama 4 (estimator/models/hf_llama4.py): a local layer's query sees the earlier tokens of its own chunk
+    attention_chunk_size: int | None = None
+    qk_l2_norm: bool = False  # the RoPE (local) layers L2-normalise q and k per head, without a weight
+    moe_dense_experts: bool = False  # transformers' Llama4TextMoe: every token through every routed expert
+    eager_softmax_in_compute_dtype: bool = False  # transformers' Llama 4 eager softmax: no fp32 upcast
     attention_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(scores / cap)
     final_logit_softcapping: float | None = None  # Gemma-2: cap * tanh(logits / cap)
     norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), in fp32
@@ -115,7 +119,7 @@ class Architecture:
     mamba_expand: int | None = None  # Mamba-1 inner width = mamba_expand x hidden_size
     mamba_dt_rank: int | None = None  # rank of Mamba-1's time-step projection
     # Vision-language models: the vision tower before the decoder (estimator/spec/vision.py)
-    vision_tower: str | None = None  # "qwen2_5_vl" or "siglip"; None: a text-only model
+    vision_tower: str | None = None  # "qwen2_5_vl", "siglip" or "llama4"; None: a text-only model
     vision_hidden_size: int | None = None
     vision_num_layers: int | None = None
     vision_num_heads: int | None = None
@@ -127,9 +131,10 @@ class Architecture:
     vision_full_attention_layers: int = 0  # Qwen2.5-VL: blocks attending over the whole image (fullatt_block_indexes)
     vision_image_size: int | None = None  # SigLIP: the size every image is resized to (its position table)
     vision_tokens_per_image: int | None = None  # Gemma 3: decoder tokens per image after the projector's pooling
+    vision_projector_size: int | None = None  # Llama 4: the pixel-shuffle adapter's and the projector's width
 
     def __post_init__(self) -> None:
-        _check_architecture(self)
+        check_architecture(self)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
         if self.head_dim is None:
@@ -233,11 +238,16 @@ class Architecture:
         """The layer kinds the model has, sorted."""
         return tuple(kind for kind, _ in self.kind_counts())
 
+    @property
+    def local_attention(self) -> int | None:
+        """The span of the local layers: the sliding window, or Llama 4's attention chunk; None: all global."""
+        return self.sliding_window or self.attention_chunk_size
+
     def global_attention_layers_in(self, start: int, stop: int) -> int:
         """Layers among start .. stop - 1 that attend to the whole sequence: all of them without a
-        sliding window, none with pattern 0, else every pattern-th (layer i when (i + 1) % pattern
-        == 0, Gemma's ``sliding_window_pattern``)."""
-        if not self.sliding_window:
+        sliding window or chunk, none with pattern 0, else every pattern-th (layer i when (i + 1) % pattern
+        == 0, Gemma's ``sliding_window_pattern``, Llama 4's NoPE layers)."""
+        if not self.local_attention:
             return max(stop - start, 0)
         if self.sliding_window_pattern == 0:
             return 0
@@ -245,7 +255,8 @@ class Architecture:
         return congruent_in(start, stop, pattern - 1, pattern)
 
     def variant_counts(self, start: int = 0, stop: int | None = None) -> dict[tuple[str, bool], int]:
-        """Layers start .. stop - 1 by (kind, windowed), the variants with at least one layer. The
+        """Layers start .. stop - 1 by (kind, local: a sliding window or an attention chunk), the variants with
+        at least one layer. The
         MoE layers that are global are those in both residue classes (Chinese remainder theorem),
         the other three variants follow by subtraction."""
         stop = self.num_layers if stop is None else stop
@@ -253,7 +264,7 @@ class Architecture:
             return {(kind, False): n for kind, n in self.kind_counts(start, stop)}
         moe = self.moe_layers_in(start, stop)
         full = self.global_attention_layers_in(start, stop)
-        if not self.is_moe or not self.sliding_window or self.sliding_window_pattern == 0:
+        if not self.is_moe or not self.local_attention or self.sliding_window_pattern == 0:
             moe_full = moe if full == stop - start else 0
         else:
             moe_full = congruent_in_both(max(start, self.first_dense_layers), stop,
@@ -489,106 +500,6 @@ def _parameter_counts(arch: Architecture, include_mtp: bool) -> ParameterCounts:
         if arch.is_moe_layer(arch.num_layers - 1):  # an MTP module's layer routes to top-k experts too
             inactive += arch.mtp_layers * per_expert * (arch.num_experts - arch.num_experts_per_token)
     return ParameterCounts(total=total, active=total - inactive, embedding=embedding, per_layer=per_kind)
-
-
-# --- validation ----------------------------------------------------------------------------------
-
-def _require(arch: Architecture, name: str, why: str) -> None:
-    if getattr(arch, name) is None:
-        raise ConfigError(f"model.{name}", None, "a positive integer", why)
-
-
-def _check_architecture(arch: Architecture) -> None:
-    """Each field's type and range (estimator/spec/fields.py), then the rules between fields."""
-    check_section("model", arch)
-    if arch.position_embedding == "learned":
-        _require(arch, "max_position_embeddings", "required with learned position embeddings")
-    kv = arch.num_kv_heads or arch.num_attention_heads
-    if arch.num_attention_heads % kv:
-        raise ConfigError("model.num_kv_heads", kv, f"a divisor of num_attention_heads ({arch.num_attention_heads})",
-                          related=("model.num_attention_heads",))
-    if arch.head_dim is None and arch.hidden_size % arch.num_attention_heads:
-        raise ConfigError("model.head_dim", None, "a positive integer",
-                          f"hidden_size ({arch.hidden_size}) is not divisible by num_attention_heads "
-                          f"({arch.num_attention_heads}), so head_dim must be given",
-                          related=("model.hidden_size", "model.num_attention_heads"))
-    if arch.hybrid_override_pattern is not None:
-        needs_mlp = "-" in arch.hybrid_override_pattern
-    else:
-        needs_mlp = not (arch.num_experts > 0 and arch.first_dense_layers == 0 and arch.moe_layer_frequency == 1)
-    if needs_mlp:
-        _require(arch, "intermediate_size", "required unless every layer is MoE (no - block in a hybrid pattern)")
-    if arch.num_experts:
-        _require(arch, "num_experts_per_token", "required with experts")
-        _require(arch, "moe_intermediate_size", "required with experts")
-        if arch.num_experts_per_token > arch.num_experts:
-            raise ConfigError("model.num_experts_per_token", arch.num_experts_per_token,
-                              f"at most num_experts ({arch.num_experts})", related=("model.num_experts",))
-    elif arch.num_shared_experts:
-        raise ConfigError("model.num_shared_experts", arch.num_shared_experts, "0 when num_experts is 0",
-                          related=("model.num_experts",))
-    if arch.first_dense_layers > arch.num_layers:
-        raise ConfigError("model.first_dense_layers", arch.first_dense_layers,
-                          f"at most num_layers ({arch.num_layers})", related=("model.num_layers",))
-    if arch.kv_lora_rank is not None or arch.q_lora_rank is not None:
-        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            _require(arch, name, "required with multi-head latent attention")
-    _sparse.check_indexer(arch)
-    _check_hybrid(arch)
-    _vision.check(arch)
-
-
-def _check_hybrid(arch: Architecture) -> None:
-    """A linear-attention interval or a state-space pattern: their fields, and what they do not combine with."""
-    pattern, interval, period = arch.hybrid_override_pattern, arch.full_attention_interval, arch.attention_layer_period
-    if pattern is None and interval <= 1 and not period and not arch.parallel_mamba:
-        return
-    which = "model.hybrid_override_pattern" if pattern is not None else "model.full_attention_interval" \
-        if interval > 1 else "model.attention_layer_period" if period else "model.parallel_mamba"
-    if period and (pattern is not None or interval):
-        raise ConfigError("model.attention_layer_period", period, "0 with a hybrid_override_pattern or a "
-                          "full_attention_interval", "a model has one kind of recurrent layer here", related=(which,))
-    if pattern is not None and interval:
-        raise ConfigError("model.full_attention_interval", interval, "0 with a hybrid_override_pattern",
-                          "a model has either Mamba blocks or linear-attention layers here", related=(which,))
-    for name, value, allowed in (("kv_lora_rank", arch.kv_lora_rank, "none"),
-                                 ("sliding_window", arch.sliding_window, "none"),
-                                 ("mtp_layers", arch.mtp_layers or None, "0")):
-        if value is not None:
-            raise ConfigError(f"model.{name}", value, f"{allowed} in a hybrid model", related=(which,))
-    if arch.parallel_mamba:  # first: it combines with no other layout
-        _hybrid.check_parallel(arch)
-    elif pattern is not None:
-        _check_pattern(arch, pattern)
-    elif period:
-        _hybrid.check_mamba1(arch)
-    else:
-        for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"):
-            _require(arch, name, "required with linear-attention layers (full_attention_interval > 1)")
-        if arch.linear_num_value_heads % arch.linear_num_key_heads:
-            raise ConfigError("model.linear_num_value_heads", arch.linear_num_value_heads,
-                              f"a multiple of linear_num_key_heads ({arch.linear_num_key_heads})",
-                              related=("model.linear_num_key_heads",))
-
-
-def _check_pattern(arch: Architecture, pattern: str) -> None:
-    if len(pattern) != arch.num_layers:
-        raise ConfigError("model.hybrid_override_pattern", pattern,
-                          f"{arch.num_layers} characters, one per layer (num_layers)", related=("model.num_layers",))
-    for name, default in (("first_dense_layers", 0), ("moe_layer_frequency", 1)):
-        if getattr(arch, name) != default:
-            raise ConfigError(f"model.{name}", getattr(arch, name), f"{default} with a hybrid_override_pattern "
-                              "(its E blocks are the MoE layers)", related=("model.hybrid_override_pattern",))
-    if "M" in pattern:
-        for name in ("mamba_num_heads", "mamba_head_dim", "mamba_state_size", "mamba_num_groups"):
-            _require(arch, name, "required with Mamba blocks (M in hybrid_override_pattern)")
-        if arch.mamba_num_heads % arch.mamba_num_groups:
-            raise ConfigError("model.mamba_num_groups", arch.mamba_num_groups,
-                              f"a divisor of mamba_num_heads ({arch.mamba_num_heads})",
-                              related=("model.mamba_num_heads",))
-    if ("E" in pattern) != (arch.num_experts > 0):
-        raise ConfigError("model.num_experts", arch.num_experts, "more than 0 exactly when the pattern has E blocks",
-                          related=("model.hybrid_override_pattern",))
 
 
 ARCHITECTURE_FIELDS = tuple(f.name for f in fields(Architecture))

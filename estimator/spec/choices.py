@@ -71,7 +71,7 @@ RL_ENGINES = ("vllm", "sglang")  # the rollout engines
 
 # --- architecture --------------------------------------------------------------------------------
 NORMS = ("rmsnorm", "layernorm")
-VISION_TOWERS = ("qwen2_5_vl", "siglip")  # estimator/spec/vision.py
+VISION_TOWERS = ("qwen2_5_vl", "siglip", "llama4")  # estimator/spec/vision.py
 POSITION_EMBEDDINGS = ("rope", "learned", "none")  # none: Nemotron-H's attention has no positions
 
 # --- parallel layout -----------------------------------------------------------------------------

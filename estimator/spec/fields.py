@@ -372,8 +372,15 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _bool("shared_expert_gate", _M, "Shared expert gate", "Qwen2-MoE: a sigmoid gate on the shared expert.", _MORE),
     _w("sliding_window", "Sliding window", "Local attention window in tokens.", _MORE, hi=MAX_TOKENS, optional=True,
        auto="none: global attention", step=1024),
-    _w("sliding_window_pattern", "Global layer every N", "0 = every layer uses the window; N = every N-th layer is "
-       "global.", _MORE, lo=0, hi=MAX_LAYERS),
+    _w("attention_chunk_size", "Attention chunk", "Llama 4: a local layer's query attends only to the earlier "
+       "tokens of its own chunk.", _MORE, hi=MAX_TOKENS, optional=True, auto="none: no chunked attention", step=1024),
+    _bool("qk_l2_norm", _M, "QK L2 norm", "Llama 4: the RoPE layers L2-normalise q and k heads.", _MORE, widget=False),
+    _bool("moe_dense_experts", _M, "Every token through every expert", "transformers' Llama4TextMoe (HF Trainer, "
+          "DeepSpeed, FSDP1): all tokens through all experts, scaled by the router.", _MOE, widget=False),
+    _bool("eager_softmax_in_compute_dtype", _M, "Eager softmax in the compute dtype", "transformers' Llama 4 eager "
+          "attention: the softmax of the 16-bit scores, no fp32 upcast (one 16-bit copy kept).", _MORE, widget=False),
+    _w("sliding_window_pattern", "Global layer every N", "0 = every layer uses the window (or chunk); N = every "
+       "N-th layer is global (Llama 4's NoPE layers).", _MORE, lo=0, hi=MAX_LAYERS),
     Field("attention_logit_softcapping", _M, "float", "Attention logit soft-cap", "Gemma-2: cap x tanh(scores / "
           "cap).", _MORE, min=0.0, max=1e6, optional=True, auto="none", widget=False),
     Field("final_logit_softcapping", _M, "float", "Final logit soft-cap", "Gemma-2: cap x tanh(logits / cap).",
@@ -436,9 +443,9 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _w("mamba_dt_rank", "Mamba-1 time-step rank", "Rank of the Mamba-1 time-step projection (HF mamba_dt_rank).",
        _HYB, optional=True, auto="none: required with Mamba-1 layers"),
     _choice("vision_tower", _M, "Vision tower", "Vision-language models: qwen2_5_vl = Qwen2.5-VL's window-attention "
-            "ViT and 2x2 patch merger; siglip = SigLIP with Gemma 3's pooling projector. Its weights sit on the "
-            "first stage; each image's patches run through it.", _VIS, VISION_TOWERS, optional=True,
-            auto="none: a text-only model"),
+            "ViT and 2x2 patch merger; siglip = SigLIP with Gemma 3's pooling projector; llama4 = Llama 4's tiled "
+            "ViT and pixel-shuffle adapter. Its weights sit on the first stage; each image's patches run through it.",
+            _VIS, VISION_TOWERS, optional=True, auto="none: a text-only model"),
     _w("vision_hidden_size", "Vision hidden size", "Width of the vision tower's blocks.", _VIS, optional=True,
        auto=_NOVIS),
     _w("vision_num_layers", "Vision blocks", "ViT blocks (depth).", _VIS, hi=MAX_LAYERS, optional=True, auto=_NOVIS),
@@ -458,10 +465,12 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _w("vision_full_attention_layers", "Full-attention vision blocks", "Qwen2.5-VL: blocks that attend over the "
        "whole image (fullatt_block_indexes).", _VIS, lo=0, hi=MAX_LAYERS),
     _w("vision_image_size", "Native image size (px)", "SigLIP: every image is resized to it (its position table "
-       "has (size / patch)^2 rows).", _VIS, hi=2**16, optional=True, auto="none: images of any size"),
+       "has (size / patch)^2 rows); Llama 4: the tile size.", _VIS, hi=2**16, optional=True, auto="none: images of any size"),
     _w("vision_tokens_per_image", "Image tokens", "Gemma 3: decoder tokens per image after the projector's "
        "average pooling (mm_tokens_per_image).", _VIS, hi=2**20, optional=True,
        auto="none: patches / merge^2"),
+    _w("vision_projector_size", "Vision projector width", "Llama 4: the pixel-shuffle adapter's and the projector's "
+       "width (projector_input_dim).", _VIS, optional=True, auto="none: no pixel-shuffle adapter"),
 )
 
 _A, _FT = "adapter", "Fine-tuning (adapters)"

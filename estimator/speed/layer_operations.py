@@ -16,9 +16,13 @@ from .operations import (CORE_ATTN, GELU_FLOPS, MOE_MODULE, NORM_FLOPS, NORM_MOD
                          SOFTMAX_FLOPS, SWIGLU_FLOPS, UP_PROJ_MODULE, _Context, _elementwise, _gemm, bf16_matmuls)
 
 
-def attended_keys(seq_len: int, window: int | None, causal: bool = True) -> float:
+def attended_keys(seq_len: int, window: int | None, causal: bool = True, chunked: bool = False) -> float:
     """Keys a query attends to on average. Causal: (1/s) sum_i min(i, w) = w - w^2/(2s) for a
-    window w <= s, which is s/2 for full attention (the causal half)."""
+    window w <= s, which is s/2 for full attention (the causal half). Chunked (Llama 4, `window` the
+    chunk c): a query sees the earlier keys of its own chunk, (q c^2 + r^2) / (2s) with s = q c + r."""
+    if chunked and window and causal:
+        whole, rest = divmod(seq_len, window)
+        return (whole * window * window + rest * rest) / (2 * seq_len)
     w = min(window or seq_len, seq_len)
     if not causal:
         return float(w)
@@ -50,7 +54,7 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
     s_q = seq / par.cp
     io = ctx.T * (a_t * (d_qk + d_v) + kv_heads / par.tp * (d_qk + d_v)) * ctx.B  # q, o; k, v
     if training.attention == "flash":
-        keys = attended_keys(seq, window)
+        keys = attended_keys(seq, window, chunked=bool(arch.attention_chunk_size))
         flops = 2 * b * a_t * s_q * keys * (d_qk + d_v)
         # the kernel sees blocks of s/cp queries (ring attention runs one block per step), at most the window
         span = min(window or s_q, s_q)
@@ -70,7 +74,8 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
                         "2.5 x forward (FlashAttention-2: 5 matmuls against 2, the scores recomputed)", CORE_ATTN,
                         efficiency("backward"), kernels.BANDWIDTH_EFFICIENCY)
         return [fwd, bwd]
-    keys = float(min(window or seq, seq))  # eager: the mask is applied after the full matmul
+    # eager: the mask is applied after the full matmul (a chunk mask too: transformers 5.23 eager_attention_forward)
+    keys = float(seq if arch.attention_chunk_size else min(window or seq, seq))
     scores = b * a_t * s_q * keys
     qk = Operation("attention scores QK^T (eager)", "forward", scope, "attention", 2 * scores * d_qk,
                    ctx.T * a_t * d_qk * ctx.B + ctx.T * kv_heads / par.tp * d_qk * ctx.B + scores * ctx.B,
@@ -115,7 +120,8 @@ def layer_operations(ctx: _Context, arch: Architecture, training: Training, par:
                      window: int | None, count: int) -> tuple[list[Operation], list[Operation]]:
     """(forward operations in order, backward operations in reverse order) of one layer: its token
     mixer (attention, or a hybrid model's Gated DeltaNet or Mamba-2), then its MLP or MoE."""
-    scope = f"layer ({kind}{', sliding window' if window else ''})"
+    local = "attention chunk" if arch.attention_chunk_size else "sliding window"
+    scope = f"layer ({kind}{', ' + local if window else ''})"
     mixer, ffn = hybrid.MIXER[kind], hybrid.FFN[kind]
     groups: list[list[Operation]] = []
     if mixer in ("attention", "attention_mamba"):
@@ -203,6 +209,9 @@ def _ffn_groups(ctx: _Context, arch: Architecture, training: Training, par: Para
         groups.append(_mlp(ctx, arch, scope, "", T, arch.intermediate_size / t, count))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
+        from ..memory.activations.llama4 import dense_moe
+        if dense_moe(arch, training):  # transformers' Llama4TextMoe: every token through all E experts (bmm)
+            k, phi = e, 1.0
         # the router sees the sequence-parallel shard of the tokens (Megatron-Core TopKRouter)
         groups.append(_gemm(bf16_matmuls(ctx), scope, "router", T_sp, h, e, count, modules=MOE_MODULE))
         groups.append(_elementwise(ctx, scope, "router softmax and top-k", T_sp * e, T_sp * e, SOFTMAX_FLOPS, count,
@@ -320,7 +329,8 @@ def model_flops_per_token(arch: Architecture, seq_len: int, training: bool = Tru
     each sequence (2*V*h / seq_len per token)."""
     d_qk, d_v, _ = _attention_widths(arch)
     attention = sum(n * 2 * arch.num_attention_heads * (d_qk + d_v)
-                    * attended_keys(seq_len, arch.sliding_window if windowed else None)
+                    * attended_keys(seq_len, arch.local_attention if windowed else None,
+                                    chunked=bool(arch.attention_chunk_size))
                     for (kind, windowed), n in arch.variant_counts().items() if hybrid.attends(kind))
     # a hybrid's chunked recurrences (hybrid_operations.py), their forward FLOPs per token, in the same term
     core = {"linear_attention": gated_delta_net_core_flops, "mamba": ssd_core_flops, "mamba1": selective_scan_flops,

@@ -22,7 +22,7 @@ from .layer_operations import (matmul_parameters, model_flops_per_token, embeddi
 
 # --- the work of each pipeline stage -----------------------------------------------------------------
 
-Variant = tuple[str, bool]  # (layer kind, sliding window), as Architecture.variant_counts names them
+Variant = tuple[str, bool]  # (layer kind, local: sliding window or chunk), as Architecture.variant_counts names them
 
 
 def _time(ops, roof: bool) -> float:
@@ -33,7 +33,7 @@ def _time(ops, roof: bool) -> float:
 def variant_operations(ctx: _Context, cfg: Resolved) -> dict[Variant, tuple[list[Operation], list[Operation]]]:
     """(forward, backward) operations of one layer of each variant the model has, count 1."""
     arch = cfg.architecture
-    return {v: layer_operations(ctx, arch, cfg.training, cfg.parallel, v[0], arch.sliding_window if v[1] else None, 1)
+    return {v: layer_operations(ctx, arch, cfg.training, cfg.parallel, v[0], arch.local_attention if v[1] else None, 1)
             for v in arch.variant_counts()}
 
 

@@ -27,6 +27,8 @@ def vision_operations(ctx: _Context, arch: Architecture, training: Training) -> 
         return []
     if arch.vision_tower == _vision.SIGLIP:
         return _once(_trained(_siglip(ctx, arch, training), training))
+    if arch.vision_tower == _vision.LLAMA4:
+        return _once(_trained(_llama4(ctx, arch, training), training))
     size = image_size(arch, training)
     per_image = _vision.patches_per_image(arch, size)
     images = training.images_per_sample * training.micro_batch_size
@@ -80,6 +82,30 @@ def _siglip(ctx: _Context, arch: Architecture, training: Training) -> list[Opera
     ops += _gemm(ctx, SCOPE, "vision fc1", M, c, f, L) + _gemm(ctx, SCOPE, "vision fc2", M, f, c, L)
     ops += _elementwise(ctx, SCOPE, "vision GELU", M * f, M * f, 8, L, "read M*f, write M*f", (), "activation")
     return ops + _gemm(ctx, SCOPE, "vision projector", tokens, c, arch.hidden_size, 1)
+
+
+def _llama4(ctx: _Context, arch: Architecture, training: Training) -> list[Operation]:
+    """Llama 4 (transformers 5.23 modeling_llama4.py) per tile of N = (tile / patch)^2 + 1 positions: the patch
+    linear, per block LayerNorms, q, k, v and o GEMMs, attention over the tile's positions (non-causal), fc1, GELU
+    and fc2; the adapter's two GEMMs over the pixel-shuffled tokens (merge^2 c -> q -> q) and the projector
+    (q -> h). Its encoder is Llama4VisionModel with the adapter; the projector alone stays trained when frozen."""
+    tiles = _vision.tiles_per_image(arch, image_size(arch, training)) * training.images_per_sample \
+        * training.micro_batch_size
+    side = arch.vision_image_size // arch.vision_patch_size
+    per_tile = side * side + 1
+    M, tokens = float(per_tile * tiles), float(side * side // arch.vision_spatial_merge_size ** 2 * tiles)
+    c, f, n, L, q = (arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_heads,
+                     arch.vision_num_layers, arch.vision_projector_size)
+    ops = _gemm(ctx, SCOPE, "vision patch embedding", M, _vision.CHANNELS * arch.vision_patch_size ** 2, c, 1)
+    ops += _elementwise(ctx, SCOPE, "vision LayerNorms", 2 * M * c, 2 * M * c, NORM_FLOPS, L, "2 norms of M*c", (), "norm")
+    ops += _gemm(ctx, SCOPE, "vision q, k, v", M, c, 3 * c, L) + _gemm(ctx, SCOPE, "vision output projection", M, c, c, L)
+    ops += _attention(ctx, M * per_tile * 4 * c, M * 4 * c * ctx.B, L, per_tile, c // n, "full")
+    ops += _gemm(ctx, SCOPE, "vision fc1", M, c, f, L) + _gemm(ctx, SCOPE, "vision fc2", M, f, c, L)
+    ops += _elementwise(ctx, SCOPE, "vision GELU", M * f, M * f, 8, L, "read M*f, write M*f", (), "activation")
+    merged = arch.vision_spatial_merge_size ** 2 * c
+    ops += _gemm(ctx, SCOPE, "vision adapter fc1", tokens, merged, q, 1) + _gemm(ctx, SCOPE, "vision adapter fc2",
+                                                                                 tokens, q, q, 1)
+    return ops + _gemm(ctx, SCOPE, "vision projector", tokens, q, arch.hidden_size, 1)
 
 
 def _attention(ctx: _Context, flops: float, io: float, count: int, keys: int, d: int, label: str) -> list[Operation]:

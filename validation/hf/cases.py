@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..hybrid.models import HYBRID_RUNS, KERNELS
+from ..llama4.models import KERNELS as LLAMA4_KERNELS, LLAMA4_RUNS
 from ..vlm.models import KERNELS as VISION_KERNELS, VISION_RUNS
 from .models import MODELS
 from .step import Run
@@ -57,6 +58,8 @@ def _runs() -> list[Run]:
         *(Run(*args, **kw) for args, kw in HYBRID_RUNS),
         # Vision-language models (issue 28): images through the vision tower, their tokens in the sequence
         *(Run(*args, **kw) for args, kw in VISION_RUNS),
+        # Llama 4 Scout's language model (issue 28): chunked and NoPE attention, every token through every expert
+        *(Run(*args, **kw) for args, kw in LLAMA4_RUNS),
     ]
 
 
@@ -99,6 +102,8 @@ def describe(run: Run) -> str:
         else "no recompute"
     attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
+    if run.model in LLAMA4_KERNELS:
+        kernels = f", {LLAMA4_KERNELS[run.model]}"
     if run.model in VISION_KERNELS:
         frozen = ", the vision encoder frozen" if run.freeze_vision else ""
         kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {VISION_KERNELS[run.model]}"

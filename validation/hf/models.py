@@ -131,3 +131,8 @@ MODELS.update(_HYBRID)
 from ..vlm.models import MODELS as _VISION  # noqa: E402
 
 MODELS.update(_VISION)
+
+# Llama 4 Scout's language model (issue 28): chunked attention, NoPE layers, MoE with a shared expert
+from ..llama4.models import MODELS as _LLAMA4  # noqa: E402
+
+MODELS.update(_LLAMA4)

@@ -52,6 +52,9 @@ CASES = [
     ("gpt-oss-20b", "h100-80", 2, 1, {"max_model_len": 65536}),
     ("deepseek-v3", "h200", 8, 1, {"max_model_len": 32768}),
     ("deepseek-v3", "h200", 8, 2, {"max_model_len": 163840, "kv_cache_dtype": "fp8"}),
+    # Llama 4 Scout: ChunkedLocalAttentionSpec for its 36 RoPE layers (issue 28)
+    ("llama-4-scout", "h100-80", 4, 1, {"max_model_len": 131072}),
+    ("llama-4-scout", "h200", 2, 2, {"max_model_len": 262144}),
 ]
 
 # Falcon-H1 (issue 28): an attention layer and a Mamba-2 layer per decoder layer. Recorded with 0.11's rules only:
@@ -132,6 +135,8 @@ def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
     dtype = torch.uint8 if kv_dtype.startswith("fp8") else torch.bfloat16
     layer_types = getattr(text, "layer_types", None)
     window = getattr(text, "sliding_window", None)
+    # Llama 4 (models/llama4.py): ChunkedLocalAttention in the RoPE layers (no_rope_layers[i] == 1)
+    chunk, rope = getattr(text, "attention_chunk_size", None), getattr(text, "no_rope_layers", None)
     common = dict(block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype)
     stages = []
     for layers in ranges:
@@ -140,6 +145,8 @@ def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
             name = f"model.layers.{i}.self_attn.attn"
             if proxy.use_mla:
                 specs[name] = interface.MLAAttentionSpec(**common, cache_dtype_str=kv_dtype if kv_dtype != "auto" else None)
+            elif chunk and rope and rope[i]:
+                specs[name] = interface.ChunkedLocalAttentionSpec(**common, attention_chunk_size=chunk)
             elif window and (layer_types is None or layer_types[i] == "sliding_attention"):
                 specs[name] = interface.SlidingWindowSpec(**common, sliding_window=window)
             else:
@@ -209,6 +216,8 @@ def run_case(case, vllm_version: str) -> dict:
     release, raw, ours = our_estimate(case, vllm_version)
     r = ours.resolved
     config = dict(raw)
+    if "attn_temperature_tuning" in config.get("text_config", {}):  # an int in Llama 4's file, a bool to transformers
+        config["text_config"] = dict(config["text_config"], attn_temperature_tuning=True)
     hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
     proxy = _model_config_proxy(hf_config)
     text = proxy.hf_text_config
@@ -218,6 +227,11 @@ def run_case(case, vllm_version: str) -> dict:
     available = [s.available for s in ours.stages]
     ceiling = r.context_length
     cfg = _stand_in_config(r.max_model_len, r.max_num_batched_tokens, pp, tp, r.block_size)
+    if getattr(text, "attention_chunk_size", None):
+        # VllmConfig.__post_init__ turns the hybrid manager off for chunked local attention unless
+        # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE (this release's default)
+        envs = importlib.import_module("vllm.envs")
+        cfg.scheduler_config.disable_hybrid_kv_cache_manager = not envs.VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE
     handler = _Tokens()
     logging.getLogger("vllm").addHandler(handler)
     if release >= "0.33":
@@ -269,17 +283,25 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--append-hybrid", action="store_true",
                         help="run HYBRID_CASES only and append their records to the --out file (0.11)")
+    parser.add_argument("--models", nargs="*", help="record only these presets' cases, replacing theirs in --out "
+                                                    "and keeping the other records as they are")
     args = parser.parse_args(argv)
     import vllm
     version = vllm.__version__
     if args.append_hybrid:
         return _append_hybrid(args.out, version)
     hybrid = HYBRID_CASES if version.startswith("0.11.") else []
-    records = [run_case(case, version) for case in CASES + hybrid]
+    records = [run_case(case, version) for case in CASES + hybrid if not args.models or case[0] in args.models]
     command = (f"{sys.executable} -m validation.vllm.kv_records --out {args.out}  "
                f"(vllm=={version}, torch, transformers as installed; CPU only)")
+    data = {}
+    if args.models:
+        with open(args.out) as fh:
+            data = json.load(fh)
+        records = [r for r in data["records"] if r["case"]["model"] not in args.models] + records
+        command = data["command"] + f"; then --models {' '.join(args.models)}"
     with open(args.out, "w") as fh:
-        json.dump({"command": command, "vllm_version": version, "records": records}, fh, indent=1)
+        json.dump({**data, "command": command, "vllm_version": version, "records": records}, fh, indent=1)
         fh.write("\n")
     print(f"{len(records)} records -> {args.out}")
     return 0

@@ -67,6 +67,19 @@ def _gemma3(hf: dict) -> dict:
         vision_tokens_per_image=hf["mm_tokens_per_image"])
 
 
+def _llama4(hf: dict) -> dict:
+    """Llama 4 Scout: its language model (validation/llama4/models.py) and its tiled ViT, pixel-shuffle adapter and
+    projector (estimator/spec/vision.py)."""
+    from ..llama4.models import _llama4_text
+
+    vc = hf["vision_config"]
+    return dict(_llama4_text(hf["text_config"]), vision_tower="llama4", vision_hidden_size=vc["hidden_size"],
+                vision_num_layers=vc["num_hidden_layers"], vision_num_heads=vc["num_attention_heads"],
+                vision_intermediate_size=vc["intermediate_size"], vision_patch_size=vc["patch_size"],
+                vision_image_size=vc["image_size"], vision_spatial_merge_size=round(1 / vc["pixel_shuffle_ratio"]),
+                vision_projector_size=vc["projector_input_dim"])
+
+
 QWEN2_5_VL_7B = _published("qwen2.5-vl-7b-instruct")
 GEMMA_3_27B = _published("gemma-3-27b-pt")
 GEMMA_3_4B = _published("gemma-3-4b-it")
@@ -84,12 +97,32 @@ TINY_QWEN2_5_VL = dict(QWEN2_5_VL_7B, hidden_size=64, num_hidden_layers=2, num_a
                        vision_config=dict(QWEN2_5_VL_7B["vision_config"], depth=4, hidden_size=64, num_heads=4,
                                           intermediate_size=96, out_hidden_size=64, fullatt_block_indexes=[1, 3]))
 
+def _llama4_published() -> dict:
+    from ..llama4.models import text_config_keys
+
+    hf = _published("llama-4-scout-17b-16e")
+    return dict({k: v for k, v in hf.items() if k not in ("architectures", "transformers_version")},
+                text_config=text_config_keys(hf))
+
+
+LLAMA_4_SCOUT = _llama4_published()
+TINY_LLAMA_4 = dict(LLAMA_4_SCOUT, text_config=dict(LLAMA_4_SCOUT["text_config"], hidden_size=64, num_hidden_layers=2,
+                                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                                    intermediate_size=96, intermediate_size_mlp=128, vocab_size=201000,
+                                                    num_local_experts=4, attention_chunk_size=64, moe_layers=[0, 1],
+                                                    no_rope_layers=[1, 0], max_position_embeddings=16384),
+                    vision_config=dict(LLAMA_4_SCOUT["vision_config"], hidden_size=32, intermediate_size=128,
+                                       num_attention_heads=2, num_hidden_layers=2, image_size=56,
+                                       projector_input_dim=48, projector_output_dim=48, vision_output_dim=48))
+
 MODELS = {m.id: m for m in [
     VisionModel("qwen2.5-vl-7b", QWEN2_5_VL_7B, _qwen2_5_vl(QWEN2_5_VL_7B)),
     VisionModel("tiny-qwen2.5-vl", TINY_QWEN2_5_VL, _qwen2_5_vl(TINY_QWEN2_5_VL)),
     VisionModel("gemma-3-27b", GEMMA_3_27B, _gemma3(GEMMA_3_27B)),
     VisionModel("gemma-3-4b", GEMMA_3_4B, _gemma3(GEMMA_3_4B)),
     VisionModel("tiny-gemma-3", TINY_GEMMA_3, _gemma3(TINY_GEMMA_3)),
+    VisionModel("llama-4-scout-vl", LLAMA_4_SCOUT, _llama4(LLAMA_4_SCOUT)),
+    VisionModel("tiny-llama-4-vl", TINY_LLAMA_4, _llama4(TINY_LLAMA_4)),
 ]}
 
 # The measured runs, as validation/hf/step.Run's arguments (registered in validation/hf/cases.py)
@@ -102,9 +135,13 @@ VISION_RUNS = [
     # Gemma 3 4B: the tower is a larger share of the step
     (("gemma-3-4b", 2048, 2), {"images": 4, "image_size": 896}),
     (("gemma-3-4b", 4096), {"images": 8, "image_size": 896, "recompute": "full"}),
+    # Llama 4 Scout: 672 px images on 2 x 2 tiles and the global one (5 x 577 positions, 720 tokens each)
+    (("llama-4-scout-vl", 4096), {"images": 2, "image_size": 672}),
+    (("llama-4-scout-vl", 4096), {"images": 1, "image_size": 1344, "recompute": "full"}),
     # the encoder frozen, the merger / projector trained
     (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896, "freeze_vision": True}),
     (("gemma-3-27b", 2048), {"images": 2, "image_size": 896, "freeze_vision": True}),
+    (("llama-4-scout-vl", 2048), {"images": 2, "image_size": 336, "freeze_vision": True}),
 ]
 
 KERNELS = {
@@ -116,3 +153,6 @@ KERNELS = {
                      "FlashAttnVarlenFunc)",
 }
 KERNELS["gemma-3-4b"] = KERNELS["gemma-3-27b"]
+KERNELS["llama-4-scout-vl"] = ("the tower's 34 blocks through SDPA's FlashAttention-2 path (unmasked, non-causal: the "
+                               "harness's emulation), the decoder's chunked layers under the 8192-token chunk on the "
+                               "flash path too, every token through all 16 experts (transformers 5.23 Llama4TextMoe)")

@@ -58,8 +58,20 @@ class Grid:
         return self.patches // (self.merge * self.merge)
 
 
+LLAMA4_MAX_SIDE_TILES = 4  # Llama4ImageProcessor max_patches 16: a square image on at most 4 x 4 tiles
+
+
+def llama4_tiles(image_size: int, tile: int) -> int:
+    """Llama 4's tiles for a square image (transformers 5.23 image_processing_llama4.py get_best_fit: the smallest
+    n x n canvas of tiles that holds it, n <= 4; the global tile beside more than one)."""
+    side = min(-(-image_size // tile), LLAMA4_MAX_SIDE_TILES)
+    return side * side + (1 if side > 1 else 0)
+
+
 def grid_of(config, images: int, image_size: int) -> Grid:
     vc = config.vision_config
+    if config.model_type == "llama4":  # tiles of vc.image_size, each pixel-shuffled to 1 / ratio^2 fewer tokens
+        return Grid(images, image_size, vc.patch_size, 1, round(1 / vc.pixel_shuffle_ratio), vc.num_channels)
     if config.model_type == "gemma3":  # every image at the tower's size, pooled to mm_tokens_per_image
         if image_size != vc.image_size:
             raise ValueError(f"Gemma 3 takes images of {vc.image_size} px")
@@ -88,6 +100,8 @@ def batch(config, grid: Grid, micro_batch: int, seq_len: int, fake: bool) -> tup
     n = micro_batch * grid.images
     if config.model_type == "gemma3":
         return _gemma3_batch(config, grid, micro_batch, seq_len, n)
+    if config.model_type == "llama4":
+        return _llama4_batch(config, grid, micro_batch, seq_len, n)
     with _real():
         grid_thw = torch.tensor([[1, grid.side, grid.side]] * n)
         vision = _precomputed(config, grid_thw)
@@ -116,12 +130,31 @@ def _gemma3_batch(config, grid: Grid, micro_batch: int, seq_len: int, n: int) ->
     return dict(input_ids=input_ids, labels=input_ids, pixel_values=pixel_values), {}, []
 
 
+def _llama4_batch(config, grid: Grid, micro_batch: int, seq_len: int, n: int) -> tuple[dict, dict, list[int]]:
+    """Llama 4 (transformers 5.23 Llama4Processor): pixel_values (tiles, 3, tile, tile) in the vision model's dtype
+    (as its examples pass them: the tower does not cast them), (tile / patch)^2 / merge^2 image tokens per tile in
+    input_ids (the tile separators and image start and end markers are text tokens)."""
+    vc = config.vision_config
+    tiles = llama4_tiles(grid.image_size, vc.image_size)
+    tokens = tiles * (vc.image_size // vc.patch_size) ** 2 // grid.merge ** 2
+    if grid.images * tokens >= seq_len:
+        raise ValueError(f"{grid.images} images of {tokens} tokens do not fit in {seq_len} tokens")
+    input_ids = torch.randint(0, 200000, (micro_batch, seq_len))  # below Llama 4's special tokens
+    input_ids[:, 1:1 + grid.images * tokens] = config.image_token_index
+    dtype = torch.get_default_dtype() if config.vision_config.dtype is None else config.vision_config.dtype
+    pixel_values = torch.randn(n * tiles, grid.channels, vc.image_size, vc.image_size, dtype=dtype)
+    return dict(input_ids=input_ids, labels=input_ids, pixel_values=pixel_values), {}, []
+
+
 def freeze_encoder(model) -> None:
     """The vision encoder frozen as LLaMA-Factory's freeze_vision_tower does (requires_grad False; the optimizer
     gets the trained parameters only): Qwen2.5-VL's patch embedding and blocks (its merger trained), Gemma 3's
     SigLIP tower (its multi_modal_projector trained)."""
-    parts = ([model.model.vision_tower] if model.config.model_type == "gemma3"
-             else [model.model.visual.patch_embed, model.model.visual.blocks])
+    if model.config.model_type == "llama4":  # Llama4VisionModel (its adapter included); the projector trained
+        parts = [model.vision_model]
+    else:
+        parts = ([model.model.vision_tower] if model.config.model_type == "gemma3"
+                 else [model.model.visual.patch_embed, model.model.visual.blocks])
     for part in parts:
         part.requires_grad_(False)
 
@@ -215,6 +248,19 @@ def _flash_attention_2(hidden):
 
 
 @contextmanager
+def _check_disabled():
+    saved = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
+        else:
+            os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = saved
+
+
+@contextmanager
 def vision_emulation(tracker, model, vision: dict, splits: list[int]):
     """For the duration of a measured VLM step: the vision tower (and Gemma 3's decoder) on flash_attention_2
     when the model runs SDPA, the emulated kernels under that name, Qwen's precomputed vision inputs, and
@@ -224,6 +270,10 @@ def vision_emulation(tracker, model, vision: dict, splits: list[int]):
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
     gemma = model.config.model_type == "gemma3"
+    if model.config.model_type == "llama4":  # its tower runs SDPA unmasked (the emulated flash path) as it is
+        with _check_disabled():
+            yield
+        return
 
     def get_image_features(self, pixel_values, image_grid_thw=None, **kwargs):
         pixel_values = pixel_values.type(self.visual.dtype)

@@ -51,6 +51,9 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     else:
         k_width = v_width = arch.kv_width
         v_formula = "B*s*b*(a + 2*g)*d_head"
+        if arch.qk_l2_norm:  # Llama 4's weightless L2 norm in the RoPE layers (llama4.py)
+            from .llama4 import l2_qk_norm_entries
+            out += l2_qk_norm_entries(arch, training, par)
         if arch.qk_norm and fused_kernels(training):
             out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
         elif arch.qk_norm and torch_fused_rms_norm(arch, training):
@@ -144,8 +147,12 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
         else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
             if arch.attention_logit_softcapping:  # tanh keeps its output for backward
                 out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-            out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-            if not prepared(training):  # an fp32 query (kbit.py): the cast back is no copy
+            if arch.eager_softmax_in_compute_dtype:  # Llama 4: the softmax of the 16-bit scores, kept
+                out.append(Entry("softmax output (compute dtype, no fp32 upcast)", scores, B, "tp", "B*a*s^2*b",
+                                 recompute=CORE))
+            else:
+                out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+            if not prepared(training) and not arch.eager_softmax_in_compute_dtype:  # an fp32 query (kbit.py): no copy
                 out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
                                  recompute=CORE))
         if training.dropout > 0:

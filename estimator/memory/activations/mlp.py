@@ -7,6 +7,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
+from .llama4 import dense_moe, dense_moe_entries, dense_moe_rows
 
 
 def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Training, divided_by: str,
@@ -63,6 +64,12 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
+        if dense_moe(arch, training):  # transformers' Llama 4: every token through every expert
+            out += dense_moe_entries(arch, training, par)
+            out += _mlp("experts (every token): ", dense_moe_rows(training, par, arch), arch.moe_intermediate_size,
+                        arch, training, "sp", "E*f_e", MOE, down="experts")
+            out += _shared_expert_entries(arch, training, T)
+            return out + _mlp_tail(arch, training, T)
         out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
         out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
         # Tokens are exchanged across EP, not removed; ETP gathers them while it splits the expert
@@ -82,20 +89,30 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         else:
             out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
                              "B*phi*k*s*b*h*etp", recompute=MOE))
-        if arch.num_shared_experts:
-            width = arch.shared_expert_intermediate_size * arch.num_shared_experts
-            out += _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared", ("shared_experts", "moe"))
-            if arch.shared_expert_gate:
-                # Qwen2-MoE / Qwen3-Next: sigmoid(shared_expert_gate(x)) * shared_expert(x) keeps the sigmoid's
-                # output (one per token) and the shared expert's output (transformers 5.23
-                # Qwen3NextSparseMoeBlock.forward; measured, tests/data/measured/qwen3-next-*)
-                out.append(Entry("shared expert gate (sigmoid output)", T, B, "sp", "B*s*b", recompute=MOE))
-                out.append(Entry("shared expert output (kept by the gate product)", T * h, B, "sp", "B*s*b*h",
-                                 recompute=MOE))
-    if arch.norms_per_layer > 2:
-        out += _norm("post-MLP norm input", T, arch, training)
+        out += _shared_expert_entries(arch, training, T)
+    return out + _mlp_tail(arch, training, T)
+
+
+def _shared_expert_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
+    if not arch.num_shared_experts:
+        return []
+    B = bytes_per_element(training.compute_dtype)
+    width = arch.shared_expert_intermediate_size * arch.num_shared_experts
+    out = _mlp("shared experts: ", T, width, arch, training, "tp", "f_shared", ("shared_experts", "moe"))
+    if arch.shared_expert_gate:
+        # Qwen2-MoE / Qwen3-Next: sigmoid(shared_expert_gate(x)) * shared_expert(x) keeps the sigmoid's
+        # output (one per token) and the shared expert's output (transformers 5.23
+        # Qwen3NextSparseMoeBlock.forward; measured, tests/data/measured/qwen3-next-*)
+        out.append(Entry("shared expert gate (sigmoid output)", T, B, "sp", "B*s*b", recompute=MOE))
+        out.append(Entry("shared expert output (kept by the gate product)", T * arch.hidden_size, B, "sp", "B*s*b*h",
+                         recompute=MOE))
+    return out
+
+
+def _mlp_tail(arch: Architecture, training: Training, T: float) -> list[Entry]:
+    out = _norm("post-MLP norm input", T, arch, training) if arch.norms_per_layer > 2 else []
     if training.dropout > 0:
-        out.append(Entry("MLP residual dropout mask", T * h, 1, "sp", "s*b*h"))
+        out.append(Entry("MLP residual dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 
 

@@ -74,6 +74,8 @@ def vision_activation(arch: Architecture, training: Training) -> tuple[float, st
         return 0.0, ""
     B = bytes_per_element(training.compute_dtype)
     size = image_size(arch, training)
+    if arch.vision_tower == _vision.LLAMA4:
+        return _llama4_activation(arch, training, B, size)
     patches = _vision.patches_per_image(arch, size) * training.images_per_sample * training.micro_batch_size
     layers = arch.vision_num_layers
     if training.recompute == "full":
@@ -113,3 +115,41 @@ def _frozen(arch: Architecture, training: Training, B: float, size: int, patches
         per_token = 4 * c + B * c
         return patches * pixels + tokens * per_token, text + f" + {tokens:,} pooled tokens x {per_token:,.0f} B projector"
     return patches * (pixels + 4 * B * c), text + f" + {4 * B * c:,.0f} B per patch merger (norm, output, MLP)"
+
+
+LLAMA4_SOURCE = ("transformers 5.23 modeling_llama4.py Llama4VisionModel (Llama4UnfoldConvolution, "
+                 "Llama4VisionEncoderLayer, pixel_shuffle, Llama4VisionPixelShuffleMLP), Llama4MultiModalProjector; "
+                 "measured: tests/data/measured/llama-4-scout-vl-*")
+
+
+def llama4_tile_bytes(arch: Architecture, training: Training, B: float) -> tuple[float, str]:
+    """What Llama 4's tower keeps per tile (LLAMA4_SOURCE), with c its width, f its MLP's, n its heads, q the
+    adapter's width, N = (tile / patch)^2 + 1 positions (the class token), P = N - 1 patches, K = P / merge^2
+    tokens:
+    - the pixels (the batch, in the model's dtype: the tower does not cast them) and the unfold's copy the patch
+      linear keeps (2 x B x 3 patch^2 per patch);
+    - per position: the pre- and post-LayerNorms' inputs and fp32 mean and rstd (2 x (Bc + 8)); each block as
+      SigLIP's: two LayerNorms (input, statistics, output), q and k after the rotary embedding (new 16-bit
+      tensors from the fp32 complex product), v, the attention output and its fp32 log-sum-exp, fc1's output and
+      the GELU's: 8Bc + 16 + 4n + 2Bf; under full recompute a block keeps its input (Bc);
+    - the pixel shuffle's last contiguous copy, the adapter's first input (Bc per patch);
+    - per token: the adapter's fc1 output, its GELU, fc2's output and its GELU (the projector's input): 4Bq.
+    With the encoder frozen (the adapter with it): the pixels and the projector's input (Bq per token)."""
+    c, f, n, q = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_heads, arch.vision_projector_size
+    side = arch.vision_image_size // arch.vision_patch_size
+    P, pixels = side * side, _vision.CHANNELS * arch.vision_patch_size ** 2
+    N, K = P + 1, P // arch.vision_spatial_merge_size ** 2
+    if training.freeze_vision:
+        return P * B * pixels + K * B * q, f"{P} x {B * pixels:,.0f} B pixels + {K} tokens x Bq (the projector's input)"
+    block = B * c if training.recompute == "full" else 8 * B * c + 16 + 4 * n + 2 * B * f
+    kept = "its input" if training.recompute == "full" else "norms, q, k, v, output, lse, MLP"
+    total = P * (2 * B * pixels + B * c) + N * (arch.vision_num_layers * block + 2 * (B * c + 8)) + K * 4 * B * q
+    return total, (f"{P} patches x (2 x {B * pixels:,.0f} B pixels and unfold + Bc shuffle) + {N} positions x "
+                   f"({arch.vision_num_layers} blocks x {block:,.0f} B ({kept}) + 2 LayerNorms) + {K} tokens x 4Bq")
+
+
+def _llama4_activation(arch: Architecture, training: Training, B: float, size: int) -> tuple[float, str]:
+    tiles = _vision.tiles_per_image(arch, size) * training.images_per_sample * training.micro_batch_size
+    per_tile, formula = llama4_tile_bytes(arch, training, B)
+    return tiles * per_tile, (f"{tiles:,} tiles ({training.micro_batch_size} x {training.images_per_sample} images of "
+                              f"{size} px on {arch.vision_image_size}-px tiles) x ({formula})")
