@@ -13,7 +13,7 @@ from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.parallel import Parallel
-from .sharding import StageParameters, padded_vocab_size
+from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
@@ -97,11 +97,14 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
-        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, [k for k, n in sp.kind_counts if n],
-                                                      total_bytes(loss_saved))
+        kinds = [k for k, n in sp.kind_counts if n]
+        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, kinds, total_bytes(loss_saved))
         exchange = max(exchange, dsa_forward, key=total_bytes)
         exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
-        in_moe_layer = list(in_moe_layer) + max(dsa_forward, dsa_backward, key=total_bytes)
+        # a recomputed layer runs after the loss's backward freed the loss's tensors, and its DSA moment and its
+        # MoE exchange are different moments of it (measured: deepseek-v2-lite-dsa-*-full-*)
+        in_layer = dsa_stage_moments(arch, training, par, kinds, 0.0)
+        in_moe_layer = max(in_moe_layer, *in_layer, key=total_bytes)
     # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
     # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
     # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
@@ -115,7 +118,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # largest of its moments.
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
-        extras = list(extras) + in_moe_layer
+        extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
         if total_bytes(attention) > int(round(working)) + total_bytes(extras):
@@ -211,6 +214,25 @@ def _recompute_working_set(training: Training, sp: StageParameters, shared: _Sha
     if op_level(training):
         return max((shared.full_layer[k] - shared.per_layer[k] for k, _ in sp.kind_counts), default=0.0)
     return 0.0
+
+
+def _freed_before_recompute(arch: Architecture, training: Training, sp: StageParameters,
+                            shared: _Shared) -> list[Component]:
+    """Megatron's block method checkpoints a stage's first n layers (transformer_block.py _checkpointed_forward,
+    Megatron-Core 0.16.1: `layer_idx < recompute_num_layers`); backward reaches them only after the later layers'
+    backward freed what those keep, so the micro-batch being recomputed holds its layer inputs alone then: a
+    negative part of the recompute moment (measured: deepseek-v2-lite-dsa-*-full-block1). One chunk per rank
+    only (with virtual chunks, another chunk's layers of that micro-batch may still wait for their backward)."""
+    n = recomputed_layer_count(training, sp.num_layers)
+    if training.framework != "megatron" or training.recompute_layers is None or n >= sp.num_layers \
+            or len(sp.chunks) != 1:
+        return []
+    stored = [(kind, count) for kind, count in chunk_kind_counts(arch, sp.chunks, skip=n) if count]
+    freed = sum(shared.per_layer[kind] * count for kind, count in stored)
+    layers = " + ".join(f"{shared.per_layer[k] / 2**20:,.1f} MiB x {c} {k} layers" for k, c in stored)
+    return [component("transient", "The later layers' activations, freed before the first n are recomputed", -freed,
+                      f"-({layers}) of the micro-batch being recomputed",
+                      "Megatron-Core 0.16.1 transformer/transformer_block.py _checkpointed_forward (block)")]
 
 
 def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None,
