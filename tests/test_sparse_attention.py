@@ -312,7 +312,7 @@ def test_the_breakdown_names_the_indexer():
 
 
 @pytest.mark.parametrize("section, values, field", [
-    ("training", {"framework": "hf"}, "training.framework"),
+    ("training", {"framework": "fsdp2"}, "training.framework"),
     ("parallel", {"cp": 2, "dp": 16}, "parallel.cp"),
     ("training", {"recompute": "selective"}, "training.recompute_modules"),
 ])
@@ -382,3 +382,60 @@ def test_the_planner_lays_out_the_issue_28_mla_models(model):
         assert all(x.parallel.cp == 1 for x in layouts)
         assert not any(x.training.recompute == "selective" and "core_attn" in x.training.recompute_modules
                        for x in layouts)
+
+
+def _hf(**training):
+    """DeepSeek-V3.2 under the HF Trainer on one GPU, pure bf16, eager attention; without the MTP module, which
+    transformers does not build (DeepseekV32PreTrainedModel._keys_to_ignore_on_load_unexpected: layers.61)."""
+    from estimator import estimate_config
+    from estimator.spec.config import architecture_to_dict
+    model = dict(architecture_to_dict(get_architecture("deepseek-v3.2")), mtp_layers=0)
+    config = {"model": model, "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1,
+                                                     "param_dtype": "bf16", "attention": "eager", **training},
+              "parallel": {"tp": 1, "pp": 1, "dp": 1}, "hardware": {"gpu": "h200"}}
+    return estimate_config(config)
+
+
+@pytest.mark.parametrize("training, field", [
+    ({"attention": "flash"}, "training.attention"),
+    ({"param_dtype": "fp32"}, "training.param_dtype"),
+    ({"dropout": 0.1}, "training.dropout"),
+])
+def test_hf_training_outside_what_is_modelled_is_refused(training, field):
+    """transformers 5.23 folds the top-k into a mask (SDPA would run its masked kernel), autocast would run the
+    indexer's matmuls in bf16, and attention dropout is not modelled: each is refused by its field."""
+    with pytest.raises(ConfigError) as caught:
+        _hf(**training)
+    assert caught.value.field == field
+
+
+def test_hf_layer_by_hand():
+    """One DeepSeek-V3.2 dense layer under transformers 5.23, eager, s = 4096, b = 1 (modeling_deepseek_v32.py):
+    the two layer norms, the latent norms, the compressed q and kv, q and k, the fp32 softmax and its bf16 cast,
+    kv_b_proj's output (v a view of it), the attention output and the MLP; the indexer keeps nothing."""
+    est = _hf()
+    s, h, a, f = 4096, 7168, 128, 18432
+    norm = lambda width: 4 * s * width + 4 * s + 2 * s * width  # fp32 upcast, rsqrt, normalised  # noqa: E731
+    expected = (2 * (norm(h) + 2 * s * h)  # input and post-attention norms with the projections' input
+                + norm(1536) + 2 * s * 1536 + norm(512) + 2 * s * 512  # latent norms, compressed q and kv
+                + 2 * 2 * s * a * 192 + 6 * a * s * s + 2 * s * a * 256  # q, k, softmax (fp32 + bf16), kv_b output
+                + 2 * s * a * 128  # attention output
+                + 2 * s * 2 * f + 2 * s * f + 2 * s * f)  # gate and up, SiLU, the gated product
+    dense = sum(line.bytes for line in est.activation_ledger if line.kind == "dense")
+    assert dense == expected == 14_831_124_480  # 12 GiB of it the softmax
+    assert not [line for line in est.activation_ledger if "indexer" in line.name]
+
+
+def test_hf_indexers_get_no_gradient_nor_adamw_state():
+    """DeepseekV32Indexer.forward runs under torch.no_grad(): its weights (wq_b 8192 x 1536, wk 128 x 7168,
+    k_norm 2 x 128, weights_proj 64 x 7168 per layer) get no gradient and AdamW no state."""
+    est = _hf()
+    stage = est.stages[0]
+    step = {c.key: c.bytes for c in next(p for p in stage.phases if p.name == "optimizer").components}
+    indexers = 61 * (8192 * 1536 + 128 * 7168 + 2 * 128 + 64 * 7168)
+    trained = est.parameters_total - indexers
+    assert step["gradients"] == pytest.approx(2 * trained, abs=2 * 1e6)
+    assert step["optimizer_states"] == pytest.approx(2 * 2 * trained, abs=4 * 1e6)
+    assert step["parameters"] == pytest.approx(2 * est.parameters_total, abs=2 * 1e6)
+    # DeepSeek-V3's 671,026,419,200 without the MTP module, and 61 indexers of 13,959,424
+    assert est.parameters_total == 671_026_419_200 + indexers == 671_877_944_064

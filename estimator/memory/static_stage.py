@@ -99,19 +99,21 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         from .dsa_moments import dsa_stage_moments
         kinds = [k for k, n in sp.kind_counts if n]
         dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, kinds, total_bytes(loss_saved))
-        exchange = max(exchange, dsa_forward, key=total_bytes)
-        exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
         # a recomputed layer runs after the loss's backward freed the loss's tensors, and its DSA moment and its
         # MoE exchange are different moments of it (measured: deepseek-v2-lite-dsa-*-full-*)
         in_layer = dsa_stage_moments(arch, training, par, kinds, 0.0)
+        if training.framework == "hf" and not _grads_live(training, par, m):  # the gradients made by then
+            from .dsa_hf_moments import gradients_at_moment, with_gradients
+            vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
+            recomputed = bool(recomputed_layer_count(training, sp.num_layers))
+            at_last, at_first, formula = gradients_at_moment(arch, training, recipe, sp, shared.per_layer, vocab,
+                                                             recomputed)
+            dsa_backward = with_gradients(dsa_backward, max(at_last, at_first), formula)
+            in_layer = (in_layer[0], with_gradients(in_layer[1], at_first, formula))
+        exchange = max(exchange, dsa_forward, key=total_bytes)
+        exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
         in_moe_layer = max(in_moe_layer, *in_layer, key=total_bytes)
-    # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
-    # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
-    # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
-    # FSDP2 under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)
-    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
-    grads_live = training.framework == "megatron" or (
-        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
+    grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
@@ -214,6 +216,15 @@ def _recompute_working_set(training: Training, sp: StageParameters, shared: _Sha
     if op_level(training):
         return max((shared.full_layer[k] - shared.per_layer[k] for k, _ in sp.kind_counts), default=0.0)
     return 0.0
+
+
+def _grads_live(training: Training, par: Parallel, m: int) -> bool:
+    """Gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline; else
+    zero_grad(set_to_none=True) freed them after the last step. FSDP1 accumulates under no_sync (fsdp1.py); FSDP2
+    under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)."""
+    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
+    return training.framework == "megatron" or (
+        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
 
 
 def _freed_before_recompute(arch: Architecture, training: Training, sp: StageParameters,

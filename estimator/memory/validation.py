@@ -83,7 +83,7 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         _check_images(arch, training)
     if arch.uses_sparse_attention:  # DeepSeek-V3.2 (memory/activations/sparse.py)
         from .activations.sparse import check_training
-        check_training(training, par)
+        check_training(arch, training, par)
     if arch.num_attention_heads % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),
                           f"num_attention_heads ({arch.num_attention_heads}) must be divisible by tp")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..hybrid.models import HYBRID_RUNS, KERNELS
 from ..vlm.models import KERNELS as VISION_KERNELS, VISION_RUNS
+from .dsa import DSA_RUNS, KERNELS as DSA_KERNELS
 from .models import MODELS
 from .step import Run
 
@@ -57,6 +58,8 @@ def _runs() -> list[Run]:
         *(Run(*args, **kw) for args, kw in HYBRID_RUNS),
         # Vision-language models (issue 28): images through the vision tower, their tokens in the sequence
         *(Run(*args, **kw) for args, kw in VISION_RUNS),
+        # DeepSeek-V3.2's sparse attention (issue 28): the lightning indexer under no_grad, eager attention
+        *(Run(*args, **kw) for args, kw in DSA_RUNS),
     ]
 
 
@@ -99,6 +102,7 @@ def describe(run: Run) -> str:
         else "no recompute"
     attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
+    kernels = f", {DSA_KERNELS[run.model]}" if run.model in DSA_KERNELS else kernels
     if run.model in VISION_KERNELS:
         frozen = ", the vision encoder frozen" if run.freeze_vision else ""
         kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {VISION_KERNELS[run.model]}"

@@ -131,3 +131,8 @@ MODELS.update(_HYBRID)
 from ..vlm.models import MODELS as _VISION  # noqa: E402
 
 MODELS.update(_VISION)
+
+# DeepSeek-V3.2's sparse attention (issue 28): its first three layers (validation/hf/dsa.py)
+from .dsa import MODELS as _SPARSE  # noqa: E402
+
+MODELS.update(_SPARSE)

@@ -149,17 +149,21 @@ def dsa_moments(arch: Architecture, training: Training, par: Parallel) -> tuple[
     return forward, backward, forward_formula, backward_formula
 
 
-def check_training(training: Training, par: Parallel) -> None:
+def check_training(arch: Architecture, training: Training, par: Parallel) -> None:
     """What training with sparse attention is modelled for (a ConfigError naming the field otherwise)."""
     from ...spec.errors import ConfigError
     if training.mode != "training":
         return
     related = ("model.index_n_heads",)
+    if training.framework == "hf":  # transformers 5.23's DeepSeek-V3.2, its indexer under no_grad (sparse_hf.py)
+        from .sparse_hf import check_hf_training
+        check_hf_training(arch, training)
+        return
     if training.framework != "megatron":
-        raise ConfigError("training.framework", training.framework, "'megatron' for a model with sparse attention",
-                          "DeepSeek Sparse Attention's training is modelled as Megatron-Core 0.16.1 runs it "
-                          "(DSAttention with the indexer's KL loss); transformers 5.23 runs the indexer without "
-                          "gradients", related=related)
+        raise ConfigError("training.framework", training.framework, "'megatron' or 'hf' for a model with sparse "
+                          "attention", "DeepSeek Sparse Attention's training is modelled as Megatron-Core 0.16.1 runs "
+                          "it (DSAttention with the indexer's KL loss) and as transformers 5.23 runs it (the indexer "
+                          "under no_grad, not trained)", related=related)
     if par.cp > 1:
         raise ConfigError("parallel.cp", par.cp, "1 for a model with sparse attention",
                           "Megatron-Core 0.16.1 refuses it (transformer_config.py: 'Currently context parallelism is "
