@@ -18,7 +18,7 @@ from .activations.entries import ATTENTION_OUTPUT
 from .activations.layer import layer_entries
 from .activations.recompute import dropped
 from .activations.sparse import SOURCE, dsa_moments
-from .activations.sparse_hf import HF_SOURCE, hf_dsa_moments
+from .activations.sparse_hf import HF_SOURCE, hf_checkpointed_forward, hf_dsa_moments
 from .components import Component, component
 from ..spec.architecture import Architecture
 from ..spec.parallel import Parallel
@@ -35,9 +35,11 @@ def after_core_bytes(arch: Architecture, training: Training, par: Parallel, kind
 
 
 def dsa_stage_moments(arch: Architecture, training: Training, par: Parallel, kinds: list[str],
-                      loss_saved: float) -> tuple[list[Component], list[Component]]:
+                      loss_saved: float, checkpointed: bool = False) -> tuple[list[Component], list[Component]]:
     """(forward, backward) moment of a DSA layer, net of the loss's saved tensors (`loss_saved`, the last
-    stage's) and of the layer's tensors after its core; none without sparse attention under Megatron or HF."""
+    stage's) and of the layer's tensors after its core; none without sparse attention under Megatron or HF.
+    `checkpointed`: every layer of the stage is recomputed, so under HF the forward moment is a layer's whole
+    working set (it saves nothing then)."""
     if not (arch.uses_sparse_attention and training.framework in ("megatron", "hf") and training.mode == "training"
             and kinds):
         return [], []
@@ -51,6 +53,11 @@ def dsa_stage_moments(arch: Architecture, training: Training, par: Parallel, kin
     less = " - the layer's tensors after its core attention" + (" - the loss's tensors" if loss_saved else "")
     fwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a layer's forward)",
                     max(forward - gone, 0), f_formula + less, source)
+    if training.framework == "hf" and checkpointed:  # the layer saves nothing in its first forward (sparse_hf.py)
+        forward, f_formula = hf_checkpointed_forward(arch, training, par)
+        fwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a checkpointed layer's "
+                        "forward)", max(forward - loss_saved, 0), f_formula + (" - the loss's tensors" if loss_saved
+                                                                              else ""), source)
     bwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a layer's backward)",
                     max(backward - gone, 0), b_formula + less, source)
     return [fwd], [bwd]

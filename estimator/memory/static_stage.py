@@ -98,7 +98,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
         kinds = [k for k, n in sp.kind_counts if n]
-        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, kinds, total_bytes(loss_saved))
+        every = recomputed_layer_count(training, sp.num_layers) == sp.num_layers
+        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, kinds, total_bytes(loss_saved), every)
         # a recomputed layer runs after the loss's backward freed the loss's tensors, and its DSA moment and its
         # MoE exchange are different moments of it (measured: deepseek-v2-lite-dsa-*-full-*)
         in_layer = dsa_stage_moments(arch, training, par, kinds, 0.0)

@@ -16,10 +16,12 @@ What that code does, and so what the estimate models:
   contiguous copy of v when b > 1 (the batch and head dims then do not merge into one stride).
 
 Moments (bytes over what the layer keeps; dsa_hf_moments.py adds the gradients made before them):
-- forward, the indexer of a layer: its matmul's fp32 scores [b, s, H_I, s] and their scaled copy (8 b s^2 H_I)
-  beside its 16-bit q (wq_b's output, which q_pass keeps alive, the cat and the rotated half) and k; with
-  b > 1 the matmul broadcasts k over the queries and copies it, [b s, D_I, s] in fp32, beside its own fp32 q
-  and k and the scores (the larger of the two). The softmax and its cast do not exist yet.
+- forward, the larger of the indexer's (its matmul's fp32 scores [b, s, H_I, s] and their scaled copy, 8 b s^2
+  H_I, beside its 16-bit q and k; with b > 1 the matmul broadcasts k over the queries and copies it, [b s, D_I,
+  s] in fp32) and the softmax's (`softmax(..., dtype=float32)` copies the masked 16-bit scores to fp32 beside
+  its output: 4 b a s^2 over what the layer keeps), each beside the attention's unsaved locals and the masks;
+- with every layer checkpointed (HF gradient checkpointing) the first forward saves nothing, and its moment is
+  the layer's whole working set (`hf_checkpointed_forward`);
 - backward, the softmax's backward: the fp32 gradient of the cast and the softmax's input gradient (8 b a
   s^2) beside the kept softmax, once scores x V's backward freed the 16-bit probabilities and v and made dV.
 Checked against the HF harness under fake tensors (tests/data/measured/deepseek-v3.2-*).
@@ -78,27 +80,77 @@ def _value_kept(arch: Architecture, training: Training) -> float:
     return B * a * arch.v_head_dim
 
 
-def hf_dsa_moments(arch: Architecture, training: Training, par: Parallel) -> tuple[float, float, str, str]:
-    """(forward, backward) bytes one layer holds at its worst moment beyond what the layer keeps, with their
-    formulas (module docstring; S = b s^2, Sa = b a s^2, T = s b)."""
+def _masks(arch: Architecture, training: Training, core: bool) -> tuple[float, str]:
+    """The masks alive in a layer's forward: the model's eager causal mask (B b s^2, made once per forward);
+    at the core also the top-k indices (int32), the bool index mask scattered from them and the masked copy
+    of the causal mask (DeepseekV32Attention.forward)."""
+    B = bytes_per_element(training.compute_dtype)
+    b, s = training.micro_batch_size, training.seq_len
+    k = min(arch.index_topk, s)
+    if not core:
+        return B * b * s * s, "B*b*s^2"
+    return (2 * B + 1) * b * s * s + 4 * b * s * k, "(2*B + 1)*b*s^2 + 4*s*b*min(topk, s)"
+
+
+def _indexer(arch: Architecture, training: Training) -> float:
+    """The indexer's largest moment: its matmul's fp32 scores [b, s, H_I, s] and their scaled copy beside its
+    16-bit q (wq_b's output, which q_pass keeps alive, the cat, the rotated half) and k (wk's and k_norm's
+    outputs, the rotated half); with b > 1 matmul's broadcast copy of k, [b s, D_I, s] in fp32, beside its own
+    fp32 q and k and the scores, when larger."""
     B = bytes_per_element(training.compute_dtype)
     b, s = training.micro_batch_size, training.seq_len
     T, S = b * s, b * s * s
     heads, dim, rope = arch.index_n_heads, arch.index_head_dim, arch.qk_rope_head_dim
-    Sa = S * arch.num_attention_heads
-    # wq_b's output, the cat, the rotated half of q; wk's and k_norm's outputs and k's rotated half
     local = B * T * (heads * (2 * dim + rope) + 2 * dim + rope)
-    scaled = 8 * S * heads  # matmul's scores and `* softmax_scale`'s copy, fp32
     matmul = 4 * T * (heads * dim + dim) + 4 * S * heads + (4 * S * dim if b > 1 else 0)
-    forward = local + max(scaled, matmul) - (4 + B) * Sa
+    return local + max(8 * S * heads, matmul)
+
+
+def _attention_locals(arch: Architecture, training: Training) -> float:
+    """What DeepseekV32Attention.forward holds unsaved while its indexer and softmax run: q_b_proj's output
+    (q_pass a view of it), the rotated q_rot, kv_a_proj_with_mqa's output and the rotated k_rot."""
+    B = bytes_per_element(training.compute_dtype)
+    T, a, rope = training.micro_batch_size * training.seq_len, arch.num_attention_heads, arch.qk_rope_head_dim
+    return B * T * (a * (arch.qk_nope_head_dim + 2 * rope) + arch.kv_lora_rank + 2 * rope)
+
+
+def hf_dsa_moments(arch: Architecture, training: Training, par: Parallel) -> tuple[float, float, str, str]:
+    """(forward, backward) bytes one layer holds at its worst moment beyond what the layer keeps, with their
+    formulas (module docstring; Sa = b a s^2). Forward, the larger of the indexer's moment (before q, k and v's
+    softmax exists) and the softmax's (its fp32 copy of the masked bf16 scores beside its output)."""
+    B = bytes_per_element(training.compute_dtype)
+    b, s = training.micro_batch_size, training.seq_len
+    T, Sa = b * s, b * s * s * arch.num_attention_heads
+    local = _attention_locals(arch, training)
+    indexer = _indexer(arch, training) + local + _masks(arch, training, False)[0] - (4 + B) * Sa
+    softmax = 4 * Sa + local + _masks(arch, training, True)[0]
+    forward = max(indexer, softmax)
     backward = (8 - B) * Sa + B * T * arch.num_attention_heads * arch.v_head_dim - T * _value_kept(arch, training)
-    copy = " + 4*s^2*b*D_I (k broadcast over the queries, copied)" if b > 1 else ""
-    forward_formula = (f"B*s*b*(H_I*(2*D_I + d_rope) + 2*D_I + d_rope) + max(8*S*H_I, 4*s*b*(H_I + 1)*D_I + "
-                       f"4*S*H_I{copy}) - (4 + B)*Sa: the indexer's fp32 scores before the softmax exists "
-                       "(S = b*s^2, Sa = b*a*s^2)")
+    forward_formula = ("max(the indexer's scores, 8*b*s^2*H_I (fp32, with b > 1 its copy of k 4*b*s^2*D_I) and "
+                       "its q and k - (4 + B)*Sa, the softmax's fp32 copy of its input 4*Sa and the masks) + "
+                       "q_b_proj's output, the rotated q and k, kv_a's output (Sa = b*a*s^2)")
     v = "B*s*b*a*(d_nope + d_v)" if b == 1 else "B*s*b*a*d_v"
     backward_formula = f"(8 - B)*Sa + B*s*b*a*d_v - {v}: the softmax's backward in fp32 (Sa = b*a*s^2)"
     return forward, backward, forward_formula, backward_formula
+
+
+def hf_checkpointed_forward(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
+    """A layer's largest moment in its checkpointed forward (torch.utils.checkpoint, every layer under HF's
+    gradient checkpointing), which saves nothing: beside its input (kept by the checkpoint) the outputs of its
+    norms, q and k, kv_b_proj's output and the attention locals, with the indexer's moment or the softmax's
+    (the masked 16-bit scores, their fp32 copy and the softmax output, (8 + B) Sa) and the masks."""
+    B = bytes_per_element(training.compute_dtype)
+    b, s, a = training.micro_batch_size, training.seq_len, arch.num_attention_heads
+    T, Sa = b * s, b * s * s * a
+    qk = arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    held = B * T * (arch.hidden_size + arch.q_lora_rank + arch.kv_lora_rank + a * (2 * qk + arch.qk_nope_head_dim
+                                                                                  + arch.v_head_dim))
+    held += _attention_locals(arch, training)
+    indexer = _indexer(arch, training) + _masks(arch, training, False)[0]
+    softmax = (8 + B) * Sa + _masks(arch, training, True)[0]
+    formula = ("B*s*b*(h + q_lora_rank + kv_lora_rank + a*(3*(d_nope + d_rope) + d_v) + ...) + max(the indexer's "
+               "scores, (8 + B)*Sa + the masks): the checkpointed forward saves nothing (Sa = b*a*s^2)")
+    return held + max(indexer, softmax), formula
 
 
 def check_hf_training(arch: Architecture, training: Training) -> None:
