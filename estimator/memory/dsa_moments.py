@@ -17,7 +17,7 @@ from .activations.attention import attention_entries
 from .activations.entries import ATTENTION_OUTPUT
 from .activations.layer import layer_entries
 from .activations.recompute import dropped
-from .activations.sparse import SOURCE, dsa_moments
+from .activations.sparse import SOURCE, checkpointed_forward, dsa_moments
 from .activations.sparse_hf import HF_SOURCE, hf_checkpointed_forward, hf_dsa_moments
 from .components import Component, component
 from ..spec.architecture import Architecture
@@ -38,8 +38,8 @@ def dsa_stage_moments(arch: Architecture, training: Training, par: Parallel, kin
                       loss_saved: float, checkpointed: bool = False) -> tuple[list[Component], list[Component]]:
     """(forward, backward) moment of a DSA layer, net of the loss's saved tensors (`loss_saved`, the last
     stage's) and of the layer's tensors after its core; none without sparse attention under Megatron or HF.
-    `checkpointed`: every layer of the stage is recomputed, so under HF the forward moment is a layer's whole
-    working set (it saves nothing then)."""
+    `checkpointed`: every layer of the stage is recomputed, so the forward moment is a layer's whole working set
+    (it saves nothing then)."""
     if not (arch.uses_sparse_attention and training.framework in ("megatron", "hf") and training.mode == "training"
             and kinds):
         return [], []
@@ -53,8 +53,9 @@ def dsa_stage_moments(arch: Architecture, training: Training, par: Parallel, kin
     less = " - the layer's tensors after its core attention" + (" - the loss's tensors" if loss_saved else "")
     fwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a layer's forward)",
                     max(forward - gone, 0), f_formula + less, source)
-    if training.framework == "hf" and checkpointed:  # the layer saves nothing in its first forward (sparse_hf.py)
-        forward, f_formula = hf_checkpointed_forward(arch, training, par)
+    if checkpointed:  # the layer saves nothing in its first forward (sparse.py, sparse_hf.py)
+        forward, f_formula = (hf_checkpointed_forward if training.framework == "hf" else checkpointed_forward)(
+            arch, training, par)
         fwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a checkpointed layer's "
                         "forward)", max(forward - loss_saved, 0), f_formula + (" - the loss's tensors" if loss_saved
                                                                               else ""), source)

@@ -149,6 +149,27 @@ def dsa_moments(arch: Architecture, training: Training, par: Parallel) -> tuple[
     return forward, backward, forward_formula, backward_formula
 
 
+def checkpointed_forward(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
+    """A DSA layer's largest moment in its checkpointed forward (full recompute: CheckpointFunction runs it under
+    no_grad, so it saves nothing and DSAttention makes no KL loss, `self.training and torch.is_grad_enabled()`),
+    per rank: the indexer's ReLU beside the einsum's fp32 scores (8 Si, _compute_index_scores), or the sparse
+    attention's softmax beside its scaled fp32 scores (8 Sa) with the index scores, the index and causal masks
+    and the top-k indices; beside DSAttention's fp32 causal mask (4 s^2), MLA's q, k and v and the indexer's
+    rotated q and k (measured: tests/data/measured/megatron/deepseek-v2-lite-dsa-*-full-uniform1)."""
+    B = bytes_per_element(training.compute_dtype)
+    b, s = training.micro_batch_size, training.seq_len
+    T, heads, dim = b * s, arch.index_n_heads, arch.index_head_dim
+    a, qk = arch.num_attention_heads / par.tp, arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    S2, Sa, Si = b * s * s, b * a * s * s, b * s * s * heads
+    held = 4 * s * s + B * T * (heads * dim + dim) + B * T * a * (2 * qk + arch.v_head_dim)
+    attention = 8 * Sa + 8 * S2 + 4 * s * s + 8 * T * selected_keys(arch, s)
+    by_t = "/t" if par.tp > 1 else ""
+    formula = (f"max(8*Si, 8*Sa + 8*S2 + 4*s^2 + 8*s*b*min(topk, s)) + 4*s^2 + B*s*b*(H_I + 1)*D_I + "
+               f"B*s*b*a*(2*(d_nope + d_rope) + d_v){by_t}: the checkpointed forward saves nothing "
+               f"(S2 = b*s^2, Sa = b*a*s^2{by_t}, Si = b*s^2*H_I)")
+    return held + max(8 * Si, attention), formula
+
+
 def check_training(arch: Architecture, training: Training, par: Parallel) -> None:
     """What training with sparse attention is modelled for (a ConfigError naming the field otherwise)."""
     from ...spec.errors import ConfigError
