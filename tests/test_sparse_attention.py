@@ -439,3 +439,33 @@ def test_hf_indexers_get_no_gradient_nor_adamw_state():
     assert step["parameters"] == pytest.approx(2 * est.parameters_total, abs=2 * 1e6)
     # DeepSeek-V3's 671,026,419,200 without the MTP module, and 61 indexers of 13,959,424
     assert est.parameters_total == 671_026_419_200 + indexers == 671_877_944_064
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_hf_fake_measurement_equals_real_cpu_run(recompute):
+    """The HF harness on a tiny DeepSeek-V3.2 (a dense layer, two MoE layers, top-16 of 64 keys): the fake-tensor
+    measurement equals a real CPU run byte for byte, so the records of validation/hf/dsa.py measure what
+    transformers 5.23's deepseek_v32 allocates."""
+    pytest.importorskip("transformers.models.deepseek_v32")
+    from validation.hf.step import Run, measure
+
+    run = Run("tiny-deepseek-v3.2", 64, 2, attention="eager", recompute=recompute)
+    assert measure(run, fake=True) == measure(run, fake=False)
+
+
+def test_hf_indexer_weights_get_no_gradient_in_a_real_step():
+    """transformers 5.23 DeepseekV32Indexer.forward is @torch.no_grad(): after a real backward every weight has a
+    gradient but the indexer's (wq_b, wk, k_norm, weights_proj), which AdamW then skips."""
+    pytest.importorskip("transformers.models.deepseek_v32")
+    import torch
+
+    from validation.hf.step import Run, build
+
+    run = Run("tiny-deepseek-v3.2", 64, 1, attention="eager")
+    model, _ = build(run)
+    ids = torch.randint(0, model.config.vocab_size, (1, 64))
+    model(input_ids=ids, labels=ids).loss.backward()
+    missing = {name.split(".indexer.")[1] for name, p in model.named_parameters() if p.grad is None}
+    assert missing == {"wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"}
+    assert all(p.grad is not None for name, p in model.named_parameters()
+               if ".indexer." not in name and "e_score_correction_bias" not in name)

@@ -34,7 +34,15 @@ def _canonical(hf: dict) -> dict:
 
 
 DEEPSEEK_V32_DENSE = _trimmed()
-MODELS = {m.id: m for m in [HybridModel("deepseek-v3.2-3layers", DEEPSEEK_V32_DENSE, _canonical(DEEPSEEK_V32_DENSE))]}
+# A tiny one for the fake-versus-real check (tests/test_harness_hybrid.py): the top-k (16) below the sequence,
+# so the indexer's selection masks keys; a dense layer then two MoE layers
+TINY_DEEPSEEK_V32 = dict(DEEPSEEK_V32_DENSE, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                         num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                         n_group=2, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, index_n_heads=2,
+                         index_head_dim=16, index_topk=16, vocab_size=1000, max_position_embeddings=512)
+MODELS = {m.id: m for m in [HybridModel("deepseek-v3.2-3layers", DEEPSEEK_V32_DENSE, _canonical(DEEPSEEK_V32_DENSE)),
+                            HybridModel("tiny-deepseek-v3.2", TINY_DEEPSEEK_V32, _canonical(TINY_DEEPSEEK_V32))]}
 
 # Eager attention only (sparse_hf.check_hf_training): SDPA would run its masked kernel
 DSA_RUNS = [
