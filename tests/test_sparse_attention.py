@@ -469,3 +469,29 @@ def test_hf_indexer_weights_get_no_gradient_in_a_real_step():
     assert missing == {"wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight"}
     assert all(p.grad is not None for name, p in model.named_parameters()
                if ".indexer." not in name and "e_score_correction_bias" not in name)
+
+
+def test_hf_roofline_runs_the_indexer_forward_only_and_attention_over_every_key():
+    """The roofline of transformers' DeepSeek-V3.2 (speed/sparse_operations.py _hf_operations): QK^T and scores x V
+    over all s^2 keys (the top-k is a mask), the indexer's fp32 scores over every index head in forward only (no_grad:
+    no backward, no KL loss); backward twice the attention's forward. s = 4096, b = 1, a = 128, H_I = 64, D_I = 128."""
+    from estimator import load_config
+    from estimator.memory.resolved import resolve
+    from estimator.spec.config import architecture_to_dict
+    from estimator.speed.operation_table import operation_table
+
+    model = dict(architecture_to_dict(get_architecture("deepseek-v3.2")), mtp_layers=0)
+    cfg = load_config({"model": model, "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1,
+                                                    "attention": "eager"}, "parallel": {"dp": 1},
+                       "hardware": {"gpu": "h200"}})
+    table = operation_table(resolve(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware))
+    forward, backward = next(iter(table.variants.values()))
+    s, a = 4096, 128
+    fwd = {o.name: o.flops for o in forward}
+    assert fwd["attention QK^T over every key (DSA as a mask, eager)"] == 2 * a * s * s * 192
+    assert fwd["attention probabilities x V (eager)"] == 2 * a * s * s * 128
+    assert fwd["indexer scores (DSA, every index head, no_grad)"] == 2 * 64 * s * s * 128
+    assert not [o for o in forward + backward if "KL" in o.name]
+    bwd = [o for o in backward if "DSA" in o.name or "eager" in o.name or "softmax" in o.name]
+    assert sorted(o.name for o in bwd if "indexer" in o.name) == []
+    assert sum(o.flops for o in bwd if "x V" in o.name or "QK^T" in o.name) == 2 * 2 * a * s * s * (192 + 128)
