@@ -11,8 +11,12 @@ shape here. The dense warm-up stage (the main model frozen, dense attention, onl
 not modelled: Megatron-Core 0.16.1 has no dense-attention mode for DSA.
 
 Megatron-Core 0.16.1's DSA is unfused: every query scores every key, so its tensors are quadratic in the
-sequence (b = micro-batch, s = sequence, a = attention heads, split over TP; H_I, D_I = index heads and
-head dim, replicated; k = min(index_topk, s)). Autograd keeps, per layer and micro-batch:
+sequence. The indexer's scores are neither chunked nor split by head group: _compute_index_scores (dsa.py lines
+474-516 at tag core_v0.16.1, the installed file) runs one einsum 'sbhd,tbd->sbht' over all H_I heads in fp32,
+[s, b, H_I, s], and sums the weighted heads into the [b, s, s] fp32 index scores that top-k reads (line 611) and
+the KL loss softmaxes (compute_dsa_indexer_loss, lines 161-252, beside the main scores [b, a/t, s, s] in fp32).
+(b = micro-batch, s = sequence, a = attention heads, split over TP; H_I, D_I = index heads and head dim,
+replicated; k = min(index_topk, s).) Autograd keeps, per layer and micro-batch:
 
 - the indexer (DSAIndexer.forward_with_scores, _compute_index_scores): k_norm's input (B s b D_I) and its
   fp32 mean and rstd (CUDA layer_norm); the index weights (B s b H_I: the product with the ReLU scores keeps

@@ -60,7 +60,8 @@ def hf_dsa_entries(arch: Architecture, training: Training, par: Parallel) -> lis
                   "B*s*b*a*(d_nope + d_rope)"),
             Entry("key states (expand_kv's new_empty, the rope key copied to every head, kept by QK^T)", T * a * qk,
                   B, "tp", "B*s*b*a*(d_nope + d_rope)"),
-            Entry("softmax output (fp32, every key: the top-k is a mask)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE),
+            Entry("softmax output (fp32, every key: the top-k is a mask)", scores, 4, "tp", "4*a*s^2*b",
+                  recompute=CORE),
             Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE)]
     if b == 1:
         out.append(Entry("kv up-projection output (v is a view of it, kept by scores x V)",
