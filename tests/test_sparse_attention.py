@@ -495,3 +495,47 @@ def test_hf_roofline_runs_the_indexer_forward_only_and_attention_over_every_key(
     bwd = [o for o in backward if "DSA" in o.name or "eager" in o.name or "softmax" in o.name]
     assert sorted(o.name for o in bwd if "indexer" in o.name) == []
     assert sum(o.flops for o in bwd if "x V" in o.name or "QK^T" in o.name) == 2 * 2 * a * s * s * (192 + 128)
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_hf_indexer_moment_is_transformers_own(b):
+    """transformers 5.23's DeepseekV32Indexer at DeepSeek-V3.2's sizes (H_I 64, D_I 128, s = 512) run under fake
+    tensors and the storage tracker: what it holds at its largest moment over what was alive before equals
+    sparse_hf._indexer, the scaled fp32 scores 8*b*s^2*H_I beside its 16-bit q and k, and at b = 2 the matmul's
+    broadcast copy of k 4*b*s^2*D_I with its fp32 q, k and scores."""
+    pytest.importorskip("transformers.models.deepseek_v32")
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Indexer
+
+    from estimator.memory.activations.sparse_hf import _indexer
+    from estimator.spec.training import Training
+    from validation.core.steps import fake_mode
+    from validation.core.tracker import StorageTracker
+    from validation.hf.dsa import DEEPSEEK_V32_DENSE
+
+    s = 512
+    config = AutoConfig.for_model(**DEEPSEEK_V32_DENSE)
+    tracker = StorageTracker()
+    default = torch.get_default_dtype()
+    with fake_mode(True):
+        torch.set_default_dtype(torch.bfloat16)  # the model's dtype (from_config(dtype=bfloat16))
+        try:
+            indexer = DeepseekV32Indexer(config, 0)
+            hidden, q_resid = torch.randn(b, s, config.hidden_size), torch.randn(b, s, config.q_lora_rank)
+            cos_sin, mask = (torch.randn(b, s, 64), torch.randn(b, s, 64)), torch.zeros(b, s, s)
+        finally:
+            torch.set_default_dtype(default)
+        with tracker:
+            for t in (*indexer.parameters(), hidden, q_resid, *cos_sin, mask):  # alive before the call
+                tracker.adopt(t)
+            before = len(tracker.events)
+            indexer(hidden, q_resid, cos_sin, mask, None)
+    live = peak = sum(delta for _, delta in tracker.events[:before])
+    start = live
+    for _, delta in tracker.events[before:]:
+        live += delta
+        peak = max(peak, live)
+    peak -= start
+    arch = get_architecture("deepseek-v3.2")
+    assert peak == _indexer(arch, Training(framework="hf", seq_len=s, micro_batch_size=b))
