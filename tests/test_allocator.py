@@ -186,7 +186,7 @@ def _errors() -> tuple[dict, dict, set]:
 def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     """The 37 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 32; the flat
     share on the 5 with expandable segments or a paged optimizer) against max_memory_reserved, beside the
-    flat 10% everywhere: the median error falls from 3.8% to 1.1% (3.4% to 0.8% where it replays), and
+    flat 10% everywhere: the median error falls from 3.8% to 1.1% (3.6% to 0.8% where it replays), and
     the runs under by more than 5% from 10 to 4 (7 to 1 where it replays). Two runs were measured after the
     replay was built, out of sample (Llama-3.1-8B at 256 and 1,024 tokens): -0.09% and +0.19%."""
     import statistics
@@ -202,7 +202,9 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.038
     on_replayed = [replayed[p] for p in applies]
     assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008
-    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.034
+    # 0.034 before backward's last moments were modelled (trainer_backward_end.py): Llama-3.1-8B AMP SGD's allocated
+    # peak rose to its measured backward end (-0.29% -> +0.03%), and the flat share over it from +6.4% to +6.7%
+    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.036
     assert sum(e < -0.05 for e in replayed.values()) == 4 and sum(e < -0.05 for e in flat.values()) == 10
     assert sum(replayed[p] < -0.05 for p in applies) == 1 and sum(flat[p] < -0.05 for p in applies) == 7
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from estimator.models.presets import get_architecture, get_hf_config
 from estimator.serving import allreduce_fusion
-from estimator.serving.overheads import NON_TORCH_DISTRIBUTED
 from estimator.serving.vllm_engine import estimate_vllm
 from estimator.serving.vllm_versions import rules_for
 from estimator.spec.hardware import Hardware
@@ -61,10 +60,13 @@ def test_no_workspace_where_vllm_builds_no_pass():
 
 
 def test_non_torch_term_adds_the_workspace_as_a_part():
-    """The stage's non-torch component = the distributed constant + the workspace, both shown as parts."""
-    e = estimate_vllm(get_architecture("llama-3.1-8b"), Serving(engine_version="0.19.0", max_model_len=8192),
-                      Parallel(tp=2), Hardware("h100-80"), get_hf_config("llama-3.1-8b"))
-    stage = e.stages[0]
-    non_torch = next(c for c in stage.components if c.key == "non_torch")
-    assert stage.non_torch == non_torch.bytes == NON_TORCH_DISTRIBUTED + 3 * 512 * MiB
-    assert [p.bytes for p in non_torch.parts] == [NON_TORCH_DISTRIBUTED, 3 * 512 * MiB]
+    """The stage's non-torch component = the distributed constant + the workspace (+ in 0.19 the TP group's NCCL
+    communicator, tests/test_serving_nccl_comm.py), each shown as a part."""
+    for version, parts in (("0.17.0", [205 * MiB, 3 * 512 * MiB]),
+                           ("0.19.0", [round(0.07 * 2**30), 3 * 512 * MiB, 484 * MiB])):
+        e = estimate_vllm(get_architecture("llama-3.1-8b"), Serving(engine_version=version, max_model_len=8192),
+                          Parallel(tp=2), Hardware("h100-80"), get_hf_config("llama-3.1-8b"))
+        stage = e.stages[0]
+        non_torch = next(c for c in stage.components if c.key == "non_torch")
+        assert stage.non_torch == non_torch.bytes == sum(parts)
+        assert [p.bytes for p in non_torch.parts] == parts

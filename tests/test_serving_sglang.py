@@ -77,13 +77,19 @@ LOGS = {
 }
 # (log, term) -> why the estimate differs
 LOG_MISSES = {
-    ("vllm#21348", "tokens"): "ours is 10.9% more: the log gives neither the memory free before loading nor the "
-                              "loaded weights; our pre-load memory (capacity less the CUDA context) leaves out what "
-                              "TP 4's distributed init holds first (about 2 GB a rank at TP 8 in sglang#11716), and "
-                              "the weights are our count",
+    ("vllm#21348", "tokens"): "ours is 10.9% more (1.79 GiB of KV): the log gives neither the memory free before "
+                              "loading nor the loaded weights; our pre-load memory (capacity less the CUDA context) "
+                              "leaves out what TP 4's distributed init holds first (1.93 GiB would close it, at 0.93; "
+                              "about 2 GB a rank at TP 8 in sglang#11716), and the weights are our count. Not a "
+                              "release rule: 0.4.9's model_runner.py profile_max_num_token computes 0.5.23's "
+                              "_profile_available_bytes (free after loading less pre-load free x (1 - "
+                              "mem_fraction_static), pre-load free measured after init_torch_distributed; the PyPI "
+                              "wheel read)",
     ("sglang#11830", "tokens"): "ours is 15% more: the flags are not given, and the 40.03 GB the log has free after "
                                 "the pool show that run kept a smaller static share than 0.5.23's default (0.854) "
-                                "leaves",
+                                "leaves. Not a release rule: 0.5.5's profile_max_num_token computes 0.5.23's rule, "
+                                "and 0.5.5's default (server_args.py _handle_gpu_memory_settings, no prefill-graph "
+                                "reserve) is 0.857 on a B200, 0.4% more tokens, not 15%",
 }
 
 

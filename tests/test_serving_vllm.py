@@ -221,11 +221,12 @@ def test_sliding_window_groups_by_hand():
 # --- one test per version rule ---------------------------------------------------------------------
 
 def test_rule_0_20_cuda_graphs_inside_the_budget():
-    """0.20: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, so the graphs' estimate leaves the
-    KV budget; 0.19 captures them after the KV cache is sized."""
+    """0.20: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, so profile_cudagraph_memory's estimate (the
+    pool + 1 MiB for each further capture, serving/cuda_graphs.py) leaves the KV budget; 0.19 captures the graphs
+    after the KV cache is sized."""
     old, new = (serve("llama-3.1-8b", max_model_len=32768, engine_version=v) for v in ("0.19", "0.20"))
     assert old.resolved.rules.label == "0.19" and new.resolved.rules.label == "0.20"
-    assert old.limiting.cuda_graphs == new.limiting.cuda_graphs > 0
+    assert new.limiting.cuda_graphs == old.limiting.cuda_graphs + (50 + 50) * 2**20 > 0
     assert old.limiting.available - new.limiting.available == new.limiting.cuda_graphs
     eager = serve("llama-3.1-8b", max_model_len=32768, engine_version="0.20", cuda_graphs=False)
     assert eager.limiting.cuda_graphs == 0 and eager.limiting.available == old.limiting.available
@@ -385,6 +386,24 @@ def test_rule_0_19_moe_workspaces_stay_allocated():
     sampler = 1024 * 151936 * 14 + 132 * 151936 * 4 + (8192 + 2048) * 2048 * 2
     assert new.activation == sampler + workspaces
     assert old.activation == 1024 * 151936 * 38 + (8192 + 2048) * 2048 * 2
+
+
+def test_moe_workspaces_under_expert_parallelism_take_the_full_width():
+    """Mixtral-8x7B (h 4096, 2 of 8 experts of I = 14,336), vLLM 0.19, TP 2, T = 8,192 tokens. Without EP each rank
+    holds I/TP of every expert: workspace13 T x k x max(I/2, h), workspace2 T x k x max(2I/2, h). With EP the MoE
+    layers get tp_size 1 (fused_moe/config.py FusedMoEParallelConfig.make): whole experts, N = 2I, so
+    T x k x max(I, h) and T x k x max(2I, h), over every token's top-k rows. The sampler part is the same
+    (0.19's Triton rule: 14 B a logit, 132 rows of the kernel's buffer, (T + 2n) x h)."""
+    t, k, inter, h = 8192, 2, 14336, 4096
+    sampler = 1024 * 32000 * 14 + 132 * 32000 * 4 + (t + 2 * 1024) * h * 2
+    hf = get_hf_config("mixtral-8x7b")
+
+    def activation(ep: int) -> int:
+        return estimate_vllm(get_architecture("mixtral-8x7b"), Serving(max_model_len=8192, engine_version="0.19"),
+                             Parallel(tp=2, ep=ep), Hardware("h100-80"), hf).limiting.activation
+
+    assert activation(1) == sampler + (t * k * max(inter // 2, h) + t * k * max(inter, h)) * 2
+    assert activation(2) == sampler + (t * k * max(inter, h) + t * k * max(2 * inter, h)) * 2 == 1_968_820_224
 
 
 def test_rule_mxfp4_marlin_padding():

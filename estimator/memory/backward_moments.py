@@ -146,6 +146,8 @@ class BackwardEnd(NamedTuple):
     gradients: float  # the sharded gradients alive then
     gradients_formula: str | None  # None: every gradient (the step's formula)
     transients: list[Component]
+    gradients_label: str = "Gradients (their units' reduce-scatters not all run yet)"  # where the formula is given
+    gradients_source: str = FSDP2_RS_SOURCE
 
 
 def fsdp2_backward_end(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,

@@ -8,7 +8,8 @@ indexer, which runs under no_grad (sparse_hf.py). The DSA backward moment is the
   after it: linear in the layer, largest at the last layer (the kept tensors dominate: one layer keeps
   b a s^2 (4 + B) bytes of softmax) or at the first (the gradients dominate, short sequences);
 - with every layer recomputed, the layers keep only their inputs and the moment is largest at the first layer,
-  where every later layer's gradients exist.
+  where every later layer's gradients exist: trainer_backward_end.py holds that one (the recomputed layer with
+  its DSA moment beside every gradient but the embedding's).
 With gradients alive from the start (accumulation, a pipeline) they are all counted in the phase already.
 Measured: tests/data/measured/deepseek-v3.2-* (the HF harness under fake tensors).
 """
@@ -40,17 +41,15 @@ def _head(arch: Architecture, vocab: int) -> int:
 
 
 def gradients_at_moment(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
-                        per_layer: dict[str, float], vocab: int, recomputed: bool) -> tuple[float, float, str]:
+                        per_layer: dict[str, float], vocab: int) -> tuple[float, float, str]:
     """(gradients at the last layer's moment, at the first layer's less the kept tensors of the layers after
-    it, formula): the two ends of the linear run over the layers (module docstring)."""
+    it, formula): the two ends of the linear run over the layers (module docstring), without recompute."""
     G = bytes_per_element(recipe.grad_dtype)
     kinds = arch.layer_kinds()
     first, last = kinds[sp.chunks[0].start], kinds[sp.chunks[-1].stop - 1]
     head = _head(arch, vocab)
     later = sum(_trained(arch, kind) * n for kind, n in sp.kind_counts) - _trained(arch, first)
     at_first = G * (head + later + _trained(arch, first, after_core=True))
-    if recomputed:
-        return 0.0, at_first, "G x (head + every later layer + the first layer's weights after its core)"
     at_last = G * (head + _trained(arch, last, after_core=True))
     kept_later = sum(per_layer[kind] * n for kind, n in sp.kind_counts) - per_layer[first]
     formula = ("G x (head + the last layer's weights after its core), or at the first layer G x (head + every later "

@@ -13,7 +13,9 @@ Gradients exist during forward when the framework keeps a persistent gradient bu
 (Megatron's main_grad buffer), when gradients accumulate over several micro-batches, or in a
 pipeline's steady state; otherwise (``zero_grad(set_to_none=True)``, PyTorch's default) backward's
 peak comes at its first moment, the loss's gradients beside every activation, before any
-parameter gradient exists (as measured, tests/data/measured).
+parameter gradient exists, or at its last ones, nearly every gradient made beside the first layer's
+recomputation or a tied embedding's two gradients being summed (trainer_backward_end.py, FSDP2's in
+backward_moments.py), whichever is larger (as measured, tests/data/measured).
 
 Outside PyTorch's allocator the device also holds the CUDA context, NCCL's buffers and the
 allocator's fragmentation; they make ``device_total_bytes``.
@@ -229,7 +231,8 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
 _NO_ACTIVATIONS = Component("activations", "Activations", 0, "none: freed by the end of backward", KORTHIKANTI)
 _ACTIVATIONS_GONE = Component("activations", "Activations", 0,
                               "none left: backward's last moments, every layer's activations freed",
-                              "measured, tests/data/measured/torchtitan (FSDP2 creates its gradients in backward)")
+                              "measured, tests/data/measured/torchtitan (FSDP2 creates its gradients in backward) "
+                              "and tests/data/measured (the HF Trainer's backward ends, trainer_backward_end.py)")
 
 
 class _Group(NamedTuple):

@@ -23,8 +23,9 @@ from .states import FP8_SOURCE, ZERO_SOURCE, model_states
 from .megatron_fsdp import with_global_moments
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
-from .backward_moments import FSDP2_RS_SOURCE, BackwardEnd, block_backward_extras, fsdp2_backward_end
+from .backward_moments import BackwardEnd, block_backward_extras, fsdp2_backward_end
 from .moe_moments import moe_moments
+from .trainer_backward_end import trainer_backward_end
 from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
 from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
@@ -103,16 +104,19 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         # a recomputed layer runs after the loss's backward freed the loss's tensors, and its DSA moment and its
         # MoE exchange are different moments of it (measured: deepseek-v2-lite-dsa-*-full-*)
         in_layer = dsa_stage_moments(arch, training, par, kinds, 0.0)
-        if training.framework == "hf" and not _grads_live(training, par, m):  # the gradients made by then
+        # the gradients made before a layer's DSA backward (HF); with recompute, trainer_backward_end holds the
+        # first layer's recomputation, its moments included, beside every later gradient
+        if training.framework == "hf" and not _grads_live(training, par, m) \
+                and not recomputed_layer_count(training, sp.num_layers):
             from .dsa_hf_moments import gradients_at_moment, with_gradients
             vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
-            recomputed = bool(recomputed_layer_count(training, sp.num_layers))
-            at_last, at_first, formula = gradients_at_moment(arch, training, recipe, sp, shared.per_layer, vocab,
-                                                             recomputed)
+            at_last, at_first, formula = gradients_at_moment(arch, training, recipe, sp, shared.per_layer, vocab)
             dsa_backward = with_gradients(dsa_backward, max(at_last, at_first), formula)
-            in_layer = (in_layer[0], with_gradients(in_layer[1], at_first, formula))
         exchange = max(exchange, dsa_forward, key=total_bytes)
         exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
+        # a recomputed layer's DSA moment (inside its core attention) and its MoE block's (combine, experts'
+        # backward) never coexist: the block runs after the attention in forward, before it in backward, each
+        # freeing its temporaries as it returns; the layer holds the larger beside its recomputed tensors
         in_moe_layer = max(in_moe_layer, *in_layer, key=total_bytes)
     grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
@@ -158,6 +162,11 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
     no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, inv)
     end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
+    if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
+        recomputed = ([component("transient", "One recomputed layer's activations", working,
+                                 "per-layer ledger of one layer", KORTHIKANTI)] if working else []) + list(extras)
+        end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,
+                                   tr.backward if training.recompute == "full" else [])
     if end:
         backward_end = states + int(round(end.gradients)) + total_bytes(end.transients)
     else:
@@ -310,7 +319,7 @@ def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, li
               "optimizer": fold(tr.optimizer)}
     grads_end = None
     if end and end.gradients_formula:
-        grads_end = component("gradients", "Gradients (their units' reduce-scatters not all run yet)", end.gradients,
-                              end.gradients_formula, FSDP2_RS_SOURCE)
+        grads_end = component("gradients", end.gradients_label, end.gradients, end.gradients_formula,
+                              end.gradients_source)
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded,
                         grads_end, loss_saved if after_loss is None else after_loss)

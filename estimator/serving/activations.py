@@ -16,6 +16,11 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   (fused_moe/modular_kernel.py _allocate_buffers, 0.15, 0.17 and 0.33; triton_moe.py TritonExperts.workspace_shapes,
   0.33; 0.19's logs: Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite, Qwen1.5-MoE). It stays allocated under the sampler.
   MXFP4's monolithic kernels allocate inside the kernel and keep nothing.
+- under expert parallelism (``enable_expert_parallel``) a rank holds whole experts: FusedMoEParallelConfig.make
+  gives the MoE layers tp_size 1 (fused_moe/config.py, 0.11 and 0.33), so intermediate_size_per_partition is the
+  full I, the kernels' N = w1.size(1) = 2I (modular_kernel.py moe_problem_size, 0.33; fused_moe.py
+  fused_experts_impl, 0.11), and the caches and workspaces above take I, not I/TP, over every token's top-k rows
+  (without DP the prepare step keeps all T tokens; the expert map masks the other ranks' experts).
 - a hybrid model's Gated DeltaNet or Mamba-2 mixer in place of the attention's tensors: its in_proj output
   and the conv's and kernel's outputs (issue 28; modelled like the rest).
 - sampler (``_dummy_sampler_run``: one row per request, top-k = V - 1 and top-p = 0.9), by release:
@@ -65,7 +70,13 @@ class ActivationPeak:
     formula: str
 
 
-def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds: set[str]) -> int:
+def moe_tp(tp: int, ep: int) -> int:
+    """What the routed experts' intermediate width is divided by: TP, or 1 under expert parallelism (each
+    rank holds whole experts; vLLM fused_moe/config.py FusedMoEParallelConfig.make, 0.11 and 0.33)."""
+    return 1 if ep > 1 else tp
+
+
+def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds: set[str], ep: int = 1) -> int:
     h = arch.hidden_size
     kv = kv_heads_per_rank(arch, tp) * (arch.head_dim if not arch.uses_mla else 0)
     attention = tokens * (2 * arch.q_width // tp + 2 * kv + arch.attention_output_width // tp)
@@ -90,7 +101,7 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
         mlp = tokens * 3 * arch.intermediate_size // tp
     if "moe" in ffns:
         k, width = arch.num_experts_per_token, arch.moe_intermediate_size
-        mlp = max(mlp, tokens * k * (3 * width // tp + h))
+        mlp = max(mlp, tokens * k * (3 * width // moe_tp(tp, ep) + h))
     return (2 * tokens * h + max(attention, mlp)) * act_bytes
 
 
@@ -105,9 +116,9 @@ def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int,
     return peak
 
 
-def moe_workspace_bytes(arch: Architecture, tokens: int, tp: int, act_bytes: int) -> int:
+def moe_workspace_bytes(arch: Architecture, tokens: int, tp: int, act_bytes: int, ep: int = 1) -> int:
     """The persistent fused_moe workspaces (see the module docstring): workspace13 and workspace2."""
-    k, inter, h = arch.num_experts_per_token, arch.moe_intermediate_size // tp, arch.hidden_size
+    k, inter, h = arch.num_experts_per_token, arch.moe_intermediate_size // moe_tp(tp, ep), arch.hidden_size
     workspace13 = max(tokens * k * max(inter, h), tokens * h)
     workspace2 = tokens * k * max(2 * inter, h)
     return (workspace13 + workspace2) * act_bytes
@@ -115,21 +126,22 @@ def moe_workspace_bytes(arch: Architecture, tokens: int, tp: int, act_bytes: int
 
 def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int, act_bytes: int,
                     kinds: set[str], last_stage: bool, rule: str = "flashinfer", gpu_id: str = "h100-80",
-                    first_stage: bool = True, moe_workspace: bool = False) -> ActivationPeak:
+                    first_stage: bool = True, moe_workspace: bool = False, ep: int = 1) -> ActivationPeak:
     # A later pipeline stage first allocates its receive buffers, the hidden states and the residual for
     # max_num_batched_tokens, and keeps them (gpu_model_runner.py _dummy_run make_empty_intermediate_tensors)
     received = 0 if first_stage else 2 * tokens * arch.hidden_size * act_bytes
     kept = received
-    forward = forward_peak(arch, tokens, tp, act_bytes, kinds)
+    forward = forward_peak(arch, tokens, tp, act_bytes, kinds, ep)
     if moe_workspace and "moe" in {hybrid.FFN[k] for k in kinds}:
-        workspace = moe_workspace_bytes(arch, tokens, tp, act_bytes)
+        workspace = moe_workspace_bytes(arch, tokens, tp, act_bytes, ep)
         forward = max(forward, (2 * tokens * arch.hidden_size) * act_bytes + workspace)
         kept += workspace
     forward += received
     requests = min(tokens, max_num_seqs)
     sampler = sampler_peak(arch, tokens, requests, act_bytes, rule, gpu_id) + kept if last_stage else 0
     formula = (f"max(forward of {tokens:,} tokens: residual and input 2 x T x h + widest of attention "
-               f"(T x (2q + 2kv + o)/TP) and MLP (T x 3I/TP, MoE T x k x (3I/TP + h)); "
+               f"(T x (2q + 2kv + o)/TP) and MLP (T x 3I/TP, MoE T x k x (3I{'' if ep > 1 else '/TP'} + h)"
+               + (": EP, whole experts per rank" if ep > 1 else "") + "); "
                + (f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + (T + 2n) x h"
                   + (" + kernel buffer)" if rule == "triton" else ")")
                   if last_stage else "no sampler on this stage)") + f" x {act_bytes} B"

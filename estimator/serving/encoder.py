@@ -11,14 +11,17 @@ get_mm_max_contiguous_tokens: placeholder tokens included); encoder budget = max
 (SchedulerConfig sets max_num_encoder_input_tokens and encoder_cache_size to max_num_batched_tokens); items =
 max(1, min(budget // tokens, max_num_seqs x max(1, min(999, max_model_len // tokens)))) (999: the default
 limit per prompt). The encoder runs over them at once, then its outputs stay in the encoder cache through the
-decoder's dummy run and the sampler's. vLLM 0.11 first copies each output into a (budget, hidden) buffer
-when it has fewer rows than the budget ("expanded_outputs"); 0.15 keeps the outputs as they are.
+decoder's dummy run and the sampler's, as do the batch's pixels (profile_run keeps batched_dummy_mm_inputs until
+it returns; in the model dtype, to which vLLM casts the processor's float32 output: 0.11.0
+multimodal/processing.py, 0.33.0 multimodal/processing/context.py _postprocess_output). vLLM 0.11 first copies
+each output into a (budget, hidden) buffer when it has fewer rows than the budget ("expanded_outputs"); 0.15
+keeps the outputs as they are.
 
 Modelled for SigLIP (Gemma 3): one image is 256 image tokens inside "\\n\\n<start_of_image>...<end_of_image>\\n\\n"
 (transformers Gemma3Processor.full_image_sequence; vLLM gemma3_mm.py get_image_repl without pan-and-scan),
-260 contiguous tokens with Gemma's tokenizer ("\\n\\n" is one token). Qwen2.5-VL's largest item is a dummy
-video sized by max_model_len (qwen2_vl.py get_num_frames_with_most_features) whose frames transformers' video
-processor then resizes with its own limits: not modelled, refused.
+260 contiguous tokens with Gemma's tokenizer ("\\n\\n" is one token). And for Qwen2.5-VL: its largest item is
+a dummy video of up to 14 frames of 3,584 x 3,584 sized by max_model_len (serving/qwen_vl_profile.py); its
+placeholder tokens are the item's tokens.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from dataclasses import dataclass
 
 from ..spec import vision as _vision
 from ..spec.architecture import Architecture
-from ..spec.errors import ConfigError
 from ..spec.serving import version_tuple
+from . import qwen_vl_profile as _qwen
 
 MM_LIMIT = 999  # vLLM's default limit per prompt and modality (config/multimodal.py)
 GEMMA3_FRAMING_TOKENS = 4  # "\n\n", <start_of_image>, <end_of_image>, "\n\n"
@@ -50,17 +53,15 @@ def outputs_expanded(engine_version: str | None) -> bool:
     return engine_version is not None and version_tuple(engine_version)[:2] < (0, 15)
 
 
-def check_served(arch: Architecture) -> None:
-    if arch.vision_tower == _vision.QWEN2_5_VL:
-        raise ConfigError("serving.engine", "vllm", "a model whose vision encoder's profile is modelled (SigLIP)",
-                          "vLLM profiles Qwen2.5-VL's encoder on a dummy video sized by max_model_len and resized by "
-                          "transformers' video processor: not modelled", related=("model.vision_tower",))
-
-
 # SigLIP's tensors vLLM splits over TP (siglip.py: QKVParallelLinear, RowParallelLinear, ColumnParallelLinear, the
 # position table a VocabParallelEmbedding); the Conv2d patch embedding, the norms, the biases (a few kB) and Gemma 3's
 # projector (a plain Parameter) are counted whole
-_TP_SPLIT = {"vision_qkvo", "vision_fc1", "vision_fc2", "vision_position_embedding"}
+_TP_SPLIT = {"vision_qkvo", "vision_fc1", "vision_fc2", "vision_position_embedding",
+             # Qwen2.5-VL (qwen2_5_vl.py): QKVParallelLinear qkv, MergedColumnParallelLinear gate_up and the merger's
+             # ColumnParallelLinear fc1 split weights and biases; the RowParallelLinear proj, down and fc2 split their
+             # weights only; the Conv3d patch embedding and the RMSNorms are whole
+             "vision_qkv", "vision_qkv_bias", "vision_proj", "vision_mlp_gate_up", "vision_mlp_gate_up_bias",
+             "vision_mlp_down", "vision_merger_fc1", "vision_merger_fc1_bias", "vision_merger_fc2"}
 
 
 def encoder_weights(arch: Architecture, tp: int, dtype_bytes: int) -> int:
@@ -69,16 +70,17 @@ def encoder_weights(arch: Architecture, tp: int, dtype_bytes: int) -> int:
 
 
 def encoder_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                    tp: int, act_bytes: int, expanded: bool) -> EncoderProfile | None:
-    """The encoder's part of the profiling run on a rank that runs it; None for a text-only model."""
+                    tp: int, act_bytes: int, engine_version: str | None) -> EncoderProfile | None:
+    """The encoder's part of the profiling run on a rank that runs it, by vLLM release (None: the newest); None
+    for a text-only model."""
     if arch.vision_tower is None:
         return None
-    check_served(arch)
+    expanded = outputs_expanded(engine_version)
+    if arch.vision_tower == _vision.QWEN2_5_VL:
+        return _qwen_profile(arch, max_num_batched_tokens, max_num_seqs, max_model_len, tp, act_bytes, engine_version)
     embed = arch.vision_tokens_per_image
     tokens = embed + GEMMA3_FRAMING_TOKENS
-    budget = max(max_num_batched_tokens, tokens)
-    per_prompt = max(1, min(MM_LIMIT, max_model_len // tokens))
-    items = max(1, min(budget // tokens, max_num_seqs * per_prompt))
+    items, budget = _items(tokens, max_num_batched_tokens, max_num_seqs, max_model_len)
     c, f, p = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_patch_size
     patches = items * _vision.patches_per_image(arch, arch.vision_image_size)
     pixels = _vision.CHANNELS * p * p
@@ -86,9 +88,37 @@ def encoder_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seq
     # output and the GELU's (2f / TP), beside the pixels in the model dtype
     forward = patches * (pixels + 2 * c + max(4 * c, 2 * f) // tp) * act_bytes
     rows = max(embed, budget) if expanded else embed
-    cache = items * rows * arch.hidden_size * act_bytes
+    cache = (items * rows * arch.hidden_size + patches * pixels) * act_bytes
     formula = (f"{items} images of {tokens} tokens (budget max(max_num_batched_tokens, {tokens}) = {budget:,}): "
                f"encoder forward {patches:,} patches x (pixels {pixels} + 2c + max(4c, 2f)/TP) x {act_bytes} B; "
-               f"cache {items} x {rows:,} rows{' (0.11: expanded to the budget)' if expanded and rows > embed else ''}"
-               f" x h x {act_bytes} B")
+               f"cache ({items} x {rows:,} rows{' (0.11: expanded to the budget)' if expanded and rows > embed else ''}"
+               f" x h + the pixels) x {act_bytes} B")
     return EncoderProfile(items, tokens, budget, int(forward), int(cache), formula)
+
+
+def _items(tokens: int, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> tuple[int, int]:
+    """(items per batch, encoder budget) for items of `tokens` placeholder tokens (MultiModalBudget get_max_items;
+    chunked prefill on, the V1 default, so max_num_seqs is not cut by max_num_batched_tokens)."""
+    budget = max(max_num_batched_tokens, tokens)
+    per_prompt = max(1, min(MM_LIMIT, max_model_len // tokens))
+    return max(1, min(budget // tokens, max_num_seqs * per_prompt)), budget
+
+
+def _qwen_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, tp: int,
+                  act_bytes: int, engine_version: str | None) -> EncoderProfile:
+    """Qwen2.5-VL: the dummy video (or image) through the tower; its outputs (one row per token, 0.11 expanded to
+    the budget) and the batch's pixels held through the decoder's dummy run."""
+    item = _qwen.dummy_item(arch, max_model_len)
+    items, budget = _items(item.tokens, max_num_batched_tokens, max_num_seqs, max_model_len)
+    patches = items * item.patches
+    fp32_rotary = _qwen.rotary_in_fp32(engine_version)
+    forward = patches * _qwen.forward_bytes_per_patch(arch, tp, act_bytes, fp32_rotary)
+    rows = max(item.tokens, budget) if outputs_expanded(engine_version) else item.tokens
+    cache = items * rows * arch.hidden_size * act_bytes + _qwen.pixel_bytes(arch, patches, act_bytes)
+    what = f"{item.frames}-frame video" if item.modality == "video" else "image (or 2-frame video)"
+    attention = f"10c + 4c x 4 B / {act_bytes} B" if fp32_rotary else "7c"
+    formula = (f"{items} x {what} of {item.width} x {item.height}: {item.tokens:,} tokens (budget {budget:,}); "
+               f"encoder forward {patches:,} patches x (pixels + 2c + max(attention "
+               f"{attention}, MLP 3f)/TP) x {act_bytes} B; "
+               f"cache ({items} x {rows:,} rows x h + the pixels) x {act_bytes} B")
+    return EncoderProfile(items, item.tokens, budget, int(forward), int(cache), formula)

@@ -21,10 +21,12 @@ from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache, overheads, vllm_versions
 from .allreduce_fusion import fusion_workspace
+from .cuda_graphs import graph_memory, model_max_capture, vllm_estimate
+from .nccl_comm import communicator_bytes, tp_group_nccl
 from .activations import activation_peak
-from .encoder import encoder_profile, encoder_weights, outputs_expanded
+from .encoder import encoder_profile, encoder_weights
 from .checkpoint import checkpoint_format, context_length
-from ..spec.serving import Serving
+from ..spec.serving import Serving, version_tuple
 from .weights import stage_layers, stage_weights
 
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
@@ -36,6 +38,7 @@ GiB = 1024**3
 # "total_memory=79.19GiB" in every vLLM 0.19.0 DEBUG start-up log of llm-d-planner PR #205
 # (tests/data/serving/published_vllm_logs.json), against nvidia-smi's 81,559 MiB (79.65 GiB).
 CUDA_REPORTED_TOTAL = {"h100-80": round(79.19 * GiB)}
+ROCM_GRAPH_PROFILE = (0, 26)  # the first release whose profile_cudagraph_memory runs on ROCm (_cuda_graphs)
 BELOW_SM90 = ("a100-40", "a100-80", "l40s", "l4", "rtx-4090", "a10g")  # compute capability 8.x
 MARLIN_MXFP4_PADDING = (128, 256)  # intermediate per rank, hidden (weights.py)
 ROCM_MXFP4_PADDING = (256, 256)  # 0.11 quantization/mxfp4.py create_weights, current_platform.is_rocm()
@@ -71,6 +74,7 @@ class Resolved:
     weight_format: str
     weights: object  # WeightFormat
     gpu_id: str = "h100-80"
+    release: tuple[int, int] = (0, 0)  # the requested release (major, minor); the rules' record where none is named
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,14 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
     block = serving.block_size or _default_block_size(arch, gpu.id)
     return Resolved(rules, max_model_len, context, serving.max_num_seqs or tier.max_num_seqs,
                     serving.max_num_batched_tokens or tier.max_num_batched_tokens, block,
-                    kv_dtype, kv_bytes, fmt.name, fmt, gpu.id)
+                    kv_dtype, kv_bytes, fmt.name, fmt, gpu.id, _release(serving, rules))
+
+
+def _release(serving: Serving, rules: vllm_versions.VllmRules) -> tuple[int, int]:
+    if serving.engine_version is None:
+        return rules.version
+    major, minor, _ = version_tuple(serving.engine_version)
+    return major, minor
 
 
 def sampler_rule(rules: vllm_versions.VllmRules, gpu_id: str) -> str:
@@ -185,9 +196,9 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     act_bytes = r.weights.dtype_bytes
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
                            stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
-                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4")
+                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4", par.ep)
     encoder = encoder_profile(arch, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, par.tp, act_bytes,
-                              outputs_expanded(serving.engine_version))
+                              serving.engine_version)
     if encoder:  # every rank builds and profiles the vision encoder (serving/encoder.py)
         tower = encoder_weights(arch, par.tp, r.weights.dtype_bytes)
         weights = dataclasses.replace(weights, bytes=weights.bytes + tower,
@@ -196,8 +207,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                                    formula=f"max(encoder forward, encoder cache + {peak.formula}); {encoder.formula}")
     non_torch_part = _non_torch(arch, r, par)
     non_torch = non_torch_part.bytes
-    graphs = overheads.cuda_graph_bytes(arch, len(layers), r.max_num_seqs, par.tp, act_bytes) if serving.cuda_graphs else 0
-    in_budget = graphs if r.rules.cuda_graphs_in_budget else 0
+    graphs, graphs_formula, counted = _cuda_graphs(arch, r, par, act_bytes) if serving.cuda_graphs else (0, "off", False)
+    in_budget = graphs if counted else 0
     available = budget - weights.bytes - peak.bytes - non_torch - in_budget
     src = f"vLLM {r.rules.label}"
     components = (
@@ -207,23 +218,50 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   f"{src} gpu_model_runner.py profile_run (modelled, not measured)"),
         non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
-                  graphs, f"{overheads.capture_size(r.max_num_seqs)} x layers x (q + 2kv + o + h) x {act_bytes} B",
-                  f"{src} gpu_worker.py / compilation config (modelled)"),
+                  graphs, graphs_formula,
+                  f"{src} v1/worker/gpu_model_runner.py profile_cudagraph_memory, compilation/cuda_graph.py, "
+                  "v1/attention/backends/flash_attn.py (estimator/serving/cuda_graphs.py; the pool is modelled, the "
+                  "graphs' driver memory is not: tests/test_serving_published.py GRAPHS)"),
     )
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
 
 
+def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int) -> tuple[int, str, bool]:
+    """The shared graph pool (up to 0.19, captured on top of the budget) or, where the version takes them from
+    the budget (0.20 on), what profile_cudagraph_memory returns as we model it (serving/cuda_graphs.py), and
+    whether the budget gives it up. 0.20.0-0.25.0 profile on CUDA only (gpu_worker.py: current_platform.is_cuda();
+    ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in 0.26.0, 0.27.0 and 0.33.0)."""
+    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id, model_max_capture(arch, r.release),
+                          r.max_num_batched_tokens)
+    rocm_skipped = r.gpu_id.startswith("mi") and r.release < ROCM_GRAPH_PROFILE
+    if r.rules.cuda_graphs_in_budget and not rocm_skipped:
+        return *vllm_estimate(graphs), True
+    note = " (not profiled on ROCm before 0.26: captured on top of the budget)" if rocm_skipped else ""
+    return graphs.pool, graphs.formula + note, False
+
+
 def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
-    """The profiling run's non-torch growth: a constant for kernels and cuBLAS, plus FlashInfer's all-reduce
-    fusion workspace where the version builds one (serving/allreduce_fusion.py)."""
-    base = component("non_torch", "Non-torch memory", overheads.non_torch_bytes(par.tp, par.pp),
-                     "cuBLAS workspaces, lazily loaded kernels, NCCL buffers", overheads.NON_TORCH_SOURCE)
+    """The profiling run's non-torch growth: a measured constant per release and layout, plus FlashInfer's
+    all-reduce fusion workspace where the version builds one (serving/allreduce_fusion.py) and the NCCL
+    communicator of the TP group that building it creates (serving/nccl_comm.py)."""
+    value, source = overheads.non_torch_base(r.rules, par.tp, par.pp)
+    base = component("non_torch", "Non-torch memory outside the modelled buffers", value,
+                     "measured constant: cuBLAS, lazily loaded kernels, the CUDA-graph profile's leftovers", source)
     fusion = fusion_workspace(r.rules, r.gpu_id, arch, par.tp, par.pp, r.max_num_batched_tokens)
     if fusion is None:
         return base
-    workspace = component("non_torch", "All-reduce fusion workspace", fusion.bytes, fusion.formula, fusion.source)
-    return component("non_torch", "Non-torch memory", base.bytes + workspace.bytes,
-                     f"{base.formula} + {fusion.formula}", f"{base.source}; {fusion.source}", (base, workspace))
+    parts = [base, component("non_torch", "All-reduce fusion workspace", fusion.bytes, fusion.formula,
+                             fusion.source)]
+    nccl = tp_group_nccl(r.release)
+    comm = communicator_bytes(par.tp, r.gpu_id, nccl) if nccl else None
+    if comm is not None:
+        parts.append(component("non_torch", "TP group's NCCL communicator (torch process group)", comm.bytes,
+                               comm.formula + " (modelled)", comm.source))
+    formula = " + ".join(p.formula for p in parts)
+    if nccl and comm is None:  # the channel count is derived for H100/H200 SXM only
+        formula += f" (the TP group's NCCL communicator is not modelled on {r.gpu_id})"
+    return component("non_torch", "Non-torch memory", sum(p.bytes for p in parts), formula,
+                     "; ".join(p.source for p in parts), tuple(parts))
 
 
 def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):

@@ -3,8 +3,8 @@
 Each record names the release whose source it was read from (the wheels on PyPI, whose Python files
 are vLLM's source at that tag). A requested version uses the newest record at or below it; versions
 below the first record (the V0 engine era) are refused. Releases read: 0.11.0, 0.15.0, 0.17.0,
-0.19.0, 0.20.0, 0.21.0, 0.25.0, 0.33.0; a rule first seen in 0.33.0 but absent from 0.25.0 is keyed on
-0.33 (the releases between were not read).
+0.19.0, 0.20.0, 0.21.0, 0.25.0, 0.33.0 (the 0.18 record rests on 0.18.0's start-up log); a rule first
+seen in 0.33.0 but absent from 0.25.0 is keyed on 0.33 (the releases between were not read).
 """
 
 from __future__ import annotations
@@ -15,6 +15,13 @@ from ..spec.errors import ConfigError
 from ..spec.serving import version_tuple
 
 GiB = 1024**3
+MiB = 1024**2
+# Non-torch memory printed by llm-d-planner PR #205's vLLM start-up logs on H100 (tests/data/serving/
+# published_vllm_logs.json): Qwen3-14B at TP 1 prints 0.13 GiB under 0.15.0, 0.16.0 and 0.17.0 and 0.25 GiB under
+# 0.18.0; the 0.19.0 sweep prints 0.24-0.27 GiB at TP 1 and 0.07 GiB on every stage under PP 2 and PP 4.
+_NT_0_15 = round(0.13 * GiB)
+_NT_GRAPH_PROFILE = round(0.25 * GiB)
+_NT_MULTIPROC_0_19 = round(0.07 * GiB)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,11 @@ class VllmRules:
     # by default), "multicast" (each buffer rounded to the recommended multicast granularity, FlashInfer 0.6.4 to
     # 0.6.8) or "allocation" (rounded to 2 MiB, FlashInfer 0.7.2)
     allreduce_fusion: str | None = None
+    # Non-torch growth outside every modelled buffer (kernels loaded lazily, cuBLAS handles, what the CUDA-graph
+    # memory profile leaves behind), measured in public start-up logs: one GPU, and a worker of a multi-GPU run
+    # (serving/overheads.py cites each)
+    non_torch_single: int = 164 * MiB  # 0.16 GiB at TP 1 (vLLM PR #12126 start-up log)
+    non_torch_distributed: int = 205 * MiB  # 0.20 GiB a worker of a 4-GPU run (vLLM PR #14447 start-up log)
 
 
 _TIER_70 = BatchDefaults(70 * GiB, 8192, 1024, excludes_a100=True)
@@ -71,30 +83,45 @@ RULES: tuple[VllmRules, ...] = (
                      "else the sort path"),
     VllmRules((0, 15), "0.15", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="sort", moe_workspace_kept=True,
+              non_torch_single=_NT_0_15,
               source="vLLM 0.15.0 v1/sample/ops/topk_topp_sampler.py: FlashInfer sampling only when "
                      "VLLM_USE_FLASHINFER_SAMPLER=1; apply_top_k_top_p sorts the fp32 logits; (wheel) "
                      "fused_moe/modular_kernel.py takes its workspaces from v1/worker/workspace.py's manager"),
     VllmRules((0, 17), "0.17", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
-              allreduce_fusion="multicast",
+              allreduce_fusion="multicast", non_torch_single=_NT_0_15,
               source="vLLM 0.17.0 (wheel) and 0.19.0 v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p: the "
                      "Triton kernel of topk_topp_triton.py for 8 rows or more (FlashInfer still opt-in); "
                      "0.19.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 0; 0.17.0 and 0.19.0 "
                      "config/vllm.py enable_allreduce_rms_fusion on at TP > 1 with the required flashinfer-python "
                      "0.6.4 / 0.6.6 (METADATA), whose SymmDeviceMemory rounds to the multicast granularity"),
+    VllmRules((0, 18), "0.18", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
+              batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
+              allreduce_fusion="multicast", non_torch_single=_NT_GRAPH_PROFILE,
+              source="vLLM 0.18: non-torch memory at TP 1 steps from 0.13 GiB (0.17.0) to 0.25 GiB (Qwen3-14B logs, "
+                     "llm-d-planner PR #205), where determine_available_memory starts to run "
+                     "profile_cudagraph_memory() inside memory_profiling whatever VLLM_MEMORY_PROFILER_ESTIMATE_"
+                     "CUDAGRAPHS says (absent in 0.15.0, present in 0.19.0 v1/worker/gpu_worker.py; vLLM PR #51590 "
+                     "names the memory that profile retains); the 0.18 source itself was not read"),
     VllmRules((0, 19), "0.19", cuda_graphs_in_budget=False, kv_tokens_rule="blocks",
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
-              allreduce_fusion="multicast",
+              allreduce_fusion="multicast", non_torch_single=_NT_GRAPH_PROFILE,
+              non_torch_distributed=_NT_MULTIPROC_0_19,
               source="vLLM 0.19.0 config/vllm.py enable_allreduce_rms_fusion: is_device_capability_family(100) "
                      "(0.17.0: is_device_capability(100)), so sm103 (B300) builds the fusion pass too, with "
-                     "FI_ALLREDUCE_FUSION_MAX_SIZE_MB's new sm103 row"),
+                     "FI_ALLREDUCE_FUSION_MAX_SIZE_MB's new sm103 row; its workers print 'vLLM is using "
+                     "nccl==2.27.5' (torch's libnccl) and distributed/device_communicators/flashinfer_all_reduce.py "
+                     "_create_workspace exchanges handles over the TP group's torch process group "
+                     "(serving/nccl_comm.py)"),
     VllmRules((0, 20), "0.20", cuda_graphs_in_budget=True, kv_tokens_rule="blocks",
+              non_torch_single=_NT_GRAPH_PROFILE, non_torch_distributed=_NT_MULTIPROC_0_19,
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="triton", moe_workspace_kept=True,
               allreduce_fusion="multicast",
               source="vLLM 0.20.0 envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 (0 in 0.19.0): "
                      "v1/worker/gpu_worker.py determine_available_memory subtracts profile_cudagraph_memory() "
                      "from the KV budget"),
     VllmRules((0, 21), "0.21", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
+              non_torch_single=_NT_GRAPH_PROFILE, non_torch_distributed=_NT_MULTIPROC_0_19,
               batch_defaults=(_TIER_70, _TIER_SMALL), sampler="flashinfer",
               moe_workspace_kept=True, allreduce_fusion="multicast",
               source="vLLM 0.21.0 v1/core/kv_cache_utils.py: 'GPU KV cache size' = int(max_concurrency x "
@@ -102,6 +129,7 @@ RULES: tuple[VllmRules, ...] = (
                      "VLLM_USE_FLASHINFER_SAMPLER defaults to True again, and the wheel requires flashinfer-python "
                      "(METADATA: flashinfer-python==0.6.8.post1)"),
     VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
+              non_torch_single=_NT_0_15,  # 0.33.0 gpu_worker.py: the CUDA-graph profile moved out of memory_profiling
               batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL), sampler="flashinfer",
               moe_workspace_kept=True, allreduce_fusion="allocation",
               source="vLLM 0.33.0 engine/arg_utils.py: GPUs with >= 160 GiB (B200/B300) default to 16384 batched "

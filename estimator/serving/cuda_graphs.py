@@ -1,0 +1,132 @@
+"""vLLM's CUDA-graph memory: the shared graph pool, and vLLM's own estimate of it from 0.20 (modelled).
+
+Capture (cudagraph_mode FULL_AND_PIECEWISE, the V1 default: 0.11.0 config/__init__.py, 0.20.0 / 0.27.0 /
+0.33.0 config/vllm.py optimization-level defaults; the 0.19.0 logs print "PIECEWISE=51 ..., FULL=51"): every
+capture size is captured as PIECEWISE graphs (one per piece between attention calls) and, for uniform decode
+batches, as one FULL graph; sizes 1, 2, 4, 8-248 by 8 and 256 up to min(2 x max_num_seqs, 512) by 16 (0.20.0
+config/vllm.py _set_cudagraph_sizes). All graphs share one pool (compilation/cuda_graph.py
+get_global_graph_pool), and FULL and PIECEWISE graphs are never replayed at once, so the pool holds the larger
+of the two peaks, not their sum (0.20.0 v1/worker/gpu_model_runner.py profile_cudagraph_memory: "the pool
+overlays their memory. Take the max"). Smaller sizes reuse the largest one's blocks.
+
+- FULL (FlashAttention 3, Hopper): a FULL graph fixes num_splits at flash_attn_max_num_splits_for_cuda_graph = 32
+  (config/attention.py, 0.15.0 to 0.33.0; 0.11.0 envs.py VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH;
+  v1/attention/backends/flash_attn.py sets max_num_splits from it
+  "so that large enough intermediate buffers are pre-allocated during capture"), and FA3's mha_fwd allocates
+  fp32 out_accum [splits, heads, total_q, head_dim_v] and softmax_lse_accum [splits, heads, total_q] per call
+  when num_splits > 1 (Dao-AILab/flash-attention hopper/flash_api.cpp, commit 000090d0, the source of vLLM's
+  vllm-flash-attn); each layer's call reuses the last one's freed blocks, so one layer's pair is live:
+  32 x T x heads a rank x (head_dim + 1) x 4 B. The 0.19.0 logs' "FULL first-capture" is this plus 2-6 MiB
+  (Llama-3.1-8B 260 MiB against 258; TP 2 132 / 130; TP 4 70 / 64.5; Phi-4 328 / 324; Gemma-2-2B 134 / 130).
+- PIECEWISE: each piece's outputs are ordinary tensors of the pool, released as the next piece consumes them
+  (compilation/cuda_graph.py: weak_ref_output only for the last graph), so what is live at once is one layer's
+  boundary tensors at the largest size: q, k, v, the attention output and the residual stream. The pieces'
+  own intermediates and a fixed first-capture cost (the 0.19.0 logs print 84-224 MiB whatever the layer count)
+  are not modelled.
+- Other backends add nothing here: FlashInfer (Blackwell's default) keeps one persistent workspace of
+  VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE (394 MiB, 0.33.0 envs.py) made by its metadata builder outside the
+  graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a
+  first capture was not established. MLA backends' FULL graphs are not modelled (DeepSeek-V2-Lite's FULL
+  first-capture is 522 MiB in the 0.19.0 logs).
+- Not modelled anywhere: each graph executable's driver memory (no source gives it; the 0.19.0 logs' profiler
+  measures 1-26 MiB a capture size), which is most of what vLLM 0.19 reports after capturing.
+
+vLLM's estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, read in 0.19.0, 0.20.0 and 0.33.0): it
+captures the two largest sizes of each mode into a scratch pool and returns max(first captures) + sum over modes of
+(captures - 1) x max(second capture, 1 MiB) (0.33.0 adds the vision encoder's graphs, off by default:
+compilation.py cudagraph_mm_encoder = False). Ours: the pool above + (captures - 1) x 1 MiB a mode, the source's
+floor for the per-graph part. Where it goes, by release (v1/worker/gpu_worker.py determine_available_memory and
+envs.py): 0.19 computes it inside memory_profiling but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
+defaults to 0; the graphs are captured after the KV cache is sized, on top of the budget); 0.20.0 to 0.33.0 default
+it to 1 and set available KV memory = requested - non-KV memory - the estimate (read in 0.20.0, 0.21.0, 0.25.0,
+0.26.0, 0.27.0, 0.33.0); 0.20.0-0.25.0 profile on CUDA only (ROCm's estimate is 0), 0.26.0 on include ROCm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec.architecture import Architecture
+from .kv_cache import kv_heads_per_rank
+
+MiB = 1024**2
+MAX_CAPTURE = 512
+FA3_SPLITS = 32  # flash_attn_max_num_splits_for_cuda_graph (vLLM 0.20.0-0.33.0 config/attention.py)
+FP32 = 4
+PER_GRAPH_FLOOR = MiB  # profile_cudagraph_memory: "Use at least 1 MiB per graph for driver overhead"
+SM90 = ("h100-80", "h100-nvl", "h100-pcie", "h200", "gh200")  # FlashAttention 3 (fa_utils.py: compute capability 9.0)
+
+
+@dataclass(frozen=True)
+class GraphMemory:
+    pool: int  # the shared pool at the largest capture size
+    full_pool: int  # FA3's split-KV accumulators (0 where no FULL FA3 graph is captured)
+    piecewise_pool: int
+    piecewise_captures: int
+    full_captures: int  # uniform-decode sizes only: those <= max_num_seqs (v1/cudagraph_dispatcher.py)
+    formula: str
+
+
+def model_max_capture(arch: Architecture, release: tuple[int, int]) -> int | None:
+    """A model's own max_cudagraph_capture_size: gpt-oss (the one family with attention sinks) raises it to 1024
+    (model_executor/models/config.py GptOssForCausalLMConfig, 0.33.0; the 0.19.0 logs: 'PIECEWISE=83
+    (largest=1024)'; absent in 0.11.0, 0.15-0.18 not read)."""
+    return 1024 if arch.attention_sinks and release >= (0, 19) else None
+
+
+def capture_sizes(max_num_seqs: int, model_max: int | None = None, max_tokens: int | None = None) -> tuple[int, ...]:
+    """cudagraph_capture_sizes by default (0.20.0 config/vllm.py; the 0.19.0 logs: 51 sizes up to 512): up to
+    min(2 x max_num_seqs, 512), or a model's own maximum capped at max_num_batched_tokens."""
+    largest = min(2 * max_num_seqs, MAX_CAPTURE) if model_max is None else min(model_max, max_tokens or model_max)
+    sizes = {s for s in (1, 2, 4) if s <= largest} | set(range(8, min(largest + 1, 256), 8))
+    sizes |= set(range(256, largest + 1, 16))
+    return tuple(sorted(sizes))
+
+
+def fa3_full_graphs(arch: Architecture, gpu_id: str, act_bytes: int) -> bool:
+    """Where the FULL graphs run FlashAttention 3's split-KV kernel: Hopper, 16-bit activations (FA has no fp32),
+    standard attention (MLA has its own backends; gpt-oss's sinks and the 0.19 logs' Gemma-3 pick other ones:
+    their FULL first-capture is 4-8 MiB)."""
+    return (gpu_id in SM90 and act_bytes == 2 and not arch.uses_mla and not arch.attention_sinks
+            and arch.vision_tower is None)
+
+
+def split_kv_bytes(arch: Architecture, tp: int, tokens: int) -> int:
+    heads = arch.num_attention_heads // tp
+    return FA3_SPLITS * tokens * heads * (arch.head_dim + 1) * FP32
+
+
+def piecewise_bytes(arch: Architecture, tp: int, tokens: int, act_bytes: int) -> int:
+    kv = kv_heads_per_rank(arch, tp) * arch.head_dim if not arch.uses_mla else arch.kv_lora_rank + arch.qk_rope_head_dim
+    return tokens * (arch.q_width // tp + 2 * kv + arch.attention_output_width // tp + arch.hidden_size) * act_bytes
+
+
+def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int, gpu_id: str,
+                 model_max: int | None = None, max_tokens: int | None = None) -> GraphMemory:
+    sizes = capture_sizes(max_num_seqs, model_max, max_tokens)
+    full_sizes = tuple(s for s in sizes if s <= max_num_seqs)
+    tokens, decode = sizes[-1], full_sizes[-1]
+    full = split_kv_bytes(arch, tp, decode) if fa3_full_graphs(arch, gpu_id, act_bytes) else 0
+    piecewise = piecewise_bytes(arch, tp, tokens, act_bytes)
+    pool = max(full, piecewise)
+    formula = (f"pool = max(FULL: FA3 split-KV {FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
+               f"{full / MiB:.0f} MiB, PIECEWISE: one layer's q + 2kv + o + h at {tokens} tokens = "
+               f"{piecewise / MiB:.0f} MiB) (not modelled: the graph executables' driver memory, no source)")
+    return GraphMemory(pool, full, piecewise, len(sizes), len(full_sizes), formula)
+
+
+def profiler_total(first: dict[str, int], per_graph: dict[str, int], captures: dict[str, int]) -> int:
+    """profile_cudagraph_memory's return value from its measurements per mode (0.20.0 gpu_model_runner.py):
+    max of the first captures + sum of (captures - 1) x max(per-graph sample, 1 MiB)."""
+    return max(first.values()) + sum((captures[m] - 1) * max(per_graph[m], PER_GRAPH_FLOOR) for m in first)
+
+
+def vllm_estimate(graphs: GraphMemory) -> tuple[int, str]:
+    """profile_cudagraph_memory's total as we model it: both modes' first captures overlay in one pool (their
+    larger one is our pool); each further capture at the source's 1 MiB floor (its measured per-graph memory,
+    4-26 MiB in the 0.19.0 logs, is not modelled)."""
+    first = {"FULL": graphs.full_pool, "PIECEWISE": graphs.pool}
+    captures = {"FULL": graphs.full_captures, "PIECEWISE": graphs.piecewise_captures}
+    total = profiler_total(first, {"FULL": 0, "PIECEWISE": 0}, captures)
+    return total, (f"{graphs.formula} + ({graphs.piecewise_captures} - 1 + {graphs.full_captures} - 1) further "
+                   "captures x 1 MiB (profile_cudagraph_memory's per-graph floor)")
