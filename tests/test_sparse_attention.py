@@ -539,3 +539,24 @@ def test_hf_indexer_moment_is_transformers_own(b):
     peak -= start
     arch = get_architecture("deepseek-v3.2")
     assert peak == _indexer(arch, Training(framework="hf", seq_len=s, micro_batch_size=b))
+
+
+def test_hf_gradients_before_the_last_layers_attention_backward():
+    """The HF record's backward peak (the last layer's softmax backward, DeepSeek-V3.2-Exp's first 3 layers, 4k)
+    holds the gradients of the head, the final norm, the last layer's MLP (gate, up, down), o_proj and its
+    post-attention norm, in bf16: what dsa_hf_moments.gradients_at_moment counts for the last layer."""
+    from estimator import load_config
+    from estimator.memory.dsa_hf_moments import gradients_at_moment
+    from estimator.memory.sharding import stage_parameters
+    from estimator.memory.resolved import resolve
+
+    record = json.loads((DATA / "measured" / "deepseek-v3.2-3layers-bf16-adamw-norecompute-eager-s4096-b1.json")
+                        .read_text())
+    h, f, V = 7168, 18432, 129280
+    expected = 2 * (V * h + h + h * 128 * 128 + 3 * f * h + h)
+    assert record["measured"]["phases"]["backward"]["gradients"] == expected == 2_880_991_232
+    cfg = load_config(record["config"])
+    resolved = resolve(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
+    sp = stage_parameters(cfg.architecture, cfg.parallel, "hf")[0]
+    at_last, _, _ = gradients_at_moment(cfg.architecture, cfg.training, resolved.recipe, sp, {"dense": 0.0}, V)
+    assert at_last == expected

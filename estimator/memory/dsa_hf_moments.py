@@ -29,9 +29,14 @@ _BEFORE_CORE = ("q_down_proj", "q_down_norm", "q_up_proj", "kv_down_proj", "kv_d
 
 def _trained(arch: Architecture, kind: str, after_core: bool = False) -> int:
     """Elements of a layer's weights that get a gradient (the indexer's do not), or only those its backward
-    reaches after the core attention's (the norms' scales are one tensor for both: counted there)."""
-    return sum(t.numel for t in arch.layer_tensors(kind) if not t.name.startswith("indexer_")
-               and not (after_core and t.name in _BEFORE_CORE))
+    reaches before the core attention's: the layer's two norm scales are one tensor of two copies, of which
+    the post-attention norm's comes before, the input norm's after."""
+    total = 0
+    for t in arch.layer_tensors(kind):
+        if t.name.startswith("indexer_") or (after_core and t.name in _BEFORE_CORE):
+            continue
+        total += t.numel // t.copies if after_core and t.name == "norm" else t.numel
+    return total
 
 
 def _head(arch: Architecture, vocab: int) -> int:
