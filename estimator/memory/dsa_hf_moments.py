@@ -45,21 +45,29 @@ def _head(arch: Architecture, vocab: int) -> int:
     return sum(t.numel for t in tensors)
 
 
-def gradients_at_moment(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
-                        per_layer: dict[str, float], vocab: int) -> tuple[float, float, str]:
-    """(gradients at the last layer's moment, at the first layer's less the kept tensors of the layers after
-    it, formula): the two ends of the linear run over the layers (module docstring), without recompute."""
-    G = bytes_per_element(recipe.grad_dtype)
+def end_kinds(arch: Architecture, sp: StageParameters) -> tuple[str, str]:
+    """The kinds of the stage's first and last layers."""
     kinds = arch.layer_kinds()
-    first, last = kinds[sp.chunks[0].start], kinds[sp.chunks[-1].stop - 1]
+    return kinds[sp.chunks[0].start], kinds[sp.chunks[-1].stop - 1]
+
+
+def gradients_at_moment(arch: Architecture, recipe: Recipe, sp: StageParameters, per_layer: dict[str, float],
+                        vocab: int) -> tuple[float, float]:
+    """(gradients at the last layer's moment, at the first layer's less the kept tensors of the layers after
+    it, freed by then): the two ends of the linear run over the layers (module docstring), without recompute."""
+    G = bytes_per_element(recipe.grad_dtype)
+    first, last = end_kinds(arch, sp)
     head = _head(arch, vocab)
     later = sum(_trained(arch, kind) * n for kind, n in sp.kind_counts) - _trained(arch, first)
     at_first = G * (head + later + _trained(arch, first, after_core=True))
     at_last = G * (head + _trained(arch, last, after_core=True))
     kept_later = sum(per_layer[kind] * n for kind, n in sp.kind_counts) - per_layer[first]
-    formula = ("G x (head + the last layer's weights after its core), or at the first layer G x (head + every later "
-               "layer + its weights after its core) less the later layers' kept tensors, whichever is larger")
-    return at_last, at_first - kept_later, formula
+    return at_last, at_first - kept_later
+
+
+LAST_FORMULA = "G x (head and final norm + the last layer's weights after its core: MLP or MoE, o_proj, its norm)"
+FIRST_FORMULA = ("G x (head and final norm + every later layer + the first layer's weights after its core) - the "
+                 "later layers' kept tensors (their backward has freed them)")
 
 
 def with_gradients(moment: list[Component], gradients: float, formula: str) -> list[Component]:

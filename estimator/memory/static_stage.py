@@ -108,10 +108,15 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         # first layer's recomputation, its moments included, beside every later gradient
         if training.framework == "hf" and not _grads_live(training, par, m) \
                 and not recomputed_layer_count(training, sp.num_layers):
-            from .dsa_hf_moments import gradients_at_moment, with_gradients
+            from .dsa_hf_moments import FIRST_FORMULA, LAST_FORMULA, end_kinds, gradients_at_moment, with_gradients
             vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
-            at_last, at_first, formula = gradients_at_moment(arch, training, recipe, sp, shared.per_layer, vocab)
-            dsa_backward = with_gradients(dsa_backward, max(at_last, at_first), formula)
+            at_last, at_first = gradients_at_moment(arch, recipe, sp, shared.per_layer, vocab)
+            first, last = end_kinds(arch, sp)  # each end's moment net of its own layer's tensors after the core
+            loss = total_bytes(loss_saved)
+            dsa_backward = max(
+                with_gradients(dsa_stage_moments(arch, training, par, [last], loss)[1], at_last, LAST_FORMULA),
+                with_gradients(dsa_stage_moments(arch, training, par, [first], loss)[1], at_first, FIRST_FORMULA),
+                key=total_bytes)
         exchange = max(exchange, dsa_forward, key=total_bytes)
         exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
         # a recomputed layer's DSA moment (inside its core attention) and its MoE block's (combine, experts'
