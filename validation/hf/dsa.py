@@ -52,6 +52,7 @@ DSA_RUNS = [
     (("deepseek-v3.2-3layers", 4096), {"attention": "eager", "recompute": "full"}),
     (("deepseek-v3.2-3layers", 2048, 2), {"attention": "eager", "recompute": "full"}),
     (("deepseek-v3.2-4layers", 4096), {"attention": "eager"}),
+    (("deepseek-v3.2-4layers", 4096, 2), {"attention": "eager", "recompute": "full"}),
 ]
 
 KERNELS = {"deepseek-v3.2-3layers": "the first 3 (dense) layers of DeepSeek-V3.2-Exp, its lightning indexer under "
