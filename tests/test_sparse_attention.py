@@ -560,3 +560,28 @@ def test_hf_gradients_before_the_last_layers_attention_backward():
     sp = stage_parameters(cfg.architecture, cfg.parallel, "hf")[0]
     at_last, _ = gradients_at_moment(cfg.architecture, resolved.recipe, sp, {"dense": 0.0}, V)
     assert at_last == expected
+
+
+def _dsa_records_measured():
+    measured = DATA / "measured"
+    return sorted(measured.glob("deepseek-v3.2-*layers-*.json")) + \
+        sorted((measured / "megatron").glob("deepseek-v2-lite-dsa-*.json"))
+
+
+@pytest.mark.parametrize("path", _dsa_records_measured(), ids=lambda p: p.stem)
+def test_every_phase_of_the_dsa_records_within_one_and_a_half_percent(path):
+    """tests/test_accuracy.py holds the peaks; here the forward and backward phases of every DSA record too
+    (the forward's moments: the indexer's scores, the softmax's fp32 copy, a checkpointed layer's working set,
+    never the peak of these records), what no fake tensor owns (GPU_ONLY) left out. All but one are within
+    0.6%; the 4-layer HF run with recompute is +1.0% in backward: trainer_backward_end charges the first layer's
+    recomputation the largest layer's working set, the MoE layer's, where DeepSeek's first layer is dense."""
+    from estimator import estimate_config
+    from validation.core.report import GPU_ONLY
+
+    record = json.loads(path.read_text())
+    stage = estimate_config(record["config"]).stages[record.get("stage", 0)]
+    for phase in stage.phases:
+        if phase.name not in ("forward", "backward"):
+            continue
+        estimated = phase.allocated_bytes - sum(c.bytes for c in phase.components if c.key in GPU_ONLY)
+        assert estimated == pytest.approx(record["measured"]["phases"][phase.name]["total"], rel=0.015), phase.name
