@@ -243,10 +243,10 @@ def _ledger_replay(record: dict):
     """The estimate's replay (reserved._replayed) of the run of a recorded sequence, its configuration's peak stage."""
     from estimator import estimate_config
     from estimator.memory import reserved
-    from estimator.memory.memory import _stage_memo
+    from estimator.memory.memory import _stage_memo, static_key
     estimate = estimate_config(json.loads((TRACES[0].parents[1] / record["gpu_record"]).read_text())["config"])
     cfg, sp = estimate.config, estimate.config.stages[0]
-    static = _stage_memo(cfg).get((sp.first, sp.last, sp.kind_counts))
+    static = _stage_memo(cfg).get(static_key(sp))
     return lambda: reserved._replayed(cfg, estimate._shared, sp, static)
 
 

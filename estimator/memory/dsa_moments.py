@@ -17,7 +17,8 @@ from .activations.attention import attention_entries
 from .activations.entries import ATTENTION_OUTPUT
 from .activations.layer import layer_entries
 from .activations.recompute import dropped
-from .activations.sparse import SOURCE, dsa_moments
+from .activations.sparse import SOURCE, checkpointed_forward, dsa_moments
+from .activations.sparse_hf import HF_SOURCE, hf_checkpointed_forward, hf_dsa_moments
 from .components import Component, component
 from ..spec.architecture import Architecture
 from ..spec.parallel import Parallel
@@ -34,18 +35,30 @@ def after_core_bytes(arch: Architecture, training: Training, par: Parallel, kind
 
 
 def dsa_stage_moments(arch: Architecture, training: Training, par: Parallel, kinds: list[str],
-                      loss_saved: float) -> tuple[list[Component], list[Component]]:
+                      loss_saved: float, checkpointed: bool = False) -> tuple[list[Component], list[Component]]:
     """(forward, backward) moment of a DSA layer, net of the loss's saved tensors (`loss_saved`, the last
-    stage's) and of the layer's tensors after its core; none without sparse attention under Megatron."""
-    if not (arch.uses_sparse_attention and training.framework == "megatron" and training.mode == "training"
+    stage's) and of the layer's tensors after its core; none without sparse attention under Megatron or HF.
+    `checkpointed`: every layer of the stage is recomputed, so the forward moment is a layer's whole working set
+    (it saves nothing then)."""
+    if not (arch.uses_sparse_attention and training.framework in ("megatron", "hf") and training.mode == "training"
             and kinds):
         return [], []
-    forward, backward, f_formula, b_formula = dsa_moments(arch, training, par)
+    if training.framework == "hf":  # transformers 5.23's eager DeepSeek-V3.2 (activations/sparse_hf.py)
+        forward, backward, f_formula, b_formula = hf_dsa_moments(arch, training, par)
+        source = HF_SOURCE + "; measured: tests/data/measured/deepseek-v3.2-*"
+    else:
+        forward, backward, f_formula, b_formula = dsa_moments(arch, training, par)
+        source = SOURCE + "; measured: tests/data/measured/megatron/deepseek-v2-lite-dsa-*"
     gone = after_core_bytes(arch, training, par, kinds) + loss_saved
     less = " - the layer's tensors after its core attention" + (" - the loss's tensors" if loss_saved else "")
-    source = SOURCE + "; measured: tests/data/measured/megatron/deepseek-v2-lite-dsa-*"
     fwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a layer's forward)",
                     max(forward - gone, 0), f_formula + less, source)
+    if checkpointed:  # the layer saves nothing in its first forward (sparse.py, sparse_hf.py)
+        forward, f_formula = (hf_checkpointed_forward if training.framework == "hf" else checkpointed_forward)(
+            arch, training, par)
+        fwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a checkpointed layer's "
+                        "forward)", max(forward - loss_saved, 0), f_formula + (" - the loss's tensors" if loss_saved
+                                                                              else ""), source)
     bwd = component("transient", "DeepSeek Sparse Attention's quadratic temporaries (a layer's backward)",
                     max(backward - gone, 0), b_formula + less, source)
     return [fwd], [bwd]

@@ -89,7 +89,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     shared = _shared_of(cfg, memo)
     out = []
     for sp in cfg.stages:
-        ends = (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
+        ends = static_key(sp)
         static = memo.get(ends)
         if static is None:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
@@ -132,6 +132,12 @@ def estimate_resolved(cfg: Resolved, replay: bool = True) -> Estimate:
         peak_stage=peak.stage, allocated_peak_bytes=peak.allocated_peak_bytes,
         device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, hardware.device),
         notes=notes, _shared=shared)
+
+
+def static_key(sp) -> tuple:
+    """All a stage's static part reads of the stage, its key in the stage memo: its ends, its layers' kinds and its
+    chunks' count (torch pipelining's buffers, pp_buffers.py)."""
+    return (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
 
 
 def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
@@ -287,8 +293,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             key = signature
         group = groups.get(key)
         if group is None:
-            # all a static part reads of the stage (its chunks' count: torch pipelining's buffers, pp_buffers.py)
-            ends = (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
+            ends = static_key(sp)
             home = memo if sp.last else headless
             static = home.get(ends)
             if static is None:

@@ -20,6 +20,7 @@ from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, R
 from ..spec.errors import ConfigError
 from ..spec import vision as _vision
 from ..spec.parallel import Parallel
+from ..spec.sparse import indexer_tensors
 
 
 def padded_vocab_size(vocab_size: int, tp: int, framework: str) -> int:
@@ -345,6 +346,7 @@ class StageParameters(NamedTuple):
     layers_key: tuple = ()  # what the kinds of its layers, less any first n or every N-th, depend on (`layers_key`)
     vision_encoder: Bucket = Bucket()  # a first stage's vision encoder (what training.freeze_vision freezes)
     vision_tower: Bucket = Bucket()  # ... and the whole tower with its merger or projector (the breakdown names it)
+    indexers: Bucket = Bucket()  # DeepSeek Sparse Attention's lightning indexers (untrained under HF: sparse_hf.py)
 
     @property
     def num_layers(self) -> int:
@@ -398,8 +400,12 @@ def stage_parameters(arch: Architecture, par: Parallel, framework: str) -> list[
         if key[0] and arch.vision_tower is not None:
             encoder = arch.cached(("vision encoder", par.tp), lambda: bucket(_vision.encoder_tensors(arch), par))
             tower = arch.cached(("vision tower", par.tp), lambda: bucket(arch.vision_tensors(), par))
+        indexers = Bucket()
+        if arch.uses_sparse_attention:  # one indexer per layer, every layer an attention layer (spec/sparse.py)
+            indexers = arch.cached(("indexers", par.tp), lambda: bucket(indexer_tensors(arch), par)).times(
+                sum(n for _, n in counts))
         stages.append(StageParameters(rank, counts, total, largest, root_dense, chunks, key[0], key[1],
-                                      layers_key(arch, chunks), encoder, tower))
+                                      layers_key(arch, chunks), encoder, tower, indexers))
     return stages
 
 

@@ -102,6 +102,14 @@ class ModelStates(NamedTuple):
         return lambda: self.formulas()[name]
 
 
+def untrained(stage: StageParameters, training: Training) -> Bucket:
+    """The stage's weights that get no gradient: a frozen vision encoder (training.freeze_vision), and under
+    transformers DeepSeek-V3.2's indexers (transformers 5.23 DeepseekV32Indexer.forward is @torch.no_grad(), and
+    torch's optimizers skip a parameter whose .grad is None)."""
+    out = stage.vision_encoder if training.freeze_vision else Bucket()
+    return out.plus(stage.indexers) if training.framework == "hf" and training.mode == "training" else out
+
+
 def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel,
                  zero: int) -> ModelStates:
     """`zero`: the stage the framework runs (`resolve_zero_stage`, resolved once per configuration)."""
@@ -115,8 +123,9 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         return bytes_dense + bytes_expert
 
     nd, ne = stage.dense_local, stage.expert_local
-    # a frozen vision encoder (training.freeze_vision) has no gradients, master copies or optimizer states
-    trained = stage.total.plus(stage.vision_encoder.times(-1)) if training.freeze_vision else stage.total
+    # a frozen vision encoder (training.freeze_vision) has no gradients, master copies or optimizer states, nor
+    # DeepSeek-V3.2's indexers under transformers, which run under no_grad (activations/sparse_hf.py)
+    trained = stage.total.plus(untrained(stage, training).times(-1))
     nt = trained.dense
     P = bytes_per_element(recipe.param_dtype)
     G = bytes_per_element(recipe.grad_dtype)
@@ -158,7 +167,8 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         d = f"d = DP*CP = {d_dense}"
         de = f", d_e = expert DP = {d_expert}" if ne else ""
         count = f"{nd:,.0f} params" if not ne else f"({nd:,.0f} dense + {ne:,.0f} expert params)"
-        trained_count = count if nt == nd else f"{nt:,.0f} trained params (the vision encoder frozen)"
+        why = "the vision encoder frozen" if training.freeze_vision else "the indexers untrained, under no_grad"
+        trained_count = count if nt == nd else f"{nt:,.0f} trained params ({why})"
 
         def formula(per_param: str, from_stage: int, counted: str = count) -> str:
             times = "" if per_param.startswith("(") else f" x {counted}"

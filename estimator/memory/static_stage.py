@@ -13,7 +13,7 @@ from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.parallel import Parallel
-from .sharding import StageParameters, padded_vocab_size
+from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
@@ -107,28 +107,39 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
-        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, [k for k, n in sp.kind_counts if n],
-                                                      total_bytes(loss_saved))
+        kinds = [k for k, n in sp.kind_counts if n]
+        every = recomputed_layer_count(training, sp.num_layers) == sp.num_layers
+        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, kinds, total_bytes(loss_saved), every)
+        # a recomputed layer runs after the loss's backward freed the loss's tensors, and its DSA moment and its
+        # MoE exchange are different moments of it (measured: deepseek-v2-lite-dsa-*-full-*)
+        in_layer = dsa_stage_moments(arch, training, par, kinds, 0.0)
+        # the gradients made before a layer's DSA backward (HF); with recompute, trainer_backward_end holds the
+        # first layer's recomputation, its moments included, beside every later gradient
+        if training.framework == "hf" and not _grads_live(training, par, m) \
+                and not recomputed_layer_count(training, sp.num_layers):
+            from .dsa_hf_moments import FIRST_FORMULA, LAST_FORMULA, end_kinds, gradients_at_moment, with_gradients
+            vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
+            at_last, at_first = gradients_at_moment(arch, recipe, sp, shared.per_layer, vocab)
+            first, last = end_kinds(arch, sp)  # each end's moment net of its own layer's tensors after the core
+            loss = total_bytes(loss_saved)
+            dsa_backward = max(
+                with_gradients(dsa_stage_moments(arch, training, par, [last], loss)[1], at_last, LAST_FORMULA),
+                with_gradients(dsa_stage_moments(arch, training, par, [first], loss)[1], at_first, FIRST_FORMULA),
+                key=total_bytes)
         exchange = max(exchange, dsa_forward, key=total_bytes)
         exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
         # a recomputed layer's DSA moment (inside its core attention) and its MoE block's (combine, experts'
         # backward) never coexist: the block runs after the attention in forward, before it in backward, each
         # freeing its temporaries as it returns; the layer holds the larger beside its recomputed tensors
-        in_moe_layer = max(in_moe_layer, max(dsa_forward, dsa_backward, key=total_bytes), key=total_bytes)
-    # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
-    # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
-    # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
-    # FSDP2 under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)
-    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
-    grads_live = training.framework == "megatron" or (
-        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
+        in_moe_layer = max(in_moe_layer, *in_layer, key=total_bytes)
+    grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
     # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
     # largest of its moments.
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
-        extras = list(extras) + in_moe_layer
+        extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared)
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         working, extras = 0.0, ring
@@ -145,6 +156,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # autograd engine: release_variables after apply, without retain_graph); the other moments are charged beside them
     beside_loss = max(total_bytes(loss_backward), total_bytes(exchange_backward), total_bytes(tr.step_in_backward))
     # an interleaved FSDP2 rank's other chunks make their unsharded gradients only after the loss's last backward
+    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
     unbegun = _gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
     beside_loss -= int(round(unbegun))
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
@@ -244,6 +256,34 @@ def _recompute_working_set(training: Training, sp: StageParameters, shared: _Sha
     if op_level(training):
         return max((shared.full_layer[k] - shared.per_layer[k] for k, _ in sp.kind_counts), default=0.0)
     return 0.0
+
+
+def _grads_live(training: Training, par: Parallel, m: int) -> bool:
+    """Gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline; else
+    zero_grad(set_to_none=True) freed them after the last step. FSDP1 accumulates under no_sync (fsdp1.py); FSDP2
+    under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)."""
+    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
+    return training.framework == "megatron" or (
+        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
+
+
+def _freed_before_recompute(arch: Architecture, training: Training, sp: StageParameters,
+                            shared: _Shared) -> list[Component]:
+    """Megatron's block method checkpoints a stage's first n layers (transformer_block.py _checkpointed_forward,
+    Megatron-Core 0.16.1: `layer_idx < recompute_num_layers`); backward reaches them only after the later layers'
+    backward freed what those keep, so the micro-batch being recomputed holds its layer inputs alone then: a
+    negative part of the recompute moment (measured: deepseek-v2-lite-dsa-*-full-block1). One chunk per rank
+    only (with virtual chunks, another chunk's layers of that micro-batch may still wait for their backward)."""
+    n = recomputed_layer_count(training, sp.num_layers)
+    if training.framework != "megatron" or training.recompute_layers is None or n >= sp.num_layers \
+            or len(sp.chunks) != 1:
+        return []
+    stored = [(kind, count) for kind, count in chunk_kind_counts(arch, sp.chunks, skip=n) if count]
+    freed = sum(shared.per_layer[kind] * count for kind, count in stored)
+    layers = " + ".join(f"{shared.per_layer[k] / 2**20:,.1f} MiB x {c} {k} layers" for k, c in stored)
+    return [component("transient", "The later layers' activations, freed before the first n are recomputed", -freed,
+                      f"-({layers}) of the micro-batch being recomputed",
+                      "Megatron-Core 0.16.1 transformer/transformer_block.py _checkpointed_forward (block)")]
 
 
 def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None,

@@ -24,7 +24,7 @@ from ..spec.dtypes import bytes_per_element
 from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
-from .states import fsdp2_gathered_block_bytes
+from .states import fsdp2_gathered_block_bytes, untrained
 from .megatron_fsdp import PREFETCH_ELEMENTS, PREFETCH_SOURCE, backward_gathered_elements
 from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import FSDP_FRAMEWORKS
@@ -55,8 +55,8 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     d_dense = par.dp * par.cp
     # what has gradients, buckets and optimizer steps: every parameter, or an adapter run's trainable ones
     trainable = inv.trainable if inv else stage.local
-    if training.freeze_vision and not inv:  # a frozen vision encoder steps nothing (training.freeze_vision)
-        trainable -= stage.vision_encoder.dense
+    if not inv:  # a frozen vision encoder and HF's indexers step nothing (states.untrained)
+        trainable -= untrained(stage, training).dense
     largest = inv.largest if inv else stage.total.largest_tensor
     layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
     forward_end: list[Component] = []

@@ -99,7 +99,7 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         _check_images(arch, training)
     if arch.uses_sparse_attention:  # DeepSeek-V3.2 (memory/activations/sparse.py)
         from .activations.sparse import check_training
-        check_training(training, par)
+        check_training(arch, training, par)
     if arch.attention_chunk_size:
         _check_chunked(arch, training)
     if arch.num_attention_heads % tp:

@@ -37,6 +37,8 @@ def dsa_core_operations(ctx: _Context, arch: Architecture, training: Training, p
         return Operation(name, phase, scope, kind, flops, moved, ctx.peak, ctx.bandwidth, count, formula, CORE_ATTN,
                          efficiency, kernels.BANDWIDTH_EFFICIENCY)
 
+    if training.framework == "hf":
+        return _hf_operations(ctx, op, scores, index_scores, pairs, qk, dv, heads, dim)
     forward = [
         op("sparse attention QK^T (DSA, unfused)", "forward", "attention", 2 * scores * qk,
            8 * ctx.T * a_t * qk + 4 * scores, "2*b*(a/t)*s^2*(d_nope + d_rope)" + FP32_NOTE),
@@ -60,3 +62,32 @@ def dsa_core_operations(ctx: _Context, arch: Architecture, training: Training, p
     return forward + [Operation(f"{o.name} (backward)", "backward", o.scope, o.kind, 2 * o.flops, 2 * o.bytes,
                                 o.peak_flops, o.bandwidth, o.count, "2 x forward", o.modules, o.compute_efficiency,
                                 o.memory_efficiency) for o in with_grad]
+
+
+def _hf_operations(ctx: _Context, op, scores: float, index_scores: float, pairs: float, qk: int, dv: int, heads: int,
+                   dim: int) -> list[Operation]:
+    """transformers 5.23's DeepSeek-V3.2 (models/deepseek_v32/modeling_deepseek_v32.py; its memory:
+    memory/activations/sparse_hf.py): eager attention over every key in the compute dtype, the top-k folded into
+    its mask; the indexer scores every pair in fp32 (`q.float()`), under no_grad: it has no backward and there is
+    no KL loss."""
+    forward = [
+        op("attention QK^T over every key (DSA as a mask, eager)", "forward", "attention", 2 * scores * qk,
+           2 * ctx.B * ctx.T * (scores / pairs) * qk + ctx.B * scores, "2*b*a*s^2*(d_nope + d_rope)"),
+        op("attention top-k mask and softmax (fp32)", "forward", "elementwise", SOFTMAX_FLOPS * scores,
+           (2 * ctx.B + 8) * scores, "read b*a*s^2 in the compute dtype, write it in fp32 and cast back"),
+        op("attention probabilities x V (eager)", "forward", "attention", 2 * scores * dv,
+           ctx.B * scores + 2 * ctx.B * ctx.T * (scores / pairs) * dv, "2*b*a*s^2*d_v"),
+        op("indexer scores (DSA, every index head, no_grad)", "forward", "attention", 2 * index_scores * dim,
+           4 * ctx.T * (heads + 1) * dim + 4 * index_scores, "2*b*s^2*H_I*D_I" + HF_FP32_NOTE),
+        op("indexer scale, ReLU, head weights, sum and top-k (DSA, no_grad)", "forward", "elementwise",
+           4 * index_scores, 5 * 4 * index_scores + 2 * 4 * pairs, "read and write b*s^2*H_I in fp32"),
+    ]
+    if not ctx.training:
+        return forward
+    attention = [o for o in forward if not o.name.startswith("indexer")]
+    return forward + [Operation(f"{o.name} (backward)", "backward", o.scope, o.kind, 2 * o.flops, 2 * o.bytes,
+                                o.peak_flops, o.bandwidth, o.count, "2 x forward", o.modules, o.compute_efficiency,
+                                o.memory_efficiency) for o in attention]
+
+
+HF_FP32_NOTE = " (transformers multiplies fp32 copies: timed at the 16-bit roof, a lower bound)"

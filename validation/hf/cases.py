@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..hybrid.models import HYBRID_RUNS, KERNELS
 from ..llama4.models import KERNELS as LLAMA4_KERNELS, LLAMA4_RUNS
 from ..vlm.models import KERNELS as VISION_KERNELS, VISION_RUNS
+from .dsa import DSA_RUNS, KERNELS as DSA_KERNELS
 from .models import MODELS
 from .step import Run
 
@@ -60,6 +61,8 @@ def _runs() -> list[Run]:
         *(Run(*args, **kw) for args, kw in VISION_RUNS),
         # Llama 4 Scout's language model (issue 28): chunked and NoPE attention, every token through every expert
         *(Run(*args, **kw) for args, kw in LLAMA4_RUNS),
+        # DeepSeek-V3.2's sparse attention (issue 28): the lightning indexer under no_grad, eager attention
+        *(Run(*args, **kw) for args, kw in DSA_RUNS),
     ]
 
 
@@ -104,6 +107,7 @@ def describe(run: Run) -> str:
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
     if run.model in LLAMA4_KERNELS:
         kernels = f", {LLAMA4_KERNELS[run.model]}"
+    kernels = f", {DSA_KERNELS[run.model]}" if run.model in DSA_KERNELS else kernels
     if run.model in VISION_KERNELS:
         frozen = ", the vision encoder frozen" if run.freeze_vision else ""
         kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {VISION_KERNELS[run.model]}"

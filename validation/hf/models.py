@@ -136,3 +136,8 @@ MODELS.update(_VISION)
 from ..llama4.models import MODELS as _LLAMA4  # noqa: E402
 
 MODELS.update(_LLAMA4)
+
+# DeepSeek-V3.2's sparse attention (issue 28): its first three layers (validation/hf/dsa.py)
+from .dsa import MODELS as _SPARSE  # noqa: E402
+
+MODELS.update(_SPARSE)

@@ -114,9 +114,16 @@ def _setups() -> list[Setup]:
         # --moe-grouped-gemm: the legacy GroupedMLP differentiates all local experts at once (kernels.gmm)
         replace(mx, grouped_gemm=True),
         # DeepSeek Sparse Attention (issue 28): the DSA layers at 4k tokens, 2 layers; TP 2 with sequence
-        # parallelism (the indexer all-gathers its inputs); two sequences of 2k. (Full recompute is not
-        # measured: its recomputed forward reads a value under fake tensors, aten._local_scalar_dense.)
+        # parallelism (the indexer all-gathers its inputs); two sequences of 2k; full recompute, uniform
+        # (every layer: DSAttention's KL loss is made only in the recomputed forward, `torch.is_grad_enabled()`)
+        # and block (the first layer; the second keeps its tensors); selective recompute of MLA's up-projections
+        # with the norms, and of the experts' activation. Selective recompute of core_attn is refused by the
+        # estimator: MLA's _checkpointed_attention_forward does not pass DSAttention x and qr.
         dsa, replace(dsa, tp=2, dp=4, ep=4), replace(dsa, seq_len=2048, micro_batch_size=2),
+        replace(dsa, recompute="full"),
+        replace(dsa, recompute="full", recompute_method="block", recompute_num_layers=1),
+        replace(dsa, recompute="selective", recompute_modules=("mla_up_proj", "layernorm")),
+        replace(dsa, recompute="selective", recompute_modules=("moe_act",), grouped_gemm=True),
     ]
 
 

@@ -348,7 +348,11 @@ def backward(model, out):
     from megatron.core.pipeline_parallel.schedules import custom_backward, deallocate_output_tensor
 
     if model.post_process:
-        out.backward()
+        # schedules.backward_step on the last stage: custom_backward(loss, None) (Megatron-LM sets
+        # deallocate_pipeline_outputs), the C++ engine called directly; Tensor.backward would pass
+        # through CudaToCpu's handler, where the mode is off, and full recompute's re-run forward
+        # would lose the known MoE token counts (shims._KNOWN)
+        custom_backward(out, None)
         return
     # schedules.forward_step / send_forward: the output's data is freed once sent; the backward
     # starts from the gradient received from the next stage

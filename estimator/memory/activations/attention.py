@@ -78,7 +78,10 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
             out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), kept, "tp",
                              f"{kept:g}*s*b*(a + g)*d_head" if kept != B else "B*s*b*(a + g)*d_head",
                              for_weights=("norm",)))
-    if arch.uses_sparse_attention:  # Megatron-Core 0.16.1's unfused DSAttention (sparse.py)
+    if arch.uses_sparse_attention and training.framework == "hf":  # transformers 5.23's DeepSeek-V3.2 (sparse_hf.py)
+        from .sparse_hf import hf_dsa_entries
+        out += hf_dsa_entries(arch, training, par)
+    elif arch.uses_sparse_attention:  # Megatron-Core 0.16.1's unfused DSAttention (sparse.py)
         from .sparse import dsa_entries
         out += dsa_entries(arch, training, par)
     elif training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \

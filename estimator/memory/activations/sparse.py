@@ -11,8 +11,12 @@ shape here. The dense warm-up stage (the main model frozen, dense attention, onl
 not modelled: Megatron-Core 0.16.1 has no dense-attention mode for DSA.
 
 Megatron-Core 0.16.1's DSA is unfused: every query scores every key, so its tensors are quadratic in the
-sequence (b = micro-batch, s = sequence, a = attention heads, split over TP; H_I, D_I = index heads and
-head dim, replicated; k = min(index_topk, s)). Autograd keeps, per layer and micro-batch:
+sequence. The indexer's scores are neither chunked nor split by head group: _compute_index_scores (dsa.py lines
+474-516 at tag core_v0.16.1, the installed file) runs one einsum 'sbhd,tbd->sbht' over all H_I heads in fp32,
+[s, b, H_I, s], and sums the weighted heads into the [b, s, s] fp32 index scores that top-k reads (line 611) and
+the KL loss softmaxes (compute_dsa_indexer_loss, lines 161-252, beside the main scores [b, a/t, s, s] in fp32).
+(b = micro-batch, s = sequence, a = attention heads, split over TP; H_I, D_I = index heads and head dim,
+replicated; k = min(index_topk, s).) Autograd keeps, per layer and micro-batch:
 
 - the indexer (DSAIndexer.forward_with_scores, _compute_index_scores): k_norm's input (B s b D_I) and its
   fp32 mean and rstd (CUDA layer_norm); the index weights (B s b H_I: the product with the ReLU scores keeps
@@ -149,17 +153,42 @@ def dsa_moments(arch: Architecture, training: Training, par: Parallel) -> tuple[
     return forward, backward, forward_formula, backward_formula
 
 
-def check_training(training: Training, par: Parallel) -> None:
+def checkpointed_forward(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
+    """A DSA layer's largest moment in its checkpointed forward (full recompute: CheckpointFunction runs it under
+    no_grad, so it saves nothing and DSAttention makes no KL loss, `self.training and torch.is_grad_enabled()`),
+    per rank: the indexer's ReLU beside the einsum's fp32 scores (8 Si, _compute_index_scores), or the sparse
+    attention's softmax beside its scaled fp32 scores (8 Sa) with the index scores, the index and causal masks
+    and the top-k indices; beside DSAttention's fp32 causal mask (4 s^2), MLA's q, k and v and the indexer's
+    rotated q and k (measured: tests/data/measured/megatron/deepseek-v2-lite-dsa-*-full-uniform1)."""
+    B = bytes_per_element(training.compute_dtype)
+    b, s = training.micro_batch_size, training.seq_len
+    T, heads, dim = b * s, arch.index_n_heads, arch.index_head_dim
+    a, qk = arch.num_attention_heads / par.tp, arch.qk_nope_head_dim + arch.qk_rope_head_dim
+    S2, Sa, Si = b * s * s, b * a * s * s, b * s * s * heads
+    held = 4 * s * s + B * T * (heads * dim + dim) + B * T * a * (2 * qk + arch.v_head_dim)
+    attention = 8 * Sa + 8 * S2 + 4 * s * s + 8 * T * selected_keys(arch, s)
+    by_t = "/t" if par.tp > 1 else ""
+    formula = (f"max(8*Si, 8*Sa + 8*S2 + 4*s^2 + 8*s*b*min(topk, s)) + 4*s^2 + B*s*b*(H_I + 1)*D_I + "
+               f"B*s*b*a*(2*(d_nope + d_rope) + d_v){by_t}: the checkpointed forward saves nothing "
+               f"(S2 = b*s^2, Sa = b*a*s^2{by_t}, Si = b*s^2*H_I)")
+    return held + max(8 * Si, attention), formula
+
+
+def check_training(arch: Architecture, training: Training, par: Parallel) -> None:
     """What training with sparse attention is modelled for (a ConfigError naming the field otherwise)."""
     from ...spec.errors import ConfigError
     if training.mode != "training":
         return
     related = ("model.index_n_heads",)
+    if training.framework == "hf":  # transformers 5.23's DeepSeek-V3.2, its indexer under no_grad (sparse_hf.py)
+        from .sparse_hf import check_hf_training
+        check_hf_training(arch, training)
+        return
     if training.framework != "megatron":
-        raise ConfigError("training.framework", training.framework, "'megatron' for a model with sparse attention",
-                          "DeepSeek Sparse Attention's training is modelled as Megatron-Core 0.16.1 runs it "
-                          "(DSAttention with the indexer's KL loss); transformers 5.23 runs the indexer without "
-                          "gradients", related=related)
+        raise ConfigError("training.framework", training.framework, "'megatron' or 'hf' for a model with sparse "
+                          "attention", "DeepSeek Sparse Attention's training is modelled as Megatron-Core 0.16.1 runs "
+                          "it (DSAttention with the indexer's KL loss) and as transformers 5.23 runs it (the indexer "
+                          "under no_grad, not trained)", related=related)
     if par.cp > 1:
         raise ConfigError("parallel.cp", par.cp, "1 for a model with sparse attention",
                           "Megatron-Core 0.16.1 refuses it (transformer_config.py: 'Currently context parallelism is "
