@@ -166,6 +166,17 @@ def test_loss_parallel_holds_one_fp32_logits_tensor_more_each_way():
         assert backward == 2 * 4 * T * V / t + extra * 4 * T * V / t
 
 
+@pytest.mark.parametrize("version,temporary", [("2024-12", 4 * 8_030_261_248 // 8), ("0.1.0", 0)])
+def test_the_december_2024_adamw_steps_foreach(version, temporary):
+    """9dec370's optimizer.py builds AdamW with foreach = not fused and --optimizer.fused is off by default:
+    torch's _multi_tensor_adam materialises sqrt(v) for the group, 4 B x the GPU's fp32 shard (8B over FSDP 8);
+    fused is the default from 6e498855 (#881, 2025-02-24), before 0.1.0."""
+    stage = estimate_config(titan(version)).stages[0]
+    step = next(p for p in stage.phases if p.name == "optimizer")
+    sqrt = sum(p.bytes for c in step.components for p in (c.parts or (c,)) if p.label.startswith("foreach AdamW"))
+    assert sqrt == temporary
+
+
 def test_the_root_unit_of_0_1_0_holds_embedding_and_head_all_step():
     """0.1.0: blocks + root (embedding, norm, head): in backward a block and the prefetched one, the
     embedding and the head gathered, and the head's bf16 gradient until the root's reduce-scatter."""
