@@ -217,7 +217,9 @@ def _h200_rows() -> list[dict]:
              "attention": "SDPA after repeat_kv (models/llama3/model.py at e7c0cae, use_flex_attn false)",
              "metric": "the table's Memory(GiB), sampled at step 100 from the run's WandB report; torchtitan logs "
                        "max_reserved on its console line and both max_reserved and max_active to WandB; taken as "
-                       "max_reserved"},
+                       "max_reserved",
+             "allocator": "default segments: the stated command is torchrun with no PYTORCH_CUDA_ALLOC_CONF (run_train.sh, "
+                          "which sets expandable_segments:True at e7c0cae, is not the stated launcher)"},
             gib, _config("llama-3.1-8b", "h200", training, dp=gpus)))
     return rows
 
@@ -262,6 +264,8 @@ def _b200_nvfp4_rows() -> list[dict]:
     common = {"loss": "ChunkedLossWrapper(CrossEntropyLoss) of the config registry, not compiled: the NVFP4 and MXFP8 "
                       "configs set CompileConfig(enable=True, components=['model'])",
               "activation_checkpointing": "SelectiveAC (per-op) of the config registry",
+              "allocator": "default segments: nvfp4.md's command is torchrun -m torchtitan.train with no "
+                           "PYTORCH_CUDA_ALLOC_CONF, and torchtitan.train sets none at 73aed7f6",
               "compile": "the model, per block, not the loss: components=['model'] as the NVFP4 and MXFP8 configs set it "
                          "(the doc: 'All runs use eager execution with model compilation'; the BF16 run's components "
                          "are not stated otherwise)"}
