@@ -72,10 +72,11 @@ def _training(**kw) -> dict:
     return base
 
 
-def _config(model: str, gpu: str, training: dict, **parallel) -> dict:
+def _config(model: str, gpu: str, training: dict, expandable: bool = False, **parallel) -> dict:
     par = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "zero_stage": 3}
     par.update(parallel)
-    return {"model": model, "training": training, "parallel": par, "hardware": {"gpu": gpu}}
+    hardware = {"gpu": gpu, **({"expandable_segments": True} if expandable else {})}
+    return {"model": model, "training": training, "parallel": par, "hardware": hardware}
 
 
 def _record(rid: str, source: dict, table: str, row: str, run: dict, gpu: str, stated: dict, assumed: dict,
@@ -95,12 +96,19 @@ _TOML_2412 = "train_configs/llama3_{size}.toml at 9dec370"
 _FLOAT8_2412 = ("Float8 = docs/float8.md's command at 9dec370: --float8.enable_float8_linear "
                 "--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp (tensorwise, "
                 "dynamic scaling), as llama3_405b.toml at 9dec370 sets them")
-_COMMON_2412 = {"optimizer": "AdamW (fused default), fp32 states (torchtitan/optimizer.py)",
+_COMMON_2412 = {"optimizer": "AdamW, foreach implementation (9dec370 config_manager.py --optimizer.fused store_true, "
+                             "off; optimizer.py foreach = not fused; fused became the default in 6e498855, #881, "
+                             "2025-02-24), fp32 states",
                 "mixed_precision": "FSDP2 MixedPrecisionPolicy(param bfloat16, reduce float32) (config_manager.py defaults)",
                 "attention": "F.scaled_dot_product_attention(is_causal=True) after repeat_kv (models/llama/model.py)",
                 "loss": "cross_entropy(pred.flatten(0, 1).float(), labels): not compiled at 9dec370 (train.py; "
                         "e8977b0 'turning off compile on loss function', 2024-12-18)",
-                "selective_ac_option": "op (llama3_8b.toml)"}
+                "selective_ac_option": "op (llama3_8b.toml)",
+                "allocator": "default segments, as stated by nothing: the benchmark names no launcher or environment; "
+                             "at 9dec370 run_llama_train.sh (torchrun on one host) sets "
+                             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (a5e57e4a, 2024-10-22) and "
+                             "multinode_trainer.slurm (AWS EFA) does not, and neither is written for Meta's Grand "
+                             "Teton hosts the runs used"}
 
 
 def _h100_rows() -> list[dict]:
@@ -209,7 +217,9 @@ def _h200_rows() -> list[dict]:
              "attention": "SDPA after repeat_kv (models/llama3/model.py at e7c0cae, use_flex_attn false)",
              "metric": "the table's Memory(GiB), sampled at step 100 from the run's WandB report; torchtitan logs "
                        "max_reserved on its console line and both max_reserved and max_active to WandB; taken as "
-                       "max_reserved"},
+                       "max_reserved",
+             "allocator": "default segments: the stated command is torchrun with no PYTORCH_CUDA_ALLOC_CONF (run_train.sh, "
+                          "which sets expandable_segments:True at e7c0cae, is not the stated launcher)"},
             gib, _config("llama-3.1-8b", "h200", training, dp=gpus)))
     return rows
 
@@ -240,8 +250,10 @@ def _b200_mxfp8_rows() -> list[dict]:
              "loss": "cross_entropy(pred.float()) compiled with the model (components/loss.py at 6fc499f6)",
              "attention": "SDPA after repeat_kv (models/llama3/model/model.py at 6fc499f6)",
              "metric": "parse_torchtitan_logs.py: the largest 'memory: X GiB' over the logged steps, step 1 included; "
-                       "the table's unit 'GB' is the log's GiB"},
-            gib, _config("llama-3.1-8b", "b200", training, dp=8)))
+                       "the table's unit 'GB' is the log's GiB",
+             "allocator": "expandable segments: llama3.sh launches torchtitan's run_train.sh, which at 6fc499f6 sets "
+                          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torchrun"},
+            gib, _config("llama-3.1-8b", "b200", training, expandable=True, dp=8)))
     return rows
 
 
@@ -252,6 +264,8 @@ def _b200_nvfp4_rows() -> list[dict]:
     common = {"loss": "ChunkedLossWrapper(CrossEntropyLoss) of the config registry, not compiled: the NVFP4 and MXFP8 "
                       "configs set CompileConfig(enable=True, components=['model'])",
               "activation_checkpointing": "SelectiveAC (per-op) of the config registry",
+              "allocator": "default segments: nvfp4.md's command is torchrun -m torchtitan.train with no "
+                           "PYTORCH_CUDA_ALLOC_CONF, and torchtitan.train sets none at 73aed7f6",
               "compile": "the model, per block, not the loss: components=['model'] as the NVFP4 and MXFP8 configs set it "
                          "(the doc: 'All runs use eager execution with model compilation'; the BF16 run's components "
                          "are not stated otherwise)"}

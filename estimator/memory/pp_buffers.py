@@ -74,20 +74,25 @@ REDUCE_POOL_SOURCE = ("torch 2.6.0 (the release branch of the Dec 2024 benchmark
                       "every FSDP group), fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce (the reduce-scatter "
                       "output, which becomes the sharded gradient, is allocated on the reduce-scatter stream), "
                       "c10/cuda/CUDACachingAllocator.cpp (a free block, or an expandable segment, serves only "
-                      "allocations on its own stream)")
+                      "allocations on its own stream); torchtitan train.py (optimizers.zero_grad() at the start of "
+                      "every step: set_to_none frees the gradients before the forward)")
 
 
-def reduce_scatter_pool(training: Training, par: Parallel, sharded_gradients: int) -> Component | None:
-    """The reduce-scatter stream's segments that a pipelined FSDP2 stage keeps reserved and unused
-    through its forward and backward (None elsewhere): the sharded gradients are made on that stream
-    (REDUCE_POOL_SOURCE) only after the last micro-batch's backward, and zero_grad(set_to_none) frees
-    them before the next step's forward, so their segments wait, cached for that stream alone, while the
-    default stream peaks. 4 B (the reduce dtype) x the stage's sharded parameters, as the gradients."""
-    if training.framework != "fsdp2" or par.pp == 1 or training.mode != "training" or sharded_gradients <= 0 \
-            or training.optimizer_in_backward:
+def reduce_scatter_pool(training: Training, par: Parallel, sharded_gradients: int,
+                        microbatches: int = 1) -> Component | None:
+    """The reduce-scatter stream's segments that an FSDP2 training stage keeps reserved and unused
+    through its forward and the start of its backward (None elsewhere): the sharded gradients are made
+    on that stream (REDUCE_POOL_SOURCE), under PP only after the last micro-batch's backward, without
+    PP group by group as the backward reduce-scatters them; zero_grad(set_to_none) frees them before
+    the next step's forward, so their segments wait, cached for that stream alone, while the default
+    stream peaks. 4 B (the reduce dtype) x the stage's sharded parameters, as the gradients. Without PP
+    and with several micro-batches a step, the gradients exist (and are counted) from the first
+    micro-batch's backward on: no pool is added there."""
+    if training.framework != "fsdp2" or training.mode != "training" or sharded_gradients <= 0 \
+            or training.optimizer_in_backward or (par.pp == 1 and microbatches > 1):
         return None
     return component("fragmentation", "The reduce-scatter stream's cached segments (the sharded gradients' memory, "
-                     "unused until the step's deferred reduce-scatter)", sharded_gradients,
+                     "unused until the step's reduce-scatters)", sharded_gradients,
                      "the sharded gradients' bytes (reduce dtype x the stage's parameters / the FSDP group)",
                      REDUCE_POOL_SOURCE)
 

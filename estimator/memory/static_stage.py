@@ -199,7 +199,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
                         place.host + paged_host, place.nvme, backward_end, managed,
-                        reduce_scatter_pool(training, par, grads), _gathered(training, recipe, par, sp))
+                        reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
 
 
 def _gathered(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters) -> tuple | None:

@@ -53,12 +53,16 @@ class TitanRules:
     # memory/cp_ring.py); "flex all-gather": K/V all-gathered for flex attention (v0.3.0, activations/attention.py;
     # 0.1.0 and 0.2.0 keep the rule they had, their CP was not read)
     cp_attention: str = "flex all-gather"
+    # torch's AdamW runs its foreach implementation (sqrt of the second moment materialised for the whole
+    # parameter group, memory/transients.py): 9dec370's config_manager.py `--optimizer.fused` (store_true, off)
+    # and optimizer.py `"fused": fused, "foreach": not fused`; 6e498855 (#881, 2025-02-24) made fused the default
+    adamw_foreach: bool = False
 
 
 RULES: dict[str, TitanRules] = {
     "2024-12": TitanRules(loss_compiled=False, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
                           tp_loss_parallel_dtensor=True, pp_kept_outputs="every stage", rope="per model",
-                          cp_rope_clone="model", cp_attention="sdpa ring"),
+                          cp_rope_clone="model", cp_attention="sdpa ring", adamw_foreach=True),
     "0.1.0": TitanRules(loss_compiled=True, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
                         tp_loss_parallel_dtensor=True, pp_kept_outputs="last stage", rope="per model",
                         cp_rope_clone="chunks"),
@@ -84,6 +88,8 @@ SOURCES = {
             "(max_seq_len = training.seq_len; cp_buffers [input_ids, labels, model.freqs_cis]); v0.1.0 and v0.2.0 "
             "models/llama3/model/model.py and train.py (cp_buffers: every model part's freqs_cis); torch 2.6.0 and "
             "2.13 tensor/experimental context_parallel (original_buffers = b.clone() of each buffer it restores)",
+    "adamw_foreach": "torchtitan 9dec370 config_manager.py (--optimizer.fused, store_true) and optimizer.py "
+                     "build_optimizers (foreach = not fused); 6e498855 (#881, 2025-02-24) 'use Fused AdamW as default'",
     "pp_kept_outputs": "torch distributed/pipelining/stage.py forward_one_chunk output_chunks; pytorch#138504 "
                        "(2024-10-21), pytorch#153383 (merged 2025-05-13: the last stage's only), pytorch#159251",
 }

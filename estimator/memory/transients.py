@@ -386,6 +386,15 @@ def _torchtitan_model_rope(arch: Architecture, training: Training, par: Parallel
                      f"complex64", TITAN_SOURCES["rope"])
 
 
+def _runs_foreach(training: Training) -> bool:
+    """torch's foreach AdamW steps this setup: the HF Trainer's adamw_torch, and torchtitan's AdamW in the
+    releases that left it unfused (titan_releases.py adamw_foreach)."""
+    if OPTIMIZERS[training.optimizer].temporaries != FOREACH_SQRT:
+        return False
+    rules = titan_rules(training)
+    return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach)
+
+
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
                       d_dense: int, trainable: float, largest: float,
                       inv: Inventory | None = None) -> list[Component]:
@@ -395,7 +404,7 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
-    if training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT:
+    if _runs_foreach(training):
         temporary, formula = shard * states_dtype, f"{states_dtype:g} B x parameters on this GPU"
         if inv is not None and training.framework == "hf" and inv.saved:
             # torch 2.13 _multi_tensor_adam makes sqrt(v) per (device, dtype) group
@@ -404,8 +413,11 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
             A, S = bytes_per_element(adapter_dtype(training, recipe)), saved_copy_bytes(training, recipe)
             temporary = (A * inv.adapters + S * inv.saved) * shard / trainable
             formula = f"{A:g} B x adapter parameters + {S:g} B x embedding/head copies"
+        source = "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"
+        if training.framework not in FOREACH_FRAMEWORKS:
+            source += "; " + TITAN_SOURCES["adamw_foreach"]
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
-                          "torch.optim.AdamW foreach implementation (_multi_tensor_adam)")]
+                          source)]
     if optimizer.temporaries == LARGEST_TENSOR:
         return [component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
                           2 * 4 * largest, "2 x 4 B x largest trainable tensor", optimizer.source)]
@@ -426,8 +438,7 @@ def _step_in_backward(training: Training, recipe: Recipe, stage: StageParameters
     shard = d_dense if zero >= 2 and d_dense > 1 else 1
     G, S = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.optimizer_dtype)
     optimizer = OPTIMIZERS[training.optimizer]
-    foreach = training.framework in FOREACH_FRAMEWORKS and optimizer.temporaries == FOREACH_SQRT
-    temporary = S if foreach else 2 * 4 if optimizer.temporaries == LARGEST_TENSOR else 0
+    temporary = S if _runs_foreach(training) else 2 * 4 if optimizer.temporaries == LARGEST_TENSOR else 0
     largest = stage.total.largest_tensor / shard
     return component("transient", "One parameter's gradient and its step (optimizer in backward)",
                      largest * (G + temporary),
