@@ -234,12 +234,11 @@ ADAPTERS = _adapter_records()
 
 
 def test_the_replay_of_adapter_runs_against_the_gpu_and_the_flat_share():
-    """The 23 HF adapter runs: the replay (frozen weights allocated without a gradient or a state, each
-    layer's adapters after its weights; reserved_tensors.py) applies to the 20 dense ones (the three MoE
-    runs keep the flat share) and takes their median error against max_memory_reserved from 4.6% to 1.6%,
-    the runs more than 5% under from 2 to 0 and more than 5% over from 7 to 2, the largest error from 13.8%
-    (QLoRA with recompute, under) to 10.0% (trainable embedding and head copies, over:
-    tests/test_accuracy.py KNOWN_RESERVED_OVER)."""
+    """The 23 HF adapter runs (three of them MoE): the replay (frozen weights allocated without a gradient or a
+    state, each layer's adapters after its weights; reserved_tensors.py) takes their median error against
+    max_memory_reserved from 4.8% to 1.6%, the runs more than 5% under from 2 to 0 and more than 5% over from
+    9 to 2, the largest error from 13.8% (QLoRA with recompute, under) to 10.0% (trainable embedding and head
+    copies, over: tests/test_accuracy.py KNOWN_RESERVED_OVER)."""
     import statistics
     from estimator import estimate_config
     replayed, flat, applies = {}, {}, set()
@@ -252,16 +251,13 @@ def test_the_replay_of_adapter_runs_against_the_gpu_and_the_flat_share():
             applies.add(path.stem)
         with _replay_off():
             flat[path.stem] = estimate_config(record["config"]).reserved_peak_bytes / measured - 1
-    assert len(replayed) == 23 and len(applies) == 20
-    assert {p for p in replayed if p not in applies} == {
-        "mixtral-8x7b-lora-r16-qkvo-recompute-drop00-s4096-b1", "qwen3-30b-a3b-lora-r16-alllinear-recompute-drop00-s4096-b1",
-        "qwen3-30b-a3b-lora-r8-qv-norecompute-drop00-s2048-b1"}
-    assert round(statistics.median(abs(replayed[p]) for p in applies), 3) == 0.016
-    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.046
-    assert sum(replayed[p] < -0.05 for p in applies) == 0 and sum(flat[p] < -0.05 for p in applies) == 2
-    assert sum(replayed[p] > 0.05 for p in applies) == 2 and sum(flat[p] > 0.05 for p in applies) == 7
-    assert round(max(abs(replayed[p]) for p in applies), 3) == 0.100
-    assert round(max(abs(flat[p]) for p in applies), 3) == 0.138
+    assert len(replayed) == 23 and applies == set(replayed)
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.016
+    assert round(statistics.median(map(abs, flat.values())), 3) == 0.048
+    assert sum(e < -0.05 for e in replayed.values()) == 0 and sum(e < -0.05 for e in flat.values()) == 2
+    assert sum(e > 0.05 for e in replayed.values()) == 2 and sum(e > 0.05 for e in flat.values()) == 9
+    assert round(max(map(abs, replayed.values())), 3) == 0.100
+    assert round(max(map(abs, flat.values())), 3) == 0.138
 
 
 def test_an_adapter_runs_replay_allocates_gradients_and_states_for_the_trainable_tensors_only():
