@@ -50,6 +50,7 @@ def _split(t, gated: bool) -> list[tuple[float, bool]]:
 
 
 def tensors(cfg, sp) -> Tensors:
+    """The parameter tensors of stage `sp` under the resolved configuration `cfg`."""
     arch = cfg.architecture
     kinds = arch.layer_kinds()
     rule = _Full(cfg) if cfg.training.adapter is None else _Adapter(cfg, sp)
@@ -93,12 +94,16 @@ class _Adapter:
         inv = inventory(arch, training, recipe, sp)
         quantized = inv.frozen_bytes - self.rest * (inv.frozen - inv.quantized)
         self.quantized = quantized / inv.quantized if inv.quantized else self.rest
+        self.dequantized = bool(inv.quantized)  # its matrices dequantized by their own layers
         self.A = bytes_per_element(adapter_dtype(training, recipe))
         self.S = saved_copy_bytes(training, recipe)
 
     def layer(self, kind: str, pieces) -> list[Tensor]:
         from .adapters import adapted_modules, module_matrices
-        frozen = [Tensor(n, (self.quantized if matrix else self.rest) * n, 0.0, matrix) for n, matrix in pieces]
+        # a quantized matrix is dequantized by its own layer: no autocast copy of it is kept
+        copied = not self.dequantized
+        frozen = [Tensor(n, (self.quantized if matrix else self.rest) * n, 0.0, matrix and copied)
+                  for n, matrix in pieces]
         A = self.A
         return frozen + [Tensor(rows * cols, A * rows * cols, A * rows * cols)
                          for m in adapted_modules(self.adapter, self.arch, kind)
