@@ -158,15 +158,17 @@ MiB = 1024**2
 # case id -> why the allocated peak misses it
 KNOWN_GPU_GAPS: dict[str, str] = {}
 # The reserved peak (and so nvidia-smi) is the allocated peak plus the allocator's cache: replayed for the
-# HF Trainer's full fine-tuning (estimator/memory/reserved.py), a flat 10% elsewhere (5% with expandable
-# segments). Under by more than 10%: two flat-share runs that keep more (recompute frees and re-requests
-# blocks of many sizes).
+# HF Trainer's dense runs, full fine-tuning and adapters (estimator/memory/reserved.py), a flat 10% elsewhere
+# (5% with expandable segments). Under by more than 10%: a flat-share run that keeps more (recompute frees
+# and re-requests blocks of many sizes).
 KNOWN_RESERVED_GAPS = {
     "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
-    "qwen2.5-7b-qlora-bnb-r64-all7-recompute-drop00-s4096-b2",
 }
-# Over by more than 10%: none (the replay's misses would be listed in tests/test_allocator.py REPLAY_MISSES)
-KNOWN_RESERVED_OVER: set[str] = set()
+# Over by more than 10% (10.03%): peft's trainable copies of the embedding and head (modules_to_save, 1,002 MiB
+# each): in the replay step 1's optimizer states of the copies are cut from the loss's cached 2,004 MiB
+# blocks, so step 2's loss maps them anew (3 GB); the GPU kept 3 GB less, by an order of requests no recorded
+# allocator trace of an adapter run shows (tests/data/measured/allocator holds full fine-tuning only)
+KNOWN_RESERVED_OVER: set[str] = {"llama-3.1-8b-lora-r16-qv-recompute-drop00-s4096-b1-save-embed-head"}
 
 
 def gpu_estimate(record: dict):
@@ -250,8 +252,8 @@ def test_gpu_paged_optimizer(path):
 
 def test_gpu_reserved_peak():
     """max_memory_reserved on all 60 runs (the last ten, LoRA/DoRA on four models and Llama-3.1-8B at 256 and
-    1,024 tokens, measured after the replay was built): median |error| within 2.6% (4.5% with the flat share alone
-    on the first 50),
+    1,024 tokens, measured after the replay was built): median |error| within 1.3% since the replay covers the
+    HF adapter runs (2.6% before; 4.5% with the flat share alone on the first 50),
     and the runs under, and over, by more than 10% are exactly the known ones (with the flat share alone:
     five under, none over)."""
     errors = {}
@@ -260,7 +262,7 @@ def test_gpu_reserved_peak():
         reserved = gpu_estimate(record).reserved_peak_bytes
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
     assert len(errors) == 60
-    assert sorted(abs(e) for e in errors.values())[len(errors) // 2] <= 0.026
+    assert sorted(abs(e) for e in errors.values())[len(errors) // 2] <= 0.013
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 

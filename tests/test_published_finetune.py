@@ -40,12 +40,24 @@ def error(row: dict) -> float:
     return getattr(estimate, OUTPUT[row["measured"]["metric"]]) / row["measured"]["bytes"] - 1
 
 
-_Q18 = ("Qwen-1.8B: the table holds about 1 GB (LoRA, Q-LoRA; 4 GB full-parameter) more than the estimate at every "
-        "length up to 4096 tokens, while its 7B, 14B and 72B siblings on the same scripts are within the goal. Not "
-        "found in the model code (flash attention drops the causal-mask buffer in modeling_qwen.py; the rotary and "
-        "logn caches are KB) nor in the states; the table's growth with length is irregular (LoRA: +5.2 GB from 2048 "
-        "to 4096 tokens, +5.6 GB from 4096 to 8192 where the logits alone double), which points at the caching "
-        "allocator's segments in nvidia-smi, modelled as a fraction of the allocated peak; under by %s")
+_Q18 = ("Qwen-1.8B under DeepSpeed (Q-LoRA through ZeRO-2, full-parameter through ZeRO-3, one GPU): the table holds "
+        "about 1 GB (Q-LoRA; 4 GB full-parameter) more than the estimate at every length up to 4096 tokens, while its "
+        "7B, 14B and 72B siblings on the same scripts are within the goal. Not found in the model code (flash attention "
+        "drops the causal-mask buffer in modeling_qwen.py; the rotary and logn caches are KB) nor in the states; the "
+        "DeepSpeed runs keep the flat share of cache (no replay of DeepSpeed's order of allocations); under by %s")
+_QWEN_HF = ("Qwen's HF Trainer LoRA rows (finetune_lora_single_gpu.sh, no DeepSpeed): with the caching allocator replayed "
+            "over the ledger the table holds 1.4-2.4 GB above the estimated reserved memory at every length up to 4096 "
+            "tokens, on 1.8B, 7B and 14B alike (on the H200 records the replay is within 2%% of max_memory_reserved and "
+            "767 MiB is outside the allocator); on 1.8B's small total that is over 10%%. Not found in the code: the remote "
+            "modeling_qwen.py adds KB-sized rotary and logn caches under flash attention, PyTorch 2.0's foreach AdamW "
+            "one temporary per tensor (torch/optim/adamw.py _multi_tensor_adamw), CUDA 11.8's context with lazy "
+            "loading about 0.4 GB (pytorch/pytorch#109888); under by %s")
+_QWEN_8192 = ("Qwen's 8192-token HF LoRA rows read less than the loss's own tensors need: modeling_qwen.py "
+              "QWenLMHeadModel.forward keeps the bf16 logits (2.49 GB at 8192 x 151,936) and makes their shifted "
+              "contiguous copy (2.49 GB) beside the fp32 upcast and log-softmax (4.98 GB each), and log-softmax's "
+              "backward needs a third fp32 block beside its output and incoming gradient; with the model's 4.2 GB "
+              "that is over 24 GB of segments where the table reads 21.8 GB (1.8B) in all; the replay (the ledger's "
+              "loss, without the shifted copy) gives 24.0 GB reserved; over by %s")
 _Q72_ZERO3 = ("Qwen-72B-Chat LoRA under DeepSpeed ZeRO-3 on 4 GPUs (the table's sum / 4): 6.5 GB a GPU above the estimate "
               "at 256 tokens, 5.2 GB at 8192; a candidate, not verified: ZeRO-3 keeps a gathered layer "
               "for its recompute when it is reused within stage3_max_reuse_distance (1e9), up to "
@@ -60,17 +72,19 @@ _TUNE_8BIT = ("torchtune's '+ 8-bit AdamW' row: the table does not name the opti
 
 # row id -> the mechanism the estimate lacks (the next modelling step)
 MISSES: dict[str, str] = {
+    **{f"qwen-1.8b-{m}-s{s}": _QWEN_HF % pct for m, s, pct in (
+        ("lora", 256, "16.0%"), ("lora", 512, "16.1%"), ("lora", 1024, "12.3%"), ("lora-emb", 256, "13.6%"),
+        ("lora-emb", 512, "11.3%"), ("lora-emb", 1024, "11.9%"))},
+    "qwen-7b-lora-emb-s256": _QWEN_HF % "10.0%",
     **{f"qwen-1.8b-{m}-s{s}": _Q18 % pct for m, s, pct in (
-        ("lora", 256, "15.4%"), ("lora", 512, "16.1%"), ("lora", 1024, "13.1%"), ("lora", 2048, "13.9%"),
-        ("lora", 4096, "14.7%"), ("lora-emb", 256, "11.7%"), ("lora-emb", 512, "13.6%"),
         ("qlora", 256, "16.5%"), ("qlora", 512, "14.5%"), ("qlora", 1024, "13.6%"), ("qlora", 2048, "12.2%"),
         ("qlora", 4096, "10.4%"), ("qlora", 8192, "13.1%"), ("full", 4096, "16.1%"), ("full", 8192, "12.5%"))},
     **{f"qwen-72b-lora-zero3-s{s}": _Q72_ZERO3 % pct for s, pct in ((256, "12.0%"), (512, "11.8%"),
                                                                       (1024, "11.4%"))},
     "torchtune-llama-3.2-3b-8-bit-adamw": _TUNE_8BIT,
 }
-# row id -> why the estimate is over by more than 10% (the issue bounds under-estimates; none is listed today)
-OVERS: dict[str, str] = {}
+# row id -> why the estimate is over by more than 10%
+OVERS: dict[str, str] = {"qwen-1.8b-lora-s8192": _QWEN_8192 % "12.7%", "qwen-1.8b-lora-emb-s8192": _QWEN_8192 % "11.1%"}
 MEDIAN_MISSES = {
     "full": ("full fine-tuning: 7.7% over 16 rows; the nine Qwen rows are nvidia-smi readings of DeepSpeed ZeRO-3 "
              "runs that no tensor accounts for in full (7B on 2 GPUs grows 11.4 GB a GPU from 256 to 1024 tokens, "

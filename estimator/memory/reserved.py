@@ -4,13 +4,17 @@
 1. Replay (the HF Trainer's step, where the ledger knows its allocation order): the estimate's own
    ledger turned into the sequence of allocations and frees of two training steps and replayed
    through PyTorch's caching allocator (allocator.py, c10/cuda/CUDACachingAllocator.cpp of torch 2.11
-   to 2.13); the cache is the replay's reserved peak less its allocated peak. On the 30 real H200 runs
-   it applies to (tests/data/measured/gpu) its median error is 1.0% against the flat share's 3.4%, the
-   largest 6.4% against 21.7%, one run under by more than 5% against seven (tests/test_allocator.py).
-2. Flat share (everything else: other frameworks, pipelines and sharding, adapters, expandable
-   segments, paged optimizers, offload, torch.compile, MoE and hybrid models, a chunked or fused loss,
-   inference, RL): a measured share of the allocated peak (components.fragmentation), where the ledger
-   cannot give the order of allocations or the replay was never measured.
+   to 2.13); the cache is the replay's reserved peak less its allocated peak. On the 30 real H200 full
+   fine-tuning runs it applies to (tests/data/measured/gpu) its median error is 1.0% against the flat
+   share's 3.4%, the largest 6.4% against 21.7%, one run under by more than 5% against seven; on the 23
+   PEFT adapter runs (LoRA, DoRA, QLoRA; frozen tensors get no gradient and no state:
+   reserved_tensors.py; three of them MoE) 1.6% against 4.8%, none under by more than 5% against two
+   (tests/test_allocator.py).
+2. Flat share (everything else: other frameworks, pipelines and sharding, expandable segments, paged
+   optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models, a chunked or fused loss,
+   inference, RL):
+   a measured share of the allocated peak (components.fragmentation), where the ledger cannot give
+   the order of allocations or the replay was never measured.
 
 The replay is made for the reported estimate only: a layout search judges layouts by
 `memory.device_total` with the flat share, which is monotone in the micro-batch and the recompute
@@ -20,7 +24,8 @@ One replay costs milliseconds (bench/bench_reserved.py) and is remembered per co
 The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, torch.autograd, torch.optim):
 1. the model's parameters, one tensor each in module order (embedding, the layers, final norm, head):
    a gated MLP's gate and up projections are two Linear layers (transformers modeling_llama.py
-   LlamaMLP), a layer's norms one module each; the cuBLAS workspaces; DDP's gradient buckets;
+   LlamaMLP), a layer's norms one module each, an adapter run's A and B after their layer's weights
+   (reserved_tensors.py); the cuBLAS workspaces; DDP's gradient buckets;
 2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
    several like tensors as that many requests, eager attention's scores made as transformers makes
    them; under full recompute the layer's input kept and the rest computed and dropped), its forward
@@ -29,12 +34,12 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    fp32 copies, the log-softmax made from them (kept), the copies freed;
 3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
    exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
-   backward transients, its parameters' gradients from the last (the first micro-batch creates them,
-   later ones add in place), its tensors freed in reverse order of making as backward passes the
+   backward transients, its trainable parameters' gradients from the last (the first micro-batch creates
+   them, later ones add in place), its tensors freed in reverse order of making as backward passes the
    weights that used them (autograd frees a node's saved tensors once it has run);
-4. the optimizer step: its states created at the first step (per parameter, in order), its
-   temporaries per tensor (torch's foreach kernels allocate one result per tensor) made and freed;
-   zero_grad frees the gradients.
+4. the optimizer step: its states created at the first step (per trainable parameter, in order, in its
+   dtype; fused AdamW's 0-dim step counters after them), its temporaries per tensor (torch's foreach
+   kernels allocate one result per tensor) made and freed; zero_grad frees the gradients.
 Two steps are replayed (segments are never given back: the second step's reserved memory holds the
 first's).
 """
@@ -46,11 +51,14 @@ from typing import NamedTuple
 from .allocator import CachingAllocator
 from .components import Component, component, total_bytes
 from ..spec.dtypes import bytes_per_element
+from .adapters import FUSED_ADAMW_FRAMEWORKS, STEP_COUNTER_BYTES
+from .reserved_tensors import Tensors, tensors as parameter_tensors
 
 REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
                  "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
-                 "on 30 real H200 runs (tests/data/measured/gpu) median error 1.0%, at most 6.4% (the flat share: "
-                 "3.4%, at most 21.7%)")
+                 "on 30 real H200 full fine-tuning runs (tests/data/measured/gpu) median error 1.0%, at most 6.4% "
+                 "(the flat share: 3.4%, at most 21.7%); on 23 PEFT adapter runs 1.6%, at most 10.0% (the flat "
+                 "share: 4.8%, at most 13.8%)")
 
 
 FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and recompute; the replay is the reported "
@@ -66,10 +74,10 @@ def replay_rule(cfg) -> str | None:
         (training.framework != "hf", f"{training.framework}'s order of allocations is not modelled"),
         (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),
         (hardware.expandable_segments, "expandable segments"),
-        (training.adapter is not None, "an adapter run (frozen weights)"),
         (training.optimizer.startswith("paged"), "a paged optimizer (cudaMallocManaged states)"),
         (training.compile, "torch.compile"),
-        (arch.is_moe or arch.is_hybrid, "an MoE or hybrid model (the replay is measured on dense decoders)"),
+        (arch.is_hybrid or (arch.is_moe and training.adapter is None),
+         "an MoE full fine-tune or a hybrid model (the replay is measured on dense decoders and MoE adapter runs)"),
         (training.loss != "standard", f"the {training.loss} loss (the replay is measured with the standard one)"),
         (training.offload_optimizer != "none" or training.offload_parameters != "none"
          or training.offload_activations or training.optimizer_in_backward, "offload or an optimizer in backward"),
@@ -89,7 +97,9 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
 
 def _replayed(cfg, shared, sp, static) -> tuple[int, int]:
     from .transients import transients
-    tr = transients(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage, None)
+    from .adapters import inventory
+    inv = inventory(cfg.architecture, cfg.training, cfg.recipe, sp) if cfg.training.adapter else None
+    tr = transients(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage, inv)
     parts = static.parts()
     workspaces = [c for c in parts.kept if c.key == "workspace"]
     states = sum(c.bytes for c in parts.kept if c.key == "optimizer_states")
@@ -140,38 +150,6 @@ class _Program:
         return a.allocated, a.reserved, tuple(a._free[True]), tuple(a._free[False])
 
 
-class _Weights(NamedTuple):
-    """Element counts of the model's weight tensors, one per module parameter, in module order."""
-
-    embedding: list[float]
-    layers: list[list[tuple[float, bool]]]  # per layer: (elements, a matrix autocast copies)
-    head: list[float]
-
-
-def _split(t, gated: bool) -> list[tuple[float, bool]]:
-    """One `ParameterTensor` as the module's parameters: a gated MLP's fc1 is transformers' gate_proj and
-    up_proj (LlamaMLP), a norm count one scale per norm module; experts stay one fused tensor
-    (transformers 5's MoE experts hold 3-D parameters)."""
-    matrix = t.role == "hidden_matrix"
-    if gated and t.name.endswith("fc1") and not t.is_expert and t.copies == 1:
-        half = t.numel / 2
-        return [(half, matrix), (half, matrix)]
-    if t.role == "vector" and t.copies > 1:
-        return [(t.numel / t.copies, False)] * t.copies
-    return [(float(t.numel), matrix)]
-
-
-def _weights(arch, sp, gated: bool) -> _Weights:
-    kinds = arch.layer_kinds()
-    by_kind: dict[str, list] = {}
-    for kind in {kinds[i] for i in sp.layer_indices}:
-        by_kind[kind] = [piece for t in arch.layer_tensors(kind) for piece in _split(t, gated)]
-    layers = [by_kind[kinds[i]] for i in sp.layer_indices]
-    embedding = [float(t.numel) for t in arch.embedding_tensors()] if sp.first else []
-    head = [float(n) for t in arch.head_tensors() for n, _ in _split(t, gated)] if sp.last else []
-    return _Weights(embedding, layers, head)
-
-
 def _sizes(entries, par) -> list[float]:
     """An entry's bytes as the requests the allocator sees: one per tensor it stands for."""
     return [e.bytes(par) / e.tensors for e in entries for _ in range(e.tensors)]
@@ -184,17 +162,21 @@ def _requests(sizes) -> list[int]:
 
 def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float) -> None:
     arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
-    P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
-    w = _weights(arch, sp, arch.gated_mlp)
-    order = w.embedding + [n for layer in w.layers for n, _ in layer] + w.head
-    elements = sum(order)
-    for n in order:
-        prog.alloc(n * P)
+    w = parameter_tensors(cfg, sp)
+    order = w.order()
+    for t in order:
+        prog.alloc(t.stored)
     for block in tr.persistent + workspaces:  # DDP's buckets, the cuBLAS workspaces
         prog.alloc(block.bytes)
     prog.alloc(8 * training.seq_len * training.micro_batch_size)  # the token ids (and labels)
     per_tensor = 2 if "adam" in training.optimizer else 1
-    state_bytes = states_bytes / max(1.0, elements) / per_tensor  # per element of one state tensor
+    # the optimizer's tensors; its states and temporaries take each tensor's dtype (torch.optim: zeros_like),
+    # shared out by the gradients' bytes (a gradient takes its tensor's dtype, or the gradients' dtype in all)
+    trained = [t.grad for t in order if t.grad]
+    weight = sum(trained)
+    counters = _step_counters(training, len(trained))
+    states_bytes -= STEP_COUNTER_BYTES * counters
+    state_bytes = states_bytes / max(1.0, weight) / per_tensor  # per gradient byte, of one state tensor
     copy = bytes_per_element(recipe.compute_dtype) if recipe.autocast_weight_copies else 0
     step = total_bytes(tr.optimizer)
     states = None
@@ -204,7 +186,7 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
         previous = None
         for _ in range(cfg.microbatches):
             kept = _forward(prog, cfg, shared, sp, w, tr, copy, layer_sizes)
-            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, G, layer_sizes)
+            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes)
             # from the second micro-batch on, one frees all it allocates (the gradients exist): once one
             # leaves the allocator as it found it, every later one does the same and reaches the same
             # peaks (the replay is deterministic), so the rest of the accumulation is skipped
@@ -213,10 +195,18 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
                 break
             previous = now
         if states is None:
-            states = [prog.alloc(n * state_bytes) for n in order for _ in range(per_tensor)]
+            states = [prog.alloc(n * state_bytes) for n in trained for _ in range(per_tensor)]
+            states += [prog.alloc(STEP_COUNTER_BYTES) for _ in range(counters)]
         if step:
-            prog.transient([n * step / elements for n in order])
+            prog.transient([n * step / weight for n in trained])
         prog.free(*grads.values())
+
+
+def _step_counters(training, tensors: int) -> int:
+    """The 0-dim fp32 `step` tensors torch's fused AdamW keeps per parameter on the device, each a request of
+    its own, where the adapter run's states count them (adapters.adapter_states)."""
+    fused = training.framework in FUSED_ADAMW_FRAMEWORKS and training.optimizer == "adamw"
+    return tensors if training.adapter is not None and fused else 0
 
 
 EAGER_SOFTMAX = ("softmax output (fp32)", "softmax output cast to the compute dtype")  # activations/attention.py
@@ -270,7 +260,7 @@ def _no_copies(components) -> list[float]:
     return [c.bytes for c in components if c.label != "Autocast copies of the weights"]
 
 
-def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float, layer_sizes) -> list[list]:
+def _forward(prog, cfg, shared, sp, w: Tensors, tr, copy: float, layer_sizes) -> list[list]:
     kinds, full = cfg.architecture.layer_kinds(), cfg.training.recompute == "full"
     kept = [[prog.alloc(b) for b in _sizes(shared.embedding, shared.parallel)]]
     forward = _no_copies(tr.forward)
@@ -283,7 +273,7 @@ def _forward(prog, cfg, shared, sp, w: _Weights, tr, copy: float, layer_sizes) -
             kept.append(_made(prog, layer))
         prog.transient(forward)
         if copy:  # autocast's 16-bit copies of the layer's matrices, kept for its backward
-            kept[-1] += [prog.alloc(n * copy) for n, matrix in tensors if matrix]
+            kept[-1] += [prog.alloc(t.elements * copy) for t in tensors if t.matrix]
     kept.append(_loss_forward(prog, shared) if sp.last and shared.loss else ([], []))
     return kept
 
@@ -304,7 +294,7 @@ def _loss_forward(prog, shared) -> tuple[list, list]:
     return before, made
 
 
-def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, layer_sizes) -> None:
+def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_sizes) -> None:
     arch, full = cfg.architecture, cfg.training.recompute == "full"
     kinds = arch.layer_kinds()
     before, made = kept.pop()
@@ -327,12 +317,12 @@ def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, lay
         if last is not None:
             prog.free(last)
     index = len(order)
-    for n in reversed(w.head):
+    for t in reversed(w.head):
         index -= 1
-        _gradient(prog, grads, index, n * G)
+        _gradient(prog, grads, index, t.grad)
     tied = arch.tie_embeddings and sp.first and sp.last
     if tied and order:  # the head's product gives the shared weight its gradient first (AccumulateGrad)
-        _gradient(prog, grads, 0, order[0] * G)
+        _gradient(prog, grads, 0, order[0].grad)
     prog.free(*[b for b in (cast,) if b], *made, *before)
     backward = _no_copies(tr.backward)
     malloc, free = prog._malloc, prog._free
@@ -345,8 +335,10 @@ def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, lay
         count, weights = len(held), len(tensors)
         for j in range(weights):  # `_gradient`, written out: the hot path of a replay
             index -= 1
-            size = int(order[index] * G + 0.5)
-            if index in grads:
+            size = int(order[index].grad + 0.5)
+            if not size:  # a frozen weight: no gradient
+                pass
+            elif index in grads:
                 free(malloc(size))
             else:
                 grads[index] = malloc(size)
@@ -357,16 +349,18 @@ def _backward(prog, cfg, shared, sp, w: _Weights, order, kept, tr, grads, G, lay
             while len(held) > count * (weights - 1 - j) // weights:
                 free(held.pop())
         prog.free(*(saved if full else ()))
-    for n in reversed(order[:index]):
+    for t in reversed(order[:index]):
         index -= 1
-        _gradient(prog, grads, index, n * G)  # (the tied embedding's own, added into the head's)
+        _gradient(prog, grads, index, t.grad)  # (the tied embedding's own, added into the head's)
     prog.free(*kept.pop())
 
 
 def _gradient(prog, grads: dict, index: int, nbytes: float) -> None:
     """A parameter's gradient from its backward: kept as its .grad when it has none, else added into
     it and freed (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: `variable_grad +=
-    new_grad` in place)."""
+    new_grad` in place); a frozen weight gets none."""
+    if not nbytes:
+        return
     if index in grads:
         prog.transient([nbytes])
     else:
