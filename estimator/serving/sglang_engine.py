@@ -103,6 +103,9 @@ def _refuse_vllm_only(serving: Serving) -> None:
     if serving.speculative is not None:
         raise ConfigError("serving.speculative.method", serving.speculative.method, "empty with SGLang (or engine "
                           "'vllm')", "SGLang's draft workers and their pools are not modelled", ("serving.engine",))
+    if serving.limit_mm_per_prompt is not None:
+        raise ConfigError("serving.limit_mm_per_prompt", serving.limit_mm_per_prompt, "empty with SGLang (or engine "
+                          "'vllm')", "vLLM's --limit-mm-per-prompt; SGLang profiles no encoder", ("serving.engine",))
 
 
 def sglang_stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
