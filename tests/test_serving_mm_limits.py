@@ -112,3 +112,14 @@ def test_vllm_records_hold_each_limit_for_both_releases():
         seen[data["vllm_version"]] = {r["case"]["limit_mm_per_prompt"] for r in data["records"]}
     assert seen["0.11.0"] == seen["0.33.0"] == {None, "image=1,video=0", "image=3,video=0", "image=0",
                                                 "image=0,video=0"}
+
+
+def test_the_fields_round_trip_through_the_url_and_config():
+    """The registry's fields: a URL parameter each, the config's serving object back."""
+    from ui import fields
+    model = fields.ModelChoice(source="preset", preset="qwen2.5-vl-7b")
+    for serving, param in (({"limit_mm_per_prompt": "image=1,video=0"}, ("limit_mm_per_prompt", "image=1,video=0")),
+                           ({"engine": "sglang", "enable_multimodal": False}, ("enable_multimodal", "false"))):
+        values = fields.ui_values_from_config({"model": "qwen2.5-vl-7b", "serving": serving})
+        assert fields.url_params(model, values)[param[0]].lower() == param[1]
+        assert fields.sections_from_ui(values)["serving"] == serving

@@ -283,6 +283,10 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     if serving.mem_fraction_static is not None:
         raise ConfigError("serving.mem_fraction_static", serving.mem_fraction_static, "empty with vLLM",
                           "vLLM sizes its share with gpu_memory_utilization", ("serving.engine",))
+    if serving.enable_multimodal is not None:
+        raise ConfigError("serving.enable_multimodal", serving.enable_multimodal, "empty with vLLM", "SGLang's "
+                          "--enable-multimodal; vLLM serves every modality unless limit_mm_per_prompt sets it to 0",
+                          ("serving.engine",))
     r = resolve(arch, serving, hardware, checkpoint)
     if arch.is_hybrid:  # the attention block grows until its page holds a recurrent state (recurrent_state.py)
         from .recurrent_state import hybrid_block_size

@@ -70,6 +70,7 @@ class Serving:
     shared_prefix_tokens: int | None = None  # with prefix caching: a prompt prefix every sequence shares
     speculative: Speculative | None = None  # speculative decoding; None = off
     limit_mm_per_prompt: str | None = None  # vLLM --limit-mm-per-prompt as 'image=1,video=0'; None: 999 each
+    enable_multimodal: bool | None = None  # SGLang --enable-multimodal; None: SGLang's default by architecture
 
     def __post_init__(self) -> None:
         for name in ("kv_cache_dtype", "weight_format"):  # the contract's "auto" is the field's auto (None)

@@ -54,6 +54,11 @@ SERVING_FIELDS: tuple[Field, ...] = (
           "(vLLM 0.11: Qwen2.5-VL's only; from 0.33 every tower). Vision-language models only.", _SV, optional=True,
           auto="999 per modality (vLLM's default)", pattern=MM_LIMITS_PATTERN,
           pattern_text=MM_LIMITS_TEXT),
+    _bool("enable_multimodal", _S, "SGLang multimodal", "SGLang --enable-multimodal: serve the vision tower's "
+          "inputs. On, a vision-language model's static share is lowered by its tower's size and 100 MiB of the pool "
+          "budget is held for the embedding cache (SGLANG_VLM_CACHE_SIZE_MB); the tower's weights are loaded either "
+          "way. Vision-language models only.", _SV, optional=True,
+          auto="SGLang's default: on, except Gemma 3 (configs/model_config.py)"),
     _choice("method", "speculative", "Speculative decoding", "serving.speculative: eagle / eagle3 (a one-layer "
             "draft head on the target's hidden states), mtp (the checkpoint's multi-token-prediction module, "
             "DeepSeek-V3), draft_model (a separate smaller model). The draft's weights and its KV cache layers take "
