@@ -55,10 +55,12 @@ def test_qwen2_5_vl_share_and_pool_by_hand():
     assert f"mem_fraction_static {share:g} " in e.notes[0]
     pre = e.total_bytes - e.context_bytes
     assert e.stages[0].available == int(pre * share) - e.stages[0].weights - 100 * MiB
+    assert {c.key: c.bytes for c in e.stages[0].components}["mm_embedding_cache"] == 100 * MiB
     # --enable-multimodal off: the share of a text model (the prefill graphs' 58 x 8 MiB reserved too), no cache
     text = _sglang("qwen2.5-vl-7b", enable_multimodal=False)
     assert f"mem_fraction_static {round((H100_MIB - 13440 - 58 * 8) / H100_MIB, 3):g} " in text.notes[0]
     assert text.stages[0].available == int(pre * 0.83) - text.stages[0].weights
+    assert "mm_embedding_cache" not in {c.key for c in text.stages[0].components}
 
 
 def test_gemma3_vision_served_on_request():

@@ -181,7 +181,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                                        serving.prefix_caching, serving.max_num_seqs, kv_dtype)
         pools.append(pool)
         stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
-                                  _components(rules, weights, act_mib, graph_mib, pool)))
+                                  _components(rules, weights, act_mib, graph_mib, pool, held)))
     # every stage takes the smallest pool (_apply_token_constraints: an all-reduce MIN over PP ranks)
     limiting = min(range(len(pools)), key=lambda i: pools[i].tokens)
     pool = pools[limiting]
@@ -210,14 +210,19 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                            gpu.cuda_context_bytes, notes)
 
 
-def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool) -> tuple:
+def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool, held: int) -> tuple:
     out = (
         component("weights", "Weights as loaded", weights.bytes, weights.formula, rules.source),
         component("activation_peak", "Activation reserve (outside the static share)", act_mib * MiB,
                   "512 + 1.5 x max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 MiB", rules.source),
         component("cuda_graphs", "CUDA graph reserve (outside the static share)", graph_mib * MiB,
-                  "2 x cuda_graph_max_bs + 8 per prefill capture size (MLA: 1536) MiB", rules.source),
+                  "2 x cuda_graph_max_bs + 8 per prefill capture size (MLA: 1536; none under PP or for a served "
+                  "VLM off SGLang's allow-list) MiB", rules.source),
     )
+    if held:
+        out += (component("mm_embedding_cache", "Multimodal embedding cache (held from the pools)", held,
+                          "SGLANG_VLM_CACHE_SIZE_MB = 100 MiB",
+                          "SGLang 0.5.23 mem_cache/kv_cache_configurator.py mm_runtime_reservation_gb"),)
     if pool.state_bytes:
         out += (component("recurrent_state", "Recurrent-state pool (Mamba / Gated DeltaNet)", pool.state_bytes,
                           f"({pool.state_slots:,} slots + 1) x {pool.state_per_request:,} B per slot",
