@@ -139,22 +139,15 @@ def _items(tokens: int, max_num_batched_tokens: int, max_num_seqs: int, max_mode
     return max(1, min(budget // tokens, max_num_seqs * per_prompt)), budget
 
 
-def _qwen_modality(modality: str, engine_version: str | None) -> str:
-    """The modality profiled, whose limit applies: at a tie of image and video tokens (alike in patches) 0.11's
-    get_modality_with_max_tokens takes the first maximum, the image (v1/worker/utils.py; 0.15.0 alike), 0.33's
-    keys the tie on the name, the video (multimodal/encoder_budget.py). Releases between follow 0.11."""
-    if modality != "image or video":
-        return modality
-    return "video" if engine_version is None or version_tuple(engine_version)[:2] >= (0, 33) else "image"
-
-
 def _qwen_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, tp: int,
                   act_bytes: int, engine_version: str | None, limits: dict[str, int],
                   enabled: frozenset[str]) -> EncoderProfile:
     """Qwen2.5-VL: the dummy video (or image) through the tower; its outputs (one row per token, 0.11 expanded to
     the budget) and the batch's pixels held through the decoder's dummy run."""
     item = _qwen.dummy_item(arch, max_model_len, enabled)
-    limit = limits[_qwen_modality(item.modality, engine_version)]
+    # a tie of image and video (max_model_len under 32,768) allows one item per prompt whichever limit applies
+    # (max_model_len // 16,384 = 1), so the image's stands for both
+    limit = limits["video" if item.modality == "video" else "image"]
     items, budget = _items(item.tokens, max_num_batched_tokens, max_num_seqs, max_model_len, limit)
     patches = items * item.patches
     fp32_rotary = _qwen.rotary_in_fp32(engine_version)
