@@ -11,7 +11,7 @@ import pytest
 
 from estimator.models.presets import get_architecture, get_hf_config
 from estimator.serving import qwen_vl_profile as qwen
-from estimator.serving.encoder import encoder_profile, encoder_weights
+from estimator.serving.encoder import encoder_profile, encoder_weights, modality_limits
 from estimator.serving.vllm_engine import estimate_vllm
 from estimator.spec.hardware import Hardware
 from estimator.spec.parallel import Parallel
@@ -50,22 +50,26 @@ def _records():
 @pytest.mark.parametrize("version, record", list(_records()))
 def test_profile_item_matches_vllm(version, record):
     """Our items, tokens, budget and the tower's input rows against vLLM's budget and its dummy item as
-    transformers' processor turns it into patches."""
+    transformers' processor turns it into patches, under each case's --limit-mm-per-prompt."""
     case, vllm = record["case"], record["vllm"]
+    limits = modality_limits(ARCH, case["limit_mm_per_prompt"])
     ours = encoder_profile(ARCH, case["max_num_batched_tokens"], case["max_num_seqs"], case["max_model_len"], 1, 2,
-                           version)
-    item = qwen.dummy_item(ARCH, case["max_model_len"])
+                           version, limits)
+    if vllm["profiled_modality"] is None:  # every modality at 0: an empty budget, no encoder profile
+        assert ours is None and vllm["encoder_budget"] == vllm["items_per_batch"] == 0
+        return
+    item = qwen.dummy_item(ARCH, case["max_model_len"], frozenset(m for m, n in limits.items() if n))
     assert ours.tokens_per_item == vllm["item_tokens"] == max(vllm["max_tokens_per_item"].values())
     assert (ours.items, ours.budget) == (vllm["items_per_batch"], vllm["encoder_budget"])
     assert item.patches == vllm["pixel_rows"] and vllm["pixel_row_values"] == PIXELS
     # the processor's float32 rows, which vLLM casts to the model dtype (processing.py _postprocess_output)
     assert [item.width, item.height] == vllm["width_height"] and vllm["processor_pixel_dtype"] == "float32"
-    if item.modality == "video":
-        assert (vllm["profiled_modality"], vllm["frames"]) == ("video", item.frames)
+    if item.modality in ("video", "image"):
+        assert (vllm["profiled_modality"], vllm["frames"]) == (item.modality, item.frames)
 
 
 def test_records_cover_both_releases_and_a_tie():
-    records = [(v, r["vllm"]) for v, r in (p.values for p in _records())]
+    records = [(v, r["vllm"]) for v, r in (p.values for p in _records()) if r["case"]["limit_mm_per_prompt"] is None]
     assert {v for v, _ in records} == {"0.11.0", "0.33.0"}
     ties = {v: r["profiled_modality"] for v, r in records if len(set(r["max_tokens_per_item"].values())) == 1}
     assert ties == {"0.11.0": "image", "0.33.0": "video"}  # 0.11: the first maximum; 0.33: the tie key

@@ -30,6 +30,14 @@ Modelled for SigLIP (Gemma 3): one image is 256 image tokens inside "\\n\\n<star
 260 contiguous tokens with Gemma's tokenizer ("\\n\\n" is one token). And for Qwen2.5-VL: its largest item is
 a dummy video of up to 14 frames of 3,584 x 3,584 sized by max_model_len (serving/qwen_vl_profile.py); its
 placeholder tokens are the item's tokens.
+
+--limit-mm-per-prompt (serving.limit_mm_per_prompt, spec/mm_limits.py) enters three ways, alike in 0.11.0 and
+0.33.0: a modality at 0 leaves the budget (its items are not profiled; the largest remaining one is), the per-prompt
+limit caps max_items_per_prompt above, and 0 for every modality leaves the budget empty (compute_mm_encoder_budget
+returns (0, 0): v1/core/encoder_cache_manager.py), so profile_run skips the encoder. The tower itself is then not
+built for Qwen2.5-VL (0.11.0 qwen2_5_vl.py sets self.visual = None when neither image nor video is allowed; 0.33.0
+_mark_tower_model in model_executor/models/interfaces.py), nor, from 0.33.0, for Gemma 3 (its tower and projector
+sit in _mark_tower_model(vllm_config, "image") in gemma3_mm.py; 0.11.0 builds them regardless).
 """
 
 from __future__ import annotations
@@ -38,10 +46,10 @@ from dataclasses import dataclass
 
 from ..spec import vision as _vision
 from ..spec.architecture import Architecture
+from ..spec.mm_limits import limits_for
 from ..spec.serving import version_tuple
 from . import qwen_vl_profile as _qwen
 
-MM_LIMIT = 999  # vLLM's default limit per prompt and modality (config/multimodal.py)
 GEMMA3_FRAMING_TOKENS = 4  # "\n\n", <start_of_image>, <end_of_image>, "\n\n"
 
 
@@ -78,6 +86,25 @@ LLAMA4_TILES = 17  # the dummy image: 16 tiles and the global one
 LLAMA4_FRAMING_TOKENS = 19  # <|image_start|>, 16 <|tile_y_separator|>, <|image|>, <|image_end|>
 
 
+def modality_limits(arch: Architecture, limit_mm_per_prompt: str | None) -> dict[str, int]:
+    """Each modality the model takes and its --limit-mm-per-prompt ({} for a text-only model, which refuses any
+    limit): SigLIP (Gemma 3) and Llama 4 take images, Qwen2.5-VL images and videos (vLLM's supported_mm_limits)."""
+    supported = {_vision.SIGLIP: ("image",), _vision.QWEN2_5_VL: ("image", "video"),
+                 _vision.LLAMA4: ("image",)}.get(arch.vision_tower, ())  # mllama4.py get_supported_mm_limits
+    return limits_for(limit_mm_per_prompt, supported, arch.name or "this model")
+
+
+def tower_built(arch: Architecture, limits: dict[str, int], engine_version: str | None) -> bool:
+    """Whether vLLM builds (and loads) the vision tower: not when every modality's limit is 0, for Qwen2.5-VL in
+    0.11 and for every tower from 0.33 (the module docstring). Releases between follow 0.11. None: the newest."""
+    if arch.vision_tower is None:
+        return False
+    if any(limits.values()):
+        return True
+    newest = engine_version is None or version_tuple(engine_version)[:2] >= (0, 33)
+    return not (newest or arch.vision_tower == _vision.QWEN2_5_VL)
+
+
 def encoder_weights(arch: Architecture, tp: int, dtype_bytes: int) -> int:
     """The tower and projector on one rank, in the model dtype."""
     split = _LLAMA4_TP_SPLIT if arch.vision_tower == _vision.LLAMA4 else _TP_SPLIT
@@ -95,16 +122,23 @@ def _item(arch: Architecture) -> tuple[int, int, int]:
 
 
 def encoder_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                    tp: int, act_bytes: int, engine_version: str | None) -> EncoderProfile | None:
-    """The encoder's part of the profiling run on a rank that runs it, by vLLM release (None: the newest); None
-    for a text-only model."""
+                    tp: int, act_bytes: int, engine_version: str | None,
+                    limits: dict[str, int] | None = None) -> EncoderProfile | None:
+    """The encoder's part of the profiling run on a rank that runs it, by vLLM release (None: the newest), under
+    the per-prompt limits of modality_limits (None: vLLM's defaults); None for a text-only model or when every
+    limit is 0 (no encoder profile)."""
     if arch.vision_tower is None:
+        return None
+    limits = modality_limits(arch, None) if limits is None else limits
+    enabled = frozenset(m for m, n in limits.items() if n > 0)
+    if not enabled:
         return None
     expanded = outputs_expanded(engine_version)
     if arch.vision_tower == _vision.QWEN2_5_VL:
-        return _qwen_profile(arch, max_num_batched_tokens, max_num_seqs, max_model_len, tp, act_bytes, engine_version)
+        return _qwen_profile(arch, max_num_batched_tokens, max_num_seqs, max_model_len, tp, act_bytes, engine_version,
+                             limits, enabled)
     embed, tokens, per_item = _item(arch)
-    items, budget = _items(tokens, max_num_batched_tokens, max_num_seqs, max_model_len)
+    items, budget = _items(tokens, max_num_batched_tokens, max_num_seqs, max_model_len, limits["image"])
     c, f, p = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_patch_size
     patches = items * per_item
     pixels = _vision.CHANNELS * p * p
@@ -131,26 +165,32 @@ def _pixels_per_item(arch: Architecture) -> int:
     return _vision.patches_per_image(arch, arch.vision_image_size) * _vision.CHANNELS * arch.vision_patch_size ** 2
 
 
-def _items(tokens: int, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> tuple[int, int]:
-    """(items per batch, encoder budget) for items of `tokens` placeholder tokens (MultiModalBudget get_max_items;
-    chunked prefill on, the V1 default, so max_num_seqs is not cut by max_num_batched_tokens)."""
+def _items(tokens: int, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+           limit: int) -> tuple[int, int]:
+    """(items per batch, encoder budget) for items of `tokens` placeholder tokens, `limit` per prompt
+    (MultiModalBudget get_max_items; chunked prefill on, the V1 default, so max_num_seqs is not cut by
+    max_num_batched_tokens)."""
     budget = max(max_num_batched_tokens, tokens)
-    per_prompt = max(1, min(MM_LIMIT, max_model_len // tokens))
+    per_prompt = max(1, min(limit, max_model_len // tokens))
     return max(1, min(budget // tokens, max_num_seqs * per_prompt)), budget
 
 
 def _qwen_profile(arch: Architecture, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, tp: int,
-                  act_bytes: int, engine_version: str | None) -> EncoderProfile:
+                  act_bytes: int, engine_version: str | None, limits: dict[str, int],
+                  enabled: frozenset[str]) -> EncoderProfile:
     """Qwen2.5-VL: the dummy video (or image) through the tower; its outputs (one row per token, 0.11 expanded to
     the budget) and the batch's pixels held through the decoder's dummy run."""
-    item = _qwen.dummy_item(arch, max_model_len)
-    items, budget = _items(item.tokens, max_num_batched_tokens, max_num_seqs, max_model_len)
+    item = _qwen.dummy_item(arch, max_model_len, enabled)
+    # a tie of image and video (max_model_len under 32,768) allows one item per prompt whichever limit applies
+    # (max_model_len // 16,384 = 1), so the image's stands for both
+    limit = limits["video" if item.modality == "video" else "image"]
+    items, budget = _items(item.tokens, max_num_batched_tokens, max_num_seqs, max_model_len, limit)
     patches = items * item.patches
     fp32_rotary = _qwen.rotary_in_fp32(engine_version)
     forward = patches * _qwen.forward_bytes_per_patch(arch, tp, act_bytes, fp32_rotary)
     rows = max(item.tokens, budget) if outputs_expanded(engine_version) else item.tokens
     cache = items * rows * arch.hidden_size * act_bytes + _qwen.pixel_bytes(arch, patches, act_bytes)
-    what = f"{item.frames}-frame video" if item.modality == "video" else "image (or 2-frame video)"
+    what = {"video": f"{item.frames}-frame video", "image": "image"}.get(item.modality, "image (or 2-frame video)")
     attention = f"10c + 4c x 4 B / {act_bytes} B" if fp32_rotary else "7c"
     formula = (f"{items} x {what} of {item.width} x {item.height}: {item.tokens:,} tokens (budget {budget:,}); "
                f"encoder forward {patches:,} patches x (pixels + 2c + max(attention "

@@ -61,8 +61,11 @@ def _patches(arch, width: int, height: int, frames: int) -> int:
     return grid_t * (height // arch.vision_patch_size) * (width // arch.vision_patch_size)
 
 
-def dummy_item(arch, max_model_len: int) -> QwenDummyItem:
-    """The item vLLM's profile_run sends through the tower, for a max_model_len."""
+def dummy_item(arch, max_model_len: int, modalities: frozenset[str] = frozenset({"image", "video"})) -> QwenDummyItem:
+    """The item vLLM's profile_run sends through the tower, for a max_model_len, among the modalities whose
+    --limit-mm-per-prompt is above 0 (the budget drops the others: 0.11.0 multimodal/registry.py
+    get_max_tokens_per_item_by_nonzero_modality, 0.33.0 multimodal/encoder_budget.py tower_modalities). The
+    video's frames do not depend on the limits: each modality's largest item is asked for with one item each."""
     width, height = image_size_with_most_features(arch)
     merge = arch.vision_spatial_merge_size ** 2
     frames = 1
@@ -71,8 +74,10 @@ def dummy_item(arch, max_model_len: int) -> QwenDummyItem:
     frames = max(min(frames, MAX_FRAMES_PER_VIDEO), 1)
     video = _patches(arch, width, height, frames)
     image = _patches(arch, width, height, 1)
-    if video > image:
+    if "video" in modalities and (video > image or "image" not in modalities):
         return QwenDummyItem("video", frames, width, height, video, video // merge)
+    if "video" not in modalities:
+        return QwenDummyItem("image", 1, width, height, image, image // merge)
     return QwenDummyItem("image or video", 1, width, height, image, image // merge)
 
 

@@ -28,6 +28,7 @@ from ..spec.errors import ConfigError
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache
+from .sglang_vlm import VLM_CACHE_MIB, multimodal, prefill_graphs_kept, vlm_fraction, with_tower
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
 from .vllm_engine import KV_DTYPE_BYTES, Resolved, ServingEstimate, StageBudget
@@ -79,16 +80,16 @@ def prefill_capture_sizes(max_bs: int) -> int:
 
 
 def reserved_mib(arch: Architecture, gpu_mib: float, tp: int, pp: int, chunked: int, decode_bs: int,
-                 graphs: bool) -> tuple[float, float, float]:
+                 graphs: bool, prefill_graphs: bool = True) -> tuple[float, float, float]:
     """(total, activation part, graph part) of SGLang's reservation outside mem_fraction_static, in MiB
     (memory_hook.py reserve_for_graph_mb). The prefill graphs (the breakable backend, CUDA's default) are off
     by default under pipeline parallelism (cuda_graph_hook.py apply_cuda_graph_compatibility), and with
-    them their reserve."""
+    them their reserve, and for a served vision-language model off the allow-list (sglang_vlm.py)."""
     activation = 512 + max(chunked, 2048) * 1.5 + tp * pp / 8 * 1024
     graph = 0.0
     if graphs:
         graph = decode_bs * 2
-        if pp == 1:
+        if pp == 1 and prefill_graphs:
             graph += 1.5 * 1024 if arch.uses_mla else prefill_capture_sizes(chunked) * 8
     total = activation + graph
     if gpu_mib > 60 * 1024:
@@ -103,6 +104,9 @@ def _refuse_vllm_only(serving: Serving) -> None:
     if serving.speculative is not None:
         raise ConfigError("serving.speculative.method", serving.speculative.method, "empty with SGLang (or engine "
                           "'vllm')", "SGLang's draft workers and their pools are not modelled", ("serving.engine",))
+    if serving.limit_mm_per_prompt is not None:
+        raise ConfigError("serving.limit_mm_per_prompt", serving.limit_mm_per_prompt, "empty with SGLang (or engine "
+                          "'vllm')", "vLLM's --limit-mm-per-prompt; SGLang profiles no encoder", ("serving.engine",))
 
 
 def sglang_stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
@@ -114,26 +118,6 @@ def sglang_stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
     return tuple(range(a, a + n) for a, n in zip(starts, sizes))
 
 
-# configs/model_config.py: multimodal is off unless --enable-multimodal for these architectures
-MULTIMODAL_OFF = ("Gemma3ForConditionalGeneration", "Llama4ForConditionalGeneration", "Step3VLForConditionalGeneration")
-
-
-def multimodal(checkpoint: dict | None) -> bool:
-    """SGLang serves the checkpoint's vision tower (ModelConfig.is_multimodal, by default)."""
-    cfg = checkpoint or {}
-    names = cfg.get("architectures") or [""]
-    return cfg.get("vision_config") is not None and names[0] not in MULTIMODAL_OFF
-
-
-def vlm_fraction(fraction: float, checkpoint: dict | None) -> float:
-    """A served vision-language model's default share, lowered by its vision tower's size (memory_hook.py
-    adjust_mem_fraction_for_vlm): x 0.95 x clamp(1 - 0.1 x (layers x hidden^2 / (24 x 1024^2) - 1), 0.8,
-    1.05), the tower's layers and width from vision_config (24 and 1024 when absent)."""
-    if not multimodal(checkpoint):
-        return fraction
-    vision = checkpoint["vision_config"]
-    ratio = vision.get("num_hidden_layers", 24) * vision.get("hidden_size", 1024) ** 2 / (24 * 1024**2)
-    return fraction * 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
 # Blackwell datacenter GPUs (sm100/sm103), where SGLang's default attention backend is TensorRT-LLM's
@@ -151,17 +135,14 @@ def page_size(arch: Architecture, gpu_id: str, given: int | None) -> int:
     return page
 
 
-VLM_CACHE_MIB = 100  # environ.py SGLANG_VLM_CACHE_SIZE_MB: held out of a multimodal model's KV budget
 
 
 def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
                     checkpoint: dict | None = None) -> ServingEstimate:
     _refuse_vllm_only(serving)
-    if arch.vision_tower is not None and arch.vision_tower != "siglip":
-        # Gemma 3 (SigLIP) is served text-only unless --enable-multimodal (MULTIMODAL_OFF below); Qwen2.5-VL's
-        # tower is loaded and profiled by default, which this model does not count
-        raise ConfigError("serving.engine", "sglang", "'vllm' for a vision-language model other than Gemma 3",
-                          "SGLang's vision encoder (its weights and its multimodal cache) is not modelled")
+    if serving.enable_multimodal is not None and arch.vision_tower is None:
+        raise ConfigError("serving.enable_multimodal", serving.enable_multimodal, "empty for a text-only model",
+                          "the model has no vision tower")
     rules = rules_for(serving.engine_version)
     gpu = hardware.device
     gpu_mib = gpu.capacity_bytes / MiB
@@ -169,8 +150,10 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     chunked = serving.max_num_batched_tokens or chunked_default
     # --max-running-requests lowers the decode graphs' default max batch (memory_hook.py)
     decode_bs = min(decode_default, serving.max_num_seqs or decode_default)
-    reserve, act_mib, graph_mib = reserved_mib(arch, gpu_mib, par.tp, par.pp, chunked, decode_bs, serving.cuda_graphs)
-    fraction = serving.mem_fraction_static or vlm_fraction(round((gpu_mib - reserve) / gpu_mib, 3), checkpoint)
+    reserve, act_mib, graph_mib = reserved_mib(arch, gpu_mib, par.tp, par.pp, chunked, decode_bs, serving.cuda_graphs,
+                                               prefill_graphs_kept(checkpoint, serving.enable_multimodal))
+    fraction = serving.mem_fraction_static or vlm_fraction(round((gpu_mib - reserve) / gpu_mib, 3), checkpoint,
+                                                                serving.enable_multimodal)
     context = context_length(checkpoint)
     max_len = serving.max_model_len or context
     if max_len is None:
@@ -187,17 +170,18 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
         page = BLOCK
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
-    held = VLM_CACHE_MIB * MiB if multimodal(checkpoint) else 0
+    held = VLM_CACHE_MIB * MiB if multimodal(checkpoint, serving.enable_multimodal) else 0
     ranges = sglang_stage_layers(arch.num_layers, par.pp)
     stages, pools = [], []
     for s, layers in enumerate(ranges):
-        weights = stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context)
+        weights = with_tower(arch, stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context), par.tp,
+                              fmt.dtype_bytes)
         available = static - weights.bytes - held
         pool = sglang_pools.size_pools(arch, checkpoint, par.tp, kv_bytes, page, layers, ranges, max(available, 0),
                                        serving.prefix_caching, serving.max_num_seqs, kv_dtype)
         pools.append(pool)
         stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
-                                  _components(rules, weights, act_mib, graph_mib, pool)))
+                                  _components(rules, weights, act_mib, graph_mib, pool, held)))
     # every stage takes the smallest pool (_apply_token_constraints: an all-reduce MIN over PP ranks)
     limiting = min(range(len(pools)), key=lambda i: pools[i].tokens)
     pool = pools[limiting]
@@ -226,14 +210,19 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                            gpu.cuda_context_bytes, notes)
 
 
-def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool) -> tuple:
+def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool, held: int) -> tuple:
     out = (
         component("weights", "Weights as loaded", weights.bytes, weights.formula, rules.source),
         component("activation_peak", "Activation reserve (outside the static share)", act_mib * MiB,
                   "512 + 1.5 x max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 MiB", rules.source),
         component("cuda_graphs", "CUDA graph reserve (outside the static share)", graph_mib * MiB,
-                  "2 x cuda_graph_max_bs + 8 per prefill capture size (MLA: 1536) MiB", rules.source),
+                  "2 x cuda_graph_max_bs + 8 per prefill capture size (MLA: 1536; none under PP or for a served "
+                  "VLM off SGLang's allow-list) MiB", rules.source),
     )
+    if held:
+        out += (component("mm_embedding_cache", "Multimodal embedding cache (held from the pools)", held,
+                          "SGLANG_VLM_CACHE_SIZE_MB = 100 MiB",
+                          "SGLang 0.5.23 mem_cache/kv_cache_configurator.py mm_runtime_reservation_gb"),)
     if pool.state_bytes:
         out += (component("recurrent_state", "Recurrent-state pool (Mamba / Gated DeltaNet)", pool.state_bytes,
                           f"({pool.state_slots:,} slots + 1) x {pool.state_per_request:,} B per slot",

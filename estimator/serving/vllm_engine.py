@@ -24,7 +24,7 @@ from .allreduce_fusion import fusion_workspace
 from .cuda_graphs import graph_memory, model_max_capture, vllm_estimate
 from .nccl_comm import communicator_bytes, tp_group_nccl
 from .activations import activation_peak
-from .encoder import encoder_profile, encoder_weights
+from .encoder import encoder_profile, encoder_weights, modality_limits, tower_built
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
 from .weights import stage_layers, stage_weights
@@ -197,12 +197,14 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
                            stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
                            r.rules.moe_workspace_kept and r.weight_format != "mxfp4", par.ep)
+    limits = modality_limits(arch, serving.limit_mm_per_prompt)
     encoder = encoder_profile(arch, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, par.tp, act_bytes,
-                              serving.engine_version)
-    if encoder:  # every rank builds and profiles the vision encoder (serving/encoder.py)
+                              serving.engine_version, limits)
+    if tower_built(arch, limits, serving.engine_version):  # every rank builds the vision encoder (serving/encoder.py)
         tower = encoder_weights(arch, par.tp, r.weights.dtype_bytes)
         weights = dataclasses.replace(weights, bytes=weights.bytes + tower,
                                       formula=f"{weights.formula} + vision encoder (its linears / TP)")
+    if encoder:  # and profiles it, unless every modality's limit is 0
         peak = dataclasses.replace(peak, bytes=max(encoder.forward_bytes, encoder.cache_bytes + peak.bytes),
                                    formula=f"max(encoder forward, encoder cache + {peak.formula}); {encoder.formula}")
     non_torch_part = _non_torch(arch, r, par)
@@ -281,6 +283,10 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     if serving.mem_fraction_static is not None:
         raise ConfigError("serving.mem_fraction_static", serving.mem_fraction_static, "empty with vLLM",
                           "vLLM sizes its share with gpu_memory_utilization", ("serving.engine",))
+    if serving.enable_multimodal is not None:
+        raise ConfigError("serving.enable_multimodal", serving.enable_multimodal, "empty with vLLM", "SGLang's "
+                          "--enable-multimodal; vLLM serves every modality unless limit_mm_per_prompt sets it to 0",
+                          ("serving.engine",))
     r = resolve(arch, serving, hardware, checkpoint)
     if arch.is_hybrid:  # the attention block grows until its page holds a recurrent state (recurrent_state.py)
         from .recurrent_state import hybrid_block_size

@@ -87,3 +87,8 @@ SERVING_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")  # None (or "auto" in 
 WEIGHT_FORMATS = ("bf16", "fp16", "fp8", "int8", "gptq_int4", "awq_int4", "nvfp4", "mxfp4")
 SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vLLM CacheConfig.block_size's allowed values (0.11 config/cache.py)
+
+# serving.limit_mm_per_prompt (spec/mm_limits.py): vLLM's --limit-mm-per-prompt as modality=count pairs
+MM_LIMITS_PATTERN = r"(image|video)=\d{1,4}(,(image|video)=\d{1,4})*"
+MM_LIMITS_TEXT = ("comma-separated modality=count pairs such as 'image=1,video=0' (modalities image and video, "
+                  "counts 0 to 9999, each modality once)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .values import check_section
 from .field import record
+from .mm_limits import parse_limits
 
 _VERSION = re.compile(r"(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:\.?post\d+)?")
 
@@ -68,6 +69,8 @@ class Serving:
     prefix_caching: bool = False
     shared_prefix_tokens: int | None = None  # with prefix caching: a prompt prefix every sequence shares
     speculative: Speculative | None = None  # speculative decoding; None = off
+    limit_mm_per_prompt: str | None = None  # vLLM --limit-mm-per-prompt as 'image=1,video=0'; None: 999 each
+    enable_multimodal: bool | None = None  # SGLang --enable-multimodal; None: SGLang's default by architecture
 
     def __post_init__(self) -> None:
         for name in ("kv_cache_dtype", "weight_format"):  # the contract's "auto" is the field's auto (None)
@@ -77,6 +80,7 @@ class Serving:
         object.__setattr__(self, "speculative", speculative_from(self.speculative))  # JSON gives an object
         if self.engine_version is not None:
             version_tuple(self.engine_version)  # refuses what is not a release number
+        parse_limits(self.limit_mm_per_prompt)  # a modality named twice is refused
         if self.shared_prefix_tokens and not self.prefix_caching:
             raise ConfigError("serving.shared_prefix_tokens", self.shared_prefix_tokens, "empty without prefix caching",
                               "a shared prefix is stored once only with prefix_caching on", ("serving.prefix_caching",))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .choices import BLOCK_SIZES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES, SPECULATIVE_METHODS, WEIGHT_FORMATS
+from .choices import MM_LIMITS_PATTERN, MM_LIMITS_TEXT, BLOCK_SIZES, SERVING_ENGINES, SERVING_KV_CACHE_DTYPES, SPECULATIVE_METHODS, WEIGHT_FORMATS
 from .field import MAX_TOKENS, Field, _bool, _choice, _int
 
 _S, _SV = "serving", "Serving (inference engine)"
@@ -47,6 +47,18 @@ SERVING_FIELDS: tuple[Field, ...] = (
     _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
           "that share a prompt prefix reuse its full KV blocks. The block count is unchanged; with a shared prefix "
           "the effective concurrency grows.", _SV),
+    Field("limit_mm_per_prompt", _S, "text", "Multimodal items per prompt", "vLLM --limit-mm-per-prompt, written "
+          "'image=1,video=0': the most items of each modality in one prompt. It sets how many items the profiling "
+          "run sends through the vision encoder; 0 leaves a modality out of the profile (video=0 profiles the "
+          "image instead of the larger video), and 0 for every modality skips the encoder's profile and its weights "
+          "(vLLM 0.11: Qwen2.5-VL's only; from 0.33 every tower). Vision-language models only.", _SV, optional=True,
+          auto="999 per modality (vLLM's default)", pattern=MM_LIMITS_PATTERN,
+          pattern_text=MM_LIMITS_TEXT),
+    _bool("enable_multimodal", _S, "SGLang multimodal", "SGLang --enable-multimodal: serve the vision tower's "
+          "inputs. On, a vision-language model's static share is lowered by its tower's size and 100 MiB of the pool "
+          "budget is held for the embedding cache (SGLANG_VLM_CACHE_SIZE_MB); the tower's weights are loaded either "
+          "way. Vision-language models only.", _SV, optional=True,
+          auto="SGLang's default: on, except Gemma 3 (configs/model_config.py)"),
     _choice("method", "speculative", "Speculative decoding", "serving.speculative: eagle / eagle3 (a one-layer "
             "draft head on the target's hidden states), mtp (the checkpoint's multi-token-prediction module, "
             "DeepSeek-V3), draft_model (a separate smaller model). The draft's weights and its KV cache layers take "

@@ -77,6 +77,14 @@ CASES = [
     ("llama-3.2-3b", "l4", 1, 1, {"max_model_len": 16384}),
     ("llama-3.2-1b", "rtx-4090", 1, 1, {}),
     ("qwen2.5-7b", "l40s", 4, 1, {}),
+    # Qwen2.5-VL: served multimodal by default (the VLM share, the 100 MiB embedding cache), the tower in the weights
+    ("qwen2.5-vl-7b", "h100-80", 1, 1, {}),
+    ("qwen2.5-vl-7b", "h100-80", 2, 1, {"max_model_len": 32768}),
+    ("qwen2.5-vl-7b", "a100-40", 1, 1, {"max_model_len": 32768}),
+    ("qwen2.5-vl-7b", "h100-80", 2, 2, {}),
+    ("qwen2.5-vl-7b", "h100-80", 1, 1, {"enable_multimodal": False}),
+    ("gemma-3-27b", "h100-80", 1, 1, {"enable_multimodal": True}),  # Gemma 3's vision served
+    ("gemma-3-27b", "h200", 2, 1, {"enable_multimodal": True, "max_model_len": 32768}),
 ]
 
 _SM = {"h100-80": (9, 0), "h200": (9, 0), "a100-40": (8, 0), "a100-80": (8, 0), "l40s": (8, 9), "b200": (10, 0), "l4": (8, 9),
@@ -113,6 +121,8 @@ def _server_args(model_dir: str, tp: int, pp: int, serving: dict):
         kwargs["max_running_requests"] = serving["max_num_seqs"]
     if serving.get("block_size"):
         kwargs["page_size"] = serving["block_size"]
+    if serving.get("enable_multimodal") is not None:
+        kwargs["enable_multimodal"] = serving["enable_multimodal"]
     if serving.get("max_model_len"):
         kwargs["context_length"] = serving["max_model_len"]
     import sglang.srt.utils as utils

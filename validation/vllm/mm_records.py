@@ -8,9 +8,10 @@ Run inside a venv holding one vLLM release (as kv_records.py):
 (torchvision 0.28.0 from PyPI installed with ``pip install --no-deps --target`` into that folder: the processors
 need its transforms; neither the venv nor the system torch is touched.)
 
-For each case (max_model_len, max_num_batched_tokens, max_num_seqs) it asks vLLM's Qwen2.5-VL processing info
+For each case (max_model_len, max_num_batched_tokens, max_num_seqs, --limit-mm-per-prompt) it asks vLLM's Qwen2.5-VL processing info
 (model_executor/models/qwen2_5_vl.py, qwen2_vl.py) for each modality's largest item in tokens, as the
-multimodal budget does (seq_len = max_model_len, one item of each modality); runs vLLM's
+multimodal budget does (seq_len = max_model_len, one item of each modality whose limit is above 0, and those
+modalities kept); runs vLLM's
 compute_mm_encoder_budget and the budget's get_max_items / get_modality_with_max_tokens over them; builds the
 dummy item with vLLM's dummy-inputs builder (get_dummy_mm_data with one item of the profiled modality) and
 runs it through transformers' processor for that modality, configured from the checkpoint's
@@ -40,11 +41,17 @@ PREPROCESSOR = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "t
 MM_LIMIT = 999  # vLLM's default limit per prompt (config/multimodal.py)
 
 CASES = [
-    # (max_model_len, max_num_batched_tokens, max_num_seqs)
-    (128000, 8192, 1024),  # the checkpoint's context, H100 defaults
-    (65536, 131072, 256),  # a budget of two videos
-    (32768, 8192, 256),
-    (16384, 8192, 256),  # image and video tie
+    # (max_model_len, max_num_batched_tokens, max_num_seqs, --limit-mm-per-prompt as serving.limit_mm_per_prompt)
+    (128000, 8192, 1024, None),  # the checkpoint's context, H100 defaults
+    (65536, 131072, 256, None),  # a budget of two videos
+    (32768, 8192, 256, None),
+    (16384, 8192, 256, None),  # image and video tie
+    (128000, 8192, 1024, "image=1,video=0"),  # the usual workaround: the image is profiled
+    (65536, 131072, 2, "image=1,video=0"),  # eight images fit the budget; two prompts of one image do
+    (131072, 262144, 1, "image=3,video=0"),  # the per-prompt limit under max_model_len // tokens (8)
+    (65536, 131072, 256, "image=0"),  # videos only
+    (16384, 8192, 256, "image=0"),  # the tie's video, whatever the release
+    (128000, 8192, 1024, "image=0,video=0"),  # no encoder profile
 ]
 
 
@@ -85,7 +92,13 @@ def _info(hf_config):
     return info, builder
 
 
-def _budget(max_model_len, batched, seqs, max_toks):
+def _limits(text):
+    """serving.limit_mm_per_prompt's text as vLLM's per-modality limits (999 where not named)."""
+    given = dict((m, int(n)) for m, n in (pair.split("=") for pair in text.split(","))) if text else {}
+    return {m: given.get(m, MM_LIMIT) for m in ("image", "video")}
+
+
+def _budget(max_model_len, batched, seqs, max_toks, limits):
     sched = types.SimpleNamespace(max_num_encoder_input_tokens=batched, encoder_cache_size=batched,
                                   max_num_batched_tokens=batched, disable_chunked_mm_input=False,
                                   enable_chunked_prefill=True, max_num_seqs=seqs)
@@ -97,10 +110,12 @@ def _budget(max_model_len, batched, seqs, max_toks):
         module = importlib.import_module("vllm.v1.worker.utils")
         cls, get_items = module.MultiModalBudget, "get_max_items"
         from vllm.v1.core.encoder_cache_manager import compute_mm_encoder_budget
-    compute, cache = compute_mm_encoder_budget(sched, max_toks)
+    compute, cache = compute_mm_encoder_budget(sched, max_toks)  # (0, 0) when every modality is off
+    if not max_toks:
+        return min(compute, cache), None, 0
     budget = object.__new__(cls)
     budget.scheduler_config, budget.max_model_len, budget.max_num_reqs = sched, max_model_len, seqs
-    budget.mm_limits = {m: MM_LIMIT for m in max_toks}
+    budget.mm_limits = dict(limits)
     budget.encoder_compute_budget, budget.encoder_cache_size = compute, cache
     budget.max_tokens_by_modality = budget.mm_max_toks_per_item = dict(max_toks)
     modality = budget.get_modality_with_max_tokens()
@@ -131,17 +146,25 @@ def _processed(builder, modality, max_model_len):
 
 
 def run_case(case, hf_config) -> dict:
-    max_model_len, batched, seqs = case
+    max_model_len, batched, seqs, limit_text = case
     info, builder = _info(hf_config)
-    max_toks = dict(info.get_mm_max_tokens_per_item(seq_len=max_model_len, mm_counts={"image": 1, "video": 1}))
-    encoder_budget, modality, items = _budget(max_model_len, batched, seqs, max_toks)
-    item = _processed(builder, modality, max_model_len)
-    merge = PREPROCESSOR["merge_size"] ** 2
-    g = item["grid_thw"]
-    return {"case": {"model": "qwen2.5-vl-7b", "max_model_len": max_model_len, "max_num_batched_tokens": batched,
-                     "max_num_seqs": seqs},
-            "vllm": {"max_tokens_per_item": max_toks, "profiled_modality": modality, "items_per_batch": items,
-                     "encoder_budget": encoder_budget, "item_tokens": g[0] * g[1] * g[2] // merge, **item}}
+    limits = _limits(limit_text)
+    on = [m for m in limits if limits[m] > 0]
+    # the registry asks for one item of each modality whose limit is above 0 and keeps those modalities only
+    # (0.11.0 multimodal/registry.py get_max_tokens_per_item_by_nonzero_modality; 0.33.0 encoder_budget.py
+    # tower_modalities): that filter is repeated here, as the registry needs a loaded model config
+    asked = dict(info.get_mm_max_tokens_per_item(seq_len=max_model_len, mm_counts=dict.fromkeys(on, 1)))
+    max_toks = {m: asked[m] for m in on}
+    encoder_budget, modality, items = _budget(max_model_len, batched, seqs, max_toks, limits)
+    out = {"case": {"model": "qwen2.5-vl-7b", "max_model_len": max_model_len, "max_num_batched_tokens": batched,
+                    "max_num_seqs": seqs, "limit_mm_per_prompt": limit_text},
+           "vllm": {"max_tokens_per_item": max_toks, "profiled_modality": modality, "items_per_batch": items,
+                    "encoder_budget": encoder_budget}}
+    if modality is not None:
+        item = _processed(builder, modality, max_model_len)
+        g = item["grid_thw"]
+        out["vllm"].update(item_tokens=g[0] * g[1] * g[2] // PREPROCESSOR["merge_size"] ** 2, **item)
+    return out
 
 
 def main(argv=None) -> int:
