@@ -72,14 +72,22 @@ class _StaticStage(NamedTuple):
     gathered: tuple[float, str, float] | None = None
 
 
-def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                  zero: int, m: int, shared: _Shared) -> _StaticStage:
+def _stage_model_states(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                        zero: int) -> tuple:
+    """(the adapter inventory or None, the model states, paged states in managed memory, their host part)."""
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
     ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else \
         with_global_moments(model_states(sp, training, recipe, par, zero), arch, training, recipe, par, sp, zero)
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
+    return inv, ms, managed, paged_host
+
+
+def _loss_moments(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, m: int,
+                  shared: _Shared) -> tuple:
+    """The last stage's loss tensors: (saved, forward's, backward's moments, what outlives the loss's
+    backward); empty elsewhere."""
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
@@ -96,14 +104,23 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
             "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
             deferred, DEFER_WGRAD_SOURCE),)
         loss_saved = loss_saved + after_loss
-    working = _recompute_working_set(training, sp, shared)
-    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
+    return loss_saved, loss_forward, loss_backward, after_loss
+
+
+def _stage_transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                      zero: int, inv, shared: _Shared, moe_stage: bool):
+    """The stage's transients (transients.py), the libraries' workspaces and dummy gradients held among them."""
     tr = transients(arch, training, recipe, par, sp, zero, inv)
     # the libraries' workspaces are held by the allocator from the first matrix product on (workspaces.py), and
     # TransformerEngine's dummy weight gradients from the first backward on (wgrad_cache.py)
     cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-    tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)]
-                     + ([cache] if cache else []))
+    return tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)]
+                       + ([cache] if cache else []))
+
+
+def _exchange_moments(arch: Architecture, training: Training, par: Parallel, sp: StageParameters,
+                      loss_saved: tuple) -> tuple:
+    """(forward's, backward's in-layer moment, a recomputed MoE layer's own): the MoE exchange's, or DSA's."""
     exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
@@ -115,39 +132,33 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         # backward) never coexist: the block runs after the attention in forward, before it in backward, each
         # freeing its temporaries as it returns; the layer holds the larger beside its recomputed tensors
         in_moe_layer = max(in_moe_layer, max(dsa_forward, dsa_backward, key=total_bytes), key=total_bytes)
-    # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
-    # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
-    # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
-    # FSDP2 under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)
-    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
-    grads_live = training.framework == "megatron" or (
-        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
-    # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
-    # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
-    # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
-    # largest of its moments.
+    return exchange, exchange_backward, in_moe_layer
+
+
+def _recompute_moments(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                       shared: _Shared, working: float, in_moe_layer: list, loss_saved: tuple, loss_forward,
+                       exchange) -> tuple:
+    """(the recomputed layer's working set, what its backward holds beside it, the loss's forward moment):
+    the larger of the recomputation and ring or math attention's moments."""
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + in_moe_layer
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         working, extras = 0.0, ring
-    if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
+    if math_attention(arch, training) and sp.last:  # SDPA's math backend in fp32: its moments (kbit.py)
         attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
         if total_bytes(attention) > int(round(working)) + total_bytes(extras):
             working, extras = 0.0, attention
         attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
         if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
             loss_forward = attention
-    recomputed_bytes = int(round(working)) + total_bytes(extras)
-    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
-    # a layer is recomputed after the loss's backward, whose node frees the loss's saved tensors as it runs (torch
-    # autograd engine: release_variables after apply, without retain_graph); the other moments are charged beside them
-    beside_loss = max(total_bytes(loss_backward), total_bytes(exchange_backward), total_bytes(tr.step_in_backward))
-    # an interleaved FSDP2 rank's other chunks make their unsharded gradients only after the loss's last backward
-    unbegun = _gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
-    beside_loss -= int(round(unbegun))
-    recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
+    return working, extras, loss_forward
+
+
+def _placed_states(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, zero: int, ms, inv,
+                   tr) -> tuple:
+    """(where the states live, the transients, the states' bytes on the GPU, the gradients' bytes)."""
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
                       _optimizer_partition(sp, par, zero, inv.trainable if inv else None, shard_group(training, par)),
@@ -158,12 +169,13 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     states = (int(round(on_gpu["parameters"])) + int(round(on_gpu["master_weights"]))
               + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + total_bytes(tr.persistent))
     grads = 0 if training.optimizer_in_backward else int(round(on_gpu["gradients"]))
-    grads_early = grads if grads_live else 0
-    saved = total_bytes(loss_saved)
-    totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
-              states + grads_early + total_bytes(tr.backward) + max(saved + beside_loss,
-                                                                     total_bytes(after_loss) + recomputed_bytes),
-              states + grads + total_bytes(tr.optimizer))
+    return place, tr, states, grads
+
+
+def _backward_end(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  zero: int, shared: _Shared, inv, tr, states: int, grads: int, grads_live: bool, working: float,
+                  extras, recomputed_bytes: int) -> tuple:
+    """(backward's last moments as the framework makes its gradients, or None; their bytes, else 0)."""
     # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
     # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
     # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
@@ -180,6 +192,49 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         backward_end = states + int(round(end.gradients)) + total_bytes(end.transients)
     else:
         backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
+    return end, backward_end
+
+
+def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  zero: int, m: int, shared: _Shared) -> _StaticStage:
+    inv, ms, managed, paged_host = _stage_model_states(arch, training, recipe, par, sp, zero)
+    last = sp.last
+    loss_saved, loss_forward, loss_backward, after_loss = _loss_moments(arch, training, par, sp, m, shared)
+    working = _recompute_working_set(training, sp, shared)
+    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
+    tr = _stage_transients(arch, training, recipe, par, sp, zero, inv, shared, moe_stage)
+    exchange, exchange_backward, in_moe_layer = _exchange_moments(arch, training, par, sp, loss_saved)
+    # gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline;
+    # else zero_grad(set_to_none=True) freed them after the last step (see `_static_parts`)
+    # FSDP1 accumulates under no_sync: no sharded gradient before the last micro-batch's backward (fsdp1.py)
+    # FSDP2 under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)
+    pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
+    grads_live = training.framework == "megatron" or (
+        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
+    # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
+    # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
+    # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
+    # largest of its moments.
+    working, extras, loss_forward = _recompute_moments(arch, training, recipe, par, sp, shared, working,
+                                                       in_moe_layer, loss_saved, loss_forward, exchange)
+    recomputed_bytes = int(round(working)) + total_bytes(extras)
+    forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
+    # a layer is recomputed after the loss's backward, whose node frees the loss's saved tensors as it runs (torch
+    # autograd engine: release_variables after apply, without retain_graph); the other moments are charged beside them
+    beside_loss = max(total_bytes(loss_backward), total_bytes(exchange_backward), total_bytes(tr.step_in_backward))
+    # an interleaved FSDP2 rank's other chunks make their unsharded gradients only after the loss's last backward
+    unbegun = _gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
+    beside_loss -= int(round(unbegun))
+    recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
+    place, tr, states, grads = _placed_states(training, recipe, par, sp, zero, ms, inv, tr)
+    grads_early = grads if grads_live else 0
+    saved = total_bytes(loss_saved)
+    totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
+              states + grads_early + total_bytes(tr.backward) + max(saved + beside_loss,
+                                                                     total_bytes(after_loss) + recomputed_bytes),
+              states + grads + total_bytes(tr.optimizer))
+    end, backward_end = _backward_end(arch, training, recipe, par, sp, zero, shared, inv, tr, states, grads,
+                                      grads_live, working, extras, recomputed_bytes)
     communication = shared.moe_communication if moe_stage else shared.communication
     parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
