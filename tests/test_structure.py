@@ -143,7 +143,7 @@ def _function_lengths() -> dict[str, int]:
 
 def test_the_function_lengths_are_read():
     lengths = _function_lengths()
-    assert lengths["estimator.memory.validation.validate"] == 16  # its def to its return, counted by hand
+    assert lengths["estimator.memory.memory._peak_phase"] == 7  # its def, docstring and three branches, counted by hand
     assert len(lengths) > 1000
 
 
