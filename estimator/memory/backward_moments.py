@@ -56,6 +56,77 @@ def eager_float8(training: Training) -> bool:
     return torchao_float8(training) and not compiled(training)
 
 
+# a moment of a block's backward: its name and its parts, each (label, bytes, formula)
+Moment = tuple[str, list[tuple[str, float, str]]]
+
+
+def _output_gradient(B: int, n_g: float, t: int, seq_par: bool) -> list[tuple[str, float, str]]:
+    """The gradient of the block's output from the block above: held at every moment of its backward."""
+    return ([("the block's output gradient (sequence-parallel shard)", B * n_g / t, "B*s*b*h/t"),
+             ("its all-gather over TP", B * n_g, "B*s*b*h")] if seq_par else
+            [("the block's output gradient", B * n_g, "B*s*b*h")])
+
+
+def _recomputation_end(B: int, n_g: float, t: int, seq_par: bool, grads: list) -> Moment:
+    """FullAC's recomputation has just run the whole block: its tail is still referenced."""
+    tail = [("output projection's output (full sequence)", B * n_g, "B*s*b*h")]
+    tail += ([("reduce-scatter's cat of it", B * n_g, "B*s*b*h"), ("reduce-scatter output", B * n_g / t, "B*s*b*h/t"),
+              ("MLP norm output (sequence-parallel shard)", B * n_g / t, "B*s*b*h/t")] if seq_par else
+             [("residual sum (the block's output)", B * n_g, "B*s*b*h")])
+    return ("end of the recomputation (FullAC runs the whole block)", grads + tail)
+
+
+def _moe_combine(arch: Architecture, training: Training, par: Parallel, P: int, T: int, h: int, t: int,
+                 seq_par: bool, grads: list) -> Moment:
+    # torchtitan's combine (models/common/token_dispatcher.py) scales the expert outputs in fp32; its
+    # backward holds the upcast gradient and the product's two fp32 gradients (for the outputs and the
+    # scores), after the shared experts' backward made their weight gradients
+    n_r = T * arch.num_experts_per_token * training.moe_capacity_factor * h * par.etp / (t if seq_par else 1)
+    rf = "/t" if seq_par else ""
+    shared = [("shared experts' weight gradients (unsharded)",
+               P * (3 if arch.gated_mlp else 2) * h * arch.shared_expert_intermediate_size * arch.num_shared_experts
+               / t, f"P*{3 if arch.gated_mlp else 2}*h*f_shared{'/t' if t > 1 else ''}")] \
+        if arch.num_shared_experts else []
+    return ("MoE combine's backward", grads + shared + [
+        ("three fp32 gradients of the routed tokens (the upcast's and the scaling product's)", 12 * n_r,
+         f"3*4*phi*k*s*b*h*etp{rf}")])
+
+
+def _gated_mlp_moments(arch: Architecture, B: int, P: int, T: int, h: int, t: int, n_g: float, full: bool,
+                       cast: bool, grads: list) -> list[Moment]:
+    """A dense gated MLP's backward moments: the bf16 one under FullAC, torchao's eager float8 casts."""
+    moments: list[Moment] = []
+    f = arch.intermediate_size / t
+    n_x, w = T * f, h * f  # the down projection's input and weight on this GPU
+    tf = "/t" if t > 1 else ""
+    if full and not cast:
+        moments.append(("gated MLP's backward", grads[:1] + [
+            ("down projection's weight gradient (unsharded)", P * w, f"P*h*f{tf}"),
+            ("gradients of the gated product and of both products, the product freed", 2 * B * n_x,
+             f"2*B*s*b*f{tf}")]))
+    if cast:
+        f8 = [("float8 weight", w, f"h*f{tf}"), ("grad_input", B * n_x, f"B*s*b*f{tf}")]
+        moments.append(("float8 cast of grad_output for grad_weight", grads + f8 + [
+            ("float8 grad_output for grad_input, and the one being made", 2 * n_g, "2*s*b*h"),
+            ("two fp32 copies of grad_output (to(float32) * scale, clamp)", 8 * n_g, "2*4*s*b*h")]))
+        moments.append(("float8 cast of the saved input for grad_weight", grads + f8 + [
+            ("both float8 grad_outputs and the input's float8 copy", 2 * n_g + n_x, f"2*s*b*h + s*b*f{tf}"),
+            ("two fp32 copies of the input", 8 * n_x, f"2*4*s*b*f{tf}")]))
+    return moments
+
+
+def _largest_moment(moments: list[Moment], full: bool, cast: bool) -> list[Component]:
+    """The largest moment as one component, its parts as pieces, the others named in its formula."""
+    name, parts = max(moments, key=lambda m: sum(b for _, b, _ in m[1]))
+    source = "; ".join(([FULL_AC_SOURCE] if full else []) + ([TORCHAO_CAST_SOURCE] if cast else []))
+    pieces = tuple(component("transient", label, b, formula, source) for label, b, formula in parts)
+    others = ", ".join(n for n, _ in moments if n != name)
+    return [Component("transient", f"A block's backward beyond its saved tensors ({name})",
+                      sum(p.bytes for p in pieces),
+                      " + ".join(p.formula for p in pieces) + (f" (the largest of this and: {others})" if others else ""),
+                      source, pieces)]
+
+
 def block_backward_extras(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
                           sp: StageParameters) -> list[Component]:
     """What a block's backward holds beyond its saved tensors (the recomputed layer's ledger), at its
@@ -78,57 +149,18 @@ def block_backward_extras(arch: Architecture, training: Training, recipe: Recipe
     T, h, t = tokens_per_gpu(training, par), arch.hidden_size, par.tp
     seq_par = par.sequence_parallel and t > 1
     n_g = T * h  # the block's output gradient, gathered over TP under SP
-    grads = ([("the block's output gradient (sequence-parallel shard)", B * n_g / t, "B*s*b*h/t"),
-              ("its all-gather over TP", B * n_g, "B*s*b*h")] if seq_par else
-             [("the block's output gradient", B * n_g, "B*s*b*h")])
-    moments: list[tuple[str, list[tuple[str, float, str]]]] = []
+    grads = _output_gradient(B, n_g, t, seq_par)
+    moments: list[Moment] = []
     if full:
-        tail = [("output projection's output (full sequence)", B * n_g, "B*s*b*h")]
-        tail += ([("reduce-scatter's cat of it", B * n_g, "B*s*b*h"), ("reduce-scatter output", B * n_g / t, "B*s*b*h/t"),
-                  ("MLP norm output (sequence-parallel shard)", B * n_g / t, "B*s*b*h/t")] if seq_par else
-                 [("residual sum (the block's output)", B * n_g, "B*s*b*h")])
-        moments.append(("end of the recomputation (FullAC runs the whole block)", grads + tail))
+        moments.append(_recomputation_end(B, n_g, t, seq_par, grads))
     if full and any(k == "moe" and n for k, n in sp.kind_counts):
-        # torchtitan's combine (models/common/token_dispatcher.py) scales the expert outputs in fp32; its
-        # backward holds the upcast gradient and the product's two fp32 gradients (for the outputs and the
-        # scores), after the shared experts' backward made their weight gradients
-        n_r = T * arch.num_experts_per_token * training.moe_capacity_factor * h * par.etp / (t if seq_par else 1)
-        rf = "/t" if seq_par else ""
-        shared = [("shared experts' weight gradients (unsharded)",
-                   P * (3 if arch.gated_mlp else 2) * h * arch.shared_expert_intermediate_size * arch.num_shared_experts
-                   / t, f"P*{3 if arch.gated_mlp else 2}*h*f_shared{'/t' if t > 1 else ''}")] \
-            if arch.num_shared_experts else []
-        moments.append(("MoE combine's backward", grads + shared + [
-            ("three fp32 gradients of the routed tokens (the upcast's and the scaling product's)", 12 * n_r,
-             f"3*4*phi*k*s*b*h*etp{rf}")]))
+        moments.append(_moe_combine(arch, training, par, P, T, h, t, seq_par, grads))
     dense = any(k == "dense" and n for k, n in sp.kind_counts)
     if dense and arch.gated_mlp:
-        f = arch.intermediate_size / t
-        n_x, w = T * f, h * f  # the down projection's input and weight on this GPU
-        tf = "/t" if t > 1 else ""
-        if full and not cast:
-            moments.append(("gated MLP's backward", grads[:1] + [
-                ("down projection's weight gradient (unsharded)", P * w, f"P*h*f{tf}"),
-                ("gradients of the gated product and of both products, the product freed", 2 * B * n_x,
-                 f"2*B*s*b*f{tf}")]))
-        if cast:
-            f8 = [("float8 weight", w, f"h*f{tf}"), ("grad_input", B * n_x, f"B*s*b*f{tf}")]
-            moments.append(("float8 cast of grad_output for grad_weight", grads + f8 + [
-                ("float8 grad_output for grad_input, and the one being made", 2 * n_g, "2*s*b*h"),
-                ("two fp32 copies of grad_output (to(float32) * scale, clamp)", 8 * n_g, "2*4*s*b*h")]))
-            moments.append(("float8 cast of the saved input for grad_weight", grads + f8 + [
-                ("both float8 grad_outputs and the input's float8 copy", 2 * n_g + n_x, f"2*s*b*h + s*b*f{tf}"),
-                ("two fp32 copies of the input", 8 * n_x, f"2*4*s*b*f{tf}")]))
+        moments += _gated_mlp_moments(arch, B, P, T, h, t, n_g, full, cast, grads)
     if not moments:
         return []
-    name, parts = max(moments, key=lambda m: sum(b for _, b, _ in m[1]))
-    source = "; ".join(([FULL_AC_SOURCE] if full else []) + ([TORCHAO_CAST_SOURCE] if cast else []))
-    pieces = tuple(component("transient", label, b, formula, source) for label, b, formula in parts)
-    others = ", ".join(n for n, _ in moments if n != name)
-    return [Component("transient", f"A block's backward beyond its saved tensors ({name})",
-                      sum(p.bytes for p in pieces),
-                      " + ".join(p.formula for p in pieces) + (f" (the largest of this and: {others})" if others else ""),
-                      source, pieces)]
+    return _largest_moment(moments, full, cast)
 
 
 class KeptInput(Protocol):

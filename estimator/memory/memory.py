@@ -265,6 +265,47 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
                                                      shared, no_replay), {}))
 
 
+def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, groups: dict[tuple, _Group],
+                 sp, no_replay) -> _Group:
+    """The group of stage `sp` (`groups` keeps those found so far), its static part built on first sight."""
+    signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
+    # under full recompute, the layers a stage stores: which of its chunks' layers the first n (or every N-th) leave
+    if cfg.training.recompute == "full":
+        key = (signature, sp.layers_key, cfg.training.recompute_layers)
+    else:
+        key = signature
+    group = groups.get(key)
+    if group is None:
+        ends = static_key(sp)
+        home = memo if sp.last else headless
+        static = home.get(ends)
+        if static is None:
+            static = home[ends] = _static_stage(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp,
+                                                cfg.zero_stage, cfg.microbatches, shared)
+        group = groups[key] = _group(static, sp, cfg, shared, home, key, no_replay)
+    return group
+
+
+def _stage_activations(units, sp, inflight: float, shared: _Shared) -> int:
+    """A stage's stored activations with `inflight` micro-batches in flight."""
+    activations = 0  # the sum of `_activation_parts`, each part rounded as there
+    for unit in units:
+        activations += int(round(unit * inflight))
+    if sp.first:  # the embedding's, and a vision tower's (`stage_shared._activation_parts`)
+        activations += int(round(shared.embedding_bytes * max(1.0, inflight)))
+        activations += int(round(shared.vision[0] * max(1.0, inflight)))
+    return activations
+
+
+def _peak_phase(forward: int, backward: int, step: int) -> tuple[str, int]:
+    """The phase at the stage's peak and its allocated bytes (forward first on a tie, then backward)."""
+    if forward >= backward and forward >= step:
+        return "forward", forward
+    if backward >= step:
+        return "backward", backward
+    return "optimizer", step
+
+
 def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool = False,
                      replay: bool = True) -> list[StageEstimate]:
     """Every stage of a training step. Stages with the same layers and no embedding or head form a
@@ -272,13 +313,13 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     the builder of their phases; under full recompute only stages whose chunks store layers of the
     same kinds (`sharding.layers_key`) group. What differs between them is the micro-batches in
     flight, found for every rank in one pass."""
-    arch, training, par, m = cfg.architecture, cfg.training, cfg.parallel, cfg.microbatches
+    training, par, m = cfg.training, cfg.parallel, cfg.microbatches
     groups: dict[tuple, _Group] = {}
     # the static parts and activation groups of stages without the head do not read the loss:
     # estimates that differ in the loss alone (a search's fused/chunked pair) share them, in the fused
     # loss's memo
     headless = memo if training.loss == "fused" or par.pp == 1 else _stage_memo(cfg, loss="fused")
-    full, offloaded = training.recompute == "full", training.offload_activations
+    offloaded = training.offload_activations
     fragmentation_share, cached = shared.fragmentation, _cached_bytes(shared)
     # the allocator's cache: replayed for the reported estimate where reserved.py can, else the flat share
     no_replay = replay_rule(cfg) or (None if replay else FLAT_FOR_SEARCH)
@@ -286,26 +327,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     stages = []
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
-        signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
-        if full:  # the layers a stage stores: which of its chunks' layers the first n (or every N-th) leave
-            key = (signature, sp.layers_key, training.recompute_layers)
-        else:
-            key = signature
-        group = groups.get(key)
-        if group is None:
-            ends = static_key(sp)
-            home = memo if sp.last else headless
-            static = home.get(ends)
-            if static is None:
-                static = home[ends] = _static_stage(arch, training, cfg.recipe, par, sp, cfg.zero_stage, m, shared)
-            group = groups[key] = _group(static, sp, cfg, shared, home, key, no_replay)
+        group = _stage_group(cfg, shared, memo, headless, groups, sp, no_replay)
         static = group.static
-        activations = 0  # the sum of `_activation_parts`, each part rounded as there
-        for unit in group.units:
-            activations += int(round(unit * inflight))
-        if sp.first:  # the embedding's, and a vision tower's (`stage_shared._activation_parts`)
-            activations += int(round(shared.embedding_bytes * max(1.0, inflight)))
-            activations += int(round(shared.vision[0] * max(1.0, inflight)))
+        activations = _stage_activations(group.units, sp, inflight, shared)
         host = static.host
         if offloaded:
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
@@ -313,12 +337,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         forward += activations
         # backward's last moments (fsdp2 creating its gradients) when larger than its start
         backward = max(backward + activations, static.backward_end)
-        if forward >= backward and forward >= step:
-            peak_phase, allocated = "forward", forward
-        elif backward >= step:
-            peak_phase, allocated = "backward", backward
-        else:
-            peak_phase, allocated = "optimizer", step
+        peak_phase, allocated = _peak_phase(forward, backward, step)
         pools = _idle_pools(static, sp, training, par, peak_phase, static.backward_end > static.totals[1] + activations)
         device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached \
             + sum(p.bytes for p in pools)

@@ -98,22 +98,36 @@ def _guide_activations_as_read(setup: str) -> float:
     return _phase_parts(estimate_config(cfg), "training")["activations"]
 
 
-def guide_rl(setup: str) -> Comparison:
-    """The guide's setup A or B against the recipe of the same run."""
+class _GuideRun(NamedTuple):
+    """One setup's recipe and its estimate: what every row of the comparison reads."""
+    setup: str
+    recipe: object  # the bundled recipe (models.presets.Recipe)
+    result: object  # its estimate
+    g: dict  # the guide's figures for the setup (GUIDE_TABLE)
+    tp: int
+    dp: int
+    rl: dict
+    train: dict[str, int]
+    rollout: dict[str, int]
+    per_gpu: int  # bf16: elements on this GPU
+
+
+def _guide_run(setup: str) -> _GuideRun:
     from .memory import estimate_config
     from ..models.presets import get_recipe
     recipe = get_recipe(GUIDE_RECIPES[setup])
     result = estimate_config(recipe.config)
-    g = GUIDE_TABLE[setup]
     tp, dp = recipe.config["parallel"]["tp"], recipe.config["parallel"]["dp"]
-    rl = recipe.config["training"]["rl"]
     train, rollout = _phase_parts(result, "training"), _phase_parts(result, "rollout")
-    n = result.parameters_total
-    per_gpu = train["parameters"] // 2  # bf16: elements on this GPU
-    kv_tokens = 8192 if setup == "A" else 4096
-    as_read = _guide_activations_as_read(setup)
-    outside = train["communication"] + train["runtime"] + train["fragmentation"]
-    rows = (
+    return _GuideRun(setup, recipe, result, GUIDE_TABLE[setup], tp, dp, recipe.config["training"]["rl"], train,
+                     rollout, train["parameters"] // 2)
+
+
+def _guide_state_rows(run: _GuideRun) -> tuple[Row, ...]:
+    """Parameters, gradients and optimizer states: the guide's arithmetic against Megatron's sharding."""
+    setup, g, tp, dp, train, per_gpu = run.setup, run.g, run.tp, run.dp, run.train, run.per_gpu
+    n = run.result.parameters_total
+    return (
         Row("Model parameters", f"{g['parameters']} GB (bf16, 7B x 2 bytes)", 7e9 * 2, "7e9 x 2 B",
             train["parameters"], f"2 B x {per_gpu:,} (TP {tp}: a quarter of every matrix, norms whole)",
             f"the guide counts the whole model ({n:,} parameters) on every GPU; Megatron's TP {tp} splits it"),
@@ -130,13 +144,27 @@ def guide_rl(setup: str) -> Comparison:
             f"slime always runs Megatron's distributed optimizer ({SLIME_DISTRIBUTED_OPTIMIZER}): 12 B per "
             f"parameter (master and two moments; the gradients are counted above), over TP and DP {dp}; the guide's "
             "16 B over TP only counts 4 B more and shards nothing over DP"),
-        Row("KV cache", f"{g['kv']} GB (seq={kv_tokens}, {QWEN_LAYERS} layers)", guide_kv_formula(kv_tokens, 32, tp),
+    )
+
+
+def _guide_kv_row(run: _GuideRun) -> Row:
+    """The guide's KV formula (no GQA, 32 sequences) against this estimator's KV cache."""
+    g, tp, rl, rollout = run.g, run.tp, run.rl, run.rollout
+    kv_tokens = 8192 if run.setup == "A" else 4096
+    return Row("KV cache", f"{g['kv']} GB (seq={kv_tokens}, {QWEN_LAYERS} layers)", guide_kv_formula(kv_tokens, 32, tp),
             f"2 x {QWEN_LAYERS} layers x {QWEN_HIDDEN} hidden x {kv_tokens} tokens x 32 sequences x 2 B / TP {tp}",
             _ours_kv(kv_tokens, 32, tp), f"the same 32 sequences of {kv_tokens:,} tokens: 2 x 4 KV heads x 128 x 2 B "
             f"per token and layer, / TP {tp}",
             "the guide's formula has no GQA: Qwen2.5-7B keeps 4 KV heads of 128 (512 wide), not 3584, 7x less; "
             f"and the rollout holds {rl['rollout_batch_size']} prompts x {rl['samples_per_prompt']} samples, not 32 "
-            f"sequences: {rollout['kv_cache'] / GiB:.2f} GiB per GPU in the recipe's rollout phase"),
+            f"sequences: {rollout['kv_cache'] / GiB:.2f} GiB per GPU in the recipe's rollout phase")
+
+
+def _guide_activation_rows(run: _GuideRun) -> tuple[Row, ...]:
+    """The activations as the guide reads the recompute flags, and as slime runs them."""
+    setup, g, train = run.setup, run.g, run.train
+    as_read = _guide_activations_as_read(setup)
+    return (
         Row("Activations", f"{g['activations']} GB (micro-batch=1, recompute {1 if setup == 'A' else 2} "
             f"layer{'s' if setup == 'B' else ''})", g["activations"] * GB, "as printed",
             as_read, f"the recipe's training step if {1 if setup == 'A' else 2} of the 28 layers were recomputed and "
@@ -148,6 +176,14 @@ def guide_rl(setup: str) -> Comparison:
             "--recompute-method uniform checkpoints every layer (chunks of 1 or 2 layers): the layers' inputs, "
             "one layer recomputed, and the loss",
             "slime's flags checkpoint every layer (uniform method), so little is stored"),
+    )
+
+
+def _guide_outside_rows(run: _GuideRun) -> tuple[Row, ...]:
+    """What lies outside the model states and activations, and the total per GPU."""
+    g, train, result = run.g, run.train, run.result
+    outside = train["communication"] + train["runtime"] + train["fragmentation"]
+    return (
         Row("Framework overhead", f"{g['overhead']} GB (SGLang + Ray + PyTorch runtime)", g["overhead"] * GB,
             "as printed", outside, "CUDA context, NCCL communicators, allocator fragmentation (10%)",
             "different things: the estimate counts the CUDA context and NCCL per process group and the "
@@ -157,6 +193,13 @@ def guide_rl(setup: str) -> Comparison:
             "the guide adds the rollout's KV cache to the trainer's states; with slime's colocation the trainer "
             "is offloaded while the engine generates, so the phases take turns"),
     )
+
+
+def guide_rl(setup: str) -> Comparison:
+    """The guide's setup A or B against the recipe of the same run."""
+    run = _guide_run(setup)
+    recipe, tp, dp = run.recipe, run.tp, run.dp
+    rows = _guide_state_rows(run) + (_guide_kv_row(run),) + _guide_activation_rows(run) + _guide_outside_rows(run)
     notes = (
         f"{GUIDE}: setup {setup}, {recipe.config['parallel']['tp'] * dp} H100s, TP {tp}.",
         "The guide's 'GB' are of two kinds: its parameters are 7e9 x 2 bytes (decimal GB), its KV cache is its "

@@ -49,8 +49,6 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     G = bytes_per_element(recipe.grad_dtype)
     fwd: list[Component] = []
     bwd: list[Component] = []
-    opt: list[Component] = []
-    persistent: list[Component] = []
     layer = stage.largest_layer_local
     d_dense = par.dp * par.cp
     # what has gradients, buckets and optimizer steps: every parameter, or an adapter run's trainable ones
@@ -61,72 +59,127 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     layer_trainable = trainable / max(1, stage.num_layers) if training.adapter else layer
     forward_end: list[Component] = []
     if fw in ("megatron", *FSDP_FRAMEWORKS) and zero >= 2 and d_dense > 1:
-        src = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
-        if zero == 3 and fw == "torchtune":
-            forward_end, gathered_bwd = _torchtune_gathered(arch, training, recipe, par, stage, inv, P)
-            bwd.append(gathered_bwd)
-        elif zero == 3 and fw in FSDP_FRAMEWORKS:
-            # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
-            # with the head, which is not resharded after forward: forward ends with the head and a
-            # block gathered, backward starts with a block and the one prefetched
-            head = arch.hidden_size * arch.vocab_size / par.tp if stage.last else 0.0
-            Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
-            root_unit = fw == "fsdp2" and titan_rules(training).root_unit_has_embedding_and_head
-            if root_unit:
-                fwd_root, bwd_root = _titan_root_unit(arch, par, stage, P, Pb, pb, layer)
-                fwd.append(fwd_root)
-                bwd.append(bwd_root)
-            elif head and fw == "fsdp2" and training.loss == "chunked":
-                # torchtitan's ChunkedLossWrapper runs the head after the model's forward, every block
-                # resharded by then (reshard_after_forward): its moments hold the head unit alone
-                fwd.append(component("transient", "Unsharded parameters in flight", P * head,
-                                     f"{P:g} B x the head unit unsharded (the blocks resharded after their forward)",
-                                     src + " (distributed/fsdp.py units); torchtitan v0.3.0 components/loss.py "
-                                     "ChunkedLossWrapper (lm_head.unshard(), kept across the chunks)"))
-            else:
-                fwd.append(component("transient", "Unsharded parameters in flight",
-                                     Pb * layer + max(Pb * layer, P * head),
-                                     f"{pb} x a block + " + (f"{P:g} B x the head unit" if head else
-                                                             f"{pb} x the next block") + " unsharded",
-                                     src + " (distributed/fsdp.py units)"))
-            if not root_unit:
-                bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
-                                     f"{pb} x (a block + the prefetched block) unsharded", src))
-        elif zero == 3:  # Megatron-FSDP: forward ends with its blocks released; backward prefetches (megatron_fsdp)
-            gathered = P * (2 * layer + stage.root_local)
-            formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
-            fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-            elements, units = backward_gathered_elements(stage)
-            bwd.append(component("transient", "Unsharded parameters in flight", P * elements,
-                                 f"{P:g} B x ({units} of {stage.num_layers} layers: the one in backward and those "
-                                 f"prefetched up to {PREFETCH_ELEMENTS:,} elements + the root unit) unsharded",
-                                 PREFETCH_SOURCE))
-        else:  # reshard_after_forward=False: every unit stays gathered from forward to backward
-            Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
-            gathered = Pb * (stage.dense_local - stage.root_local) + P * stage.root_local
-            formula = (f"{P:g} B x all of the stage's parameters, gathered after forward" if Pb == P else
-                       f"{pb} x the blocks' + {P:g} B x the root unit's parameters, gathered after forward")
-            fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-            bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
-        if titan_full_ac(training) and not training.adapter and not (fw == "fsdp2" and par.pp > 1):
-            # the moment that matters is a block's recomputation: its own gradients do not exist yet, the
-            # previous block's reduce-scatter input does (`backward_moments.block_backward_extras`)
-            bwd.append(component("transient", "Reduce-scatter input of the previous block (kept by FSDP2)",
-                                  layer * G, f"{G:g} B x one layer's parameters", FSDP2_RS_SOURCE))
-        elif training.adapter:
-            # frozen weights get no gradient: a unit's unsharded gradients are its adapters' (in their dtype)
-            # with the reduce-scatter input (in the gradients' dtype)
-            A = bytes_per_element(adapter_dtype(training, recipe))
-            bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
-                                  layer_trainable * (A + G), f"({A:g} + {G:g}) B x one layer's trainable parameters "
-                                  "(the frozen base gets none)", src + "; " + FSDP2_RS_SOURCE))
-        elif fw == "fsdp2" and par.pp > 1:
-            bwd.append(_pipelined_fsdp2_gradients(stage, P, G, layer))
-        else:
-            bwd.append(component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
-                                  layer * P + layer_trainable * G,
-                                  f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
-                                  f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src))
+        fwd, bwd, forward_end = _gathered_parameters(arch, training, recipe, par, stage, zero, inv, P, layer)
+        bwd.append(_unit_gradients(training, recipe, par, stage, P, G, layer, layer_trainable))
+    b_fwd, b_bwd, opt, persistent = _framework_buffers(arch, training, recipe, par, stage, zero, inv, trainable,
+                                                       d_dense, G)
+    fwd += b_fwd
+    bwd += b_bwd
+    if recipe.autocast_weight_copies:
+        autocast_fwd, autocast_bwd = _autocast_copies(training, recipe, stage, layer)
+        fwd.append(autocast_fwd)
+        bwd.append(autocast_bwd)
+    if training.optimizer_in_backward:
+        return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
+                          forward_end)
+    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest, inv))
+    return Transients(fwd, bwd, opt, persistent, [], forward_end)
+
+
+SHARDED_SOURCE = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
+
+
+def _titan_gathered(arch: Architecture, training: Training, par: Parallel, stage: StageParameters, P: float,
+                    layer: float) -> tuple[list[Component], list[Component]]:
+    """(forward's, backward's) gathered parameters of FSDP2's units (ZeRO-3)."""
+    fw, src = training.framework, SHARDED_SOURCE
+    fwd: list[Component] = []
+    bwd: list[Component] = []
+    # torchtitan's units (distributed/fsdp.py): each block, the embedding, and the final norm
+    # with the head, which is not resharded after forward: forward ends with the head and a
+    # block gathered, backward starts with a block and the one prefetched
+    head = arch.hidden_size * arch.vocab_size / par.tp if stage.last else 0.0
+    Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
+    root_unit = fw == "fsdp2" and titan_rules(training).root_unit_has_embedding_and_head
+    if root_unit:
+        fwd_root, bwd_root = _titan_root_unit(arch, par, stage, P, Pb, pb, layer)
+        fwd.append(fwd_root)
+        bwd.append(bwd_root)
+    elif head and fw == "fsdp2" and training.loss == "chunked":
+        # torchtitan's ChunkedLossWrapper runs the head after the model's forward, every block
+        # resharded by then (reshard_after_forward): its moments hold the head unit alone
+        fwd.append(component("transient", "Unsharded parameters in flight", P * head,
+                             f"{P:g} B x the head unit unsharded (the blocks resharded after their forward)",
+                             src + " (distributed/fsdp.py units); torchtitan v0.3.0 components/loss.py "
+                             "ChunkedLossWrapper (lm_head.unshard(), kept across the chunks)"))
+    else:
+        fwd.append(component("transient", "Unsharded parameters in flight",
+                             Pb * layer + max(Pb * layer, P * head),
+                             f"{pb} x a block + " + (f"{P:g} B x the head unit" if head else
+                                                     f"{pb} x the next block") + " unsharded",
+                             src + " (distributed/fsdp.py units)"))
+    if not root_unit:
+        bwd.append(component("transient", "Unsharded parameters in flight", Pb * 2 * layer,
+                             f"{pb} x (a block + the prefetched block) unsharded", src))
+    return fwd, bwd
+
+
+def _gathered_parameters(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
+                         stage: StageParameters, zero: int, inv: Inventory | None, P: float,
+                         layer: float) -> tuple[list[Component], list[Component], list[Component]]:
+    """(forward's, backward's, the end of forward's) parameters gathered in flight by a sharded run."""
+    fw, src = training.framework, SHARDED_SOURCE
+    fwd: list[Component] = []
+    bwd: list[Component] = []
+    forward_end: list[Component] = []
+    if zero == 3 and fw == "torchtune":
+        forward_end, gathered_bwd = _torchtune_gathered(arch, training, recipe, par, stage, inv, P)
+        bwd.append(gathered_bwd)
+    elif zero == 3 and fw in FSDP_FRAMEWORKS:
+        fwd, bwd = _titan_gathered(arch, training, par, stage, P, layer)
+    elif zero == 3:  # Megatron-FSDP: forward ends with its blocks released; backward prefetches (megatron_fsdp)
+        gathered = P * (2 * layer + stage.root_local)
+        formula = f"{P:g} B x (2 layers in flight + embedding/head root unit) unsharded"
+        fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+        elements, units = backward_gathered_elements(stage)
+        bwd.append(component("transient", "Unsharded parameters in flight", P * elements,
+                             f"{P:g} B x ({units} of {stage.num_layers} layers: the one in backward and those "
+                             f"prefetched up to {PREFETCH_ELEMENTS:,} elements + the root unit) unsharded",
+                             PREFETCH_SOURCE))
+    else:  # reshard_after_forward=False: every unit stays gathered from forward to backward
+        Pb, pb = fsdp2_gathered_block_bytes(training, P, stage)  # fp8_all_gather: float8 linear weights
+        gathered = Pb * (stage.dense_local - stage.root_local) + P * stage.root_local
+        formula = (f"{P:g} B x all of the stage's parameters, gathered after forward" if Pb == P else
+                   f"{pb} x the blocks' + {P:g} B x the root unit's parameters, gathered after forward")
+        fwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+        bwd.append(component("transient", "Unsharded parameters in flight", gathered, formula, src))
+    return fwd, bwd, forward_end
+
+
+def _unit_gradients(training: Training, recipe: Recipe, par: Parallel, stage: StageParameters, P: float, G: float,
+                    layer: float, layer_trainable: float) -> Component:
+    """Backward's unsharded gradients of one unit before its reduce-scatter, in a sharded run."""
+    fw, src = training.framework, SHARDED_SOURCE
+    if titan_full_ac(training) and not training.adapter and not (fw == "fsdp2" and par.pp > 1):
+        # the moment that matters is a block's recomputation: its own gradients do not exist yet, the
+        # previous block's reduce-scatter input does (`backward_moments.block_backward_extras`)
+        return component("transient", "Reduce-scatter input of the previous block (kept by FSDP2)",
+                         layer * G, f"{G:g} B x one layer's parameters", FSDP2_RS_SOURCE)
+    if training.adapter:
+        # frozen weights get no gradient: a unit's unsharded gradients are its adapters' (in their dtype)
+        # with the reduce-scatter input (in the gradients' dtype)
+        A = bytes_per_element(adapter_dtype(training, recipe))
+        return component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
+                         layer_trainable * (A + G), f"({A:g} + {G:g}) B x one layer's trainable parameters "
+                         "(the frozen base gets none)", src + "; " + FSDP2_RS_SOURCE)
+    if fw == "fsdp2" and par.pp > 1:
+        return _pipelined_fsdp2_gradients(stage, P, G, layer)
+    return component("transient", "Unsharded gradients of one unit (and the reduce-scatter input)",
+                     layer * P + layer_trainable * G,
+                     f"({P:g} + {G:g}) B x one layer's parameters" if not training.adapter else
+                     f"{P:g} B x one layer's parameters + {G:g} B x its trainable ones", src)
+
+
+def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
+                       stage: StageParameters, zero: int, inv: Inventory | None, trainable: float, d_dense: int,
+                       G: float) -> tuple[list[Component], list[Component], list[Component], list[Component]]:
+    """(forward's, backward's, the step's transients, the persistent buffers) a framework keeps of its own:
+    FSDP1's and DeepSpeed's buckets, DDP's, the RoPE caches, Megatron's global buffer, pipelining's."""
+    fw = training.framework
+    fwd: list[Component] = []
+    bwd: list[Component] = []
+    opt: list[Component] = []
+    persistent: list[Component] = []
     if fw == "fsdp1":
         from .fsdp1 import transients as fsdp1_transients
         f1, b1 = fsdp1_transients(training, par, recipe, stage, microbatches(training, par), inv)
@@ -163,21 +216,22 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
                           _torchtitan_model_rope(arch, training, par, stage, rules.cp_rope_clone))
     if fw == "fsdp2" and par.pp > 1:
         persistent += pipelining_buffers(arch, training, par, stage, microbatches(training, par))
-    if recipe.autocast_weight_copies:
-        matrices = stage.total.matrices
-        cb = bytes_per_element(recipe.compute_dtype)
-        src = "PyTorch autocast: casts of leaf weights are cached until the autocast region exits and kept for backward"
-        fwd.append(component("transient", "Autocast copies of the weights", matrices * cb,
-                              f"{cb:g} B x matrix parameters", src))
-        in_bwd = matrices * cb if training.recompute != "full" else layer * cb
-        bwd.append(component("transient", "Autocast copies of the weights", in_bwd,
-                              f"{cb:g} B x matrix parameters" if training.recompute != "full" else
-                              f"{cb:g} B x one recomputed layer", src))
-    if training.optimizer_in_backward:
-        return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
-                          forward_end)
-    opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest, inv))
-    return Transients(fwd, bwd, opt, persistent, [], forward_end)
+    return fwd, bwd, opt, persistent
+
+
+def _autocast_copies(training: Training, recipe: Recipe, stage: StageParameters,
+                     layer: float) -> tuple[Component, Component]:
+    """(forward's, backward's) cached autocast copies of the weights."""
+    matrices = stage.total.matrices
+    cb = bytes_per_element(recipe.compute_dtype)
+    src = "PyTorch autocast: casts of leaf weights are cached until the autocast region exits and kept for backward"
+    in_bwd = matrices * cb if training.recompute != "full" else layer * cb
+    return (component("transient", "Autocast copies of the weights", matrices * cb,
+                      f"{cb:g} B x matrix parameters", src),
+            component("transient", "Autocast copies of the weights", in_bwd,
+                      f"{cb:g} B x matrix parameters" if training.recompute != "full" else
+                      f"{cb:g} B x one recomputed layer", src))
+
 
 
 TORCHTUNE_FSDP_SOURCE = (

@@ -92,7 +92,24 @@ def _check_chunked(arch: Architecture, training: Training) -> None:
 
 def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     """Raise `ConfigError` on the first inconsistency; return the ZeRO stage in force."""
-    tp = par.tp
+    _check_model(arch, training, par)
+    _check_tensor_split(arch, training, par)
+    _check_experts(arch, par)
+    _check_layout(arch, training, par)
+    _check_batch(training, par)
+    _check_framework(arch, training, par)
+    _check_training_settings(arch, training, par)
+    _check_compile_loss(training)
+    zero = resolve_zero_stage(training, par)
+    if training.fp8_all_gather:
+        check_fp8_all_gather(training, zero)
+    if training.framework == "deepspeed":
+        _check_deepspeed_settings(training, zero)
+    return zero
+
+
+def _check_model(arch: Architecture, training: Training, par: Parallel) -> None:
+    """The model's own kind: a hybrid's layers, a vision tower's images, sparse attention."""
     if arch.is_hybrid:
         _check_hybrid(arch, training, par)
     if training.images_per_sample or training.image_size is not None or training.freeze_vision:
@@ -102,6 +119,11 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         check_training(arch, training, par)
     if arch.attention_chunk_size:
         _check_chunked(arch, training)
+
+
+def _check_tensor_split(arch: Architecture, training: Training, par: Parallel) -> None:
+    """TP divides the heads and the MLP's width."""
+    tp = par.tp
     if arch.num_attention_heads % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.num_attention_heads),
                           f"num_attention_heads ({arch.num_attention_heads}) must be divisible by tp")
@@ -111,6 +133,11 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if arch.intermediate_size and arch.num_dense_layers and arch.intermediate_size % tp:
         raise ConfigError("parallel.tp", tp, _divisors(arch.intermediate_size),
                           f"intermediate_size ({arch.intermediate_size}) must be divisible by tp")
+
+
+def _check_experts(arch: Architecture, par: Parallel) -> None:
+    """EP and ETP against the experts (or their absence)."""
+    tp = par.tp
     if arch.is_moe:
         if arch.num_experts % par.ep:
             raise ConfigError("parallel.ep", par.ep, _divisors(arch.num_experts),
@@ -129,6 +156,11 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         raise ConfigError("parallel.ep", par.ep, "1 for a dense model", "the model has no experts")
     if par.etp != tp and not arch.is_moe:
         raise ConfigError("parallel.etp", par.etp, f"{tp} (= tp) for a dense model", "the model has no experts")
+
+
+def _check_layout(arch: Architecture, training: Training, par: Parallel) -> None:
+    """The pipeline, sequence and context splits against the layers and the sequence."""
+    tp = par.tp
     if training.defer_embedding_wgrad_compute and par.pp == 1:
         # Megatron-Core 0.16.1 model_parallel_config.py __post_init__ raises the same
         raise ConfigError("training.defer_embedding_wgrad_compute", True, "false when pp = 1",
@@ -153,6 +185,10 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if par.sequence_parallel and (training.seq_len // par.cp) % tp:
         raise ConfigError("training.seq_len", training.seq_len, f"a multiple of cp x tp = {par.cp * tp}",
                           "sequence parallelism splits each sequence over TP")
+
+
+def _check_batch(training: Training, par: Parallel) -> None:
+    """The global batch against the micro-batches a step runs."""
     gbs = training.global_batch_size
     if gbs is not None:
         per_step = training.micro_batch_size * par.dp
@@ -161,6 +197,10 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                               f"a multiple of micro_batch_size x dp = {per_step}")
         if par.pp_schedule in ("dualpipe", "dualpipev") and training.mode == "training":
             _check_dualpipe_microbatches(gbs, per_step, par)
+
+
+def _check_framework(arch: Architecture, training: Training, par: Parallel) -> None:
+    """What each framework runs: its schedules, recompute, sharding strategies."""
     if training.framework == "megatron" and training.mode == "training" and \
             (par.vpp > 1 or training.microbatch_group_size is not None):
         _check_interleaved(training, par)
@@ -183,6 +223,10 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
                           f"{'FULL_SHARD' if strategy else 'empty'} unless framework is 'fsdp1'",
                           "FSDP1's sharding strategy (Accelerate's fsdp_sharding_strategy); fsdp2 and deepspeed shard "
                           "by zero_stage", related=("training.framework",))
+
+
+def _check_training_settings(arch: Architecture, training: Training, par: Parallel) -> None:
+    """Precision, offload, optimizer and MoE settings against the framework and the model."""
     if training.mode == "training" and training.optimizer in ("paged_adamw", "paged_adamw8bit"):
         from .paged import check as check_paged
         check_paged(training)
@@ -206,13 +250,6 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
         raise ConfigError("training.optimizer", training.optimizer,
                           f"one of {', '.join(map(repr, offered))} with framework {training.framework!r}",
                           f"{training.framework} does not offer {training.optimizer}", related=("training.framework",))
-    _check_compile_loss(training)
-    zero = resolve_zero_stage(training, par)
-    if training.fp8_all_gather:
-        check_fp8_all_gather(training, zero)
-    if training.framework == "deepspeed":
-        _check_deepspeed_settings(training, zero)
-    return zero
 
 
 def _check_compile_loss(training: Training) -> None:

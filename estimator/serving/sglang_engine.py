@@ -135,6 +135,57 @@ def page_size(arch: Architecture, gpu_id: str, given: int | None) -> int:
     return page
 
 
+def _max_len(serving: Serving, context: int | None) -> int:
+    max_len = serving.max_model_len or context
+    if max_len is None:
+        raise ConfigError("serving.max_model_len", None, "a positive integer",
+                          "the model's config gives no context length (max_position_embeddings)")
+    return max_len
+
+
+def _cache_layout(arch: Architecture, serving: Serving, gpu, fmt) -> tuple[int, str, int]:
+    """(bytes per cached element, the cache's dtype name, tokens per page)."""
+    kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
+    kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
+    page = page_size(arch, gpu.id, serving.block_size)
+    if arch.uses_sparse_attention:  # DeepSeek-V3.2: its own cache dtype default, 64-token pages (sparse_cache.py)
+        from .sparse_cache import BLOCK, check_block_size, sglang_kv_dtype
+        check_block_size(serving.block_size)
+        kv_dtype, kv_bytes = sglang_kv_dtype(serving.kv_cache_dtype, gpu.id)
+        page = BLOCK
+    return kv_bytes, kv_dtype, page
+
+
+def _stage_budgets(arch: Architecture, serving: Serving, par: Parallel, checkpoint: dict | None,
+                   resolved: Resolved, static: int, held: int, act_mib: float,
+                   graph_mib: float) -> tuple[list, list]:
+    """Each pipeline stage's budget and pools (PP: the stages' layers and weights differ)."""
+    rules, fmt, context = resolved.rules, resolved.weights, resolved.context_length
+    ranges = sglang_stage_layers(arch.num_layers, par.pp)
+    stages, pools = [], []
+    for s, layers in enumerate(ranges):
+        weights = with_tower(arch, stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context), par.tp,
+                             fmt.dtype_bytes)
+        available = static - weights.bytes - held
+        pool = sglang_pools.size_pools(arch, checkpoint, par.tp, resolved.kv_bytes, resolved.block_size, layers,
+                                       ranges, max(available, 0), serving.prefix_caching, serving.max_num_seqs,
+                                       resolved.kv_cache_dtype)
+        pools.append(pool)
+        stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
+                                  _components(rules, weights, act_mib, graph_mib, pool, held)))
+    return stages, pools
+
+
+def _notes(fraction: float, running: int, pool, serving: Serving) -> tuple[str, ...]:
+    notes = (f"SGLang: mem_fraction_static {fraction:g} of the memory free before loading (pre_model_load_memory); "
+             "its activation and CUDA graph figures are the reservation SGLang makes outside that share, not a "
+             f"profile. max_running_requests {running:,}.",)
+    if pool.state_slots:
+        notes += (f"SGLang: {pool.state_slots:,} recurrent-state slots of {pool.state_per_request / MiB:.1f} MiB "
+                  + ("(mamba_full_memory_ratio 0.9 of the pools' bytes; 3 slots per running request, + 2 for the radix "
+                     "cache's extra buffer, 1 under PP)." if serving.prefix_caching else
+                     "(without the radix cache: one slot per running request)."),)
+    return notes
 
 
 def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
@@ -155,33 +206,15 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     fraction = serving.mem_fraction_static or vlm_fraction(round((gpu_mib - reserve) / gpu_mib, 3), checkpoint,
                                                                 serving.enable_multimodal)
     context = context_length(checkpoint)
-    max_len = serving.max_model_len or context
-    if max_len is None:
-        raise ConfigError("serving.max_model_len", None, "a positive integer",
-                          "the model's config gives no context length (max_position_embeddings)")
+    max_len = _max_len(serving, context)
     fmt = checkpoint_format(checkpoint, serving.weight_format)
-    kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
-    kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
-    page = page_size(arch, gpu.id, serving.block_size)
-    if arch.uses_sparse_attention:  # DeepSeek-V3.2: its own cache dtype default, 64-token pages (sparse_cache.py)
-        from .sparse_cache import BLOCK, check_block_size, sglang_kv_dtype
-        check_block_size(serving.block_size)
-        kv_dtype, kv_bytes = sglang_kv_dtype(serving.kv_cache_dtype, gpu.id)
-        page = BLOCK
+    kv_bytes, kv_dtype, page = _cache_layout(arch, serving, gpu, fmt)
+    resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
+                        kv_dtype, kv_bytes, fmt.name, fmt)
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
     held = VLM_CACHE_MIB * MiB if multimodal(checkpoint, serving.enable_multimodal) else 0
-    ranges = sglang_stage_layers(arch.num_layers, par.pp)
-    stages, pools = [], []
-    for s, layers in enumerate(ranges):
-        weights = with_tower(arch, stage_weights(arch, fmt, par.tp, par.ep, par.pp, s, layers, context), par.tp,
-                              fmt.dtype_bytes)
-        available = static - weights.bytes - held
-        pool = sglang_pools.size_pools(arch, checkpoint, par.tp, kv_bytes, page, layers, ranges, max(available, 0),
-                                       serving.prefix_caching, serving.max_num_seqs, kv_dtype)
-        pools.append(pool)
-        stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
-                                  _components(rules, weights, act_mib, graph_mib, pool, held)))
+    stages, pools = _stage_budgets(arch, serving, par, checkpoint, resolved, static, held, act_mib, graph_mib)
     # every stage takes the smallest pool (_apply_token_constraints: an all-reduce MIN over PP ranks)
     limiting = min(range(len(pools)), key=lambda i: pools[i].tokens)
     pool = pools[limiting]
@@ -191,23 +224,13 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     concurrency = min(tokens / max_len, running)
     capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=pool.kv_bytes, tokens=tokens,
                                    max_concurrency=concurrency, blocks_per_request=-(-max_len // page))
-    resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
-                        kv_dtype, kv_bytes, fmt.name, fmt)
     longest = min(tokens, context or tokens)
     device_total = gpu.cuda_context_bytes + static + int(reserve * MiB)
-    notes = (f"SGLang: mem_fraction_static {fraction:g} of the memory free before loading (pre_model_load_memory); "
-             "its activation and CUDA graph figures are the reservation SGLang makes outside that share, not a "
-             f"profile. max_running_requests {running:,}.",)
-    if pool.state_slots:
-        notes += (f"SGLang: {pool.state_slots:,} recurrent-state slots of {pool.state_per_request / MiB:.1f} MiB "
-                  + ("(mamba_full_memory_ratio 0.9 of the pools' bytes; 3 slots per running request, + 2 for the radix "
-                     "cache's extra buffer, 1 under PP)." if serving.prefix_caching else
-                     "(without the radix cache: one slot per running request)."),)
     shared = (serving.shared_prefix_tokens or 0) // page * page  # the radix cache shares whole pages
     effective = (min((tokens - shared) / (max_len - shared), running) if 0 < shared < max_len else concurrency)
     return ServingEstimate("sglang", serving.engine_version or rules.label, resolved, static, gpu.capacity_bytes,
                            tuple(stages), limiting, capacity, longest, device_total, effective,
-                           gpu.cuda_context_bytes, notes)
+                           gpu.cuda_context_bytes, _notes(fraction, running, pool, serving))
 
 
 def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool, held: int) -> tuple:
