@@ -305,7 +305,7 @@ def _ledger_replay(record: dict):
     from estimator.memory.memory import _stage_memo, static_key
     estimate = estimate_config(json.loads((TRACES[0].parents[1] / record["gpu_record"]).read_text())["config"])
     cfg, sp = estimate.config, estimate.config.stages[0]
-    static = _stage_memo(cfg).get(static_key(sp))
+    static = _stage_memo(cfg).get(static_key(sp, cfg.training))
     return lambda: reserved._replayed(cfg, estimate._shared, sp, static)
 
 

@@ -337,3 +337,29 @@ def test_grouped_gemm_refusals(training, field):
     with pytest.raises(ConfigError) as err:
         estimate_config({"model": model, "training": training})
     assert err.value.field == field
+
+
+def test_a_megatron_stage_memo_keeps_one_chunk_apart_from_interleaved():
+    """Megatron's block recompute frees the later layers before the first n are recomputed only on a rank with one
+    chunk (static_stage._freed_before_recompute), so the stage memo (memory.static_key) keys a Megatron stage on
+    whether it runs one chunk: the same stages estimated after their interleaved twin (same ends and kinds, 8 layers
+    a rank) equal their estimate on a fresh architecture, and the other way round."""
+    from dataclasses import replace as _replace
+
+    from estimator import Hardware, Parallel, Training, estimate
+    from estimator.models.presets import get_architecture
+
+    training = Training(framework="megatron", seq_len=4096, micro_batch_size=1, global_batch_size=64,
+                        recompute="full", recompute_layers=2)  # recompute_layers: the block method
+    one, two = Parallel(tp=2, pp=4, dp=8), Parallel(tp=2, pp=4, dp=8, vpp=2)
+    hardware = Hardware(gpu="h100-80")
+
+    def fresh():  # an architecture object of its own: a memo of its own
+        return _replace(get_architecture("llama-3.1-8b"))
+
+    alone = {par: estimate(fresh(), training, par, hardware).device_total_bytes for par in (one, two)}
+    shared = fresh()
+    for first, then in ((two, one), (one, two)):
+        estimate(shared, training, first, hardware)
+        assert estimate(shared, training, then, hardware).device_total_bytes == alone[then]
+    assert alone[one] != alone[two]

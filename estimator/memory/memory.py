@@ -89,7 +89,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     shared = _shared_of(cfg, memo)
     out = []
     for sp in cfg.stages:
-        ends = static_key(sp)
+        ends = static_key(sp, cfg.training)
         static = memo.get(ends)
         if static is None:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
@@ -134,10 +134,14 @@ def estimate_resolved(cfg: Resolved, replay: bool = True) -> Estimate:
         notes=notes, _shared=shared)
 
 
-def static_key(sp) -> tuple:
-    """All a stage's static part reads of the stage, its key in the stage memo: its ends, its layers' kinds and its
-    chunks' count (torch pipelining's buffers, pp_buffers.py)."""
-    return (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
+def static_key(sp, training: Training) -> tuple:
+    """All a stage's static part reads of the stage, its key in the stage memo: its ends, its layers' kinds and
+    what it reads of its chunks. Megatron's reads only whether the rank runs one chunk (block recompute frees the
+    later layers first, static_stage._freed_before_recompute); torch pipelining's (fsdp2 and the other frameworks)
+    their count (pp_buffers.py, transients' RoPE tables, an interleaved rank's gradients). Keying Megatron on the
+    count would build one static part per virtual-stage count for the same stage."""
+    chunks = len(sp.chunks) == 1 if training.framework == "megatron" else len(sp.chunks)
+    return (sp.first, sp.last, sp.kind_counts, chunks)
 
 
 def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
@@ -276,7 +280,7 @@ def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, gro
         key = signature
     group = groups.get(key)
     if group is None:
-        ends = static_key(sp)
+        ends = static_key(sp, cfg.training)
         home = memo if sp.last else headless
         static = home.get(ends)
         if static is None:
