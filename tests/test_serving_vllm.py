@@ -17,7 +17,7 @@ from estimator.spec.gpus import GPUS
 from estimator.spec.hardware import Hardware
 from estimator.spec.parallel import Parallel
 from estimator.models.presets import get_architecture, get_hf_config
-from estimator.serving import kv_cache
+from estimator.serving import kv_cache, recurrent_state
 from estimator.spec.serving import Serving
 from estimator.serving.vllm_engine import estimate_vllm
 from estimator.serving.vllm_versions import rules_for
@@ -60,7 +60,16 @@ def test_kv_cache_matches_vllm_own_accounting(record):
     arch = get_architecture(case["model"])
     rules = rules_for(case["serving"]["engine_version"])
     kv_bytes = 1 if case["serving"].get("kv_cache_dtype", "auto").startswith("fp8") else 2
-    specs = kv_cache.layer_specs(arch, case["tp"], given["block_size"], kv_bytes)
+    block, state_pages = given["block_size"], 1
+    if arch.is_hybrid:  # 0.33 under prefix caching: the states' align mode (recurrent_state.py)
+        align = rules.mamba_prefix_caching and case["serving"].get("prefix_caching", False)
+        checkpoints = align and recurrent_state.gdn_checkpoints(arch, case["gpu"])
+        state_pages = recurrent_state.states_per_request(align, checkpoints)
+        block = recurrent_state.hybrid_block_size(arch, case["tp"], kv_bytes, 2, None,
+                                                  kv_cache.attention_page_per_token(arch, case["tp"], kv_bytes),
+                                                  rules.version, 64 if checkpoints else 1)
+        assert block == vllm["block_size"]
+    specs = kv_cache.layer_specs(arch, case["tp"], block, kv_bytes, state_pages=state_pages)
     # Llama 4's chunked layers: full-attention ones where the release turns the hybrid manager off (0.11)
     specs = kv_cache.without_hybrid_allocator(specs, rules.version, eagle=False)
     groups = kv_cache.kv_groups(specs, rules.version)
