@@ -57,22 +57,23 @@ CASES = [
     ("llama-4-scout", "h200", 2, 2, {"max_model_len": 262144}),
 ]
 
-# Falcon-H1 (issue 28): an attention layer and a Mamba-2 layer per decoder layer. Recorded with 0.11's rules only:
-# its HybridAttentionMambaModelConfig sizes the block and pads the state page (model_executor/models/config.py);
-# 0.33 moved that planning into the KV-cache manager, not re-read (estimator/serving/recurrent_state.py)
+# Falcon-H1 (issue 28): an attention layer and a Mamba-2 layer per decoder layer. 0.11's HybridAttentionMambaModelConfig
+# sizes the block and pads the state page (model_executor/models/config.py); 0.33 moved that alignment to
+# platforms/interface.py _align_hybrid_block_size and keeps states in "align" mode under prefix caching (HYBRID_CASES_0_33)
 HYBRID_CASES = [
     ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
 ]
 # 0.33.0: the four hybrid presets (Mamba-2 parallel, Mamba-2 pattern, Gated DeltaNet, Mamba-1), TP 1 and 2, prefix
 # caching off (mamba_cache_mode "none", the estimator's default) and, for two, on (0.33's default for hybrid models:
-# model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align")
+# model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper GPUs, where FlashAttention 3
+# takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256 page: flash_attn.py)
 HYBRID_CASES_0_33 = [
     ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
     ("nemotron-h-8b", "h100-80", 1, 1, {}),
     ("nemotron-h-8b", "h100-80", 2, 1, {"prefix_caching": True}),
-    ("qwen3-next-80b-a3b", "b200", 1, 1, {"max_model_len": 32768}),
+    ("qwen3-next-80b-a3b", "h200", 1, 1, {"max_model_len": 32768, "weight_format": "fp8"}),
     ("qwen3-next-80b-a3b", "h200", 2, 1, {"max_model_len": 65536}),
     ("qwen3-next-80b-a3b", "h200", 2, 1, {"max_model_len": 131072, "prefix_caching": True}),
     ("jamba-mini-1.5", "h200", 1, 1, {"max_model_len": 65536}),
