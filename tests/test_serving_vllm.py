@@ -311,6 +311,9 @@ def test_rule_0_33_hybrid_states_align_under_prefix_caching():
         assert cap.num_blocks == available // (12 * block * 1024)
         assert cap.max_concurrency == cap.num_blocks / per_request
     assert run("0.33", True).capacity.tokens == int(run("0.33", True).capacity.num_blocks / 237 * 131072)
+    # 0.33's default for hybrids is prefix caching on: an estimate without it says so; 0.11 turns it off
+    assert [any("--no-enable-prefix-caching" in n for n in run(v, pc).notes)
+            for v, pc in (("0.33", False), ("0.33", True), ("0.11", False))] == [True, False, False]
     # an A100 runs Triton's GDN prefill: align mode without checkpoints, 16-token alignment, two pages per state; at
     # TP 4 a state is 274,432 B (conv 3 x 8,192 / 4, 8 x 128 x 128) and the single KV head 1,024 B a token:
     # block 16 x cdiv(274,432, 16,384) = 272, cdiv(32,768, 272) = 121 attention blocks + 3 groups x 2
