@@ -17,7 +17,7 @@ from estimator.spec.gpus import GPUS
 from estimator.spec.hardware import Hardware
 from estimator.spec.parallel import Parallel
 from estimator.models.presets import get_architecture, get_hf_config
-from estimator.serving import kv_cache
+from estimator.serving import kv_cache, recurrent_state
 from estimator.spec.serving import Serving
 from estimator.serving.vllm_engine import estimate_vllm
 from estimator.serving.vllm_versions import rules_for
@@ -60,7 +60,17 @@ def test_kv_cache_matches_vllm_own_accounting(record):
     arch = get_architecture(case["model"])
     rules = rules_for(case["serving"]["engine_version"])
     kv_bytes = 1 if case["serving"].get("kv_cache_dtype", "auto").startswith("fp8") else 2
-    specs = kv_cache.layer_specs(arch, case["tp"], given["block_size"], kv_bytes)
+    block, state_pages = given["block_size"], 1
+    if arch.is_hybrid:  # 0.33 under prefix caching: the states' align mode (recurrent_state.py)
+        align = rules.mamba_prefix_caching and case["serving"].get("prefix_caching", False)
+        checkpoints = align and recurrent_state.gdn_checkpoints(arch, case["gpu"])
+        state_pages = recurrent_state.states_per_request(align, checkpoints)
+        block = recurrent_state.hybrid_block_size(arch, case["tp"], kv_bytes, 2, None,
+                                                  kv_cache.attention_page_per_token(arch, case["tp"], kv_bytes),
+                                                  rules.version, 64 if checkpoints else 1)
+        assert block == vllm["block_size"]
+        assert vllm.get("mamba_cache_mode", "none") == ("align" if state_pages > 1 else "none")
+    specs = kv_cache.layer_specs(arch, case["tp"], block, kv_bytes, state_pages=state_pages)
     # Llama 4's chunked layers: full-attention ones where the release turns the hybrid manager off (0.11)
     specs = kv_cache.without_hybrid_allocator(specs, rules.version, eagle=False)
     groups = kv_cache.kv_groups(specs, rules.version)
@@ -89,6 +99,15 @@ def test_records_cover_the_grid():
     models = {c["model"] for c in cases}
     assert {"llama-3.1-8b", "qwen3-235b-a22b", "gemma-3-27b", "mistral-7b", "deepseek-v3", "gpt-oss-120b"} <= models
     assert any(c["serving"].get("kv_cache_dtype") == "fp8" for c in cases)
+
+
+def test_records_cover_the_hybrids_on_0_33():
+    """Falcon-H1, Nemotron-H, Qwen3-Next and Jamba each at TP 1 and 2 under 0.33, with the states' both modes."""
+    hybrids = {"falcon-h1-7b", "nemotron-h-8b", "qwen3-next-80b-a3b", "jamba-mini-1.5"}
+    cases = [r.values[0]["case"] for r in _records() if r.values[0]["case"]["model"] in hybrids
+             and r.values[0]["case"]["serving"]["engine_version"] == "0.33"]
+    assert {(c["model"], c["tp"]) for c in cases} == {(m, tp) for m in hybrids for tp in (1, 2)}
+    assert {c["serving"].get("prefix_caching", False) for c in cases} == {False, True}
 
 
 def _weight_records():
@@ -272,6 +291,43 @@ def test_rule_0_33_in_flight_tokens_and_group_size():
     specs = kv_cache.layer_specs(arch, 1, 16, 2)
     assert kv_cache.kv_groups(specs, (0, 11)).count == 3
     assert kv_cache.kv_groups(specs, (0, 33)).count == 2
+
+
+def test_rule_0_33_hybrid_states_align_under_prefix_caching():
+    """Qwen3-Next at TP 2: one Gated DeltaNet state = conv 3 x (2 x 16 x 128 + 32 x 128) / 2 + (32 / 2) x 128 x 128
+    = 274,432 bf16 values = 548,864 B; one token's attention page 2 x 1 KV head x 256 x 2 B = 1,024 B. 0.11 (and 0.33
+    without prefix caching): block 16 x cdiv(548,864, 16 x 1,024) = 544, one state page per GDN group. 0.33 with
+    prefix caching (align mode) on an H200 (FlashInfer's GDN prefill, 64-token checkpoints): block
+    64 x cdiv(548,864, 64 x 1,024) = 576, and 2 + 1 checkpoint state pages per GDN group. 12 attention + 36 GDN
+    layers: 4 groups of 12, a block of 12 pages. At 131,072 tokens a request takes cdiv(131,072, 576) = 228
+    attention blocks + 3 groups x 3 = 237 (244 = 241 + 3 with one page per state)."""
+    run = lambda v, pc, gpu="h200": serve("qwen3-next-80b-a3b", gpu, tp=2, max_model_len=131072,  # noqa: E731
+                                          engine_version=v, prefix_caching=pc)
+    for version, caching, block, per_request in (("0.11", True, 544, 241 + 3), ("0.33", False, 544, 241 + 3),
+                                                 ("0.33", True, 576, 228 + 9)):
+        ours = run(version, caching)
+        cap, available = ours.capacity, ours.stages[0].available
+        assert (ours.resolved.block_size, cap.blocks_per_request) == (block, per_request)
+        assert cap.num_blocks == available // (12 * block * 1024)
+        assert cap.max_concurrency == cap.num_blocks / per_request
+    assert run("0.33", True).capacity.tokens == int(run("0.33", True).capacity.num_blocks / 237 * 131072)
+    # 0.33's default for hybrids is prefix caching on: an estimate without it says so; 0.11 turns it off
+    assert [any("--no-enable-prefix-caching" in n for n in run(v, pc).notes)
+            for v, pc in (("0.33", False), ("0.33", True), ("0.11", False))] == [True, False, False]
+    # an A100 runs Triton's GDN prefill: align mode without checkpoints, 16-token alignment, two pages per state; at
+    # TP 4 a state is 274,432 B (conv 3 x 8,192 / 4, 8 x 128 x 128) and the single KV head 1,024 B a token:
+    # block 16 x cdiv(274,432, 16,384) = 272, cdiv(32,768, 272) = 121 attention blocks + 3 groups x 2
+    a100 = serve("qwen3-next-80b-a3b", "a100-80", tp=4, max_model_len=32768, engine_version="0.33", prefix_caching=True)
+    assert (a100.resolved.block_size, a100.capacity.blocks_per_request) == (272, 121 + 3 * 2)
+    # Nemotron-H 8B (Mamba-2, fp32 SSM state): 3 x (8,192 + 2 x 8 x 128) x 2 B + 128 x 64 x 128 x 4 B = 4,255,744 B,
+    # token page 2 x 8 x 128 x 2 = 4,096 B: block 16 x cdiv(4,255,744, 65,536) = 1,040 either way; align mode holds
+    # two pages in each of the 6 Mamba groups (24 layers in groups of 4): cdiv(8,192, 1,040) = 8 + 12 blocks
+    nemotron = serve("nemotron-h-8b", engine_version="0.33", prefix_caching=True)
+    assert (nemotron.resolved.block_size, nemotron.capacity.blocks_per_request) == (1040, 8 + 12)
+    # 0.33 aligns to the requested block itself (max(16, block_size)); 0.11 takes the larger of the two
+    arch = get_architecture("qwen3-next-80b-a3b")
+    assert recurrent_state.hybrid_block_size(arch, 2, 2, 2, 48, 1024, (0, 11)) == 544
+    assert recurrent_state.hybrid_block_size(arch, 2, 2, 2, 48, 1024, (0, 33)) == 48 * 12
 
 
 def test_pipeline_stages_follow_get_pp_indices():

@@ -56,6 +56,10 @@ class VllmRules:
     source: str
     # fused_moe's workspaces come from the worker's WorkspaceManager and stay allocated (activations.py)
     moe_workspace_kept: bool = False
+    # A hybrid model under prefix caching keeps its recurrent states in "align" mode (two or three state pages per
+    # request, the block aligned to the state checkpoints: serving/recurrent_state.py); before, MambaModelConfig
+    # turns prefix caching off for every hybrid (one state page) and sizes the block from 16-token alignment
+    mamba_prefix_caching: bool = False
     # FlashInfer's all-reduce fusion workspace under TP > 1 (serving/allreduce_fusion.py): None (the pass is off
     # by default), "multicast" (each buffer rounded to the recommended multicast granularity, FlashInfer 0.6.4 to
     # 0.6.8) or "allocation" (rounded to 2 MiB, FlashInfer 0.7.2)
@@ -131,9 +135,12 @@ RULES: tuple[VllmRules, ...] = (
     VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
               non_torch_single=_NT_0_15,  # 0.33.0 gpu_worker.py: the CUDA-graph profile moved out of memory_profiling
               batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL), sampler="flashinfer",
-              moe_workspace_kept=True, allreduce_fusion="allocation",
+              moe_workspace_kept=True, allreduce_fusion="allocation", mamba_prefix_caching=True,
               source="vLLM 0.33.0 engine/arg_utils.py: GPUs with >= 160 GiB (B200/B300) default to 16384 batched "
-                     "tokens (absent in 0.25.0); v1/core/kv_cache_planning.py get_kv_cache_config_from_groups "
+                     "tokens (absent in 0.25.0); model_executor/models/config.py MambaModelConfig: prefix caching "
+                     "sets mamba_cache_mode 'align' (0.11.0: turned off for hybrids), platforms/interface.py "
+                     "_align_hybrid_block_size, v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes; "
+                     "v1/core/kv_cache_planning.py get_kv_cache_config_from_groups "
                      "(num_blocks = available // bytes per block of the largest group); "
                      "v1/core/kv_cache_utils.py get_kv_cache_capacity; flashinfer-python 0.7.2.post1 (METADATA) "
                      "rounds the all-reduce fusion workspace to the allocation granularity only"),

@@ -46,7 +46,8 @@ SERVING_FIELDS: tuple[Field, ...] = (
     _bool("cuda_graphs", _S, "CUDA graphs", "Off = --enforce-eager: no graphs are captured.", _SV),
     _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
           "that share a prompt prefix reuse its full KV blocks. The block count is unchanged; with a shared prefix "
-          "the effective concurrency grows.", _SV),
+          "the effective concurrency grows. A hybrid model (Mamba / Gated DeltaNet layers) under vLLM 0.33 keeps two "
+          "or three state pages per sequence with it (vLLM's default there; 0.11 turns it off for hybrids).", _SV),
     Field("limit_mm_per_prompt", _S, "text", "Multimodal items per prompt", "vLLM --limit-mm-per-prompt, written "
           "'image=1,video=0': the most items of each modality in one prompt. It sets how many items the profiling "
           "run sends through the vision encoder; 0 leaves a modality out of the profile (video=0 profiles the "

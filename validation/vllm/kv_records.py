@@ -57,12 +57,27 @@ CASES = [
     ("llama-4-scout", "h200", 2, 2, {"max_model_len": 262144}),
 ]
 
-# Falcon-H1 (issue 28): an attention layer and a Mamba-2 layer per decoder layer. Recorded with 0.11's rules only:
-# its HybridAttentionMambaModelConfig sizes the block and pads the state page (model_executor/models/config.py);
-# 0.33 moved that planning into the KV-cache manager, not re-read (estimator/serving/recurrent_state.py)
+# Falcon-H1 (issue 28): an attention layer and a Mamba-2 layer per decoder layer. 0.11's HybridAttentionMambaModelConfig
+# sizes the block and pads the state page (model_executor/models/config.py); 0.33 moved that alignment to
+# platforms/interface.py _align_hybrid_block_size and keeps states in "align" mode under prefix caching (HYBRID_CASES_0_33)
 HYBRID_CASES = [
     ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
+]
+# 0.33.0: the four hybrid presets (Mamba-2 parallel, Mamba-2 pattern, Gated DeltaNet, Mamba-1), TP 1 and 2, prefix
+# caching off (mamba_cache_mode "none", the estimator's default) and, for two, on (0.33's default for hybrid models:
+# model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper GPUs, where FlashAttention 3
+# takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256 page: flash_attn.py)
+HYBRID_CASES_0_33 = [
+    ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
+    ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
+    ("nemotron-h-8b", "h100-80", 1, 1, {}),
+    ("nemotron-h-8b", "h100-80", 2, 1, {"prefix_caching": True}),
+    ("qwen3-next-80b-a3b", "h200", 1, 1, {"max_model_len": 32768, "weight_format": "fp8"}),
+    ("qwen3-next-80b-a3b", "h200", 2, 1, {"max_model_len": 65536}),
+    ("qwen3-next-80b-a3b", "h200", 2, 1, {"max_model_len": 131072, "prefix_caching": True}),
+    ("jamba-mini-1.5", "h200", 1, 1, {"max_model_len": 65536}),
+    ("jamba-mini-1.5", "h100-80", 2, 1, {"max_model_len": 131072, "prefix_caching": True}),
 ]
 
 
@@ -125,7 +140,7 @@ def _model_config_proxy(hf_config):
     return proxy
 
 
-def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
+def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges, state=None):
     import torch
     interface = importlib.import_module("vllm.v1.kv_cache_interface")
     text = proxy.hf_text_config
@@ -139,11 +154,16 @@ def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
     chunk, rope = getattr(text, "attention_chunk_size", None), getattr(text, "no_rope_layers", None)
     common = dict(block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype)
     stages = []
+    recurrent = getattr(text, "model_type", "") in PATTERN_HYBRIDS
     for layers in ranges:
         specs = {}
         for i in layers:
             name = f"model.layers.{i}.self_attn.attn"
-            if proxy.use_mla:
+            if recurrent and layer_types[i] != "full_attention":
+                continue  # a recurrent layer (state_specs_0_33) or an MLP block: no attention cache
+            if recurrent:
+                specs[name] = interface.FullAttentionSpec(**common)
+            elif proxy.use_mla:
                 specs[name] = interface.MLAAttentionSpec(**common, cache_dtype_str=kv_dtype if kv_dtype != "auto" else None)
             elif chunk and rope and rope[i]:
                 specs[name] = interface.ChunkedLocalAttentionSpec(**common, attention_chunk_size=chunk)
@@ -151,7 +171,9 @@ def _specs(vllm, hf_config, proxy, tp, pp, block_size, kv_dtype, ranges):
                 specs[name] = interface.SlidingWindowSpec(**common, sliding_window=window)
             else:
                 specs[name] = interface.FullAttentionSpec(**common)
-        if getattr(text, "model_type", "") == "falcon_h1":
+        if state is not None:
+            specs.update(state(layers, specs))
+        elif getattr(text, "model_type", "") == "falcon_h1":
             specs.update(_falcon_h1_state_specs(text, tp, layers, specs, block_size))
         stages.append(specs)
     return stages, heads, head_size
@@ -177,6 +199,86 @@ def _falcon_h1_state_specs(text, tp: int, layers: range, attention: dict, block_
     n = text.num_hidden_layers
     return {f"model.layers.{n + i}.mixer": MambaSpec(shapes=shapes, dtypes=dtypes, block_size=block_size,
                                                       page_size_padded=padded) for i in layers}
+
+
+# 0.33.0: hybrids whose decoder layers are either attention or recurrent (transformers' layer_types names them
+# "full_attention" / "linear_attention"; Nemotron-H's MLP blocks keep nothing), and the model classes whose
+# get_mamba_state_shape_from_config / get_mamba_state_dtype_from_config the recorder calls (qwen3_next's module
+# imports compressed_tensors, absent from the CPU venv: its classmethods' calculator calls are made here instead)
+PATTERN_HYBRIDS = ("nemotron_h", "jamba", "qwen3_next")
+MODEL_CLASSES = {"nemotron_h": ("nemotron_h", "NemotronHForCausalLM"), "jamba": ("jamba", "JambaForCausalLM"),
+                 "falcon_h1": ("falcon_h1", "FalconH1ForCausalLM")}
+MAMBA_TYPES = {"nemotron_h": "MAMBA2", "falcon_h1": "MAMBA2", "jamba": "MAMBA1", "qwen3_next": "GDN_ATTN"}
+# Gated DeltaNet's FlashInfer prefill (qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend: sm90, or sm100/sm120
+# with head_k_dim 128 under the cu13 wheel) exports prefill checkpoints every 64 tokens (gdn_attn.py
+# FLASHINFER_GDN_CHECKPOINT_ALIGNMENT) in align mode
+FLASHINFER_GDN_GPUS = ("h100-80", "h100-nvl", "h100-pcie", "h800", "h200", "gh200", "b200", "gb200", "b300")
+
+
+def _state_0_33(text, tp: int, gpu: str, mode: str):
+    """(shapes, dtypes, prefill checkpoint alignment or None) of one recurrent layer's state, vLLM 0.33.0."""
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+
+    ns = types.SimpleNamespace
+    cache = ns(mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto", use_replayssm=False)
+    if text.model_type == "nemotron_h":  # its config hook: the HF config's mamba_ssm_cache_dtype (float32)
+        from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+        NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cache, hf_config=text)
+    if text.model_type == "qwen3_next":
+        shapes = MambaStateShapeCalculator.gated_delta_net_state_shape(
+            tp, text.linear_num_key_heads, text.linear_num_value_heads, text.linear_key_head_dim,
+            text.linear_value_head_dim, text.linear_conv_kernel_dim, 0)
+        dtypes = MambaStateDtypeCalculator.gated_delta_net_state_dtype(torch.bfloat16, "auto", "auto")
+    else:
+        module, name = MODEL_CLASSES[text.model_type]
+        cls = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+        cfg = ns(model_config=ns(dtype=torch.bfloat16, hf_config=text, hf_text_config=text),
+                 parallel_config=ns(tensor_parallel_size=tp), cache_config=cache, speculative_config=None,
+                 num_speculative_tokens=0)
+        shapes, dtypes = cls.get_mamba_state_shape_from_config(cfg), cls.get_mamba_state_dtype_from_config(cfg)
+    gdn_checkpoints = text.model_type == "qwen3_next" and mode == "align" and gpu in FLASHINFER_GDN_GPUS
+    return tuple(shapes), tuple(dtypes), 64 if gdn_checkpoints else None
+
+
+def vllm_hybrid_block_size_0_33(one_token_page: int, state_page: int, checkpoint: int | None, mode: str) -> int:
+    """platforms/interface.py _align_hybrid_block_size (0.33.0) on FlashAttention (MultipleOf(16)) at the default block
+    of 16: the alignment max(16, block) (lcm with the checkpoint alignment in align mode), the smallest aligned block
+    whose attention page holds a state page, rounded to the backends' 16."""
+    import math
+    align = 16
+    if mode == "align":
+        align = math.lcm(align, checkpoint or 1)
+    block = align * -(-state_page // (align * one_token_page))
+    return max(16, 16 * -(-block // 16))
+
+
+def state_specs_0_33(text, tp: int, gpu: str, mode: str, heads: int, head_size: int, max_model_len: int):
+    """(vLLM's block size, a function of (layers, attention specs) giving the stage's MambaSpecs) for 0.33.0: the page
+    padded to the attention page (cache_config.mamba_page_size_padded), mamba_block_size max_model_len without prefix
+    caching and the block size with it (MambaModelConfig / _align_hybrid_block_size), one prefill checkpoint block
+    for Gated DeltaNet's FlashInfer prefill (qwen_gdn_linear_attn.py get_kv_cache_spec)."""
+    import torch
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    shapes, dtypes, checkpoint = _state_0_33(text, tp, gpu, mode)
+    one = FullAttentionSpec(block_size=1, num_kv_heads=heads, head_size=head_size, dtype=torch.bfloat16).page_size_bytes
+    state_page = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
+    block = vllm_hybrid_block_size_0_33(one, state_page, checkpoint, mode)
+    padded = block * one if block * one != state_page else None
+    spec = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=block if mode == "align" else max_model_len,
+                     page_size_padded=padded, mamba_type=getattr(MambaAttentionBackendEnum, MAMBA_TYPES[text.model_type]),
+                     mamba_cache_mode=mode, num_prefill_checkpoint_blocks=1 if checkpoint else 0,
+                     prefill_checkpoint_alignment=block if checkpoint else None)
+    # Falcon-H1's mixer takes index num_hidden_layers + i (falcon_h1.py FalconH1ParallelHybrid); the others' index i
+    offset = text.num_hidden_layers if text.model_type == "falcon_h1" else 0
+    kinds = getattr(text, "layer_types", None)
+
+    def stage(layers: range, attention: dict) -> dict:
+        return {f"model.layers.{offset + i}.mixer": spec for i in layers
+                if text.model_type == "falcon_h1" or kinds[i] == "linear_attention"}
+    return block, stage
 
 
 def vllm_hybrid_block_size(text, tp: int, heads: int, head_size: int) -> int:
@@ -222,11 +324,20 @@ def run_case(case, vllm_version: str) -> dict:
     proxy = _model_config_proxy(hf_config)
     text = proxy.hf_text_config
     ranges = [range(*get_pp_indices(text.num_hidden_layers, rank, pp)) for rank in range(pp)]
-    specs, heads, head_size = _specs(None, hf_config, proxy, tp, pp, r.block_size, overrides.get("kv_cache_dtype", "auto"),
-                                     ranges)
+    kv_dtype = overrides.get("kv_cache_dtype", "auto")
+    block, state, hybrid = r.block_size, None, {}
+    mode = "align" if overrides.get("prefix_caching") else "none"
+    if release >= "0.33" and getattr(text, "model_type", "") in PATTERN_HYBRIDS + ("falcon_h1",):
+        heads, head_size = proxy.get_num_kv_heads(types.SimpleNamespace(
+            tensor_parallel_size=tp, pipeline_parallel_size=pp, decode_context_parallel_size=1)), proxy.get_head_size()
+        block, state = state_specs_0_33(text, tp, gpu, mode, heads, head_size, r.max_model_len)
+        hybrid = {"block_size": block, "mamba_cache_mode": mode}
+    specs, heads, head_size = _specs(None, hf_config, proxy, tp, pp, block, kv_dtype, ranges, state)
     available = [s.available for s in ours.stages]
     ceiling = r.context_length
-    cfg = _stand_in_config(r.max_model_len, r.max_num_batched_tokens, pp, tp, r.block_size)
+    cfg = _stand_in_config(r.max_model_len, r.max_num_batched_tokens, pp, tp, block)
+    cfg.cache_config.enable_prefix_caching = bool(overrides.get("prefix_caching"))
+    cfg.cache_config.mamba_cache_mode = mode
     if getattr(text, "attention_chunk_size", None):
         # VllmConfig.__post_init__ turns the hybrid manager off for chunked local attention unless
         # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE (this release's default)
@@ -262,8 +373,8 @@ def run_case(case, vllm_version: str) -> dict:
     # view of one backing allocation of bytes_per_block x num_blocks ("Groups alias from byte 0")
     kv_bytes = [sum(t.size for t in c.kv_cache_tensors) if release < "0.33" else max(t.size for t in c.kv_cache_tensors)
                 for c in configs]
-    hybrid = ({"block_size": vllm_hybrid_block_size(text, tp, heads, head_size)}
-              if getattr(text, "model_type", "") == "falcon_h1" else {})
+    if release < "0.33" and getattr(text, "model_type", "") == "falcon_h1":
+        hybrid = {"block_size": vllm_hybrid_block_size(text, tp, heads, head_size)}
     return {
         "case": {"model": preset, "gpu": gpu, "tp": tp, "pp": pp, "serving": {"engine_version": release, **overrides}},
         "vllm_version": vllm_version,
@@ -290,7 +401,7 @@ def main(argv=None) -> int:
     version = vllm.__version__
     if args.append_hybrid:
         return _append_hybrid(args.out, version)
-    hybrid = HYBRID_CASES if version.startswith("0.11.") else []
+    hybrid = HYBRID_CASES if version.startswith("0.11.") else HYBRID_CASES_0_33 if version.startswith("0.33.") else []
     records = [run_case(case, version) for case in CASES + hybrid if not args.models or case[0] in args.models]
     command = (f"{sys.executable} -m validation.vllm.kv_records --out {args.out}  "
                f"(vllm=={version}, torch, transformers as installed; CPU only)")
