@@ -183,10 +183,14 @@ def test_states_floor_is_below_every_variant_and_shared_by_its_key(seed):
 def test_memory_rules(seed):
     c = case(seed)
     mem = {key: e.device_total_bytes for key, e in c.estimates.items()}
+    allocated = {key: e.allocated_peak_bytes for key, e in c.estimates.items()}
     for (s, v), m in mem.items():
         most = most_stage_layers(c.req.architecture, s)
-        if v.recompute == "full" and v.layers is not None:  # more recomputed layers never need more
-            assert m >= mem[s, v._replace(layers=None if v.layers + 1 == most else v.layers + 1)]
+        if v.recompute == "full" and v.layers is not None:  # more recomputed layers never need more, but
+            # for one layer input under Megatron's block method: the later layers are freed before the first n are
+            # recomputed, whose inputs are all kept then (static_stage._freed_before_recompute)
+            more = v._replace(layers=None if v.layers + 1 == most else v.layers + 1)
+            assert m >= mem[s, more] or allocated[s, v] >= allocated[s, more] - block_recompute_slack(c.req, s, v)
         if v.recompute == "none" and c.req.training.framework != "fsdp2":  # selective keeps a subset of none's
             assert m >= mem[s, v._replace(recompute="selective")]  # (not torchtitan's operator-level policy)
         if v.loss == "standard" and native_megatron_fusion(c.req.training):
@@ -197,6 +201,15 @@ def test_memory_rules(seed):
         bigger = (s, v._replace(micro_batch=2 * v.micro_batch))
         if bigger in mem and not one_microbatch_without_gradients(c.req, s, 2 * v.micro_batch):
             assert mem[bigger] >= m  # a larger micro-batch never needs less
+
+
+def block_recompute_slack(req: Request, s: Shape, v) -> int:
+    """One more checkpointed layer input a rank holds when Megatron recomputes one more layer (bf16 [s, b, h] over
+    TP with sequence parallelism and over CP): the most a block-method peak can rise with n."""
+    if req.training.framework != "megatron":
+        return 0
+    arch, seq = req.architecture, req.training.seq_len
+    return -(-seq * v.micro_batch * arch.hidden_size * 2 // (s.tp * s.cp))
 
 
 def native_megatron_fusion(training: Training) -> bool:
@@ -630,17 +643,20 @@ def test_torchtitan_llama31_405b_on_512_h100():
     theirs = Parallel(tp=8, pp=8, vpp=2, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15, zero_stage=3)
     assert estimate(arch, dataclasses.replace(tr, recompute="full"), theirs, H100).fit.verdict == "fits"
     mine = best(arch, tr, "h100-80", n, tp=8, pp=8, cp=1, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15)
-    # within 25% of the fastest (TP 2 with FSDP over 256: its rings leave each node through 4 NICs per
+    # within 35% of the fastest (TP 2 with FSDP over 256: its rings leave each node through 4 NICs per
     # group, speed/collectives.ring_line_rate): torchtitan runs this layout with async TP, which hides
-    # the forward's TP collectives (training.async_tp); asked without it, TP 8 pays them all
-    assert mine.tokens_per_s_per_gpu >= 0.75 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
+    # the forward's TP collectives (training.async_tp); asked without it, TP 8 pays them all; and the
+    # pipelined stages' idle stream pools (pp_buffers.py: the reduce-scatter stream's sharded gradients, the
+    # all-gather copy-in) leave it micro-batches of one sequence where it ran two without them (79% then)
+    assert mine.tokens_per_s_per_gpu >= 0.65 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
 
 
 def test_torchtitan_405b_with_async_tp():
     """The same layout as torchtitan ran it, with async TP (an Inductor pass: compile on): the planner gives every
     layout it judges the async_tp asked for (it does not search it), and the step time then charges one chunk of
-    each overlapped TP collective (speed/communication.py), so TP 8 comes nearer the fastest (TP 2): 84% of it
-    against 79% without (README)."""
+    each overlapped TP collective (speed/communication.py), so TP 8 comes nearer the fastest (TP 2): 73% of it
+    against 66% without (README; 84% and 79% before the pipelined stages' stream pools, pp_buffers.py, cost the
+    layout its two-sequence micro-batches)."""
     arch, n = get_architecture("llama-3.1-405b"), 512
     fixed = dict(tp=8, pp=8, cp=1, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15)
     ratios = {}
@@ -649,7 +665,7 @@ def test_torchtitan_405b_with_async_tp():
         mine, fastest = best(arch, tr, "h100-80", n, **fixed), best(arch, tr, "h100-80", n)
         assert mine.training.async_tp is async_tp and fastest.training.async_tp is async_tp
         ratios[async_tp] = mine.tokens_per_s_per_gpu / fastest.tokens_per_s_per_gpu
-    assert ratios[False] == pytest.approx(0.79, abs=0.01) and ratios[True] == pytest.approx(0.84, abs=0.01)
+    assert ratios[False] == pytest.approx(0.66, abs=0.01) and ratios[True] == pytest.approx(0.73, abs=0.01)
 
 
 def gpt3_175b() -> Architecture:

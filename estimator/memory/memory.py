@@ -35,6 +35,7 @@ from .components import Component, Phase, StageDetail, StageEstimate, component,
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from .resolved import Resolved, resolve, training_with
+from .activations.recompute import recomputed_layer_count
 from .sharding import StageParameters
 from .adapters import trainable_count
 from ..spec.training import Training
@@ -136,12 +137,15 @@ def estimate_resolved(cfg: Resolved, replay: bool = True) -> Estimate:
 
 def static_key(sp, training: Training) -> tuple:
     """All a stage's static part reads of the stage, its key in the stage memo: its ends, its layers' kinds and
-    what it reads of its chunks. Megatron's reads only whether the rank runs one chunk (block recompute frees the
-    later layers first, static_stage._freed_before_recompute); torch pipelining's (fsdp2 and the other frameworks)
-    their count (pp_buffers.py, transients' RoPE tables, an interleaved rank's gradients). Keying Megatron on the
-    count would build one static part per virtual-stage count for the same stage."""
-    chunks = len(sp.chunks) == 1 if training.framework == "megatron" else len(sp.chunks)
-    return (sp.first, sp.last, sp.kind_counts, chunks)
+    what it reads of its chunks and of recompute_layers. Megatron's reads whether the rank runs one chunk and,
+    with the block method, how many of the stage's layers it recomputes (the later layers are freed before the
+    first n are recomputed, static_stage._freed_before_recompute); torch pipelining's (fsdp2 and the other
+    frameworks) the chunks' count (pp_buffers.py, transients' RoPE tables, an interleaved rank's gradients).
+    Keying Megatron on the count would build one static part per virtual-stage count for the same stage."""
+    if training.framework != "megatron":
+        return (sp.first, sp.last, sp.kind_counts, len(sp.chunks))
+    block = None if training.recompute_layers is None else recomputed_layer_count(training, sp.num_layers)
+    return (sp.first, sp.last, sp.kind_counts, len(sp.chunks) == 1, block)
 
 
 def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
@@ -152,9 +156,9 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
     the layers: a layout search varying those, and an app rerun, read them back. The architecture is
     immutable, so the memo never goes stale; whatever these parts come to read of the layout must
     join the key. How many layers full recompute checkpoints (`recompute_layers`) is not part of it:
-    the shared part does not read it and a static part only whether a stage recomputes any layer
-    (`activations.recompute.recomputed_layer_count` > 0: min(n, layers) is, for every n >= 1, exactly when
-    the stage has layers); the groups kept here add it to their keys (`_training_stages`). `loss`:
+    the shared part does not read it, and a static part reads it only under Megatron's block method, where
+    `static_key` adds the stage's recomputed count; the groups kept here add it to their keys
+    (`_training_stages`). `loss`:
     the memo of the same setup with that loss instead (a stage without the head reads nothing of
     the loss: `_static_stage` reads the loss's parts of `_Shared` and the head's transients on the
     last stage only)."""
