@@ -299,24 +299,9 @@ def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_s
     arch, full = cfg.architecture, cfg.training.recompute == "full"
     kinds = arch.layer_kinds()
     before, made = kept.pop()
-    last, cast = None, None
+    cast = None
     if sp.last and shared.loss:
-        # autograd's chain (each node frees its saved tensors and the gradient it was given once it has
-        # made its own, torch/csrc/autograd/engine.cpp): the loss's gradients, each freeing the one
-        # before, then the tensors the loss kept; the logits' gradient in the compute dtype (the
-        # backward of their fp32 cast) is made while the last fp32 one lives, and lives until the
-        # head's gradients are made (as recorded: tests/data/measured/allocator)
-        for b in _sizes(shared.loss.backward, shared.parallel):
-            block = prog.alloc(b)
-            if last is not None:
-                prog.free(last)
-            last = block
-        prog.free(*made)
-        made = []
-        cast = next((prog.alloc(e.bytes(shared.parallel)) for e in shared.loss.forward
-                     if e.name == LOGITS_COMPUTE_DTYPE), None)
-        if last is not None:
-            prog.free(last)
+        cast, made = _loss_backward(prog, shared, made), []
     index = len(order)
     for t in reversed(w.head):
         index -= 1
@@ -357,6 +342,26 @@ def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_s
         else:
             _gradient(prog, grads, index, t.grad)
     prog.free(*kept.pop())
+
+
+def _loss_backward(prog, shared, made: list) -> int | None:
+    """Autograd's chain through the loss (each node frees its saved tensors and the gradient it was given once
+    it has made its own, torch/csrc/autograd/engine.cpp): the loss's gradients, each freeing the one before,
+    then the tensors the loss kept (`made`); the logits' gradient in the compute dtype (the backward of their
+    fp32 cast) is made while the last fp32 one lives, and lives until the head's gradients are made (as
+    recorded: tests/data/measured/allocator). Returns that gradient's block."""
+    last = None
+    for b in _sizes(shared.loss.backward, shared.parallel):
+        block = prog.alloc(b)
+        if last is not None:
+            prog.free(last)
+        last = block
+    prog.free(*made)
+    cast = next((prog.alloc(e.bytes(shared.parallel)) for e in shared.loss.forward
+                 if e.name == LOGITS_COMPUTE_DTYPE), None)
+    if last is not None:
+        prog.free(last)
+    return cast
 
 
 def _tied_sum(prog, grads: dict, from_head: int, nbytes: float) -> None:
