@@ -434,3 +434,50 @@ def test_a_search_judges_by_the_flat_share():
     assert "a layout's own estimate replays the caching allocator" in render_plan_text(result)
     megatron = plan(arch, Training(seq_len=4096, global_batch_size=8), "h100-80", 1, limit=3)
     assert "replays the caching allocator" not in render_plan_text(megatron)
+
+
+def _sized_events(run, nbytes: int) -> list[str]:
+    """The requests and frees of exactly `nbytes` that `run` makes the caching allocator see, each block named by
+    a letter in order of first request ('+A' made, '-A' freed)."""
+    from estimator.memory import allocator
+    malloc, free = allocator.CachingAllocator.malloc, allocator.CachingAllocator.free
+    names, events = {}, []
+
+    def recording_malloc(self, size):
+        block = malloc(self, size)
+        names.pop(block, None)
+        if size == nbytes:
+            names[block] = chr(ord("A") + sum(e[0] == "+" for e in events))
+            events.append("+" + names[block])
+        return block
+
+    def recording_free(self, block):
+        if block in names:
+            events.append("-" + names.pop(block))
+        return free(self, block)
+    allocator.CachingAllocator.malloc, allocator.CachingAllocator.free = recording_malloc, recording_free
+    try:
+        run()
+    finally:
+        allocator.CachingAllocator.malloc, allocator.CachingAllocator.free = malloc, free
+    return events
+
+
+def test_a_tied_embeddings_gradients_as_autograd_makes_them():
+    """Qwen2.5-0.5B (tied), bf16, AdamW: the embedding-sized blocks (151,936 x 896 x 2 B) in the recorded sequence
+    and in the ledger's, over two steps. The head's gradient waits in autograd's input buffer through the whole
+    backward (B); at its end the lookup's (C) and their sum (D) are made, the head's and the lookup's freed, and
+    the sum is the .grad (reserved._tied_sum); AdamW's two states (E, F), one foreach temporary (G), zero_grad
+    frees the sum. The recorded sequence also has a transient after the model's build and the frees at its end;
+    the ledger's earlier sequence kept the head's block as the .grad and made the lookup's as one transient."""
+    record = load(next(p for p in TRACES if p.name.startswith("qwen2.5-0.5b-bf16-adamw-norecompute-sdpa-s2048-b2")))
+    size = 151_936 * 896 * 2
+    assert _sized_events(lambda: replay(record["events"]), size) == [
+        "+A", "+B", "-B",  # the model's embedding, a transient after the build
+        "+C", "+D", "+E", "-C", "-D", "+F", "+G", "+H", "-H", "-E",  # step 1: states F, G; a temporary H
+        "+I", "+J", "+K", "-I", "-J", "+L", "-L", "-K",  # step 2
+        "-F", "-G", "-A"]  # the run's end
+    assert _sized_events(_ledger_replay(record), size) == [
+        "+A",
+        "+B", "+C", "+D", "-B", "-C", "+E", "+F", "+G", "-G", "-D",
+        "+H", "+I", "+J", "-H", "-I", "+K", "-K", "-J"]

@@ -124,3 +124,29 @@ def test_torchtune_tied_embedding_with_8bit_states():
     kept = sum(c.bytes for c in backward.components if c.key != "transient")
     step = next(p for p in stage.phases if p.name == "optimizer")
     assert kept == sum(c.bytes for c in step.components if c.key != "transient")  # states and every gradient
+
+
+def _recomputed_layer_bytes(config: dict) -> int:
+    backward = _phases(config)["backward"]
+    transient = next(c for c in backward.components if c.key == "transient")
+    return next(p.bytes for p in transient.parts if p.label == "One recomputed layer's activations")
+
+
+def test_the_first_layer_is_recomputed_as_its_own_kind():
+    """DeepSeek-V3.2 cut to 4 layers (3 dense, then 1 MoE), full recompute, one micro-batch of 2 x 4,096: backward
+    ends recomputing layer 0, a dense layer (its ledger: 29,393,813,504 B), beside every later gradient; the MoE
+    layer (31,289,638,912 B) is recomputed before the three dense layers' gradients exist (about 2.4 GB of them),
+    so its moment is smaller. Charging the MoE layer at the end put the backward phase 1.04% over the measured
+    172,528,350,208 B; the dense layer puts it 0.06% under. With two micro-batches every gradient lives through
+    backward, and the MoE layer's recomputation is the larger moment."""
+    from estimator.memory.trainer_backward_end import earliest_of_each_kind
+    record = json.loads((MEASURED / "deepseek-v3.2-4layers-bf16-adamw-recompute-eager-s4096-b2.json").read_text())
+    config = record["config"]
+    result = estimate_config(config)
+    assert earliest_of_each_kind(result.config.architecture, result.config.stages[0]) == [
+        ("dense", []), ("moe", ["dense", "dense", "dense"])]
+    assert _recomputed_layer_bytes(config) == 29_393_813_504
+    backward = _phases(config)["backward"].allocated_bytes
+    assert backward == pytest.approx(record["measured"]["phases"]["backward"]["total"], rel=0.001)
+    config["training"]["global_batch_size"] = 4
+    assert _recomputed_layer_bytes(config) == 31_289_638_912

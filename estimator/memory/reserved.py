@@ -36,7 +36,8 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
    backward transients, its trainable parameters' gradients from the last (the first micro-batch creates
    them, later ones add in place), its tensors freed in reverse order of making as backward passes the
-   weights that used them (autograd frees a node's saved tensors once it has run);
+   weights that used them (autograd frees a node's saved tensors once it has run); a tied embedding's
+   gradient from the head held until the lookup's, then their sum made out of place (`_tied_sum`);
 4. the optimizer step: its states created at the first step (per trainable parameter, in order, in its
    dtype; fused AdamW's 0-dim step counters after them), its temporaries per tensor (torch's foreach
    kernels allocate one result per tensor) made and freed; zero_grad frees the gradients.
@@ -298,31 +299,16 @@ def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_s
     arch, full = cfg.architecture, cfg.training.recompute == "full"
     kinds = arch.layer_kinds()
     before, made = kept.pop()
-    last, cast = None, None
+    cast = None
     if sp.last and shared.loss:
-        # autograd's chain (each node frees its saved tensors and the gradient it was given once it has
-        # made its own, torch/csrc/autograd/engine.cpp): the loss's gradients, each freeing the one
-        # before, then the tensors the loss kept; the logits' gradient in the compute dtype (the
-        # backward of their fp32 cast) is made while the last fp32 one lives, and lives until the
-        # head's gradients are made (as recorded: tests/data/measured/allocator)
-        for b in _sizes(shared.loss.backward, shared.parallel):
-            block = prog.alloc(b)
-            if last is not None:
-                prog.free(last)
-            last = block
-        prog.free(*made)
-        made = []
-        cast = next((prog.alloc(e.bytes(shared.parallel)) for e in shared.loss.forward
-                     if e.name == LOGITS_COMPUTE_DTYPE), None)
-        if last is not None:
-            prog.free(last)
+        cast, made = _loss_backward(prog, shared, made), []
     index = len(order)
     for t in reversed(w.head):
         index -= 1
         _gradient(prog, grads, index, t.grad)
-    tied = arch.tie_embeddings and sp.first and sp.last
-    if tied and order:  # the head's product gives the shared weight its gradient first (AccumulateGrad)
-        _gradient(prog, grads, 0, order[0].grad)
+    # a tied weight's gradient from the head waits in autograd's input buffer for the lookup's (tied_sum)
+    tied = arch.tie_embeddings and sp.first and sp.last and bool(order) and order[0].grad
+    from_head = prog.alloc(order[0].grad) if tied else None
     prog.free(*[b for b in (cast,) if b], *made, *before)
     backward = _no_copies(tr.backward)
     malloc, free = prog._malloc, prog._free
@@ -351,8 +337,51 @@ def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_s
         prog.free(*(saved if full else ()))
     for t in reversed(order[:index]):
         index -= 1
-        _gradient(prog, grads, index, t.grad)  # (the tied embedding's own, added into the head's)
+        if index == 0 and from_head is not None:
+            _tied_sum(prog, grads, from_head, t.grad)
+        else:
+            _gradient(prog, grads, index, t.grad)
     prog.free(*kept.pop())
+
+
+def _loss_backward(prog, shared, made: list) -> int | None:
+    """Autograd's chain through the loss (each node frees its saved tensors and the gradient it was given once
+    it has made its own, torch/csrc/autograd/engine.cpp): the loss's gradients, each freeing the one before,
+    then the tensors the loss kept (`made`); the logits' gradient in the compute dtype (the backward of their
+    fp32 cast) is made while the last fp32 one lives, and lives until the head's gradients are made (as
+    recorded: tests/data/measured/allocator). Returns that gradient's block."""
+    last = None
+    for b in _sizes(shared.loss.backward, shared.parallel):
+        block = prog.alloc(b)
+        if last is not None:
+            prog.free(last)
+        last = block
+    prog.free(*made)
+    cast = next((prog.alloc(e.bytes(shared.parallel)) for e in shared.loss.forward
+                 if e.name == LOGITS_COMPUTE_DTYPE), None)
+    if last is not None:
+        prog.free(last)
+    return cast
+
+
+def _tied_sum(prog, grads: dict, from_head: int, nbytes: float) -> None:
+    """The tied embedding's lookup gradient meets the head's, held since the head's backward: the weight
+    feeds one AccumulateGrad node twice, so the engine keeps the first gradient in the node's input buffer
+    and sums the second into it (torch 2.13 torch/csrc/autograd/input_buffer.cpp, accumulate) out of place:
+    the head's arrives as a transposed view whose storage is shared, so `can_accumulate_inplace` fails and
+    `old_var + var` is a new tensor. The lookup's (embedding_dense_backward) is made, then the sum; the head's
+    goes as the sum replaces it in the buffer, the lookup's once its node's outputs are dropped; the sum
+    becomes .grad (functions/accumulate_grad.h accumulateGrad: stolen), or is added into an existing .grad in
+    place and freed. Shown on the pinned torch with real tensors (tests/test_backward_end.py) and in every
+    recorded sequence of a tied model (tests/data/measured/allocator: head's, lookup's, sum, head's freed,
+    lookup's freed)."""
+    lookup = prog.alloc(nbytes)
+    total = prog.alloc(nbytes)
+    prog.free(from_head, lookup)
+    if 0 in grads:
+        prog.free(total)
+    else:
+        grads[0] = total
 
 
 def _gradient(prog, grads: dict, index: int, nbytes: float) -> None:

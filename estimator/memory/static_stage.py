@@ -140,13 +140,14 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared)
+    by_kind = True  # the recomputed layer's moment is its kind's own, unless another moment replaces it
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
-        working, extras = 0.0, ring
+        working, extras, by_kind = 0.0, ring, False
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
         if total_bytes(attention) > int(round(working)) + total_bytes(extras):
-            working, extras = 0.0, attention
+            working, extras, by_kind = 0.0, attention, False
         attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
         if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
             loss_forward = attention
@@ -184,8 +185,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, inv)
     end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
     if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
-        recomputed = ([component("transient", "One recomputed layer's activations", working,
-                                 "per-layer ledger of one layer", KORTHIKANTI)] if working else []) + list(extras)
+        recomputed = _recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
         end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,
                                    tr.backward if training.recompute == "full" else [])
     if end:
@@ -243,19 +243,42 @@ def _math_attention_moment(arch: Architecture, training: Training, sp: StagePara
                       MATH_SOURCE)]
 
 
-def _recompute_working_set(training: Training, sp: StageParameters, shared: _Shared) -> float:
+def _recompute_working_set(training: Training, sp: StageParameters, shared: _Shared,
+                           kinds: tuple[str, ...] | None = None) -> float:
     """What one layer rematerialises in backward, one layer at a time: all it keeps without
     recompute under full recompute, the tensors the policy recomputes under torchtitan's
-    operator-level checkpointing; nothing else."""
+    operator-level checkpointing; nothing else. The largest of the stage's kinds, or of `kinds`."""
+    kinds = kinds if kinds is not None else tuple(k for k, _ in sp.kind_counts)
     if recomputed_layer_count(training, sp.num_layers):
         # with offloaded activations the layer's input comes back from the host beside it
         reload = shared.kept_input if training.offload_activations else 0.0
-        return max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0) + reload
+        return max((shared.full_layer[k] for k in kinds), default=0.0) + reload
     if training.offload_activations:  # one layer's saved tensors copied back for its backward
-        return max((shared.full_layer[k] for k, _ in sp.kind_counts), default=0.0)
+        return max((shared.full_layer[k] for k in kinds), default=0.0)
     if op_level(training):
-        return max((shared.full_layer[k] - shared.per_layer[k] for k, _ in sp.kind_counts), default=0.0)
+        return max((shared.full_layer[k] - shared.per_layer[k] for k in kinds), default=0.0)
     return 0.0
+
+
+def _recomputed_layer(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                      shared: _Shared, working: float, extras: list[Component], by_kind: bool):
+    """A recomputed layer's working set and extras by its kind, for trainer_backward_end (None: none is
+    recomputed). `by_kind`: the working set is the layer's own (else a moment that replaced it, ring or
+    math attention, stands for every kind); the in-layer moments a kind has (DSA's) are its own."""
+    if not (working or extras):
+        return None
+
+    def layer(kind: str) -> list[Component]:
+        size, more = working, list(extras)
+        if by_kind:
+            size = _recompute_working_set(training, sp, shared, (kind,))
+            more = list(block_backward_extras(arch, training, recipe, par, sp))
+            if arch.uses_sparse_attention and recomputed_layer_count(training, sp.num_layers):
+                from .dsa_moments import dsa_stage_moments
+                more += max(*dsa_stage_moments(arch, training, par, [kind], 0.0), key=total_bytes)
+        return ([component("transient", "One recomputed layer's activations", size, "per-layer ledger of one layer",
+                           KORTHIKANTI)] if size else []) + more
+    return layer
 
 
 def _grads_live(training: Training, par: Parallel, m: int) -> bool:

@@ -6,7 +6,10 @@ usually its first (the loss's gradients beside every activation). But by its end
 gradient exists, and two moments there can be larger:
 
 - the first layer's recomputation (full recompute): every later layer's gradients beside the
-  recomputed layer's working set (and, under AMP, its autocast weight copies);
+  recomputed layer's working set, of the first layer's own kind (and, under AMP, its autocast weight
+  copies); where the stage mixes kinds (DeepSeek's first dense layers, then MoE; a hybrid's recurrent and
+  attention layers), each other kind's earliest layer too, beside the gradients of the layers after it
+  (with accumulation every gradient exists throughout: each kind beside all of them);
 - the embedding's backward. Untied, its dense gradient becomes `.grad` as made: every gradient and
   nothing else. Tied to the LM head (Gemma, Llama-3.2, small Qwen: transformers' `tie_weights` makes
   `lm_head.weight` the embedding's Parameter), the weight is used twice, so its AccumulateGrad node
@@ -23,12 +26,14 @@ gradient exists, and two moments there can be larger:
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .backward_moments import BackwardEnd
 from .components import Component, component
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
-from .sharding import StageParameters
+from .sharding import StageParameters, bucket
 from ..spec.training import Recipe, Training
 
 ACCUMULATE_SOURCE = (
@@ -56,11 +61,13 @@ def applies(training: Training, par: Parallel, zero: int) -> bool:
 
 def trainer_backward_end(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
                          sp: StageParameters, zero: int, grads: int, grads_live: bool,
-                         recomputed: list[Component], backward: list[Component]) -> BackwardEnd | None:
+                         recomputed: Callable[[str], list[Component]] | None,
+                         backward: list[Component]) -> BackwardEnd | None:
     """The largest of backward's last moments under the HF Trainer (see the module's docstring): `grads`
     every gradient on this GPU, `grads_live` whether they exist from the start of backward (accumulation),
-    `recomputed` the recomputed layer's working set and extras, `backward` backward's transients (under
-    full recompute: one layer's autocast copies). None where the framework makes its gradients otherwise."""
+    `recomputed` a recomputed layer's working set and extras by its kind (None: no recompute), `backward`
+    backward's transients (under full recompute: one layer's autocast copies). None where the framework
+    makes its gradients otherwise."""
     if not applies(training, par, zero) or not grads:
         return None
     G = bytes_per_element(recipe.grad_dtype)
@@ -73,15 +80,37 @@ def trainer_backward_end(arch: Architecture, training: Training, recipe: Recipe,
             "transient", "The tied embedding's head and lookup gradients, summed out of place" +
             (" (then added into its .grad)" if grads_live else " (the sum becomes its .grad)"),
             copies * G * emb, f"{copies} x {G:g} B x V*h" + ("/t" if par.tp > 1 else ""), ACCUMULATE_SOURCE)]))
-    if recomputed:
-        # the first layer's recomputation: every later gradient exists (all, when they accumulate); the untied
-        # embedding's not yet, the tied head's stands for it; the first layer's own are counted (the share made
-        # before its largest moment varies with the layer); beside an accumulated .grad the head's is held apart
+    if recomputed is not None:
+        # a kind's earliest layer recomputed: the gradients of the layers after it exist (all, when they
+        # accumulate); the untied embedding's not yet, the tied head's stands for it; the layer's own are counted
+        # (the share made before its largest moment varies with the layer); beside an accumulated .grad the
+        # head's is held apart
         missing = G * emb if not (tied or grads_live) else 0.0
         t = "/t" if par.tp > 1 else ""
         held = [component("transient", "The tied embedding's gradient from the head (held for the lookup's)",
                           G * emb, f"{G:g} B x V*h{t}", ACCUMULATE_SOURCE)] if tied and grads_live else []
-        moments.append((grads - missing, f"{G:g} B x (the stage's parameters - the embedding's V*h{t})" if missing
-                        else None, held + list(recomputed) + [c for c in backward if c.bytes]))
+        for kind, before in earliest_of_each_kind(arch, sp):
+            unmade = 0.0 if grads_live else sum(_layer_gradient(arch, training, par, sp, G, k) for k in before)
+            formula = (f"{G:g} B x (the stage's parameters" + (f" - the embedding's V*h{t}" if missing else "")
+                       + (" - the layers before its first " + kind + " layer" if unmade else "") + ")")
+            moments.append((grads - missing - unmade, formula if missing or unmade else None,
+                            held + list(recomputed(kind)) + [c for c in backward if c.bytes]))
     g, formula, transients = max(moments, key=lambda m: int(round(m[0])) + sum(c.bytes for c in m[2]))
     return BackwardEnd(g, formula, transients, "Gradients (all but the embedding's, made last)", FIRST_LAYER_SOURCE)
+
+
+def earliest_of_each_kind(arch: Architecture, sp: StageParameters) -> list[tuple[str, list[str]]]:
+    """Each kind of layer on the stage with the kinds of the stage's layers before its earliest one (backward
+    reaches that one last of its kind, when the most gradients exist), the stage's first layer first."""
+    kinds = arch.layer_kinds()
+    order = [kinds[i] for i in sp.layer_indices]
+    return [(kind, order[:order.index(kind)]) for kind in dict.fromkeys(order)]
+
+
+def _layer_gradient(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, G: float,
+                    kind: str) -> float:
+    """One layer's gradients on this GPU: its parameters' local elements (as sharding.stage_parameters counts
+    them), less its indexer where transformers leaves the indexers untrained (states.py), in the gradients' dtype."""
+    own = arch.cached((kind, par.tp, par.ep, par.etp), lambda: bucket(arch.layer_tensors(kind), par))
+    untrained = (sp.indexers.dense + sp.indexers.expert) / max(1, sp.num_layers) if training.framework == "hf" else 0.0
+    return G * max(0.0, own.dense + own.expert - untrained)
