@@ -90,3 +90,17 @@ def test_megatron_builds_mtp_layers_modules():
     assert last.component("mtp") is not None and none.stages[-1].component("mtp") is None
     assert built.stages[0].device_total_bytes == none.stages[0].device_total_bytes
     assert last.device_total_bytes > none.stages[-1].device_total_bytes
+
+
+
+def test_rl_trainer_under_fsdp2_says_why_the_mtp_module_is_absent():
+    """GRPO on DeepSeek-V3 with the torchtitan trainer: the trainer's step counts the model without its MTP
+    module (torchtitan 0.3.0's recipes build none) and the RL estimate keeps the note that says why."""
+    est = estimate_config({"model": "deepseek-v3", "training": {"framework": "fsdp2", "recompute": "full",
+                                                               "rl": {"algorithm": "grpo", "rollout_batch_size": 32,
+                                                                      "samples_per_prompt": 8,
+                                                                      "max_prompt_len": 1024,
+                                                                      "max_response_len": 1024, "rollout_tp": 8}},
+                           "parallel": {"dp": 256}, "hardware": {"gpu": "h200"}})
+    assert est.parameters_total == 671_026_419_200
+    assert any("torchtitan 0.3.0 builds MTP modules only when" in note for note in est.notes)

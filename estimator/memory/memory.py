@@ -205,7 +205,7 @@ def _rl_estimate(cfg: Resolved) -> Estimate:
             f"step on {rl.sequence_len:,}-token sequences")
     return replace(train, config=shown, rl_phases=phases, allocated_peak_bytes=peak.allocated_bytes,
                    device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, cfg.gpu),
-                   notes=train.notes + (note,))
+                   notes=((mtp_note(cfg.mtp),) if cfg.mtp.reason else ()) + train.notes + (note,))
 
 
 def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: int, vocab: int) -> tuple[str, ...]:
