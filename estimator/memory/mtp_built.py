@@ -64,5 +64,5 @@ def mtp_note(build: MtpBuild) -> str | None:
     """The breakdown's line on MTP modules the checkpoint has and the run does not build."""
     if not build.reason:
         return None
-    return (f"the checkpoint's {build.checkpoint} multi-token-prediction module(s) are not built, so no parameters, "
-            f"gradients, optimizer states or activations are counted for them: {build.reason}")
+    return (f"the checkpoint's {build.checkpoint} multi-token-prediction module(s) are not built, and the estimate "
+            f"counts nothing for them (parameters, gradients, optimizer states, activations): {build.reason}")
