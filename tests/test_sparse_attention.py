@@ -385,12 +385,11 @@ def test_the_planner_lays_out_the_issue_28_mla_models(model):
 
 
 def _hf(**training):
-    """DeepSeek-V3.2 under the HF Trainer on one GPU, pure bf16, eager attention; without the MTP module, which
-    transformers does not build (DeepseekV32PreTrainedModel._keys_to_ignore_on_load_unexpected: layers.61)."""
+    """DeepSeek-V3.2 under the HF Trainer on one GPU, pure bf16, eager attention: the preset, whose MTP module
+    transformers does not build (DeepseekV32PreTrainedModel._keys_to_ignore_on_load_unexpected: layers.61), so the
+    estimate leaves it out (memory/mtp_built.py)."""
     from estimator import estimate_config
-    from estimator.spec.config import architecture_to_dict
-    model = dict(architecture_to_dict(get_architecture("deepseek-v3.2")), mtp_layers=0)
-    config = {"model": model, "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1,
+    config = {"model": "deepseek-v3.2", "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1,
                                                      "param_dtype": "bf16", "attention": "eager", **training},
               "parallel": {"tp": 1, "pp": 1, "dp": 1}, "hardware": {"gpu": "h200"}}
     return estimate_config(config)
@@ -477,12 +476,11 @@ def test_hf_roofline_runs_the_indexer_forward_only_and_attention_over_every_key(
     no backward, no KL loss); backward twice the attention's forward. s = 4096, b = 1, a = 128, H_I = 64, D_I = 128."""
     from estimator import load_config
     from estimator.memory.resolved import resolve
-    from estimator.spec.config import architecture_to_dict
     from estimator.speed.operation_table import operation_table
 
-    model = dict(architecture_to_dict(get_architecture("deepseek-v3.2")), mtp_layers=0)
-    cfg = load_config({"model": model, "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1,
-                                                    "attention": "eager"}, "parallel": {"dp": 1},
+    cfg = load_config({"model": "deepseek-v3.2", "training": {"framework": "hf", "seq_len": 4096,
+                                                              "micro_batch_size": 1, "attention": "eager"},
+                       "parallel": {"dp": 1},
                        "hardware": {"gpu": "h200"}})
     table = operation_table(resolve(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware))
     forward, backward = next(iter(table.variants.values()))

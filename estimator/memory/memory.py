@@ -43,6 +43,7 @@ from .result import Estimate, fit_on
 from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
                            _shared)
 from .static_stage import _StaticStage, _static_stage
+from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
@@ -93,7 +94,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
         ends = static_key(sp, cfg.training)
         static = memo.get(ends)
         if static is None:
-            static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
+            static = memo[ends] = _static_stage(cfg.architecture, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
                                                 cfg.microbatches, shared)
         step = static.totals[2]
         out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation))
@@ -126,6 +127,8 @@ def estimate_resolved(cfg: Resolved, replay: bool = True) -> Estimate:
         stages = _training_stages(cfg, shared, memo, replay=replay)
     peak = max(stages, key=lambda s: s.device_total_bytes)
     notes = _notes(arch, training, par, zero, m, vocab)
+    if mtp_note(cfg.mtp):
+        notes = (mtp_note(cfg.mtp),) + notes
     return Estimate(
         config=cfg, parameters_total=counts.total, parameters_active=counts.active,
         parameters_trainable=(0 if training.mode == "inference" else trainable_count(arch, training) if training.adapter
@@ -206,7 +209,7 @@ def _rl_estimate(cfg: Resolved) -> Estimate:
             f"step on {rl.sequence_len:,}-token sequences")
     return replace(train, config=shown, rl_phases=phases, allocated_peak_bytes=peak.allocated_bytes,
                    device_total_bytes=peak.device_total_bytes, fit=fit_on(peak.device_total_bytes, cfg.gpu),
-                   notes=train.notes + (note,))
+                   notes=((mtp_note(cfg.mtp),) if cfg.mtp.reason else ()) + train.notes + (note,))
 
 
 def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: int, vocab: int) -> tuple[str, ...]:

@@ -4,8 +4,10 @@ The memory model, the roofline, the advice and the planner read a `Resolved` rat
 re-deriving its values, so each rule has one owner: the ZeRO stage a framework runs
 (`states.resolve_zero_stage`, through `validation.validate`), the precision recipe
 (`training.resolve_recipe`), Megatron's padded vocabulary (`sharding.padded_vocab_size`), the
-global batch and micro-batches (`pipeline.global_batch_size`), and each pipeline stage's layers
-and parameter buckets (`sharding.stage_parameters`). The layout's own derived defaults (sequence
+global batch and micro-batches (`pipeline.global_batch_size`), each pipeline stage's layers
+and parameter buckets (`sharding.stage_parameters`), and the model the framework builds: without the
+checkpoint's multi-token-prediction modules where it does not build them (`mtp_built.mtp_build`), so no
+part of the estimate counts them. The layout's own derived defaults (sequence
 parallelism with TP, ETP = TP) are resolved by `Parallel` itself.
 """
 
@@ -21,6 +23,7 @@ from ..spec.architecture import Architecture
 from ..spec.gpus import GPU
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
+from .mtp_built import MtpBuild, as_built, mtp_build
 from .sharding import StageParameters, padded_vocab_size, split_key, stage_parameters
 from ..spec.training import Recipe, Training, resolve_recipe
 from .validation import validate
@@ -38,6 +41,7 @@ class Resolved:
     global_batch_size: int
     microbatches: int
     stages: tuple[StageParameters, ...]
+    mtp: MtpBuild  # the checkpoint's MTP modules and how many the framework builds (architecture: as built)
 
     @property
     def gpu(self) -> GPU:
@@ -60,6 +64,8 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     training = training or _default(Training)
     par = par or _default(Parallel)
     hardware = hardware or _default(Hardware)
+    mtp = mtp_build(arch, training)
+    arch = as_built(arch, training)
     # all but the hardware follows from the architecture, the training setup and the layout: a layout
     # search and an app rerun ask for the same ones again, so they are checked and derived once (the
     # architecture is immutable; a configuration that fails a check raises every time)
@@ -67,7 +73,7 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
                                                    per_layout=True)
     return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
                     recipe=recipe, zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,
-                    microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages)
+                    microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages, mtp=mtp)
 
 
 def training_with(arch: Architecture, training: Training, **fields) -> Training:

@@ -7,7 +7,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
-from .llama4 import dense_moe, dense_moe_entries, dense_moe_rows
+from .llama4 import TRANSFORMERS_FRAMEWORKS, dense_moe, dense_moe_entries, dense_moe_rows
 
 
 def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Training, divided_by: str,
@@ -71,7 +71,10 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
             out += _shared_expert_entries(arch, training, T)
             return out + _mlp_tail(arch, training, T)
         out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
-        out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
+        if fp32_topk_router(arch, training):
+            out += _fp32_topk_router_entries(arch, T)
+        else:
+            out.append(Entry("router logits and probabilities (fp32)", 2 * T * e, 4, "sp", "2*4*s*b*E", recompute=MOE))
         # Tokens are exchanged across EP, not removed; ETP gathers them while it splits the expert
         # width, so per GPU the routed tokens are k*phi*s*b/t for every expert-width tensor.
         routed = T * k * phi
@@ -91,6 +94,36 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
                              "B*phi*k*s*b*h*etp", recompute=MOE))
         out += _shared_expert_entries(arch, training, T)
     return out + _mlp_tail(arch, training, T)
+
+
+FP32_ROUTER_SOURCE = ("transformers 5.23 models/deepseek_v3/modeling_deepseek_v3.py DeepseekV3TopkRouter.forward (and "
+                      "deepseek_v32/modeling_deepseek_v32.py DeepseekV32TopkRouter): F.linear(hidden_states.type("
+                      "torch.float32), self.weight.type(torch.float32)), sigmoid, group-limited top-k, gather")
+
+
+def fp32_topk_router(arch: Architecture, training: Training) -> bool:
+    """transformers' DeepSeek-V3 router (sigmoid scores with e_score_correction_bias: router_bias without the
+    linear biases gpt-oss's router has) runs its linear in fp32 (FP32_ROUTER_SOURCE), outside torch.compile,
+    whose partitioner would recompute the casts rather than keep their outputs."""
+    return (training.framework in TRANSFORMERS_FRAMEWORKS and arch.router_bias and not arch.linear_bias
+            and not compiled(training))
+
+
+def _fp32_topk_router_entries(arch: Architecture, T: float) -> list[Entry]:
+    """What DeepseekV3TopkRouter keeps for backward (FP32_ROUTER_SOURCE; checked against a real CPU run in
+    tests/test_hf_fp32_router.py): the linear's fp32 copies of its input and of its weight, the sigmoid's output, the
+    masked_fill's mask, the top-k indices the gather keeps, and the normalisation's numerator and denominator.
+    The group-limited selection's int64 indices (8*s*b*(2*n_group + topk_group), 0.7 MB a layer at 4k tokens)
+    are left out: n_group and topk_group are not architecture fields."""
+    e, k, h = arch.num_experts, arch.num_experts_per_token, arch.hidden_size
+    return [Entry("router input, fp32 copy (transformers' fp32 router linear)", T * h, 4, "sp", "4*s*b*h",
+                  recompute=MOE, for_weights=("router",)),
+            Entry("router weight, fp32 copy (kept for the input's gradient)", e * h, 4, "none", "4*E*h",
+                  recompute=MOE, split_by_cp=False),
+            Entry("router scores (sigmoid output, fp32)", T * e, 4, "sp", "4*s*b*E", recompute=MOE),
+            Entry("router group mask (bool)", T * e, 1, "sp", "s*b*E", recompute=MOE),
+            Entry("router top-k indices (int64)", T * k, 8, "sp", "8*s*b*k", recompute=MOE),
+            Entry("router top-k weights and their sum (fp32)", T * (k + 1), 4, "sp", "4*s*b*(k+1)", recompute=MOE)]
 
 
 def _shared_expert_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
