@@ -93,7 +93,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
         static = memo.get(ends)
         if static is None:
             static = memo[ends] = _static_stage(arch, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
-                                                cfg.microbatches, shared)
+                                                cfg.microbatches, shared, memo)
         step = static.totals[2]
         out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation))
                              + _cached_bytes(shared),
@@ -180,11 +180,11 @@ class _StageMemo:
 
     def __setitem__(self, part, value) -> None:
         self.parts[part] = value
-        kind = "shared" if part == "shared" else "group" if part[0] == "group" else "static"
+        kind = "shared" if part == "shared" else part[0] if part[0] in ("group", "piece") else "static"
         _memo.SHARED.grow(self.entry, _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES)
 
 
-_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static")}
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "piece")}
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:
@@ -285,7 +285,7 @@ def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, gro
         static = home.get(ends)
         if static is None:
             static = home[ends] = _static_stage(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp,
-                                                cfg.zero_stage, cfg.microbatches, shared)
+                                                cfg.zero_stage, cfg.microbatches, shared, memo)
         group = groups[key] = _group(static, sp, cfg, shared, home, key, no_replay)
     return group
 

@@ -73,7 +73,7 @@ class _StaticStage(NamedTuple):
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                  zero: int, m: int, shared: _Shared) -> _StaticStage:
+                  zero: int, m: int, shared: _Shared, pieces: dict) -> _StaticStage:
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
@@ -99,12 +99,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
-    # the libraries' workspaces are held by the allocator from the first matrix product on (workspaces.py), and
-    # TransformerEngine's dummy weight gradients from the first backward on (wgrad_cache.py)
-    cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-    tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)]
-                     + ([cache] if cache else []))
-    exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
+    workspaces, (exchange, exchange_backward, in_moe_layer) = _kind_pieces(arch, training, par, sp, shared, pieces)
+    tr = tr._replace(persistent=tr.persistent + workspaces)
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
         kinds = [k for k, n in sp.kind_counts if n]
@@ -200,6 +196,25 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
                         place.host + paged_host, place.nvme, backward_end, managed,
                         reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
+
+
+def _kind_pieces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, shared: _Shared,
+                 pieces: dict) -> tuple[list[Component], tuple[list, list, list]]:
+    """The pieces of a static part that read of its stage only which kinds of layer it has and whether it holds
+    the head: the persistent workspaces (the libraries' from the first matrix product on, workspaces.py; and
+    TransformerEngine's dummy weight gradients from the first backward on, wgrad_cache.py, whose shapes are the
+    kinds' and the head's) and an MoE layer's moments (moe_moments.py: whether the stage has MoE layers). The
+    static parts of one setup (`pieces`: its stage memo, memory._stage_memo, whose key holds all else they read)
+    share them: a search builds about ten static parts per memo, from a few such pieces (the lists are never
+    changed in place: every use adds them into new ones)."""
+    kinds = tuple(sorted({kind for kind, n in sp.kind_counts if n}))
+    key = ("piece", kinds, sp.last)
+    known = pieces.get(key)
+    if known is None:
+        cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+        workspaces = [library_workspaces(training, shared.hardware, "moe" in kinds)] + ([cache] if cache else [])
+        known = pieces[key] = (workspaces, moe_moments(arch, training, par, sp))
+    return known
 
 
 def _gathered(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters) -> tuple | None:
