@@ -42,7 +42,7 @@ from ..spec.training import Training
 from .result import Estimate, fit_on
 from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
                            _shared)
-from .static_stage import _StaticStage, _static_stage
+from .static_stage import StepPart, _StaticStage, _static_stage, step_part
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
@@ -92,15 +92,25 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     out = []
     for sp in cfg.stages:
         ends = static_key(sp, cfg.training)
-        static = memo.get(ends)
-        if static is None:
-            static = memo[ends] = _static_stage(cfg.architecture, cfg.training, cfg.recipe, par, sp, cfg.zero_stage,
-                                                cfg.microbatches, shared)
-        step = static.totals[2]
-        out.append(StepFloor(step + static.outside_allocator + int(round(step * shared.fragmentation))
-                             + _cached_bytes(shared),
-                             static.parameters_per_gpu))
+        static = memo.get(ends)  # a static part built before holds its step part
+        part = _step_part(cfg, shared, memo, sp, ends) if static is None else None
+        step = static.totals[2] if part is None else part.step_bytes
+        outside = static.outside_allocator if part is None else part.outside_allocator
+        out.append(StepFloor(step + outside + int(round(step * shared.fragmentation)) + _cached_bytes(shared),
+                             int(round(sp.local))))  # `_StaticStage.parameters_per_gpu`
     return tuple(out)
+
+
+def _step_part(cfg: Resolved, shared: _Shared, memo, sp, ends: tuple) -> StepPart:
+    """The stage's model states and transients (`static_stage.StepPart`), kept in `memo` beside its static part
+    (they read the same of the stage): a search's states floors (`step_floors`) read them alone, and most of
+    their layouts never reach a full estimate; those that do build their static parts on them."""
+    key = ("step", ends)  # `static_key`
+    part = memo.get(key)
+    if part is None:
+        part = memo[key] = step_part(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage,
+                                     shared, memo)
+    return part
 
 
 def _shared_of(cfg: Resolved, memo) -> _Shared:
@@ -187,11 +197,11 @@ class _StageMemo:
 
     def __setitem__(self, part, value) -> None:
         self.parts[part] = value
-        kind = "shared" if part == "shared" else "group" if part[0] == "group" else "static"
+        kind = "shared" if part == "shared" else part[0] if part[0] in ("group", "piece", "step") else "static"
         _memo.SHARED.grow(self.entry, _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES)
 
 
-_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static")}
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "piece", "step")}
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:
@@ -292,7 +302,8 @@ def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, gro
         static = home.get(ends)
         if static is None:
             static = home[ends] = _static_stage(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp,
-                                                cfg.zero_stage, cfg.microbatches, shared)
+                                                cfg.zero_stage, cfg.microbatches, shared, memo,
+                                                _step_part(cfg, shared, home, sp, ends))
         group = groups[key] = _group(static, sp, cfg, shared, home, key, no_replay)
     return group
 

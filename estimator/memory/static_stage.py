@@ -72,14 +72,57 @@ class _StaticStage(NamedTuple):
     gathered: tuple[float, str, float] | None = None
 
 
-def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                  zero: int, m: int, shared: _Shared) -> _StaticStage:
+class StepPart(NamedTuple):
+    """A stage's model states where they live and its transients: all its optimizer step reads (`step_floors`
+    wants that alone), and what the rest of its static part (`_static_stage`) builds on."""
+
+    inv: object  # what an adapter run trains (adapters.inventory), else None
+    ms: object  # the model states (states.ModelStates), less paged ones
+    managed: Component | None  # paged optimizer states in managed memory (paged.py)
+    paged_host: tuple[Component, ...]
+    tr: Transients  # the persistent workspaces included; no optimizer temporaries when the step runs on the host
+    place: Placement
+    states: int  # on the GPU through every phase: parameters, master weights, optimizer states, FP8 copies, buffers
+    grads: int  # the gradients at the step
+    outside_allocator: int  # communication + CUDA context + managed memory
+
+    @property
+    def step_bytes(self) -> int:
+        """The allocated bytes of the optimizer step (`_StaticStage.totals[2]`)."""
+        return self.states + self.grads + total_bytes(self.tr.optimizer)
+
+
+def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+              zero: int, shared: _Shared, pieces: dict) -> StepPart:
+    """The stage's `StepPart` (`pieces`: the stage memo of its setup, `_kind_pieces`)."""
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
     ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else \
         with_global_moments(model_states(sp, training, recipe, par, zero), arch, training, recipe, par, sp, zero)
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
+    tr = transients(arch, training, recipe, par, sp, zero, inv)
+    workspaces = _kind_pieces(arch, training, par, sp, shared, pieces)[0]
+    tr = tr._replace(persistent=tr.persistent + workspaces)
+    place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
+                                         "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
+                      _optimizer_partition(sp, par, zero, inv.trainable if inv else None, shard_group(training, par)),
+                      zero)
+    on_gpu = place.gpu
+    if place.step_on_host:
+        tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
+    states = (int(round(on_gpu["parameters"])) + int(round(on_gpu["master_weights"]))
+              + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + total_bytes(tr.persistent))
+    grads = 0 if training.optimizer_in_backward else int(round(on_gpu["gradients"]))
+    moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
+    communication = shared.moe_communication if moe_stage else shared.communication
+    outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
+    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside)
+
+
+def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  zero: int, m: int, shared: _Shared, pieces: dict, step: StepPart) -> _StaticStage:
+    inv, ms, managed, paged_host, tr, place, states, grads, outside = step
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
@@ -98,13 +141,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         loss_saved = loss_saved + after_loss
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
-    tr = transients(arch, training, recipe, par, sp, zero, inv)
-    # the libraries' workspaces are held by the allocator from the first matrix product on (workspaces.py), and
-    # TransformerEngine's dummy weight gradients from the first backward on (wgrad_cache.py)
-    cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-    tr = tr._replace(persistent=tr.persistent + [library_workspaces(training, shared.hardware, moe_stage)]
-                     + ([cache] if cache else []))
-    exchange, exchange_backward, in_moe_layer = moe_moments(arch, training, par, sp)
+    exchange, exchange_backward, in_moe_layer = _kind_pieces(arch, training, par, sp, shared, pieces)[1]
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
         kinds = [k for k, n in sp.kind_counts if n]
@@ -161,16 +198,6 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     unbegun = _gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
     beside_loss -= int(round(unbegun))
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
-    place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
-                                         "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
-                      _optimizer_partition(sp, par, zero, inv.trainable if inv else None, shard_group(training, par)),
-                      zero)
-    on_gpu = place.gpu
-    if place.step_on_host:
-        tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
-    states = (int(round(on_gpu["parameters"])) + int(round(on_gpu["master_weights"]))
-              + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + total_bytes(tr.persistent))
-    grads = 0 if training.optimizer_in_backward else int(round(on_gpu["gradients"]))
     grads_early = grads if grads_live else 0
     saved = total_bytes(loss_saved)
     totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
@@ -196,10 +223,28 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
-    outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
                         place.host + paged_host, place.nvme, backward_end, managed,
                         reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
+
+
+def _kind_pieces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, shared: _Shared,
+                 pieces: dict) -> tuple[list[Component], tuple[list, list, list]]:
+    """The pieces of a static part that read of its stage only which kinds of layer it has and whether it holds
+    the head: the persistent workspaces (the libraries' from the first matrix product on, workspaces.py; and
+    TransformerEngine's dummy weight gradients from the first backward on, wgrad_cache.py, whose shapes are the
+    kinds' and the head's) and an MoE layer's moments (moe_moments.py: whether the stage has MoE layers). The
+    static parts of one setup (`pieces`: its stage memo, memory._stage_memo, whose key holds all else they read)
+    share them: a search builds about ten static parts per memo, from a few such pieces (the lists are never
+    changed in place: every use adds them into new ones)."""
+    kinds = tuple(sorted({kind for kind, n in sp.kind_counts if n}))
+    key = ("piece", kinds, sp.last)
+    known = pieces.get(key)
+    if known is None:
+        cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+        workspaces = [library_workspaces(training, shared.hardware, "moe" in kinds)] + ([cache] if cache else [])
+        known = pieces[key] = (workspaces, moe_moments(arch, training, par, sp))
+    return known
 
 
 def _gathered(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters) -> tuple | None:

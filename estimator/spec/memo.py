@@ -163,6 +163,28 @@ def not_owned(cls: type) -> type:
     return cls
 
 
+def hash_once(cls: type) -> type:
+    """Class decorator for a frozen dataclass that keys memos (a training setup, a layout): its hash, the
+    dataclass's own over every field, worked out on the object's first use as a key and kept on it. A
+    search looks up each layout's resolved values and stage parts under keys holding these objects, about
+    four hashes of each per estimate, each over some hundred fields. Pickling leaves the kept hash out:
+    another process hashes strings with another seed."""
+    field_hash = cls.__hash__
+
+    def __hash__(self) -> int:
+        known = self.__dict__.get("_hash")
+        if known is None:
+            known = field_hash(self)
+            object.__setattr__(self, "_hash", known)
+        return known
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    cls.__hash__, cls.__getstate__ = __hash__, __getstate__
+    return cls
+
+
 def _not_owned() -> tuple[type, ...]:
     """The configuration objects values refer to but do not own (their owners hold them)."""
     return _NOT_OWNED

@@ -15,7 +15,7 @@ from .errors import ConfigError
 from .choices import TWO_CHUNK_SCHEDULES
 from .values import check_section
 from .field import record
-from .memo import not_owned
+from .memo import hash_once, not_owned
 
 
 
@@ -28,6 +28,7 @@ def tp_following_defaults(tp: int) -> dict[str, object]:
 
 @record("parallel")
 @not_owned
+@hash_once
 @dataclass(frozen=True)
 class Parallel:
     tp: int = 1

@@ -28,12 +28,13 @@ from .errors import ConfigError
 from .choices import ASYNC_TP_FRAMEWORKS, COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
 from .values import check_section
 from .field import record
-from .memo import not_owned
+from .memo import hash_once, not_owned
 
 
 
 @record("training")
 @not_owned
+@hash_once
 @dataclass(frozen=True)
 class Training:
     mode: str = "training"

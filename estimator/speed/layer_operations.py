@@ -320,6 +320,13 @@ def matmul_parameters(arch: Architecture) -> float:
 
 
 def model_flops_per_token(arch: Architecture, seq_len: int, training: bool = True) -> float:
+    """`_model_flops_per_token`, remembered on the architecture: it reads the sequence length and the mode alone,
+    and a layout search builds an operation table (operation_table.py) for each of hundreds of other settings."""
+    return arch.cached(("model flops per token", seq_len, training),
+                       lambda: _model_flops_per_token(arch, seq_len, training))
+
+
+def _model_flops_per_token(arch: Architecture, seq_len: int, training: bool) -> float:
     """PaLM appendix B: 6N + 12*L*H*Q*T per token for training, with N = `matmul_parameters`,
     H heads of width Q and T = seq_len. We halve the attention term for the causal mask (the keys
     a query attends to, s/2 on average, or w - w^2/(2s) with a sliding window w), the work flash
