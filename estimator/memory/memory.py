@@ -105,7 +105,9 @@ def _step_part(cfg: Resolved, shared: _Shared, memo, sp, ends: tuple) -> StepPar
     """The stage's model states and transients (`static_stage.StepPart`), kept in `memo` beside its static part
     (they read the same of the stage): a search's states floors (`step_floors`) read them alone, and most of
     their layouts never reach a full estimate; those that do build their static parts on them."""
-    key = ("step", ends)  # `static_key`
+    # what the step part reads of the stage: its ends, kinds and (torch pipelining: transients' RoPE tables per
+    # chunk) its chunks' count, not Megatron's block-recompute count or single chunk (`static_key`'s last two)
+    key = ("step",) + (ends[:3] if cfg.training.framework == "megatron" else ends)
     part = memo.get(key)
     if part is None:
         part = memo[key] = step_part(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage,
