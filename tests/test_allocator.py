@@ -168,10 +168,11 @@ def _replay_off():
     return off()
 
 
-def _errors() -> tuple[dict, dict, set]:
+def _errors(paths=None) -> tuple[dict, dict, set]:
+    """(replayed error, flat-share error, runs the replay applies to) of each GPU record in `paths` (FULL)."""
     from estimator import estimate_config
     replayed, flat, applies = {}, {}, set()
-    for path in FULL:
+    for path in FULL if paths is None else paths:
         record = json.loads(path.read_text())
         measured = record["measured"]["reserved_peak_bytes"]
         estimate = estimate_config(record["config"])
@@ -242,17 +243,7 @@ def test_the_replay_of_adapter_runs_against_the_gpu_and_the_flat_share():
     9 to 2, the largest error from 13.8% (QLoRA with recompute, under) to 10.0% (trainable embedding and head
     copies, over: tests/test_accuracy.py KNOWN_RESERVED_OVER)."""
     import statistics
-    from estimator import estimate_config
-    replayed, flat, applies = {}, {}, set()
-    for path in ADAPTERS:
-        record = json.loads(path.read_text())
-        measured = record["measured"]["reserved_peak_bytes"]
-        estimate = estimate_config(record["config"])
-        replayed[path.stem] = estimate.reserved_peak_bytes / measured - 1
-        if estimate.stages[0].cache is not None:
-            applies.add(path.stem)
-        with _replay_off():
-            flat[path.stem] = estimate_config(record["config"]).reserved_peak_bytes / measured - 1
+    replayed, flat, applies = _errors(ADAPTERS)
     assert len(replayed) == 23 and applies == set(replayed)
     assert round(statistics.median(map(abs, replayed.values())), 3) == 0.016
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.048
