@@ -11,15 +11,7 @@ kernel): not emulated, not measured."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-
-HF_CONFIGS = Path(__file__).resolve().parents[2] / "tests" / "data" / "hf_configs"
-
-
-def _published(name: str) -> dict:
-    return json.loads((HF_CONFIGS / f"{name}.json").read_text())
+from ..hybrid.models import HybridModel, _published
 
 
 def text_config_keys(hf: dict) -> dict:
@@ -28,24 +20,6 @@ def text_config_keys(hf: dict) -> dict:
     text = dict(hf["text_config"])
     text["attn_temperature_tuning"] = bool(text.get("attn_temperature_tuning", True))
     return text
-
-
-@dataclass(frozen=True)
-class Llama4Model:
-    id: str
-    hf: dict  # the text_config keys (model_type llama4_text)
-    canonical: dict  # the contract's architecture object
-
-    def hf_config(self, attn_implementation: str):
-        from transformers import AutoConfig
-
-        config = AutoConfig.for_model(**self.hf)
-        config._attn_implementation = attn_implementation
-        config.use_cache = False  # the Trainer's setting: no cache in training
-        return config
-
-    def architecture(self) -> dict:
-        return dict(self.canonical, name=self.id)
 
 
 def _llama4_text(t: dict) -> dict:
@@ -68,8 +42,8 @@ TINY_SCOUT = dict(SCOUT, hidden_size=64, num_hidden_layers=2, num_attention_head
                   pad_token_id=None, bos_token_id=1, eos_token_id=2)  # special tokens inside the tiny vocabulary
 
 MODELS = {m.id: m for m in [
-    Llama4Model("llama-4-scout", SCOUT, _llama4_text(SCOUT)),
-    Llama4Model("tiny-llama-4", TINY_SCOUT, dict(_llama4_text(TINY_SCOUT), sliding_window_pattern=2)),
+    HybridModel("llama-4-scout", SCOUT, _llama4_text(SCOUT)),
+    HybridModel("tiny-llama-4", TINY_SCOUT, dict(_llama4_text(TINY_SCOUT), sliding_window_pattern=2)),
 ]}
 
 # The measured runs, as validation/hf/step.Run's arguments (registered in validation/hf/cases.py)
