@@ -93,7 +93,7 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     for sp in cfg.stages:
         ends = static_key(sp, cfg.training)
         static = memo.get(ends)  # a static part built before holds its step part
-        part = _step_part(cfg, shared, memo, sp, ends) if static is None else None
+        part = _step_part(cfg, shared, memo, sp) if static is None else None
         step = static.totals[2] if part is None else part.step_bytes
         outside = static.outside_allocator if part is None else part.outside_allocator
         out.append(StepFloor(step + outside + int(round(step * shared.fragmentation)) + _cached_bytes(shared),
@@ -101,13 +101,14 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     return tuple(out)
 
 
-def _step_part(cfg: Resolved, shared: _Shared, memo, sp, ends: tuple) -> StepPart:
-    """The stage's model states and transients (`static_stage.StepPart`), kept in `memo` beside its static part
-    (they read the same of the stage): a search's states floors (`step_floors`) read them alone, and most of
-    their layouts never reach a full estimate; those that do build their static parts on them."""
+def _step_part(cfg: Resolved, shared: _Shared, memo, sp) -> StepPart:
+    """The stage's model states and transients (`static_stage.StepPart`), kept in `memo` beside its static part:
+    a search's states floors (`step_floors`) read them alone, and most of their layouts never reach a full
+    estimate; those that do build their static parts on them."""
     # what the step part reads of the stage: its ends, kinds and (torch pipelining: transients' RoPE tables per
-    # chunk) its chunks' count, not Megatron's block-recompute count or single chunk (`static_key`'s last two)
-    key = ("step",) + (ends[:3] if cfg.training.framework == "megatron" else ends)
+    # chunk) its chunks' count, not Megatron's block-recompute count or single chunk (which `static_key` adds)
+    chunks = () if cfg.training.framework == "megatron" else (len(sp.chunks),)
+    key = ("step", sp.first, sp.last, sp.kind_counts) + chunks
     part = memo.get(key)
     if part is None:
         part = memo[key] = step_part(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage,
@@ -305,7 +306,7 @@ def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, gro
         if static is None:
             static = home[ends] = _static_stage(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp,
                                                 cfg.zero_stage, cfg.microbatches, shared, memo,
-                                                _step_part(cfg, shared, home, sp, ends))
+                                                _step_part(cfg, shared, home, sp))
         group = groups[key] = _group(static, sp, cfg, shared, home, key, no_replay)
     return group
 
