@@ -63,15 +63,15 @@ def test_a_sub_run_stops_at_its_deadline_with_what_it_measured():
 
 
 def test_the_default_grid():
-    """What validation/README.md's time estimate counts: 9 sub-runs, 16,896 graphs, 569,344 kernel nodes, no
+    """What validation/README.md's time estimate counts: 10 sub-runs, 17,024 graphs, 700,416 kernel nodes, no
     sub-run over 131,072 nodes (1.3 GB at cccl's 10 KB a node, 8.5 GB at the forum's 65 KB)."""
-    assert len(GRID) == 9
-    assert sum(r.max_graphs for r in GRID) == 8 * 2048 + 512 == 16_896
+    assert len(GRID) == 10
+    assert sum(r.max_graphs for r in GRID) == 8 * 2048 + 512 + 128 == 17_024
     nodes = [r.max_graphs * r.kernels for r in GRID]
-    assert sum(nodes) == 2048 * (1 + 64 + 16 + 16 + 4 + 48 + 1 + 64) + 512 * 256 == 569_344
+    assert sum(nodes) == 2048 * (1 + 64 + 16 + 16 + 4 + 48 + 1 + 64) + 512 * 256 + 128 * 1024 == 700_416
     assert max(nodes) == 131_072
     elementwise = sorted(r.kernels for r in GRID if r.kind == "elementwise")
-    assert elementwise == [1, 4, 16, 64, 256] and {r.kind for r in GRID} == set(KINDS)
+    assert elementwise == [1, 4, 16, 64, 256, 1024] and {r.kind for r in GRID} == set(KINDS)
 
 
 def test_stage_deltas():
@@ -133,3 +133,35 @@ def test_without_a_driver_its_version_is_none():
     if ctypes.util.find_library("cuda"):
         pytest.skip("a CUDA driver is installed here")
     assert driver_api_version() is None
+
+
+def test_the_stand_in_has_every_method_the_real_device_has():
+    """The experiments call only what both devices define, so the CPU run exercises every call they make."""
+    from validation.gpu.devices import CudaDevice, FakeGraph
+
+    def public(cls):
+        return {name for name in dir(cls) if not name.startswith("_")}
+
+    assert public(CudaDevice) == public(FakeDevice) - {"per_graph", "per_node", "context", "total", "driver"}
+    import torch
+
+    assert {"capture_begin", "capture_end", "instantiate", "replay", "reset"} <= public(FakeGraph) & public(
+        torch.cuda.CUDAGraph)
+
+
+def test_the_torch_calls_of_the_real_device_exist():
+    """What CudaDevice calls, in the installed torch (a CPU build defines them too): a misspelt name fails
+    here rather than on the GPU. keep_graph, instantiate and raw_cuda_graph are torch >= 2.8's
+    (pytorch/pytorch#155164); the GPU machine ran 2.11."""
+    import inspect
+
+    import torch
+
+    for name in ("synchronize", "mem_get_info", "memory_reserved", "memory_allocated", "Stream", "stream",
+                 "current_stream", "graph_pool_handle", "CUDAGraph", "init"):
+        assert hasattr(torch.cuda, name), name
+    for name in ("raw_cuda_graph", "instantiate", "replay", "reset", "capture_end"):
+        assert hasattr(torch.cuda.CUDAGraph, name), name
+    assert "pool" in inspect.signature(torch.cuda.CUDAGraph.capture_begin).parameters
+    assert "keep_graph" in inspect.signature(torch.cuda.CUDAGraph.__new__).parameters
+    assert hasattr(torch.cuda.Stream, "wait_stream")

@@ -93,6 +93,9 @@ class CudaDevice:
 
     @contextmanager
     def on(self, stream):
+        """Work on `stream` after what the current stream has queued (the tensors' first fill), and the
+        current stream after it (torch.cuda.graphs' own side-stream pattern)."""
+        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             yield
         torch.cuda.current_stream().wait_stream(stream)

@@ -58,10 +58,11 @@ def grid_run(kind: str, kernels: int) -> GraphRun:
 
 
 # Most informative first (a run cut short by its budget keeps them): elementwise chains across node counts
-# (the per-node slope), then cuBLAS GEMMs, then a layer-like mix.
+# (the per-node slope), then cuBLAS GEMMs, then a layer-like mix; 1024 nodes is a FULL graph's size (a 32-layer
+# model at 15-30 kernels a layer), 1-64 a PIECEWISE piece's.
 GRID = tuple(grid_run(k, n) for k, n in (("elementwise", 1), ("elementwise", 64), ("elementwise", 16),
                                           ("gemm", 16), ("elementwise", 4), ("elementwise", 256),
-                                          ("mixed", 48), ("gemm", 1), ("gemm", 64)))
+                                          ("elementwise", 1024), ("mixed", 48), ("gemm", 1), ("gemm", 64)))
 
 
 def make_chain(kind: str, kernels: int, device: str):
