@@ -37,6 +37,8 @@ def test_a_graph_of_k_kernels_is_k_ops(kind, kernels):
     measured = measure_graphs(GraphRun(kind, kernels, 4), "cpu", 60)
     assert measured["kernel_nodes_per_graph"] == measured["nodes_per_graph"] == kernels
     assert measured["probe"]["used_after_instantiate"] == PER_GRAPH + kernels * PER_NODE
+    assert measured["probe"]["used_after_instantiations"] == PER_GRAPH + kernels * PER_NODE  # replaced, not added
+    assert len(measured["probe"]["instantiate_seconds"]) == 5
     assert measured["probe"]["used_after_capture"] == measured["probe"]["used_after_reset"] == 0
     assert [p["graphs"] for p in measured["points"]] == [1, 2, 4] and measured["stopped"] == "done"
     for point in measured["points"]:

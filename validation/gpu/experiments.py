@@ -80,7 +80,8 @@ def run_experiment(experiment: Experiment, device: str, deadline: float, runs, l
         if left < MIN_START_S:
             log.write(f"{label}: not run ({left:.0f}s of the budget left)\n")
             continue
-        args = [*sub.args, device] + ([f"{min(SUBRUN_DEADLINE_S, left - 10):.0f}"] if experiment.takes_deadline else [])
+        deadline_arg = [f"{min(SUBRUN_DEADLINE_S, left - 10):.0f}"] if experiment.takes_deadline else []
+        args = [*sub.args, device, *deadline_arg]
         start = time.perf_counter()
         try:
             done = subprocess.run([sys.executable, "-m", f"validation.gpu.{experiment.module}", *args],
@@ -126,7 +127,8 @@ def graph_fits(points: list[dict]) -> dict:
 
 def experiment_record(experiment_id: str, lines: list[dict]) -> dict:
     versions = lines[0]["versions"]
-    differing = [k for line in lines for k in ("torch", "cuda", "driver", "gpu") if line["versions"].get(k) != versions.get(k)]
+    differing = [k for line in lines for k in ("torch", "cuda", "driver", "gpu")
+                 if line["versions"].get(k) != versions.get(k)]
     if differing:
         raise ValueError(f"{experiment_id}: the lines ran with different {sorted(set(differing))}")
     record = {"id": f"{experiment_id}-{gpu_slug(versions)}", "experiment": experiment_id,
