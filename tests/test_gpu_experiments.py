@@ -111,6 +111,9 @@ def test_the_run_command_and_the_records_on_the_cpu(tmp_path, monkeypatch):
         assert [row["stage"] for row in run["measured"]["stages"]] == list(STAGES)
         assert run["measured"]["deltas"][0]["used_bytes"] == FakeDevice().context
     assert context["command"].startswith("python -m validation.gpu run --out DIR --case cuda-context")
+    for record in (graphs, context):  # what test_a_recorded_experiment_is_what_its_lines_say does to a GPU record
+        again = [{"experiment": record["experiment"], "versions": record["versions"], **run} for run in record["runs"]]
+        assert experiments.experiment_record(record["experiment"], again) == record
 
 
 def test_a_spent_budget_starts_nothing(tmp_path, monkeypatch):
@@ -167,3 +170,19 @@ def test_the_torch_calls_of_the_real_device_exist():
     assert "pool" in inspect.signature(torch.cuda.CUDAGraph.capture_begin).parameters
     assert "keep_graph" in inspect.signature(torch.cuda.CUDAGraph.__new__).parameters
     assert hasattr(torch.cuda.Stream, "wait_stream")
+
+
+RECORDS = sorted(experiments.EXPERIMENT_RECORDS.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_a_recorded_experiment_is_what_its_lines_say(path):
+    """A record `records` wrote from a GPU run (none yet: the next session lent a GPU runs the command in
+    validation/README.md): made again from its own runs, it is the same; its driver is named; a graph point's
+    driver bytes are its used bytes less the pool's."""
+    record = json.loads(path.read_text())
+    lines = [{"experiment": record["experiment"], "versions": record["versions"], **run} for run in record["runs"]]
+    assert experiments.experiment_record(record["experiment"], lines) == record
+    assert record["versions"]["driver"] and record["versions"]["cuda_driver_api"]
+    for point in record.get("points", []):
+        assert point["driver_bytes"] == point["used_bytes"] - point["pool_bytes"]

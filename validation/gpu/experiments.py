@@ -28,6 +28,7 @@ from .graphs import GRID, GraphRun, fit
 MIN_START_S = 20  # a sub-run needs its process start and CUDA context (about 5-10 s) and some work
 SUBRUN_DEADLINE_S = 100  # no one graph sub-run takes more
 KILL_GRACE_S = 30
+EXPERIMENT_RECORDS = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured" / "gpu" / "experiments"
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class Experiment:
 def graph_experiment(grid: tuple[GraphRun, ...] = GRID) -> Experiment:
     return Experiment("cuda-graphs", "graphs", tuple(SubRun(r.args()) for r in grid), True,
                       "graph executables' driver memory: graphs of K kernel nodes captured into one shared pool, "
-                      "mem_get_info against the pool's reserved bytes at 1, 2, 4, ... graphs (validation/gpu/graphs.py)")
+                      "mem_get_info against the pool's reserved bytes at 1, 2, 4, ... graphs "
+                      "(validation/gpu/graphs.py)")
 
 
 def context_experiment(repeats: int = 2) -> Experiment:

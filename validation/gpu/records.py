@@ -100,7 +100,7 @@ def record_of(line: dict) -> dict:
 
 
 def write_records(source: Path) -> list[Path]:
-    from .experiments import write_experiment_records
+    from .experiments import EXPERIMENT_RECORDS, write_experiment_records
 
     written, experiments = [], []
     for text in source.read_text().splitlines():
@@ -118,4 +118,4 @@ def write_records(source: Path) -> list[Path]:
             written.append(write_record(kernel_record_of(line), GPU_RECORDS / "kernels"))
         else:
             written.append(write_record(record_of(line), GPU_RECORDS))
-    return written + write_experiment_records(experiments, GPU_RECORDS / "experiments")
+    return written + write_experiment_records(experiments, EXPERIMENT_RECORDS)
