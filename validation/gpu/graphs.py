@@ -185,11 +185,12 @@ def measure_graphs(run: GraphRun, device: str, deadline_s: float) -> dict:
         for _ in range(3):  # kernel modules loaded, the cuBLAS workspace of this stream made
             chain()
     dev.synchronize()
+    out = {"used_after_warm_up_bytes": dev.used_bytes()}  # the context, loaded modules, cuBLAS, the tensors
     try:  # the probe is extra: the graphs below are the measurement
         probe = probe_graph(dev, stream, chain)
     except Exception as error:  # noqa: BLE001 - recorded in the line, not hidden
         probe = {"error": f"{type(error).__name__}: {error}"}
-    out = {"context_used_bytes": dev.used_bytes(), "probe": probe}
+    out |= {"probe": probe, "used_before_graphs_bytes": dev.used_bytes()}
     types = out["probe"].get("node_types")
     out["kernel_nodes_per_graph"] = types.get("kernel", 0) if types else run.kernels
     out["nodes_per_graph"] = sum(types.values()) if types else run.kernels
