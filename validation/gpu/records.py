@@ -100,10 +100,14 @@ def record_of(line: dict) -> dict:
 
 
 def write_records(source: Path) -> list[Path]:
-    written = []
+    from .experiments import EXPERIMENT_RECORDS, write_experiment_records
+
+    written, experiments = [], []
     for text in source.read_text().splitlines():
         line = json.loads(text)
-        if "probe" in line:
+        if "experiment" in line:
+            experiments.append(line)
+        elif "probe" in line:
             probe = {"id": f"cublas-workspace-probe-{GPU_IDS[line['versions']['gpu']]}", "probe": line["probe"],
                      "versions": line["versions"], "command": "python -m validation.gpu.measure probe",
                      "method": "a fresh process: the allocated bytes each cuBLAS use leaves behind (bf16 matmul, "
@@ -114,4 +118,4 @@ def write_records(source: Path) -> list[Path]:
             written.append(write_record(kernel_record_of(line), GPU_RECORDS / "kernels"))
         else:
             written.append(write_record(record_of(line), GPU_RECORDS))
-    return written
+    return written + write_experiment_records(experiments, EXPERIMENT_RECORDS)
