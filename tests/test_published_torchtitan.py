@@ -378,7 +378,9 @@ def test_ring_attention_backward_by_hand():
     """CP 4 (131,072 tokens, 32,768 per GPU), TP 8: 16 query heads of 128 and k, v repeated to them: each
     of q, k, v is 32,768 x 2,048 elements here. The ring's backward holds every rank's K and V (bf16), fp32
     dQ, dK, dV, dK and dV in fp32 twice (cat, all-to-all output), and dQ, dK, dV with the output's gradient
-    (bf16), beside the attention's saved tensors: larger than the recomputed layer, so it stands for it."""
+    (bf16), beside the attention's saved tensors: larger than the recomputed layer, so it stands for it.
+    On ranks past 0 the received fp32 dK and dV stay beside _partial_update's new copies of them, and the
+    latest K/V cat for the rotater (bf16) is alive (torch 2.6.0 _attention.py lines 653, 724-747)."""
     est = estimate_config(_cp_row(4))
     ring = {p.label.split(": ", 1)[1]: p.bytes for p in est.stages[0].component("transient").parts
             if p.label.startswith("Ring attention's backward (CP 4)")}
@@ -387,6 +389,8 @@ def test_ring_attention_backward_by_hand():
     assert ring["fp32 accumulators of dQ, dK and dV"] == 4 * 3 * n
     assert ring["dK and dV around the ring in fp32 (their cat and the all-to-all's output)"] == 16 * n
     assert ring["the step's dQ, dK, dV and the attention output's gradient"] == 4 * 2 * n
+    assert ring["the received dK and dV (fp32) beside _partial_update's new copies"] == 4 * 2 * n
+    assert ring["K and V concatenated for the rotater"] == 2 * 2 * n
     labels = [p.label for p in est.stages[0].component("transient").parts]
     assert "One recomputed layer's activations" not in labels
     assert not any(label.startswith("Ring") for label in
