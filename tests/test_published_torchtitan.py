@@ -372,6 +372,17 @@ def test_the_static_parts_of_a_rank_with_two_chunks_are_its_own():
     assert _buffers(estimate_config(_row_1f1b()), 0)[label] == M405 * hidden
 
 
+def test_the_1f1b_row_and_table_6s_cp_1_row_differ_only_in_freqs_cis():
+    """Table 5's 1F1B row (8 micro-batches of 4 x 8,192 tokens) and Table 6's FSDP 8, CP 1 row (8 of 1 x
+    32,768) hold the same bytes in every mechanism read (MISSES' reason): on every stage the allocated
+    peaks differ by the RoPE table's extra positions alone, (32,768 - 8,192) x 64 complex64, yet the
+    published peaks differ by 7.2 GiB (82.5 against 75.3)."""
+    one = estimate_config(_row_1f1b())
+    table6 = estimate_config(load(next(p for p in RECORDS if p.stem.endswith("fsdp8-cp1-tp8-pp8-s32768")))["config"])
+    assert [b.allocated_peak_bytes - a.allocated_peak_bytes for a, b in zip(one.stages, table6.stages)] \
+        == [(32768 - 8192) * 64 * 8] * 8
+
+
 def _cp_row(cp: int) -> dict:
     seq = {1: 32768, 2: 65536, 4: 131072, 8: 262144}[cp]
     return load(next(p for p in RECORDS if p.stem.endswith(f"cp{cp}-tp8-pp8-s{seq}")))["config"]
