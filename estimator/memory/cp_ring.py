@@ -18,7 +18,11 @@ holds, while it loops over the CP ranks' chunks:
   received tensor until ``exchange_buffers`` (line 747) has allocated the next all-to-all's output;
 - K and V concatenated for the rotater at every step but the last (``next_kv = torch.cat``, line 653; the
   all-gather rotater uses only the first, the local name keeps the latest);
-- the step's dQ, dK, dV from the flash backward, and the gradient of the attention's output.
+- the step's dQ, dK, dV from the flash backward (at those steps dK and dV of the first half of the
+  received K/V chunk: ``key.chunk(2)[0]``), and the gradient of the attention's output.
+The moment is the exchange of a step 1 <= i <= rank (line 747), the largest of the loop's: step 0 holds
+the local K/V's contiguous copies and whole-length step outputs but no received dK/dV (one s*b*a*d_head/t
+in bf16 less); steps past the rank (q's second half) update the received dK/dV in place.
 k and v have every query head there: 9dec370's Attention.forward repeats them (repeat_kv) before SDPA.
 By then the layer's MLP has run its backward and freed its saved tensors: the moment holds the
 attention's saved tensors beside those buffers. It is charged where a layer is recomputed (full
@@ -63,6 +67,7 @@ def ring_backward_moment(arch: Architecture, training: Training, par: Parallel) 
              ("the received dK and dV (fp32) beside _partial_update's new copies", 4 * 2 * n,
               f"4*2*s*b*a*d_head{tf}"),
              ("K and V concatenated for the rotater", B * 2 * n, f"B*2*s*b*a*d_head{tf}"),
-             ("the step's dQ, dK, dV and the attention output's gradient", 4 * B * n, f"4*B*s*b*a*d_head{tf}"))
+             ("the step's dQ, half-length dK and dV and the attention output's gradient", 3 * B * n,
+              f"3*B*s*b*a*d_head{tf}"))
     return [component("transient", f"Ring attention's backward (CP {par.cp}): {label}", nbytes, formula, RING_SOURCE)
             for label, nbytes, formula in parts]
