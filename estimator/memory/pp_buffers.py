@@ -15,8 +15,9 @@ a stage with a predecessor (`_prepare_forward_infra`, one per micro-batch too): 
 in flight are the first layer's kept input, the rest ((micro-batches - in flight) x the input) are left
 out; nor the input gradients that autograd accumulates into those buffers' ``.grad`` (torch 2.6
 _backward.py stage_backward runs torch.autograd.backward with the buffers as leaves; only the next step's
-clear_runtime_states sets them to None): under 1F1B stage k >= 1 keeps k - 1 of them (B*s*b*h/t each) at
-its steady phase's last backward, none on stage 1, which with stage 0 holds the peak of the 405B runs.
+clear_runtime_states sets them to None): under 1F1B stage k >= 1 keeps k of them (B*s*b*h/t each) at the
+last backward that starts with its warm-up's micro-batches in flight (Schedule1F1B's 1B1F loop), one on
+stage 1, 0.125 GiB on the 405B runs, whose peak stays on stage 0.
 """
 
 from __future__ import annotations
