@@ -13,7 +13,11 @@ The forward phase of the last stage counts the running micro-batch's logits twic
 loss's working copy); its peak, in backward, does not. Not modelled: the activation receive buffers of
 a stage with a predecessor (`_prepare_forward_infra`, one per micro-batch too): those of micro-batches
 in flight are the first layer's kept input, the rest ((micro-batches - in flight) x the input) are left
-out.
+out; nor the input gradients that autograd accumulates into those buffers' ``.grad`` (torch 2.6
+_backward.py stage_backward runs torch.autograd.backward with the buffers as leaves; only the next step's
+clear_runtime_states sets them to None): under 1F1B stage k >= 1 keeps k of them (B*s*b*h/t each) at the
+last backward that starts with its warm-up's micro-batches in flight (Schedule1F1B's 1B1F loop), one on
+stage 1, 0.125 GiB on the 405B runs, whose peak stays on stage 0.
 """
 
 from __future__ import annotations
