@@ -29,14 +29,20 @@ from ..spec.serving import Serving, version_tuple
 @dataclass(frozen=True)
 class PrefixCaching:
     on: bool
-    engine_default: bool  # True: serving.prefix_caching was unset and the engine's default applies
+    asked: bool | None  # serving.prefix_caching; None: the engine's default applies
     reason: str  # why, with the engine source
+
+    @property
+    def engine_default(self) -> bool:
+        return self.asked is None
 
     @property
     def note(self) -> str:
         state = "on" if self.on else "off"
-        if self.engine_default:
+        if self.asked is None:
             return f"Prefix caching {state}: the engine's default, not set in the config ({self.reason})."
+        if self.asked != self.on:
+            return f"Prefix caching {state} although the config sets it {'on' if self.asked else 'off'} ({self.reason})."
         return f"Prefix caching {state}: set in the config ({self.reason})."
 
 
@@ -79,15 +85,14 @@ def vllm_prefix_caching(arch: Architecture, serving: Serving) -> PrefixCaching:
     rule = vllm_rule(serving.engine_version)
     asked = serving.prefix_caching
     if arch.is_hybrid and rule.hybrid_forced_off:
-        why = f"{rule.source}, whatever the flag"
-        return PrefixCaching(False, asked is None, why)
+        return PrefixCaching(False, asked, f"{rule.source}, whatever the flag")
     if asked is not None:
-        return PrefixCaching(asked, False, "--enable-prefix-caching" if asked else "--no-enable-prefix-caching")
+        return PrefixCaching(asked, asked, "--enable-prefix-caching" if asked else "--no-enable-prefix-caching")
     if _attention_free(arch):
-        return PrefixCaching(False, True, f"an attention-free model; {rule.source}")
+        return PrefixCaching(False, None, f"an attention-free model; {rule.source}")
     if arch.is_hybrid:
-        return PrefixCaching(rule.hybrid_default, True, f"a hybrid model; {rule.source}")
-    return PrefixCaching(True, True, f"a decoder; {rule.source}")
+        return PrefixCaching(rule.hybrid_default, None, f"a hybrid model; {rule.source}")
+    return PrefixCaching(True, None, f"a decoder; {rule.source}")
 
 
 def _sglang_hook(checkpoint: dict | None) -> str | None:
@@ -115,11 +120,11 @@ def _sglang_hook(checkpoint: dict | None) -> str | None:
 def sglang_prefix_caching(serving: Serving, checkpoint: dict | None) -> PrefixCaching:
     asked = serving.prefix_caching
     if asked is not None:
-        return PrefixCaching(asked, False, "SGLang's radix cache" if asked else "--disable-radix-cache")
+        return PrefixCaching(asked, asked, "SGLang's radix cache" if asked else "--disable-radix-cache")
     hook = _sglang_hook(checkpoint)
     if hook is not None:
-        return PrefixCaching(False, True, f"SGLang 0.5.23 turns the radix cache off for {hook}")
-    return PrefixCaching(True, True, f"the radix cache; {SGLANG_SOURCE}")
+        return PrefixCaching(False, None, f"SGLang 0.5.23 turns the radix cache off for {hook}")
+    return PrefixCaching(True, None, f"the radix cache; {SGLANG_SOURCE}")
 
 
 def resolve(arch: Architecture, serving: Serving, checkpoint: dict | None) -> PrefixCaching:
