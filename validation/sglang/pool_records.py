@@ -114,8 +114,9 @@ def _gpu_memory(mib: int) -> None:
 def _server_args(model_dir: str, tp: int, pp: int, serving: dict):
     from sglang.srt.server_args import ServerArgs
     kwargs = dict(model_path=model_dir, tp_size=tp, pp_size=pp, device="cuda",
-                  kv_cache_dtype=_KV[serving.get("kv_cache_dtype")],
-                  disable_radix_cache=not serving["prefix_caching"])  # our field is the radix cache
+                  kv_cache_dtype=_KV[serving.get("kv_cache_dtype")])
+    if serving.get("prefix_caching") is not None:  # our field is the radix cache; unset: SGLang's own default
+        kwargs["disable_radix_cache"] = not serving["prefix_caching"]
     if serving.get("mem_fraction_static"):
         kwargs["mem_fraction_static"] = serving["mem_fraction_static"]
     if serving.get("max_num_seqs"):
