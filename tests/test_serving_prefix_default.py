@@ -186,6 +186,9 @@ def test_the_cli_flag_takes_auto(capsys, tmp_path):
         out[value] = json.loads(capsys.readouterr().out)["serving"]
     assert out["auto"]["max_concurrency"] == out["true"]["max_concurrency"] != out["false"]["max_concurrency"]
     assert (out["auto"]["prefix_caching"], out["auto"]["prefix_caching_engine_default"]) == (True, True)
+    assert out["auto"]["prefix_caching_note"].startswith("Prefix caching on: the engine's default, not set in the "
+                                                         "config (a hybrid model; vLLM 0.33.0 config/model.py")
+    assert out["false"]["prefix_caching_note"] == "Prefix caching off: set in the config (--no-enable-prefix-caching)."
     assert main(["serve", "--config", str(path), "--prefix-caching", "maybe"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Prefix caching" in err and "'maybe'" in err and "auto" in err

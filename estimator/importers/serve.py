@@ -128,8 +128,9 @@ def read_serve(text: str, engine: str, gpus: int | None, overrides: tuple[str, .
 def _prefix_caching_default(engine: str, ledger: Ledger) -> None:
     """No prefix-caching flag: serving.prefix_caching stays unset, the engine's own default for its release and
     the model (estimator/serving/prefix_default.py), which the estimate's notes name."""
-    ledger.note(f"{engine} serve: prefix caching not set: the engine's default (vLLM: on, except hybrid models "
-                "before 0.33 and attention-free models; SGLang: its radix cache on, unless a model hook turns it off)")
+    default = ("vLLM's default: on, except hybrid models before 0.33 and attention-free models" if engine == "vllm"
+               else "SGLang's default: its radix cache on, unless a model hook turns it off")
+    ledger.note(f"{engine} serve: prefix caching not set: {default} (the estimate's notes say which)")
 
 
 def _serving_value(flag: str, value: object) -> object:

@@ -213,7 +213,8 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     kv_bytes, kv_dtype, page = _cache_layout(arch, serving, gpu, fmt)
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
-                        kv_dtype, kv_bytes, fmt.name, fmt, prefix_caching=pc.on, prefix_caching_default=pc.engine_default)
+                        kv_dtype, kv_bytes, fmt.name, fmt, prefix_caching=pc.on,
+                        prefix_caching_default=pc.engine_default, prefix_caching_note=pc.note)
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
     held = VLM_CACHE_MIB * MiB if multimodal(checkpoint, serving.enable_multimodal) else 0

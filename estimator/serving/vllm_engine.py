@@ -77,6 +77,7 @@ class Resolved:
     release: tuple[int, int] = (0, 0)  # the requested release (major, minor); the rules' record where none is named
     prefix_caching: bool = False  # as the engine runs it (prefix_default.py)
     prefix_caching_default: bool = False  # True: the engine's default (serving.prefix_caching unset)
+    prefix_caching_note: str = ""  # which mode and why, with the engine source
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class ServingEstimate:
             "max_num_seqs": r.max_num_seqs, "max_num_batched_tokens": r.max_num_batched_tokens,
             "block_size": r.block_size, "kv_cache_dtype": r.kv_cache_dtype, "weight_format": r.weight_format,
             "prefix_caching": r.prefix_caching, "prefix_caching_engine_default": r.prefix_caching_default,
+            "prefix_caching_note": r.prefix_caching_note,
             "components": {c.key: c.bytes for c in s.components},
         }
 
@@ -305,7 +307,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     pc = prefix_default.resolve(arch, serving, checkpoint)
     serving = dataclasses.replace(serving, prefix_caching=pc.on)  # what follows reads the engine's own choice
     r = dataclasses.replace(resolve(arch, serving, hardware, checkpoint), prefix_caching=pc.on,
-                            prefix_caching_default=pc.engine_default)
+                            prefix_caching_default=pc.engine_default, prefix_caching_note=pc.note)
     r, state_pages = _hybrid_block(arch, serving, r, par) if arch.is_hybrid else (r, 1)
     gpu = hardware.device
     total = CUDA_REPORTED_TOTAL.get(gpu.id, gpu.capacity_bytes)
