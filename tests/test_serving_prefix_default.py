@@ -106,7 +106,8 @@ def test_vllm_decoders_default_on_and_0_11_hybrids_off_whatever_is_asked():
 
 
 def test_attention_free_models_default_off():
-    """config/model.py is_prefix_caching_supported: 'Attention free models do not support prefix caching' (0.15-0.33)."""
+    """config/model.py is_prefix_caching_supported (0.15-0.33): 'Attention free models do not support prefix
+    caching'."""
     arch = get_architecture("nemotron-h-8b")
     mamba_only = dataclasses.replace(arch, hybrid_override_pattern=arch.hybrid_override_pattern.replace("*", "M"))
     resolved = prefix_default.resolve(mamba_only, Serving(engine_version="0.33"), None)
@@ -128,8 +129,8 @@ def test_vllm_default_is_what_vllm_0_33_own_model_config_says():
 def _embedding_gemma() -> dict:
     """Gemma 3's text model with bidirectional attention, as EmbeddingGemma's config.json declares it (the shapes of
     the 27B preset's text model: what the hook reads is model_type and use_bidirectional_attention)."""
-    return dict(get_hf_config("gemma-3-27b")["text_config"], model_type="gemma3_text", architectures=["Gemma3TextModel"],
-                use_bidirectional_attention=True, vocab_size=262208, max_position_embeddings=131072,
+    return dict(get_hf_config("gemma-3-27b")["text_config"], model_type="gemma3_text",
+                architectures=["Gemma3TextModel"], use_bidirectional_attention=True, vocab_size=262208, max_position_embeddings=131072,
                 torch_dtype="bfloat16")
 
 
@@ -179,7 +180,8 @@ def test_sglang_hybrid_default_is_the_radix_caches_running_requests():
 
 def test_the_cli_flag_takes_auto(capsys, tmp_path):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"model": "nemotron-h-8b", "serving": {"engine_version": "0.33", "prefix_caching": False}}))
+    path.write_text(json.dumps({"model": "nemotron-h-8b",
+                                "serving": {"engine_version": "0.33", "prefix_caching": False}}))
     out = {}
     for value in ("auto", "true", "false"):
         assert main(["serve", "--config", str(path), "--prefix-caching", value, "--json"]) == 0

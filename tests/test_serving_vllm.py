@@ -316,8 +316,9 @@ def test_rule_0_33_hybrid_states_align_under_prefix_caching():
             for v, pc in (("0.33", False), ("0.33", True), ("0.11", True))] == [
         "Prefix caching off: set in the config (--no-enable-prefix-caching).",
         "Prefix caching on: set in the config (--enable-prefix-caching).",
-        "Prefix caching off although the config sets it on (vLLM 0.11.0 engine/arg_utils.py _set_default_args: on for non-pooling "
-        "models; model_executor/models/config.py MambaModelConfig: off for hybrid and Mamba models, whatever the flag)."]
+        "Prefix caching off although the config sets it on (vLLM 0.11.0 engine/arg_utils.py _set_default_args: on "
+        "for non-pooling models; model_executor/models/config.py MambaModelConfig: off for hybrid and Mamba models, "
+        "whatever the flag)."]
     # an A100 runs Triton's GDN prefill: align mode without checkpoints, 16-token alignment, two pages per state; at
     # TP 4 a state is 274,432 B (conv 3 x 8,192 / 4, 8 x 128 x 128) and the single KV head 1,024 B a token:
     # block 16 x cdiv(274,432, 16,384) = 272, cdiv(32,768, 272) = 121 attention blocks + 3 groups x 2

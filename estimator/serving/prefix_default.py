@@ -42,7 +42,8 @@ class PrefixCaching:
         if self.asked is None:
             return f"Prefix caching {state}: the engine's default, not set in the config ({self.reason})."
         if self.asked != self.on:
-            return f"Prefix caching {state} although the config sets it {'on' if self.asked else 'off'} ({self.reason})."
+            asked = "on" if self.asked else "off"
+            return f"Prefix caching {state} although the config sets it {asked} ({self.reason})."
         return f"Prefix caching {state}: set in the config ({self.reason})."
 
 

@@ -65,9 +65,10 @@ HYBRID_CASES = [
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
 ]
 # 0.33.0: the four hybrid presets (Mamba-2 parallel, Mamba-2 pattern, Gated DeltaNet, Mamba-1), TP 1 and 2, prefix
-# caching off (mamba_cache_mode "none", the recorder's default: with_prefix_caching) and, for two, on (0.33's default for hybrid models:
-# model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper GPUs, where FlashAttention 3
-# takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256 page: flash_attn.py)
+# caching off (mamba_cache_mode "none", the recorder's default: with_prefix_caching) and, for two, on (0.33's
+# default for hybrid models: model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper
+# GPUs, where FlashAttention 3 takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256
+# page: flash_attn.py)
 HYBRID_CASES_0_33 = [
     ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
