@@ -40,7 +40,9 @@ if result.effective_concurrency != result.capacity.max_concurrency:
     st.caption(f"With the shared prefix cached: {result.effective_concurrency:,.2f} sequences.")
 st.caption(f"{result.engine} {result.engine_version} (rules of {r.rules.label}) · weights {r.weight_format} · KV "
            f"{r.kv_cache_dtype} · max_num_seqs {r.max_num_seqs:,} · max_num_batched_tokens "
-           f"{r.max_num_batched_tokens:,} · limiting rank: stage {result.limiting_stage}")
+           f"{r.max_num_batched_tokens:,} · prefix caching {'on' if r.prefix_caching else 'off'}"
+           f"{' (the engine default)' if r.prefix_caching_default else ''} · limiting rank: "
+           f"stage {result.limiting_stage}")
 
 st.subheader("Memory split")
 rows = serving_view.split_rows(result)

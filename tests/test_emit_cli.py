@@ -40,7 +40,8 @@ def test_serve_emit_and_refusals(tmp_path):
                                   "serving": {"engine": "vllm", "max_model_len": 8192}}))
     line = run("serve", "--config", str(config), "--emit", "vllm")
     assert line.returncode == 0 and line.stdout == ("vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2 "
-                                                    "--max-model-len 8192 --gpu-memory-utilization 0.9\n")
+                                                    "--max-model-len 8192 --gpu-memory-utilization 0.9 "
+                                                    "--enable-prefix-caching\n")  # the estimate's (vLLM's default)
     wrong = run("serve", "--config", str(config), "--emit", "sglang")
     assert wrong.returncode == 2 and wrong.stdout == "" and "serving.engine" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1

@@ -6,6 +6,8 @@ import pytest
 
 from estimator import ConfigError, estimate_config
 from estimator.importers import estimate_imported, import_config
+from estimator.models.loading import load_config
+from estimator.serving.service import serving_config
 
 
 
@@ -38,23 +40,29 @@ def test_vllm_default_context_and_sglang():
                            "training": {"mode": "inference", "kv_cache_dtype": "fp8", "seq_len": 40960,
                                         "kv_cache_tokens": 40960},
                            "serving": {"engine": "sglang", "mem_fraction_static": 0.85, "max_num_seqs": 64,
-                                       "kv_cache_dtype": "fp8_e5m2", "max_model_len": 40960,
-                                       "prefix_caching": True},
+                                       "kv_cache_dtype": "fp8_e5m2", "max_model_len": 40960},
                            "parallel": {"tp": 2}})
     assert not result.unsupported
 
 
-def test_sglang_radix_cache_is_on_unless_disabled():
-    """SGLang 0.5.23 keeps its radix cache by default (fields/memory.py disable_radix_cache=False): a line
-    without --disable-radix-cache is prefix caching on; with it, off. vLLM's default stays off here."""
+def test_a_line_without_a_prefix_caching_flag_leaves_it_to_the_engine():
+    """No flag: serving.prefix_caching stays unset, the engine's default (SGLang 0.5.23 fields/memory.py
+    disable_radix_cache=False: on for Qwen3; vLLM 0.33 config/model.py: on for a decoder), which the estimate's
+    note names; --disable-radix-cache / --no-enable-prefix-caching / --enable-prefix-caching set it."""
     on = import_config("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --context-length 4096")
-    assert on.config["serving"]["prefix_caching"] is True
-    assert any("radix cache" in n for n in on.notes)
+    assert "prefix_caching" not in on.config["serving"]
+    assert any("radix cache" in n and "default" in n for n in on.notes)
+    estimate = serving_config(load_config(on.config))
+    assert estimate.resolved.prefix_caching and estimate.resolved.prefix_caching_default
+    assert any(n.startswith("Prefix caching on: the engine's default") for n in estimate.notes)
     off = import_config("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --context-length 4096 "
                         "--disable-radix-cache")
     assert off.config["serving"]["prefix_caching"] is False
     vllm = import_config("vllm serve Qwen/Qwen3-8B --max-model-len 4096")
     assert "prefix_caching" not in vllm.config["serving"]
+    for flag, value in (("--no-enable-prefix-caching", False), ("--enable-prefix-caching", True)):
+        assert import_config(f"vllm serve Qwen/Qwen3-8B --max-model-len 4096 {flag}").config["serving"][
+            "prefix_caching"] is value
 
 
 def test_a_quantized_vllm_line_names_its_weight_format_and_leaves_speculation_listed():

@@ -92,3 +92,21 @@ def test_llama_4_scout_on_the_serving_page():
                                            "serving": {"max_model_len": 131072}}))
     assert at.success[0].value == headline(expected)
     assert expected.capacity.max_concurrency > 1
+
+
+def test_prefix_caching_is_the_engine_default_unless_the_link_sets_it():
+    """Nemotron-H 8B under vLLM 0.33: unset (the select's auto) is vLLM's default, on, and the page says so; the
+    link's prefix_caching=false gives the CLI's estimate without it (more sequences: one state page each)."""
+    spec = fields.BY_NAME["prefix_caching"]
+    assert spec.kind == "select" and spec.options == fields.TRISTATE
+    values = fields.ui_values_from_config({"model": "nemotron-h-8b", "serving": {"prefix_caching": False}})
+    params = fields.url_params(fields.ModelChoice(source="preset", preset="nemotron-h-8b"), values)
+    assert params == {"model": "nemotron-h-8b", "prefix_caching": "false"}
+    assert fields.sections_from_ui(values) == {"serving": {"prefix_caching": False}}
+    for query, serving, caption in (({}, {}, "prefix caching on (the engine default)"),
+                                    ({"prefix_caching": "false"}, {"prefix_caching": False}, "prefix caching off ·")):
+        at = _serving_page({"model": "nemotron-h-8b", **query})
+        expected = serving_config(load_config({"model": "nemotron-h-8b", "serving": serving}))
+        assert at.success[0].value == headline(expected)
+        assert any(caption in c.value for c in at.caption), query
+        assert any(c.value.startswith("Note: Prefix caching") for c in at.caption)

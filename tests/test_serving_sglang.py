@@ -245,7 +245,7 @@ def test_hybrid_state_slot_by_hand():
 def test_hybrid_without_radix_cache_sizes_the_state_pool_from_max_running_requests():
     """--disable-radix-cache (prefix_caching off) and --max-running-requests 64: 64 state slots + 1 padding,
     one per running request; the attention layers' pool gets the rest (_handle_max_mamba_cache)."""
-    e = sglang("nemotron-h-8b", max_num_seqs=64)
+    e = sglang("nemotron-h-8b", max_num_seqs=64, prefix_caching=False)
     slot = 24 * 4_255_744
     state = next(c for c in e.limiting.components if c.key == "recurrent_state")
     assert state.bytes == 65 * slot

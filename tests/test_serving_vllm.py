@@ -311,9 +311,14 @@ def test_rule_0_33_hybrid_states_align_under_prefix_caching():
         assert cap.num_blocks == available // (12 * block * 1024)
         assert cap.max_concurrency == cap.num_blocks / per_request
     assert run("0.33", True).capacity.tokens == int(run("0.33", True).capacity.num_blocks / 237 * 131072)
-    # 0.33's default for hybrids is prefix caching on: an estimate without it says so; 0.11 turns it off
-    assert [any("--no-enable-prefix-caching" in n for n in run(v, pc).notes)
-            for v, pc in (("0.33", False), ("0.33", True), ("0.11", False))] == [True, False, False]
+    # the note says which mode ran and why: set off, set on, and 0.11 turning it off for hybrids whatever is asked
+    assert [next(n for n in run(v, pc).notes if n.startswith("Prefix caching"))
+            for v, pc in (("0.33", False), ("0.33", True), ("0.11", True))] == [
+        "Prefix caching off: set in the config (--no-enable-prefix-caching).",
+        "Prefix caching on: set in the config (--enable-prefix-caching).",
+        "Prefix caching off although the config sets it on (vLLM 0.11.0 engine/arg_utils.py _set_default_args: on "
+        "for non-pooling models; model_executor/models/config.py MambaModelConfig: off for hybrid and Mamba models, "
+        "whatever the flag)."]
     # an A100 runs Triton's GDN prefill: align mode without checkpoints, 16-token alignment, two pages per state; at
     # TP 4 a state is 274,432 B (conv 3 x 8,192 / 4, 8 x 128 x 128) and the single KV head 1,024 B a token:
     # block 16 x cdiv(274,432, 16,384) = 272, cdiv(32,768, 272) = 121 attention blocks + 3 groups x 2
@@ -365,9 +370,14 @@ def test_prefix_caching_effective_concurrency_by_hand():
     shared = serve("llama-3.1-8b", max_model_len=32768, prefix_caching=True, shared_prefix_tokens=4000)
     assert shared.capacity == plain.capacity and plain.effective_concurrency == plain.capacity.max_concurrency
     assert shared.effective_concurrency == (plain.capacity.num_blocks - 250) / (2048 - 250)
-    with pytest.raises(ConfigError) as err:
-        serve("llama-3.1-8b", shared_prefix_tokens=4000)
-    assert err.value.field == "serving.shared_prefix_tokens"
+    # unset, prefix caching is vLLM's default, on for a decoder (config/model.py is_prefix_caching_supported)
+    default = serve("llama-3.1-8b", max_model_len=32768, shared_prefix_tokens=4000)
+    assert default.effective_concurrency == shared.effective_concurrency
+    for off in ({"prefix_caching": False}, {"engine_version": "0.25"}):  # set off; a hybrid's default before 0.33
+        model = "llama-3.1-8b" if off.get("prefix_caching") is False else "nemotron-h-8b"
+        with pytest.raises(ConfigError) as err:
+            serve(model, shared_prefix_tokens=4000, **off)
+        assert err.value.field == "serving.shared_prefix_tokens"
 
 
 def test_speculative_eagle_head_by_hand():

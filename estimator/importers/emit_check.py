@@ -64,6 +64,9 @@ def _flat(cfg) -> dict[str, object]:
     for section in ("parallel", "training", "hardware", "serving"):  # the layout first: it decides the rest
         if getattr(cfg, section, None) is not None:
             walk(getattr(cfg, section), f"{section}.")
+    if cfg.serving is not None:  # unset prefix caching is the engine's default; vLLM 0.11 turns it off for hybrids
+        from ..serving.service import prefix_caching_of
+        out["serving.prefix_caching"] = prefix_caching_of(cfg).on
     from ..memory.states import resolve_zero_stage  # an unset stage is the framework's own default
     out["parallel.zero_stage"] = resolve_zero_stage(cfg.training, cfg.parallel)
     if out["training.global_batch_size"] is None and cfg.training.mode == "training":

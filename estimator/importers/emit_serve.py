@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from ..spec.errors import ConfigError
+from ..serving.service import prefix_caching_of
 from .emit_check import hub_id, verified
 
 # our weight formats -> the engines' --quantization (serve._FORMAT read backwards)
@@ -43,10 +44,12 @@ def emit_serve(engine: str, config: dict) -> str:
             words += [flag, str(value)]
     if not serving.cuda_graphs:
         words.append("--enforce-eager" if vllm else "--disable-cuda-graph")
-    if vllm and serving.prefix_caching:
-        words.append("--enable-prefix-caching")
-    elif not vllm and not serving.prefix_caching:
-        words.append("--disable-radix-cache")
+    # the prefix caching the estimate assumed, stated (an unset field is the engine's default for this release)
+    prefix_caching = prefix_caching_of(cfg).on
+    if vllm:
+        words.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
+    elif not prefix_caching:
+        words.append("--disable-radix-cache")  # SGLang has no flag that turns its radix cache on: it is its default
     return verified(engine, shlex.join(words) + "\n", config)
 
 

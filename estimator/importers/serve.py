@@ -109,8 +109,8 @@ def read_serve(text: str, engine: str, gpus: int | None, overrides: tuple[str, .
             build.set(path, to_int(flag, value, 1), flag)
         else:  # serving.*: a field of the serving object
             build.set(path, _serving_value(flag, value), flag, value)
-    if engine == "sglang" and "--disable-radix-cache" not in values:
-        _radix_cache_on(build, ledger)
+    if not {"--enable-prefix-caching", "--no-enable-prefix-caching", "--disable-radix-cache"} & set(values):
+        _prefix_caching_default(engine, ledger)
     _dtypes(values, build, ledger, used)
     _context(values, build, ledger, used, engine)
     _world(build, gpus, ledger)
@@ -125,11 +125,12 @@ def read_serve(text: str, engine: str, gpus: int | None, overrides: tuple[str, .
     return ledger.result(engine, {"model": build.named_model or build.model, **build.config})
 
 
-def _radix_cache_on(build: ConfigBuilder, ledger: Ledger) -> None:
-    """SGLang keeps its radix (prefix) cache unless --disable-radix-cache is given (SGLang 0.5.23
-    srt/arg_groups/fields/memory.py: disable_radix_cache defaults to False), unlike vLLM's flag."""
-    build.put("serving.prefix_caching", True)
-    ledger.note("sglang serve: prefix caching on (SGLang's radix cache is on unless --disable-radix-cache)")
+def _prefix_caching_default(engine: str, ledger: Ledger) -> None:
+    """No prefix-caching flag: serving.prefix_caching stays unset, the engine's own default for its release and
+    the model (estimator/serving/prefix_default.py), which the estimate's notes name."""
+    default = ("vLLM's default: on, except hybrid models before 0.33 and attention-free models" if engine == "vllm"
+               else "SGLang's default: its radix cache on, unless a model hook turns it off")
+    ledger.note(f"{engine} serve: prefix caching not set: {default} (the estimate's notes say which)")
 
 
 def _serving_value(flag: str, value: object) -> object:

@@ -32,6 +32,14 @@ def serving_config(cfg):
                             checkpoint_of(cfg.model))
 
 
+def prefix_caching_of(cfg):
+    """A loaded `Config`'s prefix caching as its engine runs it (prefix_default.py); only SGLang's model hooks read
+    the checkpoint, so a vLLM configuration fetches nothing."""
+    from .prefix_default import resolve
+    checkpoint = checkpoint_of(cfg.model) if cfg.serving.engine == "sglang" else None
+    return resolve(cfg.architecture, cfg.serving, checkpoint)
+
+
 def check_layout(arch: Architecture, par: Parallel) -> None:
     """What the engines refuse at start-up: TP must divide the attention heads, and the KV heads must
     divide over TP or be replicated evenly (vLLM config/parallel.py verify_with_model_config; QKVParallelLinear);

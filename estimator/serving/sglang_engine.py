@@ -20,6 +20,7 @@ resolution computes (validation/sglang/pool_records.py, tests/data/serving/sglan
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..spec.architecture import Architecture
@@ -32,7 +33,7 @@ from .sglang_vlm import VLM_CACHE_MIB, multimodal, prefill_graphs_kept, vlm_frac
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
 from .vllm_engine import KV_DTYPE_BYTES, Resolved, ServingEstimate, StageBudget
-from . import sglang_pools
+from . import prefix_default, sglang_pools
 from .weights import stage_weights
 
 MiB = 1024**2
@@ -191,6 +192,8 @@ def _notes(fraction: float, running: int, pool, serving: Serving) -> tuple[str, 
 def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
                     checkpoint: dict | None = None) -> ServingEstimate:
     _refuse_vllm_only(serving)
+    pc = prefix_default.resolve(arch, serving, checkpoint)
+    serving = dataclasses.replace(serving, prefix_caching=pc.on)  # what follows reads the radix cache as SGLang runs
     if serving.enable_multimodal is not None and arch.vision_tower is None:
         raise ConfigError("serving.enable_multimodal", serving.enable_multimodal, "empty for a text-only model",
                           "the model has no vision tower")
@@ -210,7 +213,8 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     kv_bytes, kv_dtype, page = _cache_layout(arch, serving, gpu, fmt)
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
-                        kv_dtype, kv_bytes, fmt.name, fmt)
+                        kv_dtype, kv_bytes, fmt.name, fmt, prefix_caching=pc.on,
+                        prefix_caching_default=pc.engine_default, prefix_caching_note=pc.note)
     pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
     static = int(pre * fraction)
     held = VLM_CACHE_MIB * MiB if multimodal(checkpoint, serving.enable_multimodal) else 0
@@ -230,7 +234,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     effective = (min((tokens - shared) / (max_len - shared), running) if 0 < shared < max_len else concurrency)
     return ServingEstimate("sglang", serving.engine_version or rules.label, resolved, static, gpu.capacity_bytes,
                            tuple(stages), limiting, capacity, longest, device_total, effective,
-                           gpu.cuda_context_bytes, _notes(fraction, running, pool, serving))
+                           gpu.cuda_context_bytes, _notes(fraction, running, pool, serving) + (pc.note,))
 
 
 def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool, held: int) -> tuple:

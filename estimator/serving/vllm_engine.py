@@ -19,7 +19,7 @@ from ..spec.errors import ConfigError
 from ..spec.field import MAX_TOKENS
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
-from . import kv_cache, overheads, vllm_versions
+from . import kv_cache, overheads, prefix_default, vllm_versions
 from .allreduce_fusion import fusion_workspace
 from .cuda_graphs import graph_memory, model_max_capture, vllm_estimate
 from .nccl_comm import communicator_bytes, tp_group_nccl
@@ -75,6 +75,9 @@ class Resolved:
     weights: object  # WeightFormat
     gpu_id: str = "h100-80"
     release: tuple[int, int] = (0, 0)  # the requested release (major, minor); the rules' record where none is named
+    prefix_caching: bool = False  # as the engine runs it (prefix_default.py)
+    prefix_caching_default: bool = False  # True: the engine's default (serving.prefix_caching unset)
+    prefix_caching_note: str = ""  # which mode and why, with the engine source
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class ServingEstimate:
             "starts": self.starts, "limiting_stage": self.limiting_stage, "max_model_len": r.max_model_len,
             "max_num_seqs": r.max_num_seqs, "max_num_batched_tokens": r.max_num_batched_tokens,
             "block_size": r.block_size, "kv_cache_dtype": r.kv_cache_dtype, "weight_format": r.weight_format,
+            "prefix_caching": r.prefix_caching, "prefix_caching_engine_default": r.prefix_caching_default,
+            "prefix_caching_note": r.prefix_caching_note,
             "components": {c.key: c.bytes for c in s.components},
         }
 
@@ -299,7 +304,10 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
         raise ConfigError("serving.enable_multimodal", serving.enable_multimodal, "empty with vLLM", "SGLang's "
                           "--enable-multimodal; vLLM serves every modality unless limit_mm_per_prompt sets it to 0",
                           ("serving.engine",))
-    r = resolve(arch, serving, hardware, checkpoint)
+    pc = prefix_default.resolve(arch, serving, checkpoint)
+    serving = dataclasses.replace(serving, prefix_caching=pc.on)  # what follows reads the engine's own choice
+    r = dataclasses.replace(resolve(arch, serving, hardware, checkpoint), prefix_caching=pc.on,
+                            prefix_caching_default=pc.engine_default, prefix_caching_note=pc.note)
     r, state_pages = _hybrid_block(arch, serving, r, par) if arch.is_hybrid else (r, 1)
     gpu = hardware.device
     total = CUDA_REPORTED_TOTAL.get(gpu.id, gpu.capacity_bytes)
@@ -325,10 +333,10 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     device_total = (gpu.cuda_context_bytes + s.weights + s.activation + s.non_torch + s.cuda_graphs
                     + cap.kv_cache_bytes)
     notes = ("The profiling run's activation peak, the non-torch memory and the CUDA graphs are modelled from "
-             "vLLM's source and public start-up logs; vLLM measures them on the GPU.",)
-    if arch.is_hybrid and r.rules.mamba_prefix_caching and not serving.prefix_caching:  # MambaModelConfig, 0.33.0
-        notes += ("vLLM 0.33 turns prefix caching on for hybrid models unless --no-enable-prefix-caching is given; "
-                  "these numbers are without it (turn prefix caching on for vLLM's default).",)
+             "vLLM's source and public start-up logs; vLLM measures them on the GPU.", pc.note)
+    if arch.is_hybrid and pc.on and not r.rules.mamba_prefix_caching:  # 0.15-0.25: align mode when asked, not read
+        notes += (f"The recurrent states' pages under prefix caching are not modelled for vLLM {r.rules.label} (read "
+                  "in 0.33 only): one state page per sequence is counted, as without it.",)
     effective = kv_cache.effective_concurrency(groups, cap, serving.shared_prefix_tokens or 0)
     return ServingEstimate("vllm", serving.engine_version or vllm_versions.CURRENT, r, budget, total, stages,
                            limiting, cap, longest, device_total, effective, gpu.cuda_context_bytes, notes)

@@ -57,8 +57,9 @@ class VllmRules:
     # fused_moe's workspaces come from the worker's WorkspaceManager and stay allocated (activations.py)
     moe_workspace_kept: bool = False
     # A hybrid model under prefix caching keeps its recurrent states in "align" mode (two or three state pages per
-    # request, the block aligned to the state checkpoints: serving/recurrent_state.py); before, MambaModelConfig
-    # turns prefix caching off for every hybrid (one state page) and sizes the block from 16-token alignment
+    # request, the block aligned to the state checkpoints: serving/recurrent_state.py); before, one state page and
+    # 16-token alignment: 0.11's MambaModelConfig turns prefix caching off for every hybrid, and 0.15-0.25's align
+    # mode (when it is asked for: serving/prefix_default.py) was not modelled
     mamba_prefix_caching: bool = False
     # FlashInfer's all-reduce fusion workspace under TP > 1 (serving/allreduce_fusion.py): None (the pass is off
     # by default), "multicast" (each buffer rounded to the recommended multicast granularity, FlashInfer 0.6.4 to

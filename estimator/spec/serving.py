@@ -66,7 +66,7 @@ class Serving:
     kv_cache_dtype: str | None = None  # None ("auto"): the model's dtype
     weight_format: str | None = None  # None ("auto"): the checkpoint's own format (its quantization_config)
     cuda_graphs: bool = True  # False: --enforce-eager
-    prefix_caching: bool = False
+    prefix_caching: bool | None = None  # None: the engine's default for its release and the model (prefix_default.py)
     shared_prefix_tokens: int | None = None  # with prefix caching: a prompt prefix every sequence shares
     speculative: Speculative | None = None  # speculative decoding; None = off
     limit_mm_per_prompt: str | None = None  # vLLM --limit-mm-per-prompt as 'image=1,video=0'; None: 999 each
@@ -81,7 +81,7 @@ class Serving:
         if self.engine_version is not None:
             version_tuple(self.engine_version)  # refuses what is not a release number
         parse_limits(self.limit_mm_per_prompt)  # a modality named twice is refused
-        if self.shared_prefix_tokens and not self.prefix_caching:
+        if self.shared_prefix_tokens and self.prefix_caching is False:
             raise ConfigError("serving.shared_prefix_tokens", self.shared_prefix_tokens, "empty without prefix caching",
                               "a shared prefix is stored once only with prefix_caching on", ("serving.prefix_caching",))
 

@@ -44,10 +44,13 @@ SERVING_FIELDS: tuple[Field, ...] = (
             "experts, scale per 32).", _SV, WEIGHT_FORMATS, optional=True,
             auto="the checkpoint's own format (its quantization_config, else its dtype)"),
     _bool("cuda_graphs", _S, "CUDA graphs", "Off = --enforce-eager: no graphs are captured.", _SV),
-    _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching (SGLang's radix cache): sequences "
-          "that share a prompt prefix reuse its full KV blocks. The block count is unchanged; with a shared prefix "
-          "the effective concurrency grows. A hybrid model (Mamba / Gated DeltaNet layers) under vLLM 0.33 keeps two "
-          "or three state pages per sequence with it (vLLM's default there; 0.11 turns it off for hybrids).", _SV),
+    _bool("prefix_caching", _S, "Prefix caching", "vLLM --enable-prefix-caching / --no-enable-prefix-caching "
+          "(SGLang: its radix cache, off with --disable-radix-cache): sequences that share a prompt prefix reuse its "
+          "full KV blocks. The block count is unchanged; with a shared prefix the effective concurrency grows. A "
+          "hybrid model (Mamba / Gated DeltaNet layers) under vLLM 0.33 keeps two or three state pages per sequence "
+          "with it; vLLM 0.11 turns it off for hybrids whatever is asked.", _SV, optional=True,
+          auto="the engine's default: vLLM on, except hybrid models before 0.33 and attention-free models; "
+          "SGLang on, except models whose hook turns the radix cache off"),
     Field("limit_mm_per_prompt", _S, "text", "Multimodal items per prompt", "vLLM --limit-mm-per-prompt, written "
           "'image=1,video=0': the most items of each modality in one prompt. It sets how many items the profiling "
           "run sends through the vision encoder; 0 leaves a modality out of the profile (video=0 profiles the "

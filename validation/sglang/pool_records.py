@@ -26,7 +26,8 @@ For every case it:
 
 The memory and the weights given are ours (SGLang measures both on a GPU); the record holds them so a test
 can hold our accounting to SGLang's on exactly that memory. ``serving.prefix_caching`` is our field for SGLang's
-radix cache: a case without it runs with ``--disable-radix-cache``.
+radix cache: a case that does not turn it on runs with ``--disable-radix-cache``, and its record says
+``prefix_caching: false`` (unset, the estimate takes SGLang's default: on).
 """
 
 from __future__ import annotations
@@ -113,8 +114,9 @@ def _gpu_memory(mib: int) -> None:
 def _server_args(model_dir: str, tp: int, pp: int, serving: dict):
     from sglang.srt.server_args import ServerArgs
     kwargs = dict(model_path=model_dir, tp_size=tp, pp_size=pp, device="cuda",
-                  kv_cache_dtype=_KV[serving.get("kv_cache_dtype")],
-                  disable_radix_cache=not serving.get("prefix_caching", False))  # our field is the radix cache
+                  kv_cache_dtype=_KV[serving.get("kv_cache_dtype")])
+    if serving.get("prefix_caching") is not None:  # our field is the radix cache; unset: SGLang's own default
+        kwargs["disable_radix_cache"] = not serving["prefix_caching"]
     if serving.get("mem_fraction_static"):
         kwargs["mem_fraction_static"] = serving["mem_fraction_static"]
     if serving.get("max_num_seqs"):
@@ -171,6 +173,8 @@ def run_case(case) -> dict:
     from estimator.spec.serving import Serving
 
     preset, gpu, tp, pp, overrides = case
+    # a case runs without the radix cache (--disable-radix-cache) unless it turns it on: its record says which
+    overrides = {"prefix_caching": False, **overrides}
     raw = get_hf_config(preset)
     ours = estimate_sglang(get_architecture(preset), Serving(engine="sglang", **overrides), Parallel(tp=tp, pp=pp),
                            Hardware(gpu), raw)
@@ -282,7 +286,7 @@ def main(argv=None) -> int:
             import traceback
             traceback.print_exc()
             records.append({"case": {"model": case[0], "gpu": case[1], "tp": case[2], "pp": case[3],
-                                     "serving": {"engine": "sglang", **case[4]}},
+                                     "serving": {"engine": "sglang", "prefix_caching": False, **case[4]}},
                             "error": f"{type(err).__name__}: {err}"[:400]})
         print(json.dumps(records[-1])[:600], flush=True)
     command = (f"{sys.executable} -m validation.sglang.pool_records --out {args.out}  "

@@ -65,9 +65,10 @@ HYBRID_CASES = [
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
 ]
 # 0.33.0: the four hybrid presets (Mamba-2 parallel, Mamba-2 pattern, Gated DeltaNet, Mamba-1), TP 1 and 2, prefix
-# caching off (mamba_cache_mode "none", the estimator's default) and, for two, on (0.33's default for hybrid models:
-# model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper GPUs, where FlashAttention 3
-# takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256 page: flash_attn.py)
+# caching off (mamba_cache_mode "none", the recorder's default: with_prefix_caching) and, for two, on (0.33's
+# default for hybrid models: model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper
+# GPUs, where FlashAttention 3 takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256
+# page: flash_attn.py)
 HYBRID_CASES_0_33 = [
     ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
@@ -294,6 +295,12 @@ def vllm_hybrid_block_size(text, tp: int, heads: int, head_size: int) -> int:
     return 16 * -(-state // (16 * one))
 
 
+def with_prefix_caching(overrides: dict) -> dict:
+    """A case runs with prefix caching off unless it turns it on (the stand-in config's mamba_cache_mode "none"),
+    and its record says so: unset, the estimate would take vLLM's default for the release and model."""
+    return {"prefix_caching": False, **overrides}
+
+
 def our_estimate(case, vllm_version: str):
     """(the release key, the preset's config.json, our vLLM estimate) for a case (preset, gpu, tp, pp, overrides)."""
     from estimator.spec.hardware import Hardware
@@ -303,6 +310,7 @@ def our_estimate(case, vllm_version: str):
     from estimator.serving.vllm_engine import estimate_vllm
 
     preset, gpu, tp, pp, overrides = case
+    overrides = with_prefix_caching(overrides)
     release = ".".join(vllm_version.split(".")[:2])
     raw = get_hf_config(preset)
     ours = estimate_vllm(get_architecture(preset), Serving(engine_version=release, **overrides),
@@ -315,6 +323,7 @@ def run_case(case, vllm_version: str) -> dict:
     from vllm.distributed.utils import get_pp_indices
 
     preset, gpu, tp, pp, overrides = case
+    overrides = with_prefix_caching(overrides)
     release, raw, ours = our_estimate(case, vllm_version)
     r = ours.resolved
     config = dict(raw)
@@ -326,7 +335,7 @@ def run_case(case, vllm_version: str) -> dict:
     ranges = [range(*get_pp_indices(text.num_hidden_layers, rank, pp)) for rank in range(pp)]
     kv_dtype = overrides.get("kv_cache_dtype", "auto")
     block, state, hybrid = r.block_size, None, {}
-    mode = "align" if overrides.get("prefix_caching") else "none"
+    mode = "align" if overrides["prefix_caching"] else "none"
     if release >= "0.33" and getattr(text, "model_type", "") in PATTERN_HYBRIDS + ("falcon_h1",):
         heads, head_size = proxy.get_num_kv_heads(types.SimpleNamespace(
             tensor_parallel_size=tp, pipeline_parallel_size=pp, decode_context_parallel_size=1)), proxy.get_head_size()
@@ -336,7 +345,7 @@ def run_case(case, vllm_version: str) -> dict:
     available = [s.available for s in ours.stages]
     ceiling = r.context_length
     cfg = _stand_in_config(r.max_model_len, r.max_num_batched_tokens, pp, tp, block)
-    cfg.cache_config.enable_prefix_caching = bool(overrides.get("prefix_caching"))
+    cfg.cache_config.enable_prefix_caching = overrides["prefix_caching"]
     cfg.cache_config.mamba_cache_mode = mode
     if getattr(text, "attention_chunk_size", None):
         # VllmConfig.__post_init__ turns the hybrid manager off for chunked local attention unless
