@@ -61,9 +61,11 @@ FORWARD = ("the first pipeline stage's peak: 1.10 GiB printed under PP 2 and PP 
            "MLP's T x (o + 2h + 3I), the autotuner's 50 MiB L2 flush buffer and the 32 MiB cuBLAS workspace; "
            "serving/activations.py, serving/profile_buffers.py), which hold the middle stages and CodeLlama-7B within "
            "0.2%. The first stage holds 0.18 GiB more than a middle stage less its receive buffers; what only it "
-           "runs is the embedding's piece (a candidate: inductor benchmarks combo kernels at compile time, "
-           "benchmark_combo_kernel=True in 0.19's inductor config, on random copies of their arguments, which for "
-           "the embedding include its 1 GiB table); not identified")
+           "runs is the embedding's piece. A candidate: with benchmark_combo_kernel=True (0.19's inductor config) "
+           "inductor benchmarks a combo kernel's subkernels at compile time on random copies of their arguments "
+           "(torch/_inductor/codegen/triton.py benchmark_fused_nodes: mod.get_args()), which for the embedding "
+           "gather include its 0.98 GiB table; whether the gather is such a subkernel, and with which outputs, "
+           "was not established, so it is not modelled")
 TRITON_MXFP4 = ("MXFP4 experts on Hopper from 0.15 use the 'TRITON' MoE backend (0.19's log: \"Using 'TRITON' Mxfp4 "
                 "MoE backend\"): create_weights pads the intermediate size to 64 and triton_kernels' Hopper swizzle "
                 "(vllm/third_party/triton_kernels hopper_value.py, hopper_scale.py) pads the packed values to multiples "

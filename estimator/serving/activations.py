@@ -12,7 +12,8 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   I/TP and one of h (fused_moe.py intermediate_cache1..3). That is the eager forward (--enforce-eager).
 - the compiled forward (the default: VLLM_COMPILE, its graph split at the attention ops; compilation/backends.py
   split_graph, 0.19.0, splitting_ops of config/compilation.py, 0.11.0 and 0.19.0): Attention.forward allocates
-  its output buffer (T x o/TP: torch.empty in 0.19.0, torch.zeros in 0.11.0 attention/layer.py) in the piece
+  its output buffer (T x o/TP: torch.empty in 0.19.0 and 0.33.0, torch.zeros in 0.11.0; inductor graph
+  partition stays off by default in 0.33.0's optimization levels) in the piece
   before the attention op, which fills it, and the next piece's o_proj reads it; the split module passes it as
   an argument, so it stays allocated through that piece, whose MLP is the peak. With it there: the incoming
   residual (an argument too), the o_proj output (inductor keeps it and recomputes the new residual from it and
