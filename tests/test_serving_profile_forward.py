@@ -73,3 +73,16 @@ def test_middle_pipeline_stage_adds_its_receive_buffers():
                       Parallel(pp=4), Hardware("h100-80"), get_hf_config("llama-3.1-8b"))
     middle = T * (o + 2 * h + 3 * inter) * 2 + 2 * T * h * 2 + L2_H100 + CUBLAS_HOPPER
     assert e.stages[1].activation == e.stages[2].activation == middle == 1_126_170_624
+
+
+def test_the_component_shows_the_buffers_as_parts():
+    """The activation component's parts: the model's tensors, the cuBLAS workspace, and the flush buffer only where
+    the compiled MLP sets the peak (CodeLlama-7B); Llama-3.1-8B's sampler sets its peak, so no flush buffer there."""
+    h, o, inter = 4096, 32 * 128, 11008
+    parts = {c.key: c for c in _codellama().limiting.components}["activation_peak"].parts
+    assert [p.bytes for p in parts] == [T * (o + 2 * h + 3 * inter) * 2, CUBLAS_HOPPER, L2_H100]
+    llama = estimate_vllm(get_architecture("llama-3.1-8b"), Serving(engine_version="0.19.0", max_model_len=8192),
+                          Parallel(), Hardware("h100-80"), get_hf_config("llama-3.1-8b")).limiting
+    sampler = 1024 * 128256 * 14 + 132 * 128256 * 4 + (T + 2 * 1024) * h * 2  # 0.19's Triton sampler rule
+    parts = {c.key: c for c in llama.components}["activation_peak"].parts
+    assert [p.bytes for p in parts] == [sampler, CUBLAS_HOPPER]

@@ -83,6 +83,8 @@ class ActivationPeak:
     forward_bytes: int
     sampler_bytes: int
     formula: str
+    blas_bytes: int = 0  # of `bytes`: the cuBLAS workspace (profile_buffers.py)
+    flush_bytes: int = 0  # of `bytes`: the autotuner's L2 flush buffer, where the compiled MLP sets the peak
 
 
 def moe_tp(tp: int, ep: int) -> int:
@@ -163,9 +165,11 @@ def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int,
     received = 0 if first_stage else 2 * tokens * arch.hidden_size * act_bytes
     kept = received + blas_bytes  # the cuBLAS workspace stays from the first GEMM on (profile_buffers.py)
     forward = forward_peak(arch, tokens, tp, act_bytes, kinds, ep, compiled, flush_bytes or 0)
+    flush_held = forward - forward_peak(arch, tokens, tp, act_bytes, kinds, ep, compiled)
     if moe_workspace and "moe" in {hybrid.FFN[k] for k in kinds}:
         workspace = moe_workspace_bytes(arch, tokens, tp, act_bytes, ep)
-        forward = max(forward, (2 * tokens * arch.hidden_size) * act_bytes + workspace)
+        if (2 * tokens * arch.hidden_size) * act_bytes + workspace >= forward:
+            forward, flush_held = (2 * tokens * arch.hidden_size) * act_bytes + workspace, 0
         kept += workspace
     forward += received + blas_bytes
     requests = min(tokens, max_num_seqs)
@@ -182,4 +186,5 @@ def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int,
                + (f" + cuBLAS workspace {blas_bytes / MiB:g} MiB" if blas_bytes else "")
                + (f"; the MLP's autotune L2 flush buffer {flush_bytes / MiB:g} MiB beside it" if flush_bytes else "")
                + ("; the autotuner's L2 flush buffer is not modelled on this GPU" if flush_bytes is None else ""))
-    return ActivationPeak(max(forward, sampler), forward, sampler, formula)
+    return ActivationPeak(max(forward, sampler), forward, sampler, formula, blas_bytes,
+                          flush_held if forward >= sampler else 0)

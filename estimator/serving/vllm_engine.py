@@ -210,8 +210,10 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                                       formula=f"{weights.formula} + vision encoder (its linears / TP)")
     if encoder:  # and profiles it, unless every modality's limit is 0
         # the encoder runs the first GEMM, so its forward holds the cuBLAS workspace too (profile_buffers.py)
+        tower_sets_it = encoder.forward_bytes + blas > encoder.cache_bytes + peak.bytes
         peak = dataclasses.replace(
             peak, bytes=max(encoder.forward_bytes + blas, encoder.cache_bytes + peak.bytes),
+            flush_bytes=0 if tower_sets_it else peak.flush_bytes,
             formula=f"max(encoder forward + cuBLAS workspace, encoder cache + {peak.formula}); {encoder.formula}")
     non_torch_part = _non_torch(arch, r, par)
     non_torch = non_torch_part.bytes
@@ -224,7 +226,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
         component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
                   f"{src} gpu_model_runner.py profile_run; torch's cuBLAS workspace and inductor's autotune flush "
-                  "buffer (estimator/serving/activations.py, profile_buffers.py; modelled, not measured)"),
+                  "buffer (estimator/serving/activations.py, profile_buffers.py; modelled, not measured)",
+                  _activation_parts(peak, src)),
         non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
                   graphs, graphs_formula,
@@ -233,6 +236,24 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   "graphs' driver memory is not: tests/test_serving_published.py GRAPHS)"),
     )
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
+
+
+def _activation_parts(peak, src: str) -> tuple[Component, ...]:
+    """The profile peak's buffers that are not the model's tensors, beside those tensors (profile_buffers.py)."""
+    if not peak.blas_bytes and not peak.flush_bytes:
+        return ()
+    parts = [component("activation_peak", "Tensors of the profiling run",
+                       peak.bytes - peak.blas_bytes - peak.flush_bytes, peak.formula,
+                       f"{src} gpu_model_runner.py profile_run (estimator/serving/activations.py)"),
+             component("activation_peak", "cuBLAS workspace (the run's first GEMM)", peak.blas_bytes,
+                       f"{peak.blas_bytes:,} B, one handle and stream",
+                       "PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp (estimator/serving/profile_buffers.py)")]
+    if peak.flush_bytes:
+        parts.append(component("activation_peak", "Autotuner's L2 flush buffer (compiled MLP's first launch)",
+                               peak.flush_bytes, f"{peak.flush_bytes:,} B: the GPU's L2 size",
+                               "torch/_inductor/runtime/benchmarking.py InductorBenchmarker.benchmark_gpu "
+                               "(estimator/serving/profile_buffers.py)"))
+    return tuple(parts)
 
 
 def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int) -> tuple[int, str, bool]:
