@@ -175,6 +175,7 @@ def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int,
     requests = min(tokens, max_num_seqs)
     sampler = sampler_peak(arch, tokens, requests, act_bytes, rule, gpu_id) + kept if last_stage else 0
     dense_mlp = "T x (3I + o)/TP: compiled, the attention's output held" if compiled else "T x 3I/TP"
+    dense_ffn = "dense" in {hybrid.FFN[k] for k in kinds}
     formula = (f"max(forward of {tokens:,} tokens: residual and input 2 x T x h + widest of attention "
                f"(T x (2q + 2kv + o)/TP) and MLP ({dense_mlp}, MoE T x k x (3I{'' if ep > 1 else '/TP'} + h)"
                + (": EP, whole experts per rank" if ep > 1 else "") + "); "
@@ -184,7 +185,9 @@ def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int,
                + ("" if first_stage else " + received hidden states and residual 2 x T x h")
                + (" + the kept fused_moe workspaces" if kept > received + blas_bytes else "")
                + (f" + cuBLAS workspace {blas_bytes / MiB:g} MiB" if blas_bytes else "")
-               + (f"; the MLP's autotune L2 flush buffer {flush_bytes / MiB:g} MiB beside it" if flush_bytes else "")
-               + ("; the autotuner's L2 flush buffer is not modelled on this GPU" if flush_bytes is None else ""))
+               + (f"; the MLP's autotune L2 flush buffer {flush_bytes / MiB:g} MiB beside it"
+                  if flush_bytes and dense_ffn else "")
+               + ("; the autotuner's L2 flush buffer is not modelled on this GPU"
+                  if flush_bytes is None and dense_ffn and compiled else ""))
     return ActivationPeak(max(forward, sampler), forward, sampler, formula, blas_bytes,
                           flush_held if forward >= sampler else 0)
