@@ -9,7 +9,20 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
 - forward, in the widest layer: the residual stream and the layer's input (2 x T x h), with either
   the attention's q, k, v and output (T x (q + 2 kv + q)/TP) or the MLP's gate-up output and its
   activation (T x 3 x I/TP); a routed MoE layer's fused_moe caches hold T x top-k rows of 2I/TP and
-  I/TP and one of h (fused_moe.py intermediate_cache1..3).
+  I/TP and one of h (fused_moe.py intermediate_cache1..3). That is the eager forward (--enforce-eager).
+- the compiled forward (the default: VLLM_COMPILE, its graph split at the attention ops; compilation/backends.py
+  split_graph, 0.19.0, splitting_ops of config/compilation.py, 0.11.0 and 0.19.0): Attention.forward allocates
+  its output buffer (T x o/TP: torch.empty in 0.19.0 and 0.33.0, torch.zeros in 0.11.0; inductor graph
+  partition stays off by default in 0.33.0's optimization levels) in the piece
+  before the attention op, which fills it, and the next piece's o_proj reads it; the split module passes it as
+  an argument, so it stays allocated through that piece, whose MLP is the peak. With it there: the incoming
+  residual (an argument too), the o_proj output (inductor keeps it and recomputes the new residual from it and
+  the incoming one in the second fused add-RMSNorm kernel), the gate-up output and the SiLU-and-mul output:
+  T x (o/TP + 2h + 3I/TP), read from inductor's generated code for that piece (a Llama piece written with
+  vLLM 0.19's native RMSNorm, SiluAndMul and rotary ops, compiled by torch 2.13's inductor). Beside it the
+  autotuner's L2 flush buffer, from 0.19 (serving/profile_buffers.py).
+- every stage, under the forward and the sampler alike: the cuBLAS workspace of the run's first GEMM
+  (serving/profile_buffers.py).
 - from 0.15 a routed MoE layer (the modular fused_moe kernels, unquantized or fp8) draws its workspaces from
   the worker's WorkspaceManager (v1/worker/workspace.py, locked after warm-up), which keeps its high-water
   mark: workspace13 = max(T x k x max(I/TP, h), T x h) and workspace2 = T x k x max(2I/TP, h)
@@ -49,6 +62,8 @@ from ..spec import hybrid
 from ..spec.architecture import Architecture
 from .kv_cache import kv_heads_per_rank
 
+MiB = 1024**2
+
 SAMPLER_BYTES_PER_LOGIT = {
     "flashinfer": 2 + 4 + 4 + 4,  # bf16 and fp32 logits, FlashInfer's masked logits and probabilities (0.21 on)
     "sort": 2 + 4 + (4 + 8) + 8 + (4 + 8),  # + sorted values and indices, index input, cub's alternates
@@ -68,6 +83,8 @@ class ActivationPeak:
     forward_bytes: int
     sampler_bytes: int
     formula: str
+    blas_bytes: int = 0  # of `bytes`: the cuBLAS workspace (profile_buffers.py)
+    flush_bytes: int = 0  # of `bytes`: the autotuner's L2 flush buffer, where the compiled MLP sets the peak
 
 
 def moe_tp(tp: int, ep: int) -> int:
@@ -76,7 +93,11 @@ def moe_tp(tp: int, ep: int) -> int:
     return 1 if ep > 1 else tp
 
 
-def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds: set[str], ep: int = 1) -> int:
+def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds: set[str], ep: int = 1,
+                 compiled: bool = False, flush_bytes: int = 0) -> int:
+    """The widest layer's live tensors (module docstring). `compiled`: the forward runs as inductor-compiled
+    pieces split at the attention ops, which holds the attention's output buffer through the next piece's
+    MLP; `flush_bytes`: the autotuner's L2 flush buffer beside that MLP (serving/profile_buffers.py)."""
     h = arch.hidden_size
     kv = kv_heads_per_rank(arch, tp) * (arch.head_dim if not arch.uses_mla else 0)
     attention = tokens * (2 * arch.q_width // tp + 2 * kv + arch.attention_output_width // tp)
@@ -101,13 +122,19 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
                                              + arch.mamba_num_heads) // tp)
     if "mamba1" in mixers:  # in_proj's output (x, z), the conv's, delta and the gated scan output (vLLM mamba_mixer.py)
         attention = max(attention, tokens * 5 * arch.mamba_expand * h // tp)
-    mlp = 0
+    dense = mlp = 0
     if "dense" in ffns:
-        mlp = tokens * 3 * arch.intermediate_size // tp
+        dense = tokens * 3 * arch.intermediate_size // tp
+        if compiled and "attention" in mixers:
+            dense += tokens * arch.attention_output_width // tp  # the attention's output, held (see below)
+        mlp = dense
     if "moe" in ffns:
         k, width = arch.num_experts_per_token, arch.moe_intermediate_size
         mlp = max(mlp, tokens * k * (3 * width // moe_tp(tp, ep) + h))
-    return (2 * tokens * h + max(attention + parallel, mlp)) * act_bytes
+    peak = (2 * tokens * h + max(attention + parallel, mlp)) * act_bytes
+    if dense and flush_bytes:
+        peak = max(peak, (2 * tokens * h + dense) * act_bytes + flush_bytes)
+    return peak
 
 
 def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int, rule: str, gpu_id: str) -> int:
@@ -131,25 +158,36 @@ def moe_workspace_bytes(arch: Architecture, tokens: int, tp: int, act_bytes: int
 
 def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int, act_bytes: int,
                     kinds: set[str], last_stage: bool, rule: str = "flashinfer", gpu_id: str = "h100-80",
-                    first_stage: bool = True, moe_workspace: bool = False, ep: int = 1) -> ActivationPeak:
+                    first_stage: bool = True, moe_workspace: bool = False, ep: int = 1, compiled: bool = False,
+                    flush_bytes: int | None = 0, blas_bytes: int = 0) -> ActivationPeak:
     # A later pipeline stage first allocates its receive buffers, the hidden states and the residual for
     # max_num_batched_tokens, and keeps them (gpu_model_runner.py _dummy_run make_empty_intermediate_tensors)
     received = 0 if first_stage else 2 * tokens * arch.hidden_size * act_bytes
-    kept = received
-    forward = forward_peak(arch, tokens, tp, act_bytes, kinds, ep)
+    kept = received + blas_bytes  # the cuBLAS workspace stays from the first GEMM on (profile_buffers.py)
+    forward = forward_peak(arch, tokens, tp, act_bytes, kinds, ep, compiled, flush_bytes or 0)
+    flush_held = forward - forward_peak(arch, tokens, tp, act_bytes, kinds, ep, compiled)
     if moe_workspace and "moe" in {hybrid.FFN[k] for k in kinds}:
         workspace = moe_workspace_bytes(arch, tokens, tp, act_bytes, ep)
-        forward = max(forward, (2 * tokens * arch.hidden_size) * act_bytes + workspace)
+        if (2 * tokens * arch.hidden_size) * act_bytes + workspace >= forward:
+            forward, flush_held = (2 * tokens * arch.hidden_size) * act_bytes + workspace, 0
         kept += workspace
-    forward += received
+    forward += received + blas_bytes
     requests = min(tokens, max_num_seqs)
     sampler = sampler_peak(arch, tokens, requests, act_bytes, rule, gpu_id) + kept if last_stage else 0
+    dense_mlp = "T x (3I + o)/TP: compiled, the attention's output held" if compiled else "T x 3I/TP"
+    dense_ffn = "dense" in {hybrid.FFN[k] for k in kinds}
     formula = (f"max(forward of {tokens:,} tokens: residual and input 2 x T x h + widest of attention "
-               f"(T x (2q + 2kv + o)/TP) and MLP (T x 3I/TP, MoE T x k x (3I{'' if ep > 1 else '/TP'} + h)"
+               f"(T x (2q + 2kv + o)/TP) and MLP ({dense_mlp}, MoE T x k x (3I{'' if ep > 1 else '/TP'} + h)"
                + (": EP, whole experts per rank" if ep > 1 else "") + "); "
                + (f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + (T + 2n) x h"
                   + (" + kernel buffer)" if rule == "triton" else ")")
                   if last_stage else "no sampler on this stage)") + f" x {act_bytes} B"
                + ("" if first_stage else " + received hidden states and residual 2 x T x h")
-               + (" + the kept fused_moe workspaces" if kept > received else ""))
-    return ActivationPeak(max(forward, sampler), forward, sampler, formula)
+               + (" + the kept fused_moe workspaces" if kept > received + blas_bytes else "")
+               + (f" + cuBLAS workspace {blas_bytes / MiB:g} MiB" if blas_bytes else "")
+               + (f"; the MLP's autotune L2 flush buffer {flush_bytes / MiB:g} MiB beside it"
+                  if flush_bytes and dense_ffn else "")
+               + ("; the autotuner's L2 flush buffer is not modelled on this GPU"
+                  if flush_bytes is None and dense_ffn and compiled else ""))
+    return ActivationPeak(max(forward, sampler), forward, sampler, formula, blas_bytes,
+                          flush_held if forward >= sampler else 0)

@@ -24,6 +24,7 @@ from .allreduce_fusion import fusion_workspace
 from .cuda_graphs import graph_memory, model_max_capture, vllm_estimate
 from .nccl_comm import communicator_bytes, tp_group_nccl
 from .activations import activation_peak
+from .profile_buffers import autotune_flush_bytes, blas_workspace_bytes
 from .encoder import encoder_profile, encoder_weights, modality_limits, tower_built
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
@@ -199,9 +200,12 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                                       formula=f"{weights.formula} + {draft.formula}")
     kinds = {kind for kind, _ in arch.kind_counts(layers.start, layers.stop)}
     act_bytes = r.weights.dtype_bytes
+    compiled = serving.cuda_graphs  # --enforce-eager turns off torch.compile too (config/vllm.py, 0.19.0)
+    blas = blas_workspace_bytes(r.gpu_id)
     peak = activation_peak(arch, r.max_num_batched_tokens, r.max_num_seqs, par.tp, act_bytes, kinds,
                            stage == par.pp - 1, sampler_rule(r.rules, r.gpu_id), r.gpu_id, stage == 0,
-                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4", par.ep)
+                           r.rules.moe_workspace_kept and r.weight_format != "mxfp4", par.ep, compiled,
+                           autotune_flush_bytes(r.release, r.gpu_id, compiled), blas)
     limits = modality_limits(arch, serving.limit_mm_per_prompt)
     encoder = encoder_profile(arch, r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, par.tp, act_bytes,
                               serving.engine_version, limits)
@@ -210,8 +214,12 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
         weights = dataclasses.replace(weights, bytes=weights.bytes + tower,
                                       formula=f"{weights.formula} + vision encoder (its linears / TP)")
     if encoder:  # and profiles it, unless every modality's limit is 0
-        peak = dataclasses.replace(peak, bytes=max(encoder.forward_bytes, encoder.cache_bytes + peak.bytes),
-                                   formula=f"max(encoder forward, encoder cache + {peak.formula}); {encoder.formula}")
+        # the encoder runs the first GEMM, so its forward holds the cuBLAS workspace too (profile_buffers.py)
+        tower_sets_it = encoder.forward_bytes + blas > encoder.cache_bytes + peak.bytes
+        peak = dataclasses.replace(
+            peak, bytes=max(encoder.forward_bytes + blas, encoder.cache_bytes + peak.bytes),
+            flush_bytes=0 if tower_sets_it else peak.flush_bytes,
+            formula=f"max(encoder forward + cuBLAS workspace, encoder cache + {peak.formula}); {encoder.formula}")
     non_torch_part = _non_torch(arch, r, par)
     non_torch = non_torch_part.bytes
     graphs, graphs_formula, counted = _cuda_graphs(arch, r, par, act_bytes) if serving.cuda_graphs else (0, "off", False)
@@ -222,7 +230,9 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
         component("weights", "Weights as loaded", weights.bytes, weights.formula,
                   f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
         component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
-                  f"{src} gpu_model_runner.py profile_run (modelled, not measured)"),
+                  f"{src} gpu_model_runner.py profile_run; torch's cuBLAS workspace and inductor's autotune flush "
+                  "buffer (estimator/serving/activations.py, profile_buffers.py; modelled, not measured)",
+                  _activation_parts(peak, src)),
         non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
                   graphs, graphs_formula,
@@ -231,6 +241,24 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   "graphs' driver memory is not: tests/test_serving_published.py GRAPHS)"),
     )
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
+
+
+def _activation_parts(peak, src: str) -> tuple[Component, ...]:
+    """The profile peak's buffers that are not the model's tensors, beside those tensors (profile_buffers.py)."""
+    if not peak.blas_bytes and not peak.flush_bytes:
+        return ()
+    parts = [component("activation_peak", "Tensors of the profiling run",
+                       peak.bytes - peak.blas_bytes - peak.flush_bytes, peak.formula,
+                       f"{src} gpu_model_runner.py profile_run (estimator/serving/activations.py)"),
+             component("activation_peak", "cuBLAS workspace (the run's first GEMM)", peak.blas_bytes,
+                       f"{peak.blas_bytes:,} B, one handle and stream",
+                       "PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp (estimator/serving/profile_buffers.py)")]
+    if peak.flush_bytes:
+        parts.append(component("activation_peak", "Autotuner's L2 flush buffer (compiled MLP's first launch)",
+                               peak.flush_bytes, f"{peak.flush_bytes:,} B: the GPU's L2 size",
+                               "torch/_inductor/runtime/benchmarking.py InductorBenchmarker.benchmark_gpu "
+                               "(estimator/serving/profile_buffers.py)"))
+    return tuple(parts)
 
 
 def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int) -> tuple[int, str, bool]:
