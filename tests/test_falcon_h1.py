@@ -147,7 +147,8 @@ def test_vllm_registers_an_attention_and_a_state_page_per_layer():
 
     def serve(max_model_len, tp=1):
         return serving_config(load_config({"model": "falcon-h1-7b", "parallel": {"tp": tp},
-                                           "serving": {"engine": "vllm", "max_model_len": max_model_len}}))
+                                           "serving": {"engine": "vllm", "max_model_len": max_model_len,
+                                                       "prefix_caching": False}}))  # no aligned state pages
 
     result = serve(8192)
     assert result.resolved.block_size == 16 * math.ceil((3 * 3584 + 24 * 128 * 256) * 2 / (16 * 1024)) == 1568

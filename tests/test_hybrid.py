@@ -165,11 +165,14 @@ def test_recurrent_layers_keep_nothing_per_context_token_in_inference():
 
 
 def serve(model: str, tp: int, max_model_len: int):
+    """Without prefix caching: vLLM 0.33 turns it on for hybrids by default, and then aligns the state pages
+    (tests/test_serving_prefix_default.py holds that mode)."""
     from estimator.serving.service import serving_config
     from estimator.models.loading import load_config
 
     return serving_config(load_config({"model": model, "parallel": {"tp": tp},
-                                       "serving": {"engine": "vllm", "max_model_len": max_model_len}}))
+                                       "serving": {"engine": "vllm", "max_model_len": max_model_len,
+                                                   "prefix_caching": False}}))
 
 
 def test_vllm_sizes_the_attention_block_to_hold_a_state_page():
