@@ -278,16 +278,13 @@ def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
     return draft_for(arch, spec, r.weights, par.tp, par.ep, r.block_size, r.kv_bytes, draft_arch)
 
 
-def _hybrid_block(arch: Architecture, serving: Serving, r: Resolved, par: Parallel) -> tuple[Resolved, int]:
+def _hybrid_block(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
     """A hybrid's attention block, grown until its page holds a recurrent state, and the state pages one request
-    holds: 0.33's align mode under prefix caching (recurrent_state.py)."""
-    from .recurrent_state import GDN_CHECKPOINT_TOKENS, gdn_checkpoints, hybrid_block_size, states_per_request
-    align_mode = r.rules.mamba_prefix_caching and serving.prefix_caching
-    checkpoints = align_mode and gdn_checkpoints(arch, r.gpu_id)
-    block = hybrid_block_size(arch, par.tp, r.kv_bytes, r.weights.dtype_bytes, serving.block_size,
-                              kv_cache.attention_page_per_token(arch, par.tp, r.kv_bytes), r.rules.version,
-                              GDN_CHECKPOINT_TOKENS if checkpoints else 1)
-    return dataclasses.replace(r, block_size=block), states_per_request(align_mode, checkpoints)
+    holds, by release, prefix caching and speculative decoding (recurrent_state.py)."""
+    from .recurrent_state import plan
+    layout = plan(arch, r.rules, r.gpu_id, par.tp, r.kv_bytes, r.weights.dtype_bytes, serving.block_size,
+                  serving.prefix_caching, serving.speculative)
+    return dataclasses.replace(r, block_size=layout.block_size), layout
 
 
 def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
@@ -300,7 +297,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
                           "--enable-multimodal; vLLM serves every modality unless limit_mm_per_prompt sets it to 0",
                           ("serving.engine",))
     r = resolve(arch, serving, hardware, checkpoint)
-    r, state_pages = _hybrid_block(arch, serving, r, par) if arch.is_hybrid else (r, 1)
+    r, layout = _hybrid_block(arch, serving, r, par) if arch.is_hybrid else (r, None)
     gpu = hardware.device
     total = CUDA_REPORTED_TOTAL.get(gpu.id, gpu.capacity_bytes)
     requested = total * serving.gpu_memory_utilization
@@ -308,7 +305,8 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     ranges = stage_layers(arch.num_layers, par.pp)
     draft = _draft(arch, serving, r, par)
     stages = tuple(_stage_budget(arch, r, serving, par, budget, s, layers, draft) for s, layers in enumerate(ranges))
-    specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes, r.weights.dtype_bytes, state_pages)
+    specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes, r.weights.dtype_bytes,
+                                 *((layout.state_pages, layout.state_every) if layout else ()))
     eagle = serving.speculative is not None and serving.speculative.method in ("eagle", "eagle3")
     specs = kv_cache.without_hybrid_allocator(specs, r.rules.version, eagle)
     if draft is not None:  # the drafter's layers follow the target's, on the last stage
