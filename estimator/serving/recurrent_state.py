@@ -49,6 +49,7 @@ whatever the context length, not a key and a value per token.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -153,9 +154,23 @@ def state_pages(arch: Architecture, rules: VllmRules, mode: str, gpu_id: str, sp
     return 2 + k + checkpoint
 
 
+def speculative_conv_rows(arch: Architecture, rules: VllmRules, tokens: int) -> int:
+    """Rows the convolution state grows by under speculative decoding (MambaStateShapeCalculator's num_spec:
+    conv_kernel - 1 + num_spec rows): Gated DeltaNet from 0.11.0 (qwen3_next.py get_mamba_state_shape_from_config),
+    Nemotron-H's Mamba-2 from 0.17.0 (nemotron_h.py; absent in 0.15.0), Falcon-H1's from 0.33.0 (falcon_h1.py;
+    absent in 0.25.0), never Jamba's Mamba-1 (jamba.py)."""
+    mixers = _mixers(arch)
+    grows = ("linear_attention" in mixers or ("mamba" in mixers and rules.version >= (0, 17))
+             or ("attention_mamba" in mixers and rules.version >= (0, 33)))
+    return tokens if grows else 0
+
+
 def plan(arch: Architecture, rules: VllmRules, gpu_id: str, tp: int, kv_bytes: int, model_bytes: int,
          requested: int | None, prefix_caching: bool, speculative: Speculative | None) -> HybridPlan:
     mode = cache_mode(arch, rules, prefix_caching, speculative)
+    rows = speculative_conv_rows(arch, rules, speculative.num_speculative_tokens if speculative else 0)
+    arch = dataclasses.replace(arch, linear_conv_kernel_dim=arch.linear_conv_kernel_dim + rows,
+                               mamba_conv_kernel=arch.mamba_conv_kernel + rows)
     one_token = 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes  # kv_cache.attention_page_per_token
     align = block_alignment(arch, rules, gpu_id, requested)
     pages = state_pages(arch, rules, mode, gpu_id, speculative.num_speculative_tokens if speculative else 0)

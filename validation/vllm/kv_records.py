@@ -67,7 +67,9 @@ HYBRID_CASES = [
 # 0.33.0: the four hybrid presets (Mamba-2 parallel, Mamba-2 pattern, Gated DeltaNet, Mamba-1), TP 1 and 2, prefix
 # caching off (mamba_cache_mode "none", the estimator's default) and, for two, on (0.33's default for hybrid models:
 # model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper GPUs, where FlashAttention 3
-# takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256 page: flash_attn.py)
+# takes any multiple of 16 tokens (Blackwell's default backend is FlashInfer, whose smallest kernel block is 16 too:
+# FA4's fixed hd256 page of 128, flash_attn.py, applies only where FLASH_ATTN is chosen there). Releases 0.15.0-0.25.0:
+# validation/vllm/hybrid_releases.py
 HYBRID_CASES_0_33 = [
     ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
