@@ -97,6 +97,10 @@ def test_all_mode_by_hand_0_15():
     131,072 tokens: 64 pages a group, 8 groups."""
     nemotron = serve("nemotron-h-8b", engine_version="0.15", prefix_caching=True)
     assert (nemotron.resolved.block_size, nemotron.capacity.blocks_per_request) == (1152, 8 + 6 * 8)
+    # a shared prefix of 4,096 tokens: 3 full blocks, cached in the attention group and in each Mamba group ("all" mode
+    # caches a state a block; 0.19.0 MambaManager.find_longest_cache_hit hands a hit request null blocks before it)
+    shared = serve("nemotron-h-8b", engine_version="0.15", prefix_caching=True, shared_prefix_tokens=4096)
+    assert shared.effective_concurrency == (shared.capacity.num_blocks - 3 * 7) / (56 - 3 * 7)
     jamba = serve("jamba-mini-1.5", tp=2, engine_version="0.15", prefix_caching=True, max_model_len=131072)
     assert (jamba.resolved.block_size, jamba.capacity.blocks_per_request) == (2048, 8 * 64)
     # 0.11.0 turns prefix caching off for every hybrid (MambaModelConfig): one page a state, block 16 x cdiv(1,039, 16)

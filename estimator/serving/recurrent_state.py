@@ -32,15 +32,17 @@ whatever the context length, not a key and a value per token.
   (platforms/cuda.py _get_backend_priorities; flashinfer issue 1993: its block 16 with head 256 fails there), 0.18.0
   drops it. 0.20 moves the alignment to platforms/interface.py _align_hybrid_block_size: multiples of max(the
   backend's smallest kernel block, the requested block), the smallest kernel block 16 for FlashAttention
-  (MultipleOf(16)) and FlashInfer ([16, 32, 64], still the sm100 default through 0.33.0: so Qwen3-Next on a B200
-  takes Hopper's rule from 0.18 on). 0.33 adds the state checkpoints' alignment in "align" mode and rounds to the
+  (MultipleOf(16)) and FlashInfer ([16, 32, 64], still the sm100 default through 0.33.0): so Qwen3-Next on a B200
+  takes Hopper's rule from 0.18 on (0.33.0 FlashAttention's FA4 fixed hd256 page of 128 applies only where FLASH_ATTN
+  is chosen on sm100). 0.33 adds the state checkpoints' alignment in "align" mode and rounds to the
   backends' 16.
 - Speculative decoding (MambaSpec.num_speculative_blocks = num_speculative_tokens): a request holds that many state
   pages more ("none": 1 + k, "align": 2 + k; "all": + k from 0.25.0). 0.11.0's max_memory_usage_bytes counts one
   page whatever the drafter (its MambaManager allocates the 1 + k at run time: the printed capacity ignores them).
   0.11.0 and 0.15.0 run it on Qwen3-Next only (gpu_model_runner.py / layers/mamba/abstract.py); 0.15.0 refuses it
   in "align" mode (MambaModelConfig's assert); 0.20.0 and 0.21.0 give a SupportsMambaPrefixCaching model "align"
-  rather than "all" under it, 0.25.0 "all" again.
+  rather than "all" under it, 0.25.0 "all" again. The convolution state also grows by k rows (speculative_conv_rows),
+  which can raise the block.
 - 0.33 align mode: prefill checkpoint pages (MambaSpec.num_prefill_checkpoint_blocks): one for Gated DeltaNet layers
   on FlashInfer's prefill kernel, whose block also aligns to its 64-token checkpoints (qwen_gdn_linear_attn.py
   get_kv_cache_spec, v1/attention/backends/gdn_attn.py), and one for every Mamba-2 layer (mamba_mixer2.py
