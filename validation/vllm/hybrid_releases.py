@@ -117,7 +117,7 @@ def _config(case, version: str, hf_config, proxy, batched: int):
     cfg.speculative_config = ns(num_speculative_tokens=spec_tokens, method="eagle") if spec_tokens else None
     cfg.num_speculative_tokens = spec_tokens
     cfg.attention_config = ns(backend=None)
-    cfg.compilation_config = ns(custom_op_log_check=lambda: None)
+    cfg.compilation_config = ns(custom_op_log_check=lambda: None, cudagraph_mode="set")  # 0.11: not None: kept
     return cfg, cls
 
 
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     import vllm.v1.core.kv_cache_utils  # noqa: F401  (the release on the path)
-    version = importlib.import_module("vllm").__file__.split("/vllm-")[1].split("/")[0]
+    version = importlib.import_module("vllm").__version__
     records = [run_case(case, version) for case in CASES if _release(version) >= case[6]]
     command = (f"PYTHONPATH={':'.join(sys.path[1:3])} {sys.executable} -m validation.vllm.hybrid_releases "
                f"--out {args.out}  (vllm=={version} from its wheel's Python files; CPU only)")
