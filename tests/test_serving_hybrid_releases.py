@@ -103,9 +103,11 @@ def test_all_mode_by_hand_0_15():
     assert shared.effective_concurrency == (shared.capacity.num_blocks - 3 * 7) / (56 - 3 * 7)
     jamba = serve("jamba-mini-1.5", tp=2, engine_version="0.15", prefix_caching=True, max_model_len=131072)
     assert (jamba.resolved.block_size, jamba.capacity.blocks_per_request) == (2048, 8 * 64)
+    assert any("mamba_cache_mode 'all'" in n for n in nemotron.notes)
     # 0.11.0 turns prefix caching off for every hybrid (MambaModelConfig): one page a state, block 16 x cdiv(1,039, 16)
     old = serve("nemotron-h-8b", engine_version="0.11", prefix_caching=True)
     assert (old.resolved.block_size, old.capacity.blocks_per_request) == (1040, 8 + 6)
+    assert any("turns prefix caching off" in n for n in old.notes)
     # Qwen3-Next (no SupportsMambaPrefixCaching) takes "align": two pages a GDN group (0.15.0 MambaSpec), 16-aligned
     qwen = serve(QWEN3_NEXT, "h200", tp=2, engine_version="0.15", prefix_caching=True, max_model_len=131072)
     assert (qwen.resolved.block_size, qwen.capacity.blocks_per_request) == (544, cdiv(131072, 544) + 3 * 2)
@@ -120,6 +122,7 @@ def test_speculative_state_pages_by_release():
     for release, pages in (("0.11", 1), ("0.15", 3), ("0.33", 3)):
         layout = recurrent_state.plan(arch, rules_for(release), "h200", 2, 2, 2, None, False, eagle(2))
         assert (layout.block_size, layout.state_pages) == (560, pages)
+        assert any("allocates 1 + 2 at run time" in n for n in layout.notes) == (release == "0.11")
     # Nemotron-H's conv state grows from 0.17.0 (nemotron_h.py passes num_spec; 0.15.0 does not): 4,255,744 + 2 x
     # 10,240 x 2 = 4,296,704 B, block 16 x cdiv(4,296,704, 65,536) = 1,056. With prefix caching 0.17.0-0.19.0 keep
     # "all" with no speculative page, 0.20.0-0.21.0 switch to "align" (2 + k), 0.25.0 "all" + k.

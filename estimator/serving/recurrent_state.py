@@ -98,6 +98,7 @@ class HybridPlan:
     block_size: int
     state_pages: int
     state_every: int | None = None
+    notes: tuple[str, ...] = ()  # what the release does that the numbers alone do not say
 
 
 def _mixers(arch: Architecture) -> set[str]:
@@ -176,15 +177,31 @@ def plan(arch: Architecture, rules: VllmRules, gpu_id: str, tp: int, kv_bytes: i
     one_token = 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes  # kv_cache.attention_page_per_token
     align = block_alignment(arch, rules, gpu_id, requested)
     pages = state_pages(arch, rules, mode, gpu_id, speculative.num_speculative_tokens if speculative else 0)
+    notes = _notes(rules, mode, prefix_caching, speculative)
     if mode == "all":  # HybridAttentionMambaModelConfig / _align_hybrid_block_size, mamba_cache_mode "all"
         chunk = MAMBA1_CHUNK if "mamba1" in _mixers(arch) else arch.mamba_chunk_size
         unit = math.lcm(chunk, align)
         block = unit * cdiv(cdiv(state_page(arch, tp, model_bytes), one_token), unit)
-        return HybridPlan(mode, max(requested or 0, block), pages, state_every=block)
+        return HybridPlan(mode, max(requested or 0, block), pages, state_every=block, notes=notes)
     checkpoint_tokens = GDN_CHECKPOINT_TOKENS if mode == "align" and gdn_checkpoints(arch, gpu_id) else 1
     block = hybrid_block_size(arch, tp, kv_bytes, model_bytes, requested, one_token, rules.version, checkpoint_tokens,
                               align)
-    return HybridPlan(mode, block, pages)
+    return HybridPlan(mode, block, pages, notes=notes)
+
+
+def _notes(rules: VllmRules, mode: str, prefix_caching: bool, speculative: Speculative | None) -> tuple[str, ...]:
+    notes = ()
+    if prefix_caching and rules.mamba_cache_modes == "off":
+        notes += (f"vLLM {rules.label} turns prefix caching off for hybrid models (model_executor/models/config.py "
+                  "MambaModelConfig): these numbers are without it.",)
+    if speculative is not None and not rules.speculative_state_pages:
+        notes += (f"vLLM {rules.label} counts one recurrent state page a request in its printed capacity, as here, "
+                  f"but allocates 1 + {speculative.num_speculative_tokens} at run time (v1/core/"
+                  "single_type_kv_cache_manager.py MambaManager): fewer sequences fit than it prints.",)
+    if mode == "all":
+        notes += (f"vLLM {rules.label} keeps a recurrent state for every block under prefix caching "
+                  "(mamba_cache_mode 'all'): a hybrid's state memory grows with the context.",)
+    return notes
 
 
 def hybrid_block_size(arch: Architecture, tp: int, kv_bytes: int, model_bytes: int, requested: int | None,

@@ -327,6 +327,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     if arch.is_hybrid and r.rules.mamba_prefix_caching and not serving.prefix_caching:  # MambaModelConfig, 0.33.0
         notes += ("vLLM 0.33 turns prefix caching on for hybrid models unless --no-enable-prefix-caching is given; "
                   "these numbers are without it (turn prefix caching on for vLLM's default).",)
+    notes += layout.notes if layout else ()
     effective = kv_cache.effective_concurrency(groups, cap, serving.shared_prefix_tokens or 0)
     return ServingEstimate("vllm", serving.engine_version or vllm_versions.CURRENT, r, budget, total, stages,
                            limiting, cap, longest, device_total, effective, gpu.cuda_context_bytes, notes)
