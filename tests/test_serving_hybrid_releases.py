@@ -135,6 +135,9 @@ def test_speculative_state_pages_by_release():
     assert recurrent_state.plan(nemotron, rules_for("0.19"), "h100-80", 1, 2, 2, None, False, eagle(2)).block_size == 1056
     # Falcon-H1's grows from 0.33.0 (falcon_h1.py; absent in 0.25.0); Jamba's Mamba-1 never
     falcon, jamba = get_architecture("falcon-h1-7b"), get_architecture("jamba-mini-1.5")
+    # 0.33.0 align mode: Falcon-H1's MambaMixer2 adds a prefill checkpoint page, Jamba's MambaMixer none
+    assert [recurrent_state.plan(a, rules_for("0.33"), "h100-80", 1, 2, 2, None, True, None).state_pages
+            for a in (falcon, jamba)] == [3, 2]
     assert [recurrent_state.speculative_conv_rows(falcon, rules_for(v), 2) for v in ("0.25", "0.33")] == [0, 2]
     assert recurrent_state.speculative_conv_rows(jamba, rules_for("0.33"), 2) == 0
 
