@@ -101,7 +101,7 @@ def _config(case, version: str, hf_config, proxy, batched: int):
                         ("user_specified_block_size", False), ("user_specified_mamba_block_size", False),
                         ("kv_cache_dtype_skip_layers", None)):
         setattr(cache, name, value)
-    if hf_config.model_type == "nemotron_h":  # its config hook (model_executor/models/config.py NemotronHForCausalLMConfig)
+    if hf_config.model_type == "nemotron_h":  # its hook (model_executor/models/config.py NemotronHForCausalLMConfig)
         cache.mamba_ssm_cache_dtype = getattr(hf_config, "mamba_ssm_cache_dtype", "float32")
     model = proxy
     for name, value in vars(cfg.model_config).items():  # the stand-in's fields (max_model_len, ...)
@@ -124,8 +124,10 @@ def _config(case, version: str, hf_config, proxy, batched: int):
 def _state_class(cls, cfg):
     if cls is not None:
         return cls
-    return type("Qwen3NextState", (), {"get_mamba_state_shape_from_config": classmethod(lambda c, v: _qwen3_next_state(v)[0]),
-                                       "get_mamba_state_dtype_from_config": classmethod(lambda c, v: _qwen3_next_state(v)[1])})
+    shape = classmethod(lambda c, v: _qwen3_next_state(v)[0])
+    dtype = classmethod(lambda c, v: _qwen3_next_state(v)[1])
+    return type("Qwen3NextState", (), {"get_mamba_state_shape_from_config": shape,
+                                       "get_mamba_state_dtype_from_config": dtype})
 
 
 def _align(cfg, cls, gpu: str, release: str):
@@ -137,7 +139,8 @@ def _align(cfg, cls, gpu: str, release: str):
     registry.resolve_model_cls = lambda *a, **k: (state_cls, cfg.model_config.architecture)
     platform = getattr(config_mod, "current_platform", None)
     if platform is not None:
-        config_mod.current_platform = types.SimpleNamespace(is_device_capability_family=lambda c: gpu in SM100 and c == 100)
+        config_mod.current_platform = types.SimpleNamespace(
+            is_device_capability_family=lambda c: gpu in SM100 and c == 100)
     try:
         config_mod.HybridAttentionMambaModelConfig.verify_and_update_config(cfg)
         if release >= "0.20":
@@ -199,8 +202,7 @@ def run_case(case, version: str) -> dict:
     state_cls = _align(cfg, cls, gpu, release)
     stage, spec = _state_specs(cfg, state_cls, text)
     block = cfg.cache_config.block_size
-    specs, heads, head_size = _specs(None, hf_config, proxy, tp, 1, block, "auto", [range(text.num_hidden_layers)],
-                                     stage)
+    specs, _, _ = _specs(None, hf_config, proxy, tp, 1, block, "auto", [range(text.num_hidden_layers)], stage)
     available = [ours.stages[0].available]
     utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
     lines = []  # _report_kv_cache_config's "GPU KV cache size: N tokens" (info_once, which logs once a process)
@@ -216,7 +218,8 @@ def run_case(case, version: str) -> dict:
                  "mamba_block_size": spec.block_size, "state_page_bytes": spec.page_size_bytes,
                  "state_pages_per_request": spec.max_memory_usage_bytes(cfg) // spec.page_size_bytes,
                  "num_groups": len(configs[0].kv_cache_groups), "num_blocks": configs[0].num_blocks,
-                 "kv_cache_tokens": int(lines[-1].split(":")[1].split("tokens")[0].replace(",", "")), "max_concurrency": concurrency},
+                 "kv_cache_tokens": int(lines[-1].split(":")[1].split("tokens")[0].replace(",", "")),
+                 "max_concurrency": concurrency},
     }
 
 
@@ -224,7 +227,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    import vllm.v1.core.kv_cache_utils  # noqa: F401  (the release on the path)
+    importlib.import_module("vllm.v1.core.kv_cache_utils")  # the release on the path imports here
     version = importlib.import_module("vllm").__version__
     records = [run_case(case, version) for case in CASES if _release(version) >= case[6]]
     command = (f"PYTHONPATH={':'.join(sys.path[1:3])} {sys.executable} -m validation.vllm.hybrid_releases "
