@@ -63,17 +63,14 @@ def test_kv_cache_matches_vllm_own_accounting(record):
     arch = get_architecture(case["model"])
     rules = rules_for(case["serving"]["engine_version"])
     kv_bytes = 1 if case["serving"].get("kv_cache_dtype", "auto").startswith("fp8") else 2
-    block, state_pages = given["block_size"], 1
-    if arch.is_hybrid:  # 0.33 under prefix caching: the states' align mode (recurrent_state.py)
-        align = rules.mamba_prefix_caching and case["serving"].get("prefix_caching", False)
-        checkpoints = align and recurrent_state.gdn_checkpoints(arch, case["gpu"])
-        state_pages = recurrent_state.states_per_request(align, checkpoints)
-        block = recurrent_state.hybrid_block_size(arch, case["tp"], kv_bytes, 2, None,
-                                                  kv_cache.attention_page_per_token(arch, case["tp"], kv_bytes),
-                                                  rules.version, 64 if checkpoints else 1)
+    block, state_pages, state_every = given["block_size"], 1, None
+    if arch.is_hybrid:  # the block, the states' mode and pages by release (recurrent_state.py)
+        layout = recurrent_state.plan(arch, rules, case["gpu"], case["tp"], kv_bytes, 2, None,
+                                      case["serving"].get("prefix_caching", False), None)
+        block, state_pages, state_every = layout.block_size, layout.state_pages, layout.state_every
         assert block == vllm["block_size"]
-        assert vllm.get("mamba_cache_mode", "none") == ("align" if state_pages > 1 else "none")
-    specs = kv_cache.layer_specs(arch, case["tp"], block, kv_bytes, state_pages=state_pages)
+        assert vllm.get("mamba_cache_mode", "none") == layout.mode
+    specs = kv_cache.layer_specs(arch, case["tp"], block, kv_bytes, state_pages=state_pages, state_every=state_every)
     # Llama 4's chunked layers: full-attention ones where the release turns the hybrid manager off (0.11)
     specs = kv_cache.without_hybrid_allocator(specs, rules.version, eagle=False)
     groups = kv_cache.kv_groups(specs, rules.version)
@@ -329,9 +326,11 @@ def test_rule_0_33_hybrid_states_align_under_prefix_caching():
     assert (a100.resolved.block_size, a100.capacity.blocks_per_request) == (272, 121 + 3 * 2)
     # Nemotron-H 8B (Mamba-2, fp32 SSM state): 3 x (8,192 + 2 x 8 x 128) x 2 B + 128 x 64 x 128 x 4 B = 4,255,744 B,
     # token page 2 x 8 x 128 x 2 = 4,096 B: block 16 x cdiv(4,255,744, 65,536) = 1,040 either way; align mode holds
-    # two pages in each of the 6 Mamba groups (24 layers in groups of 4): cdiv(8,192, 1,040) = 8 + 12 blocks
+    # two pages and a prefill checkpoint (0.33.0 mamba_mixer2.py MambaMixer2.get_kv_cache_spec:
+    # num_prefill_checkpoint_blocks=1) in each of the 6 Mamba groups (24 layers in groups of 4): cdiv(8,192, 1,040) = 8
+    # + 6 x 3 blocks
     nemotron = serve("nemotron-h-8b", engine_version="0.33", prefix_caching=True)
-    assert (nemotron.resolved.block_size, nemotron.capacity.blocks_per_request) == (1040, 8 + 12)
+    assert (nemotron.resolved.block_size, nemotron.capacity.blocks_per_request) == (1040, 8 + 18)
     # 0.33 aligns to the requested block itself (max(16, block_size)); 0.11 takes the larger of the two
     arch = get_architecture("qwen3-next-80b-a3b")
     assert recurrent_state.hybrid_block_size(arch, 2, 2, 2, 48, 1024, (0, 11)) == 544

@@ -29,14 +29,16 @@ class LayerSpec:
     page_bytes: int  # one block of one layer on one rank
     block_size: int
     sliding_window: int | None = None
-    state_pages: int = 1  # a recurrent layer's pages per request (recurrent_state.states_per_request)
+    state_pages: int = 1  # a recurrent layer's pages per request (recurrent_state.HybridPlan)
+    state_every: int | None = None  # "all" mode: a recurrent layer also keeps one page per this many tokens
 
     def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
         """One request of max_model_len tokens (FullAttentionSpec / SlidingWindowSpec
         .max_memory_usage_bytes): a window keeps window - 1 + in-flight tokens and one block more,
         because the window need not start at a block boundary."""
-        if self.kind == "recurrent":  # MambaSpec: one state per sequence ("none"), two or three ("align", 0.33)
-            return self.page_bytes * self.state_pages
+        if self.kind == "recurrent":  # MambaSpec: a state per sequence ("none"), two or more ("align"), one a block
+            per_block = cdiv(max_model_len, self.state_every) if self.state_every else 0  # ("all", 0.15-0.25)
+            return self.page_bytes * (per_block + self.state_pages)
         if self.kind == "sliding_window":
             tokens = min(self.sliding_window - 1 + in_flight_tokens, max_model_len)
             return (cdiv(tokens, self.block_size) + 1) * self.page_bytes
@@ -51,13 +53,16 @@ def kv_heads_per_rank(arch: Architecture, tp: int) -> int:
     return max(1, arch.num_kv_heads // tp)
 
 
-def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
-                model_bytes: int = 2, state_pages: int = 1) -> tuple[LayerSpec | tuple[LayerSpec, ...] | None, ...]:
+Specs = tuple[LayerSpec | tuple[LayerSpec, ...] | None, ...]
+
+
+def layer_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int, model_bytes: int = 2,
+                state_pages: int = 1, state_every: int | None = None) -> Specs:
     """The spec of every layer of the model, in order (gpu_model_runner.get_kv_cache_spec); None for a
     layer that keeps nothing (a hybrid pattern's MLP or MoE block), a tuple for a layer with two caches.
-    `state_pages`: a hybrid's state pages per request (recurrent_state.states_per_request)."""
+    `state_pages`, `state_every`: a hybrid's state pages per request (recurrent_state.HybridPlan)."""
     if arch.is_hybrid:
-        return _hybrid_specs(arch, tp, block_size, kv_bytes, model_bytes, state_pages)
+        return _hybrid_specs(arch, tp, block_size, kv_bytes, model_bytes, state_pages, state_every)
     if arch.uses_mla:  # DeepSeek Sparse Attention adds the indexer's keys to the page (sparse_cache.py)
         from .sparse_cache import mla_token_bytes
         page = block_size * mla_token_bytes(arch, kv_bytes)
@@ -91,14 +96,14 @@ def attention_page_per_token(arch: Architecture, tp: int, kv_bytes: int) -> int:
 
 
 def _hybrid_specs(arch: Architecture, tp: int, block_size: int, kv_bytes: int,
-                  model_bytes: int, state_pages: int) -> tuple[LayerSpec | None, ...]:
+                  model_bytes: int, state_pages: int, state_every: int | None) -> tuple[LayerSpec | None, ...]:
     """A hybrid model: full attention for its attention layers, one state page per sequence for its
     recurrent layers, padded to the attention page (serving/recurrent_state.py); nothing for its MLP and MoE
     blocks (vLLM registers no cache for them)."""
     from ..spec import hybrid
 
     full = LayerSpec("full", block_size * attention_page_per_token(arch, tp, kv_bytes), block_size)
-    state = LayerSpec("recurrent", full.page_bytes, block_size, state_pages=state_pages)
+    state = LayerSpec("recurrent", full.page_bytes, block_size, state_pages=state_pages, state_every=state_every)
     # Falcon-H1's layer registers an attention layer and a Mamba-2 layer (vLLM falcon_h1.py FalconH1ParallelHybrid:
     # the mixer's prefix takes index num_layers + i), so both a full-attention and a state spec at index i
     specs = {None: None, "attention": full, "linear_attention": state, "mamba": state, "mamba1": state,
@@ -213,10 +218,12 @@ def capacity(groups: Groups, stage_layers: tuple[range, ...], available: tuple[i
 def effective_concurrency(groups: Groups, capacity_: KvCapacity, shared_prefix: int) -> float:
     """Sequences of max_model_len that fit when all share a prefix of `shared_prefix` tokens under prefix
     caching: its full blocks (block_pool.py caches full blocks only) are stored once per full-attention
-    or MLA group; a sliding-window group keeps only its window and shares nothing here."""
+    or MLA group, and per recurrent group in "all" mode (a state a block); a sliding-window group keeps only its
+    window and shares nothing here, nor does a recurrent group's running state."""
     block_size = groups.members[0][0].block_size
+    local = ("sliding_window", "chunked_local", "recurrent")
     full_groups = 1 if groups.uniform_type else sum(1 for spec, _ in groups.members
-                                                    if spec.kind not in ("sliding_window", "chunked_local", "recurrent"))
+                                                    if spec.kind not in local or spec.state_every)
     shared = shared_prefix // block_size * full_groups
     if not shared or shared >= capacity_.blocks_per_request:
         return capacity_.max_concurrency

@@ -36,6 +36,8 @@ _LOGS = {"0.11": "0.16 GiB at TP 1 (vLLM PR #12126), 0.20 GiB a worker of 4 GPUs
          "0.21": "none of this release; 0.18 / 0.19's 0.25 GiB at TP 1 (the CUDA-graph profile still inside "
                  "memory_profiling, 0.21.0 and 0.25.0 gpu_worker.py) and 0.19's 0.07 GiB a worker of a multi-GPU run "
                  "(the TP group's NCCL communicator and the fusion workspace modelled apart, as in 0.19)",
+         "0.25": "none of this release; as 0.21's record (0.25.0 gpu_worker.py still profiles the CUDA graphs inside "
+                 "memory_profiling): 0.25 GiB at TP 1 (0.18 / 0.19), 0.07 GiB a worker of a multi-GPU run (0.19)",
          "0.33": "none of this release; 0.15-0.17's 0.13 GiB at TP 1 (0.33.0 gpu_worker.py profiles the CUDA graphs "
                  "after memory_profiling, as before 0.18), 0.20 GiB distributed (vLLM PR #14447)"}
 

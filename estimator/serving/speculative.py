@@ -5,7 +5,7 @@ its attention layers join the KV cache specs (gpu_model_runner.get_kv_cache_spec
 layer, the drafter's included), so each draft layer takes a page in every block:
 
 - eagle: one decoder layer of the target's widths and an fc of 2h -> h (models/llama_eagle.py), sharing
-  the target's embedding and LM head; one KV layer like the target's.
+  the target's embedding and LM head; one KV layer like the target's attention layers (a hybrid's head too).
 - eagle3: one decoder layer whose q, k, v read 2h (the embedding and the fused hidden states), an fc of
   3h -> h and its own LM head (models/llama_eagle3.py; a head trained on a smaller draft vocabulary is
   smaller: give its checkpoint as draft_model for the exact size); one KV layer.
@@ -45,7 +45,10 @@ def _head_arch(arch: Architecture) -> Architecture:
     return dataclasses.replace(arch, num_layers=1, num_experts=0, num_experts_per_token=None,
                                moe_intermediate_size=None, num_shared_experts=0, shared_expert_intermediate_size=None,
                                first_dense_layers=0, intermediate_size=width, mtp_layers=0, sliding_window=None,
-                               sliding_window_pattern=0, attention_chunk_size=None)
+                               sliding_window_pattern=0, attention_chunk_size=None,
+                               # a hybrid's head is a softmax-attention layer too (llama_eagle.py's LlamaDecoderLayer)
+                               hybrid_override_pattern=None, full_attention_interval=0, attention_layer_period=0,
+                               parallel_mamba=False)
 
 
 def draft_for(arch: Architecture, spec: Speculative, fmt: WeightFormat, tp: int, ep: int, block_size: int,

@@ -311,16 +311,13 @@ def _draft(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
     return draft_for(arch, spec, r.weights, par.tp, par.ep, r.block_size, r.kv_bytes, draft_arch)
 
 
-def _hybrid_block(arch: Architecture, serving: Serving, r: Resolved, par: Parallel) -> tuple[Resolved, int]:
+def _hybrid_block(arch: Architecture, serving: Serving, r: Resolved, par: Parallel):
     """A hybrid's attention block, grown until its page holds a recurrent state, and the state pages one request
-    holds: 0.33's align mode under prefix caching (recurrent_state.py)."""
-    from .recurrent_state import GDN_CHECKPOINT_TOKENS, gdn_checkpoints, hybrid_block_size, states_per_request
-    align_mode = r.rules.mamba_prefix_caching and serving.prefix_caching
-    checkpoints = align_mode and gdn_checkpoints(arch, r.gpu_id)
-    block = hybrid_block_size(arch, par.tp, r.kv_bytes, r.weights.dtype_bytes, serving.block_size,
-                              kv_cache.attention_page_per_token(arch, par.tp, r.kv_bytes), r.rules.version,
-                              GDN_CHECKPOINT_TOKENS if checkpoints else 1)
-    return dataclasses.replace(r, block_size=block), states_per_request(align_mode, checkpoints)
+    holds, by release, prefix caching and speculative decoding (recurrent_state.py)."""
+    from .recurrent_state import plan
+    layout = plan(arch, r.rules, r.gpu_id, par.tp, r.kv_bytes, r.weights.dtype_bytes, serving.block_size,
+                  serving.prefix_caching, serving.speculative)
+    return dataclasses.replace(r, block_size=layout.block_size), layout
 
 
 def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware: Hardware,
@@ -336,7 +333,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     serving = dataclasses.replace(serving, prefix_caching=pc.on)  # what follows reads the engine's own choice
     r = dataclasses.replace(resolve(arch, serving, hardware, checkpoint), prefix_caching=pc.on,
                             prefix_caching_default=pc.engine_default, prefix_caching_note=pc.note)
-    r, state_pages = _hybrid_block(arch, serving, r, par) if arch.is_hybrid else (r, 1)
+    r, layout = _hybrid_block(arch, serving, r, par) if arch.is_hybrid else (r, None)
     gpu = hardware.device
     total = CUDA_REPORTED_TOTAL.get(gpu.id, gpu.capacity_bytes)
     requested = total * serving.gpu_memory_utilization
@@ -344,7 +341,8 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     ranges = stage_layers(arch.num_layers, par.pp)
     draft = _draft(arch, serving, r, par)
     stages = tuple(_stage_budget(arch, r, serving, par, budget, s, layers, draft) for s, layers in enumerate(ranges))
-    specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes, r.weights.dtype_bytes, state_pages)
+    specs = kv_cache.layer_specs(arch, par.tp, r.block_size, r.kv_bytes, r.weights.dtype_bytes,
+                                 *((layout.state_pages, layout.state_every) if layout else ()))
     eagle = serving.speculative is not None and serving.speculative.method in ("eagle", "eagle3")
     specs = kv_cache.without_hybrid_allocator(specs, r.rules.version, eagle)
     if draft is not None:  # the drafter's layers follow the target's, on the last stage
@@ -362,9 +360,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
                     + cap.kv_cache_bytes)
     notes = ("The profiling run's activation peak, the non-torch memory and the CUDA graphs are modelled from "
              "vLLM's source and public start-up logs; vLLM measures them on the GPU.", pc.note)
-    if arch.is_hybrid and pc.on and not r.rules.mamba_prefix_caching:  # 0.15-0.25: align mode when asked, not read
-        notes += (f"The recurrent states' pages under prefix caching are not modelled for vLLM {r.rules.label} (read "
-                  "in 0.33 only): one state page per sequence is counted, as without it.",)
+    notes += layout.notes if layout else ()
     effective = kv_cache.effective_concurrency(groups, cap, serving.shared_prefix_tokens or 0)
     return ServingEstimate("vllm", serving.engine_version or vllm_versions.CURRENT, r, budget, total, stages,
                            limiting, cap, longest, device_total, effective, gpu.cuda_context_bytes, notes)

@@ -65,10 +65,11 @@ HYBRID_CASES = [
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
 ]
 # 0.33.0: the four hybrid presets (Mamba-2 parallel, Mamba-2 pattern, Gated DeltaNet, Mamba-1), TP 1 and 2, prefix
-# caching off (mamba_cache_mode "none", the recorder's default: with_prefix_caching) and, for two, on (0.33's
-# default for hybrid models: model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper
-# GPUs, where FlashAttention 3 takes any multiple of 16 tokens (Blackwell runs head size 256 on FA4's fixed hd256
-# page: flash_attn.py)
+# caching off (mamba_cache_mode "none", the recorder's default: with_prefix_caching) and, for two, on (0.33's default
+# for hybrid models: model_executor/models/config.py MambaModelConfig sets mamba_cache_mode "align"); Hopper GPUs,
+# where FlashAttention 3 takes any multiple of 16 tokens (Blackwell's default backend is FlashInfer, whose smallest
+# kernel block is 16 too: FA4's fixed hd256 page of 128, flash_attn.py, applies only where FLASH_ATTN is chosen
+# there). Releases 0.15.0-0.25.0: validation/vllm/hybrid_releases.py
 HYBRID_CASES_0_33 = [
     ("falcon-h1-7b", "h100-80", 1, 1, {"max_model_len": 32768}),
     ("falcon-h1-7b", "h100-80", 2, 1, {"max_model_len": 131072}),
@@ -254,11 +255,30 @@ def vllm_hybrid_block_size_0_33(one_token_page: int, state_page: int, checkpoint
     return max(16, 16 * -(-block // 16))
 
 
+def _mixer_spec_0_33(text, shapes, dtypes, mamba_block: int, padded, mode: str):
+    """A Mamba-1 or Mamba-2 layer's MambaSpec from the layer class's own get_kv_cache_spec (0.33.0 mamba_mixer.py,
+    mamba_mixer2.py: MambaMixer2 adds one prefill checkpoint block), over an instance made without __init__ (which
+    needs a GPU) holding the state's shapes and dtypes; None for Gated DeltaNet."""
+    if text.model_type == "qwen3_next":
+        return None
+    from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    cls = MambaMixer if text.model_type == "jamba" else MambaMixer2
+    layer = cls.__new__(cls)
+    object.__setattr__(layer, "get_state_shape", lambda: shapes)
+    object.__setattr__(layer, "get_state_dtype", lambda: dtypes)
+    ns = types.SimpleNamespace
+    cache = ns(mamba_block_size=mamba_block, mamba_page_size_padded=padded, mamba_cache_mode=mode, use_replayssm=False)
+    return layer.get_kv_cache_spec(ns(cache_config=cache, num_speculative_tokens=0))
+
+
 def state_specs_0_33(text, tp: int, gpu: str, mode: str, heads: int, head_size: int, max_model_len: int):
     """(vLLM's block size, a function of (layers, attention specs) giving the stage's MambaSpecs) for 0.33.0: the page
     padded to the attention page (cache_config.mamba_page_size_padded), mamba_block_size max_model_len without prefix
     caching and the block size with it (MambaModelConfig / _align_hybrid_block_size), one prefill checkpoint block
-    for Gated DeltaNet's FlashInfer prefill (qwen_gdn_linear_attn.py get_kv_cache_spec)."""
+    for Gated DeltaNet's FlashInfer prefill (qwen_gdn_linear_attn.py get_kv_cache_spec) and for Mamba-2 (the layer's
+    own get_kv_cache_spec: _mixer_spec_0_33)."""
     import torch
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
@@ -268,10 +288,13 @@ def state_specs_0_33(text, tp: int, gpu: str, mode: str, heads: int, head_size: 
     state_page = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
     block = vllm_hybrid_block_size_0_33(one, state_page, checkpoint, mode)
     padded = block * one if block * one != state_page else None
-    spec = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=block if mode == "align" else max_model_len,
-                     page_size_padded=padded, mamba_type=getattr(MambaAttentionBackendEnum, MAMBA_TYPES[text.model_type]),
-                     mamba_cache_mode=mode, num_prefill_checkpoint_blocks=1 if checkpoint else 0,
-                     prefill_checkpoint_alignment=block if checkpoint else None)
+    mamba_block = block if mode == "align" else max_model_len
+    spec = _mixer_spec_0_33(text, shapes, dtypes, mamba_block, padded, mode)
+    if spec is None:  # Gated DeltaNet: its checkpoint export needs the built model (qwen_gdn_linear_attn.py)
+        spec = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=mamba_block, page_size_padded=padded,
+                         mamba_type=getattr(MambaAttentionBackendEnum, MAMBA_TYPES[text.model_type]),
+                         mamba_cache_mode=mode, num_prefill_checkpoint_blocks=1 if checkpoint else 0,
+                         prefill_checkpoint_alignment=block if checkpoint else None)
     # Falcon-H1's mixer takes index num_hidden_layers + i (falcon_h1.py FalconH1ParallelHybrid); the others' index i
     offset = text.num_hidden_layers if text.model_type == "falcon_h1" else 0
     kinds = getattr(text, "layer_types", None)
