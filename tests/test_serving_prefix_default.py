@@ -65,13 +65,14 @@ def test_vllm_0_33_qwen3_next_default_is_align_mode():
 
 def test_vllm_0_33_nemotron_h_default_holds_two_state_pages():
     """Nemotron-H 8B on an H100: block 1,040 either way (recurrent_state.py); 8,192 tokens take cdiv(8,192, 1,040) = 8
-    attention blocks, and each of the 6 Mamba groups 2 state pages in align mode (1 without): 20 vs 14 blocks."""
+    attention blocks, and each of the 6 Mamba groups 3 state pages in align mode (two, and Mamba-2's prefill
+    checkpoint page: 0.33.0 mamba_mixer2.py get_kv_cache_spec), 1 without: 26 vs 14 blocks."""
     default = vllm("nemotron-h-8b", engine_version="0.33")
     off = vllm("nemotron-h-8b", engine_version="0.33", prefix_caching=False)
     assert default.capacity == vllm("nemotron-h-8b", engine_version="0.33", prefix_caching=True).capacity
     assert default.capacity.num_blocks == off.capacity.num_blocks
-    assert (default.capacity.blocks_per_request, off.capacity.blocks_per_request) == (8 + 12, 8 + 6)
-    assert default.capacity.max_concurrency == default.capacity.num_blocks / 20
+    assert (default.capacity.blocks_per_request, off.capacity.blocks_per_request) == (8 + 18, 8 + 6)
+    assert default.capacity.max_concurrency == default.capacity.num_blocks / 26
     assert off.capacity.max_concurrency == off.capacity.num_blocks / 14
 
 
@@ -100,9 +101,9 @@ def test_vllm_decoders_default_on_and_0_11_hybrids_off_whatever_is_asked():
     asked = vllm("nemotron-h-8b", engine_version="0.11", prefix_caching=True)
     assert not asked.resolved.prefix_caching and note(asked).startswith("Prefix caching off although the config sets "
                                                                          "it on (vLLM 0.11.0")
-    # 0.15 honours an explicit on for a hybrid (its align mode is not modelled there, and the estimate says so)
+    # 0.15 on honours an explicit on for a hybrid: a Mamba-based one keeps a state a block ('all' mode)
     on = vllm("nemotron-h-8b", engine_version="0.25", prefix_caching=True)
-    assert on.resolved.prefix_caching and any("not modelled for vLLM 0.21" in n for n in on.notes)
+    assert on.resolved.prefix_caching and any("mamba_cache_mode 'all'" in n for n in on.notes)
 
 
 def test_attention_free_models_default_off():

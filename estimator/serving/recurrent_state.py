@@ -177,7 +177,7 @@ def plan(arch: Architecture, rules: VllmRules, gpu_id: str, tp: int, kv_bytes: i
     one_token = 2 * max(1, arch.num_kv_heads // tp) * arch.head_dim * kv_bytes  # kv_cache.attention_page_per_token
     align = block_alignment(arch, rules, gpu_id, requested)
     pages = state_pages(arch, rules, mode, gpu_id, speculative.num_speculative_tokens if speculative else 0)
-    notes = _notes(rules, mode, prefix_caching, speculative)
+    notes = _notes(rules, mode, speculative)
     if mode == "all":  # HybridAttentionMambaModelConfig / _align_hybrid_block_size, mamba_cache_mode "all"
         chunk = MAMBA1_CHUNK if "mamba1" in _mixers(arch) else arch.mamba_chunk_size
         unit = math.lcm(chunk, align)
@@ -189,11 +189,8 @@ def plan(arch: Architecture, rules: VllmRules, gpu_id: str, tp: int, kv_bytes: i
     return HybridPlan(mode, block, pages, notes=notes)
 
 
-def _notes(rules: VllmRules, mode: str, prefix_caching: bool, speculative: Speculative | None) -> tuple[str, ...]:
-    notes = ()
-    if prefix_caching and rules.mamba_cache_modes == "off":
-        notes += (f"vLLM {rules.label} turns prefix caching off for hybrid models (model_executor/models/config.py "
-                  "MambaModelConfig): these numbers are without it.",)
+def _notes(rules: VllmRules, mode: str, speculative: Speculative | None) -> tuple[str, ...]:
+    notes = ()  # 0.11's turning prefix caching off for hybrids is said by serving/prefix_default.py's note
     if speculative is not None and not rules.speculative_state_pages:
         notes += (f"vLLM {rules.label} counts one recurrent state page a request in its printed capacity, as here, "
                   f"but allocates 1 + {speculative.num_speculative_tokens} at run time (v1/core/"
