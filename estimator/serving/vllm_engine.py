@@ -28,7 +28,8 @@ from .profile_buffers import autotune_flush_bytes, blas_workspace_bytes
 from .encoder import encoder_profile, encoder_weights, modality_limits, tower_built
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
-from .weights import stage_layers, stage_weights
+from .mxfp4_triton import triton_hopper_layout
+from .weights import stage_layers, stage_weights, vllm_rope_dtype_bytes
 
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
 BLACKWELL = ("b200", "b300")  # compute capability 10.x: CUTLASS MLA
@@ -51,8 +52,8 @@ def mxfp4_padding(rules: vllm_versions.VllmRules, gpu_id: str) -> tuple[int, int
     (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. From 0.15 the wheel bundles
     triton_kernels (vllm/third_party/triton_kernels; read in 0.15.0 and 0.17.0): Marlin below compute
     capability 9.0; on Hopper the 'TRITON' backend (0.19's start-up log: "Using
-    'TRITON' Mxfp4 MoE backend"), whose swizzled layout is not modelled, nor are the ROCm and Blackwell
-    kernels."""
+    'TRITON' Mxfp4 MoE backend"), whose swizzled layout is serving/mxfp4_triton.py's; the ROCm and Blackwell
+    kernels' layouts are not modelled."""
     if gpu_id.startswith("mi"):
         return ROCM_MXFP4_PADDING if rules.version < (0, 15) else None
     if rules.version < (0, 15) or gpu_id in BELOW_SM90:
@@ -152,7 +153,8 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
                           "vLLM refuses a max_model_len above max_position_embeddings (config/model.py)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     if fmt.name == "mxfp4":
-        fmt = dataclasses.replace(fmt, mxfp4_padding=mxfp4_padding(rules, gpu.id))
+        fmt = dataclasses.replace(fmt, mxfp4_padding=mxfp4_padding(rules, gpu.id),
+                                  mxfp4_triton=triton_hopper_layout(rules.version, gpu.runtime.architecture))
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
     kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
     if arch.uses_sparse_attention:  # DeepSeek-V3.2: fp8_ds_mla and 64-token blocks (sparse_cache.py)
@@ -194,7 +196,8 @@ def _default_block_size(arch: Architecture, gpu_id: str) -> int:
 
 def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parallel, budget: int,
                   stage: int, layers: range, draft=None) -> StageBudget:
-    weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length)
+    weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length,
+                            vllm_rope_dtype_bytes(arch))
     if draft is not None and stage == par.pp - 1:
         weights = dataclasses.replace(weights, bytes=weights.bytes + draft.weights_bytes,
                                       formula=f"{weights.formula} + {draft.formula}")
