@@ -489,48 +489,6 @@ def test_rule_mxfp4_marlin_padding():
     assert a100 == padded
 
 
-# gpt-oss-20b at TP 2: 32 experts a rank, hidden 2880, intermediate 2880 / 2 = 1440 padded to 1472 (multiple of
-# 64); gate-up (2944 x 2880) and down (2880 x 1472), values half a byte, one uint8 scale per 32 inputs
-_E, _H, _I = 32, 2880, 1472
-_BIAS_FP32 = _E * 4 * (2 * _I + _H)
-_LOADED_SCALES = _E * (2 * _I * 90 + _H * 46)
-_SWIZZLED_SCALES = _E * (3072 * 90 + 3072 * 46)  # rows to 256: 2944 -> 3072, 2880 -> 3072
-_VALUES_MMA = _E * (2 * _I * 1440 + _H * 736)  # rows to 16, packed inputs to 32: nothing to pad
-_VALUES_PREPAD_64 = _E * (2 * _I * 1472 + _H * 768)  # packed inputs 1440 -> 1472, 736 -> 768
-
-
-@pytest.mark.parametrize("version, per_layer", [
-    ("0.15", _VALUES_MMA + _SWIZZLED_SCALES + _LOADED_SCALES + _BIAS_FP32),
-    ("0.17", _VALUES_PREPAD_64 + _SWIZZLED_SCALES + _LOADED_SCALES + _BIAS_FP32),
-    ("0.19", _VALUES_PREPAD_64 + _SWIZZLED_SCALES + _LOADED_SCALES + _BIAS_FP32),
-    ("0.21", _VALUES_PREPAD_64 + _SWIZZLED_SCALES + _LOADED_SCALES + _BIAS_FP32),
-    ("0.25", _VALUES_MMA + _SWIZZLED_SCALES + _BIAS_FP32),
-    ("0.33", _VALUES_MMA + _E * (3072 * 92 + 3072 * 48) + _BIAS_FP32),  # scale groups to 4: 90 -> 92, 46 -> 48
-])
-def test_rule_mxfp4_triton_hopper_layout(version, per_layer):
-    """On Hopper from 0.15 the 'TRITON' backend swizzles gpt-oss's experts for triton_kernels
-    (serving/mxfp4_triton.py); the unswizzled layout (values, scales, bf16 biases, unpadded) is the reference."""
-    arch = get_architecture("gpt-oss-20b")
-    plain_layer = _E * (2 * 1440 * _H * (1 / 2 + 1 / 32) + _H * 1440 * (1 / 2 + 1 / 32) + 2 * (2 * 1440 + _H))
-    fmt = serve("gpt-oss-20b", tp=2, max_model_len=8192, engine_version=version).resolved.weights
-    swizzled = stage_weights(arch, fmt, 2, 1, 1, 0, range(24)).bytes
-    plain = stage_weights(arch, WeightFormat("mxfp4"), 2, 1, 1, 0, range(24)).bytes
-    assert swizzled - plain == round(24 * (per_layer - plain_layer))
-
-
-def test_rule_mxfp4_backend_by_architecture():
-    """Marlin padding below sm90, the Triton layout on Hopper from 0.15, neither on Blackwell (FlashInfer's
-    layouts are not modelled); gpt-oss's fp32 RoPE cache (131,072 x 64 x 4 B) in every case."""
-    fmt = lambda gpu, v: serve("gpt-oss-20b", gpu, max_model_len=8192, engine_version=v).resolved.weights  # noqa: E731
-    assert fmt("a100-80", "0.19").mxfp4_padding == (128, 256) and fmt("a100-80", "0.19").mxfp4_triton is None
-    assert fmt("h200", "0.19").mxfp4_triton.release == (0, 17) and fmt("h200", "0.19").mxfp4_padding is None
-    assert fmt("h100-80", "0.11").mxfp4_triton is None and fmt("h100-80", "0.11").mxfp4_padding == (128, 256)
-    assert fmt("b200", "0.19").mxfp4_triton is None and fmt("b200", "0.19").mxfp4_padding is None
-    arch = get_architecture("gpt-oss-20b")
-    with_rope = stage_weights(arch, WeightFormat("mxfp4"), 1, 1, 1, 0, range(24), 131072, rope_dtype_bytes=4).bytes
-    assert with_rope - stage_weights(arch, WeightFormat("mxfp4"), 1, 1, 1, 0, range(24)).bytes == 131072 * 64 * 4
-
-
 def test_every_catalog_gpu_has_its_compute_units():
     """The Triton sampler's buffer needs each GPU's SM (CU) count: a GPU added to the catalog must bring it."""
     from estimator.serving.activations import COMPUTE_UNITS

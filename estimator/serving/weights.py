@@ -16,12 +16,9 @@ allocated. Per format, the bytes of one linear weight of (out, in) on a rank, af
 - nvfp4 (modelopt): uint8 weight with two values per byte, an fp8 scale per 16 inputs, fp32 global
   scales.
 - mxfp4 (gpt-oss): the routed experts only, uint8 with two values per byte and a uint8 scale per 32
-  inputs; everything else stays 16-bit (its quantization_config's modules_to_not_convert). The Marlin
-  MoE kernel needs n % 256 and k % 128: its experts are created padded, the intermediate size per
-  rank to a multiple of 128 and the hidden size to 256 (0.11 quantization/mxfp4.py create_weights;
-  0.33 fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size), biases too. On Hopper
-  from 0.15 the 'TRITON' backend swizzles them instead (serving/mxfp4_triton.py: padded values and scales,
-  the loaded scales kept until 0.25, fp32 biases).
+  inputs; everything else stays 16-bit (its quantization_config's modules_to_not_convert). The MoE
+  backend pads them (Marlin, FlashInfer TRTLLM: padded sizes, biases too, fp32 for TRTLLM) or swizzles
+  them ('TRITON' on Hopper): serving/mxfp4_experts.py, by vLLM release and GPU.
 
 In every format the embedding, the LM head, norms, biases and MoE routers stay 16-bit (vLLM builds
 them unquantized). Shapes per rank follow vLLM's parallel layers: column-parallel outputs / TP with
@@ -38,7 +35,7 @@ from dataclasses import dataclass
 
 from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, Architecture, ParameterTensor
 from .kv_cache import cdiv, kv_heads_per_rank
-from .mxfp4_triton import TritonHopperLayout, expert_tensor_bytes
+from .mxfp4_experts import TritonHopperLayout, expert_tensor_bytes
 
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 GROUP = 128  # GPTQ/AWQ group size of the common int4 checkpoints
@@ -55,7 +52,8 @@ class WeightFormat:
     dtype_name: str = "bf16"  # the unquantized tensors' dtype, by name
     # MXFP4 experts padded for the Marlin MoE kernel: (intermediate multiple, hidden multiple); None: unpadded
     mxfp4_padding: tuple[int, int] | None = None
-    # MXFP4 experts swizzled for triton_kernels on Hopper (serving/mxfp4_triton.py); None: not swizzled
+    mxfp4_fp32_bias: bool = False  # padded MXFP4 experts' biases held in fp32 (FlashInfer TRTLLM)
+    # MXFP4 experts swizzled for triton_kernels on Hopper (serving/mxfp4_experts.py); None: not swizzled
     mxfp4_triton: TritonHopperLayout | None = None
 
 
@@ -126,6 +124,8 @@ def tensor_bytes(t: ParameterTensor, arch: Architecture, fmt: WeightFormat, tp: 
         return copies * expert_tensor_bytes(fmt.mxfp4_triton, t.name, shape)
     if fmt.name == "mxfp4" and fmt.mxfp4_padding and t.is_expert:
         shape = _padded_expert(shape, t.split, fmt.mxfp4_padding)
+        if fmt.mxfp4_fp32_bias and t.role == "vector":
+            return copies * math.prod(shape) * 4
     if t.role == "hidden_matrix" and t.name not in UNQUANTIZED_MATRICES:
         return copies * matrix_bytes(fmt, shape[0], shape[1], t.is_expert)
     return copies * math.prod(shape) * fmt.dtype_bytes
@@ -184,4 +184,14 @@ def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: i
     if rope:
         total += rope
         parts.append(f"RoPE cos/sin cache ({context:,} positions)")
-    return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {fmt.name}")
+    return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {_format_label(fmt)}")
+
+
+def _format_label(fmt: WeightFormat) -> str:
+    if fmt.mxfp4_triton:
+        return f"{fmt.name} (experts swizzled for triton_kernels on Hopper, {fmt.mxfp4_triton.source})"
+    if fmt.mxfp4_padding:
+        bias = ", fp32 biases" if fmt.mxfp4_fp32_bias else ""
+        inter, hidden = fmt.mxfp4_padding
+        return f"{fmt.name} (experts' intermediate padded to {inter}, hidden to {hidden}{bias})"
+    return fmt.name

@@ -1,11 +1,25 @@
-"""MXFP4 experts as vLLM's 'TRITON' MoE backend holds them on Hopper (gpt-oss from vLLM 0.15).
+"""MXFP4 experts (gpt-oss) as vLLM's MoE backend holds them after loading, by release and GPU.
 
-On compute capability 9.0 vLLM loads MXFP4 experts for OpenAI's triton_kernels matmul_ogs (0.15.0
-quantization/mxfp4.py get_mxfp4_backend; from 0.19.0 fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend,
-whose first backend Hopper supports is TRITON; the 0.19.0 start-up log prints "Using 'TRITON' Mxfp4 MoE
-backend"). The wheels bundle the kernels (vllm/third_party/triton_kernels, used when no triton_kernels
-package is installed: utils/import_utils.py import_triton_kernels). Per MoE layer and rank, after loading:
+Which backend loads them (quantization/mxfp4.py get_mxfp4_backend in 0.11.0 and 0.15.0-0.18.0; from 0.19.0
+fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend, the first of its priority list that supports the GPU):
 
+- 0.11: Marlin on every CUDA GPU (FlashInfer and triton_kernels only when installed, and the PyPI wheel has
+  neither: FlashInfer is an extra); on ROCm both sizes padded to 256.
+- From 0.15 (the wheel bundles triton_kernels and requires flashinfer-python): below compute capability 9.0
+  and on sm120 (triton_kernels needs 9.0 <= capability < 11.0; 0.19's FlashInfer CUTLASS BF16 path is sm90
+  only; 0.33 puts TRITON after Marlin on sm120) Marlin; on Hopper 'TRITON' (0.19's start-up log: "Using
+  'TRITON' Mxfp4 MoE backend"); on sm100/sm103 FlashInfer's TRTLLM kernel (0.15.0 SM100_FI_MXFP4_BF16,
+  0.19.0 FLASHINFER_TRTLLM_MXFP4_BF16, first in the list). ROCm from 0.15 is not modelled (unpadded).
+
+Marlin (0.11.0 mxfp4.py create_weights; 0.19.0-0.33.0 oracle/mxfp4.py
+mxfp4_round_up_hidden_size_and_intermediate_size) pads the intermediate size per rank to 128 and the hidden
+size to 256, biases too, and keeps them bf16. TRTLLM pads both to 256 (0.33.0: the intermediate to 128),
+shuffles values and scales without changing their size and turns the biases to fp32 (0.15.0 mxfp4.py
+process_weights_after_loading; 0.19.0 convert_to_mxfp4_moe_kernel_format), every original replaced.
+
+The 'TRITON' layout on Hopper, per MoE layer and rank, after loading (the wheels' own triton_kernels copy,
+vllm/third_party/triton_kernels, used when no triton_kernels package is installed:
+utils/import_utils.py import_triton_kernels):
 - create_weights pads the intermediate size per rank to a multiple of 64 (0.15.0 mxfp4.py; 0.19.0-0.33.0
   oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size, the last branch); the hidden size is kept.
 - The packed values (uint8, two per byte) of a matrix with N output rows and K inputs are transposed and
@@ -26,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec.gpus import GPU
 from .kv_cache import cdiv
 
 MX_BLOCK = 32  # inputs per uint8 scale (create_weights' mxfp4_block)
@@ -70,13 +85,36 @@ LAYOUTS = (
 )
 
 
-def triton_hopper_layout(release: tuple[int, int], architecture: str) -> TritonHopperLayout | None:
-    """The layout of the newest record at or below `release` on a Hopper GPU; None elsewhere (Marlin below 0.15
-    and below sm90, FlashInfer / Blackwell layouts not modelled)."""
-    if not architecture.startswith("Hopper"):
-        return None
-    eligible = [layout for layout in LAYOUTS if layout.release <= release]
-    return eligible[-1] if eligible else None
+def triton_hopper_layout(release: tuple[int, int]) -> TritonHopperLayout:
+    """The layout of the newest record at or below `release` (from 0.15)."""
+    return [layout for layout in LAYOUTS if layout.release <= release][-1]
+
+
+@dataclass(frozen=True)
+class Mxfp4Experts:
+    """How one vLLM release's MoE backend for MXFP4 holds the experts on one GPU."""
+
+    backend: str
+    padding: tuple[int, int] | None = None  # (intermediate per rank, hidden) multiples; None: unpadded
+    fp32_bias: bool = False
+    triton: TritonHopperLayout | None = None  # the swizzled layout ('TRITON' on Hopper)
+
+
+MARLIN = Mxfp4Experts("marlin", (128, 256))
+SM100 = ("b200", "gb200", "b300")  # compute capability 10.x (B300: 10.3, the same family)
+
+
+def mxfp4_experts(release: tuple[int, int], gpu: GPU) -> Mxfp4Experts:
+    """The backend that loads MXFP4 experts (see the module docstring)."""
+    if gpu.id.startswith("mi"):
+        return Mxfp4Experts("rocm", (256, 256)) if release < (0, 15) else Mxfp4Experts("rocm (not modelled)")
+    if release < (0, 15):
+        return MARLIN
+    if gpu.runtime.architecture.startswith("Hopper"):
+        return Mxfp4Experts("triton", triton=triton_hopper_layout(release))
+    if gpu.id in SM100:
+        return Mxfp4Experts("flashinfer_trtllm", (128 if release >= (0, 33) else 256, 256), fp32_bias=True)
+    return MARLIN
 
 
 def expert_tensor_bytes(layout: TritonHopperLayout, name: str, shape: tuple[int, ...]) -> int:
