@@ -45,6 +45,7 @@ from .kv_cache import cdiv
 
 MX_BLOCK = 32  # inputs per uint8 scale (create_weights' mxfp4_block)
 INTERMEDIATE_ALIGN = 64  # create_weights / mxfp4_round_up_hidden_size_and_intermediate_size
+SCALE_ROWS = 2 * 8 * 2 * 8  # hopper_scale.py SWIZZLE_ALIGN_M = 2 x num_warps x 2 x 8, num_warps 8 (_swizzle_mxfp4)
 
 
 def round_up(x: int, multiple: int) -> int:
@@ -65,7 +66,7 @@ class TritonHopperLayout:
         """One expert's (rows, inputs) MXFP4 matrix: swizzled values + swizzled scales (+ the loaded scales)."""
         values = round_up(rows, self.value_align[0]) * round_up(inputs // 2, self.value_align[1])
         groups = inputs // MX_BLOCK
-        scales = round_up(rows, 256) * round_up(groups, self.scale_k_align)
+        scales = round_up(rows, SCALE_ROWS) * round_up(groups, self.scale_k_align)
         return values + scales + (rows * groups if self.scales_kept else 0)
 
 
