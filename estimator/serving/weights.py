@@ -50,7 +50,7 @@ class WeightFormat:
     dtype_bytes: int = 2  # the unquantized tensors' dtype (bf16/fp16)
     per_channel: bool = False  # fp8 with one fp32 scale per output row (compressed-tensors strategy "channel")
     dtype_name: str = "bf16"  # the unquantized tensors' dtype, by name
-    # MXFP4 experts padded for the Marlin MoE kernel: (intermediate multiple, hidden multiple); None: unpadded
+    # MXFP4 experts padded for Marlin or FlashInfer TRTLLM: (intermediate multiple, hidden multiple); None: unpadded
     mxfp4_padding: tuple[int, int] | None = None
     mxfp4_fp32_bias: bool = False  # padded MXFP4 experts' biases held in fp32 (FlashInfer TRTLLM)
     # MXFP4 experts swizzled for triton_kernels on Hopper (serving/mxfp4_experts.py); None: not swizzled
@@ -183,7 +183,7 @@ def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: i
     rope = rope_cache_bytes(arch, context, fmt, rope_dtype_bytes)
     if rope:
         total += rope
-        parts.append(f"RoPE cos/sin cache ({context:,} positions)")
+        parts.append(f"RoPE cos/sin cache ({context:,} positions{', fp32' if rope_dtype_bytes == 4 else ''})")
     return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {_format_label(fmt)}")
 
 
