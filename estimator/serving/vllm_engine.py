@@ -28,7 +28,8 @@ from .profile_buffers import autotune_flush_bytes, blas_workspace_bytes
 from .encoder import encoder_profile, encoder_weights, modality_limits, tower_built
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
-from .weights import stage_layers, stage_weights
+from .mxfp4_experts import mxfp4_experts
+from .weights import stage_layers, stage_weights, vllm_rope_dtype_bytes
 
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
 BLACKWELL = ("b200", "b300")  # compute capability 10.x: CUTLASS MLA
@@ -40,24 +41,6 @@ GiB = 1024**3
 # (tests/data/serving/published_vllm_logs.json), against nvidia-smi's 81,559 MiB (79.65 GiB).
 CUDA_REPORTED_TOTAL = {"h100-80": round(79.19 * GiB)}
 ROCM_GRAPH_PROFILE = (0, 26)  # the first release whose profile_cudagraph_memory runs on ROCm (_cuda_graphs)
-BELOW_SM90 = ("a100-40", "a100-80", "l40s", "l4", "rtx-4090", "a10g")  # compute capability 8.x
-MARLIN_MXFP4_PADDING = (128, 256)  # intermediate per rank, hidden (weights.py)
-ROCM_MXFP4_PADDING = (256, 256)  # 0.11 quantization/mxfp4.py create_weights, current_platform.is_rocm()
-
-
-def mxfp4_padding(rules: vllm_versions.VllmRules, gpu_id: str) -> tuple[int, int] | None:
-    """Which MoE kernel loads MXFP4 experts, so how they are padded. 0.11 (quantization/mxfp4.py
-    get_mxfp4_backend): FlashInfer or triton_kernels when installed, else Marlin; the PyPI wheel has neither
-    (FlashInfer is an extra), so Marlin; on ROCm both sizes to 256. From 0.15 the wheel bundles
-    triton_kernels (vllm/third_party/triton_kernels; read in 0.15.0 and 0.17.0): Marlin below compute
-    capability 9.0; on Hopper the 'TRITON' backend (0.19's start-up log: "Using
-    'TRITON' Mxfp4 MoE backend"), whose swizzled layout is not modelled, nor are the ROCm and Blackwell
-    kernels."""
-    if gpu_id.startswith("mi"):
-        return ROCM_MXFP4_PADDING if rules.version < (0, 15) else None
-    if rules.version < (0, 15) or gpu_id in BELOW_SM90:
-        return MARLIN_MXFP4_PADDING
-    return None
 
 
 @dataclass(frozen=True)
@@ -152,7 +135,9 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
                           "vLLM refuses a max_model_len above max_position_embeddings (config/model.py)")
     fmt = checkpoint_format(checkpoint, serving.weight_format)
     if fmt.name == "mxfp4":
-        fmt = dataclasses.replace(fmt, mxfp4_padding=mxfp4_padding(rules, gpu.id))
+        experts = mxfp4_experts(rules.version, gpu)
+        fmt = dataclasses.replace(fmt, mxfp4_padding=experts.padding, mxfp4_fp32_bias=experts.fp32_bias,
+                                  mxfp4_triton=experts.triton)
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
     kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
     if arch.uses_sparse_attention:  # DeepSeek-V3.2: fp8_ds_mla and 64-token blocks (sparse_cache.py)
@@ -194,7 +179,8 @@ def _default_block_size(arch: Architecture, gpu_id: str) -> int:
 
 def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parallel, budget: int,
                   stage: int, layers: range, draft=None) -> StageBudget:
-    weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length)
+    weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length,
+                            vllm_rope_dtype_bytes(arch))
     if draft is not None and stage == par.pp - 1:
         weights = dataclasses.replace(weights, bytes=weights.bytes + draft.weights_bytes,
                                       formula=f"{weights.formula} + {draft.formula}")

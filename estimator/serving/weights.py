@@ -16,10 +16,9 @@ allocated. Per format, the bytes of one linear weight of (out, in) on a rank, af
 - nvfp4 (modelopt): uint8 weight with two values per byte, an fp8 scale per 16 inputs, fp32 global
   scales.
 - mxfp4 (gpt-oss): the routed experts only, uint8 with two values per byte and a uint8 scale per 32
-  inputs; everything else stays 16-bit (its quantization_config's modules_to_not_convert). The Marlin
-  MoE kernel needs n % 256 and k % 128: its experts are created padded, the intermediate size per
-  rank to a multiple of 128 and the hidden size to 256 (0.11 quantization/mxfp4.py create_weights;
-  0.33 fused_moe/oracle/mxfp4.py mxfp4_round_up_hidden_size_and_intermediate_size), biases too.
+  inputs; everything else stays 16-bit (its quantization_config's modules_to_not_convert). The MoE
+  backend pads them (Marlin, FlashInfer TRTLLM: padded sizes, biases too, fp32 for TRTLLM) or swizzles
+  them ('TRITON' on Hopper): serving/mxfp4_experts.py, by vLLM release and GPU.
 
 In every format the embedding, the LM head, norms, biases and MoE routers stay 16-bit (vLLM builds
 them unquantized). Shapes per rank follow vLLM's parallel layers: column-parallel outputs / TP with
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 
 from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, Architecture, ParameterTensor
 from .kv_cache import cdiv, kv_heads_per_rank
+from .mxfp4_experts import TritonHopperLayout, expert_tensor_bytes
 
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 GROUP = 128  # GPTQ/AWQ group size of the common int4 checkpoints
@@ -50,8 +50,11 @@ class WeightFormat:
     dtype_bytes: int = 2  # the unquantized tensors' dtype (bf16/fp16)
     per_channel: bool = False  # fp8 with one fp32 scale per output row (compressed-tensors strategy "channel")
     dtype_name: str = "bf16"  # the unquantized tensors' dtype, by name
-    # MXFP4 experts padded for the Marlin MoE kernel: (intermediate multiple, hidden multiple); None: unpadded
+    # MXFP4 experts padded for Marlin or FlashInfer TRTLLM: (intermediate multiple, hidden multiple); None: unpadded
     mxfp4_padding: tuple[int, int] | None = None
+    mxfp4_fp32_bias: bool = False  # padded MXFP4 experts' biases held in fp32 (FlashInfer TRTLLM)
+    # MXFP4 experts swizzled for triton_kernels on Hopper (serving/mxfp4_experts.py); None: not swizzled
+    mxfp4_triton: TritonHopperLayout | None = None
 
 
 def matrix_bytes(fmt: WeightFormat, out: int, inp: int, expert: bool) -> float:
@@ -117,8 +120,12 @@ def _padded_expert(shape: tuple[int, ...], split: str, pad: tuple[int, int]) -> 
 
 def tensor_bytes(t: ParameterTensor, arch: Architecture, fmt: WeightFormat, tp: int, ep: int) -> float:
     shape, copies = _local_shape(t, arch, tp, ep)
+    if fmt.name == "mxfp4" and fmt.mxfp4_triton and t.is_expert:
+        return copies * expert_tensor_bytes(fmt.mxfp4_triton, t.name, shape)
     if fmt.name == "mxfp4" and fmt.mxfp4_padding and t.is_expert:
         shape = _padded_expert(shape, t.split, fmt.mxfp4_padding)
+        if fmt.mxfp4_fp32_bias and t.role == "vector":
+            return copies * math.prod(shape) * 4
     if t.role == "hidden_matrix" and t.name not in UNQUANTIZED_MATRICES:
         return copies * matrix_bytes(fmt, shape[0], shape[1], t.is_expert)
     return copies * math.prod(shape) * fmt.dtype_bytes
@@ -141,18 +148,26 @@ def stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
     return tuple(range(a, a + n) for a, n in zip(starts, sizes))
 
 
-def rope_cache_bytes(arch: Architecture, context: int | None, fmt: WeightFormat) -> int:
+def rope_cache_bytes(arch: Architecture, context: int | None, fmt: WeightFormat, dtype_bytes: int | None = None) -> int:
     """The rotary embedding's cos/sin cache, one per model (get_rope keeps one instance per shape):
-    [max_position_embeddings, rotary_dim] in the model dtype (rotary_embedding.py
+    [max_position_embeddings, rotary_dim] in the model dtype unless the model asks for another (rotary_embedding.py
     _compute_cos_sin_cache); rotary_dim = head_dim, or the RoPE part of MLA's head."""
     if arch.position_embedding != "rope" or not context:
         return 0
     rotary = arch.qk_rope_head_dim if arch.uses_mla else arch.head_dim
-    return context * rotary * fmt.dtype_bytes
+    return context * rotary * (dtype_bytes or fmt.dtype_bytes)
+
+
+def vllm_rope_dtype_bytes(arch: Architecture) -> int | None:
+    """gpt-oss (the one architecture with attention sinks) builds its YaRN rotary embedding in fp32 (vLLM 0.11.0,
+    0.15.0, 0.19.0, 0.33.0 models/gpt_oss.py OAIAttention: get_rope(..., dtype=torch.float32)), original 4,096
+    positions x factor 32 = its 131,072; the first forward replaces it with a bf16 copy
+    (rotary_embedding/base.py _match_cos_sin_cache_dtype), after the load was measured."""
+    return 4 if arch.attention_sinks else None
 
 
 def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: int, stage: int,
-                  layers: range, context: int | None = None) -> StageWeights:
+                  layers: range, context: int | None = None, rope_dtype_bytes: int | None = None) -> StageWeights:
     """One rank's weights on one stage: its layers, the embedding on the first stage (and on the last
     when tied under PP, for the LM head), the final norm and LM head on the last, and the RoPE cache."""
     per_kind = {kind: sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.layer_tensors(kind)) for kind in arch.kinds}
@@ -165,8 +180,18 @@ def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: i
     if last:
         total += sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.head_tensors(arch.vocab_size))
         parts.append("final norm" + ("" if arch.tie_embeddings else " and LM head"))
-    rope = rope_cache_bytes(arch, context, fmt)
+    rope = rope_cache_bytes(arch, context, fmt, rope_dtype_bytes)
     if rope:
         total += rope
-        parts.append(f"RoPE cos/sin cache ({context:,} positions)")
-    return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {fmt.name}")
+        parts.append(f"RoPE cos/sin cache ({context:,} positions{', fp32' if rope_dtype_bytes == 4 else ''})")
+    return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {_format_label(fmt)}")
+
+
+def _format_label(fmt: WeightFormat) -> str:
+    if fmt.mxfp4_triton:
+        return f"{fmt.name} (experts swizzled for triton_kernels on Hopper, {fmt.mxfp4_triton.source})"
+    if fmt.mxfp4_padding:
+        bias = ", fp32 biases" if fmt.mxfp4_fp32_bias else ""
+        inter, hidden = fmt.mxfp4_padding
+        return f"{fmt.name} (experts' intermediate padded to {inter}, hidden to {hidden}{bias})"
+    return fmt.name
