@@ -276,3 +276,37 @@ def test_memory_over_100_distinct_models_stays_within_the_memos_bound(monkeypatc
     assert memo.SHARED.bytes <= limit and memo.PER_LAYOUT.bytes <= limit // 3
     assert len({key[0] for key in memo.SHARED._entries}) < 60  # the oldest models' values are gone
     assert grown <= limit * 4 / 3, grown  # the memo's two pools
+
+
+def test_a_refused_configuration_is_checked_once_and_raises_a_new_error_each_time(monkeypatch):
+    """A search of a model meets the same refused layouts again in every search (about 6,100 of DeepSeek-V3's
+    on 2,048 GPUs): their refusal is remembered beside the resolved values (resolved._Refused), so the checks
+    run once, and each `resolve` raises a new error with the same message (one error object raised again would
+    lengthen its traceback with every raise)."""
+    import dataclasses
+
+    from estimator import Training
+    from estimator.memory import resolved
+    from estimator.models.presets import get_architecture
+    from estimator.memory.validation import validate
+    from estimator.spec.errors import ConfigError
+
+    arch = dataclasses.replace(get_architecture("llama-3.1-8b"))  # an architecture of its own: nothing remembered
+    checked = []
+    monkeypatch.setattr(resolved, "validate", lambda *args: checked.append(args) or validate(*args))
+    refused = Parallel(tp=3)  # 32 attention heads: TP must divide them
+    errors = []
+    for _ in range(3):
+        with pytest.raises(ConfigError) as caught:
+            resolved.resolve(arch, Training(), refused)
+        errors.append(caught.value)
+    assert len(checked) == 1
+    assert len({id(e) for e in errors}) == 3 and len({str(e) for e in errors}) == 1
+    assert errors[0].field == "parallel.tp" and "tp" in str(errors[0])
+    assert all(len(list(_frames(e.__traceback__))) == len(list(_frames(errors[0].__traceback__))) for e in errors)
+
+
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
