@@ -310,3 +310,44 @@ def _frames(tb):
     while tb is not None:
         yield tb
         tb = tb.tb_next
+
+
+def test_a_static_parts_bytes_leave_out_its_step_part_which_counts_once(monkeypatch):
+    """The stage memo counts each part's bytes as it is added (memory._StageMemo): a static part holds its step
+    part (static_stage.StepPart: model states and transients, a part of its own), whose bytes count under the step
+    part alone. So the two parts' bytes are the bytes of what they hold together, each object once (Python's sizes,
+    `memo.deep_bytes`: the static part's walk with its step part), and one part's bookkeeping each."""
+    import dataclasses
+
+    from estimator import Hardware, Training
+    from estimator.memory import memory
+    from estimator.memory.static_stage import StepPart, _StaticStage
+    from estimator.models.presets import get_architecture
+    from estimator.spec import memo
+
+    monkeypatch.setattr(memo, "SHARED", memo.Memo(2**30))  # measures the first parts of each kind exactly
+    grown: dict[type, list] = {}
+    add = memory._StageMemo.__setitem__
+
+    def counted(self, part, value):
+        before = memo.SHARED.bytes
+        add(self, part, value)
+        grown.setdefault(type(value), []).append((value, memo.SHARED.bytes - before))
+
+    monkeypatch.setattr(memory._StageMemo, "__setitem__", counted)
+    arch = dataclasses.replace(get_architecture("llama-3.1-8b"))
+    memory.device_total(arch, Training(framework="fsdp2", micro_batch_size=2), Parallel(dp=8), Hardware("h100-80"))
+    [(step, step_bytes)] = grown[StepPart]
+    [(static, static_bytes)] = grown[_StaticStage]
+    assert static.step is step
+    one_part = memo.PART_BYTES + memo.HELD_BYTES
+    monkeypatch.setitem(memo._HELD, id(step), 0)
+    del memo._HELD[id(step)]  # the step part as one more object the static part holds
+    together = memo.deep_bytes(static)
+    own_step = memo.deep_bytes(step)
+    assert step_bytes == own_step + one_part and own_step > 5_000  # its states' and transients' components
+    # the static part's own objects: what its walk meets beyond its step part's. Both walks also meet a few
+    # constants that Python shares (False, an int, an interned label, the empty tuple: 234 bytes here), which
+    # each counts; counting the step part again would add its 6,270 bytes
+    own_static = together - own_step
+    assert own_static + one_part <= static_bytes <= own_static + one_part + 512, (static_bytes, together, own_step)

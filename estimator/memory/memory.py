@@ -93,9 +93,8 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     for sp in cfg.stages:
         ends = static_key(sp, cfg.training)
         static = memo.get(ends)  # a static part built before holds its step part
-        part = _step_part(cfg, shared, memo, sp) if static is None else None
-        step = static.totals[2] if part is None else part.step_bytes
-        outside = static.outside_allocator if part is None else part.outside_allocator
+        part = _step_part(cfg, shared, memo, sp) if static is None else static.step
+        step, outside = part.step_bytes, part.outside_allocator
         out.append(StepFloor(step + outside + int(round(step * shared.fragmentation)) + _cached_bytes(shared),
                              int(round(sp.local))))  # `_StaticStage.parameters_per_gpu`
     return tuple(out)
@@ -187,7 +186,9 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
 class _StageMemo:
     """One configuration's stage parts (`_stage_memo`): a dict that is one value in the architecture's
     memo, whose bytes grow by each part's as it is added (estimator/spec/memo.py), read and written as a
-    dict (a part is read far more often than the memo's bookkeeping could afford per part)."""
+    dict (a part is read far more often than the memo's bookkeeping could afford per part). A part is
+    counted as held by the memo (`memo.hold`, released with the entry) as a remembered dict's values are:
+    a part that holds another (a static part its step part) counts it under the other's own bytes, once."""
 
     __slots__ = ("parts", "entry")
 
@@ -201,7 +202,10 @@ class _StageMemo:
     def __setitem__(self, part, value) -> None:
         self.parts[part] = value
         kind = "shared" if part == "shared" else part[0] if part[0] in ("group", "piece", "step") else "static"
-        _memo.SHARED.grow(self.entry, _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES)
+        size = _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES
+        if self.entry[2]:  # still remembered: its release (`Memo._forget`) releases this part with it
+            size += _memo.HELD_BYTES * _memo.hold(value)
+        _memo.SHARED.grow(self.entry, size)
 
 
 _PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "piece", "step")}

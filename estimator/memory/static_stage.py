@@ -61,15 +61,30 @@ class _StaticStage(NamedTuple):
     layers: int
     parameters_per_gpu: int  # before ZeRO sharding
     parts: Callable[[], _StaticParts]  # builds them on the first call, then returns them again
-    host: tuple[Component, ...]  # offloaded to host memory (offload.py)
-    nvme: tuple[Component, ...]  # offloaded to NVMe
+    # its model states and transients, a value of the stage memo of its own: what the static part holds of them
+    # it reaches through this one object, which the memo counts once (memory._StageMemo)
+    step: StepPart
     backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
-    managed: Component | None = None  # paged optimizer states in managed memory, outside the allocator (paged.py)
     # reserved, unused through forward and backward: a pipelined FSDP2 stage's reduce-scatter pool (pp_buffers.py)
     stream_pool: Component | None = None
     # (a block's gathered bytes per parameter, its formula, the parameters' bytes): what the all-gather pool of
     # each of the rank's chunks reads (pp_buffers.all_gather_pool, over the stage's own chunks)
     gathered: tuple[float, str, float] | None = None
+
+    @property
+    def host(self) -> tuple[Component, ...]:
+        """Offloaded to host memory (offload.py), paged optimizer states paged out included."""
+        return self.step.host
+
+    @property
+    def nvme(self) -> tuple[Component, ...]:
+        """Offloaded to NVMe."""
+        return self.step.place.nvme
+
+    @property
+    def managed(self) -> Component | None:
+        """Paged optimizer states in managed memory, outside the allocator (paged.py)."""
+        return self.step.managed
 
 
 class StepPart(NamedTuple):
@@ -85,6 +100,7 @@ class StepPart(NamedTuple):
     states: int  # on the GPU through every phase: parameters, master weights, optimizer states, FP8 copies, buffers
     grads: int  # the gradients at the step
     outside_allocator: int  # communication + CUDA context + managed memory
+    host: tuple[Component, ...]  # offloaded to host memory: the placement's and paged-out optimizer states
 
     @property
     def step_bytes(self) -> int:
@@ -117,12 +133,12 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
-    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside)
+    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside, place.host + paged_host)
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared, pieces: dict, step: StepPart) -> _StaticStage:
-    inv, ms, managed, paged_host, tr, place, states, grads, outside = step
+    inv, ms, managed, paged_host, tr, place, states, grads, outside, _ = step
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
@@ -220,12 +236,11 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     else:
         backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
     communication = shared.moe_communication if moe_stage else shared.communication
-    parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
+    parts = once(partial(_static_parts, step, (exchange, exchange_backward), loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
-    return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
-                        place.host + paged_host, place.nvme, backward_end, managed,
-                        reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
+    return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts, step,
+                        backward_end, reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
 
 
 def _kind_pieces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, shared: _Shared,
@@ -367,13 +382,14 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
     return sp.dense_local / (d * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
 
 
-def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, list], loss_saved: tuple,
+def _static_parts(step: StepPart, exchange: tuple[list, list], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
                   training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
                   after_loss: tuple | None = None, unbegun: float = 0.0) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
     where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`:
     the unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`)."""
+    ms, place, tr = step.ms, step.place, step.tr
 
     def state(key: str, label: str, source: str) -> Component:
         if key in place.moved:

@@ -127,6 +127,12 @@ _HELD: dict[int, int] = {}  # id -> how many remembered values are it or hold it
 _SCALARS = (int, float, bool, str, type(None))
 
 
+def hold(value) -> int:
+    """Count `value`, just added to a remembered dict, as remembered (released with the dict's entry, whose
+    release releases its values); how many objects. Other values' walks (`deep_bytes`) skip it."""
+    return _hold(value, 1)
+
+
 def _hold(value, step: int) -> int:
     """Count `value` (and a dict's values: a ledger's parts are read out one by one) as remembered
     (step 1) or no longer (-1); how many objects."""
