@@ -12,6 +12,7 @@ from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
 from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
 from .components import Component, component, entries_component, fold, once, total_bytes
+from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
@@ -108,9 +109,20 @@ class StepPart(NamedTuple):
         return self.states + self.grads + total_bytes(self.tr.optimizer)
 
 
+class StepShared(NamedTuple):
+    """What a step part reads of the part its stages share (`stage_shared._Shared`): none of it reads the
+    micro-batch or the loss, which the step part's setup may seal (step_setup.py); the rest of `_Shared` does."""
+
+    communication: Component  # NCCL's buffers
+    moe_communication: Component  # ... and DeepEP's, on stages with MoE layers
+    runtime: Component  # the CUDA context
+    hardware: Hardware
+
+
 def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-              zero: int, shared: _Shared, pieces: dict) -> StepPart:
-    """The stage's `StepPart` (`pieces`: the stage memo of its setup, `_kind_pieces`)."""
+              zero: int, shared: StepShared, pieces: dict) -> StepPart:
+    """The stage's `StepPart`. `training`: its setup, the fields it does not read sealed (step_setup.py);
+    `pieces`: the memo of step parts of that setup (`_workspaces`)."""
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
@@ -118,7 +130,7 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
         with_global_moments(model_states(sp, training, recipe, par, zero), arch, training, recipe, par, sp, zero)
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
-    workspaces = _kind_pieces(arch, training, par, sp, shared, pieces)[0]
+    workspaces = _workspaces(arch, training, par, sp, shared.hardware, pieces)
     tr = tr._replace(persistent=tr.persistent + workspaces)
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
@@ -157,7 +169,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         loss_saved = loss_saved + after_loss
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
-    exchange, exchange_backward, in_moe_layer = _kind_pieces(arch, training, par, sp, shared, pieces)[1]
+    exchange, exchange_backward, in_moe_layer = _moe_moments(arch, training, par, sp, pieces)
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
         kinds = [k for k, n in sp.kind_counts if n]
@@ -243,23 +255,35 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                         backward_end, reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
 
 
-def _kind_pieces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, shared: _Shared,
-                 pieces: dict) -> tuple[list[Component], tuple[list, list, list]]:
-    """The pieces of a static part that read of its stage only which kinds of layer it has and whether it holds
-    the head: the persistent workspaces (the libraries' from the first matrix product on, workspaces.py; and
-    TransformerEngine's dummy weight gradients from the first backward on, wgrad_cache.py, whose shapes are the
-    kinds' and the head's) and an MoE layer's moments (moe_moments.py: whether the stage has MoE layers). The
-    static parts of one setup (`pieces`: its stage memo, memory._stage_memo, whose key holds all else they read)
-    share them: a search builds about ten static parts per memo, from a few such pieces (the lists are never
-    changed in place: every use adds them into new ones)."""
-    kinds = tuple(sorted({kind for kind, n in sp.kind_counts if n}))
-    key = ("piece", kinds, sp.last)
+def _workspaces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, hardware: Hardware,
+                pieces: dict) -> list[Component]:
+    """A step part's persistent workspaces: the libraries' from the first matrix product on (workspaces.py) and
+    TransformerEngine's dummy weight gradients from the first backward on (wgrad_cache.py, whose shapes are the
+    kinds' and the head's). They read of the stage only which kinds of layer it has and whether it holds the
+    head: the step parts of one setup (`pieces`: their memo, memory._step_memo, whose key holds all else they
+    read) share them (the list is never changed in place: every use adds it into a new one)."""
+    key = ("piece", "workspaces", _kinds(sp), sp.last)
     known = pieces.get(key)
     if known is None:
         cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-        workspaces = [library_workspaces(training, shared.hardware, "moe" in kinds)] + ([cache] if cache else [])
-        known = pieces[key] = (workspaces, moe_moments(arch, training, par, sp))
+        known = pieces[key] = [library_workspaces(training, hardware, "moe" in key[2])] + ([cache] if cache else [])
     return known
+
+
+def _moe_moments(arch: Architecture, training: Training, par: Parallel, sp: StageParameters,
+                 pieces: dict) -> tuple[list, list, list]:
+    """An MoE layer's moments (moe_moments.py), which read of the stage only whether it has MoE layers: the
+    static parts of one setup (`pieces`: their stage memo, memory._stage_memo) share them; a search builds
+    about ten static parts per memo (the lists are never changed in place)."""
+    key = ("piece", "moments", _kinds(sp), sp.last)
+    known = pieces.get(key)
+    if known is None:
+        known = pieces[key] = moe_moments(arch, training, par, sp)
+    return known
+
+
+def _kinds(sp: StageParameters) -> tuple[str, ...]:
+    return tuple(sorted({kind for kind, n in sp.kind_counts if n}))
 
 
 def _gathered(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters) -> tuple | None:
