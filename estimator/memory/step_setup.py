@@ -42,6 +42,8 @@ class _Sealed:
     __str__ = __repr__ = __format__ = __len__ = __iter__ = __contains__ = __getitem__ = _read
 
     def __getattr__(self, name: str):  # a string's or a number's methods (`.startswith`, `.bit_length`)
+        if name.startswith("__"):  # a protocol's lookup (copy, pickle): absent, as on any object
+            raise AttributeError(name)
         self._read()
 
 
