@@ -134,9 +134,9 @@ def _step_memo(cfg: Resolved) -> tuple[_StageMemo, Training]:
     so a search's micro-batch sizes, losses and recompute settings share one step part per stage. The rest of
     the key is `_stage_memo`'s, less the micro-batches per step where the micro-batch size is sealed (they
     reach a step part through it alone)."""
-    par = cfg.parallel
-    setup = step_setup(cfg.architecture, cfg.training, par, cfg.recipe)
-    m = None if "micro_batch_size" in sealed_fields(cfg.training, par, cfg.recipe) else cfg.microbatches
+    par, sealed = cfg.parallel, sealed_fields(cfg.training, cfg.parallel, cfg.recipe)
+    setup = step_setup(cfg.architecture, cfg.training, sealed)
+    m = None if "micro_batch_size" in sealed else cfg.microbatches
     key = ("step parts", setup, cfg.hardware, par.tp, par.sequence_parallel, par.dp, par.cp, par.ep, par.etp,
            par.pp > 1, cfg.zero_stage, m)
     return _StageMemo(cfg.architecture, key), setup

@@ -86,10 +86,9 @@ def sealed_fields(training: Training, par: Parallel, recipe: Recipe) -> tuple[st
             + (() if _reads_loss(training) else ("loss",)))
 
 
-def step_setup(arch: Architecture, training: Training, par: Parallel, recipe: Recipe) -> Training:
-    """`training` with its `sealed_fields` sealed, remembered on the architecture (a search asks for the same
-    one for every layout of a shape)."""
-    fields = sealed_fields(training, par, recipe)
+def step_setup(arch: Architecture, training: Training, fields: tuple[str, ...]) -> Training:
+    """`training` with `fields` (its `sealed_fields`) sealed, remembered on the architecture (a search asks for
+    the same one for every layout of a shape)."""
     return arch.cached(("step setup", training, fields), lambda: _sealed(training, fields))
 
 
