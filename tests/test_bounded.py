@@ -345,9 +345,12 @@ def test_a_static_parts_bytes_leave_out_its_step_part_which_counts_once(monkeypa
     del memo._HELD[id(step)]  # the step part as one more object the static part holds
     together = memo.deep_bytes(static)
     own_step = memo.deep_bytes(step)
-    assert step_bytes == own_step + one_part and own_step > 5_000  # its states' and transients' components
+    assert step_bytes == own_step + one_part
     # the static part's own objects: what its walk meets beyond its step part's. Both walks also meet a few
-    # constants that Python shares (False, an int, an interned label, the empty tuple: 234 bytes here), which
-    # each counts; counting the step part again would add its 6,270 bytes
+    # constants that Python shares (False, an int, an interned label, the empty tuple: 234 bytes in one run),
+    # which each counts; counting the step part again would add its bytes (3.7 to 6.3 kB: what other memos
+    # hold of it, which neither counts, depends on what ran before), more than this slack
+    slack = 512
     own_static = together - own_step
-    assert own_static + one_part <= static_bytes <= own_static + one_part + 512, (static_bytes, together, own_step)
+    assert own_step > 2 * slack
+    assert own_static + one_part <= static_bytes <= own_static + one_part + slack, (static_bytes, together, own_step)

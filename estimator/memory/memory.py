@@ -228,14 +228,14 @@ class _StageMemo:
 
     def __setitem__(self, part, value) -> None:
         self.parts[part] = value
-        kind = "shared" if part == "shared" else part[0] if part[0] in ("group", "piece", "step") else "static"
+        kind = "shared" if part == "shared" else part[0] if part[0] in _PART_KINDS else "static"
         size = _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES
         if self.entry[2]:  # still remembered: its release (`Memo._forget`) releases this part with it
             size += _memo.HELD_BYTES * _memo.hold(value)
         _memo.SHARED.grow(self.entry, size)
 
 
-_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "piece", "step")}
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "workspaces", "moments", "step")}
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:

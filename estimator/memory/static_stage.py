@@ -262,11 +262,11 @@ def _workspaces(arch: Architecture, training: Training, par: Parallel, sp: Stage
     kinds' and the head's). They read of the stage only which kinds of layer it has and whether it holds the
     head: the step parts of one setup (`pieces`: their memo, memory._step_memo, whose key holds all else they
     read) share them (the list is never changed in place: every use adds it into a new one)."""
-    key = ("piece", "workspaces", _kinds(sp), sp.last)
+    key = ("workspaces", _kinds(sp), sp.last)
     known = pieces.get(key)
     if known is None:
         cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-        known = pieces[key] = [library_workspaces(training, hardware, "moe" in key[2])] + ([cache] if cache else [])
+        known = pieces[key] = [library_workspaces(training, hardware, "moe" in key[1])] + ([cache] if cache else [])
     return known
 
 
@@ -275,7 +275,7 @@ def _moe_moments(arch: Architecture, training: Training, par: Parallel, sp: Stag
     """An MoE layer's moments (moe_moments.py), which read of the stage only whether it has MoE layers: the
     static parts of one setup (`pieces`: their stage memo, memory._stage_memo) share them; a search builds
     about ten static parts per memo (the lists are never changed in place)."""
-    key = ("piece", "moments", _kinds(sp), sp.last)
+    key = ("moments", _kinds(sp), sp.last)
     known = pieces.get(key)
     if known is None:
         known = pieces[key] = moe_moments(arch, training, par, sp)
