@@ -312,11 +312,13 @@ def _frames(tb):
         tb = tb.tb_next
 
 
-def test_a_static_parts_bytes_leave_out_its_step_part_which_counts_once(monkeypatch):
-    """The stage memo counts each part's bytes as it is added (memory._StageMemo): a static part holds its step
-    part (static_stage.StepPart: model states and transients, a part of its own), whose bytes count under the step
-    part alone. So the two parts' bytes are the bytes of what they hold together, each object once (Python's sizes,
-    `memo.deep_bytes`: the static part's walk with its step part), and one part's bookkeeping each."""
+@pytest.mark.parametrize("model, framework, layout", [("llama-3.1-8b", "fsdp2", dict(dp=8)),
+                                                     ("qwen3-30b-a3b", "megatron", dict(dp=8, ep=8))])
+def test_a_parts_bytes_leave_out_the_parts_it_holds_which_count_once(monkeypatch, model, framework, layout):
+    """The stage memos count each part's bytes as it is added (memory._StageMemo), and a part that holds another
+    counts none of it: a static part holds its step part (static_stage.StepPart: model states and transients) and
+    the MoE moments of its setup, a step part its workspaces, each a part of its own. So a part's bytes are its
+    walk's with the parts it holds (Python's sizes, `memo.deep_bytes`) less theirs, and one part's bookkeeping."""
     import dataclasses
 
     from estimator import Hardware, Training
@@ -326,31 +328,40 @@ def test_a_static_parts_bytes_leave_out_its_step_part_which_counts_once(monkeypa
     from estimator.spec import memo
 
     monkeypatch.setattr(memo, "SHARED", memo.Memo(2**30))  # measures the first parts of each kind exactly
-    grown: dict[type, list] = {}
+    # nothing held by the memos of the tests before (their objects' ids may be reused by this one's)
+    monkeypatch.setattr(memo, "_HELD", {})
+    grown: dict[object, tuple] = {}  # part's key -> (the part, the bytes the memo grew by)
     add = memory._StageMemo.__setitem__
 
     def counted(self, part, value):
         before = memo.SHARED.bytes
         add(self, part, value)
-        grown.setdefault(type(value), []).append((value, memo.SHARED.bytes - before))
+        grown[part] = (value, memo.SHARED.bytes - before)
 
     monkeypatch.setattr(memory._StageMemo, "__setitem__", counted)
-    arch = dataclasses.replace(get_architecture("llama-3.1-8b"))
-    memory.device_total(arch, Training(framework="fsdp2", micro_batch_size=2), Parallel(dp=8), Hardware("h100-80"))
-    [(step, step_bytes)] = grown[StepPart]
-    [(static, static_bytes)] = grown[_StaticStage]
-    assert static.step is step
+    arch = dataclasses.replace(get_architecture(model))
+    memory.device_total(arch, Training(framework=framework), Parallel(**layout), Hardware("h100-80"))
+    [(step, step_bytes)] = [v for v in grown.values() if type(v[0]) is StepPart]
+    [(static, static_bytes)] = [v for v in grown.values() if type(v[0]) is _StaticStage]
+    [moments] = [v for k, (v, _) in grown.items() if k[0] == "moments"]
+    workspaces = [v for k, (v, _) in grown.items() if k[0] in ("workspaces", "wgrad cache")]
+    assert static.step is step and all(any(w is c for c in step.tr.persistent) for w in workspaces)
     one_part = memo.PART_BYTES + memo.HELD_BYTES
-    monkeypatch.setitem(memo._HELD, id(step), 0)
-    del memo._HELD[id(step)]  # the step part as one more object the static part holds
-    together = memo.deep_bytes(static)
-    own_step = memo.deep_bytes(step)
-    assert step_bytes == own_step + one_part
-    # the static part's own objects: what its walk meets beyond its step part's. Both walks also meet a few
-    # constants that Python shares (False, an int, an interned label, the empty tuple: 234 bytes in one run),
-    # which each counts; counting the step part again would add its bytes (3.7 to 6.3 kB: what other memos
-    # hold of it, which neither counts, depends on what ran before), more than this slack
+    # both walks also meet a few constants Python shares (False, an int, an interned label, the empty tuple: 234
+    # bytes in one run), which each counts; counting a held part again would add its bytes, more than this slack
     slack = 512
-    own_static = together - own_step
-    assert own_step > 2 * slack
-    assert own_static + one_part <= static_bytes <= own_static + one_part + slack, (static_bytes, together, own_step)
+    for part, nbytes, holds in ((step, step_bytes, workspaces), (static, static_bytes, [step, moments])):
+        together = _walk_with(monkeypatch, part, holds)
+        own = together - sum(memo.deep_bytes(h) for h in holds)
+        assert own + one_part <= nbytes <= own + one_part + slack, (type(part), nbytes, together, own)
+    assert memo.deep_bytes(step) > 2 * slack and (framework != "megatron" or memo.deep_bytes(moments) > 2 * slack)
+
+
+def _walk_with(monkeypatch, part, holds) -> int:
+    """`memo.deep_bytes(part)` counting the parts `holds` too (as if they were not remembered)."""
+    from estimator.spec import memo
+
+    with monkeypatch.context() as m:
+        for held in holds:
+            m.delitem(memo._HELD, id(held))
+        return memo.deep_bytes(part)

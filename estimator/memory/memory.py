@@ -235,7 +235,8 @@ class _StageMemo:
         _memo.SHARED.grow(self.entry, size)
 
 
-_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "workspaces", "moments", "step")}
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "workspaces", "wgrad cache",
+                                                             "moments", "step")}
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:

@@ -169,7 +169,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         loss_saved = loss_saved + after_loss
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
-    exchange, exchange_backward, in_moe_layer = _moe_moments(arch, training, par, sp, pieces)
+    moments = _moe_moments(arch, training, par, sp, pieces)
+    exchange, exchange_backward, in_moe_layer = moments
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
         kinds = [k for k, n in sp.kind_counts if n]
@@ -248,7 +249,9 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     else:
         backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
     communication = shared.moe_communication if moe_stage else shared.communication
-    parts = once(partial(_static_parts, step, (exchange, exchange_backward), loss_saved, loss_forward,
+    # the MoE moments as the stage memo holds them (counted once there), unless DSA's replaced one of them
+    pair = moments if exchange is moments[0] and exchange_backward is moments[1] else (exchange, exchange_backward)
+    parts = once(partial(_static_parts, step, pair, loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts, step,
@@ -261,20 +264,24 @@ def _workspaces(arch: Architecture, training: Training, par: Parallel, sp: Stage
     TransformerEngine's dummy weight gradients from the first backward on (wgrad_cache.py, whose shapes are the
     kinds' and the head's). They read of the stage only which kinds of layer it has and whether it holds the
     head: the step parts of one setup (`pieces`: their memo, memory._step_memo, whose key holds all else they
-    read) share them (the list is never changed in place: every use adds it into a new one)."""
-    key = ("workspaces", _kinds(sp), sp.last)
-    known = pieces.get(key)
-    if known is None:
+    read) share them, each a part of its own, which the memo counts once (the step parts hold them directly)."""
+    kinds = _kinds(sp)
+    library = pieces.get(("workspaces", kinds, sp.last))
+    if library is None:  # the cache first: a library part found means the cache was decided too
         cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-        known = pieces[key] = [library_workspaces(training, hardware, "moe" in key[1])] + ([cache] if cache else [])
-    return known
+        if cache:
+            pieces[("wgrad cache", kinds, sp.last)] = cache
+        library = pieces[("workspaces", kinds, sp.last)] = library_workspaces(training, hardware, "moe" in kinds)
+    cache = pieces.get(("wgrad cache", kinds, sp.last))
+    return [library] + ([cache] if cache else [])
 
 
 def _moe_moments(arch: Architecture, training: Training, par: Parallel, sp: StageParameters,
                  pieces: dict) -> tuple[list, list, list]:
-    """An MoE layer's moments (moe_moments.py), which read of the stage only whether it has MoE layers: the
-    static parts of one setup (`pieces`: their stage memo, memory._stage_memo) share them; a search builds
-    about ten static parts per memo (the lists are never changed in place)."""
+    """An MoE layer's moments (moe_moments.py: forward's, backward's, those inside a recomputed layer), which read
+    of the stage only whether it has MoE layers: the static parts of one setup (`pieces`: their stage memo,
+    memory._stage_memo) share them, and hold this tuple itself, which the memo counts once (`_static_stage`); a
+    search builds about ten static parts per memo (the lists are never changed in place)."""
     key = ("moments", _kinds(sp), sp.last)
     known = pieces.get(key)
     if known is None:
@@ -406,7 +413,7 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
     return sp.dense_local / (d * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
 
 
-def _static_parts(step: StepPart, exchange: tuple[list, list], loss_saved: tuple,
+def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
                   training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
                   after_loss: tuple | None = None, unbegun: float = 0.0) -> _StaticParts:

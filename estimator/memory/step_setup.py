@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 
 from ..spec.architecture import Architecture
+from ..spec.memo import not_owned
 from ..spec.parallel import Parallel
 from ..spec.training import Recipe, Training
 
@@ -22,6 +23,7 @@ class UnreadField(AssertionError):
     """A part read a field of the training setup that its memo's key leaves out."""
 
 
+@not_owned  # one stand-in per field, this module's: no remembered value counts it (memo.deep_bytes)
 class _Sealed:
     """A sealed field's value. Carried and compared by identity only (a setup holding it hashes, and equals a
     setup holding the same stand-in): any other use raises."""

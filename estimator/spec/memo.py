@@ -205,7 +205,9 @@ def deep_bytes(value) -> int:
     stack, total = [value], 0
     while stack and len(seen) < _WALK_LIMIT:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, skip) or (obj is not value and id(obj) in _HELD):
+        # a configuration record is its owner's, unless it is the remembered value itself (a training setup
+        # made for a memo's key: `resolved.training_with`, `step_setup.step_setup`), which the memo alone holds
+        if id(obj) in seen or (obj is not value and (isinstance(obj, skip) or id(obj) in _HELD)):
             continue
         seen.add(id(obj))
         total += sys.getsizeof(obj)
