@@ -96,9 +96,10 @@ def test_a_sealed_field_fails_loudly_when_read():
     par = Parallel(dp=4)
     cfg = resolve(arch, Training(framework="hf"), par)
     setup = step_setup(arch, cfg.training, sealed_fields(cfg.training, par, cfg.recipe))
-    for use in (lambda: setup.micro_batch_size * 2, lambda: setup.loss == "chunked", lambda: f"{setup.loss}",
-                lambda: setup.recompute != "full", lambda: bool(setup.recompute_layers), lambda: setup.loss in ("fused",),
-                lambda: setup.loss.startswith("f"), lambda: setup.micro_batch_size > 1):
+    uses = (lambda: setup.micro_batch_size * 2, lambda: setup.loss == "chunked", lambda: f"{setup.loss}",
+            lambda: setup.recompute != "full", lambda: bool(setup.recompute_layers),
+            lambda: setup.loss in ("fused",), lambda: setup.loss.startswith("f"), lambda: setup.micro_batch_size > 1)
+    for use in uses:
         with pytest.raises(UnreadField, match="step part read training"):
             use()
     # setups differing in sealed fields alone are one key; the fields kept are the user's

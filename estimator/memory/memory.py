@@ -113,6 +113,7 @@ class _StepParts:
         self.cfg, self.memo, self.setup = cfg, None, None
 
     def part(self, shared: _Shared, sp) -> StepPart:
+        """The step part of stage `sp`, built on first sight."""
         cfg = self.cfg
         if self.memo is None:
             self.memo, self.setup = _step_memo(cfg)

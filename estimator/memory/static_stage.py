@@ -255,7 +255,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                          loss_backward, working, grads_live, training, extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts, step,
-                        backward_end, reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
+                        backward_end, reduce_scatter_pool(training, par, grads, m),
+                        _gathered(training, recipe, par, sp))
 
 
 def _workspaces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, hardware: Hardware,

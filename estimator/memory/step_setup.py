@@ -1,12 +1,12 @@
 """The training setup a stage's step part (static_stage.step_part: its model states and transients) is built
 from: the user's, with the fields the step part does not read sealed.
 
-A layout search varies the micro-batch size, the loss and the recompute setting over the same model states, and the step parts are
-kept by their setup (memory._step_memo): a field the step part does not read must not key it, or the search
-builds the same part once per value. A sealed field holds a stand-in whose every use (a comparison, arithmetic,
-a format, a truth test) raises `UnreadField`: a later rule that reads it fails loudly, and the field must then
-join what the step part reads here (`_reads_micro_batch`, `_reads_loss`, `_reads_recompute`), which keeps it
-in the key.
+A layout search varies the micro-batch size, the loss and the recompute setting over the same model states,
+and the step parts are kept by their setup (memory._step_memo): a field the step part does not read must not
+key it, or the search builds the same part once per value. A sealed field holds a stand-in whose every use (a
+comparison, arithmetic, a format, a truth test) raises `UnreadField`: a later rule that reads it fails loudly,
+and the field must then join what the step part reads here (`_reads_micro_batch`, `_reads_loss`,
+`_reads_recompute`), which keeps it in the key.
 """
 
 from __future__ import annotations
