@@ -276,3 +276,92 @@ def test_memory_over_100_distinct_models_stays_within_the_memos_bound(monkeypatc
     assert memo.SHARED.bytes <= limit and memo.PER_LAYOUT.bytes <= limit // 3
     assert len({key[0] for key in memo.SHARED._entries}) < 60  # the oldest models' values are gone
     assert grown <= limit * 4 / 3, grown  # the memo's two pools
+
+
+def test_a_refused_configuration_is_checked_once_and_raises_a_new_error_each_time(monkeypatch):
+    """A search of a model meets the same refused layouts again in every search (about 6,100 of DeepSeek-V3's
+    on 2,048 GPUs): their refusal is remembered beside the resolved values (resolved._Refused), so the checks
+    run once, and each `resolve` raises a new error with the same message (one error object raised again would
+    lengthen its traceback with every raise)."""
+    import dataclasses
+
+    from estimator import Training
+    from estimator.memory import resolved
+    from estimator.models.presets import get_architecture
+    from estimator.memory.validation import validate
+    from estimator.spec.errors import ConfigError
+
+    arch = dataclasses.replace(get_architecture("llama-3.1-8b"))  # an architecture of its own: nothing remembered
+    checked = []
+    monkeypatch.setattr(resolved, "validate", lambda *args: checked.append(args) or validate(*args))
+    refused = Parallel(tp=3)  # 32 attention heads: TP must divide them
+    errors = []
+    for _ in range(3):
+        with pytest.raises(ConfigError) as caught:
+            resolved.resolve(arch, Training(), refused)
+        errors.append(caught.value)
+    assert len(checked) == 1
+    assert len({id(e) for e in errors}) == 3 and len({str(e) for e in errors}) == 1
+    assert errors[0].field == "parallel.tp" and "tp" in str(errors[0])
+    assert all(len(list(_frames(e.__traceback__))) == len(list(_frames(errors[0].__traceback__))) for e in errors)
+
+
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+@pytest.mark.parametrize("model, framework, layout", [("llama-3.1-8b", "fsdp2", dict(dp=8)),
+                                                     ("qwen3-30b-a3b", "megatron", dict(dp=8, ep=8))])
+def test_a_parts_bytes_leave_out_the_parts_it_holds_which_count_once(monkeypatch, model, framework, layout):
+    """The stage memos count each part's bytes as it is added (memory._StageMemo), and a part that holds another
+    counts none of it: a static part holds its step part (static_stage.StepPart: model states and transients) and
+    the MoE moments of its setup, a step part its workspaces, each a part of its own. So a part's bytes are its
+    walk's with the parts it holds (Python's sizes, `memo.deep_bytes`) less theirs, and one part's bookkeeping."""
+    import dataclasses
+
+    from estimator import Hardware, Training
+    from estimator.memory import memory
+    from estimator.memory.static_stage import StepPart, _StaticStage
+    from estimator.models.presets import get_architecture
+    from estimator.spec import memo
+
+    monkeypatch.setattr(memo, "SHARED", memo.Memo(2**30))  # measures the first parts of each kind exactly
+    # nothing held by the memos of the tests before (their objects' ids may be reused by this one's)
+    monkeypatch.setattr(memo, "_HELD", {})
+    grown: dict[object, tuple] = {}  # part's key -> (the part, the bytes the memo grew by)
+    add = memory._StageMemo.__setitem__
+
+    def counted(self, part, value):
+        before = memo.SHARED.bytes
+        add(self, part, value)
+        grown[part] = (value, memo.SHARED.bytes - before)
+
+    monkeypatch.setattr(memory._StageMemo, "__setitem__", counted)
+    arch = dataclasses.replace(get_architecture(model))
+    memory.device_total(arch, Training(framework=framework), Parallel(**layout), Hardware("h100-80"))
+    [(step, step_bytes)] = [v for v in grown.values() if type(v[0]) is StepPart]
+    [(static, static_bytes)] = [v for v in grown.values() if type(v[0]) is _StaticStage]
+    [moments] = [v for k, (v, _) in grown.items() if k[0] == "moments"]
+    workspaces = [v for k, (v, _) in grown.items() if k[0] in ("workspaces", "wgrad cache")]
+    assert static.step is step and all(any(w is c for c in step.tr.persistent) for w in workspaces)
+    one_part = memo.PART_BYTES + memo.HELD_BYTES
+    # both walks also meet a few constants Python shares (False, an int, an interned label, the empty tuple: 234
+    # bytes in one run), which each counts; counting a held part again would add its bytes, more than this slack
+    slack = 512
+    for part, nbytes, holds in ((step, step_bytes, workspaces), (static, static_bytes, [step, moments])):
+        together = _walk_with(monkeypatch, part, holds)
+        own = together - sum(memo.deep_bytes(h) for h in holds)
+        assert own + one_part <= nbytes <= own + one_part + slack, (type(part), nbytes, together, own)
+    assert memo.deep_bytes(step) > 2 * slack and (framework != "megatron" or memo.deep_bytes(moments) > 2 * slack)
+
+
+def _walk_with(monkeypatch, part, holds) -> int:
+    """`memo.deep_bytes(part)` counting the parts `holds` too (as if they were not remembered)."""
+    from estimator.spec import memo
+
+    with monkeypatch.context() as m:
+        for held in holds:
+            m.delitem(memo._HELD, id(held))
+        return memo.deep_bytes(part)

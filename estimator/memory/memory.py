@@ -42,7 +42,8 @@ from ..spec.training import Training
 from .result import Estimate, fit_on
 from .stage_shared import (_Shared, _activation_counts, _activation_parts, _activation_units, _activations_component,
                            _shared)
-from .static_stage import StepPart, _StaticStage, _static_stage, step_part
+from .static_stage import StepPart, StepShared, _StaticStage, _static_stage, step_part
+from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
@@ -89,31 +90,57 @@ def step_floors(arch: Architecture, training: Training, par: Parallel, hardware:
     cfg = resolve(arch, training, par, hardware)
     memo = _stage_memo(cfg)
     shared = _shared_of(cfg, memo)
-    out = []
+    out, steps = [], _StepParts(cfg)
     for sp in cfg.stages:
         ends = static_key(sp, cfg.training)
         static = memo.get(ends)  # a static part built before holds its step part
-        part = _step_part(cfg, shared, memo, sp) if static is None else None
-        step = static.totals[2] if part is None else part.step_bytes
-        outside = static.outside_allocator if part is None else part.outside_allocator
+        part = steps.part(shared, sp) if static is None else static.step
+        step, outside = part.step_bytes, part.outside_allocator
         out.append(StepFloor(step + outside + int(round(step * shared.fragmentation)) + _cached_bytes(shared),
                              int(round(sp.local))))  # `_StaticStage.parameters_per_gpu`
     return tuple(out)
 
 
-def _step_part(cfg: Resolved, shared: _Shared, memo, sp) -> StepPart:
-    """The stage's model states and transients (`static_stage.StepPart`), kept in `memo` beside its static part:
-    a search's states floors (`step_floors`) read them alone, and most of their layouts never reach a full
-    estimate; those that do build their static parts on them."""
-    # what the step part reads of the stage: its ends, kinds and (torch pipelining: transients' RoPE tables per
-    # chunk) its chunks' count, not Megatron's block-recompute count or single chunk (which `static_key` adds)
-    chunks = () if cfg.training.framework == "megatron" else (len(sp.chunks),)
-    key = ("step", sp.first, sp.last, sp.kind_counts) + chunks
-    part = memo.get(key)
-    if part is None:
-        part = memo[key] = step_part(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp, cfg.zero_stage,
-                                     shared, memo)
-    return part
+class _StepParts:
+    """A configuration's step parts (`static_stage.StepPart`: a stage's model states and transients), kept in
+    the memo of their setup (`memo`): a search's states floors (`step_floors`) read them alone, and most of
+    their layouts never reach a full estimate; those that do build their static parts on them. The memo is
+    found on the first part asked for (most estimates find their static parts built)."""
+
+    __slots__ = ("cfg", "memo", "setup")
+
+    def __init__(self, cfg: Resolved):
+        self.cfg, self.memo, self.setup = cfg, None, None
+
+    def part(self, shared: _Shared, sp) -> StepPart:
+        """The step part of stage `sp`, built on first sight."""
+        cfg = self.cfg
+        if self.memo is None:
+            self.memo, self.setup = _step_memo(cfg)
+        # what the step part reads of the stage: its ends, kinds and (torch pipelining: transients' RoPE tables
+        # per chunk) its chunks' count, not Megatron's block-recompute count or single chunk (`static_key` adds them)
+        chunks = () if cfg.training.framework == "megatron" else (len(sp.chunks),)
+        key = ("step", sp.first, sp.last, sp.kind_counts) + chunks
+        part = self.memo.get(key)
+        if part is None:
+            inputs = StepShared(shared.communication, shared.moe_communication, shared.runtime, shared.hardware)
+            part = self.memo[key] = step_part(cfg.architecture, self.setup, cfg.recipe, cfg.parallel, sp,
+                                              cfg.zero_stage, inputs, self.memo)
+        return part
+
+
+def _step_memo(cfg: Resolved) -> tuple[_StageMemo, Training]:
+    """The memo of the step parts of a setup, and that setup (step_setup.py: the training setup with the fields
+    step parts do not read sealed: in most setups the micro-batch size, the loss and the recompute setting),
+    so a search's micro-batch sizes, losses and recompute settings share one step part per stage. The rest of
+    the key is `_stage_memo`'s, less the micro-batches per step where the micro-batch size is sealed (they
+    reach a step part through it alone)."""
+    par, sealed = cfg.parallel, sealed_fields(cfg.training, cfg.parallel, cfg.recipe)
+    setup = step_setup(cfg.architecture, cfg.training, sealed)
+    m = None if "micro_batch_size" in sealed else cfg.microbatches
+    key = ("step parts", setup, cfg.hardware, par.tp, par.sequence_parallel, par.dp, par.cp, par.ep, par.etp,
+           par.pp > 1, cfg.zero_stage, m)
+    return _StageMemo(cfg.architecture, key), setup
 
 
 def _shared_of(cfg: Resolved, memo) -> _Shared:
@@ -187,7 +214,9 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
 class _StageMemo:
     """One configuration's stage parts (`_stage_memo`): a dict that is one value in the architecture's
     memo, whose bytes grow by each part's as it is added (estimator/spec/memo.py), read and written as a
-    dict (a part is read far more often than the memo's bookkeeping could afford per part)."""
+    dict (a part is read far more often than the memo's bookkeeping could afford per part). A part is
+    counted as held by the memo (`memo.hold`, released with the entry) as a remembered dict's values are:
+    a part that holds another (a static part its step part) counts it under the other's own bytes, once."""
 
     __slots__ = ("parts", "entry")
 
@@ -200,11 +229,15 @@ class _StageMemo:
 
     def __setitem__(self, part, value) -> None:
         self.parts[part] = value
-        kind = "shared" if part == "shared" else part[0] if part[0] in ("group", "piece", "step") else "static"
-        _memo.SHARED.grow(self.entry, _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES)
+        kind = "shared" if part == "shared" else part[0] if part[0] in _PART_KINDS else "static"
+        size = _memo.SHARED.size_of(value, _PART_KINDS[kind]) + _memo.PART_BYTES
+        if self.entry[2]:  # still remembered: its release (`Memo._forget`) releases this part with it
+            size += _memo.HELD_BYTES * _memo.hold(value)
+        _memo.SHARED.grow(self.entry, size)
 
 
-_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "piece", "step")}
+_PART_KINDS = {k: "stage parts/" + k for k in ("shared", "group", "static", "workspaces", "wgrad cache",
+                                                             "moments", "step")}
 
 
 def _rl_estimate(cfg: Resolved) -> Estimate:
@@ -290,8 +323,9 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
 
 
 def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, groups: dict[tuple, _Group],
-                 sp, no_replay) -> _Group:
-    """The group of stage `sp` (`groups` keeps those found so far), its static part built on first sight."""
+                 sp, no_replay, steps: _StepParts) -> _Group:
+    """The group of stage `sp` (`groups` keeps those found so far), its static part built on first sight (on
+    its step part, from `steps`)."""
     signature = (sp.stage if sp.first or sp.last else -1, sp.kind_counts)
     # under full recompute, the layers a stage stores: which of its chunks' layers the first n (or every N-th) leave
     if cfg.training.recompute == "full":
@@ -306,7 +340,7 @@ def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, gro
         if static is None:
             static = home[ends] = _static_stage(cfg.architecture, cfg.training, cfg.recipe, cfg.parallel, sp,
                                                 cfg.zero_stage, cfg.microbatches, shared, memo,
-                                                _step_part(cfg, shared, home, sp))
+                                                steps.part(shared, sp))
         group = groups[key] = _group(static, sp, cfg, shared, home, key, no_replay)
     return group
 
@@ -349,10 +383,10 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     # the allocator's cache: replayed for the reported estimate where reserved.py can, else the flat share
     no_replay = replay_rule(cfg) or (None if replay else FLAT_FOR_SEARCH)
     replayed = not peak_only and no_replay is None
-    stages = []
+    stages, steps = [], _StepParts(cfg)
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
-        group = _stage_group(cfg, shared, memo, headless, groups, sp, no_replay)
+        group = _stage_group(cfg, shared, memo, headless, groups, sp, no_replay, steps)
         static = group.static
         activations = _stage_activations(group.units, sp, inflight, shared)
         host = static.host

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cache
+from typing import NamedTuple
 
 from .pipeline import global_batch_size
 from .adapters import check_adapter
 from ..spec.rl import check_rl
 from ..spec.architecture import Architecture
+from ..spec.errors import ConfigError
 from ..spec.gpus import GPU
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
@@ -68,9 +70,12 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     arch = as_built(arch, training)
     # all but the hardware follows from the architecture, the training setup and the layout: a layout
     # search and an app rerun ask for the same ones again, so they are checked and derived once (the
-    # architecture is immutable; a configuration that fails a check raises every time)
-    zero, recipe, vocab, gbs, stages = arch.cached(("resolved", training, par), lambda: _derived(arch, training, par),
-                                                   per_layout=True)
+    # architecture is immutable; a configuration that fails a check is remembered as refused, and raises every time)
+    derived = arch.cached(("resolved", training, par), lambda: _derived_or_refused(arch, training, par),
+                          per_layout=True)
+    if type(derived) is _Refused:
+        raise ConfigError(*derived)
+    zero, recipe, vocab, gbs, stages = derived
     return Resolved(architecture=arch, training=training, parallel=par, hardware=hardware,
                     recipe=recipe, zero_stage=zero, padded_vocab=vocab, global_batch_size=gbs,
                     microbatches=gbs // (training.micro_batch_size * par.dp), stages=stages, mtp=mtp)
@@ -83,6 +88,29 @@ def training_with(arch: Architecture, training: Training, **fields) -> Training:
     if all(getattr(training, name) == value for name, value in fields.items()):
         return training
     return arch.cached(("training with", training, tuple(fields.items())), lambda: replace(training, **fields))
+
+
+class _Refused(NamedTuple):
+    """A configuration the checks refused, remembered as its error's fields (`ConfigError`'s arguments): every
+    search of a model meets the same refused layouts (about 6,100 of DeepSeek-V3's on 2,048 GPUs), and an app
+    rerun the same refused configuration. A new error is raised from them each time: raising one error object
+    again would lengthen its traceback, and keep its frames, with every raise."""
+
+    field: str
+    value: object
+    allowed: str
+    reason: str
+    related: tuple[str, ...]
+
+
+def _derived_or_refused(arch: Architecture, training: Training, par: Parallel) -> tuple:
+    """`_derived`, or the `_Refused` record of the check that failed."""
+    try:
+        return _derived(arch, training, par)
+    except ConfigError as err:
+        if type(err) is not ConfigError:  # a subclass (a Hub error) carries more than these fields
+            raise
+        return _Refused(err.field, err.value, err.allowed, err.reason, err.related)
 
 
 def _derived(arch: Architecture, training: Training, par: Parallel) -> tuple:

@@ -12,6 +12,7 @@ from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
 from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
 from .components import Component, component, entries_component, fold, once, total_bytes
+from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
@@ -61,15 +62,30 @@ class _StaticStage(NamedTuple):
     layers: int
     parameters_per_gpu: int  # before ZeRO sharding
     parts: Callable[[], _StaticParts]  # builds them on the first call, then returns them again
-    host: tuple[Component, ...]  # offloaded to host memory (offload.py)
-    nvme: tuple[Component, ...]  # offloaded to NVMe
+    # its model states and transients, a value of the stage memo of its own: what the static part holds of them
+    # it reaches through this one object, which the memo counts once (memory._StageMemo)
+    step: StepPart
     backward_end: int  # backward's last moments when gradients are created in it (fsdp2), else 0
-    managed: Component | None = None  # paged optimizer states in managed memory, outside the allocator (paged.py)
     # reserved, unused through forward and backward: a pipelined FSDP2 stage's reduce-scatter pool (pp_buffers.py)
     stream_pool: Component | None = None
     # (a block's gathered bytes per parameter, its formula, the parameters' bytes): what the all-gather pool of
     # each of the rank's chunks reads (pp_buffers.all_gather_pool, over the stage's own chunks)
     gathered: tuple[float, str, float] | None = None
+
+    @property
+    def host(self) -> tuple[Component, ...]:
+        """Offloaded to host memory (offload.py), paged optimizer states paged out included."""
+        return self.step.host
+
+    @property
+    def nvme(self) -> tuple[Component, ...]:
+        """Offloaded to NVMe."""
+        return self.step.place.nvme
+
+    @property
+    def managed(self) -> Component | None:
+        """Paged optimizer states in managed memory, outside the allocator (paged.py)."""
+        return self.step.managed
 
 
 class StepPart(NamedTuple):
@@ -85,6 +101,7 @@ class StepPart(NamedTuple):
     states: int  # on the GPU through every phase: parameters, master weights, optimizer states, FP8 copies, buffers
     grads: int  # the gradients at the step
     outside_allocator: int  # communication + CUDA context + managed memory
+    host: tuple[Component, ...]  # offloaded to host memory: the placement's and paged-out optimizer states
 
     @property
     def step_bytes(self) -> int:
@@ -92,9 +109,20 @@ class StepPart(NamedTuple):
         return self.states + self.grads + total_bytes(self.tr.optimizer)
 
 
+class StepShared(NamedTuple):
+    """What a step part reads of the part its stages share (`stage_shared._Shared`): none of it reads the
+    micro-batch or the loss, which the step part's setup may seal (step_setup.py); the rest of `_Shared` does."""
+
+    communication: Component  # NCCL's buffers
+    moe_communication: Component  # ... and DeepEP's, on stages with MoE layers
+    runtime: Component  # the CUDA context
+    hardware: Hardware
+
+
 def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-              zero: int, shared: _Shared, pieces: dict) -> StepPart:
-    """The stage's `StepPart` (`pieces`: the stage memo of its setup, `_kind_pieces`)."""
+              zero: int, shared: StepShared, pieces: dict) -> StepPart:
+    """The stage's `StepPart`. `training`: its setup, the fields it does not read sealed (step_setup.py);
+    `pieces`: the memo of step parts of that setup (`_workspaces`)."""
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
@@ -102,7 +130,7 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
         with_global_moments(model_states(sp, training, recipe, par, zero), arch, training, recipe, par, sp, zero)
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
-    workspaces = _kind_pieces(arch, training, par, sp, shared, pieces)[0]
+    workspaces = _workspaces(arch, training, par, sp, shared.hardware, pieces)
     tr = tr._replace(persistent=tr.persistent + workspaces)
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
@@ -117,12 +145,12 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
-    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside)
+    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside, place.host + paged_host)
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared, pieces: dict, step: StepPart) -> _StaticStage:
-    inv, ms, managed, paged_host, tr, place, states, grads, outside = step
+    inv, ms, managed, paged_host, tr, place, states, grads, outside, _ = step
     last = sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
@@ -141,7 +169,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         loss_saved = loss_saved + after_loss
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
-    exchange, exchange_backward, in_moe_layer = _kind_pieces(arch, training, par, sp, shared, pieces)[1]
+    moments = _moe_moments(arch, training, par, sp, pieces)
+    exchange, exchange_backward, in_moe_layer = moments
     if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
         from .dsa_moments import dsa_stage_moments
         kinds = [k for k, n in sp.kind_counts if n]
@@ -220,31 +249,49 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     else:
         backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
     communication = shared.moe_communication if moe_stage else shared.communication
-    parts = once(partial(_static_parts, ms, place, tr, (exchange, exchange_backward), loss_saved, loss_forward,
+    # the MoE moments as the stage memo holds them (counted once there), unless DSA's replaced one of them
+    pair = moments if exchange is moments[0] and exchange_backward is moments[1] else (exchange, exchange_backward)
+    parts = once(partial(_static_parts, step, pair, loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
-    return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts,
-                        place.host + paged_host, place.nvme, backward_end, managed,
-                        reduce_scatter_pool(training, par, grads, m), _gathered(training, recipe, par, sp))
+    return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts, step,
+                        backward_end, reduce_scatter_pool(training, par, grads, m),
+                        _gathered(training, recipe, par, sp))
 
 
-def _kind_pieces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, shared: _Shared,
-                 pieces: dict) -> tuple[list[Component], tuple[list, list, list]]:
-    """The pieces of a static part that read of its stage only which kinds of layer it has and whether it holds
-    the head: the persistent workspaces (the libraries' from the first matrix product on, workspaces.py; and
-    TransformerEngine's dummy weight gradients from the first backward on, wgrad_cache.py, whose shapes are the
-    kinds' and the head's) and an MoE layer's moments (moe_moments.py: whether the stage has MoE layers). The
-    static parts of one setup (`pieces`: its stage memo, memory._stage_memo, whose key holds all else they read)
-    share them: a search builds about ten static parts per memo, from a few such pieces (the lists are never
-    changed in place: every use adds them into new ones)."""
-    kinds = tuple(sorted({kind for kind, n in sp.kind_counts if n}))
-    key = ("piece", kinds, sp.last)
+def _workspaces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, hardware: Hardware,
+                pieces: dict) -> list[Component]:
+    """A step part's persistent workspaces: the libraries' from the first matrix product on (workspaces.py) and
+    TransformerEngine's dummy weight gradients from the first backward on (wgrad_cache.py, whose shapes are the
+    kinds' and the head's). They read of the stage only which kinds of layer it has and whether it holds the
+    head: the step parts of one setup (`pieces`: their memo, memory._step_memo, whose key holds all else they
+    read) share them, each a part of its own, which the memo counts once (the step parts hold them directly)."""
+    kinds = _kinds(sp)
+    library = pieces.get(("workspaces", kinds, sp.last))
+    if library is None:  # the cache first: a library part found means the cache was decided too
+        cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+        if cache:
+            pieces[("wgrad cache", kinds, sp.last)] = cache
+        library = pieces[("workspaces", kinds, sp.last)] = library_workspaces(training, hardware, "moe" in kinds)
+    cache = pieces.get(("wgrad cache", kinds, sp.last))
+    return [library] + ([cache] if cache else [])
+
+
+def _moe_moments(arch: Architecture, training: Training, par: Parallel, sp: StageParameters,
+                 pieces: dict) -> tuple[list, list, list]:
+    """An MoE layer's moments (moe_moments.py: forward's, backward's, those inside a recomputed layer), which read
+    of the stage only whether it has MoE layers: the static parts of one setup (`pieces`: their stage memo,
+    memory._stage_memo) share them, and hold this tuple itself, which the memo counts once (`_static_stage`); a
+    search builds about ten static parts per memo (the lists are never changed in place)."""
+    key = ("moments", _kinds(sp), sp.last)
     known = pieces.get(key)
     if known is None:
-        cache = wgrad_cache(arch, training, par, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-        workspaces = [library_workspaces(training, shared.hardware, "moe" in kinds)] + ([cache] if cache else [])
-        known = pieces[key] = (workspaces, moe_moments(arch, training, par, sp))
+        known = pieces[key] = moe_moments(arch, training, par, sp)
     return known
+
+
+def _kinds(sp: StageParameters) -> tuple[str, ...]:
+    return tuple(sorted({kind for kind, n in sp.kind_counts if n}))
 
 
 def _gathered(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters) -> tuple | None:
@@ -367,13 +414,14 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
     return sp.dense_local / (d * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
 
 
-def _static_parts(ms, place: Placement, tr: Transients, exchange: tuple[list, list], loss_saved: tuple,
+def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
                   training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
                   after_loss: tuple | None = None, unbegun: float = 0.0) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
     where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`:
     the unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`)."""
+    ms, place, tr = step.ms, step.place, step.tr
 
     def state(key: str, label: str, source: str) -> Component:
         if key in place.moved:

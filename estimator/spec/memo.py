@@ -127,6 +127,12 @@ _HELD: dict[int, int] = {}  # id -> how many remembered values are it or hold it
 _SCALARS = (int, float, bool, str, type(None))
 
 
+def hold(value) -> int:
+    """Count `value`, just added to a remembered dict, as remembered (released with the dict's entry, whose
+    release releases its values); how many objects. Other values' walks (`deep_bytes`) skip it."""
+    return _hold(value, 1)
+
+
 def _hold(value, step: int) -> int:
     """Count `value` (and a dict's values: a ledger's parts are read out one by one) as remembered
     (step 1) or no longer (-1); how many objects."""
@@ -199,7 +205,9 @@ def deep_bytes(value) -> int:
     stack, total = [value], 0
     while stack and len(seen) < _WALK_LIMIT:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, skip) or (obj is not value and id(obj) in _HELD):
+        # a configuration record is its owner's, unless it is the remembered value itself (a training setup
+        # made for a memo's key: `resolved.training_with`, `step_setup.step_setup`), which the memo alone holds
+        if id(obj) in seen or (obj is not value and (isinstance(obj, skip) or id(obj) in _HELD)):
             continue
         seen.add(id(obj))
         total += sys.getsizeof(obj)
