@@ -1,0 +1,75 @@
+"""A pipelined FSDP2 rank that runs every forward before its first backward: its layer inputs and its
+unsharded gradients never peak together.
+
+torch.distributed.pipelining's Schedule1F1B warms a rank up with min(n_microbatches, num_stages -
+stage_index) forwards, then runs a backward before each further forward (the "1B1F" loop), so rank 0 with
+as many micro-batches as stages (torchtitan's default) runs every forward first and no forward after its
+first backward. Under a pipeline FSDP2 makes a unit's unsharded gradient (in the reduce dtype) at the unit's
+first backward and accumulates the later micro-batches' into it. So that rank holds, one moment at a time:
+- the first backward's start: k micro-batches' layer inputs, one unit's gradient made;
+- its end (the stage's first layer): the first layer's input of that micro-batch beside the k - 1 others,
+  every layer's gradient, the embedding's not yet (the root unit's backward comes last);
+- each later backward's start: k - 1 micro-batches, every gradient.
+Between them a backward trades one layer's inputs for one layer's gradient at a time, so the largest of the
+three is the rank's backward peak, where the estimate without this rule holds k micro-batches beside every
+gradient. Other ranks run a forward after their first backward (k in flight again, every gradient made):
+that rule stands there. Megatron's schedules keep persistent gradient buffers and are not concerned.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .components import Component
+from .sharding import StageParameters
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Recipe, Training
+
+SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py Schedule1F1B._step_microbatches (warmup_chunks = "
+          "min(n_microbatches, num_stages - stage_index); then backward_one_chunk before each further forward); "
+          "pipelining/stage.py backward_maybe_with_nosync (FSDP2: set_requires_gradient_sync(False) until the last "
+          "backward); distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed (a unit's unsharded "
+          "gradient in reduce_dtype from its first backward)")
+
+
+def runs_every_forward_first(training: Training, par: Parallel, sp: StageParameters, m: int) -> bool:
+    """Whether the rule applies: torch pipelining's 1F1B over FSDP2 (a training run of full weights, the
+    gradients accumulated unsharded, `transients._pipelined_fsdp2_gradients`), on rank 0 when the
+    micro-batches are no more than the stages (its warm-up is all of them)."""
+    return (training.framework == "fsdp2" and training.mode == "training" and par.pp > 1
+            and par.schedule == "1f1b" and sp.first and not sp.last and m <= par.pp
+            and not training.adapter and not training.optimizer_in_backward and not training.offload_activations)
+
+
+def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int,
+                            inflight: float, held: Callable[[float], int], outside_layers: float) -> Component | None:
+    """What the backward's peak holds less than `inflight` micro-batches' stored activations beside every
+    unsharded gradient, as a negative component (None where the rule does not apply). `held(k)`: the
+    stage's stored activations with k micro-batches in flight; `outside_layers`: a micro-batch's share of
+    them that is not its layers' (the embedding's, a vision tower's), freed after the stage's first layer."""
+    if not runs_every_forward_first(training, par, sp, m) or inflight < 1 or not sp.num_layers:
+        return None
+    G = bytes_per_element(recipe.grad_dtype)
+    gib = 2**30
+    k, n = int(inflight), sp.num_layers
+    one = held(inflight) - held(inflight - 1) if k >= 2 else held(inflight)
+    layers = one - outside_layers
+    moments = []
+    if k >= 2:  # each later backward's start: one micro-batch fewer, every gradient
+        moments.append(Component(
+            "activations", "One micro-batch fewer once every gradient exists (all forwards ran first)", -one,
+            f"-{one / gib:,.2f} GiB, one micro-batch's stored activations: the {m} forwards ran before the first "
+            f"backward, which made every unsharded gradient; the later backwards hold {k - 1} micro-batches "
+            "beside them", SOURCE))
+    not_made = int(round(G * (sp.local - sp.largest_layer_local)))
+    moments.append(Component(
+        "transient", "Unsharded gradients not made yet at the first backward's start", -not_made,
+        f"-{G:g} B x (the stage's parameters - one layer's) ({not_made / gib:,.2f} GiB): {k} micro-batches' "
+        "inputs beside one unit's gradient", SOURCE))
+    freed = int(round(layers * (n - 1) / n + G * sp.root_local))
+    moments.append(Component(
+        "activations", "The first backward's end: its micro-batch's later layers freed, the root's gradient not made",
+        -freed, f"-({layers / gib:,.2f} GiB x {n - 1}/{n} layers of one micro-batch + {G:g} B x the root unit's "
+        f"{sp.root_local / 1e6:,.1f}M parameters)", SOURCE))
+    return max(moments, key=lambda c: c.bytes)  # the smallest saving: the largest moment
