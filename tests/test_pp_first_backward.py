@@ -1,0 +1,112 @@
+"""torch pipelining's 1F1B over FSDP2: rank 0, running every forward first, never holds all its
+micro-batches' layer inputs beside all its unsharded gradients (estimator/memory/pp_first_backward.py)."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+
+from estimator import estimate_config
+from estimator.memory.pp_first_backward import fewer_at_first_backward
+from estimator.memory.sharding import Bucket, StageParameters
+from estimator.spec.parallel import Parallel
+from estimator.spec.training import Training
+
+MIB = 2**20
+# a small Llama: h 1024, 8 heads (no GQA), MLP 4096, vocab 32,000; 4 layers on each of 2 stages
+LAYER = 4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024  # q, k, v, o + gate, up, down + two RMSNorms: 16,779,264
+EMBEDDING = 32_000 * 1024
+
+
+def config(m: int = 2, framework: str = "fsdp2", **parallel) -> dict:
+    return {"model": {"name": "tiny", "hidden_size": 1024, "num_layers": 8, "num_attention_heads": 8,
+                      "num_kv_heads": 8, "intermediate_size": 4096, "vocab_size": 32_000},
+            "training": {"framework": framework, "seq_len": 2048, "micro_batch_size": 1, "global_batch_size": 2 * m,
+                         "recompute": "full"},
+            "parallel": {"pp": 2, "dp": 2, "pp_schedule": "1f1b", "pp_first_stage_layers": 4, **parallel}}
+
+
+def backward(stage) -> dict:
+    phases, _ = stage.detail.built(stage)
+    return {c.label: c for c in next(p for p in phases if p.name == "backward").components}
+
+
+def test_rank_zero_later_backwards_hold_one_microbatch_fewer_beside_every_gradient():
+    est = estimate_config(config())
+    first, second = est.stages
+    held = backward(first)
+    # full AC keeps each layer's bf16 input: 2 B x 2,048 tokens x 1,024 = 4 MiB, 4 layers, 2 micro-batches in
+    # flight, and the embedding's 8 B per token of each micro-batch
+    one = 4 * 4 * MIB + 8 * 2048
+    assert held["Activations"].bytes == 2 * one
+    assert held["One micro-batch fewer once every gradient exists (all forwards ran first)"].bytes == -one
+    # beside every unsharded gradient in fp32 and the running layer's in bf16: 4 B x (4 layers + embedding) + 2 B x one
+    gradients = next(p for p in held["Transient buffers"].parts
+                     if p.label == "Unsharded gradients accumulated over the micro-batches")
+    assert gradients.bytes == 4 * (4 * LAYER + EMBEDDING) + 2 * LAYER == 433_098_752
+    assert first.phase_totals[1][1] == sum(c.bytes for c in held.values())
+    # the last rank runs a forward after its first backward (warm-up 1 of 2): unchanged
+    assert not any(c.bytes < 0 for c in backward(second).values())
+
+
+@pytest.mark.parametrize("change", [{"m": 4}, {"framework": "megatron"}, {"vpp": 2, "m": 4}])
+def test_only_a_warm_up_of_every_micro_batch_under_fsdp2(change):
+    """m = 2 pp: rank 0 runs a forward after its first backward (2 in flight, every gradient made); Megatron
+    keeps persistent gradient buffers; the interleaved schedule is not this rule's."""
+    m = change.pop("m", 2)
+    est = estimate_config(config(m, **({"framework": change.pop("framework")} if "framework" in change else {}),
+                                 **change))
+    assert not any(c.bytes < 0 and "first" in c.label for c in backward(est.stages[0]).values())
+
+
+def stage(layers: int, layer: float, root: float) -> StageParameters:
+    local = layers * layer + root
+    return StageParameters(0, (("dense", layers),), Bucket(dense=local), layer, root, (range(layers),), first=True)
+
+
+def walk(k: int, layers: int, a: float, outside: float, g: float, root_g: float) -> float:
+    """Rank 0's held activations + fp32 gradients at every backward step, layer by layer in the order
+    Schedule1F1B runs them (all k forwards, then the k backwards; each walks the layers last to first, a
+    layer's gradient made as its input is freed, the root unit's (embedding's) at the end)."""
+    inputs = k * (layers * a + outside)
+    grads, peak = 0.0, 0.0
+    for mb in range(k):
+        for i in range(layers):
+            made = grads if mb else i * g  # the first micro-batch makes each layer's gradient
+            peak = max(peak, inputs + made + (g if not mb else 0))  # the running layer's own, first time
+            inputs -= a
+        grads = layers * g + root_g
+        inputs -= outside
+    return peak
+
+
+@pytest.mark.parametrize("k, layers, a, outside, g, root_g", [
+    (8, 15, 128.0, 0.1, 1600.0, 1000.0),  # 405B-like: the later backwards' start (k - 1 micro-batches, all gradients)
+    (4, 4, 900.0, 1.0, 50.0, 30.0),  # activations dominate: the first backward's start
+    (4, 8, 10.0, 1.0, 50.0, 2.0),  # small root, layers' gradients over one layer's inputs: the first backward's end
+])
+def test_three_moments_bound_the_layer_walk(k, layers, a, outside, g, root_g):
+    """Hand numbers (MiB, G = 4 B: `g` a layer's fp32 gradient): the credit makes the charged peak, k micro-batches
+    beside every gradient, equal the walk's."""
+    G = 4
+    sp = stage(layers, g / G * MIB, root_g / G * MIB)
+    training = Training(framework="fsdp2")
+    par = Parallel(pp=k, dp=2)  # k micro-batches, k stages: rank 0 warms up with all of them
+
+    def held(n: float) -> int:
+        return int(round(n * (layers * a + outside) * MIB))
+
+    fewer = fewer_at_first_backward(training, SimpleNamespace(grad_dtype="fp32"), par, sp, k, float(k), held, outside * MIB)
+    charged = held(k) + (layers * g + root_g) * MIB
+    assert (charged + fewer.bytes) / MIB == pytest.approx(walk(k, layers, a, outside, g, root_g), abs=1e-3)
+
+
+def test_torch_schedule_1f1b_warms_rank_zero_up_with_every_micro_batch():
+    """The premise, in the installed torch's own code (2.13 here; 2.6.0 reads the same):
+    warmup_chunks = min(n_microbatches, num_stages - stage_index), then a backward before each forward."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    text = inspect.getsource(schedules.Schedule1F1B._step_microbatches)
+    assert "self._num_stages - self._stage.stage_index" in text
+    assert text.index("self._stage.backward_one_chunk(") < text.rindex("self._stage.forward_one_chunk(")
