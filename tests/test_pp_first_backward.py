@@ -110,3 +110,59 @@ def test_torch_schedule_1f1b_warms_rank_zero_up_with_every_micro_batch():
     text = inspect.getsource(schedules.Schedule1F1B._step_microbatches)
     assert "self._num_stages - self._stage.stage_index" in text
     assert text.index("self._stage.backward_one_chunk(") < text.rindex("self._stage.forward_one_chunk(")
+
+
+# --- the interleaved schedule, replayed (estimator/memory/pp_interleaved_moments.py) ----------------------
+
+@pytest.mark.parametrize("p, v, m", [(2, 2, 2), (4, 2, 4), (4, 3, 4), (8, 2, 8), (4, 2, 8), (8, 4, 16)])
+def test_the_replayed_order_is_torchs_own(p, v, m):
+    """rank_operations against the installed torch's ScheduleInterleaved1F1B._calculate_single_rank_operations
+    (its per-rank order, computed without a process group), and its most layers in flight against the
+    estimate's in-flight count (pipeline.interleaved_in_flight, the micro-batch group = torch's round of p)."""
+    from estimator.memory.pipeline import interleaved_in_flight
+    from estimator.memory.pp_interleaved_moments import largest_moment, rank_operations
+
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    torch_schedule = schedules.ScheduleInterleaved1F1B.__new__(schedules.ScheduleInterleaved1F1B)
+    torch_schedule.n_local_stages, torch_schedule.pp_group_size, torch_schedule._n_microbatches = v, p, m
+    torch_schedule.number_of_rounds = max(1, m // p)
+    torch_schedule.microbatches_per_round = m // torch_schedule.number_of_rounds
+    for rank in range(p):
+        theirs = [("F" if a.computation_type == schedules._ComputationType.FORWARD else "B", a.stage_index // p)
+                  for a in torch_schedule._calculate_single_rank_operations(rank) if a is not None]
+        assert rank_operations(rank, p, v, m) == theirs
+        _, top = largest_moment(theirs, (1,) * v, lambda x: 0, 0.0, (0.0,) * v, 0.0)
+        assert top == interleaved_in_flight(rank, p, v, m, p) * v
+
+
+@pytest.mark.parametrize("a, g, largest, what", [
+    (1.0, 3.0, 15.0, "chunk 0's first backward, at its first layer"),  # gradients dominate
+    (3.0, 1.0, 25.0, "chunk 1's first backward, at its start"),  # inputs dominate
+])
+def test_an_interleaved_rank_zero_by_hand(a, g, largest, what):
+    """PP 2, 2 chunks of 2 layers, 2 micro-batches: rank 0 warms up with all 4 chunk-forwards (min(1 x 2 + 2 x 1,
+    4)), then backs chunk 1 twice and chunk 0 twice. With a layer's input `a` per micro-batch and its gradient
+    `g`: 8a + g (chunk 1's first start), 7a + 2g (its first layer), 6a + 2g, 4a + 3g, 3a + 4g (chunk 0's first
+    layer), 2a + 4g; the charge is 8a + 4g."""
+    from estimator.memory.pp_interleaved_moments import largest_moment, rank_operations
+
+    ops = rank_operations(0, 2, 2, 2)
+    assert ops == [("F", 0), ("F", 0), ("F", 1), ("F", 1), ("B", 1), ("B", 1), ("B", 0), ("B", 0)]
+    moment, top = largest_moment(ops, (2, 2), lambda stacks: stacks * 4 * a, g, (2 * g, 2 * g), 0.0)
+    assert (moment.bytes, moment.what, top) == (largest, what, 8)
+
+
+def test_an_interleaved_small_llama_by_hand():
+    """The small Llama on PP 2 with 2 chunks each (2 layers a chunk), 2 micro-batches: rank 0's layers' fp32
+    gradients (4 B x 16.8M each) outweigh a layer's input (4 MiB), so its largest moment is chunk 0's second
+    backward: half a stack's inputs (2 layers of one micro-batch) and the embedding's 8 B per token beside every
+    gradient, against the charged 2 stacks: 1.5 x 4 layers x 4 MiB + 8 x 2,048 less. The last rank keeps the
+    loss's rule."""
+    est = estimate_config(config(2, vpp=2, pp_first_stage_layers=None))
+    first, last = est.stages
+    held = backward(first)
+    fewer = held["Layer inputs and unsharded gradients not held together (interleaved schedule replayed)"]
+    assert fewer.bytes == -(3 * 4 * MIB * 2 + 8 * 2048)
+    assert "chunk 0's backward" in fewer.formula
+    assert first.phase_totals[1][1] == sum(c.bytes for c in held.values())
+    assert not any(c.bytes < 0 for c in backward(last).values())

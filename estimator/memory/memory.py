@@ -417,7 +417,8 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     (`backward_ends`, as `_training_stages` found them)."""
     inflight, allocated = stage.in_flight_microbatches, stage.allocated_peak_bytes
     activations = stage.phase_totals[0][1] - static.totals[0]
-    fewer = _fewer_at_first_backward(training, run[0], par, run[1], sp, inflight, shared,
+    # the group's stages share `sp` but for their rank, which the schedule's replay reads
+    fewer = _fewer_at_first_backward(training, run[0], par, run[1], sp._replace(stage=stage.stage), inflight, shared,
                                      lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)))
     backward_ends = static.backward_end > static.totals[1] + activations + (fewer.bytes if fewer else 0)
     st = static.parts()

@@ -25,6 +25,7 @@ from .sharding import StageParameters
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
 from ..spec.training import Recipe, Training
+from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, largest_moment, rank_operations
 
 SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py Schedule1F1B._step_microbatches (warmup_chunks = "
           "min(n_microbatches, num_stages - stage_index); then backward_one_chunk before each further forward); "
@@ -42,12 +43,22 @@ def runs_every_forward_first(training: Training, par: Parallel, sp: StageParamet
             and not training.adapter and not training.optimizer_in_backward and not training.offload_activations)
 
 
+def interleaved_applies(training: Training, par: Parallel, sp: StageParameters) -> bool:
+    """torch pipelining's interleaved 1F1B over FSDP2 (as `runs_every_forward_first`), on a rank without the
+    loss (the last rank's loss moment is static_stage._gradients_after_the_loss's)."""
+    return (training.framework == "fsdp2" and training.mode == "training" and par.pp > 1
+            and par.schedule == "interleaved" and not sp.last and len(sp.chunks) == par.vpp
+            and not training.adapter and not training.optimizer_in_backward and not training.offload_activations)
+
+
 def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int,
                             inflight: float, held: Callable[[float], int], outside_layers: float) -> Component | None:
     """What the backward's peak holds less than `inflight` micro-batches' stored activations beside every
     unsharded gradient, as a negative component (None where the rule does not apply). `held(k)`: the
     stage's stored activations with k micro-batches in flight; `outside_layers`: a micro-batch's share of
     them that is not its layers' (the embedding's, a vision tower's), freed after the stage's first layer."""
+    if interleaved_applies(training, par, sp):
+        return _interleaved(recipe, par, sp, m, inflight, held)
     if not runs_every_forward_first(training, par, sp, m) or inflight < 1 or not sp.num_layers:
         return None
     G = bytes_per_element(recipe.grad_dtype)
@@ -73,3 +84,33 @@ def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, s
         -freed, f"-({layers / gib:,.2f} GiB x {n - 1}/{n} layers of one micro-batch + {G:g} B x the root unit's "
         f"{sp.root_local / 1e6:,.1f}M parameters)", SOURCE))
     return max(moments, key=lambda c: c.bytes)  # the smallest saving: the largest moment
+
+
+def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inflight: float,
+                 held: Callable[[float], int]) -> Component | None:
+    """An interleaved rank's largest moment, replayed (pp_interleaved_moments.py), less than the in-flight
+    inputs beside every gradient; None where the replay's most inputs are not the in-flight count's (a
+    micro-batch group other than torch's rounds)."""
+    sizes = tuple(len(c) for c in sp.chunks)
+    total = sum(sizes)
+    if not total:
+        return None
+    G = bytes_per_element(recipe.grad_dtype)
+    root = sp.root_local if sp.first else 0.0
+    per_layer = (sp.local - sp.root_local) / total
+    grads = tuple(G * (per_layer * n + (root if c == 0 else 0.0)) for c, n in enumerate(sizes))
+    ops = rank_operations(sp.stage, par.pp, par.vpp, m)
+    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, G * root)
+    if top != round(inflight * total):
+        return None
+    charged = held(inflight) + G * sp.local
+    fewer = int(round(charged - moment.bytes))
+    if fewer <= 0:
+        return None
+    gib = 2**30
+    begun = ", ".join(str(c) for c in moment.chunks_begun) or "none"
+    return Component(
+        "transient", "Layer inputs and unsharded gradients not held together (interleaved schedule replayed)",
+        -fewer, f"-{fewer / gib:,.2f} GiB: the largest moment, {moment.what}, holds {moment.layers_held} of "
+        f"{top} layers' inputs ({moment.layers_held / total:g} micro-batches of the stack) beside the gradients of "
+        f"chunks {begun} ({G:g} B x their parameters)", f"{SOURCE}; {INTERLEAVED_SOURCE}")
