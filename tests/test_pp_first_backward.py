@@ -29,8 +29,16 @@ def config(m: int = 2, framework: str = "fsdp2", **parallel) -> dict:
 
 
 def backward(stage) -> dict:
+    """The backward phase's components and their parts, by label (its top-level ones under "")."""
     phases, _ = stage.detail.built(stage)
-    return {c.label: c for c in next(p for p in phases if p.name == "backward").components}
+    top = next(p for p in phases if p.name == "backward").components
+    assert sum(c.bytes for c in top) == stage.phase_totals[1][1] and all(c.bytes >= 0 for c in top)
+    assert all(sum(p.bytes for p in c.parts) == c.bytes for c in top if c.parts)
+    return {"": top, **{c.label: c for c in top}, **{p.label: p for c in top for p in c.parts}}
+
+
+def negative(stage) -> list:
+    return [c for label, c in backward(stage).items() if label and c.bytes < 0]
 
 
 def test_rank_zero_later_backwards_hold_one_microbatch_fewer_beside_every_gradient():
@@ -40,15 +48,16 @@ def test_rank_zero_later_backwards_hold_one_microbatch_fewer_beside_every_gradie
     # full AC keeps each layer's bf16 input: 2 B x 2,048 tokens x 1,024 = 4 MiB, 4 layers, 2 micro-batches in
     # flight, and the embedding's 8 B per token of each micro-batch
     one = 4 * 4 * MIB + 8 * 2048
-    assert held["Activations"].bytes == 2 * one
+    assert held["4 recomputed layers keep their input"].bytes == 2 * 4 * 4 * MIB and held["token ids"].bytes == 2 * 8 * 2048
     assert held["One micro-batch fewer once every gradient exists (all forwards ran first)"].bytes == -one
     # beside every unsharded gradient in fp32 and the running layer's in bf16: 4 B x (4 layers + embedding) + 2 B x one
-    gradients = next(p for p in held["Transient buffers"].parts
-                     if p.label == "Unsharded gradients accumulated over the micro-batches")
+    gradients = held["Unsharded gradients accumulated over the micro-batches"]
     assert gradients.bytes == 4 * (4 * LAYER + EMBEDDING) + 2 * LAYER == 433_098_752
-    assert first.phase_totals[1][1] == sum(c.bytes for c in held.values())
+    assert held["Activations"].bytes == one  # the parts: 2 micro-batches, less one
+    assert [c.label for c in negative(first)] == ["One micro-batch fewer once every gradient exists (all forwards "
+                                                  "ran first)"]
     # the last rank runs a forward after its first backward (warm-up 1 of 2): unchanged
-    assert not any(c.bytes < 0 for c in backward(second).values())
+    assert not negative(second)
 
 
 @pytest.mark.parametrize("change", [{"m": 4}, {"framework": "megatron"}, {"vpp": 2, "m": 4}])
@@ -58,7 +67,7 @@ def test_only_a_warm_up_of_every_micro_batch_under_fsdp2(change):
     m = change.pop("m", 2)
     est = estimate_config(config(m, **({"framework": change.pop("framework")} if "framework" in change else {}),
                                  **change))
-    assert not any(c.bytes < 0 and "first" in c.label for c in backward(est.stages[0]).values())
+    assert not negative(est.stages[0])
 
 
 def stage(layers: int, layer: float, root: float) -> StageParameters:
@@ -100,7 +109,8 @@ def test_three_moments_bound_the_layer_walk(k, layers, a, outside, g, root_g):
 
     fewer = fewer_at_first_backward(training, SimpleNamespace(grad_dtype="fp32"), par, sp, k, float(k), held, outside * MIB)
     charged = held(k) + (layers * g + root_g) * MIB
-    assert (charged + fewer.bytes) / MIB == pytest.approx(walk(k, layers, a, outside, g, root_g), abs=1e-3)
+    assert (charged + sum(c.bytes for c in fewer)) / MIB == pytest.approx(walk(k, layers, a, outside, g, root_g),
+                                                                         abs=1e-3)
 
 
 def test_torch_schedule_1f1b_warms_rank_zero_up_with_every_micro_batch():
@@ -160,9 +170,8 @@ def test_an_interleaved_small_llama_by_hand():
     loss's rule."""
     est = estimate_config(config(2, vpp=2, pp_first_stage_layers=None))
     first, last = est.stages
-    held = backward(first)
-    fewer = held["Layer inputs and unsharded gradients not held together (interleaved schedule replayed)"]
-    assert fewer.bytes == -(3 * 4 * MIB * 2 + 8 * 2048)
-    assert "chunk 0's backward" in fewer.formula
-    assert first.phase_totals[1][1] == sum(c.bytes for c in held.values())
-    assert not any(c.bytes < 0 for c in backward(last).values())
+    fewer = {c.label: c for c in negative(first)}
+    inputs = fewer["Layer inputs freed before the largest moment (interleaved schedule replayed)"]
+    assert inputs.bytes == -(3 * 4 * MIB * 2 + 8 * 2048) and "chunk 0's backward" in inputs.formula
+    assert len(fewer) == 1  # every gradient exists at that moment
+    assert not negative(last)

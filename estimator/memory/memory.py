@@ -364,7 +364,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together
         fewer = _fewer_at_first_backward(training, cfg.recipe, par, m, sp, inflight, shared,
                                          lambda k: _stage_activations(group.units, sp, k, shared))
-        started = backward + activations + (fewer.bytes if fewer else 0)
+        started = backward + activations + sum(c.bytes for c in fewer)
         # backward's last moments (fsdp2 creating its gradients) when larger than its start
         backward = max(started, static.backward_end)
         peak_phase, allocated = _peak_phase(forward, backward, step)
@@ -385,8 +385,19 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     return stages
 
 
+def _less(whole: Component, fewer: tuple[Component, ...]) -> Component:
+    """`whole` with the parts of `fewer` under its key (pp_first_backward: what a pipelined FSDP2 rank's
+    backward peak does not hold of it)."""
+    mine = tuple(c for c in fewer if c.key == whole.key)
+    if not mine:
+        return whole
+    return Component(whole.key, whole.label, whole.bytes + sum(c.bytes for c in mine),
+                     f"{whole.formula} - what the schedule's largest moment does not hold of them",
+                     whole.source, (whole.parts or (whole,)) + mine)
+
+
 def _fewer_at_first_backward(training: Training, recipe, par: Parallel, m: int, sp: StageParameters, inflight: float,
-                             shared: _Shared, held) -> Component | None:
+                             shared: _Shared, held) -> tuple[Component, ...]:
     """`pp_first_backward.fewer_at_first_backward` of a stage (`held(k)`: its stored activations, k in flight)."""
     outside_layers = shared.embedding_bytes + shared.vision[0] if sp.first else 0.0
     return fewer_at_first_backward(training, recipe, par, sp, m, inflight, held, outside_layers)
@@ -420,7 +431,7 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     # the group's stages share `sp` but for their rank, which the schedule's replay reads
     fewer = _fewer_at_first_backward(training, run[0], par, run[1], sp._replace(stage=stage.stage), inflight, shared,
                                      lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)))
-    backward_ends = static.backward_end > static.totals[1] + activations + (fewer.bytes if fewer else 0)
+    backward_ends = static.backward_end > static.totals[1] + activations + sum(c.bytes for c in fewer)
     st = static.parts()
     parts = _activation_parts(sp, inflight, counts, shared)
     if training.offload_activations:  # the layers' parts are on the host (`_offloaded_activations`)
@@ -431,8 +442,8 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     saved = (layers,) + st.loss_saved
     backward = phase("backward", st.kept + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
                      st.folded["backward_end"]) \
-        if backward_ends else phase("backward", st.kept + (st.grads_backward, layers) + ((fewer,) if fewer else ())
-                                    + st.loss_saved_backward, st.folded["backward"])
+        if backward_ends else phase("backward", st.kept + (st.grads_backward, _less(layers, fewer))
+                                    + st.loss_saved_backward, _less(st.folded["backward"], fewer))
     phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))

@@ -52,15 +52,18 @@ def interleaved_applies(training: Training, par: Parallel, sp: StageParameters) 
 
 
 def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int,
-                            inflight: float, held: Callable[[float], int], outside_layers: float) -> Component | None:
+                            inflight: float, held: Callable[[float], int],
+                            outside_layers: float) -> tuple[Component, ...]:
     """What the backward's peak holds less than `inflight` micro-batches' stored activations beside every
-    unsharded gradient, as a negative component (None where the rule does not apply). `held(k)`: the
-    stage's stored activations with k micro-batches in flight; `outside_layers`: a micro-batch's share of
-    them that is not its layers' (the embedding's, a vision tower's), freed after the stage's first layer."""
+    unsharded gradient, as negative parts: of the activations (key "activations") and of the unsharded
+    gradients (key "transient"), each no larger than what it is taken from; () where the rule does not apply.
+    `held(k)`: the stage's stored activations with k micro-batches in flight; `outside_layers`: a
+    micro-batch's share of them that is not its layers' (the embedding's, a vision tower's), freed after the
+    stage's first layer."""
     if interleaved_applies(training, par, sp):
         return _interleaved(recipe, par, sp, m, inflight, held)
     if not runs_every_forward_first(training, par, sp, m) or inflight < 1 or not sp.num_layers:
-        return None
+        return ()
     G = bytes_per_element(recipe.grad_dtype)
     gib = 2**30
     k, n = int(inflight), sp.num_layers
@@ -68,33 +71,40 @@ def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, s
     layers = one - outside_layers
     moments = []
     if k >= 2:  # each later backward's start: one micro-batch fewer, every gradient
-        moments.append(Component(
-            "activations", "One micro-batch fewer once every gradient exists (all forwards ran first)", -one,
-            f"-{one / gib:,.2f} GiB, one micro-batch's stored activations: the {m} forwards ran before the first "
-            f"backward, which made every unsharded gradient; the later backwards hold {k - 1} micro-batches "
-            "beside them", SOURCE))
+        moments.append((_activations(
+            "One micro-batch fewer once every gradient exists (all forwards ran first)", one,
+            f"one micro-batch's stored activations: the {m} forwards ran before the first backward, which made "
+            f"every unsharded gradient; the later backwards hold {k - 1} micro-batches beside them"),))
     not_made = int(round(G * (sp.local - sp.largest_layer_local)))
-    moments.append(Component(
-        "transient", "Unsharded gradients not made yet at the first backward's start", -not_made,
-        f"-{G:g} B x (the stage's parameters - one layer's) ({not_made / gib:,.2f} GiB): {k} micro-batches' "
-        "inputs beside one unit's gradient", SOURCE))
-    freed = int(round(layers * (n - 1) / n + G * sp.root_local))
-    moments.append(Component(
-        "activations", "The first backward's end: its micro-batch's later layers freed, the root's gradient not made",
-        -freed, f"-({layers / gib:,.2f} GiB x {n - 1}/{n} layers of one micro-batch + {G:g} B x the root unit's "
-        f"{sp.root_local / 1e6:,.1f}M parameters)", SOURCE))
-    return max(moments, key=lambda c: c.bytes)  # the smallest saving: the largest moment
+    moments.append((_gradients(
+        "Unsharded gradients not made yet at the first backward's start", not_made,
+        f"{G:g} B x (the stage's parameters - one layer's): {k} micro-batches' inputs beside one unit's gradient"),))
+    freed, root = int(round(layers * (n - 1) / n)), int(round(G * sp.root_local))
+    moments.append(tuple(c for c in (
+        _activations("The first backward's end: its micro-batch's later layers freed", freed,
+                     f"{layers / gib:,.2f} GiB x {n - 1}/{n} layers of one micro-batch"),
+        _gradients("The root unit's gradient, not made before the first backward's end", root,
+                   f"{G:g} B x the root unit's {sp.root_local / 1e6:,.1f}M parameters")) if c.bytes))
+    return max(moments, key=lambda parts: sum(c.bytes for c in parts))  # the smallest saving: the largest moment
+
+
+def _activations(label: str, freed: int, why: str) -> Component:
+    return Component("activations", label, -freed, f"-{freed / 2**30:,.2f} GiB: {why}", SOURCE)
+
+
+def _gradients(label: str, not_made: int, why: str, source: str = SOURCE) -> Component:
+    return Component("transient", label, -not_made, f"-{not_made / 2**30:,.2f} GiB: {why}", source)
 
 
 def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inflight: float,
-                 held: Callable[[float], int]) -> Component | None:
+                 held: Callable[[float], int]) -> tuple[Component, ...]:
     """An interleaved rank's largest moment, replayed (pp_interleaved_moments.py), less than the in-flight
-    inputs beside every gradient; None where the replay's most inputs are not the in-flight count's (a
+    inputs beside every gradient; () where the replay's most inputs are not the in-flight count's (a
     micro-batch group other than torch's rounds)."""
     sizes = tuple(len(c) for c in sp.chunks)
     total = sum(sizes)
     if not total:
-        return None
+        return ()
     G = bytes_per_element(recipe.grad_dtype)
     root = sp.root_local if sp.first else 0.0
     per_layer = (sp.local - sp.root_local) / total
@@ -102,15 +112,15 @@ def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inf
     ops = rank_operations(sp.stage, par.pp, par.vpp, m)
     moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, G * root)
     if top != round(inflight * total):
-        return None
-    charged = held(inflight) + G * sp.local
-    fewer = int(round(charged - moment.bytes))
-    if fewer <= 0:
-        return None
-    gib = 2**30
+        return ()
+    source = f"{SOURCE}; {INTERLEAVED_SOURCE}"
+    inputs = held(inflight) - held(moment.layers_held / total)
+    not_made = int(round(G * sp.local - (moment.bytes - held(moment.layers_held / total))))
     begun = ", ".join(str(c) for c in moment.chunks_begun) or "none"
-    return Component(
-        "transient", "Layer inputs and unsharded gradients not held together (interleaved schedule replayed)",
-        -fewer, f"-{fewer / gib:,.2f} GiB: the largest moment, {moment.what}, holds {moment.layers_held} of "
-        f"{top} layers' inputs ({moment.layers_held / total:g} micro-batches of the stack) beside the gradients of "
-        f"chunks {begun} ({G:g} B x their parameters)", f"{SOURCE}; {INTERLEAVED_SOURCE}")
+    where = f"at the replayed schedule's largest moment ({moment.what})"
+    parts = (Component("activations", "Layer inputs freed before the largest moment (interleaved schedule replayed)",
+                       -inputs, f"-{inputs / 2**30:,.2f} GiB: {where} {moment.layers_held} of {top} layers' inputs "
+                       f"are held ({moment.layers_held / total:g} micro-batches of the stack)", source),
+             _gradients("Unsharded gradients not made by the largest moment (interleaved schedule replayed)",
+                        not_made, f"{where} the gradients of chunks {begun} exist", source))
+    return tuple(c for c in parts if c.bytes)
