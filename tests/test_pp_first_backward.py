@@ -48,7 +48,8 @@ def test_rank_zero_later_backwards_hold_one_microbatch_fewer_beside_every_gradie
     # full AC keeps each layer's bf16 input: 2 B x 2,048 tokens x 1,024 = 4 MiB, 4 layers, 2 micro-batches in
     # flight, and the embedding's 8 B per token of each micro-batch
     one = 4 * 4 * MIB + 8 * 2048
-    assert held["4 recomputed layers keep their input"].bytes == 2 * 4 * 4 * MIB and held["token ids"].bytes == 2 * 8 * 2048
+    assert held["4 recomputed layers keep their input"].bytes == 2 * 4 * 4 * MIB
+    assert held["token ids"].bytes == 2 * 8 * 2048
     assert held["One micro-batch fewer once every gradient exists (all forwards ran first)"].bytes == -one
     # beside every unsharded gradient in fp32 and the running layer's in bf16: 4 B x (4 layers + embedding) + 2 B x one
     gradients = held["Unsharded gradients accumulated over the micro-batches"]
@@ -107,7 +108,8 @@ def test_three_moments_bound_the_layer_walk(k, layers, a, outside, g, root_g):
     def held(n: float) -> int:
         return int(round(n * (layers * a + outside) * MIB))
 
-    fewer = fewer_at_first_backward(training, SimpleNamespace(grad_dtype="fp32"), par, sp, k, float(k), held, outside * MIB)
+    recipe = SimpleNamespace(grad_dtype="fp32")  # all the rule reads of the recipe
+    fewer = fewer_at_first_backward(training, recipe, par, sp, k, float(k), held, outside * MIB)
     charged = held(k) + (layers * g + root_g) * MIB
     assert (charged + sum(c.bytes for c in fewer)) / MIB == pytest.approx(walk(k, layers, a, outside, g, root_g),
                                                                          abs=1e-3)

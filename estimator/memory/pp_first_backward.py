@@ -12,8 +12,11 @@ first backward and accumulates the later micro-batches' into it. So that rank ho
 - each later backward's start: k - 1 micro-batches, every gradient.
 Between them a backward trades one layer's inputs for one layer's gradient at a time, so the largest of the
 three is the rank's backward peak, where the estimate without this rule holds k micro-batches beside every
-gradient. Other ranks run a forward after their first backward (k in flight again, every gradient made):
-that rule stands there. Megatron's schedules keep persistent gradient buffers and are not concerned.
+gradient. Other 1F1B ranks run a forward after their first backward (k in flight again, every gradient
+made): that rule stands there. Under the interleaved schedule a rank's chunks begin their backwards apart,
+so every rank but the loss's is replayed from torch's own order (pp_interleaved_moments.py). Megatron's
+schedules keep persistent gradient buffers and are not concerned. The harness (validation/torchtitan) runs
+no pipeline (one process, PP 1): the moments are read from these sources, not measured.
 """
 
 from __future__ import annotations
