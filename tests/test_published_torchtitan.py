@@ -369,6 +369,19 @@ def test_an_interleaved_last_rank_has_no_earlier_chunk_gradients_at_the_loss():
     assert _gradients_after_the_loss(res.training, res.recipe, res.parallel, res.stages[7], res.microbatches) == 0
 
 
+def test_an_interleaved_rank_holds_its_inputs_and_gradients_apart():
+    """One round of 8 micro-batches on PP 8, 2 chunks of 8 blocks on rank 1: torch's interleaved schedule runs
+    all 16 chunk-forwards first (warm-up min(1 x 8 + 2 x 6, 16)), then chunk 1's 8 backwards, then chunk 0's
+    (pp_interleaved_moments.py). Its largest moment is chunk 0's first backward at its first block: chunk 0's
+    inputs of the 7 other micro-batches and that block's (57 of 128 blocks' inputs) beside every gradient, so
+    71 blocks' inputs (full AC: 2 B x (4 x 8192 / TP 8) x 16384 each) fewer than the in-flight charge. The last
+    rank keeps the loss's rule and holds the peak."""
+    est = estimate_config(_interleaved())
+    fewer = [p for c in est.stages[1].components for p in (c.parts or (c,)) if p.bytes < 0]
+    assert [p.bytes for p in fewer] == [-71 * 2 * (4 * 8192 // 8) * 16384]
+    assert est.peak_stage == 7
+
+
 def test_the_static_parts_of_a_rank_with_two_chunks_are_its_own():
     """A rank's static part (memory.py's memo, kept on the architecture) reads how many pipeline stages it
     runs (pipelining's buffers per stage): the interleaved row's rank 0 holds two stages' receive buffers
