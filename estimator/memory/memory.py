@@ -46,6 +46,7 @@ from .static_stage import StepPart, StepShared, _StaticStage, _static_stage, ste
 from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
+from .pp_first_backward import fewer_at_first_backward
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
 
@@ -319,7 +320,7 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
         known = memo[("group", key)] = (counts, _activation_units(counts, shared))
     counts, units = known
     return _Group(static, units, StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel,
-                                                     shared, no_replay), {}))
+                                                     (cfg.recipe, cfg.microbatches), shared, no_replay), {}))
 
 
 def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, groups: dict[tuple, _Group],
@@ -394,10 +395,14 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
         forward += activations
+        # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together
+        fewer = _fewer_at_first_backward(training, cfg.recipe, par, m, sp, inflight, shared,
+                                         lambda k: _stage_activations(group.units, sp, k, shared))
+        started = backward + activations + sum(c.bytes for c in fewer)
         # backward's last moments (fsdp2 creating its gradients) when larger than its start
-        backward = max(backward + activations, static.backward_end)
+        backward = max(started, static.backward_end)
         peak_phase, allocated = _peak_phase(forward, backward, step)
-        pools = _idle_pools(static, sp, training, par, peak_phase, static.backward_end > static.totals[1] + activations)
+        pools = _idle_pools(static, sp, training, par, peak_phase, static.backward_end > started)
         device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached \
             + sum(p.bytes for p in pools)
         if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
@@ -412,6 +417,24 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme,
             cache))
     return stages
+
+
+def _less(whole: Component, fewer: tuple[Component, ...]) -> Component:
+    """`whole` with the parts of `fewer` under its key (pp_first_backward: what a pipelined FSDP2 rank's
+    backward peak does not hold of it)."""
+    mine = tuple(c for c in fewer if c.key == whole.key)
+    if not mine:
+        return whole
+    return Component(whole.key, whole.label, whole.bytes + sum(c.bytes for c in mine),
+                     f"{whole.formula} - what the schedule's largest moment does not hold of them",
+                     whole.source, (whole.parts or (whole,)) + mine)
+
+
+def _fewer_at_first_backward(training: Training, recipe, par: Parallel, m: int, sp: StageParameters, inflight: float,
+                             shared: _Shared, held) -> tuple[Component, ...]:
+    """`pp_first_backward.fewer_at_first_backward` of a stage (`held(k)`: its stored activations, k in flight)."""
+    outside_layers = shared.embedding_bytes + shared.vision[0] if sp.first else 0.0
+    return fewer_at_first_backward(training, recipe, par, sp, m, inflight, held, outside_layers)
 
 
 OFFLOAD_ACTIVATIONS_SOURCE = ("torchtune training/_activation_offloading.py OffloadActivations (saved tensors over 1 KiB "
@@ -432,14 +455,17 @@ def _offloaded_activations(activations: int, sp: StageParameters, inflight: floa
 
 
 def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, training: Training, par: Parallel,
-                     shared: _Shared, no_replay: str | None,
+                     run: tuple, shared: _Shared, no_replay: str | None,
                      stage: StageEstimate) -> tuple[tuple[Phase, ...], tuple[Component, ...]]:
     """A training stage's three phases, and what it holds outside the allocator at its peak. The
     backward phase shows its largest moment: its start, or its last moments when those are larger
     (`backward_ends`, as `_training_stages` found them)."""
     inflight, allocated = stage.in_flight_microbatches, stage.allocated_peak_bytes
     activations = stage.phase_totals[0][1] - static.totals[0]
-    backward_ends = static.backward_end > static.totals[1] + activations
+    # the group's stages share `sp` but for their rank, which the schedule's replay reads
+    fewer = _fewer_at_first_backward(training, run[0], par, run[1], sp._replace(stage=stage.stage), inflight, shared,
+                                     lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)))
+    backward_ends = static.backward_end > static.totals[1] + activations + sum(c.bytes for c in fewer)
     st = static.parts()
     parts = _activation_parts(sp, inflight, counts, shared)
     if training.offload_activations:  # the layers' parts are on the host (`_offloaded_activations`)
@@ -450,8 +476,8 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     saved = (layers,) + st.loss_saved
     backward = phase("backward", st.kept + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
                      st.folded["backward_end"]) \
-        if backward_ends else phase("backward", st.kept + (st.grads_backward, layers) + st.loss_saved_backward,
-                                    st.folded["backward"])
+        if backward_ends else phase("backward", st.kept + (st.grads_backward, _less(layers, fewer))
+                                    + st.loss_saved_backward, _less(st.folded["backward"], fewer))
     phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
               backward,
               phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))

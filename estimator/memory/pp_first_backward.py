@@ -1,0 +1,129 @@
+"""A pipelined FSDP2 rank that runs every forward before its first backward: its layer inputs and its
+unsharded gradients never peak together.
+
+torch.distributed.pipelining's Schedule1F1B warms a rank up with min(n_microbatches, num_stages -
+stage_index) forwards, then runs a backward before each further forward (the "1B1F" loop), so rank 0 with
+as many micro-batches as stages (torchtitan's default) runs every forward first and no forward after its
+first backward. Under a pipeline FSDP2 makes a unit's unsharded gradient (in the reduce dtype) at the unit's
+first backward and accumulates the later micro-batches' into it. So that rank holds, one moment at a time:
+- the first backward's start: k micro-batches' layer inputs, one unit's gradient made;
+- its end (the stage's first layer): the first layer's input of that micro-batch beside the k - 1 others,
+  every layer's gradient, the embedding's not yet (the root unit's backward comes last);
+- each later backward's start: k - 1 micro-batches, every gradient.
+Between them a backward trades one layer's inputs for one layer's gradient at a time, so the largest of the
+three is the rank's backward peak, where the estimate without this rule holds k micro-batches beside every
+gradient. Other 1F1B ranks run a forward after their first backward (k in flight again, every gradient
+made): that rule stands there. Under the interleaved schedule a rank's chunks begin their backwards apart,
+so every rank but the loss's is replayed from torch's own order (pp_interleaved_moments.py). Megatron's
+schedules keep persistent gradient buffers and are not concerned. The harness (validation/torchtitan) runs
+no pipeline (one process, PP 1): the moments are read from these sources, not measured.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .components import Component
+from .sharding import StageParameters
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Recipe, Training
+from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, largest_moment, rank_operations
+
+SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py Schedule1F1B._step_microbatches (warmup_chunks = "
+          "min(n_microbatches, num_stages - stage_index); then backward_one_chunk before each further forward); "
+          "pipelining/stage.py backward_maybe_with_nosync (FSDP2: set_requires_gradient_sync(False) until the last "
+          "backward); distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed (a unit's unsharded "
+          "gradient in reduce_dtype from its first backward)")
+
+
+def runs_every_forward_first(training: Training, par: Parallel, sp: StageParameters, m: int) -> bool:
+    """Whether the rule applies: torch pipelining's 1F1B over FSDP2 (a training run of full weights, the
+    gradients accumulated unsharded, `transients._pipelined_fsdp2_gradients`), on rank 0 when the
+    micro-batches are no more than the stages (its warm-up is all of them)."""
+    return (training.framework == "fsdp2" and training.mode == "training" and par.pp > 1
+            and par.schedule == "1f1b" and sp.first and not sp.last and m <= par.pp
+            and not training.adapter and not training.optimizer_in_backward and not training.offload_activations)
+
+
+def interleaved_applies(training: Training, par: Parallel, sp: StageParameters) -> bool:
+    """torch pipelining's interleaved 1F1B over FSDP2 (as `runs_every_forward_first`), on a rank without the
+    loss (the last rank's loss moment is static_stage._gradients_after_the_loss's)."""
+    return (training.framework == "fsdp2" and training.mode == "training" and par.pp > 1
+            and par.schedule == "interleaved" and not sp.last and len(sp.chunks) == par.vpp
+            and not training.adapter and not training.optimizer_in_backward and not training.offload_activations)
+
+
+def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int,
+                            inflight: float, held: Callable[[float], int],
+                            outside_layers: float) -> tuple[Component, ...]:
+    """What the backward's peak holds less than `inflight` micro-batches' stored activations beside every
+    unsharded gradient, as negative parts: of the activations (key "activations") and of the unsharded
+    gradients (key "transient"), each no larger than what it is taken from; () where the rule does not apply.
+    `held(k)`: the stage's stored activations with k micro-batches in flight; `outside_layers`: a
+    micro-batch's share of them that is not its layers' (the embedding's, a vision tower's), freed after the
+    stage's first layer."""
+    if interleaved_applies(training, par, sp):
+        return _interleaved(recipe, par, sp, m, inflight, held)
+    if not runs_every_forward_first(training, par, sp, m) or inflight < 1 or not sp.num_layers:
+        return ()
+    G = bytes_per_element(recipe.grad_dtype)
+    gib = 2**30
+    k, n = int(inflight), sp.num_layers
+    one = held(inflight) - held(inflight - 1) if k >= 2 else held(inflight)
+    layers = one - outside_layers
+    moments = []
+    if k >= 2:  # each later backward's start: one micro-batch fewer, every gradient
+        moments.append((_activations(
+            "One micro-batch fewer once every gradient exists (all forwards ran first)", one,
+            f"one micro-batch's stored activations: the {m} forwards ran before the first backward, which made "
+            f"every unsharded gradient; the later backwards hold {k - 1} micro-batches beside them"),))
+    not_made = int(round(G * (sp.local - sp.largest_layer_local)))
+    moments.append((_gradients(
+        "Unsharded gradients not made yet at the first backward's start", not_made,
+        f"{G:g} B x (the stage's parameters - one layer's): {k} micro-batches' inputs beside one unit's gradient"),))
+    freed, root = int(round(layers * (n - 1) / n)), int(round(G * sp.root_local))
+    moments.append(tuple(c for c in (
+        _activations("The first backward's end: its micro-batch's later layers freed", freed,
+                     f"{layers / gib:,.2f} GiB x {n - 1}/{n} layers of one micro-batch"),
+        _gradients("The root unit's gradient, not made before the first backward's end", root,
+                   f"{G:g} B x the root unit's {sp.root_local / 1e6:,.1f}M parameters")) if c.bytes))
+    return max(moments, key=lambda parts: sum(c.bytes for c in parts))  # the smallest saving: the largest moment
+
+
+def _activations(label: str, freed: int, why: str) -> Component:
+    return Component("activations", label, -freed, f"-{freed / 2**30:,.2f} GiB: {why}", SOURCE)
+
+
+def _gradients(label: str, not_made: int, why: str, source: str = SOURCE) -> Component:
+    return Component("transient", label, -not_made, f"-{not_made / 2**30:,.2f} GiB: {why}", source)
+
+
+def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inflight: float,
+                 held: Callable[[float], int]) -> tuple[Component, ...]:
+    """An interleaved rank's largest moment, replayed (pp_interleaved_moments.py), less than the in-flight
+    inputs beside every gradient; () where the replay's most inputs are not the in-flight count's (a
+    micro-batch group other than torch's rounds)."""
+    sizes = tuple(len(c) for c in sp.chunks)
+    total = sum(sizes)
+    if not total:
+        return ()
+    G = bytes_per_element(recipe.grad_dtype)
+    root = sp.root_local if sp.first else 0.0
+    per_layer = (sp.local - sp.root_local) / total
+    grads = tuple(G * (per_layer * n + (root if c == 0 else 0.0)) for c, n in enumerate(sizes))
+    ops = rank_operations(sp.stage, par.pp, par.vpp, m)
+    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, G * root)
+    if top != round(inflight * total):
+        return ()
+    source = f"{SOURCE}; {INTERLEAVED_SOURCE}"
+    inputs = held(inflight) - held(moment.layers_held / total)
+    not_made = int(round(G * sp.local - (moment.bytes - held(moment.layers_held / total))))
+    begun = ", ".join(str(c) for c in moment.chunks_begun) or "none"
+    where = f"at the replayed schedule's largest moment ({moment.what})"
+    parts = (Component("activations", "Layer inputs freed before the largest moment (interleaved schedule replayed)",
+                       -inputs, f"-{inputs / 2**30:,.2f} GiB: {where} {moment.layers_held} of {top} layers' inputs "
+                       f"are held ({moment.layers_held / total:g} micro-batches of the stack)", source),
+             _gradients("Unsharded gradients not made by the largest moment (interleaved schedule replayed)",
+                        not_made, f"{where} the gradients of chunks {begun} exist", source))
+    return tuple(c for c in parts if c.bytes)

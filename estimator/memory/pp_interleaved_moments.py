@@ -1,0 +1,84 @@
+"""torch.distributed.pipelining's interleaved 1F1B over FSDP2: a rank's layer inputs and unsharded
+gradients, moment by moment, replayed from the schedule's own order.
+
+ScheduleInterleaved1F1B (torch 2.6.0 and 2.13 schedules.py) runs a rank's chunk-forwards in rounds of
+`microbatches_per_round` micro-batches through its chunks 0 .. v - 1, its chunk-backwards in the same
+rounds through the chunks v - 1 .. 0; a warm-up of min((v - 1) x round + 2(p - 1 - rank), m v)
+chunk-forwards (_get_warmup_ops), then a forward and a backward each step (_get_1f1b_rank_ops), then the
+remaining backwards. FSDP2 under a pipeline makes a chunk's unsharded gradients (reduce dtype) at that
+chunk's first backward (pp_first_backward.SOURCE): with one round (m = p, torchtitan's default) every
+backward of the last chunk comes before the first of the earlier chunks, so while the rank holds its most
+layer inputs only the last chunk's gradients exist, and by the time every gradient exists most inputs are
+gone. The largest moment is the rank's backward peak, below in-flight inputs + every gradient.
+The last rank (the loss's) is left to static_stage._gradients_after_the_loss.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py ScheduleInterleaved1F1B "
+          "(_calculate_single_rank_operations, _get_warmup_ops, _get_1f1b_rank_ops)")
+
+
+def rank_operations(rank: int, p: int, v: int, m: int) -> list[tuple[str, int]]:
+    """(“F” or “B”, local chunk) of each of rank r's operations in running order, as torch's
+    ScheduleInterleaved1F1B orders them (the idle slots left out)."""
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)  # _get_warmup_ops, multiply_factor 2
+    steady = m * v - warmup
+
+    def forward_chunk(step: int) -> int:
+        return (step // per_round) % v
+
+    def backward_chunk(step: int) -> int:
+        return v - 1 - ((step - warmup) // per_round) % v
+
+    ops = [("F", forward_chunk(step)) for step in range(warmup)]
+    for step in range(warmup, warmup + steady):  # one forward, then one backward
+        ops += [("F", forward_chunk(step)), ("B", backward_chunk(step))]
+    ops += [("B", backward_chunk(step)) for step in range(warmup + steady, warmup + steady + warmup)]
+    return ops
+
+
+class Moment(NamedTuple):
+    """The rank's largest moment: its bytes (stored activations + unsharded gradients) and what it is."""
+
+    bytes: float
+    layers_held: int  # layers' inputs held, over the micro-batches
+    chunks_begun: tuple[int, ...]  # chunks whose gradients exist
+    what: str
+
+
+def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Callable[[float], int],
+                   layer_grad: float, chunk_grads: tuple[float, ...], root_grad: float) -> tuple[Moment, int]:
+    """The largest of a rank's moments and the most layers' inputs it holds at once. `held(x)`: the stored
+    activations of x whole stacks; `chunk_grads`: each chunk's unsharded gradients, the root unit's
+    (`root_grad`, the embedding's: chunk 0 of rank 0) included, made at the end of the chunk's first backward;
+    `layer_grad`: one unit's, made at the first backward's start."""
+    total = sum(sizes)
+    layers, begun, top = 0, set(), 0
+    best = Moment(0.0, 0, (), "")
+
+    def at(n: int, chunks: set, extra: float, what: str) -> None:
+        nonlocal best
+        size = held(n / total) + sum(chunk_grads[c] for c in chunks) + extra
+        if size > best.bytes:
+            best = Moment(size, n, tuple(sorted(chunks)), what)
+
+    for kind, c in ops:
+        if kind == "F":
+            layers += sizes[c]
+            top = max(top, layers)
+            at(layers, begun, 0.0, f"chunk {c}'s forward")
+            continue
+        if c in begun:
+            at(layers, begun, 0.0, f"chunk {c}'s backward")
+        else:  # its first: one unit's gradient at the start; at the end every layer's, the root's not yet
+            at(layers, begun, layer_grad, f"chunk {c}'s first backward, at its start")
+            at(layers - sizes[c] + 1, begun | {c}, -root_grad if c == 0 else 0.0, f"chunk {c}'s first backward, "
+               "at its first layer")
+            begun.add(c)
+        layers -= sizes[c]
+    return best, top
