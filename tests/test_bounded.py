@@ -244,7 +244,8 @@ def test_memory_over_100_distinct_models_stays_within_the_memos_bound(monkeypatc
     the memo stays within its byte limit, its count of its bytes is close to what tracemalloc sees
     the heap gain (from 60% of it to 110%: it counts a shared object in each value holding it, and
     not the dict slots of its own bookkeeping exactly), the oldest models' values are dropped, and
-    the heap grows by no more than the two pools' limits."""
+    the heap grows by no more than the two pools' limits, and once they are full, hardly at all (a
+    configuration's own values count the training setups and layouts their keys hold: memo.key_bytes)."""
     import gc
     import tracemalloc
 
@@ -254,7 +255,7 @@ def test_memory_over_100_distinct_models_stays_within_the_memos_bound(monkeypatc
 
     limit = 3 * 2**20
     monkeypatch.setattr(memo, "SHARED", memo.Memo(limit))
-    monkeypatch.setattr(memo, "PER_LAYOUT", memo.Memo(limit // 3))
+    monkeypatch.setattr(memo, "PER_LAYOUT", memo.Memo(limit // 3, count_keys=True))
     kept = [hub_like(i) for i in range(100)]
     session(kept[0])  # what the first estimate sets up once (kernel tables, presets' records)
     gc.collect()
@@ -267,15 +268,21 @@ def test_memory_over_100_distinct_models_stays_within_the_memos_bound(monkeypatc
         held = tracemalloc.get_traced_memory()[0] - base
         counted = memo.SHARED.bytes + memo.PER_LAYOUT.bytes - counted_before
         assert memo.SHARED.bytes < limit and 0.6 * counted <= held <= 1.1 * counted, (counted, held)
-        for arch in kept[11:]:
+        for arch in kept[11:90]:
+            session(arch)
+        gc.collect()
+        full = tracemalloc.get_traced_memory()[0] - base
+        for arch in kept[90:]:  # both pools full: each model's values replace older ones
             session(arch)
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - base
     finally:
         tracemalloc.stop()
     assert memo.SHARED.bytes <= limit and memo.PER_LAYOUT.bytes <= limit // 3
+    assert memo.PER_LAYOUT.bytes > 0.95 * limit // 3  # full (its keys' configuration records counted)
     assert len({key[0] for key in memo.SHARED._entries}) < 60  # the oldest models' values are gone
     assert grown <= limit * 4 / 3, grown  # the memo's two pools
+    assert grown - full <= limit / 20, (full, grown)  # ten more models: about 20 KB measured
 
 
 def test_a_refused_configuration_is_checked_once_and_raises_a_new_error_each_time(monkeypatch):

@@ -42,8 +42,9 @@ _WALK_LIMIT = 200_000  # objects one measurement visits at most
 class Memo:
     """One pool: key -> value, at most `limit_bytes` of values, least recently used dropped first."""
 
-    def __init__(self, limit_bytes: int):
+    def __init__(self, limit_bytes: int, count_keys: bool = False):
         self.limit_bytes = limit_bytes
+        self.count_keys = count_keys  # the key's configuration records are its entry's (`key_bytes`)
         self.bytes = 0
         self._entries: OrderedDict[Any, list] = OrderedDict()  # key -> [value, bytes, still held]
         self._sizes: dict[str, list[int]] = {}  # kind -> [values seen, values measured, bytes measured]
@@ -80,6 +81,8 @@ class Memo:
         if old is not None:
             self._forget(old)
         size = self.size_of(value, kind) + ENTRY_BYTES + HELD_BYTES * _hold(value, 1)
+        if self.count_keys:
+            size += key_bytes(key)
         self._entries[key] = [value, size, True]
         self.bytes += size
         self._shrink()
@@ -232,6 +235,16 @@ def deep_bytes(value) -> int:
     return total
 
 
+def key_bytes(key) -> int:
+    """The configuration records (a training setup, a layout, the hardware) a key holds, each with its field
+    dict. A configuration's own values are looked up under the records an estimate was made with, and once
+    its caller is done the key is all that holds them: every app rerun and every estimate of another model
+    makes new ones, about 1.6 KB a training setup, several times the value's count (tests/test_bounded.py)."""
+    items = [item for part in key for item in (part if isinstance(part, tuple) else (part,))]
+    return sum(sys.getsizeof(item) + sys.getsizeof(getattr(item, "__dict__", None) or ())
+               for item in items if isinstance(item, _not_owned()) and not isinstance(item, (type, type(sys))))
+
+
 def _filled(cell) -> bool:
     try:
         cell.cell_contents
@@ -241,4 +254,4 @@ def _filled(cell) -> bool:
 
 
 SHARED = Memo(SHARED_BYTES)  # values layouts share
-PER_LAYOUT = Memo(LAYOUT_BYTES)  # one configuration's own values
+PER_LAYOUT = Memo(LAYOUT_BYTES, count_keys=True)  # one configuration's own values
