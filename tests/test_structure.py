@@ -120,13 +120,7 @@ MAX_FUNCTION_LINES = 60  # "functions that fit on a screen"
 # Functions allowed over MAX_FUNCTION_LINES until they are split: this set may only shrink (a function
 # split below the bound leaves it, and no new one joins it)
 LONG_FUNCTIONS = {
-    "estimator.memory.activations.attention.attention_entries",
-    "estimator.memory.activations.loss.loss_memory",
-    "estimator.memory.adapters.adapter_states",
-    "estimator.memory.states.model_states",
     "estimator.memory.static_stage._static_stage",
-    "estimator.spec.training._check_training",
-    "estimator.speed.layer_operations._attention_core",
 }
 
 

@@ -304,75 +304,113 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
     states exist for the trainable tensors only (the optimizer is built over them) and shard from
     ZeRO 2 and 1 as in `states.model_states`; `inv` is the stage's `inventory`. `frozen_with_grads`:
     frozen elements that get gradients anyway (FSDP1 units holding frozen and trainable weights, fsdp1.py)."""
-    from ..spec.dtypes import bytes_per_element
-    from ..spec.optimizers import OPTIMIZERS
     from .components import once
     from .states import ModelStates
-    from ..spec.choices import FSDP_FRAMEWORKS
-
     from .fsdp1 import shard_group
     d = shard_group(training, par)  # DP, or FSDP1 HYBRID_SHARD's shard group (fsdp1.py)
-    param_stage = 2 if training.framework in FSDP_FRAMEWORKS + ("fsdp1",) else 3  # FSDP2 keeps shards at 2 too
+    param_stage = _parameter_shard_stage(training)
 
     def sharded(value: float, from_stage: int) -> float:
         return value / d if zero >= from_stage else value
 
-    A = bytes_per_element(adapter_dtype(training, recipe))
-    # the trainable embedding/head copies keep the weights dtype under the HF Trainer (PEFT copies
-    # the module; autocast_adapter_dtype casts adapter layers only)
-    S = saved_copy_bytes(training, recipe)
-    hf = training.framework == "hf"
-    G_a = A if hf else bytes_per_element(recipe.grad_dtype)  # torch: a gradient takes its tensor's dtype
-    G_s = S if hf else G_a
-    M = 4.0 if recipe.master_weights and A < 4 and not hf else 0.0
-    O_a = A if hf else bytes_per_element(recipe.optimizer_dtype)
-    O_s = S if hf else O_a
-    opt = OPTIMIZERS[training.optimizer]
-
-    def states(n: float, s: float) -> float:
-        share = n / inv.trainable if inv.trainable else 0.0
-        return opt.state_bytes(n, inv.small * share, n, inv.factored * share, s)
-
-    def per_param(n: float, s: float) -> float:
-        return states(n, s) / n if n else 0.0
-
+    A, S = _trainable_bytes(training, recipe)
+    G_a, G_s = _gradient_bytes(training, recipe)
+    M = 4.0 if recipe.master_weights and A < 4 and training.framework != "hf" else 0.0
+    O_a, O_s = _optimizer_dtype_bytes(training, recipe)
     params = sharded(inv.frozen_bytes + A * inv.adapters + S * inv.saved, param_stage)
     grads = sharded(G_a * (inv.adapters + frozen_with_grads) + G_s * inv.saved, 2)
     masters = sharded(M * inv.trainable, 1)
-    # a step counter per trainable tensor, on every rank (each holds a shard of every tensor)
-    counters = STEP_COUNTER_BYTES * inv.tensors if training.framework in FUSED_ADAMW_FRAMEWORKS and \
-        training.optimizer == "adamw" else 0
-    optimizer = sharded(states(inv.adapters, O_a) + states(inv.saved, O_s), 1) + counters
-    base = base_dtype(training.adapter, recipe.param_dtype)
-
-    def write() -> dict[str, str]:
-        shard = f" / d (d = DP = {d})"
-        rest = "fp32, prepare_model_for_kbit_training" if training.adapter.prepare_kbit else recipe.param_dtype
-        quant = (f"{inv.frozen_bytes / 2**20:,.0f} MiB frozen base ({inv.quantized:,.0f} linear weights in {base} with "
-                 f"their scales, {inv.frozen - inv.quantized:,.0f} others in {rest})"
-                 if base in QUANTIZED else f"{bytes_per_element(base):g} B x {inv.frozen:,.0f} frozen ({base})")
-        trainable = f" + {A:g} B x {inv.adapters:,.0f} adapter params"
-        if inv.saved:
-            trainable += f" + {S:g} B x {inv.saved:,.0f} trainable embedding/head copies"
-        grads_text = f"{G_a:g} B x {inv.adapters:,.0f} adapter params" + (
-            f" + {G_s:g} B x {inv.saved:,.0f} embedding/head copies" if inv.saved else "") + (
-            f" + {G_a:g} B x {frozen_with_grads:,.0f} frozen params sharing their FSDP1 units' FlatParameters"
-            if frozen_with_grads else " (frozen base: none)")
-        return {
-            "parameters": quant + trainable + (shard if zero >= param_stage else ""),
-            "fp8_weight_copies": "",
-            "gradients": grads_text + (shard if zero >= 2 else ""),
-            "master_weights": f"4 B (fp32) x {inv.trainable:,.0f} trainable params" + (shard if zero >= 1 else ""),
-            "optimizer_states": f"{training.optimizer} states of the trainable params only: "
-                                f"{per_param(inv.adapters, O_a):.4g} B x {inv.adapters:,.0f} adapter params"
-                                + (f" + {per_param(inv.saved, O_s):.4g} B x {inv.saved:,.0f} copies" if inv.saved
-                                   else "") + (shard if zero >= 1 else "")
-                                + (f" + {STEP_COUNTER_BYTES} B x {inv.tensors:,} fused AdamW step counters" if counters
-                                   else ""),
-        }
-
+    optimizer = sharded(_optimizer_states(inv, training, inv.adapters, O_a)
+                        + _optimizer_states(inv, training, inv.saved, O_s), 1) + _step_counter_bytes(inv, training)
     return ModelStates(parameters=params, gradients=grads, master_weights=masters, optimizer_states=optimizer,
-                       fp8_weight_copies=0.0, formulas=once(write), zero_stage=zero)
+                       fp8_weight_copies=0.0, zero_stage=zero,
+                       formulas=once(lambda: _adapter_state_formulas(inv, training, recipe, zero, d,
+                                                                     frozen_with_grads)))
+
+
+def _parameter_shard_stage(training) -> int:
+    """The ZeRO stage from which the parameters are sharded: FSDP keeps its shards at 2 too."""
+    from ..spec.choices import FSDP_FRAMEWORKS
+    return 2 if training.framework in FSDP_FRAMEWORKS + ("fsdp1",) else 3
+
+
+def _trainable_bytes(training, recipe) -> tuple[float, float]:
+    """Bytes per element of (the adapters, the trainable embedding/head copies): the copies keep the weights
+    dtype under the HF Trainer (PEFT copies the module; autocast_adapter_dtype casts adapter layers only)."""
+    from ..spec.dtypes import bytes_per_element
+    return bytes_per_element(adapter_dtype(training, recipe)), saved_copy_bytes(training, recipe)
+
+
+def _gradient_bytes(training, recipe) -> tuple[float, float]:
+    """Bytes per gradient element of (the adapters, the copies). torch: a gradient takes its tensor's dtype."""
+    from ..spec.dtypes import bytes_per_element
+    if training.framework == "hf":
+        return _trainable_bytes(training, recipe)
+    G = bytes_per_element(recipe.grad_dtype)
+    return G, G
+
+
+def _optimizer_dtype_bytes(training, recipe) -> tuple[float, float]:
+    """Bytes per optimizer-state element of (the adapters, the copies): their own dtypes under the HF Trainer."""
+    from ..spec.dtypes import bytes_per_element
+    if training.framework == "hf":
+        return _trainable_bytes(training, recipe)
+    B = bytes_per_element(recipe.optimizer_dtype)
+    return B, B
+
+
+def _optimizer_states(inv: Inventory, training, n: float, state_bytes: float) -> float:
+    """The optimizer's states of `n` of the trainable elements (their share of the small tensors and of the
+    factored rows and columns), before sharding."""
+    from ..spec.optimizers import OPTIMIZERS
+    share = n / inv.trainable if inv.trainable else 0.0
+    return OPTIMIZERS[training.optimizer].state_bytes(n, inv.small * share, n, inv.factored * share, state_bytes)
+
+
+def _step_counter_bytes(inv: Inventory, training) -> int:
+    """Fused AdamW's step counters: one per trainable tensor, on every rank (each holds a shard of every tensor)."""
+    if training.framework in FUSED_ADAMW_FRAMEWORKS and training.optimizer == "adamw":
+        return STEP_COUNTER_BYTES * inv.tensors
+    return 0
+
+
+def _adapter_state_formulas(inv: Inventory, training, recipe, zero: int, d: int,
+                            frozen_with_grads: float) -> dict[str, str]:
+    """The formulas of `adapter_states`, written when first shown."""
+    from ..spec.dtypes import bytes_per_element
+    A, S = _trainable_bytes(training, recipe)
+    G_a, G_s = _gradient_bytes(training, recipe)
+    O_a, O_s = _optimizer_dtype_bytes(training, recipe)
+    base = base_dtype(training.adapter, recipe.param_dtype)
+    counters = _step_counter_bytes(inv, training)
+
+    def per_param(n: float, s: float) -> float:
+        return _optimizer_states(inv, training, n, s) / n if n else 0.0
+
+    shard = f" / d (d = DP = {d})"
+    rest = "fp32, prepare_model_for_kbit_training" if training.adapter.prepare_kbit else recipe.param_dtype
+    quant = (f"{inv.frozen_bytes / 2**20:,.0f} MiB frozen base ({inv.quantized:,.0f} linear weights in {base} with "
+             f"their scales, {inv.frozen - inv.quantized:,.0f} others in {rest})"
+             if base in QUANTIZED else f"{bytes_per_element(base):g} B x {inv.frozen:,.0f} frozen ({base})")
+    trainable = f" + {A:g} B x {inv.adapters:,.0f} adapter params"
+    if inv.saved:
+        trainable += f" + {S:g} B x {inv.saved:,.0f} trainable embedding/head copies"
+    grads_text = f"{G_a:g} B x {inv.adapters:,.0f} adapter params" + (
+        f" + {G_s:g} B x {inv.saved:,.0f} embedding/head copies" if inv.saved else "") + (
+        f" + {G_a:g} B x {frozen_with_grads:,.0f} frozen params sharing their FSDP1 units' FlatParameters"
+        if frozen_with_grads else " (frozen base: none)")
+    return {
+        "parameters": quant + trainable + (shard if zero >= _parameter_shard_stage(training) else ""),
+        "fp8_weight_copies": "",
+        "gradients": grads_text + (shard if zero >= 2 else ""),
+        "master_weights": f"4 B (fp32) x {inv.trainable:,.0f} trainable params" + (shard if zero >= 1 else ""),
+        "optimizer_states": f"{training.optimizer} states of the trainable params only: "
+                            f"{per_param(inv.adapters, O_a):.4g} B x {inv.adapters:,.0f} adapter params"
+                            + (f" + {per_param(inv.saved, O_s):.4g} B x {inv.saved:,.0f} copies" if inv.saved
+                               else "") + (shard if zero >= 1 else "")
+                            + (f" + {STEP_COUNTER_BYTES} B x {inv.tensors:,} fused AdamW step counters" if counters
+                               else ""),
+    }
 
 
 def adapter_count(adapter: Adapter, arch) -> int:

@@ -113,9 +113,7 @@ def untrained(stage: StageParameters, training: Training) -> Bucket:
 def model_states(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel,
                  zero: int) -> ModelStates:
     """`zero`: the stage the framework runs (`resolve_zero_stage`, resolved once per configuration)."""
-    fw = training.framework
-    d_dense = shard_group(training, par) * par.cp  # FSDP1's HYBRID_SHARD: its shard group (fsdp1.py)
-    d_expert = max(1, par.expert_data_parallel)
+    d_dense, d_expert = _shard_groups(training, par)
 
     def sharded(bytes_dense: float, bytes_expert: float, from_stage: int) -> float:
         if zero >= from_stage:
@@ -123,73 +121,110 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
         return bytes_dense + bytes_expert
 
     nd, ne = stage.dense_local, stage.expert_local
-    # a frozen vision encoder (training.freeze_vision) has no gradients, master copies or optimizer states, nor
-    # DeepSeek-V3.2's indexers under transformers, which run under no_grad (activations/sparse_hf.py)
-    trained = stage.total.plus(untrained(stage, training).times(-1))
+    trained = _trained(stage, training)
     nt = trained.dense
-    P = bytes_per_element(recipe.param_dtype)
     G = bytes_per_element(recipe.grad_dtype)
-    master = recipe.master_weights
-    if fw in FULLY_SHARDED_FRAMEWORKS and master:
-        # FSDP2 (and FSDP1's FlatParameter, fsdp1.py) keeps the sharded parameters in fp32: they are the master
-        # copy; the bf16 copies are gathered per unit while it runs (see transients).
-        P_stored, M = 4.0, 0.0
-    else:
-        P_stored, M = P, (4.0 if master else 0.0)
-    # FSDP2 keeps its parameters sharded under reshard_after_forward=False too (zero_stage 2): only the
-    # gathered compute copies stay between forward and backward (memory.py transients)
-    param_stage = 2 if fw in FULLY_SHARDED_FRAMEWORKS else 3
-    params = sharded(P_stored * nd, P_stored * ne, param_stage)
-    copies = 0.0
-    fp8_split = None  # (bytes of an FP8 weight, linear weights, bytes of the others, other weights)
-    # fsdp2: torchao's Float8Linear keeps its weight as it is (the fp32 shard; FSDP2 gathers a bf16 copy, or with
-    # fp8_all_gather a float8 one: memory.py transients) and casts it in every matmul; nothing FP8 persists
-    # (torchao/float8/float8_linear.py matmul_with_hp_or_float8_args)
-    if training.fp8 and fw != "fsdp2":
-        # linear weights (the hidden matrices) run in FP8; norms, embedding and head stay bf16
-        stored, extra = fp8_bytes_per_weight(training)
-        hd, he = stage.total.dense_hidden_matrices, stage.total.expert_hidden_matrices
-        P_rest = 2.0 if P < 2 else P
-        params = sharded(stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), param_stage)
-        copies = extra * (hd + he)
-        fp8_split = (stored, hd + he, P_rest, nd + ne - hd - he)
+    P_stored, M = _stored_and_master_bytes(training, recipe)
+    dense, expert, copies, fp8_split = _parameter_bytes(stage, training, recipe, P_stored)
+    params = sharded(dense, expert, _parameter_shard_stage(training))
     grads = sharded(G * nt, G * ne, 2)
     masters = sharded(M * nt, M * ne, 1)
     opt_dense = optimizer_state_bytes(trained, training.optimizer, recipe.optimizer_dtype, experts=False)
     opt_expert = optimizer_state_bytes(trained, training.optimizer, recipe.optimizer_dtype, experts=True)
     opt = sharded(opt_dense, opt_expert, 1)
-
-    def write() -> dict[str, str]:
-        if fp8_split:
-            param_text = "({:g} B x {:,.0f} linear weights + {:g} B x {:,.0f} others)".format(*fp8_split)
-        else:
-            param_text = f"{P_stored:g} B ({'fp32 shard' if P_stored == 4 and P != 4 else recipe.param_dtype})"
-        d = f"d = DP*CP = {d_dense}"
-        de = f", d_e = expert DP = {d_expert}" if ne else ""
-        count = f"{nd:,.0f} params" if not ne else f"({nd:,.0f} dense + {ne:,.0f} expert params)"
-        why = "the vision encoder frozen" if training.freeze_vision else "the indexers untrained, under no_grad"
-        trained_count = count if nt == nd else f"{nt:,.0f} trained params ({why})"
-
-        def formula(per_param: str, from_stage: int, counted: str = count) -> str:
-            times = "" if per_param.startswith("(") else f" x {counted}"
-            return f"{per_param}{times} / d ({d}{de})" if zero >= from_stage else f"{per_param}{times}"
-
-        per_param_states = (opt_dense + opt_expert) / (nt + ne) if nt + ne else 0.0
-        hidden = stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices
-        return {
-            "parameters": formula(param_text, param_stage),
-            "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x {hidden:,.0f} linear weights "
-                                  f"({training.fp8_recipe} recipe)") if training.fp8 and fw != "fsdp2" else "",
-            "gradients": formula(f"{G:g} B ({recipe.grad_dtype})", 2, trained_count),
-            "master_weights": formula("4 B (fp32)", 1, trained_count),
-            "optimizer_states": formula(f"{per_param_states:.4g} B ({training.optimizer} states in "
-                                        f"{recipe.optimizer_dtype})", 1, trained_count),
-        }
-
     # the tower's parameters, at the stage's bytes per parameter (its weights are not FP8 linears)
     vision = params * stage.vision_tower.dense / nd if nd and stage.vision_tower.dense and not fp8_split else 0.0
     return ModelStates(
         parameters=params, gradients=grads, master_weights=masters, optimizer_states=opt, fp8_weight_copies=copies,
-        formulas=once(write),  # the formulas of a stage are written when first shown
+        formulas=once(lambda: _state_formulas(stage, training, recipe, par, zero)),  # written when first shown
         zero_stage=zero, vision_parameters=vision,
     )
+
+
+def _shard_groups(training: Training, par: Parallel) -> tuple[int, int]:
+    """(the dense parameters' shard group, DP x CP, the experts', expert DP). FSDP1's HYBRID_SHARD: its shard
+    group (fsdp1.py)."""
+    return shard_group(training, par) * par.cp, max(1, par.expert_data_parallel)
+
+
+def _trained(stage: StageParameters, training: Training) -> Bucket:
+    """The stage's parameters that train: a frozen vision encoder (training.freeze_vision) has no gradients,
+    master copies or optimizer states, nor DeepSeek-V3.2's indexers under transformers, which run under no_grad
+    (activations/sparse_hf.py)."""
+    return stage.total.plus(untrained(stage, training).times(-1))
+
+
+def _stored_and_master_bytes(training: Training, recipe: Recipe) -> tuple[float, float]:
+    """(bytes of a stored parameter, bytes of its master copy)."""
+    P = bytes_per_element(recipe.param_dtype)
+    master = recipe.master_weights
+    if training.framework in FULLY_SHARDED_FRAMEWORKS and master:
+        # FSDP2 (and FSDP1's FlatParameter, fsdp1.py) keeps the sharded parameters in fp32: they are the master
+        # copy; the bf16 copies are gathered per unit while it runs (see transients).
+        return 4.0, 0.0
+    return P, (4.0 if master else 0.0)
+
+
+def _parameter_shard_stage(training: Training) -> int:
+    """The ZeRO stage from which parameters are sharded. FSDP2 keeps its parameters sharded under
+    reshard_after_forward=False too (zero_stage 2): only the gathered compute copies stay between forward and
+    backward (memory.py transients)."""
+    return 2 if training.framework in FULLY_SHARDED_FRAMEWORKS else 3
+
+
+def _parameter_bytes(stage: StageParameters, training: Training, recipe: Recipe,
+                     P_stored: float) -> tuple[float, float, float, tuple | None]:
+    """(dense parameters' bytes, expert parameters' bytes, FP8 copies' bytes, before sharding; the FP8 split:
+    bytes of an FP8 weight, linear weights, bytes of the others, other weights, or None without FP8)."""
+    nd, ne = stage.dense_local, stage.expert_local
+    # fsdp2: torchao's Float8Linear keeps its weight as it is (the fp32 shard; FSDP2 gathers a bf16 copy, or with
+    # fp8_all_gather a float8 one: memory.py transients) and casts it in every matmul; nothing FP8 persists
+    # (torchao/float8/float8_linear.py matmul_with_hp_or_float8_args)
+    if not training.fp8 or training.framework == "fsdp2":
+        return P_stored * nd, P_stored * ne, 0.0, None
+    # linear weights (the hidden matrices) run in FP8; norms, embedding and head stay bf16
+    stored, extra = fp8_bytes_per_weight(training)
+    hd, he = stage.total.dense_hidden_matrices, stage.total.expert_hidden_matrices
+    P = bytes_per_element(recipe.param_dtype)
+    P_rest = 2.0 if P < 2 else P
+    return (stored * hd + P_rest * (nd - hd), stored * he + P_rest * (ne - he), extra * (hd + he),
+            (stored, hd + he, P_rest, nd + ne - hd - he))
+
+
+def _state_formulas(stage: StageParameters, training: Training, recipe: Recipe, par: Parallel,
+                    zero: int) -> dict[str, str]:
+    """The formulas of `model_states`, from the same parts."""
+    d_dense, d_expert = _shard_groups(training, par)
+    nd, ne = stage.dense_local, stage.expert_local
+    trained = _trained(stage, training)
+    nt = trained.dense
+    P = bytes_per_element(recipe.param_dtype)
+    P_stored, _ = _stored_and_master_bytes(training, recipe)
+    fp8_split = _parameter_bytes(stage, training, recipe, P_stored)[3]
+    if fp8_split:
+        param_text = "({:g} B x {:,.0f} linear weights + {:g} B x {:,.0f} others)".format(*fp8_split)
+    else:
+        param_text = f"{P_stored:g} B ({'fp32 shard' if P_stored == 4 and P != 4 else recipe.param_dtype})"
+    d = f"d = DP*CP = {d_dense}"
+    de = f", d_e = expert DP = {d_expert}" if ne else ""
+    count = f"{nd:,.0f} params" if not ne else f"({nd:,.0f} dense + {ne:,.0f} expert params)"
+    why = "the vision encoder frozen" if training.freeze_vision else "the indexers untrained, under no_grad"
+    trained_count = count if nt == nd else f"{nt:,.0f} trained params ({why})"
+
+    def formula(per_param: str, from_stage: int, counted: str = count) -> str:
+        times = "" if per_param.startswith("(") else f" x {counted}"
+        return f"{per_param}{times} / d ({d}{de})" if zero >= from_stage else f"{per_param}{times}"
+
+    opt_bytes = (optimizer_state_bytes(trained, training.optimizer, recipe.optimizer_dtype, experts=False)
+                 + optimizer_state_bytes(trained, training.optimizer, recipe.optimizer_dtype, experts=True))
+    per_param_states = opt_bytes / (nt + ne) if nt + ne else 0.0
+    hidden = stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices
+    return {
+        "parameters": formula(param_text, _parameter_shard_stage(training)),
+        "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x {hidden:,.0f} linear weights "
+                              f"({training.fp8_recipe} recipe)") if fp8_split else "",
+        "gradients": formula(f"{bytes_per_element(recipe.grad_dtype):g} B ({recipe.grad_dtype})", 2, trained_count),
+        "master_weights": formula("4 B (fp32)", 1, trained_count),
+        "optimizer_states": formula(f"{per_param_states:.4g} B ({training.optimizer} states in "
+                                    f"{recipe.optimizer_dtype})", 1, trained_count),
+    }

@@ -185,12 +185,36 @@ def resolve_recipe(training: Training) -> Recipe:
 # --- validation ----------------------------------------------------------------------------------
 
 def _check_training(t: Training) -> None:
-    """Each field's type and range (estimator/spec/fields.py), then the rules between fields."""
+    """Each field's type and range (estimator/spec/fields.py), then the rules between fields, in this order
+    (the first broken rule is the one reported)."""
     check_section("training", t)
+    _read_json_values(t)
+    _check_dtypes(t)
+    _check_recompute(t)
+    _check_framework_settings(t)
+    _check_compile(t)
+    if t.offload_activations and (t.framework != "torchtune" or t.mode != "training"):
+        raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
+                          "activation offloading is modelled as torchtune's OffloadActivations "
+                          "(enable_activation_offloading)", related=("training.framework",))
+    if t.recompute_layers is not None and t.recompute != "full":
+        raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
+                          f"recompute is {t.recompute!r}", related=("training.recompute",))
+    if t.mode == "training" and t.param_dtype in ("fp8", "fp4") and t.framework == "hf":
+        raise ConfigError("training.param_dtype", t.param_dtype, "'fp32', 'bf16' or 'fp16' with framework 'hf'",
+                          "the HF Trainer does not train in fp8/fp4 parameters", related=("training.framework",))
+
+
+def _read_json_values(t: Training) -> None:
+    """The values JSON gives as lists and objects, made the dataclass's own (hashable) types."""
     if isinstance(t.recompute_modules, list):  # JSON gives a list; keep the dataclass hashable
         object.__setattr__(t, "recompute_modules", tuple(t.recompute_modules))
     object.__setattr__(t, "adapter", adapter_from(t.adapter))  # JSON gives an object
     object.__setattr__(t, "rl", rl_from(t.rl))
+
+
+def _check_dtypes(t: Training) -> None:
+    """An adapter's gradients and optimizer states under the HF stack, and the weights dtype of the mode."""
     if t.adapter and t.framework == "hf":
         for field in ("grad_dtype", "optimizer_dtype"):
             if getattr(t, field) not in (None, "fp32"):
@@ -201,11 +225,19 @@ def _check_training(t: Training) -> None:
     if t.param_dtype not in weight_dtypes:
         raise ConfigError("training.param_dtype", t.param_dtype, ", ".join(repr(a) for a in weight_dtypes),
                           f"not a weights dtype for {t.mode}")
+
+
+def _check_recompute(t: Training) -> None:
+    """The selective recompute's modules, and checkpointing every N-th layer."""
     if t.recompute_modules != ("core_attn",) and t.recompute != "selective":
         raise ConfigError("training.recompute_modules", list(t.recompute_modules), "only with recompute 'selective'",
                           f"recompute is {t.recompute!r}", related=("training.recompute",))
     if t.recompute_every != 1:
         _check_recompute_every(t)
+
+
+def _check_framework_settings(t: Training) -> None:
+    """Settings that only one framework (or a few) offers, and the framework's version."""
     if t.optimizer_in_backward and t.framework not in FSDP_FRAMEWORKS:
         raise ConfigError("training.optimizer_in_backward", True, "false unless framework is 'fsdp2' or 'torchtune'",
                           "stepping the optimizer inside backward is torchtune's optimizer_in_bwd (on FSDP2)",
@@ -223,6 +255,10 @@ def _check_training(t: Training) -> None:
         raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf' or 'fsdp1'",
                           "a plain loop is modelled for the HF stack and FSDP1 (Lightning Fabric's FSDPStrategy runs "
                           "one); the other frameworks run their own loops", related=("training.framework",))
+
+
+def _check_compile(t: Training) -> None:
+    """torch.compile: the frameworks and the mode it is modelled for, async TP, the loss's compile."""
     if t.compile and t.framework not in COMPILE_FRAMEWORKS:
         raise ConfigError("training.compile", True, "false unless framework is 'fsdp2', 'torchtune' or 'hf'",
                           "torch.compile is torchtitan's --compile.enable, torchtune's compile: True and the HF "
@@ -236,16 +272,6 @@ def _check_training(t: Training) -> None:
         raise ConfigError("training.compile_loss", t.compile_loss, "empty (auto) unless framework is 'fsdp2' and "
                           "compile is on", "it is torchtitan's compile.components: whether the loss compiles with "
                           "the model", related=("training.framework", "training.compile"))
-    if t.offload_activations and (t.framework != "torchtune" or t.mode != "training"):
-        raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
-                          "activation offloading is modelled as torchtune's OffloadActivations "
-                          "(enable_activation_offloading)", related=("training.framework",))
-    if t.recompute_layers is not None and t.recompute != "full":
-        raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
-                          f"recompute is {t.recompute!r}", related=("training.recompute",))
-    if t.mode == "training" and t.param_dtype in ("fp8", "fp4") and t.framework == "hf":
-        raise ConfigError("training.param_dtype", t.param_dtype, "'fp32', 'bf16' or 'fp16' with framework 'hf'",
-                          "the HF Trainer does not train in fp8/fp4 parameters", related=("training.framework",))
 
 
 def _check_recompute_every(t: Training) -> None:

@@ -48,35 +48,53 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
     if arch.uses_sparse_attention:  # DeepSeek-V3.2 under Megatron-Core 0.16.1's unfused DSA
         from .sparse_operations import dsa_core_operations
         return dsa_core_operations(ctx, arch, training, par, scope, count)
+    if training.attention == "flash":
+        return _flash_attention_core(ctx, arch, training, par, scope, window, count)
+    return _eager_attention_core(ctx, arch, training, par, scope, window, count)
+
+
+def _flash_attention_core(ctx: _Context, arch: Architecture, training: Training, par: Parallel, scope: str,
+                          window: int | None, count: int) -> list[Operation]:
+    """The flash kernel: the causal half of the scores (or the window's keys), q, k, v and o read or written
+    once, and its backward."""
     a_t = arch.num_attention_heads / par.tp
     d_qk, d_v, kv_heads = _attention_widths(arch)
-    b, seq = training.micro_batch_size, training.seq_len
+    seq = training.seq_len
     s_q = seq / par.cp
     io = ctx.T * (a_t * (d_qk + d_v) + kv_heads / par.tp * (d_qk + d_v)) * ctx.B  # q, o; k, v
-    if training.attention == "flash":
-        keys = attended_keys(seq, window, chunked=bool(arch.attention_chunk_size))
-        flops = 2 * b * a_t * s_q * keys * (d_qk + d_v)
-        # the kernel sees blocks of s/cp queries (ring attention runs one block per step), at most the window
-        span = min(window or s_q, s_q)
+    keys = attended_keys(seq, window, chunked=bool(arch.attention_chunk_size))
+    flops = 2 * training.micro_batch_size * a_t * s_q * keys * (d_qk + d_v)
+    # the kernel sees blocks of s/cp queries (ring attention runs one block per step), at most the window
+    span = min(window or s_q, s_q)
 
-        def efficiency(direction):
-            return kernels.attention_efficiency(ctx.gpu, ctx.framework, direction, span, d_qk)
+    def efficiency(direction):
+        return kernels.attention_efficiency(ctx.gpu, ctx.framework, direction, span, d_qk)
 
-        fwd = Operation("attention core (flash)", "forward", scope, "attention", flops,
-                        io + ctx.T * a_t * 4, ctx.peak, ctx.bandwidth, count,
-                        "2*b*(a/t)*(s/cp)*keys*(d_qk + d_v), keys = causal average", CORE_ATTN,
-                        efficiency("forward"), kernels.BANDWIDTH_EFFICIENCY)
-        if not ctx.training:
-            return [fwd]
-        # backward reads q, k, v, o, dO, lse and writes dq, dk, dv
-        bwd = Operation("attention core (flash) (backward)", "backward", scope, "attention", 2.5 * flops,
-                        2 * io + ctx.T * a_t * (d_v * ctx.B + 4), ctx.peak, ctx.bandwidth, count,
-                        "2.5 x forward (FlashAttention-2: 5 matmuls against 2, the scores recomputed)", CORE_ATTN,
-                        efficiency("backward"), kernels.BANDWIDTH_EFFICIENCY)
-        return [fwd, bwd]
-    # eager: the mask is applied after the full matmul (a chunk mask too: transformers 5.23 eager_attention_forward)
+    fwd = Operation("attention core (flash)", "forward", scope, "attention", flops,
+                    io + ctx.T * a_t * 4, ctx.peak, ctx.bandwidth, count,
+                    "2*b*(a/t)*(s/cp)*keys*(d_qk + d_v), keys = causal average", CORE_ATTN,
+                    efficiency("forward"), kernels.BANDWIDTH_EFFICIENCY)
+    if not ctx.training:
+        return [fwd]
+    # backward reads q, k, v, o, dO, lse and writes dq, dk, dv
+    bwd = Operation("attention core (flash) (backward)", "backward", scope, "attention", 2.5 * flops,
+                    2 * io + ctx.T * a_t * (d_v * ctx.B + 4), ctx.peak, ctx.bandwidth, count,
+                    "2.5 x forward (FlashAttention-2: 5 matmuls against 2, the scores recomputed)", CORE_ATTN,
+                    efficiency("backward"), kernels.BANDWIDTH_EFFICIENCY)
+    return [fwd, bwd]
+
+
+def _eager_attention_core(ctx: _Context, arch: Architecture, training: Training, par: Parallel, scope: str,
+                          window: int | None, count: int) -> list[Operation]:
+    """Eager attention: the scores, the softmax and the probabilities x V as unfused operations that write and
+    read the full scores, their backwards, at the GEMM rate of the head-wide batched matmuls."""
+    a_t = arch.num_attention_heads / par.tp
+    d_qk, d_v, kv_heads = _attention_widths(arch)
+    seq = training.seq_len
+    s_q = seq / par.cp
+    # the mask is applied after the full matmul (a chunk mask too: transformers 5.23 eager_attention_forward)
     keys = float(seq if arch.attention_chunk_size else min(window or seq, seq))
-    scores = b * a_t * s_q * keys
+    scores = training.micro_batch_size * a_t * s_q * keys
     qk = Operation("attention scores QK^T (eager)", "forward", scope, "attention", 2 * scores * d_qk,
                    ctx.T * a_t * d_qk * ctx.B + ctx.T * kv_heads / par.tp * d_qk * ctx.B + scores * ctx.B,
                    ctx.peak, ctx.bandwidth, count, "2*b*(a/t)*s*s*d, scores written")
@@ -87,19 +105,26 @@ def _attention_core(ctx: _Context, arch: Architecture, training: Training, par: 
                    ctx.peak, ctx.bandwidth, count, "2*b*(a/t)*s*s*d_v, probabilities read")
     ops = [qk, sm, av]
     if ctx.training:  # eager attention: unfused batched GEMMs of head width d, at the GEMM rate of that shape
-        ops += [
-            Operation("attention probabilities x V (eager) (backward)", "backward", scope, "attention",
-                      2 * av.flops, av.bytes + scores * ctx.B, ctx.peak, ctx.bandwidth, count,
-                      "dP = dO V^T, dV = P^T dO"),
-            Operation("attention softmax (eager) (backward)", "backward", scope, "elementwise",
-                      2 * sm.flops, 3 * scores * ctx.B, ctx.peak, ctx.bandwidth, count, "read P, dP; write dS"),
-            Operation("attention scores QK^T (eager) (backward)", "backward", scope, "attention",
-                      2 * qk.flops, qk.bytes + scores * ctx.B, ctx.peak, ctx.bandwidth, count,
-                      "dQ = dS K, dK = dS^T Q"),
-        ]
+        ops += _eager_backward(qk, sm, av, scores, ctx, scope, count)
     gemm = kernels.gemm_efficiency(ctx.gpu, s_q, d_qk, keys)
     return [dataclasses.replace(op, modules=CORE_ATTN, compute_efficiency=gemm if op.kind == "attention" else 1.0,
                                 memory_efficiency=kernels.BANDWIDTH_EFFICIENCY) for op in ops]
+
+
+def _eager_backward(qk: Operation, sm: Operation, av: Operation, scores: float, ctx: _Context, scope: str,
+                    count: int) -> list[Operation]:
+    """The eager operations' backwards, last first: each two matmuls (or twice the softmax's work) of its forward,
+    reading the scores' gradient."""
+    return [
+        Operation("attention probabilities x V (eager) (backward)", "backward", scope, "attention",
+                  2 * av.flops, av.bytes + scores * ctx.B, ctx.peak, ctx.bandwidth, count,
+                  "dP = dO V^T, dV = P^T dO"),
+        Operation("attention softmax (eager) (backward)", "backward", scope, "elementwise",
+                  2 * sm.flops, 3 * scores * ctx.B, ctx.peak, ctx.bandwidth, count, "read P, dP; write dS"),
+        Operation("attention scores QK^T (eager) (backward)", "backward", scope, "attention",
+                  2 * qk.flops, qk.bytes + scores * ctx.B, ctx.peak, ctx.bandwidth, count,
+                  "dQ = dS K, dK = dS^T Q"),
+    ]
 
 
 def _mlp(ctx: _Context, arch: Architecture, scope: str, prefix: str, M: float, width: float,

@@ -27,153 +27,248 @@ def cp_flex_all_gather(training: Training, par: Parallel | None) -> bool:
 
 
 def attention_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
-    B = bytes_per_element(training.compute_dtype)
-    T = tokens_per_gpu(training, par)
-    b, s = training.micro_batch_size, training.seq_len / par.cp
-    h, a = arch.hidden_size, arch.num_attention_heads
-    qw = arch.q_width
-    from ..kbit import math_attention, prepared
+    """What one attention block keeps for backward, in the order its forward makes it: the norm and the
+    QKV projection's input, MLA's latents or the q and k norms, the attention core, the output."""
+    from ..kbit import math_attention
     math_sdpa = math_attention(arch, training)  # fp32 SDPA with grouped KV heads: the math backend (kbit.py)
+    T = tokens_per_gpu(training, par)
     out = _norm("attention norm input", T, arch, training)
     out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM,
                         weights=("q", "k", "v"))
-    if arch.uses_mla:
-        # DeepSeek-V2 MLA (arXiv 2405.04434 section 2.1): the compressed latents feed the
-        # up-projections (replicated over TP); the core sees q, k (the shared rope key
-        # broadcast to every head) and v per head.
-        if arch.q_lora_rank:
-            out.append(Entry("compressed q (q up-projection input)", T * arch.q_lora_rank, B, "none", "B*s*b*q_lora_rank",
-                             gemm_input=True))
-        out.append(Entry("compressed kv (kv up-projection input)", T * arch.kv_lora_rank, B, "none",
-                         "B*s*b*kv_lora_rank", gemm_input=True))
-        k_width, v_width = qw, a * arch.v_head_dim
-        v_formula = "B*s*b*a*(2*(d_nope + d_rope) + d_v)"
-    else:
-        k_width = v_width = arch.kv_width
-        v_formula = "B*s*b*(a + 2*g)*d_head"
-        if arch.qk_l2_norm:  # Llama 4's weightless L2 norm in the RoPE layers (llama4.py)
-            from .llama4 import l2_qk_norm_entries
-            out += l2_qk_norm_entries(arch, training, par)
-        if arch.qk_norm and fused_kernels(training):
-            out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
-        elif arch.qk_norm and torch_fused_rms_norm(arch, training):
-            # torch's fused kernel over each head (see torch_fused_rms_norm): the input and an fp32 rstd per head
-            out.append(Entry("q and k norm inputs (fused RMSNorm)", T * (qw + arch.kv_width), B, "tp",
-                             "B*s*b*(a + g)*d_head"))
-            out.append(Entry("q and k norms (fused RMSNorm rstd per head, fp32)", T * (a + arch.num_kv_heads), 4, "tp",
-                             "4*s*b*(a + g)"))
-        elif arch.qk_norm and compiled(training):
-            # Inductor's partitioner (COMPILE_SOURCE): the q and k projections' outputs and the rsqrt per
-            # head are kept, the upcast and normalised tensors recomputed; measured (Qwen3 layer)
-            out.append(Entry("q and k norm inputs (q and k projection outputs, kept by the compiled layer)",
-                             T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
-            out.append(Entry("q and k norms (rsqrt per head, fp32, kept by the compiled layer)",
-                             T * (a + arch.num_kv_heads), 4, "tp", "4*s*b*(a + g)"))
-        elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
-            heads = a + arch.num_kv_heads
-            # a norm that scales in fp32 (Gemma-3's and Qwen3-Next's 1 + w) keeps its normalised tensor in fp32
-            kept = 4 if arch.norm_unit_offset or arch.norm_fp32_scale else B
-            out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head"))
-            out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)"))
-            out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), kept, "tp",
-                             f"{kept:g}*s*b*(a + g)*d_head" if kept != B else "B*s*b*(a + g)*d_head",
-                             for_weights=("norm",)))
+    out += _mla_latent_entries(arch, training, par) if arch.uses_mla else _qk_norm_entries(arch, training, par)
+    out += _core_entries(arch, training, par, math_sdpa)
+    out += _output_entries(arch, training, par, math_sdpa)
+    return out
+
+
+def _mla_latent_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """DeepSeek-V2 MLA (arXiv 2405.04434 section 2.1): the compressed latents feed the up-projections
+    (replicated over TP); the core sees q, k (the shared rope key broadcast to every head) and v per head."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    out = []
+    if arch.q_lora_rank:
+        out.append(Entry("compressed q (q up-projection input)", T * arch.q_lora_rank, B, "none", "B*s*b*q_lora_rank",
+                         gemm_input=True))
+    out.append(Entry("compressed kv (kv up-projection input)", T * arch.kv_lora_rank, B, "none",
+                     "B*s*b*kv_lora_rank", gemm_input=True))
+    return out
+
+
+def _qk_norm_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """The q and k norms of a model without MLA, by the stack that runs them."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    a, qw = arch.num_attention_heads, arch.q_width
+    out = []
+    if arch.qk_l2_norm:  # Llama 4's weightless L2 norm in the RoPE layers (llama4.py)
+        from .llama4 import l2_qk_norm_entries
+        out += l2_qk_norm_entries(arch, training, par)
+    if arch.qk_norm and fused_kernels(training):
+        out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
+    elif arch.qk_norm and torch_fused_rms_norm(arch, training):
+        # torch's fused kernel over each head (see torch_fused_rms_norm): the input and an fp32 rstd per head
+        out.append(Entry("q and k norm inputs (fused RMSNorm)", T * (qw + arch.kv_width), B, "tp",
+                         "B*s*b*(a + g)*d_head"))
+        out.append(Entry("q and k norms (fused RMSNorm rstd per head, fp32)", T * (a + arch.num_kv_heads), 4, "tp",
+                         "4*s*b*(a + g)"))
+    elif arch.qk_norm and compiled(training):
+        # Inductor's partitioner (COMPILE_SOURCE): the q and k projections' outputs and the rsqrt per
+        # head are kept, the upcast and normalised tensors recomputed; measured (Qwen3 layer)
+        out.append(Entry("q and k norm inputs (q and k projection outputs, kept by the compiled layer)",
+                         T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
+        out.append(Entry("q and k norms (rsqrt per head, fp32, kept by the compiled layer)",
+                         T * (a + arch.num_kv_heads), 4, "tp", "4*s*b*(a + g)"))
+    elif arch.qk_norm:  # transformers' RMSNorm over each head: fp32 upcast, rsqrt, normalised
+        heads = a + arch.num_kv_heads
+        # a norm that scales in fp32 (Gemma-3's and Qwen3-Next's 1 + w) keeps its normalised tensor in fp32
+        kept = 4 if arch.norm_unit_offset or arch.norm_fp32_scale else B
+        out.append(Entry("q and k norms (fp32 upcast)", T * (qw + arch.kv_width), 4, "tp", "4*s*b*(a + g)*d_head"))
+        out.append(Entry("q and k norms (rsqrt per head, fp32)", T * heads, 4, "tp", "4*s*b*(a + g)"))
+        out.append(Entry("q and k norms (normalised, before the scale)", T * (qw + arch.kv_width), kept, "tp",
+                         f"{kept:g}*s*b*(a + g)*d_head" if kept != B else "B*s*b*(a + g)*d_head",
+                         for_weights=("norm",)))
+    return out
+
+
+def _core_entries(arch: Architecture, training: Training, par: Parallel, math_sdpa: bool) -> list[Entry]:
+    """What the attention core keeps, by the kernel and the stack that run it (the first that applies)."""
     if arch.uses_sparse_attention and training.framework == "hf":  # transformers 5.23's DeepSeek-V3.2 (sparse_hf.py)
         from .sparse_hf import hf_dsa_entries
-        out += hf_dsa_entries(arch, training, par)
-    elif arch.uses_sparse_attention:  # Megatron-Core 0.16.1's unfused DSAttention (sparse.py)
+        return hf_dsa_entries(arch, training, par)
+    if arch.uses_sparse_attention:  # Megatron-Core 0.16.1's unfused DSAttention (sparse.py)
         from .sparse import dsa_entries
-        out += dsa_entries(arch, training, par)
-    elif training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
+        return dsa_entries(arch, training, par)
+    if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
             and arch.position_embedding == "rope":
-        # Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the
-        # rotary embedding returns new q and k, so the whole QKV output stays alive through v
-        # (transformer/attention.py, measured in tests/data/measured/megatron)
-        out.append(Entry("QKV projection output (v is a view of it)", T * (qw + 2 * arch.kv_width), B, "tp",
-                         "B*s*b*(a + 2*g)*d_head"))
-        out.append(Entry("q and k after the rotary embedding", T * (qw + arch.kv_width), B, "tp",
-                         "B*s*b*(a + g)*d_head"))
-        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
-    elif training.attention == "flash" and training.framework == "torchtune" and not arch.uses_mla:
-        # torchtune's MultiHeadAttention expands k and v to every query head before SDPA
-        # (modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2)), so flash keeps them at a heads
-        out.append(Entry("q, and k, v expanded to all heads, kept by flash attention", T * 3 * qw, B, "tp",
-                         "3*B*s*b*a*d_head", recompute=UP_PROJ))
-        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
-    elif cp_flex_all_gather(training, par):
-        # torchtitan's context parallelism for flex attention (CP_FLEX_SOURCE): each rank keeps its s/cp
-        # queries, but flex runs them against the keys and values of the whole sequence, all-gathered over
-        # the CP group, and saves those (the all-gather itself saves nothing for its backward)
-        kv_formula = "B*s*b*a*(d_nope + d_rope + d_v)" if arch.uses_mla else "B*s*b*2*g*d_head"
-        out.append(Entry("q kept by flex attention (this rank's s/cp queries)", T * qw, B, "tp",
-                         "B*s*b*a*(d_nope + d_rope)" if arch.uses_mla else "B*s*b*a*d_head", recompute=UP_PROJ))
-        out.append(Entry("k, v all-gathered over CP (the whole sequence), kept by flex attention",
-                         T * par.cp * (k_width + v_width), B, "tp", kv_formula, recompute=UP_PROJ,
-                         split_by_cp=False))
-        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
-    elif training.attention == "flash" and not math_sdpa:
-        out.append(Entry("q, k, v kept by flash attention", T * (qw + k_width + v_width), B, "tp", v_formula,
-                         recompute=UP_PROJ))
-        out.append(Entry("flash log-sum-exp (fp32)", T * a, 4, "tp", "4*s*b*a", recompute=CORE))
+        return _megatron_flash_entries(arch, training, par)
+    if training.attention == "flash" and training.framework == "torchtune" and not arch.uses_mla:
+        return _torchtune_flash_entries(arch, training, par)
+    if cp_flex_all_gather(training, par):
+        return _cp_flex_entries(arch, training, par)
+    if training.attention == "flash" and not math_sdpa:
+        return _flash_entries(arch, training, par)
+    return _unfused_entries(arch, training, par, math_sdpa)
+
+
+def _flash_lse(arch: Architecture, training: Training, par: Parallel) -> Entry:
+    """The flash kernel's fp32 log-sum-exp per query and head, kept for its backward."""
+    return Entry("flash log-sum-exp (fp32)", tokens_per_gpu(training, par) * arch.num_attention_heads, 4, "tp",
+                 "4*s*b*a", recompute=CORE)
+
+
+def _megatron_flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the rotary
+    embedding returns new q and k, so the whole QKV output stays alive through v (transformer/attention.py,
+    measured in tests/data/measured/megatron)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    qw = arch.q_width
+    return [Entry("QKV projection output (v is a view of it)", T * (qw + 2 * arch.kv_width), B, "tp",
+                  "B*s*b*(a + 2*g)*d_head"),
+            Entry("q and k after the rotary embedding", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"),
+            _flash_lse(arch, training, par)]
+
+
+def _torchtune_flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """torchtune's MultiHeadAttention expands k and v to every query head before SDPA
+    (modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2)), so flash keeps them at a heads."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    return [Entry("q, and k, v expanded to all heads, kept by flash attention", T * 3 * arch.q_width, B, "tp",
+                  "3*B*s*b*a*d_head", recompute=UP_PROJ),
+            _flash_lse(arch, training, par)]
+
+
+def _kv_widths(arch: Architecture) -> tuple[int, int]:
+    """(k width, v width) per token of what the core sees: MLA's per head (the shared rope key broadcast to
+    every head), else the grouped KV heads'."""
+    if arch.uses_mla:
+        return arch.q_width, arch.num_attention_heads * arch.v_head_dim
+    return arch.kv_width, arch.kv_width
+
+
+def _cp_flex_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """torchtitan's context parallelism for flex attention (CP_FLEX_SOURCE): each rank keeps its s/cp queries,
+    but flex runs them against the keys and values of the whole sequence, all-gathered over the CP group, and
+    saves those (the all-gather itself saves nothing for its backward)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    k_width, v_width = _kv_widths(arch)
+    kv_formula = "B*s*b*a*(d_nope + d_rope + d_v)" if arch.uses_mla else "B*s*b*2*g*d_head"
+    return [Entry("q kept by flex attention (this rank's s/cp queries)", T * arch.q_width, B, "tp",
+                  "B*s*b*a*(d_nope + d_rope)" if arch.uses_mla else "B*s*b*a*d_head", recompute=UP_PROJ),
+            Entry("k, v all-gathered over CP (the whole sequence), kept by flex attention",
+                  T * par.cp * (k_width + v_width), B, "tp", kv_formula, recompute=UP_PROJ, split_by_cp=False),
+            _flash_lse(arch, training, par)]
+
+
+def _flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """A flash kernel keeps its q, k and v (MLA's up-projected per head) and its log-sum-exp."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    k_width, v_width = _kv_widths(arch)
+    v_formula = "B*s*b*a*(2*(d_nope + d_rope) + d_v)" if arch.uses_mla else "B*s*b*(a + 2*g)*d_head"
+    return [Entry("q, k, v kept by flash attention", T * (arch.q_width + k_width + v_width), B, "tp", v_formula,
+                  recompute=UP_PROJ),
+            _flash_lse(arch, training, par)]
+
+
+def _unfused_entries(arch: Architecture, training: Training, par: Parallel, math_sdpa: bool) -> list[Entry]:
+    """Unfused attention expands K and V to every query head before the matmuls (repeat_kv): q and k for
+    QK^T, the softmax's tensors, the dropout's, and v for scores x V."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    a, qw = arch.num_attention_heads, arch.q_width
+    scores = training.micro_batch_size * a * (training.seq_len / par.cp) * training.seq_len
+    head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
+    out = [Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head",
+                 recompute=UP_PROJ, tensors=2)]
+    out += _softmax_entries(arch, training, par, math_sdpa, scores)
+    if training.dropout > 0:
+        out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b", recompute=CORE))
+        out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+    out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
+                     recompute=UP_PROJ))
+    return out
+
+
+def _softmax_entries(arch: Architecture, training: Training, par: Parallel, math_sdpa: bool,
+                     scores: float) -> list[Entry]:
+    """The unfused softmax's kept tensors (`scores` elements each), by the stack that runs it."""
+    if fused_kernels(training) and megatron_fused_softmax(arch, training, par):
+        return [Entry("softmax output (scores)", scores, bytes_per_element(training.compute_dtype), "tp", "B*a*s^2*b",
+                      recompute=CORE)]
+    if fused_kernels(training):
+        return _megatron_torch_softmax_entries(training, par, scores)
+    if compiled(training):
+        return _compiled_softmax_entries(arch, training, par, scores)
+    if math_sdpa:  # SDPA's math backend (kbit.py): q and k scaled, _safe_softmax's fp32 output
+        return [Entry("softmax output (fp32, SDPA math backend)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE)]
+    return _eager_softmax_entries(arch, training, scores)
+
+
+def _megatron_torch_softmax_entries(training: Training, par: Parallel, scores: float) -> list[Entry]:
+    """Megatron-Core FusedScaleMaskSoftmax.forward_torch_softmax (fusions/fused_softmax.py) with
+    attention_softmax_in_fp32: softmax keeps its fp32 output, scores x V its 16-bit copy, and masked_fill_ the
+    causal mask that transformer/utils.py get_default_causal_mask makes per layer. With attention dropout
+    scores x V keeps the dropout's output instead, and the dropout (ATen native_dropout) only its mask: the
+    16-bit copy is freed (the golden values of Megatron-LM core_v0.16.1's gpt3_mcore_tp2_pp2_uninstall_te,
+    dropout 0.1, measured without it)."""
+    B = bytes_per_element(training.compute_dtype)
+    out = [Entry("softmax output (fp32, unfused softmax)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE)]
+    if B < 4 and not training.dropout:
+        out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+    out.append(Entry("causal mask (bool, made per layer)", training.seq_len / par.cp * training.seq_len, 1, "none",
+                     "s^2", recompute=CORE))
+    return out
+
+
+def _compiled_softmax_entries(arch: Architecture, training: Training, par: Parallel, scores: float) -> list[Entry]:
+    """Inductor's partitioner (COMPILE_SOURCE): the QK^T scores (a bmm output) and the softmax's per-row max
+    and sum (reductions) are kept and the fp32 softmax recomputed from them; the compute-dtype probabilities
+    are kept for scores x V's backward (measured, Llama layer with eager attention). A soft-capping tanh is
+    pointwise and recomputed (derived, not measured)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    return [Entry("QK^T scores (kept by the compiled layer)", scores, B, "tp", "B*a*s^2*b", recompute=CORE),
+            Entry("softmax max and sum per row (fp32, kept by the compiled layer)", 2 * T * arch.num_attention_heads,
+                  4, "tp", "2*4*s*b*a", recompute=CORE),
+            Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE)]
+
+
+def _eager_softmax_entries(arch: Architecture, training: Training, scores: float) -> list[Entry]:
+    """transformers' eager attention: softmax in fp32, then cast back for scores x V."""
+    from ..kbit import prepared
+    B = bytes_per_element(training.compute_dtype)
+    out = []
+    if arch.attention_logit_softcapping:  # tanh keeps its output for backward
+        out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+    if arch.eager_softmax_in_compute_dtype:  # Llama 4: the softmax of the 16-bit scores, kept
+        out.append(Entry("softmax output (compute dtype, no fp32 upcast)", scores, B, "tp", "B*a*s^2*b",
+                         recompute=CORE))
     else:
-        # Unfused attention expands K and V to every query head before the matmuls (repeat_kv).
-        scores = b * a * s * training.seq_len
-        head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
-        out.append(Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head",
-                         recompute=UP_PROJ, tensors=2))
-        if fused_kernels(training) and megatron_fused_softmax(arch, training, par):
-            out.append(Entry("softmax output (scores)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-        elif fused_kernels(training):
-            # Megatron-Core FusedScaleMaskSoftmax.forward_torch_softmax (fusions/fused_softmax.py) with
-            # attention_softmax_in_fp32: softmax keeps its fp32 output, scores x V its 16-bit copy, and
-            # masked_fill_ the causal mask that transformer/utils.py get_default_causal_mask makes per layer.
-            # With attention dropout scores x V keeps the dropout's output instead, and the dropout (ATen
-            # native_dropout) only its mask: the 16-bit copy is freed (the golden values of Megatron-LM
-            # core_v0.16.1's gpt3_mcore_tp2_pp2_uninstall_te, dropout 0.1, measured without it)
-            out.append(Entry("softmax output (fp32, unfused softmax)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-            if B < 4 and not training.dropout:
-                out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
-                                 recompute=CORE))
-            out.append(Entry("causal mask (bool, made per layer)", s * training.seq_len, 1, "none", "s^2",
-                             recompute=CORE))
-        elif compiled(training):
-            # Inductor's partitioner (COMPILE_SOURCE): the QK^T scores (a bmm output) and the softmax's per-row
-            # max and sum (reductions) are kept and the fp32 softmax recomputed from them; the compute-dtype
-            # probabilities are kept for scores x V's backward (measured, Llama layer with eager attention).
-            # A soft-capping tanh is pointwise and recomputed (derived, not measured).
-            out.append(Entry("QK^T scores (kept by the compiled layer)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-            out.append(Entry("softmax max and sum per row (fp32, kept by the compiled layer)", 2 * T * a, 4, "tp",
-                             "2*4*s*b*a", recompute=CORE))
-            out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-        elif math_sdpa:  # SDPA's math backend (kbit.py): q and k scaled, _safe_softmax's fp32 output
-            out.append(Entry("softmax output (fp32, SDPA math backend)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-        else:  # transformers' eager attention: softmax in fp32, then cast back for scores x V
-            if arch.attention_logit_softcapping:  # tanh keeps its output for backward
-                out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-            if arch.eager_softmax_in_compute_dtype:  # Llama 4: the softmax of the 16-bit scores, kept
-                out.append(Entry("softmax output (compute dtype, no fp32 upcast)", scores, B, "tp", "B*a*s^2*b",
-                                 recompute=CORE))
-            else:
-                out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-            if not prepared(training) and not arch.eager_softmax_in_compute_dtype:  # an fp32 query (kbit.py): no copy
-                out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b",
-                                 recompute=CORE))
-        if training.dropout > 0:
-            out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b", recompute=CORE))
-            out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-        out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
-                         recompute=UP_PROJ))
+        out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+    if not prepared(training) and not arch.eager_softmax_in_compute_dtype:  # an fp32 query (kbit.py): no copy
+        out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+    return out
+
+
+def _output_entries(arch: Architecture, training: Training, par: Parallel, math_sdpa: bool) -> list[Entry]:
+    """The attention output (o_proj's input, or Qwen3-Next's gate), the post-attention norm, the residual dropout."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
     # a fused kernel keeps its output for its backward (DSA's unfused one does not)
     fused = training.attention == "flash" and not math_sdpa and not arch.uses_sparse_attention
     if arch.attention_output_gate:
-        out += _output_gate_entries(arch, training, par, fused)
+        out = _output_gate_entries(arch, training, par, fused)
     else:
-        out.append(Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
-                         "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",)))
+        out = [Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
+                     "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",))]
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
     if training.dropout > 0:
-        out.append(Entry("attention residual dropout mask", T * h, 1, "sp", "s*b*h"))
+        out.append(Entry("attention residual dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 
 

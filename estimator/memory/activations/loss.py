@@ -52,131 +52,174 @@ def deferred_wgrad_microbatches(training: Training, microbatches: int) -> int:
 
 
 def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
-    """Final norm, LM head and cross-entropy on the last stage, per loss implementation.
+    """Final norm, LM head and cross-entropy on the last stage, per loss implementation: the head's input,
+    then the loss's own tensors (`_cross_entropy_memory`); the chunked losses of torchtitan and torchtune
+    run the head inside the loss and keep their own."""
+    if training.loss == "chunked" and training.framework == "fsdp2":
+        return _torchtitan_chunked_loss(arch, training, par, vocab)
+    if training.loss == "chunked" and training.framework == "torchtune":
+        return _torchtune_chunked_loss(arch, training, par, vocab)
+    T = tokens_per_gpu(training, par)
+    saved = _norm("final norm input", T, arch, training)
+    saved += _norm_output("LM head input", T, arch, training, 1, (), gemm=False, weights=("head",))
+    loss = _cross_entropy_memory(arch, training, par, vocab)
+    from ..adapter_activations import kept  # a frozen head keeps no input for its weight's gradient
+    return LossMemory(saved=kept(saved + loss.saved, training, arch), forward=loss.forward, backward=loss.backward,
+                      source=loss.source)
 
-    standard, fused kernels (Megatron's vocab-parallel cross-entropy): the logits are upcast to
-    fp32 and the softmax is kept for backward, 4sbV/t (Korthikanti section 4.3: 4sbh(1 + V/h)/t
-    with the two h-sized inputs); the compute-dtype logits sit beside it while it is made, and
-    the compute-dtype gradient of the logits beside it in backward (stas00: "practically 6 bytes
-    per logit").
-    standard, PyTorch modules (transformers' ``ForCausalLMLoss``, the Trainer's compute_loss):
-    forward holds the compute-dtype logits, their fp32 upcast and the fp32 log-softmax (kept for
-    backward) at once; the Trainer returns only the loss, so the logits are gone before
-    backward, whose first step holds the log-softmax and two fp32 gradients (nll_loss and
-    log_softmax backward), as measured (tests/data/measured).
-    fused: a fused cross-entropy kernel (Apex/TE, Liger's cross-entropy) works on the
-    compute-dtype logits in place: B*s*b*V/t. Megatron's --cross-entropy-loss-fusion runs its
-    default native implementation (fusions/fused_cross_entropy.py), which upcasts the logits and
-    keeps the fp32 softmax as the unfused one does, and whose compiled backward holds one more fp32
-    copy of it (Inductor's index_put): 4 more bytes per logit than standard at the start of
-    backward (measured, tests/data/measured/megatron).
-    chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut
-    Cross-Entropy): logits never exist beyond one chunk; Liger computes the gradients of the
-    head's input and weight during forward and keeps them for backward. Under fsdp2 it is
-    torchtitan's ChunkedLossWrapper (`_torchtitan_chunked_loss`).
-    """
+
+def _cross_entropy_memory(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """The cross-entropy's tensors beside the head's input, by the implementation that runs it (the first
+    that applies)."""
+    if training.loss == "fused" and fused_kernels(training) and training.cross_entropy_impl == "te":
+        return _te_cross_entropy(training, par, vocab)
+    if training.loss in ("standard", "fused") and fused_kernels(training):
+        return _megatron_cross_entropy(training, par, vocab)
+    T = tokens_per_gpu(training, par)
+    if training.loss == "standard" and compiled_loss(arch, training, par):  # torchtitan's compiled CrossEntropyLoss
+        kept_logits, backward = compiled_cross_entropy(T, 1, vocab, training)
+        return LossMemory(saved=kept_logits, forward=[], backward=backward, source=TORCHTITAN_COMPILED_LOSS_SOURCE)
+    if training.loss == "standard" and logits_dtype_loss(arch, training):
+        kept, forward, backward = logits_dtype_loss_entries(T, vocab, bytes_per_element(training.compute_dtype))
+        return LossMemory(saved=kept, forward=forward, backward=backward, source=LOGITS_DTYPE_LOSS_SOURCE)
+    if training.loss == "standard":
+        return _pytorch_cross_entropy(arch, training, par, vocab)
+    if training.loss == "fused":
+        return _in_place_cross_entropy(training, par, vocab)
+    return _liger_chunked_loss(arch, training, par, vocab)
+
+
+def _te_cross_entropy(training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """TE's CrossEntropyFunction (TE 2.x pytorch/cross_entropy.py, pytorch/triton/cross_entropy.py): the forward
+    writes the loss's gradient into the 16-bit logits and saves only them; it allocates an fp32 loss and an fp32
+    (max, sum, label logit) triple per token, gathered over TP; the backward scales the logits in place
+    (element_mul_kernel) and returns them."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    gathered = 12 * par.tp if par.tp > 1 else 0
+    saved = [Entry("logits, holding their gradient (TE cross-entropy, in place)", T * vocab, B, "tp", "B*s*b*V")]
+    forward = [Entry("TE cross-entropy fp32 loss and (max, sum, label logit) per token"
+                     + (", gathered over TP" if gathered else ""), T * (16 + gathered), 1, "none",
+                     "(4 + 12 + 12*t)*s*b" if gathered else "(4 + 12)*s*b")]
+    return LossMemory(saved=saved, forward=forward, backward=[],
+                      source="TransformerEngine 2.x pytorch/cross_entropy.py CrossEntropyFunction and pytorch/triton/"
+                             "cross_entropy.py cross_entropy_forward/backward; Megatron-Core language_module.py "
+                             "(--cross-entropy-fusion-impl te)")
+
+
+def _megatron_cross_entropy(training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """standard, fused kernels (Megatron's vocab-parallel cross-entropy): the logits are upcast to fp32 and the
+    softmax is kept for backward, 4sbV/t (Korthikanti section 4.3: 4sbh(1 + V/h)/t with the two h-sized inputs);
+    the compute-dtype logits sit beside it while it is made, and the compute-dtype gradient of the logits beside
+    it in backward (stas00: "practically 6 bytes per logit").
+    fused: Megatron's --cross-entropy-loss-fusion runs its default native implementation
+    (fusions/fused_cross_entropy.py), which upcasts the logits and keeps the fp32 softmax as the unfused one
+    does, and whose compiled backward holds one more fp32 copy of it (Inductor's index_put): 4 more bytes per
+    logit than standard at the start of backward (measured, tests/data/measured/megatron)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    saved = [Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V")]
+    forward = [Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp", "B*s*b*V")]
+    backward = [Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V")]
+    source = ("Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each); Megatron-Core "
+              "fusions/fused_cross_entropy.py (native fusion: the same fp32 softmax)")
+    if training.loss == "fused":
+        # the native fusion's compiled forward is not in place: calculate_logits_max returns the fp32
+        # logits and calculate_predicted_logits their exponentials beside them (the unfused loss exponentiates
+        # in place); measured on an H200: 8*s*b*V above the logits (tests/data/measured/gpu/kernels)
+        forward.append(Entry("fp32 logits beside their exponentials (the compiled forward is not in place)",
+                             T * vocab, 4, "tp", "4*s*b*V"))
+        # the native fusion's compiled backward (jit_fuser = torch.compile) copies the softmax before its
+        # index_put (Inductor lowers index_put as a scatter into clone(x)); the unfused loss writes into it
+        backward.append(Entry("fp32 copy of the softmax (the compiled backward's index_put)", T * vocab, 4, "tp",
+                              "4*s*b*V"))
+        source += f"; {MEGATRON_NATIVE_CE_SOURCE}"
+    return LossMemory(saved=saved, forward=forward, backward=backward, source=source)
+
+
+def _pytorch_cross_entropy(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """standard, PyTorch modules (transformers' ``ForCausalLMLoss``, the Trainer's compute_loss): forward holds
+    the compute-dtype logits, their fp32 upcast and the fp32 log-softmax (kept for backward) at once; the
+    Trainer returns only the loss, so the logits are gone before backward, whose first step holds the
+    log-softmax and two fp32 gradients (nll_loss and log_softmax backward), as measured (tests/data/measured)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    saved = [Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V")]
+    if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
+        saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
+    forward, source = _pytorch_logits(arch, training, par, vocab)
+    backward = [Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
+                      "2*4*s*b*V", tensors=2)]
+    rules = titan_rules(training)
+    if par.tp > 1 and rules is not None and rules.tp_loss_parallel_dtensor:
+        forward_extra, backward_extra = dtensor_loss_parallel_entries(T, vocab)
+        forward += forward_extra
+        backward += backward_extra
+        source += "; " + TITAN_SOURCES["loss_parallel"]
+    return LossMemory(saved=saved, forward=forward, backward=backward, source=source)
+
+
+def _pytorch_logits(arch: Architecture, training: Training, par: Parallel, vocab: int) -> tuple[list[Entry], str]:
+    """(the logits alive at the PyTorch loss's forward moment, their source): the head's output and the loss's
+    fp32 upcast of it, unless the logits are fp32 already or Accelerate's fp32 copy stands for the upcast."""
+    from ..kbit import AUTOCAST_HEAD_SOURCE, prepared, under_autocast
+    from ..trainer_loop import LOGITS_ENTRY, SOURCE as TRAINER_SOURCE, through_accelerate
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
+    fp32_logits = arch.logits_fp32 and B < 4
+    forward: list[Entry] = []
+    if under_autocast(training):
+        # the prepared fp32 head's matmul runs in the autocast dtype (the weights' 16-bit dtype; this ledger
+        # is fp32, kbit.ledger_training): 16-bit logits, then Accelerate's fp32 copy ties the loss's upcast
+        W = bytes_per_element(training.param_dtype)
+        forward.append(Entry("logits in the autocast dtype (the fp32 head's matmul)", T * vocab, W, "tp",
+                             "B*s*b*V"))
+        forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
+        source += f"; {TRAINER_SOURCE}; {AUTOCAST_HEAD_SOURCE}"
+    elif fp32_logits:
+        # the model returns lm_head(x).float() (transformers 5.23 NemotronHForCausalLM.forward): the
+        # compute-dtype logits die with the cast, and the loss's own logits.float() is no copy (measured)
+        forward.append(Entry("fp32 logits (cast in the model's forward)", T * vocab, 4, "tp", "4*s*b*V"))
+    else:
+        forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
+    if prepared(training) or fp32_logits:  # fp32 logits (kbit.py, or the model's own cast): no copy
+        pass  # (under the Trainer's autocast the copy is above)
+    elif through_accelerate(training):  # Accelerate's fp32 copy of the output ties the upcast (trainer_loop.py)
+        forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
+        source += f"; {TRAINER_SOURCE}"
+    else:
+        forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
+    return forward, source
+
+
+def _in_place_cross_entropy(training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """fused: a fused cross-entropy kernel (Apex/TE, Liger's cross-entropy) works on the compute-dtype logits
+    in place: B*s*b*V/t."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    return LossMemory(saved=[Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V")],
+                      forward=[], backward=[],
+                      source="Megatron-Core cross_entropy_loss_fusion; Apex/TE fused cross-entropy")
+
+
+def _liger_chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
+    """chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut Cross-Entropy):
+    logits never exist beyond one chunk; Liger computes the gradients of the head's input and weight during
+    forward and keeps them for backward. (Under fsdp2 it is torchtitan's ChunkedLossWrapper,
+    `_torchtitan_chunked_loss`; under torchtune its CEWithChunkedOutputLoss, `_torchtune_chunked_loss`.)"""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     h = arch.hidden_size
-    saved = _norm("final norm input", T, arch, training)
-    saved += _norm_output("LM head input", T, arch, training, 1, (), gemm=False, weights=("head",))
-    forward: list[Entry] = []
-    backward: list[Entry] = []
-    if training.loss == "fused" and fused_kernels(training) and training.cross_entropy_impl == "te":
-        # TE's CrossEntropyFunction (TE 2.x pytorch/cross_entropy.py, pytorch/triton/cross_entropy.py): the
-        # forward writes the loss's gradient into the 16-bit logits and saves only them; it allocates an fp32
-        # loss and an fp32 (max, sum, label logit) triple per token, gathered over TP; the backward scales
-        # the logits in place (element_mul_kernel) and returns them
-        gathered = 12 * par.tp if par.tp > 1 else 0
-        saved.append(Entry("logits, holding their gradient (TE cross-entropy, in place)", T * vocab, B, "tp",
-                           "B*s*b*V"))
-        forward.append(Entry("TE cross-entropy fp32 loss and (max, sum, label logit) per token"
-                             + (", gathered over TP" if gathered else ""), T * (16 + gathered), 1, "none",
-                             "(4 + 12 + 12*t)*s*b" if gathered else "(4 + 12)*s*b"))
-        source = ("TransformerEngine 2.x pytorch/cross_entropy.py CrossEntropyFunction and pytorch/triton/"
-                  "cross_entropy.py cross_entropy_forward/backward; Megatron-Core language_module.py "
-                  "(--cross-entropy-fusion-impl te)")
-    elif training.loss in ("standard", "fused") and fused_kernels(training):
-        saved.append(Entry("fp32 softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
-        forward.append(Entry("logits in the compute dtype, before the fp32 upcast", T * vocab, B, "tp", "B*s*b*V"))
-        backward.append(Entry("gradient of the logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
-        source = ("Korthikanti et al. 2022 section 4.3; stas00 ml-engineering (logits ~6 bytes each); Megatron-Core "
-                  "fusions/fused_cross_entropy.py (native fusion: the same fp32 softmax)")
-        if training.loss == "fused":
-            # the native fusion's compiled forward is not in place: calculate_logits_max returns the fp32
-            # logits and calculate_predicted_logits their exponentials beside them (the unfused loss exponentiates
-            # in place); measured on an H200: 8*s*b*V above the logits (tests/data/measured/gpu/kernels)
-            forward.append(Entry("fp32 logits beside their exponentials (the compiled forward is not in place)",
-                                 T * vocab, 4, "tp", "4*s*b*V"))
-            # the native fusion's compiled backward (jit_fuser = torch.compile) copies the softmax before its
-            # index_put (Inductor lowers index_put as a scatter into clone(x)); the unfused loss writes into it
-            backward.append(Entry("fp32 copy of the softmax (the compiled backward's index_put)", T * vocab, 4, "tp",
-                                  "4*s*b*V"))
-            source += f"; {MEGATRON_NATIVE_CE_SOURCE}"
-    elif training.loss == "standard" and compiled_loss(arch, training, par):  # torchtitan's compiled CrossEntropyLoss
-        kept_logits, backward = compiled_cross_entropy(T, 1, vocab, training)
-        saved += kept_logits
-        source = TORCHTITAN_COMPILED_LOSS_SOURCE
-    elif training.loss == "standard" and logits_dtype_loss(arch, training):
-        kept, forward, backward = logits_dtype_loss_entries(T, vocab, B)
-        saved += kept
-        source = LOGITS_DTYPE_LOSS_SOURCE
-    elif training.loss == "standard":
-        saved.append(Entry("fp32 log-softmax of the logits", T * vocab, 4, "tp", "4*s*b*V"))
-        if arch.final_logit_softcapping:  # cap * tanh(logits / cap): tanh keeps its output
-            saved.append(Entry("soft-capped logits (tanh output)", T * vocab, B, "tp", "B*s*b*V"))
-        from ..kbit import AUTOCAST_HEAD_SOURCE, prepared, under_autocast
-        from ..trainer_loop import LOGITS_ENTRY, SOURCE as TRAINER_SOURCE, through_accelerate
-        source = "transformers ForCausalLMLoss (logits.float(), cross_entropy); measured in tests/data/measured"
-        fp32_logits = arch.logits_fp32 and B < 4
-        if under_autocast(training):
-            # the prepared fp32 head's matmul runs in the autocast dtype (the weights' 16-bit dtype; this ledger
-            # is fp32, kbit.ledger_training): 16-bit logits, then Accelerate's fp32 copy ties the loss's upcast
-            W = bytes_per_element(training.param_dtype)
-            forward.append(Entry("logits in the autocast dtype (the fp32 head's matmul)", T * vocab, W, "tp",
-                                 "B*s*b*V"))
-            forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
-            source += f"; {TRAINER_SOURCE}; {AUTOCAST_HEAD_SOURCE}"
-        elif fp32_logits:
-            # the model returns lm_head(x).float() (transformers 5.23 NemotronHForCausalLM.forward): the
-            # compute-dtype logits die with the cast, and the loss's own logits.float() is no copy (measured)
-            forward.append(Entry("fp32 logits (cast in the model's forward)", T * vocab, 4, "tp", "4*s*b*V"))
-        else:
-            forward.append(Entry("logits in the compute dtype", T * vocab, B, "tp", "B*s*b*V"))
-        if prepared(training) or fp32_logits:  # fp32 logits (kbit.py, or the model's own cast): no copy
-            pass  # (under the Trainer's autocast the copy is above)
-        elif through_accelerate(training):  # Accelerate's fp32 copy of the output ties the upcast (trainer_loop.py)
-            forward.append(Entry(LOGITS_ENTRY, T * vocab, 4, "tp", "4*s*b*V"))
-            source += f"; {TRAINER_SOURCE}"
-        else:
-            forward.append(Entry("fp32 upcast of the logits (log-softmax input)", T * vocab, 4, "tp", "4*s*b*V"))
-        backward.append(Entry("fp32 gradients of the log-softmax output and input", 2 * T * vocab, 4, "tp",
-                              "2*4*s*b*V", tensors=2))
-        rules = titan_rules(training)
-        if par.tp > 1 and rules is not None and rules.tp_loss_parallel_dtensor:
-            forward_extra, backward_extra = dtensor_loss_parallel_entries(T, vocab)
-            forward += forward_extra
-            backward += backward_extra
-            source += "; " + TITAN_SOURCES["loss_parallel"]
-    elif training.loss == "chunked" and training.framework == "fsdp2":
-        return _torchtitan_chunked_loss(arch, training, par, vocab)
-    elif training.loss == "chunked" and training.framework == "torchtune":
-        return _torchtune_chunked_loss(arch, training, par, vocab)
-    elif training.loss == "fused":
-        saved.append(Entry("logits (softmax and gradient computed in place)", T * vocab, B, "tp", "B*s*b*V"))
-        source = "Megatron-Core cross_entropy_loss_fusion; Apex/TE fused cross-entropy"
-    else:
-        chunk = max(1.0, T * h / vocab)  # Liger: chunk = BT / ceil(V/h) tokens
-        saved.append(Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h"))
-        P = bytes_per_element(training.param_dtype)  # Liger allocates it like the weight
-        # Liger allocates it only when the head's weight requires grad (not under a frozen-head adapter)
-        saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h",
-                           split_by_cp=False, for_weights=("head",)))
-        forward.append(Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp",
-                             "(B + 4)*(s*b*h/V)*V"))
-        source = "Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))"
-    from ..adapter_activations import kept  # a frozen head keeps no input for its weight's gradient
-    return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward, source=source)
+    chunk = max(1.0, T * h / vocab)  # Liger: chunk = BT / ceil(V/h) tokens
+    saved = [Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h")]
+    P = bytes_per_element(training.param_dtype)  # Liger allocates it like the weight
+    # Liger allocates it only when the head's weight requires grad (not under a frozen-head adapter)
+    saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h",
+                       split_by_cp=False, for_weights=("head",)))
+    forward = [Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp", "(B + 4)*(s*b*h/V)*V")]
+    return LossMemory(saved=saved, forward=forward, backward=[],
+                      source="Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))")
 
 
 MEGATRON_NATIVE_CE_SOURCE = (
