@@ -88,6 +88,12 @@ def layer_node(arch, kind: str, layer: int, adapter, threshold: int) -> Node:
         for name, n in parts:
             wanted = adapters.get(_ADAPTER_NAME.get(name, ""), [])
             node = _linear(layer, name, n, wanted.pop(0) if wanted else None, threshold)
+            if t.is_expert and mlp and mlp[-1].name == f"layer {layer} experts":
+                # transformers 5's experts module holds gate_up_proj and down_proj: one hook gathers both
+                last = mlp.pop()
+                node = Node(last.name, last.params + node.params, last.children + node.children)
+            elif t.is_expert:
+                node = Node(f"layer {layer} experts", node.params, node.children)
             (mlp if mlp or t.name in _MLP_START else mixer).append(node)
     children = [Node(f"layer {layer} input norm"), Node(f"layer {layer} mixer", children=tuple(mixer))]
     children += [Node(f"layer {layer} norm")] * max(0, arch.norms_per_layer - 1)
@@ -137,10 +143,13 @@ def gathered_elements(arch, training, stage, prefetch_bucket: int, max_live: int
                       microbatches: int) -> Gathered:
     """The coordinator's peaks on this stage (zero3_replay.replay over `build_trace`). With gradient
     accumulation a micro-batch starts with the embedding still gathered from the backward before it
-    (no hook released it: the module docstring), which the coordinator's count leaves out; its release
-    after the embedding's forward then lowers the count below what is gathered (v0.19.5: reset_step at
-    the start of the forward; v0.12.3 resets it at the end of the backward, and the optimizer step's
-    release lowers it too)."""
+    (no hook released it: the module docstring), which the coordinator's count leaves out (reset_step
+    sets it to 0); its release after the embedding's forward then lowers the count below what is
+    gathered. With one micro-batch a step the optimizer step has released it: from v0.15.4 on
+    (parameter_offload.py _start_of_forward_hook, reset_step at the forward's start) nothing is held,
+    the rule modelled here. Through v0.15.3 (v0.12.3 included) reset_step ran at the end of the
+    backward (stage3.py backward), before the step's release, which then lowers the count the same
+    way: with one micro-batch a step those releases gather up to one embedding more than this."""
     def compute() -> Gathered:
         trace = build_trace(arch, training, stage, threshold)
         held = frozenset(p for s in trace.keeps for p, _ in trace.steps[s]) if microbatches > 1 else frozenset()
