@@ -144,10 +144,12 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "gradients during the backward; ZeRO-1/2 then keep two reduce buckets.", _SAVERS, optional=True,
           auto="DeepSpeed's default: on under ZeRO-3 only"),
     _int("stage3_prefetch_bucket_size", _T, "DeepSpeed ZeRO-3 prefetch bucket (elements)", "Parameters ZeRO-3 "
-         "gathers ahead of the layer that runs. DeepSpeed's own default is 50,000,000.", _SAVERS, hi=2**40,
+         "gathers ahead at every module hook (whole tensors, while under stage3_max_live_parameters). DeepSpeed's "
+         "own default is 50,000,000.", _SAVERS, hi=2**40,
          optional=True, auto="the HF Trainer's 'auto': int(0.9 x hidden_size x hidden_size)", step=1_000_000),
-    _int("stage3_max_live_parameters", _T, "DeepSpeed ZeRO-3 max live parameters", "The most gathered parameters "
-         "ZeRO-3 keeps on a GPU before releasing them (a layer larger than this is still gathered whole).", _SAVERS,
+    _int("stage3_max_live_parameters", _T, "DeepSpeed ZeRO-3 max live parameters", "ZeRO-3 prefetches while its "
+         "count of gathered parameters is under this; since every module hook prefetches, the count reaches it "
+         "(a module's own parameters are gathered whatever the count, a tensor crossing the bound whole).", _SAVERS,
          hi=2**40, optional=True, auto="DeepSpeed's default, 1,000,000,000", step=1_000_000),
     _int("stage3_param_persistence_threshold", _T, "DeepSpeed ZeRO-3 persistence threshold (elements)",
          "ZeRO-3 keeps every parameter of at most this many elements gathered after its first use (norms, biases). "
