@@ -369,7 +369,8 @@ def _zero3_gathered(arch: Architecture, training: Training, stage: StageParamete
                 component("transient", label, P * gathered, text, DEEPSPEED_SOURCE))
     g = gathered_elements(arch, training, stage, ds.prefetch_bucket_size, ds.max_live_parameters,
                           ds.persistence_threshold, m)
-    held = " (the embedding held from the micro-batch before, outside its count)" if m > 1 else ""
+    held = (f" (the embedding, {g.held:,} elements, held from the micro-batch before outside its count)"
+            if g.held else "")
     label = "Gathered parameters (ZeRO-3 prefetch up to stage3_max_live_parameters)"
     out = []
     for elements, at in ((g.forward, g.forward_at), (g.backward, g.backward_at)):

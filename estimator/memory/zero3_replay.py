@@ -50,6 +50,7 @@ class Gathered(NamedTuple):
     backward: int
     forward_at: str
     backward_at: str
+    held: int = 0  # elements gathered from the micro-batch before, outside the count
 
 
 class Trace(NamedTuple):
@@ -118,7 +119,7 @@ def replay(trace: Trace, prefetch_bucket: int, max_live: int, max_reuse: int,
             gathered.discard(p)
             available -= numel[p]
             resident -= numel[p]
-    return Gathered(peaks[0][0], peaks[1][0], peaks[0][1], peaks[1][1])
+    return Gathered(peaks[0][0], peaks[1][0], peaks[0][1], peaks[1][1], sum(numel[p] for p in held))
 
 
 def _reused(at: list[int], s: int, before: list[int], max_reuse: int) -> bool:

@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .adapters import adapted_modules
+from ..spec.adapter import bnb_version
+from ..spec.versions import DEEPSPEED_RESET_AT_FORWARD, release
 from .zero3_replay import Gathered, Trace, replay
 
 SOURCE = ("DeepSpeed v0.12.3 and v0.19.5 runtime/zero/parameter_offload.py (_register_hooks_recursively, "
@@ -146,15 +148,18 @@ def gathered_elements(arch, training, stage, prefetch_bucket: int, max_live: int
     (no hook released it: the module docstring), which the coordinator's count leaves out (reset_step
     sets it to 0); its release after the embedding's forward then lowers the count below what is
     gathered. With one micro-batch a step the optimizer step has released it: from v0.15.4 on
-    (parameter_offload.py _start_of_forward_hook, reset_step at the forward's start) nothing is held,
-    the rule modelled here. Through v0.15.3 (v0.12.3 included) reset_step ran at the end of the
-    backward (stage3.py backward), before the step's release, which then lowers the count the same
-    way: with one micro-batch a step those releases gather up to one embedding more than this."""
+    (parameter_offload.py _start_of_forward_hook, reset_step at the forward's start) the count starts
+    from there and nothing is held. Through v0.15.3 (v0.12.3 included) reset_step ran at the end of the
+    backward (stage3.py backward), before the step's release, which then lowers the count the same way:
+    held in every micro-batch (training.framework_version; versions.DEEPSPEED_RESET_AT_FORWARD)."""
+    version = release("deepspeed", training.framework_version).version
+    offset = microbatches > 1 or bnb_version(version) < DEEPSPEED_RESET_AT_FORWARD
+
     def compute() -> Gathered:
         trace = build_trace(arch, training, stage, threshold)
-        held = frozenset(p for s in trace.keeps for p, _ in trace.steps[s]) if microbatches > 1 else frozenset()
+        held = frozenset(p for s in trace.keeps for p, _ in trace.steps[s]) if offset else frozenset()
         return replay(trace, prefetch_bucket, max_live, MAX_REUSE_DISTANCE, held)
     key = ("zero3 gathered", stage.first, stage.last, tuple((r.start, r.stop) for r in stage.chunks),
            training.adapter, training.recompute, training.recompute_layers, prefetch_bucket, max_live, threshold,
-           microbatches > 1)
+           offset)
     return arch.cached(key, compute)

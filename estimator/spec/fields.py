@@ -43,8 +43,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
             "or main, or the releases of torchtitan's published benchmarks (0.2.0, 0.1.0, and 2024-12: main at "
-            "9dec370); torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
-            "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
+            "9dec370); torchtune 0.6.1; deepspeed 0.19.5 or 0.12.3 (before 0.15.4 ZeRO-3 restarts its count of "
+            "gathered parameters at the end of the backward). Each version-dependent rule cites the release it "
+            "comes from (estimator/spec/versions.py); hf has no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
     _choice("te_version", _T, "TransformerEngine version", "megatron: the TransformerEngine release the run "
             "installs. Its FusedAdam in 2.10 and 2.11 builds Adam's moments at a Megatron-FSDP DTensor's global "
