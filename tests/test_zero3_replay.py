@@ -151,3 +151,18 @@ def test_with_one_micro_batch_a_step_the_embedding_is_held_only_before_deepspeed
     assert backward(None)[0] == new  # 0.19.5 is the default
     assert "1,245,708,288 elements, held" in old_text and "held" not in new_text
     assert old >= 1_000_000_000 + 152_064 * 8_192 > new
+
+
+def test_on_one_rank_zero_3_gathers_nothing():
+    """partition_parameters.py all_gather_coalesced: with one partition _no_gather_coalesced points each parameter at
+    its own partition, so there is no gathered copy; Qwen-1.8B's full fine-tuning on one GPU charges none."""
+    data = json.loads((Path(__file__).parent / "data/measured/published_finetune/qwen.json").read_text())
+    config = next(r for r in data["rows"] if r["id"] == "qwen-1.8b-full-s256")["config"]
+    stage = estimate_config(config).stages[0]
+    assert not [c for p in stage.phases for q in p.components for c in (q.parts or (q,))
+                if c.label.startswith("Gathered parameters")]
+    config = json.loads(json.dumps(config))
+    config["parallel"]["dp"] = 2
+    stage = estimate_config(config).stages[0]
+    assert [c for p in stage.phases for q in p.components for c in (q.parts or (q,))
+            if c.label.startswith("Gathered parameters")]

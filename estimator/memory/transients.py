@@ -342,8 +342,8 @@ def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, st
                                     f"reduce_bucket_size {ds.reduce_bucket_size:,} x {P:g} B",
                                     ZERO3_BUCKET_SOURCE + "; " + DEEPSPEED_SOURCE))
         f, b = _zero3_gathered(arch, training, stage, ds, P, d, m)
-        fwd.append(f)
-        bwd.append(b)
+        fwd += f
+        bwd += b
         small = persistent_elements(arch, stage, ds.persistence_threshold)
         if small:
             persistent.append(component(
@@ -356,17 +356,11 @@ def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, st
 
 
 def _zero3_gathered(arch: Architecture, training: Training, stage: StageParameters, ds: DeepSpeedBuffers, P: float,
-                    d: int, m: int) -> tuple[Component, Component]:
+                    d: int, m: int) -> tuple[list[Component], list[Component]]:
     """ZeRO-3's gathered parameters in forward and in backward: its coordinator replayed over the
     micro-batch's module hooks (zero3_trace.py, zero3_replay.py)."""
-    if d == 1:  # kept as it was (DeepSpeed gathers nothing on one rank: partition_parameters.py _no_gather_coalesced)
-        layer = stage.largest_layer_local
-        gathered = max(layer, min(ds.max_live_parameters, layer + min(ds.prefetch_bucket_size, stage.local)))
-        text = (f"{P:g} B x max(one layer, min(max_live {ds.max_live_parameters:,}, one layer + prefetch "
-                f"{ds.prefetch_bucket_size:,}))")
-        label = "Gathered parameters (current layer + prefetch bucket)"
-        return (component("transient", label, P * gathered, text, DEEPSPEED_SOURCE),
-                component("transient", label, P * gathered, text, DEEPSPEED_SOURCE))
+    if d == 1:  # one rank: the "gather" points the parameter at its own partition (partition_parameters.py
+        return [], []  # all_gather_coalesced -> _no_gather_coalesced, v0.12.3 and v0.19.5): nothing allocated
     g = gathered_elements(arch, training, stage, ds.prefetch_bucket_size, ds.max_live_parameters,
                           ds.persistence_threshold, m)
     held = (f" (the embedding, {g.held:,} elements, held from the micro-batch before outside its count)"
@@ -379,7 +373,7 @@ def _zero3_gathered(arch: Architecture, training: Training, stage: StageParamete
                 f"min(max_live {ds.max_live_parameters:,} - its count, prefetch bucket {ds.prefetch_bucket_size:,})"
                 f"{held}")
         out.append(component("transient", label, P * elements, text, ZERO3_REPLAY_SOURCE + "; " + TRACE_SOURCE))
-    return out[0], out[1]
+    return [out[0]], [out[1]]
 
 
 def persistent_elements(arch: Architecture, stage: StageParameters, threshold: int) -> float:
