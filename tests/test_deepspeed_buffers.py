@@ -1,7 +1,8 @@
 """DeepSpeed's ZeRO buffers (estimator/memory/transients.py deepspeed_buffers), by hand from DeepSpeed v0.19.5's
 source: ZeRO-1/2 allocate reduce_bucket_size in full (twice with overlap_comm) whatever the trainable count
-(runtime/zero/stage_1_and_2.py setup_buckets); ZeRO-3 keeps one bucket from its start (stage3.py), gathers a
-layer and the prefetch bucket, and keeps the parameters under the persistence threshold gathered
+(runtime/zero/stage_1_and_2.py setup_buckets); ZeRO-3 keeps one bucket from its start (stage3.py), prefetches up
+to stage3_max_live_parameters (partitioned_param_coordinator.py), and keeps the parameters under the persistence
+threshold gathered
 (parameter_offload.py mark_persistent_parameters). "auto" is what the HF Trainer fills in (transformers
 integrations/deepspeed.py trainer_config_finalize): h x h, int(0.9 h x h), 10 h."""
 
@@ -56,15 +57,26 @@ def test_zero_1_and_2_allocate_the_whole_bucket_in_backward(zero, training, expe
     assert not any(k.startswith("Gradient reduction bucket") for k in parts(lora(zero, **training), "forward"))
 
 
-def test_zero_3_keeps_its_bucket_the_persistent_parameters_and_gathers_a_layer_with_the_prefetch():
+GATHERED = "Gathered parameters (ZeRO-3 prefetch up to stage3_max_live_parameters)"
+HEAD = 128_256 * H  # Llama-3.1-8B's output head, its largest tensor
+
+
+def test_zero_3_keeps_its_bucket_the_persistent_parameters_and_prefetches_up_to_max_live():
+    """ZeRO-3's coordinator (partitioned_param_coordinator.py fetch_sub_module) prefetches at every module hook,
+    containers, norms and LoRA's dropout included, whole tensors up to min(max_live - its count, bucket): with more
+    hooks than gathered tensors its count climbs to stage3_max_live_parameters (1e9), and the head (525,336,576
+    elements) is taken whole once the count is under the bound (tests/test_zero3_replay.py checks the rules by hand)."""
     forward = parts(lora(3), "forward")
     assert forward["Gradient reduction bucket (ZeRO-3)"] == 2 * H * H  # kept through the step
     # norms of 4096 elements (2 per layer and the final one) are under 10 h = 40,960: kept whole
     assert forward["ZeRO-3 persistent parameters (kept gathered)"] == 2 * (32 * 2 + 1) * 4096
-    assert forward["Gathered parameters (current layer + prefetch bucket)"] == 2 * (LAYER + int(0.9 * H * H))
+    assert 2 * 1_000_000_000 < forward[GATHERED] <= 2 * (1_000_000_000 + HEAD)
+    assert forward[GATHERED] > 2 * (LAYER + int(0.9 * H * H))  # what one layer and the bucket would be
     capped = lora(3, stage3_max_live_parameters=100_000_000, stage3_param_persistence_threshold=0)
-    forward = parts(capped, "forward")
-    assert forward["Gathered parameters (current layer + prefetch bucket)"] == 2 * LAYER  # a layer above max_live
+    forward, backward = parts(capped, "forward"), parts(capped, "backward")
+    # a bound under the head: the backward's first gather, the head's own, is all it holds (its own is not capped)
+    assert backward[GATHERED] == 2 * HEAD
+    assert 2 * HEAD < forward[GATHERED] <= 2 * (100_000_000 + HEAD)
     assert "ZeRO-3 persistent parameters (kept gathered)" not in forward
 
 

@@ -29,6 +29,8 @@ from .megatron_fsdp import PREFETCH_ELEMENTS, PREFETCH_SOURCE, backward_gathered
 from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
+from .zero3_replay import SOURCE as ZERO3_REPLAY_SOURCE
+from .zero3_trace import SOURCE as TRACE_SOURCE, gathered_elements
 
 
 class Transients(NamedTuple):
@@ -186,7 +188,8 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
         fwd += f1
         bwd += b1
     if fw == "deepspeed":
-        b_fwd, b_bwd, b_persistent = deepspeed_buffers(arch, training, recipe, stage, zero, trainable)
+        b_fwd, b_bwd, b_persistent = deepspeed_buffers(arch, training, recipe, stage, zero, trainable, d_dense,
+                                                       microbatches(training, par))
         fwd += b_fwd
         bwd += b_bwd
         persistent += b_persistent
@@ -315,8 +318,9 @@ def deepspeed_settings(arch: Architecture, training: Training, zero: int) -> Dee
 
 
 def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, stage: StageParameters, zero: int,
-                      trainable: float) -> tuple[list[Component], list[Component], list[Component]]:
-    """DeepSpeed's gradient buckets and ZeRO-3's gathered parameters: (forward, backward, persistent)."""
+                      trainable: float, d: int, m: int) -> tuple[list[Component], list[Component], list[Component]]:
+    """DeepSpeed's gradient buckets and ZeRO-3's gathered parameters: (forward, backward, persistent);
+    `d` ranks share the partitions, `m` micro-batches make a step."""
     ds = deepspeed_settings(arch, training, zero)
     P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
     fwd: list[Component] = []
@@ -337,14 +341,9 @@ def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, st
         persistent.append(component("buckets", "Gradient reduction bucket (ZeRO-3)", ds.reduce_bucket_size * P,
                                     f"reduce_bucket_size {ds.reduce_bucket_size:,} x {P:g} B",
                                     ZERO3_BUCKET_SOURCE + "; " + DEEPSPEED_SOURCE))
-        layer = stage.largest_layer_local
-        # the layer that runs and the prefetch bucket, capped at max_live (a larger layer is gathered whole)
-        gathered = max(layer, min(ds.max_live_parameters, layer + min(ds.prefetch_bucket_size, stage.local)))
-        text = (f"{P:g} B x max(one layer, min(max_live {ds.max_live_parameters:,}, one layer + prefetch "
-                f"{ds.prefetch_bucket_size:,}))")
-        label = "Gathered parameters (current layer + prefetch bucket)"
-        fwd.append(component("transient", label, P * gathered, text, DEEPSPEED_SOURCE))
-        bwd.append(component("transient", label, P * gathered, text, DEEPSPEED_SOURCE))
+        f, b = _zero3_gathered(arch, training, stage, ds, P, d, m)
+        fwd += f
+        bwd += b
         small = persistent_elements(arch, stage, ds.persistence_threshold)
         if small:
             persistent.append(component(
@@ -354,6 +353,27 @@ def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, st
                 "DeepSpeed v0.19.5 runtime/zero/parameter_offload.py mark_persistent_parameters (ds_persist: not "
                 "released after the first gather); " + DEEPSPEED_SOURCE))
     return fwd, bwd, persistent
+
+
+def _zero3_gathered(arch: Architecture, training: Training, stage: StageParameters, ds: DeepSpeedBuffers, P: float,
+                    d: int, m: int) -> tuple[list[Component], list[Component]]:
+    """ZeRO-3's gathered parameters in forward and in backward: its coordinator replayed over the
+    micro-batch's module hooks (zero3_trace.py, zero3_replay.py)."""
+    if d == 1:  # one rank: the "gather" points the parameter at its own partition (partition_parameters.py
+        return [], []  # all_gather_coalesced -> _no_gather_coalesced, v0.12.3 and v0.19.5): nothing allocated
+    g = gathered_elements(arch, training, stage, ds.prefetch_bucket_size, ds.max_live_parameters,
+                          ds.persistence_threshold, m)
+    held = (f" (the embedding, {g.held:,} elements, held from the micro-batch before outside its count)"
+            if g.held else "")
+    label = "Gathered parameters (ZeRO-3 prefetch up to stage3_max_live_parameters)"
+    out = []
+    for elements, at in ((g.forward, g.forward_at), (g.backward, g.backward_at)):
+        text = (f"{P:g} B x {elements:,} elements, the most the coordinator holds gathered (at {at}) when "
+                f"replayed over the micro-batch's module hooks: every hook prefetches whole tensors up to "
+                f"min(max_live {ds.max_live_parameters:,} - its count, prefetch bucket {ds.prefetch_bucket_size:,})"
+                f"{held}")
+        out.append(component("transient", label, P * elements, text, ZERO3_REPLAY_SOURCE + "; " + TRACE_SOURCE))
+    return [out[0]], [out[1]]
 
 
 def persistent_elements(arch: Architecture, stage: StageParameters, threshold: int) -> float:

@@ -43,8 +43,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
             "or main, or the releases of torchtitan's published benchmarks (0.2.0, 0.1.0, and 2024-12: main at "
-            "9dec370); torchtune 0.6.1. Each version-dependent rule cites the release it comes from "
-            "(estimator/spec/versions.py); deepspeed and hf have no versioned rules.", "Run", VERSIONS, optional=True,
+            "9dec370); torchtune 0.6.1; deepspeed 0.19.5 or 0.12.3 (before 0.15.4 ZeRO-3 restarts its count of "
+            "gathered parameters at the end of the backward). Each version-dependent rule cites the release it "
+            "comes from (estimator/spec/versions.py); hf has no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),
     _choice("te_version", _T, "TransformerEngine version", "megatron: the TransformerEngine release the run "
             "installs. Its FusedAdam in 2.10 and 2.11 builds Adam's moments at a Megatron-FSDP DTensor's global "
@@ -144,10 +145,12 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "gradients during the backward; ZeRO-1/2 then keep two reduce buckets.", _SAVERS, optional=True,
           auto="DeepSpeed's default: on under ZeRO-3 only"),
     _int("stage3_prefetch_bucket_size", _T, "DeepSpeed ZeRO-3 prefetch bucket (elements)", "Parameters ZeRO-3 "
-         "gathers ahead of the layer that runs. DeepSpeed's own default is 50,000,000.", _SAVERS, hi=2**40,
+         "gathers ahead at every module hook (whole tensors, while under stage3_max_live_parameters). DeepSpeed's "
+         "own default is 50,000,000.", _SAVERS, hi=2**40,
          optional=True, auto="the HF Trainer's 'auto': int(0.9 x hidden_size x hidden_size)", step=1_000_000),
-    _int("stage3_max_live_parameters", _T, "DeepSpeed ZeRO-3 max live parameters", "The most gathered parameters "
-         "ZeRO-3 keeps on a GPU before releasing them (a layer larger than this is still gathered whole).", _SAVERS,
+    _int("stage3_max_live_parameters", _T, "DeepSpeed ZeRO-3 max live parameters", "ZeRO-3 prefetches while its "
+         "count of gathered parameters is under this; since every module hook prefetches, the count reaches it "
+         "(a module's own parameters are gathered whatever the count, a tensor crossing the bound whole).", _SAVERS,
          hi=2**40, optional=True, auto="DeepSpeed's default, 1,000,000,000", step=1_000_000),
     _int("stage3_param_persistence_threshold", _T, "DeepSpeed ZeRO-3 persistence threshold (elements)",
          "ZeRO-3 keeps every parameter of at most this many elements gathered after its first use (norms, biases). "

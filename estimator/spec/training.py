@@ -292,7 +292,7 @@ def _check_recompute_every(t: Training) -> None:
 
 
 def _check_framework_version(t: Training) -> None:
-    """A version the framework offers (versions.py); deepspeed and hf offer none."""
+    """A version the framework offers (versions.py); hf offers none."""
     from .versions import offered
     versions = offered(t.framework)
     if t.framework_version is not None and t.framework_version not in versions:

@@ -23,6 +23,10 @@ What differs between the releases offered, as far as the estimator models it:
   f7084fc7, components/loss.py), and components/loss.py's cross-entropy, the activation
   checkpointing policy (distributed/activation_checkpoint.py) and the compile defaults are the
   same at both (compared file by file).
+- deepspeed 0.19.5 and 0.12.3 (Qwen-1's fine-tuning table ran DeepSpeed of late 2023): where ZeRO-3's
+  coordinator restarts its count of gathered parameters, which decides whether a run of one micro-batch a step
+  gathers an embedding's worth more (memory/zero3_trace.py); the other DeepSpeed rules cite 0.19.5 (ZeRO-3's
+  sub-group flattening and the coordinator's prefetch and release rules read the same at 0.12.3).
 - fsdp2 2024-12, 0.1.0 and 0.2.0: the releases of torchtitan's published benchmarks (issue 22).
   What differs (the loss's compilation, the root FSDP unit, TP's loss-parallel cross-entropy) is
   keyed in memory/titan_releases.py, each rule with the commit that made it.
@@ -64,14 +68,23 @@ RELEASES: dict[str, tuple[Release, ...]] = {
     "torchtune": (
         Release("torchtune", "0.6.1", "torchtune 0.6.1", "PyPI torchtune==0.6.1"),
     ),
+    "deepspeed": (
+        Release("deepspeed", "0.19.5", "DeepSpeed 0.19.5", "PyPI deepspeed==0.19.5"),
+        Release("deepspeed", "0.12.3", "DeepSpeed 0.12.3", "PyPI deepspeed==0.12.3"),
+    ),
 }
+
+# DeepSpeed moved ZeRO-3's reset_step (the coordinator's count back to 0) from the end of the backward
+# (stage3.py backward, through 0.15.3) to the start of the forward (parameter_offload.py
+# _start_of_forward_hook) in 0.15.4 (memory/zero3_trace.py gathered_elements)
+DEEPSPEED_RESET_AT_FORWARD = (0, 15, 4)
 
 # every version any framework offers, in one list (the field's options)
 VERSIONS: tuple[str, ...] = tuple(dict.fromkeys(r.version for rs in RELEASES.values() for r in rs))
 
 
 def offered(framework: str) -> tuple[str, ...]:
-    """The versions a framework offers (none for deepspeed and hf, whose rules are not versioned)."""
+    """The versions a framework offers (none for hf, whose rules are not versioned)."""
     return tuple(r.version for r in RELEASES.get(framework, ()))
 
 
