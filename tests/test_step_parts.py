@@ -70,14 +70,15 @@ def test_a_step_part_is_the_same_for_every_value_of_a_field_its_setup_seals(name
             continue
         assert parts == first, (name, sealed, values)
         compared += 1
-    assert compared >= 3, (name, sealed)
+    assert compared >= 2, (name, sealed)  # DeepSpeed ZeRO-3 seals the loss alone: its two values
 
 
 def test_the_fields_read_are_kept_and_change_the_step_part():
     """Where a step part reads a field its setup keeps it: Megatron's global memory buffer with sequence
     parallelism holds s*b*h gathered over TP (activations/moe.global_memory_buffer), so the micro-batch size
     changes it; FSDP2 reads the loss and the recompute setting; autocast's weight copies read the recompute."""
-    cases = {"megatron-tp2-sp": "micro_batch_size", "fsdp2": "loss", "hf-autocast": "recompute"}
+    cases = {"megatron-tp2-sp": "micro_batch_size", "fsdp2": "loss", "hf-autocast": "recompute",
+             "deepspeed-zero3": "recompute_layers"}  # ZeRO-3's hook order (zero3_trace.py)
     for name, field in cases.items():
         model, training, layout = SETUPS[name]
         cfg = resolve(get_architecture(model), Training(**training), Parallel(**layout))

@@ -6,7 +6,7 @@ and the step parts are kept by their setup (memory._step_memo): a field the step
 key it, or the search builds the same part once per value. A sealed field holds a stand-in whose every use (a
 comparison, arithmetic, a format, a truth test) raises `UnreadField`: a later rule that reads it fails loudly,
 and the field must then join what the step part reads here (`_reads_micro_batch`, `_reads_loss`,
-`_reads_recompute`), which keeps it in the key.
+`_reads_recompute`, `_reads_recomputed_layers`), which keeps it in the key.
 """
 
 from __future__ import annotations
@@ -58,9 +58,11 @@ def _reads_micro_batch(training: Training, par: Parallel) -> bool:
     """The micro-batch size reaches the step part through FSDP1's no_sync accumulation over the micro-batches
     (fsdp1.transients), a pipelined FSDP2 stage's per-micro-batch buffers (pp_buffers.pipelining_buffers: their
     count and tokens) and Megatron's global memory buffer (activations/moe.global_memory_buffer: s*b*h gathered
-    over TP with sequence parallelism, or over EP x expert-TP by the all-gather dispatcher)."""
+    over TP with sequence parallelism, or over EP x expert-TP by the all-gather dispatcher); DeepSpeed's ZeRO-3
+    coordinator holds the embedding past its count when a step has more than one micro-batch
+    (transients._zero3_gathered, zero3_trace.gathered_elements)."""
     fw = training.framework
-    if fw == "fsdp1" or (fw == "fsdp2" and par.pp > 1):
+    if fw in ("fsdp1", "deepspeed") or (fw == "fsdp2" and par.pp > 1):
         return True
     return fw == "megatron" and ((par.sequence_parallel and par.tp > 1)
                                  or (training.moe_dispatcher == "allgather" and par.ep * par.etp > 1))
@@ -74,15 +76,22 @@ def _reads_loss(training: Training) -> bool:
 
 def _reads_recompute(training: Training, recipe: Recipe) -> bool:
     """The recompute setting reaches it through autocast's weight copies kept for backward (all of them, or one
-    recomputed layer's: transients._autocast_copies) and FSDP2's unit gradients under torchtitan's full
-    activation checkpointing (backward_moments.titan_full_ac). Its modules and layers never do: Megatron's block
-    recompute count is read by the rest of the static part only (memory.static_key)."""
-    return recipe.autocast_weight_copies or training.framework == "fsdp2"
+    recomputed layer's: transients._autocast_copies), FSDP2's unit gradients under torchtitan's full
+    activation checkpointing (backward_moments.titan_full_ac) and DeepSpeed ZeRO-3's hook order, which a
+    recomputed forward repeats (zero3_trace.py). Its modules and layers never do: Megatron's block recompute
+    count is read by the rest of the static part only (memory.static_key)."""
+    return recipe.autocast_weight_copies or training.framework in ("fsdp2", "deepspeed")
+
+
+def _reads_recomputed_layers(training: Training) -> bool:
+    """Which modules and layers are recomputed reaches it through DeepSpeed ZeRO-3's hook order alone: a
+    recomputed layer's forward hooks run again in backward (zero3_trace.py)."""
+    return training.framework == "deepspeed"
 
 
 def sealed_fields(training: Training, par: Parallel, recipe: Recipe) -> tuple[str, ...]:
     """The fields of `training` that the step part of a stage on layout `par` does not read."""
-    return (("recompute_modules", "recompute_layers")
+    return ((() if _reads_recomputed_layers(training) else ("recompute_modules", "recompute_layers"))
             + (() if _reads_recompute(training, recipe) else ("recompute",))
             + (() if _reads_micro_batch(training, par) else ("micro_batch_size",))
             + (() if _reads_loss(training) else ("loss",)))
