@@ -168,8 +168,8 @@ def test_an_interleaved_small_llama_by_hand():
     """The small Llama on PP 2 with 2 chunks each (2 layers a chunk), 2 micro-batches: rank 0's layers' fp32
     gradients (4 B x 16.8M each) outweigh a layer's input (4 MiB), so its largest moment is chunk 0's second
     backward: half a stack's inputs (2 layers of one micro-batch) and the embedding's 8 B per token beside every
-    gradient, against the charged 2 stacks: 1.5 x 4 layers x 4 MiB + 8 x 2,048 less. The last rank keeps the
-    loss's rule."""
+    gradient, against the charged 2 stacks: 1.5 x 4 layers x 4 MiB + 8 x 2,048 less. On the last rank the loss's
+    moment (its 32,000-word logits) is the charged one: the replay lowers nothing there (pp_last_rank.py)."""
     est = estimate_config(config(2, vpp=2, pp_first_stage_layers=None))
     first, last = est.stages
     fewer = {c.label: c for c in negative(first)}
