@@ -168,8 +168,8 @@ def test_an_interleaved_small_llama_by_hand():
     """The small Llama on PP 2 with 2 chunks each (2 layers a chunk), 2 micro-batches: rank 0's layers' fp32
     gradients (4 B x 16.8M each) outweigh a layer's input (4 MiB), so its largest moment is chunk 0's second
     backward: half a stack's inputs (2 layers of one micro-batch) and the embedding's 8 B per token beside every
-    gradient, against the charged 2 stacks: 1.5 x 4 layers x 4 MiB + 8 x 2,048 less. The last rank keeps the
-    loss's rule."""
+    gradient, against the charged 2 stacks: 1.5 x 4 layers x 4 MiB + 8 x 2,048 less. On the last rank the loss's
+    moment (its 32,000-word logits) is the charged one: the replay lowers nothing there (pp_last_rank.py)."""
     est = estimate_config(config(2, vpp=2, pp_first_stage_layers=None))
     first, last = est.stages
     fewer = {c.label: c for c in negative(first)}
@@ -177,3 +177,78 @@ def test_an_interleaved_small_llama_by_hand():
     assert inputs.bytes == -(3 * 4 * MIB * 2 + 8 * 2048) and "chunk 0's backward" in inputs.formula
     assert len(fewer) == 1  # every gradient exists at that moment
     assert not negative(last)
+
+
+# --- the interleaved last rank (estimator/memory/pp_last_rank.py) -----------------------------------------
+
+def last_rank_walk(p: int, v: int, m: int, n: int, a: float, g: float, head: float, loss: float,
+                   other: float) -> float:
+    """The last rank's held inputs + fp32 gradients, layer by layer in the order the installed torch's
+    ScheduleInterleaved1F1B._calculate_single_rank_operations gives rank p - 1 (`n` layers a chunk, `a` a layer's
+    input per micro-batch, `g` its gradient, `head` the final norm's and head's): each loss moment (before the
+    head's backward, in the last chunk's backwards) holds `loss` more, every other backward moment `other` more
+    (a recomputed layer); a chunk's first backward makes the head's gradient first (last chunk), then each
+    layer's as that layer's backward runs."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    torch_schedule = schedules.ScheduleInterleaved1F1B.__new__(schedules.ScheduleInterleaved1F1B)
+    torch_schedule.n_local_stages, torch_schedule.pp_group_size, torch_schedule._n_microbatches = v, p, m
+    torch_schedule.number_of_rounds = max(1, m // p)
+    torch_schedule.microbatches_per_round = m // torch_schedule.number_of_rounds
+    inputs, grads, begun, peak = 0.0, 0.0, set(), 0.0
+    for action in torch_schedule._calculate_single_rank_operations(p - 1):
+        if action is None:
+            continue
+        chunk = action.stage_index // p
+        if action.computation_type == schedules._ComputationType.FORWARD:
+            inputs += n * a
+            continue
+        first = chunk not in begun
+        begun.add(chunk)
+        if chunk == v - 1:
+            peak = max(peak, inputs + grads + loss)
+            grads += head if first else 0.0
+        for j in range(n):  # the chunk's layers, last to first: this one's input held, its gradient made
+            made = (j + 1) * g if first else 0.0
+            peak = max(peak, inputs + grads + made + other)
+            inputs -= a
+        grads += n * g if first else 0.0
+    return peak
+
+
+@pytest.mark.parametrize("p, v, m, a, g, head, loss, other", [
+    (2, 2, 2, 1.0, 3.0, 2.0, 1.0, 2.0),  # gradients dominate: chunk 0's first backward, at its first layer
+    (4, 2, 4, 3.0, 1.0, 0.5, 2.0, 3.0),  # inputs dominate: the last chunk's backwards
+    (4, 2, 4, 1.0, 1.0, 2.0, 5.0, 1.0),  # the loss's moment is charged (5 >= 1 + 2 unbegun): nothing changes
+    (4, 2, 4, 1.0, 3.0, 2.0, 6.0, 1.0),  # the other moments charged (1 > 6 - 6), the loss's the peak under the replay
+    (4, 2, 4, 1.0, 6.0, 2.0, 10.0, 1.0),  # gradients dominate on PP 4: chunk 0's first backward, at its first layer
+    (4, 3, 4, 2.0, 2.0, 1.0, 3.0, 2.0),
+])
+def test_an_interleaved_last_rank_against_the_layer_walk(p, v, m, a, g, head, loss, other):
+    """Hand numbers (MiB; G = 4 B): the estimate charges the last rank its in-flight inputs beside every gradient
+    and the larger of the loss's moment less the earlier chunks' gradients (_gradients_after_the_loss) and the
+    other moments (`other`); with the replay's parts the charge is the layer walk's peak."""
+    from estimator.memory.pipeline import interleaved_in_flight
+    from estimator.memory.pp_last_rank import fewer_on_the_last_rank
+    from estimator.memory.static_stage import _gradients_after_the_loss
+
+    n, G = 2, 4
+    layers = v * n
+    local = (layers * g + head) / G * MIB
+    chunks = tuple(range((c * p + p - 1) * n, (c * p + p) * n) for c in range(v))
+    sp = StageParameters(p - 1, (("dense", layers),), Bucket(dense=local), g / G * MIB, head / G * MIB, chunks,
+                         first=False, last=True)
+    training, recipe = Training(framework="fsdp2"), SimpleNamespace(grad_dtype="fp32")
+    par = Parallel(pp=p, vpp=v, dp=2, pp_schedule="interleaved")
+    inflight = interleaved_in_flight(p - 1, p, v, m, p)
+
+    def held(stacks: float) -> int:
+        return int(round(stacks * layers * a * MIB))
+
+    unbegun = _gradients_after_the_loss(training, recipe, par, sp, m)
+    assert unbegun == (v - 1) * n * g * MIB  # the earlier chunks' layers
+    margin = int(round((loss - other) * MIB - unbegun))
+    fewer = fewer_on_the_last_rank(recipe, par, sp, m, inflight, held, margin)
+    charged = held(inflight) + G * local + max(loss * MIB - unbegun, other * MIB)
+    assert (charged + sum(c.bytes for c in fewer)) / MIB == pytest.approx(
+        last_rank_walk(p, v, m, n, a, g, head, loss, other), abs=1e-3)
+    assert bool(fewer) == (margin < 0 and charged / MIB > last_rank_walk(p, v, m, n, a, g, head, loss, other) + 1e-6)

@@ -347,7 +347,8 @@ def test_each_chunk_of_an_interleaved_rank_has_its_own_all_gather_pool():
 def test_an_interleaved_last_rank_has_no_earlier_chunk_gradients_at_the_loss():
     """One round of 8 micro-batches on PP 8: rank 7 runs every backward of stage 15 (the loss) before stage
     7's first, so at the loss's moments stage 7's 8 blocks have no unsharded fp32 gradient yet (4 B x 8
-    blocks less at that moment); its peak is then the recomputed layer beside every gradient."""
+    blocks less at that moment); its peak is then the recomputed layer beside every gradient (its inputs
+    replayed: test_an_interleaved_last_rank_is_replayed_outside_the_loss)."""
     from estimator.memory.resolved import resolve
     from estimator.models.loading import load_config
     from estimator.memory.static_stage import _gradients_after_the_loss
@@ -375,10 +376,26 @@ def test_an_interleaved_rank_holds_its_inputs_and_gradients_apart():
     (pp_interleaved_moments.py). Its largest moment is chunk 0's first backward at its first block: chunk 0's
     inputs of the 7 other micro-batches and that block's (57 of 128 blocks' inputs) beside every gradient, so
     71 blocks' inputs (full AC: 2 B x (4 x 8192 / TP 8) x 16384 each) fewer than the in-flight charge. The last
-    rank keeps the loss's rule and holds the peak."""
+    rank holds the peak (test_an_interleaved_last_rank_is_replayed_outside_the_loss)."""
     est = estimate_config(_interleaved())
     fewer = [p for c in est.stages[1].components for p in (c.parts or (c,)) if p.bytes < 0]
     assert [p.bytes for p in fewer] == [-71 * 2 * (4 * 8192 // 8) * 16384]
+    assert est.peak_stage == 7
+
+
+def test_an_interleaved_last_rank_is_replayed_outside_the_loss():
+    """Rank 7 (chunks of 8 and 7 blocks, the head on the last): warm-up (2 - 1) x 8 chunk-0 forwards (64 blocks'
+    inputs), then a forward and a backward of chunk 1 each step (71 at most), then chunk 0's backwards
+    (pp_last_rank.py). The loss's moments (its saved tensors and gradients beside 71 inputs and chunk 1's
+    gradients) are below the recomputed block beside every gradient; the largest of those moments under the
+    replay is chunk 0's first backward at its first block: 64 - 8 + 1 = 57 inputs beside every gradient, 14
+    blocks' inputs fewer than the charge (every gradient exists then)."""
+    est = estimate_config(_interleaved())
+    fewer = [p for c in est.stages[7].components for p in (c.parts or (c,)) if p.bytes < 0]
+    assert [(p.label, p.bytes) for p in fewer] == [
+        ("Layer inputs freed before the largest moment (interleaved schedule replayed)",
+         -14 * 2 * (4 * 8192 // 8) * 16384)]
+    assert "chunk 0's first backward, at its first layer" in fewer[0].formula
     assert est.peak_stage == 7
 
 

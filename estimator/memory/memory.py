@@ -397,7 +397,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         forward += activations
         # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together
         fewer = _fewer_at_first_backward(training, cfg.recipe, par, m, sp, inflight, shared,
-                                         lambda k: _stage_activations(group.units, sp, k, shared))
+                                         lambda k: _stage_activations(group.units, sp, k, shared), static.loss_margin)
         started = backward + activations + sum(c.bytes for c in fewer)
         # backward's last moments (fsdp2 creating its gradients) when larger than its start
         backward = max(started, static.backward_end)
@@ -431,10 +431,10 @@ def _less(whole: Component, fewer: tuple[Component, ...]) -> Component:
 
 
 def _fewer_at_first_backward(training: Training, recipe, par: Parallel, m: int, sp: StageParameters, inflight: float,
-                             shared: _Shared, held) -> tuple[Component, ...]:
+                             shared: _Shared, held, loss_margin: int) -> tuple[Component, ...]:
     """`pp_first_backward.fewer_at_first_backward` of a stage (`held(k)`: its stored activations, k in flight)."""
     outside_layers = shared.embedding_bytes + shared.vision[0] if sp.first else 0.0
-    return fewer_at_first_backward(training, recipe, par, sp, m, inflight, held, outside_layers)
+    return fewer_at_first_backward(training, recipe, par, sp, m, inflight, held, outside_layers, loss_margin)
 
 
 OFFLOAD_ACTIVATIONS_SOURCE = ("torchtune training/_activation_offloading.py OffloadActivations (saved tensors over 1 KiB "
@@ -464,7 +464,8 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     activations = stage.phase_totals[0][1] - static.totals[0]
     # the group's stages share `sp` but for their rank, which the schedule's replay reads
     fewer = _fewer_at_first_backward(training, run[0], par, run[1], sp._replace(stage=stage.stage), inflight, shared,
-                                     lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)))
+                                     lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)),
+                                     static.loss_margin)
     backward_ends = static.backward_end > static.totals[1] + activations + sum(c.bytes for c in fewer)
     st = static.parts()
     parts = _activation_parts(sp, inflight, counts, shared)

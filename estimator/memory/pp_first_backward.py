@@ -14,7 +14,7 @@ Between them a backward trades one layer's inputs for one layer's gradient at a 
 three is the rank's backward peak, where the estimate without this rule holds k micro-batches beside every
 gradient. Other 1F1B ranks run a forward after their first backward (k in flight again, every gradient
 made): that rule stands there. Under the interleaved schedule a rank's chunks begin their backwards apart,
-so every rank but the loss's is replayed from torch's own order (pp_interleaved_moments.py). Megatron's
+so every rank is replayed from torch's own order (pp_interleaved_moments.py; the loss's, pp_last_rank.py). Megatron's
 schedules keep persistent gradient buffers and are not concerned. The harness (validation/torchtitan) runs
 no pipeline (one process, PP 1): the moments are read from these sources, not measured.
 """
@@ -29,6 +29,7 @@ from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
 from ..spec.training import Recipe, Training
 from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, largest_moment, rank_operations
+from .pp_last_rank import fewer_on_the_last_rank
 
 SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py Schedule1F1B._step_microbatches (warmup_chunks = "
           "min(n_microbatches, num_stages - stage_index); then backward_one_chunk before each further forward); "
@@ -47,22 +48,25 @@ def runs_every_forward_first(training: Training, par: Parallel, sp: StageParamet
 
 
 def interleaved_applies(training: Training, par: Parallel, sp: StageParameters) -> bool:
-    """torch pipelining's interleaved 1F1B over FSDP2 (as `runs_every_forward_first`), on a rank without the
-    loss (the last rank's loss moment is static_stage._gradients_after_the_loss's)."""
+    """torch pipelining's interleaved 1F1B over FSDP2 (as `runs_every_forward_first`), on any rank (the last
+    rank's: pp_last_rank.py)."""
     return (training.framework == "fsdp2" and training.mode == "training" and par.pp > 1
-            and par.schedule == "interleaved" and not sp.last and len(sp.chunks) == par.vpp
+            and par.schedule == "interleaved" and len(sp.chunks) == par.vpp
             and not training.adapter and not training.optimizer_in_backward and not training.offload_activations)
 
 
 def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int,
                             inflight: float, held: Callable[[float], int],
-                            outside_layers: float) -> tuple[Component, ...]:
+                            outside_layers: float, loss_margin: int = 0) -> tuple[Component, ...]:
     """What the backward's peak holds less than `inflight` micro-batches' stored activations beside every
     unsharded gradient, as negative parts: of the activations (key "activations") and of the unsharded
     gradients (key "transient"), each no larger than what it is taken from; () where the rule does not apply.
     `held(k)`: the stage's stored activations with k micro-batches in flight; `outside_layers`: a
     micro-batch's share of them that is not its layers' (the embedding's, a vision tower's), freed after the
-    stage's first layer."""
+    stage's first layer; `loss_margin`: on the last rank, its loss's backward moment less its other moments, as
+    charged (static_stage)."""
+    if interleaved_applies(training, par, sp) and sp.last:
+        return fewer_on_the_last_rank(recipe, par, sp, m, inflight, held, loss_margin)
     if interleaved_applies(training, par, sp):
         return _interleaved(recipe, par, sp, m, inflight, held)
     if not runs_every_forward_first(training, par, sp, m) or inflight < 1 or not sp.num_layers:

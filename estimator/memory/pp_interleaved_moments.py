@@ -10,7 +10,8 @@ chunk's first backward (pp_first_backward.SOURCE): with one round (m = p, torcht
 backward of the last chunk comes before the first of the earlier chunks, so while the rank holds its most
 layer inputs only the last chunk's gradients exist, and by the time every gradient exists most inputs are
 gone. The largest moment is the rank's backward peak, below in-flight inputs + every gradient.
-The last rank (the loss's) is left to static_stage._gradients_after_the_loss.
+The last rank (the loss's) is replayed too (pp_last_rank.py), its loss's moments left to
+static_stage._gradients_after_the_loss.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ class Moment(NamedTuple):
 
 
 def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Callable[[float], int],
-                   layer_grad: float, chunk_grads: tuple[float, ...], root_grad: float) -> tuple[Moment, int]:
+                   layer_grad: float, chunk_grads: tuple[float, ...], root_grad: float,
+                   head_grad: float = 0.0) -> tuple[Moment, int]:
     """The largest of a rank's moments and the most layers' inputs it holds at once. `held(x)`: the stored
     activations of x whole stacks; `chunk_grads`: each chunk's unsharded gradients, the root unit's
     (`root_grad`, the embedding's: chunk 0 of rank 0) included, made at the end of the chunk's first backward;
-    `layer_grad`: one unit's, made at the first backward's start."""
+    `layer_grad`: one unit's, made at the first backward's start; `head_grad`: the last rank's root unit's (final
+    norm and head, in the last chunk's `chunk_grads`), made at that chunk's first backward's start, before its
+    layers' (autograd runs the head's backward first)."""
     total = sum(sizes)
     layers, begun, top = 0, set(), 0
     best = Moment(0.0, 0, (), "")
@@ -76,7 +80,8 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
         if c in begun:
             at(layers, begun, 0.0, f"chunk {c}'s backward")
         else:  # its first: one unit's gradient at the start; at the end every layer's, the root's not yet
-            at(layers, begun, layer_grad, f"chunk {c}'s first backward, at its start")
+            head = head_grad if c == len(sizes) - 1 else 0.0
+            at(layers, begun, layer_grad + head, f"chunk {c}'s first backward, at its start")
             at(layers - sizes[c] + 1, begun | {c}, -root_grad if c == 0 else 0.0, f"chunk {c}'s first backward, "
                "at its first layer")
             begun.add(c)

@@ -71,6 +71,9 @@ class _StaticStage(NamedTuple):
     # (a block's gathered bytes per parameter, its formula, the parameters' bytes): what the all-gather pool of
     # each of the rank's chunks reads (pp_buffers.all_gather_pool, over the stage's own chunks)
     gathered: tuple[float, str, float] | None = None
+    # backward's loss moment less its other moments (a recomputed layer's, or none), as charged: which of them the
+    # totals hold (>= 0: the loss's); what a pipelined last rank's replay reads (pp_last_rank.py)
+    loss_margin: int = 0
 
     @property
     def host(self) -> tuple[Component, ...]:
@@ -256,7 +259,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
     return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts, step,
                         backward_end, reduce_scatter_pool(training, par, grads, m),
-                        _gathered(training, recipe, par, sp))
+                        _gathered(training, recipe, par, sp),
+                        total_bytes(loss_saved) + beside_loss - total_bytes(after_loss) - recomputed_bytes)
 
 
 def _workspaces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, hardware: Hardware,

@@ -1,0 +1,67 @@
+"""The last rank of torch pipelining's interleaved 1F1B over FSDP2 (the rank with the loss), replayed.
+
+Its warm-up is (v - 1) x round chunk-forwards (torch 2.6.0 and 2.13 distributed/pipelining/schedules.py
+ScheduleInterleaved1F1B._get_warmup_ops: 2(p - 1 - rank) = 0 on rank p - 1), then a forward and a backward of
+its last chunk each step, then the earlier chunks' backwards. Two kinds of moment hold its backward's peak:
+- the loss's (its saved tensors and working copies), in the last chunk's backwards only: the estimate charges
+  them beside the in-flight inputs and every gradient less the earlier chunks'
+  (static_stage._gradients_after_the_loss, which is the replay of those moments: every loss comes before the
+  earlier chunks' first backward when the micro-batches are one round);
+- every other backward moment (a recomputed layer, or none), charged beside the in-flight inputs and every
+  gradient: replayed here from torch's order (pp_interleaved_moments.largest_moment), the head's gradient made
+  at the last chunk's first backward (autograd runs the head first), the blocks' as in the other ranks.
+The estimate charges the larger of the two; `loss_margin` (static_stage: the loss's moment less the other's, as
+charged) says which, so the replay lowers only the other kind's charge, and never below the loss's moment.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .components import Component
+from .sharding import StageParameters
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Recipe
+from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, largest_moment, rank_operations
+
+SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py ScheduleInterleaved1F1B (_get_warmup_ops: "
+          "(v - 1) x microbatches_per_round on the last rank) and stage.py backward_maybe_with_nosync; "
+          "distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed (a unit's unsharded gradient "
+          f"from its first backward); {INTERLEAVED_SOURCE}")
+
+
+def fewer_on_the_last_rank(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inflight: float,
+                           held: Callable[[float], int], loss_margin: int) -> tuple[Component, ...]:
+    """What the last rank's backward peak holds less than its charge, as negative parts (keys "activations",
+    "transient"); () where the loss's moment is the charged one (`loss_margin` >= 0) or where the replay's most
+    inputs are not the in-flight count's."""
+    sizes = tuple(len(c) for c in sp.chunks)
+    total = sum(sizes)
+    if loss_margin >= 0 or not total:
+        return ()
+    G = bytes_per_element(recipe.grad_dtype)
+    per_layer = (sp.local - sp.root_local) / total
+    head = G * sp.root_local  # the final norm's and the head's: the FSDP root unit of the last model part
+    grads = tuple(G * per_layer * n + (head if c == len(sizes) - 1 else 0.0) for c, n in enumerate(sizes))
+    ops = rank_operations(sp.stage, par.pp, par.vpp, m)
+    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, 0.0, head)
+    if top != round(inflight * total):
+        return ()
+    at_moment = held(moment.layers_held / total)
+    inputs = held(inflight) - at_moment
+    not_made = int(round(G * sp.local - (moment.bytes - at_moment)))
+    if -(inputs + not_made) < loss_margin:  # the loss's moment is the larger: the peak, charged by its own rule
+        return (Component("transient", "The loss's moment, the largest (interleaved schedule replayed)", loss_margin,
+                          f"-{-loss_margin / 2**30:,.2f} GiB: the loss's saved tensors and working copies beside the "
+                          f"last chunk's gradients, less than the recomputed layer beside every gradient and input; "
+                          f"the replay's largest other moment ({moment.what}) is lower still", SOURCE),)
+    begun = ", ".join(str(c) for c in moment.chunks_begun) or "none"
+    where = f"at the replayed schedule's largest moment outside the loss ({moment.what})"
+    parts = (Component("activations", "Layer inputs freed before the largest moment (interleaved schedule replayed)",
+                       -inputs, f"-{inputs / 2**30:,.2f} GiB: {where} {moment.layers_held} of {top} layers' inputs "
+                       f"are held ({moment.layers_held / total:g} micro-batches of the stack)", SOURCE),
+             Component("transient", "Unsharded gradients not made by the largest moment (interleaved schedule "
+                       "replayed)", -not_made, f"-{not_made / 2**30:,.2f} GiB: {where} the gradients of chunks "
+                       f"{begun} exist", SOURCE))
+    return tuple(c for c in parts if c.bytes)
