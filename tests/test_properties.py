@@ -9,6 +9,7 @@ from estimator import Architecture, Parallel, Training, estimate
 from estimator.spec.errors import ConfigError
 from estimator.memory.components import NON_ALLOCATOR
 from estimator.memory.sharding import chunk_kind_counts, layers_key, stored_kind_counts
+from estimator.memory.activations.attention import megatron_fused_softmax
 from estimator.memory.megatron_fsdp import moments_at_global_shape
 
 TENSOR_KEYS = ("parameters", "gradients", "master_weights", "optimizer_states")
@@ -85,9 +86,14 @@ def test_never_negative_and_components_add_up(config):
 @given(configs(), st.sampled_from(["seq_len", "micro_batch_size"]))
 def test_more_tokens_never_lower_the_peak(config, field):
     arch, training, par = config
+    grown = grow(training, **{field: getattr(training, field) * 2})
+    # Megatron's eager attention: more tokens can make the fused softmax available (b x heads/t a multiple of 4:
+    # FusedScaleMaskSoftmax.is_kernel_available), which keeps one 16-bit output where torch's softmax kept more
+    assume(training.framework != "megatron"
+           or megatron_fused_softmax(arch, training, par) == megatron_fused_softmax(arch, grown, par))
     base = run(arch, training, par)
-    bigger = run(arch, grow(training, **{field: getattr(training, field) * 2}), par)
-    assert bigger.allocated_peak_bytes >= base.allocated_peak_bytes
+    bigger = run(arch, grown, par)
+    assert most_allocated(bigger) >= most_allocated(base)
 
 
 @SETTINGS
@@ -98,7 +104,14 @@ def test_more_layers_never_lower_the_peak(config):
     fields = {k: getattr(arch, k) for k in arch.__dataclass_fields__}
     fields["num_layers"] = arch.num_layers * 2
     deeper = run(Architecture(**fields), training, par)
-    assert deeper.allocated_peak_bytes >= base.allocated_peak_bytes
+    assert most_allocated(deeper) >= most_allocated(base)
+
+
+def most_allocated(result) -> int:
+    """The largest allocated peak of any stage. The estimate's own `allocated_peak_bytes` is that of the stage with
+    the largest device total, which more tokens can move to a stage whose allocated peak is lower (a pipelined
+    FSDP2 stage 0 whose cache grows past the last stage's: its allocated peak is not the largest)."""
+    return max(s.allocated_peak_bytes for s in result.stages)
 
 
 def state_bytes(result):
@@ -174,7 +187,7 @@ def test_more_experts_per_token_never_lower_the_peak(config):
     fields["num_experts_per_token"] = arch.num_experts_per_token * 2
     base = run(arch, training, par)
     more = run(Architecture(**fields), training, par)
-    assert more.allocated_peak_bytes >= base.allocated_peak_bytes
+    assert most_allocated(more) >= most_allocated(base)
     assert state_bytes(more) == state_bytes(base)  # top-k moves activations, never parameters
 
 
