@@ -166,12 +166,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
     working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
-        attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
-        if total_bytes(attention) > int(round(working)) + total_bytes(extras):
-            working, extras, by_kind = 0.0, attention, False
-        attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
-        if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
-            loss_forward = attention
+        (working, extras, by_kind), loss_forward = _with_math_attention(
+            arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
     recomputed_bytes = int(round(working)) + total_bytes(extras)
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
     # a layer is recomputed after the loss's backward, whose node frees the loss's saved tensors as it runs (torch
@@ -196,8 +192,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     parts = once(partial(_static_parts, step, pair, loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
-    return _StaticStage(totals, communication, step.outside_allocator, sp.num_layers, int(round(sp.local)), parts, step,
-                        backward_end, reduce_scatter_pool(training, par, grads, m),
+    return _StaticStage(totals, communication, step.outside_allocator, sp.num_layers, int(round(sp.local)), parts,
+                        step, backward_end, reduce_scatter_pool(training, par, grads, m),
                         _gathered(training, recipe, par, sp))
 
 
@@ -271,11 +267,26 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     return working, extras, True
 
 
+def _with_math_attention(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
+                         recompute: tuple[float, list, bool], loss_saved: tuple, loss_forward: list,
+                         exchange: list) -> tuple[tuple[float, list, bool], list]:
+    """The last stage's `recompute` moment (`_recompute_moment`'s) and the loss's forward moment, each replaced by
+    its layer's attention on SDPA's math backend (`_math_attention_moment`) where that one is larger."""
+    working, extras, _ = recompute
+    attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
+    if total_bytes(attention) > int(round(working)) + total_bytes(extras):
+        recompute = (0.0, attention, False)
+    attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
+    if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
+        loss_forward = attention
+    return recompute, loss_forward
+
+
 def _backward_end(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, shared: _Shared, step: StepPart, grads_live: bool, working: float,
                   extras: list[Component], by_kind: bool) -> tuple[BackwardEnd | None, int]:
-    """Backward's last moments, where they hold more than its largest one: (their parts, their bytes); 0 bytes
-    where they never peak."""
+    """Backward's last moments (FSDP2's, FSDP1 NO_SHARD's, else trainer_backward_end's): their parts (None where
+    none is modelled) and their bytes (`_StaticStage.backward_end`; 0 where none is modelled)."""
     states, grads = step.states, step.grads
     # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
     # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
