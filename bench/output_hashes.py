@@ -7,9 +7,11 @@ Add any second argument to print each error met (an error is an output too: its 
 What is hashed: each bundled preset estimated for training and inference and served on vLLM and SGLang
 (`serve --json`); each recipe through `estimate --json` and the text report (the plan to fit included);
 every measured record's config the accuracy tests replay (tests/data/measured); SGLang's pool records
-(tests/data/serving); the practical guide's RL comparison (references.guide_rl); and a sweep of every
+(tests/data/serving); the practical guide's RL comparison (references.guide_rl); the roofline's step
+time (`roofline --json` and its text) of each preset for training and inference, of each recipe, and of
+attention variants (flash/eager x training/inference, CP 2, TP 2) on three models; and a sweep of every
 setting's values (each choice, both booleans, a few numbers) over eight base configs, and of every
-serving setting over two. About 3,400 outputs, in under a minute."""
+serving setting over two. About 3,500 outputs, in under a minute."""
 import contextlib
 import copy
 import hashlib
@@ -86,6 +88,19 @@ for pid in preset_ids():
 for r in list_recipes():
     record(f"recipe/{r.id}/cli", cli(["estimate", "--json"], r.config))
     record(f"recipe/{r.id}/text", cli(["estimate"], r.config))
+# the roofline's step time: each preset, each recipe, and attention variants (a restructure of speed/ shows here)
+for pid in preset_ids():
+    for mode in ("training", "inference"):
+        record(f"roofline/preset/{pid}/{mode}", cli(["roofline", "--json"], {"model": pid, "training": {"mode": mode}}))
+for r in list_recipes():
+    record(f"roofline/recipe/{r.id}/json", cli(["roofline", "--json"], r.config))
+    record(f"roofline/recipe/{r.id}/text", cli(["roofline"], r.config))
+for model in ("llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3"):
+    for attention in ("flash", "eager"):
+        for mode in ("training", "inference"):
+            for name, par in (("single", {}), ("cp2", {"cp": 2}), ("tp2", {"tp": 2})):
+                cfg = {"model": model, "training": {"mode": mode, "attention": attention}, "parallel": par}
+                record(f"roofline/attention/{model}/{attention}/{mode}/{name}", cli(["roofline", "--json"], cfg))
 # every measured record the accuracy tests replay
 for p in sorted((ROOT / "tests/data/measured").rglob("*.json")):
     d = json.loads(p.read_text())

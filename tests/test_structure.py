@@ -118,10 +118,9 @@ def test_no_module_is_too_long():
 
 MAX_FUNCTION_LINES = 60  # "functions that fit on a screen"
 # Functions allowed over MAX_FUNCTION_LINES until they are split: this set may only shrink (a function
-# split below the bound leaves it, and no new one joins it)
-LONG_FUNCTIONS = {
-    "estimator.memory.static_stage._static_stage",
-}
+# split below the bound leaves it, and no new one joins it); empty since _static_stage's split, so every
+# function in estimator/ fits the bound
+LONG_FUNCTIONS: set[str] = set()
 
 
 def _function_lengths() -> dict[str, int]:

@@ -153,73 +153,24 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                   zero: int, m: int, shared: _Shared, pieces: dict, step: StepPart) -> _StaticStage:
-    inv, ms, managed, paged_host, tr, place, states, grads, outside, _ = step
-    last = sp.last
+    """The stage's `_StaticStage`: its totals at once, its components (`_static_parts`) on first read."""
+    tr, states, grads, last = step.tr, step.states, step.grads, sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
-    mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
-                          shared.per_layer.get(mtp_kind(arch), 0.0), total_bytes(loss_saved)) if last else None
-    if mtp:  # held with the loss's tensors, for the micro-batch whose forward just ended (mtp.py)
-        loss_saved = loss_saved + (mtp,)
-    if last and under_autocast(training):  # the LM head's autocast copy, from its forward to its backward (kbit.py)
-        loss_saved = loss_saved + (autocast_head_copy(arch, training, par,
-                                                      padded_vocab_size(arch.vocab_size, par.tp, training.framework)),)
-    deferred = deferred_wgrad_microbatches(training, m) if last else 0
     after_loss: tuple = ()  # what of the loss's saved tensors outlives the loss's backward
-    if deferred:  # held through the last micro-batch's forward and backward, drained before the step
-        after_loss = (entries_component(
-            "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
-            deferred, DEFER_WGRAD_SOURCE),)
-        loss_saved = loss_saved + after_loss
+    if last:
+        loss_saved, after_loss = _held_with_the_loss(arch, training, par, m, shared, loss_saved)
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     moments = _moe_moments(arch, training, par, sp, pieces)
     exchange, exchange_backward, in_moe_layer = moments
-    if arch.uses_sparse_attention:  # DSA's in-layer moments: the larger of them and the MoE exchange's (dsa_moments.py)
-        from .dsa_moments import dsa_stage_moments
-        kinds = [k for k, n in sp.kind_counts if n]
-        every = recomputed_layer_count(training, sp.num_layers) == sp.num_layers
-        dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, kinds, total_bytes(loss_saved), every)
-        # a recomputed layer runs after the loss's backward freed the loss's tensors, and its DSA moment and its
-        # MoE exchange are different moments of it (measured: deepseek-v2-lite-dsa-*-full-*)
-        in_layer = dsa_stage_moments(arch, training, par, kinds, 0.0)
-        # the gradients made before a layer's DSA backward (HF); with recompute, trainer_backward_end holds the
-        # first layer's recomputation, its moments included, beside every later gradient
-        if training.framework == "hf" and not _grads_live(training, par, m) \
-                and not recomputed_layer_count(training, sp.num_layers):
-            from .dsa_hf_moments import FIRST_FORMULA, LAST_FORMULA, end_kinds, gradients_at_moment, with_gradients
-            vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
-            at_last, at_first = gradients_at_moment(arch, recipe, sp, shared.per_layer, vocab)
-            first, last = end_kinds(arch, sp)  # each end's moment net of its own layer's tensors after the core
-            loss = total_bytes(loss_saved)
-            dsa_backward = max(
-                with_gradients(dsa_stage_moments(arch, training, par, [last], loss)[1], at_last, LAST_FORMULA),
-                with_gradients(dsa_stage_moments(arch, training, par, [first], loss)[1], at_first, FIRST_FORMULA),
-                key=total_bytes)
-        exchange = max(exchange, dsa_forward, key=total_bytes)
-        exchange_backward = max(exchange_backward, dsa_backward, key=total_bytes)
-        # a recomputed layer's DSA moment (inside its core attention) and its MoE block's (combine, experts'
-        # backward) never coexist: the block runs after the attention in forward, before it in backward, each
-        # freeing its temporaries as it returns; the layer holds the larger beside its recomputed tensors
-        in_moe_layer = max(in_moe_layer, *in_layer, key=total_bytes)
+    if arch.uses_sparse_attention:
+        exchange, exchange_backward, in_moe_layer = _with_dsa_moments(arch, training, recipe, par, sp, m, shared,
+                                                                      total_bytes(loss_saved), moments)
     grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
-    # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
-    # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
-    # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
-    # largest of its moments.
-    extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
-    if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
-        extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared)
-    by_kind = True  # the recomputed layer's moment is its kind's own, unless another moment replaces it
-    ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
-    if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
-        working, extras, by_kind = 0.0, ring, False
+    working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
-        attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
-        if total_bytes(attention) > int(round(working)) + total_bytes(extras):
-            working, extras, by_kind = 0.0, attention, False
-        attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
-        if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
-            loss_forward = attention
+        (working, extras, by_kind), loss_forward = _with_math_attention(
+            arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
     recomputed_bytes = int(round(working)) + total_bytes(extras)
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
     # a layer is recomputed after the loss's backward, whose node frees the loss's saved tensors as it runs (torch
@@ -236,31 +187,126 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
               states + grads_early + total_bytes(tr.backward) + max(saved + beside_loss,
                                                                      total_bytes(after_loss) + recomputed_bytes),
               states + grads + total_bytes(tr.optimizer))
-    # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
-    # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
-    # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
-    late = training.framework in FSDP_FRAMEWORKS and not grads_live and not training.optimizer_in_backward
-    end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
-    no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, inv)
-    end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
-    if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
-        recomputed = _recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
-        end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,
-                                   tr.backward if training.recompute == "full" else [])
-    if end:
-        backward_end = states + int(round(end.gradients)) + total_bytes(end.transients)
-    else:
-        backward_end = states + grads + recomputed_bytes + total_bytes(tr.backward) if late else 0
+    end, backward_end = _backward_end(arch, training, recipe, par, sp, zero, shared, step, grads_live, working,
+                                      extras, by_kind)
     communication = shared.moe_communication if moe_stage else shared.communication
     # the MoE moments as the stage memo holds them (counted once there), unless DSA's replaced one of them
     pair = moments if exchange is moments[0] and exchange_backward is moments[1] else (exchange, exchange_backward)
     parts = once(partial(_static_parts, step, pair, loss_saved, loss_forward,
                          loss_backward, working, grads_live, training, extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
-    return _StaticStage(totals, communication, outside, sp.num_layers, int(round(sp.local)), parts, step,
-                        backward_end, reduce_scatter_pool(training, par, grads, m),
+    return _StaticStage(totals, communication, step.outside_allocator, sp.num_layers, int(round(sp.local)), parts,
+                        step, backward_end, reduce_scatter_pool(training, par, grads, m),
                         _gathered(training, recipe, par, sp),
-                        total_bytes(loss_saved) + beside_loss - total_bytes(after_loss) - recomputed_bytes)
+                        saved + beside_loss - total_bytes(after_loss) - recomputed_bytes)
+
+
+def _held_with_the_loss(arch: Architecture, training: Training, par: Parallel, m: int, shared: _Shared,
+                        loss_saved: tuple) -> tuple[tuple, tuple]:
+    """The last stage's tensors held from the loss's forward to its backward: the loss's own, then the MTP
+    module's, the LM head's autocast copy and the deferred weight-gradient inputs; and what of them outlives the
+    loss's backward (the deferred inputs, else nothing)."""
+    mtp = mtp_activations(arch, training, shared.parallel, 0.0 if training.recompute == "full" else
+                          shared.per_layer.get(mtp_kind(arch), 0.0), total_bytes(loss_saved))
+    if mtp:  # held with the loss's tensors, for the micro-batch whose forward just ended (mtp.py)
+        loss_saved = loss_saved + (mtp,)
+    if under_autocast(training):  # the LM head's autocast copy, from its forward to its backward (kbit.py)
+        loss_saved = loss_saved + (autocast_head_copy(arch, training, par,
+                                                      padded_vocab_size(arch.vocab_size, par.tp, training.framework)),)
+    deferred = deferred_wgrad_microbatches(training, m)
+    after_loss: tuple = ()
+    if deferred:  # held through the last micro-batch's forward and backward, drained before the step
+        after_loss = (entries_component(
+            "logits", "Deferred output-layer weight-gradient inputs", shared.deferred_wgrad, shared.parallel,
+            deferred, DEFER_WGRAD_SOURCE),)
+        loss_saved = loss_saved + after_loss
+    return loss_saved, after_loss
+
+
+def _with_dsa_moments(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                      m: int, shared: _Shared, loss: int, moments: tuple[list, list, list]) -> tuple[list, list, list]:
+    """The MoE `moments` (forward's, backward's, inside a recomputed layer), each the larger of it and DSA's
+    in-layer moment of the same place (dsa_moments.py); `loss`: the bytes of the loss's saved tensors."""
+    from .dsa_moments import dsa_stage_moments
+    exchange, exchange_backward, in_moe_layer = moments
+    kinds = [k for k, n in sp.kind_counts if n]
+    every = recomputed_layer_count(training, sp.num_layers) == sp.num_layers
+    dsa_forward, dsa_backward = dsa_stage_moments(arch, training, par, kinds, loss, every)
+    # a recomputed layer runs after the loss's backward freed the loss's tensors, and its DSA moment and its
+    # MoE exchange are different moments of it (measured: deepseek-v2-lite-dsa-*-full-*)
+    in_layer = dsa_stage_moments(arch, training, par, kinds, 0.0)
+    # the gradients made before a layer's DSA backward (HF); with recompute, trainer_backward_end holds the
+    # first layer's recomputation, its moments included, beside every later gradient
+    if training.framework == "hf" and not _grads_live(training, par, m) \
+            and not recomputed_layer_count(training, sp.num_layers):
+        from .dsa_hf_moments import FIRST_FORMULA, LAST_FORMULA, end_kinds, gradients_at_moment, with_gradients
+        vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
+        at_last, at_first = gradients_at_moment(arch, recipe, sp, shared.per_layer, vocab)
+        first, last = end_kinds(arch, sp)  # each end's moment net of its own layer's tensors after the core
+        dsa_backward = max(
+            with_gradients(dsa_stage_moments(arch, training, par, [last], loss)[1], at_last, LAST_FORMULA),
+            with_gradients(dsa_stage_moments(arch, training, par, [first], loss)[1], at_first, FIRST_FORMULA),
+            key=total_bytes)
+    # a recomputed layer's DSA moment (inside its core attention) and its MoE block's (combine, experts'
+    # backward) never coexist: the block runs after the attention in forward, before it in backward, each
+    # freeing its temporaries as it returns; the layer holds the larger beside its recomputed tensors
+    return (max(exchange, dsa_forward, key=total_bytes), max(exchange_backward, dsa_backward, key=total_bytes),
+            max(in_moe_layer, *in_layer, key=total_bytes))
+
+
+def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                      shared: _Shared, working: float, in_moe_layer: list) -> tuple[float, list, bool]:
+    """Backward's recompute moment: (the recomputed layer's working set, the components beside it, whether it is
+    the layer's kind's own: a ring attention moment that outgrows it replaces it)."""
+    # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
+    # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
+    # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
+    # largest of its moments.
+    extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
+    if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
+        extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared)
+    ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
+    if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
+        return 0.0, ring, False
+    return working, extras, True
+
+
+def _with_math_attention(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
+                         recompute: tuple[float, list, bool], loss_saved: tuple, loss_forward: list,
+                         exchange: list) -> tuple[tuple[float, list, bool], list]:
+    """The last stage's `recompute` moment (`_recompute_moment`'s) and the loss's forward moment, each replaced by
+    its layer's attention on SDPA's math backend (`_math_attention_moment`) where that one is larger."""
+    working, extras, _ = recompute
+    attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
+    if total_bytes(attention) > int(round(working)) + total_bytes(extras):
+        recompute = (0.0, attention, False)
+    attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
+    if total_bytes(attention) > max(total_bytes(loss_forward), total_bytes(exchange)):
+        loss_forward = attention
+    return recompute, loss_forward
+
+
+def _backward_end(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                  zero: int, shared: _Shared, step: StepPart, grads_live: bool, working: float,
+                  extras: list[Component], by_kind: bool) -> tuple[BackwardEnd | None, int]:
+    """Backward's last moments (FSDP2's, FSDP1 NO_SHARD's, else trainer_backward_end's): their parts (None where
+    none is modelled) and their bytes (`_StaticStage.backward_end`; 0 where none is modelled)."""
+    states, grads = step.states, step.grads
+    # FSDP2 without accumulation creates its gradients in backward: its last moments hold nearly every
+    # sharded gradient beside a unit's unsharded parameters and gradients and the first layer being
+    # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
+    late = training.framework in FSDP_FRAMEWORKS and not grads_live and not training.optimizer_in_backward
+    end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
+    no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, step.inv)
+    end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
+    if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
+        recomputed = _recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
+        end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,
+                                   step.tr.backward if training.recompute == "full" else [])
+    if end:
+        return end, states + int(round(end.gradients)) + total_bytes(end.transients)
+    recomputed_bytes = int(round(working)) + total_bytes(extras)
+    return end, states + grads + recomputed_bytes + total_bytes(step.tr.backward) if late else 0
 
 
 def _workspaces(arch: Architecture, training: Training, par: Parallel, sp: StageParameters, hardware: Hardware,
