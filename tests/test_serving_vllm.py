@@ -4,7 +4,6 @@ start-up logs, and one test per version rule."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path

@@ -20,7 +20,7 @@ from .components import Component, component, total_bytes
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
-from ..spec.training import Recipe, Training
+from ..spec.training import Recipe
 from .activations.sparse_hf import HF_SOURCE
 
 # the weights a DeepseekV32DecoderLayer runs before its core attention (their gradients come after it)

@@ -157,7 +157,7 @@ def estimate_resolved(cfg: Resolved, replay: bool = True) -> Estimate:
     arch, training, par, hardware = cfg.architecture, cfg.training, cfg.parallel, cfg.hardware
     if training.rl:
         return _rl_estimate(cfg)
-    zero, recipe, m, vocab = cfg.zero_stage, cfg.recipe, cfg.microbatches, cfg.padded_vocab
+    zero, m, vocab = cfg.zero_stage, cfg.microbatches, cfg.padded_vocab
     counts = parameter_counts(arch)
     memo = _stage_memo(cfg)
     shared = _shared_of(cfg, memo)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, REPLICATED, ROW, VOCAB, Architecture, ParameterTensor
+from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, ROW, VOCAB, Architecture, ParameterTensor
 from .kv_cache import cdiv, kv_heads_per_rank
 from .mxfp4_experts import TritonHopperLayout, expert_tensor_bytes
 
