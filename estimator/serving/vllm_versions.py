@@ -56,10 +56,6 @@ class VllmRules:
     source: str
     # fused_moe's workspaces come from the worker's WorkspaceManager and stay allocated (activations.py)
     moe_workspace_kept: bool = False
-    # Prefix caching is on by default for hybrid models (config/model.py is_prefix_caching_supported: True for
-    # "hybrid" in 0.33.0, False in 0.15.0-0.25.0, where --enable-prefix-caching turns it on; 0.11.0 turns it off for
-    # every hybrid); serving/prefix_default.py resolves an unset serving.prefix_caching from it
-    mamba_prefix_caching: bool = False
     # What a hybrid's recurrent states do under prefix caching (model_executor/models/config.py MambaModelConfig;
     # serving/recurrent_state.py): "off" (prefix caching turned off for every hybrid, 0.11.0), "all_or_align"
     # (mamba_cache_mode "all" for models with SupportsMambaPrefixCaching, the Mamba-based hybrids, else "align",
@@ -186,7 +182,7 @@ RULES: tuple[VllmRules, ...] = (
     VllmRules((0, 33), "0.33", cuda_graphs_in_budget=True, kv_tokens_rule="concurrency",
               non_torch_single=_NT_0_15,  # 0.33.0 gpu_worker.py: the CUDA-graph profile moved out of memory_profiling
               batch_defaults=(BatchDefaults(160 * GiB, 16384, 1024), _TIER_70, _TIER_SMALL), sampler="flashinfer",
-              moe_workspace_kept=True, allreduce_fusion="allocation", mamba_prefix_caching=True,
+              moe_workspace_kept=True, allreduce_fusion="allocation",
               mamba_cache_modes="align", hybrid_block_alignment="requested", all_mode_speculative_pages=True,
               source="vLLM 0.33.0 engine/arg_utils.py: GPUs with >= 160 GiB (B200/B300) default to 16384 batched "
                      "tokens (absent in 0.25.0); model_executor/models/config.py MambaModelConfig: prefix caching "
