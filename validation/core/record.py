@@ -37,6 +37,14 @@ def write_record(record: dict, directory: Path) -> Path:
     return path
 
 
+def write_json(path, document: dict) -> None:
+    """An engine recorder's file (validation/vllm, validation/sglang: tests/data/serving/): `document` indented
+    by one, with a final newline."""
+    with open(path, "w") as fh:
+        json.dump(document, fh, indent=1)
+        fh.write("\n")
+
+
 def load_all(directory: Path) -> list[dict]:
     """The records of one folder (not its sub-folders), by file name."""
     return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]

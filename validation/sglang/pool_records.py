@@ -39,6 +39,8 @@ import sys
 import tempfile
 import types
 
+from validation.core.record import write_json
+
 CASES = [
     # (preset, gpu, tp, pp, serving overrides)
     ("llama-3.1-8b", "h100-80", 1, 1, {"max_model_len": 32768}),
@@ -291,9 +293,7 @@ def main(argv=None) -> int:
         print(json.dumps(records[-1])[:600], flush=True)
     command = (f"{sys.executable} -m validation.sglang.pool_records --out {args.out}  "
                f"(sglang=={version} --no-deps, torch, transformers as installed; CPU only, CUDA packages stood in)")
-    with open(args.out, "w") as fh:
-        json.dump({"command": command, "sglang_version": version, "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {"command": command, "sglang_version": version, "records": records})
     print(f"{len(records)} records -> {args.out}")
     return 0
 

@@ -13,6 +13,7 @@ import os
 import sys
 import tempfile
 
+from validation.core.record import write_json
 from validation.sglang.pool_records import _cuda_quantizations, _gpu_memory, _platform, _server_args
 
 # (name, preset whose config.json is served, changes to that config): the presets as published, and an
@@ -64,9 +65,7 @@ def main(argv=None) -> int:
                             "error": f"{type(err).__name__}: {err}"[:400]})
         print(json.dumps(records[-1]), flush=True)
     command = f"{sys.executable} -m validation.sglang.radix_defaults --out {args.out}  (sglang=={sglang.__version__})"
-    with open(args.out, "w") as fh:
-        json.dump({"command": command, "sglang_version": sglang.__version__, "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {"command": command, "sglang_version": sglang.__version__, "records": records})
     return 0
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import sys
 
+from validation.core.record import write_json
 from .kv_records import _model_config_proxy, _stand_in_config, _Tokens, our_estimate
 
 CASES = [
@@ -127,9 +127,7 @@ def main(argv=None) -> int:
     records = [run_case(case, version) for case in CASES]
     command = (f"{sys.executable} -m validation.vllm.dsa_records --out {args.out}  "
                f"(vllm=={version}, torch, transformers as installed; CPU only)")
-    with open(args.out, "w") as fh:
-        json.dump({"command": command, "vllm_version": version, "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {"command": command, "vllm_version": version, "records": records})
     print(f"{len(records)} records -> {args.out}")
     return 0
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import types
 
+from validation.core.record import write_json
 from .kv_records import _model_config_proxy, _specs, _stand_in_config
 
 # (preset, gpu, tp, max_model_len, prefix caching, speculative tokens, first release that runs it)
@@ -232,9 +232,7 @@ def main(argv=None) -> int:
     records = [run_case(case, version) for case in CASES if _release(version) >= case[6]]
     command = (f"PYTHONPATH={':'.join(sys.path[1:3])} {sys.executable} -m validation.vllm.hybrid_releases "
                f"--out {args.out}  (vllm=={version} from its wheel's Python files; CPU only)")
-    with open(args.out, "w") as fh:
-        json.dump({"command": command, "vllm_version": version, "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {"command": command, "vllm_version": version, "records": records})
     print(f"{len(records)} records -> {args.out}")
     return 0
 

@@ -31,6 +31,8 @@ import logging
 import sys
 import types
 
+from validation.core.record import write_json
+
 CASES = [
     # (preset, gpu, tp, pp, serving overrides)
     ("llama-3.1-8b", "h100-80", 1, 1, {"max_model_len": 32768}),
@@ -443,9 +445,7 @@ def main(argv=None) -> int:
             data = json.load(fh)
         records = [r for r in data["records"] if r["case"]["model"] not in args.models] + records
         command = data["command"] + f"; then --models {' '.join(args.models)}"
-    with open(args.out, "w") as fh:
-        json.dump({**data, "command": command, "vllm_version": version, "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {**data, "command": command, "vllm_version": version, "records": records})
     print(f"{len(records)} records -> {args.out}")
     return 0
 
@@ -461,9 +461,7 @@ def _append_hybrid(out: str, version: str) -> int:
            if json.dumps(r["case"], sort_keys=True) not in done]
     data["records"] += new
     data["hybrid_command"] = f"{sys.executable} -m validation.vllm.kv_records --out {out} --append-hybrid"
-    with open(out, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.write("\n")
+    write_json(out, data)
     print(f"{len(new)} records appended -> {out}")
     return 0
 

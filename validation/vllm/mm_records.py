@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import types
+
+from validation.core.record import write_json
 
 # Qwen/Qwen2.5-VL-7B-Instruct preprocessor_config.json (the Hub file's values)
 PREPROCESSOR = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2,
@@ -183,10 +184,8 @@ def main(argv=None) -> int:
     command = (f"PYTHONPATH={os.environ.get('PYTHONPATH', '')} {sys.executable} -m validation.vllm.mm_records --out "
                f"{args.out}  (vllm=={vllm.__version__}, transformers=={transformers.__version__}, "
                f"torchvision=={torchvision.__version__}; CPU only)")
-    with open(args.out, "w") as fh:
-        json.dump({"command": command, "vllm_version": vllm.__version__, "preprocessor_config": PREPROCESSOR,
-                   "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {"command": command, "vllm_version": vllm.__version__, "preprocessor_config": PREPROCESSOR,
+                          "records": records})
     print(f"{len(records)} records -> {args.out}")
     return 0
 

@@ -21,6 +21,8 @@ import json
 import subprocess
 import sys
 
+from validation.core.record import write_json
+
 HIDDEN = 2880
 INTERMEDIATE = (2880, 1472, 768)
 SCALE_COLUMNS_TO_4 = (0, 33)  # 0.33.0 utils/mxfp4_utils.py _swizzle_mxfp4: "pad K (num scale groups) to 0 mod 4"
@@ -66,9 +68,7 @@ def main() -> None:
     records = [record(*item.split("=", 1)) for item in args.releases]
     command = "python3 -m validation.vllm.mxfp4_swizzle --out " + args.out + " " + " ".join(
         item.split("=", 1)[0] + "=<vllm-" + item.split("=", 1)[0] + " wheel>" for item in args.releases)
-    with open(args.out, "w") as f:
-        json.dump({"command": command, "records": records}, f, indent=1)
-        f.write("\n")
+    write_json(args.out, {"command": command, "records": records})
 
 
 if __name__ == "__main__":

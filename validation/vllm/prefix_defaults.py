@@ -14,6 +14,8 @@ import os
 import sys
 import tempfile
 
+from validation.core.record import write_json
+
 PRESETS = ["llama-3.1-8b", "gemma-3-27b", "nemotron-h-8b", "falcon-h1-7b", "jamba-mini-1.5", "qwen3-next-80b-a3b"]
 
 
@@ -41,9 +43,7 @@ def main(argv=None) -> int:
             records.append({"preset": preset, "error": f"{type(err).__name__}: {err}"[:300]})
         print(json.dumps(records[-1]), flush=True)
     command = f"{sys.executable} -m validation.vllm.prefix_defaults --out {args.out}  (vllm=={vllm.__version__}; CPU)"
-    with open(args.out, "w") as fh:
-        json.dump({"command": command, "vllm_version": vllm.__version__, "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {"command": command, "vllm_version": vllm.__version__, "records": records})
     return 0
 
 

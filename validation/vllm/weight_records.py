@@ -17,9 +17,10 @@ changes a tensor's shape.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import types
+
+from validation.core.record import write_json
 
 SHAPES = {"gate_up_proj": ("column", 4096, 2 * 14336), "down_proj": ("row", 14336, 4096)}
 
@@ -99,9 +100,7 @@ def main(argv=None) -> int:
                 records.append({"format": fmt, "layer": layer, "split": split, "input_size": inp, "output_size": out,
                                 "tp": tp, "parameters": create(make(), split, inp, out, tp)})
     command = f"{sys.executable} -m validation.vllm.weight_records --out {args.out}  (vllm=={vllm.__version__}; CPU)"
-    with open(args.out, "w") as fh:
-        json.dump({"command": command, "vllm_version": vllm.__version__, "records": records}, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, {"command": command, "vllm_version": vllm.__version__, "records": records})
     print(f"{len(records)} records -> {args.out}")
     return 0
 
