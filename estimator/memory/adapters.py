@@ -305,10 +305,10 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
     ZeRO 2 and 1 as in `states.model_states`; `inv` is the stage's `inventory`. `frozen_with_grads`:
     frozen elements that get gradients anyway (FSDP1 units holding frozen and trainable weights, fsdp1.py)."""
     from .components import once
-    from .states import ModelStates
+    from .states import ModelStates, parameter_shard_stage
     from .fsdp1 import shard_group
     d = shard_group(training, par)  # DP, or FSDP1 HYBRID_SHARD's shard group (fsdp1.py)
-    param_stage = _parameter_shard_stage(training)
+    param_stage = parameter_shard_stage(training)
 
     def sharded(value: float, from_stage: int) -> float:
         return value / d if zero >= from_stage else value
@@ -326,12 +326,6 @@ def adapter_states(inv: Inventory, training, recipe, par, zero: int, frozen_with
                        fp8_weight_copies=0.0, zero_stage=zero,
                        formulas=once(lambda: _adapter_state_formulas(inv, training, recipe, zero, d,
                                                                      frozen_with_grads)))
-
-
-def _parameter_shard_stage(training) -> int:
-    """The ZeRO stage from which the parameters are sharded: FSDP keeps its shards at 2 too."""
-    from ..spec.choices import FSDP_FRAMEWORKS
-    return 2 if training.framework in FSDP_FRAMEWORKS + ("fsdp1",) else 3
 
 
 def _trainable_bytes(training, recipe) -> tuple[float, float]:
@@ -378,6 +372,7 @@ def _adapter_state_formulas(inv: Inventory, training, recipe, zero: int, d: int,
                             frozen_with_grads: float) -> dict[str, str]:
     """The formulas of `adapter_states`, written when first shown."""
     from ..spec.dtypes import bytes_per_element
+    from .states import parameter_shard_stage
     A, S = _trainable_bytes(training, recipe)
     G_a, G_s = _gradient_bytes(training, recipe)
     O_a, O_s = _optimizer_dtype_bytes(training, recipe)
@@ -400,7 +395,7 @@ def _adapter_state_formulas(inv: Inventory, training, recipe, zero: int, d: int,
         f" + {G_a:g} B x {frozen_with_grads:,.0f} frozen params sharing their FSDP1 units' FlatParameters"
         if frozen_with_grads else " (frozen base: none)")
     return {
-        "parameters": quant + trainable + (shard if zero >= _parameter_shard_stage(training) else ""),
+        "parameters": quant + trainable + (shard if zero >= parameter_shard_stage(training) else ""),
         "fp8_weight_copies": "",
         "gradients": grads_text + (shard if zero >= 2 else ""),
         "master_weights": f"4 B (fp32) x {inv.trainable:,.0f} trainable params" + (shard if zero >= 1 else ""),

@@ -126,7 +126,7 @@ def model_states(stage: StageParameters, training: Training, recipe: Recipe, par
     G = bytes_per_element(recipe.grad_dtype)
     P_stored, M = _stored_and_master_bytes(training, recipe)
     dense, expert, copies, fp8_split = _parameter_bytes(stage, training, recipe, P_stored)
-    params = sharded(dense, expert, _parameter_shard_stage(training))
+    params = sharded(dense, expert, parameter_shard_stage(training))
     grads = sharded(G * nt, G * ne, 2)
     masters = sharded(M * nt, M * ne, 1)
     opt_dense = optimizer_state_bytes(trained, training.optimizer, recipe.optimizer_dtype, experts=False)
@@ -165,7 +165,7 @@ def _stored_and_master_bytes(training: Training, recipe: Recipe) -> tuple[float,
     return P, (4.0 if master else 0.0)
 
 
-def _parameter_shard_stage(training: Training) -> int:
+def parameter_shard_stage(training: Training) -> int:
     """The ZeRO stage from which parameters are sharded. FSDP2 keeps its parameters sharded under
     reshard_after_forward=False too (zero_stage 2): only the gathered compute copies stay between forward and
     backward (memory.py transients)."""
@@ -220,7 +220,7 @@ def _state_formulas(stage: StageParameters, training: Training, recipe: Recipe, 
     per_param_states = opt_bytes / (nt + ne) if nt + ne else 0.0
     hidden = stage.total.dense_hidden_matrices + stage.total.expert_hidden_matrices
     return {
-        "parameters": formula(param_text, _parameter_shard_stage(training)),
+        "parameters": formula(param_text, parameter_shard_stage(training)),
         "fp8_weight_copies": (f"{fp8_bytes_per_weight(training)[1]:g} B x {hidden:,.0f} linear weights "
                               f"({training.fp8_recipe} recipe)") if fp8_split else "",
         "gradients": formula(f"{bytes_per_element(recipe.grad_dtype):g} B ({recipe.grad_dtype})", 2, trained_count),
