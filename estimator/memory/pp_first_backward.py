@@ -28,7 +28,7 @@ from .sharding import StageParameters
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
 from ..spec.training import Recipe, Training
-from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, largest_moment, rank_operations
+from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, replayed_saving, saving_parts
 from .pp_last_rank import fewer_on_the_last_rank
 
 SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py Schedule1F1B._step_microbatches (warmup_chunks = "
@@ -99,8 +99,8 @@ def _activations(label: str, freed: int, why: str) -> Component:
     return Component("activations", label, -freed, f"-{freed / 2**30:,.2f} GiB: {why}", SOURCE)
 
 
-def _gradients(label: str, not_made: int, why: str, source: str = SOURCE) -> Component:
-    return Component("transient", label, -not_made, f"-{not_made / 2**30:,.2f} GiB: {why}", source)
+def _gradients(label: str, not_made: int, why: str) -> Component:
+    return Component("transient", label, -not_made, f"-{not_made / 2**30:,.2f} GiB: {why}", SOURCE)
 
 
 def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inflight: float,
@@ -116,18 +116,9 @@ def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inf
     root = sp.root_local if sp.first else 0.0
     per_layer = (sp.local - sp.root_local) / total
     grads = tuple(G * (per_layer * n + (root if c == 0 else 0.0)) for c, n in enumerate(sizes))
-    ops = rank_operations(sp.stage, par.pp, par.vpp, m)
-    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, G * root)
-    if top != round(inflight * total):
+    saving = replayed_saving(G, par, sp, m, inflight, held, grads, G * root)
+    if saving is None:
         return ()
-    source = f"{SOURCE}; {INTERLEAVED_SOURCE}"
-    inputs = held(inflight) - held(moment.layers_held / total)
-    not_made = int(round(G * sp.local - (moment.bytes - held(moment.layers_held / total))))
-    begun = ", ".join(str(c) for c in moment.chunks_begun) or "none"
-    where = f"at the replayed schedule's largest moment ({moment.what})"
-    parts = (Component("activations", "Layer inputs freed before the largest moment (interleaved schedule replayed)",
-                       -inputs, f"-{inputs / 2**30:,.2f} GiB: {where} {moment.layers_held} of {top} layers' inputs "
-                       f"are held ({moment.layers_held / total:g} micro-batches of the stack)", source),
-             _gradients("Unsharded gradients not made by the largest moment (interleaved schedule replayed)",
-                        not_made, f"{where} the gradients of chunks {begun} exist", source))
-    return tuple(c for c in parts if c.bytes)
+    moment, inputs, not_made, top = saving
+    return saving_parts(moment, inputs, not_made, top, total, f"at the replayed schedule's largest moment "
+                        f"({moment.what})", f"{SOURCE}; {INTERLEAVED_SOURCE}")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+from .components import Component
+
 SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py ScheduleInterleaved1F1B "
           "(_calculate_single_rank_operations, _get_warmup_ops, _get_1f1b_rank_ops)")
 
@@ -87,3 +89,34 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
             begun.add(c)
         layers -= sizes[c]
     return best, top
+
+
+def replayed_saving(G: float, par, sp, m: int, inflight: float, held: Callable[[float], int],
+                    grads: tuple[float, ...], root_grad: float = 0.0,
+                    head_grad: float = 0.0) -> tuple[Moment, int, int, int] | None:
+    """A rank's largest replayed moment and what the charge (`inflight` micro-batches' inputs beside every
+    unsharded gradient, `G` bytes an element) holds beyond it: (the moment, the layer inputs, the gradients, the
+    most layers' inputs held at once); None where that most is not the in-flight count's (a micro-batch group
+    other than torch's rounds). `grads`, `root_grad`, `head_grad` as `largest_moment`'s."""
+    sizes = tuple(len(c) for c in sp.chunks)
+    total = sum(sizes)
+    ops = rank_operations(sp.stage, par.pp, par.vpp, m)
+    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, root_grad, head_grad)
+    if top != round(inflight * total):
+        return None
+    at_moment = held(moment.layers_held / total)
+    return moment, held(inflight) - at_moment, int(round(G * sp.local - (moment.bytes - at_moment))), top
+
+
+def saving_parts(moment: Moment, inputs: int, not_made: int, top: int, total: int, where: str,
+                 source: str) -> tuple[Component, ...]:
+    """`replayed_saving`'s inputs and gradients as negative parts (keys "activations", "transient"), the empty
+    ones left out; `where`: the moment, as the formulas name it."""
+    begun = ", ".join(str(c) for c in moment.chunks_begun) or "none"
+    parts = (Component("activations", "Layer inputs freed before the largest moment (interleaved schedule replayed)",
+                       -inputs, f"-{inputs / 2**30:,.2f} GiB: {where} {moment.layers_held} of {top} layers' inputs "
+                       f"are held ({moment.layers_held / total:g} micro-batches of the stack)", source),
+             Component("transient", "Unsharded gradients not made by the largest moment (interleaved schedule "
+                       "replayed)", -not_made, f"-{not_made / 2**30:,.2f} GiB: {where} the gradients of chunks "
+                       f"{begun} exist", source))
+    return tuple(c for c in parts if c.bytes)

@@ -23,7 +23,7 @@ from .sharding import StageParameters
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
 from ..spec.training import Recipe
-from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, largest_moment, rank_operations
+from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, replayed_saving, saving_parts
 
 SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py ScheduleInterleaved1F1B (_get_warmup_ops: "
           "(v - 1) x microbatches_per_round on the last rank) and stage.py backward_maybe_with_nosync; "
@@ -44,24 +44,14 @@ def fewer_on_the_last_rank(recipe: Recipe, par: Parallel, sp: StageParameters, m
     per_layer = (sp.local - sp.root_local) / total
     head = G * sp.root_local  # the final norm's and the head's: the FSDP root unit of the last model part
     grads = tuple(G * per_layer * n + (head if c == len(sizes) - 1 else 0.0) for c, n in enumerate(sizes))
-    ops = rank_operations(sp.stage, par.pp, par.vpp, m)
-    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, 0.0, head)
-    if top != round(inflight * total):
+    saving = replayed_saving(G, par, sp, m, inflight, held, grads, 0.0, head)
+    if saving is None:
         return ()
-    at_moment = held(moment.layers_held / total)
-    inputs = held(inflight) - at_moment
-    not_made = int(round(G * sp.local - (moment.bytes - at_moment)))
+    moment, inputs, not_made, top = saving
     if -(inputs + not_made) < loss_margin:  # the loss's moment is the larger: the peak, charged by its own rule
         return (Component("transient", "The loss's moment, the largest (interleaved schedule replayed)", loss_margin,
                           f"-{-loss_margin / 2**30:,.2f} GiB: the loss's saved tensors and working copies beside the "
                           f"last chunk's gradients, less than the recomputed layer beside every gradient and input; "
                           f"the replay's largest other moment ({moment.what}) is lower still", SOURCE),)
-    begun = ", ".join(str(c) for c in moment.chunks_begun) or "none"
-    where = f"at the replayed schedule's largest moment outside the loss ({moment.what})"
-    parts = (Component("activations", "Layer inputs freed before the largest moment (interleaved schedule replayed)",
-                       -inputs, f"-{inputs / 2**30:,.2f} GiB: {where} {moment.layers_held} of {top} layers' inputs "
-                       f"are held ({moment.layers_held / total:g} micro-batches of the stack)", SOURCE),
-             Component("transient", "Unsharded gradients not made by the largest moment (interleaved schedule "
-                       "replayed)", -not_made, f"-{not_made / 2**30:,.2f} GiB: {where} the gradients of chunks "
-                       f"{begun} exist", SOURCE))
-    return tuple(c for c in parts if c.bytes)
+    return saving_parts(moment, inputs, not_made, top, total,
+                        f"at the replayed schedule's largest moment outside the loss ({moment.what})", SOURCE)
