@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .adapters import adapted_modules
-from ..spec.adapter import bnb_version
 from ..spec.versions import DEEPSPEED_RESET_AT_FORWARD, release
 from .zero3_replay import Gathered, Trace, replay
 
@@ -152,8 +151,8 @@ def gathered_elements(arch, training, stage, prefetch_bucket: int, max_live: int
     from there and nothing is held. Through v0.15.3 (v0.12.3 included) reset_step ran at the end of the
     backward (stage3.py backward), before the step's release, which then lowers the count the same way:
     held in every micro-batch (training.framework_version; versions.DEEPSPEED_RESET_AT_FORWARD)."""
-    version = release("deepspeed", training.framework_version).version
-    offset = microbatches > 1 or bnb_version(version) < DEEPSPEED_RESET_AT_FORWARD
+    version = release("deepspeed", training.framework_version).number
+    offset = microbatches > 1 or version < DEEPSPEED_RESET_AT_FORWARD
 
     def compute() -> Gathered:
         trace = build_trace(arch, training, stage, threshold)

@@ -50,6 +50,11 @@ class Release:
         """How a source comment names it: ``Megatron-Core 0.16.1 (core_v0.16.1, 55ac7082)``."""
         return f"{self.name} ({self.tag}{', ' + self.commit[:8] if self.commit else ''})"
 
+    @property
+    def number(self) -> tuple[int, ...]:
+        """A numbered release as numbers, (0, 15, 4), for rules that hold from a release on."""
+        return tuple(int(part) for part in self.version.split("."))
+
 
 RELEASES: dict[str, tuple[Release, ...]] = {
     "megatron": (
