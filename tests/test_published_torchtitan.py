@@ -34,7 +34,17 @@ _PIPELINE = ("Llama 3.1 405B on torch.distributed.pipelining of Dec 2024 over FS
              "reduce-scatter and all-gather streams' idle segments (3.0 and 0.7 GiB there) are modelled, and so is "
              "stage 0's Schedule1F1B warm-up of all 8 micro-batches: its later backwards hold 7 micro-batches' inputs "
              "beside every gradient (memory/pp_first_backward.py: 1.9 GiB under stage 0's former peak, which moves "
-             "the peak to stage 1, 0.4 GiB lower)%s; under by %s")
+             "the peak to stage 1, 0.4 GiB lower). Read too, and no schedule-dependent memory in it (torch 2.6.0's own "
+             "sources, the release branch of 1963fc83): Schedule1F1B waits for its sends after the next forward or "
+             "backward (schedules.py 700-787; PipelineScheduleMulti waits at once, 1355), but what it sends is held "
+             "anyway (output_chunks, the receive buffers' .grad); _maybe_compute_loss keeps scalar losses whose graphs "
+             "backward_one_chunk frees (259); the last stage's merged output (507, a cat of the 8 logits) comes after "
+             "the last backward and train.py at 9dec370 drops it; the runtime shape inference is one no_grad forward "
+             "at the first step (stage.py 1359); the receive buffers are made once per micro-batch and kept (1433; "
+             "those not in flight, 1 x 128 MiB on stage 1, are not modelled); async TP's symmetric-memory workspace is "
+             "one per TP group, allocated outside the caching allocator (_symmetric_memory/__init__.py 99-129), and "
+             "its pipelined consumers write into outputs made on the current stream (149-290, 534-541); "
+             "pytorch/torchtitan#773 logs each of Table 5's rows as one run (82.46 and 72.69 GiB)%s; under by %s")
 _UNEXPLAINED_1F1B = (": 7.2 GiB that this row (82.5 GiB) holds above Table 6's FSDP 8, CP 1 row (75.3 GiB, within "
                      "the goal) is in no source read: the rows differ only in the micro-batch's shape (Table 5: "
                      "local batch 32 x 8,192 tokens, Table 6: 8 x 32,768; 8 micro-batches each, the PP degree, "
@@ -46,7 +56,11 @@ _UNEXPLAINED_1F1B = (": 7.2 GiB that this row (82.5 GiB) holds above Table 6's F
                      "fwd_cache, one gradient receive buffer per micro-batch: the same bytes), funcol's sequence-dim "
                      "all-gather/reduce-scatter (chunk + cat at any batch), async TP's fused matmuls on dim 1 "
                      "(micro_pipeline_tp.py force_stride_order restrides the shard and wo's input; _symmetric_memory's "
-                     "outputs are strided views), flash attention (lse, dq_accum per token), freqs_cis (8,192 positions, smaller)")
+                     "outputs are strided views), flash attention (lse, dq_accum per token), freqs_cis (8,192 "
+                     "positions, smaller). At the interleaved row's ratio of the measured peak to our allocated one "
+                     "(72.7 / 59.5 GiB = 1.22) this row needs 67.5 GiB "
+                     "allocated, 8.4 GiB above stage 1's modelled 59.1 (Table 6's CP 1 row: 2.5 GiB above), so "
+                     "unless the allocator's cache is a larger share under 1F1B the gap is allocated memory")
 _CP = ("; torch 2.6's ring attention is (memory/cp_ring.py: its backward's all-gathered K/V, fp32 accumulators, the "
        "dK/dV exchange with the received copy beside _partial_update's, the rotater's K/V cat: +1.2, +1.7 and +2.9 "
        "GiB over CP 1 at CP 2, 4 and 8 against the measured +0.6, +1.8 and +9.6 GiB). At a constant 32,768 tokens "
