@@ -93,7 +93,9 @@ FORWARD = ("the first pipeline stage's peak: 1.10 GiB printed under PP 2 and PP 
            "208 MiB + the flush buffer), the same on the middle stages. vLLM 0.19 pins torch 2.10, whose scheduler "
            "was not run. Not modelled")
 TP2_72B = ("KV memory of 3 GiB, so 0.09 GiB is the 3%: ours is 0.11 GiB more, the sum of terms each within "
-           "3% (non-torch 0.05 GiB under, weights 0.05 GiB under)")
+           "3%: non-torch 0.05 GiB under (the excess that grows with layers under TP, NON_TORCH_TP: 80 layers) and "
+           "weights 0.05 GiB under (Qwen2.5-7B's are 0.03 GiB under at TP 1 and 0.03 over at TP 4, so some "
+           "replicated-versus-sharded term of Qwen2's weights is off; not found)")
 SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so 0.05 GiB (0.07% of the budget) is the 3%: ours is "
                    "0.10 GiB more, of which our non-torch constant is 0.09 GiB under what 0.19 measures at TP 1; the "
                    "rest was not identified")
