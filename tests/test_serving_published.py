@@ -37,12 +37,30 @@ RECORDS = {r["id"]: r for r in DATA["records"]}
 
 # --- the mechanisms behind the terms we do not reproduce ---------------------------------------------
 NON_TORCH_TP = ("non-torch of Llama-3.1-70B FP8 at TP 4: 2.21 GiB against ours 2.09 (0.07 measured + 1.5 GiB fusion "
-                "workspace + NCCL 2.27.5's TP communicator, 0.52 GiB, serving/nccl_comm.py); the same layout prints "
-                "2.13 GiB for 8B models, so the 0.08 GiB more of the 70B FP8 checkpoint is per-model (its FP8 "
-                "kernels?) and was not identified")
-NON_TORCH_BASE = ("non-torch at TP 1 in 0.19: 0.27 GiB for Qwen3-30B-A3B against the 0.25 GiB measured for the "
-                  "other 0.19 runs (0.24-0.26 GiB); the MoE's extra 0.02 GiB outside torch (its fused-MoE kernels "
-                  "loaded lazily?) has no formula")
+                "workspace + NCCL 2.27.5's TP communicator, 0.52 GiB, serving/nccl_comm.py). Not its FP8 kernels "
+                "(CutlassFP8ScaledMMLinearKernel in the log): what the 0.19 sweep prints beyond ours grows with the "
+                "layer count and the TP degree in every weight format (TP 2: 0.02-0.03 GiB for 24-32 layers, 0.05 for "
+                "Qwen2.5-72B in bf16, 0.06 for the FP8 70B, 0.07 for the int8 70B, all 80 layers; TP 4: 0.04 for 28-32 "
+                "layers, 0.12 for 80). The fusion workspace is the same for both (the logs' FlashInfer workspace: "
+                "max_token_num 128 x hidden 8192 for the 70B, 256 x 4096 for the 8B; one workspace, the quant "
+                "patterns reuse it: flashinfer_all_reduce.py get_fi_ar_quant_workspace). The custom all-reduce's IPC "
+                "buffers and the symmetric-memory buffer are built with the TP group before the start-up snapshot "
+                "(gpu_worker.py init_device) and have no per-layer part. A candidate, not established: 0.19 profiles "
+                "the CUDA graphs inside memory_profiling, and custom_all_reduce.py capture() ends with "
+                "register_graph_buffers, which hands every peer the IPC handles of the graph-pool blocks holding each "
+                "captured all-reduce's input (2 a layer; it takes inputs under 8 MiB: Llama-8B's 496- and 512-token "
+                "captures, the 70B's 496-token one); if the peers' mappings outlive clear_all_graphs and empty_cache, "
+                "the driver keeps those blocks outside torch (the C++ side was not read: the wheel has no csrc). How "
+                "much stays needs a GPU; no formula is modelled")
+NON_TORCH_BASE = ("non-torch at TP 1 in 0.19: 0.27 GiB for Qwen3-30B-A3B against the 0.25 GiB constant (0.24-0.26 "
+                  "GiB in the other 0.19 runs). Not the MoE's workspaces: 0.19 runs TritonExperts ('Using TRITON "
+                  "backend for Unquantized MoE' in the log), whose workspaces come from v1/worker/workspace.py and "
+                  "whose Triton kernels get any global scratch through triton_utils/allocation.py, both torch.empty "
+                  "(so torch peak); the separate shared-experts stream is enabled for every MoE, and Qwen1.5-MoE "
+                  "prints 0.25. What differs is the captured graphs: the log's per-graph CUDA-graph estimate is 10 "
+                  "MiB in both modes against 4-8 MiB for Llama-3.1-8B and Qwen3-8B, and 0.19 runs that CUDA-graph "
+                  "memory profile inside memory_profiling (gpu_worker.py), so what the driver keeps after "
+                  "clear_all_graphs counts as non-torch. No source gives that driver memory; no formula is modelled")
 GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free memory before minus after capturing "
           "every graph): cudagraph_mode FULL_AND_PIECEWISE captures 51 sizes as a FULL graph and as layers + 1 PIECEWISE "
           "graphs, about 1,700 graph executables for a 32-layer model. Ours is the shared pool (serving/cuda_graphs.py): "
@@ -60,14 +78,24 @@ GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free 
 FORWARD = ("the first pipeline stage's peak: 1.10 GiB printed under PP 2 and PP 4 against ours 0.92 (the compiled "
            "MLP's T x (o + 2h + 3I), the autotuner's 50 MiB L2 flush buffer and the 32 MiB cuBLAS workspace; "
            "serving/activations.py, serving/profile_buffers.py), which hold the middle stages and CodeLlama-7B within "
-           "0.2%. The first stage holds 0.18 GiB more than a middle stage less its receive buffers; what only it "
-           "runs is the embedding's piece. A candidate: with benchmark_combo_kernel=True (0.19's inductor config) "
-           "inductor benchmarks a combo kernel's subkernels at compile time on random copies of their arguments "
-           "(torch/_inductor/codegen/triton.py benchmark_fused_nodes: mod.get_args()), which for the embedding "
-           "gather include its 0.98 GiB table; whether the gather is such a subkernel, and with which outputs, "
-           "was not established, so it is not modelled")
+           "0.2%: the first stage holds 171-181 MiB more than a middle stage less its 128 MiB receive buffers, "
+           "whatever the layer count. Read and ruled out in 0.19.0: profile_run/_dummy_run (gpu_model_runner.py) "
+           "give the first rank no receive buffers and no sampler, and IntermediateTensors.__getitem__ with the "
+           "logit indices returns None; memory_profiling resets the peak first (utils/mem_utils.py); "
+           "cudagraph_copy_inputs is off, so no input clones (compilation/backends.py); the AOT save puts the "
+           "example inputs on meta (compilation/caching.py); the log shows the pieces compiled afresh inside the "
+           "profiling window, so inductor's compile-time benchmarks count. The candidate that they include the "
+           "embedding table (benchmark_combo_kernel=True benchmarks each combo subkernel on random copies of its "
+           "arguments, torch/_inductor/scheduler.py speedup_by_combo_kernel) is ruled out: torch 2.13's scheduler, "
+           "run on fake CUDA tensors over the first piece (embedding, RMSNorm, qkv GEMM, rotary, output buffer; "
+           "validation/vllm/combo_windows.py), fuses the gather into the RMSNorm kernel, the only kernel at its "
+           "topological level, and the one combo window is the q/k rotary pair (qkv, cos/sin cache and outputs: "
+           "208 MiB + the flush buffer), the same on the middle stages. vLLM 0.19 pins torch 2.10, whose scheduler "
+           "was not run. Not modelled")
 TP2_72B = ("KV memory of 3 GiB, so 0.09 GiB is the 3%: ours is 0.11 GiB more, the sum of terms each within "
-           "3% (non-torch 0.05 GiB under, weights 0.05 GiB under)")
+           "3%: non-torch 0.05 GiB under (the excess that grows with layers under TP, NON_TORCH_TP: 80 layers) and "
+           "weights 0.05 GiB under (Qwen2.5-7B's are 0.03 GiB under at TP 1 and 0.03 over at TP 4, so some "
+           "replicated-versus-sharded term of Qwen2's weights is off; not found)")
 SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so 0.05 GiB (0.07% of the budget) is the 3%: ours is "
                    "0.10 GiB more, of which our non-torch constant is 0.09 GiB under what 0.19 measures at TP 1; the "
                    "rest was not identified")
