@@ -28,8 +28,11 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
   graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a
   first capture was not established. MLA backends' FULL graphs are not modelled (DeepSeek-V2-Lite's FULL
   first-capture is 522 MiB in the 0.19.0 logs).
-- Not modelled anywhere: each graph executable's driver memory (no source gives it; the 0.19.0 logs' profiler
-  measures 1-26 MiB a capture size), which is most of what vLLM 0.19 reports after capturing.
+- The graph executables' driver memory (outside the pool; driver_memory): the graphs and kernel nodes vLLM 0.19
+  captures (serving/graph_nodes.py, counted from its source) at the bytes measured per graph and per node
+  (serving/graph_driver.py, an H200 on driver 580.159.04). It is part of what 0.19 prints after capturing and of
+  what the device holds in every release; what 0.20+ subtracts stays vLLM's own estimate (below), which measures
+  the second capture of each mode, driver memory included, at a 1 MiB floor.
 
 vLLM's estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, read in 0.19.0, 0.20.0 and 0.33.0): it
 captures the two largest sizes of each mode into a scratch pool and returns max(first captures) + sum over modes of
@@ -47,6 +50,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..spec.architecture import Architecture
+from .graph_driver import driver_cost
+from .graph_nodes import GraphSet, counted, full_set, piecewise_set
 from .kv_cache import kv_heads_per_rank
 
 MiB = 1024**2
@@ -130,3 +135,40 @@ def vllm_estimate(graphs: GraphMemory) -> tuple[int, str]:
     total = profiler_total(first, {"FULL": 0, "PIECEWISE": 0}, captures)
     return total, (f"{graphs.formula} + ({graphs.piecewise_captures} - 1 + {graphs.full_captures} - 1) further "
                    "captures x 1 MiB (profile_cudagraph_memory's per-graph floor)")
+
+
+@dataclass(frozen=True)
+class DriverMemory:
+    bytes: int
+    graphs: int
+    small_nodes: int
+    large_nodes: int
+    formula: str
+    source: str
+
+
+def driver_memory(arch: Architecture, max_num_seqs: int, tp: int, gpu_id: str, act_bytes: int, layers: range,
+                  first: bool, last: bool, fusion_tokens: int | None, model_max: int | None = None,
+                  max_tokens: int | None = None) -> DriverMemory:
+    """The graph executables of one rank: per capture size its PIECEWISE graphs and, up to max_num_seqs, its FULL
+    graph (serving/graph_nodes.py), at the measured bytes per graph and per node (serving/graph_driver.py).
+    fusion_tokens: the all-reduce + RMSNorm fusion's max_token_num (None where the pass is off)."""
+    cost = driver_cost()
+    if gpu_id.startswith("mi"):
+        return DriverMemory(0, 0, 0, 0, "not modelled on ROCm: HIP graphs' memory was not measured", cost.source)
+    if not counted(arch):
+        return DriverMemory(0, 0, 0, 0, "not modelled: MLA, recurrent and MXFP4 layers' kernels were not counted",
+                            cost.source)
+    sizes = capture_sizes(max_num_seqs, model_max, max_tokens)
+    split_kv = fa3_full_graphs(arch, gpu_id, act_bytes)
+    total = GraphSet(0, 0, 0)
+    for size in sizes:
+        fused = fusion_tokens is not None and size <= fusion_tokens
+        pieces = piecewise_set(arch, layers, first, last, tp, fused)
+        total += pieces + full_set(pieces, len(layers), split_kv) if size <= max_num_seqs else pieces
+    value = cost.per_graph * total.graphs + cost.per_small_node * total.small + cost.per_large_node * total.large
+    formula = (f"{total.graphs:,} graphs x {cost.per_graph:,} B + {total.small:,} small kernel nodes x "
+               f"{cost.per_small_node:,} B + {total.large:,} GEMM/attention nodes x {cost.per_large_node:,} B "
+               f"({len(sizes)} sizes x ({len(layers)} + 1) PIECEWISE graphs + 1 FULL graph a size up to "
+               f"{max_num_seqs}; driver {cost.driver}, CUDA {cost.cuda}: the run's driver may differ)")
+    return DriverMemory(value, total.graphs, total.small, total.large, formula, cost.source)
