@@ -112,16 +112,18 @@ def test_not_counted_where_other_kernels_run():
 
 
 def test_019_prints_pool_plus_driver_and_020_holds_it():
-    """0.19's cuda_graphs (capture_model's 'took X GiB') is the pool + the driver memory, on top of the budget;
-    0.20 subtracts vLLM's own estimate (unchanged) but the device total holds the pool + the driver memory."""
+    """0.19's cuda_graphs (capture_model's 'took X GiB') is the pool (FA3's 258 MiB + the pieces' 14 MiB), the
+    driver memory and the capture stream's 32 MiB cuBLAS workspace, on top of the budget; 0.20 subtracts vLLM's
+    own estimate (unchanged) but the device total holds the same three."""
     def run(version):
         return estimate_vllm(LLAMA, Serving(engine_version=version, max_model_len=8192), Parallel(tp=1),
                              Hardware("h100-80"))
     old, new = run("0.19.0"), run("0.20.0")
-    pool = 32 * 512 * 32 * 129 * 4
+    fa3, pieces = 32 * 512 * 32 * 129 * 4, 512 * 14336 * 2
     graphs = old.stages[0].components[-1]
-    assert [p.bytes for p in graphs.parts] == [pool, 286_283_196] and graphs.bytes == old.stages[0].cuda_graphs
-    assert new.stages[0].cuda_graphs == pool + 100 * MiB
+    assert [p.bytes for p in graphs.parts] == [fa3 + pieces, 286_283_196, 32 * MiB]
+    assert graphs.bytes == old.stages[0].cuda_graphs == fa3 + pieces + 286_283_196 + 32 * MiB  # 0.56 GiB
     s = new.stages[0]
-    assert new.device_total_bytes == (new.context_bytes + s.weights + s.activation + s.non_torch + pool
-                                      + 286_283_196 + new.capacity.kv_cache_bytes)
+    assert s.cuda_graphs == fa3 + 100 * MiB
+    assert new.device_total_bytes == (new.context_bytes + s.weights + s.activation + s.non_torch + fa3 + pieces
+                                      + 286_283_196 + 32 * MiB + new.capacity.kv_cache_bytes)

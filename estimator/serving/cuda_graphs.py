@@ -71,6 +71,13 @@ class GraphMemory:
     full_captures: int  # uniform-decode sizes only: those <= max_num_seqs (v1/cudagraph_dispatcher.py)
     formula: str
 
+    @property
+    def captured_pool(self) -> int:
+        """The pool capture_model leaves: it captures every PIECEWISE size, then every FULL one
+        (v1/cudagraph_dispatcher.py get_capture_descs, 0.19.0), and FA3's accumulators, each larger than any
+        block the pieces freed, take new segments of the pool: the sum, where vLLM's estimate takes the max."""
+        return self.full_pool + self.piecewise_pool
+
 
 def model_max_capture(arch: Architecture, release: tuple[int, int]) -> int | None:
     """A model's own max_cudagraph_capture_size: gpt-oss (the one family with attention sinks) raises it to 1024
@@ -116,7 +123,7 @@ def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int,
     pool = max(full, piecewise)
     formula = (f"pool = max(FULL: FA3 split-KV {FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
                f"{full / MiB:.0f} MiB, PIECEWISE: one layer's q + 2kv + o + h at {tokens} tokens = "
-               f"{piecewise / MiB:.0f} MiB) (not modelled: the graph executables' driver memory, no source)")
+               f"{piecewise / MiB:.0f} MiB)")
     return GraphMemory(pool, full, piecewise, len(sizes), len(full_sizes), formula)
 
 

@@ -263,9 +263,9 @@ class StageGraphs:
 def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int, layers: range, first: bool,
                  last: bool) -> StageGraphs:
     """The shared graph pool plus the graph executables' driver memory (up to 0.19, captured on top of the budget:
-    capture_model's "took X GiB" is free memory before minus after, so both) or, where the version takes them from
+    capture_model's "took X GiB" is free memory before minus after, so all it holds) or, where the version takes them from
     the budget (0.20 on), what profile_cudagraph_memory returns as we model it (serving/cuda_graphs.py); the device
-    holds the pool and the driver memory in every release. 0.20.0-0.25.0 profile on CUDA only (gpu_worker.py:
+    holds the pool, the driver memory and the capture stream's cuBLAS workspace in every release. 0.20.0-0.25.0 profile on CUDA only (gpu_worker.py:
     current_platform.is_cuda(); ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in 0.26.0, 0.27.0
     and 0.33.0)."""
     model_max = model_max_capture(arch, r.release)
@@ -273,19 +273,28 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
     fusion = fusion_workspace(r.rules, r.gpu_id, arch, par.tp, par.pp, r.max_num_batched_tokens)
     driver = driver_memory(arch, r.max_num_seqs, par.tp, r.gpu_id, act_bytes, layers, first, last,
                            fusion.tokens if fusion else None, model_max, r.max_num_batched_tokens)
-    held = graphs.pool + driver.bytes
-    parts = (component("cuda_graphs", "Shared graph pool", graphs.pool, graphs.formula,
+    # capture_model runs inside graph_capture(), which makes a new stream (distributed/parallel_state.py, 0.19.0);
+    # the warm-up runs before each capture are its first GEMMs, so torch keeps one more cuBLAS workspace for it
+    workspace = blas_workspace_bytes(r.gpu_id)
+    held = graphs.captured_pool + driver.bytes + workspace
+    parts = (component("cuda_graphs", "Shared graph pool", graphs.captured_pool,
+                       f"{graphs.formula}; held: FULL + PIECEWISE (captured one after the other)",
                        "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py (serving/cuda_graphs.py)"),
              component("cuda_graphs", "Graph executables' driver memory", driver.bytes, driver.formula,
                        f"vLLM 0.19.0 compilation/backends.py split_graph, config/compilation.py "
-                       f"(serving/graph_nodes.py); {driver.source}"))
+                       f"(serving/graph_nodes.py); {driver.source}"),
+             component("cuda_graphs", "cuBLAS workspace of the capture stream", workspace,
+                       f"{workspace:,} B, one more (handle, stream)",
+                       "vLLM 0.19.0 v1/worker/gpu_model_runner.py capture_model (graph_capture's new stream, "
+                       "_warmup_and_capture's eager runs on it); PyTorch CublasHandlePool.cpp (serving/profile_buffers.py)"))
     rocm_skipped = r.gpu_id.startswith("mi") and r.release < ROCM_GRAPH_PROFILE
     if r.rules.cuda_graphs_in_budget and not rocm_skipped:
         estimate, formula = vllm_estimate(graphs)
         return StageGraphs(estimate, True, held, f"{formula}; the device holds the pool + the executables' driver "
-                           f"memory = {held / GiB:.2f} GiB", ())
+                           f"memory + the capture stream's cuBLAS workspace = {held / GiB:.2f} GiB", ())
     note = " (not profiled on ROCm before 0.26: captured on top of the budget)" if rocm_skipped else ""
-    return StageGraphs(held, False, held, f"pool + driver memory: {graphs.formula}; {driver.formula}{note}", parts)
+    return StageGraphs(held, False, held, f"pool + driver memory + the capture stream's cuBLAS workspace: "
+                       f"{graphs.formula}; {driver.formula}; {workspace / 2**20:.0f} MiB{note}", parts)
 
 
 def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
