@@ -178,4 +178,5 @@ def driver_memory(arch: Architecture, max_num_seqs: int, tp: int, gpu_id: str, a
                f"{cost.per_small_node:,} B + {total.large:,} GEMM/attention nodes x {cost.per_large_node:,} B "
                f"({len(sizes)} sizes x ({len(layers)} + 1) PIECEWISE graphs + 1 FULL graph a size up to "
                f"{max_num_seqs}; driver {cost.driver}, CUDA {cost.cuda}: the run's driver may differ)")
-    return DriverMemory(value, total.graphs, total.small, total.large, formula, cost.source)
+    source = f"{cost.source}; applied whatever the run's driver: the published vLLM 0.19 logs name none"
+    return DriverMemory(value, total.graphs, total.small, total.large, formula, source)

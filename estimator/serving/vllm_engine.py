@@ -277,8 +277,9 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
     # the warm-up runs before each capture are its first GEMMs, so torch keeps one more cuBLAS workspace for it
     workspace = blas_workspace_bytes(r.gpu_id)
     held = graphs.captured_pool + driver.bytes + workspace
-    parts = (component("cuda_graphs", "Shared graph pool", graphs.captured_pool,
-                       f"{graphs.formula}; held: FULL + PIECEWISE (captured one after the other)",
+    pool_formula = (f"FULL {graphs.full_pool / 2**20:.0f} MiB + PIECEWISE {graphs.piecewise_pool / 2**20:.0f} MiB "
+                    "(captured one after the other: FA3's accumulators take new segments)")
+    parts = (component("cuda_graphs", "Shared graph pool", graphs.captured_pool, pool_formula,
                        "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py (serving/cuda_graphs.py)"),
              component("cuda_graphs", "Graph executables' driver memory", driver.bytes, driver.formula,
                        f"vLLM 0.19.0 compilation/backends.py split_graph, config/compilation.py "
@@ -293,8 +294,8 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
         return StageGraphs(estimate, True, held, f"{formula}; the device holds the pool + the executables' driver "
                            f"memory + the capture stream's cuBLAS workspace = {held / GiB:.2f} GiB", ())
     note = " (not profiled on ROCm before 0.26: captured on top of the budget)" if rocm_skipped else ""
-    return StageGraphs(held, False, held, f"pool + driver memory + the capture stream's cuBLAS workspace: "
-                       f"{graphs.formula}; {driver.formula}; {workspace / 2**20:.0f} MiB{note}", parts)
+    return StageGraphs(held, False, held, f"pool {pool_formula} + driver memory {driver.formula} + the capture "
+                       f"stream's cuBLAS workspace {workspace / 2**20:.0f} MiB{note}", parts)
 
 
 def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
