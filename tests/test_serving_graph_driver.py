@@ -114,7 +114,8 @@ def test_not_counted_where_other_kernels_run():
 def test_019_prints_pool_plus_driver_and_020_holds_it():
     """0.19's cuda_graphs (capture_model's 'took X GiB') is the pool (FA3's 258 MiB + the pieces' 14 MiB), the
     driver memory and the capture stream's 32 MiB cuBLAS workspace, on top of the budget; 0.20 subtracts vLLM's
-    own estimate (unchanged) but the device total holds the same three."""
+    own estimate (its samples: FA3's pool + the largest FULL graph's driver memory, then 50 further captures of
+    each mode at their graphs' driver memory), and the device total holds the same three as 0.19."""
     def run(version):
         return estimate_vllm(LLAMA, Serving(engine_version=version, max_model_len=8192), Parallel(tp=1),
                              Hardware("h100-80"))
@@ -124,6 +125,15 @@ def test_019_prints_pool_plus_driver_and_020_holds_it():
     assert [p.bytes for p in graphs.parts] == [fa3 + pieces, 286_283_196, 32 * MiB]
     assert graphs.bytes == old.stages[0].cuda_graphs == fa3 + pieces + 286_283_196 + 32 * MiB  # 0.56 GiB
     s = new.stages[0]
-    assert s.cuda_graphs == fa3 + 100 * MiB
+    assert s.cuda_graphs == fa3 + 1_189_258 + 50 * (4_424_138 + 1_189_258)
     assert new.device_total_bytes == (new.context_bytes + s.weights + s.activation + s.non_torch + fa3 + pieces
                                       + 286_283_196 + 32 * MiB + new.capacity.kv_cache_bytes)
+
+
+def test_profiler_samples_by_hand():
+    """profile_cudagraph_memory's samples for Llama-3.1-8B at TP 1 (every size has the same nodes): PIECEWISE
+    33 x 110,614 + 130 x 2,490 + 128 x 3,517 = 4,424,138 B (4.2 MiB: the 0.19.0 log's profiler measured 6 MiB, in
+    2 MiB chunks); FULL 110,614 + 162 x 2,490 + 192 x 3,517 = 1,189,258 B (the log: 6 MiB, not reproduced)."""
+    d = driver_memory(LLAMA, 1024, 1, "h100-80", 2, range(32), True, True, None)
+    assert d.samples == (4_424_138, 1_189_258, 4_424_138, 1_189_258)
+    assert d.bytes == 51 * (4_424_138 + 1_189_258)

@@ -133,15 +133,19 @@ def profiler_total(first: dict[str, int], per_graph: dict[str, int], captures: d
     return max(first.values()) + sum((captures[m] - 1) * max(per_graph[m], PER_GRAPH_FLOOR) for m in first)
 
 
-def vllm_estimate(graphs: GraphMemory) -> tuple[int, str]:
-    """profile_cudagraph_memory's total as we model it: both modes' first captures overlay in one pool (their
-    larger one is our pool); each further capture at the source's 1 MiB floor (its measured per-graph memory,
-    4-26 MiB in the 0.19.0 logs, is not modelled)."""
-    first = {"FULL": graphs.full_pool, "PIECEWISE": graphs.pool}
+def vllm_estimate(graphs: GraphMemory, driver: DriverMemory | None = None, workspace: int = 0) -> tuple[int, str]:
+    """profile_cudagraph_memory's total as we model it from what each of its samples holds (mem_get_info before
+    and after a warm-up and capture): a first capture is its mode's pool, its graphs' driver memory and, for the
+    first mode (PIECEWISE), the cuBLAS workspace of graph_capture's new stream; a second capture reuses the pool,
+    so it is its graphs' driver memory, at the source's 1 MiB floor ("for driver overhead")."""
+    pw_first, full_first, pw_second, full_second = driver.samples if driver else (0, 0, 0, 0)
+    first = {"FULL": graphs.full_pool + full_first, "PIECEWISE": graphs.piecewise_pool + pw_first + workspace}
     captures = {"FULL": graphs.full_captures, "PIECEWISE": graphs.piecewise_captures}
-    total = profiler_total(first, {"FULL": 0, "PIECEWISE": 0}, captures)
-    return total, (f"{graphs.formula} + ({graphs.piecewise_captures} - 1 + {graphs.full_captures} - 1) further "
-                   "captures x 1 MiB (profile_cudagraph_memory's per-graph floor)")
+    total = profiler_total(first, {"FULL": full_second, "PIECEWISE": pw_second}, captures)
+    return total, (f"max(FULL first capture {first['FULL'] / MiB:.0f} MiB, PIECEWISE {first['PIECEWISE'] / MiB:.0f} "
+                   f"MiB) + ({graphs.piecewise_captures} - 1) x {max(pw_second, PER_GRAPH_FLOOR) / MiB:.1f} MiB + "
+                   f"({graphs.full_captures} - 1) x {max(full_second, PER_GRAPH_FLOOR) / MiB:.1f} MiB further "
+                   f"captures (their graphs' driver memory, at least 1 MiB); {graphs.formula}")
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,9 @@ class DriverMemory:
     large_nodes: int
     formula: str
     source: str
+    # the driver memory of profile_cudagraph_memory's samples: the largest and second-largest capture's graphs,
+    # PIECEWISE first, FULL second
+    samples: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def driver_memory(arch: Architecture, max_num_seqs: int, tp: int, gpu_id: str, act_bytes: int, layers: range,
@@ -168,15 +175,26 @@ def driver_memory(arch: Architecture, max_num_seqs: int, tp: int, gpu_id: str, a
                             cost.source)
     sizes = capture_sizes(max_num_seqs, model_max, max_tokens)
     split_kv = fa3_full_graphs(arch, gpu_id, act_bytes)
+
+    def piecewise(size: int) -> GraphSet:
+        return piecewise_set(arch, layers, first, last, tp, fusion_tokens is not None and size <= fusion_tokens)
+
+    def full(size: int) -> GraphSet:
+        return full_set(piecewise(size), len(layers), split_kv)
+
+    def bytes_of(graphs: GraphSet) -> int:
+        return cost.per_graph * graphs.graphs + cost.per_small_node * graphs.small + cost.per_large_node * graphs.large
+
+    full_sizes = [size for size in sizes if size <= max_num_seqs]
     total = GraphSet(0, 0, 0)
     for size in sizes:
-        fused = fusion_tokens is not None and size <= fusion_tokens
-        pieces = piecewise_set(arch, layers, first, last, tp, fused)
-        total += pieces + full_set(pieces, len(layers), split_kv) if size <= max_num_seqs else pieces
-    value = cost.per_graph * total.graphs + cost.per_small_node * total.small + cost.per_large_node * total.large
+        total += piecewise(size) + full(size) if size <= max_num_seqs else piecewise(size)
+    samples = (bytes_of(piecewise(sizes[-1])), bytes_of(full(full_sizes[-1])),
+               bytes_of(piecewise(sizes[-2])) if len(sizes) > 1 else 0,
+               bytes_of(full(full_sizes[-2])) if len(full_sizes) > 1 else 0)
     formula = (f"{total.graphs:,} graphs x {cost.per_graph:,} B + {total.small:,} small kernel nodes x "
                f"{cost.per_small_node:,} B + {total.large:,} GEMM/attention nodes x {cost.per_large_node:,} B "
                f"({len(sizes)} sizes x ({len(layers)} + 1) PIECEWISE graphs + 1 FULL graph a size up to "
                f"{max_num_seqs}; driver {cost.driver}, CUDA {cost.cuda}: the run's driver may differ)")
     source = f"{cost.source}; applied whatever the run's driver: the published vLLM 0.19 logs name none"
-    return DriverMemory(value, total.graphs, total.small, total.large, formula, source)
+    return DriverMemory(bytes_of(total), total.graphs, total.small, total.large, formula, source, samples)

@@ -290,7 +290,7 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
                        "_warmup_and_capture's eager runs on it); PyTorch CublasHandlePool.cpp (serving/profile_buffers.py)"))
     rocm_skipped = r.gpu_id.startswith("mi") and r.release < ROCM_GRAPH_PROFILE
     if r.rules.cuda_graphs_in_budget and not rocm_skipped:
-        estimate, formula = vllm_estimate(graphs)
+        estimate, formula = vllm_estimate(graphs, driver, workspace)
         return StageGraphs(estimate, True, held, f"{formula}; the device holds the pool + the executables' driver "
                            f"memory + the capture stream's cuBLAS workspace = {held / GiB:.2f} GiB", ())
     note = " (not profiled on ROCm before 0.26: captured on top of the budget)" if rocm_skipped else ""
