@@ -51,7 +51,8 @@ def test_fewest_gpus_first_and_none_missed():
     # at their graphs' driver memory (10.8 and 3.1 MiB: 80 layers; serving/cuda_graphs.py), 0.74 GiB
     assert tp8.sequences_per_replica == blocks // 2048 == 41
     assert tp8.gpus == 8 * math.ceil(100 / 41) == 24
-    assert bf16[0].gpus == min(o.gpus for o in bf16) == 24  # no 16-GPU layout holds 100: two 8-GPU replicas hold 2 x 41 (or 40) < 100
+    # no 16-GPU layout holds 100: two 8-GPU replicas hold 2 x 41 (or 40) < 100
+    assert bf16[0].gpus == min(o.gpus for o in bf16) == 24
 
 
 def test_under_a_second_for_a_large_moe():

@@ -46,7 +46,7 @@ class FusionWorkspace:
     bytes: int
     formula: str
     source: str
-    tokens: int = 0  # max_token_num: the compile range up to it runs the fused kernel (config/vllm.py _set_compile_ranges)
+    tokens: int = 0  # max_token_num: sizes up to it run the fused kernel (config/vllm.py _set_compile_ranges)
 
 
 def _round_up(value: int, step: int) -> int:

@@ -262,12 +262,12 @@ class StageGraphs:
 
 def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int, layers: range, first: bool,
                  last: bool) -> StageGraphs:
-    """The shared graph pool plus the graph executables' driver memory (up to 0.19, captured on top of the budget:
-    capture_model's "took X GiB" is free memory before minus after, so all it holds) or, where the version takes them from
-    the budget (0.20 on), what profile_cudagraph_memory returns as we model it (serving/cuda_graphs.py); the device
-    holds the pool, the driver memory and the capture stream's cuBLAS workspace in every release. 0.20.0-0.25.0 profile on CUDA only (gpu_worker.py:
-    current_platform.is_cuda(); ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in 0.26.0, 0.27.0
-    and 0.33.0)."""
+    """What capturing leaves (up to 0.19, on top of the budget: capture_model's "took X GiB" is free memory before
+    minus after): the shared pool, the graph executables' driver memory and the capture stream's cuBLAS workspace;
+    or, where the version takes the graphs from the budget (0.20 on), what profile_cudagraph_memory returns as we
+    model it (serving/cuda_graphs.py), while the device holds the same three. 0.20.0-0.25.0 profile on CUDA only
+    (gpu_worker.py: current_platform.is_cuda(); ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in
+    0.26.0, 0.27.0 and 0.33.0)."""
     model_max = model_max_capture(arch, r.release)
     graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id, model_max, r.max_num_batched_tokens)
     fusion = fusion_workspace(r.rules, r.gpu_id, arch, par.tp, par.pp, r.max_num_batched_tokens)
@@ -287,7 +287,8 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
              component("cuda_graphs", "cuBLAS workspace of the capture stream", workspace,
                        f"{workspace:,} B, one more (handle, stream)",
                        "vLLM 0.19.0 v1/worker/gpu_model_runner.py capture_model (graph_capture's new stream, "
-                       "_warmup_and_capture's eager runs on it); PyTorch CublasHandlePool.cpp (serving/profile_buffers.py)"))
+                       "_warmup_and_capture's eager runs on it); PyTorch CublasHandlePool.cpp "
+                       "(serving/profile_buffers.py)"))
     rocm_skipped = r.gpu_id.startswith("mi") and r.release < ROCM_GRAPH_PROFILE
     if r.rules.cuda_graphs_in_budget and not rocm_skipped:
         estimate, formula = vllm_estimate(graphs, driver, workspace)
