@@ -37,8 +37,10 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
 vLLM's estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, read in 0.19.0, 0.20.0 and 0.33.0): it
 captures the two largest sizes of each mode into a scratch pool and returns max(first captures) + sum over modes of
 (captures - 1) x max(second capture, 1 MiB) (0.33.0 adds the vision encoder's graphs, off by default:
-compilation.py cudagraph_mm_encoder = False). Ours: the pool above + (captures - 1) x 1 MiB a mode, the source's
-floor for the per-graph part. Where it goes, by release (v1/worker/gpu_worker.py determine_available_memory and
+compilation.py cudagraph_mm_encoder = False). Ours (vllm_estimate): each first capture is its mode's pool and its
+graphs' driver memory (the PIECEWISE one, captured first on graph_capture's new stream, also that stream's cuBLAS
+workspace); each further capture is the second size's graphs' driver memory, at least the source's 1 MiB. Where it
+goes, by release (v1/worker/gpu_worker.py determine_available_memory and
 envs.py): 0.19 computes it inside memory_profiling but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
 defaults to 0; the graphs are captured after the KV cache is sized, on top of the budget); 0.20.0 to 0.33.0 default
 it to 1 and set available KV memory = requested - non-KV memory - the estimate (read in 0.20.0, 0.21.0, 0.25.0,
