@@ -31,8 +31,8 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
 - The graph executables' driver memory (outside the pool; driver_memory): the graphs and kernel nodes vLLM 0.19
   captures (serving/graph_nodes.py, counted from its source) at the bytes measured per graph and per node
   (serving/graph_driver.py, an H200 on driver 580.159.04). It is part of what 0.19 prints after capturing and of
-  what the device holds in every release; what 0.20+ subtracts stays vLLM's own estimate (below), which measures
-  the second capture of each mode, driver memory included, at a 1 MiB floor.
+  what the device holds in every release; what 0.20+ subtracts is vLLM's own estimate (below), whose samples
+  (mem_get_info around a capture) hold the driver memory of the graphs they capture.
 
 vLLM's estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, read in 0.19.0, 0.20.0 and 0.33.0): it
 captures the two largest sizes of each mode into a scratch pool and returns max(first captures) + sum over modes of

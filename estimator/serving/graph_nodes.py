@@ -11,7 +11,7 @@ Kernel nodes of one decoder layer, compiled by Inductor with every custom op off
 on from torch 2.9, config/compilation.py, which joins the q and k rotary/norm kernels into one):
 - large (cuBLAS GEMMs): qkv_proj, o_proj, gate_up_proj, down_proj (4; the qkv bias in the GEMM's epilogue);
 - small (Inductor's fused Triton kernels): one per RMSNorm with its residual add (norms_per_layer: 2, Gemma-2/3
-  4), the rotary embedding (with Qwen3's q/k norms in the same combo kernel), SiLU x mul (4 for Llama);
+  4), the rotary embedding (with Qwen3's q/k norms in the same combo kernel), SiLU x mul (4 a Llama layer);
 - a MoE layer's MLP instead (model_executor/layers/fused_moe/fused_moe.py fused_experts_impl, Triton path): the
   router GEMM (large), topk_softmax, moe_align_block_size (or the naive assignment's fill), the W13 and W2 fused_moe
   Triton kernels, the activation and moe_sum (6 small); a shared expert adds gate_up, down (large) and its
@@ -25,7 +25,9 @@ on from torch 2.9, config/compilation.py, which joins the q and k rotary/norm ke
   forward and, with split-KV on Hopper (FA3), its combine kernel (large: CUTLASS kernels).
 Not counted: cuBLAS split-K reduction kernels (the heuristics' choice per shape), the activation-quantization
 kernels of FP8/INT8 checkpoints (Inductor fuses most into the norms), memset nodes. MLA, hybrid (recurrent) and
-gpt-oss's MXFP4 MoE layers run other kernels and are not counted (None).
+gpt-oss's MXFP4 MoE layers run other kernels and are not counted (`counted` is False: no driver memory, and the
+formula says so). The same structure is taken for the other releases (0.11 to 0.33; their splitting ops and
+fusion passes were not re-read for this count).
 """
 
 from __future__ import annotations

@@ -255,7 +255,7 @@ def _activation_parts(peak, src: str) -> tuple[Component, ...]:
 class StageGraphs:
     bytes: int  # what the engine reports: 0.19's "took X GiB", or from 0.20 the estimate the budget gives up
     in_budget: bool
-    held: int  # what the device holds after capturing: the pool and the executables' driver memory
+    held: int  # what the device holds after capturing: the pool, the driver memory, the capture stream's workspace
     formula: str
     parts: tuple[Component, ...]
 
