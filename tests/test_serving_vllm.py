@@ -242,11 +242,14 @@ def test_sliding_window_groups_by_hand():
 
 def test_rule_0_20_cuda_graphs_inside_the_budget():
     """0.20: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1, so profile_cudagraph_memory's estimate (the
-    pool + 1 MiB for each further capture, serving/cuda_graphs.py) leaves the KV budget; 0.19 captures the graphs
-    after the KV cache is sized."""
+    larger first capture + each further capture's driver memory, serving/cuda_graphs.py) leaves the KV budget;
+    0.19 captures the graphs after the KV cache is sized (and prints the pool, the executables' driver memory and
+    the capture stream's cuBLAS workspace: serving/cuda_graphs.py, tests/test_serving_graph_driver.py)."""
     old, new = (serve("llama-3.1-8b", max_model_len=32768, engine_version=v) for v in ("0.19", "0.20"))
     assert old.resolved.rules.label == "0.19" and new.resolved.rules.label == "0.20"
-    assert new.limiting.cuda_graphs == old.limiting.cuda_graphs + (50 + 50) * 2**20 > 0
+    fa3 = 32 * 512 * 32 * 129 * 4
+    assert new.limiting.cuda_graphs == fa3 + 1_189_258 + 50 * (4_424_138 + 1_189_258)  # each capture's driver memory
+    assert old.limiting.cuda_graphs == fa3 + 512 * 14336 * 2 + 286_283_196 + 32 * 2**20
     assert old.limiting.available - new.limiting.available == new.limiting.cuda_graphs
     eager = serve("llama-3.1-8b", max_model_len=32768, engine_version="0.20", cuda_graphs=False)
     assert eager.limiting.cuda_graphs == 0 and eager.limiting.available == old.limiting.available

@@ -46,6 +46,7 @@ class FusionWorkspace:
     bytes: int
     formula: str
     source: str
+    tokens: int = 0  # max_token_num: sizes up to it run the fused kernel (config/vllm.py _set_compile_ranges)
 
 
 def _round_up(value: int, step: int) -> int:
@@ -81,4 +82,4 @@ def fusion_workspace(rules: VllmRules, gpu_id: str, arch: Architecture, tp: int,
     source = (f"vLLM {rules.label} AllReduceFusionPass + FlashInfer TRT-LLM workspace (SymmDeviceMemory rounds "
               f"to the {'recommended multicast' if rules.allreduce_fusion == 'multicast' else 'allocation'} "
               "granularity; estimator/serving/allreduce_fusion.py)")
-    return FusionWorkspace(allocated, formula, source)
+    return FusionWorkspace(allocated, formula, source, tokens)

@@ -28,14 +28,19 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
   graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a
   first capture was not established. MLA backends' FULL graphs are not modelled (DeepSeek-V2-Lite's FULL
   first-capture is 522 MiB in the 0.19.0 logs).
-- Not modelled anywhere: each graph executable's driver memory (no source gives it; the 0.19.0 logs' profiler
-  measures 1-26 MiB a capture size), which is most of what vLLM 0.19 reports after capturing.
+- The graph executables' driver memory (outside the pool; driver_memory): the graphs and kernel nodes vLLM 0.19
+  captures (serving/graph_nodes.py, counted from its source) at the bytes measured per graph and per node
+  (serving/graph_driver.py, an H200 on driver 580.159.04). It is part of what 0.19 prints after capturing and of
+  what the device holds in every release; what 0.20+ subtracts is vLLM's own estimate (below), whose samples
+  (mem_get_info around a capture) hold the driver memory of the graphs they capture.
 
 vLLM's estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, read in 0.19.0, 0.20.0 and 0.33.0): it
 captures the two largest sizes of each mode into a scratch pool and returns max(first captures) + sum over modes of
 (captures - 1) x max(second capture, 1 MiB) (0.33.0 adds the vision encoder's graphs, off by default:
-compilation.py cudagraph_mm_encoder = False). Ours: the pool above + (captures - 1) x 1 MiB a mode, the source's
-floor for the per-graph part. Where it goes, by release (v1/worker/gpu_worker.py determine_available_memory and
+compilation.py cudagraph_mm_encoder = False). Ours (vllm_estimate): each first capture is its mode's pool and its
+graphs' driver memory (the PIECEWISE one, captured first on graph_capture's new stream, also that stream's cuBLAS
+workspace); each further capture is the second size's graphs' driver memory, at least the source's 1 MiB. Where it
+goes, by release (v1/worker/gpu_worker.py determine_available_memory and
 envs.py): 0.19 computes it inside memory_profiling but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
 defaults to 0; the graphs are captured after the KV cache is sized, on top of the budget); 0.20.0 to 0.33.0 default
 it to 1 and set available KV memory = requested - non-KV memory - the estimate (read in 0.20.0, 0.21.0, 0.25.0,
@@ -47,6 +52,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..spec.architecture import Architecture
+from .graph_driver import driver_cost
+from .graph_nodes import GraphSet, counted, full_set, piecewise_set
 from .kv_cache import kv_heads_per_rank
 
 MiB = 1024**2
@@ -65,6 +72,13 @@ class GraphMemory:
     piecewise_captures: int
     full_captures: int  # uniform-decode sizes only: those <= max_num_seqs (v1/cudagraph_dispatcher.py)
     formula: str
+
+    @property
+    def captured_pool(self) -> int:
+        """The pool capture_model leaves: it captures every PIECEWISE size, then every FULL one
+        (v1/cudagraph_dispatcher.py get_capture_descs, 0.19.0), and FA3's accumulators, each larger than any
+        block the pieces freed, take new segments of the pool: the sum, where vLLM's estimate takes the max."""
+        return self.full_pool + self.piecewise_pool
 
 
 def model_max_capture(arch: Architecture, release: tuple[int, int]) -> int | None:
@@ -111,7 +125,7 @@ def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int,
     pool = max(full, piecewise)
     formula = (f"pool = max(FULL: FA3 split-KV {FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
                f"{full / MiB:.0f} MiB, PIECEWISE: one layer's q + 2kv + o + h at {tokens} tokens = "
-               f"{piecewise / MiB:.0f} MiB) (not modelled: the graph executables' driver memory, no source)")
+               f"{piecewise / MiB:.0f} MiB)")
     return GraphMemory(pool, full, piecewise, len(sizes), len(full_sizes), formula)
 
 
@@ -121,12 +135,68 @@ def profiler_total(first: dict[str, int], per_graph: dict[str, int], captures: d
     return max(first.values()) + sum((captures[m] - 1) * max(per_graph[m], PER_GRAPH_FLOOR) for m in first)
 
 
-def vllm_estimate(graphs: GraphMemory) -> tuple[int, str]:
-    """profile_cudagraph_memory's total as we model it: both modes' first captures overlay in one pool (their
-    larger one is our pool); each further capture at the source's 1 MiB floor (its measured per-graph memory,
-    4-26 MiB in the 0.19.0 logs, is not modelled)."""
-    first = {"FULL": graphs.full_pool, "PIECEWISE": graphs.pool}
+def vllm_estimate(graphs: GraphMemory, driver: DriverMemory | None = None, workspace: int = 0) -> tuple[int, str]:
+    """profile_cudagraph_memory's total as we model it from what each of its samples holds (mem_get_info before
+    and after a warm-up and capture): a first capture is its mode's pool, its graphs' driver memory and, for the
+    first mode (PIECEWISE), the cuBLAS workspace of graph_capture's new stream; a second capture reuses the pool,
+    so it is its graphs' driver memory, at the source's 1 MiB floor ("for driver overhead")."""
+    pw_first, full_first, pw_second, full_second = driver.samples if driver else (0, 0, 0, 0)
+    first = {"FULL": graphs.full_pool + full_first, "PIECEWISE": graphs.piecewise_pool + pw_first + workspace}
     captures = {"FULL": graphs.full_captures, "PIECEWISE": graphs.piecewise_captures}
-    total = profiler_total(first, {"FULL": 0, "PIECEWISE": 0}, captures)
-    return total, (f"{graphs.formula} + ({graphs.piecewise_captures} - 1 + {graphs.full_captures} - 1) further "
-                   "captures x 1 MiB (profile_cudagraph_memory's per-graph floor)")
+    total = profiler_total(first, {"FULL": full_second, "PIECEWISE": pw_second}, captures)
+    return total, (f"max(FULL first capture {first['FULL'] / MiB:.0f} MiB, PIECEWISE {first['PIECEWISE'] / MiB:.0f} "
+                   f"MiB) + ({graphs.piecewise_captures} - 1) x {max(pw_second, PER_GRAPH_FLOOR) / MiB:.1f} MiB + "
+                   f"({graphs.full_captures} - 1) x {max(full_second, PER_GRAPH_FLOOR) / MiB:.1f} MiB further "
+                   f"captures (their graphs' driver memory, at least 1 MiB); {graphs.formula}")
+
+
+@dataclass(frozen=True)
+class DriverMemory:
+    bytes: int
+    graphs: int
+    small_nodes: int
+    large_nodes: int
+    formula: str
+    source: str
+    # the driver memory of profile_cudagraph_memory's samples: the largest and second-largest capture's graphs,
+    # PIECEWISE first, FULL second
+    samples: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+
+def driver_memory(arch: Architecture, max_num_seqs: int, tp: int, gpu_id: str, act_bytes: int, layers: range,
+                  first: bool, last: bool, fusion_tokens: int | None, model_max: int | None = None,
+                  max_tokens: int | None = None) -> DriverMemory:
+    """The graph executables of one rank: per capture size its PIECEWISE graphs and, up to max_num_seqs, its FULL
+    graph (serving/graph_nodes.py), at the measured bytes per graph and per node (serving/graph_driver.py).
+    fusion_tokens: the all-reduce + RMSNorm fusion's max_token_num (None where the pass is off)."""
+    cost = driver_cost()
+    if gpu_id.startswith("mi"):
+        return DriverMemory(0, 0, 0, 0, "not modelled on ROCm: HIP graphs' memory was not measured", cost.source)
+    if not counted(arch):
+        return DriverMemory(0, 0, 0, 0, "not modelled: MLA, recurrent and MXFP4 layers' kernels were not counted",
+                            cost.source)
+    sizes = capture_sizes(max_num_seqs, model_max, max_tokens)
+    split_kv = fa3_full_graphs(arch, gpu_id, act_bytes)
+
+    def piecewise(size: int) -> GraphSet:
+        return piecewise_set(arch, layers, first, last, tp, fusion_tokens is not None and size <= fusion_tokens)
+
+    def full(size: int) -> GraphSet:
+        return full_set(piecewise(size), len(layers), split_kv)
+
+    def bytes_of(graphs: GraphSet) -> int:
+        return cost.per_graph * graphs.graphs + cost.per_small_node * graphs.small + cost.per_large_node * graphs.large
+
+    full_sizes = [size for size in sizes if size <= max_num_seqs]
+    total = GraphSet(0, 0, 0)
+    for size in sizes:
+        total += piecewise(size) + full(size) if size <= max_num_seqs else piecewise(size)
+    samples = (bytes_of(piecewise(sizes[-1])), bytes_of(full(full_sizes[-1])),
+               bytes_of(piecewise(sizes[-2])) if len(sizes) > 1 else 0,
+               bytes_of(full(full_sizes[-2])) if len(full_sizes) > 1 else 0)
+    formula = (f"{total.graphs:,} graphs x {cost.per_graph:,} B + {total.small:,} small kernel nodes x "
+               f"{cost.per_small_node:,} B + {total.large:,} GEMM/attention nodes x {cost.per_large_node:,} B "
+               f"({len(sizes)} sizes x ({len(layers)} + 1) PIECEWISE graphs + 1 FULL graph a size up to "
+               f"{max_num_seqs}; driver {cost.driver}, CUDA {cost.cuda}: the run's driver may differ)")
+    source = f"{cost.source}; applied whatever the run's driver: the published vLLM 0.19 logs name none"
+    return DriverMemory(bytes_of(total), total.graphs, total.small, total.large, formula, source, samples)

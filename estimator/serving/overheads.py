@@ -11,8 +11,9 @@ No formula exists for that part: it is a constant per release and layout, read f
 FlashInfer's all-reduce fusion workspace joins it (serving/allreduce_fusion.py) and, from 0.19 to 0.26, the NCCL
 communicator torch builds for the TP group while that workspace's handles are exchanged (serving/nccl_comm.py).
 
-CUDA graphs: serving/cuda_graphs.py (the shared pool; from 0.20 vLLM's own estimate, taken from the budget before
-the KV cache is sized: gpu_worker.py determine_available_memory, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1).
+CUDA graphs: serving/cuda_graphs.py (the shared pool and the graph executables' driver memory, graph_nodes.py and
+graph_driver.py; from 0.20 vLLM's own estimate, taken from the budget before the KV cache is sized:
+gpu_worker.py determine_available_memory, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1).
 """
 
 from __future__ import annotations

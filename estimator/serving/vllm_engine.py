@@ -21,7 +21,7 @@ from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from . import kv_cache, overheads, prefix_default, vllm_versions
 from .allreduce_fusion import fusion_workspace
-from .cuda_graphs import graph_memory, model_max_capture, vllm_estimate
+from .cuda_graphs import driver_memory, graph_memory, model_max_capture, vllm_estimate
 from .nccl_comm import communicator_bytes, tp_group_nccl
 from .activations import activation_peak
 from .profile_buffers import autotune_flush_bytes, blas_workspace_bytes
@@ -74,6 +74,7 @@ class StageBudget:
     cuda_graphs: int
     available: int  # the KV cache's share of the budget on this rank
     components: tuple[Component, ...]
+    graphs_held: int | None = None  # the CUDA graphs the device holds, where it differs from cuda_graphs (vLLM 0.20+)
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,9 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
             formula=f"max(encoder forward + cuBLAS workspace, encoder cache + {peak.formula}); {encoder.formula}")
     non_torch_part = _non_torch(arch, r, par)
     non_torch = non_torch_part.bytes
-    graphs, graphs_formula, counted = _cuda_graphs(arch, r, par, act_bytes) if serving.cuda_graphs else (0, "off", False)
+    first, last = stage == 0, stage == par.pp - 1
+    graph = _cuda_graphs(arch, r, par, act_bytes, layers, first, last) if serving.cuda_graphs else None
+    graphs, counted = (graph.bytes, graph.in_budget) if graph else (0, False)
     in_budget = graphs if counted else 0
     available = budget - weights.bytes - peak.bytes - non_torch - in_budget
     src = f"vLLM {r.rules.label}"
@@ -221,12 +224,13 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   _activation_parts(peak, src)),
         non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
-                  graphs, graphs_formula,
-                  f"{src} v1/worker/gpu_model_runner.py profile_cudagraph_memory, compilation/cuda_graph.py, "
-                  "v1/attention/backends/flash_attn.py (estimator/serving/cuda_graphs.py; the pool is modelled, the "
-                  "graphs' driver memory is not: tests/test_serving_published.py GRAPHS)"),
+                  graphs, graph.formula if graph else "off",
+                  f"{src} v1/worker/gpu_model_runner.py profile_cudagraph_memory / capture_model, "
+                  "compilation/cuda_graph.py, v1/attention/backends/flash_attn.py (estimator/serving/cuda_graphs.py)",
+                  graph.parts if graph else ()),
     )
-    return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
+    held = graph.held if graph else 0
+    return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components, held)
 
 
 def _activation_parts(peak, src: str) -> tuple[Component, ...]:
@@ -247,18 +251,52 @@ def _activation_parts(peak, src: str) -> tuple[Component, ...]:
     return tuple(parts)
 
 
-def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int) -> tuple[int, str, bool]:
-    """The shared graph pool (up to 0.19, captured on top of the budget) or, where the version takes them from
-    the budget (0.20 on), what profile_cudagraph_memory returns as we model it (serving/cuda_graphs.py), and
-    whether the budget gives it up. 0.20.0-0.25.0 profile on CUDA only (gpu_worker.py: current_platform.is_cuda();
-    ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in 0.26.0, 0.27.0 and 0.33.0)."""
-    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id, model_max_capture(arch, r.release),
-                          r.max_num_batched_tokens)
+@dataclass(frozen=True)
+class StageGraphs:
+    bytes: int  # what the engine reports: 0.19's "took X GiB", or from 0.20 the estimate the budget gives up
+    in_budget: bool
+    held: int  # what the device holds after capturing: the pool, the driver memory, the capture stream's workspace
+    formula: str
+    parts: tuple[Component, ...]
+
+
+def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int, layers: range, first: bool,
+                 last: bool) -> StageGraphs:
+    """What capturing leaves (up to 0.19, on top of the budget: capture_model's "took X GiB" is free memory before
+    minus after): the shared pool, the graph executables' driver memory and the capture stream's cuBLAS workspace;
+    or, where the version takes the graphs from the budget (0.20 on), what profile_cudagraph_memory returns as we
+    model it (serving/cuda_graphs.py), while the device holds the same three. 0.20.0-0.25.0 profile on CUDA only
+    (gpu_worker.py: current_platform.is_cuda(); ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in
+    0.26.0, 0.27.0 and 0.33.0)."""
+    model_max = model_max_capture(arch, r.release)
+    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id, model_max, r.max_num_batched_tokens)
+    fusion = fusion_workspace(r.rules, r.gpu_id, arch, par.tp, par.pp, r.max_num_batched_tokens)
+    driver = driver_memory(arch, r.max_num_seqs, par.tp, r.gpu_id, act_bytes, layers, first, last,
+                           fusion.tokens if fusion else None, model_max, r.max_num_batched_tokens)
+    # capture_model runs inside graph_capture(), which makes a new stream (distributed/parallel_state.py, 0.19.0);
+    # the warm-up runs before each capture are its first GEMMs, so torch keeps one more cuBLAS workspace for it
+    workspace = blas_workspace_bytes(r.gpu_id)
+    held = graphs.captured_pool + driver.bytes + workspace
+    pool_formula = (f"FULL {graphs.full_pool / 2**20:.0f} MiB + PIECEWISE {graphs.piecewise_pool / 2**20:.0f} MiB "
+                    "(captured one after the other: FA3's accumulators take new segments)")
+    parts = (component("cuda_graphs", "Shared graph pool", graphs.captured_pool, pool_formula,
+                       "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py (serving/cuda_graphs.py)"),
+             component("cuda_graphs", "Graph executables' driver memory", driver.bytes, driver.formula,
+                       f"vLLM 0.19.0 compilation/backends.py split_graph, config/compilation.py "
+                       f"(serving/graph_nodes.py); {driver.source}"),
+             component("cuda_graphs", "cuBLAS workspace of the capture stream", workspace,
+                       f"{workspace:,} B, one more (handle, stream)",
+                       "vLLM 0.19.0 v1/worker/gpu_model_runner.py capture_model (graph_capture's new stream, "
+                       "_warmup_and_capture's eager runs on it); PyTorch CublasHandlePool.cpp "
+                       "(serving/profile_buffers.py)"))
     rocm_skipped = r.gpu_id.startswith("mi") and r.release < ROCM_GRAPH_PROFILE
     if r.rules.cuda_graphs_in_budget and not rocm_skipped:
-        return *vllm_estimate(graphs), True
+        estimate, formula = vllm_estimate(graphs, driver, workspace)
+        return StageGraphs(estimate, True, held, f"{formula}; the device holds the pool + the executables' driver "
+                           f"memory + the capture stream's cuBLAS workspace = {held / GiB:.2f} GiB", ())
     note = " (not profiled on ROCm before 0.26: captured on top of the budget)" if rocm_skipped else ""
-    return graphs.pool, graphs.formula + note, False
+    return StageGraphs(held, False, held, f"pool {pool_formula} + driver memory {driver.formula} + the capture "
+                       f"stream's cuBLAS workspace {workspace / 2**20:.0f} MiB{note}", parts)
 
 
 def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
@@ -342,7 +380,7 @@ def estimate_vllm(arch: Architecture, serving: Serving, par: Parallel, hardware:
     longest = kv_cache.longest_model_len(groups, ranges, available, in_flight, ceiling, r.rules.version)
     limiting = min(range(len(stages)), key=lambda i: (available[i] // groups.block_bytes_on(ranges[i]), i))
     s = stages[limiting]
-    device_total = (gpu.cuda_context_bytes + s.weights + s.activation + s.non_torch + s.cuda_graphs
+    device_total = (gpu.cuda_context_bytes + s.weights + s.activation + s.non_torch + s.graphs_held
                     + cap.kv_cache_bytes)
     notes = ("The profiling run's activation peak, the non-torch memory and the CUDA graphs are modelled from "
              "vLLM's source and public start-up logs; vLLM measures them on the GPU.", pc.note)
