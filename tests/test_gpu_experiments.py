@@ -18,7 +18,7 @@ from validation.gpu import experiments  # noqa: E402
 from validation.gpu.__main__ import main  # noqa: E402
 from validation.gpu.context import MODES, STAGES, stage_deltas  # noqa: E402
 from validation.gpu.devices import FakeDevice, driver_api_version  # noqa: E402
-from validation.gpu.graphs import GRID, KINDS, GraphRun, fit, measure_graphs  # noqa: E402
+from validation.gpu.graphs import ALL_KINDS, GRID, KINDS, NODE_GRID, GraphRun, fit, measure_graphs  # noqa: E402
 
 KiB = 1024
 PER_GRAPH, PER_NODE = FakeDevice().per_graph, FakeDevice().per_node
@@ -29,7 +29,7 @@ def test_the_stand_in_charges_what_this_test_says():
     assert (PER_GRAPH, PER_NODE) == (64 * KiB, 8 * KiB)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("kernels", [1, 3, 48])
 def test_a_graph_of_k_kernels_is_k_ops(kind, kernels):
     """Each chain link is one op (one kernel launch on the GPU, where the driver counts the nodes): a graph's
@@ -74,6 +74,25 @@ def test_the_default_grid():
     assert max(nodes) == 131_072
     elementwise = sorted(r.kernels for r in GRID if r.kind == "elementwise")
     assert elementwise == [1, 4, 16, 64, 256, 1024] and {r.kind for r in GRID} == set(KINDS)
+
+
+def test_the_node_grid():
+    """cuda-graph-nodes: each vLLM-shaped kind at 16 and 64 nodes a graph, 2,048 graphs each (12,288 graphs,
+    491,520 kernel nodes: at the H200's GEMM cost of 3.5 KiB a node 1.7 GB), its own fit per kind."""
+    assert [(r.kind, r.kernels, r.max_graphs) for r in NODE_GRID] == [
+        (k, n, 2048) for k in ("gemm_wide", "sdpa", "triton") for n in (16, 64)]
+    assert sum(r.max_graphs * r.kernels for r in NODE_GRID) == 3 * 2048 * (16 + 64) == 491_520
+    assert experiments.EXPERIMENTS["cuda-graph-nodes"].runs == tuple(
+        experiments.SubRun((r.kind, str(r.kernels), "2048")) for r in NODE_GRID)
+
+
+def test_a_node_kind_fits_its_own_costs_on_the_cpu():
+    """Two node counts of one kind separate its per-graph and per-node bytes (what graph_fits does per kind)."""
+    points = [p for n in (2, 5) for p in experiments.graph_points(
+        [{"run": {"kind": "sdpa", "kernels": n}, "measured": measure_graphs(GraphRun("sdpa", n, 4), "cpu", 60)}])]
+    found = experiments.graph_fits(points)["sdpa"]
+    assert found["per_graph_bytes"] == pytest.approx(PER_GRAPH, abs=1e-6)
+    assert found["per_node_bytes"] == pytest.approx(PER_NODE, abs=1e-6)
 
 
 def test_stage_deltas():

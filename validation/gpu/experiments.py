@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .context import MODES
-from .graphs import GRID, GraphRun, fit
+from .graphs import GRID, NODE_GRID, GraphRun, fit
 
 MIN_START_S = 20  # a sub-run needs its process start and CUDA context (about 5-10 s) and some work
 SUBRUN_DEADLINE_S = 100  # no one graph sub-run takes more
@@ -62,6 +62,13 @@ def graph_experiment(grid: tuple[GraphRun, ...] = GRID) -> Experiment:
                       "(validation/gpu/graphs.py)")
 
 
+def node_experiment(grid: tuple[GraphRun, ...] = NODE_GRID) -> Experiment:
+    return Experiment("cuda-graph-nodes", "graphs", tuple(SubRun(r.args()) for r in grid), True,
+                      "graph executables' driver memory for vLLM-shaped kernel nodes: bf16 [256, 4096] x [4096, 4096] "
+                      "GEMMs, SDPA's flash forward on [1, 32, 256, 128], an Inductor-compiled Triton RMSNorm; 16 and 64 "
+                      "nodes a graph, as cuda-graphs (validation/gpu/graphs.py NODE_KINDS)")
+
+
 def context_experiment(repeats: int = 2) -> Experiment:
     runs = tuple(SubRun((), (("CUDA_MODULE_LOADING", mode),)) for _ in range(repeats) for mode in MODES)
     return Experiment("cuda-context", "context", runs, False,
@@ -70,7 +77,7 @@ def context_experiment(repeats: int = 2) -> Experiment:
                       "=EAGER and unset, each in a fresh process (validation/gpu/context.py)")
 
 
-EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment())}
+EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment())}
 
 
 def run_experiment(experiment: Experiment, device: str, deadline: float, runs, log) -> int:
@@ -136,7 +143,7 @@ def experiment_record(experiment_id: str, lines: list[dict]) -> dict:
     record = {"id": f"{experiment_id}-{gpu_slug(versions)}", "experiment": experiment_id,
               "description": EXPERIMENTS[experiment_id].description,
               "runs": [{"run": line["run"], "measured": line["measured"]} for line in lines]}
-    if experiment_id == "cuda-graphs":
+    if experiment_id in ("cuda-graphs", "cuda-graph-nodes"):
         points = graph_points(lines)
         record |= {"points": points, "fit": graph_fits(points)}
     return record | {"versions": versions, "command": COMMAND.format(id=experiment_id)}

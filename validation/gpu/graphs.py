@@ -34,6 +34,13 @@ import torch
 from .devices import device_named
 
 KINDS = ("elementwise", "gemm", "mixed")
+# vLLM-shaped kernel nodes (the cuda-graph-nodes experiment): is a node's driver memory the same for a
+# model's GEMMs (bf16 [256, 4096] x [4096, 4096]), FlashAttention's forward (SDPA's flash kernel on bf16
+# [1, 32, 256, 128]) and an Inductor-generated Triton kernel (a compiled RMSNorm) as for the small ones above?
+# On the CPU stand-in each link is one aten op of the same kind at a small shape (the Triton link: one
+# in-place op; nothing is compiled there).
+NODE_KINDS = ("gemm_wide", "sdpa", "triton")
+ALL_KINDS = KINDS + NODE_KINDS
 CHECKPOINTS = tuple(2**i for i in range(12))  # 1 .. 2048 graphs
 NODE_CAP = 131_072  # kernel nodes a sub-run captures at most: at cccl's 10 KB a node, 1.3 GB
 INSTANTIATIONS = 5  # the probe graph's instantiation timed this many times
@@ -65,10 +72,14 @@ def grid_run(kind: str, kernels: int) -> GraphRun:
 GRID = tuple(grid_run(k, n) for k, n in (("elementwise", 1), ("elementwise", 64), ("elementwise", 16),
                                           ("gemm", 16), ("elementwise", 4), ("elementwise", 256),
                                           ("elementwise", 1024), ("mixed", 48), ("gemm", 1), ("gemm", 64)))
+# Two node counts a kind (its own per-graph and per-node fit), 16 and 64 as vLLM's pieces have (8-30 a layer)
+NODE_GRID = tuple(grid_run(k, n) for k in NODE_KINDS for n in (16, 64))
 
 
 def make_chain(kind: str, kernels: int, device: str):
     """A function launching `kernels` ops that allocate nothing, and the tensors it works on."""
+    if kind in NODE_KINDS:
+        return _node_chain(kind, kernels, device)
     a = torch.full((SHAPE, WIDTH), 0.5, device=device, dtype=torch.bfloat16)
     b = torch.empty_like(a)
     w = torch.full((WIDTH, WIDTH), 1.0 / WIDTH, device=device, dtype=torch.bfloat16)
@@ -88,6 +99,48 @@ def make_chain(kind: str, kernels: int, device: str):
             ops[i % len(ops)](i)
 
     return chain, (a, b, w)
+
+
+def _wide_gemm(device: str):
+    rows, width = (256, 4096) if device == "cuda" else (8, 64)
+    a = torch.full((rows, width), 0.5, device=device, dtype=torch.bfloat16)
+    b, w = torch.empty_like(a), torch.full((width, width), 1.0 / width, device=device, dtype=torch.bfloat16)
+    pair = [a, b]
+    return (lambda i: torch.mm(pair[i % 2], w, out=pair[1 - i % 2])), (a, b, w)
+
+
+def _flash(device: str):
+    """SDPA's flash kernel called directly (one node; its output comes from the graph pool, which the
+    points subtract); on the CPU its CPU kernel, one aten op."""
+    shape = (1, 32, 256, 128) if device == "cuda" else (1, 2, 8, 16)
+    q = torch.full(shape, 0.5, device=device, dtype=torch.bfloat16)
+    op = (torch.ops.aten._scaled_dot_product_flash_attention if device == "cuda"
+          else torch.ops.aten._scaled_dot_product_flash_attention_for_cpu)
+    return (lambda i: op(q, q, q, 0.0, True)), (q,)
+
+
+def _triton(device: str):
+    """An RMSNorm compiled by Inductor into one Triton kernel writing in place (warmed up, so compiled,
+    before any capture); on the CPU one in-place op."""
+    x = torch.full((256, 4096) if device == "cuda" else (8, 64), 0.5, device=device, dtype=torch.bfloat16)
+    if device != "cuda":
+        return (lambda i: x.mul_(1.0)), (x,)
+
+    def rms_norm_(t):
+        t.copy_(t * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(t.dtype))
+
+    compiled = torch.compile(rms_norm_, dynamic=False)
+    return (lambda i: compiled(x)), (x,)
+
+
+def _node_chain(kind: str, kernels: int, device: str):
+    link, tensors = {"gemm_wide": _wide_gemm, "sdpa": _flash, "triton": _triton}[kind](device)
+
+    def chain():
+        for i in range(kernels):
+            link(i)
+
+    return chain, tensors
 
 
 def _point(dev, graphs: int, base: dict, seconds: float) -> dict:
@@ -228,8 +281,8 @@ def main(argv: list[str]) -> int:
     from .devices import driver_api_version
 
     kind, kernels, max_graphs, device, deadline_s = argv
-    if kind not in KINDS:
-        raise SystemExit(f"kind {kind!r}: one of {', '.join(KINDS)}")
+    if kind not in ALL_KINDS:
+        raise SystemExit(f"kind {kind!r}: one of {', '.join(ALL_KINDS)}")
     run = GraphRun(kind, int(kernels), int(max_graphs))
     measured = measure_graphs(run, device, float(deadline_s))
     found = versions(device) | {"cuda_driver_api": driver_api_version() if device == "cuda" else None}
