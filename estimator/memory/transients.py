@@ -21,7 +21,7 @@ from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
 from ..spec.dtypes import bytes_per_element
-from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
+from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes, untrained
@@ -492,6 +492,12 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
             source += "; " + TITAN_SOURCES["adamw_foreach"]
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
                           source)]
+    scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
+    if scratch is not None:  # stepped one tensor (its local shard) at a time
+        d = d_dense if zero >= 1 and d_dense > 1 else 1
+        return [component("transient", "compiled step's scratch (the largest tensor)", scratch.per_element * largest / d,
+                          f"{scratch.formula} x largest trainable tensor" + (f" / d ({d})" if d > 1 else ""),
+                          scratch.source)]
     if optimizer.temporaries == LARGEST_TENSOR:
         return [component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
                           2 * 4 * largest, "2 x 4 B x largest trainable tensor", optimizer.source)]
@@ -512,12 +518,16 @@ def _step_in_backward(training: Training, recipe: Recipe, stage: StageParameters
     shard = d_dense if zero >= 2 and d_dense > 1 else 1
     G, S = bytes_per_element(recipe.grad_dtype), bytes_per_element(recipe.optimizer_dtype)
     optimizer = OPTIMIZERS[training.optimizer]
+    scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
     temporary = S if _runs_foreach(training) else 2 * 4 if optimizer.temporaries == LARGEST_TENSOR else 0
+    if scratch is not None:  # torchao's compiled step (its scratch: the states' new codes and scales)
+        temporary = scratch.per_element
     largest = stage.total.largest_tensor / shard
     return component("transient", "One parameter's gradient and its step (optimizer in backward)",
                      largest * (G + temporary),
                      f"({G:g} B gradient + {temporary:g} B step temporary) x largest tensor"
-                     + (f" / d ({shard})" if shard > 1 else ""), OPTIMIZER_IN_BACKWARD_SOURCE)
+                     + (f" / d ({shard})" if shard > 1 else ""),
+                     OPTIMIZER_IN_BACKWARD_SOURCE + ("; " + scratch.source if scratch else ""))
 
 
 def _titan_root_unit(arch: Architecture, par: Parallel, stage: StageParameters, P: float, Pb: float, pb: str,
