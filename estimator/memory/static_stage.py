@@ -171,7 +171,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
-    recomputed_bytes = int(round(working)) + total_bytes(extras)
+    # after the loss: a recomputed layer, or the largest tensor's compiled step in backward (transients.py)
+    recomputed_bytes = max(int(round(working)) + total_bytes(extras), total_bytes(tr.step_after_loss))
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
     # a layer is recomputed after the loss's backward, whose node frees the loss's saved tensors as it runs (torch
     # autograd engine: release_variables after apply, without retain_graph); the other moments are charged beside them
@@ -505,13 +506,14 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
              and training.recompute == "none" else "One recomputed layer's activations")
     recomputed = ([component("transient", label, working, "per-layer ledger of one layer", KORTHIKANTI)]
                   if working else []) + list(extras)  # a block's backward beyond its saved tensors (torchtitan)
+    after = recomputed if total_bytes(recomputed) >= total_bytes(tr.step_after_loss) else list(tr.step_after_loss)
 
     def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
         return max(moments, key=total_bytes)
 
     backward = [_made_so_far(c, unbegun) for c in tr.backward] if unbegun else tr.backward
     folded = {"forward": fold(largest(loss_forward, exchange[0], tr.forward_end) + tr.forward),
-              "backward": fold((recomputed if after_loss is not None else
+              "backward": fold((after if after_loss is not None else
                                 largest(loss_backward, exchange[1], tr.step_in_backward)) + backward),
               "backward_end": fold(end.transients if end else recomputed + tr.backward),
               "optimizer": fold(tr.optimizer)}

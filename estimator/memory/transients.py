@@ -21,7 +21,7 @@ from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
 from ..spec.dtypes import bytes_per_element
-from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS
+from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes, untrained
@@ -42,6 +42,9 @@ class Transients(NamedTuple):
     # a moment of forward of its own, not beside the loss's: the end of the model's forward (torchtune's
     # FSDP2 root unit gathered for the output projection, resharded before the loss runs)
     forward_end: list[Component] = []
+    # a moment of backward after the loss's tensors are freed: the largest tensor stepped in backward with its
+    # compiled step's scratch (torchao's AdamW8bit), once its gradient is whole
+    step_after_loss: list[Component] = []
 
 
 def transients(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, stage: StageParameters,
@@ -73,7 +76,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
         bwd.append(autocast_bwd)
     if training.optimizer_in_backward:
         return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
-                          forward_end)
+                          forward_end, _scratch_in_backward(training, recipe, stage, zero, d_dense))
     opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest, inv))
     return Transients(fwd, bwd, opt, persistent, [], forward_end)
 
@@ -492,6 +495,12 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
             source += "; " + TITAN_SOURCES["adamw_foreach"]
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
                           source)]
+    scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
+    if scratch is not None:  # stepped one tensor (its local shard) at a time
+        d = d_dense if zero >= 1 and d_dense > 1 else 1
+        return [component("transient", "compiled step's scratch (the largest tensor)", scratch.per_element * largest / d,
+                          f"{scratch.formula} x largest trainable tensor" + (f" / d ({d})" if d > 1 else ""),
+                          scratch.source)]
     if optimizer.temporaries == LARGEST_TENSOR:
         return [component("transient", "per-tensor update temporaries (two of the largest tensor, fp32)",
                           2 * 4 * largest, "2 x 4 B x largest trainable tensor", optimizer.source)]
@@ -518,6 +527,26 @@ def _step_in_backward(training: Training, recipe: Recipe, stage: StageParameters
                      largest * (G + temporary),
                      f"({G:g} B gradient + {temporary:g} B step temporary) x largest tensor"
                      + (f" / d ({shard})" if shard > 1 else ""), OPTIMIZER_IN_BACKWARD_SOURCE)
+
+
+def _scratch_in_backward(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
+                         d_dense: int) -> list[Component]:
+    """torchao's compiled step (spec/optimizers.py step_scratch) of the largest tensor, in backward: its hook runs
+    once the gradient is whole, after every use of the tensor has sent its part, so for the embedding and the LM
+    head after the loss's backward has freed the loss's tensors (torch autograd: a node's saved tensors are
+    released after it runs; the tied embedding's last part comes from the lookup, at backward's end). The
+    torchtune harness's eager record of the README row's setup puts backward's peak beside the loss, below
+    the step with its scratch beside it (tests/test_torchao_step_scratch.py)."""
+    scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
+    if scratch is None:
+        return []
+    shard = d_dense if zero >= 2 and d_dense > 1 else 1
+    G = bytes_per_element(recipe.grad_dtype)
+    return [component("transient", "The largest tensor's gradient and its compiled step's scratch",
+                      stage.total.largest_tensor / shard * (G + scratch.per_element),
+                      f"({G:g} B gradient + {scratch.per_element:g} B scratch: {scratch.formula}) x largest tensor"
+                      + (f" / d ({shard})" if shard > 1 else ""),
+                      OPTIMIZER_IN_BACKWARD_SOURCE + "; " + scratch.source)]
 
 
 def _titan_root_unit(arch: Architecture, par: Parallel, stage: StageParameters, P: float, Pb: float, pb: str,

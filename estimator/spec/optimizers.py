@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from .versions import TORCHTUNE_TORCHAO, release
+
 # What an optimizer allocates while it steps, beside its states:
 NO_TEMPORARIES = "none"  # fused kernels (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place
 FOREACH_SQRT = "foreach sqrt"  # torch's foreach AdamW materialises sqrt(v) for a whole group (hf)
@@ -66,3 +68,39 @@ OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (
     Optimizer("muon", _muon, "Jordan et al. 2024 (Muon): one momentum buffer on 2-D hidden matrices; AdamW on "
               "embeddings, head, norms and biases", LARGEST_TENSOR),
 )}
+
+
+@dataclass(frozen=True)
+class StepScratch:
+    """What an optimizer's step allocates beside its states while it steps one tensor: `per_element`
+    bytes per element of that tensor (the largest tensor's step is the worst moment)."""
+
+    per_element: float
+    formula: str
+    source: str
+
+
+# torchao's AdamW8bit steps each parameter with torch.compile(single_param_adam, fullgraph=True), in fp32
+# (optim/adam.py; the same code from 0.7.0, f04aec72, to 0.10.0, 8b264ce1). Inductor fuses the step into one
+# reduction kernel that updates the parameter in place and writes each 8-bit state's new uint8 codes and fp32
+# block scales to scratch, copied into the state by the kernels after it; a state kept plain (a tensor under
+# 4096 elements) is written in place. Read from Inductor's generated code (torch 2.13):
+# validation/torchtune/inductor_scratch.py. Before 0.7.0 (pytorch/ao#1068) the step ran in the states'
+# dtype, and an 8-bit state cannot take a bf16 gradient there (lerp of fp32 and bf16).
+TORCHAO_COMPILED_FP32_STEP = (0, 7, 0)
+TORCHAO_8BIT_SCRATCH = StepScratch(
+    2 * (1 + 4 / 256), "2 states x (1 B new codes + 4 B / 256 new block scale)",
+    "torchao 0.7.0-0.10.0 optim/adam.py single_param_adam compiled by Inductor (torch 2.13): the scratch of its "
+    "Triton wrapper (validation/torchtune/inductor_scratch.py; "
+    "tests/data/measured/compile/torchao-adamw8bit-step-scratch-128256x3072.json)")
+
+
+def step_scratch(optimizer: str, framework: str, framework_version: str | None) -> StepScratch | None:
+    """torchtune's 8-bit AdamW is torchao's AdamW8bit: its docs name it first ("All of our recipes support
+    lower-precision optimizers from the torchao library. For single device recipes, we also support
+    bitsandbytes", docs/source/tutorials/memory_optimizations.rst), keyed on the torchao its release ran
+    with (versions.py TORCHTUNE_TORCHAO). bitsandbytes' kernels step in place (NO_TEMPORARIES)."""
+    if optimizer != "adam8bit" or framework != "torchtune":
+        return None
+    torchao = TORCHTUNE_TORCHAO[release(framework, framework_version).version]
+    return TORCHAO_8BIT_SCRATCH if torchao >= TORCHAO_COMPILED_FP32_STEP else None

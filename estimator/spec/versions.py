@@ -113,6 +113,12 @@ TE_VERSIONS: tuple[str, ...] = ("2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2
 MEGATRON_TE: dict[str, str] = {"0.16": "2.11", "0.19": "2.17"}
 
 
+# torchao, whose AdamW8bit is torchtune's 8-bit AdamW (spec/optimizers.py step_scratch): torchtune pins no
+# torchao; its 0.6.1 (v0.6.1, a6290a5b, 2025-04-07) was measured with torchao 0.10.0 (v0.10.0, 8b264ce1,
+# 2025-04-02), the stable release of its week (validation/torchtune/plugin.py).
+TORCHTUNE_TORCHAO: dict[str, tuple[int, ...]] = {"0.6.1": (0, 10, 0)}
+
+
 def te_version(framework: str, framework_version: str | None, te: str | None) -> str | None:
     """The TransformerEngine release a Megatron run uses: `te` when given, else the one its Megatron-Core
     release installs (MEGATRON_TE); None for the other frameworks, which do not run TE."""

@@ -41,6 +41,9 @@ def _runs() -> list[TuneRun]:
         R("llama-3.2-3b", 8192, activation_checkpointing=True, activation_offloading=True,
           loss="chunked", optimizer_in_bwd=True),
         R("llama-3.2-3b", 4096, activation_offloading=True, optimizer="adamw8bit"),
+        # torchtune's README table, row "+ 8-bit AdamW" (1814feb1, eager here: the harness does not compile)
+        R("llama-3.2-3b", 4096, 2, activation_checkpointing=True, activation_offloading=True, loss="chunked",
+          optimizer="adamw8bit", optimizer_in_bwd=True),
         # lora_finetune_single_device: recipes/configs/llama3_1/8B_lora_single_device.yaml and
         # 8B_qlora_single_device.yaml (rank 8 on q, v, output_proj and the MLP; batch 2; AC;
         # chunked CE; fused AdamW), then savers switched

@@ -78,19 +78,32 @@ def offload_emulation(tracker):
         cuda.default_stream, cuda.Stream, cuda.stream, torch.empty_like, torch.Tensor.record_stream = saved
 
 
+def compiled_step_scratch(states) -> list:
+    """The scratch Inductor's kernels for torchao's single_param_adam (torchao 0.7.0-0.10.0
+    optim/adam.py, identical in those releases) allocate for one parameter: for each 8-bit state
+    (OptimState8bit) its new uint8 codes and its new fp32 block scales, written by the fused
+    reduction kernel and copied into the state afterwards; for states kept as plain tensors
+    (under 4096 elements) one pointwise kernel writes in place and allocates nothing. Read from the
+    Triton code Inductor (torch 2.13) generates for the step: validation/torchtune/inductor_scratch.py."""
+    return [torch.empty_like(part) for s in states if hasattr(s, "codes") for part in (s.codes, s.scale)]
+
+
 @contextmanager
 def eager_compiled_steps(tracker):
     """torchao's low-bit AdamW steps each parameter with `torch.compile(single_param_adam,
     fullgraph=True)`; torch.compile cannot trace under a TorchDispatchMode. The function runs
-    eagerly instead, where the tracker does not look: the compiled kernel updates the parameter
-    and the 8-bit states in place, and whatever scratch Inductor's fused kernels keep for one
-    parameter is not counted (not measured here)."""
+    eagerly instead, where the tracker does not look (the compiled kernel updates the parameter
+    and the 8-bit states in place), beside the scratch the compiled kernels allocate, counted
+    (compiled_step_scratch: the arguments exp_avg and exp_avg_sq)."""
     original = torch.compile
 
     def compile(fn=None, **kwargs):
         def run_hidden(*args, **kw):
+            scratch = compiled_step_scratch(args[3:5])
             with tracker.hidden():
-                return fn(*args, **kw)
+                out = fn(*args, **kw)
+            del scratch
+            return out
 
         return run_hidden
 

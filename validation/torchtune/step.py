@@ -11,7 +11,8 @@ SDPA, 512-byte blocks, host scalars not counted; F.rms_norm dispatched as on CUD
 fused_rms_norm: torchtune's RMSNorm passes an fp32 input with a bf16 scale, which layer_norm.cpp
 refuses to fuse, so its composite ops run there as here) and for activation offloading
 (validation/torchtune/emulation.py); fused AdamW keeps its step counters on the GPU; torchao's
-AdamW8bit steps run eagerly, uncounted (validation/torchtune/emulation.py, eager_compiled_steps).
+AdamW8bit steps run eagerly, uncounted, beside the scratch its compiled kernels allocate, counted
+(validation/torchtune/emulation.py, eager_compiled_steps).
 """
 
 from __future__ import annotations
