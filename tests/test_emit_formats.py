@@ -50,6 +50,10 @@ TORCHTUNE = [
                                             "offload_parameters": "cpu", "recompute": "full", "recompute_every": 2,
                                             "compile": True, "optimizer_in_backward": True},
      "parallel": {"dp": 8}},
+    {"model": "llama-3.2-3b", "training": {"framework": "torchtune", "seq_len": 4096, "micro_batch_size": 4,
+                                           "recompute": "full", "optimizer_in_backward": True,
+                                           "optimizer": "paged_adamw8bit", "loss": "chunked"}},
+    {"model": "llama-3.2-3b", "training": {"framework": "torchtune", "seq_len": 4096, "optimizer": "adam8bit"}},
 ]
 SERVING = [
     ("vllm", {"model": "llama-3.1-405b", "training": {"mode": "inference", "seq_len": 8192, "kv_cache_tokens": 8192},

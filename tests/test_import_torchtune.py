@@ -57,6 +57,27 @@ def test_llama31_8b_full_with_overrides():
     assert [s.name for s in result.unsupported] == ["custom_sharded_layers"]
 
 
+def test_llama32_3b_full_single_device_keeps_its_paged_8bit_states_in_managed_memory():
+    # the stock single-device full recipe: bitsandbytes.optim.PagedAdamW8bit (states of tensors >= 1e5
+    # elements in cudaMallocManaged pages, not torchao's AdamW8bit in the allocator), optimizer in backward,
+    # batch 4, activation checkpointing, CEWithChunkedOutputLoss
+    result = imported("3B_full_single_device.yaml")
+    expected = {"model": "llama-3.2-3b",
+                "training": {"framework": "torchtune", "seq_len": 4096, "micro_batch_size": 4, "recompute": "full",
+                             "optimizer_in_backward": True, "optimizer": "paged_adamw8bit", "loss": "chunked"},
+                "parallel": {"dp": 1}}
+    same_estimate(result, expected)
+    assert result.unsupported == () and result.unknown == ()
+
+
+@pytest.mark.parametrize("component, ours", [("torchao.optim.AdamW8bit", "adam8bit"),
+                                             ("bitsandbytes.optim.PagedAdamW", "paged_adamw"),
+                                             ("bitsandbytes.optim.AdamW8bit", "adam8bit")])
+def test_the_optimizer_is_read_with_its_library(component, ours):
+    result = imported("3B_full_single_device.yaml", overrides=SEQ + (f"optimizer._component_={component}",))
+    assert result.config["training"]["optimizer"] == ours
+
+
 def test_grpo_maps_to_rl():
     result = imported("3B_full_grpo.yaml", gpus=8)
     rl = result.config["training"]["rl"]

@@ -12,7 +12,8 @@ from .emit_check import verified
 from .torchtune import BUILDERS
 
 # our optimizers -> torchtune's optimizer components (the `torchtune` importer's _OPTIMIZERS backwards)
-_OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam8bit": "bitsandbytes.optim.PagedAdamW8bit", "sgd": "torch.optim.SGD"}
+_OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam8bit": "torchao.optim.AdamW8bit", "sgd": "torch.optim.SGD",
+               "paged_adamw8bit": "bitsandbytes.optim.PagedAdamW8bit", "paged_adamw": "bitsandbytes.optim.PagedAdamW"}
 _LOSSES = {"standard": "torch.nn.CrossEntropyLoss", "chunked": "torchtune.modules.loss.CEWithChunkedOutputLoss"}
 _ATTENTION = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
 

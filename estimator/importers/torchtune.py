@@ -34,8 +34,17 @@ BUILDERS = {
 _ATTN = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "output_proj": "o"}
 # loss components -> our loss
 _LOSSES = {"CEWithChunkedOutputLoss": "chunked", "LinearCrossEntropyLoss": "chunked", "CrossEntropyLoss": "standard"}
-_OPTIMIZERS = {"AdamW": "adamw", "Adam": "adamw", "AdamW8bit": "adam8bit", "PagedAdamW8bit": "adam8bit",
-               "Adam8bit": "adam8bit", "SGD": "sgd"}
+# optimizer components -> ours, by library: bitsandbytes' paged optimizers keep their large states in
+# managed memory (the stock *_full_single_device configs of torchtune 0.6.1 use PagedAdamW8bit); our
+# adam8bit is torchao's AdamW8bit (spec/optimizers.py step_scratch), which the torchtune docs name first
+_OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.Adam": "adamw", "torch.optim.SGD": "sgd",
+               "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw8bit", "bitsandbytes.optim.PagedAdamW": "paged_adamw",
+               "bitsandbytes.optim.AdamW8bit": "adam8bit", "bitsandbytes.optim.Adam8bit": "adam8bit",
+               "torchao.optim.AdamW8bit": "adam8bit", "torchao.optim.Adam8bit": "adam8bit",
+               "torchao.prototype.low_bit_optim.AdamW8bit": "adam8bit",
+               "torchao.prototype.low_bit_optim.Adam8bit": "adam8bit"}
+# bitsandbytes' unpaged 8-bit step updates its states in place: torchao's step scratch is counted for it
+_IN_PLACE_8BIT = ("bitsandbytes.optim.AdamW8bit", "bitsandbytes.optim.Adam8bit")
 # top-level keys that never change memory or speed
 _NO_EFFECT = ("output_dir", "seed", "shuffle", "epochs", "max_steps_per_epoch", "clip_grad_norm", "log_every_n_steps",
               "log_peak_memory_stats", "log_level", "resume_from_checkpoint", "save_adapter_weights_only", "device",
@@ -146,13 +155,17 @@ def _training(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, gpus: int | No
         build.set("training.compile", True, "compile", True)
     if doc.get("optimizer_in_bwd", False):
         build.set("training.optimizer_in_backward", True, "optimizer_in_bwd", True)
-    optimizer = _component(doc, "optimizer")
+    optimizer = doc.get("optimizer._component_")
     if optimizer not in _OPTIMIZERS:
-        ledger.not_modelled("optimizer._component_", doc.flat.get("optimizer._component_"), "estimated as AdamW")
+        ledger.not_modelled("optimizer._component_", optimizer, "estimated as AdamW")
     elif _OPTIMIZERS[optimizer] != "adamw":
         build.set("training.optimizer", _OPTIMIZERS[optimizer], "optimizer._component_", optimizer)
+        if optimizer in _IN_PLACE_8BIT:
+            ledger.note(f"{optimizer} estimated as torchao's AdamW8bit: its states are the same, and the scratch "
+                        "torchao's compiled step makes for the largest tensor (two 8-bit codes and their block "
+                        "scales) is counted, which bitsandbytes, stepping in place, does not make")
     else:
-        ledger.mapped("optimizer._component_", doc.flat["optimizer._component_"], "training.optimizer = \"adamw\"")
+        ledger.mapped("optimizer._component_", optimizer, "training.optimizer = \"adamw\"")
     for key in [k for k in doc.flat if k.startswith("optimizer.") and k != "optimizer._component_"]:
         ledger.ignore(key, doc.get(key), "an optimizer hyper-parameter or kernel choice")
     _loss(doc, build, ledger)
