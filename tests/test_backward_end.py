@@ -137,8 +137,10 @@ def test_the_first_layer_is_recomputed_as_its_own_kind():
     ends recomputing layer 0, a dense layer (its ledger: 29,393,813,504 B), beside every later gradient; the MoE
     layer (31,526,387,712 B with transformers' fp32 router copies, activations/mlp.py) is recomputed before the three dense layers' gradients exist (about 2.4 GB of them),
     so its moment is smaller. Charging the MoE layer at the end put the backward phase 1.04% over the measured
-    172,528,350,208 B; the dense layer puts it 0.06% under. With two micro-batches every gradient lives through
-    backward, and the MoE layer's recomputation is the larger moment."""
+    172,528,350,208 B; the dense layer puts it 0.06% under. (Since the harness and the estimate count CUDA's
+    softmax-backward temporary, 4 b a s^2 = 17,179,869,184 B, the record's backward is 189,708,219,392 B and the
+    estimate 0.09% under it.) With two micro-batches every gradient lives
+    through backward, and the MoE layer's recomputation is the larger moment."""
     from estimator.memory.trainer_backward_end import earliest_of_each_kind
     record = json.loads((MEASURED / "deepseek-v3.2-4layers-bf16-adamw-recompute-eager-s4096-b2.json").read_text())
     config = record["config"]

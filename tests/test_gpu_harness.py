@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import pytest
 
@@ -52,6 +53,55 @@ def test_cpu_selftest_of_megatron_cross_entropy():
     measured = measure_kernel(KernelRun("megatron-cross-entropy", 16, 2, 512), "cpu")
     for impl in ("unfused", "fused"):
         assert measured[impl]["logits_bytes"] == measured[impl]["logits_grad_bytes"] == 16 * 2 * 512 * 2
+
+
+def test_cpu_selftest_of_a_vision_language_step():
+    """A vision-language case runs the fake harness's own batch (images through the tower, their tokens in the
+    sequence), and its token ids come from the text config: transformers 5.17's Qwen2_5_VLConfig has no
+    vocab_size of its own (the H200 run of 2026-11-26 failed there)."""
+    from validation.gpu.measure import step_inputs, vocab_size
+    from validation.hf.step import build_model
+
+    run = Run("tiny-qwen2.5-vl", 256, 1, images=2, image_size=112)
+    measured = measure("hf", run, "cpu")
+    assert measured["optimizer_states"] == 2 * measured["parameters"] == 2 * measured["trainable_parameters"]
+    model = build_model(run)
+    ids, inputs = step_inputs("hf", run, model, "cpu")
+    assert ids.shape == (1, 256) and inputs["pixel_values"].shape[0] > 0
+    assert (ids == model.config.image_token_id).sum() > 0
+    assert vocab_size(model.config) == model.config.get_text_config().vocab_size == 152064
+
+
+def test_the_mamba_fallback_only_models_are_left_out():
+    """Without mamba-ssm on the lent machine Nemotron-H-8B and Falcon-H1-7B would run transformers' torch
+    fallback of the Mamba-2 scan (every such case ran out of memory on the H200); Falcon-H1-0.5B's stay."""
+    models = {getattr(c.run, "model", "") for c in CASES.values()}
+    assert not models & {"nemotron-h-8b", "falcon-h1-7b"} and "falcon-h1-0.5b" in models
+
+
+def test_the_softmax_backward_holds_cudas_temporary():
+    """Under the harness's CUDA emulation a softmax backward allocates `tmp = grad * output` beside the input's
+    gradient (SoftMax.cu softmax_backward_cuda_out): two 4 KiB fp32 tensors at its peak, not one."""
+    import torch
+
+    from validation.core.emulation import cuda_emulation
+    from validation.core.tracker import StorageTracker
+
+    x, grad = torch.randn(4, 256, requires_grad=True), torch.randn(4, 256)
+    peaks = []
+    for emulate in (True, False):
+        tracker = StorageTracker()
+        with (cuda_emulation(tracker) if emulate else nullcontext()), tracker:
+            y = torch.softmax(x, -1)
+            start = len(tracker.events)
+            y.backward(grad)
+        live, peak = 0, 0
+        for _, delta in tracker.events[start:]:
+            live += delta
+            peak = max(peak, live)
+        peaks.append(peak)
+        x.grad = None
+    assert peaks == [2 * 4 * 256 * 4, 4 * 256 * 4]
 
 
 def test_the_cases_fit_the_gpu_they_run_on():

@@ -1,6 +1,6 @@
 """Make a CPU run (fake or real) allocate what a CUDA run of the same step allocates.
 
-Three differences between the CPU build and an H100 run matter for memory, and are patched
+Four differences between the CPU build and an H100 run matter for memory, and are patched
 here for the duration of a measurement:
 
 1. `F.scaled_dot_product_attention`: on CUDA with bf16 inputs, no mask and `enable_gqa`, SDPA
@@ -15,7 +15,13 @@ here for the duration of a measurement:
    which makes `create_causal_mask` build a full 4-D mask and sends SDPA down the masked,
    KV-repeating path. A GPU run reads the values: our position ids are one `arange` per row,
    never packed, so the function returns None there, and so does the patch.
-3. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
+3. `aten._softmax_backward_data` (the backward of every softmax, eager attention's included): CUDA's
+   kernel (aten/src/ATen/native/cuda/SoftMax.cu, `softmax_backward_cuda_out`) first makes
+   `Tensor tmp = grad * output`, a copy of the gradient's size and dtype, alive until the kernel has
+   written the input's gradient; the CPU kernel and the meta kernel fake tensors run make none. The
+   tracker counts that temporary (`_softmax_backward_temporary`). The H200 records of DeepSeek-V3.2's
+   eager attention (128 heads, the softmax in fp32) showed it: 4 b a s^2 bytes over the fake peak.
+4. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
    foreach AdamW/SGD is requested explicitly (`foreach=True`) where the optimizer is built.
 """
 
@@ -164,10 +170,19 @@ def cuda_emulation(tracker):
     saved = (F.scaled_dot_product_attention, masking.find_packed_sequence_indices)
     F.scaled_dot_product_attention = _flash_sdpa(tracker.hidden)
     masking.find_packed_sequence_indices = _unpacked_sequences(saved[1])
+    softmax_backward = torch.ops.aten._softmax_backward_data.default
+    tracker.kernel_temporaries[softmax_backward] = _softmax_backward_temporary
     try:
         yield
     finally:
         F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
+        tracker.kernel_temporaries.pop(softmax_backward, None)
+
+
+def _softmax_backward_temporary(args) -> torch.Tensor:
+    """CUDA's `softmax_backward_cuda_out` (aten/src/ATen/native/cuda/SoftMax.cu, PyTorch 2.x): `tmp = grad *
+    output` before the kernel, in the gradient's dtype (module docstring, item 3)."""
+    return torch.empty_like(args[0], memory_format=torch.contiguous_format)  # values unused: only its bytes count
 
 
 # torch 2.13's `aten::rms_norm` calls `at::_fused_rms_norm` (aten/src/ATen/native/layer_norm.cpp,

@@ -75,6 +75,9 @@ class StorageTracker(TorchDispatchMode):
         self._host: set[int] = set()  # id(UntypedStorage) of host-resident storages
         self._hidden = 0
         self.recording = True
+        # op -> a function of its arguments returning the temporaries a CUDA kernel of the op allocates
+        # before its output and frees when it returns (validation/core/emulation.py installs them)
+        self.kernel_temporaries: dict = {}
 
     # --- registration -------------------------------------------------------------------------
     def adopt(self, tensor: torch.Tensor) -> int:
@@ -115,9 +118,14 @@ class StorageTracker(TorchDispatchMode):
 
     # --- the dispatch hook ----------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        temporaries = self.kernel_temporaries.get(func)
+        held = temporaries(args) if temporaries and not self._hidden else None
+        if held is not None:
+            self.register_outputs(func, args, held)
         out = func(*args, **(kwargs or {}))
         if not self._hidden:
             self.register_outputs(func, args, out)
+        del held  # the kernel's temporaries die when it returns, after its output is made
         return out
 
     def register_outputs(self, func, args, out) -> None:

@@ -60,7 +60,7 @@ def versions(device: str) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("transformers", "peft", "accelerate", "bitsandbytes"):
+    for name in ("transformers", "peft", "accelerate", "bitsandbytes", "flash_attn", "mamba_ssm"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -99,11 +99,11 @@ def build_bnb(run, device: str):
 BUILDERS = {"hf": build_hf, "peft": build_peft, "bnb": build_bnb}
 
 
-def step_function(harness: str, run):
+def step_function(harness: str, run, inputs: dict | None = None):
     if harness == "hf":
         from ..hf.step import train_step
 
-        return lambda model, opt, ids, phase: train_step(model, opt, ids, run, phase)
+        return lambda model, opt, ids, phase: train_step(model, opt, ids, run, phase, inputs)
     from ..peft.step import train_step
 
     return lambda model, opt, ids, phase: train_step(model, opt, ids, phase)
@@ -128,6 +128,42 @@ def model_states(model, opt) -> dict:
             "trainable_parameters": tensor_bytes(p for p in params if p.requires_grad)}
 
 
+def step_inputs(harness: str, run, model, device: str) -> tuple[torch.Tensor, dict | None]:
+    """The step's token ids, and a vision-language run's whole batch: the fake harness's own (validation/vlm/
+    vision.py batch, real values: images through the tower, their tokens in the sequence)."""
+    if harness == "hf" and run.images:
+        from ..vlm import vision
+
+        grid = vision.grid_of(model.config, run.images, run.image_size)
+        inputs = vision.batch(model.config, grid, run.micro_batch_size, run.seq_len, fake=False)[0]
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        return inputs["input_ids"], inputs
+    return torch.randint(0, vocab_size(model.config), (run.micro_batch_size, run.seq_len), device=device), None
+
+
+def vision_attention(model) -> str | None:
+    """The fake harness runs a vision-language model's tower (and Gemma 3's decoder) on flash_attention_2
+    (validation/vlm/vision.py vision_emulation); a GPU run does the same where flash-attn is installed and
+    keeps SDPA otherwise. Returns the implementation the tower ran (None for a text model)."""
+    import importlib.util
+
+    if not hasattr(model.config, "vision_config") or model.config.model_type == "llama4":
+        return None  # Llama 4's tower runs SDPA unmasked in the harness too
+    if importlib.util.find_spec("flash_attn") is None:
+        return "sdpa"
+    scope = model if model.config.model_type == "gemma3" else model.model.visual
+    for config in {id(c): c for c in [getattr(m, "config", None) for m in scope.modules()] if c is not None}.values():
+        if getattr(config, "_attn_implementation_internal", None) == "sdpa":
+            config._attn_implementation_internal = "flash_attention_2"
+    return "flash_attention_2"
+
+
+def vocab_size(config) -> int:
+    """The language model's vocabulary: a vision-language config (Qwen2_5_VLConfig, Gemma3Config) keeps it in
+    its text config only under transformers 5.17 (the H200 machine's), so read it there."""
+    return config.get_text_config().vocab_size
+
+
 def segments() -> list[list]:
     """The caching allocator's segments as they stand: [size, allocated, active, pool] each."""
     return [[s["total_size"], s["allocated_size"], s["active_size"], s["segment_type"]]
@@ -149,8 +185,11 @@ def measure(harness: str, run, device: str = "cuda", wrapper: str = "") -> dict:
         from .wrappers import WRAPPERS
 
         model = WRAPPERS[wrapper](model)
-    step = step_function(harness, run)
-    ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len), device=device)
+    ids, inputs = step_inputs(harness, run, model, device)
+    attention = vision_attention(model) if cuda else None
+    if attention:
+        out["vision_attention"] = attention
+    step = step_function(harness, run, inputs)
     start = time.perf_counter()
     step(model, opt, ids, lambda name: nullphase())  # step 1: the optimizer states are created
     gc.collect()

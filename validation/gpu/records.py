@@ -67,7 +67,8 @@ def measured_of(m: dict) -> dict:
         "parameters": m["parameters"], "optimizer_states": m["optimizer_states"],
         "trainable_parameters": m["trainable_parameters"],
         "phases": m["phases"], "allocator_stats": m["stats"], "step2_seconds": round(m["step2_seconds"], 3),
-    } | ({"segments": m["segments"]} if "segments" in m else {})
+    } | ({"segments": m["segments"]} if "segments" in m else {}) \
+      | ({"vision_attention": m["vision_attention"]} if "vision_attention" in m else {})
 
 
 KERNEL_METHOD = ("one framework kernel run for real on the GPU (validation/gpu/kernels.py): bf16 logits as a leaf "

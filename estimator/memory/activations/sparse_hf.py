@@ -22,8 +22,11 @@ Moments (bytes over what the layer keeps; dsa_hf_moments.py adds the gradients m
   its output: 4 b a s^2 over what the layer keeps), each beside the attention's unsaved locals and the masks;
 - with every layer checkpointed (HF gradient checkpointing) the first forward saves nothing, and its moment is
   the layer's whole working set (`hf_checkpointed_forward`);
-- backward, the softmax's backward: the fp32 gradient of the cast and the softmax's input gradient (8 b a
-  s^2) beside the kept softmax, once scores x V's backward freed the 16-bit probabilities and v and made dV.
+- backward, the softmax's backward: the fp32 gradient of the cast, CUDA's `tmp = grad * output` (PyTorch
+  aten/src/ATen/native/cuda/SoftMax.cu `softmax_backward_cuda_out`, alive while the kernel runs) and the
+  softmax's input gradient (12 b a s^2) beside the kept softmax, once scores x V's backward freed the 16-bit
+  probabilities and v and made dV. The temporary is CUDA's: H200 runs (torch 2.11, transformers 5.17,
+  tests/data/measured/gpu/deepseek-v3.2-*) allocated 4 b a s^2 more than the harness before it emulated it.
 Checked against the HF harness under fake tensors (tests/data/measured/deepseek-v3.2-*).
 """
 
@@ -126,12 +129,14 @@ def hf_dsa_moments(arch: Architecture, training: Training, par: Parallel) -> tup
     indexer = _indexer(arch, training) + local + _masks(arch, training, False)[0] - (4 + B) * Sa
     softmax = 4 * Sa + local + _masks(arch, training, True)[0]
     forward = max(indexer, softmax)
-    backward = (8 - B) * Sa + B * T * arch.num_attention_heads * arch.v_head_dim - T * _value_kept(arch, training)
+    # the cast's fp32 gradient, CUDA's tmp = grad * output and the input's gradient (module docstring)
+    backward = (12 - B) * Sa + B * T * arch.num_attention_heads * arch.v_head_dim - T * _value_kept(arch, training)
     forward_formula = ("max(the indexer's scores, 8*b*s^2*H_I (fp32, with b > 1 its copy of k 4*b*s^2*D_I) and "
                        "its q and k - (4 + B)*Sa, the softmax's fp32 copy of its input 4*Sa and the masks) + "
                        "q_b_proj's output, the rotated q and k, kv_a's output (Sa = b*a*s^2)")
     v = "B*s*b*a*(d_nope + d_v)" if b == 1 else "B*s*b*a*d_v"
-    backward_formula = f"(8 - B)*Sa + B*s*b*a*d_v - {v}: the softmax's backward in fp32 (Sa = b*a*s^2)"
+    backward_formula = (f"(12 - B)*Sa + B*s*b*a*d_v - {v}: the softmax's backward in fp32, CUDA's grad * output "
+                        "temporary included (Sa = b*a*s^2)")
     return forward, backward, forward_formula, backward_formula
 
 
