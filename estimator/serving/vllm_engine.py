@@ -180,7 +180,7 @@ def _default_block_size(arch: Architecture, gpu_id: str) -> int:
 def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parallel, budget: int,
                   stage: int, layers: range, draft=None) -> StageBudget:
     weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length,
-                            vllm_rope_dtype_bytes(arch))
+                            vllm_rope_dtype_bytes(arch), as_allocated=True)
     if draft is not None and stage == par.pp - 1:
         weights = dataclasses.replace(weights, bytes=weights.bytes + draft.weights_bytes,
                                       formula=f"{weights.formula} + {draft.formula}")
@@ -214,7 +214,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     src = f"vLLM {r.rules.label}"
     components = (
         component("weights", "Weights as loaded", weights.bytes, weights.formula,
-                  f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
+                  f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)",
+                  _weight_parts(weights, src)),
         component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
                   f"{src} gpu_model_runner.py profile_run; torch's cuBLAS workspace and inductor's autotune flush "
                   "buffer (estimator/serving/activations.py, profile_buffers.py; modelled, not measured)",
@@ -227,6 +228,20 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   "graphs' driver memory is not: tests/test_serving_published.py GRAPHS)"),
     )
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components)
+
+
+def _weight_parts(weights, src: str) -> tuple[Component, ...]:
+    """The tensors and what the caching allocator's blocks hold beyond them (serving/weight_blocks.py)."""
+    if not weights.block_excess:
+        return ()
+    return (component("weights", "Parameters and buffers", weights.bytes - weights.block_excess,
+                      weights.formula.split(", in the caching allocator's blocks")[0],
+                      f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
+            component("weights", "Caching allocator's whole blocks", weights.block_excess,
+                      "each parameter of 10 MiB or more in a segment of its size rounded up to 2 MiB, kept whole when "
+                      "at most 1 MiB is left (the block counted by memory_allocated)",
+                      "vLLM 0.11-0.33 DeviceMemoryProfiler (utils/mem_utils.py: max_memory_allocated after "
+                      "empty_cache); torch c10/cuda/CUDACachingAllocator.cpp (estimator/serving/weight_blocks.py)"))
 
 
 def _activation_parts(peak, src: str) -> tuple[Component, ...]:
