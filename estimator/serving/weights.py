@@ -26,6 +26,9 @@ K and V holding max(1, kv_heads // TP) heads (QKVParallelLinear replicates KV he
 inputs / TP, replicated layers whole (MLA's down-projections), the vocabulary padded to a multiple of
 64 and split over TP (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE), routed experts split
 in width over TP (FusedMoE) or, with expert parallelism, in number over EP.
+
+vLLM measures them as torch.cuda.memory_allocated counts them, in the caching allocator's blocks: for
+unquantized weights `stage_weights(as_allocated=True)` replays the allocations (weight_blocks.py).
 """
 
 from __future__ import annotations
