@@ -1,14 +1,18 @@
-"""vLLM's weights as the caching allocator's blocks (estimator/serving/weight_blocks.py), by hand and against
-the published 0.19.0 logs of Qwen2.5-7B/72B-Instruct at TP 1, 2 and 4."""
+"""vLLM's weights as the caching allocator's blocks (estimator/serving/weight_blocks.py): by hand, against the
+published 0.19.0 logs of Qwen2.5-7B/72B-Instruct at TP 1, 2 and 4, and the allocation requests against the
+tensors vLLM 0.11.0's parallel layers build per TP rank (validation/vllm/qwen2_params.py)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from estimator.models.presets import get_architecture, get_hf_config
 from estimator.serving.vllm_engine import estimate_vllm
-from estimator.serving.weight_blocks import allocated_bytes
-from estimator.serving.weights import WeightFormat, stage_weights
+from estimator.serving.weight_blocks import allocated_bytes, stage_requests
+from estimator.serving.weights import WeightFormat, rope_cache_bytes, stage_weights, tensor_bytes
 from estimator.spec.hardware import Hardware
 from estimator.spec.parallel import Parallel
 from estimator.spec.serving import Serving
@@ -84,3 +88,28 @@ def test_the_weights_component_shows_the_blocks():
     tensors, blocks = weights.parts
     assert blocks.bytes == 57 * MiB and tensors.bytes + blocks.bytes == weights.bytes
     assert "CUDACachingAllocator" in blocks.source and "32,768 positions" in tensors.formula
+
+
+PARAMS = json.loads((Path(__file__).parent / "data" / "serving" / "vllm-0.11.0-qwen2-weights.json").read_text())
+
+
+@pytest.mark.parametrize("record", PARAMS["records"], ids=lambda r: f"{r['model']}-tp{r['tp']}")
+def test_requests_are_the_tensors_vllm_builds(record):
+    """Our requests for the embedding, one layer (with the rotary cache) and the head against the tensors vLLM
+    0.11.0's parallel layers build at that TP (validation/vllm/qwen2_params.py): the same bytes, and the large
+    ones (the allocator's large pool) in the same order. The record builds one RMSNorm; a layer has two and the
+    head one more."""
+    arch = get_architecture(record["model"])
+    tp = record["tp"]
+
+    def nbytes(t):
+        return tensor_bytes(t, arch, BF16, tp, 1)
+
+    rope = rope_cache_bytes(arch, record["positions"], BF16)
+    ours = stage_requests(arch, range(1), nbytes, arch.head_tensors(arch.vocab_size),
+                          arch.embedding_tensors(arch.vocab_size), rope)
+    built = [t["bytes"] for t in record["tensors"]]
+    norm = next(t["bytes"] for t in record["tensors"] if t["module"] == "input_layernorm")
+    assert all(t["dtype"] == "bfloat16" for t in record["tensors"])
+    assert sorted(ours) == sorted(built + [norm, norm])
+    assert [b for b in ours if b > MiB] == [b for b in built if b > MiB]
