@@ -25,10 +25,10 @@ BF16 = WeightFormat("bf16")
 def test_a_block_is_kept_whole_when_at_most_1_mib_is_left():
     """A request of 10 MiB or more gets a segment rounded up to 2 MiB; the rest is split off only when it is
     more than 1 MiB (CUDACachingAllocator.cpp should_split), so 31.5 MiB holds 32 and 24.5 MiB holds 24.5."""
-    assert allocated_bytes([int(31.5 * MiB)]) == 32 * MiB
-    assert allocated_bytes([259 * MiB]) == 260 * MiB  # 1 MiB left: not more than 1 MiB, kept
-    assert allocated_bytes([int(24.5 * MiB)]) == int(24.5 * MiB)  # 1.5 MiB left: split off
-    assert allocated_bytes([9216, 2304]) == 9216 + 2560  # the small pool rounds to 512 B
+    assert allocated_bytes((int(31.5 * MiB),)) == 32 * MiB
+    assert allocated_bytes((259 * MiB,)) == 260 * MiB  # 1 MiB left: not more than 1 MiB, kept
+    assert allocated_bytes((int(24.5 * MiB),)) == int(24.5 * MiB)  # 1.5 MiB left: split off
+    assert allocated_bytes((9216, 2304)) == 9216 + 2560  # the small pool rounds to 512 B
 
 
 @pytest.mark.parametrize("tp, excess", [

@@ -25,6 +25,8 @@ the attention layers' seven fp32 scalars (set_default_quant_scales: 3.5 KiB a la
 
 from __future__ import annotations
 
+import functools
+
 from ..memory.allocator import CachingAllocator
 from ..spec.architecture import Architecture, ParameterTensor
 
@@ -56,7 +58,8 @@ def layer_requests(tensors: list[ParameterTensor], nbytes, rope: int) -> list[in
     return requests
 
 
-def allocated_bytes(requests: list[int]) -> int:
+@functools.lru_cache(maxsize=256)
+def allocated_bytes(requests: tuple[int, ...]) -> int:
     """What torch.cuda.memory_allocated counts after these allocations, none freed (memory/allocator.py)."""
     allocator = CachingAllocator()
     for size in requests:
@@ -66,12 +69,19 @@ def allocated_bytes(requests: list[int]) -> int:
 
 
 def stage_requests(arch: Architecture, layers: range, nbytes, head: list[ParameterTensor],
-                   embedding: list[ParameterTensor], rope: int) -> list[int]:
+                   embedding: list[ParameterTensor], rope: int) -> tuple[int, ...]:
     """A stage's allocations: its embedding (if any), its layers (the rotary cache in the first), its head."""
+    per_kind: dict[tuple[str, int], list[int]] = {}  # a layer kind's requests are the same in every layer
+
+    def of_layer(i: int) -> list[int]:
+        key = (arch.layer_kind(i), rope if i == layers.start else 0)
+        if key not in per_kind:
+            per_kind[key] = layer_requests(arch.layer_tensors(key[0]), nbytes, key[1])
+        return per_kind[key]
+
     requests = [int(round(nbytes(t))) for t in embedding]
     for i in layers:
-        tensors = arch.layer_tensors(arch.layer_kind(i))
-        requests += layer_requests(tensors, nbytes, rope if i == layers.start else 0)
+        requests += of_layer(i)
     if not len(layers) and rope:
         requests.append(rope)
-    return requests + [int(round(nbytes(t))) for t in head]
+    return tuple(requests + [int(round(nbytes(t))) for t in head])
