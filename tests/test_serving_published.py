@@ -117,7 +117,8 @@ def _arch(record):
     """The preset's architecture and config, with the logged checkpoint's own config values where they differ
     (the record's config_overrides: the Qwen2.5 Instruct checkpoints' max_position_embeddings)."""
     if record.get("model"):
-        return get_architecture(record["model"]), {**get_hf_config(record["model"]), **record.get("config_overrides", {})}
+        checkpoint = {**get_hf_config(record["model"]), **record.get("config_overrides", {})}
+        return get_architecture(record["model"]), checkpoint
     return architecture_from_model(record["hf_config"]), record["hf_config"]
 
 

@@ -29,7 +29,7 @@ from .encoder import encoder_profile, encoder_weights, modality_limits, tower_bu
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
 from .mxfp4_experts import mxfp4_experts
-from .weights import stage_layers, stage_weights, vllm_rope_dtype_bytes
+from .weights import IN_BLOCKS, stage_layers, stage_weights, vllm_rope_dtype_bytes
 
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
 BLACKWELL = ("b200", "b300")  # compute capability 10.x: CUTLASS MLA
@@ -235,7 +235,7 @@ def _weight_parts(weights, src: str) -> tuple[Component, ...]:
     if not weights.block_excess:
         return ()
     return (component("weights", "Parameters and buffers", weights.bytes - weights.block_excess,
-                      weights.formula.split(", in the caching allocator's blocks")[0],
+                      weights.formula.split(IN_BLOCKS)[0],
                       f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
             component("weights", "Caching allocator's whole blocks", weights.block_excess,
                       "each parameter of 10 MiB or more in a segment of its size rounded up to 2 MiB, kept whole when "

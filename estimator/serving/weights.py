@@ -44,6 +44,7 @@ from .weight_blocks import allocated_bytes, stage_requests
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 GROUP = 128  # GPTQ/AWQ group size of the common int4 checkpoints
 # built with quant_config=None in vLLM's MoE models; DeepSeek-V3.2's indexer weights_proj too (deepseek_v2.py Indexer)
+IN_BLOCKS = ", in the caching allocator's blocks"  # the formula's note when the blocks are replayed
 UNQUANTIZED_MATRICES = ("router", "shared_expert_gate", "indexer_weights_proj")
 
 
@@ -202,8 +203,7 @@ def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: i
     if not (as_allocated and fmt.name in ("bf16", "fp16")):
         return StageWeights(layers, total, formula)
     blocks = allocated_bytes(stage_requests(arch, layers, nbytes, head, embedding, rope))
-    return StageWeights(layers, blocks, f"{formula}, in the caching allocator's blocks (+{blocks - total:,} B)",
-                        blocks - total)
+    return StageWeights(layers, blocks, f"{formula}{IN_BLOCKS} (+{blocks - total:,} B)", blocks - total)
 
 
 def _format_label(fmt: WeightFormat) -> str:
