@@ -49,6 +49,13 @@ def test_qwen2_5_7b_blocks_by_hand(tp, excess):
                                                                  range(28), 32768).bytes
 
 
+def test_qwen2_5_72b_tp2_blocks_by_hand():
+    """qkv 5,120 x 8,192 x 2 B = 80 MiB, o_proj 64, gate_up 29,568 x 8,192 x 2 = 462, embedding 76,032 rows = 1,188:
+    even sizes; down 8,192 x 14,784 x 2 = 231 MiB takes a 232 MiB segment and keeps the 1 MiB rest: 80 x 1 MiB."""
+    weights = stage_weights(get_architecture("qwen2.5-72b"), BF16, 2, 1, 1, 0, range(80), 32768, as_allocated=True)
+    assert weights.block_excess == 80 * MiB
+
+
 def test_llama_shapes_lose_nothing_but_the_split_vocabulary():
     """Llama-3.1-8B's matrices are multiples of 2 MiB (48, 32, 224, 112 MiB; embedding 1,002 MiB): nothing at
     TP 1; at TP 2 the embedding and head are 64,128 x 4,096 x 2 B = 501 MiB each, +1 MiB each."""

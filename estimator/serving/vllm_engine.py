@@ -235,11 +235,12 @@ def _weight_parts(weights, src: str) -> tuple[Component, ...]:
     if not weights.block_excess:
         return ()
     return (component("weights", "Parameters and buffers", weights.bytes - weights.block_excess,
-                      weights.formula.split(IN_BLOCKS)[0],
+                      weights.formula.replace(f"{IN_BLOCKS} (+{weights.block_excess:,} B)", ""),
                       f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
             component("weights", "Caching allocator's whole blocks", weights.block_excess,
-                      "each parameter of 10 MiB or more in a segment of its size rounded up to 2 MiB, kept whole when "
-                      "at most 1 MiB is left (the block counted by memory_allocated)",
+                      "the parameters' allocations replayed in construction order: a new segment of 10 MiB or more is "
+                      "the request rounded up to 2 MiB, and a block keeps a rest of at most 1 MiB (memory_allocated "
+                      "counts the block)",
                       "vLLM 0.11-0.33 DeviceMemoryProfiler (utils/mem_utils.py: max_memory_allocated after "
                       "empty_cache); torch c10/cuda/CUDACachingAllocator.cpp (estimator/serving/weight_blocks.py)"))
 
