@@ -29,7 +29,7 @@ from .encoder import encoder_profile, encoder_weights, modality_limits, tower_bu
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
 from .mxfp4_experts import mxfp4_experts
-from .weights import stage_layers, stage_weights, vllm_rope_dtype_bytes
+from .weights import IN_BLOCKS, stage_layers, stage_weights, vllm_rope_dtype_bytes
 
 KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM STR_DTYPE_TO_TORCH_DTYPE: fp8 -> uint8
 BLACKWELL = ("b200", "b300")  # compute capability 10.x: CUTLASS MLA
@@ -181,7 +181,7 @@ def _default_block_size(arch: Architecture, gpu_id: str) -> int:
 def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parallel, budget: int,
                   stage: int, layers: range, draft=None) -> StageBudget:
     weights = stage_weights(arch, r.weights, par.tp, par.ep, par.pp, stage, layers, r.context_length,
-                            vllm_rope_dtype_bytes(arch))
+                            vllm_rope_dtype_bytes(arch), as_allocated=True)
     if draft is not None and stage == par.pp - 1:
         weights = dataclasses.replace(weights, bytes=weights.bytes + draft.weights_bytes,
                                       formula=f"{weights.formula} + {draft.formula}")
@@ -217,7 +217,8 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     src = f"vLLM {r.rules.label}"
     components = (
         component("weights", "Weights as loaded", weights.bytes, weights.formula,
-                  f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
+                  f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)",
+                  _weight_parts(weights, src)),
         component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
                   f"{src} gpu_model_runner.py profile_run; torch's cuBLAS workspace and inductor's autotune flush "
                   "buffer (estimator/serving/activations.py, profile_buffers.py; modelled, not measured)",
@@ -231,6 +232,21 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
     )
     held = graph.held if graph else 0
     return StageBudget(stage, layers, weights.bytes, peak.bytes, non_torch, graphs, available, components, held)
+
+
+def _weight_parts(weights, src: str) -> tuple[Component, ...]:
+    """The tensors and what the caching allocator's blocks hold beyond them (serving/weight_blocks.py)."""
+    if not weights.block_excess:
+        return ()
+    return (component("weights", "Parameters and buffers", weights.bytes - weights.block_excess,
+                      weights.formula.replace(f"{IN_BLOCKS} (+{weights.block_excess:,} B)", ""),
+                      f"{src} parallel layers and quantization methods' tensors (estimator/serving/weights.py)"),
+            component("weights", "Caching allocator's whole blocks", weights.block_excess,
+                      "the parameters' allocations replayed in construction order: a new segment of 10 MiB or more is "
+                      "the request rounded up to 2 MiB, and a block keeps a rest of at most 1 MiB (memory_allocated "
+                      "counts the block)",
+                      "vLLM 0.11-0.33 DeviceMemoryProfiler (utils/mem_utils.py: max_memory_allocated after "
+                      "empty_cache); torch c10/cuda/CUDACachingAllocator.cpp (estimator/serving/weight_blocks.py)"))
 
 
 def _activation_parts(peak, src: str) -> tuple[Component, ...]:

@@ -26,6 +26,9 @@ K and V holding max(1, kv_heads // TP) heads (QKVParallelLinear replicates KV he
 inputs / TP, replicated layers whole (MLA's down-projections), the vocabulary padded to a multiple of
 64 and split over TP (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE), routed experts split
 in width over TP (FusedMoE) or, with expert parallelism, in number over EP.
+
+vLLM measures them as torch.cuda.memory_allocated counts them, in the caching allocator's blocks: for
+unquantized weights `stage_weights(as_allocated=True)` replays the allocations (weight_blocks.py).
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from dataclasses import dataclass
 from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, ROW, VOCAB, Architecture, ParameterTensor
 from .kv_cache import cdiv, kv_heads_per_rank
 from .mxfp4_experts import TritonHopperLayout, expert_tensor_bytes
+from .weight_blocks import allocated_bytes, stage_requests
 
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 GROUP = 128  # GPTQ/AWQ group size of the common int4 checkpoints
 # built with quant_config=None in vLLM's MoE models; DeepSeek-V3.2's indexer weights_proj too (deepseek_v2.py Indexer)
+IN_BLOCKS = ", in the caching allocator's blocks"  # the formula's note when the blocks are replayed
 UNQUANTIZED_MATRICES = ("router", "shared_expert_gate", "indexer_weights_proj")
 
 
@@ -136,6 +141,7 @@ class StageWeights:
     layers: range
     bytes: int
     formula: str
+    block_excess: int = 0  # of `bytes`, what the caching allocator's blocks hold beyond the tensors (weight_blocks.py)
 
 
 def stage_layers(num_layers: int, pp: int) -> tuple[range, ...]:
@@ -167,24 +173,37 @@ def vllm_rope_dtype_bytes(arch: Architecture) -> int | None:
 
 
 def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: int, stage: int,
-                  layers: range, context: int | None = None, rope_dtype_bytes: int | None = None) -> StageWeights:
+                  layers: range, context: int | None = None, rope_dtype_bytes: int | None = None,
+                  as_allocated: bool = False) -> StageWeights:
     """One rank's weights on one stage: its layers, the embedding on the first stage (and on the last
-    when tied under PP, for the LM head), the final norm and LM head on the last, and the RoPE cache."""
-    per_kind = {kind: sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.layer_tensors(kind)) for kind in arch.kinds}
+    when tied under PP, for the LM head), the final norm and LM head on the last, and the RoPE cache.
+    `as_allocated`: as vLLM measures them, in the caching allocator's blocks (weight_blocks.py; unquantized
+    formats only)."""
+    def nbytes(t: ParameterTensor) -> float:
+        return tensor_bytes(t, arch, fmt, tp, ep)
+
+    per_kind = {kind: sum(nbytes(t) for t in arch.layer_tensors(kind)) for kind in arch.kinds}
     total = sum(per_kind[kind] * n for kind, n in arch.kind_counts(layers.start, layers.stop))
     parts = [f"{len(layers)} layers"]
     first, last = stage == 0, stage == pp - 1
-    if first or (last and arch.tie_embeddings):
-        total += sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.embedding_tensors(arch.vocab_size))
+    embedding = arch.embedding_tensors(arch.vocab_size) if first or (last and arch.tie_embeddings) else []
+    if embedding:
+        total += sum(nbytes(t) for t in embedding)
         parts.append(f"embedding ({padded_vocab(arch.vocab_size):,} padded rows / TP)")
-    if last:
-        total += sum(tensor_bytes(t, arch, fmt, tp, ep) for t in arch.head_tensors(arch.vocab_size))
+    head = arch.head_tensors(arch.vocab_size) if last else []
+    if head:
+        total += sum(nbytes(t) for t in head)
         parts.append("final norm" + ("" if arch.tie_embeddings else " and LM head"))
     rope = rope_cache_bytes(arch, context, fmt, rope_dtype_bytes)
     if rope:
         total += rope
         parts.append(f"RoPE cos/sin cache ({context:,} positions{', fp32' if rope_dtype_bytes == 4 else ''})")
-    return StageWeights(layers, int(round(total)), f"{' + '.join(parts)} in {_format_label(fmt)}")
+    total = int(round(total))
+    formula = f"{' + '.join(parts)} in {_format_label(fmt)}"
+    if not (as_allocated and fmt.name in ("bf16", "fp16")):
+        return StageWeights(layers, total, formula)
+    blocks = allocated_bytes(stage_requests(arch, layers, nbytes, head, embedding, rope))
+    return StageWeights(layers, blocks, f"{formula}{IN_BLOCKS} (+{blocks - total:,} B)", blocks - total)
 
 
 def _format_label(fmt: WeightFormat) -> str:
