@@ -31,7 +31,7 @@ from .activations.entries import KORTHIKANTI
 from .pipeline import global_batch_size, in_flight_per_rank
 from ..spec import memo as _memo
 from ..spec.architecture import Architecture, parameter_counts
-from .components import Component, Phase, StageDetail, StageEstimate, component, fragmentation, phase
+from .components import Component, Phase, StageDetail, StageEstimate, component, fragmentation, phase, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from .resolved import Resolved, resolve, training_with
@@ -45,7 +45,7 @@ from .stage_shared import (_Shared, _activation_counts, _activation_parts, _acti
 from .static_stage import StepPart, StepShared, _StaticStage, _static_stage, step_part
 from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
-from .pp_buffers import all_gather_pool
+from .pp_buffers import all_gather_pool, receive_buffers
 from .pp_first_backward import fewer_at_first_backward
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
@@ -320,7 +320,7 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
         known = memo[("group", key)] = (counts, _activation_units(counts, shared))
     counts, units = known
     return _Group(static, units, StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel,
-                                                     (cfg.recipe, cfg.microbatches), shared, no_replay), {}))
+                                                     (cfg.recipe, cfg.microbatches, cfg.architecture), shared, no_replay), {}))
 
 
 def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, groups: dict[tuple, _Group],
@@ -394,13 +394,16 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         if offloaded:
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
-        forward += activations
+        # torch pipelining's receive buffers beyond the counted layer inputs (they depend on the rank's in-flight)
+        running, settled = (total_bytes(r) for r in receive_buffers(cfg.architecture, training, par, sp, m, inflight))
+        forward += activations + running
+        step += settled
         # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together
         fewer = _fewer_at_first_backward(training, cfg.recipe, par, m, sp, inflight, shared,
                                          lambda k: _stage_activations(group.units, sp, k, shared), static.loss_margin)
-        started = backward + activations + sum(c.bytes for c in fewer)
+        started = backward + activations + sum(c.bytes for c in fewer) + running
         # backward's last moments (fsdp2 creating its gradients) when larger than its start
-        backward = max(started, static.backward_end)
+        backward = max(started, static.backward_end + settled)
         peak_phase, allocated = _peak_phase(forward, backward, step)
         pools = _idle_pools(static, sp, training, par, peak_phase, static.backward_end > started)
         device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached \
@@ -466,7 +469,10 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     fewer = _fewer_at_first_backward(training, run[0], par, run[1], sp._replace(stage=stage.stage), inflight, shared,
                                      lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)),
                                      static.loss_margin)
-    backward_ends = static.backward_end > static.totals[1] + activations + sum(c.bytes for c in fewer)
+    running, settled = receive_buffers(run[2], training, par, sp._replace(stage=stage.stage), run[1], inflight)
+    activations -= total_bytes(running)  # the forward total holds them (`_training_stages`)
+    backward_ends = static.backward_end + total_bytes(settled) > \
+        static.totals[1] + activations + sum(c.bytes for c in fewer) + total_bytes(running)
     st = static.parts()
     parts = _activation_parts(sp, inflight, counts, shared)
     if training.offload_activations:  # the layers' parts are on the host (`_offloaded_activations`)
@@ -475,13 +481,13 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
                       for p in parts)
     layers = _activations_component(parts, training, par)
     saved = (layers,) + st.loss_saved
-    backward = phase("backward", st.kept + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
+    backward = phase("backward", st.kept + settled + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
                      st.folded["backward_end"]) \
-        if backward_ends else phase("backward", st.kept + (st.grads_backward, _less(layers, fewer))
+        if backward_ends else phase("backward", st.kept + running + (st.grads_backward, _less(layers, fewer))
                                     + st.loss_saved_backward, _less(st.folded["backward"], fewer))
-    phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
+    phases = (phase("forward", st.kept + running + (st.grads_forward,) + saved, st.folded["forward"]),
               backward,
-              phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
+              phase("optimizer", st.kept + settled + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
     pools = _idle_pools(static, sp, training, par, stage.peak_phase, backward_ends)
     cached = ((shared.reserved_cached,) if shared.reserved_cached is not None else ()) + pools
