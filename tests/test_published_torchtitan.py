@@ -32,7 +32,7 @@ _PIPELINE = ("Llama 3.1 405B on torch.distributed.pipelining of Dec 2024 over FS
              "8 micro-batches, the in-flight layer inputs, the gradient receive buffers and the stage outputs kept "
              "for the step (pipelining/stage.py, estimator/memory/pp_buffers.py: 2 GiB on the peak's stage 1), the activation "
              "receive buffers of the micro-batches not in flight with the input gradients torch 2.6 keeps on their "
-             ".grad (pp_buffers.receive_buffers: 2 x 128 MiB on stage 1) and the reduce-scatter and all-gather streams' idle segments (3.0 and 0.7 GiB there) are modelled, and so is "
+             ".grad (memory/pp_receive.py: 2 x 128 MiB on stage 1) and the reduce-scatter and all-gather streams' idle segments (3.0 and 0.7 GiB there) are modelled, and so is "
              "stage 0's Schedule1F1B warm-up of all 8 micro-batches: its later backwards hold 7 micro-batches' inputs "
              "beside every gradient (memory/pp_first_backward.py: 1.9 GiB under stage 0's former peak, which moves "
              "the peak to stage 1, 0.4 GiB lower). Read too, and no schedule-dependent memory in it (torch 2.6.0's own "
@@ -59,8 +59,8 @@ _UNEXPLAINED_1F1B = (": 7.2 GiB that this row (82.5 GiB) holds above Table 6's F
                      "(micro_pipeline_tp.py force_stride_order restrides the shard and wo's input; _symmetric_memory's "
                      "outputs are strided views), flash attention (lse, dq_accum per token), freqs_cis (8,192 "
                      "positions, smaller). At the interleaved row's ratio of the measured peak to our allocated one "
-                     "(72.7 / 59.5 GiB = 1.22) this row needs 67.5 GiB "
-                     "allocated, 8.1 GiB above stage 1's modelled 59.4 (Table 6's CP 1 row: 2.3 GiB above), so "
+                     "(72.7 / 61.6 GiB = 1.18) this row needs 70.0 GiB "
+                     "allocated, 10.6 GiB above stage 1's modelled 59.4 (Table 6's CP 1 row: 4.4 GiB above), so "
                      "unless the allocator's cache is a larger share under 1F1B the gap is allocated memory")
 _CP = ("; torch 2.6's ring attention is (memory/cp_ring.py: its backward's all-gathered K/V, fp32 accumulators, the "
        "dK/dV exchange with the received copy beside _partial_update's, the rotater's K/V cat: +1.2, +1.7 and +2.9 "
@@ -390,13 +390,16 @@ def test_an_interleaved_last_rank_has_no_earlier_chunk_gradients_at_the_loss():
 def test_an_interleaved_rank_holds_its_inputs_and_gradients_apart():
     """One round of 8 micro-batches on PP 8, 2 chunks of 8 blocks on rank 1: torch's interleaved schedule runs
     all 16 chunk-forwards first (warm-up min(1 x 8 + 2 x 6, 16)), then chunk 1's 8 backwards, then chunk 0's
-    (pp_interleaved_moments.py). Its largest moment is chunk 0's first backward at its first block: chunk 0's
-    inputs of the 7 other micro-batches and that block's (57 of 128 blocks' inputs) beside every gradient, so
-    71 blocks' inputs (full AC: 2 B x (4 x 8192 / TP 8) x 16384 each) fewer than the in-flight charge. The last
-    rank holds the peak (test_an_interleaved_last_rank_is_replayed_outside_the_loss)."""
+    (pp_interleaved_moments.py). Its largest moment is chunk 0's second backward's start: chunk 0's inputs of 7
+    micro-batches (56 of 128 blocks' inputs; full AC: 2 B x (4 x 8192 / TP 8) x 16384 = 128 MiB each) beside every
+    gradient and 18 receive buffers and .grad of as much (pp_receive.py: chunk 1's 8 idle buffers and 8 .grad,
+    chunk 0's 1 and 1), 72 blocks' inputs fewer than the in-flight charge; its first backward at its first block
+    holds one input more (57) but two receive parts fewer (16). The last rank holds the peak
+    (test_an_interleaved_last_rank_is_replayed_outside_the_loss)."""
     est = estimate_config(_interleaved())
     fewer = [p for c in est.stages[1].components for p in (c.parts or (c,)) if p.bytes < 0]
-    assert [p.bytes for p in fewer] == [-71 * 2 * (4 * 8192 // 8) * 16384]
+    assert [p.bytes for p in fewer] == [-72 * 2 * (4 * 8192 // 8) * 16384]
+    assert _phase_parts(est, 1, "backward") == {RECV: 9 * 2**27, RECV_GRAD: 9 * 2**27}
     assert est.peak_stage == 7
 
 
@@ -405,14 +408,18 @@ def test_an_interleaved_last_rank_is_replayed_outside_the_loss():
     inputs), then a forward and a backward of chunk 1 each step (71 at most), then chunk 0's backwards
     (pp_last_rank.py). The loss's moments (its saved tensors and gradients beside 71 inputs and chunk 1's
     gradients) are below the recomputed block beside every gradient; the largest of those moments under the
-    replay is chunk 0's first backward at its first block: 64 - 8 + 1 = 57 inputs beside every gradient, 14
-    blocks' inputs fewer than the charge (every gradient exists then)."""
+    replay is chunk 0's second backward's start: 64 - 8 = 56 inputs beside every gradient, 15 blocks' inputs
+    fewer than the charge (every gradient exists then), and the receive buffers (pp_receive.py; 128 MiB each):
+    chunk 1 (stage 15) past all 8 backwards, 8 idle buffers and 8 .grad (torch 2.6), chunk 0 (stage 7) 1 and 1.
+    Chunk 0's first backward at its first block holds one input more (57) and two receive parts fewer (16); the
+    loss's last moment 7 + 7 (chunk 1's eighth backward, chunk 0's 8 micro-batches in flight)."""
     est = estimate_config(_interleaved())
     fewer = [p for c in est.stages[7].components for p in (c.parts or (c,)) if p.bytes < 0]
     assert [(p.label, p.bytes) for p in fewer] == [
         ("Layer inputs freed before the largest moment (interleaved schedule replayed)",
-         -14 * 2 * (4 * 8192 // 8) * 16384)]
-    assert "chunk 0's first backward, at its first layer" in fewer[0].formula
+         -15 * 2 * (4 * 8192 // 8) * 16384)]
+    assert "chunk 0's backward" in fewer[0].formula
+    assert _phase_parts(est, 7, "backward") == {RECV: 9 * 2**27, RECV_GRAD: 9 * 2**27}
     assert est.peak_stage == 7
 
 
@@ -537,7 +544,27 @@ def test_the_receive_buffers_add_to_the_stage_peak():
     assert sum(_phase_parts(est, 1, "backward").values()) == 2 * 128 * 2**20
 
 
-def test_receive_buffers_only_under_the_1f1b_schedule():
-    """Interleaved ranks (their chunks' in-flight micro-batches differ moment by moment) are not modelled."""
+def test_an_interleaved_rank_receives_on_each_chunk_but_stage_0():
+    """Interleaved, one round of 8 on PP 8 (rank r runs stages r and r + 8): rank 0's chunk 0 is stage 0 (no
+    buffers). Rank 0 runs 8 + 14 forwards first (all 16), chunk 1's 8 backwards, then chunk 0's: at chunk 0's
+    second backward (its largest moment) chunk 1 holds 8 idle buffers and 8 .grad. At its forward peak (every
+    forward run) no buffer is idle. Once every backward ran each receiving chunk holds 8 and 8; 0.3.0 keeps no
+    .grad (pytorch#164329)."""
     est = estimate_config(_interleaved())
-    assert all(_phase_parts(est, s, "backward") == {} for s in range(8))
+    one = 2**27
+    assert _phase_parts(est, 0, "backward") == {RECV: 8 * one, RECV_GRAD: 8 * one}
+    assert _phase_parts(est, 0, "forward") == {}
+    assert _phase_parts(est, 0, "optimizer") == {RECV: 8 * one, RECV_GRAD: 8 * one}
+    assert _phase_parts(est, 3, "optimizer") == {RECV: 16 * one, RECV_GRAD: 16 * one}
+    newer = estimate_config({**_interleaved(), "training": {**_interleaved()["training"], "framework_version": "0.3.0"}})
+    assert _phase_parts(newer, 3, "optimizer") == {RECV: 16 * one}
+
+
+def test_the_interleaved_last_rank_forward_peak_holds_idle_buffers():
+    """Rank 7 holds its most inputs (71 blocks') at each of chunk 1's forwards, after its 8 chunk-0 forwards (the
+    loss's stage runs a forward and a backward each step): at the last of them chunk 1's 7 backwards ran, their
+    buffers idle with their .grad; in 0.3.0 the buffers alone."""
+    est = estimate_config(_interleaved())
+    assert _phase_parts(est, 7, "forward") == {RECV: 7 * 2**27, RECV_GRAD: 7 * 2**27}
+    newer = estimate_config({**_interleaved(), "training": {**_interleaved()["training"], "framework_version": "0.3.0"}})
+    assert _phase_parts(newer, 7, "forward") == {RECV: 7 * 2**27}

@@ -11,12 +11,10 @@ virtual chunk under interleaved schedules):
   loss runs in the schedule, outside the stage: bf16, vocabulary-sharded under loss_parallel).
 The forward phase of the last stage counts the running micro-batch's logits twice (here and as the
 loss's working copy); its peak, in backward, does not. The activation receive buffers and their ``.grad``
-depend on the rank's micro-batches in flight: `receive_buffers` (below), added stage by stage.
+depend on the rank's micro-batches in flight: memory/pp_receive.py, added stage by stage.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 from .activations.entries import tokens_per_gpu
 from ..spec.architecture import Architecture
@@ -45,7 +43,7 @@ def pipelining_buffers(arch: Architecture, training: Training, par: Parallel, st
         return []
     B, m, t = bytes_per_element(training.compute_dtype), microbatches, par.tp
     T = tokens_per_gpu(training, par)
-    hidden, hf = _stage_input(arch, training, par)
+    hidden, hf = stage_input(arch, training, par)
     sending = len(stage.chunks) - (1 if stage.last else 0)  # the rank's stages with a successor
     out: list[Component] = []
     if sending:
@@ -67,7 +65,7 @@ def pipelining_buffers(arch: Architecture, training: Training, par: Parallel, st
 
 
 
-def _stage_input(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
+def stage_input(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
     """A micro-batch's stage input (= the previous stage's output) in bytes, and its formula: the hidden
     states in the compute dtype, sequence-sharded under TP with sequence parallelism."""
     t = par.tp
@@ -75,53 +73,6 @@ def _stage_input(arch: Architecture, training: Training, par: Parallel) -> tuple
     B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
     return B * T * arch.hidden_size / (t if seq_shard else 1), "B*s*b*h" + ("/t" if seq_shard else "")
 
-
-RECEIVE_SOURCE = ("torch 2.6.0 distributed/pipelining/stage.py _prepare_forward_infra (1425-1433: one receive "
-                  "buffer per micro-batch, made at the first step and kept in args_recv_info), "
-                  "_retrieve_recv_activations (the buffer itself, requires_grad_, is the stage's input), "
-                  "clear_runtime_states (507-525: each buffer's .grad set to None at the next step's start), "
-                  "_backward.py stage_backward (torch.autograd.backward accumulates the input gradient into "
-                  "the buffer's .grad); the same in torch 2.8.0 and 2.9.0 (stage.py 1460, 1523; 521, 520); "
-                  "torch 2.10.0 _backward.py 376 and 2.13.0 450 (pytorch#164329) set .grad to None once read; "
-                  "torch 2.13.0 stage.py 2243-2270 _setup_forward_recv_info still one buffer per micro-batch "
-                  "(pytorch#196463, just-in-time buffers, unmerged); schedules.py Schedule1F1B (warm-up "
-                  "min(m, p - stage) forwards, then a backward before each further forward)")
-
-
-class ReceiveBuffers(NamedTuple):
-    """The activation receive buffers a pipelined stage holds beyond its counted layer inputs, and their
-    ``.grad`` where the torch release keeps them: at the forward and backward peaks (`running`: the
-    micro-batches in flight have their buffer counted as their first layer's input) and at the backward's last
-    moments and the optimizer step (`settled`: no activations counted, every buffer and gradient held)."""
-
-    running: tuple[Component, ...] = ()
-    settled: tuple[Component, ...] = ()
-
-
-def receive_buffers(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
-                    microbatches: int, inflight: float) -> ReceiveBuffers:
-    """torchtitan's 1F1B stage with a predecessor (RECEIVE_SOURCE): m receive buffers of the stage input, k of
-    them (the micro-batches in flight, `inflight`) its first layer's counted inputs, and, before torch 2.10
-    (titan_releases.pp_recv_grads_kept), a .grad of each micro-batch whose backward ran: m - k by the last
-    backward that starts with k in flight (the first after the 1B1F loop), m after the last. Empty elsewhere:
-    the first stage (its input is the token ids), interleaved and other schedules (not modelled)."""
-    rules = titan_rules(training)
-    if (rules is None or par.pp == 1 or training.mode != "training" or par.schedule != "1f1b"
-            or stage.first or len(stage.chunks) != 1):
-        return ReceiveBuffers()
-    m = microbatches
-    idle = m - min(m, int(inflight))
-    hidden, hf = _stage_input(arch, training, par)
-
-    def parts(n: int, when: str) -> tuple[Component, ...]:
-        out = (component("buffers", "Pipeline activation receive buffers of the micro-batches not in flight",
-                         n * hidden, f"{n} of {m} micro-batches x {hf} ({when})", RECEIVE_SOURCE),)
-        if rules.pp_recv_grads_kept:
-            out += (component("buffers", "Input gradients kept on the receive buffers (.grad) until the next step",
-                              n * hidden, f"{n} micro-batches' backwards x {hf} ({when})", RECEIVE_SOURCE),)
-        return tuple(c for c in out if c.bytes)
-
-    return ReceiveBuffers(parts(idle, f"{m} - {m - idle} in flight"), parts(m, "every backward ran"))
 
 REDUCE_POOL_SOURCE = ("torch 2.6.0 (the release branch of the Dec 2024 benchmarks' torch 1963fc83) and torch 2.13: "
                       "distributed/pipelining/stage.py backward_maybe_with_nosync (every micro-batch's backward "

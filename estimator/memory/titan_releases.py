@@ -40,7 +40,7 @@ class TitanRules:
     # which releases turn it off was not read)
     pp_kept_outputs: str | None = None
     # the stage input's gradient stays on each activation receive buffer (.grad) until the next step's
-    # clear_runtime_states (memory/pp_buffers.py receive_buffers): torch 2.6.0, 2.8.0 and 2.9.0 _backward.py
+    # clear_runtime_states (memory/pp_receive.py): torch 2.6.0, 2.8.0 and 2.9.0 _backward.py
     # stage_backward; pytorch#164329 (first in torch 2.10.0, _backward.py 376) sets it to None once read. The
     # torch each release ran: 9dec370 the nightly of Dec 2024 (2.6), v0.1.0 (2025-06-17) the 2.8 nightlies,
     # v0.2.0 (2025-10-17) 2.9; 0.3.0 and main validate against torch 2.14.0 (assets/release_versions.json,

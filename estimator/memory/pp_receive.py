@@ -1,0 +1,124 @@
+"""The activation receive buffers of torch.distributed.pipelining (torchtitan's pipeline parallelism, framework
+fsdp2 with PP > 1) and the input gradients kept on them, moment by moment.
+
+A stage with a predecessor makes one receive buffer of its input (the previous stage's output) per micro-batch
+of the step when the schedule first runs, and keeps them all for its life (RECEIVE_SOURCE). The buffer itself
+is the stage's input: while a micro-batch is in flight it is its first layer's stored input, counted with the
+activations; the others (not received yet, or past their backward) are held beside them. Autograd accumulates
+the input gradient into the buffer's ``.grad``; torch 2.6, 2.8 and 2.9 keep it until the next step's
+clear_runtime_states, torch 2.10 on drops it once read (pytorch#164329; titan_releases.pp_recv_grads_kept).
+So at any moment a receiving chunk holds (m - its micro-batches in flight) buffers and, where kept, one
+``.grad`` per backward it ran. Under 1F1B the estimate's moment (k in flight beside every gradient) is at
+latest the first backward after the 1B1F loop, m - k backwards done; interleaved ranks are replayed
+(pp_interleaved_moments.py, which weighs these bytes when it picks the largest moment).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..spec.architecture import Architecture
+from ..spec.parallel import Parallel
+from ..spec.training import Training
+from .components import Component, component
+from .pp_buffers import stage_input
+from .pp_interleaved_moments import counts_at_top, rank_operations
+from .sharding import StageParameters
+from .titan_releases import titan_rules
+
+RECEIVE_SOURCE = ("torch 2.6.0 distributed/pipelining/stage.py _prepare_forward_infra (1425-1433: one receive "
+                  "buffer per micro-batch, made at the first step and kept in args_recv_info), "
+                  "_retrieve_recv_activations (the buffer itself, requires_grad_, is the stage's input), "
+                  "clear_runtime_states (507-525: each buffer's .grad set to None at the next step's start), "
+                  "_backward.py stage_backward (torch.autograd.backward accumulates the input gradient into "
+                  "the buffer's .grad); the same in torch 2.8.0 and 2.9.0 (stage.py 1460, 1523; 521, 520); "
+                  "torch 2.10.0 _backward.py 376 and 2.13.0 450 (pytorch#164329) set .grad to None once read; "
+                  "torch 2.13.0 stage.py 2243-2270 _setup_forward_recv_info still one buffer per micro-batch "
+                  "(pytorch#196463, just-in-time buffers, unmerged); schedules.py Schedule1F1B (warm-up "
+                  "min(m, p - stage) forwards, then a backward before each further forward) and "
+                  "ScheduleInterleaved1F1B")
+BUFFERS = "Pipeline activation receive buffers of the micro-batches not in flight"
+GRADS = "Input gradients kept on the receive buffers (.grad) until the next step"
+
+
+class Receiving(NamedTuple):
+    """What a rank's chunks receive: `receives[c]` whether local chunk c has a predecessor (every stage but
+    the first), `hidden` one buffer's bytes (`formula`), `m` the step's micro-batches."""
+
+    hidden: float
+    formula: str
+    m: int
+    receives: tuple[bool, ...]
+    grads_kept: bool
+
+    def counts(self, in_flight: tuple[int, ...], done: tuple[int, ...]) -> tuple[int, int]:
+        """(buffers not in flight, .grad kept) over the receiving chunks; `in_flight[c]`, `done[c]`: chunk c's
+        micro-batches forwarded and not yet backwarded, and backwarded."""
+        idle = sum(self.m - f for f, r in zip(in_flight, self.receives) if r)
+        grads = sum(b for b, r in zip(done, self.receives) if r) if self.grads_kept else 0
+        return idle, grads
+
+    def bytes(self, in_flight: tuple[int, ...], done: tuple[int, ...]) -> float:
+        return self.hidden * sum(self.counts(in_flight, done))
+
+    def parts(self, in_flight: tuple[int, ...], done: tuple[int, ...], when: str) -> tuple[Component, ...]:
+        """The buffers and gradients of a moment as components (key "buffers"), the empty ones left out."""
+        idle, grads = self.counts(in_flight, done)
+        chunks = sum(self.receives)
+        of = f"{chunks} x {self.m}" if chunks > 1 else f"{self.m}"
+        out = (component("buffers", BUFFERS, idle * self.hidden,
+                         f"{idle} of {of} micro-batches' buffers x {self.formula} ({when})", RECEIVE_SOURCE),
+               component("buffers", GRADS, grads * self.hidden,
+                         f"{grads} backwards run x {self.formula} ({when})", RECEIVE_SOURCE))
+        return tuple(c for c in out if c.bytes)
+
+
+def receiving(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
+              microbatches: int) -> Receiving | None:
+    """A torchtitan training rank's receiving chunks under 1F1B or interleaved 1F1B (rank r's chunk c is stage
+    r + c x PP); None elsewhere (no pipeline, other schedules: not modelled) or where no chunk receives."""
+    rules = titan_rules(training)
+    if rules is None or par.pp == 1 or training.mode != "training" or not stage.chunks:
+        return None
+    if not ((par.schedule == "1f1b" and len(stage.chunks) == 1)
+            or (par.schedule == "interleaved" and len(stage.chunks) == par.vpp)):
+        return None
+    receives = tuple(stage.stage + c * par.pp > 0 for c in range(len(stage.chunks)))
+    if not any(receives):
+        return None
+    hidden, formula = stage_input(arch, training, par)
+    return Receiving(hidden, formula, microbatches, receives, rules.pp_recv_grads_kept)
+
+
+class ReceiveBuffers(NamedTuple):
+    """A stage's receive buffers beyond its counted layer inputs at its forward peak, at its backward peak
+    (interleaved: empty here, the schedule's replay adds them at its moment, pp_first_backward) and once every
+    backward ran (its backward's last moments and the optimizer step: every buffer, every .grad)."""
+
+    forward: tuple[Component, ...] = ()
+    backward: tuple[Component, ...] = ()
+    settled: tuple[Component, ...] = ()
+
+
+def receive_buffers(rx: Receiving | None, par: Parallel, stage: StageParameters, inflight: float) -> ReceiveBuffers:
+    """`rx`'s buffers at a rank's peaks: under 1F1B k = `inflight` in flight and m - k backwards run at the
+    forward and backward peaks (the latest moments with k in flight); interleaved, at the first forward that
+    holds the most inputs, its latest (pp_interleaved_moments.counts_at_top), the backward's left to the replay."""
+    if rx is None:
+        return ReceiveBuffers()
+    chunks, m = len(rx.receives), rx.m
+    settled = rx.parts((0,) * chunks, (m,) * chunks, "every backward ran")
+    if par.schedule == "interleaved":
+        ops = rank_operations(stage.stage, par.pp, par.vpp, m)
+        top = counts_at_top(ops, tuple(len(c) for c in stage.chunks), rx.bytes)
+        return ReceiveBuffers(rx.parts(*top, "at the forward with the most inputs held"), (), settled)
+    k = min(m, int(inflight))
+    running = rx.parts((k,), (m - k,), f"{k} in flight, {m - k} backwards run")
+    return ReceiveBuffers(running, running, settled)
+
+
+def received_parts(rx: Receiving | None, moment, when: str) -> tuple[Component, ...]:
+    """`rx`'s parts at a replayed moment (pp_interleaved_moments.Moment, its `in_flight` and `done`)."""
+    if rx is None or moment is None or not moment.in_flight:
+        return ()
+    return rx.parts(moment.in_flight, moment.done, when)
