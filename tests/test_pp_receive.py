@@ -22,16 +22,16 @@ def test_the_last_rank_runs_its_chunk_0_forwards_first():
 def test_the_forward_peak_is_the_latest_chunk_1_forward():
     """Every chunk-1 forward holds 8 x 8 + 7 = 71 blocks' inputs; the 8th has chunk 1's 7 backwards behind it: 7
     idle buffers (chunk 1 has 1 in flight) and 7 .grad, chunk 0 none idle (8 in flight)."""
-    assert counts_at_top(OPS, (8, 7), ONE.bytes) == ((8, 1), (0, 7))
+    assert counts_at_top(OPS, (8, 7), ONE.along(7, 8, 2)) == ((8, 1), (0, 7))
     assert ONE.counts((8, 1), (0, 7)) == (7, 7)
 
 
 def test_the_loss_moments_and_every_backward():
     """The loss's moments are chunk 1's backwards: the 8th starts with 7 run (7 idle, 7 .grad). Of every backward
     start the last chunk-0 one holds the most: chunk 0's 7 run, chunk 1's 8 (15 idle, 15 .grad)."""
-    loss = most_received(OPS, 2, ONE.bytes, chunk=1)
+    loss = most_received(OPS, 2, ONE.along(7, 8, 2), chunk=1)
     assert (loss.in_flight, loss.done, loss.received) == ((8, 1), (0, 7), 14.0)
-    last = most_received(OPS, 2, ONE.bytes)
+    last = most_received(OPS, 2, ONE.along(7, 8, 2))
     assert (last.in_flight, last.done, last.received) == ((1, 0), (7, 8), 30.0)
 
 

@@ -46,7 +46,7 @@ from .static_stage import StepPart, StepShared, _StaticStage, _static_stage, ste
 from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
-from .pp_receive import receive_buffers, receiving
+from .pp_receive import on_rank, receive_buffers, receive_bytes, receiving, step_receiving
 from .pp_first_backward import fewer_at_first_backward
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
@@ -386,6 +386,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     no_replay = replay_rule(cfg) or (None if replay else FLAT_FOR_SEARCH)
     replayed = not peak_only and no_replay is None
     stages, steps = [], _StepParts(cfg)
+    step_rx = step_receiving(cfg.architecture, training, par, m)  # torch pipelining's receive buffers
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
         group = _stage_group(cfg, shared, memo, headless, groups, sp, no_replay, steps)
@@ -396,8 +397,8 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
         # torch pipelining's receive buffers beyond the counted layer inputs (they depend on the rank's in-flight)
-        rx = receiving(cfg.architecture, training, par, sp, m)
-        ahead, behind, settled = (total_bytes(r) for r in receive_buffers(rx, par, sp, inflight))
+        rx = on_rank(step_rx, par, sp)
+        ahead, behind, settled = receive_bytes(rx, par, sp, inflight)
         forward += activations + ahead
         step += settled
         # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together

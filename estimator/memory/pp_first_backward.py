@@ -121,9 +121,11 @@ def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inf
     root = sp.root_local if sp.first else 0.0
     per_layer = (sp.local - sp.root_local) / total
     grads = tuple(G * (per_layer * n + (root if c == 0 else 0.0)) for c, n in enumerate(sizes))
-    saving = replayed_saving(G, par, sp, m, inflight, held, grads, G * root, 0.0, rx.bytes if rx else None)
+    saving = replayed_saving(G, par, sp, m, inflight, held, grads, G * root, 0.0,
+                             rx.along(sp.stage, par.pp, par.vpp) if rx else None)
     if saving is None:
-        return received_parts(rx, most_received(rank_operations(sp.stage, par.pp, par.vpp, m), par.vpp, rx.bytes)
+        return received_parts(rx, most_received(rank_operations(sp.stage, par.pp, par.vpp, m), par.vpp,
+                                                  rx.along(sp.stage, par.pp, par.vpp))
                               if rx else None, "the latest backward's start")
     moment, inputs, not_made, top = saving
     return saving_parts(moment, inputs, not_made, top, total, f"at the replayed schedule's largest moment "

@@ -17,6 +17,7 @@ held beyond the counted inputs (pp_receive.py), from each chunk's micro-batches 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, NamedTuple
 
 from .components import Component
@@ -58,70 +59,75 @@ class Moment(NamedTuple):
     done: tuple[int, ...] = ()  # ... and backwarded
 
 
-def _counted(ops: list[tuple[str, int]], v: int):
-    """Each operation with its chunk's counts before it: (kind, chunk, in_flight, done)."""
-    in_flight, done = [0] * v, [0] * v
+def counted_operations(ops: list[tuple[str, int]], v: int) -> tuple[tuple[str, int, tuple, tuple], ...]:
+    """Each operation with the chunks' counts while it runs: (kind, chunk, in_flight, done); a forward's
+    micro-batch is in flight, a backward's too until it ends (remembered: every estimate replays the same)."""
+    return _counted_once(tuple(ops), v)
+
+
+@lru_cache(maxsize=1024)
+def _counted_once(ops: tuple[tuple[str, int], ...], v: int) -> tuple[tuple[str, int, tuple, tuple], ...]:
+    in_flight, done, out = [0] * v, [0] * v, []
     for kind, c in ops:
-        yield kind, c, tuple(in_flight), tuple(done)
         if kind == "F":
             in_flight[c] += 1
+            out.append((kind, c, tuple(in_flight), tuple(done)))
         else:
+            out.append((kind, c, tuple(in_flight), tuple(done)))
             in_flight[c] -= 1
             done[c] += 1
-
-
-def _forwarded(in_flight: tuple[int, ...], c: int) -> tuple[int, ...]:
-    return in_flight[:c] + (in_flight[c] + 1,) + in_flight[c + 1:]
+    return tuple(out)
 
 
 def counts_at_top(ops: list[tuple[str, int]], sizes: tuple[int, ...],
-                  received: Callable) -> tuple[tuple[int, ...], tuple[int, ...]]:
+                  received: tuple[float, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(in flight, backwarded) per chunk at the forward that holds the most layers' inputs and, of those, the most
-    receive buffers and .grad (`received(in_flight, done)`)."""
+    receive buffers and .grad (`received`: their bytes at each operation, pp_receive.Receiving.along)."""
     layers, best, at = 0, (-1, -1.0), ((), ())
-    for kind, c, in_flight, done in _counted(ops, len(sizes)):
+    for (kind, c, in_flight, done), rx in zip(counted_operations(ops, len(sizes)), received):
         layers += sizes[c] if kind == "F" else -sizes[c]
-        if kind == "F" and (layers, received(_forwarded(in_flight, c), done)) > best:
-            best, at = (layers, received(_forwarded(in_flight, c), done)), (_forwarded(in_flight, c), done)
+        if kind == "F" and (layers, rx) > best:
+            best, at = (layers, rx), (in_flight, done)
     return at
 
 
-def most_received(ops: list[tuple[str, int]], v: int, received: Callable, chunk: int | None = None) -> Moment:
-    """The backward start (of `chunk`'s backwards, or any) whose receive buffers and .grad (`received(in_flight,
-    done)`) are the most: where the charged moment is not replayed (the loss's, on the last rank)."""
+def most_received(ops: list[tuple[str, int]], v: int, received: tuple[float, ...],
+                  chunk: int | None = None) -> Moment:
+    """The backward start (of `chunk`'s backwards, or any) whose receive buffers and .grad (`received`, as
+    `counts_at_top`'s) are the most: where the charged moment is not replayed (the loss's, on the last rank)."""
     best = Moment(0.0, 0, (), "", -1.0)
-    for kind, c, in_flight, done in _counted(ops, v):
-        if kind == "B" and chunk in (None, c) and received(in_flight, done) > best.received:
-            best = Moment(0.0, 0, (), f"chunk {c}'s backward", received(in_flight, done), in_flight, done)
+    for (kind, c, in_flight, done), rx in zip(counted_operations(ops, v), received):
+        if kind == "B" and chunk in (None, c) and rx > best.received:
+            best = Moment(0.0, 0, (), f"chunk {c}'s backward", rx, in_flight, done)
     return best
 
 
 def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Callable[[float], int],
                    layer_grad: float, chunk_grads: tuple[float, ...], root_grad: float,
-                   head_grad: float = 0.0, received: Callable | None = None) -> tuple[Moment, int]:
+                   head_grad: float = 0.0, received: tuple[float, ...] | None = None) -> tuple[Moment, int]:
     """The largest of a rank's moments and the most layers' inputs it holds at once. `held(x)`: the stored
     activations of x whole stacks; `chunk_grads`: each chunk's unsharded gradients, the root unit's
     (`root_grad`, the embedding's: chunk 0 of rank 0) included, made at the end of the chunk's first backward;
     `layer_grad`: one unit's, made at the first backward's start; `head_grad`: the last rank's root unit's (final
     norm and head, in the last chunk's `chunk_grads`), made at that chunk's first backward's start, before its
-    layers' (autograd runs the head's backward first). `received(in_flight, done)`: the receive buffers and .grad
-    held beyond the counted inputs (pp_receive.Receiving.bytes), weighed in each moment; none when None."""
+    layers' (autograd runs the head's backward first). `received`: the receive buffers' and .grad's bytes at each operation
+    held beyond the counted inputs (pp_receive.Receiving.along), weighed in each moment; none when None."""
     total = sum(sizes)
     layers, begun, top = 0, set(), 0
     best = Moment(0.0, 0, (), "")
     counts: tuple = ((), ())
+    rx = 0.0  # the receive buffers' bytes while the operation runs
 
     def at(n: int, chunks: set, extra: float, what: str) -> None:
         nonlocal best
-        rx = received(*counts) if received else 0.0
         size = held(n / total) + sum(chunk_grads[c] for c in chunks) + extra + rx
         if size > best.bytes:
             best = Moment(size, n, tuple(sorted(chunks)), what, rx, *counts)
 
-    for kind, c, in_flight, done in _counted(ops, len(sizes)):
+    for i, (kind, c, in_flight, done) in enumerate(counted_operations(ops, len(sizes))):
         counts = (in_flight, done)
+        rx = received[i] if received else 0.0
         if kind == "F":
-            counts = (_forwarded(in_flight, c), done)
             layers += sizes[c]
             top = max(top, layers)
             at(layers, begun, 0.0, f"chunk {c}'s forward")
@@ -140,7 +146,7 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
 
 def replayed_saving(G: float, par, sp, m: int, inflight: float, held: Callable[[float], int],
                     grads: tuple[float, ...], root_grad: float = 0.0, head_grad: float = 0.0,
-                    received: Callable | None = None) -> tuple[Moment, int, int, int] | None:
+                    received: tuple[float, ...] | None = None) -> tuple[Moment, int, int, int] | None:
     """A rank's largest replayed moment and what the charge (`inflight` micro-batches' inputs beside every
     unsharded gradient, `G` bytes an element) holds beyond it: (the moment, the layer inputs, the gradients, the
     most layers' inputs held at once); None where that most is not the in-flight count's (a micro-batch group

@@ -43,7 +43,8 @@ def fewer_on_the_last_rank(recipe: Recipe, par: Parallel, sp: StageParameters, m
     sizes = tuple(len(c) for c in sp.chunks)
     total = sum(sizes)
     ops = rank_operations(sp.stage, par.pp, par.vpp, m)
-    at_loss = most_received(ops, len(sizes), rx.bytes, len(sizes) - 1) if rx else None
+    along = rx.along(sp.stage, par.pp, par.vpp) if rx else None
+    at_loss = most_received(ops, len(sizes), along, len(sizes) - 1) if rx else None
     loss_rx = received_parts(rx, at_loss, "at the last chunk's latest backward, the loss's")
     if loss_margin >= 0 or not total:
         return loss_rx
@@ -51,9 +52,9 @@ def fewer_on_the_last_rank(recipe: Recipe, par: Parallel, sp: StageParameters, m
     per_layer = (sp.local - sp.root_local) / total
     head = G * sp.root_local  # the final norm's and the head's: the FSDP root unit of the last model part
     grads = tuple(G * per_layer * n + (head if c == len(sizes) - 1 else 0.0) for c, n in enumerate(sizes))
-    saving = replayed_saving(G, par, sp, m, inflight, held, grads, 0.0, head, rx.bytes if rx else None)
+    saving = replayed_saving(G, par, sp, m, inflight, held, grads, 0.0, head, along)
     if saving is None:
-        return received_parts(rx, most_received(ops, len(sizes), rx.bytes) if rx else None,
+        return received_parts(rx, most_received(ops, len(sizes), along) if rx else None,
                               "the latest backward's start")
     moment, inputs, not_made, top = saving
     loss_received = sum(c.bytes for c in loss_rx)

@@ -15,6 +15,7 @@ latest the first backward after the 1B1F loop, m - k backwards done; interleaved
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from ..spec.architecture import Architecture
@@ -22,7 +23,7 @@ from ..spec.parallel import Parallel
 from ..spec.training import Training
 from .components import Component, component
 from .pp_buffers import stage_input
-from .pp_interleaved_moments import counts_at_top, rank_operations
+from .pp_interleaved_moments import counted_operations, counts_at_top, rank_operations
 from .sharding import StageParameters
 from .titan_releases import titan_rules
 
@@ -61,6 +62,14 @@ class Receiving(NamedTuple):
     def bytes(self, in_flight: tuple[int, ...], done: tuple[int, ...]) -> float:
         return self.hidden * sum(self.counts(in_flight, done))
 
+    def along(self, rank: int, p: int, v: int) -> tuple[float, ...]:
+        """The bytes at each of rank `rank`'s operations in torch's interleaved order (the replay's `received`)."""
+        return tuple(self.hidden * n for n in _op_counts(rank, p, v, self.m, self.receives, self.grads_kept))
+
+    def rounded(self, in_flight: tuple[int, ...], done: tuple[int, ...]) -> int:
+        """The bytes of `parts`, each rounded as a component is."""
+        return sum(int(round(n * self.hidden)) for n in self.counts(in_flight, done))
+
     def parts(self, in_flight: tuple[int, ...], done: tuple[int, ...], when: str) -> tuple[Component, ...]:
         """The buffers and gradients of a moment as components (key "buffers"), the empty ones left out."""
         idle, grads = self.counts(in_flight, done)
@@ -73,21 +82,38 @@ class Receiving(NamedTuple):
         return tuple(c for c in out if c.bytes)
 
 
+@lru_cache(maxsize=1024)
+def _op_counts(rank: int, p: int, v: int, m: int, receives: tuple[bool, ...], kept: bool) -> tuple[int, ...]:
+    """Buffers not in flight + .grad kept at each operation of the rank (remembered: each estimate asks again)."""
+    rx = Receiving(1.0, "", m, receives, kept)
+    return tuple(sum(rx.counts(f, b)) for _, _, f, b in counted_operations(rank_operations(rank, p, v, m), v))
+
+
 def receiving(arch: Architecture, training: Training, par: Parallel, stage: StageParameters,
               microbatches: int) -> Receiving | None:
     """A torchtitan training rank's receiving chunks under 1F1B or interleaved 1F1B (rank r's chunk c is stage
     r + c x PP); None elsewhere (no pipeline, other schedules: not modelled) or where no chunk receives."""
+    return on_rank(step_receiving(arch, training, par, microbatches), par, stage)
+
+
+def step_receiving(arch: Architecture, training: Training, par: Parallel, microbatches: int) -> Receiving | None:
+    """`receiving`'s part common to every rank of a step (its `receives` left empty), or None."""
     rules = titan_rules(training)
-    if rules is None or par.pp == 1 or training.mode != "training" or not stage.chunks:
-        return None
-    if not ((par.schedule == "1f1b" and len(stage.chunks) == 1)
-            or (par.schedule == "interleaved" and len(stage.chunks) == par.vpp)):
-        return None
-    receives = tuple(stage.stage + c * par.pp > 0 for c in range(len(stage.chunks)))
-    if not any(receives):
+    if rules is None or par.pp == 1 or training.mode != "training" or par.schedule not in ("1f1b", "interleaved"):
         return None
     hidden, formula = stage_input(arch, training, par)
-    return Receiving(hidden, formula, microbatches, receives, rules.pp_recv_grads_kept)
+    return Receiving(hidden, formula, microbatches, (), rules.pp_recv_grads_kept)
+
+
+def on_rank(step: Receiving | None, par: Parallel, stage: StageParameters) -> Receiving | None:
+    """`step` (`step_receiving`) on a rank: its chunks' `receives`; None where none receives."""
+    if step is None:
+        return None
+    chunks = len(stage.chunks)
+    if not (chunks == 1 if par.schedule == "1f1b" else chunks == par.vpp) or (chunks == 1 and stage.stage == 0):
+        return None
+    receives = (stage.stage > 0,) + (True,) * (chunks - 1)  # chunk c >= 1 is stage rank + c x PP > 0
+    return Receiving(step.hidden, step.formula, step.m, receives, step.grads_kept)
 
 
 class ReceiveBuffers(NamedTuple):
@@ -110,11 +136,27 @@ def receive_buffers(rx: Receiving | None, par: Parallel, stage: StageParameters,
     settled = rx.parts((0,) * chunks, (m,) * chunks, "every backward ran")
     if par.schedule == "interleaved":
         ops = rank_operations(stage.stage, par.pp, par.vpp, m)
-        top = counts_at_top(ops, tuple(len(c) for c in stage.chunks), rx.bytes)
+        top = counts_at_top(ops, tuple(len(c) for c in stage.chunks), rx.along(stage.stage, par.pp, par.vpp))
         return ReceiveBuffers(rx.parts(*top, "at the forward with the most inputs held"), (), settled)
     k = min(m, int(inflight))
     running = rx.parts((k,), (m - k,), f"{k} in flight, {m - k} backwards run")
     return ReceiveBuffers(running, running, settled)
+
+
+def receive_bytes(rx: Receiving | None, par: Parallel, stage: StageParameters, inflight: float) -> tuple[int, ...]:
+    """`receive_buffers`' three totals (forward, backward, settled) without building its components (the estimate's
+    numbers; the components are built when shown)."""
+    if rx is None:
+        return 0, 0, 0
+    chunks, m = len(rx.receives), rx.m
+    settled = rx.rounded((0,) * chunks, (m,) * chunks)
+    if par.schedule == "interleaved":
+        ops = rank_operations(stage.stage, par.pp, par.vpp, m)
+        top = counts_at_top(ops, tuple(len(c) for c in stage.chunks), rx.along(stage.stage, par.pp, par.vpp))
+        return rx.rounded(*top), 0, settled
+    k = min(m, int(inflight))
+    running = int(round((m - k) * rx.hidden)) * (2 if rx.grads_kept else 1)  # rx.rounded((k,), (m - k,))
+    return running, running, settled
 
 
 def received_parts(rx: Receiving | None, moment, when: str) -> tuple[Component, ...]:
