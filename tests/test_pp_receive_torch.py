@@ -1,8 +1,9 @@
 """The installed torch's own pipelining (torch 2.13, the release the torchtitan 0.3.0 harness runs) against
 memory/pp_receive.py's rule for it: two CPU processes over gloo run Schedule1F1B for two steps of 4
-micro-batches (run here: torch 2.13.0+cpu, 4 activation buffers, 4 gradient buffers, no .grad); the receiving stage keeps one activation receive buffer per micro-batch (distinct storages), the
-sending stage one gradient receive buffer per micro-batch, and no buffer keeps a .grad after the step
-(pytorch#164329: titan_releases' pp_recv_grads_kept is False for 0.3.0 and main)."""
+micro-batches (run here: torch 2.13.0+cpu, 4 activation buffers, 4 gradient buffers, no .grad); the receiving
+stage keeps one activation receive buffer per micro-batch (distinct storages), the sending stage one gradient
+receive buffer per micro-batch, and no buffer keeps a .grad after the step (pytorch#164329:
+titan_releases' pp_recv_grads_kept is False for 0.3.0 and main)."""
 
 from __future__ import annotations
 

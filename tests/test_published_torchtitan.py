@@ -30,9 +30,10 @@ UNDER_BOUND = 0.10  # the issue's goal: no under-estimate beyond it
 _PIPELINE = ("Llama 3.1 405B on torch.distributed.pipelining of Dec 2024 over FSDP2 (no reshard under PP), TP 8 with "
              "float8 and async TP: the stage's gathered parameters, its fp32 unsharded gradients accumulated over the "
              "8 micro-batches, the in-flight layer inputs, the gradient receive buffers and the stage outputs kept "
-             "for the step (pipelining/stage.py, estimator/memory/pp_buffers.py: 2 GiB on the peak's stage 1), the activation "
-             "receive buffers of the micro-batches not in flight with the input gradients torch 2.6 keeps on their "
-             ".grad (memory/pp_receive.py: 2 x 128 MiB on stage 1) and the reduce-scatter and all-gather streams' idle segments (3.0 and 0.7 GiB there) are modelled, and so is "
+             "for the step (pipelining/stage.py, estimator/memory/pp_buffers.py: 2 GiB on the peak's stage 1), the "
+             "activation receive buffers of the micro-batches not in flight with the input gradients torch 2.6 keeps "
+             "on their .grad (memory/pp_receive.py: 2 x 128 MiB on stage 1) and the reduce-scatter and all-gather "
+             "streams' idle segments (3.0 and 0.7 GiB there) are modelled, and so is "
              "stage 0's Schedule1F1B warm-up of all 8 micro-batches: its later backwards hold 7 micro-batches' inputs "
              "beside every gradient (memory/pp_first_backward.py: 1.9 GiB under stage 0's former peak, which moves "
              "the peak to stage 1, 0.4 GiB lower). Read too, and no schedule-dependent memory in it (torch 2.6.0's own "
@@ -352,6 +353,10 @@ def _interleaved() -> dict:
     return load(next(p for p in RECORDS if p.stem.endswith("405b-fsdp8-tp8-pp8-interleaved")))["config"]
 
 
+def _interleaved_at(version: str) -> dict:
+    return {**_interleaved(), "training": {**_interleaved()["training"], "framework_version": version}}
+
+
 def test_each_chunk_of_an_interleaved_rank_has_its_own_all_gather_pool():
     """Interleaved, rank 7 runs stage 7 (8 blocks) and the last stage 15 (7 blocks, final norm and head): two
     FSDP roots, two copy-in streams: 2 blocks, and a block beside the [norm, head] root unit."""
@@ -556,7 +561,7 @@ def test_an_interleaved_rank_receives_on_each_chunk_but_stage_0():
     assert _phase_parts(est, 0, "forward") == {}
     assert _phase_parts(est, 0, "optimizer") == {RECV: 8 * one, RECV_GRAD: 8 * one}
     assert _phase_parts(est, 3, "optimizer") == {RECV: 16 * one, RECV_GRAD: 16 * one}
-    newer = estimate_config({**_interleaved(), "training": {**_interleaved()["training"], "framework_version": "0.3.0"}})
+    newer = estimate_config(_interleaved_at("0.3.0"))
     assert _phase_parts(newer, 3, "optimizer") == {RECV: 16 * one}
 
 
@@ -566,5 +571,5 @@ def test_the_interleaved_last_rank_forward_peak_holds_idle_buffers():
     buffers idle with their .grad; in 0.3.0 the buffers alone."""
     est = estimate_config(_interleaved())
     assert _phase_parts(est, 7, "forward") == {RECV: 7 * 2**27, RECV_GRAD: 7 * 2**27}
-    newer = estimate_config({**_interleaved(), "training": {**_interleaved()["training"], "framework_version": "0.3.0"}})
+    newer = estimate_config(_interleaved_at("0.3.0"))
     assert _phase_parts(newer, 7, "forward") == {RECV: 7 * 2**27}

@@ -320,8 +320,9 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
         counts = _activation_counts(cfg.training, sp, cfg.architecture)
         known = memo[("group", key)] = (counts, _activation_units(counts, shared))
     counts, units = known
+    run = (cfg.recipe, cfg.microbatches, cfg.architecture)
     return _Group(static, units, StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel,
-                                                     (cfg.recipe, cfg.microbatches, cfg.architecture), shared, no_replay), {}))
+                                                     run, shared, no_replay), {}))
 
 
 def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, groups: dict[tuple, _Group],

@@ -110,7 +110,8 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
     (`root_grad`, the embedding's: chunk 0 of rank 0) included, made at the end of the chunk's first backward;
     `layer_grad`: one unit's, made at the first backward's start; `head_grad`: the last rank's root unit's (final
     norm and head, in the last chunk's `chunk_grads`), made at that chunk's first backward's start, before its
-    layers' (autograd runs the head's backward first). `received`: the receive buffers' and .grad's bytes at each operation
+    layers' (autograd runs the head's backward first). `received`: the receive buffers' and .grad's bytes at each
+    operation
     held beyond the counted inputs (pp_receive.Receiving.along), weighed in each moment; none when None."""
     total = sum(sizes)
     layers, begun, top = 0, set(), 0
