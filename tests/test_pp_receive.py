@@ -71,3 +71,17 @@ def test_the_last_rank_when_its_loss_is_the_charged_moment():
     rx = receiving(res.architecture, res.training, res.parallel, last, res.microbatches)
     parts = fewer_on_the_last_rank(res.recipe, res.parallel, last, res.microbatches, 71 / 15, lambda k: 0, 1, rx)
     assert [(c.label, c.bytes) for c in parts] == [(BUFFERS, 7 * 2**27), (GRADS, 7 * 2**27)]
+
+
+def test_an_interleaved_rank_without_the_replay_takes_its_latest_backward():
+    """Where the schedule's replay does not run, an interleaved rank's backward peak holds the receive buffers of
+    its backward start with the most: rank 7's last chunk-0 backward, 15 idle buffers and 15 .grad; where it runs,
+    the replay adds them at its own moment (none here)."""
+    from estimator.spec.parallel import Parallel
+
+    par = Parallel(pp=8, vpp=2, dp=1, tp=1, pp_schedule="interleaved")
+    sp = type("Stage", (), {"stage": 7, "chunks": (range(0, 8), range(8, 15))})()
+    alone = receive_buffers(ONE, par, sp, 71 / 15, replayed=False)
+    assert [(c.label, c.bytes) for c in alone.backward] == [(BUFFERS, 15), (GRADS, 15)]
+    assert [(c.label, c.bytes) for c in alone.forward] == [(BUFFERS, 7), (GRADS, 7)]
+    assert receive_buffers(ONE, par, sp, 71 / 15).backward == ()

@@ -23,7 +23,7 @@ from ..spec.parallel import Parallel
 from ..spec.training import Training
 from .components import Component, component
 from .pp_buffers import stage_input
-from .pp_interleaved_moments import counted_operations, counts_at_top, rank_operations
+from .pp_interleaved_moments import counted_operations, counts_at_top, most_received, rank_operations
 from .sharding import StageParameters
 from .titan_releases import titan_rules
 
@@ -126,37 +126,48 @@ class ReceiveBuffers(NamedTuple):
     settled: tuple[Component, ...] = ()
 
 
-def receive_buffers(rx: Receiving | None, par: Parallel, stage: StageParameters, inflight: float) -> ReceiveBuffers:
-    """`rx`'s buffers at a rank's peaks: under 1F1B k = `inflight` in flight and m - k backwards run at the
-    forward and backward peaks (the latest moments with k in flight); interleaved, at the first forward that
-    holds the most inputs, its latest (pp_interleaved_moments.counts_at_top), the backward's left to the replay."""
+Counts = tuple[tuple[int, ...], tuple[int, ...]]  # (in flight, backwarded) of each chunk
+
+
+def _moments(rx: Receiving, par: Parallel, stage: StageParameters, inflight: float,
+             replayed: bool) -> tuple[Counts, Counts | None, Counts]:
+    """The counts at the forward peak, the backward peak (None: the schedule's replay adds them at its moment) and
+    once every backward ran. 1F1B: k = `inflight` in flight and m - k backwards run at both peaks (the latest
+    moments with k in flight). Interleaved: the forward with the most inputs held, its latest
+    (pp_interleaved_moments.counts_at_top); where the replay does not run (`replayed` False: pp_first_backward
+    .interleaved_applies), the backward start with the most buffers and .grad."""
+    chunks, m = len(rx.receives), rx.m
+    settled = ((0,) * chunks, (m,) * chunks)
+    if par.schedule != "interleaved":
+        k = min(m, int(inflight))
+        return ((k,), (m - k,)), ((k,), (m - k,)), settled
+    ops, along = rank_operations(stage.stage, par.pp, par.vpp, m), rx.along(stage.stage, par.pp, par.vpp)
+    top = counts_at_top(ops, tuple(len(c) for c in stage.chunks), along)
+    if replayed:
+        return top, None, settled
+    latest = most_received(ops, chunks, along)
+    return top, (latest.in_flight, latest.done), settled
+
+
+def receive_buffers(rx: Receiving | None, par: Parallel, stage: StageParameters, inflight: float,
+                    replayed: bool = True) -> ReceiveBuffers:
+    """`rx`'s buffers at a rank's peaks as components (`_moments`)."""
     if rx is None:
         return ReceiveBuffers()
-    chunks, m = len(rx.receives), rx.m
-    settled = rx.parts((0,) * chunks, (m,) * chunks, "every backward ran")
-    if par.schedule == "interleaved":
-        ops = rank_operations(stage.stage, par.pp, par.vpp, m)
-        top = counts_at_top(ops, tuple(len(c) for c in stage.chunks), rx.along(stage.stage, par.pp, par.vpp))
-        return ReceiveBuffers(rx.parts(*top, "at the forward with the most inputs held"), (), settled)
-    k = min(m, int(inflight))
-    running = rx.parts((k,), (m - k,), f"{k} in flight, {m - k} backwards run")
-    return ReceiveBuffers(running, running, settled)
+    forward, backward, settled = _moments(rx, par, stage, inflight, replayed)
+    return ReceiveBuffers(rx.parts(*forward, "at the forward peak"),
+                          rx.parts(*backward, "at the backward peak") if backward else (),
+                          rx.parts(*settled, "every backward ran"))
 
 
-def receive_bytes(rx: Receiving | None, par: Parallel, stage: StageParameters, inflight: float) -> tuple[int, ...]:
-    """`receive_buffers`' three totals (forward, backward, settled) without building its components (the estimate's
-    numbers; the components are built when shown)."""
+def receive_bytes(rx: Receiving | None, par: Parallel, stage: StageParameters, inflight: float,
+                  replayed: bool = True) -> tuple[int, int, int]:
+    """`receive_buffers`' three totals without building its components (the estimate's numbers; the components
+    are built when shown)."""
     if rx is None:
         return 0, 0, 0
-    chunks, m = len(rx.receives), rx.m
-    settled = rx.rounded((0,) * chunks, (m,) * chunks)
-    if par.schedule == "interleaved":
-        ops = rank_operations(stage.stage, par.pp, par.vpp, m)
-        top = counts_at_top(ops, tuple(len(c) for c in stage.chunks), rx.along(stage.stage, par.pp, par.vpp))
-        return rx.rounded(*top), 0, settled
-    k = min(m, int(inflight))
-    running = int(round((m - k) * rx.hidden)) * (2 if rx.grads_kept else 1)  # rx.rounded((k,), (m - k,))
-    return running, running, settled
+    forward, backward, settled = _moments(rx, par, stage, inflight, replayed)
+    return rx.rounded(*forward), rx.rounded(*backward) if backward else 0, rx.rounded(*settled)
 
 
 def received_parts(rx: Receiving | None, moment, when: str) -> tuple[Component, ...]:
