@@ -155,8 +155,11 @@ def receive_buffers(rx: Receiving | None, par: Parallel, stage: StageParameters,
     if rx is None:
         return ReceiveBuffers()
     forward, backward, settled = _moments(rx, par, stage, inflight, replayed)
-    return ReceiveBuffers(rx.parts(*forward, "at the forward peak"),
-                          rx.parts(*backward, "at the backward peak") if backward else (),
+    if par.schedule == "interleaved":
+        ahead, behind = "at the latest forward holding the most inputs", "at the backward start holding the most"
+    else:
+        ahead = behind = f"{forward[0][0]} in flight, {forward[1][0]} backwards run"
+    return ReceiveBuffers(rx.parts(*forward, ahead), rx.parts(*backward, behind) if backward else (),
                           rx.parts(*settled, "every backward ran"))
 
 
