@@ -27,6 +27,8 @@ from .pp_interleaved_moments import counted_operations, counts_at_top, most_rece
 from .sharding import StageParameters
 from .titan_releases import titan_rules
 
+# the wheels read (torch/version.py git_version): 2.6.0 2236df17, 2.8.0 a1cb3cc0, 2.9.0 0fabc3ba, 2.10.0 449b1768,
+# 2.13.0 cf30153c
 RECEIVE_SOURCE = ("torch 2.6.0 distributed/pipelining/stage.py _prepare_forward_infra (1425-1433: one receive "
                   "buffer per micro-batch, made at the first step and kept in args_recv_info), "
                   "_retrieve_recv_activations (the buffer itself, requires_grad_, is the stage's input), "
