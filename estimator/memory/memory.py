@@ -31,7 +31,7 @@ from .activations.entries import KORTHIKANTI
 from .pipeline import global_batch_size, in_flight_per_rank
 from ..spec import memo as _memo
 from ..spec.architecture import Architecture, parameter_counts
-from .components import Component, Phase, StageDetail, StageEstimate, component, fragmentation, phase
+from .components import Component, Phase, StageDetail, StageEstimate, component, fragmentation, phase, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
 from .resolved import Resolved, resolve, training_with
@@ -46,7 +46,8 @@ from .static_stage import StepPart, StepShared, _StaticStage, _static_stage, ste
 from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
-from .pp_first_backward import fewer_at_first_backward
+from .pp_receive import on_rank, receive_buffers, receive_bytes, receiving, step_receiving
+from .pp_first_backward import fewer_at_first_backward, interleaved_applies
 from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
 
@@ -319,8 +320,9 @@ def _group(static: _StaticStage, sp: StageParameters, cfg: Resolved, shared: _Sh
         counts = _activation_counts(cfg.training, sp, cfg.architecture)
         known = memo[("group", key)] = (counts, _activation_units(counts, shared))
     counts, units = known
+    run = (cfg.recipe, cfg.microbatches, cfg.architecture)
     return _Group(static, units, StageDetail(partial(_training_detail, static, sp, counts, cfg.training, cfg.parallel,
-                                                     (cfg.recipe, cfg.microbatches), shared, no_replay), {}))
+                                                     run, shared, no_replay), {}))
 
 
 def _stage_group(cfg: Resolved, shared: _Shared, memo: dict, headless: dict, groups: dict[tuple, _Group],
@@ -385,6 +387,7 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
     no_replay = replay_rule(cfg) or (None if replay else FLAT_FOR_SEARCH)
     replayed = not peak_only and no_replay is None
     stages, steps = [], _StepParts(cfg)
+    step_rx = step_receiving(cfg.architecture, training, par, m)  # torch pipelining's receive buffers
     for sp, inflight in zip(cfg.stages, in_flight_per_rank(par, m, [sp.chunks for sp in cfg.stages],
                                                                          training.microbatch_group_size)):
         group = _stage_group(cfg, shared, memo, headless, groups, sp, no_replay, steps)
@@ -394,15 +397,21 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         if offloaded:
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
-        forward += activations
+        # torch pipelining's receive buffers beyond the counted layer inputs (they depend on the rank's in-flight)
+        rx = on_rank(step_rx, par, sp)
+        ahead, behind, settled = receive_bytes(rx, par, sp, inflight, interleaved_applies(training, par, sp))
+        forward += activations + ahead
+        step += settled
         # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together
+        # (interleaved: the replayed moment, with its receive buffers)
         fewer = _fewer_at_first_backward(training, cfg.recipe, par, m, sp, inflight, shared,
-                                         lambda k: _stage_activations(group.units, sp, k, shared), static.loss_margin)
-        started = backward + activations + sum(c.bytes for c in fewer)
+                                         lambda k: _stage_activations(group.units, sp, k, shared), static.loss_margin,
+                                         rx)
+        started = backward + activations + sum(c.bytes for c in fewer) + behind
         # backward's last moments (fsdp2 creating its gradients) when larger than its start
-        backward = max(started, static.backward_end)
+        backward = max(started, static.backward_end + settled)
         peak_phase, allocated = _peak_phase(forward, backward, step)
-        pools = _idle_pools(static, sp, training, par, peak_phase, static.backward_end > started)
+        pools = _idle_pools(static, sp, training, par, peak_phase, static.backward_end + settled > started)
         device = allocated + static.outside_allocator + int(round(allocated * fragmentation_share)) + cached \
             + sum(p.bytes for p in pools)
         if peak_only:  # `device_total`: the numbers alone (a stage of the peak's total stands for it)
@@ -431,10 +440,10 @@ def _less(whole: Component, fewer: tuple[Component, ...]) -> Component:
 
 
 def _fewer_at_first_backward(training: Training, recipe, par: Parallel, m: int, sp: StageParameters, inflight: float,
-                             shared: _Shared, held, loss_margin: int) -> tuple[Component, ...]:
+                             shared: _Shared, held, loss_margin: int, rx=None) -> tuple[Component, ...]:
     """`pp_first_backward.fewer_at_first_backward` of a stage (`held(k)`: its stored activations, k in flight)."""
     outside_layers = shared.embedding_bytes + shared.vision[0] if sp.first else 0.0
-    return fewer_at_first_backward(training, recipe, par, sp, m, inflight, held, outside_layers, loss_margin)
+    return fewer_at_first_backward(training, recipe, par, sp, m, inflight, held, outside_layers, loss_margin, rx)
 
 
 OFFLOAD_ACTIVATIONS_SOURCE = ("torchtune training/_activation_offloading.py OffloadActivations (saved tensors over 1 KiB "
@@ -463,10 +472,16 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
     inflight, allocated = stage.in_flight_microbatches, stage.allocated_peak_bytes
     activations = stage.phase_totals[0][1] - static.totals[0]
     # the group's stages share `sp` but for their rank, which the schedule's replay reads
-    fewer = _fewer_at_first_backward(training, run[0], par, run[1], sp._replace(stage=stage.stage), inflight, shared,
+    mine = sp._replace(stage=stage.stage)
+    rx = receiving(run[2], training, par, mine, run[1])
+    fewer = _fewer_at_first_backward(training, run[0], par, run[1], mine, inflight, shared,
                                      lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)),
-                                     static.loss_margin)
-    backward_ends = static.backward_end > static.totals[1] + activations + sum(c.bytes for c in fewer)
+                                     static.loss_margin, rx)
+    ahead, behind, settled = receive_buffers(rx, par, mine, inflight, interleaved_applies(training, par, mine))
+    activations -= total_bytes(ahead)  # the forward total holds them (`_training_stages`)
+    backward_ends = static.backward_end + total_bytes(settled) > \
+        static.totals[1] + activations + sum(c.bytes for c in fewer) + total_bytes(behind)
+    behind += tuple(c for c in fewer if c.key == "buffers")  # an interleaved rank's, at its replayed moment
     st = static.parts()
     parts = _activation_parts(sp, inflight, counts, shared)
     if training.offload_activations:  # the layers' parts are on the host (`_offloaded_activations`)
@@ -475,13 +490,13 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
                       for p in parts)
     layers = _activations_component(parts, training, par)
     saved = (layers,) + st.loss_saved
-    backward = phase("backward", st.kept + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
+    backward = phase("backward", st.kept + settled + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
                      st.folded["backward_end"]) \
-        if backward_ends else phase("backward", st.kept + (st.grads_backward, _less(layers, fewer))
+        if backward_ends else phase("backward", st.kept + behind + (st.grads_backward, _less(layers, fewer))
                                     + st.loss_saved_backward, _less(st.folded["backward"], fewer))
-    phases = (phase("forward", st.kept + (st.grads_forward,) + saved, st.folded["forward"]),
+    phases = (phase("forward", st.kept + ahead + (st.grads_forward,) + saved, st.folded["forward"]),
               backward,
-              phase("optimizer", st.kept + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
+              phase("optimizer", st.kept + settled + (st.grads_full, _NO_ACTIVATIONS), st.folded["optimizer"]))
     managed = (static.managed,) if static.managed else ()
     pools = _idle_pools(static, sp, training, par, stage.peak_phase, backward_ends)
     cached = ((shared.reserved_cached,) if shared.reserved_cached is not None else ()) + pools

@@ -10,14 +10,8 @@ virtual chunk under interleaved schedules):
   (merged 2025-05-13) every stage did; from it only the last, whose output is the head's logits (the
   loss runs in the schedule, outside the stage: bf16, vocabulary-sharded under loss_parallel).
 The forward phase of the last stage counts the running micro-batch's logits twice (here and as the
-loss's working copy); its peak, in backward, does not. Not modelled: the activation receive buffers of
-a stage with a predecessor (`_prepare_forward_infra`, one per micro-batch too): those of micro-batches
-in flight are the first layer's kept input, the rest ((micro-batches - in flight) x the input) are left
-out; nor the input gradients that autograd accumulates into those buffers' ``.grad`` (torch 2.6
-_backward.py stage_backward runs torch.autograd.backward with the buffers as leaves; only the next step's
-clear_runtime_states sets them to None): under 1F1B stage k >= 1 keeps k of them (B*s*b*h/t each) at the
-last backward that starts with its warm-up's micro-batches in flight (Schedule1F1B's 1B1F loop), one on
-stage 1, 0.125 GiB on the 405B runs, whose peak stays on stage 0.
+loss's working copy); its peak, in backward, does not. The activation receive buffers and their ``.grad``
+depend on the rank's micro-batches in flight: memory/pp_receive.py, added stage by stage.
 """
 
 from __future__ import annotations
@@ -49,9 +43,7 @@ def pipelining_buffers(arch: Architecture, training: Training, par: Parallel, st
         return []
     B, m, t = bytes_per_element(training.compute_dtype), microbatches, par.tp
     T = tokens_per_gpu(training, par)
-    seq_shard = par.sequence_parallel and t > 1
-    hidden = B * T * arch.hidden_size / (t if seq_shard else 1)
-    hf = "B*s*b*h" + ("/t" if seq_shard else "")
+    hidden, hf = stage_input(arch, training, par)
     sending = len(stage.chunks) - (1 if stage.last else 0)  # the rank's stages with a successor
     out: list[Component] = []
     if sending:
@@ -70,6 +62,16 @@ def pipelining_buffers(arch: Architecture, training: Training, par: Parallel, st
         out.append(component("buffers", "The last stage's logits kept for the step (output_chunks)",
                              m * B * T * arch.vocab_size / t, f"{m} micro-batches x B*s*b*V{vf}", PIPELINING_SOURCE))
     return out
+
+
+
+def stage_input(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
+    """A micro-batch's stage input (= the previous stage's output) in bytes, and its formula: the hidden
+    states in the compute dtype, sequence-sharded under TP with sequence parallelism."""
+    t = par.tp
+    seq_shard = par.sequence_parallel and t > 1
+    B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
+    return B * T * arch.hidden_size / (t if seq_shard else 1), "B*s*b*h" + ("/t" if seq_shard else "")
 
 
 REDUCE_POOL_SOURCE = ("torch 2.6.0 (the release branch of the Dec 2024 benchmarks' torch 1963fc83) and torch 2.13: "

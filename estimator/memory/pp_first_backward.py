@@ -28,8 +28,10 @@ from .sharding import StageParameters
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
 from ..spec.training import Recipe, Training
-from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, replayed_saving, saving_parts
+from .pp_interleaved_moments import SOURCE as INTERLEAVED_SOURCE, most_received, rank_operations, \
+    replayed_saving, saving_parts
 from .pp_last_rank import fewer_on_the_last_rank
+from .pp_receive import Receiving, received_parts
 
 SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py Schedule1F1B._step_microbatches (warmup_chunks = "
           "min(n_microbatches, num_stages - stage_index); then backward_one_chunk before each further forward); "
@@ -57,18 +59,20 @@ def interleaved_applies(training: Training, par: Parallel, sp: StageParameters) 
 
 def fewer_at_first_backward(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int,
                             inflight: float, held: Callable[[float], int],
-                            outside_layers: float, loss_margin: int = 0) -> tuple[Component, ...]:
+                            outside_layers: float, loss_margin: int = 0,
+                            rx: Receiving | None = None) -> tuple[Component, ...]:
     """What the backward's peak holds less than `inflight` micro-batches' stored activations beside every
     unsharded gradient, as negative parts: of the activations (key "activations") and of the unsharded
     gradients (key "transient"), each no larger than what it is taken from; () where the rule does not apply.
     `held(k)`: the stage's stored activations with k micro-batches in flight; `outside_layers`: a
     micro-batch's share of them that is not its layers' (the embedding's, a vision tower's), freed after the
     stage's first layer; `loss_margin`: on the last rank, its loss's backward moment less its other moments, as
-    charged (static_stage)."""
+    charged (static_stage); `rx`: an interleaved rank's receiving chunks (pp_receive.py), whose buffers and .grad
+    at the replayed moment come back as positive parts (key "buffers")."""
     if interleaved_applies(training, par, sp) and sp.last:
-        return fewer_on_the_last_rank(recipe, par, sp, m, inflight, held, loss_margin)
+        return fewer_on_the_last_rank(recipe, par, sp, m, inflight, held, loss_margin, rx)
     if interleaved_applies(training, par, sp):
-        return _interleaved(recipe, par, sp, m, inflight, held)
+        return _interleaved(recipe, par, sp, m, inflight, held, rx)
     if not runs_every_forward_first(training, par, sp, m) or inflight < 1 or not sp.num_layers:
         return ()
     G = bytes_per_element(recipe.grad_dtype)
@@ -104,10 +108,11 @@ def _gradients(label: str, not_made: int, why: str) -> Component:
 
 
 def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inflight: float,
-                 held: Callable[[float], int]) -> tuple[Component, ...]:
+                 held: Callable[[float], int], rx: Receiving | None) -> tuple[Component, ...]:
     """An interleaved rank's largest moment, replayed (pp_interleaved_moments.py), less than the in-flight
-    inputs beside every gradient; () where the replay's most inputs are not the in-flight count's (a
-    micro-batch group other than torch's rounds)."""
+    inputs beside every gradient, with its receive buffers; where the replay's most inputs are not the in-flight
+    count's (a micro-batch group other than torch's rounds) the charge stands, beside the most receive buffers
+    any backward start holds."""
     sizes = tuple(len(c) for c in sp.chunks)
     total = sum(sizes)
     if not total:
@@ -116,9 +121,13 @@ def _interleaved(recipe: Recipe, par: Parallel, sp: StageParameters, m: int, inf
     root = sp.root_local if sp.first else 0.0
     per_layer = (sp.local - sp.root_local) / total
     grads = tuple(G * (per_layer * n + (root if c == 0 else 0.0)) for c, n in enumerate(sizes))
-    saving = replayed_saving(G, par, sp, m, inflight, held, grads, G * root)
+    saving = replayed_saving(G, par, sp, m, inflight, held, grads, G * root, 0.0,
+                             rx.along(sp.stage, par.pp, par.vpp) if rx else None)
     if saving is None:
-        return ()
+        return received_parts(rx, most_received(rank_operations(sp.stage, par.pp, par.vpp, m), par.vpp,
+                                                  rx.along(sp.stage, par.pp, par.vpp))
+                              if rx else None, "the latest backward's start")
     moment, inputs, not_made, top = saving
     return saving_parts(moment, inputs, not_made, top, total, f"at the replayed schedule's largest moment "
-                        f"({moment.what})", f"{SOURCE}; {INTERLEAVED_SOURCE}")
+                        f"({moment.what})", f"{SOURCE}; {INTERLEAVED_SOURCE}") \
+        + received_parts(rx, moment, f"at {moment.what}")

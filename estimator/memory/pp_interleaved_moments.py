@@ -11,11 +11,13 @@ backward of the last chunk comes before the first of the earlier chunks, so whil
 layer inputs only the last chunk's gradients exist, and by the time every gradient exists most inputs are
 gone. The largest moment is the rank's backward peak, below in-flight inputs + every gradient.
 The last rank (the loss's) is replayed too (pp_last_rank.py), its loss's moments left to
-static_stage._gradients_after_the_loss.
+static_stage._gradients_after_the_loss. Each moment also weighs the activation receive buffers and their .grad
+held beyond the counted inputs (pp_receive.py), from each chunk's micro-batches in flight and backwarded.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, NamedTuple
 
 from .components import Component
@@ -52,28 +54,80 @@ class Moment(NamedTuple):
     layers_held: int  # layers' inputs held, over the micro-batches
     chunks_begun: tuple[int, ...]  # chunks whose gradients exist
     what: str
+    received: float = 0.0  # the receive buffers and .grad beyond the counted inputs (pp_receive.py)
+    in_flight: tuple[int, ...] = ()  # each chunk's micro-batches forwarded, not yet backwarded
+    done: tuple[int, ...] = ()  # ... and backwarded
+
+
+def counted_operations(ops: list[tuple[str, int]], v: int) -> tuple[tuple[str, int, tuple, tuple], ...]:
+    """Each operation with the chunks' counts while it runs: (kind, chunk, in_flight, done); a forward's
+    micro-batch is in flight, a backward's too until it ends (remembered: every estimate replays the same)."""
+    return _counted_once(tuple(ops), v)
+
+
+@lru_cache(maxsize=1024)
+def _counted_once(ops: tuple[tuple[str, int], ...], v: int) -> tuple[tuple[str, int, tuple, tuple], ...]:
+    in_flight, done, out = [0] * v, [0] * v, []
+    for kind, c in ops:
+        if kind == "F":
+            in_flight[c] += 1
+            out.append((kind, c, tuple(in_flight), tuple(done)))
+        else:
+            out.append((kind, c, tuple(in_flight), tuple(done)))
+            in_flight[c] -= 1
+            done[c] += 1
+    return tuple(out)
+
+
+def counts_at_top(ops: list[tuple[str, int]], sizes: tuple[int, ...],
+                  received: tuple[float, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(in flight, backwarded) per chunk at the forward that holds the most layers' inputs and, of those, the most
+    receive buffers and .grad (`received`: their bytes at each operation, pp_receive.Receiving.along)."""
+    layers, best, at = 0, (-1, -1.0), ((), ())
+    for (kind, c, in_flight, done), rx in zip(counted_operations(ops, len(sizes)), received):
+        layers += sizes[c] if kind == "F" else -sizes[c]
+        if kind == "F" and (layers, rx) > best:
+            best, at = (layers, rx), (in_flight, done)
+    return at
+
+
+def most_received(ops: list[tuple[str, int]], v: int, received: tuple[float, ...],
+                  chunk: int | None = None) -> Moment:
+    """The backward start (of `chunk`'s backwards, or any) whose receive buffers and .grad (`received`, as
+    `counts_at_top`'s) are the most: where the charged moment is not replayed (the loss's, on the last rank)."""
+    best = Moment(0.0, 0, (), "", -1.0)
+    for (kind, c, in_flight, done), rx in zip(counted_operations(ops, v), received):
+        if kind == "B" and chunk in (None, c) and rx > best.received:
+            best = Moment(0.0, 0, (), f"chunk {c}'s backward", rx, in_flight, done)
+    return best
 
 
 def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Callable[[float], int],
                    layer_grad: float, chunk_grads: tuple[float, ...], root_grad: float,
-                   head_grad: float = 0.0) -> tuple[Moment, int]:
+                   head_grad: float = 0.0, received: tuple[float, ...] | None = None) -> tuple[Moment, int]:
     """The largest of a rank's moments and the most layers' inputs it holds at once. `held(x)`: the stored
     activations of x whole stacks; `chunk_grads`: each chunk's unsharded gradients, the root unit's
     (`root_grad`, the embedding's: chunk 0 of rank 0) included, made at the end of the chunk's first backward;
     `layer_grad`: one unit's, made at the first backward's start; `head_grad`: the last rank's root unit's (final
     norm and head, in the last chunk's `chunk_grads`), made at that chunk's first backward's start, before its
-    layers' (autograd runs the head's backward first)."""
+    layers' (autograd runs the head's backward first). `received`: the receive buffers' and .grad's bytes at each
+    operation
+    held beyond the counted inputs (pp_receive.Receiving.along), weighed in each moment; none when None."""
     total = sum(sizes)
     layers, begun, top = 0, set(), 0
     best = Moment(0.0, 0, (), "")
+    counts: tuple = ((), ())
+    rx = 0.0  # the receive buffers' bytes while the operation runs
 
     def at(n: int, chunks: set, extra: float, what: str) -> None:
         nonlocal best
-        size = held(n / total) + sum(chunk_grads[c] for c in chunks) + extra
+        size = held(n / total) + sum(chunk_grads[c] for c in chunks) + extra + rx
         if size > best.bytes:
-            best = Moment(size, n, tuple(sorted(chunks)), what)
+            best = Moment(size, n, tuple(sorted(chunks)), what, rx, *counts)
 
-    for kind, c in ops:
+    for i, (kind, c, in_flight, done) in enumerate(counted_operations(ops, len(sizes))):
+        counts = (in_flight, done)
+        rx = received[i] if received else 0.0
         if kind == "F":
             layers += sizes[c]
             top = max(top, layers)
@@ -92,20 +146,23 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
 
 
 def replayed_saving(G: float, par, sp, m: int, inflight: float, held: Callable[[float], int],
-                    grads: tuple[float, ...], root_grad: float = 0.0,
-                    head_grad: float = 0.0) -> tuple[Moment, int, int, int] | None:
+                    grads: tuple[float, ...], root_grad: float = 0.0, head_grad: float = 0.0,
+                    received: tuple[float, ...] | None = None) -> tuple[Moment, int, int, int] | None:
     """A rank's largest replayed moment and what the charge (`inflight` micro-batches' inputs beside every
     unsharded gradient, `G` bytes an element) holds beyond it: (the moment, the layer inputs, the gradients, the
     most layers' inputs held at once); None where that most is not the in-flight count's (a micro-batch group
-    other than torch's rounds). `grads`, `root_grad`, `head_grad` as `largest_moment`'s."""
+    other than torch's rounds). `grads`, `root_grad`, `head_grad`, `received` as `largest_moment`'s (the
+    moment's receive buffers, `Moment.received`, are outside the charge)."""
     sizes = tuple(len(c) for c in sp.chunks)
     total = sum(sizes)
     ops = rank_operations(sp.stage, par.pp, par.vpp, m)
-    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, root_grad, head_grad)
+    moment, top = largest_moment(ops, sizes, held, G * sp.largest_layer_local, grads, root_grad, head_grad,
+                                 received)
     if top != round(inflight * total):
         return None
     at_moment = held(moment.layers_held / total)
-    return moment, held(inflight) - at_moment, int(round(G * sp.local - (moment.bytes - at_moment))), top
+    not_made = int(round(G * sp.local - (moment.bytes - moment.received - at_moment)))
+    return moment, held(inflight) - at_moment, not_made, top
 
 
 def saving_parts(moment: Moment, inputs: int, not_made: int, top: int, total: int, where: str,

@@ -39,6 +39,13 @@ class TitanRules:
     # from it (v0.1.0, 2025-06-17); None: not modelled (later torch made it optional, pytorch#159251, and
     # which releases turn it off was not read)
     pp_kept_outputs: str | None = None
+    # the stage input's gradient stays on each activation receive buffer (.grad) until the next step's
+    # clear_runtime_states (memory/pp_receive.py): torch 2.6.0, 2.8.0 and 2.9.0 _backward.py
+    # stage_backward; pytorch#164329 (first in torch 2.10.0, _backward.py 376) sets it to None once read. The
+    # torch each release ran: 9dec370 the nightly of Dec 2024 (2.6), v0.1.0 (2025-06-17) the 2.8 nightlies,
+    # v0.2.0 (2025-10-17) 2.9; 0.3.0 and main validate against torch 2.14.0 (assets/release_versions.json,
+    # 053a7830, 2026-08-18)
+    pp_recv_grads_kept: bool = False
     # RoPE: "per model": one freqs_cis buffer per model chunk, [seq_len, d/2] complex64 (9dec370
     # models/llama/model.py Transformer._precompute_freqs_cis over max_seq_len = training.seq_len, train.py;
     # v0.1.0 and v0.2.0 models/llama3/model/model.py register_buffer("freqs_cis")); "per layer": a RoPE module
@@ -62,12 +69,13 @@ class TitanRules:
 RULES: dict[str, TitanRules] = {
     "2024-12": TitanRules(loss_compiled=False, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
                           tp_loss_parallel_dtensor=True, pp_kept_outputs="every stage", rope="per model",
-                          cp_rope_clone="model", cp_attention="sdpa ring", adamw_foreach=True),
+                          pp_recv_grads_kept=True, cp_rope_clone="model", cp_attention="sdpa ring", adamw_foreach=True),
     "0.1.0": TitanRules(loss_compiled=True, loss_compile_optional=False, root_unit_has_embedding_and_head=True,
                         tp_loss_parallel_dtensor=True, pp_kept_outputs="last stage", rope="per model",
-                        cp_rope_clone="chunks"),
+                        pp_recv_grads_kept=True, cp_rope_clone="chunks"),
     "0.2.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
-                        tp_loss_parallel_dtensor=True, rope="per model", cp_rope_clone="chunks"),
+                        tp_loss_parallel_dtensor=True, rope="per model", cp_rope_clone="chunks",
+                        pp_recv_grads_kept=True),
     "0.3.0": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
                         tp_loss_parallel_dtensor=False),
     "main": TitanRules(loss_compiled=True, loss_compile_optional=True, root_unit_has_embedding_and_head=False,
@@ -90,6 +98,9 @@ SOURCES = {
             "2.13 tensor/experimental context_parallel (original_buffers = b.clone() of each buffer it restores)",
     "adamw_foreach": "torchtitan 9dec370 config_manager.py (--optimizer.fused, store_true) and optimizer.py "
                      "build_optimizers (foreach = not fused); 6e498855 (#881, 2025-02-24) 'use Fused AdamW as default'",
+    "pp_recv_grads_kept": "torch 2.6.0, 2.8.0, 2.9.0 distributed/pipelining/_backward.py stage_backward (the receive "
+                          "buffers' .grad kept until clear_runtime_states); pytorch#164329, torch 2.10.0 _backward.py "
+                          "376 (set to None once read)",
     "pp_kept_outputs": "torch distributed/pipelining/stage.py forward_one_chunk output_chunks; pytorch#138504 "
                        "(2024-10-21), pytorch#153383 (merged 2025-05-13: the last stage's only), pytorch#159251",
 }
