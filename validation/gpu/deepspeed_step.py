@@ -82,11 +82,25 @@ def ds_config(run: DeepSpeedRun) -> dict:
 
 
 def build_model(run: DeepSpeedRun, device: str):
+    """Made in bf16 where it runs; under ZeRO-3 inside deepspeed.zero.Init, each module's parameters
+    partitioned as they are made, as transformers' from_config / from_pretrained do when ZeRO-3 is on
+    (modeling_utils.py: `deepspeed.zero.Init(config_dict_or_path=deepspeed_config())`)."""
+    import contextlib
+
+    import deepspeed
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(**MODELS[run.model], tie_word_embeddings=False, use_cache=False,
                          attn_implementation="sdpa", dtype=torch.bfloat16)
-    model = Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16)
+    zero_init = deepspeed.zero.Init(config_dict_or_path=ds_config(run), dtype=torch.bfloat16) \
+        if run.zero_stage == 3 else contextlib.nullcontext()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # no fp32 copy of the model is ever made
+    try:
+        with torch.device(device), zero_init:
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
     model.gradient_checkpointing_enable()
     model.train()
     return model

@@ -8,7 +8,8 @@ DotProductAttention with its causal mask and torch softmax, ColumnParallel/RowPa
 made on the GPU (use_cpu_initialization off) and wrapped in `Float16Module` (bf16) as Megatron-LM's
 get_model does; Megatron's DDP with an fp32 gradient buffer (`grad_reduce_in_fp32`); the distributed
 optimizer over the one rank (`get_megatron_optimizer`, which without TE/Apex falls back to
-torch.optim.AdamW; fp32 main parameters). The TransformerConfig is the fake-tensor harness's
+torch.optim.AdamW, foreach on CUDA: its temporaries show in the optimizer phase, where TE's or Apex's
+FusedAdam makes none; fp32 main parameters). The TransformerConfig is the fake-tensor harness's
 (validation/megatron/harness.py `transformer_config`: bias-SwiGLU fusion on, compiled by `jit_fuser` =
 torch.compile, gradient-accumulation and RoPE fusions off, no dropout); the loss is pretrain_gpt's
 loss_func (per-token losses x loss mask, summed, / tokens).
