@@ -127,6 +127,11 @@ ROUND_2 = [
 # Third session with a GPU: a framework's own training step (validation/gpu/megatron_step.py,
 # deepspeed_step.py; records in tests/data/measured/gpu/<harness>/)
 FRAMEWORK_STEPS = ("megatron", "deepspeed")
-ROUND_3 = [GpuCase("megatron", r) for r in MEGATRON_RUNS] + [GpuCase("deepspeed", r) for r in DEEPSPEED_RUNS]
+# in priority order (a run cut short by its budget keeps the first): Qwen's ZeRO-3 row, Megatron's step, then
+# what separates their causes (the fused optimizer, recompute, the length, ZeRO-2, two sequences)
+_D, _M = DEEPSPEED_RUNS, MEGATRON_RUNS
+ROUND_3 = [GpuCase("deepspeed", _D[0]), GpuCase("megatron", _M[0]), GpuCase("deepspeed", _D[1]),
+           GpuCase("megatron", _M[1]), GpuCase("deepspeed", _D[2]), GpuCase("deepspeed", _D[3]),
+           GpuCase("megatron", _M[2])]
 
 CASES: dict[str, GpuCase] = {c.id: c for c in cases()}
