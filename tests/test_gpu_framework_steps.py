@@ -102,6 +102,20 @@ def test_a_framework_record_is_its_case_on_its_gpu():
     assert record["config"]["training"]["reduce_bucket_size"] == 2 * 10**8  # Qwen's ds_config_zero2.json
     assert record["run"] == {"model": "qwen-1.8b", "zero_stage": 2, "seq_len": 256, "micro_batch_size": 1,
                              "optimizer": "foreach"}
-    megatron = framework_record_of({**line, "id": "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers"})
-    assert megatron["config"]["training"]["transformer_impl"] == "local"
-    assert megatron["config"]["model"]["num_layers"] == 4 and megatron["config"]["parallel"]["zero_stage"] == 1
+    assert record["fake_tensor_measured"] is None
+
+
+def test_a_megatron_record_holds_the_fake_tensor_run_of_its_setup():
+    """The records step measures the same Setup under fake tensors (about 10 s): its parameters are the bf16
+    buffer of the 1,923,125,248 counted above (a multiple of 128: no padding), its fp32 gradient buffer twice
+    that, and the fp32 main parameters with two moments 12 B each."""
+    pytest.importorskip("megatron.core")
+    line = {"id": "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers", "measured": {"peak_bytes": 1},
+            "versions": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0"}}
+    record = framework_record_of(line)
+    assert record["config"]["training"]["transformer_impl"] == "local"
+    assert record["config"]["model"]["num_layers"] == 4 and record["config"]["parallel"]["zero_stage"] == 1
+    assert record["config"]["hardware"] == {"gpu": "h100-80"}
+    fake, count = record["fake_tensor_measured"], 1_923_125_248
+    assert (fake["parameters"], fake["gradients"], fake["optimizer_states"]) == (2 * count, 4 * count, 12 * count)
+    assert fake["peak_phase"] == "forward"

@@ -74,6 +74,20 @@ def fake_record_of(case) -> str | None:
     return str(path.relative_to(MEASURED)) if path.exists() else None
 
 
+def fake_tensor_measured(case) -> dict | None:
+    """Megatron: the fake-tensor harness's measurement of the same Setup, made here on the CPU when the record
+    is written (validation/megatron/harness.py `measure`, about 10 s a case): its peak, phase and categories
+    beside the GPU's. The harness emulates TE's fused RMSNorm where the GPU ran torch's (the local spec)."""
+    if case.harness != "megatron":
+        return None
+    from ..megatron.harness import measure
+
+    m = measure(case.run.setup())
+    keys = ("peak_bytes", "peak_phase", "parameters", "gradients", "optimizer_states", "activations",
+            "activations_kept_by_forward")
+    return {k: m[k] for k in keys} | {"phases": m["phases"]}
+
+
 def framework_record_of(line: dict) -> dict:
     from dataclasses import asdict
 
@@ -84,6 +98,6 @@ def framework_record_of(line: dict) -> dict:
     return {"id": line["id"], "harness": case.harness, "run": asdict(case.run),
             "config": CONFIGS[case.harness](case.run, GPU_IDS.get(versions["gpu"], versions["gpu"])),
             "measured": line["measured"], "method": FRAMEWORK_METHOD[case.harness], "versions": versions,
-            "fake_tensor_record": fake_record_of(case),
+            "fake_tensor_record": fake_record_of(case), "fake_tensor_measured": fake_tensor_measured(case),
             "command": f"PYTHONPATH=$PWD/.whl/site python -m validation.gpu run --out DIR --case {line['id']}; "
                        "python -m validation.gpu records --from DIR/runs.jsonl"}
