@@ -119,3 +119,30 @@ def test_a_megatron_record_holds_the_fake_tensor_run_of_its_setup():
     fake, count = record["fake_tensor_measured"], 1_923_125_248
     assert (fake["parameters"], fake["gradients"], fake["optimizer_states"]) == (2 * count, 4 * count, 12 * count)
     assert fake["peak_phase"] == "forward"
+
+
+def test_a_case_process_and_the_records_step_run_a_framework_step(monkeypatch, capsys, tmp_path):
+    """The GPU script's path with the tiny Megatron run as a case: `python -m validation.gpu.measure CASE cpu`
+    (measure.main) prints its line, and `records` writes it to gpu/megatron/<id>.json with the fake-tensor run
+    of the same Setup beside it."""
+    pytest.importorskip("megatron.core")
+    import json
+
+    from validation.gpu import cases, measure, records
+    from validation.gpu.megatron_step import TINY
+
+    case = cases.GpuCase("megatron", TINY)
+    monkeypatch.setitem(cases.CASES, case.id, case)
+    monkeypatch.setattr(records, "GPU_RECORDS", tmp_path)
+    assert measure.main([case.id, "cpu"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["id"] == case.id == "megatron-tiny-llama-s16-b2"
+    assert line["measured"]["parameter_count"] == TINY_PARAMS and line["measured"]["megatron_core"] == "0.16.1"
+    line["versions"]["gpu"] = "NVIDIA H200"
+    (tmp_path / "runs.jsonl").write_text(json.dumps(line) + "\n")
+    [path] = records.write_records(tmp_path / "runs.jsonl")
+    assert path == tmp_path / "megatron" / f"{case.id}.json"
+    record = json.loads(path.read_text())
+    assert record["config"]["model"]["hidden_size"] == H and record["config"]["hardware"] == {"gpu": "h200"}
+    # the padded bf16 buffer measured for real (2 x 214,400 B), in the tracker's 512-byte blocks: 838 x 512
+    assert record["fake_tensor_measured"]["parameters"] == 838 * 512 == 429_056

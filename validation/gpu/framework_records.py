@@ -66,9 +66,10 @@ CONFIGS = {"megatron": megatron_config, "deepspeed": deepspeed_config}
 
 def fake_record_of(case) -> str | None:
     """A fake-tensor record of the same configuration, where one exists (validation/megatron's, by the Setup's id)."""
-    if case.harness != "megatron":
+    from ..megatron.cases import ARCHS, case_id
+
+    if case.harness != "megatron" or case.run.arch not in ARCHS:
         return None
-    from ..megatron.cases import case_id
 
     path = MEASURED / "megatron" / f"{case_id(case.run.setup())}.json"
     return str(path.relative_to(MEASURED)) if path.exists() else None
