@@ -13,7 +13,9 @@ FusedAdam makes none; fp32 main parameters). The TransformerConfig is the fake-t
 (validation/megatron/harness.py `transformer_config`: bias-SwiGLU fusion on, compiled by `jit_fuser` =
 torch.compile, gradient-accumulation and RoPE fusions off, no dropout); the loss is pretrain_gpt's
 loss_func (per-token losses x loss mask, summed, / tokens).
-Phases of step 2: forward, backward, optimizer (finish_grad_sync, step, zero_grad_buffer).
+Phases of step 2: forward, backward, optimizer (finish_grad_sync, step, zero_grad_buffer). The allocator's
+history is recorded and the blocks live at step 2's peak are kept (framework_step.peak_blocks), so what the
+real step holds beyond the fake-tensor run of the same Setup can be named.
 
 The configuration is that of the harness's Setup (dp 1, unfused attention, `layers` built), so
 `python -m validation.megatron` can measure the same Setup under fake tensors; its contract configuration
@@ -160,7 +162,7 @@ def measure_megatron(run: MegatronRun, device: str) -> dict:
 
         shims = megatron_shims()
     with shims, megatron_one_rank(device):
-        measured = measure_framework(lambda dev: MegatronStep(run, dev), device)
+        measured = measure_framework(lambda dev: MegatronStep(run, dev), device, trace=device == "cuda")
     import megatron.core
 
     return measured | {"megatron_core": getattr(megatron.core, "__version__", None)}
