@@ -83,13 +83,18 @@ def _event(action, addr, size, t, name="f"):
 
 
 def test_peak_blocks_replays_the_allocators_events():
-    """Before `since` a higher peak (300) is ignored; after it, 100 + 50 + 80 = 230 is the highest, with the
-    block of 100 (allocated before) and those of 50 and 80 live; torch's own frames are left out of `where`."""
+    """Before step 2's marker (a block of MARKER_BYTES made and freed) a higher peak (300) is ignored; after it,
+    100 + 50 + 80 = 230 is the highest, with the block of 100 (allocated before) and those of 50 and 80 live;
+    torch's own frames are left out of `where`."""
+    from validation.gpu.framework_step import MARKER_BYTES
+
     events = [_event("alloc", 1, 100, 0, "a"), _event("alloc", 2, 200, 1, "b"), _event("free_completed", 2, 200, 2),
+              _event("alloc", 9, MARKER_BYTES, 3), _event("free_completed", 9, MARKER_BYTES, 4),
               _event("alloc", 3, 50, 10, "c"), _event("alloc", 4, 80, 11, "c"), _event("free_requested", 4, 80, 12),
               _event("free_completed", 4, 80, 13), _event("alloc", 5, 20, 14, "d")]
-    out = peak_blocks(events, since_us=10)
-    assert (out["replayed_peak_bytes"], out["peak_event"], out["live_blocks"]) == (230, 4, 3)
+    out = peak_blocks(events)
+    assert (out["replayed_peak_bytes"], out["peak_event"], out["live_blocks"]) == (230, 6, 3)
+    assert (out["step2_event"], out["marker_found"], out["truncated"]) == (3, True, False)
     assert [(g["bytes"], g["blocks"], g["sizes"]) for g in out["groups"]] == [(130, 2, [80, 50]), (100, 1, [100])]
     assert out["groups"][0]["where"] == ["deepspeed/runtime/zero/stage3.py:7 c"]
 

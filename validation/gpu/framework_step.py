@@ -22,6 +22,9 @@ import torch
 
 TRACE_ENTRIES = 400_000  # allocator events kept (a 1.8B-parameter ZeRO-3 step makes tens of thousands)
 TRACE_GROUPS = 40  # the largest groups of live blocks kept in the record
+# step 2's start in the allocator's history: one block of this size, made and freed (7 MiB + 512 B: a size no
+# framework asks for; the events' own time stamps are not compared with the host's clock)
+MARKER_BYTES = 7 * 2**20 + 512
 OWN_FRAMES = ("/torch/cuda/", "/torch/utils/_contextlib", "framework_step.py")
 
 
@@ -57,7 +60,9 @@ def measure_framework(build, device: str, trace: bool = False) -> dict:
     out["allocated_before_step2_bytes"] = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     phases: dict = {}
-    step2_start_us = time.time() * 1e6
+    if trace:
+        marker = torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)
+        del marker
 
     @contextmanager
     def phase(name):
@@ -86,7 +91,7 @@ def measure_framework(build, device: str, trace: bool = False) -> dict:
     if trace:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(None)
-        out["peak_blocks"] = peak_blocks(snapshot["device_traces"][0], step2_start_us)
+        out["peak_blocks"] = peak_blocks(snapshot["device_traces"][0])
     before = torch.cuda.memory_allocated()
     torch._C._cuda_clearCublasWorkspaces()
     out["cublas_workspace_bytes"] = before - torch.cuda.memory_allocated()
@@ -100,11 +105,13 @@ def _where(frames: list[dict], depth: int = 4) -> list[str]:
     return kept[:depth]
 
 
-def peak_blocks(events: list[dict], since_us: float) -> dict:
-    """Replay the allocator's events: the allocated bytes reach their highest after `since_us` (step 2) at
-    one event; the blocks live then (those allocated while the history was recorded), grouped by where they
+def peak_blocks(events: list[dict], marker: int = MARKER_BYTES) -> dict:
+    """Replay the allocator's events: the allocated bytes reach their highest after the last block of
+    `marker` bytes (step 2's start) at one event; the blocks live then (those allocated while the history was recorded), grouped by where they
     were allocated, the largest first. The history starts before the build, so every block but the first
     one-element tensor is in the events (sizes are the allocator's rounded block sizes)."""
+    starts = [i for i, e in enumerate(events) if e["action"] == "alloc" and e["size"] == marker]
+    since = starts[-1] if starts else 0
     live: dict[int, dict] = {}
     total, best, best_at, best_live = 0, -1, None, {}
     for i, e in enumerate(events):
@@ -115,7 +122,7 @@ def peak_blocks(events: list[dict], since_us: float) -> dict:
             total -= live.pop(e["addr"])["size"]
         else:
             continue
-        if e.get("time_us", 0) >= since_us and total > best:
+        if i > since and total > best:
             best, best_at, best_live = total, i, dict(live)
     groups: dict[tuple, list] = {}
     for e in best_live.values():
@@ -125,7 +132,8 @@ def peak_blocks(events: list[dict], since_us: float) -> dict:
         entry[1] += 1
         entry[2].add(e["size"])
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
-    return {"replayed_peak_bytes": best, "peak_event": best_at, "events": len(events),
+    return {"replayed_peak_bytes": best, "peak_event": best_at, "events": len(events), "step2_event": since,
+            "truncated": len(events) >= TRACE_ENTRIES, "marker_found": bool(starts),
             "live_blocks": len(best_live),
             "groups": [{"bytes": b, "blocks": n, "sizes": sorted(sizes, reverse=True)[:6], "where": list(key)}
                        for key, (b, n, sizes) in ranked[:TRACE_GROUPS]],
