@@ -34,7 +34,6 @@ On the CPU (the self-test) the same build and steps run on DeepSpeed's CPU accel
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -117,9 +116,6 @@ def trainer_groups(model, weight_decay: float = 0.1) -> list[dict]:
 def _init_one_rank(device: str) -> None:
     import deepspeed
 
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", "29514")):
-        os.environ.setdefault(name, value)
     if device != "cuda":
         # the CPU accelerator JIT-compiles its shared-memory all-reduce (comm/torch.py build_shm_op, a C++ op)
         # for every process group; a world of one rank never uses it, and CI should not compile it
@@ -172,13 +168,13 @@ class DeepSpeedStep:
 
 def measure_deepspeed(run: DeepSpeedRun, device: str) -> dict:
     import deepspeed
-
-    from .framework_step import measure_framework
-
     import torch.distributed as dist
 
+    from .framework_step import measure_framework, one_rank_environment
+
     try:
-        measured = measure_framework(lambda dev: DeepSpeedStep(run, dev), device, trace=device == "cuda")
+        with one_rank_environment(launcher=True):
+            measured = measure_framework(lambda dev: DeepSpeedStep(run, dev), device, trace=device == "cuda")
     finally:
         if dist.is_initialized():  # a later run in the same process (the CPU self-test) starts its own
             dist.destroy_process_group()

@@ -28,6 +28,38 @@ MARKER_BYTES = 7 * 2**20 + 512
 OWN_FRAMES = ("/torch/cuda/", "/torch/utils/_contextlib", "framework_step.py")
 
 
+def free_port() -> int:
+    """A local port no process listens on now, for a world of one rank's rendezvous (a fixed port collides
+    with other processes on a shared machine)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def one_rank_environment(launcher: bool = False):
+    """The rendezvous of a world of one rank in the environment (with `launcher`, also the RANK, LOCAL_RANK and
+    WORLD_SIZE a launcher sets), restored on exit: a later run in the same process (the CPU self-tests; e.g.
+    Accelerate, which reads LOCAL_RANK as a distributed launch) sees the environment it had."""
+    import os
+
+    values = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if launcher:
+        values |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @contextmanager
 def _null(name):
     yield
@@ -61,8 +93,7 @@ def measure_framework(build, device: str, trace: bool = False) -> dict:
     torch.cuda.reset_peak_memory_stats()
     phases: dict = {}
     if trace:
-        marker = torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)
-        del marker
+        torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)  # made and freed at once
 
     @contextmanager
     def phase(name):

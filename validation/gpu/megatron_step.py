@@ -27,7 +27,6 @@ On the CPU (the self-test) the same build and steps run over gloo inside the har
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 
 import torch
@@ -73,8 +72,6 @@ def megatron_one_rank(device: str):
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29513")
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     try:
@@ -154,14 +151,14 @@ class MegatronStep:
 
 
 def measure_megatron(run: MegatronRun, device: str) -> dict:
-    from .framework_step import measure_framework
+    from .framework_step import measure_framework, one_rank_environment
 
     shims = contextlib.nullcontext()
     if device != "cuda":
         from ..megatron.shims import megatron_shims
 
         shims = megatron_shims()
-    with shims, megatron_one_rank(device):
+    with shims, one_rank_environment(), megatron_one_rank(device):
         measured = measure_framework(lambda dev: MegatronStep(run, dev), device, trace=device == "cuda")
     import megatron.core
 
