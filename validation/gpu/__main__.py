@@ -15,7 +15,8 @@ library only, 19 MB):
     mkdir -p .whl/site && (cd .whl/site && unzip -q /tmp/whl/bitsandbytes-*.whl)   # .whl/ is git-ignored
     find .whl/site -name 'libbitsandbytes_*.so' ! -name '*cuda130*' ! -name '*cpu*' -delete
 and on the GPU machine: PYTHONPATH=$PWD/.whl/site python3 -m validation.gpu run --out $OUT --budget 390
-(a case whose package is missing fails alone and the others run).
+(a case whose package is missing fails alone and the others run). Megatron-Core and DeepSpeed, for the
+framework-step cases (megatron_step.py, deepspeed_step.py), travel the same way: validation/README.md.
 
 Experiments (validation/gpu/experiments.py: `cuda-graphs`, `cuda-context`) run only when named with
 --case, after any case, within the same budget; `records` writes them to

@@ -22,6 +22,8 @@ from ..peft.cases import CASES as PEFT_CASES, case_id as peft_case_id
 from ..hf.step import Run
 from .bnb import BnbRun
 from .kernels import KernelRun
+from .deepspeed_step import RUNS as DEEPSPEED_RUNS
+from .megatron_step import RUNS as MEGATRON_RUNS
 
 MEASURED = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured"
 # What one H200 holds with room for the CUDA context and the allocator's cache (143,771 MiB total):
@@ -34,14 +36,14 @@ SMALL_HF = list(SMALL_RUNS)
 
 @dataclass(frozen=True)
 class GpuCase:
-    harness: str  # "hf", "peft", "bnb" or "kernel"
+    harness: str  # "hf", "peft", "bnb", "kernel", or a framework's own step: "megatron", "deepspeed"
     run: object  # validation.step.Run, validation.peft.build.LoraRun or validation.gpu.kernels.KernelRun
     allocator: str = "default"  # or "expandable"
     wrapper: str = ""  # or "accelerate"
 
     @property
     def base_id(self) -> str:
-        if self.harness == "kernel":
+        if self.harness in ("kernel", *FRAMEWORK_STEPS):
             return self.run.id
         if self.harness == "hf":
             return hf_case_id(self.run)
@@ -59,7 +61,7 @@ class GpuCase:
     @property
     def fake_record(self) -> Path:
         """The fake-tensor record of the same run (absent for a case measured on the GPU only)."""
-        if self.harness == "kernel" or self.wrapper:
+        if self.harness in ("kernel", *FRAMEWORK_STEPS) or self.wrapper:
             return MEASURED / "none"
         base = hf_case_id(self.run) if self.harness == "hf" else peft_case_id(self.run)
         return MEASURED / ("" if self.harness == "hf" else "peft") / f"{base}.json"
@@ -95,7 +97,7 @@ def cases() -> list[GpuCase]:
     # QLoRA's torchao NF4 is not on the GPU machine; bitsandbytes neither
     rest += [GpuCase("peft", r) for r in PEFT_CASES.values() if r.base == "bf16"]
     bnb = [GpuCase("bnb", r) for r in BNB]
-    ordered = ROUND_2 + bnb + first + small + expandable + [c for c in rest if c not in first]
+    ordered = ROUND_3 + ROUND_2 + bnb + first + small + expandable + [c for c in rest if c not in first]
     return [c for c in ordered if _fits(c)]
 
 
@@ -134,5 +136,15 @@ ROUND_2 = [
     GpuCase("hf", Run("llama-3.2-1b", 2048, optimizer="paged_adamw")),
     GpuCase("hf", Run("llama-3.2-1b", 2048, optimizer="paged_adamw8bit")),
 ]
+
+# Third session with a GPU: a framework's own training step (validation/gpu/megatron_step.py,
+# deepspeed_step.py; records in tests/data/measured/gpu/<harness>/)
+FRAMEWORK_STEPS = ("megatron", "deepspeed")
+# in priority order (a run cut short by its budget keeps the first): Qwen's ZeRO-3 row, Megatron's step, then
+# what separates their causes (the fused optimizer, recompute, the length, ZeRO-2, two sequences)
+_D, _M = DEEPSPEED_RUNS, MEGATRON_RUNS
+ROUND_3 = [GpuCase("deepspeed", _D[0]), GpuCase("megatron", _M[0]), GpuCase("deepspeed", _D[1]),
+           GpuCase("megatron", _M[1]), GpuCase("deepspeed", _D[2]), GpuCase("deepspeed", _D[3]),
+           GpuCase("megatron", _M[2])]
 
 CASES: dict[str, GpuCase] = {c.id: c for c in cases()}

@@ -293,6 +293,10 @@ def main(argv: list[str]) -> int:
         from .kernels import measure_kernel
 
         measured = measure_kernel(case.run, device)
+    elif case.harness in ("megatron", "deepspeed"):  # a framework's own step (framework_step.py)
+        from .framework_records import measure_step
+
+        measured = measure_step(case, device)
     else:
         measured = measure(case.harness, case.run, device, case.wrapper)
     print(json.dumps({"id": case.id, "measured": measured, "versions": versions(device)}))

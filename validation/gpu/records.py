@@ -115,6 +115,10 @@ def write_records(source: Path) -> list[Path]:
                                "linear with bias, backward on the autograd thread, fp32 matmul) and what "
                                "clearCublasWorkspaces frees"}
             written.append(write_record(probe, GPU_RECORDS))
+        elif CASES[line["id"]].harness in ("megatron", "deepspeed"):
+            from .framework_records import framework_record_of
+
+            written.append(write_record(framework_record_of(line), GPU_RECORDS / CASES[line["id"]].harness))
         elif CASES[line["id"]].harness == "kernel":
             written.append(write_record(kernel_record_of(line), GPU_RECORDS / "kernels"))
         else:

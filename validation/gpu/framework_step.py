@@ -1,0 +1,172 @@
+"""The measuring loop of the framework-step cases (megatron_step.py, deepspeed_step.py): a framework's own
+engine runs two training steps in this process; step 1 creates the optimizer states, step 2 is measured
+phase by phase as validation/gpu/measure.py measures the HF and PEFT steps (the same record fields:
+allocated peak per phase, reserved peaks, mem_get_info at the start and the end, nvidia-smi, the allocator's
+statistics and segments, the cuBLAS workspaces).
+
+A framework step is an object with `step(phase)` (one training step; `phase(name)` is a context manager
+around each of its phases) and `states() -> dict` (the bytes of its parameters, gradients and optimizer
+states as the framework holds them). With `trace=True` the allocator's history is recorded
+(torch.cuda.memory._record_memory_history, Python stacks) from the build on, and the record keeps what
+was live at step 2's allocated peak, grouped by the frame that allocated it (`peak_blocks`).
+On the CPU (the CI self-test) the same build and two steps run; only the states are counted.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import contextmanager
+
+import torch
+
+TRACE_ENTRIES = 400_000  # allocator events kept (a 1.8B-parameter ZeRO-3 step makes tens of thousands)
+TRACE_GROUPS = 40  # the largest groups of live blocks kept in the record
+# step 2's start in the allocator's history: one block of this size, made and freed (7 MiB + 512 B: a size no
+# framework asks for; the events' own time stamps are not compared with the host's clock). Where no cached
+# block holds it, it costs one 20 MiB segment of reserved memory (CUDACachingAllocator: 1-10 MiB requests)
+MARKER_BYTES = 7 * 2**20 + 512
+OWN_FRAMES = ("/torch/cuda/", "/torch/utils/_contextlib", "framework_step.py")
+
+
+def free_port() -> int:
+    """A local port no process listens on now, for a world of one rank's rendezvous (a fixed port collides
+    with other processes on a shared machine)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def one_rank_environment(launcher: bool = False):
+    """The rendezvous of a world of one rank in the environment (with `launcher`, also the RANK, LOCAL_RANK and
+    WORLD_SIZE a launcher sets), restored on exit: a later run in the same process (the CPU self-tests; e.g.
+    Accelerate, which reads LOCAL_RANK as a distributed launch) sees the environment it had."""
+    import os
+
+    values = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if launcher:
+        values |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def _null(name):
+    yield
+
+
+def measure_framework(build, device: str, trace: bool = False) -> dict:
+    """`build(device)` returns the framework step; the record's `measured` object."""
+    from .measure import STATS, cuda_used_bytes, nvidia_smi_used_bytes, segments
+
+    cuda = device == "cuda"
+    out: dict = {}
+    if cuda:
+        torch.cuda.init()
+        torch.zeros(1, device=device)
+        out["context_used_bytes"] = cuda_used_bytes()
+        out["context_reserved_bytes"] = torch.cuda.memory_reserved()
+        if trace:
+            torch.cuda.memory._record_memory_history("all", context="all", stacks="python",
+                                                     max_entries=TRACE_ENTRIES)
+    torch.manual_seed(0)
+    framework = build(device)
+    start = time.perf_counter()
+    out["step1_loss"] = framework.step(_null)
+    gc.collect()
+    out |= framework.states()
+    if not cuda:
+        return out
+    torch.cuda.synchronize()
+    out["reserved_peak_step1_bytes"] = torch.cuda.max_memory_reserved()
+    out["allocated_before_step2_bytes"] = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    phases: dict = {}
+    if trace:
+        torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)  # made and freed at once
+
+    @contextmanager
+    def phase(name):
+        torch.cuda.synchronize()
+        begin = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        yield
+        torch.cuda.synchronize()
+        phases[name] = {"start_bytes": begin, "peak_bytes": torch.cuda.max_memory_allocated(),
+                        "reserved_peak_bytes": torch.cuda.max_memory_reserved()}
+
+    out["step2_loss"] = framework.step(phase)
+    torch.cuda.synchronize()
+    out["step2_seconds"] = time.perf_counter() - start
+    out["phases"] = phases
+    peak_phase = max(phases, key=lambda n: phases[n]["peak_bytes"])
+    out["peak_bytes"], out["peak_phase"] = phases[peak_phase]["peak_bytes"], peak_phase
+    out["reserved_peak_bytes"] = max(p["reserved_peak_bytes"] for p in phases.values())
+    out["allocated_end_bytes"] = torch.cuda.memory_allocated()
+    out["reserved_end_bytes"] = torch.cuda.memory_reserved()
+    out["device_used_end_bytes"] = cuda_used_bytes()
+    out["nvidia_smi_used_end_bytes"] = nvidia_smi_used_bytes()
+    stats = torch.cuda.memory_stats()
+    out["stats"] = {k: stats.get(k) for k in STATS}
+    out["segments"] = segments()
+    if trace:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(None)
+        out["peak_blocks"] = peak_blocks(snapshot["device_traces"][0])
+    before = torch.cuda.memory_allocated()
+    torch._C._cuda_clearCublasWorkspaces()
+    out["cublas_workspace_bytes"] = before - torch.cuda.memory_allocated()
+    return out
+
+
+def _where(frames: list[dict], depth: int = 4) -> list[str]:
+    """The innermost frames outside torch's allocator plumbing and this module: who asked for the block."""
+    kept = [f"{f['filename'].rsplit('site-packages/', 1)[-1]}:{f['line']} {f['name']}" for f in frames
+            if not any(own in f["filename"] for own in OWN_FRAMES)]
+    return kept[:depth]
+
+
+def peak_blocks(events: list[dict], marker: int = MARKER_BYTES) -> dict:
+    """Replay the allocator's events: the allocated bytes reach their highest after the last block of
+    `marker` bytes (step 2's start) at one event; the blocks live then (those allocated while the history was recorded), grouped by where they
+    were allocated, the largest first. The history starts before the build, so every block but the first
+    one-element tensor is in the events (sizes are the allocator's rounded block sizes)."""
+    starts = [i for i, e in enumerate(events) if e["action"] == "alloc" and e["size"] == marker]
+    since = starts[-1] if starts else 0
+    live: dict[int, dict] = {}
+    total, best, best_at, best_live = 0, -1, None, {}
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            total += e["size"]
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            total -= live.pop(e["addr"])["size"]
+        else:
+            continue
+        if i > since and total > best:
+            best, best_at, best_live = total, i, dict(live)
+    groups: dict[tuple, list] = {}
+    for e in best_live.values():
+        key = tuple(_where(e.get("frames", [])))
+        entry = groups.setdefault(key, [0, 0, set()])
+        entry[0] += e["size"]
+        entry[1] += 1
+        entry[2].add(e["size"])
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    return {"replayed_peak_bytes": best, "peak_event": best_at, "events": len(events), "step2_event": since,
+            "truncated": len(events) >= TRACE_ENTRIES, "marker_found": bool(starts),
+            "live_blocks": len(best_live),
+            "groups": [{"bytes": b, "blocks": n, "sizes": sorted(sizes, reverse=True)[:6], "where": list(key)}
+                       for key, (b, n, sizes) in ranked[:TRACE_GROUPS]],
+            "other_groups_bytes": sum(v[0] for _, v in ranked[TRACE_GROUPS:])}
