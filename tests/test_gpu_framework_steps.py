@@ -5,6 +5,11 @@ counted by hand against the estimator's configuration; the allocator-history rep
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
@@ -37,14 +42,24 @@ def test_cpu_selftest_of_a_megatron_step():
     assert 6.0 < measured["step1_loss"] < 7.8  # ln(1000) = 6.9 at random initialisation
 
 
+ROOT = Path(__file__).resolve().parents[1]
+DEEPSPEED_PYTHON = ROOT / ".venv" / "deepspeed" / "bin" / "python"  # validation/install_frameworks.sh
+
+
+@pytest.mark.skipif(not DEEPSPEED_PYTHON.exists(), reason="no DeepSpeed environment: python -m venv "
+                    "--system-site-packages .venv/deepspeed && DS_BUILD_OPS=0 .venv/deepspeed/bin/pip install "
+                    "deepspeed==0.19.5 -c <file pinning torch>")
 def test_cpu_selftest_of_a_deepspeed_zero3_step():
     """ZeRO-3 over one rank wraps torch's AdamW (validation/gpu/deepspeed_step.py): one fp32 flat partition per
     parameter group, the Trainer's two (decay: every weight; no decay: the q/k/v biases, 2 x (64 + 32 + 32) a
-    layer, and the 2 x 2 + 1 norms of 64), and AdamW's two moments on them."""
-    pytest.importorskip("deepspeed")
-    from validation.gpu.deepspeed_step import TINY, measure_deepspeed
-
-    measured = measure_deepspeed(TINY, "cpu")
+    layer, and the 2 x 2 + 1 norms of 64), and AdamW's two moments on them. DeepSpeed runs in its own
+    environment (installed beside Accelerate it changes Accelerate's autocast wrapper)."""
+    code = ("import json; from validation.gpu.deepspeed_step import TINY, measure_deepspeed; "
+            "print(json.dumps(measure_deepspeed(TINY, 'cpu'), default=str))")
+    done = subprocess.run([str(DEEPSPEED_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-4000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
     params = TINY_PARAMS + LAYERS * (H + 2 * KV)
     no_decay = LAYERS * (H + 2 * KV) + (2 * LAYERS + 1) * H
     assert measured["parameter_count"] == params == 214_592

@@ -36,9 +36,13 @@ python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
 python3 -m pip install --quiet "peft==0.21.2" "bitsandbytes==0.49.2" -c "$pin"
 # DeepSpeed 0.19.5 (validation/gpu/deepspeed_step.py's CPU self-test, tests/test_gpu_framework_steps.py; the
 # estimator's default DeepSpeed release): an sdist only; DS_BUILD_OPS=0 builds no op (pure Python; its
-# hjson, msgpack, ninja, py-cpuinfo, einops, pydantic come from PyPI). The GPU machine gets it carried in
-# .whl/site (validation/README.md).
-DS_BUILD_OPS=0 python3 -m pip install --quiet "deepspeed==0.19.5" -c "$pin"
+# hjson, msgpack, ninja, py-cpuinfo, einops, pydantic come from PyPI). Its own venv over the system
+# packages: installed beside Accelerate it changes what Accelerate's autocast wrapper does (the accelerate
+# harness's records are of a machine without it). The GPU machine gets it carried in .whl/site
+# (validation/README.md).
+python3 -m venv --system-site-packages .venv/deepspeed
+DS_BUILD_OPS=0 .venv/deepspeed/bin/python -m pip install --quiet "deepspeed==0.19.5" -c "$pin"
+.venv/deepspeed/bin/python -c "import torch, deepspeed; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 # torchtune 0.6.1 (validation/torchtune) needs torchao 0.10.0, which the others cannot share: its own
 # venv over the system packages (torch 2.13.0 comes from there, nothing large is downloaded)
 python3 -m venv --system-site-packages .venv/torchtune
