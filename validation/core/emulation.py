@@ -170,12 +170,23 @@ def cuda_emulation(tracker):
     saved = (F.scaled_dot_product_attention, masking.find_packed_sequence_indices)
     F.scaled_dot_product_attention = _flash_sdpa(tracker.hidden)
     masking.find_packed_sequence_indices = _unpacked_sequences(saved[1])
+    try:
+        with cuda_softmax_backward(tracker):
+            yield
+    finally:
+        F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
+
+
+@contextmanager
+def cuda_softmax_backward(tracker):
+    """Count CUDA's softmax-backward temporary (module docstring, item 3) for the duration of a run: every
+    harness whose framework runs torch's softmax on the scores (transformers' eager attention, Megatron-Core's
+    unfused FusedScaleMaskSoftmax path and its DSA)."""
     softmax_backward = torch.ops.aten._softmax_backward_data.default
     tracker.kernel_temporaries[softmax_backward] = _softmax_backward_temporary
     try:
         yield
     finally:
-        F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
         tracker.kernel_temporaries.pop(softmax_backward, None)
 
 
