@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from .activations.entries import Entry, compiled, fused_kernels
 from .activations.attention import megatron_fused_softmax
+from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
 from .components import Component, component
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
@@ -43,13 +44,16 @@ def _softmax_bytes(arch: Architecture, training: Training, par: Parallel) -> flo
     softmax over the scores: transformers' eager attention softmaxes in fp32 (`softmax(..., dtype=float32)
     .to(dtype)`: the cast's backward hands it an fp32 gradient), Llama 4's in the compute dtype; Megatron's
     unfused path in fp32 (attention_softmax_in_fp32, as its ledger: activations/attention.py). None where none
-    runs or where the path counts it itself (module docstring)."""
+    runs, where the path counts it itself (module docstring), and under torchtitan and torchtune, whose models
+    attend through SDPA (their eager ledger is transformers'; no run of theirs measured it)."""
     from .kbit import math_attention
     if training.attention == "flash" or arch.uses_sparse_attention or compiled(training) \
             or math_attention(arch, training) or training.mode != "training":
         return None
     if fused_kernels(training):
         return None if megatron_fused_softmax(arch, training, par) else 4
+    if training.framework not in TRANSFORMERS_FRAMEWORKS:  # torchtitan and torchtune attend through SDPA
+        return None
     return bytes_per_element(training.compute_dtype) if arch.eager_softmax_in_compute_dtype else 4
 
 

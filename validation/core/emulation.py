@@ -19,7 +19,8 @@ here for the duration of a measurement:
    kernel (aten/src/ATen/native/cuda/SoftMax.cu, `softmax_backward_cuda_out`) first makes
    `Tensor tmp = grad * output`, a copy of the gradient's size and dtype, alive until the kernel has
    written the input's gradient; the CPU kernel and the meta kernel fake tensors run make none. The
-   tracker counts that temporary (`_softmax_backward_temporary`). The H200 records of DeepSeek-V3.2's
+   tracker counts that temporary (`_softmax_backward_temporary`; `cuda_softmax_backward` installs it, inside
+   `cuda_emulation` and in the Megatron harness). The H200 records of DeepSeek-V3.2's
    eager attention (128 heads, the softmax in fp32) showed it: 4 b a s^2 bytes over the fake peak.
 4. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
    foreach AdamW/SGD is requested explicitly (`foreach=True`) where the optimizer is built.
