@@ -49,12 +49,18 @@ def test_hf_eager_recomputed_layer_holds_the_temporary():
 
 def test_no_temporary_without_a_torch_softmax_on_the_scores():
     """Flash attention runs no torch softmax on the scores; without recompute the HF eager backward peaks at
-    the loss, where no layer's softmax backward runs (the records of those runs did not change)."""
+    the loss, where no layer's softmax backward runs (the records of those runs did not change); torchtune is
+    left out (the same run with recompute under HF holds it)."""
     for name in ("llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1.json",):
         config = load(name)["config"]
         assert TEMPORARY not in backward_parts(estimate_config(config).stages[0])
         flash = dict(config, training=dict(config["training"], attention="flash", recompute="full"))
         assert TEMPORARY not in backward_parts(estimate_config(flash).stages[0])
+        # torchtune's layers attend through SDPA: its eager ledger is transformers', the temporary unmeasured there
+        tune = dict(config, training=dict(config["training"], framework="torchtune", recompute="full"))
+        assert TEMPORARY not in backward_parts(estimate_config(tune).stages[0])
+        hf = dict(config, training=dict(config["training"], recompute="full"))
+        assert backward_parts(estimate_config(hf).stages[0])[TEMPORARY] == 4 * 32 * 2048**2
 
 
 def test_megatron_unfused_softmax_backward_moment():
