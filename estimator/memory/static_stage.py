@@ -24,6 +24,7 @@ from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_s
 from .megatron_fsdp import with_global_moments
 from .pp_buffers import reduce_scatter_pool
 from .cp_ring import ring_backward_moment
+from .softmax_backward import softmax_backward_moment, softmax_backward_temporary
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 from .backward_moments import BackwardEnd, block_backward_extras, fsdp2_backward_end
@@ -265,7 +266,10 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     # largest of its moments.
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
-        extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared)
+        extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared) \
+            + softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n])
+    elif not recomputed_layer_count(training, sp.num_layers):  # no layer recomputed: its in-layer moment
+        extras = list(extras) + softmax_backward_moment(arch, training, par)
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
@@ -416,6 +420,8 @@ def _recomputed_layer(arch: Architecture, training: Training, recipe: Recipe, pa
         if by_kind:
             size = _recompute_working_set(training, sp, shared, (kind,))
             more = list(block_backward_extras(arch, training, recipe, par, sp))
+            more += softmax_backward_temporary(arch, training, par, [kind]) if recomputed_layer_count(
+                training, sp.num_layers) else []
             if arch.uses_sparse_attention and recomputed_layer_count(training, sp.num_layers):
                 from .dsa_moments import dsa_stage_moments
                 more += max(*dsa_stage_moments(arch, training, par, [kind], 0.0), key=total_bytes)

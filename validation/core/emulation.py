@@ -19,7 +19,8 @@ here for the duration of a measurement:
    kernel (aten/src/ATen/native/cuda/SoftMax.cu, `softmax_backward_cuda_out`) first makes
    `Tensor tmp = grad * output`, a copy of the gradient's size and dtype, alive until the kernel has
    written the input's gradient; the CPU kernel and the meta kernel fake tensors run make none. The
-   tracker counts that temporary (`_softmax_backward_temporary`). The H200 records of DeepSeek-V3.2's
+   tracker counts that temporary (`_softmax_backward_temporary`; `cuda_softmax_backward` installs it, inside
+   `cuda_emulation` and in the Megatron harness). The H200 records of DeepSeek-V3.2's
    eager attention (128 heads, the softmax in fp32) showed it: 4 b a s^2 bytes over the fake peak.
 4. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
    foreach AdamW/SGD is requested explicitly (`foreach=True`) where the optimizer is built.
@@ -170,12 +171,23 @@ def cuda_emulation(tracker):
     saved = (F.scaled_dot_product_attention, masking.find_packed_sequence_indices)
     F.scaled_dot_product_attention = _flash_sdpa(tracker.hidden)
     masking.find_packed_sequence_indices = _unpacked_sequences(saved[1])
+    try:
+        with cuda_softmax_backward(tracker):
+            yield
+    finally:
+        F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
+
+
+@contextmanager
+def cuda_softmax_backward(tracker):
+    """Count CUDA's softmax-backward temporary (module docstring, item 3) for the duration of a run: every
+    harness whose framework runs torch's softmax on the scores (transformers' eager attention, Megatron-Core's
+    unfused FusedScaleMaskSoftmax path and its DSA)."""
     softmax_backward = torch.ops.aten._softmax_backward_data.default
     tracker.kernel_temporaries[softmax_backward] = _softmax_backward_temporary
     try:
         yield
     finally:
-        F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved
         tracker.kernel_temporaries.pop(softmax_backward, None)
 
 

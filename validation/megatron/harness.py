@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..core.emulation import cuda_softmax_backward
 from ..core.tracker import CATEGORIES, StorageTracker, category_of
 from ..core.world import end_world, fake_world
 from . import fused, kernels
@@ -445,7 +446,8 @@ def traced_step(setup: Setup, fake: bool = True, seed: int = 0) -> Trace:
         # storage must be freed for the tracker
         mode.cache_enabled = False
     try:
-        with megatron_shims(), gloo_as_fake(), megatron_world(setup), mode, tracker:
+        # CUDA's softmax backward allocates a gradient-sized temporary the CPU kernel does not (emulation.py)
+        with megatron_shims(), gloo_as_fake(), megatron_world(setup), mode, tracker, cuda_softmax_backward(tracker):
             model, config = build_stage(setup)
             ddp, optimizer = wrap(setup, model, config)
             _layer_hooks(model, marks, tracker, armed)
