@@ -43,9 +43,11 @@ _AFTER_SOFTMAX = {ATTENTION_OUTPUT, "attention dropout mask", "attention dropout
 
 
 def runs_megatron_unfused_attention(arch: Architecture, training: Training) -> bool:
-    """Megatron's own DotProductAttention (eager attention under the megatron framework), not DSA's."""
-    return training.framework == "megatron" and training.attention == "eager" and not arch.uses_sparse_attention \
-        and not arch.is_hybrid
+    """Megatron's own DotProductAttention: the core attention of the local spec (gpt_layer_specs.py
+    get_gpt_layer_local_spec, transformer_impl local), not DSA's. TransformerEngine's unfused attention
+    (--attention-backend unfused under the TE spec) is TE's code, not modelled here."""
+    return training.framework == "megatron" and training.transformer_impl == "local" \
+        and not arch.uses_sparse_attention and not arch.is_hybrid
 
 
 def softmax_transients(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:

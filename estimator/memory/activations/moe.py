@@ -172,7 +172,7 @@ def global_memory_buffer(arch: Architecture, training: Training, par: Parallel, 
     """Megatron's global memory buffer 'mpu' (MEGATRON_GLOBAL_BUFFER): one per rank, as large as its largest
     request, kept from the first step on. Sequence parallelism gathers every column-parallel linear's input
     into it (s*b*h over the TP group); the all-gather dispatcher gathers the hidden states over the EP x
-    expert-TP group into the same buffer; Megatron's unfused attention asks it for its scores' shape."""
+    expert-TP group into the same buffer; the local spec's attention asks it for its scores' shape."""
     gathers = [par.tp] if par.sequence_parallel and par.tp > 1 else []
     if moe_stage and training.moe_dispatcher == "allgather" and par.ep * par.etp > 1:
         gathers.append(par.ep * par.etp)
@@ -180,9 +180,9 @@ def global_memory_buffer(arch: Architecture, training: Training, par: Parallel, 
     requests = [Entry("global memory buffer 'mpu' (the all-gathered hidden states; allocated once, kept)",
                       tokens_per_gpu(training, par) * max(gathers) * arch.hidden_size, B, "sp",
                       f"B*s*b*h*{max(gathers)}")] if gathers else []
-    if training.attention == "eager" and not arch.uses_sparse_attention:
-        # Megatron's unfused DotProductAttention asks the buffer for its baddbmm input (beta=0: never read), as
-        # large as the scores
+    if training.transformer_impl == "local" and not arch.uses_sparse_attention:
+        # the local spec's core attention, Megatron's unfused DotProductAttention, asks the buffer for its baddbmm
+        # input (beta=0: never read), as large as the scores; TransformerEngine's unfused attention makes its own
         scores = training.micro_batch_size * arch.num_attention_heads * (training.seq_len / par.cp) * training.seq_len
         requests.append(Entry("global memory buffer 'mpu' (the unfused attention's baddbmm input; allocated once, "
                               "kept)", scores, B, "tp", "B*a*s^2*b"))
