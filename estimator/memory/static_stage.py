@@ -37,6 +37,7 @@ from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
+from .megatron_softmax_moment import recomputed_softmax_moment
 
 
 class _StaticParts(NamedTuple):
@@ -273,6 +274,14 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
+    # Megatron's unfused attention: the recomputed layer's softmax moment, before its MLP's tensors exist, beside
+    # the later layers' freed activations (block method) but not the MoE moments (megatron_softmax_moment.py)
+    softmax = recomputed_softmax_moment(arch, training, shared.parallel) \
+        if working and recomputed_layer_count(training, sp.num_layers) else None
+    if softmax:
+        moment = [softmax] + _freed_before_recompute(arch, training, sp, shared)
+        if total_bytes(moment) > int(round(working)) + total_bytes(extras):
+            return 0.0, moment, False
     return working, extras, True
 
 

@@ -58,13 +58,14 @@ def _reads_micro_batch(training: Training, par: Parallel) -> bool:
     """The micro-batch size reaches the step part through FSDP1's no_sync accumulation over the micro-batches
     (fsdp1.transients), a pipelined FSDP2 stage's per-micro-batch buffers (pp_buffers.pipelining_buffers: their
     count and tokens) and Megatron's global memory buffer (activations/moe.global_memory_buffer: s*b*h gathered
-    over TP with sequence parallelism, or over EP x expert-TP by the all-gather dispatcher); DeepSpeed's ZeRO-3
+    over TP with sequence parallelism, or over EP x expert-TP by the all-gather dispatcher, or the local spec's
+    unfused attention's b*a/t*s^2 scores); DeepSpeed's ZeRO-3
     coordinator holds the embedding past its count when a step has more than one micro-batch
     (transients._zero3_gathered, zero3_trace.gathered_elements)."""
     fw = training.framework
     if fw in ("fsdp1", "deepspeed") or (fw == "fsdp2" and par.pp > 1):
         return True
-    return fw == "megatron" and ((par.sequence_parallel and par.tp > 1)
+    return fw == "megatron" and ((par.sequence_parallel and par.tp > 1) or training.transformer_impl == "local"
                                  or (training.moe_dispatcher == "allgather" and par.ep * par.etp > 1))
 
 

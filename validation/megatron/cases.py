@@ -124,6 +124,10 @@ def _setups() -> list[Setup]:
         replace(dsa, recompute="full", recompute_method="block", recompute_num_layers=1),
         replace(dsa, recompute="selective", recompute_modules=("mla_up_proj", "layernorm")),
         replace(dsa, recompute="selective", recompute_modules=("moe_act",), grouped_gemm=True),
+        # the real-GPU Megatron step's full-recompute run (validation/gpu/megatron_step.py RUNS): TP 1, 4 layers, the
+        # local spec's unfused attention at 4k tokens, whose recomputed layer peaks at its softmax (issue 22)
+        Setup(LLAMA31_8B, 4096, 1, tp=1, pp=1, dp=1, layers=4, attention="unfused", recompute="full",
+              recompute_method="uniform", recompute_num_layers=1),
     ]
 
 
@@ -184,6 +188,9 @@ def contract_config(s: Setup) -> dict:
         training["recompute_modules"] = list(s.recompute_modules)
     if s.attention == "unfused":
         training["attention_softmax_fusion"] = s.softmax_fusion
+        # the harness builds the local spec, whose core attention is then Megatron's own DotProductAttention
+        # (harness.layer_spec): the estimator's transformer_impl local (its norms stay TE's, emulated)
+        training["transformer_impl"] = "local"
     if s.loss_fusion:
         training["cross_entropy_impl"] = s.ce_impl
     if s.arch.num_experts:

@@ -163,24 +163,30 @@ def _gathered(training: Training, par: Parallel) -> float:
 
 MEGATRON_GLOBAL_BUFFER = ("Megatron-Core 0.16.1 utils.py GlobalMemoryBuffer.get_tensor (one buffer per name and dtype, "
                           "grown to the largest request, never freed): 'mpu' holds tensor_parallel/layers.py's "
-                          "sequence-parallel all-gather of a column-parallel linear's input and "
-                          "MoEAllGatherTokenDispatcher's all-gather of the hidden states")
+                          "sequence-parallel all-gather of a column-parallel linear's input, "
+                          "MoEAllGatherTokenDispatcher's all-gather of the hidden states and "
+                          "transformer/dot_product_attention.py's baddbmm input [b*a/t, s, s]")
 
 
 def global_memory_buffer(arch: Architecture, training: Training, par: Parallel, moe_stage: bool) -> list[Entry]:
     """Megatron's global memory buffer 'mpu' (MEGATRON_GLOBAL_BUFFER): one per rank, as large as its largest
     request, kept from the first step on. Sequence parallelism gathers every column-parallel linear's input
     into it (s*b*h over the TP group); the all-gather dispatcher gathers the hidden states over the EP x
-    expert-TP group into the same buffer."""
+    expert-TP group into the same buffer; the local spec's attention asks it for its scores' shape."""
     gathers = [par.tp] if par.sequence_parallel and par.tp > 1 else []
     if moe_stage and training.moe_dispatcher == "allgather" and par.ep * par.etp > 1:
         gathers.append(par.ep * par.etp)
-    if not gathers:
-        return []
-    widest = max(gathers)
-    return [Entry("global memory buffer 'mpu' (the all-gathered hidden states; allocated once, kept)",
-                  tokens_per_gpu(training, par) * widest * arch.hidden_size, bytes_per_element(training.compute_dtype),
-                  "sp", f"B*s*b*h*{widest}")]
+    B = bytes_per_element(training.compute_dtype)
+    requests = [Entry("global memory buffer 'mpu' (the all-gathered hidden states; allocated once, kept)",
+                      tokens_per_gpu(training, par) * max(gathers) * arch.hidden_size, B, "sp",
+                      f"B*s*b*h*{max(gathers)}")] if gathers else []
+    if training.transformer_impl == "local" and not arch.uses_sparse_attention:
+        # the local spec's core attention, Megatron's unfused DotProductAttention, asks the buffer for its baddbmm
+        # input (beta=0: never read), as large as the scores; TransformerEngine's unfused attention makes its own
+        scores = training.micro_batch_size * arch.num_attention_heads * (training.seq_len / par.cp) * training.seq_len
+        requests.append(Entry("global memory buffer 'mpu' (the unfused attention's baddbmm input; allocated once, "
+                              "kept)", scores, B, "tp", "B*a*s^2*b"))
+    return [max(requests, key=lambda e: e.bytes(par))] if requests else []
 
 
 def moe_allgather_combine_moment(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:

@@ -1,0 +1,74 @@
+"""The softmax moment of a layer Megatron-Core recomputes in backward, with its own unfused attention.
+
+Under full recompute (transformer_block.py `_checkpointed_forward`, tensor_parallel/random.py
+`CheckpointFunction.backward`: `torch.enable_grad()`, then the layer's forward again from its saved input)
+the recomputed layer's largest moment is not the end of its forward (every tensor it keeps) but the softmax
+inside its core attention (transformer/dot_product_attention.py `DotProductAttention.forward`, Megatron-Core
+0.16.1): at that moment the layer holds what it kept before the softmax (norm and QKV inputs, q and k, v, the
+causal mask), the softmax's kept outputs, and two tensors that are freed afterwards:
+
+- the QK^T scores, `matmul_result = torch.baddbmm(...)` (B*a*s^2*b/t): a new tensor (beta=0 does not write
+  into the global buffer), still referenced by `attention_scores` through the softmax and scores x V;
+- with the torch softmax (fusions/fused_softmax.py `FusedScaleMaskSoftmax.forward_torch_softmax`,
+  `attention_softmax_in_fp32`): `input.float()`, the scores' fp32 copy (4*a*s^2*b/t), alive until the
+  softmax returns its 16-bit cast. The fused kernel (`scaled_upper_triang_masked_softmax`) reads the
+  16-bit scores directly and makes no copy.
+
+The MLP's tensors do not exist yet then, so the moment exceeds the layer's full ledger where the scores
+are wider than the MLP's (long sequences, few heads per GPU: TP 1). Measured: the fake-tensor harness on
+Llama-3.1-8B-like layers, TP 1, 4096 tokens, unfused softmax
+(tests/data/measured/megatron/llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused.json).
+"""
+
+from __future__ import annotations
+
+from .activations.attention import attention_entries, megatron_fused_softmax
+from .activations.entries import ATTENTION_OUTPUT, CORE, Entry
+from .components import Component, entries_component
+from ..spec.architecture import Architecture
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Training
+
+SOFTMAX_MOMENT_SOURCE = ("Megatron-Core 0.16.1 transformer/dot_product_attention.py DotProductAttention.forward "
+                         "(baddbmm scores, scale_mask_softmax), fusions/fused_softmax.py forward_torch_softmax "
+                         "(input.float() with attention_softmax_in_fp32), tensor_parallel/random.py "
+                         "CheckpointFunction.backward (the layer's forward rerun in backward); measured, "
+                         "tests/data/measured/megatron/*-full-uniform1-unfused.json")
+
+# what the attention keeps that is made after its softmax: the output projection's input, the dropout's
+# tensors, the post-attention norm's input (attention.py `_output_entries`, `_unfused_entries`)
+_AFTER_SOFTMAX = {ATTENTION_OUTPUT, "attention dropout mask", "attention dropout output", "post-attention norm input",
+                  "attention residual dropout mask"}
+
+
+def runs_megatron_unfused_attention(arch: Architecture, training: Training) -> bool:
+    """Megatron's own DotProductAttention: the core attention of the local spec (gpt_layer_specs.py
+    get_gpt_layer_local_spec, transformer_impl local), not DSA's. TransformerEngine's unfused attention
+    (--attention-backend unfused under the TE spec) is TE's code, not modelled here."""
+    return training.framework == "megatron" and training.transformer_impl == "local" \
+        and not arch.uses_sparse_attention and not arch.is_hybrid
+
+
+def softmax_transients(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """The tensors alive only around the softmax: the 16-bit QK^T scores and, with the torch softmax, their
+    fp32 copy (module note)."""
+    B = bytes_per_element(training.compute_dtype)
+    scores = training.micro_batch_size * arch.num_attention_heads * (training.seq_len / par.cp) * training.seq_len
+    out = [Entry("QK^T scores (baddbmm output, alive through the softmax)", scores, B, "tp", "B*a*s^2*b",
+                 recompute=CORE)]
+    if not megatron_fused_softmax(arch, training, par):
+        out.append(Entry("fp32 copy of the scores (torch softmax input, freed when it returns)", scores, 4, "tp",
+                         "4*a*s^2*b", recompute=CORE))
+    return out
+
+
+def recomputed_softmax_moment(arch: Architecture, training: Training, par: Parallel) -> Component | None:
+    """A recomputed layer at its core attention's softmax (module note), or None where Megatron's
+    DotProductAttention does not run."""
+    if not runs_megatron_unfused_attention(arch, training):
+        return None
+    before = [e for e in attention_entries(arch, training, par) if e.name not in _AFTER_SOFTMAX]
+    return entries_component("transient", "Recomputed layer at its attention softmax (kept so far, scores and "
+                             "their softmax copies)", before + softmax_transients(arch, training, par), par, 1,
+                             SOFTMAX_MOMENT_SOURCE)

@@ -1,0 +1,114 @@
+"""Megatron-Core's own unfused attention (the local spec's DotProductAttention) under full recompute: the recomputed
+layer peaks at its softmax, and the attention's baddbmm input lives in the global memory buffer 'mpu'
+(estimator/memory/megatron_softmax_moment.py, activations/moe.global_memory_buffer). Numbers by hand from the
+Megatron-Core 0.16.1 source, and the fake-tensor harness's record of the same run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator import estimate_config
+from estimator.memory.megatron_softmax_moment import recomputed_softmax_moment
+from validation.core.report import tensors_peak
+
+RECORD = Path(__file__).parent / "data" / "measured" / "megatron" / \
+    "llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused.json"
+MOMENT = "Recomputed layer at its attention softmax (kept so far, scores and their softmax copies)"
+BUFFER = "global memory buffer 'mpu' (the unfused attention's baddbmm input; allocated once, kept)"
+
+# Llama-3.1-8B's layers: h 4096, 32 heads of 128, 8 KV heads; 4096 tokens, micro-batch 1, bf16
+S, H, A, D = 4096, 4096, 32, 128
+SCORES = A * S * S  # b * a/t * s^2 elements at TP 1
+
+
+def config(**training) -> dict:
+    cfg = json.loads(RECORD.read_text())["config"]
+    cfg["training"].update(training)
+    return cfg
+
+
+def walk(components):
+    for c in components:
+        yield c
+        yield from walk(c.parts)
+
+
+def phase(result, name: str):
+    return next(p for p in result.stages[0].phases if p.name == name)
+
+
+def labelled(result, phase_name: str, label: str):
+    """The phase's components of that label; a phase's transients fold into one whose formula names them."""
+    return [c for c in walk(phase(result, phase_name).components)
+            if c.label == label or (c.key == "transient" and c.formula == label)]
+
+
+def test_the_recomputed_layer_peaks_at_its_torch_softmax():
+    """Kept before the softmax: the norm's input and the QKV projection's (2 B s h each), q and k with the keys
+    expanded to every head (2 x 2 B s a d), the fp32 softmax (4 a s^2), its bf16 cast (2 a s^2), the causal mask
+    (s^2 bools), v expanded (2 B s a d); beside them the bf16 baddbmm scores (2 a s^2) and their fp32 copy, the
+    torch softmax's input (4 a s^2). No MLP tensor exists yet."""
+    kept = 2 * S * H + 2 * S * H + 2 * 2 * S * A * D + 4 * SCORES + 2 * SCORES + S * S + 2 * S * A * D
+    assert kept == 3_405_774_848
+    result = estimate_config(config())
+    [moment] = labelled(result, "backward", MOMENT)
+    assert moment.bytes == kept + 2 * SCORES + 4 * SCORES == 6_627_000_320
+    assert not labelled(result, "backward", "One recomputed layer's activations")  # smaller: 3,858,759,680
+
+
+def test_the_baddbmm_input_is_a_kept_buffer_of_the_scores_shape():
+    """get_tensor((b*a/t, s, s), bf16, 'mpu'): 2 B x 32 x 4096^2, alive from the first step on, in every phase."""
+    result = estimate_config(config())
+    for name in ("forward", "backward", "optimizer"):
+        [buffer] = labelled(result, name, BUFFER)
+        assert buffer.bytes == 2 * SCORES == 1_073_741_824
+
+
+def test_the_harness_measures_the_moment():
+    """The fake-tensor harness's peak of the same Setup is that moment in backward (42,549,913,600 B: the states,
+    the 4 checkpointed layer inputs, the buffer and the recomputed layer at its softmax); the estimate was 9.1%
+    under it while it charged the recomputed layer's full ledger and no buffer."""
+    record = json.loads(RECORD.read_text())
+    assert record["measured"]["peak_phase"] == "backward"
+    peak = tensors_peak(estimate_config(record["config"]).stages[0])
+    assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.005)
+
+
+def softmax_moment(result):
+    r = result.config
+    return recomputed_softmax_moment(r.architecture, r.training, r.parallel)
+
+
+def test_the_fused_softmax_kernel_makes_no_fp32_copy():
+    """With the fused kernel (scaled_upper_triang_masked_softmax: 4096 tokens, 32 heads) the layer keeps the bf16
+    probabilities alone (no mask), and only the bf16 scores stand beside them; still above the layer's ledger
+    (3,858,759,680 - 4 a s^2 - s^2 = 1,694,498,816 B). (The loss's backward moment is the larger here.)"""
+    result = estimate_config(config(attention_softmax_fusion=True))
+    kept = 2 * S * H + 2 * S * H + 2 * 2 * S * A * D + 2 * SCORES + 2 * S * A * D
+    assert softmax_moment(result).bytes == kept + 2 * SCORES == 2_315_255_808
+    assert sum(line.bytes for line in result.activation_ledger) == 1_694_498_816
+
+
+def test_the_full_layer_stays_where_the_scores_are_narrow():
+    """At 512 tokens the scores' two transients (6 a s^2 = 50,331,648 B) are smaller than what the layer keeps
+    after its softmax (the attention output 2 B s a d, the MLP's 2 B s (2 h + 2 f + f)): the moment (2 B s h x 2 +
+    6 B s a d + 6 a s^2 + s^2 + 6 a s^2 = 121,896,960 B) stays below the layer's full ledger, which remains the
+    recompute moment. It overtakes the ledger from about s = (h + f) / a tokens per head a GPU holds."""
+    result = estimate_config(config(seq_len=512))
+    s, scores = 512, A * 512 * 512
+    moment = 4 * s * H + 6 * s * A * D + 6 * scores + s * s + 6 * scores
+    after = 2 * s * A * D + 2 * s * (2 * H + 2 * 14336 + 14336)
+    assert softmax_moment(result).bytes == moment == 121_896_960
+    ledger = sum(line.bytes for line in result.activation_ledger)
+    assert ledger == moment - 6 * scores + after == 128_188_416 and ledger > moment
+
+
+def test_transformer_engines_unfused_attention_is_not_megatrons():
+    """--attention-backend unfused under the TE spec runs TransformerEngine's UnfusedDotProductAttention, which
+    allocates its own scores tensor instead of asking Megatron's global buffer: neither term applies."""
+    result = estimate_config(config(transformer_impl="transformer_engine"))
+    assert softmax_moment(result) is None and not labelled(result, "backward", MOMENT)
+    assert not labelled(result, "optimizer", BUFFER)
