@@ -47,7 +47,8 @@ def test_every_chunks_loss_backward_runs_before_the_head_whose_first_sum_is_out_
     hidden = torch.randn(2, 16, h, requires_grad=True)
     logits = [F.linear(chunk, weight) for chunk in hidden.chunk(n, dim=1)]
     labels = torch.randint(0, v, (2, 16)).chunk(n, dim=1)
-    loss = sum(F.cross_entropy(x.reshape(-1, v).float(), y.reshape(-1), reduction="sum") for x, y in zip(logits, labels))
+    loss = sum(F.cross_entropy(x.reshape(-1, v).float(), y.reshape(-1), reduction="sum")
+               for x, y in zip(logits, labels))
     del logits
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         loss.backward()

@@ -52,8 +52,8 @@ def chunked_head_backward(arch: Architecture, training: Training, par: Parallel,
     alive then, `freed` (the loss's own saved tensors, `freed_by_loss`, and the head inputs of the chunks already
     through) is gone. The first chunk through the head holds one weight gradient, the second three (the two and
     their out-of-place sum), later ones two (summed in place); the k-th also the logits gradients of the n-k+1
-    chunks not yet through and k chunks' hidden-state gradients. k = 1 or 2 is the largest. None when the head is frozen (no weight gradient, and the logits
-    gradients alone stay below the loss's own backward)."""
+    chunks not yet through and k chunks' hidden-state gradients. k = 1 or 2 is the largest. None when the head
+    is frozen (no weight gradient, and the logits gradients alone stay below the loss's own backward)."""
     if not head_trained(arch, training):
         return None
     B, P = bytes_per_element(training.compute_dtype), bytes_per_element(training.param_dtype)
@@ -70,7 +70,7 @@ def chunked_head_backward(arch: Architecture, training: Training, par: Parallel,
                       k / n * T * h, B, "sp", f"B*s*b*h*{k}/{n}")]
         freed = list(freed_by_loss)
         if k > 1:
-            freed.append(Entry("head input of the chunks through the head", (k - 1) / n * T * h, B, "sp",
+            freed.append(Entry("head input of the chunks already through the head", (k - 1) / n * T * h, B, "sp",
                                f"B*s*b*h*{k - 1}/{n}"))
         return made, freed
 
