@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from .activations.entries import COMPILE_SOURCE, Entry, KORTHIKANTI, compiled
 from .activations.attention import CP_FLEX_SOURCE, cp_flex_all_gather
+from .activations.chunked_head import SOURCE as HEAD_SOURCE
 from .activations.loss import LossMemory, deferred_wgrad_entries, loss_memory
 from .activations.recompute import dropped, recomputed_layer_count, recomputed_modules
 from .activations.layer import embedding_entries, layer_entries, layer_input_entry
@@ -126,6 +127,13 @@ def _loss_components(loss: LossMemory | None, par: Parallel) -> tuple[tuple[Comp
         if loss.forward else []
     backward = [entries_component("transient", "Loss gradients", loss.backward, par, 1, loss.source)] \
         if loss.backward else []
+    if loss.head_backward:  # torchtune's chunked head after the loss's backward: the larger of the two moments
+        made, freed = loss.head_backward
+        head = [entries_component("transient", "LM head's backward, chunk by chunk", made, par, 1, HEAD_SOURCE),
+                entries_component("transient", "The loss's saved tensors, freed by its backward", freed, par, -1,
+                                  HEAD_SOURCE)]
+        if sum(c.bytes for c in head) > sum(c.bytes for c in backward):
+            backward = head
     return saved, forward, backward
 
 

@@ -41,6 +41,9 @@ def _runs() -> list[TuneRun]:
         R("llama-3.2-3b", 8192, activation_checkpointing=True, activation_offloading=True,
           loss="chunked", optimizer_in_bwd=True),
         R("llama-3.2-3b", 4096, activation_offloading=True, optimizer="adamw8bit"),
+        # a short sequence: backward's peak is the chunked head's, the sum of two chunks' [V, h] weight gradients
+        # beside seven chunks' logits gradients (estimator/memory/activations/chunked_head.py)
+        R("llama-3.2-3b", 2048, activation_checkpointing=True, loss="chunked", optimizer_in_bwd=True),
         # torchtune's README table, row "+ 8-bit AdamW" (1814feb1, eager here: the harness does not compile)
         R("llama-3.2-3b", 4096, 2, activation_checkpointing=True, activation_offloading=True, loss="chunked",
           optimizer="adamw8bit", optimizer_in_bwd=True),

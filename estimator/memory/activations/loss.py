@@ -11,6 +11,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from ..titan_releases import SOURCES as TITAN_SOURCES, titan_rules
+from .chunked_head import chunked_head_backward
 from .entries import Entry, _norm, _norm_output, autocast, compiled, fused_kernels, tokens_per_gpu
 
 
@@ -20,6 +21,8 @@ class LossMemory:
     forward: list[Entry]  # alive only while the loss is computed (the forward pass's last moment)
     backward: list[Entry]  # alive only while the loss is differentiated (the backward pass's first)
     source: str
+    # torchtune's chunked head, after the loss's backward: (made, freed) beside `saved` (chunked_head.py)
+    head_backward: tuple[list[Entry], list[Entry]] | None = None
 
 
 DEFER_WGRAD_SOURCE = (
@@ -312,7 +315,7 @@ def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Paralle
     matmul) and hands the loss the list of bf16 logits; the loss upcasts one chunk at a time and keeps
     every chunk's fp32 log-softmax for backward. So forward ends with every chunk's bf16 logits and one
     fp32 upcast; backward starts with one chunk's two fp32 gradients (measured,
-    tests/data/measured/torchtune)."""
+    tests/data/measured/torchtune); then, every chunk's loss backward done, the head's (chunked_head.py)."""
     B = bytes_per_element(training.compute_dtype)
     T, h, n = tokens_per_gpu(training, par), arch.hidden_size, TORCHTUNE_LOSS_CHUNKS
     saved = _norm("final norm input", T, arch, training)
@@ -320,19 +323,20 @@ def _torchtune_chunked_loss(arch: Architecture, training: Training, par: Paralle
     compiled_source = ""
     if compiled_loss(arch, training, par):  # compile_loss: every chunk's bf16 logits stay, no fp32 copy
         kept_logits, backward = compiled_cross_entropy(T, n, vocab, training)
-        saved += kept_logits
+        own = kept_logits
         forward: list[Entry] = []
         compiled_source = f"; training/_compile.py compile_loss; {TORCHTITAN_COMPILED_LOSS_SOURCE}"
     else:
-        saved.append(Entry("fp32 log-softmax of every chunk", T * vocab, 4, "tp", "4*s*b*V"))
+        own = [Entry("fp32 log-softmax of every chunk", T * vocab, 4, "tp", "4*s*b*V")]
         forward = [Entry("bf16 logits of every chunk", T * vocab, B, "tp", "B*s*b*V"),
                    Entry("one chunk's fp32 upcast", T / n * vocab, 4, "tp", f"4*s*b*V/{n}")]
         backward = [Entry("one chunk's fp32 gradients of the log-softmax output and input", 2 * T / n * vocab, 4,
                           "tp", f"2*4*s*b*V/{n}")]
     from ..adapter_activations import kept  # a frozen head keeps no input
-    return LossMemory(saved=kept(saved, training, arch), forward=forward, backward=backward,
+    return LossMemory(saved=kept(saved + own, training, arch), forward=forward, backward=backward,
                       source="torchtune v0.6.1 modules/loss/ce_chunked_output_loss.py (8 chunks); "
-                             "modules/transformer.py chunked_output" + compiled_source)
+                             "modules/transformer.py chunked_output" + compiled_source,
+                      head_backward=chunked_head_backward(arch, training, par, vocab, n, own))
 
 
 TORCHTITAN_LOSS_CHUNKS = 8  # ChunkedLossWrapper.Config.num_chunks
