@@ -8,8 +8,10 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
 - beside a recomputed layer (full recompute): the layer's backward runs inside that moment
   (`softmax_backward_temporary`; the HF harness's records of Llama-3.1-8B, Gemma-2-9B and Mixtral with
   recompute and eager attention grew by exactly this when it counted the temporary);
-- without recompute, in Megatron's unfused path, the last layer's softmax backward beside every kept activation
-  (`softmax_backward_moment`; the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there).
+- in Megatron's unfused path, the whole softmax backward: without recompute the last layer's beside every kept
+  activation, with full recompute the recomputed layer's (`softmax_backward_moment`; the harness records
+  gpt3-175b-tp8-pp8-first-s2048-b1-unfused and llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peak
+  there).
 Not here: DSA (sparse.py, sparse_hf.py count it in their moments) and SDPA's math backend (kbit.py, from its GPU
 record); HF's eager attention without recompute, whose records peak at the loss (the softmax's moment, beside
 the last layer's MLP tensors not yet freed, is not modelled).
@@ -80,13 +82,18 @@ def softmax_backward_temporary(arch: Architecture, training: Training, par: Para
         if entry else []
 
 
-def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
-    """Megatron's unfused softmax without recompute: the last layer's softmax backward beside every kept
-    activation holds the fp32 gradient of the probabilities (the cast's backward), CUDA's tmp and the fp32
-    gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the probabilities' copy, or
-    the dropout's output), freed by its backward: B*a*s^2*b (with fp32 compute and no dropout the fp32
-    probabilities themselves, which the softmax keeps: none freed)."""
-    if training.framework != "megatron" or training.recompute != "none" or training.offload_activations:
+def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel,
+                            recomputed: bool = False) -> list[Component]:
+    """Megatron's unfused softmax: a layer's softmax backward holds the fp32 gradient of the probabilities (the
+    cast's backward), CUDA's tmp and the fp32 gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor
+    scores x V kept (the probabilities' copy, or the dropout's output), freed by its backward: B*a*s^2*b (with
+    fp32 compute and no dropout the fp32 probabilities themselves, which the softmax keeps: none freed). Without
+    recompute the last layer's, beside every kept activation; with full recompute (`recomputed`) the recomputed
+    layer's, beside its own kept tensors (the harness record llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-
+    unfused peaks there: 8.85 GB over the layers' inputs, 9.27 GB modelled, its MLP's tensors freed by then
+    left in)."""
+    if training.framework != "megatron" or training.offload_activations \
+            or (training.recompute != "none") != recomputed:
         return []
     entry = temporary_entry(arch, training, par)
     if entry is None:
@@ -102,6 +109,7 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     if freed:
         parts += (component("transient", "The 16-bit tensor scores x V kept, freed by its backward",
                             -entry.elements * freed / par.tp, f"-{freed:g}*a*s^2*b{t}", MEGATRON_SOFTMAX_SOURCE),)
-    return [Component("transient", "The last layer's softmax backward (unfused softmax, no recompute)",
+    label = "The recomputed layer's" if recomputed else "The last layer's"
+    return [Component("transient", f"{label} softmax backward (unfused softmax)",
                       sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
                       MEGATRON_SOFTMAX_SOURCE + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]

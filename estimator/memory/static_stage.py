@@ -268,7 +268,8 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
     if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
         extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared) \
-            + softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n])
+            + (softmax_backward_moment(arch, training, par, recomputed=True)
+               or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
     elif not recomputed_layer_count(training, sp.num_layers):  # no layer recomputed: its in-layer moment
         extras = list(extras) + softmax_backward_moment(arch, training, par)
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
