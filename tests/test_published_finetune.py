@@ -58,8 +58,8 @@ _QWEN_HF = ("Qwen's HF Trainer LoRA rows (finetune_lora_single_gpu.sh, no DeepSp
             "the count came first, torch 2.2+cu118); eager costs 1,034 MB more than lazy on our H200 (torch "
             "2.11+cu130, tests/data/measured/gpu/experiments/cuda-context-h200.json) and 380 MB before cuBLAS on "
             "torch 1.13+cu117 (pytorch/pytorch#85692), none is measured for torch 2.0+cu118 on an A100, and one "
-            "per-process constant cannot close a gap that spreads from -1.3 to 3.4 GB over the HF rows up to 4096 tokens "
-            "(test_the_qwen_hf_gap_is_not_one_constant); under by %s")
+            "per-process constant cannot close a gap that spreads from -1.3 to 3.4 GB over the HF rows up to 4096 "
+            "tokens (test_the_qwen_hf_gap_is_not_one_constant); under by %s")
 _QWEN_8192 = ("Qwen's 8192-token HF LoRA rows read less than the loss's own tensors need: modeling_qwen.py "
               "QWenLMHeadModel.forward keeps the bf16 logits (2.49 GB at 8192 x 151,936) and makes their shifted "
               "contiguous copy (2.49 GB) beside the fp32 upcast and log-softmax (4.98 GB each), and log-softmax's "
