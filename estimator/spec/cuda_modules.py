@@ -20,6 +20,11 @@ What an unset CUDA_MODULE_LOADING means (`default_loading`):
   CUDA 12.2, whose own default is LAZY (pytorch/pytorch#152695, merged 2025-05-20). The H200 record
   shows torch 2.11.0+cu130 on driver 580 (CUDA 13.0) leaving it unset, and the unset runs equal the
   LAZY runs byte for byte.
+- Not modelled: PyTorch sets the variable when it initializes CUDA, which can come after something
+  has counted the devices (torch.cuda.is_available, as the HF TrainingArguments do) and so
+  initialized the driver; pytorch/pytorch#113326 (torch 2.2+cu118, driver 515) shows a process
+  holding 2.06 GB of host memory instead of 0.44 when the count came first, as eager loading would.
+  Whether such a process loads eagerly on a driver before CUDA 12.2 is not measured here.
 """
 
 from __future__ import annotations
