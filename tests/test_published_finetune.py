@@ -50,8 +50,16 @@ _QWEN_HF = ("Qwen's HF Trainer LoRA rows (finetune_lora_single_gpu.sh, no DeepSp
             "tokens, on 1.8B, 7B and 14B alike (on the H200 records the replay is within 2%% of max_memory_reserved and "
             "767 MiB is outside the allocator); on 1.8B's small total that is over 10%%. Not found in the code: the remote "
             "modeling_qwen.py adds KB-sized rotary and logn caches under flash attention, PyTorch 2.0's foreach AdamW "
-            "one temporary per tensor (torch/optim/adamw.py _multi_tensor_adamw), CUDA 11.8's context with lazy "
-            "loading about 0.4 GB (pytorch/pytorch#109888); under by %s")
+            "one temporary per tensor (torch/optim/adamw.py _multi_tensor_adamw). Not established in the CUDA context: "
+            "the table's stack (CUDA 11.8, PyTorch 2.0, A100; Qwen's docker/Dockerfile: torch 2.0.1, flash-attention "
+            "2.3.3 with csrc/layer_norm) sets no CUDA_MODULE_LOADING, and PyTorch 2.0 sets LAZY only at its CUDA init "
+            "(CUDAHooks.cpp initCUDA, pytorch/pytorch#85692), after TrainingArguments has counted the devices, so the "
+            "runs may have loaded every module eagerly (pytorch/pytorch#113326: 2.06 GB of host memory, not 0.44, when "
+            "the count came first, torch 2.2+cu118); eager costs 1,034 MB more than lazy on our H200 (torch "
+            "2.11+cu130, tests/data/measured/gpu/experiments/cuda-context-h200.json) and 380 MB before cuBLAS on "
+            "torch 1.13+cu117 (pytorch/pytorch#85692), none is measured for torch 2.0+cu118 on an A100, and one "
+            "per-process constant cannot close a gap that spreads from -1.3 to 3.4 GB over the HF rows up to 4096 "
+            "tokens (test_the_qwen_hf_gap_is_not_one_constant); under by %s")
 _QWEN_8192 = ("Qwen's 8192-token HF LoRA rows read less than the loss's own tensors need: modeling_qwen.py "
               "QWenLMHeadModel.forward keeps the bf16 logits (2.49 GB at 8192 x 151,936) and makes their shifted "
               "contiguous copy (2.49 GB) beside the fp32 upcast and log-softmax (4.98 GB each), and log-softmax's "
@@ -226,6 +234,27 @@ def test_a_peft_version_is_a_release():
     config["training"]["adapter"].update(peft_version="0.0.9")
     with pytest.raises(ConfigError, match=r"peft_version.*0\.1\.0 or later"):
         estimate_config(config)
+
+
+def test_the_qwen_hf_gap_is_not_one_constant():
+    """The CUDA context is one constant per process, whatever the model or length; over Qwen's HF LoRA rows up to
+    4096 tokens the table's excess over the estimated device total spreads from -1.33 GB (14B LoRA (emb), 4096)
+    to 3.43 GB (14B LoRA (emb), 512), over four times what eager module loading adds on the H200 (1,837,957,120 -
+    804,061,184 B, spec/cuda_modules.py); torch 1.13+cu117 added 666,632,192 - 287,047,680 B before cuBLAS
+    (pytorch/pytorch#85692's two readings)."""
+    from estimator.spec.cuda_modules import H200_STACK
+
+    eager_more = H200_STACK.loaded("eager").total(flash=True) - H200_STACK.loaded("lazy").total(flash=True)
+    assert eager_more == 1_837_957_120 - 804_061_184 == 1_033_895_936
+    assert 666_632_192 - 287_047_680 == 379_584_512
+    rows = [r for r in ROWS.values() if r["id"].startswith("qwen-") and r["config"]["training"]["framework"] == "hf"
+            and r["config"]["training"]["seq_len"] <= 4096]
+    gaps = {r["id"]: r["measured"]["bytes"] - estimate_config(r["config"]).device_total_bytes for r in rows}
+    assert len(gaps) == 30
+    low, high = min(gaps, key=gaps.get), max(gaps, key=gaps.get)
+    assert (low, high) == ("qwen-14b-lora-emb-s4096", "qwen-14b-lora-emb-s512")
+    assert gaps[low] == pytest.approx(-1.33e9, abs=0.01e9) and gaps[high] == pytest.approx(3.43e9, abs=0.01e9)
+    assert gaps[high] - gaps[low] > 4 * eager_more
 
 
 def test_the_readme_states_these_numbers():

@@ -178,7 +178,11 @@ def test_the_importer_reads_the_flags_the_golden_runs_use():
     training, hardware = imported.config["training"], imported.config["hardware"]
     assert training["transformer_impl"] == "local" and training["attention"] == "eager"
     assert training["gradient_accumulation_fusion"] is False and "recompute" not in training
-    assert hardware["cublas_workspace_config"] == ":4096:8"
+    assert hardware["cublas_workspace_config"] == ":4096:8" and "cuda_module_loading" not in hardware
+    eager = import_config("export CUDA_MODULE_LOADING=EAGER\n" + launch, "megatron").config["hardware"]
+    assert eager["cuda_module_loading"] == "eager"
+    assert "cuda_module_loading" not in import_config("export CUDA_MODULE_LOADING=DEFAULT\n" + launch,
+                                                      "megatron").config["hardware"]
     assert imported.config["model"]["vocab_size"] == 1001  # NullTokenizer: --vocab-size + its end-of-document id
     with pytest.raises(ConfigError, match="--recompute-num-layers"):
         import_config(launch.replace("--recompute-method block", "--recompute-method uniform"), "megatron")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from ..spec.choices import LOADING_MODES
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, to_float
 from .result import Ledger
@@ -356,11 +357,14 @@ def _account_rest(args: _Args, ledger: Ledger) -> None:
 
 
 def _allocator(env: dict[str, str], build: ConfigBuilder) -> None:
-    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and CUBLAS_WORKSPACE_CONFIG (the size of PyTorch's
-    cuBLAS workspaces), set in the script or before the command."""
+    """PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, CUBLAS_WORKSPACE_CONFIG (the size of PyTorch's
+    cuBLAS workspaces) and CUDA_MODULE_LOADING, set in the script or before the command."""
     conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if re.search(r"expandable_segments:\s*True", conf):
         build.set("hardware.expandable_segments", True, "PYTORCH_CUDA_ALLOC_CONF", conf)
     workspace = env.get("CUBLAS_WORKSPACE_CONFIG")
     if workspace is not None:
         build.set("hardware.cublas_workspace_config", workspace.strip(), "CUBLAS_WORKSPACE_CONFIG", workspace)
+    loading = env.get("CUDA_MODULE_LOADING", "").strip().lower()
+    if loading in LOADING_MODES:  # DEFAULT means EAGER before CUDA 12.2 and LAZY after: left to the default
+        build.set("hardware.cuda_module_loading", loading, "CUDA_MODULE_LOADING", env["CUDA_MODULE_LOADING"])

@@ -23,10 +23,10 @@ from .resolved import training_with
 from .sharding import StageParameters, chunk_kind_counts, stored_kind_counts
 from .adapter_activations import bnb_held_entries, first_layer_input_frozen
 from .tp_copies import plain_tp_reserved
-from .kbit import ledger_training
+from .kbit import ledger_training, math_attention
 from ..spec.training import Training
 
-
+MiB = 1024**2
 GiB = 1024**3
 
 
@@ -88,7 +88,7 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     key = ("ledger", as_read, par.tp, par.sequence_parallel, par.cp, par.etp, vocab)
     ledger = arch.cached(key, lambda: _ledger(arch, as_read, par, vocab))
     return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
-                   runtime=_runtime(hardware), parallel=par, hardware=hardware,
+                   runtime=_runtime(arch, training, hardware), parallel=par, hardware=hardware,
                    fragmentation=fragmentation_fraction(hardware),
                    reserved_cached=plain_tp_reserved(arch, training, par))
 
@@ -137,10 +137,20 @@ def _loss_components(loss: LossMemory | None, par: Parallel) -> tuple[tuple[Comp
     return saved, forward, backward
 
 
-def _runtime(hardware: Hardware) -> Component:
+def _runtime(arch: Architecture, training: Training, hardware: Hardware) -> Component:
+    """The CUDA context and the kernel modules loaded into it: the measured parts of the module loading mode
+    (spec/cuda_modules.py) where the architecture has them, FlashAttention's only where it runs (not under the
+    math backend a prepared k-bit run falls to: kbit.py); else the architecture's constant."""
     runtime = hardware.device.runtime
-    return component("runtime", "CUDA context and loaded kernels (outside the allocator)", runtime.context_bytes,
-                     f"per-process constant for {runtime.architecture}", runtime.context_source)
+    label = "CUDA context and loaded kernels (outside the allocator)"
+    if runtime.modules is None:
+        return component("runtime", label, runtime.context_bytes, f"per-process constant for {runtime.architecture}",
+                         runtime.context_source)
+    mode = hardware.cuda_module_loading or runtime.modules.default
+    loaded = runtime.modules.loaded(mode)
+    parts = loaded.parts(flash=training.attention == "flash" and not math_attention(arch, training))
+    formula = " + ".join(f"{b / MiB:.1f} MiB {what}" for what, b in parts) + f" (CUDA_MODULE_LOADING={mode.upper()})"
+    return component("runtime", label, sum(b for _, b in parts), formula, loaded.source)
 
 
 def _first_kind(arch: Architecture) -> str:

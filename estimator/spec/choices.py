@@ -15,6 +15,8 @@ FSDP_FRAMEWORKS = ("fsdp2", "torchtune")
 FULLY_SHARDED_FRAMEWORKS = FSDP_FRAMEWORKS + ("fsdp1",)
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
+# CUDA_MODULE_LOADING (hardware.cuda_module_loading; spec/cuda_modules.py)
+LOADING_MODES = ("lazy", "eager")
 LOSSES = ("standard", "fused", "chunked")
 # FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
 # MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks);

@@ -14,10 +14,10 @@ link says. The bounds are generous: about ten times the largest published run or
 from __future__ import annotations
 
 from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BNB_VERSION_PATTERN, CROSS_ENTROPY_IMPLS,
-                      CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES, KV_CACHE_DTYPES, LOSSES,
-                      METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES, POSITION_EMBEDDINGS,
-                      PP_SCHEDULES, TRANSFORMER_IMPLS, RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES, TARGETS,
-                      TRAINING_LOOPS, VISION_TOWERS)
+                      CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES, KV_CACHE_DTYPES,
+                      LOADING_MODES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
+                      POSITION_EMBEDDINGS, PP_SCHEDULES, TRANSFORMER_IMPLS, RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES,
+                      TARGETS, TRAINING_LOOPS, VISION_TOWERS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
@@ -307,6 +307,12 @@ HARDWARE_FIELDS: tuple[Field, ...] = (
           pattern_text="one or more :SIZE:COUNT pairs (SIZE in KiB), such as :4096:8 or :4096:2:16:8",
           optional=True, auto="PyTorch's default for the GPU: 32 MiB on Hopper and Blackwell, :4096:2:16:8 "
           "(8.125 MiB) before"),
+    _choice("cuda_module_loading", _H, "CUDA_MODULE_LOADING", "The environment variable that decides when CUDA "
+            "loads kernel modules: lazy loads a kernel's module at its first launch, eager every module of a "
+            "library when it starts (on an H200, torch 2.11 + CUDA 13: 750.8-766.8 MiB outside the allocator "
+            "after a training step lazy, 1,752.8 MiB eager). Unset means lazy since PyTorch 1.13 and CUDA 12.2. "
+            "eager is offered where it was measured (Hopper).", "GPU", LOADING_MODES, optional=True,
+            auto="lazy, what unset means on the measured stack (PyTorch 1.13+ sets it; CUDA 12.2+ defaults to it)"),
 )
 
 

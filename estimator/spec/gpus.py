@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from .memo import not_owned
+from .cuda_modules import H200_STACK, ModuleStack
 
 GiB = 1024**3
 
@@ -48,6 +49,9 @@ class DeviceRuntime:
     te_workspace_bytes: int  # TransformerEngine's own cuBLASLt workspace, one per stream it uses
     context_source: str
     workspace_source: str
+    # the context and kernel modules part by part, by CUDA_MODULE_LOADING, where they were measured on the
+    # architecture (cuda_modules.py); None: `context_bytes` alone, whatever the run
+    modules: ModuleStack | None = None
 
 
 MiB = 1024**2
@@ -71,14 +75,19 @@ _BEKMAN = ("Stas Bekman, Machine Learning Engineering (stas00/ml-engineering), t
 # 32 MiB + 1 KiB (NVFP4 GEMMs and their scales) on compute capability >= 9, else 4 MiB; ROCm's TE fork:
 # 32 MiB, 64 MiB on gfx950.
 _TE_HOPPER_ON = 32 * MiB + 1024
-_MEASURED_OUTSIDE = 804_061_184  # 766.8 MiB: mem_get_info used - max_memory_reserved (tests/data/measured/gpu)
+# 766.8 MiB: mem_get_info used - max_memory_reserved after a training step with FlashAttention, lazy loading
+# (tests/data/measured/gpu): the sum of the H200 stack's LAZY parts (cuda_modules.py); what serving charges
+_MEASURED_OUTSIDE = H200_STACK.loaded("lazy").total(flash=True)
 _HOPPER = DeviceRuntime("Hopper (sm90)", _MEASURED_OUTSIDE, 32 * MiB, _TE_HOPPER_ON, _MEASURED_H200,
                         _WORKSPACE_SOURCE + "; measured: 2 x 32 MiB after a training step on an H200 "
-                        "(tests/data/measured/gpu)")
+                        "(tests/data/measured/gpu)", H200_STACK)
+_NOT_ON_BLACKWELL = "not measured on Blackwell: the Hopper measurement (same CUDA 13 toolkit and driver branch); "
+# Blackwell takes the Hopper stack's LAZY parts; EAGER loads every module of a library, whose size follows the
+# kernels compiled for the architecture, so the Hopper EAGER figures are not offered for it
 _BLACKWELL = DeviceRuntime(
-    "Blackwell (sm100/sm120)", _MEASURED_OUTSIDE, 32 * MiB, _TE_HOPPER_ON,
-    "not measured on Blackwell: the Hopper measurement (same CUDA 13 toolkit and driver branch); " + _MEASURED_H200,
-    _WORKSPACE_SOURCE)
+    "Blackwell (sm100/sm120)", _MEASURED_OUTSIDE, 32 * MiB, _TE_HOPPER_ON, _NOT_ON_BLACKWELL + _MEASURED_H200,
+    _WORKSPACE_SOURCE, ModuleStack(_NOT_ON_BLACKWELL + H200_STACK.stack, H200_STACK.torch, H200_STACK.cuda,
+                                   H200_STACK.driver, (("lazy", H200_STACK.loaded("lazy")),)))
 _AMPERE_ADA = DeviceRuntime("Ampere/Ada (sm80-sm89)", 512 * MiB, 2 * 4096 * 1024 + 8 * 16 * 1024, 4 * MiB, _BEKMAN,
                             _WORKSPACE_SOURCE)
 _HIPBLAS = _WORKSPACE_SOURCE + " (hipBLAS; hipBLASLt keeps a 76 MiB workspace of its own, not counted)"
