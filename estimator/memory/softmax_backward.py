@@ -8,11 +8,13 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
 - beside a recomputed layer (full recompute): the layer's backward runs inside that moment
   (`softmax_backward_temporary`; the HF harness's records of Llama-3.1-8B, Gemma-2-9B and Mixtral with
   recompute and eager attention grew by exactly this when it counted the temporary);
-- without recompute, in Megatron's unfused path, the last layer's softmax backward beside every kept activation
-  (`softmax_backward_moment`; the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there).
+- without recompute, the last layer's softmax backward beside every kept activation (`softmax_backward_moment`):
+  in Megatron's unfused path (the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there) and in
+  transformers' eager attention, beside the gradients made before it under HF (the records of
+  llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 peak there; at shorter sequences, or with a larger
+  vocabulary per head, the loss's moment is larger: qwen2.5-0.5b's at s8192).
 Not here: DSA (sparse.py, sparse_hf.py count it in their moments) and SDPA's math backend (kbit.py, from its GPU
-record); HF's eager attention without recompute, whose records peak at the loss (the softmax's moment, beside
-the last layer's MLP tensors not yet freed, is not modelled).
+record).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .activations.entries import Entry, compiled, fused_kernels
 from .activations.attention import megatron_fused_softmax
 from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
 from .components import Component, component
+from .dsa_hf_moments import LAST_FORMULA
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hybrid import attends
@@ -37,6 +40,13 @@ MEGATRON_SOFTMAX_SOURCE = (
     "back for scores x V); measured: tests/data/measured/megatron/gpt3-175b-tp8-pp8-first-s2048-b1-unfused (the "
     "backward peak in the last layer's softmax backward: 446.7 MB over the kept activations, 503.3 MB modelled, the "
     "layer's MLP tensors freed by then and the small gradients beside it left out)")
+HF_SOFTMAX_SOURCE = (
+    "transformers 5.23 models/llama/modeling_llama.py eager_attention_forward (`softmax(attn_weights, dim=-1, "
+    "dtype=torch.float32).to(query.dtype)`, the copy kept for `matmul(attn_weights, value_states)`); measured: "
+    "tests/data/measured/llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 (the backward peak in the last layer's "
+    "softmax backward: the fp32 gradient of the probabilities and _softmax_backward_data's two fp32 tensors beside "
+    "the kept activations less the layer's bf16 probabilities, its MLP's tensors and the attention output, freed "
+    "by then, and beside the head's and the layer's post-attention gradients)")
 
 
 def _softmax_bytes(arch: Architecture, training: Training, par: Parallel) -> float | None:
@@ -80,28 +90,41 @@ def softmax_backward_temporary(arch: Architecture, training: Training, par: Para
         if entry else []
 
 
-def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
-    """Megatron's unfused softmax without recompute: the last layer's softmax backward beside every kept
-    activation holds the fp32 gradient of the probabilities (the cast's backward), CUDA's tmp and the fp32
-    gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the probabilities' copy, or
-    the dropout's output), freed by its backward: B*a*s^2*b (with fp32 compute and no dropout the fp32
-    probabilities themselves, which the softmax keeps: none freed)."""
-    if training.framework != "megatron" or training.recompute != "none" or training.offload_activations:
+def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel,
+                            gradients: float = 0.0) -> list[Component]:
+    """Without recompute, the last layer's softmax backward beside every kept activation (Megatron's unfused
+    softmax, transformers' eager attention): the gradient of the probabilities (fp32 from the cast's backward),
+    CUDA's tmp and the gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the
+    probabilities' copy, or the dropout's output), freed by its backward: B*a*s^2*b (none where the softmax's
+    own output is what scores x V takes: fp32 compute without dropout, Llama 4's softmax in the compute dtype,
+    whose three tensors are B each). `gradients`: the bytes of the gradients made before it (HF: head and the
+    last layer's after its core attention; `last_layer_gradients`)."""
+    if training.recompute != "none" or training.offload_activations:
+        return []
+    if training.framework != "megatron" and training.framework not in TRANSFORMERS_FRAMEWORKS:
         return []
     entry = temporary_entry(arch, training, par)
     if entry is None:
         return []
     B = bytes_per_element(training.compute_dtype)
-    freed = B if B < 4 or training.dropout else 0
+    freed = B if (entry.bytes_per_element == 4 and B < 4) or training.dropout else 0
+    source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
     t = "/t" if par.tp > 1 else ""
-    parts = (component("transient", "fp32 gradient of the probabilities (the cast's backward)", entry.bytes(par),
-                       f"4*a*s^2*b{t}", MEGATRON_SOFTMAX_SOURCE),
+    cast = "fp32 gradient of the probabilities (the cast's backward)" if entry.bytes_per_element == 4 \
+        else "gradient of the probabilities"
+    parts = (component("transient", cast, entry.bytes(par), entry.shown_formula(par), source),
              component("transient", entry.name, entry.bytes(par), entry.shown_formula(par), SOFTMAX_BACKWARD_SOURCE),
-             component("transient", "fp32 gradient of the scores (the softmax's backward output)", entry.bytes(par),
-                       f"4*a*s^2*b{t}", MEGATRON_SOFTMAX_SOURCE))
+             component("transient", "fp32 gradient of the scores (the softmax's backward output)" if entry.bytes_per_element == 4
+                       else "gradient of the scores (the softmax's backward output)", entry.bytes(par),
+                       entry.shown_formula(par), source))
     if freed:
         parts += (component("transient", "The 16-bit tensor scores x V kept, freed by its backward",
-                            -entry.elements * freed / par.tp, f"-{freed:g}*a*s^2*b{t}", MEGATRON_SOFTMAX_SOURCE),)
-    return [Component("transient", "The last layer's softmax backward (unfused softmax, no recompute)",
+                            -entry.elements * freed / par.tp, f"-{freed:g}*a*s^2*b{t}", source),)
+    if gradients:
+        parts += (component("transient", "Gradients made before the last layer's attention backward (HF: none "
+                            "before backward)", gradients, LAST_FORMULA,
+                            HF_SOFTMAX_SOURCE + "; torch.optim.Optimizer.zero_grad(set_to_none=True)"),)
+    label = "unfused softmax" if training.framework == "megatron" else "eager attention"
+    return [Component("transient", f"The last layer's softmax backward ({label}, no recompute)",
                       sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
-                      MEGATRON_SOFTMAX_SOURCE + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
+                      source + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
