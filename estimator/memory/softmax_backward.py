@@ -91,14 +91,16 @@ def softmax_backward_temporary(arch: Architecture, training: Training, par: Para
 
 
 def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel,
-                            gradients: float = 0.0) -> list[Component]:
+                            gradients: float = 0.0, freed_copies: float = 0.0) -> list[Component]:
     """Without recompute, the last layer's softmax backward beside every kept activation (Megatron's unfused
     softmax, transformers' eager attention): the gradient of the probabilities (fp32 from the cast's backward),
     CUDA's tmp and the gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the
     probabilities' copy, or the dropout's output), freed by its backward: B*a*s^2*b (none where the softmax's
     own output is what scores x V takes: fp32 compute without dropout, Llama 4's softmax in the compute dtype,
     whose three tensors are B each). `gradients`: the bytes of the gradients made before it (HF: head and the
-    last layer's after its core attention; `last_layer_gradients`)."""
+    last layer's after its core attention; `last_layer_gradients`); `freed_copies`: the autocast copies of those
+    weights, freed by their matmuls' backward by then (HF under autocast). Left out, as in Megatron's: the last
+    layer's MLP tensors and attention output, freed by then (0.3% of the measured peak)."""
     if training.recompute != "none" or training.offload_activations:
         return []
     if training.framework != "megatron" and training.framework not in TRANSFORMERS_FRAMEWORKS:
@@ -124,6 +126,11 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
         parts += (component("transient", "Gradients made before the last layer's attention backward (HF: none "
                             "before backward)", gradients, LAST_FORMULA,
                             HF_SOFTMAX_SOURCE + "; torch.optim.Optimizer.zero_grad(set_to_none=True)"),)
+    if freed_copies:
+        parts += (component("transient", "Autocast copies of the head's and the last layer's weights after its "
+                            "attention, freed by their backward", -freed_copies,
+                            "-B x (the same weights)", HF_SOFTMAX_SOURCE + "; PyTorch autocast's weight casts, "
+                            "kept by the matmul for its backward"),)
     label = "unfused softmax" if training.framework == "megatron" else "eager attention"
     return [Component("transient", f"The last layer's softmax backward ({label}, no recompute)",
                       sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),

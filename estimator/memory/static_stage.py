@@ -272,8 +272,8 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
             + softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n])
     elif not recomputed_layer_count(training, sp.num_layers):  # no layer recomputed: its in-layer moment
         extras = list(extras) + softmax_backward_moment(arch, training, par,
-                                                        _made_before_last_attention(arch, training, recipe, par, sp,
-                                                                                    grads_live))
+                                                        *_made_before_last_attention(arch, training, recipe, par, sp,
+                                                                                     grads_live))
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
@@ -281,15 +281,18 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
 
 
 def _made_before_last_attention(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
-                                sp: StageParameters, grads_live: bool) -> float:
-    """The gradients an HF full fine-tune has made when the last layer's attention backward runs (none before
-    backward: zero_grad(set_to_none=True)); 0 where they are counted already (`grads_live`), under an adapter
-    (the base's weights get none; the adapters' few are left out) and under the other frameworks (their own
-    gradient buffers and shards)."""
+                                sp: StageParameters, grads_live: bool) -> tuple[float, float]:
+    """(the gradients an HF full fine-tune has made when the last layer's attention backward runs, none before
+    backward: zero_grad(set_to_none=True); the autocast copies of the same weights, freed by their matmuls'
+    backward, under autocast: the norms' few elements, never cast, counted). (0, 0) where the gradients are
+    counted already (`grads_live`), under an adapter (the base's weights get none; the adapters' few are left
+    out) and under the other frameworks (their own gradient buffers and shards)."""
     if training.framework != "hf" or grads_live or training.adapter or not sp.last:
-        return 0.0
+        return 0.0, 0.0
     from .dsa_hf_moments import last_layer_gradients
-    return last_layer_gradients(arch, recipe, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+    grads = last_layer_gradients(arch, recipe, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+    copies = grads / bytes_per_element(recipe.grad_dtype) * bytes_per_element(recipe.compute_dtype)
+    return grads, copies if recipe.autocast_weight_copies else 0.0
 
 
 def _with_math_attention(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
