@@ -108,20 +108,35 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     entry = temporary_entry(arch, training, par)
     if entry is None:
         return []
-    B = bytes_per_element(training.compute_dtype)
-    freed = B if (entry.bytes_per_element == 4 and B < 4) or training.dropout else 0
     source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
+    parts = _softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
+    label = "unfused softmax" if training.framework == "megatron" else "eager attention"
+    return [Component("transient", f"The last layer's softmax backward ({label}, no recompute)",
+                      sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
+                      source + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
+
+
+def _softmax_parts(entry: Entry, training: Training, par: Parallel, source: str) -> tuple[Component, ...]:
+    """The softmax's three gradient-sized tensors and the 16-bit tensor scores x V frees (`softmax_backward_moment`)."""
+    B = bytes_per_element(training.compute_dtype)
+    fp32 = entry.bytes_per_element == 4
+    freed = B if (fp32 and B < 4) or training.dropout else 0
     t = "/t" if par.tp > 1 else ""
-    cast = "fp32 gradient of the probabilities (the cast's backward)" if entry.bytes_per_element == 4 \
-        else "gradient of the probabilities"
-    parts = (component("transient", cast, entry.bytes(par), entry.shown_formula(par), source),
-             component("transient", entry.name, entry.bytes(par), entry.shown_formula(par), SOFTMAX_BACKWARD_SOURCE),
-             component("transient", "fp32 gradient of the scores (the softmax's backward output)" if entry.bytes_per_element == 4
-                       else "gradient of the scores (the softmax's backward output)", entry.bytes(par),
-                       entry.shown_formula(par), source))
+    size, formula = entry.bytes(par), entry.shown_formula(par)
+    parts = (component("transient", "fp32 gradient of the probabilities (the cast's backward)" if fp32
+                       else "gradient of the probabilities", size, formula, source),
+             component("transient", entry.name, size, formula, SOFTMAX_BACKWARD_SOURCE),
+             component("transient", f"{'fp32 ' if fp32 else ''}gradient of the scores (the softmax's backward output)",
+                       size, formula, source))
     if freed:
         parts += (component("transient", "The 16-bit tensor scores x V kept, freed by its backward",
                             -entry.elements * freed / par.tp, f"-{freed:g}*a*s^2*b{t}", source),)
+    return parts
+
+
+def _hf_parts(gradients: float, freed_copies: float) -> tuple[Component, ...]:
+    """The gradients made before the moment and the autocast copies freed by then (`softmax_backward_moment`)."""
+    parts: tuple[Component, ...] = ()
     if gradients:
         parts += (component("transient", "Gradients made before the last layer's attention backward (HF: none "
                             "before backward)", gradients, LAST_FORMULA,
@@ -131,7 +146,4 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
                             "attention, freed by their backward", -freed_copies,
                             "-B x (the same weights)", HF_SOFTMAX_SOURCE + "; PyTorch autocast's weight casts, "
                             "kept by the matmul for its backward"),)
-    label = "unfused softmax" if training.framework == "megatron" else "eager attention"
-    return [Component("transient", f"The last layer's softmax backward ({label}, no recompute)",
-                      sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
-                      source + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
+    return parts
