@@ -23,19 +23,21 @@ from ..spec.dtypes import bytes_per_element
 from ..spec.training import Recipe
 from .activations.sparse_hf import HF_SOURCE
 
-# the weights a DeepseekV32DecoderLayer runs before its core attention (their gradients come after it)
-_BEFORE_CORE = ("q_down_proj", "q_down_norm", "q_up_proj", "kv_down_proj", "kv_down_norm", "kv_up_proj")
+# the weights a layer runs before its core attention (their gradients come after it): DeepseekV32DecoderLayer's,
+# and a standard attention layer's q, k, v projections, their bias and q/k norms (softmax_backward.py)
+_BEFORE_CORE = ("q_down_proj", "q_down_norm", "q_up_proj", "kv_down_proj", "kv_down_norm", "kv_up_proj",
+                "q_proj", "k_proj", "v_proj", "qkv_bias", "q_norm", "k_norm")
 
 
 def _trained(arch: Architecture, kind: str, after_core: bool = False) -> int:
     """Elements of a layer's weights that get a gradient (the indexer's do not), or only those its backward
-    reaches before the core attention's: the layer's two norm scales are one tensor of two copies, of which
-    the post-attention norm's comes before, the input norm's after."""
+    reaches before the core attention's: the layer's norm scales are one tensor of one copy per norm, of which
+    every one but the input norm's comes before (the post-attention norm's; Gemma-2's feed-forward norms too)."""
     total = 0
     for t in arch.layer_tensors(kind):
         if t.name.startswith("indexer_") or (after_core and t.name in _BEFORE_CORE):
             continue
-        total += t.numel // t.copies if after_core and t.name == "norm" else t.numel
+        total += t.numel - t.numel // t.copies if after_core and t.name == "norm" else t.numel
     return total
 
 
@@ -51,16 +53,22 @@ def end_kinds(arch: Architecture, sp: StageParameters) -> tuple[str, str]:
     return kinds[sp.chunks[0].start], kinds[sp.chunks[-1].stop - 1]
 
 
+def last_layer_gradients(arch: Architecture, recipe: Recipe, sp: StageParameters, vocab: int) -> float:
+    """The gradients (bytes) made before the stage's last layer's core attention backward: the head's and final
+    norm's and the last layer's own after its core (module docstring)."""
+    return bytes_per_element(recipe.grad_dtype) * (_head(arch, vocab) + _trained(arch, end_kinds(arch, sp)[1], True))
+
+
 def gradients_at_moment(arch: Architecture, recipe: Recipe, sp: StageParameters, per_layer: dict[str, float],
                         vocab: int) -> tuple[float, float]:
     """(gradients at the last layer's moment, at the first layer's less the kept tensors of the layers after
     it, freed by then): the two ends of the linear run over the layers (module docstring), without recompute."""
     G = bytes_per_element(recipe.grad_dtype)
-    first, last = end_kinds(arch, sp)
+    first, _ = end_kinds(arch, sp)
     head = _head(arch, vocab)
     later = sum(_trained(arch, kind) * n for kind, n in sp.kind_counts) - _trained(arch, first)
     at_first = G * (head + later + _trained(arch, first, after_core=True))
-    at_last = G * (head + _trained(arch, last, after_core=True))
+    at_last = last_layer_gradients(arch, recipe, sp, vocab)
     kept_later = sum(per_layer[kind] * n for kind, n in sp.kind_counts) - per_layer[first]
     return at_last, at_first - kept_later
 

@@ -8,13 +8,16 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
 - beside a recomputed layer (full recompute): the layer's backward runs inside that moment
   (`softmax_backward_temporary`; the HF harness's records of Llama-3.1-8B, Gemma-2-9B and Mixtral with
   recompute and eager attention grew by exactly this when it counted the temporary);
-- in Megatron's unfused path, the whole softmax backward: without recompute the last layer's beside every kept
-  activation, with full recompute the recomputed layer's (`softmax_backward_moment`; the harness records
-  gpt3-175b-tp8-pp8-first-s2048-b1-unfused and llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peak
-  there).
+- without recompute, the last layer's softmax backward beside every kept activation (`softmax_backward_moment`):
+  in Megatron's unfused path (the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there) and in
+  transformers' eager attention, beside the gradients made before it under HF (the records of
+  llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 peak there; at shorter sequences, or with a larger
+  vocabulary per head, the loss's moment is larger: qwen2.5-0.5b's at s8192).
+- with full recompute in Megatron's unfused path, the recomputed layer's whole softmax backward beside it
+  (`softmax_backward_moment(recomputed=True)`; the harness record
+  llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there).
 Not here: DSA (sparse.py, sparse_hf.py count it in their moments) and SDPA's math backend (kbit.py, from its GPU
-record); HF's eager attention without recompute, whose records peak at the loss (the softmax's moment, beside
-the last layer's MLP tensors not yet freed, is not modelled).
+record).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .activations.entries import Entry, compiled, fused_kernels
 from .activations.attention import megatron_fused_softmax
 from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
 from .components import Component, component
+from .dsa_hf_moments import LAST_FORMULA
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hybrid import attends
@@ -39,6 +43,13 @@ MEGATRON_SOFTMAX_SOURCE = (
     "back for scores x V); measured: tests/data/measured/megatron/gpt3-175b-tp8-pp8-first-s2048-b1-unfused (the "
     "backward peak in the last layer's softmax backward: 446.7 MB over the kept activations, 503.3 MB modelled, the "
     "layer's MLP tensors freed by then and the small gradients beside it left out)")
+HF_SOFTMAX_SOURCE = (
+    "transformers 5.23 models/llama/modeling_llama.py eager_attention_forward (`softmax(attn_weights, dim=-1, "
+    "dtype=torch.float32).to(query.dtype)`, the copy kept for `matmul(attn_weights, value_states)`); measured: "
+    "tests/data/measured/llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 (the backward peak in the last layer's "
+    "softmax backward: the fp32 gradient of the probabilities and _softmax_backward_data's two fp32 tensors beside "
+    "the kept activations less the layer's bf16 probabilities, its MLP's tensors and the attention output, freed "
+    "by then, and beside the head's and the layer's post-attention gradients)")
 
 
 def _softmax_bytes(arch: Architecture, training: Training, par: Parallel) -> float | None:
@@ -83,33 +94,65 @@ def softmax_backward_temporary(arch: Architecture, training: Training, par: Para
 
 
 def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel,
+                            gradients: float = 0.0, freed_copies: float = 0.0,
                             recomputed: bool = False) -> list[Component]:
-    """Megatron's unfused softmax: a layer's softmax backward holds the fp32 gradient of the probabilities (the
-    cast's backward), CUDA's tmp and the fp32 gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor
-    scores x V kept (the probabilities' copy, or the dropout's output), freed by its backward: B*a*s^2*b (with
-    fp32 compute and no dropout the fp32 probabilities themselves, which the softmax keeps: none freed). Without
-    recompute the last layer's, beside every kept activation; with full recompute (`recomputed`) the recomputed
-    layer's, beside its own kept tensors (the harness record llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-
-    unfused peaks there: 8.85 GB over the layers' inputs, 9.27 GB modelled, its MLP's tensors freed by then
-    left in)."""
-    if training.framework != "megatron" or training.offload_activations \
-            or (training.recompute != "none") != recomputed:
+    """Without recompute, the last layer's softmax backward beside every kept activation (Megatron's unfused
+    softmax, transformers' eager attention): the gradient of the probabilities (fp32 from the cast's backward),
+    CUDA's tmp and the gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the
+    probabilities' copy, or the dropout's output), freed by its backward: B*a*s^2*b (none where the softmax's
+    own output is what scores x V takes: fp32 compute without dropout, Llama 4's softmax in the compute dtype,
+    whose three tensors are B each). `gradients`: the bytes of the gradients made before it (HF: head and the
+    last layer's after its core attention; `last_layer_gradients`); `freed_copies`: the autocast copies of those
+    weights, freed by their matmuls' backward by then (HF under autocast). Left out, as in Megatron's: the last
+    layer's MLP tensors and attention output, freed by then (0.3% of the measured peak). With full recompute
+    (`recomputed`), Megatron's unfused softmax only: the recomputed layer's, beside its own kept tensors (the
+    harness record llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused: 8.85 GB over the layers' inputs,
+    9.27 GB modelled, its MLP's tensors freed by then left in); transformers' eager attention under recompute
+    holds the temporary alone beside its ledger (`softmax_backward_temporary`, as the H200 records show)."""
+    if training.offload_activations or (training.recompute != "none") != recomputed:
+        return []
+    if training.framework != "megatron" and (recomputed or training.framework not in TRANSFORMERS_FRAMEWORKS):
         return []
     entry = temporary_entry(arch, training, par)
     if entry is None:
         return []
+    source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
+    parts = _softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
+    label = "unfused softmax" if training.framework == "megatron" else "eager attention"
+    which = "The recomputed layer's" if recomputed else "The last layer's"
+    return [Component("transient", f"{which} softmax backward ({label}{'' if recomputed else ', no recompute'})",
+                      sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
+                      source + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
+
+
+def _softmax_parts(entry: Entry, training: Training, par: Parallel, source: str) -> tuple[Component, ...]:
+    """The softmax's three gradient-sized tensors and the 16-bit tensor scores x V frees (`softmax_backward_moment`)."""
     B = bytes_per_element(training.compute_dtype)
-    freed = B if B < 4 or training.dropout else 0
+    fp32 = entry.bytes_per_element == 4
+    freed = B if (fp32 and B < 4) or training.dropout else 0
     t = "/t" if par.tp > 1 else ""
-    parts = (component("transient", "fp32 gradient of the probabilities (the cast's backward)", entry.bytes(par),
-                       f"4*a*s^2*b{t}", MEGATRON_SOFTMAX_SOURCE),
-             component("transient", entry.name, entry.bytes(par), entry.shown_formula(par), SOFTMAX_BACKWARD_SOURCE),
-             component("transient", "fp32 gradient of the scores (the softmax's backward output)", entry.bytes(par),
-                       f"4*a*s^2*b{t}", MEGATRON_SOFTMAX_SOURCE))
+    size, formula = entry.bytes(par), entry.shown_formula(par)
+    parts = (component("transient", "fp32 gradient of the probabilities (the cast's backward)" if fp32
+                       else "gradient of the probabilities", size, formula, source),
+             component("transient", entry.name, size, formula, SOFTMAX_BACKWARD_SOURCE),
+             component("transient", f"{'fp32 ' if fp32 else ''}gradient of the scores (the softmax's backward output)",
+                       size, formula, source))
     if freed:
         parts += (component("transient", "The 16-bit tensor scores x V kept, freed by its backward",
-                            -entry.elements * freed / par.tp, f"-{freed:g}*a*s^2*b{t}", MEGATRON_SOFTMAX_SOURCE),)
-    label = "The recomputed layer's" if recomputed else "The last layer's"
-    return [Component("transient", f"{label} softmax backward (unfused softmax)",
-                      sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
-                      MEGATRON_SOFTMAX_SOURCE + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
+                            -entry.elements * freed / par.tp, f"-{freed:g}*a*s^2*b{t}", source),)
+    return parts
+
+
+def _hf_parts(gradients: float, freed_copies: float) -> tuple[Component, ...]:
+    """The gradients made before the moment and the autocast copies freed by then (`softmax_backward_moment`)."""
+    parts: tuple[Component, ...] = ()
+    if gradients:
+        parts += (component("transient", "Gradients made before the last layer's attention backward (HF: none "
+                            "before backward)", gradients, LAST_FORMULA,
+                            HF_SOFTMAX_SOURCE + "; torch.optim.Optimizer.zero_grad(set_to_none=True)"),)
+    if freed_copies:
+        parts += (component("transient", "Autocast copies of the head's and the last layer's weights after its "
+                            "attention, freed by their backward", -freed_copies,
+                            "-B x (the same weights)", HF_SOFTMAX_SOURCE + "; PyTorch autocast's weight casts, "
+                            "kept by the matmul for its backward"),)
+    return parts

@@ -169,7 +169,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         exchange, exchange_backward, in_moe_layer = _with_dsa_moments(arch, training, recipe, par, sp, m, shared,
                                                                       total_bytes(loss_saved), moments)
     grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
-    working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer)
+    working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
+                                                 grads_live)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
@@ -258,7 +259,8 @@ def _with_dsa_moments(arch: Architecture, training: Training, recipe: Recipe, pa
 
 
 def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                      shared: _Shared, working: float, in_moe_layer: list) -> tuple[float, list, bool]:
+                      shared: _Shared, working: float, in_moe_layer: list,
+                      grads_live: bool) -> tuple[float, list, bool]:
     """Backward's recompute moment: (the recomputed layer's working set, the components beside it, whether it is
     the layer's kind's own: a ring attention moment that outgrows it replaces it)."""
     # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
@@ -271,7 +273,9 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
             + (softmax_backward_moment(arch, training, par, recomputed=True)
                or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
     elif not recomputed_layer_count(training, sp.num_layers):  # no layer recomputed: its in-layer moment
-        extras = list(extras) + softmax_backward_moment(arch, training, par)
+        extras = list(extras) + softmax_backward_moment(arch, training, par,
+                                                        *_made_before_last_attention(arch, training, recipe, par, sp,
+                                                                                     grads_live))
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
@@ -284,6 +288,21 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
         if total_bytes(moment) > int(round(working)) + total_bytes(extras):
             return 0.0, moment, False
     return working, extras, True
+
+
+def _made_before_last_attention(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
+                                sp: StageParameters, grads_live: bool) -> tuple[float, float]:
+    """(the gradients an HF full fine-tune has made when the last layer's attention backward runs, none before
+    backward: zero_grad(set_to_none=True); the autocast copies of the same weights, freed by their matmuls'
+    backward, under autocast: the norms' few elements, never cast, counted). (0, 0) where the gradients are
+    counted already (`grads_live`), under an adapter (the base's weights get none; the adapters' few are left
+    out) and under the other frameworks (their own gradient buffers and shards)."""
+    if training.framework != "hf" or grads_live or training.adapter or not sp.last:
+        return 0.0, 0.0
+    from .dsa_hf_moments import last_layer_gradients
+    grads = last_layer_gradients(arch, recipe, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+    copies = grads / bytes_per_element(recipe.grad_dtype) * bytes_per_element(recipe.compute_dtype)
+    return grads, copies if recipe.autocast_weight_copies else 0.0
 
 
 def _with_math_attention(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
