@@ -128,7 +128,7 @@ def test_a_framework_record_is_its_case_on_its_gpu():
 def test_a_megatron_record_holds_the_fake_tensor_run_of_its_setup():
     """The records step measures the same Setup under fake tensors (about 10 s): its parameters are the bf16
     buffer of the 1,923,125,248 counted above (a multiple of 128: no padding), its fp32 gradient buffer twice
-    that, and the fp32 main parameters with two moments 12 B each."""
+    that, and the fp32 main parameters with two moments 12 B each; it peaks in backward."""
     pytest.importorskip("megatron.core")
     line = {"id": "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers", "measured": {"peak_bytes": 1},
             "versions": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0"}}
@@ -138,7 +138,8 @@ def test_a_megatron_record_holds_the_fake_tensor_run_of_its_setup():
     assert record["config"]["hardware"] == {"gpu": "h100-80"}
     fake, count = record["fake_tensor_measured"], 1_923_125_248
     assert (fake["parameters"], fake["gradients"], fake["optimizer_states"]) == (2 * count, 4 * count, 12 * count)
-    assert fake["peak_phase"] == "forward"
+    # the last layer's softmax backward, with CUDA's temporary the harness counts (memory/softmax_backward.py)
+    assert fake["peak_phase"] == "backward"
 
 
 def test_a_case_process_and_the_records_step_run_a_framework_step(monkeypatch, capsys, tmp_path):
