@@ -647,16 +647,20 @@ def test_torchtitan_llama31_405b_on_512_h100():
     # group, speed/collectives.ring_line_rate): torchtitan runs this layout with async TP, which hides
     # the forward's TP collectives (training.async_tp); asked without it, TP 8 pays them all; and the
     # pipelined stages' idle stream pools (pp_buffers.py: the reduce-scatter stream's sharded gradients, the
-    # all-gather copy-in) leave it micro-batches of one sequence where it ran two without them (79% then)
-    assert mine.tokens_per_s_per_gpu >= 0.65 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
+    # all-gather copy-in) leave it micro-batches of one sequence where it ran two without them (79% then); torch
+    # 2.6's receive buffers, one per micro-batch and chunk with their .grad (pp_receive.py), leave it VPP 2 (the
+    # two chunks a rank torchtitan ran) where VPP 4 fitted without them (66% then): 64%
+    assert mine.parallel.vpp == 2
+    assert mine.tokens_per_s_per_gpu >= 0.63 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
 
 
 def test_torchtitan_405b_with_async_tp():
     """The same layout as torchtitan ran it, with async TP (an Inductor pass: compile on): the planner gives every
     layout it judges the async_tp asked for (it does not search it), and the step time then charges one chunk of
     each overlapped TP collective (speed/communication.py), so TP 8 comes nearer the fastest (TP 2): 73% of it
-    against 66% without (README; 84% and 79% before the pipelined stages' stream pools, pp_buffers.py, cost the
-    layout its two-sequence micro-batches)."""
+    against 64% without (README; 84% and 79% before the pipelined stages' stream pools, pp_buffers.py, cost the
+    layout its two-sequence micro-batches; 66% without async TP before torch 2.6's receive buffers, pp_receive.py,
+    cost it VPP 4 for VPP 2)."""
     arch, n = get_architecture("llama-3.1-405b"), 512
     fixed = dict(tp=8, pp=8, cp=1, dp=8, pp_first_stage_layers=15, pp_last_stage_layers=15)
     ratios = {}
@@ -665,7 +669,7 @@ def test_torchtitan_405b_with_async_tp():
         mine, fastest = best(arch, tr, "h100-80", n, **fixed), best(arch, tr, "h100-80", n)
         assert mine.training.async_tp is async_tp and fastest.training.async_tp is async_tp
         ratios[async_tp] = mine.tokens_per_s_per_gpu / fastest.tokens_per_s_per_gpu
-    assert ratios[False] == pytest.approx(0.66, abs=0.01) and ratios[True] == pytest.approx(0.73, abs=0.01)
+    assert ratios[False] == pytest.approx(0.64, abs=0.01) and ratios[True] == pytest.approx(0.73, abs=0.01)
 
 
 def gpt3_175b() -> Architecture:

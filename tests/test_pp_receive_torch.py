@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -50,7 +52,12 @@ def test_torch_keeps_a_receive_buffer_per_micro_batch_and_drops_its_grad():
 
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "out")
-        torch.multiprocessing.spawn(_entry, args=(store, out), nprocs=2, join=True)
+        # two fresh interpreters running this file (not multiprocessing's spawn, whose children re-import the
+        # test module through whatever sys.path the suite's earlier tests left)
+        ranks = [subprocess.Popen([sys.executable, __file__, str(r), store, out], stderr=subprocess.PIPE, text=True)
+                 for r in (0, 1)]
+        errors = [p.communicate(timeout=300)[1] for p in ranks]
+        assert [p.returncode for p in ranks] == [0, 0], errors
         first, second = (json.load(open(f"{out}.{r}")) for r in (0, 1))
     # torch 2.10 on drops the .grad once read (pytorch#164329): the releases of 0.3.0 and main
     kept = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 10)
@@ -59,5 +66,5 @@ def test_torch_keeps_a_receive_buffer_per_micro_batch_and_drops_its_grad():
     assert not RULES["0.3.0"].pp_recv_grads_kept and not RULES["main"].pp_recv_grads_kept
 
 
-def _entry(rank: int, store: str, out: str) -> None:
-    _probe(rank, 2, store, out)
+if __name__ == "__main__":
+    _probe(int(sys.argv[1]), 2, sys.argv[2], sys.argv[3])
