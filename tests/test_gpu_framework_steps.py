@@ -19,10 +19,8 @@ from validation.gpu.cases import CASES  # noqa: E402
 from validation.gpu.framework_records import CONFIGS, framework_record_of  # noqa: E402
 from validation.gpu.framework_step import peak_blocks  # noqa: E402
 
-# tiny-llama (validation/hf/models.py): h 64, 2 layers, 4 heads of 16, 2 KV heads, MLP 160, vocabulary 1000
-H, LAYERS, KV, FFN, VOCAB = 64, 2, 2 * 16, 160, 1000
-LAYER = H * H + 2 * H * KV + H * H + 3 * H * FFN + 2 * H  # q, k, v, o, gate/up/down, two norms
-TINY_PARAMS = 2 * VOCAB * H + LAYERS * LAYER + H  # embedding, LM head (untied), final norm
+# tiny-llama's dimensions and parameters, counted by hand in the HF cases' self-test
+from tests.test_gpu_harness import H, KV, LAYERS, TINY_PARAMS  # noqa: E402
 
 
 def test_cpu_selftest_of_a_megatron_step():

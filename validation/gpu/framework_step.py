@@ -61,14 +61,10 @@ def one_rank_environment(launcher: bool = False):
                 os.environ[name] = value
 
 
-@contextmanager
-def _null(name):
-    yield
-
-
 def measure_framework(build, device: str, trace: bool = False) -> dict:
     """`build(device)` returns the framework step; the record's `measured` object."""
-    from .measure import STATS, cuda_used_bytes, nvidia_smi_used_bytes, segments
+    from .measure import (after_step1, cuda_used_bytes, freed_cublas_workspaces, nullphase, phase_recorder,
+                          step2_readings)
 
     cuda = device == "cuda"
     out: dict = {}
@@ -83,50 +79,24 @@ def measure_framework(build, device: str, trace: bool = False) -> dict:
     torch.manual_seed(0)
     framework = build(device)
     start = time.perf_counter()
-    out["step1_loss"] = framework.step(_null)
+    out["step1_loss"] = framework.step(lambda name: nullphase())
     gc.collect()
     out |= framework.states()
     if not cuda:
         return out
-    torch.cuda.synchronize()
-    out["reserved_peak_step1_bytes"] = torch.cuda.max_memory_reserved()
-    out["allocated_before_step2_bytes"] = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
+    out |= after_step1()
     phases: dict = {}
     if trace:
         torch.empty(MARKER_BYTES, dtype=torch.uint8, device=device)  # made and freed at once
-
-    @contextmanager
-    def phase(name):
-        torch.cuda.synchronize()
-        begin = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        yield
-        torch.cuda.synchronize()
-        phases[name] = {"start_bytes": begin, "peak_bytes": torch.cuda.max_memory_allocated(),
-                        "reserved_peak_bytes": torch.cuda.max_memory_reserved()}
-
-    out["step2_loss"] = framework.step(phase)
+    out["step2_loss"] = framework.step(phase_recorder(phases))
     torch.cuda.synchronize()
     out["step2_seconds"] = time.perf_counter() - start
-    out["phases"] = phases
-    peak_phase = max(phases, key=lambda n: phases[n]["peak_bytes"])
-    out["peak_bytes"], out["peak_phase"] = phases[peak_phase]["peak_bytes"], peak_phase
-    out["reserved_peak_bytes"] = max(p["reserved_peak_bytes"] for p in phases.values())
-    out["allocated_end_bytes"] = torch.cuda.memory_allocated()
-    out["reserved_end_bytes"] = torch.cuda.memory_reserved()
-    out["device_used_end_bytes"] = cuda_used_bytes()
-    out["nvidia_smi_used_end_bytes"] = nvidia_smi_used_bytes()
-    stats = torch.cuda.memory_stats()
-    out["stats"] = {k: stats.get(k) for k in STATS}
-    out["segments"] = segments()
+    out |= step2_readings(phases)
     if trace:
         snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(None)
         out["peak_blocks"] = peak_blocks(snapshot["device_traces"][0])
-    before = torch.cuda.memory_allocated()
-    torch._C._cuda_clearCublasWorkspaces()
-    out["cublas_workspace_bytes"] = before - torch.cuda.memory_allocated()
+    out["cublas_workspace_bytes"] = freed_cublas_workspaces()
     return out
 
 

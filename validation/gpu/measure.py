@@ -196,12 +196,28 @@ def measure(harness: str, run, device: str = "cuda", wrapper: str = "") -> dict:
     out |= model_states(model, opt)
     if not cuda:
         return out
-    torch.cuda.synchronize()
-    out["reserved_peak_step1_bytes"] = torch.cuda.max_memory_reserved()
-    out["allocated_before_step2_bytes"] = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
+    out |= after_step1()
     phases: dict = {}
+    step(model, opt, ids, phase_recorder(phases))
+    torch.cuda.synchronize()
+    out["step2_seconds"] = time.perf_counter() - start
+    out |= step2_readings(phases)
+    out["cublas_workspace_bytes"] = freed_cublas_workspaces()
+    return out
 
+
+def after_step1() -> dict:
+    """Step 1's reserved peak and what is allocated before step 2, whose peaks are then counted afresh."""
+    torch.cuda.synchronize()
+    out = {"reserved_peak_step1_bytes": torch.cuda.max_memory_reserved(),
+           "allocated_before_step2_bytes": torch.cuda.memory_allocated()}
+    torch.cuda.reset_peak_memory_stats()
+    return out
+
+
+def phase_recorder(phases: dict):
+    """Step 2's `phase(name)` context manager: each phase's allocated bytes at its start, and its allocated and
+    reserved peaks, into `phases` (also the framework steps', framework_step.py)."""
     @contextmanager
     def phase(name):
         torch.cuda.synchronize()
@@ -212,24 +228,25 @@ def measure(harness: str, run, device: str = "cuda", wrapper: str = "") -> dict:
         phases[name] = {"start_bytes": begin, "peak_bytes": torch.cuda.max_memory_allocated(),
                         "reserved_peak_bytes": torch.cuda.max_memory_reserved()}
 
-    step(model, opt, ids, phase)
-    torch.cuda.synchronize()
-    out["step2_seconds"] = time.perf_counter() - start
-    out["phases"] = phases
+    return phase
+
+
+def step2_readings(phases: dict) -> dict:
+    """What a record keeps of step 2: its phases, the peaks over them, and the allocator and the device after it."""
     peak_phase = max(phases, key=lambda n: phases[n]["peak_bytes"])
-    out["peak_bytes"], out["peak_phase"] = phases[peak_phase]["peak_bytes"], peak_phase
-    out["reserved_peak_bytes"] = max(p["reserved_peak_bytes"] for p in phases.values())
-    out["allocated_end_bytes"] = torch.cuda.memory_allocated()
-    out["reserved_end_bytes"] = torch.cuda.memory_reserved()
-    out["device_used_end_bytes"] = cuda_used_bytes()
-    out["nvidia_smi_used_end_bytes"] = nvidia_smi_used_bytes()
     stats = torch.cuda.memory_stats()
-    out["stats"] = {k: stats.get(k) for k in STATS}
-    out["segments"] = segments()
+    return {"phases": phases, "peak_bytes": phases[peak_phase]["peak_bytes"], "peak_phase": peak_phase,
+            "reserved_peak_bytes": max(p["reserved_peak_bytes"] for p in phases.values()),
+            "allocated_end_bytes": torch.cuda.memory_allocated(), "reserved_end_bytes": torch.cuda.memory_reserved(),
+            "device_used_end_bytes": cuda_used_bytes(), "nvidia_smi_used_end_bytes": nvidia_smi_used_bytes(),
+            "stats": {k: stats.get(k) for k in STATS}, "segments": segments()}
+
+
+def freed_cublas_workspaces() -> int:
+    """The bytes clearCublasWorkspaces frees: PyTorch's cuBLAS workspaces, one per (handle, stream) used."""
     before = torch.cuda.memory_allocated()
     torch._C._cuda_clearCublasWorkspaces()
-    out["cublas_workspace_bytes"] = before - torch.cuda.memory_allocated()
-    return out
+    return before - torch.cuda.memory_allocated()
 
 
 @contextmanager
