@@ -268,11 +268,13 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
     # largest of its moments.
     extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
-    if working and recomputed_layer_count(training, sp.num_layers):  # a recomputed MoE layer's own moments
-        extras = list(extras) + list(in_moe_layer) + _freed_before_recompute(arch, training, sp, shared) \
+    counted = recomputed_layer_count(training, sp.num_layers)
+    freed = _freed_before_recompute(arch, training, sp, shared) if working and counted else []
+    if working and counted:  # a recomputed MoE layer's own moments
+        extras = list(extras) + list(in_moe_layer) + freed \
             + (softmax_backward_moment(arch, training, par, recomputed=True)
                or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
-    elif not recomputed_layer_count(training, sp.num_layers):  # no layer recomputed: its in-layer moment
+    elif not counted:  # no layer recomputed: its in-layer moment
         extras = list(extras) + softmax_backward_moment(arch, training, par,
                                                         *_made_before_last_attention(arch, training, recipe, par, sp,
                                                                                      grads_live))
@@ -281,10 +283,9 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
         return 0.0, ring, False
     # Megatron's unfused attention: the recomputed layer's softmax moment, before its MLP's tensors exist, beside
     # the later layers' freed activations (block method) but not the MoE moments (megatron_softmax_moment.py)
-    softmax = recomputed_softmax_moment(arch, training, shared.parallel) \
-        if working and recomputed_layer_count(training, sp.num_layers) else None
+    softmax = recomputed_softmax_moment(arch, training, shared.parallel) if working and counted else None
     if softmax:
-        moment = [softmax] + _freed_before_recompute(arch, training, sp, shared)
+        moment = [softmax] + freed
         if total_bytes(moment) > int(round(working)) + total_bytes(extras):
             return 0.0, moment, False
     return working, extras, True
