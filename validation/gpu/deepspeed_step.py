@@ -166,6 +166,19 @@ class DeepSpeedStep:
                 "parameter_count": sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())}
 
 
+def traced(run: DeepSpeedRun, device: str) -> bool:
+    """The allocator's history is recorded on CUDA except under ZeRO-3 with gradient checkpointing on torch
+    2.11+: there the recorder's Python stacks lose the exception non-reentrant checkpointing raises to stop a
+    recomputation early, inside ZeRO-3's LinearFunctionForZeroStage3.apply ("SystemError: <built-in method
+    apply of FunctionMeta object> returned NULL without setting an exception", pytorch/pytorch#179536, a
+    regression from 2.10; all three ZeRO-3 cases failed so on the H200 of 2026-11-27, torch 2.11.0+cu130).
+    The phases' allocated and reserved peaks are read all the same; only `peak_blocks` is left out."""
+    if device != "cuda":
+        return False
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return not (run.zero_stage == 3 and version >= (2, 11))
+
+
 def measure_deepspeed(run: DeepSpeedRun, device: str) -> dict:
     import deepspeed
     import torch.distributed as dist
@@ -174,7 +187,7 @@ def measure_deepspeed(run: DeepSpeedRun, device: str) -> dict:
 
     try:
         with one_rank_environment(launcher=True):
-            measured = measure_framework(lambda dev: DeepSpeedStep(run, dev), device, trace=device == "cuda")
+            measured = measure_framework(lambda dev: DeepSpeedStep(run, dev), device, trace=traced(run, device))
     finally:
         if dist.is_initialized():  # a later run in the same process (the CPU self-test) starts its own
             dist.destroy_process_group()

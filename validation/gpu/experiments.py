@@ -102,7 +102,8 @@ def run_experiment(experiment: Experiment, device: str, deadline: float, runs, l
         if done.returncode != 0:
             log.write(done.stderr[-3000:] + "\n")
             continue
-        line = json.loads(done.stdout.strip().splitlines()[-1])
+        # the sub-run's module may serve several experiments (graphs.py: cuda-graphs and cuda-graph-nodes)
+        line = json.loads(done.stdout.strip().splitlines()[-1]) | {"experiment": experiment.id}
         runs.write(json.dumps(line) + "\n")
         runs.flush()
         written += 1
