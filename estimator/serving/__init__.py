@@ -6,6 +6,7 @@ Each module is one job, after vLLM's own split of its start-up accounting:
 - `checkpoint`: the weight format and context length a checkpoint's config gives.
 - `weights`: the weights as loaded, per format, TP rank and PP stage.
 - `weight_blocks`: those weights as vLLM measures them, in torch's caching allocator's blocks.
+- `marlin_blocks`: the same for MXFP4 experts repacked for Marlin (vLLM 0.11), the repack replayed.
 - `activations`: the profiling run's torch activation peak.
 - `overheads`: non-torch memory and CUDA graphs.
 - `kv_cache`: KV cache specs per layer, layer groups, blocks, capacity, the longest max_model_len.

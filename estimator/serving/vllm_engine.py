@@ -23,7 +23,7 @@ from . import kv_cache, overheads, prefix_default, vllm_versions
 from .allreduce_fusion import fusion_workspace
 from .cuda_graphs import driver_memory, graph_memory, model_max_capture, vllm_estimate
 from .nccl_comm import communicator_bytes, tp_group_nccl
-from .activations import activation_peak
+from .activations import COMPUTE_UNITS, activation_peak
 from .profile_buffers import autotune_flush_bytes, blas_workspace_bytes
 from .encoder import encoder_profile, encoder_weights, modality_limits, tower_built
 from .checkpoint import checkpoint_format, context_length
@@ -138,7 +138,9 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
     if fmt.name == "mxfp4":
         experts = mxfp4_experts(rules.version, gpu)
         fmt = dataclasses.replace(fmt, mxfp4_padding=experts.padding, mxfp4_fp32_bias=experts.fp32_bias,
-                                  mxfp4_triton=experts.triton)
+                                  mxfp4_triton=experts.triton,
+                                  mxfp4_marlin_repack=experts.backend == "marlin" and rules.version < (0, 15),
+                                  mxfp4_marlin_sms=COMPUTE_UNITS[gpu.id])
     kv_bytes = KV_DTYPE_BYTES.get(serving.kv_cache_dtype, fmt.dtype_bytes)
     kv_dtype = serving.kv_cache_dtype or fmt.dtype_name
     if arch.uses_sparse_attention:  # DeepSeek-V3.2: fp8_ds_mla and 64-token blocks (sparse_cache.py)

@@ -28,7 +28,8 @@ inputs / TP, replicated layers whole (MLA's down-projections), the vocabulary pa
 in width over TP (FusedMoE) or, with expert parallelism, in number over EP.
 
 vLLM measures them as torch.cuda.memory_allocated counts them, in the caching allocator's blocks: for
-unquantized weights `stage_weights(as_allocated=True)` replays the allocations (weight_blocks.py).
+unquantized weights `stage_weights(as_allocated=True)` replays the allocations (weight_blocks.py), for MXFP4
+experts on vLLM 0.11's Marlin path the allocations and the repack after loading (marlin_blocks.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from ..spec.architecture import COLUMN, EXPERT_COLUMN, EXPERT_ROW, ROW, VOCAB, Architecture, ParameterTensor
 from .kv_cache import cdiv, kv_heads_per_rank
 from .mxfp4_experts import TritonHopperLayout, expert_tensor_bytes
+from .marlin_blocks import marlin_stage_allocated
 from .weight_blocks import allocated_bytes, stage_requests
 
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
@@ -60,6 +62,9 @@ class WeightFormat:
     mxfp4_fp32_bias: bool = False  # padded MXFP4 experts' biases held in fp32 (FlashInfer TRTLLM)
     # MXFP4 experts swizzled for triton_kernels on Hopper (serving/mxfp4_experts.py); None: not swizzled
     mxfp4_triton: TritonHopperLayout | None = None
+    # MXFP4 experts repacked by vLLM 0.11's Marlin path, whose blocks are replayed (serving/marlin_blocks.py)
+    mxfp4_marlin_repack: bool = False
+    mxfp4_marlin_sms: int = 0  # the GPU's SM count (activations.COMPUTE_UNITS), for Marlin's workspace
 
 
 def matrix_bytes(fmt: WeightFormat, out: int, inp: int, expert: bool) -> float:
@@ -200,10 +205,35 @@ def stage_weights(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, pp: i
         parts.append(f"RoPE cos/sin cache ({context:,} positions{', fp32' if rope_dtype_bytes == 4 else ''})")
     total = int(round(total))
     formula = f"{' + '.join(parts)} in {_format_label(fmt)}"
+    if as_allocated and fmt.mxfp4_marlin_repack:
+        blocks = _marlin_blocks(arch, fmt, tp, ep, layers, nbytes, head, embedding, rope)
+        return StageWeights(layers, blocks, f"{formula}{IN_BLOCKS}, Marlin's repack replayed (+{blocks - total:,} B)",
+                            blocks - total)
     if not (as_allocated and fmt.name in ("bf16", "fp16")):
         return StageWeights(layers, total, formula)
     blocks = allocated_bytes(stage_requests(arch, layers, nbytes, head, embedding, rope))
     return StageWeights(layers, blocks, f"{formula}{IN_BLOCKS} (+{blocks - total:,} B)", blocks - total)
+
+
+def _marlin_blocks(arch: Architecture, fmt: WeightFormat, tp: int, ep: int, layers: range, nbytes,
+                   head: list[ParameterTensor], embedding: list[ParameterTensor], rope: int) -> int:
+    """The stage's load replayed with vLLM 0.11's Marlin repack of the MXFP4 experts (serving/marlin_blocks.py):
+    each MoE layer's gate-up and down as padded on this rank."""
+    experts = {}
+    for kind in arch.kinds:
+        by_name = {t.name: t for t in arch.layer_tensors(kind) if t.is_expert}
+        if "expert_fc1" in by_name and "expert_fc2" in by_name:
+            (fc1, copies), (fc2, _) = (_local_shape(by_name[n], arch, tp, ep) for n in ("expert_fc1", "expert_fc2"))
+            experts[kind] = (copies, _padded_expert(fc1, by_name["expert_fc1"].split, fmt.mxfp4_padding),
+                             _padded_expert(fc2, by_name["expert_fc2"].split, fmt.mxfp4_padding))
+    if len(set(experts.values())) != 1:
+        raise ValueError(f"Marlin's MXFP4 replay needs one expert shape, got {sorted(set(experts.values()))}")
+    copies, gate_up, down = next(iter(experts.values()))
+    moe_layers = {i for i in layers if arch.layer_kind(i) in experts}
+    return marlin_stage_allocated(lambda i: [t for t in arch.layer_tensors(arch.layer_kind(i)) if not t.is_expert],
+                                  moe_layers, layers, nbytes, copies, gate_up, down,
+                                  [int(round(nbytes(t))) for t in embedding], [int(round(nbytes(t))) for t in head],
+                                  rope, fmt.mxfp4_marlin_sms)
 
 
 def _format_label(fmt: WeightFormat) -> str:
