@@ -60,7 +60,10 @@ NON_TORCH_BASE = ("non-torch at TP 1 in 0.19: 0.27 GiB for Qwen3-30B-A3B against
                   "prints 0.25. What differs is the captured graphs: the log's per-graph CUDA-graph estimate is 10 "
                   "MiB in both modes against 4-8 MiB for Llama-3.1-8B and Qwen3-8B, and 0.19 runs that CUDA-graph "
                   "memory profile inside memory_profiling (gpu_worker.py), so what the driver keeps after "
-                  "clear_all_graphs counts as non-torch. No source gives that driver memory; no formula is modelled")
+                  "clear_all_graphs counts as non-torch. The sweep's TP-1 values rise with the layer count in dense "
+                  "models too (0.24 GiB at 26-28 layers, 0.25 at 32-42, 0.26 at Gemma-3-27B's 62), which a constant "
+                  "does not follow; at 48 layers that trend gives 0.25-0.26, so about 0.01-0.02 GiB is the MoE's own. "
+                  "No source gives that driver memory; no formula is modelled")
 GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free memory before minus after capturing "
           "every graph). Ours (serving/cuda_graphs.py, graph_nodes.py, graph_driver.py) is the pool (FA3's split-KV "
           "accumulators of the FULL graphs + one layer's piecewise boundary tensors, 0.26 GiB for Llama-3.1-8B), the "
@@ -100,8 +103,13 @@ SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so the 3% is 0.05 Gi
                    "GiB, to the digit what 0.10.1 printed for the same load in vllm#23278), so the 0.06 GiB lies in "
                    "the profile's terms, which this log does not print: the sort sampler's 7.3 GiB peak (1,024 rows of "
                    "201,088 logits, serving/activations.py) and 0.11's 0.16 GiB non-torch constant (read from other "
-                   "models' logs). The 0.10.1 record of the same model and sampler misses the other way (ours 0.09 "
-                   "GiB under its KV), so no one term is established")
+                   "models' logs). One mechanism left out moves it toward the log: the sampler's tensors held in the "
+                   "allocator's blocks (the fp32 ones of 785.5 MiB in 786 MiB segments, the int64 ones of 1,571 MiB "
+                   "in 1,572 MiB, the rest of 0.5 and 1 MiB not split), 3-5 MiB by whether cub's temporary storage "
+                   "leaves a rest over 1 MiB, which would leave it within 0.5 MiB of the 3% either way: too close "
+                   "to call without the allocation list of PyTorch's segmented sort. The 0.10.1 record of the same "
+                   "model and sampler misses the other way (ours 0.09 GiB under its KV), so no one term is "
+                   "established")
 DEFAULTS_ASSUMED = ("the command is not quoted, and the record assumes vLLM's defaults (utilization 0.9, "
                     "max_num_batched_tokens 8192, 1,024 sequences). With the weights at the printed 65.9651 GiB (the "
                     "Marlin load replayed, serving/marlin_blocks.py) the rest of our non-KV memory is 0.09 GiB more "
