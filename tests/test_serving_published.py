@@ -106,7 +106,7 @@ SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so the 3% is 0.05 Gi
                    "models' logs). One mechanism left out moves it toward the log: the sampler's tensors held in the "
                    "allocator's blocks (the fp32 ones of 785.5 MiB in 786 MiB segments, the int64 ones of 1,571 MiB "
                    "in 1,572 MiB, the rest of 0.5 and 1 MiB not split), 3-5 MiB by whether cub's temporary storage "
-                   "leaves a rest over 1 MiB, which would leave it within 0.5 MiB of the 3% either way: too close "
+                   "leaves a rest over 1 MiB, which would leave it within 1.1 MiB of the 3% edge, either side: too close "
                    "to call without the allocation list of PyTorch's segmented sort. The 0.10.1 record of the same "
                    "model and sampler misses the other way (ours 0.09 GiB under its KV), so no one term is "
                    "established")
