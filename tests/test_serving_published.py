@@ -50,8 +50,10 @@ NON_TORCH_TP = ("non-torch of Llama-3.1-70B FP8 at TP 4: 2.21 GiB against ours 2
                 "register_graph_buffers, which hands every peer the IPC handles of the graph-pool blocks holding each "
                 "captured all-reduce's input (2 a layer; it takes inputs under 8 MiB: Llama-8B's 496- and 512-token "
                 "captures, the 70B's 496-token one); if the peers' mappings outlive clear_all_graphs and empty_cache, "
-                "the driver keeps those blocks outside torch (the C++ side was not read: the wheel has no csrc). How "
-                "much stays needs a GPU; no formula is modelled")
+                "the driver keeps those blocks outside torch (the C++ side was not read: the wheel has no csrc; the "
+                "CUDA driver API calls freeing an exported region before the importers close it undefined, "
+                "cuIpcOpenMemHandle, so no documented rule says what stays). How much stays needs a GPU; no "
+                "formula is modelled")
 NON_TORCH_BASE = ("non-torch at TP 1 in 0.19: 0.27 GiB for Qwen3-30B-A3B against the 0.25 GiB constant (0.24-0.26 "
                   "GiB in the other 0.19 runs). Not the MoE's workspaces: 0.19 runs TritonExperts ('Using TRITON "
                   "backend for Unquantized MoE' in the log), whose workspaces come from v1/worker/workspace.py and "
