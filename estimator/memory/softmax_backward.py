@@ -12,7 +12,10 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
   in Megatron's unfused path (the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there) and in
   transformers' eager attention, beside the gradients made before it under HF (the records of
   llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 peak there; at shorter sequences, or with a larger
-  vocabulary per head, the loss's moment is larger: qwen2.5-0.5b's at s8192).
+  vocabulary per head, the loss's moment is larger: qwen2.5-0.5b's at s8192); under FSDP1 beside the same
+  gradients in the param dtype, held by the FlatParameter's split, and the last layer's own unit
+  (fsdp1.softmax_moment_parts; the records fsdp1-llama-3.2-1b-*-s8192-b1-*eager peak there). Under DeepSpeed
+  no harness has measured it: its gradients go to the reduction buckets, and none is modelled beside it.
 - with full recompute in Megatron's unfused path, the recomputed layer's whole softmax backward beside it
   (`softmax_backward_moment(recomputed=True)`; the harness record
   llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there).
