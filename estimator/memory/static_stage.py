@@ -38,7 +38,7 @@ from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
-from .megatron_softmax_moment import recomputed_softmax_moment
+from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment
 
 
 class _StaticParts(NamedTuple):
@@ -280,7 +280,7 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
                                          *_made_before_last_attention(arch, training, recipe, par, sp, grads_live))
         held = fsdp1_softmax_parts(arch, training, par, recipe, sp) if moment and is_fsdp1(training) \
             and not grads_live and sp.last else []
-        extras = list(extras) + moment + held
+        extras = list(extras) + moment + held + selective_core_softmax_moment(arch, training, par)
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
