@@ -1,5 +1,5 @@
 """The app under load (issue #26, "Load, measured"): N sessions rerunning on one server while another
-session runs a large planner search. Prints; tests/test_load.py runs a short version.
+session runs a large planner search. Prints; tests/test_load.py runs a short version without timings.
 
     python bench/bench_load.py                     # 4 sessions x 12 reruns, DeepSeek-V3 on 2,048 GPUs
     python bench/bench_load.py --sessions 8 --reruns 20

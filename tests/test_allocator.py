@@ -478,3 +478,46 @@ def test_a_tied_embeddings_gradients_as_autograd_makes_them():
         "+A",
         "+B", "+C", "+D", "-B", "-C", "+E", "+F", "+G", "-G", "-D",
         "+H", "+I", "+J", "-H", "-I", "+K", "-K", "-J"]
+
+
+def _most_live(events: list[str]) -> int:
+    live = most = 0
+    for e in events:
+        live += 1 if e[0] == "+" else -1
+        most = max(most, live)
+    return most
+
+
+def test_a_tied_embeddings_sum_counts_each_gradient_once():
+    """The tied sum (reserved._tied_sum) by hand, Qwen2.5-0.5B (tied): at the lookup's backward the embedding-sized
+    blocks are the weight, the head's gradient (held in autograd's input buffer), the lookup's and their sum
+    (torch 2.13 input_buffer.cpp accumulate, out of place): 4, never 5 (a head gradient counted both as a head
+    tensor and as the held one would make 5). With two micro-batches the second's sum is added into the .grad
+    in place and freed (accumulate_grad.h accumulateGrad, `variable_grad += new_grad`): 5 then, the .grad one of
+    them. Under AMP (fp32 weights and gradients) the recorded sequence is the bf16 one: the head's gradient
+    reaches the buffer through the cast's backward and is still summed out of place, as the ledger has it."""
+    from estimator import estimate_config
+    from estimator.memory import reserved
+    from estimator.memory.memory import _stage_memo, static_key
+    V, h = 151_936, 896
+    amp = load(next(p for p in TRACES if p.name.startswith("qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1")))
+    recorded = _sized_events(lambda: replay(amp["events"]), V * h * 4)
+    assert recorded[3:13] == ["+C", "+D", "+E", "-C", "-D", "+F", "+G", "+H", "-H", "-E"]  # step 1, as in bf16
+    ledger = _sized_events(_ledger_replay(amp), V * h * 4)
+    assert ledger[:11] == ["+A", "+B", "+C", "+D", "-B", "-C", "+E", "+F", "+G", "-G", "-D"]
+    # at the sum: the weight A (made before the recorded slice), the head's, the lookup's and the sum
+    assert _most_live(recorded[3:8]) + 1 == _most_live(ledger[:6]) == 4
+
+    config = json.loads((TRACES[0].parents[1] / "gpu" / "qwen2.5-0.5b-bf16-adamw-norecompute-sdpa-s2048-b2.json")
+                        .read_text())["config"]
+    config["training"]["global_batch_size"] = 4  # two micro-batches of 2
+    estimate = estimate_config(config)
+    cfg, sp = estimate.config, estimate.config.stages[0]
+    static = _stage_memo(cfg).get(static_key(sp, cfg.training))
+    # a tied model's head tensors hold no head matrix: its gradient is the held one alone
+    assert [t.role for t in cfg.architecture.head_tensors()] == ["vector"]
+    events = _sized_events(lambda: reserved._replayed(cfg, estimate._shared, sp, static), V * h * 2)
+    assert events[:12] == ["+A",
+                           "+B", "+C", "+D", "-B", "-C",  # micro-batch 1: the sum D becomes the .grad
+                           "+E", "+F", "+G", "-E", "-F", "-G"]  # micro-batch 2: G added into D, then freed
+    assert _most_live(events[:12]) == 5  # the weight, the .grad, the head's, the lookup's, the sum

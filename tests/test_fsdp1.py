@@ -69,6 +69,30 @@ def test_rank_zero_holds_the_first_adapters_of_each_layer():
     assert by_hand == record("lora-r16-all7-w8-recompute-s4096-b1")["measured"]["optimizer_states"] == 75_595_776
 
 
+def test_eager_attention_holds_the_last_layers_gradients_and_its_own_unit_at_its_softmax_backward():
+    """Llama-3.2-1B (tied), eager attention, no recompute, 4 ranks: the backward peaks in the last layer's softmax
+    backward, beside what FSDP1's FlatParameter split holds (its backward node waits for every piece of a unit) in
+    bf16: the tied embedding's gradient from the head and the final norm's, the last layer's o_proj, gate, up,
+    down and post-attention norm gradients; and two layer units, the last layer's and the prefetched one
+    (`python -m validation.fsdp1 explain` of the s8192 record: mm 128256 x 2048, 2 x mm 8192 x 2048, mm 2048 x
+    8192, mm 2048 x 2048, 2 x sum 2048, 2 x 232.02 MiB units beside the root's). SHARD_GRAD_OP counts every unit
+    already; at 4096 tokens the loss's moment is still the larger (as measured)."""
+    V, h, f = 128_256, 2048, 8192
+    held = 2 * (V * h + h + h * h + 3 * f * h + h)
+    unit = 2 * (4 * h * h // 2 + 2 * 512 * h + 3 * f * h + 2 * h)  # q, o; k, v (8 KV heads of 64); MLP; norms
+    assert unit == 2 * 60_821_504  # the unit the harness saw: 60,821,504 bf16 elements
+    full = json.loads((RECORDS / "fsdp1-llama-3.2-1b-full-w4-norecompute-s8192-b1-eager.json").read_text())["config"]
+    assert phase_component(full, "backward", "held by their FlatParameter's split") == held == 634_396_672
+    assert phase_component(full, "backward", "The last layer's own unit") == unit
+    grad_op = json.loads((RECORDS / "fsdp1-llama-3.2-1b-full-w4-norecompute-s8192-b1-shardgradop-eager.json")
+                         .read_text())["config"]
+    assert phase_component(grad_op, "backward", "held by their FlatParameter's split") == held
+    assert phase_component(grad_op, "backward", "The last layer's own unit") == 0
+    short = json.loads((RECORDS / "fsdp1-llama-3.2-1b-full-w4-norecompute-s4096-b1-eager.json").read_text())["config"]
+    assert phase_component(short, "backward", "held by their FlatParameter's split") == 0
+    assert phase_component(short, "backward", "fp32 gradients of the log-softmax") > 0
+
+
 def test_every_record_within_half_a_percent():
     for path in sorted(RECORDS.glob("*.json")):
         rec = json.loads(path.read_text())

@@ -127,3 +127,36 @@ def test_transformer_engines_unfused_attention_is_not_megatrons():
     result = estimate_config(config(transformer_impl="transformer_engine"))
     assert softmax_moment(result) is None and not labelled(result, "backward", MOMENT)
     assert not labelled(result, "optimizer", BUFFER)
+
+
+SELECTIVE = RECORD.with_name("llama-3.1-8b-tp1-pp1-only-s4096-b1-sel-core_attn-unfused.json")
+SELECTIVE_MOMENT = ("The last layer's recomputed core attention at its softmax backward (selective recompute, "
+                    "unfused softmax)")
+
+
+def test_selective_core_attention_recompute_peaks_at_the_last_layers_recomputed_softmax_backward():
+    """Selective recompute of core_attn, the same layers: the ledger keeps none of the core's tensors (no fp32
+    softmax, bf16 cast or mask: 4 a s^2 + 2 a s^2 + s^2 fewer per layer), and the last layer's backward reruns
+    its core attention and differentiates it: the recomputed fp32 softmax output (4 a s^2) and causal mask (s^2),
+    the fp32 gradient of the probabilities, CUDA's tmp and the fp32 gradient of the scores (3 x 4 a s^2), the
+    bf16 scores, their fp32 copy and the bf16 probabilities freed by then. The harness's backward peak there
+    (`traced_step` of the case: 2 x 4,096 MiB _softmax_backward_data, 2,048 MiB _softmax, 2,048 MiB _to_copy
+    fp32, 16 MiB of mask beside the kept tensors); the estimate was 10.9% under it with the loss's moment as the
+    peak (41,392,185,344 B), +0.64% now, the last layer's MLP tensors freed by then left in."""
+    record = json.loads(SELECTIVE.read_text())
+    result = estimate_config(record["config"])
+    [moment] = labelled(result, "backward", SELECTIVE_MOMENT)
+    assert moment.bytes == 16 * SCORES + S * S == 8_606_711_808
+    training = {k: v for k, v in record["config"]["training"].items() if k != "recompute_modules"}
+    plain = estimate_config(dict(record["config"], training=dict(training, recompute="none")))
+    assert not labelled(plain, "backward", SELECTIVE_MOMENT)
+    kept = [next(c.bytes for c in phase(r, "backward").components if c.key == "activations") for r in (plain, result)]
+    assert kept[0] - kept[1] == 4 * (4 * SCORES + 2 * SCORES + S * S)  # 4 layers built
+    assert record["measured"]["peak_phase"] == "backward" and record["measured"]["peak_bytes"] == 46_480_076_800
+    peak = tensors_peak(result.stages[0])
+    assert peak - record["measured"]["peak_bytes"] == 299_692_032
+    assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.01)
+    # the fused softmax kernel and TransformerEngine's attention: not Megatron's torch softmax, not modelled here
+    for change in ({"attention_softmax_fusion": True}, {"transformer_impl": "transformer_engine"}):
+        other = estimate_config(dict(record["config"], training=dict(record["config"]["training"], **change)))
+        assert not labelled(other, "backward", SELECTIVE_MOMENT)

@@ -56,7 +56,12 @@ def end_kinds(arch: Architecture, sp: StageParameters) -> tuple[str, str]:
 def last_layer_gradients(arch: Architecture, recipe: Recipe, sp: StageParameters, vocab: int) -> float:
     """The gradients (bytes) made before the stage's last layer's core attention backward: the head's and final
     norm's and the last layer's own after its core (module docstring)."""
-    return bytes_per_element(recipe.grad_dtype) * (_head(arch, vocab) + _trained(arch, end_kinds(arch, sp)[1], True))
+    return bytes_per_element(recipe.grad_dtype) * last_layer_gradient_elements(arch, sp, vocab)
+
+
+def last_layer_gradient_elements(arch: Architecture, sp: StageParameters, vocab: int) -> int:
+    """The elements of `last_layer_gradients`."""
+    return _head(arch, vocab) + _trained(arch, end_kinds(arch, sp)[1], True)
 
 
 def gradients_at_moment(arch: Architecture, recipe: Recipe, sp: StageParameters, per_layer: dict[str, float],

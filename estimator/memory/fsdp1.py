@@ -57,6 +57,10 @@ NO_SYNC_SOURCE = ("torch 2.13 distributed/fsdp/_runtime_utils.py _post_backward_
                   "before the reduce-scatter, keeping the unsharded gradient (FullyShardedDataParallel.no_sync docs); "
                   "accelerate Accelerator.accumulate; measured: tests/data/measured/fsdp1/*-nosync")
 
+SPLIT_SOURCE = ("torch 2.13 distributed/fsdp/_flat_param.py FlatParamHandle._use_unsharded_views (a unit's weights "
+                "are views of its FlatParameter's split), torch/csrc/autograd/input_buffer.cpp (a node's inputs held "
+                "until its last arrives); measured: tests/data/measured/fsdp1/*-eager")
+
 
 def is_fsdp1(training) -> bool:
     return training.framework == FRAMEWORK
@@ -116,6 +120,31 @@ def transients(training, par, recipe, stage, microbatches: int, inv=None) -> tup
         fwd.append(grads)
         bwd.append(grads)
     return fwd, bwd
+
+
+def softmax_moment_parts(arch, training, par, recipe, stage) -> list[Component]:
+    """Beside the last layer's eager softmax backward without recompute (softmax_backward.py), what FSDP1 holds
+    and the HF Trainer's plain loop does not: with `use_orig_params` a unit's weights are views of its unsharded
+    FlatParameter split into pieces (torch 2.13 fsdp/_flat_param.py `_use_unsharded_views`), so each weight's
+    gradient waits in the split's backward node (autograd's InputBuffer) until the unit's last one arrives, in
+    the param dtype: the head's and final norm's (the root unit's embedding comes last) and the last layer's
+    after its core attention. The moment is inside the last layer's backward, so its own unit is gathered beside
+    the prefetched one (BACKWARD_PRE; SHARD_GRAD_OP's units are all counted already). Full fine-tuning without
+    accumulation only, as measured (tests/data/measured/fsdp1/*-eager: head, MLP and o_proj gradients and two
+    layer units at the backward peak); an adapter run's units and no_sync's kept gradients are not modelled here."""
+    from .dsa_hf_moments import LAST_FORMULA, last_layer_gradient_elements
+    from .sharding import padded_vocab_size
+    if training.adapter is not None:
+        return []
+    P = bytes_per_element(recipe.param_dtype)
+    n = last_layer_gradient_elements(arch, stage, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
+    out = [component("transient", "Unsharded gradients made before the last layer's attention backward, held by "
+                     "their FlatParameter's split until the unit's last arrives", P * n,
+                     LAST_FORMULA.replace("G x", f"{P:g} B (param dtype) x"), SPLIT_SOURCE)]
+    if strategy(training, par) != "SHARD_GRAD_OP":
+        out.append(component("transient", "The last layer's own unit, beside the prefetched one", P *
+                             stage.largest_layer_local, f"{P:g} B x a layer unit (its backward runs)", SOURCE))
+    return out
 
 
 def no_shard_backward_end(training, par, recipe, stage, grads: float, inv=None):

@@ -18,13 +18,19 @@ The MLP's tensors do not exist yet then, so the moment exceeds the layer's full 
 are wider than the MLP's (long sequences, few heads per GPU: TP 1). Measured: the fake-tensor harness on
 Llama-3.1-8B-like layers, TP 1, 4096 tokens, unfused softmax
 (tests/data/measured/megatron/llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused.json).
+
+Selective recompute of the core attention (recompute_modules core_attn) reruns only the core attention in
+backward and differentiates it at once: the moment is then its softmax backward, beside every kept tensor
+(`selective_core_softmax_moment`; the same layers' record ...-sel-core_attn-unfused.json).
 """
 
 from __future__ import annotations
 
 from .activations.attention import attention_entries, megatron_fused_softmax
 from .activations.entries import ATTENTION_OUTPUT, CORE, Entry
-from .components import Component, entries_component
+from .activations.recompute import recomputed_modules
+from .components import Component, component, entries_component
+from .softmax_backward import MEGATRON_SOFTMAX_SOURCE, SOFTMAX_BACKWARD_SOURCE, softmax_parts, temporary_entry
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
@@ -72,3 +78,34 @@ def recomputed_softmax_moment(arch: Architecture, training: Training, par: Paral
     return entries_component("transient", "Recomputed layer at its attention softmax (kept so far, scores and "
                              "their softmax copies)", before + softmax_transients(arch, training, par), par, 1,
                              SOFTMAX_MOMENT_SOURCE)
+
+
+SELECTIVE_SOURCE = ("Megatron-Core 0.16.1 transformer/attention.py Attention._checkpointed_attention_forward "
+                    "(recompute_modules core_attn: tensor_parallel.checkpoint over the core attention, rerun in "
+                    "backward), fusions/fused_softmax.py forward_torch_softmax; measured, tests/data/measured/megatron/"
+                    "llama-3.1-8b-tp1-pp1-only-s4096-b1-sel-core_attn-unfused (the backward peak in the last layer's "
+                    "recomputed softmax backward: the fp32 softmax output, the fp32 gradient of the probabilities, "
+                    "_softmax_backward_data's two fp32 tensors and the causal mask beside the kept tensors)")
+
+
+def selective_core_softmax_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
+    """Selective recompute of the core attention with Megatron's own unfused softmax: the ledger keeps none of
+    the core's tensors; each layer's backward reruns its core attention from the checkpointed q, k, v and
+    differentiates it at once, so the last layer's (the first backward reaches, beside every kept tensor) holds
+    the softmax's recomputed fp32 output (kept for its backward) and the causal mask made again, with the
+    softmax backward's three fp32 tensors (`softmax_backward.softmax_parts`); the recomputed scores, their fp32
+    copy and the 16-bit probabilities are freed by then (scores x V's backward ran first). The last layer's MLP
+    tensors, freed by then too, are left in, as in the other softmax moments. [] where it does not apply."""
+    entry = temporary_entry(arch, training, par)
+    if entry is None or not runs_megatron_unfused_attention(arch, training) or training.offload_activations \
+            or not recomputed_modules(training) & set(CORE) or training.recompute != "selective":
+        return []
+    size, formula = entry.bytes(par), entry.shown_formula(par)
+    mask = training.seq_len / par.cp * training.seq_len
+    remade = (component("transient", "Recomputed softmax output (fp32, kept for its backward)", size, formula,
+                        SELECTIVE_SOURCE),
+              component("transient", "Recomputed causal mask (bool)", mask, "s^2", SELECTIVE_SOURCE))
+    parts = remade + tuple(p for p in softmax_parts(entry, training, par, MEGATRON_SOFTMAX_SOURCE) if p.bytes > 0)
+    return [Component("transient", "The last layer's recomputed core attention at its softmax backward (selective "
+                      "recompute, unfused softmax)", sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
+                      SELECTIVE_SOURCE + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]

@@ -12,10 +12,15 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
   in Megatron's unfused path (the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there) and in
   transformers' eager attention, beside the gradients made before it under HF (the records of
   llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 peak there; at shorter sequences, or with a larger
-  vocabulary per head, the loss's moment is larger: qwen2.5-0.5b's at s8192).
+  vocabulary per head, the loss's moment is larger: qwen2.5-0.5b's at s8192); under FSDP1 beside the same
+  gradients in the param dtype, held by the FlatParameter's split, and the last layer's own unit
+  (fsdp1.softmax_moment_parts; the records fsdp1-llama-3.2-1b-*-s8192-b1-*eager peak there). Under DeepSpeed
+  no harness has measured it: its gradients go to the reduction buckets, and none is modelled beside it.
 - with full recompute in Megatron's unfused path, the recomputed layer's whole softmax backward beside it
   (`softmax_backward_moment(recomputed=True)`; the harness record
-  llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there).
+  llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there); with selective recompute of the core
+  attention, the last layer's recomputed core attention at its softmax backward beside every kept tensor
+  (megatron_softmax_moment.selective_core_softmax_moment; the record ...-sel-core_attn-unfused peaks there).
 Not here: DSA (sparse.py, sparse_hf.py count it in their moments) and SDPA's math backend (kbit.py, from its GPU
 record).
 """
@@ -117,7 +122,7 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     if entry is None:
         return []
     source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
-    parts = _softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
+    parts = softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
     label = "unfused softmax" if training.framework == "megatron" else "eager attention"
     which = "The recomputed layer's" if recomputed else "The last layer's"
     return [Component("transient", f"{which} softmax backward ({label}{'' if recomputed else ', no recompute'})",
@@ -125,7 +130,7 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
                       source + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
 
 
-def _softmax_parts(entry: Entry, training: Training, par: Parallel, source: str) -> tuple[Component, ...]:
+def softmax_parts(entry: Entry, training: Training, par: Parallel, source: str) -> tuple[Component, ...]:
     """The softmax's three gradient-sized tensors and the 16-bit tensor scores x V frees (`softmax_backward_moment`)."""
     B = bytes_per_element(training.compute_dtype)
     fp32 = entry.bytes_per_element == 4

@@ -20,6 +20,7 @@ from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
 from .kbit import autocast_head_copy, ledger_training, math_attention, under_autocast
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
+from .fsdp1 import softmax_moment_parts as fsdp1_softmax_parts
 from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
 from .megatron_fsdp import with_global_moments
 from .pp_buffers import reduce_scatter_pool
@@ -37,7 +38,7 @@ from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
-from .megatron_softmax_moment import recomputed_softmax_moment
+from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment
 
 
 class _StaticParts(NamedTuple):
@@ -274,10 +275,12 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
         extras = list(extras) + list(in_moe_layer) + freed \
             + (softmax_backward_moment(arch, training, par, recomputed=True)
                or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
-    elif not counted:  # no layer recomputed: its in-layer moment
-        extras = list(extras) + softmax_backward_moment(arch, training, par,
-                                                        *_made_before_last_attention(arch, training, recipe, par, sp,
-                                                                                     grads_live))
+    elif not counted:  # no layer recomputed: its in-layer moment (FSDP1's held gradients and units beside it)
+        moment = softmax_backward_moment(arch, training, par,
+                                         *_made_before_last_attention(arch, training, recipe, par, sp, grads_live))
+        held = fsdp1_softmax_parts(arch, training, par, recipe, sp) if moment and is_fsdp1(training) \
+            and not grads_live and sp.last else []
+        extras = list(extras) + moment + held + selective_core_softmax_moment(arch, training, par)
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False

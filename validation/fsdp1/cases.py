@@ -15,8 +15,9 @@ def case_id(run: Run) -> str:
     accumulate = f"-ga{run.accumulation}-nosync" if run.accumulation > 1 else ""
     strategy = "" if run.strategy == "FULL_SHARD" else "-" + run.strategy.lower().replace("_", "")
     strategy += f"-g{run.shard_group}" if run.strategy == "HYBRID_SHARD" else ""
+    attention = "" if run.attention == "sdpa" else "-" + run.attention
     return (f"fsdp1-{run.model}-{kind}-w{run.world}-{recompute}-s{run.seq_len}-b{run.micro_batch_size}{accumulate}"
-            f"{strategy}")
+            f"{strategy}{attention}")
 
 
 def _runs() -> list[Run]:
@@ -40,6 +41,12 @@ def _runs() -> list[Run]:
         # shared weight's bf16 gradient assigned to its fp32 view, _flat_param.py `_use_sharded_grad_views`)
         Run("llama-3.1-8b", 8, 2048, recompute="full", accumulation=2, strategy="NO_SHARD"),
         Run("llama-3.1-8b", 8, 4096, recompute="full", lora_rank=16, strategy="NO_SHARD"),
+        # transformers' eager attention without recompute: the last layer's softmax backward (CUDA's temporary
+        # emulated) beside the gradients its unit has made (estimator/memory/softmax_backward.py)
+        Run("llama-3.2-1b", 4, 8192, attention="eager"),
+        Run("llama-3.2-1b", 4, 4096, attention="eager"),
+        Run("llama-3.2-1b", 4, 8192, strategy="SHARD_GRAD_OP", attention="eager"),
+        Run("llama-3.2-1b", 4, 8192, strategy="NO_SHARD", attention="eager"),
     ]
 
 
@@ -53,7 +60,8 @@ def contract_config(run: Run) -> dict:
         # FSDP1 MixedPrecision(param_dtype=bf16): bf16 gathered copies over fp32 sharded FlatParameters (the
         # master copy), fp32 sharded gradients (the FlatParameter's dtype), fp32 AdamW states
         "param_dtype": "bf16", "grad_dtype": "fp32", "master_weights": True, "optimizer_dtype": "fp32",
-        "compute_dtype": "bf16", "optimizer": "adamw", "recompute": run.recompute, "attention": "flash",
+        "compute_dtype": "bf16", "optimizer": "adamw", "recompute": run.recompute,
+        "attention": "flash" if run.attention == "sdpa" else run.attention,
         "dropout": 0.0, "loss": "standard",
     }
     if run.lora_rank:
@@ -80,4 +88,4 @@ def describe(run: Run) -> str:
     return (f"{run.model}, {kind}, PyTorch FSDP1 {strategy} over {run.world} ranks (rank 0 measured) as the HF "
             f"Trainer with Accelerate wraps it: a unit per decoder layer, MixedPrecision(bf16, bf16, bf16), "
             f"use_orig_params, limit_all_gathers, BACKWARD_PRE; bf16 autocast, fused AdamW, grad-norm clipping, "
-            f"{recompute}, SDPA (FlashAttention-2), seq {run.seq_len}, micro-batch {run.micro_batch_size}{accumulate}")
+            f"{recompute}, {'SDPA (FlashAttention-2)' if run.attention == 'sdpa' else 'eager attention'}, seq {run.seq_len}, micro-batch {run.micro_batch_size}{accumulate}")

@@ -62,6 +62,7 @@ class Run:
     # strategies.py); HYBRID_SHARD shards over `shard_group` ranks (a node's GPUs) and replicates across them
     strategy: str = "FULL_SHARD"
     shard_group: int | None = None
+    attention: str = "sdpa"  # transformers' attn_implementation: "sdpa" (FlashAttention-2 emulated) or "eager"
 
 
 def meta_model(run: Run):
@@ -70,7 +71,7 @@ def meta_model(run: Run):
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    config = MODELS[run.model].hf_config("sdpa")
+    config = MODELS[run.model].hf_config(run.attention)
     if run.layers:
         config.num_hidden_layers = run.layers
     with init_empty_weights(include_buffers=False):

@@ -128,6 +128,10 @@ def _setups() -> list[Setup]:
         # local spec's unfused attention at 4k tokens, whose recomputed layer peaks at its softmax (issue 22)
         Setup(LLAMA31_8B, 4096, 1, tp=1, pp=1, dp=1, layers=4, attention="unfused", recompute="full",
               recompute_method="uniform", recompute_num_layers=1),
+        # the same layers with selective recompute of the core attention: the checkpointed DotProductAttention's
+        # softmax recomputed and differentiated in backward (estimator/memory/megatron_softmax_moment.py)
+        Setup(LLAMA31_8B, 4096, 1, tp=1, pp=1, dp=1, layers=4, attention="unfused", recompute="selective",
+              recompute_modules=("core_attn",)),
     ]
 
 
