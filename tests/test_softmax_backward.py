@@ -69,9 +69,13 @@ def test_megatron_unfused_softmax_backward_moment():
     FusedScaleMaskSoftmax runs torch's softmax in fp32 over 96/8 = 12 heads' scores (Sa = 12 x 2048^2 =
     50,331,648 elements per GPU). The last layer's softmax backward holds the fp32 gradient of the
     probabilities, CUDA's tmp and the fp32 gradient of the scores (3 x 4 B x Sa) less the bf16 probabilities
-    scores x V kept (2 B x Sa): 10 x 50,331,648 = 503,316,480 bytes beside every kept activation. The
-    re-measured harness record peaks there: 446,691,840 bytes over the activations at backward's start (the
-    layer's MLP tensors freed by then, 56.6 MB, left out), and the estimate is within 1% of its peak."""
+    scores x V kept (2 B x Sa): 10 x 50,331,648 = 503,316,480 bytes, less the layer's tensors freed by their
+    backward by then (softmax_backward.py _megatron_layer_parts): v, the attention output, the MLP norm's input
+    and fc1's (each 2 B x 2048 x 12288 / 8 = 6,291,456 under sequence parallelism or TP) and fc1's output and
+    GeLU's (2 B x 2048 x 49152 / 8 each), plus two hidden-sized gradients alive then: 440,401,920 bytes beside
+    every kept activation. The re-measured harness record peaks there: 446,691,840 bytes over the activations
+    at backward's start (6.3 MB more; 56.6 MB fewer before the freed tensors were taken out), and the estimate
+    is within 1% of its peak."""
     record = load("megatron/gpt3-175b-tp8-pp8-first-s2048-b1-unfused.json")
     result = estimate_config(record["config"])
     stage = result.stages[record.get("stage", result.peak_stage)]
@@ -82,7 +86,11 @@ def test_megatron_unfused_softmax_backward_moment():
     assert parts["fp32 gradient of the scores (the softmax's backward output)"] == 4 * Sa
     assert parts["The 16-bit tensor scores x V kept, freed by its backward"] == -2 * Sa
     transient = next(c for p in stage.phases if p.name == "backward" for c in p.components if c.key == "transient")
-    assert transient.bytes == 10 * Sa == 503_316_480
+    hidden, mlp = 2 * 2048 * 12288 // 8, 2 * 2048 * 49152 // 8
+    assert parts["The layer's MLP (dense), attention output and v, freed by their backward"] == \
+        -(4 * hidden + 2 * mlp) == -75_497_472
+    assert parts["Gradients alive at the moment (residual stream, output projection input)"] == 2 * hidden
+    assert transient.bytes == 10 * Sa - 4 * hidden - 2 * mlp + 2 * hidden == 440_401_920
     assert "The last layer's softmax backward (unfused softmax, no recompute)" in transient.formula
     measured = record["measured"]
     over = measured["phases"]["backward"]["activations"] - measured["activations_at_start"] \

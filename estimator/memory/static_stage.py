@@ -272,12 +272,13 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     freed = _freed_before_recompute(arch, training, sp, shared) if working and counted else []
     if working and counted:  # a recomputed MoE layer's own moments
         extras = list(extras) + list(in_moe_layer) + freed \
-            + (softmax_backward_moment(arch, training, par, recomputed=True)
+            + (softmax_backward_moment(arch, training, par, recomputed=True, kinds=_kinds(sp))
                or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
     elif not counted:  # no layer recomputed: its in-layer moment
         extras = list(extras) + softmax_backward_moment(arch, training, par,
                                                         *_made_before_last_attention(arch, training, recipe, par, sp,
-                                                                                     grads_live))
+                                                                                     grads_live),
+                                                        kinds=(arch.layer_kind(sp.chunks[-1].stop - 1),))
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
@@ -289,6 +290,10 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
         if total_bytes(moment) > int(round(working)) + total_bytes(extras):
             return 0.0, moment, False
     return working, extras, True
+
+
+def _kinds(sp: StageParameters) -> tuple[str, ...]:
+    return tuple(k for k, n in sp.kind_counts if n)
 
 
 def _made_before_last_attention(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
