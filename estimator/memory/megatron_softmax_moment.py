@@ -72,3 +72,32 @@ def recomputed_softmax_moment(arch: Architecture, training: Training, par: Paral
     return entries_component("transient", "Recomputed layer at its attention softmax (kept so far, scores and "
                              "their softmax copies)", before + softmax_transients(arch, training, par), par, 1,
                              SOFTMAX_MOMENT_SOURCE)
+
+
+CHECKPOINTED_FORWARD_SOURCE = (
+    "Megatron-Core 0.16.1 tensor_parallel/random.py CheckpointFunction.forward (`with torch.no_grad()`: the "
+    "checkpointed layer keeps nothing, its tensors live as long as the code refers to them), "
+    "fusions/fused_softmax.py forward_torch_softmax (`input.float()`, the softmax, `probs.bfloat16()` while the "
+    "fp32 input and output are still referred to); measured on an H200: "
+    "tests/data/measured/gpu/megatron/*-full-uniform1-* (the forward phase peaks there, 6.82 GB over its start)")
+
+
+def checkpointed_forward_moment(arch: Architecture, training: Training, par: Parallel,
+                                loss_saved: float) -> list[Component]:
+    """Under full recompute, a checkpointed layer's forward at its softmax: the same tensors as its recomputation
+    in backward (`recomputed_softmax_moment`: q, k, v, the mask, the 16-bit scores, their fp32 copy, the fp32
+    softmax and its 16-bit cast), beside the layers' kept inputs but before the loss exists (its saved tensors,
+    `loss_saved` bytes, are charged to the forward phase: taken out). [] where no layer is checkpointed or
+    Megatron's DotProductAttention does not run."""
+    from .activations.recompute import recomputed_layer_count
+    if training.recompute != "full" or not recomputed_layer_count(training, arch.num_layers):
+        return []
+    softmax = recomputed_softmax_moment(arch, training, par)
+    if softmax is None:
+        return []
+    out = [softmax._replace(label="Checkpointed layer's forward at its attention softmax (no_grad: the same "
+                            "tensors as its recomputation)", source=CHECKPOINTED_FORWARD_SOURCE)]
+    if loss_saved:
+        out.append(Component("transient", "The loss's saved tensors, not made yet", -int(loss_saved),
+                             "-(the loss's saved tensors)", CHECKPOINTED_FORWARD_SOURCE))
+    return out

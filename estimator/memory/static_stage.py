@@ -37,7 +37,7 @@ from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
-from .megatron_softmax_moment import recomputed_softmax_moment
+from .megatron_softmax_moment import checkpointed_forward_moment, recomputed_softmax_moment
 
 
 class _StaticParts(NamedTuple):
@@ -174,6 +174,9 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
+    checkpointed = checkpointed_forward_moment(arch, training, shared.parallel, total_bytes(loss_saved))
+    if total_bytes(checkpointed) > max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end)):
+        loss_forward = checkpointed  # a checkpointed layer's softmax in forward (megatron_softmax_moment.py)
     # after the loss: a recomputed layer, or the largest tensor's compiled step in backward (transients.py)
     recomputed_bytes = max(int(round(working)) + total_bytes(extras), total_bytes(tr.step_after_loss))
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
