@@ -141,3 +141,14 @@ def test_reserved_and_nvidia_smi(path):
         / measured["nvidia_smi_used_end_bytes"] - 1
     assert smi_error == pytest.approx(expected, abs=1e-9)
     assert abs(smi_error) < 0.10
+
+
+def test_the_readme_row():
+    """`python -m validation summary` prints the README's real-GPU row of these runs from the same records."""
+    from validation.core.summary import gpu_summary
+
+    row = gpu_summary("megatron")
+    assert (row.runs, row.within) == (3, 3)
+    assert round(100 * row.allocated, 1) == 0.0 and round(100 * row.reserved, 1) == 6.5
+    assert round(100 * row.nvidia_smi, 1) == 4.2 and round(100 * row.worst, 1) == -0.1
+    assert row.worst_case.endswith("-s4096-b1-full-uniform1-unfused-4layers")
