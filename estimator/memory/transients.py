@@ -21,7 +21,8 @@ from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
 from ..spec.dtypes import bytes_per_element
-from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
+from ..spec.optimizers import (FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, MEGATRON_TORCH_ADAMW_SOURCE, OPTIMIZERS,
+                               megatron_torch_adamw, step_scratch)
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes, untrained
@@ -469,7 +470,8 @@ def _runs_foreach(training: Training) -> bool:
     if OPTIMIZERS[training.optimizer].temporaries != FOREACH_SQRT:
         return False
     rules = titan_rules(training)
-    return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach)
+    return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach) \
+        or megatron_torch_adamw(training.framework, training.te_version)
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
@@ -492,7 +494,8 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
             formula = f"{A:g} B x adapter parameters + {S:g} B x embedding/head copies"
         source = "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"
         if training.framework not in FOREACH_FRAMEWORKS:
-            source += "; " + TITAN_SOURCES["adamw_foreach"]
+            source += "; " + (MEGATRON_TORCH_ADAMW_SOURCE if training.framework == "megatron"
+                              else TITAN_SOURCES["adamw_foreach"])
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
                           source)]
     scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
