@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .activations.attention import attention_entries, megatron_fused_softmax
 from .activations.entries import ATTENTION_OUTPUT, CORE, Entry
-from .components import Component, entries_component
+from .components import Component, entries_component, total_bytes
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
@@ -101,3 +101,13 @@ def checkpointed_forward_moment(arch: Architecture, training: Training, par: Par
         out.append(Component("transient", "The loss's saved tensors, not made yet", -int(loss_saved),
                              "-(the loss's saved tensors)", CHECKPOINTED_FORWARD_SOURCE))
     return out
+
+
+def with_checkpointed_forward(arch: Architecture, training: Training, par: Parallel, loss_saved: tuple,
+                              loss_forward: list, exchange: list, tr) -> list[Component]:
+    """The forward phase's moment beside the saved tensors: `loss_forward` (the loss's working set), or a
+    checkpointed layer's softmax (`checkpointed_forward_moment`) where that is larger than it, the MoE
+    exchange (`exchange`) and the transients' forward end (`tr.forward_end`)."""
+    checkpointed = checkpointed_forward_moment(arch, training, par, total_bytes(loss_saved))
+    others = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
+    return checkpointed if total_bytes(checkpointed) > others else loss_forward

@@ -27,6 +27,7 @@ from .activations.attention import megatron_fused_softmax
 from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
 from .components import Component, component
 from .dsa_hf_moments import LAST_FORMULA
+from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hybrid import attends
@@ -95,7 +96,7 @@ def softmax_backward_temporary(arch: Architecture, training: Training, par: Para
 
 def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel,
                             gradients: float = 0.0, freed_copies: float = 0.0,
-                            recomputed: bool = False, kinds: tuple[str, ...] = ()) -> list[Component]:
+                            recomputed: bool = False, stage: StageParameters | None = None) -> list[Component]:
     """Without recompute, the last layer's softmax backward beside every kept activation (Megatron's unfused
     softmax, transformers' eager attention): the gradient of the probabilities (fp32 from the cast's backward),
     CUDA's tmp and the gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the
@@ -105,8 +106,8 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     last layer's after its core attention; `last_layer_gradients`); `freed_copies`: the autocast copies of those
     weights, freed by their matmuls' backward by then (HF under autocast). Megatron: the layer's tensors made
     after its softmax (its MLP's, the attention output) and v, freed by their backward by then, less two hidden-
-    sized gradients alive at the moment (`_megatron_layer_parts`; `kinds`: the kinds of the layers it may be,
-    the last layer's, or a recomputed layer's). With full recompute (`recomputed`), Megatron's unfused softmax
+    sized gradients alive at the moment (`_megatron_layer_parts`, of the `stage`'s last layer, or of any of its
+    layers where it is a recomputed one). With full recompute (`recomputed`), Megatron's unfused softmax
     only: the recomputed layer's, beside its own kept tensors (the harness record
     llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused); transformers' eager attention under recompute
     holds the temporary alone beside its ledger (`softmax_backward_temporary`, as the H200 records show)."""
@@ -119,7 +120,9 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
         return []
     source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
     parts = _softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
-    if training.framework == "megatron":
+    if training.framework == "megatron" and stage is not None:
+        kinds = tuple(k for k, n in stage.kind_counts if n) if recomputed else \
+            (arch.layer_kind(stage.chunks[-1].stop - 1),)
         parts += _megatron_layer_parts(arch, training, par, kinds)
     label = "unfused softmax" if training.framework == "megatron" else "eager attention"
     which = "The recomputed layer's" if recomputed else "The last layer's"

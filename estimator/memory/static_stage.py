@@ -37,7 +37,7 @@ from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
-from .megatron_softmax_moment import checkpointed_forward_moment, recomputed_softmax_moment
+from .megatron_softmax_moment import recomputed_softmax_moment, with_checkpointed_forward
 
 
 class _StaticParts(NamedTuple):
@@ -174,9 +174,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
-    checkpointed = checkpointed_forward_moment(arch, training, shared.parallel, total_bytes(loss_saved))
-    if total_bytes(checkpointed) > max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end)):
-        loss_forward = checkpointed  # a checkpointed layer's softmax in forward (megatron_softmax_moment.py)
+    loss_forward = with_checkpointed_forward(arch, training, shared.parallel, loss_saved, loss_forward, exchange, tr)
     # after the loss: a recomputed layer, or the largest tensor's compiled step in backward (transients.py)
     recomputed_bytes = max(int(round(working)) + total_bytes(extras), total_bytes(tr.step_after_loss))
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
@@ -275,13 +273,11 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     freed = _freed_before_recompute(arch, training, sp, shared) if working and counted else []
     if working and counted:  # a recomputed MoE layer's own moments
         extras = list(extras) + list(in_moe_layer) + freed \
-            + (softmax_backward_moment(arch, training, par, recomputed=True, kinds=_kinds(sp))
+            + (softmax_backward_moment(arch, training, par, recomputed=True, stage=sp)
                or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
     elif not counted:  # no layer recomputed: its in-layer moment
-        extras = list(extras) + softmax_backward_moment(arch, training, par,
-                                                        *_made_before_last_attention(arch, training, recipe, par, sp,
-                                                                                     grads_live),
-                                                        kinds=(arch.layer_kind(sp.chunks[-1].stop - 1),))
+        extras = list(extras) + softmax_backward_moment(arch, training, par, *_made_before_last_attention(
+            arch, training, recipe, par, sp, grads_live), stage=sp)
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
@@ -293,10 +289,6 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
         if total_bytes(moment) > int(round(working)) + total_bytes(extras):
             return 0.0, moment, False
     return working, extras, True
-
-
-def _kinds(sp: StageParameters) -> tuple[str, ...]:
-    return tuple(k for k, n in sp.kind_counts if n)
 
 
 def _made_before_last_attention(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,

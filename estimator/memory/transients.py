@@ -21,8 +21,7 @@ from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
 from ..spec.dtypes import bytes_per_element
-from ..spec.optimizers import (FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, MEGATRON_TORCH_ADAMW_SOURCE, OPTIMIZERS,
-                               megatron_torch_adamw, step_scratch)
+from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes, untrained
@@ -470,8 +469,7 @@ def _runs_foreach(training: Training) -> bool:
     if OPTIMIZERS[training.optimizer].temporaries != FOREACH_SQRT:
         return False
     rules = titan_rules(training)
-    return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach) \
-        or megatron_torch_adamw(training.framework, training.te_version)
+    return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach)
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
@@ -480,6 +478,9 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     """Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises sqrt(v)
     for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam); fused kernels
     (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place."""
+    from .megatron_optimizer import torch_adamw_step  # Megatron-Core without TE or Apex: torch's foreach AdamW
+    if step := torch_adamw_step(training, recipe, trainable, d_dense if zero >= 1 else 1):
+        return step
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
@@ -494,8 +495,7 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
             formula = f"{A:g} B x adapter parameters + {S:g} B x embedding/head copies"
         source = "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"
         if training.framework not in FOREACH_FRAMEWORKS:
-            source += "; " + (MEGATRON_TORCH_ADAMW_SOURCE if training.framework == "megatron"
-                              else TITAN_SOURCES["adamw_foreach"])
+            source += "; " + TITAN_SOURCES["adamw_foreach"]
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
                           source)]
     scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
