@@ -94,7 +94,7 @@ def test_the_local_spec_has_no_transformer_engine_terms(path):
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
 def test_the_optimizer_phase_is_torchs_foreach_adamw(path):
-    """Without TransformerEngine or Apex installed (te_version "none") Megatron-Core 0.16.1 steps with torch's
+    """Without TransformerEngine or Apex installed (te_version "not_installed") Megatron-Core 0.16.1 steps with torch's
     AdamW (optimizer/__init__.py: `from torch.optim import AdamW as Adam`), foreach on CUDA, whose
     _multi_tensor_adam makes sqrt(v) of a whole parameter group: the GPU's optimizer phase rises from its start by
     exactly 4 B x the decay group's parameters (every weight but the norms'). The estimate charges 4 B x the
@@ -163,14 +163,24 @@ def test_the_readme_row():
 
 
 def test_te_version_none_is_the_local_spec_without_fp8():
-    """te_version "none" (neither TransformerEngine nor Apex installed) is refused where TE would have to run:
+    """te_version "not_installed" (neither TransformerEngine nor Apex installed) is refused where TE would have to run:
     its layer spec and FP8; and under the other frameworks (te_version is Megatron's)."""
     from estimator import ConfigError
 
-    base = {"model": "llama-3.1-8b", "training": {"framework": "megatron", "te_version": "none",
+    base = {"model": "llama-3.1-8b", "training": {"framework": "megatron", "te_version": "not_installed",
                                                   "attention": "eager", "transformer_impl": "local"}}
     assert estimate_config(base).stages[0].allocated_peak_bytes > 0
     for training in ({"transformer_impl": "transformer_engine", "attention": "flash"}, {"fp8": True},
                      {"framework": "fsdp2", "transformer_impl": "transformer_engine"}):
         with pytest.raises(ConfigError, match="te_version"):
             estimate_config({**base, "training": {**base["training"], **training}})
+
+
+def test_te_version_not_installed_from_the_command_line():
+    """The CLI's text reads 'not_installed' as that choice (an optional field reads 'none' as auto, so the value
+    is not called so)."""
+    from estimator.spec.fields import ALL
+    from estimator.spec.values import parse_text
+
+    field = next(f for f in ALL if f.path == "training.te_version")
+    assert parse_text(field, "not_installed") == "not_installed" and parse_text(field, "none") is None

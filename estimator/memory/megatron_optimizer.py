@@ -1,5 +1,5 @@
 """Megatron-Core's optimizer step where neither TransformerEngine nor Apex is installed (training.te_version
-"none"): megatron/core/optimizer/__init__.py (core_v0.16.1) imports TE's FusedAdam, else Apex's, else
+"not_installed"): megatron/core/optimizer/__init__.py (core_v0.16.1) imports TE's FusedAdam, else Apex's, else
 `from torch.optim import AdamW as Adam` (USING_PYTORCH_OPTIMIZER). torch's AdamW runs its foreach implementation
 on CUDA (_multi_tensor_adam), which materialises sqrt(v) of a whole parameter group before its addcdiv: one
 temporary of the optimizer states' dtype per parameter of the group, on the rank's shard under the distributed

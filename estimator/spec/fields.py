@@ -49,7 +49,7 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             auto="the release the estimator's records were measured on: " + default_versions_text()),
     _choice("te_version", _T, "TransformerEngine version", "megatron: the TransformerEngine release the run "
             "installs. Its FusedAdam in 2.10 and 2.11 builds Adam's moments at a Megatron-FSDP DTensor's global "
-            "shape, whole on every GPU (fixed in 2.12). none: neither TransformerEngine nor Apex is installed "
+            "shape, whole on every GPU (fixed in 2.12). not_installed: neither TransformerEngine nor Apex is installed "
             "(transformer_impl local): Megatron-Core steps with torch's AdamW, whose foreach kernels make sqrt(v) "
             "of a whole parameter group (4 B per parameter of the rank's shard in its step).", "Run",
             TE_VERSIONS + (TE_NONE,), optional=True,

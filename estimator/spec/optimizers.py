@@ -24,7 +24,7 @@ MEGATRON_TORCH_ADAMW_SOURCE = ("Megatron-Core 0.16.1 megatron/core/optimizer/__i
 
 
 def megatron_torch_adamw(framework: str, te_version: str | None) -> bool:
-    """Megatron-Core without TransformerEngine or Apex (training.te_version "none") steps AdamW with torch's,
+    """Megatron-Core without TransformerEngine or Apex (training.te_version "not_installed") steps AdamW with torch's,
     foreach on CUDA: FOREACH_SQRT's temporary (MEGATRON_TORCH_ADAMW_SOURCE)."""
     from .versions import TE_NONE
     return framework == "megatron" and te_version == TE_NONE

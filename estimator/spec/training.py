@@ -41,7 +41,7 @@ class Training:
     framework: str = "megatron"
     framework_version: str | None = None  # the release whose rules apply (versions.py); None = the measured one
     te_version: str | None = None  # megatron: the TransformerEngine release (versions.py); None = the one it installs;
-    # "none" = neither TE nor Apex installed: torch's AdamW steps (optimizers.py megatron_torch_adamw)
+    # "not_installed" = neither TE nor Apex installed: torch's AdamW steps (optimizers.py megatron_torch_adamw)
     seq_len: int = 4096
     images_per_sample: int = 0  # vision-language models: images per sample, their tokens within seq_len
     image_size: int | None = None  # pixels per side; None: the tower's native size
