@@ -160,6 +160,9 @@ def test_the_readme_row():
     assert round(100 * row.allocated, 1) == 0.0 and round(100 * row.reserved, 1) == 6.5
     assert round(100 * row.nvidia_smi, 1) == 4.2 and round(100 * row.worst, 1) == -0.1
     assert row.worst_case.endswith("-s4096-b1-full-uniform1-unfused-4layers")
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "| Megatron-Core 0.16.1 steps on an H200 (`validation/gpu/megatron_step.py`) | 3 | 3 | 0.0% | 6.5% | " \
+        "4.2% | −0.1% (" in readme
 
 
 def test_te_version_none_is_the_local_spec_without_fp8():
