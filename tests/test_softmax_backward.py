@@ -194,3 +194,23 @@ def test_hf_eager_moment_under_autocast():
     measured = record["measured"]["phases"]["backward"]["total"]
     assert phase.allocated_bytes - 67_108_864 == pytest.approx(measured, rel=1e-4)  # less the cuBLAS workspaces
     assert moment < measured
+
+
+def test_megatron_moment_where_the_freed_tensors_outweigh_the_scores():
+    """At 128 tokens Llama-3.1-8B's layer frees more by its softmax backward than the scores' three fp32 tensors
+    bring (32 heads x 128^2 x (3 x 4 - 2) B = 5,242,880 B against its MLP's, attention output's and v's
+    2 B x 128 x (2 x 4096 + 3 x 14336 + 2 x 4096) = 15,204,352 B): no moment beyond the ledger, with or without
+    recompute; at 4,096 tokens the moment stands (tests/test_gpu_megatron_records.py)."""
+    from estimator.memory.resolved import resolve
+    from estimator.memory.softmax_backward import softmax_backward_moment
+    from estimator.models.loading import load_config
+
+    for seq_len, expected in ((128, False), (4096, True)):
+        for recompute in ("none", "full"):
+            c = load_config({"model": "llama-3.1-8b", "training": {
+                "framework": "megatron", "transformer_impl": "local", "attention": "eager", "seq_len": seq_len,
+                "attention_softmax_fusion": False, "recompute": recompute}})
+            r = resolve(c.architecture, c.training, c.parallel)
+            moment = softmax_backward_moment(r.architecture, r.training, r.parallel, recomputed=recompute == "full",
+                                             stage=r.stages[0])
+            assert bool(moment) == expected, (seq_len, recompute)

@@ -124,6 +124,8 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
         kinds = tuple(k for k, n in stage.kind_counts if n) if recomputed else \
             (arch.layer_kind(stage.chunks[-1].stop - 1),)
         parts += _megatron_layer_parts(arch, training, par, kinds)
+    if sum(p.bytes for p in parts) <= 0:  # short sequences: the layer's freed tensors outweigh the scores' three
+        return []
     label = "unfused softmax" if training.framework == "megatron" else "eager attention"
     which = "The recomputed layer's" if recomputed else "The last layer's"
     return [Component("transient", f"{which} softmax backward ({label}{'' if recomputed else ', no recompute'})",
