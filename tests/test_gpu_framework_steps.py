@@ -165,3 +165,26 @@ def test_a_case_process_and_the_records_step_run_a_framework_step(monkeypatch, c
     assert record["config"]["model"]["hidden_size"] == H and record["config"]["hardware"] == {"gpu": "h200"}
     # the padded bf16 buffer measured for real (2 x 214,400 B), in the tracker's 512-byte blocks: 838 x 512
     assert record["fake_tensor_measured"]["parameters"] == 838 * 512 == 429_056
+
+
+def test_nccl_log_summary():
+    """NCCL 2.28.9's log lines as its sources write them (src/init.cc "... - Init COMPLETE", src/include/alloc.h
+    "FILE:LINE Cuda Alloc Size N pointer P"; host allocations "Cuda Host Alloc"): two communicators, the device
+    bytes of the two device allocations (512 MiB + 2 MiB), the host one left out."""
+    from validation.gpu.framework_step import nccl_log_summary
+
+    log = "\n".join([
+        "h:1:2 [0] NCCL INFO transport/net.cc:650 Cuda Alloc Size 536870912 pointer 0x7f0000000000",
+        "h:1:2 [0] NCCL INFO init.cc:500 Cuda Host Alloc Size 4096 pointer 0x1000",
+        "h:1:2 [0] NCCL INFO channel.cc:40 Cuda Alloc Size 2097152 pointer 0x7f0020000000",
+        "h:1:2 [0] NCCL INFO ncclCommInitRankConfig comm 0x5 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 "
+        "commId 0x9 - Init COMPLETE",
+        "h:1:3 [0] NCCL INFO ncclCommSplit comm 0x6 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 1000 parent 0x5 "
+        "splitCount 1 color 0 key 0 - Init COMPLETE",
+        "h:1:3 [0] NCCL INFO Channel 00/32 : 0",
+    ])
+    out = nccl_log_summary(log)
+    assert out["communicators"] == 2
+    assert (out["device_alloc_bytes"], out["device_allocs"]) == (536_870_912 + 2_097_152, 2)
+    assert len(out["lines"]) == 5 and out["lines"][0].startswith("transport/net.cc:650 Cuda Alloc Size")
+    assert out["lines_left_out"] == 0

@@ -69,9 +69,13 @@ def test_megatron_unfused_softmax_backward_moment():
     FusedScaleMaskSoftmax runs torch's softmax in fp32 over 96/8 = 12 heads' scores (Sa = 12 x 2048^2 =
     50,331,648 elements per GPU). The last layer's softmax backward holds the fp32 gradient of the
     probabilities, CUDA's tmp and the fp32 gradient of the scores (3 x 4 B x Sa) less the bf16 probabilities
-    scores x V kept (2 B x Sa): 10 x 50,331,648 = 503,316,480 bytes beside every kept activation. The
-    re-measured harness record peaks there: 446,691,840 bytes over the activations at backward's start (the
-    layer's MLP tensors freed by then, 56.6 MB, left out), and the estimate is within 1% of its peak."""
+    scores x V kept (2 B x Sa): 10 x 50,331,648 = 503,316,480 bytes, less the layer's tensors freed by their
+    backward by then (softmax_backward.py _megatron_layer_parts): v, the attention output, the MLP norm's input
+    and fc1's (each 2 B x 2048 x 12288 / 8 = 6,291,456 under sequence parallelism or TP) and fc1's output and
+    GeLU's (2 B x 2048 x 49152 / 8 each), plus two hidden-sized gradients alive then: 440,401,920 bytes beside
+    every kept activation. The re-measured harness record peaks there: 446,691,840 bytes over the activations
+    at backward's start (6.3 MB more; 56.6 MB fewer before the freed tensors were taken out), and the estimate
+    is within 1% of its peak."""
     record = load("megatron/gpt3-175b-tp8-pp8-first-s2048-b1-unfused.json")
     result = estimate_config(record["config"])
     stage = result.stages[record.get("stage", result.peak_stage)]
@@ -82,7 +86,11 @@ def test_megatron_unfused_softmax_backward_moment():
     assert parts["fp32 gradient of the scores (the softmax's backward output)"] == 4 * Sa
     assert parts["The 16-bit tensor scores x V kept, freed by its backward"] == -2 * Sa
     transient = next(c for p in stage.phases if p.name == "backward" for c in p.components if c.key == "transient")
-    assert transient.bytes == 10 * Sa == 503_316_480
+    hidden, mlp = 2 * 2048 * 12288 // 8, 2 * 2048 * 49152 // 8
+    assert parts["The layer's MLP (dense), attention output and v, freed by their backward"] == \
+        -(4 * hidden + 2 * mlp) == -75_497_472
+    assert parts["Gradients alive at the moment (residual stream, output projection input)"] == 2 * hidden
+    assert transient.bytes == 10 * Sa - 4 * hidden - 2 * mlp + 2 * hidden == 440_401_920
     assert "The last layer's softmax backward (unfused softmax, no recompute)" in transient.formula
     measured = record["measured"]
     over = measured["phases"]["backward"]["activations"] - measured["activations_at_start"] \
@@ -186,3 +194,23 @@ def test_hf_eager_moment_under_autocast():
     measured = record["measured"]["phases"]["backward"]["total"]
     assert phase.allocated_bytes - 67_108_864 == pytest.approx(measured, rel=1e-4)  # less the cuBLAS workspaces
     assert moment < measured
+
+
+def test_megatron_moment_where_the_freed_tensors_outweigh_the_scores():
+    """At 128 tokens Llama-3.1-8B's layer frees more by its softmax backward than the scores' three fp32 tensors
+    bring (32 heads x 128^2 x (3 x 4 - 2) B = 5,242,880 B against its MLP's, attention output's and v's
+    2 B x 128 x (2 x 4096 + 3 x 14336 + 2 x 4096) = 15,204,352 B): no moment beyond the ledger, with or without
+    recompute; at 4,096 tokens the moment stands (tests/test_gpu_megatron_records.py)."""
+    from estimator.memory.resolved import resolve
+    from estimator.memory.softmax_backward import softmax_backward_moment
+    from estimator.models.loading import load_config
+
+    for seq_len, expected in ((128, False), (4096, True)):
+        for recompute in ("none", "full"):
+            c = load_config({"model": "llama-3.1-8b", "training": {
+                "framework": "megatron", "transformer_impl": "local", "attention": "eager", "seq_len": seq_len,
+                "attention_softmax_fusion": False, "recompute": recompute}})
+            r = resolve(c.architecture, c.training, c.parallel)
+            moment = softmax_backward_moment(r.architecture, r.training, r.parallel, recomputed=recompute == "full",
+                                             stage=r.stages[0])
+            assert bool(moment) == expected, (seq_len, recompute)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from .activations.attention import attention_entries, megatron_fused_softmax
 from .activations.entries import ATTENTION_OUTPUT, CORE, Entry
 from .activations.recompute import recomputed_modules
-from .components import Component, component, entries_component
+from .components import Component, component, entries_component, total_bytes
 from .softmax_backward import MEGATRON_SOFTMAX_SOURCE, SOFTMAX_BACKWARD_SOURCE, softmax_parts, temporary_entry
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
@@ -109,3 +109,42 @@ def selective_core_softmax_moment(arch: Architecture, training: Training, par: P
     return [Component("transient", "The last layer's recomputed core attention at its softmax backward (selective "
                       "recompute, unfused softmax)", sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
                       SELECTIVE_SOURCE + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
+
+
+CHECKPOINTED_FORWARD_SOURCE = (
+    "Megatron-Core 0.16.1 tensor_parallel/random.py CheckpointFunction.forward (`with torch.no_grad()`: the "
+    "checkpointed layer keeps nothing, its tensors live as long as the code refers to them), "
+    "fusions/fused_softmax.py forward_torch_softmax (`input.float()`, the softmax, `probs.bfloat16()` while the "
+    "fp32 input and output are still referred to); measured on an H200: "
+    "tests/data/measured/gpu/megatron/*-full-uniform1-* (the forward phase peaks there, 6.82 GB over its start)")
+
+
+def checkpointed_forward_moment(arch: Architecture, training: Training, par: Parallel,
+                                loss_saved: float) -> list[Component]:
+    """Under full recompute, a checkpointed layer's forward at its softmax: the same tensors as its recomputation
+    in backward (`recomputed_softmax_moment`: q, k, v, the mask, the 16-bit scores, their fp32 copy, the fp32
+    softmax and its 16-bit cast), beside the layers' kept inputs but before the loss exists (its saved tensors,
+    `loss_saved` bytes, are charged to the forward phase: taken out). [] where no layer is checkpointed or
+    Megatron's DotProductAttention does not run."""
+    from .activations.recompute import recomputed_layer_count
+    if training.recompute != "full" or not recomputed_layer_count(training, arch.num_layers):
+        return []
+    softmax = recomputed_softmax_moment(arch, training, par)
+    if softmax is None:
+        return []
+    out = [softmax._replace(label="Checkpointed layer's forward at its attention softmax (no_grad: the same "
+                            "tensors as its recomputation)", source=CHECKPOINTED_FORWARD_SOURCE)]
+    if loss_saved:
+        out.append(Component("transient", "The loss's saved tensors, not made yet", -int(loss_saved),
+                             "-(the loss's saved tensors)", CHECKPOINTED_FORWARD_SOURCE))
+    return out
+
+
+def with_checkpointed_forward(arch: Architecture, training: Training, par: Parallel, loss_saved: tuple,
+                              loss_forward: list, exchange: list, tr) -> list[Component]:
+    """The forward phase's moment beside the saved tensors: `loss_forward` (the loss's working set), or a
+    checkpointed layer's softmax (`checkpointed_forward_moment`) where that is larger than it, the MoE
+    exchange (`exchange`) and the transients' forward end (`tr.forward_end`)."""
+    checkpointed = checkpointed_forward_moment(arch, training, par, total_bytes(loss_saved))
+    others = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
+    return checkpointed if total_bytes(checkpointed) > others else loss_forward

@@ -32,6 +32,7 @@ from .activations.attention import megatron_fused_softmax
 from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
 from .components import Component, component
 from .dsa_hf_moments import LAST_FORMULA
+from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hybrid import attends
@@ -100,7 +101,7 @@ def softmax_backward_temporary(arch: Architecture, training: Training, par: Para
 
 def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel,
                             gradients: float = 0.0, freed_copies: float = 0.0,
-                            recomputed: bool = False) -> list[Component]:
+                            recomputed: bool = False, stage: StageParameters | None = None) -> list[Component]:
     """Without recompute, the last layer's softmax backward beside every kept activation (Megatron's unfused
     softmax, transformers' eager attention): the gradient of the probabilities (fp32 from the cast's backward),
     CUDA's tmp and the gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the
@@ -108,11 +109,12 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     own output is what scores x V takes: fp32 compute without dropout, Llama 4's softmax in the compute dtype,
     whose three tensors are B each). `gradients`: the bytes of the gradients made before it (HF: head and the
     last layer's after its core attention; `last_layer_gradients`); `freed_copies`: the autocast copies of those
-    weights, freed by their matmuls' backward by then (HF under autocast). Left out, as in Megatron's: the last
-    layer's MLP tensors and attention output, freed by then (0.3% of the measured peak). With full recompute
-    (`recomputed`), Megatron's unfused softmax only: the recomputed layer's, beside its own kept tensors (the
-    harness record llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused: 8.85 GB over the layers' inputs,
-    9.27 GB modelled, its MLP's tensors freed by then left in); transformers' eager attention under recompute
+    weights, freed by their matmuls' backward by then (HF under autocast). Megatron: the layer's tensors made
+    after its softmax (its MLP's, the attention output) and v, freed by their backward by then, less two hidden-
+    sized gradients alive at the moment (`_megatron_layer_parts`, of the `stage`'s last layer, or of any of its
+    layers where it is a recomputed one). With full recompute (`recomputed`), Megatron's unfused softmax
+    only: the recomputed layer's, beside its own kept tensors (the harness record
+    llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused); transformers' eager attention under recompute
     holds the temporary alone beside its ledger (`softmax_backward_temporary`, as the H200 records show)."""
     if training.offload_activations or (training.recompute != "none") != recomputed:
         return []
@@ -123,6 +125,12 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
         return []
     source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
     parts = softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
+    if training.framework == "megatron" and stage is not None:
+        kinds = tuple(k for k, n in stage.kind_counts if n) if recomputed else \
+            (arch.layer_kind(stage.chunks[-1].stop - 1),)
+        parts += _megatron_layer_parts(arch, training, par, kinds)
+    if sum(p.bytes for p in parts) <= 0:  # short sequences: the layer's freed tensors outweigh the scores' three
+        return []
     label = "unfused softmax" if training.framework == "megatron" else "eager attention"
     which = "The recomputed layer's" if recomputed else "The last layer's"
     return [Component("transient", f"{which} softmax backward ({label}{'' if recomputed else ', no recompute'})",
@@ -161,3 +169,45 @@ def _hf_parts(gradients: float, freed_copies: float) -> tuple[Component, ...]:
                             "-B x (the same weights)", HF_SOFTMAX_SOURCE + "; PyTorch autocast's weight casts, "
                             "kept by the matmul for its backward"),)
     return parts
+
+
+MEGATRON_FREED_SOURCE = (
+    "Megatron-Core 0.16.1 transformer/transformer_layer.py (the MLP after the attention, each freeing what it kept "
+    "in its backward), transformer/dot_product_attention.py DotProductAttention.forward (v repeat_interleave'd for "
+    "`torch.bmm(attention_probs, value)`, whose backward frees it before the softmax's backward runs); measured on "
+    "an H200 (tests/data/measured/gpu/megatron/*-s4096-b1-*: the blocks live at the peak, peak_blocks: the last "
+    "layer's fc1 output, SwiGLU output, fc1 input, MLP norm input, attention output and v absent, two hidden-sized "
+    "16-bit gradients beside the softmax's three fp32 tensors)")
+# what a layer keeps that is made after its softmax, or used only by scores x V, and freed by their backward before
+# the softmax's backward: the attention output, its residual dropout, v (attention.py `_output_entries`,
+# `_unfused_entries`); the scores x V input (probabilities or dropout output) is `softmax_parts`' own
+_FREED_ATTENTION = {"attention output (output projection input)", "attention dropout mask", "post-attention norm input",
+                    "attention residual dropout mask", "v (expanded to all heads) for scores x V"}
+
+
+def _megatron_layer_parts(arch: Architecture, training: Training, par: Parallel,
+                          kinds: tuple[str, ...]) -> tuple[Component, ...]:
+    """Megatron's softmax-backward moment inside a layer: less the layer's tensors freed by then (its MLP's,
+    the attention output's, v's: MEGATRON_FREED_SOURCE), of the kind among `kinds` that frees the least,
+    plus two hidden-sized 16-bit gradients alive then (the residual stream's and the output projection's input
+    gradient, measured). Nothing where no kind is given or none is a dense or MoE layer."""
+    from .activations.attention import attention_entries
+    from .activations.entries import tokens_per_gpu
+    from .activations.mlp import mlp_entries
+    kinds = tuple(k for k in kinds if k in ("dense", "moe"))
+    if not kinds:
+        return ()
+
+    def freed(kind: str) -> float:
+        after = [e for e in attention_entries(arch, training, par) if e.name in _FREED_ATTENTION]
+        return sum(e.bytes(par) for e in after + mlp_entries(arch, training, par, kind))
+    kind = min(kinds, key=freed)
+    B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
+    sp, tp = ("/t", par.tp) if par.tp > 1 and par.sequence_parallel else ("", 1)
+    t = "/t" if par.tp > 1 else ""
+    residual = T * arch.hidden_size * B / tp  # the sequence-parallel region splits the sequence
+    projection = T * arch.attention_output_width * B / par.tp  # a/t heads' outputs
+    return (component("transient", f"The layer's MLP ({kind}), attention output and v, freed by their backward",
+                      -freed(kind), "-(MLP tensors + B*s*b*a*d_v + B*s*b*a*d_head)", MEGATRON_FREED_SOURCE),
+            component("transient", "Gradients alive at the moment (residual stream, output projection input)",
+                      residual + projection, f"B*s*b*h{sp} + B*s*b*a*d_v{t}", MEGATRON_FREED_SOURCE))

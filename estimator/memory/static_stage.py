@@ -38,7 +38,8 @@ from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
-from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment
+from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment, \
+    with_checkpointed_forward
 
 
 class _StaticParts(NamedTuple):
@@ -175,6 +176,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
+    loss_forward = with_checkpointed_forward(arch, training, shared.parallel, loss_saved, loss_forward, exchange, tr)
     # after the loss: a recomputed layer, or the largest tensor's compiled step in backward (transients.py)
     recomputed_bytes = max(int(round(working)) + total_bytes(extras), total_bytes(tr.step_after_loss))
     forward_moment = max(total_bytes(loss_forward), total_bytes(exchange), total_bytes(tr.forward_end))
@@ -273,11 +275,12 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
     freed = _freed_before_recompute(arch, training, sp, shared) if working and counted else []
     if working and counted:  # a recomputed MoE layer's own moments
         extras = list(extras) + list(in_moe_layer) + freed \
-            + (softmax_backward_moment(arch, training, par, recomputed=True)
+            + (softmax_backward_moment(arch, training, par, recomputed=True, stage=sp)
                or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
     elif not counted:  # no layer recomputed: its in-layer moment (FSDP1's held gradients and units beside it)
         moment = softmax_backward_moment(arch, training, par,
-                                         *_made_before_last_attention(arch, training, recipe, par, sp, grads_live))
+                                         *_made_before_last_attention(arch, training, recipe, par, sp, grads_live),
+                                         stage=sp)
         held = fsdp1_softmax_parts(arch, training, par, recipe, sp) if moment and is_fsdp1(training) \
             and not grads_live and sp.last else []
         extras = list(extras) + moment + held + selective_core_softmax_moment(arch, training, par)

@@ -478,6 +478,9 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     """Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises sqrt(v)
     for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam); fused kernels
     (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place."""
+    from .megatron_optimizer import torch_adamw_step  # Megatron-Core without TE or Apex: torch's foreach AdamW
+    if step := torch_adamw_step(training, recipe, trainable, d_dense if zero >= 1 else 1):
+        return step
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]

@@ -21,7 +21,7 @@ from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BNB_VERSIO
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
-from .versions import MEGATRON_TE, TE_VERSIONS, VERSIONS, default_versions_text
+from .versions import MEGATRON_TE, TE_NONE, TE_VERSIONS, VERSIONS, default_versions_text
 from .serving_fields import SERVING_FIELDS
 from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
                     MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
@@ -49,7 +49,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             auto="the release the estimator's records were measured on: " + default_versions_text()),
     _choice("te_version", _T, "TransformerEngine version", "megatron: the TransformerEngine release the run "
             "installs. Its FusedAdam in 2.10 and 2.11 builds Adam's moments at a Megatron-FSDP DTensor's global "
-            "shape, whole on every GPU (fixed in 2.12).", "Run", TE_VERSIONS, optional=True,
+            "shape, whole on every GPU (fixed in 2.12). not_installed: neither TransformerEngine nor Apex is installed "
+            "(transformer_impl local): Megatron-Core steps with torch's AdamW, whose foreach kernels make sqrt(v) "
+            "of a whole parameter group (4 B per parameter of the rank's shard in its step).", "Run",
+            TE_VERSIONS + (TE_NONE,), optional=True,
             auto="the one the Megatron-Core release installs: "
                  + ", ".join(f"{m}: {te}" for m, te in MEGATRON_TE.items())),
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "

@@ -17,6 +17,17 @@ FOREACH_SQRT = "foreach sqrt"  # torch's foreach AdamW materialises sqrt(v) for 
 # torchtune's recipes pass fused=True; Megatron and DeepSpeed use their own fused kernels.
 FOREACH_FRAMEWORKS = ("hf",)
 LARGEST_TENSOR = "largest tensor"  # per-tensor updates: two fp32 temporaries of the largest tensor
+MEGATRON_TORCH_ADAMW_SOURCE = ("Megatron-Core 0.16.1 megatron/core/optimizer/__init__.py (TransformerEngine's "
+                               "FusedAdam, else Apex's, else `from torch.optim import AdamW as Adam`); measured on an "
+                               "H200 (tests/data/measured/gpu/megatron: the optimizer phase rises by 4 B x the decay "
+                               "group's parameters)")
+
+
+def megatron_torch_adamw(framework: str, te_version: str | None) -> bool:
+    """Megatron-Core without TransformerEngine or Apex (training.te_version "not_installed") steps AdamW with torch's,
+    foreach on CUDA: FOREACH_SQRT's temporary (MEGATRON_TORCH_ADAMW_SOURCE)."""
+    from .versions import TE_NONE
+    return framework == "megatron" and te_version == TE_NONE
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ class Training:
     mode: str = "training"
     framework: str = "megatron"
     framework_version: str | None = None  # the release whose rules apply (versions.py); None = the measured one
-    te_version: str | None = None  # megatron: the TransformerEngine release (versions.py); None = the one it installs
+    te_version: str | None = None  # megatron: the TransformerEngine release (versions.py); None = the one it installs;
+    # "not_installed" = neither TE nor Apex installed: torch's AdamW steps (optimizers.py megatron_torch_adamw)
     seq_len: int = 4096
     images_per_sample: int = 0  # vision-language models: images per sample, their tokens within seq_len
     image_size: int | None = None  # pixels per side; None: the tower's native size
@@ -251,6 +252,11 @@ def _check_framework_settings(t: Training) -> None:
     if t.te_version is not None and t.framework != "megatron":
         raise ConfigError("training.te_version", t.te_version, "empty/null unless framework is 'megatron'",
                           "TransformerEngine is modelled under Megatron-Core only", related=("training.framework",))
+    from .versions import TE_NONE
+    if t.te_version == TE_NONE and (t.transformer_impl != "local" or t.fp8):
+        raise ConfigError("training.te_version", t.te_version, "a TransformerEngine release with transformer_impl "
+                          "'transformer_engine' or fp8", "TransformerEngine's layer spec and FP8 need it installed",
+                          related=("training.transformer_impl", "training.fp8"))
     if t.training_loop != "trainer" and t.framework not in ("hf", "fsdp1"):
         raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf' or 'fsdp1'",
                           "a plain loop is modelled for the HF stack and FSDP1 (Lightning Fabric's FSDPStrategy runs "

@@ -110,6 +110,10 @@ def release(framework: str, version: str | None) -> Release | None:
 # core_v0.19.0's extra ``te`` names no version (pyproject.toml line 126) and its uv source is rev 4329ff84,
 # TE v2.17.1 (line 234): 2.17.
 TE_VERSIONS: tuple[str, ...] = ("2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15", "2.16", "2.17", "2.18")
+# "not_installed": Megatron-Core installed alone (pip install megatron-core), neither TransformerEngine nor Apex:
+# the local layer spec, and megatron/core/optimizer/__init__.py (core_v0.16.1 lines 12-34) falls back to
+# torch.optim.AdamW
+TE_NONE = "not_installed"  # not "none": an optional field reads "none" as auto (values.py _AUTO_TEXT)
 MEGATRON_TE: dict[str, str] = {"0.16": "2.11", "0.19": "2.17"}
 
 

@@ -72,24 +72,25 @@ class GpuRow(NamedTuple):
     worst_case: str
 
 
-def gpu_records() -> list[dict]:
-    """The real-GPU runs (validation/gpu), the workspace probe left out."""
-    runs = (json.loads(p.read_text()) for p in sorted((MEASURED / "gpu").glob("*.json")))
+def gpu_records(folder: str = "") -> list[dict]:
+    """The real-GPU runs (validation/gpu), the workspace probe left out; `folder`: a framework step's
+    (gpu/megatron), else the HF and PEFT cases at the top."""
+    runs = (json.loads(p.read_text()) for p in sorted((MEASURED / "gpu" / folder).glob("*.json")))
     return [r for r in runs if "config" in r]
 
 
-def gpu_summary() -> GpuRow:
+def gpu_summary(folder: str = "") -> GpuRow:
     """Real-GPU runs compare the whole allocated peak (workspaces included), the reserved peak and the
-    device total against nvidia-smi."""
+    device total against nvidia-smi (a framework step's at the end of step 2)."""
     from estimator import estimate_config
 
     allocated, reserved, smi = {}, [], []
-    for record in gpu_records():
+    for record in gpu_records(folder):
         result, m = estimate_config(record["config"]), record["measured"]
         stage = result.stages[result.peak_stage]
         allocated[record["id"]] = stage.allocated_peak_bytes / m["peak_bytes"] - 1
         reserved.append(abs(stage.reserved_peak_bytes / m["reserved_peak_bytes"] - 1))
-        smi.append(abs(stage.device_total_bytes / m["nvidia_smi_bytes"] - 1))
+        smi.append(abs(stage.device_total_bytes / m.get("nvidia_smi_bytes", m.get("nvidia_smi_used_end_bytes")) - 1))
     worst = max(allocated, key=lambda k: abs(allocated[k]))
     return GpuRow(len(allocated), sum(abs(e) <= BOUND for e in allocated.values()),
                   statistics.median(abs(e) for e in allocated.values()), statistics.median(reserved),
@@ -130,6 +131,10 @@ def summary() -> int:
     print("|---|---:|---:|---:|---:|---:|---|")
     print(f"| HF + PEFT on an H200 (`validation/gpu`) | {g.runs} | {g.within} | {100 * g.allocated:.1f}% | "
           f"{100 * g.reserved:.1f}% | {100 * g.nvidia_smi:.1f}% | {100 * g.worst:+.1f}% ({g.worst_case}) |")
+    m = gpu_summary("megatron")
+    print(f"| Megatron-Core 0.16.1 steps on an H200 (`validation/gpu/megatron_step.py`) | {m.runs} | {m.within} | "
+          f"{100 * m.allocated:.1f}% | {100 * m.reserved:.1f}% | {100 * m.nvidia_smi:.1f}% | "
+          f"{100 * m.worst:+.1f}% ({m.worst_case}) |")
     return 0
 
 

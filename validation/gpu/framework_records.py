@@ -34,11 +34,12 @@ def measure_step(case, device: str) -> dict:
 
 def megatron_config(run, gpu: str) -> dict:
     """validation/megatron/cases.py's contract configuration of the same Setup, with what this run is
-    beyond the fake-tensor harness's emulation of TE: the local layer spec, no gradient-accumulation fusion."""
+    beyond the fake-tensor harness's emulation of TE: the local layer spec, no gradient-accumulation fusion, and
+    neither TransformerEngine nor Apex installed (te_version "not_installed": torch's AdamW steps)."""
     from ..megatron.cases import contract_config
 
     config = contract_config(run.setup())
-    config["training"] |= {"transformer_impl": "local", "gradient_accumulation_fusion": False}
+    config["training"] |= {"transformer_impl": "local", "gradient_accumulation_fusion": False, "te_version": "not_installed"}
     config["hardware"] = {"gpu": gpu}
     return config
 

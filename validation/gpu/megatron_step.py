@@ -158,11 +158,47 @@ def measure_megatron(run: MegatronRun, device: str) -> dict:
         from ..megatron.shims import megatron_shims
 
         shims = megatron_shims()
-    with shims, one_rank_environment(), megatron_one_rank(device):
+    with shims, one_rank_environment(), nccl_log(device) as log, megatron_one_rank(device):
         measured = measure_framework(lambda dev: MegatronStep(run, dev), device, trace=device == "cuda")
     import megatron.core
 
-    return measured | {"megatron_core": getattr(megatron.core, "__version__", None)}
+    return measured | {"megatron_core": getattr(megatron.core, "__version__", None)} | log
+
+
+@contextlib.contextmanager
+def nccl_log(device: str):
+    """On the GPU, NCCL's INIT and ALLOC log written to a file of this process's and summarised into the record
+    on exit (framework_step.nccl_log_summary, `nccl`): how many communicators a world of one rank makes and what
+    they allocate outside the caching allocator (issue 22; NVIDIA/nccl#2363: NCCL 2.28.9 gives a single-rank
+    communicator a 512 MiB NET shared buffer). Nothing on the CPU."""
+    import os
+    import tempfile
+
+    out: dict = {}
+    if device != "cuda":
+        yield out
+        return
+    from .framework_step import nccl_log_summary
+
+    folder = tempfile.mkdtemp(prefix="nccl-log-")
+    values = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ALLOC",
+              "NCCL_DEBUG_FILE": os.path.join(folder, "nccl.%p.log")}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield out
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        try:  # a reading that fails leaves the record without it, never masks the step's own error
+            text = "".join(open(os.path.join(folder, name), errors="replace").read()
+                           for name in sorted(os.listdir(folder)))
+            out["nccl"] = nccl_log_summary(text)
+        except OSError as error:
+            out["nccl"] = {"error": str(error)}
 
 
 # Llama-3.1-8B's layers (validation/megatron/cases.py LLAMA31_8B), 4 of them, with its 128,256-token
