@@ -88,6 +88,28 @@ def test_profiler_total_reproduces_the_logged_estimate(first, per_graph, capture
     assert round(total / 2**30, 2) == printed_gib
 
 
+PROFILED = [r for r in RECORDS.values() if "cuda_graphs_profile" in r["printed"]]
+
+
+def test_every_logged_profile_gives_its_printed_estimate():
+    """The per-mode samples of the 33 published 0.19.0 logs that print them (the records' cuda_graphs_profile,
+    read by validation/vllm/published_logs.py) give each log's 'Estimated CUDA graph memory: X GiB total' by
+    profile_cudagraph_memory's rule; every pipeline stage is profiled, the TP ranks alike."""
+    assert len(PROFILED) == 33
+    for record in PROFILED:
+        profile = record["printed"]["cuda_graphs_profile"]
+        assert len(profile) == record["pp"]
+        rank0 = profile[0]
+        total = profiler_total({m: v["first_capture_mib"] * MiB for m, v in rank0.items()},
+                               {m: v["per_graph_mib"] * MiB for m, v in rank0.items()},
+                               {m: v["captures"] for m, v in rank0.items()})
+        assert round(total / 2**30, 2) == record["printed"]["cuda_graphs_estimated_gib"], record["id"]
+    # Llama-3.1-8B at PP 4: the last stage's PIECEWISE first capture is 20 MiB above the others'
+    pp4 = [s["PIECEWISE"]["first_capture_mib"] for s in RECORDS["llama-3.1-8b-tp1-pp4-len8192"]["printed"]
+           ["cuda_graphs_profile"]]
+    assert pp4 == [112, 112, 112, 132]
+
+
 def _llama(version):
     return estimate_vllm(get_architecture("llama-3.1-8b"), Serving(engine_version=version, max_model_len=8192),
                          Parallel(tp=1), Hardware("h100-80"))
