@@ -126,6 +126,26 @@ def test_llama_8b_graphs_and_nodes_by_hand():
     assert driver_memory(LLAMA, 1024, 1, "a100-80", 2, range(32), True, True, None).large_nodes == 51 * (128 + 160)
 
 
+def test_inductor_schedules_the_counted_kernels_of_a_llama_piece():
+    """validation/vllm/piece_kernels.py: inductor (the installed torch, combo kernels on, on fake H100 tensors)
+    schedules a Llama-3.1-8B middle piece at 512 tokens as 4 cuBLAS GEMMs (o, gate_up, down, qkv), 4 Triton
+    kernels (the two fused add + RMSNorm, SiLU x mul, the q/k rotary combo) and a nop (the attention's output
+    buffer): graph_nodes.layer_nodes' (4 small, 4 large) for a dense layer."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_kernels", "--tokens", "512", "--json"],
+                         capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    kinds = [kind for kind, _ in result["nodes"]]
+    assert kinds == ["ExternKernelSchedulerNode", "FusedSchedulerNode", "ExternKernelSchedulerNode", "SchedulerNode",
+                     "ExternKernelSchedulerNode", "FusedSchedulerNode", "ExternKernelSchedulerNode",
+                     "ForeachKernelSchedulerNode", "NopKernelSchedulerNode"]
+    from estimator.serving.graph_nodes import layer_nodes
+    assert (result["triton"], result["cublas"]) == layer_nodes(LLAMA, False) == (4, 4)
+
+
 def test_pipeline_stage_and_tensor_parallel_counts():
     # PP 4, stage 0: 8 layers, the embedding but no final norm: 9 + 1 graphs; 33 / 41 small, 32 / 48 large
     first = driver_memory(LLAMA, 1024, 1, "h100-80", 2, range(8), True, False, None)
