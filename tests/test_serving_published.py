@@ -85,11 +85,13 @@ GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free 
           "VLLM_MAIN_CUDA_VERSION, printed in each log; 0.15-0.19, 13.0 from 0.20) and torch 2.10, our record CUDA "
           "13.0 and torch 2.11: at NVIDIA cccl PR #3768's 'about 10 KB a kernel node' (February 2025) FULL's 11 nodes"
           " a layer would be 0.1 MiB; a CUDA 12.9 stack was not measured (the GPU machine has no cu129 torch). The "
-          "fixed part is short too: the PIECEWISE first capture of the bf16 dense logs is about twice one layer's MLP"
-          " tensors T x (2h + 3I) at 512 tokens plus the 32 MiB workspace (Llama-3.1-8B 138 MiB, Qwen2.5-7B 160, "
-          "Phi-4 156) where our pool holds one copy (54 MiB for Llama-3.1-8B); where the second lives was not "
-          "established. gpt-oss's MXFP4 MoE with sinks and DeepSeek-V2-Lite's MLA are not counted (2-3%, their pools "
-          "alone; DeepSeek's MLA FULL first capture is 522 MiB in its log)")
+          "fixed part is short too: the logs' PIECEWISE first capture (pool + its graphs + the 32 MiB workspace) is "
+          "above ours by 25-26 MiB on Llama-3.1-8B's first and middle pipeline stages (112-114 MiB printed) and 45-48"
+          " MiB on a last stage (132-138), where our pool is the MLP piece's 54 MiB; a candidate, not modelled: the "
+          "caching allocator serves each 1-10 MiB request (the 4 MiB hidden-size tensors at 512 tokens) from a 20 MiB"
+          " segment, so the pool reserves more than the live tensors. gpt-oss's MXFP4 MoE with sinks and "
+          "DeepSeek-V2-Lite's MLA are not counted (2-3%, their pools alone; DeepSeek's MLA FULL first capture is 522 "
+          "MiB in its log)")
 FORWARD = ("the first pipeline stage's peak: 1.10 GiB printed under PP 2 and PP 4 against ours 0.92 (the compiled "
            "MLP's T x (o + 2h + 3I), the autotuner's 50 MiB L2 flush buffer and the 32 MiB cuBLAS workspace; "
            "serving/activations.py, serving/profile_buffers.py), which hold the middle stages and CodeLlama-7B within "

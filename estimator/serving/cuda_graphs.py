@@ -26,8 +26,9 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
   layer's MLP piece, what the compiled forward holds there, T x (o/TP + 2h + 3I/TP) (serving/activations.py,
   read from inductor's code for that piece). A routed MoE layer's piece is taken at its boundary tensors (0.15 on
   its fused_moe buffers come from the worker's workspace, outside the pool; 0.11's were not modelled here). The
-  0.19.0 logs' PIECEWISE first capture is about twice the MLP piece's tensors plus the capture stream's
-  workspace (Llama-3.1-8B 138 MiB): the second copy was not identified and is not modelled.
+  0.19.0 logs' PIECEWISE first capture is 25-48 MiB above this pool, its graphs and the capture stream's
+  workspace for Llama-3.1-8B (more on a last pipeline stage); the caching allocator's segment rounding (1-10
+  MiB requests from 20 MiB segments) is a candidate, not modelled.
 - Other backends add nothing here: FlashInfer (Blackwell's default) keeps one persistent workspace of
   VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE (394 MiB, 0.33.0 envs.py) made by its metadata builder outside the
   graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a
