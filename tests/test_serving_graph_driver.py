@@ -10,7 +10,7 @@ from pathlib import Path
 from estimator.models.loading import architecture_from_model
 from estimator.models.presets import get_architecture
 from estimator.serving.cuda_graphs import driver_memory
-from estimator.serving.graph_driver import RECORD, driver_cost
+from estimator.serving.graph_driver import NODES_RECORD, RECORD, driver_cost
 from estimator.serving.vllm_engine import estimate_vllm
 from estimator.spec.hardware import Hardware
 from estimator.spec.parallel import Parallel
@@ -20,6 +20,20 @@ MiB = 2**20
 DATA = json.loads((Path(__file__).parent.parent / RECORD).read_text())
 COST = driver_cost()
 PW_GRAPH, SMALL, LARGE = COST.per_graph, COST.per_small_node, COST.per_large_node
+
+
+NODES = json.loads((Path(__file__).parent.parent / NODES_RECORD).read_text())
+
+
+def _least_squares(points: list[dict]) -> tuple[float, float]:
+    """driver bytes = per_graph x graphs + per_node x kernel nodes, no intercept (the normal equations)."""
+    gg = sum(p["graphs"] ** 2 for p in points)
+    nn = sum(p["kernel_nodes"] ** 2 for p in points)
+    gn = sum(p["graphs"] * p["kernel_nodes"] for p in points)
+    gy = sum(p["graphs"] * p["driver_bytes"] for p in points)
+    ny = sum(p["kernel_nodes"] * p["driver_bytes"] for p in points)
+    det = gg * nn - gn**2
+    return (gy * nn - ny * gn) / det, (ny * gg - gy * gn) / det
 
 
 def _points(kind: str, kernels: int) -> list[dict]:
@@ -32,6 +46,39 @@ def test_constants_are_the_records_fits():
     assert PW_GRAPH == round(fit["elementwise"]["per_graph_bytes"]) == 110_614
     assert SMALL == round(fit["elementwise"]["per_node_bytes"]) == 2_490
     assert LARGE == round(fit["gemm"]["per_node_bytes"]) == 3_517
+
+
+def test_node_kinds_are_the_nodes_records_fits():
+    """The vLLM-shaped nodes (cuda-graph-nodes-h200.json): each kind's constants are the least squares of its 24
+    points (16 and 64 nodes a graph, 1-2,048 graphs), recomputed here, on the same driver as the constants."""
+    assert (NODES["versions"]["driver"], NODES["versions"]["cuda"]) == (COST.driver, COST.cuda)
+    assert [k.kind for k in COST.node_kinds] == ["gemm_wide", "sdpa", "triton"]
+    for kind in COST.node_kinds:
+        points = [p for p in NODES["points"] if p["kind"] == kind.kind]
+        per_graph, per_node = _least_squares(points)
+        assert len(points) == NODES["fit"][kind.kind]["points"] == 24
+        assert (kind.per_graph, kind.per_node) == (round(per_graph), round(per_node))
+        assert (kind.per_graph, kind.per_node) == (round(NODES["fit"][kind.kind]["per_graph_bytes"]),
+                                                   round(NODES["fit"][kind.kind]["per_node_bytes"]))
+    assert [(k.per_graph, k.per_node) for k in COST.node_kinds] == [(111_136, 3_540), (113_680, 2_333),
+                                                                    (114_230, 2_322)]
+
+
+def test_vllm_shaped_nodes_cost_no_more_than_the_constants():
+    """A decoder layer's GEMM node costs the small GEMM's 3,517 B within 1% (3,540); the flash-attention and
+    Inductor Triton nodes cost less than the elementwise 2,490 B (2,333, 2,322); graphs 111-114 KB against
+    110,614 B. At 2,048 graphs of 64 launches the constants give 2,048 x (110,614 + 64 x 3,517) = 687,517,696 B
+    of GEMM graphs against 692,060,160 measured (0.7% under) and 2,048 x (110,614 + 64 x 2,490) = 552,906,752 B of
+    Triton graphs against 538,968,064 (2.6% over)."""
+    gemm, sdpa, triton = COST.node_kinds
+    assert abs(gemm.per_node / LARGE - 1) < 0.01
+    assert sdpa.per_node < SMALL and triton.per_node < SMALL
+    assert all(abs(k.per_graph / PW_GRAPH - 1) < 0.035 for k in COST.node_kinds)
+    largest = {p["kind"]: p for p in NODES["points"] if p["graphs"] == 2048 and p["kernels"] == 64}
+    assert 2048 * (PW_GRAPH + 64 * LARGE) == 687_517_696 and largest["gemm_wide"]["driver_bytes"] == 692_060_160
+    assert 2048 * (PW_GRAPH + 64 * SMALL) == 552_906_752 and largest["triton"]["driver_bytes"] == 538_968_064
+    # SDPA's call is two kernel nodes (the driver's count), both at the small cost
+    assert largest["sdpa"]["kernel_nodes"] == 2048 * 128
 
 
 def test_driver_memory_comes_in_2_mib_chunks_and_is_linear_at_scale():
@@ -79,6 +126,26 @@ def test_llama_8b_graphs_and_nodes_by_hand():
     assert driver_memory(LLAMA, 1024, 1, "a100-80", 2, range(32), True, True, None).large_nodes == 51 * (128 + 160)
 
 
+def test_inductor_schedules_the_counted_kernels_of_a_llama_piece():
+    """validation/vllm/piece_kernels.py: inductor (the installed torch, combo kernels on, on fake H100 tensors)
+    schedules a Llama-3.1-8B middle piece at 512 tokens as 4 cuBLAS GEMMs (o, gate_up, down, qkv), 4 Triton
+    kernels (the two fused add + RMSNorm, SiLU x mul, the q/k rotary combo) and a nop (the attention's output
+    buffer): graph_nodes.layer_nodes' (4 small, 4 large) for a dense layer."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_kernels", "--tokens", "512", "--json"],
+                         capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    kinds = [kind for kind, _ in result["nodes"]]
+    assert kinds == ["ExternKernelSchedulerNode", "FusedSchedulerNode", "ExternKernelSchedulerNode", "SchedulerNode",
+                     "ExternKernelSchedulerNode", "FusedSchedulerNode", "ExternKernelSchedulerNode",
+                     "ForeachKernelSchedulerNode", "NopKernelSchedulerNode"]
+    from estimator.serving.graph_nodes import layer_nodes
+    assert (result["triton"], result["cublas"]) == layer_nodes(LLAMA, False) == (4, 4)
+
+
 def test_pipeline_stage_and_tensor_parallel_counts():
     # PP 4, stage 0: 8 layers, the embedding but no final norm: 9 + 1 graphs; 33 / 41 small, 32 / 48 large
     first = driver_memory(LLAMA, 1024, 1, "h100-80", 2, range(8), True, False, None)
@@ -112,7 +179,7 @@ def test_not_counted_where_other_kernels_run():
 
 
 def test_019_prints_pool_plus_driver_and_020_holds_it():
-    """0.19's cuda_graphs (capture_model's 'took X GiB') is the pool (FA3's 258 MiB + the pieces' 14 MiB), the
+    """0.19's cuda_graphs (capture_model's 'took X GiB') is the pool (FA3's 258 MiB + the widest piece's 54 MiB), the
     driver memory and the capture stream's 32 MiB cuBLAS workspace, on top of the budget; 0.20 subtracts vLLM's
     own estimate (its samples: FA3's pool + the largest FULL graph's driver memory, then 50 further captures of
     each mode at their graphs' driver memory), and the device total holds the same three as 0.19."""
@@ -120,10 +187,10 @@ def test_019_prints_pool_plus_driver_and_020_holds_it():
         return estimate_vllm(LLAMA, Serving(engine_version=version, max_model_len=8192), Parallel(tp=1),
                              Hardware("h100-80"))
     old, new = run("0.19.0"), run("0.20.0")
-    fa3, pieces = 32 * 512 * 32 * 129 * 4, 512 * 14336 * 2
+    fa3, pieces = 32 * 512 * 32 * 129 * 4, 512 * 55296 * 2
     graphs = old.stages[0].components[-1]
     assert [p.bytes for p in graphs.parts] == [fa3 + pieces, 286_283_196, 32 * MiB]
-    assert graphs.bytes == old.stages[0].cuda_graphs == fa3 + pieces + 286_283_196 + 32 * MiB  # 0.56 GiB
+    assert graphs.bytes == old.stages[0].cuda_graphs == fa3 + pieces + 286_283_196 + 32 * MiB  # 0.60 GiB
     s = new.stages[0]
     assert s.cuda_graphs == fa3 + 1_189_258 + 50 * (4_424_138 + 1_189_258)
     assert new.device_total_bytes == (new.context_bytes + s.weights + s.activation + s.non_torch + fa3 + pieces

@@ -19,10 +19,16 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
   32 x T x heads a rank x (head_dim + 1) x 4 B. The 0.19.0 logs' "FULL first-capture" is this plus 2-6 MiB
   (Llama-3.1-8B 260 MiB against 258; TP 2 132 / 130; TP 4 70 / 64.5; Phi-4 328 / 324; Gemma-2-2B 134 / 130).
 - PIECEWISE: each piece's outputs are ordinary tensors of the pool, released as the next piece consumes them
-  (compilation/cuda_graph.py: weak_ref_output only for the last graph), so what is live at once is one layer's
-  boundary tensors at the largest size: q, k, v, the attention output and the residual stream. The pieces'
-  own intermediates and a fixed first-capture cost (the 0.19.0 logs print 84-224 MiB whatever the layer count)
-  are not modelled.
+  (compilation/cuda_graph.py: weak_ref_output only for the last graph), and everything a piece allocates while
+  it is captured comes from the pool too (torch.cuda.graph(pool=...) around the inductor-compiled runnable, whose
+  buffers are allocated and freed inside it), so the pool holds the widest piece's live tensors at the largest
+  size: one layer's boundary tensors (q, k, v, the attention output and the residual stream) or, in a dense
+  layer's MLP piece, what the compiled forward holds there, T x (o/TP + 2h + 3I/TP) (serving/activations.py,
+  read from inductor's code for that piece). A routed MoE layer's piece is taken at its boundary tensors (0.15 on
+  its fused_moe buffers come from the worker's workspace, outside the pool; 0.11's were not modelled here). The
+  0.19.0 logs' PIECEWISE first capture is 25-48 MiB above this pool, its graphs and the capture stream's
+  workspace for Llama-3.1-8B (more on a last pipeline stage); the caching allocator's segment rounding (1-10
+  MiB requests from 20 MiB segments) is a candidate, not modelled.
 - Other backends add nothing here: FlashInfer (Blackwell's default) keeps one persistent workspace of
   VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE (394 MiB, 0.33.0 envs.py) made by its metadata builder outside the
   graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a
@@ -111,8 +117,14 @@ def split_kv_bytes(arch: Architecture, tp: int, tokens: int) -> int:
 
 
 def piecewise_bytes(arch: Architecture, tp: int, tokens: int, act_bytes: int) -> int:
+    """The widest piece's live tensors during its capture (module docstring): the boundary tensors, or a dense
+    MLP piece's incoming residual, attention output, o_proj output, gate-up output and activation."""
     kv = kv_heads_per_rank(arch, tp) * arch.head_dim if not arch.uses_mla else arch.kv_lora_rank + arch.qk_rope_head_dim
-    return tokens * (arch.q_width // tp + 2 * kv + arch.attention_output_width // tp + arch.hidden_size) * act_bytes
+    o = arch.attention_output_width // tp
+    boundary = arch.q_width // tp + 2 * kv + o + arch.hidden_size
+    dense = arch.intermediate_size and arch.moe_layers_in(0, arch.num_layers) < arch.num_layers
+    mlp = o + 2 * arch.hidden_size + 3 * arch.intermediate_size // tp if dense else 0
+    return tokens * max(boundary, mlp) * act_bytes
 
 
 def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int, gpu_id: str,
@@ -124,7 +136,8 @@ def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int,
     piecewise = piecewise_bytes(arch, tp, tokens, act_bytes)
     pool = max(full, piecewise)
     formula = (f"pool = max(FULL: FA3 split-KV {FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
-               f"{full / MiB:.0f} MiB, PIECEWISE: one layer's q + 2kv + o + h at {tokens} tokens = "
+               f"{full / MiB:.0f} MiB, PIECEWISE: the widest piece's tensors, max(q + 2kv + o + h, a dense MLP piece's "
+               f"o + 2h + 3I) at {tokens} tokens = "
                f"{piecewise / MiB:.0f} MiB)")
     return GraphMemory(pool, full, piecewise, len(sizes), len(full_sizes), formula)
 

@@ -8,7 +8,8 @@ split_graph (compilation/backends.py) keeps consecutive splitting ops in one pie
 stage of L attention layers has L + 1 PIECEWISE graphs a size, and the KV-cache write runs outside them.
 
 Kernel nodes of one decoder layer, compiled by Inductor with every custom op off (custom_ops "none"; combo_kernels
-on from torch 2.9, config/compilation.py, which joins the q and k rotary/norm kernels into one):
+on from torch 2.9, config/compilation.py, which joins the q and k rotary/norm kernels into one; inductor's own
+schedule of a Llama middle piece, validation/vllm/piece_kernels.py on torch 2.13: 4 GEMMs, 4 Triton kernels):
 - large (cuBLAS GEMMs): qkv_proj, o_proj, gate_up_proj, down_proj (4; the qkv bias in the GEMM's epilogue);
 - small (Inductor's fused Triton kernels): one per RMSNorm with its residual add (norms_per_layer: 2, Gemma-2/3
   4), the rotary embedding (with Qwen3's q/k norms in the same combo kernel), SiLU x mul (4 a Llama layer);

@@ -4,7 +4,8 @@ The logs are public: a sweep of vLLM 0.19.0 on H100 80GB run with ``VLLM_LOGGING
 published in llm-d-planner (llm-d-incubation/llm-d-planner PR #205, the files at jgchn/llm-d-planner
 commit d3121e05, accuracy/results/v0.19.0/logs/). At DEBUG vLLM 0.19's gpu_worker.py prints every term of
 its accounting per rank: the CUDA total memory, the weights, the torch peak increase of the profiling
-run, the non-torch increase, the available KV memory, the CUDA graphs' estimate and their actual pool.
+run, the non-torch increase, the available KV memory, the CUDA graphs' estimate and their actual pool, and
+per rank the graph profiler's two samples of each mode (first capture, per further graph).
 
     python3 -m validation.vllm.published_logs LOG_DIR [LOG_DIR ...] > terms.json
 
@@ -35,6 +36,10 @@ _PATTERNS = {
 _PROFILE = re.compile(r"\((?:Worker_(?:TP|PP)(\d+)|EngineCore) pid=\d+\).*torch peak memory increase: ([\d.]+)GiB; "
                       r"non-torch forward increase memory: ([\d.]+)GiB; weights memory: ([\d.]+)GiB")
 _ARGS = re.compile(r"non-default args: (\{.*\})")
+# profile_cudagraph_memory's samples per mode (v1/worker/gpu_model_runner.py, 0.19.0): the largest size's capture
+# and the second-largest's (mem_get_info before and after a warm-up and capture, in the driver's 2 MiB chunks)
+_GRAPH_PROFILE = re.compile(r"\((?:Worker_(?:TP|PP)(\d+)|EngineCore) pid=\d+\).*Estimated (PIECEWISE|FULL) CUDA graph "
+                            r"memory: ([\d.]+) MiB first-capture \+ \((\d+)-1\) × ([\d.]+) MiB per-graph")
 
 
 def _number(text: str) -> float | int:
@@ -55,6 +60,13 @@ def read_log(text: str) -> dict:
         ranks.setdefault(rank, {"activation_peak_gib": float(match.group(2)), "non_torch_gib": float(match.group(3)),
                                 "weights_gib": float(match.group(4))})
     terms["ranks"] = [ranks[r] for r in sorted(ranks)]
+    profiles: dict = {}
+    for match in _GRAPH_PROFILE.finditer(text):
+        rank = profiles.setdefault(int(match.group(1) or 0), {})
+        rank.setdefault(match.group(2), {"first_capture_mib": float(match.group(3)), "captures": int(match.group(4)),
+                                         "per_graph_mib": float(match.group(5))})
+    if profiles:
+        terms["cuda_graphs_profile"] = [profiles[r] for r in sorted(profiles)]
     args = _ARGS.search(text)
     if args:
         try:
