@@ -199,7 +199,7 @@ def test_the_gpu_records_are_there():
     assert len(ids) >= 40
     assert any("-qlora-bnb-" in i for i in ids) and any("-lora-" in i for i in ids)
     assert any(i.endswith("-expandable") for i in ids) and any(i.startswith("llama-3.2-1b") for i in ids)
-    assert set(KNOWN_GPU_GAPS) <= ids and KNOWN_RESERVED_GAPS | KNOWN_RESERVED_OVER <= ids
+    assert set(KNOWN_GPU_GAPS) | set(KNOWN_FAKE_GPU_GAPS) <= ids and KNOWN_RESERVED_GAPS | KNOWN_RESERVED_OVER <= ids
     for path in GPU_RECORDS:
         versions = load(path)["versions"]
         assert versions["gpu"] and versions["torch"] and versions["driver"] and versions["cuda"]
@@ -327,10 +327,32 @@ def test_fake_tensor_harness_backward_of_eager_attention(path):
         assert abs(gpu - fake) <= 512
 
 
-@pytest.mark.parametrize("path", [p for p in GPU_RECORDS if load(p)["fake_tensor_record"]], ids=lambda p: p.stem)
+# case id -> why its fake-tensor record is not what the GPU ran (the record's vision_attention says what did)
+KNOWN_FAKE_GPU_GAPS = {
+    "gemma-3-4b-bf16-adamw-norecompute-sdpa-s2048-b2-i4x896": (
+        "the H200 had no flash-attn, so Gemma 3's decoder ran SDPA (vision_attention 'sdpa'), whose sliding-window "
+        "layers take a 4-D mask once the sequence reaches the 1,024-token window (transformers masking_utils "
+        "_ignore_causal_mask_sdpa): SDPA's masked, memory-efficient path, which the harness does not emulate "
+        "(validation/vlm/vision.py refuses it); the fake record runs flash_attention_2 without a mask. GPU 101.16 GB "
+        "less the workspaces, fake 100.08 GB: 1,025 MiB more (+1.07%) at the forward's end and the backward's peak "
+        "alike. The sources account for 936 MiB of it: each of the 29 sliding layers keeps its own bf16 additive "
+        "mask (torch attention.cpp convert_boolean_attn_mask, saved by the efficient kernel's backward, b x s^2 x 2 B "
+        "= 16 MiB) and K and V repeated to the 8 query heads (transformers sdpa_attention.py: use_gqa_in_sdpa needs "
+        "no mask, so repeat_kv; 2 x 8 MiB more than the 4 grouped heads the flash path keeps), plus the shared bool "
+        "mask (8 MiB); the rest (89 MiB, 0.09%) is of the size every vision-language record of this run shows in "
+        "all its phases (0.09-0.3%). "
+        "With recompute (its twin at s4096) none of it is kept and the record holds to 0.1%"),
+}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_FAKE_GPU_GAPS[p.stem], strict=True))
+                                  if p.stem in KNOWN_FAKE_GPU_GAPS else p
+                                  for p in GPU_RECORDS if load(p)["fake_tensor_record"]], ids=lambda p: p.stem)
 def test_fake_tensor_harness_against_the_gpu(path):
     """The fake-tensor harness's peak plus the workspaces it cannot see is what the GPU allocated, to
-    0.6%: the harnesses' records are what a real step allocates."""
+    0.6%: the harnesses' records are what a real step allocates. A vision-language run is held to the fake
+    record of the tower's attention the GPU ran (Qwen2.5-VL's on SDPA: the -sdpavision records, 671 MB above
+    the flash_attention_2 ones at 8,192 trained patches; validation/gpu/records.py record_of)."""
     record = load(path)
     fake = load(MEASURED / record["fake_tensor_record"])["measured"]["peak_bytes"]
     fake = MAMBA_FALLBACK_FAKE_PEAKS.get(path.stem, fake)  # the path the GPU ran (KNOWN_GPU_GAPS)
