@@ -163,7 +163,7 @@ KERNELS["gemma-3-4b"] = KERNELS["gemma-3-27b"]
 SDPA_VISION = {
     "qwen2.5-vl-7b": "the vision tower on SDPA, as transformers runs it without flash-attn (modeling_qwen2_5_vl.py "
                      "Qwen2_5_VLVisionAttention: one unmasked call per window or image, through PyTorch's "
-                     "FlashAttention-2 path, emulated, the outputs concatenated for the output projection)",
+                     "FlashAttention-2 path, the outputs concatenated for the output projection)",
     # a GPU run's description only: the harness refuses it (vision_emulation)
     "gemma-3-27b": "the SigLIP tower and the decoder on SDPA, as transformers runs them without flash-attn (the "
                    "decoder's sliding-window layers with a 4-D mask, SDPA's masked path, which the fake-tensor harness "
