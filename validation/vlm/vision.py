@@ -15,7 +15,10 @@ What differs from a text step (validation/hf/step.py), and why:
   three steps with the split sizes known (modeling_qwen2_5_vl.py Qwen2_5_VLModel.get_image_features).
 - The vision tower's attention: `flash_attention_2`, FlashAttention-2's variable-length kernel over the
   packed windows and images (`FlashVarlen` below, the allocations of flash-attn v2.7's
-  flash_attn_interface.py FlashAttnVarlenFunc and csrc/flash_attn/flash_api.cpp mha_varlen_fwd/bwd).
+  flash_attn_interface.py FlashAttnVarlenFunc and csrc/flash_attn/flash_api.cpp mha_varlen_fwd/bwd). Or, a run's
+  `vision_attention` "sdpa", Qwen2.5-VL's tower as transformers runs it without flash-attn (what the lent GPUs
+  ran): one SDPA call per window or image on the emulated FlashAttention-2 path, the outputs concatenated
+  (`_known_split_lengths`).
 - Gemma 3 (Gemma3Processor): every image at the tower's 896 px, mm_tokens_per_image tokens each; its SigLIP
   tower and its decoder both on flash_attention_2 (SDPA's sliding window needs a mask the harness does not
   emulate), the dense kernel's allocations those of PyTorch's FlashAttention-2 path; no token_type_ids.
