@@ -199,7 +199,7 @@ def test_the_gpu_records_are_there():
     assert len(ids) >= 40
     assert any("-qlora-bnb-" in i for i in ids) and any("-lora-" in i for i in ids)
     assert any(i.endswith("-expandable") for i in ids) and any(i.startswith("llama-3.2-1b") for i in ids)
-    assert set(KNOWN_GPU_GAPS) <= ids and KNOWN_RESERVED_GAPS | KNOWN_RESERVED_OVER <= ids
+    assert set(KNOWN_GPU_GAPS) | set(KNOWN_FAKE_GPU_GAPS) <= ids and KNOWN_RESERVED_GAPS | KNOWN_RESERVED_OVER <= ids
     for path in GPU_RECORDS:
         versions = load(path)["versions"]
         assert versions["gpu"] and versions["torch"] and versions["driver"] and versions["cuda"]
@@ -216,13 +216,16 @@ def test_gpu_allocated_peak_within_five_percent(path):
 @pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
 def test_gpu_library_workspaces(path):
     """PyTorch's two cuBLAS workspaces (the forward's thread, autograd's backward thread), as
-    clearCublasWorkspaces freed them; where a linear layer has a bias (Qwen2's q, k, v) cuBLASLt kept
-    1 to 2.3 MiB more on torch 2.11 (its own 1 MiB workspace per thread), which the estimate leaves out."""
+    clearCublasWorkspaces freed them; where a linear layer has a bias (Qwen2's q, k, v; every linear of a
+    vision tower: transformers 5.17 modeling_siglip.py SiglipAttention and SiglipMLP use nn.Linear's default
+    bias=True, modeling_qwen2_5_vl.py the tower's qkv, proj and MLP bias=True) cuBLASLt kept 1 to 2.3 MiB more
+    on torch 2.11 (its own 1 MiB workspace per thread), which the estimate leaves out. Gemma 3's decoder has no
+    bias: its two runs kept 1 and 2 MiB more, all from the SigLIP tower (the H200 run of 2026-11-27)."""
     record = load(path)
     estimated, measured = gpu_estimate(record).component("workspace").bytes, record["measured"]["cublas_workspace_bytes"]
     assert estimated == 2 * 32 * MiB
     model = record["config"]["model"]
-    biased = model.get("qkv_bias") or model.get("linear_bias")
+    biased = model.get("qkv_bias") or model.get("linear_bias") or model.get("vision_tower")
     assert measured - estimated == 0 if not biased else 0 <= measured - estimated <= 2.5 * MiB
 
 
@@ -231,16 +234,31 @@ def test_gpu_library_workspaces(path):
 MORE_KERNELS_LOADED = {"qwen3-30b-a3b-lora-r16-alllinear-recompute-drop00-s4096-b1": 2 * MiB}
 
 
+def vision_kernels_loaded(record: dict) -> int:
+    """A vision-language step's kernels beyond a text model's, measured, not modelled (the H200 run of
+    2026-11-27, transformers 5.17): its six runs (Qwen2.5-VL-7B and Gemma-3-4B, the towers on SDPA) held 2 MiB
+    more outside the allocator than a text model's step with FlashAttention, 4 MiB with recompute (both models,
+    whatever the image count or size; the frozen tower's run too). The tower brings kernels no text model
+    launches (its patch embedding's convolution through cuDNN, LayerNorm and GELU for SigLIP, the window
+    gather for Qwen); which of them make the 2 MiB, and the recomputed tower's 2 more, these records do not
+    separate, so the estimate leaves both out."""
+    if not record["config"]["model"].get("vision_tower"):
+        return 0
+    return (4 if record["config"]["training"]["recompute"] != "none" else 2) * MiB
+
+
 @pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
 def test_gpu_memory_outside_the_allocator(path):
     """The CUDA context and the kernels loaded lazily (mem_get_info used minus reserved), part by part
     (estimator/spec/cuda_modules.py): 766.8 MiB with FlashAttention's kernels loaded, 16 MiB less where none
-    ran (eager attention; SDPA's math backend on the fp32 inputs of a prepared k-bit run), to the byte."""
+    ran (eager attention; SDPA's math backend on the fp32 inputs of a prepared k-bit run), to the byte; a
+    vision-language run's measured extra kernels aside (vision_kernels_loaded)."""
     record = load(path)
     if record["config"]["training"]["optimizer"].startswith("paged"):
         pytest.skip("a paged optimizer's managed memory is outside the allocator too: test_gpu_paged_optimizer")
     estimated = gpu_estimate(record).component("runtime").bytes
-    measured = record["measured"]["outside_allocator_bytes"] - MORE_KERNELS_LOADED.get(path.stem, 0)
+    measured = record["measured"]["outside_allocator_bytes"] - MORE_KERNELS_LOADED.get(path.stem, 0) \
+        - vision_kernels_loaded(record)
     assert estimated == measured
     flash = record["config"]["training"]["attention"] == "flash" and not path.stem.endswith("-prepared")
     assert measured == (804_061_184 if flash else 804_061_184 - 16 * MiB)
@@ -271,21 +289,22 @@ def test_gpu_paged_optimizer(path):
 
 
 def test_gpu_reserved_peak():
-    """max_memory_reserved on all 66 runs, the median over the 64 of a path the estimate models (the two
+    """max_memory_reserved on all 73 runs, the median over the 71 of a path the estimate models (the two
     Falcon-H1 runs of transformers' Mamba fallback left out: KNOWN_GPU_GAPS). On the first 60 (the last ten,
     LoRA/DoRA on four models and Llama-3.1-8B at 256 and 1,024 tokens, measured after the replay was built)
     the median |error| is within 1.3% since the replay covers the HF adapter runs (2.6% before; 4.5% with the
-    flat share alone on the first 50); the four DeepSeek-V3.2 eager runs (-7.0% to +3.7%) raise it to 1.33%.
-    The runs under, and over, by more than 10% are exactly the known ones (with the flat share alone: five
-    under, none over)."""
+    flat share alone on the first 50); the four DeepSeek-V3.2 eager runs (-7.0% to +3.7%) raise it to 1.33%;
+    the seven of 2026-11-27 (DeepSeek-V3.2 with recompute -3.6%, Qwen2.5-VL-7B -0.8% to +1.6%, Gemma-3-4B
+    -0.2% and +0.1%) lower it to 1.24%. The runs under, and over, by more than 10% are exactly the known ones
+    (with the flat share alone: five under, none over)."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
         reserved = gpu_estimate(record).reserved_peak_bytes
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
-    assert len(errors) == 66
+    assert len(errors) == 73
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 64 and modelled[len(modelled) // 2] <= 0.0135
+    assert len(modelled) == 71 and modelled[len(modelled) // 2] <= 0.0135
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 
@@ -308,10 +327,32 @@ def test_fake_tensor_harness_backward_of_eager_attention(path):
         assert abs(gpu - fake) <= 512
 
 
-@pytest.mark.parametrize("path", [p for p in GPU_RECORDS if load(p)["fake_tensor_record"]], ids=lambda p: p.stem)
+# case id -> why its fake-tensor record is not what the GPU ran (the record's vision_attention says what did)
+KNOWN_FAKE_GPU_GAPS = {
+    "gemma-3-4b-bf16-adamw-norecompute-sdpa-s2048-b2-i4x896": (
+        "the H200 had no flash-attn, so Gemma 3's decoder ran SDPA (vision_attention 'sdpa'), whose sliding-window "
+        "layers take a 4-D mask once the sequence reaches the 1,024-token window (transformers masking_utils "
+        "_ignore_causal_mask_sdpa): SDPA's masked, memory-efficient path, which the harness does not emulate "
+        "(validation/vlm/vision.py refuses it); the fake record runs flash_attention_2 without a mask. GPU 101.16 GB "
+        "less the workspaces, fake 100.08 GB: 1,025 MiB more (+1.07%) at the forward's end and the backward's peak "
+        "alike. The sources account for 936 MiB of it: each of the 29 sliding layers keeps its own bf16 additive "
+        "mask (torch attention.cpp convert_boolean_attn_mask, saved by the efficient kernel's backward, b x s^2 x 2 B "
+        "= 16 MiB) and K and V repeated to the 8 query heads (transformers sdpa_attention.py: use_gqa_in_sdpa needs "
+        "no mask, so repeat_kv; 2 x 8 MiB more than the 4 grouped heads the flash path keeps), plus the shared bool "
+        "mask (8 MiB); the rest (89 MiB, 0.09%) is of the size every vision-language record of this run shows in "
+        "all its phases (0.09-0.3%). "
+        "With recompute (its twin at s4096) none of it is kept and the record holds to 0.1%"),
+}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN_FAKE_GPU_GAPS[p.stem], strict=True))
+                                  if p.stem in KNOWN_FAKE_GPU_GAPS else p
+                                  for p in GPU_RECORDS if load(p)["fake_tensor_record"]], ids=lambda p: p.stem)
 def test_fake_tensor_harness_against_the_gpu(path):
     """The fake-tensor harness's peak plus the workspaces it cannot see is what the GPU allocated, to
-    0.6%: the harnesses' records are what a real step allocates."""
+    0.6%: the harnesses' records are what a real step allocates. A vision-language run is held to the fake
+    record of the tower's attention the GPU ran (Qwen2.5-VL's on SDPA: the -sdpavision records, 671 MB above
+    the flash_attention_2 ones at 8,192 trained patches; validation/gpu/records.py record_of)."""
     record = load(path)
     fake = load(MEASURED / record["fake_tensor_record"])["measured"]["peak_bytes"]
     fake = MAMBA_FALLBACK_FAKE_PEAKS.get(path.stem, fake)  # the path the GPU ran (KNOWN_GPU_GAPS)

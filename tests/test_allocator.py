@@ -189,33 +189,36 @@ def _errors(paths=None) -> tuple[dict, dict, set]:
 
 
 def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
-    """The 41 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 32; the flat
-    share on the 5 with expandable segments or a paged optimizer and the 4 of DeepSeek-V3.2, -7.0% to +3.7%)
-    against max_memory_reserved, beside the flat 10% everywhere: the median error falls from 3.7% to 1.2%
-    (3.6% to 0.8% where it replays; 3.8% to 1.1% on the 37 before DeepSeek-V3.2's), and the runs under by more
-    than 5% from 11 to 5 (7 to 1 where it replays). Two runs were measured after the replay was built, out of
-    sample (Llama-3.1-8B at 256 and 1,024 tokens): -0.09% and +0.19%."""
+    """The 48 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 38; the flat
+    share on the 5 with expandable segments or a paged optimizer and the 5 of DeepSeek-V3.2, -7.0% to +3.7%)
+    against max_memory_reserved, beside the flat 10% everywhere: the median error falls from 3.6% to 1.1%
+    (3.2% to 0.8% where it replays; 3.8% to 1.1% on the 37 before DeepSeek-V3.2's), and the runs under by more
+    than 5% from 13 to 5 (9 to 1 where it replays). Out of sample, measured after the replay was built:
+    Llama-3.1-8B at 256 and 1,024 tokens (-0.09% and +0.19%), and the six vision-language runs of 2026-11-27
+    (Qwen2.5-VL-7B and Gemma-3-4B, -0.8% to +1.6%; the flat share -15.8% to +1.2%)."""
     import statistics
     replayed, flat, applies = _errors()
-    assert len(replayed) == 41 and len(applies) == 32
+    assert len(replayed) == 48 and len(applies) == 38
     dsa = {p for p in replayed if p.startswith("deepseek-v3.2-")}
-    assert len(dsa) == 4 and {p for p in replayed if p not in applies} == dsa | {
+    assert len(dsa) == 5 and {p for p in replayed if p not in applies} == dsa | {
         "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-expandable",
         "llama-3.2-1b-bf16-adamw-norecompute-sdpa-s2048-b1-expandable",
         "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
         "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1",
         "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1"}
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
-    assert round(statistics.median(map(abs, flat.values())), 3) == 0.037
+    # the 41 before the runs of 2026-11-27: 0.012 and 0.037; 0.008 and 0.036 where it replays; under by 5%: 5 and 11,
+    # 1 and 7 where it replays; the flat share over 7% on 8 of the 32
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.011
+    assert round(statistics.median(map(abs, flat.values())), 3) == 0.036
     on_replayed = [replayed[p] for p in applies]
     assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008
     # 0.034 before backward's last moments were modelled (trainer_backward_end.py): Llama-3.1-8B AMP SGD's allocated
     # peak rose to its measured backward end (-0.29% -> +0.03%), and the flat share over it from +6.4% to +6.7%
-    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.036
-    assert sum(e < -0.05 for e in replayed.values()) == 5 and sum(e < -0.05 for e in flat.values()) == 11
-    assert sum(replayed[p] < -0.05 for p in applies) == 1 and sum(flat[p] < -0.05 for p in applies) == 7
+    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.032
+    assert sum(e < -0.05 for e in replayed.values()) == 5 and sum(e < -0.05 for e in flat.values()) == 13
+    assert sum(replayed[p] < -0.05 for p in applies) == 1 and sum(flat[p] < -0.05 for p in applies) == 9
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
-    assert sum(abs(flat[p]) > 0.07 for p in applies) == 8  # the flat share's misses on the same runs
+    assert sum(abs(flat[p]) > 0.07 for p in applies) == 10  # the flat share's misses on the same runs
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=REPLAY_MISSES[p.stem], strict=True))

@@ -102,3 +102,23 @@ def test_the_canonical_architectures_are_the_mappings():
         mapped, _ = architecture_from_hf_config(json.loads((HF_CONFIGS / f"{name}.json").read_text()), name=model_id)
         for field, value in MODELS[model_id].architecture().items():
             assert getattr(mapped, field) == value, (model_id, field)
+
+
+def test_the_tower_on_sdpa_fake_equals_real():
+    """Qwen2.5-VL's tower on SDPA (what a GPU without flash-attn runs): one call per window or image, whose lengths
+    a fake cu_seqlens cannot list (validation/vlm/vision.py _known_split_lengths); the fake measurement equals a
+    real CPU run, and keeps one activation of the tower's width per block more than the varlen kernel: the
+    concatenated output beside the per-window outputs the kernel saves (tiny tower: 4 blocks of width 64, 2 x 2
+    images of (112 / 14)^2 = 64 patches, 2 bytes: 4 x 256 x 64 x 2 = 131,072 bytes), less 1,024 bytes of the
+    small blocks that differ (the varlen kernel's rng state, 512 bytes a block; the per-window log-sum-exps)."""
+    sdpa = Run("tiny-qwen2.5-vl", 256, 2, images=2, image_size=112, vision_attention="sdpa")
+    fake = measure(sdpa, fake=True)
+    assert fake == measure(sdpa, fake=False)
+    flash = measure(Run("tiny-qwen2.5-vl", 256, 2, images=2, image_size=112), fake=True)
+    assert fake["phases"]["forward"]["activations"] - flash["phases"]["forward"]["activations"] == \
+        4 * 256 * 64 * 2 - 1024
+
+
+def test_gemma_3_on_sdpa_is_refused():
+    with pytest.raises(NotImplementedError, match="4-D mask"):
+        measure(Run("tiny-gemma-3", 64, 1, images=1, image_size=56, vision_attention="sdpa"), fake=True)

@@ -93,7 +93,9 @@ def cases() -> list[GpuCase]:
     expandable = [GpuCase("hf", SMALL_HF[0], "expandable"), GpuCase("hf", SMALL_HF[1], "expandable"),
                   GpuCase("hf", HF_CASES["llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1"], "expandable")]
     first = [GpuCase("hf", HF_CASES[i]) for i in FIRST_HF] + [GpuCase("peft", PEFT_CASES[i]) for i in FIRST_PEFT]
-    rest = [GpuCase("hf", r) for r in HF_CASES.values()]
+    # a vision tower's attention is what the machine has (measure.py vision_attention), not a case of its own: the
+    # fake harness's -sdpavision runs are the records a GPU without flash-attn is held to (records.py as_ran)
+    rest = [GpuCase("hf", r) for r in HF_CASES.values() if r.vision_attention == "flash_attention_2"]
     # QLoRA's torchao NF4 is not on the GPU machine; bitsandbytes neither
     rest += [GpuCase("peft", r) for r in PEFT_CASES.values() if r.base == "bf16"]
     bnb = [GpuCase("bnb", r) for r in BNB]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..hybrid.models import HYBRID_RUNS, KERNELS
 from ..llama4.models import KERNELS as LLAMA4_KERNELS, LLAMA4_RUNS
-from ..vlm.models import KERNELS as VISION_KERNELS, VISION_RUNS
+from ..vlm.models import KERNELS as VISION_KERNELS, SDPA_VISION, VISION_RUNS
 from .dsa import DSA_RUNS, KERNELS as DSA_KERNELS
 from .models import MODELS
 from .step import Run
@@ -14,7 +14,8 @@ def case_id(run: Run) -> str:
     return (f"{run.model}-{run.recipe}-{run.optimizer.replace('_momentum', '')}-"
             f"{'recompute' if run.recompute == 'full' else 'norecompute'}-{run.attention}-"
             f"s{run.seq_len}-b{run.micro_batch_size}" + (f"-i{run.images}x{run.image_size}" if run.images else "")
-            + ("-frozenvision" if run.freeze_vision else ""))
+            + ("-frozenvision" if run.freeze_vision else "")
+            + ("-sdpavision" if run.vision_attention == "sdpa" else ""))
 
 
 def _runs() -> list[Run]:
@@ -113,6 +114,7 @@ def describe(run: Run) -> str:
     kernels = f", {DSA_KERNELS[run.model]}" if run.model in DSA_KERNELS else kernels
     if run.model in VISION_KERNELS:
         frozen = ", the vision encoder frozen" if run.freeze_vision else ""
-        kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {VISION_KERNELS[run.model]}"
+        tower = VISION_KERNELS[run.model] if run.vision_attention == "flash_attention_2" else SDPA_VISION[run.model]
+        kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {tower}"
     return (f"{run.model}, HF transformers training step: {recipe}, {opt} (foreach), {recompute}, "
             f"{attention}{kernels}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")

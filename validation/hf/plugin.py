@@ -28,7 +28,9 @@ METHOD = (
     "(tests/test_harness_hybrid.py). Vision-language models (validation/vlm/vision.py): images through the vision "
     "tower, its data-dependent inputs (window index, sequence bounds) precomputed by transformers' vision_utils on "
     "real tensors, its attention (and Gemma 3's decoder) on flash_attention_2, emulated with the allocations of "
-    "flash-attn's varlen and dense kernels; fake equals real on tiny models (tests/test_harness_vision.py)."
+    "flash-attn's varlen and dense kernels, or in a -sdpavision case Qwen2.5-VL's tower on SDPA as transformers runs "
+    "it without flash-attn (one emulated FlashAttention-2 call per window or image); fake equals real on tiny models "
+    "(tests/test_harness_vision.py)."
 )
 
 HARNESS = Harness(

@@ -36,6 +36,8 @@ class Run:
     images: int = 0  # images per sample (vision-language models, validation/vlm)
     image_size: int = 0  # pixels per side
     freeze_vision: bool = False  # the vision encoder frozen (requires_grad False), the merger or projector trained
+    # what the vision tower runs: flash-attn's kernel, or SDPA where flash-attn is not installed (validation/vlm)
+    vision_attention: str = "flash_attention_2"
 
 
 def build_model(run: Run, device: str | None = None):
@@ -107,7 +109,7 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
         if run.images:  # a vision-language step: its batch and its vision tower's emulation (validation/vlm)
             grid = vision.grid_of(model.config, run.images, run.image_size)
             inputs, precomputed, splits = vision.batch(model.config, grid, run.micro_batch_size, run.seq_len, fake)
-            stack.enter_context(vision.vision_emulation(tracker, model, precomputed, splits))
+            stack.enter_context(vision.vision_emulation(tracker, model, precomputed, splits, run.vision_attention))
             input_ids = inputs["input_ids"]
         else:
             input_ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))

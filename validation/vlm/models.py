@@ -142,6 +142,12 @@ VISION_RUNS = [
     (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896, "freeze_vision": True}),
     (("gemma-3-27b", 2048), {"images": 2, "image_size": 896, "freeze_vision": True}),
     (("llama-4-scout-vl", 2048), {"images": 2, "image_size": 336, "freeze_vision": True}),
+    # Qwen2.5-VL's tower on SDPA, what the H200 ran (no flash-attn there; validation/gpu/measure.py
+    # vision_attention): its four GPU records are held to these
+    (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896, "vision_attention": "sdpa"}),
+    (("qwen2.5-vl-7b", 2048, 2), {"images": 4, "image_size": 448, "vision_attention": "sdpa"}),
+    (("qwen2.5-vl-7b", 8192), {"images": 2, "image_size": 1344, "recompute": "full", "vision_attention": "sdpa"}),
+    (("qwen2.5-vl-7b", 4096), {"images": 2, "image_size": 896, "freeze_vision": True, "vision_attention": "sdpa"}),
 ]
 
 KERNELS = {
@@ -153,6 +159,17 @@ KERNELS = {
                      "FlashAttnVarlenFunc)",
 }
 KERNELS["gemma-3-4b"] = KERNELS["gemma-3-27b"]
+# the tower on SDPA (validation/vlm/vision.py vision_emulation, attention "sdpa")
+SDPA_VISION = {
+    "qwen2.5-vl-7b": "the vision tower on SDPA, as transformers runs it without flash-attn (modeling_qwen2_5_vl.py "
+                     "Qwen2_5_VLVisionAttention: one unmasked call per window or image, through PyTorch's "
+                     "FlashAttention-2 path, the outputs concatenated for the output projection)",
+    # a GPU run's description only: the harness refuses it (vision_emulation)
+    "gemma-3-27b": "the SigLIP tower and the decoder on SDPA, as transformers runs them without flash-attn (the "
+                   "decoder's sliding-window layers with a 4-D mask, SDPA's masked path, which the fake-tensor harness "
+                   "does not emulate), no token_type_ids",
+}
+SDPA_VISION["gemma-3-4b"] = SDPA_VISION["gemma-3-27b"]
 KERNELS["llama-4-scout-vl"] = ("the tower's 34 blocks through SDPA's FlashAttention-2 path (unmasked, non-causal: the "
                                "harness's emulation), the decoder's chunked layers under the 8192-token chunk on the "
                                "flash path too, every token through all 16 experts (transformers 5.23 Llama4TextMoe)")

@@ -15,7 +15,10 @@ What differs from a text step (validation/hf/step.py), and why:
   three steps with the split sizes known (modeling_qwen2_5_vl.py Qwen2_5_VLModel.get_image_features).
 - The vision tower's attention: `flash_attention_2`, FlashAttention-2's variable-length kernel over the
   packed windows and images (`FlashVarlen` below, the allocations of flash-attn v2.7's
-  flash_attn_interface.py FlashAttnVarlenFunc and csrc/flash_attn/flash_api.cpp mha_varlen_fwd/bwd).
+  flash_attn_interface.py FlashAttnVarlenFunc and csrc/flash_attn/flash_api.cpp mha_varlen_fwd/bwd). Or, a run's
+  `vision_attention` "sdpa", Qwen2.5-VL's tower as transformers runs it without flash-attn (what the lent GPUs
+  ran): one SDPA call per window or image on the emulated FlashAttention-2 path, the outputs concatenated
+  (`_known_split_lengths`).
 - Gemma 3 (Gemma3Processor): every image at the tower's 896 px, mm_tokens_per_image tokens each; its SigLIP
   tower and its decoder both on flash_attention_2 (SDPA's sliding window needs a mask the harness does not
   emulate), the dense kernel's allocations those of PyTorch's FlashAttention-2 path; no token_type_ids.
@@ -105,6 +108,7 @@ def batch(config, grid: Grid, micro_batch: int, seq_len: int, fake: bool) -> tup
     with _real():
         grid_thw = torch.tensor([[1, grid.side, grid.side]] * n)
         vision = _precomputed(config, grid_thw)
+        lengths = {key: (vision[key][1:] - vision[key][:-1]).tolist() for key in ("cu_seqlens", "cu_window_seqlens")}
     if grid.images * grid.tokens >= seq_len:
         raise ValueError(f"{grid.images} images of {grid.tokens} tokens do not fit in {seq_len} tokens")
     input_ids = torch.randint(0, 151643, (micro_batch, seq_len))  # text tokens below Qwen's special tokens
@@ -114,6 +118,8 @@ def batch(config, grid: Grid, micro_batch: int, seq_len: int, fake: bool) -> tup
     grid_in = torch.zeros((n, 3), dtype=torch.long) if fake else grid_thw
     if fake:  # tensors of the same shapes: the step never reads their values under fake tensors
         vision = {k: (torch.zeros(v.shape, dtype=v.dtype) if torch.is_tensor(v) else v) for k, v in vision.items()}
+        for key, split in lengths.items():  # but SDPA's split reads the lengths (_known_split_lengths)
+            setattr(vision[key], SPLIT_LENGTHS, split)
     inputs = dict(input_ids=input_ids, labels=input_ids, pixel_values=pixel_values, image_grid_thw=grid_in,
                   position_ids=positions)
     return inputs, vision, [grid.tokens] * n
@@ -260,20 +266,66 @@ def _check_disabled():
             os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = saved
 
 
+# the attribute `batch` gives a fake cu_seqlens: the lengths of its sequences, from the real one
+SPLIT_LENGTHS = "split_lengths"
+# The attention a vision tower runs: flash-attn's kernel where the package is installed, else SDPA
+VISION_ATTENTIONS = ("flash_attention_2", "sdpa")
+
+
 @contextmanager
-def vision_emulation(tracker, model, vision: dict, splits: list[int]):
+def _known_split_lengths():
+    """Qwen2.5-VL's tower without flash_attention_2 (transformers 5.17 / 5.23 Qwen2_5_VLVisionAttention.forward,
+    its "other implementations" branch) splits q, k and v at `(cu_seqlens[1:] - cu_seqlens[:-1]).tolist()`, one
+    SDPA call per window or image, and concatenates the outputs. A fake tensor has no values to list: while a
+    vision attention runs, the lengths of the cu_seqlens it was given (the precomputed windows' or images', known
+    on real tensors before the step) stand in for them. Real tensors list themselves."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
+
+    current: list = []
+    # FakeTensor's own tolist (torch/_subclasses/fake_tensor.py) raises for want of values
+    saved_forward, saved_tolist = qwen.Qwen2_5_VLVisionAttention.forward, FakeTensor.tolist
+
+    def forward(self, hidden_states, cu_seqlens, *args, **kwargs):
+        current.append(getattr(cu_seqlens, SPLIT_LENGTHS, None))  # set by `batch` on the fake cu_seqlens
+        try:
+            return saved_forward(self, hidden_states, cu_seqlens, *args, **kwargs)
+        finally:
+            current.pop()
+
+    def tolist(self):
+        if current and current[-1] is not None and self.dim() == 1 and self.shape[0] == len(current[-1]):
+            return list(current[-1])
+        return saved_tolist(self)
+
+    qwen.Qwen2_5_VLVisionAttention.forward, FakeTensor.tolist = forward, tolist
+    try:
+        yield
+    finally:
+        qwen.Qwen2_5_VLVisionAttention.forward, FakeTensor.tolist = saved_forward, saved_tolist
+
+
+@contextmanager
+def vision_emulation(tracker, model, vision: dict, splits: list[int], attention: str = "flash_attention_2"):
     """For the duration of a measured VLM step: the vision tower (and Gemma 3's decoder) on flash_attention_2
     when the model runs SDPA, the emulated kernels under that name, Qwen's precomputed vision inputs, and
     transformers' placeholder count check (which reads a tensor's value) turned off by its own switch
-    (TRANSFORMERS_DISABLE_TORCH_CHECK)."""
+    (TRANSFORMERS_DISABLE_TORCH_CHECK). `attention` "sdpa": what a GPU without flash-attn runs, the tower left
+    on SDPA (Qwen2.5-VL's one unmasked call per window or image, the emulated FlashAttention-2 path of
+    validation/core/emulation.py: `_known_split_lengths`); Gemma 3's decoder on SDPA needs the sliding window's
+    4-D mask, whose masked path the harness does not emulate, so Gemma 3 has no such run."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
+    if attention not in VISION_ATTENTIONS:
+        raise ValueError(f"vision attention {attention!r}: one of {VISION_ATTENTIONS}")
     gemma = model.config.model_type == "gemma3"
     if model.config.model_type == "llama4":  # its tower runs SDPA unmasked (the emulated flash path) as it is
         with _check_disabled():
             yield
         return
+    if attention == "sdpa" and gemma:
+        raise NotImplementedError("Gemma 3 on SDPA: its sliding-window layers take a 4-D mask (SDPA's masked "
+                                  "path), which the harness does not emulate")
 
     def get_image_features(self, pixel_values, image_grid_thw=None, **kwargs):
         pixel_values = pixel_values.type(self.visual.dtype)
@@ -290,6 +342,7 @@ def vision_emulation(tracker, model, vision: dict, splits: list[int]):
     configs = list({id(c): c for c in [getattr(m, "config", None) for m in scope.modules()] + [model.config]
                     if c is not None and hasattr(c, "_attn_implementation_internal")}.values())
     configs = configs if gemma else [c for c in configs if c is not model.config]
+    configs = configs if attention == "flash_attention_2" else []
     saved_impl = [c._attn_implementation_internal for c in configs]
     for config in configs:
         if config._attn_implementation_internal == "sdpa":
@@ -299,7 +352,8 @@ def vision_emulation(tracker, model, vision: dict, splits: list[int]):
         qwen.Qwen2_5_VLModel.get_image_features = get_image_features
     os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
     try:
-        yield
+        with _known_split_lengths() if attention == "sdpa" else nullcontext():
+            yield
     finally:
         ALL_ATTENTION_FUNCTIONS._global_mapping["flash_attention_2"] = saved_fn
         for config, impl in zip(configs, saved_impl):
