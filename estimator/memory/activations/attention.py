@@ -106,8 +106,9 @@ def _core_entries(arch: Architecture, training: Training, par: Parallel, math_sd
         return _torchtune_flash_entries(arch, training, par)
     if cp_flex_all_gather(training, par):
         return _cp_flex_entries(arch, training, par)
-    if training.attention == "flash" and not math_sdpa:
-        return _flash_entries(arch, training, par)
+    if training.attention == "flash" and not math_sdpa:  # with transformers' masked SDPA path (sdpa_mask.py)
+        from .sdpa_mask import masked_sdpa_entries
+        return _flash_entries(arch, training, par) + masked_sdpa_entries(arch, training, par)
     return _unfused_entries(arch, training, par, math_sdpa)
 
 

@@ -28,7 +28,14 @@ its weights nor the pixels need a gradient): only the fp32 pixels of the batch a
 projector keeps remain: Qwen2.5-VL's merger keeps its norm's normalised output (Bc, for the norm's weight), its
 output and the two MLP tensors (3Bc); Gemma 3's projector per pooled token the fp32 normalised tokens (4c, for
 the (1 + w) weight) and the projection's 16-bit input (Bc).
-Measured: tests/data/measured/qwen2.5-vl-7b-* and gemma-3-27b-* (the HF harness, validation/vlm).
+Under the transformers frameworks `attention` "flash" is transformers' default attn_implementation, SDPA (flash-attn
+is not a dependency of transformers; the tower follows the model's implementation): Qwen2.5-VL's tower then runs one
+SDPA call per window or image and concatenates their outputs (modeling_qwen2_5_vl.py Qwen2_5_VLVisionAttention.forward,
+the branch for an implementation other than flash_attention_2), so a trained block keeps the concatenation (the output
+projection's input) besides the per-window outputs the kernel keeps: Bc more per patch (`sdpa_windows`). SigLIP's
+tower attends over each image whole, one unmasked call either way.
+Measured: tests/data/measured/qwen2.5-vl-7b-* (the -sdpavision records: the tower on SDPA; the others on
+flash_attention_2) and gemma-3-27b-* (the HF harness, validation/vlm).
 """
 
 from __future__ import annotations
@@ -41,21 +48,33 @@ from ...spec.training import Training
 SOURCE = ("transformers 5.23 modeling_qwen2_5_vl.py (Qwen2_5_VLVisionBlock, Qwen2_5_VLPatchMerger), modeling_siglip.py "
           "(SiglipEncoderLayer), modeling_gemma3.py (Gemma3MultiModalProjector); flash-attn "
           "v2.7 flash_attn_interface.py FlashAttnVarlenFunc (saves q, k, v, out, softmax_lse); measured: "
-          "tests/data/measured/qwen2.5-vl-7b-*, gemma-3-27b-*")
+          "tests/data/measured/qwen2.5-vl-7b-*, gemma-3-27b-*; under SDPA Qwen2_5_VLVisionAttention.forward splits q, "
+          "k, v by window and torch.cat's the outputs (the -sdpavision records)")
 
 
 def image_size(arch: Architecture, training: Training) -> int:
     return training.image_size or _vision.default_image_size(arch)
 
 
-def block_bytes_per_patch(arch: Architecture, B: float) -> float:
+def sdpa_windows(arch: Architecture, training: Training) -> bool:
+    """Qwen2.5-VL's tower attends window by window through SDPA: under the transformers frameworks, whose
+    `attention` "flash" is transformers' default SDPA (the module docstring)."""
+    from .llama4 import TRANSFORMERS_FRAMEWORKS
+    return arch.vision_tower == _vision.QWEN2_5_VL and training.framework in TRANSFORMERS_FRAMEWORKS \
+        and training.attention == "flash"
+
+
+def block_bytes_per_patch(arch: Architecture, B: float, windows_concatenated: bool = False) -> float:
+    """A trained block's saved bytes per patch; `windows_concatenated`: Qwen2.5-VL's tower on SDPA, which keeps
+    the concatenation of the per-window outputs too (`sdpa_windows`)."""
     c, f, n = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_heads
     if arch.vision_tower == _vision.SIGLIP:
         layer_norm = B * c + 8 + B * c  # input, mean and rstd, output
         return 2 * layer_norm + 3 * B * c + B * c + 4 * n + 2 * B * f
     norm = 4 * c + 4 + 2 * B * c  # fp32 copy, rsqrt, normalised output, scaled output
     attention = 2 * B * c + 3 * B * c + B * c + 4 * n  # q, k (rotated), qkv output, attention output, lse
-    return 2 * norm + attention + 4 * B * f
+    concatenated = B * c if windows_concatenated else 0  # the per-window outputs' torch.cat, o_proj's input
+    return 2 * norm + attention + concatenated + 4 * B * f
 
 
 def tower_bytes_per_patch(arch: Architecture, B: float) -> float:
@@ -81,7 +100,9 @@ def vision_activation(arch: Architecture, training: Training) -> tuple[float, st
     if training.recompute == "full":
         per_block, kept = B * arch.vision_hidden_size, "its input"
     else:
-        per_block, kept = block_bytes_per_patch(arch, B), "norms, q, k, qkv, attention output, lse, MLP"
+        windows = sdpa_windows(arch, training)
+        per_block = block_bytes_per_patch(arch, B, windows)
+        kept = "norms, q, k, qkv, attention output" + (" per window and concatenated" if windows else "") + ", lse, MLP"
     if training.freeze_vision:
         return _frozen(arch, training, B, size, patches)
     per_patch = per_block * layers + tower_bytes_per_patch(arch, B)

@@ -1,0 +1,64 @@
+"""transformers' SDPA path with an explicit mask: the sliding-window layers from the window on.
+
+Under the transformers frameworks `attention` "flash" is transformers' default attn_implementation, SDPA (the
+flash-attn package is not a dependency of transformers). Its mask builder skips the mask, and SDPA then runs its
+FlashAttention-2 path with ``is_causal``, only while nothing needs one: for a sliding-window layer not once the keys
+reach the window (transformers 5.23 masking_utils.py ``_ignore_causal_mask_sdpa``: ``kv_length >=
+local_attention_size`` returns False, so ``sdpa_mask`` builds a 4-D bool mask, b x 1 x s x s). With a mask:
+- integrations/sdpa_attention.py ``use_gqa_in_sdpa`` is False on CUDA (it needs ``attention_mask is None``), so
+  ``repeat_kv`` copies k and v to every query head, and SDPA keeps those copies, a heads wide, where the unmasked
+  call keeps the g grouped heads;
+- torch's SDPA converts the bool mask to an additive one of the query's dtype (aten/src/ATen/native/transformers/
+  attention.cpp ``convert_boolean_attn_mask``: a new b x 1 x s x s tensor each call, so each layer its own), and
+  with a mask the flash kernel is out (sdp_utils.cpp ``check_for_attn_mask`` among the flash constraints), so the
+  memory-efficient kernel runs and its backward reads that bias (tools/autograd/derivatives.yaml
+  ``_scaled_dot_product_efficient_attention``: attn_bias, output, log_sumexp), which autograd keeps per layer.
+Gemma 2 is not on this path: its soft-capping keeps it off SDPA (modeling_gemma2.py ``_supports_sdpa = False``), so
+its "flash" is flash-attn's, which slides without a mask. Measured: the H200's gemma-3-4b-...-s2048-b2-i4x896 record
+(tests/data/measured/gpu; 29 sliding layers at 2,048 tokens past the 1,024-token window: 928 MiB of the 1,025 MiB it
+holds over the flash-attn record). The shared bool mask (b x s^2 bytes, made once a step) is left out.
+"""
+
+from __future__ import annotations
+
+from ...spec.architecture import Architecture
+from ...spec.dtypes import bytes_per_element
+from ...spec.parallel import Parallel
+from ...spec.training import Training
+from .entries import CORE, UP_PROJ, Entry, tokens_per_gpu
+
+SOURCE = ("transformers 5.23 masking_utils.py _ignore_causal_mask_sdpa and sdpa_mask, integrations/sdpa_attention.py "
+          "use_gqa_in_sdpa and repeat_kv; torch attention.cpp convert_boolean_attn_mask, sdp_utils.cpp (a mask rules "
+          "out flash), derivatives.yaml _scaled_dot_product_efficient_attention (the bias kept for backward)")
+
+
+def masked_layer_share(arch: Architecture, training: Training) -> float:
+    """The share of the layers transformers runs through SDPA with a 4-D mask: the sliding-window layers once the
+    sequence reaches the window, under the transformers frameworks' SDPA; 0 elsewhere."""
+    from .llama4 import TRANSFORMERS_FRAMEWORKS
+    window = arch.sliding_window
+    if (training.framework not in TRANSFORMERS_FRAMEWORKS or training.attention != "flash" or not window
+            or training.seq_len < window or arch.attention_logit_softcapping or arch.uses_mla
+            or arch.uses_sparse_attention or arch.is_hybrid):
+        return 0.0
+    return 1 - arch.global_attention_layers_in(0, arch.num_layers) / arch.num_layers
+
+
+def masked_sdpa_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """What a masked SDPA call keeps beyond the unmasked one (the module docstring), averaged over the layers like
+    every ledger entry (exact for the model: Gemma 3 4B's 29 sliding layers of 34 weigh 29/34)."""
+    share = masked_layer_share(arch, training)
+    if not share:
+        return []
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    note = "" if share == 1 else f" x {share:.4g} (the sliding layers)"
+    out = []
+    if arch.num_kv_heads != arch.num_attention_heads:
+        out.append(Entry("k and v repeated to every query head (a mask turns off SDPA's GQA), beyond the grouped",
+                         share * T * 2 * (arch.num_attention_heads - arch.num_kv_heads) * arch.head_dim, B, "tp",
+                         "B*s*b*2*(a - g)*d_head" + note, recompute=UP_PROJ))
+    out.append(Entry("sliding-window mask as SDPA's additive bias (kept by the memory-efficient kernel)",
+                     share * training.micro_batch_size * training.seq_len ** 2, B, "none", "B*b*s^2" + note,
+                     recompute=CORE, split_by_cp=False))
+    return out
