@@ -13,8 +13,9 @@ local_attention_size`` returns False, so ``sdpa_mask`` builds a 4-D bool mask, b
   with a mask the flash kernel is out (sdp_utils.cpp ``check_for_attn_mask`` among the flash constraints), so the
   memory-efficient kernel runs and its backward reads that bias (tools/autograd/derivatives.yaml
   ``_scaled_dot_product_efficient_attention``: attn_bias, output, log_sumexp), which autograd keeps per layer.
-Gemma 2 is not on this path: its soft-capping keeps it off SDPA (modeling_gemma2.py ``_supports_sdpa = False``), so
-its "flash" is flash-attn's, which slides without a mask. Measured: the H200's gemma-3-4b-...-s2048-b2-i4x896 record
+Gemma 2 and gpt-oss are not on this path: soft-capping and attention sinks keep them off SDPA (modeling_gemma2.py
+and modeling_gpt_oss.py ``_supports_sdpa = False``), so their "flash" is flash-attn's, which slides without a mask.
+Mistral's sliding window (every layer, modeling_mistral.py ``create_sliding_window_causal_mask``) is. Measured: the H200's gemma-3-4b-...-s2048-b2-i4x896 record
 (tests/data/measured/gpu; 29 sliding layers at 2,048 tokens past the 1,024-token window: 928 MiB of the 1,025 MiB it
 holds over the flash-attn record). The shared bool mask (b x s^2 bytes, made once a step) is left out.
 """
@@ -38,7 +39,7 @@ def masked_layer_share(arch: Architecture, training: Training) -> float:
     from .llama4 import TRANSFORMERS_FRAMEWORKS
     window = arch.sliding_window
     if (training.framework not in TRANSFORMERS_FRAMEWORKS or training.attention != "flash" or not window
-            or training.seq_len < window or arch.attention_logit_softcapping or arch.uses_mla
+            or training.seq_len < window or arch.attention_logit_softcapping or arch.attention_sinks or arch.uses_mla
             or arch.uses_sparse_attention or arch.is_hybrid):
         return 0.0
     return 1 - arch.global_attention_layers_in(0, arch.num_layers) / arch.num_layers
