@@ -488,7 +488,7 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
         parts = tuple(p if p[0].startswith("token ids") else
                       (p[0] + ", on the host", 0, f"0 on the GPU: {p[1] / 2**30:,.2f} GiB offloaded ({p[2]})")
                       for p in parts)
-    layers = _activations_component(parts, training, par)
+    layers = _activations_component(parts, training, par, shared.entries)
     saved = (layers,) + st.loss_saved
     backward = phase("backward", st.kept + settled + (st.grads_end or st.grads_full, _ACTIVATIONS_GONE),
                      st.folded["backward_end"]) \

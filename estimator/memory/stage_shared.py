@@ -12,6 +12,7 @@ from .activations.chunked_head import SOURCE as HEAD_SOURCE
 from .activations.loss import LossMemory, deferred_wgrad_entries, loss_memory
 from .activations.recompute import dropped, recomputed_layer_count, recomputed_modules
 from .activations.layer import embedding_entries, layer_entries, layer_input_entry
+from .activations.sdpa_mask import MASKED_BIAS, SOURCE as MASKED_SDPA_SOURCE
 from .activations.vision import SOURCE as VISION_SOURCE, vision_activation
 from .pipeline import in_flight_rule
 from ..spec.architecture import Architecture
@@ -227,7 +228,9 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
 
 
 def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Training,
-                           par: Parallel | None = None) -> Component:
+                           par: Parallel | None = None, entries: dict | None = None) -> Component:
+    """The activations component of a stage; `entries`: the per-layer ledger by kind, whose kernels' sources
+    the component names where they are not every model's (transformers' masked SDPA path)."""
     formula = " + ".join(f for _, _, f in parts)
     if training.recompute == "selective":
         formula += f" (recomputed: {', '.join(training.recompute_modules)})"
@@ -235,6 +238,8 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     source = KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
     if any(label == "vision tower" for label, _, _ in parts):
         source += f"; vision tower: {VISION_SOURCE}"
+    if any(e.name == MASKED_BIAS for es in (entries or {}).values() for e in es):
+        source += f"; masked SDPA: {MASKED_SDPA_SOURCE}"
     if compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
         formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
         source += f"; {COMPILE_SOURCE}"

@@ -15,9 +15,11 @@ local_attention_size`` returns False, so ``sdpa_mask`` builds a 4-D bool mask, b
   ``_scaled_dot_product_efficient_attention``: attn_bias, output, log_sumexp), which autograd keeps per layer.
 Gemma 2 and gpt-oss are not on this path: soft-capping and attention sinks keep them off SDPA (modeling_gemma2.py
 and modeling_gpt_oss.py ``_supports_sdpa = False``), so their "flash" is flash-attn's, which slides without a mask.
-Mistral's sliding window (every layer, modeling_mistral.py ``create_sliding_window_causal_mask``) is. Measured: the H200's gemma-3-4b-...-s2048-b2-i4x896 record
-(tests/data/measured/gpu; 29 sliding layers at 2,048 tokens past the 1,024-token window: 928 MiB of the 1,025 MiB it
-holds over the flash-attn record). The shared bool mask (b x s^2 bytes, made once a step) is left out.
+Mistral's sliding window (every layer, modeling_mistral.py ``create_sliding_window_causal_mask``) is. Measured: the
+H200's gemma-3-4b-...-s2048-b2-i4x896 record (tests/data/measured/gpu; 29 sliding layers at 2,048 tokens past the
+1,024-token window: 928 MiB of the 1,025 MiB it holds over the flash-attn record). The shared bool mask (b x s^2
+bytes, made once a step) is left out. Under full recompute the extra tensors exist in the one layer recomputed at a
+time (its twin at s4096 shows no gap: its peaks, the loss's backward and the optimizer step, come before or after).
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from ...spec.training import Training
 from .entries import CORE, UP_PROJ, Entry, tokens_per_gpu
 
 SOURCE = ("transformers 5.23 masking_utils.py _ignore_causal_mask_sdpa and sdpa_mask, integrations/sdpa_attention.py "
-          "use_gqa_in_sdpa and repeat_kv; torch attention.cpp convert_boolean_attn_mask, sdp_utils.cpp (a mask rules "
-          "out flash), derivatives.yaml _scaled_dot_product_efficient_attention (the bias kept for backward)")
+          "use_gqa_in_sdpa and repeat_kv; torch 2.13 aten/src/ATen/native/transformers attention.cpp "
+          "convert_boolean_attn_mask, sdp_utils.cpp (a mask rules out flash), derivatives.yaml "
+          "_scaled_dot_product_efficient_attention (the bias kept for backward); measured: tests/data/measured/gpu/"
+          "gemma-3-4b-*")
+
+MASKED_BIAS = "sliding-window mask as SDPA's additive bias (kept by the memory-efficient kernel)"
 
 
 def masked_layer_share(arch: Architecture, training: Training) -> float:
@@ -59,7 +65,6 @@ def masked_sdpa_entries(arch: Architecture, training: Training, par: Parallel) -
         out.append(Entry("k and v repeated to every query head (a mask turns off SDPA's GQA), beyond the grouped",
                          share * T * 2 * (arch.num_attention_heads - arch.num_kv_heads) * arch.head_dim, B, "tp",
                          "B*s*b*2*(a - g)*d_head" + note, recompute=UP_PROJ))
-    out.append(Entry("sliding-window mask as SDPA's additive bias (kept by the memory-efficient kernel)",
-                     share * training.micro_batch_size * training.seq_len ** 2, B, "none", "B*b*s^2" + note,
-                     recompute=CORE, split_by_cp=False))
+    out.append(Entry(MASKED_BIAS, share * training.micro_batch_size * training.seq_len ** 2, B, "none",
+                     "B*b*s^2" + note, recompute=CORE, split_by_cp=False))
     return out
