@@ -75,3 +75,36 @@ def test_the_h200_gemma3_step_as_it_ran():
     result = estimate_config(twin["config"])
     assert result.stages[0].peak_phase == "optimizer" == twin["measured"]["peak_phase"]
     assert result.allocated_peak_bytes == pytest.approx(twin["measured"]["peak_bytes"], rel=0.003)
+
+
+def test_transformers_sends_the_sliding_layers_a_mask_and_repeated_kv():
+    """A tiny Gemma 3 text model on SDPA (transformers 5.23, a real CPU run, what reaches torch's SDPA recorded):
+    below the 8-token window every layer goes unmasked with its 2 grouped KV heads (enable_gqa); from the window
+    on the 5 sliding layers get a b x 1 x s x s bool mask and k, v repeated to the 4 query heads, the global
+    layer (every 6th) stays unmasked."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
+                                           vocab_size=64, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(config)
+    calls, original = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recorded(q, k, v, attn_mask=None, **kwargs):
+        mask = None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype)
+        calls.append((k.shape[1], v.shape[1], mask, kwargs.get("enable_gqa", False)))
+        return original(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = recorded
+    try:
+        seen = {}
+        for s in (7, 8):
+            calls.clear()
+            with torch.no_grad():
+                model(torch.zeros(2, s, dtype=torch.long))
+            seen[s] = list(calls)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    assert seen[7] == [(2, 2, None, True)] * 6
+    assert seen[8] == [(4, 4, ((2, 1, 8, 8), torch.bool), False)] * 5 + [(2, 2, None, True)]
