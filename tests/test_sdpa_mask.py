@@ -41,7 +41,8 @@ def test_gemma3_4b_sliding_layers_keep_the_bias_and_the_repeated_kv_by_hand():
 def test_the_mask_only_where_transformers_builds_one():
     """From the window on (masking_utils _ignore_causal_mask_sdpa: kv_length >= local_attention_size), under the
     transformers frameworks' SDPA only: not below the window, not eager (its own entries), not Megatron, not Gemma 2
-    or gpt-oss (off SDPA), not a model without a window; Mistral's window slides in every layer."""
+    or gpt-oss (off SDPA), not a model without a window; Mistral's window slides in every layer, Llama 4's chunk
+    takes the same path from the chunk on (masking_utils create_chunked_causal_mask, local_size the chunk)."""
     gemma = _gemma3_4b()
 
     def share(arch, **training):
@@ -52,6 +53,8 @@ def test_the_mask_only_where_transformers_builds_one():
     assert share(gemma, seq_len=2048, attention="eager") == 0 and share(gemma, seq_len=2048, framework="megatron") == 0
     assert share(get_architecture("gpt-oss-20b"), seq_len=2048) == 0
     assert share(get_architecture("llama-3.1-8b"), seq_len=8192) == 0
+    scout = get_architecture("llama-4-scout")  # 36 chunked layers of 48 (a global NoPE layer every 4th)
+    assert share(scout, seq_len=8191) == 0 and share(scout, seq_len=8192) == 36 / 48
     mistral = get_architecture("mistral-7b")
     assert share(mistral, seq_len=4095) == 0 and share(mistral, seq_len=4096) == 1
     gemma2 = json.loads((GPU / "gemma-2-9b-bf16-adamw-norecompute-eager-s2048-b1.json").read_text())["config"]

@@ -75,21 +75,6 @@ def _check_images(arch: Architecture, training: Training) -> None:
                           related=("training.seq_len", "training.image_size"))
 
 
-def _check_chunked(arch: Architecture, training: Training) -> None:
-    """transformers 5.23 runs Llama 4's chunked layers on SDPA's flash path only below the chunk
-    (masking_utils._ignore_causal_mask_sdpa: kv_length < attention_chunk_size); from the chunk on they get a 4-D
-    mask, which sends SDPA to its masked path (k and v repeated to every head, the memory-efficient kernel keeping
-    the mask as a bias) and flash_attention_2 refuses them (create_chunked_causal_mask): not modelled."""
-    from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
-    if training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash" \
-            and training.mode == "training" and training.seq_len >= arch.attention_chunk_size:
-        raise ConfigError("training.seq_len", training.seq_len, f"below attention_chunk_size "
-                          f"({arch.attention_chunk_size}) with flash attention under transformers",
-                          "from the chunk on transformers sends the chunked layers to SDPA's masked path "
-                          "(not modelled); eager attention is", related=("model.attention_chunk_size",
-                                                                         "training.attention"))
-
-
 def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     """Raise `ConfigError` on the first inconsistency; return the ZeRO stage in force."""
     _check_model(arch, training, par)
@@ -117,8 +102,6 @@ def _check_model(arch: Architecture, training: Training, par: Parallel) -> None:
     if arch.uses_sparse_attention:  # DeepSeek-V3.2 (memory/activations/sparse.py)
         from .activations.sparse import check_training
         check_training(arch, training, par)
-    if arch.attention_chunk_size:
-        _check_chunked(arch, training)
 
 
 def _check_tensor_split(arch: Architecture, training: Training, par: Parallel) -> None:

@@ -1,4 +1,4 @@
-"""transformers' SDPA path with an explicit mask: the sliding-window layers from the window on.
+"""transformers' SDPA path with an explicit mask: the sliding-window (or chunked) layers from the window on.
 
 Under the transformers frameworks `attention` "flash" is transformers' default attn_implementation, SDPA (the
 flash-attn package is not a dependency of transformers). Its mask builder skips the mask, and SDPA then runs its
@@ -15,7 +15,9 @@ local_attention_size`` returns False, so ``sdpa_mask`` builds a 4-D bool mask, b
   ``_scaled_dot_product_efficient_attention``: attn_bias, output, log_sumexp), which autograd keeps per layer.
 Gemma 2 and gpt-oss are not on this path: soft-capping and attention sinks keep them off SDPA (modeling_gemma2.py
 and modeling_gpt_oss.py ``_supports_sdpa = False``), so their "flash" is flash-attn's, which slides without a mask.
-Mistral's sliding window (every layer, modeling_mistral.py ``create_sliding_window_causal_mask``) is. Measured: the
+Mistral's sliding window (every layer, modeling_mistral.py ``create_sliding_window_causal_mask``) is, and so are
+Llama 4's chunked layers from the chunk on (``create_chunked_causal_mask`` hands ``sdpa_mask`` the chunk as its
+``local_size``; flash_attention_2 refuses a chunked mask, so SDPA is the path there). Measured: the
 H200's gemma-3-4b-...-s2048-b2-i4x896 record (tests/data/measured/gpu; 29 sliding layers at 2,048 tokens past the
 1,024-token window: 928 MiB of the 1,025 MiB it holds over the flash-attn record). The shared bool mask (b x s^2
 bytes, made once a step) is left out. Under full recompute the extra tensors exist in the one layer recomputed at a
@@ -36,14 +38,14 @@ SOURCE = ("transformers 5.23 masking_utils.py _ignore_causal_mask_sdpa and sdpa_
           "_scaled_dot_product_efficient_attention (the bias kept for backward); measured: tests/data/measured/gpu/"
           "gemma-3-4b-*")
 
-MASKED_BIAS = "sliding-window mask as SDPA's additive bias (kept by the memory-efficient kernel)"
+MASKED_BIAS = "local-attention mask as SDPA's additive bias (kept by the memory-efficient kernel)"
 
 
 def masked_layer_share(arch: Architecture, training: Training) -> float:
-    """The share of the layers transformers runs through SDPA with a 4-D mask: the sliding-window layers once the
-    sequence reaches the window, under the transformers frameworks' SDPA; 0 elsewhere."""
+    """The share of the layers transformers runs through SDPA with a 4-D mask: the sliding-window or chunked layers
+    once the sequence reaches the window or chunk, under the transformers frameworks' SDPA; 0 elsewhere."""
     from .llama4 import TRANSFORMERS_FRAMEWORKS
-    window = arch.sliding_window
+    window = arch.local_attention
     if (training.framework not in TRANSFORMERS_FRAMEWORKS or training.attention != "flash" or not window
             or training.seq_len < window or arch.attention_logit_softcapping or arch.attention_sinks or arch.uses_mla
             or arch.uses_sparse_attention or arch.is_hybrid):
@@ -59,7 +61,7 @@ def masked_sdpa_entries(arch: Architecture, training: Training, par: Parallel) -
         return []
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
-    note = "" if share == 1 else f" x {share:.4g} (the sliding layers)"
+    note = "" if share == 1 else f" x {share:.4g} (the {'chunked' if arch.attention_chunk_size else 'sliding'} layers)"
     out = []
     if arch.num_kv_heads != arch.num_attention_heads:
         out.append(Entry("k and v repeated to every query head (a mask turns off SDPA's GQA), beyond the grouped",
