@@ -177,7 +177,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
          "only every N-th layer (torchtitan's and torchtune's layer-level activation checkpointing); the others "
          "keep all their activations. 1 = every layer.", _SAVERS, hi=MAX_LAYERS),
     _choice("attention", _T, "Attention kernel", "flash keeps no s x s score matrix; eager materialises the scores "
-            "(memory grows with the square of the sequence length).", _SAVERS, ATTENTION),
+            "(memory grows with the square of the sequence length). Under hf, deepspeed and fsdp1, flash is "
+            "transformers' default SDPA: its sliding-window or chunked layers take a mask from the window on, each "
+            "keeping an s x s bias and k, v for every head, and Qwen2.5-VL's vision tower attends window by window.",
+            _SAVERS, ATTENTION),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
     Field("dropout", _T, "float", "Dropout", "Dropout probability; above 0 the masks are kept for backward.",
