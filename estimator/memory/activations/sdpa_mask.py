@@ -46,9 +46,10 @@ def masked_layer_share(arch: Architecture, training: Training) -> float:
     once the sequence reaches the window or chunk, under the transformers frameworks' SDPA; 0 elsewhere."""
     from .llama4 import TRANSFORMERS_FRAMEWORKS
     window = arch.local_attention
-    if (training.framework not in TRANSFORMERS_FRAMEWORKS or training.attention != "flash" or not window
-            or training.seq_len < window or arch.attention_logit_softcapping or arch.attention_sinks or arch.uses_mla
-            or arch.uses_sparse_attention or arch.is_hybrid):
+    transformers_sdpa = training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
+    if (not transformers_sdpa or training.mode != "training" or not window or training.seq_len < window
+            or arch.attention_logit_softcapping or arch.attention_sinks or arch.uses_mla or arch.uses_sparse_attention
+            or arch.is_hybrid):
         return 0.0
     return 1 - arch.global_attention_layers_in(0, arch.num_layers) / arch.num_layers
 
