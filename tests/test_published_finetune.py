@@ -195,15 +195,20 @@ def test_under_the_trainers_autocast_the_loss_is_fp32_anyway():
 
 def test_zero3_casts_each_sub_group_from_a_flat_16_bit_copy():
     """stage3.py _prepare_fp32_grad_for_sub_group: flatten (torch.cat, bf16) then .to(fp32): both alive for the
-    cast, 2 + 4 B x min(sub_group_size 1e9, the partition). Qwen-1.8B on one GPU: a 1e9-element sub-group."""
+    cast, 2 + 4 B x the largest sub-group. Qwen-1.8B on one GPU: _create_fp16_sub_groups closes the first sub-group
+    at the first weight that takes it to 1e9 elements: the embedding (151,936 x 2048), 13 layers (50,593,792 each) and
+    the 14th's q, k, v, o, gate and up: 1,008,205,824, what the H200 run's first fp32 partition holds
+    (tests/data/measured/gpu/deepspeed, fp32_partition_numels)."""
     config = {"model": {"hidden_size": 2048, "num_layers": 24, "num_attention_heads": 16,
                         "intermediate_size": 5504, "vocab_size": 151936},
               "training": {"framework": "deepspeed", "seq_len": 256, "recompute": "full"},
               "parallel": {"zero_stage": 3}, "hardware": {"gpu": "a100-80"}}
     stage = estimate_config(config).stages[0]
     parts = {p.label: p.bytes for c in stage.components for p in (c.parts or (c,))}
-    assert parts["fp32 copy of the gradient partition for the step"] == 4 * 10**9
-    assert parts["flat copy of the sub-group's gradients, cast to fp32"] == 2 * 10**9
+    first = 151_936 * 2048 + 13 * (4 * 2048**2 + 3 * 2048 * 5504) + 4 * 2048**2 + 2 * 2048 * 5504
+    assert first == 1_008_205_824
+    assert parts["fp32 copy of the gradient partition for the step"] == 4 * first
+    assert parts["flat copy of the sub-group's gradients, cast to fp32"] == 2 * first
 
 
 def test_peft_before_0_12_keeps_adapters_in_the_base_dtype():

@@ -11,6 +11,7 @@ from .activations.entries import KORTHIKANTI
 from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
 from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
+from .deepspeed_step import keeps_gradient_buffer
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
@@ -168,7 +169,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if arch.uses_sparse_attention:
         exchange, exchange_backward, in_moe_layer = _with_dsa_moments(arch, training, recipe, par, sp, m, shared,
                                                                       total_bytes(loss_saved), moments)
-    grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
+    # else none before backward (see `_static_parts`); ZeRO-3 keeps a flat buffer of them (deepspeed_step.py)
+    grads_live = _grads_live(training, par, m) or keeps_gradient_buffer(training, zero)
     working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
                                                  grads_live)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)

@@ -1,0 +1,98 @@
+"""DeepSpeed ZeRO's optimizer step and its gradient partitions, from DeepSpeed v0.19.5's source, held to four real
+steps of Qwen-1.8B on an H200 (tests/data/measured/gpu/deepspeed, tests/test_gpu_deepspeed.py).
+
+- ZeRO-3 allocates one flat buffer for every gradient partition when it builds its optimizer and keeps it
+  (stage3.py __init__: `grad_partitions_flat_buffer = torch.zeros(sum of partition_numel, gradient_accumulation_dtype)`,
+  each parameter's partition a narrow() view of it): the partitioned gradients exist through every phase
+  (on the host when the optimizer is offloaded: `self.device`).
+- The step walks the sub-groups one at a time (stage3.py step): `_prepare_fp32_grad_for_sub_group` flattens the
+  sub-group's 16-bit gradients (torch.cat) and casts the copy to fp32, the flat copy freed as the statement ends;
+  the torch optimizer then steps the sub-group's one flat fp32 tensor and `_release_sub_group` drops the fp32
+  gradient. A sub-group closes once its partitions reach sub_group_size (stage3.py _create_fp16_sub_groups), in
+  each of the optimizer's parameter groups: the HF Trainer's weight-decay group (every matrix, registration order)
+  and its no-decay group (norms, biases: Trainer.get_decay_parameter_names).
+- ZeRO-1/2 step each parameter group's flat partition at once (stage_1_and_2.py step: the contiguous gradient
+  buffer is the pre-flattened partition, cast to fp32 beside it).
+- torch's foreach AdamW (torch/optim/adam.py _multi_tensor_adam, torch 2.11: `exp_avg_sq_sqrt =
+  torch._foreach_sqrt(device_exp_avg_sqs)`) makes sqrt(v) of the whole flat tensor it steps, in its dtype; a fused
+  kernel (DeepSpeed's FusedAdam, torch's fused AdamW) works in place.
+"""
+
+from __future__ import annotations
+
+from .components import Component, component
+from .sharding import StageParameters
+from ..spec.architecture import Architecture
+from ..spec.training import Recipe, Training
+
+SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed v0.19.5 runtime/zero/config.py sub_group_size (Qwen's ds_configs: 1e9)
+STEP_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py step, _prepare_fp32_grad_for_sub_group, _release_sub_group, "
+               "_create_fp16_sub_groups (sub_group_size 1e9); stage_1_and_2.py step (fp32 cast of the flat partition)")
+FOREACH_SOURCE = ("torch 2.11 torch/optim/adam.py _multi_tensor_adam (torch._foreach_sqrt of the second moments: one "
+                  "temporary the size of the flat fp32 tensor stepped); measured: tests/data/measured/gpu/deepspeed")
+GRADIENT_BUFFER_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (grad_partitions_flat_buffer: torch.zeros of "
+                          "every partition in the gradient-accumulation dtype, kept; measured: allocated before step 2 "
+                          "of tests/data/measured/gpu/deepspeed/*zero3*)")
+
+
+def runs_foreach(training: Training) -> bool:
+    """DeepSpeed steps torch's foreach AdamW: the client optimizer the HF Trainer passes (adamw_torch) where the
+    ds_config names none (`adamw_implementation` 'foreach')."""
+    return training.framework == "deepspeed" and training.adamw_implementation == "foreach"
+
+
+def keeps_gradient_buffer(training: Training, zero: int) -> bool:
+    """ZeRO-3's flat gradient partitions live on the GPU from initialisation (GRADIENT_BUFFER_SOURCE): every phase
+    holds them. Offloading the optimizer puts the buffer on the host."""
+    return training.framework == "deepspeed" and zero == 3 and training.offload_optimizer == "none"
+
+
+def _decay_partitions(arch: Architecture, stage: StageParameters, d: int) -> list[int]:
+    """The partitions (ceil(numel / d): ZeRO-3 pads each parameter to the ranks) of the weight-decay group's
+    tensors in registration order: the embedding, each layer's matrices, the head."""
+    tensors = []
+    if stage.first:
+        tensors += arch.embedding_tensors()
+    kinds = arch.layer_kinds()
+    for i in stage.layer_indices:
+        tensors += arch.layer_tensors(kinds[i])
+    if stage.last:
+        tensors += arch.head_tensors()
+    return [-(-t.numel // d) for t in tensors if len(t.shape) > 1]
+
+
+def largest_sub_group(arch: Architecture, stage: StageParameters, d: int, shard: float, whole: bool) -> float:
+    """ZeRO-3's largest sub-group on this GPU: the weight-decay group's partitions cut where a sub-group first
+    reaches SUB_GROUP_SIZE (`whole`: every weight of the stage trains; else, an adapter run or a frozen tower,
+    min(SUB_GROUP_SIZE, shard))."""
+    if not whole:
+        return min(SUB_GROUP_SIZE, shard)
+    key = ("zero3 decay partitions", stage.layer_indices, stage.first, stage.last, d)
+    partitions = arch.cached(key, lambda: _decay_partitions(arch, stage, d))
+    largest = run = 0
+    for n in partitions:
+        run += n
+        if run >= SUB_GROUP_SIZE:
+            largest, run = max(largest, run), 0
+    # the last decay sub-group, and the no-decay group (its own sub-group: norms and biases)
+    return float(max(largest, run, shard - sum(partitions)))
+
+
+def step_transients(arch: Architecture, training: Training, recipe: Recipe, stage: StageParameters, zero: int,
+                    shard: float, d: int, G: float, whole: bool) -> list[Component]:
+    """The step's transients under ZeRO 1-3 with fp32 master weights, at its largest moment: the fp32 gradient of
+    the sub-group (ZeRO-3) or partition (ZeRO-1/2) stepped, with the foreach AdamW's sqrt(v) of it, or, without
+    foreach, ZeRO-3's flat 16-bit copy it was cast from (the cast's moment, (G + 4) B an element, is the larger
+    then; with foreach the step's 8 B an element are)."""
+    n = largest_sub_group(arch, stage, d, shard, whole) if zero == 3 else shard
+    size = (f"largest sub-group, {n:,.0f} elements (sub_group_size {SUB_GROUP_SIZE:,.0f})" if zero == 3 else
+            f"gradient partition, {n:,.0f} elements")
+    out = [component("transient", "fp32 copy of the gradient partition for the step", 4 * n, f"4 B x {size}",
+                     STEP_SOURCE)]
+    if runs_foreach(training):
+        out.append(component("transient", "foreach AdamW temporary (sqrt of the second moment)", 4 * n,
+                             f"4 B x {size}", FOREACH_SOURCE))
+    elif zero == 3:
+        out.append(component("transient", "flat copy of the sub-group's gradients, cast to fp32", G * n,
+                             f"{G:g} B x {size}", STEP_SOURCE))
+    return out
