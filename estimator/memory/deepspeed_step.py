@@ -20,19 +20,53 @@ steps of Qwen-1.8B on an H200 (tests/data/measured/gpu/deepspeed, tests/test_gpu
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .components import Component, component
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.training import Recipe, Training
+
+class DeepSpeedBuffers(NamedTuple):
+    """The ZeRO settings a run uses, 'auto' decided as the HF Trainer decides it."""
+
+    reduce_bucket_size: int
+    overlap_comm: bool
+    prefetch_bucket_size: int
+    max_live_parameters: int
+    persistence_threshold: int
+
+
+def deepspeed_settings(arch: Architecture, training: Training, zero: int) -> DeepSpeedBuffers:
+    """`training`'s DeepSpeed fields with None ('auto') resolved: the HF Trainer's hidden-size rules
+    (transformers integrations/deepspeed.py trainer_config_finalize) for the bucket sizes and the
+    persistence threshold, DeepSpeed's own defaults for the rest (overlap_comm: true under ZeRO-3)."""
+    h = arch.hidden_size
+    return DeepSpeedBuffers(
+        reduce_bucket_size=training.reduce_bucket_size if training.reduce_bucket_size is not None else h * h,
+        overlap_comm=training.overlap_comm if training.overlap_comm is not None else zero == 3,
+        prefetch_bucket_size=(training.stage3_prefetch_bucket_size if training.stage3_prefetch_bucket_size
+                              is not None else int(0.9 * h * h)),
+        max_live_parameters=training.stage3_max_live_parameters or 1_000_000_000,
+        persistence_threshold=(training.stage3_param_persistence_threshold
+                               if training.stage3_param_persistence_threshold is not None else 10 * h))
+
 
 SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed v0.19.5 runtime/zero/config.py sub_group_size (Qwen's ds_configs: 1e9)
 STEP_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py step, _prepare_fp32_grad_for_sub_group, _release_sub_group, "
                "_create_fp16_sub_groups (sub_group_size 1e9); stage_1_and_2.py step (fp32 cast of the flat partition)")
 FOREACH_SOURCE = ("torch 2.11 torch/optim/adam.py _multi_tensor_adam (torch._foreach_sqrt of the second moments: one "
                   "temporary the size of the flat fp32 tensor stepped); measured: tests/data/measured/gpu/deepspeed")
-GRADIENT_BUFFER_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (grad_partitions_flat_buffer: torch.zeros of "
-                          "every partition in the gradient-accumulation dtype, kept; measured: allocated before step 2 "
-                          "of tests/data/measured/gpu/deepspeed/*zero3*)")
+GRADIENT_BUFFER_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (grad_partitions_flat_buffer: torch.zeros "
+                          "of every partition in the gradient-accumulation dtype, kept; measured: allocated before "
+                          "step 2 of tests/data/measured/gpu/deepspeed/*zero3*)")
+
+
+def gradients_source(training: Training, source: str) -> str:
+    """The gradients' source, with DeepSpeed's buffers where DeepSpeed runs."""
+    if training.framework != "deepspeed":
+        return source
+    return f"{source}; ZeRO-3: {GRADIENT_BUFFER_SOURCE}; ZeRO-2: {ZERO2_BACKWARD_SOURCE}"
 
 
 def runs_foreach(training: Training) -> bool:
@@ -96,3 +130,23 @@ def step_transients(arch: Architecture, training: Training, recipe: Recipe, stag
         out.append(component("transient", "flat copy of the sub-group's gradients, cast to fp32", G * n,
                              f"{G:g} B x {size}", STEP_SOURCE))
     return out
+
+
+ZERO2_BACKWARD_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py copy_grads_in_partition (the flat gradient "
+                         "partition, torch.empty at the first bucket's reduction), reduce_independent_p_g_buckets_and_"
+                         "remove_grads (a tensor over reduce_bucket_size is kept whole as extra_large_param_to_reduce "
+                         "until the next reduction); measured: tests/data/measured/gpu/deepspeed/*zero2* (peak_blocks)")
+
+
+def zero2_backward(arch: Architecture, training: Training, zero: int, largest: float, G: float) -> tuple[bool, list]:
+    """ZeRO-2 (contiguous gradients) in backward: whether its flat gradient partitions exist after the loss's
+    backward (allocated at the first bucket's reduction, a few layers in), and the gradient they are allocated beside:
+    the first tensor backward makes, the head's, is over reduce_bucket_size, kept whole until that reduction."""
+    if training.framework != "deepspeed" or zero != 2 or training.offload_optimizer != "none":
+        return False, []
+    bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
+    if largest <= bucket:
+        return True, []
+    return True, [component("transient", "The largest tensor's gradient, whole until the first reduction", G * largest,
+                            f"{G:g} B x {largest:,.0f} elements (over reduce_bucket_size {bucket:,})",
+                            ZERO2_BACKWARD_SOURCE)]

@@ -20,7 +20,8 @@ from .adapters import Inventory, adapter_dtype, saved_copy_bytes
 from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
-from .deepspeed_step import runs_foreach as deepspeed_foreach, step_transients
+from .deepspeed_step import (DeepSpeedBuffers, deepspeed_settings, runs_foreach as deepspeed_foreach,
+                             step_transients)
 from ..spec.dtypes import bytes_per_element
 from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
 from ..spec.parallel import Parallel
@@ -284,31 +285,6 @@ ZERO3_BUCKET_SOURCE = "DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (IPG bu
 # without ZeRO the engine reduces flattened gradients in buffers of a fixed size, not reduce_bucket_size
 # (engine.py allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE = 5e8), buffered_allreduce_fallback)
 ENGINE_ALLREDUCE_ELEMENTS = 500_000_000
-
-
-class DeepSpeedBuffers(NamedTuple):
-    """The ZeRO settings a run uses, 'auto' decided as the HF Trainer decides it."""
-
-    reduce_bucket_size: int
-    overlap_comm: bool
-    prefetch_bucket_size: int
-    max_live_parameters: int
-    persistence_threshold: int
-
-
-def deepspeed_settings(arch: Architecture, training: Training, zero: int) -> DeepSpeedBuffers:
-    """`training`'s DeepSpeed fields with None ('auto') resolved: the HF Trainer's hidden-size rules
-    (transformers integrations/deepspeed.py trainer_config_finalize) for the bucket sizes and the
-    persistence threshold, DeepSpeed's own defaults for the rest (overlap_comm: true under ZeRO-3)."""
-    h = arch.hidden_size
-    return DeepSpeedBuffers(
-        reduce_bucket_size=training.reduce_bucket_size if training.reduce_bucket_size is not None else h * h,
-        overlap_comm=training.overlap_comm if training.overlap_comm is not None else zero == 3,
-        prefetch_bucket_size=(training.stage3_prefetch_bucket_size if training.stage3_prefetch_bucket_size
-                              is not None else int(0.9 * h * h)),
-        max_live_parameters=training.stage3_max_live_parameters or 1_000_000_000,
-        persistence_threshold=(training.stage3_param_persistence_threshold
-                               if training.stage3_param_persistence_threshold is not None else 10 * h))
 
 
 def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, stage: StageParameters, zero: int,

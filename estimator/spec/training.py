@@ -99,7 +99,7 @@ class Training:
     gradient_accumulation_fusion: bool = True
     # DeepSpeed ZeRO buffers (elements). None = "auto" as the HF Trainer fills it (h^2, int(0.9 h^2), 10 h:
     # transformers integrations/deepspeed.py); stage3_max_live_parameters None = DeepSpeed's 1e9, overlap_comm
-    # None = DeepSpeed's default (true under ZeRO-3 only); transients.deepspeed_settings
+    # None = DeepSpeed's default (true under ZeRO-3 only); deepspeed_step.deepspeed_settings
     reduce_bucket_size: int | None = None
     stage3_prefetch_bucket_size: int | None = None
     stage3_max_live_parameters: int | None = None
