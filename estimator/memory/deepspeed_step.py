@@ -83,7 +83,10 @@ def keeps_gradient_buffer(training: Training, zero: int) -> bool:
 
 def _decay_partitions(arch: Architecture, stage: StageParameters, d: int) -> list[int]:
     """The partitions (ceil(numel / d): ZeRO-3 pads each parameter to the ranks) of the weight-decay group's
-    tensors in registration order: the embedding, each layer's matrices, the head."""
+    tensors in registration order: the embedding, each layer's matrices (a gated MLP's gate and up projections
+    two, as transformers makes them), the head."""
+    from .reserved_tensors import _split
+
     tensors = []
     if stage.first:
         tensors += arch.embedding_tensors()
@@ -92,24 +95,31 @@ def _decay_partitions(arch: Architecture, stage: StageParameters, d: int) -> lis
         tensors += arch.layer_tensors(kinds[i])
     if stage.last:
         tensors += arch.head_tensors()
-    return [-(-t.numel // d) for t in tensors if len(t.shape) > 1]
+    return [-(-int(n) // d) for t in tensors if len(t.shape) > 1 for n, _ in _split(t, arch.gated_mlp)]
 
 
-def largest_sub_group(arch: Architecture, stage: StageParameters, d: int, shard: float, whole: bool) -> float:
-    """ZeRO-3's largest sub-group on this GPU: the weight-decay group's partitions cut where a sub-group first
-    reaches SUB_GROUP_SIZE (`whole`: every weight of the stage trains; else, an adapter run or a frozen tower,
-    min(SUB_GROUP_SIZE, shard))."""
-    if not whole:
-        return min(SUB_GROUP_SIZE, shard)
+def sub_groups(arch: Architecture, stage: StageParameters, d: int, shard: float) -> list[float]:
+    """ZeRO-3's sub-groups on this GPU, in order: the weight-decay group's partitions cut where a sub-group first
+    reaches SUB_GROUP_SIZE (stage3.py _create_fp16_sub_groups), then the no-decay group's (norms and biases, the
+    rest of `shard`, far under it)."""
     key = ("zero3 decay partitions", stage.layer_indices, stage.first, stage.last, d)
     partitions = arch.cached(key, lambda: _decay_partitions(arch, stage, d))
-    largest = run = 0
+    out, run = [], 0
     for n in partitions:
         run += n
         if run >= SUB_GROUP_SIZE:
-            largest, run = max(largest, run), 0
-    # the last decay sub-group, and the no-decay group (its own sub-group: norms and biases)
-    return float(max(largest, run, shard - sum(partitions)))
+            out, run = out + [float(run)], 0
+    out += [float(run)] if run else []
+    rest = shard - sum(partitions)
+    return out + ([rest] if rest > 0 else [])
+
+
+def largest_sub_group(arch: Architecture, stage: StageParameters, d: int, shard: float, whole: bool) -> float:
+    """ZeRO-3's largest sub-group on this GPU (`whole`: every weight of the stage trains; else, an adapter run or a
+    frozen tower, min(SUB_GROUP_SIZE, shard))."""
+    if not whole:
+        return min(SUB_GROUP_SIZE, shard)
+    return max(sub_groups(arch, stage, d, shard))
 
 
 def step_transients(arch: Architecture, training: Training, recipe: Recipe, stage: StageParameters, zero: int,

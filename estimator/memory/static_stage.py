@@ -512,12 +512,11 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
 def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
                   training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
-                  after_loss: tuple | None = None, unbegun: float = 0.0, grads_in_backward: bool = False
-                  ) -> _StaticParts:
+                  after_loss: tuple | None = None, unbegun: float = 0.0, grads_in_backward: bool = False) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
-    where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`:
-    the unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`); `grads_in_backward`: all
-    the gradients at backward's largest moment, none in forward (ZeRO-2's partitions)."""
+    where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`: the
+    unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`); `grads_in_backward`: all the
+    gradients at backward's largest moment, none in forward (ZeRO-2's partitions)."""
     ms, place, tr = step.ms, step.place, step.tr
 
     def state(key: str, label: str, source: str) -> Component:
@@ -567,8 +566,8 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
     if end and end.gradients_formula:
         grads_end = component("gradients", end.gradients_label, end.gradients, end.gradients_formula,
                               end.gradients_source)
-    grads_backward = grads_full if grads_in_backward else grads_early
-    return _StaticParts(base + tuple(tr.persistent), grads_early, grads_backward, grads_full, loss_saved, folded,
+    return _StaticParts(base + tuple(tr.persistent), grads_early, grads_full if grads_in_backward else grads_early,
+                        grads_full, loss_saved, folded,
                         grads_end, loss_saved if after_loss is None else after_loss)
 
 
