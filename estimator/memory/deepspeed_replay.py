@@ -24,6 +24,7 @@ max_memory_reserved (tests/test_gpu_deepspeed.py).
 from __future__ import annotations
 
 from .allocator import CachingAllocator
+from .components import Component, component
 from .deepspeed_step import deepspeed_settings, runs_foreach, sub_groups
 from ..spec.dtypes import bytes_per_element
 
@@ -51,6 +52,16 @@ def replay_rule(cfg) -> str | None:
          or training.offload_activations, "offload"),
     )
     return next((why for failed, why in checks if failed), None)
+
+
+def replayed_cache(cfg, shared, sp, static) -> Component:
+    """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
+    configuration and stage."""
+    key = ("deepspeed reserved replay", cfg.training, cfg.parallel, cfg.hardware, sp.stage)
+    cache, segments = cfg.architecture.cached(key, lambda: replayed(cfg, shared, sp, static), per_layout=True)
+    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
+                     f"caching allocator replayed over DeepSpeed's initialisation and two steps: reserved ({segments} "
+                     "segments) less allocated, at their peaks", SOURCE)
 
 
 def replayed(cfg, shared, sp, static) -> tuple[int, int]:

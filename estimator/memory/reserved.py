@@ -72,9 +72,6 @@ def replay_rule(cfg) -> str | None:
     """Why the replay does not apply to this configuration (None: it does). The replay builds the HF
     Trainer's order of allocations, on one GPU's full set of weights, with default segments."""
     training, par, hardware, arch = cfg.training, cfg.parallel, cfg.hardware, cfg.architecture
-    if training.framework == "deepspeed":  # DeepSpeed's own order (deepspeed_replay.py)
-        from .deepspeed_replay import replay_rule as deepspeed_rule
-        return deepspeed_rule(cfg)
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (training.framework != "hf", f"{training.framework}'s order of allocations is not modelled"),
@@ -95,12 +92,6 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
     """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
     configuration and stage."""
     key = ("reserved replay", cfg.training, cfg.parallel, cfg.hardware, sp.stage)
-    if cfg.training.framework == "deepspeed":
-        from .deepspeed_replay import SOURCE, replayed
-        cache, segments = cfg.architecture.cached(key, lambda: replayed(cfg, shared, sp, static), per_layout=True)
-        return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
-                         f"caching allocator replayed over DeepSpeed's initialisation and two steps: reserved "
-                         f"({segments} segments) less allocated, at their peaks", SOURCE)
     cache, segments = cfg.architecture.cached(key, lambda: _replayed(cfg, shared, sp, static), per_layout=True)
     return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
                      f"caching allocator replayed over two HF Trainer steps: reserved ({segments} segments) less "
