@@ -48,15 +48,17 @@ def test_the_four_runs_are_there():
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
 def test_each_phase_within_one_percent(path):
     """max_memory_allocated of each phase of step 2 and its peak: the peaks within 0.01%, forward and the optimizer
-    within 0.05%; ZeRO-3's backward 0.8% under at 256 tokens (the head's whole bf16 gradient, 0.58 GiB, waits for its
-    reduction beside the loss's last tensors; not modelled), to 0.01% at 4096 tokens, where the loss's moment is larger."""
+    within 0.05%; ZeRO-3's backward 0.3% under at 256 tokens (its moment is the head's whole bf16 gradient, 0.58 GiB,
+    kept until the next gradient's hook, beside the logits' bf16 gradient, 74 MiB, which the estimate leaves to the
+    loss's moment; 0.8% under before the head's gradient was modelled), 0.01% at 4096 tokens, where the loss's
+    moment is the larger."""
     record = load(path)
     measured = record["measured"]
     estimate = stage(record)
     totals = {p.name: sum(c.bytes for c in p.components) for p in estimate.phases}
     assert estimate.allocated_peak_bytes == pytest.approx(measured["peak_bytes"], rel=1e-4)
     for phase in ("forward", "backward", "optimizer"):
-        assert totals[phase] == pytest.approx(measured["phases"][phase]["peak_bytes"], rel=0.01 if phase == "backward"
+        assert totals[phase] == pytest.approx(measured["phases"][phase]["peak_bytes"], rel=0.003 if phase == "backward"
                                               else 5e-4), phase
 
 
@@ -73,6 +75,10 @@ def test_zero3_holds_its_gradient_partitions_between_steps(path):
     estimate = stage(load(path))
     forward = next(p for p in estimate.phases if p.name == "forward")
     assert next(c.bytes for c in forward.components if c.key == "gradients") == 2 * N
+    if path.stem.endswith("-s256-b1"):  # backward's moment: the head's whole gradient (stage3.py, over the bucket)
+        backward = {c.label: c.bytes for p in estimate.phases if p.name == "backward" for c in p.components
+                    for c in (c.parts or (c,))}
+        assert backward["The largest tensor's gradient, whole until the next gradient's hook"] == 2 * HEAD
 
 
 @pytest.mark.parametrize("optimizer, step", [("foreach", 8 * FIRST_SUB_GROUP), ("fused", 6 * FIRST_SUB_GROUP)])

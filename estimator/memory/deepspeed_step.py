@@ -160,3 +160,22 @@ def zero2_backward(arch: Architecture, training: Training, zero: int, largest: f
     return True, [component("transient", "The largest tensor's gradient, whole until the first reduction", G * largest,
                             f"{G:g} B x {largest:,.0f} elements (over reduce_bucket_size {bucket:,})",
                             ZERO2_BACKWARD_SOURCE)]
+
+
+ZERO3_WHOLE_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py reduce_independent_p_g_buckets_and_remove_grads, "
+                      "__add_grad_to_ipg_bucket (a gradient that does not fit the bucket stays the parameter's own "
+                      "until the next gradient's hook reduces the bucket); measured: backward of "
+                      "tests/data/measured/gpu/deepspeed/*zero3*-s256")
+
+
+def zero3_whole_gradient(arch: Architecture, training: Training, zero: int, largest: float, G: float) -> list:
+    """ZeRO-3 in backward, after the loss's: the head's gradient, over reduce_bucket_size, whole (unpartitioned)
+    until the next gradient arrives; a moment of its own (transients.Transients.step_after_loss)."""
+    if training.framework != "deepspeed" or zero != 3:
+        return []
+    bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
+    if largest <= bucket:
+        return []
+    return [component("transient", "The largest tensor's gradient, whole until the next gradient's hook",
+                      G * largest, f"{G:g} B x {largest:,.0f} elements (over reduce_bucket_size {bucket:,})",
+                      ZERO3_WHOLE_SOURCE)]

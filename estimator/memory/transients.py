@@ -21,7 +21,7 @@ from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
 from .deepspeed_step import (DeepSpeedBuffers, deepspeed_settings, runs_foreach as deepspeed_foreach,
-                             step_transients)
+                             step_transients, zero3_whole_gradient)
 from ..spec.dtypes import bytes_per_element
 from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
 from ..spec.parallel import Parallel
@@ -80,7 +80,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
         return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
                           forward_end, _scratch_in_backward(training, recipe, stage, zero, d_dense))
     opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest, inv))
-    return Transients(fwd, bwd, opt, persistent, [], forward_end)
+    return Transients(fwd, bwd, opt, persistent, [], forward_end, zero3_whole_gradient(arch, training, zero, largest, G))
 
 
 SHARDED_SOURCE = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
