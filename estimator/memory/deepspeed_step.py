@@ -70,9 +70,10 @@ def gradients_source(training: Training, source: str) -> str:
 
 
 def runs_foreach(training: Training) -> bool:
-    """DeepSpeed steps torch's foreach AdamW: the client optimizer the HF Trainer passes (adamw_torch) where the
-    ds_config names none (`adamw_implementation` 'foreach')."""
-    return training.framework == "deepspeed" and training.adamw_implementation == "foreach"
+    """DeepSpeed steps torch's foreach AdamW on the GPU: the client optimizer the HF Trainer passes (adamw_torch) where
+    the ds_config names none (`adamw_implementation` 'foreach'); an offloaded optimizer steps on the host."""
+    return training.framework == "deepspeed" and training.adamw_implementation == "foreach" \
+        and training.offload_optimizer == "none"
 
 
 def keeps_gradient_buffer(training: Training, zero: int) -> bool:
