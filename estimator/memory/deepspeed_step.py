@@ -16,6 +16,9 @@ steps of Qwen-1.8B on an H200 (tests/data/measured/gpu/deepspeed, tests/test_gpu
 - torch's foreach AdamW (torch/optim/adam.py _multi_tensor_adam, torch 2.11: `exp_avg_sq_sqrt =
   torch._foreach_sqrt(device_exp_avg_sqs)`) makes sqrt(v) of the whole flat tensor it steps, in its dtype; a fused
   kernel (DeepSpeed's FusedAdam, torch's fused AdamW) works in place.
+- In backward ZeRO-2 allocates its flat gradient partitions at the first bucket's reduction, and both stages keep a
+  gradient larger than the bucket (the head's) whole until a later reduction; the ZeRO settings ('auto' as the HF
+  Trainer fills them) live here too (`deepspeed_settings`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import NamedTuple
 from .components import Component, component
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
-from ..spec.training import Recipe, Training
+from ..spec.training import Training
+
 
 class DeepSpeedBuffers(NamedTuple):
     """The ZeRO settings a run uses, 'auto' decided as the HF Trainer decides it."""
@@ -123,7 +127,7 @@ def largest_sub_group(arch: Architecture, stage: StageParameters, d: int, shard:
     return max(sub_groups(arch, stage, d, shard))
 
 
-def step_transients(arch: Architecture, training: Training, recipe: Recipe, stage: StageParameters, zero: int,
+def step_transients(arch: Architecture, training: Training, stage: StageParameters, zero: int,
                     shard: float, d: int, G: float, whole: bool) -> list[Component]:
     """The step's transients under ZeRO 1-3 with fp32 master weights, at its largest moment: the fp32 gradient of
     the sub-group (ZeRO-3) or partition (ZeRO-1/2) stepped, with the foreach AdamW's sqrt(v) of it, or, without

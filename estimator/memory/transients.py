@@ -200,7 +200,7 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
         persistent += b_persistent
         if zero >= 1 and recipe.master_weights:  # the step's fp32 gradient, sub-group by sub-group (ZeRO-3)
             whole = inv is None and not untrained(stage, training).dense
-            opt += step_transients(arch, training, recipe, stage, zero, trainable / d_dense, d_dense, G, whole)
+            opt += step_transients(arch, training, stage, zero, trainable / d_dense, d_dense, G, whole)
     if fw == "hf" and d_dense > 1:
         persistent.append(component(
             "buckets", "DDP gradient buckets", trainable * G,
