@@ -33,7 +33,7 @@ def parts(cfg: dict, phase: str) -> dict[str, int]:
 
 def test_auto_is_what_the_hf_trainer_fills_in():
     from estimator.models.loading import load_config
-    from estimator.memory.transients import deepspeed_settings
+    from estimator.memory.deepspeed_step import deepspeed_settings
     cfg = load_config(lora(3))
     ds = deepspeed_settings(cfg.architecture, cfg.training, 3)
     assert (ds.reduce_bucket_size, ds.prefetch_bucket_size, ds.persistence_threshold) == \

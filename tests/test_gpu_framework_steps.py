@@ -68,6 +68,25 @@ def test_cpu_selftest_of_a_deepspeed_zero3_step():
     assert measured["ds_config"]["zero_optimization"]["reduce_bucket_size"] == H * H
 
 
+@pytest.mark.skipif(not DEEPSPEED_PYTHON.exists(), reason="no DeepSpeed environment (see above)")
+def test_cpu_selftest_of_the_nccl_world_experiment(tmp_path):
+    """`run --device cpu --case nccl-world` (validation/gpu/nccl_world.py): one process over gloo against the CPU
+    stand-in, its six stages in order (the tiny ZeRO-3 engine's two steps included), one line, one record."""
+    from validation.gpu import experiments
+    from validation.gpu.nccl_world import STAGES
+
+    done = subprocess.run([str(DEEPSPEED_PYTHON), "-m", "validation.gpu", "run", "--device", "cpu", "--out",
+                           str(tmp_path / "out"), "--budget", "300", "--case", "nccl-world"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [json.loads(t) for t in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
+    assert [line["experiment"] for line in lines] == ["nccl-world"]
+    assert [row["stage"] for row in lines[0]["measured"]["stages"]] == list(STAGES)
+    assert lines[0]["versions"]["deepspeed"] == "0.19.5"
+    paths = experiments.write_experiment_records(lines, tmp_path / "records")
+    assert [p.name for p in paths] == ["nccl-world-cpu.json"]
+
+
 # Llama-3.1-8B's layers in Megatron's terms: q/k/v (4096 + 2 x 1024) x 4096, proj 4096^2, fc1 2 x 14336 x 4096,
 # fc2 14336 x 4096, two norms; embedding and output layer 128,256 x 4096 each, the final norm
 LLAMA8B_LAYER = (4096 + 2 * 1024) * 4096 + 4096**2 + 3 * 14336 * 4096 + 2 * 4096

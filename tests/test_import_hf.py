@@ -83,6 +83,19 @@ def test_auto_buckets_are_filled_as_transformers_fills_them():
     assert training["micro_batch_size"] == 2
 
 
+def test_without_an_optimizer_section_deepspeed_steps_the_trainers_adamw():
+    """Qwen's finetune.py defaults `optim` to adamw_torch; a ds_config without an optimizer section lets the Trainer's
+    optimizer step ZeRO's flat partitions (torch's foreach AdamW: adamw_implementation 'foreach'); with one, or with
+    adamw_torch_fused, the step is fused in place (the default, no field)."""
+    args = '{"model_name_or_path": "Qwen/Qwen3-8B", "max_length": 2048, "bf16": true, "optim": "%s"}'
+    bare = '{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}'
+    section = '{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}, "optimizer": {"type": "AdamW"}}'
+    foreach = import_config(bare, gpus=4, training_args=args % "adamw_torch")
+    assert foreach.config["training"]["adamw_implementation"] == "foreach"
+    for ds, optim in ((section, "adamw_torch"), (bare, "adamw_torch_fused")):
+        assert "adamw_implementation" not in import_config(ds, gpus=4, training_args=args % optim).config["training"]
+
+
 def test_accelerate_fsdp2_and_ddp():
     sft = "--model_name_or_path Qwen/Qwen3-8B --per_device_train_batch_size 2 --gradient_accumulation_steps 4 " \
           "--max_length 4096"

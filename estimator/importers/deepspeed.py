@@ -68,6 +68,7 @@ def read_ds_side(ds: FlatDoc, args: FlatDoc, build: ConfigBuilder, ledger: Ledge
     """A ds_config's precision, ZeRO stage, offload and buckets, and every other key accounted for
     (named `prefix` + key): its own file's, or the dict TrainingArguments' ``deepspeed`` holds."""
     _precision(ds, args, build, ledger)
+    _client_optimizer(ds, args, build)
     _zero(ds, build, ledger)
     for key, value in ds.rest():
         top = key.split(".")[0]
@@ -114,6 +115,16 @@ def _precision(ds: FlatDoc, args: FlatDoc, build: ConfigBuilder, ledger: Ledger)
                                   "transformers refuses a DeepSpeed config that disagrees with TrainingArguments")
     if ds.get("optimizer.type") not in (None, "Adam", "AdamW", "adam", "adamw"):
         ledger.not_modelled("ds:optimizer.type", ds.flat["optimizer.type"], "estimated as AdamW")
+
+
+def _client_optimizer(ds: FlatDoc, args: FlatDoc, build: ConfigBuilder) -> None:
+    """Without an optimizer section DeepSpeed steps the Trainer's own optimizer on its flat partitions (transformers
+    integrations/deepspeed.py deepspeed_optim_sched: the Trainer's create_optimizer): `optim adamw_torch` is torch's
+    foreach AdamW; with a section DeepSpeed builds its FusedAdam (engine.py _configure_basic_optimizer), in place,
+    and so does adamw_torch_fused: the default (memory/deepspeed_step.py)."""
+    if ds.get("optimizer.type") is None and str(args.flat.get("optim", "")) == "adamw_torch":
+        build.set("training.adamw_implementation", "foreach", "optim", "adamw_torch",
+                  why="no optimizer section in the ds_config: DeepSpeed steps the Trainer's foreach AdamW")
 
 
 def _zero(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:

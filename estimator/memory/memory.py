@@ -48,7 +48,7 @@ from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
 from .pp_receive import on_rank, receive_buffers, receive_bytes, receiving, step_receiving
 from .pp_first_backward import fewer_at_first_backward, interleaved_applies
-from .reserved import FLAT_FOR_SEARCH, replay_rule, replayed_cache
+from .replays import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
 
 

@@ -29,6 +29,7 @@ from ..spec.training import Training
 
 MiB = 1024**2
 GiB = 1024**3
+DEEPSPEED_ONE_RANK = 950 * MiB  # outside the allocator, measured (one_rank_world)
 
 
 class LedgerLine(NamedTuple):
@@ -249,6 +250,17 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     return Component("activations", "Activations", sum(p.bytes for p in pieces), formula + rule, source, pieces)
 
 
+def one_rank_world() -> Component:
+    """DeepSpeed initialises torch.distributed over NCCL even on one GPU (deepspeed.init_distributed) and its engine
+    and ZeRO optimizers run collectives on that world: the four H200 runs hold 950 MiB more outside the caching
+    allocator than every HF Trainer run (1,800,208,384 B against 804,061,184, the same in all four: torch
+    2.11.0+cu130 with its NCCL, DeepSpeed 0.19.5). Which part is NCCL's communicator and which DeepSpeed's own is
+    the nccl-world experiment's question (validation/gpu/nccl_world.py)."""
+    return component("communication", "NCCL world of one rank (DeepSpeed's init_distributed)", DEEPSPEED_ONE_RANK,
+                     "950 MiB measured (the device's used bytes less reserved, less the CUDA context and kernels)",
+                     "measured: tests/data/measured/gpu/deepspeed (H200, torch 2.11.0+cu130, DeepSpeed 0.19.5)")
+
+
 def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
                    hardware: Hardware | None = None) -> Component:
     """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator: 0.5 GiB for each
@@ -272,6 +284,8 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
     formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
     nccl = component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
+    if training.framework == "deepspeed" and not groups:  # its world of one rank (deepspeed_step.py)
+        return one_rank_world()
     if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
         return nccl
     # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core

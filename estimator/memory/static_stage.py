@@ -11,6 +11,7 @@ from .activations.entries import KORTHIKANTI
 from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
 from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
+from .deepspeed_step import gradients_source, keeps_gradient_buffer, zero2_backward
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
@@ -170,7 +171,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     if arch.uses_sparse_attention:
         exchange, exchange_backward, in_moe_layer = _with_dsa_moments(arch, training, recipe, par, sp, m, shared,
                                                                       total_bytes(loss_saved), moments)
-    grads_live = _grads_live(training, par, m)  # else none before backward (see `_static_parts`)
+    # else none before backward (see `_static_parts`); ZeRO-3 keeps a flat buffer of them (deepspeed_step.py)
+    grads_live = _grads_live(training, par, m) or keeps_gradient_buffer(training, zero)
     working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
                                                  grads_live)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
@@ -187,8 +189,12 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
     unbegun = _gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
     beside_loss -= int(round(unbegun))
-    recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     grads_early = grads if grads_live else 0
+    # ZeRO-2's gradient partitions appear a few layers into backward, beside the head's whole gradient
+    largest = step.inv.largest if step.inv else sp.total.largest_tensor
+    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype))
+    recomputed_bytes += (grads - grads_early if partitions else 0) + total_bytes(pending)
+    recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     saved = total_bytes(loss_saved)
     totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
               states + grads_early + total_bytes(tr.backward) + max(saved + beside_loss,
@@ -200,8 +206,10 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     # the MoE moments as the stage memo holds them (counted once there), unless DSA's replaced one of them
     pair = moments if exchange is moments[0] and exchange_backward is moments[1] else (exchange, exchange_backward)
     parts = once(partial(_static_parts, step, pair, loss_saved, loss_forward,
-                         loss_backward, working, grads_live, training, extras, end,
-                         after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun))
+                         loss_backward, working, grads_live, training,
+                         extras + pending if recompute_wins else extras, end,
+                         after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun,
+                         partitions and recompute_wins))
     return _StaticStage(totals, communication, step.outside_allocator, sp.num_layers, int(round(sp.local)), parts,
                         step, backward_end, reduce_scatter_pool(training, par, grads, m),
                         _gathered(training, recipe, par, sp),
@@ -510,10 +518,11 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
 def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
                   loss_forward: list, loss_backward: list, working: float, grads_live: bool,
                   training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
-                  after_loss: tuple | None = None, unbegun: float = 0.0) -> _StaticParts:
+                  after_loss: tuple | None = None, unbegun: float = 0.0, grads_in_backward: bool = False) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
-    where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`:
-    the unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`)."""
+    where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`: the
+    unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`); `grads_in_backward`: all the
+    gradients at backward's largest moment, none in forward (ZeRO-2's partitions)."""
     ms, place, tr = step.ms, step.place, step.tr
 
     def state(key: str, label: str, source: str) -> Component:
@@ -537,7 +546,7 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
                            ms.formula("fp8_weight_copies"), FP8_SOURCE),)
     grads_full = component("gradients", "Gradients", 0, "none kept: each is stepped and freed in backward",
                            OPTIMIZER_IN_BACKWARD_SOURCE) if training.optimizer_in_backward else \
-        state("gradients", "Gradients", ZERO_SOURCE)
+        state("gradients", "Gradients", gradients_source(training, ZERO_SOURCE))
     # zero_grad(set_to_none=True) frees them after each step; backward's peak is its first moment
     # (the loss's gradients beside every activation), before any gradient exists, and its end (every
     # gradient, activations gone) is the optimizer phase without its temporaries.
@@ -563,7 +572,8 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
     if end and end.gradients_formula:
         grads_end = component("gradients", end.gradients_label, end.gradients, end.gradients_formula,
                               end.gradients_source)
-    return _StaticParts(base + tuple(tr.persistent), grads_early, grads_early, grads_full, loss_saved, folded,
+    return _StaticParts(base + tuple(tr.persistent), grads_early, grads_full if grads_in_backward else grads_early,
+                        grads_full, loss_saved, folded,
                         grads_end, loss_saved if after_loss is None else after_loss)
 
 

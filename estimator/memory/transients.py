@@ -20,6 +20,8 @@ from .adapters import Inventory, adapter_dtype, saved_copy_bytes
 from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
+from .deepspeed_step import (DeepSpeedBuffers, deepspeed_settings, runs_foreach as deepspeed_foreach,
+                             step_transients, zero3_whole_gradient)
 from ..spec.dtypes import bytes_per_element
 from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
 from ..spec.parallel import Parallel
@@ -78,7 +80,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
         return Transients(fwd, bwd, opt, persistent, [_step_in_backward(training, recipe, stage, zero, d_dense)],
                           forward_end, _scratch_in_backward(training, recipe, stage, zero, d_dense))
     opt.extend(_step_temporaries(training, recipe, stage, zero, d_dense, trainable, largest, inv))
-    return Transients(fwd, bwd, opt, persistent, [], forward_end)
+    return Transients(fwd, bwd, opt, persistent, [], forward_end, zero3_whole_gradient(arch, training, zero, largest, G))
 
 
 SHARDED_SOURCE = "PyTorch FSDP2 fully_shard docs (all-gather prefetch, reduce-scatter); torchtitan; Megatron-FSDP"
@@ -196,15 +198,9 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
         fwd += b_fwd
         bwd += b_bwd
         persistent += b_persistent
-        if zero >= 1 and recipe.master_weights:
-            shard = trainable / (d_dense if zero >= 1 else 1)
-            sub_group = min(1e9, shard) if zero == 3 else shard
-            opt.append(component("transient", "fp32 copy of the gradient partition for the step", 4 * sub_group,
-                                  "4 B x gradient partition (sub-group under ZeRO-3)", DEEPSPEED_SOURCE))
-            if zero == 3:  # the fp32 copy is cast from a flat 16-bit copy, alive until the cast returns
-                opt.append(component("transient", "flat copy of the sub-group's gradients, cast to fp32",
-                                      G * sub_group, f"{G:g} B x min(sub_group_size 1e9, gradient partition)",
-                                      ZERO3_FLATTEN_SOURCE))
+        if zero >= 1 and recipe.master_weights:  # the step's fp32 gradient, sub-group by sub-group (ZeRO-3)
+            whole = inv is None and not untrained(stage, training).dense
+            opt += step_transients(arch, training, stage, zero, trainable / d_dense, d_dense, G, whole)
     if fw == "hf" and d_dense > 1:
         persistent.append(component(
             "buckets", "DDP gradient buckets", trainable * G,
@@ -275,10 +271,6 @@ def gathered_layer_bytes(training: Training, recipe: Recipe, stage: StageParamet
                                                 f"+ {A:g} B x its adapters")
 
 
-ZERO3_FLATTEN_SOURCE = (
-    "DeepSpeed runtime/zero/stage3.py _prepare_fp32_grad_for_sub_group (v0.12.3 and v0.19.5 alike): "
-    "self.flatten(self.averaged_gradients[sub_group_id]).to(fp32): torch.cat makes a flat copy in the gradients' "
-    "dtype, and the fp32 cast is made beside it")
 DEEPSPEED_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/config.py (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, "
                     "stage3_max_live_parameters 1e9, stage3_param_persistence_threshold 1e5, sub_group_size 1e9, "
                     "contiguous_gradients true, overlap_comm true under stage 3 only: overlap_comm_valid); "
@@ -293,31 +285,6 @@ ZERO3_BUCKET_SOURCE = "DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (IPG bu
 # without ZeRO the engine reduces flattened gradients in buffers of a fixed size, not reduce_bucket_size
 # (engine.py allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE = 5e8), buffered_allreduce_fallback)
 ENGINE_ALLREDUCE_ELEMENTS = 500_000_000
-
-
-class DeepSpeedBuffers(NamedTuple):
-    """The ZeRO settings a run uses, 'auto' decided as the HF Trainer decides it."""
-
-    reduce_bucket_size: int
-    overlap_comm: bool
-    prefetch_bucket_size: int
-    max_live_parameters: int
-    persistence_threshold: int
-
-
-def deepspeed_settings(arch: Architecture, training: Training, zero: int) -> DeepSpeedBuffers:
-    """`training`'s DeepSpeed fields with None ('auto') resolved: the HF Trainer's hidden-size rules
-    (transformers integrations/deepspeed.py trainer_config_finalize) for the bucket sizes and the
-    persistence threshold, DeepSpeed's own defaults for the rest (overlap_comm: true under ZeRO-3)."""
-    h = arch.hidden_size
-    return DeepSpeedBuffers(
-        reduce_bucket_size=training.reduce_bucket_size if training.reduce_bucket_size is not None else h * h,
-        overlap_comm=training.overlap_comm if training.overlap_comm is not None else zero == 3,
-        prefetch_bucket_size=(training.stage3_prefetch_bucket_size if training.stage3_prefetch_bucket_size
-                              is not None else int(0.9 * h * h)),
-        max_live_parameters=training.stage3_max_live_parameters or 1_000_000_000,
-        persistence_threshold=(training.stage3_param_persistence_threshold
-                               if training.stage3_param_persistence_threshold is not None else 10 * h))
 
 
 def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, stage: StageParameters, zero: int,
@@ -464,12 +431,13 @@ def _torchtitan_model_rope(arch: Architecture, training: Training, par: Parallel
 
 
 def _runs_foreach(training: Training) -> bool:
-    """torch's foreach AdamW steps this setup: the HF Trainer's adamw_torch, and torchtitan's AdamW in the
-    releases that left it unfused (titan_releases.py adamw_foreach)."""
+    """torch's foreach AdamW steps this setup: the HF Trainer's adamw_torch, torchtitan's AdamW in the
+    releases that left it unfused (titan_releases.py adamw_foreach), DeepSpeed's client AdamW (deepspeed_step.py)."""
     if OPTIMIZERS[training.optimizer].temporaries != FOREACH_SQRT:
         return False
     rules = titan_rules(training)
-    return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach)
+    return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach) \
+        or deepspeed_foreach(training)
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
@@ -484,6 +452,8 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
+    if training.framework == "deepspeed" and zero >= 1 and recipe.master_weights and deepspeed_foreach(training):
+        return []  # stepped on the flat fp32 partitions: deepspeed_step.step_transients holds its temporary
     if _runs_foreach(training):
         temporary, formula = shard * states_dtype, f"{states_dtype:g} B x parameters on this GPU"
         if inv is not None and training.framework == "hf" and inv.saved:
@@ -494,7 +464,7 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
             temporary = (A * inv.adapters + S * inv.saved) * shard / trainable
             formula = f"{A:g} B x adapter parameters + {S:g} B x embedding/head copies"
         source = "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"
-        if training.framework not in FOREACH_FRAMEWORKS:
+        if titan_rules(training) is not None:
             source += "; " + TITAN_SOURCES["adamw_foreach"]
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
                           source)]

@@ -238,7 +238,7 @@ def replay_rule_applies(req: Request) -> bool:
     where the plan's numbers take the flat share: an HF Trainer run on one GPU's weights, default segments."""
     from ..memory.resolved import resolve
     try:
-        from ..memory.reserved import replay_rule
+        from ..memory.replays import replay_rule
         return replay_rule(resolve(req.architecture, req.training, Parallel(dp=req.gpus), req.hardware)) is None
     except ConfigError:
         return False

@@ -44,6 +44,9 @@ TRAINING_LOOPS = ("trainer", "plain")
 # fsdp1: torch ShardingStrategy names as Accelerate's fsdp_sharding_strategy takes them (memory/fsdp1.py)
 FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# deepspeed: the AdamW stepping ZeRO's flat partitions (memory/deepspeed_step.py): torch's foreach client optimizer or a
+# fused kernel (DeepSpeed's FusedAdam from the ds_config, torch's fused AdamW)
+ADAMW_IMPLEMENTATIONS = ("fused", "foreach")
 # DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
 DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,
                     "stage3_max_live_parameters": 3, "stage3_param_persistence_threshold": 3}

@@ -13,7 +13,7 @@ link says. The bounds are generous: about ten times the largest published run or
 
 from __future__ import annotations
 
-from .choices import (ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BNB_VERSION_PATTERN, CROSS_ENTROPY_IMPLS,
+from .choices import (ADAMW_IMPLEMENTATIONS, ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BNB_VERSION_PATTERN, CROSS_ENTROPY_IMPLS,
                       CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES, KV_CACHE_DTYPES,
                       LOADING_MODES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
                       POSITION_EMBEDDINGS, PP_SCHEDULES, TRANSFORMER_IMPLS, RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES,
@@ -147,6 +147,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("overlap_comm", _T, "DeepSpeed overlap_comm", "DeepSpeed ZeRO's overlap_comm (stages 1-3): reduce "
           "gradients during the backward; ZeRO-1/2 then keep two reduce buckets.", _SAVERS, optional=True,
           auto="DeepSpeed's default: on under ZeRO-3 only"),
+    _choice("adamw_implementation", _T, "DeepSpeed AdamW kernel", "deepspeed with adamw: what steps ZeRO's flat fp32 "
+            "partitions. foreach: torch's AdamW, the HF Trainer's client optimizer (adamw_torch) where the ds_config "
+            "has no optimizer section; it makes sqrt(v) of a whole partition (ZeRO-3: of a sub-group) beside it. "
+            "fused: DeepSpeed's FusedAdam (the ds_config's optimizer section) or torch's fused AdamW, in place.",
+            _SAVERS, ADAMW_IMPLEMENTATIONS, optional=True, auto="fused (DeepSpeed's FusedAdam)"),
     _int("stage3_prefetch_bucket_size", _T, "DeepSpeed ZeRO-3 prefetch bucket (elements)", "Parameters ZeRO-3 "
          "gathers ahead at every module hook (whole tensors, while under stage3_max_live_parameters). DeepSpeed's "
          "own default is 50,000,000.", _SAVERS, hi=2**40,

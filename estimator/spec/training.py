@@ -100,12 +100,16 @@ class Training:
     gradient_accumulation_fusion: bool = True
     # DeepSpeed ZeRO buffers (elements). None = "auto" as the HF Trainer fills it (h^2, int(0.9 h^2), 10 h:
     # transformers integrations/deepspeed.py); stage3_max_live_parameters None = DeepSpeed's 1e9, overlap_comm
-    # None = DeepSpeed's default (true under ZeRO-3 only); transients.deepspeed_settings
+    # None = DeepSpeed's default (true under ZeRO-3 only); deepspeed_step.deepspeed_settings
     reduce_bucket_size: int | None = None
     stage3_prefetch_bucket_size: int | None = None
     stage3_max_live_parameters: int | None = None
     stage3_param_persistence_threshold: int | None = None
     overlap_comm: bool | None = None
+    # deepspeed: the AdamW that steps ZeRO's flat fp32 partitions. None = a fused kernel (DeepSpeed's FusedAdam, from
+    # the ds_config's optimizer section); "foreach": torch's AdamW the HF Trainer passes as the client optimizer
+    # (adamw_torch) where the ds_config names none (memory/deepspeed_step.py)
+    adamw_implementation: str | None = None
     adapter: Adapter | None = None  # LoRA / QLoRA / DoRA fine-tuning (adapters.py); None = every weight trains
     rl: Rl | None = None  # RL with a colocated rollout engine (rl.py)
 
@@ -247,6 +251,11 @@ def _check_framework_settings(t: Training) -> None:
         if getattr(t, field) is not None and t.framework != "deepspeed":
             raise ConfigError(f"training.{field}", getattr(t, field), "empty (auto) unless framework is 'deepspeed'",
                               "a DeepSpeed ZeRO setting", related=("training.framework",))
+    if t.adamw_implementation is not None and (t.framework != "deepspeed" or t.optimizer != "adamw"):
+        raise ConfigError("training.adamw_implementation", t.adamw_implementation,
+                          "empty (auto) unless framework is 'deepspeed' and optimizer 'adamw'",
+                          "the AdamW kernel that steps DeepSpeed ZeRO's flat partitions",
+                          related=("training.framework", "training.optimizer"))
     _check_megatron_flags(t)
     _check_framework_version(t)
     if t.te_version is not None and t.framework != "megatron":

@@ -208,7 +208,7 @@ def pipeline_parallel(cfg: Resolved, ctx: _Context, roof: bool) -> list[Communic
 
 # Gradient buckets, in parameters: Megatron-Core DDP max(40M, 1M x DP) (distributed_data_parallel_config
 # bucket_size); DeepSpeed reduce_bucket_size 5e8 elements (ZeRO config default; the timing keeps it whatever
-# training.reduce_bucket_size says: the memory model reads that field, transients.deepspeed_settings); PyTorch
+# training.reduce_bucket_size says: the memory model reads that field, deepspeed_step.deepspeed_settings); PyTorch
 # DDP 25 MiB (bucket_cap_mb) of gradient bytes.
 def _bucket_params(framework: str, n: int, grad_bytes: float) -> float:
     if framework == "megatron":

@@ -77,7 +77,15 @@ def context_experiment(repeats: int = 2) -> Experiment:
                       "=EAGER and unset, each in a fresh process (validation/gpu/context.py)")
 
 
-EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment())}
+def nccl_world_experiment() -> Experiment:
+    return Experiment("nccl-world", "nccl_world", (SubRun(()),), False,
+                      "what a one-rank DeepSpeed run holds outside the caching allocator, stage by stage: "
+                      "deepspeed.init_distributed('nccl'), the first all_reduce (NCCL's communicator), a 64 MiB "
+                      "all_reduce, a tiny ZeRO-3 engine's first and second steps (validation/gpu/nccl_world.py)")
+
+
+EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment(),
+                                 nccl_world_experiment())}
 
 
 def run_experiment(experiment: Experiment, device: str, deadline: float, runs, log) -> int:

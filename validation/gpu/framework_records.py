@@ -55,7 +55,9 @@ def deepspeed_config(run, gpu: str) -> dict:
              "intermediate_size": m["intermediate_size"], "vocab_size": m["vocab_size"], "qkv_bias": True}
     training = {"framework": "deepspeed", "seq_len": run.seq_len, "micro_batch_size": run.micro_batch_size,
                 "global_batch_size": run.micro_batch_size, "param_dtype": "bf16", "compute_dtype": "bf16",
-                "recompute": "full", "attention": "flash", "optimizer": "adamw", "overlap_comm": True}
+                "recompute": "full", "attention": "flash", "optimizer": "adamw", "overlap_comm": True,
+                # torch's AdamW as the client optimizer, foreach or fused (deepspeed_step.py RUNS)
+                "adamw_implementation": run.optimizer}
     if run.zero_stage == 2:
         training["reduce_bucket_size"] = int(2e8)
     return {"model": model, "training": training, "parallel": {"dp": 1, "zero_stage": run.zero_stage},

@@ -45,6 +45,12 @@ QWEN_TABLE = [
 QWEN_ADAPTER = {"method": "lora", "rank": 64, "alpha": 16, "target_modules": ["all-linear"], "dropout": 0.05}
 
 
+# finetune/ds_config_zero2.json and ds_config_zero3.json name an optimizer (type AdamW, 'auto' parameters): DeepSpeed
+# builds it (engine.py _configure_basic_optimizer: FusedAdam without offload) and the Trainer's --optim is not used
+DS_OPTIMIZER = ("DeepSpeed's FusedAdam (the ds_config's optimizer section, type AdamW, takes the place of the Trainer's "
+                "adamw_torch); in place: our adamw_implementation 'fused', the default")
+
+
 def qwen_setup(size, method, gpus):
     """What the scripts at QWEN_COMMIT run for the row (finetune.py and finetune/*.sh), with the README's batch."""
     lora = {"rank": 64, "alpha": 16, "dropout": 0.05, "target_modules": "c_attn, c_proj (attention and MLP), w1, w2",
@@ -69,15 +75,15 @@ def qwen_setup(size, method, gpus):
                 "deepspeed": "finetune/ds_config_zero2.json: stage 2, overlap_comm true, reduce_bucket_size 2e8",
                 "prepare_model_for_kbit_training": "called (finetune.py), but DeepSpeed's fp16 engine casts the "
                 "module back to fp16 (DeepSpeedEngine._configure_distributed_model: module.half())",
-                "script": "finetune/finetune_qlora_single_gpu.sh"}
+                "script": "finetune/finetune_qlora_single_gpu.sh", "optimizer": DS_OPTIMIZER}
     if method == "LoRA + Deepspeed Zero3":
         return {**base, "method": "lora", "adapter": lora, "model": f"Qwen-{size}-Chat",
                 "precision": "bf16 through DeepSpeed ZeRO-3 (bf16 enabled: auto)",
                 "deepspeed": "finetune/ds_config_zero3.json: stage 3, overlap_comm true, 'auto' buckets",
-                "script": "finetune/finetune_lora_ds.sh --deepspeed finetune/ds_config_zero3.json (README)"}
+                "script": "finetune/finetune_lora_ds.sh --deepspeed finetune/ds_config_zero3.json (README)", "optimizer": DS_OPTIMIZER}
     return {**base, "method": "full", "model": f"Qwen-{size}", "precision": "bf16 through DeepSpeed ZeRO-3",
             "deepspeed": "finetune/ds_config_zero3.json: stage 3, overlap_comm true, 'auto' buckets",
-            "script": "finetune/finetune_ds.sh"}
+            "script": "finetune/finetune_ds.sh", "optimizer": DS_OPTIMIZER}
 
 
 def qwen_config(size, method, gpus, seq):

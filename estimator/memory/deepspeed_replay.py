@@ -1,0 +1,182 @@
+"""DeepSpeed ZeRO-2/3 on one GPU: the caching allocator (allocator.py) replayed over DeepSpeed v0.19.5's own order of
+allocations, its initialisation and two steps, for the reserved memory (reserved.py's rule 1, for this stack).
+
+The order, from DeepSpeed v0.19.5's source (runtime/zero/stage3.py, stage_1_and_2.py, utils.py):
+- ZeRO-3 (DeepSpeedZeroOptimizer_Stage3.__init__): `defragment` moves every partition to the host, empties the
+  cache and copies them back as one flat 16-bit buffer; `_create_fp32_partitions` makes each sub-group's fp32 copy
+  as `converted = flat.to(fp32)` then `converted.clone()` (the previous sub-group's `converted` freed only as the
+  name is rebound, after the next one is made); `initialize_optimizer_states` makes one fp32 buffer of the
+  largest sub-group and frees it; then the reduce bucket (contiguous_gradients) and the flat gradient partitions.
+- ZeRO-2 (DeepSpeedZeroOptimizer.__init__): each parameter group emptied from the cache and flattened on the GPU
+  (the model's own tensors freed, their segments released by the next group's empty_cache), its fp32 partition
+  cast from a clone (released likewise); `initialize_optimizer_states` makes every group's fp32 gradient buffer
+  at once and frees them.
+- Then the cuBLAS workspaces at the first matrix product, and per step the HF replay's forward and backward
+  (reserved.py: the ledger's tensors in their order) with every parameter's gradient made and freed (ZeRO copies
+  it into its bucket); ZeRO-2's buckets in backward and its flat gradient partitions from the first layer's
+  backward to the step's end; the step sub-group by sub-group (ZeRO-3: the flat 16-bit copy, its fp32 cast, the
+  copy freed; ZeRO-2: the fp32 cast of the partition), the two moments at the first step, foreach AdamW's sqrt(v),
+  the fp32 gradient freed.
+Held to the four H200 runs (tests/data/measured/gpu/deepspeed): their segments, to the segment, and
+max_memory_reserved (tests/test_gpu_deepspeed.py).
+"""
+
+from __future__ import annotations
+
+from .allocator import CachingAllocator
+from .components import Component, component
+from .deepspeed_step import deepspeed_settings, runs_foreach, sub_groups
+from ..spec.dtypes import bytes_per_element
+
+SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py (__init__, defragment, _create_fp32_partitions, "
+          "initialize_optimizer_states, step), stage_1_and_2.py (__init__, initialize_optimizer_states, "
+          "copy_grads_in_partition, step); PyTorch's caching allocator (allocator.py) replayed over them "
+          "(estimator/memory/deepspeed_replay.py); measured: tests/data/measured/gpu/deepspeed")
+
+
+def replay_rule(cfg) -> str | None:
+    """Why the DeepSpeed replay does not apply (None: it does): one GPU (nothing gathered or reduced across
+    ranks), ZeRO-2 or 3, full fine-tuning with AdamW and master weights, as measured."""
+    training, par, arch = cfg.training, cfg.parallel, cfg.architecture
+    checks = (
+        (training.mode != "training" or training.rl is not None, "not a training step"),
+        (cfg.zero_stage not in (2, 3), f"ZeRO-{cfg.zero_stage} (the replay is measured on ZeRO-2 and ZeRO-3)"),
+        (par.dp * par.tp * par.pp * par.cp * par.ep > 1, "more than one GPU (gathers and reductions not replayed)"),
+        (training.adapter is not None, "an adapter run (the replay is measured on full fine-tuning)"),
+        (training.optimizer != "adamw" or not cfg.recipe.master_weights, "not AdamW with fp32 master weights"),
+        (cfg.hardware.expandable_segments, "expandable segments"),
+        (training.compile, "torch.compile"),
+        (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model"),
+        (training.loss != "standard", f"the {training.loss} loss"),
+        (training.offload_optimizer != "none" or training.offload_parameters != "none"
+         or training.offload_activations, "offload"),
+    )
+    return next((why for failed, why in checks if failed), None)
+
+
+def replayed_cache(cfg, shared, sp, static) -> Component:
+    """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
+    configuration and stage."""
+    key = ("deepspeed reserved replay", cfg.training, cfg.parallel, cfg.hardware, sp.stage)
+    cache, segments = cfg.architecture.cached(key, lambda: replayed(cfg, shared, sp, static), per_layout=True)
+    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
+                     f"caching allocator replayed over DeepSpeed's initialisation and two steps: reserved ({segments} "
+                     "segments) less allocated, at their peaks", SOURCE)
+
+
+def replayed(cfg, shared, sp, static) -> tuple[int, int]:
+    """(reserved peak - allocated peak, segments) of the replay of two steps."""
+    from .reserved import _Program, _layer_sizes
+    from .reserved_tensors import tensors
+    from .transients import transients
+
+    arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
+    tr = transients(arch, training, recipe, cfg.parallel, sp, cfg.zero_stage, None)
+    w = tensors(cfg, sp)
+    trained = sum(t.elements for t in w.order())
+    groups = sub_groups(arch, sp, 1, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
+    program = _Program()
+    init = _init_zero3 if cfg.zero_stage == 3 else _init_zero2
+    init(program, groups, trained, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype),
+         deepspeed_settings(arch, training, cfg.zero_stage).reduce_bucket_size)
+    for block in [c for c in static.parts().kept if c.key == "workspace"]:  # at the first matrix product
+        program.alloc(block.bytes)
+    program.alloc(8 * training.seq_len * training.micro_batch_size)  # the token ids (and labels)
+    layer_sizes = _layer_sizes(shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
+    moments: list = []
+    side = CachingAllocator()  # the reduction stream's blocks: a pool of their own
+    for _ in range(2):
+        _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained, side)
+        moments = _step(program, cfg, groups, moments, side)
+    main = program.allocator
+    # segments are never given back: the reserved peaks are the ends, and the side stream's block is held through
+    # the step, where the main stream's allocated peak is
+    reserved, allocated = main.reserved_peak + side.reserved_peak, main.allocated_peak + side.allocated_peak
+    return max(0, reserved - allocated), main.segments + side.segments
+
+
+def _zero2_groups(arch, sp, trained: float) -> list[float]:
+    """ZeRO-2's two parameter groups: the HF Trainer's weight-decay matrices, then the norms and biases."""
+    from .deepspeed_step import _decay_partitions
+
+    decay = float(sum(_decay_partitions(arch, sp, 1)))
+    return [decay, trained - decay]
+
+
+def _init_zero3(program, groups: list[float], trained: float, P: float, G: float, bucket: int) -> None:
+    program.alloc(P * trained)  # defragment's flat 16-bit buffer, after its empty_cache
+    converted = None
+    for n in groups:  # _create_fp32_partitions
+        made = program.alloc(4 * n)
+        program.free(converted)
+        converted = made
+        program.alloc(4 * n)  # the clone kept as the sub-group's fp32 partition
+    program.free(converted)
+    program.free(program.alloc(4 * max(groups)))  # initialize_optimizer_states' gradient buffer
+    program.alloc(P * bucket)  # the IPG bucket (contiguous_gradients)
+    program.alloc(G * trained)  # grad_partitions_flat_buffer
+
+
+def _init_zero2(program, groups: list[float], trained: float, P: float, G: float, bucket: int) -> None:
+    for n in groups:  # each group flattened after an empty_cache; its clone's segment released by the next one
+        program.alloc(P * n)
+        program.alloc(4 * n)  # the fp32 partition
+    program.free(*[program.alloc(4 * n) for n in groups])  # initialize_optimizer_states' zeros, then None
+
+
+class _Hook:
+    """Runs `then` at the program's first transient (the backward's first layer), once."""
+
+    def __init__(self, program, then):
+        self.program, self.then, self.done = program, then, False
+        self._transient = program.transient
+
+    def __call__(self, sizes) -> None:
+        if not self.done:
+            self.done = True
+            self.then()
+        self._transient(sizes)
+
+
+def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float, side) -> None:
+    """The step's forward and backward passes (reserved.py's), every gradient made and freed: ZeRO copies it into
+    its bucket. ZeRO-2's flat gradient partitions (copy_grads_in_partition) are made as its first bucket is reduced,
+    a layer into the backward, on the reduction stream (overlap_comm: `with stream(self.reduction_stream)`), whose
+    blocks the caching allocator keeps apart from the default stream's (CUDACachingAllocator.cpp: free blocks are
+    looked up by stream), and kept to the step's end; repeated micro-batches end where the allocator's state
+    repeats (reserved.py _build)."""
+    from .reserved import _backward, _forward
+
+    order = w.order()
+    G = bytes_per_element(cfg.recipe.grad_dtype)
+    previous = None
+    for k in range(cfg.microbatches):
+        grads = dict.fromkeys(range(len(order)))
+        kept = _forward(program, cfg, shared, sp, w, tr, 0.0, layer_sizes)
+        if cfg.zero_stage == 2 and k == 0:
+            program.transient = _Hook(program, lambda: setattr(program, "partitions", side.malloc(int(G * trained))))
+        _backward(program, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes)
+        program.__dict__.pop("transient", None)
+        now = program.state()
+        if now == previous:
+            break
+        previous = now
+
+
+def _step(program, cfg, groups: list[float], moments: list, side) -> list:
+    """One optimizer step, group by group; the moments made at the first (torch's AdamW: lazily)."""
+    G, foreach = bytes_per_element(cfg.recipe.grad_dtype), runs_foreach(cfg.training)
+    first = not moments
+    for n in groups:
+        flat = program.alloc(G * n) if cfg.zero_stage == 3 else None  # torch.cat of the sub-group's gradients
+        grad = program.alloc(4 * n)
+        program.free(flat)
+        if first:
+            moments += [program.alloc(4 * n), program.alloc(4 * n)]
+        if foreach:
+            program.transient([4 * n])
+        program.free(grad)
+    partitions = program.__dict__.pop("partitions", None)
+    if partitions is not None:
+        side.free(partitions)
+    return moments
