@@ -225,11 +225,11 @@ def last_rank_walk(p: int, v: int, m: int, n: int, a: float, g: float, head: flo
 ])
 def test_an_interleaved_last_rank_against_the_layer_walk(p, v, m, a, g, head, loss, other):
     """Hand numbers (MiB; G = 4 B): the estimate charges the last rank its in-flight inputs beside every gradient
-    and the larger of the loss's moment less the earlier chunks' gradients (_gradients_after_the_loss) and the
+    and the larger of the loss's moment less the earlier chunks' gradients (gradients_after_the_loss) and the
     other moments (`other`); with the replay's parts the charge is the layer walk's peak."""
     from estimator.memory.pipeline import interleaved_in_flight
     from estimator.memory.pp_last_rank import fewer_on_the_last_rank
-    from estimator.memory.static_stage import _gradients_after_the_loss
+    from estimator.memory.pp_unbegun import gradients_after_the_loss
 
     n, G = 2, 4
     layers = v * n
@@ -244,7 +244,7 @@ def test_an_interleaved_last_rank_against_the_layer_walk(p, v, m, a, g, head, lo
     def held(stacks: float) -> int:
         return int(round(stacks * layers * a * MIB))
 
-    unbegun = _gradients_after_the_loss(training, recipe, par, sp, m)
+    unbegun = gradients_after_the_loss(training, recipe, par, sp, m)
     assert unbegun == (v - 1) * n * g * MIB  # the earlier chunks' layers
     margin = int(round((loss - other) * MIB - unbegun))
     fewer = fewer_on_the_last_rank(recipe, par, sp, m, inflight, held, margin)

@@ -373,7 +373,7 @@ def test_an_interleaved_last_rank_has_no_earlier_chunk_gradients_at_the_loss():
     replayed: test_an_interleaved_last_rank_is_replayed_outside_the_loss)."""
     from estimator.memory.resolved import resolve
     from estimator.models.loading import load_config
-    from estimator.memory.static_stage import _gradients_after_the_loss
+    from estimator.memory.pp_unbegun import gradients_after_the_loss
 
     h, f, kv, t = 16384, 53248, 1024, 8
     cfg = load_config(_interleaved())
@@ -381,7 +381,7 @@ def test_an_interleaved_last_rank_has_no_earlier_chunk_gradients_at_the_loss():
     last = res.stages[7]
     assert [len(c) for c in last.chunks] == [8, 7]
     layer = (2 * h * h + 2 * h * kv + 3 * h * f) // t + 2 * h
-    assert _gradients_after_the_loss(res.training, res.recipe, res.parallel, last, res.microbatches) == 4 * 8 * layer
+    assert gradients_after_the_loss(res.training, res.recipe, res.parallel, last, res.microbatches) == 4 * 8 * layer
     est = estimate_config(_interleaved())
     transients = [p.label for p in est.stages[7].component("transient").parts]
     assert "One recomputed layer's activations" in transients
@@ -389,7 +389,7 @@ def test_an_interleaved_last_rank_has_no_earlier_chunk_gradients_at_the_loss():
     two_rounds = {**_interleaved(), "training": {**_interleaved()["training"], "global_batch_size": 512}}
     res = resolve(*(lambda c: (c.architecture, c.training, c.parallel, c.hardware))(load_config(two_rounds)))
     assert res.microbatches == 16  # two rounds: stage 7's first backward comes before stage 15's ninth
-    assert _gradients_after_the_loss(res.training, res.recipe, res.parallel, res.stages[7], res.microbatches) == 0
+    assert gradients_after_the_loss(res.training, res.recipe, res.parallel, res.stages[7], res.microbatches) == 0
 
 
 def test_an_interleaved_rank_holds_its_inputs_and_gradients_apart():

@@ -11,7 +11,7 @@ backward of the last chunk comes before the first of the earlier chunks, so whil
 layer inputs only the last chunk's gradients exist, and by the time every gradient exists most inputs are
 gone. The largest moment is the rank's backward peak, below in-flight inputs + every gradient.
 The last rank (the loss's) is replayed too (pp_last_rank.py), its loss's moments left to
-static_stage._gradients_after_the_loss. Each moment also weighs the activation receive buffers and their .grad
+pp_unbegun.gradients_after_the_loss. Each moment also weighs the activation receive buffers and their .grad
 held beyond the counted inputs (pp_receive.py), from each chunk's micro-batches in flight and backwarded.
 """
 

@@ -5,7 +5,7 @@ ScheduleInterleaved1F1B._get_warmup_ops: 2(p - 1 - rank) = 0 on rank p - 1), the
 its last chunk each step, then the earlier chunks' backwards. Two kinds of moment hold its backward's peak:
 - the loss's (its saved tensors and working copies), in the last chunk's backwards only: the estimate charges
   them beside the in-flight inputs and every gradient less the earlier chunks'
-  (static_stage._gradients_after_the_loss, which is the replay of those moments: every loss comes before the
+  (pp_unbegun.gradients_after_the_loss, which is the replay of those moments: every loss comes before the
   earlier chunks' first backward when the micro-batches are one round);
 - every other backward moment (a recomputed layer, or none), charged beside the in-flight inputs and every
   gradient: replayed here from torch's order (pp_interleaved_moments.largest_moment), the head's gradient made

@@ -32,13 +32,13 @@ from ..spec.training import Recipe, Training
 from .backward_moments import BackwardEnd, block_backward_extras, fsdp2_backward_end
 from .moe_moments import moe_moments
 from .trainer_backward_end import trainer_backward_end
-from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, PIPELINED_GRADIENTS_LABEL, Transients, transients
-from .pipeline import microbatch_group
+from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
 from ..spec.dtypes import bytes_per_element
 from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
+from .pp_unbegun import gradients_after_the_loss, made_so_far
 from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment, \
     with_checkpointed_forward
 
@@ -187,7 +187,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     beside_loss = max(total_bytes(loss_backward), total_bytes(exchange_backward), total_bytes(tr.step_in_backward))
     # an interleaved FSDP2 rank's other chunks make their unsharded gradients only after the loss's last backward
     pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
-    unbegun = _gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
+    unbegun = gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
     beside_loss -= int(round(unbegun))
     grads_early = grads if grads_live else 0
     # ZeRO-2's gradient partitions appear a few layers into backward, beside the head's whole gradient
@@ -521,7 +521,7 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
                   after_loss: tuple | None = None, unbegun: float = 0.0, grads_in_backward: bool = False) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
     where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`: the
-    unsharded gradients not yet made at the loss's moment (`_gradients_after_the_loss`); `grads_in_backward`: all the
+    unsharded gradients not yet made at the loss's moment (`pp_unbegun.gradients_after_the_loss`); `grads_in_backward`: all the
     gradients at backward's largest moment, none in forward (ZeRO-2's partitions)."""
     ms, place, tr = step.ms, step.place, step.tr
 
@@ -562,7 +562,7 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
     def largest(*moments: list[Component]) -> list[Component]:  # the first of the largest, as the totals
         return max(moments, key=total_bytes)
 
-    backward = [_made_so_far(c, unbegun) for c in tr.backward] if unbegun else tr.backward
+    backward = [made_so_far(c, unbegun) for c in tr.backward] if unbegun else tr.backward
     folded = {"forward": fold(largest(loss_forward, exchange[0], tr.forward_end) + tr.forward),
               "backward": fold((after if after_loss is not None else
                                 largest(loss_backward, exchange[1], tr.step_in_backward)) + backward),
@@ -575,31 +575,3 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_full if grads_in_backward else grads_early,
                         grads_full, loss_saved, folded,
                         grads_end, loss_saved if after_loss is None else after_loss)
-
-
-INTERLEAVED_GRADIENTS_SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py ScheduleInterleaved1F1B (one "
-                                "round of pp micro-batches per chunk: every backward of the rank's last chunk runs "
-                                "before its earlier chunks' first) and stage.py backward_maybe_with_nosync; FSDP2 "
-                                "_fsdp_param.py to_accumulated_grad_if_needed (a unit's unsharded gradient exists from "
-                                "its first backward)")
-
-
-def _gradients_after_the_loss(training: Training, recipe: Recipe, par: Parallel, sp: StageParameters, m: int) -> float:
-    """The unsharded gradients (reduce dtype) of an interleaved last rank's earlier chunks, which do not
-    exist yet while the loss's backward runs: with the micro-batches in one round (m <= the group, pp by
-    default), the last chunk's backwards all come first (INTERLEAVED_GRADIENTS_SOURCE). 0 elsewhere."""
-    if len(sp.chunks) < 2 or sp.first or m > microbatch_group(par, training.microbatch_group_size) \
-            or training.mode != "training":
-        return 0.0
-    earlier = sum(len(c) for c in sp.chunks[:-1]) * sp.largest_layer_local
-    return bytes_per_element(recipe.grad_dtype) * earlier
-
-
-def _made_so_far(c: Component, unbegun: float) -> Component:
-    """The pipelined FSDP2 gradients' component at the loss's moment, less `unbegun`."""
-    if c.label != PIPELINED_GRADIENTS_LABEL:
-        return c
-    return Component(c.key, "Unsharded gradients accumulated so far (the last chunk's: the rank's earlier chunks "
-                     "start their backward after the loss's last)", c.bytes - int(round(unbegun)),
-                     f"{c.formula} - {unbegun / 2**30:,.2f} GiB of the earlier chunks' layers",
-                     f"{c.source}; {INTERLEAVED_GRADIENTS_SOURCE}")
