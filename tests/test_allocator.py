@@ -208,7 +208,9 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
         "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1"}
     # the 41 before the runs of 2026-11-27: 0.012 and 0.037; 0.008 and 0.036 where it replays; under by 5%: 5 and 11,
     # 1 and 7 where it replays; the flat share over 7% on 8 of the 32
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.011
+    # 0.011 before transformers' masked SDPA path (memory/activations/sdpa_mask.py) raised the Gemma 3 and
+    # Qwen2.5-VL estimates of the same day's runs
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.036
     on_replayed = [replayed[p] for p in applies]
     assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008

@@ -171,3 +171,19 @@ def test_outside_the_allocator_and_nvidia_smi(path):
     estimate = stage(record)
     assert estimate.component("runtime").bytes + estimate.component("communication").bytes == outside
     assert estimate.device_total_bytes == pytest.approx(measured["nvidia_smi_used_end_bytes"], rel=5e-4)
+
+
+def test_the_readme_row():
+    """`python -m validation summary` prints the README's real-GPU row of these runs from the same records; the
+    table's text says what makes its nvidia-smi column agree (the one-rank constant measured on these runs)."""
+    from pathlib import Path
+
+    from validation.core.summary import gpu_summary
+
+    row = gpu_summary("deepspeed")
+    assert (row.runs, row.within) == (4, 4)
+    assert round(100 * row.allocated, 1) == 0.0 and round(100 * row.reserved, 1) == 0.0
+    assert round(100 * row.nvidia_smi, 1) == 0.0 and abs(row.worst) < 5e-4
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "| DeepSpeed 0.19.5 ZeRO-2/3 steps on an H200 (`validation/gpu/deepspeed_step.py`) | 4 | 4 | 0.0% | 0.0% | " \
+        "0.0% | −0.0% (" in readme and "so the nvidia-smi column is not independent of them" in readme

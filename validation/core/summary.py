@@ -74,7 +74,7 @@ class GpuRow(NamedTuple):
 
 def gpu_records(folder: str = "") -> list[dict]:
     """The real-GPU runs (validation/gpu), the workspace probe left out; `folder`: a framework step's
-    (gpu/megatron), else the HF and PEFT cases at the top."""
+    (gpu/megatron, gpu/deepspeed), else the HF and PEFT cases at the top."""
     runs = (json.loads(p.read_text()) for p in sorted((MEASURED / "gpu" / folder).glob("*.json")))
     return [r for r in runs if "config" in r]
 
@@ -135,6 +135,10 @@ def summary() -> int:
     print(f"| Megatron-Core 0.16.1 steps on an H200 (`validation/gpu/megatron_step.py`) | {m.runs} | {m.within} | "
           f"{100 * m.allocated:.1f}% | {100 * m.reserved:.1f}% | {100 * m.nvidia_smi:.1f}% | "
           f"{100 * m.worst:+.1f}% ({m.worst_case}) |")
+    d = gpu_summary("deepspeed")
+    print(f"| DeepSpeed 0.19.5 ZeRO-2/3 steps on an H200 (`validation/gpu/deepspeed_step.py`) | {d.runs} | {d.within} | "
+          f"{100 * d.allocated:.1f}% | {100 * d.reserved:.1f}% | {100 * d.nvidia_smi:.1f}% | "
+          f"{100 * d.worst:+.1f}% ({d.worst_case}) |")
     return 0
 
 
