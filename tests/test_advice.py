@@ -106,3 +106,27 @@ def test_fields_that_follow_tp_are_no_moves_of_their_own():
     assert _distance(cfg, moved, fastest_s=1.0) == 3 + 2 + 5 + 1 + 0.5
     assert _describe(cfg, moved).startswith(
         "the planner's nearest fitting layout: tp 1 -> 8, pp 1 -> 4, dp 32 -> 1, recompute none -> full (")
+
+
+
+DEEPSPEED_FOREACH = {"model": "qwen2.5-7b", "hardware": {"gpu": "h200"}, "parallel": {"dp": 1, "zero_stage": 3},
+                     "training": {"framework": "deepspeed", "seq_len": 2048, "micro_batch_size": 1,
+                                  "recompute": "full", "optimizer": "adamw", "adamw_implementation": "foreach"}}
+
+
+def test_the_8bit_optimizer_suggestion_drops_deepspeeds_adamw_kernel():
+    """A DeepSpeed ZeRO-3 run stepped by torch's foreach AdamW (training.adamw_implementation, an AdamW setting) that
+    is tight on one H200: the 8-bit optimizer suggestion clears the AdamW kernel instead of making a configuration
+    the validation refuses, which ended the whole advice (and `estimate`) with an error about the user's own,
+    valid configuration."""
+    import json
+    import subprocess
+    import sys
+
+    found = {s.description: s for s in suggestions(load_config(DEEPSPEED_FOREACH))}
+    eight_bit = found["8-bit Adam (bitsandbytes)"]
+    assert eight_bit.config.training.optimizer == "adam8bit" and eight_bit.config.training.adamw_implementation is None
+    assert eight_bit.verdict == "fits"
+    done = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", "-"],
+                          input=json.dumps(DEEPSPEED_FOREACH), capture_output=True, text=True)
+    assert done.returncode == 0 and "1. 8-bit Adam (bitsandbytes)" in done.stdout, done.stderr

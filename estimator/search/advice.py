@@ -97,7 +97,8 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
         if tr.framework in FSDP_FRAMEWORKS and zero == 2:
             yield "FSDP2 full sharding (reshard after forward)", tr, _replace(par, zero_stage=3), hw
         if tr.optimizer == "adamw" and tr.framework in ("hf", "fsdp2", "deepspeed", "torchtune") and not tr.adapter:
-            yield "8-bit Adam (bitsandbytes)", _replace(tr, optimizer="adam8bit"), par, hw
+            # DeepSpeed's AdamW kernel belongs to AdamW (spec/training.py): the 8-bit optimizer has none
+            yield "8-bit Adam (bitsandbytes)", _replace(tr, optimizer="adam8bit", adamw_implementation=None), par, hw
         yield from _fine_tuning_candidates(tr, par, hw)
     if not hw.expandable_segments:
         yield "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", tr, par, _replace(hw, expandable_segments=True)
