@@ -9,6 +9,7 @@ import pytest
 from estimator import ConfigError, estimate_config
 from estimator.importers import estimate_imported, import_config
 from estimator.importers.emit_hf import emit_hf
+from import_refusals import SUBSTITUTION, TOO_LARGE
 
 DATA = Path(__file__).parent / "data" / "launch" / "hf"
 QWEN7B = ("--model_name_or_path", "Qwen/Qwen2.5-7B")  # open-r1's RoPE-extended Qwen2.5-Math-7B has its shapes
@@ -108,17 +109,6 @@ def test_emit_hf_refuses_what_the_arguments_cannot_say():
         emit_hf({"model": "llama-3.1-8b", "training": {"seq_len": 4096}})  # a Megatron configuration
 
 
-@pytest.fixture
-def read(monkeypatch) -> list[str]:
-    """The kinds whose reader `import_config` went on to run (after its size check), as it runs them."""
-    import estimator.importers as importers
-    kinds, real = [], importers._reader
-    monkeypatch.setattr(importers, "_reader", lambda kind: kinds.append(kind) or real(kind))
-    return kinds
-
-
-SUBSTITUTION = "a command substitution would have to run a command; nothing is run"
-TOO_LARGE = "too large; allowed: text of at most 256 KiB"
 NOT_DATA = "could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.system'"
 
 
@@ -128,14 +118,14 @@ NOT_DATA = "could not determine a constructor for the tag 'tag:yaml.org,2002:pyt
     ("python train.py --model_name_or_path $(touch /tmp/hf-pwned) --per_device_train_batch_size 2", SUBSTITUTION),
     ("model_name_or_path: a/b\nper_device_train_batch_size: 1\n" + "x: 1\n" * 60_000, TOO_LARGE),
 ])
-def test_hostile_arguments_are_refused_by_their_guard(text, refusal, read):
+def test_hostile_arguments_are_refused_by_their_guard(text, refusal, importer_reads):
     """Each is refused by the guard that bounds its cost, not by a clock (their times:
     bench/bench_refusals.py): a !!python tag by the safe YAML loader, a command substitution by the
     shell reader, which never runs it; text over MAX_BYTES by the size check, before any reader runs."""
     with pytest.raises(ConfigError) as info:
         import_config(text, "hf", gpus=8)
     assert refusal in str(info.value)
-    assert read == ([] if refusal == TOO_LARGE else ["hf"])
+    assert importer_reads == ([] if refusal == TOO_LARGE else ["hf"])
     assert not Path("/tmp/hf-pwned").exists()
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from estimator import ConfigError, estimate_config
 from estimator.importers import estimate_imported, import_config
+from import_refusals import SUBSTITUTION, TOO_LARGE
 
 DATA = Path(__file__).parent / "data" / "launch" / "megatron-bridge"
 KIND = "megatron-bridge"
@@ -97,17 +98,6 @@ def test_peft_recipe_maps_its_lora_and_the_estimate_says_it_is_not_modelled():
         estimate_imported(result)
 
 
-@pytest.fixture
-def read(monkeypatch) -> list[str]:
-    """The kinds whose reader `import_config` went on to run (after its size check), as it runs them."""
-    import estimator.importers as importers
-    kinds, real = [], importers._reader
-    monkeypatch.setattr(importers, "_reader", lambda kind: kinds.append(kind) or real(kind))
-    return kinds
-
-
-SUBSTITUTION = "a command substitution would have to run a command; nothing is run"
-TOO_LARGE = "too large; allowed: text of at most 256 KiB"
 NOT_DATA = "could not determine a constructor for the tag 'tag:yaml.org,2002:python/object/apply:os.system'"
 BOMB = "an alias expansion bomb is refused"
 
@@ -129,7 +119,7 @@ def built(monkeypatch) -> list[int]:
     ("model: !!python/object/apply:os.system ['touch /tmp/bridge-pwned']\n", NOT_DATA),
     ("model:\n  tensor_model_parallel_size: 2\n" * 30_000, TOO_LARGE),
 ])
-def test_hostile_inputs_are_refused_by_their_guard(text, refusal, read, built):
+def test_hostile_inputs_are_refused_by_their_guard(text, refusal, importer_reads, built):
     """Each is refused by the guard that bounds its cost, not by a clock (their times:
     bench/bench_refusals.py): a command substitution by the shell reader, which never runs it; an alias
     bomb (9^6 values) counted from YAML's event stream and never built (yaml.load not called); a
@@ -137,7 +127,7 @@ def test_hostile_inputs_are_refused_by_their_guard(text, refusal, read, built):
     with pytest.raises(ConfigError) as info:
         import_config(text, KIND, gpus=8, overrides=("--recipe", "llama3_8b_pretrain_config"))
     assert refusal in str(info.value)
-    assert read == ([] if refusal == TOO_LARGE else [KIND])
+    assert importer_reads == ([] if refusal == TOO_LARGE else [KIND])
     if refusal in (BOMB, TOO_LARGE):
         assert built == []
     assert not Path("/tmp/bridge-pwned").exists()

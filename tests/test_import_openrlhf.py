@@ -7,6 +7,7 @@ import pytest
 
 from estimator import ConfigError, estimate_config
 from estimator.importers import estimate_imported, import_config
+from import_refusals import SUBSTITUTION, TOO_LARGE
 
 DATA = Path(__file__).parent / "data" / "launch" / "openrlhf"
 LLAMA3_8B = ("--actor.model_name_or_path", "meta-llama/Meta-Llama-3-8B")  # a bundled model, for offline estimates
@@ -121,17 +122,6 @@ def test_typos_and_bad_values_are_named():
         import_config("python3 -m openrlhf.cli.train_rm --model.model_name_or_path a/b", "openrlhf", gpus=8)
 
 
-@pytest.fixture
-def read(monkeypatch) -> list[str]:
-    """The kinds whose reader `import_config` went on to run (after its size check), as it runs them."""
-    import estimator.importers as importers
-    kinds, real = [], importers._reader
-    monkeypatch.setattr(importers, "_reader", lambda kind: kinds.append(kind) or real(kind))
-    return kinds
-
-
-SUBSTITUTION = "a command substitution would have to run a command; nothing is run"
-TOO_LARGE = "too large; allowed: text of at most 256 KiB"
 
 
 @pytest.mark.parametrize("line, refusal", [
@@ -139,11 +129,11 @@ TOO_LARGE = "too large; allowed: text of at most 256 KiB"
     ("python3 -m openrlhf.cli.train_sft --data.max_len `id` --model.model_name_or_path a/b", SUBSTITUTION),
     ("python3 -m openrlhf.cli.train_sft " + "--data.max_len 4096 " * 40_000, TOO_LARGE),
 ])
-def test_hostile_lines_are_refused_by_their_guard(line, refusal, read):
+def test_hostile_lines_are_refused_by_their_guard(line, refusal, importer_reads):
     """Each is refused by the guard that bounds its cost, not by a clock (their times:
     bench/bench_refusals.py): a command substitution by the shell reader, which never runs it; text
     over MAX_BYTES by the size check, before any reader runs."""
     with pytest.raises(ConfigError) as info:
         import_config(line, "openrlhf", gpus=8)
     assert refusal in str(info.value)
-    assert read == ([] if refusal == TOO_LARGE else ["openrlhf"])
+    assert importer_reads == ([] if refusal == TOO_LARGE else ["openrlhf"])

@@ -7,6 +7,7 @@ import pytest
 
 from estimator import ConfigError, estimate_config
 from estimator.importers import estimate_imported, import_config
+from import_refusals import SUBSTITUTION, TOO_LARGE
 
 DATA = Path(__file__).parent / "data" / "launch" / "slime"
 
@@ -119,17 +120,6 @@ def test_world_size_must_agree():
         import_config(script("models_qwen3-4B.sh", "run-qwen3-4B.sh"), "slime", gpus=16)
 
 
-@pytest.fixture
-def read(monkeypatch) -> list[str]:
-    """The kinds whose reader `import_config` went on to run (after its size check), as it runs them."""
-    import estimator.importers as importers
-    kinds, real = [], importers._reader
-    monkeypatch.setattr(importers, "_reader", lambda kind: kinds.append(kind) or real(kind))
-    return kinds
-
-
-SUBSTITUTION = "a command substitution would have to run a command; nothing is run"
-TOO_LARGE = "too large; allowed: text of at most 256 KiB"
 
 
 @pytest.mark.parametrize("text, refusal", [
@@ -137,14 +127,14 @@ TOO_LARGE = "too large; allowed: text of at most 256 KiB"
     ("python3 train.py --hf-checkpoint `touch /tmp/slime-pwned` --rollout-batch-size 8", SUBSTITUTION),
     ("python3 train.py --rollout-batch-size 8 " + "--hf-checkpoint a/b " * 60_000, TOO_LARGE),
 ])
-def test_hostile_launches_are_refused_by_their_guard_and_nothing_runs(text, refusal, read):
+def test_hostile_launches_are_refused_by_their_guard_and_nothing_runs(text, refusal, importer_reads):
     """Each is refused by the guard that bounds its cost, not by a clock (their times:
     bench/bench_refusals.py): a command substitution by the shell reader, which never runs it; text
     over MAX_BYTES by the size check, before any reader runs."""
     with pytest.raises(ConfigError) as info:
         import_config(text, "slime")
     assert refusal in str(info.value)
-    assert read == ([] if refusal == TOO_LARGE else ["slime"])
+    assert importer_reads == ([] if refusal == TOO_LARGE else ["slime"])
     assert not Path("/tmp/slime-pwned").exists()
 
 

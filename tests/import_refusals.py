@@ -1,0 +1,4 @@
+"""The importers' refusal texts that the hostile-input tests of every launcher format look for."""
+
+SUBSTITUTION = "a command substitution would have to run a command; nothing is run"
+TOO_LARGE = "too large; allowed: text of at most 256 KiB"
