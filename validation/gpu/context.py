@@ -74,17 +74,25 @@ STAGE_RUNS = {
 }
 
 
-def measure_context(device: str) -> dict:
+def stage_marker(dev, rows: list[dict]):
+    """`mark(stage)`: the device's used, reserved and allocated bytes and nvidia-smi's reading after `stage`, with the
+    seconds since the marker was made, appended to `rows` (this experiment's and nccl_world.py's)."""
     start = time.perf_counter()
-    seen = os.environ.get("CUDA_MODULE_LOADING")
-    dev = device_named(device)
-    rows: list[dict] = []
 
     def mark(stage: str) -> None:
         dev.synchronize()
         rows.append({"stage": stage, "used_bytes": dev.used_bytes(), "reserved_bytes": dev.reserved_bytes(),
                      "allocated_bytes": dev.allocated_bytes(), "nvidia_smi_bytes": dev.process_bytes(),
                      "seconds": round(time.perf_counter() - start, 3)})
+
+    return mark
+
+
+def measure_context(device: str) -> dict:
+    seen = os.environ.get("CUDA_MODULE_LOADING")
+    dev = device_named(device)
+    rows: list[dict] = []
+    mark = stage_marker(dev, rows)
 
     if device == "cuda":
         torch.cuda.init()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import torch
 
@@ -32,21 +31,15 @@ STAGES = ("context", "init_distributed", "all_reduce_1", "all_reduce_64mib", "de
 def measure_nccl_world(device: str) -> dict:
     import torch.distributed as dist
 
-    from .context import stage_deltas
+    from .context import stage_deltas, stage_marker
     from .deepspeed_step import TINY, DeepSpeedStep, _init_one_rank
     from .devices import device_named
     from .framework_step import one_rank_environment
     from .measure import nullphase
 
-    start = time.perf_counter()
     dev = device_named(device)
     rows: list[dict] = []
-
-    def mark(stage: str) -> None:
-        dev.synchronize()
-        rows.append({"stage": stage, "used_bytes": dev.used_bytes(), "reserved_bytes": dev.reserved_bytes(),
-                     "allocated_bytes": dev.allocated_bytes(), "nvidia_smi_bytes": dev.process_bytes(),
-                     "seconds": round(time.perf_counter() - start, 3)})
+    mark = stage_marker(dev, rows)
 
     if device == "cuda":
         torch.cuda.init()
