@@ -24,7 +24,7 @@ max_memory_reserved (tests/test_gpu_deepspeed.py).
 from __future__ import annotations
 
 from .allocator import CachingAllocator
-from .components import Component, component
+from .components import Component
 from .deepspeed_step import deepspeed_settings, runs_foreach, sub_groups
 from ..spec.dtypes import bytes_per_element
 
@@ -57,11 +57,10 @@ def replay_rule(cfg) -> str | None:
 def replayed_cache(cfg, shared, sp, static) -> Component:
     """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
     configuration and stage."""
-    key = ("deepspeed reserved replay", cfg.training, cfg.parallel, cfg.hardware, sp.stage)
-    cache, segments = cfg.architecture.cached(key, lambda: replayed(cfg, shared, sp, static), per_layout=True)
-    return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
-                     f"caching allocator replayed over DeepSpeed's initialisation and two steps: reserved ({segments} "
-                     "segments) less allocated, at their peaks", SOURCE)
+    from .reserved import replay_component
+
+    return replay_component(cfg, sp, "deepspeed reserved replay", lambda: replayed(cfg, shared, sp, static),
+                            "DeepSpeed's initialisation and two steps", SOURCE)
 
 
 def replayed(cfg, shared, sp, static) -> tuple[int, int]:

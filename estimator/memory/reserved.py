@@ -91,11 +91,18 @@ def replay_rule(cfg) -> str | None:
 def replayed_cache(cfg, shared, sp, static) -> Component:
     """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
     configuration and stage."""
-    key = ("reserved replay", cfg.training, cfg.parallel, cfg.hardware, sp.stage)
-    cache, segments = cfg.architecture.cached(key, lambda: _replayed(cfg, shared, sp, static), per_layout=True)
+    return replay_component(cfg, sp, "reserved replay", lambda: _replayed(cfg, shared, sp, static),
+                            "two HF Trainer steps", REPLAY_SOURCE)
+
+
+def replay_component(cfg, sp, name: str, replay, over: str, source: str) -> Component:
+    """A replay's `fragmentation` component: `replay()` gives (reserved peak - allocated peak, segments), remembered
+    per configuration and stage under `name`; `over`: what it replays (this module's and deepspeed_replay.py's)."""
+    key = (name, cfg.training, cfg.parallel, cfg.hardware, sp.stage)
+    cache, segments = cfg.architecture.cached(key, replay, per_layout=True)
     return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
-                     f"caching allocator replayed over two HF Trainer steps: reserved ({segments} segments) less "
-                     "allocated, at their peaks", REPLAY_SOURCE)
+                     f"caching allocator replayed over {over}: reserved ({segments} segments) less "
+                     "allocated, at their peaks", source)
 
 
 def _replayed(cfg, shared, sp, static) -> tuple[int, int]:
