@@ -23,7 +23,8 @@ from .components import Component, component
 from .deepspeed_step import (DeepSpeedBuffers, deepspeed_settings, runs_foreach as deepspeed_foreach,
                              step_transients, zero3_whole_gradient)
 from ..spec.dtypes import bytes_per_element
-from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, OPTIMIZERS, step_scratch
+from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, MEGATRON_TORCH_ADAMW_SOURCE, \
+    OPTIMIZERS, megatron_torch_adamw, step_scratch
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes, untrained
@@ -432,12 +433,13 @@ def _torchtitan_model_rope(arch: Architecture, training: Training, par: Parallel
 
 def _runs_foreach(training: Training) -> bool:
     """torch's foreach AdamW steps this setup: the HF Trainer's adamw_torch, torchtitan's AdamW in the
-    releases that left it unfused (titan_releases.py adamw_foreach), DeepSpeed's client AdamW (deepspeed_step.py)."""
+    releases that left it unfused (titan_releases.py adamw_foreach), DeepSpeed's client AdamW (deepspeed_step.py),
+    Megatron-Core's fallback without TransformerEngine or Apex (spec/optimizers.py megatron_torch_adamw)."""
     if OPTIMIZERS[training.optimizer].temporaries != FOREACH_SQRT:
         return False
     rules = titan_rules(training)
     return training.framework in FOREACH_FRAMEWORKS or (rules is not None and rules.adamw_foreach) \
-        or deepspeed_foreach(training)
+        or deepspeed_foreach(training) or megatron_torch_adamw(training.framework, training.te_version)
 
 
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
@@ -446,9 +448,6 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     """Optimizer-step temporaries. torch's foreach AdamW (the default on CUDA) materialises sqrt(v)
     for a whole parameter group at once (torch/optim/adam.py _multi_tensor_adam); fused kernels
     (Megatron/TE FusedAdam, DeepSpeed FusedAdam, bitsandbytes) work in place."""
-    from .megatron_optimizer import torch_adamw_step  # Megatron-Core without TE or Apex: torch's foreach AdamW
-    if step := torch_adamw_step(training, recipe, trainable, d_dense if zero >= 1 else 1):
-        return step
     states_dtype = bytes_per_element(recipe.optimizer_dtype)
     shard = trainable / (d_dense if zero >= 1 and d_dense > 1 else 1)
     optimizer = OPTIMIZERS[training.optimizer]
@@ -466,6 +465,8 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
         source = "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"
         if titan_rules(training) is not None:
             source += "; " + TITAN_SOURCES["adamw_foreach"]
+        if megatron_torch_adamw(training.framework, training.te_version):
+            source += "; " + MEGATRON_TORCH_ADAMW_SOURCE
         return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
                           source)]
     scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
