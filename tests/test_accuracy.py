@@ -173,11 +173,11 @@ KNOWN_GPU_GAPS: dict[str, str] = {
 MAMBA_FALLBACK_FAKE_PEAKS = {"falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2": 79_372_208_640,
                              "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1": 58_204_954_112}
 # The reserved peak (and so nvidia-smi) is the allocated peak plus the allocator's cache: replayed for the
-# HF Trainer's dense runs, full fine-tuning and adapters (estimator/memory/reserved.py), a flat 10% elsewhere
-# (5% with expandable segments). Under by more than 10%: a flat-share run that keeps more (recompute frees
-# and re-requests blocks of many sizes).
+# HF Trainer's dense runs, full fine-tuning and adapters, with default or expandable segments
+# (estimator/memory/reserved.py), a flat 10% elsewhere (5% with expandable segments). Under by more than 10%: the
+# Mamba fallback's runs. (Llama-3.2-1B with full recompute and expandable segments was 11.6% under with the flat
+# 5%, which it keeps 3.9 GB over; replayed it is 0.01% under.)
 KNOWN_RESERVED_GAPS = {
-    "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable",
     *MAMBA_FALLBACK_FAKE_PEAKS,  # the torch fallback's run (KNOWN_GPU_GAPS)
 }
 # Over by more than 10% (10.03%): peft's trainable copies of the embedding and head (modules_to_save, 1,002 MiB
@@ -295,8 +295,10 @@ def test_gpu_reserved_peak():
     the median |error| is within 1.3% since the replay covers the HF adapter runs (2.6% before; 4.5% with the
     flat share alone on the first 50); the four DeepSeek-V3.2 eager runs (-7.0% to +3.7%) raise it to 1.33%;
     the seven of 2026-11-27 (DeepSeek-V3.2 with recompute -3.6%, Qwen2.5-VL-7B -0.8% to +1.6%, Gemma-3-4B
-    -0.2% and +0.1%) lower it to 1.24%. The runs under, and over, by more than 10% are exactly the known ones
-    (with the flat share alone: five under, none over)."""
+    -0.2% and +0.1%) lower it to 1.24%; the three expandable-segment runs, replayed since the allocator's expandable
+    rules were checked against PyTorch's source (-0.10%, -0.14%, -0.01%; the flat 5%: +3.5%, +1.0%, -11.6%), to
+    1.13%. The runs under, and over, by more than 10% are exactly the known ones (with the flat share alone: five
+    under, none over)."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
@@ -304,7 +306,7 @@ def test_gpu_reserved_peak():
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
     assert len(errors) == 73
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 71 and modelled[len(modelled) // 2] <= 0.0135
+    assert len(modelled) == 71 and modelled[len(modelled) // 2] <= 0.0115
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 

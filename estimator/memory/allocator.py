@@ -16,9 +16,26 @@ roundup_power2_divisions, one stream):
   than 1 MiB (large pool) (`should_split`); otherwise the whole block is handed out;
 - a freed block merges with its free neighbours in the same segment (`try_merge_blocks`); segments
   are never given back (only `empty_cache` or an out-of-memory retry does that).
-With expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) each pool has one segment
-that grows at its end in pages of 2 MiB (small pool) or 20 MiB (large pool) (`ExpandableSegment::map`,
-`try_allocate_expandable_segment`), the free block at its end growing with it.
+With expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), as the same file reads at pytorch
+commit 001074d2 (torch 2.13's c10/core/AllocatorConfig.h keeps the constants and names the large page
+`large_segment_size()`, 20 MiB by default; the three H200 runs of torch 2.11 replay to the byte:
+tests/test_allocator.py):
+- each pool (the small one too) of a stream has one segment, a range of virtual addresses reserved once
+  (`find_expandable_block`: 1 1/8 of the GPU's memory) and backed by physical pages as it grows, in pages of
+  2 MiB (kSmallBuffer) in the small pool and 20 MiB (kLargeBuffer) in the large one, whatever the GPU
+  (`ExpandableSegment::map`: one cuMemCreate handle of `segment_size_` per page; Note [Expandable Segments]:
+  the GPU's own pages are 2 MiB, which both sizes are multiples of); only mapped pages count as reserved
+  (`map_block`: reserved_bytes);
+- a request no free block holds maps the pages it lacks at the segment's lowest unmapped address, its end,
+  merged with the free block before it (`alloc_block` -> `try_allocate_expandable_block(p.size())`: the
+  rounded request, not `get_allocation_size`'s, page by page with `map_block`);
+- any block, in either pool, is split when at least 512 bytes are left (`should_split`: `is_small ||
+  expandable_segments()`), not only when more than 1 MiB is;
+- best fit counts the free block at the segment's end as the size it can grow to (`get_free_block`:
+  `expandable_size`, its size plus the unmapped rest), so a request it holds takes the next larger free
+  block when there is one;
+- pages are unmapped only by `empty_cache` or an out-of-memory retry (`release_blocks` -> `unmap_block`),
+  neither of which a replay runs.
 """
 
 from __future__ import annotations
@@ -46,9 +63,9 @@ def allocation_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-def should_split(block_size: int, size: int, small: bool) -> bool:
+def should_split(block_size: int, size: int, small: bool, expandable: bool = False) -> bool:
     rest = block_size - size
-    return rest >= MIN_BLOCK if small else rest > SMALL_SIZE
+    return rest >= MIN_BLOCK if small or expandable else rest > SMALL_SIZE
 
 
 class _Block:
@@ -124,6 +141,15 @@ class CachingAllocator:
         self._tail[small] = block
         return block
 
+    def _past_the_end(self, pool: list, i: int, small: bool) -> int:
+        """Expandable segments: the best fit `pool[i]`, unless it is the free block at the segment's end and a
+        larger free block follows (`get_free_block`: the end block's `expandable_size` is its size plus the
+        unmapped rest of the segment, more than any other block's)."""
+        tail = self._tail[small]
+        if tail is not None and pool[i][1] == tail.addr and i + 1 < len(pool):
+            return i + 1
+        return i
+
     # --- malloc and free --------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
         # `round_size` and `_best_fit` written out: a replay makes thousands of requests
@@ -132,13 +158,15 @@ class CachingAllocator:
         pool = self._free[small]
         i = bisect_left(pool, (size, -1))
         if i < len(pool):
+            if self.expandable:
+                i = self._past_the_end(pool, i, small)
             block = self._blocks[pool.pop(i)[1]]
         elif self.expandable:
             block = self._expand(size, small)
         else:
             block = self._new_segment(allocation_size(size), small)
         rest_size = block.size - size
-        if rest_size >= MIN_BLOCK if small else rest_size > SMALL_SIZE:  # `should_split`
+        if rest_size >= MIN_BLOCK if small or self.expandable else rest_size > SMALL_SIZE:  # `should_split`
             rest = _Block(block.addr + size, rest_size, small)
             after = block.next
             rest.prev, rest.next = block, after

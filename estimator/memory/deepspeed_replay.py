@@ -44,7 +44,8 @@ def replay_rule(cfg) -> str | None:
         (par.dp * par.tp * par.pp * par.cp * par.ep > 1, "more than one GPU (gathers and reductions not replayed)"),
         (training.adapter is not None, "an adapter run (the replay is measured on full fine-tuning)"),
         (training.optimizer != "adamw" or not cfg.recipe.master_weights, "not AdamW with fp32 master weights"),
-        (cfg.hardware.expandable_segments, "expandable segments"),
+        (cfg.hardware.expandable_segments, "expandable segments (DeepSpeed's empty_cache calls unmap their free pages "
+                                           "amid live tensors: not replayed, not measured)"),
         (training.compile, "torch.compile"),
         (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model"),
         (training.loss != "standard", f"the {training.loss} loss"),

@@ -10,9 +10,14 @@
    PEFT adapter runs (LoRA, DoRA, QLoRA; frozen tensors get no gradient and no state:
    reserved_tensors.py; three of them MoE) 1.6% against 4.8%, none under by more than 5% against two
    (tests/test_allocator.py).
+   With expandable segments (hardware.expandable_segments) the same sequence is replayed through the allocator's
+   expandable rules (allocator.py: one segment per pool growing in 2 MiB / 20 MiB pages, blocks split down to
+   512 bytes, best fit passing over the segment's free end): on the three real H200 runs with them
+   (tests/data/measured/gpu/*-expandable.json) -0.14% to -0.01% against the flat 5% share's -11.6% to +3.5%
+   (11.6% under where a full-recompute run keeps 3.9 GB cached, 18.8% of its allocated peak).
    DeepSpeed ZeRO-2/3 full fine-tuning on one GPU replays DeepSpeed's own order of allocations instead
    (deepspeed_replay.py: its initialisation and two steps; the four real H200 runs' segments, size for size).
-2. Flat share (everything else: other frameworks, pipelines and sharding, expandable segments, paged
+2. Flat share (everything else: other frameworks, pipelines and sharding, DeepSpeed with expandable segments, paged
    optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models, a chunked or fused loss,
    inference, RL):
    a measured share of the allocated peak (components.fragmentation), where the ledger cannot give
@@ -64,19 +69,26 @@ REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp
                  "share: 4.8%, at most 13.8%)")
 
 
+REPLAY_SOURCE_EXPANDABLE = (
+    "PyTorch's caching allocator with expandable segments (c10/cuda/CUDACachingAllocator.cpp: ExpandableSegment, "
+    "try_allocate_expandable_block, should_split, get_free_block; 2 MiB / 20 MiB pages) replayed over the HF Trainer's "
+    "allocations built from the activation ledger (estimator/memory/reserved.py, allocator.py); on the 3 real H200 runs "
+    "with expandable segments (tests/data/measured/gpu/*-expandable.json) -0.14% to -0.01% (the flat 5% share: -11.6% "
+    "to +3.5%)")
+
+
 FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and recompute; the replay is the reported "
                    "estimate's)")
 
 
 def replay_rule(cfg) -> str | None:
     """Why the replay does not apply to this configuration (None: it does). The replay builds the HF
-    Trainer's order of allocations, on one GPU's full set of weights, with default segments."""
-    training, par, hardware, arch = cfg.training, cfg.parallel, cfg.hardware, cfg.architecture
+    Trainer's order of allocations, on one GPU's full set of weights, with default or expandable segments."""
+    training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (training.framework != "hf", f"{training.framework}'s order of allocations is not modelled"),
         (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),
-        (hardware.expandable_segments, "expandable segments"),
         (training.optimizer.startswith("paged"), "a paged optimizer (cudaMallocManaged states)"),
         (training.compile, "torch.compile"),
         (arch.is_hybrid or (arch.is_moe and training.adapter is None),
@@ -91,8 +103,9 @@ def replay_rule(cfg) -> str | None:
 def replayed_cache(cfg, shared, sp, static) -> Component:
     """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
     configuration and stage."""
+    source = REPLAY_SOURCE_EXPANDABLE if cfg.hardware.expandable_segments else REPLAY_SOURCE
     return replay_component(cfg, sp, "reserved replay", lambda: _replayed(cfg, shared, sp, static),
-                            "two HF Trainer steps", REPLAY_SOURCE)
+                            "two HF Trainer steps", source)
 
 
 def replay_component(cfg, sp, name: str, replay, over: str, source: str) -> Component:
@@ -100,8 +113,9 @@ def replay_component(cfg, sp, name: str, replay, over: str, source: str) -> Comp
     per configuration and stage under `name`; `over`: what it replays (this module's and deepspeed_replay.py's)."""
     key = (name, cfg.training, cfg.parallel, cfg.hardware, sp.stage)
     cache, segments = cfg.architecture.cached(key, replay, per_layout=True)
+    kind = "expandable segments, their mapped pages" if cfg.hardware.expandable_segments else "segments"
     return component("fragmentation", "Allocator cache and fragmentation (reserved, unused)", cache,
-                     f"caching allocator replayed over {over}: reserved ({segments} segments) less "
+                     f"caching allocator replayed over {over}: reserved ({segments} {kind}) less "
                      "allocated, at their peaks", source)
 
 
@@ -113,7 +127,7 @@ def _replayed(cfg, shared, sp, static) -> tuple[int, int]:
     parts = static.parts()
     workspaces = [c for c in parts.kept if c.key == "workspace"]
     states = sum(c.bytes for c in parts.kept if c.key == "optimizer_states")
-    program = _Program()
+    program = _Program(cfg.hardware.expandable_segments)
     _build(program, cfg, sp, shared, tr, workspaces, states)
     allocator = program.allocator
     return max(0, allocator.reserved_peak - allocator.allocated_peak), allocator.segments
@@ -126,8 +140,8 @@ class _Program:
     """The step's allocations and frees, each replayed through the caching allocator as it is made
     (a block is its address; None stands for an empty request)."""
 
-    def __init__(self):
-        self.allocator = CachingAllocator()
+    def __init__(self, expandable: bool = False):
+        self.allocator = CachingAllocator(expandable)
         self._malloc, self._free = self.allocator.malloc, self.allocator.free
 
     def alloc(self, nbytes: float) -> int | None:
