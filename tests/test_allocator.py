@@ -483,6 +483,12 @@ def test_a_search_judges_by_the_flat_share():
     assert "a layout's own estimate replays the caching allocator" in render_plan_text(result)
     megatron = plan(arch, Training(seq_len=4096, global_batch_size=8), "h100-80", 1, limit=3)
     assert "replays the caching allocator" not in render_plan_text(megatron)
+    # with expandable segments the reported estimate replays them; a search keeps their flat 5%
+    expandable = Hardware(gpu="h100-80", expandable_segments=True)
+    judged = estimate(arch, one, Parallel(), expandable, replay=False)
+    assert estimate(arch, one, Parallel(), expandable).stages[0].cache is not None and judged.stages[0].cache is None
+    assert device_total(arch, one, Parallel(), expandable) == judged.device_total_bytes == \
+        judged.allocated_peak_bytes + outside + round(judged.allocated_peak_bytes * 0.05)
 
 
 def _sized_events(run, nbytes: int) -> list[str]:
