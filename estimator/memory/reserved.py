@@ -71,10 +71,10 @@ REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp
 
 REPLAY_SOURCE_EXPANDABLE = (
     "PyTorch's caching allocator with expandable segments (c10/cuda/CUDACachingAllocator.cpp: ExpandableSegment, "
-    "try_allocate_expandable_block, should_split, get_free_block; 2 MiB / 20 MiB pages) replayed over the HF Trainer's "
-    "allocations built from the activation ledger (estimator/memory/reserved.py, allocator.py); on the 3 real H200 runs "
-    "with expandable segments (tests/data/measured/gpu/*-expandable.json) -0.14% to -0.01% (the flat 5% share: -11.6% "
-    "to +3.5%)")
+    "try_allocate_expandable_block, should_split, get_free_block; 2 MiB / 20 MiB pages) replayed over the HF "
+    "Trainer's allocations built from the activation ledger (estimator/memory/reserved.py, allocator.py); on the 3 "
+    "real H200 runs with expandable segments (tests/data/measured/gpu/*-expandable.json) -0.14% to -0.01% (the flat "
+    "5% share: -11.6% to +3.5%)")
 
 
 FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and recompute; the replay is the reported "
