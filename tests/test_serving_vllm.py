@@ -23,6 +23,7 @@ from estimator.serving.vllm_versions import rules_for
 from estimator.serving.weights import WeightFormat, matrix_bytes, stage_layers, stage_weights
 
 GiB = 2**30
+MiB = 2**20
 # torch's cuBLAS workspace on compute capability 9.x (CublasHandlePool.cpp: 4096 KiB x 8), allocated by the profiling
 # run's first GEMM and counted in its torch peak (serving/profile_buffers.py)
 CUBLAS_HOPPER = 4096 * 8 * 1024
@@ -443,9 +444,14 @@ def test_rule_sampler_tensors_by_release():
     ((T + 2n) x h x 2 B): 0.11 and 0.15 sort (38 B: bf16 and fp32 logits, sorted values and int64 indices,
     the index input, cub's alternates), 0.19 Triton (14 B and the kernel's buffer of 132 rows, one per SM),
     0.21 FlashInfer (14 B: bf16 and fp32 logits, masked logits, probabilities). Every release also holds the
-    32 MiB cuBLAS workspace (Hopper) the forward's first GEMM allocated."""
+    32 MiB cuBLAS workspace (Hopper) the forward's first GEMM allocated. The sort's tensors are counted in
+    their allocator blocks (serving/sort_sampler.py): the two fp32 ones of 501 MiB in 502 MiB blocks (a rest
+    of 1 MiB is not split off), cub's 12 B a logit + 255 B (1,503 MiB + 255 B) in a 1,504 MiB block, the
+    bf16 logits (250.5 MiB) and the int64 tensors (1,002 MiB) exactly; plus the dummy metadata's six rows
+    (five fp32, top-k int64) and the greedy sample (int64): 36 KiB."""
     n, v, hidden = 1024, 128256, (8192 + 2 * 1024) * 4096 * 2 + CUBLAS_HOPPER
-    expected = {"0.11": n * v * 38 + hidden, "0.15": n * v * 38 + hidden,
+    sort_blocks = n * v * 2 + 2 * 502 * MiB + 2 * n * v * 8 + 1504 * MiB + (5 * 4 + 8 + 8) * n
+    expected = {"0.11": sort_blocks + hidden, "0.15": sort_blocks + hidden,
                 "0.19": n * v * 14 + 132 * v * 4 + hidden, "0.21": n * v * 14 + hidden}
     for version, peak in expected.items():
         assert serve("llama-3.1-8b", max_model_len=8192, engine_version=version).limiting.activation == peak, version
@@ -453,12 +459,16 @@ def test_rule_sampler_tensors_by_release():
 
 def test_rule_0_19_moe_workspaces_stay_allocated():
     """Qwen3-30B-A3B (h 2048, 8 of 128 experts of 768): from 0.15 fused_moe's workspace13 (T x k x max(I, h))
-    and workspace2 (T x k x max(2I, h)) stay allocated under the sampler; 0.11 frees its caches."""
+    and workspace2 (T x k x max(2I, h)) stay allocated under the sampler; 0.11 frees its caches. 0.11's sort
+    tensors in their blocks: fp32 593.5 MiB in 594, int64 1,187 MiB in 1,188 (rests of 0.5 and 1 MiB kept),
+    cub's 1,780.5 MiB + 255 B rounded to 512 B (its 1,782 MiB segment's 1.5 MiB rest split off)."""
     workspaces = (8192 * 8 * 2048 + 8192 * 8 * 2048) * 2
     new, old = (serve("qwen3-30b-a3b", max_model_len=8192, engine_version=v).limiting for v in ("0.19", "0.11"))
     sampler = 1024 * 151936 * 14 + 132 * 151936 * 4 + (8192 + 2048) * 2048 * 2 + CUBLAS_HOPPER
     assert new.activation == sampler + workspaces
-    assert old.activation == 1024 * 151936 * 38 + (8192 + 2048) * 2048 * 2 + CUBLAS_HOPPER
+    logits = 1024 * 151936
+    sort_blocks = logits * 2 + 2 * 594 * MiB + 2 * 1188 * MiB + logits * 12 + 512 + (5 * 4 + 8 + 8) * 1024
+    assert old.activation == sort_blocks + (8192 + 2048) * 2048 * 2 + CUBLAS_HOPPER
 
 
 def test_moe_workspaces_under_expert_parallelism_take_the_full_width():

@@ -8,6 +8,7 @@ Each module is one job, after vLLM's own split of its start-up accounting:
 - `weight_blocks`: those weights as vLLM measures them, in torch's caching allocator's blocks.
 - `marlin_blocks`: the same for MXFP4 experts repacked for Marlin (vLLM 0.11), the repack replayed.
 - `activations`: the profiling run's torch activation peak.
+- `sort_sampler`: the sort sampler's part of it (vLLM 0.11-0.16), in the caching allocator's blocks.
 - `overheads`: non-torch memory and CUDA graphs.
 - `kv_cache`: KV cache specs per layer, layer groups, blocks, capacity, the longest max_model_len.
 - `vllm_engine`: the budget and the terms together, for the rank that limits capacity.

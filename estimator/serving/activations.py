@@ -42,7 +42,8 @@ the tensors that source allocates (vLLM's own figure needs a GPU; the record say
   bf16 logits and their fp32 copy (sampler.py ``logits.to(torch.float32)``): the sorted values (fp32) and
   indices (int64), PyTorch's index input (SortStable.cu ``segmented_sort_pairs``: int64 per element) and
   cub's alternate key and value buffers (fp32 + int64): 38 bytes per logit; the runner's hidden states
-  (T x h) beside them.
+  (T x h) beside them. On CUDA, from 128 rows, each tensor in the caching allocator's block
+  (serving/sort_sampler.py: 3 MiB more for 1,024 rows of Qwen3's or gpt-oss's vocabulary).
   "flashinfer" (0.21 on, FlashInfer's sampler on by default): the bf16 logits, their fp32 copy, and
   FlashInfer's top_k_top_p_sampling_from_logits with a per-request k (no fast path): the top-k masked
   logits (top_k_mask_logits, fp32) and their softmax (fp32), 14 bytes per logit (flashinfer/sampling.py,
@@ -60,6 +61,7 @@ from dataclasses import dataclass
 
 from ..spec import hybrid
 from ..spec.architecture import Architecture
+from . import sort_sampler
 from .kv_cache import kv_heads_per_rank
 
 MiB = 1024**2
@@ -138,7 +140,10 @@ def forward_peak(arch: Architecture, tokens: int, tp: int, act_bytes: int, kinds
 
 
 def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int, rule: str, gpu_id: str) -> int:
-    """The dummy sampler's peak on the last stage (see the module docstring, by release rule)."""
+    """The dummy sampler's peak on the last stage (see the module docstring, by release rule); the sort
+    sampler's tensors in the caching allocator's blocks where PyTorch's segmented sort is replayed."""
+    if rule == "sort" and sort_sampler.replayable(requests, arch.vocab_size, gpu_id):
+        return sort_sampler.peak(tokens, requests, arch.vocab_size, arch.hidden_size, act_bytes)
     logits = requests * arch.vocab_size
     peak = logits * SAMPLER_BYTES_PER_LOGIT[rule] + (tokens + 2 * requests) * arch.hidden_size * act_bytes
     if rule == "triton":
@@ -146,6 +151,17 @@ def sampler_peak(arch: Architecture, tokens: int, requests: int, act_bytes: int,
         rows = min(1 << (min(units, requests) - 1).bit_length(), units)
         peak += rows * arch.vocab_size * 4
     return peak
+
+
+def _sampler_formula(arch: Architecture, rule: str, requests: int, gpu_id: str) -> str:
+    formula = f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + (T + 2n) x h"
+    if rule == "triton":
+        return formula + " + kernel buffer)"
+    if rule == "sort" and sort_sampler.replayable(requests, arch.vocab_size, gpu_id):
+        return formula + ", each tensor in its allocator block)"
+    if rule == "sort":
+        return formula + ", the segmented sort's bytes: this sort path is not replayed)"
+    return formula + ")"
 
 
 def moe_workspace_bytes(arch: Architecture, tokens: int, tp: int, act_bytes: int, ep: int = 1) -> int:
@@ -179,9 +195,8 @@ def activation_peak(arch: Architecture, tokens: int, max_num_seqs: int, tp: int,
     formula = (f"max(forward of {tokens:,} tokens: residual and input 2 x T x h + widest of attention "
                f"(T x (2q + 2kv + o)/TP) and MLP ({dense_mlp}, MoE T x k x (3I{'' if ep > 1 else '/TP'} + h)"
                + (": EP, whole experts per rank" if ep > 1 else "") + "); "
-               + (f"{rule} sampler of {requests:,} requests: n x V x {SAMPLER_BYTES_PER_LOGIT[rule]} B + (T + 2n) x h"
-                  + (" + kernel buffer)" if rule == "triton" else ")")
-                  if last_stage else "no sampler on this stage)") + f" x {act_bytes} B"
+               + (_sampler_formula(arch, rule, requests, gpu_id) if last_stage else "no sampler on this stage)")
+               + f" x {act_bytes} B"
                + ("" if first_stage else " + received hidden states and residual 2 x T x h")
                + (" + the kept fused_moe workspaces" if kept > received + blas_bytes else "")
                + (f" + cuBLAS workspace {blas_bytes / MiB:g} MiB" if blas_bytes else "")

@@ -223,7 +223,9 @@ def _stage_budget(arch: Architecture, r: Resolved, serving: Serving, par: Parall
                   _weight_parts(weights, src)),
         component("activation_peak", "Profiling run's activation peak", peak.bytes, peak.formula,
                   f"{src} gpu_model_runner.py profile_run; torch's cuBLAS workspace and inductor's autotune flush "
-                  "buffer (estimator/serving/activations.py, profile_buffers.py; modelled, not measured)",
+                  "buffer (estimator/serving/activations.py, "
+                  + ("sort_sampler.py, " if r.rules.sampler == "sort" else "")
+                  + "profile_buffers.py; modelled, not measured)",
                   _activation_parts(peak, src)),
         non_torch_part,
         component("cuda_graphs", "CUDA graphs" + (" (in the budget)" if in_budget else " (on top of the budget)"),
