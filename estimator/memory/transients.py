@@ -20,6 +20,7 @@ from .adapters import Inventory, adapter_dtype, saved_copy_bytes
 from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
+from .deepspeed_offload import gpu_buffer as deepspeed_gpu_buffer
 from .deepspeed_step import (DeepSpeedBuffers, deepspeed_settings, runs_foreach as deepspeed_foreach,
                              step_transients, zero3_whole_gradient)
 from ..spec.dtypes import bytes_per_element
@@ -198,7 +199,7 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
                                                        microbatches(training, par))
         fwd += b_fwd
         bwd += b_bwd
-        persistent += b_persistent
+        persistent += b_persistent + deepspeed_gpu_buffer(arch, training, recipe, stage, zero)
         if zero >= 1 and recipe.master_weights:  # the step's fp32 gradient, sub-group by sub-group (ZeRO-3)
             whole = inv is None and not untrained(stage, training).dense
             opt += step_transients(arch, training, stage, zero, trainable / d_dense, d_dense, G, whole)
