@@ -455,14 +455,16 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     if training.framework == "deepspeed" and zero >= 1 and recipe.master_weights and deepspeed_foreach(training):
         return []  # stepped on the flat fp32 partitions: deepspeed_step.step_transients holds its temporary
     if _runs_foreach(training):
-        temporary, formula = shard * states_dtype, f"{states_dtype:g} B x parameters on this GPU"
+        # the states are sharded from ZeRO 1 (HF ZeRO, FSDP, Megatron's distributed optimizer): so is sqrt(v)
+        divisor = f" / d ({d_dense})" if zero >= 1 and d_dense > 1 else ""
+        temporary, formula = shard * states_dtype, f"{states_dtype:g} B x parameters on this GPU{divisor}"
         if inv is not None and training.framework == "hf" and inv.saved:
             # torch 2.13 _multi_tensor_adam makes sqrt(v) per (device, dtype) group
             # (Optimizer._group_tensors_by_device_and_dtype), each in its states' dtype, and keeps every group's
             # until the step returns (no del): fp32 adapters beside the 16-bit embedding/head copies (adapters.py)
             A, S = bytes_per_element(adapter_dtype(training, recipe)), saved_copy_bytes(training, recipe)
             temporary = (A * inv.adapters + S * inv.saved) * shard / trainable
-            formula = f"{A:g} B x adapter parameters + {S:g} B x embedding/head copies"
+            formula = f"({A:g} B x adapter parameters + {S:g} B x embedding/head copies){divisor}"
         source = "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"
         if titan_rules(training) is not None:
             source += "; " + TITAN_SOURCES["adamw_foreach"]
