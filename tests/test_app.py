@@ -816,11 +816,13 @@ def test_planner_chart_spec_is_valid_vega_lite():
 def test_offload_shows_the_host_memory_it_needs():
     """DeepSpeed ZeRO-2 with the optimizer on the CPU, Llama-3.1-8B on 8 GPUs: each process keeps
     its partition's fp32 master weights (4 B), Adam states (8 B) and fp32 gradients (4 B) in host
-    memory, 16 B x 8,030,261,248 / 8 parameters."""
+    memory, with DeepSpeed's bf16 copy of the partition (2 B), 18 B x 8,030,261,248 / 8 parameters, and its
+    bf16 staging buffer of the largest tensor, the 128,256 x 4,096 embedding (DeepSpeed v0.19.5
+    stage_1_and_2.py __init__: param_buffer_of_bit16_for_cpu_offload_groups, temp_grad_buffer_for_cpu_offload)."""
     at = _app({"model": "llama-3.1-8b", "framework": "deepspeed", "offload_optimizer": "cpu", "dp": "8",
                "zero_stage": "2"})
     assert not at.exception
-    host = 16 * 8_030_261_248 / 8
+    host = 18 * 8_030_261_248 / 8 + 2 * 128_256 * 4_096
     assert _metric(at, "Host RAM per GPU process") == _gib(host)
     assert _metric(at, "Host RAM per node of 8 GPUs") == _gib(8 * host)
     assert "Host memory (offload)" in [s.value for s in at.subheader]

@@ -130,3 +130,30 @@ def test_the_probe_saw_two_workspaces_per_thread_pair():
     MiB = 1024**2
     assert probe["after_mm_bf16"] == 32 * MiB and probe["after_backward"] == 32 * MiB
     assert probe["cleared_bytes"] == 65 * MiB
+
+
+def test_regenerating_the_probe_keeps_what_the_run_cannot_supply(tmp_path, monkeypatch):
+    """`records --from` over an existing probe record: the new probe's numbers and the software the probe runs on
+    replace the old; bitsandbytes, which the probe does not import (None where the run had no wheel carried in),
+    keeps the recorded version, and a field only the record holds stays; a version the run does give wins."""
+    import validation.gpu.records as records
+
+    monkeypatch.setattr(records, "GPU_RECORDS", tmp_path)
+    recorded = json.loads((GPU_RECORDS / "cublas-workspace-probe-h200.json").read_text())
+    assert recorded["versions"]["bitsandbytes"] == "0.48.2"
+    (tmp_path / "cublas-workspace-probe-h200.json").write_text(json.dumps({**recorded, "note": "kept"}))
+    probe = dict(recorded["probe"], after_mm_bf16=1)
+    versions = dict(recorded["versions"], bitsandbytes=None, torch="2.12.0+cu130", driver=None)
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps({"probe": probe, "versions": versions}) + "\n")
+    [path] = records.write_records(runs)
+    written = json.loads(path.read_text())
+    assert written["probe"]["after_mm_bf16"] == 1
+    assert written["versions"] == dict(recorded["versions"], torch="2.12.0+cu130", driver=None)
+    assert written["note"] == "kept" and written["method"] == recorded["method"]
+    runs.write_text(json.dumps({"probe": probe, "versions": dict(versions, bitsandbytes="0.49.0")}) + "\n")
+    [path] = records.write_records(runs)
+    assert json.loads(path.read_text())["versions"]["bitsandbytes"] == "0.49.0"
+    path.unlink()  # no record yet: the line as it is
+    [path] = records.write_records(runs)
+    assert json.loads(path.read_text())["versions"] == dict(versions, bitsandbytes="0.49.0")

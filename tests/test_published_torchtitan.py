@@ -223,8 +223,10 @@ def test_the_december_2024_adamw_steps_foreach(version, temporary):
     fused is the default from 6e498855 (#881, 2025-02-24), before 0.1.0."""
     stage = estimate_config(titan(version)).stages[0]
     step = next(p for p in stage.phases if p.name == "optimizer")
-    sqrt = sum(p.bytes for c in step.components for p in (c.parts or (c,)) if p.label.startswith("foreach AdamW"))
-    assert sqrt == temporary
+    sqrt = [p for c in step.components for p in (c.parts or (c,)) if p.label.startswith("foreach AdamW")]
+    assert sum(p.bytes for p in sqrt) == temporary
+    # the states are FSDP-sharded, and so is sqrt(v): the formula names the divisor its bytes divide by
+    assert [p.formula for p in sqrt] == (["4 B x parameters on this GPU / d (8)"] if temporary else [])
 
 
 def test_the_root_unit_of_0_1_0_holds_embedding_and_head_all_step():

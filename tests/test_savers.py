@@ -113,13 +113,20 @@ def offloaded(framework: str, zero: int, optimizer: str = "cpu", parameters: str
     return estimate(LLAMA_1B, training, Parallel(dp=8, zero_stage=zero)).stages[0]
 
 
+EMBEDDING_1B = 128_256 * 2_048  # Llama-3.2-1B's largest tensor
+
+
 def test_zero_offload_moves_the_optimizer_partition_to_the_host():
     """DeepSpeed ZeRO-2 with offload_optimizer cpu (ZeRO-Offload): the host keeps the partition's
-    fp32 master (4 B), Adam states (8 B) and fp32 gradients (4 B); the GPU's step phase keeps only
-    the bf16 parameters, 2 B x N (no gradient partition, no fp32 step copy)."""
+    fp32 master (4 B), Adam states (8 B) and fp32 gradients (4 B), and DeepSpeed's own 16-bit copy of
+    the partition (2 B) and bf16 staging buffer of the largest tensor (v0.19.5 stage_1_and_2.py
+    __init__: param_buffer_of_bit16_for_cpu_offload_groups, temp_grad_buffer_for_cpu_offload); the
+    GPU's step phase keeps only the bf16 parameters, 2 B x N (no gradient partition, no fp32 step
+    copy), and the GPU staging buffer (temp_grad_buffer_for_gpu_offload, 2 B x the embedding)."""
     stage = offloaded("deepspeed", 2)
-    assert stage.host_bytes == round(4 * N_1B / 8) + round(8 * N_1B / 8) + round(4 * N_1B / 8)
-    assert dict(stage.phase_totals)["optimizer"] == 2 * N_1B + 2 * 32 * 2**20  # and the two cuBLAS workspaces
+    assert stage.host_bytes == (round(4 * N_1B / 8) + round(8 * N_1B / 8) + round(4 * N_1B / 8) + round(2 * N_1B / 8)
+                                + 2 * EMBEDDING_1B)
+    assert dict(stage.phase_totals)["optimizer"] == 2 * N_1B + 2 * EMBEDDING_1B + 2 * 32 * 2**20  # 2 cuBLAS workspaces
     assert stage.nvme_bytes == 0
 
 
@@ -127,11 +134,12 @@ def test_zero_infinity_keeps_states_on_nvme_and_swap_buffers_on_the_host():
     """ZeRO-3 with both offloaded to NVMe: NVMe holds master, states, fp32 gradients and the bf16
     parameter partition (4 + 8 + 4 + 2 B per parameter of the partition); the host pins 4 fp32
     optimizer swap buffers of the partition (below sub_group_size 1e9) and 5 parameter buffers of
-    1e8 bf16 elements."""
+    1e8 bf16 elements, and ZeRO-3's flat bf16 gradient partitions (stage3.py __init__
+    grad_partitions_flat_buffer on the CPU under offload_optimizer, DeepSpeed v0.19.5)."""
     stage = offloaded("deepspeed", 3, "nvme", "nvme")
     n = N_1B / 8
     assert stage.nvme_bytes == round(4 * n) + round(8 * n) + round(4 * n) + round(2 * n)
-    assert stage.host_bytes == round(4 * n * 4) + 5 * 10**8 * 2
+    assert stage.host_bytes == round(4 * n * 4) + 5 * 10**8 * 2 + round(2 * n)
 
 
 def test_fsdp2_cpu_offload_moves_shards_gradients_and_the_step():

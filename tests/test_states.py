@@ -4,6 +4,7 @@ import pytest
 
 from canonical import LLAMA_31_8B, LLAMA_31_70B, MIXTRAL_8X7B, gpt
 from estimator import Parallel, Training, estimate
+from estimator.models.presets import get_architecture
 from estimator.spec.errors import ConfigError
 from estimator.memory.sharding import stage_parameters
 
@@ -135,6 +136,20 @@ def test_foreach_adamw_temporary_at_the_step():
     result = estimate(LLAMA_31_8B, Training(framework="hf", param_dtype="bf16"))
     step = {c.key: c for c in result.stages[0].phases[2].components}
     assert step["transient"].bytes == 2 * n  # bf16 states -> a bf16 temporary
+    [sqrt] = step["transient"].parts or (step["transient"],)
+    assert sqrt.formula == "2 B x parameters on this GPU"  # one GPU, nothing sharded: no divisor
+
+
+def test_the_foreach_temporary_of_a_distributed_optimizer_names_its_divisor():
+    """Megatron-Core 0.16.1 without TransformerEngine steps torch's foreach AdamW on the distributed optimizer's
+    shard: sqrt(v) of 4 B x the 1,235,814,400 parameters of Llama-3.2-1B / 8 ranks, and the formula says / d."""
+    training = Training(framework="megatron", seq_len=2048, te_version="not_installed", transformer_impl="local",
+                        attention="eager")
+    stage = estimate(get_architecture("llama-3.2-1b"), training, Parallel(dp=8, zero_stage=1)).stages[0]
+    step = next(p for p in stage.phases if p.name == "optimizer")
+    [sqrt] = [p for c in step.components for p in (c.parts or (c,)) if p.label.startswith("foreach AdamW")]
+    assert sqrt.bytes == 4 * 1_235_814_400 // 8
+    assert sqrt.formula == "4 B x parameters on this GPU / d (8)"
 
 
 def test_ddp_buckets_copy_the_gradients():

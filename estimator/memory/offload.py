@@ -9,7 +9,8 @@ Each framework offloads differently (sources in OFFLOAD_SOURCES):
   they are produced, so no gradient partition stays on the GPU (under ZeRO 1 the GPU keeps its
   full gradients until the reduction). With ``nvme`` (ZeRO-Infinity, stage 3) the same states sit
   on NVMe and the host keeps ``buffer_count`` (4) pinned fp32 swap buffers of the largest
-  sub-group (``sub_group_size`` 1e9 elements).
+  sub-group (``sub_group_size`` 1e9 elements). DeepSpeed's own buffers beside these (ZeRO-3's flat
+  gradient partitions, ZeRO-1/2's 16-bit partition copy and staging buffers): deepspeed_offload.py.
 - deepspeed, ``offload_parameters`` (stage 3): the 16-bit parameter partition lives on the host
   (or NVMe, through 5 pinned buffers of 1e8 elements); the GPU keeps only what is gathered to run.
 - fsdp2 (``CPUOffloadPolicy``): the sharded fp32 parameters and their gradients live in pinned
@@ -84,10 +85,12 @@ def placement(training: Training, recipe: Recipe, states: dict[str, float], para
                 move(key, label, gpu[key], f"{gpu[key] / max(n, 1):.4g} B x {n:,.0f} parameters of this GPU's "
                      "partition", where_opt)
                 gpu[key], moved[key] = 0.0, where_opt
-        if fw == "deepspeed" and zero >= 2 or fw in ("megatron", *FSDP_FRAMEWORKS):
-            # the step reads fp32 gradients on the host: a host copy of the reduced partition
+        if fw in ("deepspeed", "megatron", *FSDP_FRAMEWORKS):
+            # the step reads fp32 gradients on the host: a host copy of the reduced partition (DeepSpeed ZeRO-1 too:
+            # stage_1_and_2.py initialize_optimizer_states gives the fp32 partition its grad on the host)
             move("gradients", "fp32 gradient partition", 4 * n, f"4 B x {n:,.0f} parameters", where_opt)
-            if fw != "megatron":  # Megatron keeps its main-gradient buffer on the GPU
+            if fw != "megatron" and (fw != "deepspeed" or zero >= 2):  # Megatron keeps its main-gradient buffer
+                # on the GPU, ZeRO-1 its whole gradients until the reduction
                 gpu["gradients"], moved["gradients"] = 0.0, where_opt
         if where_opt == "nvme":
             buffers = SWAP_BUFFERS_OPTIMIZER * min(SUB_GROUP, n) * 4

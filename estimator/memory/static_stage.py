@@ -11,6 +11,7 @@ from .activations.entries import KORTHIKANTI
 from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
 from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
+from .deepspeed_offload import host_buffers as deepspeed_host_buffers
 from .deepspeed_step import gradients_source, keeps_gradient_buffer, zero2_backward
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
@@ -140,10 +141,10 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
     tr = transients(arch, training, recipe, par, sp, zero, inv)
     workspaces = _workspaces(arch, training, par, sp, shared.hardware, pieces)
     tr = tr._replace(persistent=tr.persistent + workspaces)
+    partition = _optimizer_partition(sp, par, zero, inv.trainable if inv else None, shard_group(training, par))
     place = placement(training, recipe, {"parameters": ms.parameters, "master_weights": ms.master_weights,
                                          "optimizer_states": ms.optimizer_states, "gradients": ms.gradients},
-                      _optimizer_partition(sp, par, zero, inv.trainable if inv else None, shard_group(training, par)),
-                      zero)
+                      partition, zero)
     on_gpu = place.gpu
     if place.step_on_host:
         tr = tr._replace(optimizer=[])  # the step and its temporaries run on the CPU
@@ -153,7 +154,8 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     communication = shared.moe_communication if moe_stage else shared.communication
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
-    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside, place.host + paged_host)
+    ds_host = deepspeed_host_buffers(arch, training, recipe, sp, zero, partition, par)  # beside the moved states
+    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside, place.host + ds_host + paged_host)
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,

@@ -20,6 +20,7 @@ from .adapters import Inventory, adapter_dtype, saved_copy_bytes
 from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
+from .deepspeed_offload import gpu_buffer as deepspeed_gpu_buffer
 from .deepspeed_step import (DeepSpeedBuffers, deepspeed_settings, runs_foreach as deepspeed_foreach,
                              step_transients, zero3_whole_gradient)
 from ..spec.dtypes import bytes_per_element
@@ -198,7 +199,7 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
                                                        microbatches(training, par))
         fwd += b_fwd
         bwd += b_bwd
-        persistent += b_persistent
+        persistent += b_persistent + deepspeed_gpu_buffer(arch, training, recipe, stage, zero)
         if zero >= 1 and recipe.master_weights:  # the step's fp32 gradient, sub-group by sub-group (ZeRO-3)
             whole = inv is None and not untrained(stage, training).dense
             opt += step_transients(arch, training, stage, zero, trainable / d_dense, d_dense, G, whole)
@@ -454,14 +455,16 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
     if training.framework == "deepspeed" and zero >= 1 and recipe.master_weights and deepspeed_foreach(training):
         return []  # stepped on the flat fp32 partitions: deepspeed_step.step_transients holds its temporary
     if _runs_foreach(training):
-        temporary, formula = shard * states_dtype, f"{states_dtype:g} B x parameters on this GPU"
+        # the states are sharded from ZeRO 1 (HF ZeRO, FSDP, Megatron's distributed optimizer): so is sqrt(v)
+        divisor = f" / d ({d_dense})" if zero >= 1 and d_dense > 1 else ""
+        temporary, formula = shard * states_dtype, f"{states_dtype:g} B x parameters on this GPU{divisor}"
         if inv is not None and training.framework == "hf" and inv.saved:
             # torch 2.13 _multi_tensor_adam makes sqrt(v) per (device, dtype) group
             # (Optimizer._group_tensors_by_device_and_dtype), each in its states' dtype, and keeps every group's
             # until the step returns (no del): fp32 adapters beside the 16-bit embedding/head copies (adapters.py)
             A, S = bytes_per_element(adapter_dtype(training, recipe)), saved_copy_bytes(training, recipe)
             temporary = (A * inv.adapters + S * inv.saved) * shard / trainable
-            formula = f"{A:g} B x adapter parameters + {S:g} B x embedding/head copies"
+            formula = f"({A:g} B x adapter parameters + {S:g} B x embedding/head copies){divisor}"
         source = "torch.optim.AdamW foreach implementation (_multi_tensor_adam)"
         if titan_rules(training) is not None:
             source += "; " + TITAN_SOURCES["adamw_foreach"]

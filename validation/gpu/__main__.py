@@ -4,7 +4,8 @@
 then each case of validation/gpu/cases.py in a process of its own (one CUDA context each, the
 allocator setting applied before CUDA starts), one JSON line per case appended to DIR/runs.jsonl as
 it ends, so a run cut short still brings back what it measured. `records` turns those lines into
-tests/data/measured/gpu/<id>.json, beside the fake-tensor records. `selftest` runs the same
+tests/data/measured/gpu/<id>.json, beside the fake-tensor records (the workspace probe's record keeps the
+versions of packages the probe does not import where the run lacked them: records.probe_record). `selftest` runs the same
 measuring code on the CPU with tiny models (what CI can run).
 
 The GPU machine has torch, transformers, peft and accelerate but no bitsandbytes and no network: the

@@ -112,6 +112,29 @@ def record_of(line: dict) -> dict:
     }
 
 
+PROBE_METHOD = ("a fresh process: the allocated bytes each cuBLAS use leaves behind (bf16 matmul, linear with bias, "
+                "backward on the autograd thread, fp32 matmul) and what clearCublasWorkspaces frees")
+# what the probe itself runs on: a new probe line always says these (measure.py versions, workspace_probe)
+PROBE_RUNS_ON = ("python", "torch", "cuda", "gpu", "capability", "gpu_total_bytes", "cudnn", "driver")
+
+
+def probe_record(line: dict) -> dict:
+    """The workspace probe's record, over the one already written for its GPU: the probe's numbers and the
+    software it runs on are the new line's; a package the probe does not import (bitsandbytes, flash-attn...:
+    None where the run had it off its path, as a run without the QLoRA wheel carried in) keeps the version the
+    record holds, and so does any field the record has that a probe line does not make."""
+    new = {"id": f"cublas-workspace-probe-{GPU_IDS[line['versions']['gpu']]}", "probe": line["probe"],
+           "versions": line["versions"], "command": "python -m validation.gpu.measure probe", "method": PROBE_METHOD}
+    path = GPU_RECORDS / f"{new['id']}.json"
+    if not path.exists():
+        return new
+    old = json.loads(path.read_text())
+    versions = dict(old.get("versions", {}))
+    versions.update({k: v for k, v in line["versions"].items() if v is not None or k in PROBE_RUNS_ON
+                     or versions.get(k) is None})
+    return {**old, **new, "versions": versions}
+
+
 def write_records(source: Path) -> list[Path]:
     from .experiments import EXPERIMENT_RECORDS, write_experiment_records
 
@@ -121,12 +144,7 @@ def write_records(source: Path) -> list[Path]:
         if "experiment" in line:
             experiments.append(line)
         elif "probe" in line:
-            probe = {"id": f"cublas-workspace-probe-{GPU_IDS[line['versions']['gpu']]}", "probe": line["probe"],
-                     "versions": line["versions"], "command": "python -m validation.gpu.measure probe",
-                     "method": "a fresh process: the allocated bytes each cuBLAS use leaves behind (bf16 matmul, "
-                               "linear with bias, backward on the autograd thread, fp32 matmul) and what "
-                               "clearCublasWorkspaces frees"}
-            written.append(write_record(probe, GPU_RECORDS))
+            written.append(write_record(probe_record(line), GPU_RECORDS))
         elif CASES[line["id"]].harness in ("megatron", "deepspeed"):
             from .framework_records import framework_record_of
 

@@ -1,0 +1,115 @@
+"""DeepSpeed's own buffers under ZeRO-Offload (`offload_optimizer`), beside the fp32 master partition, the optimizer
+states and the fp32 gradient partition that offload.py moves to the host; from DeepSpeed v0.19.5's source.
+
+- ZeRO-3 (runtime/zero/stage3.py __init__): `grad_partitions_flat_buffer`, one flat buffer of every trainable
+  parameter's partition in the gradient-accumulation dtype (engine.py get_data_types: the model's dtype unless
+  data_types.grad_accum_dtype says otherwise), is made on `self.device`, the CPU when the optimizer is offloaded
+  (pinned with offload_optimizer.pin_memory); the partitioned gradients accumulate there (__param_id_to_grad_partition
+  views of it) before _finalize_offload_gradient_accumulation copies them into the fp32 gradient partition.
+- ZeRO-1/2 (runtime/zero/stage_1_and_2.py, cpu_offload): __init__ keeps a 16-bit copy of each group's partition on
+  the host (`param_buffer_of_bit16_for_cpu_offload_groups`, the step's updated weights on their way back to the
+  GPU), and two buffers of the largest trainable parameter in the 16-bit dtype (`self.dtype`):
+  `temp_grad_buffer_for_cpu_offload` on the host and `temp_grad_buffer_for_gpu_offload` on the GPU. With more
+  than one micro-batch a step, copy_grads_in_partition accumulates in `accumulated_grads_in_cpu`: one host buffer
+  per parameter of the rank's partition, the parameter's whole size (async_accumulate_grad_in_cpu_via_gpu,
+  buffer_to_accumulate_to_in_cpu: `torch.zeros(param.numel(), dtype=param.dtype)`), kept from step to step.
+  A parameter belongs to a partition when it overlaps it (get_partition_info); the partitions are equal shares of
+  the group's flat tensor padded to a multiple of 2 x dp (nccl_start_alignment_factor 2, align_dense_tensors).
+  The group: the trainable parameters in module order (transformers integrations/deepspeed.py deepspeed_init
+  passes them to DeepSpeed's own optimizer, the DeepSpeedCPUAdam ZeRO-Offload runs, as one group).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
+from typing import NamedTuple
+
+from .components import Component, component
+from .pipeline import microbatches
+from .sharding import StageParameters
+from ..spec.architecture import Architecture
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Recipe, Training
+
+ZERO3_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (grad_partitions_flat_buffer on self.device, the CPU "
+                "under offload_optimizer; pinned with pin_memory), engine.py get_data_types (grad_accum_dtype: the "
+                "model's dtype by default)")
+ZERO12_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py __init__ (cpu_offload: "
+                 "param_buffer_of_bit16_for_cpu_offload_groups, temp_grad_buffer_for_cpu_offload, "
+                 "temp_grad_buffer_for_gpu_offload of largest_param_numel in self.dtype)")
+ACCUMULATION_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu "
+                       "(accumulated_grads_in_cpu: each partition parameter's whole numel in its dtype, when a step "
+                       "has more than one micro-batch), get_partition_info, align_dense_tensors (2 x dp)")
+
+
+class _Cfg(NamedTuple):
+    """What reserved_tensors.tensors reads of a resolved configuration."""
+
+    architecture: Architecture
+    training: Training
+    recipe: Recipe
+
+
+def trainable_sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters) -> tuple:
+    """The stage's trainable tensors' elements in module order (an adapter run's adapters and trained copies)."""
+    from .reserved_tensors import tensors
+
+    key = ("deepspeed trainable sizes", sp.layer_indices, sp.first, sp.last, training.adapter, recipe)
+    return arch.cached(key, lambda: tuple(t.elements for t in tensors(_Cfg(arch, training, recipe), sp).order()
+                                          if t.grad))
+
+
+def overlapping_elements(sizes: tuple, d: int) -> float:
+    """The most elements any of `d` ranks' partitions touches: the whole size of every tensor overlapping the
+    rank's equal share of their flat concatenation, padded to a multiple of 2 x d (get_partition_info)."""
+    ends = list(accumulate(sizes))
+    total = ends[-1] if ends else 0.0
+    share = -(-total // (2 * d)) * 2  # the flat tensor padded to a multiple of 2 x d, shared by d ranks
+    starts = [0.0] + ends[:-1]
+    best = 0.0
+    for r in range(d):
+        lo, hi = r * share, (r + 1) * share
+        first = bisect_right(ends, lo)  # the first tensor ending after lo
+        last = bisect_left(starts, hi)  # one past the last tensor starting before hi
+        if last > first:
+            best = max(best, ends[last - 1] - starts[first])
+    return best
+
+
+def host_buffers(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, zero: int,
+                 n: float, par: Parallel) -> tuple[Component, ...]:
+    """DeepSpeed's host buffers under offload_optimizer for `n` trainable elements in this rank's partition, the
+    data-parallel ranks sharing them."""
+    if training.framework != "deepspeed" or training.offload_optimizer == "none":
+        return ()
+    d, m = par.dp, microbatches(training, par)
+    P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
+    if zero == 3:
+        return (component("host_buffers", "Gradient partitions (grad_partitions_flat_buffer)", G * n,
+                          f"{G:g} B x {n:,.0f} parameters of this GPU's partition", ZERO3_SOURCE),)
+    sizes = trainable_sizes(arch, training, recipe, sp)
+    largest = max(sizes, default=0.0)
+    out = [component("host_buffers", "16-bit copy of the partition (for the updated weights)", P * n,
+                     f"{P:g} B x {n:,.0f} parameters of this GPU's partition", ZERO12_SOURCE),
+           component("host_buffers", "Gradient staging buffer (temp_grad_buffer_for_cpu_offload)", P * largest,
+                     f"{P:g} B x the largest trainable tensor, {largest:,.0f} elements", ZERO12_SOURCE)]
+    if m > 1:
+        key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, d)
+        whole = arch.cached(key, lambda: overlapping_elements(sizes, d))
+        out.append(component("host_buffers", "Accumulated gradients (accumulated_grads_in_cpu)", P * whole,
+                             f"{P:g} B x {whole:,.0f} elements: the whole of every trainable tensor overlapping this "
+                             f"GPU's partition ({m} micro-batches a step)", ACCUMULATION_SOURCE))
+    return tuple(out)
+
+
+def gpu_buffer(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
+               zero: int) -> list[Component]:
+    """ZeRO-1/2's GPU-side staging buffer under offload_optimizer, kept from initialisation."""
+    if training.framework != "deepspeed" or training.offload_optimizer == "none" or zero not in (1, 2):
+        return []
+    P = bytes_per_element(recipe.param_dtype)
+    largest = max(trainable_sizes(arch, training, recipe, sp), default=0.0)
+    return [component("buffers", "Gradient staging buffer (temp_grad_buffer_for_gpu_offload)", P * largest,
+                      f"{P:g} B x the largest trainable tensor, {largest:,.0f} elements", ZERO12_SOURCE)]
