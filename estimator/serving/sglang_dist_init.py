@@ -42,7 +42,8 @@ NCCL: each release's torch pin (sglang METADATA: 0.4.9 torch 2.7.1, 0.5.5 torch 
 Published start-up logs print this term ("Init torch distributed ends. mem usage", up to 0.5.5): 0.22-0.27
 GB a rank at TP 16 over two H100 nodes with the custom all-reduce off (sglang PR #3888, 0.4.3 line), but
 1.77-2.01 GB a rank at TP 8 on H200 (sglang PR #11716, 0.5.3 line, a development branch) — six times what
-these allocations come to; what else ran there is not in the source read.
+these allocations come to; what else ran there is not in the source read. 0.5.23 prints "Memory baseline
+taken. mem usage" across the reading alone, which is not this term.
 """
 
 from __future__ import annotations
@@ -128,5 +129,5 @@ def held_before_load(release: tuple[int, int, int], tp: int, pp: int, ep: int, g
         note = (f"SGLang: EP {ep} under TP {tp} builds MoE process groups of their own, whose communicators are "
                 "not modelled in the memory held before the pre-load reading.")
     formula = (" + ".join(parts) + " (NCCL_CUMEM_ENABLE=0, NCCL_NVLS_ENABLE=0)")
-    return DistInit(total, component("dist_init", "Process groups (held before the pre-load reading)", total,
+    return DistInit(total, component("dist_init", "Process groups (held before loading)", total,
                                      formula + " (modelled)", SOURCE), note)
