@@ -36,8 +36,10 @@ What the groups allocate with the default flags (read in 0.4.9, 0.5.5 and 0.5.23
   are the TP group when EP is 1 or TP (parallel_state.py initialize_model_parallel, 0.5.5 and 0.5.23).
 
 NCCL: each release's torch pin (sglang METADATA: 0.4.9 torch 2.7.1, 0.5.5 torch 2.8.0, 0.5.23 torch
-2.14.1) brings its own NCCL; the ring's channel count and buffer sizes are nccl_comm.py's reading of NCCL
-2.27.5 / 2.28.9 on H100 / H200 SXM, not re-read for those versions.
+2.14.1) brings its own NCCL (torch 2.7.1 installs nvidia-nccl-cu12 2.26.2 and 2.8.0 2.27.3, as public
+environment listings show; 2.14.1's not read). The ring's channel count and buffer sizes are nccl_comm.py's
+reading of NCCL 2.27.5 / 2.28.9 on H100 / H200 SXM, not re-read for 2.26.2; the CUDA_IPC_MIN alignment of a
+connection's buffers (p2p.cc p2pSendSetup / p2pRecvSetup) holds with cuMem off as on.
 
 Published start-up logs print this term ("Init torch distributed ends. mem usage", up to 0.5.5): 0.22-0.27
 GB a rank at TP 16 over two H100 nodes with the custom all-reduce off (sglang PR #3888, 0.4.3 line), but
