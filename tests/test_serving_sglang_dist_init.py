@@ -82,3 +82,16 @@ def test_the_term_lowers_the_pre_load_memory_and_shows_in_the_output():
     assert pre_load_bytes(_sglang("llama-3.1-8b", "h100-80", 1, max_model_len=8192)) == 81_559 * MiB - 804_061_184
     old = _sglang("llama-3.1-70b", "h100-80", 4, mem_fraction_static=0.9, max_model_len=8192, engine_version="0.5.5")
     assert pre_load_bytes(old) == 81_559 * MiB - 804_061_184 - 326 * MiB
+
+
+def test_the_serving_page_keeps_the_term_outside_the_budget():
+    """The Serving page's split (ui/serving_view.py split_rows) counts a term inside the static share unless its
+    label says it lies outside: the process groups come before the share is taken, so the budget left over after
+    the weights and the pool stays under one token's cell (48,128 B for Qwen3-235B-A22B at TP 4)."""
+    from ui.serving_view import split_rows
+    e = _sglang("qwen3-235b-a22b", "h100-80", 4, weight_format="fp8", mem_fraction_static=0.93)
+    rows = {r["term"]: r["GiB"] for r in split_rows(e)}
+    assert rows["Process groups (outside the static share)"] * 2**30 == pytest.approx(334 * MiB)
+    left = e.budget_bytes - e.limiting.weights - e.capacity.kv_cache_bytes
+    assert 0 <= left < 48_128
+    assert rows.get("Budget left over (less than a block)", 0) * 2**30 == pytest.approx(left)

@@ -131,5 +131,5 @@ def held_before_load(release: tuple[int, int, int], tp: int, pp: int, ep: int, g
         note = (f"SGLang: EP {ep} under TP {tp} builds MoE process groups of their own, whose communicators are "
                 "not modelled in the memory held before the pre-load reading.")
     formula = (" + ".join(parts) + " (NCCL_CUMEM_ENABLE=0, NCCL_NVLS_ENABLE=0)")
-    return DistInit(total, component("dist_init", "Process groups (held before loading)", total,
+    return DistInit(total, component("dist_init", "Process groups (outside the static share)", total,
                                      formula + " (modelled)", SOURCE), note)
