@@ -34,6 +34,7 @@ from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
 from .vllm_engine import KV_DTYPE_BYTES, Resolved, ServingEstimate, StageBudget
 from . import prefix_default, sglang_pools
+from .sglang_dist_init import held_before_load
 from .weights import stage_weights
 
 MiB = 1024**2
@@ -159,7 +160,7 @@ def _cache_layout(arch: Architecture, serving: Serving, gpu, fmt) -> tuple[int, 
 
 def _stage_budgets(arch: Architecture, serving: Serving, par: Parallel, checkpoint: dict | None,
                    resolved: Resolved, static: int, held: int, act_mib: float,
-                   graph_mib: float) -> tuple[list, list]:
+                   graph_mib: float, groups=None) -> tuple[list, list]:
     """Each pipeline stage's budget and pools (PP: the stages' layers and weights differ)."""
     rules, fmt, context = resolved.rules, resolved.weights, resolved.context_length
     ranges = sglang_stage_layers(arch.num_layers, par.pp)
@@ -173,7 +174,7 @@ def _stage_budgets(arch: Architecture, serving: Serving, par: Parallel, checkpoi
                                        resolved.kv_cache_dtype)
         pools.append(pool)
         stages.append(StageBudget(s, layers, weights.bytes, int(act_mib * MiB), 0, int(graph_mib * MiB), available,
-                                  _components(rules, weights, act_mib, graph_mib, pool, held)))
+                                  _components(rules, weights, act_mib, graph_mib, pool, held, groups)))
     return stages, pools
 
 
@@ -215,10 +216,13 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
                         kv_dtype, kv_bytes, fmt.name, fmt, prefix_caching=pc.on,
                         prefix_caching_default=pc.engine_default, prefix_caching_note=pc.note)
-    pre = gpu.capacity_bytes - gpu.cuda_context_bytes  # free before loading: after the CUDA context
+    # free before loading: after the CUDA context and what the process groups hold (sglang_dist_init.py)
+    groups = held_before_load(version_tuple(serving.engine_version or rules.label), par.tp, par.pp, par.ep, gpu.id)
+    pre = gpu.capacity_bytes - gpu.cuda_context_bytes - groups.bytes
     static = int(pre * fraction)
     held = VLM_CACHE_MIB * MiB if multimodal(checkpoint, serving.enable_multimodal) else 0
-    stages, pools = _stage_budgets(arch, serving, par, checkpoint, resolved, static, held, act_mib, graph_mib)
+    stages, pools = _stage_budgets(arch, serving, par, checkpoint, resolved, static, held, act_mib, graph_mib,
+                                   groups.component)
     # every stage takes the smallest pool (_apply_token_constraints: an all-reduce MIN over PP ranks)
     limiting = min(range(len(pools)), key=lambda i: pools[i].tokens)
     pool = pools[limiting]
@@ -229,16 +233,19 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
     capacity = kv_cache.KvCapacity(num_blocks=tokens // page, kv_cache_bytes=pool.kv_bytes, tokens=tokens,
                                    max_concurrency=concurrency, blocks_per_request=-(-max_len // page))
     longest = min(tokens, context or tokens)
-    device_total = gpu.cuda_context_bytes + static + int(reserve * MiB)
+    device_total = gpu.cuda_context_bytes + groups.bytes + static + int(reserve * MiB)
     shared = (serving.shared_prefix_tokens or 0) // page * page  # the radix cache shares whole pages
     effective = (min((tokens - shared) / (max_len - shared), running) if 0 < shared < max_len else concurrency)
     return ServingEstimate("sglang", serving.engine_version or rules.label, resolved, static, gpu.capacity_bytes,
                            tuple(stages), limiting, capacity, longest, device_total, effective,
-                           gpu.cuda_context_bytes, _notes(fraction, running, pool, serving) + (pc.note,))
+                           gpu.cuda_context_bytes, _notes(fraction, running, pool, serving) + (pc.note,)
+                           + ((groups.note,) if groups.note else ()))
 
 
-def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool, held: int) -> tuple:
-    out = (
+def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, pool, held: int,
+                groups=None) -> tuple:
+    out = (groups,) if groups is not None else ()  # outside the static share: it lowers the pre-load memory
+    out += (
         component("weights", "Weights as loaded", weights.bytes, weights.formula, rules.source),
         component("activation_peak", "Activation reserve (outside the static share)", act_mib * MiB,
                   "512 + 1.5 x max(chunked_prefill_size, 2048) + TP x PP / 8 x 1024 MiB", rules.source),
@@ -255,3 +262,10 @@ def _components(rules: SglangRules, weights, act_mib: float, graph_mib: float, p
                           f"({pool.state_slots:,} slots + 1) x {pool.state_per_request:,} B per slot",
                           "SGLang 0.5.23 mem_cache/kv_cache_configurator.py _handle_max_mamba_cache"),)
     return out
+
+
+def pre_load_bytes(e: ServingEstimate) -> int:
+    """The memory SGLang reads before loading (pre_model_load_memory): the GPU less the CUDA context and what its
+    process groups hold (sglang_dist_init.py)."""
+    groups = next((c.bytes for c in e.limiting.components if c.key == "dist_init"), 0)
+    return e.total_bytes - e.context_bytes - groups

@@ -169,7 +169,7 @@ def _resolved(args) -> dict:
 
 def run_case(case) -> dict:
     from estimator.models.presets import get_architecture, get_hf_config
-    from estimator.serving.sglang_engine import estimate_sglang
+    from estimator.serving.sglang_engine import estimate_sglang, pre_load_bytes
     from estimator.spec.hardware import Hardware
     from estimator.spec.parallel import Parallel
     from estimator.spec.serving import Serving
@@ -188,7 +188,7 @@ def run_case(case) -> dict:
         _gpu_memory(round(hardware.device.capacity_bytes / 2**20))
         args = _server_args(model_dir, tp, pp, overrides)
         resolved = _resolved(args)
-        pre = ours.total_bytes - ours.context_bytes
+        pre = pre_load_bytes(ours)  # less the CUDA context and the process groups (sglang_dist_init.py)
         pools = [_pools(args, tp, pp, rank, avail, pre, stage.weights)
                  for rank, (avail, stage) in enumerate(zip(available, ours.stages))]
     return {"case": {"model": preset, "gpu": gpu, "tp": tp, "pp": pp, "serving": {"engine": "sglang", **overrides}},
