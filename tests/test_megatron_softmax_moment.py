@@ -86,7 +86,7 @@ def test_the_harness_measures_the_moment():
     buffer, and 0.85% over while it left in the layer's MLP tensors, attention output and v, freed by their
     backward before its softmax backward (2 B s h + 2 B s 3f/2 + 2 x 2 B s a d = 486,539,264 B), now taken out, less
     the two hidden-sized gradients alive then (2 x 2 B s h = 67,108,864 B; softmax_backward.py
-    _megatron_layer_parts). Under by 0.09% (38.1 MiB): RoPE's cos and sin of the recomputed layer (4 x 2 B s d =
+    _layer_parts). Under by 0.09% (38.1 MiB): RoPE's cos and sin of the recomputed layer (4 x 2 B s d =
     4 MiB), the rotary table (4 B s d = 2 MiB) and one more hidden-sized tensor the H200 run shows too (peak_blocks
     of tests/data/measured/gpu/megatron/*-full-uniform1-*) are not modelled."""
     record = json.loads(RECORD.read_text())

@@ -70,7 +70,7 @@ def test_megatron_unfused_softmax_backward_moment():
     50,331,648 elements per GPU). The last layer's softmax backward holds the fp32 gradient of the
     probabilities, CUDA's tmp and the fp32 gradient of the scores (3 x 4 B x Sa) less the bf16 probabilities
     scores x V kept (2 B x Sa): 10 x 50,331,648 = 503,316,480 bytes, less the layer's tensors freed by their
-    backward by then (softmax_backward.py _megatron_layer_parts): v, the attention output, the MLP norm's input
+    backward by then (softmax_backward.py _layer_parts): v, the attention output, the MLP norm's input
     and fc1's (each 2 B x 2048 x 12288 / 8 = 6,291,456 under sequence parallelism or TP) and fc1's output and
     GeLU's (2 B x 2048 x 49152 / 8 each), plus two hidden-sized gradients alive then: 440,401,920 bytes beside
     every kept activation. The re-measured harness record peaks there: 446,691,840 bytes over the activations
