@@ -8,7 +8,7 @@ peak (`measured.peak_blocks`), is under 0.1%: RoPE's cos and sin, 16-bit, kept p
 (rope_utils.py `_apply_rotary_pos_emb_bshd`, 4 x 2 B x s x 128) and the cached rotary table (4 B x s x 128),
 19.2 MB at 4,096 tokens, and under full recompute one more hidden-sized tensor. Before the softmax-backward
 moment took out the last (or recomputed) layer's tensors freed by then (softmax_backward.py
-`_megatron_layer_parts`) the two 4,096-token runs were 0.71% and 0.85% over, and the full-recompute forward
+`_layer_parts`) the two 4,096-token runs were 0.71% and 0.85% over, and the full-recompute forward
 phase 8.1% under before the checkpointed layer's softmax moment (megatron_softmax_moment.py
 `checkpointed_forward_moment`): a 0.5% bound fails either.
 """

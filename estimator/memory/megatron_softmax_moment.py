@@ -27,10 +27,11 @@ backward and differentiates it at once: the moment is then its softmax backward,
 from __future__ import annotations
 
 from .activations.attention import attention_entries, megatron_fused_softmax
-from .activations.entries import ATTENTION_OUTPUT, CORE, Entry
+from .activations.entries import ATTENTION_OUTPUT, CORE, Entry, tokens_per_gpu
 from .activations.recompute import recomputed_modules
 from .components import Component, component, entries_component, total_bytes
-from .softmax_backward import MEGATRON_SOFTMAX_SOURCE, SOFTMAX_BACKWARD_SOURCE, softmax_parts, temporary_entry
+from .softmax_backward import AUTOGRAD_RELEASE_SOURCE, MEGATRON_SOFTMAX_SOURCE, SOFTMAX_BACKWARD_SOURCE, \
+    freed_after_softmax, softmax_parts, temporary_entry
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
@@ -85,17 +86,26 @@ SELECTIVE_SOURCE = ("Megatron-Core 0.16.1 transformer/attention.py Attention._ch
                     "backward), fusions/fused_softmax.py forward_torch_softmax; measured, tests/data/measured/megatron/"
                     "llama-3.1-8b-tp1-pp1-only-s4096-b1-sel-core_attn-unfused (the backward peak in the last layer's "
                     "recomputed softmax backward: the fp32 softmax output, the fp32 gradient of the probabilities, "
-                    "_softmax_backward_data's two fp32 tensors and the causal mask beside the kept tensors)")
+                    "_softmax_backward_data's two fp32 tensors, the causal mask and k expanded to every head beside "
+                    "the kept tensors; the last layer's fc1 output, SwiGLU output, fc1 and MLP norm inputs and attention "
+                    "output gone, the residual stream's, the core output's and v's 16-bit gradients alive: "
+                    "validation/megatron/harness.py traced_step through validation/core/explain.py explain_trace)")
 
 
-def selective_core_softmax_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
+def selective_core_softmax_moment(arch: Architecture, training: Training, par: Parallel,
+                                  kind: str | None = None) -> list[Component]:
     """Selective recompute of the core attention with Megatron's own unfused softmax: the ledger keeps none of
     the core's tensors; each layer's backward reruns its core attention from the checkpointed q, k, v and
     differentiates it at once, so the last layer's (the first backward reaches, beside every kept tensor) holds
-    the softmax's recomputed fp32 output (kept for its backward) and the causal mask made again, with the
-    softmax backward's three fp32 tensors (`softmax_backward.softmax_parts`); the recomputed scores, their fp32
-    copy and the 16-bit probabilities are freed by then (scores x V's backward ran first). The last layer's MLP
-    tensors, freed by then too, are left in, as in the other softmax moments. [] where it does not apply."""
+    the softmax's recomputed fp32 output (kept for its backward), the causal mask made again and, with grouped KV
+    heads, k expanded to every head (repeat_interleave, kept by QK^T's baddbmm), with the softmax backward's three
+    fp32 tensors (`softmax_backward.softmax_parts`); the recomputed scores, their fp32 copy, the 16-bit
+    probabilities and the expanded v are freed by then (scores x V's backward ran first). The last layer (of
+    `kind`, the stage's last layer's; the model's last where not given) has freed its MLP's tensors and its attention
+    output (autograd releases a node's saved tensors once it has run; softmax_backward.freed_after_softmax), not v,
+    the checkpoint's input until its whole backward has run; three 16-bit gradients are alive: the residual
+    stream's, the core's output (the checkpoint's incoming gradient) and v's (scores x V's, accumulated into the
+    detached input's .grad until CheckpointFunction.backward returns). [] where it does not apply."""
     entry = temporary_entry(arch, training, par)
     if entry is None or not runs_megatron_unfused_attention(arch, training) or training.offload_activations \
             or not recomputed_modules(training) & set(CORE) or training.recompute != "selective":
@@ -105,10 +115,42 @@ def selective_core_softmax_moment(arch: Architecture, training: Training, par: P
     remade = (component("transient", "Recomputed softmax output (fp32, kept for its backward)", size, formula,
                         SELECTIVE_SOURCE),
               component("transient", "Recomputed causal mask (bool)", mask, "s^2", SELECTIVE_SOURCE))
-    parts = remade + tuple(p for p in softmax_parts(entry, training, par, MEGATRON_SOFTMAX_SOURCE) if p.bytes > 0)
+    parts = remade + _expanded_k(arch, training, par) \
+        + tuple(p for p in softmax_parts(entry, training, par, MEGATRON_SOFTMAX_SOURCE) if p.bytes > 0) \
+        + _selective_layer_parts(arch, training, par, kind or arch.layer_kinds()[-1])
     return [Component("transient", "The last layer's recomputed core attention at its softmax backward (selective "
                       "recompute, unfused softmax)", sum(p.bytes for p in parts), " + ".join(p.formula for p in parts),
                       SELECTIVE_SOURCE + "; " + SOFTMAX_BACKWARD_SOURCE, parts)]
+
+
+def _expanded_k(arch: Architecture, training: Training, par: Parallel) -> tuple[Component, ...]:
+    """The recomputed k expanded to every query head (DotProductAttention.forward repeat_interleave where a query
+    group has more than one head), saved by QK^T's baddbmm until its backward: none without grouped KV heads
+    (q and k reach baddbmm as views of the checkpoint's inputs)."""
+    if arch.num_kv_heads >= arch.num_attention_heads:
+        return ()
+    B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
+    t = "/t" if par.tp > 1 else ""
+    return (component("transient", "Recomputed k expanded to every head (kept by QK^T for its backward)",
+                      T * arch.q_width * B / par.tp, f"B*s*b*a*d_head{t}", SELECTIVE_SOURCE),)
+
+
+def _selective_layer_parts(arch: Architecture, training: Training, par: Parallel,
+                           kind: str) -> tuple[Component, ...]:
+    """The last layer's tensors freed by the selective moment (its MLP's, its attention output) and the three
+    gradients alive then (`selective_core_softmax_moment`)."""
+    if kind not in ("dense", "moe"):
+        return ()
+    B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
+    sp, tp = ("/t", par.tp) if par.tp > 1 and par.sequence_parallel else ("", 1)
+    t = "/t" if par.tp > 1 else ""
+    residual = T * arch.hidden_size * B / tp  # the sequence-parallel region splits the sequence
+    heads = T * (arch.attention_output_width + arch.num_attention_heads * arch.head_dim) * B / par.tp
+    return (component("transient", f"The last layer's MLP ({kind}) and attention output, freed by their backward",
+                      -freed_after_softmax(arch, training, par, kind, v_freed=False),
+                      "-(MLP tensors + B*s*b*a*d_v)", SELECTIVE_SOURCE + "; " + AUTOGRAD_RELEASE_SOURCE),
+            component("transient", "Gradients alive at the moment (residual stream, core attention output, v)",
+                      residual + heads, f"B*s*b*h{sp} + B*s*b*a*d_v{t} + B*s*b*a*d_head{t}", SELECTIVE_SOURCE))
 
 
 CHECKPOINTED_FORWARD_SOURCE = (

@@ -16,6 +16,9 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
   gradients in the param dtype, held by the FlatParameter's split, and the last layer's own unit
   (fsdp1.softmax_moment_parts; the records fsdp1-llama-3.2-1b-*-s8192-b1-*eager peak there). Under DeepSpeed
   no harness has measured it: its gradients go to the reduction buckets, and none is modelled beside it.
+  Inside the layer, the tensors its MLP, post-attention norm, output projection and scores x V kept are freed by
+  then (autograd releases a node's saved tensors once it has run: AUTOGRAD_RELEASE_SOURCE) and two hidden-sized
+  gradients are alive (`_layer_parts`; Megatron's and transformers' full fine-tuning, as both harnesses' traces show).
 - with full recompute in Megatron's unfused path, the recomputed layer's whole softmax backward beside it
   (`softmax_backward_moment(recomputed=True)`; the harness record
   llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there); with selective recompute of the core
@@ -109,10 +112,11 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     own output is what scores x V takes: fp32 compute without dropout, Llama 4's softmax in the compute dtype,
     whose three tensors are B each). `gradients`: the bytes of the gradients made before it (HF: head and the
     last layer's after its core attention; `last_layer_gradients`); `freed_copies`: the autocast copies of those
-    weights, freed by their matmuls' backward by then (HF under autocast). Megatron: the layer's tensors made
-    after its softmax (its MLP's, the attention output) and v, freed by their backward by then, less two hidden-
-    sized gradients alive at the moment (`_megatron_layer_parts`, of the `stage`'s last layer, or of any of its
-    layers where it is a recomputed one). With full recompute (`recomputed`), Megatron's unfused softmax
+    weights, freed by their matmuls' backward by then (HF under autocast). Megatron and transformers' full
+    fine-tuning: less the layer's tensors made after its softmax (its MLP's, the attention output) and v, freed by
+    their backward by then (autograd releases a node's saved tensors once it has run), plus two hidden-sized
+    gradients alive at the moment (`_layer_parts`, of the `stage`'s last layer, or of any of its layers where it
+    is a recomputed one). With full recompute (`recomputed`), Megatron's unfused softmax
     only: the recomputed layer's, beside its own kept tensors (the harness record
     llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused); transformers' eager attention under recompute
     holds the temporary alone beside its ledger (`softmax_backward_temporary`, as the H200 records show)."""
@@ -125,10 +129,10 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
         return []
     source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
     parts = softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
-    if training.framework == "megatron" and stage is not None:
+    if stage is not None:
         kinds = tuple(k for k, n in stage.kind_counts if n) if recomputed else \
             (arch.layer_kind(stage.chunks[-1].stop - 1),)
-        parts += _megatron_layer_parts(arch, training, par, kinds)
+        parts += _layer_parts(arch, training, par, kinds)
     if sum(p.bytes for p in parts) <= 0:  # short sequences: the layer's freed tensors outweigh the scores' three
         return []
     label = "unfused softmax" if training.framework == "megatron" else "eager attention"
@@ -171,43 +175,79 @@ def _hf_parts(gradients: float, freed_copies: float) -> tuple[Component, ...]:
     return parts
 
 
+AUTOGRAD_RELEASE_SOURCE = (
+    "PyTorch torch/csrc/autograd/engine.cpp Engine::evaluate_function (torch 2.13): after a node's backward runs, "
+    "`fn.release_variables()` drops its saved tensors unless retain_graph, so a layer's MLP, its post-attention norm "
+    "and its output projection, whose backward runs before its attention's, have freed what they kept when the "
+    "softmax's backward runs")
 MEGATRON_FREED_SOURCE = (
     "Megatron-Core 0.16.1 transformer/transformer_layer.py (the MLP after the attention, each freeing what it kept "
     "in its backward), transformer/dot_product_attention.py DotProductAttention.forward (v repeat_interleave'd for "
     "`torch.bmm(attention_probs, value)`, whose backward frees it before the softmax's backward runs); measured on "
     "an H200 (tests/data/measured/gpu/megatron/*-s4096-b1-*: the blocks live at the peak, peak_blocks: the last "
     "layer's fc1 output, SwiGLU output, fc1 input, MLP norm input, attention output and v absent, two hidden-sized "
-    "16-bit gradients beside the softmax's three fp32 tensors)")
+    "16-bit gradients beside the softmax's three fp32 tensors); " + AUTOGRAD_RELEASE_SOURCE)
+HF_FREED_SOURCE = (
+    "transformers 5.23 models/llama/modeling_llama.py LlamaDecoderLayer.forward (the MLP and its norm after the "
+    "attention), eager_attention_forward (repeat_kv's v for `matmul(attn_weights, value_states)`, the attention "
+    "output made contiguous for o_proj); measured under fake tensors (python -m validation explain --case "
+    "llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1, and validation.fsdp1's of "
+    "fsdp1-llama-3.2-1b-full-w4-norecompute-s8192-b1-eager): at the backward peak the last layer's gate and up "
+    "outputs, SiLU output, down_proj input, post-attention norm's three tensors, expanded v and o_proj input are "
+    "gone, its output's gradient (B*s*b*h) and scores x V's v gradient (B*s*b*a*d_head) alive; " + AUTOGRAD_RELEASE_SOURCE)
 # what a layer keeps that is made after its softmax, or used only by scores x V, and freed by their backward before
-# the softmax's backward: the attention output, its residual dropout, v (attention.py `_output_entries`,
-# `_unfused_entries`); the scores x V input (probabilities or dropout output) is `softmax_parts`' own
-_FREED_ATTENTION = {"attention output (output projection input)", "attention dropout mask", "post-attention norm input",
-                    "attention residual dropout mask", "v (expanded to all heads) for scores x V"}
+# the softmax's backward: the attention output, its post-attention norm (Gemma-2's; transformers' names its three
+# tensors after it) and residual dropout, the dropout's mask, v (attention.py `_output_entries`, `_unfused_entries`);
+# the scores x V input (probabilities or dropout output) is `softmax_parts`' own
+_FREED_ATTENTION = ("attention output (output projection input)", "attention dropout mask", "post-attention norm input",
+                    "attention residual dropout mask", "v (expanded to all heads) for scores x V")
+_V = "v (expanded to all heads) for scores x V"
 
 
-def _megatron_layer_parts(arch: Architecture, training: Training, par: Parallel,
-                          kinds: tuple[str, ...]) -> tuple[Component, ...]:
-    """Megatron's softmax-backward moment inside a layer: less the layer's tensors freed by then (its MLP's,
-    the attention output's, v's: MEGATRON_FREED_SOURCE), of the kind among `kinds` that frees the least,
-    plus two hidden-sized 16-bit gradients alive then (the residual stream's and the output projection's input
-    gradient, measured). Nothing where no kind is given or none is a dense or MoE layer."""
+def freed_after_softmax(arch: Architecture, training: Training, par: Parallel, kind: str,
+                        v_freed: bool = True) -> float:
+    """The bytes of a `kind` layer's kept tensors its backward has freed when its softmax's backward runs (autograd
+    releases a node's saved tensors once it has run: AUTOGRAD_RELEASE_SOURCE): its MLP's (with transformers' MLP
+    norm), its attention output's and what follows it, and v (`v_freed`; not where v is the input of a checkpointed
+    core attention, kept until its whole backward has run)."""
     from .activations.attention import attention_entries
-    from .activations.entries import tokens_per_gpu
     from .activations.mlp import mlp_entries
-    kinds = tuple(k for k in kinds if k in ("dense", "moe"))
-    if not kinds:
-        return ()
+    names = tuple(n for n in _FREED_ATTENTION if v_freed or n != _V)
+    after = [e for e in attention_entries(arch, training, par) if e.name.startswith(names)]
+    return sum(e.bytes(par) for e in after + mlp_entries(arch, training, par, kind))
 
-    def freed(kind: str) -> float:
-        after = [e for e in attention_entries(arch, training, par) if e.name in _FREED_ATTENTION]
-        return sum(e.bytes(par) for e in after + mlp_entries(arch, training, par, kind))
-    kind = min(kinds, key=freed)
+
+def frees_layer_tensors(arch: Architecture, training: Training) -> bool:
+    """Whether the layer ledger the moment sits beside is `freed_after_softmax`'s: Megatron's, and transformers'
+    full fine-tuning of a dense or MoE stack (an adapter run keeps a ledger of its own, adapter_activations.py;
+    not modelled here)."""
+    return training.framework == "megatron" or (training.adapter is None and not arch.is_hybrid)
+
+
+def _layer_parts(arch: Architecture, training: Training, par: Parallel,
+                 kinds: tuple[str, ...]) -> tuple[Component, ...]:
+    """The softmax-backward moment inside a layer: less the layer's tensors freed by then (`freed_after_softmax`),
+    of the kind among `kinds` that frees the least, plus two hidden-sized 16-bit gradients alive then (Megatron: the
+    residual stream's and the output projection's input gradient; transformers: the residual stream's and v's,
+    the same sizes; measured). Nothing where no kind is given, none is a dense or MoE layer, or the ledger is not
+    `freed_after_softmax`'s (`frees_layer_tensors`)."""
+    from .activations.entries import tokens_per_gpu
+    kinds = tuple(k for k in kinds if k in ("dense", "moe"))
+    if not kinds or not frees_layer_tensors(arch, training):
+        return ()
+    freed = {k: freed_after_softmax(arch, training, par, k) for k in kinds}
+    kind = min(kinds, key=freed.get)
+    source = MEGATRON_FREED_SOURCE if training.framework == "megatron" else HF_FREED_SOURCE
     B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
     sp, tp = ("/t", par.tp) if par.tp > 1 and par.sequence_parallel else ("", 1)
     t = "/t" if par.tp > 1 else ""
     residual = T * arch.hidden_size * B / tp  # the sequence-parallel region splits the sequence
-    projection = T * arch.attention_output_width * B / par.tp  # a/t heads' outputs
+    if training.framework == "megatron":  # the output projection's input gradient, a/t heads' outputs
+        second, width, formula = "output projection input", arch.attention_output_width, "B*s*b*a*d_v"
+    else:  # scores x V's gradient of the expanded v, summed over the group by repeat_kv's backward after the softmax's
+        second, width, formula = "expanded v", arch.num_attention_heads * arch.head_dim, "B*s*b*a*d_head"
+    projection = T * width * B / par.tp
     return (component("transient", f"The layer's MLP ({kind}), attention output and v, freed by their backward",
-                      -freed(kind), "-(MLP tensors + B*s*b*a*d_v + B*s*b*a*d_head)", MEGATRON_FREED_SOURCE),
-            component("transient", "Gradients alive at the moment (residual stream, output projection input)",
-                      residual + projection, f"B*s*b*h{sp} + B*s*b*a*d_v{t}", MEGATRON_FREED_SOURCE))
+                      -freed[kind], "-(MLP tensors + B*s*b*a*d_v + B*s*b*a*d_head)", source),
+            component("transient", f"Gradients alive at the moment (residual stream, {second})",
+                      residual + projection, f"B*s*b*h{sp} + {formula}{t}", source))

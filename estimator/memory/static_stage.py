@@ -293,7 +293,8 @@ def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, pa
                                          stage=sp)
         held = fsdp1_softmax_parts(arch, training, par, recipe, sp) if moment and is_fsdp1(training) \
             and not grads_live and sp.last else []
-        extras = list(extras) + moment + held + selective_core_softmax_moment(arch, training, par)
+        extras = list(extras) + moment + held \
+            + selective_core_softmax_moment(arch, training, par, arch.layer_kind(sp.chunks[-1].stop - 1))
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False
