@@ -83,3 +83,63 @@ def test_overlapping_elements_counts_whole_tensors_on_the_busiest_rank():
     assert overlapping_elements((5.0, 6.0, 1.0), 2) == 11
     assert overlapping_elements((7.0,), 2) == 7
     assert overlapping_elements((1.0, 1.0, 1.0), 4) == 2  # padded to 8, shares of 2: rank 0 the first two
+
+
+def _qwen_zero2_offloaded(dp: int):
+    """The real-GPU ZeRO-2 record's Qwen-1.8B (untied head, 151,936 x 2,048, the largest tensor), 256 tokens, full
+    recompute, with offload_optimizer 'cpu', the 'auto' bucket (h x h = 4,194,304) and `dp` ranks."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from estimator import estimate_config
+
+    path = (Path(__file__).parent / "data" / "measured" / "gpu" / "deepspeed" /
+            "deepspeed-qwen-1.8b-zero2-foreach-adamw-recompute-s256-b1.json")
+    config = copy.deepcopy(json.loads(path.read_text())["config"])
+    for key in ("overlap_comm", "reduce_bucket_size"):
+        config["training"].pop(key)
+    config["training"].update(offload_optimizer="cpu", global_batch_size=dp)
+    config["parallel"]["dp"] = dp
+    stage = estimate_config(config).stages[0]
+    return {c.label: c.bytes for p in stage.phases if p.name == "backward" for c in p.components
+            for c in (c.parts or (c,))}, stage
+
+
+QWEN_N = 1_836_828_672
+QWEN_HEAD = 151_936 * 2_048  # 311,164,928 elements, over the 4,194,304-element bucket
+
+
+def test_zero2_offload_keeps_the_head_gradient_whole_until_the_next_hook():
+    """stage_1_and_2.py (v0.19.5) with cpu_offload: the head's gradient, over reduce_bucket_size, becomes
+    extra_large_param_to_reduce (l. 1203) and stays whole (2 B x 311,164,928) until the next gradient's hook reduces
+    it (l. 1179); then copy_grads_in_partition (l. 1724, cpu_offload branch) takes the rank's slice of it in fp64 for
+    its norm (l. 1635 -> 1561 `.double().norm(2)`, 8 B an element), frees that, casts the slice to fp32 for the host
+    (l. 1575, 4 B: the smaller) and frees the gradient (l. 1578). One GPU: the slice is the whole head."""
+    backward, stage = _qwen_zero2_offloaded(1)
+    assert backward["The largest tensor's gradient, whole until the next gradient's hook"] == 2 * QWEN_HEAD
+    assert backward["fp64 copy of this GPU's slice of it (its norm, offload_optimizer)"] == 8 * QWEN_HEAD
+    assert backward["Gradients"] == 0  # no partition on the GPU: each slice goes to the host
+    # the moment is backward's peak and the stage's: the bf16 parameters, the GPU staging buffer (2 B x the head),
+    # the workspaces, 24 layer inputs, the recomputed layer, the bucket and the head's 10 B an element
+    assert stage.allocated_peak_bytes == sum(backward.values()) == (
+        2 * QWEN_N + 2 * QWEN_HEAD + 2 * 32 * 2**20 + 24 * 256 * 2048 * 2 + 8 * 256
+        + backward["One recomputed layer's activations"] + 2 * 2048**2 + 10 * QWEN_HEAD)
+
+
+def test_zero2_offload_slices_the_head_by_the_rank_partitions():
+    """8 ranks: the flat group (N = 1,836,828,672, a multiple of 2 x 8) in shares of N / 8 = 229,603,584; the head
+    is the last tensor, [N - 311,164,928, N), so the last rank's whole share lies inside it: 8 B x N / 8 = N bytes."""
+    backward, _ = _qwen_zero2_offloaded(8)
+    assert backward["The largest tensor's gradient, whole until the next gradient's hook"] == 2 * QWEN_HEAD
+    assert backward["fp64 copy of this GPU's slice of it (its norm, offload_optimizer)"] == QWEN_N
+
+
+def test_largest_overlap_is_the_largest_tensors_biggest_slice():
+    """Tensors 2, 10, 4 over 2 ranks: shares [0, 8), [8, 16); the 10 lies on [2, 12): 6 on rank 0, 4 on rank 1.
+    Tensors 5, 3, 8: the 8 is [8, 16), rank 1's whole share. One rank: the whole tensor."""
+    from estimator.memory.deepspeed_offload import largest_overlap
+
+    assert largest_overlap((2.0, 10.0, 4.0), 2) == 6
+    assert largest_overlap((5.0, 3.0, 8.0), 2) == 8
+    assert largest_overlap((10.0,), 1) == 10

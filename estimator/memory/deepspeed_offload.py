@@ -78,6 +78,28 @@ def overlapping_elements(sizes: tuple, d: int) -> float:
     return best
 
 
+def largest_overlap(sizes: tuple, d: int) -> float:
+    """The most elements of the largest tensor (the first of them) that one of `d` ranks' partitions holds: its
+    overlap with the rank's equal share of the flat concatenation padded to a multiple of 2 x d
+    (get_partition_info, grad_position's num_elements)."""
+    if not sizes:
+        return 0.0
+    largest = max(sizes)
+    start = sum(sizes[:sizes.index(largest)])
+    share = -(-sum(sizes) // (2 * d)) * 2
+    return max(max(0.0, min(start + largest, (r + 1) * share) - max(start, r * share)) for r in range(d))
+
+
+def largest_slice(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, zero: int,
+                  par: Parallel) -> float:
+    """ZeRO-2 under offload_optimizer: the elements of the largest trainable tensor in one rank's partition, the
+    slice copy_grads_in_partition copies out of its whole gradient (deepspeed_step.zero2_backward); else 0."""
+    if training.framework != "deepspeed" or training.offload_optimizer == "none" or zero != 2:
+        return 0.0
+    key = ("deepspeed largest slice", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, par.dp)
+    return arch.cached(key, lambda: largest_overlap(trainable_sizes(arch, training, recipe, sp), par.dp))
+
+
 def host_buffers(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, zero: int,
                  n: float, par: Parallel) -> tuple[Component, ...]:
     """DeepSpeed's host buffers under offload_optimizer for `n` trainable elements in this rank's partition, the

@@ -17,8 +17,9 @@ steps of Qwen-1.8B on an H200 (tests/data/measured/gpu/deepspeed, tests/test_gpu
   torch._foreach_sqrt(device_exp_avg_sqs)`) makes sqrt(v) of the whole flat tensor it steps, in its dtype; a fused
   kernel (DeepSpeed's FusedAdam, torch's fused AdamW) works in place.
 - In backward ZeRO-2 allocates its flat gradient partitions at the first bucket's reduction, and both stages keep a
-  gradient larger than the bucket (the head's) whole until a later reduction; the ZeRO settings ('auto' as the HF
-  Trainer fills them) live here too (`deepspeed_settings`).
+  gradient larger than the bucket (the head's) whole until a later reduction, ZeRO-2 with the optimizer offloaded
+  too (no GPU partition then, but an fp64 copy of the rank's slice of that gradient for its norm); the ZeRO settings
+  ('auto' as the HF Trainer fills them) live here too (`deepspeed_settings`).
 """
 
 from __future__ import annotations
@@ -151,20 +152,38 @@ ZERO2_BACKWARD_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py copy_g
                          "partition, torch.empty at the first bucket's reduction), reduce_independent_p_g_buckets_and_"
                          "remove_grads (a tensor over reduce_bucket_size is kept whole as extra_large_param_to_reduce "
                          "until the next reduction); measured: tests/data/measured/gpu/deepspeed/*zero2* (peak_blocks)")
+ZERO2_OFFLOAD_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads "
+                        "(l. 1203: a gradient over reduce_bucket_size kept whole as extra_large_param_to_reduce; l. 1179: "
+                        "the next hook's reduce_ipg_grads reduces it), reduce_ipg_grads (l. 1722 frees another rank's, "
+                        "l. 1724 copy_grads_in_partition), copy_grads_in_partition under cpu_offload (l. 1635 "
+                        "set_norm_for_param_grad_in_gpu: `.double().norm(2)` of the rank's slice, l. 1561; l. 1639 "
+                        "async_inplace_copy_grad_to_fp32_buffer_from_gpu: `.to(fp32)` of it, l. 1575, then "
+                        "clear_grad_attribute, l. 1578)")
 
 
-def zero2_backward(arch: Architecture, training: Training, zero: int, largest: float, G: float) -> tuple[bool, list]:
+def zero2_backward(arch: Architecture, training: Training, zero: int, largest: float, G: float,
+                   overlap: float = 0.0) -> tuple[bool, list]:
     """ZeRO-2 (contiguous gradients) in backward: whether its flat gradient partitions exist after the loss's
     backward (allocated at the first bucket's reduction, a few layers in), and the gradient they are allocated beside:
-    the first tensor backward makes, the head's, is over reduce_bucket_size, kept whole until that reduction."""
-    if training.framework != "deepspeed" or zero != 2 or training.offload_optimizer != "none":
+    the first tensor backward makes, the head's, is over reduce_bucket_size, kept whole until that reduction.
+    Offloading the optimizer allocates no partition on the GPU, but the head's gradient is kept whole all the same
+    until the next hook, which takes the rank's slice of it (`overlap` elements) in fp64 for its norm, then in fp32
+    for the host, one after the other, before freeing it: its moment is the whole gradient and the fp64 slice."""
+    if training.framework != "deepspeed" or zero != 2:
         return False, []
     bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
+    offloaded = training.offload_optimizer != "none"
     if largest <= bucket:
-        return True, []
-    return True, [component("transient", "The largest tensor's gradient, whole until the first reduction", G * largest,
-                            f"{G:g} B x {largest:,.0f} elements (over reduce_bucket_size {bucket:,})",
-                            ZERO2_BACKWARD_SOURCE)]
+        return not offloaded, []
+    size = f"{largest:,.0f} elements (over reduce_bucket_size {bucket:,})"
+    if not offloaded:
+        return True, [component("transient", "The largest tensor's gradient, whole until the first reduction",
+                                G * largest, f"{G:g} B x {size}", ZERO2_BACKWARD_SOURCE)]
+    return False, [component("transient", "The largest tensor's gradient, whole until the next gradient's hook",
+                             G * largest, f"{G:g} B x {size}", ZERO2_OFFLOAD_SOURCE),
+                   component("transient", "fp64 copy of this GPU's slice of it (its norm, offload_optimizer)",
+                             8 * overlap, f"8 B x {overlap:,.0f} elements of it in this GPU's partition",
+                             ZERO2_OFFLOAD_SOURCE)]
 
 
 ZERO3_WHOLE_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py reduce_independent_p_g_buckets_and_remove_grads, "

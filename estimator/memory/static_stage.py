@@ -11,7 +11,7 @@ from .activations.entries import KORTHIKANTI
 from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
 from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
-from .deepspeed_offload import host_buffers as deepspeed_host_buffers
+from .deepspeed_offload import host_buffers as deepspeed_host_buffers, largest_slice
 from .deepspeed_step import gradients_source, keeps_gradient_buffer, zero2_backward
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
@@ -194,7 +194,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     grads_early = grads if grads_live else 0
     # ZeRO-2's gradient partitions appear a few layers into backward, beside the head's whole gradient
     largest = step.inv.largest if step.inv else sp.total.largest_tensor
-    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype))
+    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
+                                         largest_slice(arch, training, recipe, sp, zero, par))
     recomputed_bytes += (grads - grads_early if partitions else 0) + total_bytes(pending)
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     saved = total_bytes(loss_saved)
