@@ -13,6 +13,7 @@ from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
 from .deepspeed_offload import host_buffers as deepspeed_host_buffers, largest_slice
 from .deepspeed_step import gradients_source, keeps_gradient_buffer, zero2_backward
+from .deepspeed_zero1 import reduction_end as zero1_reduction_end, step_gradients as zero1_step_gradients
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
@@ -199,10 +200,11 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     recomputed_bytes += (grads - grads_early if partitions else 0) + total_bytes(pending)
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     saved = total_bytes(loss_saved)
+    at_step = zero1_step_gradients(arch, training, recipe, sp, par, zero, grads)  # ZeRO-1's partition alone at the step
     totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
               states + grads_early + total_bytes(tr.backward) + max(saved + beside_loss,
                                                                      total_bytes(after_loss) + recomputed_bytes),
-              states + grads + total_bytes(tr.optimizer))
+              states + (grads if at_step is None else int(round(at_step.bytes))) + total_bytes(tr.optimizer))
     end, backward_end = _backward_end(arch, training, recipe, par, sp, zero, shared, step, grads_live, working,
                                       extras, by_kind)
     communication = shared.moe_communication if moe_stage else shared.communication
@@ -212,7 +214,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                          loss_backward, working, grads_live, training,
                          extras + pending if recompute_wins else extras, end,
                          after_loss if recompute_wins else None, 0.0 if recompute_wins else unbegun,
-                         partitions and recompute_wins))
+                         partitions and recompute_wins, at_step))
     return _StaticStage(totals, communication, step.outside_allocator, sp.num_layers, int(round(sp.local)), parts,
                         step, backward_end, reduce_scatter_pool(training, par, grads, m),
                         _gathered(training, recipe, par, sp),
@@ -352,6 +354,7 @@ def _backward_end(arch: Architecture, training: Training, recipe: Recipe, par: P
     end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
     no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, step.inv)
     end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
+    end = end or zero1_reduction_end(arch, training, recipe, sp, par, zero, grads)  # DeepSpeed ZeRO-1's reduction
     if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
         recomputed = _recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
         end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,
@@ -519,14 +522,14 @@ def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainabl
     return sp.dense_local / (d * par.cp) + sp.expert_local / max(1, par.expert_data_parallel)
 
 
-def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
-                  loss_forward: list, loss_backward: list, working: float, grads_live: bool,
-                  training: Training, extras: list[Component] = (), end: BackwardEnd | None = None,
-                  after_loss: tuple | None = None, unbegun: float = 0.0, grads_in_backward: bool = False) -> _StaticParts:
+def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple, loss_forward: list,
+                  loss_backward: list, working: float, grads_live: bool, training: Training, extras: list[Component] = (),
+                  end: BackwardEnd | None = None, after_loss: tuple | None = None, unbegun: float = 0.0,
+                  grads_in_backward: bool = False, at_step: Component | None = None) -> _StaticParts:
     """The components behind `_static_stage`'s totals (the same pieces, with formulas and sources). `after_loss`:
     where backward's largest moment is a recomputed layer, what of the loss's saved tensors it holds; `unbegun`: the
     unsharded gradients not yet made at the loss's moment (`pp_unbegun.gradients_after_the_loss`); `grads_in_backward`: all the
-    gradients at backward's largest moment, none in forward (ZeRO-2's partitions)."""
+    gradients at backward's largest moment, none in forward (ZeRO-2's partitions); `at_step`: ZeRO-1's at the step."""
     ms, place, tr = step.ms, step.place, step.tr
 
     def state(key: str, label: str, source: str) -> Component:
@@ -577,5 +580,5 @@ def _static_parts(step: StepPart, exchange: tuple[list, ...], loss_saved: tuple,
         grads_end = component("gradients", end.gradients_label, end.gradients, end.gradients_formula,
                               end.gradients_source)
     return _StaticParts(base + tuple(tr.persistent), grads_early, grads_full if grads_in_backward else grads_early,
-                        grads_full, loss_saved, folded,
+                        at_step or grads_full, loss_saved, folded,
                         grads_end, loss_saved if after_loss is None else after_loss)

@@ -1,0 +1,119 @@
+"""DeepSpeed ZeRO-1's gradients from the end of backward to the step, from DeepSpeed v0.19.5's source
+(runtime/zero/stage_1_and_2.py, runtime/engine.py), with overlap_comm off (ZeRO-1's default) and contiguous_gradients
+on (DeepSpeed's default, forced under offload_optimizer: stage_1_and_2.py l. 259).
+
+- In backward each hook only allocates the reduce bucket (process_gradients l. 1731: no reduction without
+  partition_gradients or overlap_comm, l. 1737): every parameter's 16-bit gradient is whole, G x N.
+- After autograd (engine.py allreduce_gradients l. 2862-2865, at the accumulation boundary) reduce_gradients
+  (l. 853) walks the parameters in group order: each gradient is copied into the bucket and its storage replaced
+  by a view of it (reduce_independent_p_g_buckets_and_remove_grads l. 1208-1212), one over reduce_bucket_size kept
+  whole until the next reduction (l. 1203). At each reduction reduce_ipg_grads (l. 1726-1727) copies this rank's
+  partition's gradients out with copy_grads_in_partition: without offload into `grads_in_partition`, one buffer of
+  the whole of every parameter overlapping the partition, allocated at the first (l. 1651); with offload each
+  slice is taken in fp64 for its norm (l. 1561), then in fp32 for the host (l. 1575), and the gradient freed
+  (l. 1578). Rank 0's partition starts with the first parameter: its first reduction comes while every other
+  gradient is still whole.
+- The epilogue (l. 898) keeps views of the partition's gradients (averaged_gradients, l. 925) and drops every
+  parameter's `.grad` (_clear_param_grad_only, l. 2017): the step holds `grads_in_partition` alone (the other
+  ranks' gradients, views of the bucket or whole, are freed), and with offload no gradient on the GPU.
+The partitions: deepspeed_offload.py's (one group, in module order, padded to a multiple of 2 x dp).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from .backward_moments import BackwardEnd
+from .components import Component, component
+from .deepspeed_offload import overlapping_elements, trainable_sizes
+from .deepspeed_step import deepspeed_settings
+from .sharding import StageParameters
+from ..spec.architecture import Architecture
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Recipe, Training
+
+SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py process_gradients (l. 1737), reduce_gradients (l. 853), "
+          "reduce_independent_p_g_buckets_and_remove_grads (l. 1203, 1208-1212), reduce_ipg_grads (l. 1726-1727), "
+          "copy_grads_in_partition (l. 1651; cpu_offload: l. 1561 fp64 norm, l. 1575 fp32 cast, l. 1578 freed), "
+          "independent_gradient_partition_epilogue (l. 925 averaged_gradients, l. 2017 _clear_param_grad_only); "
+          "runtime/engine.py allreduce_gradients (l. 2862-2865)")
+
+
+def applies(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 reducing after backward: DeepSpeed, stage 1, overlap_comm off, no pipeline (DeepSpeed's pipeline
+    engine makes its own bucket, l. 845), whole tensors on each rank (no tensor or context parallelism: the
+    partitions are counted from the model's whole tensors)."""
+    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1
+            and not deepspeed_settings(arch, training, zero).overlap_comm)
+
+
+def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
+           grads: float) -> tuple | None:
+    """The stage's trainable tensors in module order, where ZeRO-1's reduction after backward applies and they
+    make up this GPU's gradients (`grads`); else None (a vision-language model's tower is not among them: its
+    gradients stay counted whole, as before the reduction)."""
+    if not applies(arch, training, par, zero) or not grads:
+        return None
+    sizes = trainable_sizes(arch, training, recipe, sp)
+    return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
+
+
+def _first_reduction(sizes: tuple, share: float, bucket: int) -> tuple[float, float]:
+    """Rank 0's first reduction: (the elements of the gradients already turned into bucket views, the most
+    elements of one of them in rank 0's share `share`). A first tensor over the bucket is reduced alone, whole."""
+    if not sizes:
+        return 0.0, 0.0
+    if sizes[0] > bucket:
+        return 0.0, min(sizes[0], share)
+    moved, start, largest = 0.0, 0.0, 0.0
+    for n in sizes:
+        if moved + n > bucket:
+            break
+        largest = max(largest, max(0.0, min(start + n, share) - start))
+        moved, start = moved + n, start + n
+    return moved, largest
+
+
+def reduction_end(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
+                  zero: int, grads: float) -> BackwardEnd | None:
+    """Backward's last moment under ZeRO-1: rank 0's first reduction after autograd, every gradient (`grads`) but
+    those already in the bucket, beside the bucket and either `grads_in_partition` (allocated then) or, under
+    offload, the fp64 copy of the reduced gradient's slice for its norm. None where `applies` does not."""
+    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
+    if sizes is None:
+        return None
+    d, P, G = par.dp, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
+    bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
+    share = -(-sum(sizes) // (2 * d)) * 2
+    moved, slice_ = _first_reduction(sizes, share, bucket)
+    kept = [component("transient", "Gradient reduction bucket", bucket * P,
+                      f"reduce_bucket_size {bucket:,} x {P:g} B", SOURCE)]
+    if training.offload_optimizer != "none":
+        kept.append(component("transient", "fp64 copy of a reduced gradient's slice (its norm, offload_optimizer)",
+                              8 * slice_, f"8 B x {slice_:,.0f} elements in rank 0's partition", SOURCE))
+    else:
+        first = sum(n for n, end in zip(sizes, accumulate(sizes)) if end - n < share)
+        kept.append(component("transient", "Gradient partition (grads_in_partition, allocated at the first reduction)",
+                              G * first, f"{G:g} B x {first:,.0f} elements: the whole of every tensor overlapping "
+                              "rank 0's partition", SOURCE))
+    return BackwardEnd(grads - G * moved, f"{G:g} B x the stage's parameters" + (
+        f" - {moved:,.0f} already in the bucket" if moved else ""), kept,
+        "Gradients (whole, being reduced after backward)", SOURCE)
+
+
+def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
+                   zero: int, grads: float) -> Component | None:
+    """ZeRO-1's gradients at the step: `grads_in_partition`, the whole of every tensor overlapping the busiest
+    rank's partition, or none on the GPU under offload. None where `reduction_end` is."""
+    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
+    if sizes is None:
+        return None
+    if training.offload_optimizer != "none":
+        return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
+                         "GPU's freed (offload_optimizer)", SOURCE)
+    G = bytes_per_element(recipe.grad_dtype)
+    key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, par.dp)
+    whole = arch.cached(key, lambda: overlapping_elements(sizes, par.dp))
+    return component("gradients", "Gradients", G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every "
+                     "tensor overlapping this GPU's partition (grads_in_partition)", SOURCE)
