@@ -176,6 +176,7 @@ def zero2_backward(arch: Architecture, training: Training, zero: int, largest: f
     if largest <= bucket:
         return not offloaded, []
     size = f"{largest:,.0f} elements (over reduce_bucket_size {bucket:,})"
+    overlap = min(overlap, largest)  # the slices are counted on whole tensors: a tensor-parallel shard bounds them
     if not offloaded:
         return True, [component("transient", "The largest tensor's gradient, whole until the first reduction",
                                 G * largest, f"{G:g} B x {size}", ZERO2_BACKWARD_SOURCE)]
