@@ -233,17 +233,29 @@ PEFT_FREED_SOURCE = (
     "backward peak the last layer's gate and up outputs, SiLU output, post-attention norm's fp32 upcast and rsqrt, "
     "expanded v and the fp32 inputs of the o, gate, up and down adapters are gone, the frozen base's unkept inputs "
     "never were; its output's gradient and v's alive")
+BNB_HELD_SOURCE = (
+    "bitsandbytes 0.43.1 autograd/_functions.py MatMul4Bit.forward (`ctx.tensors = (A, B)`, never cleared by its "
+    "backward) and validation/peft/bnb.py's emulation of it; the node lives until the graph does (the loss's "
+    "grad_fn reaches it), so A stays: measured (python -m validation.peft explain "
+    "llama-3.2-1b-qlora-r16-all7-norecompute-drop00-s8192-b1-bnb0.43.1-eager)")
 
 
 def _adapter_freed(arch: Architecture, training: Training, par: Parallel, kind: str, names: frozenset[str]) -> float:
     """An adapter run's `freed_after_softmax`: of the layer's ledger as the run keeps it (adapter_activations.py:
     without what only frozen weights' gradients read, with the adapters' own tensors), the full fine-tuning
-    tensors named in `names` and the tensors of the adapters after the core (`_AFTER_CORE`). The last layer is
-    never the first layer whose input is frozen where the stack has two layers or more; where it is (one layer),
-    the first layer's ledger differs only before the core (its attention norm, q, k and v's masks)."""
+    tensors named in `names` and the tensors of the adapters after the core (`_AFTER_CORE`), but not the inputs
+    kept for frozen weights alone: bitsandbytes through 0.43.1 holds its 4-bit linears' in `ctx.tensors`, an
+    attribute of the node that autograd's release of its saved tensors leaves alone (BNB_HELD_SOURCE). The last
+    layer is the first one (whose input is frozen) only in a one-layer stack, whose first layer's ledger differs
+    only before the core (its attention norm, q, k and v's masks)."""
     from .activations.layer import layer_entries
-    return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind)
-               if e.name in names or e.name.startswith(_AFTER_CORE))
+    from .adapter_activations import trainable_weights
+    trained = trainable_weights(training, arch)
+
+    def freed(e) -> bool:
+        return e.name.startswith(_AFTER_CORE) or e.name in names and (
+            not e.for_weights or any(w in trained for w in e.for_weights))
+    return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind) if freed(e))
 
 
 def frees_layer_tensors(arch: Architecture, training: Training) -> bool:

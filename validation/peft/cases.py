@@ -81,6 +81,10 @@ def _runs() -> list[LoraRun]:
         # backward (as the HF record llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 does)
         R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=QV, attention="eager"),
         R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=ALL_SEVEN, attention="eager"),
+        # ... over bitsandbytes 0.43.1's 4-bit layers, whose MatMul4Bit holds its input in ctx.tensors (not
+        # save_for_backward), which autograd's release of a node's saved tensors does not drop
+        R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=ALL_SEVEN, base="nf4", bnb_version="0.43.1",
+          attention="eager"),
     ]
 
 
