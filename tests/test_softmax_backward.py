@@ -252,15 +252,37 @@ def test_fsdp1_eager_moment_frees_the_same_layer_tensors(case, under):
     assert tensors_peak(stage) - record["measured"]["peak_bytes"] == -under
 
 
-def test_an_adapter_runs_moment_keeps_its_layer_tensors():
-    """An adapter run's layer ledger is its own (adapter_activations.py: only what the adapted modules and the
-    trained inputs need): the freed tensors of full fine-tuning's ledger are not taken out of it, and no harness
-    record measures that moment (softmax_backward.frees_layer_tensors)."""
-    record = load("llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1.json")
-    training = {k: v for k, v in record["config"]["training"].items() if k not in ("grad_dtype", "optimizer_dtype")}
-    config = dict(record["config"], training=dict(training, adapter={"method": "lora", "rank": 16,
-                                                                     "target_modules": ["q", "v"]}))
-    stage = estimate_config(config).stages[0]
+ADAPTER_FREED = 2 * 8192 * 2048 + 4 * 8192 * 2048 + 4 * 8192 + 2 * 2 * 8192 * 8192 + 2 * 8192 * 8192
+ALL7_ADAPTERS = 3 * (4 * 8192 * 2048 + 4 * 8192 * 16) + 4 * 8192 * 8192 + 4 * 8192 * 16
+
+
+@pytest.mark.parametrize("case, freed, over", [
+    ("llama-3.2-1b-lora-r16-qv-norecompute-drop00-s8192-b1-eager", ADAPTER_FREED, 31_389_696),
+    ("llama-3.2-1b-lora-r16-all7-norecompute-drop00-s8192-b1-eager", ADAPTER_FREED + ALL7_ADAPTERS, -4_392_960),
+    ("llama-3.2-1b-qlora-r16-all7-norecompute-drop00-s8192-b1-bnb0.43.1-eager", ADAPTER_FREED + ALL7_ADAPTERS,
+     -4_401_152)])
+def test_an_adapter_runs_moment_frees_its_kept_layer_tensors(case, freed, over):
+    """Llama-3.2-1B, peft LoRA r16 over a frozen bf16 base, eager attention, no recompute, s = 8192, b = 1 (the
+    PEFT harness's records peak in the last layer's softmax backward): of the layer's ledger as an adapter run keeps
+    it (adapter_activations.py), autograd has freed by then v expanded (2 B x 8192 x 32 x 64), the MLP norm's fp32
+    upcast and rsqrt (4 B x 8192 x 2048 + 4 B x 8192), gate and up (2 x 2 B x 8192 x 8192) and the SiLU output
+    (2 B x 8192 x 8192): 503,349,248 bytes (the frozen o_proj's and down_proj's inputs are not kept at all). With
+    all 7 linears adapted, also the fp32 inputs and r-wide lora_A outputs of o, gate, up (3 x (4 B x 8192 x 2048 +
+    4 B x 8192 x 16)) and down (4 B x 8192 x 8192 + 4 B x 8192 x 16): 471,859,200 more (`python -m validation.peft
+    explain`: 5 of 128 fp32 (8192, 2048) upcasts, 1 of 16 fp32 (8192, 8192), 4 of 112 lora_A outputs gone). The
+    residual stream's and v's gradients (2 x 2 B x 8192 x 2048) are alive, as in full fine-tuning. The estimate was
+    +467,630,080 B (+0.19%) and +903,706,624 B (+0.36%) over the records with those left in; now q,v is 31.4 MB over
+    (its ledger counts the first layer's q, which matmul(q, k^T) does not keep there: k needs no gradient) and
+    all 7 is 4.4 MB under (the last layer's adapter gradients made by then are left out). Over bitsandbytes
+    0.43.1's 4-bit layers the same bytes are freed: the inputs its MatMul4Bit holds in ctx.tensors for the frozen
+    o, gate, up and down (2 B x 8192 x (2 x 2048 + 8192) = 201,326,592) stay with the node until the graph goes
+    (explain: 16 of 16 down_proj and o_proj inputs alive there); the estimate was +0.36% over it as well."""
+    assert freed == (503_349_248 if "qv" in case else 503_349_248 + 471_859_200)
+    record = load(f"peft/{case}.json")
+    stage = estimate_config(record["config"]).stages[0]
     parts = backward_parts(stage)
     assert HF_MOMENT in backward_transient(stage).formula and parts[TEMPORARY] == 4 * 32 * 8192**2
-    assert FREED not in parts and "Gradients alive at the moment (residual stream, expanded v)" not in parts
+    assert parts[FREED] == -freed
+    assert parts["Gradients alive at the moment (residual stream, expanded v)"] == 2 * 2 * 8192 * 2048
+    assert record["measured"]["peak_phase"] == "backward"
+    assert tensors_peak(stage) - record["measured"]["peak_bytes"] == over

@@ -18,7 +18,9 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
   no harness has measured it: its gradients go to the reduction buckets, and none is modelled beside it.
   Inside the layer, the tensors its MLP, post-attention norm, output projection and scores x V kept are freed by
   then (autograd releases a node's saved tensors once it has run: AUTOGRAD_RELEASE_SOURCE) and two hidden-sized
-  gradients are alive (`_layer_parts`; Megatron's and transformers' full fine-tuning, as both harnesses' traces show).
+  gradients are alive (`_layer_parts`; Megatron's and transformers' full fine-tuning, as both harnesses' traces show;
+  an adapter run's, of its own ledger, with the adapters of o_proj and the MLP: the PEFT harness's records
+  llama-3.2-1b-lora-r16-{qv,all7}-norecompute-drop00-s8192-b1-eager peak there).
 - with full recompute in Megatron's unfused path, the recomputed layer's whole softmax backward beside it
   (`softmax_backward_moment(recomputed=True)`; the harness record
   llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there); with selective recompute of the core
@@ -113,7 +115,7 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     whose three tensors are B each). `gradients`: the bytes of the gradients made before it (HF: head and the
     last layer's after its core attention; `last_layer_gradients`); `freed_copies`: the autocast copies of those
     weights, freed by their matmuls' backward by then (HF under autocast). Megatron and transformers' full
-    fine-tuning: less the layer's tensors made after its softmax (its MLP's, the attention output) and v, freed by
+    or adapter fine-tuning: less the layer's tensors made after its softmax (its MLP's, the attention output) and v, freed by
     their backward by then (autograd releases a node's saved tensors once it has run), plus two hidden-sized
     gradients alive at the moment (`_layer_parts`, of the `stage`'s last layer, or of any of its layers where it
     is a recomputed one). With full recompute (`recomputed`), Megatron's unfused softmax
@@ -214,14 +216,53 @@ def freed_after_softmax(arch: Architecture, training: Training, par: Parallel, k
     from .activations.mlp import mlp_entries
     names = tuple(n for n in _FREED_ATTENTION if v_freed or n != _V)
     after = [e for e in attention_entries(arch, training, par) if e.name.startswith(names)]
-    return sum(e.bytes(par) for e in after + mlp_entries(arch, training, par, kind))
+    after += mlp_entries(arch, training, par, kind)
+    if training.adapter is not None:
+        return _adapter_freed(arch, training, par, kind, frozenset(e.name for e in after))
+    return sum(e.bytes(par) for e in after)
+
+
+# the adapted modules whose backward runs before the attention core's: their adapters' tensors (adapter_activations.py
+# names them "<module> adapter: ..." and "<module> DoRA: ...") are freed by the softmax's backward
+_AFTER_CORE = tuple(f"{m} {what}:" for m in ("o", "gate", "up", "down", "router", "experts")
+                    for what in ("adapter", "DoRA"))
+PEFT_FREED_SOURCE = (
+    "peft 0.21 tuners/lora/layer.py Linear.forward (lora_B(lora_A(dropout(x))) beside the frozen base layer's "
+    "output, each module's tensors saved by its own autograd nodes); measured under fake tensors (python -m "
+    "validation.peft explain llama-3.2-1b-lora-r16-qv-norecompute-drop00-s8192-b1-eager and ...-all7-...): at the "
+    "backward peak the last layer's gate and up outputs, SiLU output, post-attention norm's fp32 upcast and rsqrt, "
+    "expanded v and the fp32 inputs of the o, gate, up and down adapters are gone, the frozen base's unkept inputs "
+    "never were; its output's gradient and v's alive")
+BNB_HELD_SOURCE = (
+    "bitsandbytes 0.43.1 autograd/_functions.py MatMul4Bit.forward (`ctx.tensors = (A, B)`, never cleared by its "
+    "backward) and validation/peft/bnb.py's emulation of it; the node lives until the graph does (the loss's "
+    "grad_fn reaches it), so A stays: measured (python -m validation.peft explain "
+    "llama-3.2-1b-qlora-r16-all7-norecompute-drop00-s8192-b1-bnb0.43.1-eager)")
+
+
+def _adapter_freed(arch: Architecture, training: Training, par: Parallel, kind: str, names: frozenset[str]) -> float:
+    """An adapter run's `freed_after_softmax`: of the layer's ledger as the run keeps it (adapter_activations.py:
+    without what only frozen weights' gradients read, with the adapters' own tensors), the full fine-tuning
+    tensors named in `names` and the tensors of the adapters after the core (`_AFTER_CORE`), but not the inputs
+    kept for frozen weights alone: bitsandbytes through 0.43.1 holds its 4-bit linears' in `ctx.tensors`, an
+    attribute of the node that autograd's release of its saved tensors leaves alone (BNB_HELD_SOURCE). The last
+    layer is the first one (whose input is frozen) only in a one-layer stack, whose first layer's ledger differs
+    only before the core (its attention norm, q, k and v's masks)."""
+    from .activations.layer import layer_entries
+    from .adapter_activations import trainable_weights
+    trained = trainable_weights(training, arch)
+
+    def freed(e) -> bool:
+        return e.name.startswith(_AFTER_CORE) or e.name in names and (
+            not e.for_weights or any(w in trained for w in e.for_weights))
+    return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind) if freed(e))
 
 
 def frees_layer_tensors(arch: Architecture, training: Training) -> bool:
     """Whether the layer ledger the moment sits beside is `freed_after_softmax`'s: Megatron's, and transformers'
-    full fine-tuning of a dense or MoE stack (an adapter run keeps a ledger of its own, adapter_activations.py;
-    not modelled here)."""
-    return training.framework == "megatron" or (training.adapter is None and not arch.is_hybrid)
+    fine-tuning of a dense or MoE stack, full or through adapters (`_adapter_freed`; a hybrid stack keeps a ledger
+    of its own, activations/hybrid.py, not modelled here)."""
+    return training.framework == "megatron" or not arch.is_hybrid
 
 
 def _layer_parts(arch: Architecture, training: Training, par: Parallel,
@@ -237,7 +278,8 @@ def _layer_parts(arch: Architecture, training: Training, par: Parallel,
         return ()
     freed = {k: freed_after_softmax(arch, training, par, k) for k in kinds}
     kind = min(kinds, key=freed.get)
-    source = MEGATRON_FREED_SOURCE if training.framework == "megatron" else HF_FREED_SOURCE
+    source = MEGATRON_FREED_SOURCE if training.framework == "megatron" else \
+        PEFT_FREED_SOURCE + "; " + HF_FREED_SOURCE if training.adapter else HF_FREED_SOURCE
     B, T = bytes_per_element(training.compute_dtype), tokens_per_gpu(training, par)
     sp, tp = ("/t", par.tp) if par.tp > 1 and par.sequence_parallel else ("", 1)
     t = "/t" if par.tp > 1 else ""
@@ -248,6 +290,7 @@ def _layer_parts(arch: Architecture, training: Training, par: Parallel,
         second, width, formula = "expanded v", arch.num_attention_heads * arch.head_dim, "B*s*b*a*d_head"
     projection = T * width * B / par.tp
     return (component("transient", f"The layer's MLP ({kind}), attention output and v, freed by their backward",
-                      -freed[kind], "-(MLP tensors + B*s*b*a*d_v + B*s*b*a*d_head)", source),
+                      -freed[kind], "-(the kept MLP, o_proj and post-core adapter tensors + B*s*b*a*d_head)"
+                      if training.adapter else "-(MLP tensors + B*s*b*a*d_v + B*s*b*a*d_head)", source),
             component("transient", f"Gradients alive at the moment (residual stream, {second})",
                       residual + projection, f"B*s*b*h{sp} + {formula}{t}", source))

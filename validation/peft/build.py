@@ -47,13 +47,14 @@ class LoraRun:
     bnb_version: str = "0.49.2"  # QLoRA: the bitsandbytes release whose 4-bit layer is emulated (bnb.py)
     double_quant: bool = True  # QLoRA: bnb_4bit_use_double_quant
     prepare: bool = False  # peft prepare_model_for_kbit_training (QLoRA): the 16-bit parameters cast to fp32
+    attention: str = "sdpa"  # transformers' attn_implementation: "sdpa" or "eager"
 
 
 def model_config(run: LoraRun):
     from .tiny import TINY
 
     spec = TINY.get(run.model) or MODELS[run.model]
-    return spec.hf_config("sdpa")
+    return spec.hf_config(run.attention)
 
 
 def lora_config(run: LoraRun):

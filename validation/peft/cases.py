@@ -27,11 +27,12 @@ def case_id(run: LoraRun) -> str:
     recompute = "recompute" if run.recompute == "full" else "norecompute"
     save = "-save-embed-head" if run.save else ""
     quant, prepared = "", "-prepared" if run.prepare else ""
+    eager = "-eager" if run.attention == "eager" else ""
     if run.base == "nf4":
         quant = (f"-bnb{run.bnb_version}" if run.bnb_version != DEFAULT_BNB else "") + \
             ("" if run.double_quant else "-nodq")
     return (f"{run.model}-{method}-r{run.rank}-{targets_label(run.targets)}-{recompute}-"
-            f"drop{round(run.dropout * 100):02d}-s{run.seq_len}-b{run.micro_batch_size}{save}{quant}{prepared}")
+            f"drop{round(run.dropout * 100):02d}-s{run.seq_len}-b{run.micro_batch_size}{save}{quant}{prepared}{eager}")
 
 
 def _runs() -> list[LoraRun]:
@@ -76,6 +77,14 @@ def _runs() -> list[LoraRun]:
         R("llama-3.1-8b", 2048, rank=16, alpha=32, targets=QV, dora=True),
         R("llama-3.1-8b", 4096, rank=16, alpha=32, targets=ALL_SEVEN, recompute="full", dora=True),
         R("qwen3-8b", 2048, rank=8, alpha=16, targets=QV, dropout=0.05, dora=True),
+        # eager attention without recompute at a long sequence: the backward peaks in the last layer's softmax
+        # backward (as the HF record llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 does)
+        R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=QV, attention="eager"),
+        R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=ALL_SEVEN, attention="eager"),
+        # ... over bitsandbytes 0.43.1's 4-bit layers, whose MatMul4Bit holds its input in ctx.tensors (not
+        # save_for_backward), which autograd's release of a node's saved tensors does not drop
+        R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=ALL_SEVEN, base="nf4", bnb_version="0.43.1",
+          attention="eager"),
     ]
 
 
@@ -108,7 +117,7 @@ def contract_config(run: LoraRun) -> dict:
             # Trainable copies of the embeddings / LM head (modules_to_save) stay bf16.
             "param_dtype": "bf16", "grad_dtype": "fp32", "master_weights": False,
             "optimizer_dtype": "fp32", "compute_dtype": "bf16", "optimizer": "adamw",
-            "recompute": run.recompute, "attention": "flash", "dropout": 0.0, "loss": "standard",
+            "recompute": run.recompute, "attention": "flash" if run.attention == "sdpa" else "eager", "dropout": 0.0, "loss": "standard",
             # the step calls the model directly, without Accelerate's autocast (estimator/memory/trainer_loop.py)
             "training_loop": "plain",
             "adapter": adapter(run),
@@ -126,9 +135,10 @@ def describe(run: LoraRun) -> str:
     recompute = "gradient checkpointing (non-reentrant, every layer)" if run.recompute == "full" \
         else "no gradient checkpointing"
     save = "; embeddings and LM head trainable (modules_to_save)" if run.save else ""
+    attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
     if run.prepare:
         save += "; peft prepare_model_for_kbit_training (every non-4-bit parameter cast to fp32)"
     return (f"{run.model}, peft {method}, rank {run.rank}, alpha {run.alpha}, targets {targets}, "
             f"dropout {run.dropout}, {recompute}, fp32 adapters, fused AdamW on trainable parameters, "
-            f"grad-norm clipping, SDPA (FlashAttention-2), seq {run.seq_len}, micro-batch "
+            f"grad-norm clipping, {attention}, seq {run.seq_len}, micro-batch "
             f"{run.micro_batch_size}{save}")
