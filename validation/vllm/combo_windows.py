@@ -10,10 +10,13 @@ first piece of Llama-3.1-8B as vLLM 0.19 writes it with its custom ops off (the 
 RMSNorm without residual, qkv GEMM, native rotary, the attention's output buffer; ``--stage middle``: the
 received hidden states and residual added first) on fake CUDA tensors, builds inductor's Scheduler with
 ``combo_kernels`` on and prints the fused kernels and each combo window with its arguments' bytes. No GPU: the
-H100's device properties are supplied by hand, so nothing is compiled or run. It uses the installed torch
-(2.13 here; vLLM 0.19.0 pins torch 2.10.0, whose scheduler was not run). Recorded in the xfail reason of
-tests/test_serving_published.py (FORWARD): the gather is fused into the RMSNorm kernel, the only kernel of its
-topological level, and the one window is the q/k rotary pair on both stages.
+H100's device properties are supplied by hand, so nothing is compiled or run. It uses the torch it runs under:
+the installed 2.13, and 2.10.0 (the version vLLM 0.19.0 pins; PyPI's CUDA wheel in a venv of its own, with
+triton 3.6.0: ``PYTHONPATH=. /work/venvs/torch210/venv/bin/python -m validation.vllm.combo_windows``).
+Recorded in the xfail reason of tests/test_serving_published.py (FORWARD): under both, the gather is fused into
+the RMSNorm kernel, the only kernel of its topological level, and the one window is the q/k rotary pair
+(op4 192.1 MiB, op5 144.1 MiB of arguments) on both stages (2.13 prints it twice: its peak-memory gate,
+_try_combo_with_halving, asks speedup_by_combo_kernel again).
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ def _pretend_h100() -> None:
     torch.cuda.is_available = lambda: True
     torch.cuda.current_device = lambda: 0
     torch.cuda.device_count = lambda: 1
+    from torch._subclasses import fake_tensor  # a CUDA build (torch 2.10's wheel) would touch the missing driver
+    fake_tensor.init_gpu_context = lambda device: None
 
 
 def combo_windows(stage: str) -> tuple[list[str], list[list[tuple[str, int]]]]:
