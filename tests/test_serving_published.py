@@ -126,7 +126,8 @@ FORWARD = ("the first pipeline stage's peak: 1.10 GiB printed under PP 2 and PP 
            "mechanism found: a copy of the embedding table (128,256 x 4,096 bf16, 1,002 MiB) beside two T x h bf16 "
            "buffers (128 MiB) is 1,130 MiB, 1.10 GiB as printed, and would hide under every single-stage peak "
            "(Llama-3.1-8B 1.89, CodeLlama-7B's 250 MiB table 0.77); with one buffer and the 50 MiB flush it is "
-           "1.09. Not modelled")
+           "1.09; equally, ours + 128 MiB + a second 50 MiB flush buffer is 1,124 MiB (1.10), so the sizes do not "
+           "single out a mechanism. Not modelled")
 SMALL_REMAINDER = ("1.71 GiB of KV left of a 75 GiB budget, so the 3% is 0.05 GiB (0.07% of the budget): ours is "
                    "1.7672, 0.9 MiB past the edge (1.7663). The weights are the Marlin load replayed "
                    "(serving/marlin_blocks.py: 65.9651 GiB, to the digit what 0.10.1 printed for the same load in "
