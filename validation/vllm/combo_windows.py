@@ -1,6 +1,6 @@
 """Which kernels of vLLM's first compiled piece inductor would benchmark as combo-kernel subkernels, on CPU.
 
-    python3 -m validation.vllm.combo_windows [--stage first|middle]
+    python3 -m validation.vllm.combo_windows [--stage first|middle] [--symbolic]
 
 vLLM 0.19 compiles with ``combo_kernels`` and ``benchmark_combo_kernel`` on (config/compilation.py), and the
 model compiles inside the profiling run, so inductor's compile-time benchmarks count towards the printed torch
@@ -10,10 +10,13 @@ first piece of Llama-3.1-8B as vLLM 0.19 writes it with its custom ops off (the 
 RMSNorm without residual, qkv GEMM, native rotary, the attention's output buffer; ``--stage middle``: the
 received hidden states and residual added first) on fake CUDA tensors, builds inductor's Scheduler with
 ``combo_kernels`` on and prints the fused kernels and each combo window with its arguments' bytes. No GPU: the
-H100's device properties are supplied by hand, so nothing is compiled or run. It uses the installed torch
-(2.13 here; vLLM 0.19.0 pins torch 2.10.0, whose scheduler was not run). Recorded in the xfail reason of
-tests/test_serving_published.py (FORWARD): the gather is fused into the RMSNorm kernel, the only kernel of its
-topological level, and the one window is the q/k rotary pair on both stages.
+H100's device properties are supplied by hand, so nothing is compiled or run. It uses the torch it runs under:
+the installed 2.13, and 2.10.0 (the version vLLM 0.19.0 pins; PyPI's CUDA wheel in a venv of its own, with
+triton 3.6.0: ``PYTHONPATH=. /work/venvs/torch210/venv/bin/python -m validation.vllm.combo_windows``).
+Recorded in the xfail reason of tests/test_serving_published.py (FORWARD): under both, the gather is fused into
+the RMSNorm kernel, the only kernel of its topological level, and the one window is the q/k rotary pair
+(op4 192.1 MiB, op5 144.1 MiB of arguments) on both stages, with the token dimension static or a symbol
+(2.13 prints it twice: its peak-memory gate, _try_combo_with_halving, asks speedup_by_combo_kernel again).
 """
 
 from __future__ import annotations
@@ -76,10 +79,37 @@ def _pretend_h100() -> None:
     torch.cuda.is_available = lambda: True
     torch.cuda.current_device = lambda: 0
     torch.cuda.device_count = lambda: 1
+    from torch._subclasses import fake_tensor  # a CUDA build (torch 2.10's wheel) would touch the missing driver
+    fake_tensor.init_gpu_context = lambda device: None
 
 
-def combo_windows(stage: str) -> tuple[list[str], list[list[tuple[str, int]]]]:
-    """The scheduled kernels and the combo windows (each member with its arguments' bytes)."""
+def _piece_inputs(mode, stage: str, symbolic: bool):
+    """The piece and its fake CUDA inputs; with ``symbolic`` the token dimension is a symbol, as vLLM marks it."""
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    fn, per_token = (first_piece, 2) if stage == "first" else (middle_piece, 3)  # leading args with T rows
+    shapes = ([(T,), (T,)] if stage == "first" else [(T, H), (T, H), (T,)]) + [(V, H), (H,), (Q + 2 * KV, H),
+                                                                              (MAX_POS, HEAD)]
+    dtypes = ([torch.int32, torch.int64] if stage == "first" else [torch.bfloat16] * 2 + [torch.int64]) \
+        + [torch.bfloat16] * 4
+    cuda, args = torch.device("cuda", 0), []
+    with mode:
+        for i, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+            if not symbolic:
+                args.append(torch.empty(shape, dtype=dtype, device=cuda))
+                continue
+            dims = [DimDynamic.DYNAMIC if d == 0 and i < per_token else DimDynamic.STATIC for d in range(len(shape))]
+            meta = torch.empty(shape, dtype=dtype, device="meta")
+            args.append(mode.from_tensor(meta, source=LocalSource(f"arg{i}"),
+                                         symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)).to(cuda))
+        for arg in args[1:per_token] if symbolic else ():
+            torch._check(arg.shape[0] == args[0].shape[0])  # one token count across the inputs
+    return fn, args
+
+
+def combo_windows(stage: str, symbolic: bool = False) -> tuple[list[str], list[list[tuple[str, int]]]]:
+    """The scheduled kernels and the combo windows (each member with its arguments' bytes at T tokens)."""
     import torch._inductor.config as inductor_config
     from torch._inductor import scheduler as sched
     from torch._inductor.debug import DebugContext
@@ -93,24 +123,19 @@ def combo_windows(stage: str) -> tuple[list[str], list[list[tuple[str, int]]]]:
     _pretend_h100()
     inductor_config.combo_kernels = True
     inductor_config.benchmark_combo_kernel = False  # nothing runs here; the windows are recorded instead
-    mode, cuda = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()), torch.device("cuda", 0)
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    fn, args = _piece_inputs(mode, stage, symbolic)
     with mode:
-        common = (torch.empty(T, dtype=torch.int64, device=cuda), torch.empty(V, H, dtype=torch.bfloat16, device=cuda),
-                  torch.empty(H, dtype=torch.bfloat16, device=cuda),
-                  torch.empty(Q + 2 * KV, H, dtype=torch.bfloat16, device=cuda),
-                  torch.empty(MAX_POS, HEAD, dtype=torch.bfloat16, device=cuda))
-        if stage == "first":
-            fn, args = first_piece, (torch.empty(T, dtype=torch.int32, device=cuda), *common)
-        else:
-            fn, args = middle_piece, (torch.empty(T, H, dtype=torch.bfloat16, device=cuda),
-                                      torch.empty(T, H, dtype=torch.bfloat16, device=cuda), *common)
-        gm = make_fx(fn, decomposition_table=select_decomp_table())(*args)
+        gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic" if symbolic else "real")(
+            *args)
+    args = [node.meta["val"] for node in gm.graph.nodes if node.op == "placeholder"] if symbolic else args
     windows: list[list[tuple[str, int]]] = []
 
     def record(self, nodes):
         def size(name):
-            buf = virtualized.graph.get_buffer(name)
-            return buf.get_numel() * buf.get_dtype().itemsize if buf is not None else 0
+            buf, sizevars = virtualized.graph.get_buffer(name), virtualized.graph.sizevars
+            hint = getattr(sizevars, "size_hint", None) or sizevars.optimization_hint  # 2.10 / 2.13 spelling
+            return hint(buf.get_numel(), fallback=T) * buf.get_dtype().itemsize if buf is not None else 0
         def arguments(node):  # each buffer once, as the benchmark module's get_args() allocates it
             return {dep.name for dep in node.read_writes.reads | node.read_writes.writes}
         windows.append([(n.get_name(), sum(size(name) for name in arguments(n))) for n in nodes])
@@ -129,7 +154,9 @@ def combo_windows(stage: str) -> tuple[list[str], list[list[tuple[str, int]]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", choices=("first", "middle"), default="first")
-    kernels, windows = combo_windows(parser.parse_args().stage)
+    parser.add_argument("--symbolic", action="store_true", help="the token dimension a symbol, as vLLM compiles it")
+    options = parser.parse_args()
+    kernels, windows = combo_windows(options.stage, options.symbolic)
     print("kernels:", *kernels, sep="\n  ")
     for window in windows:
         print("combo window:", ", ".join(f"{name} ({size / MiB:.1f} MiB of arguments)" for name, size in window))
