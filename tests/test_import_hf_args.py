@@ -91,6 +91,8 @@ HF = [
      "parallel": {"dp": 4}},
     # liger_kernel_config {fused_linear_cross_entropy: false}: Liger's layers, transformers' loss
     {"model": "qwen3-8b", "training": {"framework": "hf", "seq_len": 2048, "liger_kernel": True}, "parallel": {"dp": 1}},
+    # liger_kernel_config {cross_entropy: true} alone: Liger's cross-entropy kernel (loss "fused", as axolotl's)
+    {"model": "llama-3.2-3b", "training": {"framework": "hf", "seq_len": 2048, "loss": "fused"}, "parallel": {"dp": 1}},
     # liger_kernel_config {rms_norm: false, swiglu: false}: Liger's fused linear cross-entropy alone
     {"model": "llama-3.2-3b", "training": {"framework": "hf", "seq_len": 2048, "loss": "chunked"}, "parallel": {"dp": 1}},
     {"model": "qwen3-8b", "training": {"framework": "hf", "seq_len": 2048, "param_dtype": "fp32",
@@ -110,8 +112,8 @@ def test_emit_hf_round_trip(config):
 def test_emit_hf_refuses_what_the_arguments_cannot_say():
     with pytest.raises(ConfigError, match="training.stage3_param_persistence_threshold"):
         emit_hf({**HF[1], "training": {**HF[1]["training"], "stage3_param_persistence_threshold": 10_000}})
-    with pytest.raises(ConfigError, match="training.loss"):  # the Trainer's fused loss is Liger's, loss "chunked"
-        emit_hf({**HF[0], "training": {**HF[0]["training"], "loss": "fused"}})
+    with pytest.raises(ConfigError, match="training.loss"):  # Liger's cross-entropy beside its layers: not modelled
+        emit_hf({**HF[0], "training": {**HF[0]["training"], "loss": "fused", "liger_kernel": True}})
     with pytest.raises(ConfigError, match="--emit"):
         emit_hf({"model": "llama-3.1-8b", "training": {"seq_len": 4096}})  # a Megatron configuration
 

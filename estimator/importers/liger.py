@@ -42,9 +42,12 @@ def trainer_liger(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
     if not flce:
         ledger.mapped("liger_kernel_config.fused_linear_cross_entropy", False,
                       "transformers' own loss (training.loss = \"standard\")")
-    if doc.get("liger_kernel_config.cross_entropy"):
-        ledger.not_modelled("liger_kernel_config.cross_entropy", True, "Liger's cross-entropy kernel on the "
-                                                                       "logits; estimated as transformers' loss")
+    if doc.get("liger_kernel_config.cross_entropy") and (norm or swiglu or flce):
+        ledger.not_modelled("liger_kernel_config.cross_entropy", True, "Liger's cross-entropy kernel beside its "
+                                                                       "other kernels; estimated as transformers' loss")
+    elif doc.get("liger_kernel_config.cross_entropy"):  # as axolotl's liger_cross_entropy (axolotl_liger)
+        build.set("training.loss", "fused", "liger_kernel_config.cross_entropy", True,
+                  why="Liger's cross-entropy kernel alone")
 
 
 def axolotl_liger(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
@@ -76,9 +79,12 @@ def trainer_lines(liger: bool, loss: str) -> list[str]:
     """The TrainingArguments lines that give `liger` (training.liger_kernel) and `loss` (read back by
     trainer_liger); ConfigError where the Trainer has no such setting."""
     from ..spec.errors import ConfigError
-    if loss == "fused":
-        raise ConfigError("training.loss", loss, "'standard', or 'chunked' (use_liger_kernel)", "the Trainer's only "
-                          "fused loss is Liger's fused linear cross-entropy")
+    if loss == "fused" and liger:
+        raise ConfigError("training.loss", loss, "'standard' or 'chunked' with liger_kernel", "Liger's cross-entropy "
+                          "kernel beside its layer kernels is not modelled")
+    if loss == "fused":  # Liger's cross-entropy kernel alone, read back as axolotl's liger_cross_entropy is
+        return ["use_liger_kernel: true", "liger_kernel_config:", "  rms_norm: false", "  swiglu: false",
+                "  fused_linear_cross_entropy: false", "  cross_entropy: true"]
     if liger and loss == "chunked":
         return ["use_liger_kernel: true"]
     if liger:
