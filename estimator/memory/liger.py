@@ -33,13 +33,12 @@ SOURCE = (f"liger-kernel {RELEASE} transformers/monkey_patch.py (apply_liger_ker
 RMS_NORM_SOURCE = f"liger-kernel {RELEASE} ops/rms_norm.py LigerRMSNormFunction (saves X, W, fp32 RSTD)"
 SWIGLU_SOURCE = f"liger-kernel {RELEASE} ops/swiglu.py LigerSiLUMulFunction (saves a, b; silu recomputed)"
 
+NOTE = ("liger_kernel: each layer as liger-kernel 0.8.5 patches it (RMSNorm keeps its input and an fp32 rstd per "
+        "row, SwiGLU keeps gate and up and recomputes the SiLU, RoPE rotates in place); measured with the HF harness "
+        f"(validation/hf/liger.py); {SOURCE}")
+
 # the frameworks that run a transformers model through the Trainer (memory/activations/llama4.py's list)
 FRAMEWORKS = ("hf", "deepspeed", "fsdp1")
-
-
-def liger_layers(training: Training) -> bool:
-    """The decoder layers run Liger's RMSNorm and SwiGLU (check() refuses every other case)."""
-    return training.liger_kernel
 
 
 def check(arch: Architecture, training: Training) -> None:
