@@ -737,8 +737,15 @@ def test_planner_writes_the_chosen_layout_as_a_launch_config():
     kind = at.selectbox(key="planner_emit_kind")
     assert kind.value == "hf" and len(kind.options) == 3
     assert table["Recompute"][0] in ("none", "full (all)")  # a layout the Trainer's arguments can state
-    for name, first_line in (("hf", "model_name_or_path:"), ("axolotl", "base_model:"),
-                             ("llama-factory", "model_name_or_path:")):
+    # its loss is "fused" (the planner's, as cheap as "chunked" here): Liger's cross-entropy kernel alone, which
+    # the Trainer (liger_kernel_config) and axolotl (liger_cross_entropy) can state and LLaMA-Factory cannot (its
+    # enable_liger_kernel is Liger's defaults: training.liger_kernel with the fused linear cross-entropy)
+    assert table["Loss"][0] == "fused"
+    at.selectbox(key="planner_emit_kind").set_value("llama-factory").run()
+    _no_exception(at)
+    assert any("cannot write layout #1" in w.value and "Loss computation" in w.value for w in at.warning), \
+        [w.value for w in at.warning]
+    for name, first_line in (("hf", "model_name_or_path:"), ("axolotl", "base_model:")):
         at.selectbox(key="planner_emit_kind").set_value(name).run()
         _no_exception(at)
         text = next(c.value for c in at.code if c.value.startswith("# written by llm-memory"))

@@ -30,6 +30,12 @@ def test_plan_emit_writes_a_layout_the_plan_chose(kind, training, tmp_path):
     imported = import_config(emitted.stdout, gpus=8)
     assert imported.kind == kind and imported.unknown == ()
     fitting = json.loads(run("plan", "--config", str(config), "--gpus", "8", "--json").stdout)["layouts"]
+    if kind == "llama-factory":
+        # the planner's fused loss has no LLaMA-Factory setting: its first layout with Liger's kernels
+        # (enable_liger_kernel), which keep less (tests/test_liger.py), so it fits as the layout did
+        assert imported.config["training"]["liger_kernel"] and "Liger's kernels" in emitted.stderr
+        assert estimate_imported(imported).device_total_bytes <= fitting[0]["device_total_bytes"]
+        return
     assert estimate_imported(imported).device_total_bytes in [x["device_total_bytes"] for x in fitting]
 
 

@@ -22,7 +22,7 @@ LORA_8BIT = {"model": "llama-3.1-8b",
                                       "base_dtype": "int8", "trainable_embeddings": True}},
              "parallel": {"dp": 8}}
 ZERO3 = {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 8192, "recompute": "full",
-                                           "loss": "fused"},
+                                           "loss": "chunked", "liger_kernel": True},
          "parallel": {"dp": 8, "zero_stage": 3}}
 ZERO2_OFFLOAD = {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 4096, "micro_batch_size": 4,
                                                    "offload_optimizer": "cpu"},

@@ -26,12 +26,12 @@ def same_estimate(result, expected):
 
 def test_openr1_sft_on_accelerate_zero3():
     # 8 processes, ZeRO-3; SFTConfig: batch 2 x accumulation 8 x 8 GPUs, max_length 32768, gradient
-    # checkpointing, Liger kernels (fused loss), bf16
+    # checkpointing, Liger kernels (Liger's layers and fused linear cross-entropy), bf16
     result = import_config(text("openr1_zero3.yaml"), training_args=text("openr1_sft_config_distill.yaml"),
                            overrides=QWEN7B)
     expected = {"model": "qwen2.5-7b",
                 "training": {"framework": "deepspeed", "micro_batch_size": 2, "global_batch_size": 128,
-                             "recompute": "full", "loss": "fused", "seq_len": 32768},
+                             "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768},
                 "parallel": {"zero_stage": 3, "dp": 8}}
     assert result.kind == "accelerate"
     same_estimate(result, expected)

@@ -27,7 +27,7 @@ def test_openr1_sft_config_alone_is_ddp():
     same_estimate(result, {"model": "qwen2.5-7b",
                            "parallel": {"dp": 8},
                            "training": {"framework": "hf", "micro_batch_size": 2, "global_batch_size": 128,
-                                        "recompute": "full", "loss": "fused", "seq_len": 32768}})
+                                        "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768}})
 
 
 DS_INLINE = """model_name_or_path: meta-llama/Llama-3.1-8B
@@ -79,7 +79,8 @@ HF = [
                                                        "target_modules": "all-linear", "dropout": 0.05}},
      "parallel": {"dp": 8}},
     {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 8192, "recompute": "full",
-                                       "loss": "fused", "offload_optimizer": "cpu", "reduce_bucket_size": 50_000_000},
+                                       "loss": "chunked", "liger_kernel": True, "offload_optimizer": "cpu",
+                                       "reduce_bucket_size": 50_000_000},
      "parallel": {"dp": 8, "zero_stage": 3}},
     {"model": "qwen3-8b", "training": {"framework": "fsdp2", "seq_len": 8192, "recompute": "full"},
      "parallel": {"dp": 8, "zero_stage": 2}},
@@ -88,6 +89,12 @@ HF = [
     {"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "seq_len": 4096, "offload_optimizer": "cpu",
                                            "offload_parameters": "cpu"},
      "parallel": {"dp": 4}},
+    # liger_kernel_config {fused_linear_cross_entropy: false}: Liger's layers, transformers' loss
+    {"model": "qwen3-8b", "training": {"framework": "hf", "seq_len": 2048, "liger_kernel": True}, "parallel": {"dp": 1}},
+    # liger_kernel_config {cross_entropy: true} alone: Liger's cross-entropy kernel (loss "fused", as axolotl's)
+    {"model": "llama-3.2-3b", "training": {"framework": "hf", "seq_len": 2048, "loss": "fused"}, "parallel": {"dp": 1}},
+    # liger_kernel_config {rms_norm: false, swiglu: false}: Liger's fused linear cross-entropy alone
+    {"model": "llama-3.2-3b", "training": {"framework": "hf", "seq_len": 2048, "loss": "chunked"}, "parallel": {"dp": 1}},
     {"model": "qwen3-8b", "training": {"framework": "hf", "seq_len": 2048, "param_dtype": "fp32",
                                        "compute_dtype": "fp32", "compile": True, "optimizer": "adam8bit"},
      "parallel": {"dp": 2}},
@@ -105,6 +112,8 @@ def test_emit_hf_round_trip(config):
 def test_emit_hf_refuses_what_the_arguments_cannot_say():
     with pytest.raises(ConfigError, match="training.stage3_param_persistence_threshold"):
         emit_hf({**HF[1], "training": {**HF[1]["training"], "stage3_param_persistence_threshold": 10_000}})
+    with pytest.raises(ConfigError, match="training.loss"):  # Liger's cross-entropy beside its layers: not modelled
+        emit_hf({**HF[0], "training": {**HF[0]["training"], "loss": "fused", "liger_kernel": True}})
     with pytest.raises(ConfigError, match="--emit"):
         emit_hf({"model": "llama-3.1-8b", "training": {"seq_len": 4096}})  # a Megatron configuration
 

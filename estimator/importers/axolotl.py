@@ -18,6 +18,7 @@ from .finetune import deepspeed_by_name, targets
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .models import is_hub_id, preset_for
 from .result import Imported, Ledger
+from .liger import axolotl_liger
 from .source import parse_yaml
 from .yaml_keys import AXOLOTL
 
@@ -59,8 +60,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
             ledger.mapped("optimizer", optim, "training.optimizer = \"adamw\"")
     else:
         ledger.not_modelled("optimizer", optim, "estimated as AdamW")
-    if doc.get("liger_fused_linear_cross_entropy") or doc.get("liger_cross_entropy"):
-        build.set("training.loss", "fused", "liger_fused_linear_cross_entropy", True)
+    axolotl_liger(doc, build, ledger)
     attn = doc.get("attn_implementation")
     if attn == "eager" or (doc.given("flash_attention") and doc.get("flash_attention") is False
                            and not doc.get("sdp_attention")):

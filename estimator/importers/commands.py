@@ -124,7 +124,36 @@ def emit_plan(args: argparse.Namespace, cfg, result) -> int:
             text = emit(args.emit, config, args.gpus_per_node)
         except ConfigError as exc:
             first_refusal = first_refusal or exc
-            continue
+            text = _with_liger(args, cfg, layout)
+            if text is None:
+                continue
         print(text, end="")
         return 0
     raise first_refusal
+
+
+def _with_liger(args: argparse.Namespace, cfg, layout) -> str | None:
+    """LLaMA-Factory states no fused loss but Liger's defaults (enable_liger_kernel: training.liger_kernel and, in
+    the pt and sft stages, its fused linear cross-entropy, importers/liger.py): a layout the planner gave a fused or
+    chunked loss, written with Liger's kernels where its own estimate is no larger (so it fits as the layout did);
+    None where that does not hold or the model's Liger patch is refused."""
+    from dataclasses import replace
+
+    from ..memory.memory import device_total
+    from ..spec.config import Config
+    from .emit import emit
+    tr = layout.training
+    if args.emit != "llama-factory" or tr.loss == "standard" or tr.liger_kernel:
+        return None
+    liger = replace(tr, liger_kernel=True, loss="chunked" if tr.rl is None else "standard")
+    try:
+        total = device_total(cfg.architecture, liger, layout.parallel, cfg.hardware)
+        if total > layout.device_total_bytes:
+            return None
+        config = Config(cfg.architecture, liger, layout.parallel, cfg.hardware, cfg.model).to_dict()
+        text = emit(args.emit, config, args.gpus_per_node)
+    except ConfigError:
+        return None
+    print(f"layout with the planner's {tr.loss!r} loss written with Liger's kernels (enable_liger_kernel): "
+          f"{total / 2**30:.2f} GiB per GPU, the layout's {layout.device_total_bytes / 2**30:.2f}", file=sys.stderr)
+    return text

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..spec.errors import ConfigError
 from .emit_check import hub_id, verified
+from .liger import axolotl_lines
 
 _AXOLOTL_OPTIM = {"adamw": "adamw_torch_fused", "adam8bit": "adamw_bnb_8bit", "adafactor": "adafactor", "sgd": "sgd"}
 _FACTORY_OPTIM = {"adamw": "adamw_torch", "adam8bit": "adamw_bnb_8bit", "adafactor": "adafactor", "sgd": "sgd"}
@@ -27,8 +28,7 @@ def emit_axolotl(config: dict) -> str:
     if tr.recompute == "full" and tr.framework != "fsdp2":
         lines.append("gradient_checkpointing: true")
     lines.append(f"optimizer: {_name(_AXOLOTL_OPTIM, tr.optimizer, 'axolotl')}")
-    if tr.loss == "fused":
-        lines += ["plugins:", "  - axolotl.integrations.liger.LigerPlugin", "liger_fused_linear_cross_entropy: true"]
+    lines += axolotl_lines(tr.liger_kernel, tr.loss)
     if tr.attention == "eager":
         lines.append("attn_implementation: eager")
     if tr.compile:
@@ -52,13 +52,27 @@ def emit_llama_factory(config: dict) -> str:
     if tr.recompute == "none":
         lines.append("disable_gradient_checkpointing: true")
     lines.append(f"optim: {_name(_FACTORY_OPTIM, tr.optimizer, 'llama-factory')}")
-    if tr.loss == "fused":
-        lines.append("enable_liger_kernel: true")
+    lines += _factory_liger(tr)
     if tr.attention == "eager":
         lines.append("flash_attn: disabled")
     if tr.framework == "deepspeed":
         lines.append(f"deepspeed: examples/deepspeed/ds_z{par.zero_stage or 0}{_offload(tr, par)}_config.json")
     return verified("llama-factory", "\n".join(lines) + "\n", config, gpus=par.gpus)
+
+
+def _factory_liger(tr) -> list[str]:
+    """enable_liger_kernel: Liger's defaults, its fused linear cross-entropy only in the pt and sft stages
+    (LLaMA-Factory's require_logits)."""
+    flce = tr.rl is None  # _factory_stage writes sft, or dpo for a preference run
+    wanted = "chunked" if tr.liger_kernel and flce else "standard"
+    if tr.loss != wanted:
+        raise ConfigError("training.loss", tr.loss, f"{wanted!r} (with liger_kernel {_yaml_bool(tr.liger_kernel)})",
+                          "LLaMA-Factory's only other loss is Liger's, through enable_liger_kernel")
+    return ["enable_liger_kernel: true"] if tr.liger_kernel else []
+
+
+def _yaml_bool(value: bool) -> str:
+    return "true" if value else "false"
 
 
 # --- shared ----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from ..spec.errors import ConfigError
+from .liger import trainer_lines
 from .emit_check import hub_id, verified
 
 _OPTIM = {"adamw": "adamw_torch_fused", "adam8bit": "adamw_bnb_8bit", "adafactor": "adafactor", "sgd": "sgd",
@@ -38,8 +39,7 @@ def emit_hf(config: dict) -> str:
     if tr.optimizer not in _OPTIM:
         raise ConfigError("training.optimizer", tr.optimizer, ", ".join(_OPTIM), "hf has no setting for it")
     lines.append(f"optim: {_OPTIM[tr.optimizer]}")
-    if tr.loss == "fused":
-        lines.append("use_liger_kernel: true")
+    lines += trainer_lines(tr.liger_kernel, tr.loss)
     if tr.attention == "eager":
         lines.append("attn_implementation: eager")
     if tr.compile:

@@ -18,6 +18,7 @@ import re
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, to_int
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS, TRL
+from .liger import trainer_liger
 from .models import is_hub_id, preset_for
 from .result import Ledger
 from .shell import read_launch
@@ -131,7 +132,7 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
         else:
             ledger.not_modelled("torch_compile", True, f"torch.compile under {framework} is not modelled")
     if doc.get("use_liger_kernel"):
-        build.set("training.loss", "fused", "use_liger_kernel", True, why="Liger's fused linear cross-entropy")
+        trainer_liger(doc, build, ledger)
     attn = doc.get("attn_implementation") or doc.get("model_init_kwargs.attn_implementation")
     if attn == "eager":
         build.set("training.attention", "eager", "attn_implementation", attn)

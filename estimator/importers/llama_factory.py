@@ -18,6 +18,7 @@ from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
+from .liger import liger_defaults
 from .models import is_hub_id, preset_for
 from .result import Imported, Ledger
 from .source import parse_yaml
@@ -75,7 +76,9 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     elif optim not in _OPTIM:
         ledger.not_modelled("optim", optim, "estimated as AdamW")
     if doc.get("enable_liger_kernel"):
-        build.set("training.loss", "fused", "enable_liger_kernel", True)
+        # LLaMA-Factory model/model_utils/liger_kernel.py apply_liger_kernel: the model type's defaults, with
+        # fused_linear_cross_entropy=False where the stage needs logits (require_logits: stage not pt or sft)
+        liger_defaults(build, "enable_liger_kernel", True, flce=doc.get("stage", "sft") in ("sft", "pt"))
     if doc.get("flash_attn", "auto") == "disabled":
         build.set("training.attention", "eager", "flash_attn", "disabled")
     _stage(doc, build, ledger, finetuning, seq)

@@ -29,6 +29,7 @@ import re
 
 from ..spec.errors import ConfigError
 from . import megatron, openrlhf_flags
+from .liger import liger_defaults
 from .build import ConfigBuilder, FlatDoc, split_flags, to_float, to_int
 from .finetune import targets
 from .models import is_hub_id, preset_for
@@ -214,7 +215,10 @@ def _training(entry: str, flags: FlatDoc, build: ConfigBuilder, ledger: Ledger) 
     elif flags.given("ds.attn_implementation"):
         ledger.mapped("--ds.attn_implementation", attention, "training.attention = \"flash\" (no s x s scores kept)")
     if flags.get("ds.use_liger_kernel"):
-        build.set("training.loss", "fused", "--ds.use_liger_kernel", "", why="Liger's fused linear cross-entropy")
+        # the model is loaded through liger's AutoLigerKernelForCausalLM (its defaults), but OpenRLHF's Actor calls it
+        # without labels and takes the log-probs from its logits (openrlhf/models/actor.py Actor.forward), and
+        # liger-kernel 0.8.5 lce_forward skips the logits only when labels are given: no fused loss runs
+        liger_defaults(build, "--ds.use_liger_kernel", "", flce=False)
     optim = flags.get("actor.optim" if entry == "train_ppo_ray" else "optim", "adam")
     if optim == "muon":
         build.set("training.optimizer", "muon", f"--{'actor.' if entry == 'train_ppo_ray' else ''}optim", optim)

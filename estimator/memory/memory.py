@@ -291,6 +291,9 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
     if arch.attention_layer_period and training.framework == "megatron" and training.mode == "training":
         notes.append("Megatron-Core 0.16 has no Mamba-1 mixer (ssm/mamba_mixer.py is Mamba-2): the Mamba-1 layers are "
                      "modelled as transformers' JambaMambaMixer runs them with mamba-ssm's selective scan")
+    if training.liger_kernel:
+        from .liger import NOTE as LIGER_NOTE
+        notes.append(LIGER_NOTE)
     return tuple(notes)
 
 

@@ -85,6 +85,8 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     _check_framework(arch, training, par)
     _check_training_settings(arch, training, par)
     _check_compile_loss(training)
+    from .liger import check as check_liger
+    check_liger(arch, training)
     zero = resolve_zero_stage(training, par)
     if training.fp8_all_gather:
         check_fp8_all_gather(training, zero)

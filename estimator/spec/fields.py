@@ -108,6 +108,12 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "fsdp2 with compile: torchtitan's async TP (Inductor's micro-pipeline TP, the forward's collectives). "
           "Changes the step time and, under fsdp2, the reserved peak: plain TP's reduce-scatter cat of the partial "
           "sums (one full-sequence copy) stays reserved, the fused op's is not made.", _LAYOUT),
+    _bool("liger_kernel", _T, "Liger kernels", "hf, deepspeed, fsdp1: the Trainer's use_liger_kernel (LLaMA-Factory "
+          "enable_liger_kernel, axolotl's Liger plugin, OpenRLHF --ds.use_liger_kernel). liger-kernel 0.8.5 patches the "
+          "model with its defaults: RMSNorm keeps its input and an fp32 rstd per row, SwiGLU keeps gate and up and "
+          "recomputes the SiLU, RoPE rotates in place; its fused linear cross-entropy is loss 'chunked'. Modelled for "
+          "dense RMSNorm/SwiGLU decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite); refused where Liger patches "
+          "nothing or its patch is not modelled.", _SAVERS),
     _bool("compile", _T, "torch.compile", "fsdp2 (torchtitan --compile.enable, per block), torchtune (compile: "
           "True, per layer) or hf (the Trainer's torch_compile=True): each layer saves what Inductor's min-cut "
           "partitioner keeps (torch 2.13 torch/_functorch/partitioners.py min_cut_rematerialization_partition) "

@@ -69,6 +69,7 @@ class Training:
     fp8_recipe: str = "tensorwise"
     fp8_all_gather: bool = False  # fsdp2: FSDP2 all-gathers torchao float8 weights (enable_fsdp_float8_all_gather)
     async_tp: bool = False  # TP collectives overlapped with their GEMMs (--tp-comm-overlap, torchtitan async TP)
+    liger_kernel: bool = False  # the Trainer's use_liger_kernel: Liger's RMSNorm, SwiGLU, RoPE (memory/liger.py)
     compile: bool = False  # torch.compile of the layers: Inductor's partitioner decides what they save (activations.py)
     # fsdp2 with compile: the loss compiles with the model (torchtitan's compile.components); None = the
     # release's default (memory/titan_releases.py)

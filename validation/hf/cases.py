@@ -15,7 +15,7 @@ def case_id(run: Run) -> str:
             f"{'recompute' if run.recompute == 'full' else 'norecompute'}-{run.attention}-"
             f"s{run.seq_len}-b{run.micro_batch_size}" + (f"-i{run.images}x{run.image_size}" if run.images else "")
             + ("-frozenvision" if run.freeze_vision else "")
-            + ("-sdpavision" if run.vision_attention == "sdpa" else ""))
+            + ("-sdpavision" if run.vision_attention == "sdpa" else "") + ("-liger" if run.liger else ""))
 
 
 def _runs() -> list[Run]:
@@ -67,7 +67,18 @@ def _runs() -> list[Run]:
         *(Run(*args, **kw) for args, kw in LLAMA4_RUNS),
         # DeepSeek-V3.2's sparse attention (issue 28): the lightning indexer under no_grad, eager attention
         *(Run(*args, **kw) for args, kw in DSA_RUNS),
+        # the Trainer's use_liger_kernel (issue 23): Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy
+        *LIGER_RUNS,
     ]
+
+
+LIGER_RUNS = (
+    Run("llama-3.1-8b", 4096, liger=True), Run("llama-3.1-8b", 2048, 2, recompute="full", liger=True),
+    Run("qwen3-8b", 4096, liger=True), Run("qwen2.5-7b", 4096, recipe="amp", liger=True),
+    # activations above the optimizer step's peak: long sequences, small models
+    Run("llama-3.1-8b", 8192, 2, liger=True), Run("llama-3.2-1b", 8192, 2, liger=True),
+    Run("qwen2.5-0.5b", 8192, 2, recipe="amp", liger=True),
+)
 
 
 SMALL_RUNS = (
@@ -94,7 +105,8 @@ def contract_config(run: Run) -> dict:
             "grad_dtype": dtype, "master_weights": False, "optimizer_dtype": dtype,
             "compute_dtype": "bf16", "optimizer": run.optimizer, "recompute": run.recompute,
             "attention": "flash" if run.attention == "sdpa" else "eager",
-            "dropout": 0.0, "loss": "standard", **images,
+            "dropout": 0.0, "loss": "chunked" if run.liger else "standard", **images,
+            **({"liger_kernel": True} if run.liger else {}),
         },
         "parallel": {"tp": 1, "pp": 1, "dp": 1},
         "hardware": {"gpu": "h100-80"},
@@ -116,5 +128,8 @@ def describe(run: Run) -> str:
         frozen = ", the vision encoder frozen" if run.freeze_vision else ""
         tower = VISION_KERNELS[run.model] if run.vision_attention == "flash_attention_2" else SDPA_VISION[run.model]
         kernels = f", {run.images} images of {run.image_size} px per sample{frozen}, {tower}"
+    if run.liger:
+        kernels += (", liger-kernel 0.8.5 applied as the Trainer's use_liger_kernel (its defaults: RMSNorm, SwiGLU, "
+                    "RoPE, fused linear cross-entropy; Triton launches stubbed, validation/hf/liger.py)")
     return (f"{run.model}, HF transformers training step: {recipe}, {opt} (foreach), {recompute}, "
             f"{attention}{kernels}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")

@@ -30,7 +30,10 @@ METHOD = (
     "real tensors, its attention (and Gemma 3's decoder) on flash_attention_2, emulated with the allocations of "
     "flash-attn's varlen and dense kernels, or in a -sdpavision case Qwen2.5-VL's tower on SDPA as transformers runs "
     "it without flash-attn (one emulated FlashAttention-2 call per window or image); fake equals real on tiny models "
-    "(tests/test_harness_vision.py)."
+    "(tests/test_harness_vision.py). Liger-Kernel (-liger cases, validation/hf/liger.py): the model patched as the "
+    "Trainer's use_liger_kernel patches it, liger-kernel's Python wrappers allocating as they do and its Triton "
+    "launches stubbed; the wrappers' device branches answered as on an H100 (no fake-equals-real check: Triton "
+    "kernels do not run on a CPU)."
 )
 
 HARNESS = Harness(

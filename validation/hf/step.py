@@ -38,6 +38,7 @@ class Run:
     freeze_vision: bool = False  # the vision encoder frozen (requires_grad False), the merger or projector trained
     # what the vision tower runs: flash-attn's kernel, or SDPA where flash-attn is not installed (validation/vlm)
     vision_attention: str = "flash_attention_2"
+    liger: bool = False  # the Trainer's use_liger_kernel: liger-kernel's defaults for the model type (liger.py)
 
 
 def build_model(run: Run, device: str | None = None):
@@ -55,6 +56,9 @@ def build_model(run: Run, device: str | None = None):
     if run.freeze_vision:
         vision.freeze_encoder(model)
     model.train()
+    if run.liger:
+        from .liger import apply as apply_liger
+        apply_liger(model)
     if run.recompute == "full":
         # What `TrainingArguments(gradient_checkpointing=True)` turns on: every decoder layer,
         # non-reentrant torch.utils.checkpoint (the method's name before transformers 5.2x as well)
@@ -104,6 +108,9 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
     tracker = StorageTracker()
     torch.manual_seed(seed)
     with fake_mode(fake, real_inputs=False), cuda_emulation(tracker), hybrid_kernels(tracker), ExitStack() as stack:
+        if run.liger:
+            from .liger import liger_emulation
+            stack.enter_context(liger_emulation())
         model, opt = build(run)
         inputs = None
         if run.images:  # a vision-language step: its batch and its vision tower's emulation (validation/vlm)

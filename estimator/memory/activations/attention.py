@@ -66,6 +66,13 @@ def _qk_norm_entries(arch: Architecture, training: Training, par: Parallel) -> l
         out += l2_qk_norm_entries(arch, training, par)
     if arch.qk_norm and fused_kernels(training):
         out.append(Entry("q and k norm inputs", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"))
+    elif arch.qk_norm and training.liger_kernel:
+        # LigerRMSNormFunction over each head (memory/liger.py; apply_liger_kernel_to_qwen3 patches q_norm and
+        # k_norm): the q and k projections' outputs and an fp32 rstd per head
+        out.append(Entry("q and k norm inputs (Liger RMSNorm)", T * (qw + arch.kv_width), B, "tp",
+                         "B*s*b*(a + g)*d_head"))
+        out.append(Entry("q and k norms (Liger RMSNorm rstd per head, fp32)", T * (a + arch.num_kv_heads), 4, "tp",
+                         "4*s*b*(a + g)"))
     elif arch.qk_norm and torch_fused_rms_norm(arch, training):
         # torch's fused kernel over each head (see torch_fused_rms_norm): the input and an fp32 rstd per head
         out.append(Entry("q and k norm inputs (fused RMSNorm)", T * (qw + arch.kv_width), B, "tp",

@@ -119,6 +119,12 @@ def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[E
     residual stream is already fp32, so the upcast is the residual itself."""
     B = bytes_per_element(training.compute_dtype)
     h = arch.hidden_size
+    if training.liger_kernel:
+        # LigerRMSNormFunction (memory/liger.py RMS_NORM_SOURCE) saves its input, whatever its dtype (the
+        # residual stream: fp32 under autocast), and one fp32 rstd per row ("llama" casting mode)
+        kept = 4 if autocast(training) else B
+        return [Entry(f"{name} (Liger RMSNorm input)", T * h, kept, "sp", f"{kept:g}*s*b*h"),
+                Entry(f"{name} (Liger RMSNorm rstd per token, fp32)", T, 4, "sp", "4*s*b")]
     if fused_kernels(training) or training.compute_dtype == "fp32":
         return [Entry(name, T * h, B, "sp", "B*s*b*h")]
     if torch_fused_rms_norm(arch, training):

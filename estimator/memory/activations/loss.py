@@ -63,6 +63,11 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     if training.loss == "chunked" and training.framework == "torchtune":
         return _torchtune_chunked_loss(arch, training, par, vocab)
     T = tokens_per_gpu(training, par)
+    if training.loss == "chunked":  # Liger's fused linear cross-entropy keeps no head input (its own gradients)
+        loss = _liger_chunked_loss(arch, training, par, vocab)
+        from ..adapter_activations import kept  # a frozen head gets no weight gradient
+        return LossMemory(saved=kept(_norm("final norm input", T, arch, training) + loss.saved, training, arch),
+                          forward=loss.forward, backward=loss.backward, source=loss.source)
     saved = _norm("final norm input", T, arch, training)
     saved += _norm_output("LM head input", T, arch, training, 1, (), gemm=False, weights=("head",))
     loss = _cross_entropy_memory(arch, training, par, vocab)
@@ -207,22 +212,44 @@ def _in_place_cross_entropy(training: Training, par: Parallel, vocab: int) -> Lo
 
 
 def _liger_chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int) -> LossMemory:
-    """chunked: fused linear + cross-entropy in token chunks (Liger FusedLinearCrossEntropy, Cut Cross-Entropy):
-    logits never exist beyond one chunk; Liger computes the gradients of the head's input and weight during
-    forward and keeps them for backward. (Under fsdp2 it is torchtitan's ChunkedLossWrapper,
+    """chunked: Liger's fused linear cross-entropy (LIGER_FLCE_SOURCE; the HF Trainer's use_liger_kernel, Cut
+    Cross-Entropy alike). Its autograd Function computes the head's input and weight gradients during forward,
+    chunk by chunk, and saves only them (not the head's input): the input's gradient like the input (fp32 under
+    autocast, the residual stream's dtype), the weight's like the weight (accum_dtype None), only where the weight
+    requires grad (not under a frozen-head adapter). During forward the head's input (the final norm's output)
+    is alive beside one chunk of logits in the compute dtype, whose cross-entropy kernel writes the gradient in
+    place, and the per-token fp32 loss. (Under fsdp2 it is torchtitan's ChunkedLossWrapper,
     `_torchtitan_chunked_loss`; under torchtune its CEWithChunkedOutputLoss, `_torchtune_chunked_loss`.)"""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     h = arch.hidden_size
-    chunk = max(1.0, T * h / vocab)  # Liger: chunk = BT / ceil(V/h) tokens
-    saved = [Entry("gradient of the LM head input (computed in forward)", T * h, B, "sp", "B*s*b*h")]
-    P = bytes_per_element(training.param_dtype)  # Liger allocates it like the weight
-    # Liger allocates it only when the head's weight requires grad (not under a frozen-head adapter)
+    I = 4 if autocast(training) else B  # the head's input: the final norm's output, in the residual's dtype
+    chunk = liger_chunk_tokens(T, h, vocab)
+    saved = [Entry("gradient of the LM head input (computed in forward)", T * h, I, "sp", f"{I:g}*s*b*h")]
+    P = bytes_per_element(training.param_dtype)
     saved.append(Entry("gradient of the LM head weight (computed in forward)", vocab * h, P, "tp", "P*V*h",
                        split_by_cp=False, for_weights=("head",)))
-    forward = [Entry("one chunk of logits and their fp32 gradient", chunk * vocab, B + 4, "tp", "(B + 4)*(s*b*h/V)*V")]
-    return LossMemory(saved=saved, forward=forward, backward=[],
-                      source="Liger-Kernel fused_linear_cross_entropy (chunk = BT / ceil(V/h))")
+    forward = [Entry("LM head input (final norm output, alive while the loss runs)", T * h, I, "sp", f"{I:g}*s*b*h"),
+               Entry(f"one chunk of logits, their gradient written in place ({chunk:g} tokens)", chunk * vocab, B,
+                     "tp", "B*chunk*V"),
+               Entry("per-token fp32 loss and target mask", T, 5, "sp", "(4 + 1)*s*b")]
+    return LossMemory(saved=saved, forward=forward, backward=[], source=LIGER_FLCE_SOURCE)
+
+
+LIGER_FLCE_SOURCE = (
+    "liger-kernel 0.8.5 ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward (chunk = "
+    "min(next_power_of_2(cdiv(BT, cdiv(V, H))), BT); grad_input = zeros_like(_input); grad_weight = zeros_like(weight) "
+    "when weight.requires_grad; logits_storage [chunk, V] in the input's dtype; liger_cross_entropy_kernel writes "
+    "the gradient into the logits) and LigerFusedLinearCrossEntropyFunction.forward (save_for_backward(grad_input, "
+    "grad_weight, grad_bias))")
+
+
+def liger_chunk_tokens(tokens: float, hidden: int, vocab: int) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy (LIGER_FLCE_SOURCE, chunk_mem_const 1):
+    next_power_of_2(cdiv(BT, cdiv(V, H))), at most BT."""
+    bt = int(tokens)
+    per_chunk = -(-bt // -(-vocab // hidden))
+    return min(1 << max(per_chunk - 1, 0).bit_length(), bt)
 
 
 MEGATRON_NATIVE_CE_SOURCE = (

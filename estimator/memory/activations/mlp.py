@@ -39,6 +39,13 @@ def _mlp(prefix: str, T: float, width: float, arch: Architecture, training: Trai
                       f"2*B*s*b*{f}", recompute=tags),
                 Entry(f"{prefix}fc2 input (SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}", gemm_input=True,
                       recompute=act_tags)]
+    if training.liger_kernel:
+        # LigerSiLUMulFunction (memory/liger.py SWIGLU_SOURCE) keeps gate and up and recomputes silu(gate) in
+        # backward; its product is the down projection's input, kept by that linear
+        return [Entry(f"{prefix}gate and up projections (kept by Liger SwiGLU)", 2 * T * width, B, divided_by,
+                      f"2*B*s*b*{f}", recompute=tags, tensors=2),
+                Entry(f"{prefix}fc2 input (Liger SwiGLU output)", T * width, B, divided_by, f"B*s*b*{f}",
+                      gemm_input=True, recompute=act_tags, for_weights=(down,))]
     if compiled(training):
         # Inductor's partitioner (COMPILE_SOURCE): act(gate) is pointwise and recomputed from the kept gate
         # output; gate, up and their product (the down projection's input) stay (measured)
