@@ -50,12 +50,14 @@ ATTENTION_OUTPUT = "attention output (output projection input)"
 
 
 def replay_rule(cfg) -> str | None:
-    """Why the Megatron replay does not apply (None: it does): a dense decoder, no pipeline, the distributed
-    optimizer or DDP's buffers, default segments, nothing offloaded."""
+    """Why the Megatron replay does not apply (None: it does): a dense decoder on TP x DP without a pipeline or
+    context parallelism, the distributed optimizer or DDP's buffers, default segments, nothing offloaded (as
+    measured: the H200 records and the B200 runs of tests/data/measured)."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (par.pp > 1, "a pipeline (its micro-batches in flight are not replayed)"),
+        (par.cp > 1, "context parallelism (TransformerEngine's ring attention's per-step buffers are not replayed)"),
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
         (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model (its dispatch buffers are not replayed)"),
         (arch.uses_mla or arch.uses_sparse_attention, "MLA or sparse attention (not replayed)"),
@@ -111,10 +113,14 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
     program = _Program()
     mains = _initialise(program, cfg, order, P, G)
-    for c in static.parts().kept:  # the library workspaces, TE's dummy weight gradients, the global buffer
-        if c.key in ("workspace", "wgrad_cache", "buffers"):
-            program.alloc(c.bytes)
+    kept = static.parts().kept
+    program.many(_workspaces(cfg, sum(c.bytes for c in kept if c.key == "workspace")))
+    for c in kept:  # TE's dummy weight gradients
+        if c.key == "wgrad_cache":
+            program.many([int(p.bytes + 0.5) for p in (c.parts or (c,)) if p.bytes >= 1])
     walk = _Walk(program, cfg, shared, sp, embedding, layers, head, P)
+    # the global memory buffer, made where the first layer first asks for it (utils.py GlobalMemoryBuffer.get_tensor)
+    walk.pending = [c.bytes for c in kept if c.key == "buffers"]
     moments: list = []
     for _ in range(2):
         previous = None
@@ -129,6 +135,19 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     return max(0, allocator.reserved_peak - allocator.allocated_peak), allocator.segments
 
 
+def _workspaces(cfg, total: float) -> list[int]:
+    """The library workspaces as their requests (workspaces.library_workspaces: one cuBLAS workspace per thread
+    that runs a matrix product, TE's own after them)."""
+    from .workspaces import TORCH_THREADS, cublas_workspace_bytes
+
+    hardware = cfg.hardware
+    config = hardware.cublas_workspace_config
+    each = cublas_workspace_bytes(config) if config else hardware.device.runtime.blas_workspace_bytes
+    threads = TORCH_THREADS["training"]
+    rest = int(total - threads * each + 0.5)
+    return [each] * threads + ([rest] if rest > 0 else [])
+
+
 def _initialise(program, cfg, order: list[float], P: float, G: float) -> list[float]:
     """The model, DDP's buffers, the optimizer's main parameters; returns the main parameters' elements."""
     distributed = cfg.zero_stage == 1
@@ -139,8 +158,8 @@ def _initialise(program, cfg, order: list[float], P: float, G: float) -> list[fl
     program.alloc(G * total)  # grad_data
     if distributed:
         program.free(*reversed(own))  # `for param in params[::-1]`: each copied into param_data, its storage freed
-    dp = cfg.parallel.dp if distributed else 1
-    mains = _shards(order, dp)
+    # the distributed optimizer shards over the data-parallel group with context parallelism (states.py)
+    mains = _shards(order, cfg.parallel.dp * cfg.parallel.cp if distributed else 1)
     for n in mains:
         copy = program.alloc(P * n)  # shard_model_param.clone()
         program.alloc(4 * n)  # .float(): the main parameter
@@ -149,7 +168,7 @@ def _initialise(program, cfg, order: list[float], P: float, G: float) -> list[fl
 
 
 def _shards(order: list[float], dp: int) -> list[float]:
-    """The main parameters of the first data-parallel rank: its 1/dp of the buffer (one bucket: Megatron-LM's
+    """The main parameters of the first rank of the `dp` sharing the optimizer: its 1/dp of the buffer (one bucket: Megatron-LM's
     DDP without overlap_grad_reduce, distributed_data_parallel.py `bucket_size = None`), laid out from the last
     parameter (`params[::-1]`), cut at the range's end."""
     if dp == 1:
@@ -189,6 +208,7 @@ class _Walk:
         self.full = training.recompute == "full"
         self.fused_wgrad = training.gradient_accumulation_fusion
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
+        self.pending: list[float] = []
 
     def micro_batch(self) -> None:
         prog = self.program
@@ -206,10 +226,12 @@ class _Walk:
     def _made(self, kind: str) -> list:
         prog, sizes, scores = self.program, self.sizes[kind].sizes, self.scores[kind]
         if scores is None:
+            self._buffers()  # the all-gather's buffer (sequence parallelism), at the layer's first projection
             return prog.many(sizes)
         at, ends = scores
         fp32, cast = sizes[at], sizes[at + 1]
         out = prog.many(sizes[:at])
+        self._buffers()  # the baddbmm's input buffer
         raw = prog.alloc(cast)  # baddbmm's scores
         copy = prog.alloc(fp32)  # input.float()
         out += [prog.alloc(fp32), prog.alloc(cast)]  # the softmax, its cast back
@@ -218,6 +240,10 @@ class _Walk:
         out += prog.many(rest[:ends])
         prog.free(raw)
         return out + prog.many(rest[ends:])
+
+    def _buffers(self) -> None:
+        while self.pending:
+            self.program.alloc(self.pending.pop())
 
     def _layer_forward(self, kind: str) -> list:
         if self.full:  # the checkpointed layer keeps its input; what it makes is dropped as it goes
