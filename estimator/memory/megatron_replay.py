@@ -61,6 +61,8 @@ def replay_rule(cfg) -> str | None:
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
         (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model (its dispatch buffers are not replayed)"),
         (arch.uses_mla or arch.uses_sparse_attention, "MLA or sparse attention (not replayed)"),
+        (arch.vision_tower is not None or arch.mtp_layers > 0, "a vision tower or MTP modules (not replayed)"),
+        (training.optimizer not in ("adam", "adamw"), f"the {training.optimizer} optimizer (the replay steps Adam)"),
         (cfg.hardware.expandable_segments, "expandable segments"),
         (training.recompute == "selective", "selective recompute (not replayed)"),
         (training.offload_optimizer != "none" or training.offload_parameters != "none"
@@ -112,8 +114,8 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     order = embedding + [n for layer in layers for n in layer] + head
     P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
     program = _Program()
-    mains = _initialise(program, cfg, order, P, G)
     kept = static.parts().kept
+    mains = _initialise(program, cfg, order, P, G, _bytes(kept, "master_weights"))
     program.many(_workspaces(cfg, sum(c.bytes for c in kept if c.key == "workspace")))
     for c in kept:  # TE's dummy weight gradients
         if c.key == "wgrad_cache":
@@ -130,7 +132,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
             if now == previous:
                 break
             previous = now
-        moments = _step(program, mains, moments, tr)
+        moments = _step(program, mains, moments, tr, _bytes(kept, "optimizer_states"))
     allocator = program.allocator
     return max(0, allocator.reserved_peak - allocator.allocated_peak), allocator.segments
 
@@ -148,8 +150,13 @@ def _workspaces(cfg, total: float) -> list[int]:
     return [each] * threads + ([rest] if rest > 0 else [])
 
 
-def _initialise(program, cfg, order: list[float], P: float, G: float) -> list[float]:
-    """The model, DDP's buffers, the optimizer's main parameters; returns the main parameters' elements."""
+def _bytes(kept, key: str) -> float:
+    return sum(c.bytes for c in kept if c.key == key)
+
+
+def _initialise(program, cfg, order: list[float], P: float, G: float, masters: float) -> list[float]:
+    """The model, DDP's buffers, the optimizer's main parameters (`masters`: their bytes in the ledger, none
+    without master weights); returns the elements the optimizer steps."""
     distributed = cfg.zero_stage == 1
     own = [program.alloc(P * n) for n in order]
     total = sum(order)
@@ -160,9 +167,10 @@ def _initialise(program, cfg, order: list[float], P: float, G: float) -> list[fl
         program.free(*reversed(own))  # `for param in params[::-1]`: each copied into param_data, its storage freed
     # the distributed optimizer shards over the data-parallel group with context parallelism (states.py)
     mains = _shards(order, cfg.parallel.dp * cfg.parallel.cp if distributed else 1)
-    for n in mains:
+    M = masters / max(1.0, sum(mains))  # bytes per element of a main parameter (fp32)
+    for n in mains if M else ():
         copy = program.alloc(P * n)  # shard_model_param.clone()
-        program.alloc(4 * n)  # .float(): the main parameter
+        program.alloc(M * n)  # .float(): the main parameter
         program.free(copy)
     return mains
 
@@ -182,14 +190,16 @@ def _shards(order: list[float], dp: int) -> list[float]:
     return out[::-1]
 
 
-def _step(program, mains: list[float], moments: list, tr) -> list:
-    """The optimizer step: the moments at the first, interleaved per main parameter; foreach AdamW's sqrt(v), one
-    result per tensor, made and freed."""
+def _step(program, mains: list[float], moments: list, tr, states: float) -> list:
+    """The optimizer step: Adam's two moments at the first, interleaved per main parameter (`states`: their bytes
+    in the ledger); foreach AdamW's sqrt(v), one result per tensor, made and freed."""
+    elements = max(1.0, sum(mains))
     if not moments:
-        moments = [program.alloc(4 * n) for n in mains for _ in range(2)]
+        S = states / 2 / elements
+        moments = [program.alloc(S * n) for n in mains for _ in range(2)]
     if tr.optimizer:
-        scale = sum(c.bytes for c in tr.optimizer) / max(1.0, 4 * sum(mains))
-        program.free(*[program.alloc(4 * n * scale) for n in mains])
+        T = sum(c.bytes for c in tr.optimizer) / elements
+        program.free(*[program.alloc(T * n) for n in mains])
     return moments
 
 
