@@ -11,7 +11,7 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 - the optimizer (optimizer/distrib_optimizer.py `_build_model_and_main_param_groups`; optimizer.py
   `Float16OptimizerWithFloat16Params` alike): per parameter, its shard `clone().float()`: a 16-bit copy, its fp32
   main parameter kept, the copy freed;
-- the cuBLAS and TransformerEngine workspaces and TE's dummy weight gradients, the global memory buffer;
+- the cuBLAS and TransformerEngine workspaces; the global memory buffer where the first layer asks for it;
 - per micro-batch the forward (the activation ledger's tensors in their order; Megatron's unfused softmax,
   fusions/fused_softmax.py `forward_torch_softmax` under dot_product_attention.py: the scores made by `baddbmm` in
   the compute dtype, their fp32 copy (`input.float()`), the fp32 softmax and its cast back kept, the fp32 copy freed
@@ -23,7 +23,8 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
   `grad * output` temporary and the input gradient, masked_fill's and `float()`'s gradients, each freeing the one
   before); each weight's gradient made and added into `main_grad` by DDP's hook, then freed
   (distributed_data_parallel.py `_make_backward_post_hook`), where gradient-accumulation fusion does not write it
-  there directly (tensor_parallel/layers.py; TE `fuse_wgrad_accumulation`): the embedding's and the norms' always;
+  there directly (tensor_parallel/layers.py; TE `fuse_wgrad_accumulation`: TE's dummy gradient of the weight's shape
+  made where the first backward first reaches it, and kept: wgrad_cache.py): the embedding's and the norms' always;
 - the step (torch.optim.Adam `_init_group`, TE FusedAdam alike): the two moments per main parameter at the first
   step, interleaved; torch's foreach AdamW's sqrt(v) per tensor of a group, freed after the group; nothing else
   (the gradients are views of `grad_data`, the parameters copied back in place).
@@ -117,10 +118,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     kept = static.parts().kept
     mains = _initialise(program, cfg, order, P, G, _bytes(kept, "master_weights"))
     program.many(_workspaces(cfg, sum(c.bytes for c in kept if c.key == "workspace")))
-    for c in kept:  # TE's dummy weight gradients
-        if c.key == "wgrad_cache":
-            program.many([int(p.bytes + 0.5) for p in (c.parts or (c,)) if p.bytes >= 1])
-    walk = _Walk(program, cfg, shared, sp, embedding, layers, head, P)
+    walk = _Walk(program, cfg, shared, sp, static, embedding, layers, head, P)
     # the global memory buffer, made where the first layer first asks for it (utils.py GlobalMemoryBuffer.get_tensor)
     walk.pending = [c.bytes for c in kept if c.key == "buffers"]
     moments: list = []
@@ -206,7 +204,7 @@ def _step(program, mains: list[float], moments: list, tr, states: float) -> list
 class _Walk:
     """One micro-batch's forward and backward over the ledger's tensors."""
 
-    def __init__(self, program, cfg, shared, sp, embedding, layers, head, P: float):
+    def __init__(self, program, cfg, shared, sp, static, embedding, layers, head, P: float):
         from .reserved import _layer_sizes
 
         training, arch = cfg.training, cfg.architecture
@@ -219,6 +217,7 @@ class _Walk:
         self.fused_wgrad = training.gradient_accumulation_fusion
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
         self.pending: list[float] = []
+        self.dummies = _dummies(cfg, sp) if any(c.key == "wgrad_cache" for c in static.parts().kept) else {}
 
     def micro_batch(self) -> None:
         prog = self.program
@@ -285,6 +284,8 @@ class _Walk:
         size = self.P * n
         if always or size <= SMALL_SIZE or not self.fused_wgrad:
             self.program.transient([size])
+        elif round(n) in self.dummies:  # TE's dummy gradient of this shape, made at its first backward and kept
+            self.program.alloc(self.dummies.pop(round(n)))
 
     def _layer_backward(self, kind: str, weights: list[float], saved: list) -> None:
         prog = self.program
@@ -314,6 +315,15 @@ class _Walk:
         prog.free(made)
         scores = prog.alloc(cast)  # float()'s backward
         prog.free(masked, scores)
+
+
+def _dummies(cfg, sp) -> dict[int, float]:
+    """TE's dummy weight gradients (wgrad_cache.py), by the weight's elements: their bytes."""
+    from .wgrad_cache import dummy_shapes
+
+    B = bytes_per_element(cfg.training.compute_dtype)
+    return {rows * cols: B * rows * cols
+            for rows, cols in dummy_shapes(cfg.architecture, cfg.parallel, sp, cfg.padded_vocab)}
 
 
 def _scores_at(shared, kind: str) -> tuple[int, int] | None:
