@@ -205,6 +205,7 @@ class _Walk:
     """One micro-batch's forward and backward over the ledger's tensors."""
 
     def __init__(self, program, cfg, shared, sp, static, embedding, layers, head, P: float):
+        from .activations.recompute import recomputed_layer_count
         from .reserved import _layer_sizes
 
         training, arch = cfg.training, cfg.architecture
@@ -213,7 +214,8 @@ class _Walk:
         self.kinds = [arch.layer_kinds()[i] for i in sp.layer_indices]
         self.sizes = _layer_sizes(shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
-        self.full = training.recompute == "full"
+        # full recompute checkpoints the stage's first layers (Megatron's block method), or all of them
+        self.checkpointed = recomputed_layer_count(training, len(self.kinds))
         self.fused_wgrad = training.gradient_accumulation_fusion
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
         self.pending: list[float] = []
@@ -222,11 +224,11 @@ class _Walk:
     def micro_batch(self) -> None:
         prog = self.program
         batch = prog.alloc(self.ids)
-        kept = [self._layer_forward(kind) for kind in self.kinds]
+        kept = [self._layer_forward(kind, j < self.checkpointed) for j, kind in enumerate(self.kinds)]
         loss = self._loss_forward()
         self._loss_backward(loss)
-        for kind, weights, blocks in zip(reversed(self.kinds), reversed(self.layers), reversed(kept)):
-            self._layer_backward(kind, weights, blocks)
+        for j in reversed(range(len(self.kinds))):
+            self._layer_backward(self.kinds[j], self.layers[j], kept[j], j < self.checkpointed)
         for n in reversed(self.embedding):
             self._gradient(n, always=True)  # embedding_dense_backward, added into main_grad
         prog.free(batch)
@@ -254,8 +256,8 @@ class _Walk:
         while self.pending:
             self.program.alloc(self.pending.pop())
 
-    def _layer_forward(self, kind: str) -> list:
-        if self.full:  # the checkpointed layer keeps its input; what it makes is dropped as it goes
+    def _layer_forward(self, kind: str, full: bool) -> list:
+        if full:  # the checkpointed layer keeps its input; what it makes is dropped as it goes
             kept = [self.program.alloc(self.shared.kept_input)]
             self.program.release(self._made(kind))
             return kept
@@ -287,9 +289,9 @@ class _Walk:
         elif round(n) in self.dummies:  # TE's dummy gradient of this shape, made at its first backward and kept
             self.program.alloc(self.dummies.pop(round(n)))
 
-    def _layer_backward(self, kind: str, weights: list[float], saved: list) -> None:
+    def _layer_backward(self, kind: str, weights: list[float], saved: list, full: bool) -> None:
         prog = self.program
-        held = self._made(kind) if self.full else list(saved)
+        held = self._made(kind) if full else list(saved)
         at = self.scores[kind] and self.scores[kind][0]
         count, n = len(held), len(weights)
         for j, w in enumerate(reversed(weights)):
@@ -299,7 +301,7 @@ class _Walk:
                     self._softmax_backward(kind, held, at)
                 else:
                     prog.free(held.pop())
-        prog.free(*(saved if self.full else ()))
+        prog.free(*(saved if full else ()))
 
     def _softmax_backward(self, kind: str, held: list, at: int) -> None:
         sizes = self.sizes[kind].sizes
