@@ -399,11 +399,12 @@ def test_the_rule_is_named_in_the_component():
     megatron = estimate(arch, Training(framework="megatron", seq_len=2048), Parallel(), Hardware(gpu="h200"))
     replayed = megatron.stages[0].component("fragmentation")  # Megatron-Core's own order (megatron_replay.py)
     assert replayed.formula.startswith("caching allocator replayed over Megatron-Core's initialisation")
-    piped = estimate(arch, Training(framework="megatron", seq_len=2048), Parallel(pp=2), Hardware(gpu="h200"))
-    flat = piped.stages[0].component("fragmentation")
-    assert flat.bytes == round(piped.stages[0].allocated_peak_bytes * 0.10)
+    ring = estimate(arch, Training(framework="megatron", seq_len=2048), Parallel(cp=2), Hardware(gpu="h200"))
+    flat = ring.stages[0].component("fragmentation")
+    assert flat.bytes == round(ring.stages[0].allocated_peak_bytes * 0.10)
     assert flat.formula == ("10% of the allocated peak (default segments); flat share, no allocator replay: "
-                            "a pipeline (its micro-batches in flight are not replayed)")
+                            "context parallelism (TransformerEngine's ring attention's per-step buffers are not "
+                            "replayed)")
     fsdp2 = estimate(arch, Training(framework="fsdp2", seq_len=2048), Parallel(), Hardware(gpu="h200"))
     assert "no allocator replay: fsdp2's order of allocations is not modelled" in \
         fsdp2.stages[0].component("fragmentation").formula

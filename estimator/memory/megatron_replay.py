@@ -1,5 +1,6 @@
-"""Megatron-Core without a pipeline: the caching allocator (allocator.py) replayed over Megatron-Core 0.16.1's own
-order of allocations, its initialisation and two steps, for the reserved memory (reserved.py's rule 1, this stack).
+"""Megatron-Core's dense layouts without context parallelism: the caching allocator (allocator.py) replayed over
+Megatron-Core 0.16.1's own order of allocations, its initialisation and two steps, for the reserved memory
+(reserved.py's rule 1, this stack).
 
 The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 - the model built on the GPU, one tensor per parameter in module order (the embedding, each layer's norms, fused
@@ -25,6 +26,8 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
   (distributed_data_parallel.py `_make_backward_post_hook`), where gradient-accumulation fusion does not write it
   there directly (tensor_parallel/layers.py; TE `fuse_wgrad_accumulation`: TE's dummy gradient of the weight's shape
   made where the first backward first reaches it, and kept: wgrad_cache.py): the embedding's and the norms' always;
+- with a pipeline, the micro-batches in 1F1B's order (`_one_f_one_b`), a stage's output sent and freed, the
+  gradient it receives for it held to its backward;
 - the step (torch.optim.Adam `_init_group`, TE FusedAdam alike): the two moments per main parameter at the first
   step, interleaved; torch's foreach AdamW's sqrt(v) per tensor of a group, freed after the group; nothing else
   (the gradients are views of `grad_data`, the parameters copied back in place).
@@ -51,13 +54,13 @@ ATTENTION_OUTPUT = "attention output (output projection input)"
 
 
 def replay_rule(cfg) -> str | None:
-    """Why the Megatron replay does not apply (None: it does): a dense decoder on TP x DP without a pipeline or
+    """Why the Megatron replay does not apply (None: it does): a dense decoder on TP x DP, PP under 1F1B, without
     context parallelism, the distributed optimizer or DDP's buffers, default segments, nothing offloaded (as
     measured: the H200 records and the B200 runs of tests/data/measured)."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
-        (par.pp > 1, "a pipeline (its micro-batches in flight are not replayed)"),
+        (par.vpp > 1 or par.pp_schedule != "1f1b", f"the {par.pp_schedule} pipeline schedule (1F1B is replayed)"),
         (par.cp > 1, "context parallelism (TransformerEngine's ring attention's per-step buffers are not replayed)"),
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
         (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model (its dispatch buffers are not replayed)"),
@@ -123,16 +126,37 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     walk.pending = [c.bytes for c in kept if c.key == "buffers"]
     moments: list = []
     for _ in range(2):
-        previous = None
-        for _ in range(cfg.microbatches):
-            walk.micro_batch()
-            now = program.state()  # a micro-batch that leaves the allocator as it found it: so do the rest
-            if now == previous:
-                break
-            previous = now
+        if cfg.parallel.pp > 1:
+            _one_f_one_b(walk, cfg.parallel.pp, sp.stage, cfg.microbatches)
+        else:
+            _accumulate(program, walk, cfg.microbatches)
         moments = _step(program, mains, moments, tr, _bytes(kept, "optimizer_states"))
     allocator = program.allocator
     return max(0, allocator.reserved_peak - allocator.allocated_peak), allocator.segments
+
+
+def _accumulate(program, walk, microbatches: int) -> None:
+    """The micro-batches one after another; one that leaves the allocator as it found it: so do the rest."""
+    previous = None
+    for _ in range(microbatches):
+        walk.micro_batch()
+        now = program.state()
+        if now == previous:
+            break
+        previous = now
+
+
+def _one_f_one_b(walk, pp: int, rank: int, microbatches: int) -> None:
+    """Megatron-Core's 1F1B (pipeline_parallel/schedules.py forward_backward_pipelining_without_interleaving):
+    pp - rank - 1 warm-up forwards, then a forward and the oldest micro-batch's backward by turns, then the
+    cool-down backwards."""
+    warmup = min(pp - rank - 1, microbatches)
+    waiting = [walk.forward() for _ in range(warmup)]
+    for _ in range(microbatches - warmup):
+        waiting.append(walk.forward())
+        walk.backward(waiting.pop(0))
+    for state in waiting:
+        walk.backward(state)
 
 
 def _workspaces(cfg, total: float) -> list[int]:
@@ -222,16 +246,34 @@ class _Walk:
         self.dummies = _dummies(cfg, sp) if any(c.key == "wgrad_cache" for c in static.parts().kept) else {}
 
     def micro_batch(self) -> None:
+        self.backward(self.forward())
+
+    def forward(self) -> tuple:
+        """One micro-batch's forward; what its backward needs. A stage before the last sends its output and frees
+        it (Megatron-LM's deallocate_pipeline_outputs: schedules.py `deallocate_output_tensor`), then receives the
+        output's gradient (p2p_communication.py: `torch.empty`), held to its backward."""
         prog = self.program
         batch = prog.alloc(self.ids)
         kept = [self._layer_forward(kind, j < self.checkpointed) for j, kind in enumerate(self.kinds)]
         loss = self._loss_forward()
+        received = None
+        if not self.sp.last:
+            prog.transient([self.shared.kept_input])
+            received = prog.alloc(self.shared.kept_input)
+        return batch, kept, loss, received
+
+    def backward(self, state: tuple) -> None:
+        """One micro-batch's backward; a stage after the first sends its input's gradient and frees it."""
+        prog = self.program
+        batch, kept, loss, received = state
         self._loss_backward(loss)
         for j in reversed(range(len(self.kinds))):
             self._layer_backward(self.kinds[j], self.layers[j], kept[j], j < self.checkpointed)
         for n in reversed(self.embedding):
             self._gradient(n, always=True)  # embedding_dense_backward, added into main_grad
-        prog.free(batch)
+        prog.free(received, batch)
+        if not self.sp.first:
+            prog.transient([self.shared.kept_input])
 
     # --- forward ----------------------------------------------------------------------------------------------
     def _made(self, kind: str) -> list:

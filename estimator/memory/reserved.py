@@ -12,8 +12,8 @@
    (tests/test_allocator.py).
    DeepSpeed ZeRO-2/3 full fine-tuning on one GPU replays DeepSpeed's own order of allocations instead
    (deepspeed_replay.py: its initialisation and two steps; the four real H200 runs' segments, size for size);
-   Megatron-Core's dense layouts without a pipeline or context parallelism replay Megatron-Core's (megatron_replay.py:
-   the three real H200 runs within 1.6%, SimuMax's six such B200 runs within 1.7%).
+   Megatron-Core's dense layouts without context parallelism (PP under 1F1B too) replay Megatron-Core's
+   (megatron_replay.py: the three real H200 runs within 1.6%, SimuMax's eight such B200 runs within 2.1%).
 2. Flat share (everything else: other frameworks, pipelines and sharding, expandable segments, paged
    optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models, a chunked or fused loss,
    inference, RL):
