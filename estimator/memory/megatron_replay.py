@@ -216,9 +216,9 @@ def _initialise(program, cfg, order: list[float], P: float, G: float, masters: f
 
 
 def _shards(order: list[float], dp: int) -> list[float]:
-    """The main parameters of the first rank of the `dp` sharing the optimizer: its 1/dp of the buffer (one bucket: Megatron-LM's
-    DDP without overlap_grad_reduce, distributed_data_parallel.py `bucket_size = None`), laid out from the last
-    parameter (`params[::-1]`), cut at the range's end."""
+    """The main parameters of the first rank of the `dp` sharing the optimizer: its 1/dp of the buffer (one
+    bucket: Megatron-LM's DDP without overlap_grad_reduce, distributed_data_parallel.py `bucket_size = None`),
+    laid out from the last parameter (`params[::-1]`), cut at the range's end."""
     if dp == 1:
         return list(order)
     room, out = sum(order) / dp, []
