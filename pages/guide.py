@@ -54,7 +54,9 @@ Three numbers describe a GPU's memory, each larger than the one before:
 2. **Reserved** - `torch.cuda.max_memory_reserved()`: what PyTorch's caching allocator holds from the driver,
    allocated plus cached blocks it keeps for reuse. The difference is *fragmentation*. For an HF Trainer run
    on one GPU the estimate replays PyTorch's caching allocator over the step's allocations, built from the
-   activation ledger (its segment sizes, best-fit reuse and splitting rules, `CUDACachingAllocator.cpp`);
+   activation ledger (its segment sizes, best-fit reuse and splitting rules, `CUDACachingAllocator.cpp`); so
+   it does over DeepSpeed ZeRO-2/3's order on one GPU and over Megatron-Core's for dense models without
+   context parallelism (its contiguous gradient buffer, distributed optimizer and 1F1B pipeline);
    elsewhere it takes a measured 10% of the allocated peak (5% with expandable segments). The
    *fragmentation* component's formula says which, and why.
 3. **What nvidia-smi shows** - reserved memory plus what lives outside PyTorch's allocator: the *CUDA context*
