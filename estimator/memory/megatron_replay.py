@@ -259,6 +259,7 @@ class _Walk:
         # full recompute checkpoints the stage's first layers (Megatron's block method), or all of them
         self.checkpointed = recomputed_layer_count(training, len(self.kinds))
         self.fused_wgrad = training.gradient_accumulation_fusion
+        self.tied = arch.tie_embeddings
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
         self.pending: list[float] = []
         self.dummies = _dummies(cfg, sp) if any(c.key == "wgrad_cache" for c in static.parts().kept) else {}
@@ -338,6 +339,8 @@ class _Walk:
         prog.free(*made)
         for n in reversed(self.head):
             self._gradient(n)
+        if self.sp.last and self.sp.first and self.tied:  # the output layer's gradient of the shared weight
+            self._gradient(self.embedding[0])
         prog.free(*grads, *before)
 
     def _gradient(self, n: float, always: bool = False) -> None:
