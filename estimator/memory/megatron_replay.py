@@ -29,7 +29,8 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 - with a pipeline, the micro-batches in 1F1B's order (`_one_f_one_b`), a stage's output sent and freed, the
   gradient it receives for it held to its backward;
 - the step (torch.optim.Adam `_init_group`, TE FusedAdam alike): the two moments per main parameter at the first
-  step, interleaved; torch's foreach AdamW's sqrt(v) per tensor of a group, freed after the group; nothing else
+  step, interleaved; torch's foreach AdamW's sqrt(v), one per tensor, made and freed together (the norms' small
+  no-decay group taken with the rest); nothing else
   (the gradients are views of `grad_data`, the parameters copied back in place).
 Two steps are replayed; segments are never given back.
 """
