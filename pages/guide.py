@@ -55,8 +55,10 @@ Three numbers describe a GPU's memory, each larger than the one before:
    allocated plus cached blocks it keeps for reuse. The difference is *fragmentation*. For an HF Trainer run
    on one GPU the estimate replays PyTorch's caching allocator over the step's allocations, built from the
    activation ledger (its segment sizes, best-fit reuse and splitting rules, `CUDACachingAllocator.cpp`, with
-   default or expandable segments); elsewhere it takes a measured 10% of the allocated peak (5% with
-   expandable segments). The *fragmentation* component's formula says which, and why.
+   default or expandable segments); so it does over DeepSpeed ZeRO-2/3's order on one GPU and over
+   Megatron-Core's for dense models without context parallelism (its contiguous gradient buffer, distributed
+   optimizer and 1F1B pipeline; default segments); elsewhere it takes a measured 10% of the allocated peak (5%
+   with expandable segments). The *fragmentation* component's formula says which, and why.
 3. **What nvidia-smi shows** - reserved memory plus what lives outside PyTorch's allocator: the *CUDA context*
    and the *NCCL buffers*. The estimate's *Device total per GPU* is this number, and it is what must fit in the
    GPU's capacity (as CUDA reports it: an "80 GB" H100 has 79.6 GiB).

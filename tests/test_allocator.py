@@ -436,10 +436,17 @@ def test_the_rule_is_named_in_the_component():
     assert hf.reserved_peak_bytes == hf.allocated_peak_bytes + cache.bytes
     assert hf.device_total_bytes == hf.reserved_peak_bytes + sum(c.bytes for c in hf.stages[0].outside_allocator)
     megatron = estimate(arch, Training(framework="megatron", seq_len=2048), Parallel(), Hardware(gpu="h200"))
-    flat = megatron.stages[0].component("fragmentation")
-    assert flat.bytes == round(megatron.allocated_peak_bytes * 0.10)
+    replayed = megatron.stages[0].component("fragmentation")  # Megatron-Core's own order (megatron_replay.py)
+    assert replayed.formula.startswith("caching allocator replayed over Megatron-Core's initialisation")
+    ring = estimate(arch, Training(framework="megatron", seq_len=2048), Parallel(cp=2), Hardware(gpu="h200"))
+    flat = ring.stages[0].component("fragmentation")
+    assert flat.bytes == round(ring.stages[0].allocated_peak_bytes * 0.10)
     assert flat.formula == ("10% of the allocated peak (default segments); flat share, no allocator replay: "
-                            "megatron's order of allocations is not modelled")
+                            "context parallelism (TransformerEngine's ring attention's per-step buffers are not "
+                            "replayed)")
+    fsdp2 = estimate(arch, Training(framework="fsdp2", seq_len=2048), Parallel(), Hardware(gpu="h200"))
+    assert "no allocator replay: fsdp2's order of allocations is not modelled" in \
+        fsdp2.stages[0].component("fragmentation").formula
     expandable = estimate(arch, Training(framework="hf", seq_len=2048), Parallel(),
                           Hardware(gpu="h200", expandable_segments=True))
     cache = expandable.stages[0].component("fragmentation")
@@ -482,7 +489,15 @@ def test_a_search_judges_by_the_flat_share():
         assert x.device_total_bytes == device_total(arch, x.training, x.parallel, hw)
     assert "a layout's own estimate replays the caching allocator" in render_plan_text(result)
     megatron = plan(arch, Training(seq_len=4096, global_batch_size=8), "h100-80", 1, limit=3)
-    assert "replays the caching allocator" not in render_plan_text(megatron)
+    assert "a layout's own estimate replays the caching allocator" in render_plan_text(megatron)  # megatron_replay
+    for x in megatron.layouts:  # judged by the flat share (FLAT_FOR_SEARCH), reported by Megatron's replay
+        judged = estimate(arch, x.training, x.parallel, hw, replay=False)
+        assert x.device_total_bytes == judged.device_total_bytes == device_total(arch, x.training, x.parallel, hw)
+        assert judged.stages[0].component("fragmentation").formula.endswith("the replay is the reported estimate's)")
+        reported = estimate(arch, x.training, x.parallel, hw).stages[0].component("fragmentation")
+        assert reported.formula.startswith("caching allocator replayed over Megatron-Core's initialisation")
+    fsdp2 = plan(arch, Training(framework="fsdp2", seq_len=4096, global_batch_size=8), "h100-80", 1, limit=3)
+    assert "replays the caching allocator" not in render_plan_text(fsdp2)
     # with expandable segments the reported estimate replays them; a search keeps their flat 5%
     expandable = Hardware(gpu="h100-80", expandable_segments=True)
     judged = estimate(arch, one, Parallel(), expandable, replay=False)
