@@ -3,7 +3,7 @@ sequence of allocations and frees leaves, segment by segment.
 
 The rules are those of c10/cuda/CUDACachingAllocator.cpp with its constants in
 c10/core/AllocatorConfig.h (torch 2.11 to 2.13, the default configuration: no max_split_size, no
-roundup_power2_divisions, one stream):
+roundup_power2_divisions):
 - every request is rounded up to a multiple of 512 bytes (`round_size`, kMinBlockSize);
 - requests up to 1 MiB (kSmallSize) are served from the small pool, whose segments are 2 MiB
   (kSmallBuffer); larger ones from the large pool (`get_pool`);
@@ -15,7 +15,12 @@ roundup_power2_divisions, one stream):
 - a block larger than the request is split when the rest is at least 512 bytes (small pool) or more
   than 1 MiB (large pool) (`should_split`); otherwise the whole block is handed out;
 - a freed block merges with its free neighbours in the same segment (`try_merge_blocks`); segments
-  are never given back (only `empty_cache` or an out-of-memory retry does that).
+  are never given back (only `empty_cache` or an out-of-memory retry does that);
+- each CUDA stream has blocks of its own: a request takes only a free block made on its stream
+  (`get_free_block`: the pool's `lower_bound` on the search key (stream, size), then `(*it)->stream !=
+  p.stream()` gives up), and a block freed goes back to the stream that made it (`free_block`), so
+  another stream's requests never reuse it (`malloc(nbytes, stream)`: 0 is the current stream; the
+  replays of expandable segments run on one stream).
 With expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), as the same file reads at pytorch
 commit 001074d2 (torch 2.13's c10/core/AllocatorConfig.h keeps the constants and names the large page
 `large_segment_size()`, 20 MiB by default; the three H200 runs of torch 2.11 replay to the byte:
@@ -71,8 +76,8 @@ def should_split(block_size: int, size: int, small: bool, expandable: bool = Fal
 class _Block:
     __slots__ = ("addr", "size", "free", "prev", "next", "small")
 
-    def __init__(self, addr: int, size: int, small: bool):
-        self.addr, self.size, self.small = addr, size, small
+    def __init__(self, addr: int, size: int, small):
+        self.addr, self.size, self.small = addr, size, small  # small: the pool's key (`_pool_key`)
         self.free, self.prev, self.next = True, None, None
 
 
@@ -81,7 +86,9 @@ class CachingAllocator:
 
     def __init__(self, expandable: bool = False):
         self.expandable = expandable
-        self._free = {True: [], False: []}  # pool (small?) -> sorted [(size, addr)] of free blocks
+        # pool -> sorted [(size, addr)] of free blocks; the pool of the current stream is keyed by small?, another
+        # stream's by (small?, stream)
+        self._free = {True: [], False: []}
         self._blocks: dict[int, _Block] = {}  # addr -> block
         self._tail = {True: None, False: None}  # expandable: the last block of each pool's segment
         self._next_addr = 0
@@ -90,6 +97,10 @@ class CachingAllocator:
         self.segments = 0
 
     # --- the free lists ---------------------------------------------------------------------------
+    def pools(self) -> tuple:
+        """The free blocks of every pool, in a fixed order: (key, ((size, addr), ...))."""
+        return tuple((str(key), tuple(blocks)) for key, blocks in sorted(self._free.items(), key=str))
+
     def _insert(self, block: _Block) -> None:
         insort(self._free[block.small], (block.size, block.addr))
 
@@ -151,11 +162,17 @@ class CachingAllocator:
         return i
 
     # --- malloc and free --------------------------------------------------------------------------
-    def malloc(self, nbytes: int) -> int:
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
         # `round_size` and `_best_fit` written out: a replay makes thousands of requests
         size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
-        pool = self._free[small]
+        if stream:
+            if self.expandable:
+                raise ValueError("the replay of expandable segments runs on one stream")
+            small = (small, stream)  # the key of that stream's pool; as a flag below, true
+            pool = self._free.setdefault(small, [])
+        else:
+            pool = self._free[small]
         i = bisect_left(pool, (size, -1))
         if i < len(pool):
             if self.expandable:
@@ -166,7 +183,8 @@ class CachingAllocator:
         else:
             block = self._new_segment(allocation_size(size), small)
         rest_size = block.size - size
-        if rest_size >= MIN_BLOCK if small or self.expandable else rest_size > SMALL_SIZE:  # `should_split`
+        tiny = small if not stream else small[0]
+        if rest_size >= MIN_BLOCK if tiny or self.expandable else rest_size > SMALL_SIZE:  # `should_split`
             rest = _Block(block.addr + size, rest_size, small)
             after = block.next
             rest.prev, rest.next = block, after
@@ -175,7 +193,7 @@ class CachingAllocator:
             block.next, block.size = rest, size
             self._blocks[rest.addr] = rest
             insort(pool, (rest_size, rest.addr))
-            if self._tail[small] is block:
+            if self._tail.get(small) is block:
                 self._tail[small] = rest
         block.free = False
         self.allocated += block.size
@@ -203,7 +221,7 @@ class CachingAllocator:
         if second.next is not None:
             second.next.prev = first
         del self._blocks[second.addr]
-        if self._tail[first.small] is second:
+        if self._tail.get(first.small) is second:
             self._tail[first.small] = first
         return first
 

@@ -32,11 +32,13 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
   step, interleaved; torch's foreach AdamW's sqrt(v), one per tensor, made and freed together (the norms' small
   no-decay group taken with the rest); nothing else
   (the gradients are views of `grad_data`, the parameters copied back in place).
-Two steps are replayed; segments are never given back.
+Two steps are replayed; segments are never given back. With context parallelism a layer's attention runs
+TransformerEngine's all-to-all, on two streams (megatron_cp_a2a.py); replay_rule keeps CP on the flat share.
 """
 
 from __future__ import annotations
 
+from . import megatron_cp_a2a
 from .allocator import SMALL_SIZE
 from .components import Component
 from ..spec.dtypes import bytes_per_element
@@ -49,6 +51,10 @@ SOURCE = ("Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py (_ParamAndG
           "(estimator/memory/megatron_replay.py); measured: tests/data/measured/gpu/megatron, "
           "tests/data/measured/published/simumax_b200")
 
+# what replaying CP established (megatron_cp_a2a.py; tests/test_megatron_cp_a2a.py)
+CP_REASON = ("context parallelism (TransformerEngine's all-to-all, the B200 runs' cp_comm_type a2a, replayed per stream "
+             "leaves them 0.0% to 4.1% under, median 1.9%: the replay lacks the backward's activation gradients and "
+             "TE's sequence-parallel gathers, which long sequences make large; p2p's ring buffers are not replayed)")
 SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # activations/attention.py's entries
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 ATTENTION_OUTPUT = "attention output (output projection input)"
@@ -62,7 +68,7 @@ def replay_rule(cfg) -> str | None:
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (par.vpp > 1 or par.pp_schedule != "1f1b", f"the {par.pp_schedule} pipeline schedule (1F1B is replayed)"),
-        (par.cp > 1, "context parallelism (TransformerEngine's ring attention's per-step buffers are not replayed)"),
+        (par.cp > 1, CP_REASON),
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
         (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model (its dispatch buffers are not replayed)"),
         (arch.uses_mla or arch.uses_sparse_attention, "MLA or sparse attention (not replayed)"),
@@ -257,6 +263,7 @@ class _Walk:
         self.kinds = [arch.layer_kinds()[i] for i in sp.layer_indices]
         self.sizes = _layer_sizes(shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
+        self.a2a = {kind: megatron_cp_a2a.plan(cfg, shared, kind) for kind in set(self.kinds)}  # CP's all-to-all
         # full recompute checkpoints the stage's first layers (Megatron's block method), or all of them
         self.checkpointed = recomputed_layer_count(training, len(self.kinds))
         self.fused_wgrad = training.gradient_accumulation_fusion
@@ -300,7 +307,8 @@ class _Walk:
         prog, sizes, scores = self.program, self.sizes[kind].sizes, self.scores[kind]
         if scores is None:
             self._buffers()  # the all-gather's buffer (sequence parallelism), at the layer's first projection
-            return prog.many(sizes)
+            a2a = self.a2a[kind]
+            return megatron_cp_a2a.forward(prog, sizes, a2a) if a2a else prog.many(sizes)
         at, ends = scores
         fp32, cast = sizes[at], sizes[at + 1]
         out = prog.many(sizes[:at])
@@ -357,12 +365,15 @@ class _Walk:
         prog = self.program
         held = self._made(kind) if full else list(saved)
         at = self.scores[kind] and self.scores[kind][0]
+        a2a = self.a2a[kind]
         count, n = len(held), len(weights)
         for j, w in enumerate(reversed(weights)):
             self._gradient(w)
             while len(held) > count * (n - 1 - j) // n:
                 if at is not None and len(held) == at + 2:  # the softmax's output reached: its backward
                     self._softmax_backward(kind, held, at)
+                elif a2a and len(held) == a2a.kept_output + 1:  # the output projection's input: CP's attention
+                    megatron_cp_a2a.backward(prog, held, a2a)
                 else:
                     prog.free(held.pop())
         prog.free(*(saved if full else ()))

@@ -147,9 +147,9 @@ class _Program:
         self.allocator = CachingAllocator(expandable)
         self._malloc, self._free = self.allocator.malloc, self.allocator.free
 
-    def alloc(self, nbytes: float) -> int | None:
+    def alloc(self, nbytes: float, stream: int = 0) -> int | None:
         size = int(nbytes + 0.5)  # the ledger's bytes are whole or halves: rounded half up
-        return self._malloc(size) if size > 0 else None
+        return self._malloc(size, stream) if size > 0 else None
 
     def free(self, *blocks) -> None:
         release = self._free
@@ -174,7 +174,7 @@ class _Program:
         """What the next requests' fate depends on: the free blocks (size, address) of both pools and
         the totals. Two equal states with the same blocks alive answer the same requests alike."""
         a = self.allocator
-        return a.allocated, a.reserved, tuple(a._free[True]), tuple(a._free[False])
+        return a.allocated, a.reserved, a.pools()
 
 
 def _sizes(entries, par) -> list[float]:
