@@ -68,6 +68,22 @@ def test_freed_neighbours_merge_into_one_block():
     assert a.reserved == 20 * MiB
 
 
+def test_each_stream_keeps_its_own_blocks():
+    """A block freed by one stream's tensor serves only that stream (CUDACachingAllocator.cpp get_free_block: the
+    pool's blocks ordered by (stream, size), a block of another stream never taken)."""
+    a = CachingAllocator()
+    first = a.malloc(30 * MiB)  # stream 0: a 30 MiB segment
+    a.free(first)
+    side = a.malloc(30 * MiB, stream=1)  # the cached 30 MiB are stream 0's: a segment of its own
+    assert (a.reserved, a.segments, a.allocated) == (60 * MiB, 2, 30 * MiB)
+    a.free(side)
+    assert a.malloc(20 * MiB, stream=1) == side  # its own stream's block, split (10 MiB left, more than 1 MiB)
+    assert a.malloc(30 * MiB) == first  # and stream 0 takes its own back
+    assert (a.reserved, a.segments) == (60 * MiB, 2)
+    a.malloc(100, stream=1)  # a small request of stream 1: its own 2 MiB segment
+    assert (a.reserved, a.segments) == (62 * MiB, 3)
+
+
 def test_expandable_segments_grow_in_20_mib_pages():
     a = CachingAllocator(expandable=True)
     x = a.malloc(30 * MiB)
