@@ -52,9 +52,9 @@ SOURCE = ("Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py (_ParamAndG
           "tests/data/measured/published/simumax_b200")
 
 # what replaying CP established (megatron_cp_a2a.py; tests/test_megatron_cp_a2a.py)
-CP_REASON = ("context parallelism (TransformerEngine's all-to-all, the B200 runs' cp_comm_type a2a, replayed per stream "
-             "leaves them 0.0% to 4.1% under, median 1.9%: the replay lacks the backward's activation gradients and "
-             "TE's sequence-parallel gathers, which long sequences make large; p2p's ring buffers are not replayed)")
+CP_REASON = ("context parallelism (TransformerEngine's all-to-all replayed per stream leaves the B200 CP runs up to "
+             "4.1% under, median 1.9%: the backward's activation gradients and TE's sequence-parallel gathers are not "
+             "replayed, nor p2p's ring buffers)")
 SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # activations/attention.py's entries
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 ATTENTION_OUTPUT = "attention output (output projection input)"

@@ -149,7 +149,9 @@ class _Program:
 
     def alloc(self, nbytes: float, stream: int = 0) -> int | None:
         size = int(nbytes + 0.5)  # the ledger's bytes are whole or halves: rounded half up
-        return self._malloc(size, stream) if size > 0 else None
+        if size <= 0:
+            return None
+        return self._malloc(size, stream) if stream else self._malloc(size)
 
     def free(self, *blocks) -> None:
         release = self._free
