@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from ..spec.dtypes import bytes_per_element
 from .activations.entries import tokens_per_gpu
 
-SOURCE = ("TransformerEngine v2.11 transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py "
-          "(AttnFuncWithCPAndQKVOA2A, flash_attn_a2a_communicate), pytorch/jit.py (jit_fuser)")
 CP_STREAM = 1  # TE's cp_stream; 0 is the current stream
 ROPE = "q and k after the rotary embedding"  # activations/attention.py's Megatron flash entries
 QKV = "QKV projection output (v is a view of it)"
@@ -71,8 +69,8 @@ def plan(cfg, shared, kind: str) -> Plan | None:
 
 def forward(program, sizes: list, p: Plan) -> list:
     """The layer's forward requests (`sizes`, the ledger's); its blocks kept for backward, in order: the ledger's
-    before the rotary embedding but the QKV projection's output, the reordered q, k, v, the attention's output and what the ledger has up to the
-    output projection's input, that input (the all-to-all's result), the rest."""
+    before the rotary embedding but the QKV projection's output, the reordered q, k, v, the attention's output and
+    what the ledger has up to the output projection's input, that input (the all-to-all's result), the rest."""
     before = program.many(sizes[:p.rope])
     rotary = [program.alloc(p.q), program.alloc(p.k)]  # the fused rotary embedding's q and k
     qkv = _a2a(program, [p.q, p.k, p.v], into_attention=True)
@@ -94,6 +92,8 @@ def backward(program, held: list, p: Plan) -> None:
     program.free(*grads, *into)  # as TE's backward returns
     while len(held) > p.rope - 1:  # the attention's saved tensors (from the reordered q), released by its node
         program.free(held.pop())
+    # the output's gradient as the node returns; dq, dk, dv as the rotary embedding's and linear_qkv's backward take
+    # them (the replay makes no activation gradient beyond the attention's)
     program.free(grad, *out)
 
 
