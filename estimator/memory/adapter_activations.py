@@ -91,8 +91,11 @@ def first_layer_matmul_inputs(entries: list, training, arch) -> list:
     projection is adapted. So QK^T keeps q only where k is adapted and k only where q is; where neither
     is, the scores need no gradient: scores x V keeps no v, and the ops between (the soft-capping tanh, the
     fp32 softmax beside its 16-bit copy, the dropout's mask) keep nothing for their own backward. Only
-    where transformers' eager attention or SDPA's math backend (a composite of matmuls) runs: the flash
-    and memory-efficient kernels save q, k and v together whenever any of them needs a gradient."""
+    where transformers' eager attention or SDPA's math backend (a composite of matmuls) runs: the SDPA
+    kernels' nodes save q, k and v together whenever any of them needs a gradient (torch 2.13, checked:
+    BmmBackward0's saved self is None where mat2 needs no gradient; ScaledDotProductFlashAttentionForCpuBackward0
+    saves query, key and value with only q needing one; the SDPA record peft/llama-3.1-8b-lora-r16-qv-
+    norecompute-drop00-s4096-b1 holds with the first layer's q kept)."""
     from .activations.attention import QK_T_INPUTS
     from .activations.entries import compiled
     from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
