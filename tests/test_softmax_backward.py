@@ -276,7 +276,8 @@ def test_an_adapter_runs_moment_frees_its_kept_layer_tensors(case, freed, over):
     +467,630,080 B (+0.19%) and +903,706,624 B (+0.36%) over the records with those left in; now q,v (and k,v, and
     v alone) is 2.2 MB under and all 7 is 4.4 MB under (the last layer's adapter gradients made by then are left
     out). q,v was 31.4 MB over, k,v too, and v alone 8.7 GB, while the ledger counted in the first layer the
-    inputs of matmuls whose other input needs no gradient there (adapter_activations.first_layer_matmul_inputs). Over bitsandbytes
+    inputs of matmuls whose other input needs no gradient there
+    (adapter_activations.first_layer_matmul_inputs). Over bitsandbytes
     0.43.1's 4-bit layers the same bytes are freed: the inputs its MatMul4Bit holds in ctx.tensors for the frozen
     o, gate, up and down (2 B x 8192 x (2 x 2048 + 8192) = 201,326,592) stay with the node until the graph goes
     (explain: 16 of 16 down_proj and o_proj inputs alive there); the estimate was +0.36% over it as well."""
