@@ -136,6 +136,30 @@ def test_one_lora_layer_keeps_by_hand():
     assert sum(line.bytes for line in ledger if line.kind == "first dense") == per_layer - norm
 
 
+@pytest.mark.parametrize("targets, attention, dropped", [
+    (["q", "v"], "eager", 1),  # k needs no gradient: QK^T keeps k alone (measured: peft/llama-3.2-1b-...-qv-...-eager)
+    (["k", "v"], "eager", 1),  # q needs none: QK^T keeps q alone
+    # neither: QK^T keeps nothing, scores x V not v, the softmax not its fp32 output (the scores need no gradient)
+    (["v"], "eager", 3 + 2 * 8192 // 64),
+    (["q", "k", "v"], "eager", 0),  # both need one: QK^T keeps both (measured: peft/...-all7-...-eager)
+    (["q", "v"], "flash", 0),  # the flash kernel saves q, k and v together
+])
+def test_the_first_layers_eager_matmuls_keep_only_the_inputs_a_gradient_reads(targets, attention, dropped):
+    # Llama-3.2-1B, bf16, s 8192, b 1, no recompute, frozen embeddings: the first layer's input needs no
+    # gradient, so its attention norm keeps nothing (fp32 upcast and rsqrt), and its eager core keeps q, the
+    # expanded k and the expanded v (each 2*s*a*d_head bytes) only where the other input of their matmul
+    # needs a gradient (torch's bmm saves each input for the other's gradient alone); `dropped` counts
+    # 2*s*a*d_head bytes: the fp32 softmax output, 4*a*s^2 bytes, is 2*s/d_head of them
+    s, h, a, d = 8192, 2048, 32, 64
+    norm, one = 4 * s * h + 4 * s, 2 * s * a * d
+    ledger = estimate_config(config({"rank": 16, "target_modules": targets}, model="llama-3.2-1b", seq_len=s,
+                                    attention=attention)).activation_ledger
+
+    def total(kind):
+        return sum(line.bytes for line in ledger if line.kind == kind)
+    assert total("dense") - total("first dense") == norm + dropped * one
+
+
 def test_adapter_dropout_keeps_its_fp32_output_and_a_mask_beyond_the_first_layer():
     s, h = 4096, 4096
     plain = estimate_config(config({"rank": 16})).activation_ledger

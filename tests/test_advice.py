@@ -1,5 +1,7 @@
 """What to change: every suggestion is one change, estimated in full, lower than the original."""
 
+import pytest
+
 from estimator import estimate, load_config
 from estimator.search.advice import suggestions
 
@@ -130,3 +132,46 @@ def test_the_8bit_optimizer_suggestion_drops_deepspeeds_adamw_kernel():
     done = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", "-"],
                           input=json.dumps(DEEPSPEED_FOREACH), capture_output=True, text=True)
     assert done.returncode == 0 and "1. 8-bit Adam (bitsandbytes)" in done.stdout, done.stderr
+
+
+# Qwen3-8B LoRA r16 at 32k tokens with full recompute on one H100: 95 GiB, out of memory; the full logits and
+# their fp32 softmax dominate
+LIGER_OOM = {"model": "qwen3-8b", "parallel": {"dp": 1},
+             "training": {"framework": "hf", "seq_len": 32768, "recompute": "full", "adapter": {"rank": 16}}}
+
+
+def test_liger_kernels_are_offered_where_they_lower_the_peak():
+    """The Trainer's use_liger_kernel (training.liger_kernel with Liger's fused linear cross-entropy, loss
+    'chunked') is a candidate of its own: judged by a full estimate, it goes below the chunked loss alone (Liger's
+    RMSNorm and SwiGLU keep less in the recomputed layer) and is the first step of the CLI's plan."""
+    import json
+    import subprocess
+    import sys
+
+    from estimator import estimate_config
+    done = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--json", "--config", "-"],
+                          input=json.dumps(LIGER_OOM), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["fit"]["verdict"] == "oom"
+    step = out["plan_to_fit"][0]
+    assert step["change"] == "Liger kernels (use_liger_kernel)" and step["verdict"] == "fits"
+    assert step["config"]["training"]["liger_kernel"] is True and step["config"]["training"]["loss"] == "chunked"
+    liger = {**LIGER_OOM, "training": {**LIGER_OOM["training"], "liger_kernel": True, "loss": "chunked"}}
+    chunked = {**LIGER_OOM, "training": {**LIGER_OOM["training"], "loss": "chunked"}}
+    assert step["device_total_bytes"] == estimate_config(liger).device_total_bytes \
+        < estimate_config(chunked).device_total_bytes < out["device_total_bytes"]
+    text = subprocess.run([sys.executable, "-m", "estimator", "estimate", "--config", "-"],
+                          input=json.dumps(LIGER_OOM), capture_output=True, text=True).stdout
+    assert "\n  1. Liger kernels (use_liger_kernel): " in text
+
+
+@pytest.mark.parametrize("model, training", [
+    ("qwen3-8b", {"framework": "fsdp2"}),  # Liger patches transformers models under the Trainer's stacks only
+    ("qwen3-8b", {"compile": True}),  # its Triton kernels under torch.compile are not modelled
+    ("qwen3-30b-a3b", {}),  # its patch of MoE experts is not modelled
+    ("qwen3-8b", {"liger_kernel": True, "loss": "chunked"}),  # already on
+])
+def test_liger_kernels_are_never_offered_where_validation_refuses_them(model, training):
+    cfg = load_config({**LIGER_OOM, "model": model, "training": {**LIGER_OOM["training"], **training}})
+    assert not any("Liger kernels" in s.description for s in suggestions(cfg, limit=50))

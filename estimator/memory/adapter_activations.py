@@ -78,6 +78,51 @@ def attention_input_adapted(adapter: Adapter, arch) -> bool:
     return any(adapted(adapter, name) for name in ("q", "k", "v"))
 
 
+MATMUL_SAVES_SOURCE = ("torch 2.13 tools/autograd/derivatives.yaml, bmm: self's gradient reads mat2, mat2's reads "
+                       "self, and the generated node saves each only where that gradient is computed "
+                       "(should_compute_output); transformers 5.23 eager_attention_forward: "
+                       "matmul(query, key_states^T), then matmul(attn_weights, value_states); measured: "
+                       "tests/data/measured/peft/llama-3.2-1b-lora-r16-qv-norecompute-drop00-s8192-b1-eager")
+
+
+def first_layer_matmul_inputs(entries: list, training, arch) -> list:
+    """The unfused attention core of the first layer with a frozen input (MATMUL_SAVES_SOURCE): a matmul
+    keeps each input only for the other's gradient, and there q, k and v need one only where their own
+    projection is adapted. So QK^T keeps q only where k is adapted and k only where q is; where neither
+    is, the scores need no gradient: scores x V keeps no v, and the ops between (the soft-capping tanh, the
+    fp32 softmax beside its 16-bit copy, the dropout's mask) keep nothing for their own backward. Only
+    where transformers' eager attention or SDPA's math backend (a composite of matmuls) runs: the SDPA
+    kernels' nodes save q, k and v together whenever any of them needs a gradient (torch 2.13, checked:
+    BmmBackward0's saved self is None where mat2 needs no gradient; ScaledDotProductFlashAttentionForCpuBackward0
+    saves query, key and value with only q needing one; the SDPA record peft/llama-3.1-8b-lora-r16-qv-
+    norecompute-drop00-s4096-b1 holds with the first layer's q kept)."""
+    from .activations.attention import QK_T_INPUTS
+    from .activations.entries import compiled
+    from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
+    if training.framework not in TRANSFORMERS_FRAMEWORKS or compiled(training):
+        return entries
+    q, k = (adapted(training.adapter, name) for name in ("q", "k"))
+    if q and k:
+        return entries
+    if not (q or k):
+        gone = _scores_gradient_only(entries)
+        return [e for e in entries if e.name not in gone]
+    kept_one = "k (keys expanded to all heads)" if q else "q"
+    return [e._replace(name=f"{kept_one} for QK^T (the other input needs no gradient)", elements=e.elements / 2,
+                       formula="B*s*b*a*d_head", tensors=1) if e.name == QK_T_INPUTS else e for e in entries]
+
+
+def _scores_gradient_only(entries: list) -> set[str]:
+    """The core's tensors kept only for the gradient of the QK^T scores: its inputs, v (read by the
+    probabilities' gradient), the tanh's output, the dropout's mask, and the eager fp32 softmax output
+    where a 16-bit copy of it feeds scores x V (else that one tensor is scores x V's input)."""
+    from .activations.attention import (DROPOUT_MASK, EAGER_SOFTMAX_FP32, QK_T_INPUTS, SCORES_V_INPUT,
+                                        SOFTCAP_OUTPUT, SOFTMAX_CAST)
+    names = {e.name for e in entries}
+    return {QK_T_INPUTS, SCORES_V_INPUT, SOFTCAP_OUTPUT, DROPOUT_MASK} | (
+        {EAGER_SOFTMAX_FP32} if SOFTMAX_CAST in names else set())
+
+
 def module_entries(arch, training, par, m: Module, first: bool) -> list:
     """What one adapted module keeps for its backward: ``lora_A``'s input (the fp32 cast, or the
     dropout output and its mask) and ``lora_B``'s input, the r-wide output of ``lora_A``."""
@@ -154,12 +199,14 @@ def adapted_layer_entries(entries: list, arch, training, par, kind: str, first: 
     """A layer's full-fine-tuning ledger as an adapter run keeps it: without what frozen weights'
     gradients alone would read, with what each adapted module keeps. `first`: the first layer with
     a frozen input (`first_layer_input_frozen`), whose attention norm keeps nothing when q, k or v is
-    adapted (otherwise the layer is counted as any other: at most its norm's tensors over)."""
+    adapted, nor its unfused core's matmuls the inputs no gradient reads (`first_layer_matmul_inputs`;
+    otherwise the layer is counted as any other: at most its norm's tensors over)."""
     from .activations.entries import _norm, tokens_per_gpu
     out = kept(entries, training, arch, bnb_kept_inputs(training, arch, kind, first))
     if first and attention_input_adapted(training.adapter, arch):
         norm = {e.name for e in _norm("attention norm input", tokens_per_gpu(training, par), arch, training)}
         out = [e for e in out if e.name not in norm]
+        out = first_layer_matmul_inputs(out, training, arch)
     for m in adapted_modules(training.adapter, arch, kind):
         out += module_entries(arch, training, par, m, first)
     return out

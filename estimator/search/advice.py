@@ -2,7 +2,7 @@
 no short chain of them fits, the nearest layout the planner finds.
 
 Every suggestion is one knob turned from the user's configuration — a memory saver (recompute,
-a chunked loss, a smaller micro-batch, a higher ZeRO stage, expandable segments, 8-bit Adam) or a
+a chunked loss, Liger's kernels, a smaller micro-batch, a higher ZeRO stage, expandable segments, 8-bit Adam) or a
 wider split of the model (TP, PP, CP), which keeps the number of GPUs by halving DP where it can
 and keeps a global batch the user set by raising the number of micro-batches (one left open stays
 open: the estimator's default fills the new pipeline). Each one is a full estimate, so the numbers
@@ -63,6 +63,23 @@ def _fine_tuning_candidates(tr: Training, par: Parallel, hw: Hardware):
                _replace(tr, rl=_replace(rl, engine_memory_fraction=fraction)), par, hw)
 
 
+def _liger_candidate(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
+    """Liger's kernels where the stack runs them and the estimator models the model's patch
+    (memory/liger.py `check`: hf, deepspeed, fsdp1 and a dense RMSNorm/SwiGLU decoder Liger patches):
+    liger_kernel and, as the Trainer's use_liger_kernel does with Liger's defaults (transformers 5.23
+    integrations/liger.py; liger-kernel 0.8.5 fused_linear_cross_entropy=True), the chunked loss. An RL
+    run keeps its loss: its trainers compute the log-probabilities from the logits (importers/openrlhf.py)."""
+    from ..memory.liger import check
+    if tr.liger_kernel:
+        return
+    liger = _replace(tr, liger_kernel=True, loss="chunked" if tr.rl is None else tr.loss)
+    try:
+        check(arch, liger)
+    except ConfigError:
+        return  # validation would refuse it: never offered
+    yield "Liger kernels (use_liger_kernel)", liger, par, hw
+
+
 def _batch_notes(tr: Training, par: Parallel) -> tuple[str, str]:
     """What a change that splits the batch differently says about it: a global batch the user set
     is kept (more micro-batches where DP halves); one left open stays open, so the estimator's
@@ -87,6 +104,7 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
             yield "selective recomputation of the attention core", _replace(tr, recompute="selective"), par, hw
         if tr.loss == "standard":
             yield "a chunked fused-linear cross-entropy loss (Liger/CCE)", _replace(tr, loss="chunked"), par, hw
+        yield from _liger_candidate(arch, tr, par, hw)
         if tr.micro_batch_size > 1:
             smaller = _replace(tr, micro_batch_size=tr.micro_batch_size // 2)
             what = " (same global batch, twice the micro-batches)" if tr.global_batch_size else ""

@@ -81,6 +81,9 @@ def _runs() -> list[LoraRun]:
         # backward (as the HF record llama-3.2-1b-bf16-adamw-norecompute-eager-s8192-b1 does)
         R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=QV, attention="eager"),
         R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=ALL_SEVEN, attention="eager"),
+        # ... with k or q and k frozen: the first layer's QK^T keeps only the input the other's gradient reads
+        R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=("k", "v"), attention="eager"),
+        R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=("v",), attention="eager"),
         # ... over bitsandbytes 0.43.1's 4-bit layers, whose MatMul4Bit holds its input in ctx.tensors (not
         # save_for_backward), which autograd's release of a node's saved tensors does not drop
         R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=ALL_SEVEN, base="nf4", bnb_version="0.43.1",

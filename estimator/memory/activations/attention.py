@@ -182,6 +182,14 @@ def _flash_entries(arch: Architecture, training: Training, par: Parallel) -> lis
             _flash_lse(arch, training, par)]
 
 
+QK_T_INPUTS = "q and k (keys expanded to all heads) for QK^T"
+SCORES_V_INPUT = "v (expanded to all heads) for scores x V"
+EAGER_SOFTMAX_FP32 = "softmax output (fp32)"
+SOFTMAX_CAST = "softmax output cast to the compute dtype"
+SOFTCAP_OUTPUT = "soft-capped scores (tanh output)"
+DROPOUT_MASK = "attention dropout mask"
+
+
 def _unfused_entries(arch: Architecture, training: Training, par: Parallel, math_sdpa: bool) -> list[Entry]:
     """Unfused attention expands K and V to every query head before the matmuls (repeat_kv): q and k for
     QK^T, the softmax's tensors, the dropout's, and v for scores x V."""
@@ -190,13 +198,12 @@ def _unfused_entries(arch: Architecture, training: Training, par: Parallel, math
     a, qw = arch.num_attention_heads, arch.q_width
     scores = training.micro_batch_size * a * (training.seq_len / par.cp) * training.seq_len
     head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
-    out = [Entry("q and k (keys expanded to all heads) for QK^T", T * 2 * qw, B, "tp", "2*B*s*b*a*d_head",
-                 recompute=UP_PROJ, tensors=2)]
+    out = [Entry(QK_T_INPUTS, T * 2 * qw, B, "tp", "2*B*s*b*a*d_head", recompute=UP_PROJ, tensors=2)]
     out += _softmax_entries(arch, training, par, math_sdpa, scores)
     if training.dropout > 0:
-        out.append(Entry("attention dropout mask", scores, 1, "tp", "a*s^2*b", recompute=CORE))
+        out.append(Entry(DROPOUT_MASK, scores, 1, "tp", "a*s^2*b", recompute=CORE))
         out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-    out.append(Entry("v (expanded to all heads) for scores x V", T * a * head_v, B, "tp", "B*s*b*a*d_head",
+    out.append(Entry(SCORES_V_INPUT, T * a * head_v, B, "tp", "B*s*b*a*d_head",
                      recompute=UP_PROJ))
     return out
 
@@ -251,14 +258,14 @@ def _eager_softmax_entries(arch: Architecture, training: Training, scores: float
     B = bytes_per_element(training.compute_dtype)
     out = []
     if arch.attention_logit_softcapping:  # tanh keeps its output for backward
-        out.append(Entry("soft-capped scores (tanh output)", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        out.append(Entry(SOFTCAP_OUTPUT, scores, B, "tp", "B*a*s^2*b", recompute=CORE))
     if arch.eager_softmax_in_compute_dtype:  # Llama 4: the softmax of the 16-bit scores, kept
         out.append(Entry("softmax output (compute dtype, no fp32 upcast)", scores, B, "tp", "B*a*s^2*b",
                          recompute=CORE))
     else:
-        out.append(Entry("softmax output (fp32)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
+        out.append(Entry(EAGER_SOFTMAX_FP32, scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
     if not prepared(training) and not arch.eager_softmax_in_compute_dtype:  # an fp32 query (kbit.py): no copy
-        out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        out.append(Entry(SOFTMAX_CAST, scores, B, "tp", "B*a*s^2*b", recompute=CORE))
     return out
 
 
