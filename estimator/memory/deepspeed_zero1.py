@@ -43,8 +43,12 @@ SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py process_gradients (l.
 def applies(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
     """ZeRO-1 reducing after backward: DeepSpeed, stage 1, overlap_comm off, no pipeline (DeepSpeed's pipeline
     engine makes its own bucket, l. 845), whole tensors on each rank (no tensor or context parallelism: the
-    partitions are counted from the model's whole tensors)."""
+    partitions are counted from the model's whole tensors), a dense model (DeepSpeed's MoE puts the experts in
+    parameter groups of their own, partitioned over the expert-data-parallel group: moe/utils.py
+    split_params_into_different_moe_groups_for_optimizer; not counted here, so an MoE model keeps every gradient
+    whole at the step whatever its EP, and more EP never raises its model states)."""
     return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1
+            and not arch.is_moe
             and not deepspeed_settings(arch, training, zero).overlap_comm)
 
 

@@ -109,14 +109,16 @@ class StepPart(NamedTuple):
     tr: Transients  # the persistent workspaces included; no optimizer temporaries when the step runs on the host
     place: Placement
     states: int  # on the GPU through every phase: parameters, master weights, optimizer states, FP8 copies, buffers
-    grads: int  # the gradients at the step
+    grads: int  # the gradients, whole (ZeRO-1's before its reduction)
     outside_allocator: int  # communication + CUDA context + managed memory
     host: tuple[Component, ...]  # offloaded to host memory: the placement's and paged-out optimizer states
+    at_step: Component | None  # ZeRO-1's gradients at the step, its partition alone (deepspeed_zero1), else None
 
     @property
     def step_bytes(self) -> int:
-        """The allocated bytes of the optimizer step (`_StaticStage.totals[2]`)."""
-        return self.states + self.grads + total_bytes(self.tr.optimizer)
+        """The allocated bytes of the optimizer step (`_StaticStage.totals[2]`; the planner's states floor)."""
+        grads = self.grads if self.at_step is None else int(round(self.at_step.bytes))
+        return self.states + grads + total_bytes(self.tr.optimizer)
 
 
 class StepShared(NamedTuple):
@@ -156,7 +158,9 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
     communication = shared.moe_communication if moe_stage else shared.communication
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
     ds_host = deepspeed_host_buffers(arch, training, recipe, sp, zero, partition, par)  # beside the moved states
-    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside, place.host + ds_host + paged_host)
+    at_step = zero1_step_gradients(arch, training, recipe, sp, par, zero, grads)  # ZeRO-1's partition alone
+    return StepPart(inv, ms, managed, paged_host, tr, place, states, grads, outside, place.host + ds_host + paged_host,
+                    at_step)
 
 
 def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -200,11 +204,11 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     recomputed_bytes += (grads - grads_early if partitions else 0) + total_bytes(pending)
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     saved = total_bytes(loss_saved)
-    at_step = zero1_step_gradients(arch, training, recipe, sp, par, zero, grads)  # ZeRO-1's partition alone at the step
+    at_step = step.at_step
     totals = (states + grads_early + saved + forward_moment + total_bytes(tr.forward),
               states + grads_early + total_bytes(tr.backward) + max(saved + beside_loss,
                                                                      total_bytes(after_loss) + recomputed_bytes),
-              states + (grads if at_step is None else int(round(at_step.bytes))) + total_bytes(tr.optimizer))
+              step.step_bytes)
     end, backward_end = _backward_end(arch, training, recipe, par, sp, zero, shared, step, grads_live, working,
                                       extras, by_kind)
     communication = shared.moe_communication if moe_stage else shared.communication
