@@ -37,6 +37,7 @@ Two steps are replayed; segments are never given back.
 
 from __future__ import annotations
 
+from . import megatron_moe_replay
 from .allocator import SMALL_SIZE
 from .components import Component
 from ..spec.dtypes import bytes_per_element
@@ -55,17 +56,20 @@ ATTENTION_OUTPUT = "attention output (output projection input)"
 
 
 def replay_rule(cfg) -> str | None:
-    """Why the Megatron replay does not apply (None: it does): a dense decoder on TP x DP, PP under 1F1B, without
+    """Why the Megatron replay does not apply (None: it does): a decoder (dense, or MoE under the all-to-all dispatcher:
+    megatron_moe_replay.moe_rule; its attention MHA, GQA or MLA) on TP x DP x EP, PP under 1F1B, without
     context parallelism, the distributed optimizer or DDP's buffers, default segments, nothing offloaded (as
     measured: the H200 records and the B200 runs of tests/data/measured)."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
+    moe = megatron_moe_replay.moe_rule(cfg)
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (par.vpp > 1 or par.pp_schedule != "1f1b", f"the {par.pp_schedule} pipeline schedule (1F1B is replayed)"),
         (par.cp > 1, "context parallelism (TransformerEngine's ring attention's per-step buffers are not replayed)"),
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
-        (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model (its dispatch buffers are not replayed)"),
-        (arch.uses_mla or arch.uses_sparse_attention, "MLA or sparse attention (not replayed)"),
+        (arch.is_hybrid, "a hybrid model (its state-space layers are not replayed)"),
+        (moe is not None, moe),
+        (arch.uses_sparse_attention, "sparse attention (not replayed)"),
         (arch.vision_tower is not None or arch.mtp_layers > 0, "a vision tower or MTP modules (not replayed)"),
         (training.optimizer not in ("adam", "adamw"), f"the {training.optimizer} optimizer (the replay steps Adam)"),
         (cfg.hardware.expandable_segments, "expandable segments"),
@@ -93,7 +97,9 @@ def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
         out: list[float] = []
         for t in params:
             n = t.numel / (tp if t.split in (COLUMN, ROW, VOCAB) else 1)
-            if t.split == REPLICATED and t.role == "vector" and t.copies > 1:
+            if t.is_expert:
+                out += megatron_moe_replay.expert_shards(t, cfg.parallel)
+            elif t.split == REPLICATED and t.role == "vector" and t.copies > 1:
                 out += [n / t.copies] * t.copies  # one scale per norm module
             elif t.name in ("k_proj", "v_proj") and out:
                 out[-1] += n  # linear_qkv
@@ -197,17 +203,20 @@ def _bytes(kept, key: str) -> float:
 
 def _initialise(program, cfg, order: list[float], P: float, G: float, masters: float) -> list[float]:
     """The model, DDP's buffers, the optimizer's main parameters (`masters`: their bytes in the ledger, none
-    without master weights); returns the elements the optimizer steps."""
+    without master weights); returns the elements the optimizer steps. MoE's expert parameters take buffers and an
+    optimizer of their own, after the dense ones' (megatron_moe_replay.groups)."""
     distributed = cfg.zero_stage == 1
     own = [program.alloc(P * n) for n in order]
-    total = sum(order)
-    if distributed:
-        program.alloc(P * total)  # param_data
-    program.alloc(G * total)  # grad_data
-    if distributed:
-        program.free(*reversed(own))  # `for param in params[::-1]`: each copied into param_data, its storage freed
+    groups = megatron_moe_replay.groups(cfg, order)
+    for members, _ in groups:
+        total = sum(order[i] for i in members)
+        if distributed:
+            program.alloc(P * total)  # param_data
+        program.alloc(G * total)  # grad_data
+        if distributed:  # `for param in params[::-1]`: each copied into param_data, its storage freed
+            program.free(*[own[i] for i in reversed(members)])
     # the distributed optimizer shards over the data-parallel group with context parallelism (states.py)
-    mains = _shards(order, cfg.parallel.dp * cfg.parallel.cp if distributed else 1)
+    mains = [n for members, over in groups for n in _shards([order[i] for i in members], over if distributed else 1)]
     M = masters / max(1.0, sum(mains))  # bytes per element of a main parameter (fp32)
     for n in mains if M else ():
         copy = program.alloc(P * n)  # shard_model_param.clone()
