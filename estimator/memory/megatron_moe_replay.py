@@ -16,6 +16,8 @@ steps them.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..spec.tensors import EXPERT_COLUMN, EXPERT_ROW
 
 SOURCE = ("Megatron-Core 0.16.1 distributed/distributed_data_parallel.py (expert_parallel_buffers), "
@@ -59,3 +61,62 @@ def moe_rule(cfg) -> str | None:
          "an MoE model without TransformerEngine's grouped GEMM (its expert parameters are laid out otherwise)"),
     )
     return next((why for failed, why in checks if failed), None)
+
+
+SENT = "permuted tokens sent by the all-to-all"  # moe_moments.py's combine moment: its first part with EP
+ROUTER = ("router input", "router logits and probabilities")  # activations/moe.py's entries (their names' starts)
+DISPATCHED = "dispatched tokens"
+SHARED = "shared experts:"
+
+
+class Moments(NamedTuple):
+    """An MoE layer in the replay, as requests: its kept tensors in Megatron's order (`made`), the all-to-all's send
+    buffer, the end of its forward (the combine) and its experts' backward; the tensors are the ledger's and the
+    allocated peak's (moe_moments.py)."""
+
+    before: list[int]  # the attention's and the pre-MLP norm's, then the shared experts', then the router's
+    routed: list[int]  # from the dispatched tokens on: the routed experts'
+    sent: list[float]
+    combine: list[float]
+    backward: list[float]
+
+
+def moments(cfg, shared, sp) -> Moments | None:
+    """The MoE layer's requests (None: the stage has none). Forward (Megatron-Core 0.16.1 moe_layer.py
+    MoELayer.forward `custom_forward`): the shared experts first (`shared_experts_compute`), then the router
+    (`route`), the permute of the tokens to send (`preprocess`: token_dispatcher.py dispatch_preprocess,
+    moe_utils.permute; TE's fused permute with --moe-permute-fusion), held until the layer returns, the all-to-all
+    into the dispatched tokens (`dispatch`), the experts (`routed_experts_compute`), then the combine
+    (combine_preprocess's unsort copy and the returning all-to-all's output beside the experts' outputs), all freed
+    as the layer returns. Backward: the combine's backward, then the grouped GEMMs' (TE GroupedLinear
+    `_GroupedLinear.backward`) where the walk reaches the layer's last expert weight."""
+    from .activations.recompute import dropped
+    from .moe_moments import moe_moments
+    from .reserved import _requests, _sizes
+
+    if not any(kind == "moe" for kind, n in sp.kind_counts if n):
+        return None
+    entries = [e for e in shared.entries["moe"] if not dropped(e, shared.recomputed)]
+
+    def requests(chosen) -> list[int]:
+        return _requests(_sizes(chosen, shared.parallel))
+
+    names = [e.name for e in entries]
+    router = next(k for k, name in enumerate(names) if name.startswith(ROUTER[0]))
+    routed = next(k for k, name in enumerate(names) if name.startswith(DISPATCHED))
+    ours = [e for e in entries if e.name.startswith(SHARED)]
+    rest = [e for e in entries[routed:] if not e.name.startswith(SHARED)]
+    forward, backward, _ = moe_moments(cfg.architecture, cfg.training, cfg.parallel, sp)
+    sent = [c.bytes for c in forward if c.label.startswith(SENT)]
+    return Moments(requests(entries[:router]) + requests(ours) + requests(entries[router:routed]), requests(rest),
+                   sent, [c.bytes for c in forward if not c.label.startswith(SENT)], [c.bytes for c in backward])
+
+
+def made(program, moe: Moments) -> list:
+    """An MoE layer's forward (`moments`): what it keeps, in order."""
+    out = program.many(moe.before)
+    sent = [program.alloc(b) for b in moe.sent]
+    out += program.many(moe.routed)
+    program.transient(moe.combine)
+    program.free(*sent)
+    return out

@@ -272,6 +272,7 @@ class _Walk:
         self.tied = arch.tie_embeddings
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
         self.pending: list[float] = []
+        self.moe = megatron_moe_replay.moments(cfg, shared, sp)
         self.dummies = _dummies(cfg, sp) if any(c.key == "wgrad_cache" for c in static.parts().kept) else {}
 
     def micro_batch(self) -> None:
@@ -309,7 +310,7 @@ class _Walk:
         prog, sizes, scores = self.program, self.sizes[kind].sizes, self.scores[kind]
         if scores is None:
             self._buffers()  # the all-gather's buffer (sequence parallelism), at the layer's first projection
-            return prog.many(sizes)
+            return megatron_moe_replay.made(prog, self.moe) if kind == "moe" else prog.many(sizes)
         at, ends = scores
         fp32, cast = sizes[at], sizes[at + 1]
         out = prog.many(sizes[:at])
@@ -367,7 +368,11 @@ class _Walk:
         held = self._made(kind) if full else list(saved)
         at = self.scores[kind] and self.scores[kind][0]
         count, n = len(held), len(weights)
+        experts = kind == "moe"
         for j, w in enumerate(reversed(weights)):
+            if experts and isinstance(w, megatron_moe_replay.ExpertShard):  # the experts' backward
+                self.program.transient(self.moe.backward)
+                experts = False
             self._gradient(w)
             while len(held) > count * (n - 1 - j) // n:
                 if at is not None and len(held) == at + 2:  # the softmax's output reached: its backward
