@@ -64,7 +64,7 @@ def moe_rule(cfg) -> str | None:
 
 
 SENT = "permuted tokens sent by the all-to-all"  # moe_moments.py's combine moment: its first part with EP
-ROUTER = ("router input", "router logits and probabilities")  # activations/moe.py's entries (their names' starts)
+ROUTER = "router logits and probabilities"  # activations/moe.py's entries (their names' starts)
 DISPATCHED = "dispatched tokens"
 SHARED = "shared experts:"
 
@@ -74,7 +74,7 @@ class Moments(NamedTuple):
     buffer, the end of its forward (the combine) and its experts' backward; the tensors are the ledger's and the
     allocated peak's (moe_moments.py)."""
 
-    before: list[int]  # the attention's and the pre-MLP norm's, then the shared experts', then the router's
+    before: list[int]  # the attention's and the pre-MLP norm's, then the shared experts', then the router's logits
     routed: list[int]  # from the dispatched tokens on: the routed experts'
     sent: list[float]
     combine: list[float]
@@ -102,7 +102,8 @@ def moments(cfg, shared, sp) -> Moments | None:
         return _requests(_sizes(chosen, shared.parallel))
 
     names = [e.name for e in entries]
-    router = next(k for k, name in enumerate(names) if name.startswith(ROUTER[0]))
+    # the pre-MLP norm's output (the router's input) is the shared experts' input too: made before both
+    router = next(k for k, name in enumerate(names) if name.startswith(ROUTER))
     routed = next(k for k, name in enumerate(names) if name.startswith(DISPATCHED))
     ours = [e for e in entries if e.name.startswith(SHARED)]
     rest = [e for e in entries[routed:] if not e.name.startswith(SHARED)]
