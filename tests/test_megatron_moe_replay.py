@@ -52,20 +52,51 @@ def test_the_expert_parameters_take_buffers_and_an_optimizer_of_their_own():
 
 
 def test_an_moe_layers_forward_in_megatrons_order():
-    """The shared experts before the router, the all-to-all's send buffer (phi k s b h x 2 B = 6 x 4096 x 5120 x 2
-    = 240 MiB) before the dispatched tokens, held through the experts; the combine: the experts' outputs, their
-    unsorted copy (40 local experts) and the returning all-to-all's output, 240 MiB each."""
-    cfg = resolved()
+    """The last stage's MoE layer: the attention's first four tensors as the ledger has them (norm input, QKV
+    projection input, compressed q and kv: 40, 40, 12, 4 MiB), then MLA's up-projections: q (a*(d_nope + d_rope) =
+    128 x 192 per token: 4096 x 24576 x 2 B = 192 MiB), the kv up-projection's output held (128 x (128 + 128):
+    256 MiB) while fused RoPE makes k (192 MiB) and v (128 x 128: 128 MiB); the flash LSE (4 x 4096 x 128: 2 MiB),
+    the attention output (128 MiB), the pre-MLP norm's and router's inputs (40 MiB each); the shared experts (fc1's
+    gate and up 2 x 3072 x 4096 x 2 B = 48 MiB, fc2's input 24 MiB) before the router's fp32 logits and probabilities
+    (2 x 4 x 4096 x 160 = 5 MiB); the all-to-all's send buffer held (phi k s b h x 2 B = 6 x 4096 x 5120 x 2 =
+    240 MiB), the dispatched tokens (240 MiB), the experts' fc1 output (2 x 6 x 4096 x 1536 x 2 B = 144 MiB), fc2's
+    input (72 MiB), the routing weights (6 x 4096 x 2 B); the combine: the experts' outputs, their copy unsorted by
+    local expert (40 local experts) and the returning all-to-all's output, 240 MiB each; the send buffer released.
+    The experts' backward: the outputs' gradient (240 MiB), fc2's input gradient (72 MiB) and the 40 local experts'
+    fc2 weight gradient (40 x 1536 x 5120 x 2 B = 600 MiB)."""
     from estimator.memory.stage_shared import _shared
+    from estimator.memory.megatron_moe_replay import HOLD, KEEP, MOMENT, RELEASE
 
+    cfg = resolved()
     shared = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware, cfg.zero_stage, cfg.padded_vocab)
-    moe = megatron_moe_replay.moments(cfg, shared, cfg.stages[1])
-    assert moe.sent == [240 * MiB] and moe.combine == [240 * MiB] * 3
-    # MLA's (40, 40, 12, 4, 512, 2, 128 MiB), the MLP norm's input, the router's input, the shared experts' (48, 24),
-    # the router's logits and probabilities (fp32, 5 MiB); then the dispatched tokens and the experts' (240, 144, 72
-    # MiB) and the routing weights of the dispatched tokens (6 x 4096 x 2 B: the compute dtype, no router dtype)
-    assert [b // MiB for b in moe.before] == [40, 40, 12, 4, 512, 2, 128, 40, 40, 48, 24, 5]
-    assert moe.routed == [240 * MiB, 144 * MiB, 72 * MiB, 6 * 4096 * 2]
+    plan = megatron_moe_replay.plan(cfg, shared, cfg.stages[1], "moe")
+    assert plan.start == 4
+    assert [in_mib(step) for step in plan.steps] == [(KEEP, 192), (HOLD, 256), (KEEP, 192), (KEEP, 128), (RELEASE,), (KEEP, 2), (KEEP, 128),
+                   (KEEP, 40), (KEEP, 40), (KEEP, 48), (KEEP, 24), (KEEP, 5), (HOLD, 240), (KEEP, 240), (KEEP, 144),
+                   (KEEP, 72), (KEEP, 6 * 4096 * 2 / MiB), (MOMENT, (240, 240, 240)), (RELEASE,)]
+    assert [b / MiB for b in plan.backward] == [240, 72, 600]
+
+
+def in_mib(step: tuple) -> tuple:
+    kind, *sizes = step
+    if kind == megatron_moe_replay.MOMENT:
+        return kind, tuple(b / MiB for b in sizes[0])
+    return (kind, *(b / MiB for b in sizes))
+
+
+def test_a_plan_keeps_what_the_ledger_keeps():
+    """Each layer kind's plan keeps the ledger's bytes, no more and no fewer (MLA's q, k, v split in three)."""
+    from estimator.memory.reserved import _requests, _sizes
+    from estimator.memory.stage_shared import _shared
+    from estimator.memory.megatron_moe_replay import KEEP
+
+    cfg = resolved()
+    shared = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware, cfg.zero_stage, cfg.padded_vocab)
+    for kind in ("dense", "moe"):
+        plan = megatron_moe_replay.plan(cfg, shared, cfg.stages[0], kind)
+        ledger = _requests(_sizes(shared.entries[kind], shared.parallel))
+        kept = sum(ledger[:plan.start]) + sum(step[1] for step in plan.steps if step[0] == KEEP)
+        assert kept == pytest.approx(sum(ledger), abs=len(ledger))
 
 
 @pytest.mark.parametrize(("training", "why"), [
@@ -77,3 +108,12 @@ def test_an_moe_layers_forward_in_megatrons_order():
 def test_which_moe_layers_are_replayed(training, why):
     rule = megatron_replay.replay_rule(resolved(**training))
     assert rule == why if why is None else rule.startswith(why)
+
+
+def test_the_component_cites_the_moe_replay():
+    from estimator import estimate_config
+
+    record = next(r for r in records("simumax_b200") if r["id"] == RUN)
+    for stage in estimate_config(imported(record).config).stages:
+        source = stage.component("fragmentation").source
+        assert "megatron_replay.py" in source and "megatron_moe_replay.py" in source

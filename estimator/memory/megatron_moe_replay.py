@@ -1,5 +1,5 @@
-"""Megatron-Core's MoE layers in the allocator replay (megatron_replay.py): where the expert parameters live and who
-steps them.
+"""Megatron-Core's MoE and MLA layers in the allocator replay (megatron_replay.py): where the expert parameters live
+and who steps them, and the order an MoE or MLA layer allocates in.
 
 - The model: TransformerEngine's GroupedLinear (Megatron-Core 0.16.1 transformer/moe/experts.py TEGroupedMLP over
   extensions/transformer_engine.py TEGroupedLinear; TE pytorch/module/grouped_linear.py registers `weight{i}`, one
@@ -12,6 +12,9 @@ steps them.
 - The optimizer (optimizer/__init__.py `get_megatron_optimizer`): a ChainedOptimizer of the dense parameters'
   distributed optimizer (sharded over data-parallel x context-parallel) and then the expert parameters' (sharded over
   the expert-data-parallel group, (TP x CP x DP) / (EP x expert-TP)); their main parameters made in that order.
+- A layer's forward (`plan`): the ledger's tensors (activations/attention.py, mlp.py) and the MoE moments
+  (moe_moments.py) in Megatron-Core's order: MLA's up-projections and fused RoPE, the MoE layer's shared experts,
+  router, all-to-all dispatch, experts and combine.
 """
 
 from __future__ import annotations
@@ -22,7 +25,10 @@ from ..spec.tensors import EXPERT_COLUMN, EXPERT_ROW
 
 SOURCE = ("Megatron-Core 0.16.1 distributed/distributed_data_parallel.py (expert_parallel_buffers), "
           "optimizer/__init__.py (get_megatron_optimizer: ChainedOptimizer), transformer/moe/experts.py "
-          "(TEGroupedMLP); TransformerEngine pytorch/module/grouped_linear.py (weight{i} per local expert)")
+          "(TEGroupedMLP), transformer/moe/moe_layer.py (MoELayer.forward), transformer/moe/token_dispatcher.py "
+          "(MoEAlltoAllTokenDispatcher), transformer/multi_latent_attention.py (qkv_up_proj_and_rope_apply), "
+          "fusions/fused_mla_yarn_rope_apply.py; TransformerEngine pytorch/module/grouped_linear.py (weight{i} per "
+          "local expert) (estimator/memory/megatron_moe_replay.py)")
 
 
 class ExpertShard(float):
@@ -63,61 +69,111 @@ def moe_rule(cfg) -> str | None:
     return next((why for failed, why in checks if failed), None)
 
 
-SENT = "permuted tokens sent by the all-to-all"  # moe_moments.py's combine moment: its first part with EP
-ROUTER = "router logits and probabilities"  # activations/moe.py's entries (their names' starts)
+QKV = "q, k, v kept by flash attention"  # activations/attention.py's entry; the names' starts below, mlp.py's
+ROUTER = "router logits and probabilities"
 DISPATCHED = "dispatched tokens"
+ROUTED = ("experts", "expert outputs", "routing weights", DISPATCHED)
 SHARED = "shared experts:"
+SENT = "permuted tokens sent by the all-to-all"  # moe_moments.py's combine moment: its first part with EP
+
+KEEP, HOLD, RELEASE, MOMENT = "keep", "hold", "release", "moment"  # a Plan's steps
 
 
-class Moments(NamedTuple):
-    """An MoE layer in the replay, as requests: its kept tensors in Megatron's order (`made`), the all-to-all's send
-    buffer, the end of its forward (the combine) and its experts' backward; the tensors are the ledger's and the
-    allocated peak's (moe_moments.py)."""
+class Plan(NamedTuple):
+    """A layer's forward as the replay runs it: its first `start` requests made and kept as they come (the ledger's
+    order), then `steps`: (KEEP, bytes) made and kept for backward, (HOLD, bytes) made and held to the next
+    (RELEASE,), (MOMENT, [bytes]) made together and freed. `backward`: the experts' backward moment of an MoE layer,
+    made and freed where the walk reaches the layer's last expert weight (TE `_GroupedLinear.backward`)."""
 
-    before: list[int]  # the attention's and the pre-MLP norm's, then the shared experts', then the router's logits
-    routed: list[int]  # from the dispatched tokens on: the routed experts'
-    sent: list[float]
-    combine: list[float]
-    backward: list[float]
+    start: int
+    steps: tuple
+    backward: tuple = ()
 
 
-def moments(cfg, shared, sp) -> Moments | None:
-    """The MoE layer's requests (None: the stage has none). Forward (Megatron-Core 0.16.1 moe_layer.py
-    MoELayer.forward `custom_forward`): the shared experts first (`shared_experts_compute`), then the router
-    (`route`), the permute of the tokens to send (`preprocess`: token_dispatcher.py dispatch_preprocess,
-    moe_utils.permute; TE's fused permute with --moe-permute-fusion), held until the layer returns, the all-to-all
-    into the dispatched tokens (`dispatch`), the experts (`routed_experts_compute`), then the combine
-    (combine_preprocess's unsort copy and the returning all-to-all's output beside the experts' outputs), all freed
-    as the layer returns. Backward: the combine's backward, then the grouped GEMMs' (TE GroupedLinear
-    `_GroupedLinear.backward`) where the walk reaches the layer's last expert weight."""
+def plans(cfg, shared, sp) -> dict:
+    """The plans of the stage's layer kinds that have MLA's or an MoE block's allocations (`plan`)."""
+    kinds = {kind for kind, n in sp.kind_counts if n}
+    out = {kind: plan(cfg, shared, sp, kind) for kind in kinds}
+    return {kind: p for kind, p in out.items() if p is not None}
+
+
+def plan(cfg, shared, sp, kind: str) -> Plan | None:
+    """A layer's plan (None: the ledger's order as it is). MLA (multi_latent_attention.py `qkv_up_proj_and_rope_apply`,
+    Megatron-LM's default --rope-fusion): q up-projected (linear_q_up_proj), RoPE applied in place
+    (fused_apply_mla_rope_for_q); kv up-projected (linear_kv_up_proj), then the key and the value made by
+    fused_apply_mla_rope_for_kv, the up-projection's output freed as the function returns. An MoE layer
+    (moe_layer.py MoELayer.forward `custom_forward`): the shared experts first (`shared_experts_compute`), the router
+    (`route`), the permute of the tokens to send (`preprocess`: token_dispatcher.py dispatch_preprocess; TE's fused
+    permute with --moe-permute-fusion), held until the layer returns, the all-to-all into the dispatched tokens
+    (`dispatch`), the experts (`routed_experts_compute`), then the combine (combine_preprocess's unsort copy and the
+    returning all-to-all's output beside the experts' outputs: moe_moments.py's moment)."""
     from .activations.recompute import dropped
-    from .moe_moments import moe_moments
+
+    entries = [e for e in shared.entries[kind] if not dropped(e, shared.recomputed)]
+    names = [e.name for e in entries]
+    mla = cfg.architecture.uses_mla and QKV in names
+    router = next((k for k, name in enumerate(names) if name.startswith(ROUTER)), None) if kind == "moe" else None
+    if not mla and router is None:
+        return None
+    first = names.index(QKV) if mla else router
+    order = entries[first:]
+    sent, combine, backward = _moments(cfg, sp) if router is not None else ([], [], [])
+    if router is not None:  # the shared experts' tensors before the router's
+        ours = [e for e in order if e.name.startswith(SHARED)]
+        order = [e for e in order if not e.name.startswith(SHARED)]
+        at = next(k for k, e in enumerate(order) if e.name.startswith(ROUTER))
+        order = order[:at] + ours + order[at:]
+        last = max(k for k, e in enumerate(order) if e.name.startswith(ROUTED + (SHARED,)))
+    steps: list = []
+    for k, e in enumerate(order):
+        if mla and e.name == QKV:
+            steps += _mla_steps(cfg.architecture, e.bytes(shared.parallel))
+            continue
+        if router is not None and e.name.startswith(DISPATCHED):
+            steps += [(HOLD, b) for b in sent]
+        steps += [(KEEP, b) for b in _requests([e], shared.parallel)]
+        if router is not None and k == last:
+            steps += [(MOMENT, tuple(combine))] + ([(RELEASE,)] if sent else [])
+    return Plan(len(_requests(entries[:first], shared.parallel)), tuple(steps), tuple(backward))
+
+
+def _mla_steps(arch, qkv: float) -> list:
+    """MLA's q, k and v (the ledger's one entry, `qkv` bytes: a*(d_nope + d_rope) + a*(d_nope + d_rope) + a*d_v
+    per token) and the kv up-projection's output (a*(d_nope + d_v) per token) between them."""
+    a, nope, v_dim = arch.num_attention_heads, arch.qk_nope_head_dim, arch.v_head_dim
+    per = qkv / (2 * arch.q_width + a * v_dim)  # bytes per element of one token's widths
+    return [(KEEP, per * arch.q_width), (HOLD, per * a * (nope + v_dim)), (KEEP, per * arch.q_width),
+            (KEEP, per * a * v_dim), (RELEASE,)]
+
+
+def _requests(entries, par) -> list[int]:
     from .reserved import _requests, _sizes
 
-    if not any(kind == "moe" for kind, n in sp.kind_counts if n):
-        return None
-    entries = [e for e in shared.entries["moe"] if not dropped(e, shared.recomputed)]
+    return _requests(_sizes(entries, par))
 
-    def requests(chosen) -> list[int]:
-        return _requests(_sizes(chosen, shared.parallel))
 
-    names = [e.name for e in entries]
-    # the pre-MLP norm's output (the router's input) is the shared experts' input too: made before both
-    router = next(k for k, name in enumerate(names) if name.startswith(ROUTER))
-    routed = next(k for k, name in enumerate(names) if name.startswith(DISPATCHED))
-    ours = [e for e in entries if e.name.startswith(SHARED)]
-    rest = [e for e in entries[routed:] if not e.name.startswith(SHARED)]
+def _moments(cfg, sp) -> tuple[list, list, list]:
+    """moe_moments.py's MoE moments as bytes: the all-to-all's send buffer, the rest of the combine, the experts'
+    backward."""
+    from .moe_moments import moe_moments
+
     forward, backward, _ = moe_moments(cfg.architecture, cfg.training, cfg.parallel, sp)
-    sent = [c.bytes for c in forward if c.label.startswith(SENT)]
-    return Moments(requests(entries[:router]) + requests(ours) + requests(entries[router:routed]), requests(rest),
-                   sent, [c.bytes for c in forward if not c.label.startswith(SENT)], [c.bytes for c in backward])
+    return ([c.bytes for c in forward if c.label.startswith(SENT)],
+            [c.bytes for c in forward if not c.label.startswith(SENT)], [c.bytes for c in backward])
 
 
-def made(program, moe: Moments) -> list:
-    """An MoE layer's forward (`moments`): what it keeps, in order."""
-    out = program.many(moe.before)
-    sent = [program.alloc(b) for b in moe.sent]
-    out += program.many(moe.routed)
-    program.transient(moe.combine)
-    program.free(*sent)
+def made(program, plan: Plan, sizes: list[int], offset: int) -> list:
+    """A layer's requests from index `offset` of its own (`sizes`: those left) made by its plan: what it keeps."""
+    out = program.many(sizes[:max(0, plan.start - offset)])
+    held: list = []
+    for step in plan.steps:
+        if step[0] == KEEP:
+            out.append(program.alloc(step[1]))
+        elif step[0] == HOLD:
+            held.append(program.alloc(step[1]))
+        elif step[0] == MOMENT:
+            program.transient(step[1])
+        else:
+            program.free(*held)
+            held = []
     return out

@@ -84,8 +84,10 @@ def replay_rule(cfg) -> str | None:
 def replayed_cache(cfg, shared, sp, static) -> Component:
     from .reserved import replay_component
 
+    arch = cfg.architecture
+    source = f"{SOURCE}; {megatron_moe_replay.SOURCE}" if arch.is_moe or arch.uses_mla else SOURCE
     return replay_component(cfg, sp, "megatron reserved replay", lambda: replayed(cfg, shared, sp, static),
-                            "Megatron-Core's initialisation and two steps", SOURCE)
+                            "Megatron-Core's initialisation and two steps", source)
 
 
 def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
@@ -272,7 +274,7 @@ class _Walk:
         self.tied = arch.tie_embeddings
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
         self.pending: list[float] = []
-        self.moe = megatron_moe_replay.moments(cfg, shared, sp)
+        self.plans = megatron_moe_replay.plans(cfg, shared, sp)  # MLA's and MoE's order
         self.dummies = _dummies(cfg, sp) if any(c.key == "wgrad_cache" for c in static.parts().kept) else {}
 
     def micro_batch(self) -> None:
@@ -310,7 +312,7 @@ class _Walk:
         prog, sizes, scores = self.program, self.sizes[kind].sizes, self.scores[kind]
         if scores is None:
             self._buffers()  # the all-gather's buffer (sequence parallelism), at the layer's first projection
-            return megatron_moe_replay.made(prog, self.moe) if kind == "moe" else prog.many(sizes)
+            return self._planned(kind, sizes, 0)
         at, ends = scores
         fp32, cast = sizes[at], sizes[at + 1]
         out = prog.many(sizes[:at])
@@ -322,7 +324,12 @@ class _Walk:
         rest = sizes[at + 2:]
         out += prog.many(rest[:ends])
         prog.free(raw)
-        return out + prog.many(rest[ends:])
+        return out + self._planned(kind, rest[ends:], at + 2 + ends)
+
+    def _planned(self, kind: str, sizes: list, offset: int) -> list:
+        """The layer's requests from `offset` on, in MLA's and MoE's order where it has a plan (megatron_moe_replay)."""
+        plan = self.plans.get(kind)
+        return megatron_moe_replay.made(self.program, plan, sizes, offset) if plan else self.program.many(sizes)
 
     def _buffers(self) -> None:
         while self.pending:
@@ -368,10 +375,10 @@ class _Walk:
         held = self._made(kind) if full else list(saved)
         at = self.scores[kind] and self.scores[kind][0]
         count, n = len(held), len(weights)
-        experts = kind == "moe"
+        experts = kind in self.plans
         for j, w in enumerate(reversed(weights)):
             if experts and isinstance(w, megatron_moe_replay.ExpertShard):  # the experts' backward
-                self.program.transient(self.moe.backward)
+                self.program.transient(self.plans[kind].backward)
                 experts = False
             self._gradient(w)
             while len(held) > count * (n - 1 - j) // n:
