@@ -367,8 +367,8 @@ class _Walk:
         size = self.P * n
         if always or size <= SMALL_SIZE or not self.fused_wgrad:
             self.program.transient([size])
-        elif round(n) in self.dummies:  # TE's dummy gradient of this shape, made at its first backward and kept
-            self.program.alloc(self.dummies.pop(round(n)))
+        elif self.dummies.get(round(n)):  # TE's dummy gradient of this shape, made at its first backward and kept
+            self.program.alloc(self.dummies[round(n)].pop())
 
     def _layer_backward(self, kind: str, weights: list[float], saved: list, full: bool) -> None:
         prog = self.program
@@ -404,13 +404,16 @@ class _Walk:
         prog.free(masked, scores)
 
 
-def _dummies(cfg, sp) -> dict[int, float]:
-    """TE's dummy weight gradients (wgrad_cache.py), by the weight's elements: their bytes."""
+def _dummies(cfg, sp) -> dict[int, list[float]]:
+    """TE's dummy weight gradients (wgrad_cache.py), by the weight's elements: their bytes, one per shape (an MoE
+    layer's expert fc1, 3072 x 5120, and shared experts' fc2, 5120 x 3072, have as many elements)."""
     from .wgrad_cache import dummy_shapes
 
     B = bytes_per_element(cfg.training.compute_dtype)
-    return {rows * cols: B * rows * cols
-            for rows, cols in dummy_shapes(cfg.architecture, cfg.parallel, sp, cfg.padded_vocab)}
+    out: dict[int, list[float]] = {}
+    for rows, cols in dummy_shapes(cfg.architecture, cfg.parallel, sp, cfg.padded_vocab):
+        out.setdefault(rows * cols, []).append(B * rows * cols)
+    return out
 
 
 def _scores_at(shared, kind: str) -> tuple[int, int] | None:
