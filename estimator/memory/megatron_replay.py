@@ -31,7 +31,9 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 - the step (torch.optim.Adam `_init_group`, TE FusedAdam alike): the two moments per main parameter at the first
   step, interleaved; torch's foreach AdamW's sqrt(v), one per tensor, made and freed together (the norms' small
   no-decay group taken with the rest); nothing else
-  (the gradients are views of `grad_data`, the parameters copied back in place).
+  (the gradients are views of `grad_data`, the parameters copied back in place);
+- MoE layers under the all-to-all dispatcher and MLA: megatron_moe_replay.py (the expert parameters' own buffers and
+  optimizer; the layer's order of allocations, the ledger's tensors and MoE moments).
 Two steps are replayed; segments are never given back.
 """
 
