@@ -8,8 +8,10 @@ of allocations (estimator/memory/megatron_replay.py, megatron_moe_replay.py); th
 say why (megatron_replay.replay_rule). The flat share was over on every run, by a median of 5.05% (up to 7.5%); on
 the eight dense replayed runs it was 3.9% to 7.5% over, where the replay is 2.1% under to 0.03% under; on the four
 MoE runs it was 4.5% to 7.0% over, where the replay is 1.0% to 2.3% over (their estimate's allocated peak stacks the
-combine's moment on the loss's logits, 0.9 to 1.1 GiB above the replay's own peak, which follows Megatron's order).
-Over all 19 runs the median error is 0.9%. The allocated peaks are tests/test_published_megatron.py's.
+combine's moment on the loss's logits, 0.9 to 1.1 GiB above the replay's own peak, which follows Megatron's order;
+and the ledger's experts' backward holds all local experts' fc2 weight gradient, which TE's GroupedLinear writes into
+main_grad: DeepSeek-V3 EP 4 x PP 2 is +1.25% without it, megatron_moe_replay.py). Over all 19 runs the median error is
+0.9% (|error| 1.6%). The allocated peaks are tests/test_published_megatron.py's.
 """
 
 from __future__ import annotations
