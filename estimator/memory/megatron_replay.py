@@ -31,14 +31,16 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 - the step (torch.optim.Adam `_init_group`, TE FusedAdam alike): the two moments per main parameter at the first
   step, interleaved; torch's foreach AdamW's sqrt(v), one per tensor, made and freed together (the norms' small
   no-decay group taken with the rest); nothing else
-  (the gradients are views of `grad_data`, the parameters copied back in place).
+  (the gradients are views of `grad_data`, the parameters copied back in place);
+- MoE layers under the all-to-all dispatcher and MLA: megatron_moe_replay.py (the expert parameters' own buffers and
+  optimizer; the layer's order of allocations, the ledger's tensors and MoE moments).
 Two steps are replayed; segments are never given back. With context parallelism a layer's attention runs
 TransformerEngine's all-to-all, on two streams (megatron_cp_a2a.py); replay_rule keeps CP on the flat share.
 """
 
 from __future__ import annotations
 
-from . import megatron_cp_a2a
+from . import megatron_cp_a2a, megatron_moe_replay
 from .allocator import SMALL_SIZE
 from .components import Component
 from ..spec.dtypes import bytes_per_element
@@ -61,17 +63,20 @@ ATTENTION_OUTPUT = "attention output (output projection input)"
 
 
 def replay_rule(cfg) -> str | None:
-    """Why the Megatron replay does not apply (None: it does): a dense decoder on TP x DP, PP under 1F1B, without
+    """Why the Megatron replay does not apply (None: it does): a decoder (dense, or MoE under the all-to-all dispatcher:
+    megatron_moe_replay.moe_rule; its attention MHA, GQA or MLA) on TP x DP x EP, PP under 1F1B, without
     context parallelism, the distributed optimizer or DDP's buffers, default segments, nothing offloaded (as
     measured: the H200 records and the B200 runs of tests/data/measured)."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
+    moe = megatron_moe_replay.moe_rule(cfg)
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (par.vpp > 1 or par.pp_schedule != "1f1b", f"the {par.pp_schedule} pipeline schedule (1F1B is replayed)"),
         (par.cp > 1, CP_REASON),
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
-        (arch.is_hybrid or arch.is_moe, "an MoE or hybrid model (its dispatch buffers are not replayed)"),
-        (arch.uses_mla or arch.uses_sparse_attention, "MLA or sparse attention (not replayed)"),
+        (arch.is_hybrid, "a hybrid model (its state-space layers are not replayed)"),
+        (moe is not None, moe),
+        (arch.uses_sparse_attention, "sparse attention (not replayed)"),
         (arch.vision_tower is not None or arch.mtp_layers > 0, "a vision tower or MTP modules (not replayed)"),
         (training.optimizer not in ("adam", "adamw"), f"the {training.optimizer} optimizer (the replay steps Adam)"),
         (cfg.hardware.expandable_segments, "expandable segments"),
@@ -86,8 +91,10 @@ def replay_rule(cfg) -> str | None:
 def replayed_cache(cfg, shared, sp, static) -> Component:
     from .reserved import replay_component
 
+    arch = cfg.architecture
+    source = f"{SOURCE}; {megatron_moe_replay.SOURCE}" if arch.is_moe or arch.uses_mla else SOURCE
     return replay_component(cfg, sp, "megatron reserved replay", lambda: replayed(cfg, shared, sp, static),
-                            "Megatron-Core's initialisation and two steps", SOURCE)
+                            "Megatron-Core's initialisation and two steps", source)
 
 
 def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
@@ -99,7 +106,9 @@ def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
         out: list[float] = []
         for t in params:
             n = t.numel / (tp if t.split in (COLUMN, ROW, VOCAB) else 1)
-            if t.split == REPLICATED and t.role == "vector" and t.copies > 1:
+            if t.is_expert:
+                out += megatron_moe_replay.expert_shards(t, cfg.parallel)
+            elif t.split == REPLICATED and t.role == "vector" and t.copies > 1:
                 out += [n / t.copies] * t.copies  # one scale per norm module
             elif t.name in ("k_proj", "v_proj") and out:
                 out[-1] += n  # linear_qkv
@@ -203,17 +212,20 @@ def _bytes(kept, key: str) -> float:
 
 def _initialise(program, cfg, order: list[float], P: float, G: float, masters: float) -> list[float]:
     """The model, DDP's buffers, the optimizer's main parameters (`masters`: their bytes in the ledger, none
-    without master weights); returns the elements the optimizer steps."""
+    without master weights); returns the elements the optimizer steps. MoE's expert parameters take buffers and an
+    optimizer of their own, after the dense ones' (megatron_moe_replay.groups)."""
     distributed = cfg.zero_stage == 1
     own = [program.alloc(P * n) for n in order]
-    total = sum(order)
-    if distributed:
-        program.alloc(P * total)  # param_data
-    program.alloc(G * total)  # grad_data
-    if distributed:
-        program.free(*reversed(own))  # `for param in params[::-1]`: each copied into param_data, its storage freed
+    groups = megatron_moe_replay.groups(cfg, order)
+    for members, _ in groups:
+        total = sum(order[i] for i in members)
+        if distributed:
+            program.alloc(P * total)  # param_data
+        program.alloc(G * total)  # grad_data
+        if distributed:  # `for param in params[::-1]`: each copied into param_data, its storage freed
+            program.free(*[own[i] for i in reversed(members)])
     # the distributed optimizer shards over the data-parallel group with context parallelism (states.py)
-    mains = _shards(order, cfg.parallel.dp * cfg.parallel.cp if distributed else 1)
+    mains = [n for members, over in groups for n in _shards([order[i] for i in members], over if distributed else 1)]
     M = masters / max(1.0, sum(mains))  # bytes per element of a main parameter (fp32)
     for n in mains if M else ():
         copy = program.alloc(P * n)  # shard_model_param.clone()
@@ -270,6 +282,7 @@ class _Walk:
         self.tied = arch.tie_embeddings
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
         self.pending: list[float] = []
+        self.plans = megatron_moe_replay.plans(cfg, shared, sp)  # MLA's and MoE's order
         self.dummies = _dummies(cfg, sp) if any(c.key == "wgrad_cache" for c in static.parts().kept) else {}
 
     def micro_batch(self) -> None:
@@ -308,7 +321,7 @@ class _Walk:
         if scores is None:
             self._buffers()  # the all-gather's buffer (sequence parallelism), at the layer's first projection
             a2a = self.a2a[kind]
-            return megatron_cp_a2a.forward(prog, sizes, a2a) if a2a else prog.many(sizes)
+            return megatron_cp_a2a.forward(prog, sizes, a2a) if a2a else self._planned(kind, sizes, 0)
         at, ends = scores
         fp32, cast = sizes[at], sizes[at + 1]
         out = prog.many(sizes[:at])
@@ -320,7 +333,12 @@ class _Walk:
         rest = sizes[at + 2:]
         out += prog.many(rest[:ends])
         prog.free(raw)
-        return out + prog.many(rest[ends:])
+        return out + self._planned(kind, rest[ends:], at + 2 + ends)
+
+    def _planned(self, kind: str, sizes: list, offset: int) -> list:
+        """The layer's requests from `offset` on, in MLA's and MoE's order where it has a plan (megatron_moe_replay)."""
+        plan = self.plans.get(kind)
+        return megatron_moe_replay.made(self.program, plan, sizes, offset) if plan else self.program.many(sizes)
 
     def _buffers(self) -> None:
         while self.pending:
@@ -358,8 +376,8 @@ class _Walk:
         size = self.P * n
         if always or size <= SMALL_SIZE or not self.fused_wgrad:
             self.program.transient([size])
-        elif round(n) in self.dummies:  # TE's dummy gradient of this shape, made at its first backward and kept
-            self.program.alloc(self.dummies.pop(round(n)))
+        elif self.dummies.get(round(n)):  # TE's dummy gradient of this shape, made at its first backward and kept
+            self.program.alloc(self.dummies[round(n)].pop())
 
     def _layer_backward(self, kind: str, weights: list[float], saved: list, full: bool) -> None:
         prog = self.program
@@ -367,7 +385,11 @@ class _Walk:
         at = self.scores[kind] and self.scores[kind][0]
         a2a = self.a2a[kind]
         count, n = len(held), len(weights)
+        experts = kind in self.plans
         for j, w in enumerate(reversed(weights)):
+            if experts and isinstance(w, megatron_moe_replay.ExpertShard):  # the experts' backward
+                self.program.transient(self.plans[kind].backward)
+                experts = False
             self._gradient(w)
             while len(held) > count * (n - 1 - j) // n:
                 if at is not None and len(held) == at + 2:  # the softmax's output reached: its backward
@@ -394,13 +416,16 @@ class _Walk:
         prog.free(masked, scores)
 
 
-def _dummies(cfg, sp) -> dict[int, float]:
-    """TE's dummy weight gradients (wgrad_cache.py), by the weight's elements: their bytes."""
+def _dummies(cfg, sp) -> dict[int, list[float]]:
+    """TE's dummy weight gradients (wgrad_cache.py), by the weight's elements: their bytes, one per shape (an MoE
+    layer's expert fc1, 3072 x 5120, and shared experts' fc2, 5120 x 3072, have as many elements)."""
     from .wgrad_cache import dummy_shapes
 
     B = bytes_per_element(cfg.training.compute_dtype)
-    return {rows * cols: B * rows * cols
-            for rows, cols in dummy_shapes(cfg.architecture, cfg.parallel, sp, cfg.padded_vocab)}
+    out: dict[int, list[float]] = {}
+    for rows, cols in dummy_shapes(cfg.architecture, cfg.parallel, sp, cfg.padded_vocab):
+        out.setdefault(rows * cols, []).append(B * rows * cols)
+    return out
 
 
 def _scores_at(shared, kind: str) -> tuple[int, int] | None:
