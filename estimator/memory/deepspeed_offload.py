@@ -61,12 +61,17 @@ def trainable_sizes(arch: Architecture, training: Training, recipe: Recipe, sp: 
                                           if t.grad))
 
 
+def partition_share(sizes: tuple, d: int) -> float:
+    """One of `d` ranks' equal share of the tensors' flat concatenation, padded to a multiple of 2 x d
+    (get_partition_info)."""
+    return -(-sum(sizes) // (2 * d)) * 2
+
+
 def overlapping_elements(sizes: tuple, d: int) -> float:
     """The most elements any of `d` ranks' partitions touches: the whole size of every tensor overlapping the
-    rank's equal share of their flat concatenation, padded to a multiple of 2 x d (get_partition_info)."""
+    rank's `partition_share`."""
     ends = list(accumulate(sizes))
-    total = ends[-1] if ends else 0.0
-    share = -(-total // (2 * d)) * 2  # the flat tensor padded to a multiple of 2 x d, shared by d ranks
+    share = partition_share(sizes, d)
     starts = [0.0] + ends[:-1]
     best = 0.0
     for r in range(d):
@@ -86,8 +91,15 @@ def largest_overlap(sizes: tuple, d: int) -> float:
         return 0.0
     largest = max(sizes)
     start = sum(sizes[:sizes.index(largest)])
-    share = -(-sum(sizes) // (2 * d)) * 2
+    share = partition_share(sizes, d)
     return max(max(0.0, min(start + largest, (r + 1) * share) - max(start, r * share)) for r in range(d))
+
+
+def busiest_partition(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, d: int) -> float:
+    """`overlapping_elements` of the stage's trainable tensors over `d` ranks, remembered per stage setup: what
+    ZeRO-1's grads_in_partition and, under offload, the host's accumulated gradients hold."""
+    key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, d)
+    return arch.cached(key, lambda: overlapping_elements(trainable_sizes(arch, training, recipe, sp), d))
 
 
 def largest_slice(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, zero: int,
@@ -118,8 +130,7 @@ def host_buffers(arch: Architecture, training: Training, recipe: Recipe, sp: Sta
            component("host_buffers", "Gradient staging buffer (temp_grad_buffer_for_cpu_offload)", P * largest,
                      f"{P:g} B x the largest trainable tensor, {largest:,.0f} elements", ZERO12_SOURCE)]
     if m > 1:
-        key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, d)
-        whole = arch.cached(key, lambda: overlapping_elements(sizes, d))
+        whole = busiest_partition(arch, training, recipe, sp, d)
         out.append(component("host_buffers", "Accumulated gradients (accumulated_grads_in_cpu)", P * whole,
                              f"{P:g} B x {whole:,.0f} elements: the whole of every trainable tensor overlapping this "
                              f"GPU's partition ({m} micro-batches a step)", ACCUMULATION_SOURCE))

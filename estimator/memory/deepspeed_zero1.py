@@ -25,7 +25,7 @@ from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import overlapping_elements, trainable_sizes
+from .deepspeed_offload import busiest_partition, partition_share, trainable_sizes
 from .deepspeed_step import deepspeed_settings
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
@@ -89,7 +89,7 @@ def reduction_end(arch: Architecture, training: Training, recipe: Recipe, sp: St
         return None
     d, P, G = par.dp, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
     bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
-    share = -(-sum(sizes) // (2 * d)) * 2
+    share = partition_share(sizes, d)
     moved, slice_ = _first_reduction(sizes, share, bucket)
     kept = [component("transient", "Gradient reduction bucket", bucket * P,
                       f"reduce_bucket_size {bucket:,} x {P:g} B", SOURCE)]
@@ -117,7 +117,6 @@ def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: S
         return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
                          "GPU's freed (offload_optimizer)", SOURCE)
     G = bytes_per_element(recipe.grad_dtype)
-    key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, par.dp)
-    whole = arch.cached(key, lambda: overlapping_elements(sizes, par.dp))
+    whole = busiest_partition(arch, training, recipe, sp, par.dp)
     return component("gradients", "Gradients", G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every "
                      "tensor overlapping this GPU's partition (grads_in_partition)", SOURCE)
