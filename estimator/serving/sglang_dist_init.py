@@ -52,14 +52,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..memory.allocator import allocation_size
 from ..memory.components import Component, component
 from .nccl_comm import NVSWITCH_SM90, RING_CHANNELS, ring_connection_bytes
 
 MiB = 1024**2
 KiB = 1024
 GRANULE = 2 * MiB  # cudaMalloc's and cuMem's 2 MiB pages on Hopper
-LARGE_SEGMENT = 20 * MiB  # torch caching allocator kLargeBuffer: requests of 1-10 MiB
-SMALL_SEGMENT = 2 * MiB  # kSmallBuffer: requests up to 1 MiB
 CUSTOM_AR_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
 LEGACY_MAX = 8 * MiB  # CustomAllreduce._MAX_CAR_SIZE
 V2_FROM = (0, 5, 6)  # first release taken to build CustomAllReduceV2 (0.5.5 read without it, 0.5.23 with it)
@@ -82,8 +81,9 @@ class DistInit:
     note: str | None  # what is not modelled, said rather than dropped
 
 
-def _round(value: int, step: int = GRANULE) -> int:
-    return -(-value // step) * step
+def _round(value: int) -> int:
+    """Up to whole 2 MiB pages (cudaMalloc, cuMem)."""
+    return -(-value // GRANULE) * GRANULE
 
 
 def _nccl_ring() -> tuple[int, str]:
@@ -93,7 +93,7 @@ def _nccl_ring() -> tuple[int, str]:
 
 def _legacy_custom_ar() -> tuple[int, str]:
     meta = _round(LEGACY_MAX + 1)  # meta_size() (the Signal flags, KiB) + 8 MiB, in 2 MiB pages
-    total = meta + LEGACY_MAX + LARGE_SEGMENT
+    total = meta + LEGACY_MAX + allocation_size(LEGACY_MAX)  # rank_data: torch.empty(8 MiB), a 20 MiB segment
     return total, (f"custom all-reduce: meta + buffer {meta // MiB} + {LEGACY_MAX // MiB} MiB + rank_data 8 MiB "
                    f"in a 20 MiB segment = {total / MiB:.0f} MiB")
 
@@ -102,8 +102,9 @@ def _v2_custom_ar(tp: int, num_sm: int) -> tuple[int, str]:
     push = min(V2_SM90_PUSH[tp], V2_MAX)
     slab = 2 * tp * push + V2_MAX + V2_PULL_BLOCKS * V2_SEMAPHORE
     held = _round(slab + SIGNAL_PAD)
-    counter = _round(num_sm * 4, SMALL_SEGMENT)
-    total = held + LARGE_SEGMENT + counter
+    graph_params = allocation_size(V2_GRAPH_INPUTS * tp * 8)  # 1-10 MiB: a 20 MiB segment
+    counter = allocation_size(num_sm * 4)  # a small-pool segment
+    total = held + graph_params + counter
     return total, (f"custom all-reduce v2: symmetric slab 2 x {tp} x {push / KiB:,.0f} KiB push + 16 MiB pull + "
                    f"8 KiB semaphores + 9 KiB signal pad -> {held / MiB:.0f} MiB, graph_params "
                    f"{V2_GRAPH_INPUTS:,} x {tp} x 8 B in a 20 MiB segment, push counter 2 MiB = {total / MiB:.0f} MiB")
