@@ -530,8 +530,8 @@ def _sized_events(run, nbytes: int) -> list[str]:
     malloc, free = allocator.CachingAllocator.malloc, allocator.CachingAllocator.free
     names, events = {}, []
 
-    def recording_malloc(self, size):
-        block = malloc(self, size)
+    def recording_malloc(self, size, stream=0):
+        block = malloc(self, size, stream)
         names.pop(block, None)
         if size == nbytes:
             names[block] = chr(ord("A") + sum(e[0] == "+" for e in events))

@@ -31,14 +31,13 @@ def trainer_liger(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
         ledger.mapped("liger_kernel_config.rope", rope, "Liger's RoPE rotates in place: no tensor kept changes")
     if norm and swiglu:
         liger_defaults(build, "use_liger_kernel", True, flce)
-    elif norm or swiglu:
-        off = "liger_kernel_config.rms_norm" if not norm else "liger_kernel_config.swiglu"
-        ledger.not_modelled(off, False, "Liger's layer kernels are modelled together (RMSNorm and SwiGLU): "
-                                        "estimated with transformers' own layers")
+    else:
+        if norm or swiglu:
+            off = "liger_kernel_config.rms_norm" if not norm else "liger_kernel_config.swiglu"
+            ledger.not_modelled(off, False, "Liger's layer kernels are modelled together (RMSNorm and SwiGLU): "
+                                            "estimated with transformers' own layers")
         if flce:
             build.set("training.loss", "chunked", "use_liger_kernel", True, why=FLCE)
-    elif flce:
-        build.set("training.loss", "chunked", "use_liger_kernel", True, why=FLCE)
     if not flce:
         ledger.mapped("liger_kernel_config.fused_linear_cross_entropy", False,
                       "transformers' own loss (training.loss = \"standard\")")

@@ -152,7 +152,7 @@ class _Program:
         size = int(nbytes + 0.5)  # the ledger's bytes are whole or halves: rounded half up
         if size <= 0:
             return None
-        return self._malloc(size, stream) if stream else self._malloc(size)
+        return self._malloc(size, stream)
 
     def free(self, *blocks) -> None:
         release = self._free
