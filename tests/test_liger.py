@@ -188,3 +188,16 @@ def test_forward_and_backward_within_one_percent_of_the_harness(path):
         if phase.name in ("forward", "backward"):
             assert phase.allocated_bytes == pytest.approx(record["measured"]["phases"][phase.name]["total"],
                                                           rel=0.01), phase.name
+
+
+def test_each_liger_record_names_the_liger_kernel_release_it_ran():
+    """The HF harness records liger-kernel's version beside torch's and transformers' for a Liger case only
+    (validation/hf/cases.py run_versions); validation/hf/liger.py refuses to run any release but 0.8.5."""
+    from validation.hf.plugin import HARNESS
+    from validation.hf.step import Run
+    run_versions = HARNESS.load(HARNESS.run_versions)
+    assert run_versions(Run("llama-3.2-1b", 8192, 2, liger=True)) == {"liger-kernel": "0.8.5"}
+    assert run_versions(Run("llama-3.2-1b", 8192, 2)) == {}
+    assert len(LIGER_RECORDS) == 7
+    for path in LIGER_RECORDS:
+        assert json.loads(path.read_text())["versions"]["liger-kernel"] == "0.8.5"

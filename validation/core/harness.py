@@ -42,6 +42,7 @@ class Harness:
     top_level: bool = False  # the first harness (HF): records at the top, `python -m validation measure --case`
     measure: str = "step:measure"  # (case) -> the record's "measured"
     fields: str | None = None  # (case) -> fields the record carries between "config" and "measured"
+    run_versions: str | None = None  # (case) -> the versions of what this case alone runs (a plug-in library)
     counts: tuple[tuple[str, int], ...] = (("step_measured", 2),)  # what of the run was measured
     report: str | None = None  # (records) -> exit status: the estimator against the records
     trace: str | None = None  # (case) -> (tracker, category, ...): offers `explain`
@@ -88,7 +89,7 @@ class Harness:
             "measured": self.load(self.measure)(run),
             **dict(self.counts),
             "method": self.method,
-            "versions": self.versions(),
+            "versions": {**self.versions(), **(self.load(self.run_versions)(run) if self.run_versions else {})},
             "command": self.command(case),
         }
 

@@ -6,6 +6,7 @@ from ..hybrid.models import HYBRID_RUNS, KERNELS
 from ..llama4.models import KERNELS as LLAMA4_KERNELS, LLAMA4_RUNS
 from ..vlm.models import KERNELS as VISION_KERNELS, SDPA_VISION, VISION_RUNS
 from .dsa import DSA_RUNS, KERNELS as DSA_KERNELS
+from .liger import RELEASE as LIGER_RELEASE
 from .models import MODELS
 from .step import Run
 
@@ -111,6 +112,12 @@ def contract_config(run: Run) -> dict:
         "parallel": {"tp": 1, "pp": 1, "dp": 1},
         "hardware": {"gpu": "h100-80"},
     }
+
+
+def run_versions(run: Run) -> dict:
+    """What a case runs beyond every record's torch and transformers: liger-kernel, whose release the Liger cases
+    check before they run (liger.py `apply`)."""
+    return {"liger-kernel": LIGER_RELEASE} if run.liger else {}
 
 
 def describe(run: Run) -> str:

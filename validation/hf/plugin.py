@@ -38,5 +38,5 @@ METHOD = (
 
 HARNESS = Harness(
     name="hf", title="Hugging Face transformers", order=(0, 0), method=METHOD,
-    distributions=("torch", "transformers"), top_level=True,
+    distributions=("torch", "transformers"), top_level=True, run_versions="cases:run_versions",
     report="report:report", trace="step:traced_step", explain_top=40)
