@@ -8,8 +8,8 @@ get the time a run is expected to take.
 - Flash attention: forward and backward TFLOP/s by sequence length and head width, measured on
   H100 SXM in the FlashAttention-3 paper for the two kernels frameworks run (`ATTENTION`).
 - Memory-bound kernels: achieved HBM bandwidth (`BANDWIDTH_EFFICIENCY`), the extra passes an
-  unfused (eager PyTorch) norm, rotary or activation makes (`EAGER_TRAFFIC`), and a launch gap
-  per kernel (`LAUNCH_GAP_S`).
+  unfused (eager PyTorch) norm, rotary or activation makes (`EAGER_TRAFFIC`), what Liger-Kernel's
+  Triton kernels move instead (`LIGER_TRAFFIC`), and a launch gap per kernel (`LAUNCH_GAP_S`).
 """
 
 from __future__ import annotations
@@ -67,6 +67,16 @@ BANDWIDTH_EFFICIENCY = 0.90
 # not. Counted once per kernel as a floor under every operation's time.
 LAUNCH_GAP_S = 4.2e-6
 
+class Traffic(NamedTuple):
+    """A memory-bound kernel's traffic over the fused kernel's bytes (each input read once, each output written
+    once) and the kernels it launches."""
+
+    passes: float
+    kernels: int
+
+
+FUSED = Traffic(1.0, 1)
+
 # Eager PyTorch runs a norm, rotary embedding or gated activation as several kernels that each read
 # and write the whole tensor (often upcast to fp32), where Megatron's TransformerEngine runs one
 # fused kernel. Multipliers on the fused kernel's bytes and its kernel count, from the op sequences:
@@ -75,7 +85,29 @@ LAUNCH_GAP_S = 4.2e-6
 # - rotary (torchtitan's complex multiply, HF's rotate_half): upcast, view, multiply, cast back:
 #   ~4x, 4 kernels.
 # - SwiGLU: silu(gate) then * up: 5 passes against the fused kernel's 3, 2 kernels.
-EAGER_TRAFFIC = {"norm": (4.0, 6), "rope": (4.0, 4), "activation": (5 / 3, 2)}
+EAGER_TRAFFIC = {"norm": Traffic(4.0, 6), "rope": Traffic(4.0, 4), "activation": Traffic(5 / 3, 2)}
+
+# Liger-Kernel's Triton kernels (training.liger_kernel: the HF Trainer's use_liger_kernel), per release, per kernel
+# kind, (forward, backward), against the fused kernel's bytes (operations._elementwise: forward reads the input
+# and writes the output; backward reads the output gradient and the saved input and writes the input gradient):
+# - norm, ops/rms_norm.py: _rms_norm_forward_kernel reads a row of X once and writes Y and one fp32 rstd; backward
+#   _rms_norm_backward_kernel reads dY and X, writes dX, and a per-SM fp32 partial of dW that _dW.sum(0) reduces
+#   (a second kernel over sm_count x h: negligible bytes).
+# - rope, ops/rope.py: _triton_rope rotates q and k in place (read, write), cos and sin read per token; backward
+#   runs the same kernel on dq and dk with sin negated: it reads the gradient and writes it, not the saved
+#   input: 2 of the fused backward's 3 passes.
+# - activation, ops/swiglu.py: _swiglu_forward_kernel reads a and b, writes c; _swiglu_backward_kernel reads dc, a,
+#   b, recomputes silu(a) in registers and writes da, db into a and b: the fused kernel's 3 and 5 passes.
+LIGER_RELEASE = "0.8.5"
+LIGER_SOURCE = (f"liger-kernel {LIGER_RELEASE} src/liger_kernel/ops/rms_norm.py, rope.py, swiglu.py (Triton kernels "
+                "patched in by apply_liger_kernel_to_<model_type>)")
+LIGER_TRAFFIC = {
+    "0.8.5": {
+        "norm": (Traffic(1.0, 1), Traffic(1.0, 2)),
+        "rope": (Traffic(1.0, 1), Traffic(2 / 3, 1)),
+        "activation": (Traffic(1.0, 1), Traffic(1.0, 1)),
+    },
+}
 
 
 class AttentionCurve(NamedTuple):
@@ -131,11 +163,16 @@ def attention_efficiency(gpu: GPU, framework: str, direction: str, seq: float, h
     return curve.peak * seq / (seq + curve.s_half) * widths[nearest] * IN_STEP
 
 
-def eager_traffic(group: str, fused: bool) -> tuple[float, int]:
-    """(bytes multiplier, kernels) of an elementwise group ("norm", "rope", "activation" or other)."""
-    if fused or group not in EAGER_TRAFFIC:
-        return 1.0, 1
-    return EAGER_TRAFFIC[group]
+def traffic(group: str, implementation: str, phase: str) -> Traffic:
+    """The traffic of an elementwise group ("norm", "rope", "activation" or other) in one phase, as one
+    implementation runs it: "eager" (PyTorch ops, `EAGER_TRAFFIC`), "fused" (TransformerEngine's kernels or
+    torch.compile's) or "liger" (Liger-Kernel's, `LIGER_TRAFFIC`; the groups it does not patch run eager)."""
+    if implementation == "liger" and group in LIGER_TRAFFIC[LIGER_RELEASE]:
+        forward, backward = LIGER_TRAFFIC[LIGER_RELEASE][group]
+        return forward if phase == "forward" else backward
+    if implementation != "fused" and group in EAGER_TRAFFIC:
+        return EAGER_TRAFFIC[group]
+    return FUSED
 
 
 SOURCES = (MAMF_SOURCE, MAMF_FP8_SOURCE, GEMM_SHAPE_SOURCE, FA3_SOURCE, FA2_SOURCE, BANDWIDTH_SOURCE, LAUNCH_SOURCE)

@@ -12,6 +12,7 @@ from .hybrid_operations import (gated_delta_net_core_flops, gated_delta_net_oper
 from ..spec.architecture import Architecture
 from ..spec.parallel import Parallel
 from ..spec.training import Training
+from .liger_operations import flce_operations, runs_liger_flce
 from .operations import (CORE_ATTN, GELU_FLOPS, MOE_MODULE, NORM_FLOPS, NORM_MODULE, Operation, ROPE_FLOPS,
                          SOFTMAX_FLOPS, SWIGLU_FLOPS, UP_PROJ_MODULE, _Context, _elementwise, _gemm, bf16_matmuls)
 
@@ -299,6 +300,9 @@ def head_operations(ctx: _Context, arch: Architecture, training: Training, par: 
     groups = [_elementwise(ctx, "head", "final norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
                            "read and write s*b*h (/t with sequence parallelism)", group="norm")]
     rows = ctx.T if ctx.training else training.micro_batch_size
+    if ctx.training and runs_liger_flce(training):
+        groups.append(flce_operations(bf16_matmuls(ctx), training, h, vocab / t, count))
+        return _ordered(groups)
     groups.append(_gemm(bf16_matmuls(ctx) if ctx.training else ctx, "head", "LM head", rows, h, vocab / t, count,
                         formula=f"2*T*h*V/t, M={rows:g} K={h} N={vocab / t:g}"))
     if ctx.training:
@@ -317,6 +321,11 @@ def head_operations(ctx: _Context, arch: Architecture, training: Training, par: 
             Operation("cross-entropy loss (backward)", "backward", "head", "elementwise", 2 * logits, bwd_bytes,
                       ctx.peak, ctx.bandwidth, count, "softmax - one-hot, in the compute dtype"),
         ]])
+    return _ordered(groups)
+
+
+def _ordered(groups: list[list[Operation]]) -> tuple[list[Operation], list[Operation]]:
+    """(forward operations in order, backward operations in reverse order) of groups of operations."""
     forward = [op for g in groups for op in g if op.phase == "forward"]
     backward = [op for g in reversed(groups) for op in reversed(g) if op.phase == "backward"]
     return forward, backward

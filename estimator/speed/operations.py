@@ -67,6 +67,7 @@ class Operation:
     memory_efficiency: float = 1.0  # fraction of bandwidth it reaches
     passes: float = 1.0  # its traffic over `bytes` (unfused eager kernels re-read and re-write)
     kernels: int = 1  # kernel launches (each at least kernels.LAUNCH_GAP_S)
+    source: str = ""  # the kernel's implementation where it is not the default one (Liger-Kernel's Triton kernels)
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -117,6 +118,7 @@ class Operation:
             "scope": self.scope, "kind": self.kind, "count": self.count, "total_time_s": self.total_expected_s,
             "roof_total_time_s": self.total_time_s, "ridge_point": self.ridge_point, "peak_flops": self.peak_flops,
             "bandwidth": self.bandwidth, "formula": self.formula, "modules": list(self.modules),
+            **({"source": self.source} if self.source else {}),
         }
 
 
@@ -152,7 +154,9 @@ class _Context:
     t: int
     gpu: GPU
     framework: str
-    fused: bool  # fused norm/rotary/activation kernels (TransformerEngine, or torch.compile's) rather than eager ops
+    # how norms, rotary and gated activations run (kernels.traffic): "eager" PyTorch ops, "fused" (TransformerEngine's
+    # kernels or torch.compile's) or "liger" (Liger-Kernel's Triton kernels)
+    elementwise: str
     frozen: frozenset = frozenset()  # scopes whose weights are frozen (an adapter run): no weight gradient
     # FP8 training's casts (fp8.py): (bytes per element, kernels) of casting an input or an output gradient, and of
     # a weight in each micro-batch (0 under TE, which casts once per step); None where the GEMMs are not FP8
@@ -231,12 +235,18 @@ def _elementwise(ctx: _Context, scope: str, name: str, elements_in: float, eleme
                  group: str = "") -> list[Operation]:
     """A memory-bound kernel. Its backward reads the output gradient and the saved input and
     writes the input gradient: (out + 2*in) elements. `group` ("norm", "rope", "activation")
-    names the eager op sequence it runs as without fused kernels (kernels.EAGER_TRAFFIC)."""
-    passes, launches = kernels.eager_traffic(group, ctx.fused)
+    names the eager op sequence it runs as without fused kernels (kernels.EAGER_TRAFFIC), and the Liger kernel
+    that replaces it (kernels.LIGER_TRAFFIC)."""
+    liger = ctx.elementwise == "liger" and group in kernels.LIGER_TRAFFIC[kernels.LIGER_RELEASE]
 
     def op(label, phase, flops, moved):
-        return Operation(label, phase, scope, "elementwise", flops, moved, ctx.peak, ctx.bandwidth, count, formula,
-                         modules, 1.0, kernels.BANDWIDTH_EFFICIENCY, passes, launches)
+        passes, launches = kernels.traffic(group, ctx.elementwise, phase)
+        if passes < 1:  # a kernel that moves less than the fused one (Liger's rotary backward): its bytes are its own
+            moved, passes = moved * passes, 1.0
+        text = formula + (f"; Liger's {group} kernel: {passes:.3g} x these bytes, {launches} launch(es)" if liger else "")
+        return Operation(label, phase, scope, "elementwise", flops, moved, ctx.peak, ctx.bandwidth, count, text,
+                         modules, 1.0, kernels.BANDWIDTH_EFFICIENCY, passes, launches,
+                         kernels.LIGER_SOURCE if liger else "")
 
     fwd = op(name, "forward", flops_per_element * elements_in, (elements_in + elements_out) * ctx.B)
     if not ctx.training:
@@ -276,7 +286,7 @@ def _context(cfg: Resolved) -> tuple[_Context, list[str]]:
         B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(cfg.recipe.grad_dtype),
         mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=cfg.is_training,
         T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp, gpu=gpu, framework=training.framework,
-        fused=speed_fused(training), frozen=_frozen_scopes(training), fp8_activation_cast=casts[0],
+        elementwise=elementwise_kernels(training), frozen=_frozen_scopes(training), fp8_activation_cast=casts[0],
         fp8_weight_cast=casts[1])
     return ctx, notes
 
@@ -302,6 +312,15 @@ def speed_fused(training: Training) -> bool:
     and the HF Trainer compile each transformer block) where eager PyTorch runs each op as its own kernel
     (kernels.EAGER_TRAFFIC)."""
     return fused_kernels(training) or training.compile
+
+
+def elementwise_kernels(training: Training) -> str:
+    """How norms, rotary embeddings and gated activations run (kernels.traffic): "fused" (`speed_fused`),
+    "liger" where Liger-Kernel patched the model (training.liger_kernel; memory/liger.py refuses it with compile
+    and outside the Trainer's frameworks), else "eager"."""
+    if speed_fused(training):
+        return "fused"
+    return "liger" if training.liger_kernel else "eager"
 
 
 def _frozen_scopes(training: Training) -> frozenset:

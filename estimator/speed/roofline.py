@@ -53,7 +53,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import fp8, kernels
+from . import fp8, kernels, liger_operations
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.hardware import Hardware
@@ -61,7 +61,8 @@ from ..spec.parallel import Parallel
 from ..memory.resolved import Resolved, resolve, training_with
 from ..memory.states import optimizer_state_bytes
 from ..spec.training import Training
-from .operations import Bound, Operation, SOURCES, speed_fused
+from .liger_operations import runs_liger_flce
+from .operations import Bound, Operation, SOURCES, elementwise_kernels, speed_fused
 from .operation_table import OperationTable, StageWork, layer_forward, operation_table, stage_operations, stage_works
 from .communication import Communication, communication
 
@@ -334,9 +335,26 @@ def _notes(cfg: Resolved, slowest: int) -> list[str]:
         "left out: biases, dropout, MTP modules, the embedding's TP all-reduce, compute slowed by concurrent "
         "communication kernels",
     ]
+    notes += _liger_notes(cfg)
     if not cfg.is_training:
         notes.append("inference: one prefill of seq_len tokens per sequence, forward only, no optimizer; "
                      "the LM head runs on the last token of each sequence; time_s covers the global batch")
+    return notes
+
+
+def _liger_notes(cfg: Resolved) -> list[str]:
+    """What Liger-Kernel changes in the step (kernels.LIGER_TRAFFIC, liger_operations.py), with their sources."""
+    notes = []
+    if elementwise_kernels(cfg.training) == "liger":
+        notes.append(f"liger_kernel: RMSNorm, rotary and SwiGLU as Liger-Kernel's Triton kernels, one read of each input "
+                     f"and one write of each output (rotary's backward rewrites the gradient in place: 2/3 of a fused "
+                     f"backward's bytes; SwiGLU's backward recomputes SiLU in registers) in place of the eager ops' "
+                     f"extra passes ({kernels.LIGER_SOURCE})")
+    if cfg.is_training and runs_liger_flce(cfg.training):
+        notes.append("loss 'chunked' (Liger's fused linear cross-entropy): the LM head's three GEMMs run chunk by chunk "
+                     "inside the forward, the weight gradient accumulated over the chunks (its V x h sum read and "
+                     "written each chunk), the cross-entropy kernel reads each chunk of logits twice and writes the "
+                     f"gradient over them; backward only scales the two gradients ({liger_operations.SOURCE})")
     return notes
 
 
