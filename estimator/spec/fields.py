@@ -111,7 +111,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("liger_kernel", _T, "Liger kernels", "hf, deepspeed, fsdp1: the Trainer's use_liger_kernel (LLaMA-Factory "
           "enable_liger_kernel, axolotl's Liger plugin, OpenRLHF --ds.use_liger_kernel). liger-kernel 0.8.5 patches the "
           "model with its defaults: RMSNorm keeps its input and an fp32 rstd per row, SwiGLU keeps gate and up and "
-          "recomputes the SiLU, RoPE rotates in place; its fused linear cross-entropy is loss 'chunked'. Modelled for "
+          "recomputes the SiLU, RoPE rotates in place; its fused linear cross-entropy is loss 'chunked'. In the step time "
+          "each of the three is one Triton kernel (one read and one write) in place of the eager ops, and the chunked "
+          "loss runs the LM head's GEMMs chunk by chunk inside the forward. Modelled for "
           "dense RMSNorm/SwiGLU decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite); refused where Liger patches "
           "nothing or its patch is not modelled.", _SAVERS),
     _bool("compile", _T, "torch.compile", "fsdp2 (torchtitan --compile.enable, per block), torchtune (compile: "
