@@ -85,7 +85,7 @@ if ops:
         "roof (µs)": [op["roof_time_s"] * 1e6 for op in ops], "expected (µs)": [op["time_s"] * 1e6 for op in ops],
         "achieved": [op["achieved_fraction"] for op in ops], "count": [op["count"] for op in ops],
         "total (ms)": [op["total_time_s"] * 1e3 for op in ops], "formula": [op["formula"] for op in ops],
-        "source": [op.get("source", "") for op in ops]})
+        "source": [op["source"] for op in ops]})
     st.dataframe(df, hide_index=True, width="stretch", column_config={
         "GFLOP": st.column_config.NumberColumn(format="%.2f"), "MB": st.column_config.NumberColumn(format="%.1f"),
         "FLOP/byte": st.column_config.NumberColumn(format="%.1f"),

@@ -53,6 +53,8 @@ def flce_operations(ctx: _Context, training: Training, hidden: int, vocab: float
     accumulator = V * h * ctx.grad * chunks  # addmm(grad_weight, ...) reads the running sum before writing it
     ops = []
     for op in gemms:
+        if op.phase == "backward":
+            op = dataclasses.replace(op, formula=op.formula + ", chunk by chunk inside the forward")
         if op.name.endswith("(weight gradient)"):
             op = dataclasses.replace(op, bytes=op.bytes + accumulator,
                                      formula=op.formula + "; addmm into the V x h sum: read and written each chunk")

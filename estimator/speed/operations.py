@@ -117,8 +117,7 @@ class Operation:
             "roof_time_s": self.time_s, "achieved_fraction": self.achieved_fraction,
             "scope": self.scope, "kind": self.kind, "count": self.count, "total_time_s": self.total_expected_s,
             "roof_total_time_s": self.total_time_s, "ridge_point": self.ridge_point, "peak_flops": self.peak_flops,
-            "bandwidth": self.bandwidth, "formula": self.formula, "modules": list(self.modules),
-            **({"source": self.source} if self.source else {}),
+            "bandwidth": self.bandwidth, "formula": self.formula, "modules": list(self.modules), "source": self.source,
         }
 
 
@@ -241,9 +240,10 @@ def _elementwise(ctx: _Context, scope: str, name: str, elements_in: float, eleme
 
     def op(label, phase, flops, moved):
         passes, launches = kernels.traffic(group, ctx.elementwise, phase)
-        if passes < 1:  # a kernel that moves less than the fused one (Liger's rotary backward): its bytes are its own
-            moved, passes = moved * passes, 1.0
-        text = formula + (f"; Liger's {group} kernel: {passes:.3g} x these bytes, {launches} launch(es)" if liger else "")
+        fewer = passes < 1  # a kernel that moves less than the fused one (Liger's rotary backward): its bytes are its own
+        moved, passes = (moved * passes, 1.0) if fewer else (moved, passes)
+        text = formula + (f"; Liger's Triton {group} kernel ({launches} launch{'es' if launches > 1 else ''}"
+                          f"{', in place on the gradient: no saved input read' if fewer else ''})" if liger else "")
         return Operation(label, phase, scope, "elementwise", flops, moved, ctx.peak, ctx.bandwidth, count, text,
                          modules, 1.0, kernels.BANDWIDTH_EFFICIENCY, passes, launches,
                          kernels.LIGER_SOURCE if liger else "")
