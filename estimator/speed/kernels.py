@@ -67,6 +67,7 @@ BANDWIDTH_EFFICIENCY = 0.90
 # not. Counted once per kernel as a floor under every operation's time.
 LAUNCH_GAP_S = 4.2e-6
 
+
 class Traffic(NamedTuple):
     """A memory-bound kernel's traffic over the fused kernel's bytes (each input read once, each output written
     once) and the kernels it launches."""
