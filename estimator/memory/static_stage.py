@@ -32,7 +32,7 @@ from .softmax_backward import softmax_backward_moment, softmax_backward_temporar
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 from .backward_moments import BackwardEnd, block_backward_extras, fsdp2_backward_end
-from .moe_moments import moe_moments
+from .moe_moments import combine_before_the_loss, moe_moments
 from .trainer_backward_end import trainer_backward_end
 from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
 from ..spec.dtypes import bytes_per_element
@@ -169,15 +169,18 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     tr, states, grads, last = step.tr, step.states, step.grads, sp.last
     loss_saved, loss_forward, loss_backward = shared.loss_components if last else ((), [], [])
     after_loss: tuple = ()  # what of the loss's saved tensors outlives the loss's backward
+    loss_own = loss_saved
     if last:
         loss_saved, after_loss = _held_with_the_loss(arch, training, par, m, shared, loss_saved)
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     moments = _moe_moments(arch, training, par, sp, pieces)
     exchange, exchange_backward, in_moe_layer = moments
+    exchange = combine_before_the_loss(training, par, exchange, loss_own)  # Megatron: the logits come after it
     if arch.uses_sparse_attention:
         exchange, exchange_backward, in_moe_layer = _with_dsa_moments(arch, training, recipe, par, sp, m, shared,
-                                                                      total_bytes(loss_saved), moments)
+                                                                      total_bytes(loss_saved),
+                                                                      (exchange, exchange_backward, in_moe_layer))
     # else none before backward (see `_static_parts`); ZeRO-3 keeps a flat buffer of them (deepspeed_step.py)
     grads_live = _grads_live(training, par, m) or keeps_gradient_buffer(training, zero)
     working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
