@@ -62,8 +62,9 @@ def test_an_moe_layers_forward_in_megatrons_order():
     240 MiB), the dispatched tokens (240 MiB), the experts' fc1 output (2 x 6 x 4096 x 1536 x 2 B = 144 MiB), fc2's
     input (72 MiB), the routing weights (6 x 4096 x 2 B); the combine: the experts' outputs, their copy unsorted by
     local expert (40 local experts) and the returning all-to-all's output, 240 MiB each; the send buffer released.
-    The experts' backward: the outputs' gradient (240 MiB), fc2's input gradient (72 MiB) and the 40 local experts'
-    fc2 weight gradient (40 x 1536 x 5120 x 2 B = 600 MiB)."""
+    The experts' backward: the outputs' gradient (240 MiB) and fc2's input gradient (72 MiB); TE's GroupedLinear
+    under gradient-accumulation fusion (the run's default) writes the weight gradient into main_grad, where without
+    the fusion the 40 local experts' fc2 weight gradient (40 x 1536 x 5120 x 2 B = 600 MiB) is made beside them."""
     from estimator.memory.stage_shared import _shared
     from estimator.memory.megatron_moe_replay import HOLD, KEEP, MOMENT, RELEASE
 
@@ -74,6 +75,9 @@ def test_an_moe_layers_forward_in_megatrons_order():
     assert [in_mib(step) for step in plan.steps] == [(KEEP, 192), (HOLD, 256), (KEEP, 192), (KEEP, 128), (RELEASE,), (KEEP, 2), (KEEP, 128),
                    (KEEP, 40), (KEEP, 40), (KEEP, 48), (KEEP, 24), (KEEP, 5), (HOLD, 240), (KEEP, 240), (KEEP, 144),
                    (KEEP, 72), (KEEP, 6 * 4096 * 2 / MiB), (MOMENT, (240, 240, 240)), (RELEASE,)]
+    assert [b / MiB for b in plan.backward] == [240, 72]
+    unfused = resolved(gradient_accumulation_fusion=False)
+    plan = megatron_moe_replay.plan(unfused, shared, unfused.stages[1], "moe")
     assert [b / MiB for b in plan.backward] == [240, 72, 600]
 
 

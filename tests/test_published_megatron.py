@@ -90,6 +90,23 @@ def test_b200_run_within_bound(record):
     assert abs(row.error) <= B200_BOUND, f"{row.error:+.1%}: {row.estimated} vs {row.measured}"
 
 
+# SimuMax's four DeepSeek-V2/V3 runs (MLA + MoE, the all-to-all dispatcher, TE's grouped GEMM): the allocated error
+# of the largest rank's stage, to 0.1 point. Each was +0.9% to +1.6% over while the ledger stacked the combine's moment
+# on the loss's saved tensors and held the experts' fc2 weight gradient that TE's GroupedLinear writes into main_grad
+# (tests/test_megatron_moe_order.py works both by hand for DeepSeek-V3 EP 4 x PP 2)
+B200_MOE = {
+    "deepseekv2_tp1_ep4_pp2_dp4_l4_mbc4_cef": 0.0012,  # was 0.0154
+    "deepseekv2_tp1_ep8_pp1_dp8_l4_mbc4_cef": 0.0018,  # was 0.0157
+    "deepseekv3_l4_tp1_ep4_pp2_dp4_mbc4_cef": -0.0021,  # was 0.0125
+    "deepseekv3_l4_tp1_ep8_pp1_dp8_mbc4_cef": -0.0017,  # was 0.0088
+}
+
+
+@pytest.mark.parametrize("run", sorted(B200_MOE))
+def test_b200_moe_run(run):
+    assert replay(by_id(B200)[run]).error == pytest.approx(B200_MOE[run], abs=0.001)
+
+
 def median_error(recs: list[dict]) -> float:
     rows = distinct([replay(r) for r in recs], recs)
     return statistics.median(abs(r.error) for r in rows)

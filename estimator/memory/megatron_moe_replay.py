@@ -15,15 +15,12 @@ and who steps them, and the order an MoE or MLA layer allocates in.
 - A layer's forward (`plan`): the ledger's tensors (activations/attention.py, mlp.py) and the MoE moments
   (moe_moments.py) in Megatron-Core's order: MLA's up-projections and fused RoPE, the MoE layer's shared experts,
   router, all-to-all dispatch, experts and combine.
-On SimuMax's four DeepSeek-V2/V3 B200 runs (tests/test_published_megatron_reserved.py) the replay is 1.0% to 2.3%
-over (the flat share: 4.5% to 7.0%). Two things keep it over, both of the allocated ledger, which the replay follows
-so that its tensors are the allocated peak's: the estimate's forward peak stacks the combine's moment on the loss's
-logits, which Megatron makes one after the other (the replay's own allocated peak is 0.9 to 1.1 GiB lower on the
-last stages); and the experts' backward moment holds the fc2 weight gradient of all local experts at once
-(activations/moe.py grouped_mlp_backward_moment, the legacy GroupedMLP's grouped_gemm bgrad), which TE's
-GroupedLinear under gradient-accumulation fusion writes into main_grad instead (grouped_linear.py
-`_GroupedLinear.backward`: `wgrad_list = main_grads`): DeepSeek-V3's 1,792 MiB request sets the EP 4 x PP 2 run's
-reserved peak (+2.3%; +1.25% without it).
+On SimuMax's four DeepSeek-V2/V3 B200 runs (tests/test_published_megatron_reserved.py) the replay is 0.15% under to
+0.3% over (the flat share: 4.5% to 7.0% over). It follows the allocated ledger, so that its tensors are the allocated
+peak's, and that ledger follows Megatron's order too: the combine's moment comes before the loss makes the logits
+(moe_moments.py combine_before_the_loss), and TE's GroupedLinear under gradient-accumulation fusion writes the experts'
+weight gradients into main_grad (activations/moe.py TE_GROUPED_LINEAR: DeepSeek-V3's 1,792 MiB fc2 weight gradient
+is made only without the fusion). Before both the replay was 1.0% to 2.3% over.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ measured, tests/data/measured/megatron.
 from __future__ import annotations
 
 from .activations.entries import Entry, fp8_activation_bytes, tokens_per_gpu
-from .activations.moe import (MEGATRON_ALLGATHER, MEGATRON_ALLTOALL, MEGATRON_GROUPED_MLP,
+from .activations.moe import (MEGATRON_ALLGATHER, MEGATRON_ALLTOALL, MEGATRON_GROUPED_MLP, TE_GROUPED_LINEAR,
                               moe_allgather_combine_backward_moment, moe_allgather_combine_moment, moe_combine_moment,
-                              moe_expert_backward_moment, moe_router_dtype_backward_moment)
+                              moe_expert_backward_moment, moe_router_dtype_backward_moment,
+                              te_grouped_wgrad_in_main_grad)
 from .activations.layer import moe_recomputed_entries
 from ..spec.architecture import Architecture
 from .components import Component, component, total_bytes
@@ -69,6 +70,7 @@ def moe_moments(arch: Architecture, training: Training, par: Parallel,
         first = [parts(moe_router_dtype_backward_moment(arch, training, par),
                        "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)")]
     experts = parts(moe_expert_backward_moment(arch, training, par),
+                    TE_GROUPED_LINEAR if te_grouped_wgrad_in_main_grad(training) else
                     MEGATRON_GROUPED_MLP if training.moe_grouped_gemm else MEGATRON_ALLTOALL)
     backward = [experts] + first
     inner = max([combine, experts] + (first if allgather else []), key=total_bytes)
@@ -77,3 +79,27 @@ def moe_moments(arch: Architecture, training: Training, par: Parallel,
         backward.append(parts(recomputed, MOE_RECOMPUTE_SOURCE) + inner)
     # the all-gather dispatcher gathers into Megatron's global buffer, a persistent one (`transients.transients`)
     return combine, max(backward, key=total_bytes), inner
+
+
+COMBINE_BEFORE_THE_LOSS = (
+    "Megatron-Core 0.16.1 models/gpt/gpt_model.py GPTModel.forward: the decoder's layers run (transformer/moe/"
+    "moe_layer.py MoELayer.forward ends with the combine: token_dispatcher.py MoEAlltoAllTokenDispatcher "
+    "token_combine) before _postprocess makes the logits (output_layer) and the loss "
+    "(compute_language_model_loss); pipeline_parallel/schedules.py forward_backward_no_pipelining and "
+    "forward_backward_pipelining_without_interleaving (no warm-up micro-batch on the last rank) run each "
+    "micro-batch's backward right after its forward on the last stage")
+
+
+def combine_before_the_loss(training: Training, par: Parallel, exchange: list[Component],
+                            loss_own: tuple) -> list[Component]:
+    """The last stage's forward MoE moment (`exchange`, moe_moments' first) net of the loss's own saved tensors
+    (`loss_own`: the final norm's and the LM head's inputs, the logits), where Megatron makes them after it
+    (COMBINE_BEFORE_THE_LOSS): under 1F1B or without a pipeline no earlier micro-batch's loss is alive either.
+    What else the loss holds (an MTP module's, earlier micro-batches' deferred inputs) stays beside it. `exchange`
+    as it is elsewhere (an interleaved schedule runs other chunks' forwards while the loss waits for backward)."""
+    own = total_bytes(loss_own)
+    one_at_a_time = par.pp == 1 or (par.pp_schedule == "1f1b" and par.vpp == 1)
+    if training.framework != "megatron" or not exchange or not own or not one_at_a_time:
+        return exchange
+    return list(exchange) + [Component("transient", "The loss's saved tensors, not made yet", -own,
+                                       "-(the loss's saved tensors)", COMBINE_BEFORE_THE_LOSS)]

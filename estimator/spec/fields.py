@@ -220,10 +220,12 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "input, fc1's output, as float8_e4m3fn (1 byte, no scale) for backward instead of the compute dtype; not "
           "where moe_act recomputation checkpoints the experts' activation (the checkpoint keeps that input as it "
           "is).", _SAVERS),
-    _bool("moe_grouped_gemm", _T, "MoE grouped GEMM", "megatron: --moe-grouped-gemm. The legacy GroupedMLP runs "
-          "a rank's local experts in grouped GEMMs (grouped_gemm's gmm), so backward differentiates them all at "
-          "once: the SwiGLU's backward output of every local expert and the fc2 weight gradient of all of them "
-          "exist together, instead of one expert's at a time (SequentialMLP).", _SAVERS),
+    _bool("moe_grouped_gemm", _T, "MoE grouped GEMM", "megatron: --moe-grouped-gemm. A rank's local experts run "
+          "in grouped GEMMs (TransformerEngine's GroupedLinear under transformer_impl transformer_engine; the "
+          "legacy GroupedMLP's grouped_gemm gmm on the local spec), so backward differentiates them all at once: "
+          "the SwiGLU's backward output of every local expert exists together, instead of one expert's at a time "
+          "(SequentialMLP), and so does the fc2 weight gradient of all of them, but where TransformerEngine writes "
+          "it into the main gradients (gradient_accumulation_fusion).", _SAVERS),
     _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
             "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss and its compiled "
             "backward holds an fp32 copy of it beside the 16-bit gradient (4 bytes per logit more); te "

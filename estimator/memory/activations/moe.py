@@ -95,12 +95,32 @@ MEGATRON_GROUPED_MLP = (
     "measured, tests/data/measured/megatron (emulated gmm, validation/megatron/kernels.py)")
 
 
+TE_GROUPED_LINEAR = (
+    "Megatron-Core 0.16.1 extensions/transformer_engine_spec_provider.py grouped_mlp_modules (--moe-grouped-gemm "
+    "under --transformer-impl transformer_engine, without --moe-use-legacy-grouped-gemm: TEGroupedMLP over "
+    "TEGroupedLinear, fuse_wgrad_accumulation=config.gradient_accumulation_fusion); TransformerEngine "
+    "pytorch/module/grouped_linear.py _GroupedLinear.backward (v2.12, 5671fd36, the release Megatron-Core 0.16.1 "
+    "pins; v2.11, c188b533, alike; since v1.9): under fuse_wgrad_accumulation the weight-gradient grouped GEMM "
+    "writes into the experts' main_grad (`wgrad_list = main_grads`) and autograd gets TE's cached dummy gradient "
+    "(wgrad_cache.py); without it one new weight-sized gradient per local expert (`torch.empty(w.size())`)")
+
+
+def te_grouped_wgrad_in_main_grad(training: Training) -> bool:
+    """Whether the experts' weight gradients go straight into main_grad (TE_GROUPED_LINEAR): TransformerEngine's
+    GroupedLinear (Megatron's default transformer_impl with --moe-grouped-gemm) under gradient-accumulation fusion
+    (Megatron-LM's default). The legacy GroupedMLP (grouped_gemm's gmm) always returns them: the Megatron harness
+    runs it on the local spec without the fusion (validation/megatron/harness.py), as its records say."""
+    return (training.framework == "megatron" and training.moe_grouped_gemm
+            and training.transformer_impl == "transformer_engine" and training.gradient_accumulation_fusion)
+
+
 def grouped_mlp_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
     """The largest moment of GroupedMLP's backward (MEGATRON_GROUPED_MLP), beside the kept tensors, every local
     expert's tokens at once; the larger of two:
     - fc2's grouped GEMM backward returning: the gradient of the experts' outputs (sorted by local expert) it reads,
       its input gradient (the activation's output gradient, [phi*k*s*b*etp, f_e/etp]) and its weight gradient
-      ([E_local, f_e/etp, h], b's shape);
+      ([E_local, f_e/etp, h], b's shape), which TransformerEngine's GroupedLinear under gradient-accumulation
+      fusion writes into main_grad instead (TE_GROUPED_LINEAR: none here);
     - the weighted activation's backward writing fc1's output gradient (gate and up for a gated MLP: twice f_e/etp
       wide): the outputs' gradient and fc2's saved input (the activation's output) are freed by then; the weight
       gradient is not yet handed to the DDP hook (the activation's backward node, created later in forward, runs
@@ -120,13 +140,14 @@ def grouped_mlp_backward_moment(arch: Architecture, training: Training, par: Par
                      "B*phi*k*s*b*f_e")
     recomputed = Entry("experts' activation output recomputed (held by the moe_act checkpoint)", n * f, B, "sp",
                        "B*phi*k*s*b*f_e")
+    wgrads = [] if te_grouped_wgrad_in_main_grad(training) else [wgrad]
     fc2 = [Entry("gradient of the experts' outputs (sorted by local expert)", n * h * par.etp, B, "sp",
-                 "B*phi*k*s*b*h*etp"), act_grad, wgrad]
+                 "B*phi*k*s*b*h*etp"), act_grad] + wgrads
     if act_recomputed:
         fc2 += [recomputed, recomputed._replace(name="its copy in the discarded output's storage (fc2's saved input)")]
     fc1_grad = Entry("gradient of the experts' fc1 output, all local experts" + (" (gate and up)" if gated else ""),
                      n * f * (2 if gated else 1), B, "sp", ("2*" if gated else "") + "B*phi*k*s*b*f_e")
-    activation = [wgrad, fc1_grad]
+    activation = wgrads + [fc1_grad]
     if act_recomputed:
         activation += [act_grad, recomputed]
     return max(fc2, activation, key=lambda moment: sum(e.bytes(par) for e in moment))
