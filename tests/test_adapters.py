@@ -199,15 +199,19 @@ def test_eager_attention_dropout_keeps_its_mask_and_output_not_the_16_bit_softma
     # transformers 5.23 eager_attention_forward: softmax(fp32).to(bf16), then dropout: the copy only feeds the
     # dropout (native_dropout keeps its mask), scores x V keeps the dropout's output (measured:
     # peft/llama-3.2-1b-lora-r16-*-eager-attndrop10). Llama-3.2-1B, s 2048, b 1: a*s^2 scores per layer.
-    s, h, a = 2048, 2048, 32
+    s, a = 2048, 32
     scores = a * s * s
     plain = estimate_config(config({"rank": 16}, model="llama-3.2-1b", seq_len=s, attention="eager"))
     dropped = estimate_config(config({"rank": 16}, model="llama-3.2-1b", seq_len=s, attention="eager", dropout=0.1))
 
     def total(result, kind):
         return sum(line.bytes for line in result.activation_ledger if line.kind == kind)
-    # + a 1-byte mask and a 16-bit output, - the 16-bit copy; + the two residual dropouts' 1-byte masks
-    assert total(dropped, "dense") - total(plain, "dense") == scores * (1 + 2 - 2) + 2 * s * h
+    # + a 1-byte mask and a 16-bit output, - the 16-bit copy; no residual or embedding dropout: transformers'
+    # Llama drops out nothing else (Megatron's hidden_dropout would add 1-byte masks of s*h)
+    assert total(dropped, "dense") - total(plain, "dense") == scores * (1 + 2 - 2)
+    names = {line.name for line in dropped.activation_ledger}
+    assert "attention dropout mask" in names and not any("residual dropout" in n for n in names)
+    assert "embedding dropout mask" not in names
 
 
 def test_adapter_dropout_keeps_its_fp32_output_and_a_mask_beyond_the_first_layer():
