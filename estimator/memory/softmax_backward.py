@@ -7,7 +7,8 @@ and meta kernels make none. Where a layer's attention runs torch's softmax over 
 apply), its backward holds one score tensor more than the ledger of a CPU run says:
 - beside a recomputed layer (full recompute): the layer's backward runs inside that moment
   (`softmax_backward_temporary`; the HF harness's records of Llama-3.1-8B, Gemma-2-9B and Mixtral with
-  recompute and eager attention grew by exactly this when it counted the temporary);
+  recompute and eager attention grew by exactly this when it counted the temporary), where the recomputed
+  layer's whole softmax backward (below) is not larger;
 - without recompute, the last layer's softmax backward beside every kept activation (`softmax_backward_moment`):
   in Megatron's unfused path (the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there) and in
   transformers' eager attention, beside the gradients made before it under HF (the records of
@@ -21,9 +22,11 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
   gradients are alive (`_layer_parts`; Megatron's and transformers' full fine-tuning, as both harnesses' traces show;
   an adapter run's, of its own ledger, with the adapters of o_proj and the MLP: the PEFT harness's records
   llama-3.2-1b-lora-r16-{qv,all7}-norecompute-drop00-s8192-b1-eager peak there).
-- with full recompute in Megatron's unfused path, the recomputed layer's whole softmax backward beside it
-  (`softmax_backward_moment(recomputed=True)`; the harness record
-  llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there); with selective recompute of the core
+- with full recompute in Megatron's unfused path and transformers' eager attention, the recomputed layer's whole
+  softmax backward beside it (`softmax_backward_moment(recomputed=True)`; the harness records
+  llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused and peft/llama-3.2-1b-lora-r16-qv-recompute-drop00-
+  s4096-b1-eager peak there: an adapter run's small gradients leave it the largest moment, 21% over the
+  temporary beside the layer's ledger at s4096); with selective recompute of the core
   attention, the last layer's recomputed core attention at its softmax backward beside every kept tensor
   (megatron_softmax_moment.selective_core_softmax_moment; the record ...-sel-core_attn-unfused peaks there).
 Not here: DSA (sparse.py, sparse_hf.py count it in their moments) and SDPA's math backend (kbit.py, from its GPU
@@ -118,13 +121,12 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     or adapter fine-tuning: less the layer's tensors made after its softmax (its MLP's, the attention output) and v, freed by
     their backward by then (autograd releases a node's saved tensors once it has run), plus two hidden-sized
     gradients alive at the moment (`_layer_parts`, of the `stage`'s last layer, or of any of its layers where it
-    is a recomputed one). With full recompute (`recomputed`), Megatron's unfused softmax
-    only: the recomputed layer's, beside its own kept tensors (the harness record
-    llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused); transformers' eager attention under recompute
-    holds the temporary alone beside its ledger (`softmax_backward_temporary`, as the H200 records show)."""
+    is a recomputed one). With full recompute (`recomputed`): the recomputed layer's, beside its own kept tensors
+    (the harness records llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused, Megatron's unfused softmax, and
+    peft/llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager, transformers' eager attention)."""
     if training.offload_activations or (training.recompute != "none") != recomputed:
         return []
-    if training.framework != "megatron" and (recomputed or training.framework not in TRANSFORMERS_FRAMEWORKS):
+    if training.framework != "megatron" and training.framework not in TRANSFORMERS_FRAMEWORKS:
         return []
     entry = temporary_entry(arch, training, par)
     if entry is None:

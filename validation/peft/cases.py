@@ -97,9 +97,16 @@ def _runs() -> list[LoraRun]:
         R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QKVO),
         R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QKVO, recompute="full"),
         R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=MLP, attention="eager"),
-        # eager attention with the config's attention_dropout: softmax -> .to(dtype) -> dropout
+        # eager attention with the config's attention_dropout: softmax -> .to(dtype) -> dropout, the 16-bit copy freed
         R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=QV, attention="eager", attention_dropout=0.1),
         R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=MLP, attention="eager", attention_dropout=0.1),
+        # ... with recompute, and without dropout: the backward peaks in a recomputed layer's softmax backward
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QV, attention="eager", recompute="full"),
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QV, attention="eager", attention_dropout=0.1,
+          recompute="full"),
+        # ... o or down alone: the first layer keeps nothing before it
+        R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=("o",), attention="eager"),
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=("down",)),
     ]
 
 
