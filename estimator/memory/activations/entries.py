@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ...spec.architecture import Architecture
+from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
@@ -123,7 +124,6 @@ def residual_dropout(training: Training) -> bool:
     transformers frameworks, where `training.dropout` is the model config's attention_dropout, the one dropout of
     the decoders the estimator reads (RESIDUAL_DROPOUT_SOURCE; the Hugging Face reader notes a config's own
     residual and embedding dropouts, Phi-3's resid_pdrop or GPT-NeoX's hidden_dropout, as not counted)."""
-    from .llama4 import TRANSFORMERS_FRAMEWORKS
     return training.dropout > 0 and training.framework not in TRANSFORMERS_FRAMEWORKS
 
 
