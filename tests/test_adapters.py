@@ -160,6 +160,60 @@ def test_the_first_layers_eager_matmuls_keep_only_the_inputs_a_gradient_reads(ta
     assert total("dense") - total("first dense") == norm + dropped * one
 
 
+@pytest.mark.parametrize("targets, attention, dropped", [
+    # MLP-only: nothing before gate and up is adapted, so the first layer's attention keeps nothing and the
+    # residual stream into the MLP norm needs no gradient (measured: peft/llama-3.2-1b-lora-r16-gateupdown-*)
+    (["gate", "up", "down"], "flash", "attention + mlp_norm"),
+    (["gate", "up", "down"], "eager", "eager + mlp_norm"),
+    # o alone: the core keeps nothing, o's input only its fp32 copy (the adapter's), the MLP norm its tensors
+    (["o"], "flash", "attention"),
+    # down alone: nor do gate's and up's outputs or the activation's need a gradient
+    (["down"], "flash", "attention + mlp_norm + mlp"),
+])
+def test_the_first_layer_keeps_only_what_follows_an_adapted_module(targets, attention, dropped):
+    # Llama-3.2-1B (h 2048, 32 query heads and 8 KV heads of 64, MLP 8192), bf16, s 4096, b 1, no recompute,
+    # frozen embeddings: what the first layer keeps less than the others, by hand
+    s, h, a, g, d, f = 4096, 2048, 32, 8, 64, 8192
+    norm = 4 * s * h + 4 * s  # a norm's fp32 upcast and per-token rsqrt
+    flash = 2 * s * (a + 2 * g) * d + 4 * s * a + 2 * s * h  # q, k, v, the log-sum-exp, the kernel's output
+    # eager: the expanded q, k and v (2*s*a*d each), the fp32 softmax and its 16-bit copy
+    eager = 3 * 2 * s * a * d + 4 * a * s * s + 2 * a * s * s
+    mlp = 2 * 2 * s * f + 2 * s * f  # gate and up outputs, the silu output
+    parts = {"attention": norm + flash, "eager": norm + eager, "mlp_norm": norm, "mlp": mlp}
+    ledger = estimate_config(config({"rank": 16, "target_modules": targets}, model="llama-3.2-1b", seq_len=s,
+                                    attention=attention)).activation_ledger
+
+    def total(kind):
+        return sum(line.bytes for line in ledger if line.kind == kind)
+    assert total("dense") - total("first dense") == sum(parts[p] for p in dropped.split(" + "))
+
+
+def test_with_recompute_the_first_layer_is_any_layer():
+    # the HF Trainer makes the embeddings' output require grad when it checkpoints (enable_input_require_grads)
+    ledger = estimate_config(config({"rank": 16, "target_modules": ["gate", "up", "down"]}, model="llama-3.2-1b",
+                                    recompute="full")).activation_ledger
+    assert not any(line.kind == "first dense" for line in ledger)
+
+
+def test_eager_attention_dropout_keeps_its_mask_and_output_not_the_16_bit_softmax_copy():
+    # transformers 5.23 eager_attention_forward: softmax(fp32).to(bf16), then dropout: the copy only feeds the
+    # dropout (native_dropout keeps its mask), scores x V keeps the dropout's output (measured:
+    # peft/llama-3.2-1b-lora-r16-*-eager-attndrop10). Llama-3.2-1B, s 2048, b 1: a*s^2 scores per layer.
+    s, a = 2048, 32
+    scores = a * s * s
+    plain = estimate_config(config({"rank": 16}, model="llama-3.2-1b", seq_len=s, attention="eager"))
+    dropped = estimate_config(config({"rank": 16}, model="llama-3.2-1b", seq_len=s, attention="eager", dropout=0.1))
+
+    def total(result, kind):
+        return sum(line.bytes for line in result.activation_ledger if line.kind == kind)
+    # + a 1-byte mask and a 16-bit output, - the 16-bit copy; no residual or embedding dropout: transformers'
+    # Llama drops out nothing else (Megatron's hidden_dropout would add 1-byte masks of s*h)
+    assert total(dropped, "dense") - total(plain, "dense") == scores * (1 + 2 - 2)
+    names = {line.name for line in dropped.activation_ledger}
+    assert "attention dropout mask" in names and not any("residual dropout" in n for n in names)
+    assert "embedding dropout mask" not in names
+
+
 def test_adapter_dropout_keeps_its_fp32_output_and_a_mask_beyond_the_first_layer():
     s, h = 4096, 4096
     plain = estimate_config(config({"rank": 16})).activation_ledger

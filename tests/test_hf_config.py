@@ -190,6 +190,14 @@ def test_unknown_fields_are_reported():
     assert ignored == ["my_new_field"]
 
 
+def test_a_dropout_the_architecture_does_not_carry_is_noted():
+    # the attention dropout is training.dropout's; Phi-3's residual dropout (resid_pdrop) is not counted
+    _, ignored = build({**LLAMA_8B, "attention_dropout": 0.1})
+    assert ignored == ["attention_dropout 0.1 (set training.dropout to count it)"]
+    _, ignored = build({**LLAMA_8B, "model_type": "phi3", "attention_dropout": 0.0, "resid_pdrop": 0.1})
+    assert ignored == ["resid_pdrop 0.1 (its masks are not counted)"]
+
+
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "bert", "t5", "llama4", "unet"])
 def test_unsupported_model_type_is_named(model_type):
     with pytest.raises(ConfigError) as caught:

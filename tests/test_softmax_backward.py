@@ -36,15 +36,22 @@ def backward_parts(stage) -> dict[str, int]:
 def test_hf_eager_recomputed_layer_holds_the_temporary():
     """Llama-3.1-8B, eager attention, every layer recomputed, s = 2048, b = 1: transformers' eager attention
     softmaxes in fp32, so the recomputed layer's softmax backward makes 4 B x b x a x s^2 = 4 x 32 x 2048^2 =
-    536,870,912 bytes more. The harness record grew by exactly that when it counted the temporary, and the
-    estimate's backward phase comes to within 0.7% of it (1.45% under without the term)."""
+    536,870,912 bytes more. The harness record grew by exactly that when it counted the temporary. The first
+    layer's recomputation at backward's end holds that layer's whole softmax backward (the fp32 gradients of the
+    probabilities and the scores beside the temporary, less what the layer's backward has freed by then: as the
+    PEFT record peft/llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager shows), and the estimate's backward
+    phase comes to within 0.2% of the record (0.63% under with the temporary alone beside the layer's ledger,
+    1.45% under without it)."""
     record = load("llama-3.1-8b-bf16-adamw-recompute-eager-s2048-b1.json")
     stage = estimate_config(record["config"]).stages[0]
-    assert backward_parts(stage)[TEMPORARY] == 4 * 32 * 2048**2 == 536_870_912
+    parts = backward_parts(stage)
+    assert parts[TEMPORARY] == 4 * 32 * 2048**2 == 536_870_912
+    # the residual stream's and the expanded v's gradients (16-bit, s*h and s*a*d_head: 2 x 2 x 2048 x 4096)
+    assert parts["Gradients alive at the moment (residual stream, expanded v)"] == 2 * 2 * 2048 * 4096
     backward = next(p.allocated_bytes for p in stage.phases if p.name == "backward")
     measured = record["measured"]["phases"]["backward"]["total"]
-    assert backward == pytest.approx(measured, rel=0.007)
-    assert (backward - 536_870_912) / measured - 1 < -0.014  # the term closes most of the gap
+    assert backward == pytest.approx(measured, rel=0.002)
+    assert (backward - 536_870_912) / measured - 1 < -0.006  # the temporary is still most of the gap
 
 
 def test_no_temporary_without_a_torch_softmax_on_the_scores():

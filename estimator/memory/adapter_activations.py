@@ -123,6 +123,51 @@ def _scores_gradient_only(entries: list) -> set[str]:
         {EAGER_SOFTMAX_FP32} if SOFTMAX_CAST in names else set())
 
 
+FIRST_LAYER_SOURCE = ("torch 2.13 autograd: an op none of whose inputs requires grad records no node and keeps nothing "
+                      "(a frozen weight, a frozen embedding's output); transformers 5.23 LlamaDecoderLayer.forward: "
+                      "norm, q/k/v, core, o, residual add, norm, gate/up, act x up, down, residual add; peft 0.21 "
+                      "tuners/lora/layer.py Linear.forward: base_layer(x) + lora_B(lora_A(dropout(x))) x scaling; "
+                      "measured: tests/data/measured/peft/llama-3.2-1b-lora-r16-gateupdown-norecompute-*")
+
+
+def first_layer_kept(entries: list, arch, training, par, kind: str) -> list:
+    """The first layer with a frozen input (FIRST_LAYER_SOURCE): a tensor is kept only where an adapted module
+    upstream in the layer makes an op's input need a gradient. Its attention norm keeps nothing; with q, k or v
+    adapted the unfused core keeps the inputs some gradient reads (`first_layer_matmul_inputs`); with all three
+    frozen the core keeps nothing, nor o's input unless o's adapter reads it as it is; with the whole attention
+    frozen the residual stream after it needs no gradient, so the MLP norm keeps nothing, and a dense MLP's
+    activation tensors are kept only where gate or up is adapted (a MoE block's are counted as in any layer:
+    not measured); a post-MLP norm and the residual dropout mask only where something in the layer is adapted.
+    Entries saved for a weight (`Entry.for_weights`) are `kept`'s to decide. A hybrid layer drops its attention
+    norm and matmul inputs only, where q, k or v is adapted."""
+    from .activations.attention import (RESIDUAL_DROPOUT_MASK, attention_entries, attention_output_entries)
+    from .activations.entries import ATTENTION_OUTPUT, _norm, tokens_per_gpu
+    from .activations.mlp import mlp_entries, mlp_tail_entries
+    adapter, T = training.adapter, tokens_per_gpu(training, par)
+    qkv, o = attention_input_adapted(adapter, arch), adapted(adapter, "o")
+    gone = _names(_norm("attention norm input", T, arch, training))
+    if qkv or arch.is_hybrid:
+        out = [e for e in entries if e.name not in gone]
+        return first_layer_matmul_inputs(out, training, arch) if qkv else entries
+    after_core = _names(attention_output_entries(arch, training, par))
+    spared = (_names(_norm("post-attention norm input", T, arch, training)) | {RESIDUAL_DROPOUT_MASK}) if o else set()
+    if o and reads_input_directly(training):
+        spared.add(ATTENTION_OUTPUT)
+    gone |= (_names(attention_entries(arch, training, par)) - after_core) | (after_core - spared)
+    tail = _names(mlp_tail_entries(arch, training, T))
+    if not o:
+        gone |= _names(_norm("MLP norm input", T, arch, training))
+        if kind == "dense" and not (adapted(adapter, "gate") or adapted(adapter, "up")):
+            gone |= {e.name for e in mlp_entries(arch, training, par, kind) if not e.for_weights} - tail
+        if not any(adapted(adapter, m.name) for m in layer_modules(arch, kind)):
+            gone |= tail
+    return [e for e in entries if e.name not in gone]
+
+
+def _names(entries: list) -> set[str]:
+    return {e.name for e in entries}
+
+
 def module_entries(arch, training, par, m: Module, first: bool) -> list:
     """What one adapted module keeps for its backward: ``lora_A``'s input (the fp32 cast, or the
     dropout output and its mask) and ``lora_B``'s input, the r-wide output of ``lora_A``."""
@@ -198,15 +243,13 @@ def bnb_held_entries(entries: list, training, arch, kind: str) -> list:
 def adapted_layer_entries(entries: list, arch, training, par, kind: str, first: bool = False) -> list:
     """A layer's full-fine-tuning ledger as an adapter run keeps it: without what frozen weights'
     gradients alone would read, with what each adapted module keeps. `first`: the first layer with
-    a frozen input (`first_layer_input_frozen`), whose attention norm keeps nothing when q, k or v is
-    adapted, nor its unfused core's matmuls the inputs no gradient reads (`first_layer_matmul_inputs`;
-    otherwise the layer is counted as any other: at most its norm's tensors over)."""
-    from .activations.entries import _norm, tokens_per_gpu
+    a frozen input (`first_layer_input_frozen`), which keeps only what follows an adapted module
+    (`first_layer_kept`)."""
+    from .fsdp1 import frozen_weights_train
+    first = first and not frozen_weights_train(training)  # FSDP1: every weight of the layer takes a gradient
     out = kept(entries, training, arch, bnb_kept_inputs(training, arch, kind, first))
-    if first and attention_input_adapted(training.adapter, arch):
-        norm = {e.name for e in _norm("attention norm input", tokens_per_gpu(training, par), arch, training)}
-        out = [e for e in out if e.name not in norm]
-        out = first_layer_matmul_inputs(out, training, arch)
+    if first:
+        out = first_layer_kept(out, arch, training, par, kind)
     for m in adapted_modules(training.adapter, arch, kind):
         out += module_entries(arch, training, par, m, first)
     return out

@@ -17,8 +17,10 @@ How PEFT runs them (peft 0.21 ``tuners/lora/layer.py``), which decides the activ
   not kept (`activations.Entry.for_weights`);
 - adapter dropout keeps its fp32 output for ``lora_A`` and a 1-byte mask, the mask only where the
   input needs a gradient;
-- with frozen embeddings and no checkpointing the first layer's input needs no gradient, so its
-  attention norm keeps nothing (measured, tests/data/measured/peft).
+- with frozen embeddings and no checkpointing the first layer's input needs no gradient, so it
+  keeps only what follows an adapted module: never its attention norm's tensors, and with MLP-only
+  adapters nothing of its attention nor its MLP norm (adapter_activations.first_layer_kept; measured,
+  tests/data/measured/peft).
 
 Contract names of the targets (``training.adapter.target_modules``): q, k, v, o, gate, up, down,
 router, experts, or "all-linear" (PEFT: every linear layer but the output layer, and on MoE models

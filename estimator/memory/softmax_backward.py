@@ -7,7 +7,9 @@ and meta kernels make none. Where a layer's attention runs torch's softmax over 
 apply), its backward holds one score tensor more than the ledger of a CPU run says:
 - beside a recomputed layer (full recompute): the layer's backward runs inside that moment
   (`softmax_backward_temporary`; the HF harness's records of Llama-3.1-8B, Gemma-2-9B and Mixtral with
-  recompute and eager attention grew by exactly this when it counted the temporary);
+  recompute and eager attention grew by exactly this when it counted the temporary), alone where the recomputed
+  layer's whole softmax backward (below) comes to nothing (short sequences: the tensors the layer's backward has
+  freed by then outweigh the scores' three);
 - without recompute, the last layer's softmax backward beside every kept activation (`softmax_backward_moment`):
   in Megatron's unfused path (the harness record gpt3-175b-tp8-pp8-first-s2048-b1-unfused peaks there) and in
   transformers' eager attention, beside the gradients made before it under HF (the records of
@@ -21,9 +23,13 @@ apply), its backward holds one score tensor more than the ledger of a CPU run sa
   gradients are alive (`_layer_parts`; Megatron's and transformers' full fine-tuning, as both harnesses' traces show;
   an adapter run's, of its own ledger, with the adapters of o_proj and the MLP: the PEFT harness's records
   llama-3.2-1b-lora-r16-{qv,all7}-norecompute-drop00-s8192-b1-eager peak there).
-- with full recompute in Megatron's unfused path, the recomputed layer's whole softmax backward beside it
-  (`softmax_backward_moment(recomputed=True)`; the harness record
-  llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused peaks there); with selective recompute of the core
+- with full recompute in Megatron's unfused path and transformers' eager attention, the recomputed layer's whole
+  softmax backward beside it (`softmax_backward_moment(recomputed=True)`; the harness records
+  llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused and peft/llama-3.2-1b-lora-r16-qv-recompute-drop00-
+  s4096-b1-eager peak there: an adapter run's small gradients leave it the largest moment, 21% over the
+  temporary beside the layer's ledger at s4096; the HF Trainer's first layer recomputed at backward's end too,
+  trainer_backward_end: llama-3.1-8b-bf16-adamw-recompute-eager-s2048-b1 to 0.2%, 0.63% under with the
+  temporary alone); with selective recompute of the core
   attention, the last layer's recomputed core attention at its softmax backward beside every kept tensor
   (megatron_softmax_moment.selective_core_softmax_moment; the record ...-sel-core_attn-unfused peaks there).
 Not here: DSA (sparse.py, sparse_hf.py count it in their moments) and SDPA's math backend (kbit.py, from its GPU
@@ -106,7 +112,8 @@ def softmax_backward_temporary(arch: Architecture, training: Training, par: Para
 
 def softmax_backward_moment(arch: Architecture, training: Training, par: Parallel,
                             gradients: float = 0.0, freed_copies: float = 0.0,
-                            recomputed: bool = False, stage: StageParameters | None = None) -> list[Component]:
+                            recomputed: bool = False, stage: StageParameters | None = None,
+                            kinds: tuple[str, ...] = ()) -> list[Component]:
     """Without recompute, the last layer's softmax backward beside every kept activation (Megatron's unfused
     softmax, transformers' eager attention): the gradient of the probabilities (fp32 from the cast's backward),
     CUDA's tmp and the gradient of the scores, 3 x 4*a*s^2*b, less the 16-bit tensor scores x V kept (the
@@ -118,22 +125,22 @@ def softmax_backward_moment(arch: Architecture, training: Training, par: Paralle
     or adapter fine-tuning: less the layer's tensors made after its softmax (its MLP's, the attention output) and v, freed by
     their backward by then (autograd releases a node's saved tensors once it has run), plus two hidden-sized
     gradients alive at the moment (`_layer_parts`, of the `stage`'s last layer, or of any of its layers where it
-    is a recomputed one). With full recompute (`recomputed`), Megatron's unfused softmax
-    only: the recomputed layer's, beside its own kept tensors (the harness record
-    llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused); transformers' eager attention under recompute
-    holds the temporary alone beside its ledger (`softmax_backward_temporary`, as the H200 records show)."""
+    is a recomputed one). With full recompute (`recomputed`): the recomputed layer's, beside its own kept tensors
+    (the harness records llama-3.1-8b-tp1-pp1-only-s4096-b1-full-uniform1-unfused, Megatron's unfused softmax, and
+    peft/llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager, transformers' eager attention)."""
     if training.offload_activations or (training.recompute != "none") != recomputed:
         return []
-    if training.framework != "megatron" and (recomputed or training.framework not in TRANSFORMERS_FRAMEWORKS):
+    if training.framework != "megatron" and training.framework not in TRANSFORMERS_FRAMEWORKS:
         return []
     entry = temporary_entry(arch, training, par)
     if entry is None:
         return []
     source = MEGATRON_SOFTMAX_SOURCE if training.framework == "megatron" else HF_SOFTMAX_SOURCE
     parts = softmax_parts(entry, training, par, source) + _hf_parts(gradients, freed_copies)
-    if stage is not None:
+    if stage is not None and not kinds:
         kinds = tuple(k for k, n in stage.kind_counts if n) if recomputed else \
             (arch.layer_kind(stage.chunks[-1].stop - 1),)
+    if kinds:
         parts += _layer_parts(arch, training, par, kinds)
     if sum(p.bytes for p in parts) <= 0:  # short sequences: the layer's freed tensors outweigh the scores' three
         return []

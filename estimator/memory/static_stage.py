@@ -486,7 +486,8 @@ def _recomputed_layer(arch: Architecture, training: Training, recipe: Recipe, pa
         if by_kind:
             size = _recompute_working_set(training, sp, shared, (kind,))
             more = list(block_backward_extras(arch, training, recipe, par, sp))
-            more += softmax_backward_temporary(arch, training, par, [kind]) if recomputed_layer_count(
+            more += (softmax_backward_moment(arch, training, par, recomputed=True, kinds=(kind,))
+                     or softmax_backward_temporary(arch, training, par, [kind])) if recomputed_layer_count(
                 training, sp.num_layers) else []
             if arch.uses_sparse_attention and recomputed_layer_count(training, sp.num_layers):
                 from .dsa_moments import dsa_stage_moments

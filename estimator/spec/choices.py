@@ -13,6 +13,8 @@ FSDP_FRAMEWORKS = ("fsdp2", "torchtune")
 # the stacks whose sharded states are fully sharded FSDP's (fp32 shards as the master copy): FSDP2's and
 # PyTorch FSDP1 (FullyShardedDataParallel) as the HF Trainer with Accelerate runs it (fsdp1.py)
 FULLY_SHARDED_FRAMEWORKS = FSDP_FRAMEWORKS + ("fsdp1",)
+# the frameworks whose step runs transformers' modelling code (the HF Trainer, DeepSpeed's engine, FSDP1 under it)
+TRANSFORMERS_FRAMEWORKS = ("hf", "deepspeed", "fsdp1")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 # CUDA_MODULE_LOADING (hardware.cuda_module_loading; spec/cuda_modules.py)

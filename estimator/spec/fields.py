@@ -196,7 +196,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             _SAVERS, ATTENTION),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
-    Field("dropout", _T, "float", "Dropout", "Dropout probability; above 0 the masks are kept for backward.",
+    Field("dropout", _T, "float", "Dropout", "Dropout probability; above 0 the masks are kept for backward. Under "
+          "hf, deepspeed and fsdp1 it is the model config's attention_dropout (transformers' decoders drop out "
+          "nothing else); elsewhere the embeddings and residual branches drop out too (Megatron's hidden_dropout).",
           _SAVERS, min=0.0, max=1.0, below_max=True, step=0.05),
     Field("moe_capacity_factor", _T, "float", "MoE capacity factor", "Routed tokens per expert relative to a "
           "perfect balance (1.0). Larger values reserve room for imbalance.", _SAVERS, min=1.0, max=256.0,

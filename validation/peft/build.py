@@ -48,13 +48,16 @@ class LoraRun:
     double_quant: bool = True  # QLoRA: bnb_4bit_use_double_quant
     prepare: bool = False  # peft prepare_model_for_kbit_training (QLoRA): the 16-bit parameters cast to fp32
     attention: str = "sdpa"  # transformers' attn_implementation: "sdpa" or "eager"
+    attention_dropout: float = 0.0  # the model config's attention_dropout (eager_attention_forward's dropout)
 
 
 def model_config(run: LoraRun):
     from .tiny import TINY
 
     spec = TINY.get(run.model) or MODELS[run.model]
-    return spec.hf_config(run.attention)
+    config = spec.hf_config(run.attention)
+    config.attention_dropout = run.attention_dropout
+    return config
 
 
 def lora_config(run: LoraRun):

@@ -10,6 +10,7 @@ DEFAULT_BNB = LoraRun.__dataclass_fields__["bnb_version"].default
 
 QV = ("q", "v")
 QKVO = ("q", "k", "v", "o")
+MLP = ("gate", "up", "down")
 
 
 def targets_label(targets) -> str:
@@ -28,6 +29,7 @@ def case_id(run: LoraRun) -> str:
     save = "-save-embed-head" if run.save else ""
     quant, prepared = "", "-prepared" if run.prepare else ""
     eager = "-eager" if run.attention == "eager" else ""
+    eager += f"-attndrop{round(run.attention_dropout * 100):02d}" if run.attention_dropout else ""
     if run.base == "nf4":
         quant = (f"-bnb{run.bnb_version}" if run.bnb_version != DEFAULT_BNB else "") + \
             ("" if run.double_quant else "-nodq")
@@ -88,6 +90,23 @@ def _runs() -> list[LoraRun]:
         # save_for_backward), which autograd's release of a node's saved tensors does not drop
         R("llama-3.2-1b", 8192, rank=16, alpha=32, targets=ALL_SEVEN, base="nf4", bnb_version="0.43.1",
           attention="eager"),
+        # MLP-only adapters: the first layer's attention (input, weights frozen) keeps nothing; beside
+        # them attention-only adapters, with and without recompute
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=MLP),
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=MLP, recompute="full"),
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QKVO),
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QKVO, recompute="full"),
+        R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=MLP, attention="eager"),
+        # eager attention with the config's attention_dropout: softmax -> .to(dtype) -> dropout, the 16-bit copy freed
+        R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=QV, attention="eager", attention_dropout=0.1),
+        R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=MLP, attention="eager", attention_dropout=0.1),
+        # ... with recompute, and without dropout: the backward peaks in a recomputed layer's softmax backward
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QV, attention="eager", recompute="full"),
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=QV, attention="eager", attention_dropout=0.1,
+          recompute="full"),
+        # ... o or down alone: the first layer keeps nothing before it
+        R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=("o",), attention="eager"),
+        R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=("down",)),
     ]
 
 
@@ -120,7 +139,8 @@ def contract_config(run: LoraRun) -> dict:
             # Trainable copies of the embeddings / LM head (modules_to_save) stay bf16.
             "param_dtype": "bf16", "grad_dtype": "fp32", "master_weights": False,
             "optimizer_dtype": "fp32", "compute_dtype": "bf16", "optimizer": "adamw",
-            "recompute": run.recompute, "attention": "flash" if run.attention == "sdpa" else "eager", "dropout": 0.0, "loss": "standard",
+            "recompute": run.recompute, "attention": "flash" if run.attention == "sdpa" else "eager",
+            "dropout": run.attention_dropout, "loss": "standard",
             # the step calls the model directly, without Accelerate's autocast (estimator/memory/trainer_loop.py)
             "training_loop": "plain",
             "adapter": adapter(run),
@@ -139,6 +159,8 @@ def describe(run: LoraRun) -> str:
         else "no gradient checkpointing"
     save = "; embeddings and LM head trainable (modules_to_save)" if run.save else ""
     attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
+    if run.attention_dropout:
+        attention += f" with attention_dropout {run.attention_dropout}"
     if run.prepare:
         save += "; peft prepare_model_for_kbit_training (every non-4-bit parameter cast to fp32)"
     return (f"{run.model}, peft {method}, rank {run.rank}, alpha {run.alpha}, targets {targets}, "

@@ -9,7 +9,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import (ATTENTION_OUTPUT, CORE, Entry, NORM, UP_PROJ, _norm, _norm_output, compiled, fused_kernels,
-                      tokens_per_gpu, torch_fused_rms_norm)
+                      residual_dropout, tokens_per_gpu, torch_fused_rms_norm)
 
 
 CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_cp_to_forward (FlexAttention: "
@@ -188,6 +188,7 @@ EAGER_SOFTMAX_FP32 = "softmax output (fp32)"
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 SOFTCAP_OUTPUT = "soft-capped scores (tanh output)"
 DROPOUT_MASK = "attention dropout mask"
+RESIDUAL_DROPOUT_MASK = "attention residual dropout mask"
 
 
 def _unfused_entries(arch: Architecture, training: Training, par: Parallel, math_sdpa: bool) -> list[Entry]:
@@ -252,8 +253,16 @@ def _compiled_softmax_entries(arch: Architecture, training: Training, par: Paral
             Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE)]
 
 
+EAGER_DROPOUT_SOURCE = ("transformers 5.23 models/llama/modeling_llama.py eager_attention_forward: softmax(dtype=float32)"
+                        ".to(query.dtype), then nn.functional.dropout(p=attention_dropout) rebinding attn_weights; "
+                        "torch 2.13 derivatives.yaml: native_dropout's backward reads its mask only, _to_copy's "
+                        "nothing; measured: tests/data/measured/peft/llama-3.2-1b-lora-r16-*-eager-attndrop10")
+
+
 def _eager_softmax_entries(arch: Architecture, training: Training, scores: float) -> list[Entry]:
-    """transformers' eager attention: softmax in fp32, then cast back for scores x V."""
+    """transformers' eager attention: softmax in fp32, then cast back for scores x V. With attention
+    dropout the cast copy only feeds the dropout, whose mask and output are kept instead (EAGER_DROPOUT_SOURCE):
+    the copy is freed."""
     from ..kbit import prepared
     B = bytes_per_element(training.compute_dtype)
     out = []
@@ -264,9 +273,16 @@ def _eager_softmax_entries(arch: Architecture, training: Training, scores: float
                          recompute=CORE))
     else:
         out.append(Entry(EAGER_SOFTMAX_FP32, scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-    if not prepared(training) and not arch.eager_softmax_in_compute_dtype:  # an fp32 query (kbit.py): no copy
+    if not prepared(training) and not arch.eager_softmax_in_compute_dtype and not training.dropout:
+        # an fp32 query (kbit.py): no copy
         out.append(Entry(SOFTMAX_CAST, scores, B, "tp", "B*a*s^2*b", recompute=CORE))
     return out
+
+
+def attention_output_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """The entries of `attention_entries` after the core: the output, the post-attention norm, the residual dropout."""
+    from ..kbit import math_attention
+    return _output_entries(arch, training, par, math_attention(arch, training))
 
 
 def _output_entries(arch: Architecture, training: Training, par: Parallel, math_sdpa: bool) -> list[Entry]:
@@ -282,8 +298,8 @@ def _output_entries(arch: Architecture, training: Training, par: Parallel, math_
                      "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",))]
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
-    if training.dropout > 0:
-        out.append(Entry("attention residual dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
+    if residual_dropout(training):
+        out.append(Entry(RESIDUAL_DROPOUT_MASK, T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ...spec.architecture import Architecture
+from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
@@ -109,6 +110,21 @@ COMPILE_SOURCE = ("torch 2.13 torch/_functorch/partitioners.py min_cut_remateria
 def compiled(training: Training) -> bool:
     """The layers run under torch.compile (Inductor): training.compile, refused under megatron and deepspeed."""
     return training.compile and not fused_kernels(training)
+
+
+RESIDUAL_DROPOUT_SOURCE = ("transformers 5.23 models/llama/modeling_llama.py: LlamaAttention passes "
+                           "config.attention_dropout to the attention function, and nothing else of the decoder drops "
+                           "out (so Mistral, Mixtral, Qwen2/3, Gemma 1-3, OLMo-2, Granite, DeepSeek-V2/V3); measured: "
+                           "tests/data/measured/peft/llama-3.2-1b-lora-r16-*-eager-attndrop10; Megatron-Core's "
+                           "hidden_dropout drops the embeddings and both residual branches (Korthikanti section 4.3)")
+
+
+def residual_dropout(training: Training) -> bool:
+    """Whether the embeddings and both residual branches keep a dropout mask: with dropout, except under the
+    transformers frameworks, where `training.dropout` is the model config's attention_dropout, the one dropout of
+    the decoders the estimator reads (RESIDUAL_DROPOUT_SOURCE; the Hugging Face reader notes a config's own
+    residual and embedding dropouts, Phi-3's resid_pdrop or GPT-NeoX's hidden_dropout, as not counted)."""
+    return training.dropout > 0 and training.framework not in TRANSFORMERS_FRAMEWORKS
 
 
 def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[Entry]:

@@ -8,7 +8,8 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import ATTENTION_OUTPUT, CORE, Entry, fp8_activation_bytes, tokens_per_gpu, torchao_float8
+from .entries import (ATTENTION_OUTPUT, CORE, Entry, fp8_activation_bytes, residual_dropout, tokens_per_gpu,
+                      torchao_float8)
 from .attention import attention_entries
 from .mlp import mlp_entries
 from .recompute import OP_LEVEL, dropped, op_level, op_level_saved_entries
@@ -91,7 +92,7 @@ def embedding_entries(arch: Architecture, training: Training, par: Parallel) -> 
     the embedding dropout mask (Korthikanti section 4.3: 8sbp + sbhp over p micro-batches)."""
     T = tokens_per_gpu(training, par)
     out = [Entry("token ids (int64)", T, 8, "none", "8*s*b", for_weights=("embedding",))]
-    if training.dropout > 0:
+    if residual_dropout(training):
         out.append(Entry("embedding dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
     from ..adapter_activations import kept  # a frozen embedding keeps no token ids
     return kept(out, training, arch)

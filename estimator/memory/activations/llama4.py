@@ -8,12 +8,11 @@ from __future__ import annotations
 from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
+from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from ...spec.training import Training
 from .entries import MOE, NORM, Entry, autocast, tokens_per_gpu
 
 LLAMA4_SOURCE = "transformers 5.23 models/llama4/modeling_llama4.py"
-# the frameworks whose step runs transformers' modelling code (the HF Trainer, DeepSpeed's engine, FSDP1 under it)
-TRANSFORMERS_FRAMEWORKS = ("hf", "deepspeed", "fsdp1")
 
 
 def l2_norm_layer_share(arch: Architecture) -> tuple[float, str]:

@@ -6,7 +6,8 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, tokens_per_gpu
+from .entries import (Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, residual_dropout,
+                      tokens_per_gpu)
 from .llama4 import TRANSFORMERS_FRAMEWORKS, dense_moe, dense_moe_entries, dense_moe_rows
 
 
@@ -76,7 +77,7 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
             out += _mlp("experts (every token): ", dense_moe_rows(training, par, arch), arch.moe_intermediate_size,
                         arch, training, "sp", "E*f_e", MOE, down="experts")
             out += _shared_expert_entries(arch, training, T)
-            return out + _mlp_tail(arch, training, T)
+            return out + mlp_tail_entries(arch, training, T)
         out.append(Entry("router input", T * h, B, "sp", "B*s*b*h", recompute=NORM, for_weights=("router",)))
         if fp32_topk_router(arch, training):
             out += _fp32_topk_router_entries(arch, T)
@@ -100,7 +101,7 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
             out.append(Entry("expert outputs kept for the weighted combine", routed * h * par.etp, B, "sp",
                              "B*phi*k*s*b*h*etp", recompute=MOE))
         out += _shared_expert_entries(arch, training, T)
-    return out + _mlp_tail(arch, training, T)
+    return out + mlp_tail_entries(arch, training, T)
 
 
 FP32_ROUTER_SOURCE = ("transformers 5.23 models/deepseek_v3/modeling_deepseek_v3.py DeepseekV3TopkRouter.forward (and "
@@ -149,9 +150,10 @@ def _shared_expert_entries(arch: Architecture, training: Training, T: float) -> 
     return out
 
 
-def _mlp_tail(arch: Architecture, training: Training, T: float) -> list[Entry]:
+def mlp_tail_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
+    """After the MLP: the post-MLP norm (Gemma-2/3, OLMo-2) and the residual dropout."""
     out = _norm("post-MLP norm input", T, arch, training) if arch.norms_per_layer > 2 else []
-    if training.dropout > 0:
+    if residual_dropout(training):
         out.append(Entry("MLP residual dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 
