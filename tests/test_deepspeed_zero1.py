@@ -27,7 +27,7 @@ BUCKET = 2_048**2
 WORKSPACES = 2 * 32 * 2**20
 
 
-def _stage(dp: int, offload: str = "none", overlap: bool | None = None):
+def _stage(dp: int, offload: str = "none", overlap: bool | None = None, **training):
     path = (Path(__file__).parent / "data" / "measured" / "gpu" / "deepspeed" /
             "deepspeed-qwen-1.8b-zero2-foreach-adamw-recompute-s256-b1.json")
     config = copy.deepcopy(json.loads(path.read_text())["config"])
@@ -35,7 +35,7 @@ def _stage(dp: int, offload: str = "none", overlap: bool | None = None):
         config["training"].pop(key)
     if overlap is not None:
         config["training"]["overlap_comm"] = overlap
-    config["training"].update(offload_optimizer=offload, global_batch_size=dp)
+    config["training"].update(offload_optimizer=offload, global_batch_size=dp, **training)
     config["parallel"].update(dp=dp, zero_stage=1)
     return estimate_config(config).stages[0]
 
@@ -71,6 +71,17 @@ def test_zero1_steps_with_its_partition_alone():
     total, parts = _phase(_stage(8), "optimizer")
     assert parts["Gradients"] == 2 * (3 * L + 2_048 + E) == 925_958_144
     assert total == 2 * N + 12 * S + WORKSPACES + 2 * (3 * L + 2_048 + E) + 8 * S
+
+
+def test_without_foreach_the_step_peaks_at_the_cast_from_a_flat_16_bit_copy():
+    """Fused AdamW (no sqrt(v) temporary): the step's moment is the cast (stage_1_and_2.py l. 2330-2335): the
+    epilogue left averaged_gradients a list of views of grads_in_partition, which step() flattens (torch.cat: a
+    new 2 B x S copy) and casts to fp32 (4 B x S) before `del flat_grad_partition`. The fp32 -> bf16 update
+    (`bit16_partitions[partition_id].data.copy_`) and the all-gather into bit16_groups_flat allocate nothing."""
+    total, parts = _phase(_stage(8, adamw_implementation="fused"), "optimizer")
+    assert parts["flat copy of the partition's gradients, cast to fp32"] == 2 * S
+    assert parts["fp32 copy of the gradient partition for the step"] == 4 * S
+    assert total == 2 * N + 12 * S + WORKSPACES + 2 * (3 * L + 2_048 + E) + 6 * S == 8_799_588_864
 
 
 def test_one_gpu_zero1_holds_every_gradient_twice_at_the_reduction():
