@@ -17,6 +17,7 @@ on (DeepSpeed's default, forced under offload_optimizer: stage_1_and_2.py l. 259
   parameter's `.grad` (_clear_param_grad_only, l. 2017): the step holds `grads_in_partition` alone (the other
   ranks' gradients, views of the bucket or whole, are freed), and with offload no gradient on the GPU.
 The partitions: deepspeed_offload.py's (one group, in module order, padded to a multiple of 2 x dp).
+With overlap_comm on the hooks reduce in backward instead: deepspeed_zero1_overlap.py; the step is the same.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .backward_moments import BackwardEnd
 from .components import Component, component
 from .deepspeed_offload import busiest_partition, partition_share, trainable_sizes
 from .deepspeed_step import deepspeed_settings
+from .pipeline import microbatches
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
@@ -41,23 +43,36 @@ SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py process_gradients (l.
 
 
 def applies(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
-    """ZeRO-1 reducing after backward: DeepSpeed, stage 1, overlap_comm off, no pipeline (DeepSpeed's pipeline
+    """ZeRO-1 reducing after backward: `zero1_dense` with overlap_comm off (on: deepspeed_zero1_overlap.py)."""
+    return zero1_dense(arch, training, par, zero) and not deepspeed_settings(arch, training, zero).overlap_comm
+
+
+def modelled(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 whose gradients this module and deepspeed_zero1_overlap.py count: `zero1_dense`, with overlap_comm
+    off, or on without offload_optimizer or with one micro-batch a step (offload accumulating micro-batches with
+    overlap_comm goes through the host and the GPU staging buffer: not modelled, every gradient counted whole)."""
+    overlap = deepspeed_settings(arch, training, zero).overlap_comm
+    return zero1_dense(arch, training, par, zero) and (
+        not overlap or training.offload_optimizer == "none" or microbatches(training, par) == 1)
+
+
+def zero1_dense(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 whose partitions this module counts: DeepSpeed, stage 1, no pipeline (DeepSpeed's pipeline
     engine makes its own bucket, l. 845), whole tensors on each rank (no tensor or context parallelism: the
     partitions are counted from the model's whole tensors), a dense model (DeepSpeed's MoE puts the experts in
     parameter groups of their own, partitioned over the expert-data-parallel group: moe/utils.py
     split_params_into_different_moe_groups_for_optimizer; not counted here, so an MoE model keeps every gradient
     whole at the step whatever its EP, and more EP never raises its model states)."""
     return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1
-            and not arch.is_moe
-            and not deepspeed_settings(arch, training, zero).overlap_comm)
+            and not arch.is_moe)
 
 
 def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
-           grads: float) -> tuple | None:
-    """The stage's trainable tensors in module order, where ZeRO-1's reduction after backward applies and they
-    make up this GPU's gradients (`grads`); else None (a vision-language model's tower is not among them: its
+           grads: float, rule=applies) -> tuple | None:
+    """The stage's trainable tensors in module order, where `rule` (ZeRO-1's reduction after backward) applies and
+    they make up this GPU's gradients (`grads`); else None (a vision-language model's tower is not among them: its
     gradients stay counted whole, as before the reduction)."""
-    if not applies(arch, training, par, zero) or not grads:
+    if not rule(arch, training, par, zero) or not grads:
         return None
     sizes = trainable_sizes(arch, training, recipe, sp)
     return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
@@ -109,8 +124,9 @@ def reduction_end(arch: Architecture, training: Training, recipe: Recipe, sp: St
 def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
                    zero: int, grads: float) -> Component | None:
     """ZeRO-1's gradients at the step: `grads_in_partition`, the whole of every tensor overlapping the busiest
-    rank's partition, or none on the GPU under offload. None where `reduction_end` is."""
-    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
+    rank's partition, or none on the GPU under offload, whether the reduction ran after backward or in its hooks
+    (overlap_comm: the epilogue drops every .grad all the same). None where neither is modelled."""
+    sizes = _sizes(arch, training, recipe, sp, par, zero, grads, modelled)
     if sizes is None:
         return None
     if training.offload_optimizer != "none":
