@@ -187,3 +187,27 @@ def test_first_reduction_counts_what_the_bucket_took():
     over the bucket is reduced alone: nothing moved, its slice in the share."""
     assert _first_reduction((3.0, 4.0, 10.0), 5.0, 8) == (7.0, 3.0)
     assert _first_reduction((10.0, 4.0), 6.0, 8) == (0.0, 6.0)
+
+
+def test_an_moe_model_without_expert_parallelism_is_partitioned_as_a_dense_one():
+    """Qwen3-30B-A3B, 8 ranks, ZeRO-1, EP 1: a transformers MoE block is no deepspeed.moe MoE layer (engine.py
+    l. 1735-1739: has_moe_layers stays False), so its fused experts are ordinary parameters partitioned with the
+    rest. A layer: q 8,388,608, k and v 1,048,576, the q/k norms 128 each, o 8,388,608, two norms 2,048, the router
+    262,144 (19,140,864 so far), the experts' gate_up 128 x 3,072 x 1,024 = 402,653,184 and down 201,326,592:
+    L = 623,120,640; with the embedding and the head (151,936 x 2,048 each) and the final norm, N = 30,532,122,624
+    and S = N / 8 = 3,816,515,328. Rank 1's share starts in layer 5's gate_up (S - E = 5 L + 389,747,200) and ends
+    in layer 11's down (2 S - E = 11 L + 467,538,688): layer 5's experts and layers 6-11 whole, the busiest rank's
+    grads_in_partition at the step, where every gradient was counted whole before."""
+    from estimator import Parallel, Training, estimate
+    from estimator.models.presets import get_architecture
+
+    layer, experts, moe_e = 19_140_864 + 402_653_184 + 201_326_592, 402_653_184 + 201_326_592, 151_936 * 2_048
+    n = 2 * moe_e + 48 * layer + 2_048
+    assert layer == 623_120_640 and n == 30_532_122_624 and n // 8 == 3_816_515_328
+    assert 19_140_864 <= n // 8 - moe_e - 5 * layer == 389_747_200 < 19_140_864 + 402_653_184
+    assert 19_140_864 + 402_653_184 <= 2 * (n // 8) - moe_e - 11 * layer == 467_538_688 < layer
+    stage = estimate(get_architecture("qwen3-30b-a3b"), Training(framework="deepspeed", seq_len=2048,
+                                                                   global_batch_size=8),
+                     Parallel(dp=8, zero_stage=1)).stages[0]
+    _, step = _phase(stage, "optimizer")
+    assert step["Gradients"] == 2 * (experts + 6 * layer) == 2 * 4_342_703_616

@@ -59,12 +59,14 @@ def modelled(arch: Architecture, training: Training, par: Parallel, zero: int) -
 def zero1_dense(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
     """ZeRO-1 whose partitions this module counts: DeepSpeed, stage 1, no pipeline (DeepSpeed's pipeline
     engine makes its own bucket, l. 845), whole tensors on each rank (no tensor or context parallelism: the
-    partitions are counted from the model's whole tensors), a dense model (DeepSpeed's MoE puts the experts in
-    parameter groups of their own, partitioned over the expert-data-parallel group: moe/utils.py
-    split_params_into_different_moe_groups_for_optimizer; not counted here, so an MoE model keeps every gradient
-    whole at the step whatever its EP, and more EP never raises its model states)."""
-    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1
-            and not arch.is_moe)
+    partitions are counted from the model's whole tensors), no expert parallelism. An MoE model without EP is
+    counted as a dense one: the engine finds no MoE layer in a transformers model (engine.py l. 1735-1739:
+    has_moe_layers only for deepspeed.moe's MoE or AutoEP's layer), so its experts (transformers' fused 3-D
+    tensors) are ordinary parameters of the Trainer's groups, partitioned over every data-parallel rank with the
+    rest. With EP (DeepSpeed's expert groups, partitioned over the expert-data-parallel group: moe/utils.py
+    split_params_into_different_moe_groups_for_optimizer, stage_1_and_2.py _configure_moe_settings) not counted
+    here: every gradient stays whole at the step."""
+    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1)
 
 
 def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
