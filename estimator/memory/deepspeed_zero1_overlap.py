@@ -34,6 +34,7 @@ from .deepspeed_offload import busiest_partition, largest_overlap, partition_sha
 from .deepspeed_step import deepspeed_settings
 from .deepspeed_zero1 import modelled
 from .pipeline import microbatches
+from .transients import ZERO12_BUCKET_SOURCE
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
@@ -139,12 +140,16 @@ def overlap_end(arch: Architecture, training: Training, recipe: Recipe, sp: Stag
     bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
     own = training.offload_optimizer == "none"  # offloaded, the partition's gradients are on the host
     at_epilogue = kept_elements(sizes, d, bucket, own=own)
-    moments = [(at_epilogue, [c for c in backward if c.bytes], "at the epilogue")]
+    buckets = [c for c in backward if c.bytes and c.source.startswith(ZERO12_BUCKET_SOURCE)]
+    # backward's other transients as trainer_backward_end counts them: one layer's autocast copies under full
+    # recompute, else none at the end (the whole model's were for the layers' saved inputs)
+    beside = [c for c in backward if c.bytes] if training.recompute == "full" else buckets
+    moments = [(at_epilogue, buckets, "at the epilogue")]
     if recomputed is not None and sp.layer_indices:
         last = _made_last(arch, training, recipe, sp)
         kept = kept_elements(sizes, d, bucket, last, own) + (sum(sizes[:last]) if m > 1 else 0.0)
         kind = arch.layer_kinds()[sp.layer_indices[0]]
-        moments.append((kept, list(recomputed(kind)) + [c for c in backward if c.bytes],
+        moments.append((kept, list(recomputed(kind)) + beside,
                         "at the first layer's recomputation"))
     n, transients, when = max(moments, key=lambda mo: G * mo[0] + sum(c.bytes for c in mo[1]))
     formula = (f"{G:g} B x {n:,.0f} elements {when}: the whole of every tensor overlapping the busiest GPU's "
