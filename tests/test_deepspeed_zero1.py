@@ -211,3 +211,25 @@ def test_an_moe_model_without_expert_parallelism_is_partitioned_as_a_dense_one()
                      Parallel(dp=8, zero_stage=1)).stages[0]
     _, step = _phase(stage, "optimizer")
     assert step["Gradients"] == 2 * (experts + 6 * layer) == 2 * 4_342_703_616
+
+
+def test_under_expert_parallelism_the_experts_partition_over_the_expert_data_parallel_ranks():
+    """Qwen3-30B-A3B, 8 ranks, EP 2: DeepSpeed's expert groups are partitioned over the expert-data-parallel group
+    (8 / 2 = 4 ranks), the rest over all 8; grads_in_partition holds both (copy_grads_in_partition sums every
+    group's params_in_partition). The dense tensors: both ends (E = 151,936 x 2,048 each), 48 layers' attention,
+    norms and router (19,140,864) and the final norm: 1,541,093,376, shares of 192,636,672; rank 6's runs from layer
+    44 (6 x 192,636,672 - E = 44 x 19,140,864 + 2,457,088) through the final norm into the head: 4 layers, the norm
+    and the head whole, 387,730,432, the busiest. A rank's experts: 48 x half of 603,979,776, shares of exactly 12
+    layers' (3,623,878,656)."""
+    from estimator import Parallel, Training, estimate
+    from estimator.models.presets import get_architecture
+
+    moe_e, attention, experts = 151_936 * 2_048, 19_140_864, (402_653_184 + 201_326_592) // 2
+    dense = 2 * moe_e + 48 * attention + 2_048
+    assert dense == 1_541_093_376 == 8 * 192_636_672 and 6 * 192_636_672 - moe_e == 44 * attention + 2_457_088
+    assert 48 * experts == 4 * 3_623_878_656 == 4 * 12 * experts
+    stage = estimate(get_architecture("qwen3-30b-a3b"), Training(framework="deepspeed", seq_len=2048,
+                                                                   global_batch_size=8),
+                     Parallel(dp=8, ep=2, zero_stage=1)).stages[0]
+    _, step = _phase(stage, "optimizer")
+    assert step["Gradients"] == 2 * (4 * attention + 2_048 + moe_e + 12 * experts) == 2 * 4_011_609_088

@@ -17,8 +17,8 @@ states and the fp32 gradient partition that offload.py moves to the host; from D
   the group's flat tensor padded to a multiple of 2 x dp (nccl_start_alignment_factor 2, align_dense_tensors).
   The group: the trainable parameters in module order (transformers integrations/deepspeed.py deepspeed_init
   passes them to DeepSpeed's own optimizer, the DeepSpeedCPUAdam ZeRO-Offload runs, as one group); under tensor
-  parallelism each rank's engine holds its shards alone (`trainable_sizes`), so the largest tensor and the tensors
-  overlapping a partition are shards.
+  or expert parallelism each rank's engine holds its shards and its experts alone (`trainable_sizes`), so the
+  largest tensor and the tensors overlapping a partition are those.
 """
 
 from __future__ import annotations
@@ -63,25 +63,29 @@ def trainable_sizes(arch: Architecture, training: Training, recipe: Recipe, sp: 
     parameters the rank's module holds)."""
     from .reserved_tensors import tensors
 
-    tp = par.tp if par is not None else 1
-    key = ("deepspeed trainable sizes", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, tp)
-    if tp > 1:  # full fine-tuning only: an adapter refuses tensor parallelism (adapters.check_adapter)
-        return arch.cached(key, lambda: _tp_shards(arch, sp, par))
+    if par is not None and (par.tp > 1 or par.ep > 1):  # full fine-tuning only: an adapter refuses TP and EP
+        return tuple(n for n, _ in local_shards(arch, sp, par))
+    key = ("deepspeed trainable sizes", sp.layer_indices, sp.first, sp.last, training.adapter, recipe)
     return arch.cached(key, lambda: tuple(t.elements for t in tensors(_Cfg(arch, training, recipe), sp).order()
                                           if t.grad))
 
 
-def _tp_shards(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple:
-    """Every tensor of the stage in module order (reserved_tensors' order: embedding, layers, final norm and head,
-    a gated MLP's gate and up apart), each as one GPU's tensor-parallel shard (sharding.local_numel)."""
+def local_shards(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple:
+    """(elements, whether a routed expert's) of every tensor of the stage in module order (reserved_tensors' order:
+    embedding, layers, final norm and head, a gated MLP's gate and up apart), each as one GPU holds it under tensor
+    and expert parallelism (sharding.local_numel: an expert tensor's 1/(EP x expert-TP), this rank's experts)."""
     from .reserved_tensors import _split
     from .sharding import local_numel
 
-    kinds = arch.layer_kinds()
-    whole = ((arch.embedding_tensors() if sp.first else []) + [t for i in sp.layer_indices
-                                                                  for t in arch.layer_tensors(kinds[i])]
-             + (arch.head_tensors() if sp.last else []))
-    return tuple(n * local_numel(t, par) / t.numel for t in whole for n, _ in _split(t, arch.gated_mlp))
+    def shards() -> tuple:
+        kinds = arch.layer_kinds()
+        whole = ((arch.embedding_tensors() if sp.first else []) + [t for i in sp.layer_indices
+                                                                      for t in arch.layer_tensors(kinds[i])]
+                 + (arch.head_tensors() if sp.last else []))
+        return tuple((n * local_numel(t, par) / t.numel, t.is_expert) for t in whole
+                     for n, _ in _split(t, arch.gated_mlp))
+    return arch.cached(("deepspeed local shards", sp.layer_indices, sp.first, sp.last, par.tp, par.ep, par.etp),
+                       shards)
 
 
 def partition_share(sizes: tuple, d: int) -> float:
@@ -123,8 +127,8 @@ def busiest_partition(arch: Architecture, training: Training, recipe: Recipe, sp
     """`overlapping_elements` of the stage's trainable tensors (this GPU's tensor-parallel shards under `par`) over
     `d` ranks, remembered per stage setup: what ZeRO-1's grads_in_partition and, under offload, the host's
     accumulated gradients hold."""
-    tp = par.tp if par is not None else 1
-    key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, d, tp)
+    tp, ep = (par.tp, par.ep) if par is not None else (1, 1)
+    key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, d, tp, ep)
     return arch.cached(key, lambda: overlapping_elements(trainable_sizes(arch, training, recipe, sp, par), d))
 
 
@@ -134,7 +138,8 @@ def largest_slice(arch: Architecture, training: Training, recipe: Recipe, sp: St
     slice copy_grads_in_partition copies out of its whole gradient (deepspeed_step.zero2_backward); else 0."""
     if training.framework != "deepspeed" or training.offload_optimizer == "none" or zero != 2:
         return 0.0
-    key = ("deepspeed largest slice", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, par.dp, par.tp)
+    key = ("deepspeed largest slice", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, par.dp, par.tp,
+           par.ep)
     return arch.cached(key, lambda: largest_overlap(trainable_sizes(arch, training, recipe, sp, par), par.dp))
 
 

@@ -26,7 +26,7 @@ from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import busiest_partition, partition_share, trainable_sizes
+from .deepspeed_offload import busiest_partition, overlapping_elements, partition_share, trainable_sizes
 from .deepspeed_step import deepspeed_settings
 from .pipeline import microbatches
 from .sharding import StageParameters
@@ -63,9 +63,9 @@ def zero1_dense(arch: Architecture, training: Training, par: Parallel, zero: int
     counted as a dense one: the engine finds no MoE layer in a transformers model (engine.py l. 1735-1739:
     has_moe_layers only for deepspeed.moe's MoE or AutoEP's layer), so its experts (transformers' fused 3-D
     tensors) are ordinary parameters of the Trainer's groups, partitioned over every data-parallel rank with the
-    rest. With EP (DeepSpeed's expert groups, partitioned over the expert-data-parallel group: moe/utils.py
-    split_params_into_different_moe_groups_for_optimizer, stage_1_and_2.py _configure_moe_settings) not counted
-    here: every gradient stays whole at the step."""
+    rest. With EP DeepSpeed's expert groups are partitioned over the expert-data-parallel group (moe/utils.py
+    split_params_into_different_moe_groups_for_optimizer, stage_1_and_2.py _configure_moe_settings): the step's
+    gradients are `expert_groups`'; backward keeps every gradient whole to the reduction."""
     return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1)
 
 
@@ -128,6 +128,8 @@ def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: S
     """ZeRO-1's gradients at the step: `grads_in_partition`, the whole of every tensor overlapping the busiest
     rank's partition, or none on the GPU under offload, whether the reduction ran after backward or in its hooks
     (overlap_comm: the epilogue drops every .grad all the same). None where neither is modelled."""
+    if expert_groups(arch, training, par, zero):
+        return _expert_group_gradients(arch, training, recipe, sp, par, grads)
     sizes = _sizes(arch, training, recipe, sp, par, zero, grads, modelled)
     if sizes is None:
         return None
@@ -138,3 +140,41 @@ def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: S
     whole = busiest_partition(arch, training, recipe, sp, par.dp)
     return component("gradients", "Gradients", G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every "
                      "tensor overlapping this GPU's partition (grads_in_partition)", SOURCE)
+
+
+EXPERT_SOURCE = ("DeepSpeed v0.19.5 runtime/engine.py (l. 1735-1739 has_moe_layers; l. 2189-2190 "
+                 "split_params_into_different_moe_groups_for_optimizer: the expert parameters in groups of their own), "
+                 "runtime/zero/stage_1_and_2.py _configure_moe_settings (real_dp_process_group of an expert group: the "
+                 "expert-data-parallel group), copy_grads_in_partition (l. 1651: grads_in_partition sums every group's "
+                 "params_in_partition)")
+
+
+def expert_groups(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 of an MoE model under expert parallelism (DeepSpeed's MoE or AutoEP layers), otherwise as `modelled`:
+    its expert parameters form groups of their own, partitioned over the expert-data-parallel group."""
+    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == 1 and par.ep > 1
+            and arch.is_moe and (not deepspeed_settings(arch, training, zero).overlap_comm
+                                 or training.offload_optimizer == "none" or microbatches(training, par) == 1))
+
+
+def _expert_group_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
+                            par: Parallel, grads: float) -> Component | None:
+    """ZeRO-1's gradients at the step under expert parallelism: `grads_in_partition` holds the whole of every
+    tensor overlapping this rank's partition of each group, the dense tensors' over the DP ranks and this rank's
+    experts' over the expert-data-parallel ranks (DP / EP); the busiest of each, summed (an upper bound where the
+    busiest ranks differ). Backward keeps the whole-gradient rule (every gradient whole to the reduction)."""
+    from .deepspeed_offload import local_shards
+
+    shards = local_shards(arch, sp, par)
+    G = bytes_per_element(recipe.grad_dtype)
+    if abs(G * sum(n for n, _ in shards) - grads) >= 1:  # a frozen part (a vision tower): left as it was
+        return None
+    if training.offload_optimizer != "none":
+        return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
+                         "GPU's freed (offload_optimizer)", EXPERT_SOURCE)
+    de = par.expert_data_parallel
+    dense = overlapping_elements(tuple(n for n, expert in shards if not expert), par.dp)
+    experts = overlapping_elements(tuple(n for n, expert in shards if expert), de)
+    return component("gradients", "Gradients", G * (dense + experts), f"{G:g} B x ({dense:,.0f} + {experts:,.0f}) "
+                     f"elements: the whole of every dense tensor overlapping the busiest of {par.dp} partitions and of "
+                     f"every local expert tensor overlapping the busiest of {de} (grads_in_partition)", EXPERT_SOURCE)
