@@ -146,7 +146,8 @@ EXPERT_SOURCE = ("DeepSpeed v0.19.5 runtime/engine.py (l. 1735-1739 has_moe_laye
                  "split_params_into_different_moe_groups_for_optimizer: the expert parameters in groups of their own), "
                  "runtime/zero/stage_1_and_2.py _configure_moe_settings (real_dp_process_group of an expert group: the "
                  "expert-data-parallel group), copy_grads_in_partition (l. 1651: grads_in_partition sums every group's "
-                 "params_in_partition)")
+                 "params_in_partition); v0.12.3 the same but for the split, left to the caller "
+                 "(moe/utils.py split_params_into_different_moe_groups_for_optimizer; _configure_moe_settings asserts it)")
 
 
 def expert_groups(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
