@@ -143,3 +143,26 @@ def test_largest_overlap_is_the_largest_tensors_biggest_slice():
     assert largest_overlap((2.0, 10.0, 4.0), 2) == 6
     assert largest_overlap((5.0, 3.0, 8.0), 2) == 8
     assert largest_overlap((10.0,), 1) == 10
+
+
+def test_under_tensor_parallelism_each_rank_counts_its_own_shards():
+    """TP 2 x DP 4, ZeRO-2, 4 micro-batches a step (16 = 4 x 1 x 4): each rank's engine flattens the shards its
+    module holds, so DeepSpeed's buffers are the shards' (deepspeed_offload.trainable_sizes). The rank's tensors:
+    the embedding's vocabulary half, E / 2 = 131,334,144, the largest (both staging buffers: 2 B x E / 2); each
+    layer LAYER / 2 = 30,412,800 with its two norms whole (4,096); the final norm (2,048): 617,940,992 in all,
+    shares of 154,485,248 (a multiple of 2 x 4). Rank 0's share ends in layer 0's down projection (154,485,248 -
+    E / 2 = 23,151,104, past q, k, v, o, the norms, gate and up: 22,024,192): it touches the embedding and all of
+    layer 0, the busiest (ranks 1-3 touch a down projection and five layers, 160,452,608 + 2,048 at most)."""
+    shard_layer = LAYER // 2 + 2 * 2_048
+    assert EMBEDDING // 2 + 16 * shard_layer + 2_048 == 617_940_992 == 4 * 154_485_248
+    # q, k, v, o, the two norms, gate and up come before the down projection
+    down_starts = (2 * 2_048 * 2_048 + 2 * 2_048 * 512) // 2 + 4_096 + 2 * (2_048 * 8_192 // 2)
+    assert down_starts == 22_024_192 < 154_485_248 - EMBEDDING // 2 == 23_151_104 < shard_layer
+    training = Training(framework="deepspeed", seq_len=2048, offload_optimizer="cpu", global_batch_size=16)
+    stage = estimate(LLAMA_1B, training, Parallel(dp=4, tp=2, zero_stage=2)).stages[0]
+    buffers = host(stage)
+    assert buffers["Gradient staging buffer (temp_grad_buffer_for_cpu_offload)"] == 2 * (EMBEDDING // 2)
+    assert buffers["Accumulated gradients (accumulated_grads_in_cpu)"] == 2 * (EMBEDDING // 2 + shard_layer)
+    assert buffers["16-bit copy of the partition (for the updated weights)"] == 2 * 154_485_248
+    gpu = {c.label: c.bytes for c in stage.phases[2].components}
+    assert gpu["Gradient staging buffer (temp_grad_buffer_for_gpu_offload)"] == 2 * (EMBEDDING // 2)

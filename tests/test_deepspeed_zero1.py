@@ -1,9 +1,10 @@
 """DeepSpeed ZeRO-1's gradients from the end of backward to the step (issue #23), by hand from DeepSpeed v0.19.5's
-stage_1_and_2.py (estimator/memory/deepspeed_zero1.py cites the lines): with overlap_comm off (ZeRO-1's default)
-every 16-bit gradient is whole until autograd ends; reduce_gradients then walks them in order, rank 0 allocating
-`grads_in_partition` (the whole of every tensor overlapping its partition) at its first reduction, or under
-offload_optimizer taking the reduced gradient's slice in fp64 for its norm; the step keeps `grads_in_partition`
-alone (offload: no gradient on the GPU).
+stage_1_and_2.py (estimator/memory/deepspeed_zero1.py and deepspeed_zero1_overlap.py cite the lines): with
+overlap_comm off (ZeRO-1's default) every 16-bit gradient is whole until autograd ends; reduce_gradients then walks
+them in order, rank 0 allocating `grads_in_partition` (the whole of every tensor overlapping its partition) at its
+first reduction, or under offload_optimizer taking the reduced gradient's slice in fp64 for its norm; with
+overlap_comm on the hooks reduce in backward, other ranks' gradients over the bucket left whole to the epilogue; the
+step keeps `grads_in_partition` alone (offload: no gradient on the GPU).
 
 The real-GPU ZeRO-2 record's Qwen-1.8B (untied head), 256 tokens, full recompute, the 'auto' bucket (h x h =
 4,194,304 elements): N = 1,836,828,672 elements; the estimator's module order is the embedding E = 151,936 x 2,048,
@@ -27,7 +28,7 @@ BUCKET = 2_048**2
 WORKSPACES = 2 * 32 * 2**20
 
 
-def _stage(dp: int, offload: str = "none", overlap: bool | None = None):
+def _stage(dp: int, offload: str = "none", overlap: bool | None = None, **training):
     path = (Path(__file__).parent / "data" / "measured" / "gpu" / "deepspeed" /
             "deepspeed-qwen-1.8b-zero2-foreach-adamw-recompute-s256-b1.json")
     config = copy.deepcopy(json.loads(path.read_text())["config"])
@@ -35,7 +36,7 @@ def _stage(dp: int, offload: str = "none", overlap: bool | None = None):
         config["training"].pop(key)
     if overlap is not None:
         config["training"]["overlap_comm"] = overlap
-    config["training"].update(offload_optimizer=offload, global_batch_size=dp)
+    config["training"].update({"offload_optimizer": offload, "global_batch_size": dp, **training})
     config["parallel"].update(dp=dp, zero_stage=1)
     return estimate_config(config).stages[0]
 
@@ -73,6 +74,17 @@ def test_zero1_steps_with_its_partition_alone():
     assert total == 2 * N + 12 * S + WORKSPACES + 2 * (3 * L + 2_048 + E) + 8 * S
 
 
+def test_without_foreach_the_step_peaks_at_the_cast_from_a_flat_16_bit_copy():
+    """Fused AdamW (no sqrt(v) temporary): the step's moment is the cast (stage_1_and_2.py l. 2330-2335): the
+    epilogue left averaged_gradients a list of views of grads_in_partition, which step() flattens (torch.cat: a
+    new 2 B x S copy) and casts to fp32 (4 B x S) before `del flat_grad_partition`. The fp32 -> bf16 update
+    (`bit16_partitions[partition_id].data.copy_`) and the all-gather into bit16_groups_flat allocate nothing."""
+    total, parts = _phase(_stage(8, adamw_implementation="fused"), "optimizer")
+    assert parts["flat copy of the partition's gradients, cast to fp32"] == 2 * S
+    assert parts["fp32 copy of the gradient partition for the step"] == 4 * S
+    assert total == 2 * N + 12 * S + WORKSPACES + 2 * (3 * L + 2_048 + E) + 6 * S == 8_799_588_864
+
+
 def test_one_gpu_zero1_holds_every_gradient_twice_at_the_reduction():
     """One rank: grads_in_partition is every tensor (N), allocated beside all of them; the step holds N."""
     stage = _stage(1)
@@ -95,10 +107,78 @@ def test_offloaded_zero1_keeps_no_gradient_at_the_step():
     assert step["Gradients"] == 0 and total == 2 * N + 2 * E + WORKSPACES
 
 
-def test_overlap_comm_is_left_as_it_was():
-    """overlap_comm on reduces in backward's hooks (l. 1737): not modelled here, every gradient kept to the step."""
-    _, step = _phase(_stage(8, overlap=True), "optimizer")
-    assert step["Gradients"] == 2 * N
+F = 2_048 * 5_504  # one MLP matrix (gate, up, down): over the 'auto' bucket; q, k, v, o are h x h, not over it
+
+
+def test_overlap_comm_on_one_gpu_is_the_measured_zero2_step():
+    """overlap_comm on, one rank: every parameter is in the partition, so ZeRO-1's hooks do what ZeRO-2's do
+    (reduce_ipg_grads l. 1722-1724 copy each into grads_in_partition, allocated at the head's reduction beside its
+    whole gradient; the epilogue drops the rest): the estimate is the real ZeRO-2 step's, held to the H200 run as
+    tests/test_gpu_deepspeed.py holds it (phases to 0.05%, backward 0.3%)."""
+    path = (Path(__file__).parent / "data" / "measured" / "gpu" / "deepspeed" /
+            "deepspeed-qwen-1.8b-zero2-foreach-adamw-recompute-s256-b1.json")
+    record = json.loads(path.read_text())
+    config = copy.deepcopy(record["config"])
+    config["parallel"]["zero_stage"] = 1
+    stage = estimate_config(config).stages[0]
+    measured = record["measured"]
+    for name in ("forward", "backward", "optimizer"):
+        total, _ = _phase(stage, name)
+        assert abs(total / measured["phases"][name]["peak_bytes"] - 1) < (3e-3 if name == "backward" else 5e-4)
+    _, backward = _phase(stage, "backward")
+    assert backward["Gradient partition (grads_in_partition, allocated at the first reduction)"] == 2 * N
+    assert backward["The largest tensor's gradient, whole until the next gradient's hook"] == 2 * E
+
+
+def test_overlap_comm_keeps_the_other_ranks_extra_large_gradients_to_the_epilogue():
+    """Eight ranks, overlap_comm on, one micro-batch: each hook copies its gradient into a bucket (storage freed),
+    but one over reduce_bucket_size (h x h) stays whole (l. 1203) and ZeRO-1 clears no other rank's gradient
+    (l. 1722-1724): the embedding, the head and 72 MLP matrices (F each) are whole until the epilogue on every rank
+    not owning them. Rank 2's share [2S, 3S) runs from layer 2's down projection (2S - E = 2 L + 46,834,176) to
+    layer 7's gate (3S - E = 7 L + 23,417,600): it owns F + 4 L + (4 h^2 + 3 h + 2 h + F), and 58 MLP matrices and
+    both ends of the model stay whole beside them: 1,517,864,960 elements at the epilogue, the busiest rank (the
+    first layer's recomputation holds fewer: the embedding's and its own not made yet). Beside them the two buckets."""
+    owned = F + 4 * L + (4 * 2_048**2 + 5 * 2_048 + F)
+    before_gate = 4 * 2_048**2 + 5 * 2_048  # q, k, v, their biases, o, two norms
+    assert before_gate + 2 * F <= 2 * S - E - 2 * L == 46_834_176 < L  # in layer 2's down projection
+    assert before_gate <= 3 * S - E - 7 * L == 23_417_600 < before_gate + F  # in layer 7's gate
+    assert owned + 2 * E + 58 * F == 1_517_864_960
+    total, parts = _phase(_stage(8, overlap=True), "backward")
+    assert parts["Gradients (reduced in backward's hooks, overlap_comm)"] == 2 * 1_517_864_960
+    assert parts["Gradient reduction buckets (overlap_comm: two)"] == 2 * 2 * BUCKET
+    assert total == 2 * N + 12 * S + WORKSPACES + 2 * 1_517_864_960 + 4 * BUCKET == 9_548_516_352
+
+
+def test_overlap_comm_steps_with_the_partition_alone():
+    """The epilogue's _clear_param_grad_only (l. 2017) drops every .grad, the extra-large ones too: the step holds
+    grads_in_partition, as with overlap_comm off (rank 6's: 3 L + 2,048 + E)."""
+    total, parts = _phase(_stage(8, overlap=True), "optimizer")
+    assert parts["Gradients"] == 2 * (3 * L + 2_048 + E)
+    assert total == 2 * N + 12 * S + WORKSPACES + 2 * (3 * L + 2_048 + E) + 8 * S
+
+
+def test_overlap_comm_with_accumulation_keeps_every_gradient_whole_until_the_last_micro_batch():
+    """Two micro-batches: ZeRO-1 reduces only at the boundary (l. 1742), so the first micro-batch's gradients
+    accumulate whole (2 B x N through the second forward) and the second backward allocates grads_in_partition
+    (rank 6's, the busiest) beside them, at the head's reduction."""
+    stage = _stage(8, overlap=True, global_batch_size=16)
+    _, forward = _phase(stage, "forward")
+    _, backward = _phase(stage, "backward")
+    assert forward["Gradients"] == backward["Gradients"] == 2 * N
+    assert backward["Gradient partition (grads_in_partition, allocated at the first reduction)"] == \
+        2 * (3 * L + 2_048 + E)
+
+
+def test_kept_elements_adds_the_other_ranks_extra_large_tensors():
+    """Tensors 3, 10, 2, 10 over two ranks (shares of 14: 25 padded to 28), bucket 5: rank 0 owns the first three
+    whole (15) and keeps the last (10, over the bucket) whole: 25; rank 1 owns 2 and 10 (12) and keeps the 10 at
+    index 1: 22. From index 2 on only the last is counted made; offloaded (own False) only the kept ones: 10."""
+    from estimator.memory.deepspeed_zero1_overlap import kept_elements
+
+    assert kept_elements((3.0, 10.0, 2.0, 10.0), 2, 5) == 25.0
+    assert kept_elements((3.0, 10.0, 2.0, 10.0), 2, 5, made_from=2) == 25.0
+    assert kept_elements((3.0, 10.0, 2.0, 10.0), 2, 5, made_from=4) == 15.0
+    assert kept_elements((3.0, 10.0, 2.0, 10.0), 2, 5, own=False) == 10.0
 
 
 def test_first_reduction_counts_what_the_bucket_took():
@@ -107,3 +187,49 @@ def test_first_reduction_counts_what_the_bucket_took():
     over the bucket is reduced alone: nothing moved, its slice in the share."""
     assert _first_reduction((3.0, 4.0, 10.0), 5.0, 8) == (7.0, 3.0)
     assert _first_reduction((10.0, 4.0), 6.0, 8) == (0.0, 6.0)
+
+
+def test_an_moe_model_without_expert_parallelism_is_partitioned_as_a_dense_one():
+    """Qwen3-30B-A3B, 8 ranks, ZeRO-1, EP 1: a transformers MoE block is no deepspeed.moe MoE layer (engine.py
+    l. 1735-1739: has_moe_layers stays False), so its fused experts are ordinary parameters partitioned with the
+    rest. A layer: q 8,388,608, k and v 1,048,576, the q/k norms 128 each, o 8,388,608, two norms 2,048, the router
+    262,144 (19,140,864 so far), the experts' gate_up 128 x 3,072 x 1,024 = 402,653,184 and down 201,326,592:
+    L = 623,120,640; with the embedding and the head (151,936 x 2,048 each) and the final norm, N = 30,532,122,624
+    and S = N / 8 = 3,816,515,328. Rank 1's share starts in layer 5's gate_up (S - E = 5 L + 389,747,200) and ends
+    in layer 11's down (2 S - E = 11 L + 467,538,688): layer 5's experts and layers 6-11 whole, the busiest rank's
+    grads_in_partition at the step, where every gradient was counted whole before."""
+    from estimator import Parallel, Training, estimate
+    from estimator.models.presets import get_architecture
+
+    layer, experts, moe_e = 19_140_864 + 402_653_184 + 201_326_592, 402_653_184 + 201_326_592, 151_936 * 2_048
+    n = 2 * moe_e + 48 * layer + 2_048
+    assert layer == 623_120_640 and n == 30_532_122_624 and n // 8 == 3_816_515_328
+    assert 19_140_864 <= n // 8 - moe_e - 5 * layer == 389_747_200 < 19_140_864 + 402_653_184
+    assert 19_140_864 + 402_653_184 <= 2 * (n // 8) - moe_e - 11 * layer == 467_538_688 < layer
+    stage = estimate(get_architecture("qwen3-30b-a3b"), Training(framework="deepspeed", seq_len=2048,
+                                                                   global_batch_size=8),
+                     Parallel(dp=8, zero_stage=1)).stages[0]
+    _, step = _phase(stage, "optimizer")
+    assert step["Gradients"] == 2 * (experts + 6 * layer) == 2 * 4_342_703_616
+
+
+def test_under_expert_parallelism_the_experts_partition_over_the_expert_data_parallel_ranks():
+    """Qwen3-30B-A3B, 8 ranks, EP 2: DeepSpeed's expert groups are partitioned over the expert-data-parallel group
+    (8 / 2 = 4 ranks), the rest over all 8; grads_in_partition holds both (copy_grads_in_partition sums every
+    group's params_in_partition). The dense tensors: both ends (E = 151,936 x 2,048 each), 48 layers' attention,
+    norms and router (19,140,864) and the final norm: 1,541,093,376, shares of 192,636,672; rank 6's runs from layer
+    44 (6 x 192,636,672 - E = 44 x 19,140,864 + 2,457,088) through the final norm into the head: 4 layers, the norm
+    and the head whole, 387,730,432, the busiest. A rank's experts: 48 x half of 603,979,776, shares of exactly 12
+    layers' (3,623,878,656)."""
+    from estimator import Parallel, Training, estimate
+    from estimator.models.presets import get_architecture
+
+    moe_e, attention, experts = 151_936 * 2_048, 19_140_864, (402_653_184 + 201_326_592) // 2
+    dense = 2 * moe_e + 48 * attention + 2_048
+    assert dense == 1_541_093_376 == 8 * 192_636_672 and 6 * 192_636_672 - moe_e == 44 * attention + 2_457_088
+    assert 48 * experts == 4 * 3_623_878_656 == 4 * 12 * experts
+    stage = estimate(get_architecture("qwen3-30b-a3b"), Training(framework="deepspeed", seq_len=2048,
+                                                                   global_batch_size=8),
+                     Parallel(dp=8, ep=2, zero_stage=1)).stages[0]
+    _, step = _phase(stage, "optimizer")
+    assert step["Gradients"] == 2 * (4 * attention + 2_048 + moe_e + 12 * experts) == 2 * 4_011_609_088

@@ -16,7 +16,9 @@ states and the fp32 gradient partition that offload.py moves to the host; from D
   A parameter belongs to a partition when it overlaps it (get_partition_info); the partitions are equal shares of
   the group's flat tensor padded to a multiple of 2 x dp (nccl_start_alignment_factor 2, align_dense_tensors).
   The group: the trainable parameters in module order (transformers integrations/deepspeed.py deepspeed_init
-  passes them to DeepSpeed's own optimizer, the DeepSpeedCPUAdam ZeRO-Offload runs, as one group).
+  passes them to DeepSpeed's own optimizer, the DeepSpeedCPUAdam ZeRO-Offload runs, as one group); under tensor
+  or expert parallelism each rank's engine holds its shards and its experts alone (`trainable_sizes`), so the
+  largest tensor and the tensors overlapping a partition are those.
 """
 
 from __future__ import annotations
@@ -52,13 +54,38 @@ class _Cfg(NamedTuple):
     recipe: Recipe
 
 
-def trainable_sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters) -> tuple:
-    """The stage's trainable tensors' elements in module order (an adapter run's adapters and trained copies)."""
+def trainable_sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
+                    par: Parallel | None = None) -> tuple:
+    """The stage's trainable tensors' elements in module order (an adapter run's adapters and trained copies), as
+    this GPU's DeepSpeed engine sees them: under tensor parallelism (`par`) each rank's engine is given its own
+    shards (a column-, row- or vocabulary-parallel tensor's 1/t, a norm or bias whole), so its flat groups, its
+    partitions and its largest tensor are the shards' (runtime/zero/stage_1_and_2.py __init__ flattens the
+    parameters the rank's module holds)."""
     from .reserved_tensors import tensors
 
+    if par is not None and (par.tp > 1 or par.ep > 1):  # full fine-tuning only: an adapter refuses TP and EP
+        return tuple(n for n, _ in local_shards(arch, sp, par))
     key = ("deepspeed trainable sizes", sp.layer_indices, sp.first, sp.last, training.adapter, recipe)
     return arch.cached(key, lambda: tuple(t.elements for t in tensors(_Cfg(arch, training, recipe), sp).order()
                                           if t.grad))
+
+
+def local_shards(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple:
+    """(elements, whether a routed expert's) of every tensor of the stage in module order (reserved_tensors' order:
+    embedding, layers, final norm and head, a gated MLP's gate and up apart), each as one GPU holds it under tensor
+    and expert parallelism (sharding.local_numel: an expert tensor's 1/(EP x expert-TP), this rank's experts)."""
+    from .reserved_tensors import _split
+    from .sharding import local_numel
+
+    def shards() -> tuple:
+        kinds = arch.layer_kinds()
+        whole = ((arch.embedding_tensors() if sp.first else []) + [t for i in sp.layer_indices
+                                                                      for t in arch.layer_tensors(kinds[i])]
+                 + (arch.head_tensors() if sp.last else []))
+        return tuple((n * local_numel(t, par) / t.numel, t.is_expert) for t in whole
+                     for n, _ in _split(t, arch.gated_mlp))
+    return arch.cached(("deepspeed local shards", sp.layer_indices, sp.first, sp.last, par.tp, par.ep, par.etp),
+                       shards)
 
 
 def partition_share(sizes: tuple, d: int) -> float:
@@ -95,11 +122,14 @@ def largest_overlap(sizes: tuple, d: int) -> float:
     return max(max(0.0, min(start + largest, (r + 1) * share) - max(start, r * share)) for r in range(d))
 
 
-def busiest_partition(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, d: int) -> float:
-    """`overlapping_elements` of the stage's trainable tensors over `d` ranks, remembered per stage setup: what
-    ZeRO-1's grads_in_partition and, under offload, the host's accumulated gradients hold."""
-    key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, d)
-    return arch.cached(key, lambda: overlapping_elements(trainable_sizes(arch, training, recipe, sp), d))
+def busiest_partition(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, d: int,
+                      par: Parallel | None = None) -> float:
+    """`overlapping_elements` of the stage's trainable tensors (this GPU's tensor-parallel shards under `par`) over
+    `d` ranks, remembered per stage setup: what ZeRO-1's grads_in_partition and, under offload, the host's
+    accumulated gradients hold."""
+    tp, ep = (par.tp, par.ep) if par is not None else (1, 1)
+    key = ("deepspeed overlapping", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, d, tp, ep)
+    return arch.cached(key, lambda: overlapping_elements(trainable_sizes(arch, training, recipe, sp, par), d))
 
 
 def largest_slice(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, zero: int,
@@ -108,8 +138,9 @@ def largest_slice(arch: Architecture, training: Training, recipe: Recipe, sp: St
     slice copy_grads_in_partition copies out of its whole gradient (deepspeed_step.zero2_backward); else 0."""
     if training.framework != "deepspeed" or training.offload_optimizer == "none" or zero != 2:
         return 0.0
-    key = ("deepspeed largest slice", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, par.dp)
-    return arch.cached(key, lambda: largest_overlap(trainable_sizes(arch, training, recipe, sp), par.dp))
+    key = ("deepspeed largest slice", sp.layer_indices, sp.first, sp.last, training.adapter, recipe, par.dp, par.tp,
+           par.ep)
+    return arch.cached(key, lambda: largest_overlap(trainable_sizes(arch, training, recipe, sp, par), par.dp))
 
 
 def host_buffers(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, zero: int,
@@ -123,14 +154,14 @@ def host_buffers(arch: Architecture, training: Training, recipe: Recipe, sp: Sta
     if zero == 3:
         return (component("host_buffers", "Gradient partitions (grad_partitions_flat_buffer)", G * n,
                           f"{G:g} B x {n:,.0f} parameters of this GPU's partition", ZERO3_SOURCE),)
-    sizes = trainable_sizes(arch, training, recipe, sp)
+    sizes = trainable_sizes(arch, training, recipe, sp, par)
     largest = max(sizes, default=0.0)
     out = [component("host_buffers", "16-bit copy of the partition (for the updated weights)", P * n,
                      f"{P:g} B x {n:,.0f} parameters of this GPU's partition", ZERO12_SOURCE),
            component("host_buffers", "Gradient staging buffer (temp_grad_buffer_for_cpu_offload)", P * largest,
                      f"{P:g} B x the largest trainable tensor, {largest:,.0f} elements", ZERO12_SOURCE)]
     if m > 1:
-        whole = busiest_partition(arch, training, recipe, sp, d)
+        whole = busiest_partition(arch, training, recipe, sp, d, par)
         out.append(component("host_buffers", "Accumulated gradients (accumulated_grads_in_cpu)", P * whole,
                              f"{P:g} B x {whole:,.0f} elements: the whole of every trainable tensor overlapping this "
                              f"GPU's partition ({m} micro-batches a step)", ACCUMULATION_SOURCE))
@@ -138,11 +169,11 @@ def host_buffers(arch: Architecture, training: Training, recipe: Recipe, sp: Sta
 
 
 def gpu_buffer(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
-               zero: int) -> list[Component]:
+               zero: int, par: Parallel) -> list[Component]:
     """ZeRO-1/2's GPU-side staging buffer under offload_optimizer, kept from initialisation."""
     if training.framework != "deepspeed" or training.offload_optimizer == "none" or zero not in (1, 2):
         return []
     P = bytes_per_element(recipe.param_dtype)
-    largest = max(trainable_sizes(arch, training, recipe, sp), default=0.0)
+    largest = max(trainable_sizes(arch, training, recipe, sp, par), default=0.0)
     return [component("buffers", "Gradient staging buffer (temp_grad_buffer_for_gpu_offload)", P * largest,
                       f"{P:g} B x the largest trainable tensor, {largest:,.0f} elements", ZERO12_SOURCE)]

@@ -15,7 +15,7 @@ The order, from DeepSpeed v0.19.5's source (runtime/zero/stage3.py, stage_1_and_
   (reserved.py: the ledger's tensors in their order) with every parameter's gradient made and freed (ZeRO copies
   it into its bucket); ZeRO-2's buckets in backward and its flat gradient partitions from the first layer's
   backward to the step's end; the step sub-group by sub-group (ZeRO-3: the flat 16-bit copy, its fp32 cast, the
-  copy freed; ZeRO-2: the fp32 cast of the partition), the two moments at the first step, foreach AdamW's sqrt(v),
+  copy freed; ZeRO-2: the same of the partition), the two moments at the first step, foreach AdamW's sqrt(v),
   the fp32 gradient freed.
 Held to the four H200 runs (tests/data/measured/gpu/deepspeed): their segments, to the segment, and
 max_memory_reserved (tests/test_gpu_deepspeed.py).
@@ -168,7 +168,7 @@ def _step(program, cfg, groups: list[float], moments: list, side) -> list:
     G, foreach = bytes_per_element(cfg.recipe.grad_dtype), runs_foreach(cfg.training)
     first = not moments
     for n in groups:
-        flat = program.alloc(G * n) if cfg.zero_stage == 3 else None  # torch.cat of the sub-group's gradients
+        flat = program.alloc(G * n)  # torch.cat of the sub-group's (ZeRO-3) or partition's (ZeRO-2) gradients
         grad = program.alloc(4 * n)
         program.free(flat)
         if first:

@@ -11,8 +11,16 @@ steps of Qwen-1.8B on an H200 (tests/data/measured/gpu/deepspeed, tests/test_gpu
   gradient. A sub-group closes once its partitions reach sub_group_size (stage3.py _create_fp16_sub_groups), in
   each of the optimizer's parameter groups: the HF Trainer's weight-decay group (every matrix, registration order)
   and its no-decay group (norms, biases: Trainer.get_decay_parameter_names).
-- ZeRO-1/2 step each parameter group's flat partition at once (stage_1_and_2.py step: the contiguous gradient
-  buffer is the pre-flattened partition, cast to fp32 beside it).
+- ZeRO-1/2 step each parameter group's partition at once (stage_1_and_2.py step): the epilogue left
+  `averaged_gradients` a list of views of the partition's gradients (independent_gradient_partition_epilogue,
+  get_flat_partition(return_tensor_list=True)); the step flattens them (`self.flatten`, torch.cat: a new 16-bit
+  copy, _get_preflattened_grad_partition being None outside DeepCompile) and casts that to fp32
+  (`flat_grad_partition.to(fp32)`, then `del flat_grad_partition`): the cast's moment holds both, (G + 4) B an
+  element, as ZeRO-3's does (v0.12.3's step does the same in one statement). What follows allocates nothing: the
+  fp32 -> 16-bit update is `bit16_partitions[partition_id].data.copy_(fp32_partition.data)`, in place in a view of
+  `bit16_groups_flat`, and all_gather_dp_groups gathers into that flat buffer itself
+  (runtime/utils.py all_gather_into_tensor_dp_groups: `all_gather_into_tensor(group_flat, partition)`;
+  _update_model_bit16_weights re-points the parameters at views of it).
 - torch's foreach AdamW (torch/optim/adam.py _multi_tensor_adam, torch 2.11: `exp_avg_sq_sqrt =
   torch._foreach_sqrt(device_exp_avg_sqs)`) makes sqrt(v) of the whole flat tensor it steps, in its dtype; a fused
   kernel (DeepSpeed's FusedAdam, torch's fused AdamW) works in place.
@@ -59,7 +67,9 @@ def deepspeed_settings(arch: Architecture, training: Training, zero: int) -> Dee
 
 SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed v0.19.5 runtime/zero/config.py sub_group_size (Qwen's ds_configs: 1e9)
 STEP_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py step, _prepare_fp32_grad_for_sub_group, _release_sub_group, "
-               "_create_fp16_sub_groups (sub_group_size 1e9); stage_1_and_2.py step (fp32 cast of the flat partition)")
+               "_create_fp16_sub_groups (sub_group_size 1e9); stage_1_and_2.py step (l. 2330-2335: the partition's "
+               "gradients flattened, `self.flatten(averaged_gradients[i])`, then cast to fp32; v0.12.3 l. 1764-1768 "
+               "the same), update_lp_params and runtime/utils.py all_gather_dp_groups (in place: nothing allocated)")
 FOREACH_SOURCE = ("torch 2.11 torch/optim/adam.py _multi_tensor_adam (torch._foreach_sqrt of the second moments: one "
                   "temporary the size of the flat fp32 tensor stepped); measured: tests/data/measured/gpu/deepspeed")
 GRADIENT_BUFFER_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (grad_partitions_flat_buffer: torch.zeros "
@@ -132,8 +142,8 @@ def step_transients(arch: Architecture, training: Training, stage: StageParamete
                     shard: float, d: int, G: float, whole: bool) -> list[Component]:
     """The step's transients under ZeRO 1-3 with fp32 master weights, at its largest moment: the fp32 gradient of
     the sub-group (ZeRO-3) or partition (ZeRO-1/2) stepped, with the foreach AdamW's sqrt(v) of it, or, without
-    foreach, ZeRO-3's flat 16-bit copy it was cast from (the cast's moment, (G + 4) B an element, is the larger
-    then; with foreach the step's 8 B an element are)."""
+    foreach, the flat 16-bit copy it was cast from (every stage flattens before the cast: the cast's moment,
+    (G + 4) B an element, is the larger then; with foreach the step's 8 B an element are)."""
     n = largest_sub_group(arch, stage, d, shard, whole) if zero == 3 else shard
     size = (f"largest sub-group, {n:,.0f} elements (sub_group_size {SUB_GROUP_SIZE:,.0f})" if zero == 3 else
             f"gradient partition, {n:,.0f} elements")
@@ -142,9 +152,10 @@ def step_transients(arch: Architecture, training: Training, stage: StageParamete
     if runs_foreach(training):
         out.append(component("transient", "foreach AdamW temporary (sqrt of the second moment)", 4 * n,
                              f"4 B x {size}", FOREACH_SOURCE))
-    elif zero == 3:
-        out.append(component("transient", "flat copy of the sub-group's gradients, cast to fp32", G * n,
-                             f"{G:g} B x {size}", STEP_SOURCE))
+    else:
+        out.append(component("transient", "flat copy of the sub-group's gradients, cast to fp32" if zero == 3 else
+                             "flat copy of the partition's gradients, cast to fp32", G * n, f"{G:g} B x {size}",
+                             STEP_SOURCE))
     return out
 
 

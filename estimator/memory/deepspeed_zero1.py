@@ -17,6 +17,7 @@ on (DeepSpeed's default, forced under offload_optimizer: stage_1_and_2.py l. 259
   parameter's `.grad` (_clear_param_grad_only, l. 2017): the step holds `grads_in_partition` alone (the other
   ranks' gradients, views of the bucket or whole, are freed), and with offload no gradient on the GPU.
 The partitions: deepspeed_offload.py's (one group, in module order, padded to a multiple of 2 x dp).
+With overlap_comm on the hooks reduce in backward instead: deepspeed_zero1_overlap.py; the step is the same.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import busiest_partition, partition_share, trainable_sizes
+from .deepspeed_offload import busiest_partition, overlapping_elements, partition_share, trainable_sizes
 from .deepspeed_step import deepspeed_settings
+from .pipeline import microbatches
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
@@ -41,23 +43,38 @@ SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py process_gradients (l.
 
 
 def applies(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
-    """ZeRO-1 reducing after backward: DeepSpeed, stage 1, overlap_comm off, no pipeline (DeepSpeed's pipeline
+    """ZeRO-1 reducing after backward: `zero1_dense` with overlap_comm off (on: deepspeed_zero1_overlap.py)."""
+    return zero1_dense(arch, training, par, zero) and not deepspeed_settings(arch, training, zero).overlap_comm
+
+
+def modelled(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 whose gradients this module and deepspeed_zero1_overlap.py count: `zero1_dense`, with overlap_comm
+    off, or on without offload_optimizer or with one micro-batch a step (offload accumulating micro-batches with
+    overlap_comm goes through the host and the GPU staging buffer: not modelled, every gradient counted whole)."""
+    overlap = deepspeed_settings(arch, training, zero).overlap_comm
+    return zero1_dense(arch, training, par, zero) and (
+        not overlap or training.offload_optimizer == "none" or microbatches(training, par) == 1)
+
+
+def zero1_dense(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 whose partitions this module counts: DeepSpeed, stage 1, no pipeline (DeepSpeed's pipeline
     engine makes its own bucket, l. 845), whole tensors on each rank (no tensor or context parallelism: the
-    partitions are counted from the model's whole tensors), a dense model (DeepSpeed's MoE puts the experts in
-    parameter groups of their own, partitioned over the expert-data-parallel group: moe/utils.py
-    split_params_into_different_moe_groups_for_optimizer; not counted here, so an MoE model keeps every gradient
-    whole at the step whatever its EP, and more EP never raises its model states)."""
-    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1
-            and not arch.is_moe
-            and not deepspeed_settings(arch, training, zero).overlap_comm)
+    partitions are counted from the model's whole tensors), no expert parallelism. An MoE model without EP is
+    counted as a dense one: the engine finds no MoE layer in a transformers model (engine.py l. 1735-1739:
+    has_moe_layers only for deepspeed.moe's MoE or AutoEP's layer), so its experts (transformers' fused 3-D
+    tensors) are ordinary parameters of the Trainer's groups, partitioned over every data-parallel rank with the
+    rest. With EP DeepSpeed's expert groups are partitioned over the expert-data-parallel group (moe/utils.py
+    split_params_into_different_moe_groups_for_optimizer, stage_1_and_2.py _configure_moe_settings): the step's
+    gradients are `expert_groups`'; backward keeps every gradient whole to the reduction."""
+    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1)
 
 
 def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
-           grads: float) -> tuple | None:
-    """The stage's trainable tensors in module order, where ZeRO-1's reduction after backward applies and they
-    make up this GPU's gradients (`grads`); else None (a vision-language model's tower is not among them: its
+           grads: float, rule=applies) -> tuple | None:
+    """The stage's trainable tensors in module order, where `rule` (ZeRO-1's reduction after backward) applies and
+    they make up this GPU's gradients (`grads`); else None (a vision-language model's tower is not among them: its
     gradients stay counted whole, as before the reduction)."""
-    if not applies(arch, training, par, zero) or not grads:
+    if not rule(arch, training, par, zero) or not grads:
         return None
     sizes = trainable_sizes(arch, training, recipe, sp)
     return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
@@ -109,8 +126,11 @@ def reduction_end(arch: Architecture, training: Training, recipe: Recipe, sp: St
 def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
                    zero: int, grads: float) -> Component | None:
     """ZeRO-1's gradients at the step: `grads_in_partition`, the whole of every tensor overlapping the busiest
-    rank's partition, or none on the GPU under offload. None where `reduction_end` is."""
-    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
+    rank's partition, or none on the GPU under offload, whether the reduction ran after backward or in its hooks
+    (overlap_comm: the epilogue drops every .grad all the same). None where neither is modelled."""
+    if expert_groups(arch, training, par, zero):
+        return _expert_group_gradients(arch, training, recipe, sp, par, grads)
+    sizes = _sizes(arch, training, recipe, sp, par, zero, grads, modelled)
     if sizes is None:
         return None
     if training.offload_optimizer != "none":
@@ -120,3 +140,42 @@ def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: S
     whole = busiest_partition(arch, training, recipe, sp, par.dp)
     return component("gradients", "Gradients", G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every "
                      "tensor overlapping this GPU's partition (grads_in_partition)", SOURCE)
+
+
+EXPERT_SOURCE = ("DeepSpeed v0.19.5 runtime/engine.py (l. 1735-1739 has_moe_layers; l. 2189-2190 "
+                 "split_params_into_different_moe_groups_for_optimizer: the expert parameters in groups of their own), "
+                 "runtime/zero/stage_1_and_2.py _configure_moe_settings (real_dp_process_group of an expert group: the "
+                 "expert-data-parallel group), copy_grads_in_partition (l. 1651: grads_in_partition sums every group's "
+                 "params_in_partition); v0.12.3 the same but for the split, left to the caller "
+                 "(moe/utils.py split_params_into_different_moe_groups_for_optimizer; _configure_moe_settings asserts it)")
+
+
+def expert_groups(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 of an MoE model under expert parallelism (DeepSpeed's MoE or AutoEP layers), otherwise as `modelled`:
+    its expert parameters form groups of their own, partitioned over the expert-data-parallel group."""
+    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == 1 and par.ep > 1
+            and arch.is_moe and (not deepspeed_settings(arch, training, zero).overlap_comm
+                                 or training.offload_optimizer == "none" or microbatches(training, par) == 1))
+
+
+def _expert_group_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
+                            par: Parallel, grads: float) -> Component | None:
+    """ZeRO-1's gradients at the step under expert parallelism: `grads_in_partition` holds the whole of every
+    tensor overlapping this rank's partition of each group, the dense tensors' over the DP ranks and this rank's
+    experts' over the expert-data-parallel ranks (DP / EP); the busiest of each, summed (an upper bound where the
+    busiest ranks differ). Backward keeps the whole-gradient rule (every gradient whole to the reduction)."""
+    from .deepspeed_offload import local_shards
+
+    shards = local_shards(arch, sp, par)
+    G = bytes_per_element(recipe.grad_dtype)
+    if abs(G * sum(n for n, _ in shards) - grads) >= 1:  # a frozen part (a vision tower): left as it was
+        return None
+    if training.offload_optimizer != "none":
+        return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
+                         "GPU's freed (offload_optimizer)", EXPERT_SOURCE)
+    de = par.expert_data_parallel
+    dense = overlapping_elements(tuple(n for n, expert in shards if not expert), par.dp)
+    experts = overlapping_elements(tuple(n for n, expert in shards if expert), de)
+    return component("gradients", "Gradients", G * (dense + experts), f"{G:g} B x ({dense:,.0f} + {experts:,.0f}) "
+                     f"elements: the whole of every dense tensor overlapping the busiest of {par.dp} partitions and of "
+                     f"every local expert tensor overlapping the busiest of {de} (grads_in_partition)", EXPERT_SOURCE)

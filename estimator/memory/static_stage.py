@@ -14,6 +14,7 @@ from ..spec.architecture import Architecture
 from .deepspeed_offload import host_buffers as deepspeed_host_buffers, largest_slice
 from .deepspeed_step import gradients_source, keeps_gradient_buffer, zero2_backward
 from .deepspeed_zero1 import reduction_end as zero1_reduction_end, step_gradients as zero1_step_gradients
+from .deepspeed_zero1_overlap import in_backward as zero1_in_backward, overlap_end as zero1_overlap_end
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
@@ -195,10 +196,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     unbegun = gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
     beside_loss -= int(round(unbegun))
     grads_early = grads if grads_live else 0
-    # ZeRO-2's gradient partitions appear a few layers into backward, beside the head's whole gradient
-    largest = step.inv.largest if step.inv else sp.total.largest_tensor
-    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
-                                         largest_slice(arch, training, recipe, sp, zero, par))
+    partitions, pending = _deepspeed_in_backward(arch, training, recipe, par, sp, zero, step)
     recomputed_bytes += (grads - grads_early if partitions else 0) + total_bytes(pending)
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     saved = total_bytes(loss_saved)
@@ -221,6 +219,16 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                         step, backward_end, reduce_scatter_pool(training, par, grads, m),
                         _gathered(training, recipe, par, sp),
                         saved + beside_loss - total_bytes(after_loss) - recomputed_bytes)
+
+
+def _deepspeed_in_backward(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
+                           sp: StageParameters, zero: int, step: StepPart) -> tuple[bool, list[Component]]:
+    """DeepSpeed's gradients a few layers into backward: whether ZeRO-2's partitions exist then, and what is held
+    beside them (the head's whole gradient), or ZeRO-1's with overlap_comm (its grads_in_partition and the head's)."""
+    largest = step.inv.largest if step.inv else sp.total.largest_tensor
+    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
+                                         largest_slice(arch, training, recipe, sp, zero, par))
+    return partitions, pending + zero1_in_backward(arch, training, recipe, sp, par, zero, step.grads)
 
 
 def _held_with_the_loss(arch: Architecture, training: Training, par: Parallel, m: int, shared: _Shared,
@@ -370,8 +378,9 @@ def _backward_end(arch: Architecture, training: Training, recipe: Recipe, par: P
     no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, step.inv)
     end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
     end = end or zero1_reduction_end(arch, training, recipe, sp, par, zero, grads)  # DeepSpeed ZeRO-1's reduction
+    recomputed = _recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
+    end = end or zero1_overlap_end(arch, training, recipe, sp, par, zero, grads, recomputed, step.tr.backward)
     if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
-        recomputed = _recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
         end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,
                                    step.tr.backward if training.recompute == "full" else [])
     if end:

@@ -199,7 +199,7 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
                                                        microbatches(training, par))
         fwd += b_fwd
         bwd += b_bwd
-        persistent += b_persistent + deepspeed_gpu_buffer(arch, training, recipe, stage, zero)
+        persistent += b_persistent + deepspeed_gpu_buffer(arch, training, recipe, stage, zero, par)
         if zero >= 1 and recipe.master_weights:  # the step's fp32 gradient, sub-group by sub-group (ZeRO-3)
             whole = inv is None and not untrained(stage, training).dense
             opt += step_transients(arch, training, stage, zero, trainable / d_dense, d_dense, G, whole)

@@ -1,0 +1,159 @@
+"""DeepSpeed ZeRO-1 with overlap_comm on: its gradients in backward and at its end, from DeepSpeed v0.19.5's source
+(runtime/zero/stage_1_and_2.py, runtime/engine.py; v0.12.3 reads the same: hooks made only `if
+self.partition_gradients or self.overlap_comm`, reduce_ready_partitions_and_remove_grads at the boundary, the same
+reduce_ipg_grads and epilogue). contiguous_gradients on (DeepSpeed's default).
+
+- With overlap_comm each gradient's hook reduces (process_gradients l. 1737), for ZeRO-1 only at the accumulation
+  boundary (reduce_ready_partitions_and_remove_grads l. 1742): earlier micro-batches accumulate whole 16-bit
+  gradients in .grad (the engine's allreduce_gradients reduces ZeRO-1 at the boundary alone, engine.py l. 2862).
+- At the boundary each hook copies the gradient into the current one of the two reduce buckets (setup_buckets
+  l. 2476-2488: two of reduce_bucket_size with overlap_comm) and points its storage there, the whole freed
+  (l. 1208-1212); a gradient over reduce_bucket_size is not copied: it is reduced where it is at the next hook
+  (extra_large_param_to_reduce, l. 1203, reduce_ipg_grads l. 1680-1690).
+- After each reduction ZeRO-1 copies the gradients of this rank's partition into `grads_in_partition` (the whole of
+  every tensor overlapping the partition, torch.empty at the first copy, copy_grads_in_partition l. 1651) and leaves
+  the others (reduce_ipg_grads l. 1722-1724: `else:  # zero stage 1`, no clear_grad_attribute): another rank's
+  gradient is a view of a bucket, but one over the bucket stays whole, its own storage, until the epilogue's
+  _clear_param_grad_only (l. 2017) drops every .grad. Under offload_optimizer the partition's gradients go to the
+  host slice by slice instead (l. 1561 fp64 norm, l. 1578 freed).
+- So at the end of backward a rank holds its partition and every extra-large gradient of the other ranks; early in
+  backward, at the head's reduction, the partition is allocated beside the head's whole gradient (deepspeed_step's
+  ZeRO-2 moment, with ZeRO-1's partition). The step holds `grads_in_partition` alone (deepspeed_zero1.step_gradients).
+Not modelled (the old rule, every gradient whole to the step, stays): offload_optimizer with more than one micro-batch
+a step (accumulated_grads_in_cpu through the GPU staging buffer).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
+
+from .backward_moments import BackwardEnd
+from .components import Component, component
+from .deepspeed_offload import busiest_partition, largest_overlap, partition_share, trainable_sizes
+from .deepspeed_step import deepspeed_settings
+from .deepspeed_zero1 import modelled
+from .pipeline import microbatches
+from .transients import ZERO12_BUCKET_SOURCE
+from .sharding import StageParameters
+from ..spec.architecture import Architecture
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Recipe, Training
+
+SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py process_gradients (l. 1737), "
+          "reduce_ready_partitions_and_remove_grads (l. 1742: ZeRO-1 at the boundary), setup_buckets (l. 2476-2488), "
+          "reduce_independent_p_g_buckets_and_remove_grads (l. 1203 extra_large_param_to_reduce, l. 1208-1212), "
+          "reduce_ipg_grads (l. 1722-1724: ZeRO-1 copies its partition's, leaves the rest), copy_grads_in_partition "
+          "(l. 1651), independent_gradient_partition_epilogue (l. 2017 _clear_param_grad_only); engine.py "
+          "allreduce_gradients (l. 2862); v0.12.3 the same (stage_1_and_2.py l. 491, 1328, 1306-1320)")
+
+
+def overlaps(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-1 reducing in backward's hooks: deepspeed_zero1's setting (whole tensors on each rank, dense, no
+    pipeline) with overlap_comm on; under offload_optimizer one micro-batch a step (`modelled`)."""
+    return modelled(arch, training, par, zero) and deepspeed_settings(arch, training, zero).overlap_comm
+
+
+def kept_elements(sizes: tuple, d: int, bucket: float, made_from: int = 0, own: bool = True) -> float:
+    """The most gradient elements one of `d` ranks holds once the tensors from index `made_from` on were reduced:
+    the whole of every tensor overlapping its partition (`grads_in_partition`; none with `own` False, offload) and
+    every tensor over `bucket` from `made_from` on that does not (left whole until the epilogue)."""
+    share = partition_share(sizes, d)
+    ends = list(accumulate(sizes))
+    starts = [0.0] + ends[:-1]
+    large = [n if i >= made_from and n > bucket else 0.0 for i, n in enumerate(sizes)]
+    large_sums = [0.0] + list(accumulate(large))
+    best = 0.0
+    for r in range(d):
+        first = bisect_right(ends, r * share)  # the first tensor ending after the partition's start
+        last = bisect_left(starts, (r + 1) * share)  # one past the last tensor starting before its end
+        owned = ends[last - 1] - starts[first] if last > first and own else 0.0
+        others = large_sums[-1] - (large_sums[last] - large_sums[first] if last > first else 0.0)
+        best = max(best, owned + others)
+    return best
+
+
+def _made_last(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters) -> int:
+    """How many trainable tensors, first in module order, backward makes at or after the first layer's: the
+    embedding's and the first layer's."""
+    from .deepspeed_offload import _Cfg
+    from .reserved_tensors import tensors
+
+    key = ("deepspeed made last", sp.layer_indices, sp.first, sp.last, training.adapter, recipe)
+
+    def count() -> int:
+        w = tensors(_Cfg(arch, training, recipe), sp)
+        return sum(1 for t in w.embedding + (w.layers[0] if w.layers else []) if t.grad)
+    return arch.cached(key, count)
+
+
+def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
+           grads: float) -> tuple | None:
+    """The stage's trainable tensors in module order where `overlaps` and they make up `grads`; else None."""
+    if not overlaps(arch, training, par, zero) or not grads:
+        return None
+    sizes = trainable_sizes(arch, training, recipe, sp)
+    return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
+
+
+def in_backward(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
+                zero: int, grads: float) -> list[Component]:
+    """Backward's moment after the loss's (a recomputed layer): the busiest rank's `grads_in_partition`, allocated
+    at the head's reduction, beside the head's whole gradient where it is over the bucket (with more micro-batches
+    it is among the accumulated gradients, counted already); under offload the fp64 copy of the rank's slice of it
+    instead of the partition. [] where `overlaps` does not apply."""
+    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
+    if sizes is None:
+        return []
+    d, G, m = par.dp, bytes_per_element(recipe.grad_dtype), microbatches(training, par)
+    bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
+    offloaded = training.offload_optimizer != "none"
+    out = []
+    if not offloaded:
+        whole = busiest_partition(arch, training, recipe, sp, d)
+        out.append(component("transient", "Gradient partition (grads_in_partition, allocated at the first reduction)",
+                             G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every tensor overlapping the "
+                             "busiest GPU's partition", SOURCE))
+    largest = max(sizes)
+    if largest > bucket and m == 1:
+        out.append(component("transient", "The largest tensor's gradient, whole until the next gradient's hook",
+                             G * largest, f"{G:g} B x {largest:,.0f} elements (over reduce_bucket_size {bucket:,})",
+                             SOURCE))
+        if offloaded:
+            part = largest_overlap(sizes, d)
+            out.append(component("transient", "fp64 copy of this GPU's slice of it (its norm, offload_optimizer)",
+                                 8 * part, f"8 B x {part:,.0f} elements of it in this GPU's partition", SOURCE))
+    return out
+
+
+def overlap_end(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
+                zero: int, grads: float, recomputed, backward: list[Component]) -> BackwardEnd | None:
+    """Backward's last moments: the larger of the first layer's recomputation (`recomputed`: a kind's working set,
+    None without recompute) and the epilogue. The gradients then: the busiest rank's partition and the other ranks'
+    extra-large gradients already made (the embedding's and the first layer's come after the recomputation; with
+    more micro-batches those are whole already, all of them). Under offload no partition on the GPU."""
+    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
+    if sizes is None:
+        return None
+    d, G, m = par.dp, bytes_per_element(recipe.grad_dtype), microbatches(training, par)
+    bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
+    own = training.offload_optimizer == "none"  # offloaded, the partition's gradients are on the host
+    at_epilogue = kept_elements(sizes, d, bucket, own=own)
+    buckets = [c for c in backward if c.bytes and c.source.startswith(ZERO12_BUCKET_SOURCE)]
+    # backward's other transients as trainer_backward_end counts them: one layer's autocast copies under full
+    # recompute, else none at the end (the whole model's were for the layers' saved inputs)
+    beside = [c for c in backward if c.bytes] if training.recompute == "full" else buckets
+    moments = [(at_epilogue, buckets, "at the epilogue")]
+    if recomputed is not None and sp.layer_indices:
+        last = _made_last(arch, training, recipe, sp)
+        kept = kept_elements(sizes, d, bucket, last, own) + (sum(sizes[:last]) if m > 1 else 0.0)
+        kind = arch.layer_kinds()[sp.layer_indices[0]]
+        moments.append((kept, list(recomputed(kind)) + beside,
+                        "at the first layer's recomputation"))
+    n, transients, when = max(moments, key=lambda mo: G * mo[0] + sum(c.bytes for c in mo[1]))
+    formula = (f"{G:g} B x {n:,.0f} elements {when}: the whole of every tensor overlapping the busiest GPU's "
+               f"partition and the other ranks' tensors over reduce_bucket_size {bucket:,}, left whole"
+               + (" (the embedding's and the first layer's accumulated, not reduced yet)" if m > 1 and
+                  when != "at the epilogue" else ""))
+    return BackwardEnd(G * n, formula, transients, "Gradients (reduced in backward's hooks, overlap_comm)", SOURCE)
