@@ -30,8 +30,8 @@ from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import busiest_partition, largest_overlap, partition_share, trainable_sizes
-from .deepspeed_step import deepspeed_settings
+from .deepspeed_offload import busiest_partition, largest_overlap, largest_slice, partition_share, trainable_sizes
+from .deepspeed_step import deepspeed_settings, zero2_backward
 from .deepspeed_zero1 import modelled
 from .pipeline import microbatches
 from .transients import ZERO12_BUCKET_SOURCE
@@ -157,3 +157,12 @@ def overlap_end(arch: Architecture, training: Training, recipe: Recipe, sp: Stag
                + (" (the embedding's and the first layer's accumulated, not reduced yet)" if m > 1 and
                   when != "at the epilogue" else ""))
     return BackwardEnd(G * n, formula, transients, "Gradients (reduced in backward's hooks, overlap_comm)", SOURCE)
+
+
+def deepspeed_in_backward(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
+                          zero: int, largest: float, grads: float) -> tuple[bool, list[Component]]:
+    """DeepSpeed's gradients a few layers into backward: whether ZeRO-2's partitions exist then, and what is held
+    beside them (the head's whole gradient, `largest` elements), or ZeRO-1's with overlap_comm (`in_backward`)."""
+    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
+                                         largest_slice(arch, training, recipe, sp, zero, par))
+    return partitions, pending + in_backward(arch, training, recipe, sp, par, zero, grads)

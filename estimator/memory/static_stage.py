@@ -11,10 +11,10 @@ from .activations.entries import KORTHIKANTI
 from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
 from .activations.recompute import op_level, recomputed_layer_count
 from ..spec.architecture import Architecture
-from .deepspeed_offload import host_buffers as deepspeed_host_buffers, largest_slice
-from .deepspeed_step import gradients_source, keeps_gradient_buffer, zero2_backward
+from .deepspeed_offload import host_buffers as deepspeed_host_buffers
+from .deepspeed_step import gradients_source, keeps_gradient_buffer
 from .deepspeed_zero1 import reduction_end as zero1_reduction_end, step_gradients as zero1_step_gradients
-from .deepspeed_zero1_overlap import in_backward as zero1_in_backward, overlap_end as zero1_overlap_end
+from .deepspeed_zero1_overlap import deepspeed_in_backward, overlap_end as zero1_overlap_end
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
@@ -196,7 +196,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     unbegun = gradients_after_the_loss(training, recipe, par, sp, m) if pipelined_fsdp2 and last else 0.0
     beside_loss -= int(round(unbegun))
     grads_early = grads if grads_live else 0
-    partitions, pending = _deepspeed_in_backward(arch, training, recipe, par, sp, zero, step)
+    largest = step.inv.largest if step.inv else sp.total.largest_tensor
+    partitions, pending = deepspeed_in_backward(arch, training, recipe, par, sp, zero, largest, step.grads)
     recomputed_bytes += (grads - grads_early if partitions else 0) + total_bytes(pending)
     recompute_wins = total_bytes(after_loss) + recomputed_bytes > total_bytes(loss_saved) + beside_loss
     saved = total_bytes(loss_saved)
@@ -219,16 +220,6 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                         step, backward_end, reduce_scatter_pool(training, par, grads, m),
                         _gathered(training, recipe, par, sp),
                         saved + beside_loss - total_bytes(after_loss) - recomputed_bytes)
-
-
-def _deepspeed_in_backward(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
-                           sp: StageParameters, zero: int, step: StepPart) -> tuple[bool, list[Component]]:
-    """DeepSpeed's gradients a few layers into backward: whether ZeRO-2's partitions exist then, and what is held
-    beside them (the head's whole gradient), or ZeRO-1's with overlap_comm (its grads_in_partition and the head's)."""
-    largest = step.inv.largest if step.inv else sp.total.largest_tensor
-    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
-                                         largest_slice(arch, training, recipe, sp, zero, par))
-    return partitions, pending + zero1_in_backward(arch, training, recipe, sp, par, zero, step.grads)
 
 
 def _held_with_the_loss(arch: Architecture, training: Training, par: Parallel, m: int, shared: _Shared,

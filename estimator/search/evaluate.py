@@ -17,6 +17,7 @@ from ..spec.errors import ConfigError
 from ..memory.result import Estimate
 from ..memory.memory import device_total, estimate, step_floors
 from ..spec.parallel import Parallel
+from ..speed.liger_operations import runs_liger_flce
 from ..speed.roofline import Timing, expected_step
 from ..speed.operation_table import selective_recompute_s
 from ..spec.training import Training
@@ -107,7 +108,7 @@ class _Evaluator:
         # parameters once a step as ZeRO 1 does: one roofline serves both
         if s.zero == 2 and self.req.training.framework in ("megatron", "deepspeed"):
             s = s._replace(zero=1)
-        key = (s, v._replace(loss="fused") if v.loss == "chunked" else v)
+        key = (s, v._replace(loss="fused") if v.loss == "chunked" and not self.losses_apart else v)
         if key not in self.speed:
             self.speed[key] = expected_step(self.req.architecture, self.training(v), self.parallel(s),
                                             self.req.hardware)
@@ -158,14 +159,25 @@ class _Evaluator:
         """`Speeds` of the shape at micro-batch b from its roofline without recompute."""
         return self.speeds(s, b)._replace(cap=math.inf)
 
+    @functools.cached_property
+    def losses_apart(self) -> bool:
+        """Whether the chunked loss runs at a speed of its own: Liger's fused linear cross-entropy under the
+        Trainer's frameworks (speed/liger_operations.py); elsewhere the roofline runs fused and chunked alike."""
+        return runs_liger_flce(self.training(Variant(1, "none", None, "chunked")))
+
     def speeds(self, s: Shape, b: int) -> Speeds:
         """`Speeds` at micro-batch b capped by its exact speed without recompute (no recompute setting
-        is faster, rule 4), remembered by (shape, micro-batch)."""
+        is faster, rule 4), remembered by (shape, micro-batch); where the losses run apart, the faster
+        of the two in every term, so that it bounds both."""
         key = (s, b)
         if key not in self._speeds:
-            r = self.roofline(s, Variant(b, "none", None, "fused"))
-            self._speeds[key] = speeds(self.req, r, self.stage_layers(s), self.stage_params[self.floor_key(s)]
-                                       )._replace(cap=r.step.tokens_per_s_per_gpu)
+            losses = ("fused", "chunked") if self.losses_apart else ("fused",)
+            each = []
+            for loss in losses:
+                r = self.roofline(s, Variant(b, "none", None, loss))
+                each.append(speeds(self.req, r, self.stage_layers(s), self.stage_params[self.floor_key(s)]
+                                   )._replace(cap=r.step.tokens_per_s_per_gpu))
+            self._speeds[key] = each[0] if len(each) == 1 else each[0].fastest(each[1])
         return self._speeds[key]
 
     def microbatches(self, s: Shape, b: int) -> int:
@@ -207,6 +219,14 @@ class Speeds(NamedTuple):
     hideable_s: float  # DP and PP traffic no stage goes below
     unhideable_s: float = 0.0  # DP traffic no compute hides (last buckets, first prefetch units), no stage below
     cap: float = math.inf  # the exact speed without recompute, where known: no recompute setting is faster
+
+    def fastest(self, other: "Speeds") -> "Speeds":
+        """Term by term the faster of two losses' speeds (the same shape and micro-batch): every ceiling
+        falls as a time grows, so this one bounds both."""
+        times = ("compute_s", "forward_s", "attention_s", "tp_per_layer_pass_s", "fixed_s", "hideable_s",
+                 "unhideable_s")
+        return self._replace(cap=max(self.cap, other.cap),
+                             **{f: min(getattr(self, f), getattr(other, f)) for f in times})
 
     def ceiling(self, recompute: str, n: int | None = None) -> float:
         again, tp_passes = 0.0, 2.0 * self.fewest_layers  # forward and backward, per layer

@@ -53,8 +53,10 @@ Speed, from the roofline's step (roofline.py):
    fused cross-entropy holds 4 B per logit more than standard at backward's start, its compiled
    backward's fp32 copy of the softmax, so there standard is set aside for its speed alone, and a
    layout that fits only with it is not offered); fused and chunked
-   losses run at the same speed, so the one that needs more memory loses; full recompute of more
-   layers is never faster.
+   losses run at the same speed, so the one that needs more memory loses (under the Trainer's
+   frameworks the chunked loss is Liger's fused linear cross-entropy, timed on its own: the one that
+   needs less memory still stands for both, at its own speed, and every ceiling takes the faster of
+   the two); full recompute of more layers is never faster.
 
 A set of layouts is skipped whole when its ceiling is below the current top list and a layout
 already found needs no more memory than its floor at no less speed: nothing in it can enter the

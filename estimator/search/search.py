@@ -224,7 +224,8 @@ class _Search:
             below["selective"] = max(below["selective"], memory or 0)
         if "none" in alive:
             lower = max(below["none"], below["selective"]) if self._selective_within_none() else below["none"]
-            memory = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest, exact=True)
+            memory = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest,
+                                     exact=not self.ev.losses_apart)
             below["none"] = max(lower, memory or 0)
         if "full" in alive:
             below["full"] = max(below["full"], self._full_family(s, b, below["full"], speed, full_below))
@@ -259,10 +260,23 @@ class _Search:
         memory, variant = self._pair(s, v)
         if self.req.within(memory) and not self.answer.hopeless(memory, upper):
             speed = upper if exact else self.ev.roofline(s, variant).step.tokens_per_s_per_gpu
-            if speeds is not None:
-                speeds[v.layers or most_stage_layers(self.req.architecture, s)] = speed
+            if speeds is not None:  # a ceiling for more layers recomputed: under either loss
+                speeds[v.layers or most_stage_layers(self.req.architecture, s)] = (
+                    (self._speed(s, v) or speed) if self.ev.losses_apart else speed)
             self.answer.add((s, variant), Point(memory, speed))
+            if self.ev.losses_apart:
+                self._add_twin(s, variant)
         return memory
+
+    def _add_twin(self, s: Shape, v: Variant) -> None:
+        """Where the losses run apart, the pair's other loss joins the answer too, at its own speed, when it fits
+        and is not hopeless: it needs more memory but may be faster."""
+        twin = v._replace(loss="chunked" if v.loss == "fused" else "fused")
+        memory = self.ev.total(s, twin)
+        if memory is not None and self.req.within(memory):
+            speed = self.ev.roofline(s, twin).step.tokens_per_s_per_gpu
+            if not self.answer.hopeless(memory, speed):
+                self.answer.add((s, twin), Point(memory, speed))
 
     def _full_family(self, s: Shape, b: int, lower: float, speed: Speeds, known: dict[int, float]) -> float:
         """Full recompute of n = 1 ... most layers per stage (rules 2 and 5: memory and speed fall as
@@ -291,9 +305,11 @@ class _Search:
         return lower if top is None else top
 
     def _speed(self, s: Shape, v: Variant) -> float | None:
-        """The expected tokens/s per GPU of a layout (None: the roofline refuses it)."""
+        """The expected tokens/s per GPU of a layout, the faster loss's where the losses run apart (a ceiling for
+        both; None: the roofline refuses it)."""
+        losses = ("fused", "chunked") if self.ev.losses_apart else (v.loss,)
         try:
-            return self.ev.roofline(s, v).step.tokens_per_s_per_gpu
+            return max(self.ev.roofline(s, v._replace(loss=loss)).step.tokens_per_s_per_gpu for loss in losses)
         except ConfigError:
             return None
 
