@@ -1,0 +1,147 @@
+"""Megatron-Core's 1F1B (pipeline_parallel/schedules.py forward_backward_pipelining_without_interleaving) replayed
+through the caching allocator, micro-batch by micro-batch, for megatron_replay.py: pp - rank - 1 warm-up forwards,
+then a forward and the oldest micro-batch's backward by turns, then the cool-down backwards.
+
+A long pipeline (64 or 128 micro-batches on each of 8 to 16 stages) makes hundreds of thousands of requests, so
+the replay takes three short cuts, none of which changes what it finds (the peaks and the segments):
+- once the walk makes the same requests for every micro-batch, a forward and a backward are recorded and replayed
+  from the record (replay_trace.py);
+- the steady state repeats: where the allocator's free blocks and the waiting micro-batches' blocks are as they
+  were some pairs ago, the replay is deterministic and repeats that cycle, reaching no new peak: whole cycles are
+  skipped;
+- the two pools (requests of at most 1 MiB, the rest: allocator.py) never share a block, so each repeats on its
+  own: once the large pool repeats, the cycles left are replayed in the small pool alone. What the skipped large
+  requests would add is known: the large pool ends each cycle as it began, its segments and its allocated bytes
+  along the cycle as in the one just replayed; a small block is exactly its request (any rest of 512 bytes or
+  more is split off), so the small pool's allocated bytes follow the requests, the same in every pair. The
+  allocated peak of a skipped cycle is the replayed cycle's; only the small pool's segments can differ, and that
+  pool is replayed. Once the small pool repeats too, what is left of the skipped cycles is skipped.
+"""
+
+from __future__ import annotations
+
+from .replay_trace import Recorder, Trace, live, matches, run
+
+NO_PEAK = float("inf")  # the allocated peak while only the small pool is replayed: it sets none
+
+
+class _Batch:
+    """A micro-batch between its forward and its backward: the walk's state (None when replayed from a record)
+    and its blocks in the record's places (None when the walk ran it unrecorded)."""
+
+    __slots__ = ("state", "blocks")
+
+    def __init__(self, state, blocks):
+        self.state, self.blocks = state, blocks
+
+
+class Schedule:
+    """The micro-batches of a stage's steps, by the walk until a forward and a backward are recorded, then from
+    the records."""
+
+    def __init__(self, walk):
+        self.walk = walk
+        self.allocator = walk.program.allocator
+        self.forward_trace: Trace | None = None
+        self.backward_trace: Trace | None = None
+        self.valid = True  # False: a record could not be replayed; the walk runs every micro-batch
+        self._small = self._large = None  # each pool's ops (`Trace.only`)
+
+    @property
+    def recorded(self) -> bool:
+        return self.backward_trace is not None
+
+    def _made_once(self) -> tuple:
+        """What the walk makes only once and has yet to make: from here on, are its requests the same each time?"""
+        walk = self.walk
+        return len(walk.pending), sum(len(d) for d in walk.dummies.values())
+
+    def forward(self) -> _Batch:
+        walk = self.walk
+        if self.recorded:
+            return _Batch(None, run(self.allocator, self.forward_trace.ops, []))
+        if not self.valid or self._made_once()[0]:
+            return _Batch(walk.forward(), None)
+        with Recorder(walk.program) as recorder:
+            state = walk.forward()
+        trace, kept = recorder.trace()
+        if not recorder.valid or (self.forward_trace is not None and trace != self.forward_trace):
+            self.valid = False
+            return _Batch(state, None)
+        self.forward_trace = trace
+        return _Batch(state, [recorder.blocks[i] for i in kept])
+
+    def backward(self, batch: _Batch) -> None:
+        walk = self.walk
+        if batch.blocks is not None and self.recorded:
+            run(self.allocator, self.backward_trace.ops, list(batch.blocks))
+            return
+        if batch.blocks is None or not self.valid:
+            walk.backward(batch.state)
+            return
+        before = self._made_once()
+        with Recorder(walk.program, batch.blocks) as recorder:
+            walk.backward(batch.state)
+        trace, _ = recorder.trace()
+        if not recorder.valid or not matches(self.forward_trace, trace):
+            self.valid = False
+        elif self._made_once() == before == (0, before[1]):  # made nothing once: the next ones are the same
+            self.backward_trace = trace
+            forward = self.forward_trace
+            self._small = (forward.only(True), trace.only(True, forward.small))
+            self._live = {pool: tuple(i for i in live(forward) if forward.small[i] == pool) for pool in (True, False)}
+
+    # --- the steady state -----------------------------------------------------------------------------------------
+    def steady(self, waiting: list, pairs: int, key) -> None:
+        """`pairs` forwards each followed by the oldest micro-batch's backward, whole cycles skipped. `key(waiting)`
+        says what the walk's micro-batches hold (the original whole-allocator comparison, used until every waiting
+        micro-batch is recorded)."""
+        seen: dict = {}
+        while pairs:
+            waiting.append(self.forward())
+            self.backward(waiting.pop(0))
+            pairs -= 1
+            if self.recorded and all(b.blocks is not None for b in waiting):
+                now = self._pool_state(False, waiting)
+                if now in seen:
+                    cycle = seen[now] - pairs
+                    self._small_pool_only(waiting, pairs - pairs % cycle)
+                    pairs %= cycle
+                    seen.clear()
+            else:
+                now = (self.walk.program.state(), key(waiting))
+                if now in seen:
+                    pairs %= seen[now] - pairs
+                    seen.clear()
+            seen[now] = pairs
+
+    def _pool_state(self, small: bool, waiting: list) -> tuple:
+        """One pool's free blocks and the waiting micro-batches' blocks in it: equal twice, the pool is as it was
+        (its other blocks are those made before the steady state, never freed, and the segments around them: a
+        segment made since holds only blocks named here)."""
+        places = self._live[small]
+        return tuple(self.allocator._free[small]), tuple(b.blocks[i] for b in waiting for i in places)
+
+    def _small_pool_only(self, waiting: list, pairs: int) -> None:
+        """`pairs` (whole cycles of the large pool) replayed in the small pool alone; the large blocks of the waiting
+        micro-batches are then those they were (the cycles end where they began)."""
+        if not pairs:
+            return
+        allocator, (forward, backward) = self.allocator, self._small
+        large = [b.blocks for b in waiting]
+        peak, allocator.allocated_peak = allocator.allocated_peak, NO_PEAK
+        seen: dict = {}
+        while pairs:
+            waiting.append(_Batch(None, run(allocator, forward, [])))
+            run(allocator, backward, list(waiting.pop(0).blocks))
+            pairs -= 1
+            now = self._pool_state(True, waiting)
+            if now in seen:
+                pairs %= seen[now] - pairs
+                seen.clear()
+            seen[now] = pairs
+        allocator.allocated_peak = peak
+        for batch, before in zip(waiting, large):
+            blocks = batch.blocks
+            for i in self._live[False]:
+                blocks[i] = before[i]
