@@ -53,6 +53,10 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer
 LARGE_BUFFER = 20 << 20  # kLargeBuffer
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
+# a free block in its pool's sorted list: size << KEY_SHIFT | address, one int (ordered as (size, address), the
+# order `get_free_block` searches, and compared faster than a pair); addresses stay below 2**64
+KEY_SHIFT = 64
+ADDRESS = (1 << KEY_SHIFT) - 1
 
 
 def round_size(size: int) -> int:
@@ -86,8 +90,8 @@ class CachingAllocator:
 
     def __init__(self, expandable: bool = False):
         self.expandable = expandable
-        # pool -> sorted [(size, addr)] of free blocks; the pool of the current stream is keyed by small?, another
-        # stream's by (small?, stream)
+        # pool -> sorted keys (size << KEY_SHIFT | addr) of free blocks; the pool of the current stream is keyed by
+        # small?, another stream's by (small?, stream)
         self._free = {True: [], False: []}
         self._blocks: dict[int, _Block] = {}  # addr -> block
         self._tail = {True: None, False: None}  # expandable: the last block of each pool's segment
@@ -99,23 +103,15 @@ class CachingAllocator:
     # --- the free lists ---------------------------------------------------------------------------
     def pools(self) -> tuple:
         """The free blocks of every pool, in a fixed order: (key, ((size, addr), ...))."""
-        return tuple((str(key), tuple(blocks)) for key, blocks in sorted(self._free.items(), key=str))
+        return tuple((str(key), tuple((k >> KEY_SHIFT, k & ADDRESS) for k in blocks))
+                     for key, blocks in sorted(self._free.items(), key=str))
 
     def _insert(self, block: _Block) -> None:
-        insort(self._free[block.small], (block.size, block.addr))
+        insort(self._free[block.small], block.size << KEY_SHIFT | block.addr)
 
     def _remove(self, block: _Block) -> None:
         pool = self._free[block.small]
-        del pool[bisect_left(pool, (block.size, block.addr))]
-
-    def _best_fit(self, size: int, small: bool) -> _Block | None:
-        pool = self._free[small]
-        i = bisect_left(pool, (size, -1))
-        if i == len(pool):
-            return None
-        block = self._blocks[pool[i][1]]
-        self._remove(block)
-        return block
+        del pool[bisect_left(pool, block.size << KEY_SHIFT | block.addr)]
 
     # --- segments ---------------------------------------------------------------------------------
     def _new_segment(self, size: int, small: bool) -> _Block:
@@ -157,7 +153,7 @@ class CachingAllocator:
         larger free block follows (`get_free_block`: the end block's `expandable_size` is its size plus the
         unmapped rest of the segment, more than any other block's)."""
         tail = self._tail[small]
-        if tail is not None and pool[i][1] == tail.addr and i + 1 < len(pool):
+        if tail is not None and pool[i] & ADDRESS == tail.addr and i + 1 < len(pool):
             return i + 1
         return i
 
@@ -173,11 +169,11 @@ class CachingAllocator:
             pool = self._free.setdefault(small, [])
         else:
             pool = self._free[small]
-        i = bisect_left(pool, (size, -1))
+        i = bisect_left(pool, size << KEY_SHIFT)
         if i < len(pool):
             if self.expandable:
                 i = self._past_the_end(pool, i, small)
-            block = self._blocks[pool.pop(i)[1]]
+            block = self._blocks[pool.pop(i) & ADDRESS]
         elif self.expandable:
             block = self._expand(size, small)
         else:
@@ -192,8 +188,8 @@ class CachingAllocator:
                 after.prev = rest
             block.next, block.size = rest, size
             self._blocks[rest.addr] = rest
-            insort(pool, (rest_size, rest.addr))
-            if self._tail.get(small) is block:
+            insort(pool, rest_size << KEY_SHIFT | rest.addr)
+            if self.expandable and self._tail.get(small) is block:
                 self._tail[small] = rest
         block.free = False
         self.allocated += block.size
@@ -202,17 +198,20 @@ class CachingAllocator:
         return block.addr
 
     def free(self, addr: int) -> None:
-        block = self._blocks[addr]
+        # `_remove`, `_merge` and `_insert` written out, as in malloc
+        blocks = self._blocks
+        block = blocks[addr]
         block.free = True
         self.allocated -= block.size
         before, after = block.prev, block.next
+        pool = self._free[block.small]
         if before is not None and before.free:
-            self._remove(before)
-            block = self._merge(before, block)
+            del pool[bisect_left(pool, before.size << KEY_SHIFT | before.addr)]
+            block = self._merge(before, block) if self.expandable else _joined(blocks, before, block)
         if after is not None and after.free:
-            self._remove(after)
-            block = self._merge(block, after)
-        self._insert(block)
+            del pool[bisect_left(pool, after.size << KEY_SHIFT | after.addr)]
+            block = self._merge(block, after) if self.expandable else _joined(blocks, block, after)
+        insort(pool, block.size << KEY_SHIFT | block.addr)
 
     def transient(self, nbytes: int) -> None:
         """`free(malloc(nbytes))` with nothing between, on the current stream, without the two walks of the lists
@@ -227,9 +226,9 @@ class CachingAllocator:
         size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
         small = size <= SMALL_SIZE
         pool = self._free[small]
-        i = bisect_left(pool, (size, -1))
+        i = bisect_left(pool, size << KEY_SHIFT)
         if i < len(pool):
-            held = pool[i][0]
+            held = pool[i] >> KEY_SHIFT
         else:
             block = self._new_segment(allocation_size(size), small)
             self._insert(block)
@@ -241,15 +240,21 @@ class CachingAllocator:
             self.allocated_peak = self.allocated + held
 
     def _merge(self, first: _Block, second: _Block) -> _Block:
-        """`second` (the block after `first`) joins `first`."""
-        first.size += second.size
-        first.next = second.next
-        if second.next is not None:
-            second.next.prev = first
-        del self._blocks[second.addr]
+        """`second` (the block after `first`) joins `first`; the segment's end moves with it."""
+        _joined(self._blocks, first, second)
         if self._tail.get(first.small) is second:
             self._tail[first.small] = first
         return first
+
+
+def _joined(blocks: dict, first: _Block, second: _Block) -> _Block:
+    """`second` (the block after `first`) joins `first`."""
+    first.size += second.size
+    after = first.next = second.next
+    if after is not None:
+        after.prev = first
+    del blocks[second.addr]
+    return first
 
 
 def replay(events, expandable: bool = False) -> CachingAllocator:
