@@ -83,9 +83,11 @@ class Schedule:
         with Recorder(walk.program, batch.blocks) as recorder:
             walk.backward(batch.state)
         trace, _ = recorder.trace()
+        if self._made_once() != before:  # it made what is made once (TE's dummy gradients): the next may differ
+            return
         if not recorder.valid or not matches(self.forward_trace, trace):
             self.valid = False
-        elif self._made_once() == before == (0, before[1]):  # made nothing once: the next ones are the same
+        else:  # made nothing once (nor will a later one): the next ones are the same
             self.backward_trace = trace
             forward = self.forward_trace
             self._small = (forward.only(True), trace.only(True, forward.small))

@@ -1,0 +1,84 @@
+"""The pipeline replay's short cuts change nothing it finds: 1F1B replayed from recorded micro-batches, whole cycles
+skipped and the small pool replayed alone (memory/one_f_one_b_replay.py, memory/replay_trace.py) give each stage's
+cache and segments exactly as the walk over every micro-batch does; the allocator's `transient` leaves what
+`free(malloc(n))` leaves."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from estimator import Parallel, Training, estimate
+from estimator.memory import megatron_replay, one_f_one_b_replay
+from estimator.memory.allocator import CachingAllocator
+from estimator.models.presets import get_architecture
+
+
+def _walked(schedule, pp: int, rank: int, microbatches: int) -> None:
+    """1F1B with every micro-batch run by the walk, nothing recorded or skipped (the reference)."""
+    walk = schedule.walk
+    warmup = min(pp - rank - 1, microbatches)
+    waiting = [walk.forward() for _ in range(warmup)]
+    for _ in range(microbatches - warmup):
+        waiting.append(walk.forward())
+        walk.backward(waiting.pop(0))
+    for state in waiting:
+        walk.backward(state)
+
+
+def _caches(model: str, training: Training, parallel: Parallel) -> list[tuple[float, str]]:
+    """Each stage's fragmentation component (bytes, formula: the segments), on a new architecture object."""
+    result = estimate(dataclasses.replace(get_architecture(model)), training, parallel)
+    out = []
+    for stage in result.stages:
+        c = next(c for c in stage.components if c.key == "fragmentation")
+        assert "Megatron-Core's initialisation and two steps" in c.formula  # the replay ran
+        out.append((c.bytes, c.formula))
+    return out
+
+
+CASES = [
+    ("llama-3.2-1b", Training(seq_len=4096, global_batch_size=32, recompute="none"), Parallel(pp=4)),
+    ("llama-3.2-1b", Training(seq_len=4096, global_batch_size=32, recompute="full"), Parallel(pp=4, dp=2,
+                                                                                              zero_stage=1)),
+    ("llama-3.1-405b", Training(seq_len=8192, global_batch_size=64, recompute="full"),
+     Parallel(tp=8, pp=9, zero_stage=1)),
+]
+
+
+@pytest.mark.parametrize("model,training,parallel", CASES)
+def test_short_cuts_give_the_walks_caches(monkeypatch, model, training, parallel):
+    skipped = []
+    small_only = one_f_one_b_replay.Schedule._small_pool_only
+
+    def counted(self, waiting, pairs):
+        skipped.append(pairs)
+        return small_only(self, waiting, pairs)
+
+    monkeypatch.setattr(one_f_one_b_replay.Schedule, "_small_pool_only", counted)
+    fast = _caches(model, training, parallel)
+    assert sum(skipped) > 0  # the small pool alone replayed whole cycles of the large one
+    monkeypatch.setattr(megatron_replay, "_one_f_one_b", _walked)
+    assert fast == _caches(model, training, parallel)
+
+
+def test_a_transient_leaves_what_malloc_and_free_leave():
+    """Requests kept and freed in a mixed order (both pools, splits and whole blocks, new segments), with a
+    transient of each size tried at every step against free(malloc()) on a twin allocator."""
+    sizes = [300, 4 << 20, 700_000, 25 << 20, 1 << 20, 9 << 20, 512, (20 << 20) - 4096, 1_500_000, 64 << 20]
+    a, b = CachingAllocator(), CachingAllocator()
+    held_a, held_b = [], []
+    for step in range(60):
+        n = sizes[step % len(sizes)] + 512 * (step % 7)
+        held_a.append(a.malloc(n))
+        held_b.append(b.malloc(n))
+        if step % 3 == 2:
+            a.free(held_a.pop(step % len(held_a)))
+            b.free(held_b.pop(step % len(held_b)))
+        for t in sizes:
+            a.free(a.malloc(t))
+            b.transient(t)
+            assert (a.pools(), a.allocated, a.allocated_peak, a.reserved, a.segments) == \
+                   (b.pools(), b.allocated, b.allocated_peak, b.reserved, b.segments)
+    assert a.segments > 5  # new segments were made along the way, some by a transient
