@@ -45,7 +45,8 @@ class Schedule:
         self.forward_trace: Trace | None = None
         self.backward_trace: Trace | None = None
         self.valid = True  # False: a record could not be replayed; the walk runs every micro-batch
-        self._small = self._large = None  # each pool's ops (`Trace.only`)
+        self._small: tuple | None = None  # the small pool's ops of a forward and a backward (`Trace.only`)
+        self._live: dict[bool, tuple[int, ...]] = {}  # pool -> the places of a forward's blocks its backward frees
 
     @property
     def recorded(self) -> bool:
@@ -99,11 +100,15 @@ class Schedule:
         says what the walk's micro-batches hold (the original whole-allocator comparison, used until every waiting
         micro-batch is recorded)."""
         seen: dict = {}
+        by_pools = False
         while pairs:
             waiting.append(self.forward())
             self.backward(waiting.pop(0))
             pairs -= 1
-            if self.recorded and all(b.blocks is not None for b in waiting):
+            if by_pools or self.recorded and all(b.blocks is not None for b in waiting):
+                if not by_pools:  # from here on the large pool is compared alone
+                    by_pools = True
+                    seen.clear()
                 now = self._pool_state(False, waiting)
                 if now in seen:
                     cycle = seen[now] - pairs
@@ -132,17 +137,19 @@ class Schedule:
         allocator, (forward, backward) = self.allocator, self._small
         large = [b.blocks for b in waiting]
         peak, allocator.allocated_peak = allocator.allocated_peak, NO_PEAK
-        seen: dict = {}
-        while pairs:
-            waiting.append(_Batch(None, run(allocator, forward, [])))
-            run(allocator, backward, list(waiting.pop(0).blocks))
-            pairs -= 1
-            now = self._pool_state(True, waiting)
-            if now in seen:
-                pairs %= seen[now] - pairs
-                seen.clear()
-            seen[now] = pairs
-        allocator.allocated_peak = peak
+        try:
+            seen: dict = {}
+            while pairs:
+                waiting.append(_Batch(None, run(allocator, forward, [])))
+                run(allocator, backward, list(waiting.pop(0).blocks))
+                pairs -= 1
+                now = self._pool_state(True, waiting)
+                if now in seen:  # the small pool repeats too: the rest of the cycles is skipped
+                    pairs %= seen[now] - pairs
+                    seen.clear()
+                seen[now] = pairs
+        finally:
+            allocator.allocated_peak = peak
         for batch, before in zip(waiting, large):
             blocks = batch.blocks
             for i in self._live[False]:

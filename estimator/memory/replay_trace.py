@@ -124,7 +124,9 @@ class Recorder:
                 ops.append(op)
                 k += 1
             else:
-                ops.append(~renumber[~op])
+                place = renumber[~op]
+                self.valid = self.valid and place >= 0  # a block freed twice: not a walk's record
+                ops.append(~place)
                 k += 1
             made += op > 0
         return Trace(tuple(ops), tuple(small)), kept
