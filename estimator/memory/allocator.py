@@ -46,6 +46,8 @@ tests/test_allocator.py):
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import OrderedDict
+from typing import NamedTuple
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize
@@ -57,6 +59,9 @@ ROUND_LARGE = 2 << 20  # kRoundLarge
 # order `get_free_block` searches, and compared faster than a pair); addresses stay below 2**64
 KEY_SHIFT = 64
 ADDRESS = (1 << KEY_SHIFT) - 1
+# `closed`'s steps: a size (> 0) requested and kept, `~i` (< 0) the i-th kept one freed, TRANSIENT + size a size
+# requested and freed at once
+TRANSIENT = 1 << 56
 
 
 def round_size(size: int) -> int:
@@ -239,6 +244,40 @@ class CachingAllocator:
         if self.allocated + held > self.allocated_peak:
             self.allocated_peak = self.allocated + held
 
+    def closed(self, group: Closed) -> None:
+        """Requests that are all freed again (`Closed`), each pool's before its frees. Every block they take is carved
+        from a free block (free blocks never touch), so once all are freed each such free block is whole again and
+        the lists are as they were, but for the segments the requests made (each free, whole). Which of two free
+        blocks of one size a request takes changes neither what is split off nor whether a later request fits: the
+        sizes alone decide those, and only of the free blocks as large as the pool's smallest request. So what the
+        group leaves, its new segments and the allocated peak along it (`_closed_effect`), follows from those sizes,
+        and is remembered by them (a pipeline's layers and micro-batches meet the same ones again and again)."""
+        if self.expandable:  # `_expand` grows the segment's end block: replayed as it is
+            kept: list = []
+            for op in group.steps:
+                if op < 0:
+                    self.free(kept[~op])
+                elif op < TRANSIENT:
+                    kept.append(self.malloc(op))
+                else:
+                    self.transient(op - TRANSIENT)
+            return
+        free = self._free
+        key = (group.steps,) + tuple(tuple([k >> KEY_SHIFT for k in free[small][bisect_left(free[small], floor):]])
+                                     for small, floor in group.floors)
+        effect = _EFFECTS.get(key)
+        if effect is None:
+            effect = _EFFECTS[key] = _closed_effect(group, [list(sizes) for sizes in key[1:]])
+            if len(_EFFECTS) > CLOSED_EFFECTS:
+                _EFFECTS.popitem(last=False)
+        else:
+            _EFFECTS.move_to_end(key)
+        made, top = effect
+        for block, small in made:
+            self._insert(self._new_segment(block, small))
+        if self.allocated + top > self.allocated_peak:
+            self.allocated_peak = self.allocated + top
+
     def _merge(self, first: _Block, second: _Block) -> _Block:
         """`second` (the block after `first`) joins `first`; the segment's end moves with it."""
         _joined(self._blocks, first, second)
@@ -255,6 +294,71 @@ def _joined(blocks: dict, first: _Block, second: _Block) -> _Block:
         after.prev = first
     del blocks[second.addr]
     return first
+
+
+class Closed(NamedTuple):
+    """Requests that are all freed again, each pool's before its frees (`CachingAllocator.closed`): `steps`, a size
+    (> 0) requested and kept, `~i` (< 0) the i-th kept one freed, TRANSIENT + size requested and freed at once;
+    `floors`: per pool it asks of, (small?, its smallest request's key: size << KEY_SHIFT)."""
+
+    steps: tuple[int, ...]
+    floors: tuple[tuple[bool, int], ...]
+
+
+def closed_group(steps: tuple[int, ...]) -> Closed:
+    """`steps` as a Closed group, each request's bytes rounded as malloc rounds them (`round_size`: the same
+    blocks)."""
+    rounded: list[int] = []
+    floors: dict[bool, int] = {}
+    for op in steps:
+        if op > 0:
+            transient = op >= TRANSIENT
+            size = round_size(op - TRANSIENT if transient else op)
+            floors[size <= SMALL_SIZE] = min(floors.get(size <= SMALL_SIZE, size), size)
+            op = TRANSIENT + size if transient else size
+        rounded.append(op)
+    return Closed(tuple(rounded), tuple((small, size << KEY_SHIFT) for small, size in sorted(floors.items())))
+
+
+CLOSED_EFFECTS = 4096  # the groups' effects remembered, least recently used out first (each a few hundred bytes)
+_EFFECTS: OrderedDict = OrderedDict()  # (steps, each pool's free sizes from its floor) -> _closed_effect
+
+
+def _closed_effect(group: Closed, pools: list[list[int]]) -> tuple[tuple[tuple[int, bool], ...], int]:
+    """(the new segments in order: (bytes, small?), the most the group holds at once) of `group` on free blocks of
+    these sizes (sorted, per pool of `group.floors`), as `CachingAllocator.malloc` would take them (the group's
+    sizes are rounded: `closed_group`)."""
+    by_pool = {small: sizes for (small, _), sizes in zip(group.floors, pools)}
+    made: list = []
+    held: list = []  # each kept request's bytes (its block's)
+    live = top = 0
+    for op in group.steps:
+        if op < 0:
+            live -= held[~op]
+            continue
+        size = op - TRANSIENT if op >= TRANSIENT else op
+        small = size <= SMALL_SIZE
+        sizes = by_pool[small]
+        i = bisect_left(sizes, size)
+        if i < len(sizes):
+            block = sizes.pop(i)
+        else:
+            block = allocation_size(size)
+            made.append((block, small))
+        rest = block - size
+        used = size if (rest >= MIN_BLOCK if small else rest > SMALL_SIZE) else block  # `should_split`
+        if op >= TRANSIENT:  # back whole at once
+            insort(sizes, block)
+            if live + used > top:
+                top = live + used
+            continue
+        if used == size and rest:
+            insort(sizes, rest)
+        held.append(used)
+        live += used
+        if live > top:
+            top = live
+    return tuple(made), top
 
 
 def replay(events, expandable: bool = False) -> CachingAllocator:

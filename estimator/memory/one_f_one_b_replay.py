@@ -20,7 +20,7 @@ the replay takes three short cuts, none of which changes what it finds (the peak
 
 from __future__ import annotations
 
-from .replay_trace import Recorder, Trace, live, matches, run
+from .replay_trace import Recorder, Trace, folded, live, matches, run
 
 NO_PEAK = float("inf")  # the allocated peak while only the small pool is replayed: it sets none
 
@@ -60,22 +60,25 @@ class Schedule:
     def forward(self) -> _Batch:
         walk = self.walk
         if self.recorded:
-            return _Batch(None, run(self.allocator, self.forward_trace.ops, []))
+            trace = self.forward_trace
+            return _Batch(None, run(self.allocator, trace.program, [], trace.groups))
         if not self.valid or self._made_once()[0]:
             return _Batch(walk.forward(), None)
         with Recorder(walk.program) as recorder:
             state = walk.forward()
         trace, kept = recorder.trace()
-        if not recorder.valid or (self.forward_trace is not None and trace != self.forward_trace):
+        if not recorder.valid or (self.forward_trace is not None and trace.ops != self.forward_trace.ops):
             self.valid = False
             return _Batch(state, None)
-        self.forward_trace = trace
+        if self.forward_trace is None:
+            self.forward_trace = folded(trace, 0)
         return _Batch(state, [recorder.blocks[i] for i in kept])
 
     def backward(self, batch: _Batch) -> None:
         walk = self.walk
         if batch.blocks is not None and self.recorded:
-            run(self.allocator, self.backward_trace.ops, list(batch.blocks))
+            trace = self.backward_trace
+            run(self.allocator, trace.program, list(batch.blocks), trace.groups)
             return
         if batch.blocks is None or not self.valid:
             walk.backward(batch.state)
@@ -89,8 +92,8 @@ class Schedule:
         if not recorder.valid or not matches(self.forward_trace, trace):
             self.valid = False
         else:  # made nothing once (nor will a later one): the next ones are the same
-            self.backward_trace = trace
             forward = self.forward_trace
+            self.backward_trace = folded(trace, len(forward.small))
             self._small = (forward.only(True), trace.only(True, forward.small))
             self._live = {pool: tuple(i for i in live(forward) if forward.small[i] == pool) for pool in (True, False)}
 

@@ -18,16 +18,21 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .allocator import SMALL_SIZE
+from .allocator import SMALL_SIZE, TRANSIENT, Closed, closed_group
 
-TRANSIENT = 1 << 56  # above any request's bytes: marks `TRANSIENT + size`
+GROUP = 1 << 57  # `GROUP + i`: the trace's i-th closed group of requests (`Trace.groups`)
+SHORTEST_GROUP = 3  # requests a group holds at least (a shorter one costs more as a group than as it is)
 
 
 class Trace(NamedTuple):
-    """One recorded forward or backward: its ops, and which pool (small or large) each block it appends lives in."""
+    """One recorded forward or backward: its ops, and which pool (small or large) each block it appends lives in;
+    `program`: the ops with each closed group of requests (`fold`) as one `GROUP + i`, `groups[i]` its steps (the
+    allocator's `closed`) and the places its requests take."""
 
     ops: tuple[int, ...]
     small: tuple[bool, ...]  # per block the trace appends, in order: a request of at most 1 MiB (the small pool)
+    program: tuple[int, ...] = ()
+    groups: tuple[tuple[Closed, tuple[None, ...]], ...] = ()
 
     def only(self, small: bool, before: tuple[bool, ...] = ()) -> tuple[int, ...]:
         """The ops of one pool (its pool's blocks: `before`, the forward's, then this trace's); another pool's request
@@ -46,8 +51,9 @@ class Trace(NamedTuple):
         return tuple(out)
 
 
-def run(allocator, ops, blocks: list) -> list:
-    """Replay `ops` through the allocator; the blocks they make are appended to `blocks` (returned)."""
+def run(allocator, ops, blocks: list, groups: tuple = ()) -> list:
+    """Replay `ops` (a Trace's ops, or its program with its groups) through the allocator; the blocks they make are
+    appended to `blocks` (returned)."""
     malloc, free, transient, append = allocator.malloc, allocator.free, allocator.transient, blocks.append
     for op in ops:
         if op < 0:
@@ -56,9 +62,74 @@ def run(allocator, ops, blocks: list) -> list:
             append(None)  # another pool's block (`Trace.only`)
         elif op < TRANSIENT:
             append(malloc(op))
-        else:
+        elif op < GROUP:
             transient(op - TRANSIENT)
+        else:
+            group, places = groups[op - GROUP]
+            allocator.closed(group)
+            blocks += places  # freed within the group: no later op names them
     return blocks
+
+
+def folded(trace: Trace, first: int) -> Trace:
+    """The trace with its program and groups (`fold`); `first`: the place its first request takes."""
+    return trace._replace(**dict(zip(("program", "groups"), fold(trace.ops, first))))
+
+
+def fold(ops: tuple[int, ...], first: int) -> tuple[tuple[int, ...], tuple]:
+    """(program, groups) of a trace whose first request takes place `first`: each run of ops that frees all it
+    requests and nothing else, each pool's requests before its frees (allocator.closed), made one op."""
+    pools, place = {}, first  # place -> small pool?
+    freed = {~op for op in ops if op < 0}
+    for op in ops:
+        if 0 < op < TRANSIENT:
+            pools[place] = op <= SMALL_SIZE if place in freed else None  # None: held past the trace
+            place += 1
+    program: list[int] = []
+    groups: list = []
+    place, k = first, 0
+    while k < len(ops):
+        steps = _closed(ops, k, place, pools) if 0 < ops[k] < TRANSIENT else None
+        if steps is None:
+            program.append(ops[k])
+            place += 0 < ops[k] < TRANSIENT
+            k += 1
+            continue
+        kept = sum(1 for op in steps if 0 < op < TRANSIENT)
+        program.append(GROUP + len(groups))
+        groups.append((closed_group(steps), (None,) * kept))
+        place += kept
+        k += len(steps)
+    return tuple(program), tuple(groups)
+
+
+def _closed(ops, k: int, place: int, pools: dict) -> tuple[int, ...] | None:
+    """The steps of the closed group that starts at ops[k] (its places renumbered from 0), or None."""
+    local: dict[int, int] = {}  # place -> the group's own number
+    steps: list[int] = []
+    open_, freed = set(), set()  # places held; pools that have freed
+    for op in ops[k:]:
+        if op < 0:
+            if ~op not in open_:
+                return None
+            open_.discard(~op)
+            freed.add(pools[~op])
+            steps.append(~local[~op])
+        else:
+            size = op if op < TRANSIENT else op - TRANSIENT
+            if (size <= SMALL_SIZE) in freed:  # a request after its pool's frees: sizes alone do not decide it
+                return None
+            if op < TRANSIENT:
+                if pools[place] is None:  # held past the trace: no group around it closes
+                    return None
+                local[place] = len(local)
+                open_.add(place)
+                place += 1
+            steps.append(op)
+        if not open_:
+            requests = sum(1 for s in steps if s > 0)
+            return tuple(steps) if requests >= SHORTEST_GROUP else None
+    return None
 
 
 class Recorder:
