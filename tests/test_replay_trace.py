@@ -1,7 +1,7 @@
 """The pipeline replay's short cuts change nothing it finds: 1F1B replayed from recorded micro-batches, whole cycles
 skipped and the small pool replayed alone (memory/one_f_one_b_replay.py, memory/replay_trace.py) give each stage's
 cache and segments exactly as the walk over every micro-batch does; the allocator's `transient` leaves what
-`free(malloc(n))` leaves."""
+`free(malloc(n))` leaves, and its `closed` what the requests and frees of the group leave."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from estimator import Parallel, Training, estimate
 from estimator.memory import megatron_replay, one_f_one_b_replay
-from estimator.memory.allocator import CachingAllocator
+from estimator.memory.allocator import TRANSIENT, CachingAllocator, closed_group
 from estimator.models.presets import get_architecture
 
 
@@ -82,3 +82,41 @@ def test_a_transient_leaves_what_malloc_and_free_leave():
             assert (a.pools(), a.allocated, a.allocated_peak, a.reserved, a.segments) == \
                    (b.pools(), b.allocated, b.allocated_peak, b.reserved, b.segments)
     assert a.segments > 5  # new segments were made along the way, some by a transient
+
+
+GROUPS = [  # a recompute's layer (the forward's, then the backward's shape: a transient before the frees)
+    (33554432, 33554432, 37748736, 35651584, 524288, 33554432, 218103808, 109051904, ~0, ~1, ~2, ~3, ~4, ~5, ~6, ~7),
+    (33554432, 37748736, 300_000, 218103808, TRANSIENT + 109051904, TRANSIENT + 4096, ~3, ~2, ~1, ~0),
+    (5 << 20, 700_000, 5 << 20, TRANSIENT + (9 << 20), 3 << 20, ~0, ~3, ~1, ~2),  # 20 MiB segments, split and not
+]
+
+
+def test_a_closed_group_leaves_what_its_requests_and_frees_leave():
+    """Each group on allocators that hold and have freed blocks of many sizes (so best fit splits some blocks,
+    takes others whole and makes new segments), against the same requests and frees one by one."""
+    sizes = [300, 4 << 20, 700_000, 25 << 20, 1 << 20, 9 << 20, 512, 33554432, 1_500_000, 64 << 20, 37748736]
+    a, b = CachingAllocator(), CachingAllocator()
+    held_a, held_b = [], []
+    made = 0
+    for step in range(50):
+        n = sizes[step % len(sizes)] + 512 * (step % 5)
+        held_a.append(a.malloc(n))
+        held_b.append(b.malloc(n))
+        if step % 3 == 2:
+            a.free(held_a.pop(step % len(held_a)))
+            b.free(held_b.pop(step % len(held_b)))
+        for steps in GROUPS:
+            kept = []
+            before = a.segments
+            for op in steps:
+                if op < 0:
+                    a.free(kept[~op])
+                elif op < TRANSIENT:
+                    kept.append(a.malloc(op))
+                else:
+                    a.transient(op - TRANSIENT)
+            made += a.segments - before
+            b.closed(closed_group(steps))
+            assert (a.pools(), a.allocated, a.allocated_peak, a.reserved, a.segments) == \
+                   (b.pools(), b.allocated, b.allocated_peak, b.reserved, b.segments)
+    assert made > 3  # some groups made segments
