@@ -66,8 +66,12 @@ def test_short_cuts_give_the_walks_caches(monkeypatch, model, training, parallel
 def test_a_transient_leaves_what_malloc_and_free_leave():
     """Requests kept and freed in a mixed order (both pools, splits and whole blocks, new segments), with a
     transient of each size tried at every step against free(malloc()) on a twin allocator."""
-    sizes = [300, 4 << 20, 700_000, 25 << 20, 1 << 20, 9 << 20, 512, (20 << 20) - 4096, 1_500_000, 64 << 20]
+    sizes = [300, 4 << 20, 700_000, 25 << 20, 1 << 20, 9 << 20, 512, (20 << 20) - 4096, 1_500_000, 64 << 20, 5 << 20]
     a, b = CachingAllocator(), CachingAllocator()
+    for x in (a, b):  # a free block of 5.5 MiB between taken ones: 5 MiB takes it whole
+        gap = x.malloc(11 << 19)
+        x.malloc(2 << 20)
+        x.free(gap)
     held_a, held_b = [], []
     for step in range(60):
         n = sizes[step % len(sizes)] + 512 * (step % 7)
@@ -96,6 +100,10 @@ def test_a_closed_group_leaves_what_its_requests_and_frees_leave():
     takes others whole and makes new segments), against the same requests and frees one by one."""
     sizes = [300, 4 << 20, 700_000, 25 << 20, 1 << 20, 9 << 20, 512, 33554432, 1_500_000, 64 << 20, 37748736]
     a, b = CachingAllocator(), CachingAllocator()
+    for x in (a, b):  # a free block of 5.5 MiB between taken ones: 5 MiB takes it whole (1 MiB or less is left)
+        gap = x.malloc(11 << 19)
+        x.malloc(2 << 20)
+        x.free(gap)
     held_a, held_b = [], []
     made = 0
     for step in range(50):
