@@ -44,6 +44,8 @@ CASES = [
                                                                                               zero_stage=1)),
     ("llama-3.1-405b", Training(seq_len=8192, global_batch_size=64, recompute="full"),
      Parallel(tp=8, pp=9, zero_stage=1)),
+    ("qwen3-30b-a3b", Training(seq_len=2048, global_batch_size=32, moe_dispatcher="alltoall", moe_grouped_gemm=True),
+     Parallel(tp=2, pp=2, ep=2, dp=2)),  # MoE under the all-to-all dispatcher (megatron_moe_replay.py's order)
 ]
 
 

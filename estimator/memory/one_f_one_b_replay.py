@@ -47,6 +47,7 @@ class Schedule:
         self.valid = True  # False: a record could not be replayed; the walk runs every micro-batch
         self._small: tuple | None = None  # the small pool's ops of a forward and a backward (`Trace.only`)
         self._live: dict[bool, tuple[int, ...]] = {}  # pool -> the places of a forward's blocks its backward frees
+        self._template = None  # the walk's state of a recorded forward, its blocks as their places (`_template`)
 
     @property
     def recorded(self) -> bool:
@@ -59,7 +60,7 @@ class Schedule:
 
     def forward(self) -> _Batch:
         walk = self.walk
-        if self.recorded:
+        if self.recorded or self.valid and self._template is not None:  # the backward's walk can take its state
             trace = self.forward_trace
             return _Batch(None, run(self.allocator, trace.program, [], trace.groups))
         if not self.valid or self._made_once()[0]:
@@ -70,9 +71,15 @@ class Schedule:
         if not recorder.valid or (self.forward_trace is not None and trace.ops != self.forward_trace.ops):
             self.valid = False
             return _Batch(state, None)
+        blocks = [recorder.blocks[i] for i in kept]
         if self.forward_trace is None:
             self.forward_trace = folded(trace, 0)
-        return _Batch(state, [recorder.blocks[i] for i in kept])
+            self._template = _template(state, {b: i for i, b in enumerate(blocks)})
+        return _Batch(state, blocks)
+
+    def _state(self, batch: _Batch):
+        """The walk's state of a micro-batch (rebuilt from its blocks where a record made it)."""
+        return batch.state if batch.state is not None else _filled(self._template, batch.blocks)
 
     def backward(self, batch: _Batch) -> None:
         walk = self.walk
@@ -81,11 +88,12 @@ class Schedule:
             run(self.allocator, trace.program, list(batch.blocks), trace.groups)
             return
         if batch.blocks is None or not self.valid:
-            walk.backward(batch.state)
+            walk.backward(self._state(batch))
             return
         before = self._made_once()
+        state = self._state(batch)
         with Recorder(walk.program, batch.blocks) as recorder:
-            walk.backward(batch.state)
+            walk.backward(state)
         trace, _ = recorder.trace()
         if self._made_once() != before:  # it made what is made once (TE's dummy gradients): the next may differ
             return
@@ -157,3 +165,25 @@ class Schedule:
             blocks = batch.blocks
             for i in self._live[False]:
                 blocks[i] = before[i]
+
+
+def _template(state, places: dict):
+    """The walk's state of a micro-batch (tuples and lists of blocks) with each block as its place among the
+    micro-batch's blocks (`places`: block -> place), or None where one is not among them."""
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        out = [_template(x, places) if x is not None else None for x in state]
+        if any(t is None and x is not None for t, x in zip(out, state)):
+            return None
+        return out if isinstance(state, list) else tuple(out)
+    return (places[state],) if type(state) is int and state in places else None
+
+
+def _filled(template, blocks: list):
+    """The state that `template` stands for, with these blocks in their places."""
+    if isinstance(template, list):
+        return [_filled(t, blocks) if t is not None else None for t in template]
+    if len(template) == 1 and type(template[0]) is int:
+        return blocks[template[0]]
+    return tuple(_filled(t, blocks) if t is not None else None for t in template)
