@@ -262,9 +262,11 @@ class CachingAllocator:
                 else:
                     self.transient(op - TRANSIENT)
             return
-        free = self._free
-        key = (group.steps,) + tuple(tuple([k >> KEY_SHIFT for k in free[small][bisect_left(free[small], floor):]])
-                                     for small, floor in group.floors)
+        key = [group.steps]
+        for small, floor in group.floors:
+            pool = self._free[small]
+            key.append(tuple([k >> KEY_SHIFT for k in pool[bisect_left(pool, floor):]]))
+        key = tuple(key)
         effect = _EFFECTS.get(key)
         if effect is None:
             effect = _EFFECTS[key] = _closed_effect(group, [list(sizes) for sizes in key[1:]])

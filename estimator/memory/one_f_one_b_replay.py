@@ -20,6 +20,8 @@ the replay takes three short cuts, none of which changes what it finds (the peak
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from .replay_trace import Recorder, Trace, folded, live, matches, run
 
 NO_PEAK = float("inf")  # the allocated peak while only the small pool is replayed: it sets none
@@ -47,6 +49,7 @@ class Schedule:
         self.valid = True  # False: a record could not be replayed; the walk runs every micro-batch
         self._small: tuple | None = None  # the small pool's ops of a forward and a backward (`Trace.only`)
         self._live: dict[bool, tuple[int, ...]] = {}  # pool -> the places of a forward's blocks its backward frees
+        self._held: dict = {}  # pool -> a micro-batch's blocks -> those of `_live` (`_picker`)
         self._template = None  # the walk's state of a recorded forward, its blocks as their places (`_template`)
 
     @property
@@ -104,6 +107,7 @@ class Schedule:
             self.backward_trace = folded(trace, len(forward.small))
             self._small = (forward.only(True), trace.only(True, forward.small))
             self._live = {pool: tuple(i for i in live(forward) if forward.small[i] == pool) for pool in (True, False)}
+            self._held = {pool: _picker(places) for pool, places in self._live.items()}
 
     # --- the steady state -----------------------------------------------------------------------------------------
     def steady(self, waiting: list, pairs: int, key) -> None:
@@ -137,8 +141,8 @@ class Schedule:
         """One pool's free blocks and the waiting micro-batches' blocks in it: equal twice, the pool is as it was
         (its other blocks are those made before the steady state, never freed, and the segments around them: a
         segment made since holds only blocks named here)."""
-        places = self._live[small]
-        return tuple(self.allocator._free[small]), tuple(b.blocks[i] for b in waiting for i in places)
+        held = self._held[small]
+        return tuple(self.allocator._free[small]), tuple([held(b.blocks) for b in waiting])
 
     def _small_pool_only(self, waiting: list, pairs: int) -> None:
         """`pairs` (whole cycles of the large pool) replayed in the small pool alone; the large blocks of the waiting
@@ -187,3 +191,8 @@ def _filled(template, blocks: list):
     if len(template) == 1 and type(template[0]) is int:
         return blocks[template[0]]
     return tuple(_filled(t, blocks) if t is not None else None for t in template)
+
+
+def _picker(places: tuple[int, ...]):
+    """blocks -> the blocks in these places (a tuple; one block alone where there is one place)."""
+    return itemgetter(*places) if places else (lambda blocks: ())
