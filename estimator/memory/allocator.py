@@ -265,7 +265,10 @@ class CachingAllocator:
         key = [group.steps]
         for small, floor in group.floors:
             pool = self._free[small]
-            key.append(tuple([k >> KEY_SHIFT for k in pool[bisect_left(pool, floor):]]))
+            if small and pool and pool[-1] >> KEY_SHIFT >= group.small_room:
+                key.append(ROOMY)
+            else:
+                key.append(tuple([k >> KEY_SHIFT for k in pool[bisect_left(pool, floor):]]))
         key = tuple(key)
         effect = _EFFECTS.get(key)
         if effect is None:
@@ -301,10 +304,22 @@ def _joined(blocks: dict, first: _Block, second: _Block) -> _Block:
 class Closed(NamedTuple):
     """Requests that are all freed again, each pool's before its frees (`CachingAllocator.closed`): `steps`, a size
     (> 0) requested and kept, `~i` (< 0) the i-th kept one freed, TRANSIENT + size requested and freed at once;
-    `floors`: per pool it asks of, (small?, its smallest request's key: size << KEY_SHIFT)."""
+    `floors`: per pool it asks of, (small?, its smallest request's key: size << KEY_SHIFT); `table`: the steps as
+    (kind, bytes or the kept one's number, the pool's place in `floors`), kind FREE, KEEP or TRANSIENT_STEP."""
 
     steps: tuple[int, ...]
     floors: tuple[tuple[bool, int], ...]
+    table: tuple[tuple[int, int, int], ...]
+    small_room: int  # a free small block this large holds all the group's small requests (`ROOMY`)
+
+
+FREE, KEEP, TRANSIENT_STEP = 0, 1, 2  # `Closed.table`'s kinds
+# The small pool's free sizes as a group's key where its largest free block holds all the group's small requests
+# (`Closed.small_room`: those it keeps and the largest again): until its frees, which come after, each request
+# takes the low end of the free block it splits, so that block's free end is one piece at least as large as the
+# next request, and none makes a segment; a small block is exactly its request (any rest of 512 bytes or more is
+# split off), so which blocks they take changes nothing the group leaves. One block of this size stands for them.
+ROOMY = (1 << 62,)
 
 
 def closed_group(steps: tuple[int, ...]) -> Closed:
@@ -319,7 +334,13 @@ def closed_group(steps: tuple[int, ...]) -> Closed:
             floors[size <= SMALL_SIZE] = min(floors.get(size <= SMALL_SIZE, size), size)
             op = TRANSIENT + size if transient else size
         rounded.append(op)
-    return Closed(tuple(rounded), tuple((small, size << KEY_SHIFT) for small, size in sorted(floors.items())))
+    pools = sorted(floors)
+    table = tuple((FREE, ~op, 0) if op < 0 else
+                  (TRANSIENT_STEP, op - TRANSIENT, pools.index(op - TRANSIENT <= SMALL_SIZE)) if op >= TRANSIENT else
+                  (KEEP, op, pools.index(op <= SMALL_SIZE)) for op in rounded)
+    smalls = [size for kind, size, _ in table if kind != FREE and size <= SMALL_SIZE]
+    room = sum(size for kind, size, _ in table if kind == KEEP and size <= SMALL_SIZE) + max(smalls, default=0)
+    return Closed(tuple(rounded), tuple((small, floors[small] << KEY_SHIFT) for small in pools), table, room)
 
 
 CLOSED_EFFECTS = 4096  # the groups' effects remembered, least recently used out first (each a few hundred bytes)
@@ -330,26 +351,23 @@ def _closed_effect(group: Closed, pools: list[list[int]]) -> tuple[tuple[tuple[i
     """(the new segments in order: (bytes, small?), the most the group holds at once) of `group` on free blocks of
     these sizes (sorted, per pool of `group.floors`), as `CachingAllocator.malloc` would take them (the group's
     sizes are rounded: `closed_group`)."""
-    by_pool = {small: sizes for (small, _), sizes in zip(group.floors, pools)}
     made: list = []
     held: list = []  # each kept request's bytes (its block's)
     live = top = 0
-    for op in group.steps:
-        if op < 0:
-            live -= held[~op]
+    for kind, size, pool in group.table:
+        if kind == FREE:
+            live -= held[size]
             continue
-        size = op - TRANSIENT if op >= TRANSIENT else op
-        small = size <= SMALL_SIZE
-        sizes = by_pool[small]
+        sizes = pools[pool]
         i = bisect_left(sizes, size)
         if i < len(sizes):
             block = sizes.pop(i)
         else:
             block = allocation_size(size)
-            made.append((block, small))
+            made.append((block, size <= SMALL_SIZE))
         rest = block - size
-        used = size if (rest >= MIN_BLOCK if small else rest > SMALL_SIZE) else block  # `should_split`
-        if op >= TRANSIENT:  # back whole at once
+        used = size if (rest >= MIN_BLOCK if size <= SMALL_SIZE else rest > SMALL_SIZE) else block  # `should_split`
+        if kind == TRANSIENT_STEP:  # back whole at once
             insort(sizes, block)
             if live + used > top:
                 top = live + used
