@@ -269,15 +269,7 @@ class CachingAllocator:
                 key.append(ROOMY)
             else:
                 key.append(tuple([k >> KEY_SHIFT for k in pool[bisect_left(pool, floor):]]))
-        key = tuple(key)
-        effect = _EFFECTS.get(key)
-        if effect is None:
-            effect = _EFFECTS[key] = _closed_effect(group, [list(sizes) for sizes in key[1:]])
-            if len(_EFFECTS) > CLOSED_EFFECTS:
-                _EFFECTS.popitem(last=False)
-        else:
-            _EFFECTS.move_to_end(key)
-        made, top = effect
+        made, top = _remembered_effect(group, tuple(key))
         for block, small in made:
             self._insert(self._new_segment(block, small))
         if self.allocated + top > self.allocated_peak:
@@ -345,6 +337,25 @@ def closed_group(steps: tuple[int, ...]) -> Closed:
 
 CLOSED_EFFECTS = 4096  # the groups' effects remembered, least recently used out first (each a few hundred bytes)
 _EFFECTS: OrderedDict = OrderedDict()  # (steps, each pool's free sizes from its floor) -> _closed_effect
+
+
+def _remembered_effect(group: Closed, key: tuple) -> tuple:
+    """`_closed_effect` of `group` on the free sizes of `key`, remembered (least recently used out first). Threads
+    may share it: a value is the same whoever computed it, and an entry another thread dropped is no error."""
+    effect = _EFFECTS.get(key)
+    if effect is None:
+        effect = _EFFECTS[key] = _closed_effect(group, [list(sizes) for sizes in key[1:]])
+        while len(_EFFECTS) > CLOSED_EFFECTS:
+            try:
+                _EFFECTS.popitem(last=False)
+            except KeyError:
+                break
+    else:
+        try:
+            _EFFECTS.move_to_end(key)
+        except KeyError:
+            pass
+    return effect
 
 
 def _closed_effect(group: Closed, pools: list[list[int]]) -> tuple[tuple[tuple[int, bool], ...], int]:
