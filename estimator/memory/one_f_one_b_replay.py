@@ -3,9 +3,10 @@ through the caching allocator, micro-batch by micro-batch, for megatron_replay.p
 then a forward and the oldest micro-batch's backward by turns, then the cool-down backwards.
 
 A long pipeline (64 or 128 micro-batches on each of 8 to 16 stages) makes hundreds of thousands of requests, so
-the replay takes three short cuts, none of which changes what it finds (the peaks and the segments):
+the replay takes these short cuts, none of which changes what it finds (the peaks and the segments):
 - once the walk makes the same requests for every micro-batch, a forward and a backward are recorded and replayed
-  from the record (replay_trace.py);
+  from the record (replay_trace.py), each run of requests all freed again within it (a layer recomputed, its
+  tensors dropped) as one step whose effect follows from the free blocks' sizes (allocator.closed);
 - the steady state repeats: where the allocator's free blocks and the waiting micro-batches' blocks are as they
   were some pairs ago, the replay is deterministic and repeats that cycle, reaching no new peak: whole cycles are
   skipped;

@@ -7,7 +7,9 @@ at the first backward): its choices depend on the configuration, never on the ad
 one forward and one backward are recorded as they run (the sizes asked for; each block freed named by its place
 among the micro-batch's requests) and the rest replayed from the record: the allocator sees the same calls in the
 same order, without the walk's work around them. A request freed at once (`free(malloc(n))`) is replayed as the
-allocator's `transient` (the same effect on its lists and peaks).
+allocator's `transient`, and a run of requests that frees all it requests and nothing else, each pool's requests
+before its frees (a layer recomputed and its tensors dropped), as its `closed` (`fold`): the same effect on the
+allocator's lists, segments and peaks, without the walk through each block.
 
 A record names each block by its place in the micro-batch's list of blocks: the forward's requests, then the
 backward's own. `Trace.ops`: a size (> 0) to request and append; `~place` (< 0) to free; `TRANSIENT + size` a
