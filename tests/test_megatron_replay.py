@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from estimator.memory import megatron_replay
+from estimator.memory import megatron_replay, one_f_one_b_replay
 from estimator.memory.resolved import resolve
 from estimator.models.loading import load_config
 
@@ -44,11 +44,15 @@ def test_the_first_ranks_main_parameters(dp, expected):
 
 
 class _Recorder:
-    """A walk that records 1F1B's order; its allocator state never repeats."""
+    """A schedule (one_f_one_b_replay.Schedule's steady state over this walk) that records 1F1B's order; its
+    allocator state never repeats."""
+
+    recorded = False
+    steady = one_f_one_b_replay.Schedule.steady
 
     def __init__(self):
         self.trace, self.made = [], 0
-        self.program = self
+        self.walk = self.program = self
 
     def state(self):
         return len(self.trace)
@@ -56,10 +60,10 @@ class _Recorder:
     def forward(self):
         self.made += 1
         self.trace.append(f"F{self.made}")
-        return self.made, [], ([], []), None
+        return one_f_one_b_replay._Batch((self.made, [], ([], []), None), None)
 
-    def backward(self, state):
-        self.trace.append(f"B{state[0]}")
+    def backward(self, batch):
+        self.trace.append(f"B{batch.state[0]}")
 
 
 @pytest.mark.parametrize(("rank", "expected"), [
@@ -75,8 +79,9 @@ def test_one_f_one_b_order(rank, expected):
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_skipping_whole_cycles_changes_nothing(monkeypatch, stage):
-    """The steady state's shortcut (whole cycles of the allocator's state skipped) against the replay of every
-    micro-batch: the same cache and segments, on each stage of a 4-stage pipeline of 64 micro-batches."""
+    """The steady state's short cuts (micro-batches replayed from a record, whole cycles skipped, the small pool
+    replayed alone: one_f_one_b_replay.py) against the walk over every micro-batch: the same cache and segments, on
+    each stage of a 4-stage pipeline of 64 micro-batches."""
     config = {"model": "llama-3.1-70b", "parallel": {"tp": 8, "pp": 4, "dp": 8},
               "training": {"global_batch_size": 512}}
     backwards = []
@@ -85,9 +90,21 @@ def test_skipping_whole_cycles_changes_nothing(monkeypatch, stage):
                         lambda walk, state: backwards.append(1) or backward(walk, state))
     skipped = _cache(config, stage)
     ran = len(backwards)
-    monkeypatch.setattr(megatron_replay, "_addresses", lambda waiting: object())  # never seen again: no skip
+    monkeypatch.setattr(megatron_replay, "_one_f_one_b", _every_micro_batch)
     assert _cache(config, stage) == skipped
-    assert len(backwards) - ran == 4 * 2 * 64 > 2 * ran  # every stage's two steps of 64, against under half
+    assert len(backwards) - ran == 4 * 2 * 64 > 20 * ran  # every stage's two steps of 64, against a few walked
+
+
+def _every_micro_batch(schedule, pp: int, rank: int, microbatches: int) -> None:
+    """1F1B with the walk over every micro-batch: nothing recorded or skipped."""
+    walk = schedule.walk
+    warmup = min(pp - rank - 1, microbatches)
+    waiting = [walk.forward() for _ in range(warmup)]
+    for _ in range(microbatches - warmup):
+        waiting.append(walk.forward())
+        walk.backward(waiting.pop(0))
+    for state in waiting:
+        walk.backward(state)
 
 
 def _cache(config: dict, stage: int) -> tuple[int, int]:

@@ -46,6 +46,8 @@ tests/test_allocator.py):
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import OrderedDict
+from typing import NamedTuple
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize
@@ -53,6 +55,13 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer
 LARGE_BUFFER = 20 << 20  # kLargeBuffer
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge
+# a free block in its pool's sorted list: size << KEY_SHIFT | address, one int (ordered as (size, address), the
+# order `get_free_block` searches, and compared faster than a pair); addresses stay below 2**64
+KEY_SHIFT = 64
+ADDRESS = (1 << KEY_SHIFT) - 1
+# `closed`'s steps: a size (> 0) requested and kept, `~i` (< 0) the i-th kept one freed, TRANSIENT + size a size
+# requested and freed at once
+TRANSIENT = 1 << 56
 
 
 def round_size(size: int) -> int:
@@ -86,8 +95,8 @@ class CachingAllocator:
 
     def __init__(self, expandable: bool = False):
         self.expandable = expandable
-        # pool -> sorted [(size, addr)] of free blocks; the pool of the current stream is keyed by small?, another
-        # stream's by (small?, stream)
+        # pool -> sorted keys (size << KEY_SHIFT | addr) of free blocks; the pool of the current stream is keyed by
+        # small?, another stream's by (small?, stream)
         self._free = {True: [], False: []}
         self._blocks: dict[int, _Block] = {}  # addr -> block
         self._tail = {True: None, False: None}  # expandable: the last block of each pool's segment
@@ -99,23 +108,15 @@ class CachingAllocator:
     # --- the free lists ---------------------------------------------------------------------------
     def pools(self) -> tuple:
         """The free blocks of every pool, in a fixed order: (key, ((size, addr), ...))."""
-        return tuple((str(key), tuple(blocks)) for key, blocks in sorted(self._free.items(), key=str))
+        return tuple((str(key), tuple((k >> KEY_SHIFT, k & ADDRESS) for k in blocks))
+                     for key, blocks in sorted(self._free.items(), key=str))
 
     def _insert(self, block: _Block) -> None:
-        insort(self._free[block.small], (block.size, block.addr))
+        insort(self._free[block.small], block.size << KEY_SHIFT | block.addr)
 
     def _remove(self, block: _Block) -> None:
         pool = self._free[block.small]
-        del pool[bisect_left(pool, (block.size, block.addr))]
-
-    def _best_fit(self, size: int, small: bool) -> _Block | None:
-        pool = self._free[small]
-        i = bisect_left(pool, (size, -1))
-        if i == len(pool):
-            return None
-        block = self._blocks[pool[i][1]]
-        self._remove(block)
-        return block
+        del pool[bisect_left(pool, block.size << KEY_SHIFT | block.addr)]
 
     # --- segments ---------------------------------------------------------------------------------
     def _new_segment(self, size: int, small: bool) -> _Block:
@@ -157,7 +158,7 @@ class CachingAllocator:
         larger free block follows (`get_free_block`: the end block's `expandable_size` is its size plus the
         unmapped rest of the segment, more than any other block's)."""
         tail = self._tail[small]
-        if tail is not None and pool[i][1] == tail.addr and i + 1 < len(pool):
+        if tail is not None and pool[i] & ADDRESS == tail.addr and i + 1 < len(pool):
             return i + 1
         return i
 
@@ -173,11 +174,11 @@ class CachingAllocator:
             pool = self._free.setdefault(small, [])
         else:
             pool = self._free[small]
-        i = bisect_left(pool, (size, -1))
+        i = bisect_left(pool, size << KEY_SHIFT)
         if i < len(pool):
             if self.expandable:
                 i = self._past_the_end(pool, i, small)
-            block = self._blocks[pool.pop(i)[1]]
+            block = self._blocks[pool.pop(i) & ADDRESS]
         elif self.expandable:
             block = self._expand(size, small)
         else:
@@ -192,8 +193,8 @@ class CachingAllocator:
                 after.prev = rest
             block.next, block.size = rest, size
             self._blocks[rest.addr] = rest
-            insort(pool, (rest_size, rest.addr))
-            if self._tail.get(small) is block:
+            insort(pool, rest_size << KEY_SHIFT | rest.addr)
+            if self.expandable and self._tail.get(small) is block:
                 self._tail[small] = rest
         block.free = False
         self.allocated += block.size
@@ -202,28 +203,193 @@ class CachingAllocator:
         return block.addr
 
     def free(self, addr: int) -> None:
-        block = self._blocks[addr]
+        # `_remove`, `_merge` and `_insert` written out, as in malloc
+        blocks = self._blocks
+        block = blocks[addr]
         block.free = True
         self.allocated -= block.size
         before, after = block.prev, block.next
+        pool = self._free[block.small]
         if before is not None and before.free:
-            self._remove(before)
-            block = self._merge(before, block)
+            del pool[bisect_left(pool, before.size << KEY_SHIFT | before.addr)]
+            block = self._merge(before, block) if self.expandable else _joined(blocks, before, block)
         if after is not None and after.free:
-            self._remove(after)
-            block = self._merge(block, after)
-        self._insert(block)
+            del pool[bisect_left(pool, after.size << KEY_SHIFT | after.addr)]
+            block = self._merge(block, after) if self.expandable else _joined(blocks, block, after)
+        insort(pool, block.size << KEY_SHIFT | block.addr)
+
+    def transient(self, nbytes: int) -> None:
+        """`free(malloc(nbytes))` with nothing between, on the current stream, without the two walks of the lists
+        (a replay makes thousands). Free blocks never touch (a free merges with its free neighbours), so the block
+        the request takes has taken neighbours; the request's split-off rest is free and merges back as the request
+        is freed: the lists end as they were, but for a segment the request made (left free, whole). What the pair
+        leaves is that, and the allocated peak of the moment between (the block's size, or the request's where
+        `should_split` splits it)."""
+        if self.expandable:
+            self.free(self.malloc(nbytes))
+            return
+        size = MIN_BLOCK if nbytes <= MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        small = size <= SMALL_SIZE
+        pool = self._free[small]
+        i = bisect_left(pool, size << KEY_SHIFT)
+        if i < len(pool):
+            held = pool[i] >> KEY_SHIFT
+        else:
+            block = self._new_segment(allocation_size(size), small)
+            self._insert(block)
+            held = block.size
+        rest = held - size
+        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
+            held = size
+        if self.allocated + held > self.allocated_peak:
+            self.allocated_peak = self.allocated + held
+
+    def closed(self, group: Closed) -> None:
+        """Requests that are all freed again (`Closed`), each pool's before its frees. Every block they take is carved
+        from a free block (free blocks never touch), so once all are freed each such free block is whole again and
+        the lists are as they were, but for the segments the requests made (each free, whole). Which of two free
+        blocks of one size a request takes changes neither what is split off nor whether a later request fits: the
+        sizes alone decide those, and only of the free blocks as large as the pool's smallest request. So what the
+        group leaves, its new segments and the allocated peak along it (`_closed_effect`), follows from those sizes,
+        and is remembered by them (a pipeline's layers and micro-batches meet the same ones again and again)."""
+        if self.expandable:  # `_expand` grows the segment's end block: replayed as it is
+            kept: list = []
+            for op in group.steps:
+                if op < 0:
+                    self.free(kept[~op])
+                elif op < TRANSIENT:
+                    kept.append(self.malloc(op))
+                else:
+                    self.transient(op - TRANSIENT)
+            return
+        key = [group.steps]
+        for small, floor in group.floors:
+            pool = self._free[small]
+            if small and pool and pool[-1] >> KEY_SHIFT >= group.small_room:
+                key.append(ROOMY)
+            else:
+                key.append(tuple([k >> KEY_SHIFT for k in pool[bisect_left(pool, floor):]]))
+        made, top = _remembered_effect(group, tuple(key))
+        for block, small in made:
+            self._insert(self._new_segment(block, small))
+        if self.allocated + top > self.allocated_peak:
+            self.allocated_peak = self.allocated + top
 
     def _merge(self, first: _Block, second: _Block) -> _Block:
-        """`second` (the block after `first`) joins `first`."""
-        first.size += second.size
-        first.next = second.next
-        if second.next is not None:
-            second.next.prev = first
-        del self._blocks[second.addr]
+        """`second` (the block after `first`) joins `first`; the segment's end moves with it."""
+        _joined(self._blocks, first, second)
         if self._tail.get(first.small) is second:
             self._tail[first.small] = first
         return first
+
+
+def _joined(blocks: dict, first: _Block, second: _Block) -> _Block:
+    """`second` (the block after `first`) joins `first`."""
+    first.size += second.size
+    after = first.next = second.next
+    if after is not None:
+        after.prev = first
+    del blocks[second.addr]
+    return first
+
+
+class Closed(NamedTuple):
+    """Requests that are all freed again, each pool's before its frees (`CachingAllocator.closed`): `steps`, a size
+    (> 0) requested and kept, `~i` (< 0) the i-th kept one freed, TRANSIENT + size requested and freed at once;
+    `floors`: per pool it asks of, (small?, its smallest request's key: size << KEY_SHIFT); `table`: the steps as
+    (kind, bytes or the kept one's number, the pool's place in `floors`), kind FREE, KEEP or TRANSIENT_STEP."""
+
+    steps: tuple[int, ...]
+    floors: tuple[tuple[bool, int], ...]
+    table: tuple[tuple[int, int, int], ...]
+    small_room: int  # a free small block this large holds all the group's small requests (`ROOMY`)
+
+
+FREE, KEEP, TRANSIENT_STEP = 0, 1, 2  # `Closed.table`'s kinds
+# The small pool's free sizes as a group's key where its largest free block holds all the group's small requests
+# (`Closed.small_room`: those it keeps and the largest again): until its frees, which come after, each request
+# takes the low end of the free block it splits, so that block's free end is one piece at least as large as the
+# next request, and none makes a segment; a small block is exactly its request (any rest of 512 bytes or more is
+# split off), so which blocks they take changes nothing the group leaves. One block of this size stands for them.
+ROOMY = (1 << 62,)
+
+
+def closed_group(steps: tuple[int, ...]) -> Closed:
+    """`steps` as a Closed group, each request's bytes rounded as malloc rounds them (`round_size`: the same
+    blocks)."""
+    rounded: list[int] = []
+    floors: dict[bool, int] = {}
+    for op in steps:
+        if op > 0:
+            transient = op >= TRANSIENT
+            size = round_size(op - TRANSIENT if transient else op)
+            floors[size <= SMALL_SIZE] = min(floors.get(size <= SMALL_SIZE, size), size)
+            op = TRANSIENT + size if transient else size
+        rounded.append(op)
+    pools = sorted(floors)
+    table = tuple((FREE, ~op, 0) if op < 0 else
+                  (TRANSIENT_STEP, op - TRANSIENT, pools.index(op - TRANSIENT <= SMALL_SIZE)) if op >= TRANSIENT else
+                  (KEEP, op, pools.index(op <= SMALL_SIZE)) for op in rounded)
+    smalls = [size for kind, size, _ in table if kind != FREE and size <= SMALL_SIZE]
+    room = sum(size for kind, size, _ in table if kind == KEEP and size <= SMALL_SIZE) + max(smalls, default=0)
+    return Closed(tuple(rounded), tuple((small, floors[small] << KEY_SHIFT) for small in pools), table, room)
+
+
+CLOSED_EFFECTS = 4096  # the groups' effects remembered, least recently used out first (each a few hundred bytes)
+_EFFECTS: OrderedDict = OrderedDict()  # (steps, each pool's free sizes from its floor) -> _closed_effect
+
+
+def _remembered_effect(group: Closed, key: tuple) -> tuple:
+    """`_closed_effect` of `group` on the free sizes of `key`, remembered (least recently used out first). Threads
+    may share it: a value is the same whoever computed it, and an entry another thread dropped is no error."""
+    effect = _EFFECTS.get(key)
+    if effect is None:
+        effect = _EFFECTS[key] = _closed_effect(group, [list(sizes) for sizes in key[1:]])
+        while len(_EFFECTS) > CLOSED_EFFECTS:
+            try:
+                _EFFECTS.popitem(last=False)
+            except KeyError:
+                break
+    else:
+        try:
+            _EFFECTS.move_to_end(key)
+        except KeyError:
+            pass
+    return effect
+
+
+def _closed_effect(group: Closed, pools: list[list[int]]) -> tuple[tuple[tuple[int, bool], ...], int]:
+    """(the new segments in order: (bytes, small?), the most the group holds at once) of `group` on free blocks of
+    these sizes (sorted, per pool of `group.floors`), as `CachingAllocator.malloc` would take them (the group's
+    sizes are rounded: `closed_group`)."""
+    made: list = []
+    held: list = []  # each kept request's bytes (its block's)
+    live = top = 0
+    for kind, size, pool in group.table:
+        if kind == FREE:
+            live -= held[size]
+            continue
+        sizes = pools[pool]
+        i = bisect_left(sizes, size)
+        if i < len(sizes):
+            block = sizes.pop(i)
+        else:
+            block = allocation_size(size)
+            made.append((block, size <= SMALL_SIZE))
+        rest = block - size
+        used = size if (rest >= MIN_BLOCK if size <= SMALL_SIZE else rest > SMALL_SIZE) else block  # `should_split`
+        if kind == TRANSIENT_STEP:  # back whole at once
+            insort(sizes, block)
+            if live + used > top:
+                top = live + used
+            continue
+        if used == size and rest:
+            insort(sizes, rest)
+        held.append(used)
+        live += used
+        if live > top:
+            top = live
+    return tuple(made), top
 
 
 def replay(events, expandable: bool = False) -> CachingAllocator:

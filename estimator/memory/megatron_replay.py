@@ -43,6 +43,7 @@ from __future__ import annotations
 from . import megatron_cp_a2a, megatron_moe_replay
 from .allocator import SMALL_SIZE
 from .components import Component
+from .one_f_one_b_replay import Schedule
 from ..spec.dtypes import bytes_per_element
 from ..spec.tensors import COLUMN, REPLICATED, ROW, VOCAB
 
@@ -143,9 +144,10 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     # the global memory buffer, made where the first layer first asks for it (utils.py GlobalMemoryBuffer.get_tensor)
     walk.pending = [c.bytes for c in kept if c.key == "buffers"]
     moments: list = []
+    schedule = Schedule(walk)  # its records serve both steps
     for _ in range(2):
         if cfg.parallel.pp > 1:
-            _one_f_one_b(walk, cfg.parallel.pp, sp.stage, cfg.microbatches)
+            _one_f_one_b(schedule, cfg.parallel.pp, sp.stage, cfg.microbatches)
         else:
             _accumulate(program, walk, cfg.microbatches)
         moments = _step(program, mains, moments, tr, _bytes(kept, "optimizer_states"))
@@ -164,27 +166,20 @@ def _accumulate(program, walk, microbatches: int) -> None:
         previous = now
 
 
-def _one_f_one_b(walk, pp: int, rank: int, microbatches: int) -> None:
+def _one_f_one_b(schedule: Schedule, pp: int, rank: int, microbatches: int) -> None:
     """Megatron-Core's 1F1B (pipeline_parallel/schedules.py forward_backward_pipelining_without_interleaving):
     pp - rank - 1 warm-up forwards, then a forward and the oldest micro-batch's backward by turns, then the
-    cool-down backwards."""
+    cool-down backwards (one_f_one_b_replay.py: what it records and skips)."""
     warmup = min(pp - rank - 1, microbatches)
-    waiting = [walk.forward() for _ in range(warmup)]
-    seen: dict[tuple, int] = {}
-    left = microbatches - warmup
-    while left:
-        waiting.append(walk.forward())
-        walk.backward(waiting.pop(0))
-        left -= 1
-        # the allocator's free blocks and the waiting micro-batches' blocks as they were some pairs ago: the replay
-        # is deterministic, so it repeats that cycle from here, reaching no new peak; whole cycles are skipped
-        now = (walk.program.state(), _addresses(waiting))
-        if now in seen:
-            left %= seen[now] - left
-            seen.clear()
-        seen[now] = left
-    for state in waiting:
-        walk.backward(state)
+    waiting = [schedule.forward() for _ in range(warmup)]
+    schedule.steady(waiting, microbatches - warmup, _held)
+    for batch in waiting:
+        schedule.backward(batch)
+
+
+def _held(waiting: list) -> tuple:
+    """The blocks a queue of micro-batches holds, in order (`_Walk.forward`'s states, or a record's blocks)."""
+    return tuple(_addresses([b.state]) if b.state is not None else tuple(b.blocks) for b in waiting)
 
 
 def _addresses(waiting: list) -> tuple:
