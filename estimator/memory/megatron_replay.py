@@ -34,13 +34,15 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
   (the gradients are views of `grad_data`, the parameters copied back in place);
 - MoE layers under the all-to-all dispatcher and MLA: megatron_moe_replay.py (the expert parameters' own buffers and
   optimizer; the layer's order of allocations, the ledger's tensors and MoE moments).
-Two steps are replayed; segments are never given back. With context parallelism a layer's attention runs
-TransformerEngine's all-to-all, on two streams (megatron_cp_a2a.py); replay_rule keeps CP on the flat share.
+Two steps are replayed; segments are never given back. With context parallelism (the all-to-all) a dense layer's
+order is TransformerEngine's, its attention on two streams, its linears' sequence-parallel gathers and the backward's
+activation gradients with it (megatron_cp_a2a.py, megatron_te_linears.py: the residual's gradient made by the final
+norm's backward and held to the embedding's); replay_rule keeps CP on the flat share.
 """
 
 from __future__ import annotations
 
-from . import megatron_cp_a2a, megatron_moe_replay
+from . import megatron_cp_a2a, megatron_moe_replay, megatron_te_linears
 from .allocator import SMALL_SIZE
 from .components import Component
 from ..spec.dtypes import bytes_per_element
@@ -54,9 +56,10 @@ SOURCE = ("Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py (_ParamAndG
           "tests/data/measured/published/simumax_b200")
 
 # what replaying CP established (megatron_cp_a2a.py; tests/test_megatron_cp_a2a.py)
-CP_REASON = ("context parallelism (TransformerEngine's all-to-all replayed per stream leaves the B200 CP runs up to "
-             "4.1% under, median 1.9%: the backward's activation gradients and TE's sequence-parallel gathers are not "
-             "replayed, nor p2p's ring buffers)")
+CP_REASON = ("context parallelism (the all-to-all's layers replayed, TransformerEngine's sequence-parallel gathers and "
+             "the backward's activation gradients with them, leave the B200 CP runs up to 3.5% under, median 1.5%: "
+             "the 70B runs reserve 1 to 2 logits' sizes more than the replay does, not yet explained; p2p's ring "
+             "buffers are not replayed)")
 SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # activations/attention.py's entries
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 ATTENTION_OUTPUT = "attention output (output projection input)"
@@ -276,6 +279,9 @@ class _Walk:
         self.sizes = _layer_sizes(shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
         self.a2a = {kind: megatron_cp_a2a.plan(cfg, shared, kind) for kind in set(self.kinds)}  # CP's all-to-all
+        # CP's layers: TE's linears (megatron_te_linears.py) and the residual's gradient through backward
+        self.lin = megatron_te_linears.linears(cfg) if any(self.a2a.values()) else None
+        self.carried = None  # a layer's output, until the next residual sum
         # full recompute checkpoints the stage's first layers (Megatron's block method), or all of them
         self.checkpointed = recomputed_layer_count(training, len(self.kinds))
         self.fused_wgrad = training.gradient_accumulation_fusion
@@ -294,7 +300,11 @@ class _Walk:
         output's gradient (p2p_communication.py: `torch.empty`), held to its backward."""
         prog = self.program
         batch = prog.alloc(self.ids)
+        if self.lin and self.sp.first:
+            self.carried = megatron_te_linears.embedding_forward(prog, self.lin)
         kept = [self._layer_forward(kind, j < self.checkpointed) for j, kind in enumerate(self.kinds)]
+        prog.free(self.carried)  # the final norm's input made (the loss's first request): the last layer's output
+        self.carried = None
         loss = self._loss_forward()
         received = None
         if not self.sp.last:
@@ -306,14 +316,20 @@ class _Walk:
         """One micro-batch's backward; a stage after the first sends its input's gradient and frees it."""
         prog = self.program
         batch, kept, loss, received = state
-        self._loss_backward(loss)
+        residual = self._loss_backward(loss)  # with CP's layers, the residual's gradient (a later stage: received)
         for j in reversed(range(len(self.kinds))):
             self._layer_backward(self.kinds[j], self.layers[j], kept[j], j < self.checkpointed)
-        for n in reversed(self.embedding):
-            self._gradient(n, always=True)  # embedding_dense_backward, added into main_grad
-        prog.free(received, batch)
+        if self.lin and self.sp.first:
+            megatron_te_linears.embedding_backward(prog, self.lin, self._embedding_gradients)
+        else:
+            self._embedding_gradients()
+        prog.free(residual, received, batch)
         if not self.sp.first:
             prog.transient([self.shared.kept_input])
+
+    def _embedding_gradients(self) -> None:
+        for n in reversed(self.embedding):
+            self._gradient(n, always=True)  # embedding_dense_backward, added into main_grad
 
     # --- forward ----------------------------------------------------------------------------------------------
     def _made(self, kind: str) -> list:
@@ -321,7 +337,10 @@ class _Walk:
         if scores is None:
             self._buffers()  # the all-gather's buffer (sequence parallelism), at the layer's first projection
             a2a = self.a2a[kind]
-            return megatron_cp_a2a.forward(prog, sizes, a2a) if a2a else self._planned(kind, sizes, 0)
+            if not a2a:
+                return self._planned(kind, sizes, 0)
+            kept, self.carried = megatron_cp_a2a.forward(prog, sizes, a2a, self.carried)
+            return kept
         at, ends = scores
         fp32, cast = sizes[at], sizes[at + 1]
         out = prog.many(sizes[:at])
@@ -357,18 +376,42 @@ class _Walk:
         return _loss_forward(self.program, self.shared) if self.sp.last and self.shared.loss else ([], [])
 
     # --- backward ---------------------------------------------------------------------------------------------
-    def _loss_backward(self, loss) -> None:
+    def _loss_backward(self, loss):
+        """The loss's and the head's backward; with CP's layers, returns the residual's gradient it makes."""
         from .reserved import _sizes
 
         prog, (before, made) = self.program, loss
         grads = [prog.alloc(b) for b in _sizes(self.shared.loss.backward, self.shared.parallel)] \
             if self.sp.last and self.shared.loss else []
+        if self.lin and self.sp.last:
+            return self._head_backward(grads, made, before)
         prog.free(*made)
         for n in reversed(self.head):
             self._gradient(n)
         if self.sp.last and self.sp.first and self.tied:  # the output layer's gradient of the shared weight
             self._gradient(self.embedding[0])
         prog.free(*grads, *before)
+        return None
+
+    def _head_backward(self, grads: list, made: list, before: list):
+        """The output layer's and the final norm's backward (Megatron's ColumnParallelLinear,
+        tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward: its input all-gathered
+        into the global memory buffer, the input gradient [s, h], under sequence parallelism reduce-scattered into a
+        new tensor; TENorm's backward then makes the residual's gradient, held to the embedding's backward)."""
+        prog, lin = self.program, self.lin
+        gemm_out = prog.alloc(lin.full)
+        scattered = prog.alloc(lin.local) if lin.gathers else None
+        head = list(reversed(self.head))
+        self._gradient(head.pop(0))  # the output layer's weight
+        if self.sp.first and self.tied:
+            self._gradient(self.embedding[0])
+        prog.free(gemm_out if lin.gathers else None, *made, *grads)
+        residual = prog.alloc(lin.local)  # rmsnorm_bwd
+        prog.free(scattered, None if lin.gathers else gemm_out)
+        for n in head:
+            self._gradient(n)  # the final norm's weight
+        prog.free(*before)
+        return residual
 
     def _gradient(self, n: float, always: bool = False) -> None:
         """A weight's gradient: made, added into main_grad by DDP's hook, freed; a matrix under gradient-accumulation
@@ -382,8 +425,14 @@ class _Walk:
     def _layer_backward(self, kind: str, weights: list[float], saved: list, full: bool) -> None:
         prog = self.program
         held = self._made(kind) if full else list(saved)
-        at = self.scores[kind] and self.scores[kind][0]
         a2a = self.a2a[kind]
+        if a2a:
+            prog.free(self.carried)  # a recomputed layer's output, dropped
+            self.carried = None
+            megatron_cp_a2a.backward(prog, held, self.sizes[kind].sizes, a2a, weights, self._gradient)
+            prog.free(*(saved if full else ()))
+            return
+        at = self.scores[kind] and self.scores[kind][0]
         count, n = len(held), len(weights)
         experts = kind in self.plans
         for j, w in enumerate(reversed(weights)):
@@ -394,8 +443,6 @@ class _Walk:
             while len(held) > count * (n - 1 - j) // n:
                 if at is not None and len(held) == at + 2:  # the softmax's output reached: its backward
                     self._softmax_backward(kind, held, at)
-                elif a2a and len(held) == a2a.kept_output + 1:  # the output projection's input: CP's attention
-                    megatron_cp_a2a.backward(prog, held, a2a)
                 else:
                     prog.free(held.pop())
         prog.free(*(saved if full else ()))
