@@ -173,7 +173,8 @@ def test_the_replays_allocated_peak_is_the_measured_one(monkeypatch):
     monkeypatch.setattr(reserved, "_Program", _Programs)
     for run in CP_RUNS:
         _Programs.made = []
-        stages_of(B200[run])
+        stage, = stages_of(B200[run])
+        assert "megatron_te_linears.py" in stage.component("fragmentation").source
         peak = max(program.allocator.allocated_peak for program in _Programs.made)
         over = peak - B200[run]["measured"]["max_allocated_bytes"]
         assert 30 * MiB < over < 47 * MiB, (run, over / MiB)

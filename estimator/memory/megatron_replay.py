@@ -96,6 +96,8 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
 
     arch = cfg.architecture
     source = f"{SOURCE}; {megatron_moe_replay.SOURCE}" if arch.is_moe or arch.uses_mla else SOURCE
+    if cfg.parallel.cp > 1:
+        source = f"{source}; {megatron_te_linears.SOURCE}"
     return replay_component(cfg, sp, "megatron reserved replay", lambda: replayed(cfg, shared, sp, static),
                             "Megatron-Core's initialisation and two steps", source)
 

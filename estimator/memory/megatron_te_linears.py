@@ -20,6 +20,10 @@ userbuffers, gradient-accumulation fusion (the weight gradient written into main
   gradient; the norm output and its gathered copy freed (`clear_tensor_data`); the norm's backward (`rmsnorm_bwd`)
   makes the layer input's gradient, the reduce-scatter's output dropped as `dgrad` is rebound, `gemm_out` as backward
   returns; autograd then frees the output gradient it was given and the saved norm input.
+The residual's gradient, made by the final norm's backward, feeds both branches of every residual add (AddBackward
+hands the same tensor to both); the LayerNormLinear's input gradient is then added into it in place (torch
+csrc/autograd/input_buffer.cpp `accumulate`: `old_var.add_(var)` once the buffer holds the last reference), so one
+such tensor lives from the head's backward to the embedding's.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from ..spec.dtypes import bytes_per_element
 from .activations.entries import tokens_per_gpu
 
 SOURCE = ("TransformerEngine v2.11 transformer_engine/pytorch/module/layernorm_linear.py (_LayerNormLinear forward, "
-          "backward), linear.py (_Linear), base.py (grad_output_preprocess); Megatron-Core 0.16.1 "
-          "models/gpt/gpt_layer_specs.py (TE spec), transformer/transformer_layer.py (bias-dropout-add)")
+          "backward), linear.py (_Linear), base.py (grad_output_preprocess), attention/dot_product_attention/"
+          "context_parallel.py (AttnFuncWithCPAndQKVOA2A); Megatron-Core 0.16.1 models/gpt/gpt_layer_specs.py (TE "
+          "spec), transformer/attention.py, transformer/transformer_layer.py (bias-dropout-add); torch "
+          "csrc/autograd/input_buffer.cpp (estimator/memory/megatron_cp_a2a.py, megatron_te_linears.py)")
 
 
 @dataclass(frozen=True)
