@@ -63,6 +63,23 @@ class Plan:
         return self.output + 2
 
 
+def cp_rule(cfg) -> str | None:
+    """Why a layout with context parallelism is not replayed (None: it is, or CP is off): TransformerEngine's
+    all-to-all over dense decoder layers with a gated MLP and fused attention, whose requests `plan` finds."""
+    par, arch, training = cfg.parallel, cfg.architecture, cfg.training
+    if par.cp == 1:
+        return None
+    checks = (
+        (par.cp_comm_type != "a2a", f"context parallelism by {par.cp_comm_type} (only the all-to-all's order is "
+                                    "replayed: the ring's and the gathers' buffers are not)"),
+        (arch.is_moe or arch.uses_mla or arch.is_hybrid,
+         "context parallelism over MoE, MLA or state-space layers (the all-to-all is replayed on dense layers)"),
+        (not arch.gated_mlp or training.attention != "flash" or training.transformer_impl != "transformer_engine",
+         "context parallelism without TransformerEngine's fused attention and a gated MLP (the replayed layer)"),
+    )
+    return next((why for failed, why in checks if failed), None)
+
+
 def plan(cfg, shared, kind: str) -> Plan | None:
     """The layer's plan, or None where its ledger has no such layer (or CP is off)."""
     from .activations.recompute import dropped

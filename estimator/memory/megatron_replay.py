@@ -1,6 +1,6 @@
-"""Megatron-Core's dense layouts without context parallelism: the caching allocator (allocator.py) replayed over
-Megatron-Core 0.16.1's own order of allocations, its initialisation and two steps, for the reserved memory
-(reserved.py's rule 1, this stack).
+"""Megatron-Core's layouts (context parallelism by TransformerEngine's all-to-all among them): the caching
+allocator (allocator.py) replayed over Megatron-Core 0.16.1's own order of allocations, its initialisation and two
+steps, for the reserved memory (reserved.py's rule 1, this stack).
 
 The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 - the model built on the GPU, one tensor per parameter in module order (the embedding, each layer's norms, fused
@@ -37,7 +37,10 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 Two steps are replayed; segments are never given back. With context parallelism (the all-to-all) a dense layer's
 order is TransformerEngine's, its attention on two streams, its linears' sequence-parallel gathers and the backward's
 activation gradients with it (megatron_cp_a2a.py, megatron_te_linears.py: the residual's gradient made by the final
-norm's backward and held to the embedding's); replay_rule keeps CP on the flat share.
+norm's backward and held to the embedding's); CP's other exchanges (p2p's ring, the all-gather) keep the flat
+share. Under the distributed optimizer each rank of DP x CP makes its own cut of the main parameters, in the buffer's
+order (the last parameter's first): the replay runs every rank (up to MAX_RANKS) and keeps the largest cache, as a
+run's measured reserved memory is its largest rank's.
 """
 
 from __future__ import annotations
@@ -55,11 +58,6 @@ SOURCE = ("Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py (_ParamAndG
           "(estimator/memory/megatron_replay.py); measured: tests/data/measured/gpu/megatron, "
           "tests/data/measured/published/simumax_b200")
 
-# what replaying CP established (megatron_cp_a2a.py; tests/test_megatron_cp_a2a.py)
-CP_REASON = ("context parallelism (the all-to-all's layers replayed, TransformerEngine's sequence-parallel gathers and "
-             "the backward's activation gradients with them, leave the B200 CP runs up to 3.5% under, median 1.5%: "
-             "the 70B runs reserve 1 to 2 logits' sizes more than the replay does, not yet explained; p2p's ring "
-             "buffers are not replayed)")
 SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # activations/attention.py's entries
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 ATTENTION_OUTPUT = "attention output (output projection input)"
@@ -67,15 +65,17 @@ ATTENTION_OUTPUT = "attention output (output projection input)"
 
 def replay_rule(cfg) -> str | None:
     """Why the Megatron replay does not apply (None: it does): a decoder (dense, or MoE under the all-to-all dispatcher:
-    megatron_moe_replay.moe_rule; its attention MHA, GQA or MLA) on TP x DP x EP, PP under 1F1B, without
-    context parallelism, the distributed optimizer or DDP's buffers, default segments, nothing offloaded (as
-    measured: the H200 records and the B200 runs of tests/data/measured)."""
+    megatron_moe_replay.moe_rule; its attention MHA, GQA or MLA) on TP x DP x EP, PP under 1F1B, dense layers also
+    under context parallelism by TransformerEngine's all-to-all (megatron_cp_a2a.cp_rule), the distributed optimizer
+    or DDP's buffers, default segments, nothing offloaded (as measured: the H200 records and the B200 runs of
+    tests/data/measured)."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     moe = megatron_moe_replay.moe_rule(cfg)
+    cp = megatron_cp_a2a.cp_rule(cfg)
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (par.vpp > 1 or par.pp_schedule != "1f1b", f"the {par.pp_schedule} pipeline schedule (1F1B is replayed)"),
-        (par.cp > 1, CP_REASON),
+        (par.cp > 1 and cp is not None, cp),
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
         (arch.is_hybrid, "a hybrid model (its state-space layers are not replayed)"),
         (moe is not None, moe),
@@ -130,8 +130,28 @@ def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
     return embedding, layers, head
 
 
+MAX_RANKS = 8  # the data-parallel ranks replayed at most (_ranks)
+
+
 def replayed(cfg, shared, sp, static) -> tuple[int, int]:
-    """(reserved peak - allocated peak, segments) of the replay of the initialisation and two steps."""
+    """(reserved peak - allocated peak, segments) of the replay of the initialisation and two steps, on the rank of
+    the optimizer's data-parallel group that leaves the largest cache: under the distributed optimizer each rank
+    makes its own cut of the buffer's main parameters (`_shards`), and a run's measured reserved memory is its
+    largest rank's (tests/data/measured/published/simumax_b200: the max over the ranks)."""
+    return max(_replayed_rank(cfg, shared, sp, static, rank) for rank in _ranks(cfg))
+
+
+def _ranks(cfg) -> list[int]:
+    """The ranks replayed: every one of DP x CP under the distributed optimizer, up to MAX_RANKS (beyond, MAX_RANKS
+    evenly spaced, the first and the last among them: a replay costs tens of milliseconds); without it one (the ranks
+    alike)."""
+    n = cfg.parallel.dp * cfg.parallel.cp if cfg.zero_stage == 1 else 1
+    if n <= MAX_RANKS:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (MAX_RANKS - 1)) for i in range(MAX_RANKS)})
+
+
+def _replayed_rank(cfg, shared, sp, static, rank: int) -> tuple[int, int]:
     from .reserved import _Program
     from .transients import transients
 
@@ -142,7 +162,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
     program = _Program()
     kept = static.parts().kept
-    mains = _initialise(program, cfg, order, P, G, _bytes(kept, "master_weights"))
+    mains = _initialise(program, cfg, order, P, G, _bytes(kept, "master_weights"), rank)
     program.many(_workspaces(cfg, sum(c.bytes for c in kept if c.key == "workspace")))
     walk = _Walk(program, cfg, shared, sp, static, embedding, layers, head, P)
     # the global memory buffer, made where the first layer first asks for it (utils.py GlobalMemoryBuffer.get_tensor)
@@ -215,7 +235,7 @@ def _bytes(kept, key: str) -> float:
     return sum(c.bytes for c in kept if c.key == key)
 
 
-def _initialise(program, cfg, order: list[float], P: float, G: float, masters: float) -> list[float]:
+def _initialise(program, cfg, order: list[float], P: float, G: float, masters: float, rank: int) -> list[float]:
     """The model, DDP's buffers, the optimizer's main parameters (`masters`: their bytes in the ledger, none
     without master weights); returns the elements the optimizer steps. MoE's expert parameters take buffers and an
     optimizer of their own, after the dense ones' (megatron_moe_replay.groups)."""
@@ -229,8 +249,10 @@ def _initialise(program, cfg, order: list[float], P: float, G: float, masters: f
         program.alloc(G * total)  # grad_data
         if distributed:  # `for param in params[::-1]`: each copied into param_data, its storage freed
             program.free(*[own[i] for i in reversed(members)])
-    # the distributed optimizer shards over the data-parallel group with context parallelism (states.py)
-    mains = [n for members, over in groups for n in _shards([order[i] for i in members], over if distributed else 1)]
+    # the distributed optimizer shards over the data-parallel group with context parallelism (states.py); without it
+    # Float16OptimizerWithFloat16Params makes every main parameter in the param groups' (module) order
+    mains = [n for members, over in groups for n in _shards([order[i] for i in members], over, rank % over)] \
+        if distributed else list(order)
     M = masters / max(1.0, sum(mains))  # bytes per element of a main parameter (fp32)
     for n in mains if M else ():
         copy = program.alloc(P * n)  # shard_model_param.clone()
@@ -239,19 +261,21 @@ def _initialise(program, cfg, order: list[float], P: float, G: float, masters: f
     return mains
 
 
-def _shards(order: list[float], dp: int) -> list[float]:
-    """The main parameters of the first rank of the `dp` sharing the optimizer: its 1/dp of the buffer (one
-    bucket: Megatron-LM's DDP without overlap_grad_reduce, distributed_data_parallel.py `bucket_size = None`),
-    laid out from the last parameter (`params[::-1]`), cut at the range's end."""
-    if dp == 1:
-        return list(order)
-    room, out = sum(order) / dp, []
+def _shards(order: list[float], dp: int, rank: int = 0) -> list[float]:
+    """The main parameters of rank `rank` of the `dp` sharing the optimizer, in the order Megatron-Core makes them:
+    its 1/dp of the buffer (one bucket: Megatron-LM's DDP without overlap_grad_reduce, distributed_data_parallel.py
+    `bucket_size = None`), which lays the parameters out from the last (param_and_grad_buffer.py `for param in
+    params[::-1]`, `param_index_map`); rank r owns [r/dp, (r+1)/dp) of it. distrib_optimizer.py walks the buffer's
+    `param_index_map` (`_build_model_gbuf_param_range_map`, `_build_optimizer_group_ranges`), so
+    `_build_model_and_main_param_groups` makes the main parameters, and Adam its moments, in the buffer's order."""
+    room = sum(order) / dp
+    low, high, at, out = rank * room, (rank + 1) * room, 0.0, []
     for n in reversed(order):
-        if room <= 0:
-            break
-        out.append(min(n, room))
-        room -= n
-    return out[::-1]
+        cut = min(high, at + n) - max(low, at)
+        if cut > 0:
+            out.append(cut)
+        at += n
+    return out
 
 
 def _step(program, mains: list[float], moments: list, tr, states: float) -> list:
