@@ -212,3 +212,45 @@ def _resolved(run: str):
     from tests.test_published_megatron_reserved import _resolved as resolved
 
     return resolved(imported(B200[run]).config)
+
+
+def _cp(model: str, **parallel):
+    from tests.test_published_megatron_reserved import _resolved as resolved
+
+    return resolved({"model": model, "training": {"framework": "megatron", "seq_len": 4096, "global_batch_size": 4},
+                     "parallel": {"tp": 2, "cp": 2, "dp": 2, "zero_stage": 1, **parallel}})
+
+
+@pytest.mark.parametrize("model, parallel, why", [
+    ("llama-3.1-8b", {"cp_comm_type": "a2a"}, None),
+    ("llama-3.1-8b", {}, "context parallelism by p2p (only the all-to-all's order is replayed"),
+    ("llama-3.1-8b", {"cp_comm_type": "allgather"}, "context parallelism by allgather (only"),
+    ("mixtral-8x7b", {"cp_comm_type": "a2a"}, "context parallelism over MoE, MLA, QK-norm or state-space layers"),
+    ("qwen3-8b", {"cp_comm_type": "a2a"}, "context parallelism over MoE, MLA, QK-norm or state-space layers"),
+])
+def test_the_cp_rule(model, parallel, why):
+    """Megatron's default --cp-comm-type is p2p: its ring (and the all-gather's buffers) are not replayed; nor are
+    layers other than the dense, gated, rotary one the all-to-all's order is written for."""
+    rule = megatron_cp_a2a.cp_rule(_cp(model, **parallel))
+    assert rule == why if why is None else rule.startswith(why)
+
+
+def test_every_preset_the_rule_lets_by_has_the_all_to_alls_layers():
+    """Each bundled model under Megatron with CP 2 by the all-to-all: either the replay says why it does not apply,
+    or every layer kind of it has a plan (the walk refuses a CP layer without one)."""
+    from estimator import estimate_config
+    from estimator.models.presets import preset_ids
+    from estimator.spec.errors import ConfigError
+
+    replayed = []
+    for model in preset_ids():
+        config = {"model": model, "training": {"framework": "megatron", "seq_len": 4096, "global_batch_size": 4},
+                  "parallel": {"tp": 2, "cp": 2, "dp": 2, "zero_stage": 1, "cp_comm_type": "a2a"}}
+        try:
+            stage = estimate_config(config).stages[0]
+        except ConfigError:  # CP refused for the model (MLA's sparse attention, recurrent layers)
+            continue
+        if stage.component("fragmentation").formula.startswith("caching allocator"):
+            replayed.append(model)
+    assert {"llama-3.1-8b", "llama-3.1-405b", "mistral-7b", "qwen2.5-7b", "phi-4"} <= set(replayed)
+    assert not {"qwen3-8b", "mixtral-8x7b", "deepseek-v3", "gemma-3-27b"} & set(replayed)

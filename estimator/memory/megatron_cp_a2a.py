@@ -72,10 +72,13 @@ def cp_rule(cfg) -> str | None:
     checks = (
         (par.cp_comm_type != "a2a", f"context parallelism by {par.cp_comm_type} (only the all-to-all's order is "
                                     "replayed: the ring's and the gathers' buffers are not)"),
-        (arch.is_moe or arch.uses_mla or arch.is_hybrid,
-         "context parallelism over MoE, MLA or state-space layers (the all-to-all is replayed on dense layers)"),
-        (not arch.gated_mlp or training.attention != "flash" or training.transformer_impl != "transformer_engine",
-         "context parallelism without TransformerEngine's fused attention and a gated MLP (the replayed layer)"),
+        (arch.is_moe or arch.uses_mla or arch.is_hybrid or arch.qk_norm,
+         "context parallelism over MoE, MLA, QK-norm or state-space layers (the all-to-all is replayed on dense "
+         "layers)"),
+        (not arch.gated_mlp or arch.position_embedding != "rope" or training.attention != "flash"
+         or training.transformer_impl != "transformer_engine",
+         "context parallelism without TransformerEngine's fused attention, rotary positions and a gated MLP (the "
+         "replayed layer)"),
     )
     return next((why for failed, why in checks if failed), None)
 
