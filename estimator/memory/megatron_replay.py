@@ -152,6 +152,7 @@ def _ranks(cfg) -> list[int]:
 
 
 def _replayed_rank(cfg, shared, sp, static, rank: int) -> tuple[int, int]:
+    """The replay of one rank of the optimizer's data-parallel group (its cut of the main parameters)."""
     from .reserved import _Program
     from .transients import transients
 
@@ -249,7 +250,8 @@ def _initialise(program, cfg, order: list[float], P: float, G: float, masters: f
         program.alloc(G * total)  # grad_data
         if distributed:  # `for param in params[::-1]`: each copied into param_data, its storage freed
             program.free(*[own[i] for i in reversed(members)])
-    # the distributed optimizer shards over the data-parallel group with context parallelism (states.py); without it
+    # the distributed optimizer shards over the data-parallel group with context parallelism (states.py), the experts'
+    # over the expert-data-parallel group (the rank taken modulo its size: the B200 MoE runs' is 1); without it
     # Float16OptimizerWithFloat16Params makes every main parameter in the param groups' (module) order
     mains = [n for members, over in groups for n in _shards([order[i] for i in members], over, rank % over)] \
         if distributed else list(order)
