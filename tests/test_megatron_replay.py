@@ -46,11 +46,15 @@ def test_a_ranks_main_parameters(dp, rank, expected):
     assert megatron_replay._shards([10, 20, 30], dp, rank) == expected
 
 
-@pytest.mark.parametrize(("dp", "cp", "ranks"), [(1, 1, [0]), (2, 4, list(range(8))), (4, 4, [0, 2, 4, 6, 9, 11, 13, 15])])
-def test_the_ranks_replayed(dp, cp, ranks):
-    """Every rank of DP x CP under the distributed optimizer up to 8; of 16, 8 evenly spaced (i x 15 / 7, rounded)."""
+@pytest.mark.parametrize(("dp", "cp", "batch", "ranks"), [
+    (1, 1, 4, [0]), (2, 4, 8, list(range(8))), (4, 4, 16, [0, 2, 4, 6, 9, 11, 13, 15]),
+    (4, 4, 4 * 16, [0, 5, 10, 15]), (4, 4, 4 * 64, [0])])
+def test_the_ranks_replayed(dp, cp, batch, ranks):
+    """Every rank of DP x CP under the distributed optimizer up to 8 and 64 micro-batches walked: of 16 ranks at 4
+    micro-batches, 8 evenly spaced (i x 15 / 7, rounded); at 16 micro-batches 4 (i x 15 / 3); at 64 the first."""
     cfg = resolved({"model": "llama-3.2-1b", "parallel": {"dp": dp, "cp": cp, "zero_stage": 1},
-                    "training": {"framework": "megatron", "global_batch_size": 16 * dp}})
+                    "training": {"framework": "megatron", "global_batch_size": batch}})
+    assert cfg.microbatches == batch // dp
     assert megatron_replay._ranks(cfg) == ranks
 
 

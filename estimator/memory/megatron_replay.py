@@ -131,6 +131,7 @@ def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
 
 
 MAX_RANKS = 8  # the data-parallel ranks replayed at most (_ranks)
+MAX_WALKED = 64  # micro-batches a stage's replays walk at most over its ranks (each walks up to 2 steps of them)
 
 
 def replayed(cfg, shared, sp, static) -> tuple[int, int]:
@@ -142,13 +143,17 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
 
 
 def _ranks(cfg) -> list[int]:
-    """The ranks replayed: every one of DP x CP under the distributed optimizer, up to MAX_RANKS (beyond, MAX_RANKS
-    evenly spaced, the first and the last among them: a replay costs tens of milliseconds); without it one (the ranks
-    alike)."""
+    """The ranks replayed: every one of DP x CP under the distributed optimizer, up to MAX_RANKS and MAX_WALKED over
+    the micro-batches (a replay costs tens of milliseconds at a few micro-batches, seconds at a hundred when the
+    allocator's state finds no cycle to skip); beyond, that many evenly spaced, the first and the last among them;
+    without the distributed optimizer one (the ranks alike)."""
     n = cfg.parallel.dp * cfg.parallel.cp if cfg.zero_stage == 1 else 1
-    if n <= MAX_RANKS:
+    most = max(1, min(MAX_RANKS, MAX_WALKED // max(1, cfg.microbatches)))
+    if n <= most:
         return list(range(n))
-    return sorted({round(i * (n - 1) / (MAX_RANKS - 1)) for i in range(MAX_RANKS)})
+    if most == 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
 
 
 def _replayed_rank(cfg, shared, sp, static, rank: int) -> tuple[int, int]:
