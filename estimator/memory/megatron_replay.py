@@ -39,7 +39,8 @@ order is TransformerEngine's, its attention on two streams, its linears' sequenc
 activation gradients with it (megatron_cp_a2a.py, megatron_te_linears.py: the residual's gradient made by the final
 norm's backward and held to the embedding's); CP's other exchanges (p2p's ring, the all-gather) keep the flat
 share. Under the distributed optimizer each rank of DP x CP makes its own cut of the main parameters, in the buffer's
-order (the last parameter's first): the replay runs every rank (up to MAX_RANKS) and keeps the largest cache, as a
+order (the last parameter's first): the replay runs every rank (up to MAX_RANKS, fewer with many micro-batches:
+_ranks) and keeps the largest cache, as a
 run's measured reserved memory is its largest rank's.
 """
 
