@@ -40,8 +40,7 @@ activation gradients with it (megatron_cp_a2a.py, megatron_te_linears.py: the re
 norm's backward and held to the embedding's); CP's other exchanges (p2p's ring, the all-gather) keep the flat
 share. Under the distributed optimizer each rank of DP x CP makes its own cut of the main parameters, in the buffer's
 order (the last parameter's first): the replay runs every rank (up to MAX_RANKS, fewer with many micro-batches:
-_ranks) and keeps the largest cache, as a
-run's measured reserved memory is its largest rank's.
+_ranks) and keeps the largest cache, as a run's measured reserved memory is its largest rank's.
 """
 
 from __future__ import annotations
