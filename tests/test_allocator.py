@@ -458,9 +458,8 @@ def test_the_rule_is_named_in_the_component():
     flat = ring.stages[0].component("fragmentation")
     assert flat.bytes == round(ring.stages[0].allocated_peak_bytes * 0.10)
     assert flat.formula == ("10% of the allocated peak (default segments); flat share, no allocator replay: "
-                            "context parallelism (TransformerEngine's all-to-all replayed per stream leaves the B200 "
-                            "CP runs up to 4.1% under, median 1.9%: the backward's activation gradients and TE's "
-                            "sequence-parallel gathers are not replayed, nor p2p's ring buffers)")
+                            "context parallelism by p2p (only the all-to-all's order is replayed: the ring's and the "
+                            "gathers' buffers are not)")
     fsdp2 = estimate(arch, Training(framework="fsdp2", seq_len=2048), Parallel(), Hardware(gpu="h200"))
     assert "no allocator replay: fsdp2's order of allocations is not modelled" in \
         fsdp2.stages[0].component("fragmentation").formula

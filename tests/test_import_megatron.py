@@ -181,3 +181,29 @@ def test_moe_layer_pattern(text, expected):
 def test_moe_layer_pattern_refuses(text):
     with pytest.raises(ConfigError, match="--moe-layer-freq"):
         moe_layer_pattern(text)
+
+
+CP_LINE = ("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 8 "
+           "--seq-length 8192 --max-position-embeddings 8192 --vocab-size 32000 --bf16 --swiglu "
+           "--position-embedding-type rope --transformer-impl transformer_engine --context-parallel-size 4")
+
+
+@pytest.mark.parametrize("flags, expected", [("", None), (" --cp-comm-type a2a", "a2a"),
+                                             (" --cp-comm-type allgather", "allgather"),
+                                             (" --cp-comm-type a2a a2a a2a a2a", "a2a")])
+def test_cp_comm_type(flags, expected):
+    """--cp-comm-type (one type, or one per layer) becomes parallel.cp_comm_type; left out, Megatron's default p2p
+    stands (the field's default)."""
+    result = import_config(CP_LINE + flags, "megatron")
+    assert result.config["parallel"].get("cp_comm_type") == expected
+    if expected:
+        assert "--cp-comm-type" in names(result.read)
+
+
+def test_cp_comm_type_per_layer_or_without_cp():
+    mixed = import_config(CP_LINE + " --cp-comm-type a2a p2p a2a p2p", "megatron")
+    assert "cp_comm_type" not in mixed.config["parallel"] and "--cp-comm-type" in names(mixed.unsupported)
+    alone = import_config(CP_LINE.replace("--context-parallel-size 4", "") + " --cp-comm-type a2a", "megatron")
+    assert "cp_comm_type" not in alone.config["parallel"] and "--cp-comm-type" in names(alone.ignored)
+    with pytest.raises(ConfigError, match="cp_comm_type"):
+        estimate_imported(import_config(CP_LINE + " --cp-comm-type ring", "megatron"))

@@ -48,7 +48,7 @@ def test_the_expert_parameters_take_buffers_and_an_optimizer_of_their_own():
     (dense, over), (experts, expert_over) = megatron_moe_replay.groups(cfg, order)
     assert (over, expert_over) == (4, 1)
     assert len(experts) == 2 * 80 and sorted(dense + experts) == list(range(len(order)))
-    assert megatron_replay._shards([order[i] for i in experts], expert_over) == [order[i] for i in experts]
+    assert megatron_replay._shards([order[i] for i in experts], expert_over) == [order[i] for i in reversed(experts)]
 
 
 def test_an_moe_layers_forward_in_megatrons_order():

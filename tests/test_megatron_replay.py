@@ -36,11 +36,26 @@ def test_a_tied_models_last_stage_makes_its_own_output_weight():
     assert megatron_replay.rank_tensors(cfg, last)[2] == [2048, 128256 * 2048]
 
 
-@pytest.mark.parametrize(("dp", "expected"), [(1, [10, 20, 30]), (2, [30]), (3, [20]), (4, [15])])
-def test_the_first_ranks_main_parameters(dp, expected):
-    """The distributed optimizer's first rank owns the first 1/dp of the one bucket, laid out from the last
-    parameter: of 10 + 20 + 30 elements, dp 2 gives it the last parameter whole, dp 3 and 4 part of it."""
-    assert megatron_replay._shards([10, 20, 30], dp) == expected
+@pytest.mark.parametrize(("dp", "rank", "expected"), [
+    (1, 0, [30, 20, 10]), (2, 0, [30]), (2, 1, [20, 10]), (3, 0, [20]), (3, 1, [10, 10]), (3, 2, [10, 10]),
+    (4, 0, [15]), (4, 3, [5, 10])])
+def test_a_ranks_main_parameters(dp, rank, expected):
+    """The distributed optimizer's rank r owns [r/dp, (r+1)/dp) of the one bucket, laid out from the last parameter,
+    and makes its main parameters in that order: of 10 + 20 + 30 elements (the buffer 30 | 20 | 10), dp 2 gives rank 0
+    the last parameter whole and rank 1 the other two; dp 3 cuts at 20 and 40, dp 4 at 15, 30 and 45."""
+    assert megatron_replay._shards([10, 20, 30], dp, rank) == expected
+
+
+@pytest.mark.parametrize(("dp", "cp", "batch", "ranks"), [
+    (1, 1, 4, [0]), (2, 4, 8, list(range(8))), (4, 4, 16, [0, 2, 4, 6, 9, 11, 13, 15]),
+    (4, 4, 4 * 16, [0, 5, 10, 15]), (4, 4, 4 * 64, [0])])
+def test_the_ranks_replayed(dp, cp, batch, ranks):
+    """Every rank of DP x CP under the distributed optimizer up to 8 and 64 micro-batches walked: of 16 ranks at 4
+    micro-batches, 8 evenly spaced (i x 15 / 7, rounded); at 16 micro-batches 4 (i x 15 / 3); at 64 the first."""
+    cfg = resolved({"model": "llama-3.2-1b", "parallel": {"dp": dp, "cp": cp, "zero_stage": 1},
+                    "training": {"framework": "megatron", "global_batch_size": batch}})
+    assert cfg.microbatches == batch // dp
+    assert megatron_replay._ranks(cfg) == ranks
 
 
 class _Recorder:

@@ -217,7 +217,7 @@ EXTENSIONS = {
                  "gradient_accumulation_fusion", "te_version", "liger_kernel",
                  "images_per_sample", "image_size", "freeze_vision"} | CONTRACT_ADDITIONS,  # vision-language models (issue 28)
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
-                 "pp_layout", "fsdp_sharding_strategy", "fsdp_shard_group_size"},
+                 "pp_layout", "fsdp_sharding_strategy", "fsdp_shard_group_size", "cp_comm_type"},
     "hardware": {"expandable_segments", "cublas_workspace_config", "cuda_module_loading"},
 }
 

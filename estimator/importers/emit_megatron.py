@@ -224,6 +224,8 @@ def megatron_recompute(tr) -> list:
 def megatron_parallel(par, tr) -> list[str]:
     w = ["--tensor-model-parallel-size", par.tp, "--pipeline-model-parallel-size", par.pp,
          "--context-parallel-size", par.cp]
+    if par.cp > 1 and par.cp_comm_type != "p2p":
+        w += ["--cp-comm-type", par.cp_comm_type]
     if par.ep != 1:
         w += ["--expert-model-parallel-size", par.ep]
     if par.etp != par.tp:

@@ -250,6 +250,7 @@ def _parallel(args: _Args, build: ConfigBuilder, ledger: Ledger, world: int | No
         raise ConfigError("--gpus", world, f"a multiple of tp x pp x cp = {tp * pp * cp}",
                           "Megatron's data-parallel size is world / (tp x pp x cp)")
     build.put("parallel.dp", world // (tp * pp * cp))
+    _cp_comm_type(args, build, ledger, cp)
     ledger.note(f"data parallel {world // (tp * pp * cp)} = {world} GPUs / (tp {tp} x pp {pp} x cp {cp})")
     ep = args.int("--expert-model-parallel-size")
     if ep is not None:
@@ -268,6 +269,20 @@ def _parallel(args: _Args, build: ConfigBuilder, ledger: Ledger, world: int | No
         ledger.mapped("--sequence-parallel", "", "off: validate_args turns it off when TP is 1")
     _pipeline(args, build, pp)
     _sharding(args, build, ledger)
+
+
+def _cp_comm_type(args: _Args, build: ConfigBuilder, ledger: Ledger, cp: int) -> None:
+    """--cp-comm-type (nargs '+': one type for every layer, or one per layer) as parallel.cp_comm_type."""
+    value = args.take("--cp-comm-type")
+    if value is None:
+        return
+    listed = [value] if isinstance(value, str) else list(value)
+    if cp == 1:
+        ledger.ignore("--cp-comm-type", listed, "no effect: no context parallelism")
+    elif len(set(listed)) == 1:
+        build.set("parallel.cp_comm_type", listed[0], "--cp-comm-type")
+    else:
+        ledger.not_modelled("--cp-comm-type", listed, "a type per layer: estimated as the default, p2p")
 
 
 def named_moe(model: str | None) -> bool:

@@ -1,6 +1,6 @@
-"""Megatron-Core's dense layouts without context parallelism: the caching allocator (allocator.py) replayed over
-Megatron-Core 0.16.1's own order of allocations, its initialisation and two steps, for the reserved memory
-(reserved.py's rule 1, this stack).
+"""Megatron-Core's layouts (context parallelism by TransformerEngine's all-to-all among them): the caching
+allocator (allocator.py) replayed over Megatron-Core 0.16.1's own order of allocations, its initialisation and two
+steps, for the reserved memory (reserved.py's rule 1, this stack).
 
 The order, from Megatron-Core 0.16.1's source (megatron/core/...):
 - the model built on the GPU, one tensor per parameter in module order (the embedding, each layer's norms, fused
@@ -34,13 +34,18 @@ The order, from Megatron-Core 0.16.1's source (megatron/core/...):
   (the gradients are views of `grad_data`, the parameters copied back in place);
 - MoE layers under the all-to-all dispatcher and MLA: megatron_moe_replay.py (the expert parameters' own buffers and
   optimizer; the layer's order of allocations, the ledger's tensors and MoE moments).
-Two steps are replayed; segments are never given back. With context parallelism a layer's attention runs
-TransformerEngine's all-to-all, on two streams (megatron_cp_a2a.py); replay_rule keeps CP on the flat share.
+Two steps are replayed; segments are never given back. With context parallelism (the all-to-all) a dense layer's
+order is TransformerEngine's, its attention on two streams, its linears' sequence-parallel gathers and the backward's
+activation gradients with it (megatron_cp_a2a.py, megatron_te_linears.py: the residual's gradient made by the final
+norm's backward and held to the embedding's); CP's other exchanges (p2p's ring, the all-gather) keep the flat
+share. Under the distributed optimizer each rank of DP x CP makes its own cut of the main parameters, in the buffer's
+order (the last parameter's first): the replay runs every rank (up to MAX_RANKS, fewer with many micro-batches:
+_ranks) and keeps the largest cache, as a run's measured reserved memory is its largest rank's.
 """
 
 from __future__ import annotations
 
-from . import megatron_cp_a2a, megatron_moe_replay
+from . import megatron_cp_a2a, megatron_moe_replay, megatron_te_linears
 from .allocator import SMALL_SIZE
 from .components import Component
 from .one_f_one_b_replay import Schedule
@@ -54,10 +59,6 @@ SOURCE = ("Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py (_ParamAndG
           "(estimator/memory/megatron_replay.py); measured: tests/data/measured/gpu/megatron, "
           "tests/data/measured/published/simumax_b200")
 
-# what replaying CP established (megatron_cp_a2a.py; tests/test_megatron_cp_a2a.py)
-CP_REASON = ("context parallelism (TransformerEngine's all-to-all replayed per stream leaves the B200 CP runs up to "
-             "4.1% under, median 1.9%: the backward's activation gradients and TE's sequence-parallel gathers are not "
-             "replayed, nor p2p's ring buffers)")
 SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # activations/attention.py's entries
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 ATTENTION_OUTPUT = "attention output (output projection input)"
@@ -65,15 +66,17 @@ ATTENTION_OUTPUT = "attention output (output projection input)"
 
 def replay_rule(cfg) -> str | None:
     """Why the Megatron replay does not apply (None: it does): a decoder (dense, or MoE under the all-to-all dispatcher:
-    megatron_moe_replay.moe_rule; its attention MHA, GQA or MLA) on TP x DP x EP, PP under 1F1B, without
-    context parallelism, the distributed optimizer or DDP's buffers, default segments, nothing offloaded (as
-    measured: the H200 records and the B200 runs of tests/data/measured)."""
+    megatron_moe_replay.moe_rule; its attention MHA, GQA or MLA) on TP x DP x EP, PP under 1F1B, dense layers also
+    under context parallelism by TransformerEngine's all-to-all (megatron_cp_a2a.cp_rule), the distributed optimizer
+    or DDP's buffers, default segments, nothing offloaded (as measured: the H200 records and the B200 runs of
+    tests/data/measured)."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     moe = megatron_moe_replay.moe_rule(cfg)
+    cp = megatron_cp_a2a.cp_rule(cfg)
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (par.vpp > 1 or par.pp_schedule != "1f1b", f"the {par.pp_schedule} pipeline schedule (1F1B is replayed)"),
-        (par.cp > 1, CP_REASON),
+        (par.cp > 1 and cp is not None, cp),
         (cfg.zero_stage > 1, f"Megatron FSDP (ZeRO-{cfg.zero_stage}: its gathers are not replayed)"),
         (arch.is_hybrid, "a hybrid model (its state-space layers are not replayed)"),
         (moe is not None, moe),
@@ -94,6 +97,8 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
 
     arch = cfg.architecture
     source = f"{SOURCE}; {megatron_moe_replay.SOURCE}" if arch.is_moe or arch.uses_mla else SOURCE
+    if cfg.parallel.cp > 1:
+        source = f"{source}; {megatron_te_linears.SOURCE}"
     return replay_component(cfg, sp, "megatron reserved replay", lambda: replayed(cfg, shared, sp, static),
                             "Megatron-Core's initialisation and two steps", source)
 
@@ -126,8 +131,34 @@ def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
     return embedding, layers, head
 
 
+MAX_RANKS = 8  # the data-parallel ranks replayed at most (_ranks)
+MAX_WALKED = 64  # micro-batches a stage's replays walk at most over its ranks (each walks up to 2 steps of them)
+
+
 def replayed(cfg, shared, sp, static) -> tuple[int, int]:
-    """(reserved peak - allocated peak, segments) of the replay of the initialisation and two steps."""
+    """(reserved peak - allocated peak, segments) of the replay of the initialisation and two steps, on the rank of
+    the optimizer's data-parallel group that leaves the largest cache: under the distributed optimizer each rank
+    makes its own cut of the buffer's main parameters (`_shards`), and a run's measured reserved memory is its
+    largest rank's (tests/data/measured/published/simumax_b200: the max over the ranks)."""
+    return max(_replayed_rank(cfg, shared, sp, static, rank) for rank in _ranks(cfg))
+
+
+def _ranks(cfg) -> list[int]:
+    """The ranks replayed: every one of DP x CP under the distributed optimizer, up to MAX_RANKS and MAX_WALKED over
+    the micro-batches (a replay costs tens of milliseconds at a few micro-batches, seconds at a hundred when the
+    allocator's state finds no cycle to skip); beyond, that many evenly spaced, the first and the last among them;
+    without the distributed optimizer one (the ranks alike)."""
+    n = cfg.parallel.dp * cfg.parallel.cp if cfg.zero_stage == 1 else 1
+    most = max(1, min(MAX_RANKS, MAX_WALKED // max(1, cfg.microbatches)))
+    if n <= most:
+        return list(range(n))
+    if most == 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
+
+
+def _replayed_rank(cfg, shared, sp, static, rank: int) -> tuple[int, int]:
+    """The replay of one rank of the optimizer's data-parallel group (its cut of the main parameters)."""
     from .reserved import _Program
     from .transients import transients
 
@@ -138,7 +169,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
     program = _Program()
     kept = static.parts().kept
-    mains = _initialise(program, cfg, order, P, G, _bytes(kept, "master_weights"))
+    mains = _initialise(program, cfg, order, P, G, _bytes(kept, "master_weights"), rank)
     program.many(_workspaces(cfg, sum(c.bytes for c in kept if c.key == "workspace")))
     walk = _Walk(program, cfg, shared, sp, static, embedding, layers, head, P)
     # the global memory buffer, made where the first layer first asks for it (utils.py GlobalMemoryBuffer.get_tensor)
@@ -205,7 +236,7 @@ def _bytes(kept, key: str) -> float:
     return sum(c.bytes for c in kept if c.key == key)
 
 
-def _initialise(program, cfg, order: list[float], P: float, G: float, masters: float) -> list[float]:
+def _initialise(program, cfg, order: list[float], P: float, G: float, masters: float, rank: int) -> list[float]:
     """The model, DDP's buffers, the optimizer's main parameters (`masters`: their bytes in the ledger, none
     without master weights); returns the elements the optimizer steps. MoE's expert parameters take buffers and an
     optimizer of their own, after the dense ones' (megatron_moe_replay.groups)."""
@@ -219,8 +250,11 @@ def _initialise(program, cfg, order: list[float], P: float, G: float, masters: f
         program.alloc(G * total)  # grad_data
         if distributed:  # `for param in params[::-1]`: each copied into param_data, its storage freed
             program.free(*[own[i] for i in reversed(members)])
-    # the distributed optimizer shards over the data-parallel group with context parallelism (states.py)
-    mains = [n for members, over in groups for n in _shards([order[i] for i in members], over if distributed else 1)]
+    # the distributed optimizer shards over the data-parallel group with context parallelism (states.py), the experts'
+    # over the expert-data-parallel group (the rank taken modulo its size: the B200 MoE runs' is 1); without it
+    # Float16OptimizerWithFloat16Params makes every main parameter in the param groups' (module) order
+    mains = [n for members, over in groups for n in _shards([order[i] for i in members], over, rank % over)] \
+        if distributed else list(order)
     M = masters / max(1.0, sum(mains))  # bytes per element of a main parameter (fp32)
     for n in mains if M else ():
         copy = program.alloc(P * n)  # shard_model_param.clone()
@@ -229,19 +263,21 @@ def _initialise(program, cfg, order: list[float], P: float, G: float, masters: f
     return mains
 
 
-def _shards(order: list[float], dp: int) -> list[float]:
-    """The main parameters of the first rank of the `dp` sharing the optimizer: its 1/dp of the buffer (one
-    bucket: Megatron-LM's DDP without overlap_grad_reduce, distributed_data_parallel.py `bucket_size = None`),
-    laid out from the last parameter (`params[::-1]`), cut at the range's end."""
-    if dp == 1:
-        return list(order)
-    room, out = sum(order) / dp, []
+def _shards(order: list[float], dp: int, rank: int = 0) -> list[float]:
+    """The main parameters of rank `rank` of the `dp` sharing the optimizer, in the order Megatron-Core makes them:
+    its 1/dp of the buffer (one bucket: Megatron-LM's DDP without overlap_grad_reduce, distributed_data_parallel.py
+    `bucket_size = None`), which lays the parameters out from the last (param_and_grad_buffer.py `for param in
+    params[::-1]`, `param_index_map`); rank r owns [r/dp, (r+1)/dp) of it. distrib_optimizer.py walks the buffer's
+    `param_index_map` (`_build_model_gbuf_param_range_map`, `_build_optimizer_group_ranges`), so
+    `_build_model_and_main_param_groups` makes the main parameters, and Adam its moments, in the buffer's order."""
+    room = sum(order) / dp
+    low, high, at, out = rank * room, (rank + 1) * room, 0.0, []
     for n in reversed(order):
-        if room <= 0:
-            break
-        out.append(min(n, room))
-        room -= n
-    return out[::-1]
+        cut = min(high, at + n) - max(low, at)
+        if cut > 0:
+            out.append(cut)
+        at += n
+    return out
 
 
 def _step(program, mains: list[float], moments: list, tr, states: float) -> list:
@@ -271,6 +307,11 @@ class _Walk:
         self.sizes = _layer_sizes(shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
         self.a2a = {kind: megatron_cp_a2a.plan(cfg, shared, kind) for kind in set(self.kinds)}  # CP's all-to-all
+        if cfg.parallel.cp > 1 and not all(self.a2a.values()):  # megatron_cp_a2a.cp_rule lets only such layers by
+            raise ValueError(f"the Megatron replay under CP found layers without TE's all-to-all: {sorted(self.kinds)}")
+        # CP's layers: TE's linears (megatron_te_linears.py) and the residual's gradient through backward
+        self.lin = megatron_te_linears.linears(cfg) if any(self.a2a.values()) else None
+        self.carried = None  # a layer's output, until the next residual sum
         # full recompute checkpoints the stage's first layers (Megatron's block method), or all of them
         self.checkpointed = recomputed_layer_count(training, len(self.kinds))
         self.fused_wgrad = training.gradient_accumulation_fusion
@@ -289,7 +330,11 @@ class _Walk:
         output's gradient (p2p_communication.py: `torch.empty`), held to its backward."""
         prog = self.program
         batch = prog.alloc(self.ids)
+        if self.lin and self.sp.first:
+            self.carried = megatron_te_linears.embedding_forward(prog, self.lin)
         kept = [self._layer_forward(kind, j < self.checkpointed) for j, kind in enumerate(self.kinds)]
+        prog.free(self.carried)  # the final norm's input made (the loss's first request): the last layer's output
+        self.carried = None
         loss = self._loss_forward()
         received = None
         if not self.sp.last:
@@ -301,14 +346,20 @@ class _Walk:
         """One micro-batch's backward; a stage after the first sends its input's gradient and frees it."""
         prog = self.program
         batch, kept, loss, received = state
-        self._loss_backward(loss)
+        residual = self._loss_backward(loss)  # with CP's layers, the residual's gradient (a later stage: received)
         for j in reversed(range(len(self.kinds))):
             self._layer_backward(self.kinds[j], self.layers[j], kept[j], j < self.checkpointed)
-        for n in reversed(self.embedding):
-            self._gradient(n, always=True)  # embedding_dense_backward, added into main_grad
-        prog.free(received, batch)
+        if self.lin and self.sp.first:
+            megatron_te_linears.embedding_backward(prog, self.lin, self._embedding_gradients)
+        else:
+            self._embedding_gradients()
+        prog.free(residual, received, batch)
         if not self.sp.first:
             prog.transient([self.shared.kept_input])
+
+    def _embedding_gradients(self) -> None:
+        for n in reversed(self.embedding):
+            self._gradient(n, always=True)  # embedding_dense_backward, added into main_grad
 
     # --- forward ----------------------------------------------------------------------------------------------
     def _made(self, kind: str) -> list:
@@ -316,7 +367,10 @@ class _Walk:
         if scores is None:
             self._buffers()  # the all-gather's buffer (sequence parallelism), at the layer's first projection
             a2a = self.a2a[kind]
-            return megatron_cp_a2a.forward(prog, sizes, a2a) if a2a else self._planned(kind, sizes, 0)
+            if not a2a:
+                return self._planned(kind, sizes, 0)
+            kept, self.carried = megatron_cp_a2a.forward(prog, sizes, a2a, self.carried)
+            return kept
         at, ends = scores
         fp32, cast = sizes[at], sizes[at + 1]
         out = prog.many(sizes[:at])
@@ -352,18 +406,42 @@ class _Walk:
         return _loss_forward(self.program, self.shared) if self.sp.last and self.shared.loss else ([], [])
 
     # --- backward ---------------------------------------------------------------------------------------------
-    def _loss_backward(self, loss) -> None:
+    def _loss_backward(self, loss):
+        """The loss's and the head's backward; with CP's layers, returns the residual's gradient it makes."""
         from .reserved import _sizes
 
         prog, (before, made) = self.program, loss
         grads = [prog.alloc(b) for b in _sizes(self.shared.loss.backward, self.shared.parallel)] \
             if self.sp.last and self.shared.loss else []
+        if self.lin and self.sp.last:
+            return self._head_backward(grads, made, before)
         prog.free(*made)
         for n in reversed(self.head):
             self._gradient(n)
         if self.sp.last and self.sp.first and self.tied:  # the output layer's gradient of the shared weight
             self._gradient(self.embedding[0])
         prog.free(*grads, *before)
+        return None
+
+    def _head_backward(self, grads: list, made: list, before: list):
+        """The output layer's and the final norm's backward (Megatron's ColumnParallelLinear,
+        tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward: its input all-gathered
+        into the global memory buffer, the input gradient [s, h], under sequence parallelism reduce-scattered into a
+        new tensor; TENorm's backward then makes the residual's gradient, held to the embedding's backward)."""
+        prog, lin = self.program, self.lin
+        gemm_out = prog.alloc(lin.full)
+        scattered = prog.alloc(lin.local) if lin.gathers else None
+        head = list(reversed(self.head))
+        self._gradient(head.pop(0))  # the output layer's weight
+        if self.sp.first and self.tied:
+            self._gradient(self.embedding[0])
+        prog.free(gemm_out if lin.gathers else None, *made, *grads)
+        residual = prog.alloc(lin.local)  # rmsnorm_bwd
+        prog.free(scattered, None if lin.gathers else gemm_out)
+        for n in head:
+            self._gradient(n)  # the final norm's weight
+        prog.free(*before)
+        return residual
 
     def _gradient(self, n: float, always: bool = False) -> None:
         """A weight's gradient: made, added into main_grad by DDP's hook, freed; a matrix under gradient-accumulation
@@ -377,8 +455,14 @@ class _Walk:
     def _layer_backward(self, kind: str, weights: list[float], saved: list, full: bool) -> None:
         prog = self.program
         held = self._made(kind) if full else list(saved)
-        at = self.scores[kind] and self.scores[kind][0]
         a2a = self.a2a[kind]
+        if a2a:
+            prog.free(self.carried)  # a recomputed layer's output, dropped
+            self.carried = None
+            megatron_cp_a2a.backward(prog, held, self.sizes[kind].sizes, a2a, weights, self._gradient)
+            prog.free(*(saved if full else ()))
+            return
+        at = self.scores[kind] and self.scores[kind][0]
         count, n = len(held), len(weights)
         experts = kind in self.plans
         for j, w in enumerate(reversed(weights)):
@@ -389,8 +473,6 @@ class _Walk:
             while len(held) > count * (n - 1 - j) // n:
                 if at is not None and len(held) == at + 2:  # the softmax's output reached: its backward
                     self._softmax_backward(kind, held, at)
-                elif a2a and len(held) == a2a.kept_output + 1:  # the output projection's input: CP's attention
-                    megatron_cp_a2a.backward(prog, held, a2a)
                 else:
                     prog.free(held.pop())
         prog.free(*(saved if full else ()))

@@ -87,6 +87,10 @@ POSITION_EMBEDDINGS = ("rope", "learned", "none")  # none: Nemotron-H's attentio
 # section 3.2.1; deepseek-ai/DualPipe).
 PP_SCHEDULES = ("1f1b", "interleaved", "zero_bubble", "dualpipe", "dualpipev")
 TWO_CHUNK_SCHEDULES = ("dualpipe", "dualpipev")  # two model chunks per rank, no vpp
+# Megatron-LM's --cp-comm-type (arguments.py; TransformerEngine's attention/dot_product_attention/context_parallel.py):
+# p2p = the KV ring (AttnFuncWithCPAndKVP2P), a2a = the Ulysses all-to-all (AttnFuncWithCPAndQKVOA2A), allgather =
+# K and V all-gathered (AttnFuncWithCPAndKVAllGather), a2a+p2p = hierarchical (a2a within, p2p across)
+CP_COMM_TYPES = ("p2p", "a2a", "allgather", "a2a+p2p")
 
 # --- serving -------------------------------------------------------------------------------------
 SERVING_ENGINES = ("vllm", "sglang")

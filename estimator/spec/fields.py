@@ -14,8 +14,8 @@ link says. The bounds are generous: about ten times the largest published run or
 from __future__ import annotations
 
 from .choices import (ADAMW_IMPLEMENTATIONS, ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BNB_VERSION_PATTERN, CROSS_ENTROPY_IMPLS,
-                      CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES, KV_CACHE_DTYPES,
-                      LOADING_MODES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
+                      CP_COMM_TYPES, CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES,
+                      KV_CACHE_DTYPES, LOADING_MODES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
                       POSITION_EMBEDDINGS, PP_SCHEDULES, TRANSFORMER_IMPLS, RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES,
                       TARGETS, TRAINING_LOOPS, VISION_TOWERS)
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
@@ -273,6 +273,10 @@ PARALLEL_FIELDS: tuple[Field, ...] = (
          hi=MAX_GPUS),
     _int("cp", _P, "Context parallel (CP)", "GPUs that split each sequence (ring attention); divides activations "
          "by CP.", _LAYOUT, hi=MAX_GPUS),
+    _choice("cp_comm_type", _P, "CP communication", "Megatron's --cp-comm-type: how TransformerEngine's attention "
+            "exchanges the sequence under CP. p2p = K and V passed around a ring; a2a = all-to-all of q, k, v and the "
+            "output (Ulysses: heads split over CP); allgather = K and V all-gathered; a2a+p2p = hierarchical. Only "
+            "a2a's allocation order is replayed for the reserved memory.", _LAYOUT, CP_COMM_TYPES),
     _int("ep", _P, "Expert parallel (EP)", "MoE: GPUs that split the routed experts. Carved out of DP x CP x TP, so "
          "it does not add GPUs.", _LAYOUT, hi=MAX_EXPERTS),
     _int("etp", _P, "Expert tensor parallel (ETP)", "MoE: tensor parallelism inside each expert.", _LAYOUT,

@@ -39,6 +39,8 @@ class Parallel:
     pp_last_stage_layers: int | None = None
     dp: int = 1
     cp: int = 1
+    # Megatron-LM's --cp-comm-type: how TransformerEngine's attention exchanges the sequence (choices.CP_COMM_TYPES)
+    cp_comm_type: str = "p2p"
     ep: int = 1
     etp: int | None = None
     zero_stage: int | None = None
