@@ -18,7 +18,9 @@ Chains (versions in the record):
   (models/common/rope.py), FeedForward's F.silu(w1(x)) * w3(x): framework fsdp2. On CUDA torch 2.13's
   F.rms_norm calls aten::_fused_rms_norm, a CUDA kernel (native_functions.yaml registers _fused_rms_norm_cuda
   and _fused_rms_norm_backward_cuda; this CPU build has only the CompositeImplicitAutograd decomposition, which
-  is what the CPU chain "torch-rms-norm-composite" measures). The CUDA kernel is counted from its tensors:
+  is what the CPU chain "torch-rms-norm-composite" measures; torchtune's call warns "Mismatch dtype between input
+  and weight ... Cannot dispatch to fused implementation", layer_norm.cpp:346). The CUDA kernel is counted from
+  its tensors:
   forward reads x and the weight and writes y and an fp32 rstd per row; backward (layer_norm_kernel.cu's
   backward structure: a grad-input kernel, then a GammaBetaBackward kernel that reads dY and X again) reads
   dY, X, rstd and the weight and writes dX, then reads dY, X and rstd and writes dW.
