@@ -1,5 +1,5 @@
-"""The HBM traffic and kernel launches of the eager PyTorch op chains that a norm, a rotary embedding and a
-gated activation run as without fused kernels (kernels.EAGER_TRAFFIC in the roofline), per framework's model
+"""The HBM traffic and kernel launches of the eager PyTorch op chains that a norm, a rotary embedding and an
+activation run as without fused kernels (kernels.EAGER_TRAFFIC in the roofline), per framework's model
 code, forward and backward separately.
 
 Each chain runs on CPU, in bf16, under a TorchDispatchMode that sees every aten op the chain (and autograd's
@@ -24,6 +24,8 @@ Chains (versions in the record):
   forward reads x and the weight and writes y and an fp32 rstd per row; backward (layer_norm_kernel.cu's
   backward structure: a grad-input kernel, then a GammaBetaBackward kernel that reads dY and X again) reads
   dY, X, rstd and the weight and writes dX, then reads dY, X and rstd and writes dW.
+- nn.LayerNorm (aten::native_layer_norm, a CUDA kernel each way; counted from its tensors as for the RMSNorm) and an
+  ungated GELU (one aten op each way): every framework's LayerNorm models and ungated MLPs.
 - torchtune 0.6.1's RMSNorm (modules/rms_norm.py: F.rms_norm on x.float() with a bf16 scale, which the
   dtype mismatch keeps off the fused kernel on CUDA too, then .to(x.dtype)) and RotaryPositionalEmbeddings
   (modules/position_embeddings.py): framework torchtune; measured when torchtune imports (its venv,
@@ -160,6 +162,27 @@ def torch_rms_norm_cuda(s: dict) -> dict:
                          Kernel("_fused_rms_norm_backward (GammaBeta)", size(dy) + size(x) + size(rstd), size(dw))]}
 
 
+def torch_layer_norm_cuda(s: dict) -> dict:
+    """nn.LayerNorm on CUDA (F.layer_norm -> aten::native_layer_norm, one op on every device; this CPU build's kernel
+    also computes dW and dB inside its one backward op), counted as layer_norm_kernel.cu runs it (pytorch/pytorch at
+    0005c538): forward one kernel reads X, gamma and beta and writes Y and an fp32 mean and rstd a row; backward's
+    grad-input kernel reads dY, X, mean, rstd and gamma and writes dX, then GammaBetaBackward (M >= 128 rows) reads
+    dY, X, mean and rstd again and writes dgamma and dbeta."""
+    import torch
+    norm = torch.nn.LayerNorm(s["hidden"]).to(torch.bfloat16)
+    x = _bf16(s["tokens"], s["hidden"], grad=False)
+    y, mean, rstd = torch.native_layer_norm(x, [s["hidden"]], norm.weight.detach(), norm.bias.detach(), 1e-5)
+    w, b = norm.weight.detach(), norm.bias.detach()
+    dy, dx = torch.randn_like(y), torch.empty_like(x)
+    size = _addressed_bytes
+    stats = size(mean) + size(rstd)
+    return {"forward": [Kernel("native_layer_norm", size(x) + size(w) + size(b), size(y) + stats)],
+            "backward": [Kernel("native_layer_norm_backward (grad input)", size(dy) + size(x) + stats + size(w),
+                                size(dx)),
+                         Kernel("native_layer_norm_backward (GammaBeta)", size(dy) + size(x) + stats,
+                                size(w) + size(b))]}
+
+
 def torchtune_rms_norm(s: dict) -> dict:
     import torch
     from torchtune.modules import RMSNorm
@@ -217,11 +240,19 @@ def swiglu(s: dict) -> dict:
     return measure(lambda gate, up: act(gate) * up, [_bf16(s["tokens"], s["ffn"]), _bf16(s["tokens"], s["ffn"])])
 
 
+def gelu(s: dict) -> dict:
+    """An ungated MLP's activation: F.gelu (ACT2FN["gelu_pytorch_tanh"], nn.GELU), one aten op each way."""
+    from transformers.activations import ACT2FN
+    return measure(ACT2FN["gelu_pytorch_tanh"], [_bf16(s["tokens"], s["ffn"])])
+
+
 def fused_bytes(kind: str, s: dict) -> dict:
     """The fused kernel's bytes (operations._elementwise) in bf16: forward in + out, backward out + 2 * in."""
     T = s["tokens"]
     elements_in, elements_out = {
         "norm": (T * s["hidden"], T * s["hidden"]),
+        "layernorm": (T * s["hidden"], T * s["hidden"]),
+        "gelu": (T * s["ffn"], T * s["ffn"]),
         "rope": ((T * (s["q_heads"] + s["kv_heads"]) * s["head_dim"],) * 2),
         "activation": (2 * T * s["ffn"], T * s["ffn"]),
     }[kind]
@@ -238,6 +269,8 @@ CHAINS = {
     "torchtitan-complex-rope": ("rope", torchtitan_rope, ("torchtitan",)),
     "torchtune-rope": ("rope", torchtune_rope, ("torchtune",)),
     "swiglu": ("activation", swiglu, ("transformers", "torchtitan", "torchtune")),
+    "torch-layer-norm-cuda": ("layernorm", torch_layer_norm_cuda, ("transformers", "torchtitan", "torchtune")),
+    "gelu": ("gelu", gelu, ("transformers", "torchtitan", "torchtune")),
 }
 
 

@@ -8,7 +8,8 @@ get the time a run is expected to take.
 - Flash attention: forward and backward TFLOP/s by sequence length and head width, measured on
   H100 SXM in the FlashAttention-3 paper for the two kernels frameworks run (`ATTENTION`).
 - Memory-bound kernels: achieved HBM bandwidth (`BANDWIDTH_EFFICIENCY`), the extra passes an
-  unfused (eager PyTorch) norm, rotary or activation makes (`EAGER_TRAFFIC`), what Liger-Kernel's
+  unfused (eager PyTorch) norm, rotary or activation makes, measured per framework's model code
+  (`EAGER_TRAFFIC`), what Liger-Kernel's
   Triton kernels move instead (`LIGER_TRAFFIC`), and a launch gap per kernel (`LAUNCH_GAP_S`).
 """
 
@@ -93,40 +94,48 @@ FUSED = Traffic(1.0, 1)
 # - torchtune 0.6.1: RMSNorm (F.rms_norm on x.float() with a bf16 scale: the composite path on CUDA too) and
 #   RotaryPositionalEmbeddings (fp32 pairs, four products, stack).
 # - SwiGLU act(gate) * up: the same silu and mul in all three.
+# - nn.LayerNorm ("layernorm": aten::native_layer_norm, torch's one CUDA kernel forward, a grad-input and a GammaBeta
+#   kernel backward) and an ungated GELU ("gelu": one aten op each way, the fused bytes) in all three.
 EAGER_TRAFFIC_RECORD = "tests/data/measured/eager_traffic/eager-traffic-bf16.json (torch 2.13, transformers 5.23, " \
                        "torchtitan 0.3.0, torchtune 0.6.1)"
-EAGER_TRAFFIC = {
-    "transformers": {
-        "norm": (Traffic(9.002, 8), Traffic(15.335, 16)),  # transformers-llama-rms-norm
-        "rope": (Traffic(5.05, 10), Traffic(5.367, 16)),  # transformers-rotate-half-rope
-        "activation": (Traffic(1.667, 2), Traffic(1.8, 3)),  # swiglu
-    },
-    "torchtitan": {
-        "norm": (Traffic(1.0, 1), Traffic(1.667, 2)),  # torch-rms-norm-cuda
-        "rope": (Traffic(5.05, 6), Traffic(3.433, 8)),  # torchtitan-complex-rope
-        "activation": (Traffic(1.667, 2), Traffic(1.8, 3)),  # swiglu
-    },
-    # torchtitan's December 2024 benchmarks ran torch 1963fc8 (2024-12), before the CUDA kernel (pytorch/pytorch PR
-    # 153666, "Fused RMSNorm implementation", 2025-05): nn.RMSNorm ran the composite chain
-    "torchtitan-2024-12": {
-        "norm": (Traffic(10.002, 8), Traffic(17.335, 17)),  # torch-rms-norm-composite
-        "rope": (Traffic(5.05, 6), Traffic(3.433, 8)),  # torchtitan-complex-rope
-        "activation": (Traffic(1.667, 2), Traffic(1.8, 3)),  # swiglu
-    },
-    "torchtune": {
-        "norm": (Traffic(10.002, 8), Traffic(17.335, 17)),  # torchtune-rms-norm
-        "rope": (Traffic(12.1, 18), Traffic(15.4, 28)),  # torchtune-rope
-        "activation": (Traffic(1.667, 2), Traffic(1.8, 3)),  # swiglu
-    },
+# Each measured chain's (forward, backward) traffic, as the record has it (passes to 3 decimals).
+EAGER_CHAIN_TRAFFIC = {
+    "transformers-llama-rms-norm": (Traffic(9.002, 8), Traffic(15.335, 16)),
+    "torch-rms-norm-cuda": (Traffic(1.0, 1), Traffic(1.667, 2)),
+    "torch-rms-norm-composite": (Traffic(10.002, 8), Traffic(17.335, 17)),
+    "torchtune-rms-norm": (Traffic(10.002, 8), Traffic(17.335, 17)),
+    "transformers-rotate-half-rope": (Traffic(5.05, 10), Traffic(5.367, 16)),
+    "torchtitan-complex-rope": (Traffic(5.05, 6), Traffic(3.433, 8)),
+    "torchtune-rope": (Traffic(12.1, 18), Traffic(15.4, 28)),
+    "swiglu": (Traffic(1.667, 2), Traffic(1.8, 3)),
+    "torch-layer-norm-cuda": (Traffic(1.0, 1), Traffic(1.667, 2)),
+    "gelu": (Traffic(1.0, 1), Traffic(1.0, 1)),
 }
-# The record's chain behind each entry above.
+_SHARED = {"activation": "swiglu", "layernorm": "torch-layer-norm-cuda", "gelu": "gelu"}
+# The chain each framework's model code runs, per kind. torchtitan's December 2024 benchmarks ran torch 1963fc8
+# (2024-12), before torch's CUDA RMSNorm kernel (pytorch/pytorch PR 153666, "Fused RMSNorm implementation", 2025-05):
+# nn.RMSNorm ran the composite chain.
 EAGER_CHAINS = {
-    "transformers": {"norm": "transformers-llama-rms-norm", "rope": "transformers-rotate-half-rope",
-                     "activation": "swiglu"},
-    "torchtitan": {"norm": "torch-rms-norm-cuda", "rope": "torchtitan-complex-rope", "activation": "swiglu"},
-    "torchtitan-2024-12": {"norm": "torch-rms-norm-composite", "rope": "torchtitan-complex-rope", "activation": "swiglu"},
-    "torchtune": {"norm": "torchtune-rms-norm", "rope": "torchtune-rope", "activation": "swiglu"},
+    "transformers": {"norm": "transformers-llama-rms-norm", "rope": "transformers-rotate-half-rope", **_SHARED},
+    "torchtitan": {"norm": "torch-rms-norm-cuda", "rope": "torchtitan-complex-rope", **_SHARED},
+    "torchtitan-2024-12": {"norm": "torch-rms-norm-composite", "rope": "torchtitan-complex-rope", **_SHARED},
+    "torchtune": {"norm": "torchtune-rms-norm", "rope": "torchtune-rope", **_SHARED},
 }
+EAGER_TRAFFIC = {code: {kind: EAGER_CHAIN_TRAFFIC[chain] for kind, chain in chains.items()}
+                 for code, chains in EAGER_CHAINS.items()}
+
+
+def norm_group(norm: str) -> str:
+    """The EAGER_TRAFFIC kind of an architecture's norm (Architecture.norm): LayerNorm is one torch kernel, an RMSNorm
+    the model code's chain."""
+    return "layernorm" if norm == "layernorm" else "norm"
+
+
+def activation_group(gated: bool) -> str:
+    """The kind of an MLP's activation: a gated one is act(gate) * up, an ungated one a single GELU."""
+    return "activation" if gated else "gelu"
+
+
 # Whose model code each framework runs eagerly (Megatron-Core runs TransformerEngine's fused kernels).
 EAGER_CODE = {"hf": "transformers", "fsdp1": "transformers", "deepspeed": "transformers", "fsdp2": "torchtitan",
               "torchtune": "torchtune"}
@@ -137,6 +146,7 @@ def eager_code(framework: str, framework_version: str | None) -> str:
     if framework == "fsdp2" and framework_version == "2024-12":
         return "torchtitan-2024-12"
     return EAGER_CODE[framework]
+
 
 # Liger-Kernel's Triton kernels (training.liger_kernel: the HF Trainer's use_liger_kernel), per release, per kernel
 # kind, (forward, backward), against the fused kernel's bytes (operations._elementwise: forward reads the input

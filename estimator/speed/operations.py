@@ -234,7 +234,7 @@ def _elementwise(ctx: _Context, scope: str, name: str, elements_in: float, eleme
                  flops_per_element: float, count: int, formula: str, modules: tuple[str, ...] = (),
                  group: str = "") -> list[Operation]:
     """A memory-bound kernel. Its backward reads the output gradient and the saved input and
-    writes the input gradient: (out + 2*in) elements. `group` ("norm", "rope", "activation")
+    writes the input gradient: (out + 2*in) elements. `group` ("norm", "layernorm", "rope", "activation", "gelu")
     names the eager op sequence it runs as without fused kernels (kernels.EAGER_TRAFFIC), and the Liger kernel
     that replaces it (kernels.LIGER_TRAFFIC)."""
     liger = ctx.elementwise == "liger" and group in kernels.LIGER_TRAFFIC[kernels.LIGER_RELEASE]
