@@ -93,3 +93,31 @@ def test_torch_fused_rms_norm_on_cuda_by_hand():
     assert chain["forward"]["bytes"] == 4 * T * h + 2 * h + 4 * T
     assert chain["backward"]["bytes"] == 10 * T * h + 2 * 4 * T + 2 * h + 2 * h
     assert (chain["forward"]["kernels"], chain["backward"]["kernels"]) == (1, 2)
+
+
+@pytest.mark.parametrize("framework, version, code", [
+    ("hf", None, "transformers"), ("fsdp1", None, "transformers"), ("deepspeed", None, "transformers"),
+    ("fsdp2", None, "torchtitan"), ("fsdp2", "2024-12", "torchtitan-2024-12"), ("torchtune", None, "torchtune")])
+def test_the_roofline_prices_each_framework_with_its_model_code(framework, version, code):
+    """Llama-3.1-8B's norm, rotary and SwiGLU, forward and backward, at the passes and kernels of the chain its
+    framework's model code runs; a LayerNorm model with a GELU MLP at torch's LayerNorm kernel and one GELU."""
+    import dataclasses
+    from estimator.models.presets import get_architecture
+    from estimator.spec.hardware import Hardware
+    from estimator.spec.parallel import Parallel
+    from estimator.spec.training import Training
+    from estimator.speed.roofline import roofline
+
+    def ops(arch):
+        training = Training(framework=framework, framework_version=version, seq_len=2048, global_batch_size=2)
+        result = roofline(arch, training, Parallel(dp=2), Hardware("h100-80"))
+        return {(o.name, o.phase): (o.passes, o.kernels) for o in result.operations}
+
+    llama = ops(get_architecture("llama-3.1-8b"))
+    for name, kind in (("attention norm", "norm"), ("rotary embedding", "rope"), ("SwiGLU activation", "activation")):
+        forward, backward = kernels.EAGER_TRAFFIC[code][kind]
+        assert llama[name, "forward"] == (forward.passes, forward.kernels), name
+        assert llama[f"{name} (backward)", "backward"] == (backward.passes, backward.kernels), name
+    plain = ops(dataclasses.replace(get_architecture("llama-3.1-8b"), norm="layernorm", gated_mlp=False))
+    assert plain["MLP norm", "forward"] == (1.0, 1) and plain["MLP norm (backward)", "backward"] == (1.667, 2)
+    assert plain["GELU activation", "forward"] == plain["GELU activation (backward)", "backward"] == (1.0, 1)
