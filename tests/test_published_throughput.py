@@ -62,6 +62,8 @@ def configuration(record: dict) -> tuple[Architecture, Training, Parallel, Hardw
     training = dict(framework="fsdp2" if torchtitan else "megatron", seq_len=batch["seq_len"],
                     micro_batch_size=batch["micro_batch_size"], global_batch_size=batch["global_batch_size"],
                     **recompute(record["activation_checkpointing"]))
+    if torchtitan and "9dec370" in stack["version"]:  # the December 2024 benchmarks' release (spec/versions.py)
+        training["framework_version"] = "2024-12"
     if prec["fp8"]:
         training.update(fp8=True, fp8_recipe=prec["fp8"])
         if prec.get("fp8_all_gather"):  # torchao enable_fsdp_float8_all_gather

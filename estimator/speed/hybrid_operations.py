@@ -70,7 +70,7 @@ def gated_delta_net_operations(ctx: _Context, arch: Architecture, par: Parallel,
     kernel = arch.linear_conv_kernel_dim
     return [
         _elementwise(ctx, scope, "linear attention norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
-                     "read and write s*b*h", NORM_MODULE, "norm"),
+                     "read and write s*b*h", NORM_MODULE, kernels.norm_group(arch.norm)),
         _gemm(ctx, scope, "in_proj (q, k, v, z, b, a)", T, h, (2 * qk + 2 * v + 2 * arch.linear_num_value_heads) / t,
               count),
         _elementwise(ctx, scope, "causal conv1d over q, k, v (+ SiLU)", T * conv, T * conv, 2 * kernel + 4, count,
@@ -96,7 +96,7 @@ def mamba_operations(ctx: _Context, arch: Architecture, par: Parallel, scope: st
     conv = (d + 2 * g * n) / t
     norm = [] if beside_attention else [
         _elementwise(ctx, scope, "Mamba norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
-                     "read and write s*b*h", NORM_MODULE, "norm")]
+                     "read and write s*b*h", NORM_MODULE, kernels.norm_group(arch.norm))]
     return norm + [
         _gemm(ctx, scope, "in_proj (z, x, B, C, dt)", T, h, (2 * d + 2 * g * n + H) / t, count),
         _elementwise(ctx, scope, "causal conv1d over x, B, C (+ SiLU)", T * conv, T * conv, 2 * arch.mamba_conv_kernel + 4,
@@ -136,7 +136,7 @@ def mamba1_operations(ctx: _Context, arch: Architecture, par: Parallel, scope: s
                          "2.5 x forward (the chunks re-scanned, then the gradients)"))
     return [
         _elementwise(ctx, scope, "Mamba norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
-                     "read and write s*b*h", NORM_MODULE, "norm"),
+                     "read and write s*b*h", NORM_MODULE, kernels.norm_group(arch.norm)),
         _gemm(ctx, scope, "in_proj (x, z)", T, h, 2 * d / t, count),
         _elementwise(ctx, scope, "causal conv1d over x (+ SiLU)", T * d / t, T * d / t, 2 * kernel + 4, count,
                      f"read and write s*b*d/t, {kernel} taps"),

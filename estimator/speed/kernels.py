@@ -8,7 +8,8 @@ get the time a run is expected to take.
 - Flash attention: forward and backward TFLOP/s by sequence length and head width, measured on
   H100 SXM in the FlashAttention-3 paper for the two kernels frameworks run (`ATTENTION`).
 - Memory-bound kernels: achieved HBM bandwidth (`BANDWIDTH_EFFICIENCY`), the extra passes an
-  unfused (eager PyTorch) norm, rotary or activation makes (`EAGER_TRAFFIC`), what Liger-Kernel's
+  unfused (eager PyTorch) norm, rotary or activation makes, measured per framework's model code
+  (`EAGER_TRAFFIC`), what Liger-Kernel's
   Triton kernels move instead (`LIGER_TRAFFIC`), and a launch gap per kernel (`LAUNCH_GAP_S`).
 """
 
@@ -78,15 +79,74 @@ class Traffic(NamedTuple):
 
 FUSED = Traffic(1.0, 1)
 
-# Eager PyTorch runs a norm, rotary embedding or gated activation as several kernels that each read
-# and write the whole tensor (often upcast to fp32), where Megatron's TransformerEngine runs one
-# fused kernel. Multipliers on the fused kernel's bytes and its kernel count, from the op sequences:
-# - RMSNorm (torch.nn.RMSNorm / HF LlamaRMSNorm): to(fp32), pow, mean, add+rsqrt, mul, to(bf16),
-#   mul by the weight: ~4x the fused read-x-write-y traffic, 6 kernels.
-# - rotary (torchtitan's complex multiply, HF's rotate_half): upcast, view, multiply, cast back:
-#   ~4x, 4 kernels.
-# - SwiGLU: silu(gate) then * up: 5 passes against the fused kernel's 3, 2 kernels.
-EAGER_TRAFFIC = {"norm": Traffic(4.0, 6), "rope": Traffic(4.0, 4), "activation": Traffic(5 / 3, 2)}
+# Eager PyTorch runs a norm, rotary embedding or gated activation as the model code's chain of aten ops, each a
+# kernel that reads and writes whole tensors (often upcast to fp32), where Megatron's TransformerEngine runs one
+# fused kernel. Measured (EAGER_TRAFFIC_RECORD, validation/eager_traffic.py: every aten op the chain and autograd's
+# backward through it dispatch, its bytes read and written, bf16, 4096 tokens of Llama-3.1-8B) and divided by the
+# fused kernel's bytes (operations._elementwise: forward in + out, backward out + 2 * in), per framework's model
+# code (EAGER_CODE), per kind, (forward, backward):
+# - transformers 5.23 (the HF Trainer's models: hf, fsdp1, deepspeed): LlamaRMSNorm's to(fp32), pow, mean, add,
+#   rsqrt, mul, to(bf16), mul by the weight; apply_rotary_pos_emb's q * cos + rotate_half(q) * sin (neg and cat
+#   of the halves) for q and k, whose backward also copies the transposed head gradient back.
+# - torchtitan 0.3.0 (fsdp2): nn.RMSNorm, which torch 2.13 runs on CUDA as aten::_fused_rms_norm: one kernel
+#   forward, a grad-input and a GammaBeta kernel backward that both read dY and X; ComplexRoPE's upcast, complex
+#   multiply and downcast.
+# - torchtune 0.6.1: RMSNorm (F.rms_norm on x.float() with a bf16 scale: the composite path on CUDA too) and
+#   RotaryPositionalEmbeddings (fp32 pairs, four products, stack).
+# - SwiGLU act(gate) * up: the same silu and mul in all three.
+# - nn.LayerNorm ("layernorm": aten::native_layer_norm, torch's one CUDA kernel forward, a grad-input and a GammaBeta
+#   kernel backward) and an ungated GELU ("gelu": one aten op each way, the fused bytes) in all three.
+EAGER_TRAFFIC_RECORD = "tests/data/measured/eager_traffic/eager-traffic-bf16.json (torch 2.13, transformers 5.23, " \
+                       "torchtitan 0.3.0, torchtune 0.6.1)"
+# Each measured chain's (forward, backward) traffic, as the record has it (passes to 3 decimals).
+EAGER_CHAIN_TRAFFIC = {
+    "transformers-llama-rms-norm": (Traffic(9.002, 8), Traffic(15.335, 16)),
+    "torch-rms-norm-cuda": (Traffic(1.0, 1), Traffic(1.667, 2)),
+    "torch-rms-norm-composite": (Traffic(10.002, 8), Traffic(17.335, 17)),
+    "torchtune-rms-norm": (Traffic(10.002, 8), Traffic(17.335, 17)),
+    "transformers-rotate-half-rope": (Traffic(5.05, 10), Traffic(5.367, 16)),
+    "torchtitan-complex-rope": (Traffic(5.05, 6), Traffic(3.433, 8)),
+    "torchtune-rope": (Traffic(12.1, 18), Traffic(15.4, 28)),
+    "swiglu": (Traffic(1.667, 2), Traffic(1.8, 3)),
+    "torch-layer-norm-cuda": (Traffic(1.0, 1), Traffic(1.667, 2)),
+    "gelu": (Traffic(1.0, 1), Traffic(1.0, 1)),
+}
+_SHARED = {"activation": "swiglu", "layernorm": "torch-layer-norm-cuda", "gelu": "gelu"}
+# The chain each framework's model code runs, per kind. torchtitan's December 2024 benchmarks ran torch 1963fc8
+# (2024-12), before torch's CUDA RMSNorm kernel (pytorch/pytorch PR 153666, "Fused RMSNorm implementation", 2025-05):
+# nn.RMSNorm ran the composite chain.
+EAGER_CHAINS = {
+    "transformers": {"norm": "transformers-llama-rms-norm", "rope": "transformers-rotate-half-rope", **_SHARED},
+    "torchtitan": {"norm": "torch-rms-norm-cuda", "rope": "torchtitan-complex-rope", **_SHARED},
+    "torchtitan-2024-12": {"norm": "torch-rms-norm-composite", "rope": "torchtitan-complex-rope", **_SHARED},
+    "torchtune": {"norm": "torchtune-rms-norm", "rope": "torchtune-rope", **_SHARED},
+}
+EAGER_TRAFFIC = {code: {kind: EAGER_CHAIN_TRAFFIC[chain] for kind, chain in chains.items()}
+                 for code, chains in EAGER_CHAINS.items()}
+
+
+def norm_group(norm: str) -> str:
+    """The EAGER_TRAFFIC kind of an architecture's norm (Architecture.norm): LayerNorm is one torch kernel, an RMSNorm
+    the model code's chain."""
+    return "layernorm" if norm == "layernorm" else "norm"
+
+
+def activation_group(gated: bool) -> str:
+    """The kind of an MLP's activation: a gated one is act(gate) * up, an ungated one a single GELU."""
+    return "activation" if gated else "gelu"
+
+
+# Whose model code each framework runs eagerly (Megatron-Core runs TransformerEngine's fused kernels).
+EAGER_CODE = {"hf": "transformers", "fsdp1": "transformers", "deepspeed": "transformers", "fsdp2": "torchtitan",
+              "torchtune": "torchtune"}
+
+
+def eager_code(framework: str, framework_version: str | None) -> str:
+    """The EAGER_TRAFFIC entry of a framework's eager model code at a release (training.framework_version)."""
+    if framework == "fsdp2" and framework_version == "2024-12":
+        return "torchtitan-2024-12"
+    return EAGER_CODE[framework]
+
 
 # Liger-Kernel's Triton kernels (training.liger_kernel: the HF Trainer's use_liger_kernel), per release, per kernel
 # kind, (forward, backward), against the fused kernel's bytes (operations._elementwise: forward reads the input
@@ -164,16 +224,16 @@ def attention_efficiency(gpu: GPU, framework: str, direction: str, seq: float, h
     return curve.peak * seq / (seq + curve.s_half) * widths[nearest] * IN_STEP
 
 
-def traffic(group: str, implementation: str, phase: str) -> Traffic:
+def traffic(group: str, implementation: str, phase: str, code: str) -> Traffic:
     """The traffic of an elementwise group ("norm", "rope", "activation" or other) in one phase, as one
-    implementation runs it: "eager" (PyTorch ops, `EAGER_TRAFFIC`), "fused" (TransformerEngine's kernels or
-    torch.compile's) or "liger" (Liger-Kernel's, `LIGER_TRAFFIC`; the groups it does not patch run eager)."""
+    implementation runs it: "eager" (the model code `code` names, `eager_code`, as PyTorch ops, `EAGER_TRAFFIC`), "fused"
+    (TransformerEngine's kernels or torch.compile's) or "liger" (Liger-Kernel's, `LIGER_TRAFFIC`; the groups it
+    does not patch run eager)."""
+    index = 0 if phase == "forward" else 1
     if implementation == "liger" and group in LIGER_TRAFFIC[LIGER_RELEASE]:
-        forward, backward = LIGER_TRAFFIC[LIGER_RELEASE][group]
-        return forward if phase == "forward" else backward
-    if implementation != "fused" and group in EAGER_TRAFFIC:
-        return EAGER_TRAFFIC[group]
-    return FUSED
+        return LIGER_TRAFFIC[LIGER_RELEASE][group][index]
+    eager = EAGER_TRAFFIC[code] if implementation != "fused" else {}
+    return eager[group][index] if group in eager else FUSED
 
 
-SOURCES = (MAMF_SOURCE, MAMF_FP8_SOURCE, GEMM_SHAPE_SOURCE, FA3_SOURCE, FA2_SOURCE, BANDWIDTH_SOURCE, LAUNCH_SOURCE)
+SOURCES = (EAGER_TRAFFIC_RECORD, MAMF_SOURCE, MAMF_FP8_SOURCE, GEMM_SHAPE_SOURCE, FA3_SOURCE, FA2_SOURCE, BANDWIDTH_SOURCE, LAUNCH_SOURCE)

@@ -138,7 +138,8 @@ def _mlp(ctx: _Context, arch: Architecture, scope: str, prefix: str, M: float, w
     return (_gemm(ctx, scope, f"{prefix}fc1{' (gate and up)' if arch.gated_mlp else ''}", M, h, fc1, count, weights,
                   modules=modules)
             + _elementwise(ctx, scope, f"{prefix}{act[0]} activation", act[2], M * width, act[1], count,
-                           f"read {'2*' if arch.gated_mlp else ''}M*f, write M*f", act_modules, "activation")
+                           f"read {'2*' if arch.gated_mlp else ''}M*f, write M*f", act_modules,
+                           kernels.activation_group(arch.gated_mlp))
             + _gemm(ctx, scope, f"{prefix}fc2", M, width, h, count, weights, modules=modules))
 
 
@@ -177,7 +178,7 @@ def _attention_groups(ctx: _Context, arch: Architecture, training: Training, par
     norm_formula = f"read and write {'s*b*h/t' if par.sequence_parallel else 's*b*h'} (sequence parallel: /t)"
     groups: list[list[Operation]] = []
     groups.append(_elementwise(ctx, scope, "attention norm", T_sp * h, T_sp * h, norm_flops, count, norm_formula,
-                               NORM_MODULE, "norm"))
+                               NORM_MODULE, kernels.norm_group(arch.norm)))
     # --- attention projections (column-parallel: output width / t)
     if arch.uses_mla:
         a = arch.num_attention_heads
@@ -205,7 +206,7 @@ def _attention_groups(ctx: _Context, arch: Architecture, training: Training, par
         if arch.qk_norm:
             qk = T * (arch.q_width + arch.kv_width) / t
             groups.append(_elementwise(ctx, scope, "q and k norms", qk, qk, norm_flops, count,
-                                       "read and write s*b*(a + g)*d/t", group="norm"))
+                                       "read and write s*b*(a + g)*d/t", group=kernels.norm_group(arch.norm)))
         rope_elements = T * (arch.q_width + arch.kv_width) / t
     if arch.position_embedding == "rope":
         groups.append(_elementwise(ctx, scope, "rotary embedding", rope_elements, rope_elements, ROPE_FLOPS, count,
@@ -229,7 +230,7 @@ def _ffn_groups(ctx: _Context, arch: Architecture, training: Training, par: Para
     norm_formula = f"read and write {'s*b*h/t' if par.sequence_parallel else 's*b*h'} (sequence parallel: /t)"
     groups: list[list[Operation]] = []
     groups.append(_elementwise(ctx, scope, "MLP norm", T_sp * h, T_sp * h, NORM_FLOPS[arch.norm], count, norm_formula,
-                               NORM_MODULE, "norm"))
+                               NORM_MODULE, kernels.norm_group(arch.norm)))
     # --- MLP
     if ffn == "dense":
         groups.append(_mlp(ctx, arch, scope, "", T, arch.intermediate_size / t, count))
@@ -298,7 +299,7 @@ def head_operations(ctx: _Context, arch: Architecture, training: Training, par: 
     (prefill) computes the logits of the last token of each sequence only, as servers do."""
     h, t = arch.hidden_size, par.tp
     groups = [_elementwise(ctx, "head", "final norm", ctx.T_sp * h, ctx.T_sp * h, NORM_FLOPS[arch.norm], count,
-                           "read and write s*b*h (/t with sequence parallelism)", group="norm")]
+                           "read and write s*b*h (/t with sequence parallelism)", group=kernels.norm_group(arch.norm))]
     rows = ctx.T if ctx.training else training.micro_batch_size
     if ctx.training and runs_liger_flce(training):
         groups.append(flce_operations(bf16_matmuls(ctx), training, h, vocab / t, count))

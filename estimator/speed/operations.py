@@ -156,6 +156,7 @@ class _Context:
     # how norms, rotary and gated activations run (kernels.traffic): "eager" PyTorch ops, "fused" (TransformerEngine's
     # kernels or torch.compile's) or "liger" (Liger-Kernel's Triton kernels)
     elementwise: str
+    eager_code: str  # whose eager model code runs them (kernels.eager_code); "" under Megatron (always fused)
     frozen: frozenset = frozenset()  # scopes whose weights are frozen (an adapter run): no weight gradient
     # FP8 training's casts (fp8.py): (bytes per element, kernels) of casting an input or an output gradient, and of
     # a weight in each micro-batch (0 under TE, which casts once per step); None where the GEMMs are not FP8
@@ -233,13 +234,13 @@ def _elementwise(ctx: _Context, scope: str, name: str, elements_in: float, eleme
                  flops_per_element: float, count: int, formula: str, modules: tuple[str, ...] = (),
                  group: str = "") -> list[Operation]:
     """A memory-bound kernel. Its backward reads the output gradient and the saved input and
-    writes the input gradient: (out + 2*in) elements. `group` ("norm", "rope", "activation")
+    writes the input gradient: (out + 2*in) elements. `group` ("norm", "layernorm", "rope", "activation", "gelu")
     names the eager op sequence it runs as without fused kernels (kernels.EAGER_TRAFFIC), and the Liger kernel
     that replaces it (kernels.LIGER_TRAFFIC)."""
     liger = ctx.elementwise == "liger" and group in kernels.LIGER_TRAFFIC[kernels.LIGER_RELEASE]
 
     def op(label, phase, flops, moved):
-        passes, launches = kernels.traffic(group, ctx.elementwise, phase)
+        passes, launches = kernels.traffic(group, ctx.elementwise, phase, ctx.eager_code)
         fewer = passes < 1  # a kernel that moves less than the fused one (Liger's rotary backward): its bytes are its own
         moved, passes = (moved * passes, 1.0) if fewer else (moved, passes)
         text = formula + (f"; Liger's Triton {group} kernel ({launches} launch{'es' if launches > 1 else ''}"
@@ -286,7 +287,9 @@ def _context(cfg: Resolved) -> tuple[_Context, list[str]]:
         B=bytes_per_element(compute), mm_in=mm_in, weight=weight, grad=bytes_per_element(cfg.recipe.grad_dtype),
         mm_peak=mm_peak, peak=peak, bandwidth=gpu.memory_bandwidth, training=cfg.is_training,
         T=T, T_sp=T / par.tp if par.sequence_parallel else T, t=par.tp, gpu=gpu, framework=training.framework,
-        elementwise=elementwise_kernels(training), frozen=_frozen_scopes(training), fp8_activation_cast=casts[0],
+        elementwise=elementwise_kernels(training),
+        eager_code=kernels.eager_code(training.framework, training.framework_version)
+        if training.framework in kernels.EAGER_CODE else "", frozen=_frozen_scopes(training), fp8_activation_cast=casts[0],
         fp8_weight_cast=casts[1])
     return ctx, notes
 

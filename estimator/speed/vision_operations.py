@@ -76,11 +76,11 @@ def _siglip(ctx: _Context, arch: Architecture, training: Training) -> list[Opera
     p = arch.vision_patch_size
     tokens = float(arch.vision_tokens_per_image * images)
     ops = _gemm(ctx, SCOPE, "vision patch embedding", M, _vision.CHANNELS * p * p, c, 1)
-    ops += _elementwise(ctx, SCOPE, "vision LayerNorms", 2 * M * c, 2 * M * c, NORM_FLOPS, L, "2 norms of M*c", (), "norm")
+    ops += _elementwise(ctx, SCOPE, "vision LayerNorms", 2 * M * c, 2 * M * c, NORM_FLOPS, L, "2 norms of M*c", (), "layernorm")
     ops += _gemm(ctx, SCOPE, "vision q, k, v", M, c, 3 * c, L) + _gemm(ctx, SCOPE, "vision output projection", M, c, c, L)
     ops += _attention(ctx, M * per_image * 4 * c, M * 4 * c * ctx.B, L, per_image, c // n, "full")
     ops += _gemm(ctx, SCOPE, "vision fc1", M, c, f, L) + _gemm(ctx, SCOPE, "vision fc2", M, f, c, L)
-    ops += _elementwise(ctx, SCOPE, "vision GELU", M * f, M * f, 8, L, "read M*f, write M*f", (), "activation")
+    ops += _elementwise(ctx, SCOPE, "vision GELU", M * f, M * f, 8, L, "read M*f, write M*f", (), "gelu")
     return ops + _gemm(ctx, SCOPE, "vision projector", tokens, c, arch.hidden_size, 1)
 
 
@@ -97,11 +97,11 @@ def _llama4(ctx: _Context, arch: Architecture, training: Training) -> list[Opera
     c, f, n, L, q = (arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_heads,
                      arch.vision_num_layers, arch.vision_projector_size)
     ops = _gemm(ctx, SCOPE, "vision patch embedding", M, _vision.CHANNELS * arch.vision_patch_size ** 2, c, 1)
-    ops += _elementwise(ctx, SCOPE, "vision LayerNorms", 2 * M * c, 2 * M * c, NORM_FLOPS, L, "2 norms of M*c", (), "norm")
+    ops += _elementwise(ctx, SCOPE, "vision LayerNorms", 2 * M * c, 2 * M * c, NORM_FLOPS, L, "2 norms of M*c", (), "layernorm")
     ops += _gemm(ctx, SCOPE, "vision q, k, v", M, c, 3 * c, L) + _gemm(ctx, SCOPE, "vision output projection", M, c, c, L)
     ops += _attention(ctx, M * per_tile * 4 * c, M * 4 * c * ctx.B, L, per_tile, c // n, "full")
     ops += _gemm(ctx, SCOPE, "vision fc1", M, c, f, L) + _gemm(ctx, SCOPE, "vision fc2", M, f, c, L)
-    ops += _elementwise(ctx, SCOPE, "vision GELU", M * f, M * f, 8, L, "read M*f, write M*f", (), "activation")
+    ops += _elementwise(ctx, SCOPE, "vision GELU", M * f, M * f, 8, L, "read M*f, write M*f", (), "gelu")
     merged = arch.vision_spatial_merge_size ** 2 * c
     ops += _gemm(ctx, SCOPE, "vision adapter fc1", tokens, merged, q, 1) + _gemm(ctx, SCOPE, "vision adapter fc2",
                                                                                  tokens, q, q, 1)
