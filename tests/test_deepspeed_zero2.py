@@ -30,12 +30,12 @@ N_V = 24 * LAYER_V + 2_048
 N = N_D + N_V
 
 
-def _stage(dp: int, **training):
+def _stage(dp: int, tp: int = 1, **training):
     path = (Path(__file__).parent / "data" / "measured" / "gpu" / "deepspeed" /
             "deepspeed-qwen-1.8b-zero2-foreach-adamw-recompute-s256-b1.json")
     config = copy.deepcopy(json.loads(path.read_text())["config"])
     config["training"].update({"global_batch_size": dp, **training})
-    config["parallel"].update(dp=dp)
+    config["parallel"].update(dp=dp, tp=tp)
     return estimate_config(config).stages[0]
 
 
@@ -78,6 +78,19 @@ def test_dp4_busiest_rank_is_a_middle_one():
     assert F + 9 * D == 466_616_320 > E + 3 * D and busiest == 466_683_904
     stage = _stage(4)
     assert _gradients(stage, "optimizer") == 2 * busiest == 933_367_808
+
+
+def test_under_tensor_parallelism_the_groups_are_the_ranks_shards():
+    """TP 2, dp 8: the rank's shards (matrices, the embedding and head and the qkv bias halved; norms whole). Decay:
+    E / 2, layers of D2 = D / 2 = 25,296,896, the head; 918,290,432 in all, shares of 114,786,304; rank 1's ends
+    23,396,352 into layer 2 (inside its down, which starts at 19,660,800): E / 2 + 3 D2 (rank 6's, layers 21-23 and
+    the head, the same). No-decay: layers of 3,072 + 2 x 2,048 = 7,168 and the final norm, 174,080, shares of
+    21,760 = 3 x 7,168 + 256: rank 1's from layer 3's bias into layer 6's, 3 x 7,168 + 3,072."""
+    D2, V2 = D // 2, 3_072 + 2 * 2_048
+    S2 = (E + 24 * D2) // 8
+    assert S2 == 114_786_304 and 2 * S2 - E // 2 - 2 * D2 == 23_396_352 and (24 * V2 + 2_048) // 8 == 3 * V2 + 256
+    busiest = E // 2 + 3 * D2 + 3 * V2 + 3_072
+    assert _gradients(_stage(8, tp=2), "optimizer") == 2 * busiest == 462_995_456
 
 
 def test_busiest_rank_sums_each_rank_over_the_groups():
