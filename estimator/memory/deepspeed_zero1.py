@@ -61,14 +61,17 @@ def zero1_dense(arch: Architecture, training: Training, par: Parallel, zero: int
     engine makes its own bucket, l. 845), no context parallelism (its ZeRO group would be DP x SP), no expert
     parallelism. Under tensor parallelism each rank flattens its own shards (`trainable_sizes` with `par`) and ZeRO
     partitions them over the data-parallel ranks alone (engine.py l. 1798 seq_data_parallel_group, utils/groups.py
-    _get_data_parallel_group: the TP mesh's data_parallel dimension or the mpu's group). An MoE model without EP is
+    _get_data_parallel_group: the TP mesh's data_parallel dimension or the mpu's group); a dense model only: an MoE
+    model under TP keeps every gradient whole, as under EP with TP (`expert_groups` is counted without TP), so more
+    EP never raises its states. An MoE model without EP (or TP) is
     counted as a dense one: the engine finds no MoE layer in a transformers model (engine.py l. 1735-1739:
     has_moe_layers only for deepspeed.moe's MoE or AutoEP's layer), so its experts (transformers' fused 3-D
     tensors) are ordinary parameters of the Trainer's groups, partitioned over every data-parallel rank with the
     rest. With EP DeepSpeed's expert groups are partitioned over the expert-data-parallel group (moe/utils.py
     split_params_into_different_moe_groups_for_optimizer, stage_1_and_2.py _configure_moe_settings): the step's
     gradients are `expert_groups`'; backward keeps every gradient whole to the reduction."""
-    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.cp == par.ep == 1)
+    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.cp == par.ep == 1
+            and (par.tp == 1 or not arch.is_moe))
 
 
 def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
