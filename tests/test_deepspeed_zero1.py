@@ -28,7 +28,7 @@ BUCKET = 2_048**2
 WORKSPACES = 2 * 32 * 2**20
 
 
-def _stage(dp: int, offload: str = "none", overlap: bool | None = None, **training):
+def _stage(dp: int, offload: str = "none", overlap: bool | None = None, tp: int = 1, **training):
     path = (Path(__file__).parent / "data" / "measured" / "gpu" / "deepspeed" /
             "deepspeed-qwen-1.8b-zero2-foreach-adamw-recompute-s256-b1.json")
     config = copy.deepcopy(json.loads(path.read_text())["config"])
@@ -37,7 +37,7 @@ def _stage(dp: int, offload: str = "none", overlap: bool | None = None, **traini
     if overlap is not None:
         config["training"]["overlap_comm"] = overlap
     config["training"].update({"offload_optimizer": offload, "global_batch_size": dp, **training})
-    config["parallel"].update(dp=dp, zero_stage=1)
+    config["parallel"].update(dp=dp, tp=tp, zero_stage=1)
     return estimate_config(config).stages[0]
 
 
@@ -233,3 +233,23 @@ def test_under_expert_parallelism_the_experts_partition_over_the_expert_data_par
                      Parallel(dp=8, ep=2, zero_stage=1)).stages[0]
     _, step = _phase(stage, "optimizer")
     assert step["Gradients"] == 2 * (4 * attention + 2_048 + moe_e + 12 * experts) == 2 * 4_011_609_088
+
+
+def test_under_tensor_parallelism_each_rank_partitions_its_shards():
+    """TP 2, DP 8: each rank's engine flattens its own shards (the embedding, head, q, k, v, their bias, o, gate, up
+    and down halved, the norms whole) and ZeRO partitions them over the 8 data-parallel ranks (engine.py
+    seq_data_parallel_group). A layer is L2 = 4 x 2,048^2 / 2 + 3,072 + 2 x 2,048 + 3 x 2,048 x 5,504 / 2 =
+    25,304,064; the rank's tensors 2 x E / 2 + 24 L2 + 2,048 = 918,464,512, a multiple of 16: shares of S2 = 114,808,064.
+    Rank 0's first reduction allocates its partition, E / 2 (over S2) alone. At the step rank 6 is the busiest: its
+    share starts 1,880,576 elements into layer 21 (inside its q, 2,097,152) and reaches into the head (which starts
+    before 7 S2): layers 21-23, the final norm and the head, 3 L2 + 2,048 + E / 2 (rank 1's is E / 2 + 3 L2)."""
+    L2 = 4 * 2_048**2 // 2 + 3_072 + 2 * 2_048 + 3 * 2_048 * 5_504 // 2
+    S2 = (E + 24 * L2 + 2_048) // 8
+    assert L2 == 25_304_064 and S2 == 114_808_064 and E // 2 > S2 and E // 2 + 24 * L2 + 2_048 < 7 * S2
+    assert 6 * S2 - E // 2 - 21 * L2 == 1_880_576 < 2_048**2 // 2
+    stage = _stage(8, tp=2)
+    _, backward = _phase(stage, "backward")
+    assert backward["Gradients (whole, being reduced after backward)"] == 2 * (E + 24 * L2 + 2_048)
+    assert backward["Gradient partition (grads_in_partition, allocated at the first reduction)"] == 2 * (E // 2)
+    _, step = _phase(stage, "optimizer")
+    assert step["Gradients"] == 2 * (3 * L2 + 2_048 + E // 2) == 462_993_408

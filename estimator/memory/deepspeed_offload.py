@@ -78,14 +78,19 @@ def local_shards(arch: Architecture, sp: StageParameters, par: Parallel) -> tupl
     from .sharding import local_numel
 
     def shards() -> tuple:
-        kinds = arch.layer_kinds()
-        whole = ((arch.embedding_tensors() if sp.first else []) + [t for i in sp.layer_indices
-                                                                      for t in arch.layer_tensors(kinds[i])]
-                 + (arch.head_tensors() if sp.last else []))
-        return tuple((n * local_numel(t, par) / t.numel, t.is_expert) for t in whole
+        return tuple((n * local_numel(t, par) / t.numel, t.is_expert) for t in stage_tensors(arch, sp)
                      for n, _ in _split(t, arch.gated_mlp))
     return arch.cached(("deepspeed local shards", sp.layer_indices, sp.first, sp.last, par.tp, par.ep, par.etp),
                        shards)
+
+
+def stage_tensors(arch: Architecture, sp: StageParameters) -> list:
+    """The stage's parameter tensors (spec ParameterTensor, whole) in module order: embedding, layers, final norm
+    and head."""
+    kinds = arch.layer_kinds()
+    return ((arch.embedding_tensors() if sp.first else []) + [t for i in sp.layer_indices
+                                                              for t in arch.layer_tensors(kinds[i])]
+            + (arch.head_tensors() if sp.last else []))
 
 
 def partition_share(sizes: tuple, d: int) -> float:
@@ -94,20 +99,24 @@ def partition_share(sizes: tuple, d: int) -> float:
     return -(-sum(sizes) // (2 * d)) * 2
 
 
-def overlapping_elements(sizes: tuple, d: int) -> float:
-    """The most elements any of `d` ranks' partitions touches: the whole size of every tensor overlapping the
-    rank's `partition_share`."""
+def rank_overlaps(sizes: tuple, d: int) -> list[float]:
+    """For each of `d` ranks, the elements its partition touches: the whole size of every tensor overlapping the
+    rank's `partition_share` (get_partition_info's params_in_partition)."""
     ends = list(accumulate(sizes))
     share = partition_share(sizes, d)
     starts = [0.0] + ends[:-1]
-    best = 0.0
+    out = []
     for r in range(d):
         lo, hi = r * share, (r + 1) * share
         first = bisect_right(ends, lo)  # the first tensor ending after lo
         last = bisect_left(starts, hi)  # one past the last tensor starting before hi
-        if last > first:
-            best = max(best, ends[last - 1] - starts[first])
-    return best
+        out.append(ends[last - 1] - starts[first] if last > first else 0.0)
+    return out
+
+
+def overlapping_elements(sizes: tuple, d: int) -> float:
+    """The most elements any of `d` ranks' partitions touches (`rank_overlaps`)."""
+    return max(rank_overlaps(sizes, d), default=0.0)
 
 
 def largest_overlap(sizes: tuple, d: int) -> float:

@@ -58,15 +58,20 @@ def modelled(arch: Architecture, training: Training, par: Parallel, zero: int) -
 
 def zero1_dense(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
     """ZeRO-1 whose partitions this module counts: DeepSpeed, stage 1, no pipeline (DeepSpeed's pipeline
-    engine makes its own bucket, l. 845), whole tensors on each rank (no tensor or context parallelism: the
-    partitions are counted from the model's whole tensors), no expert parallelism. An MoE model without EP is
+    engine makes its own bucket, l. 845), no context parallelism (its ZeRO group would be DP x SP), no expert
+    parallelism. Under tensor parallelism each rank flattens its own shards (`trainable_sizes` with `par`) and ZeRO
+    partitions them over the data-parallel ranks alone (engine.py l. 1798 seq_data_parallel_group, utils/groups.py
+    _get_data_parallel_group: the TP mesh's data_parallel dimension or the mpu's group); a dense model only: an MoE
+    model under TP keeps every gradient whole, as under EP with TP (`expert_groups` is counted without TP), so more
+    EP never raises its states. An MoE model without EP (or TP) is
     counted as a dense one: the engine finds no MoE layer in a transformers model (engine.py l. 1735-1739:
     has_moe_layers only for deepspeed.moe's MoE or AutoEP's layer), so its experts (transformers' fused 3-D
     tensors) are ordinary parameters of the Trainer's groups, partitioned over every data-parallel rank with the
     rest. With EP DeepSpeed's expert groups are partitioned over the expert-data-parallel group (moe/utils.py
     split_params_into_different_moe_groups_for_optimizer, stage_1_and_2.py _configure_moe_settings): the step's
     gradients are `expert_groups`'; backward keeps every gradient whole to the reduction."""
-    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.tp == par.cp == par.ep == 1)
+    return (training.framework == "deepspeed" and zero == 1 and par.pp == par.cp == par.ep == 1
+            and (par.tp == 1 or not arch.is_moe))
 
 
 def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
@@ -76,7 +81,7 @@ def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StagePara
     gradients stay counted whole, as before the reduction)."""
     if not rule(arch, training, par, zero) or not grads:
         return None
-    sizes = trainable_sizes(arch, training, recipe, sp)
+    sizes = trainable_sizes(arch, training, recipe, sp, par)
     return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
 
 
@@ -137,7 +142,7 @@ def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: S
         return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
                          "GPU's freed (offload_optimizer)", SOURCE)
     G = bytes_per_element(recipe.grad_dtype)
-    whole = busiest_partition(arch, training, recipe, sp, par.dp)
+    whole = busiest_partition(arch, training, recipe, sp, par.dp, par)
     return component("gradients", "Gradients", G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every "
                      "tensor overlapping this GPU's partition (grads_in_partition)", SOURCE)
 

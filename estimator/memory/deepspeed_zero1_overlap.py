@@ -50,8 +50,8 @@ SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py process_gradients (l.
 
 
 def overlaps(arch: Architecture, training: Training, par: Parallel, zero: int) -> bool:
-    """ZeRO-1 reducing in backward's hooks: deepspeed_zero1's setting (whole tensors on each rank, dense, no
-    pipeline) with overlap_comm on; under offload_optimizer one micro-batch a step (`modelled`)."""
+    """ZeRO-1 reducing in backward's hooks: deepspeed_zero1's setting (dense, no pipeline, each rank's
+    tensor-parallel shards) with overlap_comm on; under offload_optimizer one micro-batch a step (`modelled`)."""
     return modelled(arch, training, par, zero) and deepspeed_settings(arch, training, zero).overlap_comm
 
 
@@ -93,7 +93,7 @@ def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StagePara
     """The stage's trainable tensors in module order where `overlaps` and they make up `grads`; else None."""
     if not overlaps(arch, training, par, zero) or not grads:
         return None
-    sizes = trainable_sizes(arch, training, recipe, sp)
+    sizes = trainable_sizes(arch, training, recipe, sp, par)
     return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
 
 
@@ -111,7 +111,7 @@ def in_backward(arch: Architecture, training: Training, recipe: Recipe, sp: Stag
     offloaded = training.offload_optimizer != "none"
     out = []
     if not offloaded:
-        whole = busiest_partition(arch, training, recipe, sp, d)
+        whole = busiest_partition(arch, training, recipe, sp, d, par)
         out.append(component("transient", "Gradient partition (grads_in_partition, allocated at the first reduction)",
                              G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every tensor overlapping the "
                              "busiest GPU's partition", SOURCE))

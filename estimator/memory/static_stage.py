@@ -15,6 +15,7 @@ from .deepspeed_offload import host_buffers as deepspeed_host_buffers
 from .deepspeed_step import gradients_source, keeps_gradient_buffer
 from .deepspeed_zero1 import reduction_end as zero1_reduction_end, step_gradients as zero1_step_gradients
 from .deepspeed_zero1_overlap import deepspeed_in_backward, overlap_end as zero1_overlap_end
+from .deepspeed_zero2 import with_partition as zero2_partition
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
@@ -42,8 +43,7 @@ from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
 from .pp_unbegun import gradients_after_the_loss, made_so_far
-from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment, \
-    with_checkpointed_forward
+from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment, with_checkpointed_forward
 
 
 class _StaticParts(NamedTuple):
@@ -139,8 +139,8 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
-    ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else \
-        with_global_moments(model_states(sp, training, recipe, par, zero), arch, training, recipe, par, sp, zero)
+    ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else zero2_partition(with_global_moments(
+        model_states(sp, training, recipe, par, zero), *(at := (arch, training, recipe, par, sp, zero))), *at)
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
     workspaces = _workspaces(arch, training, par, sp, shared.hardware, pieces)

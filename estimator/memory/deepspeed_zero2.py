@@ -1,0 +1,74 @@
+"""DeepSpeed ZeRO-2's gradient partition on the GPU (contiguous_gradients on, DeepSpeed's default), from DeepSpeed
+v0.19.5's source, runtime/zero/stage_1_and_2.py (v0.12.6 reads the same: copy_grads_in_partition l. 1296-1306).
+
+- __init__ partitions each optimizer parameter group on its own (l. 515-517): the group's flat 16-bit tensor,
+  padded to a multiple of 2 x dp (l. 389, align_dense_tensors), cut into dp equal shares; get_partition_info
+  (l. 1959) lists in params_in_partition every parameter of the group overlapping the rank's share, whole.
+- The first reduction in backward makes `grads_in_partition` (copy_grads_in_partition l. 1643-1653: torch.empty of
+  the numel summed over every group's params_in_partition) and each of the rank's reduced gradients is copied
+  into it whole; it lives to the step (_release_ipg_buffers, l. 812). ZeRO-2 frees the other ranks' gradients as
+  they are reduced (reduce_ipg_grads, clear_grad_attribute), so it is the gradient memory from then on.
+- The groups: the HF Trainer's two (trainer.py create_optimizer, the ds_config naming no optimizer): the
+  weight-decay parameters (every matrix, the embedding and head included), then the rest (norms and biases,
+  get_decay_parameter_names), each in module order; under tensor parallelism the rank's shards.
+So a rank holds more than N/dp where a large tensor (the embedding, the head) straddles a share's edge; the GPU
+the estimate is for is the busiest: the rank whose two groups' overlapping tensors sum to the most.
+"""
+
+from __future__ import annotations
+
+from .components import once
+from .deepspeed_offload import rank_overlaps, stage_tensors
+from .reserved_tensors import _split
+from .sharding import StageParameters, local_numel
+from .states import ModelStates
+from ..spec.architecture import Architecture
+from ..spec.dtypes import bytes_per_element
+from ..spec.parallel import Parallel
+from ..spec.training import Recipe, Training
+
+
+def applies(training: Training, par: Parallel, zero: int) -> bool:
+    """ZeRO-2 under DeepSpeed, its gradient partition on the GPU (no offload_optimizer), full fine-tuning, over
+    more than one data-parallel rank, neither context nor expert parallelism (the ZeRO groups would not be the
+    DP ranks alone). An MoE model without EP counts as a dense one (deepspeed_zero1.zero1_dense says why)."""
+    return (training.framework == "deepspeed" and zero == 2 and training.offload_optimizer == "none"
+            and training.adapter is None and par.dp > 1 and par.cp == par.ep == 1)
+
+
+def trainer_groups(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple[tuple, tuple]:
+    """(weight-decay tensors, the others): the stage's parameter elements as this rank holds them, in module order,
+    split as the HF Trainer splits them (a tensor of more than one dimension decays; deepspeed_step's rule)."""
+    def groups() -> tuple[tuple, tuple]:
+        pieces = [(n * local_numel(t, par) / t.numel, len(t.shape) > 1) for t in stage_tensors(arch, sp)
+                  for n, _ in _split(t, arch.gated_mlp)]
+        return tuple(n for n, decay in pieces if decay), tuple(n for n, decay in pieces if not decay)
+    return arch.cached(("trainer groups", sp.layer_indices, sp.first, sp.last, par.tp), groups)
+
+
+def busiest_rank(groups: tuple, d: int) -> float:
+    """The most elements of `grads_in_partition` on one of `d` ranks: the rank's overlapping tensors summed over the
+    groups, each group partitioned on its own."""
+    return max(map(sum, zip(*(rank_overlaps(g, d) for g in groups))), default=0.0)
+
+
+def with_partition(ms: ModelStates, arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
+                   sp: StageParameters, zero: int) -> ModelStates:
+    """`ms` with its gradients the busiest rank's `grads_in_partition` where `applies` and the Trainer's groups
+    make up the trained parameters (a frozen vision tower, a padded vocabulary: N/dp kept)."""
+    if not applies(training, par, zero):
+        return ms
+    groups = trainer_groups(arch, sp, par)
+    G = bytes_per_element(recipe.grad_dtype)
+    if abs(G * sum(map(sum, groups)) / par.dp - ms.gradients) >= 1:
+        return ms
+    n = arch.cached(("zero2 busiest", sp.layer_indices, sp.first, sp.last, par.tp, par.dp),
+                    lambda: busiest_rank(groups, par.dp))
+    text = (f"{G:g} B x {n:,.0f} elements: the whole of every tensor overlapping the busiest GPU's share of each of "
+            f"the Trainer's two parameter groups, over {par.dp} ranks (grads_in_partition; N/d would be "
+            f"{sum(map(sum, groups)) / par.dp:,.0f})")
+
+    def formulas() -> dict[str, str]:
+        return {**ms.formulas(), "gradients": text}
+
+    return ms._replace(gradients=G * n, formulas=once(formulas))
