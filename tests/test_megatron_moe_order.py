@@ -81,17 +81,21 @@ def test_the_combine_comes_before_the_logits():
 def test_the_combine_stays_beside_the_loss_where_another_forward_can_run():
     """Only Megatron, and only where the last stage runs each micro-batch's backward right after its forward."""
     cfg, sp = last_stage()
-    exchange = moe_moments(cfg.architecture, cfg.training, cfg.parallel, sp)[0]
+    moments = moe_moments(cfg.architecture, cfg.training, cfg.parallel, sp)
+    exchange = moments[0]
     from estimator.memory.components import component
 
     loss = (component("logits", "loss", LOSS, "", ""),)
-    assert sum(c.bytes for c in combine_before_the_loss(cfg.training, cfg.parallel, exchange, loss)) \
-        == 4 * OUT - LOSS
+    charged = combine_before_the_loss(cfg.training, cfg.parallel, moments, loss)
+    assert sum(c.bytes for c in charged[0]) == 4 * OUT - LOSS
+    # the stage memo's tuple itself is kept (counted once by the memo), the backward's and the recomputed layer's as
+    # they are
+    assert charged.held is moments and charged[1] is moments[1] and charged[2] is moments[2]
     interleaved = dataclasses.replace(cfg.parallel, vpp=2, pp_schedule="interleaved")
-    assert combine_before_the_loss(cfg.training, interleaved, exchange, loss) is exchange
+    assert combine_before_the_loss(cfg.training, interleaved, moments, loss)[0] is exchange
     fsdp2 = SimpleNamespace(framework="fsdp2")  # the one field the rule reads of the training
-    assert combine_before_the_loss(fsdp2, cfg.parallel, exchange, loss) is exchange
-    assert combine_before_the_loss(cfg.training, cfg.parallel, exchange, ()) is exchange
+    assert combine_before_the_loss(fsdp2, cfg.parallel, moments, loss)[0] is exchange
+    assert combine_before_the_loss(cfg.training, cfg.parallel, moments, ())[0] is exchange
 
 
 @pytest.mark.parametrize(("run", "measured_gib"), [(RUN, 114.002)])

@@ -90,16 +90,33 @@ COMBINE_BEFORE_THE_LOSS = (
     "micro-batch's backward right after its forward on the last stage")
 
 
-def combine_before_the_loss(training: Training, par: Parallel, exchange: list[Component],
-                            loss_own: tuple) -> list[Component]:
-    """The last stage's forward MoE moment (`exchange`, moe_moments' first) net of the loss's own saved tensors
-    (`loss_own`: the final norm's and the LM head's inputs, the logits), where Megatron makes them after it
-    (COMBINE_BEFORE_THE_LOSS): under 1F1B or without a pipeline no earlier micro-batch's loss is alive either.
-    What else the loss holds (an MTP module's, earlier micro-batches' deferred inputs) stays beside it. `exchange`
-    as it is elsewhere (an interleaved schedule runs other chunks' forwards while the loss waits for backward)."""
+def combine_before_the_loss(training: Training, par: Parallel, moments: tuple, loss_own: tuple) -> "ChargedMoments":
+    """The MoE `moments` (moe_moments': forward's, backward's, inside a recomputed layer) with the last stage's forward
+    moment net of the loss's own saved tensors (`loss_own`: the final norm's and the LM head's inputs, the logits),
+    where Megatron makes them after it (COMBINE_BEFORE_THE_LOSS): under 1F1B or without a pipeline no earlier
+    micro-batch's loss is alive either. What else the loss holds (an MTP module's, earlier micro-batches' deferred
+    inputs) stays beside it. The forward's as it is elsewhere (an interleaved schedule runs other chunks' forwards
+    while the loss waits for backward)."""
     own = total_bytes(loss_own)
     one_at_a_time = par.pp == 1 or (par.pp_schedule == "1f1b" and par.vpp == 1)
-    if training.framework != "megatron" or not exchange or not own or not one_at_a_time:
-        return exchange
-    return list(exchange) + [Component("transient", "The loss's saved tensors, not made yet", -own,
-                                       "-(the loss's saved tensors)", COMBINE_BEFORE_THE_LOSS)]
+    if training.framework != "megatron" or not moments[0] or not own or not one_at_a_time:
+        return ChargedMoments(moments, ())
+    return ChargedMoments(moments, (Component("transient", "The loss's saved tensors, not made yet", -own,
+                                              "-(the loss's saved tensors)", COMBINE_BEFORE_THE_LOSS),))
+
+
+class ChargedMoments:
+    """The MoE moments as a stage charges them: the stage memo's own tuple (`held`, which the memo counts once: a
+    static part keeps it whole rather than copies of its lists) and what the stage adds to the forward's (`extra`).
+    Indexed and unpacked as the (forward, backward, inside a recomputed layer) tuple."""
+
+    __slots__ = ("held", "extra")
+
+    def __init__(self, held: tuple, extra: tuple):
+        self.held, self.extra = held, extra
+
+    def __getitem__(self, i: int) -> list:
+        return list(self.held[0]) + list(self.extra) if i == 0 and self.extra else self.held[i]
+
+    def __iter__(self):
+        return iter((self[0], self[1], self[2]))

@@ -34,7 +34,7 @@ from .softmax_backward import softmax_backward_moment, softmax_backward_temporar
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
 from .backward_moments import BackwardEnd, block_backward_extras, fsdp2_backward_end
-from .moe_moments import combine_before_the_loss, moe_moments
+from .moe_moments import ChargedMoments, combine_before_the_loss, moe_moments
 from .trainer_backward_end import trainer_backward_end
 from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
 from ..spec.dtypes import bytes_per_element
@@ -175,8 +175,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     working = _recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     moments = _moe_moments(arch, training, par, sp, pieces)
-    exchange, exchange_backward, in_moe_layer = _charged_moments(arch, training, recipe, par, sp, m, shared, moments,
-                                                                 total_bytes(loss_saved))
+    charged = _charged_moments(arch, training, recipe, par, sp, m, shared, moments, total_bytes(loss_saved))
+    exchange, exchange_backward, in_moe_layer = charged
     # else none before backward (see `_static_parts`); ZeRO-3 keeps a flat buffer of them (deepspeed_step.py)
     grads_live = _grads_live(training, par, m) or keeps_gradient_buffer(training, zero)
     working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
@@ -210,7 +210,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                                       extras, by_kind)
     communication = shared.moe_communication if moe_stage else shared.communication
     # the MoE moments as the stage memo holds them (counted once there), unless DSA's replaced one of them
-    pair = moments if exchange is moments[0] and exchange_backward is moments[1] else (exchange, exchange_backward)
+    pair = charged if isinstance(charged, ChargedMoments) else (exchange, exchange_backward)
     parts = once(partial(_static_parts, step, pair, loss_saved, loss_forward,
                          loss_backward, working, grads_live, training,
                          extras + pending if recompute_wins else extras, end,
@@ -245,16 +245,14 @@ def _held_with_the_loss(arch: Architecture, training: Training, par: Parallel, m
 
 
 def _charged_moments(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                     m: int, shared: _Shared, moments: tuple[list, list, list], loss: int) -> tuple[list, list, list]:
+                     m: int, shared: _Shared, moments: tuple[list, list, list], loss: int) -> ChargedMoments | tuple:
     """The MoE `moments` as the stage charges them beside the loss's saved tensors (`loss` bytes): the forward's net
     of the loss's own where Megatron makes them after it (moe_moments.combine_before_the_loss), then each the larger
     of it and DSA's of the same place (`_with_dsa_moments`)."""
-    exchange, exchange_backward, in_moe_layer = moments
-    exchange = combine_before_the_loss(training, par, exchange, shared.loss_components[0] if sp.last else ())
+    charged = combine_before_the_loss(training, par, moments, shared.loss_components[0] if sp.last else ())
     if arch.uses_sparse_attention:
-        return _with_dsa_moments(arch, training, recipe, par, sp, m, shared, loss,
-                                 (exchange, exchange_backward, in_moe_layer))
-    return exchange, exchange_backward, in_moe_layer
+        return _with_dsa_moments(arch, training, recipe, par, sp, m, shared, loss, tuple(charged))
+    return charged
 
 
 def _with_dsa_moments(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
