@@ -40,16 +40,18 @@ def _rank_operations_once(rank: int, p: int, v: int, m: int) -> tuple[tuple[str,
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)  # _get_warmup_ops, multiply_factor 2
     steady = m * v - warmup
 
-    def forward_chunk(step: int) -> int:
-        return (step // per_round) % v
+    forwards, backwards = [("F", c) for c in range(v)], [("B", c) for c in range(v)]  # one of each, shared
 
-    def backward_chunk(step: int) -> int:
-        return v - 1 - ((step - warmup) // per_round) % v
+    def forward(step: int) -> tuple[str, int]:
+        return forwards[(step // per_round) % v]
 
-    ops = [("F", forward_chunk(step)) for step in range(warmup)]
+    def backward(step: int) -> tuple[str, int]:
+        return backwards[v - 1 - ((step - warmup) // per_round) % v]
+
+    ops = [forward(step) for step in range(warmup)]
     for step in range(warmup, warmup + steady):  # one forward, then one backward
-        ops += [("F", forward_chunk(step)), ("B", backward_chunk(step))]
-    ops += [("B", backward_chunk(step)) for step in range(warmup + steady, warmup + steady + warmup)]
+        ops += [forward(step), backward(step)]
+    ops += [backward(step) for step in range(warmup + steady, warmup + steady + warmup)]
     return tuple(ops)
 
 
