@@ -142,23 +142,30 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
             best = Moment(size, n, tuple(sorted(chunks)), what.format(c), rx, *counts)
 
     for i, (kind, c, in_flight, done) in enumerate(counted_operations(ops, len(sizes))):
-        counts = (in_flight, done)
         rx = received[i] if received else 0.0
-        if kind == "F":
-            layers += sizes[c]
-            top = max(top, layers)
-            at(layers, begun, begun_grads, 0.0, "chunk {}'s forward", c)
+        if kind == "F" or c in begun:  # most operations: `at` with no extra, written out (a search runs millions)
+            if kind == "F":
+                layers += sizes[c]
+                top = max(top, layers)
+            inputs = held_at.get(layers)
+            if inputs is None:
+                inputs = held_at[layers] = held(layers / total)
+            size = inputs + begun_grads + 0.0 + rx
+            if size > best.bytes:
+                what = f"chunk {c}'s forward" if kind == "F" else f"chunk {c}'s backward"
+                best = Moment(size, layers, tuple(sorted(begun)), what, rx, in_flight, done)
+            if kind == "B":
+                layers -= sizes[c]
             continue
-        if c in begun:
-            at(layers, begun, begun_grads, 0.0, "chunk {}'s backward", c)
-        else:  # its first: one unit's gradient at the start; at the end every layer's, the root's not yet
-            head = head_grad if c == len(sizes) - 1 else 0.0
-            at(layers, begun, begun_grads, layer_grad + head, "chunk {}'s first backward, at its start", c)
-            ended = begun | {c}
-            at(layers - sizes[c] + 1, ended, sum(chunk_grads[k] for k in ended), -root_grad if c == 0 else 0.0,
-               "chunk {}'s first backward, at its first layer", c)
-            begun.add(c)
-            begun_grads = sum(chunk_grads[k] for k in begun)
+        # its first backward: one unit's gradient at the start; at the end every layer's, the root's not yet
+        counts = (in_flight, done)
+        head = head_grad if c == len(sizes) - 1 else 0.0
+        at(layers, begun, begun_grads, layer_grad + head, "chunk {}'s first backward, at its start", c)
+        ended = begun | {c}
+        at(layers - sizes[c] + 1, ended, sum(chunk_grads[k] for k in ended), -root_grad if c == 0 else 0.0,
+           "chunk {}'s first backward, at its first layer", c)
+        begun.add(c)
+        begun_grads = sum(chunk_grads[k] for k in begun)
         layers -= sizes[c]
     return best, top
 
