@@ -146,12 +146,13 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
         if kind == "F" or c in begun:  # most operations: `at` with no extra, written out (a search runs millions)
             if kind == "F":
                 layers += sizes[c]
-                top = max(top, layers)
+                if layers > top:
+                    top = layers
             inputs = held_at.get(layers)
             if inputs is None:
                 inputs = held_at[layers] = held(layers / total)
             size = inputs + begun_grads + 0.0 + rx
-            if size > best.bytes:
+            if size > best[0]:  # best.bytes
                 what = f"chunk {c}'s forward" if kind == "F" else f"chunk {c}'s backward"
                 best = Moment(size, layers, tuple(sorted(begun)), what, rx, in_flight, done)
             if kind == "B":
