@@ -12,6 +12,7 @@ test until it leaves the list, and a new miss fails at once.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -56,6 +57,17 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def estimated(config: dict):
+    """`estimate_config` of a record's configuration, once per run: the states, peak and GPU tests read the
+    same records' estimates (a pure function of the configuration, here keyed by its JSON text)."""
+    return _estimated(json.dumps(config))
+
+
+@functools.lru_cache(maxsize=None)  # one per record: a few hundred
+def _estimated(config: str):
+    return estimate_config(json.loads(config))
+
+
 def measured_stage(result, record: dict):
     """The stage the harness measured: the record names it (Megatron builds one rank's stage), else
     the estimate's peak stage."""
@@ -93,7 +105,7 @@ def expected_failures(known: dict[str, str]) -> list:
 @pytest.mark.parametrize("path", expected_failures(KNOWN_STATE_GAPS), ids=lambda p: p.stem)
 def test_model_states_within_one_percent(path):
     record = load(path)
-    step, measured = step_states(estimate_config(record["config"]), record), measured_states(record)
+    step, measured = step_states(estimated(record["config"]), record), measured_states(record)
     assert step["parameters"] == pytest.approx(measured["parameters"], rel=0.01)
     # the harnesses count master weights (if any) with the optimizer's state
     assert step["optimizer_states"] + step.get("master_weights", 0) == \
@@ -106,7 +118,7 @@ def test_model_states_within_one_percent(path):
 def test_peak_within_five_percent(path):
     record = load(path)
     # the harnesses see every tensor but the libraries' workspaces (validation/core/report.py tensors_peak)
-    peak = tensors_peak(measured_stage(estimate_config(record["config"]), record))
+    peak = tensors_peak(measured_stage(estimated(record["config"]), record))
     assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.05), \
         f"peak {peak} vs {record['measured']['peak_bytes']}"
 
@@ -128,20 +140,20 @@ def test_a_16_bit_model_without_autocast_keeps_the_losss_fp32_copies_at_every_le
     own peak at short lengths is its end, every gradient and no activation, which the optimizer step
     exceeds; test_peak_within_five_percent holds the step's peak.)"""
     record = load(path)
-    assert phase_bytes(estimate_config(record["config"]), record, "forward") == \
+    assert phase_bytes(estimated(record["config"]), record, "forward") == \
         pytest.approx(record["measured"]["phases"]["forward"]["total"], rel=0.01)
 
 
 def test_the_loss_grows_with_the_sequence_as_measured():
     short, long = load(SWEEP[0]), load(SWEEP[-1])
     measured = long["measured"]["phases"]["forward"]["total"] - short["measured"]["phases"]["forward"]["total"]
-    est = phase_bytes(estimate_config(long["config"]), long, "forward") - \
-        phase_bytes(estimate_config(short["config"]), short, "forward")
+    est = phase_bytes(estimated(long["config"]), long, "forward") - \
+        phase_bytes(estimated(short["config"]), short, "forward")
     assert est == pytest.approx(measured, rel=0.01)
     # the loss's share at the end of forward: bf16 logits, their fp32 copy and the fp32 log-softmax (10 B x s x V),
     # beside the final norm's fp32 upcast, its rstd and bf16 output and the head's input (8 B x s x h + 4 B x s)
     s, h, V = 8192, 4096, 128_256
-    stage = estimate_config(long["config"]).stages[0]
+    stage = estimated(long["config"]).stages[0]
     forward = next(p for p in stage.phases if p.name == "forward")
     loss = sum(c.bytes for c in forward.components if c.key in ("logits", "transient"))
     assert loss == 10 * s * V + 8 * s * h + 4 * s
@@ -188,7 +200,7 @@ KNOWN_RESERVED_OVER: set[str] = {"llama-3.1-8b-lora-r16-qv-recompute-drop00-s409
 
 
 def gpu_estimate(record: dict):
-    result = estimate_config(record["config"])
+    result = estimated(record["config"])
     return next(s for s in result.stages if s.stage == result.peak_stage)
 
 

@@ -28,23 +28,31 @@ SOURCE = ("torch 2.6.0 and 2.13 distributed/pipelining/schedules.py ScheduleInte
 
 def rank_operations(rank: int, p: int, v: int, m: int) -> list[tuple[str, int]]:
     """(“F” or “B”, local chunk) of each of rank r's operations in running order, as torch's
-    ScheduleInterleaved1F1B orders them (the idle slots left out)."""
+    ScheduleInterleaved1F1B orders them (the idle slots left out). A new list each call, of the order
+    remembered: a search asks for the same rank's order in every estimate of its shape."""
+    return list(_rank_operations_once(rank, p, v, m))
+
+
+@lru_cache(maxsize=1024)
+def _rank_operations_once(rank: int, p: int, v: int, m: int) -> tuple[tuple[str, int], ...]:
     rounds = max(1, m // p)
     per_round = m // rounds
     warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)  # _get_warmup_ops, multiply_factor 2
     steady = m * v - warmup
 
-    def forward_chunk(step: int) -> int:
-        return (step // per_round) % v
+    forwards, backwards = [("F", c) for c in range(v)], [("B", c) for c in range(v)]  # one of each, shared
 
-    def backward_chunk(step: int) -> int:
-        return v - 1 - ((step - warmup) // per_round) % v
+    def forward(step: int) -> tuple[str, int]:
+        return forwards[(step // per_round) % v]
 
-    ops = [("F", forward_chunk(step)) for step in range(warmup)]
+    def backward(step: int) -> tuple[str, int]:
+        return backwards[v - 1 - ((step - warmup) // per_round) % v]
+
+    ops = [forward(step) for step in range(warmup)]
     for step in range(warmup, warmup + steady):  # one forward, then one backward
-        ops += [("F", forward_chunk(step)), ("B", backward_chunk(step))]
-    ops += [("B", backward_chunk(step)) for step in range(warmup + steady, warmup + steady + warmup)]
-    return ops
+        ops += [forward(step), backward(step)]
+    ops += [backward(step) for step in range(warmup + steady, warmup + steady + warmup)]
+    return tuple(ops)
 
 
 class Moment(NamedTuple):
@@ -118,29 +126,47 @@ def largest_moment(ops: list[tuple[str, int]], sizes: tuple[int, ...], held: Cal
     best = Moment(0.0, 0, (), "")
     counts: tuple = ((), ())
     rx = 0.0  # the receive buffers' bytes while the operation runs
+    # a search replays thousands of operations per rank: `held` of each layer count is asked once (it is a pure
+    # function of the count), the begun chunks' gradients summed when a chunk begins, and a moment's words
+    # written only for the largest so far; the sums are the same, term for term, as at every operation
+    held_at: dict[int, int] = {}
+    begun_grads = sum(chunk_grads[c] for c in begun)
 
-    def at(n: int, chunks: set, extra: float, what: str) -> None:
+    def at(n: int, chunks: set, grads: float, extra: float, what: str, c: int) -> None:
         nonlocal best
-        size = held(n / total) + sum(chunk_grads[c] for c in chunks) + extra + rx
+        inputs = held_at.get(n)
+        if inputs is None:
+            inputs = held_at[n] = held(n / total)
+        size = inputs + grads + extra + rx
         if size > best.bytes:
-            best = Moment(size, n, tuple(sorted(chunks)), what, rx, *counts)
+            best = Moment(size, n, tuple(sorted(chunks)), what.format(c), rx, *counts)
 
     for i, (kind, c, in_flight, done) in enumerate(counted_operations(ops, len(sizes))):
-        counts = (in_flight, done)
         rx = received[i] if received else 0.0
-        if kind == "F":
-            layers += sizes[c]
-            top = max(top, layers)
-            at(layers, begun, 0.0, f"chunk {c}'s forward")
+        if kind == "F" or c in begun:  # most operations: `at` with no extra, written out (a search runs millions)
+            if kind == "F":
+                layers += sizes[c]
+                if layers > top:
+                    top = layers
+            inputs = held_at.get(layers)
+            if inputs is None:
+                inputs = held_at[layers] = held(layers / total)
+            size = inputs + begun_grads + 0.0 + rx
+            if size > best[0]:  # best.bytes
+                what = f"chunk {c}'s forward" if kind == "F" else f"chunk {c}'s backward"
+                best = Moment(size, layers, tuple(sorted(begun)), what, rx, in_flight, done)
+            if kind == "B":
+                layers -= sizes[c]
             continue
-        if c in begun:
-            at(layers, begun, 0.0, f"chunk {c}'s backward")
-        else:  # its first: one unit's gradient at the start; at the end every layer's, the root's not yet
-            head = head_grad if c == len(sizes) - 1 else 0.0
-            at(layers, begun, layer_grad + head, f"chunk {c}'s first backward, at its start")
-            at(layers - sizes[c] + 1, begun | {c}, -root_grad if c == 0 else 0.0, f"chunk {c}'s first backward, "
-               "at its first layer")
-            begun.add(c)
+        # its first backward: one unit's gradient at the start; at the end every layer's, the root's not yet
+        counts = (in_flight, done)
+        head = head_grad if c == len(sizes) - 1 else 0.0
+        at(layers, begun, begun_grads, layer_grad + head, "chunk {}'s first backward, at its start", c)
+        ended = begun | {c}
+        at(layers - sizes[c] + 1, ended, sum(chunk_grads[k] for k in ended), -root_grad if c == 0 else 0.0,
+           "chunk {}'s first backward, at its first layer", c)
+        begun.add(c)
+        begun_grads = sum(chunk_grads[k] for k in begun)
         layers -= sizes[c]
     return best, top
 

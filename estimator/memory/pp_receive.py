@@ -66,7 +66,7 @@ class Receiving(NamedTuple):
 
     def along(self, rank: int, p: int, v: int) -> tuple[float, ...]:
         """The bytes at each of rank `rank`'s operations in torch's interleaved order (the replay's `received`)."""
-        return tuple(self.hidden * n for n in _op_counts(rank, p, v, self.m, self.receives, self.grads_kept))
+        return _along(self.hidden, rank, p, v, self.m, self.receives, self.grads_kept)
 
     def rounded(self, in_flight: tuple[int, ...], done: tuple[int, ...]) -> int:
         """The bytes of `parts`, each rounded as a component is."""
@@ -82,6 +82,13 @@ class Receiving(NamedTuple):
                component("buffers", GRADS, grads * self.hidden,
                          f"{grads} backwards run x {self.formula} ({when})", RECEIVE_SOURCE))
         return tuple(c for c in out if c.bytes)
+
+
+@lru_cache(maxsize=64)
+def _along(hidden: float, rank: int, p: int, v: int, m: int, receives: tuple[bool, ...],
+           kept: bool) -> tuple[float, ...]:
+    """`Receiving.along` (remembered: the estimates of a search's shape ask for the same ranks' bytes, twice each)."""
+    return tuple(hidden * n for n in _op_counts(rank, p, v, m, receives, kept))
 
 
 @lru_cache(maxsize=1024)
