@@ -9,6 +9,7 @@ import pytest
 from estimator.memory import megatron_replay, one_f_one_b_replay
 from estimator.memory.resolved import resolve
 from estimator.models.loading import load_config
+from tests.test_replay_trace import _walked  # 1F1B walking every micro-batch (the reference)
 
 
 def resolved(config: dict):
@@ -105,21 +106,9 @@ def test_skipping_whole_cycles_changes_nothing(monkeypatch, stage):
                         lambda walk, state: backwards.append(1) or backward(walk, state))
     skipped = _cache(config, stage)
     ran = len(backwards)
-    monkeypatch.setattr(megatron_replay, "_one_f_one_b", _every_micro_batch)
+    monkeypatch.setattr(megatron_replay, "_one_f_one_b", _walked)
     assert _cache(config, stage) == skipped
     assert len(backwards) - ran == 4 * 2 * 64 > 20 * ran  # every stage's two steps of 64, against a few walked
-
-
-def _every_micro_batch(schedule, pp: int, rank: int, microbatches: int) -> None:
-    """1F1B with the walk over every micro-batch: nothing recorded or skipped."""
-    walk = schedule.walk
-    warmup = min(pp - rank - 1, microbatches)
-    waiting = [walk.forward() for _ in range(warmup)]
-    for _ in range(microbatches - warmup):
-        waiting.append(walk.forward())
-        walk.backward(waiting.pop(0))
-    for state in waiting:
-        walk.backward(state)
 
 
 def _cache(config: dict, stage: int) -> tuple[int, int]:
