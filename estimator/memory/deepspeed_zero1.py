@@ -26,7 +26,7 @@ from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import busiest_partition, overlapping_elements, partition_share, trainable_sizes
+from .deepspeed_offload import busiest_partition, partition_share, rank_overlaps, trainable_sizes
 from .deepspeed_step import deepspeed_settings
 from .pipeline import microbatches
 from .sharding import StageParameters
@@ -167,8 +167,10 @@ def _expert_group_gradients(arch: Architecture, training: Training, recipe: Reci
                             par: Parallel, grads: float) -> Component | None:
     """ZeRO-1's gradients at the step under expert parallelism: `grads_in_partition` holds the whole of every
     tensor overlapping this rank's partition of each group, the dense tensors' over the DP ranks and this rank's
-    experts' over the expert-data-parallel ranks (DP / EP); the busiest of each, summed (an upper bound where the
-    busiest ranks differ). Backward keeps the whole-gradient rule (every gradient whole to the reduction)."""
+    experts' over the expert-data-parallel ranks (DP / EP): data-parallel rank r is rank r // EP of its expert-data-
+    parallel group (utils/groups.py _create_expert_and_data_parallel: expert-parallel groups of EP consecutive ranks,
+    expert-data-parallel groups of the ranks EP apart), and the busiest rank's sum is the step's. Backward keeps the
+    whole-gradient rule (every gradient whole to the reduction)."""
     from .deepspeed_offload import local_shards
 
     shards = local_shards(arch, sp, par)
@@ -179,8 +181,11 @@ def _expert_group_gradients(arch: Architecture, training: Training, recipe: Reci
         return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
                          "GPU's freed (offload_optimizer)", EXPERT_SOURCE)
     de = par.expert_data_parallel
-    dense = overlapping_elements(tuple(n for n, expert in shards if not expert), par.dp)
-    experts = overlapping_elements(tuple(n for n, expert in shards if expert), de)
+    dense_by_rank = rank_overlaps(tuple(n for n, expert in shards if not expert), par.dp)
+    experts_by_rank = rank_overlaps(tuple(n for n, expert in shards if expert), de)
+    rank = max(range(par.dp), key=lambda r: dense_by_rank[r] + experts_by_rank[r // par.ep])
+    dense, experts = dense_by_rank[rank], experts_by_rank[rank // par.ep]
     return component("gradients", "Gradients", G * (dense + experts), f"{G:g} B x ({dense:,.0f} + {experts:,.0f}) "
-                     f"elements: the whole of every dense tensor overlapping the busiest of {par.dp} partitions and of "
-                     f"every local expert tensor overlapping the busiest of {de} (grads_in_partition)", EXPERT_SOURCE)
+                     f"elements on the busiest rank ({rank} of {par.dp}): the whole of every dense tensor overlapping "
+                     f"its partition and of every local expert tensor overlapping its partition of {de} "
+                     "(grads_in_partition)", EXPERT_SOURCE)
