@@ -254,3 +254,24 @@ def test_every_preset_the_rule_lets_by_has_the_all_to_alls_layers():
             replayed.append(model)
     assert {"llama-3.1-8b", "llama-3.1-405b", "mistral-7b", "qwen2.5-7b", "phi-4"} <= set(replayed)
     assert not {"qwen3-8b", "mixtral-8x7b", "deepseek-v3", "gemma-3-27b"} & set(replayed)
+
+
+@pytest.mark.parametrize("training", [{"dropout": 0.1}, {"recompute": "full"}, {"loss": "fused"}, {"loss": "chunked"},
+                                      {"micro_batch_size": 2}, {"optimizer": "sgd"}, {"fp8": True}])
+def test_a_training_setting_the_replayed_layer_lacks_keeps_the_flat_share(training):
+    """A Megatron CP a2a layout with another training setting is either replayed or keeps the flat share with its
+    reason, never an error: with dropout the layer keeps masks the all-to-all's plan has not (cp_rule says so)."""
+    from estimator import estimate_config
+
+    config = {"model": "llama-3.1-8b", "training": {"framework": "megatron", "seq_len": 32768, "global_batch_size": 8,
+                                                    **training},
+              "parallel": {"tp": 2, "cp": 4, "dp": 1, "zero_stage": 1, "cp_comm_type": "a2a"}, "hardware": {"gpu": "b200"}}
+    formula = estimate_config(config).stages[0].component("fragmentation").formula
+    if training == {"dropout": 0.1}:
+        from tests.test_published_megatron_reserved import _resolved
+
+        assert megatron_cp_a2a.cp_rule(_resolved(config)).startswith("context parallelism with dropout")
+        assert "share" in formula
+    else:
+        assert "share" in formula or formula.startswith("caching allocator")
+

@@ -79,6 +79,7 @@ def cp_rule(cfg) -> str | None:
          or training.transformer_impl != "transformer_engine",
          "context parallelism without TransformerEngine's fused attention, rotary positions and a gated MLP (the "
          "replayed layer)"),
+        (training.dropout > 0, "context parallelism with dropout (the replayed layer keeps no dropout masks)"),
     )
     return next((why for failed, why in checks if failed), None)
 
