@@ -99,19 +99,24 @@ def partition_share(sizes: tuple, d: int) -> float:
     return -(-sum(sizes) // (2 * d)) * 2
 
 
-def rank_overlaps(sizes: tuple, d: int) -> list[float]:
-    """For each of `d` ranks, the elements its partition touches: the whole size of every tensor overlapping the
-    rank's `partition_share` (get_partition_info's params_in_partition)."""
+def partition_windows(sizes: tuple, d: int) -> list[tuple[int, int, float]]:
+    """For each of `d` ranks, the tensors overlapping its `partition_share` (get_partition_info's
+    params_in_partition): (the first's index, one past the last's, their elements summed, whole)."""
     ends = list(accumulate(sizes))
     share = partition_share(sizes, d)
     starts = [0.0] + ends[:-1]
     out = []
     for r in range(d):
-        lo, hi = r * share, (r + 1) * share
-        first = bisect_right(ends, lo)  # the first tensor ending after lo
-        last = bisect_left(starts, hi)  # one past the last tensor starting before hi
-        out.append(ends[last - 1] - starts[first] if last > first else 0.0)
+        first = bisect_right(ends, r * share)  # the first tensor ending after the share's start
+        last = bisect_left(starts, (r + 1) * share)  # one past the last tensor starting before its end
+        out.append((first, last, ends[last - 1] - starts[first] if last > first else 0.0))
     return out
+
+
+def rank_overlaps(sizes: tuple, d: int) -> list[float]:
+    """For each of `d` ranks, the elements its partition touches: the whole size of every tensor overlapping the
+    rank's `partition_share` (`partition_windows`)."""
+    return [touched for _, _, touched in partition_windows(sizes, d)]
 
 
 def overlapping_elements(sizes: tuple, d: int) -> float:

@@ -25,12 +25,11 @@ a step (accumulated_grads_in_cpu through the GPU staging buffer).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import busiest_partition, largest_overlap, largest_slice, partition_share, trainable_sizes
+from .deepspeed_offload import busiest_partition, largest_overlap, largest_slice, partition_windows, trainable_sizes
 from .deepspeed_step import deepspeed_settings, zero2_backward
 from .deepspeed_zero1 import modelled
 from .pipeline import microbatches
@@ -59,18 +58,12 @@ def kept_elements(sizes: tuple, d: int, bucket: float, made_from: int = 0, own: 
     """The most gradient elements one of `d` ranks holds once the tensors from index `made_from` on were reduced:
     the whole of every tensor overlapping its partition (`grads_in_partition`; none with `own` False, offload) and
     every tensor over `bucket` from `made_from` on that does not (left whole until the epilogue)."""
-    share = partition_share(sizes, d)
-    ends = list(accumulate(sizes))
-    starts = [0.0] + ends[:-1]
     large = [n if i >= made_from and n > bucket else 0.0 for i, n in enumerate(sizes)]
     large_sums = [0.0] + list(accumulate(large))
     best = 0.0
-    for r in range(d):
-        first = bisect_right(ends, r * share)  # the first tensor ending after the partition's start
-        last = bisect_left(starts, (r + 1) * share)  # one past the last tensor starting before its end
-        owned = ends[last - 1] - starts[first] if last > first and own else 0.0
+    for first, last, touched in partition_windows(sizes, d):
         others = large_sums[-1] - (large_sums[last] - large_sums[first] if last > first else 0.0)
-        best = max(best, owned + others)
+        best = max(best, (touched if own else 0.0) + others)
     return best
 
 
