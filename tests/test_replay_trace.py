@@ -65,28 +65,38 @@ def test_short_cuts_give_the_walks_caches(monkeypatch, model, training, parallel
     assert fast == _caches(model, training, parallel)
 
 
+def _twins(sizes: list[int], steps: int, spread: int):
+    """Two allocators walked alike: a free 5.5 MiB block between taken ones (5 MiB takes it whole, 1 MiB or less is
+    left), then at each step a request of `sizes` (plus up to `spread` - 1 times 512 B) kept, and every third step
+    one of those freed; yields (a, b) after each step."""
+    a, b = CachingAllocator(), CachingAllocator()
+    for x in (a, b):
+        gap = x.malloc(11 << 19)
+        x.malloc(2 << 20)
+        x.free(gap)
+    held = ([], [])
+    for step in range(steps):
+        n = sizes[step % len(sizes)] + 512 * (step % spread)
+        for x, kept in zip((a, b), held):
+            kept.append(x.malloc(n))
+            if step % 3 == 2:
+                x.free(kept.pop(step % len(kept)))
+        yield a, b
+
+
+def _state(x: CachingAllocator) -> tuple:
+    return x.pools(), x.allocated, x.allocated_peak, x.reserved, x.segments
+
+
 def test_a_transient_leaves_what_malloc_and_free_leave():
     """Requests kept and freed in a mixed order (both pools, splits and whole blocks, new segments), with a
     transient of each size tried at every step against free(malloc()) on a twin allocator."""
     sizes = [300, 4 << 20, 700_000, 25 << 20, 1 << 20, 9 << 20, 512, (20 << 20) - 4096, 1_500_000, 64 << 20, 5 << 20]
-    a, b = CachingAllocator(), CachingAllocator()
-    for x in (a, b):  # a free block of 5.5 MiB between taken ones: 5 MiB takes it whole
-        gap = x.malloc(11 << 19)
-        x.malloc(2 << 20)
-        x.free(gap)
-    held_a, held_b = [], []
-    for step in range(60):
-        n = sizes[step % len(sizes)] + 512 * (step % 7)
-        held_a.append(a.malloc(n))
-        held_b.append(b.malloc(n))
-        if step % 3 == 2:
-            a.free(held_a.pop(step % len(held_a)))
-            b.free(held_b.pop(step % len(held_b)))
+    for a, b in _twins(sizes, 60, 7):
         for t in sizes:
             a.free(a.malloc(t))
             b.transient(t)
-            assert (a.pools(), a.allocated, a.allocated_peak, a.reserved, a.segments) == \
-                   (b.pools(), b.allocated, b.allocated_peak, b.reserved, b.segments)
+            assert _state(a) == _state(b)
     assert a.segments > 5  # new segments were made along the way, some by a transient
 
 
@@ -101,32 +111,12 @@ def test_a_closed_group_leaves_what_its_requests_and_frees_leave():
     """Each group on allocators that hold and have freed blocks of many sizes (so best fit splits some blocks,
     takes others whole and makes new segments), against the same requests and frees one by one."""
     sizes = [300, 4 << 20, 700_000, 25 << 20, 1 << 20, 9 << 20, 512, 33554432, 1_500_000, 64 << 20, 37748736]
-    a, b = CachingAllocator(), CachingAllocator()
-    for x in (a, b):  # a free block of 5.5 MiB between taken ones: 5 MiB takes it whole (1 MiB or less is left)
-        gap = x.malloc(11 << 19)
-        x.malloc(2 << 20)
-        x.free(gap)
-    held_a, held_b = [], []
     made = 0
-    for step in range(50):
-        n = sizes[step % len(sizes)] + 512 * (step % 5)
-        held_a.append(a.malloc(n))
-        held_b.append(b.malloc(n))
-        if step % 3 == 2:
-            a.free(held_a.pop(step % len(held_a)))
-            b.free(held_b.pop(step % len(held_b)))
+    for a, b in _twins(sizes, 50, 5):
         for steps in GROUPS:
-            kept = []
             before = a.segments
-            for op in steps:
-                if op < 0:
-                    a.free(kept[~op])
-                elif op < TRANSIENT:
-                    kept.append(a.malloc(op))
-                else:
-                    a.transient(op - TRANSIENT)
+            a.run_steps(steps)
             made += a.segments - before
             b.closed(closed_group(steps))
-            assert (a.pools(), a.allocated, a.allocated_peak, a.reserved, a.segments) == \
-                   (b.pools(), b.allocated, b.allocated_peak, b.reserved, b.segments)
+            assert _state(a) == _state(b)
     assert made > 3  # some groups made segments

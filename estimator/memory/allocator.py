@@ -244,6 +244,18 @@ class CachingAllocator:
         if self.allocated + held > self.allocated_peak:
             self.allocated_peak = self.allocated + held
 
+    def run_steps(self, steps: tuple) -> None:
+        """A closed group's steps one by one (`closed_group`'s encoding: a size, TRANSIENT + a size, or ~i to free the
+        i-th block taken)."""
+        kept: list = []
+        for op in steps:
+            if op < 0:
+                self.free(kept[~op])
+            elif op < TRANSIENT:
+                kept.append(self.malloc(op))
+            else:
+                self.transient(op - TRANSIENT)
+
     def closed(self, group: Closed) -> None:
         """Requests that are all freed again (`Closed`), each pool's before its frees. Every block they take is carved
         from a free block (free blocks never touch), so once all are freed each such free block is whole again and
@@ -253,14 +265,7 @@ class CachingAllocator:
         group leaves, its new segments and the allocated peak along it (`_closed_effect`), follows from those sizes,
         and is remembered by them (a pipeline's layers and micro-batches meet the same ones again and again)."""
         if self.expandable:  # `_expand` grows the segment's end block: replayed as it is
-            kept: list = []
-            for op in group.steps:
-                if op < 0:
-                    self.free(kept[~op])
-                elif op < TRANSIENT:
-                    kept.append(self.malloc(op))
-                else:
-                    self.transient(op - TRANSIENT)
+            self.run_steps(group.steps)
             return
         key = [group.steps]
         for small, floor in group.floors:
