@@ -19,14 +19,24 @@ The order, from DeepSpeed v0.19.5's source (runtime/zero/stage3.py, stage_1_and_
   the fp32 gradient freed.
 Held to the four H200 runs (tests/data/measured/gpu/deepspeed): their segments, to the segment, and
 max_memory_reserved (tests/test_gpu_deepspeed.py).
+
+Before v0.13.2 (training.framework_version 0.12.3; spec/versions.py DEEPSPEED_NO_INIT_STEP) ZeRO-3's initialisation
+ran in another order (v0.12.3, 6ea44d02, runtime/zero/stage3.py): `_create_fp32_partitions` made each fp32
+partition as `flat.to(device).clone().float()` (l. 853-854: a 16-bit clone, its fp32 cast kept, the clone freed as
+the statement ends), and `initialize_optimizer_states` stepped the optimizer on each sub-group with the zeroed
+gradient buffer as its gradient (l. 1006-1008 `self._optimizer_step(i)`), so FusedAdam made both moments there
+(ops/adam/fused_adam.py l. 155-157 `torch.zeros_like`), before the IPG bucket and the gradient partitions; the
+steps then make none. ZeRO-2's initialisation of then (stage_1_and_2.py l. 309-374: each group flattened on the
+host, an optimizer step over every group at once) is not replayed.
 """
 
 from __future__ import annotations
 
 from .allocator import CachingAllocator
 from .components import Component
-from .deepspeed_step import deepspeed_settings, runs_foreach, sub_groups
+from .deepspeed_step import _decay_partitions, deepspeed_settings, runs_foreach, sub_groups
 from ..spec.dtypes import bytes_per_element
+from ..spec.versions import DEEPSPEED_NO_INIT_STEP, release
 
 SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py (__init__, defragment, _create_fp32_partitions, "
           "initialize_optimizer_states, step), stage_1_and_2.py (__init__, initialize_optimizer_states, "
@@ -51,8 +61,15 @@ def replay_rule(cfg) -> str | None:
         (training.loss != "standard", f"the {training.loss} loss"),
         (training.offload_optimizer != "none" or training.offload_parameters != "none"
          or training.offload_activations, "offload"),
+        (cfg.zero_stage == 2 and init_step(training), "DeepSpeed before 0.13.2's ZeRO-2 initialisation (each group "
+                                                       "flattened on the host, one optimizer step over all groups)"),
     )
     return next((why for failed, why in checks if failed), None)
+
+
+def init_step(training) -> bool:
+    """Whether the DeepSpeed release steps the optimizer while building ZeRO's optimizer (before v0.13.2)."""
+    return release("deepspeed", training.framework_version).number < DEEPSPEED_NO_INIT_STEP
 
 
 def replayed_cache(cfg, shared, sp, static) -> Component:
@@ -75,19 +92,26 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     w = tensors(cfg, sp)
     trained = sum(t.elements for t in w.order())
     groups = sub_groups(arch, sp, 1, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
+    norms = arch.cached(("zero3 decay partitions", sp.layer_indices, sp.first, sp.last, 1),
+                        lambda: _decay_partitions(arch, sp, 1))
     program = _Program()
-    init = _init_zero3 if cfg.zero_stage == 3 else _init_zero2
-    init(program, groups, trained, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype),
-         deepspeed_settings(arch, training, cfg.zero_stage).reduce_bucket_size)
+    sizes = (program, groups, trained, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype),
+             deepspeed_settings(arch, training, cfg.zero_stage).reduce_bucket_size)
+    moments: list = []
+    if cfg.zero_stage == 2:
+        _init_zero2(*sizes)
+    elif init_step(training):
+        moments = _init_zero3_stepped(*sizes, runs_foreach(training))
+    else:
+        _init_zero3(*sizes)
     for block in [c for c in static.parts().kept if c.key == "workspace"]:  # at the first matrix product
         program.alloc(block.bytes)
     program.alloc(8 * training.seq_len * training.micro_batch_size)  # the token ids (and labels)
     layer_sizes = _layer_sizes(shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
-    moments: list = []
     side = CachingAllocator()  # the reduction stream's blocks: a pool of their own
     for _ in range(2):
         _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained, side)
-        moments = _step(program, cfg, groups, moments, side)
+        moments = _step(program, cfg, groups, moments, side, norms)
     main = program.allocator
     # segments are never given back: the reserved peaks are the ends, and the side stream's block is held through
     # the step, where the main stream's allocated peak is
@@ -115,6 +139,26 @@ def _init_zero3(program, groups: list[float], trained: float, P: float, G: float
     program.free(program.alloc(4 * max(groups)))  # initialize_optimizer_states' gradient buffer
     program.alloc(P * bucket)  # the IPG bucket (contiguous_gradients)
     program.alloc(G * trained)  # grad_partitions_flat_buffer
+
+
+def _init_zero3_stepped(program, groups: list[float], trained: float, P: float, G: float, bucket: int,
+                        foreach: bool) -> list:
+    """ZeRO-3's initialisation before v0.13.2 (the module's docstring): the moments it makes, in order."""
+    program.alloc(P * trained)  # defragment's flat 16-bit buffer, after its empty_cache
+    for n in groups:  # _create_fp32_partitions: flat.to(device).clone().float(), the 16-bit clone freed
+        clone = program.alloc(P * n)
+        program.alloc(4 * n)
+        program.free(clone)
+    gradient_buffer = program.alloc(4 * max(groups))  # initialize_optimizer_states
+    moments = []
+    for n in groups:  # _optimizer_step(i) with the buffer as the gradient: the moments, zeros_like
+        moments += [program.alloc(4 * n), program.alloc(4 * n)]
+        if foreach:
+            program.transient([4 * n])
+    program.free(gradient_buffer)
+    program.alloc(P * bucket)  # the IPG bucket (contiguous_gradients)
+    program.alloc(G * trained)  # grad_partitions_flat_buffer
+    return moments
 
 
 def _init_zero2(program, groups: list[float], trained: float, P: float, G: float, bucket: int) -> None:
@@ -163,10 +207,17 @@ def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float,
         previous = now
 
 
-def _step(program, cfg, groups: list[float], moments: list, side) -> list:
-    """One optimizer step, group by group; the moments made at the first (torch's AdamW: lazily)."""
+def _step(program, cfg, groups: list[float], moments: list, side, norms: list[int]) -> list:
+    """One optimizer step: the gradient norm, then group by group; the moments made at the first (torch's AdamW:
+    lazily). The norm (stage3.py _get_norm_groups -> get_grad_norm_direct, v0.19.5 l. 2255, v0.12.3 l. 1677:
+    `g.to(device).double().norm(2)`; stage_1_and_2.py scaled_global_norm -> get_grad_norm_direct, v0.19.5 l. 2063:
+    `vector_norm(g.data.double())`) copies each parameter's gradient partition to fp64, one at a time, before the
+    first group steps: `norms`, the weight-decay group's matrices in order (the no-decay group's norms and biases,
+    under 1 MiB each in fp64, left out)."""
     G, foreach = bytes_per_element(cfg.recipe.grad_dtype), runs_foreach(cfg.training)
     first = not moments
+    for n in norms:
+        program.transient([8 * n])
     for n in groups:
         flat = program.alloc(G * n)  # torch.cat of the sub-group's (ZeRO-3) or partition's (ZeRO-2) gradients
         grad = program.alloc(4 * n)

@@ -25,8 +25,11 @@ What differs between the releases offered, as far as the estimator models it:
   same at both (compared file by file).
 - deepspeed 0.19.5 and 0.12.3 (Qwen-1's fine-tuning table ran DeepSpeed of late 2023): where ZeRO-3's
   coordinator restarts its count of gathered parameters, which decides whether a run of one micro-batch a step
-  gathers an embedding's worth more (memory/zero3_trace.py); the other DeepSpeed rules cite 0.19.5 (ZeRO-3's
-  sub-group flattening and the coordinator's prefetch and release rules read the same at 0.12.3).
+  gathers an embedding's worth more (memory/zero3_trace.py), and ZeRO-3's initialisation on one GPU, whose
+  order of allocations the reserved-memory replay follows (memory/deepspeed_replay.py: 0.12.3 makes each fp32
+  partition from a 16-bit clone and steps the optimizer once at initialisation, making Adam's moments there);
+  the other DeepSpeed rules cite 0.19.5 (ZeRO-3's sub-group flattening, its step and the coordinator's prefetch
+  and release rules read the same at 0.12.3).
 - fsdp2 2024-12, 0.1.0 and 0.2.0: the releases of torchtitan's published benchmarks (issue 22).
   What differs (the loss's compilation, the root FSDP unit, TP's loss-parallel cross-entropy) is
   keyed in memory/titan_releases.py, each rule with the commit that made it.
@@ -83,6 +86,13 @@ RELEASES: dict[str, tuple[Release, ...]] = {
 # (stage3.py backward, through 0.15.3) to the start of the forward (parameter_offload.py
 # _start_of_forward_hook) in 0.15.4 (memory/zero3_trace.py gathered_elements)
 DEEPSPEED_RESET_AT_FORWARD = (0, 15, 4)
+
+# DeepSpeed stepped the optimizer once while building ZeRO's optimizer (stage3.py initialize_optimizer_states
+# `self._optimizer_step(i)` per sub-group, v0.12.3 l. 1006-1008; stage_1_and_2.py initialize_optimizer_states
+# `self.optimizer.step()`, v0.12.3 l. 645), so Adam's moments were made at initialisation; commit 18179807
+# ("Remove optimizer step on initialization", #5104, 2024-02-10), first in v0.13.2, leaves them to the first step
+# (memory/deepspeed_replay.py _init_zero3)
+DEEPSPEED_NO_INIT_STEP = (0, 13, 2)
 
 # every version any framework offers, in one list (the field's options)
 VERSIONS: tuple[str, ...] = tuple(dict.fromkeys(r.version for rs in RELEASES.values() for r in rs))

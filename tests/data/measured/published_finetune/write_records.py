@@ -51,6 +51,17 @@ DS_OPTIMIZER = ("DeepSpeed's FusedAdam (the ds_config's optimizer section, type 
                 "adamw_torch); in place: our adamw_implementation 'fused', the default")
 
 
+# The DeepSpeed the runs used: the Docker file installs it unpinned (docker/Dockerfile `pip3 install deepspeed`); the 7B
+# and 14B rows were measured in October 2023 (b5fad3d, 0b55158: 2023-10-07, DeepSpeed 0.11.0 of 2023-10-06 the newest),
+# the 1.8B and 72B rows added on 2023-11-30 (e8e15962; 0.12.3 of 2023-11-10 the newest, 0.12.4 came on 2023-12-01).
+# 0.12.3 stands for both: the rules the estimator keys on the DeepSpeed release (ZeRO's optimizer step at initialisation,
+# removed in 0.13.2; the coordinator's reset at the end of backward, moved in 0.15.4) read the same at 0.11.0.
+QWEN_DEEPSPEED = "0.12.3"
+DS_RELEASE = ("0.12.3: docker/Dockerfile installs deepspeed unpinned; the newest release when the rows were measured "
+              "(0.11.0 on 2023-10-07 for 7B and 14B, 0.12.3 on 2023-11-30 for 1.8B and 72B), the estimator's rules "
+              "keyed on it the same at both")
+
+
 def qwen_setup(size, method, gpus):
     """What the scripts at QWEN_COMMIT run for the row (finetune.py and finetune/*.sh), with the README's batch."""
     lora = {"rank": 64, "alpha": 16, "dropout": 0.05, "target_modules": "c_attn, c_proj (attention and MLP), w1, w2",
@@ -75,15 +86,17 @@ def qwen_setup(size, method, gpus):
                 "deepspeed": "finetune/ds_config_zero2.json: stage 2, overlap_comm true, reduce_bucket_size 2e8",
                 "prepare_model_for_kbit_training": "called (finetune.py), but DeepSpeed's fp16 engine casts the "
                 "module back to fp16 (DeepSpeedEngine._configure_distributed_model: module.half())",
-                "script": "finetune/finetune_qlora_single_gpu.sh", "optimizer": DS_OPTIMIZER}
+                "script": "finetune/finetune_qlora_single_gpu.sh", "optimizer": DS_OPTIMIZER,
+                "deepspeed_release": DS_RELEASE}
     if method == "LoRA + Deepspeed Zero3":
         return {**base, "method": "lora", "adapter": lora, "model": f"Qwen-{size}-Chat",
                 "precision": "bf16 through DeepSpeed ZeRO-3 (bf16 enabled: auto)",
                 "deepspeed": "finetune/ds_config_zero3.json: stage 3, overlap_comm true, 'auto' buckets",
-                "script": "finetune/finetune_lora_ds.sh --deepspeed finetune/ds_config_zero3.json (README)", "optimizer": DS_OPTIMIZER}
+                "script": "finetune/finetune_lora_ds.sh --deepspeed finetune/ds_config_zero3.json (README)", "optimizer": DS_OPTIMIZER,
+                "deepspeed_release": DS_RELEASE}
     return {**base, "method": "full", "model": f"Qwen-{size}", "precision": "bf16 through DeepSpeed ZeRO-3",
             "deepspeed": "finetune/ds_config_zero3.json: stage 3, overlap_comm true, 'auto' buckets",
-            "script": "finetune/finetune_ds.sh", "optimizer": DS_OPTIMIZER}
+            "script": "finetune/finetune_ds.sh", "optimizer": DS_OPTIMIZER, "deepspeed_release": DS_RELEASE}
 
 
 def qwen_config(size, method, gpus, seq):
@@ -99,12 +112,12 @@ def qwen_config(size, method, gpus, seq):
         adapter["peft_version"] = "0.5.0"
     if method == "Q-LoRA":  # GPTQ int4 base (not bitsandbytes NF4): our int4 base under method lora
         adapter["base_dtype"] = "int4"
-        training.update(framework="deepspeed", param_dtype="fp16", compute_dtype="fp16",
-                        reduce_bucket_size=200_000_000, overlap_comm=True)
+        training.update(framework="deepspeed", framework_version=QWEN_DEEPSPEED, param_dtype="fp16",
+                        compute_dtype="fp16", reduce_bucket_size=200_000_000, overlap_comm=True)
         del training["training_loop"]
         parallel["zero_stage"] = 2
     if method in ("Full-parameter", "LoRA + Deepspeed Zero3"):
-        training.update(framework="deepspeed", overlap_comm=True)
+        training.update(framework="deepspeed", framework_version=QWEN_DEEPSPEED, overlap_comm=True)
         del training["training_loop"]
         parallel["zero_stage"] = 3
     if method != "Full-parameter":
