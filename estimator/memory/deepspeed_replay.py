@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from .allocator import CachingAllocator
 from .components import Component
-from .deepspeed_step import _decay_partitions, deepspeed_settings, runs_foreach, sub_groups
+from .deepspeed_step import _decay_partitions, deepspeed_settings, foreach_temporaries, runs_foreach, sub_groups
 from ..spec.dtypes import bytes_per_element
 from ..spec.versions import DEEPSPEED_NO_INIT_STEP, release
 
@@ -101,7 +101,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     if cfg.zero_stage == 2:
         _init_zero2(*sizes)
     elif init_step(training):
-        moments = _init_zero3_stepped(*sizes, runs_foreach(training))
+        moments = _init_zero3_stepped(*sizes, foreach_temporaries(training) if runs_foreach(training) else 0)
     else:
         _init_zero3(*sizes)
     for block in [c for c in static.parts().kept if c.key == "workspace"]:  # at the first matrix product
@@ -142,8 +142,9 @@ def _init_zero3(program, groups: list[float], trained: float, P: float, G: float
 
 
 def _init_zero3_stepped(program, groups: list[float], trained: float, P: float, G: float, bucket: int,
-                        foreach: bool) -> list:
-    """ZeRO-3's initialisation before v0.13.2 (the module's docstring): the moments it makes, in order."""
+                        temporaries: int) -> list:
+    """ZeRO-3's initialisation before v0.13.2 (the module's docstring): the moments it makes, in order;
+    `temporaries`: the step's of the sub-group's size (foreach AdamW's, deepspeed_step.foreach_temporaries; 0 fused)."""
     program.alloc(P * trained)  # defragment's flat 16-bit buffer, after its empty_cache
     for n in groups:  # _create_fp32_partitions: flat.to(device).clone().float(), the 16-bit clone freed
         clone = program.alloc(P * n)
@@ -153,8 +154,7 @@ def _init_zero3_stepped(program, groups: list[float], trained: float, P: float, 
     moments = []
     for n in groups:  # _optimizer_step(i) with the buffer as the gradient: the moments, zeros_like
         moments += [program.alloc(4 * n), program.alloc(4 * n)]
-        if foreach:
-            program.transient([4 * n])
+        program.transient([4 * n] * temporaries)
     program.free(gradient_buffer)
     program.alloc(P * bucket)  # the IPG bucket (contiguous_gradients)
     program.alloc(G * trained)  # grad_partitions_flat_buffer
@@ -224,8 +224,8 @@ def _step(program, cfg, groups: list[float], moments: list, side, norms: list[in
         program.free(flat)
         if first:
             moments += [program.alloc(4 * n), program.alloc(4 * n)]
-        if foreach:
-            program.transient([4 * n])
+        if foreach:  # sqrt(v), and sqrt(v) + eps beside it before torch 2.1
+            program.transient([4 * n] * foreach_temporaries(cfg.training))
         program.free(grad)
     partitions = program.__dict__.pop("partitions", None)
     if partitions is not None:

@@ -38,6 +38,7 @@ from .components import Component, component
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
 from ..spec.training import Training
+from ..spec.versions import TORCH_FOREACH_ADD_IN_PLACE, torch_release
 
 
 class DeepSpeedBuffers(NamedTuple):
@@ -70,6 +71,9 @@ STEP_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py step, _prepare_fp32_gra
                "_create_fp16_sub_groups (sub_group_size 1e9); stage_1_and_2.py step (l. 2330-2335: the partition's "
                "gradients flattened, `self.flatten(averaged_gradients[i])`, then cast to fp32; v0.12.3 l. 1764-1768 "
                "the same), update_lp_params and runtime/utils.py all_gather_dp_groups (in place: nothing allocated)")
+FOREACH_DENOM_SOURCE = ("torch 2.0.1 (e9ebda29) torch/optim/adamw.py _multi_tensor_adamw l. 564-568: `denom = "
+                        "torch._foreach_add(exp_avg_sq_sqrt, eps)` out of place, beside exp_avg_sq_sqrt; torch 2.1.0 "
+                        "(7bcf7da3) l. 602: `torch._foreach_add_(exp_avg_sq_sqrt, eps)`, in place")
 FOREACH_SOURCE = ("torch 2.11 torch/optim/adam.py _multi_tensor_adam (torch._foreach_sqrt of the second moments: one "
                   "temporary the size of the flat fp32 tensor stepped); measured: tests/data/measured/gpu/deepspeed")
 GRADIENT_BUFFER_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py __init__ (grad_partitions_flat_buffer: torch.zeros "
@@ -89,6 +93,12 @@ def runs_foreach(training: Training) -> bool:
     the ds_config names none (`adamw_implementation` 'foreach'); an offloaded optimizer steps on the host."""
     return training.framework == "deepspeed" and training.adamw_implementation == "foreach" \
         and training.offload_optimizer == "none"
+
+
+def foreach_temporaries(training: Training) -> int:
+    """The temporaries of its own size torch's foreach AdamW holds as it steps one flat tensor: sqrt(v), and before
+    torch 2.1 sqrt(v) + eps beside it (FOREACH_DENOM_SOURCE)."""
+    return 2 if torch_release(training.torch_version) < TORCH_FOREACH_ADD_IN_PLACE else 1
 
 
 def keeps_gradient_buffer(training: Training, zero: int) -> bool:
@@ -152,6 +162,9 @@ def step_transients(arch: Architecture, training: Training, stage: StageParamete
     if runs_foreach(training):
         out.append(component("transient", "foreach AdamW temporary (sqrt of the second moment)", 4 * n,
                              f"4 B x {size}", FOREACH_SOURCE))
+        if foreach_temporaries(training) == 2:
+            out.append(component("transient", "foreach AdamW's sqrt(v) + eps, out of place (torch before 2.1)",
+                                 4 * n, f"4 B x {size}", FOREACH_DENOM_SOURCE))
     else:
         out.append(component("transient", "flat copy of the sub-group's gradients, cast to fp32" if zero == 3 else
                              "flat copy of the partition's gradients, cast to fp32", G * n, f"{G:g} B x {size}",

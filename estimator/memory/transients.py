@@ -21,7 +21,8 @@ from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
 from .deepspeed_offload import gpu_buffer as deepspeed_gpu_buffer
-from .deepspeed_step import (DeepSpeedBuffers, deepspeed_settings, runs_foreach as deepspeed_foreach,
+from .deepspeed_step import (FOREACH_DENOM_SOURCE, DeepSpeedBuffers, deepspeed_settings,
+                             runs_foreach as deepspeed_foreach,
                              step_transients, zero3_whole_gradient)
 from ..spec.dtypes import bytes_per_element
 from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, MEGATRON_TORCH_ADAMW_SOURCE, \
@@ -33,6 +34,7 @@ from .megatron_fsdp import PREFETCH_ELEMENTS, PREFETCH_SOURCE, backward_gathered
 from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
+from ..spec.versions import TORCH_FOREACH_ADD_IN_PLACE, torch_release
 from .zero3_replay import SOURCE as ZERO3_REPLAY_SOURCE
 from .zero3_trace import SOURCE as TRACE_SOURCE, gathered_elements
 
@@ -443,6 +445,19 @@ def _runs_foreach(training: Training) -> bool:
         or deepspeed_foreach(training) or megatron_torch_adamw(training.framework, training.te_version)
 
 
+
+def foreach_denom(groups: list[float], formula: str) -> Component:
+    """torch before 2.1: what foreach AdamW's out-of-place sqrt(v) + eps adds to the one-temporary-a-group count
+    (`sum(groups)`, the temporary beside it). In a group's iteration the previous group's sqrt(v) + eps is still
+    alive as its own are made (FOREACH_DENOM_SOURCE: each name is rebound only once the next group's is made): the
+    step's moment is the largest of
+    previous + 2 x this or 2 x previous + this, over the (device, dtype) groups in turn."""
+    peak = max(max(a + 2 * b, 2 * a + b) for a, b in zip([0.0] + groups[:-1], groups))
+    more = "the same bytes again" if len(groups) == 1 else "the larger group's bytes again"
+    return component("transient", "foreach AdamW's sqrt(v) + eps, out of place (torch before 2.1)",
+                     peak - sum(groups), f"{more}: {formula}", FOREACH_DENOM_SOURCE)
+
+
 def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters, zero: int,
                       d_dense: int, trainable: float, largest: float,
                       inv: Inventory | None = None) -> list[Component]:
@@ -470,8 +485,14 @@ def _step_temporaries(training: Training, recipe: Recipe, stage: StageParameters
             source += "; " + TITAN_SOURCES["adamw_foreach"]
         if megatron_torch_adamw(training.framework, training.te_version):
             source += "; " + MEGATRON_TORCH_ADAMW_SOURCE
-        return [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
-                          source)]
+        out = [component("transient", "foreach AdamW temporary (sqrt of the second moment)", temporary, formula,
+                         source)]
+        if torch_release(training.torch_version) < TORCH_FOREACH_ADD_IN_PLACE:
+            groups = [temporary]
+            if inv is not None and training.framework == "hf" and inv.saved and A != S:  # (device, dtype) groups
+                groups = [b for b in (A * inv.adapters * shard / trainable, S * inv.saved * shard / trainable) if b]
+            out.append(foreach_denom(groups, formula))
+        return out
     scratch = step_scratch(training.optimizer, training.framework, training.framework_version)
     if scratch is not None:  # stepped one tensor (its local shard) at a time
         d = d_dense if zero >= 1 and d_dense > 1 else 1

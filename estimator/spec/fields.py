@@ -21,7 +21,7 @@ from .choices import (ADAMW_IMPLEMENTATIONS, ALGORITHMS, ALL_LINEAR, ATTENTION, 
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .gpus import GPUS
 from .optimizers import OPTIMIZERS
-from .versions import MEGATRON_TE, TE_NONE, TE_VERSIONS, VERSIONS, default_versions_text
+from .versions import MEGATRON_TE, TE_NONE, TE_VERSIONS, TORCH_VERSIONS, VERSIONS, default_versions_text
 from .serving_fields import SERVING_FIELDS
 from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
                     MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
@@ -55,6 +55,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             TE_VERSIONS + (TE_NONE,), optional=True,
             auto="the one the Megatron-Core release installs: "
                  + ", ".join(f"{m}: {te}" for m, te in MEGATRON_TE.items())),
+    _choice("torch_version", _T, "PyTorch version", "The PyTorch release the run uses (major.minor). Before 2.1 "
+            "torch's foreach AdamW adds eps out of place (torch/optim/adamw.py _multi_tensor_adamw: `denom = "
+            "torch._foreach_add(exp_avg_sq_sqrt, eps)`), so its step holds two temporaries the size of each "
+            "parameter group, sqrt(v) and sqrt(v) + eps, where 2.1 on holds one.", "Run", TORCH_VERSIONS,
+            optional=True, auto="the measured stack's (torch 2.11-2.13)"),
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
             "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
             "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "

@@ -42,6 +42,7 @@ class Training:
     framework_version: str | None = None  # the release whose rules apply (versions.py); None = the measured one
     te_version: str | None = None  # megatron: the TransformerEngine release (versions.py); None = the one it installs;
     # "not_installed" = neither TE nor Apex installed: torch's AdamW steps (optimizers.py megatron_torch_adamw)
+    torch_version: str | None = None  # the PyTorch release, major.minor (versions.py TORCH_VERSIONS); None = 2.13
     seq_len: int = 4096
     images_per_sample: int = 0  # vision-language models: images per sample, their tokens within seq_len
     image_size: int | None = None  # pixels per side; None: the tower's native size

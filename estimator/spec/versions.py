@@ -94,6 +94,22 @@ DEEPSPEED_RESET_AT_FORWARD = (0, 15, 4)
 # (memory/deepspeed_replay.py _init_zero3)
 DEEPSPEED_NO_INIT_STEP = (0, 13, 2)
 
+# PyTorch (training.torch_version): the minor releases whose rules differ from the measured stack's (torch 2.11-2.13,
+# what None means). torch 2.0.1 (e9ebda29) torch/optim/adamw.py _multi_tensor_adamw l. 564-568:
+# `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`, `_foreach_div_` in place, then `denom = torch._foreach_add(
+# exp_avg_sq_sqrt, eps)` out of place, both alive at `_foreach_addcdiv_`; torch 2.1.0 (7bcf7da3) l. 599-603 adds eps in
+# place (`torch._foreach_add_(exp_avg_sq_sqrt, eps)`): one temporary from 2.1 (memory/transients.py _step_temporaries)
+TORCH_VERSIONS: tuple[str, ...] = ("2.0", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10", "2.11",
+                                   "2.12", "2.13")
+TORCH_FOREACH_ADD_IN_PLACE = (2, 1)
+
+
+def torch_release(version: str | None) -> tuple[int, int]:
+    """training.torch_version as (major, minor); None: the measured stack's (2.13)."""
+    major, minor = (version or TORCH_VERSIONS[-1]).split(".")
+    return int(major), int(minor)
+
+
 # every version any framework offers, in one list (the field's options)
 VERSIONS: tuple[str, ...] = tuple(dict.fromkeys(r.version for rs in RELEASES.values() for r in rs))
 

@@ -101,9 +101,11 @@ def qwen_setup(size, method, gpus):
 
 def qwen_config(size, method, gpus, seq):
     model = {"name": f"qwen-{size.lower()}", "qkv_bias": True, "loss_in_logits_dtype": True, **QWEN_ARCH[size]}
+    # torch_version: the README's "Pytorch 2.0" (docker/Dockerfile pins torch==2.0.1; README.md pins torch>=2.0,<2.1
+    # with peft>=0.5.0,<0.6.0)
     training = {"framework": "hf", "training_loop": "trainer", "seq_len": seq, "micro_batch_size": 1,
                 "global_batch_size": 8 * gpus, "param_dtype": "bf16", "compute_dtype": "bf16", "recompute": "full",
-                "attention": "flash", "optimizer": "adamw"}
+                "attention": "flash", "optimizer": "adamw", "torch_version": "2.0"}
     parallel = {"dp": gpus}
     adapter = dict(QWEN_ADAPTER)
     if method == "LoRA (emb)":
