@@ -52,14 +52,16 @@ DS_OPTIMIZER = ("DeepSpeed's FusedAdam (the ds_config's optimizer section, type 
 
 
 # The DeepSpeed the runs used: the Docker file installs it unpinned (docker/Dockerfile `pip3 install deepspeed`); the 7B
-# and 14B rows were measured in October 2023 (b5fad3d, 0b55158: 2023-10-07, DeepSpeed 0.11.0 of 2023-10-06 the newest),
-# the 1.8B and 72B rows added on 2023-11-30 (e8e15962; 0.12.3 of 2023-11-10 the newest, 0.12.4 came on 2023-12-01).
-# 0.12.3 stands for both: the rules the estimator keys on the DeepSpeed release (ZeRO's optimizer step at initialisation,
-# removed in 0.13.2; the coordinator's reset at the end of backward, moved in 0.15.4) read the same at 0.11.0.
+# and 14B rows were measured in October 2023 (b5fad3d, 0b55158: 2023-10-07; the 7B full-parameter rows e6f2a7a,
+# 2023-10-11: DeepSpeed 0.11.0 of 2023-10-06 and 0.11.1 of 2023-10-09 the newest), the 1.8B and 72B rows added on
+# 2023-11-30 (e8e15962; 0.12.3 of 2023-11-10 the newest, 0.12.4 came on 2023-12-01). 0.12.3 stands for both: the rules
+# the estimator keys on the DeepSpeed release (ZeRO's optimizer step at initialisation, removed in 0.13.2; the
+# coordinator's reset at the end of backward, moved in 0.15.4) read the same at 0.11.0 and 0.11.1 (stage3.py
+# initialize_optimizer_states `self._optimizer_step(i)`, _create_fp32_partitions `.clone().float()`).
 QWEN_DEEPSPEED = "0.12.3"
 DS_RELEASE = ("0.12.3: docker/Dockerfile installs deepspeed unpinned; the newest release when the rows were measured "
-              "(0.11.0 on 2023-10-07 for 7B and 14B, 0.12.3 on 2023-11-30 for 1.8B and 72B), the estimator's rules "
-              "keyed on it the same at both")
+              "(0.11.0-0.11.1 in October 2023 for 7B and 14B, 0.12.3 on 2023-11-30 for 1.8B and 72B), the estimator's "
+              "rules keyed on it the same at both")
 
 
 def qwen_setup(size, method, gpus):
