@@ -9,7 +9,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import (ATTENTION_OUTPUT, CORE, Entry, NORM, UP_PROJ, _norm, _norm_output, compiled, fused_kernels,
-                      residual_dropout, tokens_per_gpu, torch_fused_rms_norm)
+                      config_dropout, tokens_per_gpu, torch_fused_rms_norm)
 
 
 CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_cp_to_forward (FlexAttention: "
@@ -298,7 +298,7 @@ def _output_entries(arch: Architecture, training: Training, par: Parallel, math_
                      "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",))]
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
-    if residual_dropout(training):
+    if config_dropout(arch.attention_residual_dropout, training):
         out.append(Entry(RESIDUAL_DROPOUT_MASK, T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 

@@ -6,7 +6,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import (Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, residual_dropout,
+from .entries import (Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, config_dropout,
                       tokens_per_gpu)
 from .llama4 import TRANSFORMERS_FRAMEWORKS, dense_moe, dense_moe_entries, dense_moe_rows
 
@@ -153,7 +153,7 @@ def _shared_expert_entries(arch: Architecture, training: Training, T: float) -> 
 def mlp_tail_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
     """After the MLP: the post-MLP norm (Gemma-2/3, OLMo-2) and the residual dropout."""
     out = _norm("post-MLP norm input", T, arch, training) if arch.norms_per_layer > 2 else []
-    if residual_dropout(training):
+    if config_dropout(arch.mlp_residual_dropout, training):
         out.append(Entry("MLP residual dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 

@@ -1,0 +1,26 @@
+"""The registry's entries for a model config's own dropout probabilities (Architecture's
+attention_residual_dropout, mlp_residual_dropout, embedding_dropout): what transformers' modelling code
+drops out besides the attention probabilities, which is training.dropout's."""
+
+from __future__ import annotations
+
+from .field import Field
+
+_WHERE = " Counted under hf, deepspeed and fsdp1 (transformers' modelling code); elsewhere training.dropout rules."
+_MORE = "More"
+
+
+def _p(name: str, label: str, help: str) -> Field:
+    return Field(name, "model", "float", label, help + _WHERE, _MORE, min=0.0, max=1.0, below_max=True, step=0.05,
+                 widget=False)
+
+
+DROPOUT_FIELDS: tuple[Field, ...] = (
+    _p("attention_residual_dropout", "Attention residual dropout", "The model config's dropout on the attention "
+       "output before its residual add (Phi-3 and GPT-2 resid_pdrop, GPT-NeoX hidden_dropout, StarCoder2 "
+       "residual_dropout); above 0 each layer keeps a bool mask per token and hidden unit."),
+    _p("mlp_residual_dropout", "MLP residual dropout", "The model config's dropout on the MLP output before its "
+       "residual add (the same keys; Falcon's hidden_dropout, once per layer); above 0 each layer keeps a bool mask."),
+    _p("embedding_dropout", "Embedding dropout", "The model config's dropout on the embeddings (GPT-2 embd_pdrop, "
+       "GPT-NeoX hidden_dropout, StarCoder2 embedding_dropout); above 0 the first stage keeps a bool mask."),
+)
