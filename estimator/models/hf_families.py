@@ -181,6 +181,8 @@ def _llama_like(r: _Reader) -> tuple[dict[str, Any], list[str]]:
                 fields[field] = value
     if mt == "phi3" and r.bool("lm_head_bias"):
         notes.append("lm_head_bias (not counted)")
+    if mt == "phi3":  # modeling_phi3.py: one qkv_proj, sliced; apply_rotary_pos_emb ends in torch.cat
+        fields["fused_qkv"] = True
     window, pattern, more = _sliding(r, fields["num_layers"])
     fields.update(sliding_window=window, sliding_window_pattern=pattern)
     return fields, notes + more
@@ -304,7 +306,7 @@ def _gpt_neox(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         hidden_size=r.int("hidden_size"), num_layers=r.int("num_hidden_layers"),
         num_attention_heads=r.int("num_attention_heads"), vocab_size=r.int("vocab_size"),
         intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings"),
-        gated_mlp=False, norm="layernorm", linear_bias=True,
+        gated_mlp=False, norm="layernorm", linear_bias=True, fused_qkv=True,
     ), notes
 
 

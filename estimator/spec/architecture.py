@@ -109,6 +109,9 @@ class Architecture:
     attention_residual_dropout: float = 0.0
     mlp_residual_dropout: float = 0.0
     embedding_dropout: float = 0.0  # GPT-2's embd_pdrop, GPT-NeoX's hidden_dropout, StarCoder2's embedding_dropout
+    # transformers' Phi-3 and GPT-NeoX: one q, k, v linear, v a view of its output, q and k rotated by torch.cat
+    # (memory/activations/attention.py `_fused_qkv_flash_entries`)
+    fused_qkv: bool = False
     # State-space hybrids (Nemotron-H): one block per character of the pattern
     hybrid_override_pattern: str | None = None
     mamba_num_heads: int | None = None

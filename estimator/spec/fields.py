@@ -23,7 +23,7 @@ from .gpus import GPUS
 from .optimizers import OPTIMIZERS
 from .versions import MEGATRON_TE, TE_NONE, TE_VERSIONS, VERSIONS, default_versions_text
 from .serving_fields import SERVING_FIELDS
-from .dropout_fields import DROPOUT_FIELDS
+from .transformers_fields import TRANSFORMERS_FIELDS
 from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
                     MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
 
@@ -509,7 +509,7 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
        auto="none: patches / merge^2"),
     _w("vision_projector_size", "Vision projector width", "Llama 4: the pixel-shuffle adapter's and the projector's "
        "width (projector_input_dim).", _VIS, optional=True, auto="none: no pixel-shuffle adapter"),
-) + DROPOUT_FIELDS
+) + TRANSFORMERS_FIELDS
 
 _A, _FT = "adapter", "Fine-tuning (adapters)"
 

@@ -155,6 +155,14 @@ def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[E
                 Entry(f"{name} (Liger RMSNorm rstd per token, fp32)", T, 4, "sp", "4*s*b")]
     if fused_kernels(training) or training.compute_dtype == "fp32":
         return [Entry(name, T * h, B, "sp", "B*s*b*h")]
+    if arch.norm == "layernorm":
+        # nn.LayerNorm is ATen's native_layer_norm: autograd keeps its input and the per-row mean and rstd
+        # (torch 2.13 derivatives.yaml native_layer_norm; CUDA's layer_norm_kernel.cu makes them in the fp32
+        # accumulate type), not a normalised copy; its output is the next linear's input (measured:
+        # tests/data/measured/starcoder2-3b-8layers-*, pythia-1.4b-8layers-*)
+        kept = 4 if autocast(training) else B  # under autocast the residual it normalises is fp32
+        return [Entry(f"{name} (LayerNorm input)", T * h, kept, "sp", f"{kept:g}*s*b*h"),
+                Entry(f"{name} (LayerNorm mean and rstd per token, fp32)", 2 * T, 4, "sp", "8*s*b")]
     if torch_fused_rms_norm(arch, training):
         # torch's CUDA kernel: autograd saves the input and the fp32 rstd of each row
         # (derivatives.yaml `_fused_rms_norm`; layer_norm_kernel.cu `_fused_rms_norm_cuda`)

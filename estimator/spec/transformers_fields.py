@@ -1,6 +1,7 @@
-"""The registry's entries for a model config's own dropout probabilities (Architecture's
-attention_residual_dropout, mlp_residual_dropout, embedding_dropout): what transformers' modelling code
-drops out besides the attention probabilities, which is training.dropout's."""
+"""The registry's entries for details of transformers' modelling code that the Hugging Face reader sets
+(estimator/models/hf_config.py): a model config's own dropout probabilities (Architecture's
+attention_residual_dropout, mlp_residual_dropout, embedding_dropout: what the code drops out besides the attention
+probabilities, which is training.dropout's) and a fused q, k, v projection (fused_qkv)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,17 @@ def _p(name: str, label: str, help: str) -> Field:
                  widget=False)
 
 
-DROPOUT_FIELDS: tuple[Field, ...] = (
+TRANSFORMERS_FIELDS: tuple[Field, ...] = (
     _p("attention_residual_dropout", "Attention residual dropout", "The model config's dropout on the attention "
        "output before its residual add (Phi-3 and GPT-2 resid_pdrop, GPT-NeoX hidden_dropout, StarCoder2 "
        "residual_dropout); above 0 each layer keeps a bool mask per token and hidden unit."),
     _p("mlp_residual_dropout", "MLP residual dropout", "The model config's dropout on the MLP output before its "
        "residual add (the same keys; Falcon's hidden_dropout, once per layer); above 0 each layer keeps a bool mask."),
+    Field("fused_qkv", "model", "bool", "Fused QKV (transformers)", "transformers' Phi-3 (qkv_proj) and GPT-NeoX "
+          "(query_key_value): one linear gives q, k and v, v stays a view of its output and the rotary embedding's "
+          "torch.cat makes new q and k, so flash attention keeps the whole output besides them, and its output, laid "
+          "out as q, is copied for the output projection. Counted under hf, deepspeed and fsdp1.", _MORE,
+          widget=False),
     _p("embedding_dropout", "Embedding dropout", "The model config's dropout on the embeddings (GPT-2 embd_pdrop, "
        "GPT-NeoX hidden_dropout, StarCoder2 embedding_dropout); above 0 the first stage keeps a bool mask."),
 )
