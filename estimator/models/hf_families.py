@@ -307,6 +307,7 @@ def _gpt_neox(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         num_attention_heads=r.int("num_attention_heads"), vocab_size=r.int("vocab_size"),
         intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings"),
         gated_mlp=False, norm="layernorm", linear_bias=True, fused_qkv=True,
+        parallel_attention=r.bool("use_parallel_residual", True),
     ), notes
 
 
@@ -341,6 +342,7 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         intermediate_size=r.int("ffn_hidden_size", required=False) or 4 * hidden,
         tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
         linear_bias=r.bool("bias"), norms_per_layer=norms,
+        parallel_attention=new_arch or r.bool("parallel_attn", True),
     ), notes
 
 

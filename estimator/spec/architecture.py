@@ -112,6 +112,9 @@ class Architecture:
     # transformers' Phi-3 and GPT-NeoX: one q, k, v linear, v a view of its output, q and k rotated by torch.cat
     # (memory/activations/attention.py `_fused_qkv_flash_entries`)
     fused_qkv: bool = False
+    # attention and MLP both read the layer input, whose output is input + attention + MLP (GPT-NeoX
+    # use_parallel_residual, Falcon parallel_attn / new_decoder_architecture)
+    parallel_attention: bool = False
     # State-space hybrids (Nemotron-H): one block per character of the pattern
     hybrid_override_pattern: str | None = None
     mamba_num_heads: int | None = None

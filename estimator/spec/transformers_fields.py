@@ -27,6 +27,9 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
           "torch.cat makes new q and k, so flash attention keeps the whole output besides them, and its output, laid "
           "out as q, is copied for the output projection. Counted under hf, deepspeed and fsdp1.", _MORE,
           widget=False),
+    Field("parallel_attention", "model", "bool", "Parallel attention and MLP", "GPT-NeoX (use_parallel_residual) "
+          "and Falcon (parallel_attn, new_decoder_architecture): attention and MLP both read the layer input and the "
+          "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps.", _MORE, widget=False),
     _p("embedding_dropout", "Embedding dropout", "The model config's dropout on the embeddings (GPT-2 embd_pdrop, "
        "GPT-NeoX hidden_dropout, StarCoder2 embedding_dropout); above 0 the first stage keeps a bool mask."),
 )

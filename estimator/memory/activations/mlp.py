@@ -66,6 +66,10 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     T = tokens_per_gpu(training, par)
     h = arch.hidden_size
     out = _norm("MLP norm input", T, arch, training)
+    if arch.parallel_attention and arch.norm == "layernorm":
+        # the MLP's LayerNorm reads the layer input, which the attention's keeps already (transformers 5.23
+        # modeling_gpt_neox.py GPTNeoXLayer with use_parallel_residual; measured: tests/data/measured/pythia-1.4b-*)
+        out = [e for e in out if e.name != "MLP norm input (LayerNorm input)"]
     if kind == "dense":
         out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
                             NORM, weights=("gate", "up"))
