@@ -296,6 +296,7 @@ def _gpt2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         intermediate_size=inner, tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False,
         norm="layernorm", linear_bias=True, position_embedding="learned",
         max_position_embeddings=r.int("n_positions", "max_position_embeddings"),
+        composite_gelu=(r.text("activation_function") or "gelu_new") == "gelu_new",  # GPT2Config's default
     ), []
 
 
@@ -307,7 +308,7 @@ def _gpt_neox(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         num_attention_heads=r.int("num_attention_heads"), vocab_size=r.int("vocab_size"),
         intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings"),
         gated_mlp=False, norm="layernorm", linear_bias=True, fused_qkv=True,
-        parallel_attention=r.bool("use_parallel_residual", True),
+        parallel_attention=r.bool("use_parallel_residual", True), composite_gelu=r.text("hidden_act") == "gelu_new",
     ), notes
 
 
@@ -318,7 +319,7 @@ def _starcoder2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         num_layers=r.int("num_hidden_layers"), vocab_size=r.int("vocab_size"),
         intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings", True),
         gated_mlp=False, norm="layernorm", linear_bias=r.bool("use_bias", True),
-        sliding_window=window, sliding_window_pattern=pattern,
+        sliding_window=window, sliding_window_pattern=pattern, composite_gelu=r.text("hidden_act") == "gelu_new",
     )
     return fields, notes
 
@@ -342,7 +343,7 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         intermediate_size=r.int("ffn_hidden_size", required=False) or 4 * hidden,
         tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
         linear_bias=r.bool("bias"), norms_per_layer=norms,
-        parallel_attention=new_arch or r.bool("parallel_attn", True),
+        parallel_attention=new_arch or r.bool("parallel_attn", True), composite_gelu=r.text("activation") == "gelu_new",
     ), notes
 
 

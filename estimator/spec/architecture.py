@@ -115,6 +115,8 @@ class Architecture:
     # attention and MLP both read the layer input, whose output is input + attention + MLP (GPT-NeoX
     # use_parallel_residual, Falcon parallel_attn / new_decoder_architecture)
     parallel_attention: bool = False
+    # transformers' NewGELUActivation (activation "gelu_new", GPT-2's default): the tanh GELU in PyTorch ops
+    composite_gelu: bool = False
     # State-space hybrids (Nemotron-H): one block per character of the pattern
     hybrid_override_pattern: str | None = None
     mamba_num_heads: int | None = None

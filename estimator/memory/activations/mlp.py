@@ -74,6 +74,7 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
                             NORM, weights=("gate", "up"))
         out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
+        out += composite_gelu_entries(arch, training, T)
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
         if dense_moe(arch, training):  # transformers' Llama 4: every token through every expert
@@ -152,6 +153,19 @@ def _shared_expert_entries(arch: Architecture, training: Training, T: float) -> 
         out.append(Entry("shared expert output (kept by the gate product)", T * arch.hidden_size, B, "sp", "B*s*b*h",
                          recompute=MOE))
     return out
+
+
+def composite_gelu_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
+    """transformers 5.23 activations.py NewGELUActivation: ``0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 *
+    torch.pow(x, 3.0))))``. Beside x (kept by pow) and the output (fc2's input), autograd keeps tanh's output and
+    both factors of the last product, 0.5 * x and 1 + tanh (torch 2.13 derivatives.yaml: tanh saves its result, mul
+    both operands); measured: tests/data/measured/gpt2-medium-8layers-*. Under the transformers frameworks,
+    uncompiled; a non-gated MLP only (`Architecture.composite_gelu`)."""
+    if not arch.composite_gelu or arch.gated_mlp or training.framework not in TRANSFORMERS_FRAMEWORKS \
+            or compiled(training):
+        return []
+    return [Entry("gelu_new: tanh output, 0.5 * x and 1 + tanh", 3 * T * arch.intermediate_size,
+                  bytes_per_element(training.compute_dtype), "tp", "3*B*s*b*f", recompute=("mlp",), tensors=3)]
 
 
 def mlp_tail_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
