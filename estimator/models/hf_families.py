@@ -297,6 +297,8 @@ def _gpt2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         norm="layernorm", linear_bias=True, position_embedding="learned",
         max_position_embeddings=r.int("n_positions", "max_position_embeddings"),
         composite_gelu=(r.text("activation_function") or "gelu_new") == "gelu_new",  # GPT2Config's default
+        # modeling_gpt2.py eager_attention_forward: softmax of the scores in their dtype, no fp32 upcast
+        eager_softmax_in_compute_dtype=True,
     ), []
 
 

@@ -89,10 +89,16 @@ DROPOUT_RUNS = (
     Run("phi-3-mini-8layers", 4096, 2), Run("phi-3-mini-8layers", 4096, 2, dropout=0.1),
     Run("phi-3-mini-8layers", 8192, 2, recompute="full", dropout=0.1),
     Run("phi-3-mini-8layers", 4096, 2, attention="eager", dropout=0.1),
+    Run("phi-3-mini-8layers", 4096, recompute="full", attention="eager", dropout=0.1),
     Run("pythia-1.4b-8layers", 4096, 2), Run("pythia-1.4b-8layers", 4096, 2, dropout=0.1),
     Run("pythia-1.4b-8layers", 8192, 2, recompute="full", dropout=0.1),
+    Run("pythia-1.4b-8layers", 2048, 2, recipe="amp", dropout=0.1),
     Run("gpt2-medium-8layers", 1024, 4), Run("gpt2-medium-8layers", 1024, 4, dropout=0.1),
+    Run("gpt2-medium-8layers", 1024, 8, recompute="full", dropout=0.1),
+    Run("gpt2-medium-8layers", 1024, 4, attention="eager", dropout=0.1),
     Run("starcoder2-3b-8layers", 4096, 2), Run("starcoder2-3b-8layers", 4096, 2, dropout=0.1),
+    Run("starcoder2-3b-8layers", 8192, 2, recompute="full", dropout=0.1),
+    Run("starcoder2-3b-8layers", 4096, recipe="amp", dropout=0.1),
 )
 
 

@@ -34,8 +34,9 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     math_sdpa = math_attention(arch, training)  # fp32 SDPA with grouped KV heads: the math backend (kbit.py)
     T = tokens_per_gpu(training, par)
     out = _norm("attention norm input", T, arch, training)
-    out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM,
-                        weights=("q", "k", "v"))
+    # under autocast each linear casts its input: one for MLA's down-projection and a fused QKV (Architecture.fused_qkv)
+    readers = 1 if arch.uses_mla or (arch.fused_qkv and training.framework in TRANSFORMERS_FRAMEWORKS) else 3
+    out += _norm_output("QKV projection input", T, arch, training, readers, NORM, weights=("q", "k", "v"))
     out += _mla_latent_entries(arch, training, par) if arch.uses_mla else _qk_norm_entries(arch, training, par)
     out += _core_entries(arch, training, par, math_sdpa)
     out += _output_entries(arch, training, par, math_sdpa)
