@@ -68,7 +68,7 @@ def config_dropouts(config: dict, model_type: str, prefix: str = "model.") -> tu
         if key in config or key in _DEFAULTS.get(model_type, {}):
             value = p(key)
             if value > 0:
-                notes.append(f"{key} {value:g} (the attention dropout: set training.dropout to count it)")
+                notes.append(f"{key} {value:g} (set training.dropout to count it)")
     for key in _UNUSED.get(model_type, ()):
         if p(key) > 0:
             notes.append(f"{key} {p(key):g} ({model_type}'s modelling code applies it nowhere: no mask)")
