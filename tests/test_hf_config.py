@@ -235,6 +235,10 @@ def test_the_transformers_code_details_are_read():
     assert neox.parallel_attention and not neox_serial.parallel_attention and not phi.parallel_attention
     assert gpt2.composite_gelu and neox_serial.composite_gelu and not neox.composite_gelu and not star.composite_gelu
     assert gpt2.eager_softmax_in_compute_dtype and not star.eager_softmax_in_compute_dtype
+    falcon, _ = build({"model_type": "falcon"})  # falcon-7b: multi-query, parallel attention, one norm
+    falcon_mha, _ = build({"model_type": "falcon", "multi_query": False})
+    assert falcon.eager_kv_broadcast and not falcon_mha.eager_kv_broadcast and not neox.eager_kv_broadcast
+    assert falcon.parallel_attention and falcon.norms_per_layer == 1 and falcon.eager_softmax_in_compute_dtype
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "bert", "t5", "llama4", "unet"])

@@ -346,6 +346,9 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
         linear_bias=r.bool("bias"), norms_per_layer=norms,
         parallel_attention=new_arch or r.bool("parallel_attn", True), composite_gelu=r.text("activation") == "gelu_new",
+        # modeling_falcon.py FalconAttention eager path: F.softmax(..., dtype=hidden_states.dtype), one k and v head
+        # broadcast in the matmuls (multi-query)
+        eager_softmax_in_compute_dtype=True, eager_kv_broadcast=kv == 1,
     ), notes
 
 

@@ -117,6 +117,8 @@ class Architecture:
     parallel_attention: bool = False
     # transformers' NewGELUActivation (activation "gelu_new", GPT-2's default): the tanh GELU in PyTorch ops
     composite_gelu: bool = False
+    # transformers' Falcon (multi-query): eager attention broadcasts the one k and v head in its matmuls, no copies
+    eager_kv_broadcast: bool = False
     # State-space hybrids (Nemotron-H): one block per character of the pattern
     hybrid_override_pattern: str | None = None
     mamba_num_heads: int | None = None

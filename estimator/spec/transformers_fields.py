@@ -1,7 +1,8 @@
 """The registry's entries for details of transformers' modelling code that the Hugging Face reader sets
 (estimator/models/hf_config.py): a model config's own dropout probabilities (Architecture's
 attention_residual_dropout, mlp_residual_dropout, embedding_dropout: what the code drops out besides the attention
-probabilities, which is training.dropout's) a fused q, k, v projection (fused_qkv), parallel attention and MLP, and a GELU written in PyTorch ops."""
+probabilities, which is training.dropout's) a fused q, k, v projection (fused_qkv), parallel attention and MLP, a GELU written in
+PyTorch ops and Falcon's broadcast keys and values."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
     Field("composite_gelu", "model", "bool", "GELU in PyTorch ops (gelu_new)", "transformers' NewGELUActivation "
           "(activation gelu_new, GPT-2's default): 0.5 x (1 + tanh(...)) written in PyTorch ops, whose autograd keeps "
           "three more MLP-wide tensors than one GELU kernel. Counted under hf, deepspeed and fsdp1.", _MORE,
+          widget=False),
+    Field("eager_kv_broadcast", "model", "bool", "Eager K/V broadcast", "transformers' multi-query Falcon: eager "
+          "attention multiplies by the one key and value head through matmul's broadcasting, so it keeps them as they "
+          "are, not copies expanded to every query head (repeat_kv). Counted under hf, deepspeed and fsdp1.", _MORE,
           widget=False),
     _p("embedding_dropout", "Embedding dropout", "The model config's dropout on the embeddings (GPT-2 embd_pdrop, "
        "GPT-NeoX hidden_dropout, StarCoder2 embedding_dropout); above 0 the first stage keeps a bool mask."),

@@ -213,13 +213,18 @@ def _unfused_entries(arch: Architecture, training: Training, par: Parallel, math
     a, qw = arch.num_attention_heads, arch.q_width
     scores = training.micro_batch_size * a * (training.seq_len / par.cp) * training.seq_len
     head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
-    out = [Entry(QK_T_INPUTS, T * 2 * qw, B, "tp", "2*B*s*b*a*d_head", recompute=UP_PROJ, tensors=2)]
+    broadcast = arch.eager_kv_broadcast and training.framework in TRANSFORMERS_FRAMEWORKS and not math_sdpa
+    if broadcast:  # modeling_falcon.py FalconAttention: query_layer @ key_layer.transpose(-1, -2), one k head
+        out = [Entry(QK_T_INPUTS, T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head", recompute=UP_PROJ,
+                     tensors=2)]
+    else:
+        out = [Entry(QK_T_INPUTS, T * 2 * qw, B, "tp", "2*B*s*b*a*d_head", recompute=UP_PROJ, tensors=2)]
     out += _softmax_entries(arch, training, par, math_sdpa, scores)
     if training.dropout > 0:
         out.append(Entry(DROPOUT_MASK, scores, 1, "tp", "a*s^2*b", recompute=CORE))
         out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-    out.append(Entry(SCORES_V_INPUT, T * a * head_v, B, "tp", "B*s*b*a*d_head",
-                     recompute=UP_PROJ))
+    out.append(Entry(SCORES_V_INPUT, T * (arch.kv_width if broadcast else a * head_v), B, "tp",
+                     "B*s*b*g*d_head" if broadcast else "B*s*b*a*d_head", recompute=UP_PROJ))
     return out
 
 

@@ -6,7 +6,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import (Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, config_dropout,
+from .entries import (Entry, MOE, NORM, _norm, _norm_output, autocast, compiled, fused_kernels, config_dropout,
                       tokens_per_gpu)
 from .llama4 import TRANSFORMERS_FRAMEWORKS, dense_moe, dense_moe_entries, dense_moe_rows
 
@@ -65,14 +65,19 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     h = arch.hidden_size
-    out = _norm("MLP norm input", T, arch, training)
+    # Falcon's parallel layer with one norm (transformers 5.23 modeling_falcon.py FalconDecoderLayer:
+    # mlp_layernorm_out = attention_layernorm_out): the MLP reads the attention norm's output, which keeps it as
+    # the QKV projection's input; under autocast fc1 keeps its own cast (measured: tests/data/measured/falcon-7b-*)
+    one_norm = arch.parallel_attention and arch.norms_per_layer == 1
+    out = [] if one_norm else _norm("MLP norm input", T, arch, training)
     if arch.parallel_attention and arch.norm == "layernorm":
         # the MLP's LayerNorm reads the layer input, which the attention's keeps already (transformers 5.23
         # modeling_gpt_neox.py GPTNeoXLayer with use_parallel_residual; measured: tests/data/measured/pythia-1.4b-*)
         out = [e for e in out if e.name != "MLP norm input (LayerNorm input)"]
-    if kind == "dense":
+    if kind == "dense" and not (one_norm and not autocast(training)):
         out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
                             NORM, weights=("gate", "up"))
+    if kind == "dense":
         out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
         out += composite_gelu_entries(arch, training, T)
     else:
