@@ -88,4 +88,17 @@ MODELS = {m.id: m for m in [
         model_type="falcon", hidden_size=4544, num_hidden_layers=8, num_attention_heads=71, multi_query=True,
         parallel_attn=True, new_decoder_architecture=False, bias=False, alibi=False, vocab_size=65024,
         layer_norm_epsilon=1e-5, tie_word_embeddings=True)),
+    # Tiny ones for the fake-versus-real cross-check (tests/test_harness.py): 2 layers, hidden 64
+    HubModel("tiny-phi3", dict(model_type="phi3", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
+                               max_position_embeddings=512, sliding_window=None, tie_word_embeddings=False,
+                               pad_token_id=None, bos_token_id=None, eos_token_id=None)),
+    HubModel("tiny-gpt2", dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=512)),
+    HubModel("tiny-neox", dict(model_type="gpt_neox", hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                               num_attention_heads=4, vocab_size=1000, max_position_embeddings=512, rotary_pct=0.25)),
+    HubModel("tiny-starcoder2", dict(model_type="starcoder2", hidden_size=64, intermediate_size=256,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     vocab_size=1000, max_position_embeddings=512, sliding_window=None)),
+    HubModel("tiny-falcon", dict(model_type="falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                 vocab_size=1000)),
 ]}
