@@ -1,8 +1,9 @@
 """The registry's entries for details of transformers' modelling code that the Hugging Face reader sets
 (estimator/models/hf_config.py): a model config's own dropout probabilities (Architecture's
 attention_residual_dropout, mlp_residual_dropout, embedding_dropout: what the code drops out besides the attention
-probabilities, which is training.dropout's) a fused q, k, v projection (fused_qkv), parallel attention and MLP, a GELU written in
-PyTorch ops and Falcon's broadcast keys and values."""
+probabilities, which is training.dropout's), a fused q, k, v projection (fused_qkv), parallel attention and MLP
+(parallel_attention), a GELU written in PyTorch ops (composite_gelu) and Falcon's broadcast keys and values
+(eager_kv_broadcast)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def _p(name: str, label: str, help: str) -> Field:
 TRANSFORMERS_FIELDS: tuple[Field, ...] = (
     _p("attention_residual_dropout", "Attention residual dropout", "The model config's dropout on the attention "
        "output before its residual add (Phi-3 and GPT-2 resid_pdrop, GPT-NeoX hidden_dropout, StarCoder2 "
-       "residual_dropout); above 0 each layer keeps a bool mask per token and hidden unit."),
+       "residual_dropout, Falcon without parallel attention attention_dropout); above 0 each layer keeps a bool mask "
+       "per token and hidden unit."),
     _p("mlp_residual_dropout", "MLP residual dropout", "The model config's dropout on the MLP output before its "
        "residual add (the same keys; Falcon's hidden_dropout, once per layer); above 0 each layer keeps a bool mask."),
     Field("fused_qkv", "model", "bool", "Fused QKV (transformers)", "transformers' Phi-3 (qkv_proj) and GPT-NeoX "
@@ -30,7 +32,8 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
           widget=False),
     Field("parallel_attention", "model", "bool", "Parallel attention and MLP", "GPT-NeoX (use_parallel_residual) "
           "and Falcon (parallel_attn, new_decoder_architecture): attention and MLP both read the layer input and the "
-          "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps.", _MORE, widget=False),
+          "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps (with one norm a layer, "
+          "Falcon-7B's, the MLP reads the attention norm's output).", _MORE, widget=False),
     Field("composite_gelu", "model", "bool", "GELU in PyTorch ops (gelu_new)", "transformers' NewGELUActivation "
           "(activation gelu_new, GPT-2's default): 0.5 x (1 + tanh(...)) written in PyTorch ops, whose autograd keeps "
           "three more MLP-wide tensors than one GELU kernel. Counted under hf, deepspeed and fsdp1.", _MORE,
