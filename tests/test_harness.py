@@ -31,6 +31,10 @@ VARIANTS = [
     Run("tiny-mixtral", SEQ, BATCH, recompute="full"),
     Run("tiny-gemma2", SEQ, BATCH, attention="eager"),
     Run("tiny-gemma2", SEQ, BATCH, recipe="amp", recompute="full", attention="eager"),
+    # the config's residual and embedding dropouts, CUDA's fused native_dropout (validation/hf/dropout.py)
+    Run("tiny-phi3", SEQ, BATCH, dropout=0.1), Run("tiny-gpt2", SEQ, BATCH, recompute="full", dropout=0.1),
+    Run("tiny-neox", SEQ, BATCH, recipe="amp", dropout=0.1), Run("tiny-starcoder2", SEQ, BATCH, dropout=0.1),
+    Run("tiny-falcon", SEQ, BATCH, attention="eager", dropout=0.1),
 ]
 
 

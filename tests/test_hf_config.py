@@ -191,11 +191,54 @@ def test_unknown_fields_are_reported():
 
 
 def test_a_dropout_the_architecture_does_not_carry_is_noted():
-    # the attention dropout is training.dropout's; Phi-3's residual dropout (resid_pdrop) is not counted
+    # the attention dropout is training.dropout's; Phi3Config reads embd_pdrop, modeling_phi3.py applies it nowhere
     _, ignored = build({**LLAMA_8B, "attention_dropout": 0.1})
     assert ignored == ["attention_dropout 0.1 (set training.dropout to count it)"]
-    _, ignored = build({**LLAMA_8B, "model_type": "phi3", "attention_dropout": 0.0, "resid_pdrop": 0.1})
-    assert ignored == ["resid_pdrop 0.1 (its masks are not counted)"]
+    arch, ignored = build({**LLAMA_8B, "model_type": "phi3", "attention_dropout": 0.0, "resid_pdrop": 0.1,
+                           "embd_pdrop": 0.05})
+    assert ignored == ["embd_pdrop 0.05 (phi3's modelling code applies it nowhere: no mask)"]
+    assert (arch.attention_residual_dropout, arch.mlp_residual_dropout, arch.embedding_dropout) == (0.1, 0.1, 0.0)
+
+
+@pytest.mark.parametrize("config, dropouts", [
+    # GPT2Config's defaults: resid_pdrop = embd_pdrop = 0.1 (models/gpt2/configuration_gpt2.py)
+    ({"model_type": "gpt2"}, (0.1, 0.1, 0.1)),
+    ({"model_type": "gpt2", "resid_pdrop": 0.0, "embd_pdrop": 0.2}, (0.0, 0.0, 0.2)),
+    # GPT-NeoX: hidden_dropout on the embeddings and both branches
+    ({"model_type": "gpt_neox", "hidden_dropout": 0.1}, (0.1, 0.1, 0.1)),
+    ({"model_type": "starcoder2", "residual_dropout": 0.1, "embedding_dropout": 0.05}, (0.1, 0.1, 0.05)),
+    # Falcon: dropout_add(hidden_dropout) once per layer; without parallel attention the attention output goes
+    # through dropout_add(attention_dropout) first; no embedding dropout
+    ({"model_type": "falcon", "hidden_dropout": 0.1, "attention_dropout": 0.2}, (0.0, 0.1, 0.0)),
+    ({"model_type": "falcon", "hidden_dropout": 0.1, "attention_dropout": 0.2, "parallel_attn": False},
+     (0.2, 0.1, 0.0)),
+    ({**LLAMA_8B, "hidden_dropout": 0.1}, (0.0, 0.0, 0.0)),  # Llama applies none (an unknown key to it)
+])
+def test_the_residual_and_embedding_dropouts_are_read(config, dropouts):
+    arch, _ = build(config)
+    assert (arch.attention_residual_dropout, arch.mlp_residual_dropout, arch.embedding_dropout) == dropouts
+
+
+def test_a_dropout_that_is_no_probability_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        build({"model_type": "starcoder2", "residual_dropout": 1.5})
+    assert caught.value.field == "model.residual_dropout" and caught.value.value == 1.5
+
+
+def test_the_transformers_code_details_are_read():
+    phi, _ = build({"model_type": "phi3"})
+    neox, _ = build({"model_type": "gpt_neox"})
+    neox_serial, _ = build({"model_type": "gpt_neox", "use_parallel_residual": False, "hidden_act": "gelu_new"})
+    gpt2, _ = build({"model_type": "gpt2"})
+    star, _ = build({"model_type": "starcoder2"})
+    assert phi.fused_qkv and neox.fused_qkv and not gpt2.fused_qkv and not star.fused_qkv
+    assert neox.parallel_attention and not neox_serial.parallel_attention and not phi.parallel_attention
+    assert gpt2.composite_gelu and neox_serial.composite_gelu and not neox.composite_gelu and not star.composite_gelu
+    assert gpt2.eager_softmax_in_compute_dtype and not star.eager_softmax_in_compute_dtype
+    falcon, _ = build({"model_type": "falcon"})  # falcon-7b: multi-query, parallel attention, one norm
+    falcon_mha, _ = build({"model_type": "falcon", "multi_query": False})
+    assert falcon.eager_kv_broadcast and not falcon_mha.eager_kv_broadcast and not neox.eager_kv_broadcast
+    assert falcon.parallel_attention and falcon.norms_per_layer == 1 and falcon.eager_softmax_in_compute_dtype
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "bert", "t5", "llama4", "unet"])

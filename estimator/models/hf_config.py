@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..spec.architecture import Architecture
 from ..spec.errors import ConfigError
 from .hf_common import _COMMON_KEYS
+from .hf_dropout import config_dropouts
 from .hf_families import FAMILIES, _Reader
 from .hf_hybrid import HYBRID_FAMILIES  # noqa: F401  (registers Qwen3-Next and Nemotron-H in FAMILIES)
 from .hf_vision import vision_fields  # (registers Qwen2.5-VL in FAMILIES)
@@ -25,25 +26,6 @@ from .hf_llama4 import LLAMA4_FAMILIES  # noqa: F401  (registers Llama 4's text 
 
 # Multimodal wrappers whose text model has no `model_type` of its own in `text_config`.
 _TEXT_MODEL_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "llava": "llama", "llama4": "llama4_text"}
-
-# the dropouts transformers 5.23 applies besides the attention probabilities': Phi-3's resid_pdrop, GPT-2's resid_pdrop
-# and embd_pdrop, GPT-NeoX's and Falcon's hidden_dropout, StarCoder2's residual_dropout and embedding_dropout
-_ATTENTION_DROPOUTS = ("attention_dropout", "attn_pdrop")
-_OTHER_DROPOUTS = ("resid_pdrop", "embd_pdrop", "hidden_dropout", "residual_dropout", "embedding_dropout")
-
-
-def _dropout_notes(config: dict) -> list[str]:
-    """A config's non-zero dropout probabilities, which an architecture does not carry: the attention dropout is
-    the training's (`training.dropout`: under the transformers frameworks it stands for this one,
-    memory/activations/entries.py `residual_dropout`); the others' masks are not counted."""
-    notes = []
-    for key in _ATTENTION_DROPOUTS + _OTHER_DROPOUTS:
-        value = config.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            why = "set training.dropout to count it" if key in _ATTENTION_DROPOUTS else "its masks are not counted"
-            notes.append(f"{key} {value:g} ({why})")
-    return notes
-
 
 def _supported_text() -> str:
     return ", ".join(SUPPORTED_MODEL_TYPES)
@@ -121,7 +103,9 @@ def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[
     fields, notes = family.build(reader)
     vision, unread = vision_fields(original, fields["hidden_size"])  # the vision tower, read from vision_config
     fields.update(vision)
-    notes = notes + unread + _dropout_notes(config)
+    dropouts, dropout_notes = config_dropouts(config, model_type, prefix)
+    fields.update(dropouts)
+    notes = notes + unread + dropout_notes
     known = _COMMON_KEYS | family.keys | {"text_config", "vision_config"}
     ignored = sorted(str(k) for k in config if k not in known)
     if prefix != "model.":

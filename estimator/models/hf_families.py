@@ -181,6 +181,8 @@ def _llama_like(r: _Reader) -> tuple[dict[str, Any], list[str]]:
                 fields[field] = value
     if mt == "phi3" and r.bool("lm_head_bias"):
         notes.append("lm_head_bias (not counted)")
+    if mt == "phi3":  # modeling_phi3.py: one qkv_proj, sliced; apply_rotary_pos_emb ends in torch.cat
+        fields["fused_qkv"] = True
     window, pattern, more = _sliding(r, fields["num_layers"])
     fields.update(sliding_window=window, sliding_window_pattern=pattern)
     return fields, notes + more
@@ -294,6 +296,9 @@ def _gpt2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         intermediate_size=inner, tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False,
         norm="layernorm", linear_bias=True, position_embedding="learned",
         max_position_embeddings=r.int("n_positions", "max_position_embeddings"),
+        composite_gelu=(r.text("activation_function") or "gelu_new") == "gelu_new",  # GPT2Config's default
+        # modeling_gpt2.py eager_attention_forward: softmax of the scores in their dtype, no fp32 upcast
+        eager_softmax_in_compute_dtype=True,
     ), []
 
 
@@ -304,7 +309,8 @@ def _gpt_neox(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         hidden_size=r.int("hidden_size"), num_layers=r.int("num_hidden_layers"),
         num_attention_heads=r.int("num_attention_heads"), vocab_size=r.int("vocab_size"),
         intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings"),
-        gated_mlp=False, norm="layernorm", linear_bias=True,
+        gated_mlp=False, norm="layernorm", linear_bias=True, fused_qkv=True,
+        parallel_attention=r.bool("use_parallel_residual", True), composite_gelu=r.text("hidden_act") == "gelu_new",
     ), notes
 
 
@@ -315,7 +321,7 @@ def _starcoder2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         num_layers=r.int("num_hidden_layers"), vocab_size=r.int("vocab_size"),
         intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings", True),
         gated_mlp=False, norm="layernorm", linear_bias=r.bool("use_bias", True),
-        sliding_window=window, sliding_window_pattern=pattern,
+        sliding_window=window, sliding_window_pattern=pattern, composite_gelu=r.text("hidden_act") == "gelu_new",
     )
     return fields, notes
 
@@ -339,6 +345,10 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         intermediate_size=r.int("ffn_hidden_size", required=False) or 4 * hidden,
         tie_embeddings=r.bool("tie_word_embeddings", True), gated_mlp=False, norm="layernorm",
         linear_bias=r.bool("bias"), norms_per_layer=norms,
+        parallel_attention=new_arch or r.bool("parallel_attn", True), composite_gelu=r.text("activation") == "gelu_new",
+        # modeling_falcon.py FalconAttention eager path: F.softmax(..., dtype=hidden_states.dtype), one k and v head
+        # broadcast in the matmuls (multi-query)
+        eager_softmax_in_compute_dtype=True, eager_kv_broadcast=kv == 1,
     ), notes
 
 

@@ -102,6 +102,23 @@ class Architecture:
     linear_value_head_dim: int | None = None
     linear_conv_kernel_dim: int = 4
     attention_output_gate: bool = False  # Qwen3-Next: q_proj also gives a sigmoid gate on the attention output
+    # the model config's own dropouts besides the attention probabilities', which transformers' modelling code
+    # applies (read by estimator/models/hf_dropout.py; charged under the transformers frameworks,
+    # memory/activations/entries.py `config_dropout`): Phi-3's and GPT-2's resid_pdrop, GPT-NeoX's hidden_dropout,
+    # StarCoder2's residual_dropout on both residual branches; Falcon's hidden_dropout after the MLP
+    attention_residual_dropout: float = 0.0
+    mlp_residual_dropout: float = 0.0
+    embedding_dropout: float = 0.0  # GPT-2's embd_pdrop, GPT-NeoX's hidden_dropout, StarCoder2's embedding_dropout
+    # transformers' Phi-3 and GPT-NeoX: one q, k, v linear, v a view of its output, q and k rotated by torch.cat
+    # (memory/activations/attention.py `_fused_qkv_flash_entries`)
+    fused_qkv: bool = False
+    # attention and MLP both read the layer input, whose output is input + attention + MLP (GPT-NeoX
+    # use_parallel_residual, Falcon parallel_attn / new_decoder_architecture)
+    parallel_attention: bool = False
+    # transformers' NewGELUActivation (activation "gelu_new", GPT-2's default): the tanh GELU in PyTorch ops
+    composite_gelu: bool = False
+    # transformers' Falcon (multi-query): eager attention broadcasts the one k and v head in its matmuls, no copies
+    eager_kv_broadcast: bool = False
     # State-space hybrids (Nemotron-H): one block per character of the pattern
     hybrid_override_pattern: str | None = None
     mamba_num_heads: int | None = None

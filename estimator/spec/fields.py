@@ -23,6 +23,7 @@ from .gpus import GPUS
 from .optimizers import OPTIMIZERS
 from .versions import MEGATRON_TE, TE_NONE, TE_VERSIONS, TORCH_VERSIONS, VERSIONS, default_versions_text
 from .serving_fields import SERVING_FIELDS
+from .transformers_fields import TRANSFORMERS_FIELDS
 from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
                     MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
 
@@ -203,8 +204,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
     Field("dropout", _T, "float", "Dropout", "Dropout probability; above 0 the masks are kept for backward. Under "
-          "hf, deepspeed and fsdp1 it is the model config's attention_dropout (transformers' decoders drop out "
-          "nothing else); elsewhere the embeddings and residual branches drop out too (Megatron's hidden_dropout).",
+          "hf, deepspeed and fsdp1 it is the model config's attention_dropout (its residual and embedding dropouts "
+          "are the model's *_dropout fields); elsewhere the embeddings and residual branches drop out too (Megatron's "
+          "hidden_dropout).",
           _SAVERS, min=0.0, max=1.0, below_max=True, step=0.05),
     Field("moe_capacity_factor", _T, "float", "MoE capacity factor", "Routed tokens per expert relative to a "
           "perfect balance (1.0). Larger values reserve room for imbalance.", _SAVERS, min=1.0, max=256.0,
@@ -513,7 +515,7 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
        auto="none: patches / merge^2"),
     _w("vision_projector_size", "Vision projector width", "Llama 4: the pixel-shuffle adapter's and the projector's "
        "width (projector_input_dim).", _VIS, optional=True, auto="none: no pixel-shuffle adapter"),
-)
+) + TRANSFORMERS_FIELDS
 
 _A, _FT = "adapter", "Fine-tuning (adapters)"
 

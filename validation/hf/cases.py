@@ -16,7 +16,8 @@ def case_id(run: Run) -> str:
             f"{'recompute' if run.recompute == 'full' else 'norecompute'}-{run.attention}-"
             f"s{run.seq_len}-b{run.micro_batch_size}" + (f"-i{run.images}x{run.image_size}" if run.images else "")
             + ("-frozenvision" if run.freeze_vision else "")
-            + ("-sdpavision" if run.vision_attention == "sdpa" else "") + ("-liger" if run.liger else ""))
+            + ("-sdpavision" if run.vision_attention == "sdpa" else "") + ("-liger" if run.liger else "")
+            + (f"-drop{round(run.dropout * 100):02d}" if run.dropout else ""))
 
 
 def _runs() -> list[Run]:
@@ -70,6 +71,8 @@ def _runs() -> list[Run]:
         *(Run(*args, **kw) for args, kw in DSA_RUNS),
         # the Trainer's use_liger_kernel (issue 23): Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy
         *LIGER_RUNS,
+        # the model config's residual and embedding dropouts (validation/hf/dropout.py), with and without them
+        *DROPOUT_RUNS,
     ]
 
 
@@ -79,6 +82,26 @@ LIGER_RUNS = (
     # activations above the optimizer step's peak: long sequences, small models
     Run("llama-3.1-8b", 8192, 2, liger=True), Run("llama-3.2-1b", 8192, 2, liger=True),
     Run("qwen2.5-0.5b", 8192, 2, recipe="amp", liger=True),
+)
+
+
+DROPOUT_RUNS = (
+    Run("phi-3-mini-8layers", 4096, 2), Run("phi-3-mini-8layers", 4096, 2, dropout=0.1),
+    Run("phi-3-mini-8layers", 8192, 2, recompute="full", dropout=0.1),
+    Run("phi-3-mini-8layers", 4096, 2, attention="eager", dropout=0.1),
+    Run("phi-3-mini-8layers", 4096, recompute="full", attention="eager", dropout=0.1),
+    Run("pythia-1.4b-8layers", 4096, 2), Run("pythia-1.4b-8layers", 4096, 2, dropout=0.1),
+    Run("pythia-1.4b-8layers", 8192, 2, recompute="full", dropout=0.1),
+    Run("pythia-1.4b-8layers", 2048, 2, recipe="amp", dropout=0.1),
+    Run("gpt2-medium-8layers", 1024, 4), Run("gpt2-medium-8layers", 1024, 4, dropout=0.1),
+    Run("gpt2-medium-8layers", 1024, 8, recompute="full", dropout=0.1),
+    Run("gpt2-medium-8layers", 1024, 4, attention="eager", dropout=0.1),
+    Run("starcoder2-3b-8layers", 4096, 2), Run("starcoder2-3b-8layers", 4096, 2, dropout=0.1),
+    Run("starcoder2-3b-8layers", 8192, 2, recompute="full", dropout=0.1),
+    Run("starcoder2-3b-8layers", 4096, recipe="amp", dropout=0.1),
+    # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py), which the harness does not emulate: eager only
+    Run("falcon-7b-8layers", 2048, attention="eager"), Run("falcon-7b-8layers", 2048, attention="eager", dropout=0.1),
+    Run("falcon-7b-8layers", 4096, recompute="full", attention="eager", dropout=0.1),
 )
 
 
@@ -98,7 +121,7 @@ def contract_config(run: Run) -> dict:
     images = {"images_per_sample": run.images, "image_size": run.image_size} if run.images else {}
     images.update({"freeze_vision": True} if run.freeze_vision else {})
     return {
-        "model": MODELS[run.model].architecture(),
+        "model": MODELS[run.model].architecture(**({"dropout": run.dropout} if run.dropout else {})),
         "training": {
             "mode": "training", "framework": "hf", "seq_len": run.seq_len,
             "micro_batch_size": run.micro_batch_size, "param_dtype": dtype,
@@ -138,5 +161,8 @@ def describe(run: Run) -> str:
     if run.liger:
         kernels += (", liger-kernel 0.8.5 applied as the Trainer's use_liger_kernel (its defaults: RMSNorm, SwiGLU, "
                     "RoPE, fused linear cross-entropy; Triton launches stubbed, validation/hf/liger.py)")
+    if run.dropout:
+        kernels += (f", the config's residual and embedding dropouts at {run.dropout:g} (CUDA's fused native_dropout, "
+                    "validation/hf/dropout.py)")
     return (f"{run.model}, HF transformers training step: {recipe}, {opt} (foreach), {recompute}, "
             f"{attention}{kernels}, seq {run.seq_len}, micro-batch {run.micro_batch_size}")

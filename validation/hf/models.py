@@ -141,3 +141,8 @@ MODELS.update(_LLAMA4)
 from .dsa import MODELS as _SPARSE  # noqa: E402
 
 MODELS.update(_SPARSE)
+
+# Decoders whose config drops out the residual branches and embeddings (validation/hf/dropout.py)
+from .dropout import MODELS as _DROPOUT  # noqa: E402
+
+MODELS.update(_DROPOUT)

@@ -39,6 +39,7 @@ class Run:
     # what the vision tower runs: flash-attn's kernel, or SDPA where flash-attn is not installed (validation/vlm)
     vision_attention: str = "flash_attention_2"
     liger: bool = False  # the Trainer's use_liger_kernel: liger-kernel's defaults for the model type (liger.py)
+    dropout: float = 0.0  # the model config's residual and embedding dropouts (validation/hf/dropout.py)
 
 
 def build_model(run: Run, device: str | None = None):
@@ -46,7 +47,7 @@ def build_model(run: Run, device: str | None = None):
     (an 8B model's CPU initialisation would take minutes)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    config = MODELS[run.model].hf_config(run.attention)
+    config = MODELS[run.model].hf_config(run.attention, **({"dropout": run.dropout} if run.dropout else {}))
     dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
     auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
     with torch.device(device) if device else nullcontext(), vision.initialisation(config):
@@ -108,6 +109,9 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
     tracker = StorageTracker()
     torch.manual_seed(seed)
     with fake_mode(fake, real_inputs=False), cuda_emulation(tracker), hybrid_kernels(tracker), ExitStack() as stack:
+        if run.dropout:  # CUDA's fused dropout: a bool mask kept (validation/peft/step.py)
+            from ..peft.step import cuda_dropout
+            stack.enter_context(cuda_dropout())
         if run.liger:
             from .liger import liger_emulation
             stack.enter_context(liger_emulation())

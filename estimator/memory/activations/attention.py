@@ -8,8 +8,9 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
+from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from .entries import (ATTENTION_OUTPUT, CORE, Entry, NORM, UP_PROJ, _norm, _norm_output, compiled, fused_kernels,
-                      residual_dropout, tokens_per_gpu, torch_fused_rms_norm)
+                      config_dropout, tokens_per_gpu, torch_fused_rms_norm)
 
 
 CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_cp_to_forward (FlexAttention: "
@@ -33,8 +34,9 @@ def attention_entries(arch: Architecture, training: Training, par: Parallel) -> 
     math_sdpa = math_attention(arch, training)  # fp32 SDPA with grouped KV heads: the math backend (kbit.py)
     T = tokens_per_gpu(training, par)
     out = _norm("attention norm input", T, arch, training)
-    out += _norm_output("QKV projection input", T, arch, training, 1 if arch.uses_mla else 3, NORM,
-                        weights=("q", "k", "v"))
+    # under autocast each linear casts its input: one for MLA's down-projection and a fused QKV (Architecture.fused_qkv)
+    readers = 1 if arch.uses_mla or (arch.fused_qkv and training.framework in TRANSFORMERS_FRAMEWORKS) else 3
+    out += _norm_output("QKV projection input", T, arch, training, readers, NORM, weights=("q", "k", "v"))
     out += _mla_latent_entries(arch, training, par) if arch.uses_mla else _qk_norm_entries(arch, training, par)
     out += _core_entries(arch, training, par, math_sdpa)
     out += _output_entries(arch, training, par, math_sdpa)
@@ -108,7 +110,10 @@ def _core_entries(arch: Architecture, training: Training, par: Parallel, math_sd
         return dsa_entries(arch, training, par)
     if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
             and arch.position_embedding == "rope":
-        return _megatron_flash_entries(arch, training, par)
+        return _fused_qkv_flash_entries(arch, training, par)
+    if transformers_fused_qkv(arch, training, math_sdpa):
+        from .sdpa_mask import masked_sdpa_entries
+        return _fused_qkv_flash_entries(arch, training, par) + masked_sdpa_entries(arch, training, par)
     if training.attention == "flash" and training.framework == "torchtune" and not arch.uses_mla:
         return _torchtune_flash_entries(arch, training, par)
     if cp_flex_all_gather(training, par):
@@ -125,10 +130,13 @@ def _flash_lse(arch: Architecture, training: Training, par: Parallel) -> Entry:
                  "4*s*b*a", recompute=CORE)
 
 
-def _megatron_flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
-    """Megatron-Core SelfAttention: q, k, v are views of the fused QKV output (torch.split); the rotary
-    embedding returns new q and k, so the whole QKV output stays alive through v (transformer/attention.py,
-    measured in tests/data/measured/megatron)."""
+def _fused_qkv_flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """q, k, v are views of one fused QKV output and the rotary embedding returns new q and k, so the whole QKV
+    output stays alive through v beside them: Megatron-Core SelfAttention (torch.split; transformer/attention.py,
+    measured in tests/data/measured/megatron), and transformers 5.23's Phi-3 (modeling_phi3.py Phi3Attention:
+    qkv_proj sliced) and GPT-NeoX (modeling_gpt_neox.py: query_key_value chunked), whose apply_rotary_pos_emb ends
+    in torch.cat (`Architecture.fused_qkv`; measured: tests/data/measured/phi-3-mini-8layers-*-sdpa-*,
+    pythia-1.4b-8layers-*-sdpa-*)."""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     qw = arch.q_width
@@ -136,6 +144,12 @@ def _megatron_flash_entries(arch: Architecture, training: Training, par: Paralle
                   "B*s*b*(a + 2*g)*d_head"),
             Entry("q and k after the rotary embedding", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"),
             _flash_lse(arch, training, par)]
+
+
+def transformers_fused_qkv(arch: Architecture, training: Training, math_sdpa: bool = False) -> bool:
+    """transformers' fused QKV with a torch.cat rotary embedding (`Architecture.fused_qkv`) under flash attention."""
+    return (arch.fused_qkv and training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
+            and not math_sdpa and arch.position_embedding == "rope" and not arch.uses_mla)
 
 
 def _torchtune_flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
@@ -199,13 +213,18 @@ def _unfused_entries(arch: Architecture, training: Training, par: Parallel, math
     a, qw = arch.num_attention_heads, arch.q_width
     scores = training.micro_batch_size * a * (training.seq_len / par.cp) * training.seq_len
     head_v = arch.v_head_dim if arch.uses_mla else arch.head_dim
-    out = [Entry(QK_T_INPUTS, T * 2 * qw, B, "tp", "2*B*s*b*a*d_head", recompute=UP_PROJ, tensors=2)]
+    broadcast = arch.eager_kv_broadcast and training.framework in TRANSFORMERS_FRAMEWORKS and not math_sdpa
+    if broadcast:  # modeling_falcon.py FalconAttention: query_layer @ key_layer.transpose(-1, -2), one k head
+        out = [Entry(QK_T_INPUTS, T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head", recompute=UP_PROJ,
+                     tensors=2)]
+    else:
+        out = [Entry(QK_T_INPUTS, T * 2 * qw, B, "tp", "2*B*s*b*a*d_head", recompute=UP_PROJ, tensors=2)]
     out += _softmax_entries(arch, training, par, math_sdpa, scores)
     if training.dropout > 0:
         out.append(Entry(DROPOUT_MASK, scores, 1, "tp", "a*s^2*b", recompute=CORE))
         out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-    out.append(Entry(SCORES_V_INPUT, T * a * head_v, B, "tp", "B*s*b*a*d_head",
-                     recompute=UP_PROJ))
+    out.append(Entry(SCORES_V_INPUT, T * (arch.kv_width if broadcast else a * head_v), B, "tp",
+                     "B*s*b*g*d_head" if broadcast else "B*s*b*a*d_head", recompute=UP_PROJ))
     return out
 
 
@@ -293,12 +312,20 @@ def _output_entries(arch: Architecture, training: Training, par: Parallel, math_
     fused = training.attention == "flash" and not math_sdpa and not arch.uses_sparse_attention
     if arch.attention_output_gate:
         out = _output_gate_entries(arch, training, par, fused)
+    elif transformers_fused_qkv(arch, training, math_sdpa):
+        # q leaves torch.cat contiguous in (b, heads, s, d): flash's output takes its layout (mha_fwd
+        # empty_like(q)) and sdpa_attention_forward's transpose(1, 2).contiguous() copies it for o_proj, while the
+        # kernel keeps its own (as `_output_gate_entries`; measured: tests/data/measured/phi-3-mini-8layers-*-sdpa-*)
+        out = [Entry("attention output (kept by flash attention)", T * arch.attention_output_width, B, "tp",
+                     "B*s*b*a*d_v"),
+               Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp", "B*s*b*a*d_v", gemm_input=True,
+                     for_weights=("o",))]
     else:
         out = [Entry(ATTENTION_OUTPUT, T * arch.attention_output_width, B, "tp",
                      "B*s*b*a*d_v", gemm_input=True, for_weights=() if fused else ("o",))]
     if arch.norms_per_layer > 2:  # Gemma-2/3 normalise the attention output before the residual add
         out += _norm("post-attention norm input", T, arch, training)
-    if residual_dropout(training):
+    if config_dropout(arch.attention_residual_dropout, training):
         out.append(Entry(RESIDUAL_DROPOUT_MASK, T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 

@@ -117,14 +117,26 @@ RESIDUAL_DROPOUT_SOURCE = ("transformers 5.23 models/llama/modeling_llama.py: Ll
                            "out (so Mistral, Mixtral, Qwen2/3, Gemma 1-3, OLMo-2, Granite, DeepSeek-V2/V3); measured: "
                            "tests/data/measured/peft/llama-3.2-1b-lora-r16-*-eager-attndrop10; Megatron-Core's "
                            "hidden_dropout drops the embeddings and both residual branches (Korthikanti section 4.3)")
+# transformers 5.23: models/phi3/modeling_phi3.py Phi3DecoderLayer resid_attn_dropout / resid_mlp_dropout,
+# models/gpt2/modeling_gpt2.py GPT2Model.drop, GPT2Attention.resid_dropout, GPT2MLP.dropout, models/gpt_neox/
+# modeling_gpt_neox.py emb_dropout / post_attention_dropout / post_mlp_dropout, models/starcoder2/
+# modeling_starcoder2.py embedding_dropout and residual_dropout after o_proj and c_proj, models/falcon/
+# modeling_falcon.py dropout_add: each nn.Dropout / F.dropout runs CUDA's fused native_dropout, which keeps a bool
+# mask of its input's shape (torch 2.13 derivatives.yaml: native_dropout_backward reads the mask only), and its
+# output goes to a residual add, which keeps nothing
+CONFIG_DROPOUT_SOURCE = ("transformers 5.23 modeling_phi3.py, modeling_gpt2.py, modeling_gpt_neox.py, "
+                         "modeling_starcoder2.py, modeling_falcon.py (each residual and embedding dropout a fused "
+                         "native_dropout: one bool mask); measured: tests/data/measured/*-drop10")
 
 
-def residual_dropout(training: Training) -> bool:
-    """Whether the embeddings and both residual branches keep a dropout mask: with dropout, except under the
-    transformers frameworks, where `training.dropout` is the model config's attention_dropout, the one dropout of
-    the decoders the estimator reads (RESIDUAL_DROPOUT_SOURCE; the Hugging Face reader notes a config's own
-    residual and embedding dropouts, Phi-3's resid_pdrop or GPT-NeoX's hidden_dropout, as not counted)."""
-    return training.dropout > 0 and training.framework not in TRANSFORMERS_FRAMEWORKS
+def config_dropout(p: float, training: Training) -> bool:
+    """Whether a residual or embedding dropout keeps its mask: under the transformers frameworks, where
+    `training.dropout` is the model config's attention_dropout, when the model config's own probability `p` for it
+    (an Architecture *_dropout field) is above 0 (CONFIG_DROPOUT_SOURCE; the decoders without one drop out nothing
+    else, RESIDUAL_DROPOUT_SOURCE); elsewhere with dropout (Megatron-Core's hidden_dropout)."""
+    if training.framework in TRANSFORMERS_FRAMEWORKS:
+        return p > 0
+    return training.dropout > 0
 
 
 def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[Entry]:
@@ -143,6 +155,14 @@ def _norm(name: str, T: float, arch: Architecture, training: Training) -> list[E
                 Entry(f"{name} (Liger RMSNorm rstd per token, fp32)", T, 4, "sp", "4*s*b")]
     if fused_kernels(training) or training.compute_dtype == "fp32":
         return [Entry(name, T * h, B, "sp", "B*s*b*h")]
+    if arch.norm == "layernorm":
+        # nn.LayerNorm is ATen's native_layer_norm: autograd keeps its input and the per-row mean and rstd
+        # (torch 2.13 derivatives.yaml native_layer_norm; CUDA's layer_norm_kernel.cu makes them in the fp32
+        # accumulate type), not a normalised copy; its output is the next linear's input (measured:
+        # tests/data/measured/starcoder2-3b-8layers-*, pythia-1.4b-8layers-*)
+        kept = 4 if autocast(training) else B  # under autocast the residual it normalises is fp32
+        return [Entry(f"{name} (LayerNorm input)", T * h, kept, "sp", f"{kept:g}*s*b*h"),
+                Entry(f"{name} (LayerNorm mean and rstd per token, fp32)", 2 * T, 4, "sp", "8*s*b")]
     if torch_fused_rms_norm(arch, training):
         # torch's CUDA kernel: autograd saves the input and the fp32 rstd of each row
         # (derivatives.yaml `_fused_rms_norm`; layer_norm_kernel.cu `_fused_rms_norm_cuda`)

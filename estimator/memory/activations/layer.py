@@ -8,7 +8,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import (ATTENTION_OUTPUT, CORE, Entry, fp8_activation_bytes, residual_dropout, tokens_per_gpu,
+from .entries import (ATTENTION_OUTPUT, CORE, Entry, fp8_activation_bytes, config_dropout, tokens_per_gpu,
                       torchao_float8)
 from .attention import attention_entries
 from .mlp import mlp_entries
@@ -89,11 +89,13 @@ def layer_input_bytes(arch: Architecture, training: Training, par: Parallel) -> 
 
 def embedding_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
     """First stage, per micro-batch: the int64 token ids the embedding keeps for its backward, and
-    the embedding dropout mask (Korthikanti section 4.3: 8sbp + sbhp over p micro-batches)."""
+    the embedding dropout mask (Korthikanti section 4.3: 8sbp + sbhp over p micro-batches; the transformers
+    decoders', CONFIG_DROPOUT_SOURCE). A frozen embedding's output needs no gradient, so its dropout keeps no
+    mask (autograd records nothing), as it keeps no token ids."""
     T = tokens_per_gpu(training, par)
     out = [Entry("token ids (int64)", T, 8, "none", "8*s*b", for_weights=("embedding",))]
-    if residual_dropout(training):
-        out.append(Entry("embedding dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
+    if config_dropout(arch.embedding_dropout, training):
+        out.append(Entry("embedding dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h", for_weights=("embedding",)))
     from ..adapter_activations import kept  # a frozen embedding keeps no token ids
     return kept(out, training, arch)
 

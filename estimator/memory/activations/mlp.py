@@ -6,7 +6,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import (Entry, MOE, NORM, _norm, _norm_output, compiled, fused_kernels, residual_dropout,
+from .entries import (Entry, MOE, NORM, _norm, _norm_output, autocast, compiled, fused_kernels, config_dropout,
                       tokens_per_gpu)
 from .llama4 import TRANSFORMERS_FRAMEWORKS, dense_moe, dense_moe_entries, dense_moe_rows
 
@@ -65,11 +65,21 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     h = arch.hidden_size
-    out = _norm("MLP norm input", T, arch, training)
-    if kind == "dense":
+    # Falcon's parallel layer with one norm (transformers 5.23 modeling_falcon.py FalconDecoderLayer:
+    # mlp_layernorm_out = attention_layernorm_out): the MLP reads the attention norm's output, which keeps it as
+    # the QKV projection's input; under autocast fc1 keeps its own cast (measured: tests/data/measured/falcon-7b-*)
+    one_norm = arch.parallel_attention and arch.norms_per_layer == 1
+    out = [] if one_norm else _norm("MLP norm input", T, arch, training)
+    if arch.parallel_attention and arch.norm == "layernorm":
+        # the MLP's LayerNorm reads the layer input, which the attention's keeps already (transformers 5.23
+        # modeling_gpt_neox.py GPTNeoXLayer with use_parallel_residual; measured: tests/data/measured/pythia-1.4b-*)
+        out = [e for e in out if e.name != "MLP norm input (LayerNorm input)"]
+    if kind == "dense" and not (one_norm and not autocast(training)):
         out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
                             NORM, weights=("gate", "up"))
+    if kind == "dense":
         out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
+        out += composite_gelu_entries(arch, training, T)
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
         if dense_moe(arch, training):  # transformers' Llama 4: every token through every expert
@@ -150,10 +160,23 @@ def _shared_expert_entries(arch: Architecture, training: Training, T: float) -> 
     return out
 
 
+def composite_gelu_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
+    """transformers 5.23 activations.py NewGELUActivation: ``0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 *
+    torch.pow(x, 3.0))))``. Beside x (kept by pow) and the output (fc2's input), autograd keeps tanh's output and
+    both factors of the last product, 0.5 * x and 1 + tanh (torch 2.13 derivatives.yaml: tanh saves its result, mul
+    both operands); measured: tests/data/measured/gpt2-medium-8layers-*. Under the transformers frameworks,
+    uncompiled; a non-gated MLP only (`Architecture.composite_gelu`)."""
+    if not arch.composite_gelu or arch.gated_mlp or training.framework not in TRANSFORMERS_FRAMEWORKS \
+            or compiled(training):
+        return []
+    return [Entry("gelu_new: tanh output, 0.5 * x and 1 + tanh", 3 * T * arch.intermediate_size,
+                  bytes_per_element(training.compute_dtype), "tp", "3*B*s*b*f", recompute=("mlp",), tensors=3)]
+
+
 def mlp_tail_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
     """After the MLP: the post-MLP norm (Gemma-2/3, OLMo-2) and the residual dropout."""
     out = _norm("post-MLP norm input", T, arch, training) if arch.norms_per_layer > 2 else []
-    if residual_dropout(training):
+    if config_dropout(arch.mlp_residual_dropout, training):
         out.append(Entry("MLP residual dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h"))
     return out
 

@@ -1,0 +1,47 @@
+"""The registry's entries for details of transformers' modelling code that the Hugging Face reader sets
+(estimator/models/hf_config.py): a model config's own dropout probabilities (Architecture's
+attention_residual_dropout, mlp_residual_dropout, embedding_dropout: what the code drops out besides the attention
+probabilities, which is training.dropout's), a fused q, k, v projection (fused_qkv), parallel attention and MLP
+(parallel_attention), a GELU written in PyTorch ops (composite_gelu) and Falcon's broadcast keys and values
+(eager_kv_broadcast)."""
+
+from __future__ import annotations
+
+from .field import Field
+
+_WHERE = " Counted under hf, deepspeed and fsdp1 (transformers' modelling code); elsewhere training.dropout rules."
+_MORE = "More"
+
+
+def _p(name: str, label: str, help: str) -> Field:
+    return Field(name, "model", "float", label, help + _WHERE, _MORE, min=0.0, max=1.0, below_max=True, step=0.05,
+                 widget=False)
+
+
+TRANSFORMERS_FIELDS: tuple[Field, ...] = (
+    _p("attention_residual_dropout", "Attention residual dropout", "The model config's dropout on the attention "
+       "output before its residual add (Phi-3 and GPT-2 resid_pdrop, GPT-NeoX hidden_dropout, StarCoder2 "
+       "residual_dropout, Falcon without parallel attention attention_dropout); above 0 each layer keeps a bool mask "
+       "per token and hidden unit."),
+    _p("mlp_residual_dropout", "MLP residual dropout", "The model config's dropout on the MLP output before its "
+       "residual add (the same keys; Falcon's hidden_dropout, once per layer); above 0 each layer keeps a bool mask."),
+    Field("fused_qkv", "model", "bool", "Fused QKV (transformers)", "transformers' Phi-3 (qkv_proj) and GPT-NeoX "
+          "(query_key_value): one linear gives q, k and v, v stays a view of its output and the rotary embedding's "
+          "torch.cat makes new q and k, so flash attention keeps the whole output besides them, and its output, laid "
+          "out as q, is copied for the output projection. Counted under hf, deepspeed and fsdp1.", _MORE,
+          widget=False),
+    Field("parallel_attention", "model", "bool", "Parallel attention and MLP", "GPT-NeoX (use_parallel_residual) "
+          "and Falcon (parallel_attn, new_decoder_architecture): attention and MLP both read the layer input and the "
+          "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps (with one norm a layer, "
+          "Falcon-7B's, the MLP reads the attention norm's output).", _MORE, widget=False),
+    Field("composite_gelu", "model", "bool", "GELU in PyTorch ops (gelu_new)", "transformers' NewGELUActivation "
+          "(activation gelu_new, GPT-2's default): 0.5 x (1 + tanh(...)) written in PyTorch ops, whose autograd keeps "
+          "three more MLP-wide tensors than one GELU kernel. Counted under hf, deepspeed and fsdp1.", _MORE,
+          widget=False),
+    Field("eager_kv_broadcast", "model", "bool", "Eager K/V broadcast", "transformers' multi-query Falcon: eager "
+          "attention multiplies by the one key and value head through matmul's broadcasting, so it keeps them as they "
+          "are, not copies expanded to every query head (repeat_kv). Counted under hf, deepspeed and fsdp1.", _MORE,
+          widget=False),
+    _p("embedding_dropout", "Embedding dropout", "The model config's dropout on the embeddings (GPT-2 embd_pdrop, "
+       "GPT-NeoX hidden_dropout, StarCoder2 embedding_dropout); above 0 the first stage keeps a bool mask."),
+)
