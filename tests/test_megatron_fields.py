@@ -299,7 +299,7 @@ def test_grouped_gemm_backward_moment_mixtral():
     assert measured["peak_bytes"] == 8823058944 and measured["peak_phase"] == "backward"
     assert tensors_peak(estimate_config(config).stages[0]) == pytest.approx(measured["peak_bytes"], rel=0.01)
     # SequentialMLP (the flag off): one expert's fc2-input and fc1-output gradients beside the outputs' gradient
-    config["training"]["moe_grouped_gemm"] = False
+    config["training"].update(moe_grouped_gemm=False, moe_use_legacy_grouped_gemm=False)
     assert _transients(config, 0)["backward"] == OUTPUTS + 2 * 4096 * 7168 * 3
 
 

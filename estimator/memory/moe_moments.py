@@ -12,7 +12,8 @@ measured, tests/data/measured/megatron.
 from __future__ import annotations
 
 from .activations.entries import Entry, fp8_activation_bytes, tokens_per_gpu
-from .activations.moe import (MEGATRON_ALLGATHER, MEGATRON_ALLTOALL, MEGATRON_GROUPED_MLP, TE_GROUPED_LINEAR,
+from .activations.moe import (LEGACY_GROUPED_MLP, MEGATRON_ALLGATHER, MEGATRON_ALLTOALL, MEGATRON_GROUPED_MLP,
+                              TE_GROUPED_LINEAR, legacy_grouped_mlp,
                               moe_allgather_combine_backward_moment, moe_allgather_combine_moment, moe_combine_moment,
                               moe_expert_backward_moment, moe_router_dtype_backward_moment,
                               te_grouped_wgrad_in_main_grad)
@@ -71,6 +72,7 @@ def moe_moments(arch: Architecture, training: Training, par: Parallel,
                        "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)")]
     experts = parts(moe_expert_backward_moment(arch, training, par),
                     TE_GROUPED_LINEAR if te_grouped_wgrad_in_main_grad(training) else
+                    f"{MEGATRON_GROUPED_MLP}; {LEGACY_GROUPED_MLP}" if legacy_grouped_mlp(training) else
                     MEGATRON_GROUPED_MLP if training.moe_grouped_gemm else MEGATRON_ALLTOALL)
     backward = [experts] + first
     inner = max([combine, experts] + (first if allgather else []), key=total_bytes)

@@ -228,6 +228,13 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "the SwiGLU's backward output of every local expert exists together, instead of one expert's at a time "
           "(SequentialMLP), and so does the fc2 weight gradient of all of them, but where TransformerEngine writes "
           "it into the main gradients (gradient_accumulation_fusion).", _SAVERS),
+    _bool("moe_use_legacy_grouped_gemm", _T, "Legacy MoE grouped GEMM", "megatron with moe_grouped_gemm: "
+          "--moe-use-legacy-grouped-gemm. The experts run in Megatron-Core's legacy GroupedMLP (the grouped_gemm "
+          "package's gmm, one weight tensor per fc for all local experts) instead of TransformerEngine's "
+          "GroupedLinear: its weight gradients are new tensors handed to the main gradients' hooks even under "
+          "gradient_accumulation_fusion (no cached dummy for the experts), and TransformerEngine's grouped GEMM "
+          "keeps no per-stream workspaces. bf16 only; the local spec (transformer_impl local) always runs it.",
+          _SAVERS),
     _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
             "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss and its compiled "
             "backward holds an fp32 copy of it beside the 16-bit gradient (4 bytes per logit more); te "
