@@ -224,8 +224,8 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "is).", _SAVERS),
     _bool("moe_grouped_gemm", _T, "MoE grouped GEMM", "megatron: --moe-grouped-gemm. A rank's local experts run "
           "in grouped GEMMs (TransformerEngine's GroupedLinear under transformer_impl transformer_engine; the "
-          "legacy GroupedMLP's grouped_gemm gmm on the local spec), so backward differentiates them all at once: "
-          "the SwiGLU's backward output of every local expert exists together, instead of one expert's at a time "
+          "legacy GroupedMLP's grouped_gemm gmm on the local spec or with moe_use_legacy_grouped_gemm), so "
+          "backward differentiates them all at once: the SwiGLU's backward output of every local expert exists together, instead of one expert's at a time "
           "(SequentialMLP), and so does the fc2 weight gradient of all of them, but where TransformerEngine writes "
           "it into the main gradients (gradient_accumulation_fusion).", _SAVERS),
     _bool("moe_use_legacy_grouped_gemm", _T, "Legacy MoE grouped GEMM", "megatron with moe_grouped_gemm: "
