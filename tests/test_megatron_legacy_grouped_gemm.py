@@ -103,6 +103,9 @@ def test_the_legacy_experts_keep_the_flat_share_with_the_reason():
     # GroupedMLP.forward: `assert self.config.bf16, "Currently GroupedMLP for MoE only supports bf16."`
     ({"framework": "megatron", "moe_grouped_gemm": True, "moe_use_legacy_grouped_gemm": True,
       "param_dtype": "fp16", "compute_dtype": "fp16", "grad_dtype": "fp32"}, "training.compute_dtype"),
+    # GroupedMLP.__init__: "moe_act recompute for fp8 or fp4 cannot work with the legacy GroupedMLP."
+    ({"framework": "megatron", "moe_grouped_gemm": True, "moe_use_legacy_grouped_gemm": True, "fp8": True,
+      "recompute": "selective", "recompute_modules": ["moe_act"]}, "training.recompute_modules"),
 ])
 def test_refusals(training, field):
     with pytest.raises(ConfigError) as err:

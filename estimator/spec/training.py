@@ -355,6 +355,12 @@ def _check_megatron_flags(t: Training) -> None:
         raise ConfigError("training.compute_dtype", t.compute_dtype, "'bf16' with moe_use_legacy_grouped_gemm",
                           "Megatron-Core's legacy GroupedMLP runs in bf16 only",
                           related=("training.moe_use_legacy_grouped_gemm",))
+    if t.moe_use_legacy_grouped_gemm and t.fp8 and t.recompute == "selective" and "moe_act" in t.recompute_modules:
+        # Megatron-Core 0.16.1 transformer/moe/experts.py GroupedMLP.__init__ raises the same
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules),
+                          "no moe_act with FP8 on the legacy GroupedMLP (moe_use_legacy_grouped_gemm)",
+                          "Megatron-Core's legacy GroupedMLP cannot recompute the experts' activation under FP8",
+                          related=("training.moe_use_legacy_grouped_gemm", "training.fp8"))
     if t.framework == "megatron" and t.recompute == "selective" and "moe_act" in t.recompute_modules \
             and not t.moe_grouped_gemm:
         # Megatron-Core 0.16.1 transformer_config.py __post_init__ raises the same
