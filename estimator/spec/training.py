@@ -323,6 +323,26 @@ def _check_framework_version(t: Training) -> None:
                           related=("training.framework",))
 
 
+def _check_legacy_grouped_gemm(t: Training) -> None:
+    """--moe-use-legacy-grouped-gemm: Megatron-Core's legacy GroupedMLP, read only with --moe-grouped-gemm."""
+    if t.moe_use_legacy_grouped_gemm and not (t.framework == "megatron" and t.moe_grouped_gemm):
+        raise ConfigError("training.moe_use_legacy_grouped_gemm", True,
+                          "false unless framework is 'megatron' and moe_grouped_gemm is true",
+                          "it is Megatron-Core's --moe-use-legacy-grouped-gemm, which picks the grouped GEMM "
+                          "--moe-grouped-gemm runs", related=("training.moe_grouped_gemm", "training.framework"))
+    if t.moe_use_legacy_grouped_gemm and t.compute_dtype != "bf16":
+        # Megatron-Core 0.16.1 transformer/moe/experts.py GroupedMLP.forward: `assert self.config.bf16`
+        raise ConfigError("training.compute_dtype", t.compute_dtype, "'bf16' with moe_use_legacy_grouped_gemm",
+                          "Megatron-Core's legacy GroupedMLP runs in bf16 only",
+                          related=("training.moe_use_legacy_grouped_gemm",))
+    if t.moe_use_legacy_grouped_gemm and t.fp8 and t.recompute == "selective" and "moe_act" in t.recompute_modules:
+        # Megatron-Core 0.16.1 transformer/moe/experts.py GroupedMLP.__init__ raises the same
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules),
+                          "no moe_act with FP8 on the legacy GroupedMLP (moe_use_legacy_grouped_gemm)",
+                          "Megatron-Core's legacy GroupedMLP cannot recompute the experts' activation under FP8",
+                          related=("training.moe_use_legacy_grouped_gemm", "training.fp8"))
+
+
 def _check_megatron_flags(t: Training) -> None:
     """Megatron-Core's own switches are refused under the other frameworks, which do not offer them."""
     if t.moe_router_dtype is not None and t.framework != "megatron":
@@ -345,22 +365,7 @@ def _check_megatron_flags(t: Training) -> None:
         raise ConfigError("training.moe_grouped_gemm", True, "false unless framework is 'megatron'",
                           "it is Megatron-Core's --moe-grouped-gemm (the legacy GroupedMLP's grouped GEMMs)",
                           related=("training.framework",))
-    if t.moe_use_legacy_grouped_gemm and not (t.framework == "megatron" and t.moe_grouped_gemm):
-        raise ConfigError("training.moe_use_legacy_grouped_gemm", True,
-                          "false unless framework is 'megatron' and moe_grouped_gemm is true",
-                          "it is Megatron-Core's --moe-use-legacy-grouped-gemm, which picks the grouped GEMM "
-                          "--moe-grouped-gemm runs", related=("training.moe_grouped_gemm", "training.framework"))
-    if t.moe_use_legacy_grouped_gemm and t.compute_dtype != "bf16":
-        # Megatron-Core 0.16.1 transformer/moe/experts.py GroupedMLP.forward: `assert self.config.bf16`
-        raise ConfigError("training.compute_dtype", t.compute_dtype, "'bf16' with moe_use_legacy_grouped_gemm",
-                          "Megatron-Core's legacy GroupedMLP runs in bf16 only",
-                          related=("training.moe_use_legacy_grouped_gemm",))
-    if t.moe_use_legacy_grouped_gemm and t.fp8 and t.recompute == "selective" and "moe_act" in t.recompute_modules:
-        # Megatron-Core 0.16.1 transformer/moe/experts.py GroupedMLP.__init__ raises the same
-        raise ConfigError("training.recompute_modules", list(t.recompute_modules),
-                          "no moe_act with FP8 on the legacy GroupedMLP (moe_use_legacy_grouped_gemm)",
-                          "Megatron-Core's legacy GroupedMLP cannot recompute the experts' activation under FP8",
-                          related=("training.moe_use_legacy_grouped_gemm", "training.fp8"))
+    _check_legacy_grouped_gemm(t)
     if t.framework == "megatron" and t.recompute == "selective" and "moe_act" in t.recompute_modules \
             and not t.moe_grouped_gemm:
         # Megatron-Core 0.16.1 transformer_config.py __post_init__ raises the same
