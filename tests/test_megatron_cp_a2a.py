@@ -275,3 +275,34 @@ def test_a_training_setting_the_replayed_layer_lacks_keeps_the_flat_share(traini
     else:
         assert "share" in formula or formula.startswith("caching allocator")
 
+
+
+def test_a_custom_layer_without_the_all_to_alls_plan_keeps_the_flat_share(tmp_path, capsys):
+    """A custom model every named check of cp_rule lets by (dense, gated, rotary, no QK-norm, TE's fused attention)
+    whose layer has sandwich norms (norms_per_layer 4, as Gemma-2's): its ledger has two more norm inputs, so `plan`
+    finds no all-to-all order in it. cp_rule asks `plan` itself (`unplanned`): the layout keeps the flat share with
+    that reason, and the CLI answers (it raised ValueError in the walk, an internal error, before)."""
+    import json
+
+    from estimator.cli import main
+
+    config = {"model": {"hidden_size": 4096, "num_layers": 8, "num_attention_heads": 32, "num_kv_heads": 8,
+                        "vocab_size": 128256, "intermediate_size": 14336, "norms_per_layer": 4},
+              "training": {"framework": "megatron", "seq_len": 4096, "global_batch_size": 4},
+              "parallel": {"tp": 2, "cp": 2, "dp": 2, "zero_stage": 1, "cp_comm_type": "a2a"}}
+    from tests.test_published_megatron_reserved import _resolved as resolved
+
+    cfg = resolved(config)
+    assert megatron_cp_a2a.unplanned(cfg) == ["dense"]
+    why = ("context parallelism over layers whose saved tensors are not the replayed layer's (dense: the all-to-all's "
+           "requests are placed among a dense layer's QKV, rotary, attention and gated-MLP tensors)")
+    assert megatron_cp_a2a.cp_rule(cfg) == why and megatron_replay.replay_rule(cfg) == why
+    # the same model with Megatron's two norms a layer has the plan, and is replayed
+    two = resolved({**config, "model": {**config["model"], "norms_per_layer": 2}})
+    assert megatron_cp_a2a.unplanned(two) == [] and megatron_replay.replay_rule(two) is None
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    assert main(["estimate", "--config", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stages"][0]["formulas"]["fragmentation"] == (
+        "10% of the allocated peak (default segments); flat share, no allocator replay: " + why)

@@ -299,7 +299,7 @@ def test_grouped_gemm_backward_moment_mixtral():
     assert measured["peak_bytes"] == 8823058944 and measured["peak_phase"] == "backward"
     assert tensors_peak(estimate_config(config).stages[0]) == pytest.approx(measured["peak_bytes"], rel=0.01)
     # SequentialMLP (the flag off): one expert's fc2-input and fc1-output gradients beside the outputs' gradient
-    config["training"]["moe_grouped_gemm"] = False
+    config["training"].update(moe_grouped_gemm=False, moe_use_legacy_grouped_gemm=False)
     assert _transients(config, 0)["backward"] == OUTPUTS + 2 * 4096 * 7168 * 3
 
 
@@ -341,7 +341,7 @@ def test_grouped_gemm_refusals(training, field):
 
 def test_a_megatron_stage_memo_keeps_one_chunk_apart_from_interleaved():
     """Megatron's block recompute frees the later layers before the first n are recomputed only on a rank with one
-    chunk (static_stage._freed_before_recompute), so the stage memo (memory.static_key) keys a Megatron stage on
+    chunk (recompute_moment.freed_before_recompute), so the stage memo (memory.static_key) keys a Megatron stage on
     whether it runs one chunk: the same stages estimated after their interleaved twin (same ends and kinds, 8 layers
     a rank) equal their estimate on a fresh architecture, and the other way round."""
     from dataclasses import replace as _replace
@@ -367,7 +367,7 @@ def test_a_megatron_stage_memo_keeps_one_chunk_apart_from_interleaved():
 
 def test_a_megatron_stage_memo_keeps_each_block_recompute_count_apart():
     """Under the block method a Megatron static part reads how many of the stage's layers are recomputed (the later
-    ones are freed first, static_stage._freed_before_recompute), so memory.static_key adds that count: the measured
+    ones are freed first, recompute_moment.freed_before_recompute), so memory.static_key adds that count: the measured
     DeepSeek-V2-Lite DSA run with 1 recomputed layer, estimated after the same run with 2, gives its fresh estimate
     (the memo without the count gave 27.0 GB for 20.2 GB)."""
     import json

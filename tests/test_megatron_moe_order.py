@@ -79,7 +79,8 @@ def test_the_combine_comes_before_the_logits():
 
 
 def test_the_combine_stays_beside_the_loss_where_another_forward_can_run():
-    """Only Megatron, and only where the last stage runs each micro-batch's backward right after its forward."""
+    """Only Megatron, and only where the last stage runs each micro-batch's backward right after its forward: there
+    the combine comes before the loss's saved tensors are made and the experts' backward after they are freed."""
     cfg, sp = last_stage()
     moments = moe_moments(cfg.architecture, cfg.training, cfg.parallel, sp)
     exchange = moments[0]
@@ -88,14 +89,17 @@ def test_the_combine_stays_beside_the_loss_where_another_forward_can_run():
     loss = (component("logits", "loss", LOSS, "", ""),)
     charged = combine_before_the_loss(cfg.training, cfg.parallel, moments, loss)
     assert sum(c.bytes for c in charged[0]) == 4 * OUT - LOSS
-    # the stage memo's tuple itself is kept (counted once by the memo), the backward's and the recomputed layer's as
-    # they are
-    assert charged.held is moments and charged[1] is moments[1] and charged[2] is moments[2]
+    # the experts' backward runs after the loss's backward freed its saved tensors (LOSS_BEFORE_THE_LAYERS): its
+    # moment net of them, 448 + 128 - 1,123 MiB
+    assert sum(c.bytes for c in charged[1]) == OUT + TOKENS * 2048 * 2 - LOSS
+    # the stage memo's tuple itself is kept (counted once by the memo), the recomputed layer's moment as it is
+    assert charged.held is moments and charged[2] is moments[2]
     interleaved = dataclasses.replace(cfg.parallel, vpp=2, pp_schedule="interleaved")
-    assert combine_before_the_loss(cfg.training, interleaved, moments, loss)[0] is exchange
     fsdp2 = SimpleNamespace(framework="fsdp2")  # the one field the rule reads of the training
-    assert combine_before_the_loss(fsdp2, cfg.parallel, moments, loss)[0] is exchange
-    assert combine_before_the_loss(cfg.training, cfg.parallel, moments, ())[0] is exchange
+    for kept in (combine_before_the_loss(cfg.training, interleaved, moments, loss),
+                 combine_before_the_loss(fsdp2, cfg.parallel, moments, loss),
+                 combine_before_the_loss(cfg.training, cfg.parallel, moments, ())):
+        assert kept[0] is exchange and kept[1] is moments[1]
 
 
 @pytest.mark.parametrize(("run", "measured_gib"), [(RUN, 114.002)])
@@ -105,3 +109,62 @@ def test_the_last_stage_within_a_quarter_point(run, measured_gib):
     assert RECORD["measured"]["max_allocated_bytes"] / 2**30 == pytest.approx(measured_gib, abs=0.001)
     assert stage.allocated_peak_bytes / RECORD["measured"]["max_allocated_bytes"] - 1 == pytest.approx(-0.0021,
                                                                                                          abs=0.001)
+
+
+MIXTRAL_LAST = "mixtral-8x7b-tp2-pp4-last-ep4-s4096-b1"  # the Megatron harness's MoE last stage (fake tensors)
+
+
+def _mixtral_last() -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "data" / "measured" / "megatron" / f"{MIXTRAL_LAST}.json").read_text())
+
+
+def test_the_experts_backward_comes_after_the_loss_on_the_harness_last_stage():
+    """The Megatron harness's Mixtral last stage (TP 2 SP, EP 4, ETP 2: two local experts, 8,192 routed tokens; the
+    vocabulary 32,000 over TP 2): its backward peaks in the loss's backward (measured 8,469.3 MiB, the forward's
+    8,469.4), where the estimate charged the experts' backward moment, 232 MiB (the outputs' gradient 64 MiB, one
+    expert's fc2 input gradient 56 and fc1 output gradient 112), beside the loss's saved tensors (the final norm's and
+    the LM head's inputs, 16 MiB each; the fp32 softmax of the logits, 250): 8,566.0 MiB, 1.1% over. The loss's
+    backward frees those before the decoder's last layer runs its backward (LOSS_BEFORE_THE_LAYERS; the harness's
+    trace, test_the_harness_frees_the_loss_before_the_experts_backward), so the moment is net of them (232 - 282 MiB)
+    and the loss's gradient (125 MiB) is backward's largest: 8,459.0 MiB, 0.12% under."""
+    from validation.core.report import tensors_peak
+
+    record = _mixtral_last()
+    stage = estimate_config(record["config"]).stages[record["stage"]]
+    assert record["measured"]["peak_bytes"] == 8880823296 and record["measured"]["peak_phase"] == "forward"
+    backward = next(p for p in stage.phases if p.name == "backward")
+    assert next(c for c in backward.components if c.key == "logits").bytes == (16 + 16 + 250) * MiB
+    transient = next(c for c in backward.components if c.key == "transient")
+    assert transient.bytes == 2 * 4096 * 16000 == 125 * MiB
+    experts = (64 + 56 + 112) * MiB
+    assert experts - 282 * MiB < transient.bytes
+    assert tensors_peak(stage) == 8459.01953125 * MiB
+    assert tensors_peak(stage) / record["measured"]["peak_bytes"] - 1 == pytest.approx(-0.0012, abs=0.0001)
+
+
+def test_the_harness_frees_the_loss_before_the_experts_backward():
+    """The harness's trace of that record's step (validation/megatron/harness.py traced_step, fake tensors): in
+    backward the fp32 softmax of the logits [4096, 1, 16000] is freed before the first expert's SwiGLU backward output
+    [4096, 14336] is made, and backward's peak is the loss's moment (the measured record's 8,469.3 MiB)."""
+    pytest.importorskip("megatron.core")
+    from validation.megatron.cases import CASES
+    from validation.megatron.harness import traced_step
+
+    tracker = traced_step(CASES[MIXTRAL_LAST]).tracker
+    marks = {name: i for i, name in tracker.marks}
+    events = list(enumerate(tracker.events))[marks["backward"]:marks["after_backward"]]
+    softmax_freed = next(i for i, (key, delta) in events
+                         if delta < 0 and tracker.labels[key].endswith("float32 (4096, 1, 16000)"))
+    swiglu_made = next(i for i, (key, delta) in events
+                       if delta > 0 and tracker.labels[key] == "empty_like.default bfloat16 (4096, 14336)")
+    assert softmax_freed < swiglu_made
+    live = sum(delta for _, delta in tracker.events[:marks["backward"]])
+    peak, at = live, marks["backward"]
+    for i, (_, delta) in events:
+        live += delta
+        if live > peak:
+            peak, at = live, i
+    assert peak == _mixtral_last()["measured"]["phases"]["backward"]["total"] and at < softmax_freed

@@ -191,7 +191,7 @@ def test_memory_rules(seed):
         most = most_stage_layers(c.req.architecture, s)
         if v.recompute == "full" and v.layers is not None:  # more recomputed layers never need more, but
             # for one layer input under Megatron's block method: the later layers are freed before the first n are
-            # recomputed, whose inputs are all kept then (static_stage._freed_before_recompute)
+            # recomputed, whose inputs are all kept then (recompute_moment.freed_before_recompute)
             more = v._replace(layers=None if v.layers + 1 == most else v.layers + 1)
             assert m >= mem[s, more] or allocated[s, v] >= allocated[s, more] - block_recompute_slack(c.req, s, v)
         if v.recompute == "none" and c.req.training.framework != "fsdp2":  # selective keeps a subset of none's

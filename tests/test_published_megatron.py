@@ -93,10 +93,12 @@ def test_b200_run_within_bound(record):
 # SimuMax's four DeepSeek-V2/V3 runs (MLA + MoE, the all-to-all dispatcher, TE's grouped GEMM): the allocated error
 # of the largest rank's stage, to 0.1 point. Each was +0.9% to +1.6% over while the ledger stacked the combine's moment
 # on the loss's saved tensors and held the experts' fc2 weight gradient that TE's GroupedLinear writes into main_grad
-# (tests/test_megatron_moe_order.py works both by hand for DeepSeek-V3 EP 4 x PP 2)
+# (tests/test_megatron_moe_order.py works both by hand for DeepSeek-V3 EP 4 x PP 2). The DeepSeek-V2 runs were +0.12%
+# and +0.18% while the last stage charged the experts' backward moment beside the loss's saved tensors, which the
+# loss's backward frees first (moe_moments.LOSS_BEFORE_THE_LAYERS, shown by the Megatron harness's Mixtral last stage)
 B200_MOE = {
-    "deepseekv2_tp1_ep4_pp2_dp4_l4_mbc4_cef": 0.0012,  # was 0.0154
-    "deepseekv2_tp1_ep8_pp1_dp8_l4_mbc4_cef": 0.0018,  # was 0.0157
+    "deepseekv2_tp1_ep4_pp2_dp4_l4_mbc4_cef": -0.0039,  # was 0.0154
+    "deepseekv2_tp1_ep8_pp1_dp8_l4_mbc4_cef": -0.0031,  # was 0.0157
     "deepseekv3_l4_tp1_ep4_pp2_dp4_mbc4_cef": -0.0021,  # was 0.0125
     "deepseekv3_l4_tp1_ep8_pp1_dp8_mbc4_cef": -0.0017,  # was 0.0088
 }

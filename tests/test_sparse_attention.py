@@ -280,7 +280,7 @@ def test_full_recompute_of_dsa_layers_holds_one_layer_and_its_moment():
     """Megatron's full recompute of the two DSA layers, uniform (both) and block (the first): the measured
     backward peaks differ by 16 MiB, one layer input (block keeps one where uniform keeps two, and the second
     layer's kept tensors equal the recomputed one's). The estimate's block moment takes the second layer's
-    tensors off (freed before the first is recomputed: static_stage._freed_before_recompute), and the recomputed
+    tensors off (freed before the first is recomputed: recompute_moment.freed_before_recompute), and the recomputed
     layer's DSA moment is not net of the loss (freed by then), so the two estimates differ by that layer input."""
     from estimator import estimate_config
 

@@ -203,6 +203,8 @@ def _moe(tr) -> list:
          "deepep": ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"]}[tr.moe_dispatcher]
     if tr.moe_grouped_gemm:
         w += ["--moe-grouped-gemm"]
+    if tr.moe_use_legacy_grouped_gemm:
+        w += ["--moe-use-legacy-grouped-gemm"]
     if tr.moe_router_dtype:
         w += ["--moe-router-dtype", tr.moe_router_dtype]
     if tr.moe_capacity_factor != 1.0:

@@ -204,6 +204,11 @@ def _moe_runtime(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
         ledger.mapped("--moe-enable-deepep", "", "read only with --moe-token-dispatcher-type flex")
     if args.on("--moe-grouped-gemm"):
         build.set("training.moe_grouped_gemm", True, "--moe-grouped-gemm", "")
+    if args.on("--moe-use-legacy-grouped-gemm"):  # transformer_engine_spec_provider.py grouped_mlp_modules
+        if build.get("training.moe_grouped_gemm"):
+            build.set("training.moe_use_legacy_grouped_gemm", True, "--moe-use-legacy-grouped-gemm", "")
+        else:
+            ledger.mapped("--moe-use-legacy-grouped-gemm", "", "read only with --moe-grouped-gemm")
     router = args.take("--moe-router-dtype")
     if router is not None:
         build.set("training.moe_router_dtype", router, "--moe-router-dtype")

@@ -65,7 +65,9 @@ class Plan:
 
 def cp_rule(cfg) -> str | None:
     """Why a layout with context parallelism is not replayed (None: it is, or CP is off): TransformerEngine's
-    all-to-all over dense decoder layers with a gated MLP and fused attention, whose requests `plan` finds."""
+    all-to-all over dense decoder layers with a gated MLP and fused attention, whose requests `plan` finds. The last
+    check is the walk's own (`unplanned`): a layer kind without a plan keeps the flat share, whatever the others let
+    by."""
     par, arch, training = cfg.parallel, cfg.architecture, cfg.training
     if par.cp == 1:
         return None
@@ -81,7 +83,23 @@ def cp_rule(cfg) -> str | None:
          "replayed layer)"),
         (training.dropout > 0, "context parallelism with dropout (the replayed layer keeps no dropout masks)"),
     )
-    return next((why for failed, why in checks if failed), None)
+    why = next((why for failed, why in checks if failed), None)
+    if why is None and (kinds := unplanned(cfg)):
+        why = (f"context parallelism over layers whose saved tensors are not the replayed layer's ({', '.join(kinds)}: "
+               "the all-to-all's requests are placed among a dense layer's QKV, rotary, attention and gated-MLP "
+               "tensors)")
+    return why
+
+
+def unplanned(cfg, shared=None) -> list[str]:
+    """The model's layer kinds without a `plan` (the walk replays the all-to-all only where it has one); `shared`:
+    the stage's (memory.py's `_Shared`), else the ledger of `cfg` (stage_shared.py, remembered per architecture)."""
+    if shared is None:
+        from .stage_shared import _shared
+
+        shared = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware, cfg.zero_stage,
+                         cfg.padded_vocab)
+    return [kind for kind in sorted(set(cfg.architecture.layer_kinds())) if plan(cfg, shared, kind) is None]
 
 
 def plan(cfg, shared, kind: str) -> Plan | None:

@@ -71,6 +71,9 @@ def moe_rule(cfg) -> str | None:
          f"an MoE model under the {training.moe_dispatcher} dispatcher (the all-to-all one is replayed)"),
         (not training.moe_grouped_gemm or training.transformer_impl != "transformer_engine",
          "an MoE model without TransformerEngine's grouped GEMM (its expert parameters are laid out otherwise)"),
+        (training.moe_use_legacy_grouped_gemm,
+         "an MoE model on the legacy GroupedMLP (--moe-use-legacy-grouped-gemm: one weight per fc for all local "
+         "experts, differentiated by grouped_gemm's gmm; the replay lays out and steps TransformerEngine's)"),
     )
     return next((why for failed, why in checks if failed), None)
 

@@ -307,7 +307,7 @@ class _Walk:
         self.sizes = _layer_sizes(shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
         self.a2a = {kind: megatron_cp_a2a.plan(cfg, shared, kind) for kind in set(self.kinds)}  # CP's all-to-all
-        if cfg.parallel.cp > 1 and not all(self.a2a.values()):  # megatron_cp_a2a.cp_rule lets only such layers by
+        if cfg.parallel.cp > 1 and not all(self.a2a.values()):  # unreachable: cp_rule refuses these (unplanned)
             raise ValueError(f"the Megatron replay under CP found layers without TE's all-to-all: {sorted(self.kinds)}")
         # CP's layers: TE's linears (megatron_te_linears.py) and the residual's gradient through backward
         self.lin = megatron_te_linears.linears(cfg) if any(self.a2a.values()) else None

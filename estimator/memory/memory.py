@@ -184,7 +184,7 @@ def static_key(sp, training: Training) -> tuple:
     """All a stage's static part reads of the stage, its key in the stage memo: its ends, its layers' kinds and
     what it reads of its chunks and of recompute_layers. Megatron's reads whether the rank runs one chunk and,
     with the block method, how many of the stage's layers it recomputes (the later layers are freed before the
-    first n are recomputed, static_stage._freed_before_recompute); torch pipelining's (fsdp2 and the other
+    first n are recomputed, recompute_moment.freed_before_recompute); torch pipelining's (fsdp2 and the other
     frameworks) the chunks' count (pp_buffers.py, transients' RoPE tables, an interleaved rank's gradients).
     Keying Megatron on the count would build one static part per virtual-stage count for the same stage."""
     if training.framework != "megatron":

@@ -12,7 +12,8 @@ measured, tests/data/measured/megatron.
 from __future__ import annotations
 
 from .activations.entries import Entry, fp8_activation_bytes, tokens_per_gpu
-from .activations.moe import (MEGATRON_ALLGATHER, MEGATRON_ALLTOALL, MEGATRON_GROUPED_MLP, TE_GROUPED_LINEAR,
+from .activations.moe import (LEGACY_GROUPED_MLP, MEGATRON_ALLGATHER, MEGATRON_ALLTOALL, MEGATRON_GROUPED_MLP,
+                              TE_GROUPED_LINEAR, legacy_grouped_mlp,
                               moe_allgather_combine_backward_moment, moe_allgather_combine_moment, moe_combine_moment,
                               moe_expert_backward_moment, moe_router_dtype_backward_moment,
                               te_grouped_wgrad_in_main_grad)
@@ -71,6 +72,7 @@ def moe_moments(arch: Architecture, training: Training, par: Parallel,
                        "Megatron-Core MoEAlltoAllTokenDispatcher.combine_preprocess (--moe-router-dtype)")]
     experts = parts(moe_expert_backward_moment(arch, training, par),
                     TE_GROUPED_LINEAR if te_grouped_wgrad_in_main_grad(training) else
+                    f"{MEGATRON_GROUPED_MLP}; {LEGACY_GROUPED_MLP}" if legacy_grouped_mlp(training) else
                     MEGATRON_GROUPED_MLP if training.moe_grouped_gemm else MEGATRON_ALLTOALL)
     backward = [experts] + first
     inner = max([combine, experts] + (first if allgather else []), key=total_bytes)
@@ -90,33 +92,50 @@ COMBINE_BEFORE_THE_LOSS = (
     "micro-batch's backward right after its forward on the last stage")
 
 
+LOSS_BEFORE_THE_LAYERS = (
+    "Megatron-Core 0.16.1 pipeline_parallel/schedules.py backward_step: torch.autograd.backward from the loss, whose "
+    "engine runs the loss's, the output layer's and the final norm's nodes before the decoder's last layer and frees "
+    "each node's saved tensors after it runs (torch/csrc/autograd/engine.cpp, release_variables without "
+    "retain_graph); no earlier micro-batch's loss is alive under 1F1B or without a pipeline; measured, the Megatron "
+    "harness's mixtral-8x7b-tp2-pp4-last record (the logits freed before the experts' backward)")
+
+
 def combine_before_the_loss(training: Training, par: Parallel, moments: tuple, loss_own: tuple) -> "ChargedMoments":
-    """The MoE `moments` (moe_moments': forward's, backward's, inside a recomputed layer) with the last stage's forward
-    moment net of the loss's own saved tensors (`loss_own`: the final norm's and the LM head's inputs, the logits),
-    where Megatron makes them after it (COMBINE_BEFORE_THE_LOSS): under 1F1B or without a pipeline no earlier
-    micro-batch's loss is alive either. What else the loss holds (an MTP module's, earlier micro-batches' deferred
-    inputs) stays beside it. The forward's as it is elsewhere (an interleaved schedule runs other chunks' forwards
-    while the loss waits for backward)."""
+    """The MoE `moments` (moe_moments': forward's, backward's, inside a recomputed layer) on the last stage, each
+    net of the loss's own saved tensors (`loss_own`: the final norm's and the LM head's inputs, the logits) where
+    Megatron holds them apart: forward's, which Megatron makes before them (COMBINE_BEFORE_THE_LOSS), and
+    backward's, which it makes after the loss's backward freed them (LOSS_BEFORE_THE_LAYERS): under 1F1B or without
+    a pipeline no earlier micro-batch's loss is alive either. What else the loss holds (an MTP module's, earlier
+    micro-batches' deferred inputs) stays beside them. As they are elsewhere (an interleaved schedule runs other
+    chunks' forwards and backwards while a loss waits for its backward)."""
     own = total_bytes(loss_own)
     one_at_a_time = par.pp == 1 or (par.pp_schedule == "1f1b" and par.vpp == 1)
-    if training.framework != "megatron" or not moments[0] or not own or not one_at_a_time:
-        return ChargedMoments(moments, ())
-    return ChargedMoments(moments, (Component("transient", "The loss's saved tensors, not made yet", -own,
-                                              "-(the loss's saved tensors)", COMBINE_BEFORE_THE_LOSS),))
+    if training.framework != "megatron" or not own or not one_at_a_time:
+        return ChargedMoments(moments, (), ())
+    made = (Component("transient", "The loss's saved tensors, not made yet", -own, "-(the loss's saved tensors)",
+                      COMBINE_BEFORE_THE_LOSS),) if moments[0] else ()
+    freed = (Component("transient", "The loss's saved tensors, freed by its backward", -own,
+                       "-(the loss's saved tensors)", LOSS_BEFORE_THE_LAYERS),) if moments[1] else ()
+    return ChargedMoments(moments, made, freed)
 
 
 class ChargedMoments:
     """The MoE moments as a stage charges them: the stage memo's own tuple (`held`, which the memo counts once: a
-    static part keeps it whole rather than copies of its lists) and what the stage adds to the forward's (`extra`).
-    Indexed and unpacked as the (forward, backward, inside a recomputed layer) tuple."""
+    static part keeps it whole rather than copies of its lists) and what the stage adds to the forward's (`extra`)
+    and to the backward's (`after`). Indexed and unpacked as the (forward, backward, inside a recomputed layer)
+    tuple."""
 
-    __slots__ = ("held", "extra")
+    __slots__ = ("held", "extra", "after")
 
-    def __init__(self, held: tuple, extra: tuple):
-        self.held, self.extra = held, extra
+    def __init__(self, held: tuple, extra: tuple, after: tuple = ()):
+        self.held, self.extra, self.after = held, extra, after
 
     def __getitem__(self, i: int) -> list:
-        return list(self.held[0]) + list(self.extra) if i == 0 and self.extra else self.held[i]
+        if i == 0 and self.extra:
+            return list(self.held[0]) + list(self.extra)
+        if i == 1 and self.after:
+            return list(self.held[1]) + list(self.after)
+        return self.held[i]
 
     def __iter__(self):
         return iter((self[0], self[1], self[2]))

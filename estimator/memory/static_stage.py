@@ -1,5 +1,6 @@
 """A stage's memory that does not depend on the micro-batches in flight: model states (ZeRO,
-offload, paged optimizers), transients, moments of the backward, and their phases.
+offload, paged optimizers), transients, moments of the backward, and their phases. The recomputed
+layer's moment in backward: recompute_moment.py.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Callable, NamedTuple
 
 from .activations.entries import KORTHIKANTI
 from .activations.loss import DEFER_WGRAD_SOURCE, deferred_wgrad_microbatches
-from .activations.recompute import op_level, recomputed_layer_count
+from .activations.recompute import recomputed_layer_count
 from ..spec.architecture import Architecture
 from .deepspeed_offload import host_buffers as deepspeed_host_buffers
 from .deepspeed_step import gradients_source, keeps_gradient_buffer
@@ -19,21 +20,18 @@ from .deepspeed_zero2 import with_partition as zero2_partition
 from .components import Component, component, entries_component, fold, once, total_bytes
 from ..spec.hardware import Hardware
 from ..spec.parallel import Parallel
-from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size
+from .sharding import StageParameters, padded_vocab_size
 from .offload import OFFLOAD_SOURCES, Placement, placement
 from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
 from .kbit import autocast_head_copy, ledger_training, math_attention, under_autocast
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
-from .fsdp1 import softmax_moment_parts as fsdp1_softmax_parts
 from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
 from .megatron_fsdp import with_global_moments
 from .pp_buffers import reduce_scatter_pool
-from .cp_ring import ring_backward_moment
-from .softmax_backward import softmax_backward_moment, softmax_backward_temporary
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Recipe, Training
-from .backward_moments import BackwardEnd, block_backward_extras, fsdp2_backward_end
+from .backward_moments import BackwardEnd, fsdp2_backward_end
 from .moe_moments import ChargedMoments, combine_before_the_loss, moe_moments
 from .trainer_backward_end import trainer_backward_end
 from .transients import OPTIMIZER_IN_BACKWARD_SOURCE, Transients, transients
@@ -43,7 +41,8 @@ from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
 from .stage_shared import _Shared
 from .pp_unbegun import gradients_after_the_loss, made_so_far
-from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment, with_checkpointed_forward
+from .megatron_softmax_moment import with_checkpointed_forward
+from .recompute_moment import recompute_moment, recompute_working_set, recomputed_layer
 
 
 class _StaticParts(NamedTuple):
@@ -172,15 +171,15 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     after_loss: tuple = ()  # what of the loss's saved tensors outlives the loss's backward
     if last:
         loss_saved, after_loss = _held_with_the_loss(arch, training, par, m, shared, loss_saved)
-    working = _recompute_working_set(training, sp, shared)
+    working = recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     moments = _moe_moments(arch, training, par, sp, pieces)
     charged = _charged_moments(arch, training, recipe, par, sp, m, shared, moments, total_bytes(loss_saved))
     exchange, exchange_backward, in_moe_layer = charged
     # else none before backward (see `_static_parts`); ZeRO-3 keeps a flat buffer of them (deepspeed_step.py)
     grads_live = _grads_live(training, par, m) or keeps_gradient_buffer(training, zero)
-    working, extras, by_kind = _recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
-                                                 grads_live)
+    working, extras, by_kind = recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
+                                                grads_live)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
@@ -286,62 +285,10 @@ def _with_dsa_moments(arch: Architecture, training: Training, recipe: Recipe, pa
             max(in_moe_layer, *in_layer, key=total_bytes))
 
 
-def _recompute_moment(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                      shared: _Shared, working: float, in_moe_layer: list,
-                      grads_live: bool) -> tuple[float, list, bool]:
-    """Backward's recompute moment: (the recomputed layer's working set, the components beside it, whether it is
-    the layer's kind's own: a ring attention moment that outgrows it replaces it)."""
-    # Moments inside a phase that never coexist: the loss's working set, a layer being recomputed
-    # (after the loss's backward, one at a time), an MoE layer's all-to-all exchange (inside a
-    # layer) and a parameter's step when the optimizer runs in backward. Each phase takes the
-    # largest of its moments.
-    extras = block_backward_extras(arch, training, recipe, par, sp)  # beside the recomputed layer (torchtitan)
-    counted = recomputed_layer_count(training, sp.num_layers)
-    freed = _freed_before_recompute(arch, training, sp, shared) if working and counted else []
-    if working and counted:  # a recomputed MoE layer's own moments
-        extras = list(extras) + list(in_moe_layer) + freed \
-            + (softmax_backward_moment(arch, training, par, recomputed=True, stage=sp)
-               or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
-    elif not counted:  # no layer recomputed: its in-layer moment (FSDP1's held gradients and units beside it)
-        moment = softmax_backward_moment(arch, training, par,
-                                         *_made_before_last_attention(arch, training, recipe, par, sp, grads_live),
-                                         stage=sp)
-        held = fsdp1_softmax_parts(arch, training, par, recipe, sp) if moment and is_fsdp1(training) \
-            and not grads_live and sp.last else []
-        extras = list(extras) + moment + held \
-            + selective_core_softmax_moment(arch, training, par, arch.layer_kind(sp.chunks[-1].stop - 1))
-    ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
-    if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
-        return 0.0, ring, False
-    # Megatron's unfused attention: the recomputed layer's softmax moment, before its MLP's tensors exist, beside
-    # the later layers' freed activations (block method) but not the MoE moments (megatron_softmax_moment.py)
-    softmax = recomputed_softmax_moment(arch, training, shared.parallel) if working and counted else None
-    if softmax:
-        moment = [softmax] + freed
-        if total_bytes(moment) > int(round(working)) + total_bytes(extras):
-            return 0.0, moment, False
-    return working, extras, True
-
-
-def _made_before_last_attention(arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
-                                sp: StageParameters, grads_live: bool) -> tuple[float, float]:
-    """(the gradients an HF full fine-tune has made when the last layer's attention backward runs, none before
-    backward: zero_grad(set_to_none=True); the autocast copies of the same weights, freed by their matmuls'
-    backward, under autocast: the norms' few elements, never cast, counted). (0, 0) where the gradients are
-    counted already (`grads_live`), under an adapter (the base's weights get none; the adapters' few are left
-    out) and under the other frameworks (their own gradient buffers and shards)."""
-    if training.framework != "hf" or grads_live or training.adapter or not sp.last:
-        return 0.0, 0.0
-    from .dsa_hf_moments import last_layer_gradients
-    grads = last_layer_gradients(arch, recipe, sp, padded_vocab_size(arch.vocab_size, par.tp, training.framework))
-    copies = grads / bytes_per_element(recipe.grad_dtype) * bytes_per_element(recipe.compute_dtype)
-    return grads, copies if recipe.autocast_weight_copies else 0.0
-
-
 def _with_math_attention(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
                          recompute: tuple[float, list, bool], loss_saved: tuple, loss_forward: list,
                          exchange: list) -> tuple[tuple[float, list, bool], list]:
-    """The last stage's `recompute` moment (`_recompute_moment`'s) and the loss's forward moment, each replaced by
+    """The last stage's `recompute` moment (`recompute_moment`'s) and the loss's forward moment, each replaced by
     its layer's attention on SDPA's math backend (`_math_attention_moment`) where that one is larger."""
     working, extras, _ = recompute
     attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
@@ -367,7 +314,7 @@ def _backward_end(arch: Architecture, training: Training, recipe: Recipe, par: P
     no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, step.inv)
     end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
     end = end or zero1_reduction_end(arch, training, recipe, sp, par, zero, grads)  # DeepSpeed ZeRO-1's reduction
-    recomputed = _recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
+    recomputed = recomputed_layer(arch, training, recipe, par, sp, shared, working, extras, by_kind)
     end = end or zero1_overlap_end(arch, training, recipe, sp, par, zero, grads, recomputed, step.tr.backward)
     if end is None:  # HF's and one-GPU torchtune's: the first layer's recomputation, a tied embedding's sum
         end = trainer_backward_end(arch, training, recipe, par, sp, zero, grads, grads_live, recomputed,
@@ -454,47 +401,6 @@ def _math_attention_moment(arch: Architecture, training: Training, sp: StagePara
                       MATH_SOURCE)]
 
 
-def _recompute_working_set(training: Training, sp: StageParameters, shared: _Shared,
-                           kinds: tuple[str, ...] | None = None) -> float:
-    """What one layer rematerialises in backward, one layer at a time: all it keeps without
-    recompute under full recompute, the tensors the policy recomputes under torchtitan's
-    operator-level checkpointing; nothing else. The largest of the stage's kinds, or of `kinds`."""
-    kinds = kinds if kinds is not None else tuple(k for k, _ in sp.kind_counts)
-    if recomputed_layer_count(training, sp.num_layers):
-        # with offloaded activations the layer's input comes back from the host beside it
-        reload = shared.kept_input if training.offload_activations else 0.0
-        return max((shared.full_layer[k] for k in kinds), default=0.0) + reload
-    if training.offload_activations:  # one layer's saved tensors copied back for its backward
-        return max((shared.full_layer[k] for k in kinds), default=0.0)
-    if op_level(training):
-        return max((shared.full_layer[k] - shared.per_layer[k] for k in kinds), default=0.0)
-    return 0.0
-
-
-def _recomputed_layer(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
-                      shared: _Shared, working: float, extras: list[Component], by_kind: bool):
-    """A recomputed layer's working set and extras by its kind, for trainer_backward_end (None: none is
-    recomputed). `by_kind`: the working set is the layer's own (else a moment that replaced it, ring or
-    math attention, stands for every kind); the in-layer moments a kind has (DSA's) are its own."""
-    if not (working or extras):
-        return None
-
-    def layer(kind: str) -> list[Component]:
-        size, more = working, list(extras)
-        if by_kind:
-            size = _recompute_working_set(training, sp, shared, (kind,))
-            more = list(block_backward_extras(arch, training, recipe, par, sp))
-            more += (softmax_backward_moment(arch, training, par, recomputed=True, kinds=(kind,))
-                     or softmax_backward_temporary(arch, training, par, [kind])) if recomputed_layer_count(
-                training, sp.num_layers) else []
-            if arch.uses_sparse_attention and recomputed_layer_count(training, sp.num_layers):
-                from .dsa_moments import dsa_stage_moments
-                more += max(*dsa_stage_moments(arch, training, par, [kind], 0.0), key=total_bytes)
-        return ([component("transient", "One recomputed layer's activations", size, "per-layer ledger of one layer",
-                           KORTHIKANTI)] if size else []) + more
-    return layer
-
-
 def _grads_live(training: Training, par: Parallel, m: int) -> bool:
     """Gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline; else
     zero_grad(set_to_none=True) freed them after the last step. FSDP1 accumulates under no_sync (fsdp1.py); FSDP2
@@ -502,25 +408,6 @@ def _grads_live(training: Training, par: Parallel, m: int) -> bool:
     pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
     return training.framework == "megatron" or (
         ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
-
-
-def _freed_before_recompute(arch: Architecture, training: Training, sp: StageParameters,
-                            shared: _Shared) -> list[Component]:
-    """Megatron's block method checkpoints a stage's first n layers (transformer_block.py _checkpointed_forward,
-    Megatron-Core 0.16.1: `layer_idx < recompute_num_layers`); backward reaches them only after the later layers'
-    backward freed what those keep, so the micro-batch being recomputed holds its layer inputs alone then: a
-    negative part of the recompute moment (measured: deepseek-v2-lite-dsa-*-full-block1). One chunk per rank
-    only (with virtual chunks, another chunk's layers of that micro-batch may still wait for their backward)."""
-    n = recomputed_layer_count(training, sp.num_layers)
-    if training.framework != "megatron" or training.recompute_layers is None or n >= sp.num_layers \
-            or len(sp.chunks) != 1:
-        return []
-    stored = [(kind, count) for kind, count in chunk_kind_counts(arch, sp.chunks, skip=n) if count]
-    freed = sum(shared.per_layer[kind] * count for kind, count in stored)
-    layers = " + ".join(f"{shared.per_layer[k] / 2**20:,.1f} MiB x {c} {k} layers" for k, c in stored)
-    return [component("transient", "The later layers' activations, freed before the first n are recomputed", -freed,
-                      f"-({layers}) of the micro-batch being recomputed",
-                      "Megatron-Core 0.16.1 transformer/transformer_block.py _checkpointed_forward (block)")]
 
 
 def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None,

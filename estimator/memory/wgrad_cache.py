@@ -14,7 +14,8 @@ TE is installed (``tensor_parallel/layers.py`` ``LinearWithGradAccumulationAndAs
 since core_v0.14, commit e7c55de9). Megatron-Core 0.16.1 pins TE 2.12 (pyproject rev 5671fd36) and 0.19.0
 TE 2.17.1: both releases the estimator offers have both. So a stage holds one weight-sized buffer per
 distinct linear shape on it: the attention's and MLP's (an expert's once, whatever the expert count),
-the MTP projection, and on the last stage the output layer's [V/t, h].
+the MTP projection, and on the last stage the output layer's [V/t, h]. The legacy GroupedMLP's experts
+(activations/moe.py LEGACY_GROUPED_MLP: grouped_gemm's gmm) take none: their weight gradients are real tensors.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..spec.architecture import Architecture
 from ..spec.dtypes import bytes_per_element
 from ..spec.parallel import Parallel
 from ..spec.training import Training
+from .activations.moe import legacy_grouped_mlp
 from .components import Component, component
 from .sharding import StageParameters
 
@@ -53,8 +55,10 @@ def _mlp_shapes(arch: Architecture, width: int, t: int) -> set[tuple[int, int]]:
     return {(rows // t, arch.hidden_size), (arch.hidden_size, width // t)}
 
 
-def dummy_shapes(arch: Architecture, par: Parallel, sp: StageParameters, vocab: int) -> set[tuple[int, int]]:
-    """The distinct weight shapes of the stage's linear layers on one GPU (`vocab`: the padded vocabulary)."""
+def dummy_shapes(arch: Architecture, par: Parallel, sp: StageParameters, vocab: int,
+                 legacy_experts: bool = False) -> set[tuple[int, int]]:
+    """The distinct weight shapes of the stage's linear layers on one GPU (`vocab`: the padded vocabulary);
+    `legacy_experts`: the routed experts are the legacy GroupedMLP, whose gmm takes no dummy."""
     kinds = {kind for kind, n in sp.kind_counts if n}
     if sp.last and arch.mtp_layers:  # an MTP module: its 2h -> h projection and a layer of the last layer's kind
         kinds.add("moe" if arch.is_moe_layer(arch.num_layers - 1) else "dense")
@@ -64,7 +68,8 @@ def dummy_shapes(arch: Architecture, par: Parallel, sp: StageParameters, vocab: 
     if "dense" in kinds:
         shapes |= _mlp_shapes(arch, arch.intermediate_size, par.tp)
     if "moe" in kinds:
-        shapes |= _mlp_shapes(arch, arch.moe_intermediate_size, par.etp)
+        if not legacy_experts:
+            shapes |= _mlp_shapes(arch, arch.moe_intermediate_size, par.etp)
         if arch.num_shared_experts:
             shapes |= _mlp_shapes(arch, arch.shared_expert_intermediate_size * arch.num_shared_experts, par.tp)
     if sp.last and arch.mtp_layers:
@@ -81,7 +86,7 @@ def wgrad_cache(arch: Architecture, training: Training, par: Parallel, sp: Stage
     if training.framework != "megatron" or training.mode != "training" or training.adapter \
             or not training.gradient_accumulation_fusion:
         return None
-    shapes = dummy_shapes(arch, par, sp, vocab)
+    shapes = dummy_shapes(arch, par, sp, vocab, legacy_grouped_mlp(training))
     if not shapes:
         return None
     # TE allocates it in the weight's dtype, Megatron's output layer in its input's: both the compute dtype

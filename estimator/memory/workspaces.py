@@ -11,13 +11,15 @@ does (fake tensors never see them).
 - TransformerEngine's own cuBLASLt workspace under Megatron-Core with `--transformer-impl
   transformer_engine` (the default; the local spec runs no TE GEMM): one, plus one per compute
   stream (4) for its grouped GEMM on MoE stages with `--moe-grouped-gemm` (TE 2.x
-  cpp_extensions/gemm.py `get_cublas_workspace`, `tex.get_num_cublas_streams()`).
+  cpp_extensions/gemm.py `get_cublas_workspace`, `tex.get_num_cublas_streams()`), not where the experts are the
+  legacy GroupedMLP (`--moe-use-legacy-grouped-gemm`: the grouped_gemm package's gmm, no TE GEMM).
 """
 
 from __future__ import annotations
 
 import re
 
+from .activations.moe import legacy_grouped_mlp
 from .components import Component, component
 from ..spec.hardware import Hardware
 from ..spec.training import Training
@@ -51,7 +53,8 @@ def library_workspaces(training: Training, hardware: Hardware, moe_stage: bool) 
     source = CONFIG_SOURCE if config else runtime.workspace_source
     if training.framework == "megatron" and training.mode != "inference" and \
             training.transformer_impl == "transformer_engine":
-        te = 1 + (TE_GROUPED_GEMM_STREAMS if training.moe_grouped_gemm and moe_stage else 0)
+        te_grouped = training.moe_grouped_gemm and not legacy_grouped_mlp(training)
+        te = 1 + (TE_GROUPED_GEMM_STREAMS if te_grouped and moe_stage else 0)
         total += te * runtime.te_workspace_bytes
         formula += f" + {te} x {runtime.te_workspace_bytes / MiB:.4g} MiB TransformerEngine"
         source += "; " + TE_SOURCE

@@ -232,10 +232,17 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "is).", _SAVERS),
     _bool("moe_grouped_gemm", _T, "MoE grouped GEMM", "megatron: --moe-grouped-gemm. A rank's local experts run "
           "in grouped GEMMs (TransformerEngine's GroupedLinear under transformer_impl transformer_engine; the "
-          "legacy GroupedMLP's grouped_gemm gmm on the local spec), so backward differentiates them all at once: "
-          "the SwiGLU's backward output of every local expert exists together, instead of one expert's at a time "
+          "legacy GroupedMLP's grouped_gemm gmm on the local spec or with moe_use_legacy_grouped_gemm), so "
+          "backward differentiates them all at once: the SwiGLU's backward output of every local expert exists together, instead of one expert's at a time "
           "(SequentialMLP), and so does the fc2 weight gradient of all of them, but where TransformerEngine writes "
           "it into the main gradients (gradient_accumulation_fusion).", _SAVERS),
+    _bool("moe_use_legacy_grouped_gemm", _T, "Legacy MoE grouped GEMM", "megatron with moe_grouped_gemm: "
+          "--moe-use-legacy-grouped-gemm. The experts run in Megatron-Core's legacy GroupedMLP (the grouped_gemm "
+          "package's gmm, one weight tensor per fc for all local experts) instead of TransformerEngine's "
+          "GroupedLinear: its weight gradients are new tensors handed to the main gradients' hooks even under "
+          "gradient_accumulation_fusion (no cached dummy for the experts), and TransformerEngine's grouped GEMM "
+          "keeps no per-stream workspaces. bf16 only; the local spec (transformer_impl local) always runs it.",
+          _SAVERS),
     _choice("cross_entropy_impl", _T, "Fused cross-entropy", "megatron with loss 'fused' "
             "(--cross-entropy-loss-fusion): native keeps the fp32 softmax like the standard loss and its compiled "
             "backward holds an fp32 copy of it beside the 16-bit gradient (4 bytes per logit more); te "

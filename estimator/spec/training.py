@@ -92,8 +92,11 @@ class Training:
     # gradient of every micro-batch (up to --wgrad-deferral-limit, 0 = all) until the pipeline flush (memory.py)
     defer_embedding_wgrad_compute: bool = False
     wgrad_deferral_limit: int = 0
-    # megatron: --moe-grouped-gemm, the legacy GroupedMLP runs all local experts in grouped GEMMs (activations.py)
+    # megatron: --moe-grouped-gemm, all local experts in grouped GEMMs (TE's GroupedLinear, or the legacy GroupedMLP
+    # on the local spec; activations/moe.py)
     moe_grouped_gemm: bool = False
+    # megatron: --moe-use-legacy-grouped-gemm, the legacy GroupedMLP (grouped_gemm's gmm) under the TE spec too
+    moe_use_legacy_grouped_gemm: bool = False
     # megatron: --transformer-impl; "local" is Megatron-Core's own layer spec (no TransformerEngine module: its
     # unfused DotProductAttention, no TE workspace)
     transformer_impl: str = "transformer_engine"
@@ -321,6 +324,26 @@ def _check_framework_version(t: Training) -> None:
                           related=("training.framework",))
 
 
+def _check_legacy_grouped_gemm(t: Training) -> None:
+    """--moe-use-legacy-grouped-gemm: Megatron-Core's legacy GroupedMLP, read only with --moe-grouped-gemm."""
+    if t.moe_use_legacy_grouped_gemm and not (t.framework == "megatron" and t.moe_grouped_gemm):
+        raise ConfigError("training.moe_use_legacy_grouped_gemm", True,
+                          "false unless framework is 'megatron' and moe_grouped_gemm is true",
+                          "it is Megatron-Core's --moe-use-legacy-grouped-gemm, which picks the grouped GEMM "
+                          "--moe-grouped-gemm runs", related=("training.moe_grouped_gemm", "training.framework"))
+    if t.moe_use_legacy_grouped_gemm and t.compute_dtype != "bf16":
+        # Megatron-Core 0.16.1 transformer/moe/experts.py GroupedMLP.forward: `assert self.config.bf16`
+        raise ConfigError("training.compute_dtype", t.compute_dtype, "'bf16' with moe_use_legacy_grouped_gemm",
+                          "Megatron-Core's legacy GroupedMLP runs in bf16 only",
+                          related=("training.moe_use_legacy_grouped_gemm",))
+    if t.moe_use_legacy_grouped_gemm and t.fp8 and t.recompute == "selective" and "moe_act" in t.recompute_modules:
+        # Megatron-Core 0.16.1 transformer/moe/experts.py GroupedMLP.__init__ raises the same
+        raise ConfigError("training.recompute_modules", list(t.recompute_modules),
+                          "no moe_act with FP8 on the legacy GroupedMLP (moe_use_legacy_grouped_gemm)",
+                          "Megatron-Core's legacy GroupedMLP cannot recompute the experts' activation under FP8",
+                          related=("training.moe_use_legacy_grouped_gemm", "training.fp8"))
+
+
 def _check_megatron_flags(t: Training) -> None:
     """Megatron-Core's own switches are refused under the other frameworks, which do not offer them."""
     if t.moe_router_dtype is not None and t.framework != "megatron":
@@ -343,6 +366,7 @@ def _check_megatron_flags(t: Training) -> None:
         raise ConfigError("training.moe_grouped_gemm", True, "false unless framework is 'megatron'",
                           "it is Megatron-Core's --moe-grouped-gemm (the legacy GroupedMLP's grouped GEMMs)",
                           related=("training.framework",))
+    _check_legacy_grouped_gemm(t)
     if t.framework == "megatron" and t.recompute == "selective" and "moe_act" in t.recompute_modules \
             and not t.moe_grouped_gemm:
         # Megatron-Core 0.16.1 transformer_config.py __post_init__ raises the same

@@ -204,9 +204,10 @@ def contract_config(s: Setup) -> dict:
             training["moe_router_dtype"] = s.router_dtype
         if s.grouped_gemm:
             training["moe_grouped_gemm"] = True
-            # the legacy GroupedMLP on the local spec, built without gradient-accumulation fusion (harness.py): it
-            # returns its weight gradients, as the estimator's grouped GEMM does only without the fusion (with it,
-            # TransformerEngine's GroupedLinear writes them into main_grad: activations/moe.py TE_GROUPED_LINEAR)
+            # the legacy GroupedMLP (harness.layer_spec: the local spec's grouped GEMM), what the TE spec builds with
+            # --moe-use-legacy-grouped-gemm: it returns its weight gradients (activations/moe.py LEGACY_GROUPED_MLP);
+            # the harness builds every linear without gradient-accumulation fusion (harness.py)
+            training["moe_use_legacy_grouped_gemm"] = True
             training["gradient_accumulation_fusion"] = False
     parallel = {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "sequence_parallel": s.sp,
                 "zero_stage": 1 if s.distributed_optimizer else 0}

@@ -105,13 +105,29 @@ TE_GROUPED_LINEAR = (
     "(wgrad_cache.py); without it one new weight-sized gradient per local expert (`torch.empty(w.size())`)")
 
 
+LEGACY_GROUPED_MLP = (
+    "Megatron-Core 0.16.1 extensions/transformer_engine_spec_provider.py grouped_mlp_modules (GroupedMLP where "
+    "--moe-use-legacy-grouped-gemm is set), models/gpt/gpt_layer_specs.py get_gpt_layer_local_spec (GroupedMLP for "
+    "--moe-grouped-gemm), transformer/moe/experts.py GroupedMLP: weight1 and weight2 one parameter each for all "
+    "local experts, differentiated by grouped_gemm's gmm, whatever gradient_accumulation_fusion says")
+
+
+def legacy_grouped_mlp(training: Training) -> bool:
+    """Whether Megatron builds the legacy GroupedMLP (LEGACY_GROUPED_MLP): --moe-grouped-gemm on the local spec, or
+    under the TransformerEngine spec with --moe-use-legacy-grouped-gemm."""
+    return (training.framework == "megatron" and training.moe_grouped_gemm
+            and (training.transformer_impl == "local" or training.moe_use_legacy_grouped_gemm))
+
+
 def te_grouped_wgrad_in_main_grad(training: Training) -> bool:
     """Whether the experts' weight gradients go straight into main_grad (TE_GROUPED_LINEAR): TransformerEngine's
-    GroupedLinear (Megatron's default transformer_impl with --moe-grouped-gemm) under gradient-accumulation fusion
-    (Megatron-LM's default). The legacy GroupedMLP (grouped_gemm's gmm) always returns them: the Megatron harness
-    runs it on the local spec without the fusion (validation/megatron/harness.py), as its records say."""
+    GroupedLinear (Megatron's default transformer_impl with --moe-grouped-gemm, unless the legacy GroupedMLP is asked
+    for) under gradient-accumulation fusion (Megatron-LM's default). The legacy GroupedMLP (grouped_gemm's gmm,
+    `legacy_grouped_mlp`) always returns them, to the DDP hooks that add them into main_grad: the Megatron harness
+    builds it (validation/megatron/harness.py), as its records say."""
     return (training.framework == "megatron" and training.moe_grouped_gemm
-            and training.transformer_impl == "transformer_engine" and training.gradient_accumulation_fusion)
+            and training.transformer_impl == "transformer_engine" and not legacy_grouped_mlp(training)
+            and training.gradient_accumulation_fusion)
 
 
 def grouped_mlp_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:

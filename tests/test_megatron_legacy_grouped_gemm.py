@@ -1,0 +1,166 @@
+"""--moe-use-legacy-grouped-gemm (training.moe_use_legacy_grouped_gemm): Megatron-Core 0.16.1's legacy GroupedMLP
+under the TransformerEngine spec (extensions/transformer_engine_spec_provider.py grouped_mlp_modules), the module the
+Megatron harness builds for its -gg records (the local spec's grouped GEMM). GroupedMLP (transformer/moe/experts.py)
+keeps weight1 and weight2 as one parameter each for all local experts and differentiates them with grouped_gemm's
+gmm, which returns the weight gradients to autograd (and so to the DDP hooks that add them into main_grad) whatever
+gradient_accumulation_fusion says; TEGroupedMLP's GroupedLinear writes them into main_grad under the fusion and hands
+autograd TE's cached dummy, and runs its grouped GEMM on 4 streams with a cuBLASLt workspace each."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator import ConfigError, estimate_config
+from estimator.importers import estimate_imported, import_config
+from estimator.importers.emit import emit
+from validation.core.report import tensors_peak
+
+MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"
+SCRIPT = Path(__file__).parent / "data" / "launch" / "megatron" / "train_mixtral_8x7b_distributed.sh"
+MiB = 2**20
+MIXTRAL_GG = "mixtral-8x7b-tp2-pp4-first-ep4-s4096-b1-gg"
+# the harness's legacy grouped-GEMM records: peak bytes measured, the estimate's (tensors_peak) today
+GG_RECORDS = {
+    MIXTRAL_GG: (8823058944, 8795471872),
+    "deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-moe_act-gg": (13494987264, 13478254592),
+    "deepseek-v2-lite-dsa-tp1-pp1-only-ep8-s4096-b1-sel-moe_act-gg": (26351313920, 26323556604),
+}
+
+
+def _record(case: str) -> dict:
+    return json.loads((MEASURED / f"{case}.json").read_text())
+
+
+@pytest.mark.parametrize("case", sorted(GG_RECORDS))
+def test_the_harness_records_are_held_with_the_field_set(case):
+    """The harness builds GroupedMLP without gradient-accumulation fusion (validation/megatron/cases.py): each -gg
+    record says so in its config, and the estimate of that config is within 0.4% of its measured peak."""
+    record = _record(case)
+    training = record["config"]["training"]
+    assert training["moe_grouped_gemm"] and training["moe_use_legacy_grouped_gemm"]
+    assert training["gradient_accumulation_fusion"] is False
+    measured, estimated = GG_RECORDS[case]
+    assert record["measured"]["peak_bytes"] == measured
+    stage = estimate_config(record["config"]).stages[record["stage"]]
+    assert tensors_peak(stage) == estimated
+    assert abs(estimated / measured - 1) < 0.004
+
+
+def _mixtral_fused(legacy: bool):
+    """The Mixtral record's rank (TP2 SP, EP4, ETP2: 2 local experts; first of 4 stages) as Megatron-LM runs it by
+    default, with gradient-accumulation fusion."""
+    config = copy.deepcopy(_record(MIXTRAL_GG)["config"])
+    config["training"].update(gradient_accumulation_fusion=True, moe_use_legacy_grouped_gemm=legacy)
+    return estimate_config(config).stages[0]
+
+
+def test_under_the_fusion_the_legacy_experts_return_their_weight_gradients():
+    """Backward's experts' moment with the fusion on: GroupedMLP's weighted SwiGLU backward writes fc1's output
+    gradient, 8192 routed tokens x 2 x 7168 columns (224 MiB), beside fc2's weight gradient [2, 7168, 4096] bf16 (112
+    MiB) not yet handed to the hook: 336 MiB; TE's GroupedLinear writes that gradient into main_grad, 224 MiB."""
+    legacy, te = _mixtral_fused(True), _mixtral_fused(False)
+
+    def backward(stage):
+        phase = next(p for p in stage.phases if p.name == "backward")
+        return next(c.bytes for c in phase.components if c.key == "transient")
+
+    swiglu_grad, fc2_wgrad = 2 * 8192 * 2 * 7168, 2 * 2 * 7168 * 4096
+    assert backward(legacy) == swiglu_grad + fc2_wgrad == 336 * MiB
+    assert backward(te) == swiglu_grad == 224 * MiB
+
+
+def test_the_legacy_experts_take_no_te_workspaces_nor_dummy_gradients():
+    """TE keeps one cuBLASLt workspace (32 MiB + 1 KiB on Hopper, gemm.py get_cublas_workspace_size_bytes) and one
+    per grouped-GEMM stream (4) on an MoE stage: the
+    legacy GroupedMLP runs no TE GEMM for its experts, so one. TE's cached dummy weight gradients (wgrad_cache.py),
+    bf16, one per weight shape: the attention's [3072, 4096] and [4096, 2048] (TP 2) for both, the experts' fc1
+    [14336, 4096] and fc2 [4096, 7168] (ETP 2) only for TE's GroupedLinear."""
+    legacy, te = _mixtral_fused(True), _mixtral_fused(False)
+    cublas, te_each = 2 * 32 * MiB, 32 * MiB + 1024
+    assert legacy.component("workspace").bytes == cublas + te_each
+    assert te.component("workspace").bytes == cublas + 5 * te_each
+    attention = 2 * (3072 * 4096 + 4096 * 2048)
+    assert legacy.component("wgrad_cache").bytes == attention == 40 * MiB
+    assert te.component("wgrad_cache").bytes == attention + 2 * (14336 * 4096 + 4096 * 7168) == 208 * MiB
+
+
+def test_the_legacy_experts_keep_the_flat_share_with_the_reason():
+    """The Megatron replay lays out and steps TE's one weight per expert; the legacy GroupedMLP's are laid out
+    otherwise: the flat share, saying why."""
+    formula = _mixtral_fused(True).component("fragmentation").formula
+    assert formula.endswith("flat share, no allocator replay: an MoE model on the legacy GroupedMLP "
+                            "(--moe-use-legacy-grouped-gemm: one weight per fc for all local experts, differentiated by "
+                            "grouped_gemm's gmm; the replay lays out and steps TransformerEngine's)")
+
+
+@pytest.mark.parametrize("training, field", [
+    ({"framework": "megatron", "moe_use_legacy_grouped_gemm": True}, "training.moe_use_legacy_grouped_gemm"),
+    ({"framework": "fsdp2", "moe_use_legacy_grouped_gemm": True}, "training.moe_use_legacy_grouped_gemm"),
+    # GroupedMLP.forward: `assert self.config.bf16, "Currently GroupedMLP for MoE only supports bf16."`
+    ({"framework": "megatron", "moe_grouped_gemm": True, "moe_use_legacy_grouped_gemm": True,
+      "param_dtype": "fp16", "compute_dtype": "fp16", "grad_dtype": "fp32"}, "training.compute_dtype"),
+    # GroupedMLP.__init__: "moe_act recompute for fp8 or fp4 cannot work with the legacy GroupedMLP."
+    ({"framework": "megatron", "moe_grouped_gemm": True, "moe_use_legacy_grouped_gemm": True, "fp8": True,
+      "recompute": "selective", "recompute_modules": ["moe_act"]}, "training.recompute_modules"),
+])
+def test_refusals(training, field):
+    with pytest.raises(ConfigError) as err:
+        estimate_config({"model": "mixtral-8x7b", "training": training, "parallel": {"ep": 8, "dp": 8}})
+    assert err.value.field == field
+
+
+def test_the_megatron_importer_maps_the_flag():
+    """Megatron-LM's Mixtral example (--moe-grouped-gemm) with --moe-use-legacy-grouped-gemm added: the field is
+    set and the flag is no longer reported as not modelled; without --moe-grouped-gemm the flag changes nothing
+    (grouped_mlp_modules reads it only then)."""
+    script = SCRIPT.read_text()
+    assert script.count("--moe-grouped-gemm") == 1
+    result = import_config(script.replace("--moe-grouped-gemm", "--moe-grouped-gemm --moe-use-legacy-grouped-gemm"),
+                           "megatron", gpus=32)
+    assert result.config["training"]["moe_grouped_gemm"] is True
+    assert result.config["training"]["moe_use_legacy_grouped_gemm"] is True
+    assert "--moe-use-legacy-grouped-gemm" not in [s.name for s in result.unsupported]
+    assert "--moe-use-legacy-grouped-gemm" in [s.name for s in result.read]
+    alone = import_config(script.replace("--moe-grouped-gemm", "--moe-use-legacy-grouped-gemm"), "megatron", gpus=32)
+    assert "moe_use_legacy_grouped_gemm" not in alone.config["training"]
+    assert "moe_grouped_gemm" not in alone.config["training"]
+    line = next(s for s in alone.read if s.name == "--moe-use-legacy-grouped-gemm")
+    assert "read only with --moe-grouped-gemm" in str(line)
+
+
+def test_the_megatron_emitter_writes_the_flag_and_it_reads_back():
+    config = {"model": "mixtral-8x7b", "training": {"seq_len": 4096, "global_batch_size": 128,
+                                                   "moe_grouped_gemm": True, "moe_use_legacy_grouped_gemm": True,
+                                                   "moe_dispatcher": "alltoall"},
+              "parallel": {"tp": 2, "pp": 2, "dp": 8, "ep": 8, "etp": 1, "zero_stage": 1}}
+    text = emit("megatron", config)
+    assert "--moe-grouped-gemm \\\n    --moe-use-legacy-grouped-gemm \\\n" in text
+    result = import_config(text)
+    assert result.kind == "megatron" and result.unsupported == () and result.unknown == ()
+    assert result.config["training"]["moe_use_legacy_grouped_gemm"] is True
+    assert estimate_imported(result).to_json() == estimate_config(config).to_json()
+
+
+def test_megatron_bridge_reads_the_key_and_its_emitter_refuses_it():
+    """The Bridge importer reads Megatron-Core's keys by the Megatron importer's rules: model.moe_use_legacy_grouped_gemm
+    (TransformerConfig's field in Megatron-Core 0.16.1) sets the field, as --moe-use-legacy-grouped-gemm does. The
+    emitter writes only keys of the ConfigContainer of Megatron-Bridge 067f987d, whose Megatron-LM (2a75ac12) no
+    longer has it (Megatron-LM 2caa681a removed the deprecated GroupedMLP, #3410): it refuses the field by name."""
+    line = ("torchrun --nproc_per_node 8 scripts/training/run_recipe.py --recipe qwen3_30b_a3b_pretrain_config "
+            "model.moe_grouped_gemm=true model.moe_use_legacy_grouped_gemm=true")
+    result = import_config(line, "megatron-bridge")
+    assert result.config["training"]["moe_grouped_gemm"] is True
+    assert result.config["training"]["moe_use_legacy_grouped_gemm"] is True
+    read = next(s for s in result.read if s.name == "model.moe_use_legacy_grouped_gemm")
+    assert read.note == "training.moe_use_legacy_grouped_gemm = true"
+    config = {"model": "qwen3-30b-a3b", "training": {"framework": "megatron", "seq_len": 4096,
+                                                     "global_batch_size": 128, "moe_grouped_gemm": True,
+                                                     "moe_use_legacy_grouped_gemm": True,
+                                                     "moe_dispatcher": "alltoall"},
+              "parallel": {"dp": 8, "ep": 8, "zero_stage": 1}}
+    with pytest.raises(ConfigError, match="--moe-use-legacy-grouped-gemm has none"):
+        emit("megatron-bridge", config)
