@@ -342,6 +342,13 @@ def _check_legacy_grouped_gemm(t: Training) -> None:
                           "no moe_act with FP8 on the legacy GroupedMLP (moe_use_legacy_grouped_gemm)",
                           "Megatron-Core's legacy GroupedMLP cannot recompute the experts' activation under FP8",
                           related=("training.moe_use_legacy_grouped_gemm", "training.fp8"))
+    if t.moe_use_legacy_grouped_gemm and t.fp8:
+        # GroupedMLP.forward runs grouped_gemm's gmm on the bf16 weights whatever config.fp8 says (no FP8 path,
+        # Megatron-Core 0.16.1 experts.py), while TE's linears run FP8: a mix the FP8 rules do not model
+        raise ConfigError("training.fp8", True, "false with moe_use_legacy_grouped_gemm",
+                          "the legacy GroupedMLP's experts run their GEMMs in bf16 under FP8 while the other "
+                          "linears run FP8; that mix is not modelled",
+                          related=("training.moe_use_legacy_grouped_gemm",))
 
 
 def _check_megatron_flags(t: Training) -> None:
