@@ -106,9 +106,11 @@ def test_the_registry_imports_only_tables_below_it():
     """The field registry is the floor: it reads the allowed values and catalogs, no record."""
     allowed = {"estimator.spec." + m for m in ("choices", "dtypes", "gpus", "optimizers", "versions", "field")}
     assert GRAPH["estimator.spec.fields"] <= allowed | {"estimator.spec.serving_fields",
-                                                        "estimator.spec.transformers_fields"}
+                                                        "estimator.spec.transformers_fields",
+                                                        "estimator.spec.hybrid_fields"}
     assert GRAPH["estimator.spec.serving_fields"] <= allowed  # the serving section, beside the registry
     assert GRAPH["estimator.spec.transformers_fields"] <= allowed  # transformers' code details, beside it
+    assert GRAPH["estimator.spec.hybrid_fields"] <= allowed  # hybrid decoders' layers, beside it
     assert GRAPH["estimator.spec.field"] == set()
 
 
