@@ -93,6 +93,9 @@ class Architecture:
     # Qwen-1's remote modeling_qwen.py, lit-gpt: the model's own loss runs cross_entropy on the 16-bit logits, no
     # .float(); outside autocast its log-softmax and gradients stay 16-bit (memory/activations/loss.py)
     loss_in_logits_dtype: bool = False
+    # q, k and v are one nn.Linear (Qwen-1's c_attn): an adapter on it is one lora_A and one lora_B
+    # (memory/adapters.py layer_modules)
+    fused_qkv: bool = False
     # Linear-attention hybrids (Qwen3-Next): Gated DeltaNet layers, every full_attention_interval-th one
     # softmax attention (estimator/spec/hybrid.py)
     full_attention_interval: int = 0  # 0: no linear attention

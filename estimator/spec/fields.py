@@ -438,6 +438,10 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
           "transformers' ForCausalLMLoss upcasts). Without autocast (DeepSpeed's fp16/bf16 engine, a plain loop over "
           "16-bit weights) the log-softmax it keeps and its two gradients are then 16-bit; under autocast "
           "cross_entropy runs in fp32 anyway.", _MORE, widget=False),
+    _bool("fused_qkv", _M, "Fused q, k, v linear", "q, k and v are one linear of hidden -> q + 2 kv widths (Qwen-1's "
+          "c_attn in its modeling_qwen.py). A LoRA adapter on it is one lora_A (rank x hidden) and one lora_B ((q + 2 "
+          "kv) x rank), where three separate projections take three lora_A and keep three copies of their input; the "
+          "frozen weights are the same.", _MORE, widget=False),
     _w("full_attention_interval", "Full attention every N layers", "Linear-attention hybrids (Qwen3-Next): every N-th "
        "layer is softmax attention, the others Gated DeltaNet; 0 = every layer is attention.", _HYB, lo=0,
        hi=MAX_LAYERS),
