@@ -478,3 +478,29 @@ def test_a_fused_qkv_is_targeted_whole():
         estimate_config(config)
     config["training"]["adapter"]["target_modules"] = ["q", "o"]
     assert estimate_config(config).device_total_bytes > 0
+
+
+def test_gptq_int4_layers_keep_their_weight_dequantized_for_backward():
+    """auto-gptq's cuda-old QuantLinear (v0.4.2 and v0.5.1 qlinear_cuda_old.py, the one Qwen's GPTQConfig(bits=4,
+    disable_exllama=True) gets for desc_act False) unpacks its weight to fp16 from 128 rows on and runs torch.matmul,
+    which keeps that fp16 weight for the input's gradient: Qwen-7B's recomputed layer holds c_attn (4096 x 12288), the
+    attention's c_proj (4096 x 4096), w1 and w2 (4096 x 11008) and the MLP's c_proj (11008 x 4096), 2 B each; at
+    127 tokens the CUDA kernel runs and nothing is kept."""
+    from estimator import load_config
+    from estimator.memory.adapter_activations import gptq_dequantized
+
+    h, f = 4096, 11008
+    weights = 2 * (h * 3 * h + h * h + 3 * h * f)
+    assert weights == 404_750_336
+
+    def kept(seq: int) -> float:
+        config = json.loads(json.dumps(ROWS["qwen-7b-qlora-s256"]["config"]))
+        config["training"]["seq_len"] = seq
+        cfg = load_config(config)
+        return sum(e.bytes(cfg.parallel) for e in gptq_dequantized(cfg.architecture, cfg.training, cfg.parallel,
+                                                                   "dense", False))
+
+    assert kept(256) == kept(128) == weights and kept(127) == 0
+    backward = {p.label: p.bytes for c in estimate_config(ROWS["qwen-7b-qlora-s256"]["config"]).stages[0].components
+                for p in (c.parts or (c,))}
+    assert backward["One recomputed layer's activations"] > weights
