@@ -108,8 +108,33 @@ MEDIAN_MISSES = {
              "2.24e9 elements (4.5 GB) through 7B's backward, below the step's sub-group copies, whatever the "
              "length; nothing DeepSpeed allocates grows with the sequence (stage3.py: the IPG bucket, the gradient "
              "partitions and the sub-groups are sized by parameters; partitioned_param_coordinator.py by max_live "
-             "and the prefetch bucket)"),
+             "and the prefetch bucket). The growth is 17.2 MB a token from 256 to 512 and 13.7 from 512 to 1024: "
+             "2.4 times what the ledger keeps with no recompute at all (6.0 MB a token: recompute 'none' moves the "
+             "estimate 1.5 to 6.1 GB) and 55 times the checkpointed layer inputs (0.26 MB), and it slows where a "
+             "quadratic term (eager attention's scores, 64 B x s^2 a layer) would speed up. The estimate's flat "
+             "10% share (6.8 GB, dp 2: no replay) makes the 256-token row's over; allocated plus what lies outside "
+             "the allocator is 0.8% under it. Also read and ruled out: the rows' own scripts at e6f2a7a (2023-10-11: "
+             "finetune_ds.sh --gradient_checkpointing True, per_device_train_batch_size 1, ds_config_zero3.json as "
+             "at 2df8e8ac; finetune.py pads every sample to model_max_length, device_map None under ZeRO-3); "
+             "DeepSpeed v0.11.1 (e9503fe4, the newest on that date) against v0.12.3: stage3.py differs by the "
+             "partial optimizer offload (offload_ratio) and the sequence-parallel size, nothing sized by tokens; "
+             "Qwen-1's modeling_qwen.py under flash-attn (c_attn, FlashSelfAttention unpads by the mask, the "
+             "rotary cache a few MB, torch.utils.checkpoint per block)"),
 }
+# Qwen's Q-LoRA rows (DeepSpeed ZeRO-2 on one GPU, fp16, GPTQ int4 base): v0.12.3 stage_1_and_2.py step (l. 1755-1761)
+# does flatten the partition's 16-bit gradients (flatten_dense_tensors_aligned, a torch.cat) before the fp32 cast,
+# both alive, beside the contiguous gradient buffer (freed after the cast: free_grad_in_param_list); with adapters only
+# that copy is 2 B x the trainable adapters (754,974,720 on 72B with c_attn fused: 1.51 GB). The fp16 overflow check
+# (_has_inf_or_nan: x.float() per gradient) and the fp64 norm (g.double() per gradient) copy one adapter tensor at a
+# time (under 13 MB). From the second micro-batch on, copy_grads_in_partition makes a second contiguous gradient
+# buffer each backward (the first is averaged_gradients' storage until the step; _release_ipg_buffers frees the new
+# one after add_), not modelled: it raises the backward, the rows sit over already. What remains over on 72B
+# (+3.7% to +7.7%) is the flat 10% fragmentation share (5.8-7.3 GB): allocated plus what lies outside the allocator is
+# 1.9-5.5% under the table. Replaying 0.12.3's ZeRO-2 initialisation for adapters through deepspeed_replay.py (the
+# base loaded, the adapters moved to the host, the flat buffer and its fp32 clone, FusedAdam's moments made by the
+# init step) was tried and not kept: 72B +5.2% at 256 but +10.9% at 8192, 14B +19.0% and 1.8B +15.4% at 1024,
+# unmeasured for adapter runs; the GPTQ unpacking's transients (an int32 expansion and its int8 cast, 5 B x the
+# largest linear's weights) are not modelled either.
 
 
 # --- the records ------------------------------------------------------------------------------------------
