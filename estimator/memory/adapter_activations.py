@@ -252,4 +252,27 @@ def adapted_layer_entries(entries: list, arch, training, par, kind: str, first: 
         out = first_layer_kept(out, arch, training, par, kind)
     for m in adapted_modules(training.adapter, arch, kind):
         out += module_entries(arch, training, par, m, first)
-    return out
+    return out + gptq_dequantized(arch, training, par, kind, first)
+
+
+GPTQ_SOURCE = ("auto-gptq v0.4.2 and v0.5.1 nn_modules/qlinear/qlinear_cuda_old.py QuantLinear.forward (the QuantLinear "
+               "of desc_act False with the exllama kernels disabled: import_utils dynamically_import_QuantLinear): from "
+               "kernel_switch_threshold (128) rows on, qweight and qzeros are unpacked in torch ops and the product is "
+               "torch.matmul(x, weight) on the fp16 weight (v0.4.2 l. 269, v0.5.1 l. 273), which autograd keeps for the "
+               "input's gradient")
+GPTQ_ROWS = 128  # qlinear_cuda_old.py QuantLinear(kernel_switch_threshold=128)
+
+
+def gptq_dequantized(arch, training, par, kind: str, first: bool) -> list:
+    """A GPTQ int4 base (adapter base_dtype int4) under auto-gptq's cuda-old QuantLinear (GPTQ_SOURCE): each linear of
+    the layer keeps its weight dequantized to fp16 (in x out x 2 B, whatever the tokens) from its forward to its
+    backward, where its input needs a gradient (not the first layer's q, k, v under frozen embeddings). Below 128 rows
+    the CUDA kernel runs instead (no autograd node through the base)."""
+    from ..spec.adapter import base_dtype
+    from .activations.entries import Entry, tokens_per_gpu
+    adapter = training.adapter
+    if base_dtype(adapter, training.param_dtype) != "int4" or tokens_per_gpu(training, par) < GPTQ_ROWS:
+        return []
+    return [Entry(f"{m.name}: GPTQ weight dequantized to fp16, kept by torch.matmul for the input's gradient",
+                  m.in_features * m.out_features * m.copies, 2, "none", "2*in*out", split_by_cp=False)
+            for m in layer_modules(arch, kind) if m.name != "experts" and not (first and m.name in ("q", "k", "v"))]

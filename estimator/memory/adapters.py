@@ -58,8 +58,12 @@ class Module(NamedTuple):
 def layer_modules(arch, kind: str) -> list[Module]:
     """The linears of a layer that adapters can target, as transformers names them."""
     h = arch.hidden_size
-    out = [Module("q", h, arch.q_width), Module("k", h, arch.kv_width), Module("v", h, arch.kv_width),
-           Module("o", arch.attention_output_width, h)]
+    if arch.fused_qkv:  # one linear, h -> q + 2 kv (Qwen-1 modeling_qwen.py QWenAttention: c_attn =
+        # nn.Linear(hidden_size, 3 * projection_size)), named after q: peft wraps it as one LoRA layer
+        out = [Module("q", h, arch.q_width + 2 * arch.kv_width)]
+    else:
+        out = [Module("q", h, arch.q_width), Module("k", h, arch.kv_width), Module("v", h, arch.kv_width)]
+    out.append(Module("o", arch.attention_output_width, h))
     if kind == "dense":
         out += _mlp_modules(arch, arch.intermediate_size, 1)
         return out
@@ -153,6 +157,12 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
     if adapter.dropout and experts:
         raise ConfigError("training.adapter.dropout", adapter.dropout, "0 when the routed experts are adapted",
                           "PEFT's ParamWrapper refuses lora_dropout", related=("training.adapter.target_modules",))
+    fused = [t for t in adapter.target_modules if t in ("k", "v")] if arch.fused_qkv else []
+    if fused:
+        raise ConfigError("training.adapter.target_modules", list(adapter.target_modules),
+                          "'q' for the fused q, k, v linear, or 'all-linear'",
+                          "with model.fused_qkv q, k and v are one linear (Qwen-1's c_attn), adapted as a whole",
+                          related=("model.fused_qkv",))
     names = {m.name for k in arch.kinds for m in layer_modules(arch, k)}
     missing = [t for t in adapter.target_modules if t != ALL_LINEAR and t not in names]
     if missing:

@@ -109,8 +109,9 @@ class Architecture:
     attention_residual_dropout: float = 0.0
     mlp_residual_dropout: float = 0.0
     embedding_dropout: float = 0.0  # GPT-2's embd_pdrop, GPT-NeoX's hidden_dropout, StarCoder2's embedding_dropout
-    # transformers' Phi-3 and GPT-NeoX: one q, k, v linear, v a view of its output, q and k rotated by torch.cat
-    # (memory/activations/attention.py `_fused_qkv_flash_entries`)
+    # q, k and v are one nn.Linear (transformers' Phi-3 qkv_proj and GPT-NeoX query_key_value, Qwen-1's c_attn):
+    # an adapter on it is one lora_A and one lora_B (memory/adapters.py layer_modules); v stays a view of its output
+    # while the rotary embedding makes new q and k (memory/activations/attention.py `_fused_qkv_flash_entries`)
     fused_qkv: bool = False
     # attention and MLP both read the layer input, whose output is input + attention + MLP (GPT-NeoX
     # use_parallel_residual, Falcon parallel_attn / new_decoder_architecture)

@@ -25,11 +25,13 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
        "per token and hidden unit."),
     _p("mlp_residual_dropout", "MLP residual dropout", "The model config's dropout on the MLP output before its "
        "residual add (the same keys; Falcon's hidden_dropout, once per layer); above 0 each layer keeps a bool mask."),
-    Field("fused_qkv", "model", "bool", "Fused QKV (transformers)", "transformers' Phi-3 (qkv_proj) and GPT-NeoX "
-          "(query_key_value): one linear gives q, k and v, v stays a view of its output and the rotary embedding's "
-          "torch.cat makes new q and k, so flash attention keeps the whole output besides them, and its output, laid "
-          "out as q, is copied for the output projection. Counted under hf, deepspeed and fsdp1.", _MORE,
-          widget=False),
+    Field("fused_qkv", "model", "bool", "Fused QKV", "One linear gives q, k and v: transformers' Phi-3 (qkv_proj), "
+          "GPT-NeoX (query_key_value), Qwen-1's remote code (c_attn). A LoRA adapter on it is one lora_A (rank x "
+          "hidden) and one lora_B ((q + 2 kv) x rank), so k or v alone cannot be targeted. Under hf, deepspeed and "
+          "fsdp1 with flash attention v stays a view of its output and the rotary embedding makes new q and k, so the "
+          "whole output is kept beside them, and the attention output, laid out as q, is copied for the output "
+          "projection (transformers' layout; Qwen-1's remote code keeps (b, s, heads, d) and needs no copy: one "
+          "layer's tokens x hidden more with recompute, not told apart).", _MORE, widget=False),
     Field("parallel_attention", "model", "bool", "Parallel attention and MLP", "GPT-NeoX (use_parallel_residual) "
           "and Falcon (parallel_attn, new_decoder_architecture): attention and MLP both read the layer input and the "
           "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps (with one norm a layer, "

@@ -102,7 +102,10 @@ def qwen_setup(size, method, gpus):
 
 
 def qwen_config(size, method, gpus, seq):
-    model = {"name": f"qwen-{size.lower()}", "qkv_bias": True, "loss_in_logits_dtype": True, **QWEN_ARCH[size]}
+    # fused_qkv: modeling_qwen.py QWenAttention's c_attn = nn.Linear(hidden_size, 3 * projection_size), one of the
+    # LoRA targets (finetune.py LoraArguments: c_attn, c_proj, w1, w2)
+    model = {"name": f"qwen-{size.lower()}", "qkv_bias": True, "loss_in_logits_dtype": True, "fused_qkv": True,
+             **QWEN_ARCH[size]}
     # torch_version: the README's "Pytorch 2.0" (docker/Dockerfile pins torch==2.0.1; README.md pins torch>=2.0,<2.1
     # with peft>=0.5.0,<0.6.0)
     training = {"framework": "hf", "training_loop": "trainer", "seq_len": seq, "micro_batch_size": 1,
