@@ -494,15 +494,18 @@ def test_qwens_fused_c_attn_takes_one_adapter():
 
 
 def test_a_fused_qkv_is_targeted_whole():
-    """peft targets c_attn by name: k or v alone is no module of a fused-qkv model."""
-    from estimator import ConfigError
-
+    """peft wraps the one fused module (c_attn, Phi-3's qkv_proj): q, k or v names it, so ["q", "v"] adapts it once,
+    as ["q"] does, and ["q", "o"] adds the output projection's adapter: 64 x (4096 + 4096) a layer, 32 layers."""
     config = json.loads(json.dumps(ROWS["qwen-7b-qlora-s256"]["config"]))
-    config["training"]["adapter"]["target_modules"] = ["q", "v"]
-    with pytest.raises(ConfigError, match=r"target_modules.*'q' for the fused q, k, v linear"):
-        estimate_config(config)
-    config["training"]["adapter"]["target_modules"] = ["q", "o"]
-    assert estimate_config(config).device_total_bytes > 0
+
+    def gradients(targets: list[str]) -> int:
+        config["training"]["adapter"]["target_modules"] = targets
+        return next(c.bytes for c in estimate_config(config).stages[0].components if c.label == "Gradients")
+
+    assert gradients(["q", "v"]) == gradients(["q"]) == gradients(["v"]) == gradients(["k", "v", "q"])
+    assert gradients(["q", "o"]) - gradients(["q"]) == 2 * 32 * 64 * (4096 + 4096)
+    phi = {"model": "phi-4", "training": {"framework": "hf", "adapter": {"method": "lora"}}}  # targets q, v
+    assert estimate_config(phi).allocated_peak_bytes > 0
 
 
 def test_gptq_int4_layers_keep_their_weight_dequantized_for_backward():

@@ -29,6 +29,7 @@ the router and the fused expert weights).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from ..spec.errors import ConfigError
@@ -84,6 +85,15 @@ def _mlp_modules(arch, width: int, copies: int) -> list[Module]:
     if arch.gated_mlp:
         return [Module("gate", h, width, copies), Module("up", h, width, copies), Module("down", width, h, copies)]
     return [Module("up", h, width, copies), Module("down", width, h, copies)]
+
+
+def fused_targets(adapter: Adapter, arch) -> Adapter:
+    """With one q, k, v linear (`Architecture.fused_qkv`) q, k or v names it: peft wraps the one module
+    (Phi-3 qkv_proj, GPT-NeoX query_key_value, Qwen-1 c_attn), so ["q", "v"] adapts it once, as "q"."""
+    targets = adapter.target_modules
+    if not arch.fused_qkv or adapter.all_linear or not {"k", "v"} & set(targets):
+        return adapter
+    return replace(adapter, target_modules=tuple(dict.fromkeys("q" if t in ("k", "v") else t for t in targets)))
 
 
 def adapted(adapter: Adapter, name: str) -> bool:
@@ -157,12 +167,6 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
     if adapter.dropout and experts:
         raise ConfigError("training.adapter.dropout", adapter.dropout, "0 when the routed experts are adapted",
                           "PEFT's ParamWrapper refuses lora_dropout", related=("training.adapter.target_modules",))
-    fused = [t for t in adapter.target_modules if t in ("k", "v")] if arch.fused_qkv else []
-    if fused:
-        raise ConfigError("training.adapter.target_modules", list(adapter.target_modules),
-                          "'q' for the fused q, k, v linear, or 'all-linear'",
-                          "with model.fused_qkv q, k and v are one linear (Qwen-1's c_attn), adapted as a whole",
-                          related=("model.fused_qkv",))
     names = {m.name for k in arch.kinds for m in layer_modules(arch, k)}
     missing = [t for t in adapter.target_modules if t != ALL_LINEAR and t not in names]
     if missing:

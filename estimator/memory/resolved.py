@@ -18,7 +18,7 @@ from functools import cache
 from typing import NamedTuple
 
 from .pipeline import global_batch_size
-from .adapters import check_adapter
+from .adapters import check_adapter, fused_targets
 from ..spec.rl import check_rl
 from ..spec.architecture import Architecture
 from ..spec.errors import ConfigError
@@ -68,6 +68,8 @@ def resolve(arch: Architecture, training: Training | None = None, par: Parallel 
     hardware = hardware or _default(Hardware)
     mtp = mtp_build(arch, training)
     arch = as_built(arch, training)
+    if training.adapter is not None and fused_targets(training.adapter, arch) is not training.adapter:
+        training = training_with(arch, training, adapter=fused_targets(training.adapter, arch))
     # all but the hardware follows from the architecture, the training setup and the layout: a layout
     # search and an app rerun ask for the same ones again, so they are checked and derived once (the
     # architecture is immutable; a configuration that fails a check is remembered as refused, and raises every time)

@@ -27,7 +27,7 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
        "residual add (the same keys; Falcon's hidden_dropout, once per layer); above 0 each layer keeps a bool mask."),
     Field("fused_qkv", "model", "bool", "Fused QKV", "One linear gives q, k and v: transformers' Phi-3 (qkv_proj), "
           "GPT-NeoX (query_key_value), Qwen-1's remote code (c_attn). A LoRA adapter on it is one lora_A (rank x "
-          "hidden) and one lora_B ((q + 2 kv) x rank), so k or v alone cannot be targeted. Under hf, deepspeed and "
+          "hidden) and one lora_B ((q + 2 kv) x rank); q, k or v in the targets name it. Under hf, deepspeed and "
           "fsdp1 with flash attention v stays a view of its output and the rotary embedding makes new q and k, so the "
           "whole output is kept beside them, and the attention output, laid out as q, is copied for the output "
           "projection (transformers' layout; Qwen-1's remote code keeps (b, s, heads, d) and needs no copy: one "
