@@ -10,7 +10,11 @@ v0.19.5's source, runtime/zero/stage_1_and_2.py (v0.12.6 reads the same: copy_gr
   they are reduced (reduce_ipg_grads, clear_grad_attribute), so it is the gradient memory from then on.
 - The groups: the HF Trainer's two (trainer.py create_optimizer, the ds_config naming no optimizer): the
   weight-decay parameters (every matrix, the embedding and head included), then the rest (norms and biases,
-  get_decay_parameter_names), each in module order; under tensor parallelism the rank's shards.
+  get_decay_parameter_names), each in module order as transformers' modules hold them (q, k and v biases three
+  tensors); under tensor parallelism the rank's shards. ZeRO-1 partitions the same groups the same way
+  (deepspeed_zero1.layout).
+Measured per rank on real DeepSpeed 0.19.5 over 2 and 4 gloo ranks, ZeRO-1 and ZeRO-2, overlap_comm on and off
+(validation/gpu/deepspeed_partitions.py, tests/data/measured/deepspeed_partitions/).
 So a rank holds more than N/dp where a large tensor (the embedding, the head) straddles a share's edge; the GPU
 the estimate is for is the busiest: the rank whose two groups' overlapping tensors sum to the most.
 """
@@ -36,14 +40,40 @@ def applies(training: Training, par: Parallel, zero: int) -> bool:
             and training.adapter is None and par.dp > 1 and par.cp == par.ep == 1)
 
 
+def _pieces(arch: Architecture, tensors: list, par: Parallel) -> list[tuple[float, bool]]:
+    """(elements, whether it decays) of `tensors` (spec ParameterTensor) as transformers' modules hold them on this
+    rank: a gated MLP's gate and up apart (reserved_tensors._split), the q, k and v biases three tensors
+    (Qwen2Attention's q_proj, k_proj, v_proj biases), a shared q/k norm two (q_norm, k_norm). A tensor of more
+    than one dimension decays (HF Trainer get_decay_parameter_names: not biases, not norms)."""
+    def split(t) -> list[tuple[float, bool]]:
+        if t.name == "qkv_bias":
+            return [(float(arch.q_width), False)] + [(float(arch.kv_width), False)] * 2
+        if t.name == "qk_norm":
+            return [(float(arch.head_dim), False)] * 2
+        return _split(t, arch.gated_mlp)
+    return [(n * local_numel(t, par) / t.numel, len(t.shape) > 1) for t in tensors for n, _ in split(t)]
+
+
+def trainer_pieces(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple[tuple[float, bool], ...]:
+    """`_pieces` of the stage's parameters in module order (embedding, layers, final norm and head)."""
+    return arch.cached(("trainer pieces", sp.layer_indices, sp.first, sp.last, par.tp),
+                       lambda: tuple(_pieces(arch, stage_tensors(arch, sp), par)))
+
+
+def pieces_made_last(arch: Architecture, sp: StageParameters, par: Parallel) -> int:
+    """How many of `trainer_pieces`, first in module order, backward makes at or after the first layer's: the
+    embedding's and the first layer's."""
+    kinds = arch.layer_kinds()
+    first = (arch.embedding_tensors() if sp.first else []) + (arch.layer_tensors(kinds[sp.layer_indices[0]])
+                                                             if sp.layer_indices else [])
+    return len(_pieces(arch, first, par))
+
+
 def trainer_groups(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple[tuple, tuple]:
-    """(weight-decay tensors, the others): the stage's parameter elements as this rank holds them, in module order,
-    split as the HF Trainer splits them (a tensor of more than one dimension decays; deepspeed_step's rule)."""
-    def groups() -> tuple[tuple, tuple]:
-        pieces = [(n * local_numel(t, par) / t.numel, len(t.shape) > 1) for t in stage_tensors(arch, sp)
-                  for n, _ in _split(t, arch.gated_mlp)]
-        return tuple(n for n, decay in pieces if decay), tuple(n for n, decay in pieces if not decay)
-    return arch.cached(("trainer groups", sp.layer_indices, sp.first, sp.last, par.tp), groups)
+    """(weight-decay tensors, the others): `trainer_pieces` split as the HF Trainer splits them, each in module
+    order (trainer.py create_optimizer's two groups)."""
+    pieces = trainer_pieces(arch, sp, par)
+    return tuple(n for n, decay in pieces if decay), tuple(n for n, decay in pieces if not decay)
 
 
 def busiest_rank(groups: tuple, d: int) -> float:
