@@ -186,9 +186,9 @@ def test_overlap_comm_with_accumulation_keeps_every_gradient_whole_until_the_las
 
 
 def test_kept_elements_adds_the_other_ranks_extra_large_tensors():
-    """Tensors 3, 10, 2, 10 over two ranks (one group: shares of 14, 25 padded to 28), bucket 5: rank 0 owns the first three
-    whole (15) and keeps the last (10, over the bucket) whole: 25; rank 1 owns 2 and 10 (12) and keeps the 10 at
-    index 1: 22. From index 2 on only the last is counted made; offloaded (own False) only the kept ones: 10."""
+    """Tensors 3, 10, 2, 10 over two ranks (one group: shares of 14, 25 padded to 28), bucket 5: rank 0 owns the first
+    three whole (15) and keeps the last (10, over the bucket) whole: 25; rank 1 owns 2 and 10 (12) and keeps the 10
+    at index 1: 22. From index 2 on only the last is counted made; offloaded (own False) only the kept ones: 10."""
     from estimator.memory.deepspeed_zero1_overlap import kept_elements
 
     assert kept_elements((3.0, 10.0, 2.0, 10.0), 2, 5) == 25.0

@@ -86,8 +86,9 @@ def test_under_tensor_parallelism_the_groups_are_the_ranks_shards():
     """TP 2, dp 8: the rank's shards (matrices, the embedding and head and the qkv bias halved; norms whole). Decay:
     E / 2, layers of D2 = D / 2 = 25,296,896, the head; 918,290,432 in all, shares of 114,786,304; rank 1's ends
     23,396,352 into layer 2 (inside its down, which starts at 19,660,800): E / 2 + 3 D2 (rank 6's, layers 21-23 and
-    the head, the same). No-decay: layers of 3 x 1,024 (the q, k, v bias halves) + 2 x 2,048 = 7,168 and the final norm, 174,080, shares of
-    21,760 = 3 x 7,168 + 256: rank 1's from layer 3's q bias (1,024) into layer 6's, 3 x 7,168 + 1,024."""
+    the head, the same). No-decay: layers of 3 x 1,024 (the q, k, v bias halves) + 2 x 2,048 = 7,168 and the final
+    norm, 174,080, shares of 21,760 = 3 x 7,168 + 256: rank 1's from layer 3's q bias (1,024) into layer 6's,
+    3 x 7,168 + 1,024."""
     D2, V2 = D // 2, 3_072 + 2 * 2_048
     S2 = (E + 24 * D2) // 8
     assert S2 == 114_786_304 and 2 * S2 - E // 2 - 2 * D2 == 23_396_352 and (24 * V2 + 2_048) // 8 == 3 * V2 + 256
