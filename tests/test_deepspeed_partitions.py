@@ -41,11 +41,12 @@ MODELS = {  # the estimator's configuration of each recorded model
 }
 
 
-def _config(model: str, dp: int, zero: int, overlap: bool) -> dict:
+def _config(model: str, dp: int, zero: int, overlap: bool, lora: bool = False) -> dict:
+    adapter = {"adapter": {"method": "lora", "rank": 4, "target_modules": ["q", "v"]}} if lora else {}
     return {"model": MODELS[model],
             "training": {"framework": "deepspeed", "seq_len": 8, "micro_batch_size": 1, "global_batch_size": dp,
                          "param_dtype": "bf16", "compute_dtype": "bf16", "optimizer": "adamw",
-                         "overlap_comm": overlap, "reduce_bucket_size": RECORD["bucket"]},
+                         "overlap_comm": overlap, "reduce_bucket_size": RECORD["bucket"], **adapter},
             "parallel": {"dp": dp, "zero_stage": zero}, "hardware": {"gpu": "h100-80"}}
 
 
@@ -118,11 +119,10 @@ def _gradients(stage, phase: str) -> int:
 
 def test_the_estimated_step_gradients_are_the_busiest_ranks_grads_in_partition():
     """The estimate's step holds 2 B (bf16) x the busiest rank's grads_in_partition as measured, ZeRO-1 and ZeRO-2,
-    overlap_comm on and off, 2 and 4 ranks."""
+    overlap_comm on and off, 2 and 4 ranks, full fine-tuning and LoRA (the adapters one group)."""
     for d, run, ranks in _cases():
-        if run["lora"]:
-            continue
-        stage = estimate_config(_config(run["model"], d, run["zero_stage"], run["overlap_comm"])).stages[0]
+        config = _config(run["model"], d, run["zero_stage"], run["overlap_comm"], run["lora"])
+        stage = estimate_config(config).stages[0]
         assert _gradients(stage, "optimizer") == 2 * max(r["grads_in_partition_numel"] for r in ranks), run
 
 

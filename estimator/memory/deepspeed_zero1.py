@@ -83,10 +83,12 @@ def layout(arch: Architecture, training: Training, recipe: Recipe, sp: StagePara
     among them: its gradients stay counted whole, as before the reduction). The groups: the HF Trainer's two
     (deepspeed_zero2.trainer_pieces: weight decay, then the rest, each partitioned on its own, stage_1_and_2.py
     __init__ l. 371-520 for every stage); under offload_optimizer DeepSpeed's own optimizer's one group
-    (deepspeed_offload.py)."""
+    (deepspeed_offload.py), and for an adapter run one group of its trainable tensors."""
     if not rule(arch, training, par, zero) or not grads:
         return None
-    if training.offload_optimizer != "none":
+    if training.offload_optimizer != "none" or training.adapter is not None:
+        # an adapter run's trainable tensors are its adapters' matrices: the Trainer's no-decay group is empty and
+        # DeepSpeed drops it (engine.py _configure_optimizer l. 2002): one group, as measured
         sizes = trainable_sizes(arch, training, recipe, sp, par)
         groups = (tuple(range(len(sizes))),)
     else:
@@ -162,14 +164,14 @@ def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: S
     G = bytes_per_element(recipe.grad_dtype)
     whole = busiest_whole(arch, sp, par, found)
     return component("gradients", "Gradients", G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every "
-                     "tensor overlapping the busiest GPU's partition of each of the Trainer's two parameter groups "
-                     "(grads_in_partition)", SOURCE)
+                     f"tensor overlapping the busiest GPU's partition of each of the {len(found[1])} parameter "
+                     "group(s) (grads_in_partition)", SOURCE)
 
 
 def busiest_whole(arch: Architecture, sp: StageParameters, par: Parallel, found: tuple) -> float:
     """The busiest rank's `grads_in_partition` (deepspeed_zero2.busiest_rank over `layout`'s groups)."""
     sizes, groups = found
-    key = ("zero1 busiest", sp.layer_indices, sp.first, sp.last, par.tp, par.dp, len(groups), sum(sizes))
+    key = ("zero1 busiest", sp.layer_indices, sp.first, sp.last, par.tp, par.dp, groups, sizes)
     return arch.cached(key, lambda: busiest_rank(group_sizes(sizes, groups), par.dp))
 
 

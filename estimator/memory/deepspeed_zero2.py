@@ -22,7 +22,7 @@ the estimate is for is the busiest: the rank whose two groups' overlapping tenso
 from __future__ import annotations
 
 from .components import once
-from .deepspeed_offload import rank_overlaps, stage_tensors
+from .deepspeed_offload import rank_overlaps, stage_tensors, trainable_sizes
 from .reserved_tensors import _split
 from .sharding import StageParameters, local_numel
 from .states import ModelStates
@@ -33,11 +33,12 @@ from ..spec.training import Recipe, Training
 
 
 def applies(training: Training, par: Parallel, zero: int) -> bool:
-    """ZeRO-2 under DeepSpeed, its gradient partition on the GPU (no offload_optimizer), full fine-tuning, over
-    more than one data-parallel rank, neither context nor expert parallelism (the ZeRO groups would not be the
-    DP ranks alone). An MoE model without EP counts as a dense one (deepspeed_zero1.zero1_dense says why)."""
+    """ZeRO-2 under DeepSpeed, its gradient partition on the GPU (no offload_optimizer), full fine-tuning or an
+    adapter run, over more than one data-parallel rank, neither context nor expert parallelism (the ZeRO groups would
+    not be the DP ranks alone: not measured). An MoE model without EP counts as a dense one
+    (deepspeed_zero1.zero1_dense says why)."""
     return (training.framework == "deepspeed" and zero == 2 and training.offload_optimizer == "none"
-            and training.adapter is None and par.dp > 1 and par.cp == par.ep == 1)
+            and par.dp > 1 and par.cp == par.ep == 1)
 
 
 def _pieces(arch: Architecture, tensors: list, par: Parallel) -> list[tuple[float, bool]]:
@@ -85,18 +86,24 @@ def busiest_rank(groups: tuple, d: int) -> float:
 def with_partition(ms: ModelStates, arch: Architecture, training: Training, recipe: Recipe, par: Parallel,
                    sp: StageParameters, zero: int) -> ModelStates:
     """`ms` with its gradients the busiest rank's `grads_in_partition` where `applies` and the Trainer's groups
-    make up the trained parameters (a frozen vision tower, a padded vocabulary: N/dp kept)."""
+    make up the trained parameters (a frozen vision tower, a padded vocabulary: N/dp kept). An adapter run's
+    trainable tensors (its adapters' matrices, in module order: deepspeed_offload.trainable_sizes) are one group:
+    the Trainer's no-decay group is empty and DeepSpeed drops it (engine.py _configure_optimizer l. 2002), as
+    measured (tests/test_deepspeed_partitions.py, a LoRA run over 2 and 4 ranks)."""
     if not applies(training, par, zero):
         return ms
-    groups = trainer_groups(arch, sp, par)
+    if training.adapter is not None:
+        groups = (trainable_sizes(arch, training, recipe, sp),)
+        which = "the adapters' one parameter group"
+    else:
+        groups, which = trainer_groups(arch, sp, par), "the Trainer's two parameter groups"
     G = bytes_per_element(recipe.grad_dtype)
     if abs(G * sum(map(sum, groups)) / par.dp - ms.gradients) >= 1:
         return ms
-    n = arch.cached(("zero2 busiest", sp.layer_indices, sp.first, sp.last, par.tp, par.dp),
+    n = arch.cached(("zero2 busiest", sp.layer_indices, sp.first, sp.last, par.tp, par.dp, training.adapter, recipe),
                     lambda: busiest_rank(groups, par.dp))
     text = (f"{G:g} B x {n:,.0f} elements: the whole of every tensor overlapping the busiest GPU's share of each of "
-            f"the Trainer's two parameter groups, over {par.dp} ranks (grads_in_partition; N/d would be "
-            f"{sum(map(sum, groups)) / par.dp:,.0f})")
+            f"{which}, over {par.dp} ranks (grads_in_partition; N/d would be {sum(map(sum, groups)) / par.dp:,.0f})")
 
     def formulas() -> dict[str, str]:
         return {**ms.formulas(), "gradients": text}
