@@ -245,23 +245,27 @@ def test_an_moe_model_without_expert_parallelism_is_partitioned_as_a_dense_one()
 def test_under_expert_parallelism_the_experts_partition_over_the_expert_data_parallel_ranks():
     """Qwen3-30B-A3B, 8 ranks, EP 2: DeepSpeed's expert groups are partitioned over the expert-data-parallel group
     (8 / 2 = 4 ranks), the rest over all 8; grads_in_partition holds both (copy_grads_in_partition sums every
-    group's params_in_partition). The dense tensors: both ends (E = 151,936 x 2,048 each), 48 layers' attention,
-    norms and router (19,140,864) and the final norm: 1,541,093,376, shares of 192,636,672; rank 6's runs from layer
-    44 (6 x 192,636,672 - E = 44 x 19,140,864 + 2,457,088) through the final norm into the head: 4 layers, the norm
-    and the head whole, 387,730,432, the busiest. A rank's experts: 48 x half of 603,979,776, shares of exactly 12
-    layers' (3,623,878,656)."""
+    group's params_in_partition). The dense tensors, in the Trainer's two groups: the decay group, both ends (E =
+    151,936 x 2,048 each) and 48 layers' attention matrices and router (19,136,512), 1,540,882,432, shares of
+    192,610,304; rank 6's runs from layer 44's q (6 x 192,610,304 - E = 44 x 19,136,512 + 2,490,368) into the head:
+    4 layers' and the head, 387,710,976. The no-decay group (a layer's q and k norms of 128 and two norms of 2,048,
+    4,352; the final norm), shares of 26,368 = 6 x 4,352 + 256: rank 6's [158,208, 184,576) starts in layer 36's
+    input norm (36 x 4,352 + 1,536) and ends in layer 42's (42 x 4,352 + 1,792): 4,096 + 5 x 4,352 + 2,304 =
+    28,160. Rank 6 holds 387,739,136 dense elements, the busiest. A rank's experts: 48 x half of 603,979,776,
+    shares of exactly 12 layers' (3,623,878,656)."""
     from estimator import Parallel, Training, estimate
     from estimator.models.presets import get_architecture
 
-    moe_e, attention, experts = 151_936 * 2_048, 19_140_864, (402_653_184 + 201_326_592) // 2
-    dense = 2 * moe_e + 48 * attention + 2_048
-    assert dense == 1_541_093_376 == 8 * 192_636_672 and 6 * 192_636_672 - moe_e == 44 * attention + 2_457_088
+    moe_e, attention, experts = 151_936 * 2_048, 19_140_864 - 4_352, (402_653_184 + 201_326_592) // 2
+    decay = 2 * moe_e + 48 * attention
+    assert decay == 1_540_882_432 == 8 * 192_610_304 and 6 * 192_610_304 - moe_e == 44 * attention + 2_490_368
+    assert (48 * 4_352 + 2_048) // 8 == 26_368 and 6 * 26_368 == 36 * 4_352 + 1_536 and 7 * 26_368 == 42 * 4_352 + 1_792
     assert 48 * experts == 4 * 3_623_878_656 == 4 * 12 * experts
     stage = estimate(get_architecture("qwen3-30b-a3b"), Training(framework="deepspeed", seq_len=2048,
                                                                    global_batch_size=8),
                      Parallel(dp=8, ep=2, zero_stage=1)).stages[0]
     _, step = _phase(stage, "optimizer")
-    assert step["Gradients"] == 2 * (4 * attention + 2_048 + moe_e + 12 * experts) == 2 * 4_011_609_088
+    assert step["Gradients"] == 2 * (4 * attention + moe_e + 28_160 + 12 * experts) == 2 * 4_011_617_792
 
 
 def test_under_tensor_parallelism_each_rank_partitions_its_shards():

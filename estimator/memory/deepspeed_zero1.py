@@ -198,19 +198,25 @@ def _expert_group_gradients(arch: Architecture, training: Training, recipe: Reci
     experts' over the expert-data-parallel ranks (DP / EP): data-parallel rank r is rank r // EP of its expert-data-
     parallel group (utils/groups.py _create_expert_and_data_parallel: expert-parallel groups of EP consecutive ranks,
     expert-data-parallel groups of the ranks EP apart), and the busiest rank's sum is the step's. Backward keeps the
-    whole-gradient rule (every gradient whole to the reduction)."""
-    from .deepspeed_offload import local_shards
+    whole-gradient rule (every gradient whole to the reduction). The dense tensors are the Trainer's two groups
+    (`layout`), the experts one group (all matrices). Not modelled: moe/utils.py
+    split_params_into_different_moe_groups_for_optimizer, which the caller runs on a client optimizer's groups,
+    packs the expert parameters into sub-groups of at most max_group_size (178,956,971 by default) elements, each
+    partitioned on its own."""
+    from .deepspeed_zero2 import expert_pieces
 
-    shards = local_shards(arch, sp, par)
+    pieces = expert_pieces(arch, sp, par)
     G = bytes_per_element(recipe.grad_dtype)
-    if abs(G * sum(n for n, _ in shards) - grads) >= 1:  # a frozen part (a vision tower): left as it was
+    if abs(G * sum(n for n, _, _ in pieces) - grads) >= 1:  # a frozen part (a vision tower): left as it was
         return None
     if training.offload_optimizer != "none":
         return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
                          "GPU's freed (offload_optimizer)", EXPERT_SOURCE)
     de = par.expert_data_parallel
-    dense_by_rank = rank_overlaps(tuple(n for n, expert in shards if not expert), par.dp)
-    experts_by_rank = rank_overlaps(tuple(n for n, expert in shards if expert), de)
+    # the Trainer's two groups' dense tensors, each group over the DP ranks; the experts (matrices: the decay group)
+    dense_by_rank = [sum(ranks) for ranks in zip(*(rank_overlaps(tuple(
+        n for n, decay, expert in pieces if not expert and decay is want), par.dp) for want in (True, False)))]
+    experts_by_rank = rank_overlaps(tuple(n for n, _, expert in pieces if expert), de)
     rank = max(range(par.dp), key=lambda r: dense_by_rank[r] + experts_by_rank[r // par.ep])
     dense, experts = dense_by_rank[rank], experts_by_rank[rank // par.ep]
     return component("gradients", "Gradients", G * (dense + experts), f"{G:g} B x ({dense:,.0f} + {experts:,.0f}) "

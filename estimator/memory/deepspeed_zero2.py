@@ -41,24 +41,32 @@ def applies(training: Training, par: Parallel, zero: int) -> bool:
             and par.dp > 1 and par.cp == par.ep == 1)
 
 
-def _pieces(arch: Architecture, tensors: list, par: Parallel) -> list[tuple[float, bool]]:
+def _pieces(arch: Architecture, tensors: list, par: Parallel, expert: bool = False) -> list[tuple]:
     """(elements, whether it decays) of `tensors` (spec ParameterTensor) as transformers' modules hold them on this
     rank: a gated MLP's gate and up apart (reserved_tensors._split), the q, k and v biases three tensors
     (Qwen2Attention's q_proj, k_proj, v_proj biases), a shared q/k norm two (q_norm, k_norm). A tensor of more
-    than one dimension decays (HF Trainer get_decay_parameter_names: not biases, not norms)."""
+    than one dimension decays (HF Trainer get_decay_parameter_names: not biases, not norms). With `expert` a third
+    field says whether it is a routed expert's (sharding.local_numel: 1/(EP x expert-TP) of it on this rank)."""
     def split(t) -> list[tuple[float, bool]]:
         if t.name == "qkv_bias":
             return [(float(arch.q_width), False)] + [(float(arch.kv_width), False)] * 2
         if t.name == "qk_norm":
             return [(float(arch.head_dim), False)] * 2
         return _split(t, arch.gated_mlp)
-    return [(n * local_numel(t, par) / t.numel, len(t.shape) > 1) for t in tensors for n, _ in split(t)]
+    return [(n * local_numel(t, par) / t.numel, len(t.shape) > 1) + ((t.is_expert,) if expert else ())
+            for t in tensors for n, _ in split(t)]
 
 
 def trainer_pieces(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple[tuple[float, bool], ...]:
     """`_pieces` of the stage's parameters in module order (embedding, layers, final norm and head)."""
     return arch.cached(("trainer pieces", sp.layer_indices, sp.first, sp.last, par.tp),
                        lambda: tuple(_pieces(arch, stage_tensors(arch, sp), par)))
+
+
+def expert_pieces(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple[tuple[float, bool, bool], ...]:
+    """`trainer_pieces` with whether each is a routed expert's, as this rank holds them under expert parallelism."""
+    return arch.cached(("trainer expert pieces", sp.layer_indices, sp.first, sp.last, par.tp, par.ep, par.etp),
+                       lambda: tuple(_pieces(arch, stage_tensors(arch, sp), par, expert=True)))
 
 
 def pieces_made_last(arch: Architecture, sp: StageParameters, par: Parallel) -> int:
