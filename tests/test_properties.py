@@ -176,7 +176,7 @@ def test_more_expert_parallelism_never_raises_model_states(config):
     # DeepSpeed ZeRO-1 under EP partitions the experts in groups of their own (stage_1_and_2.py
     # _configure_moe_settings), and grads_in_partition holds every tensor overlapping a rank's share whole
     # (copy_grads_in_partition): the rank whose dense share is one large tensor (the embedding) also gets its expert
-    # share, so its step can hold more than with EP 1, where the experts were dense tensors of one group
+    # share, so its step can hold more than with EP 1, where the experts were dense tensors of the Trainer's groups
     assume(not (training.framework == "deepspeed" and par.zero_stage == 1))
     base = run(arch, training, par)
     more = run(arch, training, with_ep(par, par.ep * 2))
