@@ -59,7 +59,7 @@ def _pieces(arch: Architecture, tensors: list, par: Parallel, expert: bool = Fal
 
 def trainer_pieces(arch: Architecture, sp: StageParameters, par: Parallel) -> tuple[tuple[float, bool], ...]:
     """`_pieces` of the stage's parameters in module order (embedding, layers, final norm and head)."""
-    return arch.cached(("trainer pieces", sp.layer_indices, sp.first, sp.last, par.tp),
+    return arch.cached(("trainer pieces", sp.layer_indices, sp.first, sp.last, par.tp, par.ep, par.etp),
                        lambda: tuple(_pieces(arch, stage_tensors(arch, sp), par)))
 
 
