@@ -126,6 +126,16 @@ def test_the_estimated_step_gradients_are_the_busiest_ranks_grads_in_partition()
         assert _gradients(stage, "optimizer") == 2 * max(r["grads_in_partition_numel"] for r in ranks), run
 
 
+def test_the_estimated_buckets_are_the_recorded_ipg_buckets():
+    """setup_buckets made one bf16 buffer of reduce_bucket_size, two with overlap_comm: the estimate's backward
+    holds the same, 2 B each."""
+    for d, run, ranks in _cases():
+        stage = estimate_config(_config(run["model"], d, run["zero_stage"], run["overlap_comm"], run["lora"])).stages[0]
+        buckets = [c.bytes for p in stage.phases if p.name == "backward" for c in p.components
+                   for c in (c.parts or (c,)) if c.label.startswith("Gradient reduction bucket")]
+        assert buckets == [2 * sum(ranks[0]["ipg_bucket_numels"])], run
+
+
 def test_lora_adapters_follow_the_same_rule_in_one_group():
     """A LoRA run (rank 4 on q_proj and v_proj): the Trainer's no-decay group is empty and DeepSpeed drops it
     (engine.py _configure_optimizer l. 2002); the adapters (per layer q's A 256, B 256, v's A 256, B 128) make one
