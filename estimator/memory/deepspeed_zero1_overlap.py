@@ -142,7 +142,9 @@ def overlap_end(arch: Architecture, training: Training, recipe: Recipe, sp: Stag
     beside = [c for c in backward if c.bytes] if training.recompute == "full" else buckets
     moments = [(at_epilogue, buckets, "at the epilogue")]
     if recomputed is not None and sp.layer_indices:
-        last = _made_last(arch, training, recipe, sp) if not own else pieces_made_last(arch, sp, par)
+        # the layout's tensors: the Trainer's pieces for full fine-tuning on the GPU, else the trainable tensors
+        trainer = own and training.adapter is None
+        last = pieces_made_last(arch, sp, par) if trainer else _made_last(arch, training, recipe, sp)
         kept = kept_elements(sizes, d, bucket, last, own, groups) + (sum(sizes[:last]) if m > 1 else 0.0)
         kind = arch.layer_kinds()[sp.layer_indices[0]]
         moments.append((kept, list(recomputed(kind)) + beside,
