@@ -5,8 +5,7 @@ Tiny Llama- and Qwen2-shaped models of transformers (random weights from the con
 download; the Qwen2 one has q/k/v biases and sizes that leave the no-decay group's flat tensor padded at 4 ranks),
 the optimizer torch.optim.AdamW with the HF Trainer's two parameter groups (deepspeed_step.trainer_groups; a LoRA
 run's adapters alone, the groups filtered by requires_grad as Trainer.create_optimizer filters them, the empty one
-dropped by DeepSpeed), given to
-deepspeed.initialize as deepspeed_step does, ZeRO stage 1 or 2, overlap_comm on or off, contiguous gradients on,
+dropped by DeepSpeed), given to deepspeed.initialize as deepspeed_step does, ZeRO stage 1 or 2, overlap_comm on or off, contiguous gradients on,
 reduce_bucket_size `BUCKET` elements. One training step; per rank the record keeps, read off DeepSpeed's
 DeepSpeedZeroOptimizer (runtime/zero/stage_1_and_2.py):
 - per group: the parameters' numels in group order (`bit16_groups`), the padded flat tensor (`bit16_groups_flat`),
@@ -143,12 +142,14 @@ def measure_rank(run: PartitionRun) -> dict:
 def _worker(rank: int, world: int, port: int, runs: tuple, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    import importlib
     import logging
 
     import deepspeed
-    import deepspeed.comm.torch as ds_torch
 
-    ds_torch.build_shm_op = lambda: None  # gloo alone: the CPU accelerator's shared-memory op is a C++ build
+    # gloo alone: the CPU accelerator's shared-memory all-reduce op is a C++ build (comm/torch.py build_shm_op).
+    # The module by name: `import deepspeed.comm.torch as m` binds deepspeed.comm's attribute `torch`, torch itself
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.utils.logger.setLevel(logging.ERROR)
     torch.set_num_threads(1)
     deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
@@ -161,6 +162,9 @@ def _worker(rank: int, world: int, port: int, runs: tuple, queue) -> None:
 
 def measure_world(world: int, runs: tuple = RUNS) -> dict:
     """{run id: [each rank's record, by rank]} for `runs` over `world` spawned gloo ranks."""
+    import queue as queues
+    import time
+
     import torch.multiprocessing as mp
 
     from .framework_step import free_port
@@ -171,9 +175,6 @@ def measure_world(world: int, runs: tuple = RUNS) -> dict:
     procs = [ctx.Process(target=_worker, args=(r, world, port, runs, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    import queue as queues
-    import time
-
     out: dict = {}
     left, deadline = world * len(runs), time.monotonic() + 600
     while left:
