@@ -137,10 +137,6 @@ def test_more_sharding_never_raises_model_states(config, knob):
         # Megatron-FSDP under Megatron-Core 0.16 (TE 2.10-2.11's FusedAdam) holds Adam's moments at the parameters'
         # whole shape: ZeRO 3 can hold more than 2 there (memory/megatron_fsdp.py, tests/test_megatron_fsdp.py)
         assume(not moments_at_global_shape(training, par.zero_stage + 1))
-        # DeepSpeed's grads_in_partition holds whole tensors: ZeRO-2 partitions the HF Trainer's two parameter groups
-        # (deepspeed_zero2.py), ZeRO-1 still one group in module order (deepspeed_zero1.py), so their busiest ranks
-        # can differ by a few boundary tensors either way
-        assume(not (training.framework == "deepspeed" and par.zero_stage == 1))
         changed = with_parallel(par, zero_stage=par.zero_stage + 1)
     else:
         changed = with_parallel(par, **{knob: getattr(par, knob) * 2})
@@ -180,7 +176,7 @@ def test_more_expert_parallelism_never_raises_model_states(config):
     # DeepSpeed ZeRO-1 under EP partitions the experts in groups of their own (stage_1_and_2.py
     # _configure_moe_settings), and grads_in_partition holds every tensor overlapping a rank's share whole
     # (copy_grads_in_partition): the rank whose dense share is one large tensor (the embedding) also gets its expert
-    # share, so its step can hold more than with EP 1, where the experts were dense tensors of one group
+    # share, so its step can hold more than with EP 1, where the experts were dense tensors of the Trainer's groups
     assume(not (training.framework == "deepspeed" and par.zero_stage == 1))
     base = run(arch, training, par)
     more = run(arch, training, with_ep(par, par.ep * 2))

@@ -45,17 +45,10 @@ def _overlaps(sizes: list, n: int) -> list:
 H, FFN, VOCAB, KV = 4096, 14336, 128256, 1024
 
 
-def _busiest_zero1_partition(n: int) -> int:
-    """Llama-3.1-8B's gradient elements that DeepSpeed ZeRO-1's busiest rank keeps at the step: the whole of every
-    tensor overlapping its 1/n of the flat group (stage_1_and_2.py v0.19.5 grads_in_partition), the tensors in
-    module order (embedding; each layer's input norm, q, k, v, o, post-attention norm, gate, up, down; final
-    norm; head)."""
-    layer = [H, H * H, H * KV, H * KV, H * H, H, H * FFN, H * FFN, FFN * H]
-    return max(_overlaps([VOCAB * H] + layer * 32 + [H, VOCAB * H], n))
-
-
-def _busiest_zero2_partition(n: int) -> int:
-    """ZeRO-2's: the HF Trainer's two groups partitioned each on its own, the weight-decay matrices (embedding, each
+def _busiest_partition(n: int) -> int:
+    """Llama-3.1-8B's gradient elements that DeepSpeed ZeRO-1's and ZeRO-2's busiest rank keeps at the step: the
+    whole of every tensor overlapping its 1/n of each flat group (stage_1_and_2.py v0.19.5 grads_in_partition), the
+    groups the HF Trainer's two, partitioned each on its own, the weight-decay matrices (embedding, each
     layer's q, k, v, o, gate, up, down, the head) and the norms; grads_in_partition sums the rank's overlaps in both
     (copy_grads_in_partition, v0.19.5), the busiest rank's."""
     decay = [VOCAB * H] + [H * H, H * KV, H * KV, H * H, H * FFN, H * FFN, FFN * H] * 32 + [VOCAB * H]
@@ -66,16 +59,16 @@ def test_zero_stages_per_the_zero_paper():
     # Rajbhandari et al. 2020, figure 1 with K = 12: stage 0 16, stage 1 4 + 12/N, stage 2 2 + 14/N,
     # stage 3 16/N bytes per parameter (bf16 params and grads, fp32 master + Adam). At DeepSpeed's step ZeRO-1
     # holds its partition's gradients alone (the epilogue drops every .grad, stage_1_and_2.py l. 2017), the whole
-    # tensors overlapping the busiest rank's 1/N: 2 + 12/N per parameter beside them (tests/test_deepspeed_zero1.py);
-    # ZeRO-2's grads_in_partition is such whole tensors too, of each of the Trainer's two groups
-    # (tests/test_deepspeed_zero2.py)
+    # tensors overlapping the busiest rank's 1/N of each of the Trainer's two groups: 2 + 12/N per parameter beside
+    # them (tests/test_deepspeed_zero1.py); ZeRO-2's grads_in_partition is the same (tests/test_deepspeed_zero2.py;
+    # both measured over 2 and 4 ranks, tests/test_deepspeed_partitions.py)
     n = 8
     locals_ = stage_parameters(LLAMA_31_8B, Parallel(dp=n), "deepspeed")[0].local
     assert locals_ == 8_030_261_248
-    expected = {0: 16 * locals_, 1: (2 + 12 / n) * locals_ + 2 * _busiest_zero1_partition(n),
-                2: (2 + 12 / n) * locals_ + 2 * _busiest_zero2_partition(n), 3: 16 / n * locals_}
-    assert _busiest_zero1_partition(n) == 1_090_560_000  # rank 5's: 8.7% above 1/8 of the 8.03e9 parameters
-    assert _busiest_zero2_partition(n) == 1_090_519_040 + 9 * H  # rank 5's matrices (the same 8.7%), nine norms
+    expected = {0: 16 * locals_, 1: (2 + 12 / n) * locals_ + 2 * _busiest_partition(n),
+                2: (2 + 12 / n) * locals_ + 2 * _busiest_partition(n), 3: 16 / n * locals_}
+    # rank 5's matrices (8.7% above 1/8 of the 8.03e9 parameters) and nine norms
+    assert _busiest_partition(n) == 1_090_519_040 + 9 * H
     for stage, total in expected.items():
         result = estimate(LLAMA_31_8B, Training(framework="deepspeed"), Parallel(dp=n, zero_stage=stage))
         assert static_bytes(result, 0) == pytest.approx(total, rel=1e-9, abs=8)

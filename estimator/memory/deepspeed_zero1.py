@@ -16,18 +16,20 @@ on (DeepSpeed's default, forced under offload_optimizer: stage_1_and_2.py l. 259
 - The epilogue (l. 898) keeps views of the partition's gradients (averaged_gradients, l. 925) and drops every
   parameter's `.grad` (_clear_param_grad_only, l. 2017): the step holds `grads_in_partition` alone (the other
   ranks' gradients, views of the bucket or whole, are freed), and with offload no gradient on the GPU.
-The partitions: deepspeed_offload.py's (one group, in module order, padded to a multiple of 2 x dp).
+The partitions: each optimizer group's flat tensor padded to a multiple of 2 x dp and cut in dp shares, the whole of
+every tensor overlapping a share in the rank's params_in_partition (deepspeed_offload.partition_windows), the groups
+the HF Trainer's two as for ZeRO-2 (deepspeed_zero2.trainer_pieces; under offload_optimizer one group): measured
+per rank on DeepSpeed 0.19.5 over 2 and 4 gloo ranks (tests/data/measured/deepspeed_partitions/).
 With overlap_comm on the hooks reduce in backward instead: deepspeed_zero1_overlap.py; the step is the same.
 """
 
 from __future__ import annotations
 
-from itertools import accumulate
-
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import busiest_partition, partition_share, rank_overlaps, trainable_sizes
+from .deepspeed_offload import partition_share, rank_overlaps, trainable_sizes
 from .deepspeed_step import deepspeed_settings
+from .deepspeed_zero2 import busiest_rank, trainer_pieces
 from .pipeline import microbatches
 from .sharding import StageParameters
 from ..spec.architecture import Architecture
@@ -74,15 +76,31 @@ def zero1_dense(arch: Architecture, training: Training, par: Parallel, zero: int
             and (par.tp == 1 or not arch.is_moe))
 
 
-def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
-           grads: float, rule=applies) -> tuple | None:
-    """The stage's trainable tensors in module order, where `rule` (ZeRO-1's reduction after backward) applies and
-    they make up this GPU's gradients (`grads`); else None (a vision-language model's tower is not among them: its
-    gradients stay counted whole, as before the reduction)."""
+def layout(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
+           grads: float, rule=applies) -> tuple[tuple, tuple] | None:
+    """(the stage's trainable tensors in module order, the optimizer's groups as tuples of their indices) where
+    `rule` applies and they make up this GPU's gradients (`grads`); else None (a vision-language model's tower is not
+    among them: its gradients stay counted whole, as before the reduction). The groups: the HF Trainer's two
+    (deepspeed_zero2.trainer_pieces: weight decay, then the rest, each partitioned on its own, stage_1_and_2.py
+    __init__ l. 371-520 for every stage); under offload_optimizer DeepSpeed's own optimizer's one group
+    (deepspeed_offload.py), and for an adapter run one group of its trainable tensors."""
     if not rule(arch, training, par, zero) or not grads:
         return None
-    sizes = trainable_sizes(arch, training, recipe, sp, par)
-    return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
+    if training.offload_optimizer != "none" or training.adapter is not None:
+        # an adapter run's trainable tensors are its adapters' matrices: the Trainer's no-decay group is empty and
+        # DeepSpeed drops it (engine.py _configure_optimizer l. 2002): one group, as measured
+        sizes = trainable_sizes(arch, training, recipe, sp, par)
+        groups = (tuple(range(len(sizes))),)
+    else:
+        pieces = trainer_pieces(arch, sp, par)
+        sizes = tuple(n for n, _ in pieces)
+        groups = tuple(tuple(i for i, (_, decay) in enumerate(pieces) if decay is want) for want in (True, False))
+    return (sizes, groups) if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
+
+
+def group_sizes(sizes: tuple, groups: tuple) -> tuple[tuple, ...]:
+    """Each group's tensors' elements, in group order."""
+    return tuple(tuple(sizes[i] for i in g) for g in groups)
 
 
 def _first_reduction(sizes: tuple, share: float, bucket: int) -> tuple[float, float]:
@@ -106,23 +124,25 @@ def reduction_end(arch: Architecture, training: Training, recipe: Recipe, sp: St
     """Backward's last moment under ZeRO-1: rank 0's first reduction after autograd, every gradient (`grads`) but
     those already in the bucket, beside the bucket and either `grads_in_partition` (allocated then) or, under
     offload, the fp64 copy of the reduced gradient's slice for its norm. None where `applies` does not."""
-    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
-    if sizes is None:
+    found = layout(arch, training, recipe, sp, par, zero, grads)
+    if found is None:
         return None
+    sizes, groups = found
     d, P, G = par.dp, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
     bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
-    share = partition_share(sizes, d)
-    moved, slice_ = _first_reduction(sizes, share, bucket)
+    per_group = group_sizes(sizes, groups)
+    # reduce_gradients walks the groups in order (l. 854-858); rank 0's share of the first group
+    moved, slice_ = _first_reduction(sum(per_group, ()), partition_share(per_group[0], d), bucket)
     kept = [component("transient", "Gradient reduction bucket", bucket * P,
                       f"reduce_bucket_size {bucket:,} x {P:g} B", SOURCE)]
     if training.offload_optimizer != "none":
         kept.append(component("transient", "fp64 copy of a reduced gradient's slice (its norm, offload_optimizer)",
                               8 * slice_, f"8 B x {slice_:,.0f} elements in rank 0's partition", SOURCE))
     else:
-        first = sum(n for n, end in zip(sizes, accumulate(sizes)) if end - n < share)
+        first = sum(rank_overlaps(g, d)[0] for g in per_group)
         kept.append(component("transient", "Gradient partition (grads_in_partition, allocated at the first reduction)",
                               G * first, f"{G:g} B x {first:,.0f} elements: the whole of every tensor overlapping "
-                              "rank 0's partition", SOURCE))
+                              f"rank 0's partition of each of the {len(groups)} parameter group(s)", SOURCE))
     return BackwardEnd(grads - G * moved, f"{G:g} B x the stage's parameters" + (
         f" - {moved:,.0f} already in the bucket" if moved else ""), kept,
         "Gradients (whole, being reduced after backward)", SOURCE)
@@ -135,16 +155,24 @@ def step_gradients(arch: Architecture, training: Training, recipe: Recipe, sp: S
     (overlap_comm: the epilogue drops every .grad all the same). None where neither is modelled."""
     if expert_groups(arch, training, par, zero):
         return _expert_group_gradients(arch, training, recipe, sp, par, grads)
-    sizes = _sizes(arch, training, recipe, sp, par, zero, grads, modelled)
-    if sizes is None:
+    found = layout(arch, training, recipe, sp, par, zero, grads, modelled)
+    if found is None:
         return None
     if training.offload_optimizer != "none":
         return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
                          "GPU's freed (offload_optimizer)", SOURCE)
     G = bytes_per_element(recipe.grad_dtype)
-    whole = busiest_partition(arch, training, recipe, sp, par.dp, par)
+    whole = busiest_whole(arch, sp, par, found)
     return component("gradients", "Gradients", G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every "
-                     "tensor overlapping this GPU's partition (grads_in_partition)", SOURCE)
+                     f"tensor overlapping the busiest GPU's partition of each of the {len(found[1])} parameter "
+                     "group(s) (grads_in_partition)", SOURCE)
+
+
+def busiest_whole(arch: Architecture, sp: StageParameters, par: Parallel, found: tuple) -> float:
+    """The busiest rank's `grads_in_partition` (deepspeed_zero2.busiest_rank over `layout`'s groups)."""
+    sizes, groups = found
+    key = ("zero1 busiest", sp.layer_indices, sp.first, sp.last, par.tp, par.dp, groups, sizes)
+    return arch.cached(key, lambda: busiest_rank(group_sizes(sizes, groups), par.dp))
 
 
 EXPERT_SOURCE = ("DeepSpeed v0.19.5 runtime/engine.py (l. 1735-1739 has_moe_layers; l. 2189-2190 "
@@ -170,19 +198,25 @@ def _expert_group_gradients(arch: Architecture, training: Training, recipe: Reci
     experts' over the expert-data-parallel ranks (DP / EP): data-parallel rank r is rank r // EP of its expert-data-
     parallel group (utils/groups.py _create_expert_and_data_parallel: expert-parallel groups of EP consecutive ranks,
     expert-data-parallel groups of the ranks EP apart), and the busiest rank's sum is the step's. Backward keeps the
-    whole-gradient rule (every gradient whole to the reduction)."""
-    from .deepspeed_offload import local_shards
+    whole-gradient rule (every gradient whole to the reduction). The dense tensors are the Trainer's two groups
+    (`layout`), the experts one group (all matrices). Not modelled: moe/utils.py
+    split_params_into_different_moe_groups_for_optimizer, which the caller runs on a client optimizer's groups,
+    packs the expert parameters into sub-groups of at most max_group_size (178,956,971 by default) elements, each
+    partitioned on its own."""
+    from .deepspeed_zero2 import expert_pieces
 
-    shards = local_shards(arch, sp, par)
+    pieces = expert_pieces(arch, sp, par)
     G = bytes_per_element(recipe.grad_dtype)
-    if abs(G * sum(n for n, _ in shards) - grads) >= 1:  # a frozen part (a vision tower): left as it was
+    if abs(G * sum(n for n, _, _ in pieces) - grads) >= 1:  # a frozen part (a vision tower): left as it was
         return None
     if training.offload_optimizer != "none":
         return component("gradients", "Gradients", 0, "0: each slice copied to the host in the reduction, the "
                          "GPU's freed (offload_optimizer)", EXPERT_SOURCE)
     de = par.expert_data_parallel
-    dense_by_rank = rank_overlaps(tuple(n for n, expert in shards if not expert), par.dp)
-    experts_by_rank = rank_overlaps(tuple(n for n, expert in shards if expert), de)
+    # the Trainer's two groups' dense tensors, each group over the DP ranks; the experts (matrices: the decay group)
+    dense_by_rank = [sum(ranks) for ranks in zip(*(rank_overlaps(tuple(
+        n for n, decay, expert in pieces if not expert and decay is want), par.dp) for want in (True, False)))]
+    experts_by_rank = rank_overlaps(tuple(n for n, _, expert in pieces if expert), de)
     rank = max(range(par.dp), key=lambda r: dense_by_rank[r] + experts_by_rank[r // par.ep])
     dense, experts = dense_by_rank[rank], experts_by_rank[rank // par.ep]
     return component("gradients", "Gradients", G * (dense + experts), f"{G:g} B x ({dense:,.0f} + {experts:,.0f}) "

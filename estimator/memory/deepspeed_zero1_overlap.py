@@ -29,9 +29,10 @@ from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
-from .deepspeed_offload import busiest_partition, largest_overlap, largest_slice, partition_windows, trainable_sizes
+from .deepspeed_offload import largest_overlap, largest_slice, partition_windows
 from .deepspeed_step import deepspeed_settings, zero2_backward
-from .deepspeed_zero1 import modelled
+from .deepspeed_zero1 import busiest_whole, layout, modelled
+from .deepspeed_zero2 import pieces_made_last
 from .pipeline import microbatches
 from .transients import ZERO12_BUCKET_SOURCE
 from .sharding import StageParameters
@@ -54,17 +55,20 @@ def overlaps(arch: Architecture, training: Training, par: Parallel, zero: int) -
     return modelled(arch, training, par, zero) and deepspeed_settings(arch, training, zero).overlap_comm
 
 
-def kept_elements(sizes: tuple, d: int, bucket: float, made_from: int = 0, own: bool = True) -> float:
+def kept_elements(sizes: tuple, d: int, bucket: float, made_from: int = 0, own: bool = True,
+                  groups: tuple | None = None) -> float:
     """The most gradient elements one of `d` ranks holds once the tensors from index `made_from` on were reduced:
-    the whole of every tensor overlapping its partition (`grads_in_partition`; none with `own` False, offload) and
-    every tensor over `bucket` from `made_from` on that does not (left whole until the epilogue)."""
-    large = [n if i >= made_from and n > bucket else 0.0 for i, n in enumerate(sizes)]
-    large_sums = [0.0] + list(accumulate(large))
-    best = 0.0
-    for first, last, touched in partition_windows(sizes, d):
-        others = large_sums[-1] - (large_sums[last] - large_sums[first] if last > first else 0.0)
-        best = max(best, (touched if own else 0.0) + others)
-    return best
+    the whole of every tensor overlapping its partition of each group (`groups`, tuples of indices into `sizes`; one
+    group of them all by default) (`grads_in_partition`; none with `own` False, offload) and every tensor over
+    `bucket` from `made_from` on that does not (left whole until the epilogue)."""
+    per_rank = [0.0] * d
+    for group in groups or (tuple(range(len(sizes))),):
+        large = [sizes[i] if i >= made_from and sizes[i] > bucket else 0.0 for i in group]
+        large_sums = [0.0] + list(accumulate(large))
+        for r, (first, last, touched) in enumerate(partition_windows(tuple(sizes[i] for i in group), d)):
+            others = large_sums[-1] - (large_sums[last] - large_sums[first] if last > first else 0.0)
+            per_rank[r] += (touched if own else 0.0) + others
+    return max(per_rank)
 
 
 def _made_last(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters) -> int:
@@ -81,13 +85,10 @@ def _made_last(arch: Architecture, training: Training, recipe: Recipe, sp: Stage
     return arch.cached(key, count)
 
 
-def _sizes(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
-           grads: float) -> tuple | None:
-    """The stage's trainable tensors in module order where `overlaps` and they make up `grads`; else None."""
-    if not overlaps(arch, training, par, zero) or not grads:
-        return None
-    sizes = trainable_sizes(arch, training, recipe, sp, par)
-    return sizes if abs(bytes_per_element(recipe.grad_dtype) * sum(sizes) - grads) < 1 else None
+def _layout(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel, zero: int,
+            grads: float) -> tuple | None:
+    """deepspeed_zero1.layout (the tensors and the groups) where `overlaps`; else None."""
+    return layout(arch, training, recipe, sp, par, zero, grads, overlaps)
 
 
 def in_backward(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
@@ -96,18 +97,19 @@ def in_backward(arch: Architecture, training: Training, recipe: Recipe, sp: Stag
     at the head's reduction, beside the head's whole gradient where it is over the bucket (with more micro-batches
     it is among the accumulated gradients, counted already); under offload the fp64 copy of the rank's slice of it
     instead of the partition. [] where `overlaps` does not apply."""
-    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
-    if sizes is None:
+    found = _layout(arch, training, recipe, sp, par, zero, grads)
+    if found is None:
         return []
+    sizes = found[0]
     d, G, m = par.dp, bytes_per_element(recipe.grad_dtype), microbatches(training, par)
     bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
     offloaded = training.offload_optimizer != "none"
     out = []
     if not offloaded:
-        whole = busiest_partition(arch, training, recipe, sp, d, par)
+        whole = busiest_whole(arch, sp, par, found)
         out.append(component("transient", "Gradient partition (grads_in_partition, allocated at the first reduction)",
                              G * whole, f"{G:g} B x {whole:,.0f} elements: the whole of every tensor overlapping the "
-                             "busiest GPU's partition", SOURCE))
+                             "busiest GPU's partition of each parameter group", SOURCE))
     largest = max(sizes)
     if largest > bucket and m == 1:
         out.append(component("transient", "The largest tensor's gradient, whole until the next gradient's hook",
@@ -126,21 +128,24 @@ def overlap_end(arch: Architecture, training: Training, recipe: Recipe, sp: Stag
     None without recompute) and the epilogue. The gradients then: the busiest rank's partition and the other ranks'
     extra-large gradients already made (the embedding's and the first layer's come after the recomputation; with
     more micro-batches those are whole already, all of them). Under offload no partition on the GPU."""
-    sizes = _sizes(arch, training, recipe, sp, par, zero, grads)
-    if sizes is None:
+    found = _layout(arch, training, recipe, sp, par, zero, grads)
+    if found is None:
         return None
+    sizes, groups = found
     d, G, m = par.dp, bytes_per_element(recipe.grad_dtype), microbatches(training, par)
     bucket = deepspeed_settings(arch, training, zero).reduce_bucket_size
     own = training.offload_optimizer == "none"  # offloaded, the partition's gradients are on the host
-    at_epilogue = kept_elements(sizes, d, bucket, own=own)
+    at_epilogue = kept_elements(sizes, d, bucket, own=own, groups=groups)
     buckets = [c for c in backward if c.bytes and c.source.startswith(ZERO12_BUCKET_SOURCE)]
     # backward's other transients as trainer_backward_end counts them: one layer's autocast copies under full
     # recompute, else none at the end (the whole model's were for the layers' saved inputs)
     beside = [c for c in backward if c.bytes] if training.recompute == "full" else buckets
     moments = [(at_epilogue, buckets, "at the epilogue")]
     if recomputed is not None and sp.layer_indices:
-        last = _made_last(arch, training, recipe, sp)
-        kept = kept_elements(sizes, d, bucket, last, own) + (sum(sizes[:last]) if m > 1 else 0.0)
+        # the layout's tensors: the Trainer's pieces for full fine-tuning on the GPU, else the trainable tensors
+        trainer = own and training.adapter is None
+        last = pieces_made_last(arch, sp, par) if trainer else _made_last(arch, training, recipe, sp)
+        kept = kept_elements(sizes, d, bucket, last, own, groups) + (sum(sizes[:last]) if m > 1 else 0.0)
         kind = arch.layer_kinds()[sp.layer_indices[0]]
         moments.append((kept, list(recomputed(kind)) + beside,
                         "at the first layer's recomputation"))

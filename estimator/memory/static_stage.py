@@ -138,8 +138,9 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
     inv = inventory(arch, training, recipe, sp) if training.adapter else None  # what an adapter run trains
     # FSDP1 units holding frozen and trainable weights give the frozen ones gradients too (fsdp1.py)
     frozen_grads = sp.local - sp.root_local if frozen_weights_train(training) else 0.0
-    ms = adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else zero2_partition(with_global_moments(
-        model_states(sp, training, recipe, par, zero), *(at := (arch, training, recipe, par, sp, zero))), *at)
+    at = (arch, training, recipe, par, sp, zero)
+    ms = zero2_partition(adapter_states(inv, training, recipe, par, zero, frozen_grads) if inv else
+                         with_global_moments(model_states(sp, training, recipe, par, zero), *at), *at)
     ms, managed, paged_host = _paged_states(ms, arch, training, recipe, par, sp, inv, zero)
     tr = transients(arch, training, recipe, par, sp, zero, inv)
     workspaces = _workspaces(arch, training, par, sp, shared.hardware, pieces)

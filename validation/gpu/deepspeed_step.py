@@ -119,9 +119,10 @@ def _init_one_rank(device: str) -> None:
     if device != "cuda":
         # the CPU accelerator JIT-compiles its shared-memory all-reduce (comm/torch.py build_shm_op, a C++ op)
         # for every process group; a world of one rank never uses it, and CI should not compile it
-        import deepspeed.comm.torch as ds_torch
+        # by name: `import deepspeed.comm.torch as m` binds deepspeed.comm's attribute `torch`, torch itself
+        import importlib
 
-        ds_torch.build_shm_op = lambda: None
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed("nccl" if device == "cuda" else "gloo", auto_mpi_discovery=False)
 
 
