@@ -58,6 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..spec.architecture import Architecture
+from . import graph_pool
 from .graph_driver import driver_cost
 from .graph_nodes import GraphSet, counted, full_set, piecewise_set
 from .kv_cache import kv_heads_per_rank
@@ -72,12 +73,15 @@ SM90 = ("h100-80", "h100-nvl", "h100-pcie", "h200", "gh200")  # FlashAttention 3
 
 @dataclass(frozen=True)
 class GraphMemory:
-    pool: int  # the shared pool at the largest capture size
-    full_pool: int  # FA3's split-KV accumulators (0 where no FULL FA3 graph is captured)
-    piecewise_pool: int
+    pool: int  # the shared pool's reserved bytes after the profiler's captures (PIECEWISE, then FULL)
+    full_pool: int  # what the FULL capture adds to the pool: FA3's split-KV accumulators' segments (0 without FA3)
+    piecewise_pool: int  # the pool's reserved bytes after the PIECEWISE captures (serving/graph_pool.py)
     piecewise_captures: int
     full_captures: int  # uniform-decode sizes only: those <= max_num_seqs (v1/cudagraph_dispatcher.py)
     formula: str
+    stream: int = 0  # the capture stream's segments the largest size's capture run leaves (graph_pool.py)
+    stream_held: int = 0  # the same after capture_model's last capture (size 1)
+    live: int = 0  # the most the PIECEWISE pieces hold at once
 
     @property
     def captured_pool(self) -> int:
@@ -117,8 +121,8 @@ def split_kv_bytes(arch: Architecture, tp: int, tokens: int) -> int:
 
 
 def piecewise_bytes(arch: Architecture, tp: int, tokens: int, act_bytes: int) -> int:
-    """The widest piece's live tensors during its capture (module docstring): the boundary tensors, or a dense
-    MLP piece's incoming residual, attention output, o_proj output, gate-up output and activation."""
+    """The widest piece's boundary tensors (q + 2kv + o + h) or a dense MLP piece's o + 2h + 3I, the live-tensor
+    figure this module took for the pool before the allocator replay (serving/graph_pool.py); kept for comparison."""
     kv = kv_heads_per_rank(arch, tp) * arch.head_dim if not arch.uses_mla else arch.kv_lora_rank + arch.qk_rope_head_dim
     o = arch.attention_output_width // tp
     boundary = arch.q_width // tp + 2 * kv + o + arch.hidden_size
@@ -128,18 +132,25 @@ def piecewise_bytes(arch: Architecture, tp: int, tokens: int, act_bytes: int) ->
 
 
 def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int, gpu_id: str,
-                 model_max: int | None = None, max_tokens: int | None = None) -> GraphMemory:
+                 model_max: int | None = None, max_tokens: int | None = None, layers: range | None = None,
+                 last: bool = True) -> GraphMemory:
+    """The pool of one pipeline stage (`layers`, the whole model by default; `last`: it ends the model), replayed
+    through the caching allocator (serving/graph_pool.py)."""
     sizes = capture_sizes(max_num_seqs, model_max, max_tokens)
     full_sizes = tuple(s for s in sizes if s <= max_num_seqs)
     tokens, decode = sizes[-1], full_sizes[-1]
-    full = split_kv_bytes(arch, tp, decode) if fa3_full_graphs(arch, gpu_id, act_bytes) else 0
-    piecewise = piecewise_bytes(arch, tp, tokens, act_bytes)
-    pool = max(full, piecewise)
-    formula = (f"pool = max(FULL: FA3 split-KV {FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
-               f"{full / MiB:.0f} MiB, PIECEWISE: the widest piece's tensors, max(q + 2kv + o + h, a dense MLP piece's "
-               f"o + 2h + 3I) at {tokens} tokens = "
-               f"{piecewise / MiB:.0f} MiB)")
-    return GraphMemory(pool, full, piecewise, len(sizes), len(full_sizes), formula)
+    fa3 = fa3_full_graphs(arch, gpu_id, act_bytes)
+    accumulators = graph_pool.fa3_accumulators(arch, tp, decode, FA3_SPLITS) if fa3 else ()
+    run = graph_pool.replay(arch, tp, act_bytes, sizes, full_sizes, layers or range(arch.num_layers), last,
+                            max_num_seqs, accumulators)
+    formula = (f"the pool's segments, replayed (caching allocator, serving/graph_pool.py): PIECEWISE at {tokens} and "
+               f"{sizes[-2] if len(sizes) > 1 else tokens} tokens {run.piecewise / MiB:.0f} MiB reserved (its tensors "
+               f"{run.live / MiB:.0f} MiB at most at once), then FULL at {decode}"
+               + (f" with FA3's split-KV accumulators ({FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
+                  f"{split_kv_bytes(arch, tp, decode) / MiB:.0f} MiB)" if fa3 else "")
+               + f" adding {run.full / MiB:.0f} MiB")
+    return GraphMemory(run.piecewise + run.full, run.full, run.piecewise, len(sizes), len(full_sizes), formula,
+                       run.stream, run.stream_held, run.live)
 
 
 def profiler_total(first: dict[str, int], per_graph: dict[str, int], captures: dict[str, int]) -> int:
@@ -154,7 +165,8 @@ def vllm_estimate(graphs: GraphMemory, driver: DriverMemory | None = None, works
     first mode (PIECEWISE), the cuBLAS workspace of graph_capture's new stream; a second capture reuses the pool,
     so it is its graphs' driver memory, at the source's 1 MiB floor ("for driver overhead")."""
     pw_first, full_first, pw_second, full_second = driver.samples if driver else (0, 0, 0, 0)
-    first = {"FULL": graphs.full_pool + full_first, "PIECEWISE": graphs.piecewise_pool + pw_first + workspace}
+    first = {"FULL": graphs.full_pool + full_first,
+             "PIECEWISE": graphs.piecewise_pool + graphs.stream + pw_first + workspace}
     captures = {"FULL": graphs.full_captures, "PIECEWISE": graphs.piecewise_captures}
     total = profiler_total(first, {"FULL": full_second, "PIECEWISE": pw_second}, captures)
     return total, (f"max(FULL first capture {first['FULL'] / MiB:.0f} MiB, PIECEWISE {first['PIECEWISE'] / MiB:.0f} "
