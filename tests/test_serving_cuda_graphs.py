@@ -178,6 +178,48 @@ def test_rocm_profiles_the_graphs_from_0_26():
     assert s26.available == e26.budget_bytes - s26.weights - s26.activation - s26.non_torch - s26.cuda_graphs
 
 
+class _Recorder:
+    """A pool that records graph_pool.forward's calls: ("malloc", bytes) and ("free", bytes)."""
+
+    def __init__(self):
+        self.calls, self.sizes = [], {}
+
+    def malloc(self, nbytes):
+        self.calls.append(("malloc", nbytes))
+        self.sizes[len(self.sizes)] = nbytes
+        return len(self.sizes) - 1
+
+    def free(self, block):
+        self.calls.append(("free", self.sizes[block]))
+
+
+def test_replayed_pieces_are_inductors():
+    """serving/graph_pool.py's sequence for Llama-3.1-8B at 512 tokens is what inductor's generated code requests
+    (validation/vllm/piece_allocations.py: the installed torch's wrapper code for vLLM 0.19's pieces): the first piece
+    asks for the residual, the normed input (reused as q), qkv, k and the output buffer; a middle piece for the o_proj
+    output (reused as the next output buffer), the normed input (reused for the down projection and as the residual),
+    gate-up and SiLU output (freed), then the next normed input, qkv and k. Between them the split module frees the
+    layer's q, k and qkv after its attention call, and the previous output buffer and residual after the piece."""
+    import subprocess
+    import sys
+
+    from estimator.serving import graph_pool
+
+    def generated(piece):
+        run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", piece, "--json"],
+                             capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return [tuple(call) for call in json.loads(run.stdout.strip().splitlines()[-1])]
+
+    llama, pool = get_architecture("llama-3.1-8b"), _Recorder()
+    graph_pool.forward(pool, llama, graph_pool.widths(llama, 1, 2), 1, 512, range(2), True)
+    first, between, middle, after = pool.calls[:5], pool.calls[5:8], pool.calls[8:17], pool.calls[17:19]
+    assert first == generated("first")
+    assert middle == generated("middle")
+    assert between == [("free", 4 * MiB), ("free", 1 * MiB), ("free", 6 * MiB)]  # q, k, qkv
+    assert after == [("free", 4 * MiB), ("free", 4 * MiB)]  # the previous output buffer and residual
+
+
 def _profiled(record: dict, stage: int):
     """Our graph pool, driver memory and capture-stream workspace for one pipeline stage of a published record."""
     from estimator.serving.allreduce_fusion import fusion_workspace
