@@ -302,14 +302,14 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
                     f"(captured one after the other: FA3's accumulators take new segments); {graphs.formula}")
     parts = (component("cuda_graphs", "Shared graph pool", graphs.captured_pool, pool_formula,
                        "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py (serving/cuda_graphs.py)"),
-             component("cuda_graphs", "Capture stream's segments after the first piece", graphs.stream_held,
-                       f"{graphs.stream_held / 2**20:.0f} MiB: the last capture run's logit indices and picked row (size 1) in "
-                       "the capture stream's small pool",
-                       "vLLM 0.19.0 v1/worker/gpu_model_runner.py _dummy_run, compilation/cuda_graph.py gc_disable; "
-                       "torch/cuda/graphs.py graph.__enter__ empty_cache (serving/graph_pool.py)"),
              component("cuda_graphs", "Graph executables' driver memory", driver.bytes, driver.formula,
                        f"vLLM 0.19.0 compilation/backends.py split_graph, config/compilation.py "
                        f"(serving/graph_nodes.py); {driver.source}"),
+             component("cuda_graphs", "Capture stream's segments after the first piece", graphs.stream_held,
+                       f"{graphs.stream_held / 2**20:.0f} MiB: the last capture run's logit indices and picked row "
+                       "(size 1) in the capture stream's small pool",
+                       "vLLM 0.19.0 v1/worker/gpu_model_runner.py _dummy_run, compilation/cuda_graph.py gc_disable; "
+                       "torch/cuda/graphs.py graph.__enter__ empty_cache (serving/graph_pool.py)"),
              component("cuda_graphs", "cuBLAS workspace of the capture stream", workspace,
                        f"{workspace:,} B, one more (handle, stream)",
                        "vLLM 0.19.0 v1/worker/gpu_model_runner.py capture_model (graph_capture's new stream, "
