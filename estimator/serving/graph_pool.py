@@ -14,13 +14,16 @@ capture]; torch/cuda/graphs.py graph.__enter__):
   freed and reassigned as usual during capture": a block freed with no other stream's use goes straight back to
   the pool's free list (`free` -> `free_block`; only blocks with recorded stream uses wait for events, deferred
   until no capture is under way), whether freed inside a piece's capture or between pieces.
-- torch.cuda.graph.__enter__ calls torch.cuda.empty_cache() (torch 2.10 and 2.13), which returns every free
-  segment of the default pools; vLLM patches it to a no-op for every piece but the first of a forward
-  (compilation/cuda_graph.py: gc_disable, "we only run gc for the first graph"). So the eager warm-up run before a
-  capture (_warmup_and_capture: cudagraph_num_of_warmups = 1, config/vllm.py) leaves nothing behind; what the
-  capture run allocates outside the graphs after its first piece (the eager attention between pieces, and
-  _dummy_run's ``hidden_states[logit_indices_device]`` after the forward on the last pipeline stage: one row per
-  request, min(tokens, max_num_seqs) rows) takes new segments of the capture stream that stay.
+- torch.cuda.graph.__enter__ calls torch.cuda.empty_cache() (read in the installed torch 2.13; 2.10, which vLLM
+  0.19.0 pins, was not read), which returns every free segment of the default pools; vLLM patches it to a no-op for
+  every piece but the first of a forward (compilation/cuda_graph.py: gc_disable, "we only run gc for the first
+  graph"). So the eager warm-up run before a capture (_warmup_and_capture: cudagraph_num_of_warmups = 1,
+  config/vllm.py) leaves nothing behind; what the capture run allocates outside the graphs after its first piece
+  takes new segments of the capture stream that stay: _dummy_run's logit indices (int64) and, after the forward on
+  the last pipeline stage, ``hidden_states[logit_indices_device]`` (one row per request, min(tokens, max_num_seqs)
+  rows); the eager attention's small tensors between pieces share the small segment.
+- Expandable segments are off: PyTorch's default, which vLLM leaves (its sleep-mode allocator,
+  device_allocator/cumem.py, asserts expandable_segments:True is not set); the replay uses the default segments.
 
 The sequence replayed per layer is what inductor's generated code for vLLM 0.19's Llama pieces allocates and frees
 (validation/vllm/piece_allocations.py prints it: torch 2.13's inductor, the pieces of validation/vllm/piece_kernels.py
