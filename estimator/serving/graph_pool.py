@@ -148,7 +148,16 @@ class PoolReplay:
 def replay(arch: Architecture, tp: int, act_bytes: int, sizes: tuple[int, ...], full_sizes: tuple[int, ...],
            layers: range, last: bool, max_num_seqs: int, accumulators: tuple[int, ...]) -> PoolReplay:
     """The pool through profile_cudagraph_memory's captures (PIECEWISE: the largest size, then the second; FULL: the
-    largest, with `accumulators` in each layer), and the capture stream's segments after the first piece."""
+    largest, with `accumulators` in each layer), and the capture stream's segments after the first piece; remembered
+    per architecture (a serve plan's layouts ask for the same stages again and again)."""
+    key = ("graph pool", tp, act_bytes, sizes[-2:], full_sizes[-1:], layers.start, layers.stop, last, max_num_seqs,
+           accumulators)
+    return arch.cached(key, lambda: _replay(arch, tp, act_bytes, sizes, full_sizes, layers, last, max_num_seqs,
+                                            accumulators))
+
+
+def _replay(arch: Architecture, tp: int, act_bytes: int, sizes: tuple[int, ...], full_sizes: tuple[int, ...],
+            layers: range, last: bool, max_num_seqs: int, accumulators: tuple[int, ...]) -> PoolReplay:
     w = widths(arch, tp, act_bytes)
     pool = CachingAllocator()
     for tokens in sizes[-1:-3:-1]:
