@@ -301,7 +301,8 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
     pool_formula = (f"PIECEWISE {graphs.piecewise_pool / 2**20:.0f} MiB + FULL {graphs.full_pool / 2**20:.0f} MiB "
                     f"(captured one after the other: FA3's accumulators take new segments); {graphs.formula}")
     parts = (component("cuda_graphs", "Shared graph pool", graphs.captured_pool, pool_formula,
-                       "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py (serving/cuda_graphs.py)"),
+                       "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py; PyTorch "
+                       "CUDACachingAllocator.cpp (serving/cuda_graphs.py, serving/graph_pool.py)"),
              component("cuda_graphs", "Graph executables' driver memory", driver.bytes, driver.formula,
                        f"vLLM 0.19.0 compilation/backends.py split_graph, config/compilation.py "
                        f"(serving/graph_nodes.py); {driver.source}"),
