@@ -195,7 +195,8 @@ class _Recorder:
 
 def test_replayed_pieces_are_inductors():
     """serving/graph_pool.py's sequence for Llama-3.1-8B at 512 tokens is what inductor's generated code requests
-    (validation/vllm/piece_allocations.py: the installed torch's wrapper code for vLLM 0.19's pieces): the first piece
+    (validation/vllm/piece_allocations.py: the installed torch's wrapper code for vLLM 0.19's pieces, the token
+    dimension a symbol as vLLM compiles them, taken at 512): the first piece
     asks for the residual, the normed input (reused as q), qkv, k and the output buffer; a middle piece for the o_proj
     output (reused as the next output buffer), the normed input (reused for the down projection and as the residual),
     gate-up and SiLU output (freed), then the next normed input, qkv and k. Between them the split module frees the
@@ -206,8 +207,8 @@ def test_replayed_pieces_are_inductors():
     from estimator.serving import graph_pool
 
     def generated(piece):
-        run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", piece, "--json"],
-                             capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+        run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", piece, "--symbolic",
+                              "--json"], capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
         assert run.returncode == 0, run.stderr[-2000:]
         return [tuple(call) for call in json.loads(run.stdout.strip().splitlines()[-1])]
 

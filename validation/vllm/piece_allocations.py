@@ -1,6 +1,7 @@
 """What inductor's generated code for vLLM 0.19's Llama pieces allocates and frees, on CPU.
 
     python3 -m validation.vllm.piece_allocations [--tokens 512] [--piece first|received|middle|last|last_pp]
+                                                [--symbolic] [--json]
 
 The sequence serving/graph_pool.py replays through the caching allocator for each piece's CUDA-graph capture. It
 lowers a piece of Llama-3.1-8B as vLLM 0.19 writes it with its custom ops off (the ops of
@@ -12,7 +13,8 @@ in-place reuse of a freed buffer of the same size (``bufN = bufM; del bufM  # re
 ``first`` (embedding, RMSNorm, qkv, rotary, the attention's output buffer), ``received`` (a later pipeline stage's
 received hidden states and residual added first), ``middle`` (o_proj, add + RMSNorm, MLP, the next layer's attention
 inputs), ``last`` (the last layer's MLP and the final norm) and ``last_pp`` (a non-last stage's last piece: its
-hidden states and residual). Uses the installed torch (2.13 here; vLLM 0.19.0 pins 2.10).
+hidden states and residual). ``--symbolic``: the token dimension a symbol, as vLLM compiles its pieces for a range
+of sizes; the lines are the same. Uses the installed torch (2.13 here; vLLM 0.19.0 pins 2.10).
 """
 
 from __future__ import annotations
@@ -70,8 +72,27 @@ def _piece(name: str, tokens: int, cuda: torch.device):
             "last_pp": (last_piece_pp, (bf16(tokens, Q), bf16(tokens, H), *mlp_weights))}[name]
 
 
-def buffer_lines(name: str, tokens: int) -> list[str]:
-    """The wrapper code's allocation, free and reuse lines for one piece, in order."""
+def _symbolic_args(mode, metas: tuple, per_token: int) -> list:
+    """Fake CUDA inputs whose token dimension is one symbol, as vLLM compiles the pieces (combo_windows.py)."""
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    args = []
+    for i, meta in enumerate(metas):
+        dims = [DimDynamic.DYNAMIC if d == 0 and i < per_token else DimDynamic.STATIC for d in range(meta.dim())]
+        args.append(mode.from_tensor(meta, source=LocalSource(f"arg{i}"),
+                                     symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims)).to("cuda:0"))
+    for arg in args[1:per_token]:
+        torch._check(arg.shape[0] == args[0].shape[0])  # one token count across the inputs
+    return args
+
+
+PER_TOKEN = {"first": 2, "received": 3, "middle": 3, "last": 2, "last_pp": 2}  # leading inputs with a row a token
+
+
+def buffer_lines(name: str, tokens: int, symbolic: bool = False) -> list[str]:
+    """The wrapper code's allocation, free and reuse lines for one piece, in order; `symbolic`: the token dimension
+    a symbol (its sizes print as one, e.g. ``s14``)."""
     import torch._inductor.codegen.triton as triton_codegen
     import torch._inductor.config as inductor_config
     import torch.utils._triton as triton_utils
@@ -95,9 +116,16 @@ def buffer_lines(name: str, tokens: int) -> list[str]:
     sched.Scheduler.speedup_by_combo_kernel = lambda self, nodes: True
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
+        fn, metas = _piece(name, tokens, torch.device("meta"))  # real meta tensors, outside the fake mode
         with mode:
-            fn, args = _piece(name, tokens, torch.device("cuda", 0))
-            gm = make_fx(fn, decomposition_table=select_decomp_table())(*args)
+            if symbolic:
+                args = _symbolic_args(mode, metas, PER_TOKEN[name])
+            else:
+                fn, args = _piece(name, tokens, torch.device("cuda", 0))
+            gm = make_fx(fn, decomposition_table=select_decomp_table(),
+                         tracing_mode="symbolic" if symbolic else "real")(*args)
+        if symbolic:
+            args = [node.meta["val"] for node in gm.graph.nodes if node.op == "placeholder"]
         graph = GraphLowering(gm, example_inputs=list(args), shape_env=mode.shape_env)
         with virtualized.set_graph_handler(graph), virtualized.set_fake_mode(mode):
             graph.run(*args)
@@ -114,15 +142,16 @@ def buffer_lines(name: str, tokens: int) -> list[str]:
 DTYPE_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.float32": 4, "torch.int64": 8, "torch.int32": 4}
 
 
-def requests(lines: list[str]) -> list[tuple[str, int]]:
+def requests(lines: list[str], tokens: int) -> list[tuple[str, int]]:
     """The caching-allocator calls of `buffer_lines`: ("malloc", bytes) for each allocation and ("free", bytes) for
-    each of the piece's own buffers freed (a reuse makes no call; inputs are the caller's)."""
+    each of the piece's own buffers freed (a reuse makes no call; inputs are the caller's); a symbolic size is the
+    token count."""
     sizes: dict[str, int] = {}
     calls: list[tuple[str, int]] = []
     for line in lines:
         made = re.match(r"(buf\d+) = empty_strided_cuda\(\(([^)]*)\), \([^)]*\), (torch\.\w+)\)", line)
         if made:
-            shape = [int(d) for d in made.group(2).split(",") if d.strip()]
+            shape = [int(d) if d.strip().isdigit() else tokens for d in made.group(2).split(",") if d.strip()]
             sizes[made.group(1)] = math.prod(shape) * DTYPE_BYTES[made.group(3)]
             calls.append(("malloc", sizes[made.group(1)]))
             continue
@@ -140,11 +169,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--piece", choices=("first", "received", "middle", "last", "last_pp"), default="middle")
+    parser.add_argument("--symbolic", action="store_true", help="the token dimension a symbol, as vLLM compiles it")
     parser.add_argument("--json", action="store_true", help="one JSON line: the allocator calls")
     options = parser.parse_args()
-    lines = buffer_lines(options.piece, options.tokens)
+    lines = buffer_lines(options.piece, options.tokens, options.symbolic)
     if options.json:  # the pretended device stays in this process: tests run it as a child
-        print(json.dumps(requests(lines)))
+        print(json.dumps(requests(lines, options.tokens)))
         return
     print("\n".join(lines))
 
