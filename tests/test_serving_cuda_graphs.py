@@ -199,8 +199,9 @@ def test_replayed_pieces_are_inductors():
     dimension a symbol as vLLM compiles them, taken at 512): the first piece
     asks for the residual, the normed input (reused as q), qkv, k and the output buffer; a middle piece for the o_proj
     output (reused as the next output buffer), the normed input (reused for the down projection and as the residual),
-    gate-up and SiLU output (freed), then the next normed input, qkv and k. Between them the split module frees the
-    layer's q, k and qkv after its attention call, and the previous output buffer and residual after the piece."""
+    gate-up and SiLU output (freed), then the next normed input, qkv and k; the last piece the same MLP buffers and
+    the final norm's output. Between them the split module frees the layer's q, k and qkv after its attention call,
+    and the previous output buffer and residual after the piece."""
     import subprocess
     import sys
 
@@ -219,6 +220,9 @@ def test_replayed_pieces_are_inductors():
     assert middle == generated("middle")
     assert between == [("free", 4 * MiB), ("free", 1 * MiB), ("free", 6 * MiB)]  # q, k, qkv
     assert after == [("free", 4 * MiB), ("free", 4 * MiB)]  # the previous output buffer and residual
+    # the last layer's piece ends the model: its output (the normed buffer) is a weak reference, freed at once
+    assert pool.calls[19:22] == between and pool.calls[22:29] == generated("last")
+    assert pool.calls[29:] == [("free", 4 * MiB)] + after
 
 
 def _profiled(record: dict, stage: int):
