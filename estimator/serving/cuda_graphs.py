@@ -55,8 +55,8 @@ captures the two largest sizes of each mode into a scratch pool and returns max(
 (captures - 1) x max(second capture, 1 MiB) (0.33.0 adds the vision encoder's graphs, off by default:
 compilation.py cudagraph_mm_encoder = False). Ours (vllm_estimate): each first capture is what its mode's capture
 adds to the pool and its graphs' driver memory (the PIECEWISE one, captured first on graph_capture's new stream, also
-that stream's segments and cuBLAS workspace); each further capture is the second size's graphs' driver memory, at least the source's 1 MiB. Where it
-goes, by release (v1/worker/gpu_worker.py determine_available_memory and
+that stream's segments and cuBLAS workspace); each further capture is the second size's graphs' driver memory, at
+least the source's 1 MiB. Where it goes, by release (v1/worker/gpu_worker.py determine_available_memory and
 envs.py): 0.19 computes it inside memory_profiling but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
 defaults to 0; the graphs are captured after the KV cache is sized, on top of the budget); 0.20.0 to 0.33.0 default
 it to 1 and set available KV memory = requested - non-KV memory - the estimate (read in 0.20.0, 0.21.0, 0.25.0,
@@ -151,8 +151,8 @@ def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int,
     tokens, decode = sizes[-1], full_sizes[-1]
     fa3 = fa3_full_graphs(arch, gpu_id, act_bytes)
     accumulators = graph_pool.fa3_accumulators(arch, tp, decode, FA3_SPLITS) if fa3 else ()
-    run = graph_pool.replay(arch, tp, act_bytes, sizes, full_sizes, layers or range(arch.num_layers), last,
-                            max_num_seqs, accumulators)
+    stage = layers if layers is not None else range(arch.num_layers)
+    run = graph_pool.replay(arch, tp, act_bytes, sizes, full_sizes, stage, last, max_num_seqs, accumulators)
     formula = (f"the pool's segments, replayed (caching allocator, serving/graph_pool.py): PIECEWISE at {tokens} and "
                f"{sizes[-2] if len(sizes) > 1 else tokens} tokens {run.piecewise / MiB:.0f} MiB reserved (its tensors "
                f"{run.live / MiB:.0f} MiB at most at once), then FULL at {decode}"

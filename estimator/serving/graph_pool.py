@@ -28,9 +28,10 @@ capture]; torch/cuda/graphs.py graph.__enter__):
 The sequence replayed per layer is what inductor's generated code for vLLM 0.19's Llama pieces allocates and frees
 (validation/vllm/piece_allocations.py prints it: torch 2.13's inductor, the pieces of validation/vllm/piece_kernels.py
 with the token dimension a symbol as vLLM compiles them, or fixed at 512: the same lines; buffers it reuses in place,
-``buf5 = buf2; del buf2  # reuse``, take no new request; tests/test_serving_cuda_graphs.py holds the replay to it). A piece's
-inputs stay allocated through it (the split module's caller holds them) and its outputs are ordinary tensors of the
-pool until the split module drops them after their last use (torch.fx: a value is set to None after its last user):
+``buf5 = buf2; del buf2  # reuse``, take no new request; tests/test_serving_cuda_graphs.py holds the replay to it).
+A piece's inputs stay allocated through it (the split module's caller holds them) and its outputs are ordinary
+tensors of the pool until the split module drops them after their last use (torch.fx: a value is set to None after
+its last user):
 - the first piece (embedding, or a later stage's received hidden states and residual added): the residual h, the
   normed input, reused as q, the qkv projection (q + 2kv) and k after rotary (kv), then the attention's output
   buffer (o); every layer's q, k and qkv (v is a view of it) are freed after its attention call;
