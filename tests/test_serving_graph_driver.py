@@ -179,22 +179,23 @@ def test_not_counted_where_other_kernels_run():
 
 
 def test_019_prints_pool_plus_driver_and_020_holds_it():
-    """0.19's cuda_graphs (capture_model's 'took X GiB') is the pool (FA3's 258 MiB + the widest piece's 54 MiB), the
-    driver memory and the capture stream's 32 MiB cuBLAS workspace, on top of the budget; 0.20 subtracts vLLM's
-    own estimate (its samples: FA3's pool + the largest FULL graph's driver memory, then 50 further captures of
-    each mode at their graphs' driver memory), and the device total holds the same three as 0.19."""
+    """0.19's cuda_graphs (capture_model's 'took X GiB') is the pool's segments (the pieces' 64 MiB + FA3's 256 MiB
+    out_accum segment: tests/test_serving_cuda_graphs.py), the driver memory, the capture stream's 2 MiB small segment
+    and its 32 MiB cuBLAS workspace, on top of the budget; 0.20 subtracts vLLM's own estimate (its samples: what the
+    FULL capture adds to the pool + the largest FULL graph's driver memory, above PIECEWISE's first capture, then 50
+    further captures of each mode at their graphs' driver memory), and the device total holds the same as 0.19."""
     def run(version):
         return estimate_vllm(LLAMA, Serving(engine_version=version, max_model_len=8192), Parallel(tp=1),
                              Hardware("h100-80"))
     old, new = run("0.19.0"), run("0.20.0")
-    fa3, pieces = 32 * 512 * 32 * 129 * 4, 512 * 55296 * 2
+    pool = (64 + 256) * MiB
     graphs = old.stages[0].components[-1]
-    assert [p.bytes for p in graphs.parts] == [fa3 + pieces, 286_283_196, 32 * MiB]
-    assert graphs.bytes == old.stages[0].cuda_graphs == fa3 + pieces + 286_283_196 + 32 * MiB  # 0.60 GiB
+    assert [p.bytes for p in graphs.parts] == [pool, 286_283_196, 2 * MiB, 32 * MiB]
+    assert graphs.bytes == old.stages[0].cuda_graphs == pool + 286_283_196 + (2 + 32) * MiB  # 0.61 GiB
     s = new.stages[0]
-    assert s.cuda_graphs == fa3 + 1_189_258 + 50 * (4_424_138 + 1_189_258)
-    assert new.device_total_bytes == (new.context_bytes + s.weights + s.activation + s.non_torch + fa3 + pieces
-                                      + 286_283_196 + 32 * MiB + new.capacity.kv_cache_bytes)
+    assert s.cuda_graphs == 256 * MiB + 1_189_258 + 50 * (4_424_138 + 1_189_258)
+    assert new.device_total_bytes == (new.context_bytes + s.weights + s.activation + s.non_torch + pool
+                                      + 286_283_196 + (2 + 32) * MiB + new.capacity.kv_cache_bytes)
 
 
 def test_profiler_samples_by_hand():

@@ -5,30 +5,40 @@ Capture (cudagraph_mode FULL_AND_PIECEWISE, the V1 default: 0.11.0 config/__init
 capture size is captured as PIECEWISE graphs (one per piece between attention calls) and, for uniform decode
 batches, as one FULL graph; sizes 1, 2, 4, 8-248 by 8 and 256 up to min(2 x max_num_seqs, 512) by 16 (0.20.0
 config/vllm.py _set_cudagraph_sizes). All graphs share one pool (compilation/cuda_graph.py
-get_global_graph_pool), and FULL and PIECEWISE graphs are never replayed at once, so the pool holds the larger
-of the two peaks, not their sum (0.20.0 v1/worker/gpu_model_runner.py profile_cudagraph_memory: "the pool
-overlays their memory. Take the max"). Smaller sizes reuse the largest one's blocks.
+get_global_graph_pool), and FULL and PIECEWISE graphs are never replayed at once, so vLLM's estimate takes the
+larger of the two first captures, not their sum (0.20.0 v1/worker/gpu_model_runner.py profile_cudagraph_memory: "the
+pool overlays their memory. Take the max"); what FULL adds to the pool after PIECEWISE is counted once either way.
+Smaller sizes reuse the largest one's blocks.
 
+- The pool's size is what the caching allocator reserves for the pieces' tensors, replayed request by request
+  (serving/graph_pool.py: the sequence inductor's generated code makes for vLLM 0.19's Llama pieces, through
+  estimator/memory/allocator.py's rules): what mem_get_info around a capture sees is the segments cudaMalloc'd, not
+  the tensors live at once (Llama-3.1-8B at 512 tokens: 64 MiB of segments, 20 + 2 + 28 + 14, for 58 MiB of tensors;
+  this module took the MLP piece's 54 MiB, o + 2h + 3I, before: piecewise_bytes). Each piece's outputs are ordinary
+  tensors of the pool, released after their last use (compilation/cuda_graph.py: weak_ref_output only for the last
+  graph), and a block freed during a capture goes back to the pool at once (CUDACachingAllocator.cpp). A routed MoE
+  layer's piece is taken at its boundary tensors (0.15 on its fused_moe buffers come from the worker's workspace,
+  outside the pool; 0.11's were not modelled here).
 - FULL (FlashAttention 3, Hopper): a FULL graph fixes num_splits at flash_attn_max_num_splits_for_cuda_graph = 32
   (config/attention.py, 0.15.0 to 0.33.0; 0.11.0 envs.py VLLM_FLASH_ATTN_MAX_NUM_SPLITS_FOR_CUDA_GRAPH;
   v1/attention/backends/flash_attn.py sets max_num_splits from it
   "so that large enough intermediate buffers are pre-allocated during capture"), and FA3's mha_fwd allocates
   fp32 out_accum [splits, heads, total_q, head_dim_v] and softmax_lse_accum [splits, heads, total_q] per call
   when num_splits > 1 (Dao-AILab/flash-attention hopper/flash_api.cpp, commit 000090d0, the source of vLLM's
-  vllm-flash-attn); each layer's call reuses the last one's freed blocks, so one layer's pair is live:
-  32 x T x heads a rank x (head_dim + 1) x 4 B. The 0.19.0 logs' "FULL first-capture" is this plus 2-6 MiB
-  (Llama-3.1-8B 260 MiB against 258; TP 2 132 / 130; TP 4 70 / 64.5; Phi-4 328 / 324; Gemma-2-2B 134 / 130).
-- PIECEWISE: each piece's outputs are ordinary tensors of the pool, released as the next piece consumes them
-  (compilation/cuda_graph.py: weak_ref_output only for the last graph), and everything a piece allocates while
-  it is captured comes from the pool too (torch.cuda.graph(pool=...) around the inductor-compiled runnable, whose
-  buffers are allocated and freed inside it), so the pool holds the widest piece's live tensors at the largest
-  size: one layer's boundary tensors (q, k, v, the attention output and the residual stream) or, in a dense
-  layer's MLP piece, what the compiled forward holds there, T x (o/TP + 2h + 3I/TP) (serving/activations.py,
-  read from inductor's code for that piece). A routed MoE layer's piece is taken at its boundary tensors (0.15 on
-  its fused_moe buffers come from the worker's workspace, outside the pool; 0.11's were not modelled here). The
-  0.19.0 logs' PIECEWISE first capture is 25-48 MiB above this pool, its graphs and the capture stream's
-  workspace for Llama-3.1-8B (more on a last pipeline stage); the caching allocator's segment rounding (1-10
-  MiB requests from 20 MiB segments) is a candidate, not modelled.
+  vllm-flash-attn); each layer's call reuses the last one's freed blocks. Replayed after the PIECEWISE captures in
+  the same pool, out_accum (32 x T x heads a rank x head_dim x 4 B, 256 MiB for Llama-3.1-8B) takes a new segment
+  and the smaller buffers fit blocks the pieces freed: full_pool. The 0.19.0 logs' "FULL first-capture" is this and
+  its graph's driver memory within 0.6 MiB above to 7.9 below, every stage of the 16-bit-weight logs that run FA3
+  (tests/test_serving_cuda_graphs.py).
+- PIECEWISE: the first capture of profile_cudagraph_memory also holds the capture stream's segments made after its
+  first piece (graph_pool.py: torch.cuda.graph's empty_cache runs for the first piece only, vLLM's gc_disable): on
+  the last pipeline stage _dummy_run's picked rows, min(T, max_num_seqs) x h (a 20 MiB segment for Llama at 512),
+  and the logit indices' 2 MiB small segment; with the pool, the graphs' driver memory and the stream's cuBLAS
+  workspace it is 12.9-15.8 MiB below the 0.19.0 logs for Llama-3.1-8B in bf16 on every stage (25-48 MiB before), and
+  0.4-22.3 MiB below over the 16-bit-weight logs at TP 1. Not modelled: a TP > 1 piece's all-reduce buffers (ours is
+  up to 18 MiB above the logs at TP 2 and 4), other models' own piece code (one Llama sequence at their widths), and
+  what else the capture adds (the logs' weight formats move the first capture by up to 40 MiB at the same shapes:
+  Llama-3.1-8B 138 MiB in bf16, 98 with fp8 weights, 112 int8, 126 GPTQ, 124 with an fp8 KV cache).
 - Other backends add nothing here: FlashInfer (Blackwell's default) keeps one persistent workspace of
   VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE (394 MiB, 0.33.0 envs.py) made by its metadata builder outside the
   graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a
@@ -43,10 +53,10 @@ overlays their memory. Take the max"). Smaller sizes reuse the largest one's blo
 vLLM's estimate (v1/worker/gpu_model_runner.py profile_cudagraph_memory, read in 0.19.0, 0.20.0 and 0.33.0): it
 captures the two largest sizes of each mode into a scratch pool and returns max(first captures) + sum over modes of
 (captures - 1) x max(second capture, 1 MiB) (0.33.0 adds the vision encoder's graphs, off by default:
-compilation.py cudagraph_mm_encoder = False). Ours (vllm_estimate): each first capture is its mode's pool and its
-graphs' driver memory (the PIECEWISE one, captured first on graph_capture's new stream, also that stream's cuBLAS
-workspace); each further capture is the second size's graphs' driver memory, at least the source's 1 MiB. Where it
-goes, by release (v1/worker/gpu_worker.py determine_available_memory and
+compilation.py cudagraph_mm_encoder = False). Ours (vllm_estimate): each first capture is what its mode's capture
+adds to the pool and its graphs' driver memory (the PIECEWISE one, captured first on graph_capture's new stream, also
+that stream's segments and cuBLAS workspace); each further capture is the second size's graphs' driver memory, at
+least the source's 1 MiB. Where it goes, by release (v1/worker/gpu_worker.py determine_available_memory and
 envs.py): 0.19 computes it inside memory_profiling but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS
 defaults to 0; the graphs are captured after the KV cache is sized, on top of the budget); 0.20.0 to 0.33.0 default
 it to 1 and set available KV memory = requested - non-KV memory - the estimate (read in 0.20.0, 0.21.0, 0.25.0,
@@ -58,6 +68,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..spec.architecture import Architecture
+from . import graph_pool
 from .graph_driver import driver_cost
 from .graph_nodes import GraphSet, counted, full_set, piecewise_set
 from .kv_cache import kv_heads_per_rank
@@ -72,12 +83,15 @@ SM90 = ("h100-80", "h100-nvl", "h100-pcie", "h200", "gh200")  # FlashAttention 3
 
 @dataclass(frozen=True)
 class GraphMemory:
-    pool: int  # the shared pool at the largest capture size
-    full_pool: int  # FA3's split-KV accumulators (0 where no FULL FA3 graph is captured)
-    piecewise_pool: int
+    pool: int  # the shared pool's reserved bytes after the profiler's captures (PIECEWISE, then FULL)
+    full_pool: int  # what the FULL capture adds to the pool: FA3's split-KV accumulators' segments (0 without FA3)
+    piecewise_pool: int  # the pool's reserved bytes after the PIECEWISE captures (serving/graph_pool.py)
     piecewise_captures: int
     full_captures: int  # uniform-decode sizes only: those <= max_num_seqs (v1/cudagraph_dispatcher.py)
     formula: str
+    stream: int = 0  # the capture stream's segments the largest size's capture run leaves (graph_pool.py)
+    stream_held: int = 0  # the same after capture_model's last capture (size 1)
+    live: int = 0  # the most the PIECEWISE pieces hold at once
 
     @property
     def captured_pool(self) -> int:
@@ -117,8 +131,8 @@ def split_kv_bytes(arch: Architecture, tp: int, tokens: int) -> int:
 
 
 def piecewise_bytes(arch: Architecture, tp: int, tokens: int, act_bytes: int) -> int:
-    """The widest piece's live tensors during its capture (module docstring): the boundary tensors, or a dense
-    MLP piece's incoming residual, attention output, o_proj output, gate-up output and activation."""
+    """The widest piece's boundary tensors (q + 2kv + o + h) or a dense MLP piece's o + 2h + 3I, the live-tensor
+    figure this module took for the pool before the allocator replay (serving/graph_pool.py); kept for comparison."""
     kv = kv_heads_per_rank(arch, tp) * arch.head_dim if not arch.uses_mla else arch.kv_lora_rank + arch.qk_rope_head_dim
     o = arch.attention_output_width // tp
     boundary = arch.q_width // tp + 2 * kv + o + arch.hidden_size
@@ -128,18 +142,25 @@ def piecewise_bytes(arch: Architecture, tp: int, tokens: int, act_bytes: int) ->
 
 
 def graph_memory(arch: Architecture, max_num_seqs: int, tp: int, act_bytes: int, gpu_id: str,
-                 model_max: int | None = None, max_tokens: int | None = None) -> GraphMemory:
+                 model_max: int | None = None, max_tokens: int | None = None, layers: range | None = None,
+                 last: bool = True) -> GraphMemory:
+    """The pool of one pipeline stage (`layers`, the whole model by default; `last`: it ends the model), replayed
+    through the caching allocator (serving/graph_pool.py)."""
     sizes = capture_sizes(max_num_seqs, model_max, max_tokens)
     full_sizes = tuple(s for s in sizes if s <= max_num_seqs)
     tokens, decode = sizes[-1], full_sizes[-1]
-    full = split_kv_bytes(arch, tp, decode) if fa3_full_graphs(arch, gpu_id, act_bytes) else 0
-    piecewise = piecewise_bytes(arch, tp, tokens, act_bytes)
-    pool = max(full, piecewise)
-    formula = (f"pool = max(FULL: FA3 split-KV {FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
-               f"{full / MiB:.0f} MiB, PIECEWISE: the widest piece's tensors, max(q + 2kv + o + h, a dense MLP piece's "
-               f"o + 2h + 3I) at {tokens} tokens = "
-               f"{piecewise / MiB:.0f} MiB)")
-    return GraphMemory(pool, full, piecewise, len(sizes), len(full_sizes), formula)
+    fa3 = fa3_full_graphs(arch, gpu_id, act_bytes)
+    accumulators = graph_pool.fa3_accumulators(arch, tp, decode, FA3_SPLITS) if fa3 else ()
+    stage = layers if layers is not None else range(arch.num_layers)
+    run = graph_pool.replay(arch, tp, act_bytes, sizes, full_sizes, stage, last, max_num_seqs, accumulators)
+    formula = (f"the pool's segments, replayed (caching allocator, serving/graph_pool.py): PIECEWISE at {tokens} and "
+               f"{sizes[-2] if len(sizes) > 1 else tokens} tokens {run.piecewise / MiB:.0f} MiB reserved (its tensors "
+               f"{run.live / MiB:.0f} MiB at most at once), then FULL at {decode}"
+               + (f" with FA3's split-KV accumulators ({FA3_SPLITS} x {decode} x heads/TP x (head_dim + 1) x 4 B = "
+                  f"{split_kv_bytes(arch, tp, decode) / MiB:.0f} MiB)" if fa3 else "")
+               + f" adding {run.full / MiB:.0f} MiB")
+    return GraphMemory(run.piecewise + run.full, run.full, run.piecewise, len(sizes), len(full_sizes), formula,
+                       run.stream, run.stream_held, run.live)
 
 
 def profiler_total(first: dict[str, int], per_graph: dict[str, int], captures: dict[str, int]) -> int:
@@ -150,11 +171,14 @@ def profiler_total(first: dict[str, int], per_graph: dict[str, int], captures: d
 
 def vllm_estimate(graphs: GraphMemory, driver: DriverMemory | None = None, workspace: int = 0) -> tuple[int, str]:
     """profile_cudagraph_memory's total as we model it from what each of its samples holds (mem_get_info before
-    and after a warm-up and capture): a first capture is its mode's pool, its graphs' driver memory and, for the
-    first mode (PIECEWISE), the cuBLAS workspace of graph_capture's new stream; a second capture reuses the pool,
-    so it is its graphs' driver memory, at the source's 1 MiB floor ("for driver overhead")."""
+    and after a warm-up and capture): a first capture is what its mode adds to the pool, its graphs' driver memory
+    and, for the first mode (PIECEWISE), the segments and cuBLAS workspace of graph_capture's new stream (the warm-up's
+    segments go back at the first piece's empty_cache; the FULL capture's empty_cache returns the stream's free
+    segments and its run makes them again); a second capture reuses the pool, so it is its graphs' driver memory, at
+    the source's 1 MiB floor ("for driver overhead")."""
     pw_first, full_first, pw_second, full_second = driver.samples if driver else (0, 0, 0, 0)
-    first = {"FULL": graphs.full_pool + full_first, "PIECEWISE": graphs.piecewise_pool + pw_first + workspace}
+    first = {"FULL": graphs.full_pool + full_first,
+             "PIECEWISE": graphs.piecewise_pool + graphs.stream + pw_first + workspace}
     captures = {"FULL": graphs.full_captures, "PIECEWISE": graphs.piecewise_captures}
     total = profiler_total(first, {"FULL": full_second, "PIECEWISE": pw_second}, captures)
     return total, (f"max(FULL first capture {first['FULL'] / MiB:.0f} MiB, PIECEWISE {first['PIECEWISE'] / MiB:.0f} "

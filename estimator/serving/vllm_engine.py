@@ -289,21 +289,28 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
     (gpu_worker.py: current_platform.is_cuda(); ROCm's estimate stays 0); 0.26.0 on include ROCm (#44825, read in
     0.26.0, 0.27.0 and 0.33.0)."""
     model_max = model_max_capture(arch, r.release)
-    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id, model_max, r.max_num_batched_tokens)
+    graphs = graph_memory(arch, r.max_num_seqs, par.tp, act_bytes, r.gpu_id, model_max, r.max_num_batched_tokens,
+                          layers, last)
     fusion = fusion_workspace(r.rules, r.gpu_id, arch, par.tp, par.pp, r.max_num_batched_tokens)
     driver = driver_memory(arch, r.max_num_seqs, par.tp, r.gpu_id, act_bytes, layers, first, last,
                            fusion.tokens if fusion else None, model_max, r.max_num_batched_tokens)
     # capture_model runs inside graph_capture(), which makes a new stream (distributed/parallel_state.py, 0.19.0);
     # the warm-up runs before each capture are its first GEMMs, so torch keeps one more cuBLAS workspace for it
     workspace = blas_workspace_bytes(r.gpu_id)
-    held = graphs.captured_pool + driver.bytes + workspace
-    pool_formula = (f"FULL {graphs.full_pool / 2**20:.0f} MiB + PIECEWISE {graphs.piecewise_pool / 2**20:.0f} MiB "
-                    "(captured one after the other: FA3's accumulators take new segments)")
+    held = graphs.captured_pool + graphs.stream_held + driver.bytes + workspace
+    pool_formula = (f"PIECEWISE {graphs.piecewise_pool / 2**20:.0f} MiB + FULL {graphs.full_pool / 2**20:.0f} MiB "
+                    f"(captured one after the other: FA3's accumulators take new segments); {graphs.formula}")
     parts = (component("cuda_graphs", "Shared graph pool", graphs.captured_pool, pool_formula,
-                       "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py (serving/cuda_graphs.py)"),
+                       "vLLM compilation/cuda_graph.py, v1/attention/backends/flash_attn.py; PyTorch "
+                       "CUDACachingAllocator.cpp (serving/cuda_graphs.py, serving/graph_pool.py)"),
              component("cuda_graphs", "Graph executables' driver memory", driver.bytes, driver.formula,
                        f"vLLM 0.19.0 compilation/backends.py split_graph, config/compilation.py "
                        f"(serving/graph_nodes.py); {driver.source}"),
+             component("cuda_graphs", "Capture stream's segments after the first piece", graphs.stream_held,
+                       f"{graphs.stream_held / 2**20:.0f} MiB: the last capture run's logit indices and picked row "
+                       "(size 1) in the capture stream's small pool",
+                       "vLLM 0.19.0 v1/worker/gpu_model_runner.py _dummy_run, compilation/cuda_graph.py gc_disable; "
+                       "torch/cuda/graphs.py graph.__enter__ empty_cache (serving/graph_pool.py)"),
              component("cuda_graphs", "cuBLAS workspace of the capture stream", workspace,
                        f"{workspace:,} B, one more (handle, stream)",
                        "vLLM 0.19.0 v1/worker/gpu_model_runner.py capture_model (graph_capture's new stream, "
@@ -312,11 +319,13 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
     rocm_skipped = r.gpu_id.startswith("mi") and r.release < ROCM_GRAPH_PROFILE
     if r.rules.cuda_graphs_in_budget and not rocm_skipped:
         estimate, formula = vllm_estimate(graphs, driver, workspace)
-        return StageGraphs(estimate, True, held, f"{formula}; the device holds the pool + the executables' driver "
-                           f"memory + the capture stream's cuBLAS workspace = {held / GiB:.2f} GiB", ())
+        return StageGraphs(estimate, True, held, f"{formula}; the device holds the pool + the capture stream's "
+                           f"segments + the executables' driver memory + its cuBLAS workspace = {held / GiB:.2f} GiB",
+                           ())
     note = " (not profiled on ROCm before 0.26: captured on top of the budget)" if rocm_skipped else ""
-    return StageGraphs(held, False, held, f"pool {pool_formula} + driver memory {driver.formula} + the capture "
-                       f"stream's cuBLAS workspace {workspace / 2**20:.0f} MiB{note}", parts)
+    return StageGraphs(held, False, held, f"pool {pool_formula} + the capture stream's segments "
+                       f"{graphs.stream_held / 2**20:.0f} MiB + driver memory {driver.formula} + its cuBLAS workspace "
+                       f"{workspace / 2**20:.0f} MiB{note}", parts)
 
 
 def _non_torch(arch: Architecture, r: Resolved, par: Parallel) -> Component:
