@@ -212,7 +212,7 @@ EXTENSIONS = {
     "training": {"fp8_recipe", "recompute_modules", "moe_capacity_factor", "moe_dispatcher", "moe_router_dtype",
                  "attention_softmax_fusion", "cross_entropy_impl", "activation_func_fp8_input_store", "reduce_bucket_size",
                  "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "moe_grouped_gemm",
-                 "moe_use_legacy_grouped_gemm",
+                 "moe_use_legacy_grouped_gemm", "torch_version",
                  "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
                  "overlap_comm", "adamw_implementation", "training_loop", "async_tp", "compile_loss", "transformer_impl",
                  "gradient_accumulation_fusion", "te_version", "liger_kernel",
