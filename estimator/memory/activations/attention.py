@@ -148,8 +148,9 @@ def _fused_qkv_flash_entries(arch: Architecture, training: Training, par: Parall
 
 def transformers_fused_qkv(arch: Architecture, training: Training, math_sdpa: bool = False) -> bool:
     """transformers' fused QKV with a torch.cat rotary embedding (`Architecture.fused_qkv`) under flash attention."""
-    return (arch.fused_qkv and training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
-            and not math_sdpa and arch.position_embedding == "rope" and not arch.uses_mla)
+    return (arch.fused_qkv and not arch.qkv_split_copies and training.framework in TRANSFORMERS_FRAMEWORKS
+            and training.attention == "flash" and not math_sdpa and arch.position_embedding == "rope"
+            and not arch.uses_mla)
 
 
 def _torchtune_flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
