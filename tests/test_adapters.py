@@ -385,3 +385,32 @@ def test_peft_default_targets_adapt_the_one_fused_qkv_linear_once(hf, expected):
         assert estimate_config(cfg).parameters_trainable == expected
     assert estimate_config({"model": model, "training": {"framework": "hf", "seq_len": 1024, "training_loop": "plain",
                                                          "adapter": {"rank": 8}}}).parameters_trainable == expected // 2
+
+
+# peft 0.21 utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, for the model types the Hugging Face
+# reader (estimator/models/hf_families.py) reads; the others there (qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3,
+# phi3, gpt_oss, olmo2, granite, starcoder2) have no entry, so get_peft_model without target_modules raises
+# ("Please specify `target_modules` in `peft_config`") where our default still adapts q and v (Phi-3: its qkv_proj)
+PEFT_DEFAULTS = {
+    **{t: ["q_proj", "v_proj"] for t in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
+                                         "gemma3_text")},
+    "gpt2": ["c_attn"], "gpt_neox": ["query_key_value"], "falcon": ["query_key_value"],
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(PEFT_DEFAULTS))
+def test_the_default_targets_are_peft_s_default_for_the_model_type(model_type):
+    """Adapter's default ("q", "v") adapts what peft's default target_modules wraps: q_proj and v_proj apart, or
+    the one fused q, k, v linear once (its whole output: q + 2 kv)."""
+    from estimator.memory.adapters import adapted_modules, fused_targets
+    from estimator.models.hf_config import architecture_from_hf_config
+    from estimator.spec.adapter import Adapter
+
+    arch, _ = architecture_from_hf_config({"model_type": model_type})
+    got = [(m.name, m.in_features, m.out_features) for m in adapted_modules(fused_targets(Adapter(), arch), arch,
+                                                                            "dense")]
+    h = arch.hidden_size
+    if len(PEFT_DEFAULTS[model_type]) == 1:
+        assert got == [("q", h, arch.q_width + 2 * arch.kv_width)]
+    else:
+        assert got == [("q", h, arch.q_width), ("v", h, arch.kv_width)]
