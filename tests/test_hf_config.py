@@ -469,3 +469,28 @@ def test_the_fused_qkv_flash_rule_follows_how_the_family_splits_its_output():
     assert fused in names({"model_type": "falcon", "multi_query": False})
     assert fused not in names({"model_type": "falcon", "new_decoder_architecture": True, "num_attention_heads": 64,
                                "num_kv_heads": 8, "hidden_size": 4096})
+
+
+def test_the_eager_softmax_without_upcast_is_fp32_under_autocast():
+    """GPT-2's eager softmax(scores) runs on the scores' bf16 without autocast, but autocast runs softmax in fp32
+    (its fp32 op list), and GPT-2 then casts it to v's dtype (.type(value.dtype)) for scores x V: the fp32 output
+    (kept by softmax's backward) and its bf16 copy, as with transformers' fp32 upcast; Falcon's softmax(dtype=
+    hidden_states.dtype) is fp32 under autocast, the residual stream being fp32. Measured:
+    tests/data/measured/gpt2-medium-8layers-amp-adamw-norecompute-eager-s1024-b4,
+    falcon-7b-8layers-amp-adamw-norecompute-eager-s2048-b1."""
+    from estimator.memory.activations.attention import EAGER_SOFTMAX_FP32, SOFTMAX_CAST, attention_entries
+    from estimator.spec.parallel import Parallel
+    from estimator.spec.training import Training
+
+    s, b = 1024, 4
+    for model_type, heads in (("gpt2", 12), ("falcon", 71)):
+        arch, _ = build({"model_type": model_type})
+        kept = {}
+        for recipe, dtype in (("bf16", "bf16"), ("amp", "fp32")):
+            training = Training(framework="hf", attention="eager", seq_len=s, micro_batch_size=b, param_dtype=dtype)
+            kept[recipe] = {e.name: e.elements * e.bytes_per_element
+                            for e in attention_entries(arch, training, Parallel())}
+        scores = b * heads * s * s
+        assert kept["bf16"]["softmax output (compute dtype, no fp32 upcast)"] == 2 * scores
+        assert EAGER_SOFTMAX_FP32 not in kept["bf16"] and SOFTMAX_CAST not in kept["bf16"]
+        assert kept["amp"][EAGER_SOFTMAX_FP32] == 4 * scores and kept["amp"][SOFTMAX_CAST] == 2 * scores

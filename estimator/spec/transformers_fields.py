@@ -31,8 +31,8 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
           "name it (peft's default targets for gpt2, gpt_neox and falcon). Under hf, deepspeed and fsdp1 with flash "
           "attention and RoPE v stays a view of its output and the rotary embedding makes new q and k, so the "
           "whole output is kept beside them (GPT-2's learned positions leave q, k and v views of it: the bytes of "
-          "three projections; Falcon's split copies: qkv_split_copies), and the attention output, laid out as q, is copied for the output "
-          "projection (transformers' layout; Qwen-1's remote code keeps (b, s, heads, d) and needs no copy: one "
+          "three projections; Falcon's split copies: qkv_split_copies), and the attention output, laid out as q, is "
+          "copied for the output projection (transformers' layout; Qwen-1's remote code keeps (b, s, heads, d) and needs no copy: one "
           "layer's tokens x hidden more with recompute, not told apart).", _MORE, widget=False),
     Field("qkv_split_copies", "model", "bool", "Fused QKV split by copies", "transformers' Falcon, multi-query or "
           "new decoder architecture: k and v leave the fused QKV output by index lists (and the new architecture's q "
