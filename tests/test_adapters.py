@@ -347,3 +347,70 @@ def test_the_advice_offers_a_4_bit_base_to_a_lora_run_that_does_not_fit():
     qlora = estimate_config(config({"method": "qlora", "rank": 16}, model="llama-3.1-70b", seq_len=2048,
                                    recompute="full"))
     assert plan[0].device_total_bytes == qlora.device_total_bytes
+
+
+def _hf_model(config: dict) -> dict:
+    """The contract's model object the Hugging Face reader gives for a config.json (as validation/hf's records)."""
+    from dataclasses import fields
+
+    from estimator.models.hf_config import architecture_from_hf_config
+
+    arch, _ = architecture_from_hf_config(config)
+    return {f.name: getattr(arch, f.name) for f in fields(arch)
+            if getattr(arch, f.name) != f.default or f.name in ("hidden_size", "num_layers")}
+
+
+GPT2 = {"model_type": "gpt2"}  # GPT2Config's defaults: openai-community/gpt2, 12 layers of 768
+FALCON_7B = {"model_type": "falcon"}  # FalconConfig's defaults: tiiuae/falcon-7b, 32 layers, 71 heads + 1 KV head of 64
+
+
+@pytest.mark.parametrize("hf, expected", [
+    # GPT-2's one c_attn (Conv1D, 768 -> 3 x 768): 12 x 16 x (768 + 2304); r = 8 gives peft's often printed
+    # "trainable params: 294,912" for gpt2 with its default target ['c_attn']
+    (GPT2, 12 * 16 * (768 + 2304)),
+    # Falcon-7B's one query_key_value (4544 -> 71 x 64 + 2 x 64 = 4672): 32 x 16 x (4544 + 4672)
+    (FALCON_7B, 32 * 16 * (4544 + 4672)),
+])
+def test_peft_default_targets_adapt_the_one_fused_qkv_linear_once(hf, expected):
+    """peft's default targets for gpt2 (['c_attn']) and falcon (['query_key_value']) (peft 0.21 utils/constants.py
+    TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) are the one fused linear: our default ("q", "v") names it
+    (fused_qkv, read from the config), one lora_A and one lora_B a layer; measured in tests/data/measured/peft
+    (gpt2-medium-8layers-lora-r16-qv-*, falcon-7b-8layers-lora-r16-qv-*)."""
+    assert expected in (589_824, 4_718_592)
+    model = _hf_model(hf)
+    assert model["fused_qkv"]
+    for targets in (["q", "v"], ["q"], ["q", "k", "v"]):
+        cfg = {"model": model, "training": {"framework": "hf", "seq_len": 1024, "training_loop": "plain",
+                                            "adapter": {"rank": 16, "target_modules": targets}}}
+        assert estimate_config(cfg).parameters_trainable == expected
+    assert estimate_config({"model": model, "training": {"framework": "hf", "seq_len": 1024, "training_loop": "plain",
+                                                         "adapter": {"rank": 8}}}).parameters_trainable == expected // 2
+
+
+# peft 0.21 utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING, for the model types the Hugging Face
+# reader (estimator/models/hf_families.py) reads; the others there (qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3,
+# phi3, gpt_oss, olmo2, granite, starcoder2) have no entry, so get_peft_model without target_modules raises
+# ("Please specify `target_modules` in `peft_config`") where our default still adapts q and v (Phi-3: its qkv_proj)
+PEFT_DEFAULTS = {
+    **{t: ["q_proj", "v_proj"] for t in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2",
+                                         "gemma3_text")},
+    "gpt2": ["c_attn"], "gpt_neox": ["query_key_value"], "falcon": ["query_key_value"],
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(PEFT_DEFAULTS))
+def test_the_default_targets_are_peft_s_default_for_the_model_type(model_type):
+    """Adapter's default ("q", "v") adapts what peft's default target_modules wraps: q_proj and v_proj apart, or
+    the one fused q, k, v linear once (its whole output: q + 2 kv)."""
+    from estimator.memory.adapters import adapted_modules, fused_targets
+    from estimator.models.hf_config import architecture_from_hf_config
+    from estimator.spec.adapter import Adapter
+
+    arch, _ = architecture_from_hf_config({"model_type": model_type})
+    got = [(m.name, m.in_features, m.out_features) for m in adapted_modules(fused_targets(Adapter(), arch), arch,
+                                                                            "dense")]
+    h = arch.hidden_size
+    if len(PEFT_DEFAULTS[model_type]) == 1:
+        assert got == [("q", h, arch.q_width + 2 * arch.kv_width)]
+    else:
+        assert got == [("q", h, arch.q_width), ("v", h, arch.kv_width)]

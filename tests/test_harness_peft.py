@@ -28,6 +28,9 @@ VARIANTS = [
             recompute="full", base="nf4"),
     LoraRun("tiny-mixtral", SEQ, BATCH, rank=8, alpha=16, targets="all-linear", recompute="full"),
     # peft prepare_model_for_kbit_training: fp32 stream, SDPA's math backend (grouped KV heads)
+    # the one fused q, k, v linear under peft's default targets: GPT-2's c_attn, Falcon's query_key_value (eager)
+    LoraRun("tiny-gpt2", SEQ, BATCH, rank=8, alpha=16),
+    LoraRun("tiny-falcon", SEQ, BATCH, rank=8, alpha=16, attention="eager"),
     LoraRun("tiny-llama-256", SEQ, BATCH, rank=8, alpha=16, targets=ALL_SEVEN, recompute="full", base="nf4",
             prepare=True),
 ]
@@ -181,3 +184,11 @@ def test_prepare_kbit_casts_the_rest_to_fp32():
     grown = 2 * (block(1000 * 256 * 4) - block(1000 * 256 * 2)) + 5 * (block(256 * 4) - block(256 * 2))
     assert prepared["parameter_bytes"]["frozen"] - plain["parameter_bytes"]["frozen"] == grown == 1_026_560
     assert prepared["parameter_bytes"]["trainable"] == plain["parameter_bytes"]["trainable"]
+
+
+def test_a_fused_qkv_linear_gets_one_adapter(fake):
+    """tiny-gpt2 (hidden 64, 2 layers): c_attn 64 -> 192; tiny-falcon (hidden 64, 4 heads of 16, multi-query):
+    query_key_value 64 -> 64 + 2 x 16. ("q", "v") adapts the one module once: r x (in + out) a layer."""
+    gpt2, falcon = fake[VARIANTS[-3]], fake[VARIANTS[-2]]
+    assert gpt2["parameter_counts"]["trainable"] == 2 * 8 * (64 + 192) == 4096
+    assert falcon["parameter_counts"]["trainable"] == 2 * 8 * (64 + 96) == 2560

@@ -231,7 +231,8 @@ def test_the_transformers_code_details_are_read():
     neox_serial, _ = build({"model_type": "gpt_neox", "use_parallel_residual": False, "hidden_act": "gelu_new"})
     gpt2, _ = build({"model_type": "gpt2"})
     star, _ = build({"model_type": "starcoder2"})
-    assert phi.fused_qkv and neox.fused_qkv and not gpt2.fused_qkv and not star.fused_qkv
+    # one q, k, v linear: Phi-3 qkv_proj, GPT-NeoX query_key_value, GPT-2 c_attn (StarCoder2: q_proj, k_proj, v_proj)
+    assert phi.fused_qkv and neox.fused_qkv and gpt2.fused_qkv and not star.fused_qkv
     assert neox.parallel_attention and not neox_serial.parallel_attention and not phi.parallel_attention
     assert gpt2.composite_gelu and neox_serial.composite_gelu and not neox.composite_gelu and not star.composite_gelu
     assert gpt2.eager_softmax_in_compute_dtype and not star.eager_softmax_in_compute_dtype
@@ -239,6 +240,13 @@ def test_the_transformers_code_details_are_read():
     falcon_mha, _ = build({"model_type": "falcon", "multi_query": False})
     assert falcon.eager_kv_broadcast and not falcon_mha.eager_kv_broadcast and not neox.eager_kv_broadcast
     assert falcon.parallel_attention and falcon.norms_per_layer == 1 and falcon.eager_softmax_in_compute_dtype
+    # one query_key_value; modeling_falcon.py _split_heads takes k and v by index lists (copies) when multi-query or
+    # with the new decoder architecture, views of the output only when both are off
+    falcon_new, _ = build({"model_type": "falcon", "new_decoder_architecture": True, "num_attention_heads": 64,
+                           "num_kv_heads": 8, "hidden_size": 4096})  # falcon-40b-like
+    assert falcon.fused_qkv and falcon_mha.fused_qkv and falcon_new.fused_qkv
+    assert falcon.qkv_split_copies and falcon_new.qkv_split_copies and not falcon_mha.qkv_split_copies
+    assert not (phi.qkv_split_copies or neox.qkv_split_copies or gpt2.qkv_split_copies)
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "bert", "t5", "llama4", "unet"])
@@ -434,3 +442,55 @@ def test_any_json_value_in_any_known_field_ends_in_a_config_error_or_an_architec
             assert error.field.startswith("model") and str(error)
         else:
             assert arch.num_layers >= 1 and arch.hidden_size >= 1
+
+
+def test_the_fused_qkv_flash_rule_follows_how_the_family_splits_its_output():
+    """transformers 5.23 under SDPA (flash): Phi-3 slices qkv_proj and rotates q and k, so the whole output stays
+    alive through v beside the rotated q and k, and the attention output, laid out as the cat-made q, is copied for
+    o_proj (memory/activations/attention.py `_fused_qkv_flash_entries`). GPT-2 splits c_attn into views and has no
+    rotary embedding: flash keeps the three views, the bytes of q, k and v. Falcon-7B (multi-query) takes k and v by
+    index lists, copies (modeling_falcon.py _split_heads): the output is freed after the split, the rule does not
+    apply (qkv_split_copies); only Falcon without multi_query and the new architecture splits into views."""
+    from estimator.memory.activations.attention import attention_entries
+    from estimator.spec.parallel import Parallel
+    from estimator.spec.training import Training
+
+    flash = Training(framework="hf", attention="flash", seq_len=1024, micro_batch_size=1)
+
+    def names(config: dict) -> list[str]:
+        arch, _ = build(config)
+        return [e.name for e in attention_entries(arch, flash, Parallel())]
+
+    fused = "QKV projection output (v is a view of it)"
+    assert fused in names({"model_type": "phi3"})
+    assert fused not in names({"model_type": "gpt2"}) and "q, k, v kept by flash attention" in names(
+        {"model_type": "gpt2"})
+    assert fused not in names({"model_type": "falcon"})
+    assert fused in names({"model_type": "falcon", "multi_query": False})
+    assert fused not in names({"model_type": "falcon", "new_decoder_architecture": True, "num_attention_heads": 64,
+                               "num_kv_heads": 8, "hidden_size": 4096})
+
+
+def test_the_eager_softmax_without_upcast_is_fp32_under_autocast():
+    """GPT-2's eager softmax(scores) runs on the scores' bf16 without autocast, but autocast runs softmax in fp32
+    (its fp32 op list), and GPT-2 then casts it to v's dtype (.type(value.dtype)) for scores x V: the fp32 output
+    (kept by softmax's backward) and its bf16 copy, as with transformers' fp32 upcast; Falcon's softmax(dtype=
+    hidden_states.dtype) is fp32 under autocast, the residual stream being fp32. Measured:
+    tests/data/measured/gpt2-medium-8layers-amp-adamw-norecompute-eager-s1024-b4,
+    falcon-7b-8layers-amp-adamw-norecompute-eager-s2048-b1."""
+    from estimator.memory.activations.attention import EAGER_SOFTMAX_FP32, SOFTMAX_CAST, attention_entries
+    from estimator.spec.parallel import Parallel
+    from estimator.spec.training import Training
+
+    s, b = 1024, 4
+    for model_type, heads in (("gpt2", 12), ("falcon", 71)):
+        arch, _ = build({"model_type": model_type})
+        kept = {}
+        for recipe, dtype in (("bf16", "bf16"), ("amp", "fp32")):
+            training = Training(framework="hf", attention="eager", seq_len=s, micro_batch_size=b, param_dtype=dtype)
+            kept[recipe] = {e.name: e.elements * e.bytes_per_element
+                            for e in attention_entries(arch, training, Parallel())}
+        scores = b * heads * s * s
+        assert kept["bf16"]["softmax output (compute dtype, no fp32 upcast)"] == 2 * scores
+        assert EAGER_SOFTMAX_FP32 not in kept["bf16"] and SOFTMAX_CAST not in kept["bf16"]
+        assert kept["amp"][EAGER_SOFTMAX_FP32] == 4 * scores and kept["amp"][SOFTMAX_CAST] == 2 * scores

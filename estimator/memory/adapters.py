@@ -89,7 +89,10 @@ def _mlp_modules(arch, width: int, copies: int) -> list[Module]:
 
 def fused_targets(adapter: Adapter, arch) -> Adapter:
     """With one q, k, v linear (`Architecture.fused_qkv`) q, k or v names it: peft wraps the one module
-    (Phi-3 qkv_proj, GPT-NeoX query_key_value, Qwen-1 c_attn), so ["q", "v"] adapts it once, as "q"."""
+    (Phi-3 qkv_proj, GPT-NeoX and Falcon query_key_value, GPT-2 and Qwen-1 c_attn), so ["q", "v"] adapts it once,
+    as "q": what peft's default targets give for gpt2, gpt_neox and falcon (peft 0.21 utils/constants.py
+    TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; measured: tests/data/measured/peft/gpt2-medium-8layers-*,
+    falcon-7b-8layers-*)."""
     targets = adapter.target_modules
     if not arch.fused_qkv or adapter.all_linear or not {"k", "v"} & set(targets):
         return adapter

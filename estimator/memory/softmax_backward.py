@@ -38,7 +38,7 @@ record).
 
 from __future__ import annotations
 
-from .activations.entries import Entry, compiled, fused_kernels
+from .activations.entries import Entry, compiled, eager_softmax_16_bit, fused_kernels
 from .activations.attention import megatron_fused_softmax
 from .activations.llama4 import TRANSFORMERS_FRAMEWORKS
 from .components import Component, component
@@ -84,7 +84,7 @@ def _softmax_bytes(arch: Architecture, training: Training, par: Parallel) -> flo
         return None if megatron_fused_softmax(arch, training, par) else 4
     if training.framework not in TRANSFORMERS_FRAMEWORKS:  # torchtitan and torchtune attend through SDPA
         return None
-    return bytes_per_element(training.compute_dtype) if arch.eager_softmax_in_compute_dtype else 4
+    return bytes_per_element(training.compute_dtype) if eager_softmax_16_bit(arch, training) else 4
 
 
 def _scores(arch: Architecture, training: Training) -> float:

@@ -299,6 +299,8 @@ def _gpt2(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         composite_gelu=(r.text("activation_function") or "gelu_new") == "gelu_new",  # GPT2Config's default
         # modeling_gpt2.py eager_attention_forward: softmax of the scores in their dtype, no fp32 upcast
         eager_softmax_in_compute_dtype=True,
+        # GPT2Attention: one c_attn (Conv1D, h -> 3h) split into q, k, v views; peft's default target ['c_attn']
+        fused_qkv=True,
     ), []
 
 
@@ -349,6 +351,9 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         # modeling_falcon.py FalconAttention eager path: F.softmax(..., dtype=hidden_states.dtype), one k and v head
         # broadcast in the matmuls (multi-query)
         eager_softmax_in_compute_dtype=True, eager_kv_broadcast=kv == 1,
+        # FalconAttention: one query_key_value (peft's default target); _split_heads takes k and v by index lists
+        # (copies) unless multi_query and new_decoder_architecture are both off (views of the output)
+        fused_qkv=True, qkv_split_copies=new_arch or r.bool("multi_query", True),
     ), notes
 
 

@@ -44,7 +44,11 @@ class Adapter:
     method: str = "lora"
     rank: int = 16
     alpha: float = 32.0
-    target_modules: tuple[str, ...] = ("q", "v")  # PEFT's default for Llama-style models
+    # peft 0.21's default (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING) for Llama, Mistral, Mixtral, Qwen2/3 and
+    # Gemma 1-3 (q_proj, v_proj), and for GPT-2, GPT-NeoX and Falcon (the one fused q, k, v linear: fused_qkv); peft
+    # has none for Phi-3, StarCoder2, OLMo 2, Granite, gpt-oss, DeepSeek and the Qwen MoE types and asks for targets
+    # (tests/test_adapters.py PEFT_DEFAULTS)
+    target_modules: tuple[str, ...] = ("q", "v")
     dropout: float = 0.0
     trainable_embeddings: bool = False
     base_dtype: str | None = None

@@ -113,6 +113,11 @@ class Architecture:
     # an adapter on it is one lora_A and one lora_B (memory/adapters.py layer_modules); v stays a view of its output
     # while the rotary embedding makes new q and k (memory/activations/attention.py `_fused_qkv_flash_entries`)
     fused_qkv: bool = False
+    # transformers' Falcon, multi-query or new decoder architecture (modeling_falcon.py FalconAttention._split_heads):
+    # k and v leave the fused output by index lists (fused_qkv[..., [-2], :]) and the new architecture's q by a
+    # flatten of a strided view, copies all, so the fused output is not kept through v: the fused-QKV activation
+    # rule does not apply (its adapter rule does)
+    qkv_split_copies: bool = False
     # attention and MLP both read the layer input, whose output is input + attention + MLP (GPT-NeoX
     # use_parallel_residual, Falcon parallel_attn / new_decoder_architecture)
     parallel_attention: bool = False

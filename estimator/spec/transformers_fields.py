@@ -3,7 +3,7 @@
 attention_residual_dropout, mlp_residual_dropout, embedding_dropout: what the code drops out besides the attention
 probabilities, which is training.dropout's), a fused q, k, v projection (fused_qkv), parallel attention and MLP
 (parallel_attention), a GELU written in PyTorch ops (composite_gelu) and Falcon's broadcast keys and values
-(eager_kv_broadcast)."""
+(eager_kv_broadcast) and split copies (qkv_split_copies)."""
 
 from __future__ import annotations
 
@@ -26,12 +26,19 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
     _p("mlp_residual_dropout", "MLP residual dropout", "The model config's dropout on the MLP output before its "
        "residual add (the same keys; Falcon's hidden_dropout, once per layer); above 0 each layer keeps a bool mask."),
     Field("fused_qkv", "model", "bool", "Fused QKV", "One linear gives q, k and v: transformers' Phi-3 (qkv_proj), "
-          "GPT-NeoX (query_key_value), Qwen-1's remote code (c_attn). A LoRA adapter on it is one lora_A (rank x "
-          "hidden) and one lora_B ((q + 2 kv) x rank); q, k or v in the targets name it. Under hf, deepspeed and "
-          "fsdp1 with flash attention v stays a view of its output and the rotary embedding makes new q and k, so the "
-          "whole output is kept beside them, and the attention output, laid out as q, is copied for the output "
-          "projection (transformers' layout; Qwen-1's remote code keeps (b, s, heads, d) and needs no copy: one "
+          "GPT-NeoX and Falcon (query_key_value), GPT-2 (c_attn, a Conv1D), Qwen-1's remote code (c_attn). A LoRA "
+          "adapter on it is one lora_A (rank x hidden) and one lora_B ((q + 2 kv) x rank); q, k or v in the targets "
+          "name it (peft's default targets for gpt2, gpt_neox and falcon). Under hf, deepspeed and fsdp1 with flash "
+          "attention and RoPE v stays a view of its output and the rotary embedding makes new q and k, so the "
+          "whole output is kept beside them (GPT-2's learned positions leave q, k and v views of it: the bytes of "
+          "three projections; Falcon's split copies: qkv_split_copies), and the attention output, laid out as q, is "
+          "copied for the output projection (transformers' layout; Qwen-1's remote code keeps (b, s, heads, d) and needs no copy: one "
           "layer's tokens x hidden more with recompute, not told apart).", _MORE, widget=False),
+    Field("qkv_split_copies", "model", "bool", "Fused QKV split by copies", "transformers' Falcon, multi-query or "
+          "new decoder architecture: k and v leave the fused QKV output by index lists (and the new architecture's q "
+          "by a flatten), copies, so the output is not kept through v and the fused QKV's flash-attention rule (the "
+          "whole output kept, the attention output copied) does not apply; its adapter rule does.", _MORE,
+          widget=False),
     Field("parallel_attention", "model", "bool", "Parallel attention and MLP", "GPT-NeoX (use_parallel_residual) "
           "and Falcon (parallel_attn, new_decoder_architecture): attention and MLP both read the layer input and the "
           "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps (with one norm a layer, "

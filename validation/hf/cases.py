@@ -96,12 +96,17 @@ DROPOUT_RUNS = (
     Run("gpt2-medium-8layers", 1024, 4), Run("gpt2-medium-8layers", 1024, 4, dropout=0.1),
     Run("gpt2-medium-8layers", 1024, 8, recompute="full", dropout=0.1),
     Run("gpt2-medium-8layers", 1024, 4, attention="eager", dropout=0.1),
+    # under autocast the one c_attn (Conv1D's addmm) casts its input once (fused_qkv), and the eager softmax runs in
+    # fp32 (autocast's fp32 list; Falcon's dtype=hidden_states.dtype, the fp32 residual stream)
+    Run("gpt2-medium-8layers", 1024, 4, recipe="amp"),
+    Run("gpt2-medium-8layers", 1024, 4, recipe="amp", attention="eager"),
     Run("starcoder2-3b-8layers", 4096, 2), Run("starcoder2-3b-8layers", 4096, 2, dropout=0.1),
     Run("starcoder2-3b-8layers", 8192, 2, recompute="full", dropout=0.1),
     Run("starcoder2-3b-8layers", 4096, recipe="amp", dropout=0.1),
     # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py), which the harness does not emulate: eager only
     Run("falcon-7b-8layers", 2048, attention="eager"), Run("falcon-7b-8layers", 2048, attention="eager", dropout=0.1),
     Run("falcon-7b-8layers", 4096, recompute="full", attention="eager", dropout=0.1),
+    Run("falcon-7b-8layers", 2048, recipe="amp", attention="eager"),
 )
 
 

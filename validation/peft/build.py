@@ -29,6 +29,11 @@ from ..hf.models import MODELS
 TARGET_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
                   "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 ALL_SEVEN = ("q", "k", "v", "o", "gate", "up", "down")
+# one q, k, v linear (the estimator's Architecture.fused_qkv): q, k or v names it, peft wraps it once
+# (transformers 5.23 modeling_gpt2.py GPT2Attention.c_attn, a Conv1D; modeling_falcon.py and modeling_gpt_neox.py
+# query_key_value; modeling_phi3.py qkv_proj); the targets peft's own defaults give for gpt2, falcon and gpt_neox
+# (peft 0.21 utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
+FUSED_QKV = {"gpt2": "c_attn", "falcon": "query_key_value", "gpt_neox": "query_key_value", "phi3": "qkv_proj"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ def model_config(run: LoraRun):
 def lora_config(run: LoraRun):
     from peft import LoraConfig
 
-    targets = run.targets if run.targets == "all-linear" else [TARGET_MODULES[t] for t in run.targets]
+    targets = run.targets if run.targets == "all-linear" else target_modules(run)
     config = LoraConfig(r=run.rank, lora_alpha=run.alpha, lora_dropout=run.dropout,
                         target_modules=targets, modules_to_save=list(run.save) or None, use_dora=run.dora,
                         task_type="CAUSAL_LM")
@@ -71,6 +76,16 @@ def lora_config(run: LoraRun):
         from .bnb import Linear4bit, lora_layer_class
         config._register_custom_module({Linear4bit: lora_layer_class()})
     return config
+
+
+def target_modules(run: LoraRun) -> list[str]:
+    """peft's module names for the run's contract targets (q, k and v one fused module where the model has one)."""
+    from .tiny import TINY
+
+    spec = TINY.get(run.model) or MODELS[run.model]
+    fused = FUSED_QKV.get(getattr(spec, "hf", {}).get("model_type"))
+    names = [fused if fused and t in ("q", "k", "v") else TARGET_MODULES[t] for t in run.targets]
+    return list(dict.fromkeys(names))
 
 
 def meta_peft_model(run: LoraRun):

@@ -107,6 +107,12 @@ def _runs() -> list[LoraRun]:
         # ... o or down alone: the first layer keeps nothing before it
         R("llama-3.2-1b", 2048, rank=16, alpha=32, targets=("o",), attention="eager"),
         R("llama-3.2-1b", 4096, rank=16, alpha=32, targets=("down",)),
+        # one fused q, k, v linear (Architecture.fused_qkv): peft's default targets for gpt2 (c_attn, a Conv1D) and
+        # falcon (query_key_value) adapt it once, one lora_A and one lora_B (build.py FUSED_QKV); Falcon eager, as
+        # in validation/hf (its SDPA path's 4-D mask is not emulated)
+        R("gpt2-medium-8layers", 1024, 4, rank=16, alpha=32, targets=QV),
+        R("gpt2-medium-8layers", 1024, 8, rank=16, alpha=32, targets=QV, recompute="full"),
+        R("falcon-7b-8layers", 2048, rank=16, alpha=32, targets=QV, attention="eager"),
     ]
 
 

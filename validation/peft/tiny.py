@@ -7,6 +7,9 @@ from ..hf.models import MODELS, Model, _dense
 TINY = {m.id: m for m in [
     MODELS["tiny-llama"],
     MODELS["tiny-mixtral"],
+    # one fused q, k, v linear (build.py FUSED_QKV): GPT-2's c_attn (a Conv1D) and Falcon's query_key_value
+    MODELS["tiny-gpt2"],
+    MODELS["tiny-falcon"],
     # NF4 needs every quantized weight's numel to be a multiple of 64 x 256 (torchao's block and
     # scaler block): hidden 256 with 2 KV heads of 64 makes the smallest, k_proj 128 x 256.
     Model("tiny-llama-256", "LlamaConfig", dict(

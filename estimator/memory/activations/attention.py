@@ -10,7 +10,7 @@ from ...spec.parallel import Parallel
 from ...spec.training import Training
 from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from .entries import (ATTENTION_OUTPUT, CORE, Entry, NORM, UP_PROJ, _norm, _norm_output, compiled, fused_kernels,
-                      config_dropout, tokens_per_gpu, torch_fused_rms_norm)
+                      config_dropout, eager_softmax_16_bit, tokens_per_gpu, torch_fused_rms_norm)
 
 
 CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_cp_to_forward (FlexAttention: "
@@ -148,8 +148,9 @@ def _fused_qkv_flash_entries(arch: Architecture, training: Training, par: Parall
 
 def transformers_fused_qkv(arch: Architecture, training: Training, math_sdpa: bool = False) -> bool:
     """transformers' fused QKV with a torch.cat rotary embedding (`Architecture.fused_qkv`) under flash attention."""
-    return (arch.fused_qkv and training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
-            and not math_sdpa and arch.position_embedding == "rope" and not arch.uses_mla)
+    return (arch.fused_qkv and not arch.qkv_split_copies and training.framework in TRANSFORMERS_FRAMEWORKS
+            and training.attention == "flash" and not math_sdpa and arch.position_embedding == "rope"
+            and not arch.uses_mla)
 
 
 def _torchtune_flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
@@ -287,12 +288,13 @@ def _eager_softmax_entries(arch: Architecture, training: Training, scores: float
     out = []
     if arch.attention_logit_softcapping:  # tanh keeps its output for backward
         out.append(Entry(SOFTCAP_OUTPUT, scores, B, "tp", "B*a*s^2*b", recompute=CORE))
-    if arch.eager_softmax_in_compute_dtype:  # Llama 4: the softmax of the 16-bit scores, kept
+    in_compute = eager_softmax_16_bit(arch, training)
+    if in_compute:  # Llama 4, GPT-2, Falcon without autocast: the softmax of the 16-bit scores, kept
         out.append(Entry("softmax output (compute dtype, no fp32 upcast)", scores, B, "tp", "B*a*s^2*b",
                          recompute=CORE))
     else:
         out.append(Entry(EAGER_SOFTMAX_FP32, scores, 4, "tp", "4*a*s^2*b", recompute=CORE))
-    if not prepared(training) and not arch.eager_softmax_in_compute_dtype and not training.dropout:
+    if not prepared(training) and not in_compute and not training.dropout:
         # an fp32 query (kbit.py): no copy
         out.append(Entry(SOFTMAX_CAST, scores, B, "tp", "B*a*s^2*b", recompute=CORE))
     return out

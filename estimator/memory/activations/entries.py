@@ -76,6 +76,15 @@ def autocast(training: Training) -> bool:
     return training.param_dtype == "fp32" and training.compute_dtype != "fp32"
 
 
+def eager_softmax_16_bit(arch: Architecture, training: Training) -> bool:
+    """transformers' eager softmax without the fp32 upcast (`Architecture.eager_softmax_in_compute_dtype`: Llama 4,
+    GPT-2, Falcon) keeps a 16-bit output, except under autocast: torch's autocast runs softmax in fp32 (its fp32
+    op list; GPT-2's and Llama 4's softmax(scores)) and Falcon's softmax(dtype=hidden_states.dtype) is that of the
+    fp32 residual stream, so the fp32 output and the 16-bit copy scores x V reads are kept as with the upcast
+    (measured: tests/data/measured/falcon-7b-8layers-amp-adamw-norecompute-eager-s2048-b1)."""
+    return arch.eager_softmax_in_compute_dtype and not autocast(training)
+
+
 def torch_fused_rms_norm(arch: Architecture, training: Training) -> bool:
     """fsdp2 (torchtitan) runs torch.nn.RMSNorm: on CUDA ``F.rms_norm`` -> ``aten::rms_norm`` calls
     ``at::_fused_rms_norm`` (aten/src/ATen/native/layer_norm.cpp ``rms_norm_symint``), one kernel that
