@@ -6,14 +6,17 @@ first, from DeepSpeed v0.19.5's source (runtime/zero/stage_1_and_2.py), contiguo
 - The backward's epilogue (independent_gradient_partition_epilogue l. 898-946) keeps the first micro-batch's
   gradients in `all_grad_tensors` (l. 916-918: the .grad tensors, views of that buffer), adds every later
   micro-batch's into them (l. 919-923, `add_`), then drops the name `grads_in_partition` (_release_ipg_buffers
-  l. 807-813) and every .grad (_clear_param_grad_only l. 2007): the first buffer lives on through all_grad_tensors,
-  so the next backward's first reduction makes another beside it, freed at that backward's epilogue.
+  l. 807-813, called l. 939) and every .grad (_clear_param_grad_only, l. 945): the first buffer lives on through
+  all_grad_tensors, so the next backward's first reduction makes another beside it, freed at that backward's
+  epilogue.
 - So from the second micro-batch on backward holds two partitions from its first reduction to its end; the step
-  holds one (averaged_gradients: views of the first, l. 924-931). DeepSpeed of v0.12.3 does the same with
-  `averaged_gradients` in place of all_grad_tensors (independent_gradient_partition_epilogue: `avg_new` added into
-  it, then _release_ipg_buffers).
+  holds one (averaged_gradients: views of the first, l. 924-931). DeepSpeed of the v0.1x line of v0.12.3 does the
+  same with `averaged_gradients` in place of all_grad_tensors (independent_gradient_partition_epilogue: the first
+  micro-batch's get_flat_partition(return_tensor_list=True) kept, `avg_new` added into it, then
+  _release_ipg_buffers; read in a public copy of that code, its release not pinned: line numbers unchecked).
 Measured per rank and micro-batch on real DeepSpeed 0.19.5 over 2 gloo ranks, gradient_accumulation_steps 2 and 3,
-overlap_comm on and off (validation/gpu/deepspeed_accumulation.py, tests/test_deepspeed_accumulation.py).
+overlap_comm on and off (validation/gpu/deepspeed_accumulation.py, tests/test_deepspeed_accumulation.py). The
+one-GPU replay of the caching allocator (deepspeed_replay._micro_batches) makes and frees it likewise.
 Not modelled: contiguous_gradients off (no field; measured: each later backward's own .grad of the rank's tensors
 grow beside the kept ones, two partitions at its end too) and offload_optimizer (accumulated_grads_in_cpu,
 deepspeed_offload).
