@@ -6,8 +6,8 @@ Per rank and per micro-batch the record keeps the distinct storages (untyped_sto
 from DeepSpeedZeroOptimizer's gradient attributes (runtime/zero/stage_1_and_2.py: `grads_in_partition`,
 `all_grad_tensors`, `averaged_gradients`, the ipg buckets' buffers, `previous_reduced_grads`) and the parameters'
 `.grad` / `.grad_accum`, sampled at every reduction point of backward (reduce_ipg_grads before and after,
-copy_grads_in_partition after, _release_ipg_buffers before: the epilogue's moment), after backward and after the
-step: `peak` the most bytes at once in that micro-batch's backward, `after_backward` what lives on to the next,
+copy_grads_in_partition after, and at its torch.empty: what lived before the call and the new buffer;
+_release_ipg_buffers before: the epilogue's moment), after backward and after the step: `peak` the most bytes at once in that micro-batch's backward, `after_backward` what lives on to the next,
 `grads_in_partition` the numel of each buffer made (torch.empty in copy_grads_in_partition).
 
     .venv/deepspeed/bin/python -m validation.gpu.deepspeed_accumulation [--out FILE] [--worlds 2]
@@ -98,8 +98,8 @@ def measure_rank(run: AccumulationRun) -> dict:
     zero = engine.optimizer
     state = {"peak": 0, "peak_at": "", "peak_storages": {}, "made": []}
 
-    def sample(where: str) -> None:
-        now = live(zero, model)
+    def sample(where: str, now: dict | None = None) -> None:
+        now = live(zero, model) if now is None else now
         total = sum(n for n, _ in now.values())
         if total > state["peak"]:
             state.update(peak=total, peak_at=where,
@@ -112,9 +112,14 @@ def measure_rank(run: AccumulationRun) -> dict:
             if before:
                 sample(name + " before")
             had = getattr(zero, "grads_in_partition", None)
+            then = live(zero, model) if name == "copy_grads_in_partition" and had is None else None
             out = inner(*args, **kwargs)
             if name == "copy_grads_in_partition" and had is None and zero.grads_in_partition is not None:
-                state["made"].append(zero.grads_in_partition.numel())
+                made = zero.grads_in_partition
+                state["made"].append(made.numel())
+                # the moment of its torch.empty: what lived before the call and the new buffer, before any copy
+                then[made.untyped_storage().data_ptr()] = [made.untyped_storage().nbytes(), {"grads_in_partition"}]
+                sample(name + " torch.empty", then)
             if after:
                 sample(name + " after")
             return out
