@@ -128,8 +128,9 @@ MEDIAN_MISSES = {
 # (_has_inf_or_nan: x.float() per gradient) and the fp64 norm (g.double() per gradient) copy one adapter tensor at a
 # time (under 13 MB). From the second micro-batch on, copy_grads_in_partition makes a second contiguous gradient
 # buffer each backward (the first is averaged_gradients' storage until the step; _release_ipg_buffers frees the new
-# one after add_), not modelled: it raises the backward, the rows sit over already. What remains over on 72B
-# (+3.7% to +7.7%) is the flat 10% fragmentation share (5.8-7.3 GB): allocated plus what lies outside the allocator is
+# one after add_), modelled (deepspeed_accumulation.py, measured over gloo: tests/test_deepspeed_accumulation.py): it
+# raises the backward where that is the peak (7B +4.2% -> +6.9% at 256 tokens, 14B -4.3% -> -1.7%, 72B +3.7% ->
+# +6.1% at 1024). What remains over on 72B (+3.7% to +7.7% before it) is the flat 10% fragmentation share (5.8-7.3 GB): allocated plus what lies outside the allocator is
 # 1.9-5.5% under the table. Replaying 0.12.3's ZeRO-2 initialisation for adapters through deepspeed_replay.py (the
 # base loaded, the adapters moved to the host, the flat buffer and its fp32 clone, FusedAdam's moments made by the
 # init step) was tried and not kept: 72B +5.2% at 256 but +10.9% at 8192, 14B +19.0% and 1.8B +15.4% at 1024,

@@ -187,7 +187,8 @@ def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float,
     its bucket. ZeRO-2's flat gradient partitions (copy_grads_in_partition) are made as its first bucket is reduced,
     a layer into the backward, on the reduction stream (overlap_comm: `with stream(self.reduction_stream)`), whose
     blocks the caching allocator keeps apart from the default stream's (CUDACachingAllocator.cpp: free blocks are
-    looked up by stream), and kept to the step's end; repeated micro-batches end where the allocator's state
+    looked up by stream), and kept to the step's end; each later micro-batch makes another at the same point, freed
+    at its backward's end (deepspeed_accumulation.py); repeated micro-batches end where the allocator's state
     repeats (reserved.py _build)."""
     from .reserved import _backward, _forward
 
@@ -197,10 +198,14 @@ def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float,
     for k in range(cfg.microbatches):
         grads = dict.fromkeys(range(len(order)))
         kept = _forward(program, cfg, shared, sp, w, tr, 0.0, layer_sizes)
-        if cfg.zero_stage == 2 and k == 0:
-            program.transient = _Hook(program, lambda: setattr(program, "partitions", side.malloc(int(G * trained))))
+        if cfg.zero_stage == 2:  # later micro-batches: a partition of their own beside the kept one
+            name = "partitions" if k == 0 else "second partitions"
+            program.transient = _Hook(program, lambda name=name: setattr(program, name, side.malloc(int(G * trained))))
         _backward(program, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes)
         program.__dict__.pop("transient", None)
+        second = program.__dict__.pop("second partitions", None)  # freed at the epilogue (deepspeed_accumulation)
+        if second is not None:
+            side.free(second)
         now = program.state()
         if now == previous:
             break

@@ -29,6 +29,7 @@ from itertools import accumulate
 
 from .backward_moments import BackwardEnd
 from .components import Component, component
+from .deepspeed_accumulation import second_partition
 from .deepspeed_offload import largest_overlap, largest_slice, partition_windows
 from .deepspeed_step import deepspeed_settings, zero2_backward
 from .deepspeed_zero1 import busiest_whole, layout, modelled
@@ -160,7 +161,9 @@ def overlap_end(arch: Architecture, training: Training, recipe: Recipe, sp: Stag
 def deepspeed_in_backward(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
                           zero: int, largest: float, grads: float) -> tuple[bool, list[Component]]:
     """DeepSpeed's gradients a few layers into backward: whether ZeRO-2's partitions exist then, and what is held
-    beside them (the head's whole gradient, `largest` elements), or ZeRO-1's with overlap_comm (`in_backward`)."""
+    beside them (the head's whole gradient, `largest` elements; from the second micro-batch on a second partition,
+    deepspeed_accumulation), or ZeRO-1's with overlap_comm (`in_backward`)."""
     partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
                                          largest_slice(arch, training, recipe, sp, zero, par))
-    return partitions, pending + in_backward(arch, training, recipe, sp, par, zero, grads)
+    return partitions, (pending + second_partition(training, par, zero, partitions, grads)
+                        + in_backward(arch, training, recipe, sp, par, zero, grads))

@@ -6,8 +6,9 @@ v0.19.5's source, runtime/zero/stage_1_and_2.py (v0.12.6 reads the same: copy_gr
   (l. 1959) lists in params_in_partition every parameter of the group overlapping the rank's share, whole.
 - The first reduction in backward makes `grads_in_partition` (copy_grads_in_partition l. 1643-1653: torch.empty of
   the numel summed over every group's params_in_partition) and each of the rank's reduced gradients is copied
-  into it whole; it lives to the step (_release_ipg_buffers, l. 812). ZeRO-2 frees the other ranks' gradients as
-  they are reduced (reduce_ipg_grads, clear_grad_attribute), so it is the gradient memory from then on.
+  into it whole; it lives to the step (_release_ipg_buffers, l. 812; over several micro-batches the first one's
+  is kept and each later backward makes another beside it: deepspeed_accumulation). ZeRO-2 frees the other ranks'
+  gradients as they are reduced (reduce_ipg_grads, clear_grad_attribute), so it is the gradient memory from then on.
 - The groups: the HF Trainer's two (trainer.py create_optimizer, the ds_config naming no optimizer): the
   weight-decay parameters (every matrix, the embedding and head included), then the rest (norms and biases,
   get_decay_parameter_names), each in module order as transformers' modules hold them (q, k and v biases three
