@@ -225,6 +225,41 @@ def test_replayed_pieces_are_inductors():
     assert pool.calls[29:] == [("free", 4 * MiB)] + after
 
 
+def test_replayed_tp_pieces_are_inductors():
+    """At TP > 1 (serving/graph_pool.py _reduced_layer) against inductor's code for the pieces with vLLM's out-of-place
+    all_reduce op (validation/vllm/piece_allocations.py first_tp / middle_tp / last_tp, at TP 1's widths so that the
+    code is Llama-3.1-8B's): the embedding's all-reduce output is the residual and the lookup's buffer the normed input
+    (the same requests as at TP 1); a middle piece asks for the o_proj output, its all-reduce output (the residual),
+    gate-up and SiLU (freed), the down projection's all-reduce output (the next residual; the o_proj buffer is reused
+    for the normed input, the down projection and the next normed input), then qkv and k, and keeps the first
+    all-reduce output as the next attention output buffer; the last piece frees the o_proj buffer and the first
+    output and returns the second."""
+    import subprocess
+    import sys
+
+    from estimator.serving import graph_pool
+
+    def generated(piece):
+        run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", piece, "--symbolic",
+                              "--json"], capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return [tuple(call) for call in json.loads(run.stdout.strip().splitlines()[-1])]
+
+    llama, pool = get_architecture("llama-3.1-8b"), _Recorder()
+    graph_pool.forward(pool, llama, graph_pool.widths(llama, 1, 2), 1, 512, range(2), True, reduced=True)
+    assert pool.calls[:5] == generated("first_tp")
+    assert pool.calls[5:8] == [("free", 4 * MiB), ("free", 1 * MiB), ("free", 6 * MiB)]  # q, k, qkv
+    assert pool.calls[8:17] == generated("middle_tp")
+    assert pool.calls[17:19] == [("free", 4 * MiB), ("free", 4 * MiB)]  # the previous output buffer and residual
+    # the last piece frees the o_proj buffer and the first output inside it; then its output (a weak reference), the
+    # layer's attention output buffer and residual go
+    assert pool.calls[19:22] == [("free", 4 * MiB), ("free", 1 * MiB), ("free", 6 * MiB)]
+    assert pool.calls[22:31] == generated("last_tp") and pool.calls[31:] == [("free", 4 * MiB)] * 3
+    # the all-reduce outputs fit the pieces' 20 MiB segment: Llama-3.1-8B's pool at TP 2 and 4 is what it was without
+    # them (56 and 44 MiB)
+    assert graph_memory(llama, 1024, 2, 2, "h100-80").piecewise_pool == (20 + 2 + 14 + 20) * MiB
+
+
 def _profiled(record: dict, stage: int):
     """Our graph pool, driver memory and capture-stream workspace for one pipeline stage of a published record."""
     from estimator.serving.allreduce_fusion import fusion_workspace
@@ -252,7 +287,8 @@ def test_piecewise_first_capture_against_the_logs():
     the last stages included (their 20 MiB segment of picked rows is modelled), where the pool's live tensors (54 MiB)
     left 24.9-26.8 MiB on the first and middle stages and 45.8-47.8 on a last one. Over the 16-bit-weight logs at TP 1
     (not gpt-oss's MXFP4, not DeepSeek's MLA) ours is 0.4-22.3 MiB short (median 12.9; live tensors: 24.9-58.3, median
-    47.8); at TP 2 and 4, whose pieces hold the all-reduce's buffers (not replayed), ours is 18.4 MiB above to 2.3
+    47.8); at TP 2 and 4, whose pieces' out-of-place all-reduce outputs are replayed (they fit the segments already
+    taken: test_replayed_tp_pieces_are_inductors; the fused all-reduce + RMSNorm is not), ours is 18.4 MiB above to 2.3
     below (Llama-3.1-8B's 96 and 84 MiB printed against 114 and 102)."""
     from statistics import median
     gaps, llama = {1: [], 2: []}, {}

@@ -35,8 +35,10 @@ Smaller sizes reuse the largest one's blocks.
   the last pipeline stage _dummy_run's picked rows, min(T, max_num_seqs) x h (a 20 MiB segment for Llama at 512),
   and the logit indices' 2 MiB small segment; with the pool, the graphs' driver memory and the stream's cuBLAS
   workspace it is 12.9-15.8 MiB below the 0.19.0 logs for Llama-3.1-8B in bf16 on every stage (25-48 MiB before), and
-  0.4-22.3 MiB below over the 16-bit-weight logs at TP 1. Not modelled: a TP > 1 piece's all-reduce buffers (ours is
-  up to 18 MiB above the logs at TP 2 and 4), other models' own piece code (one Llama sequence at their widths), and
+  0.4-22.3 MiB below over the 16-bit-weight logs at TP 1. At TP > 1 the pieces' out-of-place all-reduce outputs
+  are replayed (graph_pool.py _reduced_layer) and fit the segments the pieces already take, so ours is still up to
+  18 MiB above the logs at TP 2 and 4 (Llama-3.1-8B; Qwen2.5-7B 2.2-2.3 below). Not modelled: FlashInfer's fused
+  all-reduce + RMSNorm (allreduce_fusion.py), other models' own piece code (one Llama sequence at their widths), and
   what else the capture adds (the logs' weight formats move the first capture by up to 40 MiB at the same shapes:
   Llama-3.1-8B 138 MiB in bf16, 98 with fp8 weights, 112 int8, 126 GPTQ, 124 with an fp8 KV cache).
 - Other backends add nothing here: FlashInfer (Blackwell's default) keeps one persistent workspace of
