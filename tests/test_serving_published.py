@@ -74,7 +74,7 @@ GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free 
           "PIECEWISE + 1 FULL) = 1,734 graphs, 14,892 small and 16,320 GEMM/attention kernel nodes at the H200 / "
           "driver 580.159.04 record's 110,614 B a graph, 2,490 and 3,517 B a node = 0.27 GiB: 0.61 GiB against 0.91. "
           "The printed value falls 17.1 MiB a layer from PP 1 to PP 2 to PP 4 (0.91, 0.65, 0.51 GiB for 32, 16, 8 "
-          "layers), ours 8.2 MiB. Ours is 40-82% of the printed value (median 65%) where the kernels are counted. "
+          "layers), ours 8.2 MiB. Ours is 40-82% of the printed value (median 63%) where the kernels are counted. "
           "Checked and not the cause: the graph count (the logs' compile step stores pieces 0 to L, 33 for 32 layers "
           "and 81 for 80: L + 1 PIECEWISE graphs a size; 'PIECEWISE=51 ..., FULL=51'); a piece's kernels (inductor "
           "schedules a Llama middle piece as 4 GEMMs and 4 Triton kernels, validation/vllm/piece_kernels.py); FA3's "
