@@ -96,8 +96,9 @@ GRAPHS = ("CUDA graphs in 0.19 ('Graph capturing finished ... took X GiB': free 
           "+ the 32 MiB workspace) by 12.9-15.8 MiB on every Llama-3.1-8B pipeline stage (112-138 MiB printed; 25-48 "
           "with the live tensors' 54 MiB before), 0.4-22.3 MiB over the 16-bit-weight logs at TP 1, 2.3-35.8 over the "
           "dense fp8 / int8 / GPTQ ones at TP 1 (their CUTLASS / Marlin GEMMs make no cuBLAS workspace on the capture "
-          "stream: profile_buffers.py capture_blas_bytes); at TP 2 and 4, the pieces' out-of-place all-reduce outputs "
-          "replayed, ours is up to 18 MiB above (FlashInfer's fused all-reduce + RMSNorm not replayed). gpt-oss's MXFP4 MoE with sinks and "
+          "stream: profile_buffers.py capture_blas_bytes); at TP 2 and 4, the pieces' out-of-place all-reduce "
+          "outputs replayed, ours is up to 18 MiB above (FlashInfer's fused all-reduce + RMSNorm not replayed). "
+          "gpt-oss's MXFP4 MoE with sinks and "
           "DeepSeek-V2-Lite's MLA are not counted (2-3%, their pools alone; DeepSeek's MLA FULL first capture is 522 "
           "MiB in its log)")
 FORWARD = ("the first pipeline stage's peak: 1.10 GiB printed under PP 2 and PP 4 against ours 0.92 (the compiled "

@@ -51,8 +51,10 @@ whose output the op requests from the pool; the first piece's embedding all-redu
 residual and normed input). At 512 and 496 tokens this leaves every published TP 2 / 4 sample's pool as it was
 (the extra h requests fit the 20 MiB segments' free blocks). Not replayed: FlashInfer's fused all-reduce + RMSNorm
 (AllReduceFusionPass, on at TP 2 for every capture size on sm90 and at TP 4 up to 256 tokens for an h of 4,096:
-allreduce_fusion.py), and other models' own piece code (qkv bias, q/k norms, Gemma's extra norms): each model's widths go through the Llama
-piece's sequence.
+allreduce_fusion.py; its AllReduceFusedAddRMSNormPattern writes the norm into the all-reduce's input and the residual
+in place, norm_out=None, so a piece asks for one h fewer, and a clone of the residual it takes as an input: tried by
+hand, the same segments at these sizes), and other models' own piece code (qkv bias, q/k norms, Gemma's extra
+norms): each model's widths go through the Llama piece's sequence.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def forward(pool: CachingAllocator, arch: Architecture, w: Widths, tp: int, toke
         for block in (q, k, qkv):  # the attention call was their last use
             free(block)
         if reduced:
-            nxt = _reduced_layer(malloc, free, take, w, _intermediate(arch, tp, layer), i == len(layers) - 1)
+            nxt = _reduced_layer(free, take, w, _intermediate(arch, tp, layer), i == len(layers) - 1)
             free(out)  # the caller's output buffer and residual of the layer before, dropped after the piece
             free(residual)
             if nxt is not None:
@@ -145,14 +147,14 @@ def forward(pool: CachingAllocator, arch: Architecture, w: Widths, tp: int, toke
                 free(block)
 
 
-def _reduced_layer(malloc, free, take, w: Widths, inter: int, last_layer: bool) -> tuple[int, ...] | None:
-    """A TP > 1 layer's MLP piece (validation/vllm/piece_allocations.py --tp: vLLM's all_reduce custom op, out of
-    place, parallel_state.py all_reduce_fake = torch.empty_like, a fallback kernel in inductor's code whose output the
-    op itself requests; custom_all_reduce.py all_reduce and pynccl's all_reduce take torch.empty_like(inp) too). The
-    o_proj output is all-reduced into a new h (the residual, the add written in place), the o_proj buffer is reused for
-    the normed input, the down projection and the next normed input, and the down projection is all-reduced into
-    another new h (the next residual). Returns the next layer's q, qkv, k, output buffer and residual, or None after
-    the last layer (the final norm written into the second output, a weak reference: all freed)."""
+def _reduced_layer(free, take, w: Widths, inter: int, last_layer: bool) -> tuple[int, ...] | None:
+    """A TP > 1 layer's MLP piece (validation/vllm/piece_allocations.py --piece middle_tp: vLLM's all_reduce custom
+    op, out of place, parallel_state.py all_reduce_fake = torch.empty_like, a fallback kernel in inductor's code whose
+    output the op itself requests; custom_all_reduce.py all_reduce and pynccl's all_reduce take torch.empty_like(inp)
+    too). The o_proj output is all-reduced into a new h (the residual, the add written in place), the o_proj buffer
+    is reused for the normed input, the down projection and the next normed input, and the down projection is
+    all-reduced into another new h (the next residual). Returns the next layer's q, qkv, k, output buffer and
+    residual, or None after the last layer (the final norm written into the second output, a weak reference)."""
     o_proj, reduced = take(w.hidden), take(w.hidden)
     if inter:
         gate_up = take(2 * inter)

@@ -1,6 +1,7 @@
 """What inductor's generated code for vLLM 0.19's Llama pieces allocates and frees, on CPU.
 
-    python3 -m validation.vllm.piece_allocations [--tokens 512] [--piece first|received|middle|last|last_pp|first_tp|middle_tp|last_tp]
+    python3 -m validation.vllm.piece_allocations [--tokens 512] [--piece first|received|middle|last|last_pp|
+                                                first_tp|middle_tp|last_tp]
                                                 [--symbolic] [--json]
 
 The sequence serving/graph_pool.py replays through the caching allocator for each piece's CUDA-graph capture. It
@@ -17,7 +18,8 @@ hidden states and residual); ``first_tp``, ``middle_tp`` and ``last_tp`` are the
 RowParallelLinear's all-reduce after o_proj and down_proj and VocabParallelEmbedding's after the lookup, as vLLM's
 out-of-place ``all_reduce`` custom op (distributed/parallel_state.py: its fake is ``torch.empty_like``), a fallback
 kernel in the wrapper code whose output the op requests itself (``bufN = torch.ops...all_reduce.default(bufM, ...)``,
-one request of its input's size; the ``bufK = bufN`` name that follows is no request). ``--symbolic``: the token dimension a symbol, as vLLM compiles its pieces for a range
+one request of its input's size; the ``bufK = bufN`` name that follows is no request).
+``--symbolic``: the token dimension a symbol, as vLLM compiles its pieces for a range
 of sizes; the lines are the same. Uses the installed torch (2.13 here; vLLM 0.19.0 pins 2.10).
 """
 
@@ -34,7 +36,8 @@ import torch.nn.functional as F
 from .combo_windows import HEAD, KV, MAX_POS, Q, H, V, _attention_inputs, _pretend_h100
 from .piece_kernels import INTERMEDIATE, _rms_norm, middle_piece
 
-BUFFER_LINE = re.compile(r"empty_strided_cuda|\bdel buf|# reuse|^\s*return \(|= torch\.ops\.piece_allocations|^\s*buf\d+ = buf\d+$")
+BUFFER_LINE = re.compile(r"empty_strided_cuda|\bdel buf|# reuse|^\s*return \(|= torch\.ops\.piece_allocations"
+                         r"|^\s*buf\d+ = buf\d+$")
 
 
 def _mlp(attention_out, residual, o_w, post_norm_w, gate_up_w, down_w):
@@ -132,7 +135,8 @@ def _symbolic_args(mode, metas: tuple, per_token: int) -> list:
     return args
 
 
-PER_TOKEN = {"first": 2, "received": 3, "middle": 3, "last": 2, "last_pp": 2, "first_tp": 2, "middle_tp": 3, "last_tp": 2}  # leading inputs with a row a token
+PER_TOKEN = {"first": 2, "received": 3, "middle": 3, "last": 2, "last_pp": 2,  # leading inputs with a row a token
+             "first_tp": 2, "middle_tp": 3, "last_tp": 2}
 
 
 def buffer_lines(name: str, tokens: int, symbolic: bool = False) -> list[str]:
