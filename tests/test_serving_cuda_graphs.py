@@ -225,11 +225,46 @@ def test_replayed_pieces_are_inductors():
     assert pool.calls[29:] == [("free", 4 * MiB)] + after
 
 
+def test_replayed_tp_pieces_are_inductors():
+    """At TP > 1 (serving/graph_pool.py _reduced_layer) against inductor's code for the pieces with vLLM's out-of-place
+    all_reduce op (validation/vllm/piece_allocations.py first_tp / middle_tp / last_tp, at TP 1's widths so that the
+    code is Llama-3.1-8B's): the embedding's all-reduce output is the residual and the lookup's buffer the normed input
+    (the same requests as at TP 1); a middle piece asks for the o_proj output, its all-reduce output (the residual),
+    gate-up and SiLU (freed), the down projection's all-reduce output (the next residual; the o_proj buffer is reused
+    for the normed input, the down projection and the next normed input), then qkv and k, and keeps the first
+    all-reduce output as the next attention output buffer; the last piece frees the o_proj buffer and the first
+    output and returns the second."""
+    import subprocess
+    import sys
+
+    from estimator.serving import graph_pool
+
+    def generated(piece):
+        run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", piece, "--symbolic",
+                              "--json"], capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return [tuple(call) for call in json.loads(run.stdout.strip().splitlines()[-1])]
+
+    llama, pool = get_architecture("llama-3.1-8b"), _Recorder()
+    graph_pool.forward(pool, llama, graph_pool.widths(llama, 1, 2), 1, 512, range(2), True, reduced=True)
+    assert pool.calls[:5] == generated("first_tp")
+    assert pool.calls[5:8] == [("free", 4 * MiB), ("free", 1 * MiB), ("free", 6 * MiB)]  # q, k, qkv
+    assert pool.calls[8:17] == generated("middle_tp")
+    assert pool.calls[17:19] == [("free", 4 * MiB), ("free", 4 * MiB)]  # the previous output buffer and residual
+    # the last piece frees the o_proj buffer and the first output inside it; then its output (a weak reference), the
+    # layer's attention output buffer and residual go
+    assert pool.calls[19:22] == [("free", 4 * MiB), ("free", 1 * MiB), ("free", 6 * MiB)]
+    assert pool.calls[22:31] == generated("last_tp") and pool.calls[31:] == [("free", 4 * MiB)] * 3
+    # the all-reduce outputs fit the pieces' 20 MiB segment: Llama-3.1-8B's pool at TP 2 and 4 is what it was without
+    # them (56 and 44 MiB)
+    assert graph_memory(llama, 1024, 2, 2, "h100-80").piecewise_pool == (20 + 2 + 14 + 20) * MiB
+
+
 def _profiled(record: dict, stage: int):
     """Our graph pool, driver memory and capture-stream workspace for one pipeline stage of a published record."""
     from estimator.serving.allreduce_fusion import fusion_workspace
     from estimator.serving.cuda_graphs import driver_memory
-    from estimator.serving.profile_buffers import blas_workspace_bytes
+    from estimator.serving.profile_buffers import capture_blas_bytes
     arch = _architecture(record["id"]) if "hf_config" in record else get_architecture(record["model"])
     tp, pp = record["tp"], record["pp"]
     e = estimate_vllm(arch, Serving(**record["serving"]), Parallel(tp=tp, pp=pp), Hardware(record["gpu"]))
@@ -239,7 +274,7 @@ def _profiled(record: dict, stage: int):
     fusion = fusion_workspace(r.rules, r.gpu_id, arch, tp, pp, r.max_num_batched_tokens)
     driver = driver_memory(arch, r.max_num_seqs, tp, r.gpu_id, r.weights.dtype_bytes, layers, stage == 0, last,
                            fusion.tokens if fusion else None, *args)
-    return graphs, driver, blas_workspace_bytes(r.gpu_id)
+    return graphs, driver, capture_blas_bytes(r.gpu_id, r.weight_format, arch.is_moe, arch.uses_mla)
 
 
 SIXTEEN_BIT = [r for r in PROFILED if not any(word in r["id"] for word in ("weight", "fp8", "gpt-oss", "deepseek"))]
@@ -252,7 +287,8 @@ def test_piecewise_first_capture_against_the_logs():
     the last stages included (their 20 MiB segment of picked rows is modelled), where the pool's live tensors (54 MiB)
     left 24.9-26.8 MiB on the first and middle stages and 45.8-47.8 on a last one. Over the 16-bit-weight logs at TP 1
     (not gpt-oss's MXFP4, not DeepSeek's MLA) ours is 0.4-22.3 MiB short (median 12.9; live tensors: 24.9-58.3, median
-    47.8); at TP 2 and 4, whose pieces hold the all-reduce's buffers (not replayed), ours is 18.4 MiB above to 2.3
+    47.8); at TP 2 and 4, whose pieces' out-of-place all-reduce outputs are replayed (they fit the segments already
+    taken: test_replayed_tp_pieces_are_inductors; the fused all-reduce + RMSNorm is not), ours is 18.4 MiB above to 2.3
     below (Llama-3.1-8B's 96 and 84 MiB printed against 114 and 102)."""
     from statistics import median
     gaps, llama = {1: [], 2: []}, {}
@@ -267,6 +303,33 @@ def test_piecewise_first_capture_against_the_logs():
     assert llama == {1: [15.8], 2: [13.8, 13.8], 4: [12.9, 12.9, 12.9, 12.9]}
     assert (len(gaps[1]), min(gaps[1]), median(gaps[1]), max(gaps[1])) == (19, 0.4, 12.9, 22.3)
     assert (len(gaps[2]), min(gaps[2]), max(gaps[2])) == (6, -18.4, 2.3)
+
+
+def test_quantized_first_capture_has_no_cublas_workspace():
+    """fp8, int8 and int4 weights run CUTLASS / Marlin GEMMs (vLLM kernels/scaled_mm: CutlassFP8ScaledMMLinearKernel
+    below compute capability 100, CutlassInt8ScaledMMLinearKernel; Marlin for GPTQ), so no piece makes the capture
+    stream's cuBLAS workspace (32 MiB on an H100); a MoE router or MLA's bmm stays a cuBLAS GEMM. The dense quantized
+    logs' PIECEWISE first capture (records' cuda_graphs_profile) minus ours: Llama-3.1-8B fp8 / int8 / GPTQ 7.8, 21.8,
+    35.8 MiB and Qwen2.5-7B fp8 / int8 2.3 and 22.3 (with the workspace: -24.2, -10.2, 3.8, -29.7, -9.7), in or near
+    the 16-bit logs' 0.4-22.3 at TP 1; the fp8 KV cache keeps the workspace (1.8, 22.3)."""
+    from estimator.serving.profile_buffers import capture_blas_bytes
+    assert capture_blas_bytes("h100-80", "bf16", False, False) == 32 * MiB
+    assert capture_blas_bytes("h100-80", "fp8", False, False) == 0
+    assert capture_blas_bytes("h100-80", "fp8", True, False) == capture_blas_bytes("h100-80", "int8", False, True) \
+        == 32 * MiB
+    gaps = {}
+    for record in PROFILED:
+        if record["tp"] == 1 and record["pp"] == 1 and record["model"] in ("llama-3.1-8b", "qwen2.5-7b") \
+                and record["id"].endswith(("weightfp8", "weightint8", "weightgptq_int4", "kvfp8")):
+            graphs, driver, workspace = _profiled(record, 0)
+            ours = graphs.piecewise_pool + graphs.stream + driver.samples[0] + workspace
+            gaps[record["id"]] = round(record["printed"]["cuda_graphs_profile"][0]["PIECEWISE"]["first_capture_mib"]
+                                       - ours / MiB, 1)
+    assert gaps == {"llama-3.1-8b-tp1-pp1-len8192-kvfp8": 1.8, "llama-3.1-8b-tp1-pp1-len8192-weightfp8": 7.8,
+                    "llama-3.1-8b-tp1-pp1-len8192-weightint8": 21.8,
+                    "llama-3.1-8b-tp1-pp1-len8192-weightgptq_int4": 35.8,
+                    "qwen2.5-7b-tp1-pp1-len8192-kvfp8": 22.3, "qwen2.5-7b-tp1-pp1-len8192-weightfp8": 2.3,
+                    "qwen2.5-7b-tp1-pp1-len8192-weightint8": 22.3}
 
 
 def test_full_first_capture_against_the_logs():

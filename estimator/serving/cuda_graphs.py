@@ -35,10 +35,15 @@ Smaller sizes reuse the largest one's blocks.
   the last pipeline stage _dummy_run's picked rows, min(T, max_num_seqs) x h (a 20 MiB segment for Llama at 512),
   and the logit indices' 2 MiB small segment; with the pool, the graphs' driver memory and the stream's cuBLAS
   workspace it is 12.9-15.8 MiB below the 0.19.0 logs for Llama-3.1-8B in bf16 on every stage (25-48 MiB before), and
-  0.4-22.3 MiB below over the 16-bit-weight logs at TP 1. Not modelled: a TP > 1 piece's all-reduce buffers (ours is
-  up to 18 MiB above the logs at TP 2 and 4), other models' own piece code (one Llama sequence at their widths), and
-  what else the capture adds (the logs' weight formats move the first capture by up to 40 MiB at the same shapes:
-  Llama-3.1-8B 138 MiB in bf16, 98 with fp8 weights, 112 int8, 126 GPTQ, 124 with an fp8 KV cache).
+  0.4-22.3 MiB below over the 16-bit-weight logs at TP 1. At TP > 1 the pieces' out-of-place all-reduce outputs
+  are replayed (graph_pool.py _reduced_layer) and fit the segments the pieces already take, so ours is still up to
+  18 MiB above the logs at TP 2 and 4 (Llama-3.1-8B; Qwen2.5-7B 2.2-2.3 below). Not modelled: FlashInfer's fused
+  all-reduce + RMSNorm (allreduce_fusion.py), other models' own piece code (one Llama sequence at their widths), and
+  what else the capture adds. The capture stream's cuBLAS workspace is there only where a piece runs a cuBLAS
+  GEMM: fp8, int8 and int4 weights run CUTLASS / Marlin kernels (profile_buffers.py capture_blas_bytes), which
+  takes the logs' dense fp8 / int8 / GPTQ first captures (Llama-3.1-8B 98, 112, 126 MiB against 138 in bf16) from
+  24.2 MiB above ours to 3.8 below, to 2.3-35.8 below (the rest: the formats' own kernels' allocations, not
+  replayed: the activations' quantized copies and scales, Marlin's buffers); an fp8 KV cache (124 MiB) keeps it.
 - Other backends add nothing here: FlashInfer (Blackwell's default) keeps one persistent workspace of
   VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE (394 MiB, 0.33.0 envs.py) made by its metadata builder outside the
   graphs (v1/attention/backends/flashinfer.py _get_workspace_buffer); whether vLLM's profiler counts it in a

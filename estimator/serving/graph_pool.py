@@ -46,9 +46,15 @@ in the same pool (gpu_model_runner.py profiles PIECEWISE then FULL; capture_mode
 then every FULL one, largest first), and FlashAttention 3 allocates per layer softmax_lse [heads, T], out_accum
 [splits, heads, T, head_dim] and softmax_lse_accum [splits, heads, T], fp32 (hopper/flash_api.cpp mha_fwd, commit
 000090d0), freed after the call.
-Not replayed: the all-reduce of a TP > 1 piece (the custom all-reduce's output, the fused all-reduce + RMSNorm) and
-other models' own piece code (qkv bias, q/k norms, Gemma's extra norms): each model's widths go through the Llama
-piece's sequence.
+At TP > 1 the MLP piece's two all-reduces are replayed out of place (_reduced_layer: vLLM's all_reduce custom op,
+whose output the op requests from the pool; the first piece's embedding all-reduce takes the same sizes as TP 1's
+residual and normed input). At 512 and 496 tokens this leaves every published TP 2 / 4 sample's pool as it was
+(the extra h requests fit the 20 MiB segments' free blocks). Not replayed: FlashInfer's fused all-reduce + RMSNorm
+(AllReduceFusionPass, on at TP 2 for every capture size on sm90 and at TP 4 up to 256 tokens for an h of 4,096:
+allreduce_fusion.py; its AllReduceFusedAddRMSNormPattern writes the norm into the all-reduce's input and the residual
+in place, norm_out=None, so a piece asks for one h fewer, and a clone of the residual it takes as an input: tried by
+hand, the same segments at these sizes), and other models' own piece code (qkv bias, q/k norms, Gemma's extra
+norms): each model's widths go through the Llama piece's sequence.
 """
 
 from __future__ import annotations
@@ -82,9 +88,11 @@ def _intermediate(arch: Architecture, tp: int, layer: int) -> int:
 
 
 def forward(pool: CachingAllocator, arch: Architecture, w: Widths, tp: int, tokens: int, layers: range,
-            last: bool, accumulators: tuple[int, ...] = ()) -> None:
+            last: bool, accumulators: tuple[int, ...] = (), reduced: bool | None = None) -> None:
     """One captured forward of `tokens` tokens through the stage's `layers` (module docstring); `accumulators`: the
-    bytes the attention allocates and frees in each layer inside the graph (FA3's split-KV buffers in a FULL graph)."""
+    bytes the attention allocates and frees in each layer inside the graph (FA3's split-KV buffers in a FULL graph);
+    `reduced`: the pieces' all-reduces (TP > 1 by default: _reduced_layer)."""
+    reduced = tp > 1 if reduced is None else reduced
     malloc, free = pool.malloc, pool.free
 
     def take(width: int) -> int:
@@ -110,6 +118,13 @@ def forward(pool: CachingAllocator, arch: Architecture, w: Widths, tp: int, toke
             free(block)
         for block in (q, k, qkv):  # the attention call was their last use
             free(block)
+        if reduced:
+            nxt = _reduced_layer(free, take, w, _intermediate(arch, tp, layer), i == len(layers) - 1)
+            free(out)  # the caller's output buffer and residual of the layer before, dropped after the piece
+            free(residual)
+            if nxt is not None:
+                q, qkv, k, out, residual = nxt
+            continue
         o_proj, normed = take(w.hidden), take(w.hidden)
         inter = _intermediate(arch, tp, layer)
         if inter:
@@ -130,6 +145,37 @@ def forward(pool: CachingAllocator, arch: Architecture, w: Widths, tp: int, toke
         else:
             for block in ((o_proj, normed) if last else (normed, o_proj)) + (out, residual):
                 free(block)
+
+
+def _reduced_layer(free, take, w: Widths, inter: int, last_layer: bool) -> tuple[int, ...] | None:
+    """A TP > 1 layer's MLP piece (validation/vllm/piece_allocations.py --piece middle_tp: vLLM's all_reduce custom
+    op, out of place, parallel_state.py all_reduce_fake = torch.empty_like, a fallback kernel in inductor's code whose
+    output the op itself requests; custom_all_reduce.py all_reduce and pynccl's all_reduce take torch.empty_like(inp)
+    too). The o_proj output is all-reduced into a new h (the residual, the add written in place), the o_proj buffer
+    is reused for the normed input, the down projection and the next normed input, and the down projection is
+    all-reduced into another new h (the next residual). Returns the next layer's q, qkv, k, output buffer and
+    residual, or None after the last layer (the final norm written into the second output, a weak reference)."""
+    o_proj, reduced = take(w.hidden), take(w.hidden)
+    if inter:
+        gate_up = take(2 * inter)
+        act = take(inter)
+        free(gate_up)
+        free(act)
+    following = take(w.hidden)
+    if last_layer:  # the down projection's buffer after its all-reduce, the first output after the final add, then
+        for block in (o_proj, reduced, following):  # the final norm's output (the second one, a weak reference)
+            free(block)
+        return None
+    reuse = w.out == w.hidden  # the first output becomes the next attention output buffer where the widths match
+    if not reuse:
+        free(reduced)  # its last use: the add into the second all-reduce's output
+    q = o_proj  # the normed input, reused as q where the widths match
+    qkv = take(w.q + 2 * w.kv)
+    if w.q != w.hidden:
+        free(o_proj)
+        q = take(w.q)
+    k = take(w.kv)
+    return q, qkv, k, reduced if reuse else take(w.out), following
 
 
 def fa3_accumulators(arch: Architecture, tp: int, tokens: int, splits: int) -> tuple[int, ...]:

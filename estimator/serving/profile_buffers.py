@@ -42,6 +42,26 @@ def blas_workspace_bytes(gpu_id: str) -> int:
     return GPUS[gpu_id].runtime.blas_workspace_bytes
 
 
+# Weight formats whose linear layers run no cuBLAS GEMM on CUDA (vLLM's quantization kernels, read at vLLM main commit
+# 03fad5d4, model_executor/layers/quantization/kernels/scaled_mm/__init__.py, cutlass.py, flashinfer.py; the 0.19.0
+# tag was not read): fp8 picks FlashInferFP8ScaledMMLinearKernel from compute capability 100, else
+# CutlassFP8ScaledMMLinearKernel (ops.cutlass_scaled_mm); int8 w8a8 CutlassInt8ScaledMMLinearKernel
+# (ops.scaled_int8_quant, then cutlass_scaled_mm); GPTQ / AWQ int4 the Marlin (or Machete) kernels and nvfp4 CUTLASS
+# or FlashInfer ones. None of them asks torch for a cuBLAS handle.
+CUBLAS_FREE_FORMATS = frozenset({"fp8", "int8", "gptq_int4", "awq_int4", "nvfp4"})
+
+
+def capture_blas_bytes(gpu_id: str, weight_format: str, moe: bool, mla: bool) -> int:
+    """The cuBLAS workspace of the capture stream (graph_capture's new stream): made by the first GEMM that goes
+    through cuBLAS on it (the warm-up before a capture), so only where a piece runs one: 16-bit weights, or a
+    quantized model's unquantized linears inside the pieces (a MoE router: ReplicatedLinear with quant_config None,
+    models/mixtral.py; MLA's absorbed projections, torch.bmm). On ROCm the table's hipBLAS workspace whatever the
+    format (its kernels were not read)."""
+    if weight_format in CUBLAS_FREE_FORMATS and not moe and not mla and not gpu_id.startswith("mi"):
+        return 0
+    return blas_workspace_bytes(gpu_id)
+
+
 def autotune_flush_bytes(release: tuple[int, int], gpu_id: str, compiled: bool) -> int | None:
     """The L2 flush buffer beside the compiled MLP's peak: 0 where it does not apply (eager, or a release
     before 0.19), None where it applies but the GPU's L2 size is not in the table."""

@@ -24,7 +24,7 @@ from .allreduce_fusion import fusion_workspace
 from .cuda_graphs import driver_memory, graph_memory, model_max_capture, vllm_estimate
 from .nccl_comm import communicator_bytes, tp_group_nccl
 from .activations import COMPUTE_UNITS, activation_peak
-from .profile_buffers import autotune_flush_bytes, blas_workspace_bytes
+from .profile_buffers import autotune_flush_bytes, blas_workspace_bytes, capture_blas_bytes
 from .encoder import encoder_profile, encoder_weights, modality_limits, tower_built
 from .checkpoint import checkpoint_format, context_length
 from ..spec.serving import Serving, version_tuple
@@ -295,8 +295,9 @@ def _cuda_graphs(arch: Architecture, r: Resolved, par: Parallel, act_bytes: int,
     driver = driver_memory(arch, r.max_num_seqs, par.tp, r.gpu_id, act_bytes, layers, first, last,
                            fusion.tokens if fusion else None, model_max, r.max_num_batched_tokens)
     # capture_model runs inside graph_capture(), which makes a new stream (distributed/parallel_state.py, 0.19.0);
-    # the warm-up runs before each capture are its first GEMMs, so torch keeps one more cuBLAS workspace for it
-    workspace = blas_workspace_bytes(r.gpu_id)
+    # the warm-up runs before each capture are its first GEMMs, so torch keeps one more cuBLAS workspace for it, where
+    # a piece's GEMM goes through cuBLAS (not the CUTLASS / Marlin kernels of fp8, int8 and int4 weights)
+    workspace = capture_blas_bytes(r.gpu_id, r.weight_format, arch.is_moe, arch.uses_mla)
     held = graphs.captured_pool + graphs.stream_held + driver.bytes + workspace
     pool_formula = (f"PIECEWISE {graphs.piecewise_pool / 2**20:.0f} MiB + FULL {graphs.full_pool / 2**20:.0f} MiB "
                     f"(captured one after the other: FA3's accumulators take new segments); {graphs.formula}")

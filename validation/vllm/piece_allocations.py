@@ -1,6 +1,7 @@
 """What inductor's generated code for vLLM 0.19's Llama pieces allocates and frees, on CPU.
 
-    python3 -m validation.vllm.piece_allocations [--tokens 512] [--piece first|received|middle|last|last_pp]
+    python3 -m validation.vllm.piece_allocations [--tokens 512] [--piece first|received|middle|last|last_pp|
+                                                first_tp|middle_tp|last_tp]
                                                 [--symbolic] [--json]
 
 The sequence serving/graph_pool.py replays through the caching allocator for each piece's CUDA-graph capture. It
@@ -13,7 +14,12 @@ in-place reuse of a freed buffer of the same size (``bufN = bufM; del bufM  # re
 ``first`` (embedding, RMSNorm, qkv, rotary, the attention's output buffer), ``received`` (a later pipeline stage's
 received hidden states and residual added first), ``middle`` (o_proj, add + RMSNorm, MLP, the next layer's attention
 inputs), ``last`` (the last layer's MLP and the final norm) and ``last_pp`` (a non-last stage's last piece: its
-hidden states and residual). ``--symbolic``: the token dimension a symbol, as vLLM compiles its pieces for a range
+hidden states and residual); ``first_tp``, ``middle_tp`` and ``last_tp`` are the same at TP > 1 (at TP 1's widths):
+RowParallelLinear's all-reduce after o_proj and down_proj and VocabParallelEmbedding's after the lookup, as vLLM's
+out-of-place ``all_reduce`` custom op (distributed/parallel_state.py: its fake is ``torch.empty_like``), a fallback
+kernel in the wrapper code whose output the op requests itself (``bufN = torch.ops...all_reduce.default(bufM, ...)``,
+one request of its input's size; the ``bufK = bufN`` name that follows is no request).
+``--symbolic``: the token dimension a symbol, as vLLM compiles its pieces for a range
 of sizes; the lines are the same. Uses the installed torch (2.13 here; vLLM 0.19.0 pins 2.10).
 """
 
@@ -30,7 +36,8 @@ import torch.nn.functional as F
 from .combo_windows import HEAD, KV, MAX_POS, Q, H, V, _attention_inputs, _pretend_h100
 from .piece_kernels import INTERMEDIATE, _rms_norm, middle_piece
 
-BUFFER_LINE = re.compile(r"empty_strided_cuda|\bdel buf|# reuse|^\s*return \(")
+BUFFER_LINE = re.compile(r"empty_strided_cuda|\bdel buf|# reuse|^\s*return \(|= torch\.ops\.piece_allocations"
+                         r"|^\s*buf\d+ = buf\d+$")
 
 
 def _mlp(attention_out, residual, o_w, post_norm_w, gate_up_w, down_w):
@@ -58,6 +65,42 @@ def received_piece(hidden, received_residual, positions, norm_w, qkv_w, cos_sin_
     return (*_attention_inputs(residual, positions, norm_w, qkv_w, cos_sin_cache), residual)
 
 
+@torch.library.custom_op("piece_allocations::all_reduce", mutates_args=())
+def _all_reduce(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+    """vLLM's all_reduce custom op (distributed/parallel_state.py): out of place, its fake torch.empty_like."""
+    return tensor.clone()
+
+
+@_all_reduce.register_fake
+def _(tensor, group_name):
+    return torch.empty_like(tensor)
+
+
+def _reduce(x):
+    return torch.ops.piece_allocations.all_reduce(x, "tp:0")
+
+
+def middle_piece_tp(attention_out, residual, positions, o_w, post_norm_w, gate_up_w, down_w, input_norm_w, qkv_w,
+                    cos_sin_cache):
+    """middle_piece with RowParallelLinear's all-reduce after o_proj and down_proj (TP > 1), at TP 1's widths."""
+    residual = _reduce(attention_out @ o_w.t()) + residual
+    gate, up = (_rms_norm(residual, post_norm_w) @ gate_up_w.t()).split([INTERMEDIATE, INTERMEDIATE], dim=-1)
+    residual = _reduce((F.silu(gate) * up) @ down_w.t()) + residual
+    return (*_attention_inputs(residual, positions, input_norm_w, qkv_w, cos_sin_cache), residual)
+
+
+def first_piece_tp(input_ids, positions, emb_w, norm_w, qkv_w, cos_sin_cache):
+    """first_piece with VocabParallelEmbedding's all-reduce of the rank's masked lookup (TP > 1)."""
+    residual = _reduce(F.embedding(input_ids.long(), emb_w))
+    return (*_attention_inputs(residual, positions, norm_w, qkv_w, cos_sin_cache), residual)
+
+
+def last_piece_tp(attention_out, residual, o_w, post_norm_w, gate_up_w, down_w, norm_w):
+    residual = _reduce(attention_out @ o_w.t()) + residual
+    gate, up = (_rms_norm(residual, post_norm_w) @ gate_up_w.t()).split([INTERMEDIATE, INTERMEDIATE], dim=-1)
+    return (_rms_norm(_reduce((F.silu(gate) * up) @ down_w.t()) + residual, norm_w),)
+
+
 def _piece(name: str, tokens: int, cuda: torch.device):
     def bf16(*shape):
         return torch.empty(*shape, dtype=torch.bfloat16, device=cuda)
@@ -67,6 +110,11 @@ def _piece(name: str, tokens: int, cuda: torch.device):
     return {"first": (first_piece, (torch.empty(tokens, dtype=torch.int32, device=cuda), positions, bf16(V, H),
                                     *attention_weights)),
             "received": (received_piece, (bf16(tokens, H), bf16(tokens, H), positions, *attention_weights)),
+            "middle_tp": (middle_piece_tp, (bf16(tokens, Q), bf16(tokens, H), positions, *mlp_weights,
+                                            *attention_weights)),
+            "first_tp": (first_piece_tp, (torch.empty(tokens, dtype=torch.int32, device=cuda), positions,
+                                          bf16(V, H), *attention_weights)),
+            "last_tp": (last_piece_tp, (bf16(tokens, Q), bf16(tokens, H), *mlp_weights, bf16(H))),
             "middle": (middle_piece, (bf16(tokens, Q), bf16(tokens, H), positions, *mlp_weights, *attention_weights)),
             "last": (last_piece, (bf16(tokens, Q), bf16(tokens, H), *mlp_weights, bf16(H))),
             "last_pp": (last_piece_pp, (bf16(tokens, Q), bf16(tokens, H), *mlp_weights))}[name]
@@ -87,7 +135,8 @@ def _symbolic_args(mode, metas: tuple, per_token: int) -> list:
     return args
 
 
-PER_TOKEN = {"first": 2, "received": 3, "middle": 3, "last": 2, "last_pp": 2}  # leading inputs with a row a token
+PER_TOKEN = {"first": 2, "received": 3, "middle": 3, "last": 2, "last_pp": 2,  # leading inputs with a row a token
+             "first_tp": 2, "middle_tp": 3, "last_tp": 2}
 
 
 def buffer_lines(name: str, tokens: int, symbolic: bool = False) -> list[str]:
@@ -148,7 +197,18 @@ def requests(lines: list[str], tokens: int) -> list[tuple[str, int]]:
     token count."""
     sizes: dict[str, int] = {}
     calls: list[tuple[str, int]] = []
+    aliases: dict[str, str] = {}
     for line in lines:
+        op = re.match(r"(buf\d+) = torch\.ops\.piece_allocations\.all_reduce\.default\((buf\d+),", line)
+        if op:  # the op's output, as large as its input, requested by the op itself
+            sizes[op.group(1)] = sizes[op.group(2)]
+            calls.append(("malloc", sizes[op.group(1)]))
+            continue
+        alias = re.match(r"(buf\d+) = (buf\d+)$", line)
+        if alias:  # a name for the op's output; the `del` of the old name that follows frees nothing
+            sizes[alias.group(1)] = sizes[alias.group(2)]
+            aliases[alias.group(2)] = alias.group(1)
+            continue
         made = re.match(r"(buf\d+) = empty_strided_cuda\(\(([^)]*)\), \([^)]*\), (torch\.\w+)\)", line)
         if made:
             shape = [int(d) if d.strip().isdigit() else tokens for d in made.group(2).split(",") if d.strip()]
@@ -160,6 +220,9 @@ def requests(lines: list[str], tokens: int) -> list[tuple[str, int]]:
             sizes[reused.group(1)] = sizes.pop(reused.group(2))
             continue
         freed = re.match(r"del (buf\d+)$", line)
+        if freed and freed.group(1) in aliases:
+            sizes.pop(freed.group(1))
+            continue
         if freed:
             calls.append(("free", sizes.pop(freed.group(1))))
     return calls
@@ -168,7 +231,7 @@ def requests(lines: list[str], tokens: int) -> list[tuple[str, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--piece", choices=("first", "received", "middle", "last", "last_pp"), default="middle")
+    parser.add_argument("--piece", choices=tuple(PER_TOKEN), default="middle")
     parser.add_argument("--symbolic", action="store_true", help="the token dimension a symbol, as vLLM compiles it")
     parser.add_argument("--json", action="store_true", help="one JSON line: the allocator calls")
     options = parser.parse_args()
