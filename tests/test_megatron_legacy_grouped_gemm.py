@@ -4,7 +4,9 @@ Megatron harness builds for its -gg records (the local spec's grouped GEMM). Gro
 keeps weight1 and weight2 as one parameter each for all local experts and differentiates them with grouped_gemm's
 gmm, which returns the weight gradients to autograd (and so to the DDP hooks that add them into main_grad) whatever
 gradient_accumulation_fusion says; TEGroupedMLP's GroupedLinear writes them into main_grad under the fusion and hands
-autograd TE's cached dummy, and runs its grouped GEMM on 4 streams with a cuBLASLt workspace each."""
+autograd TE's cached dummy, and runs its grouped GEMM on 4 streams with a cuBLASLt workspace each. The Megatron
+replay (megatron_replay.py, megatron_moe_replay.py) lays the legacy experts out as those two parameters in the expert
+buffers and makes their gradients in backward under the fusion too."""
 
 from __future__ import annotations
 
@@ -88,13 +90,106 @@ def test_the_legacy_experts_take_no_te_workspaces_nor_dummy_gradients():
     assert te.component("wgrad_cache").bytes == attention + 2 * (14336 * 4096 + 4096 * 7168) == 208 * MiB
 
 
-def test_the_legacy_experts_keep_the_flat_share_with_the_reason():
-    """The Megatron replay lays out and steps TE's one weight per expert; the legacy GroupedMLP's are laid out
-    otherwise: the flat share, saying why."""
-    formula = _mixtral_fused(True).component("fragmentation").formula
-    assert formula.endswith("flat share, no allocator replay: an MoE model on the legacy GroupedMLP "
-                            "(--moe-use-legacy-grouped-gemm: one weight per fc for all local experts, differentiated by "
-                            "grouped_gemm's gmm; the replay lays out and steps TransformerEngine's)")
+def _resolved(case: str, **training):
+    from estimator.memory.resolved import resolve
+    from estimator.models.loading import load_config
+
+    config = copy.deepcopy(_record(case)["config"])
+    config["training"].update(training)
+    cfg = load_config(config)
+    return resolve(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
+
+
+def test_the_replay_lays_out_the_legacy_experts_one_weight_per_fc():
+    """The Mixtral record's rank (h 4096, expert FFN 14336 gated, 8 experts over EP 4: 2 local, ETP 2): each MoE
+    layer's GroupedMLP holds weight1 [4096, 2 x 14336 x 2 / 2] and weight2 [2 x 14336 / 2, 4096] (experts.py
+    GroupedMLP.__init__), one parameter each, where TE's GroupedLinear holds one per local expert. DDP's expert
+    buffers over the expert-data-parallel group (TP 2 x DP 4) / (EP 4 x ETP 2) = 1 hold both layers' 2 x (117,440,512
+    + 58,720,256) elements; with the dense buffers' 107,560,960 (over DP 4) that is the record's measured parameter
+    buffers, 2 B each, and its fp32 main_grad buffers, 4 B each."""
+    from estimator.memory import megatron_moe_replay, megatron_replay
+    from estimator.memory.megatron_moe_replay import ExpertShard
+
+    cfg = _resolved(MIXTRAL_GG)
+    embedding, layers, head = megatron_replay.rank_tensors(cfg, cfg.stages[0])
+    weight1, weight2 = 4096 * (2 * 14336 * 2 // 2), (2 * 14336 // 2) * 4096
+    assert (weight1, weight2) == (117_440_512, 58_720_256)
+    for layer in layers:
+        assert [n for n in layer if isinstance(n, ExpertShard)] == [weight1, weight2]
+    order = embedding + [n for layer in layers for n in layer] + head
+    (dense, over), (experts, expert_over) = megatron_moe_replay.groups(cfg, order)
+    assert (over, expert_over) == (4, 1) and len(experts) == 4
+    dense_n, expert_n = sum(order[i] for i in dense), sum(order[i] for i in experts)
+    assert (dense_n, expert_n) == (107_560_960, 2 * (weight1 + weight2))
+    measured = _record(MIXTRAL_GG)["measured"]
+    assert measured["parameters"] == 2 * (dense_n + expert_n) == 919_764_992
+    assert measured["gradients"] == 4 * (dense_n + expert_n) == 1_839_529_984
+    te = _resolved(MIXTRAL_GG, moe_use_legacy_grouped_gemm=False)
+    _, te_layers, _ = megatron_replay.rank_tensors(te, te.stages[0])
+    assert [n for n in te_layers[0] if isinstance(n, ExpertShard)] == [weight1 / 2] * 2 + [weight2 / 2] * 2
+
+
+def test_the_legacy_experts_forward_and_backward_in_the_replay():
+    """GroupedMLP.forward makes what TEGroupedMLP's does (gmm's fc1 output [tokens, 2 x 14336 / 2], the fused
+    weighted SwiGLU's output, gmm's fc2 output in the combine), so the layer's plan is the same and keeps the
+    ledger's bytes: 8,192 routed tokens (4096 x top-2, EP's share over TP 2 and ETP 2) x 14336 x 2 B = 224 MiB fc1
+    output, 112 MiB fc2 input; without the fusion the backward's moment is fc2's weight gradient (2 x 7168 x 4096 x
+    2 B = 112 MiB) and fc1 output's gradient (224 MiB)."""
+    from estimator.memory import megatron_moe_replay
+    from estimator.memory.megatron_moe_replay import KEEP
+    from estimator.memory.reserved import _requests, _sizes
+    from estimator.memory.stage_shared import _shared
+
+    plans = []
+    for legacy in (True, False):
+        cfg = _resolved(MIXTRAL_GG, moe_use_legacy_grouped_gemm=legacy)
+        shared = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware, cfg.zero_stage, cfg.padded_vocab)
+        plan = megatron_moe_replay.plan(cfg, shared, cfg.stages[0], "moe")
+        ledger = _requests(_sizes(shared.entries["moe"], shared.parallel))
+        assert sum(ledger[:plan.start]) + sum(step[1] for step in plan.steps if step[0] == KEEP) == sum(ledger)
+        plans.append(plan)
+    legacy, te = plans
+    assert legacy == te
+    assert [step[1] / MiB for step in legacy.steps if step[0] == KEEP][2:4] == [224, 112]
+    assert [b / MiB for b in legacy.backward] == [112, 224]
+
+
+def test_the_gg_records_replay(monkeypatch):
+    """The Mixtral -gg record is replayed (no flat share): 309.1 MiB of cache where the flat 10% share gave 848.4
+    MiB (TE's GroupedLinear on the same rank: 311.1 MiB). The replay's allocated peak (on the largest rank of the
+    first stage) is the ledger's plus 17,661,952 B, as it is for TE's experts on the same rank: the legacy layout
+    adds no difference of its own. Of that, 16 MiB is the received output gradient ([2048, 1, 4096] bf16, held to the
+    stage's backward: megatron_replay.py `_Walk.forward`), which the ledger's backward does not list; the other
+    864 KiB is not traced. The DeepSeek -gg records keep the flat share for their own reasons (selective recompute;
+    sparse attention), no longer for the legacy experts."""
+    from estimator.memory import reserved
+
+    peaks = {}
+    for legacy in (True, False):
+        made: list = []
+
+        class Program(reserved._Program):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                made.append(self)
+
+        monkeypatch.setattr(reserved, "_Program", Program)
+        config = copy.deepcopy(_record(MIXTRAL_GG)["config"])
+        config["training"]["moe_use_legacy_grouped_gemm"] = legacy
+        result = estimate_config(config)
+        stage = result.stages[0]
+        fragmentation = stage.component("fragmentation")
+        assert "megatron_replay.py" in fragmentation.source and "flat share" not in fragmentation.formula
+        per_stage = len(made) // len(result.stages)  # each stage's ranks, in the stages' order
+        peak = max(p.allocator.allocated_peak for p in made[:per_stage])
+        peaks[legacy] = (fragmentation.bytes, peak - stage.allocated_peak_bytes)
+    assert peaks[True] == (324_156_416, 17_661_952)
+    assert peaks[False] == (326_249_472, 17_661_952)
+    assert round(0.10 * 8_896_136_192) / MiB == pytest.approx(848.4, abs=0.05)  # the flat share it replaces
+    for case, why in (("deepseek-v2-lite-tp1-pp1-only-ep8-s4096-b1-sel-moe_act-gg", "selective recompute"),
+                      ("deepseek-v2-lite-dsa-tp1-pp1-only-ep8-s4096-b1-sel-moe_act-gg", "sparse attention")):
+        formula = estimate_config(_record(case)["config"]).stages[0].component("fragmentation").formula
+        assert f"flat share, no allocator replay: {why}" in formula and "legacy" not in formula
 
 
 @pytest.mark.parametrize("training, field", [

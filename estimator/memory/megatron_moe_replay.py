@@ -4,7 +4,10 @@ and who steps them, and the order an MoE or MLA layer allocates in.
 - The model: TransformerEngine's GroupedLinear (Megatron-Core 0.16.1 transformer/moe/experts.py TEGroupedMLP over
   extensions/transformer_engine.py TEGroupedLinear; TE pytorch/module/grouped_linear.py registers `weight{i}`, one
   parameter per local expert) holds each of the rank's num_experts / EP experts' fc1 and fc2 as tensors of their own,
-  each split over expert-TP.
+  each split over expert-TP. The legacy GroupedMLP (experts.py GroupedMLP, `--moe-use-legacy-grouped-gemm`) holds
+  weight1 and weight2, one parameter each for all the local experts (split over expert-TP); its forward makes what
+  TEGroupedMLP's does (grouped_gemm's gmm outputs, the fused weighted activation's output), and its gmm returns the
+  weights' gradients to DDP's hooks whatever gradient-accumulation fusion says (megatron_replay.py `_Walk`).
 - DDP (distributed/distributed_data_parallel.py `__init__`): the dense parameters' buffers first
   (`self.buffers`, over the data-parallel x context-parallel group), then the expert parameters' own
   (`self.expert_parallel_buffers`, over the expert-data-parallel group); each `_ParamAndGradBuffer` makes its
@@ -31,7 +34,8 @@ from ..spec.tensors import EXPERT_COLUMN, EXPERT_ROW
 
 SOURCE = ("Megatron-Core 0.16.1 distributed/distributed_data_parallel.py (expert_parallel_buffers), "
           "optimizer/__init__.py (get_megatron_optimizer: ChainedOptimizer), transformer/moe/experts.py "
-          "(TEGroupedMLP), transformer/moe/moe_layer.py (MoELayer.forward), transformer/moe/token_dispatcher.py "
+          "(TEGroupedMLP; GroupedMLP's weight1, weight2), transformer/moe/moe_layer.py (MoELayer.forward), "
+          "transformer/moe/token_dispatcher.py "
           "(MoEAlltoAllTokenDispatcher), transformer/multi_latent_attention.py (qkv_up_proj_and_rope_apply), "
           "fusions/fused_mla_yarn_rope_apply.py; TransformerEngine pytorch/module/grouped_linear.py (weight{i} per "
           "local expert) (estimator/memory/megatron_moe_replay.py)")
@@ -42,13 +46,15 @@ class ExpertShard(float):
     optimizer steps it."""
 
 
-def expert_shards(t, par) -> list[float]:
+def expert_shards(t, par, legacy: bool = False) -> list[float]:
     """An expert tensor (EXPERT_COLUMN/EXPERT_ROW: `copies` experts) as the rank's own parameters: num_experts / EP
-    of them, each split over expert-TP (TE GroupedLinear's weight{i})."""
+    of them, each split over expert-TP (TE GroupedLinear's weight{i}); `legacy`: the legacy GroupedMLP's one
+    parameter for all of them (experts.py GroupedMLP.__init__: weight1 [h, local experts x ffn (x 2 gated) / ETP],
+    weight2 [local experts x ffn / ETP, h])."""
     assert t.split in (EXPERT_COLUMN, EXPERT_ROW)
     local = max(1, t.copies // par.ep)
     each = t.numel / t.copies / par.etp
-    return [ExpertShard(each)] * local
+    return [ExpertShard(local * each)] if legacy else [ExpertShard(each)] * local
 
 
 def groups(cfg, order: list[float]) -> list[tuple[list[int], int]]:
@@ -62,7 +68,8 @@ def groups(cfg, order: list[float]) -> list[tuple[list[int], int]]:
 
 def moe_rule(cfg) -> str | None:
     """Why an MoE model is not replayed (None: it is, or there is no MoE): the all-to-all dispatcher over
-    TransformerEngine's grouped GEMM, as SimuMax's B200 runs measured it (tests/test_published_megatron_reserved.py)."""
+    TransformerEngine's grouped GEMM, as SimuMax's B200 runs measured it (tests/test_published_megatron_reserved.py),
+    its experts TE's GroupedLinear or the legacy GroupedMLP (tests/test_megatron_legacy_grouped_gemm.py)."""
     arch, training = cfg.architecture, cfg.training
     if not arch.is_moe:
         return None
@@ -71,9 +78,6 @@ def moe_rule(cfg) -> str | None:
          f"an MoE model under the {training.moe_dispatcher} dispatcher (the all-to-all one is replayed)"),
         (not training.moe_grouped_gemm or training.transformer_impl != "transformer_engine",
          "an MoE model without TransformerEngine's grouped GEMM (its expert parameters are laid out otherwise)"),
-        (training.moe_use_legacy_grouped_gemm,
-         "an MoE model on the legacy GroupedMLP (--moe-use-legacy-grouped-gemm: one weight per fc for all local "
-         "experts, differentiated by grouped_gemm's gmm; the replay lays out and steps TransformerEngine's)"),
     )
     return next((why for failed, why in checks if failed), None)
 

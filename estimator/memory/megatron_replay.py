@@ -106,14 +106,17 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
 def rank_tensors(cfg, sp) -> tuple[list[float], list[list[float]], list[float]]:
     """Elements of the rank's parameters: the embedding's, each layer's (q, k and v fused as Megatron's linear_qkv,
     a gated fc1 one tensor), the head's (final norm, output layer); TP shards split by tp."""
+    from .activations.moe import legacy_grouped_mlp
+
     arch, tp = cfg.architecture, cfg.parallel.tp
+    legacy = legacy_grouped_mlp(cfg.training)
 
     def local(params) -> list[float]:
         out: list[float] = []
         for t in params:
             n = t.numel / (tp if t.split in (COLUMN, ROW, VOCAB) else 1)
             if t.is_expert:
-                out += megatron_moe_replay.expert_shards(t, cfg.parallel)
+                out += megatron_moe_replay.expert_shards(t, cfg.parallel, legacy)
             elif t.split == REPLICATED and t.role == "vector" and t.copies > 1:
                 out += [n / t.copies] * t.copies  # one scale per norm module
             elif t.name in ("k_proj", "v_proj") and out:
@@ -297,6 +300,7 @@ class _Walk:
     """One micro-batch's forward and backward over the ledger's tensors."""
 
     def __init__(self, program, cfg, shared, sp, static, embedding, layers, head, P: float):
+        from .activations.moe import legacy_grouped_mlp
         from .activations.recompute import recomputed_layer_count
         from .reserved import _layer_sizes
 
@@ -315,6 +319,8 @@ class _Walk:
         # full recompute checkpoints the stage's first layers (Megatron's block method), or all of them
         self.checkpointed = recomputed_layer_count(training, len(self.kinds))
         self.fused_wgrad = training.gradient_accumulation_fusion
+        # the legacy GroupedMLP's gmm returns its weights' gradients to autograd whatever the fusion says
+        self.legacy_experts = legacy_grouped_mlp(training)
         self.tied = arch.tie_embeddings
         self.ids = 8 * training.seq_len * training.micro_batch_size / cfg.parallel.cp
         self.pending: list[float] = []
@@ -469,7 +475,7 @@ class _Walk:
             if experts and isinstance(w, megatron_moe_replay.ExpertShard):  # the experts' backward
                 self.program.transient(self.plans[kind].backward)
                 experts = False
-            self._gradient(w)
+            self._gradient(w, always=self.legacy_experts and isinstance(w, megatron_moe_replay.ExpertShard))
             while len(held) > count * (n - 1 - j) // n:
                 if at is not None and len(held) == at + 2:  # the softmax's output reached: its backward
                     self._softmax_backward(kind, held, at)
@@ -496,11 +502,13 @@ class _Walk:
 def _dummies(cfg, sp) -> dict[int, list[float]]:
     """TE's dummy weight gradients (wgrad_cache.py), by the weight's elements: their bytes, one per shape (an MoE
     layer's expert fc1, 3072 x 5120, and shared experts' fc2, 5120 x 3072, have as many elements)."""
+    from .activations.moe import legacy_grouped_mlp
     from .wgrad_cache import dummy_shapes
 
     B = bytes_per_element(cfg.training.compute_dtype)
     out: dict[int, list[float]] = {}
-    for rows, cols in dummy_shapes(cfg.architecture, cfg.parallel, sp, cfg.padded_vocab):
+    legacy = legacy_grouped_mlp(cfg.training)  # no dummy for the legacy GroupedMLP's experts
+    for rows, cols in dummy_shapes(cfg.architecture, cfg.parallel, sp, cfg.padded_vocab, legacy):
         out.setdefault(rows * cols, []).append(B * rows * cols)
     return out
 
