@@ -262,3 +262,34 @@ def test_megatron_bridge_reads_the_key_and_its_emitter_refuses_it():
               "parallel": {"dp": 8, "ep": 8, "zero_stage": 1}}
     with pytest.raises(ConfigError, match="--moe-use-legacy-grouped-gemm has none"):
         emit("megatron-bridge", config)
+
+
+def test_under_the_fusion_the_replay_makes_the_legacy_experts_gradients(monkeypatch):
+    """With gradient-accumulation fusion (Megatron-LM's default) the replay's backward makes each legacy expert
+    weight's gradient, weight2's (58,720,256 x 2 B = 112 MiB) then weight1's (224 MiB) per layer, for DDP's hook to
+    add into main_grad (grouped_gemm's gmm returns them), and keeps no TE dummy of their shapes: only the attention's,
+    [3072, 4096] and [4096, 2048] (TP 2), where TE's GroupedLinear adds fc1's [14336, 4096] and fc2's [4096, 7168]
+    (ETP 2) and makes no expert gradient."""
+    from estimator.memory import megatron_replay
+    from estimator.memory.megatron_moe_replay import ExpertShard
+
+    made = []
+    gradient = megatron_replay._Walk._gradient
+
+    def recorded(self, n, always=False):
+        if isinstance(n, ExpertShard):
+            made.append((n, always))
+        return gradient(self, n, always)
+
+    monkeypatch.setattr(megatron_replay._Walk, "_gradient", recorded)
+    for legacy, dummies, expert_gradients in (
+            (True, [3072 * 4096, 4096 * 2048], [(58_720_256, True), (117_440_512, True)] * 2),
+            (False, [3072 * 4096, 4096 * 2048, 14336 * 4096, 4096 * 7168], [(29_360_128, False)] * 2
+             + [(58_720_256, False)] * 2 + [(29_360_128, False)] * 2 + [(58_720_256, False)] * 2)):
+        cfg = _resolved(MIXTRAL_GG, gradient_accumulation_fusion=True, moe_use_legacy_grouped_gemm=legacy)
+        assert megatron_replay.replay_rule(cfg) is None
+        assert sorted(megatron_replay._dummies(cfg, cfg.stages[0])) == sorted(dummies)
+        made.clear()
+        _mixtral_fused(legacy)
+        first = len(expert_gradients)  # the first stage's first backward, its two MoE layers from the last
+        assert made[:first] == expert_gradients
