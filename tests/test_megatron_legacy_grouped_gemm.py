@@ -160,7 +160,9 @@ def test_the_gg_records_replay(monkeypatch):
     first stage) is the ledger's plus 17,661,952 B, as it is for TE's experts on the same rank: the legacy layout
     adds no difference of its own. Of that, 16 MiB is the received output gradient ([2048, 1, 4096] bf16, held to the
     stage's backward: megatron_replay.py `_Walk.forward`), which the ledger's backward does not list; the other
-    864 KiB is not traced. The DeepSeek -gg records keep the flat share for their own reasons (selective recompute;
+    864 KiB is blocks handed out whole, their rest (1 MiB or less in the large pool) not split off, which the
+    allocator counts as allocated (allocator.py `should_split`; the live requests at the replay's peak sum to the
+    ledger's plus that gradient exactly). The DeepSeek -gg records keep the flat share for their own reasons (selective recompute;
     sparse attention), no longer for the legacy experts."""
     from estimator.memory import reserved
 
