@@ -25,6 +25,10 @@ How PEFT runs them (peft 0.21 ``tuners/lora/layer.py``), which decides the activ
 Contract names of the targets (``training.adapter.target_modules``): q, k, v, o, gate, up, down,
 router, experts, or "all-linear" (PEFT: every linear layer but the output layer, and on MoE models
 the router and the fused expert weights).
+
+On a vision-language model peft matches the same names inside the vision tower (by suffix, over the whole model),
+and "all-linear" takes the tower's and the projector's linears: their adapters are counted as trainable
+(`vision_modules`), on the first stage. With images they would also keep activations: not modelled (refused).
 """
 
 from __future__ import annotations
@@ -85,6 +89,47 @@ def _mlp_modules(arch, width: int, copies: int) -> list[Module]:
     if arch.gated_mlp:
         return [Module("gate", h, width, copies), Module("up", h, width, copies), Module("down", width, h, copies)]
     return [Module("up", h, width, copies), Module("down", width, h, copies)]
+
+
+# The vision tower's linears as transformers 5.23 names them, with the contract target whose peft suffix
+# (validation/peft/build.py TARGET_MODULES: q_proj, ..., down_proj) matches them, or None where only "all-linear"
+# takes them. peft matches target_modules by name suffix over the whole model (peft 0.21.2
+# tuners/tuners_utils.py check_target_module_exists), and "all-linear" takes every nn.Linear but the output
+# embedding (tuners_utils.py _maybe_include_all_linear_layers), the tower's and the projector's included; the patch
+# embeddings' Conv2d/Conv3d and Gemma 3's projector matrix (an nn.Parameter) are not nn.Linear. Measured: the wrap of
+# the real classes, tests/data/measured/peft/vlm-lora-wrap.json.
+def vision_modules(arch, freeze_vision: bool = False) -> list[tuple[str | None, Module]]:
+    """(contract target or None, module) for each adaptable linear of the tower, `copies` = its blocks; with the
+    encoder frozen only the projector's (LLaMA-Factory's freeze_vision_tower keeps the tower out of the targets)."""
+    from ..spec import vision as _vision
+    if arch.vision_tower is None:
+        return []
+    c, f, n, D = arch.vision_hidden_size, arch.vision_intermediate_size, arch.vision_num_layers, arch.hidden_size
+    if arch.vision_tower == _vision.QWEN2_5_VL:  # modeling_qwen2_5_vl.py: Qwen2_5_VLVisionAttention qkv, proj;
+        # Qwen2_5_VLMLP gate_proj, up_proj, down_proj; Qwen2_5_VLPatchMerger mlp.0, mlp.2
+        m = arch.vision_spatial_merge_size ** 2 * c
+        encoder = [(None, Module("qkv", c, 3 * c, n)), (None, Module("proj", c, c, n)),
+                   ("gate", Module("gate", c, f, n)), ("up", Module("up", c, f, n)), ("down", Module("down", f, c, n))]
+        projector = [(None, Module("merger_fc1", m, m)), (None, Module("merger_fc2", m, D))]
+    elif arch.vision_tower == _vision.LLAMA4:  # modeling_llama4.py: Llama4VisionAttention q/k/v/o_proj,
+        # Llama4VisionMLP fc1, fc2; Llama4UnfoldConvolution.linear; the pixel-shuffle MLP fc1, fc2;
+        # Llama4MultiModalProjector.linear_1
+        q, p = arch.vision_projector_size, arch.vision_patch_size
+        encoder = [(t, Module(t, c, c, n)) for t in ("q", "k", "v", "o")] + [
+            (None, Module("fc1", c, f, n)), (None, Module("fc2", f, c, n)),
+            (None, Module("patch_embed", _vision.CHANNELS * p * p, c)),
+            (None, Module("adapter_fc1", c * arch.vision_spatial_merge_size ** 2, q)), (None, Module("adapter_fc2", q, q))]
+        projector = [(None, Module("projector", q, D))]
+    else:  # modeling_siglip.py: SiglipAttention q_proj, k_proj, v_proj, out_proj; SiglipMLP fc1, fc2
+        encoder = [(t, Module(t, c, c, n)) for t in ("q", "k", "v")] + [
+            (None, Module("out_proj", c, c, n)), (None, Module("fc1", c, f, n)), (None, Module("fc2", f, c, n))]
+        projector = []
+    return projector if freeze_vision else encoder + projector
+
+
+def adapted_vision_modules(adapter: Adapter, arch, freeze_vision: bool = False) -> list[Module]:
+    return [m for target, m in vision_modules(arch, freeze_vision)
+            if adapter.all_linear or (target is not None and target in adapter.target_modules)]
 
 
 def fused_targets(adapter: Adapter, arch) -> Adapter:
@@ -278,6 +323,13 @@ def inventory(arch, training, recipe, sp) -> Inventory:
                 factored += layers * (rows + cols)
                 largest = max(largest, rows * cols)
                 count += layers
+    for m in adapted_vision_modules(adapter, arch, training.freeze_vision) if sp.first else ():
+        adapters += module_parameters(adapter, m)  # the tower's adapters, on the first stage with the tower
+        for rows, cols in module_matrices(adapter, m):
+            small += rows * cols if rows * cols < 4096 else 0.0  # module_matrices lists each copy's matrices
+            factored += rows + cols
+            largest = max(largest, rows * cols)
+            count += 1
     saved = 0.0
     if adapter.trainable_embeddings:
         tensors = [t for t in arch.embedding_tensors() + arch.head_tensors() if t.role in ("embedding", "head")]
@@ -432,10 +484,16 @@ def adapter_count(adapter: Adapter, arch) -> int:
     return sum(n * layer_parameters(adapter, arch, kind) for kind, n in arch.kind_counts())
 
 
+def vision_adapter_count(adapter: Adapter, arch, freeze_vision: bool = False) -> int:
+    """The adapters peft puts in a vision-language model's tower and projector (`vision_modules`)."""
+    return sum(module_parameters(adapter, m) for m in adapted_vision_modules(adapter, arch, freeze_vision))
+
+
 def trainable_count(arch, training) -> int:
-    """Trainable parameters of the whole model (the output's ``parameters.trainable``)."""
+    """Trainable parameters of the whole model (the output's ``parameters.trainable``, peft's
+    print_trainable_parameters): the decoder layers' adapters, the vision tower's, and the trainable copies."""
     adapter = training.adapter
-    layers = adapter_count(adapter, arch)
+    layers = adapter_count(adapter, arch) + vision_adapter_count(adapter, arch, training.freeze_vision)
     saved = 0
     if adapter.trainable_embeddings:
         saved = sum(t.numel for t in arch.embedding_tensors() + arch.head_tensors() if t.role in ("embedding", "head"))

@@ -50,7 +50,8 @@ def _check_images(arch: Architecture, training: Training) -> None:
         return
     if n and training.adapter is not None:
         raise ConfigError("training.images_per_sample", n, "0 with an adapter",
-                          "PEFT matches target modules by name, inside the vision tower too: not modelled",
+                          "the activations the tower's adapters keep are not modelled (their weights and states "
+                          "are: adapters.vision_modules)",
                           related=("training.adapter",))
     if n and training.mode != "training":
         raise ConfigError("training.images_per_sample", n, "0 outside training",

@@ -493,7 +493,9 @@ ADAPTER_FIELDS: tuple[Field, ...] = (
           "up, down, the MoE router, the routed experts, or all-linear (every linear layer but the LM head, as "
           "PEFT's all-linear). The default, q and v, is PEFT's for Llama, Mistral, Qwen and Gemma (q_proj, v_proj) "
           "and, with one fused q, k, v linear, for GPT-2 and GPT-NeoX and Falcon (that linear); PEFT has no default "
-          "for Phi-3 and other types and asks for targets.", _FT, options=TARGETS + (ALL_LINEAR,)),
+          "for Phi-3 and other types and asks for targets. PEFT matches the names over the whole model: a "
+          "vision-language model's tower gets adapters on its matching linears too (all of them under all-linear, "
+          "with the projector's).", _FT, options=TARGETS + (ALL_LINEAR,)),
     Field("dropout", _A, "float", "Adapter dropout", "lora_dropout: above 0 each adapted module keeps a dropout "
           "output and a 1-byte mask.", _FT, min=0.0, max=1.0, below_max=True, step=0.05),
     _bool("trainable_embeddings", _A, "Train embeddings and LM head", "PEFT's modules_to_save: trainable copies of "
