@@ -185,7 +185,9 @@ def _contiguous_gradients(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, sta
         raise ConfigError(key, value, "true or false")
     if stage == 0:
         ledger.ignore(f"ds:{key}", value, "ZeRO stage 0 reduces through the engine's own buffers")
-    elif value or (stage == 2 and (build.get("parallel.dp") or 1) > 1):
+    elif value:
+        ledger.ignore(f"ds:{key}", value, "DeepSpeed's default (on), as the estimate counts it")
+    elif stage == 2 and (build.get("parallel.dp") or 1) > 1:
         build.set("training.contiguous_gradients", value, f"ds:{key}")
     else:
         ledger.not_modelled(f"ds:{key}", value, "off is modelled for ZeRO-2 over more than one GPU; estimated with "
