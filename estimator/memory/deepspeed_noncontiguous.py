@@ -16,8 +16,9 @@ So a rank holds, at each hook, the own gradients made so far, the bucket's other
 each rank's tensors of the Trainer's groups (deepspeed_zero2.trainer_groups; get_partition_info's
 params_in_partition: deepspeed_offload.partition_windows).
 Measured per rank on real DeepSpeed 0.19.5 over 2 gloo ranks, overlap_comm off, 2 and 3 micro-batches
-(tests/test_deepspeed_accumulation.py). Not charged: allreduce_bucket's flat copy of the bucket in the reduction
-(a transient of the bucket's elements; the record samples gradient attributes only).
+(tests/test_deepspeed_accumulation.py), less allreduce_bucket's flat copy of the bucket in the reduction (a new
+tensor of the bucket's elements where it holds more than one: charged, not in the record, which samples gradient
+attributes only).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py reduce_independent_p_
           "other ranks' gradients freed, or kept to the next reduction with overlap_comm; no grads_in_partition), "
           "setup_buckets (l. 2471: no bucket buffer); measured: tests/data/measured/deepspeed_partitions/"
           "zero12-accumulation-cpu-gloo.json")
+
+
+FLAT_SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py allreduce_bucket (`self.flatten(bucket)`: "
+               "torch _flatten_dense_tensors, a new tensor for more than one), allreduce_no_retain, "
+               "buffered_reduce_fallback; not in the CPU record (it samples gradient attributes only)")
 
 
 def contiguous(training: Training) -> bool:
@@ -78,48 +84,65 @@ def _pieces(arch: Architecture, training: Training, recipe: Recipe, sp: StagePar
     return out
 
 
-def held_beside_partition(pieces: list[tuple[float, int, int]], d: int, bucket: int, overlap: bool) -> float:
-    """The most elements any of `d` ranks holds at a gradient hook beyond its own partition: walking backward (the
-    pieces reversed), its own gradients made so far, the bucket's other-rank gradients, the one just made and (with
-    `overlap`) the last reduced bucket's other-rank ones; less the rank's whole partition."""
+def held_beside_partition(pieces: list[tuple[float, int, int]], d: int, bucket: int,
+                          overlap: bool) -> tuple[float, float]:
+    """(gradient elements beyond the rank's own partition, elements of the bucket's flat copy) at the fullest moment
+    of any of `d` ranks' backward. Walking backward (the pieces reversed), at each hook a rank holds its own
+    gradients made so far, the bucket's other-rank gradients, the one just made and (with `overlap`) the last
+    reduced bucket's other-rank ones; reducing a bucket of more than one tensor, allreduce_and_copy first frees
+    those last ones (l. 1861) and allreduce_bucket flattens the bucket (a new tensor of its elements;
+    _flatten_dense_tensors views a lone tensor)."""
     groups: dict[int, list[float]] = {}
     for n, g, _ in sorted(pieces, key=lambda p: (p[1], p[2])):  # each group flat in module order
         groups.setdefault(g, []).append(n)
     windows = {g: partition_windows(tuple(sizes), d) for g, sizes in groups.items()}
-    most = 0.0
+    best = (0.0, 0.0)
     for r in range(d):
         def own(g: int, i: int) -> bool:
             first, last, _ = windows[g][r]
             return first <= i < last
         total = sum(n for n, g, i in pieces if own(g, i))
-        made = waiting = previous = 0.0
-        filled = 0.0
-        peak = 0.0
+        made = waiting = previous = filled = 0.0
+        members = 0
+        moments = []
         for n, g, i in reversed(pieces):
             mine = own(g, i)
             made += n if mine else 0.0
-            peak = max(peak, made + waiting + previous + (0.0 if mine else n))
+            arriving = 0.0 if mine else n
+            moments.append((made + waiting + previous + arriving - total, 0.0))
             if filled + n > bucket and filled > 0:  # reduce_ipg_grads before this gradient joins the bucket
+                if members > 1:
+                    moments.append((made + waiting + arriving - total, filled))
                 previous = waiting if overlap else 0.0
                 waiting = filled = 0.0
+                members = 0
             filled += n
-            waiting += 0.0 if mine else n
-        peak = max(peak, made + waiting + previous)  # the epilogue's reduce_ipg_grads
-        most = max(most, peak - total)
-    return most
+            members += 1
+            waiting += arriving
+        moments.append((made + waiting + previous - total, 0.0))  # the epilogue's reduce_ipg_grads
+        if members > 1:
+            moments.append((made + waiting - total, filled))
+        best = max([best] + moments, key=sum)
+    return best
 
 
 def pending(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters, par: Parallel,
             zero: int) -> list[Component]:
-    """The other ranks' gradients held beside the partition at backward's fullest hook (`held_beside_partition`)."""
+    """The other ranks' gradients held beside the partition at backward's fullest moment, and the flat copy of the
+    bucket being reduced then (`held_beside_partition`)."""
     ds = deepspeed_settings(arch, training, zero)
     pieces = _pieces(arch, training, recipe, sp, par)
     key = ("zero2 noncontiguous", sp.layer_indices, sp.first, sp.last, par.tp, par.dp, training.adapter, recipe,
            ds.reduce_bucket_size, ds.overlap_comm)
-    n = arch.cached(key, lambda: held_beside_partition(pieces, par.dp, ds.reduce_bucket_size, ds.overlap_comm))
+    n, flat = arch.cached(key, lambda: held_beside_partition(pieces, par.dp, ds.reduce_bucket_size,
+                                                             ds.overlap_comm))
     G = bytes_per_element(recipe.grad_dtype)
     kept = " and the last reduced bucket's (overlap_comm)" if ds.overlap_comm else ""
-    return [component("transient", "Other ranks' gradients awaiting reduction (contiguous_gradients off)", G * n,
-                      f"{G:g} B x {n:,.0f} elements: at backward's fullest gradient hook, the bucket's gradients of "
-                      f"other ranks' tensors and the one just made{kept}, whole (reduce_bucket_size "
-                      f"{ds.reduce_bucket_size:,})", SOURCE)]
+    out = [component("transient", "Other ranks' gradients awaiting reduction (contiguous_gradients off)", G * n,
+                     f"{G:g} B x {n:,.0f} elements: at backward's fullest moment, the bucket's gradients of other "
+                     f"ranks' tensors and the one just made{kept}, whole (reduce_bucket_size "
+                     f"{ds.reduce_bucket_size:,})", SOURCE)]
+    if flat:
+        out.append(component("transient", "Flat copy of the bucket being all-reduced (allreduce_bucket)", G * flat,
+                             f"{G:g} B x {flat:,.0f} elements: the bucket's gradients flattened then", FLAT_SOURCE))
+    return out
