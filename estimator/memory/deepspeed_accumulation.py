@@ -45,8 +45,8 @@ def second_partition(training: Training, par: Parallel, zero: int, partitions: b
         return []
     if training.contiguous_gradients is False:  # ZeRO-2 without offload: it is not turned back on
         return [component("transient", "Gradients of this micro-batch's partition (its own .grad, beside the kept "
-                          "ones)", grads, f"{grads:,.0f} B: the busiest GPU's own gradients again, whole (micro-batches "
-                          f"2 to {m}; contiguous_gradients off: no grads_in_partition)", SOURCE)]
+                          "ones)", grads, f"{grads:,.0f} B: the busiest GPU's own gradients again, whole "
+                          f"(micro-batches 2 to {m}; contiguous_gradients off: no grads_in_partition)", SOURCE)]
     return [component("transient", "Gradient partition of this micro-batch (grads_in_partition, beside the kept one)",
                       grads, f"{grads:,.0f} B: the busiest GPU's gradient partition again (micro-batches 2 to {m} "
                       "of each step: the first one's is kept in all_grad_tensors)", SOURCE)]

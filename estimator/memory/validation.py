@@ -263,8 +263,9 @@ def _check_deepspeed_settings(training: Training, zero: int, par: Parallel) -> N
                               f"DeepSpeed reads it from ZeRO stage {lowest} on; this run is on stage {zero}",
                               related=("parallel.zero_stage",))
     # contiguous_gradients off: modelled for ZeRO-2's dense data parallelism (deepspeed_noncontiguous); ZeRO-1 then
-    # makes no gradient hooks without overlap_comm and ZeRO-3 keeps no flat IPG buffer (stage3.py l. 700): neither
-    # read nor measured. offload_optimizer turns it back on (stage_1_and_2.py l. 259: `or self.cpu_offload`).
+    # makes no gradient hooks without overlap_comm (stage_1_and_2.py l. 635), ZeRO-3 allocates no IPG bucket
+    # (stage3.py l. 700) and keeps the bucket's gradients as their own .grad (__add_grad_to_ipg_bucket l. 1517):
+    # neither measured. offload_optimizer turns it back on under ZeRO-1/2 (stage_1_and_2.py l. 259).
     forced_on = zero in (1, 2) and training.offload_optimizer != "none"
     if training.contiguous_gradients is False and not forced_on and (zero != 2 or par.dp < 2 or par.cp > 1
                                                                            or par.ep > 1):
