@@ -83,6 +83,24 @@ def test_auto_buckets_are_filled_as_transformers_fills_them():
     assert training["micro_batch_size"] == 2
 
 
+def test_contiguous_gradients_is_read_where_modelled():
+    """zero_optimization.contiguous_gradients: false is training.contiguous_gradients under ZeRO-2 over more than one
+    GPU (memory/deepspeed_noncontiguous.py); under ZeRO-1 or 3, or on one GPU, it is reported not modelled and the
+    field left out (the estimate keeps it on); true, DeepSpeed's default, needs no field."""
+    args = '{"model_name_or_path": "Qwen/Qwen3-8B", "max_length": 2048, "bf16": true}'
+    ds = '{"zero_optimization": {"stage": %d, "contiguous_gradients": %s}, "bf16": {"enabled": "auto"}}'
+    off = import_config(ds % (2, "false"), gpus=4, training_args=args)
+    assert off.config["training"]["contiguous_gradients"] is False
+    assert not off.unsupported
+    on = import_config(ds % (2, "true"), gpus=4, training_args=args)
+    assert "contiguous_gradients" not in on.config["training"]
+    assert "ds:zero_optimization.contiguous_gradients" in [s.name for s in on.ignored]
+    for stage, gpus in ((3, 4), (1, 4), (2, 1)):
+        result = import_config(ds % (stage, "false"), gpus=gpus, training_args=args)
+        assert "contiguous_gradients" not in result.config["training"]
+        assert [s.name for s in result.unsupported] == ["ds:zero_optimization.contiguous_gradients"]
+
+
 def test_without_an_optimizer_section_deepspeed_steps_the_trainers_adamw():
     """Qwen's finetune.py defaults `optim` to adamw_torch; a ds_config without an optimizer section lets the Trainer's
     optimizer step ZeRO's flat partitions (torch's foreach AdamW: adamw_implementation 'foreach'); with one, or with

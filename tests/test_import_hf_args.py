@@ -82,6 +82,10 @@ HF = [
                                        "loss": "chunked", "liger_kernel": True, "offload_optimizer": "cpu",
                                        "reduce_bucket_size": 50_000_000},
      "parallel": {"dp": 8, "zero_stage": 3}},
+    # contiguous_gradients off under ZeRO-2 (memory/deepspeed_noncontiguous.py), written into the ds_config
+    {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 4096, "recompute": "full",
+                                       "contiguous_gradients": False},
+     "parallel": {"dp": 4, "zero_stage": 2}},
     {"model": "qwen3-8b", "training": {"framework": "fsdp2", "seq_len": 8192, "recompute": "full"},
      "parallel": {"dp": 8, "zero_stage": 2}},
     {"model": "qwen3-8b", "training": {"framework": "fsdp1", "seq_len": 8192, "recompute": "full"},

@@ -214,7 +214,8 @@ EXTENSIONS = {
                  "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "moe_grouped_gemm",
                  "moe_use_legacy_grouped_gemm", "torch_version",
                  "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_param_persistence_threshold",
-                 "overlap_comm", "adamw_implementation", "training_loop", "async_tp", "compile_loss", "transformer_impl",
+                 "overlap_comm", "contiguous_gradients", "adamw_implementation", "training_loop", "async_tp",
+                 "compile_loss", "transformer_impl",
                  "gradient_accumulation_fusion", "te_version", "liger_kernel",
                  "images_per_sample", "image_size", "freeze_vision"} | CONTRACT_ADDITIONS,  # vision-language models (issue 28)
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",

@@ -20,7 +20,7 @@ from .source import parse_json
 
 KIND = "deepspeed"
 # DeepSpeed's zero_optimization keys that do not change what the estimate counts
-_ZERO_IGNORED = {"overlap_comm", "contiguous_gradients", "allgather_partitions", "reduce_scatter",
+_ZERO_IGNORED = {"overlap_comm", "allgather_partitions", "reduce_scatter",
                  "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
                  "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
                  "offload_optimizer.pin_memory", "offload_param.pin_memory",
@@ -164,12 +164,34 @@ def _zero(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
                 build.put(path, 1)
             else:
                 build.set(path, number, f"ds:zero_optimization.{key}", value)
+    _contiguous_gradients(ds, build, ledger, stage)
     for key, value in list(ds.flat.items()):
         if key.startswith("zero_optimization.") and key not in ds.used:
             sub = key[len("zero_optimization."):]
             if sub in _ZERO_IGNORED:
                 ds.used.add(key)
                 ledger.ignore(f"ds:{key}", value, "communication scheduling or checkpoint format")
+
+
+def _contiguous_gradients(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, stage: int) -> None:
+    """zero_optimization.contiguous_gradients (DeepSpeed's default true): off is modelled for ZeRO-2 over more than
+    one rank (memory/deepspeed_noncontiguous.py); elsewhere estimated with it on, and said so. offload_optimizer
+    turns it back on (stage_1_and_2.py l. 259), which the estimate applies itself."""
+    key = "zero_optimization.contiguous_gradients"
+    value = ds.get(key)
+    if value is None:
+        return
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true or false")
+    if stage == 0:
+        ledger.ignore(f"ds:{key}", value, "ZeRO stage 0 reduces through the engine's own buffers")
+    elif value:
+        ledger.ignore(f"ds:{key}", value, "DeepSpeed's default (on), as the estimate counts it")
+    elif stage == 2 and (build.get("parallel.dp") or 1) > 1:
+        build.set("training.contiguous_gradients", value, f"ds:{key}")
+    else:
+        ledger.not_modelled(f"ds:{key}", value, "off is modelled for ZeRO-2 over more than one GPU; estimated with "
+                            "it on")
 
 
 def _hidden_size(model: str) -> int | None:

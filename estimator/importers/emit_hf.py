@@ -75,7 +75,8 @@ def _deepspeed(tr, par) -> list[str]:
     for part, device in (("offload_optimizer", tr.offload_optimizer), ("offload_param", tr.offload_parameters)):
         if device != "none":
             zero[part] = {"device": device}
-    for field in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
+    for field in ("reduce_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size",
+                  "stage3_max_live_parameters"):
         if getattr(tr, field) is not None:
             zero[field] = getattr(tr, field)
     ds = {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},

@@ -17,9 +17,9 @@ first, from DeepSpeed v0.19.5's source (runtime/zero/stage_1_and_2.py), contiguo
 Measured per rank and micro-batch on real DeepSpeed 0.19.5 over 2 gloo ranks, gradient_accumulation_steps 2 and 3,
 overlap_comm on and off (validation/gpu/deepspeed_accumulation.py, tests/test_deepspeed_accumulation.py). The
 one-GPU replay of the caching allocator (deepspeed_replay._micro_batches) makes and frees it likewise.
-Not modelled: contiguous_gradients off (no field; measured: each later backward's own .grad of the rank's tensors
-grow beside the kept ones, two partitions at its end too) and offload_optimizer (accumulated_grads_in_cpu,
-deepspeed_offload).
+contiguous_gradients off: no grads_in_partition, each later backward's own .grad of the rank's tensors grow beside
+the kept ones, two partitions at its end too (measured; deepspeed_noncontiguous holds the rest of that backward).
+Not modelled: offload_optimizer (accumulated_grads_in_cpu, deepspeed_offload).
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ def second_partition(training: Training, par: Parallel, zero: int, partitions: b
     m = microbatches(training, par)
     if training.framework != "deepspeed" or zero != 2 or not partitions or m < 2 or grads <= 0:
         return []
+    if training.contiguous_gradients is False:  # ZeRO-2 without offload: it is not turned back on
+        return [component("transient", "Gradients of this micro-batch's partition (its own .grad, beside the kept "
+                          "ones)", grads, f"{grads:,.0f} B: the busiest GPU's own gradients again, whole "
+                          f"(micro-batches 2 to {m}; contiguous_gradients off: no grads_in_partition)", SOURCE)]
     return [component("transient", "Gradient partition of this micro-batch (grads_in_partition, beside the kept one)",
                       grads, f"{grads:,.0f} B: the busiest GPU's gradient partition again (micro-batches 2 to {m} "
                       "of each step: the first one's is kept in all_grad_tensors)", SOURCE)]

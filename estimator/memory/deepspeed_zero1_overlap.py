@@ -28,6 +28,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 from .backward_moments import BackwardEnd
+from . import deepspeed_noncontiguous as noncontiguous
 from .components import Component, component
 from .deepspeed_accumulation import second_partition
 from .deepspeed_offload import largest_overlap, largest_slice, partition_windows
@@ -163,7 +164,10 @@ def deepspeed_in_backward(arch: Architecture, training: Training, recipe: Recipe
     """DeepSpeed's gradients a few layers into backward: whether ZeRO-2's partitions exist then, and what is held
     beside them (the head's whole gradient, `largest` elements; from the second micro-batch on a second partition,
     deepspeed_accumulation), or ZeRO-1's with overlap_comm (`in_backward`)."""
-    partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
-                                         largest_slice(arch, training, recipe, sp, zero, par))
+    if noncontiguous.modelled(training, par, zero):  # no bucket copies: the other ranks' .grad held instead
+        partitions, pending = True, noncontiguous.pending(arch, training, recipe, sp, par, zero)
+    else:
+        partitions, pending = zero2_backward(arch, training, zero, largest, bytes_per_element(recipe.grad_dtype),
+                                             largest_slice(arch, training, recipe, sp, zero, par))
     return partitions, (pending + second_partition(training, par, zero, partitions, grads)
                         + in_backward(arch, training, recipe, sp, par, zero, grads))

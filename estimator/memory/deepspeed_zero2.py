@@ -112,7 +112,10 @@ def with_partition(ms: ModelStates, arch: Architecture, training: Training, reci
     n = arch.cached(("zero2 busiest", sp.layer_indices, sp.first, sp.last, par.tp, par.dp, training.adapter, recipe),
                     lambda: busiest_rank(groups, par.dp))
     text = (f"{G:g} B x {n:,.0f} elements: the whole of every tensor overlapping the busiest GPU's share of each of "
-            f"{which}, over {par.dp} ranks (grads_in_partition; N/d would be {sum(map(sum, groups)) / par.dp:,.0f})")
+            f"{which}, over {par.dp} ranks ("
+            + ("the tensors' own .grad, contiguous_gradients off" if training.contiguous_gradients is False
+               else "grads_in_partition")
+            + f"; N/d would be {sum(map(sum, groups)) / par.dp:,.0f})")
 
     def formulas() -> dict[str, str]:
         return {**ms.formulas(), "gradients": text}

@@ -20,6 +20,7 @@ from .adapters import Inventory, adapter_dtype, saved_copy_bytes
 from ..spec.architecture import Architecture
 from .backward_moments import FSDP2_RS_SOURCE, titan_full_ac
 from .components import Component, component
+from .deepspeed_noncontiguous import contiguous
 from .deepspeed_offload import gpu_buffer as deepspeed_gpu_buffer
 from .deepspeed_step import (FOREACH_DENOM_SOURCE, DeepSpeedBuffers, deepspeed_settings,
                              runs_foreach as deepspeed_foreach,
@@ -305,6 +306,8 @@ def deepspeed_buffers(arch: Architecture, training: Training, recipe: Recipe, st
         bwd.append(component("transient", "Gradient all-reduce buffer", bucket,
                              f"min({ENGINE_ALLREDUCE_ELEMENTS:,} (engine's buffer), trainable params) x {G:g} B",
                              "DeepSpeed v0.19.5 runtime/engine.py allreduce_gradients, buffered_allreduce_fallback"))
+    elif zero in (1, 2) and not contiguous(training):
+        pass  # no bucket buffer: the .grad tensors are reduced where they are (deepspeed_noncontiguous)
     elif zero in (1, 2):
         copies = 2 if ds.overlap_comm else 1
         bwd.append(component("transient", "Gradient reduction bucket" + ("s (overlap_comm: two)" if copies > 1 else ""),

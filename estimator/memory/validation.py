@@ -92,7 +92,7 @@ def validate(arch: Architecture, training: Training, par: Parallel) -> int:
     if training.fp8_all_gather:
         check_fp8_all_gather(training, zero)
     if training.framework == "deepspeed":
-        _check_deepspeed_settings(training, zero)
+        _check_deepspeed_settings(training, zero, par)
     return zero
 
 
@@ -252,7 +252,7 @@ def _check_compile_loss(training: Training) -> None:
                           "came with 0.2.0", related=("training.framework_version",))
 
 
-def _check_deepspeed_settings(training: Training, zero: int) -> None:
+def _check_deepspeed_settings(training: Training, zero: int, par: Parallel) -> None:
     """A ZeRO setting the stage in force never reads is refused rather than silently unused: stage 0
     reduces through the engine's fixed buffers (engine.py allreduce_gradients), the stage3_* settings
     are ZeRO-3's (DeepSpeed v0.19.5 runtime/zero/stage_1_and_2.py, stage3.py)."""
@@ -263,6 +263,18 @@ def _check_deepspeed_settings(training: Training, zero: int) -> None:
             raise ConfigError(f"training.{name}", value, f"empty (auto) unless zero_stage is {stages}",
                               f"DeepSpeed reads it from ZeRO stage {lowest} on; this run is on stage {zero}",
                               related=("parallel.zero_stage",))
+    # contiguous_gradients off: modelled for ZeRO-2's dense data parallelism (deepspeed_noncontiguous); ZeRO-1 then
+    # makes no gradient hooks without overlap_comm (stage_1_and_2.py l. 635), ZeRO-3 allocates no IPG bucket
+    # (stage3.py l. 700) and keeps the bucket's gradients as their own .grad (__add_grad_to_ipg_bucket l. 1517):
+    # neither measured. offload_optimizer turns it back on under ZeRO-1/2 (stage_1_and_2.py l. 259).
+    forced_on = zero in (1, 2) and training.offload_optimizer != "none"
+    if training.contiguous_gradients is False and not forced_on and (zero != 2 or par.dp < 2 or par.cp > 1
+                                                                           or par.ep > 1):
+        raise ConfigError("training.contiguous_gradients", False, "true or empty (auto) unless zero_stage is 2 "
+                          "over more than one data-parallel rank, without context or expert parallelism (or 1-2 with "
+                          "the optimizer offloaded)", "contiguous_gradients off is modelled for ZeRO-2 over "
+                          "data-parallel ranks only (measured: tests/test_deepspeed_accumulation.py)",
+                          related=("parallel.zero_stage",))
 
 
 

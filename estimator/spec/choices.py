@@ -50,7 +50,8 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # fused kernel (DeepSpeed's FusedAdam from the ds_config, torch's fused AdamW)
 ADAMW_IMPLEMENTATIONS = ("fused", "foreach")
 # DeepSpeed's ZeRO settings, and the lowest ZeRO stage that reads each (stage_1_and_2.py, stage3.py)
-DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "stage3_prefetch_bucket_size": 3,
+DEEPSPEED_FIELDS = {"reduce_bucket_size": 1, "overlap_comm": 1, "contiguous_gradients": 1,
+                    "stage3_prefetch_bucket_size": 3,
                     "stage3_max_live_parameters": 3, "stage3_param_persistence_threshold": 3}
 # the stacks whose torch.compile switch is modelled (training.compile): torchtitan's --compile.enable, torchtune's
 # compile: True, the HF Trainer's torch_compile=True

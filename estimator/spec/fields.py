@@ -163,6 +163,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _bool("overlap_comm", _T, "DeepSpeed overlap_comm", "DeepSpeed ZeRO's overlap_comm (stages 1-3): reduce "
           "gradients during the backward; ZeRO-1/2 then keep two reduce buckets.", _SAVERS, optional=True,
           auto="DeepSpeed's default: on under ZeRO-3 only"),
+    _bool("contiguous_gradients", _T, "DeepSpeed contiguous_gradients", "DeepSpeed ZeRO's contiguous_gradients: "
+          "on, ZeRO-1/2 copy each gradient into the reduce bucket and the rank's reduced ones into one flat "
+          "partition; off (modelled for ZeRO-2), the bucket's gradients and the rank's own stay the parameters' "
+          ".grad tensors. offload_optimizer turns it on.", _SAVERS, optional=True, auto="DeepSpeed's default: on"),
     _choice("adamw_implementation", _T, "DeepSpeed AdamW kernel", "deepspeed with adamw: what steps ZeRO's flat fp32 "
             "partitions. foreach: torch's AdamW, the HF Trainer's client optimizer (adamw_torch) where the ds_config "
             "has no optimizer section; it makes sqrt(v) of a whole partition (ZeRO-3: of a sub-group) beside it. "

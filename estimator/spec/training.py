@@ -111,6 +111,9 @@ class Training:
     stage3_max_live_parameters: int | None = None
     stage3_param_persistence_threshold: int | None = None
     overlap_comm: bool | None = None
+    # deepspeed: zero_optimization.contiguous_gradients; None = DeepSpeed's default (on); off is modelled for ZeRO-2
+    # (memory/deepspeed_noncontiguous.py), offload_optimizer turns it on (stage_1_and_2.py l. 259)
+    contiguous_gradients: bool | None = None
     # deepspeed: the AdamW that steps ZeRO's flat fp32 partitions. None = a fused kernel (DeepSpeed's FusedAdam, from
     # the ds_config's optimizer section); "foreach": torch's AdamW the HF Trainer passes as the client optimizer
     # (adamw_torch) where the ds_config names none (memory/deepspeed_step.py)
