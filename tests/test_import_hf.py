@@ -101,6 +101,25 @@ def test_contiguous_gradients_is_read_where_modelled():
         assert [s.name for s in result.unsupported] == ["ds:zero_optimization.contiguous_gradients"]
 
 
+def test_overlap_comm_is_read_where_it_is_not_the_default():
+    """zero_optimization.overlap_comm changes what ZeRO holds (two reduce buckets; ZeRO-1 reducing in backward), so it
+    is training.overlap_comm where it differs from DeepSpeed's default (on under ZeRO-3 only), and the estimate moves
+    with it; the default needs no field; it was once ignored as communication scheduling."""
+    args = '{"model_name_or_path": "Qwen/Qwen3-8B", "max_length": 2048, "bf16": true}'
+    ds = '{"zero_optimization": {"stage": %d, "overlap_comm": %s}, "bf16": {"enabled": "auto"}}'
+    on1 = import_config(ds % (1, "true"), gpus=8, training_args=args)
+    assert on1.config["training"]["overlap_comm"] is True
+    off1 = import_config(ds % (1, "false"), gpus=8, training_args=args)
+    assert "overlap_comm" not in off1.config["training"]
+    assert "ds:zero_optimization.overlap_comm" in [s.name for s in off1.ignored]
+    assert estimate_imported(on1).allocated_peak_bytes != estimate_imported(off1).allocated_peak_bytes
+    off3 = import_config(ds % (3, "false"), gpus=8, training_args=args)
+    assert off3.config["training"]["overlap_comm"] is False
+    assert "overlap_comm" not in import_config(ds % (3, "true"), gpus=8, training_args=args).config["training"]
+    with pytest.raises(ConfigError, match="overlap_comm"):
+        import_config(ds % (2, '"yes"'), gpus=8, training_args=args)
+
+
 def test_without_an_optimizer_section_deepspeed_steps_the_trainers_adamw():
     """Qwen's finetune.py defaults `optim` to adamw_torch; a ds_config without an optimizer section lets the Trainer's
     optimizer step ZeRO's flat partitions (torch's foreach AdamW: adamw_implementation 'foreach'); with one, or with

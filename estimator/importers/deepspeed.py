@@ -20,7 +20,7 @@ from .source import parse_json
 
 KIND = "deepspeed"
 # DeepSpeed's zero_optimization keys that do not change what the estimate counts
-_ZERO_IGNORED = {"overlap_comm", "allgather_partitions", "reduce_scatter",
+_ZERO_IGNORED = {"allgather_partitions", "reduce_scatter",
                  "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
                  "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
                  "offload_optimizer.pin_memory", "offload_param.pin_memory",
@@ -164,6 +164,7 @@ def _zero(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
                 build.put(path, 1)
             else:
                 build.set(path, number, f"ds:zero_optimization.{key}", value)
+    _overlap_comm(ds, build, ledger, stage)
     _contiguous_gradients(ds, build, ledger, stage)
     for key, value in list(ds.flat.items()):
         if key.startswith("zero_optimization.") and key not in ds.used:
@@ -171,6 +172,23 @@ def _zero(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
             if sub in _ZERO_IGNORED:
                 ds.used.add(key)
                 ledger.ignore(f"ds:{key}", value, "communication scheduling or checkpoint format")
+
+
+def _overlap_comm(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, stage: int) -> None:
+    """zero_optimization.overlap_comm (training.overlap_comm): it changes what ZeRO 1-3 hold (two reduce buckets,
+    ZeRO-1 reducing in backward; memory/deepspeed_zero1_overlap.py, deepspeed_step.py), so it is read, not ignored."""
+    key = "zero_optimization.overlap_comm"
+    value = ds.get(key)
+    if value is None:
+        return
+    if not isinstance(value, bool):
+        raise ConfigError(key, value, "true or false")
+    if stage == 0:
+        ledger.ignore(f"ds:{key}", value, "ZeRO stage 0 reduces through the engine's own buffers")
+    elif value == (stage == 3):  # DeepSpeed's default: on under ZeRO-3 only (zero/config.py, stage3.py)
+        ledger.ignore(f"ds:{key}", value, f"DeepSpeed's default under ZeRO-{stage}, as the estimate counts it")
+    else:
+        build.set("training.overlap_comm", value, f"ds:{key}")
 
 
 def _contiguous_gradients(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, stage: int) -> None:
