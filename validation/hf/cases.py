@@ -103,7 +103,8 @@ DROPOUT_RUNS = (
     Run("starcoder2-3b-8layers", 4096, 2), Run("starcoder2-3b-8layers", 4096, 2, dropout=0.1),
     Run("starcoder2-3b-8layers", 8192, 2, recompute="full", dropout=0.1),
     Run("starcoder2-3b-8layers", 4096, recipe="amp", dropout=0.1),
-    # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py), which the harness does not emulate: eager only
+    # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py), which the harness does not emulate: eager, and
+    # flash-attn's kernel (flash_attention_2, validation/hf/falcon.py)
     Run("falcon-7b-8layers", 2048, attention="eager"), Run("falcon-7b-8layers", 2048, attention="eager", dropout=0.1),
     Run("falcon-7b-8layers", 4096, recompute="full", attention="eager", dropout=0.1),
     Run("falcon-7b-8layers", 2048, recipe="amp", attention="eager"),
