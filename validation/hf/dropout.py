@@ -106,4 +106,6 @@ MODELS = {m.id: m for m in [
                                      vocab_size=1000, max_position_embeddings=512, sliding_window=None)),
     HubModel("tiny-falcon", dict(model_type="falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                  vocab_size=1000)),
+    HubModel("tiny-falcon-new", dict(model_type="falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_kv_heads=2, new_decoder_architecture=True, vocab_size=1000)),
 ]}
