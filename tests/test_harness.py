@@ -35,6 +35,9 @@ VARIANTS = [
     Run("tiny-phi3", SEQ, BATCH, dropout=0.1), Run("tiny-gpt2", SEQ, BATCH, recompute="full", dropout=0.1),
     Run("tiny-neox", SEQ, BATCH, recipe="amp", dropout=0.1), Run("tiny-starcoder2", SEQ, BATCH, dropout=0.1),
     Run("tiny-falcon", SEQ, BATCH, attention="eager", dropout=0.1),
+    # Falcon on flash-attn's kernel (validation/hf/falcon.py): multi-query, and the new architecture's k, v copies
+    Run("tiny-falcon", SEQ, BATCH, attention="flash_attention_2"),
+    Run("tiny-falcon-new", SEQ, BATCH, recipe="amp", recompute="full", attention="flash_attention_2"),
 ]
 
 

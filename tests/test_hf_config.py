@@ -471,6 +471,42 @@ def test_the_fused_qkv_flash_rule_follows_how_the_family_splits_its_output():
                                "num_kv_heads": 8, "hidden_size": 4096})
 
 
+def test_falcon_flash_keeps_k_and_v_as_its_split_leaves_them():
+    """transformers 5.23 FalconFlashAttention2 (modeling_falcon.py): flash-attn gets the rotary q and k and v as
+    _split_heads leaves them. Falcon-7B's multi-query split (lines 269-272) takes k and v one head wide by index
+    lists; the new decoder architecture (lines 254-263) broadcasts each group's k and v to its 16 query heads and
+    flattens them into copies, and forward reshapes them at num_heads (line 442): flash keeps q, k, v 128 heads wide,
+    not 128 + 2 x 8. Its output reaches dense through a view (lines 506-507): one attention output, no copy.
+    Measured: tests/data/measured/falcon-{7b,40b}-8layers-*-flash_attention_2-*."""
+    from estimator.memory.activations.attention import attention_entries
+    from estimator.spec.parallel import Parallel
+    from estimator.spec.training import Training
+
+    s, b = 2048, 1
+    flash = Training(framework="hf", attention="flash", seq_len=s, micro_batch_size=b)
+    seven = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71}
+    forty = {"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128, "num_kv_heads": 8,
+             "new_decoder_architecture": True}
+    kept = {}
+    for name, config in (("7b", seven), ("40b", forty)):
+        arch, _ = build(config)
+        kept[name] = {e.name: e.elements * e.bytes_per_element for e in attention_entries(arch, flash, Parallel())}
+    # bf16: 2 bytes; Falcon-7B's head dim 4544 / 71 = 64, one k and one v head
+    assert kept["7b"]["q, k, v kept by flash attention"] == 2 * s * b * (4544 + 64 + 64) == 19_136_512
+    # Falcon-40B: head dim 8192 / 128 = 64; q, k and v each 128 x 64 = 8192 wide (not 8192 + 2 x 8 x 64)
+    assert kept["40b"]["q, k, v kept by flash attention"] == 2 * s * b * 3 * 8192 == 100_663_296
+    assert kept["40b"]["flash log-sum-exp (fp32)"] == 4 * s * b * 128
+    for name in kept:
+        assert "attention output (kept by flash attention)" not in kept[name]
+    # eager: the new architecture's QK^T reads k at every head (no broadcast), Falcon-7B's one k head
+    arch40, _ = build(forty)
+    arch7, _ = build(seven)
+    assert not arch40.eager_kv_broadcast and arch40.qkv_split_expands_kv
+    assert arch7.eager_kv_broadcast and not arch7.qkv_split_expands_kv
+    one_kv, _ = build(dict(forty, num_kv_heads=1))
+    assert not one_kv.eager_kv_broadcast and one_kv.qkv_split_expands_kv
+
+
 def test_the_eager_softmax_without_upcast_is_fp32_under_autocast():
     """GPT-2's eager softmax(scores) runs on the scores' bf16 without autocast, but autocast runs softmax in fp32
     (its fp32 op list), and GPT-2 then casts it to v's dtype (.type(value.dtype)) for scores x V: the fp32 output

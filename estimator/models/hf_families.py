@@ -350,10 +350,11 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         parallel_attention=new_arch or r.bool("parallel_attn", True), composite_gelu=r.text("activation") == "gelu_new",
         # modeling_falcon.py FalconAttention eager path: F.softmax(..., dtype=hidden_states.dtype), one k and v head
         # broadcast in the matmuls (multi-query)
-        eager_softmax_in_compute_dtype=True, eager_kv_broadcast=kv == 1,
+        # (the new architecture copies k and v out to every head first, lines 254-263, whatever its num_kv_heads)
+        eager_softmax_in_compute_dtype=True, eager_kv_broadcast=kv == 1 and not new_arch,
         # FalconAttention: one query_key_value (peft's default target); _split_heads takes k and v by index lists
         # (copies) unless multi_query and new_decoder_architecture are both off (views of the output)
-        fused_qkv=True, qkv_split_copies=new_arch or r.bool("multi_query", True),
+        fused_qkv=True, qkv_split_copies=new_arch or r.bool("multi_query", True), qkv_split_expands_kv=new_arch,
     ), notes
 
 

@@ -118,6 +118,10 @@ class Architecture:
     # flatten of a strided view, copies all, so the fused output is not kept through v: the fused-QKV activation
     # rule does not apply (its adapter rule does)
     qkv_split_copies: bool = False
+    # transformers' Falcon with the new decoder architecture (modeling_falcon.py 5.23 lines 254-263 and 442):
+    # _split_heads broadcasts each group's k and v to its query heads and flattens them into copies, and forward
+    # takes num_kv_heads = num_heads, so attention sees (and flash keeps) k and v a heads wide
+    qkv_split_expands_kv: bool = False
     # attention and MLP both read the layer input, whose output is input + attention + MLP (GPT-NeoX
     # use_parallel_residual, Falcon parallel_attn / new_decoder_architecture)
     parallel_attention: bool = False

@@ -204,7 +204,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("attention", _T, "Attention kernel", "flash keeps no s x s score matrix; eager materialises the scores "
             "(memory grows with the square of the sequence length). Under hf, deepspeed and fsdp1, flash is "
             "transformers' default SDPA: its sliding-window or chunked layers take a mask from the window on, each "
-            "keeping an s x s bias and k, v for every head, and Qwen2.5-VL's vision tower attends window by window.",
+            "keeping an s x s bias and k, v for every head, and Qwen2.5-VL's vision tower attends window by window. "
+            "Falcon's flash is flash_attention_2 (flash-attn's kernel, measured); its SDPA path is not modelled: it "
+            "always passes a 4-D mask, so SDPA cannot run FlashAttention-2, and Falcon-7B's 71 query heads against "
+            "one key/value head without enable_gqa rule out every fused backend, leaving the math one (fp32 scores).",
             _SAVERS, ATTENTION),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),

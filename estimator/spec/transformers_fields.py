@@ -39,6 +39,11 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
           "by a flatten), copies, so the output is not kept through v and the fused QKV's flash-attention rule (the "
           "whole output kept, the attention output copied) does not apply; its adapter rule does.", _MORE,
           widget=False),
+    Field("qkv_split_expands_kv", "model", "bool", "Fused QKV split expands k, v", "transformers' Falcon with the "
+          "new decoder architecture (Falcon-40B, -180B): the split copies k and v out to every query head, so "
+          "flash attention (flash_attention_2; measured) keeps q, k and v a heads wide, 3 x tokens x heads x head "
+          "dim, not the key/value groups' width, and eager attention multiplies by the copies.", _MORE,
+          widget=False),
     Field("parallel_attention", "model", "bool", "Parallel attention and MLP", "GPT-NeoX (use_parallel_residual) "
           "and Falcon (parallel_attn, new_decoder_architecture): attention and MLP both read the layer input and the "
           "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps (with one norm a layer, "

@@ -95,7 +95,10 @@ def cases() -> list[GpuCase]:
     first = [GpuCase("hf", HF_CASES[i]) for i in FIRST_HF] + [GpuCase("peft", PEFT_CASES[i]) for i in FIRST_PEFT]
     # a vision tower's attention is what the machine has (measure.py vision_attention), not a case of its own: the
     # fake harness's -sdpavision runs are the records a GPU without flash-attn is held to (records.py as_ran)
-    rest = [GpuCase("hf", r) for r in HF_CASES.values() if r.vision_attention == "flash_attention_2"]
+    # Falcon's flash_attention_2 runs need flash-attn's own import on the machine (modeling_falcon.py lines 51-52),
+    # which the fake harness stands in for (validation/hf/falcon.py): not GPU cases until the machine has it
+    rest = [GpuCase("hf", r) for r in HF_CASES.values()
+            if r.vision_attention == "flash_attention_2" and r.attention != "flash_attention_2"]
     # QLoRA's torchao NF4 is not on the GPU machine; bitsandbytes neither
     rest += [GpuCase("peft", r) for r in PEFT_CASES.values() if r.base == "bf16"]
     bnb = [GpuCase("bnb", r) for r in BNB]

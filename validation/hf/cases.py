@@ -103,10 +103,16 @@ DROPOUT_RUNS = (
     Run("starcoder2-3b-8layers", 4096, 2), Run("starcoder2-3b-8layers", 4096, 2, dropout=0.1),
     Run("starcoder2-3b-8layers", 8192, 2, recompute="full", dropout=0.1),
     Run("starcoder2-3b-8layers", 4096, recipe="amp", dropout=0.1),
-    # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py), which the harness does not emulate: eager only
+    # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py), which the harness does not emulate: eager, and
+    # flash-attn's kernel (flash_attention_2, validation/hf/falcon.py)
     Run("falcon-7b-8layers", 2048, attention="eager"), Run("falcon-7b-8layers", 2048, attention="eager", dropout=0.1),
     Run("falcon-7b-8layers", 4096, recompute="full", attention="eager", dropout=0.1),
     Run("falcon-7b-8layers", 2048, recipe="amp", attention="eager"),
+    # flash_attention_2 (validation/hf/falcon.py): Falcon-7B's one k, v head and the new decoder architecture's
+    # k, v copied out to every query head (Falcon-40B's shape)
+    *(Run(m, s, recipe=r, recompute=c, attention="flash_attention_2")
+      for m in ("falcon-7b-8layers", "falcon-40b-8layers")
+      for s, r, c in ((2048, "bf16", "none"), (4096, "bf16", "full"), (2048, "amp", "none"), (4096, "amp", "full"))),
 )
 
 
@@ -133,7 +139,7 @@ def contract_config(run: Run) -> dict:
             # torch keeps gradients and optimizer states in the parameter's dtype; no master copy
             "grad_dtype": dtype, "master_weights": False, "optimizer_dtype": dtype,
             "compute_dtype": "bf16", "optimizer": run.optimizer, "recompute": run.recompute,
-            "attention": "flash" if run.attention == "sdpa" else "eager",
+            "attention": "flash" if run.attention in ("sdpa", "flash_attention_2") else "eager",
             "dropout": 0.0, "loss": "chunked" if run.liger else "standard", **images,
             **({"liger_kernel": True} if run.liger else {}),
         },
@@ -154,7 +160,8 @@ def describe(run: Run) -> str:
     opt = "AdamW" if run.optimizer == "adamw" else "SGD with momentum"
     recompute = "full recompute (non-reentrant checkpoint per layer)" if run.recompute == "full" \
         else "no recompute"
-    attention = "SDPA (FlashAttention-2)" if run.attention == "sdpa" else "eager attention"
+    attention = {"sdpa": "SDPA (FlashAttention-2)", "eager": "eager attention",
+                 "flash_attention_2": "flash_attention_2 (flash-attn's flash_attn_func, emulated)"}[run.attention]
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
     if run.model in LLAMA4_KERNELS:
         kernels = f", {LLAMA4_KERNELS[run.model]}"

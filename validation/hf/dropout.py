@@ -88,6 +88,11 @@ MODELS = {m.id: m for m in [
         model_type="falcon", hidden_size=4544, num_hidden_layers=8, num_attention_heads=71, multi_query=True,
         parallel_attn=True, new_decoder_architecture=False, bias=False, alibi=False, vocab_size=65024,
         layer_norm_epsilon=1e-5, tie_word_embeddings=True)),
+    # tiiuae/falcon-40b: the new decoder architecture, 8 key/value groups of 16 query heads
+    HubModel("falcon-40b-8layers", dict(
+        model_type="falcon", hidden_size=8192, num_hidden_layers=8, num_attention_heads=128, num_kv_heads=8,
+        new_decoder_architecture=True, parallel_attn=True, bias=False, alibi=False, vocab_size=65024,
+        layer_norm_epsilon=1e-5, tie_word_embeddings=True)),
     # Tiny ones for the fake-versus-real cross-check (tests/test_harness.py): 2 layers, hidden 64
     HubModel("tiny-phi3", dict(model_type="phi3", hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
@@ -101,4 +106,6 @@ MODELS = {m.id: m for m in [
                                      vocab_size=1000, max_position_embeddings=512, sliding_window=None)),
     HubModel("tiny-falcon", dict(model_type="falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                  vocab_size=1000)),
+    HubModel("tiny-falcon-new", dict(model_type="falcon", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_kv_heads=2, new_decoder_architecture=True, vocab_size=1000)),
 ]}

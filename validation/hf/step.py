@@ -32,7 +32,8 @@ class Run:
     recipe: str = "bf16"  # "bf16": pure bf16; "amp": bf16 autocast over fp32 parameters
     optimizer: str = "adamw"  # "adamw" or "sgd_momentum"
     recompute: str = "none"  # "none" or "full"
-    attention: str = "sdpa"  # "sdpa" (flash) or "eager"
+    # "sdpa" (flash), "eager", or "flash_attention_2" (flash-attn's kernel, emulated: Falcon, validation/hf/falcon.py)
+    attention: str = "sdpa"
     images: int = 0  # images per sample (vision-language models, validation/vlm)
     image_size: int = 0  # pixels per side
     freeze_vision: bool = False  # the vision encoder frozen (requires_grad False), the merger or projector trained
@@ -47,11 +48,15 @@ def build_model(run: Run, device: str | None = None):
     (an 8B model's CPU initialisation would take minutes)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    config = MODELS[run.model].hf_config(run.attention, **({"dropout": run.dropout} if run.dropout else {}))
+    flash = run.attention == "flash_attention_2"
+    config = MODELS[run.model].hf_config("sdpa" if flash else run.attention, **({"dropout": run.dropout} if run.dropout else {}))
     dtype = torch.bfloat16 if run.recipe == "bf16" else torch.float32
     auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
     with torch.device(device) if device else nullcontext(), vision.initialisation(config):
         model = auto.from_config(config, dtype=dtype)
+    if flash:
+        from .falcon import to_flash
+        to_flash(model)
     if hasattr(config, "vision_config"):  # tied weights, which building without initialisation leaves apart
         model.tie_weights()
     if run.freeze_vision:
@@ -112,6 +117,9 @@ def traced_step(run: Run, fake: bool = True, seed: int = 0):
         if run.dropout:  # CUDA's fused dropout: a bool mask kept (validation/peft/step.py)
             from ..peft.step import cuda_dropout
             stack.enter_context(cuda_dropout())
+        if run.attention == "flash_attention_2":
+            from .falcon import falcon_flash
+            stack.enter_context(falcon_flash(tracker))
         if run.liger:
             from .liger import liger_emulation
             stack.enter_context(liger_emulation())

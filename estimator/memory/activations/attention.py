@@ -186,12 +186,23 @@ def _cp_flex_entries(arch: Architecture, training: Training, par: Parallel) -> l
             _flash_lse(arch, training, par)]
 
 
+FALCON_FLASH_SOURCE = ("transformers 5.23 models/falcon/modeling_falcon.py: _split_heads (lines 254-263) copies the "
+                       "new architecture's q, k and v out a heads wide, forward takes num_kv_heads = num_heads (line "
+                       "442); FalconFlashAttention2 hands the rotary q, k and v to flash (lines 461-463, 494) and "
+                       "dense reads its output through a view (lines 506-507); multi-query keeps k, v one head wide "
+                       "(lines 269-272); measured: tests/data/measured/falcon-*-flash_attention_2-*")
+
+
 def _flash_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
-    """A flash kernel keeps its q, k and v (MLA's up-projected per head) and its log-sum-exp."""
+    """A flash kernel keeps its q, k and v (MLA's up-projected per head) and its log-sum-exp. transformers' Falcon
+    with the new decoder architecture hands it k and v copied out to every query head (FALCON_FLASH_SOURCE)."""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     k_width, v_width = _kv_widths(arch)
     v_formula = "B*s*b*a*(2*(d_nope + d_rope) + d_v)" if arch.uses_mla else "B*s*b*(a + 2*g)*d_head"
+    if arch.qkv_split_expands_kv and training.framework in TRANSFORMERS_FRAMEWORKS:
+        k_width = v_width = arch.q_width
+        v_formula = "3*B*s*b*a*d_head"
     return [Entry("q, k, v kept by flash attention", T * (arch.q_width + k_width + v_width), B, "tp", v_formula,
                   recompute=UP_PROJ),
             _flash_lse(arch, training, par)]
