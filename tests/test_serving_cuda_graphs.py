@@ -4,6 +4,7 @@ budget gives it up (0.20 on)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -193,6 +194,25 @@ class _Recorder:
         self.calls.append(("free", self.sizes[block]))
 
 
+@functools.lru_cache(maxsize=1)
+def _generated_pieces() -> dict[str, list[tuple]]:
+    """The allocations and frees of inductor's code for vLLM 0.19's Llama pieces, at TP 1 and with the TP all-reduce
+    (validation/vllm/piece_allocations.py, run once in its own process: it compiles with inductor on CPU)."""
+    import subprocess
+    import sys
+
+    pieces = ("first", "middle", "last", "first_tp", "middle_tp", "last_tp")
+    run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", *pieces, "--symbolic",
+                          "--json"], capture_output=True, text=True, timeout=900, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    calls = json.loads(run.stdout.strip().splitlines()[-1])
+    return {piece: [tuple(call) for call in calls[piece]] for piece in pieces}
+
+
+def generated(piece: str) -> list[tuple]:
+    return _generated_pieces()[piece]
+
+
 def test_replayed_pieces_are_inductors():
     """serving/graph_pool.py's sequence for Llama-3.1-8B at 512 tokens is what inductor's generated code requests
     (validation/vllm/piece_allocations.py: the installed torch's wrapper code for vLLM 0.19's pieces, the token
@@ -202,16 +222,7 @@ def test_replayed_pieces_are_inductors():
     gate-up and SiLU output (freed), then the next normed input, qkv and k; the last piece the same MLP buffers and
     the final norm's output. Between them the split module frees the layer's q, k and qkv after its attention call,
     and the previous output buffer and residual after the piece."""
-    import subprocess
-    import sys
-
     from estimator.serving import graph_pool
-
-    def generated(piece):
-        run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", piece, "--symbolic",
-                              "--json"], capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
-        assert run.returncode == 0, run.stderr[-2000:]
-        return [tuple(call) for call in json.loads(run.stdout.strip().splitlines()[-1])]
 
     llama, pool = get_architecture("llama-3.1-8b"), _Recorder()
     graph_pool.forward(pool, llama, graph_pool.widths(llama, 1, 2), 1, 512, range(2), True)
@@ -234,16 +245,7 @@ def test_replayed_tp_pieces_are_inductors():
     for the normed input, the down projection and the next normed input), then qkv and k, and keeps the first
     all-reduce output as the next attention output buffer; the last piece frees the o_proj buffer and the first
     output and returns the second."""
-    import subprocess
-    import sys
-
     from estimator.serving import graph_pool
-
-    def generated(piece):
-        run = subprocess.run([sys.executable, "-m", "validation.vllm.piece_allocations", "--piece", piece, "--symbolic",
-                              "--json"], capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent.parent)
-        assert run.returncode == 0, run.stderr[-2000:]
-        return [tuple(call) for call in json.loads(run.stdout.strip().splitlines()[-1])]
 
     llama, pool = get_architecture("llama-3.1-8b"), _Recorder()
     graph_pool.forward(pool, llama, graph_pool.widths(llama, 1, 2), 1, 512, range(2), True, reduced=True)

@@ -174,18 +174,27 @@ def _zero(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
                 ledger.ignore(f"ds:{key}", value, "communication scheduling or checkpoint format")
 
 
-def _overlap_comm(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, stage: int) -> None:
-    """zero_optimization.overlap_comm (training.overlap_comm): it changes what ZeRO 1-3 hold (two reduce buckets,
-    ZeRO-1 reducing in backward; memory/deepspeed_zero1_overlap.py, deepspeed_step.py), so it is read, not ignored."""
-    key = "zero_optimization.overlap_comm"
+def _zero_switch(ds: FlatDoc, ledger: Ledger, key: str, stage: int) -> bool | None:
+    """A zero_optimization switch's value where it can matter: None when absent, or under ZeRO stage 0 (said so)."""
     value = ds.get(key)
     if value is None:
-        return
+        return None
     if not isinstance(value, bool):
         raise ConfigError(key, value, "true or false")
     if stage == 0:
         ledger.ignore(f"ds:{key}", value, "ZeRO stage 0 reduces through the engine's own buffers")
-    elif value == (stage == 3):  # DeepSpeed's default: on under ZeRO-3 only (zero/config.py, stage3.py)
+        return None
+    return value
+
+
+def _overlap_comm(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, stage: int) -> None:
+    """zero_optimization.overlap_comm (training.overlap_comm): it changes what ZeRO 1-3 hold (two reduce buckets,
+    ZeRO-1 reducing in backward; memory/deepspeed_zero1_overlap.py, deepspeed_step.py), so it is read, not ignored."""
+    key = "zero_optimization.overlap_comm"
+    value = _zero_switch(ds, ledger, key, stage)
+    if value is None:
+        return
+    if value == (stage == 3):  # DeepSpeed's default: on under ZeRO-3 only (zero/config.py, stage3.py)
         ledger.ignore(f"ds:{key}", value, f"DeepSpeed's default under ZeRO-{stage}, as the estimate counts it")
     else:
         build.set("training.overlap_comm", value, f"ds:{key}")
@@ -196,14 +205,10 @@ def _contiguous_gradients(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, sta
     one rank (memory/deepspeed_noncontiguous.py); elsewhere estimated with it on, and said so. offload_optimizer
     turns it back on (stage_1_and_2.py l. 259), which the estimate applies itself."""
     key = "zero_optimization.contiguous_gradients"
-    value = ds.get(key)
+    value = _zero_switch(ds, ledger, key, stage)
     if value is None:
         return
-    if not isinstance(value, bool):
-        raise ConfigError(key, value, "true or false")
-    if stage == 0:
-        ledger.ignore(f"ds:{key}", value, "ZeRO stage 0 reduces through the engine's own buffers")
-    elif value:
+    if value:
         ledger.ignore(f"ds:{key}", value, "DeepSpeed's default (on), as the estimate counts it")
     elif stage == 2 and (build.get("parallel.dp") or 1) > 1:
         build.set("training.contiguous_gradients", value, f"ds:{key}")

@@ -1,8 +1,10 @@
 """What inductor's generated code for vLLM 0.19's Llama pieces allocates and frees, on CPU.
 
     python3 -m validation.vllm.piece_allocations [--tokens 512] [--piece first|received|middle|last|last_pp|
-                                                first_tp|middle_tp|last_tp]
+                                                first_tp|middle_tp|last_tp ...]
                                                 [--symbolic] [--json]
+
+(several pieces in one run: --json prints one line mapping each to its allocator calls)
 
 The sequence serving/graph_pool.py replays through the caching allocator for each piece's CUDA-graph capture. It
 lowers a piece of Llama-3.1-8B as vLLM 0.19 writes it with its custom ops off (the ops of
@@ -231,15 +233,15 @@ def requests(lines: list[str], tokens: int) -> list[tuple[str, int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--piece", choices=tuple(PER_TOKEN), default="middle")
+    parser.add_argument("--piece", choices=tuple(PER_TOKEN), nargs="+", default=["middle"])
     parser.add_argument("--symbolic", action="store_true", help="the token dimension a symbol, as vLLM compiles it")
-    parser.add_argument("--json", action="store_true", help="one JSON line: the allocator calls")
+    parser.add_argument("--json", action="store_true", help="one JSON line: each piece's allocator calls")
     options = parser.parse_args()
-    lines = buffer_lines(options.piece, options.tokens, options.symbolic)
+    pieces = {piece: buffer_lines(piece, options.tokens, options.symbolic) for piece in options.piece}
     if options.json:  # the pretended device stays in this process: tests run it as a child
-        print(json.dumps(requests(lines, options.tokens)))
+        print(json.dumps({piece: requests(lines, options.tokens) for piece, lines in pieces.items()}))
         return
-    print("\n".join(lines))
+    print("\n\n".join("\n".join(lines) for lines in pieces.values()))
 
 
 if __name__ == "__main__":
