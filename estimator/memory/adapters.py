@@ -23,8 +23,11 @@ How PEFT runs them (peft 0.21 ``tuners/lora/layer.py``), which decides the activ
   tests/data/measured/peft).
 
 Contract names of the targets (``training.adapter.target_modules``): q, k, v, o, gate, up, down,
-router, experts, or "all-linear" (PEFT: every linear layer but the output layer, and on MoE models
-the router and the fused expert weights).
+router, experts, or "all-linear" (PEFT: every linear layer but the output layer). On MoE models peft 0.21.2 adapts
+transformers 5's fused experts only for the model types it converts from v4 names (`PEFT_MOE_SOURCE`,
+Architecture.peft_moe_conversion): there "all-linear" also takes the router and the fused experts, and for the
+qwen2_moe-converted types (Qwen3-MoE, Qwen3-Next, DeepSeek) gate, up and down name the fused experts, leaving the
+shared experts and dense MLPs unadapted; elsewhere (Llama 4, gpt-oss) only nn.Linear modules are adapted.
 
 On a vision-language model peft matches the same names inside the vision tower (by suffix, over the whole model),
 and "all-linear" takes the tower's and the projector's linears: their adapters are counted as trainable
@@ -73,13 +76,9 @@ def layer_modules(arch, kind: str) -> list[Module]:
     if kind == "dense":
         out += _mlp_modules(arch, arch.intermediate_size, 1)
         return out
-    converted = arch.peft_moe_conversion != "none"
-    if converted or arch.router_is_linear:  # unconverted, peft takes only an nn.Linear router (Llama4Router)
-        out.append(Module("router", h, arch.num_experts))
+    out.append(Module("router", h, arch.num_experts))
     if arch.num_shared_experts:
         out += _mlp_modules(arch, arch.shared_expert_intermediate_size, arch.num_shared_experts)
-    if not converted:  # peft 0.21.2 wraps the fused experts only through its v4 -> v5 conversion (PEFT_MOE_SOURCE)
-        return out
     # transformers 5 fuses the routed experts into 3-D parameters (gate_up_proj E x 2f x h,
     # down_proj E x h x f); PEFT adapts them with ParamWrapper: lora_A (r E x in), lora_B (out x r E),
     # the gate_up wrapper with 2 r E (peft 0.21, measured on Qwen3-30B-A3B)
@@ -94,6 +93,14 @@ PEFT_MOE_SOURCE = ("peft 0.21.2 utils/transformers_weight_conversion.py _convert
                    "(mixtral, qwen2_moe) it moves the v4 names to target_parameters, resolving \"all-linear\" to the "
                    "nn.Linear names plus the mapping's keys; other MoE types keep nn.Linear targets only (measured: "
                    "tests/data/measured/peft_wrap/moe-lora-wrap.json)")
+
+
+def adaptable(arch, name: str) -> bool:
+    """Unconverted (peft_moe_conversion "none"), peft wraps no fused experts and only an nn.Linear router
+    (Llama4Router): gpt_oss's GptOssTopKRouter and GptOssExperts are neither nn.Linear nor a ParamWrapper target."""
+    if arch.peft_moe_conversion != "none" or not arch.num_experts:
+        return True
+    return name != "experts" and (name != "router" or arch.router_is_linear)
 
 
 def _qwen2_moe_names(arch) -> bool:
@@ -171,6 +178,8 @@ def adapted(adapter: Adapter, name: str) -> bool:
 def peft_adapts(adapter: Adapter, arch, m: Module) -> bool:
     """Whether peft wraps module `m` (PEFT_MOE_SOURCE): the contract names, with qwen2_moe's conversion of gate, up
     and down onto the routed experts (gate_up needs gate and up, `check_adapter`)."""
+    if not adaptable(arch, m.name):
+        return False
     if _qwen2_moe_names(arch):
         if m.name in ("gate", "up", "down"):
             return False
@@ -245,7 +254,7 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
     if adapter.dropout and experts:
         raise ConfigError("training.adapter.dropout", adapter.dropout, "0 when the routed experts are adapted",
                           "PEFT's ParamWrapper refuses lora_dropout", related=("training.adapter.target_modules",))
-    names = {m.name for k in arch.kinds for m in layer_modules(arch, k)}
+    names = {m.name for k in arch.kinds for m in layer_modules(arch, k) if adaptable(arch, m.name)}
     if _qwen2_moe_names(arch):  # gate, up and down name the routed experts (PEFT_MOE_SOURCE)
         names |= {"gate", "up", "down"}
         if not adapter.all_linear and len({"gate", "up"} & set(adapter.target_modules)) == 1:
