@@ -79,13 +79,7 @@ def test_the_tower_adapters_get_states_under_the_hf_trainer():
     assert step["optimizer_states"] == 8 * a + 512 * (62 + 27) * 4
 
 
-LLAMA4_EXPERTS = ("peft wraps fused experts under all-linear only for the MoE types it converts from transformers v4 "
-                  "(peft 0.21.2 utils/transformers_weight_conversion.py _convert_peft_config_moe, "
-                  "_MODEL_TO_CONVERSION_PATTERN: no llama4); the estimate adapts Llama4TextExperts")
-CASES = [pytest.param(model, label, id=f"{model}-{label}",
-                      marks=[pytest.mark.xfail(strict=True, reason=LLAMA4_EXPERTS)]
-                      if (model, label) == ("llama-4-scout", "all-linear") else [])
-         for model in ("gemma-3-27b", "qwen2.5-vl-7b", "llama-4-scout") for label in TARGETS]
+CASES = [(model, label) for model in ("gemma-3-27b", "qwen2.5-vl-7b", "llama-4-scout") for label in TARGETS]
 
 
 @pytest.mark.parametrize("model, label", CASES)

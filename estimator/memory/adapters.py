@@ -23,8 +23,11 @@ How PEFT runs them (peft 0.21 ``tuners/lora/layer.py``), which decides the activ
   tests/data/measured/peft).
 
 Contract names of the targets (``training.adapter.target_modules``): q, k, v, o, gate, up, down,
-router, experts, or "all-linear" (PEFT: every linear layer but the output layer, and on MoE models
-the router and the fused expert weights).
+router, experts, or "all-linear" (PEFT: every linear layer but the output layer). On MoE models peft 0.21.2 adapts
+transformers 5's fused experts only for the model types it converts from v4 names (`PEFT_MOE_SOURCE`,
+Architecture.peft_moe_conversion): there "all-linear" also takes the router and the fused experts, and for the
+qwen2_moe-converted types (Qwen3-MoE, Qwen3-Next, DeepSeek) gate, up and down name the fused experts, leaving the
+shared experts and dense MLPs unadapted; elsewhere (Llama 4, gpt-oss) only nn.Linear modules are adapted.
 
 On a vision-language model peft matches the same names inside the vision tower (by suffix, over the whole model),
 and "all-linear" takes the tower's and the projector's linears: their adapters are counted as trainable
@@ -58,6 +61,7 @@ class Module(NamedTuple):
     out_features: int
     copies: int = 1
     rank_factor: int = 1  # PEFT's ParamWrapper on fused experts: r x experts (x 2 for gate_up)
+    part: str = ""  # the fused experts' parameter: "gate_up" or "down"
 
 
 def layer_modules(arch, kind: str) -> list[Module]:
@@ -79,9 +83,30 @@ def layer_modules(arch, kind: str) -> list[Module]:
     # down_proj E x h x f); PEFT adapts them with ParamWrapper: lora_A (r E x in), lora_B (out x r E),
     # the gate_up wrapper with 2 r E (peft 0.21, measured on Qwen3-30B-A3B)
     f, e = arch.moe_intermediate_size, arch.num_experts
-    out += [Module("experts", h, 2 * f if arch.gated_mlp else f, 1, 2 * e if arch.gated_mlp else e),
-            Module("experts", f, h, 1, e)]
+    out += [Module("experts", h, 2 * f if arch.gated_mlp else f, 1, 2 * e if arch.gated_mlp else e, "gate_up"),
+            Module("experts", f, h, 1, e, "down")]
     return out
+
+
+PEFT_MOE_SOURCE = ("peft 0.21.2 utils/transformers_weight_conversion.py _convert_peft_config_moe (lines 402-476): "
+                   "for the model types of _MODEL_TO_CONVERSION_PATTERN whose pattern has a _MOE_TARGET_MODULE_MAPPING "
+                   "(mixtral, qwen2_moe) it moves the v4 names to target_parameters, resolving \"all-linear\" to the "
+                   "nn.Linear names plus the mapping's keys; other MoE types keep nn.Linear targets only (measured: "
+                   "tests/data/measured/peft_wrap/moe-lora-wrap.json)")
+
+
+def adaptable(arch, name: str) -> bool:
+    """Unconverted (peft_moe_conversion "none"), peft wraps no fused experts and only an nn.Linear router
+    (Llama4Router): gpt_oss's GptOssTopKRouter and GptOssExperts are neither nn.Linear nor a ParamWrapper target."""
+    if arch.peft_moe_conversion != "none" or not arch.num_experts:
+        return True
+    return name != "experts" and (name != "router" or arch.router_is_linear)
+
+
+def _qwen2_moe_names(arch) -> bool:
+    """peft maps gate_proj, up_proj and down_proj to the fused experts (_MOE_TARGET_MODULE_MAPPING["qwen2_moe"])
+    and drops them from target_modules, so the shared experts' and dense layers' MLPs are not adapted."""
+    return bool(arch.num_experts) and arch.peft_moe_conversion == "qwen2_moe"
 
 
 def _mlp_modules(arch, width: int, copies: int) -> list[Module]:
@@ -150,8 +175,22 @@ def adapted(adapter: Adapter, name: str) -> bool:
     return name in adapter.target_modules
 
 
+def peft_adapts(adapter: Adapter, arch, m: Module) -> bool:
+    """Whether peft wraps module `m` (PEFT_MOE_SOURCE): the contract names, with qwen2_moe's conversion of gate, up
+    and down onto the routed experts (gate_up needs gate and up, `check_adapter`)."""
+    if not adaptable(arch, m.name):
+        return False
+    if _qwen2_moe_names(arch):
+        if m.name in ("gate", "up", "down"):
+            return False
+        if m.name == "experts" and not adapter.all_linear and "experts" not in adapter.target_modules:
+            targets = set(adapter.target_modules)
+            return {"gate", "up"} <= targets if m.part == "gate_up" else "down" in targets
+    return adapted(adapter, m.name)
+
+
 def adapted_modules(adapter: Adapter, arch, kind: str) -> list[Module]:
-    return [m for m in layer_modules(arch, kind) if adapted(adapter, m.name)]
+    return [m for m in layer_modules(arch, kind) if peft_adapts(adapter, arch, m)]
 
 
 def module_parameters(adapter: Adapter, m: Module) -> int:
@@ -215,7 +254,14 @@ def check_adapter(adapter: Adapter, arch, training, par) -> None:
     if adapter.dropout and experts:
         raise ConfigError("training.adapter.dropout", adapter.dropout, "0 when the routed experts are adapted",
                           "PEFT's ParamWrapper refuses lora_dropout", related=("training.adapter.target_modules",))
-    names = {m.name for k in arch.kinds for m in layer_modules(arch, k)}
+    names = {m.name for k in arch.kinds for m in layer_modules(arch, k) if adaptable(arch, m.name)}
+    if _qwen2_moe_names(arch):  # gate, up and down name the routed experts (PEFT_MOE_SOURCE)
+        names |= {"gate", "up", "down"}
+        if not adapter.all_linear and len({"gate", "up"} & set(adapter.target_modules)) == 1:
+            raise ConfigError("training.adapter.target_modules", list(adapter.target_modules),
+                              "gate and up together, or neither", "peft fuses gate_proj and up_proj into the experts' "
+                              "gate_up_proj and refuses one without the other (utils/transformers_weight_conversion.py "
+                              "_convert_peft_config_moe)")
     missing = [t for t in adapter.target_modules if t != ALL_LINEAR and t not in names]
     if missing:
         raise ConfigError("training.adapter.target_modules", list(adapter.target_modules),

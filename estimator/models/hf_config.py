@@ -80,6 +80,15 @@ def context_length(config: dict) -> int | None:
     return defaults.get("max_position_embeddings") or defaults.get("n_positions")
 
 
+# the model types peft 0.21.2 converts from transformers v4 names to the fused experts: peft's
+# utils/transformers_weight_conversion.py lines 44-45 (transformers' _MODEL_TO_CONVERSION_PATTERN plus "mixtral") and
+# lines 332-352 (_MOE_TARGET_MODULE_MAPPING for "mixtral" and "qwen2_moe" only); transformers 5.23
+# conversion_mapping.py maps qwen3_moe, qwen3_next and deepseek_v2/v3/v32 to "qwen2_moe" and has no key qwen2_moe,
+# llama4, gpt_oss or jamba (measured: tests/data/measured/peft_wrap/moe-lora-wrap.json)
+PEFT_MOE_CONVERSION = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe", "qwen3_next": "qwen2_moe",
+                       "deepseek_v2": "qwen2_moe", "deepseek_v3": "qwen2_moe", "deepseek_v32": "qwen2_moe"}
+
+
 def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[Architecture, list[str]]:
     """Build the canonical architecture from a Hugging Face ``config.json`` dict.
 
@@ -111,6 +120,9 @@ def architecture_from_hf_config(config: dict, name: str | None = None) -> tuple[
     if prefix != "model.":
         ignored = [f"text_config.{k}" for k in ignored]
     fields["name"] = name or reader.text("_name_or_path") or model_type
+    if fields.get("num_experts"):
+        fields["peft_moe_conversion"] = PEFT_MOE_CONVERSION.get(model_type, "none")
+        fields["router_is_linear"] = model_type == "llama4_text"
     try:
         arch = Architecture(**{k: v for k, v in fields.items() if v is not None or k == "intermediate_size"})
     except TypeError as error:  # pragma: no cover - a builder bug, not user input

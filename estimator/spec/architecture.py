@@ -60,6 +60,11 @@ class Architecture:
     shared_expert_intermediate_size: int | None = None
     first_dense_layers: int = 0
     moe_layer_frequency: int = 1
+    # which v4 names peft converts to this model type's fused experts (spec/choices.py PEFT_MOE_CONVERSIONS; set by
+    # the Hugging Face reader from model_type; memory/adapters.py adapted_modules) and whether its router is an
+    # nn.Linear ("all-linear" takes it unconverted: transformers 5.23 modeling_llama4.py Llama4Router(nn.Linear))
+    peft_moe_conversion: str = "mixtral"
+    router_is_linear: bool = False
     # Multi-head latent attention (DeepSeek-V2/V3)
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None

@@ -80,6 +80,11 @@ RL_ENGINES = ("vllm", "sglang")  # the rollout engines
 # --- architecture --------------------------------------------------------------------------------
 NORMS = ("rmsnorm", "layernorm")
 VISION_TOWERS = ("qwen2_5_vl", "siglip", "llama4")  # estimator/spec/vision.py
+# how peft 0.21.2 maps transformers v4 expert names onto transformers 5's fused expert parameters
+# (utils/transformers_weight_conversion.py _convert_peft_config_moe, _MOE_TARGET_MODULE_MAPPING): "mixtral" (w1, w2,
+# w3; "all-linear" takes the router and the fused experts), "qwen2_moe" (gate_proj, up_proj, down_proj name the fused
+# experts, so they leave the shared experts and dense MLPs), "none" (not converted: "all-linear" takes nn.Linear only)
+PEFT_MOE_CONVERSIONS = ("mixtral", "qwen2_moe", "none")
 POSITION_EMBEDDINGS = ("rope", "learned", "none")  # none: Nemotron-H's attention has no positions
 
 # --- parallel layout -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ probabilities, which is training.dropout's), a fused q, k, v projection (fused_q
 
 from __future__ import annotations
 
+from .choices import PEFT_MOE_CONVERSIONS
 from .field import Field
 
 _WHERE = " Counted under hf, deepspeed and fsdp1 (transformers' modelling code); elsewhere training.dropout rules."
@@ -58,4 +59,15 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
           widget=False),
     _p("embedding_dropout", "Embedding dropout", "The model config's dropout on the embeddings (GPT-2 embd_pdrop, "
        "GPT-NeoX hidden_dropout, StarCoder2 embedding_dropout); above 0 the first stage keeps a bool mask."),
+    Field("peft_moe_conversion", "model", "choice", "peft's MoE conversion", "How peft 0.21.2 maps transformers "
+          "v4 expert names onto transformers 5's fused expert parameters for this model type "
+          "(utils/transformers_weight_conversion.py _convert_peft_config_moe): mixtral (Mixtral: w1, w2, w3; "
+          "\"all-linear\" adapts the router and the fused experts), qwen2_moe (Qwen3-MoE, Qwen3-Next, DeepSeek: "
+          "gate, up and down name the fused routed experts and leave the shared experts and dense MLPs unadapted, "
+          "\"all-linear\" too), none (Llama 4, gpt-oss, Jamba, Qwen2-MoE: \"all-linear\" takes nn.Linear only, not "
+          "the fused experts). Set from model_type by the Hugging Face reader.", _MORE, options=PEFT_MOE_CONVERSIONS,
+          widget=False),
+    Field("router_is_linear", "model", "bool", "Router is an nn.Linear", "The MoE router is an nn.Linear "
+          "(transformers 5.23 Llama4Router), so \"all-linear\" adapts it without peft's MoE conversion.", _MORE,
+          widget=False),
 )
