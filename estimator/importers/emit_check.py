@@ -42,6 +42,11 @@ def verified(kind: str, text: str, config: dict, gpus: int | None = None) -> str
     return text
 
 
+# the architecture's fields that only say what peft wraps (set by the Hugging Face reader; a launch format that
+# spells the model by its shapes cannot write them)
+_PEFT_ONLY = ("peft_moe_conversion", "router_is_linear")
+
+
 def _flat(cfg) -> dict[str, object]:
     """Every field of a loaded configuration by its path (defaults included), the model by its shapes
     (a preset and the flags that spell its architecture are the same model); an
@@ -52,6 +57,9 @@ def _flat(cfg) -> dict[str, object]:
     arch = cfg.architecture
     if arch.is_moe and all(arch.is_moe_layer(i) for i in range(arch.num_layers)):
         arch = replace(arch, intermediate_size=None)  # no dense layer: the dense width is never built
+    if cfg.training.adapter is None:  # what peft would wrap is read only with an adapter (memory/adapters.py)
+        defaults = {f.name: f.default for f in fields(arch) if f.name in _PEFT_ONLY}
+        arch = replace(arch, **defaults)
     out: dict[str, object] = {"model": replace(arch, name="custom")}
 
     def walk(obj, prefix):
