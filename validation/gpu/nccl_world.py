@@ -66,6 +66,7 @@ def measure_nccl_world(device: str) -> dict:
 
 def main(argv: list[str]) -> int:
     """`python -m validation.gpu.nccl_world DEVICE`: one JSON line on stdout."""
+    from .context import driver_api_version
     from .measure import versions
 
     device = argv[0]
@@ -73,6 +74,7 @@ def main(argv: list[str]) -> int:
     import deepspeed
 
     found = versions(device) | {"deepspeed": deepspeed.__version__,
+                                "cuda_driver_api": driver_api_version() if device == "cuda" else None,
                                 "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device == "cuda" else None}
     print(json.dumps({"experiment": "nccl-world", "run": {"world_size": 1}, "measured": measured, "versions": found}))
     return 0
