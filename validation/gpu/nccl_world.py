@@ -66,7 +66,7 @@ def measure_nccl_world(device: str) -> dict:
 
 def main(argv: list[str]) -> int:
     """`python -m validation.gpu.nccl_world DEVICE`: one JSON line on stdout."""
-    from .context import driver_api_version
+    from .devices import driver_api_version
     from .measure import versions
 
     device = argv[0]
