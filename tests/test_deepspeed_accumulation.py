@@ -13,20 +13,18 @@ second partition beside the kept one (deepspeed_accumulation.py); the estimate's
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from estimator import estimate_config
+from tests.deepspeed_env import deepspeed_json, needs_deepspeed
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = json.loads((ROOT / "tests" / "data" / "measured" / "deepspeed_partitions" /
                      "zero12-accumulation-cpu-gloo.json").read_text())
 PARTITION, HEAD, BUCKET = 2 * 107_200, 2 * 64_000, 2 * 5_000
 NORM = 2 * 64  # the final norm's gradient: its hook reduces the head (rank 1 copies it), itself not yet bucketed
-DEEPSPEED_PYTHON = ROOT / ".venv" / "deepspeed" / "bin" / "python"  # validation/install_frameworks.sh
 TINY_LLAMA = {"name": "tiny-llama", "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4, "num_kv_heads": 2,
               "intermediate_size": 160, "vocab_size": 1_000, "tie_embeddings": False}
 
@@ -204,16 +202,13 @@ def test_contiguous_gradients_off_outside_zero2_is_refused():
     assert estimate_config(off).stages[0].phase_totals == estimate_config(on).stages[0].phase_totals
 
 
-@pytest.mark.skipif(not DEEPSPEED_PYTHON.exists(), reason="no DeepSpeed environment (test_deepspeed_partitions.py)")
+@needs_deepspeed
 def test_a_live_run_over_two_ranks_reproduces_the_record():
     """Two gloo ranks, ZeRO-2 with overlap_comm over 2 micro-batches: the same record."""
     code = ("import json; from validation.gpu.deepspeed_accumulation import AccumulationRun, measure_world; "
             "runs = (AccumulationRun(2, True, True, 2),); "
             "print(json.dumps(measure_world(2, runs)))")
-    done = subprocess.run([str(DEEPSPEED_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert done.returncode == 0, done.stderr[-4000:]
-    live = json.loads(done.stdout.strip().splitlines()[-1])
+    live = deepspeed_json(code, timeout=600)
     assert list(live) == ["llama-zero2-overlapon-contiguouson-ga2"]
     for run_id, ranks in live.items():
         assert ranks == RECORD["worlds"]["2"][run_id]

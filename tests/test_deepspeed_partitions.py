@@ -15,8 +15,6 @@ KV head, MLP 100, vocabulary 1,001, q/k/v biases: decay 2 x 40,040 + 3 x 16,000 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,11 +24,11 @@ from estimator.memory.deepspeed_offload import partition_share, partition_window
 from estimator.memory.deepspeed_zero2 import busiest_rank, trainer_groups
 from estimator.memory.sharding import stage_parameters
 from estimator.models.loading import load_config
+from tests.deepspeed_env import deepspeed_json, needs_deepspeed
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = json.loads((ROOT / "tests" / "data" / "measured" / "deepspeed_partitions" / "zero12-cpu-gloo.json")
                     .read_text())
-DEEPSPEED_PYTHON = ROOT / ".venv" / "deepspeed" / "bin" / "python"  # validation/install_frameworks.sh
 V = 1_000 * 64
 LAYER = 2 * 4_096 + 2 * 2_048 + 3 * 10_240
 MODELS = {  # the estimator's configuration of each recorded model
@@ -147,17 +145,12 @@ def test_lora_adapters_follow_the_same_rule_in_one_group():
     assert [r["grads_in_partition_numel"] for r in ranks] == [512, 640, 512, 640]
 
 
-@pytest.mark.skipif(not DEEPSPEED_PYTHON.exists(), reason="no DeepSpeed environment: python -m venv "
-                    "--system-site-packages .venv/deepspeed && DS_BUILD_OPS=0 .venv/deepspeed/bin/pip install "
-                    "deepspeed==0.19.5 -c <file pinning torch>")
+@needs_deepspeed
 def test_a_live_run_over_two_ranks_reproduces_the_record():
     """Two gloo ranks, two runs (Qwen2 ZeRO-1 without overlap_comm, Llama ZeRO-2 with it): the same counts."""
     code = ("import json; from validation.gpu.deepspeed_partitions import PartitionRun, measure_world; "
             "print(json.dumps(measure_world(2, (PartitionRun('qwen2', 1, False), PartitionRun('llama', 2, True)))))")
-    done = subprocess.run([str(DEEPSPEED_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert done.returncode == 0, done.stderr[-4000:]
-    live = json.loads(done.stdout.strip().splitlines()[-1])
+    live = deepspeed_json(code, timeout=600)
     for run_id, ranks in live.items():
         recorded = RECORD["worlds"]["2"][run_id]
         for got, want in zip(ranks, recorded):

@@ -6,9 +6,6 @@ counted by hand against the estimator's configuration; the allocator-history rep
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -21,6 +18,7 @@ from validation.gpu.framework_step import peak_blocks  # noqa: E402
 
 # tiny-llama's dimensions and parameters, counted by hand in the HF cases' self-test
 from tests.test_gpu_harness import H, KV, LAYERS, TINY_PARAMS  # noqa: E402
+from tests.deepspeed_env import deepspeed_json, needs_deepspeed, run_deepspeed  # noqa: E402
 
 
 def test_cpu_selftest_of_a_megatron_step():
@@ -40,13 +38,7 @@ def test_cpu_selftest_of_a_megatron_step():
     assert 6.0 < measured["step1_loss"] < 7.8  # ln(1000) = 6.9 at random initialisation
 
 
-ROOT = Path(__file__).resolve().parents[1]
-DEEPSPEED_PYTHON = ROOT / ".venv" / "deepspeed" / "bin" / "python"  # validation/install_frameworks.sh
-
-
-@pytest.mark.skipif(not DEEPSPEED_PYTHON.exists(), reason="no DeepSpeed environment: python -m venv "
-                    "--system-site-packages .venv/deepspeed && DS_BUILD_OPS=0 .venv/deepspeed/bin/pip install "
-                    "deepspeed==0.19.5 -c <file pinning torch>")
+@needs_deepspeed
 def test_cpu_selftest_of_a_deepspeed_zero3_step():
     """ZeRO-3 over one rank wraps torch's AdamW (validation/gpu/deepspeed_step.py): one fp32 flat partition per
     parameter group, the Trainer's two (decay: every weight; no decay: the q/k/v biases, 2 x (64 + 32 + 32) a
@@ -54,10 +46,7 @@ def test_cpu_selftest_of_a_deepspeed_zero3_step():
     environment (installed beside Accelerate it changes Accelerate's autocast wrapper)."""
     code = ("import json; from validation.gpu.deepspeed_step import TINY, measure_deepspeed; "
             "print(json.dumps(measure_deepspeed(TINY, 'cpu'), default=str))")
-    done = subprocess.run([str(DEEPSPEED_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert done.returncode == 0, done.stderr[-4000:]
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    measured = deepspeed_json(code, timeout=900)
     params = TINY_PARAMS + LAYERS * (H + 2 * KV)
     no_decay = LAYERS * (H + 2 * KV) + (2 * LAYERS + 1) * H
     assert measured["parameter_count"] == params == 214_592
@@ -68,17 +57,15 @@ def test_cpu_selftest_of_a_deepspeed_zero3_step():
     assert measured["ds_config"]["zero_optimization"]["reduce_bucket_size"] == H * H
 
 
-@pytest.mark.skipif(not DEEPSPEED_PYTHON.exists(), reason="no DeepSpeed environment (see above)")
+@needs_deepspeed
 def test_cpu_selftest_of_the_nccl_world_experiment(tmp_path):
     """`run --device cpu --case nccl-world` (validation/gpu/nccl_world.py): one process over gloo against the CPU
     stand-in, its six stages in order (the tiny ZeRO-3 engine's two steps included), one line, one record."""
     from validation.gpu import experiments
     from validation.gpu.nccl_world import STAGES
 
-    done = subprocess.run([str(DEEPSPEED_PYTHON), "-m", "validation.gpu", "run", "--device", "cpu", "--out",
-                           str(tmp_path / "out"), "--budget", "300", "--case", "nccl-world"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_deepspeed("-m", "validation.gpu", "run", "--device", "cpu", "--out", str(tmp_path / "out"), "--budget", "300",
+                  "--case", "nccl-world", timeout=600)
     lines = [json.loads(t) for t in (tmp_path / "out" / "runs.jsonl").read_text().splitlines()]
     assert [line["experiment"] for line in lines] == ["nccl-world"]
     assert [row["stage"] for row in lines[0]["measured"]["stages"]] == list(STAGES)

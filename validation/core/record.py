@@ -38,8 +38,10 @@ def write_record(record: dict, directory: Path) -> Path:
 
 
 def write_json(path, document: dict) -> None:
-    """An engine recorder's file (validation/vllm, validation/sglang: tests/data/serving/): `document` indented
-    by one, with a final newline."""
+    """An engine recorder's file (validation/vllm, validation/sglang: tests/data/serving/) or a gloo-world measurer's
+    (validation/gpu/deepspeed_partitions.py, deepspeed_accumulation.py): `document` indented by one, with a final
+    newline, its folder made when missing."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         json.dump(document, fh, indent=1)
         fh.write("\n")

@@ -17,11 +17,8 @@ writes tests/data/measured/deepspeed_partitions/zero12-accumulation-cpu-gloo.jso
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
@@ -167,25 +164,12 @@ def measure_world(world: int, runs: tuple = RUNS) -> dict:
         dp._worker = original
 
 
-def main(argv=None) -> int:
-    import deepspeed
-    import transformers
+def measure(worlds=(2,), runs: tuple = RUNS) -> dict:
+    return dp.world_record(__doc__, "validation.gpu.deepspeed_accumulation", worlds, runs, measure_world)
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RECORD)
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2])
-    args = parser.parse_args(argv)
-    record = {"description": __doc__.split("\n\n")[0],
-              "command": "PYTHONPATH=. .venv/deepspeed/bin/python -m validation.gpu.deepspeed_accumulation --worlds "
-              + " ".join(map(str, args.worlds)),
-              "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0],
-                           "transformers": transformers.__version__, "backend": "gloo (DeepSpeed CPU accelerator)"},
-              "bucket": dp.BUCKET, "models": dp.MODELS, "runs": {run.id: asdict(run) for run in RUNS},
-              "worlds": {str(w): measure_world(w) for w in args.worlds}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(args.out)
-    return 0
+
+def main(argv=None) -> int:
+    return dp.write_main(argv, __doc__, RECORD, [2], measure)
 
 
 if __name__ == "__main__":

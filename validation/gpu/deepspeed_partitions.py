@@ -22,7 +22,6 @@ writes tests/data/measured/deepspeed_partitions/zero12-cpu-gloo.json (RECORD).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -195,28 +194,40 @@ def measure_world(world: int, runs: tuple = RUNS) -> dict:
     return out
 
 
-def measure(worlds=(2, 4), runs: tuple = RUNS) -> dict:
+def world_record(doc: str, module: str, worlds, runs: tuple, measure_world) -> dict:
+    """The record of a gloo-world measurer (this one, deepspeed_accumulation.py): `doc`'s first paragraph, the
+    command that runs `module`, the versions, the models, `runs` and `measure_world(world, runs)` for each world."""
     import deepspeed
     import transformers
 
-    return {"description": __doc__.split("\n\n")[0], "command": "PYTHONPATH=. .venv/deepspeed/bin/python -m "
-            "validation.gpu.deepspeed_partitions --worlds " + " ".join(map(str, worlds)),
+    return {"description": doc.split("\n\n")[0], "command": f"PYTHONPATH=. .venv/deepspeed/bin/python -m {module} "
+            "--worlds " + " ".join(map(str, worlds)),
             "versions": {"deepspeed": deepspeed.__version__, "torch": torch.__version__.split("+")[0],
                          "transformers": transformers.__version__, "backend": "gloo (DeepSpeed CPU accelerator)"},
             "bucket": BUCKET, "models": MODELS, "runs": {run.id: asdict(run) for run in runs},
             "worlds": {str(w): measure_world(w, runs) for w in worlds}}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=RECORD)
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+def measure(worlds=(2, 4), runs: tuple = RUNS) -> dict:
+    return world_record(__doc__, "validation.gpu.deepspeed_partitions", worlds, runs, measure_world)
+
+
+def write_main(argv, doc: str, out: Path, worlds: list[int], measure) -> int:
+    """A gloo-world measurer's command line (`--out FILE`, `--worlds N ...`): `measure(worlds)` written to FILE
+    (record.write_json), its path printed."""
+    from ..core.record import write_json
+
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--worlds", type=int, nargs="+", default=worlds)
     args = parser.parse_args(argv)
-    record = measure(tuple(args.worlds))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_json(args.out, measure(tuple(args.worlds)))
     print(args.out)
     return 0
+
+
+def main(argv=None) -> int:
+    return write_main(argv, __doc__, RECORD, [2, 4], measure)
 
 
 if __name__ == "__main__":
