@@ -25,7 +25,7 @@ def run_deepspeed(*args: str, timeout: float) -> subprocess.CompletedProcess:
     done = subprocess.run([str(DEEPSPEED_PYTHON), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     if done.returncode != 0:
-        pytest.fail(f"DeepSpeed's python {' '.join(args)[:300]} exited {done.returncode}; its stderr ends:\n"
+        pytest.fail(f"DeepSpeed's python {' '.join(args)!r:.300} exited {done.returncode}; its stderr ends:\n"
                     f"{done.stderr[-4000:]}", pytrace=False)
     return done
 
@@ -37,5 +37,5 @@ def deepspeed_json(code: str, timeout: float):
     try:
         return json.loads(last)
     except json.JSONDecodeError:
-        pytest.fail(f"DeepSpeed's python -c {code[:300]!r} ended its stdout with {last[:300]!r}, not JSON; its stderr "
+        pytest.fail(f"DeepSpeed's python -c {code!r:.300} ended its stdout with {last[:300]!r}, not JSON; its stderr "
                     f"ends:\n{done.stderr[-4000:]}", pytrace=False)

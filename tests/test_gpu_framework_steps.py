@@ -6,6 +6,7 @@ counted by hand against the estimator's configuration; the allocator-history rep
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -36,6 +37,20 @@ def test_cpu_selftest_of_a_megatron_step():
     assert measured["gradient_buffer"] == 4 * 214_400
     assert measured["main_parameters"] == 4 * TINY_PARAMS and measured["optimizer_states"] == 8 * TINY_PARAMS
     assert 6.0 < measured["step1_loss"] < 7.8  # ln(1000) = 6.9 at random initialisation
+
+
+def test_an_environment_comes_back_on_exit(monkeypatch):
+    """framework_step.environment (one_rank_environment's rendezvous, megatron_step.nccl_log's NCCL log): a name
+    that was set gets its value back and one that was not is removed, also when the body raises."""
+    from validation.gpu.framework_step import environment
+
+    monkeypatch.setenv("ESTIMATOR_TEST_SET", "before")
+    monkeypatch.delenv("ESTIMATOR_TEST_UNSET", raising=False)
+    with pytest.raises(RuntimeError, match="inside"):
+        with environment({"ESTIMATOR_TEST_SET": "inside", "ESTIMATOR_TEST_UNSET": "inside"}):
+            assert os.environ["ESTIMATOR_TEST_SET"] == os.environ["ESTIMATOR_TEST_UNSET"] == "inside"
+            raise RuntimeError("inside")
+    assert os.environ["ESTIMATOR_TEST_SET"] == "before" and "ESTIMATOR_TEST_UNSET" not in os.environ
 
 
 @needs_deepspeed

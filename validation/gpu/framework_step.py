@@ -40,15 +40,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def one_rank_environment(launcher: bool = False):
-    """The rendezvous of a world of one rank in the environment (with `launcher`, also the RANK, LOCAL_RANK and
-    WORLD_SIZE a launcher sets), restored on exit: a later run in the same process (the CPU self-tests; e.g.
-    Accelerate, which reads LOCAL_RANK as a distributed launch) sees the environment it had."""
+def environment(values: dict[str, str]):
+    """`values` set in the environment, each name's earlier value (or its absence) restored on exit."""
     import os
 
-    values = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    if launcher:
-        values |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
@@ -59,6 +54,18 @@ def one_rank_environment(launcher: bool = False):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextmanager
+def one_rank_environment(launcher: bool = False):
+    """The rendezvous of a world of one rank in the environment (with `launcher`, also the RANK, LOCAL_RANK and
+    WORLD_SIZE a launcher sets), restored on exit: a later run in the same process (the CPU self-tests; e.g.
+    Accelerate, which reads LOCAL_RANK as a distributed launch) sees the environment it had."""
+    values = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if launcher:
+        values |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    with environment(values):
+        yield
 
 
 def measure_framework(build, device: str, trace: bool = False) -> dict:

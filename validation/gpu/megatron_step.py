@@ -178,21 +178,15 @@ def nccl_log(device: str):
     if device != "cuda":
         yield out
         return
-    from .framework_step import nccl_log_summary
+    from .framework_step import environment, nccl_log_summary
 
     folder = tempfile.mkdtemp(prefix="nccl-log-")
     values = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ALLOC",
               "NCCL_DEBUG_FILE": os.path.join(folder, "nccl.%p.log")}
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
     try:
-        yield out
+        with environment(values):
+            yield out
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         try:  # a reading that fails leaves the record without it, never masks the step's own error
             text = "".join(open(os.path.join(folder, name), errors="replace").read()
                            for name in sorted(os.listdir(folder)))
