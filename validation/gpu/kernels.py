@@ -39,8 +39,10 @@ def _megatron_world():
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    from .framework_step import free_port
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29511")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # a fixed port collides with other processes
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
