@@ -84,8 +84,19 @@ def nccl_world_experiment() -> Experiment:
                       "all_reduce, a tiny ZeRO-3 engine's first and second steps (validation/gpu/nccl_world.py)")
 
 
+def sdpa_mask_experiment(groups: tuple[str, ...] | None = None) -> Experiment:
+    from .sdpa_mask import GPU_GROUPS
+
+    return Experiment("sdpa-mask", "sdpa_mask", tuple(SubRun((g,)) for g in groups or GPU_GROUPS), True,
+                      "transformers' SDPA call with a 4-D mask (Gemma 3's sliding layers: the bool mask, k and v "
+                      "repeated to the query heads, the memory-efficient kernel), its unmasked control and Falcon-7B's "
+                      "71-on-1-head call (the math backend), bf16 forward and backward: max_memory_allocated over "
+                      "the inputs, the tensors autograd saved, the backend and kernels that ran, beside the "
+                      "estimator's ledger for the layer (validation/gpu/sdpa_mask.py)")
+
+
 EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment(),
-                                 nccl_world_experiment())}
+                                 nccl_world_experiment(), sdpa_mask_experiment())}
 
 
 def run_experiment(experiment: Experiment, device: str, deadline: float, runs, log) -> int:
