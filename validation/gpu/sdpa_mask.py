@@ -219,6 +219,29 @@ class CudaMemory:
     def tracking(self):
         return nullcontext()
 
+    def trace_start(self) -> None:
+        """The allocator's history from here on, sizes only (no stacks): every alloc and free of the measured call."""
+        import inspect
+
+        record = torch.cuda.memory._record_memory_history
+        clear = {"clear_history": True} if "clear_history" in inspect.signature(record).parameters else {}
+        record(enabled="all", context=None, stacks="python", max_entries=100_000, **clear)
+        self._trace_from = len(self._events())
+
+    def _events(self) -> list:
+        return torch.cuda.memory._snapshot()["device_traces"][0]
+
+    def trace_mark(self) -> list[int]:
+        """The allocations (+bytes) and frees (-bytes) since the last mark, in order."""
+        events = self._events()
+        out = [e["size"] if e["action"] == "alloc" else -e["size"] for e in events[self._trace_from:]
+               if e["action"] in ("alloc", "free_requested")]
+        self._trace_from = len(events)
+        return out
+
+    def trace_stop(self) -> None:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
 
 class CpuMemory:
     """The stand-in: StorageTracker's live bytes (every storage an op returns, rounded to the allocator's 512-byte
@@ -253,6 +276,17 @@ class CpuMemory:
 
     def tracking(self):
         return self.tracker
+
+    def trace_start(self) -> None:
+        self._trace_from = len(self.tracker.events)
+
+    def trace_mark(self) -> list[int]:
+        out = [delta for _, delta in self.tracker.events[self._trace_from:]]
+        self._trace_from = len(self.tracker.events)
+        return out
+
+    def trace_stop(self) -> None:
+        pass
 
 
 def memory_named(device: str):
@@ -296,14 +330,24 @@ def run_once(case: Case, memory, forward, measured: bool) -> dict:
         memory.reset_peak()
         saved: list = []
         seen: list = []
+        trace = {}
+        if measured:
+            memory.trace_start()
         with _saved_hooks(saved, memory.device), sdpa_seen(seen):
             out = call(case, t, forward)
         forward_peak, after_forward = memory.peak() - base, memory.allocated() - base
+        if measured:
+            trace["forward"] = memory.trace_mark()
         grad = torch.randn_like(out)
         before_backward = memory.allocated()
         memory.reset_peak()
+        if measured:
+            memory.trace_mark()  # the output's gradient
         out.backward(grad)
         backward_peak, after_backward = memory.peak() - before_backward, memory.allocated() - before_backward
+        if measured:
+            trace["backward"] = memory.trace_mark()
+            memory.trace_stop()
         reserved = memory.reserved_peak()
         del out, grad
     if not measured:
@@ -311,7 +355,7 @@ def run_once(case: Case, memory, forward, measured: bool) -> dict:
     return {"allocated_before_bytes": base, "inputs_bytes": inputs_bytes, "forward_peak_bytes": forward_peak, "forward_end_bytes": after_forward,
             "grad_output_bytes": before_backward - base - after_forward,
             "backward_peak_bytes": backward_peak, "backward_end_bytes": after_backward,
-            "reserved_peak_bytes": reserved, "sdpa_calls": seen,
+            "reserved_peak_bytes": reserved, "sdpa_calls": seen, "allocations": trace,
             **saved_summary(saved, input_storages, memory.device)}
 
 
@@ -414,10 +458,10 @@ def measure_group(group: str, device: str, deadline_s: float) -> dict:
                      "estimator": prediction(case)})
     backends = None
     if device == "cuda":
-        b = torch.backends.cuda
-        backends = {"flash": b.flash_sdp_enabled(), "mem_efficient": b.mem_efficient_sdp_enabled(),
-                    "math": b.math_sdp_enabled(), "cudnn": b.cudnn_sdp_enabled(),
-                    "fp16_bf16_reduction_math": b.allow_fp16_bf16_reduction_math_sdp()}
+        flags = {"flash": "flash_sdp_enabled", "mem_efficient": "mem_efficient_sdp_enabled",
+                 "math": "math_sdp_enabled", "cudnn": "cudnn_sdp_enabled",
+                 "fp16_bf16_reduction_math": "allow_fp16_bf16_reduction_math_sdp"}
+        backends = {name: getattr(torch.backends.cuda, f, lambda: None)() for name, f in flags.items()}
     return {"cases": rows, "stopped": stopped, "call": via, "sdp_backends_enabled": backends}
 
 
