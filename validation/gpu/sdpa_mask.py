@@ -223,24 +223,34 @@ class CudaMemory:
         """The allocator's history from here on, sizes only (no stacks): every alloc and free of the measured call."""
         import inspect
 
-        record = torch.cuda.memory._record_memory_history
-        clear = {"clear_history": True} if "clear_history" in inspect.signature(record).parameters else {}
-        record(enabled="all", context=None, stacks="python", max_entries=100_000, **clear)
-        self._trace_from = len(self._events())
+        self._tracing = False
+        try:  # the history is a bonus: a torch without it still measures
+            record = torch.cuda.memory._record_memory_history
+            clear = {"clear_history": True} if "clear_history" in inspect.signature(record).parameters else {}
+            record(enabled="all", context=None, stacks="python", max_entries=100_000, **clear)
+            self._trace_from = len(self._events())
+            self._tracing = True
+        except Exception as error:  # noqa: BLE001
+            self.trace_error = f"{type(error).__name__}: {str(error)[:300]}"
 
     def _events(self) -> list:
         return torch.cuda.memory._snapshot()["device_traces"][0]
 
-    def trace_mark(self) -> list[int]:
-        """The allocations (+bytes) and frees (-bytes) since the last mark, in order."""
+    def trace_mark(self) -> list[list[int]] | None:
+        """[+requested bytes, address] for each allocation and [-bytes, address] for each free since the last mark,
+        in order (the history's sizes are the requests, `orig_size`, before the allocator rounds them)."""
+        if not self._tracing:
+            return None
         events = self._events()
-        out = [e["size"] if e["action"] == "alloc" else -e["size"] for e in events[self._trace_from:]
+        out = [[e["size"] if e["action"] == "alloc" else -e["size"], e["addr"]] for e in events[self._trace_from:]
                if e["action"] in ("alloc", "free_requested")]
         self._trace_from = len(events)
         return out
 
     def trace_stop(self) -> None:
-        torch.cuda.memory._record_memory_history(enabled=None)
+        if getattr(self, "_tracing", False):
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._tracing = False
 
 
 class CpuMemory:
@@ -280,8 +290,8 @@ class CpuMemory:
     def trace_start(self) -> None:
         self._trace_from = len(self.tracker.events)
 
-    def trace_mark(self) -> list[int]:
-        out = [delta for _, delta in self.tracker.events[self._trace_from:]]
+    def trace_mark(self) -> list[list[int]]:
+        out = [[delta, key] for key, delta in self.tracker.events[self._trace_from:]]
         self._trace_from = len(self.tracker.events)
         return out
 
@@ -321,8 +331,13 @@ def saved_summary(saved: list, input_storages: set[int], device: str) -> dict:
 def run_once(case: Case, memory, forward, measured: bool) -> dict:
     """One forward and backward from a fresh allocator state; with `measured`, what it allocated and saved."""
     memory.fresh()
+    trace = {}
     with memory.tracking():
+        if measured:
+            memory.trace_start()
         t = inputs(case, memory.device)
+        if measured:
+            trace["inputs"] = memory.trace_mark()
         input_storages = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in t.values()
                           if x is not None}
         inputs_bytes = sum(input_storages.values())
@@ -330,9 +345,6 @@ def run_once(case: Case, memory, forward, measured: bool) -> dict:
         memory.reset_peak()
         saved: list = []
         seen: list = []
-        trace = {}
-        if measured:
-            memory.trace_start()
         with _saved_hooks(saved, memory.device), sdpa_seen(seen):
             out = call(case, t, forward)
         forward_peak, after_forward = memory.peak() - base, memory.allocated() - base
@@ -342,7 +354,7 @@ def run_once(case: Case, memory, forward, measured: bool) -> dict:
         before_backward = memory.allocated()
         memory.reset_peak()
         if measured:
-            memory.trace_mark()  # the output's gradient
+            trace["grad_output"] = memory.trace_mark()
         out.backward(grad)
         backward_peak, after_backward = memory.peak() - before_backward, memory.allocated() - before_backward
         if measured:
@@ -356,6 +368,7 @@ def run_once(case: Case, memory, forward, measured: bool) -> dict:
             "grad_output_bytes": before_backward - base - after_forward,
             "backward_peak_bytes": backward_peak, "backward_end_bytes": after_backward,
             "reserved_peak_bytes": reserved, "sdpa_calls": seen, "allocations": trace,
+            **({"trace_error": memory.trace_error} if getattr(memory, "trace_error", None) else {}),
             **saved_summary(saved, input_storages, memory.device)}
 
 
@@ -384,6 +397,7 @@ def measure_case(case: Case, memory, forward) -> dict:
     except Exception as error:  # noqa: BLE001 - an OOM or a kernel refusing the shape is a result
         measured = {"error": f"{type(error).__name__}: {str(error)[:500]}"}
     finally:
+        memory.trace_stop()
         if memory.device == "cuda":
             torch.cuda.empty_cache()
     if "error" not in measured:
@@ -454,8 +468,12 @@ def measure_group(group: str, device: str, deadline_s: float) -> dict:
             stopped = "deadline"
             break
         torch.manual_seed(0)
+        try:
+            predicted = prediction(case)
+        except Exception as error:  # noqa: BLE001 - the measurement is what the GPU is for
+            predicted = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
         rows.append({"case": case.id, **asdict(case), "measured": measure_case(case, memory, forward),
-                     "estimator": prediction(case)})
+                     "estimator": predicted})
     backends = None
     if device == "cuda":
         flags = {"flash": "flash_sdp_enabled", "mem_efficient": "mem_efficient_sdp_enabled",
