@@ -367,7 +367,7 @@ def run_once(case: Case, memory, forward, measured: bool) -> dict:
     return {"allocated_before_bytes": base, "inputs_bytes": inputs_bytes, "forward_peak_bytes": forward_peak, "forward_end_bytes": after_forward,
             "grad_output_bytes": before_backward - base - after_forward,
             "backward_peak_bytes": backward_peak, "backward_end_bytes": after_backward,
-            "reserved_peak_bytes": reserved, "sdpa_calls": seen, "allocations": trace,
+            "backward_reserved_peak_bytes": reserved, "sdpa_calls": seen, "allocations": trace,
             **({"trace_error": memory.trace_error} if getattr(memory, "trace_error", None) else {}),
             **saved_summary(saved, input_storages, memory.device)}
 
