@@ -131,7 +131,7 @@ def test_what_reaches_sdpa_on_the_cpu(cpu_record):
     batch), no is_causal, no enable_gqa; the control: 2 grouped heads, is_causal, enable_gqa; Falcon's: one head
     against 5, a mask, neither flag."""
     rows = {row["kind"]: row["measured"] for row in cpu_record[0][0]["measured"]["cases"]}
-    (sliding,), (causal,), (falcon,) = rows["sliding"]["sdpa_calls"], rows["causal"]["sdpa_calls"], rows["falcon"]["sdpa_calls"]
+    (sliding,), (causal,), (falcon,) = (rows[kind]["sdpa_calls"] for kind in ("sliding", "causal", "falcon"))
     assert (sliding["k_heads"], sliding["v_heads"], sliding["is_causal"], sliding["enable_gqa"]) == (4, 4, False, False)
     assert sliding["mask"] == {"shape": [2, 1, 64, 64], "dtype": "bool", "stride": [0, 4096, 64, 1]}
     assert (causal["k_heads"], causal["mask"], causal["is_causal"], causal["enable_gqa"]) == (2, None, True, True)
@@ -164,6 +164,29 @@ def test_the_estimators_ledger_by_hand():
     assert p["saved_bytes"] == (16 + 2 * 8) * MiB + 2 * 8 * 2048 * 4 + 16 * MiB + 32 * MiB
     control = prediction(Case("gemma-3-4b", "causal", 8, 4, 256, 2048, 2))
     assert p["saved_bytes"] - control["saved_bytes"] == 32 * MiB and control["masked_extra_bytes"] == 0
+
+
+def test_the_efficient_kernels_buffers_by_hand():
+    """cutlassB.h's bf16 sm80 dispatch and kernel_backward.h's workspace, by hand.
+    Gemma 3 4B, s 2048, b 1, d 256: the 128 x 64 k65536 kernel (kMaxK > kBlockSizeI: dK and dV staged in fp32), key
+    splits min(2048 / 64, 200 // 8) = 25; per head gK = gV = 25 x 64 x 256 floats, gQ = 16 query blocks x 4 column
+    blocks x (4 + 128 x 64) floats; x 8 heads x 4 B. Gemma 3 27B, s 4096, d 128: the 128 x 128 k128 seq-aligned
+    kernel keeps dK and dV in registers (no staging, no cap: 32 splits), gQ = 32 x 1 x (4 + 128 x 128) floats a head.
+    The forward's fp32 accumulator only above d 128 (the 'gmem' kernel): b x s x heads x d x 4."""
+    k4 = backward_kernel(2048, 256)
+    assert k4.name == "fmha_cutlassB_bf16_aligned_128x64_k65536_sm80" and not k4.output_in_registers
+    per_head = 2 * 25 * 64 * 256 + 16 * 4 * (4 + 128 * 64)
+    assert backward_workspace(k4, 1, 8, 2048, 256) == 8 * per_head * 4 == 42_999_808
+    assert backward_workspace(k4, 2, 16, 8192, 256) == 32 * (2 * 6 * 64 * 256 + 64 * 4 * 8196) * 4  # 200 // 32 = 6
+    k27 = backward_kernel(4096, 128)
+    assert k27.name == "fmha_cutlassB_bf16_aligned_128x128_k128_seqaligned_sm80" and k27.output_in_registers
+    assert backward_workspace(k27, 1, 32, 4096, 128) == 32 * 32 * (4 + 128 * 128) * 4 == 67_125_248
+    assert backward_kernel(4000, 128).name == "fmha_cutlassB_bf16_aligned_128x128_k128_sm80"  # 4000 % 128 != 0
+    assert backward_kernel(2048, 64).name == "fmha_cutlassB_bf16_aligned_64x64_k64_seqaligned_sm80"
+    # 256 heads x batches already fill the device and the keys are two blocks: one split
+    assert backward_workspace(k27, 1, 256, 256, 128) == 256 * 2 * (4 + 128 * 128) * 4
+    assert forward_accumulator(2, 16, 8192, 256) == 2 * 8192 * 16 * 256 * 4
+    assert forward_accumulator(1, 32, 4096, 128) == 0
 
 
 # --- a GPU record, once a session lent a GPU has run the experiment ---------------------------------------------

@@ -178,7 +178,8 @@ def sdpa_seen(seen: list):
         mask = None if attn_mask is None else {"shape": list(attn_mask.shape), "dtype": str(attn_mask.dtype)[6:],
                                                "stride": list(attn_mask.stride())}
         seen.append({"q_heads": q.shape[1], "k_heads": k.shape[1], "v_heads": v.shape[1], "mask": mask,
-                     "is_causal": bool(kwargs.get("is_causal", False)), "enable_gqa": bool(kwargs.get("enable_gqa", False)),
+                     "is_causal": bool(kwargs.get("is_causal", False)),
+                     "enable_gqa": bool(kwargs.get("enable_gqa", False)),
                      "grad_fn": type(out.grad_fn).__name__ if out.grad_fn is not None else None,
                      "output_stride": list(out.stride())})
         return out
@@ -364,7 +365,8 @@ def run_once(case: Case, memory, forward, measured: bool) -> dict:
         del out, grad
     if not measured:
         return {}
-    return {"allocated_before_bytes": base, "inputs_bytes": inputs_bytes, "forward_peak_bytes": forward_peak, "forward_end_bytes": after_forward,
+    return {"allocated_before_bytes": base, "inputs_bytes": inputs_bytes, "forward_peak_bytes": forward_peak,
+            "forward_end_bytes": after_forward,
             "grad_output_bytes": before_backward - base - after_forward,
             "backward_peak_bytes": backward_peak, "backward_end_bytes": after_backward,
             "backward_reserved_peak_bytes": reserved, "sdpa_calls": seen, "allocations": trace,

@@ -121,10 +121,13 @@ def backward_kernel(seq: int, head_dim: int) -> BackwardKernel:
 def backward_workspace(kernel: BackwardKernel, batch: int, heads: int, seq: int, head_dim: int) -> int:
     """The fp32 workspace _efficient_attention_backward allocates for the kernel (workspace_size): per batch and head,
     dQ's accumulation tiles (each block of queries x block_j columns of d, with a 16-byte lock) and, where dK and dV
-    do not fit the registers, their staging per key split. The key splits: one per key block, capped at 200 / (b x
-    heads) when dK and dV are staged (attention_backward.cu's heuristic)."""
+    do not fit the registers, their staging per key split. The key splits (attention_backward.cu's heuristic): one
+    per key block; one where b x heads already fill 256 blocks and the keys are at most two blocks; at most
+    200 / (b x heads) when dK and dV are staged."""
     splits = -(-seq // kernel.block_j)
     staged = not kernel.output_in_registers
+    if batch * heads >= 256 and seq <= 2 * kernel.block_j:
+        splits = 1
     if staged:
         splits = min(splits, 200 // (batch * heads))
     splits = max(splits, 1)
