@@ -22,6 +22,9 @@ H200's gemma-3-4b-...-s2048-b2-i4x896 record (tests/data/measured/gpu; 29 slidin
 1,024-token window: 928 MiB of the 1,025 MiB it holds over the flash-attn record). The shared bool mask (b x s^2
 bytes, made once a step) is left out. Under full recompute the extra tensors exist in the one layer recomputed at a
 time (its twin at s4096 shows no gap: its peaks, the loss's backward and the optimizer step, come before or after).
+The kernel's own buffers for the length of a call (`backward_workspace`, `forward_accumulator`, KERNEL_SOURCE) are not
+in the ledger: they are held to the GPU's sdpa-mask experiment (validation/gpu/sdpa_mask.py,
+tests/test_gpu_sdpa_mask.py) before any phase charges them.
 """
 
 from __future__ import annotations
