@@ -326,7 +326,10 @@ def test_the_masked_kernels_request_what_their_sources_say(path):
         if row["kind"] != "sliding":
             continue
         case, m = _case(row), row["measured"]
-        expected = masked_requests(case, _kernel_that_ran(row))
+        # the kernel the profiler named (test_the_gpu_ran_transformers_masked_path holds it to the dispatch order),
+        # else the dispatch order's where the profiler could not run
+        kernel = _kernel_that_ran(row) if m.get("kernels") else backward_kernel(case.seq, case.head_dim)
+        expected = masked_requests(case, kernel)
         forward = [size for size, _ in m["allocations"]["forward"] if size > 0]
         backward = [size for size, _ in m["allocations"]["backward"] if size > 0]
         assert all(forward.count(size) >= expected["forward"].count(size) for size in expected["forward"]), (
