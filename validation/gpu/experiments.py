@@ -1,6 +1,6 @@
 """Experiments the real-GPU script runs besides its cases: measurements of the device itself that no
 framework's source gives (graphs.py: CUDA-graph executables; context.py: the CUDA context under lazy and
-eager module loading).
+eager module loading; nccl_world.py: a one-rank NCCL world; sdpa_mask.py: SDPA's masked memory-efficient kernel).
 
 An experiment is a list of sub-runs, each a process of its own (`python -m validation.gpu.<module> ARGS
 DEVICE [DEADLINE_S]`, with its environment), run by `python -m validation.gpu run --case <experiment id>`
@@ -84,8 +84,19 @@ def nccl_world_experiment() -> Experiment:
                       "all_reduce, a tiny ZeRO-3 engine's first and second steps (validation/gpu/nccl_world.py)")
 
 
+def sdpa_mask_experiment(groups: tuple[str, ...] | None = None) -> Experiment:
+    from .sdpa_mask import GPU_GROUPS
+
+    return Experiment("sdpa-mask", "sdpa_mask", tuple(SubRun((g,)) for g in groups or GPU_GROUPS), True,
+                      "transformers' SDPA call with a 4-D mask (Gemma 3's sliding layers: the bool mask, k and v "
+                      "repeated to the query heads, the memory-efficient kernel), its unmasked control and Falcon-7B's "
+                      "71-on-1-head call (the math backend), bf16 forward and backward: max_memory_allocated over "
+                      "the inputs, the tensors autograd saved, the backend and kernels that ran, beside the "
+                      "estimator's ledger for the layer (validation/gpu/sdpa_mask.py)")
+
+
 EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment(),
-                                 nccl_world_experiment())}
+                                 nccl_world_experiment(), sdpa_mask_experiment())}
 
 
 def run_experiment(experiment: Experiment, device: str, deadline: float, runs, log) -> int:

@@ -22,9 +22,14 @@ H200's gemma-3-4b-...-s2048-b2-i4x896 record (tests/data/measured/gpu; 29 slidin
 1,024-token window: 928 MiB of the 1,025 MiB it holds over the flash-attn record). The shared bool mask (b x s^2
 bytes, made once a step) is left out. Under full recompute the extra tensors exist in the one layer recomputed at a
 time (its twin at s4096 shows no gap: its peaks, the loss's backward and the optimizer step, come before or after).
+The kernel's own buffers for the length of a call (`backward_workspace`, `forward_accumulator`, KERNEL_SOURCE) are not
+in the ledger: they are held to the GPU's sdpa-mask experiment (validation/gpu/sdpa_mask.py,
+tests/test_gpu_sdpa_mask.py) before any phase charges them.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
@@ -71,3 +76,73 @@ def masked_sdpa_entries(arch: Architecture, training: Training, par: Parallel) -
     out.append(Entry(MASKED_BIAS, share * training.micro_batch_size * training.seq_len ** 2, B, "none",
                      "B*b*s^2" + note, recompute=CORE, split_by_cp=False))
     return out
+
+
+# --- the memory-efficient kernel's own buffers (not in the layer's ledger: what it allocates inside the call) -------
+
+KERNEL_SOURCE = ("torch 2.13 aten/src/ATen/native/transformers/cuda/mem_eff_attention/kernels/cutlassB.h "
+                 "dispatch_cutlassB_bf16_sm80 (the order), kernel_backward.h (kOutputInRF, kNeedsAccumGradQ/K/V, "
+                 "workspace_elements_gk/gv/gq, workspace_size), cuda/attention_backward.cu _efficient_attention_"
+                 "backward (grad_q, grad_k, grad_v, delta, the workspace; the split-keys heuristic), kernel_forward.h "
+                 "kNeedsOutputAccumulatorBuffer and cuda/attention.cu (the fp32 output accumulator)")
+
+
+class BackwardKernel(NamedTuple):
+    """One bf16 sm80 backward kernel of the memory-efficient attention (the H100 and H200 run the sm80 ones)."""
+
+    block_i: int  # queries a block
+    block_j: int  # keys a block
+    max_k: int  # the largest head dim it takes
+    seq_aligned: bool  # only where the queries and keys are multiples of the blocks
+
+    @property
+    def name(self) -> str:
+        return (f"fmha_cutlassB_bf16_aligned_{self.block_i}x{self.block_j}_k{self.max_k}"
+                f"{'_seqaligned' if self.seq_aligned else ''}_sm80")
+
+    @property
+    def output_in_registers(self) -> bool:
+        """kOutputInRF: a 16-bit kernel keeps dK and dV in registers where kMaxK <= kBlockSizeI."""
+        return self.max_k <= self.block_i
+
+
+# dispatch_cutlassB_bf16_sm80 without dropout, in its order (the 128 x 64 k96 kernel only on sm86 and sm89); the
+# first whose kMaxK and alignment fit and whose shared memory the device allows runs
+BACKWARD_KERNELS = tuple(BackwardKernel(*k) for k in (
+    (64, 64, 32, True), (64, 64, 32, False), (64, 64, 64, True), (64, 64, 64, False), (128, 128, 128, True),
+    (128, 128, 128, False), (64, 64, 128, True), (64, 64, 128, False), (128, 64, 65536, False),
+    (64, 64, 65536, False)))
+
+
+def backward_kernel(seq: int, head_dim: int) -> BackwardKernel:
+    """The first kernel of the dispatch order for this head dim and sequence (shared memory not checked: the H100's
+    and H200's 227 KiB a block are assumed to hold it)."""
+    return next(k for k in BACKWARD_KERNELS if k.max_k >= head_dim
+                and (not k.seq_aligned or (seq % k.block_i == 0 and seq % k.block_j == 0)))
+
+
+def backward_workspace(kernel: BackwardKernel, batch: int, heads: int, seq: int, head_dim: int) -> int:
+    """The fp32 workspace _efficient_attention_backward allocates for the kernel (workspace_size): per batch and head,
+    dQ's accumulation tiles (each block of queries x block_j columns of d, with a 16-byte lock) and, where dK and dV
+    do not fit the registers, their staging per key split. The key splits (attention_backward.cu's heuristic): one
+    per key block; one where b x heads already fill 256 blocks and the keys are at most two blocks; at most
+    200 / (b x heads) when dK and dV are staged."""
+    splits = -(-seq // kernel.block_j)
+    staged = not kernel.output_in_registers
+    if batch * heads >= 256 and seq <= 2 * kernel.block_j:
+        splits = 1
+    if staged:
+        splits = min(splits, 200 // (batch * heads))
+    splits = max(splits, 1)
+    d_padded = -(-head_dim // kernel.block_i) * kernel.block_i
+    gk = gv = splits * kernel.block_j * d_padded if staged else 0
+    gq = -(-seq // kernel.block_i) * -(-head_dim // kernel.block_j) * (4 + kernel.block_i * kernel.block_j)
+    stride = -(-(gk + gv + gq) // 4) * 4
+    return batch * heads * stride * 4
+
+
+def forward_accumulator(batch: int, heads: int, seq: int, head_dim: int) -> int:
+    """The fp32 output accumulator of the forward kernel: its bf16 sm80 kernels keep the output in registers up to
+    a head dim of 128 (64 x 64 and 64 x 128 'rf'); above, the 32 x 128 'gmem' kernel accumulates in a b x s x heads
+    x d fp32 buffer for the call."""
+    return batch * seq * heads * head_dim * 4 if head_dim > 128 else 0
