@@ -480,8 +480,14 @@ def measure_group(group: str, device: str, deadline_s: float) -> dict:
     if device == "cuda":
         flags = {"flash": "flash_sdp_enabled", "mem_efficient": "mem_efficient_sdp_enabled",
                  "math": "math_sdp_enabled", "cudnn": "cudnn_sdp_enabled",
-                 "fp16_bf16_reduction_math": "allow_fp16_bf16_reduction_math_sdp"}
-        backends = {name: getattr(torch.backends.cuda, f, lambda: None)() for name, f in flags.items()}
+                 "fp16_bf16_reduction_math": "fp16_bf16_reduction_math_sdp_allowed"}  # allow_* is the setter
+
+        def read(f):
+            try:
+                return getattr(torch.backends.cuda, f)()
+            except (AttributeError, TypeError):
+                return None
+        backends = {name: read(f) for name, f in flags.items()}
     return {"cases": rows, "stopped": stopped, "call": via, "sdp_backends_enabled": backends}
 
 
