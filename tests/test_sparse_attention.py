@@ -100,22 +100,7 @@ def _dsa_records():
             yield pytest.param(record, id=name)
 
 
-# vLLM 0.33's KV budget gives up its CUDA-graph estimate; the graph pool's allocator replay (serving/graph_pool.py,
-# session 16) moved that estimate, so our available KV bytes are no longer the ones these records handed vLLM's
-# planner. Regenerating them runs vLLM 0.33.0 itself (`-m validation.vllm.dsa_records --out ...` in its own venv,
-# validation/README.md), which this session's fresh machine did not have.
-_STALE = {"0.33.0-deepseek-v3.2-h200-tp8-pp1", "0.33.0-deepseek-v3.2-h200-tp8-pp2", "0.33.0-deepseek-v3.2-b200-tp8-pp1",
-          "0.33.0-kimi-k2-h200-tp8-pp2"}
-_STALE_WHY = ("the record's available KV bytes are from before the graph-pool replay moved 0.33's CUDA-graph "
-              "estimate; regenerate with vLLM 0.33.0's venv")
-
-
-def _with_stale_marked(params):
-    return [pytest.param(*p.values, id=p.id, marks=pytest.mark.xfail(strict=True, reason=_STALE_WHY))
-            if p.id in _STALE else p for p in params]
-
-
-@pytest.mark.parametrize("record", _with_stale_marked(list(_dsa_records())))
+@pytest.mark.parametrize("record", list(_dsa_records()))
 def test_vllm_cache_matches_vllms_own_specs(record):
     """vLLM 0.11.0's and 0.33.0's spec classes and group planning over MLA's latent and the indexer's key cache
     (validation/vllm/dsa_records.py), given our KV memory per stage: the same resolved settings (0.11: fp8_ds_mla

@@ -10,6 +10,20 @@ DeepSeek-V3's (auto_map configuration_deepseek.DeepseekV3Config), so it is read 
 
     /work/venvs/vllm/0.11.0/bin/python -m validation.vllm.dsa_records --out tests/data/serving/dsa/vllm-0.11.0.json
     /work/venvs/vllm/0.33.0/bin/python -m validation.vllm.dsa_records --out tests/data/serving/dsa/vllm-0.33.0.json
+
+The 0.33.0 venv (2026-11-27; the same one runs kv_records, prefix_defaults and mm_records): vLLM without its
+dependencies over the system's torch 2.13 (CPU) and transformers 5.23, which the venv sees, plus the packages of the
+modules on these recorders' import path (each with --no-deps, at the versions PyPI gave that day):
+
+    python3 -m venv --system-site-packages /work/venvs/vllm/0.33.0
+    /work/venvs/vllm/0.33.0/bin/pip install --no-deps vllm==0.33.0 pyzmq==27.3.0 cbor2==6.3.0 \
+        openai_harmony==0.0.8 openai==3.57.0 pybase64==1.5.1 cachetools==8.0.2 msgspec==0.22.0 uvloop==0.23.0 \
+        prometheus_client==0.26.0 xgrammar==0.2.8 apache-tvm-ffi==0.1.11 fastapi==0.165.0 \
+        partial_json_parser==0.2.1.1.post7 llguidance==1.9.1
+    # mm_records only: the processors' transforms, outside the venv
+    /work/venvs/vllm/0.33.0/bin/pip install --no-deps --target /work/venvs/vlmserve-torchvision torchvision==0.28.0
+
+(vLLM 0.33.0 asks for transformers<5.21 and llguidance<1.8; the accounting read here runs on 5.23 and 1.9.1.)
 """
 
 from __future__ import annotations

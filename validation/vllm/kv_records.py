@@ -1,7 +1,7 @@
 """Record what vLLM's own KV cache accounting computes, for a grid of models, layouts and releases.
 
 Run inside a venv holding one vLLM release (installed with ``pip install --no-deps vllm==X`` over the
-system's torch, plus the pure-Python packages its imports need):
+system's torch, plus the packages its imports need; the exact 0.33.0 commands: dsa_records.py):
 
     /work/venvs/vllm/0.11.0/bin/python -m validation.vllm.kv_records --out tests/data/serving/vllm-0.11.0.json
 
