@@ -50,6 +50,11 @@ undone afterwards (except the device type, which torchtitan reads once at import
    dtype with blocks.y <= 32768 / (N / 32), so at most 32768 x 32 elements (2 MiB), freed at once. With
    the optional nvidia-cutlass-dsl, torch 2.13 on SM 9.x/10.x runs quack's kernels instead
    (torch/_native/ops/norm/norms.py): the same outputs and saved tensors.
+7. float8 matmuls on a real CPU run: torch 2.13's CPU kernel of `aten::_scaled_mm` takes
+   seconds for one 512 x 256 x 768 product (an element-wise reference loop), so a float8 twin ran
+   for minutes. For the duration of a measurement its CPU kernel is the same product in fp32,
+   scaled and cast to `out_dtype` (`fast_scaled_mm`): one output of the kernel's shape and dtype,
+   its temporaries unseen by the tracker, as for item 6; fake tensors keep the meta function.
 """
 
 from __future__ import annotations
@@ -158,6 +163,27 @@ def _flex_forward():
     return forward
 
 
+def _scaled_mm_in_fp32(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                       use_fast_accum=False):
+    """`aten::_scaled_mm` (item 7): (A B) x scale_a x scale_b (+ bias), tensorwise scales or rowwise ones
+    ((M, 1) and (1, N)), cast to `out_dtype`."""
+    out = torch.mm(self.float(), mat2.float()) * scale_a.float() * scale_b.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype or self.dtype)
+
+
+@contextmanager
+def fast_scaled_mm():
+    """The CPU kernel of `aten::_scaled_mm` is `_scaled_mm_in_fp32` for the duration (item 7)."""
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("_scaled_mm", _scaled_mm_in_fp32, "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
+
+
 def _eager_block_mask(*args, **kwargs):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -184,7 +210,7 @@ def cpu_emulation(tracker):
     decoder.create_attention_mask = attention.create_attention_mask = _eager_block_mask
     _hidden.append(tracker.hidden)
     try:
-        with fsdp2_storage(tracker), fused_rms_norm():
+        with fsdp2_storage(tracker), fused_rms_norm(), fast_scaled_mm():
             yield
     finally:
         _hidden.pop()
