@@ -84,8 +84,17 @@ def nccl_world_experiment() -> Experiment:
                       "all_reduce, a tiny ZeRO-3 engine's first and second steps (validation/gpu/nccl_world.py)")
 
 
+def nccl_mechanism_experiment() -> Experiment:
+    runs = (SubRun(("deepspeed",), (("NCCL_CUMEM_ENABLE", None),)), SubRun(("deepspeed",), (("NCCL_CUMEM_ENABLE", "0"),)),
+            SubRun(("megatron",), (("NCCL_CUMEM_ENABLE", None),)))
+    return Experiment("nccl-mechanism", "nccl_mechanism", runs, False,
+                      "what holds a one-rank run's bytes outside the allocator: nccl-world's stages with NCCL's "
+                      "INIT/ALLOC log cut at each, NCCL as it defaults (cuMem) and with NCCL_CUMEM_ENABLE=0, and a tiny "
+                      "Megatron-Core step's collectives by group beside NCCL's log (validation/gpu/nccl_mechanism.py)")
+
+
 EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment(),
-                                 nccl_world_experiment())}
+                                 nccl_world_experiment(), nccl_mechanism_experiment())}
 
 
 def run_experiment(experiment: Experiment, device: str, deadline: float, runs, log) -> int:
