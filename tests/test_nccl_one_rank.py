@@ -127,3 +127,25 @@ def test_torchtitan_and_hf_at_one_rank_make_none():
 
     assert set(ONE_RANK_GROUPS) == {"deepspeed", "megatron"}
     assert [len(groups) for groups in ONE_RANK_GROUPS.values()] == [2, 4]
+
+
+def _communication(tp: int, dp: int, framework: str = "megatron") -> tuple[int, str]:
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    config = json.loads(json.dumps(run["config"]))
+    config["parallel"].update(tp=tp, dp=dp)
+    config["training"]["global_batch_size"] = dp
+    result = estimate_config(config)
+    c = result.stages[0].component("communication")
+    return c.bytes, c.formula
+
+
+def test_megatron_groups_of_size_one_in_a_layout_of_several_gpus():
+    """At TP 2 x DP 1 the DP x CP group is one rank and Megatron-Core still reduce-scatters and all-gathers over it
+    (param_and_grad_buffer.py: no size test; the world-size-1 run makes its communicator); at TP 1 x DP 2 the TP
+    group is one rank and the loss all-reduces over it: each gets a communicator of one rank, 64 channels (NCCL's
+    topology of a one-rank communicator holds its own GPU only), beside the 0.5 GiB of each larger group."""
+    one = 194 * GRANULARITY
+    tp2, dp2 = _communication(2, 1), _communication(1, 2)
+    assert tp2[0] == dp2[0] == 512 * MiB + one
+    assert tp2[1].endswith("of one rank x 388.0 MiB (DP x CP)") and dp2[1].endswith("of one rank x 388.0 MiB (TP)")
+    assert _communication(2, 2)[0] == 2 * 512 * MiB  # no group of size 1

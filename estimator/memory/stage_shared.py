@@ -294,6 +294,23 @@ def one_rank_world(training: Training) -> Component:
                      NCCL_SOURCE, parts)
 
 
+def size_one_groups(training: Training, par: Parallel) -> tuple[tuple[str, str], ...]:
+    """Megatron-Core's groups of size 1 inside a layout of several GPUs that still get an NCCL communicator: its code
+    issues their collectives whatever their size (torch's ProcessGroupNCCL makes a communicator at a group's first
+    collective, its size 1 or not), and a communicator of one rank sees one GPU (NCCL topo.cc ncclTopoGetSystem
+    fuses the communicator's own ranks only), so it sets up 64 channels as at world size 1 (spec/nccl.py):
+    the TP group at TP 1 (the loss's all_reduce) and the DP x CP group at DP x CP 1 (the gradients' reduce_scatter
+    and the parameters' all_gather). The world's group is several ranks there (the Fujii constant's side)."""
+    if training.framework != "megatron":
+        return ()
+    groups = []
+    if par.tp == 1:
+        groups.append(("TP", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 232"))
+    if par.dp * par.cp == 1:
+        groups.append(("DP x CP", "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py l. 443, 285"))
+    return tuple(groups)
+
+
 def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
                    hardware: Hardware | None = None) -> Component:
     """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator: 0.5 GiB for each
@@ -319,6 +336,15 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
     if training.framework in ONE_RANK_GROUPS and not groups:  # its world of one rank (one_rank_world)
         return one_rank_world(training)
+    single = size_one_groups(training, par)
+    if single:
+        comm = one_rank_communicator(torch_release(training.torch_version))
+        parts = (nccl,) + tuple(component("communication", f"NCCL communicator of one rank: {group} group of size 1",
+                                          comm.bytes, comm.formula, f"{source}; {NCCL_SOURCE}")
+                                for group, source in single)
+        nccl = Component("communication", "NCCL communicator buffers", sum(p.bytes for p in parts),
+                         formula + f" + {len(single)} of one rank x {comm.bytes / 2**20:,.1f} MiB "
+                         f"({', '.join(g for g, _ in single)})", nccl.source + "; " + NCCL_SOURCE, parts)
     if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
         return nccl
     # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core

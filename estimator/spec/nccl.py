@@ -1,7 +1,10 @@
 """What NCCL allocates on a GPU for a communicator of one rank, by the NCCL release a PyTorch release ships.
 
 A process that makes any NCCL communicator holds, outside PyTorch's caching allocator:
-- NCCL's kernels, loaded once a process with its first communicator (NCCL_KERNELS, measured);
+- NCCL's kernels, loaded once a process with its first communicator (NCCL_KERNELS, measured): a communicator's
+  initialisation calls ncclInitKernelsForDevice (init.cc l. 1534), which takes cudaFuncGetAttributes of every NCCL
+  kernel (enqueue.cc l. 28-52), loading each module under lazy loading, once a process (v2.14.3-1 does the same,
+  enqueue.cc l. 100);
 - per communicator, the device allocations its initialisation makes. At one rank (NCCL v2.28.9-1, read):
   devCommSetup (src/init.cc l. 512, 514) allocates the device comm with its channels and rankToLocalRank: 2
   allocations; every channel set up calls initChannel (src/channel.cc l. 42, 45, 56: sharedRes->devPeers,

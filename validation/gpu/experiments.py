@@ -85,12 +85,13 @@ def nccl_world_experiment() -> Experiment:
 
 
 def nccl_mechanism_experiment() -> Experiment:
-    runs = (SubRun(("deepspeed",), (("NCCL_CUMEM_ENABLE", None),)), SubRun(("deepspeed",), (("NCCL_CUMEM_ENABLE", "0"),)),
-            SubRun(("megatron",), (("NCCL_CUMEM_ENABLE", None),)))
+    runs = tuple(SubRun((which,), (("NCCL_CUMEM_ENABLE", cumem),))
+                 for which, cumem in (("deepspeed", None), ("deepspeed", "0"), ("megatron", None)))
     return Experiment("nccl-mechanism", "nccl_mechanism", runs, False,
                       "what holds a one-rank run's bytes outside the allocator: nccl-world's stages with NCCL's "
-                      "INIT/ALLOC log cut at each, NCCL as it defaults (cuMem) and with NCCL_CUMEM_ENABLE=0, and a tiny "
-                      "Megatron-Core step's collectives by group beside NCCL's log (validation/gpu/nccl_mechanism.py)")
+                      "INIT/ALLOC log cut at each, NCCL as it defaults (cuMem) and with NCCL_CUMEM_ENABLE=0, and a "
+                      "tiny Megatron-Core step's collectives by group beside NCCL's log "
+                      "(validation/gpu/nccl_mechanism.py)")
 
 
 EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment(),

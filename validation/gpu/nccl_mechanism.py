@@ -36,6 +36,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sca
                "all_to_all_single", "broadcast_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv",
                "gather", "scatter", "all_gather_coalesced", "all_reduce_coalesced")
 OWN = ("nccl_mechanism.py", "/torch/distributed/")
+STARTS = ("ncclCommInit", "Init COMPLETE", "Split")  # NCCL's lines that start, finish or split a communicator
 
 
 class NcclLog:
@@ -57,7 +58,7 @@ class NcclLog:
         summary = nccl_log_summary(new)
         lines = [line.split(" NCCL INFO ", 1)[-1].strip()[:200] for line in new.splitlines() if "NCCL INFO" in line]
         return {k: summary[k] for k in ("communicators", "device_allocs", "device_alloc_bytes")} | {
-            "init_lines": [line for line in lines if any(w in line for w in ("ncclCommInit", "Init COMPLETE", "Split"))]}
+            "init_lines": [line for line in lines if any(w in line for w in STARTS)]}
 
 
 @contextlib.contextmanager
