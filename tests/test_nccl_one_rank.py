@@ -149,3 +149,15 @@ def test_megatron_groups_of_size_one_in_a_layout_of_several_gpus():
     assert tp2[0] == dp2[0] == 512 * MiB + one
     assert tp2[1].endswith("of one rank x 388.0 MiB (DP x CP)") and dp2[1].endswith("of one rank x 388.0 MiB (TP)")
     assert _communication(2, 2)[0] == 2 * 512 * MiB  # no group of size 1
+
+
+def test_inference_makes_no_training_communicators():
+    """The groups' collectives are a training step's (the optimizer's build and gradient sync, the loss): a Megatron
+    configuration in inference mode at world size 1 is charged none of them."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    config = json.loads(json.dumps(run["config"]))
+    config["training"]["mode"] = "inference"
+    for key in ("grad_dtype", "master_weights", "optimizer_dtype", "optimizer", "recompute", "loss"):
+        config["training"].pop(key, None)
+    result = estimate_config(config)
+    assert result.stages[0].component("communication").bytes == 0

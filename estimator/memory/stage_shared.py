@@ -301,7 +301,7 @@ def size_one_groups(training: Training, par: Parallel) -> tuple[tuple[str, str],
     fuses the communicator's own ranks only), so it sets up 64 channels as at world size 1 (spec/nccl.py):
     the TP group at TP 1 (the loss's all_reduce) and the DP x CP group at DP x CP 1 (the gradients' reduce_scatter
     and the parameters' all_gather). The world's group is several ranks there (the Fujii constant's side)."""
-    if training.framework != "megatron":
+    if training.framework != "megatron" or training.mode != "training":
         return ()
     groups = []
     if par.tp == 1:
@@ -334,7 +334,8 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
     formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
     nccl = component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
-    if training.framework in ONE_RANK_GROUPS and not groups:  # its world of one rank (one_rank_world)
+    # a training step's world of one rank (one_rank_world); the groups' collectives are the step's (optimizer, loss)
+    if training.framework in ONE_RANK_GROUPS and training.mode == "training" and not groups:
         return one_rank_world(training)
     single = size_one_groups(training, par)
     if single:
