@@ -207,3 +207,81 @@ def test_a_recorded_experiment_is_what_its_lines_say(path):
         assert record["versions"]["cuda_driver_api"]
     for point in record.get("points", []):
         assert point["driver_bytes"] == point["used_bytes"] - point["pool_bytes"]
+
+
+def test_the_nccl_mechanism_experiment_on_the_cpu(tmp_path):
+    """`nccl-mechanism` (validation/gpu/nccl_mechanism.py): three sub-runs, nccl-world's stages as NCCL defaults and
+    with NCCL_CUMEM_ENABLE=0, and a tiny Megatron-Core step. On the CPU: the DeepSpeed stages once (DeepSpeed's own
+    environment; the two DeepSpeed sub-runs differ only in NCCL's environment, which gloo ignores) and the Megatron
+    step, whose collectives are recorded by group: the world's all_gather_object in the build (get_megatron_optimizer),
+    then each step the TP group's three loss all_reduces and the DP x CP group's reduce_scatter and all_gather
+    (wrapped before Megatron-Core binds them at import); then `records` makes one record of the three lines."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from validation.gpu.nccl_mechanism import DEEPSPEED_STAGES, MEGATRON_STAGES
+
+    nccl = experiments.EXPERIMENTS["nccl-mechanism"]
+    assert [(r.args, dict(r.env)) for r in nccl.runs] == [
+        (("deepspeed",), {"NCCL_CUMEM_ENABLE": None}), (("deepspeed",), {"NCCL_CUMEM_ENABLE": "0"}),
+        (("megatron",), {"NCCL_CUMEM_ENABLE": None})]
+    root = Path(__file__).resolve().parents[1]
+    deepspeed_python = root / ".venv" / "deepspeed" / "bin" / "python"
+    if not deepspeed_python.exists():
+        pytest.skip("no DeepSpeed environment (tests/test_gpu_framework_steps.py)")
+    env = dict(os.environ, PYTHONPATH=str(root))
+    lines = []
+    for python, which, cumem in ((deepspeed_python, "deepspeed", None), (deepspeed_python, "deepspeed", "0"),
+                                 (sys.executable, "megatron", None)):
+        run_env = {k: v for k, v in env.items() if k != "NCCL_CUMEM_ENABLE"} | ({"NCCL_CUMEM_ENABLE": cumem}
+                                                                                if cumem else {})
+        if which == "deepspeed" and cumem:  # gloo: the same stages again tell nothing on the CPU
+            lines.append(json.loads(json.dumps(lines[0])) | {"run": {"framework": "deepspeed",
+                                                                     "nccl_cumem_enable": "0"}})
+            continue
+        done = subprocess.run([str(python), "-m", "validation.gpu.nccl_mechanism", which, "cpu"], cwd=root, env=run_env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-4000:]
+        lines.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert [row["stage"] for row in lines[0]["measured"]["stages"]] == list(DEEPSPEED_STAGES)
+    megatron = lines[2]["measured"]
+    assert [row["stage"] for row in megatron["stages"]] == list(MEGATRON_STAGES)
+    assert [(g["stage"], g["group"]) for g in megatron["groups_by_stage"]] == [
+        ("build", "WORLD"), ("step1", "DATA_PARALLEL_GROUP_WITH_CP"), ("step1", "TENSOR_MODEL_PARALLEL_GROUP"),
+        ("step2", "DATA_PARALLEL_GROUP_WITH_CP"), ("step2", "TENSOR_MODEL_PARALLEL_GROUP")]
+    where = {(c["op"], c["where"]) for c in megatron["collectives"] if c["stage"] == "step1"}
+    assert where == {("all_reduce", f"megatron/core/tensor_parallel/cross_entropy.py:{n}") for n in (130, 148, 154)} | {
+        ("reduce_scatter_tensor", "megatron/core/distributed/param_and_grad_buffer.py:443"),
+        ("all_gather_into_tensor", "megatron/core/distributed/param_and_grad_buffer.py:285")}
+    for line in lines[2:]:  # the versions a record's lines must share (experiment_record) are torch's and the GPU's
+        line["versions"] = lines[0]["versions"] | {k: v for k, v in line["versions"].items() if k == "megatron_core"}
+    record = experiments.experiment_record("nccl-mechanism", lines)
+    assert [r["run"]["framework"] for r in record["runs"]] == ["deepspeed", "deepspeed", "megatron"]
+
+
+def test_the_nccl_log_is_cut_stage_by_stage(monkeypatch):
+    """NCCL writes its debug file line by line (NCCL debug.cc: setlinebuf): each cut summarises what came since the
+    last one, its communicators, device allocations and the lines that start or split a communicator."""
+    import os
+
+    from validation.gpu.nccl_mechanism import NcclLog
+
+    for name in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"):  # what NcclLog sets is removed on exit
+        monkeypatch.delenv(name, raising=False)
+    log = NcclLog()
+    assert os.environ["NCCL_DEBUG_SUBSYS"] == "INIT,ALLOC" and os.environ["NCCL_DEBUG_FILE"].endswith("nccl.%p.log")
+    path = os.path.join(log.folder, "nccl.1.log")
+    start = "h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0x1 rank 0 nranks 1 - Init START\n"
+    alloc = "h:1:1 [0] NCCL INFO channel.cc:42 Cuda Alloc Size 608 pointer 0x7f0000200000\n"
+    done = "h:1:1 [0] NCCL INFO ncclCommInitRankConfig comm 0x1 rank 0 nranks 1 - Init COMPLETE\n"
+    with open(path, "w") as f:
+        f.write(start + alloc + alloc + done)
+    assert log.cut() == {"communicators": 1, "device_allocs": 2, "device_alloc_bytes": 1216, "init_lines": [
+        "ncclCommInitRankConfig comm 0x1 rank 0 nranks 1 - Init START",
+        "ncclCommInitRankConfig comm 0x1 rank 0 nranks 1 - Init COMPLETE"]}
+    assert log.cut() == {"communicators": 0, "device_allocs": 0, "device_alloc_bytes": 0, "init_lines": []}
+    with open(path, "a") as f:
+        f.write(alloc)
+    assert log.cut()["device_allocs"] == 1

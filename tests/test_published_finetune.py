@@ -66,27 +66,44 @@ _QWEN_8192 = ("Qwen's 8192-token HF LoRA rows read less than the loss's own tens
 # torchtune's '+ 8-bit AdamW' row (under by 8.2% since the chunked head's backward is modelled, memory/activations/
 # chunked_head.py; 15.2% before) does not name the optimizer: its drop of 4.2 GiB from the row before rules out
 # bitsandbytes' PagedAdamW8bit (12 GiB of bf16 moments would leave the allocator), so the row takes torchao's AdamW8bit
+_QWEN_ONE_RANK = ("Qwen-1.8B with DeepSpeed on one GPU (finetune_qlora_single_gpu.sh's ZeRO-2, the full-parameter "
+                  "ZeRO-3 rows), torch 2.0.1: its NCCL 2.14 allocates without cuMem (NCCL_CUMEM_ENABLE arrived in "
+                  "2.18 off and is on by default from 2.19.1; torch 2.2 ships 2.19.3), so each communicator of one "
+                  "rank is 194 small cudaMalloc allocations (64,356 B requested; at one rank v2.14.3 init.cc l. 787 "
+                  "connects no ring) where the H200's torch 2.11 holds 388 MiB a communicator "
+                  "(estimator/spec/nccl.py). "
+                  "The estimate charged the H200's measured 950 MiB for DeepSpeed's world of one rank until it was "
+                  "modelled by release; now the Q-LoRA rows sit 0.80-0.99 GB under the table from 256 to 4096 tokens, "
+                  "about the 1.06-1.23 GB the same stack's HF LoRA rows sit under (MISSES' _QWEN_HF: eager module "
+                  "loading adds 1.03 GB on the H200) and the full rows 4.5 GB (MEDIAN_MISSES['full']): what that stack "
+                  "holds outside the allocator (A100, torch 2.0.1+cu118) is not measured; under by %s")
 # row id -> the mechanism the estimate lacks (the next modelling step)
 MISSES: dict[str, str] = {
     **{f"qwen-1.8b-lora-s{s}": _QWEN_HF % pct for s, pct in ((256, "16.6%"), (512, "16.6%"), (1024, "12.7%"))},
+    **{f"qwen-1.8b-qlora-s{s}": _QWEN_ONE_RANK % pct for s, pct in ((256, "15.3%"), (512, "13.4%"), (1024, "12.6%"),
+                                                                  (2048, "11.3%"), (8192, "12.7%"))},
+    **{f"qwen-1.8b-full-s{s}": _QWEN_ONE_RANK % pct for s, pct in ((256, "10.3%"), (512, "10.3%"), (1024, "10.3%"))},
     "qwen-1.8b-full-s8192": (
         "Qwen-1.8B full-parameter (ZeRO-3 on one GPU, DeepSpeed 0.12.3: the moments made at initialisation, "
         "deepspeed_replay.py): the table reads 48.3 GB, 1.2 GB over its 4096-token row, where the replay of 0.12.3's "
         "order puts the 8192-token loss's blocks in segments the first step left free (41.7 GB reserved, 42.0 at "
         "4096); the same 3.5-3.7 GB the 256-4096 rows hold above the estimate (MEDIAN_MISSES['full']) and 1.3 GB "
-        "more; under by 10.4%"),
+        "more; under by 12.1% (10.4% while DeepSpeed's world of one rank was charged the H200's 950 MiB: "
+        "_QWEN_ONE_RANK)"),
 }
 # row id -> why the estimate is over by more than 10%
 OVERS: dict[str, str] = {"qwen-1.8b-lora-s8192": _QWEN_8192 % "12.4%", "qwen-1.8b-lora-emb-s8192": _QWEN_8192 % "10.6%"}
 MEDIAN_MISSES = {
-    "full": ("full fine-tuning: 6.0% over 16 rows (7.1% before DeepSpeed 0.12.3's initialisation was replayed, 7.4% "
+    "full": ("full fine-tuning: 6.9% over 16 rows (6.0% while DeepSpeed's world of one rank was charged the H200's "
+             "950 MiB, _QWEN_ONE_RANK) (7.1% before DeepSpeed 0.12.3's initialisation was replayed, 7.4% "
              "before the H200 DeepSpeed runs); torchtune's seven have a median of 1.1%, Qwen's nine are nvidia-smi "
              "readings of DeepSpeed ZeRO-3 runs. On one GPU the estimate follows four real DeepSpeed 0.19.5 steps of "
              "Qwen-1.8B's shape on an H200 (tests/test_gpu_deepspeed.py) and, for the table's DeepSpeed of late 2023 "
              "(framework_version 0.12.3), that release's initialisation (stage3.py: each fp32 partition cast from a "
              "16-bit clone, one FusedAdam step per sub-group making the moments, removed in 0.13.2) and the step's "
              "fp64 copy of each gradient for its norm (both releases), replayed: the 1.8B rows stay 5.6-8.4% under "
-             "from 256 to 4096 tokens, 3.5-3.7 GB (2.4 at 2048) above the estimate. Read and ruled out at 0.12.3 "
+             "from 256 to 4096 tokens, 3.5-3.7 GB (2.4 at 2048) above the estimate (7.5-10.3%, 3.2-4.5 GB, with "
+             "NCCL priced for torch 2.0). Read and ruled out at 0.12.3 "
              "(6ea44d02): the step (_prepare_fp32_grad_for_sub_group, unscale_and_clip_grads in place, "
              "_reassign_or_swap_out_partitioned_parameters a copy_ in place, _post_step), the overflow check (fp16 "
              "only), the IPG bucket and gradient partitions (sized as in 0.19.5), all_gather on one rank "
@@ -363,9 +380,11 @@ def test_the_qwen_hf_gap_is_not_one_constant():
     at every length from 256 to 2048 tokens (1.42 at 4096),
     about what eager module loading adds on the H200 (1,837,957,120 - 804,061,184 B, spec/cuda_modules.py; torch
     1.13+cu117 added 666,632,192 - 287,047,680 B before cuBLAS: pytorch/pytorch#85692's two readings). But over the
-    30 HF rows up to 4096 tokens the gap spreads from -3.58 GB (14B LoRA (emb), 4096) to 2.18 GB (14B LoRA, 512),
-    and the same finetune.py's 1.8B Q-LoRA rows (DeepSpeed ZeRO-2, the same stack) would be over by more than 10%
-    at 256-1024 tokens with it: not charged without a measurement of that stack."""
+    30 HF rows up to 4096 tokens the gap spreads from -3.58 GB (14B LoRA (emb), 4096) to 2.18 GB (14B LoRA, 512):
+    not charged without a measurement of that stack. The same finetune.py's 1.8B Q-LoRA rows (DeepSpeed ZeRO-2, the
+    same stack) were over by more than 10% with it while DeepSpeed's world of one rank was charged the H200's 950 MiB;
+    with NCCL priced for torch 2.0's NCCL 2.14 (no cuMem: estimator/spec/nccl.py) they would be 0.4-3.9% over with
+    it from 256 to 4096 tokens (_QWEN_ONE_RANK): that no longer rules it out."""
     from estimator.spec.cuda_modules import H200_STACK
 
     eager_more = H200_STACK.loaded("eager").total(flash=True) - H200_STACK.loaded("lazy").total(flash=True)
@@ -380,9 +399,9 @@ def test_the_qwen_hf_gap_is_not_one_constant():
     assert gaps[low] == pytest.approx(-3.58e9, abs=0.01e9) and gaps[high] == pytest.approx(2.18e9, abs=0.01e9)
     small = [gaps[f"qwen-1.8b-lora-s{s}"] for s in (256, 512, 1024, 2048)]
     assert min(small) == pytest.approx(1.06e9, abs=0.01e9) and max(small) == pytest.approx(1.23e9, abs=0.01e9)
-    for s in (256, 512, 1024):
-        qlora = ROWS[f"qwen-1.8b-qlora-s{s}"]
-        assert (estimate_config(qlora["config"]).device_total_bytes + eager_more) / qlora["measured"]["bytes"] > 1.10
+    with_eager = [(estimate_config(q["config"]).device_total_bytes + eager_more) / q["measured"]["bytes"] - 1
+                  for q in (ROWS[f"qwen-1.8b-qlora-s{s}"] for s in (256, 512, 1024, 2048, 4096))]
+    assert min(with_eager) == pytest.approx(0.004, abs=0.001) and max(with_eager) == pytest.approx(0.039, abs=0.001)
 
 
 def test_the_readme_states_these_numbers():

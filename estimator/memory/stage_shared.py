@@ -26,10 +26,11 @@ from .adapter_activations import bnb_held_entries, first_layer_input_frozen
 from .tp_copies import plain_tp_reserved
 from .kbit import ledger_training, math_attention
 from ..spec.training import Training
+from ..spec.nccl import NCCL_KERNELS, RECORD as NCCL_RECORD, SOURCE as NCCL_SOURCE, one_rank_communicator
+from ..spec.versions import torch_release
 
 MiB = 1024**2
 GiB = 1024**3
-DEEPSPEED_ONE_RANK = 950 * MiB  # outside the allocator, measured (one_rank_world)
 
 
 class LedgerLine(NamedTuple):
@@ -250,15 +251,64 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     return Component("activations", "Activations", sum(p.bytes for p in pieces), formula + rule, source, pieces)
 
 
-def one_rank_world() -> Component:
-    """DeepSpeed initialises torch.distributed over NCCL even on one GPU (deepspeed.init_distributed) and its engine
-    and ZeRO optimizers run collectives on that world: the four H200 runs hold 950 MiB more outside the caching
-    allocator than every HF Trainer run (1,800,208,384 B against 804,061,184, the same in all four: torch
-    2.11.0+cu130 with its NCCL, DeepSpeed 0.19.5). Which part is NCCL's communicator and which DeepSpeed's own is
-    the nccl-world experiment's question (validation/gpu/nccl_world.py)."""
-    return component("communication", "NCCL world of one rank (DeepSpeed's init_distributed)", DEEPSPEED_ONE_RANK,
-                     "950 MiB measured (the device's used bytes less reserved, less the CUDA context and kernels)",
-                     "measured: tests/data/measured/gpu/deepspeed (H200, torch 2.11.0+cu130, DeepSpeed 0.19.5)")
+# The process groups that get an NCCL communicator in a world of one rank: torch's ProcessGroupNCCL makes one for a
+# group at its first collective, or at its creation where the group is bound to a device (torch distributed_c10d
+# init_process_group(device_id=...); new_group then splits from the bound default group: _new_group_with_tag,
+# eager_connect_single_device). Each: (group, what makes its communicator, source).
+ONE_RANK_GROUPS = {
+    "deepspeed": (
+        ("world", "deepspeed.init_distributed passes device_id: made at initialisation",
+         "DeepSpeed 0.19.5 comm/torch.py init_process_group l. 172-177"),
+        ("data parallel (the world's clone)", "dist.new_group of every rank, made at creation (bound default group)",
+         "DeepSpeed 0.19.5 utils/groups.py _clone_world_group l. 668, runtime/engine.py l. 1796"),
+    ),
+    "megatron": (
+        ("world", "all_gather_object while the optimizer is built",
+         "Megatron-Core 0.16.1 optimizer/__init__.py _get_param_groups_and_buffers l. 257"),
+        ("TP", "all_reduce in the loss", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 232"),
+        ("DP x CP", "the gradients' reduce_scatter and the parameters' all_gather",
+         "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py start_grad_sync l. 443, start_param_sync l. 285"),
+        ("a fourth group", "measured: NCCL logs four communicators at world size 1; the collective making the "
+         "fourth is not in Megatron-Core's CPU run of the same step (validation/gpu/megatron_step.py over gloo)",
+         "tests/data/measured/gpu/megatron (H200, NCCL 2.28.9: 4 x 'Init COMPLETE')"),
+    ),
+}
+
+
+def one_rank_world(training: Training) -> Component:
+    """A framework that initialises torch.distributed over NCCL on one GPU (DeepSpeed, Megatron-Core) holds, outside
+    the caching allocator, NCCL's kernels (once) and a communicator of one rank for every process group that gets one
+    (ONE_RANK_GROUPS), each 2 + 3 x 64 device allocations, 2 MiB apiece where the run's NCCL allocates with cuMem
+    (spec/nccl.py). On the H200 (torch 2.11, NCCL 2.28.9): DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB),
+    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB)."""
+    comm = one_rank_communicator(torch_release(training.torch_version))
+    groups = ONE_RANK_GROUPS[training.framework]
+    parts = (component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
+                       f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)"),) + \
+        tuple(component("communication", f"NCCL communicator of one rank: {group} group ({why})", comm.bytes,
+                        comm.formula, f"{source}; {NCCL_SOURCE}") for group, why, source in groups)
+    total = sum(p.bytes for p in parts)
+    formula = (f"NCCL kernels {NCCL_KERNELS // 2**20} MiB + {len(groups)} communicators x "
+               f"{comm.bytes / 2**20:,.1f} MiB ({comm.formula}) = {total / 2**20:,.1f} MiB")
+    return Component("communication", f"NCCL world of one rank ({training.framework})", total, formula,
+                     NCCL_SOURCE, parts)
+
+
+def size_one_groups(training: Training, par: Parallel) -> tuple[tuple[str, str], ...]:
+    """Megatron-Core's groups of size 1 inside a layout of several GPUs that still get an NCCL communicator: its code
+    issues their collectives whatever their size (torch's ProcessGroupNCCL makes a communicator at a group's first
+    collective, its size 1 or not), and a communicator of one rank sees one GPU (NCCL topo.cc ncclTopoGetSystem
+    fuses the communicator's own ranks only), so it sets up 64 channels as at world size 1 (spec/nccl.py):
+    the TP group at TP 1 (the loss's all_reduce) and the DP x CP group at DP x CP 1 (the gradients' reduce_scatter
+    and the parameters' all_gather). The world's group is several ranks there (the Fujii constant's side)."""
+    if training.framework != "megatron" or training.mode != "training":
+        return ()
+    groups = []
+    if par.tp == 1:
+        groups.append(("TP", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 232"))
+    if par.dp * par.cp == 1:
+        groups.append(("DP x CP", "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py l. 443, 285"))
+    return tuple(groups)
 
 
 def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
@@ -284,8 +334,18 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
     formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
     nccl = component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
                       "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
-    if training.framework == "deepspeed" and not groups:  # its world of one rank (deepspeed_step.py)
-        return one_rank_world()
+    # a training step's world of one rank (one_rank_world); the groups' collectives are the step's (optimizer, loss)
+    if training.framework in ONE_RANK_GROUPS and training.mode == "training" and not groups:
+        return one_rank_world(training)
+    single = size_one_groups(training, par)
+    if single:
+        comm = one_rank_communicator(torch_release(training.torch_version))
+        parts = (nccl,) + tuple(component("communication", f"NCCL communicator of one rank: {group} group of size 1",
+                                          comm.bytes, comm.formula, f"{source}; {NCCL_SOURCE}")
+                                for group, source in single)
+        nccl = Component("communication", "NCCL communicator buffers", sum(p.bytes for p in parts),
+                         formula + f" + {len(single)} of one rank x {comm.bytes / 2**20:,.1f} MiB "
+                         f"({', '.join(g for g, _ in single)})", nccl.source + "; " + NCCL_SOURCE, parts)
     if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
         return nccl
     # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core

@@ -48,8 +48,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..spec.nccl import GRANULARITY  # cuMem's allocation granularity, 2 MiB (spec/nccl.py)
+
 MiB = 1024**2
-GRANULARITY = 2 * MiB  # cuMemGetAllocationGranularity(MINIMUM) for device memory; CUDA_IPC_MIN (comm.h)
 LL_BUFFER = 8 * 512 * 8 * 16  # NCCL_LL_LINES_PER_THREAD x NCCL_LL_MAX_NTHREADS x NCCL_STEPS x 16 B
 LL128_BUFFER = 120 * 640 * 8 * 8  # NCCL_LL128_ELEMS_PER_THREAD x NCCL_LL128_MAX_NTHREADS x NCCL_STEPS x 8 B
 SIMPLE_BUFFER = 1 << 22  # DEFAULT_BUFFSIZE (NCCL_BUFFSIZE)

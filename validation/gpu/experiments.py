@@ -95,8 +95,18 @@ def sdpa_mask_experiment(groups: tuple[str, ...] | None = None) -> Experiment:
                       "estimator's ledger for the layer (validation/gpu/sdpa_mask.py)")
 
 
+def nccl_mechanism_experiment() -> Experiment:
+    runs = tuple(SubRun((which,), (("NCCL_CUMEM_ENABLE", cumem),))
+                 for which, cumem in (("deepspeed", None), ("deepspeed", "0"), ("megatron", None)))
+    return Experiment("nccl-mechanism", "nccl_mechanism", runs, False,
+                      "what holds a one-rank run's bytes outside the allocator: nccl-world's stages with NCCL's "
+                      "INIT/ALLOC log cut at each, NCCL as it defaults (cuMem) and with NCCL_CUMEM_ENABLE=0, and a "
+                      "tiny Megatron-Core step's collectives by group beside NCCL's log "
+                      "(validation/gpu/nccl_mechanism.py)")
+
+
 EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment(),
-                                 nccl_world_experiment(), sdpa_mask_experiment())}
+                                 nccl_world_experiment(), sdpa_mask_experiment(), nccl_mechanism_experiment())}
 
 
 def run_experiment(experiment: Experiment, device: str, deadline: float, runs, log) -> int:

@@ -169,8 +169,8 @@ def measure_megatron(run: MegatronRun, device: str) -> dict:
 def nccl_log(device: str):
     """On the GPU, NCCL's INIT and ALLOC log written to a file of this process's and summarised into the record
     on exit (framework_step.nccl_log_summary, `nccl`): how many communicators a world of one rank makes and what
-    they allocate outside the caching allocator (issue 22; NVIDIA/nccl#2363: NCCL 2.28.9 gives a single-rank
-    communicator a 512 MiB NET shared buffer). Nothing on the CPU."""
+    they allocate outside the caching allocator (issue 22; the H200 run of 2026-11-27: 4 communicators of 194
+    allocations each, no NET buffer at one rank; tests/test_nccl_one_rank.py). Nothing on the CPU."""
     import os
     import tempfile
 

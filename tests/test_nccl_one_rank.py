@@ -1,0 +1,163 @@
+"""NCCL's world of one rank (estimator/spec/nccl.py, stage_shared.one_rank_world) held to the H200 records of
+2026-11-27 (torch 2.11.0+cu130, NCCL 2.28.9, driver 580.159.04): the nccl-world experiment, NCCL's own ALLOC log of
+the Megatron-Core step, and the DeepSpeed and Megatron-Core steps' bytes outside the caching allocator after the
+build and after step 1. Every delta is in 2 MiB granules (cuMem's allocation granularity); a residual is stated
+in granules with what it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from estimator import estimate_config
+from estimator.spec.cuda_modules import H200_STACK
+from estimator.spec.nccl import GRANULARITY, NCCL_KERNELS, cumem, one_rank_communicator
+
+MEASURED = Path(__file__).parent / "data" / "measured" / "gpu"
+MiB = 2**20
+COMMUNICATOR = 2 + 3 * 64  # granules: devCommSetup's 2 allocations + 3 per channel x 64 channels (spec/nccl.py)
+KERNELS = 85  # granules: NCCL's kernels, with the process's first communicator
+LAZY = H200_STACK.loaded("lazy")
+CONTEXT_OUTSIDE = LAZY.context + LAZY.first_kernels  # the records' context stage: used less reserved
+
+
+def granules(b: int) -> float:
+    return b / GRANULARITY
+
+
+def record(*parts: str) -> dict:
+    return json.loads(MEASURED.joinpath(*parts).read_text())
+
+
+def test_a_communicator_of_one_rank_by_hand():
+    """194 allocations of 64,356 B requested (init.cc l. 512, 514: 23,648 + 4; channel.cc l. 42, 45, 56: 608 + 24 + 4
+    per channel), each its own 2 MiB with cuMem: 388 MiB; torch 2.2's NCCL 2.19.3 is the first with cuMem on."""
+    comm = one_rank_communicator((2, 11))
+    assert (comm.allocations, comm.bytes) == (194, 194 * 2 * MiB) == (COMMUNICATOR, 406_847_488)
+    old = one_rank_communicator((2, 1))
+    assert (old.allocations, old.bytes) == (194, 23_648 + 4 + 64 * (608 + 24 + 4)) == (194, 64_356)
+    assert not cumem((2, 0)) and not cumem((2, 1)) and cumem((2, 2)) and cumem((2, 13))
+    assert NCCL_KERNELS == KERNELS * GRANULARITY == 178_257_920
+
+
+def test_ncclS_own_log_counts_four_communicators_of_194_allocations():
+    """The Megatron-Core step's NCCL_DEBUG=INFO (INIT,ALLOC) log: 4 communicators ('Init COMPLETE'), 776 device
+    allocations of 257,424 B requested = 4 x (2 + 3 x 64) allocations of 64,356 B; the kept lines (the first
+    communicator's) are 64 channels x channel.cc:42/:45/:56, then init.cc:512 and :514, each pointer on its own
+    2 MiB."""
+    nccl = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")["measured"]["nccl"]
+    assert (nccl["communicators"], nccl["device_allocs"], nccl["device_alloc_bytes"]) == \
+        (4, 4 * COMMUNICATOR, 4 * 64_356)
+    allocs = [line for line in nccl["lines"] if "Cuda Alloc Size" in line]
+    sizes = [int(line.split("Size ")[1].split()[0]) for line in allocs[:COMMUNICATOR]]
+    assert sizes == [608, 24, 4] * 64 + [23_648, 4]  # the channels (setupChannel), then devCommSetup
+    pointers = [int(line.rsplit("pointer ", 1)[1], 16) for line in allocs[:COMMUNICATOR]]
+    assert all(p % GRANULARITY == 0 for p in pointers) and len(set(p // GRANULARITY for p in pointers)) == COMMUNICATOR
+
+
+def test_the_nccl_world_experiment_stage_by_stage():
+    """deepspeed.init_distributed (device_id: the world's communicator made at once) adds NCCL's kernels and one
+    communicator, 85 + 194 granules exactly; the 1-element and 64 MiB all_reduces add nothing outside the
+    allocator (one rank: a copy, enqueue.cc ncclLaunchOneRank); the tiny ZeRO-3 engine's first step adds the
+    world's clone (194) and 76 granules of the step's kernels (cuBLAS and PyTorch's; the HF step's are 33 + 33 + 8:
+    cuda_modules.py); its second step nothing."""
+    measured = record("experiments", "nccl-world-h200.json")["runs"][0]["measured"]
+    deltas = {d["stage"]: d["outside_allocator_bytes"] for d in measured["deltas"]}
+    assert deltas["context"] == CONTEXT_OUTSIDE == 648_871_936
+    assert granules(deltas["init_distributed"]) == KERNELS + COMMUNICATOR == 279
+    assert deltas["all_reduce_1"] == deltas["all_reduce_64mib"] == deltas["deepspeed_zero3_tiny_step2"] == 0
+    assert granules(deltas["deepspeed_zero3_tiny"]) == COMMUNICATOR + 76 == 270
+
+
+def _outside(config: dict) -> tuple[int, int]:
+    """The estimate's runtime and communication bytes (outside the allocator) for a record's configuration."""
+    result = estimate_config(config)
+    s = next(s for s in result.stages if s.stage == result.peak_stage)
+    return s.component("runtime").bytes, s.component("communication").bytes
+
+
+def test_deepspeed_two_communicators():
+    """DeepSpeed 0.19.5 at world size 1: the world's communicator (init_distributed) and its clone's (the engine's
+    data-parallel group), both made by the build: after it 85 + 2 x 194 granules above the context, exactly. After
+    step 1: 76 granules more, the step's kernels; the HF step's are 74 (the estimate's runtime), so the estimate is
+    2 granules (4 MiB) under the 1,800,208,384 B all four DeepSpeed records hold at the end."""
+    run = record("deepspeed", "deepspeed-qwen-1.8b-zero3-foreach-adamw-recompute-s256-b1.json")
+    measured = run["measured"]
+    assert granules(measured["outside_after_build_bytes"] - CONTEXT_OUTSIDE) == KERNELS + 2 * COMMUNICATOR == 473
+    assert granules(measured["outside_after_step1_bytes"] - measured["outside_after_build_bytes"]) == 76
+    runtime, communication = _outside(run["config"])
+    assert communication == (KERNELS + 2 * COMMUNICATOR) * GRANULARITY == 991_952_896
+    assert measured["outside_after_step1_bytes"] - (runtime + communication) == 2 * GRANULARITY
+
+
+def test_megatron_four_communicators():
+    """Megatron-Core 0.16.1 at world size 1 (init_process_group without device_id: each communicator at its group's
+    first collective): the build makes one (the world's all_gather_object in get_megatron_optimizer): 85 + 194
+    granules; step 1 three more (the TP group's loss all_reduce, the DP x CP group's reduce_scatter and all_gather,
+    and a fourth whose collective the CPU run does not show) and 67 granules of kernels, the HF eager step's 66 and
+    1 more: the estimate is 1 granule (2 MiB) under the 2,595,028,992 B the three Megatron records hold."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    measured = run["measured"]
+    context = measured["context_used_bytes"] - measured["context_reserved_bytes"]
+    assert context == CONTEXT_OUTSIDE
+    assert granules(measured["outside_after_build_bytes"] - context) == KERNELS + COMMUNICATOR
+    assert granules(measured["outside_after_step1_bytes"] - measured["outside_after_build_bytes"]) == \
+        3 * COMMUNICATOR + 67
+    runtime, communication = _outside(run["config"])
+    assert runtime == LAZY.context + LAZY.first_kernels + LAZY.cublas + LAZY.step_kernels == 787_283_968
+    assert communication == (KERNELS + 4 * COMMUNICATOR) * GRANULARITY == 1_805_647_872
+    assert measured["outside_after_step1_bytes"] - (runtime + communication) == GRANULARITY
+
+
+def test_the_nccl_of_torch_before_2_2_allocates_without_cumem():
+    """torch 2.0 (NCCL 2.14.3) and 2.1 (2.18.1): NCCL_CUMEM_ENABLE off by default, so a communicator's 194
+    allocations are 64,356 B requested (cudaMalloc shares pages); NCCL's kernels are charged as measured."""
+    run = record("deepspeed", "deepspeed-qwen-1.8b-zero3-foreach-adamw-recompute-s256-b1.json")
+    config = json.loads(json.dumps(run["config"]))
+    config["training"]["torch_version"] = "2.0"
+    _, communication = _outside(config)
+    assert communication == NCCL_KERNELS + 2 * 64_356
+
+
+def test_torchtitan_and_hf_at_one_rank_make_none():
+    """Only DeepSpeed and Megatron-Core are charged a world of one rank: the HF Trainer on one GPU initialises no
+    process group, and torchtitan's step issues its collectives only where parallel_dims enables a mesh
+    (torchtitan trainer.py `if parallel_dims.dp_enabled`), none at world size 1."""
+    from estimator.memory.stage_shared import ONE_RANK_GROUPS
+
+    assert set(ONE_RANK_GROUPS) == {"deepspeed", "megatron"}
+    assert [len(groups) for groups in ONE_RANK_GROUPS.values()] == [2, 4]
+
+
+def _communication(tp: int, dp: int, framework: str = "megatron") -> tuple[int, str]:
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    config = json.loads(json.dumps(run["config"]))
+    config["parallel"].update(tp=tp, dp=dp)
+    config["training"]["global_batch_size"] = dp
+    result = estimate_config(config)
+    c = result.stages[0].component("communication")
+    return c.bytes, c.formula
+
+
+def test_megatron_groups_of_size_one_in_a_layout_of_several_gpus():
+    """At TP 2 x DP 1 the DP x CP group is one rank and Megatron-Core still reduce-scatters and all-gathers over it
+    (param_and_grad_buffer.py: no size test; the world-size-1 run makes its communicator); at TP 1 x DP 2 the TP
+    group is one rank and the loss all-reduces over it: each gets a communicator of one rank, 64 channels (NCCL's
+    topology of a one-rank communicator holds its own GPU only), beside the 0.5 GiB of each larger group."""
+    one = 194 * GRANULARITY
+    tp2, dp2 = _communication(2, 1), _communication(1, 2)
+    assert tp2[0] == dp2[0] == 512 * MiB + one
+    assert tp2[1].endswith("of one rank x 388.0 MiB (DP x CP)") and dp2[1].endswith("of one rank x 388.0 MiB (TP)")
+    assert _communication(2, 2)[0] == 2 * 512 * MiB  # no group of size 1
+
+
+def test_inference_makes_no_training_communicators():
+    """The groups' collectives are a training step's (the optimizer's build and gradient sync, the loss): a Megatron
+    configuration in inference mode at world size 1 is charged none of them."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    config = json.loads(json.dumps(run["config"]))
+    config["training"]["mode"] = "inference"
+    for key in ("grad_dtype", "master_weights", "optimizer_dtype", "optimizer", "recompute", "loss"):
+        config["training"].pop(key, None)
+    result = estimate_config(config)
+    assert result.stages[0].component("communication").bytes == 0
