@@ -4,13 +4,16 @@ estimator/memory/activations/sdpa_mask.py).
 Gemma 3's sliding layers under transformers' SDPA get a b x 1 x s x s bool mask once the sequence reaches the window
 (masking_utils.py sdpa_mask, the non-vmap path: a 1 x 1 x s x s comparison expanded to the batch), so
 integrations/sdpa_attention.py repeats k and v to every query head (use_gqa_in_sdpa needs no mask) and torch's SDPA
-turns the mask into an additive bias of the query's dtype and runs its memory-efficient (CUTLASS) kernel, whose
-backward workspace depends on the variant chosen at run time: what no CPU run can check. Each case calls SDPA as
-transformers does, on bf16 leaves laid out as the projections make them (b x s x heads x d, transposed):
+turns the mask into an additive bias of the query's dtype and runs a fused kernel that takes one: cuDNN's where torch
+puts it first (sm90/sm100 from torch 2.9; from 2.10 with a cuDNN above 9.15.0), else the memory-efficient (CUTLASS)
+one (sdpa_mask.py `sdpa_backend`), whose buffers for the call no CPU run can check. The H200's run (torch
+2.11.0+cu130, cuDNN 9.19; tests/data/measured/gpu/experiments/sdpa-mask-h200.json) ran cuDNN for every Gemma call.
+Each case calls SDPA as transformers does, on bf16 leaves laid out as the projections make them (b x s x heads x d,
+transposed):
 - `sliding`: `sdpa_attention_forward` (transformers' own function where it imports, else `_mirror`, the same
   steps) with the sliding-window bool mask;
 - `causal`: the same call without a mask (the layers below the window, and the unmasked control: is_causal and,
-  with grouped heads, enable_gqa, SDPA's flash path);
+  with grouped heads, enable_gqa);
 - `falcon`: FalconAttention's own call (transformers 5.23 modeling_falcon.py lines 333-342): q at 71 heads, k and v
   at one, a causal bool mask (FalconModel builds it with allow_is_causal_skip=False), is_causal False, no
   enable_gqa: unequal head counts rule out the fused kernels (sdp_utils_cpp.h check_batch_size_and_num_heads_dense),
@@ -21,7 +24,7 @@ before the call (the inputs, and the cuBLAS workspace) for the forward and, from
 output's gradient made, for the backward; what autograd saved (torch.autograd.graph.saved_tensors_hooks: each
 tensor's shape, dtype and storage bytes, storages counted once); what reached torch's SDPA (the heads of k and v,
 the mask's shape, dtype and strides, is_causal, enable_gqa) and the grad_fn of its output (which backend ran);
-the kernels the profiler saw in a third call (the CUTLASS variant's name). Beside each: the estimator's own ledger
+the kernels the profiler saw in a third call (cuDNN's generated kernels, or the CUTLASS variant's name). Beside each: the estimator's own ledger
 for the layer (`prediction`). An error or an out-of-memory is recorded, not fatal; the sub-run stops starting
 cases at its deadline.
 

@@ -14,8 +14,8 @@ local_attention_size`` returns False, so ``sdpa_mask`` builds a 4-D bool mask, b
   kernel that takes it keeps that bias for its backward beside q, k, v, the output and the fp32 log-sum-exp (or
   softmax statistics, b x heads x s), which autograd keeps per layer. Which kernel (`sdpa_backend`): cuDNN's where
   torch puts it first (torch >= 2.10 with a cuDNN above 9.15.0 on sm90/sm100, the torch 2.11 cu130 wheels' 9.19
-  included: tools/autograd/derivatives.yaml ``_scaled_dot_product_cudnn_attention`` keeps attn_bias, output,
-  logsumexp and the philox seed and offset), else the memory-efficient CUTLASS one (``_scaled_dot_product_efficient_
+  included: its backward node keeps q, k, v, attn_bias, the output, the fp32 statistics and the philox seed and
+  offset, as autograd recorded them on the H200), else the memory-efficient CUTLASS one (``_scaled_dot_product_efficient_
   attention``: attn_bias, output, log_sumexp); both keep the same bytes (the efficient kernel's log-sum-exp padded
   to 32 queries), so the ledger is one. Measured: the H200's sdpa-mask experiment (tests/data/measured/gpu/
   experiments/sdpa-mask-h200.json, torch 2.11.0+cu130, cuDNN 9.19): every sliding call ran cuDNN and saved this set to
@@ -50,8 +50,8 @@ from .entries import CORE, UP_PROJ, Entry, tokens_per_gpu
 SOURCE = ("transformers 5.23 masking_utils.py _ignore_causal_mask_sdpa and sdpa_mask, integrations/sdpa_attention.py "
           "use_gqa_in_sdpa and repeat_kv; torch 2.13 aten/src/ATen/native/transformers attention.cpp "
           "convert_boolean_attn_mask, sdp_utils.cpp (a mask rules out flash; cuDNN first on sm90/sm100 from 2.10 with "
-          "cuDNN > 9.15.0), derivatives.yaml _scaled_dot_product_cudnn_attention and _scaled_dot_product_efficient_"
-          "attention (the bias kept for backward); measured: tests/data/measured/gpu/gemma-3-4b-* and "
+          "cuDNN > 9.15.0), derivatives.yaml _scaled_dot_product_efficient_attention (the bias kept for backward; "
+          "cuDNN's node keeps the same, measured); measured: tests/data/measured/gpu/gemma-3-4b-* and "
           "tests/data/measured/gpu/experiments/sdpa-mask-h200.json (cuDNN, the saved set to the byte)")
 
 MASKED_BIAS = "local-attention mask as SDPA's additive bias (kept by its cuDNN or memory-efficient kernel)"
