@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -17,8 +18,8 @@ from estimator.memory.activations.sdpa_mask import (backward_kernel, backward_wo
 from estimator.memory.allocator import CachingAllocator  # noqa: E402
 from validation.gpu import experiments  # noqa: E402
 from validation.gpu.__main__ import main  # noqa: E402
-from validation.gpu.sdpa_mask import (GPU_GROUPS, GROUPS, Case, _mirror, bool_mask, call, inputs,  # noqa: E402
-                                      prediction, sdpa_seen)
+from validation.gpu.sdpa_mask import (GPU_GROUPS, GROUPS, NO_CUDNN, Case, _mirror, bool_mask, call,  # noqa: E402
+                                      inputs, prediction, sdpa_seen)
 
 # the philox seed and offset SDPA's fused kernels save beside their tensors: two int64 scalars, on the host for the
 # flash and efficient kernels in torch 2.11 when dropout is 0, on the device under cuDNN (aten/src/ATen/native/cudnn/
@@ -28,18 +29,32 @@ PHILOX = 16
 
 def test_the_gpu_grid():
     """Gemma 3 4B, 12B and 27B's attention shapes (heads, KV heads, head dim), each (seq, batch) as a sliding case
-    and its unmasked control; Falcon-7B's 71 heads on one at s 2048 and 4096. The largest masked case, 12B at
-    s 8192 b 2: q 128 MiB, k and v repeated 128 MiB each, the bf16 bias 256 MiB."""
+    and its unmasked control; Falcon-7B's 71 heads on one at s 2048 and 4096; five of the Gemma shapes again without
+    cuDNN (the memory-efficient kernel at d 256 and 128, FlashAttention-2). The largest masked case, 12B at s 8192
+    b 2: q 128 MiB, k and v repeated 128 MiB each, the bf16 bias 256 MiB."""
     cases = [c for g in GPU_GROUPS for c in GROUPS[g]]
-    assert len(cases) == 20 and len({c.id for c in cases}) == 20
+    assert len(cases) == 30 and len({c.id for c in cases}) == 30
     assert {(c.model, c.heads, c.kv_heads, c.head_dim) for c in cases} == {
         ("gemma-3-4b", 8, 4, 256), ("gemma-3-12b", 16, 8, 256), ("gemma-3-27b", 32, 16, 128), ("falcon-7b", 71, 1, 64)}
     assert {c.window for c in cases if c.kind == "sliding"} == {1024}
     assert all(c.seq >= 2 * 1024 for c in cases)  # every sliding case past the window: transformers builds the mask
+    without = [c for c in cases if c.backends == NO_CUDNN]
+    assert len(without) == 10 and {c.id[:-len("-nocudnn")] for c in without} <= {c.id for c in GROUPS["gemma-3"]}
     big = max((c for c in cases if c.kind == "sliding"), key=lambda c: c.batch * c.seq ** 2 * c.heads)
     assert (big.model, big.seq, big.batch) == ("gemma-3-12b", 8192, 2)
     assert big.batch * big.seq * big.heads * big.head_dim * 2 == 128 * 2**20
     assert big.batch * big.seq ** 2 * 2 == 256 * 2**20
+
+
+def test_without_cudnn_the_call_is_the_same():
+    """backends_of(NO_CUDNN) restricts SDPA to flash, efficient and math (sdpa_kernel); on the CPU, which has no
+    cuDNN, the sliding case's output is the default's, to the bit."""
+    sliding = GROUPS["tiny"][0]
+    outputs = []
+    for case in (sliding, replace(sliding, backends=NO_CUDNN)):
+        generator = torch.Generator().manual_seed(0)
+        outputs.append(call(case, inputs(case, "cpu", generator), _mirror))
+    assert torch.equal(*outputs)
 
 
 def test_the_mask_is_transformers_sdpa_mask():
@@ -197,6 +212,9 @@ GPU_RECORDS = sorted(p for p in experiments.EXPERIMENT_RECORDS.glob("sdpa-mask-*
 # cuDNN's generated Hopper kernels: fprop and bprop, the tile, the head dim
 CUDNN_KERNEL = re.compile(r"cudnn_generated_fort_native_sdpa_sm90_flash_(fprop|bprop)_wgmma_f16_knob_\d+_(\d+)x(\d+)x(\d+)_")
 GQA_REDUCE = "cudnn::fusion::fmha_reduce_head"  # the full-head dK, dV summed over each group
+CUTLASS_BACKWARD = re.compile(r"fmha_cutlassB_bf16_aligned_\d+x\d+_k\d+(_seqaligned)?_sm80")
+GRAD_FNS = {"cudnn": "ScaledDotProductCudnnAttentionBackward0", "efficient": "ScaledDotProductEfficientAttentionBackward0",
+            "flash": "ScaledDotProductFlashAttentionBackward0", "math": "ToCopyBackward0"}
 
 
 def _record(path) -> dict:
@@ -208,7 +226,25 @@ def _cases(path) -> dict[str, dict]:
 
 
 def _case(row: dict) -> Case:
-    return Case(**{k: row[k] for k in ("model", "kind", "heads", "kv_heads", "head_dim", "seq", "batch", "window")})
+    return Case(**{k: row[k] for k in ("model", "kind", "heads", "kv_heads", "head_dim", "seq", "batch", "window")},
+                backends=row.get("backends"))
+
+
+def _backend(path, row: dict) -> str:
+    """The backend sdpa_backend() names for a row's call on the record's stack (cuDNN disabled for NO_CUDNN)."""
+    (seen,) = row["measured"]["sdpa_calls"]
+    return sdpa_backend(*_stack(path), masked=seen["mask"] is not None, head_dim=row["head_dim"],
+                        q_heads=seen["q_heads"], kv_heads=seen["k_heads"], enable_gqa=seen["enable_gqa"],
+                        cudnn=row.get("backends") != NO_CUDNN)
+
+
+def _rows(path, backend: str, kind: str | None = None) -> list[dict]:
+    """The record's rows that ran `backend` (and are of `kind`); a skip where it has none yet (the no-cuDNN group
+    came after the H200's first run: `python3 -m validation.gpu run --out $OUT --budget 150 --case sdpa-mask`)."""
+    rows = [row for row in _cases(path).values() if _backend(path, row) == backend and kind in (None, row["kind"])]
+    if not rows:
+        pytest.skip(f"{path.stem} has no {kind or ''} case on {backend} yet")
+    return rows
 
 
 def _stack(path) -> tuple[str, tuple[int, int], int]:
@@ -225,8 +261,8 @@ def test_the_dispatch_by_hand():
     enable_gqa suit no fused kernel: math. With a cuDNN up to 9.15.0 (the CUDA 12 wheels), on an A100, or torch 2.8:
     the default order, so flash for the unmasked call and the memory-efficient kernel for the masked one; torch 2.9
     put cuDNN first on sm90 and sm100 whatever the cuDNN. On sm100 a head dim of 256 has no cuDNN backward."""
-    def run(torch_version, capability, cudnn, **call):
-        return sdpa_backend(torch_version, capability, cudnn, **call)
+    def run(torch_version, capability, cudnn_version, **call):
+        return sdpa_backend(torch_version, capability, cudnn_version, **call)
 
     masked = dict(masked=True, head_dim=256, q_heads=8, kv_heads=8, enable_gqa=False)
     grouped = dict(masked=False, head_dim=256, q_heads=8, kv_heads=4, enable_gqa=True)
@@ -240,6 +276,8 @@ def test_the_dispatch_by_hand():
     assert run("2.11", (10, 0), 91900, **masked) == "efficient"  # sm100: d <= 128 with a backward
     assert run("2.11", (10, 0), 91900, **dict(masked, head_dim=128)) == "cudnn"
     assert run("2.11", (9, 0), 91900, **dict(grouped, enable_gqa=False)) == "math"  # unequal heads, no enable_gqa
+    # cuDNN disabled (the experiment's no-cuDNN group): the default order's kernels on the H200
+    assert [run("2.11", (9, 0), 91900, cudnn=False, **c) for c in (masked, grouped)] == ["efficient", "flash"]
     assert cudnn_first("2.11", (10, 3), 91900) and not cudnn_first("2.9", (10, 3), 91900)
     assert not cudnn_first("2.11", (8, 9), 91900) and not cudnn_first("2.11", (12, 0), 91900)
 
@@ -262,19 +300,16 @@ def test_cudnns_backward_workspace_by_hand():
 def test_the_gpu_ran_what_torch_dispatches(path):
     """Each call's grad_fn is the backend sdpa_backend() names for the record's stack (torch 2.11, sm90, cuDNN 9.19:
     cuDNN for the sliding calls, k and v at every query head with a bool mask, and for their controls, grouped heads
-    with enable_gqa; math for Falcon's, the backward of its fp32 upcast); the profiler saw cuDNN's generated Hopper
-    fprop and bprop kernels at the case's head dim, and the group reduction of the full-head dK, dV only where the
-    heads are grouped."""
-    torch_version, capability, cudnn = _stack(path)
-    grad_fns = {"cudnn": "ScaledDotProductCudnnAttentionBackward0", "math": "ToCopyBackward0"}
+    with enable_gqa; math for Falcon's, the backward of its fp32 upcast; without cuDNN the memory-efficient kernel
+    for the masked calls and flash for the controls); the profiler saw cuDNN's generated Hopper fprop and bprop
+    kernels at the case's head dim, and the group reduction of the full-head dK, dV only where the heads are
+    grouped; the memory-efficient backward is the CUTLASS variant cutlassB.h's dispatch gives."""
     for row in _cases(path).values():
         m = row["measured"]
         assert "error" not in m, (row["case"], m.get("error"))
         (seen,) = m["sdpa_calls"]
-        backend = sdpa_backend(torch_version, capability, cudnn, masked=seen["mask"] is not None,
-                               head_dim=row["head_dim"], q_heads=seen["q_heads"], kv_heads=seen["k_heads"],
-                               enable_gqa=seen["enable_gqa"])
-        assert seen["grad_fn"] == grad_fns[backend], row["case"]
+        backend = _backend(path, row)
+        assert seen["grad_fn"] == GRAD_FNS[backend], row["case"]
         if row["kind"] == "sliding":
             assert (seen["k_heads"], seen["enable_gqa"], seen["mask"]["dtype"]) == (row["heads"], False, "bool")
         elif row["kind"] == "causal":
@@ -283,19 +318,24 @@ def test_the_gpu_ran_what_torch_dispatches(path):
             found = {(m_.group(1), int(m_.group(4))) for n in m["kernels"] for m_ in [CUDNN_KERNEL.search(n)] if m_}
             assert found == {("fprop", row["head_dim"]), ("bprop", row["head_dim"])}, row["case"]
             assert any(GQA_REDUCE in n for n in m["kernels"]) == (seen["k_heads"] != seen["q_heads"]), row["case"]
+        elif backend == "efficient":  # the first of cutlassB.h's dispatch order for the head dim and sequence
+            found = {m_.group(0) for n in m["kernels"] for m_ in [CUTLASS_BACKWARD.search(n)] if m_}
+            assert found == {backward_kernel(row["seq"], row["head_dim"]).name}, row["case"]
 
 
 @pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
 def test_the_estimator_charges_what_the_gpu_saved(path):
     """Every modelled case: what autograd saved on the device (each storage once, the inputs included) is the
-    estimator's core entries and attention output for that layer, but cuDNN's two 8-byte philox scalars; a sliding
-    case's excess over its control is sdpa_mask.py's two entries (k, v repeated and the bf16 bias), to the byte."""
+    estimator's core entries and attention output for that layer, but cuDNN's two 8-byte philox scalars (the flash
+    and efficient kernels keep theirs on the host without dropout); a sliding case's excess over its control is
+    sdpa_mask.py's two entries (k, v repeated and the bf16 bias), to the byte, whichever kernel ran."""
     rows = _cases(path)
     for row in rows.values():
         if row["kind"] == "falcon":
             continue
         predicted = prediction(_case(row))
-        assert row["measured"]["saved_bytes"] - predicted["saved_bytes"] == PHILOX, row["case"]
+        philox = PHILOX if _backend(path, row) == "cudnn" else 0
+        assert row["measured"]["saved_bytes"] - predicted["saved_bytes"] == philox, row["case"]
         if row["kind"] == "sliding":
             control = rows[row["case"].replace("-sliding-", "-causal-")]["measured"]["saved_bytes"]
             assert row["measured"]["saved_bytes"] - control == predicted["masked_extra_bytes"], row["case"]
@@ -378,9 +418,7 @@ def test_cudnns_requests_are_their_sources(path):
     """Every Gemma case's forward requests, in order and to the byte, are cudnn_requests'; its backward's first four
     are dQ, dK, dV and the workspace cudnn_backward_workspace() gives, and the backward's peak is that moment: the
     state before the backward plus those four, replayed through the allocator model, is the measured peak."""
-    for row in _cases(path).values():
-        if row["kind"] == "falcon":
-            continue
+    for row in _rows(path, "cudnn"):
         case, m = _case(row), row["measured"]
         expected = cudnn_requests(case)
         assert [size for size, _ in m["allocations"]["forward"] if size > 0] == expected["forward"], row["case"]
@@ -408,9 +446,7 @@ def test_the_harness_flash_emulation_is_cudnns_backward(path):
     the pieces: 512 B (the 256 B, rounded to a block), and where the workspace's 2 MiB-rounded segment leaves a rest
     of at most 1 MiB, that rest, which the allocator does not split off (12B at s 8192, b 2: 537,920,000 B in a
     514 MiB segment, 1,048,064 B left)."""
-    for row in _cases(path).values():
-        if row["kind"] != "causal":
-            continue
+    for row in _rows(path, "cudnn", "causal"):
         m, emulated = row["measured"], flash_backward_requests(_case(row))
         workspace = cudnn_requests(_case(row))["backward"][3]
         assert sum(emulated[3:]) + 256 == workspace, row["case"]
@@ -419,6 +455,45 @@ def test_the_harness_flash_emulation_is_cudnns_backward(path):
         excess = alone.allocated - sum(emulated[3:])
         assert excess == (512 + 1_048_064 if row["case"] == "gemma-3-12b-causal-s8192-b2" else 512), row["case"]
         assert replayed_peaks(m["allocations"], emulated)[1] == m["backward_peak_bytes"] - excess, row["case"]
+
+
+def efficient_requests(case: Case) -> dict[str, list[int]]:
+    """What a sliding case requests through the memory-efficient kernel, by its sources (sdpa_mask.py
+    KERNEL_SOURCE): in the forward repeat_kv's k and v, the bf16 bias, the output, the fp32 log-sum-exp (queries
+    padded to 32, kAlignLSE) and, above a head dim of 128, the fp32 output accumulator; in the backward dQ, dK, dV at
+    every head, the fp32 delta (b x heads x s) and the workspace of the CUTLASS variant cutlassB.h's dispatch gives."""
+    b, a, s, d = case.batch, case.heads, case.seq, case.head_dim
+    q = b * s * a * d * 2
+    accumulator = forward_accumulator(b, a, s, d)
+    return {"forward": [q, q, b * s * s * 2, q, b * a * -(-s // 32) * 32 * 4] + ([accumulator] if accumulator else []),
+            "backward": [q, q, q, b * a * s * 4, backward_workspace(backward_kernel(s, d), b, a, s, d)]}
+
+
+@pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
+def test_the_efficient_kernels_requests_are_their_sources(path):
+    """Without cuDNN a sliding case's forward requests k and v repeated, the bias, the output, the log-sum-exp and
+    (d > 128) the fp32 accumulator; its backward dQ, dK, dV, delta and backward_workspace(), in that order and to the
+    byte; the backward's peak is that moment (the state before it plus those five, replayed, is the measured peak)."""
+    for row in _rows(path, "efficient", "sliding"):
+        m, expected = row["measured"], efficient_requests(_case(row))
+        forward = [size for size, _ in m["allocations"]["forward"] if size > 0]
+        assert all(forward.count(size) >= expected["forward"].count(size) for size in expected["forward"]), (
+            row["case"], forward)
+        backward = [size for size, _ in m["allocations"]["backward"] if size > 0]
+        assert backward[:5] == expected["backward"], (row["case"], backward[:8])
+        assert replayed_peaks(m["allocations"], expected["backward"])[1] == m["backward_peak_bytes"], row["case"]
+
+
+@pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
+def test_the_flash_control_is_the_harness_emulation(path):
+    """Without cuDNN the unmasked control runs SDPA's FlashAttention-2 with enable_gqa, which the fake-tensor harness
+    emulates for every flash record: its backward requests what validation/core/emulation.py allocates, and its
+    peak is that moment."""
+    for row in _rows(path, "flash", "causal"):
+        m, expected = row["measured"], flash_backward_requests(_case(row))
+        backward = [size for size, _ in m["allocations"]["backward"] if size > 0]
+        assert backward[:len(expected)] == expected, (row["case"], backward[:10])
+        assert replayed_peaks(m["allocations"], expected)[1] == m["backward_peak_bytes"], row["case"]
 
 
 def math_saved_bytes(case: Case) -> int:

@@ -120,16 +120,17 @@ def cudnn_first(torch_version: str | None, capability: tuple[int, int], cudnn_ve
 
 
 def sdpa_backend(torch_version: str | None, capability: tuple[int, int], cudnn_version: int, *, masked: bool,
-                 head_dim: int, q_heads: int, kv_heads: int, enable_gqa: bool) -> str:
+                 head_dim: int, q_heads: int, kv_heads: int, enable_gqa: bool, cudnn: bool = True) -> str:
     """The backend ("cudnn", "flash", "efficient" or "math") select_sdp_backend picks for a 16-bit training call on
     the device: the first of the priority order whose constraints hold (DISPATCH_SOURCE; the shapes' limits beyond
-    these, and sm86/sm89's flash backward above head dim 192, left out)."""
+    these, and sm86/sm89's flash backward above head dim 192, left out). `cudnn` False: cuDNN's attention disabled
+    (torch.backends.cuda.enable_cudnn_sdp(False), or sdpa_kernel without it; check_runtime_disabled_cudnn)."""
     grouped = q_heads != kv_heads
     heads_ok = not grouped or (enable_gqa and q_heads % kv_heads == 0)
     # head dim 256 with a backward on sm90 only (sm100's backward stays at 128 in training: #152076)
     d_limit = 256 if capability == (9, 0) and cudnn_version >= CUDNN_D256_FROM else 128
     usable = {
-        "cudnn": (8, 0) <= capability <= (12, 1) and heads_ok and head_dim % 8 == 0 and head_dim <= d_limit,
+        "cudnn": cudnn and (8, 0) <= capability <= (12, 1) and heads_ok and head_dim % 8 == 0 and head_dim <= d_limit,
         "flash": (8, 0) <= capability <= (12, 1) and not masked and heads_ok and head_dim <= 256,
         "efficient": not grouped and head_dim % 8 == 0,
         "math": True,
