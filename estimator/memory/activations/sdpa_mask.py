@@ -98,13 +98,15 @@ DISPATCH_SOURCE = (
     "dim <= 128, 256 on sm90/sm100), can_use_flash_attention (check_for_attn_mask), can_use_mem_efficient_attention; "
     "sdp_utils_cpp.h check_batch_size_and_num_heads_dense (unequal head counts need enable_gqa; not the efficient "
     "kernel's in torch 2.11, pytorch/pytorch#191085 later). History: cuDNN opt-in from 2.5.1 (pytorch/pytorch#138522), "
-    "first on sm90 and sm100 for 2.9 (#162073), from 2.10 only with a cuDNN above 9.15.0 (#171627 for #169849, the "
-    "CUDA 12 wheels' older cuDNN), sm103 beside sm100 (#170800); head dim 256 on sm90 from cuDNN 9.5.1 (#149904), the "
-    "backward not on sm100 (#152076). Measured: tests/data/measured/gpu/experiments/sdpa-mask-h200.json (torch "
-    "2.11.0+cu130, cuDNN 9.19, sm90: cuDNN for the masked and the enable_gqa calls at head dims 128 and 256, math "
-    "for Falcon-7B's 71 heads on one without enable_gqa)")
+    "first on sm90 and sm100 for 2.9 (#162073, by its title: its code not read here), the gate on a runtime cuDNN above "
+    "9.15.0 in 2.10 (sdp_utils.cpp at 70d99e99, as huggingface/transformers#48163 reads it; the comment there names "
+    "#169849: the CUDA 12 wheels' older cuDNN), sm103 beside sm100 (#170800); head dim 256 on sm90 from cuDNN 9.5.1 "
+    "(#149904), the backward not on sm100 (#152076); the stored main later asks cuDNN above 9.22 for head dim 256, "
+    "which the H200's 9.19 run contradicts for 2.11. Measured: tests/data/measured/gpu/experiments/sdpa-mask-h200.json "
+    "(torch 2.11.0+cu130, cuDNN 9.19, sm90: cuDNN for the masked and the enable_gqa calls at head dims 128 and 256, "
+    "math for Falcon-7B's 71 heads on one without enable_gqa)")
 CUDNN_FIRST_FROM = (2, 9)  # pytorch/pytorch#162073
-CUDNN_VERSION_GATE_FROM = (2, 10)  # cuDNN > 9.15.0 (#171627)
+CUDNN_VERSION_GATE_FROM = (2, 10)  # cuDNN > 9.15.0 (#169849)
 CUDNN_D256_FROM = 90501  # cuDNN 9.5.1 (#149904)
 
 
