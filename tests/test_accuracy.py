@@ -364,21 +364,20 @@ KNOWN_FAKE_GPU_GAPS = {
     "gemma-3-4b-bf16-adamw-norecompute-sdpa-s2048-b2-i4x896": (
         "the H200 had no flash-attn, so Gemma 3's decoder ran SDPA (vision_attention 'sdpa'), whose sliding-window "
         "layers take a 4-D mask once the sequence reaches the 1,024-token window (transformers masking_utils "
-        "_ignore_causal_mask_sdpa): SDPA's masked, memory-efficient path, which the harness does not emulate "
-        "(validation/vlm/vision.py refuses it); the fake record runs flash_attention_2 without a mask. GPU 101.16 GB "
+        "_ignore_causal_mask_sdpa): SDPA's masked path, on that H200 (torch 2.11.0+cu130, cuDNN 9.19) cuDNN's attention "
+        "(tests/data/measured/gpu/experiments/sdpa-mask-h200.json), which the harness does not emulate "
+        "(validation/vlm/vision.py refuses a mask); the fake record runs flash_attention_2 without a mask. GPU 101.16 GB "
         "less the workspaces, fake 100.08 GB: 1,025 MiB more (+1.07%) at the forward's end and the backward's peak "
         "alike. The sources account for 936 MiB of it: each of the 29 sliding layers keeps its own bf16 additive "
-        "mask (torch attention.cpp convert_boolean_attn_mask, saved by the efficient kernel's backward, b x s^2 x 2 B "
-        "= 16 MiB) and K and V repeated to the 8 query heads (transformers sdpa_attention.py: use_gqa_in_sdpa needs "
-        "no mask, so repeat_kv; 2 x 8 MiB more than the 4 grouped heads the flash path keeps), plus the shared bool "
+        "mask (torch attention.cpp convert_boolean_attn_mask, saved by cuDNN's backward, b x s^2 x 2 B = 16 MiB) and "
+        "K and V repeated to the 8 query heads (transformers sdpa_attention.py: use_gqa_in_sdpa needs no mask, so "
+        "repeat_kv; 2 x 8 MiB more than the 4 grouped heads the flash path keeps), plus the shared bool "
         "mask (8 MiB); the rest (89 MiB, 0.09%) is of the size every vision-language record of this run shows in "
         "all its phases (0.09-0.3%). "
         "With recompute (its twin at s4096) none of it is kept and the record holds to 0.1%. The estimate models the "
         "masked path (estimator/memory/activations/sdpa_mask.py; held to this record to 0.15% in "
-        "tests/test_sdpa_mask.py); the harness does not: the memory-efficient kernel's backward workspace depends on "
-        "the CUTLASS variant and "
-        "key splits chosen at run time on the device (mem_eff_attention kernel_backward.h workspace_size), which a CPU "
-        "run cannot check"),
+        "tests/test_sdpa_mask.py, and to the layer's saved bytes exactly in tests/test_gpu_sdpa_mask.py); the "
+        "harness does not"),
 }
 
 

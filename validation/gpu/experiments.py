@@ -1,6 +1,7 @@
 """Experiments the real-GPU script runs besides its cases: measurements of the device itself that no
 framework's source gives (graphs.py: CUDA-graph executables; context.py: the CUDA context under lazy and
-eager module loading; nccl_world.py: a one-rank NCCL world; sdpa_mask.py: SDPA's masked memory-efficient kernel).
+eager module loading; nccl_world.py: a one-rank NCCL world; sdpa_mask.py: SDPA with a mask, the kernel torch
+picks and the memory-efficient one).
 
 An experiment is a list of sub-runs, each a process of its own (`python -m validation.gpu.<module> ARGS
 DEVICE [DEADLINE_S]`, with its environment), run by `python -m validation.gpu run --case <experiment id>`

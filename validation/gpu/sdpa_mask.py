@@ -4,13 +4,16 @@ estimator/memory/activations/sdpa_mask.py).
 Gemma 3's sliding layers under transformers' SDPA get a b x 1 x s x s bool mask once the sequence reaches the window
 (masking_utils.py sdpa_mask, the non-vmap path: a 1 x 1 x s x s comparison expanded to the batch), so
 integrations/sdpa_attention.py repeats k and v to every query head (use_gqa_in_sdpa needs no mask) and torch's SDPA
-turns the mask into an additive bias of the query's dtype and runs its memory-efficient (CUTLASS) kernel, whose
-backward workspace depends on the variant chosen at run time: what no CPU run can check. Each case calls SDPA as
-transformers does, on bf16 leaves laid out as the projections make them (b x s x heads x d, transposed):
+turns the mask into an additive bias of the query's dtype and runs a fused kernel that takes one: cuDNN's where torch
+puts it first (sm90/sm100 from torch 2.9; from 2.10 with a cuDNN above 9.15.0), else the memory-efficient (CUTLASS)
+one (sdpa_mask.py `sdpa_backend`), whose buffers for the call no CPU run can check. The H200's run (torch
+2.11.0+cu130, cuDNN 9.19; tests/data/measured/gpu/experiments/sdpa-mask-h200.json) ran cuDNN for every Gemma call.
+Each case calls SDPA as transformers does, on bf16 leaves laid out as the projections make them (b x s x heads x d,
+transposed):
 - `sliding`: `sdpa_attention_forward` (transformers' own function where it imports, else `_mirror`, the same
   steps) with the sliding-window bool mask;
 - `causal`: the same call without a mask (the layers below the window, and the unmasked control: is_causal and,
-  with grouped heads, enable_gqa, SDPA's flash path);
+  with grouped heads, enable_gqa);
 - `falcon`: FalconAttention's own call (transformers 5.23 modeling_falcon.py lines 333-342): q at 71 heads, k and v
   at one, a causal bool mask (FalconModel builds it with allow_is_causal_skip=False), is_causal False, no
   enable_gqa: unequal head counts rule out the fused kernels (sdp_utils_cpp.h check_batch_size_and_num_heads_dense),
@@ -21,7 +24,7 @@ before the call (the inputs, and the cuBLAS workspace) for the forward and, from
 output's gradient made, for the backward; what autograd saved (torch.autograd.graph.saved_tensors_hooks: each
 tensor's shape, dtype and storage bytes, storages counted once); what reached torch's SDPA (the heads of k and v,
 the mask's shape, dtype and strides, is_causal, enable_gqa) and the grad_fn of its output (which backend ran);
-the kernels the profiler saw in a third call (the CUTLASS variant's name). Beside each: the estimator's own ledger
+the kernels the profiler saw in a third call (cuDNN's generated kernels, or the CUTLASS variant's name). Beside each: the estimator's own ledger
 for the layer (`prediction`). An error or an out-of-memory is recorded, not fatal; the sub-run stops starting
 cases at its deadline.
 
@@ -53,16 +56,33 @@ class Case:
     seq: int
     batch: int
     window: int | None = None  # the sliding window (the `sliding` kind)
+    backends: str | None = None  # None: torch's own order; NO_CUDNN: flash, efficient, math (`backends_of`)
 
     @property
     def id(self) -> str:
-        return f"{self.model}-{self.kind}-s{self.seq}-b{self.batch}"
+        return f"{self.model}-{self.kind}-s{self.seq}-b{self.batch}" + ("-nocudnn" if self.backends else "")
 
 
-def _gemma(model: str, heads: int, kv_heads: int, head_dim: int, shapes) -> tuple[Case, ...]:
+NO_CUDNN = "no-cudnn"
+
+
+def backends_of(case: Case):
+    """The context a case's calls run in: torch's own order, or (NO_CUDNN) torch.nn.attention.sdpa_kernel over flash,
+    memory-efficient and math, the order torch keeps where cuDNN is not first (an A100, a cuDNN up to 9.15.0, torch
+    up to 2.8: estimator/memory/activations/sdpa_mask.py sdpa_backend), so an H200 runs the masked call on the
+    memory-efficient kernel and the unmasked one on FlashAttention-2."""
+    if case.backends is None:
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _gemma(model: str, heads: int, kv_heads: int, head_dim: int, shapes, backends: str | None = None
+           ) -> tuple[Case, ...]:
     """A sliding case and its unmasked control per (seq, batch): Gemma 3's window is 1,024 tokens (config.json
     sliding_window of google/gemma-3-4b-pt, -12b-pt, -27b-pt)."""
-    return tuple(Case(model, kind, heads, kv_heads, head_dim, s, b, 1024 if kind == "sliding" else None)
+    return tuple(Case(model, kind, heads, kv_heads, head_dim, s, b, 1024 if kind == "sliding" else None, backends)
                  for s, b in shapes for kind in ("sliding", "causal"))
 
 
@@ -74,11 +94,16 @@ GROUPS: dict[str, tuple[Case, ...]] = {
                 + _gemma("gemma-3-12b", 16, 8, 256, ((4096, 1), (8192, 1), (8192, 2)))
                 + _gemma("gemma-3-27b", 32, 16, 128, ((4096, 1),))),
     "falcon-7b": tuple(Case("falcon-7b", "falcon", 71, 1, 64, s, 1) for s in (2048, 4096)),
+    # the same calls without cuDNN (the H200 ran cuDNN for every Gemma call): the memory-efficient kernel's k65536 and
+    # k128 variants and their workspaces (sdpa_mask.py backward_workspace), FlashAttention-2 for the controls
+    "gemma-3-nocudnn": (_gemma("gemma-3-4b", 8, 4, 256, ((2048, 1), (2048, 2), (8192, 1)), NO_CUDNN)
+                        + _gemma("gemma-3-12b", 16, 8, 256, ((8192, 2),), NO_CUDNN)
+                        + _gemma("gemma-3-27b", 32, 16, 128, ((4096, 1),), NO_CUDNN)),
     # the CPU stand-in (tests/test_gpu_experiments.py)
     "tiny": (Case("tiny", "sliding", 4, 2, 16, 64, 2, 16), Case("tiny", "causal", 4, 2, 16, 64, 2),
              Case("tiny", "falcon", 5, 1, 16, 64, 1)),
 }
-GPU_GROUPS = ("gemma-3", "falcon-7b")
+GPU_GROUPS = ("gemma-3", "falcon-7b", "gemma-3-nocudnn")
 
 
 # --- the masks, as transformers 5.23 masking_utils.py builds them --------------------------------------------------
@@ -159,12 +184,13 @@ def inputs(case: Case, device: str, generator: torch.Generator | None = None) ->
 def call(case: Case, t: dict, forward) -> torch.Tensor:
     """The attention output as the o_proj reads it (b x s x heads x d)."""
     scale = case.head_dim ** -0.5  # Gemma 3: query_pre_attn_scalar ** -0.5 with query_pre_attn_scalar = head_dim
-    if case.kind == "falcon":  # modeling_falcon.py FalconAttention.forward, the SDPA branch (lines 333-342)
-        out = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=t["mask"],
-                                                               dropout_p=0.0, is_causal=False)
-        return out.transpose(1, 2)  # FalconAttention: attn_output.transpose(1, 2) then reshape (a view or copy)
-    out, _ = forward(_Layer(case.heads // case.kv_heads), t["q"], t["k"], t["v"], t["mask"], dropout=0.0,
-                     scaling=scale)
+    with backends_of(case):  # the backend is chosen in the forward; its backward node follows
+        if case.kind == "falcon":  # modeling_falcon.py FalconAttention.forward, the SDPA branch (lines 333-342)
+            out = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"], attn_mask=t["mask"],
+                                                                   dropout_p=0.0, is_causal=False)
+            return out.transpose(1, 2)  # FalconAttention: attn_output.transpose(1, 2) then reshape (a view or copy)
+        out, _ = forward(_Layer(case.heads // case.kv_heads), t["q"], t["k"], t["v"], t["mask"], dropout=0.0,
+                         scaling=scale)
     return out
 
 

@@ -10,17 +10,19 @@ architecture, at every query head (`num_kv_heads = self.num_heads`, line 442, th
 call): q, k, v, the output and the fp32 log-sum-exp kept, backward's dq, dk, dv, dq_accum, softmax_d and, for
 fewer key/value heads, the expanded dK, dV. The output's reshape (line 506) is a view, `dense` reads it.
 
-Falcon on SDPA (attn_implementation "sdpa", transformers' default) is neither measured nor modelled. FalconModel
-builds its mask with allow_is_causal_skip=False (modeling_falcon.py lines 755-761: "Always materialize the mask so
-alibi can be added"), so FalconAttention calls SDPA with a 4-D mask and is_causal False (lines 333-342), which rules
-out SDPA's flash backend (torch 2.13 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: check_for_attn_mask among
-flash's constraints). Falcon-7B hands it q of 71 heads and k, v of one (line 442: num_kv_heads 1) without
-enable_gqa: sdp_utils_cpp.h check_batch_size_and_num_heads_dense requires equal head counts unless enable_gqa, for
-every fused backend (memory-efficient and cuDNN included), so SDPA runs its math backend, which upcasts bf16 q, k, v
-to fp32 (attention.cpp _scaled_dot_product_attention_math, allowFP16BF16ReductionMathSDP off by default) and keeps
-fp32 scores. The new architecture hands it k, v at every query head (equal counts): the memory-efficient kernel
-(the next backend in the default order) with the mask as a per-call bias, as estimator/memory/activations/
-sdpa_mask.py describes for sliding windows.
+Falcon on SDPA (attn_implementation "sdpa", transformers' default) is measured (the H200's sdpa-mask experiment,
+tests/test_gpu_sdpa_mask.py) but not modelled. FalconModel builds its mask with allow_is_causal_skip=False
+(modeling_falcon.py lines 755-761: "Always materialize the mask so alibi can be added"), so FalconAttention calls
+SDPA with a 4-D mask and is_causal False (lines 333-342), which rules out SDPA's flash backend (torch 2.13
+aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: check_for_attn_mask among flash's constraints). Falcon-7B hands
+it q of 71 heads and k, v of one (line 442: num_kv_heads 1) without enable_gqa: sdp_utils_cpp.h
+check_batch_size_and_num_heads_dense requires equal head counts unless enable_gqa, for every fused backend
+(memory-efficient and cuDNN included), so SDPA runs its math backend, which upcasts bf16 q, k, v to fp32
+(attention.cpp _scaled_dot_product_attention_math, allowFP16BF16ReductionMathSDP off by default) and keeps fp32 q, k,
+v and the fp32 softmax: 1,229,455,360 B a layer at s 2048 on the H200 (torch 2.11), 32 times the flash set. The new
+architecture hands it k, v at every query head (equal counts): cuDNN or the memory-efficient kernel by torch's order
+(estimator/memory/activations/sdpa_mask.py sdpa_backend) with the mask as a per-call bias, as sdpa_mask.py describes
+for sliding windows.
 The harness emulates neither the masked nor the math path (validation/core/emulation.py raises on a mask).
 """
 
