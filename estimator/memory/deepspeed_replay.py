@@ -20,6 +20,15 @@ The order, from DeepSpeed v0.19.5's source (runtime/zero/stage3.py, stage_1_and_
 Held to the four H200 runs (tests/data/measured/gpu/deepspeed): their segments, to the segment, and
 max_memory_reserved (tests/test_gpu_deepspeed.py).
 
+ZeRO-3 over several data-parallel ranks runs the same order at the rank's sizes: each parameter's partition
+ceil(numel / ranks) (the flat 16-bit buffer, the fp32 partitions and sub-groups, the gradient partitions, the norms'
+fp64 copies), with the gathered parameters made and released by the coordinator at the layers' hooks on the
+all-gather stream, a pool the default stream's requests never reuse (deepspeed_gathers.py); the step releases them
+first. Each parameter's whole gradient is made and freed as on one GPU (copied into the IPG bucket); the bucket's
+reduce-scatter (comm/coalesced_collectives.py reduce_scatter_coalesced, on the reduction stream) is left out as on
+one GPU. Not measured on a GPU: the one-GPU replay's rules at the rank's sizes. ZeRO-1/2 over several ranks are not
+replayed (their reductions' buffers, stage_1_and_2.py average_tensor / allreduce_and_scatter, are not modelled).
+
 Before v0.13.2 (training.framework_version 0.12.3; spec/versions.py DEEPSPEED_NO_INIT_STEP) ZeRO-3's initialisation
 ran in another order (v0.12.3, 6ea44d02, runtime/zero/stage3.py): `_create_fp32_partitions` made each fp32
 partition as `flat.to(device).clone().float()` (l. 853-854: a 16-bit clone, its fp32 cast kept, the clone freed as
@@ -38,20 +47,26 @@ from .deepspeed_step import _decay_partitions, deepspeed_settings, foreach_tempo
 from ..spec.dtypes import bytes_per_element
 from ..spec.versions import DEEPSPEED_NO_INIT_STEP, release
 
+GATHERED = "Gathered parameters"  # transients.py's label of ZeRO-3's gathered parameters (their sum, the ledger's)
+
 SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py (__init__, defragment, _create_fp32_partitions, "
           "initialize_optimizer_states, step), stage_1_and_2.py (__init__, initialize_optimizer_states, "
-          "copy_grads_in_partition, step); PyTorch's caching allocator (allocator.py) replayed over them "
+          "copy_grads_in_partition, step); ZeRO-3 over several ranks: deepspeed_gathers.py's all-gathers; "
+          "PyTorch's caching allocator (allocator.py) replayed over them "
           "(estimator/memory/deepspeed_replay.py); measured: tests/data/measured/gpu/deepspeed")
 
 
 def replay_rule(cfg) -> str | None:
-    """Why the DeepSpeed replay does not apply (None: it does): one GPU (nothing gathered or reduced across
-    ranks), ZeRO-2 or 3, full fine-tuning with AdamW and master weights, as measured."""
+    """Why the DeepSpeed replay does not apply (None: it does): ZeRO-2 on one GPU or ZeRO-3 over data-parallel
+    ranks alone, full fine-tuning with AdamW and master weights, as measured on one GPU."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (cfg.zero_stage not in (2, 3), f"ZeRO-{cfg.zero_stage} (the replay is measured on ZeRO-2 and ZeRO-3)"),
-        (par.dp * par.tp * par.pp * par.cp * par.ep > 1, "more than one GPU (gathers and reductions not replayed)"),
+        (par.tp * par.pp * par.cp * par.ep > 1, "tensor, pipeline, context or expert parallelism (their "
+                                                "collectives not replayed)"),
+        (par.dp > 1 and cfg.zero_stage != 3, f"ZeRO-{cfg.zero_stage} on more than one GPU (its reductions not "
+                                             "replayed)"),
         (training.adapter is not None, "an adapter run (the replay is measured on full fine-tuning)"),
         (training.optimizer != "adamw" or not cfg.recipe.master_weights, "not AdamW with fp32 master weights"),
         (cfg.hardware.expandable_segments, "expandable segments (DeepSpeed's empty_cache calls unmap their free pages "
@@ -90,11 +105,22 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
     tr = transients(arch, training, recipe, cfg.parallel, sp, cfg.zero_stage, None)
     w = tensors(cfg, sp)
-    trained = sum(t.elements for t in w.order())
-    groups = sub_groups(arch, sp, 1, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
-    norms = arch.cached(("zero3 decay partitions", sp.layer_indices, sp.first, sp.last, 1),
-                        lambda: _decay_partitions(arch, sp, 1))
+    d = cfg.parallel.dp if cfg.zero_stage == 3 else 1
+    # ZeRO-3's partitions: each parameter's ceil(numel / ranks) (partition_parameters.py _partition_param,
+    # v0.12.3 l. 1490, v0.19.5 l. 1741: `partition_size = tensor_size // self.num_partitions`, tensor_size padded
+    # up to a multiple of the ranks); on one GPU the whole tensors
+    trained = sum(-(-int(t.elements) // d) for t in w.order()) if d > 1 else sum(t.elements for t in w.order())
+    groups = sub_groups(arch, sp, d, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
+    norms = arch.cached(("zero3 decay partitions", sp.layer_indices, sp.first, sp.last, d),
+                        lambda: _decay_partitions(arch, sp, d))
     program = _Program()
+    gathers = None
+    if d > 1:  # the gathered parameters: allocations of their own on the all-gather stream, not the ledger's sum
+        from .deepspeed_gathers import gathers as make_gathers
+
+        gathers = make_gathers(cfg, sp, program, w)
+        tr = tr._replace(forward=[c for c in tr.forward if not c.label.startswith(GATHERED)],
+                         backward=[c for c in tr.backward if not c.label.startswith(GATHERED)])
     sizes = (program, groups, trained, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype),
              deepspeed_settings(arch, training, cfg.zero_stage).reduce_bucket_size)
     moments: list = []
@@ -110,7 +136,9 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     layer_sizes = _layer_sizes(shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
     side = CachingAllocator()  # the reduction stream's blocks: a pool of their own
     for _ in range(2):
-        _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained, side)
+        _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained, side, gathers)
+        if gathers is not None:  # stage3.py step: _partition_all_parameters first (v0.12.3 l. 1945, v0.19.5 l. 2579)
+            gathers.step()
         moments = _step(program, cfg, groups, moments, side, norms)
     main = program.allocator
     # segments are never given back: the reserved peaks are the ends, and the side stream's block is held through
@@ -182,14 +210,15 @@ class _Hook:
         self._transient(sizes)
 
 
-def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float, side) -> None:
+def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float, side, gathers=None) -> None:
     """The step's forward and backward passes (reserved.py's), every gradient made and freed: ZeRO copies it into
     its bucket. ZeRO-2's flat gradient partitions (copy_grads_in_partition) are made as its first bucket is reduced,
     a layer into the backward, on the reduction stream (overlap_comm: `with stream(self.reduction_stream)`), whose
     blocks the caching allocator keeps apart from the default stream's (CUDACachingAllocator.cpp: free blocks are
     looked up by stream), and kept to the step's end; each later micro-batch makes another at the same point, freed
     at its backward's end (deepspeed_accumulation.py); repeated micro-batches end where the allocator's state
-    repeats (reserved.py _build)."""
+    repeats (reserved.py _build). ZeRO-3 on several GPUs: `gathers` (deepspeed_gathers.Gathers) makes the
+    coordinator's gathers and releases at the layers' hooks."""
     from .reserved import _backward, _forward
 
     order = w.order()
@@ -197,12 +226,18 @@ def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float,
     previous = None
     for k in range(cfg.microbatches):
         grads = dict.fromkeys(range(len(order)))
+        if gathers is not None:
+            gathers.forward()
         kept = _forward(program, cfg, shared, sp, w, tr, 0.0, layer_sizes)
+        if gathers is not None:
+            gathers.backward()
         if cfg.zero_stage == 2:  # later micro-batches: a partition of their own beside the kept one
             name = "partitions" if k == 0 else "second partitions"
             program.transient = _Hook(program, lambda name=name: setattr(program, name, side.malloc(int(G * trained))))
         _backward(program, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes)
         program.__dict__.pop("transient", None)
+        if gathers is not None:
+            gathers.end_backward()
         second = program.__dict__.pop("second partitions", None)  # freed at the epilogue (deepspeed_accumulation)
         if second is not None:
             side.free(second)
