@@ -26,8 +26,12 @@ fp64 copies), with the gathered parameters made and released by the coordinator 
 all-gather stream, a pool the default stream's requests never reuse (deepspeed_gathers.py); the step releases them
 first. Each parameter's whole gradient is made and freed as on one GPU (copied into the IPG bucket); the bucket's
 reduce-scatter (comm/coalesced_collectives.py reduce_scatter_coalesced, on the reduction stream) is left out as on
-one GPU. Not measured on a GPU: the one-GPU replay's rules at the rank's sizes. ZeRO-1/2 over several ranks are not
-replayed (their reductions' buffers, stage_1_and_2.py average_tensor / allreduce_and_scatter, are not modelled).
+one GPU. ZeRO-2 over several ranks runs the one-GPU order at the busiest rank's sizes (`_zero2_ranks`): each group's
+flat 16-bit buffer whole, its equal share in fp32, the share's gradient pieces stepped and normed, the rank's
+grads_in_partition; its reductions' buffers are the one-GPU replay's, the same sizes at any number of ranks
+(stage_1_and_2.py average_tensor -> allreduce_and_scatter -> allreduce_bucket flattens the bucket, l. 1814, one rank or
+several). Not measured on a GPU over several ranks: the one-GPU replay's rules at the rank's sizes. ZeRO-1 is not
+replayed.
 
 Before v0.13.2 (training.framework_version 0.12.3; spec/versions.py DEEPSPEED_NO_INIT_STEP) ZeRO-3's initialisation
 ran in another order (v0.12.3, 6ea44d02, runtime/zero/stage3.py): `_create_fp32_partitions` made each fp32
@@ -51,22 +55,21 @@ GATHERED = "Gathered parameters"  # transients.py's label of ZeRO-3's gathered p
 
 SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py (__init__, defragment, _create_fp32_partitions, "
           "initialize_optimizer_states, step), stage_1_and_2.py (__init__, initialize_optimizer_states, "
-          "copy_grads_in_partition, step); ZeRO-3 over several ranks: deepspeed_gathers.py's all-gathers; "
+          "copy_grads_in_partition, step); over several ranks the rank's partitions and ZeRO-3's all-gathers "
+          "(deepspeed_gathers.py); "
           "PyTorch's caching allocator (allocator.py) replayed over them "
           "(estimator/memory/deepspeed_replay.py); measured: tests/data/measured/gpu/deepspeed")
 
 
 def replay_rule(cfg) -> str | None:
-    """Why the DeepSpeed replay does not apply (None: it does): ZeRO-2 on one GPU or ZeRO-3 over data-parallel
-    ranks alone, full fine-tuning with AdamW and master weights, as measured on one GPU."""
+    """Why the DeepSpeed replay does not apply (None: it does): ZeRO-2 or 3 over data-parallel ranks alone (one
+    or several), full fine-tuning with AdamW and master weights, as measured on one GPU."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (cfg.zero_stage not in (2, 3), f"ZeRO-{cfg.zero_stage} (the replay is measured on ZeRO-2 and ZeRO-3)"),
         (par.tp * par.pp * par.cp * par.ep > 1, "tensor, pipeline, context or expert parallelism (their "
                                                 "collectives not replayed)"),
-        (par.dp > 1 and cfg.zero_stage != 3, f"ZeRO-{cfg.zero_stage} on more than one GPU (its reductions not "
-                                             "replayed)"),
         (training.adapter is not None, "an adapter run (the replay is measured on full fine-tuning)"),
         (training.optimizer != "adamw" or not cfg.recipe.master_weights, "not AdamW with fp32 master weights"),
         (cfg.hardware.expandable_segments, "expandable segments (DeepSpeed's empty_cache calls unmap their free pages "
@@ -113,6 +116,9 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     groups = sub_groups(arch, sp, d, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
     norms = arch.cached(("zero3 decay partitions", sp.layer_indices, sp.first, sp.last, d),
                         lambda: _decay_partitions(arch, sp, d))
+    flats = None
+    if cfg.zero_stage == 2 and cfg.parallel.dp > 1:
+        groups, flats, trained, norms = _zero2_ranks(arch, sp, cfg.parallel)
     program = _Program()
     gathers = None
     if d > 1:  # the gathered parameters: allocations of their own on the all-gather stream, not the ledger's sum
@@ -125,7 +131,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
              deepspeed_settings(arch, training, cfg.zero_stage).reduce_bucket_size)
     moments: list = []
     if cfg.zero_stage == 2:
-        _init_zero2(*sizes)
+        _init_zero2(*sizes, flats)
     elif init_step(training):
         moments = _init_zero3_stepped(*sizes, foreach_temporaries(training) if runs_foreach(training) else 0)
     else:
@@ -153,6 +159,33 @@ def _zero2_groups(arch, sp, trained: float) -> list[float]:
 
     decay = float(sum(_decay_partitions(arch, sp, 1)))
     return [decay, trained - decay]
+
+
+def _zero2_ranks(arch, sp, par) -> tuple[list[float], list[float], float, list[float]]:
+    """ZeRO-2 over `par.dp` ranks, on the busiest rank (deepspeed_zero2.py, measured over gloo ranks:
+    tests/test_deepspeed_partitions.py): each Trainer group's equal share (the fp32 partition, the step's flat copy
+    and cast, the moments: stage_1_and_2.py __init__ l. 489 `parallel_partitioned_bit16_groups[i][partition_id]
+    .detach().clone().to(fp32)`, initialize_optimizer_states l. 819 zeros of `partition_size[i]`), the group's flat
+    16-bit buffer (whole, aligned to 2 x dp: l. 389-390, 436), the rank's grads_in_partition (the whole tensors
+    overlapping its shares) and the pieces of the weight-decay tensors in its share (averaged_gradients: the norm's
+    fp64 copies, get_grad_norm_direct)."""
+    from .deepspeed_offload import partition_share, rank_overlaps
+    from .deepspeed_zero2 import trainer_groups
+
+    d = par.dp
+    decay, rest = trainer_groups(arch, sp, par)
+    groups = [g for g in (decay, rest) if g]
+    shares = [float(partition_share(g, d)) for g in groups]
+    touched = [sum(t) for t in zip(*(rank_overlaps(g, d) for g in groups))]
+    rank = touched.index(max(touched))
+    share = partition_share(decay, d)
+    lo, hi, start, pieces = rank * share, (rank + 1) * share, 0.0, []
+    for n in decay:  # get_flat_partition (l. 2092-2163): a narrow() view of each tensor's piece in the share
+        piece = min(start + n, hi) - max(start, lo)
+        if piece > 0:
+            pieces.append(int(piece))
+        start += n
+    return shares, [s * d for s in shares], touched[rank], pieces
 
 
 def _init_zero3(program, groups: list[float], trained: float, P: float, G: float, bucket: int) -> None:
@@ -189,9 +222,12 @@ def _init_zero3_stepped(program, groups: list[float], trained: float, P: float, 
     return moments
 
 
-def _init_zero2(program, groups: list[float], trained: float, P: float, G: float, bucket: int) -> None:
-    for n in groups:  # each group flattened after an empty_cache; its clone's segment released by the next one
-        program.alloc(P * n)
+def _init_zero2(program, groups: list[float], trained: float, P: float, G: float, bucket: int,
+                flats: list[float] | None = None) -> None:
+    """`groups`: the rank's partition of each group; `flats`: each group's flat 16-bit buffer, the whole group
+    aligned (None: one GPU, the groups themselves)."""
+    for n, flat in zip(groups, flats or groups):  # each group flattened after an empty_cache; its clone's segment
+        program.alloc(P * flat)  # released by the next one
         program.alloc(4 * n)  # the fp32 partition
     program.free(*[program.alloc(4 * n) for n in groups])  # initialize_optimizer_states' zeros, then None
 
