@@ -7,6 +7,13 @@ coordinator's registry has let go of the handle for every parameter of the call;
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
 from estimator import estimate_config
 from estimator.memory.deepspeed_gathers import STREAM, Coordinator, chunks
 from estimator.memory.zero3_replay import Trace, replay
@@ -146,3 +153,36 @@ def test_on_two_gpus_the_estimate_replays_the_gathers_instead_of_the_flat_share(
     stage = estimate_config(QWEN_7B).stages[0]
     fragmentation = next(c for c in stage.components if c.key == "fragmentation")
     assert fragmentation.formula.startswith("caching allocator replayed over DeepSpeed's initialisation")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+GATHERS = json.loads((ROOT / "tests" / "data" / "measured" / "deepspeed_partitions" / "zero3-gathers-cpu-gloo.json")
+                     .read_text())
+DEEPSPEED_PYTHON = ROOT / ".venv" / "deepspeed" / "bin" / "python"  # validation/install_frameworks.sh
+
+
+def test_the_coordinators_allocations_are_what_real_deepspeed_gathers():
+    """Real DeepSpeed 0.19.5 over 2 gloo ranks (validation/gpu/deepspeed_gathers.py, odd numels: every partition
+    padded): one parameter gathered into a buffer of ceil(n / 2) x 2 elements that is its storage; four at once
+    into a flat tensor of their partitions x 2, each parameter then a storage of its own, n elements."""
+    assert GATHERS["versions"]["deepspeed"] == "0.19.5" and len(GATHERS["ranks"]) == 2
+    for rank in GATHERS["ranks"]:
+        one, several = rank["one"], rank["several"]
+        steps = (tuple(enumerate(one["numels"])), tuple((10 + i, n) for i, n in enumerate(several["numels"])))
+        program = Recorder()
+        c = Coordinator(program, trace(*steps), 2, 2, 0, 10**9, 0)
+        c.run(0)
+        c.run(1)
+        made = [size for kind, size, *_ in program.events if kind == "alloc"]
+        assert made == one["storage_bytes"] + [several["flat_bytes"]] + several["storage_bytes"]
+        assert made[:2] == [90_092, 9_728] == [2 * 22_523 * 2, 2 * (1013 + 203 + 203 + 1013) * 2]
+        assert not any(one["shares_flat"] + several["shares_flat"])
+
+
+@pytest.mark.skipif(not DEEPSPEED_PYTHON.exists(), reason="no DeepSpeed environment (validation/install_frameworks.sh)")
+def test_a_live_run_over_two_ranks_reproduces_the_gathers_record():
+    code = "import json; from validation.gpu.deepspeed_gathers import measure_world; print(json.dumps(measure_world(2)))"
+    done = subprocess.run([str(DEEPSPEED_PYTHON), "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == GATHERS["ranks"]

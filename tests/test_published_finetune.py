@@ -93,7 +93,8 @@ OVERS: dict[str, str] = {
         "cast a new one); the "
         "1024-token row (81.0 GB) is 2.5% under with the same cache, the 512-token row 6.8% over. What the table "
         "holds at 256 tokens would mean no cache at all; v0.19.5's one-GPU order is measured (tests/test_gpu_deepspeed"
-        ".py), v0.12.3's initialisation and the gathers over ranks are not; over by 13.5%"),
+        ".py), v0.12.3's initialisation and the reserved memory of the gathers over ranks are not (their allocations are, "
+        "over gloo on the CPU: tests/test_deepspeed_gathers.py); over by 13.5%"),
 }
 MEDIAN_MISSES = {
     "full": ("full fine-tuning: 6.2% over 16 rows (6.0% before ZeRO-3 over 2 GPUs was replayed, 7.1% before DeepSpeed "
