@@ -5,7 +5,7 @@ fetches and releases (zero3_replay.py's rules over zero3_trace.py's hook order) 
 What a fetch allocates (runtime/zero/partition_parameters.py, the same in v0.12.3 and v0.19.5):
 - one parameter (`len(params) == 1`, v0.12.3 l. 1148-1169, v0.19.5 l. 1343-1357): a buffer of ceil(numel / ranks) x
   ranks elements, all-gathered into, and the parameter a narrow() view of it: the buffer is its storage;
-- several (`_all_gather_dtype`, v0.12.3 l. 1064-1098, v0.19.5 l. 1284-1310): one flat tensor of the sum of their
+- several (`_all_gather_dtype`, v0.12.3 l. 1064-1098, v0.19.5 l. 1284-1327): one flat tensor of the sum of their
   partitions x ranks; each parameter's wait (AllGatherCoalescedHandle.wait, v0.12.3 l. 618-658, v0.19.5 l. 742-780)
   makes the parameter `torch.cat` of its pieces, a tensor of its own; the flat tensor lives while the handle does:
   the coordinator's registry holds it for every parameter of the call until that parameter is waited on

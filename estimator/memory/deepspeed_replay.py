@@ -110,7 +110,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     w = tensors(cfg, sp)
     d = cfg.parallel.dp if cfg.zero_stage == 3 else 1
     # ZeRO-3's partitions: each parameter's ceil(numel / ranks) (partition_parameters.py _partition_param,
-    # v0.12.3 l. 1490, v0.19.5 l. 1741: `partition_size = tensor_size // self.num_partitions`, tensor_size padded
+    # v0.12.3 l. 1469-1470, v0.19.5 l. 1771-1772: `partition_size = tensor_size // self.num_partitions`, tensor_size padded
     # up to a multiple of the ranks); on one GPU the whole tensors
     trained = sum(-(-int(t.elements) // d) for t in w.order()) if d > 1 else sum(t.elements for t in w.order())
     groups = sub_groups(arch, sp, d, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
