@@ -83,6 +83,22 @@ def test_a_prefetched_batch_keeps_its_flat_tensor_until_its_last_parameter_is_wa
     assert program.peak == 72
 
 
+def test_before_the_trace_is_recorded_a_module_releases_all_its_parameters():
+    """partitioned_param_coordinator.py release_sub_module (v0.12.3 l. 392-393, v0.19.5 l. 498-499): the reuse window
+    applies once the trace is complete; before it, a is released after s0 though it comes back at s2 (as real
+    DeepSpeed 0.19.5 did over 2 gloo ranks in the first micro-batch of a tiny Llama, every module's parameter
+    gathered and released in turn). With the trace, the window (100 elements) keeps it."""
+    t = trace(((0, 10),), ((1, 10),), ((0, 10),))
+    program, c = coordinator(t, reuse=100)
+    c.run(0)
+    assert program.events == [("alloc", 24, STREAM), ("free", 24)]
+    program, c = coordinator(t, reuse=100)
+    c.reset()
+    c.complete = True
+    c.run(0)
+    assert program.events == [("alloc", 24, STREAM)]
+
+
 def test_the_first_micro_batch_prefetches_nothing_and_the_step_releases_what_is_held():
     """Before the trace is recorded each module gathers its own; a step in `keeps` (the embedding's backward) is
     not released until the step's _partition_all_parameters."""

@@ -109,7 +109,9 @@ class Coordinator:
 
     def run(self, s: int) -> None:
         """The hooks of trace step `s`: fetch_sub_module (the module's own gather and wait, then the prefetch),
-        then release_sub_module (zero3_replay.replay's rules)."""
+        then release_sub_module: zero3_replay.replay's rules once the trace is recorded, before it every parameter
+        of the module (partitioned_param_coordinator.py release_sub_module, v0.12.3 l. 392-393, v0.19.5 l. 498-499:
+        `__params_to_release(...) if self.is_complete_trace() else set(p.ds_id for p in iter_params(submodule))`)."""
         step, queue, marked = self.trace.steps[s], self.queue, self.marked
         own = [p for p, _ in step]
         self._call(sorted(p for p in own if p not in self.storage))
@@ -132,8 +134,8 @@ class Coordinator:
                 self._call(sorted(batch))
         if s in self.trace.keeps:
             return
-        for p in own:
-            if marked.get(p, -1) > s + 1 or _reused(self.uses[p], s, self.before, self.max_reuse):
+        for p in own:  # before the trace is recorded every parameter of the module goes (release_sub_module)
+            if self.complete and (marked.get(p, -1) > s + 1 or _reused(self.uses[p], s, self.before, self.max_reuse)):
                 continue
             self._release(p)
 
