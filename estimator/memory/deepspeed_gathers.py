@@ -19,7 +19,12 @@ step releases every gathered parameter first (stage3.py step -> _partition_all_p
 Measured on real DeepSpeed 0.19.5 over 2 gloo ranks on the CPU (validation/gpu/deepspeed_gathers.py,
 tests/data/measured/deepspeed_partitions/zero3-gathers-cpu-gloo.json): the one parameter's padded buffer, the several
 parameters' flat tensor and their storages of their own, byte for byte (tests/test_deepspeed_gathers.py); what the
-caching allocator reserves for them over ranks is not measured on a GPU.
+caching allocator reserves for them over ranks is not measured on a GPU. The coordinator's calls and releases against
+real DeepSpeed 0.19.5's over gloo (validation/gpu/deepspeed_gather_sequence.py, a tiny Llama under gradient
+checkpointing): the same, but for the embedding, which v0.19.5 releases at each backward's end (stage3.py backward ->
+release_backward_leftovers, l. 2772; absent through v0.16.4) and gathers again at the next forward, where the trace
+(zero3_trace.py, as v0.12.3 runs) holds it to the step, and one MLP matrix v0.19.5 gathers before the first
+micro-batch's recomputation.
 
 The count the prefetcher works under (__n_available_params) restarts at 0 in reset_step: at the forward's start from
 v0.15.4 on, at the backward's end before (zero3_trace.gathered_elements); the recorded trace exists from the second
