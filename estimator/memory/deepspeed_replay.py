@@ -20,6 +20,19 @@ The order, from DeepSpeed v0.19.5's source (runtime/zero/stage3.py, stage_1_and_
 Held to the four H200 runs (tests/data/measured/gpu/deepspeed): their segments, to the segment, and
 max_memory_reserved (tests/test_gpu_deepspeed.py).
 
+ZeRO-3 over several data-parallel ranks runs the same order at the rank's sizes: each parameter's partition
+ceil(numel / ranks) (the flat 16-bit buffer, the fp32 partitions and sub-groups, the gradient partitions, the norms'
+fp64 copies), with the gathered parameters made and released by the coordinator at the layers' hooks on the
+all-gather stream, a pool the default stream's requests never reuse (deepspeed_gathers.py); the step releases them
+first. Each parameter's whole gradient is made and freed as on one GPU (copied into the IPG bucket); the bucket's
+reduce-scatter (comm/coalesced_collectives.py reduce_scatter_coalesced, on the reduction stream) is left out as on
+one GPU. ZeRO-2 over several ranks runs the one-GPU order at the busiest rank's sizes (`_zero2_ranks`): each group's
+flat 16-bit buffer whole, its equal share in fp32, the share's gradient pieces stepped and normed, the rank's
+grads_in_partition; its reductions' buffers are the one-GPU replay's, the same sizes at any number of ranks
+(stage_1_and_2.py average_tensor -> allreduce_and_scatter -> allreduce_bucket flattens the bucket, l. 1814, one rank or
+several). Not measured on a GPU over several ranks: the one-GPU replay's rules at the rank's sizes. ZeRO-1 is not
+replayed.
+
 Before v0.13.2 (training.framework_version 0.12.3; spec/versions.py DEEPSPEED_NO_INIT_STEP) ZeRO-3's initialisation
 ran in another order (v0.12.3, 6ea44d02, runtime/zero/stage3.py): `_create_fp32_partitions` made each fp32
 partition as `flat.to(device).clone().float()` (l. 853-854: a 16-bit clone, its fp32 cast kept, the clone freed as
@@ -38,20 +51,25 @@ from .deepspeed_step import _decay_partitions, deepspeed_settings, foreach_tempo
 from ..spec.dtypes import bytes_per_element
 from ..spec.versions import DEEPSPEED_NO_INIT_STEP, release
 
+GATHERED = "Gathered parameters"  # transients.py's label of ZeRO-3's gathered parameters (their sum, the ledger's)
+
 SOURCE = ("DeepSpeed v0.19.5 runtime/zero/stage3.py (__init__, defragment, _create_fp32_partitions, "
           "initialize_optimizer_states, step), stage_1_and_2.py (__init__, initialize_optimizer_states, "
-          "copy_grads_in_partition, step); PyTorch's caching allocator (allocator.py) replayed over them "
+          "copy_grads_in_partition, step); over several ranks the rank's partitions and ZeRO-3's all-gathers "
+          "(deepspeed_gathers.py); "
+          "PyTorch's caching allocator (allocator.py) replayed over them "
           "(estimator/memory/deepspeed_replay.py); measured: tests/data/measured/gpu/deepspeed")
 
 
 def replay_rule(cfg) -> str | None:
-    """Why the DeepSpeed replay does not apply (None: it does): one GPU (nothing gathered or reduced across
-    ranks), ZeRO-2 or 3, full fine-tuning with AdamW and master weights, as measured."""
+    """Why the DeepSpeed replay does not apply (None: it does): ZeRO-2 or 3 over data-parallel ranks alone (one
+    or several), full fine-tuning with AdamW and master weights, as measured on one GPU."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
     checks = (
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (cfg.zero_stage not in (2, 3), f"ZeRO-{cfg.zero_stage} (the replay is measured on ZeRO-2 and ZeRO-3)"),
-        (par.dp * par.tp * par.pp * par.cp * par.ep > 1, "more than one GPU (gathers and reductions not replayed)"),
+        (par.tp * par.pp * par.cp * par.ep > 1, "tensor, pipeline, context or expert parallelism (their "
+                                                "collectives not replayed)"),
         (training.adapter is not None, "an adapter run (the replay is measured on full fine-tuning)"),
         (training.optimizer != "adamw" or not cfg.recipe.master_weights, "not AdamW with fp32 master weights"),
         (cfg.hardware.expandable_segments, "expandable segments (DeepSpeed's empty_cache calls unmap their free pages "
@@ -90,16 +108,30 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     arch, training, recipe = cfg.architecture, cfg.training, cfg.recipe
     tr = transients(arch, training, recipe, cfg.parallel, sp, cfg.zero_stage, None)
     w = tensors(cfg, sp)
-    trained = sum(t.elements for t in w.order())
-    groups = sub_groups(arch, sp, 1, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
-    norms = arch.cached(("zero3 decay partitions", sp.layer_indices, sp.first, sp.last, 1),
-                        lambda: _decay_partitions(arch, sp, 1))
+    d = cfg.parallel.dp if cfg.zero_stage == 3 else 1
+    # ZeRO-3's partitions: each parameter's ceil(numel / ranks) (partition_parameters.py _partition_param,
+    # v0.12.3 l. 1469-1470, v0.19.5 l. 1771-1772: `partition_size = tensor_size // self.num_partitions`, tensor_size padded
+    # up to a multiple of the ranks); on one GPU the whole tensors
+    trained = sum(-(-int(t.elements) // d) for t in w.order()) if d > 1 else sum(t.elements for t in w.order())
+    groups = sub_groups(arch, sp, d, trained) if cfg.zero_stage == 3 else _zero2_groups(arch, sp, trained)
+    norms = arch.cached(("zero3 decay partitions", sp.layer_indices, sp.first, sp.last, d),
+                        lambda: _decay_partitions(arch, sp, d))
+    flats = None
+    if cfg.zero_stage == 2 and cfg.parallel.dp > 1:
+        groups, flats, trained, norms = _zero2_ranks(arch, sp, cfg.parallel)
     program = _Program()
+    gathers = None
+    if d > 1:  # the gathered parameters: allocations of their own on the all-gather stream, not the ledger's sum
+        from .deepspeed_gathers import gathers as make_gathers
+
+        gathers = make_gathers(cfg, sp, program, w)
+        tr = tr._replace(forward=[c for c in tr.forward if not c.label.startswith(GATHERED)],
+                         backward=[c for c in tr.backward if not c.label.startswith(GATHERED)])
     sizes = (program, groups, trained, bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype),
              deepspeed_settings(arch, training, cfg.zero_stage).reduce_bucket_size)
     moments: list = []
     if cfg.zero_stage == 2:
-        _init_zero2(*sizes)
+        _init_zero2(*sizes, flats)
     elif init_step(training):
         moments = _init_zero3_stepped(*sizes, foreach_temporaries(training) if runs_foreach(training) else 0)
     else:
@@ -110,7 +142,9 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     layer_sizes = _layer_sizes(shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
     side = CachingAllocator()  # the reduction stream's blocks: a pool of their own
     for _ in range(2):
-        _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained, side)
+        _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained, side, gathers)
+        if gathers is not None:  # stage3.py step: _partition_all_parameters first (v0.12.3 l. 1945, v0.19.5 l. 2579)
+            gathers.step()
         moments = _step(program, cfg, groups, moments, side, norms)
     main = program.allocator
     # segments are never given back: the reserved peaks are the ends, and the side stream's block is held through
@@ -125,6 +159,33 @@ def _zero2_groups(arch, sp, trained: float) -> list[float]:
 
     decay = float(sum(_decay_partitions(arch, sp, 1)))
     return [decay, trained - decay]
+
+
+def _zero2_ranks(arch, sp, par) -> tuple[list[float], list[float], float, list[float]]:
+    """ZeRO-2 over `par.dp` ranks, on the busiest rank (deepspeed_zero2.py, measured over gloo ranks:
+    tests/test_deepspeed_partitions.py): each Trainer group's equal share (the fp32 partition, the step's flat copy
+    and cast, the moments: stage_1_and_2.py __init__ l. 489 `parallel_partitioned_bit16_groups[i][partition_id]
+    .detach().clone().to(fp32)`, initialize_optimizer_states l. 819 zeros of `partition_size[i]`), the group's flat
+    16-bit buffer (whole, aligned to 2 x dp: l. 389-390, 436), the rank's grads_in_partition (the whole tensors
+    overlapping its shares) and the pieces of the weight-decay tensors in its share (averaged_gradients: the norm's
+    fp64 copies, get_grad_norm_direct)."""
+    from .deepspeed_offload import partition_share, rank_overlaps
+    from .deepspeed_zero2 import trainer_groups
+
+    d = par.dp
+    decay, rest = trainer_groups(arch, sp, par)
+    groups = [g for g in (decay, rest) if g]
+    shares = [float(partition_share(g, d)) for g in groups]
+    touched = [sum(t) for t in zip(*(rank_overlaps(g, d) for g in groups))]
+    rank = touched.index(max(touched))
+    share = partition_share(decay, d)
+    lo, hi, start, pieces = rank * share, (rank + 1) * share, 0.0, []
+    for n in decay:  # get_flat_partition (l. 2092-2163): a narrow() view of each tensor's piece in the share
+        piece = min(start + n, hi) - max(start, lo)
+        if piece > 0:
+            pieces.append(int(piece))
+        start += n
+    return shares, [s * d for s in shares], touched[rank], pieces
 
 
 def _init_zero3(program, groups: list[float], trained: float, P: float, G: float, bucket: int) -> None:
@@ -161,9 +222,12 @@ def _init_zero3_stepped(program, groups: list[float], trained: float, P: float, 
     return moments
 
 
-def _init_zero2(program, groups: list[float], trained: float, P: float, G: float, bucket: int) -> None:
-    for n in groups:  # each group flattened after an empty_cache; its clone's segment released by the next one
-        program.alloc(P * n)
+def _init_zero2(program, groups: list[float], trained: float, P: float, G: float, bucket: int,
+                flats: list[float] | None = None) -> None:
+    """`groups`: the rank's partition of each group; `flats`: each group's flat 16-bit buffer, the whole group
+    aligned (None: one GPU, the groups themselves)."""
+    for n, flat in zip(groups, flats or groups):  # each group flattened after an empty_cache; its clone's segment
+        program.alloc(P * flat)  # released by the next one
         program.alloc(4 * n)  # the fp32 partition
     program.free(*[program.alloc(4 * n) for n in groups])  # initialize_optimizer_states' zeros, then None
 
@@ -182,14 +246,15 @@ class _Hook:
         self._transient(sizes)
 
 
-def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float, side) -> None:
+def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float, side, gathers=None) -> None:
     """The step's forward and backward passes (reserved.py's), every gradient made and freed: ZeRO copies it into
     its bucket. ZeRO-2's flat gradient partitions (copy_grads_in_partition) are made as its first bucket is reduced,
     a layer into the backward, on the reduction stream (overlap_comm: `with stream(self.reduction_stream)`), whose
     blocks the caching allocator keeps apart from the default stream's (CUDACachingAllocator.cpp: free blocks are
     looked up by stream), and kept to the step's end; each later micro-batch makes another at the same point, freed
     at its backward's end (deepspeed_accumulation.py); repeated micro-batches end where the allocator's state
-    repeats (reserved.py _build)."""
+    repeats (reserved.py _build). ZeRO-3 on several GPUs: `gathers` (deepspeed_gathers.Gathers) makes the
+    coordinator's gathers and releases at the layers' hooks."""
     from .reserved import _backward, _forward
 
     order = w.order()
@@ -197,12 +262,18 @@ def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float,
     previous = None
     for k in range(cfg.microbatches):
         grads = dict.fromkeys(range(len(order)))
+        if gathers is not None:
+            gathers.forward()
         kept = _forward(program, cfg, shared, sp, w, tr, 0.0, layer_sizes)
+        if gathers is not None:
+            gathers.backward()
         if cfg.zero_stage == 2:  # later micro-batches: a partition of their own beside the kept one
             name = "partitions" if k == 0 else "second partitions"
             program.transient = _Hook(program, lambda name=name: setattr(program, name, side.malloc(int(G * trained))))
         _backward(program, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes)
         program.__dict__.pop("transient", None)
+        if gathers is not None:
+            gathers.end_backward()
         second = program.__dict__.pop("second partitions", None)  # freed at the epilogue (deepspeed_accumulation)
         if second is not None:
             side.free(second)

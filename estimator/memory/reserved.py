@@ -16,12 +16,14 @@
    (tests/data/measured/gpu/*-expandable.json) -0.14% to -0.01% against the flat 5% share's -11.6% to +3.5%
    (11.6% under where a full-recompute run keeps 3.9 GB cached, 18.8% of its allocated peak).
    DeepSpeed ZeRO-2/3 full fine-tuning on one GPU replays DeepSpeed's own order of allocations instead
-   (deepspeed_replay.py: its initialisation and two steps; the four real H200 runs' segments, size for size);
+   (deepspeed_replay.py: its initialisation and two steps; the four real H200 runs' segments, size for size), and
+   ZeRO-2/3 over data-parallel ranks the same at the rank's sizes, ZeRO-3 with its all-gathers (deepspeed_gathers.py);
    Megatron-Core's layouts (PP under 1F1B too; MoE under the all-to-all dispatcher; dense layers under CP by
    TransformerEngine's all-to-all) replay Megatron-Core's (megatron_replay.py, megatron_moe_replay.py,
    megatron_cp_a2a.py: the three real H200 runs within 1.4%, SimuMax's eight such dense B200 runs 1.2% under to 0.9%
    over, its four DeepSeek MoE runs 1.0% to 2.3% over, its seven CP runs 2.8% under to 0.03% over).
-2. Flat share (everything else: other frameworks, pipelines and sharding, DeepSpeed and Megatron with expandable
+2. Flat share (everything else: other frameworks, pipelines and sharding (DeepSpeed ZeRO-1 over several ranks
+   included), DeepSpeed and Megatron with expandable
    segments, paged
    optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models, a chunked or fused loss,
    inference, RL):
