@@ -47,6 +47,7 @@ from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
 from .pp_receive import on_rank, receive_buffers, receive_bytes, receiving, step_receiving
+from .megatron_pp_grad import received_bytes, received_gradient
 from .pp_first_backward import fewer_at_first_backward, interleaved_applies
 from .replays import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
@@ -403,6 +404,9 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         # torch pipelining's receive buffers beyond the counted layer inputs (they depend on the rank's in-flight)
         rx = on_rank(step_rx, par, sp)
         ahead, behind, settled = receive_bytes(rx, par, sp, inflight, interleaved_applies(training, par, sp))
+        # Megatron 1F1B: the output gradient a stage before the last receives (megatron_pp_grad.py)
+        grad_ahead, grad_behind = received_bytes(cfg.architecture, training, par, sp, m)
+        ahead, behind = ahead + grad_ahead, behind + grad_behind
         forward += activations + ahead
         step += settled
         # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together
@@ -481,6 +485,9 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
                                      lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)),
                                      static.loss_margin, rx)
     ahead, behind, settled = receive_buffers(rx, par, mine, inflight, interleaved_applies(training, par, mine))
+    grad_ahead, grad_behind = received_gradient(run[2], training, par, mine, run[1])  # Megatron 1F1B
+    ahead += (grad_ahead,) if grad_ahead else ()
+    behind += (grad_behind,) if grad_behind else ()
     activations -= total_bytes(ahead)  # the forward total holds them (`_training_stages`)
     backward_ends = static.backward_end + total_bytes(settled) > \
         static.totals[1] + activations + sum(c.bytes for c in fewer) + total_bytes(behind)
