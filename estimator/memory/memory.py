@@ -401,12 +401,8 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
         if offloaded:
             activations, host = _offloaded_activations(activations, sp, inflight, shared, host)
         forward, backward, step = static.totals
-        # torch pipelining's receive buffers beyond the counted layer inputs (they depend on the rank's in-flight)
         rx = on_rank(step_rx, par, sp)
-        ahead, behind, settled = receive_bytes(rx, par, sp, inflight, interleaved_applies(training, par, sp))
-        # Megatron 1F1B: the output gradient a stage before the last receives (megatron_pp_grad.py)
-        grad_ahead, grad_behind = received_bytes(cfg.architecture, training, par, sp, m)
-        ahead, behind = ahead + grad_ahead, behind + grad_behind
+        ahead, behind, settled = _pipeline_held(cfg, rx, sp, inflight)
         forward += activations + ahead
         step += settled
         # a pipelined FSDP2 rank 0 running every forward first: its inputs and gradients never peak together
@@ -433,6 +429,17 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
             (("forward", forward), ("backward", backward), ("optimizer", step)), group.detail, host, static.nvme,
             cache))
     return stages
+
+
+def _pipeline_held(cfg: Resolved, rx, sp: StageParameters, inflight: float) -> tuple[int, int, int]:
+    """What a rank's pipeline holds beyond its layers' activations, in bytes, at its forward's peak, at its
+    backward's and once every backward ran: torch pipelining's receive buffers beyond the counted layer inputs
+    (pp_receive.py: they depend on the rank's in-flight) and the output gradient a Megatron 1F1B stage before the
+    last receives (megatron_pp_grad.py)."""
+    training, par = cfg.training, cfg.parallel
+    ahead, behind, settled = receive_bytes(rx, par, sp, inflight, interleaved_applies(training, par, sp))
+    grad_ahead, grad_behind = received_bytes(cfg.architecture, training, par, sp, cfg.microbatches)
+    return ahead + grad_ahead, behind + grad_behind, settled
 
 
 def _less(whole: Component, fewer: tuple[Component, ...]) -> Component:
