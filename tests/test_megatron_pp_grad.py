@@ -1,11 +1,15 @@
-"""The output gradient a Megatron-Core 1F1B stage before the last receives (estimator/memory/megatron_pp_grad.py).
+"""The activation gradients Megatron-Core's 1F1B schedule holds between a stage's micro-batches
+(estimator/memory/megatron_pp_grad.py).
 
 Megatron-Core 0.16.1 schedules.py forward_backward_pipelining_without_interleaving: `output_tensor_grad =
 send_forward_recv_backward(...)` (steady state) or `recv_backward(...)` (cool-down) makes a [s/cp (/tp under SP), b,
 h] tensor in the pipeline dtype (p2p_communication.py `create_tensor_recv_next`: torch.empty) that the schedule's
-variable holds through `backward_step` and on until the next receive: through every backward of the stage, and
-through the forward of the next steady iteration (from the second, m - W >= 2, W = min(p - r - 1, m) warm-up
-forwards). The Megatron harness's non-last stages (tests/data/measured/megatron) hold it through their backward.
+variable holds through `backward_step` and on until the next receive: through every backward of a stage before the
+last, and through the forward of the next steady iteration (from the second, m - W >= 2, W = min(p - r - 1, m)
+warm-up forwards); `input_tensor_grad = backward_step(...)` holds the input's gradient of a stage after the first
+until the next backward_step returns. The Megatron harness's non-last stages (tests/data/measured/megatron) hold the
+received gradient through their backward; the schedule itself run on a fake rank (validation/megatron/
+pipeline_trace.py) holds both.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.memory.megatron_pp_grad import LABEL
+from estimator.memory.megatron_pp_grad import INPUT_LABEL, LABEL
 
 MEASURED = Path(__file__).parent / "data" / "measured" / "megatron"
 MiB = 2**20
@@ -47,13 +51,23 @@ def test_one_micro_batch_holds_it_in_backward_only():
     assert got[3] == {"forward": 0, "backward": 0, "optimizer": 0}
 
 
-def test_the_forward_holds_it_from_the_second_steady_iteration():
-    """m = 4 on PP 4: rank r runs W = 3 - r warm-up forwards and m - W = 1 + r steady iterations; the previous
-    backward's gradient is alive at a steady forward from the second on (ranks 1 and 2; rank 3 is the last)."""
+def _inputs(config: dict) -> list[dict[str, int]]:
+    """Per stage, per phase: the previous backward's input gradient's bytes."""
+    return [{p.name: sum(c.bytes for c in p.components if c.label == INPUT_LABEL) for p in stage.phases}
+            for stage in estimate_config(config).stages]
+
+
+def test_the_forward_holds_them_from_the_second_steady_iteration():
+    """m = 4 on PP 4: rank r runs W = 3 - r warm-up forwards and m - W = 1 + r steady iterations. The previous
+    backward's received gradient is alive at a steady forward from the second on (ranks 1 and 2; rank 3 is the
+    last), and so is the previous backward's input gradient, at the forward and at the backward (ranks 1 to 3; rank 0
+    has no input gradient). At m = 1 no stage runs two steady iterations: no input gradient anywhere."""
     config = _config(global_batch_size=16)  # DP 4, micro-batch 1: m = 4
     grad = 2 * 4096 // 2 * 4096
     assert [s["forward"] for s in _received(config)] == [0, grad, grad, 0]
     assert [s["backward"] for s in _received(config)] == [grad, grad, grad, 0]
+    assert [(s["forward"], s["backward"]) for s in _inputs(config)] == [(0, 0)] + [(grad, grad)] * 3
+    assert all(not any(s.values()) for s in _inputs(_config()))
 
 
 def test_the_harness_records_hold_it():
@@ -73,13 +87,13 @@ def test_only_megatrons_1f1b():
     interleaved = _config(global_batch_size=16)
     interleaved["parallel"].update(vpp=2, pp_schedule="interleaved")
     interleaved["model"]["num_layers"] = 16
-    assert all(not any(s.values()) for s in _received(interleaved))
+    assert all(not any(s.values()) for s in _received(interleaved) + _inputs(interleaved))
     plain = {"model": "llama-3.1-8b", "training": {"seq_len": 4096, "global_batch_size": 16},
              "parallel": {"pp": 4, "dp": 2}}
     megatron = _received({**plain, "training": {**plain["training"], "framework": "megatron"}})
     assert [s["backward"] for s in megatron] == [2 * 4096 * 4096] * 3 + [0]  # h 4096, no TP
     titan = {**plain, "training": {**plain["training"], "framework": "fsdp2"}}
-    assert all(not any(s.values()) for s in _received(titan))
+    assert all(not any(s.values()) for s in _received(titan) + _inputs(titan))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="megatron-core is not installed")
@@ -98,3 +112,21 @@ def test_the_harness_keeps_the_received_gradient_at_its_backward_peak():
     key, size = made[1]
     assert size == 64 // 2 * 2 * 64 * 2
     assert key in tracker.live_at(tracker.peaks(trace.category)["backward"]["at"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="megatron-core is not installed")
+def test_megatrons_schedule_holds_both_gradients():
+    """Megatron-Core 0.16.1's forward_backward_pipelining_without_interleaving itself on the middle of 3 fake ranks,
+    4 micro-batches (W = 1 warm-up forward, 3 steady iterations, 1 cool-down backward): at each forward's end, each
+    backward's start and end, (output gradients received and alive, input gradients returned and alive). One
+    received gradient at every backward and at the steady forwards from the second on; the previous input gradient
+    beside them from the second backward on (two at a backward's end, the new one not yet sent)."""
+    from validation.megatron.pipeline_trace import held
+
+    assert held("middle", 4) == [
+        ("F", 0, 0), ("F", 0, 0),  # the warm-up forward, the first steady forward
+        ("B", 1, 0), ("B end", 1, 1),
+        ("F", 1, 1), ("B", 1, 1), ("B end", 1, 2),
+        ("F", 1, 1), ("B", 1, 1), ("B end", 1, 2),
+        ("B", 1, 1), ("B end", 1, 2),  # the cool-down backward
+    ]

@@ -47,7 +47,7 @@ from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
 from .pp_receive import on_rank, receive_buffers, receive_bytes, receiving, step_receiving
-from .megatron_pp_grad import received_bytes, received_gradient
+from .megatron_pp_grad import received_bytes, received_gradients
 from .pp_first_backward import fewer_at_first_backward, interleaved_applies
 from .replays import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
@@ -434,8 +434,8 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
 def _pipeline_held(cfg: Resolved, rx, sp: StageParameters, inflight: float) -> tuple[int, int, int]:
     """What a rank's pipeline holds beyond its layers' activations, in bytes, at its forward's peak, at its
     backward's and once every backward ran: torch pipelining's receive buffers beyond the counted layer inputs
-    (pp_receive.py: they depend on the rank's in-flight) and the output gradient a Megatron 1F1B stage before the
-    last receives (megatron_pp_grad.py)."""
+    (pp_receive.py: they depend on the rank's in-flight) and the activation gradients Megatron's 1F1B holds
+    (megatron_pp_grad.py)."""
     training, par = cfg.training, cfg.parallel
     ahead, behind, settled = receive_bytes(rx, par, sp, inflight, interleaved_applies(training, par, sp))
     grad_ahead, grad_behind = received_bytes(cfg.architecture, training, par, sp, cfg.microbatches)
@@ -492,9 +492,8 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
                                      lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)),
                                      static.loss_margin, rx)
     ahead, behind, settled = receive_buffers(rx, par, mine, inflight, interleaved_applies(training, par, mine))
-    grad_ahead, grad_behind = received_gradient(run[2], training, par, mine, run[1])  # Megatron 1F1B
-    ahead += (grad_ahead,) if grad_ahead else ()
-    behind += (grad_behind,) if grad_behind else ()
+    held = received_gradients(run[2], training, par, mine, run[1])  # Megatron 1F1B's gradients
+    ahead, behind = ahead + held.forward, behind + held.backward
     activations -= total_bytes(ahead)  # the forward total holds them (`_training_stages`)
     backward_ends = static.backward_end + total_bytes(settled) > \
         static.totals[1] + activations + sum(c.bytes for c in fewer) + total_bytes(behind)
