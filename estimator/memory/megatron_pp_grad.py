@@ -21,8 +21,9 @@ the second steady iteration on (m - W >= 2) both tensors are alive at them, the 
 backward. Megatron-Core's own schedule run on one fake rank shows both (validation/megatron/pipeline_trace.py);
 the Megatron harness's records, one micro-batch each, hold the received output gradient through their backward
 (validation/megatron/harness.py `backward`). The interleaved schedule receives each chunk's output gradient an
-iteration ahead into per-chunk queues (output_tensor_grads), and the other schedules are not Megatron-Core's 1F1B:
-not modelled here.
+iteration ahead into per-chunk queues (output_tensor_grads), so its first steady forward already holds one, and
+keeps more input gradients (on the last of 2 ranks with 2 chunks and 4 micro-batches, up to 2 at a backward's start,
+3 with --overlap-p2p-communication: pipeline_trace.py); it and the other schedules are not modelled here.
 """
 
 from __future__ import annotations
