@@ -97,9 +97,9 @@ def test_b200_run_within_bound(record):
 # and +0.18% while the last stage charged the experts' backward moment beside the loss's saved tensors, which the
 # loss's backward frees first (moe_moments.LOSS_BEFORE_THE_LAYERS, shown by the Megatron harness's Mixtral last stage)
 B200_MOE = {
-    "deepseekv2_tp1_ep4_pp2_dp4_l4_mbc4_cef": -0.0039,  # was 0.0154
+    "deepseekv2_tp1_ep4_pp2_dp4_l4_mbc4_cef": -0.0030,  # was 0.0154; -0.0039 before megatron_pp_grad.py
     "deepseekv2_tp1_ep8_pp1_dp8_l4_mbc4_cef": -0.0031,  # was 0.0157
-    "deepseekv3_l4_tp1_ep4_pp2_dp4_mbc4_cef": -0.0021,  # was 0.0125
+    "deepseekv3_l4_tp1_ep4_pp2_dp4_mbc4_cef": -0.0016,  # was 0.0125; -0.0021 before megatron_pp_grad.py
     "deepseekv3_l4_tp1_ep8_pp1_dp8_mbc4_cef": -0.0017,  # was 0.0088
 }
 

@@ -98,7 +98,7 @@ class Estimate:
                 {
                     "stage": s.stage,
                     "layers": s.layers,
-                    "components": {c.key: c.bytes for c in s.components},
+                    "components": _by_key(s.components, "bytes"),
                     "allocated_peak_bytes": s.allocated_peak_bytes,
                     "reserved_peak_bytes": s.reserved_peak_bytes,
                     "device_total_bytes": s.device_total_bytes,
@@ -107,8 +107,8 @@ class Estimate:
                     "parameters_per_gpu": s.parameters_per_gpu,
                     "in_flight_microbatches": s.in_flight_microbatches,
                     "phases": dict(s.phase_totals),
-                    "formulas": {c.key: c.formula for c in s.components},
-                    "sources": {c.key: c.source for c in s.components},
+                    "formulas": _by_key(s.components, "formula"),
+                    "sources": _by_key(s.components, "source"),
                 }
                 for s in self.stages
             ],
@@ -125,6 +125,21 @@ class Estimate:
             "notes": list(self.notes),
             **({"rl_phases": [_rl_phase_json(p) for p in self.rl_phases]} if self.rl_phases else {}),
         }
+
+
+def _by_key(components, field: str) -> dict:
+    """The contract's map of a stage's components by key: the bytes of components that share a key (a pipeline's
+    buffers beside the global buffer or RoPE caches) summed, so that the tensor components sum to the allocated peak;
+    their formulas (" + ") and sources ("; ") joined, each once."""
+    if field == "bytes":
+        out: dict = {}
+        for c in components:
+            out[c.key] = out.get(c.key, 0) + c.bytes
+        return out
+    texts: dict = {}
+    for c in components:
+        texts.setdefault(c.key, dict.fromkeys(()))[getattr(c, field)] = None
+    return {key: (" + " if field == "formula" else "; ").join(t) for key, t in texts.items()}
 
 
 def _rl_phase_json(phase) -> dict:

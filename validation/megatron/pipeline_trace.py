@@ -1,0 +1,192 @@
+"""Megatron-Core's own pipeline schedules on one fake pipeline rank: which activation gradients they hold between
+micro-batches (estimator/memory/megatron_pp_grad.py).
+
+The measuring harness (harness.py) runs one micro-batch and its backward by hand; this runs Megatron-Core 0.16.1's
+`forward_backward_pipelining_without_interleaving` (1F1B) or `forward_backward_pipelining_with_interleaving`
+(pipeline_parallel/schedules.py) itself for m micro-batches of a tiny dense model on the harness's fake world, its
+p2p receives allocating as on a GPU (p2p_communication.py `_communicate`: torch.empty; the fake process group moves
+no data), and logs at the end of each forward_step and at the start and end of each backward_step how many of the
+tensors the schedule received as output gradients (`tensor_recv_next`) and how many of the input gradients
+backward_step returned are alive.
+
+    python -m validation.megatron.pipeline_trace [first|middle|last] [m] [pp] [vpp] [overlap 0|1]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..core.emulation import cuda_softmax_backward
+from ..core.tracker import StorageTracker
+from ..core.world import end_world, fake_world
+from . import harness, kernels
+from .shims import STORAGE_RESIZED, gloo_as_fake, megatron_shims
+
+VOCAB = 1000
+
+
+def setup(stage: str, pp: int = 3, vpp: int = 1, overlap: bool = False) -> harness.Setup:
+    """One layer per model chunk, hidden 64, 64 tokens, micro-batch 2, TP 2 with sequence parallelism, DP 2;
+    `overlap`: --overlap-p2p-communication (the interleaved schedule's asynchronous sends and receives)."""
+    arch = harness.Arch(hidden_size=64, num_layers=pp * vpp, num_attention_heads=4, num_query_groups=2,
+                        kv_channels=16, ffn_hidden_size=160, vocab_size=VOCAB)
+    extra = dict(virtual_pipeline_model_parallel_size=vpp, overlap_p2p_comm=overlap,
+                 batch_p2p_comm=not overlap) if vpp > 1 else {}
+    return harness.Setup(arch, seq_len=64, micro_batch_size=2, tp=2, pp=pp, dp=2, stage=stage, layers=vpp,
+                         extra=extra)
+
+
+def held(stage: str, microbatches: int, pp: int = 3, vpp: int = 1,
+         overlap: bool = False) -> list[tuple[str, int, int]]:
+    """(operation, output gradients received and alive, input gradients returned and alive) at the end of each
+    forward ("F"), the start ("B") and the end ("B end") of each backward of the second of two steps."""
+    s = setup(stage, pp, vpp, overlap)
+    tracker = StorageTracker()
+    tracker.recording = False
+    kernels.HIDDEN["context"] = tracker.hidden
+    STORAGE_RESIZED["adopt"] = tracker.adopt
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.cache_enabled = False  # as harness.traced_step: a freed storage must be freed for the tracker
+    received: list[int] = []
+    returned: list[int] = []
+    marks: list[tuple[str, int]] = []
+    try:
+        with megatron_shims(), gloo_as_fake(), _world(s, vpp), mode, tracker, cuda_softmax_backward(tracker), \
+                _watched(tracker, received, returned, marks):
+            from megatron.core.pipeline_parallel import schedules
+
+            ddps, optimizer = _chunks(s, vpp)
+            run = schedules.forward_backward_pipelining_with_interleaving if vpp > 1 else \
+                schedules.forward_backward_pipelining_without_interleaving
+            for step in range(2):  # step 1 makes the optimizer's states; step 2 is logged
+                if step:
+                    tracker.start()
+                run(forward_step_func=_forward_step, data_iterator=[iter(int, 1)] * vpp, model=ddps,
+                    num_microbatches=microbatches, seq_length=s.seq_len, micro_batch_size=s.micro_batch_size,
+                    forward_only=False)
+                tracker.stop()
+                for ddp in ddps:
+                    ddp.finish_grad_sync()
+                optimizer.step()
+                for ddp in ddps:
+                    ddp.zero_grad_buffer()
+                optimizer.zero_grad()
+    finally:
+        kernels.HIDDEN["context"] = contextlib.nullcontext
+        STORAGE_RESIZED["adopt"] = None
+    out = []
+    for name, index in marks:
+        live = tracker.live_at(index)
+        out.append((name, sum(k in live for k in received), sum(k in live for k in returned)))
+    return out
+
+
+@contextlib.contextmanager
+def _world(s: harness.Setup, vpp: int):
+    """The fake world and Megatron's parallel state of the rank, with its virtual pipeline size."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import random as mrandom
+
+    fake_world(s.world_size, rank=s.stage_index * s.tp * s.cp * s.dp)
+    try:
+        ps.initialize_model_parallel(tensor_model_parallel_size=s.tp, pipeline_model_parallel_size=s.pp,
+                                     virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+        mrandom.model_parallel_cuda_manual_seed(1234)
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        end_world()
+
+
+def _chunks(s: harness.Setup, vpp: int):
+    """The rank's model chunks (harness.build_stage's GPTModel, one per virtual stage: chunk c of rank r is
+    pipeline stage r + c x pp), each in Megatron's DDP, and the distributed optimizer over them."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    import megatron.core.transformer.transformer_block as block
+
+    config, r = harness.transformer_config(s), s.stage_index
+    saved, block.LayerNormImpl = block.LayerNormImpl, kernels.FusedNorm  # as harness.build_stage
+    try:
+        models = [GPTModel(config, harness.layer_spec(s), vocab_size=VOCAB, max_sequence_length=s.seq_len,
+                           pre_process=r == 0 and c == 0, post_process=r == s.pp - 1 and c == vpp - 1,
+                           share_embeddings_and_output_weights=False, position_embedding_type="rope",
+                           vp_stage=c if vpp > 1 else None) for c in range(vpp)]
+    finally:
+        block.LayerNormImpl = saved
+    for model in models:
+        harness._as_float16_module(model)
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=True)
+    ddps = [DistributedDataParallel(config, ddp_config, model) for model in models]
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True,
+                                                       params_dtype=torch.bfloat16, clip_grad=0.0,
+                                                       use_distributed_optimizer=True), ddps)
+    return ddps, optimizer
+
+
+def _forward_step(data_iterator, module):
+    """Megatron-LM's forward_step_func shape: token ids on the first stage (the schedule hands a later stage its
+    received input, set_input_tensor), the model, and on the last stage pretrain_gpt's loss_func (losses x loss
+    mask summed, the token count)."""
+    inner, b, n = module.module, 2, 64
+    ids = torch.randint(0, VOCAB, (b, n)) if inner.pre_process else None
+    positions = torch.arange(n).unsqueeze(0).expand(b, n).contiguous() if inner.pre_process else None
+    labels = torch.randint(0, VOCAB, (b, n)) if inner.post_process else None
+    mask = torch.ones(b, n) if inner.post_process else None
+    out = module(input_ids=ids, position_ids=positions, attention_mask=None, labels=labels)
+
+    def loss_func(output):
+        return torch.sum(output.float().view(-1) * mask.view(-1)), torch.tensor(mask.numel(), dtype=torch.int), {}
+    return out, loss_func
+
+
+@contextlib.contextmanager
+def _watched(tracker, received: list, returned: list, marks: list):
+    """The schedule's receives, forward_step and backward_step wrapped to log what they make, while recording."""
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+
+    communicate, forward_step, backward_step = (p2p_communication.P2PCommunicator._communicate,
+                                                schedules.forward_step, schedules.backward_step)
+
+    def comm(self, *args, **kwargs):
+        prev, nxt, reqs = communicate(self, *args, **kwargs)
+        if nxt is not None and tracker.recording:
+            received.append(tracker.key(nxt))
+        return prev, nxt, reqs
+
+    def forward(*args, **kwargs):
+        out = forward_step(*args, **kwargs)
+        if tracker.recording:
+            marks.append(("F", len(tracker.events)))
+        return out
+
+    def backward(*args, **kwargs):
+        if tracker.recording:
+            marks.append(("B", len(tracker.events)))
+        out = backward_step(*args, **kwargs)
+        if tracker.recording:
+            marks.append(("B end", len(tracker.events)))
+            returned.extend(tracker.key(t) for t in (out if isinstance(out, list) else [out]) if torch.is_tensor(t))
+        return out
+
+    p2p_communication.P2PCommunicator._communicate = comm
+    schedules.forward_step, schedules.backward_step = forward, backward
+    try:
+        yield
+    finally:
+        p2p_communication.P2PCommunicator._communicate = communicate
+        schedules.forward_step, schedules.backward_step = forward_step, backward_step
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:] + ["middle", "5", "3", "1", "0"][len(sys.argv) - 1:]
+    stage, m, pp, vpp, overlap = args[0], int(args[1]), int(args[2]), int(args[3]), args[4] == "1"
+    print(f"stage {stage} of {pp}, {vpp} chunk(s), {m} micro-batches, overlap {overlap}: operation, output "
+          "gradients received and alive, input gradients returned and alive")
+    for row in held(stage, m, pp, vpp, overlap):
+        print(*row, sep="\t")
