@@ -210,10 +210,13 @@ MAMBA_FALLBACK_FAKE_PEAKS = {"falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b
 KNOWN_RESERVED_GAPS = {
     *MAMBA_FALLBACK_FAKE_PEAKS,  # the torch fallback's run (KNOWN_GPU_GAPS)
     # -10.7%, the allocated peak to -0.01%: the GPU cached 1,783,756,288 B at the peak, the replay 109,649,920 B.
-    # The GPU's segments include five of 1,648,361,472 B (b x s x vocab x 4 B: the loss's fp32 logits, Pythia's
-    # untied 50,304-token head); StarCoder2-3B's sibling (six of b x s x vocab x 4 B, -8.8%) is the same pattern.
-    # Not yet diagnosed: which logits-sized request the replay serves from a cached block that the GPU could not
-    # (the H200 run of 2026-11-27)
+    # The GPU made five segments of 1,648,361,472 B (b x s x vocab x 4 B: the loss's fp32 logits, Pythia's untied
+    # 50,304-token head), the replay four; at the step's end one of the GPU's five holds a 206,045,184 B block
+    # (50,304 x 2,048 x 2 B: an embedding-sized tensor, step 1's AdamW state of the embedding or head made after the
+    # loss's segments were cached), so that segment no longer serves a logits-sized request. StarCoder2-3B's sibling
+    # (-8.8%) shows the same: six segments of its fp32 logits against the replay's five, one holding 905,969,664 B
+    # (three of its embedding's size). The replay places step 1's states elsewhere; which free blocks the GPU had
+    # then, the record (segments at the end, no allocator history) does not say (the H200 run of 2026-11-27)
     "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10",
 }
 # Over by more than 10% (10.03%): peft's trainable copies of the embedding and head (modules_to_save, 1,002 MiB
