@@ -1,6 +1,7 @@
 """The measuring harness (validation/): fake-tensor measurements equal real CPU runs byte for byte,
 and its numbers agree with hand computation. Needs the [validate] extra (torch, transformers)."""
 
+import contextlib
 import copy
 import functools
 import json
@@ -38,6 +39,8 @@ VARIANTS = [
     # Falcon on flash-attn's kernel (validation/hf/falcon.py): multi-query, and the new architecture's k, v copies
     Run("tiny-falcon", SEQ, BATCH, attention="flash_attention_2"),
     Run("tiny-falcon-new", SEQ, BATCH, recipe="amp", recompute="full", attention="flash_attention_2"),
+    # GPT-2's gelu_new under autocast: pow on CUDA autocast's fp32 list (validation/core/autocast.py)
+    Run("tiny-gpt2", SEQ, BATCH, recipe="amp", attention="eager"),
 ]
 
 
@@ -147,3 +150,32 @@ def test_a_record_reproduces():
             {k: HARNESS.versions()[k] for k in ("torch", "transformers")}:
         pytest.skip(f"records were measured with {stored['versions']}, this is {HARNESS.versions()}")
     assert measure(CASES[case]) == stored["measured"]
+
+
+def test_cpu_autocast_gets_cudas_fp32_lists():
+    """Under the emulation a CPU autocast runs CUDA autocast's fp32 ops in fp32 (autocast_mode.h AT_FORALL_FP32,
+    AT_FORALL_FP32_SET_OPT_DTYPE), the cast recorded by autograd, so GPT-2's gelu_new saves an fp32 copy of its
+    bf16 input for pow's backward: 4 B an element where the CPU's own autocast keeps the 2 B input itself. An
+    explicit dtype is kept; outside autocast nothing changes."""
+    from torch.autograd.graph import saved_tensors_hooks
+    from transformers.activations import NewGELUActivation
+    from validation.core.autocast import cuda_autocast_lists
+
+    def saved_by_gelu(emulate: bool) -> list[torch.dtype]:
+        x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+        saved = []
+        with (cuda_autocast_lists() if emulate else contextlib.nullcontext()), \
+                torch.autocast("cpu", dtype=torch.bfloat16), saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = NewGELUActivation()(x)
+        return y.dtype, [t.dtype for t in saved if t.shape == x.shape]
+
+    assert saved_by_gelu(False) == (torch.bfloat16, [torch.bfloat16] * 4)  # x (by pow), tanh, 0.5 x, 1 + tanh
+    out, dtypes = saved_by_gelu(True)
+    # pow's fp32 x, tanh's output, the last product's 1 + tanh and 0.5 x
+    assert (out, dtypes) == (torch.float32, [torch.float32, torch.float32, torch.float32, torch.bfloat16])
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    with cuda_autocast_lists(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (x.softmax(-1).dtype, x.softmax(-1, dtype=torch.bfloat16).dtype, x.sum().dtype) == \
+            (torch.float32, torch.bfloat16, torch.float32)
+    with cuda_autocast_lists():
+        assert x.pow(3.0).dtype == torch.bfloat16

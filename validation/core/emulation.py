@@ -1,6 +1,6 @@
 """Make a CPU run (fake or real) allocate what a CUDA run of the same step allocates.
 
-Four differences between the CPU build and an H100 run matter for memory, and are patched
+Five differences between the CPU build and an H100 run matter for memory, and are patched
 here for the duration of a measurement:
 
 1. `F.scaled_dot_product_attention`: on CUDA with bf16 inputs, no mask and `enable_gqa`, SDPA
@@ -22,7 +22,9 @@ here for the duration of a measurement:
    tracker counts that temporary (`_softmax_backward_temporary`; `cuda_softmax_backward` installs it, inside
    `cuda_emulation` and in the Megatron harness). The H200 records of DeepSeek-V3.2's
    eager attention (128 heads, the softmax in fp32) showed it: 4 b a s^2 bytes over the fake peak.
-4. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
+4. Autocast: CPU autocast leaves in bf16 ops CUDA autocast runs in fp32 (`pow`, `exp`, `layer_norm`, `softmax`,
+   `sum`, ...); `cuda_autocast_lists` (autocast.py) gives the CPU's autocast CUDA's fp32 lists.
+5. The caching allocator's 512-byte rounding and host-resident scalars live in `tracker.py`;
    foreach AdamW/SGD is requested explicitly (`foreach=True`) where the optimizer is built.
 """
 
@@ -34,6 +36,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
+
+from .autocast import cuda_autocast_lists
 
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
 
@@ -172,7 +176,7 @@ def cuda_emulation(tracker):
     F.scaled_dot_product_attention = _flash_sdpa(tracker.hidden)
     masking.find_packed_sequence_indices = _unpacked_sequences(saved[1])
     try:
-        with cuda_softmax_backward(tracker):
+        with cuda_softmax_backward(tracker), cuda_autocast_lists():
             yield
     finally:
         F.scaled_dot_product_attention, masking.find_packed_sequence_indices = saved

@@ -78,7 +78,8 @@ def mlp_entries(arch: Architecture, training: Training, par: Parallel, kind: str
         out += _norm_output("fc1 input", T, arch, training, 1 if fused_kernels(training) or not arch.gated_mlp else 2,
                             NORM, weights=("gate", "up"))
     if kind == "dense":
-        out += _mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",))
+        out += _composite_gelu_input(_mlp("", T, arch.intermediate_size, arch, training, "tp", "f", ("mlp",)),
+                                     arch, training)
         out += composite_gelu_entries(arch, training, T)
     else:
         e, k, phi = arch.num_experts, arch.num_experts_per_token, training.moe_capacity_factor
@@ -160,17 +161,44 @@ def _shared_expert_entries(arch: Architecture, training: Training, T: float) -> 
     return out
 
 
+COMPOSITE_GELU_AUTOCAST = (
+    "torch 2.13 aten/src/ATen/autocast_mode.h AT_FORALL_FP32 (CUDA autocast's fp32 list; torch 2.11 the same): "
+    "pow.Tensor_Scalar runs in fp32, so pow keeps an fp32 copy of x and the tanh chain after it is fp32; "
+    "measured on an H200: tests/data/measured/gpu/gpt2-medium-8layers-amp-adamw-norecompute-eager-s1024-b4")
+
+
+def _composite_gelu(arch: Architecture, training: Training) -> bool:
+    return arch.composite_gelu and not arch.gated_mlp and training.framework in TRANSFORMERS_FRAMEWORKS \
+        and not compiled(training)
+
+
+def _composite_gelu_input(entries: list[Entry], arch: Architecture, training: Training) -> list[Entry]:
+    """Under CUDA autocast, gelu_new's ``torch.pow(x, 3.0)`` casts the bf16 fc1 output to fp32 and keeps that copy
+    for backward, not x itself (COMPOSITE_GELU_AUTOCAST): the activation input is kept in 4 bytes."""
+    if not (_composite_gelu(arch, training) and autocast(training)):
+        return entries
+    return [e._replace(name="fc1 output (activation input, pow's fp32 copy under autocast)", bytes_per_element=4,
+                       formula=e.formula.replace("B*", "4*", 1)) if e.name == "fc1 output (activation input)" else e
+            for e in entries]
+
+
 def composite_gelu_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
     """transformers 5.23 activations.py NewGELUActivation: ``0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 *
     torch.pow(x, 3.0))))``. Beside x (kept by pow) and the output (fc2's input), autograd keeps tanh's output and
     both factors of the last product, 0.5 * x and 1 + tanh (torch 2.13 derivatives.yaml: tanh saves its result, mul
-    both operands); measured: tests/data/measured/gpt2-medium-8layers-*. Under the transformers frameworks,
-    uncompiled; a non-gated MLP only (`Architecture.composite_gelu`)."""
-    if not arch.composite_gelu or arch.gated_mlp or training.framework not in TRANSFORMERS_FRAMEWORKS \
-            or compiled(training):
+    both operands); measured: tests/data/measured/gpt2-medium-8layers-*. Under CUDA autocast pow runs in fp32
+    (COMPOSITE_GELU_AUTOCAST): tanh's output and 1 + tanh are fp32, 0.5 * x (of the bf16 x) stays 16-bit, and the
+    fp32 product is cast to bf16 by fc2 (its input entry). Under the transformers frameworks, uncompiled; a
+    non-gated MLP only (`Architecture.composite_gelu`)."""
+    if not _composite_gelu(arch, training):
         return []
-    return [Entry("gelu_new: tanh output, 0.5 * x and 1 + tanh", 3 * T * arch.intermediate_size,
-                  bytes_per_element(training.compute_dtype), "tp", "3*B*s*b*f", recompute=("mlp",), tensors=3)]
+    f, B = T * arch.intermediate_size, bytes_per_element(training.compute_dtype)
+    if autocast(training):
+        return [Entry("gelu_new: tanh output and 1 + tanh (fp32 under autocast)", 2 * f, 4, "tp", "2*4*s*b*f",
+                      recompute=("mlp",), tensors=2),
+                Entry("gelu_new: 0.5 * x", f, B, "tp", "B*s*b*f", recompute=("mlp",))]
+    return [Entry("gelu_new: tanh output, 0.5 * x and 1 + tanh", 3 * f, B, "tp", "3*B*s*b*f", recompute=("mlp",),
+                  tensors=3)]
 
 
 def mlp_tail_entries(arch: Architecture, training: Training, T: float) -> list[Entry]:
