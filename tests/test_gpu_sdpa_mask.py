@@ -243,8 +243,9 @@ def _backend(path, row: dict) -> str:
 
 
 def _rows(path, backend: str, kind: str | None = None) -> list[dict]:
-    """The record's rows that ran `backend` (and are of `kind`); a skip where it has none yet (the no-cuDNN group
-    came after the H200's first run: `python3 -m validation.gpu run --out $OUT --budget 150 --case sdpa-mask`)."""
+    """The record's rows that ran `backend` (and are of `kind`); a skip where it has none (a record without the
+    no-cuDNN group, as the H200's first run was: `python3 -m validation.gpu run --out $OUT --budget 150 --case
+    sdpa-mask` makes all three)."""
     rows = [row for row in _cases(path).values() if _backend(path, row) == backend and kind in (None, row["kind"])]
     if not rows:
         pytest.skip(f"{path.stem} has no {kind or ''} case on {backend} yet")
