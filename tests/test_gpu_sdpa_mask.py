@@ -21,10 +21,14 @@ from validation.gpu.__main__ import main  # noqa: E402
 from validation.gpu.sdpa_mask import (GPU_GROUPS, GROUPS, NO_CUDNN, Case, _mirror, bool_mask, call,  # noqa: E402
                                       inputs, prediction, sdpa_seen)
 
-# the philox seed and offset SDPA's fused kernels save beside their tensors: two int64 scalars, on the host for the
-# flash and efficient kernels in torch 2.11 when dropout is 0, on the device under cuDNN (aten/src/ATen/native/cudnn/
-# MHA.cpp: 8 bytes each, the saved set's 16 B over the estimator's)
-PHILOX = 16
+# the RNG state SDPA's fused kernels save beside their tensors, made even when dropout is 0: the device bytes of it,
+# which the estimator's ledger leaves out. cuDNN: the philox seed and offset, two int64 scalars on the device
+# (aten/src/ATen/native/cudnn/MHA.cpp run_cudnn_SDP_fprop), 16 B; FlashAttention-2: rng_state, two uint64 on the
+# device, and an unused uint64 scalar there too (transformers/cuda/flash_attn/flash_api.cpp mha_fwd, "BC breaking
+# change to flash seed/offset"), 24 B; the memory-efficient kernel: its seed and offset on the host outside graph
+# capture (transformers/cuda/attention.cu _efficient_attention_forward, "Seed and Offset Device"), 0 B; math: none.
+# All as autograd recorded them on the H200 (torch 2.11.0+cu130)
+RNG_STATE = {"cudnn": 16, "flash": 24, "efficient": 0, "math": 0}
 
 
 def test_the_gpu_grid():
@@ -239,8 +243,9 @@ def _backend(path, row: dict) -> str:
 
 
 def _rows(path, backend: str, kind: str | None = None) -> list[dict]:
-    """The record's rows that ran `backend` (and are of `kind`); a skip where it has none yet (the no-cuDNN group
-    came after the H200's first run: `python3 -m validation.gpu run --out $OUT --budget 150 --case sdpa-mask`)."""
+    """The record's rows that ran `backend` (and are of `kind`); a skip where it has none (a record without the
+    no-cuDNN group, as the H200's first run was: `python3 -m validation.gpu run --out $OUT --budget 150 --case
+    sdpa-mask` makes all three)."""
     rows = [row for row in _cases(path).values() if _backend(path, row) == backend and kind in (None, row["kind"])]
     if not rows:
         pytest.skip(f"{path.stem} has no {kind or ''} case on {backend} yet")
@@ -321,24 +326,50 @@ def test_the_gpu_ran_what_torch_dispatches(path):
         elif backend == "efficient":  # the first of cutlassB.h's dispatch order for the head dim and sequence
             found = {m_.group(0) for n in m["kernels"] for m_ in [CUTLASS_BACKWARD.search(n)] if m_}
             assert found == {backward_kernel(row["seq"], row["head_dim"]).name}, row["case"]
+            # the forward: the 32 x 128 'gmem' kernel (an fp32 output accumulator) above d 128, a register one below
+            (forward,) = [n for n in m["kernels"] if n.startswith("fmha_cutlassF_bf16_aligned_")]
+            gmem = forward_accumulator(row["batch"], row["heads"], row["seq"], row["head_dim"]) > 0
+            assert ("_32x128_gmem_sm80" in forward) == gmem and ("_rf_sm80" in forward) != gmem, row["case"]
 
 
 @pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
 def test_the_estimator_charges_what_the_gpu_saved(path):
     """Every modelled case: what autograd saved on the device (each storage once, the inputs included) is the
-    estimator's core entries and attention output for that layer, but cuDNN's two 8-byte philox scalars (the flash
-    and efficient kernels keep theirs on the host without dropout); a sliding case's excess over its control is
-    sdpa_mask.py's two entries (k, v repeated and the bf16 bias), to the byte, whichever kernel ran."""
+    estimator's core entries and attention output for that layer, but the kernel's RNG state on the device (RNG_STATE:
+    cuDNN's 16 B, FlashAttention-2's 24 B; the memory-efficient kernel keeps its seed and offset on the host); a
+    sliding case's excess over its control is sdpa_mask.py's two entries (k, v repeated and the bf16 bias), to the
+    byte, but the two kernels' RNG state: nothing under cuDNN, where both calls keep 16 B; without cuDNN 24 B less
+    (the masked efficient call none, its flash control 24 B: 16,777,192 B for 4B at s 2048 b 1, not 16,777,216). The
+    efficient kernel's log-sum-exp is padded to 32 queries (kAlignLSE), no byte at these sequences."""
     rows = _cases(path)
     for row in rows.values():
         if row["kind"] == "falcon":
             continue
-        predicted = prediction(_case(row))
-        philox = PHILOX if _backend(path, row) == "cudnn" else 0
-        assert row["measured"]["saved_bytes"] - predicted["saved_bytes"] == philox, row["case"]
+        predicted, backend = prediction(_case(row)), _backend(path, row)
+        assert row["measured"]["saved_bytes"] - predicted["saved_bytes"] == RNG_STATE[backend], row["case"]
         if row["kind"] == "sliding":
-            control = rows[row["case"].replace("-sliding-", "-causal-")]["measured"]["saved_bytes"]
-            assert row["measured"]["saved_bytes"] - control == predicted["masked_extra_bytes"], row["case"]
+            control = rows[row["case"].replace("-sliding-", "-causal-")]
+            rng = RNG_STATE[backend] - RNG_STATE[_backend(path, control)]
+            assert row["measured"]["saved_bytes"] - control["measured"]["saved_bytes"] == (
+                predicted["masked_extra_bytes"] + rng), row["case"]
+
+
+@pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
+def test_the_rng_state_each_kernel_saved(path):
+    """The saved tensors beyond the ledger, as autograd recorded them: cuDNN two int64 scalars on the device,
+    FlashAttention-2 a two-element uint64 rng_state and a uint64 scalar on the device, the memory-efficient kernel
+    two int64 scalars on the host (RNG_STATE's sources)."""
+    expected = {"cudnn": [([], "int64", "cuda")] * 2, "flash": [([2], "uint64", "cuda"), ([], "uint64", "cuda")],
+                "efficient": [([], "int64", "cpu")] * 2}
+    for row in _cases(path).values():
+        backend = _backend(path, row)
+        if backend == "math":
+            continue
+        small = [(t["shape"], t["dtype"], t["device"]) for t in row["measured"]["saved_tensors"]
+                 if t["dtype"] in ("int64", "uint64")]
+        assert small == expected[backend], row["case"]
+        assert sum(t["storage_bytes"] for t in row["measured"]["saved_tensors"]
+                   if t["dtype"] in ("int64", "uint64") and t["device"] == "cuda") == RNG_STATE[backend], row["case"]
 
 
 def replayed_peaks(allocations: dict, backward: list | None = None) -> tuple[int, int]:
@@ -459,26 +490,27 @@ def test_the_harness_flash_emulation_is_cudnns_backward(path):
 
 def efficient_requests(case: Case) -> dict[str, list[int]]:
     """What a sliding case requests through the memory-efficient kernel, by its sources (sdpa_mask.py
-    KERNEL_SOURCE): in the forward repeat_kv's k and v, the bf16 bias, the output, the fp32 log-sum-exp (queries
-    padded to 32, kAlignLSE) and, above a head dim of 128, the fp32 output accumulator; in the backward dQ, dK, dV at
+    KERNEL_SOURCE): in the forward repeat_kv's k and v, the bf16 bias (after at::where's two 2-byte scalars), then
+    _efficient_attention_forward's output, fp32 log-sum-exp (queries padded to 32, kAlignLSE) and, above a head dim
+    of 128, the fp32 output accumulator (its seed and offset on the host: no request); in the backward dQ, dK, dV at
     every head, the fp32 delta (b x heads x s) and the workspace of the CUTLASS variant cutlassB.h's dispatch gives."""
     b, a, s, d = case.batch, case.heads, case.seq, case.head_dim
     q = b * s * a * d * 2
-    accumulator = forward_accumulator(b, a, s, d)
-    return {"forward": [q, q, b * s * s * 2, q, b * a * -(-s // 32) * 32 * 4] + ([accumulator] if accumulator else []),
+    accumulator = [forward_accumulator(b, a, s, d)] if d > 128 else []
+    return {"forward": [q, q, 2, 2, b * s * s * 2, q, b * a * -(-s // 32) * 32 * 4] + accumulator,
             "backward": [q, q, q, b * a * s * 4, backward_workspace(backward_kernel(s, d), b, a, s, d)]}
 
 
 @pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
 def test_the_efficient_kernels_requests_are_their_sources(path):
     """Without cuDNN a sliding case's forward requests k and v repeated, the bias, the output, the log-sum-exp and
-    (d > 128) the fp32 accumulator; its backward dQ, dK, dV, delta and backward_workspace(), in that order and to the
-    byte; the backward's peak is that moment (the state before it plus those five, replayed, is the measured peak)."""
+    (d > 128) the fp32 accumulator, nothing else; its backward dQ, dK, dV, delta and backward_workspace(), in that
+    order and to the byte (42,999,808 B for 4B at s 2048 b 1, 67,125,248 B for 27B at s 4096 b 1); the backward's peak
+    is that moment (the state before it plus those five, replayed, is the measured peak)."""
     for row in _rows(path, "efficient", "sliding"):
         m, expected = row["measured"], efficient_requests(_case(row))
         forward = [size for size, _ in m["allocations"]["forward"] if size > 0]
-        assert all(forward.count(size) >= expected["forward"].count(size) for size in expected["forward"]), (
-            row["case"], forward)
+        assert forward == expected["forward"], (row["case"], forward)
         backward = [size for size, _ in m["allocations"]["backward"] if size > 0]
         assert backward[:5] == expected["backward"], (row["case"], backward[:8])
         assert replayed_peaks(m["allocations"], expected["backward"])[1] == m["backward_peak_bytes"], row["case"]
@@ -487,10 +519,14 @@ def test_the_efficient_kernels_requests_are_their_sources(path):
 @pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: p.stem)
 def test_the_flash_control_is_the_harness_emulation(path):
     """Without cuDNN the unmasked control runs SDPA's FlashAttention-2 with enable_gqa, which the fake-tensor harness
-    emulates for every flash record: its backward requests what validation/core/emulation.py allocates, and its
-    peak is that moment."""
+    emulates for every flash record: its forward requests mha_fwd's output, fp32 log-sum-exp (b x heads x s,
+    unpadded), rng_state (16 B) and the unused 8 B scalar, nothing else; its backward what validation/core/
+    emulation.py allocates, and its peak is that moment."""
     for row in _rows(path, "flash", "causal"):
         m, expected = row["measured"], flash_backward_requests(_case(row))
+        b, a, s, d = row["batch"], row["heads"], row["seq"], row["head_dim"]
+        forward = [size for size, _ in m["allocations"]["forward"] if size > 0]
+        assert forward == [b * s * a * d * 2, b * a * s * 4, 16, 8], (row["case"], forward)
         backward = [size for size, _ in m["allocations"]["backward"] if size > 0]
         assert backward[:len(expected)] == expected, (row["case"], backward[:10])
         assert replayed_peaks(m["allocations"], expected)[1] == m["backward_peak_bytes"], row["case"]
@@ -526,4 +562,4 @@ def test_falcon_on_sdpa(path):
     rows = [row for row in _cases(path).values() if row["kind"] == "falcon"]
     assert rows
     for row in rows:
-        assert abs(row["measured"]["saved_bytes"] - prediction(_case(row))["saved_bytes"]) <= PHILOX
+        assert row["measured"]["saved_bytes"] == prediction(_case(row))["saved_bytes"]

@@ -90,10 +90,12 @@ def sdpa_mask_experiment(groups: tuple[str, ...] | None = None) -> Experiment:
 
     return Experiment("sdpa-mask", "sdpa_mask", tuple(SubRun((g,)) for g in groups or GPU_GROUPS), True,
                       "transformers' SDPA call with a 4-D mask (Gemma 3's sliding layers: the bool mask, k and v "
-                      "repeated to the query heads, the memory-efficient kernel), its unmasked control and Falcon-7B's "
-                      "71-on-1-head call (the math backend), bf16 forward and backward: max_memory_allocated over "
-                      "the inputs, the tensors autograd saved, the backend and kernels that ran, beside the "
-                      "estimator's ledger for the layer (validation/gpu/sdpa_mask.py)")
+                      "repeated to the query heads), its unmasked control and Falcon-7B's 71-on-1-head call (the "
+                      "math backend), bf16 forward and backward, with torch's default backends (cuDNN's attention "
+                      "where torch puts it first) and, for five Gemma shapes, without cuDNN (the memory-efficient "
+                      "kernel for the masked call, FlashAttention-2 for the control): max_memory_allocated over the "
+                      "inputs, every request of the allocator, the tensors autograd saved, the backend and kernels "
+                      "that ran, beside the estimator's ledger for the layer (validation/gpu/sdpa_mask.py)")
 
 
 def nccl_mechanism_experiment() -> Experiment:

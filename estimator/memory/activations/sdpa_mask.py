@@ -19,7 +19,9 @@ local_attention_size`` returns False, so ``sdpa_mask`` builds a 4-D bool mask, b
   attention``: attn_bias, output, log_sumexp); both keep the same bytes (the efficient kernel's log-sum-exp padded
   to 32 queries), so the ledger is one. Measured: the H200's sdpa-mask experiment (tests/data/measured/gpu/
   experiments/sdpa-mask-h200.json, torch 2.11.0+cu130, cuDNN 9.19): every sliding call ran cuDNN and saved this set to
-  the byte (beside the two 8-byte philox scalars, on the device under cuDNN: 2 x 512 B a layer, left out).
+  the byte (beside the two 8-byte philox scalars, on the device under cuDNN: 2 x 512 B a layer, left out); with
+  cuDNN disabled (its gemma-3-nocudnn sub-run) the memory-efficient kernel saved it to the byte too (its seed and
+  offset on the host), and the unmasked control, FlashAttention-2, the grouped set beside 24 B of RNG state.
 Gemma 2 and gpt-oss are not on this path: soft-capping and attention sinks keep them off SDPA (modeling_gemma2.py
 and modeling_gpt_oss.py ``_supports_sdpa = False``), so their "flash" is flash-attn's, which slides without a mask.
 Mistral's sliding window (every layer, modeling_mistral.py ``create_sliding_window_causal_mask``) is, and so are
@@ -31,9 +33,10 @@ bytes, made once a step) is left out. Under full recompute the extra tensors exi
 time (its twin at s4096 shows no gap: its peaks, the loss's backward and the optimizer step, come before or after).
 The kernels' own buffers for the length of a call are not in the ledger (a layer's backward, with its dQ, dK and dV,
 is never the step's peak beside the loss's moment in the records): cuDNN's (`cudnn_backward_workspace`, CUDNN_SOURCE)
-held to the H200's experiment to the byte, the memory-efficient kernel's (`backward_workspace`, `forward_accumulator`,
-KERNEL_SOURCE) by its sources only, for the stacks that still run it (`sdpa_backend`: torch 2.11 on an A100, or
-with a cuDNN up to 9.15.0 as the CUDA 12 wheels ship, or torch up to 2.8).
+held to the H200's experiment to the byte, and the memory-efficient kernel's (`backward_workspace`,
+`forward_accumulator`, KERNEL_SOURCE), for the stacks that run it by default (`sdpa_backend`: torch 2.11 on an A100,
+or with a cuDNN up to 9.15.0 as the CUDA 12 wheels ship, or torch up to 2.8), to the byte too over its five shapes
+with cuDNN disabled (the k65536 and k128 backward variants).
 """
 
 from __future__ import annotations
@@ -168,13 +171,15 @@ def cudnn_backward_workspace(batch: int, q_heads: int, kv_heads: int, seq: int, 
 
 # --- the memory-efficient kernel's own buffers (not in the layer's ledger: what it allocates inside the call) -------
 # Reached where cuDNN is not first (`sdpa_backend`): torch 2.11 on an A100 (sm80), on sm90 with a cuDNN up to 9.15.0,
-# torch up to 2.8; no GPU record holds these yet (the H200 ran cuDNN)
+# torch up to 2.8; measured on the H200 with cuDNN disabled (sdpa-mask-h200.json's gemma-3-nocudnn sub-run: the
+# forward's accumulator and the backward's workspace are these functions' to the byte at d 256 and 128)
 
 KERNEL_SOURCE = ("torch 2.13 aten/src/ATen/native/transformers/cuda/mem_eff_attention/kernels/cutlassB.h "
                  "dispatch_cutlassB_bf16_sm80 (the order), kernel_backward.h (kOutputInRF, kNeedsAccumGradQ/K/V, "
                  "workspace_elements_gk/gv/gq, workspace_size), cuda/attention_backward.cu _efficient_attention_"
                  "backward (grad_q, grad_k, grad_v, delta, the workspace; the split-keys heuristic), kernel_forward.h "
-                 "kNeedsOutputAccumulatorBuffer and cuda/attention.cu (the fp32 output accumulator)")
+                 "kNeedsOutputAccumulatorBuffer and cuda/attention.cu (the fp32 output accumulator); measured to the "
+                 "byte: tests/data/measured/gpu/experiments/sdpa-mask-h200.json, gemma-3-nocudnn")
 
 
 class BackwardKernel(NamedTuple):
