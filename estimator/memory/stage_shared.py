@@ -271,9 +271,10 @@ ONE_RANK_GROUPS = {
          "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py start_grad_sync l. 443, start_param_sync l. 285"),
         ("distributed optimizer instance", "all_reduce of the gradient norm over grad_stats_parallel_group, the "
          "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP (the model-parallel group without the distributed optimizer), "
-         "at the first step's clip_grad_norm (OptimizerConfig.clip_grad 1.0 by default)",
-         "Megatron-Core 0.16.1 optimizer/clip_grads.py get_grad_norm_fp32 l. 130, optimizer/__init__.py l. 459 "
-         "(462, 466), parallel_state.py l. 1329-1347; measured: the nccl-mechanism record's collectives by group"),
+         "in every step: ChainedOptimizer.step takes the norm whatever clip_grad (the runs' is 0)",
+         "Megatron-Core 0.16.1 optimizer/clip_grads.py get_grad_norm_fp32 l. 130, optimizer/optimizer.py l. 1277, "
+         "1314, optimizer/__init__.py l. 459 (462, 466), 689, parallel_state.py l. 1329-1347; measured: the "
+         "nccl-mechanism record's collectives by group"),
     ),
 }
 
