@@ -11,7 +11,8 @@ from pathlib import Path
 
 from estimator import estimate_config
 from estimator.spec.cuda_modules import H200_STACK
-from estimator.spec.nccl import GRANULARITY, NCCL_KERNELS, cumem, one_rank_communicator
+from estimator.spec.nccl import (GRANULARITY, NCCL_KERNELS, NCCL_SHARED_STEPS, OLD_MAXCHANNELS, OLD_P2P_CHUNK,
+                                 P2P_NVL_CHUNK, SMALL_PAGE, cumem, one_rank_communicator, shared_p2p_buffer)
 
 MEASURED = Path(__file__).parent / "data" / "measured" / "gpu"
 MiB = 2**20
@@ -31,11 +32,16 @@ def record(*parts: str) -> dict:
 
 def test_a_communicator_of_one_rank_by_hand():
     """194 allocations of 64,356 B requested (init.cc l. 512, 514: 23,648 + 4; channel.cc l. 42, 45, 56: 608 + 24 + 4
-    per channel), each its own 2 MiB with cuMem: 388 MiB; torch 2.2's NCCL 2.19.3 is the first with cuMem on."""
+    per channel), each its own 2 MiB with cuMem: 388 MiB; torch 2.2's NCCL 2.19.3 is the first with cuMem on. Before
+    it (NCCL 2.14.3, 2.18.1: MAXCHANNELS 32, no cuMem) the net proxy's shared buffer, 32 channels x 16 steps x
+    128 KiB = 64 MiB, and 1 + 2 x 32 (2.14.3) or 1 + 3 x 32 (2.18.1) small allocations in the shared page."""
     comm = one_rank_communicator((2, 11))
     assert (comm.allocations, comm.bytes) == (194, 194 * 2 * MiB) == (COMMUNICATOR, 406_847_488)
-    old = one_rank_communicator((2, 1))
-    assert (old.allocations, old.bytes) == (194, 23_648 + 4 + 64 * (608 + 24 + 4)) == (194, 64_356)
+    assert (OLD_MAXCHANNELS, NCCL_SHARED_STEPS, OLD_P2P_CHUNK) == (32, 16, 128 * 1024)
+    assert one_rank_communicator((2, 1)) .bytes == one_rank_communicator((2, 0)).bytes == 32 * 16 * 128 * 1024 == \
+        64 * MiB
+    assert (one_rank_communicator((2, 0)).allocations, one_rank_communicator((2, 1)).allocations) == \
+        (1 + 2 * 32 + 1, 1 + 3 * 32 + 1)
     assert not cumem((2, 0)) and not cumem((2, 1)) and cumem((2, 2)) and cumem((2, 13))
     assert NCCL_KERNELS == KERNELS * GRANULARITY == 178_257_920
 
@@ -94,7 +100,8 @@ def test_megatron_four_communicators():
     """Megatron-Core 0.16.1 at world size 1 (init_process_group without device_id: each communicator at its group's
     first collective): the build makes one (the world's all_gather_object in get_megatron_optimizer): 85 + 194
     granules; step 1 three more (the TP group's loss all_reduce, the DP x CP group's reduce_scatter and all_gather,
-    and a fourth whose collective the CPU run does not show) and 67 granules of kernels, the HF eager step's 66 and
+    and the distributed optimizer's instance group's gradient-norm all_reduce: the nccl-mechanism record) and 67
+    granules of kernels, the HF eager step's 66 and
     1 more: the estimate is 1 granule (2 MiB) under the 2,595,028,992 B the three Megatron records hold."""
     run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
     measured = run["measured"]
@@ -110,13 +117,119 @@ def test_megatron_four_communicators():
 
 
 def test_the_nccl_of_torch_before_2_2_allocates_without_cumem():
-    """torch 2.0 (NCCL 2.14.3) and 2.1 (2.18.1): NCCL_CUMEM_ENABLE off by default, so a communicator's 194
-    allocations are 64,356 B requested (cudaMalloc shares pages); NCCL's kernels are charged as measured."""
+    """torch 2.0 (NCCL 2.14.3) and 2.1 (2.18.1): NCCL_CUMEM_ENABLE off by default, so, as the H200 run with
+    NCCL_CUMEM_ENABLE=0 measured: NCCL's kernels (85 granules), each communicator's net proxy shared buffer (64 MiB
+    at 32 channels x 128 KiB) and one 2 MiB page for all the communicators' small cudaMallocs. DeepSpeed's two
+    communicators: 170 + 2 x 64 + 2 = 300 MiB (the world was charged 170.1 MiB, the requested bytes, before the run)."""
     run = record("deepspeed", "deepspeed-qwen-1.8b-zero3-foreach-adamw-recompute-s256-b1.json")
     config = json.loads(json.dumps(run["config"]))
-    config["training"]["torch_version"] = "2.0"
-    _, communication = _outside(config)
-    assert communication == NCCL_KERNELS + 2 * 64_356
+    for version in ("2.0", "2.1"):
+        config["training"]["torch_version"] = version
+        _, communication = _outside(config)
+        assert communication == NCCL_KERNELS + 2 * 64 * MiB + SMALL_PAGE == 300 * MiB
+
+
+def _mechanism(framework: str, cumem_enable: str | None) -> dict:
+    runs = record("experiments", "nccl-mechanism-h200.json")["runs"]
+    run = next(r for r in runs if r["run"] == {"framework": framework, "nccl_cumem_enable": cumem_enable})
+    return run["measured"]
+
+
+def _by_stage(measured: dict) -> tuple[dict, dict]:
+    deltas = {d["stage"]: d["outside_allocator_bytes"] for d in measured["deltas"]}
+    logs = {row["stage"]: row["nccl"] for row in measured["stages"]}
+    return deltas, logs
+
+
+def test_the_mechanism_record_with_cumem_stage_by_stage():
+    """nccl-mechanism, DeepSpeed as NCCL defaults (cuMem on): nccl-world's granules again (85 + 194 at
+    init_distributed, 194 + 76 at the tiny engine's first step, nothing at the all_reduces or step 2), and NCCL's own
+    log at each stage says which: one communicator of 194 allocations of 64,356 B at init_distributed
+    (ncclCommInitRankConfig) and one at the first step (ncclCommSplit of the world: the engine's clone)."""
+    deltas, logs = _by_stage(_mechanism("deepspeed", None))
+    assert deltas["context"] == CONTEXT_OUTSIDE
+    assert granules(deltas["init_distributed"]) == KERNELS + COMMUNICATOR == 279
+    assert granules(deltas["deepspeed_zero3_tiny"]) == COMMUNICATOR + 76 == 270
+    assert deltas["all_reduce_1"] == deltas["all_reduce_64mib"] == deltas["deepspeed_zero3_tiny_step2"] == 0
+    counts = {stage: (log["communicators"], log["device_allocs"], log["device_alloc_bytes"]) for stage, log in
+              logs.items()}
+    assert counts == {"context": (0, 0, 0), "init_distributed": (1, 194, 64_356), "all_reduce_1": (0, 0, 0),
+                      "all_reduce_64mib": (0, 0, 0), "deepspeed_zero3_tiny": (1, 194, 64_356),
+                      "deepspeed_zero3_tiny_step2": (0, 0, 0)}
+    assert logs["init_distributed"]["init_lines"][0].startswith("ncclCommInitRankConfig")
+    assert logs["deepspeed_zero3_tiny"]["init_lines"][0].startswith("ncclCommSplit")
+
+
+def test_the_mechanism_record_without_cumem_stage_by_stage():
+    """nccl-mechanism, DeepSpeed with NCCL_CUMEM_ENABLE=0: each communicator logs 195 allocations, its 194 small
+    ones (64,356 B) and one of 536,870,912 B = 64 channels x 16 steps x 512 KiB, the net proxy's shared buffer
+    (no runtime connect without cuMem: spec/nccl.py). init_distributed adds 342 granules = NCCL's kernels 85 (the
+    same as with cuMem) + the buffer's 256 + 1 page for the 194 small cudaMallocs; the split adds the buffer's 256
+    and the step's own 75 (76 with cuMem): its 388 small allocations and the step's small cudaMalloc share the page
+    the first communicator opened."""
+    deltas, logs = _by_stage(_mechanism("deepspeed", "0"))
+    buffer = shared_p2p_buffer(64, P2P_NVL_CHUNK)
+    assert buffer == 536_870_912 == 256 * GRANULARITY
+    assert deltas["context"] == CONTEXT_OUTSIDE
+    for stage in ("init_distributed", "deepspeed_zero3_tiny"):
+        assert (logs[stage]["communicators"], logs[stage]["device_allocs"], logs[stage]["device_alloc_bytes"]) == \
+            (1, COMMUNICATOR + 1, 64_356 + buffer)
+    assert granules(deltas["init_distributed"]) == KERNELS + buffer // GRANULARITY + granules(SMALL_PAGE) == 342
+    assert granules(deltas["deepspeed_zero3_tiny"]) == buffer // GRANULARITY + 76 - 1 == 331
+    assert deltas["all_reduce_1"] == deltas["all_reduce_64mib"] == deltas["deepspeed_zero3_tiny_step2"] == 0
+
+
+def test_the_mechanism_record_names_megatronS_fourth_communicator():
+    """nccl-mechanism, a tiny Megatron-Core step at world size 1 with every collective logged by group: the build
+    all_gather_objects over the world (optimizer/__init__.py l. 181) and NCCL makes 1 communicator (85 + 194
+    granules); step 1 issues collectives over three more groups, TENSOR_MODEL_PARALLEL_GROUP (the loss,
+    cross_entropy.py l. 130, 148, 154), DATA_PARALLEL_GROUP_WITH_CP (param_and_grad_buffer.py l. 443, 285) and
+    INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP (the gradient norm, clip_grads.py l. 130), and NCCL makes 3 (3 x 194
+    allocations of 64,356 B, 3 x 194 + 67 granules); step 2 the same collectives and none."""
+    measured = _mechanism("megatron", None)
+    deltas, logs = _by_stage(measured)
+    assert granules(deltas["build"]) == KERNELS + COMMUNICATOR
+    assert granules(deltas["step1"]) == 3 * COMMUNICATOR + 67
+    assert deltas["init"] == deltas["step2"] == 0
+    assert [(logs[s]["communicators"], logs[s]["device_allocs"], logs[s]["device_alloc_bytes"]) for s in
+            ("init", "build", "step1", "step2")] == [(0, 0, 0), (1, 194, 64_356), (3, 3 * 194, 3 * 64_356), (0, 0, 0)]
+    calls = {(c["stage"], c["op"], c["group"], c["where"].split("megatron/core/")[-1]) for c in measured["collectives"]}
+    assert {c for c in calls if c[0] != "step2"} == {
+        ("build", "all_gather_object", "WORLD", "optimizer/__init__.py:181"),
+        ("step1", "all_reduce", "TENSOR_MODEL_PARALLEL_GROUP", "tensor_parallel/cross_entropy.py:130"),
+        ("step1", "all_reduce", "TENSOR_MODEL_PARALLEL_GROUP", "tensor_parallel/cross_entropy.py:148"),
+        ("step1", "all_reduce", "TENSOR_MODEL_PARALLEL_GROUP", "tensor_parallel/cross_entropy.py:154"),
+        ("step1", "reduce_scatter_tensor", "DATA_PARALLEL_GROUP_WITH_CP", "distributed/param_and_grad_buffer.py:443"),
+        ("step1", "all_gather_into_tensor", "DATA_PARALLEL_GROUP_WITH_CP",
+         "distributed/param_and_grad_buffer.py:285"),
+        ("step1", "all_reduce", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP", "optimizer/clip_grads.py:130")}
+    assert {(s, o, g, w) for s, o, g, w in calls if s == "step2"} == {("step2", o, g, w) for s, o, g, w in calls
+                                                                        if s == "step1"}
+
+
+def test_megatron_source_puts_the_gradient_norm_on_the_instance_group():
+    """The installed Megatron-Core 0.16.1: get_grad_norm_fp32's all_reduce over grad_stats_parallel_group is
+    clip_grads.py l. 130; the distributed optimizer's grad_stats_parallel_group is intra_dist_opt_group
+    (optimizer/__init__.py l. 459), the others' the model-parallel group (l. 462, 466); parallel_state builds the
+    instance group from intra_partial_expert_data_parallel_size = expert DP / num_distributed_optimizer_instances
+    tp-ep-pp groups (l. 1266-1268, 1336-1347): with one instance, every rank of the world."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("megatron.core")
+    if spec is None:
+        import pytest
+
+        pytest.skip("megatron-core is not installed")
+    root = Path(spec.origin).parent
+    clip = (root / "optimizer" / "clip_grads.py").read_text().splitlines()
+    assert clip[129].strip() == "torch.distributed.all_reduce(" and "group=grad_stats_parallel_group" in clip[130]
+    init = (root / "optimizer" / "__init__.py").read_text().splitlines()
+    assert init[458].strip() == "setattr(optimizer, 'grad_stats_parallel_group', intra_dist_opt_group)"
+    assert init[461].strip() == init[465].strip() == \
+        "setattr(optimizer, 'grad_stats_parallel_group', model_parallel_group)"
+    state = (root / "parallel_state.py").read_text().splitlines()
+    assert "expert_data_parallel_size // num_distributed_optimizer_instances" in state[1266]
+    assert 'group_desc="INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP"' in state[1343]
 
 
 def test_torchtitan_and_hf_at_one_rank_make_none():
@@ -127,6 +240,7 @@ def test_torchtitan_and_hf_at_one_rank_make_none():
 
     assert set(ONE_RANK_GROUPS) == {"deepspeed", "megatron"}
     assert [len(groups) for groups in ONE_RANK_GROUPS.values()] == [2, 4]
+    assert [g for g, _, _ in ONE_RANK_GROUPS["megatron"]] == ["world", "TP", "DP x CP", "distributed optimizer instance"]
 
 
 def _communication(tp: int, dp: int, framework: str = "megatron") -> tuple[int, str]:
@@ -161,3 +275,18 @@ def test_inference_makes_no_training_communicators():
         config["training"].pop(key, None)
     result = estimate_config(config)
     assert result.stages[0].component("communication").bytes == 0
+
+
+def test_megatron_without_the_distributed_optimizer_norms_over_the_model_parallel_group():
+    """Without the distributed optimizer (zero_stage 0) Megatron-Core's gradient norm all-reduces over the
+    model-parallel group (optimizer/__init__.py l. 462, 466), one rank at TP x PP 1: at TP 1 x DP 2 that group and the
+    TP group each get a communicator of one rank (388 MiB each with cuMem) beside the DP x CP group's 0.5 GiB. With
+    the distributed optimizer it is the instance group, the whole world at DP 2 (not of one rank)."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    config = json.loads(json.dumps(run["config"]))
+    config["parallel"].update(tp=1, dp=2, zero_stage=0)
+    config["training"]["global_batch_size"] = 2
+    c = estimate_config(config).stages[0].component("communication")
+    assert c.bytes == 512 * MiB + 2 * 194 * GRANULARITY
+    assert c.formula.endswith("2 of one rank x 388.0 MiB (TP, model-parallel (the gradient norm's))")
+    assert _communication(1, 2)[0] == 512 * MiB + 194 * GRANULARITY  # zero_stage 1: TP only

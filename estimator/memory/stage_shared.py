@@ -26,7 +26,8 @@ from .adapter_activations import bnb_held_entries, first_layer_input_frozen
 from .tp_copies import plain_tp_reserved
 from .kbit import ledger_training, math_attention
 from ..spec.training import Training
-from ..spec.nccl import NCCL_KERNELS, RECORD as NCCL_RECORD, SOURCE as NCCL_SOURCE, one_rank_communicator
+from ..spec.nccl import (MECHANISM_RECORD, NCCL_KERNELS, RECORD as NCCL_RECORD, SMALL_PAGE, SOURCE as NCCL_SOURCE,
+                         cumem, one_rank_communicator)
 from ..spec.versions import torch_release
 
 MiB = 1024**2
@@ -264,13 +265,16 @@ ONE_RANK_GROUPS = {
     ),
     "megatron": (
         ("world", "all_gather_object while the optimizer is built",
-         "Megatron-Core 0.16.1 optimizer/__init__.py _get_param_groups_and_buffers l. 257"),
-        ("TP", "all_reduce in the loss", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 232"),
+         "Megatron-Core 0.16.1 optimizer/__init__.py l. 181 (the nccl-mechanism record's collectives)"),
+        ("TP", "all_reduce in the loss", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 130, 148, 154"),
         ("DP x CP", "the gradients' reduce_scatter and the parameters' all_gather",
          "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py start_grad_sync l. 443, start_param_sync l. 285"),
-        ("a fourth group", "measured: NCCL logs four communicators at world size 1; the collective making the "
-         "fourth is not in Megatron-Core's CPU run of the same step (validation/gpu/megatron_step.py over gloo)",
-         "tests/data/measured/gpu/megatron (H200, NCCL 2.28.9: 4 x 'Init COMPLETE')"),
+        ("distributed optimizer instance", "all_reduce of the gradient norm over grad_stats_parallel_group, the "
+         "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP (the model-parallel group without the distributed optimizer), "
+         "in every step: ChainedOptimizer.step takes the norm whatever clip_grad (the runs' is 0)",
+         "Megatron-Core 0.16.1 optimizer/clip_grads.py get_grad_norm_fp32 l. 130, optimizer/optimizer.py l. 1277, "
+         "1314, optimizer/__init__.py l. 459 (462, 466), 689, parallel_state.py l. 1329-1347; measured: the "
+         "nccl-mechanism record's collectives by group"),
     ),
 }
 
@@ -280,34 +284,47 @@ def one_rank_world(training: Training) -> Component:
     the caching allocator, NCCL's kernels (once) and a communicator of one rank for every process group that gets one
     (ONE_RANK_GROUPS), each 2 + 3 x 64 device allocations, 2 MiB apiece where the run's NCCL allocates with cuMem
     (spec/nccl.py). On the H200 (torch 2.11, NCCL 2.28.9): DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB),
-    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB)."""
-    comm = one_rank_communicator(torch_release(training.torch_version))
+    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB). Without cuMem (torch before 2.2) each communicator is the net
+    proxy's shared buffer and its small allocations share the process's one page (SMALL_PAGE)."""
+    release = torch_release(training.torch_version)
+    comm = one_rank_communicator(release)
     groups = ONE_RANK_GROUPS[training.framework]
     parts = (component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
                        f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)"),) + \
         tuple(component("communication", f"NCCL communicator of one rank: {group} group ({why})", comm.bytes,
                         comm.formula, f"{source}; {NCCL_SOURCE}") for group, why, source in groups)
+    page = ""
+    if not cumem(release):
+        parts += (component("communication", "the driver's page of the communicators' small cudaMallocs", SMALL_PAGE,
+                            "one 2 MiB page (the driver packs small cudaMallocs)",
+                            f"measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 2 communicators' 390 in one page)"),)
+        page = f" + their small allocations' page {SMALL_PAGE // 2**20} MiB"
     total = sum(p.bytes for p in parts)
     formula = (f"NCCL kernels {NCCL_KERNELS // 2**20} MiB + {len(groups)} communicators x "
-               f"{comm.bytes / 2**20:,.1f} MiB ({comm.formula}) = {total / 2**20:,.1f} MiB")
+               f"{comm.bytes / 2**20:,.1f} MiB ({comm.formula}){page} = {total / 2**20:,.1f} MiB")
     return Component("communication", f"NCCL world of one rank ({training.framework})", total, formula,
                      NCCL_SOURCE, parts)
 
 
-def size_one_groups(training: Training, par: Parallel) -> tuple[tuple[str, str], ...]:
+def size_one_groups(training: Training, par: Parallel, zero: int = 0) -> tuple[tuple[str, str], ...]:
     """Megatron-Core's groups of size 1 inside a layout of several GPUs that still get an NCCL communicator: its code
     issues their collectives whatever their size (torch's ProcessGroupNCCL makes a communicator at a group's first
     collective, its size 1 or not), and a communicator of one rank sees one GPU (NCCL topo.cc ncclTopoGetSystem
     fuses the communicator's own ranks only), so it sets up 64 channels as at world size 1 (spec/nccl.py):
-    the TP group at TP 1 (the loss's all_reduce) and the DP x CP group at DP x CP 1 (the gradients' reduce_scatter
-    and the parameters' all_gather). The world's group is several ranks there (the Fujii constant's side)."""
+    the TP group at TP 1 (the loss's all_reduce), the DP x CP group at DP x CP 1 (the gradients' reduce_scatter
+    and the parameters' all_gather) and, without the distributed optimizer, the model-parallel group (TP x PP) at
+    TP x PP 1 (the gradient norm's all_reduce, ONE_RANK_GROUPS). The world's group is several ranks there, and so
+    is the distributed optimizer's instance group (world / num_distributed_optimizer_instances ranks)."""
     if training.framework != "megatron" or training.mode != "training":
         return ()
     groups = []
     if par.tp == 1:
-        groups.append(("TP", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 232"))
+        groups.append(("TP", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 130, 148, 154"))
     if par.dp * par.cp == 1:
         groups.append(("DP x CP", "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py l. 443, 285"))
+    if zero == 0 and par.tp * par.pp == 1:
+        groups.append(("model-parallel (the gradient norm's)", "Megatron-Core 0.16.1 optimizer/clip_grads.py l. 130, "
+                       "optimizer/__init__.py l. 462, 466 (grad_stats_parallel_group = model_parallel_group)"))
     return tuple(groups)
 
 
@@ -337,7 +354,7 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
     # a training step's world of one rank (one_rank_world); the groups' collectives are the step's (optimizer, loss)
     if training.framework in ONE_RANK_GROUPS and training.mode == "training" and not groups:
         return one_rank_world(training)
-    single = size_one_groups(training, par)
+    single = size_one_groups(training, par, zero)
     if single:
         comm = one_rank_communicator(torch_release(training.torch_version))
         parts = (nccl,) + tuple(component("communication", f"NCCL communicator of one rank: {group} group of size 1",

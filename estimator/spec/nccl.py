@@ -22,8 +22,29 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
   (on where the driver supports it) from 2.19.1 (src/misc/cudawrap.cc NCCL_PARAM(CuMemEnable), v2.18.5-1 and
   v2.19.1-1); DeepSpeed 0.19.5 and Megatron-Core 0.16.1 do not set it (their sources), and under torch 2.11 the
   records' allocations lie 2 MiB apart (cuMem on). Frameworks that set NCCL_CUMEM_ENABLE=0 themselves (several RL
-  stacks do) are not modelled: the choice is the torch release's default. Without cuMem, cudaMalloc
-  packs the 194 small allocations into shared pages (the requested bytes are charged; not measured).
+  stacks do) are not modelled: the choice is the torch release's default.
+- Without cuMem (measured with NCCL 2.28.9 and NCCL_CUMEM_ENABLE=0, tests/data/measured/gpu/experiments/
+  nccl-mechanism-h200.json), two things differ. (a) The small allocations are cudaMalloc's, which the driver packs
+  into shared 2 MiB pages: the first communicator's 194 and its split's 194 (and the step's own small cudaMallocs)
+  sit in one page (SMALL_PAGE), charged once a process. (b) Without cuMem there is no runtime connect
+  (init.cc l. 1269: runtimeConn = cuMemSupport && NCCL_RUNTIME_CONNECT), so initialisation connects everything,
+  which at one rank is only the local net proxy's shared init (init.cc l. 1307-1308, ncclProxyMsgSharedInit with
+  p2pnChannels): one cudaMalloc of p2pnChannels x NCCL_SHARED_STEPS (16) x p2pChunkSize (transport/net.cc
+  sharedNetBuffersInit l. 647, 656) a communicator, 64 x 16 x 512 KiB = 512 MiB there (P2P_NVL_CHUNKSIZE: one GPU
+  is "all NVLink", graph/paths.cc l. 925-944). NCCL's kernels load the same 85 granules: the run's initialisation
+  adds 342 = 85 + 1 + 256, the split 256 (its small allocations in the same page) and the step 75 (76 with cuMem,
+  where the step's own small cudaMalloc opens the page).
+- Not modelled: NCCL 2.19-2.21 (torch 2.2 on) allocate with cuMem but have no runtime connect (added in v2.22.3-1)
+  and 2.19-2.24 have MAXCHANNELS 32 (64 from v2.25.1-1), so their communicator of one rank is 2 + 3 x 32
+  granules and the shared buffer's 32 x 16 x chunk at initialisation; the cuMem rule here is NCCL 2.28.9's.
+- NCCL 2.14.3 and 2.18.1 (torch 2.0 and 2.1: no cuMem) are read, not measured: MAXCHANNELS is 32 (include/
+  devcomm.h, v2.14.3-1 l. 50, v2.18.1-1 l. 52), so one rank sets up 2 x 16 = 32 channels (graph/connect.cc
+  v2.14.3-1 l. 299, v2.18.1-1 l. 389) and p2pnChannels = 32 (graph/paths.cc nextPow2); the ring, tree and PAT
+  connections skip a rank's own (transport.cc l. 48, 53: peer == comm->rank); the net proxy's shared init runs
+  unconditionally (v2.14.3-1 init.cc l. 975, v2.18.1-1 l. 1139) with a chunk of 128 KiB (v2.14.3-1 net.cc l. 370
+  p2pNetChunkSize; v2.18.1-1 init.cc l. 517-519 P2P_PCI_CHUNKSIZE, since its ncclTopoPathAllNVLink returns 0 for
+  one GPU, paths.cc l. 757-767): 32 x 16 x 128 KiB = 64 MiB a communicator, plus its 1 + 2 x 32 (v2.14.3) or
+  1 + 3 x 32 (v2.18.1) small allocations in the shared page.
 - PyTorch's NCCL: torch 2.0 ships NCCL 2.14.3, 2.1 ships 2.18.1, 2.2 ships 2.19.3 (pytorch/builder#1668, the
   2.2 wheels' NCCL), 2.11 ships 2.28.9 (the H200 records' `versions.nccl`); NCCL's releases only rise with
   torch's, so cuMem is on from torch 2.2 (TORCH_CUMEM_FROM).
@@ -49,9 +70,17 @@ TORCH_CUMEM_FROM = (2, 2)  # torch 2.2 ships NCCL 2.19.3, the first with NCCL_CU
 # NCCL's kernels, loaded with a process's first communicator: 279 - 194 granules (module docstring)
 NCCL_KERNELS = 585_105_408 - 194 * GRANULARITY
 RECORD = "tests/data/measured/gpu/experiments/nccl-world-h200.json"
+MECHANISM_RECORD = "tests/data/measured/gpu/experiments/nccl-mechanism-h200.json"
+KiB = 1024
+NCCL_SHARED_STEPS = 16  # transport/net.cc (v2.14.3-1 l. 351, v2.28.9-1 l. 628)
+P2P_NVL_CHUNK = 512 * KiB  # init.cc P2P_NVL_CHUNKSIZE: NCCL 2.28.9's chunk at one GPU (isAllNvlink)
+OLD_MAXCHANNELS = 32  # include/devcomm.h v2.14.3-1 l. 50, v2.18.1-1 l. 52
+OLD_P2P_CHUNK = 128 * KiB  # P2P_NET_CHUNKSIZE (v2.14.3-1 net.cc l. 370) / P2P_PCI_CHUNKSIZE (v2.18.1-1 init.cc l. 519)
+SMALL_PAGE = GRANULARITY  # the driver's shared page of a process's small cudaMallocs (measured: module docstring)
 SOURCE = ("NCCL v2.28.9-1 init.cc devCommSetup, channel.cc initChannel, include/alloc.h ncclCuMemAlloc, "
           "graph/search.cc + connect.cc (64 channels at one rank), misc/cudawrap.cc NCCL_CUMEM_ENABLE (default on "
-          "from v2.19.1-1); torch 2.2 ships NCCL 2.19.3 (pytorch/builder#1668) (estimator/spec/nccl.py)")
+          "from v2.19.1-1), init.cc + transport/net.cc (the net proxy's shared buffer without runtime connect); torch 2.2 "
+          "ships NCCL 2.19.3 (pytorch/builder#1668) (estimator/spec/nccl.py)")
 
 
 @dataclass(frozen=True)
@@ -68,13 +97,24 @@ def cumem(torch_release: tuple[int, int]) -> bool:
     return torch_release >= TORCH_CUMEM_FROM
 
 
+def shared_p2p_buffer(channels: int, chunk: int) -> int:
+    """The local net proxy's shared buffer that initialisation allocates without runtime connect (module docstring):
+    p2pnChannels x NCCL_SHARED_STEPS x p2pChunkSize (transport/net.cc sharedNetBuffersInit)."""
+    return channels * NCCL_SHARED_STEPS * chunk
+
+
 def one_rank_communicator(torch_release: tuple[int, int]) -> OneRankCommunicator:
-    """One communicator of one rank (the module docstring), for the NCCL of this PyTorch release."""
-    allocations = len(DEV_COMM_ALLOCATIONS) + len(CHANNEL_ALLOCATIONS) * ONE_RANK_CHANNELS
+    """One communicator of one rank (the module docstring), for the NCCL of this PyTorch release. Without cuMem the
+    small allocations go in the process's shared page (SMALL_PAGE, charged once by the caller)."""
     if cumem(torch_release):
+        allocations = len(DEV_COMM_ALLOCATIONS) + len(CHANNEL_ALLOCATIONS) * ONE_RANK_CHANNELS
         total = allocations * GRANULARITY
         return OneRankCommunicator(allocations, total, f"(2 + 3 x {ONE_RANK_CHANNELS} channels) allocations x "
                                                        f"2 MiB (cuMem) = {total / MiB:.0f} MiB")
-    total = sum(DEV_COMM_ALLOCATIONS) + ONE_RANK_CHANNELS * sum(CHANNEL_ALLOCATIONS)
-    return OneRankCommunicator(allocations, total, f"{allocations} cudaMalloc allocations of {total:,} B requested "
-                                                   "(NCCL before 2.19: no cuMem)")
+    per_channel = 2 if torch_release < (2, 1) else 3  # channel.cc initChannel: v2.14.3-1 l. 23, 27; v2.18.1-1 l. 40-52
+    small = 1 + per_channel * OLD_MAXCHANNELS  # + init.cc devCommSetup's ncclDevCommAndChannels
+    total = shared_p2p_buffer(OLD_MAXCHANNELS, OLD_P2P_CHUNK)
+    return OneRankCommunicator(small + 1, total, f"net proxy's shared buffer {OLD_MAXCHANNELS} channels x "
+                                                 f"{NCCL_SHARED_STEPS} steps x {OLD_P2P_CHUNK // KiB} KiB = "
+                                                 f"{total / MiB:.0f} MiB (cudaMalloc, NCCL before 2.19: no cuMem); "
+                                                 f"its {small} small allocations in the shared page")

@@ -6,12 +6,15 @@ on the device: the model (estimator/spec/nccl.py) says NCCL's kernels once (85 x
   tiny ZeRO-3 engine's two steps) with NCCL's own INIT/ALLOC log cut at every stage (`nccl`: communicators made,
   device allocations, their requested bytes; framework_step.nccl_log_summary), run once as NCCL defaults
   (cuMem on) and once with NCCL_CUMEM_ENABLE=0: without cuMem the 194 small allocations of a communicator are
-  cudaMalloc's and should share pages (the rule the estimate applies to torch before 2.2);
+  cudaMalloc's (the H200 run: they share one page, and each communicator adds the net proxy's 512 MiB shared
+  buffer; the rule for torch before 2.2, spec/nccl.py);
 - `megatron`: a tiny Megatron-Core model (megatron_step.tiny_arch) over a world of one rank, stages init (process
   group and parallel_state), build, step 1, step 2, with NCCL's log cut at each and every torch.distributed
   collective recorded by its group (`collectives`: stage, operation, group description, the calling frame): the
   H200 run of 2026-11-27 made 4 communicators where the CPU run of the same step calls collectives on 3 groups
-  (the world, TP, DP x CP).
+  (the world, TP, DP x CP); the GPU run's fourth is the gradient norm's (INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP,
+  optimizer/clip_grads.py l. 130, from ChainedOptimizer.step whatever clip_grad), which the CPU run's shims replace
+  (validation/megatron/shims.py: get_grad_norm returns 0.0).
 
 On the CPU (the self-test) the same stages run over gloo; NCCL writes no log there.
 """
