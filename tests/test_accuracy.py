@@ -209,15 +209,17 @@ MAMBA_FALLBACK_FAKE_PEAKS = {"falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b
 # 5%, which it keeps 3.9 GB over; replayed it is 0.01% under.)
 KNOWN_RESERVED_GAPS = {
     *MAMBA_FALLBACK_FAKE_PEAKS,  # the torch fallback's run (KNOWN_GPU_GAPS)
-    # -10.7%, the allocated peak to -0.01%: the GPU cached 1,783,756,288 B at the peak, the replay 109,649,920 B.
-    # The GPU made five segments of 1,648,361,472 B (b x s x vocab x 4 B: the loss's fp32 logits, Pythia's untied
-    # 50,304-token head), the replay four; at the step's end one of the GPU's five holds a 206,045,184 B block
-    # (50,304 x 2,048 x 2 B: an embedding-sized tensor, step 1's AdamW state of the embedding or head made after the
-    # loss's segments were cached), so that segment no longer serves a logits-sized request. StarCoder2-3B's sibling
-    # (-8.8%) shows the same: six segments of its fp32 logits against the replay's five, one holding 905,969,664 B
-    # (three of its embedding's size). The replay places step 1's states elsewhere; which free blocks the GPU had
-    # then, the record (segments at the end, no allocator history) does not say (the H200 run of 2026-11-27)
-    "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10",
+    # (Pythia-1.4B bf16 was here, -10.7%, until the replay took its fused query_key_value as one parameter, as
+    # transformers holds it: memory/reserved_tensors.py, -0.5%.)
+    # -12.8%, the allocated peak +0.3%: LoRA on Llama-3.2-1B with full recompute, eager attention and its dropout
+    # (the H200 run of 2026-11-27, its third). The replay's own allocated peak is 2,419,556,352 B (20.9%) under the
+    # ledger's (about one fp32 softmax, b x heads x s^2 x 4 B = 2 GiB, and 256 MiB): its backward through the
+    # recomputed eager layer does not make all the score-sized tensors the ledger charges, so the cache it reports is
+    # that of another moment (2.04 GB; the GPU's 4.00 GB). At the step's end the GPU holds five free 2 GiB segments,
+    # the replay one, with two of the fp32 logits' 2,004 MiB (the GPU made none: its logits took cached 2 GiB
+    # segments). Phi-3 with recompute and eager attention (its residual dropouts) shows the same shortfall (the replay
+    # 19.9% under the ledger; reserved -4.1%); Llama-3.1-8B and Gemma-2-9B with recompute, eager and no dropout do not
+    "llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager-attndrop10",
 }
 # Over by more than 10% (10.03%): peft's trainable copies of the embedding and head (modules_to_save, 1,002 MiB
 # each): in the replay step 1's optimizer states of the copies are cut from the loss's cached 2,004 MiB
@@ -328,7 +330,7 @@ def test_gpu_paged_optimizer(path):
 
 
 def test_gpu_reserved_peak():
-    """max_memory_reserved on all 87 runs, the median over the 85 of a path the estimate models (the two
+    """max_memory_reserved on all 93 runs, the median over the 91 of a path the estimate models (the two
     Falcon-H1 runs of transformers' Mamba fallback left out: KNOWN_GPU_GAPS). On the first 60 (the last ten,
     LoRA/DoRA on four models and Llama-3.1-8B at 256 and 1,024 tokens, measured after the replay was built)
     the median |error| is within 1.3% since the replay covers the HF adapter runs (2.6% before; 4.5% with the
@@ -340,16 +342,20 @@ def test_gpu_reserved_peak():
     Pythia, GPT-2, StarCoder2, Falcon-7B with config dropouts, Liger-Kernel, LoRA on Llama-3.2-1B, GPT-2 and
     Falcon-7B) raise it to 1.33%: -10.7% (Pythia-1.4B bf16, KNOWN_RESERVED_GAPS) to +7.9% (Falcon-7B eager with
     dropout); GPT-2 AMP -7.0%, StarCoder2-3B -8.8%, Pythia AMP -6.7%, Liger +6.9% and +5.6%, the other seven within
-    4%. The runs under, and over, by more than 10% are exactly the known ones (with the flat share alone: five
-    under, none over, on the first 73)."""
+    4%. The replay's parameters with a fused q, k, v linear as one tensor (Phi-3, GPT-2, GPT-NeoX, Falcon,
+    reserved_tensors.py) take Pythia's two to -0.5% and +0.6% and Falcon-7B's to +8.0%. The six of the third
+    (Qwen2.5-0.5B with Liger -0.7%, Phi-3 with recompute and eager attention -4.1%, GPT-2 medium eager +1.2%,
+    Falcon-7B AMP +0.8%, LoRA on GPT-2 medium -1.2% and on Llama-3.2-1B with eager attention's dropout -12.8%,
+    KNOWN_RESERVED_GAPS): 1.23% on the 91. The runs under, and over, by more than 10% are exactly the known ones
+    (with the flat share alone: five under, none over, on the first 73)."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
         reserved = gpu_estimate(record).reserved_peak_bytes
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
-    assert len(errors) == 87
+    assert len(errors) == 93
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 85 and modelled[len(modelled) // 2] <= 0.0135
+    assert len(modelled) == 91 and modelled[len(modelled) // 2] <= 0.0125
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 

@@ -198,21 +198,19 @@ def _full_fine_tuning_records() -> list[Path]:
 FULL = _full_fine_tuning_records()
 
 # Where the replay misses max_memory_reserved by more than 7% (the earlier sequences missed by 13-34% until the
-# mechanisms above were modelled: each such run is listed here, with its cause, as a strict xfail). The three below
+# mechanisms above were modelled: each such run is listed here, with its cause, as a strict xfail). The two below
 # are of the H200 run of 2026-11-27 (its second), first measured then; each record has its segments at the step's
-# end and no allocator history, so the order that differs is not yet known.
+# end and no allocator history, so the order that differs is not yet known. (Pythia-1.4B bf16 was a third, -10.7%,
+# until the replay took a fused q, k, v linear as one parameter, reserved_tensors.py: -0.5%, its five fp32-logits
+# segments now the GPU's five.)
 REPLAY_MISSES: dict[str, str] = {
-    "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10": (
-        "-10.7%: the GPU made five segments of the fp32 logits' size (1,648,361,472 B), the replay four; one of the "
-        "GPU's holds a 206,045,184 B block at the step's end (an embedding-sized tensor: step 1's AdamW state of the "
-        "embedding or the untied head, cut from a cached logits segment), so that segment no longer serves a "
-        "logits-sized request (tests/test_accuracy.py KNOWN_RESERVED_GAPS)"),
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10": (
-        "-8.8%: Pythia's pattern: six segments of the fp32 logits' size (1,610,612,736 B) against the replay's five, "
-        "one holding 905,969,664 B (three tensors of the embedding's size) at the step's end"),
+        "-8.8%: six segments of the fp32 logits' size (1,610,612,736 B) against the replay's five, one holding "
+        "905,969,664 B (three tensors of the embedding's size) at the step's end: a logits-sized request the replay "
+        "serves from a cached block that the GPU could not"),
     "falcon-7b-8layers-bf16-adamw-norecompute-eager-s2048-b1-drop10": (
-        "+7.9%: the replay made 206 segments, the GPU 112; the replay's 18 MiB and 72 MiB segments (26 and 16) and "
-        "its 30 more of 40 MiB are not among the GPU's, which has 18 of 42 MiB the replay lacks: some requests of "
+        "+8.0%: the replay made 181 segments, the GPU 112; the replay's 18, 20 and 72 MiB segments (26, 12 and 16) "
+        "are not among the GPU's, and it has 8 more of 158 MiB and 6 more of 40 MiB and of 42 MiB: some requests of "
         "Falcon's eager layer with dropout are not the sizes the ledger gives (its allocated peak is -0.1%)"),
 }
 
@@ -251,8 +249,8 @@ def _errors(paths=None) -> tuple[dict, dict, set]:
 
 
 def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
-    """The 58 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 49, the three with
-    expandable segments among them; the flat share on the 2 with a paged optimizer, the 2 with Liger's fused loss and
+    """The 62 HF full fine-tuning runs: the estimate's reserved peak (the allocator replayed on 52, the three with
+    expandable segments among them; the flat share on the 2 with a paged optimizer, the 3 with Liger's fused loss and
     the 5 of DeepSeek-V3.2, -7.0% to +3.7%) against max_memory_reserved, beside the flat share everywhere (10%, 5% with expandable segments): the
     median error falls from 3.6% to 0.8% (3.5% to 0.7% where it replays), and the runs under by more than 5% from
     13 to 4 (10 to 1 where it replays). Out of sample, measured after the replay was built: Llama-3.1-8B at 256 and
@@ -260,17 +258,20 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     -0.8% to +1.6%; the flat share -15.8% to +1.2%). The three expandable-segment runs, replayed since the
     allocator's expandable rules were checked against CUDACachingAllocator.cpp (allocator.py): -0.10%, -0.14% and
     -0.01% (the flat 5%: +3.5%, +1.0% and -11.6%). The ten of 2026-11-27's second H200 run (Phi-3, Pythia, GPT-2,
-    StarCoder2 and Falcon-7B with their configs' dropouts; Liger on Llama, on the flat share): -10.7% to +7.9%, three
-    beyond 7% (REPLAY_MISSES); the median 1.2% (0.8% where it replays)."""
+    StarCoder2 and Falcon-7B with their configs' dropouts; Liger on Llama, on the flat share) and the four of its
+    third (Phi-3 with recompute and eager attention -4.1%, GPT-2 medium eager with dropout +1.2%, Falcon-7B under
+    autocast +0.8%; Liger on Qwen2.5-0.5B, on the flat share, -0.7%): -8.8% to +8.0%, two beyond 7% (REPLAY_MISSES);
+    the median 1.0% (0.8% where it replays)."""
     import statistics
     replayed, flat, applies = _errors()
-    assert len(replayed) == 58 and len(applies) == 49
+    assert len(replayed) == 62 and len(applies) == 52
     dsa = {p for p in replayed if p.startswith("deepseek-v3.2-")}
     assert len(dsa) == 5 and {p for p in replayed if p not in applies} == dsa | {
         "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1",
         "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1",
         # Liger's fused linear cross-entropy: the flat share (reserved.py replay_rule, a chunked or fused loss)
-        "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-liger", "llama-3.2-1b-bf16-adamw-norecompute-sdpa-s8192-b2-liger"}
+        "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-liger", "llama-3.2-1b-bf16-adamw-norecompute-sdpa-s8192-b2-liger",
+        "qwen2.5-0.5b-amp-adamw-norecompute-sdpa-s8192-b2-liger"}
     expandable = {p: replayed[p] for p in replayed if p.endswith("-expandable")}
     assert {p: round(e, 4) for p, e in expandable.items()} == {
         "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-expandable": -0.0010,
@@ -284,7 +285,9 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     # Qwen2.5-VL estimates of the same day's runs
     # 0.008, 0.036 and 0.007 on the 48 before the ten full fine-tuning runs of 2026-11-27's second H200 run (Phi-3,
     # Pythia, GPT-2, StarCoder2 and Falcon-7B with dropout; two with Liger, on the flat share, +6.9% and +5.6%)
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
+    # 0.012 on the 58 before the four of the third run and the fused q, k, v parameter (reserved_tensors.py), with
+    # 0.036, 0.008 and 0.033 below, 8 and 15, 5 and 12 under by 5%, 13 of the flat share over 7%
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.010
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.036
     on_replayed = [replayed[p] for p in applies]
     assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008
@@ -292,11 +295,11 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     # modelled, trainer_backward_end.py: Llama-3.1-8B AMP SGD's allocated peak rose to its measured backward end,
     # -0.29% -> +0.03%, and the flat share over it from +6.4% to +6.7%)
     # (0.035, 4 and 13, 1 and 10, 11 before 2026-11-27's second run)
-    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.033
-    assert sum(e < -0.05 for e in replayed.values()) == 8 and sum(e < -0.05 for e in flat.values()) == 15
-    assert sum(replayed[p] < -0.05 for p in applies) == 5 and sum(flat[p] < -0.05 for p in applies) == 12
+    assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.032
+    assert sum(e < -0.05 for e in replayed.values()) == 6 and sum(e < -0.05 for e in flat.values()) == 16
+    assert sum(replayed[p] < -0.05 for p in applies) == 3 and sum(flat[p] < -0.05 for p in applies) == 13
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
-    assert sum(abs(flat[p]) > 0.07 for p in applies) == 13  # the flat share's misses on the same runs
+    assert sum(abs(flat[p]) > 0.07 for p in applies) == 14  # the flat share's misses on the same runs
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=REPLAY_MISSES[p.stem], strict=True))
@@ -324,22 +327,26 @@ ADAPTERS = _adapter_records()
 
 
 def test_the_replay_of_adapter_runs_against_the_gpu_and_the_flat_share():
-    """The 27 HF adapter runs (three of them MoE): the replay (frozen weights allocated without a gradient or a
-    state, each layer's adapters after its weights; reserved_tensors.py) takes their median error against
-    max_memory_reserved from 4.8% to 1.6%, the runs more than 5% under from 2 to 0 and more than 5% over from
-    9 to 2, the largest error from 13.8% (QLoRA with recompute, under) to 10.0% (trainable embedding and head
-    copies, over: tests/test_accuracy.py KNOWN_RESERVED_OVER)."""
+    """The 29 HF adapter runs (three of them MoE): the replay (frozen weights allocated without a gradient or a
+    state, each layer's adapters after its weights; reserved_tensors.py) took the median error of the first 23
+    against max_memory_reserved from 4.8% to 1.6%, the runs more than 5% under from 2 to 0 and more than 5% over
+    from 9 to 2, the largest error from 13.8% (QLoRA with recompute, under) to 10.0% (trainable embedding and head
+    copies, over: tests/test_accuracy.py KNOWN_RESERVED_OVER). On all 29: 4.8% to 1.4%, under by 5% 4 to 1 (Llama-3.2-1B
+    with recompute and eager attention's dropout, -12.8%: KNOWN_RESERVED_GAPS), over by 5% 10 to 2."""
     import statistics
     replayed, flat, applies = _errors(ADAPTERS)
     # 2026-11-27's second H200 run added four (LoRA on GPT-2 medium -0.5%, Falcon-7B -4.0%, Llama-3.2-1B -1.4% and
-    # -0.5%): 23 runs, median 0.016 and 0.048, over by 5% 2 and 9, before
-    assert len(replayed) == 27 and applies == set(replayed)
+    # -0.5%): 23 runs, median 0.016 and 0.048, over by 5% 2 and 9, before. Its third added two (LoRA with recompute:
+    # GPT-2 medium -1.2%, the flat share -11.8%; Llama-3.2-1B with eager attention and its dropout -12.8%, the flat
+    # share -18.4%, tests/test_accuracy.py KNOWN_RESERVED_GAPS): 27 runs, median 0.014 and 0.045, under by 5% 0
+    # and 2, the largest 0.100 and 0.138, before
+    assert len(replayed) == 29 and applies == set(replayed)
     assert round(statistics.median(map(abs, replayed.values())), 3) == 0.014
-    assert round(statistics.median(map(abs, flat.values())), 3) == 0.045
-    assert sum(e < -0.05 for e in replayed.values()) == 0 and sum(e < -0.05 for e in flat.values()) == 2
+    assert round(statistics.median(map(abs, flat.values())), 3) == 0.048
+    assert sum(e < -0.05 for e in replayed.values()) == 1 and sum(e < -0.05 for e in flat.values()) == 4
     assert sum(e > 0.05 for e in replayed.values()) == 2 and sum(e > 0.05 for e in flat.values()) == 10
-    assert round(max(map(abs, replayed.values())), 3) == 0.100
-    assert round(max(map(abs, flat.values())), 3) == 0.138
+    assert round(max(map(abs, replayed.values())), 3) == 0.128
+    assert round(max(map(abs, flat.values())), 3) == 0.184
 
 
 def test_an_adapter_runs_replay_allocates_gradients_and_states_for_the_trainable_tensors_only():

@@ -43,8 +43,8 @@ def error(row: dict) -> float:
 _QWEN_HF = ("Qwen's HF Trainer LoRA rows (finetune_lora_single_gpu.sh, no DeepSpeed, torch 2.0): with the caching "
             "allocator replayed over the ledger and torch 2.0's foreach AdamW (torch_version 2.0: sqrt(v) + eps out of "
             "place, two temporaries a group) and the fused c_attn's one adapter (fused_qkv) the table holds "
-            "1.06-1.23 GB above the estimate at every length from 256 to 2048 tokens on 1.8B (chat model, adapters "
-            "only: the step is not the peak; 1.42 GB at 4096), 0.15-2.2 GB on 26 of the 30 HF rows up to 4096; on "
+            "1.15-1.36 GB above the estimate at every length from 256 to 2048 tokens on 1.8B (chat model, adapters "
+            "only: the step is not the peak; 1.57 GB at 4096), 0.4-2.2 GB on 26 of the 30 HF rows up to 4096; on "
             "1.8B's small total that is over 10%%. Read and ruled out: the remote modeling_qwen.py's rotary and logn caches (KB-sized under flash attention); finetune.py at e8e15962 "
             "(the 1.8B rows' commit) loads with device_map 'auto' (weights straight to the GPU; one device: no "
             "hooks), not a copy; the Trainer's loss returns no logits (compute_loss). Not established: the CUDA "
@@ -75,13 +75,16 @@ _QWEN_ONE_RANK = ("Qwen-1.8B with DeepSpeed on one GPU (finetune_qlora_single_gp
                   "estimator/spec/nccl.py), where the H200's torch 2.11 holds 388 MiB a communicator. "
                   "The estimate charged the H200's measured 950 MiB for DeepSpeed's world of one rank until it was "
                   "modelled by release (then 170 MiB, the requested bytes; now 300 MiB); the Q-LoRA rows sit "
-                  "0.67-0.85 GB under the table from 256 to 4096 tokens, below the 1.06-1.23 GB the same stack's HF "
+                  "0.67-0.85 GB under the table from 256 to 4096 tokens, below the 1.15-1.36 GB the same stack's HF "
                   "LoRA rows sit under (MISSES' _QWEN_HF: eager module loading adds 1.03 GB on the H200) and the full "
                   "rows 4.4 GB (MEDIAN_MISSES['full']): what that stack holds outside the allocator (A100, torch "
                   "2.0.1+cu118) is not measured; under by %s")
 # row id -> the mechanism the estimate lacks (the next modelling step)
 MISSES: dict[str, str] = {
-    **{f"qwen-1.8b-lora-s{s}": _QWEN_HF % pct for s, pct in ((256, "16.6%"), (512, "16.6%"), (1024, "12.7%"))},
+    # 16.6%, 16.6% and 12.7% (2048: 9.8%) before the replay allocated c_attn's frozen weight as the one tensor it is
+    # (memory/reserved_tensors.py: 0.09-0.15 GB less cached)
+    **{f"qwen-1.8b-lora-s{s}": _QWEN_HF % pct for s, pct in ((256, "18.9%"), (512, "18.3%"), (1024, "13.6%"),
+                                                          (2048, "11.1%"))},
     **{f"qwen-1.8b-qlora-s{s}": _QWEN_ONE_RANK % pct for s, pct in ((256, "12.9%"), (512, "11.1%"), (1024, "10.5%"),
                                                                   (8192, "11.8%"))},
     **{f"qwen-1.8b-full-s{s}": _QWEN_ONE_RANK % pct for s, pct in ((512, "10.0%"), (1024, "10.0%"))},
@@ -95,7 +98,7 @@ MISSES: dict[str, str] = {
 }
 # row id -> why the estimate is over by more than 10%
 OVERS: dict[str, str] = {
-    "qwen-1.8b-lora-s8192": _QWEN_8192 % "12.4%", "qwen-1.8b-lora-emb-s8192": _QWEN_8192 % "10.6%",
+    "qwen-1.8b-lora-s8192": _QWEN_8192 % "11.7%", "qwen-1.8b-lora-emb-s8192": _QWEN_8192 % "10.1%",
     "qwen-7b-full-s256": (
         "Qwen-7B full-parameter on 2 GPUs (ZeRO-3, DeepSpeed 0.12.3): the table's 69.6 GB a GPU leaves 0.6 GB above "
         "the allocated peak (67.9 GB, the step's first sub-group) and what lies outside the allocator (1.1 GB), where "
@@ -397,8 +400,8 @@ def test_a_peft_version_is_a_release():
 
 def test_the_qwen_hf_gap_is_not_one_constant():
     """The CUDA context is one constant per process, whatever the model or length. With torch 2.0's foreach AdamW
-    (torch_version 2.0) and c_attn's one adapter (fused_qkv) the 1.8B chat LoRA rows sit 1.06-1.23 GB under the table
-    at every length from 256 to 2048 tokens (1.42 at 4096),
+    (torch_version 2.0) and c_attn's one adapter and one frozen weight (fused_qkv) the 1.8B chat LoRA rows sit
+    1.15-1.36 GB under the table at every length from 256 to 2048 tokens (1.57 at 4096),
     about what eager module loading adds on the H200 (1,837,957,120 - 804,061,184 B, spec/cuda_modules.py; torch
     1.13+cu117 added 666,632,192 - 287,047,680 B before cuBLAS: pytorch/pytorch#85692's two readings). But over the
     30 HF rows up to 4096 tokens the gap spreads from -3.58 GB (14B LoRA (emb), 4096) to 2.18 GB (14B LoRA, 512):
@@ -418,9 +421,9 @@ def test_the_qwen_hf_gap_is_not_one_constant():
     assert len(gaps) == 30
     low, high = min(gaps, key=gaps.get), max(gaps, key=gaps.get)
     assert (low, high) == ("qwen-14b-lora-emb-s4096", "qwen-14b-lora-s512")
-    assert gaps[low] == pytest.approx(-3.58e9, abs=0.01e9) and gaps[high] == pytest.approx(2.18e9, abs=0.01e9)
+    assert gaps[low] == pytest.approx(-3.58e9, abs=0.01e9) and gaps[high] == pytest.approx(2.19e9, abs=0.01e9)
     small = [gaps[f"qwen-1.8b-lora-s{s}"] for s in (256, 512, 1024, 2048)]
-    assert min(small) == pytest.approx(1.06e9, abs=0.01e9) and max(small) == pytest.approx(1.23e9, abs=0.01e9)
+    assert min(small) == pytest.approx(1.15e9, abs=0.01e9) and max(small) == pytest.approx(1.36e9, abs=0.01e9)
     with_eager = [(estimate_config(q["config"]).device_total_bytes + eager_more) / q["measured"]["bytes"] - 1
                   for q in (ROWS[f"qwen-1.8b-qlora-s{s}"] for s in (256, 512, 1024, 2048, 4096))]
     assert min(with_eager) == pytest.approx(0.018, abs=0.001) and max(with_eager) == pytest.approx(0.061, abs=0.001)

@@ -49,13 +49,32 @@ def _split(t, gated: bool) -> list[tuple[float, bool]]:
     return [(float(t.numel), matrix)]
 
 
+# q, k and v as one module parameter where the model has one fused linear (architecture.fused_qkv): transformers
+# 5.17.0's Phi3Attention.qkv_proj, GPTNeoXAttention.query_key_value, FalconAttention.query_key_value, GPT-2's
+# c_attn (Conv1D of 3 x hidden), Qwen-1's c_attn: one weight, one gradient, one AdamW state of each (the H200 run of
+# 2026-11-27: Pythia-1.4B's replayed reserved peak -10.7% with three tensors, -0.5% with one)
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _layer_pieces(arch, kind: str) -> list[tuple[float, bool]]:
+    """A layer's parameters as `_split` gives them, q, k and v joined where the model fuses them."""
+    out, fused = [], 0.0
+    for t in arch.layer_tensors(kind):
+        if arch.fused_qkv and t.name in _QKV:
+            fused += t.numel
+            if t.name == _QKV[-1]:
+                out.append((fused, True))
+            continue
+        out += _split(t, arch.gated_mlp)
+    return out
+
+
 def tensors(cfg, sp) -> Tensors:
     """The parameter tensors of stage `sp` under the resolved configuration `cfg`."""
     arch = cfg.architecture
     kinds = arch.layer_kinds()
     rule = _Full(cfg) if cfg.training.adapter is None else _Adapter(cfg, sp)
-    by_kind = {kind: rule.layer(kind, [p for t in arch.layer_tensors(kind) for p in _split(t, arch.gated_mlp)])
-               for kind in {kinds[i] for i in sp.layer_indices}}
+    by_kind = {kind: rule.layer(kind, _layer_pieces(arch, kind)) for kind in {kinds[i] for i in sp.layer_indices}}
     embedding = rule.ends(arch.embedding_tensors()) if sp.first else []
     head = rule.ends(arch.head_tensors()) if sp.last else []
     return Tensors(embedding, [by_kind[kinds[i]] for i in sp.layer_indices], head)
