@@ -122,9 +122,13 @@ def test_alltoall_keeps_the_old_numbers():
     del cfg["training"]["moe_dispatcher"]
     assert estimate_config(cfg).to_json() == explicit.to_json()
     comm = explicit.stages[0].component("communication")
-    # DP x CP and EP communicators (EP 8 of 8 GPUs leaves no expert DP): the NCCL-only component
-    assert comm.bytes == 2 * GiB // 2 and comm.label == "NCCL communicator buffers" and not comm.parts
-    assert comm.formula == "0.5 GiB x 2 communicators (DP x CP, EP)"
+    # DP x CP and EP communicators (EP 8 of 8 GPUs leaves no expert DP) and two of one rank, TP at TP 1 and the
+    # gradient norm's model-parallel group, 2 + 3 x 64 allocations of 2 MiB each (estimator/spec/nccl.py): the
+    # NCCL-only component
+    one_rank = (2 + 3 * 64) * 2 * 2**20
+    assert comm.bytes == 2 * GiB // 2 + 2 * one_rank and comm.label == "NCCL communicator buffers"
+    assert comm.formula == ("0.5 GiB x 2 communicators (DP x CP, EP) + 2 of one rank x 388.0 MiB (TP, model-parallel "
+                            "(the gradient norm's))")
     assert "DeepEP" not in comm.formula
 
 

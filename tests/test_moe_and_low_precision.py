@@ -112,21 +112,23 @@ def test_deepseek_v3_as_reported_on_80_gb():
     assert bwd["wgrad_cache"] == 2 * sum(rows * cols for rows, cols in shapes)
     assert middle.allocated_peak_bytes / GiB == pytest.approx(
         71.17 + (bwd["workspace"] + bwd["wgrad_cache"]) / GiB, abs=0.01)
-    # outside the allocator: NCCL and DeepEP 2.725 GiB, CUDA context and kernels 766.8 MiB (measured on Hopper),
-    # expandable segments' 5% of the peak
+    # outside the allocator: NCCL and DeepEP 2.725 GiB and the TP group of one rank's communicator (its loss's
+    # all_reduce: 2 + 3 x 64 allocations of 2 MiB, estimator/spec/nccl.py), CUDA context and kernels 766.8 MiB
+    # (measured on Hopper), expandable segments' 5% of the peak
     assert middle.device_total_bytes / GiB == pytest.approx(
-        middle.allocated_peak_bytes / GiB * 1.05 + 2.725 + 766.8 / 1024, abs=0.01)
+        middle.allocated_peak_bytes / GiB * 1.05 + 2.725 + 388 / 1024 + 766.8 / 1024, abs=0.01)
     for stage in result.stages[1:-1]:  # every middle rank fits
         assert stage.device_total_bytes < result.fit.capacity_bytes
     # The two edge ranks (DualPipe: rank 0 runs stages 0 and 15, rank 15 stages 15 and 0: the embedding, the dense
-    # layers, the head and MTP) need 103% under Megatron-Core and TransformerEngine's rules (issue 22): TE's cached
+    # layers, the head and MTP) need 103.4% under Megatron-Core and TransformerEngine's rules (issue 22; 103.0% before
+    # the TP group of one rank's NCCL communicator, 388 MiB, was charged): TE's cached
     # dummy weight gradients, 3.09 GiB for their 11 linear shapes (the output layer's 129,280 x 7,168 among them),
     # and the MTP module's micro-batch, 2.94 GiB (one MoE layer and a second loss), tip them over. DeepSeek trained
     # with its own framework, not TE; its report (3.3.3) says no more of these two.
     edge = result.stages[0]
     assert edge.component("wgrad_cache").bytes / GiB == pytest.approx(3.086, abs=0.001)
     assert edge.component("mtp").bytes / GiB == pytest.approx(2.937, abs=0.001)
-    assert result.fit.verdict == "oom" and result.fit.utilization == pytest.approx(1.030, abs=0.001)
+    assert result.fit.verdict == "oom" and result.fit.utilization == pytest.approx(1.034, abs=0.001)
     without = edge.device_total_bytes - 1.05 * (edge.component("wgrad_cache").bytes + edge.component("mtp").bytes)
     assert without < result.fit.capacity_bytes  # the rest of the edge rank fits
 

@@ -90,7 +90,11 @@ def test_the_8b_calculators_states_are_megatron_with_bf16_gradients():
     assert r["Parameters"].ours == r["Gradients"].ours == 2 * LLAMA_8B
     assert r["Optimizer states"].ours == r["Optimizer states"].theirs == 12 * LLAMA_8B  # "adam, 12N": 96.4 GB
     assert r["Activations"].theirs == 34 * 4096 * 4096 * 32  # 18.3 GB
-    assert all(row.reproduced for row in r.values())
+    # all but the overhead: Megatron-Core's four NCCL communicators of one rank (NCCL's kernels 85 x 2 MiB and
+    # 4 x 194 allocations of 2 MiB, estimator/spec/nccl.py) come on top of the context and fragmentation
+    assert [item for item, row in r.items() if not row.reproduced] == ["Framework overhead"]
+    stage = estimate_config(references.CALCULATOR_8B_CONFIG).stages[0]
+    assert stage.component("communication").bytes == (85 + 4 * 194) * 2 * 2**20
 
 
 def test_the_mode_calculators_shapes_and_counts_describe_different_models():

@@ -261,7 +261,10 @@ def calculator_8b() -> Comparison:
             "attention keeps smaller k and v and its 3.5h SwiGLU MLP more, and the loss's logits come on top"),
         Row("Framework overhead", f"{t['overhead']} GB (10%)", 0.10 * (t["total"] - t["overhead"]) * GB,
             "10% of the other rows", sum(at_peak.get(k, 0) for k in ("runtime", "communication", "fragmentation")),
-            "the CUDA context and the allocator's fragmentation (10% of the allocated peak)", ""),
+            "the CUDA context, NCCL's world of one rank and the allocator's fragmentation (10% of the allocated peak)",
+            f"Megatron-Core on one GPU still makes NCCL communicators of one rank (the world's, TP's, DP x CP's and "
+            f"the gradient norm's: {at_peak.get('communication', 0) / GB:.2f} GB outside the allocator, "
+            f"estimator/spec/nccl.py), which a flat 10% does not hold"),
         Row("Total", f"{t['total']} GB", t["total"] * GB, "the sum of the rows", result.device_total_bytes,
             "the peak moment of the step (the optimizer step here) and what lies outside the allocator",
             "the rows peak at different moments: activations are freed before the optimizer step, whose "
