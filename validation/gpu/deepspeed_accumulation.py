@@ -150,18 +150,8 @@ def measure_rank(run: AccumulationRun) -> dict:
             "element_bytes": 2, "micro_batches": micro}
 
 
-def _worker(rank, world, port, runs, queue):
-    dp.measure_rank = measure_rank  # deepspeed_partitions' launch, this measurement
-    dp._worker(rank, world, port, runs, queue)
-
-
 def measure_world(world: int, runs: tuple = RUNS) -> dict:
-    original = dp._worker
-    dp._worker = _worker
-    try:
-        return dp.measure_world(world, runs)
-    finally:
-        dp._worker = original
+    return dp.measure_world(world, runs, measure_rank)  # deepspeed_partitions' launch, this measurement
 
 
 def measure(worlds=(2,), runs: tuple = RUNS) -> dict:

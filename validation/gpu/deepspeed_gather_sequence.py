@@ -16,7 +16,6 @@ layer before its recomputation (release_sub_module's ds_recompute_parameters), w
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -134,37 +133,10 @@ def micro_batches(events: list) -> list[list]:
     return out
 
 
-def _worker(rank: int, world: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-    import importlib
-    import logging
-
-    import deepspeed
-
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # gloo alone (deepspeed_partitions)
-    deepspeed.utils.logger.setLevel(logging.ERROR)
-    torch.set_num_threads(1)
-    deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
-    try:
-        queue.put((rank, measure_rank()))
-    finally:
-        torch.distributed.destroy_process_group()
-
-
 def main() -> int:
-    import torch.multiprocessing as mp
+    from .deepspeed_partitions import gloo_world
 
-    from .framework_step import free_port
-
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 2, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    ranks = dict(queue.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(60)
+    ranks = gloo_world(2, measure_rank)
     real, ours = micro_batches(ranks[0]), micro_batches(replayed())
     for k, (a, b) in enumerate(zip(real, ours)):
         print(f"micro-batch {k}: {'agree' if a == b else 'differ'}")

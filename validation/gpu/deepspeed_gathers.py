@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -77,54 +76,10 @@ def measure_rank() -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-    import importlib
-    import logging
-
-    import deepspeed
-
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None  # gloo alone (deepspeed_partitions)
-    deepspeed.utils.logger.setLevel(logging.ERROR)
-    torch.set_num_threads(1)
-    deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
-    try:
-        queue.put((rank, measure_rank()))
-    finally:
-        torch.distributed.destroy_process_group()
-
-
 def measure_world(world: int = 2) -> list:
-    import queue as queues
-    import time
+    from .deepspeed_partitions import gloo_world
 
-    import torch.multiprocessing as mp
-
-    from .framework_step import free_port
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out: list = [None] * world
-    left, deadline = world, time.monotonic() + 600
-    while left:
-        try:
-            rank, record = queue.get(timeout=2)
-        except queues.Empty:
-            if any(p.exitcode for p in procs) or time.monotonic() > deadline:
-                for p in procs:
-                    p.kill()
-                raise RuntimeError(f"rank processes ended {[p.exitcode for p in procs]}") from None
-            continue
-        out[rank] = record
-        left -= 1
-    for p in procs:
-        p.join(60)
-    return out
+    return gloo_world(world, measure_rank)
 
 
 def main(argv=None) -> int:

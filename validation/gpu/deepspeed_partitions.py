@@ -138,7 +138,8 @@ def measure_rank(run: PartitionRun) -> dict:
             "loss": float(loss.detach())}
 
 
-def _worker(rank: int, world: int, port: int, runs: tuple, queue) -> None:
+def _gloo_rank(rank: int, world: int, port: int, measure, args: tuple, queue) -> None:
+    """One spawned rank: DeepSpeed's distributed init over gloo, then `measure(*args)` on the queue as (rank, it)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     import importlib
@@ -153,14 +154,15 @@ def _worker(rank: int, world: int, port: int, runs: tuple, queue) -> None:
     torch.set_num_threads(1)
     deepspeed.init_distributed("gloo", auto_mpi_discovery=False)
     try:
-        for run in runs:
-            queue.put((run.id, rank, measure_rank(run)))
+        queue.put((rank, measure(*args)))
     finally:
         torch.distributed.destroy_process_group()
 
 
-def measure_world(world: int, runs: tuple = RUNS) -> dict:
-    """{run id: [each rank's record, by rank]} for `runs` over `world` spawned gloo ranks."""
+def gloo_world(world: int, measure, args: tuple = ()) -> list:
+    """Each rank's `measure(*args)` (a module-level function, so a spawned process finds it), by rank, over `world`
+    spawned gloo ranks; a rank that fails, or 600 s without every answer, stops the others. Shared by this module,
+    deepspeed_accumulation.py, deepspeed_gathers.py and deepspeed_gather_sequence.py."""
     import queue as queues
     import time
 
@@ -171,26 +173,40 @@ def measure_world(world: int, runs: tuple = RUNS) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, runs, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_gloo_rank, args=(r, world, port, measure, args, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    out: dict = {}
-    left, deadline = world * len(runs), time.monotonic() + 600
+    out: list = [None] * world
+    left, deadline = world, time.monotonic() + 600
     while left:
         try:
-            run_id, rank, record = queue.get(timeout=2)
+            rank, record = queue.get(timeout=2)
         except queues.Empty:
             if any(p.exitcode for p in procs) or time.monotonic() > deadline:  # a rank failed: stop the others
                 for p in procs:
                     p.kill()
                 raise RuntimeError(f"rank processes ended {[p.exitcode for p in procs]}") from None
             continue
-        out.setdefault(run_id, [None] * world)[rank] = record
+        out[rank] = record
         left -= 1
     for p in procs:
         p.join(60)
         if p.exitcode:
             raise RuntimeError(f"rank process exited {p.exitcode}")
+    return out
+
+
+def _each_run(measure, runs: tuple) -> list:
+    return [(run.id, measure(run)) for run in runs]
+
+
+def measure_world(world: int, runs: tuple = RUNS, measure=None) -> dict:
+    """{run id: [each rank's record, by rank]} for `runs` over `world` spawned gloo ranks, each run measured by
+    `measure` (this module's measure_rank unless given)."""
+    out: dict = {}
+    for rank, records in enumerate(gloo_world(world, _each_run, (measure or measure_rank, runs))):
+        for run_id, record in records:
+            out.setdefault(run_id, [None] * world)[rank] = record
     return out
 
 
