@@ -113,36 +113,12 @@ def _marker(device: str, rows: list[dict], log: NcclLog | None):
 
 def measure_deepspeed_stages(device: str) -> dict:
     """nccl_world.py's stages, NCCL's log cut at each (on the GPU)."""
-    import torch.distributed as dist
-
     from .context import stage_deltas
-    from .deepspeed_step import TINY, DeepSpeedStep, _init_one_rank
-    from .framework_step import one_rank_environment
-    from .measure import nullphase
+    from .nccl_world import run_stages
 
     log = NcclLog() if device == "cuda" else None
     rows: list[dict] = []
-    mark = _marker(device, rows, log)
-    if device == "cuda":
-        torch.cuda.init()
-    torch.zeros(1, device=device)
-    mark("context")
-    try:
-        with one_rank_environment(launcher=True):
-            _init_one_rank(device)
-            mark("init_distributed")
-            dist.all_reduce(torch.ones(1, device=device))
-            mark("all_reduce_1")
-            dist.all_reduce(torch.ones(16 * 2**20, device=device))
-            mark("all_reduce_64mib")
-            step = DeepSpeedStep(TINY, device)
-            step.step(lambda name: nullphase())
-            mark("deepspeed_zero3_tiny")
-            step.step(lambda name: nullphase())
-            mark("deepspeed_zero3_tiny_step2")
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    run_stages(device, _marker(device, rows, log))
     return {"stages": rows, "deltas": stage_deltas(rows)}
 
 

@@ -29,17 +29,21 @@ STAGES = ("context", "init_distributed", "all_reduce_1", "all_reduce_64mib", "de
 
 
 def measure_nccl_world(device: str) -> dict:
+    from .context import stage_deltas, stage_marker
+    from .devices import device_named
+
+    rows: list[dict] = []
+    run_stages(device, stage_marker(device_named(device), rows))
+    return {"stages": rows, "deltas": stage_deltas(rows)}
+
+
+def run_stages(device: str, mark) -> None:
+    """STAGES in order, `mark(stage)` after each (nccl_mechanism.py marks them with NCCL's log as well)."""
     import torch.distributed as dist
 
-    from .context import stage_deltas, stage_marker
     from .deepspeed_step import TINY, DeepSpeedStep, _init_one_rank
-    from .devices import device_named
     from .framework_step import one_rank_environment
     from .measure import nullphase
-
-    dev = device_named(device)
-    rows: list[dict] = []
-    mark = stage_marker(dev, rows)
 
     if device == "cuda":
         torch.cuda.init()
@@ -61,7 +65,6 @@ def measure_nccl_world(device: str) -> dict:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return {"stages": rows, "deltas": stage_deltas(rows)}
 
 
 def main(argv: list[str]) -> int:
