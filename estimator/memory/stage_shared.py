@@ -381,7 +381,7 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
                                 f"{buf.rdma_ranks} nodes)", src))
     parts.append(component("communication", "DeepEP workspace (cudaMalloc)", buf.workspace, "NUM_WORKSPACE_BYTES",
                             src))
-    formula = nccl.formula + (f" + DeepEP NVL buffer {buf.nvl_allocation / GiB:.3f} GiB + RDMA buffer {buf.num_rdma_bytes / GiB:.3f}"
-                f" GiB + workspace {buf.workspace / GiB:.3f} GiB")
+    formula = (f"{nccl.formula} + DeepEP NVL buffer {buf.nvl_allocation / GiB:.3f} GiB + RDMA buffer "
+               f"{buf.num_rdma_bytes / GiB:.3f} GiB + workspace {buf.workspace / GiB:.3f} GiB")
     return Component("communication", "NCCL communicator buffers and DeepEP buffers", sum(p.bytes for p in parts),
                      formula, nccl.source + "; " + src, tuple(parts))
