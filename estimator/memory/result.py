@@ -138,7 +138,7 @@ def _by_key(components, field: str) -> dict:
         return out
     texts: dict = {}
     for c in components:
-        texts.setdefault(c.key, dict.fromkeys(()))[getattr(c, field)] = None
+        texts.setdefault(c.key, {})[getattr(c, field)] = None  # an ordered set of the texts
     return {key: (" + " if field == "formula" else "; ").join(t) for key, t in texts.items()}
 
 
