@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from estimator import estimate_config
-from estimator.memory.deepspeed_gathers import STREAM, Coordinator, chunks
+from estimator.memory.deepspeed_gathers import STREAM, Coordinator, Gathers, chunks
 from estimator.memory.zero3_replay import Trace, replay
 from estimator.memory.zero3_trace import MAX_REUSE_DISTANCE, build_trace
 
@@ -40,6 +40,9 @@ class Recorder:
             if b is not None:
                 self.events.append(("free", self.sizes[b]))
                 self.live -= self.sizes[b]
+
+    def transient(self, sizes):  # the replay's layer hook (Gathers installs its own over it)
+        pass
 
 
 def trace(*steps) -> Trace:
@@ -109,6 +112,32 @@ def test_the_first_micro_batch_prefetches_nothing_and_the_step_releases_what_is_
     assert program.events == [("alloc", 24, STREAM), ("free", 24), ("alloc", 24, STREAM)]
     c.release_all()
     assert program.events[-1] == ("free", 24) and program.live == 0
+
+
+def test_from_deepspeed_0_19_3_the_backward_end_releases_the_embedding_and_the_next_forward_gathers_it_again():
+    """Two micro-batches of a step, a module (s0) and the embedding's backward (s1, in `keeps`: no hook releases it),
+    10 elements each over 4 ranks in bf16: ceil(10 / 4) x 4 x 2 B = 24 B a gather. Through v0.19.2 the embedding
+    stays gathered from the first micro-batch's backward to the step (its second backward gathers nothing); from
+    v0.19.3 (release_backward_leftovers, stage3.py backward_epilogue) each backward's end frees its 24 B and the
+    next micro-batch gathers it again; the step then has nothing left to release."""
+    assert 24 == -(-10 // 4) * 4 * 2
+    t = Trace((((0, 10),), ((1, 10),)), ("s0", "embedding (backward)"), 1, frozenset({1}))
+
+    def run(leftovers: bool) -> tuple[list, list]:
+        program, c = coordinator(t)
+        g = Gathers(c, [range(0, 1)], [range(1, 2)], 0, True, leftovers)
+        ends = []
+        for _ in range(2):
+            g.forward()
+            g.backward()
+            g.end_backward()
+            ends.append(program.live)
+        g.step()
+        return program.events, ends + [program.live]
+
+    a, f = ("alloc", 24, STREAM), ("free", 24)
+    assert run(False) == ([a, f, a, a, f, f], [24, 24, 0])
+    assert run(True) == ([a, f, a, f, a, f, a, f], [0, 0, 0])
 
 
 QWEN_7B = {"model": {"name": "qwen-7b", "qkv_bias": True, "loss_in_logits_dtype": True, "fused_qkv": True,

@@ -153,6 +153,29 @@ def test_with_one_micro_batch_a_step_the_embedding_is_held_only_before_deepspeed
     assert old >= 1_000_000_000 + 152_064 * 8_192 > new
 
 
+def test_from_deepspeed_0_19_3_the_embedding_is_not_held_between_micro_batches():
+    """Qwen's 72B LoRA row (8 micro-batches a step on 4 GPUs) under 0.19.5: each backward's end releases the embedding
+    (stage3.py backward_epilogue -> release_backward_leftovers, from v0.19.3), so no micro-batch starts with its
+    152,064 x 8,192 = 1,245,708,288 elements (2 B each: 2,491,416,576 B) gathered outside the count, as under 0.12.3:
+    the gathered parameters are those of one micro-batch a step."""
+    data = json.loads((Path(__file__).parent / "data/measured/published_finetune/qwen.json").read_text())
+    config = json.loads(json.dumps(next(r for r in data["rows"] if r["id"] == "qwen-72b-lora-zero3-s256")["config"]))
+    label = "Gathered parameters (ZeRO-3 prefetch up to stage3_max_live_parameters)"
+
+    def gathered(version: str, global_batch: int) -> dict[str, tuple[int, str]]:
+        config["training"].update(framework_version=version, global_batch_size=global_batch)
+        stage = estimate_config(config).stages[0]
+        return {p.name: next((c.bytes, c.formula) for q in p.components for c in (q.parts or (q,)) if c.label == label)
+                for p in stage.phases if p.name in ("forward", "backward")}
+
+    assert 152_064 * 8_192 == 1_245_708_288 and 2 * 1_245_708_288 == 2_491_416_576
+    old, new, one = gathered("0.12.3", 32), gathered("0.19.5", 32), gathered("0.19.5", 4)
+    for phase in ("forward", "backward"):
+        assert "the embedding, 1,245,708,288 elements, held" in old[phase][1]
+        assert new[phase] == one[phase] and "held" not in new[phase][1]
+        assert old[phase][0] >= 2 * (1_000_000_000 + 1_245_708_288) > new[phase][0]
+
+
 def test_on_one_rank_zero_3_gathers_nothing():
     """partition_parameters.py all_gather_coalesced: with one partition _no_gather_coalesced points each parameter at
     its own partition, so there is no gathered copy; Qwen-1.8B's full fine-tuning on one GPU charges none."""

@@ -21,10 +21,10 @@ tests/data/measured/deepspeed_partitions/zero3-gathers-cpu-gloo.json): the one p
 parameters' flat tensor and their storages of their own, byte for byte (tests/test_deepspeed_gathers.py); what the
 caching allocator reserves for them over ranks is not measured on a GPU. The coordinator's calls and releases against
 real DeepSpeed 0.19.5's over gloo (validation/gpu/deepspeed_gather_sequence.py, a tiny Llama under gradient
-checkpointing): the same, but for the embedding, which v0.19.5 releases at each backward's end (stage3.py backward ->
-release_backward_leftovers, l. 2772; absent through v0.16.4) and gathers again at the next forward, where the trace
-(zero3_trace.py, as v0.12.3 runs) holds it to the step, and one MLP matrix v0.19.5 gathers before the first
-micro-batch's recomputation.
+checkpointing): the same, the embedding's release at each backward's end included (from v0.19.3: stage3.py
+backward_epilogue -> release_backward_leftovers, v0.19.5 l. 2772; commit a31eb316, #8148; versions.py
+DEEPSPEED_RELEASE_LEFTOVERS: `Gathers.end_backward`; through v0.19.2 the step releases it), but for one MLP matrix
+v0.19.5 gathers before the first micro-batch's recomputation.
 
 The count the prefetcher works under (__n_available_params) restarts at 0 in reset_step: at the forward's start from
 v0.15.4 on, at the backward's end before (zero3_trace.gathered_elements); the recorded trace exists from the second
@@ -36,11 +36,13 @@ from __future__ import annotations
 from collections import deque
 
 from .zero3_replay import Trace, _reused
+from ..spec.versions import DEEPSPEED_RELEASE_LEFTOVERS, DEEPSPEED_RESET_AT_FORWARD, release
 
 SOURCE = ("DeepSpeed v0.12.3 and v0.19.5 runtime/zero/partition_parameters.py (all_gather_coalesced: one parameter's "
           "buffer, several parameters' flat tensor and each one's torch.cat in AllGatherCoalescedHandle.wait; "
           "free_param), partitioned_param_coordinator.py (fetch_sub_module and __all_gather_params_ on the all-gather "
-          "stream), stage3.py step (_partition_all_parameters) (estimator/memory/deepspeed_gathers.py)")
+          "stream), stage3.py step (_partition_all_parameters); from v0.19.3 stage3.py backward_epilogue "
+          "(release_backward_leftovers, a31eb316, #8148) (estimator/memory/deepspeed_gathers.py)")
 
 STREAM = 1  # the all-gather stream's pool (allocator.py: another stream's blocks are a pool of their own)
 
@@ -144,6 +146,15 @@ class Coordinator:
                 continue
             self._release(p)
 
+    def release_leftovers(self) -> None:
+        """release_backward_leftovers (from v0.19.3, partitioned_param_coordinator.py, v0.19.5 l. 554-566): at the
+        backward's end the parameters of the steps no hook releases (the trace's `keeps`: the embedding's backward)
+        are released, off the count as any release."""
+        for s in sorted(self.trace.keeps):
+            for p, _ in self.trace.steps[s]:
+                if p in self.storage:
+                    self._release(p)
+
     def release_all(self) -> None:
         """The step's _partition_all_parameters: every gathered parameter released."""
         for p in list(self.storage):
@@ -183,8 +194,9 @@ class Gathers:
     `head_calls`), whole chunks of the trace at a time (`chunks`)."""
 
     def __init__(self, coordinator: Coordinator, forward: list[range], backward: list[range], head_calls: int,
-                 reset_at_forward: bool):
+                 reset_at_forward: bool, release_leftovers: bool = False):
         self.coordinator, self.head_calls, self.reset_at_forward = coordinator, head_calls, reset_at_forward
+        self.release_leftovers = release_leftovers
         self.chunks = {"forward": forward, "backward": backward}
         self.done: set = set()
 
@@ -229,6 +241,8 @@ class Gathers:
         self.coordinator.program.__dict__.pop("transient", None)
         for k in range(len(self.chunks["backward"])):
             self._run("backward", k)
+        if self.release_leftovers:  # the engine's backward epilogue, after the gradients' reduction
+            self.coordinator.release_leftovers()
         if not self.reset_at_forward:
             self.coordinator.reset()
         self.coordinator.complete = True  # reset_step: the trace recorded from the first micro-batch
@@ -237,13 +251,19 @@ class Gathers:
         self.coordinator.release_all()
 
 
+def release_rules(training) -> tuple[bool, bool]:
+    """The release's rules of `Gathers`: whether reset_step runs at the forward's start (from v0.15.4, else at the
+    backward's end) and whether the backward's end releases the embedding (from v0.19.3, else the step does)."""
+    version = release("deepspeed", training.framework_version).number
+    return version >= DEEPSPEED_RESET_AT_FORWARD, version >= DEEPSPEED_RELEASE_LEFTOVERS
+
+
 def gathers(cfg, sp, program, w) -> Gathers:
     """The stage's gathers under ZeRO-3 over `cfg.parallel.dp` ranks, for the replay's `program`; `w` its tensors
     (reserved_tensors.tensors: the head's with a gradient make the backward's first calls)."""
     from .deepspeed_step import deepspeed_settings
     from .zero3_trace import MAX_REUSE_DISTANCE, build_trace
     from ..spec.dtypes import bytes_per_element
-    from ..spec.versions import DEEPSPEED_RESET_AT_FORWARD, release
 
     arch, training = cfg.architecture, cfg.training
     ds = deepspeed_settings(arch, training, 3)
@@ -252,5 +272,4 @@ def gathers(cfg, sp, program, w) -> Gathers:
                               ds.prefetch_bucket_size, ds.max_live_parameters, MAX_REUSE_DISTANCE)
     forward, backward = chunks(trace, list(sp.layer_indices))
     head = sum(1 for t in w.head if t.grad) if sp.last else 0
-    new = release("deepspeed", training.framework_version).number >= DEEPSPEED_RESET_AT_FORWARD
-    return Gathers(coordinator, forward, backward, head, new)
+    return Gathers(coordinator, forward, backward, head, *release_rules(training))

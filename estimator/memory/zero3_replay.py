@@ -57,7 +57,8 @@ class Trace(NamedTuple):
     steps: tuple[Step, ...]
     names: tuple[str, ...]
     backward_from: int  # index of the first backward step
-    keeps: frozenset[int]  # steps whose release never comes (the embedding's backward: ids need no gradient)
+    keeps: frozenset[int]  # steps no hook releases (the embedding's backward: ids need no gradient; from DeepSpeed
+    # v0.19.3 the backward's end does, deepspeed_gathers.Coordinator.release_leftovers)
 
 
 def replay(trace: Trace, prefetch_bucket: int, max_live: int, max_reuse: int,

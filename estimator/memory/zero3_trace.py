@@ -14,8 +14,10 @@ modules, down; a MoE layer's router and fused experts); the final norm and the h
 Under gradient checkpointing a layer's forward runs again when the gradient reaches its output, its
 backward right after. The embedding's backward hook fires when it trains, or in an adapter run under
 gradient checkpointing (``enable_input_require_grads``: PEFT and Qwen's finetune.py), and no hook
-releases it after: the token ids need no gradient, so PostBackwardFunction never runs; it stays gathered
-until the optimizer step (stage3.py step: _partition_all_parameters).
+releases it after: the token ids need no gradient, so PostBackwardFunction never runs. Through v0.19.2 it stays
+gathered until the optimizer step (stage3.py step: _partition_all_parameters); from v0.19.3 the backward's end
+releases it (stage3.py backward_epilogue -> release_backward_leftovers, v0.19.5 l. 2772; versions.py
+DEEPSPEED_RELEASE_LEFTOVERS). The trace marks its step in `keeps` either way: no hook of the trace releases it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .adapters import adapted_modules
-from ..spec.versions import DEEPSPEED_RESET_AT_FORWARD, release
+from ..spec.versions import DEEPSPEED_RELEASE_LEFTOVERS, DEEPSPEED_RESET_AT_FORWARD, release
 from .zero3_replay import Gathered, Trace, replay
 
 SOURCE = ("DeepSpeed v0.12.3 and v0.19.5 runtime/zero/parameter_offload.py (_register_hooks_recursively, "
-          "PreBackwardFunction, PostBackwardFunction), stage3.py step (_partition_all_parameters); peft 0.5.0 "
+          "PreBackwardFunction, PostBackwardFunction), stage3.py step (_partition_all_parameters), v0.19.5 stage3.py "
+          "backward_epilogue (release_backward_leftovers, from v0.19.3: a31eb316, #8148); peft 0.5.0 "
           "tuners/lora.py Linear.forward; QwenLM/Qwen finetune.py@2df8e8ac (enable_input_require_grads under "
           "gradient checkpointing)")
 
@@ -142,17 +145,19 @@ MAX_REUSE_DISTANCE = 1_000_000_000
 
 def gathered_elements(arch, training, stage, prefetch_bucket: int, max_live: int, threshold: int,
                       microbatches: int) -> Gathered:
-    """The coordinator's peaks on this stage (zero3_replay.replay over `build_trace`). With gradient
-    accumulation a micro-batch starts with the embedding still gathered from the backward before it
+    """The coordinator's peaks on this stage (zero3_replay.replay over `build_trace`). Through v0.19.2, with
+    gradient accumulation, a micro-batch starts with the embedding still gathered from the backward before it
     (no hook released it: the module docstring), which the coordinator's count leaves out (reset_step
     sets it to 0); its release after the embedding's forward then lowers the count below what is
     gathered. With one micro-batch a step the optimizer step has released it: from v0.15.4 on
     (parameter_offload.py _start_of_forward_hook, reset_step at the forward's start) the count starts
     from there and nothing is held. Through v0.15.3 (v0.12.3 included) reset_step ran at the end of the
     backward (stage3.py backward), before the step's release, which then lowers the count the same way:
-    held in every micro-batch (training.framework_version; versions.DEEPSPEED_RESET_AT_FORWARD)."""
+    held in every micro-batch (training.framework_version; versions.DEEPSPEED_RESET_AT_FORWARD). From
+    v0.19.3 each backward's end releases it (release_backward_leftovers, versions.DEEPSPEED_RELEASE_LEFTOVERS)
+    before the next forward's reset_step: nothing is held, with or without accumulation."""
     version = release("deepspeed", training.framework_version).number
-    offset = microbatches > 1 or version < DEEPSPEED_RESET_AT_FORWARD
+    offset = version < DEEPSPEED_RESET_AT_FORWARD or (microbatches > 1 and version < DEEPSPEED_RELEASE_LEFTOVERS)
 
     def compute() -> Gathered:
         trace = build_trace(arch, training, stage, threshold)

@@ -46,7 +46,9 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
             "or main, or the releases of torchtitan's published benchmarks (0.2.0, 0.1.0, and 2024-12: main at "
             "9dec370); torchtune 0.6.1; deepspeed 0.19.5 or 0.12.3 (before 0.15.4 ZeRO-3 restarts its count of "
-            "gathered parameters at the end of the backward; before 0.13.2 ZeRO steps the optimizer once at "
+            "gathered parameters at the end of the backward; before 0.19.3 ZeRO-3 keeps the embedding gathered from "
+            "each backward to the optimizer step, so with gradient accumulation every later micro-batch starts "
+            "with it gathered; before 0.13.2 ZeRO steps the optimizer once at "
             "initialisation, making Adam's moments there). Each version-dependent rule cites the release it "
             "comes from (estimator/spec/versions.py); hf has no versioned rules.", "Run", VERSIONS, optional=True,
             auto="the release the estimator's records were measured on: " + default_versions_text()),

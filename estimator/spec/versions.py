@@ -25,7 +25,10 @@ What differs between the releases offered, as far as the estimator models it:
   same at both (compared file by file).
 - deepspeed 0.19.5 and 0.12.3 (Qwen-1's fine-tuning table ran DeepSpeed of late 2023): where ZeRO-3's
   coordinator restarts its count of gathered parameters, which decides whether a run of one micro-batch a step
-  gathers an embedding's worth more (memory/zero3_trace.py), and ZeRO-3's initialisation on one GPU, whose
+  gathers an embedding's worth more (memory/zero3_trace.py), whether each backward's end releases the
+  embedding (from 0.19.3: release_backward_leftovers; before, a run of several micro-batches a step starts each
+  later one with it gathered: memory/zero3_trace.py, memory/deepspeed_gathers.py), and ZeRO-3's initialisation
+  on one GPU, whose
   order of allocations the reserved-memory replay follows (memory/deepspeed_replay.py: 0.12.3 makes each fp32
   partition from a 16-bit clone and steps the optimizer once at initialisation, making Adam's moments there);
   the other DeepSpeed rules cite 0.19.5 (ZeRO-3's sub-group flattening, its step and the coordinator's prefetch
@@ -86,6 +89,14 @@ RELEASES: dict[str, tuple[Release, ...]] = {
 # (stage3.py backward, through 0.15.3) to the start of the forward (parameter_offload.py
 # _start_of_forward_hook) in 0.15.4 (memory/zero3_trace.py gathered_elements)
 DEEPSPEED_RESET_AT_FORWARD = (0, 15, 4)
+
+# DeepSpeed's ZeRO-3 releases, at each backward's end, the parameters of the modules whose backward hook gathered them
+# and whose post-backward hook never ran (stage3.py backward_epilogue -> parameter_offload.py
+# release_backward_leftovers -> partitioned_param_coordinator.py release_backward_leftovers, v0.19.5 l. 2772 and
+# l. 554): the embedding, whose token ids need no gradient. Commit a31eb316 ("Z3: Support for activation ckpt with
+# frozen params", #8148, 2026-07-22), first in v0.19.3; before, the embedding stayed gathered to the optimizer step
+# (memory/zero3_trace.py gathered_elements, memory/deepspeed_gathers.py Gathers.end_backward)
+DEEPSPEED_RELEASE_LEFTOVERS = (0, 19, 3)
 
 # DeepSpeed stepped the optimizer once while building ZeRO's optimizer (stage3.py initialize_optimizer_states
 # `self._optimizer_step(i)` per sub-group, v0.12.3 l. 1006-1008; stage_1_and_2.py initialize_optimizer_states
