@@ -16,7 +16,7 @@ from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
-from .models import is_hub_id, preset_for
+from .models import named_model
 from .result import Imported, Ledger
 from .liger import axolotl_liger
 from .source import parse_yaml
@@ -82,10 +82,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
 
 def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
     name = doc.get("base_model")
-    preset = preset_for(name) if isinstance(name, str) else None
-    if preset is None and not (isinstance(name, str) and is_hub_id(name)):
-        raise ConfigError("base_model", name, "a Hugging Face id (org/name)")
-    build.named_model = preset or name
+    build.named_model = named_model(name, "base_model", "a Hugging Face id (org/name)")
     ledger.mapped("base_model", name, f"model = \"{build.named_model}\"")
     adapter = doc.get("adapter")
     four, eight = bool(doc.get("load_in_4bit")), bool(doc.get("load_in_8bit"))

@@ -19,7 +19,7 @@ from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, to_int
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS, TRL
 from .liger import trainer_liger
-from .models import is_hub_id, preset_for
+from .models import named_model, preset_for
 from .result import Ledger
 from .shell import read_launch
 from .source import parse_json, parse_yaml
@@ -158,12 +158,9 @@ def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, peft: FlatDoc | N
     if not isinstance(name, str) or not name:
         raise ConfigError("model_name_or_path", None, "a Hugging Face id or a folder named after the model",
                           "the arguments do not name the model")
-    preset = preset_for(name)
-    if preset is None and not is_hub_id(name):
-        raise ConfigError(source, name, "a Hugging Face id (org/name) or the folder of a bundled model",
-                          "not a model this estimator can find offline")
-    build.named_model = preset or name
-    ledger.mapped(source, name, f"model = \"{build.named_model}\"" + (" (bundled)" if preset else ""))
+    build.named_model = named_model(name, source, "a Hugging Face id (org/name) or the folder of a bundled model",
+                                    "not a model this estimator can find offline")
+    ledger.mapped(source, name, f"model = \"{build.named_model}\"" + (" (bundled)" if preset_for(name) else ""))
 
 
 def _precision(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, trl: bool) -> None:

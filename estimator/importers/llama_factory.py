@@ -19,7 +19,7 @@ from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_
 from .finetune import deepspeed_by_name, targets
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .liger import liger_defaults
-from .models import is_hub_id, preset_for
+from .models import named_model
 from .result import Imported, Ledger
 from .source import parse_yaml
 from .yaml_keys import LLAMA_FACTORY
@@ -43,10 +43,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     build = ConfigBuilder(ledger)
     build.put("training.framework", "hf")
     name = doc.get("model_name_or_path")
-    preset = preset_for(name) if isinstance(name, str) else None
-    if preset is None and not (isinstance(name, str) and is_hub_id(name)):
-        raise ConfigError("model_name_or_path", name, "a Hugging Face id (org/name)")
-    build.named_model = preset or name
+    build.named_model = named_model(name, "model_name_or_path", "a Hugging Face id (org/name)")
     ledger.mapped("model_name_or_path", name, f"model = \"{build.named_model}\"")
     finetuning = doc.get("finetuning_type", "lora")
     if finetuning == "lora":

@@ -31,7 +31,7 @@ from . import megatron_args as margs, megatron_training as mtrain
 from .bridge_keys import SECTIONS
 from .bridge_recipes import ALIASES, RECIPES
 from .build import ConfigBuilder, to_int
-from .models import is_hub_id, preset_for
+from .models import named_model
 from .result import Imported, Ledger, Setting
 from .shell import read_launch
 from .source import parse_yaml
@@ -240,10 +240,7 @@ def _settings(recipe: str, yaml_keys: dict, given: dict) -> dict[str, tuple[obje
 
 def _model(recipe: str, build: ConfigBuilder, ledger: Ledger) -> None:
     hub = next(RECIPES[n][1] for n in reversed(_chain(recipe)) if RECIPES[n][1])
-    preset = preset_for(hub)
-    if preset is None and not is_hub_id(hub):
-        raise ConfigError("--recipe", recipe, "a recipe whose model is a Hugging Face id")
-    build.named_model = preset or hub
+    build.named_model = named_model(hub, "--recipe", "a recipe whose model is a Hugging Face id", value=recipe)
     ledger.mapped("--recipe", recipe, f"model = {build.named_model!r} (the recipe's AutoBridge.from_hf_pretrained"
                                       f"({hub!r}))")
     for name in _chain(recipe):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from ..spec.errors import ConfigError
+
 # Suffixes that name a post-trained variant of the same architecture (the weights differ, the shapes
 # do not): Meta-Llama-3.1-8B-Instruct has Llama-3.1-8B's config.json shapes.
 _VARIANT = re.compile(r"(-(instruct|chat|base|hf|it|pt|fp8|bf16))+$")
@@ -36,3 +38,16 @@ def preset_for(name: str) -> str | None:
 def is_hub_id(name: str) -> bool:
     """``org/name``: a Hugging Face id rather than a local path."""
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", name or ""))
+
+
+_NAME = object()
+
+
+def named_model(name: object, label: str, allowed: str, reason: str = "", value: object = _NAME) -> str:
+    """The model a launch configuration names: the bundled preset's id for `name`, else `name` itself when it is a
+    Hugging Face id (org/name). Anything else is a ConfigError naming the field by its `label`, the `value` given
+    (`name` unless told) and what is `allowed`."""
+    preset = preset_for(name)
+    if preset is None and not (isinstance(name, str) and is_hub_id(name)):
+        raise ConfigError(label, name if value is _NAME else value, allowed, reason)
+    return preset or name

@@ -32,7 +32,7 @@ from . import megatron, openrlhf_flags
 from .liger import liger_defaults
 from .build import ConfigBuilder, FlatDoc, split_flags, to_float, to_int
 from .finetune import targets
-from .models import is_hub_id, preset_for
+from .models import named_model
 from .result import Imported, Ledger
 from .shell import read_launch
 
@@ -155,10 +155,8 @@ def _deepspeed_launcher(launcher: tuple[str, ...], ledger: Ledger) -> int | None
 def _model(entry: str, flags: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
     key = "actor.model_name_or_path" if entry == "train_ppo_ray" else "model.model_name_or_path"
     name = flags.get(key)
-    preset = preset_for(name) if isinstance(name, str) else None
-    if preset is None and not (isinstance(name, str) and is_hub_id(name)):
-        raise ConfigError(f"--{key}", name, "a Hugging Face id (org/name) or a folder named as a bundled model")
-    build.named_model = preset or name
+    build.named_model = named_model(name, f"--{key}", "a Hugging Face id (org/name) or a folder named as a bundled "
+                                    "model")
     ledger.mapped(f"--{key}", name, f"model = {build.named_model!r}")
 
 

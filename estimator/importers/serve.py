@@ -18,7 +18,7 @@ import re
 
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, split_flags, to_float, to_int
-from .models import is_hub_id, preset_for
+from .models import named_model
 from .result import Imported, Ledger
 from .shell import read_launch
 
@@ -151,10 +151,7 @@ def _model(model: object, build: ConfigBuilder, ledger: Ledger) -> None:
     if not isinstance(model, str) or not model:
         raise ConfigError("--model", None, "the model to serve (vllm serve MODEL, or --model / --model-path)",
                           "missing")
-    preset = preset_for(model)
-    if preset is None and not is_hub_id(model):
-        raise ConfigError("--model", model, "a Hugging Face id (org/name) or the folder of a bundled model")
-    build.named_model = preset or model
+    build.named_model = named_model(model, "--model", "a Hugging Face id (org/name) or the folder of a bundled model")
     ledger.mapped("model", model, f"model = \"{build.named_model}\"")
 
 

@@ -31,7 +31,7 @@ from ..spec.errors import ConfigError
 from . import megatron, megatron_flags, slime_flags
 from . import megatron_args as margs, megatron_model as mmodel, megatron_training as mtrain
 from .build import ConfigBuilder, split_flags, to_float
-from .models import is_hub_id, preset_for
+from .models import named_model, preset_for
 from .result import Imported, Ledger, Setting
 from .shell import Launch, read_launch
 
@@ -202,15 +202,12 @@ def _model(args: margs._Args, own: margs._Args, build: ConfigBuilder, ledger: Le
             ledger.mapped("--hf-checkpoint", checkpoint, "the engine's weights: the model the flags above describe")
         return
     name = str(checkpoint or "").rstrip("/")
-    preset = preset_for(name) if name else None
-    if preset is None and not is_hub_id(name):
-        raise ConfigError("--hf-checkpoint", checkpoint, "a Hugging Face id (org/name) or a folder named as a "
-                          "bundled model, or the model's Megatron flags (the MODEL_ARGS of slime's "
-                          "scripts/models/*.sh, given before the launch script)",
-                          "the launch does not say the model's shape")
-    build.named_model = preset or name
+    build.named_model = named_model(name, "--hf-checkpoint", "a Hugging Face id (org/name) or a folder named as a "
+                                    "bundled model, or the model's Megatron flags (the MODEL_ARGS of slime's "
+                                    "scripts/models/*.sh, given before the launch script)",
+                                    "the launch does not say the model's shape", value=checkpoint)
     ledger.mapped("--hf-checkpoint", checkpoint, f"model = {build.named_model!r} (no architecture flags: the model "
-                                                "the checkpoint names" + (", bundled" if preset else "") + ")")
+                                                "the checkpoint names" + (", bundled" if preset_for(name) else "") + ")")
 
 
 def _dense_expert_sizes(build: ConfigBuilder, ledger: Ledger) -> None:

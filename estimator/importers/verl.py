@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
-from .models import is_hub_id, preset_for
+from .models import named_model
 from .result import Imported, Ledger
 from .shell import read_launch
 from .source import parse_yaml
@@ -98,10 +98,7 @@ def _world(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, gpus: int | None)
 
 def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
     name = doc.get("actor_rollout_ref.model.path")
-    preset = preset_for(name) if isinstance(name, str) else None
-    if preset is None and not (isinstance(name, str) and is_hub_id(name)):
-        raise ConfigError("actor_rollout_ref.model.path", name, "a Hugging Face id (org/name)")
-    build.named_model = preset or name
+    build.named_model = named_model(name, "actor_rollout_ref.model.path", "a Hugging Face id (org/name)")
     ledger.mapped("actor_rollout_ref.model.path", name, f"model = \"{build.named_model}\"")
 
 
