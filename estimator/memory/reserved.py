@@ -42,15 +42,18 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    (reserved_tensors.py); the cuBLAS workspaces; DDP's gradient buckets;
 2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
    several like tensors as that many requests, eager attention's scores made as transformers makes
-   them; under full recompute the layer's input kept and the rest computed and dropped), its forward
-   transients made and freed, the autocast copies of its
-   weights kept for backward; then the loss: the final norm's saved tensors, the logits and their
+   them, reserved_layers.py; under full recompute the layer's input kept and the rest computed and
+   dropped), its forward transients made and freed, the autocast copies of its weights kept for
+   backward; then the loss: the final norm's saved tensors, the logits and their
    fp32 copies, the log-softmax made from them (kept), the copies freed;
 3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
    exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
    backward transients, its trainable parameters' gradients from the last (the first micro-batch creates
    them, later ones add in place), its tensors freed in reverse order of making as backward passes the
-   weights that used them (autograd frees a node's saved tensors once it has run); a tied embedding's
+   weights that used them (autograd frees a node's saved tensors once it has run); through eager attention,
+   the tensors the ledger frees before its softmax's backward, then that backward node by node (scores x V's,
+   the dropout's, the casts', the softmax's with CUDA's temporary, QK^T's), then the rest (reserved_layers.py:
+   LoRA on Llama-3.2-1B with recompute and attention dropout -12.8% -> -0.7%); a tied embedding's
    gradient from the head held until the lookup's, then their sum made out of place (`_tied_sum`);
 4. the optimizer step: its states created at the first step (per trainable parameter, in order, in its
    dtype; fused AdamW's 0-dim step counters after them), its temporaries per tensor (torch's foreach

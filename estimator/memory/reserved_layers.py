@@ -2,7 +2,8 @@
 attention among a layer's requests: the scores its forward makes and frees, and the backward through its softmax
 (and dropout) in autograd's order.
 
-transformers 5.23 models/llama/modeling_llama.py eager_attention_forward (the other decoders' alike):
+transformers 5.23 models/llama/modeling_llama.py eager_attention_forward (the other decoders' alike; Gemma 2's
+soft-caps the scaled scores first, `/ softcap`, tanh, `* softcap`, modeling_gemma2.py):
     attn_weights = matmul(q, repeat_kv(k)^T) * scaling; attn_weights = attn_weights + mask
     attn_weights = softmax(attn_weights, dim=-1, dtype=float32).to(q.dtype)
     attn_weights = dropout(attn_weights, p); attn_output = matmul(attn_weights, repeat_kv(v))
@@ -11,8 +12,8 @@ Its backward runs, node by node, each freeing its saved tensors and its input gr
 gradient, and v's), the dropout's (native_dropout_backward: a new tensor, the mask freed), the cast's (to fp32),
 the softmax's (_softmax_backward_data: its output, then CUDA's `tmp = grad * output` inside the kernel,
 softmax_backward.py), the upcast's (back to the compute dtype), the scaling's, QK^T's (q's and k's gradients).
-Full recompute under the HF Trainer (torch/utils/checkpoint.py, use_reentrant=False as transformers 5.23
-modeling_utils.py gradient_checkpointing_enable sets it) reruns the layer's forward at its first unpacked tensor
+Full recompute under the HF Trainer (torch 2.13 torch/utils/checkpoint.py, use_reentrant=False, transformers 5.23
+modeling_utils.py `_activation_checkpointing_enable`'s default) reruns the layer's forward at its first unpacked tensor
 and hands each recomputed saved tensor to its node once (`unpack_hook` drops the frame's handle), so the
 recomputed layer frees its tensors in the same order as a kept one. The sizes are the ledger's (the layer's
 entries, CUDA's temporary: softmax_backward.temporary_entry) and the tensors it frees before the softmax's
