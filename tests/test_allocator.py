@@ -331,21 +331,23 @@ def test_the_replay_of_adapter_runs_against_the_gpu_and_the_flat_share():
     state, each layer's adapters after its weights; reserved_tensors.py) took the median error of the first 23
     against max_memory_reserved from 4.8% to 1.6%, the runs more than 5% under from 2 to 0 and more than 5% over
     from 9 to 2, the largest error from 13.8% (QLoRA with recompute, under) to 10.0% (trainable embedding and head
-    copies, over: tests/test_accuracy.py KNOWN_RESERVED_OVER). On all 29: 4.8% to 1.4%, under by 5% 4 to 1 (Llama-3.2-1B
-    with recompute and eager attention's dropout, -12.8%: KNOWN_RESERVED_GAPS), over by 5% 10 to 2."""
+    copies, over: tests/test_accuracy.py KNOWN_RESERVED_OVER). On all 29: 4.8% to 1.3%, under by 5% 4 to 0, over by 5%
+    10 to 2 (1.4% and one under, Llama-3.2-1B with recompute and eager attention's dropout at -12.8%, until the replay
+    ran eager attention's backward through the recomputed softmax as autograd does: reserved_layers.py, -0.7%)."""
     import statistics
     replayed, flat, applies = _errors(ADAPTERS)
     # 2026-11-27's second H200 run added four (LoRA on GPT-2 medium -0.5%, Falcon-7B -4.0%, Llama-3.2-1B -1.4% and
     # -0.5%): 23 runs, median 0.016 and 0.048, over by 5% 2 and 9, before. Its third added two (LoRA with recompute:
     # GPT-2 medium -1.2%, the flat share -11.8%; Llama-3.2-1B with eager attention and its dropout -12.8%, the flat
     # share -18.4%, tests/test_accuracy.py KNOWN_RESERVED_GAPS): 27 runs, median 0.014 and 0.045, under by 5% 0
-    # and 2, the largest 0.100 and 0.138, before
+    # and 2, the largest 0.100 and 0.138, before; on the 29, 0.014, one under by 5% and the largest 0.128 before
+    # eager attention's backward (reserved_layers.py: that run -12.8% -> -0.7%, its norecompute twin -0.5% -> -0.2%)
     assert len(replayed) == 29 and applies == set(replayed)
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.014
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.013
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.048
-    assert sum(e < -0.05 for e in replayed.values()) == 1 and sum(e < -0.05 for e in flat.values()) == 4
+    assert sum(e < -0.05 for e in replayed.values()) == 0 and sum(e < -0.05 for e in flat.values()) == 4
     assert sum(e > 0.05 for e in replayed.values()) == 2 and sum(e > 0.05 for e in flat.values()) == 10
-    assert round(max(map(abs, replayed.values())), 3) == 0.128
+    assert round(max(map(abs, replayed.values())), 3) == 0.100
     assert round(max(map(abs, flat.values())), 3) == 0.184
 
 
@@ -366,6 +368,47 @@ def test_an_adapter_runs_replay_allocates_gradients_and_states_for_the_trainable
     assert sum(t.elements for t in trained) == 32 * 16 * (4096 + 4096 + 4096 + 1024)
     assert all(t.stored == t.grad == 4 * t.elements for t in trained)
     assert estimate.stages[0].cache is not None
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("case, core, residual, gradients", [
+    # LoRA on q and v of Llama-3.2-1B (b 1, s 4096, a 32, d_head 64, h 2048): the fp32 softmax 4 a s^2 b = 2 GiB,
+    # the bf16 scores 1 GiB, dropout 0.1, CUDA's tmp 2 GiB, the expanded v, q and k 2 s b a d_head = 16 MiB each
+    # (LoRA on q and v: no gradient before the core)
+    ("llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager-attndrop10",
+     (4, False, 2 * GiB, GiB, True, 2 * GiB, 16 * MiB, (16 * MiB, 16 * MiB)), 2 * 4096 * 2048, 0),
+    # Phi-3-mini's layer, full fine-tuning (a 32, d_head 96, h 3072, f 8192), no attention dropout: q, k, v 24 MiB;
+    # before the core the bf16 gradients of the MLP's three matrices, o_proj and the two norms (the input norm's
+    # 3,072 among them: the replay's parameter order lists the norms after o_proj)
+    ("phi-3-mini-8layers-bf16-adamw-recompute-eager-s4096-b1-drop10",
+     (6, False, 2 * GiB, GiB, False, 2 * GiB, 24 * MiB, (24 * MiB, 24 * MiB)), 2 * 4096 * 3072,
+     2 * (3 * 3072 * 8192 + 3072 * 3072 + 2 * 3072)),
+])
+def test_eager_attentions_backward_holds_the_ledgers_moment(case, core, residual, gradients):
+    """A recomputed eager layer's backward in the replay (reserved_layers.py): its allocated peak, at the softmax's
+    backward (the softmax, the fp32 gradient of the probabilities, _softmax_backward_data's output and CUDA's tmp,
+    4 x 2 GiB, beside the tensors not yet freed), is the ledger's recompute moment (the recomputed layer and its
+    softmax backward, static_stage.py) less the residual stream's gradient (B*s*b*h, which the replay, making no
+    activation's gradient, leaves out), plus the layer's gradients made before the core (the MLP's, o_proj's and
+    the norms', under full fine-tuning; the ledger counts them with the gradients). The replay of the LoRA run
+    stood 20.9% under the ledger's peak before, its reserved peak -12.8% (tests/test_accuracy.py)."""
+    from estimator import estimate_config
+    from estimator.memory.reserved import _Program
+    from estimator.memory.reserved_layers import Core, backward, layer, made
+    from estimator.memory.reserved_tensors import tensors
+    estimate = estimate_config(json.loads((GPU / f"{case}.json").read_text())["config"])
+    cfg, sp = estimate.config, estimate.config.stages[0]
+    dense = layer(cfg, estimate._shared, "dense")
+    assert dense.core == Core(*core)
+    weights = tensors(cfg, sp).layers[0]
+    prog, grads = _Program(), {}
+    backward(prog, dense, made(prog, dense), [], weights, len(weights), grads)
+    phase = next(p for p in estimate.stages[0].phases if p.name == "backward")
+    moment = next(c for c in phase.components if c.key == "transient").bytes
+    assert prog.allocator.allocated_peak == moment - residual + gradients
+    assert prog.allocator.allocated == sum(t.grad for t in weights)  # all freed but the gradients
 
 
 def _large_segments(run) -> list[int]:
@@ -396,23 +439,26 @@ def _ledger_replay(record: dict):
     return lambda: reserved._replayed(cfg, estimate._shared, sp, static)
 
 
-# The recorded sequences whose large segments the ledger's sequence does not map alike: an operator's
-# temporaries the ledger does not list (Gemma-2's soft-capped eager attention, whose capping the replay
-# leaves out, allocates four 1 GiB score segments where the ledger's recomputed layer needs one), a
-# transient the size of the embedding after the model is built (in every recorded sequence; one segment
-# more where it is 1 GiB or larger), and step 2's loss finding the blocks step 1's loss left cut by smaller
-# requests, or not (one 2 or 4 GiB segment more or fewer).
+# The recorded sequences whose large segments the ledger's sequence does not map alike: a transient the size of
+# the embedding after the model is built (in every recorded sequence; one segment more where it is 1 GiB or larger,
+# Gemma-2's), step 2's loss finding the blocks step 1's loss left cut by smaller requests, or not (one 2 or 4 GiB
+# segment more or fewer), and eager attention's backward (reserved_layers.py), which holds CUDA's softmax temporary
+# (the recorded sequences do not): Gemma-2's recomputed run maps three 1 GiB score segments in backward where the
+# recorded one maps two (in forward four alike, since the replay makes its soft-capped scores: three before), and
+# Qwen3-8B's eager run leaves a fp32-logits-sized block (1,188 MiB) whole to step 2's last optimizer
+# temporary of the embedding's size, where the recorded sequence maps a 14th segment (its reserved error +0.7% ->
+# -0.8%).
 SEGMENTS_DIFFER = {
     "gemma-2-9b-bf16-adamw-norecompute-eager-s2048-b1", "gemma-2-9b-bf16-adamw-recompute-eager-s4096-b1",
     "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b1", "qwen3-8b-bf16-adamw-recompute-sdpa-s8192-b1",
-    "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2",
+    "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2", "qwen3-8b-bf16-adamw-norecompute-eager-s2048-b1",
 }
 
 
 def test_the_ledgers_sequence_maps_the_recorded_large_segments():
     """Segments of 1 GiB and more (the loss's logits, their fp32 copies and gradients, the embedding's
     gradient and states), in the order mapped over two steps: the ledger's sequence (reserved.py) and
-    the fake harness's recorded one alike on 21 of the 26 runs the estimate replays, among them the
+    the fake harness's recorded one alike on 20 of the 26 runs the estimate replays, among them the
     three where the ledger's earlier sequence missed by 13-34% (the loss's two fp32 gradients requested
     as one block, freed out of autograd's order; a later micro-batch's gradient never freed) and the
     three recompute runs it left 10-16% under (a layer's tensors freed only at its backward's end)."""
@@ -429,7 +475,7 @@ def test_the_ledgers_sequence_maps_the_recorded_large_segments():
             # 2 x 4096 x 128,256 logits: bf16 2,004 MiB, fp32 4,008 MiB; step 1 maps the logits, the fp32
             # copy, the log-softmax and a second fp32 gradient; step 2 one more fp32 block
             assert ledger == [2004, 4008, 4008, 4008, 4008]
-    assert len(same) == 21 and not same & SEGMENTS_DIFFER
+    assert len(same) == 20 and not same & SEGMENTS_DIFFER
     assert {"llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1", "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2",
             "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1", "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b2",
             "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2"} <= same

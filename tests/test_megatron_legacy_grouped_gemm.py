@@ -137,7 +137,7 @@ def test_the_legacy_experts_forward_and_backward_in_the_replay():
     2 B = 112 MiB) and fc1 output's gradient (224 MiB)."""
     from estimator.memory import megatron_moe_replay
     from estimator.memory.megatron_moe_replay import KEEP
-    from estimator.memory.reserved import _requests, _sizes
+    from estimator.memory.reserved_layers import requests
     from estimator.memory.stage_shared import _shared
 
     plans = []
@@ -145,7 +145,7 @@ def test_the_legacy_experts_forward_and_backward_in_the_replay():
         cfg = _resolved(MIXTRAL_GG, moe_use_legacy_grouped_gemm=legacy)
         shared = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware, cfg.zero_stage, cfg.padded_vocab)
         plan = megatron_moe_replay.plan(cfg, shared, cfg.stages[0], "moe")
-        ledger = _requests(_sizes(shared.entries["moe"], shared.parallel))
+        ledger = requests(shared.entries["moe"], shared.parallel)
         assert sum(ledger[:plan.start]) + sum(step[1] for step in plan.steps if step[0] == KEEP) == sum(ledger)
         plans.append(plan)
     legacy, te = plans

@@ -90,7 +90,7 @@ def in_mib(step: tuple) -> tuple:
 
 def test_a_plan_keeps_what_the_ledger_keeps():
     """Each layer kind's plan keeps the ledger's bytes, no more and no fewer (MLA's q, k, v split in three)."""
-    from estimator.memory.reserved import _requests, _sizes
+    from estimator.memory.reserved_layers import requests
     from estimator.memory.stage_shared import _shared
     from estimator.memory.megatron_moe_replay import KEEP
 
@@ -98,7 +98,7 @@ def test_a_plan_keeps_what_the_ledger_keeps():
     shared = _shared(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware, cfg.zero_stage, cfg.padded_vocab)
     for kind in ("dense", "moe"):
         plan = megatron_moe_replay.plan(cfg, shared, cfg.stages[0], kind)
-        ledger = _requests(_sizes(shared.entries[kind], shared.parallel))
+        ledger = requests(shared.entries[kind], shared.parallel)
         kept = sum(ledger[:plan.start]) + sum(step[1] for step in plan.steps if step[0] == KEEP)
         assert kept == pytest.approx(sum(ledger), abs=len(ledger))
 

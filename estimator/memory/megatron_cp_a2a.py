@@ -105,7 +105,7 @@ def unplanned(cfg, shared=None) -> list[str]:
 def plan(cfg, shared, kind: str) -> Plan | None:
     """The layer's plan, or None where its ledger has no such layer (or CP is off)."""
     from .activations.recompute import dropped
-    from .reserved import _requests, _sizes
+    from .reserved_layers import requests
 
     if cfg.parallel.cp == 1:
         return None
@@ -116,7 +116,7 @@ def plan(cfg, shared, kind: str) -> Plan | None:
     qkv, rope, output = (names.index(name) for name in (QKV, ROPE, OUTPUT))
     if not (names[qkv - 1] == QKV_INPUT and qkv < rope < output and tuple(names[output + 1:]) == MLP):
         return None
-    at = [len(_requests(_sizes(entries[:k], shared.parallel))) for k in (qkv, rope, output)]
+    at = [len(requests(entries[:k], shared.parallel)) for k in (qkv, rope, output)]
     if at != [qkv, rope, output]:  # an empty entry among them
         return None
     arch, par = cfg.architecture, cfg.parallel

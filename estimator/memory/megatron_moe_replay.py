@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .reserved_layers import requests
 from ..spec.tensors import EXPERT_COLUMN, EXPERT_ROW
 
 SOURCE = ("Megatron-Core 0.16.1 distributed/distributed_data_parallel.py (expert_parallel_buffers), "
@@ -144,10 +145,10 @@ def plan(cfg, shared, sp, kind: str) -> Plan | None:
             continue
         if router is not None and e.name.startswith(DISPATCHED):
             steps += [(HOLD, b) for b in sent]
-        steps += [(KEEP, b) for b in _requests([e], shared.parallel)]
+        steps += [(KEEP, b) for b in requests([e], shared.parallel)]
         if router is not None and k == last:
             steps += [(MOMENT, tuple(combine))] + ([(RELEASE,)] if sent else [])
-    return Plan(len(_requests(entries[:first], shared.parallel)), tuple(steps), tuple(backward))
+    return Plan(len(requests(entries[:first], shared.parallel)), tuple(steps), tuple(backward))
 
 
 def _mla_steps(arch, qkv: float) -> list:
@@ -157,12 +158,6 @@ def _mla_steps(arch, qkv: float) -> list:
     per = qkv / (2 * arch.q_width + a * v_dim)  # bytes per element of one token's widths
     return [(KEEP, per * arch.q_width), (HOLD, per * a * (nope + v_dim)), (KEEP, per * arch.q_width),
             (KEEP, per * a * v_dim), (RELEASE,)]
-
-
-def _requests(entries, par) -> list[int]:
-    from .reserved import _requests, _sizes
-
-    return _requests(_sizes(entries, par))
 
 
 def _moments(cfg, sp) -> tuple[list, list, list]:

@@ -308,7 +308,7 @@ class _Walk:
         self.program, self.shared, self.sp, self.P = program, shared, sp, P
         self.embedding, self.layers, self.head = embedding, layers, head
         self.kinds = [arch.layer_kinds()[i] for i in sp.layer_indices]
-        self.sizes = _layer_sizes(shared, self.kinds)
+        self.sizes = _layer_sizes(cfg, shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
         self.a2a = {kind: megatron_cp_a2a.plan(cfg, shared, kind) for kind in set(self.kinds)}  # CP's all-to-all
         if cfg.parallel.cp > 1 and not all(self.a2a.values()):  # unreachable: cp_rule refuses these (unplanned)
@@ -517,7 +517,7 @@ def _scores_at(shared, kind: str) -> tuple[int, int] | None:
     """Where the layer's unfused softmax is among its requests: the index of its fp32 output and how many requests
     after its cast the attention makes before it returns (through its output); None: no such softmax."""
     from .activations.recompute import dropped
-    from .reserved import _requests, _sizes
+    from .reserved_layers import requests
 
     entries = [e for e in shared.entries[kind] if not dropped(e, shared.recomputed)]
     names = [e.name for e in entries]
@@ -525,5 +525,5 @@ def _scores_at(shared, kind: str) -> tuple[int, int] | None:
     if at is None:
         return None
     end = next((k + 1 for k in range(at + 2, len(names)) if names[k] == ATTENTION_OUTPUT), at + 2)
-    before, within = (len(_requests(_sizes(part, shared.parallel))) for part in (entries[:at], entries[at + 2:end]))
+    before, within = (len(requests(part, shared.parallel)) for part in (entries[:at], entries[at + 2:end]))
     return before, within

@@ -23,6 +23,9 @@ class Tensor(NamedTuple):
     stored: float  # bytes on the device
     grad: float  # bytes of its gradient; 0: frozen (no gradient, no optimizer state)
     matrix: bool = False  # a layer's weight matrix (autocast copies it for the compute)
+    # used before the attention's core (q, k, v, their biases and norms, the attention's input norm, their
+    # adapters): its gradient comes after the core's backward (reserved_layers.backward)
+    before_core: bool = False
 
 
 class Tensors(NamedTuple):
@@ -56,16 +59,21 @@ def _split(t, gated: bool) -> list[tuple[float, bool]]:
 _QKV = ("q_proj", "k_proj", "v_proj")
 
 
-def _layer_pieces(arch, kind: str) -> list[tuple[float, bool]]:
-    """A layer's parameters as `_split` gives them, q, k and v joined where the model fuses them."""
-    out, fused = [], 0.0
+def _layer_pieces(arch, kind: str) -> list[tuple[float, bool, bool]]:
+    """A layer's parameters as `_split` gives them, q, k and v joined where the model fuses them, each with
+    whether it is used before the attention's core (`Tensor.before_core`): the attention's tensors listed before
+    its output projection (Architecture.attention_tensors) and the layer's first norm (its input norm)."""
+    out, fused, core = [], 0.0, False
     for t in arch.layer_tensors(kind):
+        core = core or t.name == "o_proj"
         if arch.fused_qkv and t.name in _QKV:
             fused += t.numel
             if t.name == _QKV[-1]:
-                out.append((fused, True))
+                out.append((fused, True, True))
             continue
-        out += _split(t, arch.gated_mlp)
+        pieces = _split(t, arch.gated_mlp)
+        first_norm = t.role == "vector" and t.name == "norm"
+        out += [(n, matrix, not core or (first_norm and k == 0)) for k, (n, matrix) in enumerate(pieces)]
     return out
 
 
@@ -89,10 +97,10 @@ class _Full:
         self.gated = cfg.architecture.gated_mlp
 
     def layer(self, kind: str, pieces) -> list[Tensor]:
-        return [Tensor(n, n * self.P, n * self.G, matrix) for n, matrix in pieces]
+        return [Tensor(n, n * self.P, n * self.G, matrix, before) for n, matrix, before in pieces]
 
     def ends(self, params) -> list[Tensor]:
-        return self.layer("", [p for t in params for p in _split(t, self.gated)])
+        return self.layer("", [(n, matrix, False) for t in params for n, matrix in _split(t, self.gated)])
 
 
 class _Adapter:
@@ -121,10 +129,10 @@ class _Adapter:
         from .adapters import adapted_modules, module_matrices
         # a quantized matrix is dequantized by its own layer: no autocast copy of it is kept
         copied = not self.dequantized
-        frozen = [Tensor(n, (self.quantized if matrix else self.rest) * n, 0.0, matrix and copied)
-                  for n, matrix in pieces]
+        frozen = [Tensor(n, (self.quantized if matrix else self.rest) * n, 0.0, matrix and copied, before)
+                  for n, matrix, before in pieces]
         A = self.A
-        return frozen + [Tensor(rows * cols, A * rows * cols, A * rows * cols)
+        return frozen + [Tensor(rows * cols, A * rows * cols, A * rows * cols, before_core=m.name in ("q", "k", "v"))
                          for m in adapted_modules(self.adapter, self.arch, kind)
                          for rows, cols in module_matrices(self.adapter, m)]
 

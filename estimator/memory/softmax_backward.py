@@ -215,10 +215,18 @@ _V = "v (expanded to all heads) for scores x V"
 
 def freed_after_softmax(arch: Architecture, training: Training, par: Parallel, kind: str,
                         v_freed: bool = True) -> float:
-    """The bytes of a `kind` layer's kept tensors its backward has freed when its softmax's backward runs (autograd
-    releases a node's saved tensors once it has run: AUTOGRAD_RELEASE_SOURCE): its MLP's (with transformers' MLP
-    norm), its attention output's and what follows it, and v (`v_freed`; not where v is the input of a checkpointed
-    core attention, kept until its whole backward has run)."""
+    """The bytes of a `kind` layer's kept tensors its backward has freed when its softmax's backward runs
+    (`freed_entries`)."""
+    return sum(e.bytes(par) for e in freed_entries(arch, training, par, kind, v_freed))
+
+
+def freed_entries(arch: Architecture, training: Training, par: Parallel, kind: str,
+                  v_freed: bool = True) -> list[Entry]:
+    """A `kind` layer's kept tensors its backward has freed when its softmax's backward runs (autograd releases a
+    node's saved tensors once it has run: AUTOGRAD_RELEASE_SOURCE): its MLP's (with transformers' MLP norm), its
+    attention output's and what follows it, and v (`v_freed`; not where v is the input of a checkpointed core
+    attention, kept until its whole backward has run). The allocator replay frees the same ones
+    (reserved_layers.py)."""
     from .activations.attention import attention_entries
     from .activations.mlp import mlp_entries
     names = tuple(n for n in _FREED_ATTENTION if v_freed or n != _V)
@@ -226,7 +234,7 @@ def freed_after_softmax(arch: Architecture, training: Training, par: Parallel, k
     after += mlp_entries(arch, training, par, kind)
     if training.adapter is not None:
         return _adapter_freed(arch, training, par, kind, frozenset(e.name for e in after))
-    return sum(e.bytes(par) for e in after)
+    return after
 
 
 # the adapted modules whose backward runs before the attention core's: their adapters' tensors (adapter_activations.py
@@ -247,7 +255,8 @@ BNB_HELD_SOURCE = (
     "llama-3.2-1b-qlora-r16-all7-norecompute-drop00-s8192-b1-bnb0.43.1-eager)")
 
 
-def _adapter_freed(arch: Architecture, training: Training, par: Parallel, kind: str, names: frozenset[str]) -> float:
+def _adapter_freed(arch: Architecture, training: Training, par: Parallel, kind: str,
+                   names: frozenset[str]) -> list[Entry]:
     """An adapter run's `freed_after_softmax`: of the layer's ledger as the run keeps it (adapter_activations.py:
     without what only frozen weights' gradients read, with the adapters' own tensors), the full fine-tuning
     tensors named in `names` and the tensors of the adapters after the core (`_AFTER_CORE`), but not the inputs
@@ -262,7 +271,7 @@ def _adapter_freed(arch: Architecture, training: Training, par: Parallel, kind: 
     def freed(e) -> bool:
         return e.name.startswith(_AFTER_CORE) or e.name in names and (
             not e.for_weights or any(w in trained for w in e.for_weights))
-    return sum(e.bytes(par) for e in layer_entries(arch, training, par, kind) if freed(e))
+    return [e for e in layer_entries(arch, training, par, kind) if freed(e)]
 
 
 def frees_layer_tensors(arch: Architecture, training: Training) -> bool:

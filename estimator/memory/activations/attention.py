@@ -214,6 +214,7 @@ EAGER_SOFTMAX_FP32 = "softmax output (fp32)"
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 SOFTCAP_OUTPUT = "soft-capped scores (tanh output)"
 DROPOUT_MASK = "attention dropout mask"
+DROPOUT_OUTPUT = "attention dropout output"
 RESIDUAL_DROPOUT_MASK = "attention residual dropout mask"
 
 
@@ -234,7 +235,7 @@ def _unfused_entries(arch: Architecture, training: Training, par: Parallel, math
     out += _softmax_entries(arch, training, par, math_sdpa, scores)
     if training.dropout > 0:
         out.append(Entry(DROPOUT_MASK, scores, 1, "tp", "a*s^2*b", recompute=CORE))
-        out.append(Entry("attention dropout output", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        out.append(Entry(DROPOUT_OUTPUT, scores, B, "tp", "B*a*s^2*b", recompute=CORE))
     out.append(Entry(SCORES_V_INPUT, T * (arch.kv_width if broadcast else a * head_v), B, "tp",
                      "B*s*b*g*d_head" if broadcast else "B*s*b*a*d_head", recompute=UP_PROJ))
     return out
