@@ -290,3 +290,35 @@ def test_megatron_without_the_distributed_optimizer_norms_over_the_model_paralle
     assert c.bytes == 512 * MiB + 2 * 194 * GRANULARITY
     assert c.formula.endswith("2 of one rank x 388.0 MiB (TP, model-parallel (the gradient norm's))")
     assert _communication(1, 2)[0] == 512 * MiB + 194 * GRANULARITY  # zero_stage 1: TP only
+
+
+def test_size_one_groups_without_cumem_charge_the_process_page_once():
+    """torch 2.1 (NCCL 2.18.1, no cuMem) at TP 2 x DP 1 and TP 1 x DP 2: the group of size 1 is the net proxy's
+    shared buffer, 32 channels x 16 steps x 128 KiB = 64 MiB, beside the larger group's 0.5 GiB, and the process's
+    small cudaMallocs share one 2 MiB page, as at world size 1 (the nccl-mechanism record: the world's split, a
+    second communicator, adds no page). At TP 1 x DP 2 with zero_stage 0 two groups of size 1 share that page."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    for tp, dp, zero, groups in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 2, 0, 2)):
+        config = json.loads(json.dumps(run["config"]))
+        config["training"]["torch_version"] = "2.1"
+        config["parallel"].update(tp=tp, dp=dp, zero_stage=zero)
+        config["training"]["global_batch_size"] = dp
+        c = estimate_config(config).stages[0].component("communication")
+        assert c.bytes == 512 * MiB + groups * 32 * 16 * 128 * 1024 + 2 * MiB
+        assert [p.bytes for p in c.parts].count(SMALL_PAGE) == 1
+
+
+def test_one_constructor_for_the_communicators_of_one_rank():
+    """The world of one rank and the groups of size 1 in a larger layout build their communicators with one
+    constructor (stage_shared.one_rank_communicators): the same bytes, formula and page, the labels theirs."""
+    from estimator.memory.stage_shared import one_rank_communicators, one_rank_world
+    from estimator.spec.training import Training
+
+    for version in ("2.1", None):
+        training = Training(framework="deepspeed", torch_version=version)
+        world = one_rank_world(training).parts[1:]
+        built, comm, page = one_rank_communicators(training, (("a", "s"), ("b", "s")))
+        assert [(p.bytes, p.formula) for p in world] == [(p.bytes, p.formula) for p in built]
+        assert comm == one_rank_communicator((2, 1) if version else (2, 13))
+        assert (page != "") == (version == "2.1")
+        assert [p.label for p in built][:2] == ["NCCL communicator of one rank: a", "NCCL communicator of one rank: b"]
