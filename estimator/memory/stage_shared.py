@@ -27,7 +27,7 @@ from .tp_copies import plain_tp_reserved
 from .kbit import ledger_training, math_attention
 from ..spec.training import Training
 from ..spec.nccl import (MECHANISM_RECORD, NCCL_KERNELS, RECORD as NCCL_RECORD, SMALL_PAGE, SOURCE as NCCL_SOURCE,
-                         OneRankCommunicator, cumem, one_rank_communicator)
+                         OneRankCommunicator, cumem, one_rank_communicator, uses_cumem)
 from ..spec.versions import torch_release
 
 MiB = 1024**2
@@ -288,11 +288,14 @@ def one_rank_communicators(training: Training, groups: tuple[tuple[str, str], ..
     adds its buffer's 256 and no page, its 194 small allocations beside the first's). Returns the components, the
     communicator and the page's words for a formula ("" with cuMem)."""
     release = torch_release(training.torch_version)
-    comm = one_rank_communicator(release)
+    comm = one_rank_communicator(release, training.nccl_cumem)
+    measured = ""  # NCCL 2.28.9 with NCCL_CUMEM_ENABLE=0: the shared buffer as the nccl-mechanism record logs it
+    if cumem(release) and not uses_cumem(release, training.nccl_cumem):
+        measured = f"; measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 536,870,912 B a communicator)"
     parts = tuple(component("communication", f"NCCL communicator of one rank: {what}", comm.bytes, comm.formula,
-                            f"{source}; {NCCL_SOURCE}") for what, source in groups)
+                            f"{source}; {NCCL_SOURCE}{measured}") for what, source in groups)
     page = ""
-    if not cumem(release):
+    if not uses_cumem(release, training.nccl_cumem):
         parts += (component("communication", "the driver's page of the communicators' small cudaMallocs", SMALL_PAGE,
                             "one 2 MiB page (the driver packs small cudaMallocs)",
                             f"measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 2 communicators' 390 in one page)"),)
@@ -305,13 +308,15 @@ def one_rank_world(training: Training) -> Component:
     the caching allocator, NCCL's kernels (once) and a communicator of one rank for every process group that gets one
     (ONE_RANK_GROUPS), each 2 + 3 x 64 device allocations, 2 MiB apiece where the run's NCCL allocates with cuMem
     (spec/nccl.py). On the H200 (torch 2.11, NCCL 2.28.9): DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB),
-    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB). Without cuMem (torch before 2.2) each communicator is the net
-    proxy's shared buffer and its small allocations share the process's one page (one_rank_communicators)."""
+    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB). Without cuMem (torch before 2.2, or training.nccl_cumem false:
+    NCCL_CUMEM_ENABLE=0, as slime's and verl's training processes set it) each communicator is the net proxy's
+    shared buffer and its small allocations share the process's one page (one_rank_communicators)."""
     groups = ONE_RANK_GROUPS[training.framework]
     comms, comm, page = one_rank_communicators(training, tuple((f"{group} group ({why})", source)
                                                                 for group, why, source in groups))
-    parts = (component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
-                       f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)"),) + comms
+    kernels = component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
+                        f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)")
+    parts = (kernels,) + comms
     total = sum(p.bytes for p in parts)
     formula = (f"NCCL kernels {NCCL_KERNELS // 2**20} MiB + {len(groups)} communicators x "
                f"{comm.bytes / 2**20:,.1f} MiB ({comm.formula}){page} = {total / 2**20:,.1f} MiB")
