@@ -21,7 +21,7 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
   ALIGN_SIZE): 194 x 2 MiB = 388 MiB a communicator. NCCL_CUMEM_ENABLE defaults to 0 through 2.18 and to -2
   (on where the driver supports it) from 2.19.1 (src/misc/cudawrap.cc NCCL_PARAM(CuMemEnable), v2.18.5-1 and
   v2.19.1-1); DeepSpeed 0.19.5 and Megatron-Core 0.16.1 do not set it (their sources), and under torch 2.11 the
-  records' allocations lie 2 MiB apart (cuMem on). That is the default (training.nccl_cumem empty) but beside an
+  records' allocations lie 2 MiB apart (cuMem on). That is the default (training.nccl_cumem empty), except beside an
   SGLang rollout engine; RL stacks turn cuMem off in their training processes, to match SGLang's and vLLM's
   engines for the weight sync (uses_cumem, RL_STACKS_CUMEM_OFF).
 - Without cuMem (measured with NCCL 2.28.9 and NCCL_CUMEM_ENABLE=0, tests/data/measured/gpu/experiments/
@@ -36,7 +36,7 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
   adds 342 = 85 + 1 + 256, the split 256 (its small allocations in the same page) and the step 75 (76 with cuMem,
   where the step's own small cudaMalloc opens the page).
 - NCCL_CUMEM_ENABLE: NCCL reads it once (src/misc/cudawrap.cc ncclCuMemEnable: a value >= 0 is taken as it is,
-  0 off, -2 the default: on where the driver supports it). With torch 2.2 on and cuMem turned off, the rule is
+  0 off; -2, the default, on where the driver supports it; other negatives off). With torch 2.2 on and cuMem turned off, the rule is
   the measured NCCL 2.28.9 one above (the net proxy's 64 x 16 x 512 KiB and the shared page); torch before 2.2
   with cuMem turned on is refused (training.py): NCCL 2.14.3 has no cuMem and 2.18.1's is not read.
 - Not modelled: NCCL 2.19-2.21 (torch 2.2 on) allocate with cuMem but have no runtime connect (added in v2.22.3-1)
