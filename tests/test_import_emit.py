@@ -86,3 +86,18 @@ def test_plan_emit_command(tmp_path):
     assert estimate_imported(imported).device_total_bytes in totals  # the emitted layout is one the plan chose
     assert imported.config["parallel"]["dp"] * imported.config["parallel"].get("tp", 1) * \
         imported.config["parallel"].get("pp", 1) * imported.config["parallel"].get("cp", 1) == 16
+
+
+def test_megatron_writes_nccl_cumem_where_the_configuration_sets_it():
+    """training.nccl_cumem set: an exported NCCL_CUMEM_ENABLE (0 or 1), which the importer reads back; unset,
+    nothing (torch's default)."""
+    base = {"model": "llama-3.1-8b", "training": {"seq_len": 4096, "global_batch_size": 8},
+            "parallel": {"tp": 2, "dp": 1, "zero_stage": 1}}
+    for setting, line in ((False, "export NCCL_CUMEM_ENABLE=0\n"), (True, "export NCCL_CUMEM_ENABLE=1\n"),
+                          (None, None)):
+        config = json.loads(json.dumps(base))
+        if setting is not None:
+            config["training"]["nccl_cumem"] = setting
+        text, result = round_trip("megatron", config)
+        assert (line in text) if line else "NCCL_CUMEM_ENABLE" not in text
+        assert result.config["training"].get("nccl_cumem") == setting

@@ -207,3 +207,17 @@ def test_cp_comm_type_per_layer_or_without_cp():
     assert "cp_comm_type" not in alone.config["parallel"] and "--cp-comm-type" in names(alone.ignored)
     with pytest.raises(ConfigError, match="cp_comm_type"):
         estimate_imported(import_config(CP_LINE + " --cp-comm-type ring", "megatron"))
+
+
+@pytest.mark.parametrize("value, expected, where", [("0", False, "read"), ("1", True, "read"),
+                                                    ("-1", False, "read"), ("-2", None, "read"),
+                                                    ("yes", None, "unsupported")])
+def test_nccl_cumem_enable_in_the_environment(value, expected, where):
+    """NCCL_CUMEM_ENABLE as NCCL reads it (cudawrap.cc ncclCuMemEnable: a value >= 0 as it is, -2 the default, other
+    negatives off): training.nccl_cumem; not an integer, reported and left to the default."""
+    line = ("torchrun --nproc-per-node 2 pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 8 "
+            "--seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000 --tensor-model-parallel-size 2")
+    for text in (f"NCCL_CUMEM_ENABLE={value} {line}", f"export NCCL_CUMEM_ENABLE={value}\n{line}"):
+        result = import_config(text, "megatron")
+        assert result.config["training"].get("nccl_cumem") == expected
+        assert "NCCL_CUMEM_ENABLE" in names(getattr(result, where))

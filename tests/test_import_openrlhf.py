@@ -137,3 +137,14 @@ def test_hostile_lines_are_refused_by_their_guard(line, refusal, importer_reads)
         import_config(line, "openrlhf", gpus=8)
     assert refusal in str(info.value)
     assert importer_reads == ([] if refusal == TOO_LARGE else ["openrlhf"])
+
+
+def test_nccl_cumem_only_from_the_environment():
+    """OpenRLHF v0.11.0 turns cuMem off only under vLLM < 0.16 (ppo_actor.py l. 501-508) and pins vLLM 0.27.1: the
+    torch default unless the command's environment sets NCCL_CUMEM_ENABLE."""
+    assert "nccl_cumem" not in import_config(text("train_ppo_ray_hybrid_engine.sh")).config["training"]
+    script = text("train_ppo_ray_hybrid_engine.sh")
+    for env in (script.replace("python3 -m", "NCCL_CUMEM_ENABLE=0 python3 -m"),
+                "export NCCL_CUMEM_ENABLE=0\n" + script):
+        result = import_config(env)
+        assert result.config["training"]["nccl_cumem"] is False

@@ -32,13 +32,14 @@ def test_qwen3_4b_grpo_colocated():
     # mem fraction 0.7, the actor offloaded while they generate. 32 prompts x 8 samples, responses of 8192
     # tokens and prompts of 1024 (no --rollout-max-prompt-len: the contract's default); dynamic batches of
     # 9216 tokens = one sequence of 1024 + 8192. --use-kl-loss: the reference stays in host memory (slime
-    # swaps it into the actor's weights), so no GPU copy. bf16 and the distributed optimizer: slime's own.
+    # swaps it into the actor's weights), so no GPU copy. bf16 and the distributed optimizer: slime's own, and
+    # NCCL without cuMem in the actors (actor_group.py: NCCL_CUMEM_ENABLE "0" where the job does not set it).
     rl = {"algorithm": "grpo", "rollout_batch_size": 32, "samples_per_prompt": 8, "max_prompt_len": 1024,
           "max_response_len": 8192, "engine": "sglang", "engine_memory_fraction": 0.7, "reference_model": False,
           "critic_model": False, "offload_during_rollout": True, "rollout_tp": 2}
     expected = {"model": QWEN3_4B,
                 "training": {"recompute": "full", "rl": rl, "seq_len": 9216, "micro_batch_size": 1,
-                             "global_batch_size": 256},
+                             "global_batch_size": 256, "nccl_cumem": False},
                 "parallel": {"tp": 2, "pp": 1, "cp": 1, "dp": 4, "sequence_parallel": True, "zero_stage": 1,
                              "comm_overlap": 0.0}}
     assert result.config == expected
@@ -68,9 +69,10 @@ def test_the_model_from_the_checkpoint_or_refused():
 def test_sft_without_an_engine():
     result = import_config(script("models_qwen3-4B.sh", "run-qwen3-4B-base-sft.sh"), "slime")
     # --debug-train-only: no rollout; packed micro-batches of --max-tokens-per-gpu 9216 tokens (cp 1);
-    # --global-batch-size 128 over DP 8; expandable segments from the Ray job's runtime-env JSON
+    # --global-batch-size 128 over DP 8; expandable segments from the Ray job's runtime-env JSON; slime's actors
+    # run NCCL without cuMem here too (actor_group.py)
     expected = {"model": QWEN3_4B,
-                "training": {"recompute": "full", "seq_len": 9216, "global_batch_size": 128},
+                "training": {"recompute": "full", "seq_len": 9216, "global_batch_size": 128, "nccl_cumem": False},
                 "parallel": {"tp": 1, "pp": 1, "cp": 1, "dp": 8, "zero_stage": 1, "comm_overlap": 0.0},
                 "hardware": {"expandable_segments": True}}
     assert result.config == expected
@@ -144,3 +146,18 @@ def test_credentials_hidden_and_token_counts_shown():
     text = "\n".join(s.line("read") for s in result.read) + "\n".join(result.warning_lines())
     assert "wk-0123456789" not in text and "sk-abc" not in text and "--wandb-key <hidden>" in text
     assert "--max-tokens-per-gpu '9216'" in text and "--input-key 'prompt'" in text  # counts and columns shown
+
+
+def test_nccl_cumem_from_the_job_and_train_env_vars():
+    """slime gives its actors NCCL_CUMEM_ENABLE from the job's environment, else "0", then --train-env-vars
+    (actor_group.py l. 64-70): the runtime-env JSON's value, then --train-env-vars', win over slime's "0"."""
+    text = script("models_qwen3-4B.sh", "run-qwen3-4B.sh")
+    assert import_config(text, "slime").config["training"]["nccl_cumem"] is False
+    job = text.replace('\\"NCCL_NVLS_ENABLE\\"', '\\"NCCL_CUMEM_ENABLE\\": \\"1\\",\n    \\"NCCL_NVLS_ENABLE\\"')
+    assert job != text
+    result = import_config(job, "slime")
+    assert result.config["training"]["nccl_cumem"] is True
+    assert "--runtime-env-json NCCL_CUMEM_ENABLE" in {s.name for s in result.read}
+    result = import_config(job, "slime", overrides=("--train-env-vars", '{"NCCL_CUMEM_ENABLE": "0"}'))
+    assert result.config["training"]["nccl_cumem"] is False
+    assert {"--train-env-vars", "--train-env-vars NCCL_CUMEM_ENABLE"} <= {s.name for s in result.read}

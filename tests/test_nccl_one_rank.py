@@ -290,3 +290,107 @@ def test_megatron_without_the_distributed_optimizer_norms_over_the_model_paralle
     assert c.bytes == 512 * MiB + 2 * 194 * GRANULARITY
     assert c.formula.endswith("2 of one rank x 388.0 MiB (TP, model-parallel (the gradient norm's))")
     assert _communication(1, 2)[0] == 512 * MiB + 194 * GRANULARITY  # zero_stage 1: TP only
+
+
+def test_size_one_groups_without_cumem_charge_the_process_page_once():
+    """torch 2.1 (NCCL 2.18.1, no cuMem) at TP 2 x DP 1 and TP 1 x DP 2: the group of size 1 is the net proxy's
+    shared buffer, 32 channels x 16 steps x 128 KiB = 64 MiB, beside the larger group's 0.5 GiB, and the process's
+    small cudaMallocs share one 2 MiB page, as at world size 1 (the nccl-mechanism record: the world's split, a
+    second communicator, adds no page). At TP 1 x DP 2 with zero_stage 0 two groups of size 1 share that page."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    for tp, dp, zero, groups in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 2, 0, 2)):
+        config = json.loads(json.dumps(run["config"]))
+        config["training"]["torch_version"] = "2.1"
+        config["parallel"].update(tp=tp, dp=dp, zero_stage=zero)
+        config["training"]["global_batch_size"] = dp
+        c = estimate_config(config).stages[0].component("communication")
+        assert c.bytes == 512 * MiB + groups * 32 * 16 * 128 * 1024 + 2 * MiB
+        assert [p.bytes for p in c.parts].count(SMALL_PAGE) == 1
+
+
+def test_one_constructor_for_the_communicators_of_one_rank():
+    """The world of one rank and the groups of size 1 in a larger layout build their communicators with one
+    constructor (stage_shared.one_rank_communicators): the same bytes, formula and page, the labels theirs."""
+    from estimator.memory.stage_shared import one_rank_communicators, one_rank_world
+    from estimator.spec.training import Training
+
+    for version in ("2.1", None):
+        training = Training(framework="deepspeed", torch_version=version)
+        world = one_rank_world(training).parts[1:]
+        built, comm, page = one_rank_communicators(training, (("a", "s"), ("b", "s")))
+        assert [(p.bytes, p.formula) for p in world] == [(p.bytes, p.formula) for p in built]
+        assert comm == one_rank_communicator((2, 1) if version else (2, 13))
+        assert (page != "") == (version == "2.1")
+        assert [p.label for p in built][:2] == ["NCCL communicator of one rank: a", "NCCL communicator of one rank: b"]
+
+
+def _with(run: dict, **training) -> dict:
+    config = json.loads(json.dumps(run["config"]))
+    config["training"].update(training)
+    return config
+
+
+def test_nccl_cumem_off_at_world_size_one_is_the_measured_no_cumem_world():
+    """training.nccl_cumem false (NCCL_CUMEM_ENABLE=0, as slime's and verl's training processes set it) under torch
+    2.13: each communicator of one rank is the net proxy's shared buffer, 64 channels x 16 steps x 512 KiB = 512 MiB
+    = 256 granules, and the process's small allocations share one page. DeepSpeed's two communicators: 85 + 2 x 256
+    + 1 = 598 granules, what the nccl-mechanism record's DeepSpeed run with NCCL_CUMEM_ENABLE=0 adds at
+    init_distributed (342) and with the split's buffer (256) before its step's own 75. Megatron-Core's four:
+    85 + 4 x 256 + 1 = 1,110 granules (2,220 MiB, against 1,722 MiB with cuMem)."""
+    deepspeed = record("deepspeed", "deepspeed-qwen-1.8b-zero3-foreach-adamw-recompute-s256-b1.json")
+    _, communication = _outside(_with(deepspeed, nccl_cumem=False))
+    assert communication == (85 + 2 * 256 + 1) * GRANULARITY == 1196 * MiB
+    deltas, _ = _by_stage(_mechanism("deepspeed", "0"))
+    assert communication == deltas["init_distributed"] + 256 * GRANULARITY
+    megatron = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    assert _outside(_with(megatron, nccl_cumem=False))[1] == (85 + 4 * 256 + 1) * GRANULARITY == 2220 * MiB
+    # set true, or left to torch 2.13's default: the cuMem world the records measured
+    assert _outside(_with(megatron, nccl_cumem=True))[1] == _outside(_with(megatron))[1] == \
+        (85 + 4 * 194) * GRANULARITY == 1722 * MiB
+    comm = one_rank_communicator((2, 13), False)
+    assert (comm.allocations, comm.bytes) == (194 + 1, 512 * MiB)
+
+
+def test_nccl_cumem_off_in_megatron_groups_of_size_one():
+    """TP 2 x DP 1 with NCCL_CUMEM_ENABLE=0 under torch 2.13: the DP x CP group of one rank is 512 MiB (the shared
+    buffer at 64 channels x 512 KiB) and the process's page 2 MiB, beside the TP group's 0.5 GiB: 1,026 MiB, against
+    512 + 388 = 900 MiB with cuMem."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    config = _with(run, nccl_cumem=False, global_batch_size=1)
+    config["parallel"].update(tp=2, dp=1)
+    c = estimate_config(config).stages[0].component("communication")
+    assert c.bytes == 512 * MiB + 512 * MiB + 2 * MiB == 1026 * MiB
+    assert c.formula.endswith("1 of one rank x 512.0 MiB (DP x CP) + their small allocations' page 2 MiB")
+
+
+def test_nccl_cumem_on_before_torch_2_2_is_refused():
+    """torch 2.0's NCCL 2.14.3 has no cuMem and 2.1's NCCL 2.18.1 with cuMem is not modelled: refused, named."""
+    import pytest
+    from estimator import ConfigError
+
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    for version in ("2.0", "2.1"):
+        with pytest.raises(ConfigError, match="training.nccl_cumem"):
+            estimate_config(_with(run, torch_version=version, nccl_cumem=True))
+    assert _outside(_with(run, torch_version="2.1", nccl_cumem=False))[1] == \
+        _outside(_with(run, torch_version="2.1"))[1] == NCCL_KERNELS + 4 * 64 * MiB + SMALL_PAGE
+
+
+def test_beside_an_sglang_engine_the_trainer_runs_without_cumem():
+    """RL beside SGLang: SGLang sets NCCL_CUMEM_ENABLE=0 in its processes and the trainers that sync weights to it
+    set the same (slime actor_group.py, verl's sglang_rollout.py): left unset, the trainer's Megatron world of one
+    rank is the no-cuMem one, 85 + 4 x 256 + 1 granules; beside vLLM, torch's default (cuMem: 85 + 4 x 194);
+    nccl_cumem set wins over either."""
+    from estimator.spec.nccl import uses_cumem
+
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    rl = {"algorithm": "grpo", "rollout_batch_size": 4, "samples_per_prompt": 2, "max_prompt_len": 512,
+          "max_response_len": 512, "engine": "sglang", "engine_memory_fraction": 0.5}
+    no_cumem, with_cumem = (85 + 4 * 256 + 1) * GRANULARITY, (85 + 4 * 194) * GRANULARITY
+    for engine, setting, expected in (("sglang", None, no_cumem), ("vllm", None, with_cumem),
+                                      ("sglang", True, with_cumem), ("vllm", False, no_cumem)):
+        config = _with(run, rl={**rl, "engine": engine}, nccl_cumem=setting, seq_len=1024, global_batch_size=1)
+        result = estimate_config(config)
+        assert result.stages[result.peak_stage].component("communication").bytes == expected, (engine, setting)
+    assert uses_cumem((2, 13), None, "sglang") is False and uses_cumem((2, 13), None, "vllm") is True
+    assert uses_cumem((2, 1), None, "vllm") is False and uses_cumem((2, 13), True, "sglang") is True

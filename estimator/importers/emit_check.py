@@ -35,12 +35,18 @@ def verified(kind: str, text: str, config: dict, gpus: int | None = None) -> str
     imported = import_config(text, kind, gpus=gpus, gpu=config.get("hardware", {}).get("gpu"))
     want, got = (_flat(load_config(c)) for c in (config, imported.config))
     for path in list(want) + [p for p in got if p not in want]:
+        if path in _LAUNCH_DEFAULTS and want.get(path) is None:
+            continue
         if want.get(path) != got.get(path):
             written = got.get(path)
             raise ConfigError(path, want.get(path), f"what {kind} can write here: "
                               + ("nothing" if written is None else repr(written)), f"{kind} has no setting for it")
     return text
 
+
+# fields that a configuration may leave to the launch: unset, the written launch keeps its stack's own default
+# (training.nccl_cumem: slime's and verl's training processes run without cuMem, spec/nccl.py RL_STACKS_CUMEM_OFF)
+_LAUNCH_DEFAULTS = ("training.nccl_cumem",)
 
 # the architecture's fields that only say what peft wraps (set by the Hugging Face reader; a launch format that
 # spells the model by its shapes cannot write them)

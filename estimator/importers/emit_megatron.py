@@ -1,5 +1,6 @@
 """``plan --emit megatron``: a configuration written as a ``torchrun ... pretrain_gpt.py`` command
-(Megatron-LM core_v0.16.1 flags), the allocator setting as an exported environment variable. Its
+(Megatron-LM core_v0.16.1 flags), the allocator setting and NCCL_CUMEM_ENABLE (where the configuration
+sets it) as exported environment variables. Its
 pieces (`megatron_model`, `megatron_training`, `megatron_parallel`: the flags of the model, the
 training setup and the layout) are the flags the Megatron-Bridge and slime writers spell too."""
 
@@ -26,6 +27,8 @@ def megatron_command(cfg, per_node: int) -> str:
     lines = []
     if cfg.hardware.expandable_segments:
         lines.append("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    if tr.nccl_cumem is not None:
+        lines.append(f"export NCCL_CUMEM_ENABLE={int(tr.nccl_cumem)}")
     lines.append(shlex.join(launcher) + " \\\n    " + " \\\n    ".join(_pairs(words)))
     return "\n".join(lines) + "\n"
 

@@ -7,6 +7,10 @@ its importer (`emit_check.verified`).
 - slime (commit 624b824a): ``python3 train.py`` with Megatron-LM's flags for the model and the layout
   (the `emit` module's Megatron writer) and slime's ``--actor-*``, ``--rollout-*`` and
   ``--sglang-mem-fraction-static``, the engines colocated.
+
+Both stacks run their training processes without cuMem unless the command's environment says otherwise: a
+configuration with nccl_cumem true is written with NCCL_CUMEM_ENABLE=1 before the command; one that leaves it
+unset, as the stack's own launch (cuMem off).
 """
 
 from __future__ import annotations
@@ -31,6 +35,13 @@ def _rl(cfg, kind: str):
     return rl
 
 
+def _cumem_env(tr) -> list[str]:
+    """NCCL_CUMEM_ENABLE=1 before the command where the configuration turns cuMem on: verl and slime give their
+    workers "0" unless the driver's environment sets it (spec/nccl.py RL_STACKS_CUMEM_OFF). Unset, the launch keeps
+    the stack's "0" (emit_check._LAUNCH_DEFAULTS)."""
+    return ["NCCL_CUMEM_ENABLE=1"] if tr.nccl_cumem else []
+
+
 def emit_verl(config: dict) -> str:
     from ..models.loading import load_config
     cfg = load_config(config)
@@ -38,7 +49,7 @@ def emit_verl(config: dict) -> str:
     rl = _rl(cfg, "verl")
     per_node, nodes = _nodes(par.gpus)
     a, r = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
-    words = ["python3", "-m", "verl.trainer.main_ppo",
+    words = _cumem_env(tr) + ["python3", "-m", "verl.trainer.main_ppo",
              f"algorithm.adv_estimator={'gae' if rl.algorithm == 'ppo' else 'grpo'}",
              f"data.train_batch_size={rl.rollout_batch_size}", f"data.max_prompt_length={rl.max_prompt_len}",
              f"data.max_response_length={rl.max_response_len}",
@@ -68,8 +79,8 @@ def emit_slime(config: dict) -> str:
     if rl.engine != "sglang":
         raise ConfigError("training.rl.engine", rl.engine, "'sglang'", "slime's rollout runs on SGLang")
     per_node, nodes = _nodes(par.gpus)
-    words = ["python3", "train.py", "--actor-num-nodes", str(nodes), "--actor-num-gpus-per-node", str(per_node),
-             "--colocate", "--hf-checkpoint", hub_id(cfg, "slime")]
+    words = _cumem_env(tr) + ["python3", "train.py", "--actor-num-nodes", str(nodes), "--actor-num-gpus-per-node",
+                              str(per_node), "--colocate", "--hf-checkpoint", hub_id(cfg, "slime")]
     words += megatron_model(cfg.architecture)
     words += [w for w in megatron_training(replace(tr, rl=None), cfg.architecture)]
     words += megatron_parallel(par, tr)

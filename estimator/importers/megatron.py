@@ -19,6 +19,7 @@ from .shell import Launch, read_launch
 from .megatron_args import _Args, _arity, VERSION
 from .megatron_model import _model
 from .megatron_training import _account_rest, _allocator, _parallel, _training
+from .nccl_env import read_cumem
 
 KIND = "megatron"
 _ENTRY = re.compile(r"(?:^|/)pretrain_gpt\.py$")
@@ -53,6 +54,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     _parallel(args, build, ledger, world)
     _account_rest(args, ledger)
     _allocator(dict(launch.env), build)
+    read_cumem(dict(launch.env), build)
     return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
 
 

@@ -20,7 +20,10 @@ which DeepSpeed drops for its own defaults (``deepspeed/runtime/config_utils.py`
   (the default);
 - ``--data.max_len`` bounds prompt and response together (the vLLM context; samples are cut to
   it: ``trainer/ppo_utils/samples_generator.py``); ``--train.dynamic_batch_enable`` packs
-  micro-batches of ``--train.max_tokens_per_gpu`` tokens (``utils/seqlen_balancing.py``).
+  micro-batches of ``--train.max_tokens_per_gpu`` tokens (``utils/seqlen_balancing.py``);
+- NCCL keeps cuMem as torch's NCCL has it unless the command's environment sets NCCL_CUMEM_ENABLE: the policy
+  actor turns it off only under vLLM < 0.16 (``trainer/ray/ppo_actor.py`` l. 501-508), and v0.11.0's vllm extra
+  pins 0.27.1 (spec/nccl.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .build import ConfigBuilder, FlatDoc, split_flags, to_float, to_int
 from .finetune import targets
 from .models import named_model
 from .result import Imported, Ledger
+from .nccl_env import read_cumem
 from .shell import read_launch
 
 KIND = "openrlhf"
@@ -101,6 +105,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     _training(entry, flags, build, ledger)
     {"train_ppo_ray": _ppo, "train_sft": _sft, "train_dpo": _dpo}[entry](flags, build, ledger)
     _account_rest(entry, flags, ledger)
+    read_cumem(dict(launch.env), build)
     return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
 
 

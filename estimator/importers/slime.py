@@ -19,7 +19,9 @@ reported unknown). What slime decides on top of Megatron:
   pinned host memory and swapped into the actor's parameters for its log-probs
   (``slime/utils/tensor_backper.py``, ``backends/megatron_utils/actor.py``): no second copy on the GPU;
 - ``--advantage-estimator ppo`` trains a critic on the actor's GPUs (``ray/placement_group.py``);
-- ``--debug-train-only`` (SFT scripts with ``--loss-type sft_loss``) launches no engine.
+- ``--debug-train-only`` (SFT scripts with ``--loss-type sft_loss``) launches no engine;
+- the training actors run NCCL without cuMem: slime gives them NCCL_CUMEM_ENABLE from the job's environment,
+  else "0", then ``--train-env-vars`` (``slime/ray/actor_group.py`` ``_allocate_gpus_for_actor``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from . import megatron_args as margs, megatron_model as mmodel, megatron_trainin
 from .build import ConfigBuilder, split_flags, to_float
 from .models import named_model, preset_for
 from .result import Imported, Ledger, Setting
+from .nccl_env import read_cumem
 from .shell import Launch, read_launch
 
 KIND = "slime"
@@ -86,7 +89,7 @@ _IGNORED = {
                      "--ref-update-interval"),
                     "loss coefficients and advantages (a few scalars per token)"),
     **dict.fromkeys(("--ref-load", "--ref-ckpt-step", "--save-hf", "--model-name", "--custom-config-path",
-                     "--update-weights-interval", "--train-env-vars"), "checkpoints, names and intervals"),
+                     "--update-weights-interval"), "checkpoints, names and intervals"),
     "--num-gpus-per-node": "the rollout's GPUs per node (placement only)",
     "--train-backend": "megatron, the only backend",
 }
@@ -141,8 +144,9 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     _batches(args, own, build, ledger, rl)
     _relabel(ledger, implied)
     mtrain._account_rest(args, ledger)
+    train_env = _train_env(own, ledger)
     _account_own(own, ledger)
-    _environment(launch, build, ledger)
+    _environment(launch, build, ledger, train_env)
     return ledger.result(KIND, {"model": build.named_model or build.model, **build.config})
 
 
@@ -408,17 +412,39 @@ def _account_own(own: margs._Args, ledger: Ledger) -> None:
             ledger.not_modelled(flag, value, f"a {VERSION} setting the estimate does not model")
 
 
-def _environment(launch: Launch, build: ConfigBuilder, ledger: Ledger) -> None:
-    """The Ray job's environment (--runtime-env-json's env_vars), else the script's variables:
-    PYTORCH_CUDA_ALLOC_CONF; the other launcher words are Ray's (address, job options)."""
+def _train_env(own: margs._Args, ledger: Ledger) -> dict[str, str]:
+    """--train-env-vars: a JSON object of variables slime adds to the training actors' environment last
+    (slime/ray/actor_group.py l. 70), so they win over the job's."""
+    text = own.take("--train-env-vars")
+    if text is None:
+        return {}
+    env = _env_vars(str(text))
+    ledger.mapped("--train-env-vars", text, "the training actors' environment (its PYTORCH_CUDA_ALLOC_CONF and "
+                                            "NCCL_CUMEM_ENABLE are read)")
+    return env
+
+
+def _environment(launch: Launch, build: ConfigBuilder, ledger: Ledger, train_env: dict[str, str]) -> None:
+    """The Ray job's environment (--runtime-env-json's env_vars), else the script's variables, then
+    --train-env-vars: PYTORCH_CUDA_ALLOC_CONF and NCCL_CUMEM_ENABLE, whose default in the training actors is
+    slime's "0" (spec/nccl.py RL_STACKS_CUMEM_OFF); the other launcher words are Ray's (address, job options)."""
     env = dict(launch.env)
+    where = "NCCL_CUMEM_ENABLE"
     for name, value in megatron._launcher_pairs(launch.launcher):
         if name == "--runtime-env-json":
-            env.update(_runtime_env(value))
-            ledger.ignore(name, "...", "Ray's job environment (its PYTORCH_CUDA_ALLOC_CONF is read)")
+            variables = _runtime_env(value)
+            env.update(variables)
+            if "NCCL_CUMEM_ENABLE" in variables:
+                where = "--runtime-env-json NCCL_CUMEM_ENABLE"
+            ledger.ignore(name, "...", "Ray's job environment (its PYTORCH_CUDA_ALLOC_CONF and NCCL_CUMEM_ENABLE are "
+                                       "read)")
         elif name != "--":
             ledger.ignore(name, value, "Ray's job submission")
+    env.update(train_env)
+    if "NCCL_CUMEM_ENABLE" in train_env:
+        where = "--train-env-vars NCCL_CUMEM_ENABLE"
     mtrain._allocator(env, build)
+    read_cumem(env, build, where, stack="slime")
 
 
 def _runtime_env(text: str) -> dict[str, str]:
@@ -426,5 +452,14 @@ def _runtime_env(text: str) -> dict[str, str]:
         data = json.loads(text[:65536])
     except (json.JSONDecodeError, RecursionError):
         return {}
-    variables = data.get("env_vars") if isinstance(data, dict) else None
-    return {str(k): str(v) for k, v in variables.items()} if isinstance(variables, dict) else {}
+    return _env_vars(data.get("env_vars") if isinstance(data, dict) else None)
+
+
+def _env_vars(data: object) -> dict[str, str]:
+    """A JSON object (or its text) of environment variables as strings; {} for anything else."""
+    if isinstance(data, str):
+        try:
+            data = json.loads(data[:65536])
+        except (json.JSONDecodeError, RecursionError):
+            return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}

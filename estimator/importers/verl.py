@@ -6,7 +6,9 @@ Keys and defaults follow verl v0.7.0 (commit f9c855f7cf04d603c9546bc01776c74806a
 fp32 master parameters, bf16 compute) on ``trainer.n_gpus_per_node x trainer.nnodes`` GPUs; the
 rollout engine (``rollout.name``) shares them, taking ``gpu_memory_utilization`` of each; GRPO and the
 other critic-free estimators (adv_estimator other than gae) train no critic; a reference model is
-loaded when the KL loss or the KL reward is on.
+loaded when the KL loss or the KL reward is on. The workers run NCCL without cuMem: verl's Ray runtime
+environment sets NCCL_CUMEM_ENABLE=0 unless the command's environment or ``ray_kwargs.ray_init.runtime_env``
+sets it (``verl/trainer/constants_ppo.py``, from v0.6.0).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
 from .models import named_model
 from .result import Imported, Ledger
+from .nccl_env import read_cumem
 from .shell import read_launch
 from .source import parse_yaml
 from .verl_keys import PPO_TRAINER
@@ -22,6 +25,7 @@ from .verl_keys import PPO_TRAINER
 KIND = "verl"
 VERSION = "verl v0.7.0"
 A, R = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout."
+_RUNTIME_ENV = "ray_kwargs.ray_init.runtime_env.env_vars."
 # v0.7.0 defaults of the keys read below
 _DEFAULTS = {
     "algorithm.adv_estimator": "gae", "algorithm.use_kl_in_reward": False, "data.train_batch_size": 1024,
@@ -48,8 +52,10 @@ def looks_like(text: str, name: str = "") -> bool:
 
 def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) -> Imported:
     ledger = Ledger()
+    env: dict[str, str] = {}
     if "verl.trainer.main_ppo" in text:
         launch = read_launch(text, lambda w: w.endswith("verl.trainer.main_ppo"))
+        env = dict(launch.env)
         for note in launch.notes:
             ledger.note(note)
         doc = FlatDoc({}, "verl config")
@@ -65,6 +71,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     _model(doc, build, ledger)
     _actor(doc, build, ledger, world)
     _rl(doc, build, ledger)
+    _nccl(doc, env, build)
     for key, value in doc.rest():
         if key.startswith(_NO_EFFECT_PREFIXES):
             ledger.ignore(key, value, "data, logging, schedule or loss coefficients: no effect on memory")
@@ -134,6 +141,17 @@ def _actor(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, world: int) -> No
     if sp > 1:
         ledger.not_modelled(A + "ulysses_sequence_parallel_size", sp, "Ulysses sequence parallelism; estimated "
                             "without it")
+
+
+def _nccl(doc: FlatDoc, env: dict[str, str], build: ConfigBuilder) -> None:
+    """NCCL_CUMEM_ENABLE in the workers: ray_kwargs.ray_init.runtime_env's, merged over verl's PPO_RAY_RUNTIME_ENV
+    (main_ppo.py run_ppo), else the driver's environment (the command's, which get_ppo_ray_runtime_env leaves in
+    place of its own), else verl's "0" (spec/nccl.py RL_STACKS_CUMEM_OFF)."""
+    key = _RUNTIME_ENV + "NCCL_CUMEM_ENABLE"
+    if doc.given(key):
+        read_cumem({"NCCL_CUMEM_ENABLE": str(doc.get(key))}, build, key)
+    else:
+        read_cumem(env, build, stack="verl")
 
 
 def _rl(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:

@@ -27,7 +27,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..spec.choices import DEEPSPEED_FIELDS
+from ..spec.nccl import uses_cumem
 from ..spec.rl import Rl
+from ..spec.versions import torch_release
 
 if TYPE_CHECKING:
     from .components import Component
@@ -41,10 +43,13 @@ SOURCE = ("verl hybrid engine (ActorRolloutRefWorker: rollout, compute_log_prob,
 
 def trainer_training(training):
     """The policy's training step: sequences of prompt + response; DPO runs chosen and rejected
-    together, twice the micro-batch."""
+    together, twice the micro-batch. Whether its NCCL allocates with cuMem is decided here, while the
+    rollout engine is known (spec/nccl.py uses_cumem: off beside SGLang unless training.nccl_cumem says)."""
     rl = training.rl
     micro = training.micro_batch_size * (2 if rl.algorithm == "dpo" else 1)
-    return replace(training, seq_len=rl.sequence_len, micro_batch_size=micro, rl=None)
+    engine = None if rl.algorithm == "dpo" else rl.engine
+    cumem = uses_cumem(torch_release(training.torch_version), training.nccl_cumem, engine)
+    return replace(training, seq_len=rl.sequence_len, micro_batch_size=micro, rl=None, nccl_cumem=cumem)
 
 
 class RlPhase(NamedTuple):

@@ -27,7 +27,7 @@ from .tp_copies import plain_tp_reserved
 from .kbit import ledger_training, math_attention
 from ..spec.training import Training
 from ..spec.nccl import (MECHANISM_RECORD, NCCL_KERNELS, RECORD as NCCL_RECORD, SMALL_PAGE, SOURCE as NCCL_SOURCE,
-                         cumem, one_rank_communicator)
+                         OneRankCommunicator, cumem, one_rank_communicator, uses_cumem)
 from ..spec.versions import torch_release
 
 MiB = 1024**2
@@ -279,26 +279,44 @@ ONE_RANK_GROUPS = {
 }
 
 
+def one_rank_communicators(training: Training, groups: tuple[tuple[str, str], ...]) \
+        -> tuple[tuple[Component, ...], OneRankCommunicator, str]:
+    """The communicators of one rank of `groups` ((what, source) each), one component apiece (spec/nccl.py), and,
+    where the run's NCCL allocates without cuMem, the driver's page of the process's small cudaMallocs: one a
+    process, however many communicators share it (the nccl-mechanism record, NCCL_CUMEM_ENABLE=0: init_distributed
+    adds 85 + 256 + 1 granules, the first communicator's 194 small allocations opening the page; the world's split
+    adds its buffer's 256 and no page, its 194 small allocations beside the first's). Returns the components, the
+    communicator and the page's words for a formula ("" with cuMem)."""
+    release = torch_release(training.torch_version)
+    comm = one_rank_communicator(release, training.nccl_cumem)
+    measured = ""  # NCCL 2.28.9 with NCCL_CUMEM_ENABLE=0: the shared buffer as the nccl-mechanism record logs it
+    if cumem(release) and not uses_cumem(release, training.nccl_cumem):
+        measured = f"; measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 536,870,912 B a communicator)"
+    parts = tuple(component("communication", f"NCCL communicator of one rank: {what}", comm.bytes, comm.formula,
+                            f"{source}; {NCCL_SOURCE}{measured}") for what, source in groups)
+    page = ""
+    if not uses_cumem(release, training.nccl_cumem):
+        parts += (component("communication", "the driver's page of the communicators' small cudaMallocs", SMALL_PAGE,
+                            "one 2 MiB page (the driver packs small cudaMallocs)",
+                            f"measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 2 communicators' 390 in one page)"),)
+        page = f" + their small allocations' page {SMALL_PAGE // 2**20} MiB"
+    return parts, comm, page
+
+
 def one_rank_world(training: Training) -> Component:
     """A framework that initialises torch.distributed over NCCL on one GPU (DeepSpeed, Megatron-Core) holds, outside
     the caching allocator, NCCL's kernels (once) and a communicator of one rank for every process group that gets one
     (ONE_RANK_GROUPS), each 2 + 3 x 64 device allocations, 2 MiB apiece where the run's NCCL allocates with cuMem
     (spec/nccl.py). On the H200 (torch 2.11, NCCL 2.28.9): DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB),
-    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB). Without cuMem (torch before 2.2) each communicator is the net
-    proxy's shared buffer and its small allocations share the process's one page (SMALL_PAGE)."""
-    release = torch_release(training.torch_version)
-    comm = one_rank_communicator(release)
+    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB). Without cuMem (torch before 2.2, or training.nccl_cumem false:
+    NCCL_CUMEM_ENABLE=0, as slime's and verl's training processes set it) each communicator is the net proxy's
+    shared buffer and its small allocations share the process's one page (one_rank_communicators)."""
     groups = ONE_RANK_GROUPS[training.framework]
-    parts = (component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
-                       f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)"),) + \
-        tuple(component("communication", f"NCCL communicator of one rank: {group} group ({why})", comm.bytes,
-                        comm.formula, f"{source}; {NCCL_SOURCE}") for group, why, source in groups)
-    page = ""
-    if not cumem(release):
-        parts += (component("communication", "the driver's page of the communicators' small cudaMallocs", SMALL_PAGE,
-                            "one 2 MiB page (the driver packs small cudaMallocs)",
-                            f"measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 2 communicators' 390 in one page)"),)
-        page = f" + their small allocations' page {SMALL_PAGE // 2**20} MiB"
+    comms, comm, page = one_rank_communicators(training, tuple((f"{group} group ({why})", source)
+                                                                for group, why, source in groups))
+    kernels = component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
+                        f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)")
+    parts = (kernels,) + comms
     total = sum(p.bytes for p in parts)
     formula = (f"NCCL kernels {NCCL_KERNELS // 2**20} MiB + {len(groups)} communicators x "
                f"{comm.bytes / 2**20:,.1f} MiB ({comm.formula}){page} = {total / 2**20:,.1f} MiB")
@@ -356,13 +374,12 @@ def _communication(training: Training, par: Parallel, zero: int, arch: Architect
         return one_rank_world(training)
     single = size_one_groups(training, par, zero)
     if single:
-        comm = one_rank_communicator(torch_release(training.torch_version))
-        parts = (nccl,) + tuple(component("communication", f"NCCL communicator of one rank: {group} group of size 1",
-                                          comm.bytes, comm.formula, f"{source}; {NCCL_SOURCE}")
-                                for group, source in single)
+        comms, comm, page = one_rank_communicators(training, tuple((f"{group} group of size 1", source)
+                                                                    for group, source in single))
+        parts = (nccl,) + comms
         nccl = Component("communication", "NCCL communicator buffers", sum(p.bytes for p in parts),
                          formula + f" + {len(single)} of one rank x {comm.bytes / 2**20:,.1f} MiB "
-                         f"({', '.join(g for g, _ in single)})", nccl.source + "; " + NCCL_SOURCE, parts)
+                         f"({', '.join(g for g, _ in single)}){page}", nccl.source + "; " + NCCL_SOURCE, parts)
     if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
         return nccl
     # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core

@@ -65,6 +65,14 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "torch._foreach_add(exp_avg_sq_sqrt, eps)`), so its step holds two temporaries the size of each "
             "parameter group, sqrt(v) and sqrt(v) + eps, where 2.1 on holds one.", "Run", TORCH_VERSIONS,
             optional=True, auto="the measured stack's (torch 2.11-2.13)"),
+    _bool("nccl_cumem", _T, "NCCL allocates with cuMem", "NCCL_CUMEM_ENABLE in the training processes. With cuMem "
+          "each of NCCL's device allocations takes its own 2 MiB: a communicator of one rank (megatron, deepspeed at "
+          "world size 1, and Megatron's groups of size 1) holds 194 x 2 MiB = 388 MiB. Without it (slime's and verl's "
+          "training processes set NCCL_CUMEM_ENABLE=0 to match their engines) it allocates the net proxy's shared "
+          "buffer instead, 512 MiB (64 MiB before torch 2.2), its small allocations sharing one 2 MiB page a "
+          "process.", "Run", optional=True, auto="off beside an SGLang rollout engine (training.rl.engine sglang: "
+          "SGLang and the trainers syncing weights to it set NCCL_CUMEM_ENABLE=0), else the torch release's NCCL's "
+          "default: on from torch 2.2 (NCCL 2.19)"),
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
             "Accelerate's prepare) with bf16/fp16 mixed precision: the forward runs under autocast, so peft's fp32 "
             "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "

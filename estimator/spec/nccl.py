@@ -21,8 +21,9 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
   ALIGN_SIZE): 194 x 2 MiB = 388 MiB a communicator. NCCL_CUMEM_ENABLE defaults to 0 through 2.18 and to -2
   (on where the driver supports it) from 2.19.1 (src/misc/cudawrap.cc NCCL_PARAM(CuMemEnable), v2.18.5-1 and
   v2.19.1-1); DeepSpeed 0.19.5 and Megatron-Core 0.16.1 do not set it (their sources), and under torch 2.11 the
-  records' allocations lie 2 MiB apart (cuMem on). Frameworks that set NCCL_CUMEM_ENABLE=0 themselves (several RL
-  stacks do) are not modelled: the choice is the torch release's default.
+  records' allocations lie 2 MiB apart (cuMem on). That is the default (training.nccl_cumem empty), except beside an
+  SGLang rollout engine; RL stacks turn cuMem off in their training processes, to match SGLang's and vLLM's
+  engines for the weight sync (uses_cumem, RL_STACKS_CUMEM_OFF).
 - Without cuMem (measured with NCCL 2.28.9 and NCCL_CUMEM_ENABLE=0, tests/data/measured/gpu/experiments/
   nccl-mechanism-h200.json), two things differ. (a) The small allocations are cudaMalloc's, which the driver packs
   into shared 2 MiB pages: the first communicator's 194 and its split's 194 (and the step's own small cudaMallocs)
@@ -34,6 +35,10 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
   is "all NVLink", graph/paths.cc l. 925-944). NCCL's kernels load the same 85 granules: the run's initialisation
   adds 342 = 85 + 1 + 256, the split 256 (its small allocations in the same page) and the step 75 (76 with cuMem,
   where the step's own small cudaMalloc opens the page).
+- NCCL_CUMEM_ENABLE: NCCL reads it once (src/misc/cudawrap.cc ncclCuMemEnable: a value >= 0 is taken as it is,
+  0 off; -2, the default, on where the driver supports it; other negatives off). With torch 2.2 on and cuMem turned off, the rule is
+  the measured NCCL 2.28.9 one above (the net proxy's 64 x 16 x 512 KiB and the shared page); torch before 2.2
+  with cuMem turned on is refused (training.py): NCCL 2.14.3 has no cuMem and 2.18.1's is not read.
 - Not modelled: NCCL 2.19-2.21 (torch 2.2 on) allocate with cuMem but have no runtime connect (added in v2.22.3-1)
   and 2.19-2.24 have MAXCHANNELS 32 (64 from v2.25.1-1), so their communicator of one rank is 2 + 3 x 32
   granules and the shared buffer's 32 x 16 x chunk at initialisation; the cuMem rule here is NCCL 2.28.9's.
@@ -97,20 +102,55 @@ def cumem(torch_release: tuple[int, int]) -> bool:
     return torch_release >= TORCH_CUMEM_FROM
 
 
+def uses_cumem(torch_release: tuple[int, int], setting: bool | None, engine: str | None = None) -> bool:
+    """Whether the run's NCCL allocates with cuMem: training.nccl_cumem where it is set (NCCL_CUMEM_ENABLE in the
+    training processes); else off beside an SGLang rollout engine (`engine`, training.rl.engine): SGLang sets
+    NCCL_CUMEM_ENABLE=0 in its processes unless --enable-symm-mem (entrypoints/engine.py _set_envs_and_config,
+    serving/sglang_dist_init.py), and the trainers that sync weights to it over NCCL set the same (slime
+    actor_group.py l. 65-67: "because sglang will always set NCCL_CUMEM_ENABLE to 0 we need also set it to 0 to
+    prevent nccl error"; verl v0.7.0 workers/rollout/sglang_rollout/sglang_rollout.py l. 46-50, 81 patches
+    SGLang's _set_envs_and_config to set it to 0 always); else the default of this PyTorch release's NCCL."""
+    if setting is not None:
+        return setting
+    return False if engine == "sglang" else cumem(torch_release)
+
+
+# The RL stacks whose training processes run NCCL without cuMem, and where their source says so. Not OpenRLHF
+# v0.11.0 (3c3be623): its policy actor sets NCCL_CUMEM_ENABLE=0 before DeepSpeed's init only under vLLM < 0.16
+# (openrlhf/trainer/ray/ppo_actor.py l. 501-508; from v0.5.5 to 39c78469 whenever the weights sync over NCCL), and
+# its vllm extra pins 0.27.1 (setup.py l. 77); nor the engines' own processes (SGLang sets it to 0 in its server,
+# entrypoints/engine.py _set_envs_and_config, which serving/sglang_dist_init.py models):
+RL_STACKS_CUMEM_OFF = {
+    "slime": "slime 624b824a slime/ray/actor_group.py l. 64, 67, 70 (_allocate_gpus_for_actor: the actors' env_vars "
+             "NCCL_CUMEM_ENABLE = the driver's, else \"0\", then --train-env-vars; \"0\" since 0a0e08e1, 2025-06-23)",
+    "verl": "verl v0.7.0 (f9c855f7) verl/trainer/constants_ppo.py l. 20, 33 (PPO_RAY_RUNTIME_ENV: "
+            "NCCL_CUMEM_ENABLE \"0\" in ray.init's runtime_env, unless the driver's environment sets it "
+            "(get_ppo_ray_runtime_env l. 52) or ray_kwargs.ray_init.runtime_env does (main_ppo.py run_ppo "
+            "l. 64-75); from v0.6.0, b86cd96e)",
+}
+
+
 def shared_p2p_buffer(channels: int, chunk: int) -> int:
     """The local net proxy's shared buffer that initialisation allocates without runtime connect (module docstring):
     p2pnChannels x NCCL_SHARED_STEPS x p2pChunkSize (transport/net.cc sharedNetBuffersInit)."""
     return channels * NCCL_SHARED_STEPS * chunk
 
 
-def one_rank_communicator(torch_release: tuple[int, int]) -> OneRankCommunicator:
-    """One communicator of one rank (the module docstring), for the NCCL of this PyTorch release. Without cuMem the
-    small allocations go in the process's shared page (SMALL_PAGE, charged once by the caller)."""
-    if cumem(torch_release):
-        allocations = len(DEV_COMM_ALLOCATIONS) + len(CHANNEL_ALLOCATIONS) * ONE_RANK_CHANNELS
+def one_rank_communicator(torch_release: tuple[int, int], cumem_setting: bool | None = None) -> OneRankCommunicator:
+    """One communicator of one rank (the module docstring), for the NCCL of this PyTorch release, with cuMem as
+    `cumem_setting` says (uses_cumem). Without cuMem the small allocations go in the process's shared page
+    (SMALL_PAGE, charged once by the caller)."""
+    allocations = len(DEV_COMM_ALLOCATIONS) + len(CHANNEL_ALLOCATIONS) * ONE_RANK_CHANNELS
+    if uses_cumem(torch_release, cumem_setting):
         total = allocations * GRANULARITY
         return OneRankCommunicator(allocations, total, f"(2 + 3 x {ONE_RANK_CHANNELS} channels) allocations x "
                                                        f"2 MiB (cuMem) = {total / MiB:.0f} MiB")
+    if cumem(torch_release):  # cuMem turned off (NCCL_CUMEM_ENABLE=0): the measured NCCL 2.28.9 rule
+        total = shared_p2p_buffer(ONE_RANK_CHANNELS, P2P_NVL_CHUNK)
+        return OneRankCommunicator(allocations + 1, total, (
+            f"net proxy's shared buffer {ONE_RANK_CHANNELS} channels x {NCCL_SHARED_STEPS} steps x "
+            f"{P2P_NVL_CHUNK // KiB} KiB = {total / MiB:.0f} MiB (cudaMalloc, NCCL_CUMEM_ENABLE=0); its "
+            f"{allocations} small allocations in the shared page"))
     per_channel = 2 if torch_release < (2, 1) else 3  # channel.cc initChannel: v2.14.3-1 l. 23, 27; v2.18.1-1 l. 40-52
     small = 1 + per_channel * OLD_MAXCHANNELS  # + init.cc devCommSetup's ncclDevCommAndChannels
     total = shared_p2p_buffer(OLD_MAXCHANNELS, OLD_P2P_CHUNK)

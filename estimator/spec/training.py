@@ -29,6 +29,8 @@ from .choices import ASYNC_TP_FRAMEWORKS, COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, 
 from .values import check_section
 from .field import record
 from .memo import hash_once, not_owned
+from .nccl import cumem
+from .versions import torch_release
 
 
 
@@ -43,6 +45,9 @@ class Training:
     te_version: str | None = None  # megatron: the TransformerEngine release (versions.py); None = the one it installs;
     # "not_installed" = neither TE nor Apex installed: torch's AdamW steps (optimizers.py megatron_torch_adamw)
     torch_version: str | None = None  # the PyTorch release, major.minor (versions.py TORCH_VERSIONS); None = 2.13
+    # NCCL allocates with cuMem (NCCL_CUMEM_ENABLE in the training processes); None = off beside an SGLang rollout
+    # engine, else the torch release's NCCL's default, on from torch 2.2 (spec/nccl.py uses_cumem)
+    nccl_cumem: bool | None = None
     seq_len: int = 4096
     images_per_sample: int = 0  # vision-language models: images per sample, their tokens within seq_len
     image_size: int | None = None  # pixels per side; None: the tower's native size
@@ -210,6 +215,10 @@ def _check_training(t: Training) -> None:
         raise ConfigError("training.offload_activations", True, "false unless framework is 'torchtune' (training)",
                           "activation offloading is modelled as torchtune's OffloadActivations "
                           "(enable_activation_offloading)", related=("training.framework",))
+    if t.nccl_cumem and not cumem(torch_release(t.torch_version)):
+        raise ConfigError("training.nccl_cumem", True, "false or empty with torch_version before 2.2",
+                          "torch 2.0's NCCL 2.14.3 has no cuMem and 2.1's NCCL 2.18.1 allocations with it are not "
+                          "modelled (spec/nccl.py)", related=("training.torch_version",))
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
                           f"recompute is {t.recompute!r}", related=("training.recompute",))
