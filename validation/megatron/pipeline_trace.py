@@ -29,13 +29,17 @@ from .shims import STORAGE_RESIZED, gloo_as_fake, megatron_shims
 VOCAB = 1000
 
 
-def setup(stage: str, pp: int = 3, vpp: int = 1, overlap: bool = False) -> harness.Setup:
+def setup(stage: str, pp: int = 3, vpp: int = 1, overlap: bool = False, group: int | None = None,
+          flush: bool = False) -> harness.Setup:
     """One layer per model chunk, hidden 64, 64 tokens, micro-batch 2, TP 2 with sequence parallelism, DP 2;
-    `overlap`: --overlap-p2p-communication (the interleaved schedule's asynchronous sends and receives)."""
+    `overlap`: --overlap-p2p-communication (the interleaved schedule's asynchronous sends and receives), `group`:
+    --microbatch-group-size-per-virtual-pipeline-stage (pp when None), `flush`:
+    --overlap-p2p-communication-warmup-flush."""
     arch = harness.Arch(hidden_size=64, num_layers=pp * vpp, num_attention_heads=4, num_query_groups=2,
                         kv_channels=16, ffn_hidden_size=160, vocab_size=VOCAB)
     extra = dict(virtual_pipeline_model_parallel_size=vpp, overlap_p2p_comm=overlap,
-                 batch_p2p_comm=not overlap) if vpp > 1 else {}
+                 batch_p2p_comm=not overlap, microbatch_group_size_per_vp_stage=group or pp,
+                 overlap_p2p_comm_warmup_flush=flush) if vpp > 1 else {}
     return harness.Setup(arch, seq_len=64, micro_batch_size=2, tp=2, pp=pp, dp=2, stage=stage, layers=vpp,
                          extra=extra)
 
@@ -44,7 +48,14 @@ def held(stage: str, microbatches: int, pp: int = 3, vpp: int = 1,
          overlap: bool = False) -> list[tuple[str, int, int]]:
     """(operation, output gradients received and alive, input gradients returned and alive) at the end of each
     forward ("F"), the start ("B") and the end ("B end") of each backward of the second of two steps."""
-    s = setup(stage, pp, vpp, overlap)
+    return [row[1:] for row in phased(stage, microbatches, pp, vpp, overlap)]
+
+
+def phased(stage: str, microbatches: int, pp: int = 3, vpp: int = 1, overlap: bool = False,
+           group: int | None = None, flush: bool = False, steps: int = 2) -> list[tuple[str, str, int, int]]:
+    """`held`'s rows with the schedule's phase first ("warmup", "steady", "cooldown": its nvtx ranges), of the
+    last of `steps` steps (a step before it makes the optimizer's states)."""
+    s = setup(stage, pp, vpp, overlap, group, flush)
     tracker = StorageTracker()
     tracker.recording = False
     kernels.HIDDEN["context"] = tracker.hidden
@@ -53,7 +64,7 @@ def held(stage: str, microbatches: int, pp: int = 3, vpp: int = 1,
     mode.cache_enabled = False  # as harness.traced_step: a freed storage must be freed for the tracker
     received: list[int] = []
     returned: list[int] = []
-    marks: list[tuple[str, int]] = []
+    marks: list[tuple[str, str, int]] = []
     try:
         with megatron_shims(), gloo_as_fake(), _world(s, vpp), mode, tracker, cuda_softmax_backward(tracker), \
                 _watched(tracker, received, returned, marks):
@@ -62,8 +73,8 @@ def held(stage: str, microbatches: int, pp: int = 3, vpp: int = 1,
             ddps, optimizer = _chunks(s, vpp)
             run = schedules.forward_backward_pipelining_with_interleaving if vpp > 1 else \
                 schedules.forward_backward_pipelining_without_interleaving
-            for step in range(2):  # step 1 makes the optimizer's states; step 2 is logged
-                if step:
+            for step in range(steps):  # the steps before the last make the optimizer's states
+                if step == steps - 1:
                     tracker.start()
                 run(forward_step_func=_forward_step, data_iterator=[iter(int, 1)] * vpp, model=ddps,
                     num_microbatches=microbatches, seq_length=s.seq_len, micro_batch_size=s.micro_batch_size,
@@ -79,9 +90,9 @@ def held(stage: str, microbatches: int, pp: int = 3, vpp: int = 1,
         kernels.HIDDEN["context"] = contextlib.nullcontext
         STORAGE_RESIZED["adopt"] = None
     out = []
-    for name, index in marks:
+    for phase, name, index in marks:
         live = tracker.live_at(index)
-        out.append((name, sum(k in live for k in received), sum(k in live for k in returned)))
+        out.append((phase, name, sum(k in live for k in received), sum(k in live for k in returned)))
     return out
 
 
@@ -152,6 +163,12 @@ def _watched(tracker, received: list, returned: list, marks: list):
 
     communicate, forward_step, backward_step = (p2p_communication.P2PCommunicator._communicate,
                                                 schedules.forward_step, schedules.backward_step)
+    push, phase = schedules.nvtx_range_push, ["warmup"]
+
+    def pushed(msg=None, suffix=None):
+        if suffix in ("warmup", "steady", "cooldown"):
+            phase[0] = suffix
+        return push(msg, suffix)
 
     def comm(self, *args, **kwargs):
         prev, nxt, reqs = communicate(self, *args, **kwargs)
@@ -162,25 +179,25 @@ def _watched(tracker, received: list, returned: list, marks: list):
     def forward(*args, **kwargs):
         out = forward_step(*args, **kwargs)
         if tracker.recording:
-            marks.append(("F", len(tracker.events)))
+            marks.append((phase[0], "F", len(tracker.events)))
         return out
 
     def backward(*args, **kwargs):
         if tracker.recording:
-            marks.append(("B", len(tracker.events)))
+            marks.append((phase[0], "B", len(tracker.events)))
         out = backward_step(*args, **kwargs)
         if tracker.recording:
-            marks.append(("B end", len(tracker.events)))
+            marks.append((phase[0], "B end", len(tracker.events)))
             returned.extend(tracker.key(t) for t in (out if isinstance(out, list) else [out]) if torch.is_tensor(t))
         return out
 
     p2p_communication.P2PCommunicator._communicate = comm
-    schedules.forward_step, schedules.backward_step = forward, backward
+    schedules.forward_step, schedules.backward_step, schedules.nvtx_range_push = forward, backward, pushed
     try:
         yield
     finally:
         p2p_communication.P2PCommunicator._communicate = communicate
-        schedules.forward_step, schedules.backward_step = forward_step, backward_step
+        schedules.forward_step, schedules.backward_step, schedules.nvtx_range_push = forward_step, backward_step, push
 
 
 if __name__ == "__main__":
