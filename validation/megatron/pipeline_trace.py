@@ -15,7 +15,9 @@ backward_step returned are alive.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
+from pathlib import Path
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -52,9 +54,12 @@ def held(stage: str, microbatches: int, pp: int = 3, vpp: int = 1,
 
 
 def phased(stage: str, microbatches: int, pp: int = 3, vpp: int = 1, overlap: bool = False,
-           group: int | None = None, flush: bool = False, steps: int = 2) -> list[tuple[str, str, int, int]]:
+           group: int | None = None, flush: bool = False, steps: int = 2,
+           shapes: set | None = None) -> list[tuple[str, str, int, int]]:
     """`held`'s rows with the schedule's phase first ("warmup", "steady", "cooldown": its nvtx ranges), of the
-    last of `steps` steps (a step before it makes the optimizer's states)."""
+    last of `steps` steps (a step before it makes the optimizer's states); `shapes` collects ("received" or
+    "returned", shape, dtype) of the gradients logged."""
+    shapes = set() if shapes is None else shapes
     s = setup(stage, pp, vpp, overlap, group, flush)
     tracker = StorageTracker()
     tracker.recording = False
@@ -67,7 +72,7 @@ def phased(stage: str, microbatches: int, pp: int = 3, vpp: int = 1, overlap: bo
     marks: list[tuple[str, str, int]] = []
     try:
         with megatron_shims(), gloo_as_fake(), _world(s, vpp), mode, tracker, cuda_softmax_backward(tracker), \
-                _watched(tracker, received, returned, marks):
+                _watched(tracker, received, returned, marks, shapes):
             from megatron.core.pipeline_parallel import schedules
 
             ddps, optimizer = _chunks(s, vpp)
@@ -157,7 +162,7 @@ def _forward_step(data_iterator, module):
 
 
 @contextlib.contextmanager
-def _watched(tracker, received: list, returned: list, marks: list):
+def _watched(tracker, received: list, returned: list, marks: list, shapes: set):
     """The schedule's receives, forward_step and backward_step wrapped to log what they make, while recording."""
     from megatron.core.pipeline_parallel import p2p_communication, schedules
 
@@ -174,6 +179,7 @@ def _watched(tracker, received: list, returned: list, marks: list):
         prev, nxt, reqs = communicate(self, *args, **kwargs)
         if nxt is not None and tracker.recording:
             received.append(tracker.key(nxt))
+            shapes.add(("received", tuple(nxt.shape), str(nxt.dtype)))
         return prev, nxt, reqs
 
     def forward(*args, **kwargs):
@@ -188,7 +194,9 @@ def _watched(tracker, received: list, returned: list, marks: list):
         out = backward_step(*args, **kwargs)
         if tracker.recording:
             marks.append((phase[0], "B end", len(tracker.events)))
-            returned.extend(tracker.key(t) for t in (out if isinstance(out, list) else [out]) if torch.is_tensor(t))
+            grads = [t for t in (out if isinstance(out, list) else [out]) if torch.is_tensor(t)]
+            returned.extend(tracker.key(t) for t in grads)
+            shapes.update(("returned", tuple(t.shape), str(t.dtype)) for t in grads)
         return out
 
     p2p_communication.P2PCommunicator._communicate = comm
@@ -200,7 +208,55 @@ def _watched(tracker, received: list, returned: list, marks: list):
         schedules.forward_step, schedules.backward_step, schedules.nvtx_range_push = forward_step, backward_step, push
 
 
-if __name__ == "__main__":
+def peaks(rows: list[tuple[str, str, int, int]]) -> dict[str, tuple[int, int]]:
+    """(received, input gradients) at the rank's peak moments: the steady iterations' forward ends ("forward") and
+    backward starts ("backward"), where its stored activations are at their most, each the first moment holding the
+    most; when every forward runs in the warm-up, its last forward and the cool-down's first backward."""
+    steady = [r for r in rows if r[0] == "steady"]
+    forwards = [r for r in steady if r[1] == "F"] or [r for r in rows if r[1] == "F"][-1:]
+    backwards = [r for r in steady if r[1] == "B"] or [r for r in rows if r[1] == "B"][:1]
+    return {name: max(((r[2], r[3]) for r in moments), key=sum)
+            for name, moments in (("forward", forwards), ("backward", backwards))}
+
+
+# (pp, vpp, micro-batches, group) traced on the first, middle (pp // 2) and last rank; the ones marked all also
+# without --overlap-p2p-communication and with its warm-up flush
+GRID = [(2, 2, 2, 2, True), (2, 2, 4, 2, False), (2, 4, 6, 3, False), (2, 4, 5, 5, False), (2, 3, 4, 2, True),
+        (4, 2, 4, 4, True), (4, 2, 8, 4, True), (4, 3, 4, 4, True), (4, 3, 10, 5, True), (4, 2, 9, 5, True),
+        (4, 3, 12, 6, False), (8, 2, 8, 8, False), (8, 2, 16, 8, False), (8, 2, 12, 12, False), (8, 3, 8, 8, False)]
+RECORD = Path(__file__).resolve().parents[2] / "tests" / "data" / "measured" / "megatron_pipeline" / "interleaved.json"
+
+
+def record(path: Path = RECORD) -> None:
+    """Trace GRID with Megatron-Core's schedule and write each run's rows and peaks to `path`."""
+    import megatron.core
+
+    runs = []
+    for pp, vpp, m, group, every in GRID:
+        modes = [(True, False)] + ([(False, False), (True, True)] if every else [])
+        for overlap, flush in modes:
+            for stage in ("first", "middle", "last") if pp > 2 else ("first", "last"):
+                shapes: set = set()
+                rows = phased(stage, m, pp, vpp, overlap, group, flush, steps=1, shapes=shapes)
+                runs.append(dict(stage=stage, rank={"first": 0, "middle": pp // 2, "last": pp - 1}[stage], pp=pp,
+                                 vpp=vpp, microbatches=m, group=group, overlap=overlap, flush=flush,
+                                 peaks=peaks(rows), shapes=sorted(shapes), rows=rows))
+                print(runs[-1]["rank"], pp, vpp, m, group, overlap, flush, runs[-1]["peaks"], flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    s = setup("first")
+    path.write_text(json.dumps(dict(
+        source=f"megatron-core {megatron.core.__version__} pipeline_parallel/schedules.py "
+               "forward_backward_pipelining_with_interleaving on one fake rank (validation/megatron/pipeline_trace.py "
+               "record): (phase, operation, output gradients received and alive, input gradients returned and "
+               "alive) at each forward's end, each backward's start and end of one step",
+        model=f"one layer per chunk, hidden {s.arch.hidden_size}, {s.seq_len} tokens, micro-batch "
+              f"{s.micro_batch_size}, TP {s.tp} with sequence parallelism, bf16",
+        runs=runs), indent=1) + "\n")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["record"]:
+    record()
+elif __name__ == "__main__":
     args = sys.argv[1:] + ["middle", "5", "3", "1", "0"][len(sys.argv) - 1:]
     stage, m, pp, vpp, overlap = args[0], int(args[1]), int(args[2]), int(args[3]), args[4] == "1"
     print(f"stage {stage} of {pp}, {vpp} chunk(s), {m} micro-batches, overlap {overlap}: operation, output "
