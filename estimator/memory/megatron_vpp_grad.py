@@ -143,12 +143,13 @@ def _warmup_receive(table, warmup: int, rank: int, p: int, v: int):
 def interleaved_gradients(arch: Architecture, training: Training, par: Parallel, sp: StageParameters,
                           m: int) -> Held:
     """The gradients Megatron's interleaved schedule holds at a rank's forward and backward peaks (the module's
-    note; Megatron-LM's default --overlap-p2p-communication, no warm-up flush); none elsewhere."""
+    note; training.overlap_p2p_comm and its warm-up flush); none elsewhere."""
     if training.framework != "megatron" or training.mode != "training" or par.pp == 1 \
             or par.schedule != "interleaved" or par.vpp < 2 or m < 1:
         return Held()
     group = microbatch_group(par, training.microbatch_group_size)
-    counts = held(sp.stage, par.pp, par.vpp, m, group)
+    counts = held(sp.stage, par.pp, par.vpp, m, group, training.overlap_p2p_comm,
+                  training.overlap_p2p_comm and training.overlap_p2p_comm_warmup_flush)
     hidden, formula = stage_input(arch, training, par)
     where = f"rank {sp.stage} of {par.pp}, {par.vpp} chunks, {m} micro-batches in groups of {group}"
 
