@@ -15,19 +15,20 @@ the stage input's shape [s/cp (/tp with sequence parallelism), b, h] in the pipe
   received one after its backward until its slot is cleared (l. 1714: the next slot set to None);
 - input gradients (`backward_step` returns the received input's `.grad`, l. 492-499, which lives while the input
   does): the previous backward's, in the schedule's `input_tensor_grad` until the next backward returns (l. 1717,
-  1729, 1839); every chunk's model keeps the input of its latest forward (transformer_block.py `set_input_tensor`, l. 570:
-  its `input_tensor`), so once that micro-batch's backward ran its gradient stays until the chunk's next forward; with
-  --overlap-p2p-communication without its warm-up flush, the warm-up's last receive stays in the schedule's
-  `input_tensor` for the whole step (l. 1492: the steady loop of that mode never assigns it again), and its gradient
-  with it once its backward ran.
+  1729, 1839); every chunk's model keeps the input of its latest forward (transformer_block.py `set_input_tensor`,
+  l. 570: its `input_tensor`), so once that micro-batch's backward ran its gradient stays until the chunk's next
+  forward; with --overlap-p2p-communication without its warm-up flush, the warm-up's last receive stays in the
+  schedule's `input_tensor` for the whole step (l. 1492: the steady loop of that mode never assigns it again), and
+  its gradient with it once its backward ran.
 
 A rank's stored activations are at their most (W + 1 chunks) at each steady forward's end and at the following
 backward's start; the rank's peak takes the most gradients any of those moments holds (`held`). When every
 chunk-forward runs in the warm-up (W = m v), the peak is the warm-up's last forward (none held) and the first
 backward (on a rank before the last, the output gradient received for it, l. 1790, and with the warm-up flush the
-next backward's, received ahead, l. 1827). Megatron-Core's own schedule on
-one fake rank (validation/megatron/pipeline_trace.py) holds these counts: tests/test_megatron_vpp_grad.py against
-tests/data/measured/megatron_pipeline/interleaved.json.
+next backward's, received ahead, l. 1827). Megatron-Core's own schedule on one fake rank
+(validation/megatron/pipeline_trace.py) holds these counts: tests/test_megatron_vpp_grad.py against
+tests/data/measured/megatron_pipeline/interleaved.json. Not counted here: the received inputs the same holders keep
+after their backward (as large as a gradient each), and inputs received ahead of their forward.
 """
 
 from __future__ import annotations
@@ -61,70 +62,67 @@ class Counts(NamedTuple):
     backward: tuple[int, int]
 
 
+class _Order(NamedTuple):
+    """A rank's chunk-forwards in running order (get_schedule_table) and where its gradients come from."""
+
+    table: list[tuple[int, int]]
+    p: int
+    v: int
+    last: bool
+
+    def backward(self, k: int) -> tuple[int, int]:
+        """(micro-batch, chunk) of chunk-backward k: the forward order's micro-batch, the chunk reversed."""
+        mb, chunk = self.table[k % len(self.table)]
+        return mb, self.v - 1 - chunk
+
+    def received_for(self, k: int) -> tuple[int, int] | None:
+        """recv_tensor_from_previous_stage(k, forward=False): (micro-batch, chunk) of the gradient received after
+        backward k, or None: a rank before the last receives the next backward's; the last, the first rank's
+        gradient of its chunk c for its chunk c - 1, p - 1 backwards behind."""
+        if not self.last:
+            return self.backward(k + 1)
+        if k < self.p - 1:
+            return None
+        mb, chunk = self.backward(k - (self.p - 1))
+        return None if chunk == 0 else (mb, chunk - 1)
+
+
 @lru_cache(maxsize=1024)
 def held(rank: int, p: int, v: int, m: int, group: int, overlap: bool = True, flush: bool = False) -> Counts:
     """Replay the interleaved schedule's holders (the module's note) on rank `rank`: `overlap`
     --overlap-p2p-communication, `flush` --overlap-p2p-communication-warmup-flush (with `overlap`)."""
-    table = interleaved_schedule(m, v, group)
-    n, first, last = m * v, rank == 0, rank == p - 1
+    order = _Order(interleaved_schedule(m, v, group), p, v, rank == p - 1)
     warmup = interleaved_warmup(rank, p, v, m, group)
-    steady = n - warmup
-    if steady == 0:  # the cool-down's first backward: its gradient (l. 1790), and with the flush the next's (l. 1827)
-        return Counts((0, 0), (0, 0) if last else (2 if flush else 1, 0))
-
-    def backward(k: int) -> tuple[int, int]:  # (micro-batch, chunk) of chunk-backward k
-        mb, chunk = table[k % n]
-        return mb, v - 1 - chunk
-
-    def received_for(k: int):
-        """recv_tensor_from_previous_stage(k, forward=False): (micro-batch, chunk) of the gradient received after
-        backward k, or None."""
-        if not last:
-            return backward(k + 1)
-        if k < p - 1:
-            return None
-        mb, chunk = backward(k - (p - 1))
-        return None if chunk == 0 else (mb, chunk - 1)
-
-    queue: list[tuple[int, int]] = []  # received gradients not yet popped, by (micro-batch, chunk)
-    slots = group - p + 1 if last else 1
+    if warmup == m * v:  # the cool-down's first backward: its gradient (l. 1790); with the flush the next's (l. 1827)
+        return Counts((0, 0), (0, 0) if order.last else (2 if flush else 1, 0))
+    slots = group - p + 1 if order.last else 1
     buffer: list = [None] * slots  # overlap: bwd_recv_buffer
-    if not last:  # the warm-up's last iteration receives the first backward's gradient
-        queue.append(backward(0))
-        if overlap:
-            buffer[-1] = backward(0)
+    queue = [] if order.last else [order.backward(0)]  # received, not yet popped (the warm-up's last receive)
+    if overlap and not order.last:
+        buffer[-1] = order.backward(0)
     done: set[tuple[int, int]] = set()  # chunk-backwards run
-    latest: dict[int, tuple[int, int]] = {}  # each chunk's model: its latest forward's input
-    for mb, chunk in table[:warmup]:
+    latest = {chunk: (mb, chunk) for mb, chunk in order.table[:warmup]}  # each chunk's model: its latest input
+    kept = _warmup_receive(order.table, warmup, rank, p, v) if overlap and not flush else None  # input_tensor
+    no_grad = {None} | ({(i, 0) for i in range(m)} if rank == 0 else set())  # the first chunk's embedding input
+    last_grad, best = None, (0, 0)  # input_tensor_grad
+    for k in range(m * v - warmup):
+        mb, chunk = order.table[warmup + k]
         latest[chunk] = (mb, chunk)
-    kept_input = None  # overlap without flush: the warm-up's last receive, in the schedule's input_tensor
-    if overlap and not flush:
-        kept_input = _warmup_receive(table, warmup, rank, p, v)
-    last_grad = None  # input_tensor_grad
-    best = [(0, 0), (0, 0)]
-    for k in range(steady):
-        mb, chunk = table[warmup + k]
-        latest[chunk] = (mb, chunk)
-        inputs = {x for x in latest.values() if x in done} | ({kept_input} & done) | {last_grad}
-        inputs -= {None} | ({(i, 0) for i in range(m)} if first else set())
+        inputs = ({x for x in latest.values() if x in done} | ({kept} & done) | {last_grad}) - no_grad
         received = set(queue) | ({b for b in buffer if b is not None} if overlap else set())
-        count = (len(received), len(inputs))
-        # the forward's end and the backward's start hold the same (the backward pops its gradient into a local)
-        for i in range(2):
-            if sum(count) > sum(best[i]):
-                best[i] = count
-        b = backward(k)
-        if b in queue:  # the last rank's last chunk pops none (its loss starts the backward)
-            queue.remove(b)
-        done.add(b)
-        last_grad = b
-        got = received_for(k)
+        if len(received) + len(inputs) > sum(best):
+            best = (len(received), len(inputs))
+        last_grad = order.backward(k)
+        if last_grad in queue:  # the last rank's last chunk pops none (its loss starts the backward)
+            queue.remove(last_grad)
+        done.add(last_grad)
+        got = order.received_for(k)
         if got is not None:
             queue.append(got)
         if overlap:
-            buffer[k % slots] = got
-            buffer[(k + 1) % slots] = None
-    return Counts(best[0], best[1])
+            buffer[k % slots], buffer[(k + 1) % slots] = got, None
+    # the forward's end and the next backward's start hold the same (the backward pops its gradient into a local)
+    return Counts(best, best)
 
 
 def _warmup_receive(table, warmup: int, rank: int, p: int, v: int):
