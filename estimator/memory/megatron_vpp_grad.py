@@ -27,7 +27,10 @@ chunk-forward runs in the warm-up (W = m v), the peak is the warm-up's last forw
 backward (on a rank before the last, the output gradient received for it, l. 1790, and with the warm-up flush the
 next backward's, received ahead, l. 1827). Megatron-Core's own schedule on one fake rank
 (validation/megatron/pipeline_trace.py) holds these counts: tests/test_megatron_vpp_grad.py against
-tests/data/measured/megatron_pipeline/interleaved.json. Not counted here: the received inputs the same holders keep
+tests/data/measured/megatron_pipeline/interleaved.json. The same at core_v0.19.0, the other release offered
+(versions.py): its function differs in process groups and a wait on the forward send, backward_step still returns
+x.grad and the transformer block still keeps its input (transformer_block.py l. 451), so no version key. Not
+counted here: the received inputs the same holders keep
 after their backward (as large as a gradient each), and inputs received ahead of their forward.
 """
 
