@@ -1,5 +1,5 @@
 """Megatron-Core's own pipeline schedules on one fake pipeline rank: which activation gradients they hold between
-micro-batches (estimator/memory/megatron_pp_grad.py).
+micro-batches (estimator/memory/megatron_pp_grad.py, megatron_vpp_grad.py).
 
 The measuring harness (harness.py) runs one micro-batch and its backward by hand; this runs Megatron-Core 0.16.1's
 `forward_backward_pipelining_without_interleaving` (1F1B) or `forward_backward_pipelining_with_interleaving`
@@ -7,9 +7,13 @@ The measuring harness (harness.py) runs one micro-batch and its backward by hand
 p2p receives allocating as on a GPU (p2p_communication.py `_communicate`: torch.empty; the fake process group moves
 no data), and logs at the end of each forward_step and at the start and end of each backward_step how many of the
 tensors the schedule received as output gradients (`tensor_recv_next`) and how many of the input gradients
-backward_step returned are alive.
+backward_step returned are alive, each row with the schedule's phase (`phased`). `record` traces GRID (PP 2 to 8,
+2 to 4 chunks, micro-batch groups, the three p2p modes of the interleaved schedule) on the first, middle and last
+rank into tests/data/measured/megatron_pipeline/interleaved.json (estimator/memory/megatron_vpp_grad.py; about
+20 minutes on two busy cores).
 
     python -m validation.megatron.pipeline_trace [first|middle|last] [m] [pp] [vpp] [overlap 0|1]
+    python -m validation.megatron.pipeline_trace record
 """
 
 from __future__ import annotations
