@@ -82,8 +82,8 @@ def test_the_harness_records_hold_it():
 
 
 def test_only_megatrons_1f1b():
-    """Interleaved (its queues receive each chunk's gradient an iteration ahead: not modelled here) and the other
-    frameworks' pipelines list none."""
+    """Interleaved (its queues receive each chunk's gradient ahead: megatron_vpp_grad.py, under its own labels) and
+    the other frameworks' pipelines list none."""
     interleaved = _config(global_batch_size=16)
     interleaved["parallel"].update(vpp=2, pp_schedule="interleaved")
     interleaved["model"]["num_layers"] = 16

@@ -36,9 +36,10 @@ _ROUTING = ("dropless MoE routing drifts out of balance as the router trains: th
 KNOWN_MISSES: dict[str, str] = {
     "moe-gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed": _ROUTING % "from 53.94 GiB (iterations 3-29) to 55.98 GiB "
                                                                   "(iteration 39)",
-    "moe-gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8": _ROUTING % "from 52.09 GiB (iterations 5-20) to "
-                                                                              "53.62 GiB (iteration 40)",
 }
+# moe-gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8 (the same drift, from 52.09 GiB at iterations 5-20 to
+# 53.62 GiB at 40) left the list at -4.9%, within the bound, once the interleaved schedule's gradients were listed
+# (megatron_vpp_grad.py; -5.0% before)
 
 
 def by_id(recs: list[dict]) -> dict[str, dict]:

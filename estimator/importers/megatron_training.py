@@ -182,6 +182,10 @@ def _kernels(args: _Args, build: ConfigBuilder, ledger: Ledger) -> None:
     group = args.int("--microbatch-group-size-per-virtual-pipeline-stage")
     if group is not None:
         build.set("training.microbatch_group_size", group, "--microbatch-group-size-per-virtual-pipeline-stage")
+    if args.on("--no-overlap-p2p-communication"):
+        build.set("training.overlap_p2p_comm", False, "--no-overlap-p2p-communication", "")
+    if args.on("--overlap-p2p-communication-warmup-flush"):
+        build.set("training.overlap_p2p_comm_warmup_flush", True, "--overlap-p2p-communication-warmup-flush", "")
     if build.get("model.num_experts"):
         _moe_runtime(args, build, ledger)
 

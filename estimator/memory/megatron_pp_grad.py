@@ -20,10 +20,8 @@ A steady iteration's forward and backward hold W + 1 micro-batches in flight, as
 the second steady iteration on (m - W >= 2) both tensors are alive at them, the received output gradient at every
 backward. Megatron-Core's own schedule run on one fake rank shows both (validation/megatron/pipeline_trace.py);
 the Megatron harness's records, one micro-batch each, hold the received output gradient through their backward
-(validation/megatron/harness.py `backward`). The interleaved schedule receives each chunk's output gradient an
-iteration ahead into per-chunk queues (output_tensor_grads), so its first steady forward already holds one, and
-keeps more input gradients (on the last of 2 ranks with 2 chunks and 4 micro-batches, up to 2 at a backward's start,
-3 with --overlap-p2p-communication: pipeline_trace.py); it and the other schedules are not modelled here.
+(validation/megatron/harness.py `backward`). The interleaved schedule, which queues each chunk's output gradient
+ahead and keeps more input gradients, is megatron_vpp_grad.py's.
 """
 
 from __future__ import annotations

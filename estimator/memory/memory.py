@@ -47,7 +47,7 @@ from .step_setup import sealed_fields, step_setup
 from .mtp_built import mtp_note
 from .pp_buffers import all_gather_pool
 from .pp_receive import on_rank, receive_buffers, receive_bytes, receiving, step_receiving
-from .megatron_pp_grad import received_bytes, received_gradients
+from .megatron_vpp_grad import schedule_bytes, schedule_gradients
 from .pp_first_backward import fewer_at_first_backward, interleaved_applies
 from .replays import FLAT_FOR_SEARCH, replay_rule, replayed_cache
 from ..models.loading import load_config
@@ -434,11 +434,11 @@ def _training_stages(cfg: Resolved, shared: _Shared, memo: dict, peak_only: bool
 def _pipeline_held(cfg: Resolved, rx, sp: StageParameters, inflight: float) -> tuple[int, int, int]:
     """What a rank's pipeline holds beyond its layers' activations, in bytes, at its forward's peak, at its
     backward's and once every backward ran: torch pipelining's receive buffers beyond the counted layer inputs
-    (pp_receive.py: they depend on the rank's in-flight) and the activation gradients Megatron's 1F1B holds
-    (megatron_pp_grad.py)."""
+    (pp_receive.py: they depend on the rank's in-flight) and the activation gradients Megatron's schedules hold
+    (megatron_pp_grad.py, megatron_vpp_grad.py)."""
     training, par = cfg.training, cfg.parallel
     ahead, behind, settled = receive_bytes(rx, par, sp, inflight, interleaved_applies(training, par, sp))
-    grad_ahead, grad_behind = received_bytes(cfg.architecture, training, par, sp, cfg.microbatches)
+    grad_ahead, grad_behind = schedule_bytes(cfg.architecture, training, par, sp, cfg.microbatches)
     return ahead + grad_ahead, behind + grad_behind, settled
 
 
@@ -492,7 +492,7 @@ def _training_detail(static: _StaticStage, sp: StageParameters, counts: tuple, t
                                      lambda k: sum(p[1] for p in _activation_parts(sp, k, counts, shared)),
                                      static.loss_margin, rx)
     ahead, behind, settled = receive_buffers(rx, par, mine, inflight, interleaved_applies(training, par, mine))
-    held = received_gradients(run[2], training, par, mine, run[1])  # Megatron 1F1B's gradients
+    held = schedule_gradients(run[2], training, par, mine, run[1])  # Megatron's schedule's gradients
     ahead, behind = ahead + held.forward, behind + held.backward
     activations -= total_bytes(ahead)  # the forward total holds them (`_training_stages`)
     backward_ends = static.backward_end + total_bytes(settled) > \

@@ -281,6 +281,13 @@ TRAINING_FIELDS: tuple[Field, ...] = (
          "(from pp to the micro-batches per step). Rank r warms up 2(pp - r - 1) + (vpp - 1) x this many chunk "
          "forwards, so a larger group keeps more activations in flight.", _SAVERS, hi=MAX_SAMPLES, optional=True,
          auto="pp (Megatron-Core's default, a depth-first schedule)"),
+    _bool("overlap_p2p_comm", _T, "Overlap pipeline p2p", "megatron, interleaved (vpp > 1): off is "
+          "--no-overlap-p2p-communication. Overlapped (Megatron-LM's default), the schedule keeps the warm-up's last "
+          "received input and its gradient for the step, and the last rank a received gradient per slot of its "
+          "receive buffer (megatron_vpp_grad.py).", _SAVERS),
+    _bool("overlap_p2p_comm_warmup_flush", _T, "Overlap p2p in warm-up and flush", "megatron, interleaved, with "
+          "overlap_p2p_comm: --overlap-p2p-communication-warmup-flush; the cool-down receives the next backward's "
+          "gradient ahead.", _SAVERS),
     _bool("defer_embedding_wgrad_compute", _T, "Defer output-layer wgrad", "megatron with PP > 1: "
           "--defer-embedding-wgrad-compute (needs gradient accumulation fusion). The last stage defers the output "
           "layer's weight-gradient GEMMs to the pipeline flush, so it keeps that layer's input and its output "

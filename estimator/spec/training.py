@@ -91,6 +91,9 @@ class Training:
     training_loop: str = "trainer"
     # megatron, interleaved (vpp > 1): --microbatch-group-size-per-virtual-pipeline-stage; None = pp (Megatron's default)
     microbatch_group_size: int | None = None
+    # megatron, interleaved: off = --no-overlap-p2p-communication; --overlap-p2p-communication-warmup-flush (with it)
+    overlap_p2p_comm: bool = True
+    overlap_p2p_comm_warmup_flush: bool = False
     # megatron: --activation-func-fp8-input-store, the fused SwiGLU keeps its input in float8_e4m3fn (activations.py)
     activation_func_fp8_input_store: bool = False
     # megatron: --defer-embedding-wgrad-compute, the last stage keeps the output layer's input and output
@@ -402,6 +405,14 @@ def _check_megatron_flags(t: Training) -> None:
                           "empty/null (auto) unless framework is 'megatron'",
                           "it is Megatron-Core's --microbatch-group-size-per-virtual-pipeline-stage",
                           related=("training.framework",))
+    if (not t.overlap_p2p_comm or t.overlap_p2p_comm_warmup_flush) and t.framework != "megatron":
+        field = "overlap_p2p_comm" if not t.overlap_p2p_comm else "overlap_p2p_comm_warmup_flush"
+        raise ConfigError(f"training.{field}", getattr(t, field), "the default unless framework is 'megatron'",
+                          "it is Megatron-Core's interleaved pipeline's p2p mode", related=("training.framework",))
+    if t.overlap_p2p_comm_warmup_flush and not t.overlap_p2p_comm:
+        raise ConfigError("training.overlap_p2p_comm_warmup_flush", True, "false unless overlap_p2p_comm is true",
+                          "Megatron-Core's warm-up flush overlaps the p2p communication (model_parallel_config.py)",
+                          related=("training.overlap_p2p_comm",))
     _check_megatron_impl(t)
     if t.cross_entropy_impl != "native":
         if t.framework != "megatron":
