@@ -12,7 +12,8 @@ from .activations.chunked_head import SOURCE as HEAD_SOURCE
 from .activations.loss import LossMemory, deferred_wgrad_entries, loss_memory
 from .activations.recompute import dropped, recomputed_layer_count, recomputed_modules
 from .activations.layer import embedding_entries, layer_entries, layer_input_entry
-from .activations.sdpa_mask import MASKED_BIAS, SOURCE as MASKED_SDPA_SOURCE
+from .activations.sdpa_mask import FALCON_BIAS, MASKED_BIAS, SOURCE as MASKED_SDPA_SOURCE
+from .activations.sdpa_math import MATH_SOURCE as MATH_SDPA_SOURCE, SOFTMAX as MATH_SOFTMAX
 from .activations.vision import SOURCE as VISION_SOURCE, vision_activation
 from .pipeline import in_flight_rule
 from ..spec.architecture import Architecture
@@ -241,8 +242,10 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     source = KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
     if any(label == "vision tower" for label, _, _ in parts):
         source += f"; vision tower: {VISION_SOURCE}"
-    if any(e.name == MASKED_BIAS for es in (entries or {}).values() for e in es):
+    if any(e.name in (MASKED_BIAS, FALCON_BIAS) for es in (entries or {}).values() for e in es):
         source += f"; masked SDPA: {MASKED_SDPA_SOURCE}"
+    if any(e.name == MATH_SOFTMAX for es in (entries or {}).values() for e in es):
+        source += f"; SDPA's math backend: {MATH_SDPA_SOURCE}"
     if compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
         formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
         source += f"; {COMPILE_SOURCE}"

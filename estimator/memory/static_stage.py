@@ -392,6 +392,7 @@ def _math_attention_moment(arch: Architecture, training: Training, sp: StagePara
                            loss_saved: float, phase: str) -> list[Component]:
     """The last layer's attention on SDPA's math backend (kbit.py) in `phase`, over the phase's
     activations and the loss's saved tensors."""
+    from .activations.sdpa_math import MATH_SOURCE as FALCON_MATH_SOURCE, falcon_math_sdpa
     from .kbit import MATH_SOURCE
     from .kbit_attention import attention_moment
     kind = sp.kind_counts[-1][0]
@@ -399,7 +400,7 @@ def _math_attention_moment(arch: Architecture, training: Training, sp: StagePara
     moment, formula = attention_moment(arch, ledger_training(training), shared.parallel, kind, recomputed,
                                        shared.full_layer[kind], loss_saved, phase)
     return [component("transient", f"Attention {phase} on SDPA's math backend (fp32 scores)", moment, formula,
-                      MATH_SOURCE)]
+                      FALCON_MATH_SOURCE if falcon_math_sdpa(arch, training) else MATH_SOURCE)]
 
 
 def _grads_live(training: Training, par: Parallel, m: int) -> bool:

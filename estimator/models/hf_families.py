@@ -355,6 +355,9 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         # FalconAttention: one query_key_value (peft's default target); _split_heads takes k and v by index lists
         # (copies) unless multi_query and new_decoder_architecture are both off (views of the output)
         fused_qkv=True, qkv_split_copies=new_arch or r.bool("multi_query", True), qkv_split_expands_kv=new_arch,
+        # FalconModel.forward always materialises the 4-D mask (allow_is_causal_skip=False) and FalconAttention
+        # hands it to SDPA, transformers' default attn_implementation (memory/activations/sdpa_math.py)
+        sdpa_mask_always=True,
     ), notes
 
 

@@ -205,9 +205,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "(memory grows with the square of the sequence length). Under hf, deepspeed and fsdp1, flash is "
             "transformers' default SDPA: its sliding-window or chunked layers take a mask from the window on, each "
             "keeping an s x s bias and k, v for every head, and Qwen2.5-VL's vision tower attends window by window. "
-            "Falcon's flash is flash_attention_2 (flash-attn's kernel, measured); its SDPA path is not modelled: it "
-            "always passes a 4-D mask, so SDPA cannot run FlashAttention-2, and Falcon-7B's 71 query heads against "
-            "one key/value head without enable_gqa rule out every fused backend, leaving the math one (fp32 scores).",
+            "Falcon always passes a 4-D mask (sdpa_mask_always), so SDPA cannot run FlashAttention-2: Falcon-7B's 71 "
+            "query heads against one key/value head without enable_gqa rule out every fused backend, leaving the "
+            "math one (fp32 q, k, v and softmax kept; measured), and equal head counts keep the mask as a bias; "
+            "with sdpa_mask_always off Falcon's flash is flash_attention_2 (flash-attn's kernel, measured).",
             _SAVERS, ATTENTION),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
