@@ -18,8 +18,9 @@ def _attention_part(arch, training, par, kind: str) -> float:
     from .adapters import adapted, layer_modules
     from .adapter_activations import kept, module_entries
     entries = kept(attention_entries(arch, training, par), training, arch)
-    entries += [e for m in layer_modules(arch, kind) if m.name in ("q", "k", "v", "o")
-                and adapted(training.adapter, m.name) for e in module_entries(arch, training, par, m, False)]
+    if training.adapter is not None:  # a prepared k-bit run's (Falcon's may run without one)
+        entries += [e for m in layer_modules(arch, kind) if m.name in ("q", "k", "v", "o")
+                    and adapted(training.adapter, m.name) for e in module_entries(arch, training, par, m, False)]
     return sum(e.bytes(par) for e in entries)
 
 
