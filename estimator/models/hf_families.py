@@ -339,8 +339,6 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     else:
         kv = 1 if r.bool("multi_query", True) else heads
         norms = 1 if r.bool("parallel_attn", True) else 2
-    if r.bool("alibi"):
-        notes.append("alibi (no parameters)")
     return dict(
         hidden_size=hidden, num_layers=r.int("num_hidden_layers", "n_layer"), num_attention_heads=heads,
         num_kv_heads=kv, vocab_size=r.int("vocab_size"),
@@ -358,6 +356,9 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         # FalconModel.forward always materialises the 4-D mask (allow_is_causal_skip=False) and FalconAttention
         # hands it to SDPA, transformers' default attn_implementation (memory/activations/sdpa_math.py)
         sdpa_mask_always=True,
+        # ALiBi in place of the rotary embedding (no parameters): one b x heads x s x s mask a step
+        # (memory/activations/alibi.py)
+        position_embedding="alibi" if r.bool("alibi") else "rope",
     ), notes
 
 

@@ -390,7 +390,9 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _bool("linear_bias", _M, "Biases on linear layers", "GPT-2 / Megatron default.", "Details"),
     _bool("qkv_bias", _M, "QKV bias", "Biases on q, k, v only (Qwen2).", "Details"),
     _bool("qk_norm", _M, "QK norm", "Per-head norm on q and k (Qwen3).", "Details"),
-    _choice("position_embedding", _M, "Positions", "RoPE or a learned position table.", "Details",
+    _choice("position_embedding", _M, "Positions", "RoPE, a learned position table, ALiBi (transformers' Falcon with "
+            "alibi: no parameters, one batch x heads x s x s mask each step, kept to backward by SDPA's fused kernel "
+            "or full recompute) or none.", "Details",
             POSITION_EMBEDDINGS),
     _w("max_position_embeddings", "Position table rows", "Rows of a learned position table.", "Details",
        hi=MAX_TOKENS, optional=True, auto="none: required with learned positions", step=1024),

@@ -93,6 +93,8 @@ def masked_sdpa_entries(arch: Architecture, training: Training, par: Parallel) -
         out.append(Entry("k and v repeated to every query head (a mask turns off SDPA's GQA), beyond the grouped",
                          share * T * 2 * (arch.num_attention_heads - arch.num_kv_heads) * arch.head_dim, B, "tp",
                          "B*s*b*2*(a - g)*d_head" + note, recompute=UP_PROJ))
+    if arch.sdpa_mask_always and arch.position_embedding == "alibi":
+        return out  # a float mask, passed through (no per-call bias): the one kept a step is alibi.py's
     out.append(Entry(FALCON_BIAS if arch.sdpa_mask_always else MASKED_BIAS,
                      share * training.micro_batch_size * training.seq_len ** 2, B, "none", "B*b*s^2" + note,
                      recompute=CORE, split_by_cp=False))

@@ -87,16 +87,25 @@ def falcon_math_entries(arch: Architecture, training: Training, par: Parallel) -
 def falcon_math_forward_extra(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
     """The math backend's forward tensors beside the scores, their -inf mask and the kept set that
     `kbit_attention.attention_moment` does not count (bytes over TP, formula): SDPA's additive mask (b x s^2 in q's
-    dtype), the fp32 copies of a 16-bit q and k (the upcasts; v's is kept), and beyond one batch the scaled k and
+    dtype; with ALiBi the model's b x heads x s^2 one where the activations do not hold it), the fp32 copies of a 16-bit q and k (the upcasts; v's is kept), and beyond one batch the scaled k and
     fp32 v before the matmuls copy them out to every head; _safe_softmax's row mask (b x heads x s, bool)."""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     b, s, a, kv_width = training.micro_batch_size, training.seq_len, arch.num_attention_heads, arch.kv_width
-    bias = b * (s / par.cp) * s * B
+    bias, bias_text = b * (s / par.cp) * s * B, f"mask {B:g}*b*s^2"
+    if arch.position_embedding == "alibi":  # a float mask, not converted: the one ALiBi mask of the step (alibi.py)
+        from .alibi import alibi_mask_kept, mask_bytes_per_element
+        size = mask_bytes_per_element(training)
+        kept = alibi_mask_kept(arch, training)  # then among the activations already
+        bias = 0.0 if kept else b * a * (s / par.cp) * s * size
+        bias_text = "" if kept else f"ALiBi mask {size:g}*b*a*s^2 (alive through the forward)"
     upcasts = 4 * T * (arch.q_width + kv_width) / par.tp if B < 4 else 0.0
     # beyond one batch: the scaled k, and v's fp32 copy (none for fp32 inputs: v itself), before matmul's copies
     unexpanded = 4 * T * (2 if B < 4 else 1) * kv_width / par.tp if b > 1 else 0.0
     rows = T * a / par.tp
-    parts = [f"mask {B:g}*b*s^2"] + (["upcasts 4*s*b*(a + g)*d_head"] if upcasts else []) \
-        + ([f"k{', v' if B < 4 else ''} before matmul's copies 4*s*b*{2 if B < 4 else 1}*g*d_head"] if unexpanded else []) + ["row mask s*b*a"]
+    parts = [bias_text] if bias_text else []
+    parts += ["upcasts 4*s*b*(a + g)*d_head"] if upcasts else []
+    if unexpanded:
+        parts.append(f"k{', v' if B < 4 else ''} before matmul's copies 4*s*b*{2 if B < 4 else 1}*g*d_head")
+    parts.append("row mask s*b*a")
     return bias + upcasts + unexpanded + rows, " + ".join(parts)
