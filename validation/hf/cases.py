@@ -129,13 +129,18 @@ SMALL_RUNS = (
 CASES: dict[str, Run] = {case_id(r): r for r in _runs()}
 
 
+def _falcon_on_sdpa(run: Run) -> bool:
+    """A transformers Falcon run on SDPA: its model carries the SDPA mask (Architecture.sdpa_mask_always)."""
+    return run.attention == "sdpa" and getattr(MODELS[run.model], "hf", {}).get("model_type") == "falcon"
+
+
 def contract_config(run: Run) -> dict:
     dtype = "bf16" if run.recipe == "bf16" else "fp32"
     images = {"images_per_sample": run.images, "image_size": run.image_size} if run.images else {}
     images.update({"freeze_vision": True} if run.freeze_vision else {})
     return {
         "model": MODELS[run.model].architecture(**({"dropout": run.dropout} if run.dropout else {}),
-                                                sdpa=run.attention == "sdpa"),
+                                                **({"sdpa": True} if _falcon_on_sdpa(run) else {})),
         "training": {
             "mode": "training", "framework": "hf", "seq_len": run.seq_len,
             "micro_batch_size": run.micro_batch_size, "param_dtype": dtype,
@@ -165,7 +170,7 @@ def describe(run: Run) -> str:
         else "no recompute"
     attention = {"sdpa": "SDPA (FlashAttention-2)", "eager": "eager attention",
                  "flash_attention_2": "flash_attention_2 (flash-attn's flash_attn_func, emulated)"}[run.attention]
-    if run.attention == "sdpa" and MODELS[run.model].hf["model_type"] == "falcon":
+    if _falcon_on_sdpa(run):
         attention = ("SDPA with Falcon's 4-D mask (one key/value head for many query heads, no enable_gqa: torch's "
                      "math backend, emulated as the H200 ran it)")
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
