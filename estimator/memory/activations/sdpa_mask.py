@@ -37,6 +37,11 @@ held to the H200's experiment to the byte, and the memory-efficient kernel's (`b
 `forward_accumulator`, KERNEL_SOURCE), for the stacks that run it by default (`sdpa_backend`: torch 2.11 on an A100,
 or with a cuDNN up to 9.15.0 as the CUDA 12 wheels ship, or torch up to 2.8), to the byte too over its five shapes
 with cuDNN disabled (the k65536 and k128 backward variants).
+transformers' Falcon hands SDPA its 4-D mask at every layer (`Architecture.sdpa_mask_always`; modeling_falcon.py
+lines 755-761): with equal head counts (the new decoder architecture's k and v copied out to every query head, or
+no multi-query) every layer takes this path (share 1; its k and v are already a heads wide, FALCON_FLASH_SOURCE),
+keeping the bf16 bias SDPA makes of the bool mask (FALCON_BIAS), or with ALiBi the model's one float mask, passed
+through, which alibi.py counts once; with unequal ones SDPA's math backend runs (sdpa_math.py).
 """
 
 from __future__ import annotations
