@@ -477,8 +477,13 @@ def test_falcon_flash_keeps_k_and_v_as_its_split_leaves_them():
     lists; the new decoder architecture (lines 254-263) broadcasts each group's k and v to its 16 query heads and
     flattens them into copies, and forward reshapes them at num_heads (line 442): flash keeps q, k, v 128 heads wide,
     not 128 + 2 x 8. Its output reaches dense through a view (lines 506-507): one attention output, no copy.
-    Measured: tests/data/measured/falcon-{7b,40b}-8layers-*-flash_attention_2-*."""
+    Measured: tests/data/measured/falcon-{7b,40b}-8layers-*-flash_attention_2-*, which run with sdpa_mask_always off
+    (the reader sets it: transformers' default is SDPA). On SDPA Falcon-40B's equal head counts take a fused kernel
+    that keeps the same set and the bf16 b x 1 x s x s bias SDPA makes of the mask (sdpa_mask.py)."""
+    from dataclasses import replace
+
     from estimator.memory.activations.attention import attention_entries
+    from estimator.memory.activations.sdpa_mask import FALCON_BIAS
     from estimator.spec.parallel import Parallel
     from estimator.spec.training import Training
 
@@ -487,10 +492,13 @@ def test_falcon_flash_keeps_k_and_v_as_its_split_leaves_them():
     seven = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71}
     forty = {"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128, "num_kv_heads": 8,
              "new_decoder_architecture": True}
-    kept = {}
+    kept, on_sdpa = {}, {}
     for name, config in (("7b", seven), ("40b", forty)):
         arch, _ = build(config)
-        kept[name] = {e.name: e.elements * e.bytes_per_element for e in attention_entries(arch, flash, Parallel())}
+        assert arch.sdpa_mask_always
+        on_sdpa[name] = {e.name: e.elements * e.bytes_per_element for e in attention_entries(arch, flash, Parallel())}
+        kept[name] = {e.name: e.elements * e.bytes_per_element
+                      for e in attention_entries(replace(arch, sdpa_mask_always=False), flash, Parallel())}
     # bf16: 2 bytes; Falcon-7B's head dim 4544 / 71 = 64, one k and one v head
     assert kept["7b"]["q, k, v kept by flash attention"] == 2 * s * b * (4544 + 64 + 64) == 19_136_512
     # Falcon-40B: head dim 8192 / 128 = 64; q, k and v each 128 x 64 = 8192 wide (not 8192 + 2 x 8 x 64)
@@ -498,6 +506,8 @@ def test_falcon_flash_keeps_k_and_v_as_its_split_leaves_them():
     assert kept["40b"]["flash log-sum-exp (fp32)"] == 4 * s * b * 128
     for name in kept:
         assert "attention output (kept by flash attention)" not in kept[name]
+    assert on_sdpa["40b"] == {**kept["40b"], FALCON_BIAS: 2 * b * s * s}
+    assert "q, k, v kept by flash attention" not in on_sdpa["7b"]  # the math backend (test_gpu_sdpa_mask.py)
     # eager: the new architecture's QK^T reads k at every head (no broadcast), Falcon-7B's one k head
     arch40, _ = build(forty)
     arch7, _ = build(seven)

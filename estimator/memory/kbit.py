@@ -86,9 +86,11 @@ def under_autocast(training) -> bool:
 def math_attention(arch, training) -> bool:
     """SDPA on fp32 q, k, v with grouped KV heads runs PyTorch's math backend (module docstring); under the
     Trainer's autocast SDPA casts them to the autocast dtype first (autocast's lower-precision list), so the
-    fused kernel runs."""
-    return (prepared(training) and training.attention == "flash" and not arch.uses_mla
-            and arch.num_kv_heads != arch.num_attention_heads and not under_autocast(training))
+    fused kernel runs. A multi-query Falcon on SDPA runs it at any dtype (activations/sdpa_math.py)."""
+    from .activations.sdpa_math import falcon_math_sdpa
+    return falcon_math_sdpa(arch, training) or (
+        prepared(training) and training.attention == "flash" and not arch.uses_mla
+        and arch.num_kv_heads != arch.num_attention_heads and not under_autocast(training))
 
 
 AUTOCAST_HEAD_SOURCE = (

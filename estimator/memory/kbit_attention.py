@@ -18,8 +18,9 @@ def _attention_part(arch, training, par, kind: str) -> float:
     from .adapters import adapted, layer_modules
     from .adapter_activations import kept, module_entries
     entries = kept(attention_entries(arch, training, par), training, arch)
-    entries += [e for m in layer_modules(arch, kind) if m.name in ("q", "k", "v", "o")
-                and adapted(training.adapter, m.name) for e in module_entries(arch, training, par, m, False)]
+    if training.adapter is not None:  # a prepared k-bit run's (Falcon's may run without one)
+        entries += [e for m in layer_modules(arch, kind) if m.name in ("q", "k", "v", "o")
+                    and adapted(training.adapter, m.name) for e in module_entries(arch, training, par, m, False)]
     return sum(e.bytes(par) for e in entries)
 
 
@@ -35,18 +36,26 @@ def attention_moment(arch, training, par, kind: str, recomputed: bool, full_laye
     its MLP half is not yet made, or freed). The loss's saved tensors do not exist yet in forward and
     are freed before any layer's backward. `training` is the ledger's (`ledger_training`)."""
     from .activations.entries import tokens_per_gpu
+    from .activations.sdpa_math import falcon_math_forward_extra, falcon_math_sdpa
+    from ..spec.dtypes import bytes_per_element
     S = arch.num_attention_heads * score_bytes(training, par)
     part = _attention_part(arch, training, par, kind)
     if phase == "forward":  # the softmax's output is among the attention part: scores and mask beside it
         buffers, text = 1.25 * S, "scores 4*b*a*s^2 and the -inf mask b*a*s^2"
+        if falcon_math_sdpa(arch, training):  # Falcon's mask and 16-bit upcasts (sdpa_math.py)
+            extra, extra_text = falcon_math_forward_extra(arch, training, par)
+            buffers, text = buffers + extra, f"{text} + {extra_text}"
         gradient = 0.0
     else:
         buffers = MATH_BACKWARD_SCORE_BUFFERS * S
         text = f"{MATH_BACKWARD_SCORE_BUFFERS} x 4*b*a*s^2 beside the kept softmax"
-        gradient = 4.0 * tokens_per_gpu(training, par) * arch.hidden_size
+        # the residual stream's dtype: fp32 in a prepared k-bit run's ledger, the compute dtype's in Falcon's
+        gradient = bytes_per_element(training.compute_dtype) * tokens_per_gpu(training, par) * arch.hidden_size
     held = part if recomputed else part - full_layer
     moment = max(0.0, held + buffers + gradient - loss_saved)
-    formula = (f"{text} ({buffers / 2**30:,.2f} GiB)" + (" + layer output gradient 4*s*b*h" if gradient else "")
+    formula = (f"{text} ({buffers / 2**30:,.2f} GiB)"
+               + (f" + layer output gradient {gradient / (tokens_per_gpu(training, par) * arch.hidden_size):g}*s*b*h"
+                  if gradient else "")
                + f" + {'the recomputed' if recomputed else 'the last'} layer's attention tensors"
                + ("" if recomputed else " less the whole layer, counted with the activations")
                + f" ({held / 2**30:,.2f} GiB) - the loss's saved tensors, not alive then "

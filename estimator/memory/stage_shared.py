@@ -12,7 +12,9 @@ from .activations.chunked_head import SOURCE as HEAD_SOURCE
 from .activations.loss import LossMemory, deferred_wgrad_entries, loss_memory
 from .activations.recompute import dropped, recomputed_layer_count, recomputed_modules
 from .activations.layer import embedding_entries, layer_entries, layer_input_entry
-from .activations.sdpa_mask import MASKED_BIAS, SOURCE as MASKED_SDPA_SOURCE
+from .activations.alibi import ALIBI_MASK, SOURCE as ALIBI_SOURCE
+from .activations.sdpa_mask import FALCON_BIAS, MASKED_BIAS, SOURCE as MASKED_SDPA_SOURCE
+from .activations.sdpa_math import MATH_SOURCE as MATH_SDPA_SOURCE, SOFTMAX as MATH_SOFTMAX
 from .activations.vision import SOURCE as VISION_SOURCE, vision_activation
 from .pipeline import in_flight_rule
 from ..spec.architecture import Architecture
@@ -223,7 +225,9 @@ def _activation_parts(stage: StageParameters, inflight: float, counts: tuple[int
         parts.append(("vision tower", int(round(shared.vision[0] * max(1.0, inflight))),
                       f"{shared.vision[1]} per micro-batch in flight"))
     if stage.first and shared.embedding:
-        parts.append(("token ids" + (" and embedding dropout mask" if len(shared.embedding) > 1 else ""),
+        names = {e.name for e in shared.embedding}
+        parts.append(("token ids" + (" and embedding dropout mask" if "embedding dropout mask" in names else "")
+                      + (" and ALiBi mask" if ALIBI_MASK in names else ""),
                       int(round(shared.embedding_bytes * max(1.0, inflight))),
                       " + ".join(e.shown_formula(shared.parallel) for e in shared.embedding)
                       + " per micro-batch in flight"))
@@ -241,8 +245,12 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
     source = KORTHIKANTI + (f"; {rule_source}" if rule_source else "")
     if any(label == "vision tower" for label, _, _ in parts):
         source += f"; vision tower: {VISION_SOURCE}"
-    if any(e.name == MASKED_BIAS for es in (entries or {}).values() for e in es):
+    if any(e.name in (MASKED_BIAS, FALCON_BIAS) for es in (entries or {}).values() for e in es):
         source += f"; masked SDPA: {MASKED_SDPA_SOURCE}"
+    if any(e.name == MATH_SOFTMAX for es in (entries or {}).values() for e in es):
+        source += f"; SDPA's math backend: {MATH_SDPA_SOURCE}"
+    if any(label.endswith("ALiBi mask") for label, _, _ in parts):
+        source += f"; ALiBi mask: {ALIBI_SOURCE}"
     if compiled(training):  # the layers' saved set is Inductor's partitioner's (activations.COMPILE_SOURCE)
         formula += " (torch.compile: each layer keeps what Inductor's min-cut partitioner saves)"
         source += f"; {COMPILE_SOURCE}"

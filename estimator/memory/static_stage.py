@@ -183,7 +183,8 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                                                 grads_live)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
-            arch, training, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange)
+            arch, training, recipe, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange,
+            grads_live)
     loss_forward = with_checkpointed_forward(arch, training, shared.parallel, loss_saved, loss_forward, exchange, tr)
     # after the loss: a recomputed layer, or the largest tensor's compiled step in backward (transients.py)
     recomputed_bytes = max(int(round(working)) + total_bytes(extras), total_bytes(tr.step_after_loss))
@@ -286,13 +287,22 @@ def _with_dsa_moments(arch: Architecture, training: Training, recipe: Recipe, pa
             max(in_moe_layer, *in_layer, key=total_bytes))
 
 
-def _with_math_attention(arch: Architecture, training: Training, sp: StageParameters, shared: _Shared,
-                         recompute: tuple[float, list, bool], loss_saved: tuple, loss_forward: list,
-                         exchange: list) -> tuple[tuple[float, list, bool], list]:
+def _with_math_attention(arch: Architecture, training: Training, recipe: Recipe, sp: StageParameters,
+                         shared: _Shared, recompute: tuple[float, list, bool], loss_saved: tuple, loss_forward: list,
+                         exchange: list, grads_live: bool) -> tuple[tuple[float, list, bool], list]:
     """The last stage's `recompute` moment (`recompute_moment`'s) and the loss's forward moment, each replaced by
-    its layer's attention on SDPA's math backend (`_math_attention_moment`) where that one is larger."""
+    its layer's attention on SDPA's math backend (`_math_attention_moment`) where that one is larger. A full
+    fine-tune of Falcon under the HF Trainer without recompute holds at the last layer's moment the gradients made
+    before it (the head's, the tied embedding's, the layer's own after its core: dsa_hf_moments.py; measured by the
+    fake-tensor harness, tests/data/measured/falcon-7b-8layers-*-sdpa-*)."""
+    from .activations.sdpa_math import falcon_math_sdpa
     working, extras, _ = recompute
     attention = _math_attention_moment(arch, training, sp, shared, 0, "backward")  # the loss's are freed
+    if falcon_math_sdpa(arch, training) and training.framework == "hf" and training.adapter is None \
+            and not grads_live and not recomputed_layer_count(training, sp.num_layers):
+        from .dsa_hf_moments import LAST_FORMULA, last_layer_gradients, with_gradients
+        vocab = padded_vocab_size(arch.vocab_size, shared.parallel.tp, training.framework)
+        attention = with_gradients(attention, last_layer_gradients(arch, recipe, sp, vocab), LAST_FORMULA)
     if total_bytes(attention) > int(round(working)) + total_bytes(extras):
         recompute = (0.0, attention, False)
     attention = _math_attention_moment(arch, training, sp, shared, total_bytes(loss_saved), "forward")
@@ -392,6 +402,7 @@ def _math_attention_moment(arch: Architecture, training: Training, sp: StagePara
                            loss_saved: float, phase: str) -> list[Component]:
     """The last layer's attention on SDPA's math backend (kbit.py) in `phase`, over the phase's
     activations and the loss's saved tensors."""
+    from .activations.sdpa_math import MATH_SOURCE as FALCON_MATH_SOURCE, falcon_math_sdpa
     from .kbit import MATH_SOURCE
     from .kbit_attention import attention_moment
     kind = sp.kind_counts[-1][0]
@@ -399,7 +410,7 @@ def _math_attention_moment(arch: Architecture, training: Training, sp: StagePara
     moment, formula = attention_moment(arch, ledger_training(training), shared.parallel, kind, recomputed,
                                        shared.full_layer[kind], loss_saved, phase)
     return [component("transient", f"Attention {phase} on SDPA's math backend (fp32 scores)", moment, formula,
-                      MATH_SOURCE)]
+                      FALCON_MATH_SOURCE if falcon_math_sdpa(arch, training) else MATH_SOURCE)]
 
 
 def _grads_live(training: Training, par: Parallel, m: int) -> bool:

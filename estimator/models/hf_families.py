@@ -339,8 +339,6 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     else:
         kv = 1 if r.bool("multi_query", True) else heads
         norms = 1 if r.bool("parallel_attn", True) else 2
-    if r.bool("alibi"):
-        notes.append("alibi (no parameters)")
     return dict(
         hidden_size=hidden, num_layers=r.int("num_hidden_layers", "n_layer"), num_attention_heads=heads,
         num_kv_heads=kv, vocab_size=r.int("vocab_size"),
@@ -355,6 +353,12 @@ def _falcon(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         # FalconAttention: one query_key_value (peft's default target); _split_heads takes k and v by index lists
         # (copies) unless multi_query and new_decoder_architecture are both off (views of the output)
         fused_qkv=True, qkv_split_copies=new_arch or r.bool("multi_query", True), qkv_split_expands_kv=new_arch,
+        # FalconModel.forward always materialises the 4-D mask (allow_is_causal_skip=False) and FalconAttention
+        # hands it to SDPA, transformers' default attn_implementation (memory/activations/sdpa_math.py)
+        sdpa_mask_always=True,
+        # ALiBi in place of the rotary embedding (no parameters): one b x heads x s x s mask a step
+        # (memory/activations/alibi.py)
+        position_embedding="alibi" if r.bool("alibi") else "rope",
     ), notes
 
 

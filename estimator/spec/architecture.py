@@ -134,6 +134,11 @@ class Architecture:
     composite_gelu: bool = False
     # transformers' Falcon (multi-query): eager attention broadcasts the one k and v head in its matmuls, no copies
     eager_kv_broadcast: bool = False
+    # transformers' Falcon (modeling_falcon.py 5.23 lines 755-761): the model always builds a 4-D mask and hands it
+    # to SDPA, so under the transformers frameworks' "flash" (SDPA) a multi-query Falcon runs SDPA's math backend
+    # and the others a fused kernel with the mask as a bias (memory/activations/sdpa_math.py, sdpa_mask.py); off,
+    # "flash" is flash_attention_2 for it (flash-attn's kernel; the measured Falcon flash records)
+    sdpa_mask_always: bool = False
     # State-space hybrids (Nemotron-H): one block per character of the pattern
     hybrid_override_pattern: str | None = None
     mamba_num_heads: int | None = None

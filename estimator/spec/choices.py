@@ -85,7 +85,8 @@ VISION_TOWERS = ("qwen2_5_vl", "siglip", "llama4")  # estimator/spec/vision.py
 # w3; "all-linear" takes the router and the fused experts), "qwen2_moe" (gate_proj, up_proj, down_proj name the fused
 # experts, so they leave the shared experts and dense MLPs), "none" (not converted: "all-linear" takes nn.Linear only)
 PEFT_MOE_CONVERSIONS = ("mixtral", "qwen2_moe", "none")
-POSITION_EMBEDDINGS = ("rope", "learned", "none")  # none: Nemotron-H's attention has no positions
+# none: Nemotron-H's attention has no positions; alibi: transformers' Falcon with alibi (a bias on the scores)
+POSITION_EMBEDDINGS = ("rope", "learned", "alibi", "none")
 
 # --- parallel layout -----------------------------------------------------------------------------
 # Pipeline schedules (parallel.pp_schedule): 1F1B (Narayanan et al. 2021), Megatron's interleaved

@@ -215,9 +215,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "(memory grows with the square of the sequence length). Under hf, deepspeed and fsdp1, flash is "
             "transformers' default SDPA: its sliding-window or chunked layers take a mask from the window on, each "
             "keeping an s x s bias and k, v for every head, and Qwen2.5-VL's vision tower attends window by window. "
-            "Falcon's flash is flash_attention_2 (flash-attn's kernel, measured); its SDPA path is not modelled: it "
-            "always passes a 4-D mask, so SDPA cannot run FlashAttention-2, and Falcon-7B's 71 query heads against "
-            "one key/value head without enable_gqa rule out every fused backend, leaving the math one (fp32 scores).",
+            "Falcon always passes a 4-D mask (sdpa_mask_always), so SDPA cannot run FlashAttention-2: Falcon-7B's 71 "
+            "query heads against one key/value head without enable_gqa rule out every fused backend, leaving the "
+            "math one (fp32 q, k, v and softmax kept; measured), and equal head counts keep the mask as a bias; "
+            "with sdpa_mask_always off Falcon's flash is flash_attention_2 (flash-attn's kernel, measured).",
             _SAVERS, ATTENTION),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
@@ -406,7 +407,9 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
     _bool("linear_bias", _M, "Biases on linear layers", "GPT-2 / Megatron default.", "Details"),
     _bool("qkv_bias", _M, "QKV bias", "Biases on q, k, v only (Qwen2).", "Details"),
     _bool("qk_norm", _M, "QK norm", "Per-head norm on q and k (Qwen3).", "Details"),
-    _choice("position_embedding", _M, "Positions", "RoPE or a learned position table.", "Details",
+    _choice("position_embedding", _M, "Positions", "RoPE, a learned position table, ALiBi (transformers' Falcon with "
+            "alibi: no parameters, one batch x heads x s x s mask each step, kept to backward by SDPA's fused kernel "
+            "or full recompute) or none.", "Details",
             POSITION_EMBEDDINGS),
     _w("max_position_embeddings", "Position table rows", "Rows of a learned position table.", "Details",
        hi=MAX_TOKENS, optional=True, auto="none: required with learned positions", step=1024),

@@ -3,7 +3,7 @@
 attention_residual_dropout, mlp_residual_dropout, embedding_dropout: what the code drops out besides the attention
 probabilities, which is training.dropout's), a fused q, k, v projection (fused_qkv), parallel attention and MLP
 (parallel_attention), a GELU written in PyTorch ops (composite_gelu) and Falcon's broadcast keys and values
-(eager_kv_broadcast) and split copies (qkv_split_copies)."""
+(eager_kv_broadcast), split copies (qkv_split_copies) and SDPA mask (sdpa_mask_always)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,13 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
     Field("eager_kv_broadcast", "model", "bool", "Eager K/V broadcast", "transformers' multi-query Falcon: eager "
           "attention multiplies by the one key and value head through matmul's broadcasting, so it keeps them as they "
           "are, not copies expanded to every query head (repeat_kv). Counted under hf, deepspeed and fsdp1.", _MORE,
+          widget=False),
+    Field("sdpa_mask_always", "model", "bool", "Falcon's SDPA mask", "transformers' Falcon always builds a 4-D "
+          "mask and hands it to SDPA (to add alibi), so under hf, deepspeed and fsdp1 its flash is transformers' "
+          "SDPA with that mask: with one key/value head for many query heads (Falcon-7B's multi-query) no fused "
+          "kernel takes the call and SDPA's math backend keeps fp32 q, k, v and the fp32 softmax (b x heads x s^2 x "
+          "4 B a layer; measured); with equal head counts a fused kernel keeps the mask as a bias. Off: Falcon's "
+          "flash is flash_attention_2 (flash-attn's kernel). Set for Falcon by the Hugging Face reader.", _MORE,
           widget=False),
     _p("embedding_dropout", "Embedding dropout", "The model config's dropout on the embeddings (GPT-2 embd_pdrop, "
        "GPT-NeoX hidden_dropout, StarCoder2 embedding_dropout); above 0 the first stage keeps a bool mask."),

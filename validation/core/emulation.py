@@ -9,7 +9,8 @@ here for the duration of a measurement:
    exactly the allocations of PyTorch's flash path (`_scaled_dot_product_flash_attention` ->
    `_flash_attention_forward/backward` -> FlashAttention-2's `mha_fwd`/`mha_bwd`); the values
    of a real run come from the CPU math kernel, computed where the tracker does not look.
-   fp32 inputs with grouped KV heads take the math backend on CUDA (`_math_sdpa`).
+   fp32 inputs with grouped KV heads take the math backend on CUDA (`_math_sdpa`), and so does a masked call
+   with fewer KV heads than query heads and no `enable_gqa` (transformers' multi-query Falcon: `_masked_math_sdpa`).
 2. transformers' `find_packed_sequence_indices` reads the position ids to detect packed
    sequences; for a fake tensor (which has no values) it gives up and returns a packing mask,
    which makes `create_causal_mask` build a full 4-D mask and sends SDPA down the masked,
@@ -137,15 +138,57 @@ def _math_sdpa(query, key, value, is_causal, scale):
     return torch.matmul(probs, v)
 
 
+def _masked_math_sdpa(query, key, value, attn_mask, scale):
+    """A masked call with fewer key/value heads than query heads and no enable_gqa (transformers' multi-query
+    Falcon, which always hands SDPA its 4-D mask): no fused CUDA backend takes it (sdp_utils_cpp.h
+    check_batch_size_and_num_heads_dense), so torch runs `_scaled_dot_product_attention_math`
+    (aten/src/ATen/native/transformers/attention.cpp), replayed op by op as the H200 ran it (torch 2.11: tests/data/
+    measured/gpu/experiments/sdpa-mask-h200.json, Falcon-7B's requests in this order): the bool mask made an
+    additive one in q's dtype (convert_boolean_attn_mask, through two scalars); q, k, v upcast to fp32 (allow-
+    FP16BF16ReductionMathSDP off); q and k^T each scaled by sqrt(scale); their matmul (the one k head broadcast);
+    the bias added in place (as on the GPU; under a dispatch mode torch's own adds it out of place); _safe_softmax
+    with its temporaries (`_math_sdpa`); the weights cast back (returned, dropped by SDPA); the matmul with v and its
+    cast back; the upcast q and k, the weights and the bias freed as the function returns."""
+    aten = torch.ops.aten
+    origin = query.dtype
+    if attn_mask.dtype == torch.bool:
+        zero = torch.scalar_tensor(0.0, dtype=origin, device=query.device)
+        minus = torch.scalar_tensor(-math.inf, dtype=origin, device=query.device)
+        bias = torch.where(attn_mask, zero, minus)
+        del zero, minus
+    else:
+        bias = attn_mask
+    upcast = origin in (torch.bfloat16, torch.float16)
+    query_acc, key_acc, value_acc = ((x.to(torch.float32) if upcast else x) for x in (query, key, value))
+    factor = math.sqrt(scale if scale is not None else 1.0 / math.sqrt(query.shape[-1]))
+    q = aten.mul.Scalar(query_acc, factor)
+    scores = torch.matmul(q, aten.mul.Scalar(key_acc.transpose(-2, -1), factor))
+    scores.add_(bias)
+    hidden = [torch.empty_like(scores, dtype=torch.bool), scores.new_empty((*scores.shape[:-1], 1), dtype=torch.bool),
+              scores.new_empty(())]
+    probs = aten._safe_softmax(scores, -1)
+    del hidden, scores
+    weights = probs.to(origin)
+    out_acc = torch.matmul(probs, value_acc)
+    out = out_acc.to(origin)
+    del out_acc, key_acc, query_acc, weights, bias
+    return out
+
+
 def _flash_sdpa(hidden):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if attn_mask is not None or dropout_p:
-            raise NotImplementedError("only the flash path (no mask, no dropout) is emulated")
         device = query.device.type
         if torch.is_autocast_enabled(device):
             # CUDA autocast lists scaled_dot_product_attention as lower-precision: cast inputs.
             dtype = torch.get_autocast_dtype(device)
             query, key, value = (x.to(dtype) for x in (query, key, value))
+        if attn_mask is not None and not dropout_p and not is_causal and not enable_gqa \
+                and key.shape[1] != query.shape[1]:
+            with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else nullcontext():
+                return _masked_math_sdpa(query, key, value, attn_mask, scale)
+        if attn_mask is not None or dropout_p:
+            raise NotImplementedError("only the flash path (no mask, no dropout) and the masked math path of "
+                                      "unequal head counts are emulated")
         if query.dtype == torch.float32 and enable_gqa and key.shape[1] != query.shape[1]:
             return _math_sdpa(query, key, value, is_causal, scale)
         if query.dtype not in (torch.bfloat16, torch.float16) or query.shape[-1] > 256:

@@ -103,8 +103,10 @@ DROPOUT_RUNS = (
     Run("starcoder2-3b-8layers", 4096, 2), Run("starcoder2-3b-8layers", 4096, 2, dropout=0.1),
     Run("starcoder2-3b-8layers", 8192, 2, recompute="full", dropout=0.1),
     Run("starcoder2-3b-8layers", 4096, recipe="amp", dropout=0.1),
-    # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py), which the harness does not emulate: eager, and
-    # flash-attn's kernel (flash_attention_2, validation/hf/falcon.py)
+    # Falcon's SDPA path passes its 4-D mask (modeling_falcon.py): Falcon-7B's 71 heads on one run SDPA's math
+    # backend (validation/core/emulation.py `_masked_math_sdpa`, as the H200 ran it); eager, and flash-attn's kernel
+    # (flash_attention_2, validation/hf/falcon.py)
+    Run("falcon-7b-8layers", 2048), Run("falcon-7b-8layers", 1024, 2),
     Run("falcon-7b-8layers", 2048, attention="eager"), Run("falcon-7b-8layers", 2048, attention="eager", dropout=0.1),
     Run("falcon-7b-8layers", 4096, recompute="full", attention="eager", dropout=0.1),
     Run("falcon-7b-8layers", 2048, recipe="amp", attention="eager"),
@@ -127,12 +129,18 @@ SMALL_RUNS = (
 CASES: dict[str, Run] = {case_id(r): r for r in _runs()}
 
 
+def _falcon_on_sdpa(run: Run) -> bool:
+    """A transformers Falcon run on SDPA: its model carries the SDPA mask (Architecture.sdpa_mask_always)."""
+    return run.attention == "sdpa" and getattr(MODELS[run.model], "hf", {}).get("model_type") == "falcon"
+
+
 def contract_config(run: Run) -> dict:
     dtype = "bf16" if run.recipe == "bf16" else "fp32"
     images = {"images_per_sample": run.images, "image_size": run.image_size} if run.images else {}
     images.update({"freeze_vision": True} if run.freeze_vision else {})
     return {
-        "model": MODELS[run.model].architecture(**({"dropout": run.dropout} if run.dropout else {})),
+        "model": MODELS[run.model].architecture(**({"dropout": run.dropout} if run.dropout else {}),
+                                                **({"sdpa": True} if _falcon_on_sdpa(run) else {})),
         "training": {
             "mode": "training", "framework": "hf", "seq_len": run.seq_len,
             "micro_batch_size": run.micro_batch_size, "param_dtype": dtype,
@@ -162,6 +170,9 @@ def describe(run: Run) -> str:
         else "no recompute"
     attention = {"sdpa": "SDPA (FlashAttention-2)", "eager": "eager attention",
                  "flash_attention_2": "flash_attention_2 (flash-attn's flash_attn_func, emulated)"}[run.attention]
+    if _falcon_on_sdpa(run):
+        attention = ("SDPA with Falcon's 4-D mask (one key/value head for many query heads, no enable_gqa: torch's "
+                     "math backend, emulated as the H200 ran it)")
     kernels = f", {KERNELS[run.model]}" if run.model in KERNELS else ""
     if run.model in LLAMA4_KERNELS:
         kernels = f", {LLAMA4_KERNELS[run.model]}"

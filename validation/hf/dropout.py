@@ -52,12 +52,16 @@ class HubModel:
         config.use_cache = False  # the Trainer's setting: no cache in training
         return config
 
-    def architecture(self, dropout: float = 0.0) -> dict:
-        from dataclasses import fields
+    def architecture(self, dropout: float = 0.0, sdpa: bool = False) -> dict:
+        """The estimator's fields of the model as its reader gives them; Falcon's SDPA mask (sdpa_mask_always) only
+        for a run on SDPA (`sdpa`): under eager and flash_attention_2 nothing reads it, and their records leave it
+        out."""
+        from dataclasses import fields, replace
 
         from estimator.models.hf_config import architecture_from_hf_config
 
         arch, _ = architecture_from_hf_config(self.config_dict(dropout), self.id)
+        arch = arch if sdpa else replace(arch, sdpa_mask_always=False)
         return {f.name: getattr(arch, f.name) for f in fields(arch)
                 if getattr(arch, f.name) != f.default or f.name in ("hidden_size", "num_layers")}
 

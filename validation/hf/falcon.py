@@ -11,7 +11,8 @@ call): q, k, v, the output and the fp32 log-sum-exp kept, backward's dq, dk, dv,
 fewer key/value heads, the expanded dK, dV. The output's reshape (line 506) is a view, `dense` reads it.
 
 Falcon on SDPA (attn_implementation "sdpa", transformers' default) is measured (the H200's sdpa-mask experiment,
-tests/test_gpu_sdpa_mask.py) but not modelled. FalconModel builds its mask with allow_is_causal_skip=False
+tests/test_gpu_sdpa_mask.py) and modelled (estimator/memory/activations/sdpa_math.py, `Architecture.
+sdpa_mask_always`). FalconModel builds its mask with allow_is_causal_skip=False
 (modeling_falcon.py lines 755-761: "Always materialize the mask so alibi can be added"), so FalconAttention calls
 SDPA with a 4-D mask and is_causal False (lines 333-342), which rules out SDPA's flash backend (torch 2.13
 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: check_for_attn_mask among flash's constraints). Falcon-7B hands
@@ -23,7 +24,8 @@ v and the fp32 softmax: 1,229,455,360 B a layer at s 2048 on the H200 (torch 2.1
 architecture hands it k, v at every query head (equal counts): cuDNN or the memory-efficient kernel by torch's order
 (estimator/memory/activations/sdpa_mask.py sdpa_backend) with the mask as a per-call bias, as sdpa_mask.py describes
 for sliding windows.
-The harness emulates neither the masked nor the math path (validation/core/emulation.py raises on a mask).
+The harness emulates the math path as the H200 ran it (validation/core/emulation.py `_masked_math_sdpa`: the
+records falcon-7b-8layers-bf16-adamw-norecompute-sdpa-*), not the masked fused one (it raises on any other mask).
 """
 
 from __future__ import annotations

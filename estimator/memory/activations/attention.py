@@ -11,6 +11,7 @@ from ...spec.training import Training
 from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from .entries import (ATTENTION_OUTPUT, CORE, Entry, NORM, UP_PROJ, _norm, _norm_output, compiled, fused_kernels,
                       config_dropout, eager_softmax_16_bit, tokens_per_gpu, torch_fused_rms_norm)
+from .sdpa_math import falcon_math_entries, falcon_math_sdpa
 
 
 CP_FLEX_SOURCE = ("torchtitan v0.3.0 distributed/context_parallel/api.py apply_cp_to_forward (FlexAttention: "
@@ -108,6 +109,8 @@ def _core_entries(arch: Architecture, training: Training, par: Parallel, math_sd
     if arch.uses_sparse_attention:  # Megatron-Core 0.16.1's unfused DSAttention (sparse.py)
         from .sparse import dsa_entries
         return dsa_entries(arch, training, par)
+    if falcon_math_sdpa(arch, training):  # a multi-query Falcon on SDPA: the math backend (sdpa_math.py)
+        return falcon_math_entries(arch, training, par)
     if training.attention == "flash" and fused_kernels(training) and not arch.uses_mla \
             and arch.position_embedding == "rope":
         return _fused_qkv_flash_entries(arch, training, par)

@@ -97,7 +97,8 @@ def embedding_entries(arch: Architecture, training: Training, par: Parallel) -> 
     if config_dropout(arch.embedding_dropout, training):
         out.append(Entry("embedding dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h", for_weights=("embedding",)))
     from ..adapter_activations import kept  # a frozen embedding keeps no token ids
-    return kept(out, training, arch)
+    from .alibi import alibi_mask_entries  # Falcon's ALiBi mask, made once a step before the first layer
+    return kept(out, training, arch) + alibi_mask_entries(arch, training, par)
 
 
 def moe_recomputed_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:

@@ -37,6 +37,11 @@ held to the H200's experiment to the byte, and the memory-efficient kernel's (`b
 `forward_accumulator`, KERNEL_SOURCE), for the stacks that run it by default (`sdpa_backend`: torch 2.11 on an A100,
 or with a cuDNN up to 9.15.0 as the CUDA 12 wheels ship, or torch up to 2.8), to the byte too over its five shapes
 with cuDNN disabled (the k65536 and k128 backward variants).
+transformers' Falcon hands SDPA its 4-D mask at every layer (`Architecture.sdpa_mask_always`; modeling_falcon.py
+lines 755-761): with equal head counts (the new decoder architecture's k and v copied out to every query head, or
+no multi-query) every layer takes this path (share 1; its k and v are already a heads wide, FALCON_FLASH_SOURCE),
+keeping the bf16 bias SDPA makes of the bool mask (FALCON_BIAS), or with ALiBi the model's one float mask, passed
+through, which alibi.py counts once; with unequal ones SDPA's math backend runs (sdpa_math.py).
 """
 
 from __future__ import annotations
@@ -58,14 +63,20 @@ SOURCE = ("transformers 5.23 masking_utils.py _ignore_causal_mask_sdpa and sdpa_
           "tests/data/measured/gpu/experiments/sdpa-mask-h200.json (cuDNN, the saved set to the byte)")
 
 MASKED_BIAS = "local-attention mask as SDPA's additive bias (kept by its cuDNN or memory-efficient kernel)"
+FALCON_BIAS = ("causal mask as SDPA's additive bias (Falcon hands SDPA its 4-D mask; kept by its cuDNN or "
+               "memory-efficient kernel)")
 
 
 def masked_layer_share(arch: Architecture, training: Training) -> float:
     """The share of the layers transformers runs through SDPA with a 4-D mask: the sliding-window or chunked layers
     once the sequence reaches the window or chunk, under the transformers frameworks' SDPA; 0 elsewhere."""
     from .llama4 import TRANSFORMERS_FRAMEWORKS
+    from .sdpa_math import falcon_math_sdpa
     window = arch.local_attention
     transformers_sdpa = training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
+    if arch.sdpa_mask_always and transformers_sdpa and training.mode == "training":
+        # Falcon's mask at every layer (sdpa_math.py); with unequal head counts the math backend keeps none of it
+        return 0.0 if falcon_math_sdpa(arch, training) else 1.0
     if (not transformers_sdpa or training.mode != "training" or not window or training.seq_len < window
             or arch.attention_logit_softcapping or arch.attention_sinks or arch.uses_mla or arch.uses_sparse_attention
             or arch.is_hybrid):
@@ -83,12 +94,15 @@ def masked_sdpa_entries(arch: Architecture, training: Training, par: Parallel) -
     T = tokens_per_gpu(training, par)
     note = "" if share == 1 else f" x {share:.4g} (the {'chunked' if arch.attention_chunk_size else 'sliding'} layers)"
     out = []
-    if arch.num_kv_heads != arch.num_attention_heads:
+    if arch.num_kv_heads != arch.num_attention_heads and not arch.qkv_split_expands_kv:  # Falcon's: copies already
         out.append(Entry("k and v repeated to every query head (a mask turns off SDPA's GQA), beyond the grouped",
                          share * T * 2 * (arch.num_attention_heads - arch.num_kv_heads) * arch.head_dim, B, "tp",
                          "B*s*b*2*(a - g)*d_head" + note, recompute=UP_PROJ))
-    out.append(Entry(MASKED_BIAS, share * training.micro_batch_size * training.seq_len ** 2, B, "none",
-                     "B*b*s^2" + note, recompute=CORE, split_by_cp=False))
+    if arch.sdpa_mask_always and arch.position_embedding == "alibi":
+        return out  # a float mask, passed through (no per-call bias): the one kept a step is alibi.py's
+    out.append(Entry(FALCON_BIAS if arch.sdpa_mask_always else MASKED_BIAS,
+                     share * training.micro_batch_size * training.seq_len ** 2, B, "none", "B*b*s^2" + note,
+                     recompute=CORE, split_by_cp=False))
     return out
 
 
