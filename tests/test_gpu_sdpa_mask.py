@@ -603,6 +603,10 @@ def test_falcon_7b_on_sdpa_by_hand():
     assert requested - core == forward
     fa2 = {e.name: e.bytes(par) for e in attention_entries(replace(arch, sdpa_mask_always=False), training, par)}
     assert fa2["q, k, v kept by flash attention"] + fa2["flash log-sum-exp (fp32)"] == 19_718_144
+    # the run's own choice, training.attn_implementation flash_attention_2 (transformers' FalconFlashAttention2):
+    # the same flash set, the model's mask never reaching SDPA
+    run_fa2 = replace(training, attn_implementation="flash_attention_2")
+    assert {e.name: e.bytes(par) for e in attention_entries(arch, run_fa2, par)} == fa2
     # at two sequences a batch matmul's reshape copies the expanded k and v out to all 71 heads (torch
     # LinearAlgebra.cpp _matmul_impl; the CPU math backend's saved set shows it): 2 x 2 x 2,048 x 71 x 64 x 4 B
     two = {e.name: e.bytes(par) for e in attention_entries(arch, replace(training, micro_batch_size=2), par)}

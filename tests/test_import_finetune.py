@@ -25,7 +25,7 @@ def test_axolotl_llama3_qlora():
     result = imported("axolotl/qlora.yml")
     assert result.kind == "axolotl"
     same_estimate(result, {"model": "llama-3.1-8b",
-                           "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 2,
+                           "training": {"framework": "hf", "attn_implementation": "flash_attention_2", "seq_len": 4096, "micro_batch_size": 2,
                                         "global_batch_size": 64, "recompute": "full",
                                         "adapter": {"method": "qlora", "rank": 32, "alpha": 16,
                                                     "target_modules": "all-linear", "dropout": 0.05}},
@@ -36,7 +36,7 @@ def test_axolotl_llama3_qlora():
 def test_axolotl_llama3_lora_8bit_and_full():
     lora = imported("axolotl/lora-8b.yml")
     same_estimate(lora, {"model": "llama-3.1-8b",
-                         "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 2,
+                         "training": {"framework": "hf", "attn_implementation": "flash_attention_2", "seq_len": 4096, "micro_batch_size": 2,
                                       "global_batch_size": 64, "recompute": "full", "optimizer": "adam8bit",
                                       "adapter": {"method": "lora", "rank": 32, "alpha": 16,
                                                   "target_modules": "all-linear", "dropout": 0.05,
@@ -44,7 +44,7 @@ def test_axolotl_llama3_lora_8bit_and_full():
                          "parallel": {"dp": 8}})
     full = imported("axolotl/fft-8b.yaml")
     same_estimate(full, {"model": "llama-3.1-8b",
-                         "training": {"framework": "hf", "seq_len": 8192, "micro_batch_size": 1,
+                         "training": {"framework": "hf", "attn_implementation": "flash_attention_2", "seq_len": 8192, "micro_batch_size": 1,
                                       "global_batch_size": 64, "recompute": "full", "optimizer": "adam8bit"},
                          "parallel": {"dp": 8}})
 

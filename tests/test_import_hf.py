@@ -30,7 +30,7 @@ def test_openr1_sft_on_accelerate_zero3():
     result = import_config(text("openr1_zero3.yaml"), training_args=text("openr1_sft_config_distill.yaml"),
                            overrides=QWEN7B)
     expected = {"model": "qwen2.5-7b",
-                "training": {"framework": "deepspeed", "micro_batch_size": 2, "global_batch_size": 128,
+                "training": {"framework": "deepspeed", "attn_implementation": "flash_attention_2", "micro_batch_size": 2, "global_batch_size": 128,
                              "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768},
                 "parallel": {"zero_stage": 3, "dp": 8}}
     assert result.kind == "accelerate"
@@ -46,7 +46,7 @@ def test_openr1_grpo_on_accelerate_zero3():
           "max_response_len": 8192, "engine": "vllm", "reference_model": False, "offload_during_rollout": False,
           "engine_memory_fraction": 0.7}
     expected = {"model": "qwen2.5-7b",
-                "training": {"framework": "deepspeed", "micro_batch_size": 4, "global_batch_size": 1024,
+                "training": {"framework": "deepspeed", "attn_implementation": "flash_attention_2", "micro_batch_size": 4, "global_batch_size": 1024,
                              "recompute": "full", "rl": rl, "seq_len": 10192},
                 "parallel": {"zero_stage": 3, "dp": 8}}
     same_estimate(result, expected)

@@ -26,7 +26,7 @@ def test_openr1_sft_config_alone_is_ddp():
     result = import_config((DATA / "openr1_sft_config_distill.yaml").read_text(), "hf", gpus=8, overrides=QWEN7B)
     same_estimate(result, {"model": "qwen2.5-7b",
                            "parallel": {"dp": 8},
-                           "training": {"framework": "hf", "micro_batch_size": 2, "global_batch_size": 128,
+                           "training": {"framework": "hf", "attn_implementation": "flash_attention_2", "micro_batch_size": 2, "global_batch_size": 128,
                                         "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768}})
 
 

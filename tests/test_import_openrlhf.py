@@ -32,7 +32,7 @@ def test_ppo_hybrid_engine():
           "max_response_len": 1024, "engine": "vllm", "engine_memory_fraction": 0.5, "reference_model": True,
           "critic_model": True, "offload_during_rollout": True, "rollout_tp": 2}
     expected = {"model": "OpenRLHF/Llama-3-8b-sft-mixture",
-                "training": {"framework": "deepspeed", **BUCKETS3, "recompute": "full", "rl": rl, "seq_len": 2048,
+                "training": {"framework": "deepspeed", "attn_implementation": "flash_attention_2", **BUCKETS3, "recompute": "full", "rl": rl, "seq_len": 2048,
                              "micro_batch_size": 8, "global_batch_size": 128},
                 "parallel": {"zero_stage": 3, "dp": 8}}
     assert result.config == expected
@@ -60,7 +60,7 @@ def test_sft_under_the_deepspeed_launcher():
     # the world; --train.micro_batch_size 2 of --data.max_len 2048, ZeRO-2, batch 256
     result = import_config(text("train_sft.sh"), "openrlhf", gpus=8)
     expected = {"model": "llama-3.1-8b",
-                "training": {"framework": "deepspeed", **BUCKETS, "recompute": "full", "seq_len": 2048,
+                "training": {"framework": "deepspeed", "attn_implementation": "flash_attention_2", **BUCKETS, "recompute": "full", "seq_len": 2048,
                              "micro_batch_size": 2, "global_batch_size": 256},
                 "parallel": {"zero_stage": 2, "dp": 8}}
     assert result.config == expected
@@ -77,7 +77,7 @@ def test_sft_lora_on_mixtral():
     result = import_config(text("train_sft_mixtral_lora.sh"), "openrlhf", gpus=16)
     adapter = {"method": "lora", "rank": 64, "alpha": 64.0, "target_modules": "all-linear", "dropout": 0.0}
     expected = {"model": "mixtral-8x7b",
-                "training": {"framework": "deepspeed", **BUCKETS3, "recompute": "full", "adapter": adapter,
+                "training": {"framework": "deepspeed", "attn_implementation": "flash_attention_2", **BUCKETS3, "recompute": "full", "adapter": adapter,
                              "seq_len": 2048, "micro_batch_size": 4, "global_batch_size": 128},
                 "parallel": {"zero_stage": 3, "dp": 16}}
     assert result.config == expected
@@ -89,7 +89,7 @@ def test_dpo_keeps_a_reference():
                            overrides=("--model.model_name_or_path", "meta-llama/Meta-Llama-3-8B", "--ref.offload"))
     # chosen and rejected of --data.max_len 8192 each, micro-batch 1, ZeRO-3
     expected = {"model": "llama-3.1-8b",
-                "training": {"framework": "deepspeed", **BUCKETS3, "recompute": "full",
+                "training": {"framework": "deepspeed", "attn_implementation": "flash_attention_2", **BUCKETS3, "recompute": "full",
                              "rl": {"algorithm": "dpo", "max_prompt_len": 4096, "max_response_len": 4096,
                                     "reference_model": True},
                              "seq_len": 8192, "micro_batch_size": 1, "global_batch_size": 256},

@@ -14,7 +14,7 @@ import re
 
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
-from .finetune import deepspeed_by_name, targets
+from .finetune import deepspeed_by_name, targets, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .models import named_model
 from .result import Imported, Ledger
@@ -62,9 +62,14 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
         ledger.not_modelled("optimizer", optim, "estimated as AdamW")
     axolotl_liger(doc, build, ledger)
     attn = doc.get("attn_implementation")
-    if attn == "eager" or (doc.given("flash_attention") and doc.get("flash_attention") is False
-                           and not doc.get("sdp_attention")):
-        build.set("training.attention", "eager", "attn_implementation", attn or "eager")
+    if attn is not None:
+        transformers_attention(build, ledger, "attn_implementation", attn)
+    elif doc.get("flash_attention"):  # axolotl's switch: attn_implementation flash_attention_2
+        transformers_attention(build, ledger, "flash_attention", "flash_attention_2")
+    elif doc.get("sdp_attention"):
+        transformers_attention(build, ledger, "sdp_attention", "sdpa")
+    elif doc.given("flash_attention") and doc.get("flash_attention") is False:
+        build.set("training.attention", "eager", "flash_attention", False)
     if doc.get("torch_compile") and build.get("training.framework") == "hf":
         build.set("training.compile", True, "torch_compile", True)
     if doc.get("rl"):

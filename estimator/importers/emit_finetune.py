@@ -31,6 +31,8 @@ def emit_axolotl(config: dict) -> str:
     lines += axolotl_lines(tr.liger_kernel, tr.loss)
     if tr.attention == "eager":
         lines.append("attn_implementation: eager")
+    elif tr.attn_implementation:  # axolotl's switches for transformers' attn_implementation
+        lines.append("flash_attention: true" if tr.attn_implementation == "flash_attention_2" else "sdp_attention: true")
     if tr.compile:
         lines.append("torch_compile: true")
     lines += _axolotl_adapter(tr.adapter)
@@ -55,6 +57,8 @@ def emit_llama_factory(config: dict) -> str:
     lines += _factory_liger(tr)
     if tr.attention == "eager":
         lines.append("flash_attn: disabled")
+    elif tr.attn_implementation:
+        lines.append(f"flash_attn: {'fa2' if tr.attn_implementation == 'flash_attention_2' else 'sdpa'}")
     if tr.framework == "deepspeed":
         lines.append(f"deepspeed: examples/deepspeed/ds_z{par.zero_stage or 0}{_offload(tr, par)}_config.json")
     return verified("llama-factory", "\n".join(lines) + "\n", config, gpus=par.gpus)

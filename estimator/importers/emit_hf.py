@@ -40,8 +40,8 @@ def emit_hf(config: dict) -> str:
         raise ConfigError("training.optimizer", tr.optimizer, ", ".join(_OPTIM), "hf has no setting for it")
     lines.append(f"optim: {_OPTIM[tr.optimizer]}")
     lines += trainer_lines(tr.liger_kernel, tr.loss)
-    if tr.attention == "eager":
-        lines.append("attn_implementation: eager")
+    if tr.attention == "eager" or tr.attn_implementation:
+        lines.append(f"attn_implementation: {'eager' if tr.attention == 'eager' else tr.attn_implementation}")
     if tr.compile:
         lines.append("torch_compile: true")
     lines += _adapter(tr.adapter)

@@ -17,6 +17,7 @@ import re
 
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, to_int
+from .finetune import transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS, TRL
 from .liger import trainer_liger
 from .models import named_model, preset_for
@@ -134,8 +135,7 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
     if doc.get("use_liger_kernel"):
         trainer_liger(doc, build, ledger)
     attn = doc.get("attn_implementation") or doc.get("model_init_kwargs.attn_implementation")
-    if attn == "eager":
-        build.set("training.attention", "eager", "attn_implementation", attn)
+    transformers_attention(build, ledger, "attn_implementation", attn)
     _sequence(doc, build, ledger, kind)
     if peft is not None or doc.get("use_peft"):
         _adapter(doc, build, ledger, peft)

@@ -16,7 +16,7 @@ import re
 
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
-from .finetune import deepspeed_by_name, targets
+from .finetune import deepspeed_by_name, targets, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .liger import liger_defaults
 from .models import named_model
@@ -26,6 +26,7 @@ from .yaml_keys import LLAMA_FACTORY
 
 KIND = "llama-factory"
 VERSION = "LLaMA-Factory v0.9.5"
+_FLASH_ATTN = {"fa2": "flash_attention_2", "sdpa": "sdpa"}
 _OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adam8bit",
           "adamw_bnb_8bit": "adam8bit", "paged_adamw_8bit": "adam8bit", "adafactor": "adafactor", "sgd": "sgd"}
 
@@ -76,8 +77,13 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
         # LLaMA-Factory model/model_utils/liger_kernel.py apply_liger_kernel: the model type's defaults, with
         # fused_linear_cross_entropy=False where the stage needs logits (require_logits: stage not pt or sft)
         liger_defaults(build, "enable_liger_kernel", True, flce=doc.get("stage", "sft") in ("sft", "pt"))
-    if doc.get("flash_attn", "auto") == "disabled":
+    # LLaMA-Factory model/model_utils/attention.py configure_attn_implementation: disabled = eager, fa2 and sdpa
+    # name transformers' attn_implementation, auto leaves transformers' default (sdpa)
+    flash = doc.get("flash_attn", "auto")
+    if flash == "disabled":
         build.set("training.attention", "eager", "flash_attn", "disabled")
+    elif flash in _FLASH_ATTN:
+        transformers_attention(build, ledger, "flash_attn", _FLASH_ATTN[flash])
     _stage(doc, build, ledger, finetuning, seq)
     for key, value in doc.rest():
         top = key.split(".")[0]

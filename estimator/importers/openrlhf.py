@@ -34,7 +34,7 @@ from ..spec.errors import ConfigError
 from . import megatron, openrlhf_flags
 from .liger import liger_defaults
 from .build import ConfigBuilder, FlatDoc, split_flags, to_float, to_int
-from .finetune import targets
+from .finetune import targets, transformers_attention
 from .models import named_model
 from .result import Imported, Ledger
 from .nccl_env import read_cumem
@@ -213,8 +213,11 @@ def _training(entry: str, flags: FlatDoc, build: ConfigBuilder, ledger: Ledger) 
     attention = flags.get("ds.attn_implementation", "flash_attention_2")
     if attention not in _ATTENTION:
         ledger.not_modelled("--ds.attn_implementation", attention, "estimated as flash attention")
-    elif _ATTENTION[attention] == "eager":
-        build.set("training.attention", "eager", "--ds.attn_implementation", attention)
+    elif not flags.given("ds.attn_implementation"):  # OpenRLHF's default (cli/train_*.py --ds.attn_implementation)
+        build.put("training.attn_implementation", attention)
+        ledger.note(f"transformers' attention: OpenRLHF's default --ds.attn_implementation {attention}")
+    elif _ATTENTION[attention] == "eager" or attention in ("sdpa", "flash_attention_2"):
+        transformers_attention(build, ledger, "--ds.attn_implementation", attention)
     elif flags.given("ds.attn_implementation"):
         ledger.mapped("--ds.attn_implementation", attention, "training.attention = \"flash\" (no s x s scores kept)")
     if flags.get("ds.use_liger_kernel"):

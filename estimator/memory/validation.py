@@ -102,6 +102,11 @@ def _check_model(arch: Architecture, training: Training, par: Parallel) -> None:
         _check_hybrid(arch, training, par)
     if training.images_per_sample or training.image_size is not None or training.freeze_vision:
         _check_images(arch, training)
+    if arch.sdpa_mask_always and arch.position_embedding == "alibi" and \
+            training.attn_implementation == "flash_attention_2":
+        raise ConfigError("training.attn_implementation", "flash_attention_2", "sdpa for a Falcon with ALiBi",
+                          "transformers' FalconFlashAttention2 raises \"`alibi` is not supported when `use_flash_attn` "
+                          "is True\" (models/falcon/modeling_falcon.py, 5.23)", related=("model.position_embedding",))
     if arch.uses_sparse_attention:  # DeepSeek-V3.2 (memory/activations/sparse.py)
         from .activations.sparse import check_training
         check_training(arch, training, par)

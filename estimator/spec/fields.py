@@ -13,7 +13,7 @@ link says. The bounds are generous: about ten times the largest published run or
 
 from __future__ import annotations
 
-from .choices import (ADAMW_IMPLEMENTATIONS, ALGORITHMS, ALL_LINEAR, ATTENTION, BASE_DTYPES, BNB_VERSION_PATTERN, CROSS_ENTROPY_IMPLS,
+from .choices import (ADAMW_IMPLEMENTATIONS, ALGORITHMS, ALL_LINEAR, ATTENTION, ATTN_IMPLEMENTATIONS, BASE_DTYPES, BNB_VERSION_PATTERN, CROSS_ENTROPY_IMPLS,
                       CP_COMM_TYPES, CUBLAS_WORKSPACE_PATTERN, FP8_RECIPES, FRAMEWORKS, FSDP1_STRATEGIES,
                       KV_CACHE_DTYPES, LOADING_MODES, LOSSES, METHODS, MODES, MOE_DISPATCHERS, MOE_ROUTER_DTYPES, NORMS, OFFLOAD_DEVICES,
                       POSITION_EMBEDDINGS, PP_SCHEDULES, TRANSFORMER_IMPLS, RECOMPUTE, RECOMPUTE_MODULES, RL_ENGINES,
@@ -217,9 +217,12 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "keeping an s x s bias and k, v for every head, and Qwen2.5-VL's vision tower attends window by window. "
             "Falcon always passes a 4-D mask (sdpa_mask_always), so SDPA cannot run FlashAttention-2: Falcon-7B's 71 "
             "query heads against one key/value head without enable_gqa rule out every fused backend, leaving the "
-            "math one (fp32 q, k, v and softmax kept; measured), and equal head counts keep the mask as a bias; "
-            "with sdpa_mask_always off Falcon's flash is flash_attention_2 (flash-attn's kernel, measured).",
+            "math one (fp32 q, k, v and softmax kept; measured), and equal head counts keep the mask as a bias.",
             _SAVERS, ATTENTION),
+    _choice("attn_implementation", _T, "Transformers attention", "hf, deepspeed, fsdp1 with flash attention: "
+            "transformers' attn_implementation. sdpa (its default) is torch's SDPA with the masks above; "
+            "flash_attention_2 is flash-attn's kernel (measured for Falcon), sliding windows inside the kernel, no "
+            "mask.", _SAVERS, ATTN_IMPLEMENTATIONS, optional=True, auto="sdpa (transformers' default)"),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
     Field("dropout", _T, "float", "Dropout", "Dropout probability; above 0 the masks are kept for backward. Under "

@@ -25,7 +25,8 @@ from .adapter import Adapter, adapter_from
 from .rl import Rl, rl_from
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
-from .choices import ASYNC_TP_FRAMEWORKS, COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS
+from .choices import (ASYNC_TP_FRAMEWORKS, COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS,
+                      TRANSFORMERS_FRAMEWORKS)
 from .values import check_section
 from .field import record
 from .memo import hash_once, not_owned
@@ -69,6 +70,8 @@ class Training:
     offload_parameters: str = "none"  # "cpu" / "nvme": the sharded parameters off the GPU
     offload_activations: bool = False  # saved activations on the host between forward and backward (torchtune)
     attention: str = "flash"
+    # hf, deepspeed, fsdp1 with attention "flash": transformers' attn_implementation; None = "sdpa" (its default)
+    attn_implementation: str | None = None
     dropout: float = 0.0
     loss: str = "standard"
     fp8: bool = False
@@ -222,6 +225,10 @@ def _check_training(t: Training) -> None:
         raise ConfigError("training.nccl_cumem", True, "false or empty with torch_version before 2.2",
                           "torch 2.0's NCCL 2.14.3 has no cuMem and 2.1's NCCL 2.18.1 allocations with it are not "
                           "modelled (spec/nccl.py)", related=("training.torch_version",))
+    if t.attn_implementation is not None and (t.framework not in TRANSFORMERS_FRAMEWORKS or t.attention != "flash"):
+        raise ConfigError("training.attn_implementation", t.attn_implementation, "empty unless attention is 'flash' "
+                          "under hf, deepspeed or fsdp1", "it names the kernel transformers' modelling code runs as "
+                          "flash attention", related=("training.attention", "training.framework"))
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
                           f"recompute is {t.recompute!r}", related=("training.recompute",))

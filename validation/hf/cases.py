@@ -148,6 +148,7 @@ def contract_config(run: Run) -> dict:
             "grad_dtype": dtype, "master_weights": False, "optimizer_dtype": dtype,
             "compute_dtype": "bf16", "optimizer": run.optimizer, "recompute": run.recompute,
             "attention": "flash" if run.attention in ("sdpa", "flash_attention_2") else "eager",
+            **({"attn_implementation": "flash_attention_2"} if run.attention == "flash_attention_2" else {}),
             "dropout": 0.0, "loss": "chunked" if run.liger else "standard", **images,
             **({"liger_kernel": True} if run.liger else {}),
         },

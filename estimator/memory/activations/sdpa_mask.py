@@ -70,10 +70,9 @@ FALCON_BIAS = ("causal mask as SDPA's additive bias (Falcon hands SDPA its 4-D m
 def masked_layer_share(arch: Architecture, training: Training) -> float:
     """The share of the layers transformers runs through SDPA with a 4-D mask: the sliding-window or chunked layers
     once the sequence reaches the window or chunk, under the transformers frameworks' SDPA; 0 elsewhere."""
-    from .llama4 import TRANSFORMERS_FRAMEWORKS
-    from .sdpa_math import falcon_math_sdpa
+    from .sdpa_math import falcon_math_sdpa, transformers_runs_sdpa
     window = arch.local_attention
-    transformers_sdpa = training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
+    transformers_sdpa = transformers_runs_sdpa(training)
     if arch.sdpa_mask_always and transformers_sdpa and training.mode == "training":
         # Falcon's mask at every layer (sdpa_math.py); with unequal head counts the math backend keeps none of it
         return 0.0 if falcon_math_sdpa(arch, training) else 1.0

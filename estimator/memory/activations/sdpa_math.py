@@ -50,10 +50,18 @@ MATH_SOURCE = ("torch 2.11 aten/src/ATen/native/transformers/attention.cpp _scal
 SOFTMAX = "softmax output (fp32, SDPA math backend)"
 
 
+def transformers_runs_sdpa(training: Training) -> bool:
+    """transformers' modelling code calls torch's SDPA: "flash" under the transformers frameworks with
+    attn_implementation sdpa (its default; flash_attention_2 calls flash-attn's kernel, which takes sliding windows
+    itself and no mask: transformers integrations/flash_attention.py)."""
+    return (training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
+            and training.attn_implementation != "flash_attention_2")
+
+
 def falcon_math_sdpa(arch: Architecture, training: Training) -> bool:
     """Falcon handing SDPA its 4-D mask (`Architecture.sdpa_mask_always`) with fewer key/value heads than query
     heads, under transformers' SDPA ("flash" under the transformers frameworks): the math backend."""
-    return (arch.sdpa_mask_always and training.framework in TRANSFORMERS_FRAMEWORKS and training.attention == "flash"
+    return (arch.sdpa_mask_always and transformers_runs_sdpa(training)
             and arch.num_kv_heads != arch.num_attention_heads and not arch.qkv_split_expands_kv)
 
 
