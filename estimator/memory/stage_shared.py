@@ -29,7 +29,7 @@ from .tp_copies import plain_tp_reserved
 from .kbit import ledger_training, math_attention
 from ..spec.training import Training
 from ..spec.nccl import (MECHANISM_RECORD, NCCL_KERNELS, RECORD as NCCL_RECORD, SMALL_PAGE, SOURCE as NCCL_SOURCE,
-                         OneRankCommunicator, cumem, one_rank_communicator, uses_cumem)
+                         OneRankCommunicator, measured_without_cumem, one_rank_communicator, uses_cumem)
 from ..spec.versions import torch_release
 
 MiB = 1024**2
@@ -298,7 +298,7 @@ def one_rank_communicators(training: Training, groups: tuple[tuple[str, str], ..
     release = torch_release(training.torch_version)
     comm = one_rank_communicator(release, training.nccl_cumem)
     measured = ""  # NCCL 2.28.9 with NCCL_CUMEM_ENABLE=0: the shared buffer as the nccl-mechanism record logs it
-    if cumem(release) and not uses_cumem(release, training.nccl_cumem):
+    if measured_without_cumem(release) and not uses_cumem(release, training.nccl_cumem):
         measured = f"; measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 536,870,912 B a communicator)"
     parts = tuple(component("communication", f"NCCL communicator of one rank: {what}", comm.bytes, comm.formula,
                             f"{source}; {NCCL_SOURCE}{measured}") for what, source in groups)

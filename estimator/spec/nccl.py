@@ -66,8 +66,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 1024**2
+KiB = 1024
 GRANULARITY = 2 * MiB  # cuMemGetAllocationGranularity(MINIMUM) for device memory; CUDA_IPC_MIN (comm.h)
-MAXCHANNELS = 64  # NCCL include/device.h
+MAXCHANNELS = 64  # NCCL include/device.h (v2.25.1-1 on; 32 before: OLD_MAXCHANNELS)
 ONE_RANK_CHANNELS = MAXCHANNELS  # 2 x ringGraph->maxChannels (MAXCHANNELS/2) at LOC_BW: module docstring
 DEV_COMM_ALLOCATIONS = (23_648, 4)  # init.cc devCommSetup: ncclKernelCommAndChannels, rankToLocalRank (nranks 1)
 CHANNEL_ALLOCATIONS = (608, 24, 4)  # channel.cc initChannel at nranks 1: sharedRes devPeers, devPeers, ring ranks
@@ -76,16 +77,29 @@ TORCH_CUMEM_FROM = (2, 2)  # torch 2.2 ships NCCL 2.19.3, the first with NCCL_CU
 NCCL_KERNELS = 585_105_408 - 194 * GRANULARITY
 RECORD = "tests/data/measured/gpu/experiments/nccl-world-h200.json"
 MECHANISM_RECORD = "tests/data/measured/gpu/experiments/nccl-mechanism-h200.json"
-KiB = 1024
 NCCL_SHARED_STEPS = 16  # transport/net.cc (v2.14.3-1 l. 351, v2.28.9-1 l. 628)
 P2P_NVL_CHUNK = 512 * KiB  # init.cc P2P_NVL_CHUNKSIZE: NCCL 2.28.9's chunk at one GPU (isAllNvlink)
-OLD_MAXCHANNELS = 32  # include/devcomm.h v2.14.3-1 l. 50, v2.18.1-1 l. 52
+OLD_MAXCHANNELS = 32  # include/devcomm.h v2.14.3-1 l. 50, v2.18.1-1 l. 52; include/device.h v2.19.3-1..v2.21.5-1 l. 54
 OLD_P2P_CHUNK = 128 * KiB  # P2P_NET_CHUNKSIZE (v2.14.3-1 net.cc l. 370) / P2P_PCI_CHUNKSIZE (v2.18.1-1 init.cc l. 519)
 SMALL_PAGE = GRANULARITY  # the driver's shared page of a process's small cudaMallocs (measured: module docstring)
 SOURCE = ("NCCL v2.28.9-1 init.cc devCommSetup, channel.cc initChannel, include/alloc.h ncclCuMemAlloc, "
           "graph/search.cc + connect.cc (64 channels at one rank), misc/cudawrap.cc NCCL_CUMEM_ENABLE (default on "
           "from v2.19.1-1), init.cc + transport/net.cc (the net proxy's shared buffer without runtime connect); torch 2.2 "
           "ships NCCL 2.19.3 (pytorch/builder#1668) (estimator/spec/nccl.py)")
+
+# The NCCL release each PyTorch release's CUDA wheels on PyPI pin: the wheel's METADATA Requires-Dist
+# nvidia-nccl-cu11 / -cu12 / -cu13 == X (torch-2.X.0-cp311 manylinux x86_64, read with `pip install --dry-run --no-deps
+# --report torch==2.X.0`). Other indexes' builds (download.pytorch.org cu118 and the like) may pin another NCCL.
+TORCH_NCCL: dict[tuple[int, int], tuple[int, int, int]] = {
+    (2, 0): (2, 14, 3), (2, 1): (2, 18, 1), (2, 2): (2, 19, 3), (2, 3): (2, 20, 5), (2, 4): (2, 20, 5),
+    (2, 5): (2, 21, 5), (2, 6): (2, 21, 5), (2, 7): (2, 26, 2), (2, 8): (2, 27, 3), (2, 9): (2, 27, 5),
+    (2, 10): (2, 27, 5), (2, 11): (2, 28, 9), (2, 12): (2, 29, 7), (2, 13): (2, 29, 7)}
+# Where NCCL's one-rank allocations change (the first tag with each; module docstring, "By release")
+NCCL_THREE_ALLOCATIONS_A_CHANNEL_FROM = (2, 18, 1)  # channel.cc initChannel: + sharedRes->devPeers
+NCCL_CUMEM_FROM = (2, 19, 1)  # misc/cudawrap.cc NCCL_PARAM(CuMemEnable, "CUMEM_ENABLE", -2)
+NCCL_RUNTIME_CONNECT_FROM = (2, 22, 3)  # init.cc NCCL_PARAM(RuntimeConnect, "RUNTIME_CONNECT", 1)
+NCCL_RANK_TO_LOCAL_RANK_FROM = (2, 23, 4)  # init.cc devCommSetup: + rankToLocalRank
+NCCL_64_CHANNELS_FROM = (2, 25, 1)  # MAXCHANNELS 64; ncclTopoPathAllNVLink true at one GPU (P2P_NVL_CHUNKSIZE)
 
 
 @dataclass(frozen=True)
@@ -97,9 +111,16 @@ class OneRankCommunicator:
     formula: str
 
 
+def nccl_release(torch_release: tuple[int, int]) -> tuple[int, int, int]:
+    """The NCCL release this PyTorch release's CUDA wheels pin (TORCH_NCCL); a release past the table's last (or
+    before its first) takes that one's."""
+    known = [t for t in TORCH_NCCL if t <= torch_release]
+    return TORCH_NCCL[max(known) if known else min(TORCH_NCCL)]
+
+
 def cumem(torch_release: tuple[int, int]) -> bool:
-    """Whether the NCCL that this PyTorch release ships allocates with cuMem by default (TORCH_CUMEM_FROM)."""
-    return torch_release >= TORCH_CUMEM_FROM
+    """Whether the NCCL that this PyTorch release ships allocates with cuMem by default (NCCL_CUMEM_FROM: torch 2.2)."""
+    return nccl_release(torch_release) >= NCCL_CUMEM_FROM
 
 
 def uses_cumem(torch_release: tuple[int, int], setting: bool | None, engine: str | None = None) -> bool:
@@ -136,25 +157,64 @@ def shared_p2p_buffer(channels: int, chunk: int) -> int:
     return channels * NCCL_SHARED_STEPS * chunk
 
 
+@dataclass(frozen=True)
+class OneRankRule:
+    """What one NCCL release's initialisation allocates on the device for a communicator of one rank (the module
+    docstring, "By release")."""
+
+    nccl: tuple[int, int, int]
+    channels: int  # 2 x ringGraph->maxChannels (MAXCHANNELS/2): ncclTopoPostset's doubling; p2pnChannels the same
+    per_channel: int  # initChannel's device allocations
+    dev_comm: int  # devCommSetup's
+    runtime_connect: bool  # with cuMem nothing is connected at initialisation (NCCL_RUNTIME_CONNECT)
+    chunk: int  # p2pChunkSize at one GPU
+
+    @property
+    def small(self) -> int:
+        """The small device allocations: devCommSetup's and initChannel's."""
+        return self.dev_comm + self.per_channel * self.channels
+
+    @property
+    def shared_buffer(self) -> int:
+        """The net proxy's shared buffer, what initialisation connects at one rank without runtime connect."""
+        return shared_p2p_buffer(self.channels, self.chunk)
+
+
+def one_rank_rule(nccl: tuple[int, int, int]) -> OneRankRule:
+    """The rule of one NCCL release, from the tags where it changes (NCCL_*_FROM, module docstring)."""
+    wide = nccl >= NCCL_64_CHANNELS_FROM
+    return OneRankRule(nccl, MAXCHANNELS if wide else OLD_MAXCHANNELS,
+                       3 if nccl >= NCCL_THREE_ALLOCATIONS_A_CHANNEL_FROM else 2,
+                       2 if nccl >= NCCL_RANK_TO_LOCAL_RANK_FROM else 1, nccl >= NCCL_RUNTIME_CONNECT_FROM,
+                       P2P_NVL_CHUNK if wide else OLD_P2P_CHUNK)
+
+
 def one_rank_communicator(torch_release: tuple[int, int], cumem_setting: bool | None = None) -> OneRankCommunicator:
-    """One communicator of one rank (the module docstring), for the NCCL of this PyTorch release, with cuMem as
-    `cumem_setting` says (uses_cumem). Without cuMem the small allocations go in the process's shared page
+    """One communicator of one rank (the module docstring), for the NCCL of this PyTorch release (TORCH_NCCL), with
+    cuMem as `cumem_setting` says (uses_cumem). Without cuMem the small allocations go in the process's shared page
     (SMALL_PAGE, charged once by the caller)."""
-    allocations = len(DEV_COMM_ALLOCATIONS) + len(CHANNEL_ALLOCATIONS) * ONE_RANK_CHANNELS
+    rule = one_rank_rule(nccl_release(torch_release))
+    small, channels = rule.small, rule.channels
+    counted = f"({rule.dev_comm} + {rule.per_channel} x {channels} channels) allocations x 2 MiB"
+    buffer = (f"net proxy's shared buffer {channels} channels x {NCCL_SHARED_STEPS} steps x {rule.chunk // KiB} KiB"
+              f" = {rule.shared_buffer / MiB:.0f} MiB")
     if uses_cumem(torch_release, cumem_setting):
-        total = allocations * GRANULARITY
-        return OneRankCommunicator(allocations, total, f"(2 + 3 x {ONE_RANK_CHANNELS} channels) allocations x "
-                                                       f"2 MiB (cuMem) = {total / MiB:.0f} MiB")
-    if cumem(torch_release):  # cuMem turned off (NCCL_CUMEM_ENABLE=0): the measured NCCL 2.28.9 rule
-        total = shared_p2p_buffer(ONE_RANK_CHANNELS, P2P_NVL_CHUNK)
-        return OneRankCommunicator(allocations + 1, total, (
-            f"net proxy's shared buffer {ONE_RANK_CHANNELS} channels x {NCCL_SHARED_STEPS} steps x "
-            f"{P2P_NVL_CHUNK // KiB} KiB = {total / MiB:.0f} MiB (cudaMalloc, NCCL_CUMEM_ENABLE=0); its "
-            f"{allocations} small allocations in the shared page"))
-    per_channel = 2 if torch_release < (2, 1) else 3  # channel.cc initChannel: v2.14.3-1 l. 23, 27; v2.18.1-1 l. 40-52
-    small = 1 + per_channel * OLD_MAXCHANNELS  # + init.cc devCommSetup's ncclDevCommAndChannels
-    total = shared_p2p_buffer(OLD_MAXCHANNELS, OLD_P2P_CHUNK)
-    return OneRankCommunicator(small + 1, total, f"net proxy's shared buffer {OLD_MAXCHANNELS} channels x "
-                                                 f"{NCCL_SHARED_STEPS} steps x {OLD_P2P_CHUNK // KiB} KiB = "
-                                                 f"{total / MiB:.0f} MiB (cudaMalloc, NCCL before 2.19: no cuMem); "
-                                                 f"its {small} small allocations in the shared page")
+        if rule.runtime_connect:  # nothing connected at initialisation (init.cc runtimeConn)
+            total = small * GRANULARITY
+            return OneRankCommunicator(small, total, f"{counted} (cuMem) = {total / MiB:.0f} MiB")
+        # no runtime connect: the shared buffer at initialisation, cuMem too (ncclP2pAllocateShareableBuffer)
+        shared = -(-rule.shared_buffer // GRANULARITY) * GRANULARITY
+        total = small * GRANULARITY + shared
+        version = ".".join(map(str, rule.nccl))
+        return OneRankCommunicator(small + 1, total, (
+            f"{counted} = {small * GRANULARITY / MiB:.0f} MiB + {buffer} (cuMem; NCCL {version} has no runtime "
+            f"connect: connected at initialisation) = {total / MiB:.0f} MiB"))
+    why = "NCCL_CUMEM_ENABLE=0" if cumem(torch_release) else "NCCL before 2.19: no cuMem"
+    return OneRankCommunicator(small + 1, rule.shared_buffer, f"{buffer} (cudaMalloc, {why}); its {small} small "
+                                                              f"allocations in the shared page")
+
+
+def measured_without_cumem(torch_release: tuple[int, int]) -> bool:
+    """Whether this PyTorch release's NCCL with cuMem off is the rule the nccl-mechanism record measured (NCCL 2.28.9,
+    NCCL_CUMEM_ENABLE=0: 536,870,912 B a communicator): 64 channels of 512 KiB, from NCCL 2.25.1."""
+    return cumem(torch_release) and nccl_release(torch_release) >= NCCL_64_CHANNELS_FROM
