@@ -394,3 +394,111 @@ def test_beside_an_sglang_engine_the_trainer_runs_without_cumem():
         assert result.stages[result.peak_stage].component("communication").bytes == expected, (engine, setting)
     assert uses_cumem((2, 13), None, "sglang") is False and uses_cumem((2, 13), None, "vllm") is True
     assert uses_cumem((2, 1), None, "vllm") is False and uses_cumem((2, 13), True, "sglang") is True
+
+
+def test_each_torch_release_names_the_nccl_its_wheels_pin():
+    """TORCH_NCCL, read from each torch-2.X.0 cp311 manylinux x86_64 wheel's METADATA on PyPI (Requires-Dist
+    nvidia-nccl-cu11/-cu12/-cu13 == ...): every torch release a user can name has one, and cuMem is on by default
+    exactly from torch 2.2 (NCCL 2.19.3, the first pinned at or after v2.19.1-1)."""
+    from estimator.spec.nccl import NCCL_CUMEM_FROM, TORCH_CUMEM_FROM, TORCH_NCCL, nccl_release
+    from estimator.spec.versions import TORCH_VERSIONS, torch_release
+
+    assert {torch_release(v) for v in TORCH_VERSIONS} == set(TORCH_NCCL)
+    assert [".".join(map(str, nccl_release(torch_release(v)))) for v in TORCH_VERSIONS] == [
+        "2.14.3", "2.18.1", "2.19.3", "2.20.5", "2.20.5", "2.21.5", "2.21.5", "2.26.2", "2.27.3", "2.27.5", "2.27.5",
+        "2.28.9", "2.29.7", "2.29.7"]
+    assert [v for v in TORCH_VERSIONS if cumem(torch_release(v))][0] == "2.2" == "%d.%d" % TORCH_CUMEM_FROM
+    assert nccl_release((2, 1)) < NCCL_CUMEM_FROM <= nccl_release((2, 2))
+
+
+def test_the_one_rank_rule_of_each_pinned_nccl_by_hand():
+    """From NCCL's source at each tag (spec/nccl.py, "By release"): channels = 2 x MAXCHANNELS/2 (32 through 2.24, 64
+    from 2.25.1), initChannel's device allocations a channel (3 from 2.18.1), devCommSetup's (2 from 2.23.4, with
+    rankToLocalRank), runtime connect (from 2.22.3) and the chunk at one GPU (128 KiB while ncclTopoPathAllNVLink is
+    false for one GPU, 512 KiB from 2.25.1)."""
+    from estimator.spec.nccl import one_rank_rule
+
+    KiB = 1024
+    expected = {
+        (2, 14, 3): (32, 2, 1, False, 128 * KiB), (2, 18, 1): (32, 3, 1, False, 128 * KiB),
+        (2, 19, 3): (32, 3, 1, False, 128 * KiB), (2, 20, 5): (32, 3, 1, False, 128 * KiB),
+        (2, 21, 5): (32, 3, 1, False, 128 * KiB), (2, 26, 2): (64, 3, 2, True, 512 * KiB),
+        (2, 27, 3): (64, 3, 2, True, 512 * KiB), (2, 27, 5): (64, 3, 2, True, 512 * KiB),
+        (2, 28, 9): (64, 3, 2, True, 512 * KiB), (2, 29, 7): (64, 3, 2, True, 512 * KiB)}
+    for nccl, (channels, per_channel, dev_comm, runtime, chunk) in expected.items():
+        rule = one_rank_rule(nccl)
+        assert (rule.channels, rule.per_channel, rule.dev_comm, rule.runtime_connect, rule.chunk) == \
+            (channels, per_channel, dev_comm, runtime, chunk), nccl
+    assert one_rank_rule((2, 20, 5)).small == 1 + 3 * 32 == 97
+    assert one_rank_rule((2, 20, 5)).shared_buffer == 32 * 16 * 128 * KiB == 64 * MiB == 32 * GRANULARITY
+    assert one_rank_rule((2, 27, 3)).small == COMMUNICATOR
+    assert one_rank_rule((2, 27, 3)).shared_buffer == 64 * 16 * 512 * KiB == 512 * MiB
+
+
+def test_nccl_2_19_to_2_21_connect_the_shared_buffer_at_initialisation_with_cumem():
+    """torch 2.2-2.6 (NCCL 2.19.3, 2.20.5, 2.21.5): no runtime connect, so with cuMem (their default) a communicator
+    of one rank holds its 1 + 3 x 32 small allocations, a granule each, and the net proxy's shared buffer, one
+    cuMemCreate of 32 x 16 x 128 KiB = 64 MiB (32 granules): 97 + 32 = 129 granules = 258 MiB, 98 allocations.
+    With NCCL_CUMEM_ENABLE=0: the 64 MiB buffer by cudaMalloc, its 97 small allocations in the shared page (as
+    torch 2.1's NCCL 2.18.1). torch 2.7-2.13 (NCCL 2.26.2-2.29.7): NCCL 2.28.9's, byte for byte."""
+    for release in ((2, 2), (2, 3), (2, 4), (2, 5), (2, 6)):
+        comm = one_rank_communicator(release)
+        assert (comm.allocations, comm.bytes) == (1 + 3 * 32 + 1, (97 + 32) * GRANULARITY) == (98, 258 * MiB)
+        assert comm.formula.endswith("connected at initialisation) = 258 MiB")
+        off = one_rank_communicator(release, False)
+        assert (off.allocations, off.bytes, off.formula) == (98, 64 * MiB, one_rank_communicator((2, 1)).formula
+                                                            .replace("NCCL before 2.19: no cuMem",
+                                                                     "NCCL_CUMEM_ENABLE=0"))
+    for release in ((2, 7), (2, 8), (2, 9), (2, 10), (2, 12), (2, 13)):
+        for setting in (None, True, False):
+            assert one_rank_communicator(release, setting) == one_rank_communicator((2, 11), setting)
+
+
+def _world(run: dict, version: str, cumem_setting: bool | None) -> int:
+    return _outside(_with(run, torch_version=version, nccl_cumem=cumem_setting))[1]
+
+
+def test_torch_2_4_and_2_6_worlds_of_one_rank_by_hand():
+    """torch 2.4 (NCCL 2.20.5) and 2.6 (NCCL 2.21.5) at world size 1, NCCL's kernels 85 granules (2.28.9's, as
+    measured) and each communicator 129 granules with cuMem: DeepSpeed's two 85 + 2 x 129 = 343 granules (686 MiB),
+    Megatron-Core's four 85 + 4 x 129 = 601 (1,202 MiB), against 946 and 1,722 MiB under NCCL 2.28.9. With
+    NCCL_CUMEM_ENABLE=0, each communicator's 64 MiB buffer and one page: DeepSpeed 170 + 2 x 64 + 2 = 300 MiB,
+    Megatron-Core 170 + 4 x 64 + 2 = 428 MiB."""
+    deepspeed = record("deepspeed", "deepspeed-qwen-1.8b-zero3-foreach-adamw-recompute-s256-b1.json")
+    megatron = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    for version in ("2.4", "2.6"):
+        for setting in (None, True):
+            assert _world(deepspeed, version, setting) == (85 + 2 * 129) * GRANULARITY == 686 * MiB
+            assert _world(megatron, version, setting) == (85 + 4 * 129) * GRANULARITY == 1202 * MiB
+        assert _world(deepspeed, version, False) == 170 * MiB + 2 * 64 * MiB + 2 * MiB == 300 * MiB
+        assert _world(megatron, version, False) == 170 * MiB + 4 * 64 * MiB + 2 * MiB == 428 * MiB
+
+
+def test_torch_2_8_world_of_one_rank_is_the_measured_rule():
+    """torch 2.8 (NCCL 2.27.3): MAXCHANNELS 64, runtime connect, devCommSetup's 2: the H200's NCCL 2.28.9 worlds,
+    DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB) and Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB); without cuMem
+    85 + 2 x 256 + 1 = 598 (1,196 MiB) and 85 + 4 x 256 + 1 = 1,110 (2,220 MiB); its sources name the
+    nccl-mechanism record there, not under torch 2.4 (NCCL 2.20.5, whose buffer is 64 MiB)."""
+    deepspeed = record("deepspeed", "deepspeed-qwen-1.8b-zero3-foreach-adamw-recompute-s256-b1.json")
+    megatron = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    assert _world(deepspeed, "2.8", None) == (85 + 2 * 194) * GRANULARITY == 946 * MiB
+    assert _world(megatron, "2.8", None) == (85 + 4 * 194) * GRANULARITY == 1722 * MiB
+    assert _world(deepspeed, "2.8", False) == (85 + 2 * 256 + 1) * GRANULARITY == 1196 * MiB
+    assert _world(megatron, "2.8", False) == (85 + 4 * 256 + 1) * GRANULARITY == 2220 * MiB
+    from estimator.memory.stage_shared import one_rank_world
+    from estimator.spec.training import Training
+
+    for version, named in (("2.8", True), ("2.4", False)):
+        world = one_rank_world(Training(framework="deepspeed", torch_version=version, nccl_cumem=False))
+        assert all(("536,870,912 B" in p.source) == named for p in world.parts if "communicator of one" in p.label)
+
+
+def test_megatron_group_of_size_one_under_torch_2_4():
+    """TP 2 x DP 1 under torch 2.4: the DP x CP group of one rank is NCCL 2.20.5's 258 MiB with cuMem, beside the TP
+    group's 0.5 GiB; with NCCL_CUMEM_ENABLE=0 its 64 MiB buffer and the process's page."""
+    run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
+    for setting, expected in ((None, 512 * MiB + 258 * MiB), (False, 512 * MiB + 64 * MiB + 2 * MiB)):
+        config = _with(run, torch_version="2.4", nccl_cumem=setting, global_batch_size=1)
+        config["parallel"].update(tp=2, dp=1)
+        c = estimate_config(config).stages[0].component("communication")
+        assert c.bytes == expected, setting

@@ -36,12 +36,56 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
   adds 342 = 85 + 1 + 256, the split 256 (its small allocations in the same page) and the step 75 (76 with cuMem,
   where the step's own small cudaMalloc opens the page).
 - NCCL_CUMEM_ENABLE: NCCL reads it once (src/misc/cudawrap.cc ncclCuMemEnable: a value >= 0 is taken as it is,
-  0 off; -2, the default, on where the driver supports it; other negatives off). With torch 2.2 on and cuMem turned off, the rule is
-  the measured NCCL 2.28.9 one above (the net proxy's 64 x 16 x 512 KiB and the shared page); torch before 2.2
-  with cuMem turned on is refused (training.py): NCCL 2.14.3 has no cuMem and 2.18.1's is not read.
-- Not modelled: NCCL 2.19-2.21 (torch 2.2 on) allocate with cuMem but have no runtime connect (added in v2.22.3-1)
-  and 2.19-2.24 have MAXCHANNELS 32 (64 from v2.25.1-1), so their communicator of one rank is 2 + 3 x 32
-  granules and the shared buffer's 32 x 16 x chunk at initialisation; the cuMem rule here is NCCL 2.28.9's.
+  0 off; -2, the default, on where the driver supports it; other negatives off). Torch before 2.2 with cuMem turned
+  on is refused (training.py): NCCL 2.14.3 has no cuMem and 2.18.1's is not read.
+- PyTorch's NCCL (TORCH_NCCL): the torch-2.X.0 wheel on PyPI (cp311, manylinux x86_64) pins nvidia-nccl-cu11/-cu12/
+  -cu13 in its METADATA (Requires-Dist, read with `pip install --dry-run --no-deps --report torch==2.X.0`): torch 2.0
+  NCCL 2.14.3, 2.1 2.18.1, 2.2 2.19.3, 2.3 and 2.4 2.20.5, 2.5 and 2.6 2.21.5, 2.7 2.26.2, 2.8 2.27.3, 2.9 and 2.10
+  2.27.5, 2.11 2.28.9 (the H200 records' `versions.nccl`), 2.12 and 2.13 2.29.7. NCCL only rises with torch, so cuMem
+  is on by default from torch 2.2 (NCCL_CUMEM_FROM). Builds from other indexes (download.pytorch.org's cu118 and
+  the like) may pin another NCCL: not modelled.
+- By release (read at each tag; the first tag where each changes is a NCCL_*_FROM constant):
+  * MAXCHANNELS is 32 through 2.24 (include/device.h l. 54 at v2.19.3-1, v2.20.5-1, v2.21.5-1) and 64 from v2.25.1-1
+    (l. 62 v2.26.2-1, l. 87 v2.27.3-1 and v2.27.5-1, l. 86 v2.28.9-1). The one-GPU search is the same in each:
+    ncclTopoSearchInit gives LOC_BW (graph/search.cc l. 41 v2.19.3-1 and v2.20.5-1, l. 42 v2.21.5-1, l. 43 from
+    v2.26.2-1), the ring search fills ringGraph.maxChannels = MAXCHANNELS/2 (init.cc l. 920 v2.19.3-1, 1017
+    v2.20.5-1, 1051 v2.21.5-1, 841 v2.26.2-1, 851 v2.27.3-1 and v2.27.5-1, 1019 v2.28.9-1), ncclTopoDupChannels
+    stays within it and ncclTopoPostset doubles it (graph/connect.cc l. 396 v2.19.3-1, 442 v2.20.5-1, 443
+    v2.21.5-1, 452 from v2.26.2-1): 32 channels through 2.24, 64 from 2.25.1. p2pnChannels is its next power of 2,
+    the same (graph/paths.cc ncclTopoComputeP2pChannels, NCCL_MAX_P2P_NCHANNELS = MAXCHANNELS; from v2.26.2-1 also
+    at most ncclDevMaxChannelsForArgsBytes(NCCL_WORK_ARGS_BYTES = INT64_MAX) = MAXCHANNELS), so it sets up no more.
+  * initChannel: 3 device allocations a channel from v2.18.1-1 (channel.cc l. 40, 43, 54 at v2.19.3-1 and
+    v2.20.5-1; l. 41, 44, 55 v2.21.5-1; l. 42, 45, 56 from v2.26.2-1), 2 before.
+  * devCommSetup: 1 device allocation, ncclDevCommAndChannels (init.cc l. 415 v2.19.3-1, 401 v2.20.5-1, 402
+    v2.21.5-1), 2 from v2.23.4-1 with rankToLocalRank (l. 436, 438 v2.26.2-1; 447, 449 v2.27.3-1 and v2.27.5-1;
+    512, 514 v2.28.9-1); its work FIFO is host memory without GDRCopy, collNetDenseToUserRank only with CollNet.
+  * Runtime connect from v2.22.3-1 (NCCL_RUNTIME_CONNECT, default 1; runtimeConn = cuMemSupport && it: init.cc
+    l. 1135 v2.26.2-1, 1148 v2.27.3-1 and v2.27.5-1, 1269 v2.28.9-1). Before it initialisation connects everything,
+    cuMem or not; at one rank the ring and tree loops skip (`if (comm->nRanks == 1) continue`: init.cc l. 1114, 1123
+    v2.19.3-1; 1219, 1228 v2.20.5-1; 1260, 1269 v2.21.5-1), NVLS is off (ncclNvlsInit returns at gpuCount <= 2:
+    transport/nvls.cc l. 251, 240, 241), NVB preconnect finds no peer, and the local net proxy's shared init runs
+    (init.cc l. 1224, 1329, 1370): sharedNetBuffersInit's p2pnChannels x 16 x p2pChunkSize (transport/net.cc l. 492,
+    497, 501), with cuMem through ncclP2pAllocateShareableBuffer, ncclCuMemAlloc (net.cc l. 499, 504, 508;
+    transport/p2p.cc l. 190 and include/alloc.h l. 81-100 at v2.19.3-1: one cuMemCreate rounded up to the
+    granularity), else ncclCudaCalloc (net.cc l. 501, 506, 510).
+  * p2pChunkSize at one GPU: P2P_NVL_CHUNKSIZE (512 KiB) where ncclTopoPathAllNVLink holds, else P2P_PCI_CHUNKSIZE
+    (128 KiB) (init.cc l. 551-553 v2.19.3-1, 564-566 v2.20.5-1 (MNNVL only above one node, l. 884), 564-566
+    v2.21.5-1, 625-627 v2.26.2-1, 637-639 v2.27.x, 716-718 v2.28.9-1). Through 2.24 it takes the least path between
+    two GPUs, which one GPU leaves at PATH_DIS: false, 128 KiB (graph/paths.cc l. 757-767 v2.19.3-1, 795-805
+    v2.20.5-1 and v2.21.5-1); from v2.25.1-1 the greatest, from PATH_LOC: true, 512 KiB (l. 868-887 v2.26.2-1,
+    894-913 v2.27.3-1, 906-925 v2.27.5-1, 925-944 v2.28.9-1).
+  So, a communicator of one rank (one_rank_rule):
+  * torch 2.2-2.6 (NCCL 2.19.3, 2.20.5, 2.21.5), cuMem on: (1 + 3 x 32) x 2 MiB + the shared buffer 32 x 16 x
+    128 KiB = 64 MiB (32 granules) = 258 MiB, 98 allocations; cuMem off: the 64 MiB buffer by cudaMalloc and 97 small
+    allocations in the shared page, as 2.18.1.
+  * torch 2.7-2.10 (NCCL 2.26.2, 2.27.3, 2.27.5): 2.28.9's, 388 MiB with cuMem, 512 MiB without.
+  * torch 2.12 and 2.13 (NCCL 2.29.7), read in part: the same MAXCHANNELS (device.h l. 88), runtime connect
+    (init.cc l. 1362), devCommSetup's 2 (l. 557, 559), initChannel's 3 (channel.cc l. 43, 46, 58), doubling
+    (connect.cc l. 453) and one cuMemCreate an allocation (include/alloc.h l. 255-289: its memory manager only
+    tracks it): 2.28.9's rule.
+- Not modelled: NCCL's kernels (NCCL_KERNELS, 85 granules) are NCCL 2.28.9's as measured, charged for every
+  release; the small allocations' requested bytes by release (only their count matters: each is its own granule
+  with cuMem, in the shared page without); NCCL 2.22-2.25 (no torch wheel pins them).
 - NCCL 2.14.3 and 2.18.1 (torch 2.0 and 2.1: no cuMem) are read, not measured: MAXCHANNELS is 32 (include/
   devcomm.h, v2.14.3-1 l. 50, v2.18.1-1 l. 52), so one rank sets up 2 x 16 = 32 channels (graph/connect.cc
   v2.14.3-1 l. 299, v2.18.1-1 l. 389) and p2pnChannels = 32 (graph/paths.cc nextPow2); the ring, tree and PAT
@@ -50,9 +94,6 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
   p2pNetChunkSize; v2.18.1-1 init.cc l. 517-519 P2P_PCI_CHUNKSIZE, since its ncclTopoPathAllNVLink returns 0 for
   one GPU, paths.cc l. 757-767): 32 x 16 x 128 KiB = 64 MiB a communicator, plus its 1 + 2 x 32 (v2.14.3) or
   1 + 3 x 32 (v2.18.1) small allocations in the shared page.
-- PyTorch's NCCL: torch 2.0 ships NCCL 2.14.3, 2.1 ships 2.18.1, 2.2 ships 2.19.3 (pytorch/builder#1668, the
-  2.2 wheels' NCCL), 2.11 ships 2.28.9 (the H200 records' `versions.nccl`); NCCL's releases only rise with
-  torch's, so cuMem is on from torch 2.2 (TORCH_CUMEM_FROM).
 
 Measured on an H200 (torch 2.11.0+cu130, NCCL 2.28.9, driver 580.159.04; the used bytes less the allocator's
 reserved bytes): deepspeed.init_distributed, which makes one communicator, adds 585,105,408 B = 279 x 2 MiB
@@ -84,8 +125,9 @@ OLD_P2P_CHUNK = 128 * KiB  # P2P_NET_CHUNKSIZE (v2.14.3-1 net.cc l. 370) / P2P_P
 SMALL_PAGE = GRANULARITY  # the driver's shared page of a process's small cudaMallocs (measured: module docstring)
 SOURCE = ("NCCL v2.28.9-1 init.cc devCommSetup, channel.cc initChannel, include/alloc.h ncclCuMemAlloc, "
           "graph/search.cc + connect.cc (64 channels at one rank), misc/cudawrap.cc NCCL_CUMEM_ENABLE (default on "
-          "from v2.19.1-1), init.cc + transport/net.cc (the net proxy's shared buffer without runtime connect); torch 2.2 "
-          "ships NCCL 2.19.3 (pytorch/builder#1668) (estimator/spec/nccl.py)")
+          "from v2.19.1-1), init.cc + transport/net.cc (the net proxy's shared buffer without runtime connect); each "
+          "torch release's NCCL from its PyPI wheel's nvidia-nccl pin, read at v2.14.3-1, v2.18.1-1, v2.19.3-1, "
+          "v2.20.5-1, v2.21.5-1, v2.26.2-1, v2.27.3-1, v2.27.5-1 (estimator/spec/nccl.py TORCH_NCCL)")
 
 # The NCCL release each PyTorch release's CUDA wheels on PyPI pin: the wheel's METADATA Requires-Dist
 # nvidia-nccl-cu11 / -cu12 / -cu13 == X (torch-2.X.0-cp311 manylinux x86_64, read with `pip install --dry-run --no-deps
