@@ -67,10 +67,11 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             optional=True, auto="the measured stack's (torch 2.11-2.13)"),
     _bool("nccl_cumem", _T, "NCCL allocates with cuMem", "NCCL_CUMEM_ENABLE in the training processes. With cuMem "
           "each of NCCL's device allocations takes its own 2 MiB: a communicator of one rank (megatron, deepspeed at "
-          "world size 1, and Megatron's groups of size 1) holds 194 x 2 MiB = 388 MiB. Without it (slime's and verl's "
-          "training processes set NCCL_CUMEM_ENABLE=0 to match their engines) it allocates the net proxy's shared "
-          "buffer instead, 512 MiB (64 MiB before torch 2.2), its small allocations sharing one 2 MiB page a "
-          "process.", "Run", optional=True, auto="off beside an SGLang rollout engine (training.rl.engine sglang: "
+          "world size 1, and Megatron's groups of size 1) holds 194 x 2 MiB = 388 MiB from torch 2.7 (NCCL 2.26 on), "
+          "and under torch 2.2-2.6 (NCCL 2.19-2.21: 32 channels, no runtime connect) 97 x 2 MiB and the net proxy's "
+          "64 MiB shared buffer, 258 MiB. Without it (slime's and verl's training processes set "
+          "NCCL_CUMEM_ENABLE=0 to match their engines) it allocates the net proxy's shared buffer instead, 512 MiB "
+          "from torch 2.7 (64 MiB before), its small allocations sharing one 2 MiB page a process.", "Run", optional=True, auto="off beside an SGLang rollout engine (training.rl.engine sglang: "
           "SGLang and the trainers syncing weights to it set NCCL_CUMEM_ENABLE=0), else the torch release's NCCL's "
           "default: on from torch 2.2 (NCCL 2.19)"),
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
