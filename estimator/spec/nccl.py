@@ -110,9 +110,8 @@ MiB = 1024**2
 KiB = 1024
 GRANULARITY = 2 * MiB  # cuMemGetAllocationGranularity(MINIMUM) for device memory; CUDA_IPC_MIN (comm.h)
 MAXCHANNELS = 64  # NCCL include/device.h (v2.25.1-1 on; 32 before: OLD_MAXCHANNELS)
-ONE_RANK_CHANNELS = MAXCHANNELS  # 2 x ringGraph->maxChannels (MAXCHANNELS/2) at LOC_BW: module docstring
-DEV_COMM_ALLOCATIONS = (23_648, 4)  # init.cc devCommSetup: ncclKernelCommAndChannels, rankToLocalRank (nranks 1)
-CHANNEL_ALLOCATIONS = (608, 24, 4)  # channel.cc initChannel at nranks 1: sharedRes devPeers, devPeers, ring ranks
+DEV_COMM_ALLOCATIONS = (23_648, 4)  # 2.28.9 init.cc devCommSetup: ncclKernelCommAndChannels, rankToLocalRank (nranks 1)
+CHANNEL_ALLOCATIONS = (608, 24, 4)  # 2.28.9 channel.cc initChannel, nranks 1: sharedRes devPeers, devPeers, ring ranks
 TORCH_CUMEM_FROM = (2, 2)  # torch 2.2 ships NCCL 2.19.3, the first with NCCL_CUMEM_ENABLE on by default
 # NCCL's kernels, loaded with a process's first communicator: 279 - 194 granules (module docstring)
 NCCL_KERNELS = 585_105_408 - 194 * GRANULARITY
@@ -137,7 +136,8 @@ TORCH_NCCL: dict[tuple[int, int], tuple[int, int, int]] = {
     (2, 5): (2, 21, 5), (2, 6): (2, 21, 5), (2, 7): (2, 26, 2), (2, 8): (2, 27, 3), (2, 9): (2, 27, 5),
     (2, 10): (2, 27, 5), (2, 11): (2, 28, 9), (2, 12): (2, 29, 7), (2, 13): (2, 29, 7)}
 # Where NCCL's one-rank allocations change (the first tag with each; module docstring, "By release")
-NCCL_THREE_ALLOCATIONS_A_CHANNEL_FROM = (2, 18, 1)  # channel.cc initChannel: + sharedRes->devPeers
+NCCL_THREE_ALLOCATIONS_A_CHANNEL_FROM = (2, 18, 1)  # channel.cc initChannel + sharedRes->devPeers (v2.14.3-1 l. 23, 27;
+#   v2.18.1-1 l. 40-52)
 NCCL_CUMEM_FROM = (2, 19, 1)  # misc/cudawrap.cc NCCL_PARAM(CuMemEnable, "CUMEM_ENABLE", -2)
 NCCL_RUNTIME_CONNECT_FROM = (2, 22, 3)  # init.cc NCCL_PARAM(RuntimeConnect, "RUNTIME_CONNECT", 1)
 NCCL_RANK_TO_LOCAL_RANK_FROM = (2, 23, 4)  # init.cc devCommSetup: + rankToLocalRank
