@@ -285,3 +285,34 @@ def test_the_nccl_log_is_cut_stage_by_stage(monkeypatch):
     with open(path, "a") as f:
         f.write(alloc)
     assert log.cut()["device_allocs"] == 1
+
+
+def test_the_nccl_runtime_connect_experiment_is_nccl_mechanismS_deepspeed_run_without_runtime_connect(monkeypatch,
+                                                                                                     capsys):
+    """`nccl-runtime-connect`: one sub-run, nccl_mechanism.py's DeepSpeed stages with cuMem left to NCCL's default
+    and NCCL_RUNTIME_CONNECT=0 (what NCCL 2.19-2.21, torch 2.2-2.6, do at initialisation: spec/nccl.py); its line
+    names that experiment and the setting, so `records` writes it apart from nccl-mechanism's (whose lines keep
+    their two-key run)."""
+    import sys
+    import types
+
+    from validation.gpu import measure, nccl_mechanism
+
+    nccl = experiments.EXPERIMENTS["nccl-runtime-connect"]
+    assert (nccl.module, nccl.takes_deadline) == ("nccl_mechanism", False)
+    assert [(r.args, dict(r.env)) for r in nccl.runs] == [
+        (("deepspeed",), {"NCCL_CUMEM_ENABLE": None, "NCCL_RUNTIME_CONNECT": "0"})]
+    monkeypatch.setattr(nccl_mechanism, "measure_deepspeed_stages", lambda device: {"stages": []})
+    monkeypatch.setattr(measure, "versions", lambda device: {"torch": "t"})
+    monkeypatch.setitem(sys.modules, "deepspeed", types.SimpleNamespace(__version__="d"))
+    lines = []
+    for env in ({"NCCL_RUNTIME_CONNECT": "0"}, {}):
+        monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+        monkeypatch.delenv("NCCL_RUNTIME_CONNECT", raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert nccl_mechanism.main(["deepspeed", "cpu"]) == 0
+        lines.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert [(line["experiment"], line["run"]) for line in lines] == [
+        ("nccl-runtime-connect", {"framework": "deepspeed", "nccl_cumem_enable": None, "nccl_runtime_connect": "0"}),
+        ("nccl-mechanism", {"framework": "deepspeed", "nccl_cumem_enable": None})]

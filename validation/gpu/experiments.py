@@ -108,8 +108,18 @@ def nccl_mechanism_experiment() -> Experiment:
                       "(validation/gpu/nccl_mechanism.py)")
 
 
+def nccl_runtime_connect_experiment() -> Experiment:
+    return Experiment("nccl-runtime-connect", "nccl_mechanism",
+                      (SubRun(("deepspeed",), (("NCCL_CUMEM_ENABLE", None), ("NCCL_RUNTIME_CONNECT", "0"))),), False,
+                      "nccl-mechanism's DeepSpeed stages with cuMem on (NCCL's default) and NCCL_RUNTIME_CONNECT=0: "
+                      "initialisation connects what NCCL 2.19-2.21 (torch 2.2-2.6, before runtime connect) connect, "
+                      "at one rank the net proxy's shared buffer, through cuMem (estimator/spec/nccl.py, "
+                      "validation/gpu/nccl_mechanism.py)")
+
+
 EXPERIMENTS = {e.id: e for e in (context_experiment(), graph_experiment(), node_experiment(),
-                                 nccl_world_experiment(), sdpa_mask_experiment(), nccl_mechanism_experiment())}
+                                 nccl_world_experiment(), sdpa_mask_experiment(), nccl_mechanism_experiment(),
+                                 nccl_runtime_connect_experiment())}
 
 
 def run_experiment(experiment: Experiment, device: str, deadline: float, runs, log) -> int:

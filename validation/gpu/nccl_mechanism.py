@@ -16,6 +16,11 @@ on the device: the model (estimator/spec/nccl.py) says NCCL's kernels once (85 x
   optimizer/clip_grads.py l. 130, from ChainedOptimizer.step whatever clip_grad), which the CPU run's shims replace
   (validation/megatron/shims.py: get_grad_norm returns 0.0).
 
+With NCCL_RUNTIME_CONNECT=0 in its environment (the `nccl-runtime-connect` experiment) the DeepSpeed sub-run is that
+experiment's: cuMem on and nothing left to run time, as NCCL 2.19-2.21 (torch 2.2-2.6) initialise, so each
+communicator should log 195 allocations, its 194 small ones and the net proxy's 512 MiB shared buffer, all cuMem
+granules (spec/nccl.py: 194 + 256 granules a communicator where 2.19-2.21 take 97 + 32).
+
 On the CPU (the self-test) the same stages run over gloo; NCCL writes no log there.
 """
 
@@ -182,7 +187,11 @@ def main(argv: list[str]) -> int:
 
         found["megatron_core"] = getattr(megatron.core, "__version__", None)
     run = {"framework": which, "nccl_cumem_enable": os.environ.get("NCCL_CUMEM_ENABLE")}
-    print(json.dumps({"experiment": "nccl-mechanism", "run": run, "measured": measured, "versions": found}))
+    experiment = "nccl-mechanism"
+    if os.environ.get("NCCL_RUNTIME_CONNECT") is not None:  # the nccl-runtime-connect experiment (experiments.py)
+        run["nccl_runtime_connect"] = os.environ["NCCL_RUNTIME_CONNECT"]
+        experiment = "nccl-runtime-connect"
+    print(json.dumps({"experiment": experiment, "run": run, "measured": measured, "versions": found}))
     return 0
 
 
