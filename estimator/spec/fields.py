@@ -71,7 +71,8 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "and under torch 2.2-2.6 (NCCL 2.19-2.21: 32 channels, no runtime connect) 97 x 2 MiB and the net proxy's "
           "64 MiB shared buffer, 258 MiB. Without it (slime's and verl's training processes set "
           "NCCL_CUMEM_ENABLE=0 to match their engines) it allocates the net proxy's shared buffer instead, 512 MiB "
-          "from torch 2.7 (64 MiB before), its small allocations sharing one 2 MiB page a process.", "Run", optional=True, auto="off beside an SGLang rollout engine (training.rl.engine sglang: "
+          "from torch 2.7 (64 MiB before), its small allocations sharing one 2 MiB page a process.", "Run",
+          optional=True, auto="off beside an SGLang rollout engine (training.rl.engine sglang: "
           "SGLang and the trainers syncing weights to it set NCCL_CUMEM_ENABLE=0), else the torch release's NCCL's "
           "default: on from torch 2.2 (NCCL 2.19)"),
     _choice("training_loop", _T, "HF training loop", "hf: trainer = transformers' Trainer (or any loop through "
