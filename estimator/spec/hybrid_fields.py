@@ -4,7 +4,8 @@ the one field registry (estimator/spec/fields.py) splices them in."""
 
 from __future__ import annotations
 
-from .field import MAX_HEADS, MAX_LAYERS, MAX_WIDTH, Field, _bool, _int
+from .choices import SSM_KERNELS
+from .field import MAX_HEADS, MAX_LAYERS, MAX_WIDTH, Field, _bool, _choice, _int
 
 _M, _HYB = "model", "Hybrid layers"
 
@@ -60,4 +61,15 @@ HYBRID_FIELDS: tuple[Field, ...] = (
        hi=64, optional=True, auto="none: required with Mamba-1 layers"),
     _w("mamba_dt_rank", "Mamba-1 time-step rank", "Rank of the Mamba-1 time-step projection (HF mamba_dt_rank).",
        _HYB, optional=True, auto="none: required with Mamba-1 layers"),
+)
+
+# the training section's entry for hybrids, spliced in after TRAINING_FIELDS (estimator/spec/fields.py)
+HYBRID_TRAINING_FIELDS: tuple[Field, ...] = (
+    _choice("ssm_kernels", "training", "SSM kernels (Mamba-2 mixers)", "hf, deepspeed, fsdp1 on a model with Mamba-2 "
+            "mixers (Falcon-H1, Nemotron-H): fused = mamba-ssm's and causal-conv1d's CUDA kernels are installed "
+            "(mamba_split_conv1d_scan_combined keeps the in_proj output and the scan output); torch = they are not, "
+            "and transformers falls back to its reference PyTorch code (it logs 'falling back to its reference "
+            "PyTorch implementation'), which keeps per-chunk fp32 tensors (segment sums, G = C B^T, the bmms' copies "
+            "of B, C and x, the chunk states): 3 to 5 times the activations (transformers 5.23.0; 5.17 and earlier "
+            "materialised larger broadcast products).", _HYB, SSM_KERNELS),
 )

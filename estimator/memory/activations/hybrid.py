@@ -39,6 +39,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import ATTENTION_OUTPUT, Entry, NORM, _norm, _norm_output, fused_kernels, tokens_per_gpu
+from .mamba_torch import torch_mixer_entries
 
 FLA_CHUNK = 64  # chunk_gated_delta_rule's chunk (fla chunk.py: chunk_size defaults to 64)
 
@@ -87,6 +88,8 @@ def mamba_mixer_entries(arch: Architecture, training: Training, par: Parallel, i
     H, g, n = arch.mamba_num_heads, arch.mamba_num_groups, arch.mamba_state_size
     d = H * arch.mamba_head_dim
     out = _norm_output(input_name, T, arch, training, 1, NORM)
+    if training.ssm_kernels == "torch":  # transformers' torch fallback (no mamba-ssm): memory/activations/mamba_torch.py
+        return out + torch_mixer_entries(arch, training, par)
     out.append(Entry("in_proj output z, x, B, C, dt (kept by mamba-ssm's fused mixer)", T * (2 * d + 2 * g * n + H), B,
                      "tp", "B*s*b*(2*H*p + 2*g*n + H)"))
     out.append(Entry("scan output before the gate (kept by the fused mixer)", T * d, B, "tp", "B*s*b*H*p"))

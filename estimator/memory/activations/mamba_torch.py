@@ -1,0 +1,94 @@
+"""A Mamba-2 mixer on transformers' torch fallback (training.ssm_kernels "torch"): what a GPU without mamba-ssm and
+causal-conv1d runs. transformers 5.23 wraps each kernel in `use_kernel_func_from_hub_with_fallback`; without the
+package, `mamba2_split_conv1d_scan_combined` returns None and the mixer goes on in PyTorch ops (transformers 5.23
+models/falcon_h1/modeling_falcon_h1.py FalconH1Mixer.forward lines 667-823; models/nemotron_h/modeling_nemotron_h.py
+NemotronHMamba2Mixer.forward lines 466-610, the same ops but for the muP products and the tail). Cited below as
+FH (modeling_falcon_h1.py) and NH (modeling_nemotron_h.py) with their line numbers at 5.23.0.
+
+What autograd keeps, per mixer, from in_proj's output on (measured: tests/data/measured/ssm_torch/; every tensor
+checked by name against a real CPU run of the mixer's autograd graph):
+  - in_proj's output (b, s, 2d + 2gn + H) in the compute dtype: the conv's input is a transposed view of it and the
+    gate's SiLU keeps the gate, a view of it (FH 726-728, 740-746; F.conv1d in causal_conv1d_fn FH 371-377);
+  - the conv's output, (s + k - 1) long (padding k - 1, then sliced to s: FH 371-378), kept whole by the SiLU;
+  - dt + dt_bias (kept by softplus) and softplus(dt) (kept by clamp), (b, s, H) (mamba2_chunk_scan FH 488-492);
+  - x in fp32 (kept by x * dt) and x padded to whole chunks (F.pad copies even with no padding; kept by the D
+    residual's product with D), dt in fp32 twice (x * dt and A * dt) (FH 494-505);
+  - per chunk of L tokens: L = exp(segment_sum(A)) (kept by exp and the product with G), G = einsum(C, B) (kept by
+    that product) and M's copy laid out for Y_diag's bmm, each (b, H, c, L, L) fp32 (FH 516-527);
+  - the bmms' copies of their permuted operands (einsum's reshape): x * dt twice (Y_diag's and states'), C twice
+    (G's and C_times_states'), B once (G's), B * decay once (states'); B repeated to every head in fp32 (kept by
+    B * decay); decay_states and exp(A_cumsum) (kept by their products) (FH 527-559);
+  - the chunk states with the zero initial state (b, c + 1, H, p, n) fp32 (kept by new_states' einsum) and the c
+    chunk-start states' copy (kept by C_times_states' bmm), the chunk decay (b, H, c + 1, c + 1) fp32 (FH 539-559);
+  - C_times_states (kept by Y_off's product) and the scan's output (padded; kept by the gate or the norm), each
+    (b, c L, H, p) fp32 (FH 559-569);
+  - the tail: without the gated norm (Falcon-H1's mamba_rms_norm false) SiLU(gate) in the compute dtype (kept by the
+    product with the fp32 scan output) (FH 819-821); with it (FalconH1RMSNormGated, norm_before_gate false;
+    NemotronHRMSNormGated) the gate in fp32 (kept by SiLU), SiLU's output, the gated product (kept by pow and the
+    rsqrt product), the fp32 rsqrt per group, the normalised tensor (kept by the weight's product) (FH 245-275,
+    NH 62-74); then out_proj's input, the result cast to the compute dtype (FH 823, NH 610);
+  - per layer, not per token: A = -exp(A_log) and its negation (fp32, H each), segment_sum's two bool masks for the
+    chunk (L x L) and for the chunks (c + 1) x (c + 1) (FH 309-326).
+"""
+
+from __future__ import annotations
+
+from ...spec.architecture import Architecture
+from ...spec.dtypes import bytes_per_element
+from ...spec.parallel import Parallel
+from ...spec.training import Training
+from .entries import Entry, tokens_per_gpu
+
+SOURCE = "transformers 5.23.0 models/falcon_h1/modeling_falcon_h1.py mamba2_chunk_scan (torch fallback)"
+
+
+def chunks(arch: Architecture, training: Training, par: Parallel) -> int:
+    """The chunks a sequence is padded into (pad_tensor_by_size, reshape_into_chunks: FH 278-306, 497)."""
+    return -(-int(training.seq_len // par.cp) // arch.mamba_chunk_size)
+
+
+def torch_mixer_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """A Mamba-2 mixer's saved tensors on transformers' torch path, from in_proj's output to out_proj's input (see
+    the module docstring)."""
+    B = bytes_per_element(training.compute_dtype)
+    T = tokens_per_gpu(training, par)
+    b = training.micro_batch_size
+    H, p, g, n = arch.mamba_num_heads, arch.mamba_head_dim, arch.mamba_num_groups, arch.mamba_state_size
+    L, k, d = arch.mamba_chunk_size, arch.mamba_conv_kernel, H * p
+    c = chunks(arch, training, par)
+    Tp = b * c * L  # the tokens padded to whole chunks
+    conv = d + 2 * g * n
+    out = [
+        Entry("in_proj output z, x, B, C, dt (the conv's input and the gate, views of it)", T * (2 * d + 2 * g * n + H),
+              B, "tp", "B*s*b*(2*H*p + 2*g*n + H)"),
+        Entry("conv output, k - 1 positions longer (kept by its SiLU)", b * (training.seq_len / par.cp + k - 1) * conv,
+              B, "tp", "B*b*(s + k - 1)*(H*p + 2*g*n)"),
+        Entry("dt + dt_bias and its softplus (kept by softplus and clamp)", T * 2 * H, B, "tp", "2*B*s*b*H"),
+        Entry("x in fp32 (kept by x * dt)", T * d, 4, "tp", "4*s*b*H*p"),
+        Entry("dt in fp32, twice (kept by x * dt and A * dt)", T * 2 * H, 4, "tp", "2*4*s*b*H"),
+        Entry("x padded to whole chunks (kept by the D residual)", Tp * d, 4, "tp", "4*b*c*L*H*p"),
+        Entry("L = exp(segment sums), G = C B^T and M's copy per chunk (fp32)", Tp * 3 * H * L, 4, "tp",
+              "3*4*b*c*L*H*L", tensors=3),
+        Entry("x * dt: the Y_diag and states bmms' copies (fp32)", Tp * 2 * d, 4, "tp", "2*4*b*c*L*H*p", tensors=2),
+        Entry("B and C over every head: the bmms' copies of C (2), B, B * decay; B repeated (fp32)", Tp * 5 * H * n, 4,
+              "tp", "5*4*b*c*L*H*n", tensors=5),
+        Entry("decay_states and exp(A_cumsum) (fp32)", Tp * 2 * H, 4, "tp", "2*4*b*c*L*H", tensors=2),
+        Entry("chunk states with the initial one, and the chunk-start states' copy (fp32)", b * (2 * c + 1) * H * p * n,
+              4, "tp", "4*b*(2*c + 1)*H*p*n", split_by_cp=False, tensors=2),
+        Entry("chunk decay (fp32)", b * H * (c + 1) ** 2, 4, "tp", "4*b*H*(c + 1)^2", split_by_cp=False),
+        Entry("C_times_states and the scan output, padded (fp32)", Tp * 2 * d, 4, "tp", "2*4*b*c*L*H*p", tensors=2),
+    ]
+    if arch.mamba_gated_norm:
+        out += [
+            Entry("gated norm: gate in fp32, its SiLU, the gated product, the normalised tensor (fp32)", T * 4 * d, 4,
+                  "tp", "4*4*s*b*H*p", tensors=4),
+            Entry("gated norm rsqrt per group (fp32)", T * g, 4, "tp", "4*s*b*g"),
+        ]
+    else:
+        out.append(Entry("SiLU(gate) (kept by the gate's product)", T * d, B, "tp", "B*s*b*H*p"))
+    out += [
+        Entry("out_proj input (the output cast to the compute dtype)", T * d, B, "tp", "B*s*b*H*p", gemm_input=True),
+        Entry("A = -exp(A_log) and its negation (fp32), segment_sum's bool masks (per layer)",
+              2 * H * 4 + 2 * L * L + 2 * (c + 1) ** 2, 1, "none", "2*4*H + 2*L^2 + 2*(c + 1)^2", split_by_cp=False),
+    ]
+    return out
