@@ -1,0 +1,145 @@
+"""training.ssm_kernels "torch": the Mamba-2 mixers on transformers' torch fallback, what runs without mamba-ssm and
+causal-conv1d (estimator/memory/activations/mamba_torch.py). By hand (one term), against the autograd graph of real
+CPU mixers (every saved tensor), and against the HF harness's fake-tensor records of the fallback
+(tests/data/measured/ssm_torch/, `python -m validation.gpu.fallback --write CASE`)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from estimator import Architecture, ConfigError, estimate_config
+from estimator.memory.activations.hybrid import mamba_mixer_entries
+from estimator.spec.parallel import Parallel
+from estimator.spec.training import Training
+
+RECORDS = sorted((Path(__file__).parent / "data" / "measured" / "ssm_torch").glob("*.json"))
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_the_records_are_there():
+    """Falcon-H1's two GPU cases (0.5B, no gated norm), Falcon-H1-7B (gated norm) and Nemotron-H-8B, with and
+    without recompute, each measured on the fallback under transformers 5.23."""
+    ids = {p.stem for p in RECORDS}
+    assert {"falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2",
+            "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1"} <= ids
+    assert any(i.startswith("falcon-h1-7b") for i in ids) and any(i.startswith("nemotron-h-8b") for i in ids)
+    for path in RECORDS:
+        record = load(path)
+        assert record["config"]["training"]["ssm_kernels"] == "torch" and record["versions"]["transformers"] == "5.23.0"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_the_peak_is_the_fallbacks(path):
+    """The allocated peak within 5% of the fake-tensor step on the torch path (the estimate's peak less its cuBLAS
+    workspaces, which the harness does not see)."""
+    record = load(path)
+    result = estimate_config(record["config"])
+    stage = result.stages[result.peak_stage]
+    peak = stage.allocated_peak_bytes - stage.component("workspace").bytes
+    assert peak == pytest.approx(record["measured"]["peak_bytes"], rel=0.05)
+
+
+def test_the_fallback_is_what_the_fused_kernel_is_not():
+    """Falcon-H1-0.5B at 2 x 4,096 tokens: the fallback's step holds 3.2x the fused kernel's (the fake records:
+    65.99 GB and 20.34 GB)."""
+    fused = next(p for p in (RECORDS[0].parents[1]).glob("falcon-h1-0.5b-*-s4096-b2.json"))
+    config = load(fused)["config"]
+    torch_config = json.loads(json.dumps(config))
+    torch_config["training"]["ssm_kernels"] = "torch"
+    ratio = estimate_config(torch_config).stages[0].allocated_peak_bytes / \
+        estimate_config(config).stages[0].allocated_peak_bytes
+    assert 3.1 < ratio < 3.4
+
+
+def test_one_term_by_hand():
+    """Falcon-H1-0.5B (24 heads of 64, n = 128, one group, chunks of 128) at b = 2, s = 4,096: 32 chunks, no padding.
+    L, G and M's copy: 3 x 4 B x b x c x L x H x L = 12 x 2 x 32 x 128 x 24 x 128 = 301,989,888 B; the conv's output
+    s + k - 1 = 4,099 long over H p + 2 g n = 1,792 channels: 2 B x 2 x 4,099 x 1,792 = 29,381,632 B; the chunk
+    states (33 with the initial one) and the 32 chunk-start states' copy: 4 B x 2 x 65 x 24 x 64 x 128 =
+    102,236,160 B."""
+    arch = Architecture(hidden_size=1024, num_layers=36, num_attention_heads=8, num_kv_heads=2, head_dim=64,
+                        vocab_size=32784, intermediate_size=2048, parallel_mamba=True, mamba_num_heads=24,
+                        mamba_head_dim=64, mamba_state_size=128, mamba_num_groups=1, mamba_chunk_size=128,
+                        mamba_gated_norm=False)
+    training = Training(framework="hf", seq_len=4096, micro_batch_size=2, ssm_kernels="torch")
+    entries = {e.name: e for e in mamba_mixer_entries(arch, training, Parallel(), "in_proj input")}
+    par = Parallel()
+    assert entries["L = exp(segment sums), G = C B^T and M's copy per chunk (fp32)"].bytes(par) == 301_989_888
+    assert entries["conv output, k - 1 positions longer (kept by its SiLU)"].bytes(par) == 29_381_632
+    assert entries["chunk states with the initial one, and the chunk-start states' copy (fp32)"].bytes(par) == \
+        102_236_160
+
+
+def _saved_bytes(output, exclude: set[int]) -> int:
+    """The bytes of every storage a node of `output`'s autograd graph saves, once each, less `exclude` (parameters,
+    buffers, the input) and host-side 0-d scalars (a Python number autograd wraps: on a GPU it stays on the host)."""
+    import torch
+
+    seen, storages, stack = set(), {}, [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            value = getattr(node, attr)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor) and t.dim() > 0 and t.untyped_storage().data_ptr() not in exclude:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack.extend(f for f, _ in node.next_functions)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("model, seq, gated", [("falcon_h1", 64, False), ("falcon_h1", 60, False),
+                                               ("falcon_h1", 60, True), ("nemotron_h", 60, True)])
+def test_every_saved_tensor_of_a_real_mixer(model, seq, gated):
+    """A tiny mixer of transformers 5.23 on CPU in bf16 (its torch path: no mamba-ssm here), 3 x seq tokens, 6 heads
+    of 10, n = 12, 2 groups, chunks of 16 (60 tokens: the last chunk padded): the storages its autograd graph keeps
+    are the ledger's, to the byte, from in_proj's input on."""
+    import torch
+
+    H, p, n, g, L, b, h = 6, 10, 12, 2, 16, 3, 64
+    if model == "falcon_h1":
+        from transformers import FalconH1Config
+        from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer
+        config = FalconH1Config(hidden_size=h, mamba_n_heads=H, mamba_d_head=p, mamba_d_ssm=H * p, mamba_d_state=n,
+                                mamba_n_groups=g, mamba_chunk_size=L, mamba_rms_norm=gated, mamba_norm_before_gate=False,
+                                num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        mixer = FalconH1Mixer(config, 0)
+        mixer.register_buffer("mup_vector", torch.ones(2 * H * p + 2 * g * n + H))  # FalconH1Model sets it
+    else:
+        from transformers import NemotronHConfig
+        from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+        config = NemotronHConfig(hidden_size=h, mamba_num_heads=H, mamba_head_dim=p, ssm_state_size=n, n_groups=g,
+                                 chunk_size=L, num_hidden_layers=1, layers_block_type=["mamba"])
+        mixer = NemotronHMamba2Mixer(config, 0)
+    mixer = mixer.to(torch.bfloat16).train()
+    x = torch.randn(b, seq, h, dtype=torch.bfloat16, requires_grad=True)
+    exclude = {t.untyped_storage().data_ptr() for t in [*mixer.parameters(), *mixer.buffers(), x]}
+    measured = _saved_bytes(mixer(x), exclude)
+    arch = Architecture(hidden_size=h, num_layers=1, num_attention_heads=4, num_kv_heads=2, head_dim=16,
+                        vocab_size=1000, intermediate_size=128, parallel_mamba=True, mamba_num_heads=H,
+                        mamba_head_dim=p, mamba_state_size=n, mamba_num_groups=g, mamba_chunk_size=L,
+                        mamba_gated_norm=gated)
+    training = Training(framework="hf", seq_len=seq, micro_batch_size=b, ssm_kernels="torch")
+    entries = mamba_mixer_entries(arch, training, Parallel(), "in_proj input")
+    if model == "nemotron_h":  # its in_proj reads the block norm's output: the input here, excluded above
+        entries = entries[1:]
+    assert sum(e.bytes(Parallel()) for e in entries) == measured
+
+
+@pytest.mark.parametrize("changes, allowed", [
+    ({"ssm_kernels": "triton"}, "one of 'fused', 'torch'"),
+    ({"ssm_kernels": "torch", "framework": "megatron"}, "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'"),
+    ({"ssm_kernels": "torch", "compile": True}, "'fused' with compile on"),
+])
+def test_a_bad_value_names_the_field(changes, allowed):
+    with pytest.raises(ConfigError) as caught:
+        Training(**{"framework": "hf", **changes})
+    assert caught.value.field == "training.ssm_kernels" and allowed in str(caught.value)
