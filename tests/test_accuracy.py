@@ -187,14 +187,19 @@ GPU_RECORDS = sorted(p for p in GPU_MEASURED.glob("*.json") if "probe" not in js
 MiB = 1024**2
 # case id -> why the allocated peak misses it
 _MAMBA_FALLBACK = ("the H200 machine has no mamba-ssm (PyPI ships its source only; its build fetches or compiles CUDA "
-                   "code, and the machine has no network), so transformers 5.17 "
-                   "ran its torch fallback of mamba_split_conv1d_scan_combined / mamba_chunk_scan_combined (its log says "
-                   "so), a path whose per-chunk fp32 tensors the fused kernel never makes; the estimate and the fake record "
-                   "are of mamba-ssm's kernel (validation/hybrid/kernels.py). The harness without that emulation (the same "
-                   "fallback, transformers 5.17.0, fake tensors on CPU) gives the GPU's peak to 0.1%%: "
-                   "MAMBA_FALLBACK_FAKE_PEAKS. GPU %s, estimate %s")
+                   "code, and the machine has no network), so transformers 5.17 ran its torch fallback of "
+                   "mamba_split_conv1d_scan_combined / mamba_chunk_scan_combined (its log says so). The config says so "
+                   "(ssm_kernels 'torch', validation/gpu/records.py ran_ssm_kernels), and the estimate is of "
+                   "transformers 5.18 and later's fallback, whose mamba2_chunk_scan contracts with torch.einsum "
+                   "(memory/activations/mamba_torch.py; tests/test_ssm_torch.py holds it to the 5.23 fake records of "
+                   "these cases, 65.99 GB and 10.92 GB, to 0.6%%). 5.17's multiplies broadcast operands and sums "
+                   "them: G = (C[..., None, :, :] * B[..., None, :, :, :]).sum(-1), Y_diag's (b, c, L, L, H, p), the "
+                   "states' and C_times_states' (b, c, L, H, p, n) products, fp32 transients n or L times the einsums' "
+                   "tensors in forward and their gradients in backward, which the estimate does not model. The "
+                   "harness without validation/hybrid/kernels.py's emulation under 5.17.0 gives the GPU's peak to "
+                   "0.1%%: MAMBA_FALLBACK_FAKE_PEAKS. GPU %s, estimate %s")
 KNOWN_GPU_GAPS: dict[str, str] = {
-    "falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2": _MAMBA_FALLBACK % ("79.5 GB", "20.4 GB (-74%)"),
+    "falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2": _MAMBA_FALLBACK % ("79.5 GB", "66.1 GB (-17%)"),
     "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1": _MAMBA_FALLBACK % ("58.3 GB", "11.0 GB (-81%)"),
 }
 # The fake-tensor peak of transformers' torch fallback of the Mamba-2 kernels, what a GPU without mamba-ssm runs
@@ -208,7 +213,7 @@ MAMBA_FALLBACK_FAKE_PEAKS = {"falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b
 # Mamba fallback's runs. (Llama-3.2-1B with full recompute and expandable segments was 11.6% under with the flat
 # 5%, which it keeps 3.9 GB over; replayed it is 0.01% under.)
 KNOWN_RESERVED_GAPS = {
-    *MAMBA_FALLBACK_FAKE_PEAKS,  # the torch fallback's run (KNOWN_GPU_GAPS)
+    *MAMBA_FALLBACK_FAKE_PEAKS,  # transformers 5.17's torch fallback (KNOWN_GPU_GAPS; allocated -17% and -81%)
     # (Pythia-1.4B bf16 was here, -10.7%, until the replay took its fused query_key_value as one parameter, as
     # transformers holds it: memory/reserved_tensors.py, -0.5%.)
     # -12.8%, the allocated peak +0.3%: LoRA on Llama-3.2-1B with full recompute, eager attention and its dropout
