@@ -289,7 +289,7 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
                      "blocks and from transformers for the rest" if training.framework == "megatron"
                                                                   and not arch.attention_layer_period else
                      "transformers") + ", not measured under this framework (memory/activations/hybrid.py)")
-    from .activations.mamba_torch import note as ssm_kernels_note
+    from .activations.hybrid import ssm_kernels_note
     if (ssm_note := ssm_kernels_note(arch, training, par)) is not None:
         notes.append(ssm_note)
     if arch.attention_layer_period and training.framework == "megatron" and training.mode == "training":

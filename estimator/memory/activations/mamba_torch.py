@@ -93,36 +93,3 @@ def torch_mixer_entries(arch: Architecture, training: Training, par: Parallel) -
     ]
     return out
 
-
-def mamba2_mixers(arch: Architecture) -> int:
-    """The model's Mamba-2 mixers: Nemotron-H's M blocks, one in every Falcon-H1 layer."""
-    from ...spec import hybrid
-
-    if not arch.is_hybrid:
-        return 0
-    return sum(1 for kind in arch.layer_kinds() if hybrid.MIXER[kind] in ("mamba", "attention_mamba"))
-
-
-def note(arch: Architecture, training: Training, par: Parallel) -> str | None:
-    """What the estimate says of the SSM kernels it assumed, for a model with Mamba-2 mixers under transformers."""
-    from dataclasses import replace
-
-    from ...spec.choices import TRANSFORMERS_FRAMEWORKS
-    from .hybrid import mamba_mixer_entries
-
-    mixers = mamba2_mixers(arch)
-    if not mixers or training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
-        return None
-    other = replace(training, ssm_kernels="fused" if training.ssm_kernels == "torch" else "torch")
-    per_mixer = [sum(e.bytes(par) for e in mamba_mixer_entries(arch, t, par, "in_proj input"))
-                 for t in (training, other)]
-    gib = abs(per_mixer[1] - per_mixer[0]) / 2**30
-    if training.ssm_kernels == "torch":
-        return (f"SSM kernels 'torch': transformers' reference PyTorch path of the Mamba-2 mixers (no mamba-ssm / "
-                f"causal-conv1d installed), {gib:.2f} GiB more saved per mixer than mamba-ssm's fused kernel "
-                f"({mixers} mixers; with recompute only the recomputed layer's); modelled from transformers 5.23 (5.18 "
-                "and later: einsum); 5.17 and earlier materialise larger broadcast products (a GPU run: 4-5x the "
-                "fused kernel's peak)")
-    return (f"SSM kernels 'fused': the Mamba-2 mixers run mamba-ssm's and causal-conv1d's kernels. Without those "
-            f"packages transformers logs that it falls back to its reference PyTorch code, which keeps {gib:.2f} GiB "
-            f"more per mixer ({mixers} mixers): set ssm_kernels to 'torch' for that path")
