@@ -192,7 +192,7 @@ _MAMBA_FALLBACK = ("the H200 machine has no mamba-ssm (PyPI ships its source onl
                    "(ssm_kernels 'torch', validation/gpu/records.py ran_ssm_kernels), and the estimate is of "
                    "transformers 5.18 and later's fallback, whose mamba2_chunk_scan contracts with torch.einsum "
                    "(memory/activations/mamba_torch.py; tests/test_ssm_torch.py holds it to the 5.23 fake records of "
-                   "these cases, 65.99 GB and 10.92 GB, to 0.6%%). 5.17's multiplies broadcast operands and sums "
+                   "these cases, 65.99 GB and 10.92 GB, to 0.05%%). 5.17's multiplies broadcast operands and sums "
                    "them: G = (C[..., None, :, :] * B[..., None, :, :, :]).sum(-1), Y_diag's (b, c, L, L, H, p), the "
                    "states' and C_times_states' (b, c, L, H, p, n) products, fp32 transients n or L times the einsums' "
                    "tensors in forward and their gradients in backward, which the estimate does not model. The "
