@@ -68,8 +68,10 @@ HYBRID_TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("ssm_kernels", "training", "SSM kernels (Mamba-2 mixers)", "hf, deepspeed, fsdp1 on a model with Mamba-2 "
             "mixers (Falcon-H1, Nemotron-H): fused = mamba-ssm's and causal-conv1d's CUDA kernels are installed "
             "(mamba_split_conv1d_scan_combined keeps the in_proj output and the scan output); torch = they are not, "
-            "and transformers falls back to its reference PyTorch code (it logs 'falling back to its reference "
-            "PyTorch implementation'), which keeps per-chunk fp32 tensors (segment sums, G = C B^T, the bmms' copies "
-            "of B, C and x, the chunk states): 3 to 5 times the activations (transformers 5.23.0; 5.17 and earlier "
-            "materialised larger broadcast products).", _HYB, SSM_KERNELS),
+            "and transformers (5.18 or later) falls back to its reference PyTorch code (it logs 'falling back to its "
+            "reference PyTorch implementation'), which keeps per-chunk fp32 tensors (segment sums, G = C B^T, the "
+            "einsums' copies of B, C and x, the chunk states): 2 to 5 times the activations; torch_5.17 = the same "
+            "fallback in transformers 5.17 or earlier, whose scan multiplies broadcast operands into 6-D fp32 "
+            "products and, in backward, holds two gradients of the largest at once (Falcon-H1-0.5B at 2 x 4k: "
+            "25.8 GB more).", _HYB, SSM_KERNELS),
 )

@@ -283,14 +283,14 @@ def _check_framework_settings(t: Training) -> None:
 
 def _check_ssm_kernels(t: Training) -> None:
     """transformers' torch fallback of the Mamba-2 kernels is transformers' code, eager (memory/activations/mamba_torch.py)."""
-    if t.ssm_kernels != "torch":
+    if t.ssm_kernels == "fused":
         return
     if t.framework not in TRANSFORMERS_FRAMEWORKS:
-        raise ConfigError("training.ssm_kernels", "torch", "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'",
+        raise ConfigError("training.ssm_kernels", t.ssm_kernels, "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'",
                           "the torch fallback is transformers' modelling code; Megatron-Core's Mamba mixer and the "
                           "other frameworks call mamba-ssm's kernels", related=("training.framework",))
     if t.compile:
-        raise ConfigError("training.ssm_kernels", "torch", "'fused' with compile on",
+        raise ConfigError("training.ssm_kernels", t.ssm_kernels, "'fused' with compile on",
                           "the torch fallback is modelled eager (what its ops save); a compiled one saves what "
                           "Inductor's partitioner keeps", related=("training.compile",))
 

@@ -98,11 +98,13 @@ def as_ran(case, measured: dict):
 
 def ran_ssm_kernels(config: dict, versions: dict) -> dict:
     """The configuration as the GPU ran a model with Mamba-2 mixers: without mamba-ssm (no version recorded: the lent
-    machines have none, cases.py FALLBACK_ONLY_MODELS) transformers ran its torch fallback, ssm_kernels 'torch'."""
+    machines have none, cases.py FALLBACK_ONLY_MODELS) transformers ran its torch fallback, ssm_kernels 'torch_5.17'
+    up to transformers 5.17 (broadcast products), 'torch' from 5.18 (einsums)."""
     model = config["model"]
     if (model.get("parallel_mamba") or "M" in (model.get("hybrid_override_pattern") or "")) \
             and not versions.get("mamba_ssm"):
-        config["training"]["ssm_kernels"] = "torch"
+        release = tuple(int(x) for x in versions["transformers"].split(".")[:2])
+        config["training"]["ssm_kernels"] = "torch_5.17" if release <= (5, 17) else "torch"
     return config
 
 

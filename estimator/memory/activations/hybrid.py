@@ -39,7 +39,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import ATTENTION_OUTPUT, Entry, NORM, _norm, _norm_output, fused_kernels, tokens_per_gpu
-from .mamba_torch import torch_mixer_entries
+from .mamba_torch import BROADCAST, mamba2_mixers, torch_mixer_entries
 
 FLA_CHUNK = 64  # chunk_gated_delta_rule's chunk (fla chunk.py: chunk_size defaults to 64)
 
@@ -88,7 +88,7 @@ def mamba_mixer_entries(arch: Architecture, training: Training, par: Parallel, i
     H, g, n = arch.mamba_num_heads, arch.mamba_num_groups, arch.mamba_state_size
     d = H * arch.mamba_head_dim
     out = _norm_output(input_name, T, arch, training, 1, NORM)
-    if training.ssm_kernels == "torch":  # transformers' torch fallback (no mamba-ssm): memory/activations/mamba_torch.py
+    if training.ssm_kernels != "fused":  # transformers' torch fallback (no mamba-ssm): memory/activations/mamba_torch.py
         return out + torch_mixer_entries(arch, training, par)
     out.append(Entry("in_proj output z, x, B, C, dt (kept by mamba-ssm's fused mixer)", T * (2 * d + 2 * g * n + H), B,
                      "tp", "B*s*b*(2*H*p + 2*g*n + H)"))
@@ -173,13 +173,6 @@ def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, 
     return out
 
 
-def mamba2_mixers(arch: Architecture) -> int:
-    """The model's Mamba-2 mixers: Nemotron-H's M blocks, one in every Falcon-H1 layer."""
-    if not arch.is_hybrid:
-        return 0
-    return sum(1 for kind in arch.layer_kinds() if hybrid.MIXER[kind] in ("mamba", "attention_mamba"))
-
-
 def ssm_kernels_note(arch: Architecture, training: Training, par: Parallel) -> str | None:
     """What the estimate says of the SSM kernels it assumed, for a model with Mamba-2 mixers under transformers."""
     from dataclasses import replace
@@ -189,16 +182,19 @@ def ssm_kernels_note(arch: Architecture, training: Training, par: Parallel) -> s
     mixers = mamba2_mixers(arch)
     if not mixers or training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
         return None
-    other = replace(training, ssm_kernels="fused" if training.ssm_kernels == "torch" else "torch")
-    per_mixer = [sum(e.bytes(par) for e in mamba_mixer_entries(arch, t, par, "in_proj input"))
-                 for t in (training, other)]
-    gib = abs(per_mixer[1] - per_mixer[0]) / 2**30
+    saved = {k: sum(e.bytes(par) for e in mamba_mixer_entries(arch, replace(training, ssm_kernels=k), par, "x"))
+             for k in ("fused", "torch")}
+    gib = (saved["torch"] - saved["fused"]) / 2**30
+    if training.ssm_kernels == "fused":
+        return (f"SSM kernels 'fused': the Mamba-2 mixers run mamba-ssm's and causal-conv1d's kernels. Without those "
+                "packages transformers logs that it falls back to its reference PyTorch code, which keeps "
+                f"{gib:.2f} GiB more per mixer ({mixers} mixers): set ssm_kernels to 'torch' for that path "
+                f"(transformers 5.18 and later; '{BROADCAST}' for 5.17 and earlier)")
     if training.ssm_kernels == "torch":
-        return (f"SSM kernels 'torch': transformers' reference PyTorch path of the Mamba-2 mixers (no mamba-ssm / "
+        return (f"SSM kernels 'torch': transformers' reference PyTorch code of the Mamba-2 mixers (no mamba-ssm / "
                 f"causal-conv1d installed), {gib:.2f} GiB more saved per mixer than mamba-ssm's fused kernel "
-                f"({mixers} mixers; with recompute only the recomputed layer's); modelled from transformers 5.23 (5.18 "
-                "and later: einsum); 5.17 and earlier materialise larger broadcast products (a GPU run: 4-5x the "
-                "fused kernel's peak)")
-    return (f"SSM kernels 'fused': the Mamba-2 mixers run mamba-ssm's and causal-conv1d's kernels. Without those "
-            f"packages transformers logs that it falls back to its reference PyTorch code, which keeps {gib:.2f} GiB "
-            f"more per mixer ({mixers} mixers): set ssm_kernels to 'torch' for that path")
+                f"({mixers} mixers), as transformers 5.18 and later run it (einsums); 5.17 and earlier multiply "
+                f"broadcast operands: '{BROADCAST}'")
+    return (f"SSM kernels '{BROADCAST}': transformers 5.17 and earlier's reference PyTorch code of the Mamba-2 "
+            "mixers, whose scan makes 6-D fp32 products and, in backward, two gradients of the largest at once "
+            "beside the layer's saved tensors; 5.18 and later contract with einsums ('torch')")

@@ -40,6 +40,8 @@ from ...spec.training import Training
 from .entries import Entry, tokens_per_gpu
 
 SOURCE = "transformers 5.23.0 models/falcon_h1/modeling_falcon_h1.py mamba2_chunk_scan (torch fallback)"
+BROADCAST = "torch_5.17"  # transformers 5.17 and earlier: the scan's contractions as broadcast products and sums
+BROADCAST_SOURCE = "transformers 5.17.0 models/falcon_h1/modeling_falcon_h1.py mamba2_chunk_scan lines 498-566"
 
 
 def chunks(arch: Architecture, training: Training, par: Parallel) -> int:
@@ -58,6 +60,19 @@ def torch_mixer_entries(arch: Architecture, training: Training, par: Parallel) -
     c = chunks(arch, training, par)
     Tp = b * c * L  # the tokens padded to whole chunks
     conv = d + 2 * g * n
+    if training.ssm_kernels == BROADCAST:
+        scan = broadcast_scan_entries(arch, training, par)
+    else:
+        scan = [
+            Entry("L = exp(segment sums), G = C B^T and M's copy per chunk (fp32)", Tp * 3 * H * L, 4, "tp",
+                  "3*4*b*c*L*H*L", tensors=3),
+            Entry("x * dt: the Y_diag and states bmms' copies (fp32)", Tp * 2 * d, 4, "tp", "2*4*b*c*L*H*p", tensors=2),
+            Entry("B and C over every head: the bmms' copies of C (2), B, B * decay; B repeated (fp32)",
+                  Tp * 5 * H * n, 4, "tp", "5*4*b*c*L*H*n", tensors=5),
+            Entry("decay_states and exp(A_cumsum) (fp32)", Tp * 2 * H, 4, "tp", "2*4*b*c*L*H", tensors=2),
+            Entry("chunk states with the initial one, and the chunk-start states' copy (fp32)",
+                  b * (2 * c + 1) * H * p * n, 4, "tp", "4*b*(2*c + 1)*H*p*n", split_by_cp=False, tensors=2),
+        ]
     out = [
         Entry("in_proj output z, x, B, C, dt (the conv's input and the gate, views of it)", T * (2 * d + 2 * g * n + H),
               B, "tp", "B*s*b*(2*H*p + 2*g*n + H)"),
@@ -67,14 +82,7 @@ def torch_mixer_entries(arch: Architecture, training: Training, par: Parallel) -
         Entry("x in fp32 (kept by x * dt)", T * d, 4, "tp", "4*s*b*H*p"),
         Entry("dt in fp32, twice (kept by x * dt and A * dt)", T * 2 * H, 4, "tp", "2*4*s*b*H"),
         Entry("x padded to whole chunks (kept by the D residual)", Tp * d, 4, "tp", "4*b*c*L*H*p"),
-        Entry("L = exp(segment sums), G = C B^T and M's copy per chunk (fp32)", Tp * 3 * H * L, 4, "tp",
-              "3*4*b*c*L*H*L", tensors=3),
-        Entry("x * dt: the Y_diag and states bmms' copies (fp32)", Tp * 2 * d, 4, "tp", "2*4*b*c*L*H*p", tensors=2),
-        Entry("B and C over every head: the bmms' copies of C (2), B, B * decay; B repeated (fp32)", Tp * 5 * H * n, 4,
-              "tp", "5*4*b*c*L*H*n", tensors=5),
-        Entry("decay_states and exp(A_cumsum) (fp32)", Tp * 2 * H, 4, "tp", "2*4*b*c*L*H", tensors=2),
-        Entry("chunk states with the initial one, and the chunk-start states' copy (fp32)", b * (2 * c + 1) * H * p * n,
-              4, "tp", "4*b*(2*c + 1)*H*p*n", split_by_cp=False, tensors=2),
+        *scan,
         Entry("chunk decay (fp32)", b * H * (c + 1) ** 2, 4, "tp", "4*b*H*(c + 1)^2", split_by_cp=False),
         Entry("C_times_states and the scan output, padded (fp32)", Tp * 2 * d, 4, "tp", "2*4*b*c*L*H*p", tensors=2),
     ]
@@ -93,3 +101,51 @@ def torch_mixer_entries(arch: Architecture, training: Training, par: Parallel) -
     ]
     return out
 
+
+
+def broadcast_scan_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """The scan's saved tensors where transformers 5.17 and earlier contract by broadcasting and summing (5.17.0
+    FH 527-560: G = (C[:, :, :, None] * B[:, :, None]).sum(-1), M = (G[..., None] * L[..., None]).sum(-1),
+    Y_diag = (M[..., None] * x[:, :, None]).sum(3), states = (B_decay[..., None, :] * x[..., None]).sum(2),
+    new_states = (decay_chunk[..., None, None] * states[:, :, None]).sum(1), C_times_states = C[..., None, :] *
+    states[:, :, None]): each product keeps its operands as they are (views, no copies), so G, L and M, x * dt
+    once, C and B repeated to every head and B * decay, both (c + 1)-chunk states tensors (the chunk-start states
+    are a view of new_states). Checked by name against a real CPU run of 5.17.0's mixer's autograd graph."""
+    b, T = training.micro_batch_size, tokens_per_gpu(training, par)
+    H, p, n, L = arch.mamba_num_heads, arch.mamba_head_dim, arch.mamba_state_size, arch.mamba_chunk_size
+    c = chunks(arch, training, par)
+    Tp, d = b * c * L, H * p
+    return [
+        Entry("L = exp(segment sums), G and M per chunk (fp32, kept by the broadcast products)", Tp * 3 * H * L, 4,
+              "tp", "3*4*b*c*L*H*L", tensors=3),
+        Entry("x * dt in chunks (fp32, kept by the Y_diag and states products)", Tp * d, 4, "tp", "4*b*c*L*H*p"),
+        Entry("C and B repeated to every head, B * decay (fp32)", Tp * 3 * H * n, 4, "tp", "3*4*b*c*L*H*n", tensors=3),
+        Entry("decay_states and exp(A_cumsum) (fp32)", Tp * 2 * H, 4, "tp", "2*4*b*c*L*H", tensors=2),
+        Entry("chunk states with the initial one and the new states (fp32)", b * 2 * (c + 1) * H * p * n, 4, "tp",
+              "2*4*b*(c + 1)*H*p*n", split_by_cp=False, tensors=2),
+    ]
+
+
+def broadcast_products(arch: Architecture, training: Training, par: Parallel) -> dict[str, float]:
+    """The 6-D fp32 products transformers 5.17's scan sums (BROADCAST_SOURCE), in bytes: each is made and summed in
+    forward, and in backward its MulBackward makes both operands' gradients at the product's full size before
+    autograd sums them to the operands' shapes (torch/csrc/autograd/engine.cpp validate_outputs: at::sum_to), so
+    two of them are alive at once."""
+    b = training.micro_batch_size
+    H, p, n, L = arch.mamba_num_heads, arch.mamba_head_dim, arch.mamba_state_size, arch.mamba_chunk_size
+    c = chunks(arch, training, par)
+    Tp = b * c * L
+    return {"G = (C * B).sum(-1): b x c x L x L x H x n": 4 * Tp * L * H * n / par.tp,
+            "Y_diag = (M * x).sum(3): b x c x L x L x H x p": 4 * Tp * L * H * p / par.tp,
+            "states, C_times_states: b x c x L x H x p x n": 4 * Tp * H * p * n / par.tp,
+            "new_states: b x (c + 1) x (c + 1) x H x p x n": 4 * b * (c + 1) ** 2 * H * p * n / par.tp}
+
+
+
+def mamba2_mixers(arch: Architecture) -> int:
+    """The model's Mamba-2 mixers: Nemotron-H's M blocks, one in every Falcon-H1 layer."""
+    from ...spec import hybrid
+
+    if not arch.is_hybrid:
+        return 0
+    return sum(1 for kind in arch.layer_kinds() if hybrid.MIXER[kind] in ("mamba", "attention_mamba"))
