@@ -73,5 +73,5 @@ HYBRID_TRAINING_FIELDS: tuple[Field, ...] = (
             "einsums' copies of B, C and x, the chunk states): 2 to 5 times the activations; torch_5.17 = the same "
             "fallback in transformers 5.17 or earlier, whose scan multiplies broadcast operands into 6-D fp32 "
             "products and, in backward, holds two gradients of the largest at once (Falcon-H1-0.5B at 2 x 4k: "
-            "25.8 GB more).", _HYB, SSM_KERNELS),
+            "25.8 GB more).", "Run", SSM_KERNELS),
 )
