@@ -192,3 +192,20 @@ def test_the_fake_steps_of_transformers_5_17():
         result = estimate_config(record["config"])
         stage = result.stages[result.peak_stage]
         assert stage.allocated_peak_bytes - stage.component("workspace").bytes == pytest.approx(fake, rel=0.05)
+
+
+def test_what_ran_out_of_memory_on_the_h200():
+    """validation/gpu/cases.py FALLBACK_ONLY_MODELS: on the H200 (143,771 MiB, transformers 5.17's fallback) every
+    Nemotron-H-8B and Falcon-H1-7B case ran out of memory (2026-11-26); estimated with ssm_kernels 'torch_5.17' each
+    needs more than the card holds (the least, Falcon-H1-7B with recompute at 8k: 154.7 GB)."""
+    from validation.gpu.cases import FALLBACK_ONLY_MODELS
+
+    measured = Path(__file__).parent / "data" / "measured"
+    paths = [p for m in FALLBACK_ONLY_MODELS for p in sorted(measured.glob(f"{m}-*.json"))]
+    assert len(paths) == 9
+    for path in paths:
+        config = load(path)["config"]
+        config["training"]["ssm_kernels"] = "torch_5.17"
+        config["hardware"] = {"gpu": "h200"}
+        result = estimate_config(config)
+        assert result.stages[result.peak_stage].allocated_peak_bytes > 143_771 * 2**20, path.stem
