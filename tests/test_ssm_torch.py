@@ -146,6 +146,32 @@ def test_every_saved_tensor_of_a_real_mixer(model, seq, gated):
     assert sum(e.bytes(Parallel()) for e in entries) == measured
 
 
+@pytest.mark.parametrize("b, seq, h, n, r", [(2, 5, 16, 4, 4), (3, 7, 24, 6, 5)])
+def test_every_saved_tensor_of_a_real_mamba1_mixer(b, seq, h, n, r):
+    """Jamba's Mamba-1 mixer (transformers 5.23 JambaMambaMixer, bf16 on CPU: causal_conv1d_fn's and
+    mamba_selective_scan's torch code, the recurrent loop over the tokens): the storages its autograd graph keeps
+    are the ledger's (memory/activations/mamba_torch.py torch_mamba1_entries), to the byte, from in_proj's input on."""
+    import torch
+    from transformers import JambaConfig
+    from transformers.models.jamba.modeling_jamba import JambaMambaMixer
+
+    from estimator.memory.activations.hybrid import mamba1_entries
+
+    config = JambaConfig(hidden_size=h, mamba_expand=2, mamba_d_state=n, mamba_dt_rank=r, mamba_d_conv=4,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, num_experts=1)
+    mixer = JambaMambaMixer(config, 0).to(torch.bfloat16).train()
+    x = torch.randn(b, seq, h, dtype=torch.bfloat16, requires_grad=True)
+    exclude = {t.untyped_storage().data_ptr() for t in [*mixer.parameters(), *mixer.buffers(), x]}
+    measured = _saved_bytes(mixer(x), exclude)
+    arch = Architecture(hidden_size=h, num_layers=2, num_attention_heads=4, num_kv_heads=2, vocab_size=100,
+                        intermediate_size=32, attention_layer_period=2, attention_layer_offset=1, mamba_expand=2,
+                        mamba_state_size=n, mamba_dt_rank=r, mamba_conv_kernel=4)
+    entries = mamba1_entries(arch, Training(framework="hf", seq_len=seq, micro_batch_size=b, ssm_kernels="torch"),
+                             Parallel())
+    after_input = [e.name for e in entries].index("in_proj input") + 1  # its input is the mixer's input here
+    assert sum(e.bytes(Parallel()) for e in entries[after_input:]) == measured
+
+
 @pytest.mark.parametrize("changes, allowed", [
     ({"ssm_kernels": "triton"}, "one of 'fused', 'torch', 'torch_5.17'"),
     ({"ssm_kernels": "torch_5.17", "framework": "fsdp2"}, "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'"),

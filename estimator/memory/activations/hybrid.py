@@ -39,7 +39,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import ATTENTION_OUTPUT, Entry, NORM, _norm, _norm_output, fused_kernels, tokens_per_gpu
-from .mamba_torch import BROADCAST, mamba2_mixers, torch_mixer_entries
+from .mamba_torch import BROADCAST, mamba2_mixers, torch_mamba1_entries, torch_mixer_entries
 
 FLA_CHUNK = 64  # chunk_gated_delta_rule's chunk (fla chunk.py: chunk_size defaults to 64)
 
@@ -138,6 +138,8 @@ def mamba1_entries(arch: Architecture, training: Training, par: Parallel) -> lis
     chunks = -(-training.seq_len // par.cp // SCAN_CHUNK)
     out = _norm("Mamba norm input", T, arch, training)
     out += _norm_output("in_proj input", T, arch, training, 1, NORM)
+    if training.ssm_kernels != "fused":  # transformers' torch fallback (no mamba-ssm): memory/activations/mamba_torch.py
+        return out + torch_mamba1_entries(arch, training, par)
     out += [
         Entry("in_proj output x and z (the conv's saved input is a view of it)", T * 2 * d, B, "tp", "2*B*s*b*d"),
         Entry("conv output (kept by the scan as u)", T * d, B, "tp", "B*s*b*d"),
@@ -174,27 +176,30 @@ def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, 
 
 
 def ssm_kernels_note(arch: Architecture, training: Training, par: Parallel) -> str | None:
-    """What the estimate says of the SSM kernels it assumed, for a model with Mamba-2 mixers under transformers."""
+    """What the estimate says of the SSM kernels it assumed, for a model with Mamba mixers under transformers."""
     from dataclasses import replace
 
     from ...spec.choices import TRANSFORMERS_FRAMEWORKS
+    from .mamba_torch import mixers
 
-    mixers = mamba2_mixers(arch)
-    if not mixers or training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
+    two, one = mamba2_mixers(arch), mixers(arch, ("mamba1",))
+    if not (two or one) or training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
         return None
-    saved = {k: sum(e.bytes(par) for e in mamba_mixer_entries(arch, replace(training, ssm_kernels=k), par, "x"))
-             for k in ("fused", "torch")}
-    gib = (saved["torch"] - saved["fused"]) / 2**30
+    entries = (lambda t: mamba_mixer_entries(arch, t, par, "x")) if two else (lambda t: mamba1_entries(arch, t, par))
+    saved = {k: sum(e.bytes(par) for e in entries(replace(training, ssm_kernels=k))) for k in ("fused", "torch")}
+    gib, count = (saved["torch"] - saved["fused"]) / 2**30, two or one
+    kind = "Mamba-2" if two else "Mamba-1"
     if training.ssm_kernels == "fused":
-        return (f"SSM kernels 'fused': the Mamba-2 mixers run mamba-ssm's and causal-conv1d's kernels. Without those "
+        return (f"SSM kernels 'fused': the {kind} mixers run mamba-ssm's and causal-conv1d's kernels. Without those "
                 "packages transformers logs that it falls back to its reference PyTorch code, which keeps "
-                f"{gib:.2f} GiB more per mixer ({mixers} mixers): set ssm_kernels to 'torch' for that path "
-                f"(transformers 5.18 and later; '{BROADCAST}' for 5.17 and earlier)")
-    if training.ssm_kernels == "torch":
-        return (f"SSM kernels 'torch': transformers' reference PyTorch code of the Mamba-2 mixers (no mamba-ssm / "
-                f"causal-conv1d installed), {gib:.2f} GiB more saved per mixer than mamba-ssm's fused kernel "
-                f"({mixers} mixers), as transformers 5.18 and later run it (einsums); 5.17 and earlier multiply "
-                f"broadcast operands: '{BROADCAST}'")
+                f"{gib:.2f} GiB more per mixer ({count} mixers): set ssm_kernels to 'torch' for that path"
+                + (f" (transformers 5.18 and later; '{BROADCAST}' for 5.17 and earlier)" if two else ""))
+    if training.ssm_kernels == "torch" or not two:
+        return (f"SSM kernels '{training.ssm_kernels}': transformers' reference PyTorch code of the {kind} mixers (no "
+                f"mamba-ssm / causal-conv1d installed), {gib:.2f} GiB more saved per mixer than mamba-ssm's kernel "
+                f"({count} mixers)" + (", as transformers 5.18 and later run it (einsums); 5.17 and earlier "
+                                       f"multiply broadcast operands: '{BROADCAST}'" if two else
+                                       ": the recurrent scan keeps every token's state"))
     return (f"SSM kernels '{BROADCAST}': transformers 5.17 and earlier's reference PyTorch code of the Mamba-2 "
             "mixers, whose scan makes 6-D fp32 products and, in backward, two gradients of the largest at once "
             "beside the layer's saved tensors; 5.18 and later contract with einsums ('torch')")

@@ -144,8 +144,54 @@ def broadcast_products(arch: Architecture, training: Training, par: Parallel) ->
 
 def mamba2_mixers(arch: Architecture) -> int:
     """The model's Mamba-2 mixers: Nemotron-H's M blocks, one in every Falcon-H1 layer."""
+    return mixers(arch, ("mamba", "attention_mamba"))
+
+
+def mixers(arch: Architecture, names: tuple[str, ...]) -> int:
+    """The model's layers whose mixer is one of `names` (spec/hybrid.py MIXER)."""
     from ...spec import hybrid
 
     if not arch.is_hybrid:
         return 0
-    return sum(1 for kind in arch.layer_kinds() if hybrid.MIXER[kind] in ("mamba", "attention_mamba"))
+    return sum(1 for kind in arch.layer_kinds() if hybrid.MIXER[kind] in names)
+
+
+JAMBA_SOURCE = "transformers 5.23.0 models/jamba/modeling_jamba.py JambaMambaMixer.forward and mamba_selective_scan"
+
+
+def torch_mamba1_entries(arch: Architecture, training: Training, par: Parallel) -> list[Entry]:
+    """A Mamba-1 mixer (Jamba) on transformers' torch fallback, from in_proj's output on (JAMBA_SOURCE; cited JM:
+    modeling_jamba.py at 5.23.0, the same code in 5.17.0): without causal-conv1d and mamba-ssm, causal_conv1d_fn
+    (JM 240-260) and mamba_selective_scan's recurrent loop (JM 333-438) run in PyTorch ops. The conv keeps in_proj's
+    output (a view) and its SiLU the (s + k - 1)-long output; x_proj's matmul a copy of the transposed conv output;
+    the dt, B, C RMSNorms as with the kernel; dt_proj's matmul the normed dt and C's norm output is kept by every
+    step's bmm; softplus keeps dt + bias, the products its output; discrete_A = exp(A dt) and discrete_B = dt B in
+    fp32, (b, d, s, n) each (kept by the loop's products and the x product), B and x in fp32; the loop keeps every
+    step's fp32 state (b, d, n; the first a zero state in the compute dtype) and its cast for the bmm with C; the D
+    product keeps the conv output, the gate's product the fp32 scan output and SiLU(z) (JM 425-431); out_proj a
+    copy of the transposed output. Per layer: A = -exp(A_log) twice, D in fp32. Checked against a real CPU mixer's
+    autograd graph (tests/test_ssm_torch.py)."""
+    B = bytes_per_element(training.compute_dtype)
+    T, b = tokens_per_gpu(training, par), training.micro_batch_size
+    s = training.seq_len / par.cp
+    d, n, r, k = arch.mamba_expand * arch.hidden_size, arch.mamba_state_size, arch.mamba_dt_rank, arch.mamba_conv_kernel
+    return [
+        Entry("in_proj output x and z (the conv's input and the gate, views of it)", T * 2 * d, B, "tp", "2*B*s*b*d"),
+        Entry("conv output, k - 1 positions longer (kept by its SiLU)", b * (s + k - 1) * d, B, "tp",
+              "B*b*(s + k - 1)*d"),
+        Entry("conv output after SiLU (kept by the D product)", T * d, B, "tp", "B*s*b*d"),
+        Entry("conv output transposed, copied by x_proj's matmul", T * d, B, "tp", "B*s*b*d", gemm_input=True),
+        Entry("dt, B, C norms: fp32 upcasts", T * (r + 2 * n), 4, "none", "4*s*b*(r + 2*n)"),
+        Entry("dt, B, C norms: rsqrt per token (fp32)", T * 3, 4, "none", "3*4*s*b"),
+        Entry("dt, B, C norms: normalised, before the scale", T * (r + 2 * n), B, "none", "B*s*b*(r + 2*n)"),
+        Entry("normed dt (dt_proj's matmul input) and C (every step's bmm)", T * (r + n), B, "none", "B*s*b*(r + n)"),
+        Entry("dt + bias and its softplus (kept by softplus and the products)", T * 2 * d, B, "tp", "2*B*s*b*d"),
+        Entry("B and x in fp32 (kept by the discretisation's products)", T * (n + d), 4, "tp", "4*s*b*(n + d)"),
+        Entry("discrete_A and discrete_B (fp32, b x d x s x n)", T * 2 * d * n, 4, "tp", "2*4*s*b*d*n", tensors=2),
+        Entry("every step's state: fp32 (kept by the next step) and its cast for the bmm with C", b * d * n * (
+            4 * (s - 1) + B * (s + 1)), 1, "tp", "b*d*n*(4*(s - 1) + B*(s + 1))"),
+        Entry("scan output (fp32) and SiLU(z) (kept by the gate's product)", T * d * (4 + B), 1, "tp", "(4 + B)*s*b*d"),
+        Entry("gated output transposed, copied by out_proj's matmul", T * d, B, "tp", "B*s*b*d", gemm_input=True),
+        Entry("A = -exp(A_log) twice and D in fp32 (per layer)", 2 * d * n + d, 4, "tp", "4*(2*d*n + d)",
+              split_by_cp=False),
+    ]
