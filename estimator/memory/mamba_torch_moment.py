@@ -1,6 +1,7 @@
-"""The backward moment of a Mamba-2 mixer on transformers 5.17's torch fallback (training.ssm_kernels "torch_5.17",
-memory/activations/mamba_torch.py): its scan's broadcast products, whose operand gradients autograd makes at the
-product's full size. Read by recompute_moment.py: beside the last layer's kept tensors without recompute, beside
+"""The backward moments of a Mamba mixer on transformers' torch fallback (training.ssm_kernels,
+memory/activations/mamba_torch.py): a Mamba-2 scan's broadcast products under transformers 5.17 ("torch_5.17"), whose
+operand gradients autograd makes at the product's full size, and a Mamba-1 recurrent loop's select gradients (Jamba).
+Read by recompute_moment.py: beside the last layer's kept tensors without recompute, beside
 the recomputed layer's with it."""
 
 from __future__ import annotations
@@ -24,3 +25,31 @@ def broadcast_backward_moment(arch: Architecture, training: Training, par: Paral
     return [component("transient", "Mamba-2 torch fallback (transformers 5.17): a product's two operand gradients",
                       2 * size, f"2 x 4 B x {name}", BROADCAST_SOURCE + "; torch/csrc/autograd/engine.cpp "
                       "validate_outputs (sum_to after the node)")]
+
+
+SELECT_BACKWARD_SOURCE = ("PyTorch tools/autograd/derivatives.yaml select.int: select_backward (a zero tensor of the "
+                          "input's size, the step's gradient copied into it); torch/csrc/autograd/input_buffer.cpp "
+                          "accumulate (the first gradient kept as the buffer, the next added into it)")
+
+
+def mamba1_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
+    """A Mamba-1 mixer's backward on transformers' torch fallback (memory/activations/mamba_torch.py
+    torch_mamba1_entries): its recurrent loop reads discrete_A[:, :, i] and deltaB_u[:, :, i] at every token, and
+    each select's backward makes a zero tensor of the whole (b, d, s, n) in fp32 (SELECT_BACKWARD_SOURCE): the two
+    gradients accumulated over the steps and one step's new zero tensor, beside the layer's saved tensors (its
+    states are freed step by step after that first step)."""
+    from .activations.mamba_torch import JAMBA_SOURCE, mixers
+    from .activations.entries import tokens_per_gpu
+
+    if training.ssm_kernels == "fused" or not mixers(arch, ("mamba1",)):
+        return []
+    d, n = arch.mamba_expand * arch.hidden_size, arch.mamba_state_size
+    size = 4 * tokens_per_gpu(training, par) * d * n / par.tp
+    return [component("transient", "Mamba-1 torch fallback: the loop's select gradients (b x d x s x n, fp32)",
+                      3 * size, "3 x 4 B x s*b*d*n (discrete_A's and deltaB_u's accumulated, one step's zeros)",
+                      JAMBA_SOURCE + "; " + SELECT_BACKWARD_SOURCE)]
+
+
+def ssm_torch_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
+    """The torch fallback's backward moment of a Mamba mixer (both functions above; none on the fused kernels)."""
+    return broadcast_backward_moment(arch, training, par) + mamba1_backward_moment(arch, training, par)
