@@ -235,3 +235,64 @@ def test_what_ran_out_of_memory_on_the_h200():
         config["hardware"] = {"gpu": "h200"}
         result = estimate_config(config)
         assert result.stages[result.peak_stage].allocated_peak_bytes > 143_771 * 2**20, path.stem
+
+
+@pytest.mark.parametrize("model", ["tiny-falcon-h1", "tiny-falcon-h1-plain", "tiny-nemotron-h", "tiny-jamba"])
+def test_the_tiny_models_fallback_against_their_fused_kernels(model):
+    """The HF harness's tiny hybrids (validation/hybrid/models.py), 2 x 64 tokens, fake tensors: the fallback's
+    backward peak less the emulated kernels' (validation.gpu.fallback) is the estimate's 'torch' less its 'fused',
+    to 2% (the harness rounds every storage to 512 B; Jamba's with its loop's select gradients, +1.6%)."""
+    from validation.gpu.fallback import torch_fallback
+    from validation.hf.cases import contract_config
+    from validation.hf.step import Run, measure
+
+    run = Run(model, 64, 2)
+    fused = measure(run, fake=True)["phases"]["backward"]["total"]
+    with torch_fallback():
+        fallback = measure(run, fake=True)["phases"]["backward"]["total"]
+    config = contract_config(run)
+
+    def backward(kernels: str) -> int:
+        config["training"]["ssm_kernels"] = kernels
+        stage = estimate_config(config).stages[0]
+        phase = next(p for p in stage.phases if p.name == "backward")
+        return sum(c.bytes for c in phase.components)
+
+    assert backward("torch") - backward("fused") == pytest.approx(fallback - fused, rel=0.02)
+
+
+def test_the_mamba1_loops_backward_on_a_real_mixer():
+    """A real CPU Jamba mixer (bf16, 2 x 32 tokens, d = 64, n = 16) under the harness's storage tracker: its
+    backward's peak is 3.95 (b, d, s, n) fp32 tensors over what its forward left (discrete_A, discrete_B and the
+    states): the two select gradients accumulated, a step's zero tensor and their sum, less what its first steps
+    freed; the estimate charges four."""
+    import torch
+    from transformers import JambaConfig
+    from transformers.models.jamba.modeling_jamba import JambaMambaMixer
+
+    from estimator.memory.mamba_torch_moment import mamba1_backward_moment
+    from validation.core.tracker import StorageTracker
+
+    b, seq, h, n = 2, 32, 32, 16
+    config = JambaConfig(hidden_size=h, mamba_expand=2, mamba_d_state=n, mamba_dt_rank=4, mamba_d_conv=4,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, num_experts=1)
+    mixer = JambaMambaMixer(config, 0).to(torch.bfloat16).train()
+    x = torch.randn(b, seq, h, dtype=torch.bfloat16, requires_grad=True)
+    tracker = StorageTracker()
+    with tracker:
+        tracker.start()
+        y = mixer(x)
+        after_forward = sum(delta for _, delta in tracker.events)
+        y.backward(torch.ones_like(y))
+    live, peak = 0, 0
+    for _, delta in tracker.events:
+        live += delta
+        peak = max(peak, live)
+    full = 4 * b * seq * 2 * h * n
+    assert peak - after_forward == 1_034_240 == round(3.9453125 * full)
+    arch = Architecture(hidden_size=h, num_layers=2, num_attention_heads=4, num_kv_heads=2, vocab_size=100,
+                        intermediate_size=32, attention_layer_period=2, attention_layer_offset=1, mamba_expand=2,
+                        mamba_state_size=n, mamba_dt_rank=4, mamba_conv_kernel=4)
+    [moment] = mamba1_backward_moment(arch, Training(framework="hf", seq_len=seq, micro_batch_size=b,
+                                                     ssm_kernels="torch"), Parallel())
+    assert moment.bytes == 4 * full == pytest.approx(peak - after_forward, rel=0.02)

@@ -29,15 +29,17 @@ def broadcast_backward_moment(arch: Architecture, training: Training, par: Paral
 
 SELECT_BACKWARD_SOURCE = ("PyTorch tools/autograd/derivatives.yaml select.int: select_backward (a zero tensor of the "
                           "input's size, the step's gradient copied into it); torch/csrc/autograd/input_buffer.cpp "
-                          "accumulate (the first gradient kept as the buffer, the next added into it)")
+                          "accumulate (the gradients summed into the node's input buffer)")
 
 
 def mamba1_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
     """A Mamba-1 mixer's backward on transformers' torch fallback (memory/activations/mamba_torch.py
     torch_mamba1_entries): its recurrent loop reads discrete_A[:, :, i] and deltaB_u[:, :, i] at every token, and
-    each select's backward makes a zero tensor of the whole (b, d, s, n) in fp32 (SELECT_BACKWARD_SOURCE): the two
-    gradients accumulated over the steps and one step's new zero tensor, beside the layer's saved tensors (its
-    states are freed step by step after that first step)."""
+    each select's backward makes a zero tensor of the whole (b, d, s, n) in fp32 (SELECT_BACKWARD_SOURCE), summed
+    into the gradient accumulated so far out of place: the two accumulated gradients, one step's zero tensor and
+    its sum, four (b, d, s, n) fp32 tensors beside the layer's saved ones. Measured on a real CPU mixer under the
+    harness's storage tracker (validation/core/tracker.py: 3.95 of them over its saved tensors at its first steps'
+    backward, tests/test_ssm_torch.py)."""
     from .activations.mamba_torch import JAMBA_SOURCE, mixers
     from .activations.entries import tokens_per_gpu
 
@@ -46,8 +48,8 @@ def mamba1_backward_moment(arch: Architecture, training: Training, par: Parallel
     d, n = arch.mamba_expand * arch.hidden_size, arch.mamba_state_size
     size = 4 * tokens_per_gpu(training, par) * d * n / par.tp
     return [component("transient", "Mamba-1 torch fallback: the loop's select gradients (b x d x s x n, fp32)",
-                      3 * size, "3 x 4 B x s*b*d*n (discrete_A's and deltaB_u's accumulated, one step's zeros)",
-                      JAMBA_SOURCE + "; " + SELECT_BACKWARD_SOURCE)]
+                      4 * size, "4 x 4 B x s*b*d*n (discrete_A's and deltaB_u's accumulated, one step's zeros, "
+                      "their sum)", JAMBA_SOURCE + "; " + SELECT_BACKWARD_SOURCE)]
 
 
 def ssm_torch_backward_moment(arch: Architecture, training: Training, par: Parallel) -> list[Component]:
