@@ -205,9 +205,10 @@ KNOWN_RESERVED_GAPS = {
     # -20.1%, the allocated peak +0.8%: transformers 5.17's torch fallback of Falcon-H1-0.5B's Mamba-2 scan with
     # recompute at 16k, whose peak is a recomputed mixer's backward beside two 25.8 GB gradients of the broadcast
     # product G (memory/mamba_torch_moment.py). A hybrid gets the flat 10% share (no replay); the GPU reserved 1.39x
-    # its allocated peak (80.9 GB over 58.3 GB): each layer's backward makes and frees products of 25.8, 12.9 and
-    # 1.7 GB, whose segments the cache keeps and cannot reuse for one another. Its 4k twin without recompute, whose
-    # products are a quarter of those beside 57 GB of saved tensors, reserved 1.17x (-5.7%)
+    # its allocated peak (80.9 GB over 58.3 GB): each layer's forward and backward make and free products of 25.8,
+    # 13.1 (new_states' (c + 1)^2 chunks) and 12.9 GB, whose segments the cache keeps and cannot reuse for one another.
+    # Its 4k twin without recompute (products of 12.9, 6.4 and 1.7 GB beside 57 GB of saved tensors) reserved 1.17x
+    # (-5.7%)
     "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1",
     # (Pythia-1.4B bf16 was here, -10.7%, until the replay took its fused query_key_value as one parameter, as
     # transformers holds it: memory/reserved_tensors.py, -0.5%.)
