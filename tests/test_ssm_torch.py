@@ -296,3 +296,20 @@ def test_the_mamba1_loops_backward_on_a_real_mixer():
     [moment] = mamba1_backward_moment(arch, Training(framework="hf", seq_len=seq, micro_batch_size=b,
                                                      ssm_kernels="torch"), Parallel())
     assert moment.bytes == 4 * full == pytest.approx(peak - after_forward, rel=0.02)
+
+
+def test_the_notes_say_which_kernels():
+    """Every estimate of a Mamba hybrid under transformers says which kernels it assumed and what the other path keeps
+    more per mixer; on Qwen3-Next (Gated DeltaNet, no Mamba mixer) the field changes nothing and the note says so."""
+    config = {"model": "falcon-h1-7b", "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1}}
+    fused = estimate_config(config)
+    assert any(n.startswith("SSM kernels 'fused'") and "(44 mixers)" in n for n in fused.notes)
+    config["training"]["ssm_kernels"] = "torch"
+    torch_ = estimate_config(config)
+    assert any(n.startswith("SSM kernels 'torch'") for n in torch_.notes)
+    qwen = {"model": "qwen3-next-80b-a3b", "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1}}
+    plain = estimate_config(qwen)
+    qwen["training"]["ssm_kernels"] = "torch"
+    said = estimate_config(qwen)
+    assert said.stages[0].allocated_peak_bytes == plain.stages[0].allocated_peak_bytes
+    assert any("is not modelled" in n for n in said.notes) and not any("SSM kernels" in n for n in plain.notes)

@@ -183,8 +183,13 @@ def ssm_kernels_note(arch: Architecture, training: Training, par: Parallel) -> s
     from .mamba_torch import mixers
 
     two, one = mamba2_mixers(arch), mixers(arch, ("mamba1",))
-    if not (two or one) or training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
+    if training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
         return None
+    if not (two or one):
+        return None if training.ssm_kernels == "fused" or not mixers(arch, ("linear_attention",)) else (
+            f"SSM kernels '{training.ssm_kernels}' applies to Mamba mixers: the Gated DeltaNet layers are estimated "
+            "on flash-linear-attention's kernel; transformers' torch fallback of chunk_gated_delta_rule (without fla) "
+            "is not modelled")
     entries = (lambda t: mamba_mixer_entries(arch, t, par, "x")) if two else (lambda t: mamba1_entries(arch, t, par))
     saved = {k: sum(e.bytes(par) for e in entries(replace(training, ssm_kernels=k))) for k in ("fused", "torch")}
     gib, count = (saved["torch"] - saved["fused"]) / 2**30, two or one
