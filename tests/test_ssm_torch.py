@@ -299,8 +299,8 @@ def test_the_mamba1_loops_backward_on_a_real_mixer():
 
 
 def test_the_notes_say_which_kernels():
-    """Every estimate of a Mamba hybrid under transformers says which kernels it assumed and what the other path keeps
-    more per mixer; on Qwen3-Next (Gated DeltaNet, no Mamba mixer) the field changes nothing and the note says so."""
+    """Every estimate of a Mamba or Gated DeltaNet hybrid under transformers says which kernels it assumed and what
+    the other path keeps more per mixer."""
     config = {"model": "falcon-h1-7b", "training": {"framework": "hf", "seq_len": 4096, "micro_batch_size": 1}}
     fused = estimate_config(config)
     assert any(n.startswith("SSM kernels 'fused'") and "(44 mixers)" in n for n in fused.notes)
@@ -311,5 +311,39 @@ def test_the_notes_say_which_kernels():
     plain = estimate_config(qwen)
     qwen["training"]["ssm_kernels"] = "torch"
     said = estimate_config(qwen)
-    assert said.stages[0].allocated_peak_bytes == plain.stages[0].allocated_peak_bytes
-    assert any("is not modelled" in n for n in said.notes) and not any("SSM kernels" in n for n in plain.notes)
+    def forward(result) -> int:  # its peak is the optimizer step's (80B parameters' states)
+        return sum(c.bytes for c in next(p for p in result.stages[0].phases if p.name == "forward").components)
+
+    assert forward(said) - forward(plain) == pytest.approx(36 * 0.96 * 2**30, rel=0.01)  # the note's 0.96 GiB
+    assert any(n.startswith("SSM kernels 'fused': the Gated DeltaNet") and "(36 layers)" in n for n in plain.notes)
+    assert any(n.startswith("SSM kernels 'torch': the Gated DeltaNet") for n in said.notes)
+
+
+@pytest.mark.parametrize("b, seq, hk, hv, K, V", [(3, 100, 2, 4, 12, 10), (2, 128, 2, 4, 12, 10), (3, 70, 4, 4, 8, 8)])
+def test_every_saved_tensor_of_a_real_gated_deltanet(b, seq, hk, hv, K, V):
+    """Qwen3-Next's Gated DeltaNet (transformers 5.23 Qwen3NextGatedDeltaNet, bf16 on CPU: causal_conv1d_fn's and
+    torch_chunk_gated_delta_rule's torch code, chunks of 64; 100 and 70 tokens pad the last): the storages its
+    autograd graph keeps are the ledger's (gated_delta_net_entries with memory/activations/gdn_torch.py), to the byte,
+    from in_proj's input on."""
+    import torch
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    from estimator.memory.activations.hybrid import gated_delta_net_entries
+
+    h = 48
+    config = Qwen3NextConfig(hidden_size=h, linear_num_key_heads=hk, linear_num_value_heads=hv, linear_key_head_dim=K,
+                             linear_value_head_dim=V, linear_conv_kernel_dim=4, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    layer = Qwen3NextGatedDeltaNet(config, 0).to(torch.bfloat16).train()
+    x = torch.randn(b, seq, h, dtype=torch.bfloat16, requires_grad=True)
+    exclude = {t.untyped_storage().data_ptr() for t in [*layer.parameters(), *layer.buffers(), x]}
+    measured = _saved_bytes(layer(x), exclude)
+    arch = Architecture(hidden_size=h, num_layers=4, num_attention_heads=4, num_kv_heads=2, head_dim=16,
+                        vocab_size=100, intermediate_size=32, full_attention_interval=4, linear_num_key_heads=hk,
+                        linear_num_value_heads=hv, linear_key_head_dim=K, linear_value_head_dim=V,
+                        linear_conv_kernel_dim=4)
+    entries = gated_delta_net_entries(arch, Training(framework="hf", seq_len=seq, micro_batch_size=b,
+                                                     ssm_kernels="torch"), Parallel())
+    after_input = [e.name.startswith("in_proj input") for e in entries].index(True) + 1
+    assert sum(e.bytes(Parallel()) for e in entries[after_input:]) == measured

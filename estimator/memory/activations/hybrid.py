@@ -52,15 +52,22 @@ def gated_delta_net_entries(arch: Architecture, training: Training, par: Paralle
     qk, v = hk * arch.linear_key_head_dim, hv * arch.linear_value_head_dim
     out = _norm("linear attention norm input", T, arch, training)
     out += _norm_output("in_proj input (qkvz and ba projections)", T, arch, training, 2, NORM)
+    out.append(Entry("q, k, v concatenated (causal-conv1d's saved input)", T * (2 * qk + v), B, "tp",
+                     "B*s*b*(2*Hk*K + Hv*V)"))
+    if training.ssm_kernels != "fused":  # transformers' torch fallback (no fla): memory/activations/gdn_torch.py
+        from .gdn_torch import torch_gdn_entries
+        out += torch_gdn_entries(arch, training, par)
+    else:
+        out += [
+            Entry("q and k l2-normalised (kept by fla's chunked gated delta rule)", T * 2 * qk, B, "tp", "2*B*s*b*Hk*K"),
+            Entry("q and k rstd per head (fp32, fla l2norm)", T * 2 * hk, 4, "tp", "2*4*s*b*Hk"),
+            Entry("v made contiguous (kept by fla)", T * v, B, "tp", "B*s*b*Hv*V"),
+            Entry("decay g cumulated per chunk (fp32, kept by fla)", T * hv, 4, "tp", "4*s*b*Hv"),
+            Entry(f"A, the solved intra-chunk matrices (s x Hv x {FLA_CHUNK}, kept by fla)", T * hv * FLA_CHUNK, B,
+                  "tp", f"B*s*b*Hv*{FLA_CHUNK}"),
+        ]
     out += [
-        Entry("q, k, v concatenated (causal-conv1d's saved input)", T * (2 * qk + v), B, "tp", "B*s*b*(2*Hk*K + Hv*V)"),
-        Entry("q and k l2-normalised (kept by fla's chunked gated delta rule)", T * 2 * qk, B, "tp", "2*B*s*b*Hk*K"),
-        Entry("q and k rstd per head (fp32, fla l2norm)", T * 2 * hk, 4, "tp", "2*4*s*b*Hk"),
-        Entry("v made contiguous (kept by fla)", T * v, B, "tp", "B*s*b*Hv*V"),
-        Entry("decay g cumulated per chunk (fp32, kept by fla)", T * hv, 4, "tp", "4*s*b*Hv"),
         Entry("beta = sigmoid(b) (kept by sigmoid and fla)", T * hv, B, "tp", "B*s*b*Hv"),
-        Entry(f"A, the solved intra-chunk matrices (s x Hv x {FLA_CHUNK}, kept by fla)", T * hv * FLA_CHUNK, B, "tp",
-              f"B*s*b*Hv*{FLA_CHUNK}"),
         Entry("a + dt_bias and its softplus (fp32, kept by softplus and the A_log product)", T * 2 * hv, 4, "tp",
               "2*4*s*b*Hv"),
         Entry("gated norm input (fp32 upcast)", T * v, 4, "tp", "4*s*b*Hv*V"),
@@ -186,10 +193,19 @@ def ssm_kernels_note(arch: Architecture, training: Training, par: Parallel) -> s
     if training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
         return None
     if not (two or one):
-        return None if training.ssm_kernels == "fused" or not mixers(arch, ("linear_attention",)) else (
-            f"SSM kernels '{training.ssm_kernels}' applies to Mamba mixers: the Gated DeltaNet layers are estimated "
-            "on flash-linear-attention's kernel; transformers' torch fallback of chunk_gated_delta_rule (without fla) "
-            "is not modelled")
+        linear = mixers(arch, ("linear_attention",))
+        if not linear:
+            return None
+        saved = {k: sum(e.bytes(par) for e in gated_delta_net_entries(arch, replace(training, ssm_kernels=k), par))
+                 for k in ("fused", "torch")}
+        gib = (saved["torch"] - saved["fused"]) / 2**30
+        if training.ssm_kernels == "fused":
+            return (f"SSM kernels 'fused': the Gated DeltaNet layers run flash-linear-attention's and causal-conv1d's "
+                    f"kernels; without them transformers' torch_chunk_gated_delta_rule keeps {gib:.2f} GiB more per "
+                    f"layer ({linear} layers): ssm_kernels 'torch'")
+        return (f"SSM kernels '{training.ssm_kernels}': the Gated DeltaNet layers on transformers' "
+                f"torch_chunk_gated_delta_rule keep {gib:.2f} GiB more per layer ({linear} layers; every saved tensor "
+                "checked on a real CPU layer); its backward's per-chunk gradients beside them are not modelled")
     entries = (lambda t: mamba_mixer_entries(arch, t, par, "x")) if two else (lambda t: mamba1_entries(arch, t, par))
     saved = {k: sum(e.bytes(par) for e in entries(replace(training, ssm_kernels=k))) for k in ("fused", "torch")}
     gib, count = (saved["torch"] - saved["fused"]) / 2**30, two or one
