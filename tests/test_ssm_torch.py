@@ -237,7 +237,8 @@ def test_what_ran_out_of_memory_on_the_h200():
         assert result.stages[result.peak_stage].allocated_peak_bytes > 143_771 * 2**20, path.stem
 
 
-@pytest.mark.parametrize("model", ["tiny-falcon-h1", "tiny-falcon-h1-plain", "tiny-nemotron-h", "tiny-jamba"])
+@pytest.mark.parametrize("model", ["tiny-falcon-h1", "tiny-falcon-h1-plain", "tiny-nemotron-h", "tiny-jamba",
+                                   "tiny-qwen3-next"])
 def test_the_tiny_models_fallback_against_their_fused_kernels(model):
     """The HF harness's tiny hybrids (validation/hybrid/models.py), 2 x 64 tokens, fake tensors: the fallback's
     backward peak less the emulated kernels' (validation.gpu.fallback) is the estimate's 'torch' less its 'fused',
@@ -319,10 +320,11 @@ def test_the_notes_say_which_kernels():
     assert any(n.startswith("SSM kernels 'torch': the Gated DeltaNet") for n in said.notes)
 
 
-@pytest.mark.parametrize("b, seq, hk, hv, K, V", [(3, 100, 2, 4, 12, 10), (2, 128, 2, 4, 12, 10), (3, 70, 4, 4, 8, 8)])
+@pytest.mark.parametrize("b, seq, hk, hv, K, V", [(3, 100, 2, 4, 12, 10), (2, 128, 2, 4, 12, 10), (3, 70, 4, 4, 8, 8),
+                                                  (2, 64, 2, 4, 16, 16)])
 def test_every_saved_tensor_of_a_real_gated_deltanet(b, seq, hk, hv, K, V):
     """Qwen3-Next's Gated DeltaNet (transformers 5.23 Qwen3NextGatedDeltaNet, bf16 on CPU: causal_conv1d_fn's and
-    torch_chunk_gated_delta_rule's torch code, chunks of 64; 100 and 70 tokens pad the last): the storages its
+    torch_chunk_gated_delta_rule's torch code, chunks of 64; 100 and 70 tokens pad the last, 64 make one): the storages its
     autograd graph keeps are the ledger's (gated_delta_net_entries with memory/activations/gdn_torch.py), to the byte,
     from in_proj's input on."""
     import torch

@@ -13,7 +13,7 @@ against a real CPU run of the layer's autograd graph (tests/test_ssm_torch.py):
     the decay's products), the pairwise decay exp(...) (kept by both), ut_system (kept by the two triangular solves)
     and intra_chunk_attn (kept by each chunk's bmm), each (b, Hv, c, 64, 64) fp32 (QN 441-455);
   - q scaled and padded, q decayed, k normalised and padded, k_beta, k decayed and k_cumdecay (a solve's result),
-    (b, Hv, c 64, K) fp32 each; v padded, new_values (a solve's result) and every chunk's v_new, (b, Hv, c 64, V) fp32
+    (b, Hv, c 64, K) fp32 each (one chunk: no decayed q or k, the last chunk's state update being discarded); v padded, new_values (a solve's result) and every chunk's v_new, (b, Hv, c 64, V) fp32
     each; beta padded and the three exponentials of the cumulated decay, (b, Hv, c 64) fp32; the chunk decay
     (b, Hv, c); each chunk's input state (b, Hv, K, V) fp32, c of them (QN 431-500);
   - per layer: the chunk's bool mask (64 x 64), A_log's exp twice.
@@ -40,6 +40,9 @@ def torch_gdn_entries(arch: Architecture, training: Training, par: Parallel) -> 
     K, V, k = arch.linear_key_head_dim, arch.linear_value_head_dim, arch.linear_conv_kernel_dim
     c = -(-int(s) // CHUNK)
     Tp = b * c * CHUNK  # the tokens padded to whole chunks
+    # the last chunk's state update is discarded (output_final_state False, QN 502): with one chunk nothing reads the
+    # decayed k, the decayed q against a state that needs a gradient, k's decay or the chunk decay
+    later = 1 if c > 1 else 0
     return [
         Entry("conv output, k - 1 positions longer (kept by its SiLU)", b * (s + k - 1) * (2 * hk * K + hv * V), B,
               "tp", "B*b*(s + k - 1)*(2*Hk*K + Hv*V)"),
@@ -47,14 +50,14 @@ def torch_gdn_entries(arch: Architecture, training: Training, par: Parallel) -> 
               T * 2 * hv * (K + 1), 4, "tp", "2*4*s*b*Hv*(K + 1)", tensors=4),
         Entry(f"per chunk: k_beta k^T and q k^T, the pairwise decay, ut_system, intra_chunk_attn (fp32, "
               f"{CHUNK} x {CHUNK})", Tp * 5 * hv * CHUNK, 4, "tp", f"5*4*b*c*{CHUNK}*Hv*{CHUNK}", tensors=5),
-        Entry("q scaled, q decayed, k normalised, k_beta, k decayed, k_cumdecay (fp32, padded)", Tp * 6 * hv * K, 4,
-              "tp", f"6*4*b*c*{CHUNK}*Hv*K", tensors=6),
+        Entry("q scaled, k normalised, k_beta, k_cumdecay; with 2 chunks or more q and k decayed (fp32, padded)",
+              Tp * (4 + 2 * later) * hv * K, 4, "tp", f"{4 + 2 * later}*4*b*c*{CHUNK}*Hv*K", tensors=4 + 2 * later),
         Entry("v padded, new_values and every chunk's v_new (fp32)", Tp * 3 * hv * V, 4, "tp",
               f"3*4*b*c*{CHUNK}*Hv*V", tensors=3),
-        Entry("beta padded and the cumulated decay's three exponentials (fp32)", Tp * 4 * hv, 4, "tp",
-              f"4*4*b*c*{CHUNK}*Hv", tensors=4),
-        Entry("each chunk's input state (fp32) and the chunk decay", b * hv * c * (K * V + 1), 4, "tp",
-              "4*b*Hv*c*(K*V + 1)", split_by_cp=False),
+        Entry("beta padded and the cumulated decay's exponentials (three with 2 chunks or more, else two) (fp32)",
+              Tp * (3 + later) * hv, 4, "tp", f"{3 + later}*4*b*c*{CHUNK}*Hv", tensors=3 + later),
+        Entry("each chunk's input state (fp32) and the chunk decay", b * hv * c * (K * V + later), 4, "tp",
+              "4*b*Hv*c*(K*V + 1)" if later else "4*b*Hv*K*V", split_by_cp=False),
         Entry("the chunk's bool mask and A_log's exp twice (per layer)", CHUNK * CHUNK + 2 * 4 * hv, 1, "none",
               f"{CHUNK}^2 + 2*4*Hv", split_by_cp=False),
     ]
