@@ -1,8 +1,9 @@
 """The HF harness's fake-tensor step with transformers' torch fallbacks in place of the hybrid models' CUDA
 kernels: what a GPU without mamba-ssm / causal-conv1d / flash-linear-attention runs (transformers logs "falling
 back to its reference PyTorch implementation"). The H200 ran Falcon-H1-0.5B that way under transformers 5.17
-(tests/test_accuracy.py MAMBA_FALLBACK_FAKE_PEAKS); under 5.23 the estimate's `ssm_kernels: torch` is held to the
-records this writes (tests/data/measured/ssm_torch/, tests/test_ssm_torch.py).
+(tests/test_accuracy.py MAMBA_FALLBACK_FAKE_PEAKS: the estimate's `ssm_kernels: torch_5.17`); under 5.23 the
+estimate's `ssm_kernels: torch` is held to the records this writes (tests/data/measured/ssm_torch/,
+tests/test_ssm_torch.py). A Jamba or Qwen3-Next case runs its Mamba-1 or Gated DeltaNet fallback the same way.
 
     python -m validation.gpu.fallback CASE_ID...           # one JSON line per case: the peak and each phase's
     python -m validation.gpu.fallback --write CASE_ID...   # the records, under tests/data/measured/ssm_torch/
