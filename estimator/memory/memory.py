@@ -289,6 +289,9 @@ def _notes(arch: Architecture, training: Training, par: Parallel, zero: int, m: 
                      "blocks and from transformers for the rest" if training.framework == "megatron"
                                                                   and not arch.attention_layer_period else
                      "transformers") + ", not measured under this framework (memory/activations/hybrid.py)")
+    from .activations.hybrid import ssm_kernels_note
+    if (ssm_note := ssm_kernels_note(arch, training, par)) is not None:
+        notes.append(ssm_note)
     if arch.attention_layer_period and training.framework == "megatron" and training.mode == "training":
         notes.append("Megatron-Core 0.16 has no Mamba-1 mixer (ssm/mamba_mixer.py is Mamba-2): the Mamba-1 layers are "
                      "modelled as transformers' JambaMambaMixer runs them with mamba-ssm's selective scan")

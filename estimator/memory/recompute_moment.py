@@ -14,6 +14,7 @@ from .components import Component, component, total_bytes
 from .cp_ring import ring_backward_moment
 from ..spec.dtypes import bytes_per_element
 from .fsdp1 import is_fsdp1, softmax_moment_parts as fsdp1_softmax_parts
+from .mamba_torch_moment import ssm_torch_backward_moment
 from .megatron_softmax_moment import recomputed_softmax_moment, selective_core_softmax_moment
 from ..spec.parallel import Parallel
 from .sharding import StageParameters, chunk_kind_counts, padded_vocab_size
@@ -54,7 +55,8 @@ def recompute_moment(arch: Architecture, training: Training, recipe: Recipe, par
     if working and counted:  # a recomputed MoE layer's own moments
         extras = list(extras) + list(in_moe_layer) + freed \
             + (softmax_backward_moment(arch, training, par, recomputed=True, stage=sp)
-               or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n]))
+               or softmax_backward_temporary(arch, training, par, [k for k, n in sp.kind_counts if n])) \
+            + ssm_torch_backward_moment(arch, training, par)
     elif not counted:  # no layer recomputed: its in-layer moment (FSDP1's held gradients and units beside it)
         moment = softmax_backward_moment(arch, training, par,
                                          *_made_before_last_attention(arch, training, recipe, par, sp, grads_live),
@@ -62,7 +64,8 @@ def recompute_moment(arch: Architecture, training: Training, recipe: Recipe, par
         held = fsdp1_softmax_parts(arch, training, par, recipe, sp) if moment and is_fsdp1(training) \
             and not grads_live and sp.last else []
         extras = list(extras) + moment + held \
-            + selective_core_softmax_moment(arch, training, par, arch.layer_kind(sp.chunks[-1].stop - 1))
+            + selective_core_softmax_moment(arch, training, par, arch.layer_kind(sp.chunks[-1].stop - 1)) \
+            + ssm_torch_backward_moment(arch, training, par)
     ring = ring_backward_moment(arch, training, par) if working else []  # torch's ring attention (cp_ring.py)
     if ring and total_bytes(ring) > int(round(working)) + total_bytes(extras):
         return 0.0, ring, False

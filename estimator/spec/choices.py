@@ -22,6 +22,9 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "flash_attention_2")
 # CUDA_MODULE_LOADING (hardware.cuda_module_loading; spec/cuda_modules.py)
 LOADING_MODES = ("lazy", "eager")
 LOSSES = ("standard", "fused", "chunked")
+# the Mamba-2 mixers' kernels: mamba-ssm's and causal-conv1d's, or transformers' torch fallback without them (5.18 and
+# later: einsums; 5.17 and earlier: broadcast products)
+SSM_KERNELS = ("fused", "torch", "torch_5.17")
 # FP8 scaling recipes of TransformerEngine: per-tensor (delayed or current scaling, Hopper),
 # MXFP8 (1x32 blocks with E8M0 scales, Blackwell), blockwise (DeepSeek-V3's 128x128 weight blocks);
 # under fsdp2, torchao's Float8Linear: tensorwise or rowwise (torchao/float8/config.py Float8LinearRecipeName), or

@@ -24,7 +24,7 @@ from .optimizers import OPTIMIZERS
 from .versions import MEGATRON_TE, TE_NONE, TE_VERSIONS, TORCH_VERSIONS, VERSIONS, default_versions_text
 from .serving_fields import SERVING_FIELDS
 from .transformers_fields import TRANSFORMERS_FIELDS
-from .hybrid_fields import HYBRID_FIELDS
+from .hybrid_fields import HYBRID_FIELDS, HYBRID_TRAINING_FIELDS
 from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
                     MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
 
@@ -306,7 +306,7 @@ TRAINING_FIELDS: tuple[Field, ...] = (
          hi=MAX_TOKENS, optional=True, auto="the sequence length", step=1024),
     _choice("kv_cache_dtype", _T, "KV cache dtype", "Inference: the dtype of the cached keys and values.",
             "Inference", KV_CACHE_DTYPES, optional=True, auto="the weights dtype"),
-)
+) + HYBRID_TRAINING_FIELDS
 
 PARALLEL_FIELDS: tuple[Field, ...] = (
     _int("tp", _P, "Tensor parallel (TP)", "GPUs that split every layer's matrices (Megatron tensor parallelism). "

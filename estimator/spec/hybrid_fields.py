@@ -4,7 +4,8 @@ the one field registry (estimator/spec/fields.py) splices them in."""
 
 from __future__ import annotations
 
-from .field import MAX_HEADS, MAX_LAYERS, MAX_WIDTH, Field, _bool, _int
+from .choices import SSM_KERNELS
+from .field import MAX_HEADS, MAX_LAYERS, MAX_WIDTH, Field, _bool, _choice, _int
 
 _M, _HYB = "model", "Hybrid layers"
 
@@ -60,4 +61,18 @@ HYBRID_FIELDS: tuple[Field, ...] = (
        hi=64, optional=True, auto="none: required with Mamba-1 layers"),
     _w("mamba_dt_rank", "Mamba-1 time-step rank", "Rank of the Mamba-1 time-step projection (HF mamba_dt_rank).",
        _HYB, optional=True, auto="none: required with Mamba-1 layers"),
+)
+
+# the training section's entry for hybrids, spliced in after TRAINING_FIELDS (estimator/spec/fields.py)
+HYBRID_TRAINING_FIELDS: tuple[Field, ...] = (
+    _choice("ssm_kernels", "training", "SSM kernels (Mamba, Gated DeltaNet)", "hf, deepspeed, fsdp1 on a model with "
+            "Mamba mixers (Falcon-H1, Nemotron-H: Mamba-2; Jamba: Mamba-1) or Gated DeltaNet (Qwen3-Next): fused = "
+            "mamba-ssm's, causal-conv1d's and flash-linear-attention's CUDA kernels are installed; torch = they are "
+            "not, and transformers (5.18 or later) falls back to its reference PyTorch code (it logs 'falling back "
+            "to its reference PyTorch implementation'): a Mamba-2 mixer keeps per-chunk fp32 tensors (segment sums, "
+            "G = C B^T, the einsums' copies of B, C and x, the chunk states), 2 to 5 times the activations; a Mamba-1 "
+            "mixer's recurrent scan keeps every token's state; a Gated DeltaNet its fp32 per-chunk matrices and "
+            "copies of q, k, v (its backward's per-chunk gradients not modelled); torch_5.17 = the same fallback in transformers 5.17 or earlier, whose Mamba-2 scan multiplies "
+            "broadcast operands into 6-D fp32 products and, in backward, holds two gradients of the largest at once "
+            "(Falcon-H1-0.5B at 2 x 4k: 25.8 GB more; Mamba-1's code is 5.23's).", "Run", SSM_KERNELS),
 )

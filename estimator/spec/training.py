@@ -79,6 +79,7 @@ class Training:
     fp8_all_gather: bool = False  # fsdp2: FSDP2 all-gathers torchao float8 weights (enable_fsdp_float8_all_gather)
     async_tp: bool = False  # TP collectives overlapped with their GEMMs (--tp-comm-overlap, torchtitan async TP)
     liger_kernel: bool = False  # the Trainer's use_liger_kernel: Liger's RMSNorm, SwiGLU, RoPE (memory/liger.py)
+    ssm_kernels: str = "fused"  # Mamba-2 mixers: mamba-ssm's kernels or transformers' torch fallback (mamba_torch.py)
     compile: bool = False  # torch.compile of the layers: Inductor's partitioner decides what they save (activations.py)
     # fsdp2 with compile: the loss compiles with the model (torchtitan's compile.components); None = the
     # release's default (memory/titan_releases.py)
@@ -299,6 +300,20 @@ def _check_framework_settings(t: Training) -> None:
                           "one); the other frameworks run their own loops", related=("training.framework",))
 
 
+def _check_ssm_kernels(t: Training) -> None:
+    """transformers' torch fallback of the Mamba-2 kernels is transformers' code, eager (memory/activations/mamba_torch.py)."""
+    if t.ssm_kernels == "fused":
+        return
+    if t.framework not in TRANSFORMERS_FRAMEWORKS:
+        raise ConfigError("training.ssm_kernels", t.ssm_kernels, "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'",
+                          "the torch fallback is transformers' modelling code; Megatron-Core's Mamba mixer and the "
+                          "other frameworks call mamba-ssm's kernels", related=("training.framework",))
+    if t.compile:
+        raise ConfigError("training.ssm_kernels", t.ssm_kernels, "'fused' with compile on",
+                          "the torch fallback is modelled eager (what its ops save); a compiled one saves what "
+                          "Inductor's partitioner keeps", related=("training.compile",))
+
+
 def _check_compile(t: Training) -> None:
     """torch.compile: the frameworks and the mode it is modelled for, async TP, the loss's compile."""
     if t.compile and t.framework not in COMPILE_FRAMEWORKS:
@@ -310,6 +325,7 @@ def _check_compile(t: Training) -> None:
         raise ConfigError("training.compile", True, "false unless mode is 'training'",
                           "it changes what the layers save for backward", related=("training.mode",))
     _check_async_tp(t)
+    _check_ssm_kernels(t)
     if t.compile_loss is not None and (t.framework != "fsdp2" or not t.compile):
         raise ConfigError("training.compile_loss", t.compile_loss, "empty (auto) unless framework is 'fsdp2' and "
                           "compile is on", "it is torchtitan's compile.components: whether the loss compiles with "

@@ -70,11 +70,12 @@ class GpuCase:
 # Mamba-2 hybrids whose GPU run would measure only transformers' torch fallback. The lent machines have no
 # mamba-ssm (PyPI ships its source only, whose build fetches or compiles CUDA code; the machines have no network), so
 # transformers 5.17 runs the reference `mamba2_chunk_scan` in place of mamba-ssm's fused
-# `mamba_split_conv1d_scan_combined`, which the fake-tensor records (validation/hybrid/kernels.py) and the
-# estimate model. That fallback materialises per-chunk products the kernel never makes (Nemotron-H's
+# `mamba_split_conv1d_scan_combined`, which the fake-tensor records (validation/hybrid/kernels.py) model. That
+# fallback materialises per-chunk products the kernel never makes (Nemotron-H's
 # `G = C[..., None, :, :] * B[..., None, :, :, :]`, 32 to 128 GiB at one request): on the H200 (2026-11-26)
-# every Nemotron-H-8B and Falcon-H1-7B case ran out of memory there. Falcon-H1-0.5B's two cases ran and are
-# recorded (tests/test_accuracy.py KNOWN_GPU_GAPS: 3.9x and 5.3x the kernel path's peak).
+# every Nemotron-H-8B and Falcon-H1-7B case ran out of memory there (the estimate with ssm_kernels 'torch_5.17':
+# 155 to 591 GB, tests/test_ssm_torch.py). Falcon-H1-0.5B's two cases ran and are recorded (3.9x and 5.3x the
+# kernel path's peak; their configs say ssm_kernels 'torch_5.17': records.py ran_ssm_kernels).
 FALLBACK_ONLY_MODELS = ("nemotron-h-8b", "falcon-h1-7b")
 
 

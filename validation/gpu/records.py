@@ -96,6 +96,18 @@ def as_ran(case, measured: dict):
     return replace(case, run=replace(case.run, vision_attention=ran))
 
 
+def ran_ssm_kernels(config: dict, versions: dict) -> dict:
+    """The configuration as the GPU ran a model with Mamba-2 mixers: without mamba-ssm (no version recorded: the lent
+    machines have none, cases.py FALLBACK_ONLY_MODELS) transformers ran its torch fallback, ssm_kernels 'torch_5.17'
+    up to transformers 5.17 (broadcast products), 'torch' from 5.18 (einsums)."""
+    model = config["model"]
+    if (model.get("parallel_mamba") or "M" in (model.get("hybrid_override_pattern") or "")) \
+            and not versions.get("mamba_ssm"):
+        release = tuple(int(x) for x in versions["transformers"].split(".")[:2])
+        config["training"]["ssm_kernels"] = "torch_5.17" if release <= (5, 17) else "torch"
+    return config
+
+
 def record_of(line: dict) -> dict:
     case, versions = as_ran(CASES[line["id"]], line["measured"]), line["versions"]
     gpu = GPU_IDS[versions["gpu"]]
@@ -103,7 +115,7 @@ def record_of(line: dict) -> dict:
     # emulate), the case's own, and the record's vision_attention says what differs
     fake = case.fake_record if case.fake_record.exists() else CASES[line["id"]].fake_record
     return {
-        "id": line["id"], "description": description_of(case, versions["gpu"]), "config": config_of(case, gpu, versions.get("bitsandbytes")),
+        "id": line["id"], "description": description_of(case, versions["gpu"]), "config": ran_ssm_kernels(config_of(case, gpu, versions.get("bitsandbytes")), versions),
         "measured": measured_of(line["measured"]), "method": METHOD, "versions": versions,
         "fake_tensor_record": str(fake.relative_to(MEASURED)) if fake.exists() else None,
         **({"wrapper": case.wrapper} if case.wrapper else {}),

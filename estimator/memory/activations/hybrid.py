@@ -39,6 +39,7 @@ from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import ATTENTION_OUTPUT, Entry, NORM, _norm, _norm_output, fused_kernels, tokens_per_gpu
+from .mamba_torch import BROADCAST, mamba2_mixers, torch_mamba1_entries, torch_mixer_entries
 
 FLA_CHUNK = 64  # chunk_gated_delta_rule's chunk (fla chunk.py: chunk_size defaults to 64)
 
@@ -51,15 +52,22 @@ def gated_delta_net_entries(arch: Architecture, training: Training, par: Paralle
     qk, v = hk * arch.linear_key_head_dim, hv * arch.linear_value_head_dim
     out = _norm("linear attention norm input", T, arch, training)
     out += _norm_output("in_proj input (qkvz and ba projections)", T, arch, training, 2, NORM)
+    out.append(Entry("q, k, v concatenated (causal-conv1d's saved input)", T * (2 * qk + v), B, "tp",
+                     "B*s*b*(2*Hk*K + Hv*V)"))
+    if training.ssm_kernels != "fused":  # transformers' torch fallback (no fla): memory/activations/gdn_torch.py
+        from .gdn_torch import torch_gdn_entries
+        out += torch_gdn_entries(arch, training, par)
+    else:
+        out += [
+            Entry("q and k l2-normalised (kept by fla's chunked gated delta rule)", T * 2 * qk, B, "tp", "2*B*s*b*Hk*K"),
+            Entry("q and k rstd per head (fp32, fla l2norm)", T * 2 * hk, 4, "tp", "2*4*s*b*Hk"),
+            Entry("v made contiguous (kept by fla)", T * v, B, "tp", "B*s*b*Hv*V"),
+            Entry("decay g cumulated per chunk (fp32, kept by fla)", T * hv, 4, "tp", "4*s*b*Hv"),
+            Entry(f"A, the solved intra-chunk matrices (s x Hv x {FLA_CHUNK}, kept by fla)", T * hv * FLA_CHUNK, B,
+                  "tp", f"B*s*b*Hv*{FLA_CHUNK}"),
+        ]
     out += [
-        Entry("q, k, v concatenated (causal-conv1d's saved input)", T * (2 * qk + v), B, "tp", "B*s*b*(2*Hk*K + Hv*V)"),
-        Entry("q and k l2-normalised (kept by fla's chunked gated delta rule)", T * 2 * qk, B, "tp", "2*B*s*b*Hk*K"),
-        Entry("q and k rstd per head (fp32, fla l2norm)", T * 2 * hk, 4, "tp", "2*4*s*b*Hk"),
-        Entry("v made contiguous (kept by fla)", T * v, B, "tp", "B*s*b*Hv*V"),
-        Entry("decay g cumulated per chunk (fp32, kept by fla)", T * hv, 4, "tp", "4*s*b*Hv"),
         Entry("beta = sigmoid(b) (kept by sigmoid and fla)", T * hv, B, "tp", "B*s*b*Hv"),
-        Entry(f"A, the solved intra-chunk matrices (s x Hv x {FLA_CHUNK}, kept by fla)", T * hv * FLA_CHUNK, B, "tp",
-              f"B*s*b*Hv*{FLA_CHUNK}"),
         Entry("a + dt_bias and its softplus (fp32, kept by softplus and the A_log product)", T * 2 * hv, 4, "tp",
               "2*4*s*b*Hv"),
         Entry("gated norm input (fp32 upcast)", T * v, 4, "tp", "4*s*b*Hv*V"),
@@ -87,6 +95,8 @@ def mamba_mixer_entries(arch: Architecture, training: Training, par: Parallel, i
     H, g, n = arch.mamba_num_heads, arch.mamba_num_groups, arch.mamba_state_size
     d = H * arch.mamba_head_dim
     out = _norm_output(input_name, T, arch, training, 1, NORM)
+    if training.ssm_kernels != "fused":  # transformers' torch fallback (no mamba-ssm): memory/activations/mamba_torch.py
+        return out + torch_mixer_entries(arch, training, par)
     out.append(Entry("in_proj output z, x, B, C, dt (kept by mamba-ssm's fused mixer)", T * (2 * d + 2 * g * n + H), B,
                      "tp", "B*s*b*(2*H*p + 2*g*n + H)"))
     out.append(Entry("scan output before the gate (kept by the fused mixer)", T * d, B, "tp", "B*s*b*H*p"))
@@ -135,6 +145,8 @@ def mamba1_entries(arch: Architecture, training: Training, par: Parallel) -> lis
     chunks = -(-training.seq_len // par.cp // SCAN_CHUNK)
     out = _norm("Mamba norm input", T, arch, training)
     out += _norm_output("in_proj input", T, arch, training, 1, NORM)
+    if training.ssm_kernels != "fused":  # transformers' torch fallback (no mamba-ssm): memory/activations/mamba_torch.py
+        return out + torch_mamba1_entries(arch, training, par)
     out += [
         Entry("in_proj output x and z (the conv's saved input is a view of it)", T * 2 * d, B, "tp", "2*B*s*b*d"),
         Entry("conv output (kept by the scan as u)", T * d, B, "tp", "B*s*b*d"),
@@ -168,3 +180,47 @@ def hybrid_layer_entries(arch: Architecture, training: Training, par: Parallel, 
     if ffn is not None:
         out += mlp_entries(arch, training, par, ffn)
     return out
+
+
+def ssm_kernels_note(arch: Architecture, training: Training, par: Parallel) -> str | None:
+    """What the estimate says of the SSM kernels it assumed, for a model with Mamba mixers under transformers."""
+    from dataclasses import replace
+
+    from ...spec.choices import TRANSFORMERS_FRAMEWORKS
+    from .mamba_torch import mixers
+
+    two, one = mamba2_mixers(arch), mixers(arch, ("mamba1",))
+    if training.mode != "training" or training.framework not in TRANSFORMERS_FRAMEWORKS:
+        return None
+    if not (two or one):
+        linear = mixers(arch, ("linear_attention",))
+        if not linear:
+            return None
+        saved = {k: sum(e.bytes(par) for e in gated_delta_net_entries(arch, replace(training, ssm_kernels=k), par))
+                 for k in ("fused", "torch")}
+        gib = (saved["torch"] - saved["fused"]) / 2**30
+        if training.ssm_kernels == "fused":
+            return (f"SSM kernels 'fused': the Gated DeltaNet layers run flash-linear-attention's and causal-conv1d's "
+                    f"kernels; without them transformers' torch_chunk_gated_delta_rule keeps {gib:.2f} GiB more per "
+                    f"layer ({linear} layers): ssm_kernels 'torch'")
+        return (f"SSM kernels '{training.ssm_kernels}': the Gated DeltaNet layers on transformers' "
+                f"torch_chunk_gated_delta_rule keep {gib:.2f} GiB more per layer ({linear} layers; every saved tensor "
+                "checked on a real CPU layer); its backward's per-chunk gradients beside them are not modelled")
+    entries = (lambda t: mamba_mixer_entries(arch, t, par, "x")) if two else (lambda t: mamba1_entries(arch, t, par))
+    saved = {k: sum(e.bytes(par) for e in entries(replace(training, ssm_kernels=k))) for k in ("fused", "torch")}
+    gib, count = (saved["torch"] - saved["fused"]) / 2**30, two or one
+    kind = "Mamba-2" if two else "Mamba-1"
+    if training.ssm_kernels == "fused":
+        return (f"SSM kernels 'fused': the {kind} mixers run mamba-ssm's and causal-conv1d's kernels. Without those "
+                "packages transformers logs that it falls back to its reference PyTorch code, which keeps "
+                f"{gib:.2f} GiB more per mixer ({count} mixers): set ssm_kernels to 'torch' for that path"
+                + (f" (transformers 5.18 and later; '{BROADCAST}' for 5.17 and earlier)" if two else ""))
+    if training.ssm_kernels == "torch" or not two:
+        return (f"SSM kernels '{training.ssm_kernels}': transformers' reference PyTorch code of the {kind} mixers (no "
+                f"mamba-ssm / causal-conv1d installed), {gib:.2f} GiB more saved per mixer than mamba-ssm's kernel "
+                f"({count} mixers)" + (", as transformers 5.18 and later run it (einsums); 5.17 and earlier "
+                                       f"multiply broadcast operands: '{BROADCAST}'" if two else
+                                       ": the recurrent scan keeps every token's state"))
+    return (f"SSM kernels '{BROADCAST}': transformers 5.17 and earlier's reference PyTorch code of the Mamba-2 "
+            "mixers, whose scan makes 6-D fp32 products and, in backward, two gradients of the largest at once "
+            "beside the layer's saved tensors; 5.18 and later contract with einsums ('torch')")
