@@ -183,7 +183,8 @@ GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 
 def _full_fine_tuning_records() -> list[Path]:
     """The HF full fine-tuning runs measured on an H200 (adapter runs aside, and the two Falcon-H1 runs of
-    transformers' Mamba torch fallback, a path the estimate does not model: tests/test_accuracy.py KNOWN_GPU_GAPS)."""
+    transformers' Mamba torch fallback, training.ssm_kernels "torch_5.17", whose allocated peak is modelled
+    (memory/activations/mamba_torch.py) but not replayed: a hybrid's reserved memory is the flat share)."""
     from test_accuracy import MAMBA_FALLBACK_FAKE_PEAKS
 
     out = []

@@ -185,6 +185,14 @@ def test_a_bad_value_names_the_field(changes, allowed):
     assert caught.value.field == "training.ssm_kernels" and allowed in str(caught.value)
 
 
+def test_a_model_without_ssm_layers_refuses_the_fallback():
+    """Llama has no Mamba or linear-attention layer: naming their kernels there is an input with no effect."""
+    with pytest.raises(ConfigError) as caught:
+        estimate_config({"model": "llama-3.2-1b", "training": {"framework": "hf", "ssm_kernels": "torch"}})
+    assert caught.value.field == "training.ssm_kernels" and "without Mamba or linear-attention layers" in str(
+        caught.value)
+
+
 # transformers 5.17 and earlier (ssm_kernels "torch_5.17"): the H200's two runs (tests/test_accuracy.py holds them to
 # 5%) and the fake-tensor steps of 5.17.0 (MAMBA_FALLBACK_FAKE_PEAKS)
 def test_the_broadcast_products_by_hand():

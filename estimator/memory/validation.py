@@ -100,6 +100,9 @@ def _check_model(arch: Architecture, training: Training, par: Parallel) -> None:
     """The model's own kind: a hybrid's layers, a vision tower's images, sparse attention."""
     if arch.is_hybrid:
         _check_hybrid(arch, training, par)
+    elif training.ssm_kernels != "fused":
+        raise ConfigError("training.ssm_kernels", training.ssm_kernels, "'fused' for a model without Mamba or "
+                          "linear-attention layers", "it names the kernels those layers run")
     if training.images_per_sample or training.image_size is not None or training.freeze_vision:
         _check_images(arch, training)
     if arch.sdpa_mask_always and arch.position_embedding == "alibi" and \
