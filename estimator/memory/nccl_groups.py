@@ -91,7 +91,8 @@ def megatron_communicators(par: Parallel, distributed_optimizer: bool, moe: bool
                                       f"{MCORE} transformer/moe/token_dispatcher.py l. 696-700, 779-781"))
     if par.cp > 1:
         comms.append(Communicator("CP", par.cp, "the attention's context-parallel exchange (TransformerEngine)",
-                                  f"{MCORE} extensions/transformer_engine.py l. 1234 (TEDotProductAttention's cp_group)"))
+                                  f"{MCORE} extensions/transformer_engine.py l. 1234 (TEDotProductAttention's "
+                                  "cp_group)"))
     comms += _pipeline(par)
     if tied and par.pp > 1:
         comms.append(Communicator(
