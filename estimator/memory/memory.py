@@ -142,7 +142,7 @@ def _step_memo(cfg: Resolved) -> tuple[_StageMemo, Training]:
     setup = step_setup(cfg.architecture, cfg.training, sealed)
     m = None if "micro_batch_size" in sealed else cfg.microbatches
     key = ("step parts", setup, cfg.hardware, par.tp, par.sequence_parallel, par.dp, par.cp, par.ep, par.etp,
-           par.pp > 1, cfg.zero_stage, m)
+           _pipeline_key(cfg), cfg.zero_stage, m)
     return _StageMemo(cfg.architecture, key), setup
 
 
@@ -211,7 +211,18 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
     fields = {"recompute_layers": None} if loss is None else {"recompute_layers": None, "loss": loss}
     par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, **fields)
     return _StageMemo(cfg.architecture, ("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
-                                         par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches))
+                                         par.cp, par.ep, par.etp, _pipeline_key(cfg), cfg.zero_stage,
+                                         cfg.microbatches))
+
+
+def _pipeline_key(cfg: Resolved) -> object:
+    """What the stage parts read of the pipeline: whether there is one; a Megatron-Core step's also how many stages
+    and whether they interleave, which its NCCL communicators read (stage_shared.megatron_world: PP's communicators,
+    the world's size)."""
+    par, training = cfg.parallel, cfg.training
+    if training.framework == "megatron" and training.mode == "training":
+        return par.pp, par.vpp > 1
+    return par.pp > 1
 
 
 class _StageMemo:

@@ -69,26 +69,7 @@ def megatron_communicators(par: Parallel, distributed_optimizer: bool, moe: bool
             "all_reduce of the gradient norm over grad_stats_parallel_group = model_parallel_group",
             f"{MCORE} optimizer/clip_grads.py l. 130, optimizer/__init__.py l. 462, 466"))
     if moe:
-        edp = par.expert_data_parallel
-        comms.append(Communicator("expert DP", edp, "the experts' gradients' reduce_scatter and parameters' all_gather",
-                                  f"{MCORE} optimizer/__init__.py l. 675 (intra_expt_dp_group), "
-                                  "distributed/param_and_grad_buffer.py l. 443, 285"))
-        if not distributed_optimizer:  # the experts' optimizer norms over its own group (not the dense one's)
-            comms.append(Communicator(
-                "expert TP x PP (the experts' gradient norm)", par.etp * par.pp,
-                "all_reduce of the experts' gradient norm: the chained optimizers' groups differ, each norms alone",
-                f"{MCORE} optimizer/__init__.py l. 674 (expt_tp_pp_group), optimizer/optimizer.py l. 1254-1286"))
-        if par.ep * par.etp > 1:  # the dispatchers' collectives, skipped at size 1 (mappings.py)
-            comms.append(Communicator("expert TP x EP", par.ep * par.etp,
-                                      "the dispatcher's all_gather of token counts (tokens, under 'allgather'; "
-                                      "DeepEP's Buffer group under 'deepep')",
-                                      f"{MCORE} transformer/moe/token_dispatcher.py l. 265-275, 539-540, 1345"))
-        if par.ep > 1 and dispatcher == "alltoall":
-            comms.append(Communicator("EP", par.ep, "the tokens' all_to_all",
-                                      f"{MCORE} transformer/moe/token_dispatcher.py l. 666-670, 810"))
-        if par.etp > 1:
-            comms.append(Communicator("expert TP", par.etp, "the experts' gather / reduce_scatter over expert TP",
-                                      f"{MCORE} transformer/moe/token_dispatcher.py l. 696-700, 779-781"))
+        comms += _experts(par, distributed_optimizer, dispatcher)
     if par.cp > 1:
         comms.append(Communicator("CP", par.cp, "the attention's context-parallel exchange (TransformerEngine)",
                                   f"{MCORE} extensions/transformer_engine.py l. 1234 (TEDotProductAttention's "
@@ -100,6 +81,33 @@ def megatron_communicators(par: Parallel, distributed_optimizer: bool, moe: bool
             "their gradients in every step", f"{MCORE} models/common/language_module/language_module.py l. 245, "
             "distributed/finalize_model_grads.py l. 228-258, parallel_state.py l. 525-531"))
     return tuple(comms)
+
+
+def _experts(par: Parallel, distributed_optimizer: bool, dispatcher: str) -> list[Communicator]:
+    """The communicators of a stage with MoE layers: the experts' gradient sync over expert DP, the experts'
+    gradient norm where its group is not the dense one's, and the dispatcher's (collectives of one rank skipped)."""
+    comms = []
+    edp = par.expert_data_parallel
+    comms.append(Communicator("expert DP", edp, "the experts' gradients' reduce_scatter and parameters' all_gather",
+                              f"{MCORE} optimizer/__init__.py l. 675 (intra_expt_dp_group), "
+                              "distributed/param_and_grad_buffer.py l. 443, 285"))
+    if not distributed_optimizer:  # the experts' optimizer norms over its own group (not the dense one's)
+        comms.append(Communicator(
+            "expert TP x PP (the experts' gradient norm)", par.etp * par.pp,
+            "all_reduce of the experts' gradient norm: the chained optimizers' groups differ, each norms alone",
+            f"{MCORE} optimizer/__init__.py l. 674 (expt_tp_pp_group), optimizer/optimizer.py l. 1254-1286"))
+    if par.ep * par.etp > 1:  # the dispatchers' collectives, skipped at size 1 (mappings.py)
+        comms.append(Communicator("expert TP x EP", par.ep * par.etp,
+                                  "the dispatcher's all_gather of token counts (tokens, under 'allgather'; "
+                                  "DeepEP's Buffer group under 'deepep')",
+                                  f"{MCORE} transformer/moe/token_dispatcher.py l. 265-275, 539-540, 1345"))
+    if par.ep > 1 and dispatcher == "alltoall":
+        comms.append(Communicator("EP", par.ep, "the tokens' all_to_all",
+                                  f"{MCORE} transformer/moe/token_dispatcher.py l. 666-670, 810"))
+    if par.etp > 1:
+        comms.append(Communicator("expert TP", par.etp, "the experts' gather / reduce_scatter over expert TP",
+                                  f"{MCORE} transformer/moe/token_dispatcher.py l. 696-700, 779-781"))
+    return comms
 
 
 def _pipeline(par: Parallel) -> list[Communicator]:
