@@ -83,13 +83,19 @@ def test_ep8_moe():
 def test_tied_embeddings_under_pp():
     """PP 2 x TP 1 x DP 1 with tied embeddings (batch_p2p_comm): world 2, TP and DP x CP of one rank, the instance
     group 2, PP 2 and the embedding group of the first and last stage (2: the tied weights' all_reduce at the build
-    and their gradients' in every step): 170 + 4 x 512 + 2 x 388 = 2,994 MiB; untied, no embedding group: 2,482 MiB.
-    The position-embedding group is the first stage alone, skipped (finalize_model_grads.py: size > 1 only)."""
+    and their gradients' in every step): 170 + 4 x 512 + 2 x 388 = 2,994 MiB; untied, or on a middle stage, no
+    embedding group: 2,482 MiB. The position-embedding group is the first stage alone, skipped
+    (finalize_model_grads.py: size > 1 only). In an estimate at PP 4 the first and last stages hold it."""
     par = Parallel(pp=2)
     assert _groups(par, tied=True)[-1] == ("embedding (first and last stage)", 2)
     assert megatron_world(Training(), par, 1, TIED).bytes == KERNELS + 4 * SEVERAL + 2 * ONE == 2994 * MiB
     assert megatron_world(Training(), par, 1, DENSE).bytes == KERNELS + 3 * SEVERAL + 2 * ONE == 2482 * MiB
+    assert megatron_world(Training(), par, 1, TIED, edge_stage=False).bytes == 2482 * MiB
     assert _groups(Parallel(tp=2), tied=True)[-1] == ("distributed optimizer instance", 2)  # no PP: none
+    result = estimate_config({"model": "llama-3.2-1b", "parallel": {"pp": 4}, "training": {"seq_len": 1024}})
+    assert [s.component("communication").bytes for s in result.stages] == \
+        [KERNELS + 4 * SEVERAL + 2 * ONE, KERNELS + 3 * SEVERAL + 2 * ONE, KERNELS + 3 * SEVERAL + 2 * ONE,
+         KERNELS + 4 * SEVERAL + 2 * ONE]
 
 
 def test_one_rank_world_is_the_same_list_at_world_size_one():

@@ -126,7 +126,8 @@ class _StepParts:
         key = ("step", sp.first, sp.last, sp.kind_counts) + chunks
         part = self.memo.get(key)
         if part is None:
-            inputs = StepShared(shared.communication, shared.moe_communication, shared.runtime, shared.hardware)
+            inputs = StepShared(shared.communication, shared.moe_communication, shared.runtime, shared.hardware,
+                                shared.edge_communication)
             part = self.memo[key] = step_part(cfg.architecture, self.setup, cfg.recipe, cfg.parallel, sp,
                                               cfg.zero_stage, inputs, self.memo)
         return part

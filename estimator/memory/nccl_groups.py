@@ -44,8 +44,8 @@ def megatron_communicators(par: Parallel, distributed_optimizer: bool, moe: bool
     """The communicators one rank of a Megatron-Core training step holds (module docstring), each with its size:
     at world size 1 the four the H200 record's NCCL log shows (ONE_RANK_GROUPS). `distributed_optimizer`: the
     distributed optimizer (zero_stage >= 1); `moe`: the model has MoE layers; `tied`: the word embeddings are tied
-    to the output layer; `dispatcher`: training.moe_dispatcher. The embedding group is on the first and last
-    stages only; it is listed for every stage (the step's communication is one component for all stages)."""
+    to the output layer, on a stage that holds them (the first or the last: the embedding group's ranks,
+    parallel_state.py default_embedding_ranks); `dispatcher`: training.moe_dispatcher."""
     world = par.gpus
     comms = [
         Communicator("world", world, "all_gather_object while the optimizer is built",

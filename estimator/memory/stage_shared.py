@@ -71,6 +71,9 @@ class _Shared(NamedTuple):
     fragmentation: float  # share of the allocated peak
     # a segment kept reserved beyond that share: plain TP's reduce-scatter cat (tp_copies.py); None elsewhere
     reserved_cached: Component | None = None
+    # (communication, moe_communication) of the first and last stages where they hold more: Megatron-Core's tied
+    # embeddings' group under PP (megatron_world); None elsewhere
+    edge_communication: tuple[Component, Component] | None = None
 
     def ledger(self) -> tuple[LedgerLine, ...]:
         par = self.parallel
@@ -81,9 +84,10 @@ class _Shared(NamedTuple):
 
 def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, zero: int,
             vocab: int) -> _Shared:
-    communication = _communication(training, par, zero, arch, hardware)
-    moe_communication = (_communication(training, par, zero, arch, hardware, moe_stage=True) if arch.num_moe_layers
-                         else communication)
+    communication, moe_communication = _communications(training, par, zero, arch, hardware, edge_stage=False)
+    edge = None
+    if training.framework == "megatron" and training.mode == "training" and arch.tie_embeddings and par.pp > 1:
+        edge = _communications(training, par, zero, arch, hardware, edge_stage=True)
     # the ledger depends on the training setup and on TP, SP, CP and ETP only: every layout of a
     # search (and every rerun of the app) that shares them reads it from the architecture's memo; one
     # layer's saved tensors do not depend on how many layers full recompute checkpoints (the stages
@@ -95,7 +99,24 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
                    runtime=_runtime(arch, training, hardware), parallel=par, hardware=hardware,
                    fragmentation=fragmentation_fraction(hardware),
-                   reserved_cached=plain_tp_reserved(arch, training, par))
+                   reserved_cached=plain_tp_reserved(arch, training, par), edge_communication=edge)
+
+
+def _communications(training: Training, par: Parallel, zero: int, arch: Architecture, hardware: Hardware,
+                    edge_stage: bool) -> tuple[Component, Component]:
+    """(communication, moe_communication): a stage's without MoE layers and with them (_communication)."""
+    communication = _communication(training, par, zero, arch, hardware, edge_stage=edge_stage)
+    if not arch.num_moe_layers:
+        return communication, communication
+    return communication, _communication(training, par, zero, arch, hardware, moe_stage=True, edge_stage=edge_stage)
+
+
+def stage_communication(shared, first: bool, last: bool, moe_stage: bool) -> Component:
+    """A stage's communication component from `shared` (_Shared or static_stage.StepShared): the first and last
+    stages' where they hold more (edge_communication), a stage with MoE layers the MoE one."""
+    pair = shared.edge_communication if (first or last) and shared.edge_communication else \
+        (shared.communication, shared.moe_communication)
+    return pair[1] if moe_stage else pair[0]
 
 
 def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:
@@ -326,13 +347,13 @@ MULTI_RANK = 0.5 * GiB  # a communicator of several ranks, its topology unknown 
 
 
 def megatron_world(training: Training, par: Parallel, zero: int, arch: Architecture | None,
-                   moe_stage: bool = False) -> Component:
+                   moe_stage: bool = False, edge_stage: bool = True) -> Component:
     """Megatron-Core's communicators on one rank of this layout (nccl_groups.megatron_communicators; the MoE ones on
-    stages with MoE layers): each of several ranks 0.5 GiB (FUJII: a figure per communicator that names no kernels,
+    stages with MoE layers, the tied embeddings' group on `edge_stage`, the first or last): each of several ranks 0.5 GiB (FUJII: a figure per communicator that names no kernels,
     so NCCL's are charged beside it), each of one rank the measured one-rank communicator (a communicator of one
     rank sees its own GPU only, NCCL topo.cc ncclTopoGetSystem, so it sets up 64 channels as at world size 1:
     spec/nccl.py), and NCCL's kernels once. World size 1: one_rank_world."""
-    tied = bool(arch and arch.tie_embeddings)
+    tied = bool(arch and arch.tie_embeddings) and edge_stage
     comms = megatron_communicators(par, zero >= 1, moe_stage, tied, training.moe_dispatcher)
     if par.gpus == 1:
         return one_rank_world(training, comms)
@@ -356,14 +377,14 @@ def megatron_world(training: Training, par: Parallel, zero: int, arch: Architect
 
 
 def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
-                   hardware: Hardware | None = None, moe_stage: bool = False) -> Component:
+                   hardware: Hardware | None = None, moe_stage: bool = False, edge_stage: bool = True) -> Component:
     """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator. A Megatron-Core training step: its
     communicators by layout (megatron_world). Else 0.5 GiB for each process group of size > 1 (Fujii et al.'s
     estimator; NCCL issues #864/#986: memory grows with communicators and channels), and at world size 1 DeepSpeed's
     world of one rank (one_rank_world). On `moe_stage` with ``moe_dispatcher = "deepep"`` the MoE stages also hold
     DeepEP's fixed NVLink/RDMA buffers and workspace (cudaMalloc/NVSHMEM, sized in deepep.py)."""
     if training.framework == "megatron" and training.mode == "training":
-        nccl = megatron_world(training, par, zero, arch, moe_stage)
+        nccl = megatron_world(training, par, zero, arch, moe_stage, edge_stage)
     else:
         groups = []
         if par.tp > 1:
