@@ -40,8 +40,8 @@ def test_tp8_dp1():
     for zero in (1, 0):  # the formula below: zero_stage 0
         c = megatron_world(Training(), par, zero, DENSE)
         assert c.bytes == KERNELS + 3 * SEVERAL + ONE == 2094 * MiB
-    assert c.formula == ("NCCL kernels 170 MiB + 0.5 GiB x 3 communicators (world 8, TP 8, model-parallel (the "
-                         "gradient norm's) 8) + 1 of one rank x 388.0 MiB (DP x CP) = 2,094.0 MiB")
+    assert c.formula == ("NCCL kernels 170 MiB + 0.5 GiB x 3 communicators (world, TP, model-parallel (the "
+                         "gradient norm's)) + 1 of one rank x 388.0 MiB (DP x CP) = 2,094.0 MiB")
     assert [p.bytes for p in c.parts] == [KERNELS] + 3 * [SEVERAL] + [ONE]
 
 
@@ -58,8 +58,9 @@ def test_tp2_pp4_vpp2_dp4_distributed_optimizer():
     batched = Parallel(tp=2, pp=4, dp=4)
     assert _groups(batched)[4:] == [("PP", 4)]
     assert megatron_world(Training(), batched, 1, DENSE).bytes == KERNELS + 5 * SEVERAL == 2730 * MiB
-    assert _groups(Parallel(tp=2, pp=2, vpp=2, dp=4))[4:] == [("PP pair (the other stage)", 2),
-                                                              ("world pair (the other stage)", 2)]
+    assert _groups(Parallel(tp=2, pp=2, vpp=2, dp=4))[4:] == [("PP pair (the previous stage)", 2),
+                                                              ("PP pair (the next stage)", 2)]
+    assert "over the world group" in megatron_communicators(par, True)[-1].why
 
 
 def test_ep8_moe():

@@ -217,12 +217,13 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
 
 
 def _pipeline_key(cfg: Resolved) -> object:
-    """What the stage parts read of the pipeline: whether there is one; a Megatron-Core step's also how many stages
-    and whether they interleave, which its NCCL communicators read (stage_shared.megatron_world: PP's communicators,
-    the world's size)."""
+    """What the stage parts read of the pipeline: whether there is one; a Megatron-Core step's also whether it
+    interleaves, which its NCCL communicators read (stage_shared.megatron_world: PP's group's communicator, or one
+    per neighbour). Their bytes read no more of it (each of several ranks is charged alike, whatever its size), so
+    a search's pipeline depths share their parts."""
     par, training = cfg.parallel, cfg.training
     if training.framework == "megatron" and training.mode == "training":
-        return par.pp, par.vpp > 1
+        return par.pp > 1, par.vpp > 1
     return par.pp > 1
 
 

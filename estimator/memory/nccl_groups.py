@@ -123,9 +123,7 @@ def _pipeline(par: Parallel) -> list[Communicator]:
         return [Communicator("PP", par.pp, "batch_isend_irecv of the activations and their gradients (coalesced)",
                              f"{MCORE} pipeline_parallel/p2p_communication.py l. 48, 353; {TORCH_P2P}")]
     source = f"{MCORE} pipeline_parallel/p2p_communication.py _p2p_ops l. 54-125; {TORCH_P2P}"
-    if par.pp == 2:
-        return [Communicator("PP pair (the other stage)", 2, "isend/irecv one way, outside a batch", source),
-                Communicator("world pair (the other stage)", 2, "isend/irecv the other way over the world group",
-                             source)]
+    # the same two at every depth (the stage memo shares them across depths: memory._pipeline_key)
     return [Communicator("PP pair (the previous stage)", 2, "isend/irecv outside a batch", source),
-            Communicator("PP pair (the next stage)", 2, "isend/irecv outside a batch", source)]
+            Communicator("PP pair (the next stage)", 2, "isend/irecv outside a batch (at PP 2 the previous stage "
+                         "again, over the world group)", source)]

@@ -360,11 +360,13 @@ def megatron_world(training: Training, par: Parallel, zero: int, arch: Architect
     multi = [c for c in comms if c.ranks > 1]
     single = [c for c in comms if c.ranks == 1]
     parts = [_kernels()]
-    parts += [component("communication", f"NCCL communicator of {c.ranks} ranks: {c.group} group ({c.why})",
+    # the labels name no rank counts: the memo of stage parts shares this component across pipeline depths
+    # (memory._pipeline_key), which change the world's size but not the bytes
+    parts += [component("communication", f"NCCL communicator of several ranks: {c.group} group ({c.why})",
                         MULTI_RANK, "0.5 GiB a communicator of several ranks", f"{c.source}; {FUJII}")
               for c in multi]
     formula = (f"NCCL kernels {NCCL_KERNELS // 2**20} MiB + 0.5 GiB x {len(multi)} communicators "
-               f"({', '.join(f'{c.group} {c.ranks}' for c in multi)})")
+               f"({', '.join(c.group for c in multi)})")
     if single:
         ones, comm, page = one_rank_communicators(training, tuple((f"{c.group} group of size 1 ({c.why})", c.source)
                                                                   for c in single))
