@@ -26,6 +26,8 @@ from typing import NamedTuple
 from ..spec.parallel import Parallel
 
 MCORE = "Megatron-Core 0.16.1"
+# read in public copies of torch 2.x's torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (the same branch from 2.0 to
+# main, whose eager-init path reuses the group's communicator instead), not at a pinned 2.13 commit: no line numbers
 TORCH_P2P = ("torch ProcessGroupNCCL.cpp pointToPoint (single isend/irecv: getKeySendRecv, a 2-rank communicator "
              "per peer pair; inside batch_isend_irecv: getKeyFromDevice, the group's)")
 
@@ -112,8 +114,9 @@ def _experts(par: Parallel, distributed_optimizer: bool, dispatcher: str) -> lis
 
 def _pipeline(par: Parallel) -> list[Communicator]:
     """PP's communicators. Without interleaving Megatron-LM runs batch_p2p_comm (not overlap_p2p_comm, which it turns
-    off without a virtual pipeline; arguments.py core_transformer_config_from_args: batch_p2p_comm = not
-    overlap_p2p_comm): batch_isend_irecv, coalesced on the PP group's communicator. Interleaved, overlap_p2p_comm is
+    off without a virtual pipeline; megatron/training/arguments.py core_transformer_config_from_args: batch_p2p_comm
+    = not overlap_p2p_comm; Megatron-Core's own ModelParallelConfig defaults batch_p2p_comm True,
+    model_parallel_config.py l. 297-302): batch_isend_irecv, coalesced on the PP group's communicator. Interleaved, overlap_p2p_comm is
     Megatron-LM's default: single isend/irecv (p2p_communication.py _p2p_ops), a 2-rank communicator per peer pair;
     the interleaved ring gives every stage both neighbours (the last stage's next is the first); at PP 2 the two
     directions go over the PP group and the world group (l. 66-74), one pair communicator each."""
