@@ -36,7 +36,9 @@ COMPONENTS = [
     ("Transient buffers", "Short-lived memory: FSDP's gathered layers, DDP and DeepSpeed buckets, the optimizer "
      "step's temporaries. Only alive at some moments, but they add to the peak.", "layer size, bucket sizes"),
     ("NCCL buffers (communication)", "Buffers NCCL allocates for every group of GPUs that communicates (tensor, "
-     "pipeline, data parallel...), outside PyTorch's allocator: about 0.5 GiB per group.", "parallel groups"),
+     "pipeline, data parallel...), outside PyTorch's allocator: about 0.5 GiB per communicator of several GPUs, "
+     "388 MiB per communicator of one GPU and 170 MiB of NCCL's kernels. Megatron-Core's step also makes the "
+     "world's, the gradient norm's and, interleaved, one per pipeline neighbour.", "parallel groups"),
     ("CUDA context (runtime)", "The CUDA context and the kernel modules loaded into it (PyTorch's, cuBLAS's, "
      "FlashAttention's) as a run first uses them: on an H200 0.73-0.75 GiB after a training step with lazy module "
      "loading (the default), 1.71 GiB with CUDA_MODULE_LOADING=EAGER; about 0.5 GiB on other GPUs.",

@@ -1089,9 +1089,10 @@ def test_every_page_renders_the_issue_28_mla_presets(query):
 
 
 def test_the_planner_plans_llama_4_scout():
-    """Llama 4 Scout (issue 28): chunked attention and a vision tower's weights on the first stage; on 16 B200s
-    the page finds layouts, and the first one, loaded, is what the Memory page shows."""
-    at = _planner({"model": "llama-4-scout", "dp": "16", "seq_len": "4096", "gpu": "b200"})
+    """Llama 4 Scout (issue 28): chunked attention and a vision tower's weights on the first stage; on 32 B200s
+    the page finds layouts, and the first one, loaded, is what the Memory page shows. (On 16 none is within the
+    planner's 80% since Megatron-Core's communicators are charged: the best, TP 4 x PP 2 x VPP 24, needs 81.6%.)"""
+    at = _planner({"model": "llama-4-scout", "dp": "32", "seq_len": "4096", "gpu": "b200"})
     table = next(df.value for df in at.dataframe if "Tokens/s per GPU" in df.value.columns)
     assert len(table) > 0
     row = table.iloc[0]

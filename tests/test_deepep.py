@@ -97,7 +97,10 @@ def test_communication_grows_by_exactly_the_buffers(ep, added):
     deep = estimate_config(_config("deepep", ep, ep))
     for s0, s1 in zip(base.stages, deep.stages):
         c0, c1 = s0.component("communication"), s1.component("communication")
-        assert c1.bytes - c0.bytes == added
+        # DeepEP's buffers, less the all-to-all's EP communicator: the flex dispatcher issues no all_to_all over EP,
+        # only DeepEP's over TP x EP (Megatron-Core 0.16.1 token_dispatcher.py MoEFlexTokenDispatcher l. 1345-1358)
+        ep_comm = GiB // 2
+        assert c1.bytes - c0.bytes == added - ep_comm
         # the buffers are communication, outside the allocator's peak: backward (the same experts' backward) and
         # the step are unchanged; so is forward: the all-to-all dispatcher's combine moment (the sent tokens, the
         # experts' outputs, their unsorted copy and the all-to-all's output, 4 x 2 B x 1024 x 8 routed tokens x
@@ -109,10 +112,11 @@ def test_communication_grows_by_exactly_the_buffers(ep, added):
         assert combine < saved
         assert phases1 == phases0 and s1.allocated_peak_bytes == s0.allocated_peak_bytes
         outside = [s.device_total_bytes - s.allocated_peak_bytes - s.component("fragmentation").bytes for s in (s0, s1)]
-        assert outside[1] - outside[0] == added
+        assert outside[1] - outside[0] == added - ep_comm
         assert "DeepEP NVL buffer" in c1.formula and "RDMA buffer" in c1.formula
-        assert c1.formula.startswith(c0.formula)
-        assert sum(p.bytes for p in c1.parts) == c1.bytes and c1.parts[0] == c0
+        assert c1.formula.startswith(c1.parts[0].formula) and ", EP)" in c0.formula
+        assert ", EP)" not in c1.parts[0].formula
+        assert sum(p.bytes for p in c1.parts) == c1.bytes and c1.parts[0].bytes == c0.bytes - ep_comm
         assert any("RDMA" in p.label for p in c1.parts) == (ep > 8)
 
 
@@ -122,13 +126,16 @@ def test_alltoall_keeps_the_old_numbers():
     del cfg["training"]["moe_dispatcher"]
     assert estimate_config(cfg).to_json() == explicit.to_json()
     comm = explicit.stages[0].component("communication")
-    # DP x CP and EP communicators (EP 8 of 8 GPUs leaves no expert DP) and two of one rank, TP at TP 1 and the
-    # gradient norm's model-parallel group, 2 + 3 x 64 allocations of 2 MiB each (estimator/spec/nccl.py): the
-    # NCCL-only component
+    # the world's, DP x CP's, the dispatcher's TP x EP and EP communicators of 8 ranks, and four of one rank (EP 8 of
+    # 8 GPUs leaves expert DP one rank): TP at TP 1, the gradient norm's model-parallel group and the experts' expert
+    # TP x PP group (zero_stage 0), expert DP, each 2 + 3 x 64 allocations of 2 MiB (estimator/spec/nccl.py), and
+    # NCCL's kernels, 85 x 2 MiB (nccl_groups.megatron_communicators): the NCCL-only component
     one_rank = (2 + 3 * 64) * 2 * 2**20
-    assert comm.bytes == 2 * GiB // 2 + 2 * one_rank and comm.label == "NCCL communicator buffers"
-    assert comm.formula == ("0.5 GiB x 2 communicators (DP x CP, EP) + 2 of one rank x 388.0 MiB (TP, model-parallel "
-                            "(the gradient norm's))")
+    assert comm.bytes == 85 * 2 * 2**20 + 4 * GiB // 2 + 4 * one_rank == 3770 * 2**20
+    assert comm.label == "NCCL communicator buffers"
+    assert comm.formula == ("NCCL kernels 170 MiB + 0.5 GiB x 4 communicators (world, DP x CP, expert TP x EP, EP) "
+                            "+ 4 of one rank x 388.0 MiB (TP, model-parallel (the gradient norm's), expert DP, "
+                            "expert TP x PP (the experts' gradient norm)) = 3,770.0 MiB")
     assert "DeepEP" not in comm.formula
 
 
@@ -165,7 +172,7 @@ def test_cli_accepts_the_field(tmp_path):
     base = estimate_config(_config("alltoall", 64, 64)).to_json()
     for stage, old in zip(out["stages"], base["stages"]):
         added = stage["components"]["communication"] - old["components"]["communication"]
-        assert added == NVL_EP64 + META + RDMA_EP64 + WORKSPACE
+        assert added == NVL_EP64 + META + RDMA_EP64 + WORKSPACE - GiB // 2  # less the all-to-all's EP communicator
         assert "DeepEP" in stage["formulas"]["communication"]
 
 
@@ -182,7 +189,10 @@ def test_only_stages_with_moe_layers_hold_the_deepep_buffers():
     comm = [s.component("communication").bytes for s in deepep.stages]
     base = [s.component("communication").bytes for s in plain.stages]
     assert comm[0] == base[0]
-    assert comm[1] > base[1]
+    # stage 1 holds DeepEP's buffers in place of the all-to-all's EP communicator (test_communication_grows_...)
+    labels = [[p.label for p in s.component("communication").parts] for s in deepep.stages]
+    assert not any("DeepEP" in label for label in labels[0]) and any("DeepEP" in label for label in labels[1])
+    assert comm[1] != base[1]
     # DeepEP sends from its own buffers: no all-to-all send buffer among the transients
     fwd = {c.key: c for c in next(p for p in deepep.stages[1].phases if p.name == "forward").components}
     assert not any("All-to-all" in part.label for part in fwd["transient"].parts)

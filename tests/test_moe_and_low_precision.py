@@ -112,25 +112,37 @@ def test_deepseek_v3_as_reported_on_80_gb():
     assert bwd["wgrad_cache"] == 2 * sum(rows * cols for rows, cols in shapes)
     assert middle.allocated_peak_bytes / GiB == pytest.approx(
         71.17 + (bwd["workspace"] + bwd["wgrad_cache"]) / GiB, abs=0.01)
-    # outside the allocator: NCCL and DeepEP 2.725 GiB and the TP group of one rank's communicator (its loss's
+    # outside the allocator: Megatron-Core's six communicators of several ranks at 0.5 GiB (the world's, DP x CP's,
+    # the distributed optimizer's instance group, expert DP's, DeepEP's TP x EP group's, PP's: nccl_groups.py) and
+    # DeepEP's buffers 0.725 GiB, NCCL's kernels 170 MiB and the TP group of one rank's communicator (its loss's
     # all_reduce: 2 + 3 x 64 allocations of 2 MiB, estimator/spec/nccl.py), CUDA context and kernels 766.8 MiB
     # (measured on Hopper), expandable segments' 5% of the peak
     assert middle.device_total_bytes / GiB == pytest.approx(
-        middle.allocated_peak_bytes / GiB * 1.05 + 2.725 + 388 / 1024 + 766.8 / 1024, abs=0.01)
-    for stage in result.stages[1:-1]:  # every middle rank fits
-        assert stage.device_total_bytes < result.fit.capacity_bytes
+        middle.allocated_peak_bytes / GiB * 1.05 + 6 * 0.5 + 0.725 + (170 + 388) / 1024 + 766.8 / 1024, abs=0.01)
     # The two edge ranks (DualPipe: rank 0 runs stages 0 and 15, rank 15 stages 15 and 0: the embedding, the dense
-    # layers, the head and MTP) need 103.4% under Megatron-Core and TransformerEngine's rules (issue 22; 103.0% before
-    # the TP group of one rank's NCCL communicator, 388 MiB, was charged): TE's cached
+    # layers, the head and MTP) need 104.9% under Megatron-Core and TransformerEngine's rules (issue 22; 103.0% before
+    # the TP group of one rank's NCCL communicator, 388 MiB, was charged, 103.4% before the world's and the
+    # instance group's communicators and NCCL's kernels were): TE's cached
     # dummy weight gradients, 3.09 GiB for their 11 linear shapes (the output layer's 129,280 x 7,168 among them),
     # and the MTP module's micro-batch, 2.94 GiB (one MoE layer and a second loss), tip them over. DeepSeek trained
     # with its own framework, not TE; its report (3.3.3) says no more of these two.
     edge = result.stages[0]
     assert edge.component("wgrad_cache").bytes / GiB == pytest.approx(3.086, abs=0.001)
     assert edge.component("mtp").bytes / GiB == pytest.approx(2.937, abs=0.001)
-    assert result.fit.verdict == "oom" and result.fit.utilization == pytest.approx(1.034, abs=0.001)
+    assert result.fit.verdict == "oom" and result.fit.utilization == pytest.approx(1.049, abs=0.001)
     without = edge.device_total_bytes - 1.05 * (edge.component("wgrad_cache").bytes + edge.component("mtp").bytes)
     assert without < result.fit.capacity_bytes  # the rest of the edge rank fits
+
+
+@pytest.mark.xfail(strict=True, reason="a middle rank needs 100.8% of 80 GB: Megatron-Core's communicators (world 2,048, "
+                   "the instance group 2,048, DP x CP 128, expert DP 2, TP x EP 64, PP 16) at Fujii et al.'s flat "
+                   "0.5 GiB each, a figure not derived for communicators of 2,048 ranks; DeepSeek's own framework's "
+                   "communicators are not modelled (99.35% before the world's and the instance group's)")
+def test_deepseek_v3_middle_ranks_fit_on_80_gb():
+    """DeepSeek trained this recipe on H800s: every middle rank fits (GitHub issue #13)."""
+    result = estimate_config(get_recipe("deepseek-v3-as-reported").config)
+    for stage in result.stages[1:-1]:
+        assert stage.device_total_bytes < result.fit.capacity_bytes
 
 
 def test_deepseek_v3_counts():

@@ -257,12 +257,15 @@ def test_megatron_groups_of_size_one_in_a_layout_of_several_gpus():
     """At TP 2 x DP 1 the DP x CP group is one rank and Megatron-Core still reduce-scatters and all-gathers over it
     (param_and_grad_buffer.py: no size test; the world-size-1 run makes its communicator); at TP 1 x DP 2 the TP
     group is one rank and the loss all-reduces over it: each gets a communicator of one rank, 64 channels (NCCL's
-    topology of a one-rank communicator holds its own GPU only), beside the 0.5 GiB of each larger group."""
+    topology of a one-rank communicator holds its own GPU only), beside the 0.5 GiB of each larger group: the
+    world's (the optimizer build's all_gather_object), the distributed optimizer's instance group (the world at one
+    instance: the gradient norm) and TP or DP x CP; NCCL's kernels once (nccl_groups.megatron_communicators)."""
     one = 194 * GRANULARITY
     tp2, dp2 = _communication(2, 1), _communication(1, 2)
-    assert tp2[0] == dp2[0] == 512 * MiB + one
-    assert tp2[1].endswith("of one rank x 388.0 MiB (DP x CP)") and dp2[1].endswith("of one rank x 388.0 MiB (TP)")
-    assert _communication(2, 2)[0] == 2 * 512 * MiB  # no group of size 1
+    assert tp2[0] == dp2[0] == KERNELS * GRANULARITY + 3 * 512 * MiB + one == 2094 * MiB
+    assert tp2[1].endswith("of one rank x 388.0 MiB (DP x CP) = 2,094.0 MiB")
+    assert dp2[1].endswith("of one rank x 388.0 MiB (TP) = 2,094.0 MiB")
+    assert _communication(2, 2)[0] == KERNELS * GRANULARITY + 4 * 512 * MiB  # no group of size 1
 
 
 def test_inference_makes_no_training_communicators():
@@ -281,15 +284,16 @@ def test_megatron_without_the_distributed_optimizer_norms_over_the_model_paralle
     """Without the distributed optimizer (zero_stage 0) Megatron-Core's gradient norm all-reduces over the
     model-parallel group (optimizer/__init__.py l. 462, 466), one rank at TP x PP 1: at TP 1 x DP 2 that group and the
     TP group each get a communicator of one rank (388 MiB each with cuMem) beside the DP x CP group's 0.5 GiB. With
-    the distributed optimizer it is the instance group, the whole world at DP 2 (not of one rank)."""
+    the distributed optimizer it is the instance group, the whole world at DP 2 (not of one rank). Beside them the
+    world's and the DP x CP group's 0.5 GiB each and NCCL's kernels."""
     run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
     config = json.loads(json.dumps(run["config"]))
     config["parallel"].update(tp=1, dp=2, zero_stage=0)
     config["training"]["global_batch_size"] = 2
     c = estimate_config(config).stages[0].component("communication")
-    assert c.bytes == 512 * MiB + 2 * 194 * GRANULARITY
-    assert c.formula.endswith("2 of one rank x 388.0 MiB (TP, model-parallel (the gradient norm's))")
-    assert _communication(1, 2)[0] == 512 * MiB + 194 * GRANULARITY  # zero_stage 1: TP only
+    assert c.bytes == (KERNELS + 2 * 194) * GRANULARITY + 2 * 512 * MiB
+    assert c.formula.endswith("2 of one rank x 388.0 MiB (TP, model-parallel (the gradient norm's)) = 1,970.0 MiB")
+    assert _communication(1, 2)[0] == (KERNELS + 194) * GRANULARITY + 3 * 512 * MiB  # zero_stage 1: TP only
 
 
 def test_size_one_groups_without_cumem_charge_the_process_page_once():
@@ -298,13 +302,13 @@ def test_size_one_groups_without_cumem_charge_the_process_page_once():
     small cudaMallocs share one 2 MiB page, as at world size 1 (the nccl-mechanism record: the world's split, a
     second communicator, adds no page). At TP 1 x DP 2 with zero_stage 0 two groups of size 1 share that page."""
     run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
-    for tp, dp, zero, groups in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 2, 0, 2)):
+    for tp, dp, zero, groups in ((2, 1, 1, 1), (1, 2, 1, 1), (1, 2, 0, 2)):  # groups: of one rank; the rest 4 less
         config = json.loads(json.dumps(run["config"]))
         config["training"]["torch_version"] = "2.1"
         config["parallel"].update(tp=tp, dp=dp, zero_stage=zero)
         config["training"]["global_batch_size"] = dp
         c = estimate_config(config).stages[0].component("communication")
-        assert c.bytes == 512 * MiB + groups * 32 * 16 * 128 * 1024 + 2 * MiB
+        assert c.bytes == NCCL_KERNELS + (4 - groups) * 512 * MiB + groups * 32 * 16 * 128 * 1024 + 2 * MiB
         assert [p.bytes for p in c.parts].count(SMALL_PAGE) == 1
 
 
@@ -353,14 +357,14 @@ def test_nccl_cumem_off_at_world_size_one_is_the_measured_no_cumem_world():
 
 def test_nccl_cumem_off_in_megatron_groups_of_size_one():
     """TP 2 x DP 1 with NCCL_CUMEM_ENABLE=0 under torch 2.13: the DP x CP group of one rank is 512 MiB (the shared
-    buffer at 64 channels x 512 KiB) and the process's page 2 MiB, beside the TP group's 0.5 GiB: 1,026 MiB, against
-    512 + 388 = 900 MiB with cuMem."""
+    buffer at 64 channels x 512 KiB) and the process's page 2 MiB, beside the world's, TP's and the distributed
+    optimizer instance's 0.5 GiB each and NCCL's kernels: 170 + 1,536 + 514 = 2,220 MiB, against 2,094 with cuMem."""
     run = record("megatron", "megatron-llama-3.1-8b-tp1-pp1-only-s4096-b1-unfused-4layers.json")
     config = _with(run, nccl_cumem=False, global_batch_size=1)
     config["parallel"].update(tp=2, dp=1)
     c = estimate_config(config).stages[0].component("communication")
-    assert c.bytes == 512 * MiB + 512 * MiB + 2 * MiB == 1026 * MiB
-    assert c.formula.endswith("1 of one rank x 512.0 MiB (DP x CP) + their small allocations' page 2 MiB")
+    assert c.bytes == NCCL_KERNELS + 3 * 512 * MiB + 512 * MiB + 2 * MiB == 2220 * MiB
+    assert c.formula.endswith("1 of one rank x 512.0 MiB (DP x CP) + their small allocations' page 2 MiB = 2,220.0 MiB")
 
 
 def test_nccl_cumem_on_before_torch_2_2_is_refused():

@@ -126,7 +126,8 @@ class _StepParts:
         key = ("step", sp.first, sp.last, sp.kind_counts) + chunks
         part = self.memo.get(key)
         if part is None:
-            inputs = StepShared(shared.communication, shared.moe_communication, shared.runtime, shared.hardware)
+            inputs = StepShared(shared.communication, shared.moe_communication, shared.runtime, shared.hardware,
+                                shared.edge_communication)
             part = self.memo[key] = step_part(cfg.architecture, self.setup, cfg.recipe, cfg.parallel, sp,
                                               cfg.zero_stage, inputs, self.memo)
         return part
@@ -142,7 +143,7 @@ def _step_memo(cfg: Resolved) -> tuple[_StageMemo, Training]:
     setup = step_setup(cfg.architecture, cfg.training, sealed)
     m = None if "micro_batch_size" in sealed else cfg.microbatches
     key = ("step parts", setup, cfg.hardware, par.tp, par.sequence_parallel, par.dp, par.cp, par.ep, par.etp,
-           par.pp > 1, cfg.zero_stage, m)
+           _pipeline_key(cfg), cfg.zero_stage, m)
     return _StageMemo(cfg.architecture, key), setup
 
 
@@ -211,7 +212,19 @@ def _stage_memo(cfg: Resolved, loss: str | None = None) -> dict:
     fields = {"recompute_layers": None} if loss is None else {"recompute_layers": None, "loss": loss}
     par, training = cfg.parallel, training_with(cfg.architecture, cfg.training, **fields)
     return _StageMemo(cfg.architecture, ("stage parts", training, cfg.hardware, par.tp, par.sequence_parallel, par.dp,
-                                         par.cp, par.ep, par.etp, par.pp > 1, cfg.zero_stage, cfg.microbatches))
+                                         par.cp, par.ep, par.etp, _pipeline_key(cfg), cfg.zero_stage,
+                                         cfg.microbatches))
+
+
+def _pipeline_key(cfg: Resolved) -> object:
+    """What the stage parts read of the pipeline: whether there is one; a Megatron-Core step's also whether it
+    interleaves, which its NCCL communicators read (stage_shared.megatron_world: PP's group's communicator, or one
+    per neighbour). Their bytes read no more of it (each of several ranks is charged alike, whatever its size), so
+    a search's pipeline depths share their parts."""
+    par, training = cfg.parallel, cfg.training
+    if training.framework == "megatron" and training.mode == "training":
+        return par.pp > 1, par.vpp > 1
+    return par.pp > 1
 
 
 class _StageMemo:

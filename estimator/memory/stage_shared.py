@@ -31,6 +31,7 @@ from ..spec.training import Training
 from ..spec.nccl import (MECHANISM_RECORD, NCCL_KERNELS, RECORD as NCCL_RECORD, SMALL_PAGE, SOURCE as NCCL_SOURCE,
                          OneRankCommunicator, measured_without_cumem, one_rank_communicator, uses_cumem)
 from ..spec.versions import torch_release
+from .nccl_groups import Communicator, megatron_communicators
 
 MiB = 1024**2
 GiB = 1024**3
@@ -72,6 +73,9 @@ class _Shared(NamedTuple):
     fragmentation: float  # share of the allocated peak
     # a segment kept reserved beyond that share: plain TP's reduce-scatter cat (tp_copies.py); None elsewhere
     reserved_cached: Component | None = None
+    # (communication, moe_communication) of the first and last stages where they hold more: Megatron-Core's tied
+    # embeddings' group under PP (megatron_world); None elsewhere
+    edge_communication: tuple[Component, Component] | None = None
 
     def ledger(self) -> tuple[LedgerLine, ...]:
         par = self.parallel
@@ -82,9 +86,10 @@ class _Shared(NamedTuple):
 
 def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Hardware, zero: int,
             vocab: int) -> _Shared:
-    communication = _communication(training, par, zero)
-    moe_communication = (_communication(training, par, zero, arch, hardware) if training.moe_dispatcher == "deepep"
-                         else communication)
+    communication, moe_communication = _communications(training, par, zero, arch, hardware, edge_stage=False)
+    edge = None
+    if training.framework == "megatron" and training.mode == "training" and arch.tie_embeddings and par.pp > 1:
+        edge = _communications(training, par, zero, arch, hardware, edge_stage=True)
     # the ledger depends on the training setup and on TP, SP, CP and ETP only: every layout of a
     # search (and every rerun of the app) that shares them reads it from the architecture's memo; one
     # layer's saved tensors do not depend on how many layers full recompute checkpoints (the stages
@@ -96,7 +101,24 @@ def _shared(arch: Architecture, training: Training, par: Parallel, hardware: Har
     return _Shared(**ledger, communication=communication, moe_communication=moe_communication,
                    runtime=_runtime(arch, training, hardware), parallel=par, hardware=hardware,
                    fragmentation=fragmentation_fraction(hardware),
-                   reserved_cached=plain_tp_reserved(arch, training, par))
+                   reserved_cached=plain_tp_reserved(arch, training, par), edge_communication=edge)
+
+
+def _communications(training: Training, par: Parallel, zero: int, arch: Architecture, hardware: Hardware,
+                    edge_stage: bool) -> tuple[Component, Component]:
+    """(communication, moe_communication): a stage's without MoE layers and with them (_communication)."""
+    communication = _communication(training, par, zero, arch, hardware, edge_stage=edge_stage)
+    if not arch.num_moe_layers:
+        return communication, communication
+    return communication, _communication(training, par, zero, arch, hardware, moe_stage=True, edge_stage=edge_stage)
+
+
+def stage_communication(shared, first: bool, last: bool, moe_stage: bool) -> Component:
+    """A stage's communication component from `shared` (_Shared or static_stage.StepShared): the first and last
+    stages' where they hold more (edge_communication), a stage with MoE layers the MoE one."""
+    pair = shared.edge_communication if (first or last) and shared.edge_communication else \
+        (shared.communication, shared.moe_communication)
+    return pair[1] if moe_stage else pair[0]
 
 
 def _ledger(arch: Architecture, training: Training, par: Parallel, vocab: int) -> dict:
@@ -263,7 +285,9 @@ def _activations_component(parts: tuple[tuple[str, int, str], ...], training: Tr
 # The process groups that get an NCCL communicator in a world of one rank: torch's ProcessGroupNCCL makes one for a
 # group at its first collective, or at its creation where the group is bound to a device (torch distributed_c10d
 # init_process_group(device_id=...); new_group then splits from the bound default group: _new_group_with_tag,
-# eager_connect_single_device). Each: (group, what makes its communicator, source).
+# eager_connect_single_device). Each: (group, what makes its communicator, source). Megatron-Core's are its step's
+# communicators at world size 1 with the distributed optimizer (nccl_groups.megatron_communicators, which lists them
+# for every layout).
 ONE_RANK_GROUPS = {
     "deepspeed": (
         ("world", "deepspeed.init_distributed passes device_id: made at initialisation",
@@ -271,19 +295,7 @@ ONE_RANK_GROUPS = {
         ("data parallel (the world's clone)", "dist.new_group of every rank, made at creation (bound default group)",
          "DeepSpeed 0.19.5 utils/groups.py _clone_world_group l. 668, runtime/engine.py l. 1796"),
     ),
-    "megatron": (
-        ("world", "all_gather_object while the optimizer is built",
-         "Megatron-Core 0.16.1 optimizer/__init__.py l. 181 (the nccl-mechanism record's collectives)"),
-        ("TP", "all_reduce in the loss", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 130, 148, 154"),
-        ("DP x CP", "the gradients' reduce_scatter and the parameters' all_gather",
-         "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py start_grad_sync l. 443, start_param_sync l. 285"),
-        ("distributed optimizer instance", "all_reduce of the gradient norm over grad_stats_parallel_group, the "
-         "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP (the model-parallel group without the distributed optimizer), "
-         "in every step: ChainedOptimizer.step takes the norm whatever clip_grad (the runs' is 0)",
-         "Megatron-Core 0.16.1 optimizer/clip_grads.py get_grad_norm_fp32 l. 130, optimizer/optimizer.py l. 1277, "
-         "1314, optimizer/__init__.py l. 459 (462, 466), 689, parallel_state.py l. 1329-1347; measured: the "
-         "nccl-mechanism record's collectives by group"),
-    ),
+    "megatron": tuple((c.group, c.why, c.source) for c in megatron_communicators(Parallel(), True)),
 }
 
 
@@ -311,20 +323,26 @@ def one_rank_communicators(training: Training, groups: tuple[tuple[str, str], ..
     return parts, comm, page
 
 
-def one_rank_world(training: Training) -> Component:
+def _kernels() -> Component:
+    """NCCL's kernels, loaded once a process with its first communicator (spec/nccl.py NCCL_KERNELS)."""
+    return component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
+                     f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)")
+
+
+def one_rank_world(training: Training, communicators: tuple[Communicator, ...] | None = None) -> Component:
     """A framework that initialises torch.distributed over NCCL on one GPU (DeepSpeed, Megatron-Core) holds, outside
     the caching allocator, NCCL's kernels (once) and a communicator of one rank for every process group that gets one
-    (ONE_RANK_GROUPS), each 2 + 3 x 64 device allocations, 2 MiB apiece where the run's NCCL allocates with cuMem
-    (spec/nccl.py). On the H200 (torch 2.11, NCCL 2.28.9): DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB),
-    Megatron-Core 85 + 4 x 194 = 861 (1,722 MiB). Without cuMem (torch before 2.2, or training.nccl_cumem false:
-    NCCL_CUMEM_ENABLE=0, as slime's and verl's training processes set it) each communicator is the net proxy's
-    shared buffer and its small allocations share the process's one page (one_rank_communicators)."""
-    groups = ONE_RANK_GROUPS[training.framework]
+    (ONE_RANK_GROUPS; Megatron-Core's step: `communicators`, nccl_groups.megatron_communicators), each 2 + 3 x 64
+    device allocations, 2 MiB apiece where the run's NCCL allocates with cuMem (spec/nccl.py). On the H200 (torch
+    2.11, NCCL 2.28.9): DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB), Megatron-Core 85 + 4 x 194 = 861 (1,722
+    MiB). Without cuMem (torch before 2.2, or training.nccl_cumem false: NCCL_CUMEM_ENABLE=0, as slime's and verl's
+    training processes set it) each communicator is the net proxy's shared buffer and its small allocations share
+    the process's one page (one_rank_communicators)."""
+    groups = (ONE_RANK_GROUPS[training.framework] if communicators is None
+              else tuple((c.group, c.why, c.source) for c in communicators))
     comms, comm, page = one_rank_communicators(training, tuple((f"{group} group ({why})", source)
                                                                 for group, why, source in groups))
-    kernels = component("communication", "NCCL's kernels (loaded with the first communicator)", NCCL_KERNELS,
-                        f"{NCCL_KERNELS // 2**20} MiB measured", f"measured: {NCCL_RECORD} (NCCL 2.28.9, H200)")
-    parts = (kernels,) + comms
+    parts = (_kernels(),) + comms
     total = sum(p.bytes for p in parts)
     formula = (f"NCCL kernels {NCCL_KERNELS // 2**20} MiB + {len(groups)} communicators x "
                f"{comm.bytes / 2**20:,.1f} MiB ({comm.formula}){page} = {total / 2**20:,.1f} MiB")
@@ -332,62 +350,72 @@ def one_rank_world(training: Training) -> Component:
                      NCCL_SOURCE, parts)
 
 
-def size_one_groups(training: Training, par: Parallel, zero: int = 0) -> tuple[tuple[str, str], ...]:
-    """Megatron-Core's groups of size 1 inside a layout of several GPUs that still get an NCCL communicator: its code
-    issues their collectives whatever their size (torch's ProcessGroupNCCL makes a communicator at a group's first
-    collective, its size 1 or not), and a communicator of one rank sees one GPU (NCCL topo.cc ncclTopoGetSystem
-    fuses the communicator's own ranks only), so it sets up 64 channels as at world size 1 (spec/nccl.py):
-    the TP group at TP 1 (the loss's all_reduce), the DP x CP group at DP x CP 1 (the gradients' reduce_scatter
-    and the parameters' all_gather) and, without the distributed optimizer, the model-parallel group (TP x PP) at
-    TP x PP 1 (the gradient norm's all_reduce, ONE_RANK_GROUPS). The world's group is several ranks there, and so
-    is the distributed optimizer's instance group (world / num_distributed_optimizer_instances ranks)."""
-    if training.framework != "megatron" or training.mode != "training":
-        return ()
-    groups = []
-    if par.tp == 1:
-        groups.append(("TP", "Megatron-Core 0.16.1 tensor_parallel/cross_entropy.py l. 130, 148, 154"))
-    if par.dp * par.cp == 1:
-        groups.append(("DP x CP", "Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py l. 443, 285"))
-    if zero == 0 and par.tp * par.pp == 1:
-        groups.append(("model-parallel (the gradient norm's)", "Megatron-Core 0.16.1 optimizer/clip_grads.py l. 130, "
-                       "optimizer/__init__.py l. 462, 466 (grad_stats_parallel_group = model_parallel_group)"))
-    return tuple(groups)
+FUJII = "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986"
+MULTI_RANK = 0.5 * GiB  # a communicator of several ranks, its topology unknown (FUJII)
+
+
+def megatron_world(training: Training, par: Parallel, zero: int, arch: Architecture | None,
+                   moe_stage: bool = False, edge_stage: bool = True) -> Component:
+    """Megatron-Core's communicators on one rank of this layout (nccl_groups.megatron_communicators; the MoE ones on
+    stages with MoE layers, the tied embeddings' group on `edge_stage`, the first or last): each of several ranks 0.5 GiB (FUJII: a figure per communicator that names no kernels,
+    so NCCL's are charged beside it), each of one rank the measured one-rank communicator (a communicator of one
+    rank sees its own GPU only, NCCL topo.cc ncclTopoGetSystem, so it sets up 64 channels as at world size 1:
+    spec/nccl.py), and NCCL's kernels once. World size 1: one_rank_world."""
+    tied = bool(arch and arch.tie_embeddings) and edge_stage
+    comms = megatron_communicators(par, zero >= 1, moe_stage, tied, training.moe_dispatcher)
+    if par.gpus == 1:
+        return one_rank_world(training, comms)
+    multi = [c for c in comms if c.ranks > 1]
+    single = [c for c in comms if c.ranks == 1]
+    parts = [_kernels()]
+    # the labels name no rank counts: the memo of stage parts shares this component across pipeline depths
+    # (memory._pipeline_key), which change the world's size but not the bytes
+    parts += [component("communication", f"NCCL communicator of several ranks: {c.group} group ({c.why})",
+                        MULTI_RANK, "0.5 GiB a communicator of several ranks", f"{c.source}; {FUJII}")
+              for c in multi]
+    formula = (f"NCCL kernels {NCCL_KERNELS // 2**20} MiB + 0.5 GiB x {len(multi)} communicators "
+               f"({', '.join(c.group for c in multi)})")
+    if single:
+        ones, comm, page = one_rank_communicators(training, tuple((f"{c.group} group of size 1 ({c.why})", c.source)
+                                                                  for c in single))
+        parts += ones
+        formula += (f" + {len(single)} of one rank x {comm.bytes / 2**20:,.1f} MiB "
+                    f"({', '.join(c.group for c in single)}){page}")
+    total = sum(p.bytes for p in parts)
+    return Component("communication", "NCCL communicator buffers", total,
+                     formula + f" = {total / 2**20:,.1f} MiB", f"{FUJII}; {NCCL_SOURCE}", tuple(parts))
 
 
 def _communication(training: Training, par: Parallel, zero: int, arch: Architecture | None = None,
-                   hardware: Hardware | None = None) -> Component:
-    """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator: 0.5 GiB for each
-    process group of size > 1 (Fujii et al.'s estimator; NCCL issues #864/#986: memory grows
-    with communicators and channels). With ``moe_dispatcher = "deepep"`` the MoE stages also hold
+                   hardware: Hardware | None = None, moe_stage: bool = False, edge_stage: bool = True) -> Component:
+    """NCCL keeps buffers per communicator it uses, outside PyTorch's allocator. A Megatron-Core training step: its
+    communicators by layout (megatron_world). Else 0.5 GiB for each process group of size > 1 (Fujii et al.'s
+    estimator; NCCL issues #864/#986: memory grows with communicators and channels), and at world size 1 DeepSpeed's
+    world of one rank (one_rank_world). On `moe_stage` with ``moe_dispatcher = "deepep"`` the MoE stages also hold
     DeepEP's fixed NVLink/RDMA buffers and workspace (cudaMalloc/NVSHMEM, sized in deepep.py)."""
-    groups = []
-    if par.tp > 1:
-        groups.append("TP")
-    if par.pp > 1:
-        groups.append("PP")
-    if par.dp * par.cp > 1:
-        groups.append("DP x CP")
-    if par.cp > 1:
-        groups.append("CP")
-    if par.ep > 1:
-        groups.append("EP")
-    if par.ep > 1 and par.expert_data_parallel > 1:
-        groups.append("expert DP")
-    per_group = 0.5 * GiB
-    formula = f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})"
-    nccl = component("communication", "NCCL communicator buffers", per_group * len(groups), formula,
-                      "Fujii et al. 2024 estimator (0.5 GB per communicator); NCCL issues #864, #986")
-    # a training step's world of one rank (one_rank_world); the groups' collectives are the step's (optimizer, loss)
-    if training.framework in ONE_RANK_GROUPS and training.mode == "training" and not groups:
-        return one_rank_world(training)
-    single = size_one_groups(training, par, zero)
-    if single:
-        comms, comm, page = one_rank_communicators(training, tuple((f"{group} group of size 1", source)
-                                                                    for group, source in single))
-        parts = (nccl,) + comms
-        nccl = Component("communication", "NCCL communicator buffers", sum(p.bytes for p in parts),
-                         formula + f" + {len(single)} of one rank x {comm.bytes / 2**20:,.1f} MiB "
-                         f"({', '.join(g for g, _ in single)}){page}", nccl.source + "; " + NCCL_SOURCE, parts)
+    if training.framework == "megatron" and training.mode == "training":
+        nccl = megatron_world(training, par, zero, arch, moe_stage, edge_stage)
+    else:
+        groups = []
+        if par.tp > 1:
+            groups.append("TP")
+        if par.pp > 1:
+            groups.append("PP")
+        if par.dp * par.cp > 1:
+            groups.append("DP x CP")
+        if par.cp > 1:
+            groups.append("CP")
+        if par.ep > 1:
+            groups.append("EP")
+        if par.ep > 1 and par.expert_data_parallel > 1:
+            groups.append("expert DP")
+        # a training step's world of one rank (one_rank_world); the groups' collectives are the step's
+        if training.framework in ONE_RANK_GROUPS and training.mode == "training" and not groups:
+            return one_rank_world(training)
+        nccl = component("communication", "NCCL communicator buffers", MULTI_RANK * len(groups),
+                         f"0.5 GiB x {len(groups)} communicators ({', '.join(groups) or 'none'})", FUJII)
+    if not moe_stage:
+        return nccl
     if training.moe_dispatcher != "deepep" or arch is None or par.ep == 1 or not arch.num_moe_layers:
         return nccl
     # One process-wide deep_ep.Buffer, created by the first MoE layer's dispatch (Megatron-Core

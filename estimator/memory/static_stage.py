@@ -39,7 +39,7 @@ from ..spec.dtypes import bytes_per_element
 from .workspaces import library_workspaces
 from .wgrad_cache import wgrad_cache
 from .mtp import mtp_activations, mtp_kind
-from .stage_shared import _Shared
+from .stage_shared import _Shared, stage_communication
 from .pp_unbegun import gradients_after_the_loss, made_so_far
 from .megatron_softmax_moment import with_checkpointed_forward
 from .recompute_moment import recompute_moment, recompute_working_set, recomputed_layer
@@ -129,6 +129,7 @@ class StepShared(NamedTuple):
     moe_communication: Component  # ... and DeepEP's, on stages with MoE layers
     runtime: Component  # the CUDA context
     hardware: Hardware
+    edge_communication: tuple | None = None  # the first and last stages' where they hold more (stage_shared)
 
 
 def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Parallel, sp: StageParameters,
@@ -156,7 +157,7 @@ def step_part(arch: Architecture, training: Training, recipe: Recipe, par: Paral
               + int(round(on_gpu["optimizer_states"])) + int(round(ms.fp8_weight_copies)) + total_bytes(tr.persistent))
     grads = 0 if training.optimizer_in_backward else int(round(on_gpu["gradients"]))
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
-    communication = shared.moe_communication if moe_stage else shared.communication
+    communication = stage_communication(shared, sp.first, sp.last, moe_stage)
     outside = communication.bytes + shared.runtime.bytes + (managed.bytes if managed else 0)
     ds_host = deepspeed_host_buffers(arch, training, recipe, sp, zero, partition, par)  # beside the moved states
     at_step = zero1_step_gradients(arch, training, recipe, sp, par, zero, grads)  # ZeRO-1's partition alone
@@ -209,7 +210,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
               step.step_bytes)
     end, backward_end = _backward_end(arch, training, recipe, par, sp, zero, shared, step, grads_live, working,
                                       extras, by_kind)
-    communication = shared.moe_communication if moe_stage else shared.communication
+    communication = stage_communication(shared, sp.first, sp.last, moe_stage)
     # the MoE moments as the stage memo holds them (counted once there), unless DSA's replaced one of them
     pair = charged if isinstance(charged, ChargedMoments) else (exchange, exchange_backward)
     parts = once(partial(_static_parts, step, pair, loss_saved, loss_forward,
