@@ -332,8 +332,9 @@ def _kernels() -> Component:
 def one_rank_world(training: Training, communicators: tuple[Communicator, ...] | None = None) -> Component:
     """A framework that initialises torch.distributed over NCCL on one GPU (DeepSpeed, Megatron-Core) holds, outside
     the caching allocator, NCCL's kernels (once) and a communicator of one rank for every process group that gets one
-    (ONE_RANK_GROUPS; Megatron-Core's step: `communicators`, nccl_groups.megatron_communicators), each 2 + 3 x 64
-    device allocations, 2 MiB apiece where the run's NCCL allocates with cuMem (spec/nccl.py). On the H200 (torch
+    (ONE_RANK_GROUPS; Megatron-Core's step: `communicators`, nccl_groups.megatron_communicators), each the
+    device allocations of its channels, 2 MiB apiece where the run's NCCL allocates with cuMem, by the NCCL release
+    the torch release ships (spec/nccl.py one_rank_rule: 2 + 3 x 64 with NCCL 2.28.9). On the H200 (torch
     2.11, NCCL 2.28.9): DeepSpeed 85 + 2 x 194 = 473 granules (946 MiB), Megatron-Core 85 + 4 x 194 = 861 (1,722
     MiB). Without cuMem (torch before 2.2, or training.nccl_cumem false: NCCL_CUMEM_ENABLE=0, as slime's and verl's
     training processes set it) each communicator is the net proxy's shared buffer and its small allocations share
@@ -357,9 +358,9 @@ MULTI_RANK = 0.5 * GiB  # a communicator of several ranks, its topology unknown 
 def megatron_world(training: Training, par: Parallel, zero: int, arch: Architecture | None,
                    moe_stage: bool = False, edge_stage: bool = True) -> Component:
     """Megatron-Core's communicators on one rank of this layout (nccl_groups.megatron_communicators; the MoE ones on
-    stages with MoE layers, the tied embeddings' group on `edge_stage`, the first or last): each of several ranks 0.5 GiB (FUJII: a figure per communicator that names no kernels,
-    so NCCL's are charged beside it), each of one rank the measured one-rank communicator (a communicator of one
-    rank sees its own GPU only, NCCL topo.cc ncclTopoGetSystem, so it sets up 64 channels as at world size 1:
+    stages with MoE layers, the tied embeddings' group on `edge_stage`, the first or last): each of several ranks
+    0.5 GiB (FUJII: a figure per communicator that names no kernels, so NCCL's are charged beside it), each of one rank the measured one-rank communicator (a communicator of one
+    rank sees its own GPU only, NCCL topo.cc ncclTopoGetSystem, so it sets up the channels of world size 1:
     spec/nccl.py), and NCCL's kernels once. World size 1: one_rank_world."""
     tied = bool(arch and arch.tie_embeddings) and edge_stage
     comms = megatron_communicators(par, zero >= 1, moe_stage, tied, training.moe_dispatcher)
