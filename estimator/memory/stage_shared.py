@@ -359,9 +359,10 @@ def megatron_world(training: Training, par: Parallel, zero: int, arch: Architect
                    moe_stage: bool = False, edge_stage: bool = True) -> Component:
     """Megatron-Core's communicators on one rank of this layout (nccl_groups.megatron_communicators; the MoE ones on
     stages with MoE layers, the tied embeddings' group on `edge_stage`, the first or last): each of several ranks
-    0.5 GiB (FUJII: a figure per communicator that names no kernels, so NCCL's are charged beside it), each of one rank the measured one-rank communicator (a communicator of one
-    rank sees its own GPU only, NCCL topo.cc ncclTopoGetSystem, so it sets up the channels of world size 1:
-    spec/nccl.py), and NCCL's kernels once. World size 1: one_rank_world."""
+    0.5 GiB (FUJII: a figure per communicator that names no kernels, so NCCL's are charged beside it), each of one
+    rank the measured one-rank communicator (a communicator of one rank sees its own GPU only, NCCL topo.cc
+    ncclTopoGetSystem, so it sets up the channels of world size 1: spec/nccl.py), and NCCL's kernels once. World
+    size 1: one_rank_world."""
     tied = bool(arch and arch.tie_embeddings) and edge_stage
     comms = megatron_communicators(par, zero >= 1, moe_stage, tied, training.moe_dispatcher)
     if par.gpus == 1:
