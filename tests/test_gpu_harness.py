@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from validation.gpu.cases import CASES, H200_FITS_BYTES  # noqa: E402
 from validation.gpu.measure import measure  # noqa: E402
-from validation.gpu.records import GPU_RECORDS, config_of  # noqa: E402
+from validation.gpu.records import GPU_RECORDS, config_of, ran_ssm_kernels  # noqa: E402
 from validation.peft.build import LoraRun  # noqa: E402
 from validation.hf.step import Run  # noqa: E402
 
@@ -118,7 +118,9 @@ def test_each_record_is_its_case_on_its_gpu():
     runs = [r for r in records if "config" in r]
     assert len(runs) >= 40 and len(records) == len(runs) + 1  # and the workspace probe
     for record in runs:
-        assert record["config"] == config_of(CASES[record["id"]], "h200", record["versions"].get("bitsandbytes"))
+        # as `records` writes it: the case's configuration, with the SSM kernels the run's software took
+        expected = config_of(CASES[record["id"]], "h200", record["versions"].get("bitsandbytes"))
+        assert record["config"] == ran_ssm_kernels(expected, record["versions"])
         assert record["versions"]["gpu"] == "NVIDIA H200"
 
 

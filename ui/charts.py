@@ -54,14 +54,16 @@ def component_name(key: str, label: str = "") -> str:
     return COMPONENTS[key][0] if key in COMPONENTS else (label or key.replace("_", " ").capitalize())
 
 
-def _scale_lists(keys: Iterable[str], labels: dict[str, str] | None = None) -> tuple[list[str], list[str]]:
-    """The names and colours of the components present, in the fixed order."""
-    present = list(dict.fromkeys(keys))
-    ordered = [k for k in COMPONENTS if k in present] + [k for k in present if k not in COMPONENTS]
+def _scale_lists(rows: Iterable[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The names and colours of the components present (key, name as the rows show it), in the fixed order: each
+    name once, several names under one key that COMPONENTS does not name (the "buffers" of a pipeline schedule and
+    Megatron's global memory buffer) each with a colour of its own."""
+    present = list(dict.fromkeys(rows))
+    ordered = [p for k in COMPONENTS for p in present if p[0] == k] + [p for p in present if p[0] not in COMPONENTS]
     names, colours = [], []
     extra = 0
-    for key in ordered:
-        names.append(component_name(key, (labels or {}).get(key, "")))
+    for key, name in ordered:
+        names.append(name)
         if key in COMPONENTS:
             colours.append(COMPONENTS[key][1])
         else:
@@ -70,9 +72,9 @@ def _scale_lists(keys: Iterable[str], labels: dict[str, str] | None = None) -> t
     return names, colours
 
 
-def _scale(keys: Iterable[str], labels: dict[str, str] | None = None) -> tuple[list[str], alt.Scale]:
+def _scale(rows: Iterable[tuple[str, str]]) -> tuple[list[str], alt.Scale]:
     """The colour scale for the components present, in the fixed order."""
-    names, colours = _scale_lists(keys, labels)
+    names, colours = _scale_lists(rows)
     return names, alt.Scale(domain=names, range=colours)
 
 
@@ -142,7 +144,7 @@ def stage_frame(estimate) -> pd.DataFrame:
 def _stacked_bars(df: pd.DataFrame, x: str, order: list[str], x_title: str, y_title: str,
                   tooltip: list) -> alt.Chart:
     """Components stacked in their fixed colours and order, one bar per `x` category."""
-    names, scale = _scale(df["key"], dict(zip(df["key"], df["component"])))
+    names, scale = _scale(zip(df["key"], df["component"]))
     return alt.Chart(df).mark_bar().encode(
         x=alt.X(f"{x}:N", sort=order, title=x_title, axis=alt.Axis(labelAngle=0)),
         y=alt.Y("sum(GiB):Q", title=y_title, stack="zero"),
@@ -336,7 +338,7 @@ def _field(name: str, kind: str, **extra) -> dict:
 
 def _stacked_bars_layer(rows: list[dict], x: str, order: list[str], x_title: str, y_title: str,
                         tooltip: list[dict]) -> dict:
-    names, colours = _scale_lists([r["key"] for r in rows], {r["key"]: r["component"] for r in rows})
+    names, colours = _scale_lists((r["key"], r["component"]) for r in rows)
     return {"mark": {"type": "bar"}, "encoding": {
         "color": _field("component", "N", legend=legend(names), scale={"domain": names, "range": colours}, sort=names,
                         title="Component"),
