@@ -302,13 +302,13 @@ class _Walk:
     def __init__(self, program, cfg, shared, sp, static, embedding, layers, head, P: float):
         from .activations.moe import legacy_grouped_mlp
         from .activations.recompute import recomputed_layer_count
-        from .reserved import _layer_sizes
+        from .reserved_layers import layers_by_kind
 
         training, arch = cfg.training, cfg.architecture
         self.program, self.shared, self.sp, self.P = program, shared, sp, P
         self.embedding, self.layers, self.head = embedding, layers, head
         self.kinds = [arch.layer_kinds()[i] for i in sp.layer_indices]
-        self.sizes = _layer_sizes(cfg, shared, self.kinds)
+        self.sizes = layers_by_kind(cfg, shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
         self.a2a = {kind: megatron_cp_a2a.plan(cfg, shared, kind) for kind in set(self.kinds)}  # CP's all-to-all
         if cfg.parallel.cp > 1 and not all(self.a2a.values()):  # unreachable: cp_rule refuses these (unplanned)
