@@ -46,6 +46,8 @@ _ranks) and keeps the largest cache, as a run's measured reserved memory is its 
 from __future__ import annotations
 
 from . import megatron_cp_a2a, megatron_moe_replay, megatron_te_linears
+from .activations.attention import SOFTMAX_CAST, UNFUSED_SOFTMAX_FP32
+from .activations.entries import ATTENTION_OUTPUT
 from .allocator import SMALL_SIZE
 from .components import Component
 from .one_f_one_b_replay import Schedule
@@ -58,10 +60,6 @@ SOURCE = ("Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py (_ParamAndG
           "(_init_group, _multi_tensor_adam); PyTorch's caching allocator (allocator.py) replayed over them "
           "(estimator/memory/megatron_replay.py); measured: tests/data/measured/gpu/megatron, "
           "tests/data/measured/published/simumax_b200")
-
-SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # activations/attention.py's entries
-SOFTMAX_CAST = "softmax output cast to the compute dtype"
-ATTENTION_OUTPUT = "attention output (output projection input)"
 
 
 def replay_rule(cfg) -> str | None:
@@ -521,7 +519,7 @@ def _scores_at(shared, kind: str) -> tuple[int, int] | None:
 
     entries = [e for e in shared.entries[kind] if not dropped(e, shared.recomputed)]
     names = [e.name for e in entries]
-    at = next((k for k in range(len(names) - 1) if (names[k], names[k + 1]) == (SOFTMAX_FP32, SOFTMAX_CAST)), None)
+    at = next((k for k in range(len(names) - 1) if (names[k], names[k + 1]) == (UNFUSED_SOFTMAX_FP32, SOFTMAX_CAST)), None)
     if at is None:
         return None
     end = next((k + 1 for k in range(at + 2, len(names)) if names[k] == ATTENTION_OUTPUT), at + 2)
