@@ -33,11 +33,11 @@ def _key(run: dict) -> str:
 
 
 def test_the_record_covers_the_grid():
-    """PP 2, 4 and 8; 2 to 4 chunks; groups of pp and more; every rank kind; all three p2p modes."""
+    """78 traced ranks: PP 2, 4 and 8; 2 to 4 chunks; groups of pp and more; every rank kind; all three p2p modes."""
     assert {r["pp"] for r in RUNS} == {2, 4, 8} and {r["vpp"] for r in RUNS} == {2, 3, 4}
     assert any(r["group"] > r["pp"] for r in RUNS) and {r["rank"] for r in RUNS if r["pp"] == 8} == {0, 4, 7}
     assert {(r["overlap"], r["flush"]) for r in RUNS} == {(True, False), (False, False), (True, True)}
-    assert len(RUNS) >= 60
+    assert len(RUNS) == 78
 
 
 def test_the_records_peaks_are_its_rows():

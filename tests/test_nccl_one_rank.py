@@ -404,14 +404,14 @@ def test_each_torch_release_names_the_nccl_its_wheels_pin():
     """TORCH_NCCL, read from each torch-2.X.0 cp311 manylinux x86_64 wheel's METADATA on PyPI (Requires-Dist
     nvidia-nccl-cu11/-cu12/-cu13 == ...): every torch release a user can name has one, and cuMem is on by default
     exactly from torch 2.2 (NCCL 2.19.3, the first pinned at or after v2.19.1-1)."""
-    from estimator.spec.nccl import NCCL_CUMEM_FROM, TORCH_CUMEM_FROM, TORCH_NCCL, nccl_release
+    from estimator.spec.nccl import NCCL_CUMEM_FROM, TORCH_NCCL, nccl_release
     from estimator.spec.versions import TORCH_VERSIONS, torch_release
 
     assert {torch_release(v) for v in TORCH_VERSIONS} == set(TORCH_NCCL)
     assert [".".join(map(str, nccl_release(torch_release(v)))) for v in TORCH_VERSIONS] == [
         "2.14.3", "2.18.1", "2.19.3", "2.20.5", "2.20.5", "2.21.5", "2.21.5", "2.26.2", "2.27.3", "2.27.5", "2.27.5",
         "2.28.9", "2.29.7", "2.29.7"]
-    assert [v for v in TORCH_VERSIONS if cumem(torch_release(v))][0] == "2.2" == "%d.%d" % TORCH_CUMEM_FROM
+    assert [v for v in TORCH_VERSIONS if cumem(torch_release(v))][0] == "2.2"
     assert nccl_release((2, 1)) < NCCL_CUMEM_FROM <= nccl_release((2, 2))
 
 

@@ -18,7 +18,6 @@ strict expected failure: fixing it fails the test until it leaves the list.
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from ..spec.choices import ATTN_IMPLEMENTATIONS, TRANSFORMERS_FRAMEWORKS
 from .build import ConfigBuilder
 from .result import Ledger
 
@@ -44,18 +45,14 @@ def targets(names: object) -> list[str] | str | None:
     return [_TARGETS[n] for n in items]
 
 
-# transformers' attn_implementation values: eager keeps the s x s scores; the others are training.attention "flash",
-# sdpa and flash_attention_2 named by training.attn_implementation where transformers' modelling code runs
-# (the hf, deepspeed and fsdp1 frameworks; spec/choices.py TRANSFORMERS_FRAMEWORKS)
-_KERNELS = ("sdpa", "flash_attention_2")
-
-
 def transformers_attention(build: ConfigBuilder, ledger: Ledger, name: str, value: object) -> None:
-    """A launch config's attn_implementation (or the trainer's switch that sets it) into the config."""
-    from ..spec.choices import TRANSFORMERS_FRAMEWORKS
+    """A launch config's attn_implementation (or the trainer's switch that sets it) into the config: eager keeps
+    the s x s scores (training.attention "eager"); sdpa and flash_attention_2 are training.attention "flash", named
+    by training.attn_implementation where transformers' modelling code runs (spec/choices.py TRANSFORMERS_FRAMEWORKS)
+    and estimated as flash attention elsewhere."""
     if value == "eager":
         build.set("training.attention", "eager", name, value)
-    elif value in _KERNELS and build.get("training.framework", "hf") in TRANSFORMERS_FRAMEWORKS:
+    elif value in ATTN_IMPLEMENTATIONS and build.get("training.framework", "hf") in TRANSFORMERS_FRAMEWORKS:
         build.set("training.attn_implementation", value, name, value)
     elif value is not None:
         ledger.not_modelled(name, value, "estimated as flash attention (transformers' attn_implementation sdpa or "

@@ -17,8 +17,8 @@ NAME = "NCCL_CUMEM_ENABLE"
 
 
 def cumem_value(text: object) -> bool | None:
-    """NCCL's reading of NCCL_CUMEM_ENABLE: False for 0, True for a positive value, None for -2 (the default) or
-    what is not an integer (None too: the caller notes it)."""
+    """NCCL's reading of NCCL_CUMEM_ENABLE: True for a positive value, False for 0 or a negative one other than -2,
+    None for -2 (the default) or what is not an integer (None too: the caller notes it)."""
     value = str(text).strip()
     if not re.fullmatch(r"[+-]?\d+", value):
         return None

@@ -216,10 +216,10 @@ def _training(entry: str, flags: FlatDoc, build: ConfigBuilder, ledger: Ledger) 
     elif not flags.given("ds.attn_implementation"):  # OpenRLHF's default (cli/train_*.py --ds.attn_implementation)
         build.put("training.attn_implementation", attention)
         ledger.note(f"transformers' attention: OpenRLHF's default --ds.attn_implementation {attention}")
-    elif _ATTENTION[attention] == "eager" or attention in ("sdpa", "flash_attention_2"):
-        transformers_attention(build, ledger, "--ds.attn_implementation", attention)
-    elif flags.given("ds.attn_implementation"):
+    elif attention == "flash_attention_3":  # flash-attn 3: no attn_implementation the estimate names
         ledger.mapped("--ds.attn_implementation", attention, "training.attention = \"flash\" (no s x s scores kept)")
+    else:
+        transformers_attention(build, ledger, "--ds.attn_implementation", attention)
     if flags.get("ds.use_liger_kernel"):
         # the model is loaded through liger's AutoLigerKernelForCausalLM (its defaults), but OpenRLHF's Actor calls it
         # without labels and takes the log-probs from its logits (openrlhf/models/actor.py Actor.forward), and

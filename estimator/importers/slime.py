@@ -448,18 +448,21 @@ def _environment(launch: Launch, build: ConfigBuilder, ledger: Ledger, train_env
 
 
 def _runtime_env(text: str) -> dict[str, str]:
-    try:
-        data = json.loads(text[:65536])
-    except (json.JSONDecodeError, RecursionError):
-        return {}
+    """--runtime-env-json's env_vars (`_env_vars`)."""
+    data = _json(text)
     return _env_vars(data.get("env_vars") if isinstance(data, dict) else None)
 
 
 def _env_vars(data: object) -> dict[str, str]:
     """A JSON object (or its text) of environment variables as strings; {} for anything else."""
     if isinstance(data, str):
-        try:
-            data = json.loads(data[:65536])
-        except (json.JSONDecodeError, RecursionError):
-            return {}
+        data = _json(data)
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _json(text: str) -> object:
+    """The JSON value of a flag's text (its first 64 KiB), or None where it is not JSON."""
+    try:
+        return json.loads(text[:65536])
+    except (json.JSONDecodeError, RecursionError):
+        return None

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import deque
 
 from .zero3_replay import Trace, _reused
-from ..spec.versions import DEEPSPEED_RELEASE_LEFTOVERS, DEEPSPEED_RESET_AT_FORWARD, release
+from .zero3_trace import MAX_REUSE_DISTANCE, build_trace, release_rules
 
 SOURCE = ("DeepSpeed v0.12.3 and v0.19.5 runtime/zero/partition_parameters.py (all_gather_coalesced: one parameter's "
           "buffer, several parameters' flat tensor and each one's torch.cat in AllGatherCoalescedHandle.wait; "
@@ -251,18 +251,10 @@ class Gathers:
         self.coordinator.release_all()
 
 
-def release_rules(training) -> tuple[bool, bool]:
-    """The release's rules of `Gathers`: whether reset_step runs at the forward's start (from v0.15.4, else at the
-    backward's end) and whether the backward's end releases the embedding (from v0.19.3, else the step does)."""
-    version = release("deepspeed", training.framework_version).number
-    return version >= DEEPSPEED_RESET_AT_FORWARD, version >= DEEPSPEED_RELEASE_LEFTOVERS
-
-
 def gathers(cfg, sp, program, w) -> Gathers:
     """The stage's gathers under ZeRO-3 over `cfg.parallel.dp` ranks, for the replay's `program`; `w` its tensors
     (reserved_tensors.tensors: the head's with a gradient make the backward's first calls)."""
     from .deepspeed_step import deepspeed_settings
-    from .zero3_trace import MAX_REUSE_DISTANCE, build_trace
     from ..spec.dtypes import bytes_per_element
 
     arch, training = cfg.architecture, cfg.training

@@ -101,7 +101,8 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
 
 def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     """(reserved peak - allocated peak, segments) of the replay of two steps."""
-    from .reserved import _Program, _layer_sizes
+    from .reserved import _Program
+    from .reserved_layers import layers_by_kind
     from .reserved_tensors import tensors
     from .transients import transients
 
@@ -139,7 +140,7 @@ def replayed(cfg, shared, sp, static) -> tuple[int, int]:
     for block in [c for c in static.parts().kept if c.key == "workspace"]:  # at the first matrix product
         program.alloc(block.bytes)
     program.alloc(8 * training.seq_len * training.micro_batch_size)  # the token ids (and labels)
-    layer_sizes = _layer_sizes(cfg, shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
+    layer_sizes = layers_by_kind(cfg, shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
     side = CachingAllocator()  # the reduction stream's blocks: a pool of their own
     for _ in range(2):
         _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained, side, gathers)

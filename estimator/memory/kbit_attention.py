@@ -50,12 +50,11 @@ def attention_moment(arch, training, par, kind: str, recomputed: bool, full_laye
         buffers = MATH_BACKWARD_SCORE_BUFFERS * S
         text = f"{MATH_BACKWARD_SCORE_BUFFERS} x 4*b*a*s^2 beside the kept softmax"
         # the residual stream's dtype: fp32 in a prepared k-bit run's ledger, the compute dtype's in Falcon's
-        gradient = bytes_per_element(training.compute_dtype) * tokens_per_gpu(training, par) * arch.hidden_size
+        B = bytes_per_element(training.compute_dtype)
+        gradient = B * tokens_per_gpu(training, par) * arch.hidden_size
     held = part if recomputed else part - full_layer
     moment = max(0.0, held + buffers + gradient - loss_saved)
-    formula = (f"{text} ({buffers / 2**30:,.2f} GiB)"
-               + (f" + layer output gradient {gradient / (tokens_per_gpu(training, par) * arch.hidden_size):g}*s*b*h"
-                  if gradient else "")
+    formula = (f"{text} ({buffers / 2**30:,.2f} GiB)" + (f" + layer output gradient {B:g}*s*b*h" if gradient else "")
                + f" + {'the recomputed' if recomputed else 'the last'} layer's attention tensors"
                + ("" if recomputed else " less the whole layer, counted with the activations")
                + f" ({held / 2**30:,.2f} GiB) - the loss's saved tensors, not alive then "

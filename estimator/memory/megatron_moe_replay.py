@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .reserved_layers import requests
 from ..spec.tensors import EXPERT_COLUMN, EXPERT_ROW
+from .reserved_layers import requests
 
 SOURCE = ("Megatron-Core 0.16.1 distributed/distributed_data_parallel.py (expert_parallel_buffers), "
           "optimizer/__init__.py (get_megatron_optimizer: ChainedOptimizer), transformer/moe/experts.py "

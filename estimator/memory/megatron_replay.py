@@ -46,6 +46,8 @@ _ranks) and keeps the largest cache, as a run's measured reserved memory is its 
 from __future__ import annotations
 
 from . import megatron_cp_a2a, megatron_moe_replay, megatron_te_linears
+from .activations.attention import SOFTMAX_CAST, UNFUSED_SOFTMAX_FP32
+from .activations.entries import ATTENTION_OUTPUT
 from .allocator import SMALL_SIZE
 from .components import Component
 from .one_f_one_b_replay import Schedule
@@ -58,10 +60,6 @@ SOURCE = ("Megatron-Core 0.16.1 distributed/param_and_grad_buffer.py (_ParamAndG
           "(_init_group, _multi_tensor_adam); PyTorch's caching allocator (allocator.py) replayed over them "
           "(estimator/memory/megatron_replay.py); measured: tests/data/measured/gpu/megatron, "
           "tests/data/measured/published/simumax_b200")
-
-SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # activations/attention.py's entries
-SOFTMAX_CAST = "softmax output cast to the compute dtype"
-ATTENTION_OUTPUT = "attention output (output projection input)"
 
 
 def replay_rule(cfg) -> str | None:
@@ -302,13 +300,13 @@ class _Walk:
     def __init__(self, program, cfg, shared, sp, static, embedding, layers, head, P: float):
         from .activations.moe import legacy_grouped_mlp
         from .activations.recompute import recomputed_layer_count
-        from .reserved import _layer_sizes
+        from .reserved_layers import layers_by_kind
 
         training, arch = cfg.training, cfg.architecture
         self.program, self.shared, self.sp, self.P = program, shared, sp, P
         self.embedding, self.layers, self.head = embedding, layers, head
         self.kinds = [arch.layer_kinds()[i] for i in sp.layer_indices]
-        self.sizes = _layer_sizes(cfg, shared, self.kinds)
+        self.sizes = layers_by_kind(cfg, shared, self.kinds)
         self.scores = {kind: _scores_at(shared, kind) for kind in set(self.kinds)}  # (at, attention's end) or None
         self.a2a = {kind: megatron_cp_a2a.plan(cfg, shared, kind) for kind in set(self.kinds)}  # CP's all-to-all
         if cfg.parallel.cp > 1 and not all(self.a2a.values()):  # unreachable: cp_rule refuses these (unplanned)
@@ -521,7 +519,7 @@ def _scores_at(shared, kind: str) -> tuple[int, int] | None:
 
     entries = [e for e in shared.entries[kind] if not dropped(e, shared.recomputed)]
     names = [e.name for e in entries]
-    at = next((k for k in range(len(names) - 1) if (names[k], names[k + 1]) == (SOFTMAX_FP32, SOFTMAX_CAST)), None)
+    at = next((k for k in range(len(names) - 1) if (names[k], names[k + 1]) == (UNFUSED_SOFTMAX_FP32, SOFTMAX_CAST)), None)
     if at is None:
         return None
     end = next((k + 1 for k in range(at + 2, len(names)) if names[k] == ATTENTION_OUTPUT), at + 2)

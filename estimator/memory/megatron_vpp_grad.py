@@ -30,8 +30,8 @@ next backward's, received ahead, l. 1827). Megatron-Core's own schedule on one f
 tests/data/measured/megatron_pipeline/interleaved.json. The same at core_v0.19.0, the other release offered
 (versions.py): its function differs in process groups and a wait on the forward send, backward_step still returns
 x.grad and the transformer block still keeps its input (transformer_block.py l. 451), so no version key. Not
-counted here: the received inputs the same holders keep
-after their backward (as large as a gradient each), and inputs received ahead of their forward.
+counted here: the received inputs the same holders keep after their backward (as large as a gradient each), and
+inputs received ahead of their forward.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def held(rank: int, p: int, v: int, m: int, group: int, overlap: bool = True, fl
     if warmup == m * v:  # the cool-down's first backward: its gradient (l. 1790); with the flush the next's (l. 1827)
         return Counts((0, 0), (0, 0) if order.last else (2 if flush else 1, 0))
     slots = group - p + 1 if order.last else 1
-    buffer: list = [None] * slots  # overlap: bwd_recv_buffer
+    buffer: list[tuple[int, int] | None] = [None] * slots  # overlap: bwd_recv_buffer
     queue = [] if order.last else [order.backward(0)]  # received, not yet popped (the warm-up's last receive)
     if overlap and not order.last:
         buffer[-1] = order.backward(0)
@@ -128,7 +128,7 @@ def held(rank: int, p: int, v: int, m: int, group: int, overlap: bool = True, fl
     return Counts(best, best)
 
 
-def _warmup_receive(table, warmup: int, rank: int, p: int, v: int):
+def _warmup_receive(table: list[tuple[int, int]], warmup: int, rank: int, p: int, v: int) -> tuple[int, int] | None:
     """(micro-batch, chunk) of the input the warm-up's last iteration receives (recv_tensor_from_previous_stage(W - 1,
     forward=True)), or None: rank r > 0 receives the next forward's; rank 0 the output of the last rank's chunk c for
     its chunk c + 1, p - 1 forwards behind."""
@@ -176,5 +176,5 @@ def schedule_gradients(arch: Architecture, training: Training, par: Parallel, sp
 def schedule_bytes(arch: Architecture, training: Training, par: Parallel, sp: StageParameters,
                    m: int) -> tuple[int, int]:
     """`schedule_gradients`' bytes (forward, backward)."""
-    held = schedule_gradients(arch, training, par, sp, m)
-    return sum(c.bytes for c in held.forward), sum(c.bytes for c in held.backward)
+    gradients = schedule_gradients(arch, training, par, sp, m)
+    return sum(c.bytes for c in gradients.forward), sum(c.bytes for c in gradients.backward)

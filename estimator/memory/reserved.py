@@ -64,13 +64,11 @@ first's).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from .allocator import CachingAllocator
 from .components import Component, component, total_bytes
 from ..spec.dtypes import bytes_per_element
 from .adapters import FUSED_ADAMW_FRAMEWORKS, STEP_COUNTER_BYTES
-from .reserved_layers import Layer, backward as eager_backward, gradient as _gradient, layer, made as _made
+from .reserved_layers import backward as eager_backward, gradient as _gradient, layers_by_kind, made as _made
 from .reserved_tensors import Tensors, tensors as parameter_tensors
 
 REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
@@ -212,7 +210,7 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
     copy = bytes_per_element(recipe.compute_dtype) if recipe.autocast_weight_copies else 0
     step = total_bytes(tr.optimizer)
     states = None
-    layer_sizes = _layer_sizes(cfg, shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
+    layer_sizes = layers_by_kind(cfg, shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
     for _ in range(2):
         grads: dict[int, int | None] = {}
         previous = None
@@ -239,11 +237,6 @@ def _step_counters(training, tensors: int) -> int:
     its own, where the adapter run's states count them (adapters.adapter_states)."""
     fused = training.framework in FUSED_ADAMW_FRAMEWORKS and training.optimizer == "adamw"
     return tensors if training.adapter is not None and fused else 0
-
-
-def _layer_sizes(cfg, shared, kinds) -> dict[str, Layer]:
-    """Each kind's requests and eager attention's scores among them (reserved_layers.layer)."""
-    return {kind: layer(cfg, shared, kind) for kind in set(kinds)}
 
 
 def _no_copies(components) -> list[float]:

@@ -91,6 +91,11 @@ def layer(cfg, shared, kind: str) -> Layer:
     return Layer(sizes, core, first)
 
 
+def layers_by_kind(cfg, shared, kinds) -> dict[str, Layer]:
+    """Each of `kinds`' requests and eager attention's scores among them (`layer`)."""
+    return {kind: layer(cfg, shared, kind) for kind in set(kinds)}
+
+
 def made(prog, layer: Layer) -> list[int]:
     """A layer's kept tensors, made in order. Eager attention's scores (module docstring) pass through three
     compute-dtype tensors, each freed once the next exists, and the fp32 copy that softmax makes of its input

@@ -257,7 +257,7 @@ BNB_HELD_SOURCE = (
 
 def _adapter_freed(arch: Architecture, training: Training, par: Parallel, kind: str,
                    names: frozenset[str]) -> list[Entry]:
-    """An adapter run's `freed_after_softmax`: of the layer's ledger as the run keeps it (adapter_activations.py:
+    """An adapter run's `freed_entries`: of the layer's ledger as the run keeps it (adapter_activations.py:
     without what only frozen weights' gradients read, with the adapters' own tensors), the full fine-tuning
     tensors named in `names` and the tensors of the adapters after the core (`_AFTER_CORE`), but not the inputs
     kept for frozen weights alone: bitsandbytes through 0.43.1 holds its 4-bit linears' in `ctx.tensors`, an

@@ -143,6 +143,14 @@ def build_trace(arch, training, stage, threshold: int) -> Trace:
 MAX_REUSE_DISTANCE = 1_000_000_000
 
 
+def release_rules(training) -> tuple[bool, bool]:
+    """The DeepSpeed release's rules (training.framework_version): whether reset_step runs at the forward's start
+    (from v0.15.4, else at the backward's end: versions.DEEPSPEED_RESET_AT_FORWARD) and whether the backward's end
+    releases the embedding (from v0.19.3, else the step does: versions.DEEPSPEED_RELEASE_LEFTOVERS)."""
+    version = release("deepspeed", training.framework_version).number
+    return version >= DEEPSPEED_RESET_AT_FORWARD, version >= DEEPSPEED_RELEASE_LEFTOVERS
+
+
 def gathered_elements(arch, training, stage, prefetch_bucket: int, max_live: int, threshold: int,
                       microbatches: int) -> Gathered:
     """The coordinator's peaks on this stage (zero3_replay.replay over `build_trace`). Through v0.19.2, with
@@ -156,8 +164,8 @@ def gathered_elements(arch, training, stage, prefetch_bucket: int, max_live: int
     held in every micro-batch (training.framework_version; versions.DEEPSPEED_RESET_AT_FORWARD). From
     v0.19.3 each backward's end releases it (release_backward_leftovers, versions.DEEPSPEED_RELEASE_LEFTOVERS)
     before the next forward's reset_step: nothing is held, with or without accumulation."""
-    version = release("deepspeed", training.framework_version).number
-    offset = version < DEEPSPEED_RESET_AT_FORWARD or (microbatches > 1 and version < DEEPSPEED_RELEASE_LEFTOVERS)
+    reset_at_forward, release_leftovers = release_rules(training)
+    offset = not reset_at_forward or (microbatches > 1 and not release_leftovers)
 
     def compute() -> Gathered:
         trace = build_trace(arch, training, stage, threshold)

@@ -112,7 +112,6 @@ GRANULARITY = 2 * MiB  # cuMemGetAllocationGranularity(MINIMUM) for device memor
 MAXCHANNELS = 64  # NCCL include/device.h (v2.25.1-1 on; 32 before: OLD_MAXCHANNELS)
 DEV_COMM_ALLOCATIONS = (23_648, 4)  # 2.28.9 init.cc devCommSetup: ncclKernelCommAndChannels, rankToLocalRank (nranks 1)
 CHANNEL_ALLOCATIONS = (608, 24, 4)  # 2.28.9 channel.cc initChannel, nranks 1: sharedRes devPeers, devPeers, ring ranks
-TORCH_CUMEM_FROM = (2, 2)  # torch 2.2 ships NCCL 2.19.3, the first with NCCL_CUMEM_ENABLE on by default
 # NCCL's kernels, loaded with a process's first communicator: 279 - 194 granules (module docstring)
 NCCL_KERNELS = 585_105_408 - 194 * GRANULARITY
 RECORD = "tests/data/measured/gpu/experiments/nccl-world-h200.json"

@@ -28,11 +28,10 @@ What differs between the releases offered, as far as the estimator models it:
   gathers an embedding's worth more (memory/zero3_trace.py), whether each backward's end releases the
   embedding (from 0.19.3: release_backward_leftovers; before, a run of several micro-batches a step starts each
   later one with it gathered: memory/zero3_trace.py, memory/deepspeed_gathers.py), and ZeRO-3's initialisation
-  on one GPU, whose
-  order of allocations the reserved-memory replay follows (memory/deepspeed_replay.py: 0.12.3 makes each fp32
-  partition from a 16-bit clone and steps the optimizer once at initialisation, making Adam's moments there);
-  the other DeepSpeed rules cite 0.19.5 (ZeRO-3's sub-group flattening, its step and the coordinator's prefetch
-  and release rules read the same at 0.12.3).
+  on one GPU, whose order of allocations the reserved-memory replay follows (memory/deepspeed_replay.py: 0.12.3
+  makes each fp32 partition from a 16-bit clone and steps the optimizer once at initialisation, making Adam's
+  moments there); the other DeepSpeed rules cite 0.19.5 (ZeRO-3's sub-group flattening, its step and the
+  coordinator's prefetch and release rules read the same at 0.12.3).
 - fsdp2 2024-12, 0.1.0 and 0.2.0: the releases of torchtitan's published benchmarks (issue 22).
   What differs (the loss's compilation, the root FSDP unit, TP's loss-parallel cross-entropy) is
   keyed in memory/titan_releases.py, each rule with the commit that made it.

@@ -129,13 +129,19 @@ def _math_sdpa(query, key, value, is_causal, scale):
     scores = torch.matmul(q, aten.mul.Scalar(k.transpose(-2, -1), factor))
     if mask is not None:
         scores.add_(mask)
-    # _safe_softmax's temporaries, alive while it runs: isneginf's bool mask, its all() over the rows,
-    # the zero its where writes
+    probs = _safe_softmax(scores)
+    del scores
+    return torch.matmul(probs, v)
+
+
+def _safe_softmax(scores):
+    """aten._safe_softmax over the last dimension, with its temporaries made beside it, alive while it runs:
+    isneginf's bool mask, its all() over the rows, the zero its where writes (SoftMax.cpp)."""
     hidden = [torch.empty_like(scores, dtype=torch.bool), scores.new_empty((*scores.shape[:-1], 1), dtype=torch.bool),
               scores.new_empty(())]
-    probs = aten._safe_softmax(scores, -1)
-    del hidden, scores
-    return torch.matmul(probs, v)
+    probs = torch.ops.aten._safe_softmax(scores, -1)
+    del hidden
+    return probs
 
 
 def _masked_math_sdpa(query, key, value, attn_mask, scale):
@@ -164,10 +170,8 @@ def _masked_math_sdpa(query, key, value, attn_mask, scale):
     q = aten.mul.Scalar(query_acc, factor)
     scores = torch.matmul(q, aten.mul.Scalar(key_acc.transpose(-2, -1), factor))
     scores.add_(bias)
-    hidden = [torch.empty_like(scores, dtype=torch.bool), scores.new_empty((*scores.shape[:-1], 1), dtype=torch.bool),
-              scores.new_empty(())]
-    probs = aten._safe_softmax(scores, -1)
-    del hidden, scores
+    probs = _safe_softmax(scores)
+    del scores
     weights = probs.to(origin)
     out_acc = torch.matmul(probs, value_acc)
     out = out_acc.to(origin)

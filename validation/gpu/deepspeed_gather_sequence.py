@@ -82,12 +82,12 @@ def measure_rank(tied: bool = False) -> list:
 
 
 def replayed(version: str = "0.19.5", tied: bool = False) -> list:
-    """The estimator's coordinator (deepspeed_gathers.Gathers, under `version`'s rules: release_rules) over the same
+    """The estimator's coordinator (deepspeed_gathers.Gathers, under `version`'s rules: zero3_trace.release_rules) over the same
     four micro-batches, two a step, its calls and releases as the real run's are listed."""
     from estimator import estimate_config
-    from estimator.memory.deepspeed_gathers import Coordinator, Gathers, chunks, release_rules
+    from estimator.memory.deepspeed_gathers import Coordinator, Gathers, chunks
     from estimator.memory.sharding import stage_parameters
-    from estimator.memory.zero3_trace import MAX_REUSE_DISTANCE, build_trace
+    from estimator.memory.zero3_trace import MAX_REUSE_DISTANCE, build_trace, release_rules
     from estimator.spec.parallel import Parallel
 
     est = estimate_config({

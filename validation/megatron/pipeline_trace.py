@@ -223,8 +223,8 @@ def peaks(rows: list[tuple[str, str, int, int]]) -> dict[str, tuple[int, int]]:
             for name, moments in (("forward", forwards), ("backward", backwards))}
 
 
-# (pp, vpp, micro-batches, group) traced on the first, middle (pp // 2) and last rank; the ones marked all also
-# without --overlap-p2p-communication and with its warm-up flush
+# (pp, vpp, micro-batches, group, every) traced on the first, middle (pp // 2) and last rank with
+# --overlap-p2p-communication; where `every`, also without it and with its warm-up flush
 GRID = [(2, 2, 2, 2, True), (2, 2, 4, 2, False), (2, 4, 6, 3, False), (2, 4, 5, 5, False), (2, 3, 4, 2, True),
         (4, 2, 4, 4, True), (4, 2, 8, 4, True), (4, 3, 4, 4, True), (4, 3, 10, 5, True), (4, 2, 9, 5, True),
         (4, 3, 12, 6, False), (8, 2, 8, 8, False), (8, 2, 16, 8, False), (8, 2, 12, 12, False), (8, 3, 8, 8, False)]

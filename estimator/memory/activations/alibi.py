@@ -27,7 +27,7 @@ from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
-from .entries import Entry
+from .entries import Entry, autocast
 
 SOURCE = ("transformers 5.23 models/falcon/modeling_falcon.py build_alibi_tensor (lines 149-177), FalconModel.forward "
           "(lines 736-778: the mask folded with alibi, b x heads x s x s), FalconAttention.forward (lines 369-412); "
@@ -66,5 +66,4 @@ def mask_bytes_per_element(training: Training) -> float:
     """The embeddings' dtype, the mask's (build_alibi_tensor's ``.to(dtype)`` and min_dtype of inputs_embeds): the
     parameters' under autocast (fp32), else the compute dtype. (Under autocast SDPA casts it for each call, a copy
     a layer not counted here.)"""
-    from .entries import autocast
     return bytes_per_element(training.param_dtype if autocast(training) else training.compute_dtype)

@@ -214,6 +214,7 @@ def _flash_entries(arch: Architecture, training: Training, par: Parallel) -> lis
 QK_T_INPUTS = "q and k (keys expanded to all heads) for QK^T"
 SCORES_V_INPUT = "v (expanded to all heads) for scores x V"
 EAGER_SOFTMAX_FP32 = "softmax output (fp32)"
+UNFUSED_SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # Megatron's torch softmax
 SOFTMAX_CAST = "softmax output cast to the compute dtype"
 SOFTCAP_OUTPUT = "soft-capped scores (tanh output)"
 DROPOUT_MASK = "attention dropout mask"
@@ -267,9 +268,9 @@ def _megatron_torch_softmax_entries(training: Training, par: Parallel, scores: f
     16-bit copy is freed (the golden values of Megatron-LM core_v0.16.1's gpt3_mcore_tp2_pp2_uninstall_te,
     dropout 0.1, measured without it)."""
     B = bytes_per_element(training.compute_dtype)
-    out = [Entry("softmax output (fp32, unfused softmax)", scores, 4, "tp", "4*a*s^2*b", recompute=CORE)]
+    out = [Entry(UNFUSED_SOFTMAX_FP32, scores, 4, "tp", "4*a*s^2*b", recompute=CORE)]
     if B < 4 and not training.dropout:
-        out.append(Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE))
+        out.append(Entry(SOFTMAX_CAST, scores, B, "tp", "B*a*s^2*b", recompute=CORE))
     out.append(Entry("causal mask (bool, made per layer)", training.seq_len / par.cp * training.seq_len, 1, "none",
                      "s^2", recompute=CORE))
     return out
@@ -285,7 +286,7 @@ def _compiled_softmax_entries(arch: Architecture, training: Training, par: Paral
     return [Entry("QK^T scores (kept by the compiled layer)", scores, B, "tp", "B*a*s^2*b", recompute=CORE),
             Entry("softmax max and sum per row (fp32, kept by the compiled layer)", 2 * T * arch.num_attention_heads,
                   4, "tp", "2*4*s*b*a", recompute=CORE),
-            Entry("softmax output cast to the compute dtype", scores, B, "tp", "B*a*s^2*b", recompute=CORE)]
+            Entry(SOFTMAX_CAST, scores, B, "tp", "B*a*s^2*b", recompute=CORE)]
 
 
 EAGER_DROPOUT_SOURCE = ("transformers 5.23 models/llama/modeling_llama.py eager_attention_forward: softmax(dtype=float32)"

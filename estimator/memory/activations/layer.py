@@ -10,6 +10,7 @@ from ...spec.parallel import Parallel
 from ...spec.training import Training
 from .entries import (ATTENTION_OUTPUT, CORE, Entry, fp8_activation_bytes, config_dropout, tokens_per_gpu,
                       torchao_float8)
+from .alibi import alibi_mask_entries
 from .attention import attention_entries
 from .mlp import mlp_entries
 from .recompute import OP_LEVEL, dropped, op_level, op_level_saved_entries
@@ -97,7 +98,7 @@ def embedding_entries(arch: Architecture, training: Training, par: Parallel) -> 
     if config_dropout(arch.embedding_dropout, training):
         out.append(Entry("embedding dropout mask", T * arch.hidden_size, 1, "sp", "s*b*h", for_weights=("embedding",)))
     from ..adapter_activations import kept  # a frozen embedding keeps no token ids
-    from .alibi import alibi_mask_entries  # Falcon's ALiBi mask, made once a step before the first layer
+    # Falcon's ALiBi mask, made once a step before the first layer (alibi.py)
     return kept(out, training, arch) + alibi_mask_entries(arch, training, par)
 
 

@@ -54,6 +54,7 @@ from ...spec.parallel import Parallel
 from ...spec.training import Training
 from ...spec.versions import torch_release
 from .entries import CORE, UP_PROJ, Entry, tokens_per_gpu
+from .sdpa_math import falcon_math_sdpa, transformers_runs_sdpa
 
 SOURCE = ("transformers 5.23 masking_utils.py _ignore_causal_mask_sdpa and sdpa_mask, integrations/sdpa_attention.py "
           "use_gqa_in_sdpa and repeat_kv; torch 2.13 aten/src/ATen/native/transformers attention.cpp "
@@ -70,7 +71,6 @@ FALCON_BIAS = ("causal mask as SDPA's additive bias (Falcon hands SDPA its 4-D m
 def masked_layer_share(arch: Architecture, training: Training) -> float:
     """The share of the layers transformers runs through SDPA with a 4-D mask: the sliding-window or chunked layers
     once the sequence reaches the window or chunk, under the transformers frameworks' SDPA; 0 elsewhere."""
-    from .sdpa_math import falcon_math_sdpa, transformers_runs_sdpa
     window = arch.local_attention
     transformers_sdpa = transformers_runs_sdpa(training)
     if arch.sdpa_mask_always and transformers_sdpa and training.mode == "training":

@@ -39,6 +39,7 @@ from ...spec.choices import TRANSFORMERS_FRAMEWORKS
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
+from .alibi import alibi_mask_kept, mask_bytes_per_element
 from .entries import CORE, UP_PROJ, Entry, tokens_per_gpu
 
 MATH_SOURCE = ("torch 2.11 aten/src/ATen/native/transformers/attention.cpp _scaled_dot_product_attention_math "
@@ -95,14 +96,14 @@ def falcon_math_entries(arch: Architecture, training: Training, par: Parallel) -
 def falcon_math_forward_extra(arch: Architecture, training: Training, par: Parallel) -> tuple[float, str]:
     """The math backend's forward tensors beside the scores, their -inf mask and the kept set that
     `kbit_attention.attention_moment` does not count (bytes over TP, formula): SDPA's additive mask (b x s^2 in q's
-    dtype; with ALiBi the model's b x heads x s^2 one where the activations do not hold it), the fp32 copies of a 16-bit q and k (the upcasts; v's is kept), and beyond one batch the scaled k and
-    fp32 v before the matmuls copy them out to every head; _safe_softmax's row mask (b x heads x s, bool)."""
+    dtype; with ALiBi the model's b x heads x s^2 one where the activations do not hold it), the fp32 copies of a
+    16-bit q and k (the upcasts; v's is kept), and beyond one batch the scaled k and fp32 v before the matmuls copy
+    them out to every head; _safe_softmax's row mask (b x heads x s, bool)."""
     B = bytes_per_element(training.compute_dtype)
     T = tokens_per_gpu(training, par)
     b, s, a, kv_width = training.micro_batch_size, training.seq_len, arch.num_attention_heads, arch.kv_width
     bias, bias_text = b * (s / par.cp) * s * B, f"mask {B:g}*b*s^2"
     if arch.position_embedding == "alibi":  # a float mask, not converted: the one ALiBi mask of the step (alibi.py)
-        from .alibi import alibi_mask_kept, mask_bytes_per_element
         size = mask_bytes_per_element(training)
         kept = alibi_mask_kept(arch, training)  # then among the activations already
         bias = 0.0 if kept else b * a * (s / par.cp) * s * size
