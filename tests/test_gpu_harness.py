@@ -119,7 +119,7 @@ def test_each_record_is_its_case_on_its_gpu():
     assert len(runs) >= 40 and len(records) == len(runs) + 1  # and the workspace probe
     for record in runs:
         # as `records` writes it: the case's configuration, with the SSM kernels the run's software took
-        expected = config_of(CASES[record["id"]], "h200", record["versions"].get("bitsandbytes"))
+        expected = config_of(CASES[record.get("case", record["id"])], "h200", record["versions"].get("bitsandbytes"))
         assert record["config"] == ran_ssm_kernels(expected, record["versions"])
         assert record["versions"]["gpu"] == "NVIDIA H200"
 

@@ -179,6 +179,32 @@ def test_the_mechanism_record_without_cumem_stage_by_stage():
     assert deltas["all_reduce_1"] == deltas["all_reduce_64mib"] == deltas["deepspeed_zero3_tiny_step2"] == 0
 
 
+def test_runtime_connect_off_connects_the_shared_buffer_through_cumem():
+    """nccl-runtime-connect (H200, 2026-11-27, third run): NCCL 2.28.9 as NCCL defaults (cuMem on) but
+    NCCL_RUNTIME_CONNECT=0, so initialisation connects what it leaves to run time otherwise (init.cc runtimeConn),
+    as NCCL 2.19-2.21 (torch 2.2-2.6) always do: each communicator adds the net proxy's shared buffer, 64 channels x 16
+    steps x 512 KiB = 256 granules, beside its 194 small ones, each its own granule under cuMem (no shared page, unlike
+    NCCL_CUMEM_ENABLE=0): init_distributed 85 + 194 + 256 = 535 granules, the split 194 + 256 + the step's 76 = 526,
+    as predicted before the run. NCCL's ALLOC log counts the 194 small allocations of 64,356 B only; the buffer,
+    made through cuMem, logs no 'Cuda Alloc' line. This is the rule spec/nccl.py applies to torch 2.2-2.6 at their
+    32 channels and 128 KiB chunk (64 MiB, 32 granules: 97 + 32 = 129 a communicator)."""
+    runs = record("experiments", "nccl-runtime-connect-h200.json")["runs"]
+    assert [r["run"] for r in runs] == [{"framework": "deepspeed", "nccl_cumem_enable": None,
+                                         "nccl_runtime_connect": "0"}]
+    deltas, logs = _by_stage(runs[0]["measured"])
+    buffer = shared_p2p_buffer(64, P2P_NVL_CHUNK) // GRANULARITY
+    assert buffer == 256 and deltas["context"] == CONTEXT_OUTSIDE
+    assert granules(deltas["init_distributed"]) == KERNELS + COMMUNICATOR + buffer == 535
+    assert granules(deltas["deepspeed_zero3_tiny"]) == COMMUNICATOR + buffer + 76 == 526
+    assert deltas["all_reduce_1"] == deltas["all_reduce_64mib"] == deltas["deepspeed_zero3_tiny_step2"] == 0
+    for stage in ("init_distributed", "deepspeed_zero3_tiny"):
+        assert (logs[stage]["communicators"], logs[stage]["device_allocs"], logs[stage]["device_alloc_bytes"]) == \
+            (1, COMMUNICATOR, 64_356)
+    # the rule for NCCL 2.19-2.21, the same mechanism at their channels and chunk
+    assert one_rank_communicator((2, 6)).bytes == (1 + 3 * OLD_MAXCHANNELS + shared_p2p_buffer(
+        OLD_MAXCHANNELS, OLD_P2P_CHUNK) // GRANULARITY) * GRANULARITY == 258 * MiB
+
+
 def test_the_mechanism_record_names_megatronS_fourth_communicator():
     """nccl-mechanism, a tiny Megatron-Core step at world size 1 with every collective logged by group: the build
     all_gather_objects over the world (optimizer/__init__.py l. 181) and NCCL makes 1 communicator (85 + 194

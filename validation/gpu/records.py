@@ -108,14 +108,33 @@ def ran_ssm_kernels(config: dict, versions: dict) -> dict:
     return config
 
 
+def fallback_id(case_id: str, config: dict, versions: dict) -> str:
+    """A run of transformers' newer torch fallback (ssm_kernels 'torch', from 5.18) is the same case on other code
+    than the first records' (5.17's): its record keeps both, named <case>-transformers-<x.y>."""
+    if config["training"].get("ssm_kernels") != "torch":
+        return case_id
+    return f"{case_id}-transformers-{'.'.join(versions['transformers'].split('.')[:2])}"
+
+
+def fake_record_of(case, line: dict, config: dict) -> Path:
+    """The fake record of what ran: the torch fallback's own (tests/data/measured/ssm_torch, the harness without the
+    fused kernels' emulation) for a run of it from transformers 5.18; where the harness has none (Gemma 3 on SDPA,
+    whose masked path it does not emulate), the case's own, and the record's vision_attention says what differs."""
+    fallback = MEASURED / "ssm_torch" / f"{line['id']}.json"
+    if config["training"].get("ssm_kernels") == "torch" and fallback.exists():
+        return fallback
+    return case.fake_record if case.fake_record.exists() else CASES[line["id"]].fake_record
+
+
 def record_of(line: dict) -> dict:
     case, versions = as_ran(CASES[line["id"]], line["measured"]), line["versions"]
     gpu = GPU_IDS[versions["gpu"]]
-    # the fake record of what ran; where the harness has none (Gemma 3 on SDPA, whose masked path it does not
-    # emulate), the case's own, and the record's vision_attention says what differs
-    fake = case.fake_record if case.fake_record.exists() else CASES[line["id"]].fake_record
+    config = ran_ssm_kernels(config_of(case, gpu, versions.get("bitsandbytes")), versions)
+    fake = fake_record_of(case, line, config)
+    record_id = fallback_id(line["id"], config, versions)
     return {
-        "id": line["id"], "description": description_of(case, versions["gpu"]), "config": ran_ssm_kernels(config_of(case, gpu, versions.get("bitsandbytes")), versions),
+        "id": record_id, **({"case": line["id"]} if record_id != line["id"] else {}),
+        "description": description_of(case, versions["gpu"]), "config": config,
         "measured": measured_of(line["measured"]), "method": METHOD, "versions": versions,
         "fake_tensor_record": str(fake.relative_to(MEASURED)) if fake.exists() else None,
         **({"wrapper": case.wrapper} if case.wrapper else {}),
