@@ -182,16 +182,14 @@ GPU = Path(__file__).parent / "data" / "measured" / "gpu"
 
 
 def _full_fine_tuning_records() -> list[Path]:
-    """The HF full fine-tuning runs measured on an H200 (adapter runs aside, and the two Falcon-H1 runs of
-    transformers' Mamba torch fallback, training.ssm_kernels "torch_5.17", whose allocated peak is modelled
-    (memory/activations/mamba_torch.py) but not replayed: a hybrid's reserved memory is the flat share)."""
-    from test_accuracy import MAMBA_FALLBACK_FAKE_PEAKS
-
+    """The HF full fine-tuning runs measured on an H200 (adapter runs aside, and the four Falcon-H1 runs of
+    transformers' Mamba torch fallback, training.ssm_kernels "torch_5.17" and "torch", whose allocated peak is
+    modelled (memory/activations/mamba_torch.py) but not replayed: a hybrid's reserved memory is the flat share)."""
     out = []
     for path in sorted(GPU.glob("*.json")):
         record = json.loads(path.read_text())
         if "probe" not in record and not record["config"]["training"].get("adapter") \
-                and path.stem not in MAMBA_FALLBACK_FAKE_PEAKS:
+                and record["config"]["training"].get("ssm_kernels", "fused") == "fused":
             out.append(path)
     return out
 
@@ -205,6 +203,21 @@ FULL = _full_fine_tuning_records()
 # until the replay took a fused q, k, v linear as one parameter, reserved_tensors.py: -0.5%, its five fp32-logits
 # segments now the GPU's five.)
 REPLAY_MISSES: dict[str, str] = {
+    # The third H200 run of 2026-11-27 (the HF cases that had fake records only; allocated peaks within 0.31%):
+    # six more beyond 7%, their segments at the step's end recorded, their allocator history not
+    "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": (
+        "-12.7%: the dropout twin's miss (-8.8%, below) without the config's dropouts, larger; not yet explained"),
+    "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": (
+        "-11.2%: its twins at other shapes replay within 1% since the fused q, k, v parameter; not yet explained"),
+    "gpt2-medium-8layers-amp-adamw-norecompute-sdpa-s1024-b4": (
+        "-10.4%: fp32 weights under bf16 autocast (its eager twin -6.9%); not yet explained"),
+    "falcon-7b-8layers-bf16-adamw-norecompute-sdpa-s2048-b1": (
+        "+13.9%: Falcon-7B on SDPA's math backend (fp32 q, k, v and softmax; the allocated peak -0.05%); at s1024 b2 "
+        "+5.5%; not yet explained"),
+    "falcon-7b-8layers-bf16-adamw-norecompute-eager-s2048-b1": (
+        "+7.3%: the eager twin of the +8.0% run below without its dropout, the same excess"),
+    "falcon-7b-8layers-bf16-adamw-recompute-eager-s4096-b1-drop10": (
+        "+7.9%: the +8.0% run below with recompute at s4096, the same excess"),
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10": (
         "-8.8%: six segments of the fp32 logits' size (1,610,612,736 B) against the replay's five, one holding "
         "905,969,664 B (three tensors of the embedding's size) at the step's end: a logits-sized request the replay "
@@ -265,14 +278,15 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     the median 1.0% (0.8% where it replays)."""
     import statistics
     replayed, flat, applies = _errors()
-    assert len(replayed) == 62 and len(applies) == 52
+    assert len(replayed) == 78 and len(applies) == 66
     dsa = {p for p in replayed if p.startswith("deepseek-v3.2-")}
     assert len(dsa) == 5 and {p for p in replayed if p not in applies} == dsa | {
         "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1",
         "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1",
         # Liger's fused linear cross-entropy: the flat share (reserved.py replay_rule, a chunked or fused loss)
         "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-liger", "llama-3.2-1b-bf16-adamw-norecompute-sdpa-s8192-b2-liger",
-        "qwen2.5-0.5b-amp-adamw-norecompute-sdpa-s8192-b2-liger"}
+        "qwen2.5-0.5b-amp-adamw-norecompute-sdpa-s8192-b2-liger", "llama-3.1-8b-bf16-adamw-recompute-sdpa-s2048-b2-liger",
+        "qwen3-8b-bf16-adamw-norecompute-sdpa-s4096-b1-liger"}
     expandable = {p: replayed[p] for p in replayed if p.endswith("-expandable")}
     assert {p: round(e, 4) for p, e in expandable.items()} == {
         "llama-3.1-8b-bf16-adamw-norecompute-sdpa-s4096-b1-expandable": -0.0010,
@@ -288,19 +302,21 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     # Pythia, GPT-2, StarCoder2 and Falcon-7B with dropout; two with Liger, on the flat share, +6.9% and +5.6%)
     # 0.012 on the 58 before the four of the third run and the fused q, k, v parameter (reserved_tensors.py), with
     # 0.036, 0.008 and 0.033 below, 8 and 15, 5 and 12 under by 5%, 13 of the flat share over 7%
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.010
+    # 0.010 on the 62 before the sixteen of the third H200 run (2026-11-27), the rest below unchanged
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.015
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.036
     on_replayed = [replayed[p] for p in applies]
-    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008
+    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.010  # 0.008 before the third run's sixteen
     # 0.032 on the 38 replayed before the expandable-segment runs were (0.034 before backward's last moments were
     # modelled, trainer_backward_end.py: Llama-3.1-8B AMP SGD's allocated peak rose to its measured backward end,
     # -0.29% -> +0.03%, and the flat share over it from +6.4% to +6.7%)
     # (0.035, 4 and 13, 1 and 10, 11 before 2026-11-27's second run)
     assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.032
-    assert sum(e < -0.05 for e in replayed.values()) == 6 and sum(e < -0.05 for e in flat.values()) == 16
-    assert sum(replayed[p] < -0.05 for p in applies) == 3 and sum(flat[p] < -0.05 for p in applies) == 13
+    # (6 and 16, 3 and 13, 14 below, on the 62 before the third H200 run's sixteen)
+    assert sum(e < -0.05 for e in replayed.values()) == 10 and sum(e < -0.05 for e in flat.values()) == 21
+    assert sum(replayed[p] < -0.05 for p in applies) == 7 and sum(flat[p] < -0.05 for p in applies) == 18
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
-    assert sum(abs(flat[p]) > 0.07 for p in applies) == 14  # the flat share's misses on the same runs
+    assert sum(abs(flat[p]) > 0.07 for p in applies) == 16  # the flat share's misses on the same runs
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=REPLAY_MISSES[p.stem], strict=True))
@@ -343,13 +359,17 @@ def test_the_replay_of_adapter_runs_against_the_gpu_and_the_flat_share():
     # share -18.4%, tests/test_accuracy.py KNOWN_RESERVED_GAPS): 27 runs, median 0.014 and 0.045, under by 5% 0
     # and 2, the largest 0.100 and 0.138, before; on the 29, 0.014, one under by 5% and the largest 0.128 before
     # eager attention's backward (reserved_layers.py: that run -12.8% -> -0.7%, its norecompute twin -0.5% -> -0.2%)
-    assert len(replayed) == 29 and applies == set(replayed)
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.013
-    assert round(statistics.median(map(abs, flat.values())), 3) == 0.048
-    assert sum(e < -0.05 for e in replayed.values()) == 0 and sum(e < -0.05 for e in flat.values()) == 4
-    assert sum(e > 0.05 for e in replayed.values()) == 2 and sum(e > 0.05 for e in flat.values()) == 10
-    assert round(max(map(abs, replayed.values())), 3) == 0.100
-    assert round(max(map(abs, flat.values())), 3) == 0.184
+    # The third H200 run (2026-11-27) added eight LoRA runs on Llama-3.2-1B (targets o, down, q k v o, gate up down;
+    # eager attention, its dropout, recompute): 29 runs, median 0.013 and 0.048, under by 5% 0 and 4, over 2 and 10,
+    # the largest 0.100 and 0.184, before; of the eight, LoRA on q and v with recompute and eager attention without
+    # its dropout -12.5% (tests/test_accuracy.py KNOWN_RESERVED_GAPS; with the dropout -0.7%), the others within 1.5%
+    assert len(replayed) == 37 and applies == set(replayed)
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
+    assert round(statistics.median(map(abs, flat.values())), 3) == 0.050
+    assert sum(e < -0.05 for e in replayed.values()) == 1 and sum(e < -0.05 for e in flat.values()) == 6
+    assert sum(e > 0.05 for e in replayed.values()) == 2 and sum(e > 0.05 for e in flat.values()) == 12
+    assert round(max(map(abs, replayed.values())), 3) == 0.125
+    assert round(max(map(abs, flat.values())), 3) == 0.281  # 0.184 before the eight
 
 
 def test_an_adapter_runs_replay_allocates_gradients_and_states_for_the_trainable_tensors_only():
