@@ -200,7 +200,14 @@ def test_runtime_connect_off_connects_the_shared_buffer_through_cumem():
     for stage in ("init_distributed", "deepspeed_zero3_tiny"):
         assert (logs[stage]["communicators"], logs[stage]["device_allocs"], logs[stage]["device_alloc_bytes"]) == \
             (1, COMMUNICATOR, 64_356)
-    # the rule for NCCL 2.19-2.21, the same mechanism at their channels and chunk
+    # the rule for NCCL 2.19-2.21, the same mechanism at their channels and chunk, whose estimate cites this record
+    from estimator.memory.stage_shared import one_rank_world
+    from estimator.spec.training import Training
+
+    for version, cited in (("2.4", True), ("2.6", True), ("2.8", False), ("2.1", False)):
+        world = one_rank_world(Training(framework="deepspeed", torch_version=version))
+        assert all(("nccl-runtime-connect-h200.json" in p.source) == cited
+                   for p in world.parts if "communicator of one" in p.label), version
     assert one_rank_communicator((2, 6)).bytes == (1 + 3 * OLD_MAXCHANNELS + shared_p2p_buffer(
         OLD_MAXCHANNELS, OLD_P2P_CHUNK) // GRANULARITY) * GRANULARITY == 258 * MiB
 

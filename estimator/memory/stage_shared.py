@@ -28,8 +28,9 @@ from .adapter_activations import bnb_held_entries, first_layer_input_frozen
 from .tp_copies import plain_tp_reserved
 from .kbit import ledger_training, math_attention
 from ..spec.training import Training
-from ..spec.nccl import (MECHANISM_RECORD, NCCL_KERNELS, RECORD as NCCL_RECORD, SMALL_PAGE, SOURCE as NCCL_SOURCE,
-                         OneRankCommunicator, measured_without_cumem, one_rank_communicator, uses_cumem)
+from ..spec.nccl import (MECHANISM_RECORD, NCCL_KERNELS, RECORD as NCCL_RECORD, RUNTIME_CONNECT_RECORD, SMALL_PAGE,
+                         SOURCE as NCCL_SOURCE, OneRankCommunicator, measured_without_cumem, nccl_release,
+                         one_rank_communicator, one_rank_rule, uses_cumem)
 from ..spec.versions import torch_release
 from .nccl_groups import Communicator, megatron_communicators
 
@@ -312,6 +313,9 @@ def one_rank_communicators(training: Training, groups: tuple[tuple[str, str], ..
     measured = ""  # NCCL 2.28.9 with NCCL_CUMEM_ENABLE=0: the shared buffer as the nccl-mechanism record logs it
     if measured_without_cumem(release) and not uses_cumem(release, training.nccl_cumem):
         measured = f"; measured: {MECHANISM_RECORD} (NCCL_CUMEM_ENABLE=0: 536,870,912 B a communicator)"
+    elif uses_cumem(release, training.nccl_cumem) and not one_rank_rule(nccl_release(release)).runtime_connect:
+        measured = (f"; the mechanism measured: {RUNTIME_CONNECT_RECORD} (NCCL 2.28.9, NCCL_RUNTIME_CONNECT=0: its "
+                    f"512 MiB buffer through cuMem beside the 194 granules)")
     parts = tuple(component("communication", f"NCCL communicator of one rank: {what}", comm.bytes, comm.formula,
                             f"{source}; {NCCL_SOURCE}{measured}") for what, source in groups)
     page = ""

@@ -76,7 +76,9 @@ A process that makes any NCCL communicator holds, outside PyTorch's caching allo
     894-913 v2.27.3-1, 906-925 v2.27.5-1, 925-944 v2.28.9-1).
   So, a communicator of one rank (one_rank_rule):
   * torch 2.2-2.6 (NCCL 2.19.3, 2.20.5, 2.21.5), cuMem on: (1 + 3 x 32) x 2 MiB + the shared buffer 32 x 16 x
-    128 KiB = 64 MiB (32 granules) = 258 MiB, 98 allocations; cuMem off: the 64 MiB buffer by cudaMalloc and 97 small
+    128 KiB = 64 MiB (32 granules) = 258 MiB, 98 allocations (the mechanism measured: NCCL 2.28.9 with
+    NCCL_RUNTIME_CONNECT=0 adds its 512 MiB buffer through cuMem to each communicator's 194 granules,
+    RUNTIME_CONNECT_RECORD); cuMem off: the 64 MiB buffer by cudaMalloc and 97 small
     allocations in the shared page, as 2.18.1.
   * torch 2.7-2.10 (NCCL 2.26.2, 2.27.3, 2.27.5): 2.28.9's, 388 MiB with cuMem, 512 MiB without.
   * torch 2.12 and 2.13 (NCCL 2.29.7), read in part: the same MAXCHANNELS (device.h l. 88), runtime connect
@@ -116,6 +118,9 @@ CHANNEL_ALLOCATIONS = (608, 24, 4)  # 2.28.9 channel.cc initChannel, nranks 1: s
 NCCL_KERNELS = 585_105_408 - 194 * GRANULARITY
 RECORD = "tests/data/measured/gpu/experiments/nccl-world-h200.json"
 MECHANISM_RECORD = "tests/data/measured/gpu/experiments/nccl-mechanism-h200.json"
+# NCCL 2.28.9 with cuMem and NCCL_RUNTIME_CONNECT=0: each communicator's shared buffer through cuMem at initialisation,
+# 194 + 256 granules (the mechanism of NCCL 2.19-2.21 at one rank, at 2.28.9's channels and chunk)
+RUNTIME_CONNECT_RECORD = "tests/data/measured/gpu/experiments/nccl-runtime-connect-h200.json"
 NCCL_SHARED_STEPS = 16  # transport/net.cc (v2.14.3-1 l. 351, v2.28.9-1 l. 628)
 P2P_NVL_CHUNK = 512 * KiB  # init.cc P2P_NVL_CHUNKSIZE: NCCL 2.28.9's chunk at one GPU (isAllNvlink)
 OLD_MAXCHANNELS = 32  # include/devcomm.h v2.14.3-1 l. 50, v2.18.1-1 l. 52; include/device.h v2.19.3-1..v2.21.5-1 l. 54
