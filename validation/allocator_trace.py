@@ -8,6 +8,8 @@ allocator at the first matmul of the forward's thread and of autograd's backward
 aten/src/ATen/cuda/CublasHandlePool.cpp) are put in after the build.
 
     python -m validation.allocator_trace CASE_ID...   # writes tests/data/measured/allocator/<id>.json.gz
+
+A PEFT case (validation/peft/cases.py) is traced as validation/peft/step.py runs it (`_peft_trace`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ WORKSPACE_KEYS = (-1, -2)  # the forward's thread's and autograd's backward thre
 
 def full_trace(run) -> list[tuple[int, int]]:
     """(storage key, +/- bytes) in order, from the model's build to the end of step 2."""
+    from .peft.build import LoraRun
+
+    if isinstance(run, LoraRun):
+        return _peft_trace(run)
     tracker = StorageTracker()
     with FakeTensorMode(), cuda_emulation(tracker), tracker:
         model, opt = build(run)
@@ -40,6 +46,27 @@ def full_trace(run) -> list[tuple[int, int]]:
         train_step(model, opt, ids, run)
         gc.collect()
         train_step(model, opt, ids, run)
+    return tracker.events
+
+
+def _peft_trace(run) -> list[tuple[int, int]]:
+    """A PEFT case's sequence, as validation/peft/step.py runs it (CUDA's fused dropout, clip_grad_norm_, fused
+    AdamW), the peft model built on meta outside the fake mode (validation/peft/build.py)."""
+    from .core.steps import fake_mode
+    from .core.tracker import UnwrappingTracker
+    from .peft.build import build as build_peft, meta_peft_model
+    from .peft.step import cuda_dropout, train_step as peft_step
+
+    tracker = UnwrappingTracker()
+    torch.manual_seed(0)
+    model = meta_peft_model(run)
+    with fake_mode(True), cuda_emulation(tracker), cuda_dropout(), tracker:
+        model, opt = build_peft(model, run)
+        ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
+        tracker.events.extend((key, HOPPER_CUBLAS_WORKSPACE) for key in WORKSPACE_KEYS)
+        peft_step(model, opt, ids)
+        gc.collect()
+        peft_step(model, opt, ids)
     return tracker.events
 
 
