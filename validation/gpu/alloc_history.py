@@ -1,10 +1,12 @@
 """The caching allocator's whole history of one HF or PEFT case on the GPU (model build, step 1, step 2), to set
 beside the fake harness's recorded sequence (validation/allocator_trace.py) request by request.
 
-A GPU record keeps the segments at the step's end, not the order of requests; where the replay of the fake
-sequence maps other segments than the GPU (tests/test_accuracy.py KNOWN_RESERVED_GAPS: LoRA on Llama-3.2-1B with
-recompute and eager attention, -12.5%), this history says which request took which block. Each case runs in a
-process of its own, as validation/gpu/__main__.py runs them (a fresh allocator):
+A GPU record keeps the segments at the step's end, not the order of requests or the segments' addresses. The
+recorded fake sequence of LoRA on Llama-3.2-1B with recompute and eager attention replays to that run's reserved
+peak to the byte only with each new segment below the last (estimator/memory/allocator.py `descending`,
+tests/test_segment_order.py); this history shows the GPU's own order of addresses (`summary`) and its requests,
+replayed both ways. Each case runs in a process of its own, as validation/gpu/__main__.py runs them (a fresh
+allocator):
 
     for c in CASE...; do python3 -m validation.gpu.alloc_history $c $OUT; done
 
@@ -81,13 +83,28 @@ def requests(record: dict) -> list[tuple[int, int]]:
     return out
 
 
+def summary(record: dict) -> dict:
+    """What the history says of the allocator model (estimator/memory/allocator.py): the GPU's own requests
+    replayed with ascending and with descending segment addresses against its reserved peak, and the segments in
+    the order cudaMalloc made them, with their addresses (does each new one lie below the last?)."""
+    from estimator.memory.allocator import replay
+
+    made = [(addr, size) for action, addr, size, _s, _w in record["events"] if action == "segment_alloc"]
+    events = requests(record)
+    return {"reserved_peak_bytes": record["reserved_peak_bytes"],
+            "replayed_ascending": replay(events).reserved_peak,
+            "replayed_descending": replay(events, descending=True).reserved_peak,
+            "segments_made": len(made), "each_below_the_last": sum(b[0] < a[0] for a, b in zip(made, made[1:])),
+            "large_segments_made_mib": [(hex(a), s >> 20) for a, s in made if s >= 1 << 30]}
+
+
 def main(argv: list[str]) -> int:
     case_id, out = argv[0], Path(argv[1])
     out.mkdir(parents=True, exist_ok=True)
     record = history(case_id)
     with gzip.open(out / f"{case_id}.history.json.gz", "wt") as f:
         json.dump(record, f, separators=(",", ":"))
-    print(case_id, len(record["events"]), record["reserved_peak_bytes"], record["allocated_peak_bytes"])
+    print(json.dumps({"id": case_id, "events": len(record["events"]), **summary(record)}))
     return 0
 
 
