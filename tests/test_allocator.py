@@ -362,7 +362,8 @@ def test_the_replay_of_adapter_runs_against_the_gpu_and_the_flat_share():
     # The third H200 run (2026-11-27) added eight LoRA runs on Llama-3.2-1B (targets o, down, q k v o, gate up down;
     # eager attention, its dropout, recompute): 29 runs, median 0.013 and 0.048, under by 5% 0 and 4, over 2 and 10,
     # the largest 0.100 and 0.184, before; of the eight, LoRA on q and v with recompute and eager attention without
-    # its dropout -12.5% (tests/test_accuracy.py KNOWN_RESERVED_GAPS; with the dropout -0.7%), the others within 1.5%
+    # its dropout -12.5% (tests/test_accuracy.py KNOWN_RESERVED_GAPS; with the dropout -0.7%), the others within 1.5%;
+    # the GPU's segment addresses, descending, take that run's recorded sequence to the byte (test_segment_order.py)
     assert len(replayed) == 37 and applies == set(replayed)
     assert round(statistics.median(map(abs, replayed.values())), 3) == 0.012
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.050
