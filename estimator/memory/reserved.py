@@ -122,6 +122,8 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
     """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
     configuration and stage."""
     source = REPLAY_SOURCE_EXPANDABLE if cfg.hardware.expandable_segments else REPLAY_SOURCE
+    if reserved_liger.applies(cfg.training):
+        source += "; " + reserved_liger.SOURCE
     return replay_component(cfg, sp, "reserved replay", lambda: _replayed(cfg, shared, sp, static),
                             "two HF Trainer steps", source)
 
