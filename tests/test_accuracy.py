@@ -381,7 +381,9 @@ def test_gpu_reserved_peak():
     runs under, and over, by more than 10% are exactly the known ones (with the flat share alone: five under, none
     over, on the first 73). The 26 of the third H200 run (2026-11-27: the HF and PEFT cases that had fake records
     only, and Falcon-H1-0.5B's two on transformers 5.23's fallback) raise it to 1.35% on 119: allocated within 0.31%
-    on all 26, reserved -12.7% to +13.9%, six beyond 10% (KNOWN_RESERVED_GAPS, KNOWN_RESERVED_OVER)."""
+    on all 26, reserved -12.7% to +13.9%, six beyond 10% (KNOWN_RESERVED_GAPS, KNOWN_RESERVED_OVER). The five Liger
+    runs replayed (memory/reserved_liger.py; the flat share's +6.9%, +7.85%, +5.6%, -0.7%, +6.6% -> -0.4%, -1.3%,
+    +0.02%, -7.6%, +0.5%) take it to 1.31%, the runs over by 5% from 13 to 9 and under by 5% from 14 to 15."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
@@ -389,7 +391,7 @@ def test_gpu_reserved_peak():
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
     assert len(errors) == 119
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0136
+    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0131  # 0.0136 before the Liger runs' replay
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 

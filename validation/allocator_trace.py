@@ -38,12 +38,17 @@ WORKSPACE_KEYS = (-1, -2)  # the forward's thread's and autograd's backward thre
 
 def full_trace(run) -> list[tuple[int, int]]:
     """(storage key, +/- bytes) in order, from the model's build to the end of step 2."""
+    from contextlib import ExitStack
+
     from .peft.build import LoraRun
 
     if isinstance(run, LoraRun):
         return _peft_trace(run)
     tracker = StorageTracker()
-    with FakeTensorMode(), cuda_emulation(tracker), tracker:
+    with FakeTensorMode(), cuda_emulation(tracker), tracker, ExitStack() as stack:
+        if run.liger:  # Liger's Triton launches stubbed, its CUDA branches taken (hf/liger.py; as hf/step.py does)
+            from .hf.liger import liger_emulation
+            stack.enter_context(liger_emulation())
         model, opt = build(run)
         ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
         tracker.events.extend((key, HOPPER_CUBLAS_WORKSPACE) for key in WORKSPACE_KEYS)
