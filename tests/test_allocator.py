@@ -220,8 +220,10 @@ REPLAY_MISSES: dict[str, str] = {
         "for one 2,272 MiB (the scores) more and one 564 MiB (the embedding's size) fewer; the fake harness's sequence "
         "(validation/allocator_trace.py, 0.0% against the GPU) has a transient the size of the embedding after the "
         "model's build, the tied LM head's own nn.Linear weight made at FalconForCausalLM.__init__ and dropped when "
-        "tie_weights ties it (in every recorded sequence of a tied model, tests/data/measured/allocator), which the "
-        "replay does not make: with it -0.05%"),
+        "post_init ties it (in every recorded sequence of a tied model, tests/data/measured/allocator), which the "
+        "replay does not make: with it -0.05% (and SDPA's s2048 run +3.9% -> -0.05%). The harnesses build the model "
+        "by from_config on the GPU (validation/hf/step.py build_model); from_pretrained, a user's load, builds it on "
+        "the meta device (transformers 5.23 modeling_utils get_init_context), where that weight takes no GPU memory"),
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10": (
         "-8.8%: six segments of the fp32 logits' size (1,610,612,736 B) against the replay's five, one holding "
         "905,969,664 B (three tensors of the embedding's size) at the step's end: a logits-sized request the replay "
