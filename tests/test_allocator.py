@@ -763,3 +763,40 @@ def test_falcons_layer_maps_the_gpus_score_segments(case, scores_mib, replayed, 
     assert ledger_alone < gpu
     if scores_mib == 568:
         assert counts.get(18, 0) == 4 and counts.get(72, 0) == 0  # 26 and 16 before; the GPU's 0 and 0
+
+
+@pytest.mark.parametrize("case, allocated, reserved", [
+    ("falcon-7b-8layers-bf16-adamw-norecompute-eager-s2048-b1", 0.0002, -0.0044),
+    ("falcon-7b-8layers-bf16-adamw-norecompute-eager-s2048-b1-drop10", 0.0001, -0.0011),
+    ("falcon-7b-8layers-bf16-adamw-norecompute-sdpa-s2048-b1", 0.0001, 0.0393),
+    ("falcon-7b-8layers-bf16-adamw-norecompute-sdpa-s1024-b2", 0.0002, -0.0071),
+    ("falcon-7b-8layers-bf16-adamw-recompute-eager-s4096-b1-drop10", -0.0012, 0.0924),
+])
+def test_falcons_layer_replays_the_gpus_allocated_peak(case, allocated, reserved):
+    """The replay's own peaks against the H200's (reserved_falcon.py): with the gradients of the layer's activations
+    made as autograd makes them, the replay's allocated peak is max_memory_allocated's to 0.02% without recompute
+    (0.12% under with it), where the ledger's kept tensors alone, with no activation's gradient, stood 4.6% under on
+    the eager s2048 run, 9.9% on SDPA's and 22.7% with recompute; its
+    reserved peak the GPU's within 0.8% but on SDPA's s2048 run and the recompute run (REPLAY_MISSES: the tied head's
+    build transient)."""
+    from estimator import estimate_config
+    from estimator.memory import reserved as replay
+    from estimator.memory.memory import _stage_memo, static_key
+    record = json.loads((GPU / f"{case}.json").read_text())
+    estimate = estimate_config(record["config"])
+    cfg, sp = estimate.config, estimate.config.stages[0]
+    static = _stage_memo(cfg).get(static_key(sp, cfg.training))
+    made = []
+    init = replay._Program.__init__
+
+    def recording(self, *args):
+        init(self, *args)
+        made.append(self)
+    replay._Program.__init__ = recording
+    try:
+        replay._replayed(cfg, estimate._shared, sp, static)
+    finally:
+        replay._Program.__init__ = init
+    allocator, measured = made[0].allocator, record["measured"]
+    assert round(allocator.allocated_peak / measured["peak_bytes"] - 1, 4) == allocated
+    assert round(allocator.reserved_peak / measured["reserved_peak_bytes"] - 1, 4) == reserved
