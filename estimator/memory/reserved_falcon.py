@@ -134,7 +134,6 @@ def forward(prog, z: Sizes, layer_input: int | None) -> tuple[Kept, int | None]:
     mlp = [alloc(z.ffn), alloc(z.ffn)]
     fc2 = alloc(z.hidden)
     mask = None
-    output = None
     if z.mask:
         mask = alloc(z.mask)
         dropped = alloc(z.hidden)
@@ -149,14 +148,14 @@ def forward(prog, z: Sizes, layer_input: int | None) -> tuple[Kept, int | None]:
 def _rotary(prog, n: int) -> int:
     """apply_rotary_pos_emb on one of q, k (`n` bytes): `x * cos`, rotate_half (`-x2`, then cat), `* sin`, the sum."""
     alloc, free = prog.alloc, prog.free
-    cos = alloc(n)
-    half = alloc(n / 2)
-    rotated = alloc(n)
-    free(half)
-    sin = alloc(n)
+    by_cos = alloc(n)
+    negated = alloc(n / 2)
+    rotated = alloc(n)  # the cat
+    free(negated)
+    by_sin = alloc(n)
     free(rotated)
     total = alloc(n)
-    free(cos, sin)
+    free(by_cos, by_sin)
     return total
 
 
