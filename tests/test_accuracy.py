@@ -245,10 +245,9 @@ KNOWN_RESERVED_GAPS = {
 # each): in the replay step 1's optimizer states of the copies are cut from the loss's cached 2,004 MiB
 # blocks, so step 2's loss maps them anew (3 GB); the GPU kept 3 GB less, by an order of requests no recorded
 # allocator trace of an adapter run shows (tests/data/measured/allocator holds full fine-tuning only)
-KNOWN_RESERVED_OVER: set[str] = {"llama-3.1-8b-lora-r16-qv-recompute-drop00-s4096-b1-save-embed-head",
-                                  # +13.9%, the allocated peak -0.05%: Falcon-7B on SDPA's math backend at s2048
-                                  # (the third H200 run of 2026-11-27), not yet explained; at s1024 b2 +5.5%
-                                  "falcon-7b-8layers-bf16-adamw-norecompute-sdpa-s2048-b1"}
+# (Falcon-7B on SDPA's math backend at s2048 was here, +13.9%, until the replay made Falcon's layer request by request
+# as transformers and torch make it: memory/reserved_falcon.py, +3.9%; at s1024 b2 +5.5% -> -0.7%.)
+KNOWN_RESERVED_OVER: set[str] = {"llama-3.1-8b-lora-r16-qv-recompute-drop00-s4096-b1-save-embed-head"}
 
 
 def gpu_estimate(record: dict):
@@ -383,7 +382,9 @@ def test_gpu_reserved_peak():
     only, and Falcon-H1-0.5B's two on transformers 5.23's fallback) raise it to 1.35% on 119: allocated within 0.31%
     on all 26, reserved -12.7% to +13.9%, six beyond 10% (KNOWN_RESERVED_GAPS, KNOWN_RESERVED_OVER). The five Liger
     runs replayed (memory/reserved_liger.py; the flat share's +6.9%, +7.85%, +5.6%, -0.7%, +6.6% -> -0.4%, -1.3%,
-    +0.02%, -7.6%, +0.5%) take it to 1.31%, the runs over by 5% from 13 to 9 and under by 5% from 14 to 15."""
+    +0.02%, -7.6%, +0.5%) take it to 1.31%, the runs over by 5% from 13 to 9 and under by 5% from 14 to 15.
+    Falcon-7B's layer made request by request in the replay (memory/reserved_falcon.py: its five bf16 runs +7.3%,
+    +8.0%, +13.9%, +5.5% and +7.9% -> -0.6%, -0.2%, +3.9%, -0.7% and +9.3%) lowers it to 1.23%, five beyond 10%."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
@@ -391,7 +392,7 @@ def test_gpu_reserved_peak():
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
     assert len(errors) == 119
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0131  # 0.0136 before the Liger runs' replay
+    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0124  # 0.0136 before the Liger runs' replay, 0.0131 before Falcon's layer
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 
