@@ -25,7 +25,8 @@
 2. Flat share (everything else: other frameworks, pipelines and sharding (DeepSpeed ZeRO-1 over several ranks
    included), DeepSpeed and Megatron with expandable
    segments, paged
-   optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models, a chunked or fused loss,
+   optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models on their fused kernels or with a
+   Mamba-1 or Gated DeltaNet mixer, a chunked or fused loss,
    inference, RL):
    a measured share of the allocated peak (components.fragmentation), where the ledger cannot give
    the order of allocations or the replay was never measured.
@@ -43,12 +44,14 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
 2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
    several like tensors as that many requests, eager attention's scores made as transformers makes
    them, reserved_layers.py; under full recompute the layer's input kept and the rest computed and
-   dropped), its forward transients made and freed, the autocast copies of its weights kept for
+   dropped; a Mamba-2 scan on transformers 5.17's torch fallback makes and frees its broadcast products among
+   its tensors, reserved_mamba.py), its forward transients made and freed, the autocast copies of its weights kept for
    backward; then the loss: the final norm's saved tensors, the logits and their
    fp32 copies, the log-softmax made from them (kept), the copies freed;
 3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
    exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
-   backward transients, its trainable parameters' gradients from the last (the first micro-batch creates
+   backward transients (a 5.17 Mamba-2 scan's products' operand gradients, two at a time), its trainable
+   parameters' gradients from the last (the first micro-batch creates
    them, later ones add in place), its tensors freed in reverse order of making as backward passes the
    weights that used them (autograd frees a node's saved tensors once it has run); through eager attention,
    the tensors the ledger frees before its softmax's backward, then that backward node by node (scores x V's,
@@ -70,6 +73,7 @@ from ..spec.dtypes import bytes_per_element
 from .adapters import FUSED_ADAMW_FRAMEWORKS, STEP_COUNTER_BYTES
 from .reserved_layers import backward as eager_backward, gradient as _gradient, layers_by_kind, made as _made
 from .reserved_tensors import Tensors, tensors as parameter_tensors
+from .reserved_mamba import backward as scan_backward
 
 REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
                  "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
@@ -100,13 +104,29 @@ def replay_rule(cfg) -> str | None:
         (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),
         (training.optimizer.startswith("paged"), "a paged optimizer (cudaMallocManaged states)"),
         (training.compile, "torch.compile"),
-        (arch.is_hybrid or (arch.is_moe and training.adapter is None),
-         "an MoE full fine-tune or a hybrid model (the replay is measured on dense decoders and MoE adapter runs)"),
+        (arch.is_hybrid and not torch_mamba2(arch, training),
+         "a hybrid model on its fused kernels, or a Mamba-1 or Gated DeltaNet mixer (the replay is measured on "
+         "Mamba-2 hybrids on transformers' torch fallback)"),
+        (arch.is_moe and training.adapter is None,
+         "an MoE full fine-tune (the replay is measured on dense decoders and MoE adapter runs)"),
         (training.loss != "standard", f"the {training.loss} loss (the replay is measured with the standard one)"),
         (training.offload_optimizer != "none" or training.offload_parameters != "none"
          or training.offload_activations or training.optimizer_in_backward, "offload or an optimizer in backward"),
     )
     return next((why for failed, why in checks if failed), None)
+
+
+def torch_mamba2(arch, training) -> bool:
+    """A hybrid whose recurrent mixers are all Mamba-2 (Falcon-H1, Nemotron-H) on transformers' torch fallback
+    (ssm_kernels "torch" or "torch_5.17"): its order of allocations is the ledger's, the scan's broadcast products
+    of 5.17 put in (reserved_mamba.py); the four real H200 runs of Falcon-H1-0.5B replay within 2%
+    (tests/test_allocator.py). The fused kernels' own temporaries, and the other mixers' fallbacks, are not
+    modelled in the replay."""
+    from ..spec import hybrid
+    from .activations.mamba_torch import mamba2_mixers
+
+    mixers = {hybrid.MIXER[kind] for kind in arch.layer_kinds()} - {"attention", None}
+    return training.ssm_kernels != "fused" and mamba2_mixers(arch) > 0 and mixers <= {"mamba", "attention_mamba"}
 
 
 def replayed_cache(cfg, shared, sp, static) -> Component:
@@ -301,6 +321,8 @@ def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_s
         layer = layer_sizes[kinds[i]]
         held = _made(prog, layer) if full else [b for b in saved if b is not None]
         prog.transient(backward)
+        if layer.scan is not None:  # a Mamba-2 scan's product gradients on transformers 5.17's fallback
+            scan_backward(prog, layer.scan)
         if layer.core is not None:  # eager attention's scores: its backward in autograd's order (reserved_layers)
             copies = [] if full else saved[len(layer.sizes):]
             index = eager_backward(prog, layer, held[:len(layer.sizes)], copies, tensors, index, grads)
