@@ -771,3 +771,22 @@ def test_the_mamba_scans_products_as_recorded(case):
     else:  # s4096 b2: 12,288, 6,144 and 6,144 MiB (new_states, 433 MiB, below 4 GiB)
         assert recorded[:4] == [12288, 6144, 6144, 6144] and len(recorded) == 2 * 36 * (4 + 8)
     assert ledger == recorded
+
+
+def test_a_hybrid_replays_only_on_the_mamba2_torch_fallback():
+    """The replay takes a Mamba-2 hybrid on transformers' torch fallback (reserved.py torch_mamba2); on the fused
+    kernels (whose temporaries the replay does not model) and for Jamba's Mamba-1 mixers it keeps the flat share."""
+    from estimator import estimate_config
+    record = json.loads((GPU / "falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2.json").read_text())
+    config = record["config"]
+    assert config["training"]["ssm_kernels"] == "torch_5.17"
+    replayed = estimate_config(config).stages[0].component("fragmentation")
+    assert replayed.formula.startswith("caching allocator replayed over two HF Trainer steps")
+    config["training"]["ssm_kernels"] = "fused"
+    fused = estimate_config(config)
+    assert fused.stages[0].cache is None and fused.stages[0].component("fragmentation").formula.endswith(
+        "a hybrid model on its fused kernels, or a Mamba-1 or Gated DeltaNet mixer (the replay is measured on "
+        "Mamba-2 hybrids on transformers' torch fallback)")
+    jamba = {"model": "jamba-mini-1.5", "training": {"framework": "hf", "seq_len": 1024, "ssm_kernels": "torch"},
+             "hardware": {"gpu": "h200"}}
+    assert estimate_config(jamba).stages[0].cache is None
