@@ -790,3 +790,4 @@ def test_a_hybrid_replays_only_on_the_mamba2_torch_fallback():
     jamba = {"model": "jamba-mini-1.5", "training": {"framework": "hf", "seq_len": 1024, "ssm_kernels": "torch"},
              "hardware": {"gpu": "h200"}}
     assert estimate_config(jamba).stages[0].cache is None
+    assert "models/falcon_h1/modeling_falcon_h1.py" in replayed.source and "reserved_mamba.py" in replayed.source

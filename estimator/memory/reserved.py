@@ -73,7 +73,8 @@ from ..spec.dtypes import bytes_per_element
 from .adapters import FUSED_ADAMW_FRAMEWORKS, STEP_COUNTER_BYTES
 from .reserved_layers import backward as eager_backward, gradient as _gradient, layers_by_kind, made as _made
 from .reserved_tensors import Tensors, tensors as parameter_tensors
-from .reserved_mamba import backward as scan_backward
+from .reserved_mamba import SOURCE as SCAN_SOURCE, backward as scan_backward
+from .activations.mamba_torch import BROADCAST
 
 REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
                  "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
@@ -133,6 +134,8 @@ def replayed_cache(cfg, shared, sp, static) -> Component:
     """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
     configuration and stage."""
     source = REPLAY_SOURCE_EXPANDABLE if cfg.hardware.expandable_segments else REPLAY_SOURCE
+    if cfg.architecture.is_hybrid and cfg.training.ssm_kernels == BROADCAST:  # the scan's products put in
+        source += "; " + SCAN_SOURCE
     return replay_component(cfg, sp, "reserved replay", lambda: _replayed(cfg, shared, sp, static),
                             "two HF Trainer steps", source)
 

@@ -36,7 +36,7 @@ from .activations.mamba_torch import BROADCAST, BROADCAST_SOURCE, broadcast_prod
 
 SCAN_OUTPUT = "C_times_states and the scan output, padded (fp32)"  # activations/mamba_torch.py's entries
 CHUNK_DECAY = "chunk decay (fp32)"
-SOURCE = BROADCAST_SOURCE + " (FH 506-560); torch/csrc/autograd/engine.cpp validate_outputs (at::sum_to)"
+SOURCE = BROADCAST_SOURCE + " (FH 506-576, the replay's order: estimator/memory/reserved_mamba.py); torch/csrc/autograd/engine.cpp validate_outputs (at::sum_to)"
 KEEP, PRODUCT, SUM, HOLD, RELEASE = range(5)  # `Scan.program`'s steps
 
 
@@ -87,13 +87,13 @@ def scan(cfg, entries, requests) -> Scan | None:
         (PRODUCT, y), (HOLD, sizes[13]),  # Y_diag (FH 536): held until the output
         (KEEP, 7), (KEEP, 6),  # decay_states, B_decay (FH 540-541)
         (PRODUCT, states), (HOLD, summed),  # states (FH 542)
-        (KEEP, 9), (RELEASE, 1),  # torch.cat with the initial state (FH 550); the sum freed
+        (KEEP, 9), (RELEASE, 1),  # torch.cat with the initial state (FH 551); the sum freed
         (KEEP, 11),  # the chunk decay (FH 552)
         (PRODUCT, new_states), (SUM, 10),  # new_states (FH 553)
-        (KEEP, 8),  # exp(A_cumsum) (FH 557)
+        (KEEP, 8),  # exp(A_cumsum) (FH 558)
         (HOLD, states), (KEEP, 12),  # C_times_states, a local until the return, and its sum (FH 559-560)
         (HOLD, sizes[13]), (KEEP, 13),  # Y_off, then output = Y_diag + Y_off (FH 560-563)
-        (RELEASE, 3), (RELEASE, 0), (RELEASE, 2),  # Y_off, Y_diag, C_times_states (at the return)
+        (RELEASE, 3), (RELEASE, 0), (RELEASE, 2),  # Y_off, Y_diag, C_times_states (at the return, FH 576)
     )
     return Scan(start, start + len(sizes), program, (g, sizes[2], y, states, new_states, states))
 
