@@ -57,11 +57,12 @@ def test_descending_segments_replay_the_gpus_reserved_peak_to_the_byte(case, asc
 
 
 def test_descending_segments_replay_the_recorded_hf_sequences_closer():
-    """The 31 recorded HF sequences with default segments (tests/data/measured/allocator; their workspaces
-    after the build): against each GPU run's max_memory_reserved, the median |error| 0.34% ascending, 0.04%
-    descending, the largest 7.7% (Qwen3-8B SGD with recompute) and 1.7%, beyond 1% eleven runs and three. (On the
-    26 before the five Liger runs' sequences: 0.28% and 0.04%, nine and two; of the five, Qwen2.5-0.5B under
-    autocast -2.1% ascending, -0.02% descending, the other four the same either way.)"""
+    """The 35 recorded HF sequences with default segments (tests/data/measured/allocator; their workspaces
+    after the build): against each GPU run's max_memory_reserved, the median |error| 0.22% ascending, 0.04%
+    descending, the largest 7.7% (Qwen3-8B SGD with recompute) and 1.7%, beyond 1% eleven runs and four. (On the
+    26 before the five Liger runs' sequences and Falcon-H1-0.5B's four on transformers' Mamba-2 fallback: 0.28% and
+    0.04%, nine and two; of the five, Qwen2.5-0.5B under autocast -2.1% ascending, -0.02% descending, the other four
+    the same either way; of the four, 5.23's at s4096 b2 +0.04% ascending, -1.46% descending, the others the same.)"""
     ascending, descending = [], []
     for path in sorted((MEASURED / "allocator").glob("*.json.gz")):
         record = _load(path)
@@ -70,8 +71,8 @@ def test_descending_segments_replay_the_recorded_hf_sequences_closer():
         events, gpu = [tuple(e) for e in record["events"]], record["gpu_reserved_bytes"]
         ascending.append(replay(events).reserved_peak / gpu - 1)
         descending.append(replay(events, descending=True).reserved_peak / gpu - 1)
-    assert len(ascending) == 31
-    assert round(statistics.median(map(abs, ascending)), 4) == 0.0034
+    assert len(ascending) == 35
+    assert round(statistics.median(map(abs, ascending)), 4) == 0.0022
     assert round(statistics.median(map(abs, descending)), 4) == 0.0004
     assert round(max(map(abs, ascending)), 4) == 0.0771 and round(max(map(abs, descending)), 4) == 0.0167
-    assert sum(abs(e) > 0.01 for e in ascending) == 11 and sum(abs(e) > 0.01 for e in descending) == 3
+    assert sum(abs(e) > 0.01 for e in ascending) == 11 and sum(abs(e) > 0.01 for e in descending) == 4

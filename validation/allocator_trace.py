@@ -8,6 +8,12 @@ allocator at the first matmul of the forward's thread and of autograd's backward
 aten/src/ATen/cuda/CublasHandlePool.cpp) are put in after the build.
 
     python -m validation.allocator_trace CASE_ID...   # writes tests/data/measured/allocator/<id>.json.gz
+    python -m validation.allocator_trace --fallback CASE_ID...   # a hybrid on transformers' torch fallback
+
+With --fallback the step runs transformers' torch fallback of the hybrid's SSM kernels (validation/gpu/fallback.py)
+under the installed transformers, and the record is the GPU record of that release's fallback (records.fallback_id:
+<case>-transformers-<x.y> from 5.18 on); transformers 5.17.0's records were written with 5.17.0 first on the path
+(pip install --no-deps --target DIR transformers==5.17.0; PYTHONPATH=DIR:.).
 
 A PEFT case (validation/peft/cases.py) is traced as validation/peft/step.py runs it (`_peft_trace`), its cuBLAS
 workspaces at each thread's first matrix product, into tests/data/measured/allocator_order/ (the sequences that
@@ -109,20 +115,30 @@ class _FirstProducts(UnwrappingTracker):
         return nullcontext()
 
 
-def write_trace(case_id: str) -> Path:
+def write_trace(case_id: str, fallback: bool = False) -> Path:
+    import contextlib
+
+    import transformers
+
     from estimator.memory.allocator import replay
 
     from .gpu.cases import CASES
+    from .gpu.fallback import torch_fallback
 
     case = CASES[case_id]
+    if fallback and tuple(int(x) for x in transformers.__version__.split(".")[:2]) > (5, 17):
+        case_id = f"{case_id}-transformers-{'.'.join(transformers.__version__.split('.')[:2])}"
     gpu = json.loads((TRACES.parent / "gpu" / f"{case_id}.json").read_text())
-    events = full_trace(case.run)
+    with torch_fallback() if fallback else contextlib.nullcontext():
+        events = full_trace(case.run)
     expandable = case.allocator == "expandable"
     simulated = replay(events, expandable=expandable)
     record = {"id": case_id, "gpu_record": f"gpu/{case_id}.json", "expandable_segments": expandable,
               "simulated_reserved_bytes": simulated.reserved_peak, "simulated_segments": simulated.segments,
               "gpu_reserved_bytes": gpu["measured"]["reserved_peak_bytes"],
               "method": __doc__.split("\n\n")[0].replace("\n", " "),
+              **({"transformers": transformers.__version__, "ssm_kernels": gpu["config"]["training"]["ssm_kernels"]}
+                 if fallback else {}),
               "events": events}
     from .peft.build import LoraRun
     folder = TRACES
@@ -137,5 +153,6 @@ def write_trace(case_id: str) -> Path:
 
 
 if __name__ == "__main__":
-    for case_id in sys.argv[1:]:
-        print(write_trace(case_id))
+    fallback = sys.argv[1:2] == ["--fallback"]
+    for case_id in sys.argv[1 + fallback:]:
+        print(write_trace(case_id, fallback))

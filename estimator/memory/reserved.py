@@ -25,7 +25,8 @@
 2. Flat share (everything else: other frameworks, pipelines and sharding (DeepSpeed ZeRO-1 over several ranks
    included), DeepSpeed and Megatron with expandable
    segments, paged
-   optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models, a chunked or fused loss other
+   optimizers, offload, torch.compile, MoE full fine-tunes and hybrid models on their fused kernels or with a
+   Mamba-1 or Gated DeltaNet mixer, a chunked or fused loss other
    than Liger's fused linear cross-entropy (replayed on full fine-tunes: reserved_liger.py; on the five real
    H200 runs with it -7.6% to +0.5%, median 0.5%, against the flat share's -0.7% to +7.85%, median 6.6%),
    inference, RL):
@@ -45,7 +46,8 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
 2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
    several like tensors as that many requests, eager attention's scores made as transformers makes
    them, reserved_layers.py; under full recompute the layer's input kept and the rest computed and
-   dropped), its forward transients made and freed, the autocast copies of its weights kept for
+   dropped; a Mamba-2 scan on transformers 5.17's torch fallback makes and frees its broadcast products among
+   its tensors, reserved_mamba.py), its forward transients made and freed, the autocast copies of its weights kept for
    backward (transformers' multi-query Falcon full fine-tuned in the compute dtype: its layer request by request as
    transformers and torch make it, reserved_falcon.py, its H200 runs +5.5% to +13.9% -> -0.7% to +3.9%, one
    with recompute +9.3%); then the loss: the final norm's saved tensors, the logits and their
@@ -54,7 +56,8 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    forward and kept, one chunk of logits at a time, the weight gradient becoming the head's .grad);
 3. the backward from the loss: the loss's gradients in autograd's chain (each freed once the next
    exists), then the head's and layer by layer in reverse: the layer recomputed (full recompute), its
-   backward transients, its trainable parameters' gradients from the last (the first micro-batch creates
+   backward transients (a 5.17 Mamba-2 scan's products' operand gradients, two at a time), its trainable
+   parameters' gradients from the last (the first micro-batch creates
    them, later ones add in place), its tensors freed in reverse order of making as backward passes the
    weights that used them (autograd frees a node's saved tensors once it has run); through eager attention,
    the tensors the ledger frees before its softmax's backward, then that backward node by node (scores x V's,
@@ -85,6 +88,8 @@ from .reserved_layers import backward as eager_backward, gradient as _gradient, 
 from .reserved_tensors import Tensors, tensors as parameter_tensors
 from . import reserved_liger
 from .reserved_falcon import backward as falcon_backward, forward as falcon_forward, program as falcon_program
+from .reserved_mamba import SOURCE as SCAN_SOURCE, backward as scan_backward
+from .activations.mamba_torch import BROADCAST
 
 REPLAY_SOURCE = ("PyTorch's caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.11-2.13) replayed over "
                  "the HF Trainer's allocations built from the activation ledger (estimator/memory/reserved.py); "
@@ -115,8 +120,11 @@ def replay_rule(cfg) -> str | None:
         (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),
         (training.optimizer.startswith("paged"), "a paged optimizer (cudaMallocManaged states)"),
         (training.compile, "torch.compile"),
-        (arch.is_hybrid or (arch.is_moe and training.adapter is None),
-         "an MoE full fine-tune or a hybrid model (the replay is measured on dense decoders and MoE adapter runs)"),
+        (arch.is_hybrid and not torch_mamba2(arch, training),
+         "a hybrid model on its fused kernels, or a Mamba-1 or Gated DeltaNet mixer (the replay is measured on "
+         "Mamba-2 hybrids on transformers' torch fallback)"),
+        (arch.is_moe and training.adapter is None,
+         "an MoE full fine-tune (the replay is measured on dense decoders and MoE adapter runs)"),
         (training.loss != "standard" and not reserved_liger.applies(training),
          f"the {training.loss} loss (the replay is measured with the standard one and Liger's fused linear "
          "cross-entropy)"),
@@ -128,12 +136,27 @@ def replay_rule(cfg) -> str | None:
     return next((why for failed, why in checks if failed), None)
 
 
+def torch_mamba2(arch, training) -> bool:
+    """A hybrid whose recurrent mixers are all Mamba-2 (Falcon-H1, Nemotron-H) on transformers' torch fallback
+    (ssm_kernels "torch" or "torch_5.17"): its order of allocations is the ledger's, the scan's broadcast products
+    of 5.17 put in (reserved_mamba.py); the four real H200 runs of Falcon-H1-0.5B replay within 2%
+    (tests/test_allocator.py). The fused kernels' own temporaries, and the other mixers' fallbacks, are not
+    modelled in the replay."""
+    from ..spec import hybrid
+    from .activations.mamba_torch import mamba2_mixers
+
+    mixers = {hybrid.MIXER[kind] for kind in arch.layer_kinds()} - {"attention", None}
+    return training.ssm_kernels != "fused" and mamba2_mixers(arch) > 0 and mixers <= {"mamba", "attention_mamba"}
+
+
 def replayed_cache(cfg, shared, sp, static) -> Component:
     """The stage's `fragmentation` component by the replay (`replay_rule(cfg)` is None), remembered per
     configuration and stage."""
     source = REPLAY_SOURCE_EXPANDABLE if cfg.hardware.expandable_segments else REPLAY_SOURCE
     if reserved_liger.applies(cfg.training):
         source += "; " + reserved_liger.SOURCE
+    if cfg.architecture.is_hybrid and cfg.training.ssm_kernels == BROADCAST:  # the scan's products put in
+        source += "; " + SCAN_SOURCE
     return replay_component(cfg, sp, "reserved replay", lambda: _replayed(cfg, shared, sp, static),
                             "two HF Trainer steps", source)
 
@@ -326,8 +349,26 @@ def _loss_forward(prog, shared) -> tuple[list, list]:
 
 
 def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_sizes) -> None:
-    arch, full = cfg.architecture, cfg.training.recompute == "full"
-    kinds = arch.layer_kinds()
+    full = cfg.training.recompute == "full"
+    index, from_head = _head_backward(prog, cfg, shared, sp, w, order, kept, grads)
+    falcon = falcon_program(cfg)
+    if falcon is not None:  # Falcon's layer request by request (reserved_falcon.py)
+        index = _falcon_backward(prog, full, falcon, kept, w, index, grads)
+    else:
+        index = _layers_backward(prog, cfg, sp, w, order, kept, tr, grads, layer_sizes, index)
+    for t in reversed(order[:index]):
+        index -= 1
+        if index == 0 and from_head is not None:
+            _tied_sum(prog, grads, from_head, t.grad)
+        else:
+            _gradient(prog, grads, index, t.grad)
+    prog.free(*kept.pop())
+
+
+def _head_backward(prog, cfg, shared, sp, w: Tensors, order, kept, grads) -> tuple[int, object]:
+    """The loss's backward and the head's gradients; returns the index of the last layer's last parameter and a
+    tied weight's gradient from the head (None untied), which waits in autograd's input buffer (_tied_sum)."""
+    arch = cfg.architecture
     before, made, head_grad = kept.pop()  # head_grad: Liger's grad_weight, the head's gradient (reserved_liger)
     cast = None
     if sp.last and shared.loss:
@@ -339,22 +380,27 @@ def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_s
             _given_gradient(prog, grads, index, head_grad)
         else:
             _gradient(prog, grads, index, t.grad)
-    # a tied weight's gradient from the head waits in autograd's input buffer for the lookup's (tied_sum)
     tied = arch.tie_embeddings and sp.first and sp.last and bool(order) and order[0].grad
     from_head = (head_grad if head_grad is not None else prog.alloc(order[0].grad)) if tied else None
     prog.free(*[b for b in (cast,) if b], *made, *before)
+    return index, from_head
+
+
+def _layers_backward(prog, cfg, sp, w: Tensors, order, kept, tr, grads, layer_sizes, index: int) -> int:
+    """The layers' backward from the last, each layer's gradients and the frees of its tensors as autograd walks
+    back through it; returns the index of the first layer's first parameter."""
+    full, kinds = cfg.training.recompute == "full", cfg.architecture.layer_kinds()
     backward = _no_copies(tr.backward)
     malloc, free = prog._malloc, prog._free
-    falcon = falcon_program(cfg)
-    if falcon is not None:  # Falcon's layer request by request (reserved_falcon.py)
-        index = _falcon_backward(prog, full, falcon, kept, w, index, grads)
-    for i, tensors in zip(() if falcon else reversed(sp.layer_indices), reversed(w.layers)):
+    for i, tensors in zip(reversed(sp.layer_indices), reversed(w.layers)):
         saved = kept.pop()
         # what backward frees as it walks back through the layer: the recomputed tensors (full
         # recompute: the kept input waits for the layer's end) or the ones kept in forward
         layer = layer_sizes[kinds[i]]
         held = _made(prog, layer) if full else [b for b in saved if b is not None]
         prog.transient(backward)
+        if layer.scan is not None:  # a Mamba-2 scan's product gradients on transformers 5.17's fallback
+            scan_backward(prog, layer.scan)
         if layer.core is not None:  # eager attention's scores: its backward in autograd's order (reserved_layers)
             copies = [] if full else saved[len(layer.sizes):]
             index = eager_backward(prog, layer, held[:len(layer.sizes)], copies, tensors, index, grads)
@@ -377,13 +423,7 @@ def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_s
             while len(held) > count * (weights - 1 - j) // weights:
                 free(held.pop())
         prog.free(*(saved if full else ()))
-    for t in reversed(order[:index]):
-        index -= 1
-        if index == 0 and from_head is not None:
-            _tied_sum(prog, grads, from_head, t.grad)
-        else:
-            _gradient(prog, grads, index, t.grad)
-    prog.free(*kept.pop())
+    return index
 
 
 def _falcon_backward(prog, full: bool, z, kept: list, w: Tensors, index: int, grads: dict) -> int:

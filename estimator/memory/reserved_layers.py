@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .reserved_mamba import Scan, made as scan_made, scan as mamba_scan
 from .activations.attention import (DROPOUT_MASK, DROPOUT_OUTPUT, EAGER_SOFTMAX_FP32, QK_T_INPUTS, SCORES_V_INPUT,
                                     SOFTCAP_OUTPUT, SOFTMAX_CAST)
 
@@ -50,6 +51,7 @@ class Layer(NamedTuple):
     sizes: list[int]
     core: Core | None
     first: tuple[bool, ...] = ()
+    scan: Scan | None = None  # a Mamba-2 scan's broadcast products on transformers 5.17's fallback (reserved_mamba)
 
 
 def requests(entries, par) -> list[int]:
@@ -71,10 +73,11 @@ def layer(cfg, shared, kind: str) -> Layer:
     entries = [e for e in shared.entries[kind] if not dropped(e, shared.recomputed)]
     names = [e.name for e in entries]
     sizes = requests(entries, par)
+    products = mamba_scan(cfg, entries, lambda some: requests(some, par))
     at = next((k for k in range(len(names) - 1) if names[k] == EAGER_SOFTMAX_FP32
                and (names[k + 1] == SOFTMAX_CAST or names[k + 1:k + 3] == [DROPOUT_MASK, DROPOUT_OUTPUT])), None)
     if at is None:
-        return Layer(sizes, None)
+        return Layer(sizes, None, (), products)
     from .softmax_backward import freed_entries, temporary_entry
     arch, training = cfg.architecture, cfg.training
     dropout = names[at + 1] == DROPOUT_MASK
@@ -88,7 +91,7 @@ def layer(cfg, shared, kind: str) -> Layer:
                 tuple(requests([by_name[QK_T_INPUTS]], par)) if QK_T_INPUTS in by_name else ())
     freed = {e.name for e in freed_entries(arch, training, par, kind)}
     first = tuple(f for e in entries for f in [e.name in freed] * len(requests([e], par)))
-    return Layer(sizes, core, first)
+    return Layer(sizes, core, first, products)
 
 
 def layers_by_kind(cfg, shared, kinds) -> dict[str, Layer]:
@@ -102,7 +105,9 @@ def made(prog, layer: Layer) -> list[int]:
     (`at::softmax` with a dtype casts first), freed once the softmax exists; the softmax is kept, with its cast
     back (as recorded: tests/data/measured/allocator), or, with dropout, the dropout's mask and output (ATen
     Dropout.cu dropout_cuda: the mask made first), the cast freed once they exist."""
-    core, sizes = layer.core, layer.sizes
+    core, sizes, products = layer.core, layer.sizes, layer.scan
+    if products is not None and (core is None or products.start > core.at):
+        return scan_made(prog, sizes, products)  # eager attention's scores made as plain requests
     if core is None:
         return prog.many(sizes)
     at = core.at
