@@ -216,15 +216,16 @@ KNOWN_RESERVED_GAPS = {
     # The third H200 run of 2026-11-27 (the HF and PEFT cases that had fake records only), allocated peaks all
     # within 0.31%, four replayed runs more than 10% under, not yet explained (the allocator's history of HF runs
     # is not recorded: validation/README.md, the next GPU session's item 5): StarCoder2-3B bf16 at s4096 b2
-    # -12.7% (its dropout twin -8.8%), Pythia-1.4B bf16 at s4096 b2 -11.2%, GPT-2 medium AMP -10.4% (its eager
-    # twin -6.9%), LoRA on Llama-3.2-1B with recompute and eager attention (no attention dropout) -12.5% (with
-    # attention dropout -0.7%)
+    # -12.7% (its dropout twin -8.8%; the fake harness's own sequence replays -12.6%, so the GPU's step differs
+    # from the CPU run's: tests/test_allocator.py REPLAY_MISSES), GPT-2 medium AMP -10.4% (its eager twin -6.9%),
+    # LoRA on Llama-3.2-1B with recompute and eager attention (no attention dropout) -12.5% (with attention dropout
+    # -0.7%)
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2",
-    "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2",
     "gpt2-medium-8layers-amp-adamw-norecompute-sdpa-s1024-b4",
     "llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager",
     # (Pythia-1.4B bf16 was here, -10.7%, until the replay took its fused query_key_value as one parameter, as
-    # transformers holds it: memory/reserved_tensors.py, -0.5%.)
+    # transformers holds it: memory/reserved_tensors.py, -0.5%; at s4096 b2, -11.2%, until the replay made its
+    # partial rotary embedding's temporaries, rotary_pct 0.25: memory/reserved_layers.py `rotation`, -0.2%.)
     # (LoRA on Llama-3.2-1B with full recompute, eager attention and its dropout was here, -12.8%, the replay's own
     # allocated peak 20.9% under the ledger's, until the replay ran eager attention's backward through the recomputed
     # softmax and dropout as autograd does, with the ledger's sizes: memory/reserved_layers.py, -0.7%, the replay's
@@ -370,7 +371,9 @@ def test_gpu_reserved_peak():
     runs under, and over, by more than 10% are exactly the known ones (with the flat share alone: five under, none
     over, on the first 73). The 26 of the third H200 run (2026-11-27: the HF and PEFT cases that had fake records
     only, and Falcon-H1-0.5B's two on transformers 5.23's fallback) raise it to 1.35% on 119: allocated within 0.31%
-    on all 26, reserved -12.7% to +13.9%, six beyond 10% (KNOWN_RESERVED_GAPS, KNOWN_RESERVED_OVER)."""
+    on all 26, reserved -12.7% to +13.9%, six beyond 10% (KNOWN_RESERVED_GAPS, KNOWN_RESERVED_OVER). The partial
+    rotary embedding's temporaries in the replay (memory/reserved_layers.py `rotation`: Pythia-1.4B bf16 at s4096
+    b2 -11.2% -> -0.2%, its other three runs within 2.5%) take it to 1.33%, five beyond 10%."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
@@ -378,7 +381,7 @@ def test_gpu_reserved_peak():
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
     assert len(errors) == 119
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0136
+    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0133  # 0.0136 before `rotation`
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 

@@ -142,6 +142,9 @@ KNOWN_REPLAY_GAPS = {
     "qwen3-8b-bf16-adamw-norecompute-eager-s2048-b1": "replay +5.3%",
     "qwen3-8b-bf16-adamw-recompute-sdpa-s8192-b1": "replay -5.1%",
     "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2": "replay -7.7%",
+    # the harness's own sequence short of the GPU's: one 768 MiB (bf16 logits) segment more on the GPU by step 2's
+    # forward end and one 1,536 MiB (fp32 logits) in step 2's backward (REPLAY_MISSES below)
+    "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": "replay -12.6%",
 }
 
 
@@ -151,8 +154,9 @@ def load(path: Path) -> dict:
 
 
 def test_the_traces_are_there():
-    """Every HF case run on the GPU with a fake-tensor twin (paged optimizers aside)."""
-    assert len(TRACES) == 29
+    """Every HF case run on the GPU with a fake-tensor twin (paged optimizers aside) of the first H200 runs, and
+    two of the third (Pythia-1.4B and StarCoder2-3B bf16 at s4096 b2, recorded to find their reserved misses)."""
+    assert len(TRACES) == 31
     ids = {p.name.removesuffix(".json.gz") for p in TRACES}
     assert {"llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable"} <= ids
     assert set(KNOWN_REPLAY_GAPS) <= ids
@@ -201,14 +205,24 @@ FULL = _full_fine_tuning_records()
 # are of the H200 run of 2026-11-27 (its second), first measured then; each record has its segments at the step's
 # end and no allocator history, so the order that differs is not yet known. (Pythia-1.4B bf16 was a third, -10.7%,
 # until the replay took a fused q, k, v linear as one parameter, reserved_tensors.py: -0.5%, its five fp32-logits
-# segments now the GPU's five.)
+# segments now the GPU's five.) Pythia-1.4B bf16 at s4096 b2 (the third run) was one too, -11.2%, until the replay
+# made the partial rotary embedding's temporaries (reserved_layers.py `rotation`, Architecture.partial_rotary_factor):
+# its recorded sequence (tests/data/measured/allocator) replays within 0.2% of the GPU and without those 8 and 4 MiB
+# requests -11.35%: their fragments hold the smaller tensors that otherwise, at the last layer's end, split a block
+# of the fp32 logits' size, and step 2's loss maps a fifth such segment (the GPU's five); now -0.2%.
 REPLAY_MISSES: dict[str, str] = {
     # The third H200 run of 2026-11-27 (the HF cases that had fake records only; allocated peaks within 0.31%):
     # six more beyond 7%, their segments at the step's end recorded, their allocator history not
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": (
-        "-12.7%: the dropout twin's miss (-8.8%, below) without the config's dropouts, larger; not yet explained"),
-    "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": (
-        "-11.2%: its twins at other shapes replay within 1% since the fused q, k, v parameter; not yet explained"),
+        "-12.7%: not the ledger's: the fake-tensor harness's own sequence (tests/data/measured/allocator) replays "
+        "-12.6% and maps the same segments of 1 GiB and more as the ledger's (five of 1,536 MiB, one of 768 MiB); "
+        "the GPU maps one 768 MiB (bf16 logits) segment more by step 2's forward end (its forward's reserved peak, "
+        "17,397,972,992 B, is 780,140,544 B over the harness's whole replay: 768 MiB and three 24 MiB segments, "
+        "rotate_half's -x2 of q, less two of 48 MiB) and one of 1,536 MiB in step 2's backward (its backward's "
+        "reserved peak over its forward's: 1,610,612,736 B exactly), so the GPU's step makes requests the CPU run "
+        "does not, or in another order; CUDA's embedding backward's fp32 partial sums (8,192 x 3,072 x 4 B, "
+        "EmbeddingBackwardKernel.cu grad_weight_per_segment) put into the recorded sequence change nothing; the "
+        "GPU's allocator history is needed (validation/README.md, the next GPU session's item 5)"),
     "gpt2-medium-8layers-amp-adamw-norecompute-sdpa-s1024-b4": (
         "-10.4%: fp32 weights under bf16 autocast (its eager twin -6.9%); not yet explained"),
     "falcon-7b-8layers-bf16-adamw-norecompute-sdpa-s2048-b1": (
@@ -221,7 +235,8 @@ REPLAY_MISSES: dict[str, str] = {
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10": (
         "-8.8%: six segments of the fp32 logits' size (1,610,612,736 B) against the replay's five, one holding "
         "905,969,664 B (three tensors of the embedding's size) at the step's end: a logits-sized request the replay "
-        "serves from a cached block that the GPU could not"),
+        "serves from a cached block that the GPU could not; as in its twin without dropout (above), step 2's "
+        "backward maps it (the backward's reserved peak over the forward's: 1,610,612,736 B)"),
     "falcon-7b-8layers-bf16-adamw-norecompute-eager-s2048-b1-drop10": (
         "+8.0%: the replay made 181 segments, the GPU 112; the replay's 18, 20 and 72 MiB segments (26, 12 and 16) "
         "are not among the GPU's, and it has 8 more of 158 MiB and 6 more of 40 MiB and of 42 MiB: some requests of "
@@ -303,18 +318,20 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     # 0.012 on the 58 before the four of the third run and the fused q, k, v parameter (reserved_tensors.py), with
     # 0.036, 0.008 and 0.033 below, 8 and 15, 5 and 12 under by 5%, 13 of the flat share over 7%
     # 0.010 on the 62 before the sixteen of the third H200 run (2026-11-27), the rest below unchanged
-    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.015
+    # 0.015 on the 78 (0.010 where it replays; 10 and 7 under by 5%) before the partial rotary embedding's
+    # temporaries (reserved_layers.py `rotation`: Pythia-1.4B bf16 at s4096 b2 -11.2% -> -0.2%)
+    assert round(statistics.median(map(abs, replayed.values())), 3) == 0.013
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.036
     on_replayed = [replayed[p] for p in applies]
-    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.010  # 0.008 before the third run's sixteen
+    assert round(statistics.median(map(abs, on_replayed)), 3) == 0.008  # 0.008 before the third run's sixteen
     # 0.032 on the 38 replayed before the expandable-segment runs were (0.034 before backward's last moments were
     # modelled, trainer_backward_end.py: Llama-3.1-8B AMP SGD's allocated peak rose to its measured backward end,
     # -0.29% -> +0.03%, and the flat share over it from +6.4% to +6.7%)
     # (0.035, 4 and 13, 1 and 10, 11 before 2026-11-27's second run)
     assert round(statistics.median(abs(flat[p]) for p in applies), 3) == 0.032
     # (6 and 16, 3 and 13, 14 below, on the 62 before the third H200 run's sixteen)
-    assert sum(e < -0.05 for e in replayed.values()) == 10 and sum(e < -0.05 for e in flat.values()) == 21
-    assert sum(replayed[p] < -0.05 for p in applies) == 7 and sum(flat[p] < -0.05 for p in applies) == 18
+    assert sum(e < -0.05 for e in replayed.values()) == 9 and sum(e < -0.05 for e in flat.values()) == 21
+    assert sum(replayed[p] < -0.05 for p in applies) == 6 and sum(flat[p] < -0.05 for p in applies) == 18
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
     assert sum(abs(flat[p]) > 0.07 for p in applies) == 16  # the flat share's misses on the same runs
 
@@ -479,7 +496,8 @@ SEGMENTS_DIFFER = {
 def test_the_ledgers_sequence_maps_the_recorded_large_segments():
     """Segments of 1 GiB and more (the loss's logits, their fp32 copies and gradients, the embedding's
     gradient and states), in the order mapped over two steps: the ledger's sequence (reserved.py) and
-    the fake harness's recorded one alike on 20 of the 26 runs the estimate replays, among them the
+    the fake harness's recorded one alike on 22 of the 28 runs the estimate replays (Pythia-1.4B's and
+    StarCoder2-3B's of the third H200 run among them, the latter's 12.6% under the GPU alike), among them the
     three where the ledger's earlier sequence missed by 13-34% (the loss's two fp32 gradients requested
     as one block, freed out of autograd's order; a later micro-batch's gradient never freed) and the
     three recompute runs it left 10-16% under (a layer's tensors freed only at its backward's end)."""
@@ -496,10 +514,12 @@ def test_the_ledgers_sequence_maps_the_recorded_large_segments():
             # 2 x 4096 x 128,256 logits: bf16 2,004 MiB, fp32 4,008 MiB; step 1 maps the logits, the fp32
             # copy, the log-softmax and a second fp32 gradient; step 2 one more fp32 block
             assert ledger == [2004, 4008, 4008, 4008, 4008]
-    assert len(same) == 20 and not same & SEGMENTS_DIFFER
+    assert len(same) == 22 and not same & SEGMENTS_DIFFER
     assert {"llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1", "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2",
             "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1", "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b2",
-            "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2"} <= same
+            "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2",
+            "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2",
+            "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2"} <= same
 
 
 def test_later_micro_batches_skipped_only_once_they_repeat():
@@ -707,3 +727,29 @@ def test_a_tied_embeddings_sum_counts_each_gradient_once():
                            "+B", "+C", "+D", "-B", "-C",  # micro-batch 1: the sum D becomes the .grad
                            "+E", "+F", "+G", "-E", "-F", "-G"]  # micro-batch 2: G added into D, then freed
     assert _most_live(events[:12]) == 5  # the weight, the .grad, the head's, the lookup's, the sum
+
+
+def test_a_partial_rotary_embeddings_temporaries_as_recorded():
+    """Pythia-1.4B (GPT-NeoX, rotary_pct 0.25: 32 of each head's 128 dims turn), bf16, s 4096, b 2: the ledger's
+    layer makes the rotation's temporaries (reserved_layers.py `rotation`) of 8,192 tokens x 16 heads x 32 dims x 2 B
+    = 8 MiB (x * cos, rotate_half's cat, times sin, their sum) and 4 MiB (rotate_half's -x2), for q, then k, each sum
+    freed as its cat with the unrotated rest (the kept q and k) exists. In step 1's forward the 8 MiB and 4 MiB
+    blocks come and go event for event as in the recorded sequence (the eight 2,048 x 2,048 weights first; the
+    backward's, which the ledger does not make, after). Without them the replay was -11.2% (REPLAY_MISSES' note)."""
+    from estimator.memory.reserved_layers import layer
+    record = load(next(p for p in TRACES if p.name.startswith("pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2")))
+    estimate = __import__("estimator").estimate_config(json.loads((GPU / f"{record['id']}.json").read_text())["config"])
+    dense = layer(estimate.config, estimate._shared, "dense")
+    assert dense.rotary == (8 * MiB, 8 * MiB) and dense.rotary_requests == 1
+    assert dense.sizes[dense.rotary_at] == 64 * MiB  # q and k after the rotation, one request of the ledger's
+    one = 7  # x * cos, rotate_half's cat, that times sin (the cat freed), the sum (the products freed)
+    recorded = _sized_events(lambda: replay(record["events"]), 8 * MiB)
+    ledger = _sized_events(_ledger_replay(record), 8 * MiB)
+    forward = 8 + 8 * 2 * (one + 1)  # the weights, then per layer q's and k's rotation and their sums freed
+    assert ledger[:forward] == recorded[:forward] and len(ledger) < len(recorded)
+    assert ledger[8:24] == ["+I", "+J", "+K", "-J", "+L", "-I", "-K",  # layer 1: q's rotation (`one`),
+                            "+M", "+N", "+O", "-N", "+P", "-M", "-O",  # k's,
+                            "-L", "-P"]  # each sum freed as its cat with the rest exists
+    halves = _sized_events(_ledger_replay(record), 4 * MiB)  # made and freed at once: q's and k's, 8 layers, 2 steps
+    assert halves == [e for i in range(2 * 8 * 2) for e in ("+" + chr(65 + i), "-" + chr(65 + i))]
+    assert _sized_events(lambda: replay(record["events"]), 4 * MiB)[:32] == halves[:32]
