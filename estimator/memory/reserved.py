@@ -42,7 +42,8 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    (reserved_tensors.py); the cuBLAS workspaces; DDP's gradient buckets;
 2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
    several like tensors as that many requests, eager attention's scores made as transformers makes
-   them, reserved_layers.py; under full recompute the layer's input kept and the rest computed and
+   them, reserved_layers.py, and a partial rotary embedding's temporaries before the rotated q and k, GPT-NeoX's:
+   reserved_layers.rotation; under full recompute the layer's input kept and the rest computed and
    dropped), its forward transients made and freed, the autocast copies of its weights kept for
    backward; then the loss: the final norm's saved tensors, the logits and their
    fp32 copies, the log-softmax made from them (kept), the copies freed;
