@@ -215,7 +215,7 @@ REPLAY_MISSES: dict[str, str] = {
     # six more beyond 7%, their segments at the step's end recorded, their allocator history not
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": (
         "-12.7%: not the ledger's: the fake-tensor harness's own sequence (tests/data/measured/allocator) replays "
-        "-12.6% and maps the same segments of 1 GiB and more as the ledger's (five of 1,536 MiB, one of 768 MiB); "
+        "-12.6% and maps the same segments of 1 GiB and more as the ledger's (five of 1,536 MiB; one of 768 MiB each); "
         "the GPU maps one 768 MiB (bf16 logits) segment more by step 2's forward end (its forward's reserved peak, "
         "17,397,972,992 B, is 780,140,544 B over the harness's whole replay: 768 MiB and three 24 MiB segments, "
         "rotate_half's -x2 of q, less two of 48 MiB) and one of 1,536 MiB in step 2's backward (its backward's "

@@ -65,9 +65,10 @@ def rotation(cfg, par, names: list[str], sizes_before) -> tuple[int, tuple[int, 
     (rotary_pct 0.25) at s 4096 b 2: 8 MiB products and 4 MiB halves, whose fragments decide where the last layer's
     output lands: the recorded sequence (validation/allocator_trace.py) replays within 0.2% of the GPU, without these
     requests -11.35%; the ledger's -11.2% without them, -0.2% with them (the GPU's five fp32-logits segments, not
-    four: at the last layer's end no smaller cached block holds its 32 MiB output, which splits a logits-sized one). Returns (`Layer.rotary_at`, `Layer.rotary`,
-    `Layer.rotary_requests`); (-1, (), 0) where the whole head turns: Phi-3's rotation (the same temporaries,
-    q's cat before k's rotation) is not modelled, its runs within 1% without it."""
+    four: at the last layer's end no smaller cached block holds its 32 MiB output, which splits a logits-sized
+    one). Returns (`Layer.rotary_at`, `Layer.rotary`, `Layer.rotary_requests`); (-1, (), 0) where the whole head
+    turns: Phi-3's rotation (the same temporaries, q's cat before k's rotation) is not modelled, its runs within 1%
+    without it."""
     from .activations.attention import ROTARY_QK
     from .activations.entries import tokens_per_gpu
     from ..spec.dtypes import bytes_per_element
@@ -75,6 +76,8 @@ def rotation(cfg, par, names: list[str], sizes_before) -> tuple[int, tuple[int, 
     if arch.partial_rotary_factor >= 1 or ROTARY_QK not in names:
         return -1, (), 0
     k = names.index(ROTARY_QK)
+    if sizes_before(k + 1) == sizes_before(k):  # no request (nothing kept)
+        return -1, (), 0
     rotary_dim = int(arch.head_dim * arch.partial_rotary_factor)  # GPTNeoXAttention: int(head_size * rotary_pct)
     per_head = tokens_per_gpu(training, par) * rotary_dim * bytes_per_element(training.compute_dtype)
     rotated = tuple(int(per_head * heads + 0.5) for heads in (arch.num_attention_heads, arch.num_kv_heads))
