@@ -212,15 +212,16 @@ KNOWN_RESERVED_GAPS = {
     # The third H200 run of 2026-11-27 (the HF and PEFT cases that had fake records only), allocated peaks all
     # within 0.31%, four replayed runs more than 10% under, not yet explained (the allocator's history of HF runs
     # is not recorded: validation/README.md, the next GPU session's item 5): StarCoder2-3B bf16 at s4096 b2
-    # -12.7% (its dropout twin -8.8%), Pythia-1.4B bf16 at s4096 b2 -11.2%, GPT-2 medium AMP -10.4% (its eager
-    # twin -6.9%), LoRA on Llama-3.2-1B with recompute and eager attention (no attention dropout) -12.5% (with
-    # attention dropout -0.7%)
+    # -12.7% (its dropout twin -8.8%; the fake harness's own sequence replays -12.6%, so the GPU's step differs
+    # from the CPU run's: tests/test_allocator.py REPLAY_MISSES), GPT-2 medium AMP -10.4% (its eager twin -6.9%),
+    # LoRA on Llama-3.2-1B with recompute and eager attention (no attention dropout) -12.5% (with attention dropout
+    # -0.7%)
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2",
-    "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2",
     "gpt2-medium-8layers-amp-adamw-norecompute-sdpa-s1024-b4",
     "llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager",
     # (Pythia-1.4B bf16 was here, -10.7%, until the replay took its fused query_key_value as one parameter, as
-    # transformers holds it: memory/reserved_tensors.py, -0.5%.)
+    # transformers holds it: memory/reserved_tensors.py, -0.5%; at s4096 b2, -11.2%, until the replay made its
+    # partial rotary embedding's temporaries, rotary_pct 0.25: memory/reserved_layers.py `rotation`, -0.2%.)
     # (LoRA on Llama-3.2-1B with full recompute, eager attention and its dropout was here, -12.8%, the replay's own
     # allocated peak 20.9% under the ledger's, until the replay ran eager attention's backward through the recomputed
     # softmax and dropout as autograd does, with the ledger's sizes: memory/reserved_layers.py, -0.7%, the replay's
@@ -383,7 +384,8 @@ def test_gpu_reserved_peak():
     +8.0%, +13.9%, +5.5% and +7.9% -> -0.6%, -0.2%, +3.9%, -0.7% and +9.3%) lowers it to 1.23%, five beyond 10%.
     The replay of Mamba-2 hybrids on transformers' torch fallback (memory/reserved_mamba.py) takes Falcon-H1-0.5B's four
     fallback runs from the flat share's -5.7%, -20.1% (5.17) and +6.2%, -12.4% (5.23) to -0.4%, +0.1%, -1.8% and
-    -0.4%: 1.01% on the 119, three beyond 10% under."""
+    -0.4%, and the partial rotary embedding's temporaries (memory/reserved_layers.py `rotation`: Pythia-1.4B bf16 at
+    s4096 b2 -11.2% -> -0.2%, its other three runs within 2.5%): 1.01% on the 119, two beyond 10% under."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
@@ -391,7 +393,7 @@ def test_gpu_reserved_peak():
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
     assert len(errors) == 119
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0102  # 0.0136 before the replays of Liger's loss, Falcon-7B's layer and the Mamba-2 fallback
+    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0101  # 0.0136 before the replays of Liger's loss, Falcon-7B's layer, the Mamba-2 fallback and `rotation`
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 

@@ -131,7 +131,8 @@ def test_a_resized_storage_is_freed_and_allocated_again():
 # The replay of the CPU run's sequence misses the GPU's reserved memory by more than 1% on these 8B-class
 # runs (their allocated peaks equal the GPU's to the byte): what differs is the sequence, not the rules
 # (the order in which the backward frees tensors, a CUDA kernel's temporaries the CPU run does not take,
-# the model's initialisation on the GPU); on the small models every replay is within 1%.
+# the model's initialisation on the GPU); on the small models every replay is within 1% but StarCoder2-3B's at
+# s4096 b2 (-12.6%; recorded with Pythia-1.4B's, within 0.2%, to find the two runs' reserved misses).
 KNOWN_REPLAY_GAPS = {
     "gemma-2-9b-bf16-adamw-recompute-eager-s4096-b1": "replay -2.0%",
     "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2": "replay +6.1%",
@@ -144,6 +145,9 @@ KNOWN_REPLAY_GAPS = {
     "qwen3-8b-bf16-adamw-norecompute-eager-s2048-b1": "replay +5.3%",
     "qwen3-8b-bf16-adamw-recompute-sdpa-s8192-b1": "replay -5.1%",
     "qwen3-8b-bf16-sgd-recompute-sdpa-s4096-b2": "replay -7.7%",
+    # the harness's own sequence short of the GPU's: one 768 MiB (bf16 logits) segment more on the GPU by step 2's
+    # forward end and one 1,536 MiB (fp32 logits) in step 2's backward (REPLAY_MISSES below)
+    "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": "replay -12.6%",
 }
 
 
@@ -153,12 +157,13 @@ def load(path: Path) -> dict:
 
 
 def test_the_traces_are_there():
-    """Every HF case run on the GPU with a fake-tensor twin (paged optimizers aside), the five Liger runs
-    (liger-kernel 0.8.5 with its Triton launches stubbed, validation/hf/liger.py; recorded on 2026-11-27: +0.14%,
+    """Every HF case run on the GPU with a fake-tensor twin (paged optimizers aside) of the first H200 runs, two of
+    the third (Pythia-1.4B and StarCoder2-3B bf16 at s4096 b2, recorded to find their reserved misses), the five Liger
+    runs (liger-kernel 0.8.5 with its Triton launches stubbed, validation/hf/liger.py; recorded on 2026-11-27: +0.14%,
     -1.30%, +0.96%, -2.10% and +0.00% against the H200), and Falcon-H1-0.5B's four runs of transformers' Mamba-2
     torch fallback (5.17 and 5.23; validation/allocator_trace.py --fallback): those replay to the GPU's reserved
     peak at +0.04% and +0.21% (5.17, s4096 b2 and s16384 b1) and +0.04% and +0.49% (5.23)."""
-    assert len(TRACES) == 38
+    assert len(TRACES) == 40
     ids = {p.name.removesuffix(".json.gz") for p in TRACES}
     assert {"llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable"} <= ids
     assert set(KNOWN_REPLAY_GAPS) <= ids
@@ -207,14 +212,24 @@ FULL = _full_fine_tuning_records()
 # the other, until reserved_falcon.py: -0.2%); each record has its segments at the step's end and no allocator
 # history, so the order that differs is not yet known. (Pythia-1.4B bf16 was a third, -10.7%,
 # until the replay took a fused q, k, v linear as one parameter, reserved_tensors.py: -0.5%, its five fp32-logits
-# segments now the GPU's five.)
+# segments now the GPU's five.) Pythia-1.4B bf16 at s4096 b2 (the third run) was one too, -11.2%, until the replay
+# made the partial rotary embedding's temporaries (reserved_layers.py `rotation`, Architecture.partial_rotary_factor):
+# its recorded sequence (tests/data/measured/allocator) replays within 0.2% of the GPU and without those 8 and 4 MiB
+# requests -11.35%: their fragments hold the smaller tensors that otherwise, at the last layer's end, split a block
+# of the fp32 logits' size, and step 2's loss maps a fifth such segment (the GPU's five); now -0.2%.
 REPLAY_MISSES: dict[str, str] = {
     # The third H200 run of 2026-11-27 (the HF cases that had fake records only; allocated peaks within 0.31%):
     # six more beyond 7%, their segments at the step's end recorded, their allocator history not
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": (
-        "-12.7%: the dropout twin's miss (-8.8%, below) without the config's dropouts, larger; not yet explained"),
-    "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": (
-        "-11.2%: its twins at other shapes replay within 1% since the fused q, k, v parameter; not yet explained"),
+        "-12.7%: not the ledger's: the fake-tensor harness's own sequence (tests/data/measured/allocator) replays "
+        "-12.6% and maps the same segments of 1 GiB and more as the ledger's (five of 1,536 MiB; one of 768 MiB each); "
+        "the GPU maps one 768 MiB (bf16 logits) segment more by step 2's forward end (its forward's reserved peak, "
+        "17,397,972,992 B, is 780,140,544 B over the harness's whole replay: 768 MiB and three 24 MiB segments, "
+        "rotate_half's -x2 of q, less two of 48 MiB) and one of 1,536 MiB in step 2's backward (its backward's "
+        "reserved peak over its forward's: 1,610,612,736 B exactly), so the GPU's step makes requests the CPU run "
+        "does not, or in another order; CUDA's embedding backward's fp32 partial sums (8,192 x 3,072 x 4 B, "
+        "EmbeddingBackwardKernel.cu grad_weight_per_segment) put into the recorded sequence change nothing; the "
+        "GPU's allocator history is needed (validation/README.md, the next GPU session's item 5)"),
     "gpt2-medium-8layers-amp-adamw-norecompute-sdpa-s1024-b4": (
         "-10.4%: fp32 weights under bf16 autocast (its eager twin -6.9%); not yet explained"),
     # (Falcon-7B's eager and SDPA runs were here, +7.3%, +8.0% with its dropout, +13.9% on SDPA's math backend, until
@@ -232,7 +247,8 @@ REPLAY_MISSES: dict[str, str] = {
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10": (
         "-8.8%: six segments of the fp32 logits' size (1,610,612,736 B) against the replay's five, one holding "
         "905,969,664 B (three tensors of the embedding's size) at the step's end: a logits-sized request the replay "
-        "serves from a cached block that the GPU could not"),
+        "serves from a cached block that the GPU could not; as in its twin without dropout (above), step 2's "
+        "backward maps it (the backward's reserved peak over the forward's: 1,610,612,736 B)"),
     "qwen2.5-0.5b-amp-adamw-norecompute-sdpa-s8192-b2-liger": (
         "-7.6% (the flat share -0.7%; the fake harness's recorded sequence -2.1%, tests/data/measured/allocator): "
         "under autocast the ledger requests each layer's 16-bit casts of a norm's output as one block (three for "
@@ -330,7 +346,9 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     # 0.036, 0.008 and 0.033 below, 8 and 15, 5 and 12 under by 5%, 13 of the flat share over 7%
     # 0.010 on the 62 before the sixteen of the third H200 run (2026-11-27), the rest below unchanged
     # 0.015 (0.010 where it replays) while the five Liger runs took the flat share, 0.012 (0.009) before Falcon-7B's
-    # layer request by request (reserved_falcon.py); 0.036 on the flat share before the four Falcon-H1 fallback runs
+    # layer request by request (reserved_falcon.py); 0.036 on the flat share before the four Falcon-H1 fallback runs;
+    # 0.008 (0.007) before the partial rotary embedding's temporaries (reserved_layers.py `rotation`: Pythia-1.4B bf16
+    # at s4096 b2 -11.2% -> -0.2%)
     assert round(statistics.median(map(abs, replayed.values())), 3) == 0.008
     assert round(statistics.median(map(abs, flat.values())), 3) == 0.037
     on_replayed = [replayed[p] for p in applies]
@@ -343,8 +361,8 @@ def test_the_estimates_reserved_memory_against_the_gpu_and_the_flat_share():
     # (6 and 16, 3 and 13, 14 below, on the 62 before the third H200 run's sixteen; 10 and 21, 7 and 18, 16 before
     # the five Liger runs were replayed: Qwen2.5-0.5B's under autocast, -7.6%, is the one more under; the four
     # Falcon-H1 fallback runs add three under by 5% on the flat share)
-    assert sum(e < -0.05 for e in replayed.values()) == 11 and sum(e < -0.05 for e in flat.values()) == 24
-    assert sum(replayed[p] < -0.05 for p in applies) == 8 and sum(flat[p] < -0.05 for p in applies) == 21
+    assert sum(e < -0.05 for e in replayed.values()) == 10 and sum(e < -0.05 for e in flat.values()) == 24
+    assert sum(replayed[p] < -0.05 for p in applies) == 7 and sum(flat[p] < -0.05 for p in applies) == 21
     assert {p for p in applies if abs(replayed[p]) > 0.07} == set(REPLAY_MISSES)
     assert sum(abs(flat[p]) > 0.07 for p in applies) == 19  # the flat share's misses on the same runs
     falcon_h1 = {p: round(replayed[p], 3) for p in applies if p.startswith("falcon-h1-")}
@@ -519,9 +537,10 @@ SEGMENTS_DIFFER = {
 def test_the_ledgers_sequence_maps_the_recorded_large_segments():
     """Segments of 1 GiB and more (the loss's logits, their fp32 copies and gradients, the embedding's
     gradient and states; a Mamba-2 scan's products on transformers 5.17's fallback), in the order mapped over two
-    steps: the ledger's sequence (reserved.py) and the fake harness's recorded one alike on 28 of the 35 runs the
+    steps: the ledger's sequence (reserved.py) and the fake harness's recorded one alike on 30 of the 37 runs the
     estimate replays with default segments (20 of 26 before the five Liger runs, of which only Qwen3-8B maps any: its
-    eleven 1,188 MiB blocks, the embedding's and head's size, and the four Falcon-H1 fallback runs), among them the
+    eleven 1,188 MiB blocks, the embedding's and head's size, and the four Falcon-H1 fallback runs; Pythia-1.4B's and StarCoder2-3B's of the third H200 run among them,
+    the latter's 12.6% under the GPU alike), among them the
     three where the ledger's earlier sequence missed by 13-34% (the loss's two fp32 gradients requested
     as one block, freed out of autograd's order; a later micro-batch's gradient never freed) and the
     three recompute runs it left 10-16% under (a layer's tensors freed only at its backward's end)."""
@@ -538,14 +557,16 @@ def test_the_ledgers_sequence_maps_the_recorded_large_segments():
             # 2 x 4096 x 128,256 logits: bf16 2,004 MiB, fp32 4,008 MiB; step 1 maps the logits, the fp32
             # copy, the log-softmax and a second fp32 gradient; step 2 one more fp32 block
             assert ledger == [2004, 4008, 4008, 4008, 4008]
-    assert len(same) == 28 and not same & SEGMENTS_DIFFER
+    assert len(same) == 30 and not same & SEGMENTS_DIFFER
     # Falcon-H1-0.5B on transformers 5.17's fallback: the scan's products' segments (reserved_mamba.py), as the GPU
     # kept them (tests/data/measured/gpu: seven of 12 GiB; 24 GiB, 12,482 MiB twice, 24 GiB)
     assert {"falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2", "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1",
             "falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2-transformers-5.23"} <= same
     assert {"llama-3.1-8b-bf16-adamw-norecompute-eager-s2048-b1", "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2",
             "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1", "llama-3.1-8b-bf16-adamw-recompute-sdpa-s4096-b2",
-            "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2"} <= same
+            "llama-3.1-8b-bf16-adamw-recompute-sdpa-s8192-b1", "llama-3.1-8b-amp-sgd-recompute-sdpa-s4096-b2",
+            "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2",
+            "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2"} <= same
 
 
 def test_liger_loss_requests_as_the_recorded_sequence_makes_them():
@@ -933,3 +954,29 @@ def test_a_hybrid_replays_only_on_the_mamba2_torch_fallback():
              "hardware": {"gpu": "h200"}}
     assert estimate_config(jamba).stages[0].cache is None
     assert "models/falcon_h1/modeling_falcon_h1.py" in replayed.source and "reserved_mamba.py" in replayed.source
+
+
+def test_a_partial_rotary_embeddings_temporaries_as_recorded():
+    """Pythia-1.4B (GPT-NeoX, rotary_pct 0.25: 32 of each head's 128 dims turn), bf16, s 4096, b 2: the ledger's
+    layer makes the rotation's temporaries (reserved_layers.py `rotation`) of 8,192 tokens x 16 heads x 32 dims x 2 B
+    = 8 MiB (x * cos, rotate_half's cat, times sin, their sum) and 4 MiB (rotate_half's -x2), for q, then k, each sum
+    freed as its cat with the unrotated rest (the kept q and k) exists. In step 1's forward the 8 MiB and 4 MiB
+    blocks come and go event for event as in the recorded sequence (the eight 2,048 x 2,048 weights first; the
+    backward's, which the ledger does not make, after). Without them the replay was -11.2% (REPLAY_MISSES' note)."""
+    from estimator.memory.reserved_layers import layer
+    record = load(next(p for p in TRACES if p.name.startswith("pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2")))
+    estimate = __import__("estimator").estimate_config(json.loads((GPU / f"{record['id']}.json").read_text())["config"])
+    dense = layer(estimate.config, estimate._shared, "dense")
+    assert dense.rotary == (8 * MiB, 8 * MiB) and dense.rotary_requests == 1
+    assert dense.sizes[dense.rotary_at] == 64 * MiB  # q and k after the rotation, one request of the ledger's
+    one = 7  # x * cos, rotate_half's cat, that times sin (the cat freed), the sum (the products freed)
+    recorded = _sized_events(lambda: replay(record["events"]), 8 * MiB)
+    ledger = _sized_events(_ledger_replay(record), 8 * MiB)
+    forward = 8 + 8 * 2 * (one + 1)  # the weights, then per layer q's and k's rotation and their sums freed
+    assert ledger[:forward] == recorded[:forward] and len(ledger) < len(recorded)
+    assert ledger[8:24] == ["+I", "+J", "+K", "-J", "+L", "-I", "-K",  # layer 1: q's rotation (`one`),
+                            "+M", "+N", "+O", "-N", "+P", "-M", "-O",  # k's,
+                            "-L", "-P"]  # each sum freed as its cat with the rest exists
+    halves = _sized_events(_ledger_replay(record), 4 * MiB)  # made and freed at once: q's and k's, 8 layers, 2 steps
+    assert halves == [e for i in range(2 * 8 * 2) for e in ("+" + chr(65 + i), "-" + chr(65 + i))]
+    assert _sized_events(lambda: replay(record["events"]), 4 * MiB)[:32] == halves[:32]

@@ -236,6 +236,15 @@ def test_the_transformers_code_details_are_read():
     assert neox.parallel_attention and not neox_serial.parallel_attention and not phi.parallel_attention
     assert gpt2.composite_gelu and neox_serial.composite_gelu and not neox.composite_gelu and not star.composite_gelu
     assert gpt2.eager_softmax_in_compute_dtype and not star.eager_softmax_in_compute_dtype
+    # GPT-NeoX rotates rotary_pct of each head (GPTNeoXConfig: 0.25 by default; transformers 5.x saves it as
+    # rope_parameters' partial_rotary_factor); the others the whole head
+    assert (neox.partial_rotary_factor, phi.partial_rotary_factor, star.partial_rotary_factor) == (0.25, 1.0, 1.0)
+    assert build({"model_type": "gpt_neox", "rotary_pct": 0.5})[0].partial_rotary_factor == 0.5
+    assert build({"model_type": "gpt_neox", "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.0}}
+                 )[0].partial_rotary_factor == 1.0
+    with pytest.raises(ConfigError) as caught:
+        build({"model_type": "gpt_neox", "rotary_pct": 1.5})
+    assert caught.value.field == "model.rotary_pct" and caught.value.value == 1.5
     falcon, _ = build({"model_type": "falcon"})  # falcon-7b: multi-query, parallel attention, one norm
     falcon_mha, _ = build({"model_type": "falcon", "multi_query": False})
     assert falcon.eager_kv_broadcast and not falcon_mha.eager_kv_broadcast and not neox.eager_kv_broadcast

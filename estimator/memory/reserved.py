@@ -45,7 +45,8 @@ The sequence, as the Trainer runs it (transformers 5.x Trainer.training_step, to
    (reserved_tensors.py); the cuBLAS workspaces; DDP's gradient buckets;
 2. per micro-batch, the forward: each layer's saved tensors (the activation ledger, an entry of
    several like tensors as that many requests, eager attention's scores made as transformers makes
-   them, reserved_layers.py; under full recompute the layer's input kept and the rest computed and
+   them, reserved_layers.py, and a partial rotary embedding's temporaries before the rotated q and k, GPT-NeoX's:
+   reserved_layers.rotation; under full recompute the layer's input kept and the rest computed and
    dropped; a Mamba-2 scan on transformers 5.17's torch fallback makes and frees its broadcast products among
    its tensors, reserved_mamba.py), its forward transients made and freed, the autocast copies of its weights kept for
    backward (transformers' multi-query Falcon full fine-tuned in the compute dtype: its layer request by request as

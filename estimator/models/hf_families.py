@@ -313,7 +313,23 @@ def _gpt_neox(r: _Reader) -> tuple[dict[str, Any], list[str]]:
         intermediate_size=r.int("intermediate_size"), tie_embeddings=r.bool("tie_word_embeddings"),
         gated_mlp=False, norm="layernorm", linear_bias=True, fused_qkv=True,
         parallel_attention=r.bool("use_parallel_residual", True), composite_gelu=r.text("hidden_act") == "gelu_new",
+        # GPTNeoXConfig: rope_parameters' partial_rotary_factor, from rotary_pct, 0.25 by default
+        partial_rotary_factor=_partial_rotary(r, "rotary_pct", 0.25),
     ), notes
+
+
+def _partial_rotary(r: _Reader, key: str, default: float) -> float:
+    """The rotary share of a head: `key` (a legacy spelling), else rope_parameters' partial_rotary_factor (transformers
+    5.x saves it there), else `default`; a number in (0, 1]."""
+    rope = r.config.get("rope_parameters")
+    value = r.number(key) if key in r.config else r.number("partial_rotary_factor") \
+        if "partial_rotary_factor" in r.config else None
+    if value is None and isinstance(rope, dict) and rope.get("partial_rotary_factor") is not None:
+        value = _Reader(rope, r.model_type, r.prefix + "rope_parameters.").number("partial_rotary_factor")
+    value = default if value is None else value
+    if value > 1:
+        raise r._error(key, value, "a positive number up to 1")
+    return value
 
 
 def _starcoder2(r: _Reader) -> tuple[dict[str, Any], list[str]]:

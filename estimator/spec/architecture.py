@@ -130,6 +130,10 @@ class Architecture:
     # attention and MLP both read the layer input, whose output is input + attention + MLP (GPT-NeoX
     # use_parallel_residual, Falcon parallel_attn / new_decoder_architecture)
     parallel_attention: bool = False
+    # the share of each head's dimensions the rotary embedding turns (transformers' GPT-NeoX rotary_pct, 0.25 by
+    # default: modeling_gpt_neox.py apply_rotary_pos_emb rotates q[..., :rotary_dim] and concatenates the rest back);
+    # only the allocator replay reads it (memory/reserved_layers.py: the rotation's temporaries)
+    partial_rotary_factor: float = 1.0
     # transformers' NewGELUActivation (activation "gelu_new", GPT-2's default): the tanh GELU in PyTorch ops
     composite_gelu: bool = False
     # transformers' Falcon (multi-query): eager attention broadcasts the one k and v head in its matmuls, no copies

@@ -49,6 +49,12 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
           "and Falcon (parallel_attn, new_decoder_architecture): attention and MLP both read the layer input and the "
           "layer adds both to it, so the MLP's norm reads the tensor the attention's norm keeps (with one norm a layer, "
           "Falcon-7B's, the MLP reads the attention norm's output).", _MORE, widget=False),
+    Field("partial_rotary_factor", "model", "float", "Rotary share of a head", "The share of each attention "
+          "head's dimensions the rotary embedding turns: transformers' GPT-NeoX (rotary_pct, 0.25 by default) rotates "
+          "that part of q and k and concatenates the rest back, its temporaries a quarter of q's and k's. Read by the "
+          "allocator replay of the HF Trainer's step with a fused QKV projection (its forward's temporaries); the "
+          "allocated peak does not depend on it.", _MORE, min=0.0, max=1.0, step=0.05,
+          widget=False),
     Field("composite_gelu", "model", "bool", "GELU in PyTorch ops (gelu_new)", "transformers' NewGELUActivation "
           "(activation gelu_new, GPT-2's default): 0.5 x (1 + tanh(...)) written in PyTorch ops, whose autograd keeps "
           "three more MLP-wide tensors than one GELU kernel. Counted under hf, deepspeed and fsdp1.", _MORE,

@@ -145,7 +145,7 @@ def _fused_qkv_flash_entries(arch: Architecture, training: Training, par: Parall
     qw = arch.q_width
     return [Entry("QKV projection output (v is a view of it)", T * (qw + 2 * arch.kv_width), B, "tp",
                   "B*s*b*(a + 2*g)*d_head"),
-            Entry("q and k after the rotary embedding", T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"),
+            Entry(ROTARY_QK, T * (qw + arch.kv_width), B, "tp", "B*s*b*(a + g)*d_head"),
             _flash_lse(arch, training, par)]
 
 
@@ -212,6 +212,7 @@ def _flash_entries(arch: Architecture, training: Training, par: Parallel) -> lis
 
 
 QK_T_INPUTS = "q and k (keys expanded to all heads) for QK^T"
+ROTARY_QK = "q and k after the rotary embedding"  # a fused QKV's (`_fused_qkv_flash_entries`)
 SCORES_V_INPUT = "v (expanded to all heads) for scores x V"
 EAGER_SOFTMAX_FP32 = "softmax output (fp32)"
 UNFUSED_SOFTMAX_FP32 = "softmax output (fp32, unfused softmax)"  # Megatron's torch softmax
