@@ -5,7 +5,13 @@ saved to replay through estimator/allocator.py against the real GPU's max_memory
 everything before it (segments are never given back), so here the tracker records from the model's
 build on. PyTorch's two cuBLAS workspaces (32 MiB each on Hopper, allocated through the caching
 allocator at the first matmul of the forward's thread and of autograd's backward thread:
-aten/src/ATen/cuda/CublasHandlePool.cpp) are put in after the build.
+aten/src/ATen/cuda/CublasHandlePool.cpp, one per (handle, stream), a handle per thread) are put in where
+each thread makes its first matrix product, just after that product's output (`place_workspaces`): the
+forward's first linear, and the backward's first (the head's, step 1). The traces recorded before 2026-11-27's
+GPT-2 autocast runs put both in after the build (their records have no "workspaces" field); for those it made
+no difference beyond 1%, but GPT-2 medium under autocast with SDPA replays to -9.2% that way and to the GPU's
+reserved bytes exactly (8,495,562,752 B, its 98 segments) with the backward's workspace at the head's backward:
+a 32 MiB request there takes a free block that the head's autocast copy of the tied weight needs in step 2.
 
     python -m validation.allocator_trace CASE_ID...   # writes tests/data/measured/allocator/<id>.json.gz
 """
@@ -16,6 +22,7 @@ import gc
 import gzip
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -30,17 +37,42 @@ HOPPER_CUBLAS_WORKSPACE = 32 << 20
 WORKSPACE_KEYS = (-1, -2)  # the forward's thread's and autograd's backward thread's
 
 
+MATRIX_PRODUCTS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_mm.")  # cuBLAS calls (a tracker label's op)
+WORKSPACES_PLACED = "at each thread's first matrix product"
+
+
 def full_trace(run) -> list[tuple[int, int]]:
     """(storage key, +/- bytes) in order, from the model's build to the end of step 2."""
     tracker = StorageTracker()
+    backward: list[int] = []  # where step 1's backward starts in the events
+
+    @contextmanager
+    def phase(name):
+        if name == "backward" and not backward:
+            backward.append(len(tracker.events))
+        yield
+
     with FakeTensorMode(), cuda_emulation(tracker), tracker:
         model, opt = build(run)
         ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
-        tracker.events.extend((key, HOPPER_CUBLAS_WORKSPACE) for key in WORKSPACE_KEYS)
-        train_step(model, opt, ids, run)
+        train_step(model, opt, ids, run, phase)
         gc.collect()
         train_step(model, opt, ids, run)
-    return tracker.events
+    return place_workspaces(tracker.events, tracker.labels, backward[0])
+
+
+def place_workspaces(events: list, labels: dict, backward: int) -> list:
+    """`events` with the two cuBLAS workspaces put in after the first matrix product's output of the forward's
+    thread (from the start) and of autograd's backward thread (from `backward`, step 1's backward); where none is
+    found, at the start and at `backward`."""
+    def first_product(start: int) -> int:
+        return next((i + 1 for i in range(start, len(events)) if events[i][1] > 0
+                     and labels.get(events[i][0], "").startswith(MATRIX_PRODUCTS)), start)
+    forward, back = first_product(0), first_product(backward)
+    out = list(events)
+    out.insert(back, (WORKSPACE_KEYS[1], HOPPER_CUBLAS_WORKSPACE))
+    out.insert(forward, (WORKSPACE_KEYS[0], HOPPER_CUBLAS_WORKSPACE))
+    return out
 
 
 def write_trace(case_id: str) -> Path:
@@ -55,7 +87,7 @@ def write_trace(case_id: str) -> Path:
     record = {"id": case_id, "gpu_record": f"gpu/{case_id}.json", "expandable_segments": case.allocator == "expandable",
               "simulated_reserved_bytes": simulated.reserved_peak, "simulated_segments": simulated.segments,
               "gpu_reserved_bytes": gpu["measured"]["reserved_peak_bytes"],
-              "method": __doc__.split("\n\n")[0].replace("\n", " "),
+              "method": __doc__.split("\n\n")[0].replace("\n", " "), "workspaces": WORKSPACES_PLACED,
               "events": events}
     TRACES.mkdir(parents=True, exist_ok=True)
     path = TRACES / f"{case_id}.json.gz"
