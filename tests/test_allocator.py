@@ -155,8 +155,8 @@ GPT2_AMP = ("gpt2-medium-8layers-amp-adamw-norecompute-sdpa-s1024-b4", "gpt2-med
 
 def test_the_traces_are_there():
     """The HF cases of the first H200 runs with a fake-tensor twin (paged optimizers aside), and GPT-2 medium under
-    autocast (2026-11-27's third H200 run), recorded with each cuBLAS workspace at its thread's first matrix
-    product (validation/allocator_trace.py; the 29 before it with both after the model's build)."""
+    autocast (2026-11-27's third H200 run), recorded with autograd's cuBLAS workspace at its thread's first matrix
+    product (validation/allocator_trace.py; the 29 before them with it after the model's build)."""
     assert len(TRACES) == 31
     ids = {p.name.removesuffix(".json.gz") for p in TRACES}
     assert {"llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable", *GPT2_AMP} <= ids
@@ -170,8 +170,9 @@ def test_the_backward_threads_workspace_at_the_heads_backward():
     replays to the H200's max_memory_reserved to the byte (8,495,562,752 B, 98 segments, as the GPU's record lists
     them) with autograd's backward thread's cuBLAS workspace (32 MiB) made at its first matrix product, the head's
     weight gradient in bf16 (50,257 x 1,024 x 2 B = 102,926,336 B; aten/src/ATen/cuda/CublasHandlePool.cpp: one
-    workspace per handle and stream, a handle per thread). Made after the model's build instead, as the first 29
-    traces have it, the same sequence replays to 7,713,325,056 B (-9.2%, 99 segments): there the workspace sits in
+    workspace per handle and stream, a handle per thread). Made after the model's build instead, beside the forward
+    thread's, as the first 29 traces have it, the same sequence replays to 7,713,325,056 B (-9.2%, 99 segments):
+    there the workspace sits in
     the segment the embedding-sized transient of the build left (nn.Linear's own lm_head weight, dropped when
     transformers ties it), so in step 2 the head's bf16 copy of the tied weight (autocast's cast, 102,926,336 B,
     kept from the logits to the head's backward) finds no free block but a whole fp32-logits segment
@@ -186,12 +187,9 @@ def test_the_backward_threads_workspace_at_the_heads_backward():
     assert (placed.reserved_peak, placed.segments) == (gpu["reserved_peak_bytes"], len(gpu["segments"])) \
         == (8_495_562_752, 98)
     assert sorted(s[0] for s in gpu["segments"]).count(824_180_736) == 5
-    built = events.index([-1, 32 * MiB]) + 1  # the forward thread's, at the first linear's output
-    build_end = next(i for i, (key, size) in enumerate(events) if size == 4 * 1_024 * 8)  # the token ids
-    moved = events[:build_end] + [[-1, 32 * MiB], [-2, 32 * MiB]] + \
-        [e for e in events[build_end:] if e[0] not in (-1, -2)]
-    assert built > build_end
-    at_build = replay(moved)
+    built = events.index([-1, 32 * MiB])  # the forward thread's, after the build: before the token ids
+    assert events[built + 1][1] == 4 * 1_024 * 8
+    at_build = replay(events[:built + 1] + [[-2, 32 * MiB]] + [e for e in events[built + 1:] if e[0] != -2])
     assert (at_build.reserved_peak, at_build.segments) == (7_713_325_056, 99)
 
 

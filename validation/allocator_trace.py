@@ -5,13 +5,16 @@ saved to replay through estimator/allocator.py against the real GPU's max_memory
 everything before it (segments are never given back), so here the tracker records from the model's
 build on. PyTorch's two cuBLAS workspaces (32 MiB each on Hopper, allocated through the caching
 allocator at the first matmul of the forward's thread and of autograd's backward thread:
-aten/src/ATen/cuda/CublasHandlePool.cpp, one per (handle, stream), a handle per thread) are put in where
-each thread makes its first matrix product, just after that product's output (`place_workspaces`): the
-forward's first linear, and the backward's first (the head's, step 1). The traces recorded before 2026-11-27's
-GPT-2 autocast runs put both in after the build (their records have no "workspaces" field); for those it made
-no difference beyond 1%, but GPT-2 medium under autocast with SDPA replays to -9.2% that way and to the GPU's
-reserved bytes exactly (8,495,562,752 B, its 98 segments) with the backward's workspace at the head's backward:
-a 32 MiB request there takes a free block that the head's autocast copy of the tied weight needs in step 2.
+aten/src/ATen/cuda/CublasHandlePool.cpp, one per (handle, stream), a handle per thread) are put in, the
+forward's after the build, the backward thread's where that thread makes its first matrix product, just after
+its output (`place_workspaces`): the head's weight gradient in step 1. The 29 traces recorded before 2026-11-27's
+GPT-2 autocast runs put both in after the build (their records have no "workspaces" field). Re-recorded both
+ways, GPT-2 medium under autocast with SDPA replays to -9.2% with both after the build and to the H200's
+reserved bytes exactly (8,495,562,752 B, its 98 segments) with the backward's at the head; Llama-3.2-1B with
+SGD (s1024 b4) replays exactly with this placement too (+0.17% with both after the build), with recompute
+(s4096 b2) exactly either way, bf16 (s2048 b1) +0.21% either way, but under autocast +3.5% (+0.6% with both
+after the build); the forward's at its first matrix product instead of after the build
+puts Llama-3.2-1B with recompute at +0.59% (validation/README.md, item 5).
 
     python -m validation.allocator_trace CASE_ID...   # writes tests/data/measured/allocator/<id>.json.gz
 """
@@ -38,7 +41,7 @@ WORKSPACE_KEYS = (-1, -2)  # the forward's thread's and autograd's backward thre
 
 
 MATRIX_PRODUCTS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_mm.")  # cuBLAS calls (a tracker label's op)
-WORKSPACES_PLACED = "at each thread's first matrix product"
+WORKSPACES_PLACED = "the forward thread's after the build, the backward thread's at its first matrix product"
 
 
 def full_trace(run) -> list[tuple[int, int]]:
@@ -54,24 +57,23 @@ def full_trace(run) -> list[tuple[int, int]]:
 
     with FakeTensorMode(), cuda_emulation(tracker), tracker:
         model, opt = build(run)
+        built = len(tracker.events)
         ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
         train_step(model, opt, ids, run, phase)
         gc.collect()
         train_step(model, opt, ids, run)
-    return place_workspaces(tracker.events, tracker.labels, backward[0])
+    return place_workspaces(tracker.events, tracker.labels, built, backward[0])
 
 
-def place_workspaces(events: list, labels: dict, backward: int) -> list:
-    """`events` with the two cuBLAS workspaces put in after the first matrix product's output of the forward's
-    thread (from the start) and of autograd's backward thread (from `backward`, step 1's backward); where none is
-    found, at the start and at `backward`."""
-    def first_product(start: int) -> int:
-        return next((i + 1 for i in range(start, len(events)) if events[i][1] > 0
-                     and labels.get(events[i][0], "").startswith(MATRIX_PRODUCTS)), start)
-    forward, back = first_product(0), first_product(backward)
+def place_workspaces(events: list, labels: dict, built: int, backward: int) -> list:
+    """`events` with the two cuBLAS workspaces put in: the forward thread's at `built` (the build's end), autograd's
+    backward thread's after the first matrix product's output from `backward` (step 1's backward) on, or at
+    `backward` where there is none."""
+    back = next((i + 1 for i in range(backward, len(events)) if events[i][1] > 0
+                 and labels.get(events[i][0], "").startswith(MATRIX_PRODUCTS)), backward)
     out = list(events)
     out.insert(back, (WORKSPACE_KEYS[1], HOPPER_CUBLAS_WORKSPACE))
-    out.insert(forward, (WORKSPACE_KEYS[0], HOPPER_CUBLAS_WORKSPACE))
+    out.insert(built, (WORKSPACE_KEYS[0], HOPPER_CUBLAS_WORKSPACE))
     return out
 
 
