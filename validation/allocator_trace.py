@@ -7,14 +7,16 @@ build on. PyTorch's two cuBLAS workspaces (32 MiB each on Hopper, allocated thro
 allocator at the first matmul of the forward's thread and of autograd's backward thread:
 aten/src/ATen/cuda/CublasHandlePool.cpp, one per (handle, stream), a handle per thread) are put in, the
 forward's after the build, the backward thread's where that thread makes its first matrix product, just after
-its output (`place_workspaces`): the head's weight gradient in step 1. The 29 traces recorded before 2026-11-27's
-GPT-2 autocast runs put both in after the build (their records have no "workspaces" field). Re-recorded both
-ways, GPT-2 medium under autocast with SDPA replays to -9.2% with both after the build and to the H200's
-reserved bytes exactly (8,495,562,752 B, its 98 segments) with the backward's at the head; Llama-3.2-1B with
-SGD (s1024 b4) replays exactly with this placement too (+0.17% with both after the build), with recompute
-(s4096 b2) exactly either way, bf16 (s2048 b1) +0.21% either way, but under autocast +3.5% (+0.6% with both
-after the build); the forward's at its first matrix product instead of after the build
-puts Llama-3.2-1B with recompute at +0.59% (validation/README.md, item 5).
+its output (`place_workspaces`): the head's weight gradient in step 1. All 31 traces are recorded so (2026-11-27,
+transformers 5.23 here; the 29 recorded before then had both after the build, and their sequences were 3-6%
+longer: the stack's changes since; with both after the build the new ones replay within 0.07% of the old). With
+both after the build GPT-2 medium under autocast with SDPA replays to -9.2%, with the backward's at its first
+product to the H200's reserved bytes exactly (8,495,562,752 B, its 98 segments); Qwen3-8B SGD with recompute
+(-7.7% before), Qwen3-8B with recompute at s8192 (-5.1%) and Llama-3.1-8B with recompute at s4096 b1 (-4.9%)
+to within 0.01%, and 24 of the 31 are within 1% (20 of 29 before); Llama-3.2-1B under autocast goes from +0.6%
+to +3.5% and Llama-3.1-8B eager from +1.9% to +2.6%. The forward's at its first matrix product instead of after
+the build put Llama-3.2-1B with recompute at +0.59% (exact after the build) and Llama-3.1-8B with recompute at
+s4096 b2 at -4.5% (validation/README.md, item 5).
 
     python -m validation.allocator_trace CASE_ID...   # writes tests/data/measured/allocator/<id>.json.gz
 """
