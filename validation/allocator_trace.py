@@ -5,7 +5,18 @@ saved to replay through estimator/allocator.py against the real GPU's max_memory
 everything before it (segments are never given back), so here the tracker records from the model's
 build on. PyTorch's two cuBLAS workspaces (32 MiB each on Hopper, allocated through the caching
 allocator at the first matmul of the forward's thread and of autograd's backward thread:
-aten/src/ATen/cuda/CublasHandlePool.cpp) are put in after the build.
+aten/src/ATen/cuda/CublasHandlePool.cpp, one per (handle, stream), a handle per thread) are put in, the
+forward's after the build, the backward thread's where that thread makes its first matrix product, just after
+its output (`place_workspaces`): the head's weight gradient in step 1. All 31 traces are recorded so (2026-11-27,
+transformers 5.23 here; the 29 recorded before then had both after the build, and their sequences were 3-6%
+longer: the stack's changes since; with both after the build the new ones replay within 0.07% of the old). With
+both after the build GPT-2 medium under autocast with SDPA replays to -9.2%, with the backward's at its first
+product to the H200's reserved bytes exactly (8,495,562,752 B, its 98 segments); Qwen3-8B SGD with recompute
+(-7.7% before), Qwen3-8B with recompute at s8192 (-5.1%) and Llama-3.1-8B with recompute at s4096 b1 (-4.9%)
+to within 0.01%, and 24 of the 31 are within 1% (20 of 29 before); Llama-3.2-1B under autocast goes from +0.6%
+to +3.5% and Llama-3.1-8B eager from +1.9% to +2.6%. The forward's at its first matrix product instead of after
+the build put Llama-3.2-1B with recompute at +0.59% (exact after the build) and Llama-3.1-8B with recompute at
+s4096 b2 at -4.5% (validation/README.md, item 5).
 
     python -m validation.allocator_trace CASE_ID...   # writes tests/data/measured/allocator/<id>.json.gz
     python -m validation.allocator_trace --fallback CASE_ID...   # a hybrid on transformers' torch fallback
@@ -26,7 +37,7 @@ import gc
 import gzip
 import json
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -42,6 +53,10 @@ HOPPER_CUBLAS_WORKSPACE = 32 << 20
 WORKSPACE_KEYS = (-1, -2)  # the forward's thread's and autograd's backward thread's
 
 
+MATRIX_PRODUCTS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_mm.")  # cuBLAS calls (a tracker label's op)
+WORKSPACES_PLACED = "the forward thread's after the build, the backward thread's at its first matrix product"
+
+
 def full_trace(run) -> list[tuple[int, int]]:
     """(storage key, +/- bytes) in order, from the model's build to the end of step 2."""
     from contextlib import ExitStack
@@ -51,17 +66,37 @@ def full_trace(run) -> list[tuple[int, int]]:
     if isinstance(run, LoraRun):
         return _peft_trace(run)
     tracker = StorageTracker()
+    backward: list[int] = []  # where step 1's backward starts in the events
+
+    @contextmanager
+    def phase(name):
+        if name == "backward" and not backward:
+            backward.append(len(tracker.events))
+        yield
+
     with FakeTensorMode(), cuda_emulation(tracker), tracker, ExitStack() as stack:
         if run.liger:  # Liger's Triton launches stubbed, its CUDA branches taken (hf/liger.py; as hf/step.py does)
             from .hf.liger import liger_emulation
             stack.enter_context(liger_emulation())
         model, opt = build(run)
+        built = len(tracker.events)
         ids = torch.randint(0, model.config.vocab_size, (run.micro_batch_size, run.seq_len))
-        tracker.events.extend((key, HOPPER_CUBLAS_WORKSPACE) for key in WORKSPACE_KEYS)
-        train_step(model, opt, ids, run)
+        train_step(model, opt, ids, run, phase)
         gc.collect()
         train_step(model, opt, ids, run)
-    return tracker.events
+    return place_workspaces(tracker.events, tracker.labels, built, backward[0])
+
+
+def place_workspaces(events: list, labels: dict, built: int, backward: int) -> list:
+    """`events` with the two cuBLAS workspaces put in: the forward thread's at `built` (the build's end), autograd's
+    backward thread's after the first matrix product's output from `backward` (step 1's backward) on, or at
+    `backward` where there is none."""
+    back = next((i + 1 for i in range(backward, len(events)) if events[i][1] > 0
+                 and labels.get(events[i][0], "").startswith(MATRIX_PRODUCTS)), backward)
+    out = list(events)
+    out.insert(back, (WORKSPACE_KEYS[1], HOPPER_CUBLAS_WORKSPACE))
+    out.insert(built, (WORKSPACE_KEYS[0], HOPPER_CUBLAS_WORKSPACE))
+    return out
 
 
 def _peft_trace(run) -> list[tuple[int, int]]:
@@ -136,7 +171,7 @@ def write_trace(case_id: str, fallback: bool = False) -> Path:
     record = {"id": case_id, "gpu_record": f"gpu/{case_id}.json", "expandable_segments": expandable,
               "simulated_reserved_bytes": simulated.reserved_peak, "simulated_segments": simulated.segments,
               "gpu_reserved_bytes": gpu["measured"]["reserved_peak_bytes"],
-              "method": __doc__.split("\n\n")[0].replace("\n", " "),
+              "method": __doc__.split("\n\n")[0].replace("\n", " "), "workspaces": WORKSPACES_PLACED,
               **({"transformers": transformers.__version__, "ssm_kernels": gpu["config"]["training"]["ssm_kernels"]}
                  if fallback else {}),
               "events": events}
