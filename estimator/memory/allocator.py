@@ -49,7 +49,7 @@ torch.cuda.memory_snapshot() lists segments by address (CUDACachingAllocator.cpp
 2048, 2048, 2004, 2048, 2048, 2048, 1024, 1024 MiB, the reverse of the order in which the fake harness's recorded
 sequence makes them with descending addresses (tests/data/measured/allocator_order); so replayed, that sequence
 reaches the GPU's reserved peak to the byte on that run and its attention-dropout twin (-12.1% and -0.3%
-ascending), and the 37 recorded HF sequences (tests/data/measured/allocator) within 4.1% (12.6% ascending;
+ascending), and the 39 recorded HF sequences with default segments (tests/data/measured/allocator) within 4.2% (12.7% ascending;
 tests/test_segment_order.py). The estimate's replays keep ascending addresses: their sequences are not the
 recorded ones, and descending addresses move them as much either way (memory/reserved.py's note).
 """
