@@ -63,7 +63,7 @@ def compact(trace: list[dict]) -> dict:
     """A device trace (torch.cuda.memory._snapshot()['device_traces'][0]) as the file keeps it: `events`, [action,
     address, size, stream, frame indices] each (frames for FRAMED actions only), and `frames`, their texts."""
     names: dict[str, int] = {}
-    events = [[e["action"], e.get("addr", 0), e["size"], e.get("stream", 0),
+    events = [[e["action"], e.get("addr", 0), e.get("size", 0), e.get("stream", 0),
                _where(e.get("frames", []), names) if e["action"] in FRAMED else []] for e in trace]
     return {"events": events, "frames": list(names)}
 
