@@ -261,7 +261,8 @@ REPLAY_MISSES: dict[str, str] = {
         "reserved peak over its forward's: 1,610,612,736 B exactly), so the GPU's step makes requests the CPU run "
         "does not, or in another order; CUDA's embedding backward's fp32 partial sums (8,192 x 3,072 x 4 B, "
         "EmbeddingBackwardKernel.cu grad_weight_per_segment) put into the recorded sequence change nothing; the "
-        "GPU's allocator history is needed (validation/README.md, the next GPU session's item 5)"),
+        "GPU's allocator history is needed (validation/gpu/hf_history.py; validation/README.md, the next GPU session's "
+        "item 5)"),
     "gpt2-medium-8layers-amp-adamw-norecompute-sdpa-s1024-b4": (
         "-10.4%: fp32 weights under bf16 autocast (its eager twin -6.9%). The recorded sequence replays to the GPU's "
         "bytes (test_the_backward_threads_workspace_at_the_heads_backward); the ledger's lacks the build's "

@@ -160,23 +160,3 @@ def test_regenerating_the_probe_keeps_what_the_run_cannot_supply(tmp_path, monke
     [path] = records.write_records(runs)
     assert json.loads(path.read_text())["versions"] == dict(versions, bitsandbytes="0.49.0")
 
-
-def test_an_allocator_history_as_the_harness_sequence():
-    """validation/gpu/hf_history.py: a device trace (torch.cuda.memory._snapshot()'s, by hand here) as the fake
-    harness's sequence, (address, +size) at alloc and (address, -size) once the free completes (free_requested
-    alone returns nothing to the pool), the segments mapped in order, and the frame that made each request of 1 MiB
-    or more: the innermost in transformers, torch or the harness."""
-    from validation.gpu.hf_history import events_of
-    frames = [{"filename": "/usr/lib/python3.12/threading.py", "line": 1, "name": "run"},
-              {"filename": "/venv/site-packages/transformers/models/starcoder2/modeling_starcoder2.py", "line": 80,
-               "name": "forward"}]
-    trace = [{"action": "segment_alloc", "addr": 0, "size": 20 << 20, "stream": 0},
-             {"action": "alloc", "addr": 0, "size": 2 << 20, "stream": 0, "frames": frames},
-             {"action": "alloc", "addr": 2 << 20, "size": 4096, "stream": 0, "frames": frames},
-             {"action": "free_requested", "addr": 0, "size": 2 << 20, "stream": 0},
-             {"action": "free_completed", "addr": 0, "size": 2 << 20, "stream": 0}]
-    assert events_of(trace) == {"events": [(0, 2 << 20), (2 << 20, 4096), (0, -(2 << 20))],
-                                "segments": [20 << 20],
-                                "frames": [[0, 2 << 20, "transformers/models/starcoder2/modeling_starcoder2.py:80 "
-                                                        "forward"]],
-                                "streams": [0]}

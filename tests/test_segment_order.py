@@ -1,6 +1,7 @@
 """Where cudaMalloc puts the caching allocator's segments (estimator/memory/allocator.py, `descending`): each new
 segment below the last on the H200, shown by the fake harness's recorded sequences replayed against the GPU's
-own reserved peaks and segments (tests/data/measured/allocator_order, validation/allocator_trace.py)."""
+own reserved peaks and segments (tests/data/measured/allocator_order, validation/allocator_trace.py); a GPU run's
+own addresses in the order made: validation/gpu/hf_history.py `--summary`."""
 
 import gzip
 import json

@@ -50,8 +50,10 @@ torch.cuda.memory_snapshot() lists segments by address (CUDACachingAllocator.cpp
 sequence makes them with descending addresses (tests/data/measured/allocator_order); so replayed, that sequence
 reaches the GPU's reserved peak to the byte on that run and its attention-dropout twin (-12.1% and -0.3%
 ascending), and the 39 recorded HF sequences with default segments (tests/data/measured/allocator) within 4.2% (12.7% ascending;
-tests/test_segment_order.py). The estimate's replays keep ascending addresses: their sequences are not the
-recorded ones, and descending addresses move them as much either way (memory/reserved.py's note).
+tests/test_segment_order.py). The address cudaMalloc gives each segment in turn is what a GPU run's allocator
+history shows (validation/gpu/hf_history.py `--summary`; not yet run). The estimate's replays keep ascending
+addresses: their sequences are not the recorded ones, and descending addresses move them as much either way
+(memory/reserved.py's note).
 """
 
 from __future__ import annotations
