@@ -525,21 +525,26 @@ def test_eager_attentions_backward_holds_the_ledgers_moment(case, core, residual
     assert prog.allocator.allocated == sum(t.grad for t in weights)  # all freed but the gradients
 
 
-def _large_segments(run) -> list[int]:
-    """The sizes in MiB of the segments of 1 GiB and more that `run` makes the caching allocator map, in order."""
+def _sizes_seen(run, method: str) -> list[int]:
+    """The sizes in bytes, in order, that `run` hands the caching allocator's `method` (`malloc`: the requests;
+    `_new_segment`: the segments it maps)."""
     from estimator.memory import allocator
-    made, new_segment = [], allocator.CachingAllocator._new_segment
+    sizes, original = [], getattr(allocator.CachingAllocator, method)
 
-    def recording(self, size, small):
-        if size >= 1 << 30:
-            made.append(size // MiB)
-        return new_segment(self, size, small)
-    allocator.CachingAllocator._new_segment = recording
+    def recording(self, size, *args, **kwargs):
+        sizes.append(size)
+        return original(self, size, *args, **kwargs)
+    setattr(allocator.CachingAllocator, method, recording)
     try:
         run()
     finally:
-        allocator.CachingAllocator._new_segment = new_segment
-    return made
+        setattr(allocator.CachingAllocator, method, original)
+    return sizes
+
+
+def _large_segments(run) -> list[int]:
+    """The sizes in MiB of the segments of 1 GiB and more that `run` makes the caching allocator map, in order."""
+    return [size // MiB for size in _sizes_seen(run, "_new_segment") if size >= 1 << 30]
 
 
 def _ledger_replay(record: dict):
@@ -850,19 +855,7 @@ def test_a_tied_embeddings_sum_counts_each_gradient_once():
 def _segment_counts(run) -> dict[int, int]:
     """How many segments of each size in MiB `run` makes the caching allocator map."""
     from collections import Counter
-
-    from estimator.memory import allocator
-    made, new_segment = Counter(), allocator.CachingAllocator._new_segment
-
-    def recording(self, size, small):
-        made[size // MiB] += 1
-        return new_segment(self, size, small)
-    allocator.CachingAllocator._new_segment = recording
-    try:
-        run()
-    finally:
-        allocator.CachingAllocator._new_segment = new_segment
-    return dict(made)
+    return dict(Counter(size // MiB for size in _sizes_seen(run, "_new_segment")))
 
 
 @pytest.mark.parametrize("case, scores_mib, replayed, ledger_alone", [
@@ -936,19 +929,7 @@ def test_falcons_layer_replays_the_gpus_allocated_peak(case, allocated, reserved
 def _large_requests(run, least: int = 4 << 30) -> list[int]:
     """The sizes in MiB of the requests of `least` bytes or more that `run` makes the caching allocator see, in
     order."""
-    from estimator.memory import allocator
-    sizes, malloc = [], allocator.CachingAllocator.malloc
-
-    def recording(self, size, stream=0):
-        if size >= least:
-            sizes.append(size // MiB)
-        return malloc(self, size, stream)
-    allocator.CachingAllocator.malloc = recording
-    try:
-        run()
-    finally:
-        allocator.CachingAllocator.malloc = malloc
-    return sizes
+    return [size // MiB for size in _sizes_seen(run, "malloc") if size >= least]
 
 
 FALLBACK_517 = ["falcon-h1-0.5b-bf16-adamw-norecompute-sdpa-s4096-b2", "falcon-h1-0.5b-bf16-adamw-recompute-sdpa-s16384-b1"]

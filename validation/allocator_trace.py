@@ -37,7 +37,7 @@ import gc
 import gzip
 import json
 import sys
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -59,8 +59,6 @@ WORKSPACES_PLACED = "the forward thread's after the build, the backward thread's
 
 def full_trace(run) -> list[tuple[int, int]]:
     """(storage key, +/- bytes) in order, from the model's build to the end of step 2."""
-    from contextlib import ExitStack
-
     from .peft.build import LoraRun
 
     if isinstance(run, LoraRun):
@@ -151,8 +149,6 @@ class _FirstProducts(UnwrappingTracker):
 
 
 def write_trace(case_id: str, fallback: bool = False) -> Path:
-    import contextlib
-
     import transformers
 
     from estimator.memory.allocator import replay
@@ -164,7 +160,7 @@ def write_trace(case_id: str, fallback: bool = False) -> Path:
     if fallback and tuple(int(x) for x in transformers.__version__.split(".")[:2]) > (5, 17):
         case_id = f"{case_id}-transformers-{'.'.join(transformers.__version__.split('.')[:2])}"
     gpu = json.loads((TRACES.parent / "gpu" / f"{case_id}.json").read_text())
-    with torch_fallback() if fallback else contextlib.nullcontext():
+    with torch_fallback() if fallback else nullcontext():
         events = full_trace(case.run)
     expandable = case.allocator == "expandable"
     simulated = replay(events, expandable=expandable)

@@ -54,7 +54,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..spec.dtypes import bytes_per_element
-from .reserved_layers import gradient
+from .reserved_layers import gradient, rotated
 
 
 class Sizes(NamedTuple):
@@ -121,8 +121,8 @@ def forward(prog, z: Sizes, layer_input: int | None) -> tuple[Kept, int | None]:
     norm = [alloc(z.hidden), alloc(z.stats), alloc(z.stats)]
     fused = alloc(z.fused)
     key, value = alloc(z.kv), alloc(z.kv)
-    q = _rotary(prog, z.q)
-    k = _rotary(prog, z.kv)
+    q = rotated(prog, z.q)
+    k = rotated(prog, z.kv)
     free(key)
     out, attention = (_sdpa if z.sdpa else _eager)(prog, z, q, k, value)
     dense_input = alloc(z.q)
@@ -143,20 +143,6 @@ def forward(prog, z: Sizes, layer_input: int | None) -> tuple[Kept, int | None]:
         output = alloc(z.hidden)
     free(dense, fc2)
     return Kept(layer_input, norm, attention, dense_input, mlp, mask), output
-
-
-def _rotary(prog, n: int) -> int:
-    """apply_rotary_pos_emb on one of q, k (`n` bytes): `x * cos`, rotate_half (`-x2`, then cat), `* sin`, the sum."""
-    alloc, free = prog.alloc, prog.free
-    by_cos = alloc(n)
-    negated = alloc(n / 2)
-    rotated = alloc(n)  # the cat
-    free(negated)
-    by_sin = alloc(n)
-    free(rotated)
-    total = alloc(n)
-    free(by_cos, by_sin)
-    return total
 
 
 def _rotary_backward(prog, n: int, grad: int) -> int:

@@ -154,7 +154,7 @@ def made(prog, layer: Layer) -> list[int]:
             if not a <= first < end:
                 return prog.many(sizes[a:end])
             out = prog.many(sizes[a:first])
-            sums = [_rotated(prog, size) for size in layer.rotary]
+            sums = [rotated(prog, size) for size in layer.rotary]
             for k in range(first, last + 1):  # the cats of q and k (the ledger's one request: both sums freed)
                 out.append(prog.alloc(sizes[k]))
                 prog.free(*(sums if k == last else [sums.pop(0)]))
@@ -162,9 +162,10 @@ def made(prog, layer: Layer) -> list[int]:
     return many(0) if layer.core is None else _made_core(prog, layer, many)
 
 
-def _rotated(prog, size: int) -> int:
-    """The rotation of one of q and k (`rotation`): `(x * cos) + (rotate_half(x) * sin)` on its rotated slice of
-    `size` bytes; returns the sum."""
+def rotated(prog, size: int) -> int:
+    """The rotation of one of q and k (`rotation`; Falcon's whole heads, reserved_falcon.py):
+    `(x * cos) + (rotate_half(x) * sin)` on its rotated slice of `size` bytes, as transformers'
+    apply_rotary_pos_emb makes it; returns the sum."""
     times_cos = prog.alloc(size)
     negated = prog.alloc(size / 2)  # rotate_half: torch.cat((-x2, x1), dim=-1)
     rotated = prog.alloc(size)
