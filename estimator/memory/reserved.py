@@ -256,12 +256,13 @@ def _build(prog: _Program, cfg, sp, shared, tr, workspaces, states_bytes: float)
     step = total_bytes(tr.optimizer)
     states = None
     layer_sizes = layers_by_kind(cfg, shared, [arch.layer_kinds()[i] for i in sp.layer_indices])
+    falcon = falcon_program(cfg)  # Falcon's layer request by request (reserved_falcon.py), else None
     for _ in range(2):
         grads: dict[int, int | None] = {}
         previous = None
         for _ in range(cfg.microbatches):
-            kept = _forward(prog, cfg, shared, sp, w, tr, copy, layer_sizes)
-            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes)
+            kept = _forward(prog, cfg, shared, sp, w, tr, copy, layer_sizes, falcon)
+            _backward(prog, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes, falcon)
             # from the second micro-batch on, one frees all it allocates (the gradients exist): once one
             # leaves the allocator as it found it, every later one does the same and reaches the same
             # peaks (the replay is deterministic), so the rest of the accumulation is skipped
@@ -288,11 +289,10 @@ def _no_copies(components) -> list[float]:
     return [c.bytes for c in components if c.label != "Autocast copies of the weights"]
 
 
-def _forward(prog, cfg, shared, sp, w: Tensors, tr, copy: float, layer_sizes) -> list[list]:
+def _forward(prog, cfg, shared, sp, w: Tensors, tr, copy: float, layer_sizes, falcon) -> list[list]:
     kinds, full = cfg.architecture.layer_kinds(), cfg.training.recompute == "full"
     kept = [[prog.alloc(b) for b in _sizes(shared.embedding, shared.parallel)]]
     forward = _no_copies(tr.forward)
-    falcon = falcon_program(cfg)
     if falcon is not None:  # Falcon's layer request by request (reserved_falcon.py)
         return _falcon_forward(prog, cfg, shared, sp, falcon, kept)
     for i, tensors in zip(sp.layer_indices, w.layers):
@@ -349,10 +349,9 @@ def _loss_forward(prog, shared) -> tuple[list, list]:
     return before, made
 
 
-def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_sizes) -> None:
+def _backward(prog, cfg, shared, sp, w: Tensors, order, kept, tr, grads, layer_sizes, falcon) -> None:
     full = cfg.training.recompute == "full"
     index, from_head = _head_backward(prog, cfg, shared, sp, w, order, kept, grads)
-    falcon = falcon_program(cfg)
     if falcon is not None:  # Falcon's layer request by request (reserved_falcon.py)
         index = _falcon_backward(prog, full, falcon, kept, w, index, grads)
     else:
