@@ -257,21 +257,23 @@ def _micro_batches(program, cfg, shared, sp, w, tr, layer_sizes, trained: float,
     repeats (reserved.py _build). ZeRO-3 on several GPUs: `gathers` (deepspeed_gathers.Gathers) makes the
     coordinator's gathers and releases at the layers' hooks."""
     from .reserved import _backward, _forward
+    from .reserved_falcon import program as falcon_program
 
     order = w.order()
+    falcon = falcon_program(cfg)  # Falcon's layer request by request where it applies (reserved.py _build)
     G = bytes_per_element(cfg.recipe.grad_dtype)
     previous = None
     for k in range(cfg.microbatches):
         grads = dict.fromkeys(range(len(order)))
         if gathers is not None:
             gathers.forward()
-        kept = _forward(program, cfg, shared, sp, w, tr, 0.0, layer_sizes)
+        kept = _forward(program, cfg, shared, sp, w, tr, 0.0, layer_sizes, falcon)
         if gathers is not None:
             gathers.backward()
         if cfg.zero_stage == 2:  # later micro-batches: a partition of their own beside the kept one
             name = "partitions" if k == 0 else "second partitions"
             program.transient = _Hook(program, lambda name=name: setattr(program, name, side.malloc(int(G * trained))))
-        _backward(program, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes)
+        _backward(program, cfg, shared, sp, w, order, kept, tr, grads, layer_sizes, falcon)
         program.__dict__.pop("transient", None)
         if gathers is not None:
             gathers.end_backward()
