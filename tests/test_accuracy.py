@@ -387,15 +387,16 @@ def test_gpu_reserved_peak():
     The replay of Mamba-2 hybrids on transformers' torch fallback (memory/reserved_mamba.py) takes Falcon-H1-0.5B's four
     fallback runs from the flat share's -5.7%, -20.1% (5.17) and +6.2%, -12.4% (5.23) to -0.4%, +0.1%, -1.8% and
     -0.4%, and the partial rotary embedding's temporaries (memory/reserved_layers.py `rotation`: Pythia-1.4B bf16 at
-    s4096 b2 -11.2% -> -0.2%, its other three runs within 2.5%): 1.01% on the 119, two beyond 10% under."""
+    s4096 b2 -11.2% -> -0.2%, its other three runs within 2.5%): 1.01% on the 119, two beyond 10% under. The fourth
+    H200 session's Llama-3.1-8B with Liger at s8192 b2 (allocated -0.16%, reserved -2.3%) makes it 1.012% on 120."""
     errors = {}
     for path in GPU_RECORDS:
         record = load(path)
         reserved = gpu_estimate(record).reserved_peak_bytes
         errors[path.stem] = reserved / record["measured"]["reserved_peak_bytes"] - 1
-    assert len(errors) == 119
+    assert len(errors) == 120
     modelled = sorted(abs(e) for case, e in errors.items() if case not in KNOWN_GPU_GAPS)
-    assert len(modelled) == 119 and modelled[len(modelled) // 2] <= 0.0101  # 0.0136 before the replays of Liger's loss, Falcon-7B's layer, the Mamba-2 fallback and `rotation`
+    assert len(modelled) == 120 and modelled[len(modelled) // 2] <= 0.0102  # 0.0136 before the replays of Liger's loss, Falcon-7B's layer, the Mamba-2 fallback and `rotation`
     assert {case for case, e in errors.items() if e > 0.10} == KNOWN_RESERVED_OVER
     assert {case for case, e in errors.items() if e < -0.10} == KNOWN_RESERVED_GAPS
 
