@@ -141,6 +141,9 @@ def _host_lines(result) -> list[str]:
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config is a few KB; a larger file is not one (and is not read)
 
 
+# `estimate`'s search for the nearest fitting layout (search/advice.py): a trillion-parameter model asked on one GPU
+# searches two plans (the user's GPUs, then the fewest that fit) for 20-30 s on one core; the answer comes within this
+ADVICE_BUDGET_S = 10.0
 STDIN = "-"  # --config -: the JSON comes on standard input (`... | llm-memory estimate --config -`)
 
 
@@ -190,11 +193,17 @@ def _load(args: argparse.Namespace):
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
     from .search.advice import plan_to_fit
+    from .search.watch import Watch
     from .memory.memory import estimate
+    budget = _time_budget(args.time_budget)
     cfg = _load(args)
+    serving = _serving_result(cfg) if cfg.serving is not None else None  # its input refused before any search
     result = estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware)
-    plan = plan_to_fit(cfg) if result.fit.verdict != "fits" else []
-    serving = _serving_result(cfg) if cfg.serving is not None else None
+    watch = Watch(budget_s=budget)
+    plan = plan_to_fit(cfg, watch=watch) if result.fit.verdict != "fits" else []
+    if watch.reason:
+        print(f"note: the planner's search for the nearest fitting layout stopped after {budget:g} s "
+              "(--time-budget); the plan below is what was found by then", file=sys.stderr)
     if args.json:
         out = result.to_json()
         if serving is not None:
@@ -221,6 +230,12 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 def _serving_result(cfg):
     from .serving.service import serving_config
     return serving_config(cfg)
+
+
+def _time_budget(budget: float) -> float:
+    if not 0 < budget < float("inf"):
+        raise ConfigError("--time-budget", budget, "a positive number of seconds")
+    return budget
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -262,9 +277,7 @@ def _cmd_roofline(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .search.planner import no_fit_text, plan, render_plan_text
     from .search.watch import Watch
-    budget = args.time_budget
-    if budget is not None and not 0 < budget < float("inf"):
-        raise ConfigError("--time-budget", budget, "a positive number of seconds")
+    budget = None if args.time_budget is None else _time_budget(args.time_budget)
     cfg = _load(args)
     result = plan(cfg.architecture, cfg.training, cfg.hardware, args.gpus, args.gpus_per_node, args.margin,
                   comm_overlap=cfg.parallel.comm_overlap, limit=args.limit, watch=Watch(budget_s=budget))
@@ -331,6 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="estimate the memory of a configuration")
     est.add_argument("--config", required=True, help=CONFIG_HELP)
     est.add_argument("--json", action="store_true", help="print one JSON object")
+    est.add_argument("--time-budget", type=float, default=ADVICE_BUDGET_S, metavar="SECONDS",
+                     help="when the run does not fit, the most seconds the planner may search for the nearest "
+                          f"fitting layout (default {ADVICE_BUDGET_S:g}; then what it found by then, with a note)")
     _override_flags(est)
     _serving_flags(est)
     est.set_defaults(handler=_cmd_estimate)

@@ -1001,3 +1001,21 @@ def test_a_partial_rotary_embeddings_temporaries_as_recorded():
     halves = _sized_events(_ledger_replay(record), 4 * MiB)  # made and freed at once: q's and k's, 8 layers, 2 steps
     assert halves == [e for i in range(2 * 8 * 2) for e in ("+" + chr(65 + i), "-" + chr(65 + i))]
     assert _sized_events(lambda: replay(record["events"]), 4 * MiB)[:32] == halves[:32]
+
+
+def test_falcons_own_layer_is_falcons_gelu_mlp_only():
+    """reserved_falcon.program's layer has Falcon's two MLP matrices (dense_h_to_4h, GELU, dense_4h_to_h): a Falcon
+    configuration edited to a gated MLP (three matrices; found by fuzzing, a traceback unpacking them) takes the
+    ledger's general sequence, and so does an MoE one."""
+    import dataclasses
+
+    from estimator import estimate_config
+    from estimator.memory.reserved_falcon import program
+    record = json.loads((GPU / "falcon-7b-8layers-bf16-adamw-norecompute-eager-s2048-b1-drop10.json").read_text())
+    cfg = estimate_config(record["config"]).config
+    assert program(cfg) is not None
+    gated = dict(record["config"], model=dict(record["config"]["model"], gated_mlp=True))
+    assert program(estimate_config(gated).config) is None
+    assert estimate_config(gated).reserved_peak_bytes > estimate_config(gated).allocated_peak_bytes
+    assert program(dataclasses.replace(cfg, architecture=dataclasses.replace(
+        cfg.architecture, num_experts=8, num_experts_per_token=2, moe_intermediate_size=1024))) is None

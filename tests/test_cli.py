@@ -155,3 +155,44 @@ def test_the_one_shot_command_runs_without_the_cyclic_collector():
              "cli.run()\n")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert (run.returncode, run.stdout) == (3, "collector off\n")
+
+
+# Found by fuzzing the command line with valid configurations mutated one field at a time and with random serving
+# objects (2026-11-27): each was a traceback ("internal error") or an answer that took tens of seconds.
+
+def test_a_layer_without_norms_is_refused_with_the_fields_label(config_file):
+    """norms_per_layer 0 divided by zero (a norm tensor of no copies); no model has none, and the activation ledger
+    keeps the pre-norms' inputs whatever the count, so the field allows 1 to 16."""
+    run = cli("estimate", "--config", config_file({"model": dict(LLAMA, norms_per_layer=0)}))
+    assert run.returncode == 2
+    assert run.stderr.strip() == ("error: Norms per layer [model.norms_per_layer] = 0: allowed: an integer from 1 "
+                                  "to 16")
+
+
+def test_bad_serving_input_is_refused_before_the_planner_searches(config_file, monkeypatch):
+    """`estimate` with a serving object on a run that does not fit: the serving object's error came after the
+    planner's search for a fitting training layout (Llama-4-Scout on one GH200: 17 s), now before any."""
+    from estimator import cli as cli_module
+    from estimator.search import advice
+
+    def searched(*args, **kwargs):
+        raise AssertionError("the planner searched before the serving object was checked")
+
+    monkeypatch.setattr(advice, "plan_to_fit", searched)
+    path = config_file({"model": "llama-4-scout", "hardware": {"gpu": "gh200"},
+                        "serving": {"engine": "vllm", "mem_fraction_static": 0.5}})
+    assert cli_module.main(["estimate", "--config", path]) == 2
+
+
+def test_the_planners_search_in_estimate_is_bounded(config_file):
+    """A run the single changes cannot fit asks the planner for the nearest fitting layout, a search of 20-30 s for
+    a 109B MoE on one GPU; `--time-budget` bounds it and says so, and the answer is still one JSON object."""
+    path = config_file({"model": "llama-4-scout", "hardware": {"gpu": "gh200"}})
+    run = cli("estimate", "--config", path, "--json", "--time-budget", "0.001")
+    assert run.returncode == 0
+    out = json.loads(run.stdout)
+    assert out["fit"]["verdict"] == "oom" and out["plan_to_fit"] and out["plan_to_fit"][-1]["verdict"] == "oom"
+    assert run.stderr.startswith("note: the planner's search for the nearest fitting layout stopped after 0.001 s")
+    for bad in ("0", "-1", "inf", "nan"):
+        refused = cli("estimate", "--config", path, "--time-budget", bad)
+        assert refused.returncode == 2 and "--time-budget" in refused.stderr, bad

@@ -342,3 +342,19 @@ def test_blackwell_default_backend_pages_by_64():
     assert sglang("deepseek-v3", "b200", tp=8, block_size=16, max_model_len=32768).resolved.block_size == 64
     assert sglang(max_model_len=32768).resolved.block_size == 1
     assert any(r["case"]["gpu"] == "b200" and r["sglang"]["page_size"] == 64 for r in RECORDS)
+
+
+def test_a_pipeline_stage_of_recurrent_layers_only_is_refused():
+    """Jamba-Mini-1.5 keeps keys and values on layers 4, 12, 20 and 28 (attn_layer_offset 4, period 8): under PP 8
+    stage 0 holds layers 0-3, Mamba only, and the token pool's cell (the stage's attention layers) was zero, a
+    division by zero in the estimate and in serve-plan (found by fuzzing). How SGLang sizes such a rank's pool is not
+    modelled: the layout is refused, naming the stage, and serve-plan passes over it."""
+    from estimator.serving.planner import serve_plan
+
+    arch = get_architecture("jamba-mini-1.5")
+    serving = Serving(engine="sglang", max_model_len=4096)
+    with pytest.raises(ConfigError, match=r"parallel\.pp.*stage 0 \(layers 0-3\) holds recurrent layers only"):
+        estimate_sglang(arch, serving, Parallel(tp=1, pp=8), Hardware(gpu="l40s"))
+    assert estimate_sglang(arch, serving, Parallel(tp=1, pp=4), Hardware(gpu="l40s")).starts  # one in each stage
+    plan = serve_plan(arch, serving, Hardware(gpu="l40s"), 1, 1024, None, 8, 100)
+    assert plan.options and all(o.parallel.pp < 8 for o in plan.options)

@@ -86,6 +86,7 @@ def program(cfg) -> Sizes | None:
     arch, training = cfg.architecture, cfg.training
     sdpa = falcon_math_sdpa(arch, training)
     if not (arch.fused_qkv and arch.parallel_attention and arch.num_kv_heads == 1 and arch.norms_per_layer == 1
+            and not arch.gated_mlp and not arch.is_moe and not arch.is_hybrid  # Falcon's one GELU MLP
             and training.adapter is None and not training.dropout and cfg.parallel.tp == 1
             and eager_softmax_16_bit(arch, training)
             and ((training.attention == "eager" and arch.eager_kv_broadcast and training.micro_batch_size == 1)

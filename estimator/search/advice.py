@@ -154,16 +154,18 @@ def suggestions(cfg: Config, limit: int = 6) -> list[Suggestion]:
     return found[:limit]
 
 
-def plan_to_fit(cfg: Config, max_steps: int = 5, use_planner: bool = True) -> list[Suggestion]:
+def plan_to_fit(cfg: Config, max_steps: int = 5, use_planner: bool = True, watch=None) -> list[Suggestion]:
     """A plan that fits: single changes applied one after another while each is the best from
     where the last left off (greedy: a short plan, each step a full estimate); when that ends
     without fitting, the planner's nearest fitting layout instead, on the user's GPUs or, if none
     fits there, on the fewest that do ("use more GPUs: at least N"). The planner's search takes
-    seconds: an interactive caller may leave it out (`use_planner=False`) and offer it apart."""
+    seconds (a model of hundreds of billions of parameters on one GPU: tens): an interactive caller
+    may leave it out (`use_planner=False`) and offer it apart, or bound it with `watch`
+    (search/watch.py Watch; halted, the nearest layout found so far, else the greedy steps)."""
     steps = _greedy(cfg, max_steps)
     if (steps and steps[-1].verdict == "fits") or not use_planner:
         return steps
-    nearest = nearest_fitting_layout(cfg)
+    nearest = nearest_fitting_layout(cfg, watch)
     return [nearest] if nearest else steps
 
 

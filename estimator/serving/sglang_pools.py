@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from ..spec import hybrid
 from ..spec.architecture import Architecture
+from ..spec.errors import ConfigError
 
 SWA_FULL_TOKENS_RATIO = 0.8  # arg_groups/fields/schedule.py swa_full_tokens_ratio fallback
 MAMBA_FULL_MEMORY_RATIO = 0.9  # arg_groups/fields/schedule.py mamba_full_memory_ratio fallback
@@ -145,6 +146,10 @@ def size_pools(arch: Architecture, checkpoint: dict | None, tp: int, kv_bytes: i
     rest = max(available - state, 0)
     per_token = token_bytes(arch, tp, kv_bytes, kv_dtype)
     layers = attention_layers(arch, stage)
+    if not layers:  # the token pool's cell is the stage's attention layers: none leaves its size undefined
+        raise ConfigError("parallel.pp", len(stages), "a pipeline split that gives every stage an attention layer",
+                          f"stage {stages.index(stage)} (layers {stage.start}-{stage.stop - 1}) holds recurrent layers "
+                          "only; how SGLang sizes such a rank's token pool is not modelled")
     if is_hybrid_swa(arch, checkpoint):
         n_full = arch.global_attention_layers_in(stage.start, stage.stop)
         n_swa = len(layers) - n_full

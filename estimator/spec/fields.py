@@ -448,7 +448,7 @@ ARCHITECTURE_FIELDS: tuple[Field, ...] = (
        "DeepSeek-V3.2).", _MLA, hi=MAX_TOKENS, optional=True, auto="none: required with indexer heads", step=256),
     _w("mtp_layers", "MTP modules", "Multi-token-prediction modules (DeepSeek-V3).", _MORE, lo=0, hi=64),
     Field("name", _M, "text", "Name", "A name for this architecture.", _MORE),
-    _w("norms_per_layer", "Norms per layer", "Gemma-2/3 and OLMo-2 differ from the usual 2.", _MORE, lo=0, hi=16),
+    _w("norms_per_layer", "Norms per layer", "Gemma-2/3 and OLMo-2 differ from the usual 2.", _MORE, lo=1, hi=16),
     _bool("qk_norm_full_width", _M, "Full-width QK norm", "OLMo-2: one norm over all of q and of k.", _MORE),
     _bool("attention_sinks", _M, "Attention sinks", "gpt-oss: one learned sink logit per head.", _MORE),
     _bool("router_bias", _M, "Router bias", "DeepSeek-V3 e_score_correction_bias.", _MORE),
