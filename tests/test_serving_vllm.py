@@ -420,6 +420,18 @@ def test_speculative_draft_model_mixes_page_sizes_in_one_group():
     assert err.value.field == "serving.speculative.draft_model"
 
 
+def test_an_eagle_draft_model_is_a_one_layer_dense_head():
+    """EAGLE and EAGLE-3 read draft_model as the head's checkpoint, one dense decoder layer (models/llama_eagle.py,
+    llama_eagle3.py). A whole model given there (found by fuzzing: an MoE crashed the head's MLP, a dense one was
+    counted as its first layer alone) is refused, naming method 'draft_model'."""
+    for draft, why in (("qwen3-235b-a22b", "it has 94 layers, experts"), ("llama-3.2-1b", "it has 16 layers")):
+        with pytest.raises(ConfigError) as err:
+            serve("llama-3.1-8b", max_model_len=4096,
+                  speculative={"method": "eagle3", "num_speculative_tokens": 3, "draft_model": draft})
+        assert err.value.field == "serving.speculative.draft_model"
+        assert why in str(err.value) and "method 'draft_model'" in str(err.value)
+
+
 def test_quantized_presets_load_in_their_formats():
     """The bundled quantized checkpoints: Llama-3.1-70B FP8 (compressed-tensors, an fp32 scale per output
     row), Qwen2.5-7B AWQ (int4, fp16), gpt-oss MXFP4 (experts only), DeepSeek-V3 FP8 (128 x 128 blocks)."""

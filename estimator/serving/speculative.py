@@ -60,6 +60,12 @@ def draft_for(arch: Architecture, spec: Speculative, fmt: WeightFormat, tp: int,
         if arch.uses_mla:
             raise ConfigError("serving.speculative.method", spec.method, "'mtp' for a model with MLA",
                               "EAGLE heads for MLA models are not modelled", ("serving.speculative.method",))
+        if draft_arch is not None and (draft_arch.num_layers != 1 or draft_arch.is_moe or draft_arch.is_hybrid):
+            raise ConfigError("serving.speculative.draft_model", draft_arch.name or "the draft model",
+                              "an EAGLE head's checkpoint: one dense decoder layer",
+                              f"it has {draft_arch.num_layers} layers" + (", experts" if draft_arch.is_moe else "")
+                              + ("; a whole smaller model drafts with method 'draft_model'"
+                                 if draft_arch.num_layers > 1 else ""))
         head = draft_arch or _head_arch(arch)
         arch_for = head
         tensors = head.layer_tensors("dense") + head.norm_tensors(1, "final_")
