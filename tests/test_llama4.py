@@ -309,3 +309,16 @@ def test_a_megatron_command_refuses_the_chunk_it_cannot_write():
     with pytest.raises(ConfigError) as error:
         megatron_model(scout())
     assert error.value.field == "model.attention_chunk_size"
+
+
+def test_a_layer_count_beyond_the_fields_bound_is_refused_before_the_layers_are_walked():
+    """The reader marks each layer's MoE flag from moe_layers (_moe_interval), a list of num_hidden_layers entries:
+    a config of 10^12 layers ran out of memory (found by fuzzing). The count is held to the Layers field's bound
+    first."""
+    config = json.loads(json.dumps(SCOUT))
+    config["text_config"]["num_hidden_layers"] = 10**12
+    config["text_config"]["moe_layers"] = [1, 3]
+    with pytest.raises(ConfigError) as err:
+        architecture_from_hf_config(config)
+    assert err.value.field == "model.text_config.num_hidden_layers"
+    assert "an integer from 1 to 16,384" in str(err.value)

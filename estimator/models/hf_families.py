@@ -34,17 +34,21 @@ class _Reader:
     def _error(self, key: str, value: Any, allowed: str, reason: str = "") -> ConfigError:
         return ConfigError(self.prefix + key, value, allowed, reason)
 
-    def int(self, key: str, *aliases: str, required: bool = True, minimum: int = 1) -> int | None:
-        """An integer >= `minimum` (an integral float such as 4096.0 is read as the integer)."""
+    def int(self, key: str, *aliases: str, required: bool = True, minimum: int = 1,
+            maximum: int | None = None) -> int | None:
+        """An integer >= `minimum` (an integral float such as 4096.0 is read as the integer); `maximum` where the
+        reader walks that many items before the architecture's own bounds are checked."""
         key, value = self._find((key, *aliases))
         allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        if maximum is not None:
+            allowed = f"an integer from {minimum:,} to {maximum:,}"
         if value is None:
             if required:
                 raise self._error(key, None, allowed, f"{self.model_type} config has no {key}")
             return None
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > (maximum or value):
             raise self._error(key, value, allowed)
         return value
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from .hf_common import Family
 from .hf_families import FAMILIES, _attention_common, _Reader
+from ..spec.field import MAX_LAYERS
 
 
 def _every_nth(flags: list[int], num_layers: int) -> int | None:
@@ -68,7 +69,7 @@ def _moe_interval(r: _Reader, num_layers: int) -> int:
 def _llama4_text(r: _Reader) -> tuple[dict[str, Any], list[str]]:
     notes: list[str] = []
     fields = _attention_common(r)
-    num_layers = r.int("num_hidden_layers")
+    num_layers = r.int("num_hidden_layers", maximum=MAX_LAYERS)  # _moe_interval walks the layers
     width = r.int("intermediate_size")
     fields.update(num_layers=num_layers, vocab_size=r.int("vocab_size"), tie_embeddings=r.bool("tie_word_embeddings"))
     if r.bool("attention_bias"):
