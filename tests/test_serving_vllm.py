@@ -519,3 +519,13 @@ def test_every_catalog_gpu_has_its_compute_units():
     """The Triton sampler's buffer needs each GPU's SM (CU) count: a GPU added to the catalog must bring it."""
     from estimator.serving.activations import COMPUTE_UNITS
     assert set(COMPUTE_UNITS) == set(GPUS)
+
+
+def test_mxfp4_is_an_moes_experts_format():
+    """vLLM's Mxfp4Config quantizes the fused experts and leaves linear layers unquantized: on a dense model MXFP4
+    named nothing the estimate could load (a traceback in Marlin's repack of no experts, found by fuzzing); it is
+    refused, and gpt-oss keeps it."""
+    with pytest.raises(ConfigError) as err:
+        serve("qwen3-32b", max_model_len=4096, weight_format="mxfp4")
+    assert err.value.field == "serving.weight_format" and "experts only" in str(err.value)
+    assert serve("gpt-oss-120b", max_model_len=4096, weight_format="mxfp4").resolved.weight_format == "mxfp4"

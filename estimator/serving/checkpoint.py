@@ -45,8 +45,15 @@ def _quantized_format(q: dict) -> str | None:
     return None
 
 
-def checkpoint_format(config: dict | None, requested: str | None) -> WeightFormat:
-    """The format the weights are loaded in; a named format overrides the checkpoint's."""
+def checkpoint_format(config: dict | None, requested: str | None, arch=None) -> WeightFormat:
+    """The format the weights are loaded in; a named format overrides the checkpoint's. MXFP4 is an MoE's: vLLM's and
+    SGLang's Mxfp4Config quantize the fused experts and leave every linear layer unquantized, so a dense model
+    (`arch` without experts) is refused it rather than estimated as bf16 under another name."""
+    if requested == "mxfp4" and arch is not None and not arch.is_moe:
+        raise ConfigError("serving.weight_format", requested, "a format of the model's linear layers for a dense "
+                          "model (bf16, fp16, fp8, int8, gptq_int4, awq_int4, nvfp4)",
+                          "MXFP4 quantizes an MoE's experts only (quantization/mxfp4.py Mxfp4Config: linear layers "
+                          "unquantized)")
     config = _text_config(config or {})
     dtype_bytes = 2
     q = config.get("quantization_config") if isinstance(config.get("quantization_config"), dict) else {}

@@ -211,7 +211,7 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                                                                 serving.enable_multimodal)
     context = context_length(checkpoint)
     max_len = _max_len(serving, context)
-    fmt = checkpoint_format(checkpoint, serving.weight_format)
+    fmt = checkpoint_format(checkpoint, serving.weight_format, arch)
     kv_bytes, kv_dtype, page = _cache_layout(arch, serving, gpu, fmt)
     resolved = Resolved(rules, max_len, context, decode_bs, chunked, page,
                         kv_dtype, kv_bytes, fmt.name, fmt, prefix_caching=pc.on,

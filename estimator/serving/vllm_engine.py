@@ -134,7 +134,7 @@ def resolve(arch: Architecture, serving: Serving, hardware: Hardware, checkpoint
     if context and max_model_len > context:
         raise ConfigError("serving.max_model_len", max_model_len, f"at most the model's context length ({context:,})",
                           "vLLM refuses a max_model_len above max_position_embeddings (config/model.py)")
-    fmt = checkpoint_format(checkpoint, serving.weight_format)
+    fmt = checkpoint_format(checkpoint, serving.weight_format, arch)
     if fmt.name == "mxfp4":
         experts = mxfp4_experts(rules.version, gpu)
         fmt = dataclasses.replace(fmt, mxfp4_padding=experts.padding, mxfp4_fp32_bias=experts.fp32_bias,
