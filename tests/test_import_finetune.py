@@ -3,6 +3,8 @@ README.md), each mapped to a JSON config written out here by hand, with equal es
 
 from pathlib import Path
 
+import pytest
+
 from estimator import estimate_config
 from estimator.importers import estimate_imported, import_config
 
@@ -21,12 +23,12 @@ def same_estimate(result, expected):
 def test_axolotl_llama3_qlora():
     # base_model NousResearch/Meta-Llama-3-8B (Llama 3 8B: Llama 3.1 8B's shapes); adapter qlora, load_in_4bit,
     # r 32, alpha 16, dropout 0.05, every linear layer; sequence_len 4096; batch 2 x 4 steps x 8 GPUs;
-    # bf16 auto; gradient checkpointing; paged_adamw_32bit is AdamW
+    # bf16 auto; gradient checkpointing; paged_adamw_32bit is bitsandbytes' PagedAdamW (its states in managed memory)
     result = imported("axolotl/qlora.yml")
     assert result.kind == "axolotl"
     same_estimate(result, {"model": "llama-3.1-8b",
                            "training": {"framework": "hf", "attn_implementation": "flash_attention_2", "seq_len": 4096, "micro_batch_size": 2,
-                                        "global_batch_size": 64, "recompute": "full",
+                                        "global_batch_size": 64, "recompute": "full", "optimizer": "paged_adamw",
                                         "adapter": {"method": "qlora", "rank": 32, "alpha": 16,
                                                     "target_modules": "all-linear", "dropout": 0.05}},
                            "parallel": {"dp": 8}})
@@ -42,10 +44,10 @@ def test_axolotl_llama3_lora_8bit_and_full():
                                                   "target_modules": "all-linear", "dropout": 0.05,
                                                   "base_dtype": "int8", "trainable_embeddings": True}},
                          "parallel": {"dp": 8}})
-    full = imported("axolotl/fft-8b.yaml")
+    full = imported("axolotl/fft-8b.yaml")  # paged_adamw_8bit: bitsandbytes' PagedAdamW8bit
     same_estimate(full, {"model": "llama-3.1-8b",
                          "training": {"framework": "hf", "attn_implementation": "flash_attention_2", "seq_len": 8192, "micro_batch_size": 1,
-                                      "global_batch_size": 64, "recompute": "full", "optimizer": "adam8bit"},
+                                      "global_batch_size": 64, "recompute": "full", "optimizer": "paged_adamw8bit"},
                          "parallel": {"dp": 8}})
 
 
@@ -73,3 +75,44 @@ def test_llama_factory_dpo():
     assert rl == {"algorithm": "dpo", "max_prompt_len": 1024, "max_response_len": 1024, "reference_model": True}
     assert [s.name for s in result.unsupported] == ["finetuning_type"]  # the LoRA run's own base is the reference
     assert estimate_imported(result).rl_phases
+
+
+AXOLOTL_FSDP = """base_model: NousResearch/Meta-Llama-3.1-8B
+sequence_len: 4096
+micro_batch_size: 1
+gradient_accumulation_steps: 1
+bf16: auto
+fsdp:
+  - {option}
+  - auto_wrap
+fsdp_config:
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+{extra}"""
+
+
+@pytest.mark.parametrize("option, extra, framework, parallel", [
+    # axolotl's _resolve_fsdp_version: no fsdp_version is FSDP1 (Accelerate's FullyShardedDataParallel)
+    ("full_shard", "", "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "FULL_SHARD"}),
+    ("shard_grad_op", "", "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
+    ("full_shard", "  fsdp_sharding_strategy: HYBRID_SHARD\n", "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "HYBRID_SHARD"}),
+    ("full_shard", "fsdp_version: 2\n", "fsdp2", {"dp": 8}),
+    ("full_shard", "  fsdp_version: 2\n  reshard_after_forward: false\n", "fsdp2", {"dp": 8, "zero_stage": 2}),
+])
+def test_axolotl_fsdp_versions(option, extra, framework, parallel):
+    """FSDP1 was read as FSDP2 ("FSDP1's flat parameters estimated as FSDP2") after the estimator gained fsdp1
+    (memory/fsdp1.py): now the version decides, and FSDP1's sharding strategy comes from fsdp_config or the fsdp list."""
+    result = import_config(AXOLOTL_FSDP.format(option=option, extra=extra), "axolotl", gpus=8)
+    same_estimate(result, {"model": "llama-3.1-8b", "parallel": parallel,
+                           "training": {"framework": framework, "seq_len": 4096, "micro_batch_size": 1}})
+
+
+def test_axolotl_fsdp1_with_offload_is_fsdp2s_cpu_offload_with_a_note():
+    """FSDP1's CPUOffload is not modelled (memory/fsdp1.py refuses it); axolotl's stock configs offload with FSDP1
+    (examples/qwen3/qlora-fsdp.yaml): estimated as FSDP2's CPUOffloadPolicy, and the ledger says so."""
+    text = AXOLOTL_FSDP.format(option="full_shard", extra="  fsdp_offload_params: true\n")
+    result = import_config(text, "axolotl", gpus=8)
+    training = result.config["training"]
+    assert (training["framework"], training["offload_optimizer"], training["offload_parameters"]) == ("fsdp2", "cpu", "cpu")
+    assert [s.name for s in result.unsupported] == ["fsdp_config.fsdp_offload_params"]
+    assert "FSDP1's CPUOffload" in result.unsupported[0].note

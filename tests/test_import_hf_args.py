@@ -153,3 +153,31 @@ def test_yaml_arguments_that_mention_a_flag_stay_yaml():
                                                   "run_name": "sweep --lr 1e-5", "bf16": True}
     assert parse_args_text("trl sft --per_device_train_batch_size 4 --bf16", "line") == {
         "per_device_train_batch_size": 4, "bf16": True}
+
+
+PAGED = """model_name_or_path: meta-llama/Llama-3.1-8B
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+max_length: 2048
+bf16: true
+optim: {optim}
+"""
+
+
+@pytest.mark.parametrize("optim, ours", [("paged_adamw_8bit", "paged_adamw8bit"), ("paged_adamw_32bit", "paged_adamw")])
+def test_the_trainers_paged_optimizers_are_paged(optim, ours):
+    """transformers' OptimizerNames PAGED_ADAMW_8BIT / PAGED_ADAMW are bitsandbytes' PagedAdamW8bit / PagedAdamW, whose
+    states live in managed memory outside the caching allocator (memory/paged.py, measured on the H200): they were read
+    as the unpaged adam8bit (paged_adamw_32bit as an unknown name, AdamW), which puts the states in the allocated peak.
+    Under DeepSpeed, which steps its own flat partitions, the unpaged twin stays, with a note."""
+    result = import_config(PAGED.format(optim=optim), "hf", gpus=1)
+    assert result.config["training"]["optimizer"] == ours
+    # Llama-3.1-8B's 8,030,261,248 parameters less its 65 RMSNorm scales of 4,096 (under get_paged's 1e5 elements)
+    paged = 8_030_261_248 - 65 * 4096
+    per_element = {"paged_adamw8bit": 2, "paged_adamw": 8}[ours]  # two uint8 or two fp32 states
+    assert estimate_imported(result).stages[0].component("managed").bytes == paged * per_element
+    with_ds = import_config(PAGED.format(optim=optim) + "deepspeed:\n  zero_optimization:\n    stage: 2\n", "hf", gpus=8)
+    assert with_ds.config["training"]["framework"] == "deepspeed"
+    assert with_ds.config["training"].get("optimizer", "adamw") == {"paged_adamw8bit": "adam8bit",
+                                                                   "paged_adamw": "adamw"}[ours]
+    assert any(s.name == "optim" and "paged states under deepspeed" in s.note for s in with_ds.unsupported)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
+from ..spec.choices import FSDP1_STRATEGIES
+from .accelerate import FSDP1_STRATEGY_NAMES
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
-from .finetune import deepspeed_by_name, targets, transformers_attention
+from .finetune import deepspeed_by_name, targets, trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .models import named_model
 from .result import Imported, Ledger
@@ -24,8 +26,8 @@ from .yaml_keys import AXOLOTL
 
 KIND = "axolotl"
 VERSION = "axolotl v0.18.0"
-_OPTIM = {"adamw_bnb_8bit": "adam8bit", "paged_adamw_8bit": "adam8bit", "adamw_8bit": "adam8bit",
-          "paged_adamw_32bit": "adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw",
+_OPTIM = {"adamw_bnb_8bit": "adam8bit", "paged_adamw_8bit": "paged_adamw8bit", "adamw_8bit": "adam8bit",
+          "paged_adamw_32bit": "paged_adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw",
           "adafactor": "adafactor", "lion_8bit": "lion", "paged_lion_8bit": "lion", "sgd": "sgd"}
 _READ_ELSEWHERE = ("model_type", "tokenizer_type")
 
@@ -52,14 +54,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     _distributed(doc, build, ledger)
     if doc.get("gradient_checkpointing"):
         build.set("training.recompute", "full", "gradient_checkpointing", doc.flat["gradient_checkpointing"])
-    optim = doc.get("optimizer", "adamw_torch_fused")
-    if optim in _OPTIM:
-        if _OPTIM[optim] != "adamw":
-            build.set("training.optimizer", _OPTIM[optim], "optimizer", optim)
-        else:
-            ledger.mapped("optimizer", optim, "training.optimizer = \"adamw\"")
-    else:
-        ledger.not_modelled("optimizer", optim, "estimated as AdamW")
+    trainer_optimizer(build, ledger, "optimizer", doc.get("optimizer", "adamw_torch_fused"), _OPTIM)
     axolotl_liger(doc, build, ledger)
     attn = doc.get("attn_implementation")
     if attn is not None:
@@ -130,16 +125,69 @@ def _distributed(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
         deepspeed_by_name(ds, "deepspeed", build, ledger)
         return
     if doc.get("fsdp") or any(k.startswith("fsdp_config.") for k in doc.flat):
-        version = doc.get("fsdp_config.fsdp_version", doc.get("fsdp_version", 1))
-        build.set("training.framework", "fsdp2", "fsdp_config.fsdp_version", version,
-                  why="" if str(version) == "2" else "FSDP1's flat parameters estimated as FSDP2")
-        for key in ("fsdp_config.reshard_after_forward", "fsdp_config.fsdp_reshard_after_forward"):
-            if doc.given(key) and str(doc.get(key)).lower() == "false":
-                build.set("parallel.zero_stage", 2, key, False)
-        for key in ("fsdp_config.offload_params", "fsdp_config.fsdp_offload_params"):
-            if doc.given(key) and doc.get(key):
-                build.set("training.offload_optimizer", "cpu", key, True)
-                build.put("training.offload_parameters", "cpu")
+        _fsdp(doc, build, ledger)
         for key in ("fsdp_config.activation_checkpointing", "fsdp_config.fsdp_activation_checkpointing"):
             if doc.given(key) and doc.get(key):
                 build.set("training.recompute", "full", key, True)
+
+
+# the legacy `fsdp` list's sharding options (TrainingArguments.fsdp's FSDPOption names)
+_FSDP_OPTIONS = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "hybrid_shard": "HYBRID_SHARD",
+                 "no_shard": "NO_SHARD"}
+_OFFLOAD_KEYS = ("fsdp_config.offload_params", "fsdp_config.fsdp_offload_params")
+
+
+def _fsdp(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
+    """FSDP1 (axolotl's default) as fsdp1 with its sharding strategy, FSDP2 as fsdp2; FSDP1 with its parameters
+    offloaded as FSDP2's CPUOffloadPolicy (FSDP1's CPUOffload is not modelled: memory/fsdp1.py)."""
+    options = doc.get("fsdp") if isinstance(doc.get("fsdp"), list) else str(doc.get("fsdp") or "").split()
+    offload = next((k for k in _OFFLOAD_KEYS if doc.given(k) and doc.get(k)), "fsdp" if "offload" in options else None)
+    key, version = _fsdp_version(doc)
+    strategy = _fsdp1_strategy(doc, options, ledger) if version == 1 else None
+    given = version if key else ""
+    key = key or "fsdp_version"  # not given: axolotl's default
+    if version == 1 and not offload:
+        build.set("training.framework", "fsdp1", key, given, why="" if given else "axolotl's default")
+        if strategy:
+            build.set("parallel.fsdp_sharding_strategy", strategy[1], strategy[0], strategy[2])
+    else:
+        build.set("training.framework", "fsdp2", key, given)
+        if version == 1:
+            ledger.not_modelled(offload, True, "FSDP1's CPUOffload: estimated as FSDP2's CPUOffloadPolicy (parameters, "
+                                "gradients and optimizer states on the host)")
+        unsharded = strategy and strategy[1] in ("SHARD_GRAD_OP", "NO_SHARD")
+        for reshard in ("fsdp_config.reshard_after_forward", "fsdp_config.fsdp_reshard_after_forward"):
+            if doc.given(reshard) and str(doc.get(reshard)).lower() == "false":
+                build.set("parallel.zero_stage", 2, reshard, False)
+        if unsharded:
+            build.set("parallel.zero_stage", 2 if strategy[1] == "SHARD_GRAD_OP" else 0, strategy[0], strategy[2])
+    if offload:
+        build.set("training.offload_optimizer", "cpu", offload, "offload" if offload == "fsdp" else True)
+        build.put("training.offload_parameters", "cpu")
+
+
+def _fsdp_version(doc: FlatDoc) -> tuple[str | None, int]:
+    """axolotl's _resolve_fsdp_version (utils/schemas/validation.py): the top-level fsdp_version, else fsdp_config's
+    (fsdp_version, or its alias version: schemas/fsdp.py), else 1."""
+    for key in ("fsdp_version", "fsdp_config.fsdp_version", "fsdp_config.version"):
+        if doc.given(key):
+            return key, to_int(key, doc.get(key), 1)
+    return None, 1
+
+
+def _fsdp1_strategy(doc: FlatDoc, options: list, ledger: Ledger) -> tuple[str, str, object] | None:
+    """FSDP1's sharding strategy as (key, name, value given): fsdp_config's (fsdp_)sharding_strategy, else the `fsdp`
+    list's option; None: FULL_SHARD, the default (memory/fsdp1.py). HYBRID_SHARD shards within a node
+    (fsdp_shard_group_size's default, 8)."""
+    for option in options:
+        if str(option) not in (*_FSDP_OPTIONS, "auto_wrap", "offload"):
+            ledger.not_modelled("fsdp", option, "an FSDP option the estimate does not model")
+    for key in ("fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy"):
+        if doc.given(key):
+            given = str(doc.get(key)).upper()
+            name = FSDP1_STRATEGY_NAMES.get(given, given)
+            if name not in FSDP1_STRATEGIES:
+                raise ConfigError(key, doc.get(key), ", ".join(FSDP1_STRATEGIES) + " (or 1-4)")
+            return key, name, doc.get(key)
+    chosen = [o for o in options if str(o) in _FSDP_OPTIONS]
+    return ("fsdp", _FSDP_OPTIONS[str(chosen[0])], chosen[0]) if chosen else None

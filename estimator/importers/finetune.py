@@ -57,3 +57,30 @@ def transformers_attention(build: ConfigBuilder, ledger: Ledger, name: str, valu
     elif value is not None:
         ledger.not_modelled(name, value, "estimated as flash attention (transformers' attn_implementation sdpa or "
                                          "flash_attention_2 are modelled)")
+
+
+# bitsandbytes' paged AdamW (transformers OptimizerNames paged_adamw_32bit / paged_adamw_8bit): its states in managed
+# memory (memory/paged.py), where the stack builds the Trainer's optimizer itself (paged.FRAMEWORKS); under DeepSpeed,
+# which steps its own flat partitions, the same states are estimated in the allocator
+PAGED_FALLBACK = {"paged_adamw": "adamw", "paged_adamw8bit": "adam8bit"}
+
+
+def trainer_optimizer(build: ConfigBuilder, ledger: Ledger, key: str, optim: object, table: dict,
+                      given: bool = True) -> None:
+    """The Trainer's `optim` (or axolotl's `optimizer`) as training.optimizer by `table`; a paged optimizer where
+    the framework runs it paged, else its unpaged twin with a note; a name not in `table` is estimated as AdamW."""
+    from ..memory.paged import FRAMEWORKS as PAGED_FRAMEWORKS
+    ours = table.get(optim) if isinstance(optim, str) else None
+    if ours is None:
+        ledger.not_modelled(key, optim, "estimated as AdamW")
+        return
+    framework = build.get("training.framework", "hf")
+    if ours in PAGED_FALLBACK and framework not in PAGED_FRAMEWORKS:
+        ledger.not_modelled(key, optim, f"bitsandbytes' paged states under {framework}: estimated as "
+                            f"{PAGED_FALLBACK[ours]} in the caching allocator")
+        ours = PAGED_FALLBACK[ours]
+    if ours != "adamw":
+        build.set("training.optimizer", ours, key, optim)
+    elif given:
+        ledger.mapped(key, optim, "training.optimizer = \"adamw\"")
+

@@ -17,7 +17,7 @@ import re
 
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, to_int
-from .finetune import transformers_attention
+from .finetune import trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS, TRL
 from .liger import trainer_liger
 from .models import named_model, preset_for
@@ -28,8 +28,9 @@ from .source import parse_json, parse_yaml
 TRL_VERSION = "TRL v1.9.0"
 KNOWN = TRAINING_ARGUMENTS | TRL | LEGACY
 _OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw_apex_fused": "adamw",
-          "adamw_bnb_8bit": "adam8bit", "adamw_8bit": "adam8bit", "paged_adamw_8bit": "adam8bit",
-          "adafactor": "adafactor", "sgd": "sgd", "lion_32bit": "lion", "paged_lion_32bit": "lion"}
+          "adamw_bnb_8bit": "adam8bit", "adamw_8bit": "adam8bit", "paged_adamw_8bit": "paged_adamw8bit",
+          "paged_adamw_32bit": "paged_adamw", "adafactor": "adafactor", "sgd": "sgd", "lion_32bit": "lion",
+          "paged_lion_32bit": "lion"}
 _PEFT_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
                  "down_proj": "down"}
 # keys that change memory or speed and are read below; every other known key is listed as ignored
@@ -119,14 +120,7 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
     if checkpointing:
         build.set("training.recompute", "full", "gradient_checkpointing", True,
                   why="" if doc.given("gradient_checkpointing") else f"{TRL_VERSION}'s default")
-    optim = str(doc.get("optim", "adamw_torch_fused"))
-    if optim in _OPTIM:
-        if _OPTIM[optim] != "adamw":
-            build.set("training.optimizer", _OPTIM[optim], "optim", optim)
-        elif doc.given("optim"):
-            ledger.mapped("optim", optim, "training.optimizer = \"adamw\"")
-    else:
-        ledger.not_modelled("optim", optim, "estimated as AdamW")
+    trainer_optimizer(build, ledger, "optim", str(doc.get("optim", "adamw_torch_fused")), _OPTIM, doc.given("optim"))
     if doc.get("torch_compile"):
         if framework == "hf":
             build.set("training.compile", True, "torch_compile", True)

@@ -16,7 +16,7 @@ import re
 
 from ..spec.errors import ConfigError
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
-from .finetune import deepspeed_by_name, targets, transformers_attention
+from .finetune import deepspeed_by_name, targets, trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .liger import liger_defaults
 from .models import named_model
@@ -28,7 +28,8 @@ KIND = "llama-factory"
 VERSION = "LLaMA-Factory v0.9.5"
 _FLASH_ATTN = {"fa2": "flash_attention_2", "sdpa": "sdpa"}
 _OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adam8bit",
-          "adamw_bnb_8bit": "adam8bit", "paged_adamw_8bit": "adam8bit", "adafactor": "adafactor", "sgd": "sgd"}
+          "adamw_bnb_8bit": "adam8bit", "paged_adamw_8bit": "paged_adamw8bit", "paged_adamw_32bit": "paged_adamw",
+          "adafactor": "adafactor", "sgd": "sgd"}
 
 
 def looks_like(text: str, name: str = "") -> bool:
@@ -68,11 +69,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     ds = doc.get("deepspeed")
     if ds:
         deepspeed_by_name(ds, "deepspeed", build, ledger)
-    optim = doc.get("optim", "adamw_torch")
-    if optim in _OPTIM and _OPTIM[optim] != "adamw":
-        build.set("training.optimizer", _OPTIM[optim], "optim", optim)
-    elif optim not in _OPTIM:
-        ledger.not_modelled("optim", optim, "estimated as AdamW")
+    trainer_optimizer(build, ledger, "optim", doc.get("optim", "adamw_torch"), _OPTIM, given=False)
     if doc.get("enable_liger_kernel"):
         # LLaMA-Factory model/model_utils/liger_kernel.py apply_liger_kernel: the model type's defaults, with
         # fused_linear_cross_entropy=False where the stage needs logits (require_logits: stage not pt or sft)
