@@ -116,3 +116,14 @@ def test_axolotl_fsdp1_with_offload_is_fsdp2s_cpu_offload_with_a_note():
     assert (training["framework"], training["offload_optimizer"], training["offload_parameters"]) == ("fsdp2", "cpu", "cpu")
     assert [s.name for s in result.unsupported] == ["fsdp_config.fsdp_offload_params"]
     assert "FSDP1's CPUOffload" in result.unsupported[0].note
+
+
+def test_qualified_attention_targets_are_their_projections():
+    """PEFT matches a target module by the end of its name (tuners_utils check_target_module_exists): axolotl's
+    Llama 4 examples write self_attn.q_proj, which is q_proj in a text decoder. A container that would narrow the
+    match against fused experts (shared_expert.gate_proj) is still refused, and so is any name not a projection."""
+    from estimator.importers.finetune import targets
+    assert targets(["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"]) == ["q", "k", "v", "o"]
+    assert targets("q_proj, v_proj") == ["q", "v"]
+    assert targets(["self_attn.q_proj", "shared_expert.gate_proj"]) is None
+    assert targets(["vision_model.q_proj"]) is None and targets(["c_attn"]) is None and targets([3]) is None

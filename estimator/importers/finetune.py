@@ -35,14 +35,24 @@ def deepspeed_by_name(path: str, key: str, build: ConfigBuilder, ledger: Ledger)
     return True
 
 
+# the container a qualified target may name ("self_attn.q_proj", as axolotl's Llama 4 examples write them): PEFT
+# matches a target by the end of the module's name (tuners_utils check_target_module_exists), so self_attn narrows
+# nothing among a text decoder's attention projections; an MLP's container ("shared_expert.up_proj") would, against
+# the fused experts peft maps gate_proj / up_proj / down_proj to (memory/adapters.py): not read
+_CONTAINERS = {"self_attn"}
+
+
 def targets(names: object) -> list[str] | str | None:
     """Hugging Face module names as our adapter targets; None when one is not a linear layer we know."""
     if names in ("all", "all-linear", ["all"], ["all-linear"]):
         return "all-linear"
     items = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names or [])
-    if not items or any(n not in _TARGETS for n in items):
+    if not items or not all(isinstance(n, str) for n in items):
         return None
-    return [_TARGETS[n] for n in items]
+    leaves = [n.rsplit(".", 1)[-1] for n in items]
+    if any(leaf not in _TARGETS or not set(n.split(".")[:-1]) <= _CONTAINERS for n, leaf in zip(items, leaves)):
+        return None
+    return list(dict.fromkeys(_TARGETS[leaf] for leaf in leaves))
 
 
 def transformers_attention(build: ConfigBuilder, ledger: Ledger, name: str, value: object) -> None:
