@@ -14,7 +14,8 @@ sliding window). Each builder's shape is written as a Hugging Face ``config.json
 ``model_type`` its modelling code matches (estimator/models/hf_families.py).
 
 ``--skeleton`` writes the files of the named families cut down to what this script reads (imports,
-builder signatures and return calls, aliases): the fixture tests/data/torchtune_builders uses them.
+the full builders' return calls, aliases, the component builders' signatures): tests/data/torchtune_builders
+is that fixture, so tests/test_torchtune_builders.py reruns this script without a torchtune checkout.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ def hf_config(component: str, kw: dict) -> dict:
         config["sliding_window"] = False  # torchtune's mistral attends to the whole sequence (no window argument)
     if component == "gemma2":
         config["sliding_window"] = need("sliding_window_size")  # every other layer, from the first
+        # as torchtune builds it: its gemma2_2b/9b/27b pass hidden_capping_value=30.0 (the attention's cap) and
+        # final_capping_value=50.0, the other way round from Gemma2Config's 50/30; the caps keep no tensor
         config["attn_logit_softcapping"] = kw.get("hidden_capping_value")
         config["final_logit_softcapping"] = kw.get("final_capping_value")
         if kw.get("query_pre_attn_scalar") is not None:
@@ -229,20 +232,33 @@ def module_text(root: Path, commit: str) -> str:
     return HEADER.format(commit=commit, families=families) + body + "\n" + FOOTER
 
 
+def _is_component(name: str) -> bool:
+    return name.removeprefix("lora_") in MODEL_TYPES
+
+
 def skeleton(path: Path) -> str:
-    """A builder file reduced to what read_builders reads: imports, aliases, each function's
-    signature and its return call (component builders: the signature alone)."""
+    """A builder file reduced to what read_builders reads: its imports from torchtune.models, its
+    aliases, each full builder's return call with its literal arguments (the lora_ builders, which
+    table() checks have the same shapes, are left out; component builders: the decoders' signatures)."""
     tree = ast.parse(path.read_text())
+    components = path.name == "_component_builders.py"
     keep = []
     for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchtune.models."):
             keep.append(node)
         elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             keep.append(node)
         elif isinstance(node, ast.FunctionDef):
             call = _return_call(node)
-            node.body = [ast.Return(call)] if call is not None and path.name == "_model_builders.py" else [
-                ast.Expr(ast.Constant(...))]
+            if components and _is_component(node.name):
+                node.body = [ast.Expr(ast.Constant(...))]
+            elif not components and call is not None and call.func.id in MODEL_TYPES:  # lora_ builders: same shapes
+                call.keywords = [k for k in call.keywords if _literal(k.value) is not _NOT_LITERAL]
+                call.args = []
+                node.body = [ast.Return(call)]
+                node.args = ast.arguments([], [], None, [], [], None, [])
+            else:
+                continue
             node.returns = None
             node.decorator_list = []
             for arg in node.args.args + node.args.kwonlyargs:
@@ -257,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commit", default="bd2a0fc7c31430972728494fa01aaeeb0ebf1ba1")
     parser.add_argument("--skeleton", type=Path, help="write the named families' files, cut down, here")
     parser.add_argument("families", nargs="*")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.skeleton:
         for family in args.families:
             for stem in ("_model_builders.py", "_component_builders.py"):
