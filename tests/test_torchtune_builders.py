@@ -11,6 +11,7 @@ import pytest
 
 from estimator import ConfigError, estimate_config
 from estimator.importers import estimate_imported, import_config
+from estimator.importers.emit_torchtune import emit_torchtune
 from estimator.importers.torchtune import BUILDERS as PRESETS
 from estimator.importers.torchtune_models import BUILDERS, COMMIT, builder_config
 from validation import torchtune_builders as generator
@@ -120,11 +121,26 @@ def test_stock_qwen2_5_lora_recipe():
     assert "qwen2_5/_model_builders.py at commit bd2a0fc7c314" in read[0]["note"]
 
 
+def test_an_imported_builder_is_written_back_by_its_name():
+    result = import_config((LAUNCH / "qwen2_5_1.5B_lora.yaml").read_text(), gpus=8,
+                           overrides=("tokenizer.max_seq_len=2048",))
+    text = emit_torchtune(result.config)  # read back through the importer to the same configuration
+    assert "  _component_: torchtune.models.qwen2_5.lora_qwen2_5_1_5b_instruct\n" in text
+
+
 def test_stock_gemma2_qlora_recipe_estimates():
     result = import_config((LAUNCH / "gemma2_2B_qlora_single_device.yaml").read_text(),
                            overrides=("tokenizer.max_seq_len=2048",))
     assert result.config["training"]["adapter"]["method"] == "qlora"
     assert estimate_imported(result).to_json()["parameters"]["total"] == 2_614_341_888
+
+
+@pytest.mark.parametrize("builder", sorted(PRESETS))
+def test_each_bundled_preset_has_its_builders_parameter_count(builder):
+    _, config = builder_config(builder)
+    counts = [estimate_config({"model": model, "training": {"seq_len": 2048}}).to_json()["parameters"]["total"]
+              for model in ({**config, "_name_or_path": builder}, PRESETS[builder])]
+    assert counts[0] == counts[1]
 
 
 def test_a_bundled_preset_still_wins():
