@@ -8,6 +8,8 @@ read ``batch_size``, ``gradient_accumulation_steps``, ``dtype``, ``enable_activa
 ``model``, ``optimizer`` and ``loss`` components; the model builders' LoRA arguments have the
 defaults of ``torchtune/models/*/_component_builders.py`` (rank 8, alpha 16, no MLP, no output).
 One GPU unless ``--gpus`` says more (the distributed recipes shard with FSDP2 over all of them).
+The model: a bundled preset for the builders in `BUILDERS`, else the config.json of the builder's
+shapes as torchtune's own ``_model_builders.py`` build it (`torchtune_models.py`, at its commit).
 """
 
 from __future__ import annotations
