@@ -10,6 +10,7 @@ import re
 from ..spec.errors import ConfigError
 from .emit_check import verified
 from .torchtune import BUILDERS
+from .torchtune_models import BUILDERS as BUILDER_CONFIGS
 
 # our optimizers -> torchtune's optimizer components (the `torchtune` importer's _OPTIMIZERS backwards)
 _OPTIMIZERS = {"adamw": "torch.optim.AdamW", "adam8bit": "torchao.optim.AdamW8bit", "sgd": "torch.optim.SGD",
@@ -65,17 +66,25 @@ def _recipe(tr, par) -> str:
 
 def _builder(cfg) -> str:
     """torchtune's builder for the model: the one whose name spells the preset's (llama3_1_8b for
-    llama-3.1-8b), else the first with its shapes; with an adapter, its lora_/qlora_ variant."""
+    llama-3.1-8b), else the first with its shapes; a config.json model: the builder (torchtune_models.py)
+    whose config.json it is, the one it names first; with an adapter, its lora_/qlora_ variant."""
+    adapter = cfg.training.adapter
+    prefix = "" if adapter is None else "qlora_" if adapter.method == "qlora" else "lora_"
+    if isinstance(cfg.model, dict):
+        shape = {k: v for k, v in cfg.model.items() if k != "_name_or_path"}
+        names = sorted((b != cfg.model.get("_name_or_path"), b) for b, (_, c) in BUILDER_CONFIGS.items() if c == shape)
+        if names:
+            name = names[0][1]
+            return f"torchtune.models.{BUILDER_CONFIGS[name][0]}.{prefix}{name}"
     preset = cfg.model if isinstance(cfg.model, str) else None
     names = [b for b, p in BUILDERS.items() if p == preset]
     if not names:
         raise ConfigError("model", preset or "{...}", "a model torchtune builds: " + ", ".join(sorted(set(
-            BUILDERS.values()))), "torchtune has no builder for it")
+            BUILDERS.values()))) + ", or the config.json of one of its builders (torchtune_models.py)",
+            "torchtune has no builder for it")
     spelled = re.sub(r"[^a-z0-9]", "", preset)
     name = next((b for b in names if b.replace("_", "").startswith(spelled)), names[0])
     module = re.sub(r"_\d+b(?:_[a-z]+)?$", "", name)
-    adapter = cfg.training.adapter
-    prefix = "" if adapter is None else "qlora_" if adapter.method == "qlora" else "lora_"
     return f"torchtune.models.{module}.{prefix}{name}"
 
 

@@ -1,0 +1,10 @@
+from torchtune.models.llama3._component_builders import llama3, lora_llama3
+from torchtune.models.llama3._tokenizer import Llama3Tokenizer
+
+def llama3_8b():
+    return llama3(vocab_size=128256, num_layers=32, num_heads=32, num_kv_heads=8, embed_dim=4096, max_seq_len=8192, intermediate_dim=14336, attn_dropout=0.0, norm_eps=1e-05, rope_base=500000)
+
+def llama3_70b():
+    return llama3(vocab_size=128256, num_layers=80, num_heads=64, num_kv_heads=8, embed_dim=8192, max_seq_len=8192, intermediate_dim=28672, attn_dropout=0.0, norm_eps=1e-05, rope_base=500000)
+qlora_llama3_8b = partial(lora_llama3_8b, quantize_base=True)
+qlora_llama3_70b = partial(lora_llama3_70b, quantize_base=True)
