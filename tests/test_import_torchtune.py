@@ -92,3 +92,23 @@ def test_grpo_maps_to_rl():
 def test_null_sequence_length_is_asked_for():
     with pytest.raises(ConfigError, match="tokenizer.max_seq_len"):
         imported("8B_qlora_single_device.yaml", overrides=())
+
+
+GENERATION = """model:
+  _component_: torchtune.models.llama3_2.llama3_2_1b
+tokenizer:
+  _component_: torchtune.models.llama3.llama3_tokenizer
+  max_seq_len: 2048
+prompt:
+  user: Tell me a joke.
+max_new_tokens: 300
+temperature: 0.6
+"""
+
+
+def test_a_config_without_an_optimizer_is_not_read_as_training():
+    """torchtune's generation, evaluation and quantization configs name no optimizer; they were estimated as AdamW
+    training steps with a note (16 of the stock configs at bd2a0fc7c314). Refused, naming why."""
+    with pytest.raises(ConfigError) as err:
+        import_config(GENERATION, "torchtune", gpus=1)
+    assert err.value.field == "optimizer" and "generation, evaluation or quantization" in str(err.value)

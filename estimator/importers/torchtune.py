@@ -171,6 +171,10 @@ def _training(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, gpus: int | No
     if doc.get("optimizer_in_bwd", False):
         build.set("training.optimizer_in_backward", True, "optimizer_in_bwd", True)
     optimizer = doc.get("optimizer._component_")
+    if optimizer is None and not any(k == "optimizer" or k.startswith("optimizer.") for k in doc.flat):
+        raise ConfigError("optimizer", None, "a training recipe's config (its optimizer component)",
+                          "a config without one is a generation, evaluation or quantization recipe's: this estimate "
+                          "reads training steps")
     if optimizer not in _OPTIMIZERS:
         ledger.not_modelled("optimizer._component_", optimizer, "estimated as AdamW")
     elif _OPTIMIZERS[optimizer] != "adamw":
