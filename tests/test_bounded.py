@@ -375,3 +375,42 @@ def _walk_with(monkeypatch, part, holds) -> int:
         for held in holds:
             m.delitem(memo._HELD, id(held))
         return memo.deep_bytes(part)
+
+
+def _deep(framework: str, layers: int, parallel: dict, batch: int = 8) -> dict:
+    return {"model": {"hidden_size": 256, "num_layers": layers, "num_attention_heads": 4, "intermediate_size": 512,
+                      "vocab_size": 1024},
+            "training": {"framework": framework, "seq_len": 128, "global_batch_size": batch}, "parallel": parallel}
+
+
+@pytest.mark.parametrize("framework, parallel", [("hf", {"dp": 8}), ("deepspeed", {"dp": 8, "zero_stage": 3}),
+                                                 ("megatron", {"dp": 8, "zero_stage": 1})])
+def test_the_allocator_replays_walk_a_bounded_number_of_layers(framework, parallel):
+    """Each replay walks every layer's requests in Python (a 4,096-layer stage: 10 s for the HF Trainer's, 15 s under
+    ZeRO-3, 45 s over Megatron's eight optimizer ranks, found by fuzzing the CLI), and the public server answers an
+    estimate inline: a stage deeper than reserved.MAX_REPLAYED_LAYERS takes the flat share and says why."""
+    from estimator import estimate_config
+    from estimator.memory.reserved import MAX_REPLAYED_LAYERS
+
+    assert MAX_REPLAYED_LAYERS == 1024  # eight times the deepest published decoder (Llama 3.1 405B, 126 layers)
+    deep = estimate_config(_deep(framework, MAX_REPLAYED_LAYERS + 1, parallel)).stages[0].component("fragmentation")
+    assert deep.formula.endswith("a stage of 1,025 layers (the replay walks at most 1,024)")
+    assert "replayed" in estimate_config(_deep(framework, 8, parallel)).stages[0].component("fragmentation").formula
+
+
+def test_megatrons_replay_walks_fewer_ranks_of_a_deep_stage():
+    """Under the distributed optimizer the replay walks each data-parallel rank's cut of the main parameters, up to
+    8 ranks and 64 micro-batches over them, and at most MAX_LAYER_WALKS layers x micro-batches: 512 layers x 8
+    micro-batches leave 2 ranks (the first and the last), 8 layers all 8."""
+    from estimator.memory import megatron_replay
+    from estimator.memory.resolved import resolve
+    from estimator.models.loading import load_config
+
+    def ranks(layers: int) -> list[int]:
+        c = load_config(_deep("megatron", layers, {"dp": 8, "zero_stage": 1}, batch=64))
+        cfg = resolve(c.architecture, c.training, c.parallel, c.hardware)
+        assert cfg.microbatches == 8
+        return megatron_replay._ranks(cfg)
+
+    assert megatron_replay.MAX_LAYER_WALKS == 8192
+    assert ranks(8) == list(range(8)) and ranks(512) == [0, 7] and ranks(1024) == [0]

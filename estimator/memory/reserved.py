@@ -111,11 +111,26 @@ FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and rec
                    "estimate's)")
 
 
+# the most layers a stage's replay walks: each layer's requests are replayed in Python, about 1 ms a layer for the HF
+# Trainer's two steps and up to 3 ms under DeepSpeed's ZeRO-3, and one estimate is answered inline by the public
+# server; the deepest published decoders have under 130 layers (Llama 3.1 405B 126)
+MAX_REPLAYED_LAYERS = 1024
+
+
+def too_deep(cfg) -> str | None:
+    """Why a stage is too deep to replay (None: it is not)."""
+    layers = max((len(sp.layer_indices) for sp in cfg.stages), default=cfg.architecture.num_layers)
+    return (f"a stage of {layers:,} layers (the replay walks at most {MAX_REPLAYED_LAYERS:,})"
+            if layers > MAX_REPLAYED_LAYERS else None)
+
+
 def replay_rule(cfg) -> str | None:
     """Why the replay does not apply to this configuration (None: it does). The replay builds the HF
     Trainer's order of allocations, on one GPU's full set of weights, with default or expandable segments."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
+    deep = too_deep(cfg)
     checks = (
+        (deep is not None, deep),
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (training.framework != "hf", f"{training.framework}'s order of allocations is not modelled"),
         (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),
