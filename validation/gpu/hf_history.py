@@ -142,8 +142,10 @@ def compare(path: Path) -> list[str]:
 
 def record(case_id: str, frames: bool = True) -> dict:
     """Build and two steps of the case on the GPU as measure.measure runs them, the history from before the build.
-    Without `frames` the history keeps no stacks: torch 2.11's Python stack capture inside a checkpoint's recompute
-    made Falcon-7B's dropout fail on the H200 ("returned NULL without setting an exception")."""
+    Without `frames` the history keeps no stacks: torch 2.11's Python stack capture loses the exception
+    non-reentrant checkpointing raises to stop a recomputation early (pytorch/pytorch#179536, as for ZeRO-3 in
+    deepspeed_step.py): Falcon-7B's and Phi-3's dropout under recompute failed on the H200 ("returned NULL without
+    setting an exception")."""
     import gc
 
     import torch
