@@ -358,3 +358,22 @@ def test_a_pipeline_stage_of_recurrent_layers_only_is_refused():
     assert estimate_sglang(arch, serving, Parallel(tp=1, pp=4), Hardware(gpu="l40s")).starts  # one in each stage
     plan = serve_plan(arch, serving, Hardware(gpu="l40s"), 1, 1024, None, 8, 100)
     assert plan.options and all(o.parallel.pp < 8 for o in plan.options)
+
+
+def test_a_fraction_above_sglangs_own_default_says_what_it_leaves():
+    """Qwen3-235B-A22B in FP8 on 4 H100s with mem_fraction_static 0.93, as in vllm-project/vllm#21348's SGLang run:
+    the static share leaves 7% of the memory free before loading (after the CUDA context and the TP group's
+    buffers) for activations and CUDA graphs, where SGLang's own default fraction keeps its reservation there (512 +
+    1.5 x 8,192 + 4 / 8 x 1,024 MiB for activations, 1.45 GiB for graphs): the estimate says so. Its default
+    fraction leaves the reservation and says nothing."""
+    arch, hf = get_architecture("qwen3-235b-a22b"), get_hf_config("qwen3-235b-a22b")
+    given = estimate_sglang(arch, Serving(engine="sglang", mem_fraction_static=0.93, weight_format="fp8"),
+                            Parallel(tp=4), Hardware(gpu="h100-80"), hf)
+    groups = given.stages[0].components[0]
+    assert groups.label.startswith("Process groups")
+    pre = given.total_bytes - given.context_bytes - groups.bytes  # free before loading
+    note = next(n for n in given.notes if "leaves" in n)
+    assert f"leaves {(pre - int(pre * 0.93)) / 2**30:.2f} GiB outside the static share" in note
+    assert (512 + 1.5 * 8192 + 4 / 8 * 1024) / 1024 == 13.0 and "less than the 14.45 GiB" in note  # + 1.45 graphs
+    default = estimate_sglang(arch, Serving(engine="sglang", weight_format="fp8"), Parallel(tp=4), Hardware(gpu="h100-80"), hf)
+    assert not any("leaves" in n for n in default.notes)

@@ -38,6 +38,7 @@ from .sglang_dist_init import held_before_load
 from .weights import stage_weights
 
 MiB = 1024**2
+GiB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -234,11 +235,17 @@ def estimate_sglang(arch: Architecture, serving: Serving, par: Parallel, hardwar
                                    max_concurrency=concurrency, blocks_per_request=-(-max_len // page))
     longest = min(tokens, context or tokens)
     device_total = gpu.cuda_context_bytes + groups.bytes + static + int(reserve * MiB)
+    outside = gpu.capacity_bytes - (gpu.cuda_context_bytes + groups.bytes + static)  # what the static share leaves
+    short = (f"SGLang: mem_fraction_static {fraction:g} leaves {outside / GiB:.2f} GiB outside the static share, "
+             f"less than the {reserve / 1024:.2f} GiB SGLang's own default keeps there for activations and CUDA graphs "
+             "(server_args.py: the reservation its default fraction is made from): the device total is above the GPU, "
+             "and a full chunked prefill or the largest graph batch may run out of memory; lower the fraction or "
+             "chunked_prefill_size",) if serving.mem_fraction_static and outside < reserve * MiB else ()
     shared = (serving.shared_prefix_tokens or 0) // page * page  # the radix cache shares whole pages
     effective = (min((tokens - shared) / (max_len - shared), running) if 0 < shared < max_len else concurrency)
     return ServingEstimate("sglang", serving.engine_version or rules.label, resolved, static, gpu.capacity_bytes,
                            tuple(stages), limiting, capacity, longest, device_total, effective,
-                           gpu.cuda_context_bytes, _notes(fraction, running, pool, serving) + (pc.note,)
+                           gpu.cuda_context_bytes, _notes(fraction, running, pool, serving) + short + (pc.note,)
                            + ((groups.note,) if groups.note else ()))
 
 
