@@ -44,7 +44,7 @@ def test_readme_links_the_reference():
 @pytest.mark.parametrize("make, value, words", [
     (lambda v: Parallel(zero_stage=v), 1.0, "one of 0, 1, 2, 3"),  # ints must be ints
     (lambda v: Parallel(tp=v), True, "an integer from 1 to 65,536"),
-    (lambda v: Architecture(**{**LLAMA, "norms_per_layer": v}), True, "an integer from 0 to 16"),
+    (lambda v: Architecture(**{**LLAMA, "norms_per_layer": v}), True, "an integer from 1 to 16"),
     (lambda v: Training(moe_capacity_factor=v), math.nan, "a number from 1 to 256"),
     (lambda v: Training(moe_capacity_factor=v), math.inf, "a number from 1 to 256"),
     (lambda v: Training(moe_capacity_factor=v), 1e308, "a number from 1 to 256"),
