@@ -181,3 +181,36 @@ def test_the_trainers_paged_optimizers_are_paged(optim, ours):
     assert with_ds.config["training"].get("optimizer", "adamw") == {"paged_adamw8bit": "adam8bit",
                                                                    "paged_adamw": "adamw"}[ours]
     assert any(s.name == "optim" and "paged states under deepspeed" in s.note for s in with_ds.unsupported)
+
+
+FSDP_ARGS = """model_name_or_path: meta-llama/Llama-3.1-8B
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 1
+max_length: 2048
+bf16: true
+fsdp: {fsdp}
+fsdp_config:
+  version: {version}
+"""
+
+
+@pytest.mark.parametrize("fsdp, version, framework, parallel", [
+    ("full_shard auto_wrap", 1, "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "FULL_SHARD"}),
+    ("shard_grad_op auto_wrap", 1, "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
+    ("hybrid_shard auto_wrap", 1, "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "HYBRID_SHARD"}),
+    ("full_shard auto_wrap", 2, "fsdp2", {"dp": 8}),
+    # transformers maps SHARD_GRAD_OP to FSDP2's reshard_after_forward False (ZeRO-2's layout)
+    ("shard_grad_op auto_wrap", 2, "fsdp2", {"dp": 8, "zero_stage": 2}),
+])
+def test_the_fsdp_option_strings_sharding(fsdp, version, framework, parallel):
+    """TrainingArguments.fsdp's sharding option (FSDPOption) was read only as 'FSDP on': FSDP1 took FULL_SHARD
+    whatever it said. Now FSDP1's strategy, FSDP2's reshard under shard_grad_op."""
+    result = import_config(FSDP_ARGS.format(fsdp=fsdp, version=version), "hf", gpus=8)
+    assert result.config["training"]["framework"] == framework
+    assert result.config["parallel"] == parallel
+
+
+def test_the_fsdp_option_strings_offload():
+    result = import_config(FSDP_ARGS.format(fsdp="full_shard offload auto_wrap", version=2), "hf", gpus=8)
+    training = result.config["training"]
+    assert (training["offload_optimizer"], training["offload_parameters"]) == ("cpu", "cpu")

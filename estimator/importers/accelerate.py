@@ -126,6 +126,9 @@ def _fsdp(acc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> str:
 
 # torch's ShardingStrategy by name or by value, as accelerate 1.15 FullyShardedDataParallelPlugin takes it
 FSDP1_STRATEGY_NAMES = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}
+# TrainingArguments.fsdp's sharding options (transformers trainer_utils FSDPOption), as axolotl's `fsdp` list too
+FSDP_OPTIONS = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "hybrid_shard": "HYBRID_SHARD",
+                "no_shard": "NO_SHARD"}
 
 
 def _fsdp1_strategy(acc: FlatDoc, strategy, build: ConfigBuilder) -> None:

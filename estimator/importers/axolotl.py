@@ -14,7 +14,7 @@ import re
 
 from ..spec.errors import ConfigError
 from ..spec.choices import FSDP1_STRATEGIES
-from .accelerate import FSDP1_STRATEGY_NAMES
+from .accelerate import FSDP1_STRATEGY_NAMES, FSDP_OPTIONS
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets, trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
@@ -131,9 +131,6 @@ def _distributed(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
                 build.set("training.recompute", "full", key, True)
 
 
-# the legacy `fsdp` list's sharding options (TrainingArguments.fsdp's FSDPOption names)
-_FSDP_OPTIONS = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "hybrid_shard": "HYBRID_SHARD",
-                 "no_shard": "NO_SHARD"}
 _OFFLOAD_KEYS = ("fsdp_config.offload_params", "fsdp_config.fsdp_offload_params")
 
 
@@ -180,7 +177,7 @@ def _fsdp1_strategy(doc: FlatDoc, options: list, ledger: Ledger) -> tuple[str, s
     list's option; None: FULL_SHARD, the default (memory/fsdp1.py). HYBRID_SHARD shards within a node
     (fsdp_shard_group_size's default, 8)."""
     for option in options:
-        if str(option) not in (*_FSDP_OPTIONS, "auto_wrap", "offload"):
+        if str(option) not in (*FSDP_OPTIONS, "auto_wrap", "offload"):
             ledger.not_modelled("fsdp", option, "an FSDP option the estimate does not model")
     for key in ("fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy"):
         if doc.given(key):
@@ -189,5 +186,5 @@ def _fsdp1_strategy(doc: FlatDoc, options: list, ledger: Ledger) -> tuple[str, s
             if name not in FSDP1_STRATEGIES:
                 raise ConfigError(key, doc.get(key), ", ".join(FSDP1_STRATEGIES) + " (or 1-4)")
             return key, name, doc.get(key)
-    chosen = [o for o in options if str(o) in _FSDP_OPTIONS]
-    return ("fsdp", _FSDP_OPTIONS[str(chosen[0])], chosen[0]) if chosen else None
+    chosen = [o for o in options if str(o) in FSDP_OPTIONS]
+    return ("fsdp", FSDP_OPTIONS[str(chosen[0])], chosen[0]) if chosen else None

@@ -15,6 +15,7 @@ import re
 from ..spec.choices import FRAMEWORKS
 from . import deepspeed, hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
+from .accelerate import FSDP_OPTIONS
 from .finetune import deepspeed_by_name
 from .result import Imported, Ledger
 
@@ -48,7 +49,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     elif ds:
         framework = "deepspeed" if deepspeed_by_name(ds, "deepspeed", build, ledger) else "hf"
     elif args.get("fsdp"):
-        framework = _fsdp(fsdp, build, ledger)
+        framework = _fsdp(fsdp, args.get("fsdp"), build, ledger)
     else:
         framework = "hf"
         if fsdp is not None:
@@ -69,16 +70,30 @@ def _inline_deepspeed(ds: dict, args: FlatDoc, build: ConfigBuilder, ledger: Led
     return None if value in (None, "auto") else to_int("train_micro_batch_size_per_gpu", value, 1)
 
 
-def _fsdp(options: object, build: ConfigBuilder, ledger: Ledger) -> str:
-    """fsdp_config of TrainingArguments (transformers 5.23.0: version 2 unless 1)."""
+def _fsdp(options: object, given: object, build: ConfigBuilder, ledger: Ledger) -> str:
+    """fsdp_config of TrainingArguments (transformers 5.23.0: version 2 unless 1) and the `fsdp` option string's
+    sharding (FSDPOption: full_shard, shard_grad_op, hybrid_shard, no_shard): FSDP1's strategy, or FSDP2's
+    reshard_after_forward False under shard_grad_op."""
     config = FlatDoc(options if isinstance(options, dict) else {}, "fsdp_config")
     if options is not None and not isinstance(options, dict):
         ledger.not_modelled("fsdp_config", options, "a file this importer does not read; its defaults assumed")
     version = to_int("fsdp_config.version", config.get("version", 2), 1)
     framework = "fsdp2" if version == 2 or "fsdp1" not in FRAMEWORKS else "fsdp1"
     build.set("training.framework", framework, "fsdp", True, why=f"FSDP version {version}")
-    if config.get("reshard_after_forward", True) is False:
-        build.set("parallel.zero_stage", 2, "fsdp_config.reshard_after_forward", False)
+    words = given.split() if isinstance(given, str) else [str(w) for w in given] if isinstance(given, list) else []
+    strategy = next((FSDP_OPTIONS[w] for w in words if w in FSDP_OPTIONS), None)
+    if framework == "fsdp1" and strategy:
+        build.set("parallel.fsdp_sharding_strategy", strategy, "fsdp", given)
+    elif strategy == "HYBRID_SHARD":
+        ledger.not_modelled("fsdp", given, "HSDP (sharded within a node, replicated across): estimated sharded over "
+                            "all GPUs")
+    if "offload" in words and not config.get("cpu_offload"):
+        build.set("training.offload_optimizer", "cpu", "fsdp", given)
+        build.put("training.offload_parameters", "cpu")
+    if config.get("reshard_after_forward", True) is False or (framework == "fsdp2" and strategy == "SHARD_GRAD_OP"):
+        build.set("parallel.zero_stage", 2, "fsdp_config.reshard_after_forward"
+                  if config.get("reshard_after_forward", True) is False else "fsdp", False
+                  if config.get("reshard_after_forward", True) is False else given)
     if config.get("cpu_offload"):
         build.set("training.offload_optimizer", "cpu", "fsdp_config.cpu_offload", True)
         build.put("training.offload_parameters", "cpu")
