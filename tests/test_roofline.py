@@ -541,3 +541,20 @@ def test_cli_roofline_bad_input(tmp_path, parallel):
 def test_gpu_catalog_figures_used_here():
     assert (GPUS["h100-80"].bf16_flops, GPUS["h100-80"].memory_bandwidth) == (989e12, 3.35e12)
     assert (GPUS["a100-80"].bf16_flops, GPUS["a100-80"].memory_bandwidth) == (312e12, 2.039e12)
+
+
+def test_the_operator_level_policys_flop_share_of_an_moe_only_block():
+    """torchtitan's operator-level policy recomputes a block's even matmuls (memory/activations/recompute.py); the
+    roofline asks for their FLOP share whatever the layout, and an MoE-only decoder (Qwen3-30B-A3B: no dense MLP)
+    had no MLP width (a traceback in the planner, found by fuzzing `plan`). Its routed experts' active width stands
+    for it: 768 x top-8 = 6,144. Of q (2048 x 4096), k, v (2048 x 512 each), o (4096 x 2048), w1, w3 (2048 x 6144)
+    and w2 (6144 x 2048), k, o and w3 run again: 22,020,096 of 56,623,104 = 7/18."""
+    from estimator.memory.activations.recompute import op_level_recomputed_matmul_share
+    from estimator.models.presets import get_architecture
+
+    arch = get_architecture("qwen3-30b-a3b")
+    assert arch.intermediate_size is None and (arch.moe_intermediate_size, arch.num_experts_per_token) == (768, 8)
+    recomputed = 2048 * 512 + 4096 * 2048 + 2048 * 6144
+    total = 2048 * 4096 + 2 * 2048 * 512 + 4096 * 2048 + 2 * 2048 * 6144 + 6144 * 2048
+    assert (recomputed, total) == (22_020_096, 56_623_104)
+    assert op_level_recomputed_matmul_share(arch) == pytest.approx(7 / 18, rel=1e-12)

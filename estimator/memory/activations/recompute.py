@@ -35,12 +35,19 @@ class BlockGemm(NamedTuple):
     saved: bool  # the operator-level policy keeps its output
 
 
+def _mlp_width(arch: Architecture) -> int:
+    """The block's MLP width; an MoE-only decoder has no dense one, so its routed experts' active width per token
+    stands for it in the FLOP share (the roofline asks for the share whatever the layout; what the policy saves of
+    MoE layers is not modelled: resolved.py refuses selective recompute there)."""
+    return arch.intermediate_size or (arch.moe_intermediate_size or 0) * (arch.num_experts_per_token or 0)
+
+
 def op_level_gemms(arch: Architecture) -> list[BlockGemm]:
     """A dense block's matmuls in the order torchtitan runs them: the policy counts mm calls per
     block from 1 and recomputes the even ones. Attention: wq, wk, wv, wo; FeedForward
     w2(silu(w1(x)) * w3(x)) runs w1, w3, w2; a plain MLP fc1, fc2."""
     h = arch.hidden_size
-    f = arch.intermediate_size
+    f = _mlp_width(arch)
     order = [("q projection", arch.q_width, "a*d_head", False), ("k projection", arch.kv_width, "g*d_head", False),
              ("v projection", arch.kv_width, "g*d_head", False), ("output projection", h, "h", True)]
     if arch.gated_mlp:
@@ -100,7 +107,7 @@ def op_level_recomputed_matmul_share(arch: Architecture) -> float:
     even matmuls; the roofline's recompute time)."""
     gemms = op_level_gemms(arch)
     width_in = {g.name: (arch.attention_output_width if g.name == "output projection" else
-                         arch.intermediate_size if g.row_parallel else arch.hidden_size) for g in gemms}
+                         _mlp_width(arch) if g.row_parallel else arch.hidden_size) for g in gemms}
     flops = {g.name: width_in[g.name] * g.width for g in gemms}
     return sum(flops[g.name] for g in gemms if not g.saved) / sum(flops.values())
 
