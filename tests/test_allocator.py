@@ -1019,3 +1019,25 @@ def test_falcons_own_layer_is_falcons_gelu_mlp_only():
     assert estimate_config(gated).reserved_peak_bytes > estimate_config(gated).allocated_peak_bytes
     assert program(dataclasses.replace(cfg, architecture=dataclasses.replace(
         cfg.architecture, num_experts=8, num_experts_per_token=2, moe_intermediate_size=1024))) is None
+
+
+def test_empty_cache_gives_back_the_whole_free_segments_only():
+    """torch.cuda.empty_cache (CUDACachingAllocator.cpp release_cached_blocks -> release_blocks): a free block that is
+    a whole segment goes back to the driver; a segment holding a live block stays, its free rest cached. By hand:
+    two 30 MiB requests (a segment each: over 10 MiB, rounded to 2 MiB), a 4 MiB one (a 20 MiB segment, split), the
+    first and the 4 MiB freed: empty_cache gives back the first 30 MiB segment and the 20 MiB one."""
+    from estimator.memory.allocator import EMPTY_CACHE, CachingAllocator, replay
+    a = CachingAllocator()
+    first, second, small = a.malloc(30 * MiB), a.malloc(30 * MiB), a.malloc(4 * MiB)
+    assert (a.reserved, a.segments) == (80 * MiB, 3)
+    a.free(first)
+    a.free(small)
+    a.empty_cache()
+    assert (a.reserved, a.segments, a.reserved_peak) == (30 * MiB, 1, 80 * MiB)
+    again = a.malloc(4 * MiB)  # no cached block left: a new 20 MiB segment
+    assert (a.reserved, a.segments) == (50 * MiB, 2) and again not in (first, small)
+    # replay's EMPTY_CACHE event: a 30 MiB segment freed and given back before a 40 MiB request, 40 MiB reserved at
+    # the peak; cached instead, 70
+    events = [(1, 30 * MiB), (1, -30 * MiB), (EMPTY_CACHE, 0), (2, 40 * MiB)]
+    assert replay(events).reserved_peak == 40 * MiB
+    assert replay([e for e in events if e[0] is not EMPTY_CACHE]).reserved_peak == 70 * MiB

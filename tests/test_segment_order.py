@@ -96,24 +96,31 @@ HISTORIES = {
     "llama-3.1-8b-lora-r64-alllinear-recompute-drop05-s8192-b1": 36_467_376_128,
     "llama-3.2-1b-amp-adamw-norecompute-sdpa-s2048-b1": 29_026_680_832,
     "llama-3.2-1b-bf16-adamw-recompute-sdpa-s4096-b2-expandable": 24_668_798_976,
+    "llama-3.2-1b-bf16-paged_adamw-norecompute-sdpa-s2048-b1": 10_898_898_944,
+    "llama-3.2-1b-bf16-paged_adamw8bit-norecompute-sdpa-s2048-b1": 10_928_259_072,
     "llama-3.2-1b-lora-r16-qv-recompute-drop00-s4096-b1-eager": 15_575_547_904,
     "phi-3-mini-8layers-bf16-adamw-recompute-sdpa-s8192-b2-drop10": 16_437_477_376,
     "pythia-1.4b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": 15_355_346_944,
     "qwen2.5-0.5b-amp-adamw-norecompute-sdpa-s8192-b2-liger": 29_567_746_048,
     "qwen2.5-0.5b-amp-adamw-recompute-sdpa-s4096-b1": 17_507_024_896,
+    "qwen2.5-7b-qlora-bnb-r64-all7-recompute-drop00-s4096-b2": 30_949_769_216,
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2-drop10": 18_656_264_192,
     "starcoder2-3b-8layers-bf16-adamw-norecompute-sdpa-s4096-b2": 18_203_279_360,
 }
 # Falcon-7B with recompute (its history without stacks: torch 2.11's stack capture failed inside the checkpoint's
-# dropout) replays 2 MiB under descending, exactly ascending: one small-pool segment placed differently.
-DESCENDING_SHORT = {"falcon-7b-8layers-bf16-adamw-recompute-eager-s4096-b1-drop10": 2 * MiB}
+# dropout) replays 2 MiB under descending, exactly ascending: one small-pool segment placed differently. QLoRA on
+# Qwen2.5-7B (bitsandbytes 0.48.2, the fourth session's second call) 2 MiB under either way; its build empties the
+# cache once, bitsandbytes quantizing the weights (96 segments, 11 GB, given back: allocator.replay's EMPTY_CACHE),
+# without which its replay is +28.8%.
+DESCENDING_SHORT = {"falcon-7b-8layers-bf16-adamw-recompute-eager-s4096-b1-drop10": 2 * MiB,
+                    "qwen2.5-7b-qlora-bnb-r64-all7-recompute-drop00-s4096-b2": 2 * MiB}
 
 
 @pytest.mark.parametrize("case", HISTORIES)
 def test_the_gpus_own_requests_replay_its_reserved_peak_with_descending_segments(case):
     """The GPU's own sequence of requests and frees, replayed through estimator/memory/allocator.py with each new
-    segment below the last, reaches the run's max_memory_reserved to the byte on 17 of the 18 runs (Falcon-7B with
-    recompute 2 MiB under). Ascending, nine of them miss (eight by more than 1%), from -12.1% (LoRA on Llama-3.2-1B with recompute and eager
+    segment below the last, reaches the run's max_memory_reserved to the byte on 19 of the 21 runs (Falcon-7B with
+    recompute and QLoRA on Qwen2.5-7B 2 MiB under). Ascending, ten of them miss (eight by more than 1%), from -12.1% (LoRA on Llama-3.2-1B with recompute and eager
     attention) to +6.6% (LoRA on Llama-3.1-8B saving the embedding and head): the allocator's rules are the
     GPU's, and the order of addresses is descending. The history is the GPU record's run (both peaks equal to the
     byte: the step is deterministic). Every segment of 1 GiB and more lies below the one made before it; smaller ones
@@ -142,5 +149,5 @@ def test_the_gpu_histories_ascending_misses():
     for case, ascending in HISTORIES.items():
         gpu = json.loads((MEASURED / "gpu" / f"{case}.json").read_text())["measured"]
         errors.append(ascending / gpu["reserved_peak_bytes"] - 1)
-    assert sum(abs(e) > 0.01 for e in errors) == 8
+    assert len(errors) == 21 and sum(abs(e) > 0.01 for e in errors) == 8
     assert round(min(errors), 4) == -0.1212 and round(max(errors), 4) == 0.0660

@@ -50,10 +50,10 @@ torch.cuda.memory_snapshot() lists segments by address (CUDACachingAllocator.cpp
 sequence makes them with descending addresses (tests/data/measured/allocator_order); so replayed, that sequence
 reaches the GPU's reserved peak to the byte on that run and its attention-dropout twin (-12.1% and -0.3%
 ascending), and the 39 recorded HF sequences with default segments (tests/data/measured/allocator) within 4.2% (12.7% ascending;
-tests/test_segment_order.py). The H200's own allocator histories of 18 HF runs (validation/gpu/hf_history.py,
+tests/test_segment_order.py). The H200's own allocator histories of 21 HF runs (validation/gpu/hf_history.py,
 tests/data/measured/gpu_history) confirm it: each segment of 1 GiB and more below the one made before, and the
-GPU's own requests replayed descending reach its reserved peak to the byte on 17 (the 18th 2 MiB under), where
-ascending eight miss by more than 1%. The estimate's replays keep ascending
+GPU's own requests replayed descending (with `empty_cache` where the run called it) reach its reserved peak to the
+byte on 19 (two 2 MiB under), where ascending eight miss by more than 1%. The estimate's replays keep ascending
 addresses: their sequences are not the recorded ones, and descending addresses move them as much either way
 (memory/reserved.py's note).
 """
@@ -146,6 +146,25 @@ class CachingAllocator:
         self.segments += 1
         self._grow(size)
         return block
+
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache: every free block that is a whole segment is given back to the driver
+        (CUDACachingAllocator.cpp release_cached_blocks -> release_blocks: blocks with neither prev nor next); a
+        segment holding any live block stays, split as it is. Default segments only (expandable segments unmap
+        their free pages instead: not replayed)."""
+        if self.expandable:
+            raise ValueError("empty_cache is replayed for default segments only")
+        for key, pool in self._free.items():
+            kept = []
+            for k in pool:
+                block = self._blocks[k & ADDRESS]
+                if block.prev is None and block.next is None:
+                    del self._blocks[block.addr]
+                    self.reserved -= block.size
+                    self.segments -= 1
+                else:
+                    kept.append(k)
+            self._free[key] = kept
 
     def _grow(self, size: int) -> None:
         self.reserved += size
@@ -417,13 +436,20 @@ def _closed_effect(group: Closed, pools: list[list[int]]) -> tuple[tuple[tuple[i
     return tuple(made), top
 
 
+EMPTY_CACHE = None  # replay's event key for torch.cuda.empty_cache()
+
+
 def replay(events, expandable: bool = False, descending: bool = False) -> CachingAllocator:
     """Replay (key, +bytes) / (key, -bytes) events: a key's first + allocates it, a later + grows it
-    (a storage `resize_`d: freed and allocated again at its new size), its - frees it. Returns the
-    allocator with its peaks. `descending`: segments' addresses (module docstring)."""
+    (a storage `resize_`d: freed and allocated again at its new size), its - frees it; the key EMPTY_CACHE
+    empties the cache. Returns the allocator with its peaks. `descending`: segments' addresses (module
+    docstring)."""
     allocator = CachingAllocator(expandable, descending)
     live: dict[int, tuple[int, int]] = {}  # key -> (address, bytes)
     for key, delta in events:
+        if key is EMPTY_CACHE:
+            allocator.empty_cache()
+            continue
         addr, size = live.pop(key, (None, 0))
         if addr is not None:
             allocator.free(addr)

@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from estimator.memory.allocator import EMPTY_CACHE
+
 ROOT = Path(__file__).resolve().parents[2]
 CPU_TRACES = ROOT / "tests/data/measured/allocator"
 TRACE_ENTRIES = 400_000  # torch's ring buffer; a 16-layer step's ~15,000 requests make ~45,000 entries
@@ -71,14 +73,18 @@ def compact(trace: list[dict]) -> dict:
 def requests(record: dict) -> list[tuple[int, int]]:
     """The history as (key, +/- bytes) events, the fake harness's form (validation/allocator_trace.py): one key per
     block made (an address taken again is a new key), freed at `free_completed` (free_requested alone returns
-    nothing to the pool); a free of a block made before the history began is left out."""
-    out, live, keys = [], {}, iter(range(1 << 62))
+    nothing to the pool); a free of a block made before the history began is left out; a run of segment frees is
+    an empty_cache (allocator.replay's EMPTY_CACHE event: the QLoRA build's, bitsandbytes' quantization)."""
+    out, live, keys, last = [], {}, iter(range(1 << 62)), None
     for action, addr, size, _stream, _where_ in record["events"]:
         if action == "alloc":
             live[addr] = next(keys)
             out.append((live[addr], size))
         elif action == "free_completed" and addr in live:
             out.append((live.pop(addr), -size))
+        elif action == "segment_free" and last != "segment_free":  # an empty_cache (one run of segment frees)
+            out.append((EMPTY_CACHE, 0))
+        last = action
     return out
 
 
