@@ -90,10 +90,10 @@ def _fsdp(options: object, given: object, build: ConfigBuilder, ledger: Ledger) 
     if "offload" in words and not config.get("cpu_offload"):
         build.set("training.offload_optimizer", "cpu", "fsdp", given)
         build.put("training.offload_parameters", "cpu")
-    if config.get("reshard_after_forward", True) is False or (framework == "fsdp2" and strategy == "SHARD_GRAD_OP"):
-        build.set("parallel.zero_stage", 2, "fsdp_config.reshard_after_forward"
-                  if config.get("reshard_after_forward", True) is False else "fsdp", False
-                  if config.get("reshard_after_forward", True) is False else given)
+    if config.get("reshard_after_forward", True) is False:
+        build.set("parallel.zero_stage", 2, "fsdp_config.reshard_after_forward", False)
+    elif framework == "fsdp2" and strategy == "SHARD_GRAD_OP":  # transformers: reshard_after_forward False
+        build.set("parallel.zero_stage", 2, "fsdp", given)
     if config.get("cpu_offload"):
         build.set("training.offload_optimizer", "cpu", "fsdp_config.cpu_offload", True)
         build.put("training.offload_parameters", "cpu")
