@@ -3,6 +3,7 @@ the projects' own accelerate configs, a DeepSpeed config from transformers' test
 recipes and a PEFT LoraConfig from PEFT's method comparison, each mapped to a JSON config written out
 here by hand, with equal estimates."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,21 @@ def test_auto_buckets_are_filled_as_transformers_fills_them():
     assert training["reduce_bucket_size"] == 4096 * 4096  # h x h, Qwen3-8B's hidden size 4096
     assert training["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)
     assert training["micro_batch_size"] == 2
+
+
+@pytest.mark.parametrize("value, read", [(5e8, 500_000_000), ("5e8", 500_000_000), (200000000, 200_000_000),
+                                         ("x", None), ([1], None), (1.5, None), (True, None), ("inf", None)])
+def test_a_bucket_size_is_a_whole_number_or_refused_by_name(value, read):
+    """JSON writes 5e8 as a float, and a bucket size given as a word, a list or a fraction raised a bare ValueError or
+    TypeError in the importer (an internal error; found by fuzzing DeepSpeed configs): now refused naming the key."""
+    ds = {"zero_optimization": {"stage": 3, "reduce_bucket_size": value}, "bf16": {"enabled": "auto"}}
+    args = '{"model_name_or_path": "Qwen/Qwen3-8B", "max_length": 2048, "per_device_train_batch_size": 2, "bf16": true}'
+    if read is None:
+        with pytest.raises(ConfigError) as err:
+            import_config(json.dumps(ds), gpus=4, training_args=args)
+        assert err.value.field == "zero_optimization.reduce_bucket_size"
+    else:
+        assert import_config(json.dumps(ds), gpus=4, training_args=args).config["training"]["reduce_bucket_size"] == read
 
 
 def test_contiguous_gradients_is_read_where_modelled():

@@ -14,7 +14,7 @@ import re
 
 from ..spec.errors import ConfigError
 from . import hf_trainer
-from .build import ConfigBuilder, FlatDoc, to_int
+from .build import ConfigBuilder, FlatDoc, to_float, to_int
 from .result import Imported, Ledger
 from .source import parse_json
 
@@ -157,7 +157,7 @@ def _zero(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
             build.set(path, auto(hidden), f"ds:zero_optimization.{key}", "auto",
                       why=f"filled as transformers fills it, hidden size {hidden}")
         else:
-            number = to_int(key, int(float(value)), 0)
+            number = to_int(f"zero_optimization.{key}", _whole(f"zero_optimization.{key}", value), 0)
             if number == 0:  # no bucket: gradients reduced (parameters fetched) one at a time
                 ledger.not_modelled(f"ds:zero_optimization.{key}", value, "0 (no bucket); estimated as a bucket of "
                                     "one element")
@@ -220,3 +220,13 @@ def _contiguous_gradients(ds: FlatDoc, build: ConfigBuilder, ledger: Ledger, sta
 def _hidden_size(model: str) -> int | None:
     from ..models.presets import get_architecture, preset_ids
     return get_architecture(model).hidden_size if model in preset_ids() else None
+
+
+def _whole(name: str, value: object) -> int | str:
+    """A DeepSpeed size as JSON writes it (5e8 is a float there) as an integer; anything else as given, for to_int
+    to refuse by name (a list, a word, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return str(value)
+    number = to_float(name, value)
+    return int(number) if number == int(number) else str(value)
+
