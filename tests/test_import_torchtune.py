@@ -112,3 +112,12 @@ def test_a_config_without_an_optimizer_is_not_read_as_training():
     with pytest.raises(ConfigError) as err:
         import_config(GENERATION, "torchtune", gpus=1)
     assert err.value.field == "optimizer" and "generation, evaluation or quantization" in str(err.value)
+
+
+def test_a_lora_number_that_is_not_one_is_refused_by_name():
+    """A LoRA alpha or dropout that is not a number went through float() bare (an internal error; found by fuzzing
+    the stock recipes): refused naming the key, as in the axolotl, LLaMA-Factory and Trainer importers."""
+    text = (DATA / "8B_qlora_single_device.yaml").read_text().replace("lora_dropout: 0.0", "lora_dropout: 0.=0")
+    with pytest.raises(ConfigError) as err:
+        import_config(text, "torchtune", gpus=1)
+    assert err.value.field == "model.lora_dropout" and "not a number" in str(err.value)

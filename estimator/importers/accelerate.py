@@ -48,7 +48,7 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = (), tr
     lora = hf_trainer.load_peft(peft)
     build = ConfigBuilder(ledger)
     kind = acc.get("distributed_type", "NO")
-    if kind not in _TYPES:
+    if not isinstance(kind, str) or kind not in _TYPES:  # a mapping or list would not hash
         raise ConfigError("distributed_type", kind, ", ".join(_TYPES))
     world = gpus or to_int("num_processes", acc.get("num_processes", 1), 1)
     if gpus is None:

@@ -15,7 +15,7 @@ import re
 from ..spec.errors import ConfigError
 from ..spec.choices import FSDP1_STRATEGIES
 from .accelerate import FSDP1_STRATEGY_NAMES, FSDP_OPTIONS
-from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
+from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_float, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets, trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .models import named_model
@@ -99,8 +99,8 @@ def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
                               "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or lora_target_linear")
     method = "qlora" if adapter == "qlora" or four else "dora" if doc.get("peft_use_dora") else "lora"
     spec = {"method": method, "rank": to_int("lora_r", doc.get("lora_r", 8), 1),
-            "alpha": float(doc.get("lora_alpha", 16)), "target_modules": chosen,
-            "dropout": float(doc.get("lora_dropout", 0.0))}
+            "alpha": to_float("lora_alpha", doc.get("lora_alpha", 16)), "target_modules": chosen,
+            "dropout": to_float("lora_dropout", doc.get("lora_dropout", 0.0))}
     if eight and method == "lora":
         spec["base_dtype"] = "int8"
     if doc.get("lora_modules_to_save"):

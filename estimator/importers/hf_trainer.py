@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from .build import ConfigBuilder, FlatDoc, to_int
+from .build import ConfigBuilder, FlatDoc, to_float, to_int
 from .finetune import trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS, TRL
 from .liger import trainer_liger
@@ -253,11 +253,13 @@ def _grpo(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, world: int) -> Non
                           "dataset; give it)", "missing")
     vllm = bool(doc.get("use_vllm", False))
     mode = doc.get("vllm_mode", "colocate")
+    beta = to_float("beta", doc.get("beta", 0.0))
+    fraction = to_float("vllm_gpu_memory_utilization", doc.get("vllm_gpu_memory_utilization", 0.3)) if vllm else None
     rl = {"algorithm": "grpo", "rollout_batch_size": batch // generations, "samples_per_prompt": generations,
           "max_prompt_len": to_int("max_prompt_length", prompt, 1),
           "max_response_len": to_int("max_completion_length", doc.get("max_completion_length", 256), 1),
-          "engine": "vllm", "reference_model": float(doc.get("beta", 0.0)) > 0, "offload_during_rollout": False,
-          "engine_memory_fraction": float(doc.get("vllm_gpu_memory_utilization", 0.3)) if vllm else None}
+          "engine": "vllm", "reference_model": beta > 0, "offload_during_rollout": False,
+          "engine_memory_fraction": fraction}
     if not vllm:
         ledger.not_modelled("use_vllm", False, "generation with the policy's own generate(); estimated as a colocated "
                                                "engine holding its own weights and every sequence's KV cache")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int, trainer_batch
+from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_float, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets, trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
 from .liger import liger_defaults
@@ -99,8 +99,8 @@ def _lora(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
                           "gate_proj, up_proj, down_proj")
     bits = doc.get("quantization_bit")
     spec = {"method": "qlora" if bits == 4 else "dora" if doc.get("use_dora") else "lora", "rank": rank,
-            "alpha": float(doc.get("lora_alpha") or 2 * rank), "target_modules": chosen,
-            "dropout": float(doc.get("lora_dropout", 0.0))}
+            "alpha": to_float("lora_alpha", doc.get("lora_alpha") or 2 * rank), "target_modules": chosen,
+            "dropout": to_float("lora_dropout", doc.get("lora_dropout", 0.0))}
     if bits == 8:
         spec["base_dtype"] = "int8"
     elif bits not in (None, 4):

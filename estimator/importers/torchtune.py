@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_int
+from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_float, to_int
 from .result import Imported, Ledger
 from .source import parse_yaml
 from .torchtune_models import COMMIT, builder_config
@@ -98,8 +98,8 @@ def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> dict | None:
                       f"hidden {config['hidden_size']}, vocabulary {config['vocab_size']}")
     else:
         raise ConfigError("model._component_", doc.flat.get("model._component_"),
-                          "a text-decoder builder of torchtune's llama2, llama3, llama3_1, llama3_2, llama3_3, mistral, "
-                          "qwen2, qwen2_5, qwen3, gemma, gemma2, phi3 or phi4 (plain, lora_ or qlora_)",
+                          "a text-decoder builder of torchtune's llama2, llama3, llama3_1, llama3_2, llama3_3, "
+                          "mistral, qwen2, qwen2_5, qwen3, gemma, gemma2, phi3 or phi4 (plain, lora_ or qlora_)",
                           "not a model this estimator knows (vision, Llama 4, reward and classifier builders and a "
                           "component builder with its own arguments are not read)")
     lora = m.group(1) is not None
@@ -123,8 +123,8 @@ def _adapter(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, qlora: bool) ->
     dora = doc.get("model.use_dora", False)
     adapter = {"method": "qlora" if quantize else "dora" if dora else "lora",
                "rank": to_int("model.lora_rank", doc.get("model.lora_rank", 8), 1),
-               "alpha": float(doc.get("model.lora_alpha", 16)), "target_modules": targets,
-               "dropout": float(doc.get("model.lora_dropout", 0.0))}
+               "alpha": to_float("model.lora_alpha", doc.get("model.lora_alpha", 16)), "target_modules": targets,
+               "dropout": to_float("model.lora_dropout", doc.get("model.lora_dropout", 0.0))}
     if quantize and dora:
         ledger.not_modelled("model.use_dora", True, "DoRA's magnitudes on an NF4 base; estimated as QLoRA")
     build.set("training.adapter", adapter, "model.lora_*", f"rank {adapter['rank']} on {', '.join(attn)}"
