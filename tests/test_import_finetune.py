@@ -127,3 +127,17 @@ def test_qualified_attention_targets_are_their_projections():
     assert targets("q_proj, v_proj") == ["q", "v"]
     assert targets(["self_attn.q_proj", "shared_expert.gate_proj"]) is None
     assert targets(["vision_model.q_proj"]) is None and targets(["c_attn"]) is None and targets([3]) is None
+
+
+def test_llama_factory_flash_attn_is_one_of_its_attention_functions():
+    """LLaMA-Factory's AttentionFunction (extras/constants.py): auto, disabled, sdpa, fa2, fa3. A list there was an
+    internal error (unhashable, found by fuzzing) and an unknown word was dropped silently: both refused by name;
+    fa3 (flash_attention_3) is estimated as flash attention, with a note."""
+    from estimator import ConfigError
+    text = (DATA / "llama-factory" / "qwen3_lora_sft.yaml").read_text()
+    for bad in ("[fa2]", "fa4"):
+        with pytest.raises(ConfigError) as err:
+            import_config(text + f"\nflash_attn: {bad}\n", "llama-factory", gpus=8, overrides=QWEN3_8B)
+        assert err.value.field == "flash_attn"
+    fa3 = import_config(text + "\nflash_attn: fa3\n", "llama-factory", gpus=8, overrides=QWEN3_8B)
+    assert [s.name for s in fa3.unsupported] == ["flash_attn"]

@@ -121,3 +121,13 @@ def test_a_lora_number_that_is_not_one_is_refused_by_name():
     with pytest.raises(ConfigError) as err:
         import_config(text, "torchtune", gpus=1)
     assert err.value.field == "model.lora_dropout" and "not a number" in str(err.value)
+
+
+def test_a_component_that_is_not_a_path_is_refused_by_name():
+    """An optimizer component written as a list was an internal error (unhashable; found by fuzzing)."""
+    text = (DATA / "8B_qlora_single_device.yaml").read_text()
+    text = text.replace("_component_: torch.optim.AdamW", "_component_: [1, 2]", 1)
+    assert "[1, 2]" in text
+    with pytest.raises(ConfigError) as err:
+        import_config(text, "torchtune", gpus=1, overrides=("tokenizer.max_seq_len=2048",))
+    assert err.value.field == "optimizer._component_"

@@ -26,7 +26,8 @@ from .yaml_keys import LLAMA_FACTORY
 
 KIND = "llama-factory"
 VERSION = "LLaMA-Factory v0.9.5"
-_FLASH_ATTN = {"fa2": "flash_attention_2", "sdpa": "sdpa"}
+# LLaMA-Factory's AttentionFunction (extras/constants.py: auto, disabled, sdpa, fa2, fa3) -> transformers' name
+_FLASH_ATTN = {"fa2": "flash_attention_2", "sdpa": "sdpa", "fa3": "flash_attention_3"}
 _OPTIM = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_8bit": "adam8bit",
           "adamw_bnb_8bit": "adam8bit", "paged_adamw_8bit": "paged_adamw8bit", "paged_adamw_32bit": "paged_adamw",
           "adafactor": "adafactor", "sgd": "sgd"}
@@ -77,6 +78,8 @@ def read(text: str, gpus: int | None = None, overrides: tuple[str, ...] = ()) ->
     # LLaMA-Factory model/model_utils/attention.py configure_attn_implementation: disabled = eager, fa2 and sdpa
     # name transformers' attn_implementation, auto leaves transformers' default (sdpa)
     flash = doc.get("flash_attn", "auto")
+    if not isinstance(flash, str) or flash not in ("auto", "disabled", *_FLASH_ATTN):
+        raise ConfigError("flash_attn", flash, "auto, disabled, " + ", ".join(_FLASH_ATTN))
     if flash == "disabled":
         build.set("training.attention", "eager", "flash_attn", "disabled")
     elif flash in _FLASH_ATTN:

@@ -171,6 +171,8 @@ def _training(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, gpus: int | No
     if doc.get("optimizer_in_bwd", False):
         build.set("training.optimizer_in_backward", True, "optimizer_in_bwd", True)
     optimizer = doc.get("optimizer._component_")
+    if optimizer is not None and not isinstance(optimizer, str):
+        raise ConfigError("optimizer._component_", optimizer, "a dotted component path (torch.optim.AdamW)")
     if optimizer is None and not any(k == "optimizer" or k.startswith("optimizer.") for k in doc.flat):
         raise ConfigError("optimizer", None, "a training recipe's config (its optimizer component)",
                           "a config without one is a generation, evaluation or quantization recipe's: this estimate "
