@@ -65,10 +65,7 @@ def replay_rule(cfg) -> str | None:
     """Why the DeepSpeed replay does not apply (None: it does): ZeRO-2 or 3 over data-parallel ranks alone (one
     or several), full fine-tuning with AdamW and master weights, as measured on one GPU."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
-    from .reserved import too_deep
-    deep = too_deep(cfg)
     checks = (
-        (deep is not None, deep),
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (cfg.zero_stage not in (2, 3), f"ZeRO-{cfg.zero_stage} (the replay is measured on ZeRO-2 and ZeRO-3)"),
         (par.tp * par.pp * par.cp * par.ep > 1, "tensor, pipeline, context or expert parallelism (their "

@@ -68,8 +68,9 @@ def replay_rule(cfg) -> str | None:
     under context parallelism by TransformerEngine's all-to-all (megatron_cp_a2a.cp_rule), the distributed optimizer
     or DDP's buffers, default segments, nothing offloaded (as measured: the H200 records and the B200 runs of
     tests/data/measured)."""
-    from .reserved import too_deep
+    from .reserved import stage_layers
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
+    layers = stage_layers(cfg)
     moe = megatron_moe_replay.moe_rule(cfg)
     cp = megatron_cp_a2a.cp_rule(cfg)
     checks = (
@@ -87,17 +88,11 @@ def replay_rule(cfg) -> str | None:
         (training.offload_optimizer != "none" or training.offload_parameters != "none"
          or training.offload_activations, "offload"),
         (training.fp8, "FP8 (its scaling buffers are not replayed)"),
-        (too_deep(cfg) is not None, too_deep(cfg)),
-        (_stage_layers(cfg) * cfg.microbatches > MAX_LAYER_WALKS,
-         f"{_stage_layers(cfg):,} layers x {cfg.microbatches:,} micro-batches a stage: more than the replay walks "
+        (layers * cfg.microbatches > MAX_LAYER_WALKS,
+         f"{layers:,} layers x {cfg.microbatches:,} micro-batches a stage: more than the replay walks "
          f"({MAX_LAYER_WALKS:,})"),
     )
     return next((why for failed, why in checks if failed), None)
-
-
-def _stage_layers(cfg) -> int:
-    """The most layers a pipeline stage holds (the walk's length)."""
-    return max((len(sp.layer_indices) for sp in cfg.stages), default=cfg.architecture.num_layers)
 
 
 def replayed_cache(cfg, shared, sp, static) -> Component:
@@ -164,7 +159,8 @@ def _ranks(cfg) -> list[int]:
     allocator's state finds no cycle to skip); beyond, that many evenly spaced, the first and the last among them;
     without the distributed optimizer one (the ranks alike)."""
     n = cfg.parallel.dp * cfg.parallel.cp if cfg.zero_stage == 1 else 1
-    walks = max(1, cfg.microbatches) * _stage_layers(cfg)
+    from .reserved import stage_layers
+    walks = max(1, cfg.microbatches) * stage_layers(cfg)
     most = max(1, min(MAX_RANKS, MAX_WALKED // max(1, cfg.microbatches), MAX_LAYER_WALKS // walks))
     if n <= most:
         return list(range(n))

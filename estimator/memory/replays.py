@@ -13,8 +13,9 @@ _BY_FRAMEWORK = {"deepspeed": deepspeed_replay, "megatron": megatron_replay}
 
 
 def replay_rule(cfg) -> str | None:
-    """Why no replay applies to this configuration (None: one does)."""
-    return _BY_FRAMEWORK.get(cfg.training.framework, reserved).replay_rule(cfg)
+    """Why no replay applies to this configuration (None: one does): a stage too deep for any (reserved.too_deep),
+    else the framework's own rule."""
+    return reserved.too_deep(cfg) or _BY_FRAMEWORK.get(cfg.training.framework, reserved).replay_rule(cfg)
 
 
 def replayed_cache(cfg, shared, sp, static) -> Component:

@@ -117,9 +117,14 @@ FLAT_FOR_SEARCH = ("a layout search's total (monotone in the micro-batch and rec
 MAX_REPLAYED_LAYERS = 1024
 
 
+def stage_layers(cfg) -> int:
+    """The most layers a pipeline stage holds (the length of a replay's walk)."""
+    return max((len(sp.layer_indices) for sp in cfg.stages), default=cfg.architecture.num_layers)
+
+
 def too_deep(cfg) -> str | None:
-    """Why a stage is too deep to replay (None: it is not)."""
-    layers = max((len(sp.layer_indices) for sp in cfg.stages), default=cfg.architecture.num_layers)
+    """Why a stage is too deep for any replay (None: it is not; replays.replay_rule asks it first)."""
+    layers = stage_layers(cfg)
     return (f"a stage of {layers:,} layers (the replay walks at most {MAX_REPLAYED_LAYERS:,})"
             if layers > MAX_REPLAYED_LAYERS else None)
 
@@ -128,9 +133,7 @@ def replay_rule(cfg) -> str | None:
     """Why the replay does not apply to this configuration (None: it does). The replay builds the HF
     Trainer's order of allocations, on one GPU's full set of weights, with default or expandable segments."""
     training, par, arch = cfg.training, cfg.parallel, cfg.architecture
-    deep = too_deep(cfg)
     checks = (
-        (deep is not None, deep),
         (training.mode != "training" or training.rl is not None, "not a training step"),
         (training.framework != "hf", f"{training.framework}'s order of allocations is not modelled"),
         (par.pp > 1 or par.tp > 1 or par.cp > 1 or cfg.zero_stage > 0, "a sharded or pipelined layout"),

@@ -48,7 +48,8 @@ class _Reader:
             return None
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > (maximum or value):
+        if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+                or (maximum is not None and value > maximum)):
             raise self._error(key, value, allowed)
         return value
 
