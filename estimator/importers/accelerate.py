@@ -131,13 +131,24 @@ FSDP_OPTIONS = {"full_shard": "FULL_SHARD", "shard_grad_op": "SHARD_GRAD_OP", "h
                 "no_shard": "NO_SHARD"}
 
 
-def _fsdp1_strategy(acc: FlatDoc, strategy, build: ConfigBuilder) -> None:
-    """FSDP1's fsdp_sharding_strategy as the estimator's parallel.fsdp_sharding_strategy (memory/fsdp1.py);
-    HYBRID_SHARD shards within a machine: num_processes / num_machines ranks."""
+def fsdp1_strategy_name(key: str, strategy: object) -> str:
+    """torch's ShardingStrategy by name or by value (FULL_SHARD when not given), or a ConfigError naming `key`."""
     text = "FULL_SHARD" if strategy is None else str(strategy).upper()
     name = FSDP1_STRATEGY_NAMES.get(text, text)
     if name not in FSDP1_STRATEGIES:
-        raise ConfigError("fsdp_sharding_strategy", strategy, ", ".join(FSDP1_STRATEGIES) + " (or 1-4)")
+        raise ConfigError(key, strategy, ", ".join(FSDP1_STRATEGIES) + " (or 1-4)")
+    return name
+
+
+def fsdp_words(value: object) -> list[str]:
+    """TrainingArguments.fsdp (and axolotl's `fsdp`) as its option words: a string of them or a list."""
+    return [str(w) for w in value] if isinstance(value, list) else str(value or "").split()
+
+
+def _fsdp1_strategy(acc: FlatDoc, strategy, build: ConfigBuilder) -> None:
+    """FSDP1's fsdp_sharding_strategy as the estimator's parallel.fsdp_sharding_strategy (memory/fsdp1.py);
+    HYBRID_SHARD shards within a machine: num_processes / num_machines ranks."""
+    name = fsdp1_strategy_name("fsdp_sharding_strategy", strategy)
     build.set("parallel.fsdp_sharding_strategy", name, "fsdp_config.fsdp_sharding_strategy", strategy)
     machines = to_int("num_machines", acc.get("num_machines", 1), 1)
     if name == "HYBRID_SHARD":

@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from ..spec.choices import FSDP1_STRATEGIES
-from .accelerate import FSDP1_STRATEGY_NAMES, FSDP_OPTIONS
+from .accelerate import FSDP_OPTIONS, fsdp1_strategy_name, fsdp_words
 from .build import ConfigBuilder, FlatDoc, key_value_overrides, to_float, to_int, trainer_batch
 from .finetune import deepspeed_by_name, targets, trainer_optimizer, transformers_attention
 from .hf_keys import LEGACY, TRAINING_ARGUMENTS
@@ -137,7 +136,7 @@ _OFFLOAD_KEYS = ("fsdp_config.offload_params", "fsdp_config.fsdp_offload_params"
 def _fsdp(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
     """FSDP1 (axolotl's default) as fsdp1 with its sharding strategy, FSDP2 as fsdp2; FSDP1 with its parameters
     offloaded as FSDP2's CPUOffloadPolicy (FSDP1's CPUOffload is not modelled: memory/fsdp1.py)."""
-    options = doc.get("fsdp") if isinstance(doc.get("fsdp"), list) else str(doc.get("fsdp") or "").split()
+    options = fsdp_words(doc.get("fsdp"))
     offload = next((k for k in _OFFLOAD_KEYS if doc.given(k) and doc.get(k)), "fsdp" if "offload" in options else None)
     key, version = _fsdp_version(doc)
     strategy = _fsdp1_strategy(doc, options, ledger) if version == 1 else None
@@ -177,14 +176,10 @@ def _fsdp1_strategy(doc: FlatDoc, options: list, ledger: Ledger) -> tuple[str, s
     list's option; None: FULL_SHARD, the default (memory/fsdp1.py). HYBRID_SHARD shards within a node
     (fsdp_shard_group_size's default, 8)."""
     for option in options:
-        if str(option) not in (*FSDP_OPTIONS, "auto_wrap", "offload"):
+        if option not in (*FSDP_OPTIONS, "auto_wrap", "offload"):
             ledger.not_modelled("fsdp", option, "an FSDP option the estimate does not model")
     for key in ("fsdp_config.fsdp_sharding_strategy", "fsdp_config.sharding_strategy"):
         if doc.given(key):
-            given = str(doc.get(key)).upper()
-            name = FSDP1_STRATEGY_NAMES.get(given, given)
-            if name not in FSDP1_STRATEGIES:
-                raise ConfigError(key, doc.get(key), ", ".join(FSDP1_STRATEGIES) + " (or 1-4)")
-            return key, name, doc.get(key)
-    chosen = [o for o in options if str(o) in FSDP_OPTIONS]
-    return ("fsdp", FSDP_OPTIONS[str(chosen[0])], chosen[0]) if chosen else None
+            return key, fsdp1_strategy_name(key, doc.get(key)), doc.get(key)
+    chosen = [o for o in options if o in FSDP_OPTIONS]
+    return ("fsdp", FSDP_OPTIONS[chosen[0]], chosen[0]) if chosen else None

@@ -15,7 +15,7 @@ import re
 from ..spec.choices import FRAMEWORKS
 from . import deepspeed, hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
-from .accelerate import FSDP_OPTIONS
+from .accelerate import FSDP_OPTIONS, fsdp_words
 from .finetune import deepspeed_by_name
 from .result import Imported, Ledger
 
@@ -80,7 +80,7 @@ def _fsdp(options: object, given: object, build: ConfigBuilder, ledger: Ledger) 
     version = to_int("fsdp_config.version", config.get("version", 2), 1)
     framework = "fsdp2" if version == 2 or "fsdp1" not in FRAMEWORKS else "fsdp1"
     build.set("training.framework", framework, "fsdp", True, why=f"FSDP version {version}")
-    words = given.split() if isinstance(given, str) else [str(w) for w in given] if isinstance(given, list) else []
+    words = fsdp_words(given)
     strategy = next((FSDP_OPTIONS[w] for w in words if w in FSDP_OPTIONS), None)
     if framework == "fsdp1" and strategy:
         build.set("parallel.fsdp_sharding_strategy", strategy, "fsdp", given)
