@@ -27,7 +27,7 @@ ZERO3 = {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 
 ZERO2_OFFLOAD = {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 4096, "micro_batch_size": 4,
                                                    "offload_optimizer": "cpu"},
                  "parallel": {"dp": 4, "zero_stage": 2}}
-FSDP2 = {"model": "qwen3-8b", "training": {"framework": "fsdp2", "seq_len": 8192, "recompute": "full",
+FSDP2 = {"model": "qwen3-8b", "training": {"framework": "hf_fsdp2", "seq_len": 8192, "recompute": "full",
                                            "attention": "eager"}, "parallel": {"dp": 8, "zero_stage": 2}}
 DPO = {"model": "qwen3-8b",
        "training": {"framework": "hf", "seq_len": 2048, "recompute": "full",

@@ -96,8 +96,8 @@ fsdp_config:
     ("full_shard", "", "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "FULL_SHARD"}),
     ("shard_grad_op", "", "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
     ("full_shard", "  fsdp_sharding_strategy: HYBRID_SHARD\n", "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "HYBRID_SHARD"}),
-    ("full_shard", "fsdp_version: 2\n", "fsdp2", {"dp": 8}),
-    ("full_shard", "  fsdp_version: 2\n  reshard_after_forward: false\n", "fsdp2", {"dp": 8, "zero_stage": 2}),
+    ("full_shard", "fsdp_version: 2\n", "hf_fsdp2", {"dp": 8}),
+    ("full_shard", "  fsdp_version: 2\n  reshard_after_forward: false\n", "hf_fsdp2", {"dp": 8, "zero_stage": 2}),
 ])
 def test_axolotl_fsdp_versions(option, extra, framework, parallel):
     """FSDP1 was read as FSDP2 ("FSDP1's flat parameters estimated as FSDP2") after the estimator gained fsdp1
@@ -113,7 +113,7 @@ def test_axolotl_fsdp1_with_offload_is_fsdp2s_cpu_offload_with_a_note():
     text = AXOLOTL_FSDP.format(option="full_shard", extra="  fsdp_offload_params: true\n")
     result = import_config(text, "axolotl", gpus=8)
     training = result.config["training"]
-    assert (training["framework"], training["offload_optimizer"], training["offload_parameters"]) == ("fsdp2", "cpu", "cpu")
+    assert (training["framework"], training["offload_optimizer"], training["offload_parameters"]) == ("hf_fsdp2", "cpu", "cpu")
     assert [s.name for s in result.unsupported] == ["fsdp_config.fsdp_offload_params"]
     assert "FSDP1's CPUOffload" in result.unsupported[0].note
 

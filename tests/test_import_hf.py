@@ -154,7 +154,7 @@ def test_accelerate_fsdp2_and_ddp():
           "--max_length 4096"
     result = import_config(text("fsdp2.yaml"), training_args=sft)
     same_estimate(result, {"model": "qwen3-8b",
-                           "training": {"framework": "fsdp2", "micro_batch_size": 2, "global_batch_size": 64,
+                           "training": {"framework": "hf_fsdp2", "micro_batch_size": 2, "global_batch_size": 64,
                                         "recompute": "full", "seq_len": 4096},
                            "parallel": {"zero_stage": 3, "dp": 8}})
     dpo = "model_name_or_path: meta-llama/Llama-3.1-8B-Instruct\nbeta: 0.1\nmax_length: 2048\n" \

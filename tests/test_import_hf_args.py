@@ -67,7 +67,7 @@ def test_fsdp_config_in_the_arguments():
     result = import_config(text, "hf", gpus=8)
     # transformers 5.23: FSDP version 2 unless 1; no resharding after forward is shard-grad-op (ZeRO-2)
     assert result.config == {"model": "qwen3-8b", "parallel": {"dp": 8, "zero_stage": 2},
-                             "training": {"framework": "fsdp2", "recompute": "full", "micro_batch_size": 1,
+                             "training": {"framework": "hf_fsdp2", "recompute": "full", "micro_batch_size": 1,
                                           "seq_len": 8192}}
     assert [s.name for s in result.unsupported] == ["fsdp_config.limit_all_gathers"]
 
@@ -86,11 +86,11 @@ HF = [
     {"model": "qwen3-8b", "training": {"framework": "deepspeed", "seq_len": 4096, "recompute": "full",
                                        "contiguous_gradients": False},
      "parallel": {"dp": 4, "zero_stage": 2}},
-    {"model": "qwen3-8b", "training": {"framework": "fsdp2", "seq_len": 8192, "recompute": "full"},
+    {"model": "qwen3-8b", "training": {"framework": "hf_fsdp2", "seq_len": 8192, "recompute": "full"},
      "parallel": {"dp": 8, "zero_stage": 2}},
     {"model": "qwen3-8b", "training": {"framework": "fsdp1", "seq_len": 8192, "recompute": "full"},
      "parallel": {"dp": 8}},
-    {"model": "llama-3.1-8b", "training": {"framework": "fsdp2", "seq_len": 4096, "offload_optimizer": "cpu",
+    {"model": "llama-3.1-8b", "training": {"framework": "hf_fsdp2", "seq_len": 4096, "offload_optimizer": "cpu",
                                            "offload_parameters": "cpu"},
      "parallel": {"dp": 4}},
     # liger_kernel_config {fused_linear_cross_entropy: false}: Liger's layers, transformers' loss
@@ -198,9 +198,9 @@ fsdp_config:
     ("full_shard auto_wrap", 1, "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "FULL_SHARD"}),
     ("shard_grad_op auto_wrap", 1, "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "SHARD_GRAD_OP"}),
     ("hybrid_shard auto_wrap", 1, "fsdp1", {"dp": 8, "fsdp_sharding_strategy": "HYBRID_SHARD"}),
-    ("full_shard auto_wrap", 2, "fsdp2", {"dp": 8}),
+    ("full_shard auto_wrap", 2, "hf_fsdp2", {"dp": 8}),
     # transformers maps SHARD_GRAD_OP to FSDP2's reshard_after_forward False (ZeRO-2's layout)
-    ("shard_grad_op auto_wrap", 2, "fsdp2", {"dp": 8, "zero_stage": 2}),
+    ("shard_grad_op auto_wrap", 2, "hf_fsdp2", {"dp": 8, "zero_stage": 2}),
 ])
 def test_the_fsdp_option_strings_sharding(fsdp, version, framework, parallel):
     """TrainingArguments.fsdp's sharding option (FSDPOption) was read only as 'FSDP on': FSDP1 took FULL_SHARD

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ..spec.errors import ConfigError
-from ..spec.choices import FRAMEWORKS, FSDP1_STRATEGIES
+from ..spec.choices import FSDP1_STRATEGIES
 from . import hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
 from .result import Imported, Ledger
@@ -95,10 +95,8 @@ def _framework(acc: FlatDoc, build: ConfigBuilder, ledger: Ledger, kind: str) ->
 
 def _fsdp(acc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> str:
     version = to_int("fsdp_version", acc.get("fsdp_config.fsdp_version", 1), 1)
-    framework = "fsdp2" if version == 2 or "fsdp1" not in FRAMEWORKS else "fsdp1"
+    framework = "hf_fsdp2" if version == 2 else "fsdp1"  # the Trainer over Accelerate's FSDP2 / FSDP1 plugin
     build.set("training.framework", framework, "fsdp_config.fsdp_version", version)
-    if version == 1 and framework == "fsdp2":
-        ledger.not_modelled("fsdp_config.fsdp_version", 1, "FSDP1's flat parameters; estimated as FSDP2")
     reshard = acc.get("fsdp_config.fsdp_reshard_after_forward")
     strategy = reshard if isinstance(reshard, str) else acc.get("fsdp_config.fsdp_sharding_strategy")
     if framework == "fsdp1":

@@ -134,7 +134,8 @@ _OFFLOAD_KEYS = ("fsdp_config.offload_params", "fsdp_config.fsdp_offload_params"
 
 
 def _fsdp(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
-    """FSDP1 (axolotl's default) as fsdp1 with its sharding strategy, FSDP2 as fsdp2; FSDP1 with its parameters
+    """FSDP1 (axolotl's default) as fsdp1 with its sharding strategy, FSDP2 as hf_fsdp2 (axolotl trains through the
+    HF Trainer and Accelerate); FSDP1 with its parameters
     offloaded as FSDP2's CPUOffloadPolicy (FSDP1's CPUOffload is not modelled: memory/fsdp1.py)."""
     options = fsdp_words(doc.get("fsdp"))
     offload = next((k for k in _OFFLOAD_KEYS if doc.given(k) and doc.get(k)), "fsdp" if "offload" in options else None)
@@ -147,7 +148,7 @@ def _fsdp(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger) -> None:
         if strategy:
             build.set("parallel.fsdp_sharding_strategy", strategy[1], strategy[0], strategy[2])
     else:
-        build.set("training.framework", "fsdp2", key, given)
+        build.set("training.framework", "hf_fsdp2", key, given)
         if version == 1:
             ledger.not_modelled(offload, True, "FSDP1's CPUOffload: estimated as FSDP2's CPUOffloadPolicy (parameters, "
                                 "gradients and optimizer states on the host)")

@@ -25,7 +25,7 @@ def emit_axolotl(config: dict) -> str:
              f"sequence_len: {tr.seq_len}", f"micro_batch_size: {tr.micro_batch_size}"]
     lines += _accumulation(tr, par)
     lines += _precision(tr, "axolotl")
-    if tr.recompute == "full" and tr.framework != "fsdp2":
+    if tr.recompute == "full" and tr.framework != "hf_fsdp2":
         lines.append("gradient_checkpointing: true")
     lines.append(f"optimizer: {_name(_AXOLOTL_OPTIM, tr.optimizer, 'axolotl')}")
     lines += axolotl_lines(tr.liger_kernel, tr.loss)
@@ -139,7 +139,7 @@ def _axolotl_distributed(tr, par) -> list[str]:
         stage = par.zero_stage or 0
         return [f"deepspeed: deepspeed_configs/zero{stage}{'_bf16' if stage == 3 else ''}"
                 f"{'_cpuoffload_all' if _offload(tr, par) else ''}.json"]
-    if tr.framework == "fsdp2":
+    if tr.framework == "hf_fsdp2":
         lines = ["fsdp_config:", "  fsdp_version: 2"]
         if par.zero_stage == 2:
             lines.append("  reshard_after_forward: false")

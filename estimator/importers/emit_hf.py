@@ -21,9 +21,9 @@ def emit_hf(config: dict) -> str:
     from ..models.loading import load_config
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
-    if tr.framework not in ("hf", "deepspeed", "fsdp2", "fsdp1"):
-        raise ConfigError("--emit", "hf", f"a configuration with framework 'hf', 'deepspeed', 'fsdp2' or 'fsdp1' (this "
-                          f"one is {tr.framework!r})")
+    if tr.framework not in ("hf", "deepspeed", "hf_fsdp2", "fsdp1"):
+        raise ConfigError("--emit", "hf", f"a configuration with framework 'hf', 'deepspeed', 'hf_fsdp2' or 'fsdp1' "
+                          f"(this one is {tr.framework!r})")
     lines = [f"# written by llm-memory plan, emit hf: TrainingArguments / TRL SFTConfig keys, for {par.gpus} processes",
              "# (accelerate launch or torchrun of the script that parses this file)",
              f"model_name_or_path: {hub_id(cfg, 'hf')}", f"max_length: {tr.seq_len}",
@@ -35,7 +35,7 @@ def emit_hf(config: dict) -> str:
                               f"{per_step}", "the Trainer accumulates whole micro-batches")
         lines.append(f"gradient_accumulation_steps: {tr.global_batch_size // per_step}")
     lines += [f"bf16: {_yaml(tr.compute_dtype == 'bf16')}", f"fp16: {_yaml(tr.compute_dtype == 'fp16')}"]
-    lines.append(f"gradient_checkpointing: {_yaml(tr.recompute == 'full' and not tr.framework.startswith('fsdp'))}")
+    lines.append(f"gradient_checkpointing: {_yaml(tr.recompute == 'full' and tr.framework not in ('fsdp1', 'hf_fsdp2'))}")
     if tr.optimizer not in _OPTIM:
         raise ConfigError("training.optimizer", tr.optimizer, ", ".join(_OPTIM), "hf has no setting for it")
     lines.append(f"optim: {_OPTIM[tr.optimizer]}")
@@ -85,7 +85,7 @@ def _deepspeed(tr, par) -> list[str]:
 
 
 def _fsdp(tr, par) -> list[str]:
-    options = {"version": 2 if tr.framework == "fsdp2" else 1}
+    options = {"version": 2 if tr.framework == "hf_fsdp2" else 1}
     if par.zero_stage == 2:
         options["reshard_after_forward"] = False
     if tr.offload_parameters == "cpu":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 
-from ..spec.choices import FRAMEWORKS
 from . import deepspeed, hf_trainer
 from .build import ConfigBuilder, FlatDoc, to_int
 from .accelerate import FSDP_OPTIONS, fsdp_words
@@ -78,7 +77,7 @@ def _fsdp(options: object, given: object, build: ConfigBuilder, ledger: Ledger) 
     if options is not None and not isinstance(options, dict):
         ledger.not_modelled("fsdp_config", options, "a file this importer does not read; its defaults assumed")
     version = to_int("fsdp_config.version", config.get("version", 2), 1)
-    framework = "fsdp2" if version == 2 or "fsdp1" not in FRAMEWORKS else "fsdp1"
+    framework = "hf_fsdp2" if version == 2 else "fsdp1"  # the Trainer over Accelerate's FSDP2 / FSDP1 plugin
     build.set("training.framework", framework, "fsdp", True, why=f"FSDP version {version}")
     words = fsdp_words(given)
     strategy = next((FSDP_OPTIONS[w] for w in words if w in FSDP_OPTIONS), None)
@@ -92,7 +91,7 @@ def _fsdp(options: object, given: object, build: ConfigBuilder, ledger: Ledger) 
         build.put("training.offload_parameters", "cpu")
     if config.get("reshard_after_forward", True) is False:
         build.set("parallel.zero_stage", 2, "fsdp_config.reshard_after_forward", False)
-    elif framework == "fsdp2" and strategy == "SHARD_GRAD_OP":  # transformers: reshard_after_forward False
+    elif framework == "hf_fsdp2" and strategy == "SHARD_GRAD_OP":  # transformers: reshard_after_forward False
         build.set("parallel.zero_stage", 2, "fsdp", given)
     if config.get("cpu_offload"):
         build.set("training.offload_optimizer", "cpu", "fsdp_config.cpu_offload", True)

@@ -163,7 +163,7 @@ def _precision(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: st
     if bf16 and fp16:
         raise ConfigError("bf16", True, "one of bf16 and fp16")
     dtype = "bf16" if bf16 else "fp16" if fp16 else "fp32"
-    if framework == "fsdp2":  # fp32 shards (FSDP2 upcasts under mixed precision), gathered in bf16/fp16
+    if framework == "hf_fsdp2":  # fp32 shards (Accelerate upcasts under mixed precision), gathered in bf16/fp16
         if dtype == "fp32":
             build.put("training.param_dtype", "fp32")
             build.put("training.compute_dtype", "fp32")

@@ -282,8 +282,8 @@ def adapter_dtype(training, recipe) -> str:
         in_base = (peft_adapters_in_base_dtype(training.adapter)
                    and base_dtype(training.adapter, recipe.param_dtype) not in QUANTIZED)
         return recipe.param_dtype if in_base else "fp32"  # peft before 0.12.0 (spec/adapter.py PEFT_SOURCE)
-    if training.framework in ("fsdp2", "fsdp1") and recipe.master_weights:  # FSDP1: the fp32 FlatParameter
-        return "fp32"
+    if training.framework in ("fsdp2", "fsdp1", "hf_fsdp2") and recipe.master_weights:
+        return "fp32"  # FSDP1: the fp32 FlatParameter; hf_fsdp2: peft's fp32 adapters, which Accelerate keeps
     return recipe.param_dtype
 
 

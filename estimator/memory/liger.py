@@ -38,7 +38,7 @@ NOTE = ("liger_kernel: each layer as liger-kernel 0.8.5 patches it (RMSNorm keep
         f"(validation/hf/liger.py); {SOURCE}")
 
 # the frameworks that run a transformers model through the Trainer (memory/activations/llama4.py's list)
-FRAMEWORKS = ("hf", "deepspeed", "fsdp1")
+FRAMEWORKS = ("hf", "deepspeed", "fsdp1", "hf_fsdp2")
 
 
 def check(arch: Architecture, training: Training) -> None:

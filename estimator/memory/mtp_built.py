@@ -36,7 +36,7 @@ _NOT_BUILT = {
           "layer 61 is dropped on load (_keys_to_ignore_on_load_unexpected)",
     "torchtune": "torchtune has no MTP module",
 }
-_NOT_BUILT["deepspeed"] = _NOT_BUILT["fsdp1"] = _NOT_BUILT["hf"]
+_NOT_BUILT["deepspeed"] = _NOT_BUILT["fsdp1"] = _NOT_BUILT["hf_fsdp2"] = _NOT_BUILT["hf"]
 
 
 @dataclass(frozen=True)

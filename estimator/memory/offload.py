@@ -39,6 +39,8 @@ OFFLOAD_SOURCES = {
              "the optimizer steps on the CPU",
     "torchtune": "torchtune fsdp_cpu_offload: PyTorch fully_shard CPUOffloadPolicy (sharded parameters and gradients on "
                  "the host, the optimizer steps on the CPU)",
+    "hf_fsdp2": "accelerate 1.15.0 fsdp_offload_params: PyTorch fully_shard CPUOffloadPolicy (sharded parameters and "
+                "gradients on the host, the optimizer steps on the CPU)",
     "megatron": "Megatron-Core OptimizerConfig.optimizer_cpu_offload / optimizer_offload_fraction "
                 "(cpu_offloading/hybrid_optimizer.py HybridDeviceOptimizer)",
 }

@@ -204,6 +204,9 @@ def _check_framework(arch: Architecture, training: Training, par: Parallel) -> N
         _check_op_level(arch, training)
     if training.framework == "torchtune":
         _check_torchtune(training, par)
+    if training.framework == "hf_fsdp2":
+        from .hf_fsdp2 import check as check_hf_fsdp2
+        check_hf_fsdp2(training, par)
     if training.framework == "fsdp1":
         from .fsdp1 import check as check_fsdp1, check_tied_no_sync
         from .pipeline import microbatches

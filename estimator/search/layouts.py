@@ -209,7 +209,7 @@ def _expert_splits(arch: Architecture, tp: int, per_stage: int) -> list[tuple[in
 def _zero_stages(framework: str, shards: bool) -> tuple[int, ...]:
     """The ZeRO stages each framework runs (parallel.py); above 0 only with a group to shard over."""
     stages = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (0, 2, 3), "hf": (0,),
-              "torchtune": (0, 2, 3), "fsdp1": (3,)}[framework]
+              "torchtune": (0, 2, 3), "fsdp1": (3,), "hf_fsdp2": (2, 3)}[framework]
     # FSDP1: its default FULL_SHARD is searched; its other strategies (fsdp_sharding_strategy) are estimated only
     return stages if shards or framework == "fsdp1" else (0,)
 

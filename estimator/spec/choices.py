@@ -7,14 +7,16 @@ both, so that the registry imports no record.
 
 # --- training -----------------------------------------------------------------------------------
 MODES = ("training", "inference")
-FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf", "torchtune", "fsdp1")
-# the stacks that shard with PyTorch FSDP2's fully_shard: torchtitan (fsdp2) and torchtune
-FSDP_FRAMEWORKS = ("fsdp2", "torchtune")
+FRAMEWORKS = ("megatron", "fsdp2", "deepspeed", "hf", "torchtune", "fsdp1", "hf_fsdp2")
+# the stacks that shard with PyTorch FSDP2's fully_shard: torchtitan (fsdp2), torchtune, and the HF Trainer through
+# Accelerate's FSDP2 plugin (hf_fsdp2: memory/hf_fsdp2.py)
+FSDP_FRAMEWORKS = ("fsdp2", "torchtune", "hf_fsdp2")
 # the stacks whose sharded states are fully sharded FSDP's (fp32 shards as the master copy): FSDP2's and
 # PyTorch FSDP1 (FullyShardedDataParallel) as the HF Trainer with Accelerate runs it (fsdp1.py)
 FULLY_SHARDED_FRAMEWORKS = FSDP_FRAMEWORKS + ("fsdp1",)
-# the frameworks whose step runs transformers' modelling code (the HF Trainer, DeepSpeed's engine, FSDP1 under it)
-TRANSFORMERS_FRAMEWORKS = ("hf", "deepspeed", "fsdp1")
+# the frameworks whose step runs transformers' modelling code (the HF Trainer, DeepSpeed's engine, FSDP1 and FSDP2
+# under it)
+TRANSFORMERS_FRAMEWORKS = ("hf", "deepspeed", "fsdp1", "hf_fsdp2")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("flash", "eager")
 # under the transformers frameworks, which kernel "flash" is: transformers' attn_implementation (its default sdpa)

@@ -40,7 +40,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "KV cache only.", "Run", MODES),
     _choice("framework", _T, "Framework", "The training stack. It sets the default precision recipe (which copies "
             "of the weights exist, in which dtype) and what ZeRO stage means: megatron = Megatron-LM/NeMo, fsdp2 = "
-            "PyTorch FSDP2 (torchtitan), deepspeed = DeepSpeed ZeRO, hf = Hugging Face Trainer with torch.optim.",
+            "PyTorch FSDP2 (torchtitan), deepspeed = DeepSpeed ZeRO, hf = Hugging Face Trainer with torch.optim, "
+            "torchtune = torchtune's recipes, fsdp1 = the HF Trainer over FSDP1 (Accelerate's fsdp_version 1), "
+            "hf_fsdp2 = the HF Trainer over FSDP2 (Accelerate's fsdp_version 2: transformers' modelling code, "
+            "no autocast, the parameters gathered in bf16 over fp32 shards).",
             "Run", FRAMEWORKS),
     _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
@@ -128,7 +131,7 @@ TRAINING_FIELDS: tuple[Field, ...] = (
           "fsdp2 with compile: torchtitan's async TP (Inductor's micro-pipeline TP, the forward's collectives). "
           "Changes the step time and, under fsdp2, the reserved peak: plain TP's reduce-scatter cat of the partial "
           "sums (one full-sequence copy) stays reserved, the fused op's is not made.", _LAYOUT),
-    _bool("liger_kernel", _T, "Liger kernels", "hf, deepspeed, fsdp1: the Trainer's use_liger_kernel (LLaMA-Factory "
+    _bool("liger_kernel", _T, "Liger kernels", "hf, deepspeed, fsdp1, hf_fsdp2: the Trainer's use_liger_kernel (LLaMA-Factory "
           "enable_liger_kernel, axolotl's Liger plugin, OpenRLHF --ds.use_liger_kernel). liger-kernel 0.8.5 patches the "
           "model with its defaults: RMSNorm keeps its input and an fp32 rstd per row, SwiGLU keeps gate and up and "
           "recomputes the SiLU, RoPE rotates in place; its fused linear cross-entropy is loss 'chunked'. In the step time "
@@ -214,21 +217,21 @@ TRAINING_FIELDS: tuple[Field, ...] = (
          "only every N-th layer (torchtitan's and torchtune's layer-level activation checkpointing); the others "
          "keep all their activations. 1 = every layer.", _SAVERS, hi=MAX_LAYERS),
     _choice("attention", _T, "Attention kernel", "flash keeps no s x s score matrix; eager materialises the scores "
-            "(memory grows with the square of the sequence length). Under hf, deepspeed and fsdp1, flash is "
+            "(memory grows with the square of the sequence length). Under hf, deepspeed, fsdp1 and hf_fsdp2, flash is "
             "transformers' default SDPA: its sliding-window or chunked layers take a mask from the window on, each "
             "keeping an s x s bias and k, v for every head, and Qwen2.5-VL's vision tower attends window by window. "
             "Falcon always passes a 4-D mask (sdpa_mask_always), so SDPA cannot run FlashAttention-2: Falcon-7B's 71 "
             "query heads against one key/value head without enable_gqa rule out every fused backend, leaving the "
             "math one (fp32 q, k, v and softmax kept; measured), and equal head counts keep the mask as a bias.",
             _SAVERS, ATTENTION),
-    _choice("attn_implementation", _T, "Transformers attention", "hf, deepspeed, fsdp1 with flash attention: "
+    _choice("attn_implementation", _T, "Transformers attention", "hf, deepspeed, fsdp1, hf_fsdp2 with flash attention: "
             "transformers' attn_implementation. sdpa (its default) is torch's SDPA with the masks above; "
             "flash_attention_2 is flash-attn's kernel (measured for Falcon), sliding windows inside the kernel, no "
             "mask.", _SAVERS, ATTN_IMPLEMENTATIONS, optional=True, auto="sdpa (transformers' default)"),
     _choice("loss", _T, "Loss computation", "standard keeps the full logits and an fp32 softmax; fused (e.g. "
             "Liger/Apex cross-entropy) and chunked avoid most of that.", _SAVERS, LOSSES),
     Field("dropout", _T, "float", "Dropout", "Dropout probability; above 0 the masks are kept for backward. Under "
-          "hf, deepspeed and fsdp1 it is the model config's attention_dropout (its residual and embedding dropouts "
+          "hf, deepspeed, fsdp1 and hf_fsdp2 it is the model config's attention_dropout (its residual and embedding dropouts "
           "are the model's *_dropout fields); elsewhere the embeddings and residual branches drop out too (Megatron's "
           "hidden_dropout).",
           _SAVERS, min=0.0, max=1.0, below_max=True, step=0.05),

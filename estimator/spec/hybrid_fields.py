@@ -65,7 +65,7 @@ HYBRID_FIELDS: tuple[Field, ...] = (
 
 # the training section's entry for hybrids, spliced in after TRAINING_FIELDS (estimator/spec/fields.py)
 HYBRID_TRAINING_FIELDS: tuple[Field, ...] = (
-    _choice("ssm_kernels", "training", "SSM kernels (Mamba, Gated DeltaNet)", "hf, deepspeed, fsdp1 on a model with "
+    _choice("ssm_kernels", "training", "SSM kernels (Mamba, Gated DeltaNet)", "hf, deepspeed, fsdp1, hf_fsdp2 on a model with "
             "Mamba mixers (Falcon-H1, Nemotron-H: Mamba-2; Jamba: Mamba-1) or Gated DeltaNet (Qwen3-Next): fused = "
             "mamba-ssm's, causal-conv1d's and flash-linear-attention's CUDA kernels are installed; torch = they are "
             "not, and transformers (5.18 or later) falls back to its reference PyTorch code (it logs 'falling back "

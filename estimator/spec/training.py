@@ -25,7 +25,7 @@ from .adapter import Adapter, adapter_from
 from .rl import Rl, rl_from
 from .dtypes import INFERENCE_WEIGHT_DTYPES, TRAINING_DTYPES
 from .errors import ConfigError
-from .choices import (ASYNC_TP_FRAMEWORKS, COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS, FSDP_FRAMEWORKS,
+from .choices import (ASYNC_TP_FRAMEWORKS, COMPILE_FRAMEWORKS, DEEPSPEED_FIELDS,
                       TRANSFORMERS_FRAMEWORKS)
 from .values import check_section
 from .field import record
@@ -159,6 +159,9 @@ FRAMEWORK_SOURCES = {
     "hf": "PyTorch torch.optim (state follows the parameter's dtype); HF Trainer docs",
     "fsdp1": "PyTorch FullyShardedDataParallel (FSDP1) MixedPrecision docs; accelerate FullyShardedDataParallelPlugin "
              "(bf16 param, reduce and buffer dtypes over fp32 weights)",
+    "hf_fsdp2": "accelerate 1.15.0 utils/fsdp_utils.py fsdp2_prepare_model (trainable parameters upcast to fp32, "
+                "MixedPrecisionPolicy(param_dtype=reduce_dtype=output_dtype=bf16), utils/dataclasses.py "
+                "set_mixed_precision) and accelerator.py _prepare_fsdp2 (no autocast); PyTorch fully_shard docs",
     "torchtune": "torchtune recipes (full_finetune_*, lora_finetune_*): the model, its gradients and AdamW states in "
                  "one dtype (dtype: bf16), fused AdamW; FSDP2 fully_shard when distributed",
 }
@@ -179,7 +182,7 @@ def _check_async_tp(t: Training) -> None:
 
 def resolve_recipe(training: Training) -> Recipe:
     fw, p = training.framework, training.param_dtype
-    if fw in ("megatron", "fsdp2", "fsdp1"):
+    if fw in ("megatron", "fsdp2", "fsdp1", "hf_fsdp2"):
         master = p != "fp32" if training.master_weights is None else training.master_weights
         grad = training.grad_dtype or "fp32"
         opt = training.optimizer_dtype or ("fp32" if master or fw == "megatron" else p)
@@ -228,7 +231,7 @@ def _check_training(t: Training) -> None:
                           "modelled (spec/nccl.py)", related=("training.torch_version",))
     if t.attn_implementation is not None and (t.framework not in TRANSFORMERS_FRAMEWORKS or t.attention != "flash"):
         raise ConfigError("training.attn_implementation", t.attn_implementation, "empty unless attention is 'flash' "
-                          "under hf, deepspeed or fsdp1", "it names the kernel transformers' modelling code runs as "
+                          "under hf, deepspeed, fsdp1 or hf_fsdp2", "it names the kernel transformers' modelling code runs as "
                           "flash attention", related=("training.attention", "training.framework"))
     if t.recompute_layers is not None and t.recompute != "full":
         raise ConfigError("training.recompute_layers", t.recompute_layers, "only with recompute 'full'",
@@ -271,7 +274,7 @@ def _check_recompute(t: Training) -> None:
 
 def _check_framework_settings(t: Training) -> None:
     """Settings that only one framework (or a few) offers, and the framework's version."""
-    if t.optimizer_in_backward and t.framework not in FSDP_FRAMEWORKS:
+    if t.optimizer_in_backward and t.framework not in ("fsdp2", "torchtune"):
         raise ConfigError("training.optimizer_in_backward", True, "false unless framework is 'fsdp2' or 'torchtune'",
                           "stepping the optimizer inside backward is torchtune's optimizer_in_bwd (on FSDP2)",
                           related=("training.framework",))
@@ -305,7 +308,8 @@ def _check_ssm_kernels(t: Training) -> None:
     if t.ssm_kernels == "fused":
         return
     if t.framework not in TRANSFORMERS_FRAMEWORKS:
-        raise ConfigError("training.ssm_kernels", t.ssm_kernels, "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'",
+        raise ConfigError("training.ssm_kernels", t.ssm_kernels, "'fused' unless framework is 'hf', 'deepspeed', "
+                          "'fsdp1' or 'hf_fsdp2'",
                           "the torch fallback is transformers' modelling code; Megatron-Core's Mamba mixer and the "
                           "other frameworks call mamba-ssm's kernels", related=("training.framework",))
     if t.compile:
@@ -339,7 +343,7 @@ def _check_recompute_every(t: Training) -> None:
         raise ConfigError("training.recompute_every", t.recompute_every, "1 unless recompute is 'full'",
                           f"recompute is {t.recompute!r}; every N-th layer is checkpointed in full",
                           related=("training.recompute",))
-    if t.framework not in FSDP_FRAMEWORKS:
+    if t.framework not in ("fsdp2", "torchtune"):
         raise ConfigError("training.recompute_every", t.recompute_every, "1 unless framework is 'fsdp2' or 'torchtune'",
                           "checkpointing every N-th layer is torchtitan's and torchtune's layer-level AC; use "
                           "recompute_layers for Megatron's block method", related=("training.framework",))

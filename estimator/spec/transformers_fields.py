@@ -10,7 +10,7 @@ from __future__ import annotations
 from .choices import PEFT_MOE_CONVERSIONS
 from .field import Field
 
-_WHERE = " Counted under hf, deepspeed and fsdp1 (transformers' modelling code); elsewhere training.dropout rules."
+_WHERE = " Counted under hf, deepspeed, fsdp1 and hf_fsdp2 (transformers' modelling code); elsewhere training.dropout rules."
 _MORE = "More"
 
 
@@ -29,7 +29,7 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
     Field("fused_qkv", "model", "bool", "Fused QKV", "One linear gives q, k and v: transformers' Phi-3 (qkv_proj), "
           "GPT-NeoX and Falcon (query_key_value), GPT-2 (c_attn, a Conv1D), Qwen-1's remote code (c_attn). A LoRA "
           "adapter on it is one lora_A (rank x hidden) and one lora_B ((q + 2 kv) x rank); q, k or v in the targets "
-          "name it (peft's default targets for gpt2, gpt_neox and falcon). Under hf, deepspeed and fsdp1 with flash "
+          "name it (peft's default targets for gpt2, gpt_neox and falcon). Under hf, deepspeed, fsdp1 and hf_fsdp2 with flash "
           "attention and RoPE v stays a view of its output and the rotary embedding makes new q and k, so the "
           "whole output is kept beside them (GPT-2's learned positions leave q, k and v views of it: the bytes of "
           "three projections; Falcon's split copies: qkv_split_copies), and the attention output, laid out as q, is "
@@ -57,14 +57,14 @@ TRANSFORMERS_FIELDS: tuple[Field, ...] = (
           widget=False),
     Field("composite_gelu", "model", "bool", "GELU in PyTorch ops (gelu_new)", "transformers' NewGELUActivation "
           "(activation gelu_new, GPT-2's default): 0.5 x (1 + tanh(...)) written in PyTorch ops, whose autograd keeps "
-          "three more MLP-wide tensors than one GELU kernel. Counted under hf, deepspeed and fsdp1.", _MORE,
+          "three more MLP-wide tensors than one GELU kernel. Counted under hf, deepspeed, fsdp1 and hf_fsdp2.", _MORE,
           widget=False),
     Field("eager_kv_broadcast", "model", "bool", "Eager K/V broadcast", "transformers' multi-query Falcon: eager "
           "attention multiplies by the one key and value head through matmul's broadcasting, so it keeps them as they "
-          "are, not copies expanded to every query head (repeat_kv). Counted under hf, deepspeed and fsdp1.", _MORE,
+          "are, not copies expanded to every query head (repeat_kv). Counted under hf, deepspeed, fsdp1 and hf_fsdp2.", _MORE,
           widget=False),
     Field("sdpa_mask_always", "model", "bool", "Falcon's SDPA mask", "transformers' Falcon always builds a 4-D "
-          "mask and hands it to SDPA (to add alibi), so under hf, deepspeed and fsdp1 its flash is transformers' "
+          "mask and hands it to SDPA (to add alibi), so under hf, deepspeed, fsdp1 and hf_fsdp2 its flash is transformers' "
           "SDPA with that mask: with one key/value head for many query heads (Falcon-7B's multi-query) no fused "
           "kernel takes the call and SDPA's math backend keeps fp32 q, k, v and the fp32 softmax (b x heads x s^2 x "
           "4 B a layer; measured); with equal head counts a fused kernel keeps the mask as a bias. Off: Falcon's "

@@ -138,7 +138,7 @@ def activation_group(gated: bool) -> str:
 
 # Whose model code each framework runs eagerly (Megatron-Core runs TransformerEngine's fused kernels).
 EAGER_CODE = {"hf": "transformers", "fsdp1": "transformers", "deepspeed": "transformers", "fsdp2": "torchtitan",
-              "torchtune": "torchtune"}
+              "torchtune": "torchtune", "hf_fsdp2": "transformers"}
 
 
 def eager_code(framework: str, framework_version: str | None) -> str:
