@@ -26,6 +26,7 @@ from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
 from .kbit import autocast_head_copy, ledger_training, math_attention, under_autocast
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
+from .hf_fsdp2 import backward_end as hf_fsdp2_backward_end, block_moment, is_hf_fsdp2, tail_unit
 from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
 from .megatron_fsdp import with_global_moments
 from .pp_buffers import reduce_scatter_pool
@@ -173,6 +174,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     after_loss: tuple = ()  # what of the loss's saved tensors outlives the loss's backward
     if last:
         loss_saved, after_loss = _held_with_the_loss(arch, training, par, m, shared, loss_saved)
+        loss_saved += tail_unit(arch, training, recipe, sp, zero)  # the HF Trainer's FSDP2 (hf_fsdp2.py)
     working = recompute_working_set(training, sp, shared)
     moe_stage = any(kind == "moe" for kind, n in sp.kind_counts if n)
     moments = _moe_moments(arch, training, par, sp, pieces)
@@ -182,6 +184,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
     grads_live = _grads_live(training, par, m) or keeps_gradient_buffer(training, zero)
     working, extras, by_kind = recompute_moment(arch, training, recipe, par, sp, shared, working, in_moe_layer,
                                                 grads_live)
+    extras = extras + block_moment(arch, training, recipe, par, sp, zero, step.inv)  # hf_fsdp2's units (hf_fsdp2.py)
     if math_attention(arch, training) and last:  # SDPA's math backend in fp32: its moments (kbit.py)
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, recipe, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange,
@@ -323,6 +326,8 @@ def _backward_end(arch: Architecture, training: Training, recipe: Recipe, par: P
     # recomputed (measured, tests/data/measured/torchtitan); the activations are gone by then
     late = training.framework in FSDP_FRAMEWORKS and not grads_live and not training.optimizer_in_backward
     end = fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, working, extras, shared) if late else None
+    hf_end = hf_fsdp2_backward_end(arch, training, recipe, par, sp, zero, grads, step.inv) if late else None
+    end = BackwardEnd(*hf_end) if hf_end else end  # the HF Trainer's FSDP2 (hf_fsdp2.py)
     no_shard_end = None if late else no_shard_backward_end(training, par, recipe, sp, grads, step.inv)
     end = BackwardEnd(*no_shard_end) if no_shard_end else end  # FSDP1 NO_SHARD's (fsdp1.py)
     end = end or zero1_reduction_end(arch, training, recipe, sp, par, zero, grads)  # DeepSpeed ZeRO-1's reduction
@@ -416,11 +421,12 @@ def _math_attention_moment(arch: Architecture, training: Training, sp: StagePara
 
 def _grads_live(training: Training, par: Parallel, m: int) -> bool:
     """Gradients live through forward with a persistent buffer (Megatron), accumulation or a pipeline; else
-    zero_grad(set_to_none=True) freed them after the last step. FSDP1 accumulates under no_sync (fsdp1.py); FSDP2
-    under a pipeline keeps its gradients unsharded until the last micro-batch (transients.py)."""
+    zero_grad(set_to_none=True) freed them after the last step. FSDP1 and the HF Trainer's FSDP2 accumulate under
+    no_sync (fsdp1.py, hf_fsdp2.py); FSDP2 under a pipeline keeps its gradients unsharded until the last micro-batch
+    (transients.py)."""
     pipelined_fsdp2 = training.framework == "fsdp2" and par.pp > 1
-    return training.framework == "megatron" or (
-        ((m > 1 and not is_fsdp1(training)) or par.pp > 1) and not pipelined_fsdp2)
+    no_sync = is_fsdp1(training) or is_hf_fsdp2(training)
+    return training.framework == "megatron" or (((m > 1 and not no_sync) or par.pp > 1) and not pipelined_fsdp2)
 
 
 def _optimizer_partition(sp: StageParameters, par: Parallel, zero: int, trainable: float | None = None,

@@ -55,15 +55,15 @@ _SEALED = {name: _Sealed(name) for name in ("micro_batch_size", "loss", "recompu
 
 
 def _reads_micro_batch(training: Training, par: Parallel) -> bool:
-    """The micro-batch size reaches the step part through FSDP1's no_sync accumulation over the micro-batches
-    (fsdp1.transients), a pipelined FSDP2 stage's per-micro-batch buffers (pp_buffers.pipelining_buffers: their
+    """The micro-batch size reaches the step part through FSDP1's and the HF Trainer's FSDP2's no_sync accumulation
+    over the micro-batches (fsdp1.transients, hf_fsdp2.no_sync_gradients), a pipelined FSDP2 stage's per-micro-batch buffers (pp_buffers.pipelining_buffers: their
     count and tokens) and Megatron's global memory buffer (activations/moe.global_memory_buffer: s*b*h gathered
     over TP with sequence parallelism, or over EP x expert-TP by the all-gather dispatcher, or the local spec's
     unfused attention's b*a/t*s^2 scores); DeepSpeed's ZeRO-3
     coordinator holds the embedding past its count when a step has more than one micro-batch
     (transients._zero3_gathered, zero3_trace.gathered_elements)."""
     fw = training.framework
-    if fw in ("fsdp1", "deepspeed") or (fw == "fsdp2" and par.pp > 1):
+    if fw in ("fsdp1", "deepspeed", "hf_fsdp2") or (fw == "fsdp2" and par.pp > 1):
         return True
     return fw == "megatron" and ((par.sequence_parallel and par.tp > 1) or training.transformer_impl == "local"
                                  or (training.moe_dispatcher == "allgather" and par.ep * par.etp > 1))

@@ -31,6 +31,7 @@ from ..spec.optimizers import FOREACH_FRAMEWORKS, FOREACH_SQRT, LARGEST_TENSOR, 
 from ..spec.parallel import Parallel
 from .sharding import StageParameters
 from .states import fsdp2_gathered_block_bytes, untrained
+from .hf_fsdp2 import forward_gathered, no_sync_gradients
 from .megatron_fsdp import PREFETCH_ELEMENTS, PREFETCH_SOURCE, backward_gathered_elements
 from .titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from ..spec.choices import FSDP_FRAMEWORKS
@@ -72,7 +73,8 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     forward_end: list[Component] = []
     if fw in ("megatron", *FSDP_FRAMEWORKS) and zero >= 2 and d_dense > 1:
         fwd, bwd, forward_end = _gathered_parameters(arch, training, recipe, par, stage, zero, inv, P, layer)
-        bwd.append(_unit_gradients(training, recipe, par, stage, P, G, layer, layer_trainable))
+        if fw != "hf_fsdp2":  # its unit gradients: hf_fsdp2.block_moment
+            bwd.append(_unit_gradients(training, recipe, par, stage, P, G, layer, layer_trainable))
     b_fwd, b_bwd, opt, persistent = _framework_buffers(arch, training, recipe, par, stage, zero, inv, trainable,
                                                        d_dense, G)
     fwd += b_fwd
@@ -134,7 +136,9 @@ def _gathered_parameters(arch: Architecture, training: Training, recipe: Recipe,
     fwd: list[Component] = []
     bwd: list[Component] = []
     forward_end: list[Component] = []
-    if zero == 3 and fw == "torchtune":
+    if zero == 3 and fw == "hf_fsdp2":  # the layers' units are charged at their backward (hf_fsdp2.block_moment)
+        fwd = forward_gathered(arch, training, recipe, stage, layer)
+    elif zero == 3 and fw == "torchtune":
         forward_end, gathered_bwd = _torchtune_gathered(arch, training, recipe, par, stage, inv, P)
         bwd.append(gathered_bwd)
     elif zero == 3 and fw in FSDP_FRAMEWORKS:
@@ -197,6 +201,10 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
         f1, b1 = fsdp1_transients(training, par, recipe, stage, microbatches(training, par), inv)
         fwd += f1
         bwd += b1
+    if fw == "hf_fsdp2":
+        held = no_sync_gradients(training, recipe, trainable, microbatches(training, par))
+        fwd += held
+        bwd += held
     if fw == "deepspeed":
         b_fwd, b_bwd, b_persistent = deepspeed_buffers(arch, training, recipe, stage, zero, trainable, d_dense,
                                                        microbatches(training, par))

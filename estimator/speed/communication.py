@@ -250,6 +250,9 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
     G, P = bytes_per_element(cfg.recipe.grad_dtype), bytes_per_element(cfg.recipe.param_dtype)
     if tr.framework in FSDP_FRAMEWORKS:
         P = ctx.B  # fully_shard gathers the bf16 compute copy (MixedPrecisionPolicy)
+    no_sync = tr.framework == "hf_fsdp2"  # reduce-scatters the last micro-batch only, in bf16 (memory/hf_fsdp2.py)
+    if no_sync:
+        G = ctx.B  # Accelerate's MixedPrecisionPolicy(reduce_dtype=bf16)
     per_unit = _sharded_per_unit(cfg, zero)
     layers = max(1, work.layers)
     out: list[Communication] = []
@@ -264,10 +267,11 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
                                buckets, "2(n-1)/n x params x grad bytes, once per step", all_reduce=True)
             out.append(_bucketed(grad, work.backward_s + work.recompute_s, buckets, par, roof))
             continue
-        reductions = m if per_unit else 1
+        reductions = m if per_unit and not no_sync else 1
         grad = _collective(gpu, roof, f"{label}gradient reduce-scatter", group, n, stride,
                            reductions * _ring(n) * params * G, reductions * (layers if per_unit else buckets),
-                           "(n-1)/n x params x grad bytes" + (", every micro-batch" if per_unit else ", once per step"))
+                           "(n-1)/n x params x grad bytes" + (", every micro-batch" if reductions > 1 else
+                                                              ", once per step"))
         gathers = (2 * m if zero == 3 else m) if per_unit else 1
         gathered = _gathered_bytes(tr, P, sp, params) if label == "" else P
         gather = _collective(gpu, roof, f"{label}parameter all-gather", group, n, stride,
