@@ -107,6 +107,18 @@ def test_axolotl_fsdp_versions(option, extra, framework, parallel):
                            "training": {"framework": framework, "seq_len": 4096, "micro_batch_size": 1}})
 
 
+def test_axolotl_fsdp2_runs_the_trainer_with_liger():
+    """axolotl trains through the HF Trainer and Accelerate: its FSDP2 is hf_fsdp2 (transformers' modelling code),
+    where Liger's patches apply (they were refused when it was read as torchtitan's fsdp2; axolotl's
+    examples/llama-3/fft-8b-liger-fsdp.yaml with fsdp_version 2)."""
+    extra = ("fsdp_version: 2\nplugins:\n  - axolotl.integrations.liger.LigerPlugin\nliger_rope: true\n"
+             "liger_rms_norm: true\nliger_glu_activation: true\nliger_fused_linear_cross_entropy: true\n")
+    result = import_config(AXOLOTL_FSDP.format(option="full_shard", extra=extra), "axolotl", gpus=8)
+    training = result.config["training"]
+    assert (training["framework"], training["liger_kernel"], training["loss"]) == ("hf_fsdp2", True, "chunked")
+    estimate_imported(result)
+
+
 def test_axolotl_fsdp1_with_offload_is_fsdp2s_cpu_offload_with_a_note():
     """FSDP1's CPUOffload is not modelled (memory/fsdp1.py refuses it); axolotl's stock configs offload with FSDP1
     (examples/qwen3/qlora-fsdp.yaml): estimated as FSDP2's CPUOffloadPolicy, and the ledger says so."""
