@@ -48,10 +48,12 @@ def _variants():
         Run("tiny-llama", 8, 64, 2, accumulation=2),
         Run("tiny-llama", 8, 64, 2, recompute="full", lora_rank=4, accumulation=2),
         Run("tiny-llama", 8, 64, 2, reshard_after_forward=False),
+        # tied embedding and head: one tail unit [final norm, embed, lm_head] (Gemma-2 runs eager attention only)
+        Run("tiny-gemma2", 8, 64, 2, accumulation=2, attention="eager"),
     ]
 
 
-IDS = ["full", "full-ga2", "lora-r4-recompute-ga2", "full-noreshard"]
+IDS = ["full", "full-ga2", "lora-r4-recompute-ga2", "full-noreshard", "tied-eager-ga2"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,7 @@ def fake():
     return {run: step.measure(run) for run in _variants()}
 
 
-@pytest.mark.parametrize("index", range(4), ids=IDS)
+@pytest.mark.parametrize("index", range(len(IDS)), ids=IDS)
 def test_fake_measurement_equals_real_cpu_run(index, fake):
     step = _step()
     run = _variants()[index]
@@ -105,4 +107,14 @@ def test_no_sync_with_lora_keeps_only_the_adapters_gradients(fake):
               (4, 64), (160, 4), (4, 64), (160, 4), (4, 160), (64, 4)]
     held = 2 * sum(_block(2 * rows * cols) for rows, cols in shapes)
     assert held == 20_480
+    assert fake[run]["phases"]["forward"]["gradients"] == held
+
+
+def test_no_sync_keeps_the_tied_weights_gradient_once(fake):
+    """tiny-gemma2 (hidden 64, vocab 1000, 2 layers with four norms each, tied embedding): the shared weight is
+    one parameter of the tail unit, so one bf16 gradient of it is kept."""
+    run = _variants()[4]
+    layer = [(64, 64), (32, 64), (32, 64), (64, 64), (160, 64), (160, 64), (64, 160)] + 4 * [(64, 1)]
+    held = sum(_block(2 * rows * cols) for rows, cols in [(1000, 64), (64, 1)] + 2 * layer)
+    assert held == 304_640
     assert fake[run]["phases"]["forward"]["gradients"] == held

@@ -52,7 +52,10 @@ The step (trainer.py `_inner_training_loop`, the loop over a step's micro-batche
         FSDP2 branch; one mesh: torch.nn.utils.clip_grad_norm_)
     optimizer.step();  model.zero_grad()                       (set_to_none=True, nn.Module's default)
 The optimizer is torch AdamW, fused (training_args.py: `default_optim = "adamw_torch_fused"` when torch >=
-2.8), weight decay 0 (its default), over the parameters that require grad. Step 1 creates the optimizer
+2.8), weight decay 0 (its default), over the parameters that require grad (the Trainer splits them into a decay
+and a no-decay group, which changes no allocation). The loss divided by m stands for the Trainer's scaling (with
+`num_items_in_batch` the model sums the token losses and divides by the count instead): the same tensors but
+for a scalar. The Trainer's running loss (`_tr_loss`, one scalar) is not kept. Step 1 creates the optimizer
 states; step 2 is measured. Phases: "accumulate" (the micro-batches before the last, forward and backward),
 "forward", "backward" (the last micro-batch) and "optimizer".
 
@@ -63,6 +66,15 @@ reduce_dtype == param_dtype FSDP2 clamps reduce_dtype to None (torch 2.13 _fully
 it, on `FSDPParam._unsharded_param.grad`, for every unit, until the last micro-batch's backward adds to it in
 place and reduce-scatters it (_fsdp_param_group.py `post_backward`). Those held gradients are counted as
 gradients: their keys are taken when the last micro-batch starts.
+
+Gathered units. In the forward FSDP2 keeps the last all-gather's output buffer until the next unit's copy-out
+(to overlap it with the next all-gather) and frees the last one only at the root's post-forward (torch 2.13
+_fsdp_param_group.py `wait_for_unshard`, _fsdp_state.py `_post_forward`). The HF model computes its loss inside
+the root's forward, so the logits and the cross-entropy live beside that buffer: for an untied model the tail
+unit's ([final_norm, lm_head], gathered last), beside its unsharded parameters, which `reshard_after_forward=False`
+keeps into the backward. With tied embeddings the tail unit [final_norm, embed, lm_head] is gathered at the
+embedding, at the start of the forward, and stays gathered through it; the last decoder layer's all-gather buffer
+is then the one alive at the loss.
 
 What a CPU run cannot show is emulated as for the HF records (validation/core/emulation.py: FlashAttention-2's
 allocations for SDPA, the packed-sequence check); FSDP2's storage resizes of the unsharded parameters are
