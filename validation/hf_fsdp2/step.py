@@ -4,8 +4,8 @@ Trainer runs it through Accelerate with `fsdp_version: 2` (transformers 5.23 `Tr
 
 The model. transformers 5 `from_pretrained` loads in the checkpoint's dtype unless told otherwise
 (modeling_utils.py `from_pretrained`: `if dtype is None: dtype = "auto"`, which `_get_dtype` resolves
-to the config's `dtype`, bf16 for every model measured here), so the model is built in bf16 (the
-FSDP1 harness builds fp32: its Trainer path is the same, but its records predate this reading).
+to the config's `dtype`, bf16 for every model measured here), so the model is built in bf16 (full
+fine-tuning still ends in fp32 shards through accelerate's upcast below; a LoRA base stays bf16).
 Gradient checkpointing (`TrainingArguments.activation_checkpointing`, `gradient_checkpointing` its
 deprecated alias): the Trainer calls `model.activation_checkpointing_enable()` (trainer.py `train`),
 whose default kwargs are `{"use_reentrant": False}` (modeling_utils.py
@@ -20,9 +20,10 @@ and swaps the optimizer's parameters for the sharded ones (`fsdp2_switch_optimiz
 `_prepare_fsdp2` never calls `prepare_model`, the only place accelerate puts the forward under
 autocast and wraps it in `convert_outputs_to_fp32` (accelerator.py `prepare_model`, reached from
 `_prepare_one` on the DDP/FSDP1 path of `prepare`): under FSDP2 there is no autocast, and the compute
-dtype is FSDP2's MixedPrecisionPolicy's alone. That policy: with `mixed_precision="bf16"`
-`AcceleratorState.__init__` (state.py, the GPU branch that sets `DistributedType.FSDP`) calls
-`fsdp_plugin.set_mixed_precision("bf16")`, which for `fsdp_version == 2` makes
+dtype is FSDP2's MixedPrecisionPolicy's alone. That policy: `Accelerator.__init__` hands the plugin to
+`AcceleratorState(mixed_precision="bf16", fsdp_plugin=...)` (accelerator.py), whose `__init__` (state.py), in
+its multi-GPU branch, sets `DistributedType.FSDP` and calls `fsdp_plugin.set_mixed_precision("bf16")`, which
+for `fsdp_version == 2` makes
 `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16)` (utils/dataclasses.py).
 `fsdp2_prepare_model` then (its own code, called here as it is):
   - upcasts the TRAINABLE parameters to fp32 (`mixed_precision != "no"`; frozen ones keep bf16);
