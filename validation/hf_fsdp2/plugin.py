@@ -29,4 +29,4 @@ METHOD = (
 HARNESS = Harness(
     name="hf_fsdp2", title="PyTorch FSDP2 under the HF Trainer (Accelerate)", order=(7, 7), method=METHOD,
     distributions=("torch", "transformers", "accelerate"), optional_distributions=("peft",),
-    trace="step:traced_step")
+    report="report:report", trace="step:traced_step")
