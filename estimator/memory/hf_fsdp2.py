@@ -58,7 +58,8 @@ def check(training, par) -> None:
                           "not modelled", related=("training.framework",))
 
 
-NO_SYNC_SOURCE = ("accelerate 1.15.0 accelerator.py no_sync (FSDP2: model.set_requires_gradient_sync(False)); torch 2.13 "
+NO_SYNC_SOURCE = ("accelerate 1.15.0 accelerator.py no_sync (FSDP2: model.set_requires_gradient_sync(False)); "
+                  "torch 2.13 "
                   "distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward (without reduce_grads a unit keeps "
                   "its unsharded gradient, in the reduce dtype: _fsdp_param.py to_accumulated_grad_if_needed); "
                   "transformers 5.23.0 trainer.py (every micro-batch but the last under no_sync); measured: "

@@ -73,8 +73,7 @@ def transients(arch: Architecture, training: Training, recipe: Recipe, par: Para
     forward_end: list[Component] = []
     if fw in ("megatron", *FSDP_FRAMEWORKS) and zero >= 2 and d_dense > 1:
         fwd, bwd, forward_end = _gathered_parameters(arch, training, recipe, par, stage, zero, inv, P, layer)
-        if fw != "hf_fsdp2":  # its unit gradients: hf_fsdp2.block_moment
-            bwd.append(_unit_gradients(training, recipe, par, stage, P, G, layer, layer_trainable))
+        bwd += [] if fw == "hf_fsdp2" else [_unit_gradients(training, recipe, par, stage, P, G, layer, layer_trainable)]
     b_fwd, b_bwd, opt, persistent = _framework_buffers(arch, training, recipe, par, stage, zero, inv, trainable,
                                                        d_dense, G)
     fwd += b_fwd
@@ -201,10 +200,9 @@ def _framework_buffers(arch: Architecture, training: Training, recipe: Recipe, p
         f1, b1 = fsdp1_transients(training, par, recipe, stage, microbatches(training, par), inv)
         fwd += f1
         bwd += b1
-    if fw == "hf_fsdp2":
+    if fw == "hf_fsdp2":  # no_sync's unsharded gradients, through forward and backward
         held = no_sync_gradients(training, recipe, trainable, microbatches(training, par))
-        fwd += held
-        bwd += held
+        fwd, bwd = fwd + held, bwd + held
     if fw == "deepspeed":
         b_fwd, b_bwd, b_persistent = deepspeed_buffers(arch, training, recipe, stage, zero, trainable, d_dense,
                                                        microbatches(training, par))

@@ -224,6 +224,17 @@ def _sharded_per_unit(cfg: Resolved, zero: int) -> bool:
     return zero == 3 or (zero == 2 and cfg.training.framework in FSDP_FRAMEWORKS)
 
 
+def _dp_dtypes(cfg: Resolved, ctx: _Context) -> tuple[float, float, bool]:
+    """(bytes of a reduced gradient element, of a gathered parameter element, whether the gradients are reduced
+    once per step under the HF Trainer's no_sync): fully_shard gathers the compute copy (MixedPrecisionPolicy);
+    the HF Trainer's FSDP2 reduce-scatters in bf16 (Accelerate's reduce_dtype), the last micro-batch's only
+    (memory/hf_fsdp2.py)."""
+    fw = cfg.training.framework
+    G, P = bytes_per_element(cfg.recipe.grad_dtype), bytes_per_element(cfg.recipe.param_dtype)
+    no_sync = fw == "hf_fsdp2"
+    return (ctx.B if no_sync else G), (ctx.B if fw in FSDP_FRAMEWORKS else P), no_sync
+
+
 def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> list[Communication]:
     """DP / ZeRO / FSDP traffic of the stage (training only), exposed as each framework overlaps it.
 
@@ -247,12 +258,7 @@ def data_parallel(cfg: Resolved, ctx: _Context, work: StageWork, roof: bool) -> 
         return []
     tr, par, gpu, m, zero = cfg.training, cfg.parallel, ctx.gpu, cfg.microbatches, cfg.zero_stage
     sp = cfg.stages[work.rank]
-    G, P = bytes_per_element(cfg.recipe.grad_dtype), bytes_per_element(cfg.recipe.param_dtype)
-    if tr.framework in FSDP_FRAMEWORKS:
-        P = ctx.B  # fully_shard gathers the bf16 compute copy (MixedPrecisionPolicy)
-    no_sync = tr.framework == "hf_fsdp2"  # reduce-scatters the last micro-batch only, in bf16 (memory/hf_fsdp2.py)
-    if no_sync:
-        G = ctx.B  # Accelerate's MixedPrecisionPolicy(reduce_dtype=bf16)
+    G, P, no_sync = _dp_dtypes(cfg, ctx)
     per_unit = _sharded_per_unit(cfg, zero)
     layers = max(1, work.layers)
     out: list[Communication] = []

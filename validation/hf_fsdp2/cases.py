@@ -31,8 +31,14 @@ def _runs() -> list[Run]:
         Run("llama-3.2-1b", 4, 2048),
         Run("llama-3.2-1b", 4, 2048, accumulation=4),
         Run("llama-3.2-1b", 4, 2048, reshard_after_forward=False),
+        Run("llama-3.2-1b", 4, 2048, accumulation=2, reshard_after_forward=False),
         # transformers' eager attention: the softmax backward's CUDA temporary (core/emulation.py)
         Run("llama-3.2-1b", 4, 4096, attention="eager"),
+        # short sequences: backward's last moment, the embedding's post-backward (the tied tail's), peaks
+        Run("llama-3.1-8b", 8, 512, recompute="full"),
+        Run("llama-3.2-1b", 4, 512, recompute="full"),
+        Run("llama-3.1-8b", 8, 512, recompute="full", lora_rank=16),
+        Run("qwen2.5-7b", 8, 1024, recompute="full", accumulation=2),
     ]
 
 
