@@ -110,6 +110,7 @@ def test_reduce_scatter_once_per_step_in_bf16():
 @pytest.mark.parametrize("change, field", [
     ({"parallel": {"dp": 4, "tp": 2}}, "parallel.tp"),
     ({"parallel": {"dp": 8, "zero_stage": 0}}, "parallel.zero_stage"),
+    ({"parallel": {"dp": 1}}, "parallel.dp"),
     ({"training": {"adapter": {"method": "qlora", "rank": 16, "alpha": 32, "target_modules": "all-linear"}}},
      "training.adapter.method"),
     ({"training": {"optimizer": "paged_adamw"}}, "training.optimizer"),

@@ -17,8 +17,8 @@ from .fields import friendly_message
 
 # the launch configurations that can run each framework of the estimate, the framework's own first
 KINDS = {"megatron": ("megatron", "megatron-bridge", "slime"), "fsdp2": ("torchtitan", "verl"),
-         "hf_fsdp2": ("hf", "axolotl"), "fsdp1": ("hf",), "deepspeed": ("hf", "axolotl", "llama-factory"), "hf": ("hf", "axolotl", "llama-factory"),
-         "torchtune": ("torchtune",)}
+         "hf_fsdp2": ("hf", "axolotl"), "fsdp1": ("hf",), "deepspeed": ("hf", "axolotl", "llama-factory"),
+         "hf": ("hf", "axolotl", "llama-factory"), "torchtune": ("torchtune",)}
 _RL_KINDS = ("slime", "verl")  # they launch RL runs only; the others none
 LABELS = {"megatron": "Megatron-LM (torchrun pretrain_gpt.py)", "megatron-bridge": "Megatron-Bridge (run_recipe.py)",
           "slime": "slime (train.py)", "torchtitan": "torchtitan (job TOML)",

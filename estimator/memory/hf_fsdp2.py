@@ -41,6 +41,11 @@ def check(training, par) -> None:
             raise ConfigError(f"parallel.{field}", value, f"1 with framework {FRAMEWORK!r}",
                               "the HF Trainer over FSDP2 is modelled with data parallelism only (Accelerate's "
                               "ParallelismConfig TP and CP are not)", related=("training.framework",))
+    if par.dp == 1 and training.mode == "training":
+        raise ConfigError("parallel.dp", par.dp, f"2 or more with framework {FRAMEWORK!r}",
+                          "FSDP2 over one GPU (bf16 copies gathered from fp32 shards of the whole model) is not "
+                          "modelled; one GPU runs the Trainer without FSDP: framework 'hf'",
+                          related=("training.framework",))
     if par.zero_stage not in (None, 2, 3):
         raise ConfigError("parallel.zero_stage", par.zero_stage, f"2 or 3 (or empty) with framework {FRAMEWORK!r}",
                           "Accelerate's FSDP2 plugin shards every unit: reshard_after_forward True is 3, False is 2",
