@@ -69,7 +69,7 @@ def test_fsdp_config_in_the_arguments():
     assert result.config == {"model": "qwen3-8b", "parallel": {"dp": 8, "zero_stage": 2},
                              "training": {"framework": "hf_fsdp2", "recompute": "full", "micro_batch_size": 1,
                                           "seq_len": 8192}}
-    assert [s.name for s in result.unsupported] == ["fsdp_config.limit_all_gathers"]
+    assert [s.name for s in result.unsupported] == ["fsdp_config.limit_all_gathers", "loss_type"]  # TRL SFT (_sft_loss)
 
 
 HF = [
@@ -214,3 +214,19 @@ def test_the_fsdp_option_strings_offload():
     result = import_config(FSDP_ARGS.format(fsdp="full_shard offload auto_wrap", version=2), "hf", gpus=8)
     training = result.config["training"]
     assert (training["offload_optimizer"], training["offload_parameters"]) == ("cpu", "cpu")
+
+
+@pytest.mark.parametrize("extra, value, words", [
+    ("", "(unset: chunked_nll)", "chunked_nll (the default without Liger from trl v1.7.0"),
+    ("loss_type: nll\n", "nll", "keeps the model's outputs after the loss"),
+])
+def test_trls_sft_loss_is_reported_not_modelled(extra, value, words):
+    """TRL's SFTTrainer loss is not the Trainer's: trl v1.7.0 on computes chunked_nll unless use_liger_kernel
+    (sft_config.py), earlier versions' nll keeps the outputs for entropy and token accuracy (sft_trainer.py
+    compute_loss). Neither is modelled yet: the ledger says so rather than calling loss_type without effect."""
+    text = "model_name_or_path: Qwen/Qwen3-8B\nper_device_train_batch_size: 2\nmax_length: 4096\n" + extra
+    result = import_config(text, "hf", gpus=8)
+    [setting] = [s for s in result.unsupported if s.name == "loss_type"]
+    assert setting.value == value and words in setting.note
+    liger = import_config(text + "use_liger_kernel: true\n", "hf", gpus=8)
+    assert "loss_type" not in {s.name for s in liger.unsupported}

@@ -133,6 +133,8 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
     _sequence(doc, build, ledger, kind)
     if peft is not None or doc.get("use_peft"):
         _adapter(doc, build, ledger, peft)
+    if kind == "sft":
+        _sft_loss(doc, ledger)
     if kind == "grpo":
         _grpo(doc, build, ledger, world)
     elif kind == "dpo":
@@ -142,6 +144,27 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
             ledger.ignore(key, value, _NO_EFFECT_HINT)
         else:
             ledger.strange(key, value, f"not an argument of TrainingArguments or {TRL_VERSION}'s configs")
+
+
+def _sft_loss(doc: FlatDoc, ledger: Ledger) -> None:
+    """TRL's SFTTrainer loss, which the estimate does not model yet: its loss_type (trl v1.7.0 on: chunked_nll
+    unless use_liger_kernel, sft_config.py __post_init__) computes the LM head on the valid tokens only, in
+    checkpointed 256-token chunks over an fp32 copy of the head's weight (sft_trainer.py
+    _chunked_cross_entropy_loss); nll (the default before v1.7.0) and dft keep the model's outputs after the loss
+    for the entropy and token accuracy (compute_loss: entropy_from_logits, a copy of the logits when the
+    micro-batch is above 1). Both are estimated as the Trainer's own loss, and the ledger says so."""
+    if doc.get("use_liger_kernel"):
+        return  # Liger's loss (trainer_liger); TRL refuses chunked_nll beside it
+    given = doc.get("loss_type")
+    if given in (None, "chunked_nll"):
+        ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll (the default "
+                            "without Liger from trl v1.7.0: the LM head on the valid tokens, in checkpointed 256-token "
+                            "chunks over an fp32 copy of its weight); estimated as transformers' loss over the whole "
+                            "logits")
+    else:
+        ledger.not_modelled("loss_type", given, "the SFTTrainer keeps the model's outputs after the loss for its "
+                            "entropy and token accuracy (with a copy of the logits above one sample a micro-batch); "
+                            "estimated as the Trainer's loss, whose outputs go before the backward")
 
 
 def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, peft: FlatDoc | None) -> None:
