@@ -480,10 +480,10 @@ def test_the_readme_counts_the_measured_steps_and_frameworks_the_tests_hold():
     start = text.index(summary.HEADLINE_START) + len(summary.HEADLINE_START)
     written = text[start:text.index(summary.HEADLINE_END)]
     assert written == summary.headline()
-    assert f"tested against {len(RECORDS):,} measured training steps of seven frameworks' own code" in written
-    assert len(FRAMEWORKS) + 2 == 7  # the HF transformers records, FSDP1's and a folder for each of the others
+    assert f"tested against {len(RECORDS):,} measured training steps of eight frameworks' own code" in written
+    assert len(FRAMEWORKS) + 2 == 8  # the HF transformers records, FSDP1's and a folder for each of the others
     for name in ("Hugging Face transformers", "PEFT", "torchtitan", "torchtune", "Megatron-Core", "PyTorch FSDP1",
-                 "HF Trainer + Accelerate"):
+                 "HF Trainer + Accelerate", "PyTorch FSDP2 under the HF Trainer"):
         assert name in written
     assert f"The {len(HF_RECORDS)} records live in `tests/data/measured/`" in " ".join(text.split())
 

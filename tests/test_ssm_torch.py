@@ -175,8 +175,8 @@ def test_every_saved_tensor_of_a_real_mamba1_mixer(b, seq, h, n, r):
 
 @pytest.mark.parametrize("changes, allowed", [
     ({"ssm_kernels": "triton"}, "one of 'fused', 'torch', 'torch_5.17'"),
-    ({"ssm_kernels": "torch_5.17", "framework": "fsdp2"}, "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'"),
-    ({"ssm_kernels": "torch", "framework": "megatron"}, "'fused' unless framework is 'hf', 'deepspeed' or 'fsdp1'"),
+    ({"ssm_kernels": "torch_5.17", "framework": "fsdp2"}, "'fused' unless framework is 'hf', 'deepspeed', 'fsdp1' or 'hf_fsdp2'"),
+    ({"ssm_kernels": "torch", "framework": "megatron"}, "'fused' unless framework is 'hf', 'deepspeed', 'fsdp1' or 'hf_fsdp2'"),
     ({"ssm_kernels": "torch", "compile": True}, "'fused' with compile on"),
 ])
 def test_a_bad_value_names_the_field(changes, allowed):
