@@ -7,7 +7,10 @@ cpu=True).prepare(model, optimizer)` wraps the forward as on a GPU (accelerate 1
 takes the same `native_amp` branch on the CPU: validation/accelerate/step.py), with autocast on the
 CPU device (as the plain harness's AMP recipe runs it). The step is `trainer_step` (validation/
 accelerate/step.py), or with `trainer=True` the real `transformers.Trainer.training_step` for the
-forward and backward (tests/test_harness_accelerate.py checks that both allocate alike).
+forward and backward (tests/test_harness_accelerate.py checks that both allocate alike). With `trl_sft` set
+it is TRL's `SFTTrainer.training_step` (validation/accelerate/trl_sft.py: trl 1.9.0, loss_type "nll" or
+"chunked_nll", the latter's forward patched by TRL before `prepare`), on the collator's batch with an
+attention mask; those records have no separate forward phase either.
 CUDA emulation and the tracker are the plain harnesses' (validation/core/emulation.py, validation/peft/step.py).
 """
 
