@@ -90,15 +90,17 @@ def test_lora_under_autocast_keeps_bf16_adapter_inputs():
 
 # TRL's SFTTrainer (validation/accelerate/trl_sft.py): the fake run answers TRL's reads of values from the batch;
 # the real run runs TRL's own code. nll over micro-batch 2 (the entropy's reshape copies); chunked_nll over 2 x 199
-# targets (a full 256-token chunk and a partial one: the rewritten range); chunked_nll under LoRA (the patch on
-# the PeftModel's base model).
+# targets (a full 256-token chunk and a partial one: the rewritten range), and over 2 x 299 with the model's
+# recompute around TRL's checkpointed chunks; chunked_nll under LoRA (the patch on the PeftModel's base model).
 SFT_NLL = AccelerateRun(Run("tiny-llama", 64, 2), trl_sft="nll")
 SFT_CHUNKED = AccelerateRun(Run("tiny-llama", 200, 2), trl_sft="chunked_nll")
+SFT_CHUNKED_RECOMPUTE = AccelerateRun(Run("tiny-llama", 300, 2, recompute="full"), trl_sft="chunked_nll")
 SFT_CHUNKED_LORA = AccelerateRun(LoraRun("tiny-llama", 64, 1, rank=4, alpha=8, targets=ALL_SEVEN),
                                  trl_sft="chunked_nll")
 
 
-@pytest.mark.parametrize("run", [SFT_NLL, SFT_CHUNKED, SFT_CHUNKED_LORA], ids=["nll-b2", "chunked-b2", "chunked-lora"])
+@pytest.mark.parametrize("run", [SFT_NLL, SFT_CHUNKED, SFT_CHUNKED_RECOMPUTE, SFT_CHUNKED_LORA],
+                         ids=["nll-b2", "chunked-b2", "chunked-b2-recompute", "chunked-lora"])
 def test_trl_sft_fake_measurement_equals_real_cpu_run(run):
     pytest.importorskip("trl", reason="the SFTTrainer cases need trl 1.9.0 (validation/install_frameworks.sh)")
     assert measure(run) == measure(run, fake=False)
