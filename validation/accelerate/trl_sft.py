@@ -13,8 +13,9 @@ The batch is what TRL's collator gives a micro-batch of full-length sequences (`
 padding_free False): input_ids, labels equal to them (no -100: every token is a target) and an all-ones
 attention_mask.
 
-Under fake tensors, five reads of values fail (DataDependentOutputException); `sft_emulation` answers them with
-what the batch has, in fake runs only, and leaves every op that makes a tensor as it is:
+Under fake tensors TRL's reads of values fail (DataDependentOutputException) and transformers' takes another path;
+`sft_emulation` answers them with what the batch has, in fake runs only, and leaves every op that makes a tensor as
+it is:
 1. transformers' `_ignore_causal_mask_sdpa` gives up on a fake padding mask (`is_tracing`) and would build a 4-D
    mask; a GPU run reads `fast_all(padding_mask)` (all ones) and skips the mask. The patch makes fast_all's
    tensors, then answers as the function does for an all-ones mask (transformers 5.23 masking_utils.py).
