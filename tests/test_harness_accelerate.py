@@ -86,3 +86,68 @@ def test_lora_under_autocast_keeps_bf16_adapter_inputs():
                     - block(2 * r * i) - block(2 * o * r) for i, o in zip(ins, outs))
     first_layer_qkv_a = 3 * block(2 * r * H)
     assert at_backward(plain) - at_backward(ours) == LAYERS * per_layer + first_layer_qkv_a == 273_920
+
+
+# TRL's SFTTrainer (validation/accelerate/trl_sft.py): the fake run answers TRL's reads of values from the batch;
+# the real run runs TRL's own code. nll over micro-batch 2 (the entropy's reshape copies); chunked_nll over 2 x 199
+# targets (a full 256-token chunk and a partial one: the rewritten range), and over 2 x 299 with the model's
+# recompute around TRL's checkpointed chunks; chunked_nll under LoRA (the patch on the PeftModel's base model).
+SFT_NLL = AccelerateRun(Run("tiny-llama", 64, 2), trl_sft="nll")
+SFT_CHUNKED = AccelerateRun(Run("tiny-llama", 200, 2), trl_sft="chunked_nll")
+SFT_CHUNKED_RECOMPUTE = AccelerateRun(Run("tiny-llama", 300, 2, recompute="full"), trl_sft="chunked_nll")
+SFT_CHUNKED_LORA = AccelerateRun(LoraRun("tiny-llama", 64, 1, rank=4, alpha=8, targets=ALL_SEVEN),
+                                 trl_sft="chunked_nll")
+
+
+@pytest.mark.parametrize("run", [SFT_NLL, SFT_CHUNKED, SFT_CHUNKED_RECOMPUTE, SFT_CHUNKED_LORA],
+                         ids=["nll-b2", "chunked-b2", "chunked-b2-recompute", "chunked-lora"])
+def test_trl_sft_fake_measurement_equals_real_cpu_run(run):
+    pytest.importorskip("trl", reason="the SFTTrainer cases need trl 1.9.0 (validation/install_frameworks.sh)")
+    assert measure(run) == measure(run, fake=False)
+
+
+def _vocabulary_wide(tracker, category) -> Counter:
+    """The activations alive at the backward phase's peak with a vocabulary-sized dimension, by label."""
+    live = tracker.live_at(tracker.peaks(category)["backward"]["at"])
+    return Counter({tracker.labels[k]: size for k, size in live.items()
+                    if category(k) == "activations" and str(V) in tracker.labels.get(k, "").split("(")[-1]})
+
+
+def test_trl_nll_keeps_the_outputs_and_copies_the_shifted_logits_for_the_entropy():
+    """loss_type "nll" (trl 1.9.0 SFTTrainer.compute_loss): the outputs (Accelerate's fp32 copy of the logits) are
+    alive while the entropy is computed under no_grad; `entropy_from_logits` reshapes `logits[..., :-1, :]` to
+    (-1, V), a copy at micro-batch 2 (the slice is not contiguous), then per 128-row chunk makes its log-softmax,
+    exp and product (2 x 63 = 126 rows: one chunk). Beside them the loss's fp32 log-softmax, kept for backward:
+    the step's peak. One label each, so the counts are the sizes."""
+    pytest.importorskip("trl", reason="the SFTTrainer cases need trl 1.9.0 (validation/install_frameworks.sh)")
+    tracker, category, *_ = traced_step(SFT_NLL)
+    b, s = 2, 64
+    assert _vocabulary_wide(tracker, category) == Counter({
+        f"_log_softmax.default float32 ({b * s}, {V})": block(4 * b * s * V),  # the loss's, saved for backward
+        f"_to_copy.default float32 ({b}, {s}, {V})": block(4 * b * s * V),  # convert_outputs_to_fp32's copy
+        f"clone.default float32 ({b}, {s - 1}, {V})": block(4 * b * (s - 1) * V),  # the reshape's copy
+        f"_log_softmax.default float32 ({b * (s - 1)}, {V})": block(4 * b * (s - 1) * V),  # the entropy's chunk
+        f"exp.default float32 ({b * (s - 1)}, {V})": block(4 * b * (s - 1) * V),
+        f"mul.Tensor float32 ({b * (s - 1)}, {V})": block(4 * b * (s - 1) * V),
+    })
+
+
+def test_trl_chunked_nll_holds_one_256_token_chunk_of_logits():
+    """loss_type "chunked_nll" (trl 1.9.0 `_chunk`, recomputed in backward by torch.utils.checkpoint): no
+    [b, s, V] tensor at all; at the peak (the first, full chunk's recomputation: backward takes the 142-token
+    chunk first) one chunk's logits, `h.float() @ w.float().t()` made bf16 by Accelerate's autocast (from the bf16
+    casts of both fp32 copies; the weight's transposed), its fp32 log-softmax, exp and product for the entropy,
+    and the second chunk's gradient of the head weight (bf16, the backward of `w.float()`), held by autograd until
+    the first chunk's is added to it. The fp32 copy of the weight is freed once autocast has cast it: at this
+    size (V x H = 1000 x 64) the chunk outweighs it."""
+    pytest.importorskip("trl", reason="the SFTTrainer cases need trl 1.9.0 (validation/install_frameworks.sh)")
+    tracker, category, *_ = traced_step(SFT_CHUNKED)
+    chunk = 256
+    assert _vocabulary_wide(tracker, category) == Counter({
+        f"mm.default bfloat16 ({chunk}, {V})": block(2 * chunk * V),
+        f"_log_softmax.default float32 ({chunk}, {V})": block(4 * chunk * V),
+        f"exp.default float32 ({chunk}, {V})": block(4 * chunk * V),
+        f"mul.Tensor float32 ({chunk}, {V})": block(4 * chunk * V),
+        f"_to_copy.default bfloat16 ({H}, {V})": block(2 * H * V),  # autocast's cast of w.float().t()
+        f"_to_copy.default bfloat16 ({V}, {H})": block(2 * V * H),  # the second chunk's weight gradient
+    })

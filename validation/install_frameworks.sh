@@ -34,6 +34,10 @@ python3 -m pip install --quiet "megatron-core==0.16.1" -c "$pin"
 # PEFT (validation/peft): LoRA on the HF models; QLoRA's bitsandbytes layer is emulated there and
 # checked against real bitsandbytes 0.49.2 (its CPU build) on tiny runs
 python3 -m pip install --quiet "peft==0.21.2" "bitsandbytes==0.49.2" -c "$pin"
+# TRL 1.9.0 (validation/accelerate/trl_sft.py: SFTTrainer's step, loss_type nll and chunked_nll): --no-deps, as
+# its dependencies are installed already (transformers: the [validate] extra; accelerate: peft's; datasets: torchtitan's;
+# jinja2: torch's; packaging) and pip would otherwise move them
+python3 -m pip install --quiet --no-deps "trl==1.9.0"
 # DeepSpeed 0.19.5 (validation/gpu/deepspeed_step.py's CPU self-test, tests/test_gpu_framework_steps.py; the
 # estimator's default DeepSpeed release): an sdist only; DS_BUILD_OPS=0 builds no op (pure Python; its
 # hjson, msgpack, ninja, py-cpuinfo, einops, pydantic come from PyPI). Its own venv over the system
@@ -48,5 +52,5 @@ DS_BUILD_OPS=0 .venv/deepspeed/bin/python -m pip install --quiet "deepspeed==0.1
 python3 -m venv --system-site-packages .venv/torchtune
 .venv/torchtune/bin/python -m pip install --quiet "torchtune==0.6.1" "torchao==0.10.0" -c "$pin"
 .venv/torchtune/bin/python -c "import torch, torchtune; assert torch.__version__.startswith('2.13.0'), torch.__version__"
-python3 -c "import torch, torchtitan, megatron.core, peft, bitsandbytes, huggingface_hub; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+python3 -c "import torch, torchtitan, megatron.core, peft, bitsandbytes, huggingface_hub, trl; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 rm -f "$pin"

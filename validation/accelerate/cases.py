@@ -4,7 +4,9 @@ contract's JSON format (the plain harness's, with `training_loop: "trainer"`).
 Each base run is one the plain harnesses measure (or could: the same Run / LoraRun), so a record
 compares with its plain-loop sibling: full fine-tuning of pure-bf16 models (the Trainer's
 `bf16=True` over a model loaded in bf16) and one AMP run (fp32 weights), LoRA (fp32 adapters over
-a bf16 base), QLoRA with and without peft's prepare_model_for_kbit_training.
+a bf16 base), QLoRA with and without peft's prepare_model_for_kbit_training; and TRL's SFTTrainer step over
+five of them (validation/accelerate/trl_sft.py; the loss type in the id and the description, the contract
+configuration still `training_loop: "trainer"`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from .harness import AccelerateRun
 
 def case_id(run: AccelerateRun) -> str:
     base = peft_case_id(run.base) if run.lora else hf_case_id(run.base)
-    return f"{base}-accelerate-{run.mixed_precision}"
+    trl = f"-trl-sft-{run.trl_sft}" if run.trl_sft else ""
+    return f"{base}-accelerate-{run.mixed_precision}{trl}"
 
 
 def _lora(model, seq, batch=1, recompute="none", **kw) -> LoraRun:
@@ -49,6 +52,13 @@ def _runs() -> list[AccelerateRun]:
         # embeddings and head: under autocast SDPA gets bf16 inputs again (the flash path)
         A(P["llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1"]),
         A(P["llama-3.1-8b-qlora-r16-all7-recompute-drop00-s4096-b1-prepared"]),
+        # TRL's SFTTrainer (trl 1.9.0, trl_sft.py) over five of the bases above, with each loss type: "nll" (trl
+        # 1.6.0 and earlier's default: the fp32 logits kept for entropy and accuracy) and "chunked_nll" (1.7.0 on:
+        # the head in checkpointed 256-token chunks over an fp32 copy of its weight)
+        *(A(base, trl_sft=loss) for base in (
+            Run("qwen2.5-0.5b", 2048, 2), Run("qwen2.5-0.5b", 8192, recompute="full"),
+            Run("llama-3.2-1b", 4096, 2, recompute="full"), Run("llama-3.1-8b", 4096),
+            P["llama-3.1-8b-lora-r16-all7-recompute-drop00-s4096-b1"]) for loss in ("nll", "chunked_nll")),
     ]
 
 
@@ -63,6 +73,8 @@ def contract_config(run: AccelerateRun) -> dict:
 
 def describe(run: AccelerateRun) -> str:
     base = peft_describe(run.base) if run.lora else hf_describe(run.base)
-    return (f"{base}; through the HF Trainer's step with the real Accelerate: Accelerator(mixed_precision="
+    step = (f"TRL's SFTTrainer.training_step (trl 1.9.0, SFTConfig loss_type '{run.trl_sft}'; a batch of "
+            f"full-length sequences, every token a target)" if run.trl_sft else "the HF Trainer's step")
+    return (f"{base}; through {step} with the real Accelerate: Accelerator(mixed_precision="
             f"'{run.mixed_precision}').prepare (autocast and convert_outputs_to_fp32 around the forward), "
             f"accelerator.backward, clip_grad_norm_ to 1.0")

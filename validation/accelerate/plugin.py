@@ -14,10 +14,14 @@ METHOD = (
     "behaviour emulated: FlashAttention-2 allocations for SDPA (inputs cast to the autocast dtype, as CUDA "
     "autocast lists SDPA), fused dropout, device step counters of fused AdamW, host scalars not counted. Step 2 "
     "is measured. Categories as the plain records'. The harness's step equals transformers.Trainer.training_step's "
-    "allocations on tiny real CPU runs (tests/test_harness_accelerate.py)."
+    "allocations on tiny real CPU runs (tests/test_harness_accelerate.py). The TRL cases run the real "
+    "trl.SFTTrainer.training_step (its compute_loss and, for loss_type chunked_nll, its patched forward) on a batch of "
+    "full-length sequences, every token a target; the values TRL reads from tensors (valid-token counts, metrics) are "
+    "answered from the batch in fake runs only (validation/accelerate/trl_sft.py), which equal real CPU runs byte for "
+    "byte."
 )
 
 HARNESS = Harness(
     name="accelerate", title="HF Trainer + Accelerate", order=(6, 6), method=METHOD,
-    distributions=("torch", "transformers", "accelerate"), optional_distributions=("peft",),
+    distributions=("torch", "transformers", "accelerate"), optional_distributions=("peft", "trl"),
     measure="harness:measure", trace="harness:traced_step")
