@@ -32,7 +32,8 @@ def test_openr1_sft_on_accelerate_zero3():
                            overrides=QWEN7B)
     expected = {"model": "qwen2.5-7b",
                 "training": {"framework": "deepspeed", "attn_implementation": "flash_attention_2", "micro_batch_size": 2, "global_batch_size": 128,
-                             "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768},
+                             "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768,
+                             "training_loop": "trl_sft"},
                 "parallel": {"zero_stage": 3, "dp": 8}}
     assert result.kind == "accelerate"
     same_estimate(result, expected)
@@ -67,7 +68,8 @@ def test_deepspeed_config_with_arguments_and_a_lora_config():
                              "adapter": {"method": "lora", "rank": 32, "alpha": 64, "target_modules": ["q", "v"],
                                          "dropout": 0.0},
                              "offload_optimizer": "cpu", "offload_parameters": "cpu", "reduce_bucket_size": 1,
-                             "stage3_prefetch_bucket_size": 1, "stage3_max_live_parameters": 1_000_000_000},
+                             "stage3_prefetch_bucket_size": 1, "stage3_max_live_parameters": 1_000_000_000,
+                             "training_loop": "trl_sft"},
                 "parallel": {"dp": 8, "zero_stage": 3}}
     assert result.kind == "deepspeed"
     same_estimate(result, expected)
@@ -155,7 +157,7 @@ def test_accelerate_fsdp2_and_ddp():
     result = import_config(text("fsdp2.yaml"), training_args=sft)
     same_estimate(result, {"model": "qwen3-8b",
                            "training": {"framework": "hf_fsdp2", "micro_batch_size": 2, "global_batch_size": 64,
-                                        "recompute": "full", "seq_len": 4096},
+                                        "recompute": "full", "seq_len": 4096, "training_loop": "trl_sft"},
                            "parallel": {"zero_stage": 3, "dp": 8}})
     dpo = "model_name_or_path: meta-llama/Llama-3.1-8B-Instruct\nbeta: 0.1\nmax_length: 2048\n" \
           "max_prompt_length: 512\nper_device_train_batch_size: 1\n"

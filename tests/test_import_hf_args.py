@@ -8,7 +8,7 @@ import pytest
 
 from estimator import ConfigError, estimate_config
 from estimator.importers import estimate_imported, import_config
-from estimator.importers.emit_hf import emit_hf
+from estimator.importers.emit_hf import emit_hf, sft_config
 from import_refusals import SUBSTITUTION, TOO_LARGE
 
 DATA = Path(__file__).parent / "data" / "launch" / "hf"
@@ -27,7 +27,8 @@ def test_openr1_sft_config_alone_is_ddp():
     same_estimate(result, {"model": "qwen2.5-7b",
                            "parallel": {"dp": 8},
                            "training": {"framework": "hf", "attn_implementation": "flash_attention_2", "micro_batch_size": 2, "global_batch_size": 128,
-                                        "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768}})
+                                        "recompute": "full", "liger_kernel": True, "loss": "chunked", "seq_len": 32768,
+                                        "training_loop": "trl_sft"}})
 
 
 DS_INLINE = """model_name_or_path: meta-llama/Llama-3.1-8B
@@ -56,7 +57,7 @@ def test_a_deepspeed_dict_in_the_arguments():
                            "training": {"framework": "deepspeed", "micro_batch_size": 2, "global_batch_size": 64,
                                         "recompute": "full", "seq_len": 4096, "offload_optimizer": "cpu",
                                         "reduce_bucket_size": 50_000_000,
-                                        "stage3_prefetch_bucket_size": 40_000_000}})
+                                        "stage3_prefetch_bucket_size": 40_000_000, "training_loop": "trl_sft"}})
     assert {"learning_rate", "deepspeed.gradient_clipping"} <= {s.name for s in result.ignored}
 
 
@@ -68,7 +69,7 @@ def test_fsdp_config_in_the_arguments():
     # transformers 5.23: FSDP version 2 unless 1; no resharding after forward is shard-grad-op (ZeRO-2)
     assert result.config == {"model": "qwen3-8b", "parallel": {"dp": 8, "zero_stage": 2},
                              "training": {"framework": "hf_fsdp2", "recompute": "full", "micro_batch_size": 1,
-                                          "seq_len": 8192}}
+                                          "seq_len": 8192, "training_loop": "trl_sft"}}
     assert [s.name for s in result.unsupported] == ["fsdp_config.limit_all_gathers", "loss_type"]  # TRL SFT (_sft_loss)
 
 
@@ -110,7 +111,8 @@ def test_emit_hf_round_trip(config):
     text = emit_hf(config)
     result = import_config(text, gpus=config["parallel"]["dp"])  # the kind guessed
     assert result.kind == "hf" and result.unknown == ()
-    assert estimate_imported(result).to_json() == estimate_config(config).to_json(), text
+    # the file runs TRL's SFTTrainer (emit_hf.sft_config)
+    assert estimate_imported(result).to_json() == estimate_config(sft_config(config)).to_json(), text
 
 
 def test_emit_hf_refuses_what_the_arguments_cannot_say():
@@ -216,17 +218,21 @@ def test_the_fsdp_option_strings_offload():
     assert (training["offload_optimizer"], training["offload_parameters"]) == ("cpu", "cpu")
 
 
-@pytest.mark.parametrize("extra, value, words", [
-    ("", "(unset: chunked_nll)", "chunked_nll (the default without Liger from trl v1.7.0"),
-    ("loss_type: nll\n", "nll", "keeps the model's outputs after the loss"),
+@pytest.mark.parametrize("extra, framework, loss, unsupported", [
+    ("", "hf", "chunked", False),  # trl v1.7.0 on: chunked_nll unless Liger, under Accelerate's autocast
+    ("loss_type: nll\n", "hf", "standard", False),
+    ("loss_type: chunked_nll\nfsdp: true\nfsdp_config:\n  version: 2\n", "hf_fsdp2", "standard", True),
 ])
-def test_trls_sft_loss_is_reported_not_modelled(extra, value, words):
-    """TRL's SFTTrainer loss is not the Trainer's: trl v1.7.0 on computes chunked_nll unless use_liger_kernel
-    (sft_config.py), earlier versions' nll keeps the outputs for entropy and token accuracy (sft_trainer.py
-    compute_loss). Neither is modelled yet: the ledger says so rather than calling loss_type without effect."""
+def test_trls_sft_loss_is_its_loss_type(extra, framework, loss, unsupported):
+    """TRL's SFTTrainer runs its own loss (memory/activations/trl_loss.py): chunked_nll, its default from trl
+    v1.7.0 without Liger (sft_config.py), is loss "chunked" under the SFTTrainer's loop where the Trainer runs the
+    model under Accelerate's autocast, the measured path; elsewhere it is reported not modelled, and estimated as
+    transformers' loss; nll is the model's loss with the SFTTrainer's metrics from the kept logits."""
     text = "model_name_or_path: Qwen/Qwen3-8B\nper_device_train_batch_size: 2\nmax_length: 4096\n" + extra
     result = import_config(text, "hf", gpus=8)
-    [setting] = [s for s in result.unsupported if s.name == "loss_type"]
-    assert setting.value == value and words in setting.note
+    training = result.config["training"]
+    assert (training["framework"], training["training_loop"], training.get("loss", "standard")) == \
+        (framework, "trl_sft", loss)
+    assert ("loss_type" in {s.name for s in result.unsupported}) == unsupported
     liger = import_config(text + "use_liger_kernel: true\n", "hf", gpus=8)
     assert "loss_type" not in {s.name for s in liger.unsupported}

@@ -18,12 +18,16 @@ _HF_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate":
 
 
 def emit_hf(config: dict) -> str:
+    """The arguments as TRL's SFTConfig: the file runs TRL's SFTTrainer, so it is checked against the configuration
+    under that loop (training_loop trl_sft), its loss written as the loss_type that runs it."""
     from ..models.loading import load_config
+    framework = load_config(config).training.framework
+    if framework not in ("hf", "deepspeed", "hf_fsdp2", "fsdp1"):
+        raise ConfigError("--emit", "hf", f"a configuration with framework 'hf', 'deepspeed', 'hf_fsdp2' or 'fsdp1' "
+                          f"(this one is {framework!r})")
+    config = sft_config(config)
     cfg = load_config(config)
     tr, par = cfg.training, cfg.parallel
-    if tr.framework not in ("hf", "deepspeed", "hf_fsdp2", "fsdp1"):
-        raise ConfigError("--emit", "hf", f"a configuration with framework 'hf', 'deepspeed', 'hf_fsdp2' or 'fsdp1' "
-                          f"(this one is {tr.framework!r})")
     lines = [f"# written by llm-memory plan, emit hf: TrainingArguments / TRL SFTConfig keys, for {par.gpus} processes",
              "# (accelerate launch or torchrun of the script that parses this file)",
              f"model_name_or_path: {hub_id(cfg, 'hf')}", f"max_length: {tr.seq_len}",
@@ -40,6 +44,8 @@ def emit_hf(config: dict) -> str:
         raise ConfigError("training.optimizer", tr.optimizer, ", ".join(_OPTIM), "hf has no setting for it")
     lines.append(f"optim: {_OPTIM[tr.optimizer]}")
     lines += trainer_lines(tr.liger_kernel, tr.loss)
+    if not tr.liger_kernel:  # TRL's loss_type (memory/activations/trl_loss.py)
+        lines.append(f"loss_type: {'chunked_nll' if tr.loss == 'chunked' else 'nll'}")
     if tr.attention == "eager" or tr.attn_implementation:
         lines.append(f"attn_implementation: {'eager' if tr.attention == 'eager' else tr.attn_implementation}")
     if tr.compile:
@@ -47,6 +53,15 @@ def emit_hf(config: dict) -> str:
     lines += _adapter(tr.adapter)
     lines += _deepspeed(tr, par) if tr.framework == "deepspeed" else _fsdp(tr, par) if tr.framework != "hf" else []
     return verified("hf", "\n".join(lines) + "\n", config, gpus=par.gpus)
+
+
+def sft_config(config: dict) -> dict:
+    """`config` as TRL's SFTTrainer runs it: training_loop trl_sft (a plain loop has no arguments file)."""
+    training = dict(config.get("training", {}))
+    if training.get("training_loop", "trainer") == "plain":
+        raise ConfigError("--emit", "hf", "a configuration with training_loop 'trainer' or 'trl_sft'",
+                          "a plain loop has no TrainingArguments")
+    return {**config, "training": {**training, "training_loop": "trl_sft"}}
 
 
 def _yaml(value: bool) -> str:

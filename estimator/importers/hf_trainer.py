@@ -134,7 +134,7 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
     if peft is not None or doc.get("use_peft"):
         _adapter(doc, build, ledger, peft)
     if kind == "sft":
-        _sft_loss(doc, ledger)
+        _sft_loss(doc, build, ledger, framework)
     if kind == "grpo":
         _grpo(doc, build, ledger, world)
     elif kind == "dpo":
@@ -146,25 +146,30 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
             ledger.strange(key, value, f"not an argument of TrainingArguments or {TRL_VERSION}'s configs")
 
 
-def _sft_loss(doc: FlatDoc, ledger: Ledger) -> None:
-    """TRL's SFTTrainer loss, which the estimate does not model yet: its loss_type (trl v1.7.0 on: chunked_nll
-    unless use_liger_kernel, sft_config.py __post_init__) computes the LM head on the valid tokens only, in
-    checkpointed 256-token chunks over an fp32 copy of the head's weight (sft_trainer.py
-    _chunked_cross_entropy_loss); nll (the default before v1.7.0) and dft keep the model's outputs after the loss
-    for the entropy and token accuracy (compute_loss: entropy_from_logits, a copy of the logits when the
-    micro-batch is above 1). Both are estimated as the Trainer's own loss, and the ledger says so."""
+def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str) -> None:
+    """TRL's SFTTrainer: training_loop trl_sft, and its loss_type (trl v1.7.0 on: chunked_nll unless
+    use_liger_kernel, sft_config.py __post_init__) as the loss (memory/activations/trl_loss.py): chunked_nll is
+    loss "chunked" where the Trainer runs the model under Accelerate's autocast (hf, fsdp1 with bf16 or fp16; the
+    measured path), nll "standard" with its metrics' moment. With Liger, Liger's loss (trainer_liger)."""
+    build.set("training.training_loop", "trl_sft", "(SFTConfig)", "", why="TRL's SFTTrainer")
     if doc.get("use_liger_kernel"):
-        return  # Liger's loss (trainer_liger); TRL refuses chunked_nll beside it
+        return  # TRL refuses chunked_nll beside Liger
     given = doc.get("loss_type")
-    if given in (None, "chunked_nll"):
-        ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll (the default "
-                            "without Liger from trl v1.7.0: the LM head on the valid tokens, in checkpointed 256-token "
-                            "chunks over an fp32 copy of its weight); estimated as transformers' loss over the whole "
-                            "logits")
+    loss_type = given or "chunked_nll"
+    autocast = framework in ("hf", "fsdp1") and build.get("training.param_dtype", "bf16") in ("bf16", "fp16") \
+        and build.get("training.compute_dtype", "bf16") != "fp32"
+    if loss_type == "chunked_nll" and autocast:
+        build.set("training.loss", "chunked", "loss_type", given or "(unset)",
+                  why="" if given else f"{TRL_VERSION}'s default without Liger (from v1.7.0)")
+    elif loss_type == "chunked_nll":
+        ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll is measured "
+                            "under Accelerate's autocast (framework hf or fsdp1 in bf16/fp16): estimated as "
+                            "transformers' loss over the whole logits")
+    elif loss_type == "nll":
+        ledger.mapped("loss_type", loss_type, "loss \"standard\", with the SFTTrainer's entropy and token accuracy "
+                      "from the kept logits")
     else:
-        ledger.not_modelled("loss_type", given, "the SFTTrainer keeps the model's outputs after the loss for its "
-                            "entropy and token accuracy (with a copy of the logits above one sample a micro-batch); "
-                            "estimated as the Trainer's loss, whose outputs go before the backward")
+        ledger.not_modelled("loss_type", loss_type, "estimated as nll (the model's loss and the SFTTrainer's metrics)")
 
 
 def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, peft: FlatDoc | None) -> None:

@@ -80,7 +80,7 @@ def under_autocast(training) -> bool:
     """A prepared run under the HF Trainer's autocast (trainer_loop.through_accelerate). Its weights are 16-bit
     (check_prepare_kbit) and no config computes wider than its weights, so the Trainer's loop is enough; read from
     the loop, which `ledger_training` keeps (its compute dtype it makes fp32)."""
-    return prepared(training) and training.framework == "hf" and training.training_loop == "trainer"
+    return prepared(training) and training.framework == "hf" and training.training_loop in ("trainer", "trl_sft")
 
 
 def math_attention(arch, training) -> bool:

@@ -26,6 +26,7 @@ from ..spec.optimizers import OPTIMIZERS
 from .adapters import adapter_states, inventory
 from .kbit import autocast_head_copy, ledger_training, math_attention, under_autocast
 from .fsdp1 import frozen_weights_train, is_fsdp1, no_shard_backward_end, shard_group
+from .activations.trl_loss import SOURCE as TRL_SOURCE, nll_metrics, trl_nll
 from .hf_fsdp2 import backward_end as hf_fsdp2_backward_end, block_moment, is_hf_fsdp2, tail_unit
 from .states import FP8_SOURCE, ZERO_SOURCE, fsdp2_gathered_block_bytes, model_states
 from .megatron_fsdp import with_global_moments
@@ -189,6 +190,7 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
         (working, extras, by_kind), loss_forward = _with_math_attention(
             arch, training, recipe, sp, shared, (working, extras, by_kind), loss_saved, loss_forward, exchange,
             grads_live)
+    loss_forward = _with_trl_metrics(arch, training, par, shared, loss_forward) if last else loss_forward
     loss_forward = with_checkpointed_forward(arch, training, shared.parallel, loss_saved, loss_forward, exchange, tr)
     # after the loss: a recomputed layer, or the largest tensor's compiled step in backward (transients.py)
     recomputed_bytes = max(int(round(working)) + total_bytes(extras), total_bytes(tr.step_after_loss))
@@ -225,6 +227,18 @@ def _static_stage(arch: Architecture, training: Training, recipe: Recipe, par: P
                         step, backward_end, reduce_scatter_pool(training, par, grads, m),
                         _gathered(training, recipe, par, sp),
                         saved + beside_loss - total_bytes(after_loss) - recomputed_bytes)
+
+
+def _with_trl_metrics(arch: Architecture, training: Training, par: Parallel, shared: _Shared,
+                      loss_forward: list) -> list:
+    """The larger of the loss's forward moment and TRL's SFTTrainer's metrics from the kept logits (its nll), a
+    moment after it beside the same saved tensors (activations/trl_loss.py)."""
+    if not trl_nll(training):
+        return loss_forward
+    vocab = padded_vocab_size(arch.vocab_size, par.tp, training.framework)
+    metrics = [entries_component("transient", "TRL SFTTrainer's metrics from the kept logits",
+                                 nll_metrics(arch, training, shared.parallel, vocab), shared.parallel, 1, TRL_SOURCE)]
+    return max(loss_forward, metrics, key=total_bytes)
 
 
 def _held_with_the_loss(arch: Architecture, training: Training, par: Parallel, m: int, shared: _Shared,

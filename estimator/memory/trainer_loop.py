@@ -44,7 +44,7 @@ LOGITS_ENTRY = ("fp32 logits, one at a time: the loss's upcast (log-softmax inpu
 def through_accelerate(training) -> bool:
     """The forward runs under Accelerate's mixed precision: the Trainer's loop with a 16-bit compute dtype
     (TrainingArguments bf16/fp16 -> native_amp)."""
-    return (training.framework in TRAINER_FRAMEWORKS and training.training_loop == "trainer"
+    return (training.framework in TRAINER_FRAMEWORKS and training.training_loop in ("trainer", "trl_sft")
             and training.compute_dtype in ("bf16", "fp16") and training.mode == "training")
 
 

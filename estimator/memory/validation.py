@@ -207,6 +207,7 @@ def _check_framework(arch: Architecture, training: Training, par: Parallel) -> N
     if training.framework == "hf_fsdp2":
         from .hf_fsdp2 import check as check_hf_fsdp2
         check_hf_fsdp2(training, par)
+    _check_trl_loss(training)
     if training.framework == "fsdp1":
         from .fsdp1 import check as check_fsdp1, check_tied_no_sync
         from .pipeline import microbatches
@@ -220,6 +221,18 @@ def _check_framework(arch: Architecture, training: Training, par: Parallel) -> N
                           f"{'FULL_SHARD' if strategy else 'empty'} unless framework is 'fsdp1'",
                           "FSDP1's sharding strategy (Accelerate's fsdp_sharding_strategy); fsdp2 and deepspeed shard "
                           "by zero_stage", related=("training.framework",))
+
+
+def _check_trl_loss(training: Training) -> None:
+    """TRL's chunked_nll (activations/trl_loss.py) is measured where the Trainer runs the model under Accelerate's
+    autocast; a 16-bit model run without it (DeepSpeed, FSDP2) makes its chunk's matmul in fp32, not measured."""
+    from .activations.trl_loss import trl_chunked
+    from .trainer_loop import through_accelerate
+    if trl_chunked(training) and not through_accelerate(training):
+        raise ConfigError("training.loss", "chunked", "'standard' or liger_kernel under training_loop 'trl_sft' "
+                          "unless framework is 'hf' or 'fsdp1' with a bf16/fp16 compute dtype",
+                          "TRL's chunked_nll is measured under Accelerate's autocast only",
+                          related=("training.training_loop", "training.framework"))
 
 
 def _check_training_settings(arch: Architecture, training: Training, par: Parallel) -> None:

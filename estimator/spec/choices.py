@@ -48,8 +48,9 @@ CROSS_ENTROPY_IMPLS = ("native", "te")
 # Megatron-LM --transformer-impl (arguments.py): TransformerEngine's layer spec, or Megatron-Core's own ("local":
 # gpt_layer_specs.py get_gpt_layer_local_spec, with its unfused DotProductAttention and no TE module)
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
-# hf: the HF Trainer through Accelerate (autocast, fp32 outputs) or a plain loop (memory/trainer_loop.py)
-TRAINING_LOOPS = ("trainer", "plain")
+# hf: the HF Trainer through Accelerate (autocast, fp32 outputs) or a plain loop (memory/trainer_loop.py); trl_sft:
+# TRL's SFTTrainer, the Trainer's loop with its own loss (activations/trl_loss.py)
+TRAINING_LOOPS = ("trainer", "plain", "trl_sft")
 # fsdp1: torch ShardingStrategy names as Accelerate's fsdp_sharding_strategy takes them (memory/fsdp1.py)
 FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

@@ -41,9 +41,8 @@ TRAINING_FIELDS: tuple[Field, ...] = (
     _choice("framework", _T, "Framework", "The training stack. It sets the default precision recipe (which copies "
             "of the weights exist, in which dtype) and what ZeRO stage means: megatron = Megatron-LM/NeMo, fsdp2 = "
             "PyTorch FSDP2 (torchtitan), deepspeed = DeepSpeed ZeRO, hf = Hugging Face Trainer with torch.optim, "
-            "torchtune = torchtune's recipes, fsdp1 = the HF Trainer over FSDP1 (Accelerate's fsdp_version 1), "
-            "hf_fsdp2 = the HF Trainer over FSDP2 (Accelerate's fsdp_version 2: transformers' modelling code, "
-            "no autocast, the parameters gathered in bf16 over fp32 shards).",
+            "torchtune = its recipes, fsdp1 / hf_fsdp2 = the HF Trainer over Accelerate's FSDP1 / FSDP2 (no "
+            "autocast, bf16 gathered over fp32 shards).",
             "Run", FRAMEWORKS),
     _choice("framework_version", _T, "Framework version", "The release of the framework whose rules apply: "
             "megatron 0.16 (Megatron-Core 0.16.1) or 0.19 (0.19.0, the current release); fsdp2 0.3.0 (torchtitan) "
@@ -83,7 +82,10 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "
             "called directly, autocast only over weights wider than the compute dtype. fsdp1: trainer = the HF "
             "Trainer through Accelerate; plain = a loop of one's own over FSDP1, such as Lightning Fabric's "
-            "FSDPStrategy with bf16-true weights.", "Run", TRAINING_LOOPS),
+            "FSDPStrategy with bf16-true weights. trl_sft = TRL's SFTTrainer: loss chunked (no Liger) is its "
+            "chunked_nll (default from trl 1.7.0: the head on the targets, 256 at a time, checkpointed, over an fp32 "
+            "copy of its weight), standard its nll (then entropy and accuracy from the kept logits).", "Run",
+            TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("images_per_sample", _T, "Images per sample", "Vision-language models: images in each sample. Each runs "

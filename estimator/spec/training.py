@@ -297,7 +297,11 @@ def _check_framework_settings(t: Training) -> None:
         raise ConfigError("training.te_version", t.te_version, "a TransformerEngine release with transformer_impl "
                           "'transformer_engine' or fp8", "TransformerEngine's layer spec and FP8 need it installed",
                           related=("training.transformer_impl", "training.fp8"))
-    if t.training_loop != "trainer" and t.framework not in ("hf", "fsdp1"):
+    if t.training_loop == "trl_sft" and t.framework not in TRANSFORMERS_FRAMEWORKS:
+        raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf', 'deepspeed', "
+                          "'fsdp1' or 'hf_fsdp2'", "TRL's SFTTrainer runs transformers' models through the HF Trainer",
+                          related=("training.framework",))
+    if t.training_loop == "plain" and t.framework not in ("hf", "fsdp1"):
         raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf' or 'fsdp1'",
                           "a plain loop is modelled for the HF stack and FSDP1 (Lightning Fabric's FSDPStrategy runs "
                           "one); the other frameworks run their own loops", related=("training.framework",))

@@ -67,7 +67,9 @@ CASES: dict[str, AccelerateRun] = {case_id(r): r for r in _runs()}
 
 def contract_config(run: AccelerateRun) -> dict:
     config = peft_config(run.base) if run.lora else hf_config(run.base)
-    config["training"]["training_loop"] = "trainer"
+    config["training"]["training_loop"] = "trl_sft" if run.trl_sft else "trainer"
+    if run.trl_sft:  # TRL's loss_type: chunked_nll is loss "chunked" under its loop (activations/trl_loss.py)
+        config["training"]["loss"] = "chunked" if run.trl_sft == "chunked_nll" else "standard"
     return config
 
 

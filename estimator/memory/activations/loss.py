@@ -12,6 +12,7 @@ from ...spec.parallel import Parallel
 from ...spec.training import Training
 from ..titan_releases import SOURCES as TITAN_SOURCES, titan_rules
 from .chunked_head import chunked_head_backward
+from .trl_loss import SOURCE as TRL_SOURCE, chunked_loss as trl_chunked_loss, trl_chunked
 from .entries import Entry, _norm, _norm_output, autocast, compiled, fused_kernels, tokens_per_gpu
 
 
@@ -63,6 +64,11 @@ def loss_memory(arch: Architecture, training: Training, par: Parallel, vocab: in
     if training.loss == "chunked" and training.framework == "torchtune":
         return _torchtune_chunked_loss(arch, training, par, vocab)
     T = tokens_per_gpu(training, par)
+    if trl_chunked(training):  # TRL's chunked_nll: the head on the targets, 256 at a time (trl_loss.py)
+        from ..adapter_activations import kept
+        saved, forward, backward = trl_chunked_loss(arch, training, par, vocab)
+        return LossMemory(saved=kept(_norm("final norm input", T, arch, training) + saved, training, arch),
+                          forward=forward, backward=kept(backward, training, arch), source=TRL_SOURCE)
     if training.loss == "chunked":  # Liger's fused linear cross-entropy keeps no head input (its own gradients)
         loss = _liger_chunked_loss(arch, training, par, vocab)
         from ..adapter_activations import kept  # a frozen head gets no weight gradient

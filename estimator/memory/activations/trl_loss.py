@@ -1,0 +1,91 @@
+"""TRL's SFTTrainer loss (`training_loop` "trl_sft"), trl 1.9.0, under the HF Trainer through Accelerate.
+
+- `loss` "chunked" without Liger is its `chunked_nll`, the default from trl v1.7.0 (sft_config.py __post_init__:
+  "nll" if use_liger_kernel else "chunked_nll"). SFTTrainer.__init__ patches the causal LM's forward
+  (sft_trainer.py `_patch_chunked_ce_lm_head`, before Accelerate wraps it): the decoder runs to the final norm,
+  the targets (every position but each sequence's last, `labels[..., 1:]`) are gathered to the front
+  (`hidden[order]`, kept for backward), and the head and its cross-entropy run on 256 of them at a time, each
+  chunk under torch.utils.checkpoint (`_chunk`: `h.float() @ w.float().t()`, log_softmax, nll, argmax, entropy),
+  so no [b, s, V] tensor exists. Each chunk makes an fp32 copy of the head's weight and, under Accelerate's
+  autocast, the matmul's 16-bit cast of it (autocast caches no cast of a non-leaf tensor); in backward each
+  chunk makes them again, beside the head weight's gradient summed over the chunks done and the gathered
+  input's gradient.
+- `loss` "standard" is its `nll` (the default before v1.7.0): the model's own loss (`_pytorch_cross_entropy`),
+  then compute_loss keeps the outputs (Accelerate's fp32 copy of the logits) for the entropy and token accuracy
+  (`entropy_from_logits`, 128 rows at a time, of `logits[..., :-1, :]`, reshaped: a copy above one sample):
+  `nll_metrics`, a moment after the loss's forward beside what the loss keeps.
+- With Liger (`liger_kernel`) TRL runs Liger's loss and skips its metrics (the Trainer's path).
+
+Measured: tests/data/measured/accelerate/*-trl-sft-* (validation/accelerate/trl_sft.py, the real
+SFTTrainer.training_step).
+"""
+
+from __future__ import annotations
+
+from ...spec.architecture import Architecture
+from ...spec.dtypes import bytes_per_element
+from ...spec.parallel import Parallel
+from ...spec.training import Training
+from .entries import Entry, autocast, tokens_per_gpu
+
+CHUNK = 256  # trl 1.9.0 sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE
+METRIC_ROWS = 128  # trl 1.9.0 trainer/utils.py entropy_from_logits(chunk_size=128)
+SOURCE = ("trl 1.9.0 trainer/sft_trainer.py (_chunked_cross_entropy_loss, _chunk, _patch_chunked_ce_lm_head, "
+          "compute_loss) and trainer/utils.py entropy_from_logits; sft_config.py (loss_type chunked_nll the default "
+          "without Liger from v1.7.0); measured: tests/data/measured/accelerate/*-trl-sft-*")
+
+
+def trl_chunked(training: Training) -> bool:
+    """TRL's chunked_nll: loss "chunked" under its SFTTrainer without Liger."""
+    return training.training_loop == "trl_sft" and training.loss == "chunked" and not training.liger_kernel
+
+
+def trl_nll(training: Training) -> bool:
+    """TRL's nll: the model's own loss, then compute_loss's metrics from the kept outputs."""
+    return training.training_loop == "trl_sft" and training.loss == "standard" and not training.liger_kernel
+
+
+def _targets(training: Training, par: Parallel) -> float:
+    """Every position but each sequence's last (`labels[..., 1:]`): all of them targets in a full batch."""
+    return tokens_per_gpu(training, par) - training.micro_batch_size
+
+
+def chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: int):
+    """(saved, forward, backward) entries of chunked_nll beside the final norm's (module docstring)."""
+    from ..trainer_loop import through_accelerate
+    B = bytes_per_element(training.compute_dtype)
+    P = bytes_per_element(training.param_dtype)  # the head weight's dtype, and its gradient's
+    I = 4 if autocast(training) else B  # the final norm's output, in the residual stream's dtype
+    n, h = _targets(training, par), arch.hidden_size
+    cast = through_accelerate(training)  # the matmul runs on autocast's 16-bit casts
+    L = B if cast else 4  # a chunk's logits: autocast's matmul output, else the fp32 operands'
+    saved = [Entry("LM head input gathered to the targets (hidden[order])", n * h, I, "none", f"{I:g}*(s-1)*b*h"),
+             Entry("the targets' order and labels (int64)", n, 16, "none", "2*8*(s-1)*b")]
+    weight = [Entry("fp32 copy of the LM head weight (w.float(), one chunk's)", vocab * h, 4, "none", "4*V*h",
+                    split_by_cp=False)]
+    if cast:
+        weight.append(Entry("autocast's cast of it for the matmul", vocab * h, B, "none", f"{B:g}*V*h",
+                            split_by_cp=False))
+    logits = Entry(f"one chunk's logits ({CHUNK} targets)", CHUNK * vocab, L, "none", f"{L:g}*{CHUNK}*V",
+                   split_by_cp=False)
+    backward = weight + [logits,
+                         Entry("the head weight's gradient, summed over the chunks done", vocab * h, P, "none",
+                               f"{P:g}*V*h", split_by_cp=False, for_weights=("head",)),
+                         Entry("gradient of the gathered LM head input", n * h, I, "none", f"{I:g}*(s-1)*b*h")]
+    return saved, weight + [logits], backward
+
+
+def nll_metrics(arch: Architecture, training: Training, par: Parallel, vocab: int) -> list[Entry]:
+    """compute_loss's metrics after the loss's forward, beside what the loss keeps for backward: the outputs'
+    logits (Accelerate's fp32 copy under its autocast), their reshaped copy above one sample a micro-batch and
+    one 128-row chunk's log-softmax, exp and product (module docstring)."""
+    from ..trainer_loop import through_accelerate
+    D = 4 if through_accelerate(training) else bytes_per_element(training.compute_dtype)
+    T, b = tokens_per_gpu(training, par), training.micro_batch_size
+    out = [Entry("the outputs' logits, kept by compute_loss for its metrics", T * vocab, D, "none", f"{D:g}*s*b*V")]
+    if b > 1:
+        out.append(Entry("their reshaped copy (logits[..., :-1, :], not contiguous above one sample)",
+                         _targets(training, par) * vocab, D, "none", f"{D:g}*(s-1)*b*V"))
+    out.append(Entry(f"entropy of {METRIC_ROWS} rows: log-softmax, exp and product", 3 * METRIC_ROWS * vocab, D,
+                     "none", f"3*{D:g}*{METRIC_ROWS}*V", split_by_cp=False))
+    return out
