@@ -236,3 +236,11 @@ def test_trls_sft_loss_is_its_loss_type(extra, framework, loss, unsupported):
     assert ("loss_type" in {s.name for s in result.unsupported}) == unsupported
     liger = import_config(text + "use_liger_kernel: true\n", "hf", gpus=8)
     assert "loss_type" not in {s.name for s in liger.unsupported}
+
+
+@pytest.mark.parametrize("value", ["mse", "[nll]", "{a: 1}", "3"])
+def test_an_sft_loss_type_trl_does_not_have_is_refused_by_name(value):
+    text = f"model_name_or_path: Qwen/Qwen3-8B\nper_device_train_batch_size: 2\nmax_length: 4096\nloss_type: {value}\n"
+    with pytest.raises(ConfigError) as error:
+        import_config(text, "hf", gpus=8)
+    assert error.value.field == "loss_type"

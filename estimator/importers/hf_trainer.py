@@ -146,6 +146,9 @@ def apply(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str, wo
             ledger.strange(key, value, f"not an argument of TrainingArguments or {TRL_VERSION}'s configs")
 
 
+_SFT_LOSSES = ("nll", "chunked_nll", "dft")  # trl 1.9.0 sft_trainer.py: "Supported values are ..."
+
+
 def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str) -> None:
     """TRL's SFTTrainer: training_loop trl_sft, and its loss_type (trl v1.7.0 on: chunked_nll unless
     use_liger_kernel, sft_config.py __post_init__) as the loss (memory/activations/trl_loss.py): chunked_nll is
@@ -155,6 +158,10 @@ def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str
     if doc.get("use_liger_kernel"):
         return  # TRL refuses chunked_nll beside Liger
     given = doc.get("loss_type")
+    nested = doc.section("loss_type")  # a mapping, flattened into keys of its own
+    given = nested if nested else given
+    if given is not None and (not isinstance(given, str) or given not in _SFT_LOSSES):
+        raise ConfigError("loss_type", given, ", ".join(_SFT_LOSSES) + f" ({TRL_VERSION}'s SFTConfig)")
     loss_type = given or "chunked_nll"
     autocast = framework in ("hf", "fsdp1") and build.get("training.param_dtype", "bf16") in ("bf16", "fp16") \
         and build.get("training.compute_dtype", "bf16") != "fp32"
