@@ -68,6 +68,14 @@ def test_nll_keeps_the_outputs_for_its_metrics():
     assert not any("reshaped copy" in label for label in one)
 
 
+def test_an_rl_run_is_not_the_sft_trainers():
+    rl = {"algorithm": "grpo", "rollout_batch_size": 64, "samples_per_prompt": 8, "max_prompt_len": 1024,
+          "max_response_len": 1024, "engine": "vllm"}
+    with pytest.raises(ConfigError) as error:
+        estimate_config(config("standard", rl=rl))
+    assert error.value.field == "training.rl"
+
+
 @pytest.mark.parametrize("change, field", [
     ({"framework": "megatron"}, "training.training_loop"),
     ({"framework": "deepspeed"}, "training.loss"),  # chunked_nll without Accelerate's autocast: not measured

@@ -301,6 +301,11 @@ def _check_framework_settings(t: Training) -> None:
         raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf', 'deepspeed', "
                           "'fsdp1' or 'hf_fsdp2'", "TRL's SFTTrainer runs transformers' models through the HF Trainer",
                           related=("training.framework",))
+    if t.training_loop == "trl_sft" and (t.rl is not None or t.mode != "training"):
+        field, value = ("training.rl", t.rl.algorithm) if t.rl is not None else ("training.mode", t.mode)
+        raise ConfigError(field, value, "empty (supervised training) with training_loop 'trl_sft'",
+                          "trl_sft is TRL's SFTTrainer; TRL's RL trainers (GRPO, DPO) run the Trainer's loop",
+                          related=("training.training_loop",))
     if t.training_loop == "plain" and t.framework not in ("hf", "fsdp1"):
         raise ConfigError("training.training_loop", t.training_loop, "'trainer' unless framework is 'hf' or 'fsdp1'",
                           "a plain loop is modelled for the HF stack and FSDP1 (Lightning Fabric's FSDPStrategy runs "
