@@ -43,7 +43,7 @@ from ..core.meta import materialize
 from ..core.steps import fake_mode, log_second_step
 from ..core.tracker import StorageTracker, phase_summary
 from ..core.world import fake_world
-from ..hf.models import MODELS
+from ..hf.meta_build import lora_on_all_seven, meta_causal_lm
 
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -68,24 +68,11 @@ class Run:
 def meta_model(run: Run):
     """The model (and its adapters), parameters on meta, buffers real, as validation/peft/build.py
     builds it: built outside FakeTensorMode, then given storage inside it (`materialize`)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
-    config = MODELS[run.model].hf_config(run.attention)
-    if run.layers:
-        config.num_hidden_layers = run.layers
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if config.tie_word_embeddings:  # built on meta the head is a parameter of its own: tie it as a real build does
-        model.lm_head.weight = model.get_input_embeddings().weight
+    model = meta_causal_lm(run.model, run.attention, run.layers, torch.float32)
     if run.recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if run.lora_rank:
-        from peft import LoraConfig, get_peft_model
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        model = get_peft_model(model, LoraConfig(r=run.lora_rank, lora_alpha=2 * run.lora_rank, target_modules=targets,
-                                                 task_type="CAUSAL_LM"), low_cpu_mem_usage=True)
+        model = lora_on_all_seven(model, run.lora_rank)
     model.train()
     return model
 

@@ -95,9 +95,7 @@ from ..core.emulation import cuda_emulation, fsdp2_storage
 from ..core.steps import fake_mode, log_second_step
 from ..core.tracker import SubclassAwareTracker, phase_summary
 from ..core.world import fake_world
-from ..hf.models import MODELS
-
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from ..hf.meta_build import lora_on_all_seven, meta_causal_lm
 
 
 @dataclass(frozen=True)
@@ -133,23 +131,11 @@ def accelerator(run: Run):
 
 def meta_model(run: Run):
     """The model (and its adapters) in bf16, parameters on meta, buffers real."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
-    config = MODELS[run.model].hf_config(run.attention)
-    if run.layers:
-        config.num_hidden_layers = run.layers
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    if config.tie_word_embeddings:  # built on meta the head is a parameter of its own: tie it as a real build does
-        model.lm_head.weight = model.get_input_embeddings().weight
+    model = meta_causal_lm(run.model, run.attention, run.layers, torch.bfloat16)
     if run.recompute == "full":
         model.activation_checkpointing_enable()
     if run.lora_rank:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=run.lora_rank, lora_alpha=2 * run.lora_rank, target_modules=TARGETS,
-                                                 task_type="CAUSAL_LM"), low_cpu_mem_usage=True)
+        model = lora_on_all_seven(model, run.lora_rank)
     model.train()
     return model
 
