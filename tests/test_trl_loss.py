@@ -8,6 +8,7 @@ import pytest
 
 from estimator import estimate_config
 from estimator.spec.errors import ConfigError
+from test_hf_fsdp2 import parts
 from validation.hf.models import MODELS
 
 V, H = 151_936, 896  # Qwen2.5-0.5B's vocabulary and hidden size
@@ -19,18 +20,6 @@ def config(loss: str, framework: str = "hf", **training) -> dict:
             "training": {"framework": framework, "training_loop": "trl_sft", "loss": loss, "seq_len": S,
                          "micro_batch_size": B, "param_dtype": "bf16", "grad_dtype": "bf16",
                          "optimizer_dtype": "bf16", **training}}
-
-
-def parts(result, phase: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-
-    def walk(c):
-        out[c.label] = c.bytes
-        for p in c.parts:
-            walk(p)
-    for c in next(p for p in result.stages[result.peak_stage].phases if p.name == phase).components:
-        walk(c)
-    return out
 
 
 def test_chunked_nll_holds_the_heads_fp32_copy_and_one_chunk_not_the_logits():

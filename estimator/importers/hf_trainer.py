@@ -163,8 +163,8 @@ def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str
     if given is not None and (not isinstance(given, str) or given not in _SFT_LOSSES):
         raise ConfigError("loss_type", given, ", ".join(_SFT_LOSSES) + f" ({TRL_VERSION}'s SFTConfig)")
     loss_type = given or "chunked_nll"
-    autocast = framework in ("hf", "fsdp1") and build.get("training.param_dtype", "bf16") in ("bf16", "fp16") \
-        and build.get("training.compute_dtype", "bf16") != "fp32"
+    from ..memory.trainer_loop import TRAINER_FRAMEWORKS  # memory/trainer_loop.py through_accelerate's condition
+    autocast = framework in TRAINER_FRAMEWORKS and build.get("training.compute_dtype", "bf16") in ("bf16", "fp16")
     if loss_type == "chunked_nll" and autocast:
         build.set("training.loss", "chunked", "loss_type", given or "(unset)",
                   why="" if given else f"{TRL_VERSION}'s default without Liger (from v1.7.0)")

@@ -98,6 +98,12 @@ UNITS_SOURCE = ("accelerate 1.15.0 utils/fsdp_utils.py fsdp2_prepare_model (a un
                 "callback at the end of backward); measured: tests/data/measured/hf_fsdp2")
 
 
+def _layer_trainable(stage, inv) -> float:
+    """One layer's trainable elements: all of a layer, or an adapter run's share of its trainable ones (`inv`:
+    adapters.inventory)."""
+    return inv.trainable / max(1, stage.num_layers) if inv else stage.largest_layer_local
+
+
 def tail_elements(arch, stage) -> float:
     """The tail unit's elements on the last stage: the final norm and the LM head (the embedding, when tied, is
     the head)."""
@@ -142,7 +148,7 @@ def block_moment(arch, training, recipe, par, stage, zero: int, inv) -> list:
         return []
     P = bytes_per_element(recipe.param_dtype)
     layer = stage.largest_layer_local
-    trains = (inv.trainable / max(1, stage.num_layers)) if inv else layer
+    trains = _layer_trainable(stage, inv)
     tail = tail_elements(arch, stage)
     head_trains = inv is None or training.adapter.trainable_embeddings
     previous = max(trains, tail if stage.last and not arch.tie_embeddings and head_trains else 0.0)
@@ -177,8 +183,8 @@ def backward_end(arch, training, recipe, par, stage, zero: int, grads: float, in
     if inv is not None and not training.adapter.trainable_embeddings:
         return None
     P, G = bytes_per_element(recipe.param_dtype), bytes_per_element(recipe.grad_dtype)
-    emb = arch.vocab_size * arch.hidden_size + (arch.hidden_size if arch.tie_embeddings else 0.0)
-    layer = (inv.trainable / max(1, stage.num_layers)) if inv else stage.largest_layer_local
+    emb = tail_elements(arch, stage) if arch.tie_embeddings else arch.vocab_size * arch.hidden_size
+    layer = _layer_trainable(stage, inv)
     copies, what = ((4, "the tail unit gathered, the head's and the lookup's gradients and their sum")
                     if arch.tie_embeddings else (2, "the embedding unit gathered and its reduce-scatter input"))
     unit = "tail" if arch.tie_embeddings else "embedding"
