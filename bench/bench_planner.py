@@ -42,6 +42,11 @@ operation's times kept on it (#26, a later session), one run each at load 3.9, t
 12,193 rooflines; the fastest-only run is within the machine's noise).
 The DeepSeek-V3 case on "h800" (the README's GPU) rather than h100-80, one run at load 7-8: 2,194,641
 layouts, 11.8 / 5.1 s (10,136 estimates, 12,091 rooflines; the published layout 73% of the fastest).
+The planner walking what each framework runs (search/stacks.py: Megatron's standard and fused losses, no chunked
+one; torchtitan's own loss and no first-n-layers recompute), one run each at load 1, the code before right after:
+Llama-3.1-70B 339,188 layouts, 6.3 / 0.65 s (4,958 estimates, 1,642 rooflines) against 508,782, 5.1 / 0.44;
+405B 694,144, 6.4 / 0.73 against 1,041,216, 8.3 / 1.4; DeepSeek-V3 1,463,094, 21.8 / 7.3 (8,864 estimates,
+12,049 rooflines) against 2,194,641, 24.9 / 7.3. The machine ran slower that day than for the figures above.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_the_roofline_attends_and_scans_in_every_layer():
 def test_the_planner_and_the_default_estimate_answer():
     from estimator.search.planner import plan
 
-    cfg = load_config({"model": "falcon-h1-7b", "training": {"framework": "hf", "seq_len": 4096,
+    cfg = load_config({"model": "falcon-h1-7b", "training": {"framework": "megatron", "seq_len": 4096,
                                                              "global_batch_size": 64}})
     result = plan(cfg.architecture, cfg.training, cfg.hardware, 8, limit=5)
     assert result.layouts and all(lay.parallel.cp == 1 for lay in result.layouts)

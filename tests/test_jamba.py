@@ -151,7 +151,7 @@ def test_the_roofline_scans_in_mamba1_layers_and_attends_in_four():
 def test_the_planner_and_the_default_estimate_answer():
     from estimator.search.planner import plan
 
-    cfg = load_config({"model": "jamba-mini-1.5", "training": {"framework": "hf", "seq_len": 4096,
+    cfg = load_config({"model": "jamba-mini-1.5", "training": {"framework": "megatron", "seq_len": 4096,
                                                                "global_batch_size": 64}})
     result = plan(cfg.architecture, cfg.training, cfg.hardware, 16, limit=5)
     assert result.layouts and all(lay.parallel.cp == 1 for lay in result.layouts)

@@ -22,6 +22,7 @@ from estimator.speed.liger_operations import runs_liger_flce
 from estimator.search.layouts import (LOSSES, Request, Shape, Variant, micro_batches, most_stage_layers,
                                       pipeline_splits, shape_micro_batches, shapes)
 from estimator.search.planner import least_memory, plan, search
+from estimator.search.stacks import STACKS, searched_losses
 from estimator.search.evaluate import speeds
 from estimator.models.presets import get_architecture
 from estimator.speed.roofline import expected_step, roofline
@@ -51,6 +52,13 @@ def variants(req: Request, s: Shape):
             yield Variant(b, "none", None, loss)
             yield Variant(b, "selective", None, loss)
             yield from (Variant(b, "full", None if n == most else n, loss) for n in range(1, most + 1))
+
+
+def runnable(tr: Training, v: Variant) -> bool:
+    """A setting the framework runs (estimator/search/stacks.py): its recompute mode, full recompute of part of a
+    stage only where it has that, its losses. The estimator estimates the others; the planner never lists them."""
+    st = STACKS[tr.framework]
+    return v.recompute in st.recompute and (v.layers is None or st.partial) and v.loss in st.losses
 
 
 def small_architecture(rng: random.Random) -> Architecture:
@@ -98,7 +106,12 @@ class Case:
                 for key, e in self.estimates.items() if req.within(e.device_total_bytes)}
 
     def points(self) -> dict:
-        return {key: (self.estimates[key].device_total_bytes, t) for key, t in self.speeds.items()}
+        """The fitting layouts the framework runs, each (memory, speed)."""
+        return {key: (self.estimates[key].device_total_bytes, t) for key, t in self.speeds.items()
+                if runnable(self.req.training, key[1])}
+
+    def runnable(self) -> list:
+        return [key for key in self.estimates if runnable(self.req.training, key[1])]
 
 
 @functools.lru_cache(maxsize=None)
@@ -116,18 +129,21 @@ def front(points) -> set:
 
 
 def candidates(c: Case) -> dict:
-    """The fitting layouts less those the planner's dominance rules set aside: the standard loss,
-    ZeRO 0 under Megatron or DeepSpeed with DP x CP > 1, and of a fused/chunked pair the one that
-    needs more memory (the chunked one on a tie), where the losses run apart only if it is no faster."""
+    """The fitting layouts less those the planner's dominance rules set aside: the losses the framework's stack
+    sets aside (stacks.py), ZeRO 0 under Megatron or DeepSpeed with DP x CP > 1, and of a searched pair the one
+    that needs more memory (the pair's second on a tie), where the losses run apart only if it is no faster."""
+    from estimator.search.evaluate import _Evaluator
     points, fw = c.points(), c.req.training.framework
+    searched = searched_losses(c.req.training)
+    apart = _Evaluator(c.req).losses_apart  # Megatron's standard/fused, Liger's chunked: each timed on its own
     out = {}
     for (s, v), p in points.items():
-        twin = points.get((s, v._replace(loss="chunked" if v.loss == "fused" else "fused")))
-        if v.loss == "standard" or (s.zero == 0 and fw in ("megatron", "deepspeed") and s.dp * s.cp > 1):
+        if v.loss not in searched or (s.zero == 0 and fw in ("megatron", "deepspeed") and s.dp * s.cp > 1):
             continue
-        # Liger's fused linear cross-entropy is timed on its own: there the twin must be no slower too
-        apart = runs_liger_flce(training_of(c.req.training, v._replace(loss="chunked")))
-        if twin and (twin[0] < p[0] or (twin[0] == p[0] and v.loss == "chunked")) and (not apart or twin[1] >= p[1]):
+        other = [x for x in searched if x != v.loss]
+        twin = points.get((s, v._replace(loss=other[0]))) if other else None
+        # where the pair runs apart, the twin must be no slower too; on a tie in memory the pair's second stands
+        if twin and (twin[0] < p[0] or (twin[0] == p[0] and v.loss == searched[-1])) and (not apart or twin[1] >= p[1]):
             continue
         out[s, v] = p
     return out
@@ -246,14 +262,17 @@ def test_speed_ceilings_and_rules(seed):
         measured = {}
         for (mode, n), loss in ((m, loss) for m in settings for loss in LOSSES):
             v = Variant(b, mode, n, loss)
+            if not runnable(tr, v):
+                continue  # what the framework does not run: the search never times it
             measured[v] = roofline(arch, training_of(tr, v), parallel_of(s), hw).step.tokens_per_s_per_gpu
             assert speed.ceiling(mode, n) >= measured[v] * (1 - 1e-12)
             assert top.ceiling(mode, n) >= measured[v] * (1 - 1e-12)
             assert bubble.ceiling(mode, n) >= measured[v] * (1 - 1e-12)  # the shape's with b's own bubble
         for v, t in measured.items():
+            fused = measured.get(v._replace(loss="fused"))
             # Liger's fused linear cross-entropy (the chunked loss under hf and deepspeed) is timed on its own
-            assert v.loss != "chunked" or runs_liger_flce(training_of(tr, v)) or t == measured[v._replace(loss="fused")]
-            assert v.loss != "standard" or t <= measured[v._replace(loss="fused")]
+            assert v.loss != "chunked" or runs_liger_flce(training_of(tr, v)) or fused is None or t == fused
+            assert v.loss != "standard" or fused is None or t <= fused
             assert v.recompute != "full" or v.layers is None or t >= measured[v._replace(layers=None)]
 
 
@@ -263,20 +282,24 @@ def test_exact_speeds_bound_the_settings_the_search_caps_with_them(seed):
     (planner._Search._micro_batch, _FullSpeeds): the roofline without recompute is at least as fast
     as any recompute setting and loss at the same micro-batch (rule 4), and full recompute of n
     layers at least as fast as of any n' > n (rule 5). Every n of 20 (shape, micro-batch) pairs."""
+    from estimator.search.evaluate import _Evaluator
     c = case(seed)
     arch, tr, hw = c.req.architecture, c.req.training, c.req.hardware
     pairs = sorted({(s, v.micro_batch) for s, v in c.estimates}, key=repr)
     for s, b in random.Random(seed + 1).sample(pairs, min(20, len(pairs))):
         most = most_stage_layers(arch, s)
 
-        def speed(mode, n=None, loss="fused"):
+        searched = searched_losses(tr)  # the losses the search times (stacks.py)
+
+        def speed(mode, n=None, loss=searched[0]):
             v = Variant(b, mode, None if n == most else n, loss)
             return expected_step(arch, training_of(tr, v), parallel_of(s), hw).step.tokens_per_s_per_gpu
 
-        apart = runs_liger_flce(training_of(tr, Variant(b, "none", None, "chunked")))
-        none = max(speed("none", loss=loss) for loss in (("fused", "chunked") if apart else ("fused",)))
+        apart = _Evaluator(c.req).losses_apart
+        none = max(speed("none", loss=loss) for loss in (searched if apart else searched[:1]))
         full = [speed("full", n) for n in range(1, most + 1)]
-        assert all(speed(mode, loss=loss) <= none for mode in ("none", "selective") for loss in LOSSES)
+        assert all(speed(mode, loss=loss) <= none for mode in STACKS[tr.framework].recompute if mode != "full"
+                   for loss in STACKS[tr.framework].losses)
         assert all(t <= none for t in full)
         assert full == sorted(full, reverse=True), full
 
@@ -298,15 +321,15 @@ def test_dominance_rules_never_remove_a_point_of_the_front(seed):
 def test_search_finds_what_brute_force_finds(seed):
     c = case(seed)
     result = search(c.req)
-    assert result.searched == len(c.estimates)  # every valid layout judged, none twice
-    assert result.estimates < len(c.estimates)  # and most without their own estimate
+    assert result.searched == len(c.runnable())  # every valid layout the framework runs judged, none twice
+    assert result.estimates < len(c.runnable())  # and most without their own estimate
     got = {(x.device_total_bytes, x.tokens_per_s_per_gpu) for x in result.layouts if x.pareto}
     assert got == front(c.points().values())
     fastest = sorted(candidates(c).values(), key=lambda p: (-p[1], p[0]))[:c.req.limit]
     assert [(x.device_total_bytes, x.tokens_per_s_per_gpu) for x in result.layouts][:c.req.limit] == fastest
 
 
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", [s for s in SEEDS if s != 44])  # 44: the HF Trainer's one shape, no second
 def test_a_halted_search_lists_the_best_of_what_it_searched_and_bounds_the_rest(seed):
     """A search its watch halts (a request to stop after a few shapes of the second pass) returns
     the best layouts of those it searched, each its own full estimate; it counts what it left
@@ -385,8 +408,9 @@ def test_no_setting_is_estimated_that_did_not_fit_at_a_smaller_micro_batch(seed)
         total = run.ev.memory[s, v]
         return float("inf") if total is None else total
 
-    pairs = {(s, v): min(memory(s, v), memory(s, v._replace(loss="chunked"))) for s, v in run.ev.memory
-             if v.loss == "fused" and (s, v._replace(loss="chunked")) in run.ev.memory}
+    losses = searched_losses(c.req.training)  # a setting's pair (stacks.py), or its one loss
+    pairs = {(s, v): min(memory(s, v._replace(loss=x)) for x in losses) for s, v in run.ev.memory
+             if v.loss == losses[0] and all((s, v._replace(loss=x)) in run.ev.memory for x in losses)}
     assert pairs
 
     def layers(s: Shape, v: Variant) -> int:
@@ -407,6 +431,65 @@ def test_top_list_alone_matches_brute_force():
         result = search(dataclasses.replace(c.req, pareto=False, limit=2))
         fastest = sorted(candidates(c).values(), key=lambda p: (-p[1], p[0]))[:2]
         assert [(x.device_total_bytes, x.tokens_per_s_per_gpu) for x in result.layouts] == fastest
+
+
+# --- what the framework runs (estimator/search/stacks.py) ------------------------------------------------
+
+# each framework's launch configuration (importers/emit.py) and a model it builds; 8 H100s, 4,096 tokens, 32 a step
+WRITERS = {"megatron": ("megatron", "llama-3.2-1b"), "fsdp2": ("torchtitan", "llama-3.1-8b"),
+           "torchtune": ("torchtune", "llama-3.2-1b"), "deepspeed": ("hf", "llama-3.2-1b"),
+           "hf": ("hf", "llama-3.2-1b"),
+           "fsdp1": ("hf", "llama-3.2-1b"), "hf_fsdp2": ("hf", "llama-3.2-1b")}
+
+
+def test_every_framework_has_a_stack_and_a_writer():
+    from estimator.spec.choices import FRAMEWORKS
+    assert set(STACKS) == set(FRAMEWORKS) == set(WRITERS)
+
+
+@pytest.mark.parametrize("framework", list(WRITERS))
+def test_every_listed_layout_is_one_its_framework_writes(framework):
+    """The planner lists what the framework runs: each layout, applied to the configuration, is written by that
+    framework's `plan --emit` writer and read back to the same configuration (emit_check.verified). Before
+    stacks.py, 88-100% of the layouts listed here were not (Megatron's chunked loss, torchtitan's and torchtune's
+    fused one, TP, PP and first-n-layers recompute under the HF Trainer)."""
+    from estimator.importers.emit import emit
+    from estimator.spec.config import Config
+    kind, model = WRITERS[framework]
+    arch, st = get_architecture(model), STACKS[framework]
+    result = plan(arch, Training(framework=framework, seq_len=4096, global_batch_size=32), "h100-80", 8, limit=10)
+    assert len(result.layouts) >= 8
+    for x in result.layouts:
+        par, tr = x.parallel, x.training
+        assert all(getattr(par, split) == 1 for split in ("tp", "pp", "cp", "ep") if split not in st.splits)
+        assert par.vpp == 1 or st.interleaved
+        assert tr.recompute in st.recompute and (tr.recompute_layers is None or st.partial)
+        assert tr.loss in searched_losses(tr)
+        emit(kind, Config(arch, tr, par, H100, model).to_dict())  # no ConfigError
+
+
+def test_megatron_lists_the_standard_loss_where_only_it_fits():
+    """Megatron's native fused cross-entropy holds 4 B per logit more than the standard loss at backward's start,
+    so the standard loss may fit where the fused one does not (stacks.searched_losses): on a GPU sized between the
+    two, the planner lists the standard loss's layout."""
+    arch, tr = get_architecture("llama-3.2-1b"), Training(framework="megatron", seq_len=4096, global_batch_size=8)
+    par = Parallel(dp=8, zero_stage=1)
+    one = {loss: estimate(arch, dataclasses.replace(tr, loss=loss), par, H100, replay=False).device_total_bytes
+           for loss in ("standard", "fused")}
+    assert one["standard"] < one["fused"]
+    margin = (one["standard"] + one["fused"]) / 2 / H100.device.capacity_bytes
+    layouts = plan(arch, tr, "h100-80", 8, margin=margin, fixed={"dp": 8, "zero_stage": 1}).layouts
+    assert any(x.training.loss == "standard" and x.training.recompute == "none" and x.training.micro_batch_size == 1
+               for x in layouts)
+
+
+@pytest.mark.parametrize("framework, field, value", [("hf", "tp", 2), ("deepspeed", "pp", 2), ("fsdp1", "cp", 2),
+                                                     ("torchtune", "vpp", 2), ("hf_fsdp2", "ep", 2)])
+def test_a_split_held_that_the_framework_does_not_run_is_refused_by_name(framework, field, value):
+    with pytest.raises(ConfigError) as err:
+        plan(get_architecture("llama-3.2-1b"), Training(framework=framework, seq_len=4096), "h100-80", 8,
+             fixed={field: value})
+    assert err.value.field == f"plan.fixed.{field}" and f"1 with framework '{framework}'" in str(err.value)
 
 
 # --- the numbers of every returned layout are the full estimate's ---------------------------------------
@@ -663,7 +746,8 @@ def test_torchtitan_llama31_405b_on_512_h100():
     # pipelined stages' idle stream pools (pp_buffers.py: the reduce-scatter stream's sharded gradients, the
     # all-gather copy-in) leave it micro-batches of one sequence where it ran two without them (79% then); torch
     # 2.6's receive buffers, one per micro-batch and chunk with their .grad (pp_receive.py), leave it VPP 2 (the
-    # two chunks a rank torchtitan ran) where VPP 4 fitted without them (66% then): 64%
+    # two chunks a rank torchtitan ran) where VPP 4 fitted without them (66% then): 64%; 65% since the planner
+    # offers fsdp2 only what torchtitan runs (search/stacks.py)
     assert mine.parallel.vpp == 2
     assert mine.tokens_per_s_per_gpu >= 0.63 * best(arch, tr, "h100-80", n).tokens_per_s_per_gpu
 
@@ -671,8 +755,9 @@ def test_torchtitan_llama31_405b_on_512_h100():
 def test_torchtitan_405b_with_async_tp():
     """The same layout as torchtitan ran it, with async TP (an Inductor pass: compile on): the planner gives every
     layout it judges the async_tp asked for (it does not search it), and the step time then charges one chunk of
-    each overlapped TP collective (speed/communication.py), so TP 8 comes nearer the fastest (TP 2): 73% of it
-    against 64% without (README; 84% and 79% before the pipelined stages' stream pools, pp_buffers.py, cost the
+    each overlapped TP collective (speed/communication.py), so TP 8 comes nearer the fastest (TP 2): 75% of it
+    against 65% without (README; 73% and 64% while the planner offered fsdp2 the fused and chunked losses and
+    Megatron's first-n-layers recompute, which torchtitan does not run, search/stacks.py; 84% and 79% before the pipelined stages' stream pools, pp_buffers.py, cost the
     layout its two-sequence micro-batches; 66% without async TP before torch 2.6's receive buffers, pp_receive.py,
     cost it VPP 4 for VPP 2)."""
     arch, n = get_architecture("llama-3.1-405b"), 512
@@ -683,7 +768,7 @@ def test_torchtitan_405b_with_async_tp():
         mine, fastest = best(arch, tr, "h100-80", n, **fixed), best(arch, tr, "h100-80", n)
         assert mine.training.async_tp is async_tp and fastest.training.async_tp is async_tp
         ratios[async_tp] = mine.tokens_per_s_per_gpu / fastest.tokens_per_s_per_gpu
-    assert ratios[False] == pytest.approx(0.64, abs=0.01) and ratios[True] == pytest.approx(0.73, abs=0.01)
+    assert ratios[False] == pytest.approx(0.65, abs=0.01) and ratios[True] == pytest.approx(0.75, abs=0.01)
 
 
 def gpt3_175b() -> Architecture:

@@ -65,7 +65,7 @@ def test_the_recorded_answers_are_what_the_readme_says():
     # the Pareto front, its fastest layout fits, and the recipe's own layout family (1F1B, PP 16) is found
     readme = json.loads(ANSWERS.read_text())["deepseek-v3 on 2048 h800"]
     layouts = readme["layouts"]
-    assert readme["searched"] > 2_000_000 and len(layouts) > 50
+    assert readme["searched"] > 1_000_000 and len(layouts) > 50
     assert [x["tokens_per_s_per_gpu"] for x in layouts] == sorted((x["tokens_per_s_per_gpu"] for x in layouts),
                                                                   reverse=True)
     assert all(x["utilization"] <= 0.8 for x in layouts)

@@ -31,6 +31,7 @@ from ..spec.parallel import tp_following_defaults, Parallel
 from ..memory.states import resolve_zero_stage
 from ..spec.choices import FSDP_FRAMEWORKS
 from ..spec.training import Training
+from .stacks import stack
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,17 @@ def _liger_candidate(arch: Architecture, tr: Training, par: Parallel, hw: Hardwa
     yield "Liger kernels (use_liger_kernel)", liger, par, hw
 
 
+def _sharded_trainer(tr: Training, par: Parallel, hw: Hardware):
+    """The HF Trainer over plain DDP replicates every model state: with a group to shard over, the same run
+    through DeepSpeed ZeRO-3 or Accelerate's FSDP2 (full shard), the HF Trainer's two sharded stacks."""
+    if tr.framework != "hf" or par.dp < 2:
+        return
+    for framework, what in (("deepspeed", "DeepSpeed ZeRO-3 (framework deepspeed)"),
+                            ("hf_fsdp2", "FSDP2 full shard through Accelerate (framework hf_fsdp2)")):
+        yield (f"shard the model states over the {par.dp} GPUs: {what}", _replace(tr, framework=framework),
+               _replace(par, zero_stage=3), hw)
+
+
 def _batch_notes(tr: Training, par: Parallel) -> tuple[str, str]:
     """What a change that splits the batch differently says about it: a global batch the user set
     is kept (more micro-batches where DP halves); one left open stays open, so the estimator's
@@ -94,16 +106,22 @@ def _batch_notes(tr: Training, par: Parallel) -> tuple[str, str]:
     return ", same global batch", bubble
 
 
+_LOSS_LABELS = {"chunked": "a chunked fused-linear cross-entropy loss (Liger/CCE; torchtune's chunked output)",
+                "fused": "a fused cross-entropy loss (Megatron's --cross-entropy-loss-fusion; Liger's cross-entropy)"}
+
+
 def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
-    """(description, training, parallel, hardware) for each single change worth trying."""
+    """(description, training, parallel, hardware) for each single change worth trying: those the framework
+    runs (stacks.py), so that the advice, like the planner, names only what its launch configuration can say."""
+    st = stack(tr)
     if tr.mode == "training":
         if tr.recompute != "full":
             yield "full activation recomputation (keep only each layer's input)", _replace(
                 tr, recompute="full", recompute_layers=None, recompute_modules=("core_attn",)), par, hw
-        if tr.recompute == "none":
+        if tr.recompute == "none" and "selective" in st.recompute:
             yield "selective recomputation of the attention core", _replace(tr, recompute="selective"), par, hw
-        if tr.loss == "standard":
-            yield "a chunked fused-linear cross-entropy loss (Liger/CCE)", _replace(tr, loss="chunked"), par, hw
+        for loss in (x for x in st.losses if x != "standard" and tr.loss == "standard"):
+            yield _LOSS_LABELS[loss], _replace(tr, loss=loss), par, hw
         yield from _liger_candidate(arch, tr, par, hw)
         if tr.micro_batch_size > 1:
             smaller = _replace(tr, micro_batch_size=tr.micro_batch_size // 2)
@@ -118,9 +136,12 @@ def _candidates(arch: Architecture, tr: Training, par: Parallel, hw: Hardware):
             # DeepSpeed's AdamW kernel belongs to AdamW (spec/training.py): the 8-bit optimizer has none
             yield "8-bit Adam (bitsandbytes)", _replace(tr, optimizer="adam8bit", adamw_implementation=None), par, hw
         yield from _fine_tuning_candidates(tr, par, hw)
+        yield from _sharded_trainer(tr, par, hw)
     if not hw.expandable_segments:
         yield "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", tr, par, _replace(hw, expandable_segments=True)
     for knob, label in (("tp", "tensor parallel"), ("pp", "pipeline stages"), ("cp", "context parallel")):
+        if knob not in st.splits and tr.mode == "training":
+            continue
         wider = {knob: getattr(par, knob) * 2}
         if knob == "tp":  # what followed TP keeps following it
             following = tp_following_defaults(wider["tp"])

@@ -22,6 +22,7 @@ from ..speed.roofline import Timing, expected_step
 from ..speed.operation_table import selective_recompute_s
 from ..spec.training import Training
 from .layouts import Request, Shape, Variant, shape_micro_batches, stage_layer_counts
+from .stacks import searched_losses
 
 
 # --- evaluation: full estimates and rooflines, remembered by what each depends on -----------------
@@ -54,6 +55,7 @@ class _Evaluator:
         self._trainings: dict[Variant, Training] = {}
         self._speeds: dict[tuple[Shape, int], Speeds] = {}
         self._tops: dict[Shape, Speeds] = {}
+        self.losses = searched_losses(req.training)  # the losses the search estimates (stacks.py)
 
     def parallel(self, s: Shape) -> Parallel:
         # built once per shape: the dataclass checks every field on creation
@@ -98,7 +100,7 @@ class _Evaluator:
             self.judged[s, v.micro_batch] += 1
             self.judged_layouts += 1
         self.estimates += 1
-        if v.recompute == "full" and v.loss in ("fused", "chunked"):
+        if v.recompute == "full" and v.loss in self.losses:
             self.full_layers.setdefault((s, v.micro_batch), []).append(v.layers)
 
     def roofline(self, s: Shape, v: Variant) -> Timing:
@@ -127,7 +129,7 @@ class _Evaluator:
         key = self.floor_key(s)
         if key not in self.floors:
             try:
-                floors = step_floors(self.req.architecture, self.training(Variant(1, "full", None, "fused")),
+                floors = step_floors(self.req.architecture, self.training(Variant(1, "full", None, self.losses[0])),
                                      self.parallel(s), self.req.hardware)
             except ConfigError:
                 self.floors[key] = None
@@ -161,9 +163,21 @@ class _Evaluator:
 
     @functools.cached_property
     def losses_apart(self) -> bool:
-        """Whether the chunked loss runs at a speed of its own: Liger's fused linear cross-entropy under the
-        Trainer's frameworks (speed/liger_operations.py); elsewhere the roofline runs fused and chunked alike."""
-        return runs_liger_flce(self.training(Variant(1, "none", None, "chunked")))
+        """Whether the searched pair of losses (stacks.py) run at speeds of their own: Megatron's standard and fused
+        cross-entropy; the chunked loss where it is Liger's fused linear cross-entropy, under the Trainer's
+        frameworks (speed/liger_operations.py); elsewhere the roofline runs fused and chunked alike."""
+        if len(self.losses) < 2:
+            return False
+        liger = Variant(1, "none", None, "chunked")
+        return self.losses != ("fused", "chunked") or runs_liger_flce(self.training(liger))
+
+    @functools.cached_property
+    def ceiling_losses(self) -> tuple[str, ...]:
+        """The losses whose rooflines bound every searched loss's speed: one where the pair runs alike; Megatron's
+        fused cross-entropy, which the standard loss never outruns (rule 5: it moves more bytes); both of Liger's."""
+        if not self.losses_apart:
+            return self.losses[:1]
+        return ("fused",) if self.losses == ("standard", "fused") else self.losses
 
     def speeds(self, s: Shape, b: int) -> Speeds:
         """`Speeds` at micro-batch b capped by its exact speed without recompute (no recompute setting
@@ -171,7 +185,7 @@ class _Evaluator:
         of the two in every term, so that it bounds both."""
         key = (s, b)
         if key not in self._speeds:
-            losses = ("fused", "chunked") if self.losses_apart else ("fused",)
+            losses = self.ceiling_losses
             each = []
             for loss in losses:
                 r = self.roofline(s, Variant(b, "none", None, loss))

@@ -15,6 +15,7 @@ from ..spec.hardware import Hardware
 from ..memory.result import TIGHT_FRACTION
 from ..spec.parallel import Parallel
 from ..spec.training import Training
+from .stacks import settings, stack
 
 LOSSES = ("standard", "fused", "chunked")
 MIN_CP_TOKENS = 1024  # below this per GPU the ring exchange has nothing to hide behind
@@ -197,21 +198,21 @@ def _cp_ok(training: Training, tp: int, cp: int) -> bool:
     return tp == 1 or (seq // cp) % tp == 0  # sequence parallelism splits each CP chunk over TP
 
 
-def _expert_splits(arch: Architecture, tp: int, per_stage: int) -> list[tuple[int, int]]:
+def _expert_splits(arch: Architecture, tp: int, per_stage: int, ep: bool = True) -> list[tuple[int, int]]:
     """EP dividing the experts and, with expert TP, the GPUs of a stage; expert TP = TP (Megatron-
-    Core's default) or 1 (the usual choice for fine-grained experts, as DeepSeek-V3 runs)."""
-    if not arch.is_moe:
+    Core's default) or 1 (the usual choice for fine-grained experts, as DeepSeek-V3 runs). `ep`: the
+    framework splits experts (stacks.py)."""
+    if not arch.is_moe or not ep:
         return [(1, tp)]
     return [(ep, etp) for etp in sorted({1, tp}) if arch.moe_intermediate_size % etp == 0
             for ep in divisors(arch.num_experts) if per_stage % (ep * etp) == 0]
 
 
-def _zero_stages(framework: str, shards: bool) -> tuple[int, ...]:
-    """The ZeRO stages each framework runs (parallel.py); above 0 only with a group to shard over."""
-    stages = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (0, 2, 3), "hf": (0,),
-              "torchtune": (0, 2, 3), "fsdp1": (3,), "hf_fsdp2": (2, 3)}[framework]
+def _zero_stages(training: Training, shards: bool) -> tuple[int, ...]:
+    """The ZeRO stages the framework runs (stacks.py); above 0 only with a group to shard over."""
+    stages = stack(training).zero_stages
     # FSDP1: its default FULL_SHARD is searched; its other strategies (fsdp_sharding_strategy) are estimated only
-    return stages if shards or framework == "fsdp1" else (0,)
+    return stages if shards or training.framework == "fsdp1" else (0,)
 
 
 # Shape fields by the name of the parallel field they set
@@ -228,19 +229,30 @@ def shapes(req: Request) -> Iterator[Shape]:
 def _all_shapes(req: Request) -> Iterator[Shape]:
     arch, tr, n = req.architecture, req.training, req.gpus
     gbs = tr.global_batch_size
-    for tp in (t for t in divisors(req.gpus_per_node) if n % t == 0 and _tp_ok(arch, t)):
-        for pp in (p for p in divisors(n // tp) if p <= arch.num_layers):
-            for v, first, last in pipeline_splits(arch.num_layers, pp):
-                for cp in (c for c in divisors(n // (tp * pp)) if _cp_ok(tr, tp, c)):
+    split = _splits(tr)
+    for tp in (t for t in split("tp", divisors(req.gpus_per_node)) if n % t == 0 and _tp_ok(arch, t)):
+        for pp in (p for p in split("pp", divisors(n // tp)) if p <= arch.num_layers):
+            for v, first, last in _pipeline_splits(tr, arch.num_layers, pp):
+                for cp in (c for c in split("cp", divisors(n // (tp * pp))) if _cp_ok(tr, tp, c)):
                     dp = n // (tp * pp * cp)
                     if gbs is not None and gbs % dp:
                         continue
-                    for ep, etp in _expert_splits(arch, tp, tp * cp * dp):
+                    for ep, etp in _expert_splits(arch, tp, tp * cp * dp, "ep" in stack(tr).splits):
                         shards = dp * cp > 1 or tp * cp * dp // (ep * etp) > 1
-                        for zero in _zero_stages(tr.framework, shards):
+                        for zero in _zero_stages(tr, shards):
                             shape = Shape(tp, pp, v, first, last, cp, dp, ep, etp, zero)
                             if shape_micro_batches(tr, shape):  # a micro-batch the schedule runs
                                 yield shape
+
+
+def _splits(training: Training):
+    """The sizes of a split the framework runs (stacks.py): all of them, or 1 where it has no such split."""
+    runs = stack(training).splits
+    return lambda name, sizes: sizes if name in runs else [1]
+
+
+def _pipeline_splits(training: Training, layers: int, pp: int) -> list[tuple[int, int | None, int | None]]:
+    return [x for x in pipeline_splits(layers, pp) if x[0] == 1 or stack(training).interleaved]
 
 
 def micro_batches(training: Training, dp: int) -> tuple[int, ...]:
@@ -281,6 +293,8 @@ def stage_layer_counts(arch: Architecture, s: Shape) -> tuple[int, ...]:
     return (s.first,) + (middle,) * (s.pp - 2) + (s.last,)
 
 
-def variants_per_micro_batch(arch: Architecture, s: Shape) -> int:
-    """3 losses x (none, selective and full on 1 ... most layers of a stage)."""
-    return len(LOSSES) * (2 + most_stage_layers(arch, s))
+def variants_per_micro_batch(training: Training, arch: Architecture, s: Shape) -> int:
+    """The framework's losses x its recompute settings (none, selective and full on 1 ... most layers of a
+    stage where it runs them: stacks.py)."""
+    most = most_stage_layers(arch, s)
+    return len(stack(training).losses) * sum(settings(training, m, most) for m in ("none", "selective", "full"))

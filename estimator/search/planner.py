@@ -1,20 +1,23 @@
 """The planner: every valid parallel layout of a model on N GPUs, which of them fit, which are fastest.
 
 Given a model, a training setup (sequence, global batch, precision, optimizer, framework), a GPU
-and a number of GPUs, `plan` enumerates the layouts and the memory knobs around them:
+and a number of GPUs, `plan` enumerates the layouts and the memory knobs around them that the
+framework runs (`stacks.py`: its launch configuration names each one, and `plan --emit` writes it):
 
 - TP within a node (divisors of the GPUs per node that divide the heads, KV heads and MLP width),
-  always with sequence parallelism;
+  always with sequence parallelism (Megatron, torchtitan);
 - PP, with VPP (interleaving), and uneven first/last stages when the layer count needs them: the
   middle stages take ceil(L / PP) layers and the two end stages share the rest (Llama 3 405B's
-  126 layers on PP 16 are 7 + 8 x 14 + 7, Grattafiori et al. 2024, section 3.3.2);
+  126 layers on PP 16 are 7 + 8 x 14 + 7, Grattafiori et al. 2024, section 3.3.2) (Megatron, torchtitan);
 - CP (ring attention over flash kernels, at least 1,024 tokens per GPU), and DP = N / (TP PP CP);
-- EP (dividing the experts) and expert TP (1 or TP) for MoE models;
-- the ZeRO stage each framework runs (`parallel.py`; `states.resolve_zero_stage`): Megatron and
+- EP (dividing the experts) and expert TP (1 or TP) for MoE models (Megatron, torchtitan);
+- the ZeRO stage each framework runs (`stacks.py`; `states.resolve_zero_stage`): Megatron and
   DeepSpeed 0-3, FSDP2 0/2/3, the HF Trainer 0; above 0 only where there is a group to shard over;
-- recompute: none, selective, or full on n = 1 ... (the most layers of a stage) layers per stage;
+- recompute: none, selective (Megatron, torchtitan), full on every layer, or (Megatron) on n = 1 ...
+  (the most layers of a stage) layers per stage;
 - micro-batch: powers of two dividing the global batch per DP rank, at most 128k tokens each;
-- loss: standard, fused, chunked.
+- loss: the framework's (standard; Megatron's fused cross-entropy; torchtune's chunked; the HF
+  Trainer's Liger cross-entropy, fused, and fused linear cross-entropy, chunked).
 
 It returns the `limit` fastest layouts that fit (utilization at most `margin`, the estimator's
 "fits" verdict by default) and the memory-versus-throughput Pareto front of all fitting layouts,
@@ -95,6 +98,7 @@ from .watch import Progress, Watch
 from .layouts import FIXABLE, Layout, Plan, Request, Shape, Variant, shape_micro_batches, shapes
 from .evaluate import _Evaluator
 from .search import _Search
+from .stacks import searched_losses, stack
 
 
 # --- entry points --------------------------------------------------------------------------------------
@@ -125,8 +129,20 @@ def _request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap
             raise ConfigError(f"plan.{name}", value, "a positive integer" if name != "margin" else "0 < margin <= 1")
     if training.mode != "training":
         raise ConfigError("training.mode", training.mode, "'training'", "the planner lays out training runs")
+    _check_fixed_splits(training, fixed)
     return Request(arch, training, hardware, gpus, gpus_per_node, margin, comm_overlap, limit, pareto, fixed,
                    max_gpus)
+
+
+def _check_fixed_splits(training: Training, fixed) -> None:
+    """A split held above 1 (or VPP above 1) that the framework does not run (stacks.py) is refused by name."""
+    st = stack(training)
+    for name, value in fixed:
+        runs = st.interleaved if name == "vpp" else name not in ("tp", "pp", "cp", "ep") or name in st.splits
+        if value is not None and value > 1 and not runs:
+            raise ConfigError(f"plan.fixed.{name}", value, f"1 with framework {training.framework!r}",
+                              f"the planner lists what {training.framework} runs: {st.source}",
+                              related=("training.framework",))
 
 
 def search(req: Request, watch: Watch | None = None) -> Plan:
@@ -198,8 +214,9 @@ def _frugal_variants(req: Request, s: Shape) -> list[Variant]:
     sizes = {min(micro)}
     if req.training.framework != "megatron" and s.pp == 1:
         sizes.add(max(micro))  # one micro-batch per step: no gradients alive in forward
-    return [Variant(b, mode, None, loss) for b in sorted(sizes) for mode in ("full", "selective")
-            for loss in ("fused", "chunked")]
+    modes = [m for m in ("full", "selective") if m in stack(req.training).recompute]
+    losses = searched_losses(req.training)
+    return [Variant(b, mode, None, loss) for b in sorted(sizes) for mode in modes for loss in losses]
 
 
 def _check(watch: Watch | None, req: Request) -> None:

@@ -8,6 +8,7 @@ import math
 from ..memory.activations.recompute import op_level
 from ..memory.megatron_fsdp import moments_at_global_shape
 from ..spec.errors import ConfigError
+from .stacks import searched_losses, settings, stack
 from .watch import Progress, Watch
 from .layouts import (Layout, Request, Shape, Variant, most_stage_layers, shape_micro_batches, shapes,
                       variants_per_micro_batch)
@@ -32,6 +33,10 @@ class _Search:
         self.total = 0  # layouts to judge (less those the estimator refuses, as they are found)
         self.ceiling_left: float | None = None  # halted: a speed no layout left unjudged exceeds
         self._micro_of: dict[Shape, tuple[int, ...]] = {}
+        # the framework's recompute modes and the losses estimated (stacks.py); its others are dominated (rule 5)
+        self.modes = tuple(m for m in MODES if m in stack(req.training).recompute)
+        self.losses = searched_losses(req.training)
+        self.dominated_losses = len(stack(req.training).losses) - len(self.losses)
 
     @property
     def judged(self) -> int:
@@ -100,7 +105,7 @@ class _Search:
         return micro
 
     def _count(self, s: Shape) -> int:
-        return len(self._micro(s)) * variants_per_micro_batch(self.req.architecture, s)
+        return len(self._micro(s)) * variants_per_micro_batch(self.req.training, self.req.architecture, s)
 
     def _out(self, floor: float, ceiling: float) -> bool:
         """No layout with at least `floor` memory and at most `ceiling` throughput can be in the
@@ -122,7 +127,7 @@ class _Search:
             return
         # each mode's ceiling over the micro-batches from their exact speeds without recompute (rule 4):
         # a mode hopeless even at the states floor needs no estimate of its least memory (rule 1)
-        ceilings = self._exact_ceilings(s) if self._loose(s) else {m: top.ceiling(m, 1) for m in MODES}
+        ceilings = self._exact_ceilings(s) if self._loose(s) else {m: top.ceiling(m, 1) for m in self.modes}
         wanted = {m for m in ceilings if not self.answer.hopeless(floor, ceilings[m])}
         if not wanted:
             self._judge(count - self.ev.judged[s], "bound")
@@ -132,6 +137,7 @@ class _Search:
         # and no mode needs less with a larger micro-batch; the states floor bounds a mode not estimated
         modes = {"none": least.get("none", least.get("selective", floor)), "selective": least.get("selective", floor),
                  "full": least.get("full", floor)}
+        modes = {m: lb for m, lb in modes.items() if m in self.modes}
         open_ = {m: m in wanted and self.req.within(lb) and not self.answer.hopeless(lb, ceilings[m])
                  for m, lb in modes.items()}
         if not any(open_.values()):
@@ -170,7 +176,7 @@ class _Search:
         micro-batches of the micro-batch's ceiling (`Speeds`) capped by its exact speed without
         recompute (rule 4: recompute only adds work; the roofline runs every loss alike)."""
         floor = self.ev.floor(s)
-        out = dict.fromkeys(MODES, 0.0)
+        out = dict.fromkeys(self.modes, 0.0)
         for b in self._micro(s):
             # first the micro-batch's ceilings without a roofline: where they leave every mode
             # hopeless at the states floor, no roofline of this micro-batch is needed
@@ -193,19 +199,20 @@ class _Search:
         if self._selective_within_none() and "none" in wanted:
             wanted = (wanted - {"none"}) | {"selective"}
         modes = [m for m in ("none", "selective", "full") if m in wanted]
-        return {mode: min(self._pair(s, Variant(b, mode, None, "fused"))[0] for b in sizes) for mode in modes}
+        return {mode: min(self._pair(s, Variant(b, mode, None, self.losses[0]))[0] for b in sizes) for mode in modes}
 
     def _selective_within_none(self) -> bool:
         """Rule 2's first half: Megatron's selective recompute drops tensors from what none keeps;
         torchtitan's operator-level policy (fsdp2) saves tensors of its own (a row-parallel matmul's
         whole output under TP), which can exceed what none keeps."""
-        return not op_level(_selective(self.req.training))
+        return "selective" in self.modes and not op_level(_selective(self.req.training))
 
     def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float]) -> None:
         most = most_stage_layers(self.req.architecture, s)
-        per_mode = {"none": 2, "selective": 2, "full": 2 * most}  # fused and chunked (standard: rule 5)
+        each = {m: settings(self.req.training, m, most) for m in self.modes}
+        per_mode = {m: len(self.losses) * n for m, n in each.items()}  # the losses searched (standard: rule 5)
         alive = [m for m in open_ if open_[m]]
-        self._judge(sum(per_mode.values()) // 2, "dominated")  # the standard loss (rule 5)
+        self._judge(self.dominated_losses * sum(each.values()), "dominated")  # the standard loss (rule 5)
         # the shape's ceilings with this micro-batch's bubble (rule 4): no roofline of this one is needed
         top = self.ev.micro_batch_ceilings(s, b)
         if self._out(min(below[m] for m in alive), max(top.ceiling(m, 1) for m in alive)):
@@ -219,13 +226,13 @@ class _Search:
         for mode in [m for m in per_mode if m not in alive]:
             self._judge(per_mode[mode] - self._estimated_mode(s, b, mode, most), "bound")
         if "selective" in alive:
-            memory = self._candidate(s, Variant(b, "selective", None, "fused"), below["selective"],
+            memory = self._candidate(s, Variant(b, "selective", None, self.losses[0]), below["selective"],
                                      ceilings["selective"])
             below["selective"] = max(below["selective"], memory or 0)
         if "none" in alive:
             lower = max(below["none"], below["selective"]) if self._selective_within_none() else below["none"]
-            memory = self._candidate(s, Variant(b, "none", None, "fused"), lower, fastest,
-                                     exact=not self.ev.losses_apart)
+            memory = self._candidate(s, Variant(b, "none", None, self.losses[0]), lower, fastest,
+                                     exact=len(self.ev.ceiling_losses) == 1)
             below["none"] = max(lower, memory or 0)
         if "full" in alive:
             below["full"] = max(below["full"], self._full_family(s, b, below["full"], speed, full_below))
@@ -233,13 +240,13 @@ class _Search:
     def _estimated_mode(self, s: Shape, b: int, mode: str, most: int) -> int:
         if mode == "full":
             return self._estimated_full(s, b, range(1, most + 1), most)
-        return sum(1 for loss in ("fused", "chunked") if (s, Variant(b, mode, None, loss)) in self.ev.memory)
+        return sum(1 for loss in self.losses if (s, Variant(b, mode, None, loss)) in self.ev.memory)
 
     def _pair(self, s: Shape, v: Variant) -> tuple[float, Variant]:
         """Rule 5's pair: the fused and the chunked loss run alike; the one that needs less memory
         stands for both. (memory, variant); memory is inf when the estimator refuses both."""
         best = (math.inf, v)
-        for loss in ("fused", "chunked"):
+        for loss in self.losses:
             key = (s, v._replace(loss=loss))
             total = self.ev.total(*key)
             if total is not None and total < best[0]:
@@ -254,11 +261,13 @@ class _Search:
         is its speed. Its memory, None when skipped; a roofline's speed is noted in `speeds` under
         the recompute layers (full recompute)."""
         if self._out(lower, upper):
-            self._judge(2 - sum(1 for loss in ("fused", "chunked") if (s, v._replace(loss=loss)) in self.ev.memory),
-                        "bound")
+            done = sum(1 for loss in self.losses if (s, v._replace(loss=loss)) in self.ev.memory)
+            self._judge(len(self.losses) - done, "bound")
             return None
         memory, variant = self._pair(s, v)
         if self.req.within(memory) and not self.answer.hopeless(memory, upper):
+            # `upper` is the ceiling loss's exact speed: the variant's own where the pair runs alike or it is that loss
+            exact = exact and (not self.ev.losses_apart or (variant.loss,) == self.ev.ceiling_losses)
             speed = upper if exact else self.ev.roofline(s, variant).step.tokens_per_s_per_gpu
             if speeds is not None:  # a ceiling for more layers recomputed: under either loss
                 speeds[v.layers or most_stage_layers(self.req.architecture, s)] = (
@@ -271,7 +280,7 @@ class _Search:
     def _add_twin(self, s: Shape, v: Variant) -> None:
         """Where the losses run apart, the pair's other loss joins the answer too, at its own speed, when it fits
         and is not hopeless: it needs more memory but may be faster."""
-        twin = v._replace(loss="chunked" if v.loss == "fused" else "fused")
+        twin = v._replace(loss=next(x for x in self.losses if x != v.loss))
         memory = self.ev.total(s, twin)
         if memory is not None and self.req.within(memory):
             speed = self.ev.roofline(s, twin).step.tokens_per_s_per_gpu
@@ -284,37 +293,39 @@ class _Search:
         to which what is estimated here is added. Returns a lower bound on the memory of n = most (its
         memory when estimated)."""
         most = most_stage_layers(self.req.architecture, s)
-        if self._out(lower, speed.ceiling("full", 1)):
-            self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
+        first = most + 1 - settings(self.req.training, "full", most)  # 1, or every layer alone (stacks.py)
+        n = len(self.losses)
+        if self._out(lower, speed.ceiling("full", first)):
+            self._judge(n * (most + 1 - first) - self._estimated_full(s, b, range(first, most + 1), most), "bound")
             return lower
         full = _FullSpeeds(speed)
-        if most > 1 and full.loose:  # the family's fastest setting, exactly: a ceiling for every n (rule 5)
+        if first < most and full.loose:  # the family's fastest setting, exactly: a ceiling for every n (rule 5)
             one = self._speed(s, self._full(b, 1, most))
             if one is not None:
                 full.exact[1] = one
                 if self._out(lower, one):
-                    self._judge(2 * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
+                    self._judge(n * most - self._estimated_full(s, b, range(1, most + 1), most), "bound")
                     return lower
         top = self._candidate(s, self._full(b, most, most), lower, full.ceiling(most))
         if top is not None:
             known[most] = top
         if top is not None and not self.req.within(top):
-            self._judge(2 * (most - 1) - self._estimated_full(s, b, range(1, most), most), "monotone recompute")
+            self._judge(n * (most - first) - self._estimated_full(s, b, range(first, most), most), "monotone recompute")
         else:
-            self._interval(s, b, 1, most, lower if top is None else top, full, known)
+            self._interval(s, b, first, most, lower if top is None else top, full, known)
         return lower if top is None else top
 
     def _speed(self, s: Shape, v: Variant) -> float | None:
         """The expected tokens/s per GPU of a layout, the faster loss's where the losses run apart (a ceiling for
         both; None: the roofline refuses it)."""
-        losses = ("fused", "chunked") if self.ev.losses_apart else (v.loss,)
+        losses = self.ev.ceiling_losses if self.ev.losses_apart else (v.loss,)
         try:
             return max(self.ev.roofline(s, v._replace(loss=loss)).step.tokens_per_s_per_gpu for loss in losses)
         except ConfigError:
             return None
 
     def _full(self, b: int, n: int, most: int) -> Variant:
-        return Variant(b, "full", None if n == most else n, "fused")
+        return Variant(b, "full", None if n == most else n, self.losses[0])
 
     def _estimated_full(self, s: Shape, b: int, ns: range, most: int) -> int:
         """Fused and chunked full recompute settings with n in `ns` already estimated (or refused)."""
@@ -333,7 +344,8 @@ class _Search:
         over = max((n for n, memory in known.items() if n >= lo and not self.req.within(memory)), default=0)
         if over >= lo:
             last_over = min(over, hi - 1)
-            self._judge(2 * (last_over + 1 - lo) - self._estimated_full(s, b, range(lo, last_over + 1), most),
+            self._judge(len(self.losses) * (last_over + 1 - lo)
+                        - self._estimated_full(s, b, range(lo, last_over + 1), most),
                         "monotone recompute")
             lo = last_over + 1
             if lo >= hi:
@@ -344,7 +356,7 @@ class _Search:
             if exact is not None:
                 speed.exact[lo] = exact
         if self._out(floor, speed.ceiling(lo)):
-            self._judge(2 * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
+            self._judge(len(self.losses) * (hi - lo) - self._estimated_full(s, b, range(lo, hi), most), "bound")
             return
         mid = (lo + hi - 1) // 2
         memory = self._candidate(s, self._full(b, mid, most), max(lower, _at_least(known, mid)),
@@ -352,7 +364,8 @@ class _Search:
         if memory is not None:
             known[mid] = memory
         if memory is not None and not self.req.within(memory):  # nor does any n below it
-            self._judge(2 * (mid - lo) - self._estimated_full(s, b, range(lo, mid), most), "monotone recompute")
+            self._judge(len(self.losses) * (mid - lo) - self._estimated_full(s, b, range(lo, mid), most),
+                        "monotone recompute")
         else:
             self._interval(s, b, lo, mid, lower if memory is None else memory, speed, known)
         self._interval(s, b, mid + 1, hi, lower, speed, known)

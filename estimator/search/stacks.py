@@ -1,0 +1,79 @@
+"""What each framework runs: the layouts the planner walks for it.
+
+A layout the planner lists is one its user can launch: every split, recompute setting and loss of a
+framework's record below is one that framework's own launch configuration names (and `plan --emit`
+writes). The estimator estimates more (a hand-made configuration may ask for Megatron's first-n-layers
+recompute under the HF Trainer); the planner never proposes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec.training import Training
+
+SPLITS = ("tp", "pp", "cp", "ep")  # the model splits beyond data parallelism
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The layouts one framework runs."""
+
+    splits: tuple[str, ...]  # the parallel sizes it may set above 1 (of SPLITS)
+    interleaved: bool  # virtual pipeline stages (vpp > 1)
+    zero_stages: tuple[int, ...]  # with a group to shard over; a world of one runs stage 0
+    recompute: tuple[str, ...]  # its recompute modes, of "none", "selective", "full"
+    partial: bool  # full recompute of the first n layers of a stage, not only all of them
+    losses: tuple[str, ...]  # its losses, of "standard", "fused", "chunked"
+    source: str
+    # losses another of its losses beats on memory and speed alike (rule 5 of planner.py): never estimated
+    set_aside: tuple[str, ...] = ("standard",)
+
+
+_TRAINER = ("the HF Trainer's arguments (transformers 5.23 training_args.py): data parallelism alone, "
+            "gradient_checkpointing on every layer or none, transformers' loss or Liger's cross-entropy "
+            "(fused) and fused linear cross-entropy (chunked) through use_liger_kernel")
+
+STACKS: dict[str, Stack] = {
+    "megatron": Stack(SPLITS, True, (0, 1, 2, 3), ("none", "selective", "full"), True, ("standard", "fused"),
+                      "Megatron-LM arguments: --tensor/--pipeline/--context/--expert-model-parallel-size, "
+                      "--num-layers-per-virtual-pipeline-stage, --recompute-granularity selective|full with "
+                      "--recompute-method block --recompute-num-layers n, --cross-entropy-loss-fusion "
+                      "(no chunked loss)", set_aside=()),
+    "fsdp2": Stack(SPLITS, True, (0, 2, 3), ("none", "selective", "full"), False, ("standard",),
+                   "torchtitan's job config: parallelism.*_degree, Interleaved1F1B, module_fqns_per_model_part; "
+                   "activation_checkpoint.mode none|selective|full (no first-n-layers mode); its cross-entropy",
+                   set_aside=()),
+    "torchtune": Stack((), False, (2, 3), ("none", "full"), False, ("standard", "chunked"),
+                       "torchtune's distributed recipes: FSDP2 over every rank (fsdp_reshard_after_forward), "
+                       "enable_activation_checkpointing, CEWithChunkedOutputLoss"),
+    "deepspeed": Stack((), False, (0, 1, 2, 3), ("none", "full"), False, ("standard", "fused", "chunked"),
+                       _TRAINER + "; zero_optimization.stage 0-3"),
+    "hf": Stack((), False, (0,), ("none", "full"), False, ("standard", "fused", "chunked"), _TRAINER),
+    "fsdp1": Stack((), False, (3,), ("none", "full"), False, ("standard", "fused", "chunked"),
+                   _TRAINER + "; fsdp full_shard (its other strategies are estimated, not searched)"),
+    "hf_fsdp2": Stack((), False, (2, 3), ("none", "full"), False, ("standard", "fused", "chunked"),
+                      _TRAINER + "; Accelerate's FSDP2 with reshard_after_forward true (3) or false (2)"),
+}
+
+
+def stack(training: Training) -> Stack:
+    return STACKS[training.framework]
+
+
+def searched_losses(training: Training) -> tuple[str, ...]:
+    """The losses the search estimates, one or a pair: the stack's own less those set aside. Under Megatron the
+    standard loss stays beside the fused one: the native fused cross-entropy holds 4 B per logit more at
+    backward's start (its compiled backward's fp32 copy of the softmax), so the standard one may fit where the
+    fused one does not, at a speed of its own."""
+    st = stack(training)
+    return tuple(x for x in st.losses if x not in st.set_aside)
+
+
+def settings(training: Training, mode: str, most: int) -> int:
+    """How many settings of a recompute mode a shape has: full on 1 ... `most` layers where the stack
+    recomputes part of a stage, else one (every layer); none if the stack has no such mode."""
+    st = stack(training)
+    if mode not in st.recompute:
+        return 0
+    return most if mode == "full" and st.partial else 1
