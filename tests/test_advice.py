@@ -175,3 +175,33 @@ def test_liger_kernels_are_offered_where_they_lower_the_peak():
 def test_liger_kernels_are_never_offered_where_validation_refuses_them(model, training):
     cfg = load_config({**LIGER_OOM, "model": model, "training": {**LIGER_OOM["training"], **training}})
     assert not any("Liger kernels" in s.description for s in suggestions(cfg, limit=50))
+
+
+def test_the_advice_names_only_what_the_framework_runs():
+    """The HF Trainer over DDP (framework hf) has no TP, PP, CP or selective recompute (search/stacks.py): an 8B
+    full fine-tune on 8 H100s replicates 16 B a parameter and does not fit; the change that fits is the same run
+    sharded, DeepSpeed ZeRO-3 or Accelerate's FSDP2, each the full estimate of its configuration."""
+    cfg = load_config({"model": "llama-3.1-8b", "training": {"framework": "hf", "seq_len": 4096,
+                                                             "global_batch_size": 64, "recompute": "full"},
+                       "parallel": {"dp": 8}, "hardware": {"gpu": "h100-80"}})
+    assert estimate(cfg.architecture, cfg.training, cfg.parallel, cfg.hardware).fit.verdict == "oom"
+    found = suggestions(cfg, limit=20)
+    words = [s.description for s in found]
+    assert not any(w.startswith(("tensor parallel", "pipeline stages", "context parallel", "selective")) for w in words)
+    sharded = {s.config.training.framework: s for s in found if s.description.startswith("shard the model states")}
+    assert set(sharded) == {"deepspeed", "hf_fsdp2"} and found[0] in sharded.values()
+    for framework, s in sharded.items():
+        assert s.config.parallel.zero_stage == 3 and s.verdict == "fits" and s.gpus == 8
+        e = estimate(s.config.architecture, s.config.training, s.config.parallel, s.config.hardware)
+        assert s.device_total_bytes == e.device_total_bytes
+
+
+def test_megatron_is_never_advised_a_chunked_loss():
+    """Megatron-LM has no chunked loss (its --cross-entropy-loss-fusion is the fused one): never suggested."""
+    cfg = load_config({"model": "llama-3.1-70b", "training": {"framework": "megatron", "seq_len": 8192},
+                       "parallel": {"tp": 8, "dp": 1}})
+    words = [s.description for s in suggestions(cfg, limit=50)]
+    assert words and not any("chunked" in w for w in words)
+    hf = load_config({"model": "llama-3.1-8b", "training": {"framework": "deepspeed", "seq_len": 8192,
+                                                            "recompute": "full"}, "parallel": {"dp": 8, "zero_stage": 3}})
+    assert any("chunked" in s.description for s in suggestions(hf, limit=50))  # Liger's, under the Trainer
