@@ -107,8 +107,10 @@ def test_the_registry_imports_only_tables_below_it():
     allowed = {"estimator.spec." + m for m in ("choices", "dtypes", "gpus", "optimizers", "versions", "field")}
     assert GRAPH["estimator.spec.fields"] <= allowed | {"estimator.spec.serving_fields",
                                                         "estimator.spec.transformers_fields",
-                                                        "estimator.spec.hybrid_fields"}
+                                                        "estimator.spec.hybrid_fields",
+                                                        "estimator.spec.trl_fields"}
     assert GRAPH["estimator.spec.serving_fields"] <= allowed  # the serving section, beside the registry
+    assert GRAPH["estimator.spec.trl_fields"] <= allowed  # TRL's release, beside it
     assert GRAPH["estimator.spec.transformers_fields"] <= allowed  # transformers' code details, beside it
     assert GRAPH["estimator.spec.hybrid_fields"] <= allowed  # hybrid decoders' layers, beside it
     assert GRAPH["estimator.spec.field"] == set()

@@ -76,3 +76,97 @@ def test_what_is_not_modelled_is_refused(change, field):
     with pytest.raises(ConfigError) as error:
         estimate_config(cfg)
     assert error.value.field == field
+
+
+# --- by TRL release (training.trl_version, estimator/spec/trl.py) ---------------------------------------------
+
+def metrics(version: str | None, batch: int = B) -> dict:
+    """nll_metrics' entries (bytes by name) for a TRL release: Qwen2.5-0.5B, `batch` x 2048, Accelerate's autocast."""
+    from estimator.memory.activations.trl_loss import nll_metrics
+    from estimator import load_config
+    cfg = load_config(config("standard", trl_version=version, micro_batch_size=batch))
+    return {e.name: e.bytes(cfg.parallel) for e in nll_metrics(cfg.architecture, cfg.training, cfg.parallel, V)}
+
+
+LOGITS = "the outputs' logits, kept by compute_loss for its metrics"
+
+
+def test_the_measured_release_is_the_default():
+    measured = estimate_config(config("standard", trl_version="1.9.0"))
+    assert estimate_config(config("standard")).allocated_peak_bytes == measured.allocated_peak_bytes
+    assert metrics(None) == metrics("1.3.0")  # from c693ca12 (1.3.0) the shifted logits' entropy, as measured
+
+
+def test_before_0_15_the_sft_trainer_computes_no_metrics():
+    """trl 0.14: SFTTrainer has no compute_loss of its own, so its step is the Trainer's."""
+    old = estimate_config(config("standard", trl_version="0.14.0"))
+    trainer = estimate_config({**config("standard"), "training": {**config("standard")["training"],
+                                                                  "training_loop": "trainer"}})
+    assert old.allocated_peak_bytes == trainer.allocated_peak_bytes
+    assert old.allocated_peak_bytes < estimate_config(config("standard")).allocated_peak_bytes
+
+
+def test_0_16_to_0_21_take_the_accuracy_alone():
+    """trl 0.16-0.21 compute_loss: logits[..., :-1, :].contiguous() (a copy above one sample) and its argmax."""
+    assert metrics("0.19.1") == {LOGITS: 4 * B * S * V,
+                                 "their shifted copy (logits[..., :-1, :].contiguous())": 4 * B * (S - 1) * V,
+                                 "the accuracy's argmax (int64)": 8 * B * (S - 1)}
+    assert metrics("0.19.1", batch=1) == {LOGITS: 4 * S * V, "the accuracy's argmax (int64)": 8 * (S - 1)}
+
+
+def test_0_22_takes_a_whole_samples_entropy_at_once():
+    """trl 0.22 utils.py entropy_from_logits(logits, chunk_size=1) splits the [b, s, V] logits along dim 0: one
+    sample's log-softmax, exp and product (3 x s x V fp32), above the accuracy's copy and argmax."""
+    assert metrics("0.22.2") == {LOGITS: 4 * B * S * V, "entropy of one sample: log-softmax, exp and product":
+                                 3 * 4 * S * V}
+    moment = estimate_config(config("standard", trl_version="0.22.2"))
+    assert parts(moment, "forward")["entropy of one sample: log-softmax, exp and product"] == 3 * 4 * S * V
+
+
+def test_0_23_to_1_2_take_the_larger_of_the_entropys_rows_and_the_accuracys_copy():
+    """From 0.23 the entropy of 128 flattened rows of the unshifted logits (a view), then the accuracy's copy."""
+    copy_and_argmax = {"their shifted copy (logits[..., :-1, :].contiguous())": 4 * B * (S - 1) * V,
+                       "the accuracy's argmax (int64)": 8 * B * (S - 1)}
+    assert metrics("1.2.0") == {LOGITS: 4 * B * S * V, **copy_and_argmax}
+    assert metrics("0.23.0", batch=1) == {LOGITS: 4 * S * V,
+                                          "entropy of 128 rows: log-softmax, exp and product": 3 * 4 * 128 * V}
+
+
+@pytest.mark.parametrize("loss, version, field", [
+    ("standard", "0.15.2", "training.trl_version"),  # 0.15 gathers every rank's logits: not modelled
+    ("chunked", "1.3.0", "training.loss"),  # chunked_nll arrived in 1.4.0
+    ("standard", "one.nine", "training.trl_version"),
+])
+def test_a_release_without_the_rule_is_refused(loss, version, field):
+    with pytest.raises(ConfigError) as error:
+        estimate_config(config(loss, trl_version=version))
+    assert error.value.field == field
+
+
+def test_a_trl_version_outside_the_sft_trainer_is_refused():
+    cfg = config("standard", trl_version="1.9.0", training_loop="trainer")
+    with pytest.raises(ConfigError) as error:
+        estimate_config(cfg)
+    assert error.value.field == "training.trl_version"
+
+
+def test_the_release_is_the_installed_packages_not_the_files():
+    """`emit hf` writes the loss_type; the TRL release that runs it is the machine's, carried to the read-back as the
+    GPU is (importers/emit_check.py _INSTALLED), so a configuration naming one still writes its file."""
+    from estimator.importers.emit import emit
+    cfg = {"model": "llama-3.2-1b", "hardware": {"gpu": "h100-80"}, "parallel": {"dp": 2},
+           "training": {"framework": "hf", "training_loop": "trl_sft", "trl_version": "1.5.0", "seq_len": 2048,
+                        "loss": "chunked"}}
+    assert "loss_type: chunked_nll" in emit("hf", cfg)
+    cfg["training"]["trl_version"] = "1.3.0"  # no chunked_nll yet: the configuration itself is refused
+    with pytest.raises(ConfigError) as error:
+        emit("hf", cfg)
+    assert error.value.field == "training.loss"
+
+
+def test_the_importer_says_which_release_its_default_loss_is():
+    from estimator.importers import import_config
+    imported = import_config("model_name_or_path: meta-llama/Llama-3.2-1B\nmax_length: 2048\nbf16: true\n"
+                             "per_device_train_batch_size: 1\n", "hf", gpus=1)
+    assert imported.config["training"]["loss"] == "chunked"
+    assert any("nll before it: set training.trl_version" in setting.note for setting in imported.read)

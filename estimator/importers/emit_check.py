@@ -33,7 +33,10 @@ def verified(kind: str, text: str, config: dict, gpus: int | None = None) -> str
     from ..models.loading import load_config
     from . import import_config
     imported = import_config(text, kind, gpus=gpus, gpu=config.get("hardware", {}).get("gpu"))
-    want, got = (_flat(load_config(c)) for c in (config, imported.config))
+    training = config.get("training", {})
+    installed = {name: training[name] for name in _INSTALLED if training.get(name) is not None}
+    read_back = {**imported.config, "training": {**imported.config.get("training", {}), **installed}}
+    want, got = (_flat(load_config(c)) for c in (config, read_back))
     for path in list(want) + [p for p in got if p not in want]:
         if path in _LAUNCH_DEFAULTS and want.get(path) is None:
             continue
@@ -43,6 +46,10 @@ def verified(kind: str, text: str, config: dict, gpus: int | None = None) -> str
                               + ("nothing" if written is None else repr(written)), f"{kind} has no setting for it")
     return text
 
+
+# what the launch's installed packages decide, not its file (as the GPU is the machine's): carried from the configuration
+# to the file's read-back (training.trl_version: the SFTTrainer's release, whose rules the written loss_type runs under)
+_INSTALLED = ("trl_version",)
 
 # fields that a configuration may leave to the launch: unset, the written launch keeps its stack's own default
 # (training.nccl_cumem: slime's and verl's training processes run without cuMem, spec/nccl.py RL_STACKS_CUMEM_OFF)

@@ -167,7 +167,8 @@ def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str
     autocast = framework in TRAINER_FRAMEWORKS and build.get("training.compute_dtype", "bf16") in ("bf16", "fp16")
     if loss_type == "chunked_nll" and autocast:
         build.set("training.loss", "chunked", "loss_type", given or "(unset)",
-                  why="" if given else f"{TRL_VERSION}'s default without Liger (from v1.7.0)")
+                  why="" if given else f"{TRL_VERSION}'s default without Liger (from v1.7.0; nll before it: set "
+                  "training.trl_version to the release run)")
     elif loss_type == "chunked_nll":
         ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll is measured "
                             "under Accelerate's autocast (framework hf or fsdp1 in bf16/fp16): estimated as "

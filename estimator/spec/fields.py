@@ -25,6 +25,7 @@ from .versions import MEGATRON_TE, TE_NONE, TE_VERSIONS, TORCH_VERSIONS, VERSION
 from .serving_fields import SERVING_FIELDS
 from .transformers_fields import TRANSFORMERS_FIELDS
 from .hybrid_fields import HYBRID_FIELDS, HYBRID_TRAINING_FIELDS
+from .trl_fields import TRL_FIELDS
 from .field import (Field, MAX_CHUNKS, MAX_EXPERTS, MAX_GPUS, MAX_HEADS, MAX_LAYERS, MAX_PIPELINE, MAX_SAMPLES,
                     MAX_TOKENS, MAX_VOCAB, MAX_WIDTH, _bool, _choice, _int)
 
@@ -82,10 +83,8 @@ TRAINING_FIELDS: tuple[Field, ...] = (
             "adapters keep 16-bit inputs, and its 16-bit outputs (the logits) are copied to fp32; plain = the model "
             "called directly, autocast only over weights wider than the compute dtype. fsdp1: trainer = the HF "
             "Trainer through Accelerate; plain = a loop of one's own over FSDP1, such as Lightning Fabric's "
-            "FSDPStrategy with bf16-true weights. trl_sft = TRL's SFTTrainer: loss chunked (no Liger) is its "
-            "chunked_nll (default from trl 1.7.0: the head on the targets, 256 at a time, checkpointed, over an fp32 "
-            "copy of its weight), standard its nll (then entropy and accuracy from the kept logits).", "Run",
-            TRAINING_LOOPS),
+            "FSDPStrategy with bf16-true weights. trl_sft = TRL's SFTTrainer (its release: trl_version): loss "
+            "chunked (no Liger) is its chunked_nll, standard its nll.", "Run", TRAINING_LOOPS),
     _int("seq_len", _T, "Sequence length (tokens)", "Tokens per sample. Activation memory grows linearly with it "
          "(quadratically with eager attention).", "Run", hi=MAX_TOKENS, step=1024),
     _int("images_per_sample", _T, "Images per sample", "Vision-language models: images in each sample. Each runs "
@@ -311,7 +310,7 @@ TRAINING_FIELDS: tuple[Field, ...] = (
          hi=MAX_TOKENS, optional=True, auto="the sequence length", step=1024),
     _choice("kv_cache_dtype", _T, "KV cache dtype", "Inference: the dtype of the cached keys and values.",
             "Inference", KV_CACHE_DTYPES, optional=True, auto="the weights dtype"),
-) + HYBRID_TRAINING_FIELDS
+) + HYBRID_TRAINING_FIELDS + TRL_FIELDS
 
 PARALLEL_FIELDS: tuple[Field, ...] = (
     _int("tp", _P, "Tensor parallel (TP)", "GPUs that split every layer's matrices (Megatron tensor parallelism). "

@@ -93,6 +93,7 @@ class Training:
     cross_entropy_impl: str = "native"  # megatron, loss "fused": --cross-entropy-fusion-impl native or te
     # hf: "trainer" (the HF Trainer through Accelerate's mixed precision) or "plain" (memory/trainer_loop.py)
     training_loop: str = "trainer"
+    trl_version: str | None = None  # trl_sft: the TRL release (spec/trl.py); None = the measured one, 1.9.0
     # megatron, interleaved (vpp > 1): --microbatch-group-size-per-virtual-pipeline-stage; None = pp (Megatron's default)
     microbatch_group_size: int | None = None
     # megatron, interleaved: off = --no-overlap-p2p-communication; --overlap-p2p-communication-warmup-flush (with it)
@@ -289,6 +290,8 @@ def _check_framework_settings(t: Training) -> None:
                           related=("training.framework", "training.optimizer"))
     _check_megatron_flags(t)
     _check_framework_version(t)
+    from .trl import check as check_trl
+    check_trl(t)
     if t.te_version is not None and t.framework != "megatron":
         raise ConfigError("training.te_version", t.te_version, "empty/null unless framework is 'megatron'",
                           "TransformerEngine is modelled under Megatron-Core only", related=("training.framework",))

@@ -15,6 +15,9 @@
   (`entropy_from_logits`, 128 rows at a time, of `logits[..., :-1, :]`, reshaped: a copy above one sample):
   `nll_metrics`, a moment after the loss's forward beside what the loss keeps.
 - With Liger (`liger_kernel`) TRL runs Liger's loss and skips its metrics (the Trainer's path).
+- Earlier releases (training.trl_version, spec/trl.py): no metrics before 0.15.0; the accuracy's shifted copy and
+  int64 argmax alone from 0.16.0; from 0.22.0 the entropy first, of a whole sample's logits at once in 0.22.x and of
+  128 rows from 0.23.0, each a moment of its own before the accuracy's, until 1.3.0 shifts first (the 1.9.0 moment).
 
 Measured: tests/data/measured/accelerate/*-trl-sft-* (validation/accelerate/trl_sft.py, the real
 SFTTrainer.training_step).
@@ -26,6 +29,7 @@ from ...spec.architecture import Architecture
 from ...spec.dtypes import bytes_per_element
 from ...spec.parallel import Parallel
 from ...spec.training import Training
+from ...spec.trl import ENTROPY_FROM, METRICS_FROM, ROW_CHUNKS_FROM, SHIFT_BEFORE_ENTROPY, trl_release
 from .entries import Entry, autocast, tokens_per_gpu
 
 CHUNK = 256  # trl 1.9.0 sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE
@@ -41,8 +45,9 @@ def trl_chunked(training: Training) -> bool:
 
 
 def trl_nll(training: Training) -> bool:
-    """TRL's nll: the model's own loss, then compute_loss's metrics from the kept outputs."""
-    return training.training_loop == "trl_sft" and training.loss == "standard" and not training.liger_kernel
+    """TRL's nll: the model's own loss, then compute_loss's metrics from the kept outputs (from trl 0.15.0)."""
+    return (training.training_loop == "trl_sft" and training.loss == "standard" and not training.liger_kernel
+            and trl_release(training) >= METRICS_FROM)
 
 
 def _targets(training: Training, par: Parallel) -> float:
@@ -81,11 +86,21 @@ def nll_metrics(arch: Architecture, training: Training, par: Parallel, vocab: in
     one 128-row chunk's log-softmax, exp and product (module docstring)."""
     from ..trainer_loop import through_accelerate
     D = 4 if through_accelerate(training) else bytes_per_element(training.compute_dtype)
-    T, b = tokens_per_gpu(training, par), training.micro_batch_size
-    out = [Entry("the outputs' logits, kept by compute_loss for its metrics", T * vocab, D, "none", f"{D:g}*s*b*V")]
-    if b > 1:
-        out.append(Entry("their reshaped copy (logits[..., :-1, :], not contiguous above one sample)",
-                         _targets(training, par) * vocab, D, "none", f"{D:g}*(s-1)*b*V"))
-    out.append(Entry(f"entropy of {METRIC_ROWS} rows: log-softmax, exp and product", 3 * METRIC_ROWS * vocab, D,
-                     "none", f"3*{D:g}*{METRIC_ROWS}*V", split_by_cp=False))
-    return out
+    T, b, version = tokens_per_gpu(training, par), training.micro_batch_size, trl_release(training)
+    kept = Entry("the outputs' logits, kept by compute_loss for its metrics", T * vocab, D, "none", f"{D:g}*s*b*V")
+    shifted = ("their reshaped copy (logits[..., :-1, :], not contiguous above one sample)"
+               if version >= SHIFT_BEFORE_ENTROPY else "their shifted copy (logits[..., :-1, :].contiguous())")
+    copy = [Entry(shifted, _targets(training, par) * vocab, D, "none", f"{D:g}*(s-1)*b*V")] if b > 1 else []
+    rows = [Entry(f"entropy of {METRIC_ROWS} rows: log-softmax, exp and product", 3 * METRIC_ROWS * vocab, D,
+                  "none", f"3*{D:g}*{METRIC_ROWS}*V", split_by_cp=False)]
+    if version >= SHIFT_BEFORE_ENTROPY:  # the shifted logits' entropy (the 1.9.0 moment measured)
+        return [kept] + copy + rows
+    accuracy = copy + [Entry("the accuracy's argmax (int64)", _targets(training, par), 8, "none", "8*(s-1)*b")]
+    if version >= ROW_CHUNKS_FROM:
+        entropy = rows
+    elif version >= ENTROPY_FROM:  # trl 0.22 utils.py entropy_from_logits(chunk_size=1) splits dim 0: one sample
+        entropy = [Entry("entropy of one sample: log-softmax, exp and product", 3 * T / b * vocab, D, "none",
+                         f"3*{D:g}*s*V")]
+    else:
+        entropy = []
+    return [kept] + max(entropy, accuracy, key=lambda entries: sum(e.bytes(par) for e in entries))
