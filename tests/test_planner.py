@@ -859,3 +859,16 @@ def test_the_order_does_not_depend_on_the_hash_seed(tmp_path):
                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True)
         orders.add(tuple(json.dumps(x, sort_keys=True) for x in json.loads(run.stdout)["layouts"]))
     assert len(orders) == 1
+
+
+def test_no_fit_under_the_trainers_ddp_names_the_sharded_stacks():
+    """Llama-3.1-8B's full fine-tune under the HF Trainer's DDP: 12 B a parameter on every GPU, so no count of H100s
+    fits (stacks.py: DP alone), and the answer says which frameworks shard the states."""
+    from estimator.search.planner import no_fit_text
+    tr = Training(framework="hf", seq_len=4096, global_batch_size=64, recompute="full")
+    result = plan(get_architecture("llama-3.1-8b"), tr, "h100-80", 8)
+    assert not result.layouts and result.smallest_fit["h100-80"] is None
+    text = no_fit_text(result)
+    assert "none fits on up to 16,384 x h100-80" in text and "DeepSpeed ZeRO (framework deepspeed)" in text
+    sharded = plan(get_architecture("llama-3.1-8b"), dataclasses.replace(tr, framework="deepspeed"), "h100-80", 8)
+    assert sharded.layouts and all(x.parallel.zero_stage >= 1 for x in sharded.layouts)  # states sharded

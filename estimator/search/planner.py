@@ -325,4 +325,8 @@ def no_fit_text(result: Plan) -> str:
     head += (f"; the fewest that fit: {own} x {req.hardware.gpu}" if own
              else f"; none fits on up to {req.max_gpus:,} x {req.hardware.gpu}")
     others = [f"{n} x {g}" for g, n in found.items() if g != req.hardware.gpu and n]
-    return head + ("; other GPUs: " + ", ".join(others) if others else "") + " (powers of two)"
+    tail = ("; other GPUs: " + ", ".join(others) if others else "") + " (powers of two)"
+    if req.training.framework == "hf":  # stacks.py: the Trainer's DDP splits nothing
+        tail += ("; the HF Trainer over DDP keeps every model state whole on each GPU, so more GPUs split none of "
+                 "them: DeepSpeed ZeRO (framework deepspeed) or FSDP (hf_fsdp2, fsdp1) shards them")
+    return head + tail
