@@ -114,3 +114,17 @@ def test_what_is_not_modelled_is_refused(change, field):
     with pytest.raises(ConfigError) as err:
         estimate_config(cfg)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("adapter, field", [
+    ({"method": "qlora", "rank": 16, "alpha": 32}, "training.adapter.method"),
+    ({"method": "lora", "rank": 16, "alpha": 32, "base_dtype": "int8"}, "training.adapter.base_dtype"),
+])
+def test_a_quantized_base_is_refused_under_fsdp1(adapter, field):
+    """FSDP1 flattens a unit into one FlatParameter of one dtype: QLoRA runs there with bf16-packed codes and PEFT's
+    own wrap policy (a unit per LoRA module), which is not the Trainer's per-layer units modelled (fsdp1.py)."""
+    cfg = {"model": "llama-3.1-8b", "parallel": {"dp": 2},
+           "training": {"framework": "fsdp1", "seq_len": 2048, "recompute": "full", "adapter": adapter}}
+    with pytest.raises(ConfigError) as error:
+        estimate_config(cfg)
+    assert error.value.field == field and "PEFT's own wrap policy" in str(error.value)

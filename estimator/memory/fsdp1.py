@@ -205,6 +205,7 @@ def check(training, par) -> None:
                           "FSDP1's sharding is set by parallel.fsdp_sharding_strategy",
                           related=("parallel.fsdp_sharding_strategy",))
     _check_hybrid(par)
+    _check_quantized_base(training)
     if training.offload_optimizer != "none" or training.offload_parameters != "none":
         field = "training.offload_optimizer" if training.offload_optimizer != "none" else "training.offload_parameters"
         raise ConfigError(field, getattr(training, field.split(".")[1]), "'none' with framework 'fsdp1'",
@@ -213,6 +214,28 @@ def check(training, par) -> None:
         field = next(f for f in ("optimizer_in_backward", "compile", "fp8") if getattr(training, f))
         raise ConfigError(f"training.{field}", True, "false with framework 'fsdp1'",
                           "not modelled under FSDP1", related=("training.framework",))
+
+
+def _check_quantized_base(training) -> None:
+    """FSDP1 flattens a unit's parameters into one FlatParameter of one dtype (torch 2.13 fsdp/_flat_param.py
+    `_validate_tensors_to_flatten`: "Must flatten tensors with uniform dtype"), so bitsandbytes' uint8 codes cannot
+    join a layer's bf16 weights; QLoRA over FSDP1 runs with bnb_4bit_quant_storage bf16 (the codes packed four to a
+    bf16 element) and PEFT's fsdp_auto_wrap_policy (peft utils/other.py: a unit per LoRA module, the frozen layer
+    without gradients; use_orig_params false, examples/sft/train.py), and Accelerate upcasts every FlatParameter
+    that requires grad to fp32 (accelerator.py prepare_model). The units modelled here are the Trainer's
+    TRANSFORMER_BASED_WRAP over use_orig_params, which that run does not use."""
+    from ..spec.adapter import base_dtype
+    from ..spec.choices import QUANTIZED
+    from ..spec.errors import ConfigError
+    adapter = training.adapter
+    if adapter is None or base_dtype(adapter, training.param_dtype) not in QUANTIZED:
+        return
+    field, value = ("training.adapter.base_dtype", adapter.base_dtype) if adapter.base_dtype else \
+        ("training.adapter.method", adapter.method)
+    raise ConfigError(field, value, "'lora' or 'dora' over a 16-bit base with framework 'fsdp1'",
+                      "QLoRA over FSDP1 runs PEFT's own wrap policy (a unit per LoRA module) with bf16-packed 4-bit "
+                      "codes; the units modelled are the Trainer's per layer: not modelled",
+                      related=("training.framework",))
 
 
 def _check_hybrid(par) -> None:
