@@ -69,8 +69,8 @@ def test_fsdp_config_in_the_arguments():
     # transformers 5.23: FSDP version 2 unless 1; no resharding after forward is shard-grad-op (ZeRO-2)
     assert result.config == {"model": "qwen3-8b", "parallel": {"dp": 8, "zero_stage": 2},
                              "training": {"framework": "hf_fsdp2", "recompute": "full", "micro_batch_size": 1,
-                                          "seq_len": 8192, "training_loop": "trl_sft"}}
-    assert [s.name for s in result.unsupported] == ["fsdp_config.limit_all_gathers", "loss_type"]  # TRL SFT (_sft_loss)
+                                          "seq_len": 8192, "training_loop": "trl_sft", "loss": "chunked"}}
+    assert [s.name for s in result.unsupported] == ["fsdp_config.limit_all_gathers"]  # chunked_nll: _sft_loss
 
 
 HF = [
@@ -221,13 +221,18 @@ def test_the_fsdp_option_strings_offload():
 @pytest.mark.parametrize("extra, framework, loss, unsupported", [
     ("", "hf", "chunked", False),  # trl v1.7.0 on: chunked_nll unless Liger, under Accelerate's autocast
     ("loss_type: nll\n", "hf", "standard", False),
-    ("loss_type: chunked_nll\nfsdp: true\nfsdp_config:\n  version: 2\n", "hf_fsdp2", "standard", True),
+    # over a 16-bit model run as it is (the HF Trainer's FSDP2; DeepSpeed below ZeRO-3): measured alone,
+    # tests/test_trl_loss.py test_chunked_nll_alone_is_what_the_ledger_keeps
+    ("loss_type: chunked_nll\nfsdp: true\nfsdp_config:\n  version: 2\n", "hf_fsdp2", "chunked", False),
+    ("deepspeed:\n  zero_optimization:\n    stage: 2\n", "deepspeed", "chunked", False),
+    ("deepspeed:\n  zero_optimization:\n    stage: 3\n", "deepspeed", "standard", True),  # gathered per chunk
 ])
 def test_trls_sft_loss_is_its_loss_type(extra, framework, loss, unsupported):
     """TRL's SFTTrainer runs its own loss (memory/activations/trl_loss.py): chunked_nll, its default from trl
-    v1.7.0 without Liger (sft_config.py), is loss "chunked" under the SFTTrainer's loop where the Trainer runs the
-    model under Accelerate's autocast, the measured path; elsewhere it is reported not modelled, and estimated as
-    transformers' loss; nll is the model's loss with the SFTTrainer's metrics from the kept logits."""
+    v1.7.0 without Liger (sft_config.py), is loss "chunked" under the SFTTrainer's loop where the head runs 16-bit
+    (the Trainer's autocast, or a 16-bit model run as it is below ZeRO-3); under ZeRO-3 it is reported not
+    modelled, and estimated as transformers' loss; nll is the model's loss with the SFTTrainer's metrics from the
+    kept logits."""
     text = "model_name_or_path: Qwen/Qwen3-8B\nper_device_train_batch_size: 2\nmax_length: 4096\n" + extra
     result = import_config(text, "hf", gpus=8)
     training = result.config["training"]

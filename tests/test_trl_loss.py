@@ -67,12 +67,14 @@ def test_an_rl_run_is_not_the_sft_trainers():
 
 @pytest.mark.parametrize("change, field", [
     ({"framework": "megatron"}, "training.training_loop"),
-    ({"framework": "deepspeed"}, "training.loss"),  # chunked_nll without Accelerate's autocast: not measured
+    ({"framework": "deepspeed"}, "training.loss"),  # chunked_nll under ZeRO-3 gathers the head per chunk
+    ({"framework": "hf", "param_dtype": "fp32", "compute_dtype": "fp32", "grad_dtype": "fp32",
+      "optimizer_dtype": "fp32"}, "training.loss"),  # w.float() of an fp32 head copies nothing: not modelled
 ])
 def test_what_is_not_modelled_is_refused(change, field):
     cfg = config("chunked", **change)
     if change["framework"] == "deepspeed":
-        cfg["parallel"] = {"dp": 2, "zero_stage": 2}
+        cfg["parallel"] = {"dp": 2, "zero_stage": 3}
     with pytest.raises(ConfigError) as error:
         estimate_config(cfg)
     assert error.value.field == field
@@ -170,3 +172,31 @@ def test_the_importer_says_which_release_its_default_loss_is():
                              "per_device_train_batch_size: 1\n", "hf", gpus=1)
     assert imported.config["training"]["loss"] == "chunked"
     assert any("nll before it: set training.trl_version" in setting.note for setting in imported.read)
+
+
+# --- chunked_nll alone, with and without autocast (validation/accelerate/trl_loss_alone.py) ---------------------
+
+@pytest.mark.parametrize("framework", ["hf", "deepspeed", "hf_fsdp2"])
+def test_chunked_nll_alone_is_what_the_ledger_keeps(framework):
+    """TRL's own _chunked_cross_entropy_loss on fake tensors, Qwen2.5-0.5B's head over 2 x 2048 tokens: under
+    Accelerate's autocast (hf) and without it (a 16-bit model run as it is: DeepSpeed ZeRO 2, the Trainer's FSDP2,
+    whose fp32 matmul adds the weight copy's fp32 gradient beside its cast, 4 V h). What it keeps after the forward,
+    and its forward and backward peaks above its inputs, against the ledger's loss entries (activations/loss.py
+    LossMemory, without the final norm's input, which the function does not see): within 0.2% (the chunk's own
+    [256, h] casts, 2 x 0.9 MiB, are left out)."""
+    pytest.importorskip("trl", reason="TRL's loss needs trl 1.9.0 (validation/install_frameworks.sh)")
+    from estimator import load_config
+    from estimator.memory.activations.loss import loss_memory
+    from validation.accelerate.trl_loss_alone import measure
+    cfg = load_config(config("chunked", framework, param_dtype="bf16"))
+    if framework != "hf":
+        cfg = load_config({**config("chunked", framework), "parallel": {"dp": 2, "zero_stage": 2}})
+    memory = loss_memory(cfg.architecture, cfg.training, cfg.parallel, V)
+
+    def total(entries):
+        return sum(e.bytes(cfg.parallel) for e in entries if not e.name.startswith("final norm input"))
+
+    got = measure(B, S, H, V, autocast=framework == "hf")
+    assert got["saved"] == pytest.approx(total(memory.saved), rel=1e-3)
+    assert got["forward"] == pytest.approx(total(memory.saved) + total(memory.forward), rel=2e-3)
+    assert got["backward"] == pytest.approx(total(memory.saved) + total(memory.backward), rel=2e-3)

@@ -70,6 +70,7 @@ def read_ds_side(ds: FlatDoc, args: FlatDoc, build: ConfigBuilder, ledger: Ledge
     _precision(ds, args, build, ledger)
     _client_optimizer(ds, args, build)
     _zero(ds, build, ledger)
+    hf_trainer.settle_sft_loss(build, ledger)
     for key, value in ds.rest():
         top = key.split(".")[0]
         if top in _TOP_IGNORED or key in ("gradient_accumulation_steps", "bf16.enabled", "fp16.enabled",

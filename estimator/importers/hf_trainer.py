@@ -152,8 +152,9 @@ _SFT_LOSSES = ("nll", "chunked_nll", "dft")  # trl 1.9.0 sft_trainer.py: "Suppor
 def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str) -> None:
     """TRL's SFTTrainer: training_loop trl_sft, and its loss_type (trl v1.7.0 on: chunked_nll unless
     use_liger_kernel, sft_config.py __post_init__) as the loss (memory/activations/trl_loss.py): chunked_nll is
-    loss "chunked" where the Trainer runs the model under Accelerate's autocast (hf, fsdp1 with bf16 or fp16; the
-    measured path), nll "standard" with its metrics' moment. With Liger, Liger's loss (trainer_liger)."""
+    loss "chunked" where the head runs 16-bit (hf, fsdp1 under the Trainer's bf16/fp16 autocast; hf_fsdp2 and
+    deepspeed over a 16-bit model, the latter below ZeRO-3: settle_sft_loss, once the DeepSpeed side is read), nll
+    "standard" with its metrics' moment. With Liger, Liger's loss (trainer_liger)."""
     build.set("training.training_loop", "trl_sft", "(SFTConfig)", "", why="TRL's SFTTrainer")
     if doc.get("use_liger_kernel"):
         return  # TRL refuses chunked_nll beside Liger
@@ -165,19 +166,36 @@ def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str
     loss_type = given or "chunked_nll"
     from ..memory.trainer_loop import TRAINER_FRAMEWORKS  # memory/trainer_loop.py through_accelerate's condition
     autocast = framework in TRAINER_FRAMEWORKS and build.get("training.compute_dtype", "bf16") in ("bf16", "fp16")
-    if loss_type == "chunked_nll" and autocast:
+    as_it_is = framework == "deepspeed" or (framework == "hf_fsdp2" and build.get("training.param_dtype", "bf16")
+                                           in ("bf16", "fp16"))
+    if loss_type == "chunked_nll" and (autocast or as_it_is):
         build.set("training.loss", "chunked", "loss_type", given or "(unset)",
                   why="" if given else f"{TRL_VERSION}'s default without Liger (from v1.7.0; nll before it: set "
                   "training.trl_version to the release run)")
     elif loss_type == "chunked_nll":
-        ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll is measured "
-                            "under Accelerate's autocast (framework hf or fsdp1 in bf16/fp16): estimated as "
-                            "transformers' loss over the whole logits")
+        ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll is modelled "
+                            "where the head runs 16-bit (hf or fsdp1 in bf16/fp16, hf_fsdp2 or deepspeed over a "
+                            "16-bit model): estimated as transformers' loss over the whole logits")
     elif loss_type == "nll":
         ledger.mapped("loss_type", loss_type, "loss \"standard\", with the SFTTrainer's entropy and token accuracy "
                       "from the kept logits")
     else:
         ledger.not_modelled("loss_type", loss_type, "estimated as nll (the model's loss and the SFTTrainer's metrics)")
+
+
+def settle_sft_loss(build: ConfigBuilder, ledger: Ledger) -> None:
+    """Once a DeepSpeed config is read: TRL's chunked_nll under ZeRO-3 (TRL gathers the head's partitioned weight
+    inside each chunk, utils.py maybe_gather_lm_head_ctx) or over fp32 weights is not modelled (memory/validation.py
+    _check_trl_loss): the standard loss, said so."""
+    if build.get("training.training_loop") != "trl_sft" or build.get("training.loss") != "chunked" or \
+            build.get("training.liger_kernel"):
+        return
+    zero3 = build.get("parallel.zero_stage", 0) == 3
+    if zero3 or build.get("training.param_dtype", "bf16") not in ("bf16", "fp16"):
+        build.config["training"].pop("loss")  # the standard loss, the field's default
+        ledger.not_modelled("loss_type", "chunked_nll", f"{TRL_VERSION}'s chunked_nll " + (
+            "under ZeRO-3 gathers the head inside each chunk" if zero3 else "over fp32 weights") + ", not modelled: "
+            "estimated as transformers' loss over the whole logits")
 
 
 def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, peft: FlatDoc | None) -> None:

@@ -207,7 +207,7 @@ def _check_framework(arch: Architecture, training: Training, par: Parallel) -> N
     if training.framework == "hf_fsdp2":
         from .hf_fsdp2 import check as check_hf_fsdp2
         check_hf_fsdp2(training, par)
-    _check_trl_loss(training)
+    _check_trl_loss(training, par)
     if training.framework == "fsdp1":
         from .fsdp1 import check as check_fsdp1, check_tied_no_sync
         from .pipeline import microbatches
@@ -223,15 +223,25 @@ def _check_framework(arch: Architecture, training: Training, par: Parallel) -> N
                           "by zero_stage", related=("training.framework",))
 
 
-def _check_trl_loss(training: Training) -> None:
-    """TRL's chunked_nll (activations/trl_loss.py) is measured where the Trainer runs the model under Accelerate's
-    autocast; a 16-bit model run without it (DeepSpeed, FSDP2) makes its chunk's matmul in fp32, not measured."""
+def _check_trl_loss(training: Training, par: Parallel) -> None:
+    """TRL's chunked_nll (activations/trl_loss.py): measured under Accelerate's autocast (the whole step) and, on
+    its own, over a 16-bit head run as it is (DeepSpeed ZeRO 0-2, the HF Trainer's FSDP2). Under ZeRO-3 TRL
+    gathers the head's partitioned weight inside each chunk (trl 1.9.0 utils.py maybe_gather_lm_head_ctx), and
+    over fp32 weights `w.float()` makes no copy: neither is modelled."""
     from .activations.trl_loss import trl_chunked
     from .trainer_loop import through_accelerate
-    if trl_chunked(training) and not through_accelerate(training):
+    if not trl_chunked(training) or through_accelerate(training):
+        return
+    if training.framework == "deepspeed" and resolve_zero_stage(training, par) == 3:
+        raise ConfigError("training.loss", "chunked", "'standard' or liger_kernel under training_loop 'trl_sft' with "
+                          "ZeRO-3", "TRL's chunked_nll gathers the head's partitioned weight inside each chunk "
+                          "under ZeRO-3 (maybe_gather_lm_head_ctx): not modelled",
+                          related=("parallel.zero_stage", "training.training_loop"))
+    if training.framework not in ("deepspeed", "hf_fsdp2") or training.param_dtype not in ("bf16", "fp16"):
         raise ConfigError("training.loss", "chunked", "'standard' or liger_kernel under training_loop 'trl_sft' "
-                          "unless framework is 'hf' or 'fsdp1' with a bf16/fp16 compute dtype",
-                          "TRL's chunked_nll is measured under Accelerate's autocast only",
+                          "unless the head runs 16-bit: framework 'hf' or 'fsdp1' under a bf16/fp16 compute dtype, "
+                          "'deepspeed' (ZeRO 0-2) or 'hf_fsdp2' with a bf16/fp16 param dtype",
+                          "over fp32 weights TRL's w.float() copies nothing: not modelled",
                           related=("training.training_loop", "training.framework"))
 
 

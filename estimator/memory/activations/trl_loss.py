@@ -8,8 +8,13 @@
   chunk under torch.utils.checkpoint (`_chunk`: `h.float() @ w.float().t()`, log_softmax, nll, argmax, entropy),
   so no [b, s, V] tensor exists. Each chunk makes an fp32 copy of the head's weight and, under Accelerate's
   autocast, the matmul's 16-bit cast of it (autocast caches no cast of a non-leaf tensor); in backward each
-  chunk makes them again, beside the head weight's gradient summed over the chunks done and the gathered
-  input's gradient.
+  chunk makes them again, beside the head weight's gradient summed over the chunks done (autograd's input
+  buffer of the weight's AccumulateGrad, which runs once, after the last chunk) and the gathered input's
+  gradient. Without autocast (DeepSpeed ZeRO 0-2, the HF Trainer's FSDP2: a 16-bit model run as it is) the
+  chunk's matmul is fp32, its logits and their gradient fp32, and the weight copy's gradient an fp32 matrix
+  beside its cast to the weight's dtype (measured alone: tests/test_trl_loss.py runs TRL's own function under
+  fake tensors with and without autocast). Under ZeRO-3 TRL gathers the partitioned weight inside each chunk
+  (`maybe_gather_lm_head_ctx`): not modelled.
 - `loss` "standard" is its `nll` (the default before v1.7.0): the model's own loss (`_pytorch_cross_entropy`),
   then compute_loss keeps the outputs (Accelerate's fp32 copy of the logits) for the entropy and token accuracy
   (`entropy_from_logits`, 128 rows at a time, of `logits[..., :-1, :]`, reshaped: a copy above one sample):
@@ -77,6 +82,9 @@ def chunked_loss(arch: Architecture, training: Training, par: Parallel, vocab: i
                          Entry("the head weight's gradient, summed over the chunks done", vocab * h, P, "none",
                                f"{P:g}*V*h", split_by_cp=False, for_weights=("head",)),
                          Entry("gradient of the gathered LM head input", n * h, I, "none", f"{I:g}*(s-1)*b*h")]
+    if not cast:  # the fp32 matmul's weight gradient, before ToCopyBackward casts it to the weight's dtype
+        backward.append(Entry("fp32 gradient of the weight copy (before its cast)", vocab * h, 4, "none", "4*V*h",
+                              split_by_cp=False, for_weights=("head",)))
     return saved, weight + [logits], backward
 
 
