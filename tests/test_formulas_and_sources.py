@@ -24,13 +24,13 @@ def ledger(arch, training, par) -> dict:
 
 CASES = [
     # (model, training, sequence parallelism): Megatron's fused kernels; transformers' eager PyTorch
-    # modules with dropout (scores, masks, fp32 norms)
+    # modules with dropout (scores, masks, fp32 norms), under DeepSpeed (the HF Trainer's DDP splits no layer)
     (LLAMA_31_8B, Training(), True),
     (LLAMA_31_8B, Training(), False),
-    (LLAMA_31_8B, Training(framework="hf", attention="eager", dropout=0.1, seq_len=1024), True),
-    (LLAMA_31_8B, Training(framework="hf", attention="eager", dropout=0.1, seq_len=1024), False),
+    (LLAMA_31_8B, Training(framework="deepspeed", attention="eager", dropout=0.1, seq_len=1024), True),
+    (LLAMA_31_8B, Training(framework="deepspeed", attention="eager", dropout=0.1, seq_len=1024), False),
     (MOE, Training(), True),
-    (MOE, Training(framework="hf", seq_len=1024), True),
+    (MOE, Training(framework="deepspeed", seq_len=1024), True),
 ]
 
 

@@ -207,6 +207,8 @@ def _check_framework(arch: Architecture, training: Training, par: Parallel) -> N
     if training.framework == "hf_fsdp2":
         from .hf_fsdp2 import check as check_hf_fsdp2
         check_hf_fsdp2(training, par)
+    if training.framework == "hf" and training.mode == "training":
+        _check_trainer_splits(par)
     _check_trl_loss(training, par)
     if training.framework == "fsdp1":
         from .fsdp1 import check as check_fsdp1, check_tied_no_sync
@@ -221,6 +223,18 @@ def _check_framework(arch: Architecture, training: Training, par: Parallel) -> N
                           f"{'FULL_SHARD' if strategy else 'empty'} unless framework is 'fsdp1'",
                           "FSDP1's sharding strategy (Accelerate's fsdp_sharding_strategy); fsdp2 and deepspeed shard "
                           "by zero_stage", related=("training.framework",))
+
+
+def _check_trainer_splits(par: Parallel) -> None:
+    """The HF Trainer over DDP (framework hf) splits no layer: transformers' own tensor parallelism (tp_plan, a
+    DTensor plan without sequence parallelism) and Accelerate's ParallelismConfig (TP, CP) are not modelled, and
+    nothing in the Trainer pipelines stages."""
+    for field, value in (("tp", par.tp), ("pp", par.pp), ("cp", par.cp), ("ep", par.ep)):
+        if value != 1:
+            raise ConfigError(f"parallel.{field}", value, "1 with framework 'hf'", "the HF Trainer over DDP is "
+                              "modelled with data parallelism only (transformers' tp_plan and Accelerate's "
+                              "ParallelismConfig are not); Megatron-Core or torchtitan split layers",
+                              related=("training.framework",))
 
 
 def _check_trl_loss(training: Training, par: Parallel) -> None:
