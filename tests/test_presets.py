@@ -217,7 +217,7 @@ EXTENSIONS = {
                  "overlap_comm", "contiguous_gradients", "adamw_implementation", "training_loop", "async_tp",
                  "compile_loss", "transformer_impl",
                  "gradient_accumulation_fusion", "te_version", "liger_kernel", "nccl_cumem", "attn_implementation",
-                 "overlap_p2p_comm", "overlap_p2p_comm_warmup_flush", "ssm_kernels",
+                 "overlap_p2p_comm", "overlap_p2p_comm_warmup_flush", "ssm_kernels", "trl_version",
                  "images_per_sample", "image_size", "freeze_vision"} | CONTRACT_ADDITIONS,  # vision-language models (issue 28)
     "parallel": {"world_size", "comm_overlap", "pp_schedule", "pp_account_for_embedding", "pp_account_for_loss",
                  "pp_layout", "fsdp_sharding_strategy", "fsdp_shard_group_size", "cp_comm_type"},

@@ -119,6 +119,7 @@ class ConfigBuilder:
         self.config: dict = {}
         self.model: dict = {}
         self.named_model: str | None = None  # a preset or Hub id, where the file names the model
+        self.trl_chunked_nll = False  # loss "chunked" is TRL's chunked_nll (hf_trainer._sft_loss), not Liger's
 
     def set(self, path: str, value: object, name: str, given: object = None, why: str = "") -> bool:
         """Set `path` (``parallel.tp``, ``model.hidden_size``) from the setting `name`."""

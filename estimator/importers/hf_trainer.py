@@ -169,6 +169,7 @@ def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str
     as_it_is = framework == "deepspeed" or (framework == "hf_fsdp2" and build.get("training.param_dtype", "bf16")
                                            in ("bf16", "fp16"))
     if loss_type == "chunked_nll" and (autocast or as_it_is):
+        build.trl_chunked_nll = True
         build.set("training.loss", "chunked", "loss_type", given or "(unset)",
                   why="" if given else f"{TRL_VERSION}'s default without Liger (from v1.7.0; nll before it: set "
                   "training.trl_version to the release run)")
@@ -187,8 +188,7 @@ def settle_sft_loss(build: ConfigBuilder, ledger: Ledger) -> None:
     """Once a DeepSpeed config is read: TRL's chunked_nll under ZeRO-3 (TRL gathers the head's partitioned weight
     inside each chunk, utils.py maybe_gather_lm_head_ctx) or over fp32 weights is not modelled (memory/validation.py
     _check_trl_loss): the standard loss, said so."""
-    if build.get("training.training_loop") != "trl_sft" or build.get("training.loss") != "chunked" or \
-            build.get("training.liger_kernel"):
+    if not build.trl_chunked_nll:
         return
     zero3 = build.get("parallel.zero_stage", 0) == 3
     if zero3 or build.get("training.param_dtype", "bf16") not in ("bf16", "fp16"):
