@@ -10,6 +10,7 @@ from estimator import ConfigError
 from estimator.spec.gpus import GPUS
 from estimator.memory.result import TIGHT_FRACTION
 from estimator.spec.parallel import tp_following_defaults
+from estimator.search.stacks import in_words
 from ui import charts, compute, launch_export, searches, state, keys as K
 from ui.fields import config_key, friendly_message
 
@@ -40,6 +41,8 @@ if not check.ok and compute.estimate(cur.config_json).ok:
 if not check.ok:
     state.show_error(check.error or ConfigError("config", "", "a configuration the estimator can handle"))
     st.stop()
+st.caption(f":material/tune: The layouts **{check.value.training.framework}** runs, the only ones searched: "
+           f"{in_words(check.value.training)}")
 
 
 def _layout_gpus() -> int:

@@ -685,6 +685,21 @@ def test_planner_page_renders_for_the_default_model():
     assert any("Press **Plan**" in i.value for i in at.info)
 
 
+def test_planner_page_says_what_the_framework_runs():
+    """The Planner searches only what the framework's launch configuration names (estimator/search/stacks.py), and
+    says so: the HF Trainer's DDP lists data parallelism only, Megatron its splits and first-n recompute."""
+    from estimator import Training
+    from estimator.search.stacks import in_words
+    for framework in ("hf", "megatron"):
+        at = _app({"framework": framework})
+        at.switch_page("pages/planner.py").run()
+        _no_exception(at)
+        words = in_words(Training(framework=framework))
+        assert any(words in c.value and f"**{framework}** runs" in c.value for c in at.caption), \
+            [c.value for c in at.caption]
+    assert "data parallelism only" in in_words(Training(framework="hf"))
+
+
 def test_planner_page_plans_a_parallel_hybrid():
     """Falcon-H1 7B (issue 28) on 8 GPUs: the page's table is the planner's; its one Mamba group keeps TP at 1."""
     at = _planner({"model": "falcon-h1-7b", "dp": "8"})

@@ -98,7 +98,7 @@ from .watch import Progress, Watch
 from .layouts import FIXABLE, Layout, Plan, Request, Shape, Variant, shape_micro_batches, shapes
 from .evaluate import _Evaluator
 from .search import _Search
-from .stacks import searched_losses, stack
+from .stacks import in_words, searched_losses, stack
 
 
 # --- entry points --------------------------------------------------------------------------------------
@@ -294,7 +294,8 @@ def render_plan_text(result: Plan) -> str:
              f"layouts using at most {req.margin:.0%} of {req.hardware.device.capacity_bytes / GiB:.1f} GiB",
              f"Searched {result.searched:,} layouts in {result.seconds:.2f} s ({result.estimates:,} full estimates, "
              f"{result.rooflines:,} rooflines; the rest judged by exact rules: "
-             + ", ".join(f"{k} {v:,}" for k, v in result.pruned.items()) + ")"]
+             + ", ".join(f"{k} {v:,}" for k, v in result.pruned.items()) + ")",
+             f"What {req.training.framework} runs (searched): {in_words(req.training)}"]
     if result.stopped:
         lines.append(result.note())
     if not result.layouts:

@@ -28,32 +28,41 @@ class Stack:
     source: str
     # losses another of its losses beats on memory and speed alike (rule 5 of planner.py): never estimated
     set_aside: tuple[str, ...] = ("standard",)
+    loss_text: str = ""  # its losses in its own words, where "fused" or "chunked" names a kernel of its own
 
 
 _TRAINER = ("the HF Trainer's arguments (transformers 5.23 training_args.py): data parallelism alone, "
             "gradient_checkpointing on every layer or none, transformers' loss or Liger's cross-entropy "
             "(fused) and fused linear cross-entropy (chunked) through use_liger_kernel")
 
+_TRAINER_LOSSES = ("standard, fused (Liger's cross-entropy), chunked (Liger's fused linear cross-entropy; TRL's "
+                   "chunked_nll under training_loop trl_sft)")
+
 STACKS: dict[str, Stack] = {
     "megatron": Stack(SPLITS, True, (0, 1, 2, 3), ("none", "selective", "full"), True, ("standard", "fused"),
                       "Megatron-LM arguments: --tensor/--pipeline/--context/--expert-model-parallel-size, "
                       "--num-layers-per-virtual-pipeline-stage, --recompute-granularity selective|full with "
                       "--recompute-method block --recompute-num-layers n, --cross-entropy-loss-fusion "
-                      "(no chunked loss)", set_aside=()),
+                      "(no chunked loss)", set_aside=(),
+                      loss_text="standard, fused (--cross-entropy-loss-fusion)"),
     "fsdp2": Stack(SPLITS, True, (0, 2, 3), ("none", "selective", "full"), False, ("standard",),
                    "torchtitan's job config: parallelism.*_degree, Interleaved1F1B, module_fqns_per_model_part; "
                    "activation_checkpoint.mode none|selective|full (no first-n-layers mode); its cross-entropy",
                    set_aside=()),
     "torchtune": Stack((), False, (2, 3), ("none", "full"), False, ("standard", "chunked"),
                        "torchtune's distributed recipes: FSDP2 over every rank (fsdp_reshard_after_forward), "
-                       "enable_activation_checkpointing, CEWithChunkedOutputLoss"),
+                       "enable_activation_checkpointing, CEWithChunkedOutputLoss",
+                       loss_text="standard, chunked (CEWithChunkedOutputLoss)"),
     "deepspeed": Stack((), False, (0, 1, 2, 3), ("none", "full"), False, ("standard", "fused", "chunked"),
-                       _TRAINER + "; zero_optimization.stage 0-3"),
-    "hf": Stack((), False, (0,), ("none", "full"), False, ("standard", "fused", "chunked"), _TRAINER),
+                       _TRAINER + "; zero_optimization.stage 0-3", loss_text=_TRAINER_LOSSES),
+    "hf": Stack((), False, (0,), ("none", "full"), False, ("standard", "fused", "chunked"), _TRAINER,
+                loss_text=_TRAINER_LOSSES),
     "fsdp1": Stack((), False, (3,), ("none", "full"), False, ("standard", "fused", "chunked"),
-                   _TRAINER + "; fsdp full_shard (its other strategies are estimated, not searched)"),
+                   _TRAINER + "; fsdp full_shard (its other strategies are estimated, not searched)",
+                   loss_text=_TRAINER_LOSSES),
     "hf_fsdp2": Stack((), False, (2, 3), ("none", "full"), False, ("standard", "fused", "chunked"),
-                      _TRAINER + "; Accelerate's FSDP2 with reshard_after_forward true (3) or false (2)"),
+                      _TRAINER + "; Accelerate's FSDP2 with reshard_after_forward true (3) or false (2)",
+                      loss_text=_TRAINER_LOSSES),
 }
 
 
@@ -77,3 +86,13 @@ def settings(training: Training, mode: str, most: int) -> int:
     if mode not in st.recompute:
         return 0
     return most if mode == "full" and st.partial else 1
+
+
+def in_words(training: Training) -> str:
+    """The stack's layouts in a line, as the Planner page and the CLI say what they searched."""
+    st = stack(training)
+    splits = ", ".join(s.upper() + (" (with VPP)" if s == "pp" and st.interleaved else "") for s in st.splits)
+    modes = [m if m != "full" else ("full (on n layers of a stage)" if st.partial else "full (every layer)")
+             for m in st.recompute]
+    return (f"{'DP with ' + splits if splits else 'data parallelism only'}; ZeRO {'/'.join(map(str, st.zero_stages))}; "
+            f"recompute {', '.join(modes)}; loss {st.loss_text or ', '.join(st.losses)}")
