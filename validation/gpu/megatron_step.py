@@ -72,6 +72,8 @@ def megatron_one_rank(device: str):
     import torch.distributed as dist
     from megatron.core import parallel_state
 
+    if dist.is_initialized():  # a group an earlier step in this process left (validation/gpu/kernels.py does the same)
+        dist.destroy_process_group()
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
     try:
