@@ -22,7 +22,7 @@ from estimator.speed.liger_operations import runs_liger_flce
 from estimator.search.layouts import (LOSSES, Request, Shape, Variant, micro_batches, most_stage_layers,
                                       pipeline_splits, shape_micro_batches, shapes)
 from estimator.search.planner import least_memory, plan, search
-from estimator.search.stacks import STACKS, searched_losses
+from estimator.search.stacks import STACKS, searched_losses, stack
 from estimator.search.evaluate import speeds
 from estimator.models.presets import get_architecture
 from estimator.speed.roofline import expected_step, roofline
@@ -57,7 +57,7 @@ def variants(req: Request, s: Shape):
 def runnable(tr: Training, v: Variant) -> bool:
     """A setting the framework runs (estimator/search/stacks.py): its recompute mode, full recompute of part of a
     stage only where it has that, its losses. The estimator estimates the others; the planner never lists them."""
-    st = STACKS[tr.framework]
+    st = stack(tr)
     return v.recompute in st.recompute and (v.layers is None or st.partial) and v.loss in st.losses
 
 
@@ -298,8 +298,8 @@ def test_exact_speeds_bound_the_settings_the_search_caps_with_them(seed):
         apart = _Evaluator(c.req).losses_apart
         none = max(speed("none", loss=loss) for loss in (searched if apart else searched[:1]))
         full = [speed("full", n) for n in range(1, most + 1)]
-        assert all(speed(mode, loss=loss) <= none for mode in STACKS[tr.framework].recompute if mode != "full"
-                   for loss in STACKS[tr.framework].losses)
+        assert all(speed(mode, loss=loss) <= none for mode in stack(tr).recompute if mode != "full"
+                   for loss in stack(tr).losses)
         assert all(t <= none for t in full)
         assert full == sorted(full, reverse=True), full
 
@@ -456,16 +456,35 @@ def test_every_listed_layout_is_one_its_framework_writes(framework):
     from estimator.importers.emit import emit
     from estimator.spec.config import Config
     kind, model = WRITERS[framework]
-    arch, st = get_architecture(model), STACKS[framework]
-    result = plan(arch, Training(framework=framework, seq_len=4096, global_batch_size=32), "h100-80", 8, limit=10)
+    training = Training(framework=framework, seq_len=4096, global_batch_size=32)
+    arch, st = get_architecture(model), stack(training)
+    result = plan(arch, training, "h100-80", 8, limit=10)
     assert len(result.layouts) >= 8
+    written = 0
     for x in result.layouts:
         par, tr = x.parallel, x.training
         assert all(getattr(par, split) == 1 for split in ("tp", "pp", "cp", "ep") if split not in st.splits)
         assert par.vpp == 1 or st.interleaved
         assert tr.recompute in st.recompute and (tr.recompute_layers is None or st.partial)
         assert tr.loss in searched_losses(tr)
+        if framework == "fsdp2" and tr.loss == "chunked":
+            continue  # torchtitan 0.3.0's ChunkedLossWrapper, its default: the writer's v0.2.2 job config has none
         emit(kind, Config(arch, tr, par, H100, model).to_dict())  # no ConfigError
+        written += 1
+    assert written >= 4
+
+
+def test_torchtitans_loss_is_its_releases():
+    """torchtitan 0.3.0 (and main) run ChunkedLossWrapper by default, so its chunked loss is searched beside the
+    standard one; 0.2.0's recipes ran the standard cross-entropy alone (stacks.TITAN_CHUNKED_RELEASES)."""
+    arch = get_architecture("llama-3.1-8b")
+    for version, losses in ((None, {"standard", "chunked"}), ("0.2.0", {"standard"})):
+        tr = Training(framework="fsdp2", framework_version=version, seq_len=8192, global_batch_size=64)
+        assert set(searched_losses(tr)) == losses
+        layouts = plan(arch, tr, "h100-80", 8, limit=10).layouts
+        assert layouts and {x.training.loss for x in layouts} <= losses
+    assert plan(arch, Training(framework="fsdp2", seq_len=8192, global_batch_size=64), "h100-80", 8,
+                limit=1, pareto=False).layouts[0].training.loss == "chunked"  # less memory, as fast
 
 
 def test_megatron_lists_the_standard_loss_where_only_it_fits():

@@ -8,9 +8,10 @@ recompute under the HF Trainer); the planner never proposes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..spec.training import Training
+from ..spec.versions import release
 
 SPLITS = ("tp", "pp", "cp", "ep")  # the model splits beyond data parallelism
 
@@ -66,8 +67,20 @@ STACKS: dict[str, Stack] = {
 }
 
 
+# torchtitan's ChunkedLossWrapper (components/loss.py), the default loss of every recipe in the releases measured
+# (0.3.0; main reads the same, spec/versions.py): loss "chunked" under fsdp2 (activations/loss.py
+# _torchtitan_chunked_loss; validation/torchtitan/cases.py). The earlier releases' loss is the standard one
+# (importers/torchtitan.py, v0.2.2 components/loss.py), which `plan --emit torchtitan` writes.
+TITAN_CHUNKED_RELEASES = ("0.3.0", "main")
+
+
 def stack(training: Training) -> Stack:
-    return STACKS[training.framework]
+    st = STACKS[training.framework]
+    if training.framework == "fsdp2":
+        if release("fsdp2", training.framework_version).version in TITAN_CHUNKED_RELEASES:
+            return replace(st, losses=("standard", "chunked"),
+                           loss_text="standard, chunked (ChunkedLossWrapper, the recipes' default from 0.3.0)")
+    return st
 
 
 def searched_losses(training: Training) -> tuple[str, ...]:
