@@ -2,8 +2,9 @@
 
 A layout the planner lists is one its user can launch: every split, recompute setting and loss of a
 framework's record below is one that framework's own launch configuration names (and `plan --emit`
-writes). The estimator estimates more (a hand-made configuration may ask for Megatron's first-n-layers
-recompute under the HF Trainer); the planner never proposes it.
+writes, but for torchtitan 0.3.0's ChunkedLossWrapper, which the v0.2.2 job config it writes cannot state).
+The estimator estimates more (a hand-made configuration may ask for Megatron's first-n-layers recompute
+under the HF Trainer); the planner never proposes it.
 """
 
 from __future__ import annotations
