@@ -22,7 +22,6 @@ from ..speed.roofline import Timing, expected_step
 from ..speed.operation_table import selective_recompute_s
 from ..spec.training import Training
 from .layouts import Request, Shape, Variant, shape_micro_batches, stage_layer_counts
-from .stacks import searched_losses
 
 
 # --- evaluation: full estimates and rooflines, remembered by what each depends on -----------------
@@ -55,7 +54,7 @@ class _Evaluator:
         self._trainings: dict[Variant, Training] = {}
         self._speeds: dict[tuple[Shape, int], Speeds] = {}
         self._tops: dict[Shape, Speeds] = {}
-        self.losses = searched_losses(req.training)  # the losses the search estimates (stacks.py)
+        self.losses = req.stack.searched  # the losses the search estimates (stacks.py)
 
     def parallel(self, s: Shape) -> Parallel:
         # built once per shape: the dataclass checks every field on creation

@@ -15,7 +15,7 @@ from ..spec.hardware import Hardware
 from ..memory.result import TIGHT_FRACTION
 from ..spec.parallel import Parallel
 from ..spec.training import Training
-from .stacks import settings, stack
+from .stacks import Stack, stack as stack_of
 
 LOSSES = ("standard", "fused", "chunked")
 MIN_CP_TOKENS = 1024  # below this per GPU the ring exchange has nothing to hide behind
@@ -39,6 +39,11 @@ class Request:
     pareto: bool = True  # also find the memory/throughput front (False: the fastest `limit` only, much sooner)
     fixed: tuple[tuple[str, int | None], ...] = ()  # parallel fields held at a value, e.g. (("tp", 8),)
     max_gpus: int = 16384  # how far the no-fit answer looks
+
+    @functools.cached_property
+    def stack(self) -> Stack:
+        """The layouts the framework runs (stacks.py), resolved once for the whole search."""
+        return stack_of(self.training)
 
     def within(self, device_bytes: float) -> bool:
         """The estimator's verdict rule (memory.fit_on) with this margin: utilization <= margin."""
@@ -198,21 +203,20 @@ def _cp_ok(training: Training, tp: int, cp: int) -> bool:
     return tp == 1 or (seq // cp) % tp == 0  # sequence parallelism splits each CP chunk over TP
 
 
-def _expert_splits(arch: Architecture, tp: int, per_stage: int, ep: bool = True) -> list[tuple[int, int]]:
+def _expert_splits(arch: Architecture, tp: int, per_stage: int, splits_experts: bool = True) -> list[tuple[int, int]]:
     """EP dividing the experts and, with expert TP, the GPUs of a stage; expert TP = TP (Megatron-
-    Core's default) or 1 (the usual choice for fine-grained experts, as DeepSeek-V3 runs). `ep`: the
-    framework splits experts (stacks.py)."""
-    if not arch.is_moe or not ep:
+    Core's default) or 1 (the usual choice for fine-grained experts, as DeepSeek-V3 runs).
+    `splits_experts`: the framework runs EP (stacks.py)."""
+    if not arch.is_moe or not splits_experts:
         return [(1, tp)]
     return [(ep, etp) for etp in sorted({1, tp}) if arch.moe_intermediate_size % etp == 0
             for ep in divisors(arch.num_experts) if per_stage % (ep * etp) == 0]
 
 
-def _zero_stages(training: Training, shards: bool) -> tuple[int, ...]:
+def _zero_stages(st: Stack, framework: str, shards: bool) -> tuple[int, ...]:
     """The ZeRO stages the framework runs (stacks.py); above 0 only with a group to shard over."""
-    stages = stack(training).zero_stages
     # FSDP1: its default FULL_SHARD is searched; its other strategies (fsdp_sharding_strategy) are estimated only
-    return stages if shards or training.framework == "fsdp1" else (0,)
+    return st.zero_stages if shards or framework == "fsdp1" else (0,)
 
 
 # Shape fields by the name of the parallel field they set
@@ -227,32 +231,31 @@ def shapes(req: Request) -> Iterator[Shape]:
 
 
 def _all_shapes(req: Request) -> Iterator[Shape]:
-    arch, tr, n = req.architecture, req.training, req.gpus
+    arch, tr, n, st = req.architecture, req.training, req.gpus, req.stack
     gbs = tr.global_batch_size
-    split = _splits(tr)
+    split = _splits(st)
     for tp in (t for t in split("tp", divisors(req.gpus_per_node)) if n % t == 0 and _tp_ok(arch, t)):
         for pp in (p for p in split("pp", divisors(n // tp)) if p <= arch.num_layers):
-            for v, first, last in _pipeline_splits(tr, arch.num_layers, pp):
+            for v, first, last in _pipeline_splits(st, arch.num_layers, pp):
                 for cp in (c for c in split("cp", divisors(n // (tp * pp))) if _cp_ok(tr, tp, c)):
                     dp = n // (tp * pp * cp)
                     if gbs is not None and gbs % dp:
                         continue
-                    for ep, etp in _expert_splits(arch, tp, tp * cp * dp, "ep" in stack(tr).splits):
+                    for ep, etp in _expert_splits(arch, tp, tp * cp * dp, "ep" in st.splits):
                         shards = dp * cp > 1 or tp * cp * dp // (ep * etp) > 1
-                        for zero in _zero_stages(tr, shards):
+                        for zero in _zero_stages(st, tr.framework, shards):
                             shape = Shape(tp, pp, v, first, last, cp, dp, ep, etp, zero)
                             if shape_micro_batches(tr, shape):  # a micro-batch the schedule runs
                                 yield shape
 
 
-def _splits(training: Training):
+def _splits(st: Stack):
     """The sizes of a split the framework runs (stacks.py): all of them, or 1 where it has no such split."""
-    runs = stack(training).splits
-    return lambda name, sizes: sizes if name in runs else [1]
+    return lambda name, sizes: sizes if name in st.splits else [1]
 
 
-def _pipeline_splits(training: Training, layers: int, pp: int) -> list[tuple[int, int | None, int | None]]:
-    return [x for x in pipeline_splits(layers, pp) if x[0] == 1 or stack(training).interleaved]
+def _pipeline_splits(st: Stack, layers: int, pp: int) -> list[tuple[int, int | None, int | None]]:
+    return [x for x in pipeline_splits(layers, pp) if x[0] == 1 or st.interleaved]
 
 
 def micro_batches(training: Training, dp: int) -> tuple[int, ...]:
@@ -293,8 +296,8 @@ def stage_layer_counts(arch: Architecture, s: Shape) -> tuple[int, ...]:
     return (s.first,) + (middle,) * (s.pp - 2) + (s.last,)
 
 
-def variants_per_micro_batch(training: Training, arch: Architecture, s: Shape) -> int:
+def variants_per_micro_batch(st: Stack, arch: Architecture, s: Shape) -> int:
     """The framework's losses x its recompute settings (none, selective and full on 1 ... most layers of a
     stage where it runs them: stacks.py)."""
     most = most_stage_layers(arch, s)
-    return len(stack(training).losses) * sum(settings(training, m, most) for m in ("none", "selective", "full"))
+    return len(st.losses) * sum(st.settings(m, most) for m in ("none", "selective", "full"))

@@ -98,7 +98,7 @@ from .watch import Progress, Watch
 from .layouts import FIXABLE, Layout, Plan, Request, Shape, Variant, shape_micro_batches, shapes
 from .evaluate import _Evaluator
 from .search import _Search
-from .stacks import in_words, searched_losses, stack
+from .stacks import SPLITS, in_words, stack
 
 
 # --- entry points --------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def _check_fixed_splits(training: Training, fixed) -> None:
     """A split held above 1 (or VPP above 1) that the framework does not run (stacks.py) is refused by name."""
     st = stack(training)
     for name, value in fixed:
-        runs = st.interleaved if name == "vpp" else name not in ("tp", "pp", "cp", "ep") or name in st.splits
+        runs = st.interleaved if name == "vpp" else name not in SPLITS or name in st.splits
         if value is not None and value > 1 and not runs:
             raise ConfigError(f"plan.fixed.{name}", value, f"1 with framework {training.framework!r}",
                               f"the planner lists what {training.framework} runs: {st.source}",
@@ -214,8 +214,8 @@ def _frugal_variants(req: Request, s: Shape) -> list[Variant]:
     sizes = {min(micro)}
     if req.training.framework != "megatron" and s.pp == 1:
         sizes.add(max(micro))  # one micro-batch per step: no gradients alive in forward
-    modes = [m for m in ("full", "selective") if m in stack(req.training).recompute]
-    losses = searched_losses(req.training)
+    modes = [m for m in ("full", "selective") if m in req.stack.recompute]
+    losses = req.stack.searched
     return [Variant(b, mode, None, loss) for b in sorted(sizes) for mode in modes for loss in losses]
 
 

@@ -8,7 +8,6 @@ import math
 from ..memory.activations.recompute import op_level
 from ..memory.megatron_fsdp import moments_at_global_shape
 from ..spec.errors import ConfigError
-from .stacks import searched_losses, settings, stack
 from .watch import Progress, Watch
 from .layouts import (Layout, Request, Shape, Variant, most_stage_layers, shape_micro_batches, shapes,
                       variants_per_micro_batch)
@@ -34,9 +33,9 @@ class _Search:
         self.ceiling_left: float | None = None  # halted: a speed no layout left unjudged exceeds
         self._micro_of: dict[Shape, tuple[int, ...]] = {}
         # the framework's recompute modes and the losses estimated (stacks.py); its others are dominated (rule 5)
-        self.modes = tuple(m for m in MODES if m in stack(req.training).recompute)
-        self.losses = searched_losses(req.training)
-        self.dominated_losses = len(stack(req.training).losses) - len(self.losses)
+        self.modes = tuple(m for m in MODES if m in req.stack.recompute)
+        self.losses = req.stack.searched
+        self.dominated_losses = len(req.stack.losses) - len(self.losses)
 
     @property
     def judged(self) -> int:
@@ -105,7 +104,7 @@ class _Search:
         return micro
 
     def _count(self, s: Shape) -> int:
-        return len(self._micro(s)) * variants_per_micro_batch(self.req.training, self.req.architecture, s)
+        return len(self._micro(s)) * variants_per_micro_batch(self.req.stack, self.req.architecture, s)
 
     def _out(self, floor: float, ceiling: float) -> bool:
         """No layout with at least `floor` memory and at most `ceiling` throughput can be in the
@@ -209,7 +208,7 @@ class _Search:
 
     def _micro_batch(self, s: Shape, b: int, below: dict, open_: dict, full_below: dict[int, float]) -> None:
         most = most_stage_layers(self.req.architecture, s)
-        each = {m: settings(self.req.training, m, most) for m in self.modes}
+        each = {m: self.req.stack.settings(m, most) for m in self.modes}
         per_mode = {m: len(self.losses) * n for m, n in each.items()}  # the losses searched (standard: rule 5)
         alive = [m for m in open_ if open_[m]]
         self._judge(self.dominated_losses * sum(each.values()), "dominated")  # the standard loss (rule 5)
@@ -293,7 +292,7 @@ class _Search:
         to which what is estimated here is added. Returns a lower bound on the memory of n = most (its
         memory when estimated)."""
         most = most_stage_layers(self.req.architecture, s)
-        first = most + 1 - settings(self.req.training, "full", most)  # 1, or every layer alone (stacks.py)
+        first = 1 if self.req.stack.partial else most  # n = 1 ... most, or every layer alone (stacks.py)
         n = len(self.losses)
         if self._out(lower, speed.ceiling("full", first)):
             self._judge(n * (most + 1 - first) - self._estimated_full(s, b, range(first, most + 1), most), "bound")

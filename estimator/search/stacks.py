@@ -32,6 +32,18 @@ class Stack:
     set_aside: tuple[str, ...] = ("standard",)
     loss_text: str = ""  # its losses in its own words, where "fused" or "chunked" names a kernel of its own
 
+    @property
+    def searched(self) -> tuple[str, ...]:
+        """The losses the search estimates, one or a pair: its own less those set aside."""
+        return tuple(x for x in self.losses if x not in self.set_aside)
+
+    def settings(self, mode: str, most: int) -> int:
+        """How many settings of a recompute mode a shape has: full on 1 ... `most` layers where the stack
+        recomputes part of a stage, else one (every layer); none if the stack has no such mode."""
+        if mode not in self.recompute:
+            return 0
+        return most if mode == "full" and self.partial else 1
+
 
 _TRAINER = ("the HF Trainer's arguments (transformers 5.23 training_args.py): data parallelism alone, "
             "gradient_checkpointing on every layer or none, transformers' loss or Liger's cross-entropy "
@@ -85,21 +97,10 @@ def stack(training: Training) -> Stack:
 
 
 def searched_losses(training: Training) -> tuple[str, ...]:
-    """The losses the search estimates, one or a pair: the stack's own less those set aside. Under Megatron the
-    standard loss stays beside the fused one: the native fused cross-entropy holds 4 B per logit more at
-    backward's start (its compiled backward's fp32 copy of the softmax), so the standard one may fit where the
-    fused one does not, at a speed of its own."""
-    st = stack(training)
-    return tuple(x for x in st.losses if x not in st.set_aside)
-
-
-def settings(training: Training, mode: str, most: int) -> int:
-    """How many settings of a recompute mode a shape has: full on 1 ... `most` layers where the stack
-    recomputes part of a stage, else one (every layer); none if the stack has no such mode."""
-    st = stack(training)
-    if mode not in st.recompute:
-        return 0
-    return most if mode == "full" and st.partial else 1
+    """The losses the search estimates (`Stack.searched`). Under Megatron the standard loss stays beside the fused
+    one: the native fused cross-entropy holds 4 B per logit more at backward's start (its compiled backward's fp32
+    copy of the softmax), so the standard one may fit where the fused one does not, at a speed of its own."""
+    return stack(training).searched
 
 
 def in_words(training: Training) -> str:
