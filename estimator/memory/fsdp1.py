@@ -224,18 +224,10 @@ def _check_quantized_base(training) -> None:
     without gradients; use_orig_params false, examples/sft/train.py), and Accelerate upcasts every FlatParameter
     that requires grad to fp32 (accelerator.py prepare_model). The units modelled here are the Trainer's
     TRANSFORMER_BASED_WRAP over use_orig_params, which that run does not use."""
-    from ..spec.adapter import base_dtype
-    from ..spec.choices import QUANTIZED
-    from ..spec.errors import ConfigError
-    adapter = training.adapter
-    if adapter is None or base_dtype(adapter, training.param_dtype) not in QUANTIZED:
-        return
-    field, value = ("training.adapter.base_dtype", adapter.base_dtype) if adapter.base_dtype else \
-        ("training.adapter.method", adapter.method)
-    raise ConfigError(field, value, "'lora' or 'dora' over a 16-bit base with framework 'fsdp1'",
-                      "QLoRA over FSDP1 runs PEFT's own wrap policy (a unit per LoRA module) with bf16-packed 4-bit "
-                      "codes; the units modelled are the Trainer's per layer: not modelled",
-                      related=("training.framework",))
+    from ..spec.adapter import refuse_quantized_base
+    refuse_quantized_base(training, "QLoRA over FSDP1 runs PEFT's own wrap policy (a unit per LoRA module) with "
+                                    "bf16-packed 4-bit codes; the units modelled are the Trainer's per layer: not "
+                                    "modelled")
 
 
 def _check_hybrid(par) -> None:

@@ -34,8 +34,7 @@ SOURCE = ("accelerate 1.15.0 accelerator.py _prepare_fsdp2 / no_sync and utils/f
 
 def check(training, par) -> None:
     """Refuse what the HF Trainer over FSDP2 is not modelled with (module docstring)."""
-    from ..spec.adapter import base_dtype
-    from ..spec.choices import QUANTIZED
+    from ..spec.adapter import refuse_quantized_base
     for field, value in (("tp", par.tp), ("pp", par.pp), ("cp", par.cp), ("ep", par.ep)):
         if value != 1:
             raise ConfigError(f"parallel.{field}", value, f"1 with framework {FRAMEWORK!r}",
@@ -53,14 +52,8 @@ def check(training, par) -> None:
     if training.fp8:
         raise ConfigError("training.fp8", True, f"false with framework {FRAMEWORK!r}",
                           "Accelerate's FP8 backends are not modelled under FSDP2", related=("training.framework",))
-    adapter = training.adapter
-    if adapter is not None and base_dtype(adapter, training.param_dtype) in QUANTIZED:
-        field, value = ("training.adapter.base_dtype", adapter.base_dtype) if adapter.base_dtype else \
-            ("training.adapter.method", adapter.method)
-        raise ConfigError(field, value, f"'lora' or 'dora' over a 16-bit base with "
-                          f"framework {FRAMEWORK!r}", "Accelerate leaves bitsandbytes' quantized weights out of "
-                          "FSDP2's sharding (fsdp2_prepare_model: non-floating Params4bit are ignored_params); "
-                          "not modelled", related=("training.framework",))
+    refuse_quantized_base(training, "Accelerate leaves bitsandbytes' quantized weights out of FSDP2's sharding "
+                                    "(fsdp2_prepare_model: non-floating Params4bit are ignored_params); not modelled")
 
 
 NO_SYNC_SOURCE = ("accelerate 1.15.0 accelerator.py no_sync (FSDP2: model.set_requires_gradient_sync(False)); "

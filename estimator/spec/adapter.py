@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .choices import ALL_LINEAR, BNB_VERSION_PATTERN, TARGETS
+from .choices import ALL_LINEAR, BNB_VERSION_PATTERN, QUANTIZED, TARGETS
 from .values import check_section
 from .field import record
 
@@ -142,3 +142,15 @@ def adapter_from(value: object) -> Adapter | None:
 
 def base_dtype(adapter: Adapter, param_dtype: str) -> str:
     return adapter.base_dtype or ("nf4" if adapter.method == "qlora" else param_dtype)
+
+
+def refuse_quantized_base(training, why: str) -> None:
+    """For a framework that does not model a quantized frozen base: refused by the field that made it so (its
+    base_dtype, or the method whose default it is, qlora), `why` saying what that framework does with it."""
+    adapter = training.adapter
+    if adapter is None or base_dtype(adapter, training.param_dtype) not in QUANTIZED:
+        return
+    field, value = ("training.adapter.base_dtype", adapter.base_dtype) if adapter.base_dtype else \
+        ("training.adapter.method", adapter.method)
+    raise ConfigError(field, value, f"'lora' or 'dora' over a 16-bit base with framework {training.framework!r}",
+                      why, related=("training.framework",))
