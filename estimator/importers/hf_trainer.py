@@ -164,19 +164,15 @@ def _sft_loss(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, framework: str
     if given is not None and (not isinstance(given, str) or given not in _SFT_LOSSES):
         raise ConfigError("loss_type", given, ", ".join(_SFT_LOSSES) + f" ({TRL_VERSION}'s SFTConfig)")
     loss_type = given or "chunked_nll"
-    from ..memory.trainer_loop import TRAINER_FRAMEWORKS  # memory/trainer_loop.py through_accelerate's condition
-    autocast = framework in TRAINER_FRAMEWORKS and build.get("training.compute_dtype", "bf16") in ("bf16", "fp16")
-    as_it_is = framework == "deepspeed" or (framework == "hf_fsdp2" and build.get("training.param_dtype", "bf16")
-                                           in ("bf16", "fp16"))
-    if loss_type == "chunked_nll" and (autocast or as_it_is):
+    why = _chunked_unmodelled(build, framework)  # DeepSpeed's ZeRO stage is read later: settle_sft_loss
+    if loss_type == "chunked_nll" and not why:
         build.trl_chunked_nll = True
         build.set("training.loss", "chunked", "loss_type", given or "(unset)",
                   why="" if given else f"{TRL_VERSION}'s default without Liger (from v1.7.0; nll before it: set "
                   "training.trl_version to the release run)")
     elif loss_type == "chunked_nll":
-        ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll is modelled "
-                            "where the head runs 16-bit (hf or fsdp1 in bf16/fp16, hf_fsdp2 or deepspeed over a "
-                            "16-bit model): estimated as transformers' loss over the whole logits")
+        ledger.not_modelled("loss_type", given or "(unset: chunked_nll)", f"{TRL_VERSION}'s chunked_nll {why}, not "
+                            "modelled: estimated as transformers' loss over the whole logits")
     elif loss_type == "nll":
         ledger.mapped("loss_type", loss_type, "loss \"standard\", with the SFTTrainer's entropy and token accuracy "
                       "from the kept logits")
@@ -188,14 +184,19 @@ def settle_sft_loss(build: ConfigBuilder, ledger: Ledger) -> None:
     """Once a DeepSpeed config is read: TRL's chunked_nll under ZeRO-3 (TRL gathers the head's partitioned weight
     inside each chunk, utils.py maybe_gather_lm_head_ctx) or over fp32 weights is not modelled (memory/validation.py
     _check_trl_loss): the standard loss, said so."""
-    if not build.trl_chunked_nll:
-        return
-    zero3 = build.get("parallel.zero_stage", 0) == 3
-    if zero3 or build.get("training.param_dtype", "bf16") not in ("bf16", "fp16"):
+    why = _chunked_unmodelled(build, build.get("training.framework")) if build.trl_chunked_nll else None
+    if why:
+        build.trl_chunked_nll = False
         build.config["training"].pop("loss")  # the standard loss, the field's default
-        ledger.not_modelled("loss_type", "chunked_nll", f"{TRL_VERSION}'s chunked_nll " + (
-            "under ZeRO-3 gathers the head inside each chunk" if zero3 else "over fp32 weights") + ", not modelled: "
-            "estimated as transformers' loss over the whole logits")
+        ledger.not_modelled("loss_type", "chunked_nll", f"{TRL_VERSION}'s chunked_nll {why}, not modelled: "
+                            "estimated as transformers' loss over the whole logits")
+
+
+def _chunked_unmodelled(build: ConfigBuilder, framework: str) -> str | None:
+    """memory/activations/trl_loss.py chunked_unmodelled on what the build holds so far (the fields' defaults else)."""
+    from ..memory.activations.trl_loss import chunked_unmodelled
+    return chunked_unmodelled(framework, build.get("training.compute_dtype", "bf16"),
+                              build.get("training.param_dtype", "bf16"), build.get("parallel.zero_stage"))
 
 
 def _model(doc: FlatDoc, build: ConfigBuilder, ledger: Ledger, peft: FlatDoc | None) -> None:

@@ -242,21 +242,16 @@ def _check_trl_loss(training: Training, par: Parallel) -> None:
     its own, over a 16-bit head run as it is (DeepSpeed ZeRO 0-2, the HF Trainer's FSDP2). Under ZeRO-3 TRL
     gathers the head's partitioned weight inside each chunk (trl 1.9.0 utils.py maybe_gather_lm_head_ctx), and
     over fp32 weights `w.float()` makes no copy: neither is modelled."""
-    from .activations.trl_loss import trl_chunked
-    from .trainer_loop import through_accelerate
-    if not trl_chunked(training) or through_accelerate(training):
+    from .activations.trl_loss import chunked_unmodelled, trl_chunked
+    if not trl_chunked(training):
         return
-    if training.framework == "deepspeed" and resolve_zero_stage(training, par) == 3:
-        raise ConfigError("training.loss", "chunked", "'standard' or liger_kernel under training_loop 'trl_sft' with "
-                          "ZeRO-3", "TRL's chunked_nll gathers the head's partitioned weight inside each chunk "
-                          "under ZeRO-3 (maybe_gather_lm_head_ctx): not modelled",
-                          related=("parallel.zero_stage", "training.training_loop"))
-    if training.framework not in ("deepspeed", "hf_fsdp2") or training.param_dtype not in ("bf16", "fp16"):
+    why = chunked_unmodelled(training.framework, training.compute_dtype, training.param_dtype,
+                             resolve_zero_stage(training, par))
+    if why:
         raise ConfigError("training.loss", "chunked", "'standard' or liger_kernel under training_loop 'trl_sft' "
                           "unless the head runs 16-bit: framework 'hf' or 'fsdp1' under a bf16/fp16 compute dtype, "
-                          "'deepspeed' (ZeRO 0-2) or 'hf_fsdp2' with a bf16/fp16 param dtype",
-                          "over fp32 weights TRL's w.float() copies nothing: not modelled",
-                          related=("training.training_loop", "training.framework"))
+                          "'deepspeed' (ZeRO 0-2) or 'hf_fsdp2' with a bf16/fp16 param dtype", why + ": not modelled",
+                          related=("training.training_loop", "training.framework", "parallel.zero_stage"))
 
 
 def _check_training_settings(arch: Architecture, training: Training, par: Parallel) -> None:

@@ -49,6 +49,22 @@ def trl_chunked(training: Training) -> bool:
     return training.training_loop == "trl_sft" and training.loss == "chunked" and not training.liger_kernel
 
 
+def chunked_unmodelled(framework: str, compute_dtype: str, param_dtype: str, zero: int | None) -> str | None:
+    """Why chunked_nll is not modelled on a stack, or None where it is: under the Trainer's autocast (hf, fsdp1 in
+    bf16/fp16: the whole step measured) and over a 16-bit head run as it is (DeepSpeed ZeRO 0-2, the HF Trainer's
+    FSDP2: the function measured alone). The estimate refuses it there (memory/validation.py); the importers fall
+    back to the standard loss, saying why (importers/hf_trainer.py)."""
+    from ..trainer_loop import TRAINER_FRAMEWORKS  # through_accelerate's stacks
+    if framework in TRAINER_FRAMEWORKS and compute_dtype in ("bf16", "fp16"):
+        return None
+    if framework == "deepspeed" and zero == 3:
+        return ("under ZeRO-3 TRL gathers the head's partitioned weight inside each chunk (trl 1.9.0 utils.py "
+                "maybe_gather_lm_head_ctx)")
+    if framework in ("deepspeed", "hf_fsdp2") and param_dtype in ("bf16", "fp16"):
+        return None
+    return "over fp32 weights TRL's w.float() copies nothing"
+
+
 def trl_nll(training: Training) -> bool:
     """TRL's nll: the model's own loss, then compute_loss's metrics from the kept outputs (from trl 0.15.0)."""
     return (training.training_loop == "trl_sft" and training.loss == "standard" and not training.liger_kernel
