@@ -1115,3 +1115,18 @@ def test_the_planner_plans_llama_4_scout():
     est = estimate_config(at.session_state[K.CURRENT].config)
     assert est.device_total_bytes / GiB == row["GiB per GPU"]
     assert (est.parallel.tp, est.parallel.pp, est.parallel.dp) == (row["TP"], row["PP"], row["DP"])
+
+
+def test_the_trl_release_comes_from_the_url_and_moves_the_estimate():
+    """training.trl_version is a setting like every field (its widget, its URL parameter): TRL 0.22's whole-sample
+    entropy (spec/trl.py) is what the Memory page shows for that release."""
+    query = {"model": "qwen2.5-7b", "framework": "hf", "training_loop": "trl_sft", "seq_len": "8192",
+             "micro_batch_size": "2", "recompute": "full"}
+    at = _app({**query, "trl_version": "0.22.0"})
+    _no_exception(at)
+    config = at.session_state[K.CURRENT].config
+    assert config["training"]["trl_version"] == "0.22.0"
+    assert _metric(at, "Device total per GPU") == _gib(estimate_config(config).device_total_bytes)
+    measured = estimate_config({**config, "training": {k: v for k, v in config["training"].items()
+                                                       if k != "trl_version"}})
+    assert estimate_config(config).device_total_bytes > measured.device_total_bytes

@@ -13,5 +13,5 @@ TRL_FIELDS: tuple[Field, ...] = (
           "logits: not modelled), their entropy from 0.22.0 (a whole sample's log-softmax at once in 0.22.x, 128 "
           "rows from 0.23.0); loss chunked (chunked_nll) exists from 1.4.0 and is the default without Liger from "
           "1.7.0.", "Run", pattern=BNB_VERSION_PATTERN, pattern_text="a TRL release as major.minor[.patch]",
-          optional=True, auto=f"{TRL_VERSION} (measured)", widget=False),
+          optional=True, auto=f"{TRL_VERSION} (measured)"),
 )
